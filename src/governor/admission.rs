@@ -1,0 +1,192 @@
+//! Admission: charge the budgets, call the backend, and when either says no,
+//! wait for pending releases and ask pressure responders before giving up.
+
+use super::budget::Refusal;
+use super::config::{Admission, PressureRequest, Role};
+use super::error::{BudgetExceeded, BudgetScope, GovernorError};
+use super::record::{add, ContextInner};
+use super::stream::StreamShared;
+use crate::sync::lock;
+use crate::{BackendErrorKind, DeviceContext};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// One attempt's refusal.
+enum Refused {
+    Budget(BudgetScope, Refusal),
+    /// The backend itself is out of memory.
+    Device(crate::BackendError),
+}
+
+/// Charge and allocate, with the context's admission policy. The caller holds
+/// a pin for the allocation; on error it must release it.
+pub(crate) fn admit<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+) -> Result<C::Memory, GovernorError> {
+    let start = Instant::now();
+    let deadline = match ctx.admission {
+        Admission::FailFast => None,
+        Admission::WaitForPending { timeout } => Some(start + timeout),
+    };
+    let mut asked_responders = false;
+    let mut reclaimed = 0u64;
+    loop {
+        let refused = match attempt(ctx, stream, bytes) {
+            Ok(memory) => return Ok(memory),
+            Err(Ok(refused)) => refused,
+            Err(Err(fatal)) => return Err(fatal),
+        };
+        if ctx.is_lost() {
+            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+        }
+        // 1. Wait for pending releases to retire, if the policy allows and
+        //    there is something pending that could help.
+        if let Some(d) = deadline {
+            if Instant::now() < d && pending_in_scope(ctx, &refused) > 0 {
+                add(&ctx.counters.admission_waits, 1);
+                wait_for_a_settlement(ctx, &refused, d);
+                continue;
+            }
+        }
+        // 2. Ask pressure responders once, with no lock held.
+        if !asked_responders {
+            asked_responders = true;
+            let responders = lock(&ctx.responders).clone();
+            if !responders.is_empty() {
+                let req = PressureRequest {
+                    context: ctx.id,
+                    role,
+                    requested: bytes,
+                    shortfall: shortfall(ctx, &refused, bytes),
+                };
+                for r in &responders {
+                    add(&ctx.counters.pressure_calls, 1);
+                    reclaimed = reclaimed.saturating_add(r(&req));
+                }
+                continue;
+            }
+        }
+        add(&ctx.counters.admission_refusals, 1);
+        return Err(exceeded(ctx, refused, bytes, role, start.elapsed(), reclaimed));
+    }
+}
+
+/// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
+#[allow(clippy::type_complexity)]
+fn attempt<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+) -> Result<C::Memory, Result<Refused, GovernorError>> {
+    let credit = stream.credit();
+    ctx.budget.try_charge(bytes, credit).map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
+    if let Some(s) = &ctx.shared {
+        if let Err(r) = s.0.budget.try_charge(bytes, credit) {
+            ctx.budget.uncharge(bytes);
+            return Err(Ok(Refused::Budget(BudgetScope::Shared(s.0.label.clone()), r)));
+        }
+    }
+    let result = match ctx.enter() {
+        Some(backend) => backend.allocate(stream.raw(), bytes),
+        None => {
+            ctx.uncharge(bytes, 0, 0);
+            return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
+        }
+    };
+    result.map_err(|e| {
+        ctx.uncharge(bytes, 0, 0);
+        ctx.note_backend_error(&e);
+        if e.kind == BackendErrorKind::OutOfMemory {
+            Ok(Refused::Device(e))
+        } else if e.is_device_lost() {
+            Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() })
+        } else {
+            Err(GovernorError::Backend { context: ctx.id, source: e })
+        }
+    })
+}
+
+fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
+    match refused {
+        Refused::Budget(BudgetScope::Shared(_), _) => {
+            ctx.shared.as_ref().map_or(0, |s| s.0.pending.load(Ordering::Acquire))
+        }
+        _ => ctx.pending_bytes(),
+    }
+}
+
+/// Sleep until some release in scope settles (or the device is lost), or the
+/// deadline passes. Never polls: settlement wakes the notifier.
+fn wait_for_a_settlement<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, deadline: Instant) {
+    match (refused, &ctx.shared) {
+        (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => {
+            let seen = s.0.epoch.load(Ordering::SeqCst);
+            s.0.retired.wait_until(|| s.0.epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(), Some(deadline));
+        }
+        _ => {
+            let seen = ctx.settle_epoch.load(Ordering::SeqCst);
+            ctx.settled.wait_until(
+                || ctx.settle_epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                Some(deadline),
+            );
+        }
+    }
+}
+
+fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: u64) -> u64 {
+    match refused {
+        Refused::Budget(_, r) => r.charged.saturating_add(bytes).saturating_sub(r.limit),
+        Refused::Device(_) => {
+            let free = ctx.enter().and_then(|b| b.memory_info().ok()).map_or(0, |m| m.free);
+            bytes.saturating_sub(free)
+        }
+    }
+}
+
+fn exceeded<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    refused: Refused,
+    bytes: u64,
+    role: Role,
+    waited: Duration,
+    reclaimed: u64,
+) -> GovernorError {
+    let (scope, live, pending, quarantined, limit, available) = match refused {
+        Refused::Budget(BudgetScope::Shared(label), r) => {
+            let s = &ctx.shared.as_ref().expect("shared refusal implies a shared budget").0;
+            let pending = s.pending.load(Ordering::Acquire);
+            let quarantined = s.quarantined.load(Ordering::Acquire);
+            let live = r.charged.saturating_sub(pending).saturating_sub(quarantined);
+            (BudgetScope::Shared(label), live, pending, quarantined, r.limit, r.limit.saturating_sub(r.charged))
+        }
+        Refused::Budget(scope, r) => {
+            let pending = ctx.pending_bytes();
+            let quarantined = ctx.quarantined_bytes();
+            let live = r.charged.saturating_sub(pending).saturating_sub(quarantined);
+            (scope, live, pending, quarantined, r.limit, r.limit.saturating_sub(r.charged))
+        }
+        Refused::Device(e) => {
+            let info = ctx.enter().and_then(|b| b.memory_info().ok());
+            let (free, total) = info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+            let _ = e;
+            (BudgetScope::Device, ctx.live_bytes(), ctx.pending_bytes(), ctx.quarantined_bytes(), total, free)
+        }
+    };
+    GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
+        context: ctx.id,
+        label: ctx.label.clone(),
+        scope,
+        role,
+        requested: bytes,
+        live,
+        pending,
+        quarantined,
+        limit,
+        available,
+        waited,
+        reclaimed_by_responders: reclaimed,
+    }))
+}

@@ -1,0 +1,174 @@
+//! Governed device buffers: born pinned, released stream-ordered.
+
+use super::config::Role;
+use super::error::GovernorError;
+use super::record::ContextInner;
+use super::release::{release, Released};
+use super::stream::{GovernedStream, StreamShared};
+use crate::{DeviceContext, ProviderContextIdentity};
+use std::fmt;
+use std::sync::Arc;
+
+/// A device allocation owned by the governor's accounting.
+///
+/// It holds a pin on its context from birth. Dropping it queues a
+/// stream-ordered free on the stream it was allocated on; the pin travels
+/// with that release and is dropped when the free has retired on the device.
+/// [`release_on`](Self::release_on) queues the free on another stream of the
+/// same context instead.
+pub struct DeviceBuffer<C: DeviceContext> {
+    pub(crate) ctx: Arc<ContextInner<C>>,
+    pub(crate) stream: Arc<StreamShared<C>>,
+    pub(crate) memory: Option<C::Memory>,
+    pub(crate) bytes: u64,
+    pub(crate) role: Role,
+}
+
+/// A release that could not be queued. The buffer comes back where it is
+/// still owned (wrong stream); otherwise it is gone and `error` says where its
+/// memory went.
+pub struct ReleaseError<C: DeviceContext> {
+    /// The buffer, still live and charged, when the release was refused
+    /// before anything happened.
+    pub buffer: Option<DeviceBuffer<C>>,
+    /// What went wrong.
+    pub error: GovernorError,
+}
+
+impl<C: DeviceContext> fmt::Debug for ReleaseError<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseError").field("buffer", &self.buffer).field("error", &self.error).finish()
+    }
+}
+
+impl<C: DeviceContext> fmt::Display for ReleaseError<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<C: DeviceContext> std::error::Error for ReleaseError<C> {}
+
+impl<C: DeviceContext> fmt::Debug for DeviceBuffer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("context", &self.ctx.id)
+            .field("bytes", &self.bytes)
+            .field("role", &self.role)
+            .field("stream", &self.stream.label)
+            .finish()
+    }
+}
+
+impl<C: DeviceContext> DeviceBuffer<C> {
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The role it is accounted under.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> ProviderContextIdentity {
+        self.ctx.id
+    }
+
+    /// The raw allocation, for kernels of your own. Valid until the buffer is
+    /// released; `None` once the context has been force-retired.
+    pub fn raw(&self) -> Option<&C::Memory> {
+        if self.ctx.gate.is_closed() {
+            None
+        } else {
+            self.memory.as_ref()
+        }
+    }
+
+    /// Copy `src` into the buffer at `offset`, ordered on the buffer's stream.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), GovernorError> {
+        self.check_bounds("write", offset, src.len() as u64)?;
+        self.access(|b, s, m| b.write(s, m, offset, src))
+    }
+
+    /// Copy from the buffer at `offset` into `dst`, ordered on the buffer's
+    /// stream.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), GovernorError> {
+        self.check_bounds("read", offset, dst.len() as u64)?;
+        self.access(|b, s, m| b.read(s, m, offset, dst))
+    }
+
+    fn check_bounds(&self, op: &'static str, offset: u64, len: u64) -> Result<(), GovernorError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.bytes => Ok(()),
+            _ => Err(GovernorError::OutOfBounds { context: self.ctx.id, op, offset, len, size: self.bytes }),
+        }
+    }
+
+    fn access(
+        &self,
+        f: impl FnOnce(&C, &C::Stream, &C::Memory) -> Result<(), crate::BackendError>,
+    ) -> Result<(), GovernorError> {
+        let ctx = &*self.ctx;
+        if ctx.is_lost() {
+            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+        }
+        let backend = ctx.enter().ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+        let memory = self.memory.as_ref().expect("memory present until release");
+        f(&backend, self.stream.raw(), memory).map_err(|e| {
+            drop(backend);
+            ctx.note_backend_error(&e);
+            if e.is_device_lost() {
+                GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+            } else {
+                GovernorError::Backend { context: ctx.id, source: e }
+            }
+        })
+    }
+
+    /// Queue the free on `stream` instead of the buffer's own stream.
+    ///
+    /// # Errors
+    ///
+    /// * [`GovernorError::WrongContext`] if `stream` belongs to another
+    ///   context: the buffer comes back in [`ReleaseError::buffer`], untouched.
+    /// * [`GovernorError::Backend`] if the backend refused the free: the
+    ///   memory is quarantined (owned and charged until the context
+    ///   terminates) and shows in snapshots with this reason.
+    /// * [`GovernorError::Reclaimed`] if the context was force-retired: the
+    ///   memory was reclaimed with the context.
+    ///
+    /// On a lost device the release settles at once without calling the
+    /// device, and this returns `Ok`.
+    pub fn release_on(mut self, stream: &GovernedStream<C>) -> Result<(), ReleaseError<C>> {
+        if !Arc::ptr_eq(&stream.shared.ctx, &self.ctx) {
+            let error = GovernorError::WrongContext { buffer_context: self.ctx.id, stream_context: stream.shared.ctx.id };
+            return Err(ReleaseError { buffer: Some(self), error });
+        }
+        let memory = self.memory.take().expect("memory present until release");
+        let id = self.ctx.id;
+        match release(&self.ctx, &stream.shared, memory, self.bytes, self.role) {
+            Released::Queued | Released::SettledLost => Ok(()),
+            Released::Reclaimed => Err(ReleaseError { buffer: None, error: GovernorError::Reclaimed { context: id } }),
+            Released::Quarantined(e) => {
+                Err(ReleaseError { buffer: None, error: GovernorError::Backend { context: id, source: e } })
+            }
+        }
+    }
+}
+
+impl<C: DeviceContext> Drop for DeviceBuffer<C> {
+    fn drop(&mut self) {
+        if let Some(memory) = self.memory.take() {
+            // Errors are recorded in the context (quarantine, counters,
+            // tracing); a destructor has no one to return them to.
+            let _ = release(&self.ctx, &self.stream, memory, self.bytes, self.role);
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! What a caller chooses when registering a context.
+
+use super::budget::SharedBudget;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What memory is for. Accounting is kept per role so that snapshots and
+/// errors say whether weights, KV cache or scratch space is taking the room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum Role {
+    /// Model parameters: long-lived, loaded once.
+    Weights,
+    /// Attention key/value cache: grows with sequence length.
+    KvCache,
+    /// Activations of a forward or backward pass.
+    Activation,
+    /// Scratch space for kernels (GEMM workspaces, reductions).
+    Workspace,
+    /// Anything else.
+    Other,
+}
+
+impl Role {
+    /// Every role, in accounting order.
+    pub const ALL: [Role; 5] = [Role::Weights, Role::KvCache, Role::Activation, Role::Workspace, Role::Other];
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name used in messages and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Weights => "weights",
+            Role::KvCache => "kv-cache",
+            Role::Activation => "activation",
+            Role::Workspace => "workspace",
+            Role::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the governor does when an allocation does not fit its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Fail at once with [`GovernorError::BudgetExceeded`](super::GovernorError::BudgetExceeded)
+    /// (after asking pressure responders, if any are registered).
+    #[default]
+    FailFast,
+    /// Wait up to `timeout` for pending stream-ordered releases to retire (and
+    /// for pressure responders' releases), then fail.
+    WaitForPending {
+        /// The longest an allocation waits.
+        timeout: Duration,
+    },
+}
+
+/// What a pressure responder is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PressureRequest {
+    /// The context that is short of memory.
+    pub context: crate::ProviderContextIdentity,
+    /// The role of the allocation that did not fit.
+    pub role: Role,
+    /// The size of that allocation.
+    pub requested: u64,
+    /// How many bytes would have to be given back for it to fit.
+    pub shortfall: u64,
+}
+
+/// A callback asked to give memory back when an allocation does not fit.
+///
+/// It is called with no lock held, on the allocating thread, and returns how
+/// many bytes it released (an estimate is fine; it is only reported).
+pub type PressureResponder = Arc<dyn Fn(&PressureRequest) -> u64 + Send + Sync>;
+
+/// Registration options for one context.
+#[derive(Clone)]
+pub struct ContextConfig {
+    pub(crate) label: String,
+    pub(crate) budget: Option<u64>,
+    pub(crate) shared: Option<SharedBudget>,
+    pub(crate) admission: Admission,
+    pub(crate) max_pins: u64,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            label: String::new(),
+            budget: None,
+            shared: None,
+            admission: Admission::FailFast,
+            max_pins: crate::sync::MAX_CLAIMS,
+        }
+    }
+}
+
+impl fmt::Debug for ContextConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextConfig")
+            .field("label", &self.label)
+            .field("budget", &self.budget)
+            .field("shared", &self.shared.as_ref().map(|s| s.label().to_owned()))
+            .field("admission", &self.admission)
+            .field("max_pins", &self.max_pins)
+            .finish()
+    }
+}
+
+impl ContextConfig {
+    /// Defaults: no budget beyond the device, fail fast, no shared budget.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A label used in messages, snapshots and reports.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    /// Bytes this context may hold (live + pending release + quarantined).
+    pub fn budget(mut self, bytes: u64) -> Self {
+        self.budget = Some(bytes);
+        self
+    }
+
+    /// A budget shared with other contexts on the same physical device.
+    pub fn shared_budget(mut self, shared: SharedBudget) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// What to do when an allocation does not fit.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// The most pins that may be outstanding at once (default 2^63 - 1).
+    /// Acquiring beyond it fails with `PinCountOverflow`. Lower it to test
+    /// overflow handling.
+    ///
+    /// # Panics
+    ///
+    /// If `max` is zero or above 2^63 - 1.
+    pub fn max_pins(mut self, max: u64) -> Self {
+        assert!(max >= 1 && max <= crate::sync::MAX_CLAIMS, "max_pins must be in 1..=2^63-1, got {max}");
+        self.max_pins = max;
+        self
+    }
+}

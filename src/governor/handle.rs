@@ -1,0 +1,167 @@
+//! The caller's handle on one registered context.
+
+use super::admission::admit;
+use super::buffer::DeviceBuffer;
+use super::config::{PressureRequest, Role};
+use super::error::GovernorError;
+use super::pin_source::{ContextPin, PinSource};
+use super::record::{add, ContextInner};
+use super::retire::RetireHandle;
+use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
+use super::stream::{pin_error, GovernedStream};
+use crate::sync::lock;
+use crate::{DeviceContext, DeviceDescription, MemoryInfo, ProviderContextIdentity, ProviderContextPinError, ProviderContextPinSource};
+use std::fmt;
+use std::sync::Arc;
+
+/// A registered context. Cheap to clone; holding one does **not** pin the
+/// context (retire is never blocked by a handle).
+pub struct ContextHandle<C: DeviceContext> {
+    pub(crate) inner: Arc<ContextInner<C>>,
+}
+
+impl<C: DeviceContext> Clone for ContextHandle<C> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+}
+
+impl<C: DeviceContext> fmt::Debug for ContextHandle<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextHandle")
+            .field("id", &self.inner.id)
+            .field("label", &self.inner.label)
+            .field("lifecycle", &self.lifecycle())
+            .finish()
+    }
+}
+
+impl<C: DeviceContext> ContextHandle<C> {
+    /// The context's identity.
+    pub fn id(&self) -> ProviderContextIdentity {
+        self.inner.id
+    }
+
+    /// The label given at registration (or `backend:ordinal`).
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// What the backend said it runs on, at registration.
+    pub fn description(&self) -> &DeviceDescription {
+        &self.inner.description
+    }
+
+    /// Where the context is in its life.
+    pub fn lifecycle(&self) -> Lifecycle {
+        lifecycle(&self.inner)
+    }
+
+    /// Free and total memory as the driver reports it now.
+    pub fn memory_info(&self) -> Result<MemoryInfo, GovernorError> {
+        let ctx = &*self.inner;
+        let backend = ctx.enter().ok_or(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(ctx.id)))?;
+        backend.memory_info().map_err(|e| {
+            drop(backend);
+            ctx.note_backend_error(&e);
+            GovernorError::Backend { context: ctx.id, source: e }
+        })
+    }
+
+    /// Create a stream. It pins the context until it (and every buffer
+    /// allocated on it) is dropped.
+    pub fn create_stream(&self, label: impl Into<String>) -> Result<GovernedStream<C>, GovernorError> {
+        GovernedStream::create(&self.inner, label.into())
+    }
+
+    /// Allocate `bytes` for `role`, usable on `stream`, under the context's
+    /// budgets and admission policy.
+    ///
+    /// ```
+    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
+    /// let stream = ctx.create_stream("main")?;
+    /// let buf = ctx.allocate(&stream, 4096, Role::Activation)?;
+    /// buf.write(0, b"hello")?;
+    /// drop(buf); // queued stream-ordered; its pin retires with the free
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`GovernorError::ZeroSized`], [`GovernorError::WrongContext`],
+    /// [`GovernorError::Pin`] (retiring, or too many pins),
+    /// [`GovernorError::DeviceLost`], [`GovernorError::BudgetExceeded`] with
+    /// every number, or [`GovernorError::Backend`].
+    pub fn allocate(&self, stream: &GovernedStream<C>, bytes: u64, role: Role) -> Result<DeviceBuffer<C>, GovernorError> {
+        let ctx = &self.inner;
+        if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
+            return Err(GovernorError::WrongContext { buffer_context: ctx.id, stream_context: stream.shared.ctx.id });
+        }
+        if bytes == 0 {
+            return Err(GovernorError::ZeroSized { context: ctx.id, role });
+        }
+        // Born pinned: the pin is taken before anything is charged and is
+        // released on every failure path below.
+        ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
+        match admit(ctx, &stream.shared, bytes, role) {
+            Ok(memory) => {
+                let r = &ctx.roles[role.index()];
+                add(&r.live_bytes, bytes);
+                add(&r.live_count, 1);
+                add(&ctx.counters.allocations, 1);
+                Ok(DeviceBuffer { ctx: ctx.clone(), stream: stream.shared.clone(), memory: Some(memory), bytes, role })
+            }
+            Err(e) => {
+                ctx.release_pin();
+                Err(e)
+            }
+        }
+    }
+
+    /// A borrowed pin: the cheapest way to hold the context across a piece of
+    /// work queued from code that has the handle.
+    #[inline]
+    pub fn pin(&self) -> Result<ContextPin<'_, C>, ProviderContextPinError> {
+        self.inner.acquire_pin()?;
+        Ok(ContextPin { ctx: &self.inner })
+    }
+
+    /// A source of owned pins for an external holder (plugin, execution
+    /// provider). The label appears in snapshots and in retire timeouts.
+    pub fn pin_source(&self, holder: Option<&str>) -> Arc<dyn ProviderContextPinSource> {
+        Arc::new(PinSource::new(&self.inner, holder.map(str::to_owned)))
+    }
+
+    /// Register a callback asked to give memory back when an allocation does
+    /// not fit. Called with no lock held, on the allocating thread.
+    pub fn add_pressure_responder(&self, responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static) {
+        lock(&self.inner.responders).push(Arc::new(responder));
+    }
+
+    /// Change the context's budget. Allocations already charged stay.
+    pub fn set_budget(&self, bytes: u64) {
+        self.inner.budget.set_limit(bytes);
+    }
+
+    /// Declare the device lost: new work is refused, pending releases are
+    /// settled without calling the device, and teardown will not touch it.
+    /// Returns false if it was already lost.
+    pub fn mark_lost(&self, reason: &str) -> bool {
+        self.inner.mark_lost(reason)
+    }
+
+    /// Start retiring: new pins, streams and allocations fail with
+    /// `ContextUnavailable` from now on; existing holders finish. The handle
+    /// waits for them and tears down.
+    pub fn retire(&self) -> RetireHandle<C> {
+        self.inner.begin_retire();
+        RetireHandle { ctx: self.inner.clone() }
+    }
+
+    /// A point-in-time view of this context.
+    pub fn snapshot(&self) -> ContextSnapshot {
+        snapshot(&self.inner)
+    }
+}

@@ -1,0 +1,132 @@
+//! The governor: budgets, admission, stream-ordered release, retire and
+//! teardown, over any [`DeviceContext`].
+//!
+//! See `docs/architecture.md` for how the pieces fit and `docs/teardown.md`
+//! for the lifecycle state machine.
+
+mod admission;
+mod budget;
+mod buffer;
+mod config;
+mod error;
+mod handle;
+mod pin_source;
+mod record;
+mod release;
+mod retire;
+mod snapshot;
+mod stream;
+
+pub use budget::SharedBudget;
+pub use buffer::{DeviceBuffer, ReleaseError};
+pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, Role};
+pub use error::{BudgetExceeded, BudgetScope, GovernorError, RetireError};
+pub use handle::ContextHandle;
+pub use pin_source::ContextPin;
+pub use retire::{Finished, Outstanding, OutstandingItem, PinKind, RetireHandle, TeardownReport};
+pub use snapshot::{ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry, RoleUsage};
+pub use stream::GovernedStream;
+
+use crate::sync::lock;
+use crate::{DeviceContext, ProviderContextIdentity};
+use record::ContextInner;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_GOVERNOR: AtomicU32 = AtomicU32::new(1);
+
+/// Governs the memory of every context registered with it.
+///
+/// ```
+/// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+/// use std::time::{Duration, Instant};
+///
+/// let gov = Governor::new();
+/// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().label("llm").budget(64 << 20));
+/// let stream = ctx.create_stream("decode")?;
+/// let weights = ctx.allocate(&stream, 1 << 20, Role::Weights)?;
+/// drop(weights);
+/// drop(stream);
+/// let report = ctx.retire().wait(Instant::now() + Duration::from_secs(5))?;
+/// assert_eq!(report.retired_releases, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Governor<C: DeviceContext> {
+    id: NonZeroU32,
+    next_index: AtomicU32,
+    contexts: Mutex<Vec<Arc<ContextInner<C>>>>,
+}
+
+impl<C: DeviceContext> Default for Governor<C> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: DeviceContext> fmt::Debug for Governor<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Governor").field("id", &self.id).field("contexts", &lock(&self.contexts).len()).finish()
+    }
+}
+
+impl<C: DeviceContext> Governor<C> {
+    /// A governor with no contexts.
+    pub fn new() -> Self {
+        let n = NEXT_GOVERNOR.fetch_add(1, Ordering::Relaxed);
+        Self { id: NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN), next_index: AtomicU32::new(0), contexts: Mutex::new(Vec::new()) }
+    }
+
+    /// Take ownership of a backend context and govern it.
+    pub fn register(&self, backend: C, config: ContextConfig) -> ContextHandle<C> {
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        assert!(index != u32::MAX, "fewer than 2^32 - 1 contexts per governor");
+        let id = ProviderContextIdentity::new(self.id, index);
+        // `describe()` runs in `new`, with no lock held.
+        let inner = Arc::new(ContextInner::new(id, backend, config));
+        lock(&self.contexts).push(inner.clone());
+        ContextHandle { inner }
+    }
+
+    /// Handles of every registered context, terminated ones included.
+    pub fn contexts(&self) -> Vec<ContextHandle<C>> {
+        lock(&self.contexts).iter().map(|inner| ContextHandle { inner: inner.clone() }).collect()
+    }
+
+    /// The handle of one context.
+    pub fn context(&self, id: ProviderContextIdentity) -> Option<ContextHandle<C>> {
+        lock(&self.contexts).iter().find(|c| c.id == id).map(|inner| ContextHandle { inner: inner.clone() })
+    }
+
+    /// Drop terminated contexts from the registry. Returns how many.
+    pub fn prune_terminated(&self) -> usize {
+        let mut contexts = lock(&self.contexts);
+        let before = contexts.len();
+        contexts.retain(|c| c.phase() != record::TERMINATED);
+        before - contexts.len()
+    }
+
+    /// A view of every context.
+    pub fn snapshot(&self) -> GovernorSnapshot {
+        let contexts: Vec<_> = lock(&self.contexts).clone();
+        GovernorSnapshot { contexts: contexts.iter().map(|c| snapshot::snapshot(c)).collect() }
+    }
+}
+
+impl<C: DeviceContext> Drop for Governor<C> {
+    /// Retire every context still registered and finish those already
+    /// drained. The rest finish when their last holder lets go (on a reaper
+    /// thread).
+    fn drop(&mut self) {
+        let contexts = std::mem::take(&mut *lock(&self.contexts));
+        for c in contexts {
+            if c.phase() != record::TERMINATED {
+                c.begin_retire();
+                if c.drained() {
+                    c.finish();
+                }
+            }
+        }
+    }
+}

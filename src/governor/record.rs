@@ -1,0 +1,390 @@
+//! The per-context record shared by handles, streams, buffers, pins and
+//! pending releases, and the lifecycle transitions that act on it.
+//!
+//! # Invariants
+//!
+//! * `pins` counts every holder that must finish before teardown: streams,
+//!   live buffers, external pins and in-flight allocations. A buffer's pin is
+//!   *moved* into `pending` when its release is queued (`pending` is
+//!   incremented before `pins` is decremented, so the sum never reaches zero
+//!   early) and leaves `pending` when the release retires or is abandoned.
+//! * `gate` counts backend calls in flight. The backend value is only reached
+//!   through a [`BackendGuard`], which holds a gate claim; `finish` closes the
+//!   gate and waits for it to drain before it moves the backend out to call
+//!   `teardown`. That is what makes the `UnsafeCell` below sound.
+//! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
+//!   compare-and-swap and only the winner calls the backend.
+//! * No lock in this record is held while calling the backend, a pressure
+//!   responder or user code.
+
+use super::budget::{Budget, SharedBudget};
+use super::config::{Admission, ContextConfig, PressureResponder, Role};
+use super::pin_source::PinSourceInner;
+use super::retire::TeardownReport;
+use super::stream::StreamShared;
+use crate::sync::{lock, AcquireError, ClaimCounter, Notifier};
+use crate::{BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity, ProviderContextPinError};
+use std::cell::UnsafeCell;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::Instant;
+
+pub(crate) const ACTIVE: u8 = 0;
+pub(crate) const RETIRING: u8 = 1;
+pub(crate) const TERMINATING: u8 = 2;
+pub(crate) const TERMINATED: u8 = 3;
+
+/// Byte and object counts of one role. Updated with relaxed atomics: they are
+/// statistics read by snapshots, while admission decisions use [`Budget`].
+#[derive(Debug, Default)]
+pub(crate) struct RoleCounters {
+    pub live_bytes: AtomicU64,
+    pub live_count: AtomicU64,
+    pub pending_bytes: AtomicU64,
+    pub pending_count: AtomicU64,
+    pub quarantined_bytes: AtomicU64,
+    pub quarantined_count: AtomicU64,
+}
+
+/// Monotonic event counters.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub allocations: AtomicU64,
+    pub releases_queued: AtomicU64,
+    pub retired: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub settled_lost: AtomicU64,
+    pub quarantined: AtomicU64,
+    pub reclaimed: AtomicU64,
+    pub admission_refusals: AtomicU64,
+    pub admission_waits: AtomicU64,
+    pub pressure_calls: AtomicU64,
+    pub backend_errors: AtomicU64,
+    /// Releases that settled after teardown: must stay zero (a backend bug).
+    pub late_settlements: AtomicU64,
+}
+
+/// A release the backend refused: the memory stays owned and charged until
+/// the context terminates.
+pub(crate) struct Quarantined<M> {
+    pub role: Role,
+    pub bytes: u64,
+    pub reason: String,
+    pub _memory: M,
+}
+
+#[inline]
+pub(crate) fn add(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+#[inline]
+pub(crate) fn sub(a: &AtomicU64, n: u64) {
+    a.fetch_sub(n, Ordering::Relaxed);
+}
+
+pub(crate) struct ContextInner<C: DeviceContext> {
+    pub id: ProviderContextIdentity,
+    pub label: String,
+    pub description: DeviceDescription,
+    pub admission: Admission,
+
+    pub pins: ClaimCounter,
+    pub pending: AtomicU64,
+    pub gate: ClaimCounter,
+    phase: AtomicU8,
+    lost: AtomicBool,
+    pub forced: AtomicBool,
+    /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
+    pub lifecycle: Notifier,
+
+    pub budget: Budget,
+    pub shared: Option<SharedBudget>,
+    /// Woken when a release of this context settles (admission waiters).
+    pub settled: Notifier,
+    pub settle_epoch: AtomicU64,
+
+    pub roles: [RoleCounters; 5],
+    pub counters: Counters,
+    pub streams_live: AtomicU64,
+
+    backend: UnsafeCell<Option<C>>,
+    pub streams: Mutex<Vec<Weak<StreamShared<C>>>>,
+    pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
+    pub quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
+    pub responders: Mutex<Vec<PressureResponder>>,
+    pub lost_reason: Mutex<Option<String>>,
+    pub report: Mutex<Option<TeardownReport>>,
+    pub retire_started: Mutex<Option<Instant>>,
+}
+
+// SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
+// `C: Sync`) or moved out by the single winner of the TERMINATING transition
+// after the gate is closed and drained, when no `&C` exists any more. Every
+// other field is Sync on its own.
+unsafe impl<C: DeviceContext> Sync for ContextInner<C> {}
+// SAFETY: `C: Send`; the cell is moved between threads only as part of the
+// whole record.
+unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
+
+/// Shared access to the backend for the length of one call. Holds a gate
+/// claim, so teardown cannot move the backend out from under it.
+pub(crate) struct BackendGuard<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+}
+
+impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        // SAFETY: this guard holds a gate claim; `finish` moves the backend
+        // out only after closing the gate and observing zero claims, so the
+        // Option is Some and stays in place for the guard's lifetime.
+        unsafe { (*self.ctx.backend.get()).as_ref().expect("backend present while the gate is open") }
+    }
+}
+
+impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
+    fn drop(&mut self) {
+        if self.ctx.gate.release() {
+            self.ctx.lifecycle.notify();
+        }
+    }
+}
+
+impl<C: DeviceContext> ContextInner<C> {
+    pub(crate) fn new(id: ProviderContextIdentity, backend: C, config: ContextConfig) -> Self {
+        let description = backend.describe();
+        let limit = config.budget.unwrap_or(u64::MAX);
+        Self {
+            id,
+            label: if config.label.is_empty() { format!("{}:{}", description.backend, description.ordinal) } else { config.label },
+            description,
+            admission: config.admission,
+            pins: ClaimCounter::new(config.max_pins),
+            pending: AtomicU64::new(0),
+            gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
+            phase: AtomicU8::new(ACTIVE),
+            lost: AtomicBool::new(false),
+            forced: AtomicBool::new(false),
+            lifecycle: Notifier::new(),
+            budget: Budget::new(limit),
+            shared: config.shared,
+            settled: Notifier::new(),
+            settle_epoch: AtomicU64::new(0),
+            roles: Default::default(),
+            counters: Counters::default(),
+            streams_live: AtomicU64::new(0),
+            backend: UnsafeCell::new(Some(backend)),
+            streams: Mutex::new(Vec::new()),
+            sources: Mutex::new(Vec::new()),
+            quarantine: Mutex::new(Vec::new()),
+            responders: Mutex::new(Vec::new()),
+            lost_reason: Mutex::new(None),
+            report: Mutex::new(None),
+            retire_started: Mutex::new(None),
+        }
+    }
+
+    /// Enter the gate for one backend call; `None` once teardown or force has
+    /// closed it.
+    #[inline]
+    pub(crate) fn enter(&self) -> Option<BackendGuard<'_, C>> {
+        self.gate.try_acquire().ok().map(|()| BackendGuard { ctx: self })
+    }
+
+    /// Reach the backend while the gate is closed, for `force` only.
+    ///
+    /// Precondition: the caller closed the gate, observed it drained, and
+    /// holds the context's `forced` flag (so it is the only forcer), and at
+    /// least one stream pin is still outstanding (so `finish` cannot have
+    /// started, as it needs `drained()`).
+    pub(crate) fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
+        debug_assert!(self.gate.is_drained() && self.forced.load(Ordering::Acquire));
+        // SAFETY: per the precondition no BackendGuard exists or can be made,
+        // and the backend is moved out only by `finish`, which cannot run
+        // while the stream pin the caller is synchronizing is outstanding.
+        unsafe { (*self.backend.get()).as_ref() }.map(f)
+    }
+
+    /// Acquire a pin, with the error the pin contract names.
+    #[inline]
+    pub(crate) fn acquire_pin(&self) -> Result<(), ProviderContextPinError> {
+        self.pins.try_acquire().map_err(|e| match e {
+            AcquireError::Closed => ProviderContextPinError::ContextUnavailable(self.id),
+            AcquireError::Overflow => ProviderContextPinError::PinCountOverflow(self.id),
+        })
+    }
+
+    /// Drop a pin, waking the teardown waiter if it was the last.
+    #[inline]
+    pub(crate) fn release_pin(&self) {
+        if self.pins.release() {
+            self.lifecycle.notify();
+        }
+    }
+
+    pub(crate) fn phase(&self) -> u8 {
+        self.phase.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn lost_reason(&self) -> String {
+        lock(&self.lost_reason).clone().unwrap_or_else(|| "device lost".into())
+    }
+
+    /// Everything teardown waits for has finished: no pins, and no pending
+    /// release (a lost device's pending releases are given up by its teardown).
+    pub(crate) fn drained(&self) -> bool {
+        self.pins.is_drained() && (self.is_lost() || self.pending.load(Ordering::Acquire) == 0)
+    }
+
+    /// Stop accepting work: new pins fail from now on.
+    pub(crate) fn begin_retire(&self) {
+        let _ = self.phase.compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+        lock(&self.retire_started).get_or_insert_with(Instant::now);
+        if self.pins.close() {
+            self.lifecycle.notify();
+        }
+        #[cfg(feature = "tracing")]
+        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.load(Ordering::Relaxed), "memgov: retiring context");
+    }
+
+    /// Declare the device lost. Returns false if it already was.
+    pub(crate) fn mark_lost(&self, reason: &str) -> bool {
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        *lock(&self.lost_reason) = Some(reason.to_owned());
+        self.pins.close();
+        #[cfg(feature = "tracing")]
+        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.load(Ordering::Relaxed), "memgov: device lost");
+        if let Some(backend) = self.enter() {
+            backend.device_lost();
+        }
+        self.lifecycle.notify();
+        self.settled.notify();
+        if let Some(s) = &self.shared {
+            s.0.retired.notify();
+        }
+        true
+    }
+
+    /// Record a backend error; a lost device marks the context lost.
+    pub(crate) fn note_backend_error(&self, err: &BackendError) {
+        add(&self.counters.backend_errors, 1);
+        if err.is_device_lost() {
+            self.mark_lost(&err.to_string());
+        }
+    }
+
+    /// Tear down, once. Precondition: `drained()` was observed, or the caller
+    /// is `force` after revoking what it reclaimed. Returns the report; a
+    /// second caller waits for the first and gets the same report.
+    pub(crate) fn finish(&self) -> TeardownReport {
+        match self.phase.compare_exchange(RETIRING, TERMINATING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(_) => {
+                self.lifecycle.wait_until(|| self.phase() == TERMINATED, None);
+                return lock(&self.report).clone().expect("report stored before TERMINATED");
+            }
+        }
+        // Close the gate and wait for backend calls in flight (handle-level
+        // queries such as memory_info hold no pin) to return.
+        self.gate.close();
+        self.lifecycle.wait_until(|| self.gate.is_drained(), None);
+        // SAFETY: we won RETIRING -> TERMINATING, so no one else moves the
+        // backend out; the gate is closed and drained, so no BackendGuard (and
+        // no `&C`) exists and none can be created.
+        let backend = unsafe { (*self.backend.get()).take() };
+        let lost = self.is_lost();
+        let started = lock(&self.retire_started).unwrap_or_else(Instant::now);
+        let result = match backend {
+            Some(b) => b.teardown(lost),
+            None => Ok(()),
+        };
+        // Quarantined memory died with the context: stop charging it.
+        let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
+        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
+        for q in &quarantined {
+            let r = &self.roles[q.role.index()];
+            sub(&r.quarantined_bytes, q.bytes);
+            sub(&r.quarantined_count, 1);
+        }
+        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
+        drop(quarantined);
+        let report = TeardownReport {
+            context: self.id,
+            label: self.label.clone(),
+            lost,
+            forced: self.forced.load(Ordering::Acquire),
+            retired_releases: self.counters.retired.load(Ordering::Relaxed),
+            abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
+            settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
+            reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
+            quarantined_bytes,
+            unsettled_releases: if lost { self.pending.load(Ordering::Acquire) } else { 0 },
+            elapsed: started.elapsed(),
+            backend_result: result,
+        };
+        #[cfg(feature = "tracing")]
+        tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, ok = report.backend_result.is_ok(), "memgov: context torn down");
+        *lock(&self.report) = Some(report.clone());
+        self.phase.store(TERMINATED, Ordering::Release);
+        self.lifecycle.notify();
+        self.settled.notify();
+        report
+    }
+
+    /// Give back `bytes` to the context budget and the shared one.
+    /// `pending` of them were pending release, `quarantined` were in quarantine.
+    pub(crate) fn uncharge(&self, bytes: u64, pending: u64, quarantined: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.budget.uncharge(bytes);
+        if let Some(s) = &self.shared {
+            s.0.budget.uncharge(bytes);
+            if pending > 0 {
+                sub(&s.0.pending, pending);
+            }
+            if quarantined > 0 {
+                sub(&s.0.quarantined, quarantined);
+            }
+        }
+    }
+
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.roles.iter().map(|r| r.live_bytes.load(Ordering::Relaxed)).sum()
+    }
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        self.roles.iter().map(|r| r.pending_bytes.load(Ordering::Relaxed)).sum()
+    }
+    pub(crate) fn quarantined_bytes(&self) -> u64 {
+        self.roles.iter().map(|r| r.quarantined_bytes.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl<C: DeviceContext> Drop for ContextInner<C> {
+    fn drop(&mut self) {
+        // Every handle, buffer, stream, pin and pending release is gone (each
+        // holds an Arc), so every pin has been dropped. If nobody finished the
+        // retire, do it now -- but never on this thread, which may be a driver
+        // callback thread where calling back into the driver is forbidden.
+        if let Some(backend) = self.backend.get_mut().take() {
+            let lost = *self.lost.get_mut();
+            let id = self.id;
+            let spawned = std::thread::Builder::new().name(format!("memgov-reaper-{id}")).spawn(move || {
+                let _ = backend.teardown(lost);
+            });
+            if spawned.is_err() {
+                // No thread to be had: leaking the context is the only choice
+                // that cannot destroy it under a running callback.
+                #[cfg(feature = "tracing")]
+                tracing::error!(context = %id, "memgov: could not spawn reaper; context leaked");
+            }
+        }
+    }
+}

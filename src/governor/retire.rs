@@ -1,0 +1,317 @@
+//! Retiring a context: refuse new work, wait (without polling) for every
+//! outstanding pin, and tear the backend down exactly once.
+
+use super::config::Role;
+use super::error::RetireError;
+use super::record::{ContextInner, TERMINATED};
+use crate::sync::lock;
+use crate::{BackendError, DeviceContext, ProviderContextIdentity};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// What a finished teardown did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeardownReport {
+    /// The context.
+    pub context: ProviderContextIdentity,
+    /// Its label.
+    pub label: String,
+    /// Whether the device was lost (teardown did not touch it).
+    pub lost: bool,
+    /// Whether `force` reclaimed live buffers and streams.
+    pub forced: bool,
+    /// Stream-ordered releases whose free executed.
+    pub retired_releases: u64,
+    /// Releases whose signal was dropped unfired (never executed).
+    pub abandoned_releases: u64,
+    /// Live buffers of a lost device released without calling it.
+    pub settled_lost: u64,
+    /// Live buffers reclaimed by `force`.
+    pub reclaimed_buffers: u64,
+    /// Bytes that were in quarantine and died with the context.
+    pub quarantined_bytes: u64,
+    /// Pending releases of a lost device whose signals the backend still held
+    /// after teardown (should be zero; nonzero is a backend bug).
+    pub unsettled_releases: u64,
+    /// From the first `retire()` to the end of teardown.
+    pub elapsed: Duration,
+    /// What the backend's teardown returned.
+    pub backend_result: Result<(), BackendError>,
+}
+
+/// The kind of holder keeping a context from tearing down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum PinKind {
+    /// A live stream.
+    Stream,
+    /// A live buffer.
+    Buffer,
+    /// A release queued on the device that has not retired.
+    PendingRelease,
+    /// A pin held by an external holder through a pin source.
+    External,
+    /// A borrowed pin or an allocation in flight.
+    Other,
+}
+
+impl fmt::Display for PinKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Stream => "stream",
+            Self::Buffer => "live buffer",
+            Self::PendingRelease => "pending release",
+            Self::External => "external pin",
+            Self::Other => "other pin",
+        })
+    }
+}
+
+/// One group of outstanding holders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct OutstandingItem {
+    /// What kind of holder.
+    pub kind: PinKind,
+    /// Memory role, for buffers and pending releases.
+    pub role: Option<Role>,
+    /// How many.
+    pub count: u64,
+    /// Bytes they hold.
+    pub bytes: u64,
+    /// Holder label: stream label or pin-source label.
+    pub holder: Option<String>,
+}
+
+/// Everything that still holds a context.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Outstanding {
+    /// Groups by kind, role and holder.
+    pub items: Vec<OutstandingItem>,
+}
+
+impl Outstanding {
+    /// Whether nothing is listed.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub(crate) fn collect<C: DeviceContext>(ctx: &ContextInner<C>) -> Self {
+        let mut items = Vec::new();
+        for s in lock(&ctx.streams).iter().filter_map(|w| w.upgrade()) {
+            items.push(OutstandingItem { kind: PinKind::Stream, role: None, count: 1, bytes: 0, holder: Some(s.label.clone()) });
+        }
+        for role in Role::ALL {
+            let r = &ctx.roles[role.index()];
+            let (lc, lb) = (r.live_count.load(Ordering::Relaxed), r.live_bytes.load(Ordering::Relaxed));
+            if lc > 0 {
+                items.push(OutstandingItem { kind: PinKind::Buffer, role: Some(role), count: lc, bytes: lb, holder: None });
+            }
+            let (pc, pb) = (r.pending_count.load(Ordering::Relaxed), r.pending_bytes.load(Ordering::Relaxed));
+            if pc > 0 {
+                items.push(OutstandingItem { kind: PinKind::PendingRelease, role: Some(role), count: pc, bytes: pb, holder: None });
+            }
+        }
+        for s in lock(&ctx.sources).iter().filter_map(|w| w.upgrade()) {
+            let n = s.outstanding.load(Ordering::Relaxed);
+            if n > 0 {
+                items.push(OutstandingItem { kind: PinKind::External, role: None, count: n, bytes: 0, holder: s.label.clone() });
+            }
+        }
+        let listed: u64 = items.iter().filter(|i| i.kind != PinKind::PendingRelease).map(|i| i.count).sum();
+        let other = ctx.pins.count().saturating_sub(listed);
+        if other > 0 {
+            items.push(OutstandingItem { kind: PinKind::Other, role: None, count: other, bytes: 0, holder: None });
+        }
+        Self { items }
+    }
+}
+
+impl fmt::Display for Outstanding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.items.is_empty() {
+            return f.write_str("nothing");
+        }
+        for (i, it) in self.items.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} {}", it.count, it.kind)?;
+            if it.count != 1 {
+                f.write_str("s")?;
+            }
+            if let Some(r) = it.role {
+                write!(f, " of {r}")?;
+            }
+            if it.bytes > 0 {
+                write!(f, " ({} B)", it.bytes)?;
+            }
+            if let Some(h) = &it.holder {
+                write!(f, " held by '{h}'")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A retiring context. New work is already refused; this handle finishes the
+/// teardown once everything outstanding has drained.
+///
+/// Several handles may exist (concurrent `retire()` calls); exactly one of
+/// them runs the backend's teardown and all of them get the same report.
+/// Dropping every handle without finishing leaves the context retiring; its
+/// teardown then runs on a reaper thread when the last holder goes.
+pub struct RetireHandle<C: DeviceContext> {
+    pub(crate) ctx: Arc<ContextInner<C>>,
+}
+
+impl<C: DeviceContext> fmt::Debug for RetireHandle<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetireHandle").field("context", &self.ctx.id).finish()
+    }
+}
+
+impl<C: DeviceContext> RetireHandle<C> {
+    /// The retiring context.
+    pub fn context(&self) -> ProviderContextIdentity {
+        self.ctx.id
+    }
+
+    /// What still holds the context now.
+    pub fn outstanding(&self) -> Outstanding {
+        Outstanding::collect(&self.ctx)
+    }
+
+    fn outstanding_error(&self, waited: Duration) -> RetireError {
+        RetireError::Outstanding {
+            context: self.ctx.id,
+            label: self.ctx.label.clone(),
+            waited,
+            outstanding: self.outstanding(),
+        }
+    }
+
+    /// Block until everything outstanding has drained, then tear down, or
+    /// give up at `deadline` with the list of what is outstanding. A deadline
+    /// in the past checks once without blocking. Waiting again after a
+    /// timeout is allowed.
+    pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
+        let start = Instant::now();
+        let ctx = &*self.ctx;
+        if ctx.lifecycle.wait_until(|| ctx.drained() || ctx.phase() == TERMINATED, Some(deadline)) {
+            Ok(ctx.finish())
+        } else {
+            Err(self.outstanding_error(start.elapsed()))
+        }
+    }
+
+    /// Like [`wait`](Self::wait) with a timeout instead of a deadline.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<TeardownReport, RetireError> {
+        self.wait(Instant::now() + timeout)
+    }
+
+    /// Tear down if everything has drained; otherwise return at once with
+    /// what is outstanding.
+    pub fn try_finish(&self) -> Result<TeardownReport, RetireError> {
+        if self.ctx.drained() || self.ctx.phase() == TERMINATED {
+            Ok(self.ctx.finish())
+        } else {
+            Err(self.outstanding_error(Duration::ZERO))
+        }
+    }
+
+    /// A future that completes with the report once everything has drained.
+    /// Woken by the last retirement, never by polling. Teardown runs on the
+    /// thread that polls it to completion.
+    pub fn finished(&self) -> Finished<'_, C> {
+        Finished { handle: self, registered: false }
+    }
+
+    /// Reclaim instead of waiting: synchronize every stream, revoke the pins
+    /// of live buffers and streams (their memory and raw streams die with the
+    /// context; later use reports [`GovernorError::Reclaimed`](super::GovernorError::Reclaimed)),
+    /// then wait until `deadline` for pending releases and external pins,
+    /// which force cannot revoke, and tear down.
+    ///
+    /// On a lost device nothing is synchronized: pending releases are given up.
+    pub fn force(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
+        let ctx = &*self.ctx;
+        if ctx.phase() == TERMINATED {
+            return Ok(ctx.finish());
+        }
+        if ctx.forced.swap(true, Ordering::AcqRel) {
+            // Another caller is forcing (or forced) already: its revocation
+            // must happen once. Wait for the same outcome.
+            return self.wait(deadline);
+        }
+        // Stop every backend call from starting and wait for those in flight.
+        ctx.gate.close();
+        ctx.lifecycle.wait_until(|| ctx.gate.is_drained(), None);
+        // From here on live buffers and streams can no longer release their
+        // pins (their paths go through the gate), so the counts are stable.
+        if ctx.is_lost() {
+            // Nothing to synchronize on a lost device.
+        } else {
+            let streams: Vec<_> = lock(&ctx.streams).iter().filter_map(|w| w.upgrade()).collect();
+            for s in &streams {
+                if let Some(Err(e)) = ctx.with_closed_gate(|b| b.synchronize(s.raw())) {
+                    ctx.note_backend_error(&e);
+                }
+            }
+        }
+        let mut revoked = 0;
+        let mut reclaimed_bytes = 0;
+        for role in Role::ALL {
+            let r = &ctx.roles[role.index()];
+            let n = r.live_count.swap(0, Ordering::AcqRel);
+            let b = r.live_bytes.swap(0, Ordering::AcqRel);
+            revoked += n;
+            reclaimed_bytes += b;
+        }
+        super::record::add(&ctx.counters.reclaimed, revoked);
+        ctx.uncharge(reclaimed_bytes, 0, 0);
+        let streams = ctx.streams_live.swap(0, Ordering::AcqRel);
+        if ctx.pins.revoke(revoked + streams) {
+            ctx.lifecycle.notify();
+        }
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = %ctx.id, label = %ctx.label, buffers = revoked, bytes = reclaimed_bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        self.wait(deadline)
+    }
+}
+
+/// Future returned by [`RetireHandle::finished`].
+pub struct Finished<'a, C: DeviceContext> {
+    handle: &'a RetireHandle<C>,
+    registered: bool,
+}
+
+impl<C: DeviceContext> Future for Finished<'_, C> {
+    type Output = TeardownReport;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
+        let ctx = self.handle.ctx.clone();
+        let mut registered = self.registered;
+        let ready = ctx.lifecycle.register_task(cx.waker(), &mut registered, || ctx.drained() || ctx.phase() == TERMINATED);
+        self.registered = registered;
+        if ready {
+            ctx.lifecycle.forget_task(&mut self.registered);
+            Poll::Ready(ctx.finish())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl<C: DeviceContext> Drop for Finished<'_, C> {
+    fn drop(&mut self) {
+        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+    }
+}

@@ -1,0 +1,264 @@
+//! Point-in-time views of a context and of the whole governor.
+//!
+//! Built from relaxed atomic reads: each number is exact when read, but a
+//! snapshot taken while other threads allocate is not one atomic cut.
+
+use super::config::Role;
+use super::record::{ContextInner, ACTIVE, TERMINATED};
+use super::retire::{Outstanding, PinKind};
+use crate::sync::lock;
+use crate::{DeviceContext, Execution, ProviderContextIdentity};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where a context is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum Lifecycle {
+    /// Accepting work.
+    Active,
+    /// Refusing new work; waiting for outstanding work to drain.
+    Retiring,
+    /// The device is lost; refusing work; waiting for holders to let go.
+    Lost,
+    /// Torn down.
+    Terminated,
+}
+
+/// Bytes and objects of one role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RoleUsage {
+    /// Bytes in live buffers.
+    pub live_bytes: u64,
+    /// Live buffers.
+    pub live_count: u64,
+    /// Bytes whose release is queued and has not retired.
+    pub pending_bytes: u64,
+    /// Releases queued and not retired.
+    pub pending_count: u64,
+    /// Bytes whose release the backend refused.
+    pub quarantined_bytes: u64,
+    /// Releases the backend refused.
+    pub quarantined_count: u64,
+}
+
+/// A quarantined release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct QuarantineEntry {
+    /// Role of the memory.
+    pub role: Role,
+    /// Its size.
+    pub bytes: u64,
+    /// Why the backend refused to free it.
+    pub reason: String,
+}
+
+/// Outstanding pins by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PinCounts {
+    /// Live streams.
+    pub streams: u64,
+    /// Live buffers.
+    pub buffers: u64,
+    /// Releases queued and not retired.
+    pub pending_releases: u64,
+    /// Pins held through pin sources.
+    pub external: u64,
+    /// Borrowed pins and allocations in flight.
+    pub other: u64,
+}
+
+impl PinCounts {
+    /// All pins.
+    pub fn total(&self) -> u64 {
+        self.streams + self.buffers + self.pending_releases + self.external + self.other
+    }
+}
+
+/// Event counters since registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CounterSnapshot {
+    /// Allocations admitted.
+    pub allocations: u64,
+    /// Releases queued on a stream.
+    pub releases_queued: u64,
+    /// Releases whose free executed.
+    pub retired: u64,
+    /// Releases whose signal was dropped unfired.
+    pub abandoned: u64,
+    /// Buffers of a lost device settled without calling it.
+    pub settled_lost: u64,
+    /// Releases the backend refused.
+    pub quarantined: u64,
+    /// Buffers reclaimed by force.
+    pub reclaimed: u64,
+    /// Allocations refused for lack of room.
+    pub admission_refusals: u64,
+    /// Times an allocation waited for pending releases.
+    pub admission_waits: u64,
+    /// Pressure responder calls.
+    pub pressure_calls: u64,
+    /// Backend calls that returned an error.
+    pub backend_errors: u64,
+    /// Releases that settled after teardown (a backend bug; must be zero).
+    pub late_settlements: u64,
+}
+
+/// One context at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ContextSnapshot {
+    /// Identity.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "ser_display"))]
+    pub context: ProviderContextIdentity,
+    /// Label.
+    pub label: String,
+    /// Backend name.
+    pub backend: &'static str,
+    /// Device name.
+    pub device: String,
+    /// How the backend reaches the device.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "ser_display"))]
+    pub execution: Execution,
+    /// Lifecycle state.
+    pub lifecycle: Lifecycle,
+    /// Why the device was declared lost.
+    pub lost_reason: Option<String>,
+    /// The context's budget limit (`u64::MAX` when unlimited).
+    pub budget_limit: u64,
+    /// Bytes charged: live + pending + quarantined.
+    pub charged: u64,
+    /// The shared budget's label, if any.
+    pub shared_budget: Option<String>,
+    /// Highest `charged` seen.
+    pub peak: u64,
+    /// Usage by role, indexed like [`Role::ALL`].
+    pub by_role: [RoleUsage; 5],
+    /// Quarantined releases with reasons.
+    pub quarantine: Vec<QuarantineEntry>,
+    /// Pins by kind.
+    pub pins: PinCounts,
+    /// Event counters.
+    pub counters: CounterSnapshot,
+}
+
+#[cfg(feature = "serde")]
+fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl ContextSnapshot {
+    /// Usage of one role.
+    pub fn role(&self, role: Role) -> RoleUsage {
+        self.by_role[role.index()]
+    }
+
+    /// Sum over roles.
+    pub fn total(&self) -> RoleUsage {
+        self.by_role.iter().fold(RoleUsage::default(), |a, r| RoleUsage {
+            live_bytes: a.live_bytes + r.live_bytes,
+            live_count: a.live_count + r.live_count,
+            pending_bytes: a.pending_bytes + r.pending_bytes,
+            pending_count: a.pending_count + r.pending_count,
+            quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
+            quarantined_count: a.quarantined_count + r.quarantined_count,
+        })
+    }
+}
+
+/// Every context of a governor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct GovernorSnapshot {
+    /// One entry per registered context, in registration order.
+    pub contexts: Vec<ContextSnapshot>,
+}
+
+impl GovernorSnapshot {
+    /// Sum of every context's usage.
+    pub fn total(&self) -> RoleUsage {
+        self.contexts.iter().map(|c| c.total()).fold(RoleUsage::default(), |a, r| RoleUsage {
+            live_bytes: a.live_bytes + r.live_bytes,
+            live_count: a.live_count + r.live_count,
+            pending_bytes: a.pending_bytes + r.pending_bytes,
+            pending_count: a.pending_count + r.pending_count,
+            quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
+            quarantined_count: a.quarantined_count + r.quarantined_count,
+        })
+    }
+}
+
+fn ld(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
+    match ctx.phase() {
+        TERMINATED => Lifecycle::Terminated,
+        _ if ctx.is_lost() => Lifecycle::Lost,
+        ACTIVE => Lifecycle::Active,
+        _ => Lifecycle::Retiring,
+    }
+}
+
+pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
+    let mut by_role = [RoleUsage::default(); 5];
+    for role in Role::ALL {
+        let r = &ctx.roles[role.index()];
+        by_role[role.index()] = RoleUsage {
+            live_bytes: ld(&r.live_bytes),
+            live_count: ld(&r.live_count),
+            pending_bytes: ld(&r.pending_bytes),
+            pending_count: ld(&r.pending_count),
+            quarantined_bytes: ld(&r.quarantined_bytes),
+            quarantined_count: ld(&r.quarantined_count),
+        };
+    }
+    let outstanding = Outstanding::collect(ctx);
+    let count = |k: PinKind| outstanding.items.iter().filter(|i| i.kind == k).map(|i| i.count).sum::<u64>();
+    let pins = PinCounts {
+        streams: ld(&ctx.streams_live),
+        buffers: count(PinKind::Buffer),
+        pending_releases: ctx.pending.load(Ordering::Relaxed),
+        external: count(PinKind::External),
+        other: count(PinKind::Other),
+    };
+    let c = &ctx.counters;
+    ContextSnapshot {
+        context: ctx.id,
+        label: ctx.label.clone(),
+        backend: ctx.description.backend,
+        device: ctx.description.name.clone(),
+        execution: ctx.description.execution,
+        lifecycle: lifecycle(ctx),
+        lost_reason: lock(&ctx.lost_reason).clone(),
+        budget_limit: ctx.budget.limit(),
+        charged: ctx.budget.charged(),
+        shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
+        peak: ctx.budget.peak(),
+        by_role,
+        quarantine: lock(&ctx.quarantine)
+            .iter()
+            .map(|q| QuarantineEntry { role: q.role, bytes: q.bytes, reason: q.reason.clone() })
+            .collect(),
+        pins,
+        counters: CounterSnapshot {
+            allocations: ld(&c.allocations),
+            releases_queued: ld(&c.releases_queued),
+            retired: ld(&c.retired),
+            abandoned: ld(&c.abandoned),
+            settled_lost: ld(&c.settled_lost),
+            quarantined: ld(&c.quarantined),
+            reclaimed: ld(&c.reclaimed),
+            admission_refusals: ld(&c.admission_refusals),
+            admission_waits: ld(&c.admission_waits),
+            pressure_calls: ld(&c.pressure_calls),
+            backend_errors: ld(&c.backend_errors),
+            late_settlements: ld(&c.late_settlements),
+        },
+    }
+}

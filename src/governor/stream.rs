@@ -1,0 +1,150 @@
+//! Governed streams. A stream holds a pin for as long as it exists; buffers
+//! allocated on it keep it alive, so that their release on drop always has
+//! their own stream to go to.
+
+use super::error::GovernorError;
+use super::record::{sub, ContextInner};
+use crate::sync::lock;
+use crate::DeviceContext;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub(crate) struct StreamShared<C: DeviceContext> {
+    pub ctx: Arc<ContextInner<C>>,
+    /// `None` only after destroy (in Drop) or for reclaimed streams.
+    raw: Option<C::Stream>,
+    pub label: String,
+    /// Bytes pending release on this stream, for stream-ordered reuse credit.
+    /// Present only where the backend reuses stream-ordered frees.
+    pub pending_bytes: Option<Arc<AtomicU64>>,
+}
+
+impl<C: DeviceContext> StreamShared<C> {
+    #[inline]
+    pub(crate) fn raw(&self) -> &C::Stream {
+        self.raw.as_ref().expect("stream present until drop")
+    }
+
+    #[inline]
+    pub(crate) fn credit(&self) -> u64 {
+        self.pending_bytes.as_ref().map_or(0, |p| p.load(Ordering::Relaxed))
+    }
+}
+
+impl<C: DeviceContext> Drop for StreamShared<C> {
+    fn drop(&mut self) {
+        let ctx = &*self.ctx;
+        let Some(backend) = ctx.enter() else {
+            // The gate is closed only by force (a stream's pin keeps ordinary
+            // teardown away): force revoked this stream's pin and teardown
+            // destroys the raw stream. Dropping the handle has no side effects.
+            return;
+        };
+        if let Some(raw) = self.raw.take() {
+            if !ctx.is_lost() {
+                if let Err(e) = backend.destroy_stream(raw) {
+                    ctx.note_backend_error(&e);
+                }
+            }
+        }
+        drop(backend);
+        sub(&ctx.streams_live, 1);
+        ctx.release_pin();
+    }
+}
+
+/// A stream of ordered work on a governed context.
+///
+/// Cloning shares the stream. The raw stream is destroyed when the last clone
+/// and the last buffer allocated on it are gone.
+pub struct GovernedStream<C: DeviceContext> {
+    pub(crate) shared: Arc<StreamShared<C>>,
+}
+
+impl<C: DeviceContext> Clone for GovernedStream<C> {
+    fn clone(&self) -> Self {
+        Self { shared: self.shared.clone() }
+    }
+}
+
+impl<C: DeviceContext> fmt::Debug for GovernedStream<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GovernedStream").field("context", &self.shared.ctx.id).field("label", &self.shared.label).finish()
+    }
+}
+
+impl<C: DeviceContext> GovernedStream<C> {
+    pub(crate) fn create(ctx: &Arc<ContextInner<C>>, label: String) -> Result<Self, GovernorError> {
+        ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
+        let created = match ctx.enter() {
+            Some(backend) => backend.create_stream().map_err(|e| {
+                ctx.note_backend_error(&e);
+                GovernorError::Backend { context: ctx.id, source: e }
+            }),
+            None => Err(GovernorError::Pin(crate::ProviderContextPinError::ContextUnavailable(ctx.id))),
+        };
+        let raw = match created {
+            Ok(raw) => raw,
+            Err(e) => {
+                ctx.release_pin();
+                return Err(e);
+            }
+        };
+        super::record::add(&ctx.streams_live, 1);
+        let shared = Arc::new(StreamShared {
+            ctx: ctx.clone(),
+            raw: Some(raw),
+            label,
+            pending_bytes: ctx.description.stream_ordered_reuse.then(|| Arc::new(AtomicU64::new(0))),
+        });
+        let mut streams = lock(&ctx.streams);
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(&shared));
+        drop(streams);
+        Ok(Self { shared })
+    }
+
+    /// Block until everything queued on this stream has executed, including
+    /// the retirement of stream-ordered releases queued on it.
+    pub fn synchronize(&self) -> Result<(), GovernorError> {
+        let ctx = &*self.shared.ctx;
+        if ctx.is_lost() {
+            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+        }
+        let backend = ctx.enter().ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+        backend.synchronize(self.shared.raw()).map_err(|e| {
+            ctx.note_backend_error(&e);
+            GovernorError::Backend { context: ctx.id, source: e }
+        })
+    }
+
+    /// The label given at creation.
+    pub fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    /// The context this stream belongs to.
+    pub fn context(&self) -> crate::ProviderContextIdentity {
+        self.shared.ctx.id
+    }
+
+    /// The raw backend stream, for queuing kernels and copies of your own.
+    ///
+    /// Returns `None` once the context has been force-retired. Do not destroy
+    /// it: the governor does, when the last clone is dropped.
+    pub fn raw(&self) -> Option<&C::Stream> {
+        (!self.shared.ctx.gate.is_closed()).then(|| self.shared.raw())
+    }
+}
+
+/// Map a pin refusal to the governor's error, naming device loss when that is
+/// why the context stopped accepting work.
+pub(crate) fn pin_error<C: DeviceContext>(ctx: &ContextInner<C>, e: crate::ProviderContextPinError) -> GovernorError {
+    match e {
+        crate::ProviderContextPinError::ContextUnavailable(_) if ctx.is_lost() => {
+            GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+        }
+        e => GovernorError::Pin(e),
+    }
+}

@@ -1,0 +1,46 @@
+//! The two concurrency primitives the lifecycle rests on, kept small and
+//! separate so that the loom model (`--cfg loom`) checks exactly the code that
+//! ships:
+//!
+//! * [`ClaimCounter`]: a count of outstanding claims with a *closed* bit in the
+//!   same word. Acquire is one compare-and-swap that fails once the bit is set
+//!   or the count is at its maximum (refused, never wrapped); release is one
+//!   `fetch_sub` that tells the caller whether it dropped the last claim of a
+//!   closed counter. The governor uses one for pins and one as the gate that
+//!   backend calls pass through.
+//! * [`Notifier`]: a generation-less "check under the lock, wake after the
+//!   change" waiter, with a count of waiters so that the signalling side (a
+//!   driver thread firing a `RetireSignal`) skips the lock entirely when no one
+//!   waits. It never polls: waiters sleep on a condition variable or register
+//!   a task waker.
+
+mod claim;
+mod notify;
+
+pub(crate) use claim::{AcquireError, ClaimCounter, MAX_CLAIMS};
+pub(crate) use notify::Notifier;
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{AtomicU64, AtomicUsize, Ordering},
+    Condvar, Mutex, MutexGuard,
+};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{AtomicU64, AtomicUsize, Ordering},
+    Condvar, Mutex, MutexGuard,
+};
+
+/// Lock a mutex, recovering from poisoning: every structure guarded here is
+/// left consistent between statements, and a panic in one user thread must not
+/// wedge teardown for everyone else.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(loom)]
+    {
+        m.lock().unwrap()
+    }
+    #[cfg(not(loom))]
+    {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

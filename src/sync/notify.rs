@@ -1,0 +1,107 @@
+use super::{lock, AtomicUsize, Condvar, Mutex, Ordering};
+use std::task::Waker;
+use std::time::Instant;
+
+/// Wakes threads and tasks that wait for a condition expressed over atomics.
+///
+/// Protocol (no lost wake-up):
+/// * the waiter registers itself in `waiters` (SeqCst), takes the lock and
+///   checks its condition *under the lock* before every sleep;
+/// * the signaller first changes the atomics the condition reads (SeqCst, or
+///   Release followed by this SeqCst load), then, if `waiters` is non-zero,
+///   takes the lock and notifies.
+///
+/// Either the waiter's check sees the change, or the waiter was registered
+/// before the signaller read `waiters` and is asleep in (or about to enter)
+/// the condition variable while the signaller waits for the lock. With no
+/// waiter registered the signal costs one atomic load.
+#[derive(Debug, Default)]
+pub(crate) struct Notifier {
+    waiters: AtomicUsize,
+    wakers: Mutex<Vec<Waker>>,
+    cv: Condvar,
+}
+
+impl Notifier {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wake everyone waiting, if anyone is. Call after changing the state the
+    /// waiters' conditions read.
+    #[inline]
+    pub(crate) fn notify(&self) {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let wakers = std::mem::take(&mut *lock(&self.wakers));
+        self.cv.notify_all();
+        // Wakers run executor code: never under our lock.
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Block until `ready()` holds or `deadline` passes. Returns whether
+    /// `ready()` held. `ready` must only read atomics.
+    pub(crate) fn wait_until(&self, mut ready: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
+        if ready() {
+            return true;
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut guard = lock(&self.wakers);
+        let ok = loop {
+            if ready() {
+                break true;
+            }
+            match deadline {
+                None => {
+                    guard = self.cv.wait(guard).unwrap_or_else(|e| e.into_inner());
+                }
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break ready();
+                    }
+                    #[cfg(not(loom))]
+                    {
+                        guard = self.cv.wait_timeout(guard, d - now).unwrap_or_else(|e| e.into_inner()).0;
+                    }
+                    #[cfg(loom)]
+                    {
+                        let _ = d;
+                        guard = self.cv.wait(guard).unwrap();
+                    }
+                }
+            }
+        };
+        drop(guard);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        ok
+    }
+
+    /// For futures: if `ready()` does not hold, register `waker` to be woken by
+    /// the next [`notify`](Self::notify) and return false. The registration
+    /// counts as a waiter until [`forget_task`](Self::forget_task).
+    pub(crate) fn register_task(&self, waker: &Waker, registered: &mut bool, mut ready: impl FnMut() -> bool) -> bool {
+        if !*registered {
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            *registered = true;
+        }
+        let mut wakers = lock(&self.wakers);
+        if ready() {
+            return true;
+        }
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+        false
+    }
+
+    /// Undo a task registration (future completed or dropped).
+    pub(crate) fn forget_task(&self, registered: &mut bool) {
+        if std::mem::take(registered) {
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
