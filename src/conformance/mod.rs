@@ -1,1 +1,237 @@
-//! placeholder
+//! The backend contract suite, as library code.
+//!
+//! Every backend runs the same cases: memgov's own tests, `memgov check`, and
+//! any third-party backend from its own tests, with one call or one macro:
+//!
+//! ```
+//! use memgov::host::{HostContext, HostConfig};
+//! let report = memgov::conformance::run_suite(|| HostContext::new(HostConfig::default()));
+//! assert!(report.all_passed(), "{report}");
+//! ```
+//!
+//! ```ignore
+//! // In a backend crate's tests: one #[test] per case.
+//! memgov::conformance_tests!(my_backend, || MyContext::new(MyConfig::default()));
+//! ```
+//!
+//! Each case builds fresh contexts from the factory, wraps them in
+//! [`Watched`] to observe what the governor asks of the backend, and reports
+//! [`Outcome::Passed`], [`Outcome::Failed`] with why, or [`Outcome::Skipped`]
+//! with why (a factory that reports `Unavailable` skips every case).
+
+mod cases;
+mod watch;
+
+pub use watch::{WatchLog, Watched};
+
+use crate::{BackendError, BackendErrorKind, DeviceContext, Execution};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// How one case ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check held.
+    Passed,
+    /// A check failed; the text says which and with what numbers.
+    Failed(String),
+    /// The case could not run here; the text says why.
+    Skipped(String),
+}
+
+impl Outcome {
+    /// Whether this is a failure.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Self::Failed(_))
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Passed => f.write_str("pass"),
+            Self::Failed(why) => write!(f, "FAIL: {why}"),
+            Self::Skipped(why) => write!(f, "skipped: {why}"),
+        }
+    }
+}
+
+/// One case's result.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// Case name.
+    pub name: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// The result of a whole suite run against one backend.
+#[derive(Debug, Clone)]
+pub struct SuiteReport {
+    /// Backend name (`"host"`, `"vulkan"`, ...).
+    pub backend: String,
+    /// Device name, or why there is none.
+    pub device: String,
+    /// How the backend reached the device, when it did.
+    pub execution: Option<Execution>,
+    /// Per case.
+    pub cases: Vec<CaseResult>,
+}
+
+impl SuiteReport {
+    /// No case failed (skips are not failures, but are printed).
+    pub fn all_passed(&self) -> bool {
+        !self.cases.iter().any(|c| c.outcome.is_failed())
+    }
+
+    /// (passed, failed, skipped).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let p = self.cases.iter().filter(|c| c.outcome == Outcome::Passed).count();
+        let f = self.cases.iter().filter(|c| c.outcome.is_failed()).count();
+        (p, f, self.cases.len() - p - f)
+    }
+}
+
+impl fmt::Display for SuiteReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = self.execution.map_or_else(|| "not run".to_owned(), |e| e.to_string());
+        writeln!(f, "{} on {} ({how})", self.backend, self.device)?;
+        for c in &self.cases {
+            writeln!(f, "  {:<48} {} ({:.1?})", c.name, c.outcome, c.elapsed)?;
+        }
+        let (p, fl, s) = self.counts();
+        write!(f, "  {p} passed, {fl} failed, {s} skipped")
+    }
+}
+
+/// A case: a name and a function over a context factory.
+pub struct Case<C: DeviceContext> {
+    /// Stable name, also the name of the generated `#[test]`.
+    pub name: &'static str,
+    /// Runs the case.
+    pub run: fn(&dyn Fn() -> Result<C, BackendError>) -> Outcome,
+}
+
+/// Every case of the suite, in order.
+pub fn cases<C: DeviceContext>() -> Vec<Case<C>> {
+    cases::all()
+}
+
+/// Run one case by name. Unknown names fail.
+pub fn run_case<C: DeviceContext>(name: &str, factory: &dyn Fn() -> Result<C, BackendError>) -> Outcome {
+    match cases::<C>().into_iter().find(|c| c.name == name) {
+        Some(case) => run_guarded(&case, factory),
+        None => Outcome::Failed(format!("no conformance case named '{name}'")),
+    }
+}
+
+fn run_guarded<C: DeviceContext>(case: &Case<C>, factory: &dyn Fn() -> Result<C, BackendError>) -> Outcome {
+    // A panic inside a case (in the backend or the governor) is a failure of
+    // that case, not of the whole run.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (case.run)(factory))) {
+        Ok(o) => o,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "non-string panic".into());
+            Outcome::Failed(format!("panicked: {msg}"))
+        }
+    }
+}
+
+/// Run every case against contexts made by `factory`.
+pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>) -> SuiteReport {
+    let probe = factory();
+    let (backend, device, execution, skip) = match probe {
+        Ok(ctx) => {
+            let d = ctx.describe();
+            let _ = ctx.teardown(false);
+            (d.backend.to_owned(), d.name, Some(d.execution), None)
+        }
+        Err(e) => {
+            let why = unavailable_reason(&e);
+            (e.backend.to_owned(), "no device".to_owned(), None, Some(why))
+        }
+    };
+    let cases = cases::<C>()
+        .iter()
+        .map(|case| {
+            let start = Instant::now();
+            let outcome = match &skip {
+                Some(why) => Outcome::Skipped(why.clone()),
+                None => run_guarded(case, &factory),
+            };
+            CaseResult { name: case.name, outcome, elapsed: start.elapsed() }
+        })
+        .collect();
+    SuiteReport { backend, device, execution, cases }
+}
+
+/// The text a skip prints for a factory error.
+pub fn unavailable_reason(e: &BackendError) -> String {
+    match e.kind {
+        BackendErrorKind::Unavailable => e.message.clone(),
+        _ => format!("could not create a context: {e}"),
+    }
+}
+
+/// Turn an outcome into a test result: panic on failure, print skips.
+#[doc(hidden)]
+pub fn assert_outcome(backend: &str, case: &str, outcome: Outcome) {
+    match outcome {
+        Outcome::Passed => {}
+        Outcome::Skipped(why) => eprintln!("{backend}::{case}: skipped: {why}"),
+        Outcome::Failed(why) => panic!("{backend}::{case} failed: {why}"),
+    }
+}
+
+/// Generate one `#[test]` per conformance case for a backend.
+///
+/// ```ignore
+/// memgov::conformance_tests!(host, || memgov::host::HostContext::new(Default::default()));
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($module:ident, $factory:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance_tests!(@cases $module, $factory;
+                write_read_round_trip,
+                stream_order,
+                every_signal_fires_once,
+                teardown_once_after_drain,
+                retiring_refuses_new_work,
+                retire_waits_for_pending,
+                deadline_error_names_outstanding,
+                budget_exhaustion_error,
+                device_loss_settles_without_device,
+                force_reclaims_live,
+                concurrent_streams
+            );
+        }
+    };
+    (@cases $module:ident, $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let factory = $factory;
+                let outcome = $crate::conformance::run_case(stringify!($case), &factory);
+                $crate::conformance::assert_outcome(stringify!($module), stringify!($case), outcome);
+            }
+        )*
+        #[test]
+        fn macro_covers_every_case() {
+            let listed = [$(stringify!($case)),*];
+            let factory = $factory;
+            fn names<C: $crate::DeviceContext>(_: &dyn Fn() -> Result<C, $crate::BackendError>) -> Vec<&'static str> {
+                $crate::conformance::cases::<C>().iter().map(|c| c.name).collect()
+            }
+            assert_eq!(names(&factory), listed.to_vec(), "conformance_tests! must list every case");
+        }
+    };
+}
