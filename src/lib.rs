@@ -33,14 +33,19 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli")]
+pub mod bench;
 pub mod conformance;
 mod context;
+pub mod fault;
 mod governor;
 pub mod pin;
 pub(crate) mod sync;
 
 #[path = "../backends/host/mod.rs"]
 pub mod host;
+#[path = "../backends/null/mod.rs"]
+pub mod null;
 
 pub use context::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo, RetireOutcome,

@@ -1,0 +1,1 @@
+//! The null backend (being written; see issue #5).

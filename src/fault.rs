@@ -1,0 +1,1 @@
+//! Fault injection over any backend (being written; see issue #4).
