@@ -307,9 +307,11 @@ mod tests {
         let abandoned = Arc::new(AtomicU32::new(0));
         let mk = || {
             let (r, a) = (retired.clone(), abandoned.clone());
-            RetireSignal::from_fn(move |o| match o {
-                RetireOutcome::Retired => r.fetch_add(1, Ordering::SeqCst),
-                RetireOutcome::Abandoned => a.fetch_add(1, Ordering::SeqCst),
+            RetireSignal::from_fn(move |o| {
+                match o {
+                    RetireOutcome::Retired => r.fetch_add(1, Ordering::SeqCst),
+                    RetireOutcome::Abandoned => a.fetch_add(1, Ordering::SeqCst),
+                };
             })
         };
         mk().retire();
