@@ -1,0 +1,370 @@
+//! The governor's policies, tested directly on the host backend: budgets
+//! (per context and shared), pressure responders, deadline errors,
+//! quarantine, device loss (declared and detected), pin refusal after retire,
+//! pin overflow, concurrent retire, the async wait, and snapshots.
+
+use memgov::host::{HostConfig, HostContext, HostProbe};
+use memgov::{
+    Admission, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle, PinKind,
+    ProviderContextPinError, RetireError, Role, SharedBudget,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(20)
+}
+
+fn host(capacity: u64) -> (HostContext, HostProbe) {
+    let c = HostContext::new(HostConfig { capacity, ..HostConfig::default() }).unwrap();
+    let p = c.probe();
+    (c, p)
+}
+
+fn slow_host(delay: Duration) -> (HostContext, HostProbe) {
+    let c = HostContext::new(HostConfig { op_delay: delay, ..HostConfig::default() }).unwrap();
+    let p = c.probe();
+    (c, p)
+}
+
+fn register(gov: &Governor<HostContext>, cfg: ContextConfig) -> (ContextHandle<HostContext>, HostProbe) {
+    let (c, p) = host(1 << 30);
+    (gov.register(c, cfg), p)
+}
+
+#[test]
+fn shared_budget_limits_contexts_together() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
+    let (a, _) = register(&gov, ContextConfig::new().label("a").budget(2 * MIB).shared_budget(gpu0.clone()));
+    let (b, _) = register(&gov, ContextConfig::new().label("b").budget(2 * MIB).shared_budget(gpu0.clone()));
+    let sa = a.create_stream("s").unwrap();
+    let sb = b.create_stream("s").unwrap();
+    let x = a.allocate(&sa, 2 * MIB, Role::Weights).unwrap();
+    // b's own budget has room, the device's does not.
+    let err = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap_err();
+    let e = err.budget().expect("budget refusal");
+    assert_eq!(e.scope, BudgetScope::Shared("gpu0".into()));
+    assert_eq!((e.requested, e.limit, e.available, e.live), (2 * MIB, 3 * MIB, MIB, 2 * MIB));
+    assert!(err.to_string().contains("shared budget 'gpu0'"), "{err}");
+    // The context budget refuses first when it is the tighter one.
+    let err = a.allocate(&sa, MIB, Role::Weights).unwrap_err();
+    assert_eq!(err.budget().unwrap().scope, BudgetScope::Context);
+    let y = b.allocate(&sb, MIB, Role::Weights).unwrap();
+    assert_eq!(gpu0.charged(), 3 * MIB);
+    drop((x, y));
+    sa.synchronize().unwrap();
+    sb.synchronize().unwrap();
+    assert_eq!(gpu0.charged(), 0);
+}
+
+#[test]
+fn pressure_responder_is_asked_once_then_retry() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("p").budget(4 * MIB));
+    let s = ctx.create_stream("s").unwrap();
+    let cache = Arc::new(std::sync::Mutex::new(vec![
+        ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap(),
+        ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap(),
+    ]));
+    let calls = Arc::new(AtomicU64::new(0));
+    let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c2, calls2, s2, r2) = (cache.clone(), calls.clone(), s.clone(), requests.clone());
+    ctx.add_pressure_responder(move |req| {
+        calls2.fetch_add(1, Ordering::SeqCst);
+        r2.lock().unwrap().push(*req);
+        let victim = c2.lock().unwrap().pop();
+        let freed = victim.as_ref().map_or(0, |v| v.len());
+        drop(victim);
+        // Fail-fast admission retries at once; make the release retire first.
+        s2.synchronize().unwrap();
+        freed
+    });
+    let a = ctx.allocate(&s, 2 * MIB, Role::Activation).expect("responder made room");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let first = requests.lock().unwrap()[0];
+    assert_eq!((first.requested, first.shortfall, first.role), (2 * MIB, 2 * MIB, Role::Activation));
+    // A responder that cannot help: one call, one retry, then the error says so.
+    let err = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let second = requests.lock().unwrap()[1];
+    assert_eq!((second.requested, second.shortfall), (3 * MIB, 3 * MIB), "4 MiB charged + 3 MiB asked - 4 MiB limit");
+    let b = err.budget().unwrap();
+    assert_eq!(b.reclaimed_by_responders, 2 * MIB, "{err}");
+    assert!(err.to_string().contains("pressure responders gave back 2097152 B"), "{err}");
+    assert_eq!(ctx.snapshot().counters.pressure_calls, 2);
+    drop(a);
+}
+
+#[test]
+fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
+    let gov = Governor::new();
+    let (c, _) = slow_host(Duration::from_millis(400));
+    let ctx = gov.register(
+        c,
+        ContextConfig::new().budget(MIB).admission(Admission::WaitForPending { timeout: Duration::from_millis(60) }),
+    );
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // retires only after 400 ms
+    let start = Instant::now();
+    let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
+    let waited = start.elapsed();
+    let b = err.budget().unwrap();
+    assert!(waited >= Duration::from_millis(55), "gave up after {waited:?}");
+    assert!(b.waited >= Duration::from_millis(55), "{b:?}");
+    assert_eq!((b.pending, b.live), (MIB, 0));
+    assert!(err.to_string().contains("after waiting"), "{err}");
+}
+
+#[test]
+fn quarantine_keeps_refused_memory_charged_until_termination() {
+    let gov = Governor::new();
+    let (ctx, probe) = register(&gov, ContextConfig::new().label("q").budget(8 * MIB));
+    let s = ctx.create_stream("s").unwrap();
+    let a = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap();
+    let b = ctx.allocate(&s, MIB, Role::Workspace).unwrap();
+    probe.refuse_next_frees(1);
+    let err = a.release_on(&s).unwrap_err();
+    assert!(err.buffer.is_none());
+    assert!(matches!(err.error, GovernorError::Backend { .. }), "{err}");
+    drop(b);
+    s.synchronize().unwrap();
+    let snap = ctx.snapshot();
+    assert_eq!(snap.role(Role::Activation).quarantined_bytes, 3 * MIB);
+    assert_eq!(snap.role(Role::Activation).quarantined_count, 1);
+    assert_eq!(snap.charged, 3 * MIB, "quarantined memory stays charged");
+    assert_eq!(snap.quarantine.len(), 1);
+    assert!(snap.quarantine[0].reason.contains("free refused"), "{:?}", snap.quarantine);
+    assert_eq!(snap.counters.quarantined, 1);
+    // It does not hold the context: retire completes and frees it.
+    drop(s);
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert_eq!(report.quarantined_bytes, 3 * MIB);
+    let snap = ctx.snapshot();
+    assert_eq!((snap.charged, snap.total().quarantined_bytes), (0, 0));
+    assert_eq!(probe.violations(), 0);
+    assert_eq!(probe.used_bytes(), 0);
+}
+
+#[test]
+fn backend_reported_loss_marks_the_context_lost() {
+    let gov = Governor::new();
+    let (c, probe) = slow_host(Duration::from_millis(50));
+    let ctx = gov.register(c, ContextConfig::new().label("l"));
+    let s = ctx.create_stream("s").unwrap();
+    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // pending for 50 ms
+    probe.lose_device();
+    let err = live.write(0, b"x").unwrap_err();
+    assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
+    assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+    assert!(ctx.snapshot().lost_reason.unwrap().contains("lost"));
+    let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
+    assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
+    assert!(err.to_string().contains("register a new one"), "{err}");
+    assert!(matches!(ctx.pin_source(None).pin(), Err(ProviderContextPinError::ContextUnavailable(_))));
+    drop((live, s));
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert!(report.lost);
+    let snap = ctx.snapshot();
+    assert_eq!(snap.charged, 0);
+    assert_eq!(snap.counters.settled_lost, 1);
+    assert_eq!(snap.counters.abandoned, 1, "the pending free was given up, not executed");
+    assert_eq!(probe.frees_executed(), 0);
+    assert_eq!(probe.violations(), 0);
+}
+
+#[test]
+fn pin_overflow_is_refused_not_wrapped() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().max_pins(3));
+    let s = ctx.create_stream("s").unwrap(); // 1
+    let p1 = ctx.pin().unwrap(); // 2
+    let src = ctx.pin_source(Some("x"));
+    let p2 = src.pin().unwrap(); // 3
+    assert_eq!(src.pin().unwrap_err(), ProviderContextPinError::PinCountOverflow(ctx.id()));
+    let err = ctx.allocate(&s, 4096, Role::Other).unwrap_err();
+    assert_eq!(err, GovernorError::Pin(ProviderContextPinError::PinCountOverflow(ctx.id())));
+    assert!(err.to_string().contains("too many outstanding pins"));
+    assert_eq!(ctx.snapshot().pins.total(), 3);
+    drop(p1);
+    let b = ctx.allocate(&s, 4096, Role::Other).unwrap();
+    drop((b, p2));
+    s.synchronize().unwrap();
+    assert_eq!(ctx.snapshot().pins.total(), 1);
+}
+
+#[test]
+fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
+    let gov = Governor::new();
+    let (ctx, probe) = register(&gov, ContextConfig::new().label("r"));
+    let src = ctx.pin_source(Some("ep"));
+    let held = src.pin().unwrap();
+    assert_eq!(held.context(), ctx.id());
+    let h = ctx.retire();
+    assert_eq!(src.pin().unwrap_err(), ProviderContextPinError::ContextUnavailable(ctx.id()));
+    assert!(ctx.pin().is_err());
+    let err = h.try_finish().unwrap_err();
+    let RetireError::Outstanding { outstanding, waited, .. } = &err;
+    assert_eq!(*waited, Duration::ZERO);
+    assert_eq!(outstanding.items.len(), 1);
+    assert_eq!(outstanding.items[0].kind, PinKind::External);
+    assert_eq!(outstanding.items[0].holder.as_deref(), Some("ep"));
+    assert_eq!(probe.teardowns(), 0);
+    drop(held);
+    h.try_finish().unwrap();
+    assert_eq!(probe.teardowns(), 1);
+}
+
+#[test]
+fn concurrent_retire_tears_down_once() {
+    let gov = Governor::new();
+    let (c, probe) = slow_host(Duration::from_millis(5));
+    let ctx = gov.register(c, ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    for _ in 0..20 {
+        drop(ctx.allocate(&s, 4096, Role::Other).unwrap());
+    }
+    drop(s);
+    let reports: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4).map(|_| sc.spawn(|| ctx.retire().wait(soon()).unwrap())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(reports.windows(2).all(|w| w[0] == w[1]), "every retirer gets the same report");
+    assert_eq!(reports[0].retired_releases, 20);
+    assert_eq!(probe.teardowns(), 1);
+    assert_eq!(probe.violations(), 0);
+}
+
+#[test]
+fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
+    let gov = Governor::new();
+    let (a, _) = register(&gov, ContextConfig::new().label("a"));
+    let (b, _) = register(&gov, ContextConfig::new().label("b"));
+    let sa = a.create_stream("sa").unwrap();
+    let sb = b.create_stream("sb").unwrap();
+    let buf = a.allocate(&sa, 4096, Role::Other).unwrap();
+    let err = buf.release_on(&sb).unwrap_err();
+    assert_eq!(err.error, GovernorError::WrongContext { buffer_context: a.id(), stream_context: b.id() });
+    let buf = err.buffer.expect("buffer handed back");
+    buf.write(0, b"still mine").unwrap();
+    assert_eq!(a.snapshot().total().live_count, 1);
+    buf.release_on(&sa).unwrap();
+    let err = a.allocate(&sb, 4096, Role::Other).unwrap_err();
+    assert!(matches!(err, GovernorError::WrongContext { .. }), "{err}");
+}
+
+#[test]
+fn async_finished_completes_when_the_last_release_retires() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::atomic::AtomicBool;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let gov = Governor::new();
+    let (c, _) = slow_host(Duration::from_millis(30));
+    let ctx = gov.register(c, ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, 4096, Role::Other).unwrap());
+    let h = ctx.retire();
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = pin!(h.finished());
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    drop(s); // destroying the stream lets its queued free run first
+    // No polling loop: sleep until the waker fires.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !flag.0.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "waker never fired");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => assert_eq!(r.retired_releases, 1),
+        Poll::Pending => panic!("woken but not ready"),
+    }
+}
+
+#[test]
+fn snapshots_account_by_role_and_state() {
+    let gov = Governor::new();
+    let (c, _) = slow_host(Duration::from_millis(100));
+    let ctx = gov.register(c, ContextConfig::new().label("snap").budget(64 * MIB));
+    let s = ctx.create_stream("s").unwrap();
+    let w = ctx.allocate(&s, 8 * MIB, Role::Weights).unwrap();
+    let k1 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
+    let k2 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
+    drop(k1); // pending for ~100 ms
+    let snap = ctx.snapshot();
+    assert_eq!(snap.role(Role::Weights).live_bytes, 8 * MIB);
+    assert_eq!(snap.role(Role::KvCache).live_bytes, 2 * MIB);
+    assert_eq!(snap.role(Role::KvCache).pending_bytes, 2 * MIB);
+    assert_eq!(snap.charged, 12 * MIB);
+    assert_eq!(snap.peak, 12 * MIB);
+    assert_eq!(snap.pins.streams, 1);
+    assert_eq!(snap.pins.buffers, 2);
+    assert_eq!(snap.pins.pending_releases, 1);
+    assert_eq!(snap.counters.allocations, 3);
+    assert_eq!(snap.lifecycle, Lifecycle::Active);
+    assert_eq!(snap.budget_limit, 64 * MIB);
+    let all = gov.snapshot();
+    assert_eq!(all.contexts.len(), 1);
+    assert_eq!(all.total().live_bytes, 10 * MIB);
+    drop((w, k2));
+    s.synchronize().unwrap();
+    let snap = ctx.snapshot();
+    assert_eq!((snap.charged, snap.peak, snap.counters.retired), (0, 12 * MIB, 3));
+}
+
+#[test]
+fn host_backend_reports_out_of_memory_like_a_driver() {
+    let gov = Governor::new();
+    let (c, _) = host(4 * MIB);
+    let ctx = gov.register(c, ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    let a = ctx.allocate(&s, 3 * MIB, Role::Weights).unwrap();
+    let err = ctx.allocate(&s, 2 * MIB, Role::Weights).unwrap_err();
+    let b = err.budget().expect("device refusal is reported with numbers");
+    assert_eq!(b.scope, BudgetScope::Device);
+    assert_eq!((b.requested, b.limit, b.available), (2 * MIB, 4 * MIB, MIB));
+    drop(a);
+}
+
+#[test]
+fn dropping_the_governor_and_every_holder_still_tears_down() {
+    let (c, probe) = slow_host(Duration::from_millis(20));
+    let gov = Governor::new();
+    let ctx = gov.register(c, ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, 64 * KIB, Role::Other).unwrap());
+    drop((s, ctx, gov));
+    // The last pending release retires on the stream worker; teardown then
+    // runs on a reaper thread, never on the worker itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while probe.teardowns() == 0 {
+        assert!(Instant::now() < deadline, "context never torn down");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(probe.teardowns(), 1);
+    assert_eq!(probe.violations(), 0);
+}
+
+#[test]
+fn zero_sized_allocations_are_refused() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    let err = ctx.allocate(&s, 0, Role::Weights).unwrap_err();
+    assert_eq!(err, GovernorError::ZeroSized { context: ctx.id(), role: Role::Weights });
+    assert_eq!(ctx.snapshot().pins.total(), 1, "a refused allocation leaves no pin behind");
+}
