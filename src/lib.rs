@@ -31,7 +31,13 @@
 //! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
+
 #![warn(missing_docs)]
+
+/// The README's examples compile and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 #[cfg(feature = "cli")]
 pub mod bench;
