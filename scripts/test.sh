@@ -21,6 +21,7 @@ cargo build --locked --lib --no-default-features
 
 step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
+cargo test --locked --features serde,tracing --test governor
 
 if [ -f backends/vulkan/mod.rs ]; then
     step "tests: Vulkan backend on lavapipe with validation layers"

@@ -368,3 +368,18 @@ fn zero_sized_allocations_are_refused() {
     assert_eq!(err, GovernorError::ZeroSized { context: ctx.id(), role: Role::Weights });
     assert_eq!(ctx.snapshot().pins.total(), 1, "a refused allocation leaves no pin behind");
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn snapshots_serialize() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("json"));
+    let s = ctx.create_stream("s").unwrap();
+    let _b = ctx.allocate(&s, 4096, Role::KvCache).unwrap();
+    let json = serde_json::to_value(gov.snapshot()).unwrap();
+    let c = &json["contexts"][0];
+    assert_eq!(c["label"], "json");
+    assert_eq!(c["lifecycle"], "active");
+    assert_eq!(c["by_role"][1]["live_bytes"], 4096);
+    assert_eq!(c["context"], ctx.id().to_string());
+}
