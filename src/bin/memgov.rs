@@ -93,7 +93,7 @@ fn gpu_backends() -> Vec<BackendRow> {
 
 fn info() -> ExitCode {
     println!("memgov {}", env!("CARGO_PKG_VERSION"));
-    println!("{:<8} {:<40} {:<16} {}", "backend", "device", "how it runs", "memory");
+    println!("{:<8} {:<40} {:<16} memory", "backend", "device", "how it runs");
     let host = HostContext::new(HostConfig::default()).map(|c| {
         use memgov::DeviceContext;
         let d = c.describe();
@@ -140,7 +140,7 @@ fn check(only: &[String]) -> ExitCode {
         }
     }
 
-    println!("{:<8} {:<36} {:<16} {}", "backend", "device", "how it ran", "result");
+    println!("{:<8} {:<36} {:<16} result", "backend", "device", "how it ran");
     for (name, r) in &reports {
         match r {
             Ok(rep) => {

@@ -155,7 +155,7 @@ impl ContextConfig {
     ///
     /// If `max` is zero or above 2^63 - 1.
     pub fn max_pins(mut self, max: u64) -> Self {
-        assert!(max >= 1 && max <= crate::sync::MAX_CLAIMS, "max_pins must be in 1..=2^63-1, got {max}");
+        assert!((1..=crate::sync::MAX_CLAIMS).contains(&max), "max_pins must be in 1..=2^63-1, got {max}");
         self.max_pins = max;
         self
     }
