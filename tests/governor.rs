@@ -383,3 +383,44 @@ fn snapshots_serialize() {
     assert_eq!(c["by_role"][1]["live_bytes"], 4096);
     assert_eq!(c["context"], ctx.id().to_string());
 }
+
+#[test]
+fn force_races_with_allocations_and_releases_without_leaking_pins() {
+    for round in 0..20 {
+        let gov = Governor::new();
+        let (c, probe) = host(1 << 30);
+        let ctx = gov.register(c, ContextConfig::new().label("race"));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for t in 0..3 {
+                let ctx = &ctx;
+                let stop = &stop;
+                sc.spawn(move || {
+                    let Ok(s) = ctx.create_stream(format!("t{t}")) else { return };
+                    let mut live = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        match ctx.allocate(&s, 4096, Role::Activation) {
+                            Ok(b) => {
+                                let _ = b.write(0, b"data");
+                                live.push(b);
+                                if live.len() > 3 {
+                                    drop(live.remove(0));
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2 + round % 5));
+            let report = ctx.retire().force(soon()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(report.forced);
+            stop.store(true, Ordering::Relaxed);
+        });
+        let snap = ctx.snapshot();
+        assert_eq!(snap.lifecycle, Lifecycle::Terminated, "round {round}");
+        assert_eq!((snap.charged, snap.total().live_count, snap.pins.total()), (0, 0, 0), "round {round}: {snap:?}");
+        assert_eq!(probe.teardowns(), 1);
+        assert_eq!(probe.violations(), 0, "round {round}: {:?}", probe.violation_log());
+    }
+}

@@ -20,6 +20,9 @@ enum Refused {
 
 /// Charge and allocate, with the context's admission policy. The caller holds
 /// a pin for the allocation; on error it must release it.
+///
+/// On success the allocation is already counted live (under the gate claim,
+/// so that `force` either sees it or never lets it be made).
 pub(crate) fn admit<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: &StreamShared<C>,
@@ -34,7 +37,7 @@ pub(crate) fn admit<C: DeviceContext>(
     let mut asked_responders = false;
     let mut reclaimed = 0u64;
     loop {
-        let refused = match attempt(ctx, stream, bytes) {
+        let refused = match attempt(ctx, stream, bytes, role) {
             Ok(memory) => return Ok(memory),
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
@@ -80,6 +83,7 @@ fn attempt<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: &StreamShared<C>,
     bytes: u64,
+    role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     let credit = stream.credit();
     ctx.budget.try_charge(bytes, credit).map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
@@ -90,7 +94,11 @@ fn attempt<C: DeviceContext>(
         }
     }
     let result = match ctx.enter() {
-        Some(backend) => backend.allocate(stream.raw(), bytes),
+        Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
+            let r = &ctx.roles[role.index()];
+            add(&r.live_bytes, bytes);
+            add(&r.live_count, 1);
+        }),
         None => {
             ctx.uncharge(bytes, 0, 0);
             return Err(Err(GovernorError::Reclaimed { context: ctx.id }));

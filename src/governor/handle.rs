@@ -107,9 +107,6 @@ impl<C: DeviceContext> ContextHandle<C> {
         ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
         match admit(ctx, &stream.shared, bytes, role) {
             Ok(memory) => {
-                let r = &ctx.roles[role.index()];
-                add(&r.live_bytes, bytes);
-                add(&r.live_count, 1);
                 add(&ctx.counters.allocations, 1);
                 Ok(DeviceBuffer { ctx: ctx.clone(), stream: stream.shared.clone(), memory: Some(memory), bytes, role })
             }

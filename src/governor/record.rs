@@ -12,6 +12,11 @@
 //!   through a [`BackendGuard`], which holds a gate claim; `finish` closes the
 //!   gate and waits for it to drain before it moves the backend out to call
 //!   `teardown`. That is what makes the `UnsafeCell` below sound.
+//! * Every transition of a buffer's or stream's *live* count, and the pin
+//!   release that goes with it, happens while a gate claim is held. `force`
+//!   reads those counts only after closing the gate and seeing it drain, so
+//!   each live buffer and stream has its pin either revoked by `force` or
+//!   released by its own path, never both and never neither.
 //! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
 //!   compare-and-swap and only the winner calls the backend.
 //! * No lock in this record is held while calling the backend, a pressure

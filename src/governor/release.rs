@@ -80,10 +80,14 @@ pub(crate) fn release<C: DeviceContext>(
         return Released::Reclaimed;
     };
     let r = &ctx.roles[role.index()];
+    // Everything below runs with the gate claim held: `force` reads
+    // `live_count` only once the gate has drained, so a buffer is either
+    // still counted live (and force revokes its pin) or has moved on (and
+    // released or transferred its pin itself) -- never both.
     if ctx.is_lost() {
-        drop(backend);
         drop(memory);
         settle_live_as_lost(ctx, bytes, role);
+        drop(backend);
         return Released::SettledLost;
     }
     // Move the buffer's pin into the pending release: pending first, so the
@@ -108,25 +112,26 @@ pub(crate) fn release<C: DeviceContext>(
     }));
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
-            drop(backend);
             ctx.release_pin();
+            drop(backend);
             Released::Queued
         }
         Err((memory, signal, err)) => {
-            drop(backend);
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, stream, bytes, role);
             ctx.pending.fetch_sub(1, Ordering::SeqCst);
             ctx.note_backend_error(&err);
-            if err.is_device_lost() {
+            let released = if err.is_device_lost() {
                 drop(memory);
                 settle_live_as_lost(ctx, bytes, role);
                 Released::SettledLost
             } else {
                 quarantine(ctx, memory, bytes, role, &err);
                 Released::Quarantined(err)
-            }
+            };
+            drop(backend);
+            released
         }
     }
 }

@@ -48,9 +48,11 @@ impl<C: DeviceContext> Drop for StreamShared<C> {
                 }
             }
         }
-        drop(backend);
+        // Under the gate claim, like every `streams_live` transition: force
+        // reads it once the gate has drained.
         sub(&ctx.streams_live, 1);
         ctx.release_pin();
+        drop(backend);
     }
 }
 
@@ -78,10 +80,18 @@ impl<C: DeviceContext> GovernedStream<C> {
     pub(crate) fn create(ctx: &Arc<ContextInner<C>>, label: String) -> Result<Self, GovernorError> {
         ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
         let created = match ctx.enter() {
-            Some(backend) => backend.create_stream().map_err(|e| {
-                ctx.note_backend_error(&e);
-                GovernorError::Backend { context: ctx.id, source: e }
-            }),
+            Some(backend) => match backend.create_stream() {
+                Ok(raw) => {
+                    // Counted under the gate claim, so force sees it.
+                    super::record::add(&ctx.streams_live, 1);
+                    Ok(raw)
+                }
+                Err(e) => {
+                    drop(backend);
+                    ctx.note_backend_error(&e);
+                    Err(GovernorError::Backend { context: ctx.id, source: e })
+                }
+            },
             None => Err(GovernorError::Pin(crate::ProviderContextPinError::ContextUnavailable(ctx.id))),
         };
         let raw = match created {
@@ -91,7 +101,6 @@ impl<C: DeviceContext> GovernedStream<C> {
                 return Err(e);
             }
         };
-        super::record::add(&ctx.streams_live, 1);
         let shared = Arc::new(StreamShared {
             ctx: ctx.clone(),
             raw: Some(raw),
