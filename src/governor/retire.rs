@@ -105,7 +105,9 @@ impl Outstanding {
 
     pub(crate) fn collect<C: DeviceContext>(ctx: &ContextInner<C>) -> Self {
         let mut items = Vec::new();
-        for s in lock(&ctx.streams).iter().filter_map(|w| w.upgrade()) {
+        // After force, surviving stream handles hold no pin: not outstanding.
+        let streams = if ctx.forced.load(Ordering::Acquire) { Vec::new() } else { lock(&ctx.streams).clone() };
+        for s in streams.iter().filter_map(|w| w.upgrade()) {
             items.push(OutstandingItem { kind: PinKind::Stream, role: None, count: 1, bytes: 0, holder: Some(s.label.clone()) });
         }
         for role in Role::ALL {
