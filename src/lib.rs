@@ -39,6 +39,7 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod any;
 #[cfg(feature = "cli")]
 pub mod bench;
 pub mod conformance;
@@ -50,6 +51,7 @@ pub(crate) mod sync;
 
 #[path = "../backends/host/mod.rs"]
 pub mod host;
+#[cfg(feature = "vulkan")] #[path = "../backends/vulkan/mod.rs"] pub mod vulkan;
 #[path = "../backends/null/mod.rs"]
 pub mod null;
 
