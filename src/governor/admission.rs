@@ -29,6 +29,14 @@ pub(crate) fn admit<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, GovernorError> {
+    // Fast path: an allocation that fits at once never reads the clock (a
+    // clock read costs about as much as the rest of the bookkeeping). The
+    // deadline and `waited` count from the first refusal.
+    let mut first = match attempt(ctx, stream, bytes, role) {
+        Ok(memory) => return Ok(memory),
+        Err(Ok(refused)) => Some(refused),
+        Err(Err(fatal)) => return Err(fatal),
+    };
     let start = Instant::now();
     let deadline = match ctx.admission {
         Admission::FailFast => None,
@@ -37,7 +45,11 @@ pub(crate) fn admit<C: DeviceContext>(
     let mut asked_responders = false;
     let mut reclaimed = 0u64;
     loop {
-        let refused = match attempt(ctx, stream, bytes, role) {
+        let outcome = match first.take() {
+            Some(refused) => Err(Ok(refused)),
+            None => attempt(ctx, stream, bytes, role),
+        };
+        let refused = match outcome {
             Ok(memory) => return Ok(memory),
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
