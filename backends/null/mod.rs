@@ -1,1 +1,476 @@
-//! The null backend (being written; see issue #5).
+//! The null backend: a device context whose every call returns at once.
+//!
+//! **For tests and benchmarks only.** It has no memory: `allocate` hands out
+//! a numbered token, `write` and `read` do nothing (reads leave `dst` as it
+//! was), and `free_async` fires its [`RetireSignal`] inline, on the calling
+//! thread, before it returns. What is left when the governor runs on it is
+//! the governor's own cost, which is what `memgov bench` measures.
+//!
+//! Two switches make it useful beyond that:
+//!
+//! * [`NullContext::deferred`] parks the signals of frees instead of firing
+//!   them, so that releases really pend; [`NullContext::retire_parked`] fires
+//!   them all (on the calling thread), as a device would when it reaches
+//!   them. `synchronize` fires those parked on its stream.
+//! * [`NullConfig::capacity`] bounds the bytes allocated and not yet freed,
+//!   like a device's memory, with out-of-memory reported like a driver does.
+//!
+//! No call allocates heap memory except `deferred` parking, which grows a
+//! vector whose capacity can be reserved up front
+//! ([`NullConfig::park_capacity`]), so that heap counts taken around the
+//! governor are the governor's own.
+//!
+//! ```
+//! use memgov::null::NullContext;
+//! use memgov::{ContextConfig, Governor, Role};
+//! use std::time::{Duration, Instant};
+//!
+//! let gov = Governor::new();
+//! let ctx = gov.register(NullContext::new(), ContextConfig::new());
+//! let stream = ctx.create_stream("s")?;
+//! drop(ctx.allocate(&stream, 4096, Role::Activation)?); // retired inline
+//! drop(stream);
+//! let report = ctx.retire().wait(Instant::now() + Duration::from_secs(1))?;
+//! assert_eq!(report.retired_releases, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::{
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
+    RetireSignal,
+};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const BACKEND: &str = "null";
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Settings of a null context.
+#[derive(Debug, Clone)]
+pub struct NullConfig {
+    /// Bytes that may be allocated and not yet freed. `u64::MAX` (the
+    /// default) does not count at all.
+    pub capacity: u64,
+    /// Park the signals of frees instead of firing them inline.
+    pub deferred: bool,
+    /// Parked signals to reserve room for up front (deferred mode).
+    pub park_capacity: usize,
+    /// Whether the description claims stream-ordered reuse (CUDA/HIP pools),
+    /// to exercise the governor's reuse credit.
+    pub stream_ordered_reuse: bool,
+}
+
+impl Default for NullConfig {
+    fn default() -> Self {
+        Self {
+            capacity: u64::MAX,
+            deferred: false,
+            park_capacity: 0,
+            stream_ordered_reuse: false,
+        }
+    }
+}
+
+/// A raw "allocation" of the null backend: a size and a serial number.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NullMemory {
+    /// Bytes requested.
+    pub bytes: u64,
+    /// Serial number, unique per context.
+    pub serial: u64,
+}
+
+/// A null stream: a number.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NullStream {
+    /// Serial number, unique per context.
+    pub id: u64,
+}
+
+struct Parked {
+    stream: u64,
+    bytes: u64,
+    signal: RetireSignal,
+}
+
+#[derive(Default)]
+struct Stats {
+    used: AtomicU64,
+    frees: AtomicU64,
+    torn_down: AtomicBool,
+    counted: bool,
+    park_capacity: usize,
+    parked: Mutex<Vec<Parked>>,
+}
+
+impl Stats {
+    fn execute(&self, bytes: u64, signal: RetireSignal) {
+        if self.counted {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+        }
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        signal.retire();
+    }
+
+    fn retire_parked(&self) -> usize {
+        // Keep the reserved room, so that later parking allocates nothing.
+        let parked = std::mem::replace(
+            &mut *lock(&self.parked),
+            Vec::with_capacity(self.park_capacity),
+        );
+        let n = parked.len();
+        for p in parked {
+            self.execute(p.bytes, p.signal);
+        }
+        n
+    }
+
+    fn retire_one(&self) -> bool {
+        let mut parked = lock(&self.parked);
+        if parked.is_empty() {
+            return false;
+        }
+        let p = parked.remove(0);
+        drop(parked);
+        self.execute(p.bytes, p.signal);
+        true
+    }
+}
+
+/// A device context that does nothing, at once. See the [module docs](self).
+pub struct NullContext {
+    config: NullConfig,
+    next: AtomicU64,
+    lost: AtomicBool,
+    stats: Arc<Stats>,
+}
+
+impl fmt::Debug for NullContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NullContext")
+            .field("config", &self.config)
+            .field("parked", &self.parked_count())
+            .finish()
+    }
+}
+
+impl Default for NullContext {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Observes a [`NullContext`] from outside, also after its teardown.
+#[derive(Clone)]
+pub struct NullProbe(Arc<Stats>);
+
+impl fmt::Debug for NullProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NullProbe")
+            .field("frees", &self.frees())
+            .field("torn_down", &self.torn_down())
+            .finish()
+    }
+}
+
+impl NullProbe {
+    /// Frees whose signal fired.
+    pub fn frees(&self) -> u64 {
+        self.0.frees.load(Ordering::Acquire)
+    }
+    /// Bytes allocated and not yet freed (counted only with a finite capacity).
+    pub fn used_bytes(&self) -> u64 {
+        self.0.used.load(Ordering::Acquire)
+    }
+    /// Whether teardown has run.
+    pub fn torn_down(&self) -> bool {
+        self.0.torn_down.load(Ordering::Acquire)
+    }
+    /// Signals parked now (deferred mode).
+    pub fn parked_count(&self) -> usize {
+        lock(&self.0.parked).len()
+    }
+    /// Fire every parked signal on this thread, in the order the frees were
+    /// queued, with no lock held. Returns how many fired. This is the device
+    /// reaching the frees; it works while the context is governed.
+    pub fn retire_parked(&self) -> usize {
+        self.0.retire_parked()
+    }
+    /// Fire the oldest parked signal only. Returns whether there was one.
+    pub fn retire_one(&self) -> bool {
+        self.0.retire_one()
+    }
+}
+
+impl NullContext {
+    /// Every free retires inline; no capacity limit.
+    pub fn new() -> Self {
+        Self::with_config(NullConfig::default())
+    }
+
+    /// Frees park their signals until [`retire_parked`](Self::retire_parked)
+    /// (or `synchronize` on their stream), with room for `park_capacity`
+    /// parked signals reserved now.
+    pub fn deferred(park_capacity: usize) -> Self {
+        Self::with_config(NullConfig {
+            deferred: true,
+            park_capacity,
+            ..NullConfig::default()
+        })
+    }
+
+    /// A null context with these settings.
+    pub fn with_config(config: NullConfig) -> Self {
+        let stats = Stats {
+            counted: config.capacity != u64::MAX,
+            park_capacity: config.park_capacity,
+            parked: Mutex::new(Vec::with_capacity(config.park_capacity)),
+            ..Stats::default()
+        };
+        Self {
+            config,
+            next: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            stats: Arc::new(stats),
+        }
+    }
+
+    /// A probe that observes this context.
+    pub fn probe(&self) -> NullProbe {
+        NullProbe(self.stats.clone())
+    }
+
+    /// Signals parked now (deferred mode).
+    pub fn parked_count(&self) -> usize {
+        lock(&self.stats.parked).len()
+    }
+
+    /// Fire every parked signal; see [`NullProbe::retire_parked`], which also
+    /// works once the context is governed.
+    pub fn retire_parked(&self) -> usize {
+        self.stats.retire_parked()
+    }
+
+    fn check(&self, op: &'static str) -> Result<(), BackendError> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(BackendError::new(
+                BACKEND,
+                op,
+                BackendErrorKind::DeviceLost,
+                "the null device was lost",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DeviceContext for NullContext {
+    type Stream = NullStream;
+    type Memory = NullMemory;
+
+    fn describe(&self) -> DeviceDescription {
+        DeviceDescription {
+            backend: BACKEND,
+            vendor: "memgov".into(),
+            name: "null device (tests and benchmarks)".into(),
+            ordinal: 0,
+            total_bytes: self.config.capacity,
+            driver: format!("memgov null backend {}", env!("CARGO_PKG_VERSION")),
+            execution: Execution::Embedded,
+            stream_ordered_reuse: self.config.stream_ordered_reuse,
+        }
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.check("memory_info")?;
+        let total = self.config.capacity;
+        Ok(MemoryInfo {
+            free: total.saturating_sub(self.stats.used.load(Ordering::Acquire)),
+            total,
+        })
+    }
+
+    fn create_stream(&self) -> Result<NullStream, BackendError> {
+        self.check("create_stream")?;
+        Ok(NullStream {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    fn destroy_stream(&self, _stream: NullStream) -> Result<(), BackendError> {
+        // Frees parked on it stay parked: they still execute, later, when
+        // `retire_parked` runs (the contract allows either order).
+        Ok(())
+    }
+
+    #[inline]
+    fn allocate(&self, _stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
+        self.check("allocate")?;
+        if bytes == 0 {
+            return Err(BackendError::new(
+                BACKEND,
+                "allocate",
+                BackendErrorKind::InvalidArgument,
+                "zero-byte allocation",
+            ));
+        }
+        let capacity = self.config.capacity;
+        if capacity != u64::MAX {
+            let fits = self
+                .stats
+                .used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                    u.checked_add(bytes).filter(|&n| n <= capacity)
+                });
+            if let Err(used) = fits {
+                return Err(BackendError::new(
+                    BACKEND,
+                    "allocate",
+                    BackendErrorKind::OutOfMemory,
+                    format!("requested {bytes} B; {used} B of {capacity} B in use"),
+                ));
+            }
+        }
+        Ok(NullMemory {
+            bytes,
+            serial: self.next.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    #[inline]
+    fn free_async(
+        &self,
+        stream: &NullStream,
+        memory: NullMemory,
+        retired: RetireSignal,
+    ) -> Result<(), (NullMemory, RetireSignal, BackendError)> {
+        if let Err(e) = self.check("free_async") {
+            return Err((memory, retired, e));
+        }
+        if self.config.deferred {
+            lock(&self.stats.parked).push(Parked {
+                stream: stream.id,
+                bytes: memory.bytes,
+                signal: retired,
+            });
+        } else {
+            self.stats.execute(memory.bytes, retired);
+        }
+        Ok(())
+    }
+
+    fn write(&self, _: &NullStream, _: &NullMemory, _: u64, _: &[u8]) -> Result<(), BackendError> {
+        self.check("write")
+    }
+
+    fn read(
+        &self,
+        _: &NullStream,
+        _: &NullMemory,
+        _: u64,
+        _: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.check("read")
+    }
+
+    fn synchronize(&self, stream: &NullStream) -> Result<(), BackendError> {
+        self.check("synchronize")?;
+        if self.config.deferred {
+            let mine: Vec<Parked> = {
+                let mut parked = lock(&self.stats.parked);
+                let (mine, rest) = std::mem::take(&mut *parked)
+                    .into_iter()
+                    .partition(|p| p.stream == stream.id);
+                *parked = rest;
+                mine
+            };
+            for p in mine {
+                self.stats.execute(p.bytes, p.signal);
+            }
+        }
+        Ok(())
+    }
+
+    fn device_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.stats.torn_down.store(true, Ordering::Release);
+        // A lost device drops what it still holds unfired. On a healthy one
+        // the governor tears down only after every release retired, so
+        // nothing is parked — unless force reclaimed, and then the memory
+        // dies with the context: the signals are dropped (abandoned).
+        let parked = std::mem::take(&mut *lock(&self.stats.parked));
+        let _ = lost;
+        drop(parked);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ContextConfig, Governor, Role};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn inline_release_retires_at_once() {
+        let gov = Governor::new();
+        let null = NullContext::new();
+        let probe = null.probe();
+        let ctx = gov.register(null, ContextConfig::new().budget(1 << 20));
+        let s = ctx.create_stream("s").unwrap();
+        for _ in 0..10 {
+            drop(ctx.allocate(&s, 1 << 19, Role::Other).unwrap());
+        }
+        assert_eq!(probe.frees(), 10);
+        drop(s);
+        let r = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(r.retired_releases, 10);
+        assert!(probe.torn_down());
+    }
+
+    #[test]
+    fn deferred_releases_pend_until_retired() {
+        let gov = Governor::new();
+        let null = NullContext::deferred(4);
+        let probe = null.probe();
+        let ctx = gov.register(null, ContextConfig::new());
+        let s = ctx.create_stream("s").unwrap();
+        for _ in 0..4 {
+            drop(ctx.allocate(&s, 64, Role::Other).unwrap());
+        }
+        drop(s);
+        let h = ctx.retire();
+        assert!(h.try_finish().is_err(), "four releases are pending");
+        assert_eq!(probe.retire_parked(), 4);
+        let r = h.wait(Instant::now() + Duration::from_secs(1)).unwrap();
+        assert_eq!(r.retired_releases, 4);
+    }
+
+    #[test]
+    fn capacity_is_enforced() {
+        let c = NullContext::with_config(NullConfig {
+            capacity: 100,
+            ..NullConfig::default()
+        });
+        let s = c.create_stream().unwrap();
+        let m = c.allocate(&s, 60).unwrap();
+        assert_eq!(
+            c.allocate(&s, 60).unwrap_err().kind,
+            BackendErrorKind::OutOfMemory
+        );
+        c.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+            .map_err(|(_, _, e)| e)
+            .unwrap();
+        c.allocate(&s, 60).unwrap();
+    }
+}
