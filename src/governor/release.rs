@@ -40,9 +40,13 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             add(&ctx.counters.late_settlements, 1);
         }
         ctx.settle_epoch.fetch_add(1, Ordering::SeqCst);
-        // The pin this release carried leaves with it.
-        ctx.pending.fetch_sub(1, Ordering::SeqCst);
-        ctx.lifecycle.notify();
+        // The pin this release carried leaves with it. Lifecycle waiters wait
+        // for `drained()` (or the gate, or termination); a settlement can
+        // only make that true by taking `pending` to zero, so only that one
+        // wakes them: a teardown waiter is not woken once per release.
+        if ctx.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            ctx.lifecycle.notify();
+        }
         ctx.settled.notify();
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
