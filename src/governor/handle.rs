@@ -108,7 +108,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         match admit(ctx, &stream.shared, bytes, role) {
             Ok(memory) => {
                 add(&ctx.counters.allocations, 1);
-                Ok(DeviceBuffer { ctx: ctx.clone(), stream: stream.shared.clone(), memory: Some(memory), bytes, role })
+                Ok(DeviceBuffer { stream: stream.shared.clone(), memory: Some(memory), bytes, role })
             }
             Err(e) => {
                 ctx.release_pin();
