@@ -244,6 +244,14 @@ fn row_boxed_pin(plan: &Plan) -> Row {
         }
     };
     let (v, b) = compare(plan, &mut pin, &mut arc_baseline());
+    // The floor under any Box<dyn ProviderContextPin>: one heap allocation
+    // and its free, whatever the pin does.
+    let mut boxed = |n: u64| {
+        for _ in 0..n {
+            drop(black_box(Box::new(black_box(0usize))));
+        }
+    };
+    let (floor, arc) = compare(plan, &mut boxed, &mut arc_baseline());
     Row::new(
         "boxed-pin",
         "Box<dyn ProviderContextPin> via pin_source().pin() + drop",
@@ -252,6 +260,10 @@ fn row_boxed_pin(plan: &Plan) -> Row {
         Target::AtMost(4.0),
     )
     .with(v, Some(b), Some(v / b))
+    .note(format!(
+        "floor: Box::new(usize) + drop alone = {floor:.1} ns = {:.1}x Arc::clone + drop",
+        floor / arc
+    ))
 }
 
 fn row_null_cycle(plan: &Plan) -> Row {
@@ -394,8 +406,62 @@ fn row_two_threads(plan: &Plan) -> Row {
     }
 }
 
-/// Latency from the last retirement (or the baseline's notify) to the
-/// waiting thread returning, one hand-off per sample.
+/// One teardown wake-up: a thread waits in `RetireHandle::wait` for a
+/// context whose last pending release is parked; the main thread fires it.
+/// Returns the time from the firing to the wait returning (teardown
+/// included).
+pub fn wakeup_governed() -> Duration {
+    let gov = Governor::new();
+    let null = NullContext::deferred(1);
+    let probe = null.probe();
+    let ctx = gov.register(null, ContextConfig::new());
+    let stream = ctx.create_stream("s").expect("stream");
+    drop(
+        ctx.allocate(&stream, 4096, Role::Activation)
+            .expect("allocate"),
+    );
+    drop(stream);
+    let handle = ctx.retire();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            tx.send(()).expect("main waits");
+            let r = handle.wait(Instant::now() + Duration::from_secs(30));
+            let t = Instant::now();
+            assert!(r.is_ok(), "teardown wait failed: {r:?}");
+            t
+        });
+        rx.recv().expect("waiter started");
+        std::thread::sleep(Duration::from_millis(1)); // let it fall asleep
+        let t0 = Instant::now();
+        assert_eq!(probe.retire_parked(), 1);
+        waiter.join().expect("waiter").duration_since(t0)
+    })
+}
+
+/// The baseline of [`wakeup_governed`]: a bare `Mutex<bool>` + `Condvar`
+/// hand-off between two threads, set up and timed the same way.
+pub fn wakeup_bare() -> Duration {
+    let pair = (Mutex::new(false), Condvar::new());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            tx.send(()).expect("main waits");
+            let mut g = pair.0.lock().expect("lock");
+            while !*g {
+                g = pair.1.wait(g).expect("wait");
+            }
+            Instant::now()
+        });
+        rx.recv().expect("waiter started");
+        std::thread::sleep(Duration::from_millis(1));
+        let t0 = Instant::now();
+        *pair.0.lock().expect("lock") = true;
+        pair.1.notify_all();
+        waiter.join().expect("waiter").duration_since(t0)
+    })
+}
+
 fn row_wakeup(plan: &Plan) -> Row {
     let row = Row::new(
         "wakeup",
@@ -404,65 +470,15 @@ fn row_wakeup(plan: &Plan) -> Row {
         "us",
         Target::AtMost(2.0),
     );
-    let settle = Duration::from_millis(1);
+    let us = |d: Duration| d.as_nanos() as f64 / 1e3;
     let (mut gv, mut bv) = (Vec::new(), Vec::new());
     for i in 0..plan.wakeups {
-        let governed = || {
-            let gov = Governor::new();
-            let null = NullContext::deferred(1);
-            let probe = null.probe();
-            let ctx = gov.register(null, ContextConfig::new());
-            let stream = ctx.create_stream("s").expect("stream");
-            drop(
-                ctx.allocate(&stream, 4096, Role::Activation)
-                    .expect("allocate"),
-            );
-            drop(stream);
-            let handle = ctx.retire();
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::scope(|s| {
-                let waiter = s.spawn(|| {
-                    tx.send(()).expect("main waits");
-                    let r = handle.wait(Instant::now() + Duration::from_secs(30));
-                    let t = Instant::now();
-                    assert!(r.is_ok(), "teardown wait failed: {r:?}");
-                    t
-                });
-                rx.recv().expect("waiter started");
-                std::thread::sleep(settle); // let it fall asleep
-                let t0 = Instant::now();
-                assert_eq!(probe.retire_parked(), 1);
-                let t1 = waiter.join().expect("waiter");
-                t1.duration_since(t0).as_nanos() as f64 / 1e3
-            })
-        };
-        let bare = || {
-            let pair = (Mutex::new(false), Condvar::new());
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::scope(|s| {
-                let waiter = s.spawn(|| {
-                    tx.send(()).expect("main waits");
-                    let mut g = pair.0.lock().expect("lock");
-                    while !*g {
-                        g = pair.1.wait(g).expect("wait");
-                    }
-                    Instant::now()
-                });
-                rx.recv().expect("waiter started");
-                std::thread::sleep(settle);
-                let t0 = Instant::now();
-                *pair.0.lock().expect("lock") = true;
-                pair.1.notify_all();
-                let t1 = waiter.join().expect("waiter");
-                t1.duration_since(t0).as_nanos() as f64 / 1e3
-            })
-        };
         if i % 2 == 0 {
-            gv.push(governed());
-            bv.push(bare());
+            gv.push(us(wakeup_governed()));
+            bv.push(us(wakeup_bare()));
         } else {
-            bv.push(bare());
-            gv.push(governed());
+            bv.push(us(wakeup_bare()));
+            gv.push(us(wakeup_governed()));
         }
     }
     let (v, b) = (median(&mut gv), median(&mut bv));
@@ -472,8 +488,8 @@ fn row_wakeup(plan: &Plan) -> Row {
 
 /// Drain `n` pending releases at teardown: a thread waits in
 /// `RetireHandle::wait` while the device fires every parked signal; the time
-/// from the first firing to the wait returning.
-fn drain_once(n: usize) -> f64 {
+/// from the first firing to the wait returning, in milliseconds.
+pub fn drain_once(n: usize) -> f64 {
     let gov = Governor::new();
     let null = NullContext::deferred(n);
     let probe = null.probe();
@@ -605,15 +621,35 @@ pub const ROWS: &[&str] = &[
     "vulkan-cycle",
 ];
 
-fn vulkan_row() -> Row {
-    Row::new(
+fn vulkan_row(plan: &Plan) -> Row {
+    let row = Row::new(
         "vulkan-cycle",
-        "governed allocate + release, Vulkan backend",
-        "raw ash allocate + free on the same queue",
+        "governed allocate + write + stream-ordered free, Vulkan backend",
+        "the same cycle with raw ash + gpu-allocator",
         "ns",
-        Target::AtMost(1.2),
-    )
-    .note("not wired yet: the Vulkan backend's bench hook has not landed")
+        Target::AtMost(1.3),
+    );
+    #[cfg(feature = "vulkan")]
+    {
+        let iterations = if plan.samples <= Plan::QUICK.samples {
+            200
+        } else {
+            2000
+        };
+        match crate::vulkan::bench::cycle_ratio(iterations) {
+            Ok((governed, raw)) => {
+                let (g, r) = (governed as f64, raw.max(1) as f64);
+                row.with(g, Some(r), Some(g / r))
+                    .note(format!("{iterations} cycles per side, interleaved rounds"))
+            }
+            Err(e) => row.note(format!("Vulkan unavailable: {e}")),
+        }
+    }
+    #[cfg(not(feature = "vulkan"))]
+    {
+        let _ = plan;
+        row.note("built without feature `vulkan`")
+    }
 }
 
 /// Run the rows whose key or figure contains `filter` (all when `None`).
@@ -634,7 +670,7 @@ pub fn run(plan: &Plan, filter: Option<&str>, mut progress: impl FnMut(&str)) ->
             "wakeup" => rows.push(row_wakeup(plan)),
             "heap" => rows.extend(heap_rows()),
             "drain" => rows.push(row_drain(plan)),
-            "vulkan-cycle" => rows.push(vulkan_row()),
+            "vulkan-cycle" => rows.push(vulkan_row(plan)),
             _ => unreachable!(),
         }
     }
