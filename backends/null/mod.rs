@@ -45,6 +45,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 const BACKEND: &str = "null";
 
+#[cold]
+fn lost(op: &'static str) -> BackendError {
+    BackendError::new(BACKEND, op, BackendErrorKind::DeviceLost, "the null device was lost")
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -255,14 +260,10 @@ impl NullContext {
         self.stats.retire_parked()
     }
 
+    #[inline]
     fn check(&self, op: &'static str) -> Result<(), BackendError> {
         if self.lost.load(Ordering::Acquire) {
-            return Err(BackendError::new(
-                BACKEND,
-                op,
-                BackendErrorKind::DeviceLost,
-                "the null device was lost",
-            ));
+            return Err(lost(op));
         }
         Ok(())
     }
