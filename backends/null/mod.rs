@@ -108,8 +108,12 @@ struct Stats {
     frees: AtomicU64,
     torn_down: AtomicBool,
     counted: bool,
-    park_capacity: usize,
+    /// Where frees park (deferred mode).
     parked: Mutex<Vec<Parked>>,
+    /// An empty vector with the reserved room, swapped with `parked` when it
+    /// is drained: draining allocates and frees nothing, so a drain measures
+    /// the governor, not the allocator.
+    spare: Mutex<Vec<Parked>>,
 }
 
 impl Stats {
@@ -122,14 +126,16 @@ impl Stats {
     }
 
     fn retire_parked(&self) -> usize {
-        // Keep the reserved room, so that later parking allocates nothing.
-        let parked = std::mem::replace(
-            &mut *lock(&self.parked),
-            Vec::with_capacity(self.park_capacity),
-        );
-        let n = parked.len();
-        for p in parked {
+        let mut batch = std::mem::take(&mut *lock(&self.spare));
+        std::mem::swap(&mut batch, &mut *lock(&self.parked));
+        let n = batch.len();
+        // Fired with no lock held.
+        for p in batch.drain(..) {
             self.execute(p.bytes, p.signal);
+        }
+        let mut spare = lock(&self.spare);
+        if spare.capacity() < batch.capacity() {
+            *spare = batch;
         }
         n
     }
@@ -232,8 +238,8 @@ impl NullContext {
     pub fn with_config(config: NullConfig) -> Self {
         let stats = Stats {
             counted: config.capacity != u64::MAX,
-            park_capacity: config.park_capacity,
             parked: Mutex::new(Vec::with_capacity(config.park_capacity)),
+            spare: Mutex::new(Vec::with_capacity(config.park_capacity)),
             ..Stats::default()
         };
         Self {
