@@ -1,4 +1,4 @@
-use super::{AtomicU64, Ordering};
+use super::{fence, AtomicU64, Ordering};
 
 /// The closed bit. Below it: the number of outstanding claims.
 const CLOSED: u64 = 1 << 63;
@@ -65,7 +65,7 @@ impl ClaimCounter {
         if prev == CLOSED | 1 {
             // Pair with every other releaser's Release so that the woken side
             // sees everything they did before dropping their claims.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            fence(Ordering::Acquire);
             true
         } else {
             false

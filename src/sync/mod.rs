@@ -20,21 +20,30 @@ mod notify;
 pub(crate) use claim::{AcquireError, ClaimCounter, MAX_CLAIMS};
 pub(crate) use notify::Notifier;
 
+// The primitives below switch to loom's under `--cfg loom`; the governor's
+// own bookkeeping mutexes stay `std` (they are not part of the model and are
+// never held across a wait), which keeps the crate compiling under loom.
 #[cfg(loom)]
 pub(crate) use loom::sync::{
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Condvar, Mutex, MutexGuard,
 };
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Condvar, Mutex, MutexGuard,
 };
 
-/// Lock a mutex, recovering from poisoning: every structure guarded here is
-/// left consistent between statements, and a panic in one user thread must not
-/// wedge teardown for everyone else.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Lock one of the governor's bookkeeping mutexes (always `std`), recovering
+/// from poisoning: every structure guarded here is left consistent between
+/// statements, and a panic in one user thread must not wedge teardown for
+/// everyone else.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lock a mutex of the modelled primitives (loom's under `--cfg loom`).
+pub(crate) fn lock_model<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(loom)]
     {
         m.lock().unwrap()

@@ -1,4 +1,4 @@
-use super::{lock, AtomicUsize, Condvar, Mutex, Ordering};
+use super::{fence, lock_model as lock, AtomicUsize, Condvar, Mutex, Ordering};
 use std::task::Waker;
 use std::time::Instant;
 
@@ -7,9 +7,10 @@ use std::time::Instant;
 /// Protocol (no lost wake-up):
 /// * the waiter registers itself in `waiters` (SeqCst), takes the lock and
 ///   checks its condition *under the lock* before every sleep;
-/// * the signaller first changes the atomics the condition reads (SeqCst, or
-///   Release followed by this SeqCst load), then, if `waiters` is non-zero,
-///   takes the lock and notifies.
+/// * the signaller first changes the atomics the condition reads, then issues
+///   a SeqCst fence, then, if `waiters` is non-zero, takes the lock and
+///   notifies; the waiter issues a SeqCst fence between registering and its
+///   first check.
 ///
 /// Either the waiter's check sees the change, or the waiter was registered
 /// before the signaller read `waiters` and is asleep in (or about to enter)
@@ -31,6 +32,14 @@ impl Notifier {
     /// waiters' conditions read.
     #[inline]
     pub(crate) fn notify(&self) {
+        // Store-buffering with the waiter (its `waiters` increment, then its
+        // read of the condition): a SeqCst fence on each side between the
+        // write and the read guarantees that at least one of them sees the
+        // other's write. SeqCst *accesses* alone do not: the condition's
+        // atomics are changed with Release/AcqRel and read with Acquire, so
+        // both reads could see stale values and the wake-up would be lost
+        // (the loom model in tests/loom.rs finds that interleaving).
+        fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -49,6 +58,8 @@ impl Notifier {
             return true;
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `notify` (see there).
+        fence(Ordering::SeqCst);
         let mut guard = lock(&self.wakers);
         let ok = loop {
             if ready() {
@@ -88,6 +99,8 @@ impl Notifier {
             self.waiters.fetch_add(1, Ordering::SeqCst);
             *registered = true;
         }
+        // Pairs with the fence in `notify` (see there).
+        fence(Ordering::SeqCst);
         let mut wakers = lock(&self.wakers);
         if ready() {
             return true;
