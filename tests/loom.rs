@@ -1,0 +1,418 @@
+//! loom model of the pin protocol (issue #4, part 1).
+//!
+//! Run with:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom cargo test --release --test loom -- --nocapture --test-threads=1
+//! ```
+//!
+//! The model compiles the *shipped* primitives — `src/sync/` (ClaimCounter and
+//! Notifier) is included by path, so every atomic and every lock in them is a
+//! loom type — and drives them with the exact protocol of
+//! `src/governor/record.rs` and `src/governor/release.rs`: a buffer's pin moved
+//! into a pending release (pending first, pin second), a real
+//! [`memgov::RetireSignal`] fired (or dropped) on a foreign thread, retire
+//! closing the counter, teardown waiting without polling, the backend gate
+//! closed and drained before destroy, destroy once by compare-and-swap.
+//!
+//! Checked in every explored interleaving:
+//! * no acquire succeeds after retire has been observed (by any thread that
+//!   saw it happen), and no pin or backend call is ever taken after destroy;
+//! * destroy runs exactly once, and only with zero pins, zero pending
+//!   releases and zero backend calls in flight;
+//! * no lost wake-up: the teardown waiter always wakes after the last release
+//!   or settlement (loom reports a deadlock otherwise);
+//! * the counter never wraps: acquires beyond the maximum are refused and the
+//!   count never exceeds it.
+//!
+//! Every model prints how many interleavings loom explored.
+
+#![cfg_attr(not(loom), allow(dead_code))]
+
+#[cfg(not(loom))]
+#[test]
+fn loom_model_requires_cfg_loom() {
+    println!("skipped: the loom model runs only under RUSTFLAGS=\"--cfg loom\" (cargo test --release --test loom)");
+}
+
+#[cfg(loom)]
+#[allow(dead_code, unused_imports)]
+#[path = "../src/sync/mod.rs"]
+mod sync;
+
+#[cfg(loom)]
+mod model {
+    use super::sync::{AcquireError, ClaimCounter, Notifier, MAX_CLAIMS};
+    use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+    use loom::sync::Arc;
+    use loom::thread;
+    use memgov::{RetireOutcome, RetireSignal};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+
+    const ACTIVE: u8 = 0;
+    const RETIRING: u8 = 1;
+    const TERMINATING: u8 = 2;
+    const TERMINATED: u8 = 3;
+
+    /// Executions explored by all models so far (a plain std atomic: it counts
+    /// model runs, it is not part of any model).
+    static TOTAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// The per-context record, reduced to what the pin protocol touches,
+    /// with the same operations and orderings as `record.rs`.
+    struct Ctx {
+        pins: ClaimCounter,
+        pending: AtomicU64,
+        gate: ClaimCounter,
+        phase: AtomicU8,
+        lifecycle: Notifier,
+        /// Set (Release) right after `pins.close()` returns: a thread that
+        /// reads it true has observed the retire.
+        retire_seen: AtomicBool,
+        destroys: AtomicUsize,
+        destroyed: AtomicBool,
+        retired: AtomicUsize,
+        abandoned: AtomicUsize,
+    }
+
+    impl Ctx {
+        fn new(max_pins: u64) -> Self {
+            Self {
+                pins: ClaimCounter::new(max_pins),
+                pending: AtomicU64::new(0),
+                gate: ClaimCounter::new(MAX_CLAIMS),
+                phase: AtomicU8::new(ACTIVE),
+                lifecycle: Notifier::new(),
+                retire_seen: AtomicBool::new(false),
+                destroys: AtomicUsize::new(0),
+                destroyed: AtomicBool::new(false),
+                retired: AtomicUsize::new(0),
+                abandoned: AtomicUsize::new(0),
+            }
+        }
+
+        /// `ContextInner::acquire_pin`, plus the model's checks.
+        fn acquire(&self) -> Result<(), AcquireError> {
+            let seen = self.retire_seen.load(Acquire);
+            let r = self.pins.try_acquire();
+            if seen {
+                assert_eq!(
+                    r,
+                    Err(AcquireError::Closed),
+                    "a pin was acquired after retire was observed"
+                );
+            }
+            if r.is_ok() {
+                assert!(!self.destroyed.load(Acquire), "a pin was acquired after destroy");
+                assert!(self.pins.count() <= self.pins_max(), "pin count exceeded its maximum");
+            }
+            r
+        }
+
+        fn pins_max(&self) -> u64 {
+            self.pins.max()
+        }
+
+        /// `ContextInner::release_pin`.
+        fn release_pin(&self) {
+            assert!(!self.destroyed.load(Acquire), "a pin was released after destroy");
+            if self.pins.release() {
+                self.lifecycle.notify();
+            }
+        }
+
+        /// A backend call through the gate (`ContextInner::enter` + guard drop).
+        fn backend_call(&self) -> bool {
+            if self.gate.try_acquire().is_err() {
+                return false;
+            }
+            assert!(!self.destroyed.load(Acquire), "a backend call ran after destroy");
+            if self.gate.release() {
+                self.lifecycle.notify();
+            }
+            true
+        }
+
+        /// `release()` in release.rs: move the buffer's pin into a pending
+        /// release (pending first), hand the signal to the "driver", then drop
+        /// the buffer's pin.
+        fn queue_release(this: &Arc<Self>) -> RetireSignal {
+            assert!(this.gate.try_acquire().is_ok(), "the gate is open while a buffer lives");
+            this.pending.fetch_add(1, SeqCst);
+            let ctx = this.clone();
+            let signal = RetireSignal::from_fn(move |outcome| ctx.settle(outcome));
+            if this.gate.release() {
+                this.lifecycle.notify();
+            }
+            this.release_pin();
+            signal
+        }
+
+        /// `PendingRelease::settle`: atomics and wake-ups only.
+        fn settle(&self, outcome: RetireOutcome) {
+            assert!(!self.destroyed.load(Acquire), "a free retired after destroy");
+            match outcome {
+                RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
+                RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
+            };
+            self.pending.fetch_sub(1, SeqCst);
+            self.lifecycle.notify();
+        }
+
+        /// `ContextInner::begin_retire`.
+        fn begin_retire(&self) {
+            let _ = self.phase.compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire);
+            if self.pins.close() {
+                self.lifecycle.notify();
+            }
+            self.retire_seen.store(true, Release);
+        }
+
+        /// `ContextInner::drained` (healthy device).
+        fn drained(&self) -> bool {
+            self.pins.is_drained() && self.pending.load(Acquire) == 0
+        }
+
+        /// `RetireHandle::wait(None)` + `ContextInner::finish`.
+        fn wait_and_finish(&self) {
+            let woke = self
+                .lifecycle
+                .wait_until(|| self.drained() || self.phase.load(Acquire) == TERMINATED, None);
+            assert!(woke, "a wait without deadline returned unready");
+            if self
+                .phase
+                .compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
+                .is_err()
+            {
+                let done = self
+                    .lifecycle
+                    .wait_until(|| self.phase.load(Acquire) == TERMINATED, None);
+                assert!(done);
+                assert_eq!(
+                    self.destroys.load(Acquire),
+                    1,
+                    "a second finisher returned before destroy"
+                );
+                return;
+            }
+            self.gate.close();
+            let drained = self.lifecycle.wait_until(|| self.gate.is_drained(), None);
+            assert!(drained);
+            // Destroy: exactly once, at zero.
+            assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
+            assert_eq!(self.pending.load(Acquire), 0, "destroy with a release pending");
+            assert_eq!(self.gate.count(), 0, "destroy with a backend call in flight");
+            assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
+            self.destroyed.store(true, Release);
+            self.phase.store(TERMINATED, Release);
+            self.lifecycle.notify();
+        }
+    }
+
+    fn run(name: &str, preemption_bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = count.clone();
+        let mut b = loom::model::Builder::new();
+        if b.preemption_bound.is_none() {
+            b.preemption_bound = preemption_bound;
+        }
+        let start = std::time::Instant::now();
+        b.check(move || {
+            c.fetch_add(1, Relaxed);
+            f();
+        });
+        let n = count.load(Relaxed);
+        TOTAL.fetch_add(n, Relaxed);
+        println!(
+            "loom: {name}: {n} interleavings explored (preemption bound {}) in {:.1?}; all models so far: {}",
+            preemption_bound.map_or("none".into(), |p| p.to_string()),
+            start.elapsed(),
+            TOTAL.load(Relaxed)
+        );
+        assert!(
+            n > 1,
+            "loom explored only {n} interleaving(s): the model is not concurrent"
+        );
+    }
+
+    /// Three threads: the retirer (main) waits for the teardown; a holder
+    /// releases a buffer stream-ordered, drops the stream and tries a new pin;
+    /// a foreign "driver" thread fires the RetireSignal of a release queued
+    /// earlier. Destroy runs once, at zero, after the last settlement.
+    #[test]
+    fn retire_waits_for_holders_and_a_foreign_signal() {
+        run("retire / release / foreign RetireSignal (3 threads)", Some(3), || {
+            let ctx = Arc::new(Ctx::new(8));
+            ctx.acquire().unwrap(); // the stream
+            ctx.acquire().unwrap(); // a buffer on it
+            ctx.acquire().unwrap(); // a buffer already released ...
+            let queued_earlier = Ctx::queue_release(&ctx); // ... whose free is queued
+
+            let driver = thread::spawn(move || queued_earlier.retire());
+            let c = ctx.clone();
+            let holder = thread::spawn(move || {
+                let signal = Ctx::queue_release(&c); // drop the buffer
+                let late = c.acquire();
+                let called = c.backend_call();
+                assert!(called, "the stream's pin keeps the gate open");
+                c.release_pin(); // drop the stream
+                if late.is_ok() {
+                    c.release_pin();
+                }
+                signal.retire(); // its free executes on the stream worker
+            });
+            ctx.begin_retire();
+            assert!(ctx.acquire().is_err(), "acquire after retire on the retiring thread");
+            ctx.wait_and_finish();
+            driver.join().unwrap();
+            holder.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+            assert_eq!(ctx.retired.load(Relaxed), 2);
+        });
+    }
+
+    /// A RetireSignal dropped unfired on the driver thread (device gave up the
+    /// free) settles as abandoned and still wakes the waiter.
+    #[test]
+    fn abandoned_signal_settles_and_wakes() {
+        run(
+            "abandoned RetireSignal on a foreign thread (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let s1 = Ctx::queue_release(&ctx);
+                ctx.acquire().unwrap();
+                let s2 = Ctx::queue_release(&ctx);
+                let d1 = thread::spawn(move || drop(s1));
+                let d2 = thread::spawn(move || s2.retire());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                d1.join().unwrap();
+                d2.join().unwrap();
+                assert_eq!(ctx.abandoned.load(Relaxed), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 1);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An acquire racing retire: either it wins (and its holder's release is
+    /// waited for) or it is refused; destroy never precedes the release.
+    #[test]
+    fn acquire_races_retire() {
+        run("acquire vs retire vs last release (3 threads)", Some(3), || {
+            let ctx = Arc::new(Ctx::new(4));
+            ctx.acquire().unwrap();
+            let c1 = ctx.clone();
+            let racer = thread::spawn(move || {
+                if c1.acquire().is_ok() {
+                    assert!(c1.backend_call(), "a held pin keeps the gate open");
+                    c1.release_pin();
+                }
+            });
+            let c2 = ctx.clone();
+            let holder = thread::spawn(move || c2.release_pin());
+            ctx.begin_retire();
+            ctx.wait_and_finish();
+            racer.join().unwrap();
+            holder.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+        });
+    }
+
+    /// Several threads retire and wait at once while the last pin drops:
+    /// destroy runs exactly once and every retirer returns after it.
+    #[test]
+    fn concurrent_retire_destroys_once() {
+        run("concurrent retire x2 + last release (3 threads)", Some(3), || {
+            let ctx = Arc::new(Ctx::new(4));
+            ctx.acquire().unwrap();
+            let c1 = ctx.clone();
+            let r1 = thread::spawn(move || {
+                c1.begin_retire();
+                c1.wait_and_finish();
+            });
+            let c2 = ctx.clone();
+            let holder = thread::spawn(move || c2.release_pin());
+            ctx.begin_retire();
+            ctx.wait_and_finish();
+            r1.join().unwrap();
+            holder.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+        });
+    }
+
+    /// Four threads: two retirers, a holder and a foreign driver, with a
+    /// preemption bound (the unbounded space is too large for CI).
+    #[test]
+    fn four_threads_bounded() {
+        run("2 retirers + holder + foreign signal (4 threads)", Some(2), || {
+            let ctx = Arc::new(Ctx::new(4));
+            ctx.acquire().unwrap();
+            ctx.acquire().unwrap();
+            let queued = Ctx::queue_release(&ctx);
+            let driver = thread::spawn(move || queued.retire());
+            let c1 = ctx.clone();
+            let holder = thread::spawn(move || c1.release_pin());
+            let c2 = ctx.clone();
+            let r2 = thread::spawn(move || {
+                c2.begin_retire();
+                c2.wait_and_finish();
+            });
+            ctx.begin_retire();
+            ctx.wait_and_finish();
+            driver.join().unwrap();
+            holder.join().unwrap();
+            r2.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+        });
+    }
+
+    /// The counter never wraps: with a maximum of 2, three concurrent
+    /// acquirers get exactly two pins and one `Overflow`, and retire then
+    /// drains to zero.
+    #[test]
+    fn overflow_is_refused_never_wrapped() {
+        run("3 acquirers at max_pins = 2 (3 threads)", Some(3), || {
+            let ctx = Arc::new(Ctx::new(2));
+            let got = Arc::new(AtomicUsize::new(0));
+            let overflow = Arc::new(AtomicUsize::new(0));
+            let mut hs = Vec::new();
+            for _ in 0..2 {
+                let (c, g, o) = (ctx.clone(), got.clone(), overflow.clone());
+                hs.push(thread::spawn(move || match c.acquire() {
+                    Ok(()) => {
+                        g.fetch_add(1, AcqRel);
+                    }
+                    Err(AcquireError::Overflow) => {
+                        o.fetch_add(1, AcqRel);
+                    }
+                    Err(AcquireError::Closed) => panic!("closed before retire"),
+                }));
+            }
+            match ctx.acquire() {
+                Ok(()) => {
+                    got.fetch_add(1, AcqRel);
+                }
+                Err(AcquireError::Overflow) => {
+                    overflow.fetch_add(1, AcqRel);
+                }
+                Err(AcquireError::Closed) => panic!("closed before retire"),
+            }
+            for h in hs {
+                h.join().unwrap();
+            }
+            assert_eq!(got.load(Acquire), 2);
+            assert_eq!(overflow.load(Acquire), 1);
+            assert_eq!(ctx.pins.count(), 2);
+            ctx.begin_retire();
+            let c = ctx.clone();
+            let h = thread::spawn(move || c.release_pin());
+            ctx.release_pin();
+            ctx.wait_and_finish();
+            h.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+        });
+    }
+}
