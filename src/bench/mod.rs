@@ -139,7 +139,7 @@ impl Plan {
         samples: 31,
         sample: Duration::from_millis(10),
         wakeups: 101,
-        big_drains: 5,
+        big_drains: 7,
     };
 }
 
@@ -427,9 +427,9 @@ fn row_two_threads(plan: &Plan) -> Row {
     if cores < 2 {
         row.note = Some(format!("only {cores} core available: the target needs two"));
         row.met = None;
-    } else if control < 1.5 && row.met == Some(false) {
+    } else if control < 1.2 && row.met == Some(false) {
         row.note = Some(format!(
-            "{}; the machine itself does not give two threads 1.5x now, so the target cannot be judged in this run",
+            "{}; the machine itself gives two threads less than 1.2x now, so the target cannot be judged in this run",
             row.note.unwrap_or_default()
         ));
         row.met = None;
@@ -568,9 +568,17 @@ fn row_drain(plan: &Plan) -> Row {
         }
         big.push(drain_once(1_000_000));
     }
-    let (v, b) = (median(&mut big), median(&mut small));
-    row.with(v, Some(b), Some(v / b))
-        .note("linear growth is 10x")
+    // The fastest run of each size: a 1,000,000-release drain lasts several
+    // scheduler time slices, so on a loaded machine its median measures the
+    // other processes more than the drain (the 100,000 one mostly fits in
+    // one slice and would look better than it is).
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (v, b) = (min(&big), min(&small));
+    row.with(v, Some(b), Some(v / b)).note(format!(
+        "fastest of {} and {} runs; linear growth is 10x",
+        big.len(),
+        small.len()
+    ))
 }
 
 fn heap_rows() -> Vec<Row> {
