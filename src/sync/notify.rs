@@ -40,9 +40,17 @@ impl Notifier {
         // both reads could see stale values and the wake-up would be lost
         // (the loom model in tests/loom.rs finds that interleaving).
         fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) == 0 {
-            return;
+        if self.waiters.load(Ordering::SeqCst) != 0 {
+            self.wake_all();
         }
+    }
+
+    /// The slow path of [`notify`](Self::notify), out of line so that the
+    /// fast path (nobody waits: a fence and a load) inlines into every
+    /// signaller without the slow path's stack frame.
+    #[cold]
+    #[inline(never)]
+    fn wake_all(&self) {
         let wakers = std::mem::take(&mut *lock(&self.wakers));
         self.cv.notify_all();
         // Wakers run executor code: never under our lock.
