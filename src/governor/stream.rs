@@ -89,7 +89,7 @@ impl<C: DeviceContext> GovernedStream<C> {
                 Err(e) => {
                     drop(backend);
                     ctx.note_backend_error(&e);
-                    Err(GovernorError::Backend { context: ctx.id, source: e })
+                    Err(backend_error(ctx, e))
                 }
             },
             None => Err(GovernorError::Pin(crate::ProviderContextPinError::ContextUnavailable(ctx.id))),
@@ -123,8 +123,9 @@ impl<C: DeviceContext> GovernedStream<C> {
         }
         let backend = ctx.enter().ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         backend.synchronize(self.shared.raw()).map_err(|e| {
+            drop(backend);
             ctx.note_backend_error(&e);
-            GovernorError::Backend { context: ctx.id, source: e }
+            backend_error(ctx, e)
         })
     }
 
@@ -144,6 +145,16 @@ impl<C: DeviceContext> GovernedStream<C> {
     /// it: the governor does, when the last clone is dropped.
     pub fn raw(&self) -> Option<&C::Stream> {
         (!self.shared.ctx.gate.is_closed()).then(|| self.shared.raw())
+    }
+}
+
+/// Map a backend error to the governor's: a lost device is reported as
+/// [`GovernorError::DeviceLost`], like allocate, write and read do.
+fn backend_error<C: DeviceContext>(ctx: &ContextInner<C>, e: crate::BackendError) -> GovernorError {
+    if e.is_device_lost() {
+        GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+    } else {
+        GovernorError::Backend { context: ctx.id, source: e }
     }
 }
 
