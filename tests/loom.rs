@@ -155,8 +155,11 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            self.pending.fetch_sub(1, SeqCst);
-            self.lifecycle.notify();
+            // Only the settlement that takes `pending` to zero wakes the
+            // lifecycle waiters (as in release.rs).
+            if self.pending.fetch_sub(1, SeqCst) == 1 {
+                self.lifecycle.notify();
+            }
         }
 
         /// `ContextInner::begin_retire`.
