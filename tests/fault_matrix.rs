@@ -1,0 +1,378 @@
+//! Fault-injection matrix (issue #4, part 3): every backend operation × every
+//! fault kind, on every backend present, through `FaultInjecting<C>`.
+//!
+//! Each cell registers a fresh context `Watched<FaultInjecting<C>>`, arms one
+//! fault on the first call of one operation, and runs a script that calls
+//! every operation (memory_info, create_stream, allocate, write, read,
+//! synchronize, free_async by release_on and by drop, destroy_stream, and
+//! teardown through retire / force). A cell survives when:
+//!
+//! * nothing panics;
+//! * the fault was really injected;
+//! * the faulted operation came back with the specific error the fault means
+//!   (`Backend`, `BudgetExceeded` of the device, `DeviceLost`, a failed
+//!   teardown result, an abandoned release, or — for a delay — success);
+//! * teardown ran exactly once and the context terminated;
+//! * accounting is consistent: nothing charged, no pins, every queued release
+//!   settled (retired or abandoned) exactly once;
+//! * the backend leaked nothing (host: no memory in use, no contract
+//!   violation; null: no bytes outstanding).
+//!
+//! `cargo test --release --test fault_matrix -- --nocapture` prints the table
+//! that docs/reliability.md publishes.
+
+use memgov::conformance::Watched;
+use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+use memgov::host::{HostConfig, HostContext};
+use memgov::null::NullContext;
+use memgov::{BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// A backend under test: a fresh context and a leak check to run after its
+/// teardown.
+type Factory<C> = dyn Fn() -> Option<(C, Box<dyn Fn() -> Result<(), String>>)>;
+
+/// What the faulted operation returned, for the error check.
+#[derive(Default, Debug)]
+struct Seen {
+    errors: Vec<(Operation, String)>,
+}
+
+fn kind_of(e: &GovernorError) -> String {
+    match e {
+        GovernorError::Backend { source, .. } => format!("Backend({:?})", source.kind),
+        GovernorError::BudgetExceeded(b) => format!("BudgetExceeded({})", b.scope),
+        GovernorError::DeviceLost { .. } => "DeviceLost".into(),
+        GovernorError::Reclaimed { .. } => "Reclaimed".into(),
+        GovernorError::Pin(p) => format!("Pin({p})"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> Result<String, String> {
+    let Some((backend, leak_check)) = factory() else {
+        return Err("backend unavailable".into());
+    };
+    let faulty = FaultInjecting::new(backend, FaultPlan::new().nth(op, 1, fault));
+    let control = faulty.control();
+    let watched = Watched::new(faulty);
+    let log = watched.log();
+    let gov = Governor::new();
+    let ctx = gov.register(watched, ContextConfig::new().label("matrix").budget(64 << 20));
+    let mut seen = Seen::default();
+    let mut note = |op: Operation, r: Result<(), GovernorError>| {
+        if let Err(e) = r {
+            seen.errors.push((op, kind_of(&e)));
+        }
+    };
+
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        note(Operation::MemoryInfo, ctx.memory_info().map(|_| ()));
+        let stream = match ctx.create_stream("a") {
+            Ok(s) => Some(s),
+            Err(e) => {
+                note(Operation::CreateStream, Err(e));
+                ctx.create_stream("a-again")
+                    .map_err(|e| note(Operation::CreateStream, Err(e)))
+                    .ok()
+            }
+        };
+        let mut released = None;
+        if let Some(s) = &stream {
+            let buf = match ctx.allocate(s, 4096, Role::Activation) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    note(Operation::Allocate, Err(e));
+                    ctx.allocate(s, 4096, Role::Activation)
+                        .map_err(|e| note(Operation::Allocate, Err(e)))
+                        .ok()
+                }
+            };
+            if let Some(b) = buf {
+                note(Operation::Write, b.write(0, b"fault matrix"));
+                let mut back = [0u8; 12];
+                note(Operation::Read, b.read(0, &mut back));
+                note(Operation::Synchronize, s.synchronize());
+                released = Some(b.release_on(s).map_err(|e| e.error));
+                note(Operation::FreeAsync, released.clone().unwrap());
+            }
+            // A second buffer, released by drop.
+            if let Ok(b2) = ctx.allocate(s, 8192, Role::Weights) {
+                drop(b2);
+            }
+        }
+        drop(stream);
+        let handle = ctx.retire();
+        let report = match handle.wait_timeout(Duration::from_secs(10)) {
+            Ok(r) => r,
+            Err(e) => {
+                let forced = handle.force(std::time::Instant::now() + Duration::from_secs(10));
+                forced.map_err(|f| format!("retire did not finish: {e}; force: {f}"))?
+            }
+        };
+        Ok::<_, String>((report, released))
+    }));
+    let (report, _released) = match run {
+        Ok(Ok(x)) => x,
+        Ok(Err(why)) => return Err(why),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            return Err(format!("PANIC: {}", msg.unwrap_or_default()));
+        }
+    };
+
+    // The fault really happened.
+    if control.injected(op) == 0 {
+        return Err(format!("{op} was never called with the fault armed"));
+    }
+    // Teardown once, context terminated, accounting at zero.
+    let snap = ctx.snapshot();
+    if log.teardowns.load(Ordering::SeqCst) != 1 {
+        return Err(format!("teardown ran {} times", log.teardowns.load(Ordering::SeqCst)));
+    }
+    if snap.lifecycle != Lifecycle::Terminated {
+        return Err(format!("lifecycle {:?} after teardown", snap.lifecycle));
+    }
+    if snap.charged != 0 || snap.pins.total() != 0 || snap.total() != Default::default() {
+        return Err(format!(
+            "accounting after teardown: charged {} pins {:?} usage {:?}",
+            snap.charged,
+            snap.pins,
+            snap.total()
+        ));
+    }
+    let c = snap.counters;
+    if c.releases_queued != c.retired + c.abandoned {
+        return Err(format!(
+            "releases queued {} != retired {} + abandoned {}",
+            c.releases_queued, c.retired, c.abandoned
+        ));
+    }
+    let (q, r, a) = (
+        log.frees_queued.load(Ordering::SeqCst),
+        log.retired.load(Ordering::SeqCst),
+        log.abandoned.load(Ordering::SeqCst),
+    );
+    if q != r + a || log.settled_after_teardown.load(Ordering::SeqCst) != 0 || c.late_settlements != 0 {
+        return Err(format!("signals: {}", log.summary()));
+    }
+    leak_check().map_err(|e| format!("leak: {e}"))?;
+
+    // The specific error.
+    let errs_of = |o: Operation| {
+        seen.errors
+            .iter()
+            .filter(|(x, _)| *x == o)
+            .map(|(_, k)| k.clone())
+            .collect::<Vec<_>>()
+    };
+    let first = errs_of(op).into_iter().next();
+    let specific = match (fault, op) {
+        (Fault::Delay(_), _) => {
+            if !seen.errors.is_empty() || report.backend_result.is_err() {
+                return Err(format!(
+                    "a delay caused errors: {:?} {:?}",
+                    seen.errors, report.backend_result
+                ));
+            }
+            "ok (delayed)".to_string()
+        }
+        (Fault::DropSignal, _) => {
+            if report.abandoned_releases == 0 {
+                return Err("a dropped signal was not settled as abandoned".into());
+            }
+            format!(
+                "abandoned release ({} retired, {} abandoned)",
+                report.retired_releases, report.abandoned_releases
+            )
+        }
+        (_, Operation::Teardown) => match &report.backend_result {
+            Err(e) => format!("TeardownReport.backend_result = Err({:?})", e.kind),
+            Ok(()) => return Err("a faulted teardown reported success".into()),
+        },
+        (_, Operation::DestroyStream) => {
+            // Drop has no caller to return to: the error is counted, and a
+            // lost device shows in the report.
+            if c.backend_errors == 0 {
+                return Err("destroy_stream fault not recorded".into());
+            }
+            if fault == Fault::DeviceLost && !report.lost {
+                return Err("device loss in destroy_stream did not mark the context lost".into());
+            }
+            format!(
+                "counted in backend_errors{}",
+                if report.lost { "; context lost" } else { "" }
+            )
+        }
+        (Fault::DeviceLost, _) => match first.as_deref() {
+            Some("DeviceLost") if report.lost => "DeviceLost".into(),
+            Some(_) | None if op == Operation::FreeAsync && report.lost && report.settled_lost > 0 => {
+                "release settled as lost (Ok); context lost".into()
+            }
+            other => return Err(format!("expected DeviceLost, got {other:?} (lost {})", report.lost)),
+        },
+        (Fault::OutOfMemory, Operation::Allocate) => match first.as_deref() {
+            Some(k) if k == format!("BudgetExceeded({})", BudgetScope::Device) => k.to_string(),
+            other => return Err(format!("expected BudgetExceeded(device memory), got {other:?}")),
+        },
+        (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync) => match first.as_deref() {
+            Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {
+                format!("{k}; {} B quarantined until teardown", report.quarantined_bytes)
+            }
+            other => return Err(format!("expected Backend + quarantine, got {other:?}")),
+        },
+        (Fault::Error | Fault::OutOfMemory, _) => match first.as_deref() {
+            Some(k) if k.starts_with("Backend(") => k.to_string(),
+            other => return Err(format!("expected Backend error, got {other:?}")),
+        },
+    };
+    Ok(specific)
+}
+
+struct Tally {
+    backend: &'static str,
+    tried: usize,
+    survived: usize,
+    rows: Vec<String>,
+    failures: Vec<String>,
+}
+
+fn matrix<C: DeviceContext>(backend: &'static str, factory: &Factory<C>) -> Option<Tally> {
+    if factory().is_none() {
+        println!("skipped: {backend} backend unavailable on this machine");
+        return None;
+    }
+    let mut t = Tally {
+        backend,
+        tried: 0,
+        survived: 0,
+        rows: Vec::new(),
+        failures: Vec::new(),
+    };
+    for op in Operation::ALL {
+        for fault in Fault::ALL {
+            if !fault.applies_to(op) {
+                continue;
+            }
+            t.tried += 1;
+            let r = cell(factory, op, fault);
+            let verdict = match &r {
+                Ok(what) => {
+                    t.survived += 1;
+                    format!("survived: {what}")
+                }
+                Err(why) => {
+                    t.failures.push(format!("{backend} {op} × {}: {why}", fault.name()));
+                    format!("FAILED: {why}")
+                }
+            };
+            t.rows
+                .push(format!("| {backend} | {op} | {} | {verdict} |", fault.name()));
+        }
+    }
+    Some(t)
+}
+
+fn report(t: &Tally) {
+    println!("\n| backend | operation | fault | outcome |\n|---|---|---|---|");
+    for r in &t.rows {
+        println!("{r}");
+    }
+    println!(
+        "\nfault matrix: {}: {} tried, {} survived",
+        t.backend, t.tried, t.survived
+    );
+    assert!(
+        t.failures.is_empty(),
+        "{} of {} cells failed:\n{}",
+        t.failures.len(),
+        t.tried,
+        t.failures.join("\n")
+    );
+    assert_eq!(t.tried, 37, "9 operations × 4 faults + drop-signal on free_async");
+}
+
+#[test]
+fn fault_matrix_host() {
+    let factory: Box<Factory<HostContext>> = Box::new(|| {
+        let host = HostContext::new(HostConfig {
+            capacity: 256 << 20,
+            ..HostConfig::default()
+        })
+        .ok()?;
+        let probe = host.probe();
+        Some((
+            host,
+            Box::new(move || {
+                if probe.violations() != 0 {
+                    return Err(format!("host contract violations: {:?}", probe.violation_log()));
+                }
+                if probe.used_bytes() != 0 || probe.live_streams() != 0 || probe.teardowns() != 1 {
+                    return Err(format!(
+                        "host after teardown: {} B used, {} streams, {} teardowns",
+                        probe.used_bytes(),
+                        probe.live_streams(),
+                        probe.teardowns()
+                    ));
+                }
+                Ok(())
+            }),
+        ))
+    });
+    let t = matrix("host", &*factory).expect("the host backend is always present");
+    report(&t);
+}
+
+#[test]
+fn fault_matrix_null() {
+    let factory: Box<Factory<NullContext>> = Box::new(|| {
+        let null = NullContext::new();
+        let probe = null.probe();
+        Some((
+            null,
+            Box::new(move || {
+                if probe.used_bytes() != 0 || !probe.torn_down() {
+                    return Err(format!(
+                        "null after teardown: {} B used, torn down {}",
+                        probe.used_bytes(),
+                        probe.torn_down()
+                    ));
+                }
+                Ok(())
+            }),
+        ))
+    });
+    let t = matrix("null", &*factory).expect("the null backend is always present");
+    report(&t);
+}
+
+#[cfg(feature = "vulkan")]
+#[test]
+fn fault_matrix_vulkan() {
+    use memgov::vulkan::{VulkanConfig, VulkanContext};
+    let factory: Box<Factory<VulkanContext>> = Box::new(|| {
+        let ctx = match VulkanContext::new(VulkanConfig::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("vulkan unavailable: {e}");
+                return None;
+            }
+        };
+        Some((ctx, Box::new(|| Ok(()))))
+    });
+    match matrix("vulkan", &*factory) {
+        Some(t) => report(&t),
+        None => println!("skipped: no Vulkan device (lavapipe) could be opened"),
+    }
+}
+
+#[cfg(not(feature = "vulkan"))]
+#[test]
+fn fault_matrix_vulkan() {
+    println!("skipped: built without the `vulkan` feature (cargo test --features vulkan --test fault_matrix)");
+}
