@@ -6,6 +6,11 @@ use memgov::conformance::{self, Outcome, SuiteReport};
 use memgov::host::{HostConfig, HostContext};
 use std::process::ExitCode;
 
+/// Counts heap bytes for `memgov bench`'s heap rows; one relaxed load per
+/// allocation while no count is running.
+#[global_allocator]
+static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocator::new();
+
 #[path = "memgov/workload.rs"]
 mod workload;
 
