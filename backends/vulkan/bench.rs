@@ -98,6 +98,8 @@ impl GovernedCycle {
 
 /// The raw cycle: ash + gpu-allocator by hand, same work.
 pub struct RawCycle {
+    /// Keeps libvulkan loaded (dropping the last Entry unloads it).
+    _entry: ash::Entry,
     created: Option<instance::CreatedInstance>,
     device: ash::Device,
     queue: vk::Queue,
@@ -162,6 +164,7 @@ impl RawCycle {
             (timeline, pool, cmd)
         };
         let mut me = Self {
+            _entry: entry,
             created: Some(created),
             device,
             queue: dev.queues[0],
