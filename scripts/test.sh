@@ -26,6 +26,8 @@ cargo test --locked --features serde,tracing --test governor
 if [ -f backends/vulkan/mod.rs ]; then
     step "tests: Vulkan backend on lavapipe with validation layers"
     cargo test --locked --features vulkan --test vulkan
+    cargo test --locked --release --features vulkan --test fault_matrix -- --nocapture --test-threads=1
+    cargo bench --locked --features vulkan --bench vulkan_cycle -- --test
 fi
 
 for s in scripts/ci/*.sh; do

@@ -56,17 +56,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// What one backend's run produced: the suite report, notes for the reader,
+/// and whether something outside the cases failed (validation messages).
+struct Run {
+    report: SuiteReport,
+    notes: Vec<String>,
+    failed: bool,
+}
+
+impl From<SuiteReport> for Run {
+    fn from(report: SuiteReport) -> Self {
+        Self { report, notes: Vec::new(), failed: false }
+    }
+}
+
 /// One row of the backend table: what it is and whether it can run here.
 struct BackendRow {
     name: &'static str,
-    run: Option<Box<dyn Fn() -> SuiteReport>>,
+    run: Option<Box<dyn Fn() -> Run>>,
     why_not: String,
 }
 
 fn backends() -> Vec<BackendRow> {
     let mut rows = vec![BackendRow {
         name: "host",
-        run: Some(Box::new(|| conformance::run_suite(|| HostContext::new(HostConfig::default())))),
+        run: Some(Box::new(|| conformance::run_suite(|| HostContext::new(HostConfig::default())).into())),
         why_not: String::new(),
     }];
     rows.extend(gpu_backends());
@@ -77,13 +91,7 @@ fn gpu_backends() -> Vec<BackendRow> {
     #[allow(unused_mut)]
     let mut rows = Vec::new();
     #[cfg(feature = "vulkan")]
-    rows.push(BackendRow {
-        name: "vulkan",
-        run: Some(Box::new(|| {
-            conformance::run_suite(|| memgov::vulkan::VulkanContext::new(memgov::vulkan::VulkanConfig::default()))
-        })),
-        why_not: String::new(),
-    });
+    rows.push(BackendRow { name: "vulkan", run: Some(Box::new(vulkan_run)), why_not: String::new() });
     #[cfg(not(feature = "vulkan"))]
     rows.push(BackendRow {
         name: "vulkan",
@@ -94,6 +102,45 @@ fn gpu_backends() -> Vec<BackendRow> {
         rows.push(BackendRow { name, run: None, why_not: "not part of this build: the backend has not landed yet".into() });
     }
     rows
+}
+
+/// The Vulkan row: with the Khronos validation layer on when it is installed,
+/// and every validation warning or error counted as a failure.
+#[cfg(feature = "vulkan")]
+fn vulkan_run() -> Run {
+    use memgov::vulkan::{VulkanConfig, VulkanContext, VulkanProbe};
+    use std::sync::Mutex;
+    let probes: Mutex<Vec<VulkanProbe>> = Mutex::new(Vec::new());
+    let mut notes = Vec::new();
+    let validation = match VulkanContext::new(VulkanConfig::validated()) {
+        Ok(c) => {
+            use memgov::DeviceContext;
+            let _ = c.teardown(false);
+            true
+        }
+        Err(e) => {
+            notes.push(format!("vulkan: validation layers off: {}", conformance::unavailable_reason(&e)));
+            false
+        }
+    };
+    let config = VulkanConfig { validation, ..VulkanConfig::default() };
+    let report = conformance::run_suite(|| {
+        let c = VulkanContext::new(config.clone())?;
+        probes.lock().unwrap().push(c.probe());
+        Ok(c)
+    });
+    let probes = probes.into_inner().unwrap();
+    let errors: u64 = probes.iter().map(|p| p.validation_errors()).sum();
+    let warnings: u64 = probes.iter().map(|p| p.validation_warnings()).sum();
+    let failed = errors + warnings > 0;
+    if validation {
+        notes.push(format!(
+            "vulkan: VK_LAYER_KHRONOS_validation on for {} contexts: {errors} errors, {warnings} warnings{}",
+            probes.len(),
+            if failed { " (FAIL: any validation message fails the check)" } else { "" }
+        ));
+    }
+    Run { report, notes, failed }
 }
 
 fn info() -> ExitCode {
@@ -138,9 +185,16 @@ fn check(only: &[String]) -> ExitCode {
     }
     println!("memgov check: the conformance suite on every backend compiled in\n");
     let mut reports: Vec<(&'static str, Result<SuiteReport, String>)> = Vec::new();
+    let mut failed = false;
+    let mut notes = Vec::new();
     for row in &rows {
         match &row.run {
-            Some(run) => reports.push((row.name, Ok(run()))),
+            Some(run) => {
+                let r = run();
+                failed |= r.failed;
+                notes.extend(r.notes);
+                reports.push((row.name, Ok(r.report)));
+            }
             None => reports.push((row.name, Err(row.why_not.clone()))),
         }
     }
@@ -180,8 +234,6 @@ fn check(only: &[String]) -> ExitCode {
         }
     }
 
-    let mut failed = false;
-    let mut notes = Vec::new();
     for (name, rep) in &ran {
         for c in &rep.cases {
             match &c.outcome {
