@@ -27,6 +27,7 @@ if [ -f backends/vulkan/mod.rs ]; then
     step "tests: Vulkan backend on lavapipe with validation layers"
     cargo test --locked --features vulkan --test vulkan
     cargo test --locked --release --features vulkan --test fault_matrix -- --nocapture --test-threads=1
+    cargo test --locked --release --features vulkan --test soak_vulkan -- --nocapture
     cargo bench --locked --features vulkan --bench vulkan_cycle -- --test
 fi
 
