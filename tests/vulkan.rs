@@ -543,7 +543,7 @@ fn conformance_case(name: &str, transfer: TransferPath) {
 }
 
 macro_rules! vulkan_conformance {
-    ($($case:ident),* $(,)?) => {
+    ([] $($case:ident),* $(,)?) => {
         mod conformance_staging {
             $( #[test] fn $case() { super::conformance_case(stringify!($case), memgov::vulkan::TransferPath::Staging); } )*
         }
@@ -559,19 +559,7 @@ macro_rules! vulkan_conformance {
     };
 }
 
-vulkan_conformance!(
-    write_read_round_trip,
-    stream_order,
-    every_signal_fires_once,
-    teardown_once_after_drain,
-    retiring_refuses_new_work,
-    retire_waits_for_pending,
-    deadline_error_names_outstanding,
-    budget_exhaustion_error,
-    device_loss_settles_without_device,
-    force_reclaims_live,
-    concurrent_streams,
-);
+memgov::for_each_conformance_case!([vulkan_conformance]);
 
 #[test]
 fn whole_suite_report_on_vulkan() {

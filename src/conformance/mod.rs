@@ -200,22 +200,10 @@ macro_rules! conformance_tests {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            $crate::conformance_tests!(@cases $module, $factory;
-                write_read_round_trip,
-                stream_order,
-                every_signal_fires_once,
-                teardown_once_after_drain,
-                retiring_refuses_new_work,
-                retire_waits_for_pending,
-                deadline_error_names_outstanding,
-                budget_exhaustion_error,
-                device_loss_settles_without_device,
-                force_reclaims_live,
-                concurrent_streams
-            );
+            $crate::for_each_conformance_case!([$crate::conformance_tests] @cases $module, $factory);
         }
     };
-    (@cases $module:ident, $factory:expr; $($case:ident),* $(,)?) => {
+    ([@cases $module:ident, $factory:expr] $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
@@ -231,7 +219,38 @@ macro_rules! conformance_tests {
             fn names<C: $crate::DeviceContext>(_: &dyn Fn() -> Result<C, $crate::BackendError>) -> Vec<&'static str> {
                 $crate::conformance::cases::<C>().iter().map(|c| c.name).collect()
             }
-            assert_eq!(names(&factory), listed.to_vec(), "conformance_tests! must list every case");
+            assert_eq!(names(&factory), listed.to_vec(), "for_each_conformance_case! must list every case");
+        }
+    };
+}
+
+/// Call a macro of yours with the name of every conformance case, for test
+/// harnesses that wrap each case (extra checks per case, several
+/// configurations). The macro is named in brackets; it receives, in brackets,
+/// whatever tokens follow that, then the case names.
+///
+/// ```ignore
+/// macro_rules! my_cases {
+///     ([] $($case:ident),*) => { $( #[test] fn $case() { /* run_case(stringify!($case), ..) */ } )* };
+/// }
+/// memgov::for_each_conformance_case!([my_cases]);
+/// ```
+#[macro_export]
+macro_rules! for_each_conformance_case {
+    ([$($callback:tt)*] $($extra:tt)*) => {
+        $($callback)*! {
+            [$($extra)*]
+            write_read_round_trip,
+            stream_order,
+            every_signal_fires_once,
+            teardown_once_after_drain,
+            retiring_refuses_new_work,
+            retire_waits_for_pending,
+            deadline_error_names_outstanding,
+            budget_exhaustion_error,
+            device_loss_settles_without_device,
+            force_reclaims_live,
+            concurrent_streams
         }
     };
 }
