@@ -30,7 +30,9 @@
 
 use crate::host::{HostConfig, HostContext};
 use crate::null::NullContext;
-use crate::{BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal};
+use crate::{
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal,
+};
 use std::fmt;
 use std::str::FromStr;
 
@@ -81,7 +83,10 @@ pub struct UnknownBackend(pub String);
 impl FromStr for BackendKind {
     type Err = UnknownBackend;
     fn from_str(s: &str) -> Result<Self, UnknownBackend> {
-        BackendKind::all().into_iter().find(|k| k.name() == s).ok_or_else(|| UnknownBackend(s.to_owned()))
+        BackendKind::all()
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownBackend(s.to_owned()))
     }
 }
 
@@ -129,7 +134,9 @@ impl AnyContext {
             BackendKind::Host => Self::Host(HostContext::new(HostConfig::default())?),
             BackendKind::Null => Self::Null(NullContext::new()),
             #[cfg(feature = "vulkan")]
-            BackendKind::Vulkan => Self::Vulkan(crate::vulkan::VulkanContext::new(Default::default())?),
+            BackendKind::Vulkan => {
+                Self::Vulkan(crate::vulkan::VulkanContext::new(Default::default())?)
+            }
         })
     }
 
@@ -260,27 +267,45 @@ impl DeviceContext for AnyContext {
         retired: RetireSignal,
     ) -> Result<(), (AnyMemory, RetireSignal, BackendError)> {
         match (self, stream, memory) {
-            (Self::Host(c), AnyStream::Host(s), AnyMemory::Host(m)) => {
-                c.free_async(s, m, retired).map_err(|(m, r, e)| (AnyMemory::Host(m), r, e))
-            }
-            (Self::Null(c), AnyStream::Null(s), AnyMemory::Null(m)) => {
-                c.free_async(s, m, retired).map_err(|(m, r, e)| (AnyMemory::Null(m), r, e))
-            }
+            (Self::Host(c), AnyStream::Host(s), AnyMemory::Host(m)) => c
+                .free_async(s, m, retired)
+                .map_err(|(m, r, e)| (AnyMemory::Host(m), r, e)),
+            (Self::Null(c), AnyStream::Null(s), AnyMemory::Null(m)) => c
+                .free_async(s, m, retired)
+                .map_err(|(m, r, e)| (AnyMemory::Null(m), r, e)),
             #[cfg(feature = "vulkan")]
-            (Self::Vulkan(c), AnyStream::Vulkan(s), AnyMemory::Vulkan(m)) => {
-                c.free_async(s, m, retired).map_err(|(m, r, e)| (AnyMemory::Vulkan(m), r, e))
-            }
+            (Self::Vulkan(c), AnyStream::Vulkan(s), AnyMemory::Vulkan(m)) => c
+                .free_async(s, m, retired)
+                .map_err(|(m, r, e)| (AnyMemory::Vulkan(m), r, e)),
             #[allow(unreachable_patterns)]
-            (ctx, _, m) => Err((m, retired, mismatch(ctx.kind(), "free_async", "a stream or memory"))),
+            (ctx, _, m) => Err((
+                m,
+                retired,
+                mismatch(ctx.kind(), "free_async", "a stream or memory"),
+            )),
         }
     }
 
-    fn write(&self, stream: &AnyStream, memory: &AnyMemory, offset: u64, src: &[u8]) -> Result<(), BackendError> {
-        with_memory!(self, stream, memory, "write", |c, s, m| c.write(s, m, offset, src))
+    fn write(
+        &self,
+        stream: &AnyStream,
+        memory: &AnyMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        with_memory!(self, stream, memory, "write", |c, s, m| c
+            .write(s, m, offset, src))
     }
 
-    fn read(&self, stream: &AnyStream, memory: &AnyMemory, offset: u64, dst: &mut [u8]) -> Result<(), BackendError> {
-        with_memory!(self, stream, memory, "read", |c, s, m| c.read(s, m, offset, dst))
+    fn read(
+        &self,
+        stream: &AnyStream,
+        memory: &AnyMemory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        with_memory!(self, stream, memory, "read", |c, s, m| c
+            .read(s, m, offset, dst))
     }
 
     fn synchronize(&self, stream: &AnyStream) -> Result<(), BackendError> {
@@ -307,7 +332,11 @@ mod tests {
             assert_eq!(k.name().parse::<BackendKind>().unwrap(), k);
         }
         let e = "tpu".parse::<BackendKind>().unwrap_err();
-        assert!(e.to_string().starts_with("unknown backend 'tpu'; this build has: host, null"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("unknown backend 'tpu'; this build has: host, null"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -316,12 +345,20 @@ mod tests {
         let null = AnyContext::open(BackendKind::Null).unwrap();
         let hs = host.create_stream().unwrap();
         let ns = null.create_stream().unwrap();
-        let e = host.allocate(&ns, 16).err().expect("foreign stream refused");
+        let e = host
+            .allocate(&ns, 16)
+            .err()
+            .expect("foreign stream refused");
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
         let m = null.allocate(&ns, 16).unwrap();
-        let (m, _sig, e) = host.free_async(&hs, m, RetireSignal::from_fn(|_| {})).err().expect("foreign memory refused");
+        let (m, _sig, e) = host
+            .free_async(&hs, m, RetireSignal::from_fn(|_| {}))
+            .err()
+            .expect("foreign memory refused");
         assert!(e.message.contains("another backend"), "{e}");
-        null.free_async(&ns, m, RetireSignal::from_fn(|_| {})).map_err(|(_, _, e)| e).unwrap();
+        null.free_async(&ns, m, RetireSignal::from_fn(|_| {}))
+            .map_err(|(_, _, e)| e)
+            .unwrap();
         host.destroy_stream(hs).unwrap();
         null.destroy_stream(ns).unwrap();
         host.teardown(false).unwrap();

@@ -111,7 +111,13 @@ impl BackendError {
         kind: BackendErrorKind,
         message: impl Into<String>,
     ) -> Self {
-        Self { backend, operation, kind, code: None, message: message.into() }
+        Self {
+            backend,
+            operation,
+            kind,
+            code: None,
+            message: message.into(),
+        }
     }
 
     /// Attach the driver's result code.
@@ -200,7 +206,9 @@ impl Drop for RetireSignal {
 
 impl fmt::Debug for RetireSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetireSignal").field("pending", &self.sink.is_some()).finish()
+        f.debug_struct("RetireSignal")
+            .field("pending", &self.sink.is_some())
+            .finish()
     }
 }
 
@@ -322,9 +330,17 @@ mod tests {
 
     #[test]
     fn error_message_carries_code_and_kind() {
-        let e = BackendError::new("cuda", "allocate", BackendErrorKind::OutOfMemory, "asked 4096 B, 0 B free")
-            .with_code(2);
-        assert_eq!(e.to_string(), "cuda allocate failed (OutOfMemory, driver code 2): asked 4096 B, 0 B free");
+        let e = BackendError::new(
+            "cuda",
+            "allocate",
+            BackendErrorKind::OutOfMemory,
+            "asked 4096 B, 0 B free",
+        )
+        .with_code(2);
+        assert_eq!(
+            e.to_string(),
+            "cuda allocate failed (OutOfMemory, driver code 2): asked 4096 B, 0 B free"
+        );
         assert!(!e.is_device_lost());
     }
 }

@@ -59,7 +59,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::{BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal};
+use crate::{
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal,
+};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -315,7 +317,12 @@ impl PlanState {
             if rule.op.is_some_and(|o| o != op) {
                 continue;
             }
-            let applicable: Vec<Fault> = rule.faults.iter().copied().filter(|f| f.applies_to(op)).collect();
+            let applicable: Vec<Fault> = rule
+                .faults
+                .iter()
+                .copied()
+                .filter(|f| f.applies_to(op))
+                .collect();
             if applicable.is_empty() {
                 continue;
             }
@@ -382,7 +389,11 @@ impl<C: DeviceContext> FaultControl<C> {
 
     /// Faults injected so far, all operations.
     pub fn total_injected(&self) -> u64 {
-        self.0.injected.iter().map(|a| a.load(Ordering::SeqCst)).sum()
+        self.0
+            .injected
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .sum()
     }
 
     /// Calls of `op` seen so far under the current plan.
@@ -560,12 +571,24 @@ impl<C: DeviceContext> DeviceContext for FaultInjecting<C> {
         }
     }
 
-    fn write(&self, stream: &C::Stream, memory: &C::Memory, offset: u64, src: &[u8]) -> Result<(), BackendError> {
+    fn write(
+        &self,
+        stream: &C::Stream,
+        memory: &C::Memory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
         self.gate(Operation::Write)?;
         self.inner.write(stream, memory, offset, src)
     }
 
-    fn read(&self, stream: &C::Stream, memory: &C::Memory, offset: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+    fn read(
+        &self,
+        stream: &C::Stream,
+        memory: &C::Memory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
         self.gate(Operation::Read)?;
         self.inner.read(stream, memory, offset, dst)
     }
@@ -616,12 +639,17 @@ mod tests {
     fn seeded_plans_reproduce() {
         let draw = |seed| {
             let mut st = PlanState::new(FaultPlan::seeded(seed, 0.3, &Fault::ALL));
-            (0..200).map(|i| st.decide(Operation::ALL[i % 9])).collect::<Vec<_>>()
+            (0..200)
+                .map(|i| st.decide(Operation::ALL[i % 9]))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
         let hits = draw(7).iter().filter(|f| f.is_some()).count();
-        assert!((30..=90).contains(&hits), "p = 0.3 of 200 calls gave {hits}");
+        assert!(
+            (30..=90).contains(&hits),
+            "p = 0.3 of 200 calls gave {hits}"
+        );
     }
 
     #[test]
@@ -632,7 +660,8 @@ mod tests {
         assert_eq!(st.decide(Operation::Allocate), None);
         let mut st = PlanState::new(FaultPlan::new().always(Operation::Write, Fault::DropSignal));
         assert_eq!(st.decide(Operation::Write), None);
-        let mut st = PlanState::new(FaultPlan::new().always(Operation::FreeAsync, Fault::DropSignal));
+        let mut st =
+            PlanState::new(FaultPlan::new().always(Operation::FreeAsync, Fault::DropSignal));
         assert_eq!(st.decide(Operation::FreeAsync), Some(Fault::DropSignal));
     }
 }

@@ -31,7 +31,6 @@
 //! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
-
 #![warn(missing_docs)]
 
 /// The README's examples compile and run as doc tests.
@@ -51,16 +50,20 @@ pub(crate) mod sync;
 
 #[path = "../backends/host/mod.rs"]
 pub mod host;
-#[cfg(feature = "vulkan")] #[path = "../backends/vulkan/mod.rs"] pub mod vulkan;
 #[path = "../backends/null/mod.rs"]
 pub mod null;
+#[cfg(feature = "vulkan")]
+#[path = "../backends/vulkan/mod.rs"]
+pub mod vulkan;
 
 pub use context::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo, RetireOutcome,
-    RetireSignal,
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
+    RetireOutcome, RetireSignal,
 };
 pub use governor::*;
-pub use pin::{ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource};
+pub use pin::{
+    ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
+};
 
 cfg_if::cfg_if! {
     // GPU backend features add their branches here, most specific first.

@@ -3,8 +3,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle, ProviderContextPinError,
-    RetireError, Role,
+    BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle,
+    ProviderContextPinError, RetireError, Role,
 };
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -49,7 +49,11 @@ fn zero_byte_allocation_is_refused() {
         "{e:?}"
     );
     assert!(e.to_string().contains("zero-byte"), "{e}");
-    assert_eq!(ctx.snapshot().pins.total(), 1, "the refused allocation holds no pin");
+    assert_eq!(
+        ctx.snapshot().pins.total(),
+        1,
+        "the refused allocation holds no pin"
+    );
 }
 
 #[test]
@@ -88,7 +92,13 @@ fn over_budget_reports_every_number() {
         (5_000, 6_000, 0, 10_000, 4_000)
     );
     let msg = e.to_string();
-    for needle in ["5000 B", "6000 B live", "10000 B limit", "4000 B available", "llm"] {
+    for needle in [
+        "5000 B",
+        "6000 B live",
+        "10000 B limit",
+        "4000 B available",
+        "llm",
+    ] {
         assert!(msg.contains(needle), "{needle:?} missing from {msg}");
     }
 }
@@ -98,7 +108,13 @@ fn out_of_bounds_writes_and_reads() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
     let b = ctx.allocate(&s, 100, Role::Workspace).unwrap();
-    for (offset, len) in [(0u64, 101usize), (100, 1), (u64::MAX, 1), (u64::MAX - 1, 4), (50, 51)] {
+    for (offset, len) in [
+        (0u64, 101usize),
+        (100, 1),
+        (u64::MAX, 1),
+        (u64::MAX - 1, 4),
+        (50, 51),
+    ] {
         let e = b.write(offset, &vec![1u8; len]).unwrap_err();
         assert!(
             matches!(e, GovernorError::OutOfBounds { op: "write", offset: o, len: l, size: 100, .. } if o == offset && l == len as u64),
@@ -129,8 +145,14 @@ fn out_of_bounds_writes_and_reads() {
 #[test]
 fn release_on_a_stream_of_another_context_returns_the_buffer() {
     let gov = Governor::new();
-    let a = gov.register(HostContext::new(HostConfig::default()).unwrap(), ContextConfig::new());
-    let b = gov.register(HostContext::new(HostConfig::default()).unwrap(), ContextConfig::new());
+    let a = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new(),
+    );
+    let b = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new(),
+    );
     let sa = a.create_stream("a").unwrap();
     let sb = b.create_stream("b").unwrap();
     let buf = a.allocate(&sa, 64, Role::Other).unwrap();
@@ -153,13 +175,22 @@ fn release_on_a_stream_of_another_context_returns_the_buffer() {
 #[test]
 fn release_on_a_stream_of_a_terminated_context() {
     let gov = Governor::new();
-    let a = gov.register(HostContext::new(HostConfig::default()).unwrap(), ContextConfig::new());
-    let b = gov.register(HostContext::new(HostConfig::default()).unwrap(), ContextConfig::new());
+    let a = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new(),
+    );
+    let b = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new(),
+    );
     let sa = a.create_stream("a").unwrap();
     let sb = b.create_stream("b").unwrap();
     let buf = a.allocate(&sa, 64, Role::Other).unwrap();
     // Context b is force-retired and terminated while its stream handle lives.
-    let report = b.retire().force(Instant::now() + Duration::from_secs(5)).unwrap();
+    let report = b
+        .retire()
+        .force(Instant::now() + Duration::from_secs(5))
+        .unwrap();
     assert!(report.forced);
     assert_eq!(b.lifecycle(), Lifecycle::Terminated);
     let err = buf.release_on(&sb).unwrap_err();
@@ -169,10 +200,15 @@ fn release_on_a_stream_of_a_terminated_context() {
         err.error
     );
     // And b's own stream is unusable with a clear error.
-    assert!(matches!(sb.synchronize(), Err(GovernorError::Reclaimed { .. })));
+    assert!(matches!(
+        sb.synchronize(),
+        Err(GovernorError::Reclaimed { .. })
+    ));
     assert!(matches!(
         b.allocate(&sb, 1, Role::Other),
-        Err(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_)))
+        Err(GovernorError::Pin(
+            ProviderContextPinError::ContextUnavailable(_)
+        ))
     ));
     err.buffer.unwrap().release_on(&sa).unwrap();
 }
@@ -194,7 +230,10 @@ fn operations_on_a_lost_context() {
     assert!(lost(&b.write(0, &[1]).unwrap_err()));
     assert!(lost(&b.read(0, &mut [0]).unwrap_err()));
     assert!(lost(&s.synchronize().unwrap_err()));
-    assert!(matches!(ctx.pin(), Err(ProviderContextPinError::ContextUnavailable(_))));
+    assert!(matches!(
+        ctx.pin(),
+        Err(ProviderContextPinError::ContextUnavailable(_))
+    ));
     assert!(matches!(
         ctx.pin_source(None).pin(),
         Err(ProviderContextPinError::ContextUnavailable(_))
@@ -220,14 +259,21 @@ fn pin_count_at_its_maximum() {
         source.pin(),
         Err(ProviderContextPinError::PinCountOverflow(_))
     ));
-    assert!(matches!(ctx.pin(), Err(ProviderContextPinError::PinCountOverflow(_))));
+    assert!(matches!(
+        ctx.pin(),
+        Err(ProviderContextPinError::PinCountOverflow(_))
+    ));
     assert!(matches!(
         ctx.allocate(&s, 8, Role::Other),
-        Err(GovernorError::Pin(ProviderContextPinError::PinCountOverflow(_)))
+        Err(GovernorError::Pin(
+            ProviderContextPinError::PinCountOverflow(_)
+        ))
     ));
     assert!(matches!(
         ctx.create_stream("t"),
-        Err(GovernorError::Pin(ProviderContextPinError::PinCountOverflow(_)))
+        Err(GovernorError::Pin(
+            ProviderContextPinError::PinCountOverflow(_)
+        ))
     ));
     assert_eq!(
         ctx.snapshot().pins.total(),
@@ -244,7 +290,10 @@ fn pin_count_at_its_maximum() {
 fn maximum_pins_outside_1_to_2_pow_63_minus_1_is_refused_at_configuration() {
     for bad in [0u64, 1 << 63, u64::MAX] {
         let r = std::panic::catch_unwind(|| ContextConfig::new().max_pins(bad));
-        assert!(r.is_err(), "max_pins({bad}) must be refused (documented panic)");
+        assert!(
+            r.is_err(),
+            "max_pins({bad}) must be refused (documented panic)"
+        );
     }
     let _ = ContextConfig::new().max_pins((1 << 63) - 1);
 }
@@ -261,7 +310,9 @@ fn deadline_in_the_past() {
         t.elapsed() < Duration::from_millis(500),
         "a past deadline checks once without blocking"
     );
-    let RetireError::Outstanding { outstanding, label, .. } = &e;
+    let RetireError::Outstanding {
+        outstanding, label, ..
+    } = &e;
     assert_eq!(label, "busy");
     let text = e.to_string();
     assert!(

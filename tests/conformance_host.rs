@@ -6,10 +6,10 @@ use std::time::Duration;
 
 memgov::conformance_tests!(host, || HostContext::new(HostConfig::default()));
 
-memgov::conformance_tests!(
-    host_slow,
-    || HostContext::new(HostConfig { op_delay: Duration::from_micros(200), ..HostConfig::default() })
-);
+memgov::conformance_tests!(host_slow, || HostContext::new(HostConfig {
+    op_delay: Duration::from_micros(200),
+    ..HostConfig::default()
+}));
 
 #[test]
 fn whole_suite_report_passes() {
@@ -17,5 +17,9 @@ fn whole_suite_report_passes() {
     println!("{report}");
     assert!(report.all_passed(), "{report}");
     assert_eq!(report.counts().1, 0);
-    assert_eq!(report.counts().0, report.cases.len(), "no case may be skipped on the host backend");
+    assert_eq!(
+        report.counts().0,
+        report.cases.len(),
+        "no case may be skipped on the host backend"
+    );
 }

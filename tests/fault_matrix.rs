@@ -51,7 +51,11 @@ fn kind_of(e: &GovernorError) -> String {
     }
 }
 
-fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> Result<String, String> {
+fn cell<C: DeviceContext>(
+    factory: &Factory<C>,
+    op: Operation,
+    fault: Fault,
+) -> Result<String, String> {
     let Some((backend, leak_check)) = factory() else {
         return Err("backend unavailable".into());
     };
@@ -60,7 +64,10 @@ fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> 
     let watched = Watched::new(faulty);
     let log = watched.log();
     let gov = Governor::new();
-    let ctx = gov.register(watched, ContextConfig::new().label("matrix").budget(64 << 20));
+    let ctx = gov.register(
+        watched,
+        ContextConfig::new().label("matrix").budget(64 << 20),
+    );
     let mut seen = Seen::default();
     let mut note = |op: Operation, r: Result<(), GovernorError>| {
         if let Err(e) = r {
@@ -133,7 +140,10 @@ fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> 
     // Teardown once, context terminated, accounting at zero.
     let snap = ctx.snapshot();
     if log.teardowns.load(Ordering::SeqCst) != 1 {
-        return Err(format!("teardown ran {} times", log.teardowns.load(Ordering::SeqCst)));
+        return Err(format!(
+            "teardown ran {} times",
+            log.teardowns.load(Ordering::SeqCst)
+        ));
     }
     if snap.lifecycle != Lifecycle::Terminated {
         return Err(format!("lifecycle {:?} after teardown", snap.lifecycle));
@@ -158,7 +168,10 @@ fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> 
         log.retired.load(Ordering::SeqCst),
         log.abandoned.load(Ordering::SeqCst),
     );
-    if q != r + a || log.settled_after_teardown.load(Ordering::SeqCst) != 0 || c.late_settlements != 0 {
+    if q != r + a
+        || log.settled_after_teardown.load(Ordering::SeqCst) != 0
+        || c.late_settlements != 0
+    {
         return Err(format!("signals: {}", log.summary()));
     }
     leak_check().map_err(|e| format!("leak: {e}"))?;
@@ -211,18 +224,32 @@ fn cell<C: DeviceContext>(factory: &Factory<C>, op: Operation, fault: Fault) -> 
         }
         (Fault::DeviceLost, _) => match first.as_deref() {
             Some("DeviceLost") if report.lost => "DeviceLost".into(),
-            Some(_) | None if op == Operation::FreeAsync && report.lost && report.settled_lost > 0 => {
+            Some(_) | None
+                if op == Operation::FreeAsync && report.lost && report.settled_lost > 0 =>
+            {
                 "release settled as lost (Ok); context lost".into()
             }
-            other => return Err(format!("expected DeviceLost, got {other:?} (lost {})", report.lost)),
+            other => {
+                return Err(format!(
+                    "expected DeviceLost, got {other:?} (lost {})",
+                    report.lost
+                ))
+            }
         },
         (Fault::OutOfMemory, Operation::Allocate) => match first.as_deref() {
             Some(k) if k == format!("BudgetExceeded({})", BudgetScope::Device) => k.to_string(),
-            other => return Err(format!("expected BudgetExceeded(device memory), got {other:?}")),
+            other => {
+                return Err(format!(
+                    "expected BudgetExceeded(device memory), got {other:?}"
+                ))
+            }
         },
         (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync) => match first.as_deref() {
             Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {
-                format!("{k}; {} B quarantined until teardown", report.quarantined_bytes)
+                format!(
+                    "{k}; {} B quarantined until teardown",
+                    report.quarantined_bytes
+                )
             }
             other => return Err(format!("expected Backend + quarantine, got {other:?}")),
         },
@@ -267,12 +294,15 @@ fn matrix<C: DeviceContext>(backend: &'static str, factory: &Factory<C>) -> Opti
                     format!("survived: {what}")
                 }
                 Err(why) => {
-                    t.failures.push(format!("{backend} {op} × {}: {why}", fault.name()));
+                    t.failures
+                        .push(format!("{backend} {op} × {}: {why}", fault.name()));
                     format!("FAILED: {why}")
                 }
             };
-            t.rows
-                .push(format!("| {backend} | {op} | {} | {verdict} |", fault.name()));
+            t.rows.push(format!(
+                "| {backend} | {op} | {} | {verdict} |",
+                fault.name()
+            ));
         }
     }
     Some(t)
@@ -294,7 +324,10 @@ fn report(t: &Tally) {
         t.tried,
         t.failures.join("\n")
     );
-    assert_eq!(t.tried, 37, "9 operations × 4 faults + drop-signal on free_async");
+    assert_eq!(
+        t.tried, 37,
+        "9 operations × 4 faults + drop-signal on free_async"
+    );
 }
 
 #[test]
@@ -310,7 +343,10 @@ fn fault_matrix_host() {
             host,
             Box::new(move || {
                 if probe.violations() != 0 {
-                    return Err(format!("host contract violations: {:?}", probe.violation_log()));
+                    return Err(format!(
+                        "host contract violations: {:?}",
+                        probe.violation_log()
+                    ));
                 }
                 if probe.used_bytes() != 0 || probe.live_streams() != 0 || probe.teardowns() != 1 {
                     return Err(format!(

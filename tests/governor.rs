@@ -5,8 +5,8 @@
 
 use memgov::host::{HostConfig, HostContext, HostProbe};
 use memgov::{
-    Admission, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle, PinKind,
-    ProviderContextPinError, RetireError, Role, SharedBudget,
+    Admission, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle,
+    PinKind, ProviderContextPinError, RetireError, Role, SharedBudget,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,18 +20,29 @@ fn soon() -> Instant {
 }
 
 fn host(capacity: u64) -> (HostContext, HostProbe) {
-    let c = HostContext::new(HostConfig { capacity, ..HostConfig::default() }).unwrap();
+    let c = HostContext::new(HostConfig {
+        capacity,
+        ..HostConfig::default()
+    })
+    .unwrap();
     let p = c.probe();
     (c, p)
 }
 
 fn slow_host(delay: Duration) -> (HostContext, HostProbe) {
-    let c = HostContext::new(HostConfig { op_delay: delay, ..HostConfig::default() }).unwrap();
+    let c = HostContext::new(HostConfig {
+        op_delay: delay,
+        ..HostConfig::default()
+    })
+    .unwrap();
     let p = c.probe();
     (c, p)
 }
 
-fn register(gov: &Governor<HostContext>, cfg: ContextConfig) -> (ContextHandle<HostContext>, HostProbe) {
+fn register(
+    gov: &Governor<HostContext>,
+    cfg: ContextConfig,
+) -> (ContextHandle<HostContext>, HostProbe) {
     let (c, p) = host(1 << 30);
     (gov.register(c, cfg), p)
 }
@@ -40,8 +51,20 @@ fn register(gov: &Governor<HostContext>, cfg: ContextConfig) -> (ContextHandle<H
 fn shared_budget_limits_contexts_together() {
     let gov = Governor::new();
     let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
-    let (a, _) = register(&gov, ContextConfig::new().label("a").budget(2 * MIB).shared_budget(gpu0.clone()));
-    let (b, _) = register(&gov, ContextConfig::new().label("b").budget(2 * MIB).shared_budget(gpu0.clone()));
+    let (a, _) = register(
+        &gov,
+        ContextConfig::new()
+            .label("a")
+            .budget(2 * MIB)
+            .shared_budget(gpu0.clone()),
+    );
+    let (b, _) = register(
+        &gov,
+        ContextConfig::new()
+            .label("b")
+            .budget(2 * MIB)
+            .shared_budget(gpu0.clone()),
+    );
     let sa = a.create_stream("s").unwrap();
     let sb = b.create_stream("s").unwrap();
     let x = a.allocate(&sa, 2 * MIB, Role::Weights).unwrap();
@@ -49,7 +72,10 @@ fn shared_budget_limits_contexts_together() {
     let err = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap_err();
     let e = err.budget().expect("budget refusal");
     assert_eq!(e.scope, BudgetScope::Shared("gpu0".into()));
-    assert_eq!((e.requested, e.limit, e.available, e.live), (2 * MIB, 3 * MIB, MIB, 2 * MIB));
+    assert_eq!(
+        (e.requested, e.limit, e.available, e.live),
+        (2 * MIB, 3 * MIB, MIB, 2 * MIB)
+    );
     assert!(err.to_string().contains("shared budget 'gpu0'"), "{err}");
     // The context budget refuses first when it is the tighter one.
     let err = a.allocate(&sa, MIB, Role::Weights).unwrap_err();
@@ -84,18 +110,31 @@ fn pressure_responder_is_asked_once_then_retry() {
         s2.synchronize().unwrap();
         freed
     });
-    let a = ctx.allocate(&s, 2 * MIB, Role::Activation).expect("responder made room");
+    let a = ctx
+        .allocate(&s, 2 * MIB, Role::Activation)
+        .expect("responder made room");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let first = requests.lock().unwrap()[0];
-    assert_eq!((first.requested, first.shortfall, first.role), (2 * MIB, 2 * MIB, Role::Activation));
+    assert_eq!(
+        (first.requested, first.shortfall, first.role),
+        (2 * MIB, 2 * MIB, Role::Activation)
+    );
     // A responder that cannot help: one call, one retry, then the error says so.
     let err = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     let second = requests.lock().unwrap()[1];
-    assert_eq!((second.requested, second.shortfall), (3 * MIB, 3 * MIB), "4 MiB charged + 3 MiB asked - 4 MiB limit");
+    assert_eq!(
+        (second.requested, second.shortfall),
+        (3 * MIB, 3 * MIB),
+        "4 MiB charged + 3 MiB asked - 4 MiB limit"
+    );
     let b = err.budget().unwrap();
     assert_eq!(b.reclaimed_by_responders, 2 * MIB, "{err}");
-    assert!(err.to_string().contains("pressure responders gave back 2097152 B"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("pressure responders gave back 2097152 B"),
+        "{err}"
+    );
     assert_eq!(ctx.snapshot().counters.pressure_calls, 2);
     drop(a);
 }
@@ -106,7 +145,11 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     let (c, _) = slow_host(Duration::from_millis(400));
     let ctx = gov.register(
         c,
-        ContextConfig::new().budget(MIB).admission(Admission::WaitForPending { timeout: Duration::from_millis(60) }),
+        ContextConfig::new()
+            .budget(MIB)
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_millis(60),
+            }),
     );
     let s = ctx.create_stream("s").unwrap();
     drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // retires only after 400 ms
@@ -114,7 +157,10 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
     let waited = start.elapsed();
     let b = err.budget().unwrap();
-    assert!(waited >= Duration::from_millis(55), "gave up after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(55),
+        "gave up after {waited:?}"
+    );
     assert!(b.waited >= Duration::from_millis(55), "{b:?}");
     assert_eq!((b.pending, b.live), (MIB, 0));
     assert!(err.to_string().contains("after waiting"), "{err}");
@@ -138,7 +184,11 @@ fn quarantine_keeps_refused_memory_charged_until_termination() {
     assert_eq!(snap.role(Role::Activation).quarantined_count, 1);
     assert_eq!(snap.charged, 3 * MIB, "quarantined memory stays charged");
     assert_eq!(snap.quarantine.len(), 1);
-    assert!(snap.quarantine[0].reason.contains("free refused"), "{:?}", snap.quarantine);
+    assert!(
+        snap.quarantine[0].reason.contains("free refused"),
+        "{:?}",
+        snap.quarantine
+    );
     assert_eq!(snap.counters.quarantined, 1);
     // It does not hold the context: retire completes and frees it.
     drop(s);
@@ -166,14 +216,20 @@ fn backend_reported_loss_marks_the_context_lost() {
     let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
     assert!(err.to_string().contains("register a new one"), "{err}");
-    assert!(matches!(ctx.pin_source(None).pin(), Err(ProviderContextPinError::ContextUnavailable(_))));
+    assert!(matches!(
+        ctx.pin_source(None).pin(),
+        Err(ProviderContextPinError::ContextUnavailable(_))
+    ));
     drop((live, s));
     let report = ctx.retire().wait(soon()).unwrap();
     assert!(report.lost);
     let snap = ctx.snapshot();
     assert_eq!(snap.charged, 0);
     assert_eq!(snap.counters.settled_lost, 1);
-    assert_eq!(snap.counters.abandoned, 1, "the pending free was given up, not executed");
+    assert_eq!(
+        snap.counters.abandoned, 1,
+        "the pending free was given up, not executed"
+    );
     assert_eq!(probe.frees_executed(), 0);
     assert_eq!(probe.violations(), 0);
 }
@@ -186,9 +242,15 @@ fn pin_overflow_is_refused_not_wrapped() {
     let p1 = ctx.pin().unwrap(); // 2
     let src = ctx.pin_source(Some("x"));
     let p2 = src.pin().unwrap(); // 3
-    assert_eq!(src.pin().unwrap_err(), ProviderContextPinError::PinCountOverflow(ctx.id()));
+    assert_eq!(
+        src.pin().unwrap_err(),
+        ProviderContextPinError::PinCountOverflow(ctx.id())
+    );
     let err = ctx.allocate(&s, 4096, Role::Other).unwrap_err();
-    assert_eq!(err, GovernorError::Pin(ProviderContextPinError::PinCountOverflow(ctx.id())));
+    assert_eq!(
+        err,
+        GovernorError::Pin(ProviderContextPinError::PinCountOverflow(ctx.id()))
+    );
     assert!(err.to_string().contains("too many outstanding pins"));
     assert_eq!(ctx.snapshot().pins.total(), 3);
     drop(p1);
@@ -206,10 +268,17 @@ fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
     let held = src.pin().unwrap();
     assert_eq!(held.context(), ctx.id());
     let h = ctx.retire();
-    assert_eq!(src.pin().unwrap_err(), ProviderContextPinError::ContextUnavailable(ctx.id()));
+    assert_eq!(
+        src.pin().unwrap_err(),
+        ProviderContextPinError::ContextUnavailable(ctx.id())
+    );
     assert!(ctx.pin().is_err());
     let err = h.try_finish().unwrap_err();
-    let RetireError::Outstanding { outstanding, waited, .. } = &err;
+    let RetireError::Outstanding {
+        outstanding,
+        waited,
+        ..
+    } = &err;
     assert_eq!(*waited, Duration::ZERO);
     assert_eq!(outstanding.items.len(), 1);
     assert_eq!(outstanding.items[0].kind, PinKind::External);
@@ -231,10 +300,15 @@ fn concurrent_retire_tears_down_once() {
     }
     drop(s);
     let reports: Vec<_> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..4).map(|_| sc.spawn(|| ctx.retire().wait(soon()).unwrap())).collect();
+        let hs: Vec<_> = (0..4)
+            .map(|_| sc.spawn(|| ctx.retire().wait(soon()).unwrap()))
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert!(reports.windows(2).all(|w| w[0] == w[1]), "every retirer gets the same report");
+    assert!(
+        reports.windows(2).all(|w| w[0] == w[1]),
+        "every retirer gets the same report"
+    );
     assert_eq!(reports[0].retired_releases, 20);
     assert_eq!(probe.teardowns(), 1);
     assert_eq!(probe.violations(), 0);
@@ -249,7 +323,13 @@ fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
     let sb = b.create_stream("sb").unwrap();
     let buf = a.allocate(&sa, 4096, Role::Other).unwrap();
     let err = buf.release_on(&sb).unwrap_err();
-    assert_eq!(err.error, GovernorError::WrongContext { buffer_context: a.id(), stream_context: b.id() });
+    assert_eq!(
+        err.error,
+        GovernorError::WrongContext {
+            buffer_context: a.id(),
+            stream_context: b.id()
+        }
+    );
     let buf = err.buffer.expect("buffer handed back");
     buf.write(0, b"still mine").unwrap();
     assert_eq!(a.snapshot().total().live_count, 1);
@@ -283,7 +363,7 @@ fn async_finished_completes_when_the_last_release_retires() {
     let mut fut = pin!(h.finished());
     assert!(fut.as_mut().poll(&mut cx).is_pending());
     drop(s); // destroying the stream lets its queued free run first
-    // No polling loop: sleep until the waker fires.
+             // No polling loop: sleep until the waker fires.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !flag.0.load(Ordering::SeqCst) {
         assert!(Instant::now() < deadline, "waker never fired");
@@ -323,7 +403,10 @@ fn snapshots_account_by_role_and_state() {
     drop((w, k2));
     s.synchronize().unwrap();
     let snap = ctx.snapshot();
-    assert_eq!((snap.charged, snap.peak, snap.counters.retired), (0, 12 * MIB, 3));
+    assert_eq!(
+        (snap.charged, snap.peak, snap.counters.retired),
+        (0, 12 * MIB, 3)
+    );
 }
 
 #[test]
@@ -334,7 +417,9 @@ fn host_backend_reports_out_of_memory_like_a_driver() {
     let s = ctx.create_stream("s").unwrap();
     let a = ctx.allocate(&s, 3 * MIB, Role::Weights).unwrap();
     let err = ctx.allocate(&s, 2 * MIB, Role::Weights).unwrap_err();
-    let b = err.budget().expect("device refusal is reported with numbers");
+    let b = err
+        .budget()
+        .expect("device refusal is reported with numbers");
     assert_eq!(b.scope, BudgetScope::Device);
     assert_eq!((b.requested, b.limit, b.available), (2 * MIB, 4 * MIB, MIB));
     drop(a);
@@ -365,8 +450,18 @@ fn zero_sized_allocations_are_refused() {
     let (ctx, _) = register(&gov, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
     let err = ctx.allocate(&s, 0, Role::Weights).unwrap_err();
-    assert_eq!(err, GovernorError::ZeroSized { context: ctx.id(), role: Role::Weights });
-    assert_eq!(ctx.snapshot().pins.total(), 1, "a refused allocation leaves no pin behind");
+    assert_eq!(
+        err,
+        GovernorError::ZeroSized {
+            context: ctx.id(),
+            role: Role::Weights
+        }
+    );
+    assert_eq!(
+        ctx.snapshot().pins.total(),
+        1,
+        "a refused allocation leaves no pin behind"
+    );
 }
 
 #[cfg(feature = "serde")]
@@ -396,7 +491,9 @@ fn force_races_with_allocations_and_releases_without_leaking_pins() {
                 let ctx = &ctx;
                 let stop = &stop;
                 sc.spawn(move || {
-                    let Ok(s) = ctx.create_stream(format!("t{t}")) else { return };
+                    let Ok(s) = ctx.create_stream(format!("t{t}")) else {
+                        return;
+                    };
                     let mut live = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
                         match ctx.allocate(&s, 4096, Role::Activation) {
@@ -413,14 +510,26 @@ fn force_races_with_allocations_and_releases_without_leaking_pins() {
                 });
             }
             std::thread::sleep(Duration::from_millis(2 + round % 5));
-            let report = ctx.retire().force(soon()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let report = ctx
+                .retire()
+                .force(soon())
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
             assert!(report.forced);
             stop.store(true, Ordering::Relaxed);
         });
         let snap = ctx.snapshot();
         assert_eq!(snap.lifecycle, Lifecycle::Terminated, "round {round}");
-        assert_eq!((snap.charged, snap.total().live_count, snap.pins.total()), (0, 0, 0), "round {round}: {snap:?}");
+        assert_eq!(
+            (snap.charged, snap.total().live_count, snap.pins.total()),
+            (0, 0, 0),
+            "round {round}: {snap:?}"
+        );
         assert_eq!(probe.teardowns(), 1);
-        assert_eq!(probe.violations(), 0, "round {round}: {:?}", probe.violation_log());
+        assert_eq!(
+            probe.violations(),
+            0,
+            "round {round}: {:?}",
+            probe.violation_log()
+        );
     }
 }

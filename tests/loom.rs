@@ -103,8 +103,14 @@ mod model {
                 );
             }
             if r.is_ok() {
-                assert!(!self.destroyed.load(Acquire), "a pin was acquired after destroy");
-                assert!(self.pins.count() <= self.pins_max(), "pin count exceeded its maximum");
+                assert!(
+                    !self.destroyed.load(Acquire),
+                    "a pin was acquired after destroy"
+                );
+                assert!(
+                    self.pins.count() <= self.pins_max(),
+                    "pin count exceeded its maximum"
+                );
             }
             r
         }
@@ -115,7 +121,10 @@ mod model {
 
         /// `ContextInner::release_pin`.
         fn release_pin(&self) {
-            assert!(!self.destroyed.load(Acquire), "a pin was released after destroy");
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a pin was released after destroy"
+            );
             if self.pins.release() {
                 self.lifecycle.notify();
             }
@@ -126,7 +135,10 @@ mod model {
             if self.gate.try_acquire().is_err() {
                 return false;
             }
-            assert!(!self.destroyed.load(Acquire), "a backend call ran after destroy");
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a backend call ran after destroy"
+            );
             if self.gate.release() {
                 self.lifecycle.notify();
             }
@@ -137,7 +149,10 @@ mod model {
         /// release (pending first), hand the signal to the "driver", then drop
         /// the buffer's pin.
         fn queue_release(this: &Arc<Self>) -> RetireSignal {
-            assert!(this.gate.try_acquire().is_ok(), "the gate is open while a buffer lives");
+            assert!(
+                this.gate.try_acquire().is_ok(),
+                "the gate is open while a buffer lives"
+            );
             this.pending.fetch_add(1, SeqCst);
             let ctx = this.clone();
             let signal = RetireSignal::from_fn(move |outcome| ctx.settle(outcome));
@@ -150,7 +165,10 @@ mod model {
 
         /// `PendingRelease::settle`: atomics and wake-ups only.
         fn settle(&self, outcome: RetireOutcome) {
-            assert!(!self.destroyed.load(Acquire), "a free retired after destroy");
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a free retired after destroy"
+            );
             match outcome {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
@@ -164,7 +182,9 @@ mod model {
 
         /// `ContextInner::begin_retire`.
         fn begin_retire(&self) {
-            let _ = self.phase.compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire);
+            let _ = self
+                .phase
+                .compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire);
             if self.pins.close() {
                 self.lifecycle.notify();
             }
@@ -178,9 +198,10 @@ mod model {
 
         /// `RetireHandle::wait(None)` + `ContextInner::finish`.
         fn wait_and_finish(&self) {
-            let woke = self
-                .lifecycle
-                .wait_until(|| self.drained() || self.phase.load(Acquire) == TERMINATED, None);
+            let woke = self.lifecycle.wait_until(
+                || self.drained() || self.phase.load(Acquire) == TERMINATED,
+                None,
+            );
             assert!(woke, "a wait without deadline returned unready");
             if self
                 .phase
@@ -203,8 +224,16 @@ mod model {
             assert!(drained);
             // Destroy: exactly once, at zero.
             assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
-            assert_eq!(self.pending.load(Acquire), 0, "destroy with a release pending");
-            assert_eq!(self.gate.count(), 0, "destroy with a backend call in flight");
+            assert_eq!(
+                self.pending.load(Acquire),
+                0,
+                "destroy with a release pending"
+            );
+            assert_eq!(
+                self.gate.count(),
+                0,
+                "destroy with a backend call in flight"
+            );
             assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
             self.destroyed.store(true, Release);
             self.phase.store(TERMINATED, Release);
@@ -244,34 +273,41 @@ mod model {
     /// earlier. Destroy runs once, at zero, after the last settlement.
     #[test]
     fn retire_waits_for_holders_and_a_foreign_signal() {
-        run("retire / release / foreign RetireSignal (3 threads)", Some(3), || {
-            let ctx = Arc::new(Ctx::new(8));
-            ctx.acquire().unwrap(); // the stream
-            ctx.acquire().unwrap(); // a buffer on it
-            ctx.acquire().unwrap(); // a buffer already released ...
-            let queued_earlier = Ctx::queue_release(&ctx); // ... whose free is queued
+        run(
+            "retire / release / foreign RetireSignal (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(8));
+                ctx.acquire().unwrap(); // the stream
+                ctx.acquire().unwrap(); // a buffer on it
+                ctx.acquire().unwrap(); // a buffer already released ...
+                let queued_earlier = Ctx::queue_release(&ctx); // ... whose free is queued
 
-            let driver = thread::spawn(move || queued_earlier.retire());
-            let c = ctx.clone();
-            let holder = thread::spawn(move || {
-                let signal = Ctx::queue_release(&c); // drop the buffer
-                let late = c.acquire();
-                let called = c.backend_call();
-                assert!(called, "the stream's pin keeps the gate open");
-                c.release_pin(); // drop the stream
-                if late.is_ok() {
-                    c.release_pin();
-                }
-                signal.retire(); // its free executes on the stream worker
-            });
-            ctx.begin_retire();
-            assert!(ctx.acquire().is_err(), "acquire after retire on the retiring thread");
-            ctx.wait_and_finish();
-            driver.join().unwrap();
-            holder.join().unwrap();
-            assert_eq!(ctx.destroys.load(Acquire), 1);
-            assert_eq!(ctx.retired.load(Relaxed), 2);
-        });
+                let driver = thread::spawn(move || queued_earlier.retire());
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    let signal = Ctx::queue_release(&c); // drop the buffer
+                    let late = c.acquire();
+                    let called = c.backend_call();
+                    assert!(called, "the stream's pin keeps the gate open");
+                    c.release_pin(); // drop the stream
+                    if late.is_ok() {
+                        c.release_pin();
+                    }
+                    signal.retire(); // its free executes on the stream worker
+                });
+                ctx.begin_retire();
+                assert!(
+                    ctx.acquire().is_err(),
+                    "acquire after retire on the retiring thread"
+                );
+                ctx.wait_and_finish();
+                driver.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 2);
+            },
+        );
     }
 
     /// A RetireSignal dropped unfired on the driver thread (device gave up the
@@ -304,72 +340,84 @@ mod model {
     /// waited for) or it is refused; destroy never precedes the release.
     #[test]
     fn acquire_races_retire() {
-        run("acquire vs retire vs last release (3 threads)", Some(3), || {
-            let ctx = Arc::new(Ctx::new(4));
-            ctx.acquire().unwrap();
-            let c1 = ctx.clone();
-            let racer = thread::spawn(move || {
-                if c1.acquire().is_ok() {
-                    assert!(c1.backend_call(), "a held pin keeps the gate open");
-                    c1.release_pin();
-                }
-            });
-            let c2 = ctx.clone();
-            let holder = thread::spawn(move || c2.release_pin());
-            ctx.begin_retire();
-            ctx.wait_and_finish();
-            racer.join().unwrap();
-            holder.join().unwrap();
-            assert_eq!(ctx.destroys.load(Acquire), 1);
-        });
+        run(
+            "acquire vs retire vs last release (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let c1 = ctx.clone();
+                let racer = thread::spawn(move || {
+                    if c1.acquire().is_ok() {
+                        assert!(c1.backend_call(), "a held pin keeps the gate open");
+                        c1.release_pin();
+                    }
+                });
+                let c2 = ctx.clone();
+                let holder = thread::spawn(move || c2.release_pin());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                racer.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
     }
 
     /// Several threads retire and wait at once while the last pin drops:
     /// destroy runs exactly once and every retirer returns after it.
     #[test]
     fn concurrent_retire_destroys_once() {
-        run("concurrent retire x2 + last release (3 threads)", Some(3), || {
-            let ctx = Arc::new(Ctx::new(4));
-            ctx.acquire().unwrap();
-            let c1 = ctx.clone();
-            let r1 = thread::spawn(move || {
-                c1.begin_retire();
-                c1.wait_and_finish();
-            });
-            let c2 = ctx.clone();
-            let holder = thread::spawn(move || c2.release_pin());
-            ctx.begin_retire();
-            ctx.wait_and_finish();
-            r1.join().unwrap();
-            holder.join().unwrap();
-            assert_eq!(ctx.destroys.load(Acquire), 1);
-        });
+        run(
+            "concurrent retire x2 + last release (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let c1 = ctx.clone();
+                let r1 = thread::spawn(move || {
+                    c1.begin_retire();
+                    c1.wait_and_finish();
+                });
+                let c2 = ctx.clone();
+                let holder = thread::spawn(move || c2.release_pin());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                r1.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
     }
 
     /// Four threads: two retirers, a holder and a foreign driver, with a
     /// preemption bound (the unbounded space is too large for CI).
     #[test]
     fn four_threads_bounded() {
-        run("2 retirers + holder + foreign signal (4 threads)", Some(2), || {
-            let ctx = Arc::new(Ctx::new(4));
-            ctx.acquire().unwrap();
-            ctx.acquire().unwrap();
-            let queued = Ctx::queue_release(&ctx);
-            let driver = thread::spawn(move || queued.retire());
-            let c1 = ctx.clone();
-            let holder = thread::spawn(move || c1.release_pin());
-            let c2 = ctx.clone();
-            let r2 = thread::spawn(move || {
-                c2.begin_retire();
-                c2.wait_and_finish();
-            });
-            ctx.begin_retire();
-            ctx.wait_and_finish();
-            driver.join().unwrap();
-            holder.join().unwrap();
-            r2.join().unwrap();
-            assert_eq!(ctx.destroys.load(Acquire), 1);
-        });
+        run(
+            "2 retirers + holder + foreign signal (4 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                ctx.acquire().unwrap();
+                let queued = Ctx::queue_release(&ctx);
+                let driver = thread::spawn(move || queued.retire());
+                let c1 = ctx.clone();
+                let holder = thread::spawn(move || c1.release_pin());
+                let c2 = ctx.clone();
+                let r2 = thread::spawn(move || {
+                    c2.begin_retire();
+                    c2.wait_and_finish();
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                driver.join().unwrap();
+                holder.join().unwrap();
+                r2.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
     }
 
     /// The counter never wraps: with a maximum of 2, three concurrent

@@ -29,8 +29,9 @@ use memgov::conformance::{WatchLog, Watched};
 use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext, HostProbe};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, GovernorError, Lifecycle,
-    ProviderContextPin, ProviderContextPinError, ProviderContextPinSource, RetireError, Role,
+    BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    GovernorError, Lifecycle, ProviderContextPin, ProviderContextPinError,
+    ProviderContextPinSource, RetireError, Role,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -236,7 +237,10 @@ impl World {
         let gov = Governor::new();
         let ctx = gov.register(
             watched,
-            ContextConfig::new().label("prop").budget(BUDGET).max_pins(max_pins),
+            ContextConfig::new()
+                .label("prop")
+                .budget(BUDGET)
+                .max_pins(max_pins),
         );
         let source = ctx.pin_source(Some("plugin"));
         let second_gov = Governor::new();
@@ -352,7 +356,10 @@ impl World {
                     self.m.quarantined[role].1 += 1;
                 }
                 Some(Fault::DeviceLost) => {
-                    prop_assert!(result.is_ok(), "free on a device lost just now settles: {result:?}");
+                    prop_assert!(
+                        result.is_ok(),
+                        "free on a device lost just now settles: {result:?}"
+                    );
                     self.lose();
                 }
                 Some(Fault::DropSignal) => {
@@ -386,14 +393,21 @@ impl World {
                         prop_assert!(
                             matches!(
                                 r,
-                                Err(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_)))
+                                Err(GovernorError::Pin(
+                                    ProviderContextPinError::ContextUnavailable(_)
+                                ))
                             ),
                             "{r:?}"
                         );
                     }
                 } else if self.m.pins() >= self.m.max_pins {
                     prop_assert!(
-                        matches!(r, Err(GovernorError::Pin(ProviderContextPinError::PinCountOverflow(_)))),
+                        matches!(
+                            r,
+                            Err(GovernorError::Pin(
+                                ProviderContextPinError::PinCountOverflow(_)
+                            ))
+                        ),
                         "{r:?}"
                     );
                 } else {
@@ -409,7 +423,8 @@ impl World {
                             self.lose();
                         }
                         _ => {
-                            let s = r.map_err(|e| TestCaseError::fail(format!("create_stream: {e}")))?;
+                            let s =
+                                r.map_err(|e| TestCaseError::fail(format!("create_stream: {e}")))?;
                             self.streams.push(s);
                             self.stream_slot.push(self.slot_buffers.len());
                             self.slot_buffers.push(0);
@@ -449,14 +464,21 @@ impl World {
                         prop_assert!(
                             matches!(
                                 r,
-                                Err(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_)))
+                                Err(GovernorError::Pin(
+                                    ProviderContextPinError::ContextUnavailable(_)
+                                ))
                             ),
                             "{r:?}"
                         );
                     }
                 } else if m.pins() >= m.max_pins {
                     prop_assert!(
-                        matches!(r, Err(GovernorError::Pin(ProviderContextPinError::PinCountOverflow(_)))),
+                        matches!(
+                            r,
+                            Err(GovernorError::Pin(
+                                ProviderContextPinError::PinCountOverflow(_)
+                            ))
+                        ),
                         "{r:?}"
                     );
                 } else if m.charged().checked_add(*bytes).is_none_or(|c| c > BUDGET) {
@@ -471,17 +493,28 @@ impl World {
                     }
                 } else {
                     match m.take(Operation::Allocate) {
-                        Some(Fault::Error) => prop_assert!(matches!(r, Err(GovernorError::Backend { .. })), "{r:?}"),
+                        Some(Fault::Error) => {
+                            prop_assert!(matches!(r, Err(GovernorError::Backend { .. })), "{r:?}")
+                        }
                         Some(Fault::OutOfMemory) => match &r {
-                            Err(GovernorError::BudgetExceeded(b)) => prop_assert_eq!(&b.scope, &BudgetScope::Device),
-                            other => prop_assert!(false, "expected device BudgetExceeded, got {other:?}"),
+                            Err(GovernorError::BudgetExceeded(b)) => {
+                                prop_assert_eq!(&b.scope, &BudgetScope::Device)
+                            }
+                            other => {
+                                prop_assert!(false, "expected device BudgetExceeded, got {other:?}")
+                            }
                         },
                         Some(Fault::DeviceLost) => {
-                            prop_assert!(matches!(r, Err(GovernorError::DeviceLost { .. })), "{r:?}");
+                            prop_assert!(
+                                matches!(r, Err(GovernorError::DeviceLost { .. })),
+                                "{r:?}"
+                            );
                             self.lose();
                         }
                         _ => {
-                            let buf = r.map_err(|e| TestCaseError::fail(format!("allocate {bytes}: {e}")))?;
+                            let buf = r.map_err(|e| {
+                                TestCaseError::fail(format!("allocate {bytes}: {e}"))
+                            })?;
                             prop_assert_eq!(buf.len(), *bytes);
                             let slot = self.stream_slot[h];
                             self.slot_buffers[slot] += 1;
@@ -501,7 +534,10 @@ impl World {
             Step::AllocateOnForeignStream => {
                 let other = self.second_stream.clone();
                 let r = self.ctx.allocate(&other, 64, Role::Other);
-                prop_assert!(matches!(r, Err(GovernorError::WrongContext { .. })), "{r:?}");
+                prop_assert!(
+                    matches!(r, Err(GovernorError::WrongContext { .. })),
+                    "{r:?}"
+                );
             }
             Step::Write { buf, offset, len } | Step::Read { buf, offset, len } => {
                 if self.bufs.is_empty() {
@@ -534,13 +570,20 @@ impl World {
                 } else if self.bufs[i].reclaimed {
                     prop_assert!(matches!(r, Err(GovernorError::Reclaimed { .. })), "{r:?}");
                 } else {
-                    let op = if is_write { Operation::Write } else { Operation::Read };
+                    let op = if is_write {
+                        Operation::Write
+                    } else {
+                        Operation::Read
+                    };
                     match self.m.take(op) {
                         Some(Fault::Error) | Some(Fault::OutOfMemory) => {
                             prop_assert!(matches!(r, Err(GovernorError::Backend { .. })), "{r:?}")
                         }
                         Some(Fault::DeviceLost) => {
-                            prop_assert!(matches!(r, Err(GovernorError::DeviceLost { .. })), "{r:?}");
+                            prop_assert!(
+                                matches!(r, Err(GovernorError::DeviceLost { .. })),
+                                "{r:?}"
+                            );
                             self.lose();
                         }
                         _ => prop_assert!(r.is_ok(), "{op} in bounds: {r:?}"),
@@ -573,10 +616,14 @@ impl World {
                     } = b;
                     match buf.release_on(&other) {
                         Err(e) => {
-                            prop_assert!(matches!(e.error, GovernorError::WrongContext { .. }), "{:?}", e.error);
-                            let buf = e
-                                .buffer
-                                .ok_or_else(|| TestCaseError::fail("WrongContext must hand the buffer back"))?;
+                            prop_assert!(
+                                matches!(e.error, GovernorError::WrongContext { .. }),
+                                "{:?}",
+                                e.error
+                            );
+                            let buf = e.buffer.ok_or_else(|| {
+                                TestCaseError::fail("WrongContext must hand the buffer back")
+                            })?;
                             self.bufs.push(Buf {
                                 buf,
                                 stream,
@@ -585,7 +632,10 @@ impl World {
                                 reclaimed,
                             });
                         }
-                        Ok(()) => prop_assert!(false, "release on a stream of another context was accepted"),
+                        Ok(()) => prop_assert!(
+                            false,
+                            "release on a stream of another context was accepted"
+                        ),
                     }
                 }
             }
@@ -597,9 +647,13 @@ impl World {
                         "{r:?}"
                     );
                 } else if self.m.pins() >= self.m.max_pins {
-                    prop_assert!(matches!(r, Err(ProviderContextPinError::PinCountOverflow(_))), "{r:?}");
+                    prop_assert!(
+                        matches!(r, Err(ProviderContextPinError::PinCountOverflow(_))),
+                        "{r:?}"
+                    );
                 } else {
-                    self.pins.push(r.map_err(|e| TestCaseError::fail(format!("pin: {e}")))?);
+                    self.pins
+                        .push(r.map_err(|e| TestCaseError::fail(format!("pin: {e}")))?);
                     self.m.external += 1;
                 }
             }
@@ -655,7 +709,11 @@ impl World {
             }
             Step::MarkLost => {
                 let first = self.ctx.mark_lost("lost by the property test");
-                prop_assert_eq!(first, !self.m.lost_flag, "mark_lost returns whether it was the first");
+                prop_assert_eq!(
+                    first,
+                    !self.m.lost_flag,
+                    "mark_lost returns whether it was the first"
+                );
                 self.lose();
             }
         }
@@ -668,9 +726,13 @@ impl World {
         Some(self.second_stream.clone())
     }
 
-    fn check_finish(&mut self, r: Result<memgov::TeardownReport, RetireError>) -> Result<(), TestCaseError> {
+    fn check_finish(
+        &mut self,
+        r: Result<memgov::TeardownReport, RetireError>,
+    ) -> Result<(), TestCaseError> {
         if self.m.terminated || self.m.drained() {
-            let report = r.map_err(|e| TestCaseError::fail(format!("expected teardown, got {e}")))?;
+            let report =
+                r.map_err(|e| TestCaseError::fail(format!("expected teardown, got {e}")))?;
             prop_assert_eq!(report.lost, self.m.lost);
             if !self.m.terminated {
                 self.m.terminated = true;
@@ -695,7 +757,11 @@ impl World {
                         "an Outstanding error lists what is outstanding"
                     );
                 }
-                Ok(rep) => prop_assert!(false, "teardown with work outstanding: {rep:?}; model {:?}", self.m),
+                Ok(rep) => prop_assert!(
+                    false,
+                    "teardown with work outstanding: {rep:?}; model {:?}",
+                    self.m
+                ),
             }
         }
         Ok(())
@@ -705,7 +771,12 @@ impl World {
         let s = self.ctx.snapshot();
         for i in 0..5 {
             let u = s.by_role[i];
-            prop_assert_eq!((u.live_bytes, u.live_count), self.m.live[i], "live of {}", role(i));
+            prop_assert_eq!(
+                (u.live_bytes, u.live_count),
+                self.m.live[i],
+                "live of {}",
+                role(i)
+            );
             prop_assert_eq!(
                 (u.pending_bytes, u.pending_count),
                 self.m.pending[i],
@@ -778,11 +849,19 @@ impl World {
         self.quiesce();
         self.apply(&Step::RetireHeld)?;
         self.apply(&Step::WaitPast)?;
-        prop_assert!(self.m.terminated, "everything dropped, yet no teardown: {:?}", self.m);
+        prop_assert!(
+            self.m.terminated,
+            "everything dropped, yet no teardown: {:?}",
+            self.m
+        );
         let s = self.ctx.snapshot();
         prop_assert_eq!(s.charged, 0);
         prop_assert_eq!(s.pins.total(), 0);
-        prop_assert_eq!(self.probe.used_bytes(), 0, "device memory left after teardown");
+        prop_assert_eq!(
+            self.probe.used_bytes(),
+            0,
+            "device memory left after teardown"
+        );
         prop_assert_eq!(self.probe.teardowns(), 1);
         // Every signal fired once or was settled as lost / abandoned.
         let log = &self.log;
@@ -853,7 +932,8 @@ fn governor_matches_reference_model() {
             // along the way.
             proptest::collection::vec(
                 step().prop_map(|s| match s {
-                    Step::Retire | Step::WaitPast | Step::Force | Step::MarkLost => Step::RetireHeld,
+                    Step::Retire | Step::WaitPast | Step::Force | Step::MarkLost =>
+                        Step::RetireHeld,
                     s => s,
                 }),
                 1..80

@@ -82,7 +82,10 @@ impl Rng {
 }
 
 fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 struct EpochResult {
@@ -93,7 +96,13 @@ struct EpochResult {
 
 /// One device: register, hammer from `threads` threads × `streams` streams
 /// each, maybe retire in the middle, tear down, check that nothing is left.
-fn epoch(gov: &Governor<HostContext>, ordinal: u32, quota: u64, threads: usize, rng: &mut Rng) -> EpochResult {
+fn epoch(
+    gov: &Governor<HostContext>,
+    ordinal: u32,
+    quota: u64,
+    threads: usize,
+    rng: &mut Rng,
+) -> EpochResult {
     let host = HostContext::new(HostConfig {
         capacity: 1 << 30,
         ordinal,
@@ -113,61 +122,63 @@ fn epoch(gov: &Governor<HostContext>, ordinal: u32, quota: u64, threads: usize, 
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let per_thread = quota.div_ceil(threads as u64);
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (ctx, done, stop) = (ctx.clone(), done.clone(), stop.clone());
-            let seed = rng.next();
-            std::thread::spawn(move || {
-                let mut rng = Rng(seed);
-                let streams: Vec<_> = match (0..2).map(|i| ctx.create_stream(format!("t{t}s{i}"))).collect() {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // Only a retire that came first may stop us here.
-                        assert!(
-                            stop.load(Ordering::Relaxed),
-                            "create_stream failed on a live context: {e}"
-                        );
-                        return;
-                    }
-                };
-                let mut held = Vec::with_capacity(8);
-                let mut n = 0;
-                while n < per_thread && !stop.load(Ordering::Relaxed) {
-                    let s = &streams[(rng.next() % 2) as usize];
-                    let bytes = 64 + rng.next() % (64 << 10);
-                    let role = Role::ALL[(rng.next() % 5) as usize];
-                    match ctx.allocate(s, bytes, role) {
-                        Ok(b) => {
-                            if rng.next() % 16 == 0 {
-                                b.write(0, &n.to_le_bytes()).unwrap();
+    let handles: Vec<_> =
+        (0..threads)
+            .map(|t| {
+                let (ctx, done, stop) = (ctx.clone(), done.clone(), stop.clone());
+                let seed = rng.next();
+                std::thread::spawn(move || {
+                    let mut rng = Rng(seed);
+                    let streams: Vec<_> = match (0..2)
+                        .map(|i| ctx.create_stream(format!("t{t}s{i}")))
+                        .collect()
+                    {
+                        Ok(s) => s,
+                        Err(e) => {
+                            // Only a retire that came first may stop us here.
+                            assert!(
+                                stop.load(Ordering::Relaxed),
+                                "create_stream failed on a live context: {e}"
+                            );
+                            return;
+                        }
+                    };
+                    let mut held = Vec::with_capacity(8);
+                    let mut n = 0;
+                    while n < per_thread && !stop.load(Ordering::Relaxed) {
+                        let s = &streams[(rng.next() % 2) as usize];
+                        let bytes = 64 + rng.next() % (64 << 10);
+                        let role = Role::ALL[(rng.next() % 5) as usize];
+                        match ctx.allocate(s, bytes, role) {
+                            Ok(b) => {
+                                if rng.next() % 16 == 0 {
+                                    b.write(0, &n.to_le_bytes()).unwrap();
+                                }
+                                held.push(b);
                             }
-                            held.push(b);
+                            Err(GovernorError::Pin(
+                                ProviderContextPinError::ContextUnavailable(_),
+                            )) if stop.load(Ordering::Relaxed) => break,
+                            Err(e) => panic!("soak allocation failed: {e}"),
                         }
-                        Err(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_)))
-                            if stop.load(Ordering::Relaxed) =>
-                        {
-                            break
-                        }
-                        Err(e) => panic!("soak allocation failed: {e}"),
-                    }
-                    // Release: sometimes on the other stream, sometimes a few at once.
-                    if held.len() >= 1 + (rng.next() % 8) as usize {
-                        for b in held.drain(..) {
-                            if rng.next() % 4 == 0 {
-                                let other = &streams[(rng.next() % 2) as usize];
-                                b.release_on(other).unwrap();
-                            } else {
-                                drop(b);
+                        // Release: sometimes on the other stream, sometimes a few at once.
+                        if held.len() >= 1 + (rng.next() % 8) as usize {
+                            for b in held.drain(..) {
+                                if rng.next() % 4 == 0 {
+                                    let other = &streams[(rng.next() % 2) as usize];
+                                    b.release_on(other).unwrap();
+                                } else {
+                                    drop(b);
+                                }
                             }
                         }
+                        n += 1;
                     }
-                    n += 1;
-                }
-                drop(held);
-                done.fetch_add(n, Ordering::Relaxed);
+                    drop(held);
+                    done.fetch_add(n, Ordering::Relaxed);
+                })
             })
-        })
-        .collect();
+            .collect();
     // A random retire in the middle of one epoch in four.
     let retired_early = rng.next() % 4 == 0;
     let h = if retired_early {
@@ -203,7 +214,11 @@ fn epoch(gov: &Governor<HostContext>, ordinal: u32, quota: u64, threads: usize, 
     assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
     assert_eq!(probe.teardowns(), 1);
     drop((ctx, h, probe));
-    assert_eq!(gov.prune_terminated(), 1, "the terminated context leaves the registry");
+    assert_eq!(
+        gov.prune_terminated(),
+        1,
+        "the terminated context leaves the registry"
+    );
     EpochResult {
         cycles: done.load(Ordering::Relaxed),
         retired_early,
@@ -215,7 +230,9 @@ fn epoch(gov: &Governor<HostContext>, ordinal: u32, quota: u64, threads: usize, 
 fn soak_host() {
     // The only test in this binary: another test running concurrently would
     // move the process-wide heap counter.
-    println!("soak: host backend here; the lavapipe soak is tests/soak_vulkan.rs (feature `vulkan`)");
+    println!(
+        "soak: host backend here; the lavapipe soak is tests/soak_vulkan.rs (feature `vulkan`)"
+    );
     let target = env("SOAK_CYCLES", 1_000_000);
     let threads = env("SOAK_THREADS", 2) as usize;
     let mut rng = Rng(env("SOAK_SEED", 0x5eed));

@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn soak_lavapipe() {
-    let target: u64 = std::env::var("SOAK_VK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let target: u64 = std::env::var("SOAK_VK_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let config = match VulkanContext::new(VulkanConfig::validated()) {
         Ok(c) => {
             use memgov::DeviceContext;
@@ -26,7 +29,10 @@ fn soak_lavapipe() {
             VulkanConfig::validated()
         }
         Err(e) => {
-            eprintln!("skipped: lavapipe soak: {}", memgov::conformance::unavailable_reason(&e));
+            eprintln!(
+                "skipped: lavapipe soak: {}",
+                memgov::conformance::unavailable_reason(&e)
+            );
             return;
         }
     };
@@ -37,18 +43,31 @@ fn soak_lavapipe() {
         let quota = (target - cycles).min(5_000);
         let backend = VulkanContext::new(config.clone()).expect("Vulkan context");
         let probe = backend.probe();
-        let ctx = gov.register(backend, ContextConfig::new().label(format!("soak-vk-{epochs}")).budget(64 << 20).admission(Admission::WaitForPending { timeout: Duration::from_secs(60) }));
+        let ctx = gov.register(
+            backend,
+            ContextConfig::new()
+                .label(format!("soak-vk-{epochs}"))
+                .budget(64 << 20)
+                .admission(Admission::WaitForPending {
+                    timeout: Duration::from_secs(60),
+                }),
+        );
         let per_thread = quota / 2;
         std::thread::scope(|sc| {
             for t in 0..2u64 {
                 let ctx = &ctx;
                 sc.spawn(move || {
-                    let streams = [ctx.create_stream(format!("t{t}a")).unwrap(), ctx.create_stream(format!("t{t}b")).unwrap()];
+                    let streams = [
+                        ctx.create_stream(format!("t{t}a")).unwrap(),
+                        ctx.create_stream(format!("t{t}b")).unwrap(),
+                    ];
                     let mut held = Vec::new();
                     for i in 0..per_thread {
                         let s = &streams[(i % 2) as usize];
                         let bytes = 256 + (i * 7919 + t * 104_729) % (256 << 10);
-                        let b = ctx.allocate(s, bytes, Role::ALL[(i % 5) as usize]).expect("allocate");
+                        let b = ctx
+                            .allocate(s, bytes, Role::ALL[(i % 5) as usize])
+                            .expect("allocate");
                         if i % 8 == 0 {
                             b.write(0, &i.to_le_bytes()).expect("write");
                         }
@@ -56,7 +75,9 @@ fn soak_lavapipe() {
                         if held.len() > 4 {
                             let victim = held.remove(0);
                             if i % 3 == 0 {
-                                victim.release_on(&streams[((i + 1) % 2) as usize]).expect("release_on");
+                                victim
+                                    .release_on(&streams[((i + 1) % 2) as usize])
+                                    .expect("release_on");
                             } else {
                                 drop(victim);
                             }
@@ -66,13 +87,30 @@ fn soak_lavapipe() {
             }
         });
         cycles += per_thread * 2;
-        let report = ctx.retire().wait_timeout(Duration::from_secs(120)).expect("teardown");
+        let report = ctx
+            .retire()
+            .wait_timeout(Duration::from_secs(120))
+            .expect("teardown");
         assert!(report.backend_result.is_ok(), "{report:?}");
         let snap = ctx.snapshot();
-        assert_eq!((snap.charged, snap.pins.total()), (0, 0), "accounting after teardown: {snap:?}");
+        assert_eq!(
+            (snap.charged, snap.pins.total()),
+            (0, 0),
+            "accounting after teardown: {snap:?}"
+        );
         assert_eq!(snap.total(), Default::default());
-        assert_eq!(snap.counters.releases_queued, snap.counters.retired, "every release retired");
-        assert_eq!((probe.live_allocations(), probe.live_streams(), probe.teardowns()), (0, 0, 1));
+        assert_eq!(
+            snap.counters.releases_queued, snap.counters.retired,
+            "every release retired"
+        );
+        assert_eq!(
+            (
+                probe.live_allocations(),
+                probe.live_streams(),
+                probe.teardowns()
+            ),
+            (0, 0, 1)
+        );
         assert_eq!(
             (probe.validation_errors(), probe.validation_warnings()),
             (0, 0),

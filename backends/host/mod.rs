@@ -30,7 +30,10 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
-use crate::{BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo, RetireSignal};
+use crate::{
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
+    RetireSignal,
+};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -57,7 +60,12 @@ pub struct HostConfig {
 
 impl Default for HostConfig {
     fn default() -> Self {
-        Self { capacity: 1 << 30, op_delay: Duration::ZERO, name: "memgov simulated device".into(), ordinal: 0 }
+        Self {
+            capacity: 1 << 30,
+            op_delay: Duration::ZERO,
+            name: "memgov simulated device".into(),
+            ordinal: 0,
+        }
     }
 }
 
@@ -84,7 +92,9 @@ impl Block {
             let at = offset + done as u64;
             let (page, within) = (at / PAGE, (at % PAGE) as usize);
             let n = (PAGE as usize - within).min(src.len() - done);
-            let p = pages.entry(page).or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            let p = pages
+                .entry(page)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
             p[within..within + n].copy_from_slice(&src[done..done + n]);
             done += n;
         }
@@ -113,7 +123,9 @@ pub struct HostMemory {
 
 impl fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostMemory").field("bytes", &self.block.bytes).finish()
+        f.debug_struct("HostMemory")
+            .field("bytes", &self.block.bytes)
+            .finish()
     }
 }
 
@@ -138,7 +150,9 @@ pub struct HostStream {
 
 impl fmt::Debug for HostStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostStream").field("id", &self.worker.id).finish()
+        f.debug_struct("HostStream")
+            .field("id", &self.worker.id)
+            .finish()
     }
 }
 
@@ -166,7 +180,11 @@ impl Shared {
 
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
         if self.lost.load(Ordering::Acquire) {
-            return Err(err(op, BackendErrorKind::DeviceLost, "the simulated device was lost"));
+            return Err(err(
+                op,
+                BackendErrorKind::DeviceLost,
+                "the simulated device was lost",
+            ));
         }
         Ok(())
     }
@@ -179,7 +197,10 @@ impl Shared {
             return;
         }
         if self.torn_down.load(Ordering::Acquire) {
-            self.violation(format!("free of {} B executed after teardown", memory.block.bytes));
+            self.violation(format!(
+                "free of {} B executed after teardown",
+                memory.block.bytes
+            ));
         }
         if memory.block.freed.swap(true, Ordering::AcqRel) {
             self.violation(format!("double free of {} B", memory.block.bytes));
@@ -259,7 +280,9 @@ pub struct HostContext {
 
 impl fmt::Debug for HostContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostContext").field("config", &self.shared.config).finish()
+        f.debug_struct("HostContext")
+            .field("config", &self.shared.config)
+            .finish()
     }
 }
 
@@ -271,7 +294,11 @@ impl HostContext {
     /// `InvalidArgument` if the capacity is zero.
     pub fn new(config: HostConfig) -> Result<Self, BackendError> {
         if config.capacity == 0 {
-            return Err(err("new", BackendErrorKind::InvalidArgument, "capacity must be at least 1 B"));
+            return Err(err(
+                "new",
+                BackendErrorKind::InvalidArgument,
+                "capacity must be at least 1 B",
+            ));
         }
         Ok(Self {
             shared: Arc::new(Shared {
@@ -297,7 +324,13 @@ impl HostContext {
     }
 
     fn send(&self, op: &'static str, stream: &HostStream, msg: Op) -> Result<(), BackendError> {
-        stream.worker.tx.send(msg).map_err(|_| err(op, BackendErrorKind::InvalidArgument, "stream was destroyed"))
+        stream.worker.tx.send(msg).map_err(|_| {
+            err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                "stream was destroyed",
+            )
+        })
     }
 
     fn stop_worker(worker: &Worker) {
@@ -329,7 +362,10 @@ impl DeviceContext for HostContext {
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
         self.shared.check_usable("memory_info")?;
         let total = self.shared.config.capacity;
-        Ok(MemoryInfo { free: total.saturating_sub(self.shared.used.load(Ordering::Acquire)), total })
+        Ok(MemoryInfo {
+            free: total.saturating_sub(self.shared.used.load(Ordering::Acquire)),
+            total,
+        })
     }
 
     fn create_stream(&self) -> Result<HostStream, BackendError> {
@@ -366,8 +402,18 @@ impl DeviceContext for HostContext {
                     }
                 }
             })
-            .map_err(|e| err("create_stream", BackendErrorKind::Other, format!("could not spawn stream worker: {e}")))?;
-        let worker = Arc::new(Worker { id, tx, join: Mutex::new(Some(join)) });
+            .map_err(|e| {
+                err(
+                    "create_stream",
+                    BackendErrorKind::Other,
+                    format!("could not spawn stream worker: {e}"),
+                )
+            })?;
+        let worker = Arc::new(Worker {
+            id,
+            tx,
+            join: Mutex::new(Some(join)),
+        });
         lock(&self.shared.workers).push(worker.clone());
         Ok(HostStream { worker })
     }
@@ -382,7 +428,11 @@ impl DeviceContext for HostContext {
     fn allocate(&self, _stream: &HostStream, bytes: u64) -> Result<HostMemory, BackendError> {
         self.shared.check_usable("allocate")?;
         if bytes == 0 {
-            return Err(err("allocate", BackendErrorKind::InvalidArgument, "zero-byte allocation"));
+            return Err(err(
+                "allocate",
+                BackendErrorKind::InvalidArgument,
+                "zero-byte allocation",
+            ));
         }
         let capacity = self.shared.config.capacity;
         let mut used = self.shared.used.load(Ordering::Acquire);
@@ -403,7 +453,13 @@ impl DeviceContext for HostContext {
                 },
             }
         }
-        Ok(HostMemory { block: Arc::new(Block { bytes, pages: Mutex::new(BTreeMap::new()), freed: AtomicBool::new(false) }) })
+        Ok(HostMemory {
+            block: Arc::new(Block {
+                bytes,
+                pages: Mutex::new(BTreeMap::new()),
+                freed: AtomicBool::new(false),
+            }),
+        })
     }
 
     fn free_async(
@@ -415,31 +471,80 @@ impl DeviceContext for HostContext {
         if let Err(e) = self.shared.check_usable("free_async") {
             return Err((memory, retired, e));
         }
-        let refuse = self.shared.refuse_frees.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let refuse =
+            self.shared
+                .refuse_frees
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if refuse.is_ok() {
-            return Err((memory, retired, err("free_async", BackendErrorKind::Other, "free refused (injected by HostProbe)")));
+            return Err((
+                memory,
+                retired,
+                err(
+                    "free_async",
+                    BackendErrorKind::Other,
+                    "free refused (injected by HostProbe)",
+                ),
+            ));
         }
         match stream.worker.tx.send(Op::Free(memory, retired)) {
             Ok(()) => Ok(()),
-            Err(std::sync::mpsc::SendError(Op::Free(m, s))) => {
-                Err((m, s, err("free_async", BackendErrorKind::InvalidArgument, "stream was destroyed")))
-            }
+            Err(std::sync::mpsc::SendError(Op::Free(m, s))) => Err((
+                m,
+                s,
+                err(
+                    "free_async",
+                    BackendErrorKind::InvalidArgument,
+                    "stream was destroyed",
+                ),
+            )),
             Err(_) => unreachable!("the op sent is the op returned"),
         }
     }
 
-    fn write(&self, stream: &HostStream, memory: &HostMemory, offset: u64, src: &[u8]) -> Result<(), BackendError> {
+    fn write(
+        &self,
+        stream: &HostStream,
+        memory: &HostMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
         let (tx, rx) = sync_channel(1);
-        self.send("write", stream, Op::Write(memory.block.clone(), offset, src.to_vec(), tx))?;
-        rx.recv().map_err(|_| err("write", BackendErrorKind::DeviceLost, "stream worker stopped"))
+        self.send(
+            "write",
+            stream,
+            Op::Write(memory.block.clone(), offset, src.to_vec(), tx),
+        )?;
+        rx.recv().map_err(|_| {
+            err(
+                "write",
+                BackendErrorKind::DeviceLost,
+                "stream worker stopped",
+            )
+        })
     }
 
-    fn read(&self, stream: &HostStream, memory: &HostMemory, offset: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+    fn read(
+        &self,
+        stream: &HostStream,
+        memory: &HostMemory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
         let (tx, rx) = sync_channel(1);
-        self.send("read", stream, Op::Read(memory.block.clone(), offset, dst.len(), tx))?;
-        let data = rx.recv().map_err(|_| err("read", BackendErrorKind::DeviceLost, "stream worker stopped"))?;
+        self.send(
+            "read",
+            stream,
+            Op::Read(memory.block.clone(), offset, dst.len(), tx),
+        )?;
+        let data = rx.recv().map_err(|_| {
+            err(
+                "read",
+                BackendErrorKind::DeviceLost,
+                "stream worker stopped",
+            )
+        })?;
         dst.copy_from_slice(&data);
         Ok(())
     }
@@ -448,7 +553,13 @@ impl DeviceContext for HostContext {
         self.shared.check_usable("synchronize")?;
         let (tx, rx) = sync_channel(1);
         self.send("synchronize", stream, Op::Barrier(tx))?;
-        rx.recv().map_err(|_| err("synchronize", BackendErrorKind::DeviceLost, "stream worker stopped"))
+        rx.recv().map_err(|_| {
+            err(
+                "synchronize",
+                BackendErrorKind::DeviceLost,
+                "stream worker stopped",
+            )
+        })
     }
 
     fn device_lost(&self) {

@@ -47,7 +47,12 @@ const BACKEND: &str = "null";
 
 #[cold]
 fn lost(op: &'static str) -> BackendError {
-    BackendError::new(BACKEND, op, BackendErrorKind::DeviceLost, "the null device was lost")
+    BackendError::new(
+        BACKEND,
+        op,
+        BackendErrorKind::DeviceLost,
+        "the null device was lost",
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -15,7 +15,11 @@ static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocato
 mod workload;
 
 #[derive(Parser)]
-#[command(name = "memgov", version, about = "Governs GPU memory for ML runtimes across vendors")]
+#[command(
+    name = "memgov",
+    version,
+    about = "Governs GPU memory for ML runtimes across vendors"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,7 +70,11 @@ struct Run {
 
 impl From<SuiteReport> for Run {
     fn from(report: SuiteReport) -> Self {
-        Self { report, notes: Vec::new(), failed: false }
+        Self {
+            report,
+            notes: Vec::new(),
+            failed: false,
+        }
     }
 }
 
@@ -80,7 +88,9 @@ struct BackendRow {
 fn backends() -> Vec<BackendRow> {
     let mut rows = vec![BackendRow {
         name: "host",
-        run: Some(Box::new(|| conformance::run_suite(|| HostContext::new(HostConfig::default())).into())),
+        run: Some(Box::new(|| {
+            conformance::run_suite(|| HostContext::new(HostConfig::default())).into()
+        })),
         why_not: String::new(),
     }];
     rows.extend(gpu_backends());
@@ -91,7 +101,11 @@ fn gpu_backends() -> Vec<BackendRow> {
     #[allow(unused_mut)]
     let mut rows = Vec::new();
     #[cfg(feature = "vulkan")]
-    rows.push(BackendRow { name: "vulkan", run: Some(Box::new(vulkan_run)), why_not: String::new() });
+    rows.push(BackendRow {
+        name: "vulkan",
+        run: Some(Box::new(vulkan_run)),
+        why_not: String::new(),
+    });
     #[cfg(not(feature = "vulkan"))]
     rows.push(BackendRow {
         name: "vulkan",
@@ -99,7 +113,11 @@ fn gpu_backends() -> Vec<BackendRow> {
         why_not: "not compiled in (build with --features vulkan)".into(),
     });
     for name in ["cuda", "hip"] {
-        rows.push(BackendRow { name, run: None, why_not: "not part of this build: the backend has not landed yet".into() });
+        rows.push(BackendRow {
+            name,
+            run: None,
+            why_not: "not part of this build: the backend has not landed yet".into(),
+        });
     }
     rows
 }
@@ -119,11 +137,17 @@ fn vulkan_run() -> Run {
             true
         }
         Err(e) => {
-            notes.push(format!("vulkan: validation layers off: {}", conformance::unavailable_reason(&e)));
+            notes.push(format!(
+                "vulkan: validation layers off: {}",
+                conformance::unavailable_reason(&e)
+            ));
             false
         }
     };
-    let config = VulkanConfig { validation, ..VulkanConfig::default() };
+    let config = VulkanConfig {
+        validation,
+        ..VulkanConfig::default()
+    };
     let report = conformance::run_suite(|| {
         let c = VulkanContext::new(config.clone())?;
         probes.lock().unwrap().push(c.probe());
@@ -140,12 +164,19 @@ fn vulkan_run() -> Run {
             if failed { " (FAIL: any validation message fails the check)" } else { "" }
         ));
     }
-    Run { report, notes, failed }
+    Run {
+        report,
+        notes,
+        failed,
+    }
 }
 
 fn info() -> ExitCode {
     println!("memgov {}", env!("CARGO_PKG_VERSION"));
-    println!("{:<8} {:<40} {:<16} memory", "backend", "device", "how it runs");
+    println!(
+        "{:<8} {:<40} {:<16} memory",
+        "backend", "device", "how it runs"
+    );
     let host = HostContext::new(HostConfig::default()).map(|c| {
         use memgov::DeviceContext;
         let d = c.describe();
@@ -153,7 +184,13 @@ fn info() -> ExitCode {
         d
     });
     match host {
-        Ok(d) => println!("{:<8} {:<40} {:<16} {} MiB", "host", d.name, d.execution.to_string(), d.total_bytes >> 20),
+        Ok(d) => println!(
+            "{:<8} {:<40} {:<16} {} MiB",
+            "host",
+            d.name,
+            d.execution.to_string(),
+            d.total_bytes >> 20
+        ),
         Err(e) => println!("{:<8} unavailable: {e}", "host"),
     }
     for row in gpu_backends() {
@@ -167,18 +204,31 @@ fn info() -> ExitCode {
         match memgov::vulkan::VulkanContext::new(memgov::vulkan::VulkanConfig::default()) {
             Ok(c) => {
                 let d = c.describe();
-                println!("{:<8} {:<40} {:<16} {} MiB ({})", "vulkan", d.name, d.execution.to_string(), d.total_bytes >> 20, d.driver);
+                println!(
+                    "{:<8} {:<40} {:<16} {} MiB ({})",
+                    "vulkan",
+                    d.name,
+                    d.execution.to_string(),
+                    d.total_bytes >> 20,
+                    d.driver
+                );
                 let _ = c.teardown(false);
             }
-            Err(e) => println!("{:<8} skipped: {}", "vulkan", conformance::unavailable_reason(&e)),
+            Err(e) => println!(
+                "{:<8} skipped: {}",
+                "vulkan",
+                conformance::unavailable_reason(&e)
+            ),
         }
     }
     ExitCode::SUCCESS
 }
 
 fn check(only: &[String]) -> ExitCode {
-    let rows: Vec<BackendRow> =
-        backends().into_iter().filter(|r| only.is_empty() || only.iter().any(|o| o == r.name)).collect();
+    let rows: Vec<BackendRow> = backends()
+        .into_iter()
+        .filter(|r| only.is_empty() || only.iter().any(|o| o == r.name))
+        .collect();
     if rows.is_empty() {
         eprintln!("memgov check: no backend matches {only:?}; known: host, vulkan, cuda, hip");
         return ExitCode::from(2);
@@ -199,20 +249,37 @@ fn check(only: &[String]) -> ExitCode {
         }
     }
 
-    println!("{:<8} {:<36} {:<16} result", "backend", "device", "how it ran");
+    println!(
+        "{:<8} {:<36} {:<16} result",
+        "backend", "device", "how it ran"
+    );
     for (name, r) in &reports {
         match r {
             Ok(rep) => {
-                let how = rep.execution.map_or_else(|| "not run".to_owned(), |e| e.to_string());
+                let how = rep
+                    .execution
+                    .map_or_else(|| "not run".to_owned(), |e| e.to_string());
                 let (p, f, s) = rep.counts();
-                let device = if rep.execution.is_some() { rep.device.clone() } else { "-".into() };
-                println!("{:<8} {:<36} {:<16} {p} passed, {f} failed, {s} skipped", name, truncate(&device, 36), how);
+                let device = if rep.execution.is_some() {
+                    rep.device.clone()
+                } else {
+                    "-".into()
+                };
+                println!(
+                    "{:<8} {:<36} {:<16} {p} passed, {f} failed, {s} skipped",
+                    name,
+                    truncate(&device, 36),
+                    how
+                );
             }
             Err(why) => println!("{:<8} {:<36} {:<16} skipped: {why}", name, "-", "not run"),
         }
     }
 
-    let ran: Vec<(&str, &SuiteReport)> = reports.iter().filter_map(|(n, r)| r.as_ref().ok().map(|r| (*n, r))).collect();
+    let ran: Vec<(&str, &SuiteReport)> = reports
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().ok().map(|r| (*n, r)))
+        .collect();
     if let Some((_, first)) = ran.first() {
         println!();
         print!("{:<40}", "case");
@@ -253,11 +320,33 @@ fn check(only: &[String]) -> ExitCode {
         }
     }
     println!();
-    let hw: Vec<_> = ran.iter().filter(|(_, r)| r.execution == Some(memgov::Execution::RealHardware)).map(|(n, _)| *n).collect();
-    let sw: Vec<_> = ran.iter().filter(|(_, r)| r.execution == Some(memgov::Execution::SoftwareDriver)).map(|(n, _)| *n).collect();
-    let si: Vec<_> = ran.iter().filter(|(_, r)| r.execution == Some(memgov::Execution::StandIn)).map(|(n, _)| *n).collect();
-    let em: Vec<_> = ran.iter().filter(|(_, r)| r.execution == Some(memgov::Execution::Embedded)).map(|(n, _)| *n).collect();
-    let list = |v: &[&str]| if v.is_empty() { "none".to_owned() } else { v.join(", ") };
+    let hw: Vec<_> = ran
+        .iter()
+        .filter(|(_, r)| r.execution == Some(memgov::Execution::RealHardware))
+        .map(|(n, _)| *n)
+        .collect();
+    let sw: Vec<_> = ran
+        .iter()
+        .filter(|(_, r)| r.execution == Some(memgov::Execution::SoftwareDriver))
+        .map(|(n, _)| *n)
+        .collect();
+    let si: Vec<_> = ran
+        .iter()
+        .filter(|(_, r)| r.execution == Some(memgov::Execution::StandIn))
+        .map(|(n, _)| *n)
+        .collect();
+    let em: Vec<_> = ran
+        .iter()
+        .filter(|(_, r)| r.execution == Some(memgov::Execution::Embedded))
+        .map(|(n, _)| *n)
+        .collect();
+    let list = |v: &[&str]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
     println!(
         "ran on real hardware: {}; on software drivers: {}; on stand-ins: {}; embedded: {}",
         list(&hw),

@@ -3,8 +3,8 @@
 
 use super::{unavailable_reason, Case, Outcome, WatchLog, Watched};
 use crate::{
-    Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Governor, GovernorError,
-    Lifecycle, PinKind, ProviderContextPinError, RetireError, Role,
+    Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
+    Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +37,10 @@ const LONG: Duration = Duration::from_secs(30);
 pub(super) fn all<C: DeviceContext>() -> Vec<Case<C>> {
     macro_rules! case {
         ($name:ident) => {
-            Case { name: stringify!($name), run: |f| into_outcome($name::<C>(f)) }
+            Case {
+                name: stringify!($name),
+                run: |f| into_outcome($name::<C>(f)),
+            }
         };
     }
     vec![
@@ -71,18 +74,26 @@ struct Setup<C: DeviceContext> {
 fn setup<C: DeviceContext>(f: Factory<'_, C>, config: ContextConfig) -> Result<Setup<C>, Outcome> {
     let backend = match f() {
         Ok(b) => b,
-        Err(e) if e.kind == BackendErrorKind::Unavailable => return Err(Outcome::Skipped(unavailable_reason(&e))),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            return Err(Outcome::Skipped(unavailable_reason(&e)))
+        }
         Err(e) => return Err(Outcome::Failed(format!("factory failed: {e}"))),
     };
     let watched = Watched::new(backend);
     let log = watched.log();
     let gov = Governor::new();
     let ctx = gov.register(watched, config);
-    Ok(Setup { _gov: gov, ctx, log })
+    Ok(Setup {
+        _gov: gov,
+        ctx,
+        log,
+    })
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed as u32) as u8).collect()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed as u32) as u8)
+        .collect()
 }
 
 /// Retire and wait; check teardown happened once with nothing in flight.
@@ -95,11 +106,24 @@ fn finish<C: DeviceContext>(s: &Setup<C>) -> Result<crate::TeardownReport, Outco
 
 fn check_clean_teardown(log: &WatchLog) -> R {
     use std::sync::atomic::Ordering::SeqCst;
-    check!(log.teardowns.load(SeqCst) == 1, "teardown ran {} times, expected once ({})", log.teardowns.load(SeqCst), log.summary());
+    check!(
+        log.teardowns.load(SeqCst) == 1,
+        "teardown ran {} times, expected once ({})",
+        log.teardowns.load(SeqCst),
+        log.summary()
+    );
     if !log.teardown_lost.load(SeqCst) {
-        check!(log.unsettled_at_teardown.load(SeqCst) == 0, "teardown began with frees in flight ({})", log.summary());
+        check!(
+            log.unsettled_at_teardown.load(SeqCst) == 0,
+            "teardown began with frees in flight ({})",
+            log.summary()
+        );
     }
-    check!(log.settled_after_teardown.load(SeqCst) == 0, "signals settled after teardown ({})", log.summary());
+    check!(
+        log.settled_after_teardown.load(SeqCst) == 0,
+        "signals settled after teardown ({})",
+        log.summary()
+    );
     Ok(())
 }
 
@@ -107,21 +131,35 @@ fn write_read_round_trip<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("round-trip"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let len = (1 << 20) + 3;
-    let buf = ok!(s.ctx.allocate(&stream, len as u64, Role::Weights), "allocate 1 MiB + 3 B");
+    let buf = ok!(
+        s.ctx.allocate(&stream, len as u64, Role::Weights),
+        "allocate 1 MiB + 3 B"
+    );
     let data = pattern(7, len);
     ok!(buf.write(0, &data), "write 1 MiB + 3 B");
     let mut back = vec![0u8; len];
     ok!(buf.read(0, &mut back), "read 1 MiB + 3 B");
     let first_bad = data.iter().zip(&back).position(|(a, b)| a != b);
-    check!(first_bad.is_none(), "read back differs from written data at byte {:?}", first_bad);
+    check!(
+        first_bad.is_none(),
+        "read back differs from written data at byte {:?}",
+        first_bad
+    );
     let patch = pattern(99, 100);
     ok!(buf.write(4097, &patch), "write 100 B at offset 4097");
     let mut small = vec![0u8; 102];
     ok!(buf.read(4096, &mut small), "read 102 B at offset 4096");
-    check!(small[0] == data[4096] && small[101] == data[4197], "bytes around a patch changed");
+    check!(
+        small[0] == data[4096] && small[101] == data[4197],
+        "bytes around a patch changed"
+    );
     check!(small[1..101] == patch[..], "patched range reads back wrong");
     let oob = buf.write(len as u64 - 1, &[1, 2]);
-    check!(matches!(oob, Err(GovernorError::OutOfBounds { .. })), "out-of-bounds write gave {:?}", oob);
+    check!(
+        matches!(oob, Err(GovernorError::OutOfBounds { .. })),
+        "out-of-bounds write gave {:?}",
+        oob
+    );
     drop(buf);
     drop(stream);
     finish(&s)?;
@@ -134,22 +172,40 @@ fn stream_order<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let stream = ok!(s.ctx.create_stream("ordered"), "create_stream");
     for round in 0..8u8 {
         let len = 256 * 1024;
-        let a = ok!(s.ctx.allocate(&stream, len as u64, Role::Activation), "allocate");
+        let a = ok!(
+            s.ctx.allocate(&stream, len as u64, Role::Activation),
+            "allocate"
+        );
         let data = pattern(round, len);
         ok!(a.write(0, &data), "write");
         // Ordered after the write on the same stream, with no synchronize.
         let mut back = vec![0u8; len];
         ok!(a.read(0, &mut back), "read");
-        check!(back == data, "round {round}: a read ordered after a write did not see it");
+        check!(
+            back == data,
+            "round {round}: a read ordered after a write did not see it"
+        );
         let before = s.log.retired.load(SeqCst);
-        check!(before == round as u64, "round {round}: {before} frees retired before this one was queued");
+        check!(
+            before == round as u64,
+            "round {round}: {before} frees retired before this one was queued"
+        );
         drop(a); // the free is queued behind the write and the read
         ok!(stream.synchronize(), "synchronize");
         let after = s.log.retired.load(SeqCst);
-        check!(after == round as u64 + 1, "round {round}: synchronize returned with {after} of {} frees retired", round + 1);
+        check!(
+            after == round as u64 + 1,
+            "round {round}: synchronize returned with {after} of {} frees retired",
+            round + 1
+        );
     }
     let snap = s.ctx.snapshot();
-    check!(snap.total().pending_count == 0 && snap.charged == 0, "after synchronize: {:?} pending, {} B charged", snap.total(), snap.charged);
+    check!(
+        snap.total().pending_count == 0 && snap.charged == 0,
+        "after synchronize: {:?} pending, {} B charged",
+        snap.total(),
+        snap.charged
+    );
     drop(stream);
     finish(&s)?;
     Ok(())
@@ -164,13 +220,19 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let mut bufs = Vec::new();
     for i in 0..64u64 {
         let st = if i % 2 == 0 { &a } else { &b };
-        bufs.push(ok!(s.ctx.allocate(st, 512 + i * 97, Role::ALL[(i % 5) as usize]), "allocate"));
+        bufs.push(ok!(
+            s.ctx
+                .allocate(st, 512 + i * 97, Role::ALL[(i % 5) as usize]),
+            "allocate"
+        ));
     }
     for (i, buf) in bufs.into_iter().enumerate().rev() {
         if i % 3 == 0 {
             let other = if i % 2 == 0 { &b } else { &a };
             if let Err(e) = buf.release_on(other) {
-                return Err(Outcome::Failed(format!("release_on another stream of the same context: {e}")));
+                return Err(Outcome::Failed(format!(
+                    "release_on another stream of the same context: {e}"
+                )));
             }
         } else {
             drop(buf);
@@ -179,10 +241,27 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
     ok!(a.synchronize(), "synchronize a");
     ok!(b.synchronize(), "synchronize b");
     let snap = s.ctx.snapshot();
-    check!(snap.counters.retired == 64, "governor saw {} of 64 retirements ({})", snap.counters.retired, s.log.summary());
-    check!(snap.counters.abandoned == 0, "{} signals abandoned on a healthy device", snap.counters.abandoned);
-    check!(s.log.retired.load(SeqCst) == 64 && s.log.abandoned.load(SeqCst) == 0, "backend fired: {}", s.log.summary());
-    check!(snap.charged == 0 && snap.total().pending_bytes == 0, "{} B still charged after every release retired", snap.charged);
+    check!(
+        snap.counters.retired == 64,
+        "governor saw {} of 64 retirements ({})",
+        snap.counters.retired,
+        s.log.summary()
+    );
+    check!(
+        snap.counters.abandoned == 0,
+        "{} signals abandoned on a healthy device",
+        snap.counters.abandoned
+    );
+    check!(
+        s.log.retired.load(SeqCst) == 64 && s.log.abandoned.load(SeqCst) == 0,
+        "backend fired: {}",
+        s.log.summary()
+    );
+    check!(
+        snap.charged == 0 && snap.total().pending_bytes == 0,
+        "{} B still charged after every release retired",
+        snap.charged
+    );
     drop((a, b));
     finish(&s)?;
 
@@ -197,7 +276,14 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
         let m = ok!(backend.allocate(&stream, 4096), "raw allocate");
         let fired = fired.clone();
         let sig = crate::RetireSignal::from_fn(move |o| {
-            fired[i].fetch_add(if o == crate::RetireOutcome::Retired { 1 } else { 100 }, SeqCst);
+            fired[i].fetch_add(
+                if o == crate::RetireOutcome::Retired {
+                    1
+                } else {
+                    100
+                },
+                SeqCst,
+            );
         });
         if let Err((_, _, e)) = backend.free_async(&stream, m, sig) {
             return Err(Outcome::Failed(format!("raw free_async refused: {e}")));
@@ -205,11 +291,19 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
     }
     ok!(backend.synchronize(&stream), "raw synchronize");
     let counts: Vec<u32> = fired.iter().map(|c| c.load(SeqCst)).collect();
-    check!(counts.iter().all(|&c| c == 1), "per-signal settle counts after synchronize (1 = retired once, 100 = abandoned): {:?}", counts);
+    check!(
+        counts.iter().all(|&c| c == 1),
+        "per-signal settle counts after synchronize (1 = retired once, 100 = abandoned): {:?}",
+        counts
+    );
     ok!(backend.destroy_stream(stream), "raw destroy_stream");
     ok!(backend.teardown(false), "raw teardown");
     let counts: Vec<u32> = fired.iter().map(|c| c.load(SeqCst)).collect();
-    check!(counts.iter().all(|&c| c == 1), "a signal settled again after teardown: {:?}", counts);
+    check!(
+        counts.iter().all(|&c| c == 1),
+        "a signal settled again after teardown: {:?}",
+        counts
+    );
     Ok(())
 }
 
@@ -219,35 +313,70 @@ fn teardown_once_after_drain<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     s.log.hold_retirements(true);
     for i in 0..8 {
-        let b = ok!(s.ctx.allocate(&stream, 4096 * (i + 1), Role::Workspace), "allocate");
+        let b = ok!(
+            s.ctx.allocate(&stream, 4096 * (i + 1), Role::Workspace),
+            "allocate"
+        );
         drop(b);
     }
     ok!(stream.synchronize(), "synchronize");
     drop(stream);
     let handle = s.ctx.retire();
-    check!(s.ctx.lifecycle() == Lifecycle::Retiring, "lifecycle after retire: {:?}", s.ctx.lifecycle());
+    check!(
+        s.ctx.lifecycle() == Lifecycle::Retiring,
+        "lifecycle after retire: {:?}",
+        s.ctx.lifecycle()
+    );
     let early = handle.try_finish();
-    check!(early.is_err(), "try_finish succeeded with {} releases not yet retired", s.log.held());
-    check!(s.log.teardowns.load(SeqCst) == 0, "teardown ran before pending releases retired");
+    check!(
+        early.is_err(),
+        "try_finish succeeded with {} releases not yet retired",
+        s.log.held()
+    );
+    check!(
+        s.log.teardowns.load(SeqCst) == 0,
+        "teardown ran before pending releases retired"
+    );
     let released = s.log.release_held();
     check!(released == 8, "{released} of 8 retirements were held");
     let report = ok!(handle.wait(Instant::now() + LONG), "wait after drain");
     check_clean_teardown(&s.log)?;
-    check!(report.retired_releases == 8, "report counts {} retired releases, expected 8", report.retired_releases);
+    check!(
+        report.retired_releases == 8,
+        "report counts {} retired releases, expected 8",
+        report.retired_releases
+    );
     let again = ok!(handle.wait(Instant::now()), "second wait");
     check!(again == report, "second wait returned a different report");
     let third = ok!(s.ctx.retire().try_finish(), "try_finish after termination");
-    check!(third == report, "a later retire handle returned a different report");
-    check!(s.log.teardowns.load(SeqCst) == 1, "teardown ran {} times", s.log.teardowns.load(SeqCst));
-    check!(s.ctx.lifecycle() == Lifecycle::Terminated, "lifecycle after teardown: {:?}", s.ctx.lifecycle());
+    check!(
+        third == report,
+        "a later retire handle returned a different report"
+    );
+    check!(
+        s.log.teardowns.load(SeqCst) == 1,
+        "teardown ran {} times",
+        s.log.teardowns.load(SeqCst)
+    );
+    check!(
+        s.ctx.lifecycle() == Lifecycle::Terminated,
+        "lifecycle after teardown: {:?}",
+        s.ctx.lifecycle()
+    );
     Ok(())
 }
 
 fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("refuse"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
-    let live = ok!(s.ctx.allocate(&stream, 8192, Role::KvCache), "allocate live");
-    let pending = ok!(s.ctx.allocate(&stream, 4096, Role::Activation), "allocate pending");
+    let live = ok!(
+        s.ctx.allocate(&stream, 8192, Role::KvCache),
+        "allocate live"
+    );
+    let pending = ok!(
+        s.ctx.allocate(&stream, 4096, Role::Activation),
+        "allocate pending"
+    );
     let source = s.ctx.pin_source(Some("plugin"));
     s.log.hold_retirements(true);
     drop(pending);
@@ -255,18 +384,32 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let id = s.ctx.id();
     let unavailable = GovernorError::Pin(ProviderContextPinError::ContextUnavailable(id));
     let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
-    check!(alloc.as_ref().err() == Some(&unavailable), "allocate on a retiring context gave {:?}", alloc.map(|_| ()));
+    check!(
+        alloc.as_ref().err() == Some(&unavailable),
+        "allocate on a retiring context gave {:?}",
+        alloc.map(|_| ())
+    );
     let st = s.ctx.create_stream("late");
-    check!(st.as_ref().err() == Some(&unavailable), "create_stream on a retiring context gave {:?}", st.map(|_| ()));
+    check!(
+        st.as_ref().err() == Some(&unavailable),
+        "create_stream on a retiring context gave {:?}",
+        st.map(|_| ())
+    );
     let pin = source.pin();
     check!(
         matches!(pin, Err(ProviderContextPinError::ContextUnavailable(x)) if x == id),
         "pin_source().pin() on a retiring context gave {:?}",
         pin
     );
-    check!(s.ctx.pin().is_err(), "borrowed pin on a retiring context succeeded");
+    check!(
+        s.ctx.pin().is_err(),
+        "borrowed pin on a retiring context succeeded"
+    );
     // Existing holders still work and still release.
-    ok!(live.write(0, b"still usable"), "write to a live buffer while retiring");
+    ok!(
+        live.write(0, b"still usable"),
+        "write to a live buffer while retiring"
+    );
     drop(live);
     s.log.hold_retirements(false);
     s.log.release_held();
@@ -274,7 +417,11 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     drop(stream);
     let report = ok!(handle.wait(Instant::now() + LONG), "wait");
     check_clean_teardown(&s.log)?;
-    check!(report.retired_releases == 2, "{} of 2 releases retired", report.retired_releases);
+    check!(
+        report.retired_releases == 2,
+        "{} of 2 releases retired",
+        report.retired_releases
+    );
     Ok(())
 }
 
@@ -284,7 +431,10 @@ fn retire_waits_for_pending<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     s.log.hold_retirements(true);
     for _ in 0..4 {
-        drop(ok!(s.ctx.allocate(&stream, 65536, Role::Activation), "allocate"));
+        drop(ok!(
+            s.ctx.allocate(&stream, 65536, Role::Activation),
+            "allocate"
+        ));
     }
     ok!(stream.synchronize(), "synchronize");
     drop(stream);
@@ -300,9 +450,20 @@ fn retire_waits_for_pending<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let waited = start.elapsed();
     let released = releaser.join().unwrap_or(0);
     check!(released == 4, "{released} of 4 retirements were held");
-    check!(waited >= delay - Duration::from_millis(20), "wait returned after {waited:?}, before the releases retired ({delay:?})");
-    check!(report.retired_releases == 4, "{} of 4 releases retired", report.retired_releases);
-    check!(s.log.teardowns.load(SeqCst) == 1, "teardown ran {} times", s.log.teardowns.load(SeqCst));
+    check!(
+        waited >= delay - Duration::from_millis(20),
+        "wait returned after {waited:?}, before the releases retired ({delay:?})"
+    );
+    check!(
+        report.retired_releases == 4,
+        "{} of 4 releases retired",
+        report.retired_releases
+    );
+    check!(
+        s.log.teardowns.load(SeqCst) == 1,
+        "teardown ran {} times",
+        s.log.teardowns.load(SeqCst)
+    );
     check_clean_teardown(&s.log)?;
     Ok(())
 }
@@ -314,28 +475,59 @@ fn deadline_error_names_outstanding<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let source = s.ctx.pin_source(Some("plugin-x"));
     let ext = ok!(source.pin(), "external pin");
     s.log.hold_retirements(true);
-    drop(ok!(s.ctx.allocate(&stream, 4096, Role::Weights), "allocate weights"));
+    drop(ok!(
+        s.ctx.allocate(&stream, 4096, Role::Weights),
+        "allocate weights"
+    ));
     ok!(stream.synchronize(), "synchronize");
     let handle = s.ctx.retire();
     let start = Instant::now();
     let err = match handle.wait(Instant::now() + Duration::from_millis(50)) {
-        Ok(_) => return Err(Outcome::Failed("wait succeeded with a live buffer, a stream and an external pin outstanding".into())),
+        Ok(_) => {
+            return Err(Outcome::Failed(
+                "wait succeeded with a live buffer, a stream and an external pin outstanding"
+                    .into(),
+            ))
+        }
         Err(e) => e,
     };
-    check!(start.elapsed() >= Duration::from_millis(45), "wait gave up after {:?}, before its deadline", start.elapsed());
+    check!(
+        start.elapsed() >= Duration::from_millis(45),
+        "wait gave up after {:?}, before its deadline",
+        start.elapsed()
+    );
     let RetireError::Outstanding { outstanding, .. } = &err;
     let has = |kind: PinKind, role: Option<Role>, count: u64, bytes: u64, holder: Option<&str>| {
         outstanding.items.iter().any(|i| {
-            i.kind == kind && i.role == role && i.count == count && i.bytes == bytes && i.holder.as_deref() == holder
+            i.kind == kind
+                && i.role == role
+                && i.count == count
+                && i.bytes == bytes
+                && i.holder.as_deref() == holder
         })
     };
-    check!(has(PinKind::Stream, None, 1, 0, Some("decode")), "stream 'decode' not listed: {outstanding}");
-    check!(has(PinKind::Buffer, Some(Role::KvCache), 1, 8192, None), "kv-cache buffer not listed: {outstanding}");
-    check!(has(PinKind::PendingRelease, Some(Role::Weights), 1, 4096, None), "pending weights release not listed: {outstanding}");
-    check!(has(PinKind::External, None, 1, 0, Some("plugin-x")), "external pin 'plugin-x' not listed: {outstanding}");
+    check!(
+        has(PinKind::Stream, None, 1, 0, Some("decode")),
+        "stream 'decode' not listed: {outstanding}"
+    );
+    check!(
+        has(PinKind::Buffer, Some(Role::KvCache), 1, 8192, None),
+        "kv-cache buffer not listed: {outstanding}"
+    );
+    check!(
+        has(PinKind::PendingRelease, Some(Role::Weights), 1, 4096, None),
+        "pending weights release not listed: {outstanding}"
+    );
+    check!(
+        has(PinKind::External, None, 1, 0, Some("plugin-x")),
+        "external pin 'plugin-x' not listed: {outstanding}"
+    );
     let msg = err.to_string();
     for needle in ["plugin-x", "decode", "kv-cache", "8192", "4096", "force()"] {
-        check!(msg.contains(needle), "deadline message lacks '{needle}': {msg}");
+        check!(
+            msg.contains(needle),
+            "deadline message lacks '{needle}': {msg}"
+        );
     }
     // Waitable again once the holders let go.
     drop((kv, ext, stream));
@@ -343,7 +535,11 @@ fn deadline_error_names_outstanding<C: DeviceContext>(f: Factory<'_, C>) -> R {
     s.log.release_held();
     let report = ok!(handle.wait(Instant::now() + LONG), "second wait");
     check_clean_teardown(&s.log)?;
-    check!(report.retired_releases == 2, "{} of 2 releases retired", report.retired_releases);
+    check!(
+        report.retired_releases == 2,
+        "{} of 2 releases retired",
+        report.retired_releases
+    );
     Ok(())
 }
 
@@ -351,18 +547,43 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     const MIB: u64 = 1 << 20;
     let s = setup(f, ContextConfig::new().label("budget").budget(MIB))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
-    let a = ok!(s.ctx.allocate(&stream, 768 * 1024, Role::Weights), "allocate 768 KiB");
+    let a = ok!(
+        s.ctx.allocate(&stream, 768 * 1024, Role::Weights),
+        "allocate 768 KiB"
+    );
     let refused = s.ctx.allocate(&stream, 512 * 1024, Role::Activation);
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
-        return Err(Outcome::Failed(format!("over-budget allocation gave {:?}", refused.map(|_| ()))));
+        return Err(Outcome::Failed(format!(
+            "over-budget allocation gave {:?}",
+            refused.map(|_| ())
+        )));
     };
     check!(
-        b.requested == 512 * 1024 && b.live == 768 * 1024 && b.pending == 0 && b.limit == MIB && b.available == 256 * 1024 && b.role == Role::Activation,
+        b.requested == 512 * 1024
+            && b.live == 768 * 1024
+            && b.pending == 0
+            && b.limit == MIB
+            && b.available == 256 * 1024
+            && b.role == Role::Activation,
         "budget numbers wrong: {b:?}"
     );
-    let msg = refused.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
-    for needle in ["524288", "786432", "1048576", "262144", "activation", "raise the budget"] {
-        check!(msg.contains(needle), "budget message lacks '{needle}': {msg}");
+    let msg = refused
+        .as_ref()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    for needle in [
+        "524288",
+        "786432",
+        "1048576",
+        "262144",
+        "activation",
+        "raise the budget",
+    ] {
+        check!(
+            msg.contains(needle),
+            "budget message lacks '{needle}': {msg}"
+        );
     }
     // Pending bytes count until they retire.
     s.log.hold_retirements(true);
@@ -370,21 +591,39 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     ok!(stream.synchronize(), "synchronize");
     let refused = s.ctx.allocate(&stream, 512 * 1024, Role::Activation);
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
-        return Err(Outcome::Failed(format!("allocation while 768 KiB pend gave {:?}", refused.map(|_| ()))));
+        return Err(Outcome::Failed(format!(
+            "allocation while 768 KiB pend gave {:?}",
+            refused.map(|_| ())
+        )));
     };
-    check!(b.pending == 768 * 1024 && b.live == 0, "pending not counted: {b:?}");
+    check!(
+        b.pending == 768 * 1024 && b.live == 0,
+        "pending not counted: {b:?}"
+    );
     s.log.hold_retirements(false);
     s.log.release_held();
-    let c = ok!(s.ctx.allocate(&stream, 512 * 1024, Role::Activation), "allocate after the release retired");
+    let c = ok!(
+        s.ctx.allocate(&stream, 512 * 1024, Role::Activation),
+        "allocate after the release retired"
+    );
     drop(c);
     drop(stream);
     finish(&s)?;
 
     // Waiting for pending releases instead of failing.
-    let s = setup(f, ContextConfig::new().label("budget-wait").budget(MIB).admission(Admission::WaitForPending { timeout: LONG }))?;
+    let s = setup(
+        f,
+        ContextConfig::new()
+            .label("budget-wait")
+            .budget(MIB)
+            .admission(Admission::WaitForPending { timeout: LONG }),
+    )?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     s.log.hold_retirements(true);
-    drop(ok!(s.ctx.allocate(&stream, MIB, Role::Weights), "allocate 1 MiB"));
+    drop(ok!(
+        s.ctx.allocate(&stream, MIB, Role::Weights),
+        "allocate 1 MiB"
+    ));
     ok!(stream.synchronize(), "synchronize");
     let log = s.log.clone();
     let releaser = std::thread::spawn(move || {
@@ -392,11 +631,20 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
         log.release_held()
     });
     let start = Instant::now();
-    let b = ok!(s.ctx.allocate(&stream, MIB, Role::Weights), "allocate that waits for the pending release");
+    let b = ok!(
+        s.ctx.allocate(&stream, MIB, Role::Weights),
+        "allocate that waits for the pending release"
+    );
     let waited = start.elapsed();
     let _ = releaser.join();
-    check!(waited >= Duration::from_millis(80), "allocation returned after {waited:?}, before the release retired");
-    check!(s.ctx.snapshot().counters.admission_waits >= 1, "no admission wait counted");
+    check!(
+        waited >= Duration::from_millis(80),
+        "allocation returned after {waited:?}, before the release retired"
+    );
+    check!(
+        s.ctx.snapshot().counters.admission_waits >= 1,
+        "no admission wait counted"
+    );
     drop(b);
     drop(stream);
     s.log.hold_retirements(false);
@@ -409,29 +657,67 @@ fn device_loss_settles_without_device<C: DeviceContext>(f: Factory<'_, C>) -> R 
     use std::sync::atomic::Ordering::SeqCst;
     let s = setup(f, ContextConfig::new().label("lost"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
-    let bufs: Vec<_> = (0..3).map(|_| s.ctx.allocate(&stream, 4096, Role::KvCache)).collect::<Result<_, _>>().map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
+    let bufs: Vec<_> = (0..3)
+        .map(|_| s.ctx.allocate(&stream, 4096, Role::KvCache))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
     s.log.hold_retirements(true);
     let mut bufs = bufs.into_iter();
     drop(bufs.next());
     drop(bufs.next());
     ok!(stream.synchronize(), "synchronize");
     let last = bufs.next().expect("three buffers");
-    check!(s.ctx.mark_lost("conformance: simulated loss"), "mark_lost returned false on a healthy context");
+    check!(
+        s.ctx.mark_lost("conformance: simulated loss"),
+        "mark_lost returned false on a healthy context"
+    );
     check!(!s.ctx.mark_lost("again"), "mark_lost returned true twice");
-    check!(s.ctx.lifecycle() == Lifecycle::Lost, "lifecycle after loss: {:?}", s.ctx.lifecycle());
+    check!(
+        s.ctx.lifecycle() == Lifecycle::Lost,
+        "lifecycle after loss: {:?}",
+        s.ctx.lifecycle()
+    );
     drop(last); // settles without calling the device
     let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
-    check!(matches!(alloc, Err(GovernorError::DeviceLost { .. })), "allocate on a lost context gave {:?}", alloc.map(|_| ()));
+    check!(
+        matches!(alloc, Err(GovernorError::DeviceLost { .. })),
+        "allocate on a lost context gave {:?}",
+        alloc.map(|_| ())
+    );
     drop(stream);
-    let report = ok!(s.ctx.retire().wait(Instant::now() + LONG), "wait on a lost context with releases pending");
+    let report = ok!(
+        s.ctx.retire().wait(Instant::now() + LONG),
+        "wait on a lost context with releases pending"
+    );
     check!(report.lost, "report does not say lost");
-    check!(s.log.teardown_lost.load(SeqCst), "teardown was not told the device is lost");
-    check!(s.log.device_calls_after_loss.load(SeqCst) == 0, "{} device calls after loss ({})", s.log.device_calls_after_loss.load(SeqCst), s.log.summary());
+    check!(
+        s.log.teardown_lost.load(SeqCst),
+        "teardown was not told the device is lost"
+    );
+    check!(
+        s.log.device_calls_after_loss.load(SeqCst) == 0,
+        "{} device calls after loss ({})",
+        s.log.device_calls_after_loss.load(SeqCst),
+        s.log.summary()
+    );
     check_clean_teardown(&s.log)?;
     let snap = s.ctx.snapshot();
-    check!(snap.total().pending_count == 0 && snap.charged == 0, "after lost teardown: {:?}, {} B charged", snap.total(), snap.charged);
-    check!(snap.counters.settled_lost == 1, "{} live buffers settled as lost, expected 1", snap.counters.settled_lost);
-    check!(snap.counters.abandoned == 2, "{} pending releases abandoned, expected 2", snap.counters.abandoned);
+    check!(
+        snap.total().pending_count == 0 && snap.charged == 0,
+        "after lost teardown: {:?}, {} B charged",
+        snap.total(),
+        snap.charged
+    );
+    check!(
+        snap.counters.settled_lost == 1,
+        "{} live buffers settled as lost, expected 1",
+        snap.counters.settled_lost
+    );
+    check!(
+        snap.counters.abandoned == 2,
+        "{} pending releases abandoned, expected 2",
+        snap.counters.abandoned
+    );
     Ok(())
 }
 
@@ -439,22 +725,52 @@ fn force_reclaims_live<C: DeviceContext>(f: Factory<'_, C>) -> R {
     use std::sync::atomic::Ordering::SeqCst;
     let s = setup(f, ContextConfig::new().label("force"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
-    let bufs: Vec<_> = (0..3).map(|_| s.ctx.allocate(&stream, 65536, Role::Weights)).collect::<Result<_, _>>().map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
-    drop(ok!(s.ctx.allocate(&stream, 4096, Role::Activation), "allocate"));
+    let bufs: Vec<_> = (0..3)
+        .map(|_| s.ctx.allocate(&stream, 65536, Role::Weights))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
+    drop(ok!(
+        s.ctx.allocate(&stream, 4096, Role::Activation),
+        "allocate"
+    ));
     let handle = s.ctx.retire();
-    check!(handle.wait(Instant::now() + Duration::from_millis(20)).is_err(), "wait succeeded with live buffers");
+    check!(
+        handle
+            .wait(Instant::now() + Duration::from_millis(20))
+            .is_err(),
+        "wait succeeded with live buffers"
+    );
     let report = ok!(handle.force(Instant::now() + LONG), "force");
-    check!(report.forced && report.reclaimed_buffers == 3, "force report: {report:?}");
+    check!(
+        report.forced && report.reclaimed_buffers == 3,
+        "force report: {report:?}"
+    );
     check_clean_teardown(&s.log)?;
     let snap = s.ctx.snapshot();
-    check!(snap.charged == 0 && snap.total().live_count == 0, "after force: {} B charged, {:?}", snap.charged, snap.total());
+    check!(
+        snap.charged == 0 && snap.total().live_count == 0,
+        "after force: {} B charged, {:?}",
+        snap.charged,
+        snap.total()
+    );
     let calls = s.log.calls.load(SeqCst);
     let w = bufs[0].write(0, b"x");
-    check!(matches!(w, Err(GovernorError::Reclaimed { .. })), "write to a reclaimed buffer gave {:?}", w);
+    check!(
+        matches!(w, Err(GovernorError::Reclaimed { .. })),
+        "write to a reclaimed buffer gave {:?}",
+        w
+    );
     drop(bufs);
     drop(stream);
-    check!(s.log.calls.load(SeqCst) == calls, "dropping reclaimed buffers and streams called the backend");
-    check!(s.ctx.lifecycle() == Lifecycle::Terminated, "lifecycle after force: {:?}", s.ctx.lifecycle());
+    check!(
+        s.log.calls.load(SeqCst) == calls,
+        "dropping reclaimed buffers and streams called the backend"
+    );
+    check!(
+        s.ctx.lifecycle() == Lifecycle::Terminated,
+        "lifecycle after force: {:?}",
+        s.ctx.lifecycle()
+    );
     Ok(())
 }
 
@@ -469,13 +785,17 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
                 let ctx = s.ctx.clone();
                 let shared = shared.clone();
                 scope.spawn(move || -> Result<u64, String> {
-                    let own = ctx.create_stream(format!("thread-{t}")).map_err(|e| e.to_string())?;
+                    let own = ctx
+                        .create_stream(format!("thread-{t}"))
+                        .map_err(|e| e.to_string())?;
                     let mut live = Vec::new();
                     let mut n = 0u64;
                     for i in 0..ITERS {
                         let len = 64 + ((i * 7919 + t * 104729) % 65536);
                         let st = if i % 4 == 0 { &shared } else { &own };
-                        let b = ctx.allocate(st, len as u64, Role::ALL[i % 5]).map_err(|e| e.to_string())?;
+                        let b = ctx
+                            .allocate(st, len as u64, Role::ALL[i % 5])
+                            .map_err(|e| e.to_string())?;
                         n += 1;
                         let data = pattern((t * 31 + i) as u8, len.min(4096));
                         b.write(0, &data).map_err(|e| e.to_string())?;
@@ -488,7 +808,9 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
                         if live.len() > 4 {
                             let victim = live.remove(i % live.len());
                             if i % 3 == 0 {
-                                victim.release_on(&shared).map_err(|e| e.error.to_string())?;
+                                victim
+                                    .release_on(&shared)
+                                    .map_err(|e| e.error.to_string())?;
                             } else {
                                 drop(victim);
                             }
@@ -511,8 +833,17 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
     drop(shared);
     let report = finish(&s)?;
     let expected = (THREADS * ITERS) as u64;
-    check!(report.retired_releases == expected, "{} of {expected} releases retired", report.retired_releases);
+    check!(
+        report.retired_releases == expected,
+        "{} of {expected} releases retired",
+        report.retired_releases
+    );
     let snap = s.ctx.snapshot();
-    check!(snap.charged == 0 && snap.total() == Default::default(), "after teardown: {} B charged, {:?}", snap.charged, snap.total());
+    check!(
+        snap.charged == 0 && snap.total() == Default::default(),
+        "after teardown: {} B charged, {:?}",
+        snap.charged,
+        snap.total()
+    );
     Ok(())
 }

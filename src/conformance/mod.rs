@@ -88,7 +88,11 @@ impl SuiteReport {
 
     /// (passed, failed, skipped).
     pub fn counts(&self) -> (usize, usize, usize) {
-        let p = self.cases.iter().filter(|c| c.outcome == Outcome::Passed).count();
+        let p = self
+            .cases
+            .iter()
+            .filter(|c| c.outcome == Outcome::Passed)
+            .count();
         let f = self.cases.iter().filter(|c| c.outcome.is_failed()).count();
         (p, f, self.cases.len() - p - f)
     }
@@ -96,7 +100,9 @@ impl SuiteReport {
 
 impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let how = self.execution.map_or_else(|| "not run".to_owned(), |e| e.to_string());
+        let how = self
+            .execution
+            .map_or_else(|| "not run".to_owned(), |e| e.to_string());
         writeln!(f, "{} on {} ({how})", self.backend, self.device)?;
         for c in &self.cases {
             writeln!(f, "  {:<48} {} ({:.1?})", c.name, c.outcome, c.elapsed)?;
@@ -120,14 +126,20 @@ pub fn cases<C: DeviceContext>() -> Vec<Case<C>> {
 }
 
 /// Run one case by name. Unknown names fail.
-pub fn run_case<C: DeviceContext>(name: &str, factory: &dyn Fn() -> Result<C, BackendError>) -> Outcome {
+pub fn run_case<C: DeviceContext>(
+    name: &str,
+    factory: &dyn Fn() -> Result<C, BackendError>,
+) -> Outcome {
     match cases::<C>().into_iter().find(|c| c.name == name) {
         Some(case) => run_guarded(&case, factory),
         None => Outcome::Failed(format!("no conformance case named '{name}'")),
     }
 }
 
-fn run_guarded<C: DeviceContext>(case: &Case<C>, factory: &dyn Fn() -> Result<C, BackendError>) -> Outcome {
+fn run_guarded<C: DeviceContext>(
+    case: &Case<C>,
+    factory: &dyn Fn() -> Result<C, BackendError>,
+) -> Outcome {
     // A panic inside a case (in the backend or the governor) is a failure of
     // that case, not of the whole run.
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (case.run)(factory))) {
@@ -154,7 +166,12 @@ pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>
         }
         Err(e) => {
             let why = unavailable_reason(&e);
-            (e.backend.to_owned(), "no device".to_owned(), None, Some(why))
+            (
+                e.backend.to_owned(),
+                "no device".to_owned(),
+                None,
+                Some(why),
+            )
         }
     };
     let cases = cases::<C>()
@@ -165,10 +182,19 @@ pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>
                 Some(why) => Outcome::Skipped(why.clone()),
                 None => run_guarded(case, &factory),
             };
-            CaseResult { name: case.name, outcome, elapsed: start.elapsed() }
+            CaseResult {
+                name: case.name,
+                outcome,
+                elapsed: start.elapsed(),
+            }
         })
         .collect();
-    SuiteReport { backend, device, execution, cases }
+    SuiteReport {
+        backend,
+        device,
+        execution,
+        cases,
+    }
 }
 
 /// The text a skip prints for a factory error.

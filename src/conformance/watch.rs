@@ -6,7 +6,9 @@
 //! test lets it go. That makes "pending" real on any backend, including fast
 //! ones, without lying to the backend about anything.
 
-use crate::{BackendError, DeviceContext, DeviceDescription, MemoryInfo, RetireOutcome, RetireSignal};
+use crate::{
+    BackendError, DeviceContext, DeviceDescription, MemoryInfo, RetireOutcome, RetireSignal,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -106,7 +108,10 @@ pub struct Watched<C: DeviceContext> {
 impl<C: DeviceContext> Watched<C> {
     /// Wrap `inner`.
     pub fn new(inner: C) -> Self {
-        Self { inner, log: Arc::new(WatchLog::default()) }
+        Self {
+            inner,
+            log: Arc::new(WatchLog::default()),
+        }
     }
 
     /// The shared log.
@@ -192,11 +197,23 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
             }
         }
     }
-    fn write(&self, s: &C::Stream, m: &C::Memory, off: u64, src: &[u8]) -> Result<(), BackendError> {
+    fn write(
+        &self,
+        s: &C::Stream,
+        m: &C::Memory,
+        off: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
         self.log.device_call();
         self.inner.write(s, m, off, src)
     }
-    fn read(&self, s: &C::Stream, m: &C::Memory, off: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+    fn read(
+        &self,
+        s: &C::Stream,
+        m: &C::Memory,
+        off: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
         self.log.device_call();
         self.inner.read(s, m, off, dst)
     }
@@ -212,12 +229,15 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
         let log = self.log.clone();
         log.teardowns.fetch_add(1, Ordering::SeqCst);
         log.teardown_lost.store(lost, Ordering::SeqCst);
-        log.unsettled_at_teardown.store(log.in_flight(), Ordering::SeqCst);
+        log.unsettled_at_teardown
+            .store(log.in_flight(), Ordering::SeqCst);
         let r = self.inner.teardown(lost);
         log.torn_down.store(true, Ordering::SeqCst);
         // Parked governor signals of a lost device will never be retired.
         if lost {
-            drop(std::mem::take(&mut *log.held.lock().unwrap_or_else(|e| e.into_inner())));
+            drop(std::mem::take(
+                &mut *log.held.lock().unwrap_or_else(|e| e.into_inner()),
+            ));
         }
         r
     }

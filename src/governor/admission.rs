@@ -55,7 +55,10 @@ pub(crate) fn admit<C: DeviceContext>(
             Err(Err(fatal)) => return Err(fatal),
         };
         if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+            return Err(GovernorError::DeviceLost {
+                context: ctx.id,
+                reason: ctx.lost_reason(),
+            });
         }
         // 1. Wait for pending releases to retire, if the policy allows and
         //    there is something pending that could help.
@@ -85,7 +88,14 @@ pub(crate) fn admit<C: DeviceContext>(
             }
         }
         add(&ctx.counters.admission_refusals, 1);
-        return Err(exceeded(ctx, refused, bytes, role, start.elapsed(), reclaimed));
+        return Err(exceeded(
+            ctx,
+            refused,
+            bytes,
+            role,
+            start.elapsed(),
+            reclaimed,
+        ));
     }
 }
 
@@ -98,11 +108,16 @@ fn attempt<C: DeviceContext>(
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     let credit = stream.credit();
-    ctx.budget.try_charge(bytes, credit).map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
+    ctx.budget
+        .try_charge(bytes, credit)
+        .map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
     if let Some(s) = &ctx.shared {
         if let Err(r) = s.0.budget.try_charge(bytes, credit) {
             ctx.budget.uncharge(bytes);
-            return Err(Ok(Refused::Budget(BudgetScope::Shared(s.0.label.clone()), r)));
+            return Err(Ok(Refused::Budget(
+                BudgetScope::Shared(s.0.label.clone()),
+                r,
+            )));
         }
     }
     let result = match ctx.enter() {
@@ -122,29 +137,43 @@ fn attempt<C: DeviceContext>(
         if e.kind == BackendErrorKind::OutOfMemory {
             Ok(Refused::Device(e))
         } else if e.is_device_lost() {
-            Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() })
+            Err(GovernorError::DeviceLost {
+                context: ctx.id,
+                reason: ctx.lost_reason(),
+            })
         } else {
-            Err(GovernorError::Backend { context: ctx.id, source: e })
+            Err(GovernorError::Backend {
+                context: ctx.id,
+                source: e,
+            })
         }
     })
 }
 
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => {
-            ctx.shared.as_ref().map_or(0, |s| s.0.pending.load(Ordering::Acquire))
-        }
+        Refused::Budget(BudgetScope::Shared(_), _) => ctx
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.0.pending.load(Ordering::Acquire)),
         _ => ctx.pending_bytes(),
     }
 }
 
 /// Sleep until some release in scope settles (or the device is lost), or the
 /// deadline passes. Never polls: settlement wakes the notifier.
-fn wait_for_a_settlement<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, deadline: Instant) {
+fn wait_for_a_settlement<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    refused: &Refused,
+    deadline: Instant,
+) {
     match (refused, &ctx.shared) {
         (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => {
             let seen = s.0.epoch.load(Ordering::SeqCst);
-            s.0.retired.wait_until(|| s.0.epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(), Some(deadline));
+            s.0.retired.wait_until(
+                || s.0.epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                Some(deadline),
+            );
         }
         _ => {
             let seen = ctx.settle_epoch.load(Ordering::SeqCst);
@@ -160,7 +189,10 @@ fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: 
     match refused {
         Refused::Budget(_, r) => r.charged.saturating_add(bytes).saturating_sub(r.limit),
         Refused::Device(_) => {
-            let free = ctx.enter().and_then(|b| b.memory_info().ok()).map_or(0, |m| m.free);
+            let free = ctx
+                .enter()
+                .and_then(|b| b.memory_info().ok())
+                .map_or(0, |m| m.free);
             bytes.saturating_sub(free)
         }
     }
@@ -176,23 +208,55 @@ fn exceeded<C: DeviceContext>(
 ) -> GovernorError {
     let (scope, live, pending, quarantined, limit, available) = match refused {
         Refused::Budget(BudgetScope::Shared(label), r) => {
-            let s = &ctx.shared.as_ref().expect("shared refusal implies a shared budget").0;
+            let s = &ctx
+                .shared
+                .as_ref()
+                .expect("shared refusal implies a shared budget")
+                .0;
             let pending = s.pending.load(Ordering::Acquire);
             let quarantined = s.quarantined.load(Ordering::Acquire);
-            let live = r.charged.saturating_sub(pending).saturating_sub(quarantined);
-            (BudgetScope::Shared(label), live, pending, quarantined, r.limit, r.limit.saturating_sub(r.charged))
+            let live = r
+                .charged
+                .saturating_sub(pending)
+                .saturating_sub(quarantined);
+            (
+                BudgetScope::Shared(label),
+                live,
+                pending,
+                quarantined,
+                r.limit,
+                r.limit.saturating_sub(r.charged),
+            )
         }
         Refused::Budget(scope, r) => {
             let pending = ctx.pending_bytes();
             let quarantined = ctx.quarantined_bytes();
-            let live = r.charged.saturating_sub(pending).saturating_sub(quarantined);
-            (scope, live, pending, quarantined, r.limit, r.limit.saturating_sub(r.charged))
+            let live = r
+                .charged
+                .saturating_sub(pending)
+                .saturating_sub(quarantined);
+            (
+                scope,
+                live,
+                pending,
+                quarantined,
+                r.limit,
+                r.limit.saturating_sub(r.charged),
+            )
         }
         Refused::Device(e) => {
             let info = ctx.enter().and_then(|b| b.memory_info().ok());
-            let (free, total) = info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+            let (free, total) =
+                info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
             let _ = e;
-            (BudgetScope::Device, ctx.live_bytes(), ctx.pending_bytes(), ctx.quarantined_bytes(), total, free)
+            (
+                BudgetScope::Device,
+                ctx.live_bytes(),
+                ctx.pending_bytes(),
+                ctx.quarantined_bytes(),
+                total,
+                free,
+            )
         }
     };
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {

@@ -25,7 +25,11 @@ pub(crate) struct Refusal {
 
 impl Budget {
     pub(crate) fn new(limit: u64) -> Self {
-        Self { limit: AtomicU64::new(limit), charged: AtomicU64::new(0), peak: AtomicU64::new(0) }
+        Self {
+            limit: AtomicU64::new(limit),
+            charged: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        }
     }
 
     /// Charge `bytes` if `charged + bytes - credit <= limit`.
@@ -39,10 +43,19 @@ impl Budget {
         let mut cur = self.charged.load(Ordering::Relaxed);
         loop {
             let needed = cur.checked_add(bytes.saturating_sub(credit));
-            let Some(new) = cur.checked_add(bytes).filter(|_| needed.is_some_and(|n| n <= limit)) else {
-                return Err(Refusal { charged: cur, limit });
+            let Some(new) = cur
+                .checked_add(bytes)
+                .filter(|_| needed.is_some_and(|n| n <= limit))
+            else {
+                return Err(Refusal {
+                    charged: cur,
+                    limit,
+                });
             };
-            match self.charged.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .charged
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     if new > self.peak.load(Ordering::Relaxed) {
                         self.peak.fetch_max(new, Ordering::Relaxed);
@@ -57,7 +70,10 @@ impl Budget {
     #[inline]
     pub(crate) fn uncharge(&self, bytes: u64) {
         let prev = self.charged.fetch_sub(bytes, Ordering::AcqRel);
-        debug_assert!(prev >= bytes, "uncharged {bytes} B from a budget holding {prev} B");
+        debug_assert!(
+            prev >= bytes,
+            "uncharged {bytes} B from a budget holding {prev} B"
+        );
     }
 
     pub(crate) fn charged(&self) -> u64 {

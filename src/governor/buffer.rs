@@ -39,7 +39,10 @@ pub struct ReleaseError<C: DeviceContext> {
 
 impl<C: DeviceContext> fmt::Debug for ReleaseError<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReleaseError").field("buffer", &self.buffer).field("error", &self.error).finish()
+        f.debug_struct("ReleaseError")
+            .field("buffer", &self.buffer)
+            .field("error", &self.error)
+            .finish()
     }
 }
 
@@ -109,7 +112,13 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     fn check_bounds(&self, op: &'static str, offset: u64, len: u64) -> Result<(), GovernorError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.bytes => Ok(()),
-            _ => Err(GovernorError::OutOfBounds { context: self.stream.ctx.id, op, offset, len, size: self.bytes }),
+            _ => Err(GovernorError::OutOfBounds {
+                context: self.stream.ctx.id,
+                op,
+                offset,
+                len,
+                size: self.bytes,
+            }),
         }
     }
 
@@ -119,17 +128,28 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     ) -> Result<(), GovernorError> {
         let ctx = &*self.stream.ctx;
         if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+            return Err(GovernorError::DeviceLost {
+                context: ctx.id,
+                reason: ctx.lost_reason(),
+            });
         }
-        let backend = ctx.enter().ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+        let backend = ctx
+            .enter()
+            .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         let memory = self.memory.as_ref().expect("memory present until release");
         f(&backend, self.stream.raw(), memory).map_err(|e| {
             drop(backend);
             ctx.note_backend_error(&e);
             if e.is_device_lost() {
-                GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+                GovernorError::DeviceLost {
+                    context: ctx.id,
+                    reason: ctx.lost_reason(),
+                }
             } else {
-                GovernorError::Backend { context: ctx.id, source: e }
+                GovernorError::Backend {
+                    context: ctx.id,
+                    source: e,
+                }
             }
         })
     }
@@ -150,17 +170,36 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// device, and this returns `Ok`.
     pub fn release_on(mut self, stream: &GovernedStream<C>) -> Result<(), ReleaseError<C>> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
-            let error = GovernorError::WrongContext { buffer_context: self.stream.ctx.id, stream_context: stream.shared.ctx.id };
-            return Err(ReleaseError { buffer: Some(self), error });
+            let error = GovernorError::WrongContext {
+                buffer_context: self.stream.ctx.id,
+                stream_context: stream.shared.ctx.id,
+            };
+            return Err(ReleaseError {
+                buffer: Some(self),
+                error,
+            });
         }
         let memory = self.memory.take().expect("memory present until release");
         let id = self.stream.ctx.id;
-        match release(&self.stream.ctx, &stream.shared, memory, self.bytes, self.role) {
+        match release(
+            &self.stream.ctx,
+            &stream.shared,
+            memory,
+            self.bytes,
+            self.role,
+        ) {
             Released::Queued | Released::SettledLost => Ok(()),
-            Released::Reclaimed => Err(ReleaseError { buffer: None, error: GovernorError::Reclaimed { context: id } }),
-            Released::Quarantined(e) => {
-                Err(ReleaseError { buffer: None, error: GovernorError::Backend { context: id, source: e } })
-            }
+            Released::Reclaimed => Err(ReleaseError {
+                buffer: None,
+                error: GovernorError::Reclaimed { context: id },
+            }),
+            Released::Quarantined(e) => Err(ReleaseError {
+                buffer: None,
+                error: GovernorError::Backend {
+                    context: id,
+                    source: e,
+                },
+            }),
         }
     }
 }
@@ -170,7 +209,13 @@ impl<C: DeviceContext> Drop for DeviceBuffer<C> {
         if let Some(memory) = self.memory.take() {
             // Errors are recorded in the context (quarantine, counters,
             // tracing); a destructor has no one to return them to.
-            let _ = release(&self.stream.ctx, &self.stream, memory, self.bytes, self.role);
+            let _ = release(
+                &self.stream.ctx,
+                &self.stream,
+                memory,
+                self.bytes,
+                self.role,
+            );
         }
     }
 }

@@ -25,7 +25,13 @@ pub enum Role {
 
 impl Role {
     /// Every role, in accounting order.
-    pub const ALL: [Role; 5] = [Role::Weights, Role::KvCache, Role::Activation, Role::Workspace, Role::Other];
+    pub const ALL: [Role; 5] = [
+        Role::Weights,
+        Role::KvCache,
+        Role::Activation,
+        Role::Workspace,
+        Role::Other,
+    ];
 
     pub(crate) const fn index(self) -> usize {
         self as usize
@@ -110,7 +116,10 @@ impl fmt::Debug for ContextConfig {
         f.debug_struct("ContextConfig")
             .field("label", &self.label)
             .field("budget", &self.budget)
-            .field("shared", &self.shared.as_ref().map(|s| s.label().to_owned()))
+            .field(
+                "shared",
+                &self.shared.as_ref().map(|s| s.label().to_owned()),
+            )
             .field("admission", &self.admission)
             .field("max_pins", &self.max_pins)
             .finish()
@@ -155,7 +164,10 @@ impl ContextConfig {
     ///
     /// If `max` is zero or above 2^63 - 1.
     pub fn max_pins(mut self, max: u64) -> Self {
-        assert!((1..=crate::sync::MAX_CLAIMS).contains(&max), "max_pins must be in 1..=2^63-1, got {max}");
+        assert!(
+            (1..=crate::sync::MAX_CLAIMS).contains(&max),
+            "max_pins must be in 1..=2^63-1, got {max}"
+        );
         self.max_pins = max;
         self
     }

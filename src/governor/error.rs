@@ -76,7 +76,11 @@ impl fmt::Display for BudgetExceeded {
             write!(f, " (after waiting {:?} for pending releases)", self.waited)?;
         }
         if self.reclaimed_by_responders > 0 {
-            write!(f, " (pressure responders gave back {} B)", self.reclaimed_by_responders)?;
+            write!(
+                f,
+                " (pressure responders gave back {} B)",
+                self.reclaimed_by_responders
+            )?;
         }
         if self.pending > 0 {
             f.write_str("; wait for pending releases to retire (Admission::WaitForPending), release buffers, or raise the budget")
@@ -133,7 +137,9 @@ pub enum GovernorError {
     },
 
     /// The device was lost; nothing more will run on it.
-    #[error("context {context}: device lost ({reason}); retire the context and register a new one")]
+    #[error(
+        "context {context}: device lost ({reason}); retire the context and register a new one"
+    )]
     DeviceLost {
         /// The lost context.
         context: ProviderContextIdentity,

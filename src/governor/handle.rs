@@ -10,7 +10,10 @@ use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
 use crate::sync::lock;
-use crate::{DeviceContext, DeviceDescription, MemoryInfo, ProviderContextIdentity, ProviderContextPinError, ProviderContextPinSource};
+use crate::{
+    DeviceContext, DeviceDescription, MemoryInfo, ProviderContextIdentity, ProviderContextPinError,
+    ProviderContextPinSource,
+};
 use std::fmt;
 use std::sync::Arc;
 
@@ -22,7 +25,9 @@ pub struct ContextHandle<C: DeviceContext> {
 
 impl<C: DeviceContext> Clone for ContextHandle<C> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone() }
+        Self {
+            inner: self.inner.clone(),
+        }
     }
 }
 
@@ -60,21 +65,32 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// Free and total memory as the driver reports it now.
     pub fn memory_info(&self) -> Result<MemoryInfo, GovernorError> {
         let ctx = &*self.inner;
-        let backend = ctx.enter().ok_or(GovernorError::Pin(ProviderContextPinError::ContextUnavailable(ctx.id)))?;
+        let backend = ctx.enter().ok_or(GovernorError::Pin(
+            ProviderContextPinError::ContextUnavailable(ctx.id),
+        ))?;
         backend.memory_info().map_err(|e| {
             drop(backend);
             ctx.note_backend_error(&e);
             if e.is_device_lost() {
-                GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+                GovernorError::DeviceLost {
+                    context: ctx.id,
+                    reason: ctx.lost_reason(),
+                }
             } else {
-                GovernorError::Backend { context: ctx.id, source: e }
+                GovernorError::Backend {
+                    context: ctx.id,
+                    source: e,
+                }
             }
         })
     }
 
     /// Create a stream. It pins the context until it (and every buffer
     /// allocated on it) is dropped.
-    pub fn create_stream(&self, label: impl Into<String>) -> Result<GovernedStream<C>, GovernorError> {
+    pub fn create_stream(
+        &self,
+        label: impl Into<String>,
+    ) -> Result<GovernedStream<C>, GovernorError> {
         GovernedStream::create(&self.inner, label.into())
     }
 
@@ -98,13 +114,24 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// [`GovernorError::Pin`] (retiring, or too many pins),
     /// [`GovernorError::DeviceLost`], [`GovernorError::BudgetExceeded`] with
     /// every number, or [`GovernorError::Backend`].
-    pub fn allocate(&self, stream: &GovernedStream<C>, bytes: u64, role: Role) -> Result<DeviceBuffer<C>, GovernorError> {
+    pub fn allocate(
+        &self,
+        stream: &GovernedStream<C>,
+        bytes: u64,
+        role: Role,
+    ) -> Result<DeviceBuffer<C>, GovernorError> {
         let ctx = &self.inner;
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
-            return Err(GovernorError::WrongContext { buffer_context: ctx.id, stream_context: stream.shared.ctx.id });
+            return Err(GovernorError::WrongContext {
+                buffer_context: ctx.id,
+                stream_context: stream.shared.ctx.id,
+            });
         }
         if bytes == 0 {
-            return Err(GovernorError::ZeroSized { context: ctx.id, role });
+            return Err(GovernorError::ZeroSized {
+                context: ctx.id,
+                role,
+            });
         }
         // Born pinned: the pin is taken before anything is charged and is
         // released on every failure path below.
@@ -112,7 +139,12 @@ impl<C: DeviceContext> ContextHandle<C> {
         match admit(ctx, &stream.shared, bytes, role) {
             Ok(memory) => {
                 add(&ctx.counters.allocations, 1);
-                Ok(DeviceBuffer { stream: stream.shared.clone(), memory: Some(memory), bytes, role })
+                Ok(DeviceBuffer {
+                    stream: stream.shared.clone(),
+                    memory: Some(memory),
+                    bytes,
+                    role,
+                })
             }
             Err(e) => {
                 ctx.release_pin();
@@ -137,7 +169,10 @@ impl<C: DeviceContext> ContextHandle<C> {
 
     /// Register a callback asked to give memory back when an allocation does
     /// not fit. Called with no lock held, on the allocating thread.
-    pub fn add_pressure_responder(&self, responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static) {
+    pub fn add_pressure_responder(
+        &self,
+        responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
+    ) {
         lock(&self.inner.responders).push(Arc::new(responder));
     }
 
@@ -158,7 +193,9 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// waits for them and tears down.
     pub fn retire(&self) -> RetireHandle<C> {
         self.inner.begin_retire();
-        RetireHandle { ctx: self.inner.clone() }
+        RetireHandle {
+            ctx: self.inner.clone(),
+        }
     }
 
     /// A point-in-time view of this context.

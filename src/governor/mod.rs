@@ -24,7 +24,10 @@ pub use error::{BudgetExceeded, BudgetScope, GovernorError, RetireError};
 pub use handle::ContextHandle;
 pub use pin_source::ContextPin;
 pub use retire::{Finished, Outstanding, OutstandingItem, PinKind, RetireHandle, TeardownReport};
-pub use snapshot::{ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry, RoleUsage};
+pub use snapshot::{
+    ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
+    RoleUsage,
+};
 pub use stream::GovernedStream;
 
 use crate::sync::lock;
@@ -67,7 +70,10 @@ impl<C: DeviceContext> Default for Governor<C> {
 
 impl<C: DeviceContext> fmt::Debug for Governor<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Governor").field("id", &self.id).field("contexts", &lock(&self.contexts).len()).finish()
+        f.debug_struct("Governor")
+            .field("id", &self.id)
+            .field("contexts", &lock(&self.contexts).len())
+            .finish()
     }
 }
 
@@ -75,13 +81,20 @@ impl<C: DeviceContext> Governor<C> {
     /// A governor with no contexts.
     pub fn new() -> Self {
         let n = NEXT_GOVERNOR.fetch_add(1, Ordering::Relaxed);
-        Self { id: NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN), next_index: AtomicU32::new(0), contexts: Mutex::new(Vec::new()) }
+        Self {
+            id: NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN),
+            next_index: AtomicU32::new(0),
+            contexts: Mutex::new(Vec::new()),
+        }
     }
 
     /// Take ownership of a backend context and govern it.
     pub fn register(&self, backend: C, config: ContextConfig) -> ContextHandle<C> {
         let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-        assert!(index != u32::MAX, "fewer than 2^32 - 1 contexts per governor");
+        assert!(
+            index != u32::MAX,
+            "fewer than 2^32 - 1 contexts per governor"
+        );
         let id = ProviderContextIdentity::new(self.id, index);
         // `describe()` runs in `new`, with no lock held.
         let inner = Arc::new(ContextInner::new(id, backend, config));
@@ -91,12 +104,22 @@ impl<C: DeviceContext> Governor<C> {
 
     /// Handles of every registered context, terminated ones included.
     pub fn contexts(&self) -> Vec<ContextHandle<C>> {
-        lock(&self.contexts).iter().map(|inner| ContextHandle { inner: inner.clone() }).collect()
+        lock(&self.contexts)
+            .iter()
+            .map(|inner| ContextHandle {
+                inner: inner.clone(),
+            })
+            .collect()
     }
 
     /// The handle of one context.
     pub fn context(&self, id: ProviderContextIdentity) -> Option<ContextHandle<C>> {
-        lock(&self.contexts).iter().find(|c| c.id == id).map(|inner| ContextHandle { inner: inner.clone() })
+        lock(&self.contexts)
+            .iter()
+            .find(|c| c.id == id)
+            .map(|inner| ContextHandle {
+                inner: inner.clone(),
+            })
     }
 
     /// Drop terminated contexts from the registry. Returns how many.
@@ -110,7 +133,9 @@ impl<C: DeviceContext> Governor<C> {
     /// A view of every context.
     pub fn snapshot(&self) -> GovernorSnapshot {
         let contexts: Vec<_> = lock(&self.contexts).clone();
-        GovernorSnapshot { contexts: contexts.iter().map(|c| snapshot::snapshot(c)).collect() }
+        GovernorSnapshot {
+            contexts: contexts.iter().map(|c| snapshot::snapshot(c)).collect(),
+        }
     }
 }
 

@@ -3,7 +3,10 @@
 
 use super::record::ContextInner;
 use crate::sync::lock;
-use crate::{DeviceContext, ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource};
+use crate::{
+    DeviceContext, ProviderContextIdentity, ProviderContextPin, ProviderContextPinError,
+    ProviderContextPinSource,
+};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +48,11 @@ pub(crate) struct PinSource<C: DeviceContext>(pub Arc<PinSourceInner<C>>);
 
 impl<C: DeviceContext> PinSource<C> {
     pub(crate) fn new(ctx: &Arc<ContextInner<C>>, label: Option<String>) -> Self {
-        let inner = Arc::new(PinSourceInner { ctx: ctx.clone(), label, outstanding: AtomicU64::new(0) });
+        let inner = Arc::new(PinSourceInner {
+            ctx: ctx.clone(),
+            label,
+            outstanding: AtomicU64::new(0),
+        });
         let mut sources = lock(&ctx.sources);
         sources.retain(|w| w.strong_count() > 0);
         sources.push(Arc::downgrade(&inner));
@@ -78,7 +85,10 @@ impl<C: DeviceContext> Drop for ExternalPin<C> {
 
 impl<C: DeviceContext> fmt::Debug for ExternalPin<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExternalPin").field("context", &self.0.ctx.id).field("holder", &self.0.label).finish()
+        f.debug_struct("ExternalPin")
+            .field("context", &self.0.ctx.id)
+            .field("holder", &self.0.label)
+            .finish()
     }
 }
 

@@ -28,7 +28,10 @@ use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, ClaimCounter, Notifier};
-use crate::{BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity, ProviderContextPinError};
+use crate::{
+    BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity,
+    ProviderContextPinError,
+};
 use std::cell::UnsafeCell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -144,7 +147,11 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
         // SAFETY: this guard holds a gate claim; `finish` moves the backend
         // out only after closing the gate and observing zero claims, so the
         // Option is Some and stays in place for the guard's lifetime.
-        unsafe { (*self.ctx.backend.get()).as_ref().expect("backend present while the gate is open") }
+        unsafe {
+            (*self.ctx.backend.get())
+                .as_ref()
+                .expect("backend present while the gate is open")
+        }
     }
 }
 
@@ -162,7 +169,11 @@ impl<C: DeviceContext> ContextInner<C> {
         let limit = config.budget.unwrap_or(u64::MAX);
         Self {
             id,
-            label: if config.label.is_empty() { format!("{}:{}", description.backend, description.ordinal) } else { config.label },
+            label: if config.label.is_empty() {
+                format!("{}:{}", description.backend, description.ordinal)
+            } else {
+                config.label
+            },
             description,
             admission: config.admission,
             pins: ClaimCounter::new(config.max_pins),
@@ -194,7 +205,10 @@ impl<C: DeviceContext> ContextInner<C> {
     /// closed it.
     #[inline]
     pub(crate) fn enter(&self) -> Option<BackendGuard<'_, C>> {
-        self.gate.try_acquire().ok().map(|()| BackendGuard { ctx: self })
+        self.gate
+            .try_acquire()
+            .ok()
+            .map(|()| BackendGuard { ctx: self })
     }
 
     /// Reach the backend while the gate is closed, for `force` only.
@@ -237,7 +251,9 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     pub(crate) fn lost_reason(&self) -> String {
-        lock(&self.lost_reason).clone().unwrap_or_else(|| "device lost".into())
+        lock(&self.lost_reason)
+            .clone()
+            .unwrap_or_else(|| "device lost".into())
     }
 
     /// Everything teardown waits for has finished: no pins, and no pending
@@ -248,7 +264,9 @@ impl<C: DeviceContext> ContextInner<C> {
 
     /// Stop accepting work: new pins fail from now on.
     pub(crate) fn begin_retire(&self) {
-        let _ = self.phase.compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .phase
+            .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         if self.pins.close() {
             self.lifecycle.notify();
@@ -289,11 +307,19 @@ impl<C: DeviceContext> ContextInner<C> {
     /// is `force` after revoking what it reclaimed. Returns the report; a
     /// second caller waits for the first and gets the same report.
     pub(crate) fn finish(&self) -> TeardownReport {
-        match self.phase.compare_exchange(RETIRING, TERMINATING, Ordering::AcqRel, Ordering::Acquire) {
+        match self.phase.compare_exchange(
+            RETIRING,
+            TERMINATING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {}
             Err(_) => {
-                self.lifecycle.wait_until(|| self.phase() == TERMINATED, None);
-                return lock(&self.report).clone().expect("report stored before TERMINATED");
+                self.lifecycle
+                    .wait_until(|| self.phase() == TERMINATED, None);
+                return lock(&self.report)
+                    .clone()
+                    .expect("report stored before TERMINATED");
             }
         }
         // Close the gate and wait for backend calls in flight (handle-level
@@ -330,7 +356,11 @@ impl<C: DeviceContext> ContextInner<C> {
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
             quarantined_bytes,
-            unsettled_releases: if lost { self.pending.load(Ordering::Acquire) } else { 0 },
+            unsettled_releases: if lost {
+                self.pending.load(Ordering::Acquire)
+            } else {
+                0
+            },
             elapsed: started.elapsed(),
             backend_result: result,
         };
@@ -362,13 +392,22 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     pub(crate) fn live_bytes(&self) -> u64 {
-        self.roles.iter().map(|r| r.live_bytes.load(Ordering::Relaxed)).sum()
+        self.roles
+            .iter()
+            .map(|r| r.live_bytes.load(Ordering::Relaxed))
+            .sum()
     }
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.roles.iter().map(|r| r.pending_bytes.load(Ordering::Relaxed)).sum()
+        self.roles
+            .iter()
+            .map(|r| r.pending_bytes.load(Ordering::Relaxed))
+            .sum()
     }
     pub(crate) fn quarantined_bytes(&self) -> u64 {
-        self.roles.iter().map(|r| r.quarantined_bytes.load(Ordering::Relaxed)).sum()
+        self.roles
+            .iter()
+            .map(|r| r.quarantined_bytes.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -381,9 +420,11 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
         if let Some(backend) = self.backend.get_mut().take() {
             let lost = *self.lost.get_mut();
             let id = self.id;
-            let spawned = std::thread::Builder::new().name(format!("memgov-reaper-{id}")).spawn(move || {
-                let _ = backend.teardown(lost);
-            });
+            let spawned = std::thread::Builder::new()
+                .name(format!("memgov-reaper-{id}"))
+                .spawn(move || {
+                    let _ = backend.teardown(lost);
+                });
             if spawned.is_err() {
                 // No thread to be had: leaking the context is the only choice
                 // that cannot destroy it under a running callback.

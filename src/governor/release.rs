@@ -140,7 +140,12 @@ pub(crate) fn release<C: DeviceContext>(
     }
 }
 
-fn undo_pending<C: DeviceContext>(ctx: &ContextInner<C>, stream: &StreamShared<C>, bytes: u64, role: Role) {
+fn undo_pending<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+) {
     let r = &ctx.roles[role.index()];
     sub(&r.pending_bytes, bytes);
     sub(&r.pending_count, 1);
@@ -169,7 +174,13 @@ fn settle_live_as_lost<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, role
 
 /// Keep refused memory owned and charged, visible with its reason, until the
 /// context terminates. It holds no pin: teardown frees it with the context.
-fn quarantine<C: DeviceContext>(ctx: &ContextInner<C>, memory: C::Memory, bytes: u64, role: Role, err: &BackendError) {
+fn quarantine<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    memory: C::Memory,
+    bytes: u64,
+    role: Role,
+    err: &BackendError,
+) {
     let r = &ctx.roles[role.index()];
     sub(&r.live_bytes, bytes);
     sub(&r.live_count, 1);
@@ -181,7 +192,12 @@ fn quarantine<C: DeviceContext>(ctx: &ContextInner<C>, memory: C::Memory, bytes:
     add(&ctx.counters.quarantined, 1);
     #[cfg(feature = "tracing")]
     tracing::warn!(context = %ctx.id, label = %ctx.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
-    lock(&ctx.quarantine).push(Quarantined { role, bytes, reason: err.to_string(), _memory: memory });
+    lock(&ctx.quarantine).push(Quarantined {
+        role,
+        bytes,
+        reason: err.to_string(),
+        _memory: memory,
+    });
     ctx.release_pin();
 }
 

@@ -106,31 +106,75 @@ impl Outstanding {
     pub(crate) fn collect<C: DeviceContext>(ctx: &ContextInner<C>) -> Self {
         let mut items = Vec::new();
         // After force, surviving stream handles hold no pin: not outstanding.
-        let streams = if ctx.forced.load(Ordering::Acquire) { Vec::new() } else { lock(&ctx.streams).clone() };
+        let streams = if ctx.forced.load(Ordering::Acquire) {
+            Vec::new()
+        } else {
+            lock(&ctx.streams).clone()
+        };
         for s in streams.iter().filter_map(|w| w.upgrade()) {
-            items.push(OutstandingItem { kind: PinKind::Stream, role: None, count: 1, bytes: 0, holder: Some(s.label.clone()) });
+            items.push(OutstandingItem {
+                kind: PinKind::Stream,
+                role: None,
+                count: 1,
+                bytes: 0,
+                holder: Some(s.label.clone()),
+            });
         }
         for role in Role::ALL {
             let r = &ctx.roles[role.index()];
-            let (lc, lb) = (r.live_count.load(Ordering::Relaxed), r.live_bytes.load(Ordering::Relaxed));
+            let (lc, lb) = (
+                r.live_count.load(Ordering::Relaxed),
+                r.live_bytes.load(Ordering::Relaxed),
+            );
             if lc > 0 {
-                items.push(OutstandingItem { kind: PinKind::Buffer, role: Some(role), count: lc, bytes: lb, holder: None });
+                items.push(OutstandingItem {
+                    kind: PinKind::Buffer,
+                    role: Some(role),
+                    count: lc,
+                    bytes: lb,
+                    holder: None,
+                });
             }
-            let (pc, pb) = (r.pending_count.load(Ordering::Relaxed), r.pending_bytes.load(Ordering::Relaxed));
+            let (pc, pb) = (
+                r.pending_count.load(Ordering::Relaxed),
+                r.pending_bytes.load(Ordering::Relaxed),
+            );
             if pc > 0 {
-                items.push(OutstandingItem { kind: PinKind::PendingRelease, role: Some(role), count: pc, bytes: pb, holder: None });
+                items.push(OutstandingItem {
+                    kind: PinKind::PendingRelease,
+                    role: Some(role),
+                    count: pc,
+                    bytes: pb,
+                    holder: None,
+                });
             }
         }
         for s in lock(&ctx.sources).iter().filter_map(|w| w.upgrade()) {
             let n = s.outstanding.load(Ordering::Relaxed);
             if n > 0 {
-                items.push(OutstandingItem { kind: PinKind::External, role: None, count: n, bytes: 0, holder: s.label.clone() });
+                items.push(OutstandingItem {
+                    kind: PinKind::External,
+                    role: None,
+                    count: n,
+                    bytes: 0,
+                    holder: s.label.clone(),
+                });
             }
         }
-        let listed: u64 = items.iter().filter(|i| i.kind != PinKind::PendingRelease).map(|i| i.count).sum();
+        let listed: u64 = items
+            .iter()
+            .filter(|i| i.kind != PinKind::PendingRelease)
+            .map(|i| i.count)
+            .sum();
         let other = ctx.pins.count().saturating_sub(listed);
         if other > 0 {
-            items.push(OutstandingItem { kind: PinKind::Other, role: None, count: other, bytes: 0, holder: None });
+            items.push(OutstandingItem {
+                kind: PinKind::Other,
+                role: None,
+                count: other,
+                bytes: 0,
+                holder: None,
+            });
         }
         Self { items }
     }
@@ -176,7 +220,9 @@ pub struct RetireHandle<C: DeviceContext> {
 
 impl<C: DeviceContext> fmt::Debug for RetireHandle<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetireHandle").field("context", &self.ctx.id).finish()
+        f.debug_struct("RetireHandle")
+            .field("context", &self.ctx.id)
+            .finish()
     }
 }
 
@@ -207,7 +253,10 @@ impl<C: DeviceContext> RetireHandle<C> {
     pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let start = Instant::now();
         let ctx = &*self.ctx;
-        if ctx.lifecycle.wait_until(|| ctx.drained() || ctx.phase() == TERMINATED, Some(deadline)) {
+        if ctx.lifecycle.wait_until(
+            || ctx.drained() || ctx.phase() == TERMINATED,
+            Some(deadline),
+        ) {
             Ok(ctx.finish())
         } else {
             Err(self.outstanding_error(start.elapsed()))
@@ -233,7 +282,10 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// Woken by the last retirement, never by polling. Teardown runs on the
     /// thread that polls it to completion.
     pub fn finished(&self) -> Finished<'_, C> {
-        Finished { handle: self, registered: false }
+        Finished {
+            handle: self,
+            registered: false,
+        }
     }
 
     /// Reclaim instead of waiting: synchronize every stream, revoke the pins
@@ -261,7 +313,10 @@ impl<C: DeviceContext> RetireHandle<C> {
         if ctx.is_lost() {
             // Nothing to synchronize on a lost device.
         } else {
-            let streams: Vec<_> = lock(&ctx.streams).iter().filter_map(|w| w.upgrade()).collect();
+            let streams: Vec<_> = lock(&ctx.streams)
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .collect();
             for s in &streams {
                 if let Some(Err(e)) = ctx.with_closed_gate(|b| b.synchronize(s.raw())) {
                     ctx.note_backend_error(&e);
@@ -301,7 +356,11 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
         let ctx = self.handle.ctx.clone();
         let mut registered = self.registered;
-        let ready = ctx.lifecycle.register_task(cx.waker(), &mut registered, || ctx.drained() || ctx.phase() == TERMINATED);
+        let ready = ctx
+            .lifecycle
+            .register_task(cx.waker(), &mut registered, || {
+                ctx.drained() || ctx.phase() == TERMINATED
+            });
         self.registered = registered;
         if ready {
             ctx.lifecycle.forget_task(&mut self.registered);

@@ -159,14 +159,16 @@ impl ContextSnapshot {
 
     /// Sum over roles.
     pub fn total(&self) -> RoleUsage {
-        self.by_role.iter().fold(RoleUsage::default(), |a, r| RoleUsage {
-            live_bytes: a.live_bytes + r.live_bytes,
-            live_count: a.live_count + r.live_count,
-            pending_bytes: a.pending_bytes + r.pending_bytes,
-            pending_count: a.pending_count + r.pending_count,
-            quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
-            quarantined_count: a.quarantined_count + r.quarantined_count,
-        })
+        self.by_role
+            .iter()
+            .fold(RoleUsage::default(), |a, r| RoleUsage {
+                live_bytes: a.live_bytes + r.live_bytes,
+                live_count: a.live_count + r.live_count,
+                pending_bytes: a.pending_bytes + r.pending_bytes,
+                pending_count: a.pending_count + r.pending_count,
+                quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
+                quarantined_count: a.quarantined_count + r.quarantined_count,
+            })
     }
 }
 
@@ -181,14 +183,17 @@ pub struct GovernorSnapshot {
 impl GovernorSnapshot {
     /// Sum of every context's usage.
     pub fn total(&self) -> RoleUsage {
-        self.contexts.iter().map(|c| c.total()).fold(RoleUsage::default(), |a, r| RoleUsage {
-            live_bytes: a.live_bytes + r.live_bytes,
-            live_count: a.live_count + r.live_count,
-            pending_bytes: a.pending_bytes + r.pending_bytes,
-            pending_count: a.pending_count + r.pending_count,
-            quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
-            quarantined_count: a.quarantined_count + r.quarantined_count,
-        })
+        self.contexts
+            .iter()
+            .map(|c| c.total())
+            .fold(RoleUsage::default(), |a, r| RoleUsage {
+                live_bytes: a.live_bytes + r.live_bytes,
+                live_count: a.live_count + r.live_count,
+                pending_bytes: a.pending_bytes + r.pending_bytes,
+                pending_count: a.pending_count + r.pending_count,
+                quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
+                quarantined_count: a.quarantined_count + r.quarantined_count,
+            })
     }
 }
 
@@ -219,7 +224,14 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         };
     }
     let outstanding = Outstanding::collect(ctx);
-    let count = |k: PinKind| outstanding.items.iter().filter(|i| i.kind == k).map(|i| i.count).sum::<u64>();
+    let count = |k: PinKind| {
+        outstanding
+            .items
+            .iter()
+            .filter(|i| i.kind == k)
+            .map(|i| i.count)
+            .sum::<u64>()
+    };
     let pins = PinCounts {
         streams: ld(&ctx.streams_live),
         buffers: count(PinKind::Buffer),
@@ -243,7 +255,11 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         by_role,
         quarantine: lock(&ctx.quarantine)
             .iter()
-            .map(|q| QuarantineEntry { role: q.role, bytes: q.bytes, reason: q.reason.clone() })
+            .map(|q| QuarantineEntry {
+                role: q.role,
+                bytes: q.bytes,
+                reason: q.reason.clone(),
+            })
             .collect(),
         pins,
         counters: CounterSnapshot {

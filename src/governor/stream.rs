@@ -28,7 +28,9 @@ impl<C: DeviceContext> StreamShared<C> {
 
     #[inline]
     pub(crate) fn credit(&self) -> u64 {
-        self.pending_bytes.as_ref().map_or(0, |p| p.load(Ordering::Relaxed))
+        self.pending_bytes
+            .as_ref()
+            .map_or(0, |p| p.load(Ordering::Relaxed))
     }
 }
 
@@ -66,13 +68,18 @@ pub struct GovernedStream<C: DeviceContext> {
 
 impl<C: DeviceContext> Clone for GovernedStream<C> {
     fn clone(&self) -> Self {
-        Self { shared: self.shared.clone() }
+        Self {
+            shared: self.shared.clone(),
+        }
     }
 }
 
 impl<C: DeviceContext> fmt::Debug for GovernedStream<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GovernedStream").field("context", &self.shared.ctx.id).field("label", &self.shared.label).finish()
+        f.debug_struct("GovernedStream")
+            .field("context", &self.shared.ctx.id)
+            .field("label", &self.shared.label)
+            .finish()
     }
 }
 
@@ -92,7 +99,9 @@ impl<C: DeviceContext> GovernedStream<C> {
                     Err(backend_error(ctx, e))
                 }
             },
-            None => Err(GovernorError::Pin(crate::ProviderContextPinError::ContextUnavailable(ctx.id))),
+            None => Err(GovernorError::Pin(
+                crate::ProviderContextPinError::ContextUnavailable(ctx.id),
+            )),
         };
         let raw = match created {
             Ok(raw) => raw,
@@ -105,7 +114,10 @@ impl<C: DeviceContext> GovernedStream<C> {
             ctx: ctx.clone(),
             raw: Some(raw),
             label,
-            pending_bytes: ctx.description.stream_ordered_reuse.then(|| Arc::new(AtomicU64::new(0))),
+            pending_bytes: ctx
+                .description
+                .stream_ordered_reuse
+                .then(|| Arc::new(AtomicU64::new(0))),
         });
         let mut streams = lock(&ctx.streams);
         streams.retain(|w| w.strong_count() > 0);
@@ -119,9 +131,14 @@ impl<C: DeviceContext> GovernedStream<C> {
     pub fn synchronize(&self) -> Result<(), GovernorError> {
         let ctx = &*self.shared.ctx;
         if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() });
+            return Err(GovernorError::DeviceLost {
+                context: ctx.id,
+                reason: ctx.lost_reason(),
+            });
         }
-        let backend = ctx.enter().ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+        let backend = ctx
+            .enter()
+            .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         backend.synchronize(self.shared.raw()).map_err(|e| {
             drop(backend);
             ctx.note_backend_error(&e);
@@ -152,18 +169,30 @@ impl<C: DeviceContext> GovernedStream<C> {
 /// [`GovernorError::DeviceLost`], like allocate, write and read do.
 fn backend_error<C: DeviceContext>(ctx: &ContextInner<C>, e: crate::BackendError) -> GovernorError {
     if e.is_device_lost() {
-        GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+        GovernorError::DeviceLost {
+            context: ctx.id,
+            reason: ctx.lost_reason(),
+        }
     } else {
-        GovernorError::Backend { context: ctx.id, source: e }
+        GovernorError::Backend {
+            context: ctx.id,
+            source: e,
+        }
     }
 }
 
 /// Map a pin refusal to the governor's error, naming device loss when that is
 /// why the context stopped accepting work.
-pub(crate) fn pin_error<C: DeviceContext>(ctx: &ContextInner<C>, e: crate::ProviderContextPinError) -> GovernorError {
+pub(crate) fn pin_error<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    e: crate::ProviderContextPinError,
+) -> GovernorError {
     match e {
         crate::ProviderContextPinError::ContextUnavailable(_) if ctx.is_lost() => {
-            GovernorError::DeviceLost { context: ctx.id, reason: ctx.lost_reason() }
+            GovernorError::DeviceLost {
+                context: ctx.id,
+                reason: ctx.lost_reason(),
+            }
         }
         e => GovernorError::Pin(e),
     }

@@ -33,8 +33,14 @@ pub(crate) struct ClaimCounter {
 
 impl ClaimCounter {
     pub(crate) fn new(max: u64) -> Self {
-        assert!(max >= 1 && max <= MAX_CLAIMS, "claim maximum must be in 1..=2^63-1, got {max}");
-        Self { state: AtomicU64::new(0), max }
+        assert!(
+            max >= 1 && max <= MAX_CLAIMS,
+            "claim maximum must be in 1..=2^63-1, got {max}"
+        );
+        Self {
+            state: AtomicU64::new(0),
+            max,
+        }
     }
 
     /// Take a new claim, unless the counter is closed or full.
@@ -48,7 +54,12 @@ impl ClaimCounter {
             if cur >= self.max {
                 return Err(AcquireError::Overflow);
             }
-            match self.state.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed) {
+            match self.state.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
@@ -61,7 +72,10 @@ impl ClaimCounter {
     #[must_use = "the last release of a closed counter must wake the waiter"]
     pub(crate) fn release(&self) -> bool {
         let prev = self.state.fetch_sub(1, Ordering::Release);
-        debug_assert!(prev & !CLOSED != 0, "claim released more often than acquired");
+        debug_assert!(
+            prev & !CLOSED != 0,
+            "claim released more often than acquired"
+        );
         if prev == CLOSED | 1 {
             // Pair with every other releaser's Release so that the woken side
             // sees everything they did before dropping their claims.

@@ -61,7 +61,11 @@ impl Notifier {
 
     /// Block until `ready()` holds or `deadline` passes. Returns whether
     /// `ready()` held. `ready` must only read atomics.
-    pub(crate) fn wait_until(&self, mut ready: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
+    pub(crate) fn wait_until(
+        &self,
+        mut ready: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) -> bool {
         if ready() {
             return true;
         }
@@ -84,7 +88,11 @@ impl Notifier {
                     }
                     #[cfg(not(loom))]
                     {
-                        guard = self.cv.wait_timeout(guard, d - now).unwrap_or_else(|e| e.into_inner()).0;
+                        guard = self
+                            .cv
+                            .wait_timeout(guard, d - now)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
                     }
                     #[cfg(loom)]
                     {
@@ -102,7 +110,12 @@ impl Notifier {
     /// For futures: if `ready()` does not hold, register `waker` to be woken by
     /// the next [`notify`](Self::notify) and return false. The registration
     /// counts as a waiter until [`forget_task`](Self::forget_task).
-    pub(crate) fn register_task(&self, waker: &Waker, registered: &mut bool, mut ready: impl FnMut() -> bool) -> bool {
+    pub(crate) fn register_task(
+        &self,
+        waker: &Waker,
+        registered: &mut bool,
+        mut ready: impl FnMut() -> bool,
+    ) -> bool {
         if !*registered {
             self.waiters.fetch_add(1, Ordering::SeqCst);
             *registered = true;

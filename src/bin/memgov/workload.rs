@@ -9,8 +9,8 @@
 
 use memgov::host::{HostConfig, HostContext, HostProbe};
 use memgov::{
-    Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, ProviderContextPinSource, Role,
-    SharedBudget, TeardownReport,
+    Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    ProviderContextPinSource, Role, SharedBudget, TeardownReport,
 };
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -54,7 +54,9 @@ fn device(name: &str, ordinal: u32, args: &RunArgs) -> Result<(HostContext, Host
 }
 
 fn checksum(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    data.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn fill(seed: u64, len: usize) -> Vec<u8> {
@@ -73,7 +75,15 @@ fn print_snapshot(gov: &Governor<Ctx>, title: &str) {
     println!("  -- {title}");
     println!(
         "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
-        "context", "state", "weights", "kv-cache", "activ.", "pending", "pins", "retired", "refused"
+        "context",
+        "state",
+        "weights",
+        "kv-cache",
+        "activ.",
+        "pending",
+        "pins",
+        "retired",
+        "refused"
     );
     for c in gov.snapshot().contexts {
         let t = c.total();
@@ -119,11 +129,19 @@ const WEIGHT_SHARDS: usize = 8;
 const SHARD: u64 = 16 * MIB;
 const SAMPLE: usize = 256 * 1024;
 
-fn llm_on(gov: &Governor<Ctx>, backend: Ctx, label: &str, args: &RunArgs, shared: Option<SharedBudget>) -> Result<Llm, String> {
+fn llm_on(
+    gov: &Governor<Ctx>,
+    backend: Ctx,
+    label: &str,
+    args: &RunArgs,
+    shared: Option<SharedBudget>,
+) -> Result<Llm, String> {
     let mut cfg = ContextConfig::new()
         .label(label)
         .budget(args.llm_budget_mib * MIB)
-        .admission(Admission::WaitForPending { timeout: Duration::from_secs(5) });
+        .admission(Admission::WaitForPending {
+            timeout: Duration::from_secs(5),
+        });
     if let Some(s) = shared {
         cfg = cfg.shared_budget(s);
     }
@@ -152,20 +170,34 @@ fn llm_on(gov: &Governor<Ctx>, backend: Ctx, label: &str, args: &RunArgs, shared
     });
     let load = ctx.create_stream("load").map_err(|e| e.to_string())?;
     let decode = ctx.create_stream("decode").map_err(|e| e.to_string())?;
-    Ok(Llm { ctx, load, decode, weights: Vec::new(), kv })
+    Ok(Llm {
+        ctx,
+        load,
+        decode,
+        weights: Vec::new(),
+        kv,
+    })
 }
 
 fn serve(llm: &Llm, request: u32, steps: u32) -> Result<(), String> {
     for step in 0..steps {
-        let act = llm.ctx.allocate(&llm.decode, 4 * MIB, Role::Activation).map_err(|e| e.to_string())?;
+        let act = llm
+            .ctx
+            .allocate(&llm.decode, 4 * MIB, Role::Activation)
+            .map_err(|e| e.to_string())?;
         let data = fill((request as u64) << 32 | step as u64, 4096);
         act.write(0, &data).map_err(|e| e.to_string())?;
         let mut back = vec![0u8; data.len()];
         act.read(0, &mut back).map_err(|e| e.to_string())?;
         if back != data {
-            return Err(format!("request {request} step {step}: activation read back wrong"));
+            return Err(format!(
+                "request {request} step {step}: activation read back wrong"
+            ));
         }
-        let block = llm.ctx.allocate(&llm.decode, 2 * MIB, Role::KvCache).map_err(|e| e.to_string())?;
+        let block = llm
+            .ctx
+            .allocate(&llm.decode, 2 * MIB, Role::KvCache)
+            .map_err(|e| e.to_string())?;
         block.write(0, &data[..512]).map_err(|e| e.to_string())?;
         llm.kv.lock().unwrap().push_back(block);
         drop(act); // stream-ordered: retires behind this step's work
@@ -198,27 +230,48 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
     // Both contexts live on "gpu0": one budget for the physical device.
     let gpu0 = SharedBudget::new("gpu0", args.device_mib * MIB);
     let llm = llm_on(&gov, dev0, "llm@gpu0", args, Some(gpu0.clone()))?;
-    let embedder = gov.register(dev0b, ContextConfig::new().label("embedder@gpu0").budget(64 * MIB).shared_budget(gpu0.clone()));
+    let embedder = gov.register(
+        dev0b,
+        ContextConfig::new()
+            .label("embedder@gpu0")
+            .budget(64 * MIB)
+            .shared_budget(gpu0.clone()),
+    );
     let emb_stream = embedder.create_stream("embed").map_err(|e| e.to_string())?;
     let plugin: Arc<dyn ProviderContextPinSource> = llm.ctx.pin_source(Some("tokenizer-plugin"));
     let plugin_pin = plugin.pin().map_err(|e| e.to_string())?;
 
-    println!("phase 1: load {} x {} MiB weights on {}", WEIGHT_SHARDS, SHARD / MIB, llm.ctx.label());
+    println!(
+        "phase 1: load {} x {} MiB weights on {}",
+        WEIGHT_SHARDS,
+        SHARD / MIB,
+        llm.ctx.label()
+    );
     let mut llm = llm;
     for i in 0..WEIGHT_SHARDS {
-        let w = llm.ctx.allocate(&llm.load, SHARD, Role::Weights).map_err(|e| e.to_string())?;
+        let w = llm
+            .ctx
+            .allocate(&llm.load, SHARD, Role::Weights)
+            .map_err(|e| e.to_string())?;
         let sample = fill(1000 + i as u64, SAMPLE);
         w.write(0, &sample).map_err(|e| e.to_string())?;
         llm.weights.push((w, checksum(&sample)));
     }
-    let emb_weights = embedder.allocate(&emb_stream, 32 * MIB, Role::Weights).map_err(|e| e.to_string())?;
+    let emb_weights = embedder
+        .allocate(&emb_stream, 32 * MIB, Role::Weights)
+        .map_err(|e| e.to_string())?;
     print_snapshot(&gov, "after loading");
 
     let half = args.requests / 2;
-    println!("phase 2: serve {half} requests on {} (KV cache grows until pressure evicts)", llm.ctx.label());
+    println!(
+        "phase 2: serve {half} requests on {} (KV cache grows until pressure evicts)",
+        llm.ctx.label()
+    );
     for r in 0..half {
         serve(&llm, r, args.steps)?;
-        let ws = embedder.allocate(&emb_stream, 8 * MIB, Role::Workspace).map_err(|e| e.to_string())?;
+        let ws = embedder
+            .allocate(&emb_stream, 8 * MIB, Role::Workspace)
+            .map_err(|e| e.to_string())?;
         drop(ws);
     }
     let snap = llm.ctx.snapshot();
@@ -239,7 +292,10 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
         if checksum(&sample) != *sum {
             return Err(format!("weight shard {i} corrupted before the move"));
         }
-        let nw = moved.ctx.allocate(&moved.load, w.len(), Role::Weights).map_err(|e| e.to_string())?;
+        let nw = moved
+            .ctx
+            .allocate(&moved.load, w.len(), Role::Weights)
+            .map_err(|e| e.to_string())?;
         nw.write(0, &sample).map_err(|e| e.to_string())?;
         let mut check = vec![0u8; SAMPLE];
         nw.read(0, &mut check).map_err(|e| e.to_string())?;
@@ -253,8 +309,19 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
     let old = llm;
     let retire = old.ctx.retire();
     let refused = old.ctx.allocate(&old.decode, MIB, Role::Activation);
-    println!("     allocation on the retiring context: {}", refused.err().map_or("admitted (BUG)".into(), |e| e.to_string()));
-    let Llm { ctx: old_ctx, load, decode, weights, kv } = old;
+    println!(
+        "     allocation on the retiring context: {}",
+        refused
+            .err()
+            .map_or("admitted (BUG)".into(), |e| e.to_string())
+    );
+    let Llm {
+        ctx: old_ctx,
+        load,
+        decode,
+        weights,
+        kv,
+    } = old;
     drop(weights);
     kv.lock().unwrap().clear();
     drop((load, decode));
@@ -263,11 +330,17 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
         Err(e) => println!("     before the plugin lets go: {e}"),
     }
     drop(plugin_pin);
-    let report = retire.wait(Instant::now() + Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let report = retire
+        .wait(Instant::now() + Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
     print_report(&report);
     let _ = old_ctx;
 
-    println!("phase 4: serve {} more requests on {}", args.requests - half, moved.ctx.label());
+    println!(
+        "phase 4: serve {} more requests on {}",
+        args.requests - half,
+        moved.ctx.label()
+    );
     for r in half..args.requests {
         serve(&moved, r, args.steps)?;
     }
@@ -276,12 +349,21 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
     println!("phase 5: retire everything");
     drop(emb_weights);
     drop(emb_stream);
-    let Llm { ctx: moved_ctx, load, decode, weights, kv } = moved;
+    let Llm {
+        ctx: moved_ctx,
+        load,
+        decode,
+        weights,
+        kv,
+    } = moved;
     drop(weights);
     kv.lock().unwrap().clear();
     drop((load, decode));
     for ctx in [&embedder, &moved_ctx] {
-        let r = ctx.retire().wait(Instant::now() + Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        let r = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(30))
+            .map_err(|e| e.to_string())?;
         print_report(&r);
     }
     print_snapshot(&gov, "final");
@@ -292,14 +374,25 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
         return Err(format!("accounting not back to zero: {total:?}"));
     }
     if gpu0.charged() != 0 {
-        return Err(format!("shared budget gpu0 still charged {} B", gpu0.charged()));
+        return Err(format!(
+            "shared budget gpu0 still charged {} B",
+            gpu0.charged()
+        ));
     }
-    for (name, p) in [("gpu0 llm", &probe0), ("gpu0 embedder", &probe0b), ("gpu1", &probe1)] {
+    for (name, p) in [
+        ("gpu0 llm", &probe0),
+        ("gpu0 embedder", &probe0b),
+        ("gpu1", &probe1),
+    ] {
         if p.violations() != 0 || p.teardowns() != 1 || p.used_bytes() != 0 {
             return Err(format!("{name}: {p:?} {:?}", p.violation_log()));
         }
     }
-    let served: u64 = final_snap.contexts.iter().map(|c| c.counters.allocations).sum();
+    let served: u64 = final_snap
+        .contexts
+        .iter()
+        .map(|c| c.counters.allocations)
+        .sum();
     println!(
         "     {} allocations, every context terminated, 0 B charged, 0 contract violations on 3 simulated devices, {:.2?}",
         served,
