@@ -89,6 +89,12 @@ impl<C: DeviceContext> Governor<C> {
     }
 
     /// Take ownership of a backend context and govern it.
+    ///
+    /// The registry keeps every context, terminated ones included, so that
+    /// [`snapshot`](Self::snapshot) can report how they ended. A runtime that
+    /// swaps devices for a long time calls
+    /// [`prune_terminated`](Self::prune_terminated) after each swap; a
+    /// terminated record no longer holds its backend, only its counters.
     pub fn register(&self, backend: C, config: ContextConfig) -> ContextHandle<C> {
         let index = self.next_index.fetch_add(1, Ordering::Relaxed);
         assert!(
