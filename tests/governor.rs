@@ -533,3 +533,41 @@ fn force_races_with_allocations_and_releases_without_leaking_pins() {
         );
     }
 }
+
+#[test]
+fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
+    use memgov::null::{NullConfig, NullContext};
+    let backend = NullContext::with_config(NullConfig {
+        deferred: true,
+        stream_ordered_reuse: true,
+        ..NullConfig::default()
+    });
+    let probe = backend.probe();
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
+    let a = ctx.create_stream("a").unwrap();
+    let b = ctx.create_stream("b").unwrap();
+    drop(ctx.allocate(&a, MIB, Role::KvCache).unwrap()); // parked: pending on `a`
+    assert_eq!(ctx.snapshot().role(Role::KvCache).pending_bytes, MIB);
+    // Another stream cannot reuse `a`'s pending free: refused with the numbers.
+    let err = ctx.allocate(&b, MIB, Role::KvCache).unwrap_err();
+    assert_eq!(
+        err.budget().map(|e| (e.pending, e.available)),
+        Some((MIB, 0)),
+        "{err}"
+    );
+    // The same stream can: the pool hands the freed bytes to work ordered after the free.
+    let again = ctx
+        .allocate(&a, MIB, Role::KvCache)
+        .expect("credited on the same stream");
+    assert_eq!(
+        ctx.snapshot().charged,
+        2 * MIB,
+        "charged in full until the free retires"
+    );
+    assert_eq!(probe.retire_parked(), 1);
+    assert_eq!(ctx.snapshot().charged, MIB);
+    drop(again);
+    probe.retire_parked();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
