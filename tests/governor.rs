@@ -571,3 +571,62 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     probe.retire_parked();
     assert_eq!(ctx.snapshot().charged, 0);
 }
+
+#[cfg(feature = "tracing")]
+#[test]
+fn tracing_events_for_retire_teardown_loss_and_quarantine() {
+    use std::sync::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    #[derive(Default)]
+    struct Messages(Arc<Mutex<Vec<String>>>);
+    struct Grab<'a>(&'a mut String);
+    impl Visit for Grab<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                *self.0 = format!("{value:?}");
+            }
+        }
+    }
+    impl Subscriber for Messages {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, e: &Event<'_>) {
+            let mut m = String::new();
+            e.record(&mut Grab(&mut m));
+            self.0.lock().unwrap().push(m);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::with_default(Messages(seen.clone()), || {
+        let gov = Governor::new();
+        let (ctx, probe) = register(&gov, ContextConfig::new());
+        let s = ctx.create_stream("s").unwrap();
+        let b = ctx.allocate(&s, 4096, Role::Other).unwrap();
+        probe.refuse_next_frees(1);
+        drop(b);
+        ctx.mark_lost("test");
+        drop(s);
+        ctx.retire().wait(soon()).unwrap();
+    });
+    let seen = seen.lock().unwrap().join("\n");
+    for needle in [
+        "quarantined",
+        "device lost",
+        "retiring context",
+        "torn down",
+    ] {
+        assert!(seen.contains(needle), "no '{needle}' event in:\n{seen}");
+    }
+}
