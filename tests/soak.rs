@@ -162,7 +162,7 @@ fn epoch(
                             Err(e) => panic!("soak allocation failed: {e}"),
                         }
                         // Release: sometimes on the other stream, sometimes a few at once.
-                        if held.len() >= 1 + (rng.next() % 8) as usize {
+                        if held.len() > (rng.next() % 8) as usize {
                             for b in held.drain(..) {
                                 if rng.next() % 4 == 0 {
                                     let other = &streams[(rng.next() % 2) as usize];

@@ -1072,10 +1072,9 @@ impl DeviceContext for VulkanContext {
             return Ok(());
         }
         // Work already queued executes first, frees and their signals too.
-        if let Err(e) = s.synchronize_inner("destroy_stream") {
-            // Left registered: teardown destroys it once the device is idle.
-            return Err(e);
-        }
+        // On error the stream stays registered: teardown destroys it once
+        // the device is idle.
+        s.synchronize_inner("destroy_stream")?;
         lock(&shared.streams).retain(|x| !Arc::ptr_eq(x, s));
         shared.probe.live_streams.fetch_sub(1, Ordering::SeqCst);
         // SAFETY: synchronize returned: every submission on the stream has

@@ -693,7 +693,7 @@ fn vulkan_row(plan: &Plan) -> Row {
 
 /// Run the rows whose key or figure contains `filter` (all when `None`).
 pub fn run(plan: &Plan, filter: Option<&str>, mut progress: impl FnMut(&str)) -> Vec<Row> {
-    let wanted = |key: &str| filter.map_or(true, |f| key.contains(f));
+    let wanted = |key: &str| filter.is_none_or(|f| key.contains(f));
     let mut rows = Vec::new();
     for &key in ROWS {
         if !wanted(key) {

@@ -34,7 +34,7 @@ pub(crate) struct ClaimCounter {
 impl ClaimCounter {
     pub(crate) fn new(max: u64) -> Self {
         assert!(
-            max >= 1 && max <= MAX_CLAIMS,
+            (1..=MAX_CLAIMS).contains(&max),
             "claim maximum must be in 1..=2^63-1, got {max}"
         );
         Self {
