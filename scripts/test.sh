@@ -19,6 +19,16 @@ step "build (default features; library without default features)"
 cargo build --locked --all-targets
 cargo build --locked --lib --no-default-features
 
+step "lints: rustfmt and clippy (every feature)"
+if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "skipped: rustfmt is not installed"; fi
+if cargo clippy --version >/dev/null 2>&1; then
+    features=serde,tracing
+    [ -f backends/vulkan/mod.rs ] && features=$features,vulkan
+    cargo clippy --locked --all-targets --features "$features" -- -D warnings
+else
+    echo "skipped: clippy is not installed"
+fi
+
 step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
 cargo test --locked --features serde,tracing --test governor
