@@ -122,7 +122,7 @@ fn attempt<C: DeviceContext>(
     }
     let result = match ctx.enter() {
         Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
-            let r = &ctx.roles[role.index()];
+            let r = &ctx.shards[stream.shard].roles[role.index()];
             add(&r.live_bytes, bytes);
             add(&r.live_count, 1);
         }),

@@ -34,7 +34,7 @@ use crate::{
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Instant;
 
@@ -43,24 +43,57 @@ pub(crate) const RETIRING: u8 = 1;
 pub(crate) const TERMINATING: u8 = 2;
 pub(crate) const TERMINATED: u8 = 3;
 
-/// Byte and object counts of one role. Updated with relaxed atomics: they are
-/// statistics read by snapshots, while admission decisions use [`Budget`].
+/// Quarantined bytes and objects of one role (rare: kept in the record).
+/// Live and pending counts are in the [`Shard`]s. Updated with relaxed
+/// atomics: they are statistics read by snapshots, while admission decisions
+/// use [`Budget`].
 #[derive(Debug, Default)]
 pub(crate) struct RoleCounters {
-    pub live_bytes: AtomicU64,
-    pub live_count: AtomicU64,
-    pub pending_bytes: AtomicU64,
-    pub pending_count: AtomicU64,
     pub quarantined_bytes: AtomicU64,
     pub quarantined_count: AtomicU64,
 }
 
-/// Monotonic event counters.
+/// Live and pending byte and object counts of one role, in one shard.
+#[derive(Debug, Default)]
+pub(crate) struct ShardRole {
+    pub live_bytes: AtomicU64,
+    pub live_count: AtomicU64,
+    pub pending_bytes: AtomicU64,
+    pub pending_count: AtomicU64,
+}
+
+/// Number of statistics shards per context. Streams are spread over them
+/// round-robin, so up to this many streams update disjoint cache lines.
+pub(crate) const SHARDS: usize = 8;
+
+/// The statistics of the steady-state allocate/release cycle, sharded by
+/// stream so that threads working on different streams do not write the same
+/// cache lines for them (`docs/performance.md`).
+///
+/// Every increment of a shard's counter is paired with a later decrement in
+/// the *same* shard (a buffer's live counts in its own stream's shard, a
+/// pending release's counts in the shard of the stream it was queued on), so
+/// no shard's counter ever goes below zero and a sum over shards is exact
+/// whenever the context is quiescent. `force` reads (and zeroes) the live
+/// counts of every shard only after closing the gate and seeing it drain: every
+/// live transition happens under a gate claim, so those reads are stable.
+///
+/// `spare` caches one freed `PendingRelease` allocation (see `release.rs`),
+/// so that the steady-state cycle does not call `malloc`/`free`.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    pub roles: [ShardRole; 5],
+    /// Releases whose free executed.
+    pub retired: AtomicU64,
+    /// A cached, uninitialised `PendingRelease<C>` box, or null.
+    pub spare: AtomicPtr<u8>,
+}
+
+/// Monotonic event counters. `allocations` and `releases_queued` are derived
+/// (see [`ContextInner::allocations`]); `retired` is per shard.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub allocations: AtomicU64,
-    pub releases_queued: AtomicU64,
-    pub retired: AtomicU64,
     pub abandoned: AtomicU64,
     pub settled_lost: AtomicU64,
     pub quarantined: AtomicU64,
@@ -113,6 +146,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub settle_epoch: AtomicU64,
 
     pub roles: [RoleCounters; 5],
+    pub shards: [Shard; SHARDS],
+    pub next_shard: AtomicUsize,
     pub counters: Counters,
     pub streams_live: AtomicU64,
 
@@ -188,6 +223,8 @@ impl<C: DeviceContext> ContextInner<C> {
             settled: Notifier::new(),
             settle_epoch: AtomicU64::new(0),
             roles: Default::default(),
+            shards: Default::default(),
+            next_shard: AtomicUsize::new(0),
             counters: Counters::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
@@ -351,7 +388,7 @@ impl<C: DeviceContext> ContextInner<C> {
             label: self.label.clone(),
             lost,
             forced: self.forced.load(Ordering::Acquire),
-            retired_releases: self.counters.retired.load(Ordering::Relaxed),
+            retired_releases: self.retired(),
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
@@ -391,17 +428,72 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    pub(crate) fn live_bytes(&self) -> u64 {
-        self.roles
+    /// A stream's shard index.
+    pub(crate) fn pick_shard(&self) -> usize {
+        self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
+    }
+
+    /// Live bytes, live count, pending bytes and pending count of one role,
+    /// summed over the shards.
+    pub(crate) fn role_usage(&self, role: Role) -> [u64; 4] {
+        let mut u = [0u64; 4];
+        for s in &self.shards {
+            let r = &s.roles[role.index()];
+            u[0] = u[0].wrapping_add(r.live_bytes.load(Ordering::Relaxed));
+            u[1] = u[1].wrapping_add(r.live_count.load(Ordering::Relaxed));
+            u[2] = u[2].wrapping_add(r.pending_bytes.load(Ordering::Relaxed));
+            u[3] = u[3].wrapping_add(r.pending_count.load(Ordering::Relaxed));
+        }
+        u
+    }
+
+    fn sum_roles(&self, i: usize) -> u64 {
+        Role::ALL
             .iter()
-            .map(|r| r.live_bytes.load(Ordering::Relaxed))
-            .sum()
+            .map(|&r| self.role_usage(r)[i])
+            .fold(0, u64::wrapping_add)
+    }
+
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.sum_roles(0)
+    }
+    pub(crate) fn live_count(&self) -> u64 {
+        self.sum_roles(1)
     }
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.roles
+        self.sum_roles(2)
+    }
+    pub(crate) fn pending_count(&self) -> u64 {
+        self.sum_roles(3)
+    }
+
+    /// Releases whose free executed.
+    pub(crate) fn retired(&self) -> u64 {
+        self.shards
             .iter()
-            .map(|r| r.pending_bytes.load(Ordering::Relaxed))
-            .sum()
+            .map(|s| s.retired.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+
+    /// Releases queued on a stream (and not undone because the backend
+    /// refused them): each is pending, retired or abandoned. Derived rather
+    /// than counted, so the cycle does not pay for it.
+    pub(crate) fn releases_queued(&self) -> u64 {
+        self.pending_count()
+            .wrapping_add(self.retired())
+            .wrapping_add(self.counters.abandoned.load(Ordering::Relaxed))
+    }
+
+    /// Allocations admitted: each is live, queued (see `releases_queued`),
+    /// settled because the device was lost, quarantined or reclaimed by
+    /// force. Derived rather than counted.
+    pub(crate) fn allocations(&self) -> u64 {
+        let c = &self.counters;
+        self.live_count()
+            .wrapping_add(self.releases_queued())
+            .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
+            .wrapping_add(c.quarantined.load(Ordering::Relaxed))
+            .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
     }
     pub(crate) fn quarantined_bytes(&self) -> u64 {
         self.roles
@@ -413,6 +505,16 @@ impl<C: DeviceContext> ContextInner<C> {
 
 impl<C: DeviceContext> Drop for ContextInner<C> {
     fn drop(&mut self) {
+        // Cached PendingRelease allocations (uninitialised) go back to the heap.
+        for s in &mut self.shards {
+            let p = std::mem::replace(s.spare.get_mut(), std::ptr::null_mut());
+            if !p.is_null() {
+                // SAFETY: only `release.rs` stores into `spare`, and only
+                // pointers from `Box<PendingRelease<C>>` whose contents it has
+                // moved out; no other reference exists (we are in Drop).
+                unsafe { super::release::free_spare::<C>(p) };
+            }
+        }
         // Every handle, buffer, stream, pin and pending release is gone (each
         // holds an Arc), so every pin has been dropped. If nobody finished the
         // retire, do it now -- but never on this thread, which may be a driver

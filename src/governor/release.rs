@@ -11,29 +11,88 @@ use crate::{BackendError, DeviceContext};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The governor's side of one pending release. Boxed once per release; this
-/// is the only heap allocation a release makes.
+/// The governor's side of one pending release. Boxed once per release; the
+/// box is recycled through its shard's `spare` slot, so that in the steady
+/// state a release makes no heap allocation at all.
 struct PendingRelease<C: DeviceContext> {
     ctx: Arc<ContextInner<C>>,
     stream_pending: Option<Arc<AtomicU64>>,
     bytes: u64,
     role: Role,
+    /// Shard of the stream the release was queued on: its pending counts.
+    shard: usize,
+}
+
+/// Box a pending release, reusing the shard's cached allocation if it has one.
+#[inline]
+fn boxed<C: DeviceContext>(pr: PendingRelease<C>) -> Box<PendingRelease<C>> {
+    let slot = &pr.ctx.shards[pr.shard].spare;
+    // A load first: the swap is skipped (no RMW) when the slot is empty.
+    if slot.load(Ordering::Relaxed).is_null() {
+        return Box::new(pr);
+    }
+    let p = slot.swap(std::ptr::null_mut(), Ordering::Acquire) as *mut PendingRelease<C>;
+    if p.is_null() {
+        return Box::new(pr);
+    }
+    // SAFETY: `spare` of a `ContextInner<C>` holds only pointers produced by
+    // `Box::into_raw` of a `Box<PendingRelease<C>>` whose contents were moved
+    // out (see `settle`); the swap gave us sole ownership of the allocation
+    // (Acquire pairs with the Release of the CAS that stored it). Writing a
+    // value makes it a valid `Box<PendingRelease<C>>` again.
+    unsafe {
+        p.write(pr);
+        Box::from_raw(p)
+    }
+}
+
+/// Free a cached allocation without dropping contents (it has none).
+///
+/// # Safety
+///
+/// `p` came from `spare` of a `ContextInner<C>` and is owned by the caller.
+pub(crate) unsafe fn free_spare<C: DeviceContext>(p: *mut u8) {
+    // SAFETY: per the contract, `p` is a `Box<PendingRelease<C>>` allocation
+    // with moved-out contents; `MaybeUninit` has the same layout and drops
+    // nothing.
+    drop(unsafe { Box::from_raw(p as *mut std::mem::MaybeUninit<PendingRelease<C>>) });
 }
 
 impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     /// Runs on whatever thread fires the signal (possibly a driver thread):
     /// atomics and wake-ups only.
     fn settle(self: Box<Self>, outcome: RetireOutcome) {
-        let ctx = &*self.ctx;
-        let r = &ctx.roles[self.role.index()];
-        sub(&r.pending_bytes, self.bytes);
-        sub(&r.pending_count, 1);
-        if let Some(p) = &self.stream_pending {
-            sub(p, self.bytes);
+        // Move the contents out and offer the allocation to the shard for the
+        // next release. `this` (and its Arc of the context) stays alive until
+        // the end of this function, so the shard outlives the store.
+        let raw = Box::into_raw(self);
+        // SAFETY: `raw` is a valid, uniquely owned `PendingRelease<C>`; after
+        // the read the allocation is treated as uninitialised.
+        let this = unsafe { raw.read() };
+        let ctx = &*this.ctx;
+        let shard = &ctx.shards[this.shard];
+        if shard
+            .spare
+            .compare_exchange(
+                std::ptr::null_mut(),
+                raw as *mut u8,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            // SAFETY: the slot is taken; we still own `raw`, contents moved.
+            unsafe { free_spare::<C>(raw as *mut u8) };
         }
-        ctx.uncharge(self.bytes, self.bytes, 0);
+        let r = &shard.roles[this.role.index()];
+        sub(&r.pending_bytes, this.bytes);
+        sub(&r.pending_count, 1);
+        if let Some(p) = &this.stream_pending {
+            sub(p, this.bytes);
+        }
+        ctx.uncharge(this.bytes, this.bytes, 0);
         match outcome {
-            RetireOutcome::Retired => add(&ctx.counters.retired, 1),
+            RetireOutcome::Retired => add(&shard.retired, 1),
             RetireOutcome::Abandoned => add(&ctx.counters.abandoned, 1),
         }
         if ctx.phase() == TERMINATED {
@@ -69,9 +128,10 @@ pub(crate) enum Released {
 }
 
 /// Release `memory` (holding one pin of `ctx`, charged `bytes` live under
-/// `role`) stream-ordered on `stream`.
+/// `role` in shard `live_shard`: its own stream's) stream-ordered on `stream`.
 pub(crate) fn release<C: DeviceContext>(
     ctx: &Arc<ContextInner<C>>,
+    live_shard: usize,
     stream: &StreamShared<C>,
     memory: C::Memory,
     bytes: u64,
@@ -83,36 +143,37 @@ pub(crate) fn release<C: DeviceContext>(
         drop(memory);
         return Released::Reclaimed;
     };
-    let r = &ctx.roles[role.index()];
     // Everything below runs with the gate claim held: `force` reads
     // `live_count` only once the gate has drained, so a buffer is either
     // still counted live (and force revokes its pin) or has moved on (and
     // released or transferred its pin itself) -- never both.
     if ctx.is_lost() {
         drop(memory);
-        settle_live_as_lost(ctx, bytes, role);
+        settle_live_as_lost(ctx, live_shard, bytes, role);
         drop(backend);
         return Released::SettledLost;
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
     ctx.pending.fetch_add(1, Ordering::SeqCst);
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
-    add(&r.pending_bytes, bytes);
-    add(&r.pending_count, 1);
+    let live = &ctx.shards[live_shard].roles[role.index()];
+    sub(&live.live_bytes, bytes);
+    sub(&live.live_count, 1);
+    let pending = &ctx.shards[stream.shard].roles[role.index()];
+    add(&pending.pending_bytes, bytes);
+    add(&pending.pending_count, 1);
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
     if let Some(s) = &ctx.shared {
         add(&s.0.pending, bytes);
     }
-    add(&ctx.counters.releases_queued, 1);
-    let signal = RetireSignal::from_sink(Box::new(PendingRelease {
+    let signal = RetireSignal::from_sink(boxed(PendingRelease {
         ctx: ctx.clone(),
         stream_pending: stream.pending_bytes.clone(),
         bytes,
         role,
+        shard: stream.shard,
     }));
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
@@ -123,15 +184,15 @@ pub(crate) fn release<C: DeviceContext>(
         Err((memory, signal, err)) => {
             // Undo the move without settling: the release never happened.
             signal.defuse();
-            undo_pending(ctx, stream, bytes, role);
+            undo_pending(ctx, live_shard, stream, bytes, role);
             ctx.pending.fetch_sub(1, Ordering::SeqCst);
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);
-                settle_live_as_lost(ctx, bytes, role);
+                settle_live_as_lost(ctx, live_shard, bytes, role);
                 Released::SettledLost
             } else {
-                quarantine(ctx, memory, bytes, role, &err);
+                quarantine(ctx, live_shard, memory, bytes, role, &err);
                 Released::Quarantined(err)
             };
             drop(backend);
@@ -142,27 +203,33 @@ pub(crate) fn release<C: DeviceContext>(
 
 fn undo_pending<C: DeviceContext>(
     ctx: &ContextInner<C>,
+    live_shard: usize,
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
 ) {
-    let r = &ctx.roles[role.index()];
-    sub(&r.pending_bytes, bytes);
-    sub(&r.pending_count, 1);
-    add(&r.live_bytes, bytes);
-    add(&r.live_count, 1);
+    let pending = &ctx.shards[stream.shard].roles[role.index()];
+    sub(&pending.pending_bytes, bytes);
+    sub(&pending.pending_count, 1);
+    let live = &ctx.shards[live_shard].roles[role.index()];
+    add(&live.live_bytes, bytes);
+    add(&live.live_count, 1);
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
     if let Some(s) = &ctx.shared {
         sub(&s.0.pending, bytes);
     }
-    sub(&ctx.counters.releases_queued, 1);
 }
 
 /// A live buffer of a lost context goes away with the device.
-fn settle_live_as_lost<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, role: Role) {
-    let r = &ctx.roles[role.index()];
+fn settle_live_as_lost<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    live_shard: usize,
+    bytes: u64,
+    role: Role,
+) {
+    let r = &ctx.shards[live_shard].roles[role.index()];
     sub(&r.live_bytes, bytes);
     sub(&r.live_count, 1);
     ctx.uncharge(bytes, 0, 0);
@@ -176,14 +243,16 @@ fn settle_live_as_lost<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, role
 /// context terminates. It holds no pin: teardown frees it with the context.
 fn quarantine<C: DeviceContext>(
     ctx: &ContextInner<C>,
+    live_shard: usize,
     memory: C::Memory,
     bytes: u64,
     role: Role,
     err: &BackendError,
 ) {
+    let live = &ctx.shards[live_shard].roles[role.index()];
+    sub(&live.live_bytes, bytes);
+    sub(&live.live_count, 1);
     let r = &ctx.roles[role.index()];
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
     add(&r.quarantined_bytes, bytes);
     add(&r.quarantined_count, 1);
     if let Some(s) = &ctx.shared {

@@ -121,11 +121,7 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let r = &ctx.roles[role.index()];
-            let (lc, lb) = (
-                r.live_count.load(Ordering::Relaxed),
-                r.live_bytes.load(Ordering::Relaxed),
-            );
+            let [lb, lc, pb, pc] = ctx.role_usage(role);
             if lc > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,
@@ -135,10 +131,6 @@ impl Outstanding {
                     holder: None,
                 });
             }
-            let (pc, pb) = (
-                r.pending_count.load(Ordering::Relaxed),
-                r.pending_bytes.load(Ordering::Relaxed),
-            );
             if pc > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::PendingRelease,
@@ -325,12 +317,15 @@ impl<C: DeviceContext> RetireHandle<C> {
         }
         let mut revoked = 0;
         let mut reclaimed_bytes = 0;
-        for role in Role::ALL {
-            let r = &ctx.roles[role.index()];
-            let n = r.live_count.swap(0, Ordering::AcqRel);
-            let b = r.live_bytes.swap(0, Ordering::AcqRel);
-            revoked += n;
-            reclaimed_bytes += b;
+        // Every live transition happens under a gate claim, and the gate is
+        // closed and drained: the live counts of every shard are stable.
+        for shard in &ctx.shards {
+            for r in &shard.roles {
+                let n = r.live_count.swap(0, Ordering::AcqRel);
+                let b = r.live_bytes.swap(0, Ordering::AcqRel);
+                revoked += n;
+                reclaimed_bytes += b;
+            }
         }
         super::record::add(&ctx.counters.reclaimed, revoked);
         ctx.uncharge(reclaimed_bytes, 0, 0);
