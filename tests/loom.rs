@@ -21,7 +21,11 @@
 //! * destroy runs exactly once, and only with zero pins, zero pending
 //!   releases and zero backend calls in flight;
 //! * no lost wake-up: the teardown waiter always wakes after the last release
-//!   or settlement (loom reports a deadlock otherwise);
+//!   or settlement, and an admission waiter after a settlement that follows
+//!   its read of the epoch (loom reports a deadlock otherwise) -- with the
+//!   settlement path using no fence: it learns whether anyone waits from its
+//!   own read-modify-write of `CountWord` / `EpochWord` (`src/sync/word.rs`,
+//!   included here like the rest of `src/sync/`);
 //! * the counter never wraps: acquires beyond the maximum are refused and the
 //!   count never exceeds it.
 //!
@@ -42,12 +46,12 @@ mod sync;
 
 #[cfg(loom)]
 mod model {
-    use super::sync::{AcquireError, ClaimCounter, Notifier, MAX_CLAIMS};
+    use super::sync::{AcquireError, ClaimCounter, CountWord, EpochWord, Notifier, MAX_CLAIMS};
     use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
     use memgov::{RetireOutcome, RetireSignal};
-    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
     const ACTIVE: u8 = 0;
     const RETIRING: u8 = 1;
@@ -62,10 +66,15 @@ mod model {
     /// with the same operations and orderings as `record.rs`.
     struct Ctx {
         pins: ClaimCounter,
-        pending: AtomicU64,
+        /// Pending releases + lifecycle waiters registered for zero.
+        pending: CountWord,
         gate: ClaimCounter,
         phase: AtomicU8,
         lifecycle: Notifier,
+        /// Settlement epoch + admission waiters (`settle_epoch`).
+        settle_epoch: EpochWord,
+        /// Admission waiters (`settled`).
+        settled: Notifier,
         /// Set (Release) right after `pins.close()` returns: a thread that
         /// reads it true has observed the retire.
         retire_seen: AtomicBool,
@@ -79,10 +88,12 @@ mod model {
         fn new(max_pins: u64) -> Self {
             Self {
                 pins: ClaimCounter::new(max_pins),
-                pending: AtomicU64::new(0),
+                pending: CountWord::new(),
                 gate: ClaimCounter::new(MAX_CLAIMS),
                 phase: AtomicU8::new(ACTIVE),
                 lifecycle: Notifier::new(),
+                settle_epoch: EpochWord::new(),
+                settled: Notifier::new(),
                 retire_seen: AtomicBool::new(false),
                 destroys: AtomicUsize::new(0),
                 destroyed: AtomicBool::new(false),
@@ -153,7 +164,7 @@ mod model {
                 this.gate.try_acquire().is_ok(),
                 "the gate is open while a buffer lives"
             );
-            this.pending.fetch_add(1, SeqCst);
+            this.pending.increment();
             let ctx = this.clone();
             let signal = RetireSignal::from_fn(move |outcome| ctx.settle(outcome));
             if this.gate.release() {
@@ -173,10 +184,15 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            // Only the settlement that takes `pending` to zero wakes the
-            // lifecycle waiters (as in release.rs).
-            if self.pending.fetch_sub(1, SeqCst) == 1 {
-                self.lifecycle.notify();
+            // As in release.rs: the epoch bump says whether an admission
+            // waiter is registered; only the settlement that takes `pending`
+            // to zero with a lifecycle waiter registered in it wakes them.
+            // No fence on this path.
+            if self.settle_epoch.bump() {
+                self.settled.wake_all();
+            }
+            if self.pending.decrement() {
+                self.lifecycle.wake_all();
             }
         }
 
@@ -193,15 +209,18 @@ mod model {
 
         /// `ContextInner::drained` (healthy device).
         fn drained(&self) -> bool {
-            self.pins.is_drained() && self.pending.load(Acquire) == 0
+            self.pins.is_drained() && self.pending.count() == 0
         }
 
         /// `RetireHandle::wait(None)` + `ContextInner::finish`.
         fn wait_and_finish(&self) {
+            // `RetireHandle::wait` registers in `pending` around the wait.
+            self.pending.register();
             let woke = self.lifecycle.wait_until(
                 || self.drained() || self.phase.load(Acquire) == TERMINATED,
                 None,
             );
+            self.pending.unregister();
             assert!(woke, "a wait without deadline returned unready");
             if self
                 .phase
@@ -224,11 +243,7 @@ mod model {
             assert!(drained);
             // Destroy: exactly once, at zero.
             assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
-            assert_eq!(
-                self.pending.load(Acquire),
-                0,
-                "destroy with a release pending"
-            );
+            assert_eq!(self.pending.count(), 0, "destroy with a release pending");
             assert_eq!(
                 self.gate.count(),
                 0,
@@ -239,6 +254,19 @@ mod model {
             self.phase.store(TERMINATED, Release);
             self.lifecycle.notify();
         }
+    }
+
+    /// `admission::wait_for_a_settlement`: register in the epoch word, read
+    /// the epoch to wait past, wait for it to change.
+    fn admission_wait(ctx: &Ctx, registered: &AtomicBool) -> bool {
+        ctx.settle_epoch.register();
+        let seen = ctx.settle_epoch.epoch();
+        registered.store(true, Release);
+        let woke = ctx
+            .settled
+            .wait_until(|| ctx.settle_epoch.epoch() != seen, None);
+        ctx.settle_epoch.unregister();
+        woke
     }
 
     fn run(name: &str, preemption_bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
@@ -415,6 +443,45 @@ mod model {
                 driver.join().unwrap();
                 holder.join().unwrap();
                 r2.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An admission waiter (allocation refused, waiting for a settlement)
+    /// and settlements on two foreign threads, one of them only after the
+    /// waiter has read the epoch it waits past: that settlement must wake it
+    /// (loom reports a deadlock otherwise), whether it or the other one sees
+    /// the registration. The settlements also take `pending` to zero under a
+    /// teardown waiter.
+    #[test]
+    fn settlement_wakes_admission_waiter_without_fence() {
+        run(
+            "admission waiter + 2 foreign settlements + teardown waiter (4 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let early = Ctx::queue_release(&ctx);
+                ctx.acquire().unwrap();
+                let late = Ctx::queue_release(&ctx);
+                let registered = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), registered.clone());
+                let waiter = thread::spawn(move || assert!(admission_wait(&c, &r)));
+                let d1 = thread::spawn(move || early.retire());
+                let r2 = registered.clone();
+                let d2 = thread::spawn(move || {
+                    while !r2.load(Acquire) {
+                        thread::yield_now();
+                    }
+                    late.retire();
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                waiter.join().unwrap();
+                d1.join().unwrap();
+                d2.join().unwrap();
+                assert_eq!(ctx.retired.load(Relaxed), 2);
                 assert_eq!(ctx.destroys.load(Acquire), 1);
             },
         );

@@ -176,11 +176,16 @@ fn wait_for_a_settlement<C: DeviceContext>(
             );
         }
         _ => {
-            let seen = ctx.settle_epoch.load(Ordering::SeqCst);
+            // Register before reading the epoch to wait past: a settlement
+            // after the read either sees the registration (and wakes) or is
+            // seen by the check (see `EpochWord`).
+            ctx.settle_epoch.register();
+            let seen = ctx.settle_epoch.epoch();
             ctx.settled.wait_until(
-                || ctx.settle_epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                || ctx.settle_epoch.epoch() != seen || ctx.is_lost(),
                 Some(deadline),
             );
+            ctx.settle_epoch.unregister();
         }
     }
 }

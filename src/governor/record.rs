@@ -27,7 +27,7 @@ use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stream::StreamShared;
-use crate::sync::{lock, AcquireError, ClaimCounter, Notifier};
+use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
 use crate::{
     BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
@@ -131,7 +131,9 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub admission: Admission,
 
     pub pins: ClaimCounter,
-    pub pending: AtomicU64,
+    /// Pending releases, and the lifecycle waiters that wait for `drained()`
+    /// (registered in the same word: see [`CountWord`]).
+    pub pending: CountWord,
     pub gate: ClaimCounter,
     phase: AtomicU8,
     lost: AtomicBool,
@@ -141,9 +143,12 @@ pub(crate) struct ContextInner<C: DeviceContext> {
 
     pub budget: Budget,
     pub shared: Option<SharedBudget>,
-    /// Woken when a release of this context settles (admission waiters).
+    /// Woken when a release of this context settles (admission waiters), and
+    /// on device loss and termination.
     pub settled: Notifier,
-    pub settle_epoch: AtomicU64,
+    /// Bumped by every settlement; admission waiters register in it (see
+    /// [`EpochWord`]) so that a settlement wakes `settled` only when one waits.
+    pub settle_epoch: EpochWord,
 
     pub roles: [RoleCounters; 5],
     pub shards: [Shard; SHARDS],
@@ -212,7 +217,7 @@ impl<C: DeviceContext> ContextInner<C> {
             description,
             admission: config.admission,
             pins: ClaimCounter::new(config.max_pins),
-            pending: AtomicU64::new(0),
+            pending: CountWord::new(),
             gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
             phase: AtomicU8::new(ACTIVE),
             lost: AtomicBool::new(false),
@@ -221,7 +226,7 @@ impl<C: DeviceContext> ContextInner<C> {
             budget: Budget::new(limit),
             shared: config.shared,
             settled: Notifier::new(),
-            settle_epoch: AtomicU64::new(0),
+            settle_epoch: EpochWord::new(),
             roles: Default::default(),
             shards: Default::default(),
             next_shard: AtomicUsize::new(0),
@@ -296,7 +301,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     pub(crate) fn drained(&self) -> bool {
-        self.pins.is_drained() && (self.is_lost() || self.pending.load(Ordering::Acquire) == 0)
+        self.pins.is_drained() && (self.is_lost() || self.pending.count() == 0)
     }
 
     /// Stop accepting work: new pins fail from now on.
@@ -309,7 +314,7 @@ impl<C: DeviceContext> ContextInner<C> {
             self.lifecycle.notify();
         }
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.load(Ordering::Relaxed), "memgov: retiring context");
+        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
     }
 
     /// Declare the device lost. Returns false if it already was.
@@ -320,7 +325,7 @@ impl<C: DeviceContext> ContextInner<C> {
         *lock(&self.lost_reason) = Some(reason.to_owned());
         self.pins.close();
         #[cfg(feature = "tracing")]
-        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.load(Ordering::Relaxed), "memgov: device lost");
+        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.count(), "memgov: device lost");
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
@@ -393,11 +398,7 @@ impl<C: DeviceContext> ContextInner<C> {
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
             quarantined_bytes,
-            unsettled_releases: if lost {
-                self.pending.load(Ordering::Acquire)
-            } else {
-                0
-            },
+            unsettled_releases: if lost { self.pending.count() } else { 0 },
             elapsed: started.elapsed(),
             backend_result: result,
         };

@@ -98,15 +98,19 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         if ctx.phase() == TERMINATED {
             add(&ctx.counters.late_settlements, 1);
         }
-        ctx.settle_epoch.fetch_add(1, Ordering::SeqCst);
+        // Admission waiters register in the epoch word: the bump says whether
+        // one waits (no fence, no lock otherwise).
+        if ctx.settle_epoch.bump() {
+            ctx.settled.wake_all();
+        }
         // The pin this release carried leaves with it. Lifecycle waiters wait
         // for `drained()` (or the gate, or termination); a settlement can
         // only make that true by taking `pending` to zero, so only that one
-        // wakes them: a teardown waiter is not woken once per release.
-        if ctx.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            ctx.lifecycle.notify();
+        // wakes them, and only if one registered in `pending`: a teardown
+        // waiter is not woken once per release.
+        if ctx.pending.decrement() {
+            ctx.lifecycle.wake_all();
         }
-        ctx.settled.notify();
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
             s.0.retired.notify();
@@ -155,7 +159,7 @@ pub(crate) fn release<C: DeviceContext>(
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
-    ctx.pending.fetch_add(1, Ordering::SeqCst);
+    ctx.pending.increment();
     let live = &ctx.shards[live_shard].roles[role.index()];
     sub(&live.live_bytes, bytes);
     sub(&live.live_count, 1);
@@ -185,7 +189,9 @@ pub(crate) fn release<C: DeviceContext>(
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, live_shard, stream, bytes, role);
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            if ctx.pending.decrement() {
+                ctx.lifecycle.wake_all();
+            }
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);
@@ -234,8 +240,9 @@ fn settle_live_as_lost<C: DeviceContext>(
     sub(&r.live_count, 1);
     ctx.uncharge(bytes, 0, 0);
     add(&ctx.counters.settled_lost, 1);
-    ctx.settle_epoch.fetch_add(1, Ordering::SeqCst);
-    ctx.settled.notify();
+    if ctx.settle_epoch.bump() {
+        ctx.settled.wake_all();
+    }
     ctx.release_pin();
 }
 

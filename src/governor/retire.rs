@@ -245,10 +245,16 @@ impl<C: DeviceContext> RetireHandle<C> {
     pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let start = Instant::now();
         let ctx = &*self.ctx;
-        if ctx.lifecycle.wait_until(
+        // Registered in `pending` too: the settlement that takes it to zero
+        // wakes us from there (see `CountWord`); everything else that can make
+        // `drained()` true notifies `lifecycle` itself.
+        ctx.pending.register();
+        let ready = ctx.lifecycle.wait_until(
             || ctx.drained() || ctx.phase() == TERMINATED,
             Some(deadline),
-        ) {
+        );
+        ctx.pending.unregister();
+        if ready {
             Ok(ctx.finish())
         } else {
             Err(self.outstanding_error(start.elapsed()))
@@ -350,6 +356,11 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
         let ctx = self.handle.ctx.clone();
+        if !self.registered {
+            // Before the first check, like `wait`; undone with the task
+            // registration (`forget`).
+            ctx.pending.register();
+        }
         let mut registered = self.registered;
         let ready = ctx
             .lifecycle
@@ -358,7 +369,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
             });
         self.registered = registered;
         if ready {
-            ctx.lifecycle.forget_task(&mut self.registered);
+            self.forget();
             Poll::Ready(ctx.finish())
         } else {
             Poll::Pending
@@ -366,8 +377,17 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
     }
 }
 
+impl<C: DeviceContext> Finished<'_, C> {
+    fn forget(&mut self) {
+        if self.registered {
+            self.handle.ctx.pending.unregister();
+        }
+        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+    }
+}
+
 impl<C: DeviceContext> Drop for Finished<'_, C> {
     fn drop(&mut self) {
-        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+        self.forget();
     }
 }

@@ -236,7 +236,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     let pins = PinCounts {
         streams: ld(&ctx.streams_live),
         buffers: count(PinKind::Buffer),
-        pending_releases: ctx.pending.load(Ordering::Relaxed),
+        pending_releases: ctx.pending.count(),
         external: count(PinKind::External),
         other: count(PinKind::Other),
     };
