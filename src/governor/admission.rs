@@ -4,7 +4,7 @@
 use super::budget::Refusal;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, ContextInner};
+use super::record::{add, bump, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -123,8 +123,8 @@ fn attempt<C: DeviceContext>(
     let result = match ctx.enter() {
         Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
             let r = &ctx.shards[stream.shard].roles[role.index()];
-            add(&r.live_bytes, bytes);
-            add(&r.live_count, 1);
+            bump(&r.alloc_bytes, bytes);
+            bump(&r.alloc_count, 1);
         }),
         None => {
             ctx.uncharge(bytes, 0, 0);

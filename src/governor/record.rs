@@ -53,13 +53,36 @@ pub(crate) struct RoleCounters {
     pub quarantined_count: AtomicU64,
 }
 
-/// Live and pending byte and object counts of one role, in one shard.
+/// Monotonic event totals (bytes and objects) of one role, in one shard:
+///
+/// * `alloc`: allocations admitted on a stream of this shard (and buffers
+///   moved here by `release_on` another stream);
+/// * `queued`: releases queued on a stream of this shard;
+/// * `settled`: those of them settled (retired or abandoned);
+/// * `gone`: live buffers of this shard that left without being queued here
+///   (device lost, quarantined, reclaimed by force, moved by `release_on`).
+///
+/// live = alloc - queued - gone and pending = queued - settled. Each step of a
+/// buffer's life is one increment (two words: bytes, count), where keeping
+/// live and pending counts took two (subtract here, add there).
 #[derive(Debug, Default)]
 pub(crate) struct ShardRole {
-    pub live_bytes: AtomicU64,
-    pub live_count: AtomicU64,
-    pub pending_bytes: AtomicU64,
-    pub pending_count: AtomicU64,
+    pub alloc_bytes: AtomicU64,
+    pub alloc_count: AtomicU64,
+    pub queued_bytes: AtomicU64,
+    pub queued_count: AtomicU64,
+    pub settled_bytes: AtomicU64,
+    pub settled_count: AtomicU64,
+    pub gone_bytes: AtomicU64,
+    pub gone_count: AtomicU64,
+}
+
+/// Add to a monotonic statistics total. Release, so that a reader that sees a
+/// later step of a buffer's life (Acquire) also sees its earlier steps: see
+/// [`ContextInner::role_usage`].
+#[inline]
+pub(crate) fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Release);
 }
 
 /// Number of statistics shards per context. Streams are spread over them
@@ -70,13 +93,13 @@ pub(crate) const SHARDS: usize = 8;
 /// stream so that threads working on different streams do not write the same
 /// cache lines for them (`docs/performance.md`).
 ///
-/// Every increment of a shard's counter is paired with a later decrement in
-/// the *same* shard (a buffer's live counts in its own stream's shard, a
-/// pending release's counts in the shard of the stream it was queued on), so
-/// no shard's counter ever goes below zero and a sum over shards is exact
-/// whenever the context is quiescent. `force` reads (and zeroes) the live
-/// counts of every shard only after closing the gate and seeing it drain: every
-/// live transition happens under a gate claim, so those reads are stable.
+/// The totals are monotonic (a refused free's undo is the one exception), so
+/// sums over shards are exact whenever the context is quiescent, and a
+/// concurrent reader that reads the later steps first never computes a
+/// negative count (see [`ContextInner::role_usage`]). `force` reads the live
+/// totals of every shard only after closing the gate and seeing it drain:
+/// every change of `alloc`, `queued` and `gone` happens under a gate claim, so
+/// those reads are stable, and it adds what it reclaims to `gone`.
 ///
 /// `spare` caches one freed `PendingRelease` allocation (see `release.rs`),
 /// so that the steady-state cycle does not call `malloc`/`free`.
@@ -84,14 +107,12 @@ pub(crate) const SHARDS: usize = 8;
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     pub roles: [ShardRole; 5],
-    /// Releases whose free executed.
-    pub retired: AtomicU64,
     /// A cached, uninitialised `PendingRelease<C>` box, or null.
     pub spare: AtomicPtr<u8>,
 }
 
-/// Monotonic event counters. `allocations` and `releases_queued` are derived
-/// (see [`ContextInner::allocations`]); `retired` is per shard.
+/// Monotonic event counters. `allocations`, `releases_queued` and `retired`
+/// are derived from the shards (see [`ContextInner::allocations`]).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub abandoned: AtomicU64,
@@ -434,18 +455,56 @@ impl<C: DeviceContext> ContextInner<C> {
         self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
     }
 
+    /// Totals of one role over the shards: [settled, gone, queued, alloc] x
+    /// [bytes, count].
+    fn role_totals(&self, role: Role) -> [[u64; 2]; 4] {
+        // Later steps of a buffer's life first, each Acquire (pairing with
+        // the Release of `bump`): whatever step of a buffer is seen, its
+        // earlier steps, read afterwards, are seen too, so no difference
+        // below is negative (except transiently around a refused free's
+        // undo, which the saturation covers).
+        let mut t = [[0u64; 2]; 4];
+        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
+        fn fields(r: &ShardRole, i: usize) -> [&AtomicU64; 2] {
+            match i {
+                0 => [&r.settled_bytes, &r.settled_count],
+                1 => [&r.gone_bytes, &r.gone_count],
+                2 => [&r.queued_bytes, &r.queued_count],
+                _ => [&r.alloc_bytes, &r.alloc_count],
+            }
+        }
+        for (i, ti) in t.iter_mut().enumerate() {
+            for s in &self.shards {
+                let [b, n] = fields(&s.roles[role.index()], i);
+                ti[0] = ti[0].wrapping_add(ld(b));
+                ti[1] = ti[1].wrapping_add(ld(n));
+            }
+        }
+        t
+    }
+
     /// Live bytes, live count, pending bytes and pending count of one role,
     /// summed over the shards.
     pub(crate) fn role_usage(&self, role: Role) -> [u64; 4] {
-        let mut u = [0u64; 4];
-        for s in &self.shards {
-            let r = &s.roles[role.index()];
-            u[0] = u[0].wrapping_add(r.live_bytes.load(Ordering::Relaxed));
-            u[1] = u[1].wrapping_add(r.live_count.load(Ordering::Relaxed));
-            u[2] = u[2].wrapping_add(r.pending_bytes.load(Ordering::Relaxed));
-            u[3] = u[3].wrapping_add(r.pending_count.load(Ordering::Relaxed));
-        }
-        u
+        let [settled, gone, queued, alloc] = self.role_totals(role);
+        let live = |i: usize| alloc[i].saturating_sub(queued[i]).saturating_sub(gone[i]);
+        let pending = |i: usize| queued[i].saturating_sub(settled[i]);
+        [live(0), live(1), pending(0), pending(1)]
+    }
+
+    /// Live bytes and count of one role in one shard, for `force` (gate
+    /// closed and drained: stable).
+    pub(crate) fn shard_live(&self, shard: usize, role: Role) -> [u64; 2] {
+        let r = &self.shards[shard].roles[role.index()];
+        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
+        [
+            ld(&r.alloc_bytes)
+                .wrapping_sub(ld(&r.queued_bytes))
+                .wrapping_sub(ld(&r.gone_bytes)),
+            ld(&r.alloc_count)
+                .wrapping_sub(ld(&r.queued_count))
+                .wrapping_sub(ld(&r.gone_count)),
+        ]
     }
 
     fn sum_roles(&self, i: usize) -> u64 {
@@ -464,25 +523,25 @@ impl<C: DeviceContext> ContextInner<C> {
     pub(crate) fn pending_bytes(&self) -> u64 {
         self.sum_roles(2)
     }
-    pub(crate) fn pending_count(&self) -> u64 {
-        self.sum_roles(3)
-    }
 
-    /// Releases whose free executed.
-    pub(crate) fn retired(&self) -> u64 {
-        self.shards
+    fn total(&self, i: usize) -> u64 {
+        Role::ALL
             .iter()
-            .map(|s| s.retired.load(Ordering::Relaxed))
+            .map(|&r| self.role_totals(r)[i][1])
             .fold(0, u64::wrapping_add)
     }
 
+    /// Releases whose free executed: settled ones that were not abandoned.
+    pub(crate) fn retired(&self) -> u64 {
+        let abandoned = self.counters.abandoned.load(Ordering::Acquire);
+        self.total(0).saturating_sub(abandoned)
+    }
+
     /// Releases queued on a stream (and not undone because the backend
-    /// refused them): each is pending, retired or abandoned. Derived rather
-    /// than counted, so the cycle does not pay for it.
+    /// refused them). Derived rather than counted, so the cycle does not pay
+    /// for it.
     pub(crate) fn releases_queued(&self) -> u64 {
-        self.pending_count()
-            .wrapping_add(self.retired())
-            .wrapping_add(self.counters.abandoned.load(Ordering::Relaxed))
+        self.total(2)
     }
 
     /// Allocations admitted: each is live, queued (see `releases_queued`),

@@ -3,7 +3,7 @@
 //! quarantining releases the backend refuses.
 
 use super::config::Role;
-use super::record::{add, sub, ContextInner, Quarantined, TERMINATED};
+use super::record::{add, bump, sub, ContextInner, Quarantined, TERMINATED};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
 use crate::sync::lock;
@@ -85,15 +85,16 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             unsafe { free_spare::<C>(raw as *mut u8) };
         }
         let r = &shard.roles[this.role.index()];
-        sub(&r.pending_bytes, this.bytes);
-        sub(&r.pending_count, 1);
+        bump(&r.settled_bytes, this.bytes);
+        bump(&r.settled_count, 1);
         if let Some(p) = &this.stream_pending {
             sub(p, this.bytes);
         }
         ctx.uncharge(this.bytes, this.bytes, 0);
         match outcome {
-            RetireOutcome::Retired => add(&shard.retired, 1),
-            RetireOutcome::Abandoned => add(&ctx.counters.abandoned, 1),
+            // `retired` is derived: settled minus abandoned.
+            RetireOutcome::Retired => {}
+            RetireOutcome::Abandoned => bump(&ctx.counters.abandoned, 1),
         }
         if ctx.phase() == TERMINATED {
             add(&ctx.counters.late_settlements, 1);
@@ -160,12 +161,19 @@ pub(crate) fn release<C: DeviceContext>(
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
     ctx.pending.increment();
-    let live = &ctx.shards[live_shard].roles[role.index()];
-    sub(&live.live_bytes, bytes);
-    sub(&live.live_count, 1);
-    let pending = &ctx.shards[stream.shard].roles[role.index()];
-    add(&pending.pending_bytes, bytes);
-    add(&pending.pending_count, 1);
+    if live_shard != stream.shard {
+        // `release_on` another stream: the buffer leaves its own shard and
+        // is queued in the other one (as if allocated there).
+        let from = &ctx.shards[live_shard].roles[role.index()];
+        bump(&from.gone_bytes, bytes);
+        bump(&from.gone_count, 1);
+        let to = &ctx.shards[stream.shard].roles[role.index()];
+        bump(&to.alloc_bytes, bytes);
+        bump(&to.alloc_count, 1);
+    }
+    let q = &ctx.shards[stream.shard].roles[role.index()];
+    bump(&q.queued_bytes, bytes);
+    bump(&q.queued_count, 1);
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
@@ -214,12 +222,17 @@ fn undo_pending<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) {
-    let pending = &ctx.shards[stream.shard].roles[role.index()];
-    sub(&pending.pending_bytes, bytes);
-    sub(&pending.pending_count, 1);
-    let live = &ctx.shards[live_shard].roles[role.index()];
-    add(&live.live_bytes, bytes);
-    add(&live.live_count, 1);
+    let q = &ctx.shards[stream.shard].roles[role.index()];
+    sub(&q.queued_bytes, bytes);
+    sub(&q.queued_count, 1);
+    if live_shard != stream.shard {
+        let to = &ctx.shards[stream.shard].roles[role.index()];
+        sub(&to.alloc_bytes, bytes);
+        sub(&to.alloc_count, 1);
+        let from = &ctx.shards[live_shard].roles[role.index()];
+        sub(&from.gone_bytes, bytes);
+        sub(&from.gone_count, 1);
+    }
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
@@ -236,8 +249,8 @@ fn settle_live_as_lost<C: DeviceContext>(
     role: Role,
 ) {
     let r = &ctx.shards[live_shard].roles[role.index()];
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
+    bump(&r.gone_bytes, bytes);
+    bump(&r.gone_count, 1);
     ctx.uncharge(bytes, 0, 0);
     add(&ctx.counters.settled_lost, 1);
     if ctx.settle_epoch.bump() {
@@ -257,8 +270,8 @@ fn quarantine<C: DeviceContext>(
     err: &BackendError,
 ) {
     let live = &ctx.shards[live_shard].roles[role.index()];
-    sub(&live.live_bytes, bytes);
-    sub(&live.live_count, 1);
+    bump(&live.gone_bytes, bytes);
+    bump(&live.gone_count, 1);
     let r = &ctx.roles[role.index()];
     add(&r.quarantined_bytes, bytes);
     add(&r.quarantined_count, 1);

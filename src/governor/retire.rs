@@ -325,10 +325,12 @@ impl<C: DeviceContext> RetireHandle<C> {
         let mut reclaimed_bytes = 0;
         // Every live transition happens under a gate claim, and the gate is
         // closed and drained: the live counts of every shard are stable.
-        for shard in &ctx.shards {
-            for r in &shard.roles {
-                let n = r.live_count.swap(0, Ordering::AcqRel);
-                let b = r.live_bytes.swap(0, Ordering::AcqRel);
+        for (i, shard) in ctx.shards.iter().enumerate() {
+            for role in Role::ALL {
+                let [b, n] = ctx.shard_live(i, role);
+                let r = &shard.roles[role.index()];
+                super::record::bump(&r.gone_bytes, b);
+                super::record::bump(&r.gone_count, n);
                 revoked += n;
                 reclaimed_bytes += b;
             }
