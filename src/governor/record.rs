@@ -88,6 +88,7 @@ pub(crate) fn bump(a: &AtomicU64, n: u64) {
 /// Number of statistics shards per context. Streams are spread over them
 /// round-robin, so up to this many streams update disjoint cache lines.
 pub(crate) const SHARDS: usize = 8;
+const _: () = assert!(SHARDS <= 256, "shard indices are stored as u8");
 
 /// The statistics of the steady-state allocate/release cycle, sharded by
 /// stream so that threads working on different streams do not write the same
@@ -107,7 +108,8 @@ pub(crate) const SHARDS: usize = 8;
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     pub roles: [ShardRole; 5],
-    /// A cached, uninitialised `PendingRelease<C>` box, or null.
+    /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
+    /// or closed (see `release.rs`).
     pub spare: AtomicPtr<u8>,
 }
 
@@ -330,6 +332,9 @@ impl<C: DeviceContext> ContextInner<C> {
         let _ = self
             .phase
             .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+        // Break the reference cycle of cached PendingRelease boxes before the
+        // record can lose its last outside reference.
+        super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         if self.pins.close() {
             self.lifecycle.notify();
@@ -565,16 +570,12 @@ impl<C: DeviceContext> ContextInner<C> {
 
 impl<C: DeviceContext> Drop for ContextInner<C> {
     fn drop(&mut self) {
-        // Cached PendingRelease allocations (uninitialised) go back to the heap.
-        for s in &mut self.shards {
-            let p = std::mem::replace(s.spare.get_mut(), std::ptr::null_mut());
-            if !p.is_null() {
-                // SAFETY: only `release.rs` stores into `spare`, and only
-                // pointers from `Box<PendingRelease<C>>` whose contents it has
-                // moved out; no other reference exists (we are in Drop).
-                unsafe { super::release::free_spare::<C>(p) };
-            }
-        }
+        // No `spare` slot can hold a cached PendingRelease here: it would hold
+        // an Arc of this record (see `release::close_spares`).
+        debug_assert!(self
+            .shards
+            .iter_mut()
+            .all(|s| !super::release::holds_box(*s.spare.get_mut())));
         // Every handle, buffer, stream, pin and pending release is gone (each
         // holds an Arc), so every pin has been dropped. If nobody finished the
         // retire, do it now -- but never on this thread, which may be a driver

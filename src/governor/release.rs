@@ -8,82 +8,108 @@ use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
 use crate::sync::lock;
 use crate::{BackendError, DeviceContext};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The governor's side of one pending release. Boxed once per release; the
-/// box is recycled through its shard's `spare` slot, so that in the steady
-/// state a release makes no heap allocation at all.
+/// box is recycled, *with its `Arc` of the context*, through its shard's
+/// `spare` slot, so that in the steady state a release neither allocates nor
+/// touches the context's reference count.
+///
+/// A cached box holds an `Arc` of the context it is cached in: a reference
+/// cycle, which [`close_spares`] breaks. It runs in `begin_retire`, which
+/// precedes every way the record can lose its last outside reference (the
+/// governor's registry holds one until `Governor::drop`, which retires, or
+/// `prune_terminated`, which needs a finished retire), and closes the slots
+/// for good: a closed slot is never filled again.
 struct PendingRelease<C: DeviceContext> {
     ctx: Arc<ContextInner<C>>,
     stream_pending: Option<Arc<AtomicU64>>,
     bytes: u64,
     role: Role,
     /// Shard of the stream the release was queued on: its pending counts.
-    shard: usize,
+    /// (`u8`: keeps the box at 32 bytes.)
+    shard: u8,
 }
 
-/// Box a pending release, reusing the shard's cached allocation if it has one.
+/// A `spare` slot of a retiring context: never filled again.
+const SPARE_CLOSED: *mut u8 = 1usize as *mut u8;
+
+fn is_box(p: *mut u8) -> bool {
+    !p.is_null() && p != SPARE_CLOSED
+}
+
+/// Box a pending release, reusing the shard's cached box if it has one.
 #[inline]
-fn boxed<C: DeviceContext>(pr: PendingRelease<C>) -> Box<PendingRelease<C>> {
-    let slot = &pr.ctx.shards[pr.shard].spare;
-    // A load first: the swap is skipped (no RMW) when the slot is empty.
-    if slot.load(Ordering::Relaxed).is_null() {
-        return Box::new(pr);
+fn boxed<C: DeviceContext>(
+    ctx: &Arc<ContextInner<C>>,
+    stream_pending: Option<Arc<AtomicU64>>,
+    bytes: u64,
+    role: Role,
+    shard: usize,
+) -> Box<PendingRelease<C>> {
+    let slot = &ctx.shards[shard].spare;
+    let p = slot.load(Ordering::Relaxed);
+    // Take it with a compare-and-swap, not a swap: a swap could reopen a
+    // closed slot. (ABA is harmless: whoever holds the pointer in the slot
+    // owns the box it points to.)
+    if is_box(p)
+        && slot
+            .compare_exchange(
+                p,
+                std::ptr::null_mut(),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        // SAFETY: `spare` of a `ContextInner<C>` holds only pointers from
+        // `Box::into_raw` of a complete `Box<PendingRelease<C>>` (see
+        // `settle`), whose `ctx` is this context; the CAS gave us sole
+        // ownership (Acquire pairs with the Release that stored it).
+        let mut b = unsafe { Box::from_raw(p as *mut PendingRelease<C>) };
+        debug_assert!(Arc::ptr_eq(&b.ctx, ctx));
+        b.stream_pending = stream_pending;
+        b.bytes = bytes;
+        b.role = role;
+        b.shard = shard as u8;
+        return b;
     }
-    let p = slot.swap(std::ptr::null_mut(), Ordering::Acquire) as *mut PendingRelease<C>;
-    if p.is_null() {
-        return Box::new(pr);
-    }
-    // SAFETY: `spare` of a `ContextInner<C>` holds only pointers produced by
-    // `Box::into_raw` of a `Box<PendingRelease<C>>` whose contents were moved
-    // out (see `settle`); the swap gave us sole ownership of the allocation
-    // (Acquire pairs with the Release of the CAS that stored it). Writing a
-    // value makes it a valid `Box<PendingRelease<C>>` again.
-    unsafe {
-        p.write(pr);
-        Box::from_raw(p)
+    Box::new(PendingRelease {
+        ctx: ctx.clone(),
+        stream_pending,
+        bytes,
+        role,
+        shard: shard as u8,
+    })
+}
+
+/// Close every `spare` slot of `ctx` for good and drop the boxes cached there
+/// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
+/// own `Arc` of `ctx`, so none of these is the last.
+pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
+    for s in &ctx.shards {
+        let p = s.spare.swap(SPARE_CLOSED, Ordering::AcqRel);
+        if is_box(p) {
+            // SAFETY: as in `boxed`; the swap took ownership.
+            drop(unsafe { Box::from_raw(p as *mut PendingRelease<C>) });
+        }
     }
 }
 
-/// Free a cached allocation without dropping contents (it has none).
-///
-/// # Safety
-///
-/// `p` came from `spare` of a `ContextInner<C>` and is owned by the caller.
-pub(crate) unsafe fn free_spare<C: DeviceContext>(p: *mut u8) {
-    // SAFETY: per the contract, `p` is a `Box<PendingRelease<C>>` allocation
-    // with moved-out contents; `MaybeUninit` has the same layout and drops
-    // nothing.
-    drop(unsafe { Box::from_raw(p as *mut std::mem::MaybeUninit<PendingRelease<C>>) });
+/// Whether a slot still holds a box (for `ContextInner`'s drop, where none
+/// can: it would hold an `Arc` of the record being dropped).
+pub(crate) fn holds_box(p: *mut u8) -> bool {
+    is_box(p)
 }
 
 impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     /// Runs on whatever thread fires the signal (possibly a driver thread):
     /// atomics and wake-ups only.
-    fn settle(self: Box<Self>, outcome: RetireOutcome) {
-        // Move the contents out and offer the allocation to the shard for the
-        // next release. `this` (and its Arc of the context) stays alive until
-        // the end of this function, so the shard outlives the store.
-        let raw = Box::into_raw(self);
-        // SAFETY: `raw` is a valid, uniquely owned `PendingRelease<C>`; after
-        // the read the allocation is treated as uninitialised.
-        let this = unsafe { raw.read() };
+    fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
+        let this = &mut *self;
         let ctx = &*this.ctx;
-        let shard = &ctx.shards[this.shard];
-        if shard
-            .spare
-            .compare_exchange(
-                std::ptr::null_mut(),
-                raw as *mut u8,
-                Ordering::Release,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            // SAFETY: the slot is taken; we still own `raw`, contents moved.
-            unsafe { free_spare::<C>(raw as *mut u8) };
-        }
+        let shard = &ctx.shards[usize::from(this.shard)];
         let r = &shard.roles[this.role.index()];
         bump(&r.settled_bytes, this.bytes);
         bump(&r.settled_count, 1);
@@ -115,6 +141,25 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
             s.0.retired.notify();
+        }
+        // Last: offer the box, with its Arc of the context, to the shard.
+        // After a successful store this thread touches nothing: the box (and
+        // the Arc that keeps the record alive) belongs to the slot.
+        this.stream_pending = None;
+        let slot: *const AtomicPtr<u8> = &shard.spare;
+        let raw = Box::into_raw(self);
+        // SAFETY: `slot` points into the context record, which the Arc inside
+        // `raw` (still ours until the exchange succeeds) keeps alive.
+        let stored = unsafe { &*slot }.compare_exchange(
+            std::ptr::null_mut(),
+            raw as *mut u8,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+        if stored.is_err() {
+            // Slot full or closed: drop the box (and its Arc) normally.
+            // SAFETY: `raw` came from `Box::into_raw` above and is still ours.
+            drop(unsafe { Box::from_raw(raw) });
         }
     }
 }
@@ -180,13 +225,13 @@ pub(crate) fn release<C: DeviceContext>(
     if let Some(s) = &ctx.shared {
         add(&s.0.pending, bytes);
     }
-    let signal = RetireSignal::from_sink(boxed(PendingRelease {
-        ctx: ctx.clone(),
-        stream_pending: stream.pending_bytes.clone(),
+    let signal = RetireSignal::from_sink(boxed(
+        ctx,
+        stream.pending_bytes.clone(),
         bytes,
         role,
-        shard: stream.shard,
-    }));
+        stream.shard,
+    ));
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
             ctx.release_pin();
