@@ -27,7 +27,10 @@
 //!   own read-modify-write of `CountWord` / `EpochWord` (`src/sync/word.rs`,
 //!   included here like the rest of `src/sync/`);
 //! * the counter never wraps: acquires beyond the maximum are refused and the
-//!   count never exceeds it.
+//!   count never exceeds it;
+//! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
+//!   `src/governor/release.rs`) never lets two threads own one box, drops each
+//!   exactly once, and stays closed once retire has closed it.
 //!
 //! Every model prints how many interleavings loom explored.
 
@@ -47,7 +50,7 @@ mod sync;
 #[cfg(loom)]
 mod model {
     use super::sync::{AcquireError, ClaimCounter, CountWord, EpochWord, Notifier, MAX_CLAIMS};
-    use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+    use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
     use memgov::{RetireOutcome, RetireSignal};
@@ -483,6 +486,114 @@ mod model {
                 d2.join().unwrap();
                 assert_eq!(ctx.retired.load(Relaxed), 2);
                 assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// The `spare` slot of `release.rs` (one cached `PendingRelease` box per
+    /// shard), with the same operations and orderings: `boxed` takes with a
+    /// compare-and-swap (never a swap, which could reopen a closed slot),
+    /// `settle` offers its box last with a compare-and-swap from null and
+    /// drops it if the slot is full or closed, `close_spares` swaps in the
+    /// closed marker and drops what it found.
+    mod spare {
+        use loom::cell::UnsafeCell;
+        use loom::sync::atomic::{AtomicPtr, AtomicUsize};
+        use loom::sync::Arc;
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+        pub struct Obj {
+            /// Written by whoever owns the box: loom reports a data race if
+            /// two threads ever own it without happens-before between them.
+            pub uses: UnsafeCell<u64>,
+            drops: Arc<AtomicUsize>,
+        }
+        impl Drop for Obj {
+            fn drop(&mut self) {
+                self.uses.with_mut(|u| unsafe { *u += 1 });
+                self.drops.fetch_add(1, Relaxed);
+            }
+        }
+        pub fn new_obj(drops: &Arc<AtomicUsize>, made: &AtomicUsize) -> Box<Obj> {
+            made.fetch_add(1, Relaxed);
+            Box::new(Obj {
+                uses: UnsafeCell::new(0),
+                drops: drops.clone(),
+            })
+        }
+
+        fn closed() -> *mut Obj {
+            1usize as *mut Obj
+        }
+        fn is_box(p: *mut Obj) -> bool {
+            !p.is_null() && p != closed()
+        }
+
+        pub fn take(slot: &AtomicPtr<Obj>) -> Option<Box<Obj>> {
+            let p = slot.load(Relaxed);
+            if is_box(p)
+                && slot
+                    .compare_exchange(p, std::ptr::null_mut(), Acquire, Relaxed)
+                    .is_ok()
+            {
+                return Some(unsafe { Box::from_raw(p) });
+            }
+            None
+        }
+        pub fn put(slot: &AtomicPtr<Obj>, b: Box<Obj>) {
+            let raw = Box::into_raw(b);
+            if slot
+                .compare_exchange(std::ptr::null_mut(), raw, Release, Relaxed)
+                .is_err()
+            {
+                drop(unsafe { Box::from_raw(raw) });
+            }
+        }
+        pub fn close(slot: &AtomicPtr<Obj>) {
+            let p = slot.swap(closed(), AcqRel);
+            if is_box(p) {
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        pub fn is_closed(slot: &AtomicPtr<Obj>) -> bool {
+            slot.load(Acquire) == closed()
+        }
+    }
+
+    /// Two releasers each take the cached box (or make one), use it and
+    /// offer it back, while retire closes the slot: no box is ever owned by
+    /// two threads at once (loom's cell tracking), each is dropped exactly
+    /// once, and a closed slot stays closed.
+    #[test]
+    fn spare_slot_hands_boxes_over_and_closes() {
+        run(
+            "spare slot: 2 take/put + close (3 threads)",
+            Some(3),
+            || {
+                use loom::sync::atomic::AtomicPtr;
+                let drops = Arc::new(AtomicUsize::new(0));
+                let made = Arc::new(AtomicUsize::new(0));
+                let first = spare::new_obj(&drops, &made);
+                let slot = Arc::new(AtomicPtr::new(Box::into_raw(first)));
+                let mut hs = Vec::new();
+                for _ in 0..2 {
+                    let (slot, drops, made) = (slot.clone(), drops.clone(), made.clone());
+                    hs.push(thread::spawn(move || {
+                        let b = spare::take(&slot).unwrap_or_else(|| spare::new_obj(&drops, &made));
+                        b.uses.with_mut(|u| unsafe { *u += 1 });
+                        spare::put(&slot, b);
+                    }));
+                }
+                spare::close(&slot);
+                for h in hs {
+                    h.join().unwrap();
+                }
+                assert!(spare::is_closed(&slot), "a closed slot was reopened");
+                assert_eq!(
+                    drops.load(Relaxed),
+                    made.load(Relaxed),
+                    "a box was leaked or dropped twice"
+                );
             },
         );
     }
