@@ -17,6 +17,17 @@
 //!   reads those counts only after closing the gate and seeing it drain, so
 //!   each live buffer and stream has its pin either revoked by `force` or
 //!   released by its own path, never both and never neither.
+//! * Statistics of live and pending buffers live in [`Shard`]s as monotonic
+//!   totals; every change of a shard's `alloc`, `queued` and `gone` totals
+//!   happens under a gate claim, so `force` reads stable live totals once the
+//!   gate has drained (and adds what it reclaims to `gone`).
+//! * `pending` and `settle_epoch` carry their waiters in the same word
+//!   (`CountWord`, `EpochWord`): a waiter registers there before its first
+//!   check, and the settlement's own RMW tells it whether to wake.
+//! * A shard's `spare` slot may hold a `PendingRelease` box with an `Arc` of
+//!   this record (a cycle): `begin_retire` closes every slot for good, and the
+//!   registry keeps the record alive until a retire has begun, so the cycle
+//!   never outlives the last outside reference.
 //! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
 //!   compare-and-swap and only the winner calls the backend.
 //! * No lock in this record is held while calling the backend, a pressure

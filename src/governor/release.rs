@@ -194,7 +194,7 @@ pub(crate) fn release<C: DeviceContext>(
         return Released::Reclaimed;
     };
     // Everything below runs with the gate claim held: `force` reads
-    // `live_count` only once the gate has drained, so a buffer is either
+    // the shards' live totals only once the gate has drained, so a buffer is either
     // still counted live (and force revokes its pin) or has moved on (and
     // released or transferred its pin itself) -- never both.
     if ctx.is_lost() {
