@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn epoch_word_wraps_without_touching_waiters() {
-        let e = EpochWord(AtomicU64::new(u64::MAX & !EPOCH_WAITERS));
+        let e = EpochWord(AtomicU64::new(!EPOCH_WAITERS));
         assert!(!e.bump());
         assert_eq!(e.epoch(), 0);
         e.register();
