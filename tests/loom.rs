@@ -21,9 +21,16 @@
 //! * destroy runs exactly once, and only with zero pins, zero pending
 //!   releases and zero backend calls in flight;
 //! * no lost wake-up: the teardown waiter always wakes after the last release
-//!   or settlement (loom reports a deadlock otherwise);
+//!   or settlement, and an admission waiter after a settlement that follows
+//!   its read of the epoch (loom reports a deadlock otherwise) -- with the
+//!   settlement path using no fence: it learns whether anyone waits from its
+//!   own read-modify-write of `CountWord` / `EpochWord` (`src/sync/word.rs`,
+//!   included here like the rest of `src/sync/`);
 //! * the counter never wraps: acquires beyond the maximum are refused and the
-//!   count never exceeds it.
+//!   count never exceeds it;
+//! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
+//!   `src/governor/release.rs`) never lets two threads own one box, drops each
+//!   exactly once, and stays closed once retire has closed it.
 //!
 //! Every model prints how many interleavings loom explored.
 
@@ -42,12 +49,12 @@ mod sync;
 
 #[cfg(loom)]
 mod model {
-    use super::sync::{AcquireError, ClaimCounter, Notifier, MAX_CLAIMS};
-    use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+    use super::sync::{AcquireError, ClaimCounter, CountWord, EpochWord, Notifier, MAX_CLAIMS};
+    use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
     use memgov::{RetireOutcome, RetireSignal};
-    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
     const ACTIVE: u8 = 0;
     const RETIRING: u8 = 1;
@@ -62,10 +69,15 @@ mod model {
     /// with the same operations and orderings as `record.rs`.
     struct Ctx {
         pins: ClaimCounter,
-        pending: AtomicU64,
+        /// Pending releases + lifecycle waiters registered for zero.
+        pending: CountWord,
         gate: ClaimCounter,
         phase: AtomicU8,
         lifecycle: Notifier,
+        /// Settlement epoch + admission waiters (`settle_epoch`).
+        settle_epoch: EpochWord,
+        /// Admission waiters (`settled`).
+        settled: Notifier,
         /// Set (Release) right after `pins.close()` returns: a thread that
         /// reads it true has observed the retire.
         retire_seen: AtomicBool,
@@ -79,10 +91,12 @@ mod model {
         fn new(max_pins: u64) -> Self {
             Self {
                 pins: ClaimCounter::new(max_pins),
-                pending: AtomicU64::new(0),
+                pending: CountWord::new(),
                 gate: ClaimCounter::new(MAX_CLAIMS),
                 phase: AtomicU8::new(ACTIVE),
                 lifecycle: Notifier::new(),
+                settle_epoch: EpochWord::new(),
+                settled: Notifier::new(),
                 retire_seen: AtomicBool::new(false),
                 destroys: AtomicUsize::new(0),
                 destroyed: AtomicBool::new(false),
@@ -153,7 +167,7 @@ mod model {
                 this.gate.try_acquire().is_ok(),
                 "the gate is open while a buffer lives"
             );
-            this.pending.fetch_add(1, SeqCst);
+            this.pending.increment();
             let ctx = this.clone();
             let signal = RetireSignal::from_fn(move |outcome| ctx.settle(outcome));
             if this.gate.release() {
@@ -173,10 +187,15 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            // Only the settlement that takes `pending` to zero wakes the
-            // lifecycle waiters (as in release.rs).
-            if self.pending.fetch_sub(1, SeqCst) == 1 {
-                self.lifecycle.notify();
+            // As in release.rs: the epoch bump says whether an admission
+            // waiter is registered; only the settlement that takes `pending`
+            // to zero with a lifecycle waiter registered in it wakes them.
+            // No fence on this path.
+            if self.settle_epoch.bump() {
+                self.settled.wake_all();
+            }
+            if self.pending.decrement() {
+                self.lifecycle.wake_all();
             }
         }
 
@@ -193,15 +212,18 @@ mod model {
 
         /// `ContextInner::drained` (healthy device).
         fn drained(&self) -> bool {
-            self.pins.is_drained() && self.pending.load(Acquire) == 0
+            self.pins.is_drained() && self.pending.count() == 0
         }
 
         /// `RetireHandle::wait(None)` + `ContextInner::finish`.
         fn wait_and_finish(&self) {
+            // `RetireHandle::wait` registers in `pending` around the wait.
+            self.pending.register();
             let woke = self.lifecycle.wait_until(
                 || self.drained() || self.phase.load(Acquire) == TERMINATED,
                 None,
             );
+            self.pending.unregister();
             assert!(woke, "a wait without deadline returned unready");
             if self
                 .phase
@@ -224,11 +246,7 @@ mod model {
             assert!(drained);
             // Destroy: exactly once, at zero.
             assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
-            assert_eq!(
-                self.pending.load(Acquire),
-                0,
-                "destroy with a release pending"
-            );
+            assert_eq!(self.pending.count(), 0, "destroy with a release pending");
             assert_eq!(
                 self.gate.count(),
                 0,
@@ -239,6 +257,19 @@ mod model {
             self.phase.store(TERMINATED, Release);
             self.lifecycle.notify();
         }
+    }
+
+    /// `admission::wait_for_a_settlement`: register in the epoch word, read
+    /// the epoch to wait past, wait for it to change.
+    fn admission_wait(ctx: &Ctx, registered: &AtomicBool) -> bool {
+        ctx.settle_epoch.register();
+        let seen = ctx.settle_epoch.epoch();
+        registered.store(true, Release);
+        let woke = ctx
+            .settled
+            .wait_until(|| ctx.settle_epoch.epoch() != seen, None);
+        ctx.settle_epoch.unregister();
+        woke
     }
 
     fn run(name: &str, preemption_bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
@@ -416,6 +447,153 @@ mod model {
                 holder.join().unwrap();
                 r2.join().unwrap();
                 assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An admission waiter (allocation refused, waiting for a settlement)
+    /// and settlements on two foreign threads, one of them only after the
+    /// waiter has read the epoch it waits past: that settlement must wake it
+    /// (loom reports a deadlock otherwise), whether it or the other one sees
+    /// the registration. The settlements also take `pending` to zero under a
+    /// teardown waiter.
+    #[test]
+    fn settlement_wakes_admission_waiter_without_fence() {
+        run(
+            "admission waiter + 2 foreign settlements + teardown waiter (4 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let early = Ctx::queue_release(&ctx);
+                ctx.acquire().unwrap();
+                let late = Ctx::queue_release(&ctx);
+                let registered = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), registered.clone());
+                let waiter = thread::spawn(move || assert!(admission_wait(&c, &r)));
+                let d1 = thread::spawn(move || early.retire());
+                let r2 = registered.clone();
+                let d2 = thread::spawn(move || {
+                    while !r2.load(Acquire) {
+                        thread::yield_now();
+                    }
+                    late.retire();
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                waiter.join().unwrap();
+                d1.join().unwrap();
+                d2.join().unwrap();
+                assert_eq!(ctx.retired.load(Relaxed), 2);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// The `spare` slot of `release.rs` (one cached `PendingRelease` box per
+    /// shard), with the same operations and orderings: `boxed` takes with a
+    /// compare-and-swap (never a swap, which could reopen a closed slot),
+    /// `settle` offers its box last with a compare-and-swap from null and
+    /// drops it if the slot is full or closed, `close_spares` swaps in the
+    /// closed marker and drops what it found.
+    mod spare {
+        use loom::cell::UnsafeCell;
+        use loom::sync::atomic::{AtomicPtr, AtomicUsize};
+        use loom::sync::Arc;
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+        pub struct Obj {
+            /// Written by whoever owns the box: loom reports a data race if
+            /// two threads ever own it without happens-before between them.
+            pub uses: UnsafeCell<u64>,
+            drops: Arc<AtomicUsize>,
+        }
+        impl Drop for Obj {
+            fn drop(&mut self) {
+                self.uses.with_mut(|u| unsafe { *u += 1 });
+                self.drops.fetch_add(1, Relaxed);
+            }
+        }
+        pub fn new_obj(drops: &Arc<AtomicUsize>, made: &AtomicUsize) -> Box<Obj> {
+            made.fetch_add(1, Relaxed);
+            Box::new(Obj {
+                uses: UnsafeCell::new(0),
+                drops: drops.clone(),
+            })
+        }
+
+        fn closed() -> *mut Obj {
+            1usize as *mut Obj
+        }
+        fn is_box(p: *mut Obj) -> bool {
+            !p.is_null() && p != closed()
+        }
+
+        pub fn take(slot: &AtomicPtr<Obj>) -> Option<Box<Obj>> {
+            let p = slot.load(Relaxed);
+            if is_box(p)
+                && slot
+                    .compare_exchange(p, std::ptr::null_mut(), Acquire, Relaxed)
+                    .is_ok()
+            {
+                return Some(unsafe { Box::from_raw(p) });
+            }
+            None
+        }
+        pub fn put(slot: &AtomicPtr<Obj>, b: Box<Obj>) {
+            let raw = Box::into_raw(b);
+            if slot
+                .compare_exchange(std::ptr::null_mut(), raw, Release, Relaxed)
+                .is_err()
+            {
+                drop(unsafe { Box::from_raw(raw) });
+            }
+        }
+        pub fn close(slot: &AtomicPtr<Obj>) {
+            let p = slot.swap(closed(), AcqRel);
+            if is_box(p) {
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        pub fn is_closed(slot: &AtomicPtr<Obj>) -> bool {
+            slot.load(Acquire) == closed()
+        }
+    }
+
+    /// Two releasers each take the cached box (or make one), use it and
+    /// offer it back, while retire closes the slot: no box is ever owned by
+    /// two threads at once (loom's cell tracking), each is dropped exactly
+    /// once, and a closed slot stays closed.
+    #[test]
+    fn spare_slot_hands_boxes_over_and_closes() {
+        run(
+            "spare slot: 2 take/put + close (3 threads)",
+            Some(3),
+            || {
+                use loom::sync::atomic::AtomicPtr;
+                let drops = Arc::new(AtomicUsize::new(0));
+                let made = Arc::new(AtomicUsize::new(0));
+                let first = spare::new_obj(&drops, &made);
+                let slot = Arc::new(AtomicPtr::new(Box::into_raw(first)));
+                let mut hs = Vec::new();
+                for _ in 0..2 {
+                    let (slot, drops, made) = (slot.clone(), drops.clone(), made.clone());
+                    hs.push(thread::spawn(move || {
+                        let b = spare::take(&slot).unwrap_or_else(|| spare::new_obj(&drops, &made));
+                        b.uses.with_mut(|u| unsafe { *u += 1 });
+                        spare::put(&slot, b);
+                    }));
+                }
+                spare::close(&slot);
+                for h in hs {
+                    h.join().unwrap();
+                }
+                assert!(spare::is_closed(&slot), "a closed slot was reopened");
+                assert_eq!(
+                    drops.load(Relaxed),
+                    made.load(Relaxed),
+                    "a box was leaked or dropped twice"
+                );
             },
         );
     }

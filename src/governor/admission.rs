@@ -4,7 +4,7 @@
 use super::budget::Refusal;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, ContextInner};
+use super::record::{add, bump, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -122,9 +122,9 @@ fn attempt<C: DeviceContext>(
     }
     let result = match ctx.enter() {
         Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
-            let r = &ctx.roles[role.index()];
-            add(&r.live_bytes, bytes);
-            add(&r.live_count, 1);
+            let r = &ctx.shards[stream.shard].roles[role.index()];
+            bump(&r.alloc_bytes, bytes);
+            bump(&r.alloc_count, 1);
         }),
         None => {
             ctx.uncharge(bytes, 0, 0);
@@ -176,11 +176,16 @@ fn wait_for_a_settlement<C: DeviceContext>(
             );
         }
         _ => {
-            let seen = ctx.settle_epoch.load(Ordering::SeqCst);
+            // Register before reading the epoch to wait past: a settlement
+            // after the read either sees the registration (and wakes) or is
+            // seen by the check (see `EpochWord`).
+            ctx.settle_epoch.register();
+            let seen = ctx.settle_epoch.epoch();
             ctx.settled.wait_until(
-                || ctx.settle_epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                || ctx.settle_epoch.epoch() != seen || ctx.is_lost(),
                 Some(deadline),
             );
+            ctx.settle_epoch.unregister();
         }
     }
 }

@@ -183,6 +183,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let id = self.stream.ctx.id;
         match release(
             &self.stream.ctx,
+            self.stream.shard,
             &stream.shared,
             memory,
             self.bytes,
@@ -211,6 +212,7 @@ impl<C: DeviceContext> Drop for DeviceBuffer<C> {
             // tracing); a destructor has no one to return them to.
             let _ = release(
                 &self.stream.ctx,
+                self.stream.shard,
                 &self.stream,
                 memory,
                 self.bytes,

@@ -5,7 +5,7 @@ use super::buffer::DeviceBuffer;
 use super::config::{PressureRequest, Role};
 use super::error::GovernorError;
 use super::pin_source::{ContextPin, PinSource};
-use super::record::{add, ContextInner};
+use super::record::ContextInner;
 use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
@@ -138,7 +138,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
         match admit(ctx, &stream.shared, bytes, role) {
             Ok(memory) => {
-                add(&ctx.counters.allocations, 1);
+                // Counted live inside `admit`; `allocations` is derived.
                 Ok(DeviceBuffer {
                     stream: stream.shared.clone(),
                     memory: Some(memory),

@@ -17,6 +17,17 @@
 //!   reads those counts only after closing the gate and seeing it drain, so
 //!   each live buffer and stream has its pin either revoked by `force` or
 //!   released by its own path, never both and never neither.
+//! * Statistics of live and pending buffers live in [`Shard`]s as monotonic
+//!   totals; every change of a shard's `alloc`, `queued` and `gone` totals
+//!   happens under a gate claim, so `force` reads stable live totals once the
+//!   gate has drained (and adds what it reclaims to `gone`).
+//! * `pending` and `settle_epoch` carry their waiters in the same word
+//!   (`CountWord`, `EpochWord`): a waiter registers there before its first
+//!   check, and the settlement's own RMW tells it whether to wake.
+//! * A shard's `spare` slot may hold a `PendingRelease` box with an `Arc` of
+//!   this record (a cycle): `begin_retire` closes every slot for good, and the
+//!   registry keeps the record alive until a retire has begun, so the cycle
+//!   never outlives the last outside reference.
 //! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
 //!   compare-and-swap and only the winner calls the backend.
 //! * No lock in this record is held while calling the backend, a pressure
@@ -27,14 +38,14 @@ use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stream::StreamShared;
-use crate::sync::{lock, AcquireError, ClaimCounter, Notifier};
+use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
 use crate::{
     BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Instant;
 
@@ -43,24 +54,80 @@ pub(crate) const RETIRING: u8 = 1;
 pub(crate) const TERMINATING: u8 = 2;
 pub(crate) const TERMINATED: u8 = 3;
 
-/// Byte and object counts of one role. Updated with relaxed atomics: they are
-/// statistics read by snapshots, while admission decisions use [`Budget`].
+/// Quarantined bytes and objects of one role (rare: kept in the record).
+/// Live and pending counts are in the [`Shard`]s. Updated with relaxed
+/// atomics: they are statistics read by snapshots, while admission decisions
+/// use [`Budget`].
 #[derive(Debug, Default)]
 pub(crate) struct RoleCounters {
-    pub live_bytes: AtomicU64,
-    pub live_count: AtomicU64,
-    pub pending_bytes: AtomicU64,
-    pub pending_count: AtomicU64,
     pub quarantined_bytes: AtomicU64,
     pub quarantined_count: AtomicU64,
 }
 
-/// Monotonic event counters.
+/// Monotonic event totals (bytes and objects) of one role, in one shard:
+///
+/// * `alloc`: allocations admitted on a stream of this shard (and buffers
+///   moved here by `release_on` another stream);
+/// * `queued`: releases queued on a stream of this shard;
+/// * `settled`: those of them settled (retired or abandoned);
+/// * `gone`: live buffers of this shard that left without being queued here
+///   (device lost, quarantined, reclaimed by force, moved by `release_on`).
+///
+/// live = alloc - queued - gone and pending = queued - settled. Each step of a
+/// buffer's life is one increment (two words: bytes, count), where keeping
+/// live and pending counts took two (subtract here, add there).
+#[derive(Debug, Default)]
+pub(crate) struct ShardRole {
+    pub alloc_bytes: AtomicU64,
+    pub alloc_count: AtomicU64,
+    pub queued_bytes: AtomicU64,
+    pub queued_count: AtomicU64,
+    pub settled_bytes: AtomicU64,
+    pub settled_count: AtomicU64,
+    pub gone_bytes: AtomicU64,
+    pub gone_count: AtomicU64,
+}
+
+/// Add to a monotonic statistics total. Release, so that a reader that sees a
+/// later step of a buffer's life (Acquire) also sees its earlier steps: see
+/// [`ContextInner::role_usage`].
+#[inline]
+pub(crate) fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Release);
+}
+
+/// Number of statistics shards per context. Streams are spread over them
+/// round-robin, so up to this many streams update disjoint cache lines.
+pub(crate) const SHARDS: usize = 8;
+const _: () = assert!(SHARDS <= 256, "shard indices are stored as u8");
+
+/// The statistics of the steady-state allocate/release cycle, sharded by
+/// stream so that threads working on different streams do not write the same
+/// cache lines for them (`docs/performance.md`).
+///
+/// The totals are monotonic (a refused free's undo is the one exception), so
+/// sums over shards are exact whenever the context is quiescent, and a
+/// concurrent reader that reads the later steps first never computes a
+/// negative count (see [`ContextInner::role_usage`]). `force` reads the live
+/// totals of every shard only after closing the gate and seeing it drain:
+/// every change of `alloc`, `queued` and `gone` happens under a gate claim, so
+/// those reads are stable, and it adds what it reclaims to `gone`.
+///
+/// `spare` caches one freed `PendingRelease` allocation (see `release.rs`),
+/// so that the steady-state cycle does not call `malloc`/`free`.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    pub roles: [ShardRole; 5],
+    /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
+    /// or closed (see `release.rs`).
+    pub spare: AtomicPtr<u8>,
+}
+
+/// Monotonic event counters. `allocations`, `releases_queued` and `retired`
+/// are derived from the shards (see [`ContextInner::allocations`]).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub allocations: AtomicU64,
-    pub releases_queued: AtomicU64,
-    pub retired: AtomicU64,
     pub abandoned: AtomicU64,
     pub settled_lost: AtomicU64,
     pub quarantined: AtomicU64,
@@ -98,7 +165,9 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub admission: Admission,
 
     pub pins: ClaimCounter,
-    pub pending: AtomicU64,
+    /// Pending releases, and the lifecycle waiters that wait for `drained()`
+    /// (registered in the same word: see [`CountWord`]).
+    pub pending: CountWord,
     pub gate: ClaimCounter,
     phase: AtomicU8,
     lost: AtomicBool,
@@ -108,11 +177,16 @@ pub(crate) struct ContextInner<C: DeviceContext> {
 
     pub budget: Budget,
     pub shared: Option<SharedBudget>,
-    /// Woken when a release of this context settles (admission waiters).
+    /// Woken when a release of this context settles (admission waiters), and
+    /// on device loss and termination.
     pub settled: Notifier,
-    pub settle_epoch: AtomicU64,
+    /// Bumped by every settlement; admission waiters register in it (see
+    /// [`EpochWord`]) so that a settlement wakes `settled` only when one waits.
+    pub settle_epoch: EpochWord,
 
     pub roles: [RoleCounters; 5],
+    pub shards: [Shard; SHARDS],
+    pub next_shard: AtomicUsize,
     pub counters: Counters,
     pub streams_live: AtomicU64,
 
@@ -177,7 +251,7 @@ impl<C: DeviceContext> ContextInner<C> {
             description,
             admission: config.admission,
             pins: ClaimCounter::new(config.max_pins),
-            pending: AtomicU64::new(0),
+            pending: CountWord::new(),
             gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
             phase: AtomicU8::new(ACTIVE),
             lost: AtomicBool::new(false),
@@ -186,8 +260,10 @@ impl<C: DeviceContext> ContextInner<C> {
             budget: Budget::new(limit),
             shared: config.shared,
             settled: Notifier::new(),
-            settle_epoch: AtomicU64::new(0),
+            settle_epoch: EpochWord::new(),
             roles: Default::default(),
+            shards: Default::default(),
+            next_shard: AtomicUsize::new(0),
             counters: Counters::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
@@ -259,7 +335,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     pub(crate) fn drained(&self) -> bool {
-        self.pins.is_drained() && (self.is_lost() || self.pending.load(Ordering::Acquire) == 0)
+        self.pins.is_drained() && (self.is_lost() || self.pending.count() == 0)
     }
 
     /// Stop accepting work: new pins fail from now on.
@@ -267,12 +343,15 @@ impl<C: DeviceContext> ContextInner<C> {
         let _ = self
             .phase
             .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+        // Break the reference cycle of cached PendingRelease boxes before the
+        // record can lose its last outside reference.
+        super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         if self.pins.close() {
             self.lifecycle.notify();
         }
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.load(Ordering::Relaxed), "memgov: retiring context");
+        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
     }
 
     /// Declare the device lost. Returns false if it already was.
@@ -283,7 +362,7 @@ impl<C: DeviceContext> ContextInner<C> {
         *lock(&self.lost_reason) = Some(reason.to_owned());
         self.pins.close();
         #[cfg(feature = "tracing")]
-        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.load(Ordering::Relaxed), "memgov: device lost");
+        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.count(), "memgov: device lost");
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
@@ -351,16 +430,12 @@ impl<C: DeviceContext> ContextInner<C> {
             label: self.label.clone(),
             lost,
             forced: self.forced.load(Ordering::Acquire),
-            retired_releases: self.counters.retired.load(Ordering::Relaxed),
+            retired_releases: self.retired(),
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
             quarantined_bytes,
-            unsettled_releases: if lost {
-                self.pending.load(Ordering::Acquire)
-            } else {
-                0
-            },
+            unsettled_releases: if lost { self.pending.count() } else { 0 },
             elapsed: started.elapsed(),
             backend_result: result,
         };
@@ -391,17 +466,110 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    pub(crate) fn live_bytes(&self) -> u64 {
-        self.roles
+    /// A stream's shard index.
+    pub(crate) fn pick_shard(&self) -> usize {
+        self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
+    }
+
+    /// Totals of one role over the shards: [settled, gone, queued, alloc] x
+    /// [bytes, count].
+    fn role_totals(&self, role: Role) -> [[u64; 2]; 4] {
+        // Later steps of a buffer's life first, each Acquire (pairing with
+        // the Release of `bump`): whatever step of a buffer is seen, its
+        // earlier steps, read afterwards, are seen too, so no difference
+        // below is negative (except transiently around a refused free's
+        // undo, which the saturation covers).
+        let mut t = [[0u64; 2]; 4];
+        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
+        fn fields(r: &ShardRole, i: usize) -> [&AtomicU64; 2] {
+            match i {
+                0 => [&r.settled_bytes, &r.settled_count],
+                1 => [&r.gone_bytes, &r.gone_count],
+                2 => [&r.queued_bytes, &r.queued_count],
+                _ => [&r.alloc_bytes, &r.alloc_count],
+            }
+        }
+        for (i, ti) in t.iter_mut().enumerate() {
+            for s in &self.shards {
+                let [b, n] = fields(&s.roles[role.index()], i);
+                ti[0] = ti[0].wrapping_add(ld(b));
+                ti[1] = ti[1].wrapping_add(ld(n));
+            }
+        }
+        t
+    }
+
+    /// Live bytes, live count, pending bytes and pending count of one role,
+    /// summed over the shards.
+    pub(crate) fn role_usage(&self, role: Role) -> [u64; 4] {
+        let [settled, gone, queued, alloc] = self.role_totals(role);
+        let live = |i: usize| alloc[i].saturating_sub(queued[i]).saturating_sub(gone[i]);
+        let pending = |i: usize| queued[i].saturating_sub(settled[i]);
+        [live(0), live(1), pending(0), pending(1)]
+    }
+
+    /// Live bytes and count of one role in one shard, for `force` (gate
+    /// closed and drained: stable).
+    pub(crate) fn shard_live(&self, shard: usize, role: Role) -> [u64; 2] {
+        let r = &self.shards[shard].roles[role.index()];
+        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
+        [
+            ld(&r.alloc_bytes)
+                .wrapping_sub(ld(&r.queued_bytes))
+                .wrapping_sub(ld(&r.gone_bytes)),
+            ld(&r.alloc_count)
+                .wrapping_sub(ld(&r.queued_count))
+                .wrapping_sub(ld(&r.gone_count)),
+        ]
+    }
+
+    fn sum_roles(&self, i: usize) -> u64 {
+        Role::ALL
             .iter()
-            .map(|r| r.live_bytes.load(Ordering::Relaxed))
-            .sum()
+            .map(|&r| self.role_usage(r)[i])
+            .fold(0, u64::wrapping_add)
+    }
+
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.sum_roles(0)
+    }
+    pub(crate) fn live_count(&self) -> u64 {
+        self.sum_roles(1)
     }
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.roles
+        self.sum_roles(2)
+    }
+
+    fn total(&self, i: usize) -> u64 {
+        Role::ALL
             .iter()
-            .map(|r| r.pending_bytes.load(Ordering::Relaxed))
-            .sum()
+            .map(|&r| self.role_totals(r)[i][1])
+            .fold(0, u64::wrapping_add)
+    }
+
+    /// Releases whose free executed: settled ones that were not abandoned.
+    pub(crate) fn retired(&self) -> u64 {
+        let abandoned = self.counters.abandoned.load(Ordering::Acquire);
+        self.total(0).saturating_sub(abandoned)
+    }
+
+    /// Releases queued on a stream (and not undone because the backend
+    /// refused them). Derived rather than counted, so the cycle does not pay
+    /// for it.
+    pub(crate) fn releases_queued(&self) -> u64 {
+        self.total(2)
+    }
+
+    /// Allocations admitted: each is live, queued (see `releases_queued`),
+    /// settled because the device was lost, quarantined or reclaimed by
+    /// force. Derived rather than counted.
+    pub(crate) fn allocations(&self) -> u64 {
+        let c = &self.counters;
+        self.live_count()
+            .wrapping_add(self.releases_queued())
+            .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
+            .wrapping_add(c.quarantined.load(Ordering::Relaxed))
+            .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
     }
     pub(crate) fn quarantined_bytes(&self) -> u64 {
         self.roles
@@ -413,6 +581,12 @@ impl<C: DeviceContext> ContextInner<C> {
 
 impl<C: DeviceContext> Drop for ContextInner<C> {
     fn drop(&mut self) {
+        // No `spare` slot can hold a cached PendingRelease here: it would hold
+        // an Arc of this record (see `release::close_spares`).
+        debug_assert!(self
+            .shards
+            .iter_mut()
+            .all(|s| !super::release::holds_box(*s.spare.get_mut())));
         // Every handle, buffer, stream, pin and pending release is gone (each
         // holds an Arc), so every pin has been dropped. If nobody finished the
         // retire, do it now -- but never on this thread, which may be a driver

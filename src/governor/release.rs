@@ -3,54 +3,163 @@
 //! quarantining releases the backend refuses.
 
 use super::config::Role;
-use super::record::{add, sub, ContextInner, Quarantined, TERMINATED};
+use super::record::{add, bump, sub, ContextInner, Quarantined, TERMINATED};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
 use crate::sync::lock;
 use crate::{BackendError, DeviceContext};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The governor's side of one pending release. Boxed once per release; this
-/// is the only heap allocation a release makes.
+/// The governor's side of one pending release. Boxed once per release; the
+/// box is recycled, *with its `Arc` of the context*, through its shard's
+/// `spare` slot, so that in the steady state a release neither allocates nor
+/// touches the context's reference count.
+///
+/// A cached box holds an `Arc` of the context it is cached in: a reference
+/// cycle, which [`close_spares`] breaks. It runs in `begin_retire`, which
+/// precedes every way the record can lose its last outside reference (the
+/// governor's registry holds one until `Governor::drop`, which retires, or
+/// `prune_terminated`, which needs a finished retire), and closes the slots
+/// for good: a closed slot is never filled again.
 struct PendingRelease<C: DeviceContext> {
     ctx: Arc<ContextInner<C>>,
     stream_pending: Option<Arc<AtomicU64>>,
     bytes: u64,
     role: Role,
+    /// Shard of the stream the release was queued on: its pending counts.
+    /// (`u8`: keeps the box at 32 bytes.)
+    shard: u8,
+}
+
+/// A `spare` slot of a retiring context: never filled again.
+const SPARE_CLOSED: *mut u8 = 1usize as *mut u8;
+
+fn is_box(p: *mut u8) -> bool {
+    !p.is_null() && p != SPARE_CLOSED
+}
+
+/// Box a pending release, reusing the shard's cached box if it has one.
+#[inline]
+fn boxed<C: DeviceContext>(
+    ctx: &Arc<ContextInner<C>>,
+    stream_pending: Option<Arc<AtomicU64>>,
+    bytes: u64,
+    role: Role,
+    shard: usize,
+) -> Box<PendingRelease<C>> {
+    let slot = &ctx.shards[shard].spare;
+    let p = slot.load(Ordering::Relaxed);
+    // Take it with a compare-and-swap, not a swap: a swap could reopen a
+    // closed slot. (ABA is harmless: whoever holds the pointer in the slot
+    // owns the box it points to.)
+    if is_box(p)
+        && slot
+            .compare_exchange(
+                p,
+                std::ptr::null_mut(),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        // SAFETY: `spare` of a `ContextInner<C>` holds only pointers from
+        // `Box::into_raw` of a complete `Box<PendingRelease<C>>` (see
+        // `settle`), whose `ctx` is this context; the CAS gave us sole
+        // ownership (Acquire pairs with the Release that stored it).
+        let mut b = unsafe { Box::from_raw(p as *mut PendingRelease<C>) };
+        debug_assert!(Arc::ptr_eq(&b.ctx, ctx));
+        b.stream_pending = stream_pending;
+        b.bytes = bytes;
+        b.role = role;
+        b.shard = shard as u8;
+        return b;
+    }
+    Box::new(PendingRelease {
+        ctx: ctx.clone(),
+        stream_pending,
+        bytes,
+        role,
+        shard: shard as u8,
+    })
+}
+
+/// Close every `spare` slot of `ctx` for good and drop the boxes cached there
+/// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
+/// own `Arc` of `ctx`, so none of these is the last.
+pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
+    for s in &ctx.shards {
+        let p = s.spare.swap(SPARE_CLOSED, Ordering::AcqRel);
+        if is_box(p) {
+            // SAFETY: as in `boxed`; the swap took ownership.
+            drop(unsafe { Box::from_raw(p as *mut PendingRelease<C>) });
+        }
+    }
+}
+
+/// Whether a slot still holds a box (for `ContextInner`'s drop, where none
+/// can: it would hold an `Arc` of the record being dropped).
+pub(crate) fn holds_box(p: *mut u8) -> bool {
+    is_box(p)
 }
 
 impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     /// Runs on whatever thread fires the signal (possibly a driver thread):
     /// atomics and wake-ups only.
-    fn settle(self: Box<Self>, outcome: RetireOutcome) {
-        let ctx = &*self.ctx;
-        let r = &ctx.roles[self.role.index()];
-        sub(&r.pending_bytes, self.bytes);
-        sub(&r.pending_count, 1);
-        if let Some(p) = &self.stream_pending {
-            sub(p, self.bytes);
+    fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
+        let this = &mut *self;
+        let ctx = &*this.ctx;
+        let shard = &ctx.shards[usize::from(this.shard)];
+        let r = &shard.roles[this.role.index()];
+        bump(&r.settled_bytes, this.bytes);
+        bump(&r.settled_count, 1);
+        if let Some(p) = &this.stream_pending {
+            sub(p, this.bytes);
         }
-        ctx.uncharge(self.bytes, self.bytes, 0);
+        ctx.uncharge(this.bytes, this.bytes, 0);
         match outcome {
-            RetireOutcome::Retired => add(&ctx.counters.retired, 1),
-            RetireOutcome::Abandoned => add(&ctx.counters.abandoned, 1),
+            // `retired` is derived: settled minus abandoned.
+            RetireOutcome::Retired => {}
+            RetireOutcome::Abandoned => bump(&ctx.counters.abandoned, 1),
         }
         if ctx.phase() == TERMINATED {
             add(&ctx.counters.late_settlements, 1);
         }
-        ctx.settle_epoch.fetch_add(1, Ordering::SeqCst);
+        // Admission waiters register in the epoch word: the bump says whether
+        // one waits (no fence, no lock otherwise).
+        if ctx.settle_epoch.bump() {
+            ctx.settled.wake_all();
+        }
         // The pin this release carried leaves with it. Lifecycle waiters wait
         // for `drained()` (or the gate, or termination); a settlement can
         // only make that true by taking `pending` to zero, so only that one
-        // wakes them: a teardown waiter is not woken once per release.
-        if ctx.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            ctx.lifecycle.notify();
+        // wakes them, and only if one registered in `pending`: a teardown
+        // waiter is not woken once per release.
+        if ctx.pending.decrement() {
+            ctx.lifecycle.wake_all();
         }
-        ctx.settled.notify();
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
             s.0.retired.notify();
+        }
+        // Last: offer the box, with its Arc of the context, to the shard.
+        // After a successful store this thread touches nothing: the box (and
+        // the Arc that keeps the record alive) belongs to the slot.
+        this.stream_pending = None;
+        let slot: *const AtomicPtr<u8> = &shard.spare;
+        let raw = Box::into_raw(self);
+        // SAFETY: `slot` points into the context record, which the Arc inside
+        // `raw` (still ours until the exchange succeeds) keeps alive.
+        let stored = unsafe { &*slot }.compare_exchange(
+            std::ptr::null_mut(),
+            raw as *mut u8,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+        if stored.is_err() {
+            // Slot full or closed: drop the box (and its Arc) normally.
+            // SAFETY: `raw` came from `Box::into_raw` above and is still ours.
+            drop(unsafe { Box::from_raw(raw) });
         }
     }
 }
@@ -69,9 +178,10 @@ pub(crate) enum Released {
 }
 
 /// Release `memory` (holding one pin of `ctx`, charged `bytes` live under
-/// `role`) stream-ordered on `stream`.
+/// `role` in shard `live_shard`: its own stream's) stream-ordered on `stream`.
 pub(crate) fn release<C: DeviceContext>(
     ctx: &Arc<ContextInner<C>>,
+    live_shard: usize,
     stream: &StreamShared<C>,
     memory: C::Memory,
     bytes: u64,
@@ -83,37 +193,45 @@ pub(crate) fn release<C: DeviceContext>(
         drop(memory);
         return Released::Reclaimed;
     };
-    let r = &ctx.roles[role.index()];
     // Everything below runs with the gate claim held: `force` reads
-    // `live_count` only once the gate has drained, so a buffer is either
+    // the shards' live totals only once the gate has drained, so a buffer is either
     // still counted live (and force revokes its pin) or has moved on (and
     // released or transferred its pin itself) -- never both.
     if ctx.is_lost() {
         drop(memory);
-        settle_live_as_lost(ctx, bytes, role);
+        settle_live_as_lost(ctx, live_shard, bytes, role);
         drop(backend);
         return Released::SettledLost;
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
-    ctx.pending.fetch_add(1, Ordering::SeqCst);
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
-    add(&r.pending_bytes, bytes);
-    add(&r.pending_count, 1);
+    ctx.pending.increment();
+    if live_shard != stream.shard {
+        // `release_on` another stream: the buffer leaves its own shard and
+        // is queued in the other one (as if allocated there).
+        let from = &ctx.shards[live_shard].roles[role.index()];
+        bump(&from.gone_bytes, bytes);
+        bump(&from.gone_count, 1);
+        let to = &ctx.shards[stream.shard].roles[role.index()];
+        bump(&to.alloc_bytes, bytes);
+        bump(&to.alloc_count, 1);
+    }
+    let q = &ctx.shards[stream.shard].roles[role.index()];
+    bump(&q.queued_bytes, bytes);
+    bump(&q.queued_count, 1);
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
     if let Some(s) = &ctx.shared {
         add(&s.0.pending, bytes);
     }
-    add(&ctx.counters.releases_queued, 1);
-    let signal = RetireSignal::from_sink(Box::new(PendingRelease {
-        ctx: ctx.clone(),
-        stream_pending: stream.pending_bytes.clone(),
+    let signal = RetireSignal::from_sink(boxed(
+        ctx,
+        stream.pending_bytes.clone(),
         bytes,
         role,
-    }));
+        stream.shard,
+    ));
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
             ctx.release_pin();
@@ -123,15 +241,17 @@ pub(crate) fn release<C: DeviceContext>(
         Err((memory, signal, err)) => {
             // Undo the move without settling: the release never happened.
             signal.defuse();
-            undo_pending(ctx, stream, bytes, role);
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            undo_pending(ctx, live_shard, stream, bytes, role);
+            if ctx.pending.decrement() {
+                ctx.lifecycle.wake_all();
+            }
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);
-                settle_live_as_lost(ctx, bytes, role);
+                settle_live_as_lost(ctx, live_shard, bytes, role);
                 Released::SettledLost
             } else {
-                quarantine(ctx, memory, bytes, role, &err);
+                quarantine(ctx, live_shard, memory, bytes, role, &err);
                 Released::Quarantined(err)
             };
             drop(backend);
@@ -142,33 +262,45 @@ pub(crate) fn release<C: DeviceContext>(
 
 fn undo_pending<C: DeviceContext>(
     ctx: &ContextInner<C>,
+    live_shard: usize,
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
 ) {
-    let r = &ctx.roles[role.index()];
-    sub(&r.pending_bytes, bytes);
-    sub(&r.pending_count, 1);
-    add(&r.live_bytes, bytes);
-    add(&r.live_count, 1);
+    let q = &ctx.shards[stream.shard].roles[role.index()];
+    sub(&q.queued_bytes, bytes);
+    sub(&q.queued_count, 1);
+    if live_shard != stream.shard {
+        let to = &ctx.shards[stream.shard].roles[role.index()];
+        sub(&to.alloc_bytes, bytes);
+        sub(&to.alloc_count, 1);
+        let from = &ctx.shards[live_shard].roles[role.index()];
+        sub(&from.gone_bytes, bytes);
+        sub(&from.gone_count, 1);
+    }
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
     if let Some(s) = &ctx.shared {
         sub(&s.0.pending, bytes);
     }
-    sub(&ctx.counters.releases_queued, 1);
 }
 
 /// A live buffer of a lost context goes away with the device.
-fn settle_live_as_lost<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, role: Role) {
-    let r = &ctx.roles[role.index()];
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
+fn settle_live_as_lost<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    live_shard: usize,
+    bytes: u64,
+    role: Role,
+) {
+    let r = &ctx.shards[live_shard].roles[role.index()];
+    bump(&r.gone_bytes, bytes);
+    bump(&r.gone_count, 1);
     ctx.uncharge(bytes, 0, 0);
     add(&ctx.counters.settled_lost, 1);
-    ctx.settle_epoch.fetch_add(1, Ordering::SeqCst);
-    ctx.settled.notify();
+    if ctx.settle_epoch.bump() {
+        ctx.settled.wake_all();
+    }
     ctx.release_pin();
 }
 
@@ -176,14 +308,16 @@ fn settle_live_as_lost<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, role
 /// context terminates. It holds no pin: teardown frees it with the context.
 fn quarantine<C: DeviceContext>(
     ctx: &ContextInner<C>,
+    live_shard: usize,
     memory: C::Memory,
     bytes: u64,
     role: Role,
     err: &BackendError,
 ) {
+    let live = &ctx.shards[live_shard].roles[role.index()];
+    bump(&live.gone_bytes, bytes);
+    bump(&live.gone_count, 1);
     let r = &ctx.roles[role.index()];
-    sub(&r.live_bytes, bytes);
-    sub(&r.live_count, 1);
     add(&r.quarantined_bytes, bytes);
     add(&r.quarantined_count, 1);
     if let Some(s) = &ctx.shared {

@@ -121,11 +121,7 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let r = &ctx.roles[role.index()];
-            let (lc, lb) = (
-                r.live_count.load(Ordering::Relaxed),
-                r.live_bytes.load(Ordering::Relaxed),
-            );
+            let [lb, lc, pb, pc] = ctx.role_usage(role);
             if lc > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,
@@ -135,10 +131,6 @@ impl Outstanding {
                     holder: None,
                 });
             }
-            let (pc, pb) = (
-                r.pending_count.load(Ordering::Relaxed),
-                r.pending_bytes.load(Ordering::Relaxed),
-            );
             if pc > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::PendingRelease,
@@ -253,10 +245,16 @@ impl<C: DeviceContext> RetireHandle<C> {
     pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let start = Instant::now();
         let ctx = &*self.ctx;
-        if ctx.lifecycle.wait_until(
+        // Registered in `pending` too: the settlement that takes it to zero
+        // wakes us from there (see `CountWord`); everything else that can make
+        // `drained()` true notifies `lifecycle` itself.
+        ctx.pending.register();
+        let ready = ctx.lifecycle.wait_until(
             || ctx.drained() || ctx.phase() == TERMINATED,
             Some(deadline),
-        ) {
+        );
+        ctx.pending.unregister();
+        if ready {
             Ok(ctx.finish())
         } else {
             Err(self.outstanding_error(start.elapsed()))
@@ -325,12 +323,17 @@ impl<C: DeviceContext> RetireHandle<C> {
         }
         let mut revoked = 0;
         let mut reclaimed_bytes = 0;
-        for role in Role::ALL {
-            let r = &ctx.roles[role.index()];
-            let n = r.live_count.swap(0, Ordering::AcqRel);
-            let b = r.live_bytes.swap(0, Ordering::AcqRel);
-            revoked += n;
-            reclaimed_bytes += b;
+        // Every live transition happens under a gate claim, and the gate is
+        // closed and drained: the live counts of every shard are stable.
+        for (i, shard) in ctx.shards.iter().enumerate() {
+            for role in Role::ALL {
+                let [b, n] = ctx.shard_live(i, role);
+                let r = &shard.roles[role.index()];
+                super::record::bump(&r.gone_bytes, b);
+                super::record::bump(&r.gone_count, n);
+                revoked += n;
+                reclaimed_bytes += b;
+            }
         }
         super::record::add(&ctx.counters.reclaimed, revoked);
         ctx.uncharge(reclaimed_bytes, 0, 0);
@@ -355,6 +358,11 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
         let ctx = self.handle.ctx.clone();
+        if !self.registered {
+            // Before the first check, like `wait`; undone with the task
+            // registration (`forget`).
+            ctx.pending.register();
+        }
         let mut registered = self.registered;
         let ready = ctx
             .lifecycle
@@ -363,7 +371,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
             });
         self.registered = registered;
         if ready {
-            ctx.lifecycle.forget_task(&mut self.registered);
+            self.forget();
             Poll::Ready(ctx.finish())
         } else {
             Poll::Pending
@@ -371,8 +379,17 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
     }
 }
 
+impl<C: DeviceContext> Finished<'_, C> {
+    fn forget(&mut self) {
+        if self.registered {
+            self.handle.ctx.pending.unregister();
+        }
+        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+    }
+}
+
 impl<C: DeviceContext> Drop for Finished<'_, C> {
     fn drop(&mut self) {
-        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+        self.forget();
     }
 }

@@ -214,11 +214,12 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     let mut by_role = [RoleUsage::default(); 5];
     for role in Role::ALL {
         let r = &ctx.roles[role.index()];
+        let [live_bytes, live_count, pending_bytes, pending_count] = ctx.role_usage(role);
         by_role[role.index()] = RoleUsage {
-            live_bytes: ld(&r.live_bytes),
-            live_count: ld(&r.live_count),
-            pending_bytes: ld(&r.pending_bytes),
-            pending_count: ld(&r.pending_count),
+            live_bytes,
+            live_count,
+            pending_bytes,
+            pending_count,
             quarantined_bytes: ld(&r.quarantined_bytes),
             quarantined_count: ld(&r.quarantined_count),
         };
@@ -235,7 +236,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     let pins = PinCounts {
         streams: ld(&ctx.streams_live),
         buffers: count(PinKind::Buffer),
-        pending_releases: ctx.pending.load(Ordering::Relaxed),
+        pending_releases: ctx.pending.count(),
         external: count(PinKind::External),
         other: count(PinKind::Other),
     };
@@ -263,9 +264,9 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             .collect(),
         pins,
         counters: CounterSnapshot {
-            allocations: ld(&c.allocations),
-            releases_queued: ld(&c.releases_queued),
-            retired: ld(&c.retired),
+            allocations: ctx.allocations(),
+            releases_queued: ctx.releases_queued(),
+            retired: ctx.retired(),
             abandoned: ld(&c.abandoned),
             settled_lost: ld(&c.settled_lost),
             quarantined: ld(&c.quarantined),

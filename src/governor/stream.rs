@@ -15,6 +15,8 @@ pub(crate) struct StreamShared<C: DeviceContext> {
     /// `None` only after destroy (in Drop) or for reclaimed streams.
     raw: Option<C::Stream>,
     pub label: String,
+    /// This stream's statistics shard in `ctx.shards`.
+    pub shard: usize,
     /// Bytes pending release on this stream, for stream-ordered reuse credit.
     /// Present only where the backend reuses stream-ordered frees.
     pub pending_bytes: Option<Arc<AtomicU64>>,
@@ -114,6 +116,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             ctx: ctx.clone(),
             raw: Some(raw),
             label,
+            shard: ctx.pick_shard(),
             pending_bytes: ctx
                 .description
                 .stream_ordered_reuse

@@ -13,12 +13,18 @@
 //!   driver thread firing a `RetireSignal`) skips the lock entirely when no one
 //!   waits. It never polls: waiters sleep on a condition variable or register
 //!   a task waker.
+//! * [`CountWord`] and [`EpochWord`]: a count (pending releases) or an epoch
+//!   (settlements) with its waiters in the same word, so that the frequent
+//!   signaller learns from its own read-modify-write whether to wake anyone,
+//!   without the SeqCst fence `Notifier::notify` needs.
 
 mod claim;
 mod notify;
+mod word;
 
 pub(crate) use claim::{AcquireError, ClaimCounter, MAX_CLAIMS};
 pub(crate) use notify::Notifier;
+pub(crate) use word::{CountWord, EpochWord};
 
 // The primitives below switch to loom's under `--cfg loom`; the governor's
 // own bookkeeping mutexes stay `std` (they are not part of the model and are

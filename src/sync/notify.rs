@@ -48,9 +48,13 @@ impl Notifier {
     /// The slow path of [`notify`](Self::notify), out of line so that the
     /// fast path (nobody waits: a fence and a load) inlines into every
     /// signaller without the slow path's stack frame.
+    ///
+    /// Also called directly by a signaller that knows from a
+    /// [`CountWord`](super::CountWord) or [`EpochWord`](super::EpochWord) that
+    /// a waiter is registered.
     #[cold]
     #[inline(never)]
-    fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         let wakers = std::mem::take(&mut *lock(&self.wakers));
         self.cv.notify_all();
         // Wakers run executor code: never under our lock.
