@@ -133,19 +133,11 @@ fn attempt<C: DeviceContext>(
     };
     result.map_err(|e| {
         ctx.uncharge(bytes, 0, 0);
-        ctx.note_backend_error(&e);
         if e.kind == BackendErrorKind::OutOfMemory {
+            ctx.note_backend_error(&e);
             Ok(Refused::Device(e))
-        } else if e.is_device_lost() {
-            Err(GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            })
         } else {
-            Err(GovernorError::Backend {
-                context: ctx.id,
-                source: e,
-            })
+            Err(ctx.backend_failure(e))
         }
     })
 }

@@ -139,18 +139,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let memory = self.memory.as_ref().expect("memory present until release");
         f(&backend, self.stream.raw(), memory).map_err(|e| {
             drop(backend);
-            ctx.note_backend_error(&e);
-            if e.is_device_lost() {
-                GovernorError::DeviceLost {
-                    context: ctx.id,
-                    reason: ctx.lost_reason(),
-                }
-            } else {
-                GovernorError::Backend {
-                    context: ctx.id,
-                    source: e,
-                }
-            }
+            ctx.backend_failure(e)
         })
     }
 

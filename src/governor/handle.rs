@@ -70,18 +70,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         ))?;
         backend.memory_info().map_err(|e| {
             drop(backend);
-            ctx.note_backend_error(&e);
-            if e.is_device_lost() {
-                GovernorError::DeviceLost {
-                    context: ctx.id,
-                    reason: ctx.lost_reason(),
-                }
-            } else {
-                GovernorError::Backend {
-                    context: ctx.id,
-                    source: e,
-                }
-            }
+            ctx.backend_failure(e)
         })
     }
 

@@ -35,6 +35,7 @@
 
 use super::budget::{Budget, SharedBudget};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
+use super::error::GovernorError;
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stream::StreamShared;
@@ -379,6 +380,25 @@ impl<C: DeviceContext> ContextInner<C> {
         add(&self.counters.backend_errors, 1);
         if err.is_device_lost() {
             self.mark_lost(&err.to_string());
+        }
+    }
+
+    /// Record a backend error and turn it into the caller's error:
+    /// [`GovernorError::DeviceLost`] when the device is lost,
+    /// [`GovernorError::Backend`] otherwise. Call with no gate claim held
+    /// where convenient; marking the context lost takes one of its own.
+    pub(crate) fn backend_failure(&self, err: BackendError) -> GovernorError {
+        self.note_backend_error(&err);
+        if err.is_device_lost() {
+            GovernorError::DeviceLost {
+                context: self.id,
+                reason: self.lost_reason(),
+            }
+        } else {
+            GovernorError::Backend {
+                context: self.id,
+                source: err,
+            }
         }
     }
 

@@ -97,8 +97,7 @@ impl<C: DeviceContext> GovernedStream<C> {
                 }
                 Err(e) => {
                     drop(backend);
-                    ctx.note_backend_error(&e);
-                    Err(backend_error(ctx, e))
+                    Err(ctx.backend_failure(e))
                 }
             },
             None => Err(GovernorError::Pin(
@@ -144,8 +143,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         backend.synchronize(self.shared.raw()).map_err(|e| {
             drop(backend);
-            ctx.note_backend_error(&e);
-            backend_error(ctx, e)
+            ctx.backend_failure(e)
         })
     }
 
@@ -165,22 +163,6 @@ impl<C: DeviceContext> GovernedStream<C> {
     /// it: the governor does, when the last clone is dropped.
     pub fn raw(&self) -> Option<&C::Stream> {
         (!self.shared.ctx.gate.is_closed()).then(|| self.shared.raw())
-    }
-}
-
-/// Map a backend error to the governor's: a lost device is reported as
-/// [`GovernorError::DeviceLost`], like allocate, write and read do.
-fn backend_error<C: DeviceContext>(ctx: &ContextInner<C>, e: crate::BackendError) -> GovernorError {
-    if e.is_device_lost() {
-        GovernorError::DeviceLost {
-            context: ctx.id,
-            reason: ctx.lost_reason(),
-        }
-    } else {
-        GovernorError::Backend {
-            context: ctx.id,
-            source: e,
-        }
     }
 }
 
