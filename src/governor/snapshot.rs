@@ -43,6 +43,26 @@ pub struct RoleUsage {
     pub quarantined_count: u64,
 }
 
+impl std::ops::Add for RoleUsage {
+    type Output = RoleUsage;
+    fn add(self, r: RoleUsage) -> RoleUsage {
+        RoleUsage {
+            live_bytes: self.live_bytes + r.live_bytes,
+            live_count: self.live_count + r.live_count,
+            pending_bytes: self.pending_bytes + r.pending_bytes,
+            pending_count: self.pending_count + r.pending_count,
+            quarantined_bytes: self.quarantined_bytes + r.quarantined_bytes,
+            quarantined_count: self.quarantined_count + r.quarantined_count,
+        }
+    }
+}
+
+impl std::iter::Sum for RoleUsage {
+    fn sum<I: Iterator<Item = RoleUsage>>(iter: I) -> RoleUsage {
+        iter.fold(RoleUsage::default(), |a, r| a + r)
+    }
+}
+
 /// A quarantined release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -159,16 +179,7 @@ impl ContextSnapshot {
 
     /// Sum over roles.
     pub fn total(&self) -> RoleUsage {
-        self.by_role
-            .iter()
-            .fold(RoleUsage::default(), |a, r| RoleUsage {
-                live_bytes: a.live_bytes + r.live_bytes,
-                live_count: a.live_count + r.live_count,
-                pending_bytes: a.pending_bytes + r.pending_bytes,
-                pending_count: a.pending_count + r.pending_count,
-                quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
-                quarantined_count: a.quarantined_count + r.quarantined_count,
-            })
+        self.by_role.iter().copied().sum()
     }
 }
 
@@ -183,17 +194,7 @@ pub struct GovernorSnapshot {
 impl GovernorSnapshot {
     /// Sum of every context's usage.
     pub fn total(&self) -> RoleUsage {
-        self.contexts
-            .iter()
-            .map(|c| c.total())
-            .fold(RoleUsage::default(), |a, r| RoleUsage {
-                live_bytes: a.live_bytes + r.live_bytes,
-                live_count: a.live_count + r.live_count,
-                pending_bytes: a.pending_bytes + r.pending_bytes,
-                pending_count: a.pending_count + r.pending_count,
-                quarantined_bytes: a.quarantined_bytes + r.quarantined_bytes,
-                quarantined_count: a.quarantined_count + r.quarantined_count,
-            })
+        self.contexts.iter().map(ContextSnapshot::total).sum()
     }
 }
 
