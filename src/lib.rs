@@ -46,6 +46,7 @@ mod context;
 pub mod fault;
 mod governor;
 pub mod pin;
+mod probe;
 pub(crate) mod sync;
 
 #[path = "../backends/host/mod.rs"]
@@ -61,6 +62,7 @@ pub use context::{
     RetireOutcome, RetireSignal,
 };
 pub use governor::*;
+pub use probe::BackendProbe;
 pub use pin::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
