@@ -4,9 +4,14 @@
 //!
 //! Run: `cargo bench --bench heap`.
 
+/// The harness of the `memgov` binary.
+#[path = "../src/bin/memgov/bench/mod.rs"]
+mod bench;
+
 #[global_allocator]
-static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocator::new();
+static ALLOC: bench::CountingAllocator = bench::CountingAllocator::new();
 
 fn main() {
-    std::process::exit(memgov::bench::main(&["--filter".into(), "heap".into()]));
+    let args = ["--filter".to_owned(), "heap".to_owned()];
+    std::process::exit(bench::main_from_args(args).into());
 }

@@ -56,7 +56,7 @@ fn main() {
         }
         "pending" => {
             let null = NullContext::deferred(n as usize);
-            let probe = null.probe();
+            let parked = null.controls();
             let ctx = gov.register(null, ContextConfig::new());
             let s = ctx.create_stream("p").unwrap();
             for _ in 0..n {
@@ -66,7 +66,7 @@ fn main() {
                     Role::Activation,
                 )));
             }
-            probe.retire_parked();
+            parked.retire_parked();
         }
         other => {
             eprintln!("unknown workload {other}");

@@ -2,10 +2,13 @@
 //! `memgov bench` table, from a bench target that installs the counting
 //! allocator itself (so the heap rows are measured here too).
 
+/// The harness of the `memgov` binary.
+#[path = "../src/bin/memgov/bench/mod.rs"]
+mod bench;
+
 #[global_allocator]
-static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocator::new();
+static ALLOC: bench::CountingAllocator = bench::CountingAllocator::new();
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    std::process::exit(memgov::bench::main(&args));
+    std::process::exit(bench::main_from_args(std::env::args().skip(1)).into());
 }

@@ -7,14 +7,18 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::time::Duration;
 
+/// The same wake-up and drain `memgov bench` measures.
+#[path = "../src/bin/memgov/bench/teardown.rs"]
+mod teardown;
+
 fn wakeup(c: &mut Criterion) {
     let mut g = c.benchmark_group("wakeup");
     g.sample_size(20);
     g.bench_function("baseline: Mutex + Condvar hand-off", |b| {
-        b.iter_custom(|n| (0..n).map(|_| memgov::bench::wakeup_bare()).sum())
+        b.iter_custom(|n| (0..n).map(|_| teardown::wakeup_bare()).sum())
     });
     g.bench_function("last retirement -> wait returns", |b| {
-        b.iter_custom(|n| (0..n).map(|_| memgov::bench::wakeup_governed()).sum())
+        b.iter_custom(|n| (0..n).map(|_| teardown::wakeup_governed()).sum())
     });
     g.finish();
 }
@@ -26,7 +30,7 @@ fn drain(c: &mut Criterion) {
         g.bench_function(format!("{n} pending releases"), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
-                    .map(|_| Duration::from_secs_f64(memgov::bench::drain_once(n) / 1e3))
+                    .map(|_| Duration::from_secs_f64(teardown::drain_once(n) / 1e3))
                     .sum()
             })
         });

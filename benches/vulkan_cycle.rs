@@ -4,8 +4,13 @@
 //! `cargo bench --features vulkan --bench vulkan_cycle`
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use memgov::vulkan::bench::{cycle_ratio, GovernedCycle, RawCycle, CYCLE_BYTES, CYCLE_WRITE};
 use memgov::BackendErrorKind;
+
+/// The Vulkan row of `memgov bench`.
+#[path = "../src/bin/memgov/bench/vulkan.rs"]
+mod vulkan;
+
+use vulkan::{cycle_ratio, GovernedCycle, RawCycle, CYCLE_BYTES, CYCLE_WRITE};
 
 fn available() -> bool {
     match RawCycle::new() {

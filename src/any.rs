@@ -28,46 +28,281 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::host::{HostConfig, HostContext};
-use crate::null::NullContext;
 use crate::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, MemoryInfo,
+    RetireSignal,
 };
 use std::fmt;
 use std::str::FromStr;
 
-/// The backends this build can open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    /// The embedded simulated device.
-    Host,
-    /// Every call returns at once (tests and benchmarks).
-    Null,
-    /// Vulkan through ash (feature `vulkan`).
-    #[cfg(feature = "vulkan")]
-    Vulkan,
+/// One backend memgov knows, compiled into this build or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendEntry {
+    /// Lower-case name, as in `DeviceDescription::backend`.
+    pub name: &'static str,
+    /// The cargo feature that builds it; `None` for backends always built.
+    pub feature: Option<&'static str>,
+    /// Its kind, when it is compiled into this build.
+    pub kind: Option<BackendKind>,
 }
 
-impl BackendKind {
-    /// Every kind compiled into this build.
-    pub fn all() -> Vec<BackendKind> {
-        #[allow(unused_mut)]
-        let mut v = vec![BackendKind::Host, BackendKind::Null];
-        #[cfg(feature = "vulkan")]
-        v.push(BackendKind::Vulkan);
-        v
-    }
-
-    /// Lower-case name, as in `DeviceDescription::backend`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Host => "host",
-            Self::Null => "null",
-            #[cfg(feature = "vulkan")]
-            Self::Vulkan => "vulkan",
+impl BackendEntry {
+    /// Why the backend cannot be opened in this build, for a user: `None`
+    /// when it is compiled in.
+    pub fn not_compiled_in(&self) -> Option<String> {
+        match (self.kind, self.feature) {
+            (Some(_), _) => None,
+            (None, Some(feature)) => {
+                Some(format!("not compiled in (build with --features {feature})"))
+            }
+            (None, None) => Some("not compiled in".to_owned()),
         }
     }
 }
+
+/// Generates every backend-naming item of this module from the one list in
+/// `src/backends.rs`.
+macro_rules! any_backends {
+    ($( ($variant:ident, $module:ident, $path:literal, [$($cfg:tt)*], $feature:literal,
+         $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
+        /// The backends this build can open.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum BackendKind {
+            $( #[doc = $doc] #[cfg($($cfg)*)] $variant, )*
+        }
+
+        /// Every backend memgov knows, in the order of the list, with the
+        /// ones compiled out of this build (their `kind` is `None`).
+        pub const BACKENDS: &[BackendEntry] = &[
+            $(
+                BackendEntry {
+                    name: stringify!($module),
+                    feature: if $feature.is_empty() { None } else { Some($feature) },
+                    kind: {
+                        #[cfg($($cfg)*)]
+                        let kind = Some(BackendKind::$variant);
+                        #[cfg(not($($cfg)*))]
+                        let kind = None;
+                        kind
+                    },
+                },
+            )*
+        ];
+
+        impl BackendKind {
+            /// Every kind compiled into this build.
+            pub fn all() -> Vec<BackendKind> {
+                BACKENDS.iter().filter_map(|b| b.kind).collect()
+            }
+
+            /// Lower-case name, as in `DeviceDescription::backend`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant => stringify!($module), )*
+                }
+            }
+        }
+
+        /// A context of any backend compiled in.
+        // One value per device context: the size of the largest variant is
+        // no cost.
+        #[allow(clippy::large_enum_variant)]
+        #[non_exhaustive]
+        pub enum AnyContext {
+            $( #[doc = $doc] #[cfg($($cfg)*)] $variant(crate::$module::$context), )*
+        }
+
+        /// A stream of an [`AnyContext`].
+        #[non_exhaustive]
+        pub enum AnyStream {
+            $(
+                #[doc = $doc]
+                #[cfg($($cfg)*)]
+                $variant(<crate::$module::$context as DeviceContext>::Stream),
+            )*
+        }
+
+        /// An allocation of an [`AnyContext`].
+        #[non_exhaustive]
+        pub enum AnyMemory {
+            $(
+                #[doc = $doc]
+                #[cfg($($cfg)*)]
+                $variant(<crate::$module::$context as DeviceContext>::Memory),
+            )*
+        }
+
+        $(
+            #[cfg($($cfg)*)]
+            impl From<crate::$module::$context> for AnyContext {
+                fn from(c: crate::$module::$context) -> Self {
+                    Self::$variant(c)
+                }
+            }
+        )*
+
+        impl AnyContext {
+            /// Open a context of `kind` with that backend's default settings
+            /// (first or best device).
+            pub fn open(kind: BackendKind) -> Result<Self, BackendError> {
+                match kind {
+                    $( #[cfg($($cfg)*)] BackendKind::$variant => $open.map(Self::$variant), )*
+                }
+            }
+
+            /// Open a context of `kind` the way `memgov check` runs the
+            /// conformance suite on it: with the backend's own checking on
+            /// where it has some (the Vulkan validation layer, when
+            /// installed), reported through [`probe`](Self::probe).
+            pub fn open_for_check(kind: BackendKind) -> Result<Self, BackendError> {
+                match kind {
+                    $( #[cfg($($cfg)*)] BackendKind::$variant => $check.map(Self::$variant), )*
+                }
+            }
+
+            /// Which backend this is.
+            pub fn kind(&self) -> BackendKind {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(_) => BackendKind::$variant, )*
+                }
+            }
+
+            /// The probe of the context held: its bookkeeping, readable
+            /// after its teardown.
+            pub fn probe(&self) -> BackendProbe {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.probe(), )*
+                }
+            }
+        }
+
+        impl DeviceContext for AnyContext {
+            type Stream = AnyStream;
+            type Memory = AnyMemory;
+
+            fn describe(&self) -> DeviceDescription {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.describe(), )*
+                }
+            }
+
+            fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.memory_info(), )*
+                }
+            }
+
+            fn create_stream(&self) -> Result<AnyStream, BackendError> {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.create_stream().map(AnyStream::$variant), )*
+                }
+            }
+
+            fn destroy_stream(&self, stream: AnyStream) -> Result<(), BackendError> {
+                match (self, stream) {
+                    $( #[cfg($($cfg)*)] (Self::$variant(c), AnyStream::$variant(s)) => c.destroy_stream(s), )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _) => Err(mismatch(ctx.kind(), "destroy_stream", "a stream")),
+                }
+            }
+
+            fn allocate(&self, stream: &AnyStream, bytes: u64) -> Result<AnyMemory, BackendError> {
+                match (self, stream) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s)) => {
+                            c.allocate(s, bytes).map(AnyMemory::$variant)
+                        }
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _) => Err(mismatch(ctx.kind(), "allocate", "a stream")),
+                }
+            }
+
+            fn free_async(
+                &self,
+                stream: &AnyStream,
+                memory: AnyMemory,
+                retired: RetireSignal,
+            ) -> Result<(), (AnyMemory, RetireSignal, BackendError)> {
+                match (self, stream, memory) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s), AnyMemory::$variant(m)) => c
+                            .free_async(s, m, retired)
+                            .map_err(|(m, r, e)| (AnyMemory::$variant(m), r, e)),
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _, m) => Err((
+                        m,
+                        retired,
+                        mismatch(ctx.kind(), "free_async", "a stream or memory"),
+                    )),
+                }
+            }
+
+            fn write(
+                &self,
+                stream: &AnyStream,
+                memory: &AnyMemory,
+                offset: u64,
+                src: &[u8],
+            ) -> Result<(), BackendError> {
+                match (self, stream, memory) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s), AnyMemory::$variant(m)) => {
+                            c.write(s, m, offset, src)
+                        }
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _, _) => Err(mismatch(ctx.kind(), "write", "a stream or memory")),
+                }
+            }
+
+            fn read(
+                &self,
+                stream: &AnyStream,
+                memory: &AnyMemory,
+                offset: u64,
+                dst: &mut [u8],
+            ) -> Result<(), BackendError> {
+                match (self, stream, memory) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s), AnyMemory::$variant(m)) => {
+                            c.read(s, m, offset, dst)
+                        }
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _, _) => Err(mismatch(ctx.kind(), "read", "a stream or memory")),
+                }
+            }
+
+            fn synchronize(&self, stream: &AnyStream) -> Result<(), BackendError> {
+                match (self, stream) {
+                    $( #[cfg($($cfg)*)] (Self::$variant(c), AnyStream::$variant(s)) => c.synchronize(s), )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _) => Err(mismatch(ctx.kind(), "synchronize", "a stream")),
+                }
+            }
+
+            fn device_lost(&self) {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.device_lost(), )*
+                }
+            }
+
+            fn teardown(self, lost: bool) -> Result<(), BackendError> {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.teardown(lost), )*
+                }
+            }
+        }
+    };
+}
+
+backend_list!(any_backends);
 
 impl fmt::Display for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,91 +325,9 @@ impl FromStr for BackendKind {
     }
 }
 
-/// A context of any backend compiled in.
-// One value per device context: the size of the largest variant is no cost.
-#[allow(clippy::large_enum_variant)]
-#[non_exhaustive]
-pub enum AnyContext {
-    /// The embedded simulated device.
-    Host(HostContext),
-    /// The null backend.
-    Null(NullContext),
-    /// A Vulkan device.
-    #[cfg(feature = "vulkan")]
-    Vulkan(crate::vulkan::VulkanContext),
-}
-
-/// A stream of an [`AnyContext`].
-#[non_exhaustive]
-pub enum AnyStream {
-    /// Host stream.
-    Host(<HostContext as DeviceContext>::Stream),
-    /// Null stream.
-    Null(<NullContext as DeviceContext>::Stream),
-    /// Vulkan stream.
-    #[cfg(feature = "vulkan")]
-    Vulkan(<crate::vulkan::VulkanContext as DeviceContext>::Stream),
-}
-
-/// An allocation of an [`AnyContext`].
-#[non_exhaustive]
-pub enum AnyMemory {
-    /// Host memory.
-    Host(<HostContext as DeviceContext>::Memory),
-    /// Null memory.
-    Null(<NullContext as DeviceContext>::Memory),
-    /// Vulkan memory.
-    #[cfg(feature = "vulkan")]
-    Vulkan(<crate::vulkan::VulkanContext as DeviceContext>::Memory),
-}
-
-impl AnyContext {
-    /// Open a context of `kind` with that backend's default settings (first
-    /// or best device).
-    pub fn open(kind: BackendKind) -> Result<Self, BackendError> {
-        Ok(match kind {
-            BackendKind::Host => Self::Host(HostContext::new(HostConfig::default())?),
-            BackendKind::Null => Self::Null(NullContext::new()),
-            #[cfg(feature = "vulkan")]
-            BackendKind::Vulkan => {
-                Self::Vulkan(crate::vulkan::VulkanContext::new(Default::default())?)
-            }
-        })
-    }
-
-    /// Which backend this is.
-    pub fn kind(&self) -> BackendKind {
-        match self {
-            Self::Host(_) => BackendKind::Host,
-            Self::Null(_) => BackendKind::Null,
-            #[cfg(feature = "vulkan")]
-            Self::Vulkan(_) => BackendKind::Vulkan,
-        }
-    }
-}
-
 impl fmt::Debug for AnyContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("AnyContext").field(&self.kind()).finish()
-    }
-}
-
-impl From<HostContext> for AnyContext {
-    fn from(c: HostContext) -> Self {
-        Self::Host(c)
-    }
-}
-
-impl From<NullContext> for AnyContext {
-    fn from(c: NullContext) -> Self {
-        Self::Null(c)
-    }
-}
-
-#[cfg(feature = "vulkan")]
-impl From<crate::vulkan::VulkanContext> for AnyContext {
-    fn from(c: crate::vulkan::VulkanContext) -> Self {
-        Self::Vulkan(c)
     }
 }
 
@@ -185,142 +338,6 @@ fn mismatch(ctx: BackendKind, op: &'static str, what: &str) -> BackendError {
         BackendErrorKind::InvalidArgument,
         format!("{what} of another backend used with a {ctx} context; use streams and memory of the same context"),
     )
-}
-
-/// Dispatch `$body` to the backend held, binding the inner context to `$c`.
-macro_rules! each {
-    ($self:expr, $c:ident => $body:expr) => {
-        match $self {
-            AnyContext::Host($c) => $body,
-            AnyContext::Null($c) => $body,
-            #[cfg(feature = "vulkan")]
-            AnyContext::Vulkan($c) => $body,
-        }
-    };
-}
-
-/// Dispatch with a stream (and optionally memory) of the same backend.
-macro_rules! with_stream {
-    ($self:expr, $s:expr, $op:literal, |$c:ident, $st:ident| $body:expr) => {
-        match ($self, $s) {
-            (AnyContext::Host($c), AnyStream::Host($st)) => $body,
-            (AnyContext::Null($c), AnyStream::Null($st)) => $body,
-            #[cfg(feature = "vulkan")]
-            (AnyContext::Vulkan($c), AnyStream::Vulkan($st)) => $body,
-            #[allow(unreachable_patterns)]
-            (ctx, _) => Err(mismatch(ctx.kind(), $op, "a stream")),
-        }
-    };
-}
-
-macro_rules! with_memory {
-    ($self:expr, $s:expr, $m:expr, $op:literal, |$c:ident, $st:ident, $mem:ident| $body:expr) => {
-        match ($self, $s, $m) {
-            (AnyContext::Host($c), AnyStream::Host($st), AnyMemory::Host($mem)) => $body,
-            (AnyContext::Null($c), AnyStream::Null($st), AnyMemory::Null($mem)) => $body,
-            #[cfg(feature = "vulkan")]
-            (AnyContext::Vulkan($c), AnyStream::Vulkan($st), AnyMemory::Vulkan($mem)) => $body,
-            #[allow(unreachable_patterns)]
-            (ctx, _, _) => Err(mismatch(ctx.kind(), $op, "a stream or memory")),
-        }
-    };
-}
-
-impl DeviceContext for AnyContext {
-    type Stream = AnyStream;
-    type Memory = AnyMemory;
-
-    fn describe(&self) -> DeviceDescription {
-        each!(self, c => c.describe())
-    }
-
-    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
-        each!(self, c => c.memory_info())
-    }
-
-    fn create_stream(&self) -> Result<AnyStream, BackendError> {
-        match self {
-            Self::Host(c) => c.create_stream().map(AnyStream::Host),
-            Self::Null(c) => c.create_stream().map(AnyStream::Null),
-            #[cfg(feature = "vulkan")]
-            Self::Vulkan(c) => c.create_stream().map(AnyStream::Vulkan),
-        }
-    }
-
-    fn destroy_stream(&self, stream: AnyStream) -> Result<(), BackendError> {
-        with_stream!(self, stream, "destroy_stream", |c, s| c.destroy_stream(s))
-    }
-
-    fn allocate(&self, stream: &AnyStream, bytes: u64) -> Result<AnyMemory, BackendError> {
-        match (self, stream) {
-            (Self::Host(c), AnyStream::Host(s)) => c.allocate(s, bytes).map(AnyMemory::Host),
-            (Self::Null(c), AnyStream::Null(s)) => c.allocate(s, bytes).map(AnyMemory::Null),
-            #[cfg(feature = "vulkan")]
-            (Self::Vulkan(c), AnyStream::Vulkan(s)) => c.allocate(s, bytes).map(AnyMemory::Vulkan),
-            #[allow(unreachable_patterns)]
-            (ctx, _) => Err(mismatch(ctx.kind(), "allocate", "a stream")),
-        }
-    }
-
-    fn free_async(
-        &self,
-        stream: &AnyStream,
-        memory: AnyMemory,
-        retired: RetireSignal,
-    ) -> Result<(), (AnyMemory, RetireSignal, BackendError)> {
-        match (self, stream, memory) {
-            (Self::Host(c), AnyStream::Host(s), AnyMemory::Host(m)) => c
-                .free_async(s, m, retired)
-                .map_err(|(m, r, e)| (AnyMemory::Host(m), r, e)),
-            (Self::Null(c), AnyStream::Null(s), AnyMemory::Null(m)) => c
-                .free_async(s, m, retired)
-                .map_err(|(m, r, e)| (AnyMemory::Null(m), r, e)),
-            #[cfg(feature = "vulkan")]
-            (Self::Vulkan(c), AnyStream::Vulkan(s), AnyMemory::Vulkan(m)) => c
-                .free_async(s, m, retired)
-                .map_err(|(m, r, e)| (AnyMemory::Vulkan(m), r, e)),
-            #[allow(unreachable_patterns)]
-            (ctx, _, m) => Err((
-                m,
-                retired,
-                mismatch(ctx.kind(), "free_async", "a stream or memory"),
-            )),
-        }
-    }
-
-    fn write(
-        &self,
-        stream: &AnyStream,
-        memory: &AnyMemory,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), BackendError> {
-        with_memory!(self, stream, memory, "write", |c, s, m| c
-            .write(s, m, offset, src))
-    }
-
-    fn read(
-        &self,
-        stream: &AnyStream,
-        memory: &AnyMemory,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), BackendError> {
-        with_memory!(self, stream, memory, "read", |c, s, m| c
-            .read(s, m, offset, dst))
-    }
-
-    fn synchronize(&self, stream: &AnyStream) -> Result<(), BackendError> {
-        with_stream!(self, stream, "synchronize", |c, s| c.synchronize(s))
-    }
-
-    fn device_lost(&self) {
-        each!(self, c => c.device_lost())
-    }
-
-    fn teardown(self, lost: bool) -> Result<(), BackendError> {
-        each!(self, c => c.teardown(lost))
-    }
 }
 
 #[cfg(test)]

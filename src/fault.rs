@@ -64,12 +64,10 @@ use crate::{
 };
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// A backend operation that faults can be injected into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -277,32 +275,47 @@ impl FaultPlan {
     }
 }
 
-/// splitmix64: tiny, seedable, good enough to pick faults.
+/// splitmix64: a tiny seedable generator, good enough to pick faults, and
+/// the one harnesses use for their own seeded choices so that a seed printed
+/// by a failing run replays the same run.
+///
+/// ```
+/// let (mut a, mut b) = (memgov::fault::SplitMix64::new(7), memgov::fault::SplitMix64::new(7));
+/// assert_eq!(a.next_u64(), b.next_u64());
+/// ```
 #[derive(Debug, Clone)]
-struct Rng(u64);
+pub struct SplitMix64(u64);
 
-impl Rng {
-    fn next(&mut self) -> u64 {
+impl SplitMix64 {
+    /// A generator that starts from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+
+    /// True with probability `p` (never for `p <= 0`).
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
     }
 }
 
 struct PlanState {
     plan: FaultPlan,
-    rng: Rng,
+    rng: SplitMix64,
     calls: [u64; 9],
 }
 
 impl PlanState {
     fn new(plan: FaultPlan) -> Self {
-        let rng = Rng(plan.seed);
+        let rng = SplitMix64::new(plan.seed);
         Self {
             plan,
             rng,
@@ -335,7 +348,7 @@ impl PlanState {
                 let pick = if applicable.len() == 1 {
                     0
                 } else {
-                    (self.rng.next() % applicable.len() as u64) as usize
+                    (self.rng.next_u64() % applicable.len() as u64) as usize
                 };
                 return Some(applicable[pick]);
             }

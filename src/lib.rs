@@ -13,11 +13,12 @@
 //! * [`conformance`]: the backend contract suite, runnable by any backend.
 //!
 //! ```
-//! use memgov::{Governor, ContextConfig, Role, DefaultContext, host::HostConfig};
+//! use memgov::host::{HostConfig, HostContext};
+//! use memgov::{ContextConfig, Governor, Role};
 //! use std::time::{Duration, Instant};
 //!
-//! let gov: Governor<DefaultContext> = Governor::new();
-//! let ctx = gov.register(DefaultContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
+//! let gov: Governor<HostContext> = Governor::new();
+//! let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
 //! let stream = ctx.create_stream("main")?;
 //! let buf = ctx.allocate(&stream, 4096, Role::Workspace)?;
 //! buf.write(0, &[1, 2, 3])?;
@@ -38,9 +39,10 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+#[macro_use]
+mod backends;
+
 pub mod any;
-#[cfg(feature = "cli")]
-pub mod bench;
 pub mod conformance;
 mod context;
 pub mod fault;
@@ -49,32 +51,77 @@ pub mod pin;
 mod probe;
 pub(crate) mod sync;
 
-#[path = "../backends/host/mod.rs"]
-pub mod host;
-#[path = "../backends/null/mod.rs"]
-pub mod null;
-#[cfg(feature = "vulkan")]
-#[path = "../backends/vulkan/mod.rs"]
-pub mod vulkan;
+// `pub mod host;`, `pub mod null;`, `pub mod vulkan;` ..., each behind its
+// feature, from the one list in `src/backends.rs`.
+backend_list!(declare_backend_modules);
 
 pub use context::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
     RetireOutcome, RetireSignal,
 };
 pub use governor::*;
-pub use probe::BackendProbe;
 pub use pin::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
+pub use probe::BackendProbe;
 
 cfg_if::cfg_if! {
-    // GPU backend features add their branches here, most specific first.
-    if #[cfg(any())] {
+    // The most specific GPU backend enabled: cuda, then hip, then vulkan;
+    // the host backend when none is.
+    if #[cfg(feature = "cuda")] {
+        /// The backend a program gets when it does not name one: the most
+        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
+        /// the embedded host backend when none is. Here: CUDA.
+        ///
+        /// Its constructor therefore depends on the enabled features; code
+        /// that must build with any feature set names a backend instead.
+        pub type DefaultContext = cuda::CudaContext;
+    } else if #[cfg(feature = "hip")] {
+        /// The backend a program gets when it does not name one: the most
+        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
+        /// the embedded host backend when none is. Here: HIP.
+        ///
+        /// Its constructor therefore depends on the enabled features; code
+        /// that must build with any feature set names a backend instead.
+        pub type DefaultContext = hip::HipContext;
+    } else if #[cfg(feature = "vulkan")] {
+        /// The backend a program gets when it does not name one: the most
+        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
+        /// the embedded host backend when none is. Here: Vulkan.
+        ///
+        /// Its constructor therefore depends on the enabled features; code
+        /// that must build with any feature set names a backend instead.
+        pub type DefaultContext = vulkan::VulkanContext;
     } else {
-        /// The backend a program gets when it does not name one: the
-        /// embedded host backend unless a GPU backend feature selects another.
+        /// The backend a program gets when it does not name one: the most
+        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
+        /// the embedded host backend when none is. Here: the host backend.
+        ///
         /// Its constructor therefore depends on the enabled features; code
         /// that must build with any feature set names a backend instead.
         pub type DefaultContext = host::HostContext;
+    }
+}
+
+#[cfg(test)]
+mod default_context_tests {
+    /// `DefaultContext` follows the enabled features: run under each
+    /// feature set (`--no-default-features`, `--features vulkan`, ...).
+    #[test]
+    fn default_context_is_the_most_specific_backend_enabled() {
+        let expected = if cfg!(feature = "cuda") {
+            "CudaContext"
+        } else if cfg!(feature = "hip") {
+            "HipContext"
+        } else if cfg!(feature = "vulkan") {
+            "VulkanContext"
+        } else {
+            "HostContext"
+        };
+        let name = std::any::type_name::<crate::DefaultContext>();
+        assert!(
+            name.ends_with(expected),
+            "DefaultContext is {name}; with these features it should be {expected}"
+        );
     }
 }

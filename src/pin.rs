@@ -66,8 +66,9 @@ pub trait ProviderContextPin: Send + Sync + fmt::Debug {
 /// Something that can hand out pins on one context.
 ///
 /// The governor gives these to external holders (plugins, execution
-/// providers) through `ContextHandle::pin_source`.
-pub trait ProviderContextPinSource: Send + Sync {
+/// providers) through `ContextHandle::pin_source`. `Debug` because sources
+/// cross plugin boundaries and must be printable in their diagnostics.
+pub trait ProviderContextPinSource: Send + Sync + fmt::Debug {
     /// The context whose pins this source hands out.
     fn context(&self) -> ProviderContextIdentity;
 
@@ -126,5 +127,16 @@ mod tests {
     fn pin_traits_are_object_safe() {
         fn takes(_: Option<&dyn ProviderContextPin>, _: Option<&dyn ProviderContextPinSource>) {}
         takes(None, None);
+    }
+
+    #[test]
+    fn a_pin_source_object_formats_with_debug() {
+        let gov = crate::Governor::new();
+        let ctx = gov.register(crate::null::NullContext::new(), crate::ContextConfig::new());
+        let source = ctx.pin_source(Some("plugin-a"));
+        let as_dyn: &dyn ProviderContextPinSource = &*source;
+        let text = format!("{as_dyn:?}");
+        assert!(text.contains("plugin-a"), "{text}");
+        assert!(text.contains(&ctx.id().to_string()), "{text}");
     }
 }

@@ -8,9 +8,9 @@
 //! Backend-specific observations (validation messages, fault knobs) stay on
 //! the backend's own types.
 
+use crate::sync::lock;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use crate::sync::lock;
 use std::sync::{Arc, Mutex};
 
 /// Violations kept verbatim; the count goes on past this.
@@ -132,33 +132,63 @@ impl BackendProbe {
         Err(s)
     }
 
+    // Recording. The counts are statistics, each independent of the others:
+    // relaxed read-modify-writes suffice, and the reader sees them complete
+    // once it has synchronized with the backend (a joined stream worker, a
+    // fired signal, a finished teardown). Counts saturate at zero so that a
+    // backend bug shows as a wrong count, not a wrapped one.
+
+    /// An allocation was made.
     pub(crate) fn allocated(&self, bytes: u64) {
-        self.0.live_allocations.fetch_add(1, Ordering::SeqCst);
-        self.0.used_bytes.fetch_add(bytes, Ordering::SeqCst);
+        self.0.live_allocations.fetch_add(1, Ordering::Relaxed);
+        self.0.used_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
     /// Memory returned to the device other than by a retired stream-ordered
     /// free (a failed allocation's undo, teardown reclaiming what force left).
     pub(crate) fn freed(&self, bytes: u64) {
-        self.0.live_allocations.fetch_sub(1, Ordering::SeqCst);
-        self.0.used_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        sub(&self.0.live_allocations, 1);
+        sub(&self.0.used_bytes, bytes);
     }
     /// A stream-ordered free executed; call before firing its signal.
     pub(crate) fn free_retired(&self, bytes: u64) {
         self.freed(bytes);
-        self.0.frees_retired.fetch_add(1, Ordering::SeqCst);
+        self.0.frees_retired.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A stream-ordered free executed on a backend that does not count its
+    /// allocations (the null backend without a capacity): one increment.
+    pub(crate) fn count_retired(&self) {
+        self.0.frees_retired.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A stream-ordered free abandoned on a backend that does not count its
+    /// allocations.
+    pub(crate) fn count_abandoned(&self) {
+        self.0.frees_abandoned.fetch_add(1, Ordering::Relaxed);
     }
     /// A stream-ordered free will never execute (device lost); call before
     /// dropping its signal. The memory died with the device.
     pub(crate) fn free_abandoned(&self, bytes: u64) {
         self.freed(bytes);
-        self.0.frees_abandoned.fetch_add(1, Ordering::SeqCst);
+        self.0.frees_abandoned.fetch_add(1, Ordering::Relaxed);
     }
+    /// Teardown released every allocation and stream still alive (what
+    /// `force` or a lost device left); returns how many allocations, bytes
+    /// and streams that was.
+    pub(crate) fn reclaim_rest(&self) -> (u64, u64, u64) {
+        (
+            self.0.live_allocations.swap(0, Ordering::Relaxed),
+            self.0.used_bytes.swap(0, Ordering::Relaxed),
+            self.0.live_streams.swap(0, Ordering::Relaxed),
+        )
+    }
+    /// A stream was created.
     pub(crate) fn stream_created(&self) {
-        self.0.live_streams.fetch_add(1, Ordering::SeqCst);
+        self.0.live_streams.fetch_add(1, Ordering::Relaxed);
     }
+    /// A stream was destroyed.
     pub(crate) fn stream_destroyed(&self) {
-        self.0.live_streams.fetch_sub(1, Ordering::SeqCst);
+        sub(&self.0.live_streams, 1);
     }
+    /// The device is lost (seen by the backend or told by the governor).
     pub(crate) fn device_lost(&self) {
         self.0.lost.store(true, Ordering::SeqCst);
     }
@@ -169,11 +199,72 @@ impl BackendProbe {
     }
     /// A contract violation: counted, kept, and printed to stderr.
     pub(crate) fn violation(&self, backend: &str, what: String) {
-        self.0.violations.fetch_add(1, Ordering::SeqCst);
         eprintln!("memgov {backend} backend: CONTRACT VIOLATION: {what}");
+        self.violation_unprinted(what);
+    }
+    /// A contract violation the backend reports its own way (the Vulkan
+    /// validation messages, printed when asked): counted and kept.
+    #[allow(dead_code)] // only the Vulkan backend reports its own way
+    pub(crate) fn violation_unprinted(&self, what: String) {
+        self.0.violations.fetch_add(1, Ordering::SeqCst);
         let mut log = lock(&self.0.violation_log);
         if log.len() < KEPT_VIOLATIONS {
             log.push(what);
         }
+    }
+}
+
+/// Subtract, saturating at zero.
+fn sub(counter: &AtomicU64, n: u64) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clean_life_passes_and_each_leftover_is_named() {
+        let p = BackendProbe::new();
+        p.stream_created();
+        p.allocated(4096);
+        p.free_retired(4096);
+        p.stream_destroyed();
+        p.torn_down_now();
+        assert_eq!(p.check_clean_teardown(), Ok(()));
+        assert_eq!((p.frees_retired(), p.teardowns()), (1, 1));
+
+        let q = BackendProbe::new();
+        q.stream_created();
+        q.allocated(100);
+        q.torn_down_now();
+        let why = q.check_clean_teardown().unwrap_err();
+        assert!(
+            why.contains("1 live allocations (100 B), 1 live streams"),
+            "{why}"
+        );
+        assert_eq!(q.reclaim_rest(), (1, 100, 1));
+
+        let r = BackendProbe::new();
+        r.torn_down_now();
+        r.violation_unprinted("double free of 8 B".into());
+        let why = r.check_clean_teardown().unwrap_err();
+        assert!(
+            why.contains("1 violations") && why.contains("double free of 8 B"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_wrapping() {
+        let p = BackendProbe::new();
+        p.freed(10);
+        p.stream_destroyed();
+        assert_eq!(
+            (p.live_allocations(), p.used_bytes(), p.live_streams()),
+            (0, 0, 0)
+        );
     }
 }

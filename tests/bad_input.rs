@@ -1,4 +1,4 @@
-//! Bad input (issue #4, part 4): every misuse gets a specific, documented
+//! Bad input: every misuse gets a specific, documented
 //! error and nothing panics. docs/reliability.md lists each case and its error.
 
 use memgov::host::{HostConfig, HostContext};
@@ -14,7 +14,7 @@ fn ctx_with(
 ) -> (
     Governor<HostContext>,
     ContextHandle<HostContext>,
-    memgov::host::HostProbe,
+    memgov::BackendProbe,
 ) {
     let gov = Governor::new();
     let host = HostContext::new(HostConfig {

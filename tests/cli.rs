@@ -33,14 +33,40 @@ fn check_prints_the_host_row_and_passes() {
 fn check_says_why_a_backend_is_skipped() {
     let (code, out) = memgov(&["check", "--backend", "cuda"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("skipped: not part of this build"), "{out}");
+    if cfg!(feature = "cuda") {
+        println!("skipped: built with `cuda`, so its row runs");
+        return;
+    }
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("cuda "))
+        .expect("cuda row");
+    assert!(
+        row.contains("skipped: not compiled in (build with --features cuda)"),
+        "{row}"
+    );
+}
+
+#[test]
+fn info_lists_every_known_backend() {
+    let (code, out) = memgov(&["info"]);
+    assert_eq!(code, 0, "{out}");
+    for name in ["host", "null", "cuda", "hip", "vulkan"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "no {name} row in:\n{out}"
+        );
+    }
 }
 
 #[test]
 fn check_refuses_an_unknown_backend() {
     let (code, out) = memgov(&["check", "--backend", "tpu"]);
     assert_eq!(code, 2, "{out}");
-    assert!(out.contains("known: host, vulkan, cuda, hip"), "{out}");
+    assert!(
+        out.contains("known: host, null, cuda, hip, vulkan"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -61,4 +87,38 @@ fn run_serves_swaps_and_ends_at_zero() {
         out.contains("is no longer accepting work"),
         "a retiring context must refuse: {out}"
     );
+}
+
+#[test]
+fn bench_lists_its_rows_and_refuses_bad_arguments() {
+    let (code, out) = memgov(&["bench", "--list"]);
+    assert_eq!(code, 0, "{out}");
+    for key in [
+        "pin",
+        "null-cycle",
+        "host-cycle",
+        "heap",
+        "drain",
+        "vulkan-cycle",
+    ] {
+        assert!(out.lines().any(|l| l == key), "no row {key} in:\n{out}");
+    }
+    let (code, out) = memgov(&["bench", "--no-such-flag"]);
+    assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn bench_json_is_one_object_with_measured_rows() {
+    let (code, out) = memgov(&["bench", "--quick", "--json", "--filter", "pin"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["tool"], "memgov bench");
+    assert_eq!(v["mode"], "quick");
+    let rows = v["rows"].as_array().expect("rows");
+    let keys: Vec<_> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["pin", "boxed-pin"]);
+    for r in rows {
+        assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        assert_eq!(r["target"]["kind"], "ratio_at_most");
+    }
 }

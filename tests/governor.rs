@@ -3,10 +3,10 @@
 //! quarantine, device loss (declared and detected), pin refusal after retire,
 //! pin overflow, concurrent retire, the async wait, and snapshots.
 
-use memgov::host::{HostConfig, HostContext, HostProbe};
+use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::{
-    Admission, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle,
-    PinKind, ProviderContextPinError, RetireError, Role, SharedBudget,
+    Admission, BackendProbe, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError,
+    Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, SharedBudget,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,13 +19,35 @@ fn soon() -> Instant {
     Instant::now() + Duration::from_secs(20)
 }
 
+/// A host context's probe and fault knobs, kept together by these tests.
+struct HostProbe {
+    probe: BackendProbe,
+    controls: HostControls,
+}
+
+impl HostProbe {
+    fn of(c: &HostContext) -> Self {
+        Self {
+            probe: c.probe(),
+            controls: c.controls(),
+        }
+    }
+}
+
+impl std::ops::Deref for HostProbe {
+    type Target = BackendProbe;
+    fn deref(&self) -> &BackendProbe {
+        &self.probe
+    }
+}
+
 fn host(capacity: u64) -> (HostContext, HostProbe) {
     let c = HostContext::new(HostConfig {
         capacity,
         ..HostConfig::default()
     })
     .unwrap();
-    let p = c.probe();
+    let p = HostProbe::of(&c);
     (c, p)
 }
 
@@ -35,7 +57,7 @@ fn slow_host(delay: Duration) -> (HostContext, HostProbe) {
         ..HostConfig::default()
     })
     .unwrap();
-    let p = c.probe();
+    let p = HostProbe::of(&c);
     (c, p)
 }
 
@@ -173,7 +195,7 @@ fn quarantine_keeps_refused_memory_charged_until_termination() {
     let s = ctx.create_stream("s").unwrap();
     let a = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap();
     let b = ctx.allocate(&s, MIB, Role::Workspace).unwrap();
-    probe.refuse_next_frees(1);
+    probe.controls.refuse_next_frees(1);
     let err = a.release_on(&s).unwrap_err();
     assert!(err.buffer.is_none());
     assert!(matches!(err.error, GovernorError::Backend { .. }), "{err}");
@@ -208,7 +230,7 @@ fn backend_reported_loss_marks_the_context_lost() {
     let s = ctx.create_stream("s").unwrap();
     let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
     drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // pending for 50 ms
-    probe.lose_device();
+    probe.controls.lose_device();
     let err = live.write(0, b"x").unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
     assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
@@ -230,7 +252,7 @@ fn backend_reported_loss_marks_the_context_lost() {
         snap.counters.abandoned, 1,
         "the pending free was given up, not executed"
     );
-    assert_eq!(probe.frees_executed(), 0);
+    assert_eq!(probe.frees_retired(), 0);
     assert_eq!(probe.violations(), 0);
 }
 
@@ -542,7 +564,7 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
         stream_ordered_reuse: true,
         ..NullConfig::default()
     });
-    let probe = backend.probe();
+    let probe = backend.controls();
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
     let a = ctx.create_stream("a").unwrap();
@@ -614,7 +636,7 @@ fn tracing_events_for_retire_teardown_loss_and_quarantine() {
         let (ctx, probe) = register(&gov, ContextConfig::new());
         let s = ctx.create_stream("s").unwrap();
         let b = ctx.allocate(&s, 4096, Role::Other).unwrap();
-        probe.refuse_next_frees(1);
+        probe.controls.refuse_next_frees(1);
         drop(b);
         ctx.mark_lost("test");
         drop(s);

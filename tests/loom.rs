@@ -1,4 +1,4 @@
-//! loom model of the pin protocol (issue #4, part 1).
+//! loom model of the pin protocol.
 //!
 //! Run with:
 //!

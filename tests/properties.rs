@@ -1,4 +1,4 @@
-//! State-machine property tests (issue #4, part 2).
+//! State-machine property tests.
 //!
 //! Random sequences of governor operations — create and drop streams,
 //! allocate, write, read, release on various streams (including a stream of
@@ -27,7 +27,8 @@
 
 use memgov::conformance::{WatchLog, Watched};
 use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
-use memgov::host::{HostConfig, HostContext, HostProbe};
+use memgov::host::{HostConfig, HostContext};
+use memgov::BackendProbe;
 use memgov::{
     BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     GovernorError, Lifecycle, ProviderContextPin, ProviderContextPinError,
@@ -199,7 +200,7 @@ struct World {
     ctx: ContextHandle<Backend>,
     log: Arc<WatchLog>,
     control: FaultControl<HostContext>,
-    probe: HostProbe,
+    probe: BackendProbe,
     streams: Vec<GovernedStream<Backend>>,
     /// Per stream ever created: live buffers on it, and whether its handle is held.
     slot_buffers: Vec<u64>,

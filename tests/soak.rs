@@ -1,4 +1,4 @@
-//! Soak (issue #4, part 5): allocate / release cycles over several threads and
+//! Soak: allocate / release cycles over several threads and
 //! streams, with random retires and device swaps (a fresh context per epoch),
 //! on the host backend, under a counting global allocator.
 //!
@@ -11,6 +11,7 @@
 //!   (`SOAK_CYCLES`, default 1 000 000, about 2 s).
 //! * Long: `scripts/soak-long.sh` (`SOAK_CYCLES=10000000`).
 
+use memgov::fault::SplitMix64 as Rng;
 use memgov::host::{HostConfig, HostContext};
 use memgov::{Admission, ContextConfig, Governor, GovernorError, ProviderContextPinError, Role};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -69,18 +70,6 @@ fn live() -> i64 {
     LIVE.load(Ordering::SeqCst)
 }
 
-/// splitmix64 for the soak's own choices.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -126,9 +115,9 @@ fn epoch(
         (0..threads)
             .map(|t| {
                 let (ctx, done, stop) = (ctx.clone(), done.clone(), stop.clone());
-                let seed = rng.next();
+                let seed = rng.next_u64();
                 std::thread::spawn(move || {
-                    let mut rng = Rng(seed);
+                    let mut rng = Rng::new(seed);
                     let streams: Vec<_> = match (0..2)
                         .map(|i| ctx.create_stream(format!("t{t}s{i}")))
                         .collect()
@@ -146,12 +135,12 @@ fn epoch(
                     let mut held = Vec::with_capacity(8);
                     let mut n = 0;
                     while n < per_thread && !stop.load(Ordering::Relaxed) {
-                        let s = &streams[(rng.next() % 2) as usize];
-                        let bytes = 64 + rng.next() % (64 << 10);
-                        let role = Role::ALL[(rng.next() % 5) as usize];
+                        let s = &streams[(rng.next_u64() % 2) as usize];
+                        let bytes = 64 + rng.next_u64() % (64 << 10);
+                        let role = Role::ALL[(rng.next_u64() % 5) as usize];
                         match ctx.allocate(s, bytes, role) {
                             Ok(b) => {
-                                if rng.next() % 16 == 0 {
+                                if rng.next_u64() % 16 == 0 {
                                     b.write(0, &n.to_le_bytes()).unwrap();
                                 }
                                 held.push(b);
@@ -162,10 +151,10 @@ fn epoch(
                             Err(e) => panic!("soak allocation failed: {e}"),
                         }
                         // Release: sometimes on the other stream, sometimes a few at once.
-                        if held.len() > (rng.next() % 8) as usize {
+                        if held.len() > (rng.next_u64() % 8) as usize {
                             for b in held.drain(..) {
-                                if rng.next() % 4 == 0 {
-                                    let other = &streams[(rng.next() % 2) as usize];
+                                if rng.next_u64() % 4 == 0 {
+                                    let other = &streams[(rng.next_u64() % 2) as usize];
                                     b.release_on(other).unwrap();
                                 } else {
                                     drop(b);
@@ -180,9 +169,9 @@ fn epoch(
             })
             .collect();
     // A random retire in the middle of one epoch in four.
-    let retired_early = rng.next() % 4 == 0;
+    let retired_early = rng.next_u64() % 4 == 0;
     let h = if retired_early {
-        std::thread::sleep(Duration::from_micros(rng.next() % 20_000));
+        std::thread::sleep(Duration::from_micros(rng.next_u64() % 20_000));
         stop.store(true, Ordering::Relaxed);
         let h = ctx.retire();
         for j in handles {
@@ -235,7 +224,7 @@ fn soak_host() {
     );
     let target = env("SOAK_CYCLES", 1_000_000);
     let threads = env("SOAK_THREADS", 2) as usize;
-    let mut rng = Rng(env("SOAK_SEED", 0x5eed));
+    let mut rng = Rng::new(env("SOAK_SEED", 0x5eed));
     let gov = Governor::new();
     // Warm-up: std's lazily allocated statics (thread registry, stdout, ...)
     // settle during the first epochs (a one-time 83 B here); the baseline is
@@ -251,7 +240,7 @@ fn soak_host() {
     let mut worst = 0i64;
     let allocs_before = ALLOCS.load(Ordering::Relaxed);
     while cycles < target {
-        let quota = (target - cycles).min(20_000 + rng.next() % 40_000);
+        let quota = (target - cycles).min(20_000 + rng.next_u64() % 40_000);
         let r = epoch(&gov, (epochs % 2 + 1) as u32, quota, threads, &mut rng);
         cycles += r.cycles;
         epochs += 1;

@@ -1,4 +1,4 @@
-//! The shorter soak on lavapipe (issue #4, part 5): allocate / release cycles
+//! The shorter soak on lavapipe: allocate / release cycles
 //! over two threads × two streams on a Vulkan context with the Khronos
 //! validation layer on, and a device swap (a fresh `VulkanContext`) per epoch.
 //!
@@ -103,20 +103,11 @@ fn soak_lavapipe() {
             snap.counters.releases_queued, snap.counters.retired,
             "every release retired"
         );
-        assert_eq!(
-            (
-                probe.live_allocations(),
-                probe.live_streams(),
-                probe.teardowns()
-            ),
-            (0, 0, 1)
-        );
-        assert_eq!(
-            (probe.validation_errors(), probe.validation_warnings()),
-            (0, 0),
-            "validation messages: {:?}",
-            probe.messages()
-        );
+        // One teardown, nothing left on the device, no contract violation
+        // (every validation warning or error counts as one).
+        if let Err(why) = probe.check_clean_teardown() {
+            panic!("vulkan backend after teardown: {why}");
+        }
         assert_eq!(gov.prune_terminated(), 1);
         epochs += 1;
     }

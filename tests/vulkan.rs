@@ -6,7 +6,7 @@
 //! `skipped: no Vulkan loader/ICD (<reason>)` to stderr and returns.
 #![cfg(feature = "vulkan")]
 
-use memgov::vulkan::{TransferPath, VulkanConfig, VulkanContext, VulkanProbe};
+use memgov::vulkan::{TransferPath, VulkanConfig, VulkanContext, VulkanValidation};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
     RetireOutcome, RetireSignal, Role,
@@ -26,7 +26,7 @@ fn validated() -> VulkanConfig {
 fn context(config: VulkanConfig) -> Option<VulkanContext> {
     match VulkanContext::new(config) {
         Ok(c) => {
-            c.probe().set_print(true);
+            c.validation().set_print(true);
             Some(c)
         }
         Err(e)
@@ -45,14 +45,14 @@ fn is_lavapipe(ctx: &VulkanContext) -> bool {
     d.execution == Execution::SoftwareDriver && d.name.contains("llvmpipe")
 }
 
-fn assert_clean(probe: &VulkanProbe) {
+fn assert_clean(validation: &VulkanValidation) {
     assert_eq!(
-        probe.validation_failures(),
+        validation.validation_failures(),
         0,
         "validation reported {} error(s) and {} warning(s):\n{}",
-        probe.validation_errors(),
-        probe.validation_warnings(),
-        probe.messages().join("\n")
+        validation.validation_errors(),
+        validation.validation_warnings(),
+        validation.messages().join("\n")
     );
 }
 
@@ -102,10 +102,10 @@ fn describe_reports_the_device() {
     let info = ctx.memory_info().expect("memory_info");
     assert_eq!(info.total, d.total_bytes);
     assert!(info.free <= info.total);
-    let probe = ctx.probe();
+    let (probe, validation) = (ctx.probe(), ctx.validation());
     ctx.teardown(false).expect("teardown");
     assert_eq!(probe.teardowns(), 1);
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 fn round_trip(transfer: TransferPath) {
@@ -115,7 +115,7 @@ fn round_trip(transfer: TransferPath) {
         ..validated()
     };
     let Some(ctx) = context(config) else { return };
-    let probe = ctx.probe();
+    let (probe, validation) = (ctx.probe(), ctx.validation());
     let s = ctx.create_stream().expect("create_stream");
     let fired = Arc::new(AtomicU64::new(0));
     for (i, bytes) in [4096u64, 200_000, 1 << 20].into_iter().enumerate() {
@@ -150,7 +150,7 @@ fn round_trip(transfer: TransferPath) {
     assert_eq!(probe.live_allocations(), 0);
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -171,7 +171,7 @@ fn free_retires_only_when_the_timeline_reaches_its_value() {
     }) else {
         return;
     };
-    let probe = ctx.probe();
+    let (probe, validation) = (ctx.probe(), ctx.validation());
     let s = ctx.create_stream().expect("create_stream");
     let m = ctx.allocate(&s, 65536).expect("allocate");
     ctx.write(&s, &m, 0, &[1, 2, 3]).expect("write");
@@ -205,7 +205,7 @@ fn free_retires_only_when_the_timeline_reaches_its_value() {
     drop(gate);
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn retirement_thread_does_not_poll() {
     let Some(ctx) = context(validated()) else {
         return;
     };
-    let probe = ctx.probe();
+    let validation = ctx.validation();
     let s = ctx.create_stream().expect("create_stream");
     let m = ctx.allocate(&s, 4096).expect("allocate");
     let (sig, rx) = signal();
@@ -225,16 +225,16 @@ fn retirement_thread_does_not_poll() {
         RetireOutcome::Retired
     );
     std::thread::sleep(Duration::from_millis(50));
-    let before = probe.retire_waits();
+    let before = validation.retire_waits();
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
-        probe.retire_waits(),
+        validation.retire_waits(),
         before,
         "the retirement thread woke with nothing to retire"
     );
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -245,7 +245,7 @@ fn streams_share_the_queue_and_keep_their_own_order() {
     }) else {
         return;
     };
-    let probe = ctx.probe();
+    let (probe, validation) = (ctx.probe(), ctx.validation());
     let streams: Vec<_> = (0..4)
         .map(|_| ctx.create_stream().expect("create_stream"))
         .collect();
@@ -273,7 +273,7 @@ fn streams_share_the_queue_and_keep_their_own_order() {
         ctx.destroy_stream(s).expect("destroy_stream");
     }
     ctx.teardown(false).expect("teardown");
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -284,7 +284,7 @@ fn governor_allocate_write_read_release_retire() {
     }) else {
         return;
     };
-    let probe = backend.probe();
+    let (probe, validation) = (backend.probe(), backend.validation());
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().label("vk").budget(64 << 20));
     assert_eq!(ctx.description().backend, "vulkan");
@@ -315,7 +315,7 @@ fn governor_allocate_write_read_release_retire() {
     assert_eq!(probe.teardowns(), 1);
     assert_eq!(probe.frees_retired(), 8);
     assert_eq!(probe.live_allocations(), 0);
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -323,7 +323,7 @@ fn governor_force_retire_frees_abandoned_memory_and_streams() {
     let Some(backend) = context(validated()) else {
         return;
     };
-    let probe = backend.probe();
+    let (probe, validation) = (backend.probe(), backend.validation());
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().label("force"));
     let stream = ctx.create_stream("main").expect("stream");
@@ -344,7 +344,7 @@ fn governor_force_retire_frees_abandoned_memory_and_streams() {
     assert_eq!(probe.teardowns(), 1);
     // Validation's object tracker would report any buffer, memory or
     // semaphore still alive at vkDestroyDevice.
-    assert_clean(&probe);
+    assert_clean(&validation);
 }
 
 #[test]
@@ -352,16 +352,16 @@ fn negative_live_memory_at_device_destroy_is_reported_by_the_layer() {
     let Some(ctx) = context(validated()) else {
         return;
     };
-    let probe = ctx.probe();
-    probe.set_print(false);
+    let validation = ctx.validation();
+    validation.set_print(false);
     let s = ctx.create_stream().expect("create_stream");
     let _m = ctx.allocate(&s, 4096).expect("allocate");
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown_leaking_buffers_for_test().expect("teardown");
-    let messages = probe.messages();
+    let messages = validation.messages();
     eprintln!("expected validation messages:\n{}", messages.join("\n"));
     assert!(
-        probe.validation_errors() >= 1,
+        validation.validation_errors() >= 1,
         "the layer did not report a VkBuffer alive at vkDestroyDevice"
     );
     assert!(
@@ -390,8 +390,8 @@ fn device_loss_on_lavapipe_settles_parked_frees_unfired() {
         );
         return;
     }
-    let probe = ctx.probe();
-    probe.set_print(false);
+    let (probe, validation) = (ctx.probe(), ctx.validation());
+    validation.set_print(false);
     let s = ctx.create_stream().expect("create_stream");
     let m1 = ctx.allocate(&s, 4096).expect("allocate");
     ctx.write(&s, &m1, 0, b"before").expect("write");
@@ -431,7 +431,7 @@ fn device_loss_on_lavapipe_settles_parked_frees_unfired() {
     ctx.teardown(true).expect("teardown(lost)");
     assert!(probe.torn_down());
     // The only validation message is the invalid signal itself.
-    let messages = probe.messages();
+    let messages = validation.messages();
     eprintln!("validation messages:\n{}", messages.join("\n"));
     assert!(
         messages
@@ -441,7 +441,7 @@ fn device_loss_on_lavapipe_settles_parked_frees_unfired() {
         "unexpected validation messages besides the deliberate one: {messages:#?}"
     );
     assert!(
-        probe.validation_errors() >= 1,
+        validation.validation_errors() >= 1,
         "the layer should have reported the deliberate invalid signal"
     );
 }
@@ -458,8 +458,8 @@ fn governor_learns_device_loss_from_the_backend() {
         eprintln!("skipped: the real device-loss trigger is verified on lavapipe only");
         return;
     }
-    let probe = backend.probe();
-    probe.set_print(false);
+    let (probe, validation) = (backend.probe(), backend.validation());
+    validation.set_print(false);
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().label("lost"));
     let stream = ctx.create_stream("main").expect("stream");
@@ -493,7 +493,7 @@ fn governor_learns_device_loss_from_the_backend() {
     assert_eq!(report.unsettled_releases, 0, "{report:?}");
     assert!(report.backend_result.is_ok(), "{report:?}");
     assert!(probe.torn_down());
-    let messages = probe.messages();
+    let messages = validation.messages();
     assert!(
         messages
             .iter()
@@ -506,15 +506,16 @@ fn governor_learns_device_loss_from_the_backend() {
 /// The conformance suite, one test per case, each context with validation
 /// on; every probe must end torn down with zero warnings and errors.
 fn conformance_case(name: &str, transfer: TransferPath) {
-    let probes: Arc<Mutex<Vec<VulkanProbe>>> = Arc::new(Mutex::new(Vec::new()));
+    let probes: Arc<Mutex<Vec<(memgov::BackendProbe, VulkanValidation)>>> =
+        Arc::new(Mutex::new(Vec::new()));
     let p = probes.clone();
     let factory = move || {
         let c = VulkanContext::new(VulkanConfig {
             transfer,
             ..validated()
         })?;
-        c.probe().set_print(true);
-        p.lock().unwrap().push(c.probe());
+        c.validation().set_print(true);
+        p.lock().unwrap().push((c.probe(), c.validation()));
         Ok(c)
     };
     let outcome = memgov::conformance::run_case(name, &factory);
@@ -528,7 +529,7 @@ fn conformance_case(name: &str, transfer: TransferPath) {
     let probes = probes.lock().unwrap().clone();
     assert!(!probes.is_empty(), "the case created no context");
     let deadline = Instant::now() + LONG;
-    for probe in &probes {
+    for (probe, validation) in &probes {
         // Teardown may finish on a reaper thread after the case returns.
         while !probe.torn_down() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
@@ -538,7 +539,7 @@ fn conformance_case(name: &str, transfer: TransferPath) {
             "a context of case {name} was never torn down"
         );
         assert_eq!(probe.teardowns(), 1);
-        assert_clean(probe);
+        assert_clean(validation);
     }
 }
 
@@ -563,11 +564,11 @@ memgov::for_each_conformance_case!([vulkan_conformance]);
 
 #[test]
 fn whole_suite_report_on_vulkan() {
-    let probes: Arc<Mutex<Vec<VulkanProbe>>> = Arc::new(Mutex::new(Vec::new()));
+    let probes: Arc<Mutex<Vec<VulkanValidation>>> = Arc::new(Mutex::new(Vec::new()));
     let p = probes.clone();
     let report = memgov::conformance::run_suite(move || {
         let c = VulkanContext::new(validated())?;
-        p.lock().unwrap().push(c.probe());
+        p.lock().unwrap().push(c.validation());
         Ok(c)
     });
     println!("{report}");

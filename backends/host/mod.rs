@@ -10,9 +10,10 @@
 //!   operation so that pending releases really pend;
 //! * sparse storage (64 KiB pages allocated on first write), so it can stand
 //!   in for an 80 GiB device on a small machine;
-//! * a [`HostProbe`] that outlives the context and reports contract
+//! * a [`BackendProbe`] that outlives the context and reports contract
 //!   violations (free after teardown, double free, teardown with queued
-//!   frees), executed frees, and lets tests refuse frees or lose the device.
+//!   frees), executed frees, live allocations and streams;
+//! * [`HostControls`], with which tests refuse frees or lose the device.
 //!
 //! ```
 //! use memgov::host::{HostContext, HostConfig};
@@ -31,14 +32,14 @@
 //! ```
 
 use crate::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
-    RetireSignal,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireSignal,
 };
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -69,9 +70,7 @@ impl Default for HostConfig {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 fn err(op: &'static str, kind: BackendErrorKind, msg: impl Into<String>) -> BackendError {
     BackendError::new(BACKEND, op, kind, msg)
@@ -162,20 +161,14 @@ struct Shared {
     lost: AtomicBool,
     torn_down: AtomicBool,
     refuse_frees: AtomicU32,
-    violations: AtomicU64,
-    frees_executed: AtomicU64,
-    frees_abandoned: AtomicU64,
-    teardowns: AtomicU32,
+    probe: BackendProbe,
     next_stream: AtomicU64,
     workers: Mutex<Vec<Arc<Worker>>>,
-    violation_log: Mutex<Vec<String>>,
 }
 
 impl Shared {
     fn violation(&self, what: String) {
-        self.violations.fetch_add(1, Ordering::SeqCst);
-        eprintln!("memgov host backend: CONTRACT VIOLATION: {what}");
-        lock(&self.violation_log).push(what);
+        self.probe.violation(BACKEND, what);
     }
 
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
@@ -192,7 +185,7 @@ impl Shared {
     fn execute_free(&self, memory: HostMemory, signal: RetireSignal) {
         if self.lost.load(Ordering::Acquire) {
             // A lost device runs nothing: the signal is dropped unfired.
-            self.frees_abandoned.fetch_add(1, Ordering::SeqCst);
+            self.probe.free_abandoned(memory.block.bytes);
             drop(signal);
             return;
         }
@@ -202,65 +195,33 @@ impl Shared {
                 memory.block.bytes
             ));
         }
+        let bytes = memory.block.bytes;
         if memory.block.freed.swap(true, Ordering::AcqRel) {
-            self.violation(format!("double free of {} B", memory.block.bytes));
+            self.violation(format!("double free of {bytes} B"));
+            drop(memory);
         } else {
-            self.used.fetch_sub(memory.block.bytes, Ordering::AcqRel);
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            drop(memory);
+            self.probe.free_retired(bytes);
         }
-        drop(memory);
-        self.frees_executed.fetch_add(1, Ordering::SeqCst);
         signal.retire();
     }
 }
 
-/// Observes a [`HostContext`] from outside, including after its teardown.
+/// Fault knobs of a [`HostContext`], usable while the context is governed.
 #[derive(Clone)]
-pub struct HostProbe(Arc<Shared>);
+pub struct HostControls(Arc<Shared>);
 
-impl fmt::Debug for HostProbe {
+impl fmt::Debug for HostControls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostProbe")
-            .field("used", &self.used_bytes())
-            .field("violations", &self.violations())
-            .field("teardowns", &self.teardowns())
+        f.debug_struct("HostControls")
+            .field("refuse_frees", &self.0.refuse_frees.load(Ordering::Relaxed))
+            .field("lost", &self.0.lost.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-impl HostProbe {
-    /// Bytes allocated and not yet freed on the device.
-    pub fn used_bytes(&self) -> u64 {
-        self.0.used.load(Ordering::Acquire)
-    }
-    /// Contract violations seen (free after teardown, double free, teardown
-    /// with queued frees). Zero in a correct program.
-    pub fn violations(&self) -> u64 {
-        self.0.violations.load(Ordering::SeqCst)
-    }
-    /// Descriptions of the violations seen.
-    pub fn violation_log(&self) -> Vec<String> {
-        lock(&self.0.violation_log).clone()
-    }
-    /// Frees executed by stream workers.
-    pub fn frees_executed(&self) -> u64 {
-        self.0.frees_executed.load(Ordering::SeqCst)
-    }
-    /// Frees given up because the device was lost.
-    pub fn frees_abandoned(&self) -> u64 {
-        self.0.frees_abandoned.load(Ordering::SeqCst)
-    }
-    /// Times `teardown` ran. Exactly one after a correct teardown.
-    pub fn teardowns(&self) -> u32 {
-        self.0.teardowns.load(Ordering::SeqCst)
-    }
-    /// Whether teardown has run.
-    pub fn torn_down(&self) -> bool {
-        self.0.torn_down.load(Ordering::SeqCst)
-    }
-    /// Streams alive on the device.
-    pub fn live_streams(&self) -> usize {
-        lock(&self.0.workers).len()
-    }
+impl HostControls {
     /// Refuse the next `n` `free_async` calls with an `Other` error (the
     /// memory comes back to the caller), to exercise quarantine.
     pub fn refuse_next_frees(&self, n: u32) {
@@ -270,6 +231,7 @@ impl HostProbe {
     /// queued frees are abandoned.
     pub fn lose_device(&self) {
         self.0.lost.store(true, Ordering::SeqCst);
+        self.0.probe.device_lost();
     }
 }
 
@@ -307,20 +269,22 @@ impl HostContext {
                 lost: AtomicBool::new(false),
                 torn_down: AtomicBool::new(false),
                 refuse_frees: AtomicU32::new(0),
-                violations: AtomicU64::new(0),
-                frees_executed: AtomicU64::new(0),
-                frees_abandoned: AtomicU64::new(0),
-                teardowns: AtomicU32::new(0),
+                probe: BackendProbe::new(),
                 next_stream: AtomicU64::new(0),
                 workers: Mutex::new(Vec::new()),
-                violation_log: Mutex::new(Vec::new()),
             }),
         })
     }
 
     /// A probe that observes this context, before and after teardown.
-    pub fn probe(&self) -> HostProbe {
-        HostProbe(self.shared.clone())
+    pub fn probe(&self) -> BackendProbe {
+        self.shared.probe.clone()
+    }
+
+    /// Fault knobs (refuse frees, lose the device) that keep working once
+    /// the context is governed.
+    pub fn controls(&self) -> HostControls {
+        HostControls(self.shared.clone())
     }
 
     fn send(&self, op: &'static str, stream: &HostStream, msg: Op) -> Result<(), BackendError> {
@@ -415,6 +379,7 @@ impl DeviceContext for HostContext {
             join: Mutex::new(Some(join)),
         });
         lock(&self.shared.workers).push(worker.clone());
+        self.shared.probe.stream_created();
         Ok(HostStream { worker })
     }
 
@@ -422,6 +387,7 @@ impl DeviceContext for HostContext {
         // Queued work (frees included) runs before the worker stops.
         Self::stop_worker(&stream.worker);
         lock(&self.shared.workers).retain(|w| w.id != stream.worker.id);
+        self.shared.probe.stream_destroyed();
         Ok(())
     }
 
@@ -453,6 +419,7 @@ impl DeviceContext for HostContext {
                 },
             }
         }
+        self.shared.probe.allocated(bytes);
         Ok(HostMemory {
             block: Arc::new(Block {
                 bytes,
@@ -482,7 +449,7 @@ impl DeviceContext for HostContext {
                 err(
                     "free_async",
                     BackendErrorKind::Other,
-                    "free refused (injected by HostProbe)",
+                    "free refused (injected by HostControls)",
                 ),
             ));
         }
@@ -564,30 +531,35 @@ impl DeviceContext for HostContext {
 
     fn device_lost(&self) {
         self.shared.lost.store(true, Ordering::SeqCst);
+        self.shared.probe.device_lost();
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         let shared = &self.shared;
-        if shared.teardowns.fetch_add(1, Ordering::SeqCst) > 0 {
+        if shared.probe.teardowns() > 0 {
             shared.violation("teardown called twice".into());
         }
         if lost {
             shared.lost.store(true, Ordering::SeqCst);
+            shared.probe.device_lost();
         }
         // Streams the governor still holds (force-retire or a lost device):
         // stop their workers. Frees still queued on a healthy device mean the
         // governor tore down before they retired: a violation.
         let workers: Vec<_> = std::mem::take(&mut *lock(&shared.workers));
-        let executed_before = shared.frees_executed.load(Ordering::SeqCst);
+        let executed_before = shared.probe.frees_retired();
         shared.torn_down.store(true, Ordering::SeqCst);
         for w in &workers {
             Self::stop_worker(w);
+            shared.probe.stream_destroyed();
         }
-        if !lost && shared.frees_executed.load(Ordering::SeqCst) != executed_before {
+        if !lost && shared.probe.frees_retired() != executed_before {
             shared.violation("teardown with stream-ordered frees still queued".into());
         }
         // Everything else dies with the context.
         shared.used.store(0, Ordering::SeqCst);
+        shared.probe.reclaim_rest();
+        shared.probe.torn_down_now();
         Ok(())
     }
 }

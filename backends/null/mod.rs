@@ -36,12 +36,12 @@
 //! ```
 
 use crate::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
-    RetireSignal,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireSignal,
 };
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 const BACKEND: &str = "null";
 
@@ -55,9 +55,7 @@ fn lost(op: &'static str) -> BackendError {
     )
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// Settings of a null context.
 #[derive(Debug, Clone)]
@@ -110,8 +108,9 @@ struct Parked {
 #[derive(Default)]
 struct Stats {
     used: AtomicU64,
-    frees: AtomicU64,
-    torn_down: AtomicBool,
+    /// Frees and teardown; allocations and bytes only when `counted`, so
+    /// that the unbounded null cycle stays one counter increment per free.
+    probe: BackendProbe,
     counted: bool,
     /// Where frees park (deferred mode).
     parked: Mutex<Vec<Parked>>,
@@ -125,8 +124,10 @@ impl Stats {
     fn execute(&self, bytes: u64, signal: RetireSignal) {
         if self.counted {
             self.used.fetch_sub(bytes, Ordering::AcqRel);
+            self.probe.free_retired(bytes);
+        } else {
+            self.probe.count_retired();
         }
-        self.frees.fetch_add(1, Ordering::Relaxed);
         signal.retire();
     }
 
@@ -180,39 +181,26 @@ impl Default for NullContext {
     }
 }
 
-/// Observes a [`NullContext`] from outside, also after its teardown.
+/// Drives the parked frees of a deferred [`NullContext`] from outside, also
+/// while the context is governed: this is the device reaching the frees.
 #[derive(Clone)]
-pub struct NullProbe(Arc<Stats>);
+pub struct NullControls(Arc<Stats>);
 
-impl fmt::Debug for NullProbe {
+impl fmt::Debug for NullControls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NullProbe")
-            .field("frees", &self.frees())
-            .field("torn_down", &self.torn_down())
+        f.debug_struct("NullControls")
+            .field("parked", &self.parked_count())
             .finish()
     }
 }
 
-impl NullProbe {
-    /// Frees whose signal fired.
-    pub fn frees(&self) -> u64 {
-        self.0.frees.load(Ordering::Acquire)
-    }
-    /// Bytes allocated and not yet freed (counted only with a finite capacity).
-    pub fn used_bytes(&self) -> u64 {
-        self.0.used.load(Ordering::Acquire)
-    }
-    /// Whether teardown has run.
-    pub fn torn_down(&self) -> bool {
-        self.0.torn_down.load(Ordering::Acquire)
-    }
+impl NullControls {
     /// Signals parked now (deferred mode).
     pub fn parked_count(&self) -> usize {
         lock(&self.0.parked).len()
     }
     /// Fire every parked signal on this thread, in the order the frees were
-    /// queued, with no lock held. Returns how many fired. This is the device
-    /// reaching the frees; it works while the context is governed.
+    /// queued, with no lock held. Returns how many fired.
     pub fn retire_parked(&self) -> usize {
         self.0.retire_parked()
     }
@@ -255,9 +243,16 @@ impl NullContext {
         }
     }
 
-    /// A probe that observes this context.
-    pub fn probe(&self) -> NullProbe {
-        NullProbe(self.stats.clone())
+    /// A probe that observes this context, also after its teardown. It
+    /// counts allocations and bytes only with a finite
+    /// [`capacity`](NullConfig::capacity).
+    pub fn probe(&self) -> BackendProbe {
+        self.stats.probe.clone()
+    }
+
+    /// Drives parked frees once the context is governed.
+    pub fn controls(&self) -> NullControls {
+        NullControls(self.stats.clone())
     }
 
     /// Signals parked now (deferred mode).
@@ -265,7 +260,7 @@ impl NullContext {
         lock(&self.stats.parked).len()
     }
 
-    /// Fire every parked signal; see [`NullProbe::retire_parked`], which also
+    /// Fire every parked signal; see [`NullControls::retire_parked`], which also
     /// works once the context is governed.
     pub fn retire_parked(&self) -> usize {
         self.stats.retire_parked()
@@ -308,6 +303,7 @@ impl DeviceContext for NullContext {
 
     fn create_stream(&self) -> Result<NullStream, BackendError> {
         self.check("create_stream")?;
+        self.stats.probe.stream_created();
         Ok(NullStream {
             id: self.next.fetch_add(1, Ordering::Relaxed),
         })
@@ -316,6 +312,7 @@ impl DeviceContext for NullContext {
     fn destroy_stream(&self, _stream: NullStream) -> Result<(), BackendError> {
         // Frees parked on it stay parked: they still execute, later, when
         // `retire_parked` runs (the contract allows either order).
+        self.stats.probe.stream_destroyed();
         Ok(())
     }
 
@@ -346,6 +343,7 @@ impl DeviceContext for NullContext {
                     format!("requested {bytes} B; {used} B of {capacity} B in use"),
                 ));
             }
+            self.stats.probe.allocated(bytes);
         }
         Ok(NullMemory {
             bytes,
@@ -409,17 +407,28 @@ impl DeviceContext for NullContext {
 
     fn device_lost(&self) {
         self.lost.store(true, Ordering::Release);
+        self.stats.probe.device_lost();
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
-        self.stats.torn_down.store(true, Ordering::Release);
+        if lost {
+            self.stats.probe.device_lost();
+        }
         // A lost device drops what it still holds unfired. On a healthy one
         // the governor tears down only after every release retired, so
         // nothing is parked — unless force reclaimed, and then the memory
         // dies with the context: the signals are dropped (abandoned).
         let parked = std::mem::take(&mut *lock(&self.stats.parked));
-        let _ = lost;
+        for p in &parked {
+            if self.stats.counted {
+                self.stats.probe.free_abandoned(p.bytes);
+            } else {
+                self.stats.probe.count_abandoned();
+            }
+        }
         drop(parked);
+        self.stats.probe.reclaim_rest();
+        self.stats.probe.torn_down_now();
         Ok(())
     }
 }
@@ -440,7 +449,7 @@ mod tests {
         for _ in 0..10 {
             drop(ctx.allocate(&s, 1 << 19, Role::Other).unwrap());
         }
-        assert_eq!(probe.frees(), 10);
+        assert_eq!(probe.frees_retired(), 10);
         drop(s);
         let r = ctx
             .retire()
@@ -454,6 +463,7 @@ mod tests {
     fn deferred_releases_pend_until_retired() {
         let gov = Governor::new();
         let null = NullContext::deferred(4);
+        let controls = null.controls();
         let probe = null.probe();
         let ctx = gov.register(null, ContextConfig::new());
         let s = ctx.create_stream("s").unwrap();
@@ -463,9 +473,10 @@ mod tests {
         drop(s);
         let h = ctx.retire();
         assert!(h.try_finish().is_err(), "four releases are pending");
-        assert_eq!(probe.retire_parked(), 4);
+        assert_eq!(controls.retire_parked(), 4);
         let r = h.wait(Instant::now() + Duration::from_secs(1)).unwrap();
         assert_eq!(r.retired_releases, 4);
+        assert_eq!(probe.check_clean_teardown(), Ok(()));
     }
 
     #[test]
@@ -484,5 +495,10 @@ mod tests {
             .map_err(|(_, _, e)| e)
             .unwrap();
         c.allocate(&s, 60).unwrap();
+        let probe = c.probe();
+        assert_eq!((probe.live_allocations(), probe.used_bytes()), (1, 60));
+        c.destroy_stream(s).unwrap();
+        c.teardown(false).unwrap();
+        assert_eq!(probe.check_clean_teardown(), Ok(()), "teardown reclaims the rest");
     }
 }

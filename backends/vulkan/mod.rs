@@ -35,24 +35,24 @@
 //! ctx.free_async(&s, m, RetireSignal::from_fn(|_| {})).map_err(|(_, _, e)| e)?;
 //! ctx.synchronize(&s)?;
 //! ctx.destroy_stream(s)?;
-//! let probe = ctx.probe();
+//! let (probe, validation) = (ctx.probe(), ctx.validation());
 //! ctx.teardown(false)?;
-//! assert_eq!(probe.validation_failures(), 0);
+//! assert_eq!(probe.check_clean_teardown(), Ok(()));
+//! assert_eq!(validation.validation_failures(), 0);
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
-pub mod bench;
 mod instance;
 mod retire;
 mod stream;
 mod validation;
 
 pub use stream::{StreamGate, VulkanStream};
-pub use validation::VulkanProbe;
+pub use validation::VulkanValidation;
 
 use crate::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
-    RetireSignal,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireSignal,
 };
 use ash::vk;
 use gpu_allocator::vulkan::{
@@ -65,7 +65,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use stream::StreamInner;
@@ -73,9 +73,7 @@ use validation::ProbeShared;
 
 const BACKEND: &str = "vulkan";
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 pub(crate) fn err(
     op: &'static str,
@@ -143,7 +141,7 @@ pub struct VulkanConfig {
     /// Which device.
     pub device: DeviceSelector,
     /// Enable `VK_LAYER_KHRONOS_validation` with a debug messenger whose
-    /// counts the [`VulkanProbe`] reports.
+    /// counts [`VulkanValidation`] reports.
     pub validation: bool,
     /// With validation, also enable synchronization validation.
     pub sync_validation: bool,
@@ -325,7 +323,7 @@ impl Shared {
     /// itself when the device is lost; the host signal still succeeds).
     pub(crate) fn on_lost(&self, why: &str, wake: bool) {
         if !self.lost.swap(true, Ordering::AcqRel) {
-            self.probe.lost.store(true, Ordering::SeqCst);
+            self.probe.common.device_lost();
             self.probe.note(format!("device lost: {why}"));
         }
         self.drain_parked();
@@ -343,9 +341,10 @@ impl Shared {
             if taken.is_empty() {
                 continue;
             }
-            self.probe
-                .frees_abandoned
-                .fetch_add(taken.len() as u64, Ordering::SeqCst);
+            for _ in 0..taken.len() {
+                // The memory stays in `live`; teardown reclaims it.
+                self.probe.common.count_abandoned();
+            }
             drop(taken);
             s.parked_cv.notify_all();
         }
@@ -780,9 +779,17 @@ impl VulkanContext {
         })
     }
 
-    /// A probe that observes this context, before and after teardown.
-    pub fn probe(&self) -> VulkanProbe {
-        VulkanProbe(self.shared.probe.clone())
+    /// A probe that observes this context's bookkeeping, before and after
+    /// teardown. With validation on, every validation warning or error is a
+    /// violation there too.
+    pub fn probe(&self) -> BackendProbe {
+        self.shared.probe.common.clone()
+    }
+
+    /// What only Vulkan observes: validation messages by severity, loader
+    /// messages, the retirement thread's waits, backend notes.
+    pub fn validation(&self) -> VulkanValidation {
+        VulkanValidation(self.shared.probe.clone())
     }
 
     /// The logical device, for work of your own. Do not destroy it.
@@ -810,6 +817,23 @@ impl VulkanContext {
         self.shared.queues.len()
     }
 
+    /// Whether the device was created with `bufferDeviceAddress` enabled
+    /// (buffers of work of your own may then ask for device addresses).
+    pub fn buffer_device_address(&self) -> bool {
+        self.shared.info.buffer_device_address
+    }
+
+    /// The context `memgov check` runs the conformance suite on: the default
+    /// settings with `VK_LAYER_KHRONOS_validation` on when it is installed
+    /// (every validation warning or error then counts as a violation in
+    /// [`probe`](Self::probe)), without it otherwise.
+    pub fn for_check() -> Result<Self, BackendError> {
+        match Self::new(VulkanConfig::validated()) {
+            Err(e) if e.kind == BackendErrorKind::Unavailable => Self::new(VulkanConfig::default()),
+            other => other,
+        }
+    }
+
     /// Test-only: tear down **without** destroying live buffers, so that the
     /// validation layer reports objects alive at `vkDestroyDevice`. Proves
     /// that the validation check in the tests can fail.
@@ -821,8 +845,8 @@ impl VulkanContext {
     fn teardown_inner(mut self, lost: bool, leak_buffers: bool) -> Result<(), BackendError> {
         let shared = self.shared.clone();
         let probe = &shared.probe;
-        if probe.teardowns.fetch_add(1, Ordering::SeqCst) > 0 {
-            probe.note("teardown called twice".into());
+        if probe.common.teardowns() > 0 {
+            probe.common.violation(BACKEND, "teardown called twice".into());
         }
         // 1. Refuse new work.
         shared.closing.store(true, Ordering::SeqCst);
@@ -932,8 +956,7 @@ impl VulkanContext {
             // SAFETY: the device is idle or lost; no submission can run.
             unsafe { shared.destroy_live(&mut mem, l, !lost) };
         }
-        probe.live_allocations.store(0, Ordering::SeqCst);
-        probe.live_streams.store(0, Ordering::SeqCst);
+        probe.common.reclaim_rest();
         if leftover_streams + leftover_memory > 0 {
             probe.note(format!("teardown destroyed {leftover_streams} stream(s) and {leftover_memory} allocation(s) left by the governor (force-retire or device loss)"));
         }
@@ -981,7 +1004,7 @@ impl VulkanContext {
                 unsafe { instance::destroy_instance(created) };
             }
         }
-        probe.torn_down.store(true, Ordering::SeqCst);
+        probe.common.torn_down_now();
         match first_error {
             Some(e) if !e.is_device_lost() => Err(e),
             _ => Ok(()),
@@ -1046,10 +1069,7 @@ impl DeviceContext for VulkanContext {
         self.shared.check_usable("create_stream")?;
         let inner = StreamInner::create(&self.shared)?;
         lock(&self.shared.streams).push(inner.clone());
-        self.shared
-            .probe
-            .live_streams
-            .fetch_add(1, Ordering::SeqCst);
+        self.shared.probe.common.stream_created();
         Ok(VulkanStream { inner })
     }
 
@@ -1076,7 +1096,7 @@ impl DeviceContext for VulkanContext {
         // the device is idle.
         s.synchronize_inner("destroy_stream")?;
         lock(&shared.streams).retain(|x| !Arc::ptr_eq(x, s));
-        shared.probe.live_streams.fetch_sub(1, Ordering::SeqCst);
+        shared.probe.common.stream_destroyed();
         // SAFETY: synchronize returned: every submission on the stream has
         // completed and its parked frees have fired, so neither the device nor
         // the retirement thread uses its objects (the thread only waits on
@@ -1119,8 +1139,8 @@ impl DeviceContext for VulkanContext {
             device_address,
             mapped: live.allocation.mapped_ptr().map(|p| p.as_ptr() as usize),
         };
+        shared.probe.common.allocated(live.allocation.size());
         lock(&shared.mem).live.insert(id, live);
-        shared.probe.live_allocations.fetch_add(1, Ordering::SeqCst);
         Ok(memory)
     }
 

@@ -135,17 +135,21 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
         for (_, out) in &ready {
             for parked in out {
                 if let Some(live) = mem.live.remove(&parked.memory_id) {
+                    let bytes = live.allocation.size();
                     // SAFETY: the stream's timeline reached the value of the
                     // last submission made before the free was queued, so no
                     // pending work uses the buffer; later work cannot (the
                     // governor gave up the handle).
                     unsafe { shared.destroy_live(&mut mem, live, true) };
-                    shared.probe.live_allocations.fetch_sub(1, Ordering::SeqCst);
+                    shared.probe.common.free_retired(bytes);
                 } else {
-                    shared.probe.note(format!(
-                        "free of unknown allocation {} (double free?)",
-                        parked.memory_id
-                    ));
+                    shared.probe.common.violation(
+                        super::BACKEND,
+                        format!(
+                            "free of unknown allocation {} (double free?)",
+                            parked.memory_id
+                        ),
+                    );
                 }
             }
         }
@@ -153,10 +157,6 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
     // Fire with no lock held.
     for (s, out) in ready {
         let n = out.len();
-        shared
-            .probe
-            .frees_retired
-            .fetch_add(n as u64, Ordering::SeqCst);
         for parked in out {
             parked.signal.retire();
         }

@@ -1,36 +1,35 @@
-//! The debug messenger and the [`VulkanProbe`] that counts what it hears.
+//! The debug messenger and the [`VulkanValidation`] that counts what it
+//! hears; the backend's bookkeeping goes to its [`BackendProbe`].
 //!
 //! The callback is called by the validation layer (and the loader) on any
 //! thread, from inside a Vulkan call. It must not unwind into C: its body runs
 //! inside `catch_unwind`, only touches atomics and a mutex it never holds
 //! while calling anything, and always returns `VK_FALSE`.
 
+use crate::BackendProbe;
 use ash::vk;
 use std::ffi::{c_void, CStr};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How many messages the probe keeps verbatim (counts are never capped).
 const KEPT_MESSAGES: usize = 256;
 
-/// What a probe observed. Shared between the context, its retirement thread,
-/// the debug callback and every [`VulkanProbe`] clone.
+/// What the context observed. Shared between the context, its retirement
+/// thread, the debug callback, every [`VulkanValidation`] clone and (its
+/// `common` part) every [`BackendProbe`] clone.
 #[derive(Default)]
 pub(crate) struct ProbeShared {
+    /// The bookkeeping every backend reports; validation warnings and errors
+    /// count there as violations too.
+    pub common: BackendProbe,
     pub validation_errors: AtomicU64,
     pub validation_warnings: AtomicU64,
     pub validation_infos: AtomicU64,
     pub loader_messages: AtomicU64,
     pub messages: Mutex<Vec<String>>,
     pub print: AtomicBool,
-    pub frees_retired: AtomicU64,
-    pub frees_abandoned: AtomicU64,
-    pub live_allocations: AtomicU64,
-    pub live_streams: AtomicU64,
-    pub teardowns: AtomicU32,
-    pub torn_down: AtomicBool,
-    pub lost: AtomicBool,
     pub wakeups: AtomicU64,
     pub retire_waits: AtomicU64,
     pub notes: Mutex<Vec<String>>,
@@ -46,25 +45,24 @@ impl ProbeShared {
     }
 }
 
-/// Observes a [`VulkanContext`](super::VulkanContext) from outside, before and
-/// after its teardown: validation messages by severity, frees retired and
-/// abandoned, live allocations and streams, device loss.
+/// What only a Vulkan context observes, from outside, before and after its
+/// teardown: validation messages by severity, loader messages, the
+/// retirement thread's waits and wake-ups, backend notes. The bookkeeping
+/// every backend reports is in [`VulkanContext::probe`](super::VulkanContext::probe).
 #[derive(Clone)]
-pub struct VulkanProbe(pub(crate) Arc<ProbeShared>);
+pub struct VulkanValidation(pub(crate) Arc<ProbeShared>);
 
-impl fmt::Debug for VulkanProbe {
+impl fmt::Debug for VulkanValidation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VulkanProbe")
+        f.debug_struct("VulkanValidation")
             .field("validation_errors", &self.validation_errors())
             .field("validation_warnings", &self.validation_warnings())
-            .field("frees_retired", &self.frees_retired())
-            .field("frees_abandoned", &self.frees_abandoned())
-            .field("lost", &self.lost())
+            .field("loader_messages", &self.loader_messages())
             .finish()
     }
 }
 
-impl VulkanProbe {
+impl VulkanValidation {
     /// Validation-layer messages of severity ERROR.
     pub fn validation_errors(&self) -> u64 {
         self.0.validation_errors.load(Ordering::SeqCst)
@@ -98,35 +96,6 @@ impl VulkanProbe {
     /// Print every counted message to stderr as it arrives.
     pub fn set_print(&self, on: bool) {
         self.0.print.store(on, Ordering::SeqCst);
-    }
-    /// Stream-ordered frees that executed (their signal fired).
-    pub fn frees_retired(&self) -> u64 {
-        self.0.frees_retired.load(Ordering::SeqCst)
-    }
-    /// Stream-ordered frees given up because the device was lost (their
-    /// signal was dropped unfired).
-    pub fn frees_abandoned(&self) -> u64 {
-        self.0.frees_abandoned.load(Ordering::SeqCst)
-    }
-    /// Allocations alive in the backend (allocated, not yet freed).
-    pub fn live_allocations(&self) -> u64 {
-        self.0.live_allocations.load(Ordering::SeqCst)
-    }
-    /// Streams alive in the backend.
-    pub fn live_streams(&self) -> u64 {
-        self.0.live_streams.load(Ordering::SeqCst)
-    }
-    /// Times `teardown` ran: exactly one after a correct teardown.
-    pub fn teardowns(&self) -> u32 {
-        self.0.teardowns.load(Ordering::SeqCst)
-    }
-    /// Whether teardown has finished.
-    pub fn torn_down(&self) -> bool {
-        self.0.torn_down.load(Ordering::SeqCst)
-    }
-    /// Whether the backend saw (or was told of) device loss.
-    pub fn lost(&self) -> bool {
-        self.0.lost.load(Ordering::SeqCst)
     }
     /// Times the retirement thread returned from `vkWaitSemaphores`.
     pub fn retire_waits(&self) -> u64 {
@@ -167,11 +136,13 @@ fn record(
     message: String,
 ) {
     use vk::DebugUtilsMessageSeverityFlagsEXT as S;
-    if id_name == "Loader Message" {
+    // The loader speaks through the same messenger: its notices (at WARNING
+    // for "VK_INSTANCE_LAYERS defined and adding layers", the usual way to
+    // turn validation on) are about the environment, not about memgov's use
+    // of the API. Counted apart, never as validation failures.
+    if is_loader_message(&id_name, &message) {
         probe.loader_messages.fetch_add(1, Ordering::SeqCst);
-        if !severity.intersects(S::WARNING | S::ERROR) {
-            return;
-        }
+        return;
     }
     let label = if severity.contains(S::ERROR) {
         probe.validation_errors.fetch_add(1, Ordering::SeqCst);
@@ -187,11 +158,22 @@ fn record(
     if probe.print.load(Ordering::Relaxed) {
         eprintln!("memgov vulkan validation: {line}");
     }
+    probe
+        .common
+        .violation_unprinted(format!("validation {line}"));
     if let Ok(mut m) = probe.messages.lock() {
         if m.len() < KEPT_MESSAGES {
             m.push(line);
         }
     }
+}
+
+/// Whether a message comes from the Vulkan loader rather than a layer: the
+/// loader names its messages "Loader Message" (older loaders leave the id
+/// empty and start the text with "loader").
+fn is_loader_message(id_name: &str, message: &str) -> bool {
+    id_name == "Loader Message"
+        || (id_name.is_empty() && message.trim_start().to_ascii_lowercase().starts_with("loader"))
 }
 
 /// The `PFN_vkDebugUtilsMessengerCallbackEXT` of every memgov messenger.
@@ -231,4 +213,44 @@ pub(crate) fn messenger_info(
         .message_type(T::GENERAL | T::VALIDATION | T::PERFORMANCE)
         .pfn_user_callback(Some(messenger_callback))
         .user_data(Arc::as_ptr(probe) as *mut c_void)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vk::DebugUtilsMessageSeverityFlagsEXT as S;
+    use vk::DebugUtilsMessageTypeFlagsEXT as T;
+
+    #[test]
+    fn loader_notices_are_counted_apart_and_layer_messages_fail() {
+        let probe = ProbeShared::default();
+        record(
+            &probe,
+            S::WARNING,
+            T::GENERAL,
+            "Loader Message".into(),
+            "windows_read_data_files_in_registry: Registry lookup failed".into(),
+        );
+        record(
+            &probe,
+            S::WARNING,
+            T::GENERAL,
+            "Loader Message".into(),
+            "env var 'VK_INSTANCE_LAYERS' defined and adding layers \"VK_LAYER_KHRONOS_validation\"".into(),
+        );
+        assert_eq!(probe.loader_messages.load(Ordering::SeqCst), 2);
+        assert_eq!(probe.validation_warnings.load(Ordering::SeqCst), 0);
+        assert_eq!(probe.common.violations(), 0);
+
+        record(
+            &probe,
+            S::ERROR,
+            T::VALIDATION,
+            "VUID-vkDestroyDevice-device-05137".into(),
+            "OBJ ERROR : For VkDevice 0x1, VkBuffer 0x2 has not been destroyed.".into(),
+        );
+        assert_eq!(probe.validation_errors.load(Ordering::SeqCst), 1);
+        assert_eq!(probe.common.violations(), 1);
+        assert!(probe.common.violation_log()[0].contains("VUID-vkDestroyDevice"));
+    }
 }

@@ -43,19 +43,13 @@ pub(super) fn all<C: DeviceContext>() -> Vec<Case<C>> {
             }
         };
     }
-    vec![
-        case!(write_read_round_trip),
-        case!(stream_order),
-        case!(every_signal_fires_once),
-        case!(teardown_once_after_drain),
-        case!(retiring_refuses_new_work),
-        case!(retire_waits_for_pending),
-        case!(deadline_error_names_outstanding),
-        case!(budget_exhaustion_error),
-        case!(device_loss_settles_without_device),
-        case!(force_reclaims_live),
-        case!(concurrent_streams),
-    ]
+    // The one list of cases is `for_each_conformance_case!`.
+    macro_rules! case_list {
+        ([] $($name:ident),* $(,)?) => {
+            vec![$(case!($name)),*]
+        };
+    }
+    crate::for_each_conformance_case!([case_list])
 }
 
 fn into_outcome(r: R) -> Outcome {

@@ -24,8 +24,10 @@ mod watch;
 
 pub use watch::{WatchLog, Watched};
 
-use crate::{BackendError, BackendErrorKind, DeviceContext, Execution};
+use crate::sync::lock;
+use crate::{BackendError, BackendErrorKind, BackendProbe, DeviceContext, Execution};
 use std::fmt;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How one case ended.
@@ -157,8 +159,65 @@ fn run_guarded<C: DeviceContext>(
 
 /// Run every case against contexts made by `factory`.
 pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>) -> SuiteReport {
-    let probe = factory();
-    let (backend, device, execution, skip) = match probe {
+    suite(&factory, &|| None)
+}
+
+/// Run every case against contexts made by `factory`, which also returns
+/// each context's [`BackendProbe`], and hold the backend to its own
+/// bookkeeping too: after each case, every context the case created must
+/// have been torn down exactly once, with no violation and nothing left
+/// allocated or open ([`BackendProbe::check_clean_teardown`]). A case whose
+/// checks held but whose backend is not clean fails, with the numbers.
+///
+/// ```
+/// use memgov::host::{HostConfig, HostContext};
+/// let report = memgov::conformance::run_suite_probed(|| {
+///     let c = HostContext::new(HostConfig::default())?;
+///     let probe = c.probe();
+///     Ok((c, probe))
+/// });
+/// assert!(report.all_passed(), "{report}");
+/// ```
+pub fn run_suite_probed<C: DeviceContext>(
+    factory: impl Fn() -> Result<(C, BackendProbe), BackendError>,
+) -> SuiteReport {
+    let probes: Mutex<Vec<BackendProbe>> = Mutex::new(Vec::new());
+    let plain = || {
+        let (c, probe) = factory()?;
+        lock(&probes).push(probe);
+        Ok(c)
+    };
+    let after_case = || {
+        let created = std::mem::take(&mut *lock(&probes));
+        created.iter().enumerate().find_map(|(i, p)| {
+            check_probe(p)
+                .err()
+                .map(|why| format!("context {i}: {why}"))
+        })
+    };
+    suite(&plain, &after_case)
+}
+
+/// How long a context dropped with its governor may take to be torn down
+/// on the reaper thread.
+const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
+
+fn check_probe(probe: &BackendProbe) -> Result<(), String> {
+    let deadline = Instant::now() + TEARDOWN_GRACE;
+    while !probe.torn_down() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    probe
+        .check_clean_teardown()
+        .map_err(|why| format!("backend probe after the case: {why}"))
+}
+
+fn suite<C: DeviceContext>(
+    factory: &dyn Fn() -> Result<C, BackendError>,
+    after_case: &dyn Fn() -> Option<String>,
+) -> SuiteReport {
+    let first = factory();
+    let (backend, device, execution, skip) = match first {
         Ok(ctx) => {
             let d = ctx.describe();
             let _ = ctx.teardown(false);
@@ -174,14 +233,21 @@ pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>
             )
         }
     };
+    // The describing context is torn down above; its probe is checked too.
+    let mut not_clean = after_case();
     let cases = cases::<C>()
         .iter()
         .map(|case| {
             let start = Instant::now();
-            let outcome = match &skip {
+            let mut outcome = match &skip {
                 Some(why) => Outcome::Skipped(why.clone()),
-                None => run_guarded(case, &factory),
+                None => run_guarded(case, factory),
             };
+            if let Some(why) = not_clean.take().or_else(after_case) {
+                if !outcome.is_failed() {
+                    outcome = Outcome::Failed(why);
+                }
+            }
             CaseResult {
                 name: case.name,
                 outcome,
@@ -238,15 +304,6 @@ macro_rules! conformance_tests {
                 $crate::conformance::assert_outcome(stringify!($module), stringify!($case), outcome);
             }
         )*
-        #[test]
-        fn macro_covers_every_case() {
-            let listed = [$(stringify!($case)),*];
-            let factory = $factory;
-            fn names<C: $crate::DeviceContext>(_: &dyn Fn() -> Result<C, $crate::BackendError>) -> Vec<&'static str> {
-                $crate::conformance::cases::<C>().iter().map(|c| c.name).collect()
-            }
-            assert_eq!(names(&factory), listed.to_vec(), "for_each_conformance_case! must list every case");
-        }
     };
 }
 
@@ -254,6 +311,8 @@ macro_rules! conformance_tests {
 /// harnesses that wrap each case (extra checks per case, several
 /// configurations). The macro is named in brackets; it receives, in brackets,
 /// whatever tokens follow that, then the case names.
+///
+/// This is the one list of cases: [`cases`] is generated from it too.
 ///
 /// ```ignore
 /// macro_rules! my_cases {

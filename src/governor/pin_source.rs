@@ -60,6 +60,16 @@ impl<C: DeviceContext> PinSource<C> {
     }
 }
 
+impl<C: DeviceContext> fmt::Debug for PinSource<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinSource")
+            .field("context", &self.0.ctx.id)
+            .field("holder", &self.0.label)
+            .field("outstanding", &self.0.outstanding.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
 impl<C: DeviceContext> ProviderContextPinSource for PinSource<C> {
     fn context(&self) -> ProviderContextIdentity {
         self.0.ctx.id

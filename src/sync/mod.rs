@@ -1,4 +1,4 @@
-//! The two concurrency primitives the lifecycle rests on, kept small and
+//! The concurrency primitives the lifecycle rests on, kept small and
 //! separate so that the loom model (`--cfg loom`) checks exactly the code that
 //! ships:
 //!

@@ -7,7 +7,8 @@
 //! still pending; at the end everything retires and the accounting must be
 //! back at zero with no contract violation on either simulated device.
 
-use memgov::host::{HostConfig, HostContext, HostProbe};
+use memgov::host::{HostConfig, HostContext};
+use memgov::BackendProbe;
 use memgov::{
     Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     ProviderContextPinSource, Role, SharedBudget, TeardownReport,
@@ -41,7 +42,7 @@ pub struct RunArgs {
 type Ctx = HostContext;
 type Kv = Arc<Mutex<VecDeque<DeviceBuffer<Ctx>>>>;
 
-fn device(name: &str, ordinal: u32, args: &RunArgs) -> Result<(HostContext, HostProbe), String> {
+fn device(name: &str, ordinal: u32, args: &RunArgs) -> Result<(HostContext, BackendProbe), String> {
     let ctx = HostContext::new(HostConfig {
         capacity: args.device_mib * MIB,
         op_delay: Duration::from_micros(args.op_delay_us),

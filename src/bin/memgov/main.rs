@@ -1,18 +1,25 @@
 //! `memgov`: inspect backends, run the conformance matrix, run a demonstration
 //! workload, and measure the governor's overhead.
+//!
+//! The backends come from the library's one list, `memgov::any::BACKENDS`:
+//! every backend memgov knows gets a row, and one compiled out of this build
+//! says which feature builds it.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod bench;
+mod workload;
 
 use clap::{Parser, Subcommand};
+use memgov::any::{AnyContext, BackendEntry, BACKENDS};
 use memgov::conformance::{self, Outcome, SuiteReport};
-use memgov::host::{HostConfig, HostContext};
+use memgov::DeviceContext;
 use std::process::ExitCode;
 
 /// Counts heap bytes for `memgov bench`'s heap rows; one relaxed load per
 /// allocation while no count is running.
 #[global_allocator]
-static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocator::new();
-
-#[path = "memgov/workload.rs"]
-mod workload;
+static ALLOC: bench::CountingAllocator = bench::CountingAllocator::new();
 
 #[derive(Parser)]
 #[command(
@@ -27,12 +34,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List the backends compiled in and the devices they can reach.
+    /// List the backends memgov knows and the devices they can reach.
     Info,
     /// Run the conformance suite on every backend compiled in and present,
     /// and print the matrix. Exits non-zero if any case fails.
     Check {
-        /// Only these backends (host, vulkan, cuda, hip). Default: all.
+        /// Only these backends (host, null, cuda, hip, vulkan). Default: all.
         #[arg(long = "backend")]
         backends: Vec<String>,
     },
@@ -40,11 +47,7 @@ enum Command {
     /// KV cache under pressure, a device swap, and a clean teardown.
     Run(workload::RunArgs),
     /// Measure the governor against its baselines (see docs/performance.md).
-    Bench {
-        /// Arguments for the bench harness (`--quick`, `--json`, ...).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,122 +56,39 @@ fn main() -> ExitCode {
         Command::Info => info(),
         Command::Check { backends } => check(&backends),
         Command::Run(args) => workload::run(args),
-        Command::Bench { args } => match memgov::bench::main(&args) {
-            0 => ExitCode::SUCCESS,
-            n => ExitCode::from(n.clamp(1, 255) as u8),
-        },
+        Command::Bench(args) => ExitCode::from(bench::main(&args)),
     }
 }
 
-/// What one backend's run produced: the suite report, notes for the reader,
-/// and whether something outside the cases failed (validation messages).
+/// What one backend's run produced: the suite report, and a note on what its
+/// probes saw.
 struct Run {
     report: SuiteReport,
-    notes: Vec<String>,
-    failed: bool,
+    note: String,
 }
 
-impl From<SuiteReport> for Run {
-    fn from(report: SuiteReport) -> Self {
-        Self {
-            report,
-            notes: Vec::new(),
-            failed: false,
-        }
-    }
-}
-
-/// One row of the backend table: what it is and whether it can run here.
-struct BackendRow {
-    name: &'static str,
-    run: Option<Box<dyn Fn() -> Run>>,
-    why_not: String,
-}
-
-fn backends() -> Vec<BackendRow> {
-    let mut rows = vec![BackendRow {
-        name: "host",
-        run: Some(Box::new(|| {
-            conformance::run_suite(|| HostContext::new(HostConfig::default())).into()
-        })),
-        why_not: String::new(),
-    }];
-    rows.extend(gpu_backends());
-    rows
-}
-
-fn gpu_backends() -> Vec<BackendRow> {
-    #[allow(unused_mut)]
-    let mut rows = Vec::new();
-    #[cfg(feature = "vulkan")]
-    rows.push(BackendRow {
-        name: "vulkan",
-        run: Some(Box::new(vulkan_run)),
-        why_not: String::new(),
-    });
-    #[cfg(not(feature = "vulkan"))]
-    rows.push(BackendRow {
-        name: "vulkan",
-        run: None,
-        why_not: "not compiled in (build with --features vulkan)".into(),
-    });
-    for name in ["cuda", "hip"] {
-        rows.push(BackendRow {
-            name,
-            run: None,
-            why_not: "not part of this build: the backend has not landed yet".into(),
-        });
-    }
-    rows
-}
-
-/// The Vulkan row: with the Khronos validation layer on when it is installed,
-/// and every validation warning or error counted as a failure.
-#[cfg(feature = "vulkan")]
-fn vulkan_run() -> Run {
-    use memgov::vulkan::{VulkanConfig, VulkanContext, VulkanProbe};
+/// Run the suite on `entry` (compiled in), with the backend's own checking
+/// on ([`AnyContext::open_for_check`]) and every context's probe held to a
+/// clean teardown.
+fn run(entry: &BackendEntry, kind: memgov::any::BackendKind) -> Run {
     use std::sync::Mutex;
-    let probes: Mutex<Vec<VulkanProbe>> = Mutex::new(Vec::new());
-    let mut notes = Vec::new();
-    let validation = match VulkanContext::new(VulkanConfig::validated()) {
-        Ok(c) => {
-            use memgov::DeviceContext;
-            let _ = c.teardown(false);
-            true
-        }
-        Err(e) => {
-            notes.push(format!(
-                "vulkan: validation layers off: {}",
-                conformance::unavailable_reason(&e)
-            ));
-            false
-        }
-    };
-    let config = VulkanConfig {
-        validation,
-        ..VulkanConfig::default()
-    };
-    let report = conformance::run_suite(|| {
-        let c = VulkanContext::new(config.clone())?;
-        probes.lock().unwrap().push(c.probe());
-        Ok(c)
+    let contexts = Mutex::new(0u32);
+    let report = conformance::run_suite_probed(|| {
+        let c = AnyContext::open_for_check(kind)?;
+        *contexts.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let probe = c.probe();
+        Ok((c, probe))
     });
-    let probes = probes.into_inner().unwrap();
-    let errors: u64 = probes.iter().map(|p| p.validation_errors()).sum();
-    let warnings: u64 = probes.iter().map(|p| p.validation_warnings()).sum();
-    let failed = errors + warnings > 0;
-    if validation {
-        notes.push(format!(
-            "vulkan: VK_LAYER_KHRONOS_validation on for {} contexts: {errors} errors, {warnings} warnings{}",
-            probes.len(),
-            if failed { " (FAIL: any validation message fails the check)" } else { "" }
-        ));
-    }
-    Run {
-        report,
-        notes,
-        failed,
-    }
+    let n = contexts.into_inner().unwrap_or_else(|e| e.into_inner());
+    let note = if report.execution.is_some() {
+        format!(
+            "{}: {n} contexts, each torn down once with nothing left and no contract violation, unless a case says otherwise",
+            entry.name
+        )
+    } else {
+        String::new()
+    };
+    Run { report, note }
 }
 
 fn info() -> ExitCode {
@@ -177,37 +97,22 @@ fn info() -> ExitCode {
         "{:<8} {:<40} {:<16} memory",
         "backend", "device", "how it runs"
     );
-    let host = HostContext::new(HostConfig::default()).map(|c| {
-        use memgov::DeviceContext;
-        let d = c.describe();
-        let _ = c.teardown(false);
-        d
-    });
-    match host {
-        Ok(d) => println!(
-            "{:<8} {:<40} {:<16} {} MiB",
-            "host",
-            d.name,
-            d.execution.to_string(),
-            d.total_bytes >> 20
-        ),
-        Err(e) => println!("{:<8} unavailable: {e}", "host"),
-    }
-    for row in gpu_backends() {
-        if row.run.is_none() {
-            println!("{:<8} skipped: {}", row.name, row.why_not);
-        }
-    }
-    #[cfg(feature = "vulkan")]
-    {
-        use memgov::DeviceContext;
-        match memgov::vulkan::VulkanContext::new(memgov::vulkan::VulkanConfig::default()) {
+    for entry in BACKENDS {
+        let Some(kind) = entry.kind else {
+            println!(
+                "{:<8} skipped: {}",
+                entry.name,
+                entry.not_compiled_in().unwrap_or_default()
+            );
+            continue;
+        };
+        match AnyContext::open(kind) {
             Ok(c) => {
                 let d = c.describe();
                 println!(
                     "{:<8} {:<40} {:<16} {} MiB ({})",
-                    "vulkan",
-                    d.name,
+                    entry.name,
+                    truncate(&d.name, 40),
                     d.execution.to_string(),
                     d.total_bytes >> 20,
                     d.driver
@@ -216,7 +121,7 @@ fn info() -> ExitCode {
             }
             Err(e) => println!(
                 "{:<8} skipped: {}",
-                "vulkan",
+                entry.name,
                 conformance::unavailable_reason(&e)
             ),
         }
@@ -225,27 +130,32 @@ fn info() -> ExitCode {
 }
 
 fn check(only: &[String]) -> ExitCode {
-    let rows: Vec<BackendRow> = backends()
-        .into_iter()
+    let rows: Vec<&BackendEntry> = BACKENDS
+        .iter()
         .filter(|r| only.is_empty() || only.iter().any(|o| o == r.name))
         .collect();
     if rows.is_empty() {
-        eprintln!("memgov check: no backend matches {only:?}; known: host, vulkan, cuda, hip");
+        let known: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+        eprintln!(
+            "memgov check: no backend matches {only:?}; known: {}",
+            known.join(", ")
+        );
         return ExitCode::from(2);
     }
     println!("memgov check: the conformance suite on every backend compiled in\n");
     let mut reports: Vec<(&'static str, Result<SuiteReport, String>)> = Vec::new();
     let mut failed = false;
     let mut notes = Vec::new();
-    for row in &rows {
-        match &row.run {
-            Some(run) => {
-                let r = run();
-                failed |= r.failed;
-                notes.extend(r.notes);
-                reports.push((row.name, Ok(r.report)));
+    for entry in &rows {
+        match entry.kind {
+            Some(kind) => {
+                let r = run(entry, kind);
+                if !r.note.is_empty() {
+                    notes.push(r.note);
+                }
+                reports.push((entry.name, Ok(r.report)));
             }
-            None => reports.push((row.name, Err(row.why_not.clone()))),
+            None => reports.push((entry.name, Err(entry.not_compiled_in().unwrap_or_default()))),
         }
     }
 

@@ -1,26 +1,42 @@
-//! The governed allocate + write + stream-ordered free cycle against the same
-//! work done with raw ash and gpu-allocator, for `benches/vulkan_cycle.rs`
-//! and `memgov bench`.
+//! The Vulkan row: the governed allocate + write + stream-ordered free
+//! cycle against the same work done with raw ash and gpu-allocator, for
+//! `memgov bench` and `benches/vulkan_cycle.rs` (which includes this file).
 //!
 //! Both sides use the same device setup (validation off), the same allocator
 //! settings, a staging copy submitted on a timeline semaphore for the write,
 //! and a free that waits for the timeline: the raw side retires its frees
 //! inline at the start of the next cycle, the governed side through the
-//! backend's retirement thread.
+//! backend's retirement thread. The raw side borrows the device of an
+//! ungoverned `VulkanContext` (public accessors only) and does everything
+//! else by hand.
 
-use super::instance;
-use super::{err, quiet_debug_settings, vk_error, TransferPath, VulkanConfig, VulkanContext};
-use crate::{
-    BackendError, BackendErrorKind, ContextConfig, ContextHandle, GovernedStream, Governor, Role,
-};
 use ash::vk;
 use gpu_allocator::vulkan::{
     Allocation, AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc,
 };
-use gpu_allocator::{AllocationSizes, MemoryLocation};
+use gpu_allocator::{AllocationSizes, AllocatorDebugSettings, MemoryLocation};
+use memgov::vulkan::{TransferPath, VulkanConfig, VulkanContext};
+use memgov::{
+    BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, GovernedStream,
+    Governor, Role,
+};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+fn err(op: &'static str, kind: BackendErrorKind, message: impl Into<String>) -> BackendError {
+    BackendError::new("vulkan", op, kind, message)
+}
+
+fn vk_error(op: &'static str, r: vk::Result, call: &str) -> BackendError {
+    let kind = match r {
+        vk::Result::ERROR_DEVICE_LOST => BackendErrorKind::DeviceLost,
+        vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+            BackendErrorKind::OutOfMemory
+        }
+        _ => BackendErrorKind::Other,
+    };
+    err(op, kind, format!("{call} failed: {r:?}"))
+}
 
 /// Bytes allocated per cycle.
 pub const CYCLE_BYTES: u64 = 64 << 10;
@@ -98,9 +114,9 @@ impl GovernedCycle {
 
 /// The raw cycle: ash + gpu-allocator by hand, same work.
 pub struct RawCycle {
-    /// Keeps libvulkan loaded (dropping the last Entry unloads it).
-    _entry: ash::Entry,
-    created: Option<instance::CreatedInstance>,
+    /// The device's owner. It is never governed and creates no stream, so
+    /// nothing but this cycle submits to its queue 0.
+    context: Option<VulkanContext>,
     device: ash::Device,
     queue: vk::Queue,
     allocator: Option<Allocator>,
@@ -115,21 +131,19 @@ pub struct RawCycle {
 }
 
 impl RawCycle {
-    /// Create the device (same selection and features as the context).
+    /// Create the device (same selection and features as the governed side).
     pub fn new() -> Result<Self, BackendError> {
         let config = bench_config();
-        let entry = instance::load_entry(&config)?;
-        let probe = Arc::new(super::validation::ProbeShared::default());
-        let created = instance::create_instance(&entry, &config, &probe)?;
-        let (pd, ordinal) = instance::select_device(&created.instance, &config.device)?;
-        let dev = instance::create_device(&created.instance, pd, ordinal, &config)?;
-        let device = dev.device;
-        let bda = dev.info.buffer_device_address;
+        let context = VulkanContext::new(config.clone())?;
+        let device = context.device().clone();
+        let bda = context.buffer_device_address();
+        let mut debug_settings = AllocatorDebugSettings::default();
+        debug_settings.log_leaks_on_shutdown = false;
         let allocator = Allocator::new(&AllocatorCreateDesc {
-            instance: created.instance.clone(),
+            instance: context.instance().clone(),
             device: device.clone(),
-            physical_device: pd,
-            debug_settings: quiet_debug_settings(),
+            physical_device: context.physical_device(),
+            debug_settings,
             buffer_device_address: bda,
             allocation_sizes: AllocationSizes::new(config.block_bytes, config.block_bytes / 4)
                 .with_max_device_memblock_size(256 << 20),
@@ -137,9 +151,12 @@ impl RawCycle {
         .map_err(|e| err("bench", BackendErrorKind::Other, e.to_string()))?;
         let mut ti =
             vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE);
-        // SAFETY: valid device with timeline semaphores; objects destroyed in
-        // `finish` after the device is idle.
-        let (timeline, pool, cmd) = unsafe {
+        let queue_family = context.queue_family_index();
+        // SAFETY: valid device with timeline semaphores (memgov requires
+        // them); queue 0 of the family exists (the context uses it); objects
+        // are destroyed in `finish` after the device is idle, before the
+        // context tears the device down.
+        let (timeline, pool, cmd, queue) = unsafe {
             let timeline = device
                 .create_semaphore(&vk::SemaphoreCreateInfo::default().push_next(&mut ti), None)
                 .map_err(|r| vk_error("bench", r, "vkCreateSemaphore"))?;
@@ -150,7 +167,7 @@ impl RawCycle {
                             vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER
                                 | vk::CommandPoolCreateFlags::TRANSIENT,
                         )
-                        .queue_family_index(dev.queue_family),
+                        .queue_family_index(queue_family),
                     None,
                 )
                 .map_err(|r| vk_error("bench", r, "vkCreateCommandPool"))?;
@@ -161,13 +178,17 @@ impl RawCycle {
                         .command_buffer_count(1),
                 )
                 .map_err(|r| vk_error("bench", r, "vkAllocateCommandBuffers"))?[0];
-            (timeline, pool, cmd)
+            (
+                timeline,
+                pool,
+                cmd,
+                device.get_device_queue(queue_family, 0),
+            )
         };
         let mut me = Self {
-            _entry: entry,
-            created: Some(created),
+            context: Some(context),
             device,
-            queue: dev.queues[0],
+            queue,
             allocator: Some(allocator),
             timeline,
             value: 0,
@@ -310,7 +331,8 @@ impl RawCycle {
     /// Wait idle, free everything, destroy the device.
     pub fn finish(mut self) -> Result<(), BackendError> {
         // SAFETY: nothing else uses the device; after idle no submission is
-        // pending, so every object may be destroyed, allocator before device.
+        // pending, so every object may be destroyed, allocator before the
+        // context destroys the device.
         unsafe {
             self.device
                 .device_wait_idle()
@@ -323,12 +345,11 @@ impl RawCycle {
             drop(self.allocator.take());
             self.device.destroy_command_pool(self.pool, None);
             self.device.destroy_semaphore(self.timeline, None);
-            self.device.destroy_device(None);
-            if let Some(c) = self.created.take() {
-                instance::destroy_instance(c);
-            }
         }
-        Ok(())
+        match self.context.take() {
+            Some(c) => c.teardown(false),
+            None => Ok(()),
+        }
     }
 }
 

@@ -15,7 +15,7 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// relaxed load per call.
 ///
 /// Install it in a binary with
-/// `#[global_allocator] static ALLOC: memgov::bench::CountingAllocator = memgov::bench::CountingAllocator::new();`
+/// `#[global_allocator] static ALLOC: bench::CountingAllocator = bench::CountingAllocator::new();`
 #[derive(Debug, Default)]
 pub struct CountingAllocator {
     _private: (),

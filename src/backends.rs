@@ -1,0 +1,47 @@
+//! The one list of backends.
+//!
+//! Every place that names backends is generated from [`backend_list!`]: the
+//! backend modules in `lib.rs`, [`BackendKind`](crate::any::BackendKind),
+//! [`AnyContext`](crate::any::AnyContext) and its dispatch, and
+//! [`any::BACKENDS`](crate::any::BACKENDS), which the `memgov` tool reads for
+//! its `info` and `check` rows (a backend compiled out keeps its row, with the
+//! feature that builds it).
+//!
+//! Adding a backend is its folder under `backends/`, its cargo feature, and
+//! one line here.
+
+/// Calls `$callback!` with one entry per backend, most specific GPU backend
+/// first among the GPU ones:
+///
+/// `(Variant, module, "path/to/mod.rs", [cfg predicate], "feature",
+///   "doc line", ContextType, open expression, check expression)`
+///
+/// * the path is relative to `src/` (the file that declares the modules);
+/// * the feature is `""` for a backend that is always built;
+/// * `open` makes a context with the backend's default settings (first or
+///   best device); `check` makes the one `memgov check` runs the conformance
+///   suite on (the Vulkan one turns the validation layer on when installed).
+macro_rules! backend_list {
+    ($callback:ident) => {
+        $callback! {
+            // (Variant, module, path, [cfg], "feature", "doc", Context, open, check)
+            (Host, host, "../backends/host/mod.rs", [all()], "", "The embedded simulated device (always built).", HostContext, crate::host::HostContext::new(Default::default()), crate::host::HostContext::new(Default::default())),
+            (Null, null, "../backends/null/mod.rs", [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), Ok(crate::null::NullContext::new())),
+            (Cuda, cuda, "../backends/cuda/mod.rs", [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::new(Default::default())),
+            (Hip, hip, "../backends/hip/mod.rs", [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::new(Default::default())),
+            (Vulkan, vulkan, "../backends/vulkan/mod.rs", [feature = "vulkan"], "vulkan", "Vulkan through ash (feature `vulkan`).", VulkanContext, crate::vulkan::VulkanContext::new(Default::default()), crate::vulkan::VulkanContext::for_check()),
+        }
+    };
+}
+
+/// Declares each backend's module (`pub mod host;` ...) behind its feature.
+macro_rules! declare_backend_modules {
+    ($( ($variant:ident, $module:ident, $path:literal, [$($cfg:tt)*], $feature:literal,
+         $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
+        $(
+            #[cfg($($cfg)*)]
+            #[path = $path]
+            pub mod $module;
+        )*
+    };
+}
