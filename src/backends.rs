@@ -26,7 +26,7 @@ macro_rules! backend_list {
         $callback! {
             // (Variant, module, path, [cfg], "feature", "doc", Context, open, check)
             (Host, host, "../backends/host/mod.rs", [all()], "", "The embedded simulated device (always built).", HostContext, crate::host::HostContext::new(Default::default()), crate::host::HostContext::new(Default::default())),
-            (Null, null, "../backends/null/mod.rs", [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), Ok(crate::null::NullContext::new())),
+            (Null, null, "../backends/null/mod.rs", [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), crate::null::NullContext::for_check()),
             (Cuda, cuda, "../backends/cuda/mod.rs", [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::new(Default::default())),
             (Hip, hip, "../backends/hip/mod.rs", [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::new(Default::default())),
             (Vulkan, vulkan, "../backends/vulkan/mod.rs", [feature = "vulkan"], "vulkan", "Vulkan through ash (feature `vulkan`).", VulkanContext, crate::vulkan::VulkanContext::new(Default::default()), crate::vulkan::VulkanContext::for_check()),

@@ -31,30 +31,38 @@ fn whole_suite_report_passes() {
     );
 }
 
-#[test]
-fn whole_suite_report_passes_on_null() {
-    let report = memgov::conformance::run_suite_probed(|| {
-        let c = memgov::null::NullContext::new();
-        let probe = c.probe();
-        Ok((c, probe))
-    });
-    println!("{report}");
-    assert!(report.all_passed(), "{report}");
+/// The probe of a host context torn down while a free was still queued: a
+/// contract violation the backend saw.
+fn probe_of_a_dirty_teardown() -> memgov::BackendProbe {
+    use memgov::{DeviceContext, RetireSignal};
+    let c = HostContext::new(HostConfig {
+        op_delay: Duration::from_millis(20),
+        ..HostConfig::default()
+    })
+    .expect("host context");
+    let probe = c.probe();
+    let s = c.create_stream().expect("stream");
+    let m = c.allocate(&s, 4096).expect("allocate");
+    c.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    c.teardown(false).expect("teardown");
+    probe
 }
 
 #[test]
-fn a_backend_that_leaks_fails_the_probed_suite() {
-    // The probe the factory hands out belongs to another context, which is
-    // never torn down: every case must fail on it, naming the numbers.
+fn a_backend_that_breaks_its_contract_fails_the_probed_suite() {
+    // Each context the cases use is fine, but the probe the factory hands
+    // out saw a violation: every case must fail on it, with the numbers.
     let report = memgov::conformance::run_suite_probed(|| {
         let c = HostContext::new(HostConfig::default())?;
-        let never_torn_down = memgov::BackendProbe::new();
-        Ok((c, never_torn_down))
+        Ok((c, probe_of_a_dirty_teardown()))
     });
     assert_eq!(report.counts().1, report.cases.len(), "{report}");
     for case in &report.cases {
         assert!(
-            case.outcome.to_string().contains("saw 0 teardowns"),
+            case.outcome.to_string().contains("1 violations")
+                && case.outcome.to_string().contains("still queued"),
             "{}: {}",
             case.name,
             case.outcome

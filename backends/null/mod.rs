@@ -243,6 +243,19 @@ impl NullContext {
         }
     }
 
+    /// What `memgov check` gets for the null backend: an `Unavailable`
+    /// error that says why. The null device stores no data, so the
+    /// conformance cases that read back what they wrote cannot pass on it;
+    /// its contract checks are the fault matrix and the governor's tests.
+    pub fn for_check() -> Result<Self, BackendError> {
+        Err(BackendError::new(
+            BACKEND,
+            "new",
+            BackendErrorKind::Unavailable,
+            "the null device stores no data (benchmarks and tests only); the fault matrix checks it",
+        ))
+    }
+
     /// A probe that observes this context, also after its teardown. It
     /// counts allocations and bytes only with a finite
     /// [`capacity`](NullConfig::capacity).
