@@ -359,6 +359,47 @@ mod tests {
     }
 
     #[test]
+    fn every_known_backend_is_listed_and_compiled_out_ones_name_their_feature() {
+        let names: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+        assert_eq!(names, ["host", "null", "cuda", "hip", "vulkan"]);
+        for b in BACKENDS {
+            match b.kind {
+                Some(k) => {
+                    assert_eq!(k.name(), b.name);
+                    assert_eq!(b.not_compiled_in(), None);
+                }
+                None => assert_eq!(
+                    b.not_compiled_in().as_deref(),
+                    Some(format!("not compiled in (build with --features {})", b.name).as_str())
+                ),
+            }
+        }
+        let vulkan = BACKENDS.iter().find(|b| b.name == "vulkan").unwrap();
+        assert_eq!(vulkan.kind.is_some(), cfg!(feature = "vulkan"));
+        assert_eq!(
+            BackendKind::all().len(),
+            BACKENDS.iter().filter(|b| b.kind.is_some()).count()
+        );
+    }
+
+    #[test]
+    fn the_probe_of_the_context_held_sees_its_work() {
+        let host = AnyContext::open(BackendKind::Host).unwrap();
+        let probe = host.probe();
+        let s = host.create_stream().unwrap();
+        let m = host.allocate(&s, 4096).unwrap();
+        assert_eq!((probe.live_allocations(), probe.used_bytes()), (1, 4096));
+        host.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+            .map_err(|(_, _, e)| e)
+            .unwrap();
+        host.synchronize(&s).unwrap();
+        host.destroy_stream(s).unwrap();
+        host.teardown(false).unwrap();
+        assert_eq!(probe.frees_retired(), 1);
+        assert_eq!(probe.check_clean_teardown(), Ok(()));
+    }
+
+    #[test]
     fn mixing_backends_is_an_error_not_ub() {
         let host = AnyContext::open(BackendKind::Host).unwrap();
         let null = AnyContext::open(BackendKind::Null).unwrap();

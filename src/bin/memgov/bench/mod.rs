@@ -135,6 +135,10 @@ pub const ROWS: &[RowSpec] = &[
         measure: |p| vec![rows::null_cycle(p)],
     },
     RowSpec {
+        key: "any-null-cycle",
+        measure: |p| vec![rows::any_null_cycle(p)],
+    },
+    RowSpec {
         key: "host-cycle",
         measure: |p| vec![rows::host_cycle(p)],
     },

@@ -5,6 +5,7 @@ use super::alloc::{counting_allocator_installed, HeapCounter, HeapDelta};
 use super::measure::{calibrate, compare, median, per_iter, Plan};
 use super::row::{Row, Target};
 use super::teardown::{drain_once, wakeup_bare, wakeup_governed};
+use memgov::any::AnyContext;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
@@ -148,6 +149,39 @@ pub fn host_cycle(plan: &Plan) -> Row {
     let _ = raw.destroy_stream(raw_stream);
     let _ = raw.teardown(false);
     row.with(v, Some(b), Some(v / b))
+}
+
+/// The null cycle through `AnyContext` (one `match` per backend call)
+/// against the same cycle on `NullContext` directly.
+pub fn any_null_cycle(plan: &Plan) -> Row {
+    let gov = Governor::new();
+    let ctx = gov.register(NullContext::new(), ContextConfig::new().budget(1 << 40));
+    let stream = ctx.create_stream("bench").expect("null stream");
+    let any_gov = Governor::new();
+    let any = any_gov.register(
+        AnyContext::from(NullContext::new()),
+        ContextConfig::new().budget(1 << 40),
+    );
+    let any_stream = any.create_stream("bench").expect("null stream");
+    let mut through_any = |n: u64| {
+        for _ in 0..n {
+            drop(black_box(any.allocate(
+                &any_stream,
+                black_box(4096),
+                Role::Activation,
+            )));
+        }
+    };
+    let mut direct = |n: u64| null_cycles(&ctx, &stream, n);
+    let (v, b) = compare(plan, &mut through_any, &mut direct);
+    Row::new(
+        "any-null-cycle",
+        "allocate + release through AnyContext, null backend",
+        "the same on NullContext directly",
+        "ns",
+        Target::AtMost(1.1),
+    )
+    .with(v, Some(b), Some(v / b))
 }
 
 /// Wall time per cycle of two threads running `n` cycles each on the two
