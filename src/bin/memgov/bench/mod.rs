@@ -69,6 +69,10 @@ pub struct RowSpec {
     pub measure: fn(&Plan) -> Vec<Row>,
 }
 
+/// `bench/<backend>.rs`'s `cycle_ratio`: nanoseconds per governed cycle and
+/// per raw cycle, over `iterations` cycles of each.
+pub type CycleRatio = fn(iterations: u32) -> Result<(u64, u64), memgov::BackendError>;
+
 /// The raw-vs-governed cycle row of a GPU backend.
 pub struct BackendRow {
     /// Row key (`<backend>-cycle`).
@@ -82,7 +86,7 @@ pub struct BackendRow {
     /// `governed / raw` must be at most this.
     pub target: f64,
     /// `bench/<backend>.rs`'s `cycle_ratio`, when the backend is compiled in.
-    pub cycle: Option<fn(u32) -> Result<(u64, u64), memgov::BackendError>>,
+    pub cycle: Option<CycleRatio>,
 }
 
 /// The backend rows, one line each:
@@ -105,7 +109,7 @@ macro_rules! backend_rows {
                     target: $target,
                     cycle: {
                         #[cfg(feature = $feature)]
-                        let cycle = Some($module::cycle_ratio as fn(u32) -> _);
+                        let cycle = Some($module::cycle_ratio as CycleRatio);
                         #[cfg(not(feature = $feature))]
                         let cycle = None;
                         cycle
