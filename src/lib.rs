@@ -9,8 +9,15 @@
 //! * [`DeviceContext`]: what a backend provides.
 //! * [`Governor`]: the generic governor; [`ContextHandle`], [`DeviceBuffer`],
 //!   [`GovernedStream`], [`RetireHandle`].
-//! * [`host`]: the embedded backend, a simulated device that needs no GPU.
+//! * [`BackendProbe`]: what every backend reports about its own bookkeeping.
+//! * [`host`]: the embedded backend, a simulated device that needs no GPU;
+//!   [`null`] for tests and benchmarks; GPU backends behind their features.
+//! * [`any`]: every backend memgov knows, and [`AnyContext`](any::AnyContext)
+//!   to pick one at run time.
 //! * [`conformance`]: the backend contract suite, runnable by any backend.
+//!
+//! The `memgov` command-line tool (feature `cli`, on by default) is a binary
+//! of this package; none of it is part of the library.
 //!
 //! ```
 //! use memgov::host::{HostConfig, HostContext};
