@@ -10,14 +10,17 @@
 //! Adding a backend is its folder under `backends/`, its cargo feature, and
 //! one line here.
 
-/// Calls `$callback!` with one entry per backend, most specific GPU backend
-/// first among the GPU ones:
+/// Calls `$callback!` with one entry per backend, in the order `memgov info`
+/// and `memgov check` print them:
 ///
 /// `(Variant, module, "path/to/mod.rs", [cfg predicate], "feature",
 ///   "doc line", ContextType, open expression, check expression)`
 ///
 /// * the path is relative to `src/` (the file that declares the modules);
-/// * the feature is `""` for a backend that is always built;
+/// * the feature is `""` for a backend that is always built (`[all()]`);
+/// * `cuda` and `hip` are listed before their features exist (Cargo.toml's
+///   `check-cfg` names them): until then they are always compiled out, and
+///   their rows say which feature builds them;
 /// * `open` makes a context with the backend's default settings (first or
 ///   best device); `check` makes the one `memgov check` runs the conformance
 ///   suite on (the Vulkan one turns the validation layer on when installed).
