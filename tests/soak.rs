@@ -199,9 +199,10 @@ fn epoch(
         snap.counters.releases_queued, snap.counters.retired,
         "every release retired"
     );
-    assert_eq!(probe.used_bytes(), 0, "device memory left after teardown");
-    assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
-    assert_eq!(probe.teardowns(), 1);
+    // One teardown, no memory or stream left on the device, no violation.
+    if let Err(why) = probe.check_clean_teardown() {
+        panic!("host backend after teardown: {why}");
+    }
     drop((ctx, h, probe));
     assert_eq!(
         gov.prune_terminated(),
