@@ -40,7 +40,7 @@ enum Command {
     /// Run the conformance suite on every backend compiled in and present,
     /// and print the matrix. Exits non-zero if any case fails.
     Check {
-        /// Only these backends (host, null, cuda, hip, vulkan). Default: all.
+        /// Only these backends (names as `memgov info` lists them). Default: all.
         #[arg(long = "backend")]
         backends: Vec<String>,
     },
@@ -102,12 +102,15 @@ fn info() -> ExitCode {
         match AnyContext::open(kind) {
             Ok(c) => {
                 let d = c.describe();
+                let memory = match d.total_bytes {
+                    u64::MAX => "unbounded".to_owned(),
+                    bytes => format!("{} MiB", bytes >> 20),
+                };
                 println!(
-                    "{:<8} {:<40} {:<16} {} MiB ({})",
+                    "{:<8} {:<40} {:<16} {memory} ({})",
                     entry.name,
                     truncate(&d.name, 40),
                     d.execution.to_string(),
-                    d.total_bytes >> 20,
                     d.driver
                 );
                 let _ = c.teardown(false);
