@@ -10,6 +10,11 @@
 //! `InvalidArgument`, and on a refused free the memory and its signal come
 //! back unharmed.
 //!
+//! [`BACKENDS`] lists every backend memgov knows, compiled into this build or
+//! not (with the feature that builds it); [`BackendKind`] names those that
+//! are. All of it is generated from one list (`src/backends.rs`), and the
+//! dispatch is one `match` per call: no boxing, no vtable.
+//!
 //! ```
 //! use memgov::any::{AnyContext, BackendKind};
 //! use memgov::{ContextConfig, Governor, Role};
