@@ -48,7 +48,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Only rows whose key contains WORD.
-    #[arg(long, value_name = "WORD")]
+    #[arg(long, value_name = "WORD", allow_hyphen_values = true)]
     pub filter: Option<String>,
     /// Exit with status 1 when a measured row misses its target.
     #[arg(long)]
