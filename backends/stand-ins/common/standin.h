@@ -33,6 +33,10 @@
 extern "C" {
 #endif
 
+/* Internal to each stand-in library: two stand-ins loaded in one process
+ * keep their own copies of this machinery. */
+#pragma GCC visibility push(hidden)
+
 /* ---- fatal contract violations ------------------------------------------ */
 
 /* Set once per library (e.g. "libcuda stand-in"); prefixes every message. */
@@ -156,6 +160,8 @@ void sq_mem_destroy(struct sq_mem *m);
 
 /* Human-readable word for a check result ("unknown", "already freed", ...). */
 const char *sq_mem_check_str(enum sq_mem_check c);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }
