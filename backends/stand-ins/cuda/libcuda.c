@@ -80,8 +80,11 @@ struct CUctx_st {
     int destroyed;
     CUdevice device;
     struct sq_mem *mem;
-    pthread_mutex_t lock; /* guards streams */
+    pthread_mutex_t lock; /* guards streams and draining */
     struct CUstream_st *streams;
+    /* Destroyed streams whose queued work may still be running: like the
+     * driver, cuStreamDestroy returns at once. Joined at context release. */
+    struct CUstream_st *draining;
 };
 
 typedef struct CUctx_st *CUcontext;
@@ -328,20 +331,31 @@ static void destroy_context(CUcontext c, int sticky) {
                    "(frees, copies or host functions) still pending on stream %p",
                    c->device, (unsigned long long)pending, (void *)s);
     }
+    for (CUstream s = c->draining; s != NULL; s = s->next) {
+        uint64_t pending = sq_queue_pending(s->q);
+        if (pending != 0 && !sticky)
+            sq_die("primary context of device %d released (last reference) with %llu operations "
+                   "(frees, copies or host functions) still pending on destroyed stream %p",
+                   c->device, (unsigned long long)pending, (void *)s);
+    }
     uint64_t live = sq_mem_live_count(c->mem);
     if (live != 0 && !sticky)
         sq_die("primary context of device %d released (last reference) with %llu allocations "
                "(%llu bytes) still allocated",
                c->device, (unsigned long long)live, (unsigned long long)sq_mem_live_bytes(c->mem));
-    CUstream s = c->streams;
+    CUstream lists[2] = {c->streams, c->draining};
     c->streams = NULL;
+    c->draining = NULL;
     pthread_mutex_unlock(&c->lock);
-    while (s != NULL) {
-        CUstream next = s->next;
-        sq_queue_destroy(s->q);
-        s->q = NULL;
-        s->destroyed = 1; /* the struct is kept so later use is caught */
-        s = next;
+    for (int i = 0; i < 2; i++) {
+        CUstream s = lists[i];
+        while (s != NULL) {
+            CUstream next = s->next;
+            sq_queue_destroy(s->q);
+            s->q = NULL;
+            s->destroyed = 1; /* the struct is kept so later use is caught */
+            s = next;
+        }
     }
     c->destroyed = 1; /* kept, likewise; its memory table leaks if sticky */
     if (!sticky) sq_mem_destroy(c->mem);
@@ -390,13 +404,16 @@ CUresult cuCtxSynchronize(void) {
     /* Snapshot the queues' last operations, then wait outside the lock. */
     size_t n = 0;
     for (CUstream s = c->streams; s != NULL; s = s->next) n++;
+    for (CUstream s = c->draining; s != NULL; s = s->next) n++;
     struct sq_queue **qs = calloc(n ? n : 1, sizeof *qs);
     uint64_t *last = calloc(n ? n : 1, sizeof *last);
     if (qs == NULL || last == NULL) sq_fatal("out of host memory");
     n = 0;
-    for (CUstream s = c->streams; s != NULL; s = s->next, n++) {
-        qs[n] = s->q;
-        last[n] = sq_queue_last(s->q);
+    for (int i = 0; i < 2; i++) {
+        for (CUstream s = i == 0 ? c->streams : c->draining; s != NULL; s = s->next, n++) {
+            qs[n] = s->q;
+            last[n] = sq_queue_last(s->q);
+        }
     }
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) sq_queue_wait(qs[i], last[i]);
@@ -420,11 +437,37 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 
 /* ---- streams ----------------------------------------------------------------- */
 
+/* Join destroyed streams whose queued work has all run, so that a program
+ * creating and destroying streams does not accumulate threads. */
+static void reap_drained(CUcontext c) {
+    CUstream done = NULL;
+    pthread_mutex_lock(&c->lock);
+    for (CUstream *p = &c->draining; *p != NULL;) {
+        CUstream s = *p;
+        if (sq_queue_pending(s->q) == 0) {
+            *p = s->next;
+            s->next = done;
+            done = s;
+        } else {
+            p = &s->next;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    while (done != NULL) {
+        CUstream next = done->next;
+        sq_queue_destroy(done->q);
+        done->q = NULL;
+        done->next = NULL;
+        done = next;
+    }
+}
+
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) {
     ENTER("cuStreamCreate");
     CUcontext c = current("cuStreamCreate");
     if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     if (phStream == NULL || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
+    reap_drained(c);
     CUstream s = calloc(1, sizeof *s);
     if (s == NULL) sq_fatal("out of host memory");
     s->magic = STREAM_MAGIC;
@@ -457,11 +500,11 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
         }
     }
     hStream->destroyed = 1;
+    hStream->next = c->draining;
+    c->draining = hStream;
+    /* Like the driver: returns at once; work already queued still runs. */
+    sq_queue_close(hStream->q);
     pthread_mutex_unlock(&c->lock);
-    /* Like the driver, work already queued still completes; the stand-in
-     * waits for it here rather than in the background. */
-    sq_queue_destroy(hStream->q);
-    hStream->q = NULL;
     return CUDA_SUCCESS;
 }
 
