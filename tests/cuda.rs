@@ -425,6 +425,14 @@ fn teardown_waits_for_slow_frees_before_releasing_the_context() {
 }
 
 #[test]
+fn teardown_after_a_stream_destroyed_with_frees_queued_waits_for_them() {
+    assert_child_passed(
+        "destroyed_with_frees_queued",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000")],
+    );
+}
+
+#[test]
 fn sticky_error_is_device_loss_and_settles_without_the_device() {
     assert_child_passed(
         "sticky",
@@ -571,6 +579,7 @@ mod children {
                     ctx.teardown(false).expect("teardown");
                 }
                 "slow_teardown" => slow_teardown(),
+                "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
                 "sticky" => sticky(),
                 "oom" => oom(),
                 "host_fn_fails" => host_fn_fails(),
@@ -608,6 +617,28 @@ mod children {
         );
         probe.check_clean_teardown().expect("clean");
         assert_eq!(probe.frees_retired(), 5);
+    }
+
+    fn destroyed_with_frees_queued() {
+        // A direct caller breaks the contract (teardown before its frees
+        // retired); the backend reports it and still releases the context
+        // only after the queued work ran (else the stand-in aborts).
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(
+            rx.try_recv().expect("fired before teardown returned").0,
+            RetireOutcome::Retired
+        );
+        assert_eq!(probe.violations(), 1, "{:?}", probe.violation_log());
+        assert_eq!(probe.live_allocations(), 0);
     }
 
     fn sticky() {
@@ -667,11 +698,16 @@ mod children {
             RetireOutcome::Retired
         );
         let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
-        let (sig, _rx) = signal();
+        let (sig, rx) = signal();
         ctx.free_async(&s, b, sig)
             .map_err(|(_, _, e)| e)
             .expect("free");
         ctx.destroy_stream(s).expect("destroy");
+        // Work queued before the destroy still runs, host function included.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
+            RetireOutcome::Retired
+        );
         ctx.teardown(false).expect("teardown");
         probe.check_clean_teardown().expect("clean");
     }

@@ -101,6 +101,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemGetInfo_v2",
+    "cuCtxSynchronize",
 ];
 
 /// Exported only by memgov's stand-in `libcuda` (see
@@ -629,15 +630,24 @@ impl CudaContext {
                 keep(s.checked("teardown", "cuStreamDestroy_v2", r));
             }
         }
-        let stragglers = s.pending.take_all();
-        if !stragglers.is_empty() {
+        if s.pending.len() != 0 {
+            // Frees queued on streams destroyed before their work ran: the
+            // governor never tears down with releases pending, so a direct
+            // caller broke the contract. Wait for them rather than release
+            // the context under them.
             s.probe.violation(
                 BACKEND,
                 format!(
-                    "{} host functions had not run after every stream was synchronized",
-                    stragglers.len()
+                    "teardown with {} stream-ordered frees still pending on destroyed streams",
+                    s.pending.len()
                 ),
             );
+            // SAFETY: the context is current; waits for its queued work.
+            let r = unsafe { sys::cuCtxSynchronize() };
+            keep(s.checked("teardown", "cuCtxSynchronize", r));
+        }
+        let stragglers = s.pending.take_all();
+        if !stragglers.is_empty() {
             for (_, bytes) in &stragglers {
                 s.probe.free_abandoned(*bytes);
             }
