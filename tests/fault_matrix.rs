@@ -407,6 +407,27 @@ fn fault_matrix_vulkan() {
     }
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+fn fault_matrix_cuda() {
+    use memgov::cuda::{CudaConfig, CudaContext};
+    let factory: Box<Factory<CudaContext>> = Box::new(|| {
+        let ctx = match CudaContext::new(CudaConfig::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cuda unavailable: {e}");
+                return None;
+            }
+        };
+        let probe = ctx.probe();
+        Some((ctx, Box::new(move || probe.check_clean_teardown())))
+    });
+    match matrix("cuda", &*factory) {
+        Some(t) => report(&t),
+        None => println!("skipped: no CUDA driver"),
+    }
+}
+
 #[cfg(not(feature = "vulkan"))]
 #[test]
 fn fault_matrix_vulkan() {
