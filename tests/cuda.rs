@@ -433,6 +433,14 @@ fn teardown_after_a_stream_destroyed_with_frees_queued_waits_for_them() {
 }
 
 #[test]
+fn context_is_never_released_under_a_running_host_function() {
+    // The signal fires inside the host function, so the governor may tear
+    // down before the host function has returned; the stand-in aborts if the
+    // context is released while it still runs.
+    assert_child_passed("release_races_host_fn", &[]);
+}
+
+#[test]
 fn sticky_error_is_device_loss_and_settles_without_the_device() {
     assert_child_passed(
         "sticky",
@@ -579,6 +587,27 @@ mod children {
                     ctx.teardown(false).expect("teardown");
                 }
                 "slow_teardown" => slow_teardown(),
+                "release_races_host_fn" => {
+                    for _ in 0..200 {
+                        let ctx = factory().expect("context");
+                        let probe = ctx.probe();
+                        let gov = Governor::new();
+                        let handle = gov.register(ctx, ContextConfig::new());
+                        let stream = handle.create_stream("s").expect("stream");
+                        drop(
+                            handle
+                                .allocate(&stream, 4096, Role::Activation)
+                                .expect("allocate"),
+                        );
+                        drop(stream);
+                        let report = handle
+                            .retire()
+                            .wait_timeout(Duration::from_secs(10))
+                            .expect("retire");
+                        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+                        probe.check_clean_teardown().expect("clean");
+                    }
+                }
                 "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
                 "sticky" => sticky(),
                 "oom" => oom(),

@@ -101,7 +101,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemGetInfo_v2",
-    "cuCtxSynchronize",
+    "cuStreamQuery",
 ];
 
 /// Exported only by memgov's stand-in `libcuda` (see
@@ -213,6 +213,12 @@ pub(crate) struct Shared {
     pub(crate) streams: Mutex<HashMap<u64, (CUstream, bool)>>,
     /// Adopted streams not yet handed out.
     pub(crate) lendable: Mutex<VecDeque<RawStream>>,
+    /// Streams memgov created and the governor destroyed whose queued work
+    /// may still be running (host functions included). Destroyed once
+    /// `cuStreamQuery` says their work is complete, or at teardown after a
+    /// synchronize: the context is never released under a running host
+    /// function.
+    pub(crate) retired_streams: Mutex<Vec<RawStream>>,
 }
 
 // SAFETY: the raw handles (context, pool, streams) are driver handles with no
@@ -546,6 +552,7 @@ impl CudaContext {
                 live: Mutex::default(),
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
+                retired_streams: Mutex::default(),
             }),
         }
     }
@@ -580,6 +587,16 @@ impl CudaContext {
             }
         };
         let lost = lost || s.is_lost();
+        let pending = s.pending.len();
+        if pending != 0 && !lost {
+            // The governor tears down only after every release retired: a
+            // direct caller broke the contract. Teardown still waits for the
+            // frees (every stream is synchronized below) before releasing.
+            s.probe.violation(
+                BACKEND,
+                format!("teardown with {pending} stream-ordered frees still pending"),
+            );
+        }
         if lost {
             s.mark_lost();
             // No waits and no frees: what is queued will not run, and what is
@@ -595,6 +612,7 @@ impl CudaContext {
             for _ in lock(&s.streams).drain() {
                 s.probe.stream_destroyed();
             }
+            lock(&s.retired_streams).clear();
             if s.retained && s.driver_lost.load(Ordering::Acquire) {
                 // SAFETY: balanced with the retain in `new`; releasing a
                 // context in a sticky error state makes no device wait.
@@ -630,21 +648,16 @@ impl CudaContext {
                 keep(s.checked("teardown", "cuStreamDestroy_v2", r));
             }
         }
-        if s.pending.len() != 0 {
-            // Frees queued on streams destroyed before their work ran: the
-            // governor never tears down with releases pending, so a direct
-            // caller broke the contract. Wait for them rather than release
-            // the context under them.
-            s.probe.violation(
-                BACKEND,
-                format!(
-                    "teardown with {} stream-ordered frees still pending on destroyed streams",
-                    s.pending.len()
-                ),
-            );
-            // SAFETY: the context is current; waits for its queued work.
-            let r = unsafe { sys::cuCtxSynchronize() };
-            keep(s.checked("teardown", "cuCtxSynchronize", r));
+        // Destroyed streams whose work may still run: wait, then destroy.
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        for raw in retired {
+            // SAFETY: a stream this context created, removed from the
+            // retired list above so destroyed once; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+            // SAFETY: as above; its work has completed.
+            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
         }
         let stragglers = s.pending.take_all();
         if !stragglers.is_empty() {

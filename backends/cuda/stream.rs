@@ -2,7 +2,7 @@
 //! runtime already owns and lent to the context by [`CudaContext::adopt`].
 
 use super::result::BACKEND;
-use super::{lock, CudaContext};
+use super::{lock, CudaContext, RawStream};
 use crate::BackendError;
 use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 
@@ -98,12 +98,40 @@ impl CudaContext {
             let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
             return s.checked("destroy_stream", "cuStreamSynchronize", r);
         }
-        // Work already queued still executes (and its host functions still
-        // fire) after cuStreamDestroy returns.
-        // SAFETY: the stream was created by this context and is destroyed
-        // once: it was just removed from the live set.
-        let r = unsafe { sys::cuStreamDestroy_v2(stream.raw) };
-        s.checked("destroy_stream", "cuStreamDestroy_v2", r)
+        // Its frees and host functions may still be queued: the stream is
+        // retired, not destroyed, until its work has completed (the context
+        // must not be released under a running host function, and only a
+        // completed stream proves the host function returned).
+        lock(&s.retired_streams).push(RawStream(stream.raw));
+        self.reap_retired_streams()
+    }
+
+    /// Destroy the retired streams whose work has completed.
+    pub(crate) fn reap_retired_streams(&self) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        let mut keep = Vec::new();
+        let mut result = Ok(());
+        for raw in retired {
+            // SAFETY: a stream this context created and the governor
+            // destroyed; held only in the retired list, which this call took,
+            // so no other call uses it; the context is current.
+            let r = unsafe { sys::cuStreamQuery(raw.0) };
+            match r {
+                sys::CUresult::CUDA_SUCCESS => {
+                    // SAFETY: as above; its work has completed.
+                    let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+                    result = result.and(s.checked("destroy_stream", "cuStreamDestroy_v2", r));
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => keep.push(raw),
+                r => {
+                    keep.push(raw);
+                    result = result.and(Err(s.classify("destroy_stream", "cuStreamQuery", r)));
+                }
+            }
+        }
+        lock(&s.retired_streams).extend(keep);
+        result
     }
 
     pub(crate) fn synchronize_impl(&self, stream: &CudaStream) -> Result<(), BackendError> {
