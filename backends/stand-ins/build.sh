@@ -6,9 +6,13 @@
 #   export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 #
 # Each stand-in is a directory beside common/ holding its C sources and a
-# `build.conf` that sets SONAME (the file name the loader looks for, e.g.
-# libcuda.so.1) and optionally LINKS (extra names symlinked to it). Every
-# stand-in is linked with common/standin.c. CC and CFLAGS are honoured.
+# `build.conf` (sourced with $dir set to that directory) that sets SONAME
+# (the file name the loader looks for, e.g. libcuda.so.1) and optionally
+# LINKS (extra names symlinked to it) and EXTRA_FLAGS (extra compiler and
+# linker flags). Every stand-in is linked with common/standin.c. CC and
+# CFLAGS are honoured.
+#
+# With arguments, builds only the stand-ins named (`build.sh cuda`).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +27,10 @@ for dir in "$here"/*/; do
     name="$(basename "$dir")"
     [ "$name" = common ] && continue
     [ -f "$dir/build.conf" ] || continue
-    SONAME="" LINKS=""
+    if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then
+        continue
+    fi
+    SONAME="" LINKS="" EXTRA_FLAGS=""
     # shellcheck source=/dev/null
     . "$dir/build.conf"
     if [ -z "$SONAME" ]; then
@@ -32,7 +39,7 @@ for dir in "$here"/*/; do
     fi
     # shellcheck disable=SC2086
     "$cc" -std=gnu11 -Wall -Wextra -Werror $cflags -fPIC -shared -pthread \
-        -I"$here/common" -Wl,-soname,"$SONAME" \
+        -I"$here/common" -Wl,-soname,"$SONAME" $EXTRA_FLAGS \
         -o "$out/$SONAME.tmp" "$dir"/*.c "$here/common/standin.c"
     mv -f "$out/$SONAME.tmp" "$out/$SONAME"
     for link in $LINKS; do

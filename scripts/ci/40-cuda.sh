@@ -8,7 +8,7 @@
 # a machine without an NVIDIA driver must skip cleanly and pass.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-standins="$(backends/stand-ins/build.sh)"
+standins="$(backends/stand-ins/build.sh cuda)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
