@@ -3,8 +3,8 @@
 //! cleanly on machines without CUDA.
 //!
 //! * **Presence.** No loadable `libcuda` is `Unavailable` ("no CUDA driver"),
-//!   checked before any cudarc call (cudarc panics on a missing library or
-//!   symbol; every symbol the backend uses is looked up first). `cuInit`
+//!   checked before any other cudarc call (cudarc panics on a missing library
+//!   or symbol; the check catches that panic). `cuInit`
 //!   failing or no device is `Unavailable` ("no CUDA device") with the
 //!   driver's error name.
 //! * **Context.** The device's primary context, retained in
@@ -70,71 +70,53 @@ use retire::PendingFrees;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Every driver entry point the backend calls, looked up before the first
-/// call: cudarc resolves each lazily and panics on a missing one.
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceTotalMem_v2",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuDeviceGetDefaultMemPool",
-    "cuMemPoolSetAttribute",
-    "cuMemPoolTrimTo",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-    "cuLaunchHostFunc",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoHAsync_v2",
-    "cuMemGetInfo_v2",
-    "cuStreamQuery",
-];
+/// The device name prefix of memgov's stand-in driver (see
+/// `backends/stand-ins/README.md`), which makes the context report
+/// [`Execution::StandIn`]. No NVIDIA device is named so.
+const STAND_IN_NAME: &str = "memgov stand-in";
 
-/// Exported only by memgov's stand-in `libcuda` (see
-/// `backends/stand-ins/README.md`): its presence makes the context report
-/// [`Execution::StandIn`].
-const STAND_IN_MARKER: &str = "memgov_standin_cuda";
+/// Why no driver could be loaded, or `Ok`. Checked once per process.
+fn driver_status() -> &'static Result<(), String> {
+    static STATUS: OnceLock<Result<(), String>> = OnceLock::new();
+    STATUS.get_or_init(|| {
+        // cudarc 0.19.0 resolves every symbol of its CUDA 12.0 bindings when
+        // it opens a candidate library and panics (rather than failing) if
+        // one is missing: a driver older than 12.0, or a partial imitation.
+        // SAFETY: only opens candidate libraries, resolves symbols and
+        // closes them again.
+        match std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(
+                "no CUDA driver (libcuda could not be loaded; install the NVIDIA \
+                              driver or put a libcuda.so.1 on LD_LIBRARY_PATH)"
+                    .to_owned(),
+            ),
+            Err(_) => Err(
+                "no CUDA driver usable by memgov: the libcuda found lacks entry points \
+                           of the CUDA 12.0 driver API (update the NVIDIA driver to CUDA 12.0 or \
+                           newer)"
+                    .to_owned(),
+            ),
+        }
+    })
+}
 
-/// Whether a CUDA driver library can be loaded here. Never panics.
+/// Whether a CUDA driver library that memgov can use is loadable here.
+/// Never panics.
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen the candidate names and closes them again.
-    unsafe { sys::is_culib_present() }
+    driver_status().is_ok()
 }
 
 fn require_driver() -> Result<(), BackendError> {
-    if driver_present() {
-        Ok(())
-    } else {
-        Err(err(
-            "new",
-            BackendErrorKind::Unavailable,
-            "no CUDA driver (libcuda could not be loaded; install the NVIDIA driver or put a \
-             libcuda.so.1 on LD_LIBRARY_PATH)",
-        ))
-    }
-}
-
-/// Whether the loaded driver library exports `name`. Call only after
-/// [`require_driver`] succeeded.
-fn has_symbol(name: &str) -> bool {
-    // SAFETY: a driver library is loadable (require_driver), so `culib` does
-    // not take its panicking path; the symbol is only looked up, never
-    // called through the `*const ()` type.
-    unsafe { sys::culib().get::<*const ()>(name.as_bytes()).is_ok() }
+    driver_status()
+        .clone()
+        .map_err(|why| err("new", BackendErrorKind::Unavailable, why))
 }
 
 /// Settings of a CUDA context.
@@ -324,26 +306,6 @@ struct Found {
 /// Load the driver, initialise it and find device `ordinal`.
 fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     require_driver()?;
-    let missing: Vec<&str> = REQUIRED_SYMBOLS
-        .iter()
-        .copied()
-        .filter(|name| !has_symbol(name))
-        .collect();
-    if !missing.is_empty() {
-        return Err(err(
-            "new",
-            BackendErrorKind::Unavailable,
-            format!(
-                "the loaded libcuda lacks {} (memgov needs a CUDA 12.0 or newer driver)",
-                missing.join(", ")
-            ),
-        ));
-    }
-    let execution = if has_symbol(STAND_IN_MARKER) {
-        Execution::StandIn
-    } else {
-        Execution::RealHardware
-    };
     let no_device = |call: &str, r: CUresult| {
         err(
             "new",
@@ -396,6 +358,11 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     let name = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned();
+    let execution = if name.starts_with(STAND_IN_NAME) {
+        Execution::StandIn
+    } else {
+        Execution::RealHardware
+    };
     let mut total: usize = 0;
     // SAFETY: valid out pointer, valid device.
     check("new", "cuDeviceTotalMem_v2", unsafe {

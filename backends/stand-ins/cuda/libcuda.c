@@ -19,8 +19,10 @@
  *   _FAIL_HOST_FUNC_AT (the Nth cuLaunchHostFunc fails with
  *   CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), _TOTAL_BYTES (device size,
  *   default 16 GiB), _DEVICES (device count, default 1).
- * - It says what it is: the exported function memgov_standin_cuda() returns
- *   a description, and the device name starts with "memgov stand-in".
+ * - It says what it is: the device name starts with "memgov stand-in" (the
+ *   backend reads it), and memgov_standin_cuda() returns a description.
+ * - Every other entry point cudarc's loader requires is a stub in
+ *   unimitated.c that aborts naming itself.
  */
 #define _GNU_SOURCE
 #include "standin.h"
@@ -111,8 +113,7 @@ static __thread CUcontext t_current;
 static const char g_description[] =
     "memgov libcuda stand-in: CUDA driver API imitated on host threads (not a GPU)";
 
-/* Exported marker: the backend looks this symbol up to know it runs on the
- * stand-in. */
+/* Exported marker, for tools that want to know without opening a device. */
 const char *memgov_standin_cuda(void) { return g_description; }
 
 /* ---- checks every entry point makes -------------------------------------- */
