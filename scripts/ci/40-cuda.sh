@@ -23,6 +23,16 @@ MEMGOV_STANDIN_CUDA_LATENCY_US=300 on_stand_in cargo test --locked --features cu
 on_stand_in cargo test --locked --features cuda --test fault_matrix fault_matrix_cuda -- --nocapture
 on_stand_in cargo bench --locked --features cuda --bench cuda_cycle -- --test
 
+echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
+partial=target/stand-ins-partial
+mkdir -p "$partial"
+"${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
+    -o "$partial/libcuda.so.1" backends/stand-ins/cuda/libcuda.c backends/stand-ins/common/standin.c
+ln -sf libcuda.so.1 "$partial/libcuda.so"
+LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked --features cuda --test cuda -- --nocapture \
+    unavailable_driver_is_reported_not_panicked 2>&1 | tee target/cuda-partial.log
+grep -q "skipped: no CUDA driver usable by memgov: the libcuda found lacks entry points" target/cuda-partial.log
+
 echo "--- clippy with the cuda feature"
 cargo clippy --locked --features cuda --all-targets -- -D warnings
 
