@@ -441,6 +441,14 @@ fn context_is_never_released_under_a_running_host_function() {
 }
 
 #[test]
+fn adopted_context_and_streams_are_used_but_never_destroyed() {
+    // The child retains the primary context and creates a stream itself, lends
+    // both, and destroys/releases them after memgov's teardown: the stand-in
+    // aborts if memgov destroyed the stream or released the context too.
+    assert_child_passed("adopt", &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000")]);
+}
+
+#[test]
 fn sticky_error_is_device_loss_and_settles_without_the_device() {
     assert_child_passed(
         "sticky",
@@ -587,6 +595,7 @@ mod children {
                     ctx.teardown(false).expect("teardown");
                 }
                 "slow_teardown" => slow_teardown(),
+                "adopt" => adopt(),
                 "release_races_host_fn" => {
                     for _ in 0..200 {
                         let ctx = factory().expect("context");
@@ -646,6 +655,69 @@ mod children {
         );
         probe.check_clean_teardown().expect("clean");
         assert_eq!(probe.frees_retired(), 5);
+    }
+
+    fn adopt() {
+        use memgov::cuda::AdoptedContext;
+        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                "retain",
+            );
+            ok(sys::cuCtxSetCurrent(context), "current");
+            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
+        }
+        // SAFETY: the context and stream stay valid until after teardown
+        // (released and destroyed below, by this code only).
+        let ctx = unsafe {
+            CudaContext::adopt(
+                AdoptedContext {
+                    ordinal: 0,
+                    context,
+                    streams: vec![lent],
+                },
+                CudaConfig::default(),
+            )
+        }
+        .expect("adopt");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("adopted"));
+        let first = handle.create_stream("lent").expect("stream");
+        let second = handle.create_stream("own").expect("stream");
+        let raw = first.raw().expect("live");
+        assert!(raw.is_adopted());
+        assert_eq!(raw.cu_stream(), lent);
+        assert!(!second.raw().expect("live").is_adopted());
+        for s in [&first, &second] {
+            let buf = handle
+                .allocate(s, 4096, Role::Activation)
+                .expect("allocate");
+            buf.write(0, b"adopted").expect("write");
+            drop(buf);
+        }
+        drop((first, second));
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(10))
+            .expect("retire");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        probe.check_clean_teardown().expect("clean");
+        // The runtime's objects are still its own, and still valid.
+        // SAFETY: the stream and context created above, released once.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(context), "current");
+            ok(sys::cuStreamSynchronize(lent), "lent stream still valid");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            ok(
+                sys::cuDevicePrimaryCtxRelease_v2(device),
+                "release (last reference)",
+            );
+        }
     }
 
     fn destroyed_with_frees_queued() {
