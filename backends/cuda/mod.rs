@@ -353,8 +353,9 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     check("new", "cuDeviceGetName", unsafe {
         sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device)
     })?;
-    // SAFETY: NUL-terminated within the buffer (set last byte to be sure).
     buf[buf.len() - 1] = 0;
+    // SAFETY: the buffer is NUL-terminated within its length (last byte set
+    // above, whatever the driver wrote) and outlives the borrow.
     let name = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned();
@@ -412,9 +413,9 @@ impl CudaContext {
         check("new", "cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut context, found.device)
         })?;
-        // SAFETY: a context was retained above; with no frees or work queued
-        // by memgov yet, releasing it on failure is always allowed.
         let release = |e: BackendError| {
+            // SAFETY: balances the retain above; memgov has queued no work
+            // and allocated nothing on the context yet.
             let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(found.device) };
             e
         };
