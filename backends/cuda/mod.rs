@@ -19,7 +19,7 @@
 //! * **Memory.** Non-blocking streams; `cuMemAllocAsync` from the device's
 //!   default memory pool, whose release threshold is set from
 //!   [`CudaConfig::release_threshold`]; copies with `cuMemcpy{HtoD,DtoH}Async`
-//!   on the stream. See [`memory`](self::CudaMemory).
+//!   on the stream; see [`CudaMemory`].
 //! * **Stream-ordered free.** `cuMemFreeAsync`, then `cuLaunchHostFunc`
 //!   whose callback fires the [`RetireSignal`]; see the `retire` module.
 //! * **Device loss.** The sticky codes (illegal address, launch failure, ECC
