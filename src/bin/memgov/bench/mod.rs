@@ -121,6 +121,7 @@ macro_rules! backend_rows {
 }
 
 backend_rows! {
+    (cuda, "cuda", 1.05, "governed allocate + stream-ordered free, CUDA backend", "raw cuMemAllocAsync + cuMemFreeAsync on the same stream"),
     (vulkan, "vulkan", 1.3, "governed allocate + write + stream-ordered free, Vulkan backend", "the same cycle with raw ash + gpu-allocator"),
 }
 
@@ -165,6 +166,18 @@ pub const ROWS: &[RowSpec] = &[
 ];
 
 impl BackendRow {
+    /// How the backend's default device runs (real hardware, software driver,
+    /// stand-in), so that the row never passes a stand-in figure off as a
+    /// GPU figure.
+    fn execution(&self) -> Option<memgov::Execution> {
+        use memgov::DeviceContext;
+        let kind: memgov::any::BackendKind = self.feature.parse().ok()?;
+        let ctx = memgov::any::AnyContext::open(kind).ok()?;
+        let execution = ctx.describe().execution;
+        let _ = ctx.teardown(false);
+        Some(execution)
+    }
+
     fn measure(&self, plan: &Plan) -> Row {
         let row = Row::new(
             self.key,
@@ -183,8 +196,17 @@ impl BackendRow {
         match cycle(iterations) {
             Ok((governed, raw)) => {
                 let (g, r) = (governed as f64, raw.max(1) as f64);
-                row.with(g, Some(r), Some(g / r))
-                    .note(format!("{iterations} cycles per side, interleaved rounds"))
+                let ran_on = match self.execution() {
+                    Some(memgov::Execution::StandIn) => {
+                        "; ran on a stand-in driver: a stand-in figure (host threads), not a GPU figure"
+                            .to_owned()
+                    }
+                    Some(e) => format!("; ran on {e}"),
+                    None => String::new(),
+                };
+                row.with(g, Some(r), Some(g / r)).note(format!(
+                    "{iterations} cycles per side, interleaved rounds{ran_on}"
+                ))
             }
             Err(e) => row.note(format!(
                 "skipped: {}",

@@ -1,0 +1,759 @@
+//! The CUDA backend (feature `cuda`): the CUDA driver API through cudarc,
+//! with `libcuda` opened at run time, so the crate builds and its tests skip
+//! cleanly on machines without CUDA.
+//!
+//! * **Presence.** No loadable `libcuda` is `Unavailable` ("no CUDA driver"),
+//!   checked before any other cudarc call (cudarc panics on a missing library
+//!   or symbol; the check catches that panic). `cuInit`
+//!   failing or no device is `Unavailable` ("no CUDA device") with the
+//!   driver's error name.
+//! * **Context.** The device's primary context, retained in
+//!   [`CudaContext::new`] and released in teardown: it is the context the CUDA
+//!   runtime API and most ML runtimes use, so memory and streams are shared
+//!   with them rather than split across contexts. Other users of the device's
+//!   primary context in the process keep it alive with their own retains;
+//!   memgov's release only drops its own reference. Every driver call is
+//!   preceded by `cuCtxSetCurrent`, because the governor calls from any
+//!   thread. A runtime that already owns a context and streams lends them
+//!   with the `unsafe` [`CudaContext::adopt`].
+//! * **Memory.** Non-blocking streams; `cuMemAllocAsync` from the device's
+//!   default memory pool, whose release threshold is set from
+//!   [`CudaConfig::release_threshold`]; copies with `cuMemcpy{HtoD,DtoH}Async`
+//!   on the stream; see [`CudaMemory`].
+//! * **Stream-ordered free.** `cuMemFreeAsync`, then `cuLaunchHostFunc`
+//!   whose callback fires the [`RetireSignal`]; see the `retire` module.
+//! * **Device loss.** The sticky codes (illegal address, launch failure, ECC
+//!   uncorrectable, hardware stack error, illegal instruction, misaligned
+//!   address, ...) are `DeviceLost`; after one the backend makes no further
+//!   device call except releasing its context reference in teardown.
+//! * **Teardown** (after the governor's drain): synchronize every stream,
+//!   free what a forced retire left, destroy the streams it created, trim the
+//!   pool, release the primary context. With `lost = true`: no waits and no
+//!   frees; the primary context reference is released only when the driver
+//!   itself reported the loss (which destroys the broken context's memory
+//!   with it) and kept otherwise, since releasing the last reference would
+//!   free memory on a device the caller said must not be touched.
+//!
+//! ```no_run
+//! use memgov::cuda::{CudaConfig, CudaContext};
+//! use memgov::{DeviceContext, RetireSignal};
+//! let ctx = CudaContext::new(CudaConfig::default())?;
+//! let s = ctx.create_stream()?;
+//! let m = ctx.allocate(&s, 4096)?;
+//! ctx.write(&s, &m, 0, b"abc")?;
+//! ctx.free_async(&s, m, RetireSignal::from_fn(|_| {})).map_err(|(_, _, e)| e)?;
+//! ctx.synchronize(&s)?;
+//! ctx.destroy_stream(s)?;
+//! let probe = ctx.probe();
+//! ctx.teardown(false)?;
+//! assert_eq!(probe.check_clean_teardown(), Ok(()));
+//! # Ok::<(), memgov::BackendError>(())
+//! ```
+
+mod memory;
+mod result;
+mod retire;
+mod stream;
+
+pub use memory::CudaMemory;
+pub use stream::CudaStream;
+
+use crate::{
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireSignal,
+};
+use cudarc::driver::sys::{
+    self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
+};
+use result::{check, err, BACKEND};
+use retire::PendingFrees;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The device name prefix of memgov's stand-in driver (see
+/// `backends/stand-ins/README.md`), which makes the context report
+/// [`Execution::StandIn`]. No NVIDIA device is named so.
+const STAND_IN_NAME: &str = "memgov stand-in";
+
+/// Why no driver could be loaded, or `Ok`. Checked once per process.
+fn driver_status() -> &'static Result<(), String> {
+    static STATUS: OnceLock<Result<(), String>> = OnceLock::new();
+    STATUS.get_or_init(|| {
+        // cudarc 0.19.0 resolves every symbol of its CUDA 12.0 bindings when
+        // it opens a candidate library and panics (rather than failing) if
+        // one is missing: a driver older than 12.0, or a partial imitation.
+        // SAFETY: only opens candidate libraries, resolves symbols and
+        // closes them again.
+        match std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(
+                "no CUDA driver (libcuda could not be loaded; install the NVIDIA \
+                              driver or put a libcuda.so.1 on LD_LIBRARY_PATH)"
+                    .to_owned(),
+            ),
+            Err(_) => Err(
+                "no CUDA driver usable by memgov: the libcuda found lacks entry points \
+                           of the CUDA 12.0 driver API (update the NVIDIA driver to CUDA 12.0 or \
+                           newer)"
+                    .to_owned(),
+            ),
+        }
+    })
+}
+
+/// Whether a CUDA driver library that memgov can use is loadable here.
+/// Never panics.
+pub fn driver_present() -> bool {
+    driver_status().is_ok()
+}
+
+fn require_driver() -> Result<(), BackendError> {
+    driver_status()
+        .clone()
+        .map_err(|why| err("new", BackendErrorKind::Unavailable, why))
+}
+
+/// Settings of a CUDA context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Device ordinal (`cuDeviceGet`).
+    pub ordinal: u32,
+    /// Release threshold set on the device's default memory pool
+    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), or `None` to leave the pool as
+    /// it is. The default, `u64::MAX`, keeps freed memory cached in the pool
+    /// instead of returning it to the driver at every synchronization: the
+    /// governor's budget already bounds what is live or pending, so the cache
+    /// never grows past the budget's high-water mark, and teardown trims it.
+    /// The pool is the device's, shared by every user of it in the process.
+    pub release_threshold: Option<u64>,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            release_threshold: Some(u64::MAX),
+        }
+    }
+}
+
+/// A context and streams a runtime already owns, lent to memgov by
+/// [`CudaContext::adopt`].
+#[derive(Debug)]
+pub struct AdoptedContext {
+    /// The device the context belongs to.
+    pub ordinal: u32,
+    /// The runtime's context (primary or not).
+    pub context: CUcontext,
+    /// Streams of that context that `create_stream` hands out, in order,
+    /// before it creates streams of its own.
+    pub streams: Vec<CUstream>,
+}
+
+pub(crate) struct Live {
+    pub ptr: CUdeviceptr,
+    pub bytes: u64,
+}
+
+/// A raw stream handle that may cross threads (see `CudaStream`).
+pub(crate) struct RawStream(pub CUstream);
+// SAFETY: a driver handle with no thread affinity; used only with its
+// context current.
+unsafe impl Send for RawStream {}
+
+/// State shared by the context and its host functions. Dropping it calls no
+/// driver function: teardown destroys explicitly.
+pub(crate) struct Shared {
+    device: CUdevice,
+    ordinal: u32,
+    context: CUcontext,
+    /// Whether memgov retained the primary context (and releases it).
+    retained: bool,
+    pool: CUmemoryPool,
+    name: String,
+    total_bytes: u64,
+    driver_version: i32,
+    execution: Execution,
+    pub(crate) probe: BackendProbe,
+    /// The governor declared the device lost, or the driver returned a
+    /// sticky code.
+    lost: AtomicBool,
+    /// The driver itself returned a sticky code.
+    driver_lost: AtomicBool,
+    /// The first sticky error the driver returned.
+    lost_reason: Mutex<Option<String>>,
+    next_id: AtomicU64,
+    pub(crate) pending: Arc<PendingFrees>,
+    pub(crate) live: Mutex<HashMap<u64, Live>>,
+    /// Live streams: id -> (handle, adopted).
+    pub(crate) streams: Mutex<HashMap<u64, (CUstream, bool)>>,
+    /// Adopted streams not yet handed out.
+    pub(crate) lendable: Mutex<VecDeque<RawStream>>,
+    /// Streams memgov created and the governor destroyed whose queued work
+    /// may still be running (host functions included). Destroyed once
+    /// `cuStreamQuery` says their work is complete, or at teardown after a
+    /// synchronize: the context is never released under a running host
+    /// function.
+    pub(crate) retired_streams: Mutex<Vec<RawStream>>,
+}
+
+// SAFETY: the raw handles (context, pool, streams) are driver handles with no
+// thread affinity; every call that uses them first makes the context current
+// on the calling thread (`make_current`). Mutable state is behind atomics and
+// mutexes, and no mutex is held across a driver call.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.probe.device_lost();
+        }
+    }
+
+    /// Refuse work on a lost context without calling the driver.
+    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        if !self.is_lost() {
+            return Ok(());
+        }
+        let why = lock(&self.lost_reason)
+            .clone()
+            .unwrap_or_else(|| "the device was declared lost".to_owned());
+        Err(err(
+            op,
+            BackendErrorKind::DeviceLost,
+            format!(
+                "the CUDA device is lost ({why}); no further call is made on it: retire this \
+                 context and create a new one"
+            ),
+        ))
+    }
+
+    /// Make the context current on the calling thread.
+    pub(crate) fn make_current(&self, op: &'static str) -> Result<(), BackendError> {
+        // SAFETY: the context is valid until teardown, which consumes the
+        // `CudaContext` (and so runs after every other call has returned).
+        let r = unsafe { sys::cuCtxSetCurrent(self.context) };
+        self.checked(op, "cuCtxSetCurrent", r)
+    }
+
+    /// Classify a failure; a sticky code marks the context lost.
+    pub(crate) fn classify(&self, op: &'static str, call: &str, r: CUresult) -> BackendError {
+        let e = result::error(op, call, r);
+        if e.is_device_lost() {
+            lock(&self.lost_reason).get_or_insert_with(|| e.message.clone());
+            self.driver_lost.store(true, Ordering::Release);
+            self.mark_lost();
+        }
+        e
+    }
+
+    pub(crate) fn checked(
+        &self,
+        op: &'static str,
+        call: &str,
+        r: CUresult,
+    ) -> Result<(), BackendError> {
+        if r == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.classify(op, call, r))
+        }
+    }
+}
+
+/// One CUDA device context: the device's primary context (or an adopted
+/// one), its streams and allocations.
+pub struct CudaContext {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CudaContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaContext")
+            .field("ordinal", &self.shared.ordinal)
+            .field("name", &self.shared.name)
+            .field("execution", &self.shared.execution)
+            .field("retained", &self.shared.retained)
+            .field("lost", &self.shared.is_lost())
+            .finish()
+    }
+}
+
+struct Found {
+    device: CUdevice,
+    name: String,
+    total_bytes: u64,
+    driver_version: i32,
+    execution: Execution,
+}
+
+/// Load the driver, initialise it and find device `ordinal`.
+fn find_device(ordinal: u32) -> Result<Found, BackendError> {
+    require_driver()?;
+    let no_device = |call: &str, r: CUresult| {
+        err(
+            "new",
+            BackendErrorKind::Unavailable,
+            format!(
+                "no CUDA device: {call} returned {} ({})",
+                result::name(r),
+                r as i32
+            ),
+        )
+        .with_code(i64::from(r as i32))
+    };
+    // SAFETY: cuInit(0) may be called any number of times from any thread.
+    let r = unsafe { sys::cuInit(0) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(no_device("cuInit", r));
+    }
+    let mut count: c_int = 0;
+    // SAFETY: valid out pointer; the driver is initialised.
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(no_device("cuDeviceGetCount", r));
+    }
+    if count <= 0 {
+        return Err(err(
+            "new",
+            BackendErrorKind::Unavailable,
+            "no CUDA device: the driver reports 0 devices",
+        ));
+    }
+    if i64::from(ordinal) >= i64::from(count) {
+        return Err(err(
+            "new",
+            BackendErrorKind::InvalidArgument,
+            format!("device ordinal {ordinal} is out of range: the driver reports {count} devices (0..{count})"),
+        ));
+    }
+    let mut device: CUdevice = 0;
+    // SAFETY: valid out pointer; ordinal checked against the count.
+    check("new", "cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut device, ordinal as c_int)
+    })?;
+    let mut buf = [0 as c_char; 256];
+    // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates.
+    check("new", "cuDeviceGetName", unsafe {
+        sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device)
+    })?;
+    buf[buf.len() - 1] = 0;
+    // SAFETY: the buffer is NUL-terminated within its length (last byte set
+    // above, whatever the driver wrote) and outlives the borrow.
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let execution = if name.starts_with(STAND_IN_NAME) {
+        Execution::StandIn
+    } else {
+        Execution::RealHardware
+    };
+    let mut total: usize = 0;
+    // SAFETY: valid out pointer, valid device.
+    check("new", "cuDeviceTotalMem_v2", unsafe {
+        sys::cuDeviceTotalMem_v2(&mut total, device)
+    })?;
+    let mut pools: c_int = 0;
+    // SAFETY: valid out pointer, valid device.
+    check("new", "cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut pools,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            device,
+        )
+    })?;
+    if pools == 0 {
+        return Err(err(
+            "new",
+            BackendErrorKind::Unsupported,
+            format!("CUDA device {ordinal} ({name}) does not support stream-ordered memory pools (cuMemAllocAsync)"),
+        ));
+    }
+    let mut driver_version: c_int = 0;
+    // SAFETY: valid out pointer.
+    check("new", "cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut driver_version)
+    })?;
+    Ok(Found {
+        device,
+        name,
+        total_bytes: total as u64,
+        driver_version,
+        execution,
+    })
+}
+
+impl CudaContext {
+    /// Retain device `config.ordinal`'s primary context.
+    ///
+    /// Fails with `Unavailable` when no CUDA driver can be loaded ("no CUDA
+    /// driver") or the driver reports no device ("no CUDA device"), never
+    /// with a panic.
+    pub fn new(config: CudaConfig) -> Result<Self, BackendError> {
+        let found = find_device(config.ordinal)?;
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer, valid device; balanced by the release in
+        // teardown (or below on failure).
+        check("new", "cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut context, found.device)
+        })?;
+        let release = |e: BackendError| {
+            // SAFETY: balances the retain above; memgov has queued no work
+            // and allocated nothing on the context yet.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(found.device) };
+            e
+        };
+        let pool = Self::setup_pool(found.device, context, &config).map_err(release)?;
+        Ok(Self::from_parts(
+            found,
+            config.ordinal,
+            context,
+            true,
+            pool,
+            Vec::new(),
+        ))
+    }
+
+    /// Govern a context and streams that a runtime already owns.
+    ///
+    /// memgov never destroys the context or the adopted streams, and never
+    /// releases a context reference: teardown synchronizes the adopted
+    /// streams, frees what memgov allocated, destroys the streams it created
+    /// itself and trims the pool.
+    ///
+    /// # Safety
+    ///
+    /// `adopted.context` must be a valid context of device `adopted.ordinal`,
+    /// and every stream in `adopted.streams` a valid stream of it. All must
+    /// stay valid until this context's teardown has returned (or, for a
+    /// governed stream, until it is destroyed), and the runtime must not
+    /// destroy them, nor reset the device, before then.
+    pub unsafe fn adopt(adopted: AdoptedContext, config: CudaConfig) -> Result<Self, BackendError> {
+        if adopted.context.is_null() {
+            return Err(err(
+                "adopt",
+                BackendErrorKind::InvalidArgument,
+                "the adopted CUcontext is null",
+            ));
+        }
+        let found = find_device(adopted.ordinal)?;
+        let pool = Self::setup_pool(found.device, adopted.context, &config)?;
+        Ok(Self::from_parts(
+            found,
+            adopted.ordinal,
+            adopted.context,
+            false,
+            pool,
+            adopted.streams,
+        ))
+    }
+
+    fn setup_pool(
+        device: CUdevice,
+        context: CUcontext,
+        config: &CudaConfig,
+    ) -> Result<CUmemoryPool, BackendError> {
+        // SAFETY: the context is valid (just retained, or per adopt's contract).
+        check("new", "cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(context)
+        })?;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out pointer, valid device.
+        check("new", "cuDeviceGetDefaultMemPool", unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, device)
+        })?;
+        if let Some(threshold) = config.release_threshold {
+            let mut value: u64 = threshold;
+            // SAFETY: the release threshold attribute takes a cuuint64_t.
+            check("new", "cuMemPoolSetAttribute", unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut value as *mut u64).cast(),
+                )
+            })?;
+        }
+        Ok(pool)
+    }
+
+    fn from_parts(
+        found: Found,
+        ordinal: u32,
+        context: CUcontext,
+        retained: bool,
+        pool: CUmemoryPool,
+        streams: Vec<CUstream>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                device: found.device,
+                ordinal,
+                context,
+                retained,
+                pool,
+                name: found.name,
+                total_bytes: found.total_bytes,
+                driver_version: found.driver_version,
+                execution: found.execution,
+                probe: BackendProbe::new(),
+                lost: AtomicBool::new(false),
+                driver_lost: AtomicBool::new(false),
+                lost_reason: Mutex::new(None),
+                next_id: AtomicU64::new(1),
+                pending: Arc::default(),
+                live: Mutex::default(),
+                streams: Mutex::default(),
+                lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
+                retired_streams: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The probe every backend reports through; it outlives teardown.
+    pub fn probe(&self) -> BackendProbe {
+        self.shared.probe.clone()
+    }
+
+    /// The raw `CUcontext`. The caller must not destroy or release it, and
+    /// must not use it after teardown.
+    pub fn cu_context(&self) -> CUcontext {
+        self.shared.context
+    }
+
+    /// Whether the driver is memgov's stand-in rather than NVIDIA's.
+    pub fn is_stand_in(&self) -> bool {
+        self.shared.execution == Execution::StandIn
+    }
+
+    /// Signals of stream-ordered frees whose host function has not run yet.
+    pub fn pending_frees(&self) -> usize {
+        self.shared.pending.len()
+    }
+
+    fn teardown_impl(self, lost: bool) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let mut first: Option<BackendError> = None;
+        let mut keep = |r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        let lost = lost || s.is_lost();
+        let pending = s.pending.len();
+        if pending != 0 && !lost {
+            // The governor tears down only after every release retired: a
+            // direct caller broke the contract. Teardown still waits for the
+            // frees (every stream is synchronized below) before releasing.
+            s.probe.violation(
+                BACKEND,
+                format!("teardown with {pending} stream-ordered frees still pending"),
+            );
+        }
+        if lost {
+            s.mark_lost();
+            // No waits and no frees: what is queued will not run, and what is
+            // allocated dies with the context.
+            let taken = s.pending.take_all();
+            for (_, bytes) in &taken {
+                s.probe.free_abandoned(*bytes);
+            }
+            drop(taken);
+            for (_, l) in lock(&s.live).drain() {
+                s.probe.freed(l.bytes);
+            }
+            for _ in lock(&s.streams).drain() {
+                s.probe.stream_destroyed();
+            }
+            lock(&s.retired_streams).clear();
+            if s.retained && s.driver_lost.load(Ordering::Acquire) {
+                // SAFETY: balanced with the retain in `new`; releasing a
+                // context in a sticky error state makes no device wait.
+                let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+                keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+            }
+            s.probe.torn_down_now();
+            return first.map_or(Ok(()), Err);
+        }
+        keep(s.make_current("teardown"));
+        let streams: Vec<(u64, CUstream, bool)> = lock(&s.streams)
+            .iter()
+            .map(|(&id, &(raw, adopted))| (id, raw, adopted))
+            .collect();
+        for &(_, raw, _) in &streams {
+            // SAFETY: a live stream of this context; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+        }
+        // Memory a forced retire left live: free it on a stream of its own
+        // and wait, so the pool gets it back before the context goes.
+        let leftover: Vec<Live> = lock(&s.live).drain().map(|(_, l)| l).collect();
+        if !leftover.is_empty() {
+            keep(self.free_leftover(&leftover));
+        }
+        for (id, raw, adopted) in streams {
+            lock(&s.streams).remove(&id);
+            s.probe.stream_destroyed();
+            if !adopted {
+                // SAFETY: created by this context, destroyed once (removed
+                // from the live set above); its work has completed.
+                let r = unsafe { sys::cuStreamDestroy_v2(raw) };
+                keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+            }
+        }
+        // Destroyed streams whose work may still run: wait, then destroy.
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        for raw in retired {
+            // SAFETY: a stream this context created, removed from the
+            // retired list above so destroyed once; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+            // SAFETY: as above; its work has completed.
+            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+        }
+        let stragglers = s.pending.take_all();
+        if !stragglers.is_empty() {
+            for (_, bytes) in &stragglers {
+                s.probe.free_abandoned(*bytes);
+            }
+            drop(stragglers);
+        }
+        // SAFETY: the device's pool; trimming releases only unused cached
+        // memory, which other users of the pool do not hold.
+        let r = unsafe { sys::cuMemPoolTrimTo(s.pool, 0) };
+        keep(s.checked("teardown", "cuMemPoolTrimTo", r));
+        if s.retained {
+            // SAFETY: balanced with the retain in `new`; every stream memgov
+            // queued work on was synchronized, so no free or host function
+            // of memgov's is pending and no memory of memgov's is allocated.
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+        }
+        s.probe.torn_down_now();
+        first.map_or(Ok(()), Err)
+    }
+
+    fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the context is current (teardown).
+        let r = unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        };
+        s.checked("teardown", "cuStreamCreate", r)?;
+        let mut result = Ok(());
+        for l in leftover {
+            // SAFETY: a live allocation of this context, freed once (drained
+            // from the live set); every stream that used it was synchronized.
+            let r = unsafe { sys::cuMemFreeAsync(l.ptr, stream) };
+            match s.checked("teardown", "cuMemFreeAsync", r) {
+                Ok(()) => s.probe.freed(l.bytes),
+                Err(e) => {
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        // SAFETY: the stream created above.
+        let r = unsafe { sys::cuStreamSynchronize(stream) };
+        result = result.and(s.checked("teardown", "cuStreamSynchronize", r));
+        // SAFETY: the stream created above, destroyed once.
+        let r = unsafe { sys::cuStreamDestroy_v2(stream) };
+        result.and(s.checked("teardown", "cuStreamDestroy_v2", r))
+    }
+}
+
+impl DeviceContext for CudaContext {
+    type Stream = CudaStream;
+    type Memory = CudaMemory;
+
+    fn describe(&self) -> DeviceDescription {
+        let s = &*self.shared;
+        let v = s.driver_version;
+        DeviceDescription {
+            backend: BACKEND,
+            vendor: "NVIDIA".into(),
+            name: s.name.clone(),
+            ordinal: s.ordinal,
+            total_bytes: s.total_bytes,
+            driver: format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10),
+            execution: s.execution,
+            stream_ordered_reuse: true,
+        }
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.memory_info_impl()
+    }
+
+    fn create_stream(&self) -> Result<CudaStream, BackendError> {
+        self.create_stream_impl()
+    }
+
+    fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
+        self.destroy_stream_impl(stream)
+    }
+
+    fn allocate(&self, stream: &CudaStream, bytes: u64) -> Result<CudaMemory, BackendError> {
+        self.allocate_impl(stream, bytes)
+    }
+
+    fn free_async(
+        &self,
+        stream: &CudaStream,
+        memory: CudaMemory,
+        retired: RetireSignal,
+    ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
+        self.free_async_impl(stream, memory, retired)
+    }
+
+    fn write(
+        &self,
+        stream: &CudaStream,
+        memory: &CudaMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        self.write_impl(stream, memory, offset, src)
+    }
+
+    fn read(
+        &self,
+        stream: &CudaStream,
+        memory: &CudaMemory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.read_impl(stream, memory, offset, dst)
+    }
+
+    fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
+        self.synchronize_impl(stream)
+    }
+
+    fn device_lost(&self) {
+        self.device_lost_impl();
+    }
+
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.teardown_impl(lost)
+    }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The CUDA backend (feature `cuda`): build the stand-in libcuda.so.1, run the
+# CUDA tests on it (conformance, retirement by host function, device loss by
+# sticky error, teardown order, planted violations that the stand-in must
+# abort on, soak), the conformance cases again with every queued operation
+# delayed, the CUDA row of the fault matrix and the bench row in smoke mode;
+# clippy with the feature; then the tests once WITHOUT the stand-in, which on
+# a machine without an NVIDIA driver must skip cleanly and pass.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+standins="$(backends/stand-ins/build.sh cuda)"
+on_stand_in() {
+    LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+}
+
+echo "--- CUDA tests on the stand-in ($standins/libcuda.so.1)"
+on_stand_in cargo test --locked --features cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
+grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
+grep -q "11 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
+grep -q "soak: cuda: " target/cuda-stand-in.log
+# Releases really pend when the governor drains and tears down.
+MEMGOV_STANDIN_CUDA_LATENCY_US=300 on_stand_in cargo test --locked --features cuda --test cuda -- conformance::
+on_stand_in cargo test --locked --features cuda --test fault_matrix fault_matrix_cuda -- --nocapture
+on_stand_in cargo bench --locked --features cuda --bench cuda_cycle -- --test
+
+echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
+partial=target/stand-ins-partial
+mkdir -p "$partial"
+"${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
+    -o "$partial/libcuda.so.1" backends/stand-ins/cuda/libcuda.c backends/stand-ins/common/standin.c
+ln -sf libcuda.so.1 "$partial/libcuda.so"
+LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked --features cuda --test cuda -- --nocapture \
+    unavailable_driver_is_reported_not_panicked 2>&1 | tee target/cuda-partial.log
+grep -q "skipped: no CUDA driver usable by memgov: the libcuda found lacks entry points" target/cuda-partial.log
+
+echo "--- clippy with the cuda feature"
+cargo clippy --locked --features cuda --all-targets -- -D warnings
+
+echo "--- CUDA tests without the stand-in"
+LD_LIBRARY_PATH="" cargo test --locked --features cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-absent.log
+if grep -q "skipped: no CUDA driver" target/cuda-absent.log; then
+    echo "without the stand-in: skipped: no CUDA driver, exit 0"
+else
+    echo "without the stand-in: an NVIDIA driver answered; the CUDA tests above ran on it"
+fi

@@ -1,0 +1,246 @@
+//! The CUDA bench row: a governed allocate + stream-ordered free cycle
+//! against the raw cudarc cycle (`cuMemAllocAsync` / `cuMemFreeAsync`) on the
+//! same kind of stream of the same primary context. Target on a GPU: a ratio
+//! of at most 1.05.
+//!
+//! Self-contained: uses only memgov's public API and cudarc, so the `memgov`
+//! binary and `benches/cuda_cycle.rs` share it. On memgov's stand-in driver
+//! the figures measure the stand-in's host threads, not a GPU: callers label
+//! them with [`stand_in`].
+
+use cudarc::driver::sys;
+use memgov::cuda::{CudaConfig, CudaContext};
+use memgov::{
+    BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution,
+    GovernedStream, Governor, Role,
+};
+use std::time::{Duration, Instant};
+
+/// Bytes allocated by each cycle.
+pub const CYCLE_BYTES: u64 = 64 << 10;
+
+/// Both sides synchronize their stream every this many cycles, so that
+/// neither queues unbounded work on the device.
+const SYNC_EVERY: u32 = 256;
+
+fn fail(op: &'static str, call: &str, r: sys::CUresult) -> BackendError {
+    BackendError::new(
+        "cuda",
+        op,
+        BackendErrorKind::Other,
+        format!("{call} returned {r:?} ({})", r as i32),
+    )
+    .with_code(i64::from(r as i32))
+}
+
+fn check(op: &'static str, call: &str, r: sys::CUresult) -> Result<(), BackendError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(fail(op, call, r))
+    }
+}
+
+/// Whether the driver the loader finds is memgov's stand-in (so figures are
+/// stand-in figures, not GPU figures).
+pub fn stand_in() -> Result<bool, BackendError> {
+    let ctx = CudaContext::new(CudaConfig::default())?;
+    let stand_in = ctx.describe().execution == Execution::StandIn;
+    ctx.teardown(false)?;
+    Ok(stand_in)
+}
+
+/// One governed cycle after another on one governed stream.
+struct GovernedCycle {
+    _gov: Governor<CudaContext>,
+    ctx: ContextHandle<CudaContext>,
+    stream: Option<GovernedStream<CudaContext>>,
+    n: u32,
+}
+
+impl GovernedCycle {
+    fn new() -> Result<Self, BackendError> {
+        let backend = CudaContext::new(CudaConfig::default())?;
+        let gov = Governor::new();
+        let ctx = gov.register(backend, ContextConfig::new().label("bench"));
+        let stream = ctx.create_stream("bench").map_err(|e| {
+            BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
+        })?;
+        Ok(Self {
+            _gov: gov,
+            ctx,
+            stream: Some(stream),
+            n: 0,
+        })
+    }
+
+    fn cycle(&mut self) -> Result<(), BackendError> {
+        let s = self.stream.as_ref().expect("stream until finish");
+        let buf = self
+            .ctx
+            .allocate(s, CYCLE_BYTES, Role::Activation)
+            .map_err(|e| {
+                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
+            })?;
+        drop(buf); // stream-ordered free, retired by a host function
+        self.n += 1;
+        if self.n % SYNC_EVERY == 0 {
+            s.synchronize().map_err(|e| {
+                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), BackendError> {
+        drop(self.stream.take());
+        let report = self
+            .ctx
+            .retire()
+            .wait_timeout(Duration::from_secs(60))
+            .map_err(|e| {
+                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
+            })?;
+        report.backend_result
+    }
+}
+
+/// The same cycle in raw cudarc: the device's primary context, a
+/// non-blocking stream, `cuMemAllocAsync` + `cuMemFreeAsync`.
+struct RawCycle {
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+    stream: sys::CUstream,
+    n: u32,
+}
+
+impl RawCycle {
+    /// Call only after a `CudaContext` was created (the driver and every
+    /// symbol used here are then known to be present).
+    fn new() -> Result<Self, BackendError> {
+        let mut device = 0;
+        let mut context = std::ptr::null_mut();
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: the driver is loaded and initialised (a CudaContext was
+        // created first); valid out pointers; device 0 exists.
+        unsafe {
+            check("bench", "cuDeviceGet", sys::cuDeviceGet(&mut device, 0))?;
+            check(
+                "bench",
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+            )?;
+            check("bench", "cuCtxSetCurrent", sys::cuCtxSetCurrent(context))?;
+            check(
+                "bench",
+                "cuStreamCreate",
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                ),
+            )?;
+        }
+        Ok(Self {
+            device,
+            context,
+            stream,
+            n: 0,
+        })
+    }
+
+    fn cycle(&mut self) -> Result<(), BackendError> {
+        let mut ptr = 0;
+        // SAFETY: the context is current on this thread (set in `new`, and
+        // the bench runs on one thread); the stream is live; the pointer is
+        // freed once, right after it was allocated.
+        unsafe {
+            check(
+                "bench",
+                "cuCtxSetCurrent",
+                sys::cuCtxSetCurrent(self.context),
+            )?;
+            check(
+                "bench",
+                "cuMemAllocAsync",
+                sys::cuMemAllocAsync(&mut ptr, CYCLE_BYTES as usize, self.stream),
+            )?;
+            check(
+                "bench",
+                "cuMemFreeAsync",
+                sys::cuMemFreeAsync(ptr, self.stream),
+            )?;
+        }
+        self.n += 1;
+        if self.n % SYNC_EVERY == 0 {
+            // SAFETY: the live stream of the current context.
+            check("bench", "cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(self.stream)
+            })?;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), BackendError> {
+        // SAFETY: the stream and context reference created in `new`, each
+        // released once, after the stream's work has completed.
+        unsafe {
+            check(
+                "bench",
+                "cuCtxSetCurrent",
+                sys::cuCtxSetCurrent(self.context),
+            )?;
+            check(
+                "bench",
+                "cuStreamSynchronize",
+                sys::cuStreamSynchronize(self.stream),
+            )?;
+            check(
+                "bench",
+                "cuStreamDestroy_v2",
+                sys::cuStreamDestroy_v2(self.stream),
+            )?;
+            check(
+                "bench",
+                "cuDevicePrimaryCtxRelease_v2",
+                sys::cuDevicePrimaryCtxRelease_v2(self.device),
+            )
+        }
+    }
+}
+
+/// Run `iterations` governed cycles and `iterations` raw cycles (after a
+/// warm-up of each), interleaved in rounds, and return nanoseconds per cycle:
+/// `(governed, raw)`. `Unavailable` when there is no CUDA driver.
+pub fn cycle_ratio(iterations: u32) -> Result<(u64, u64), BackendError> {
+    let iterations = iterations.max(1);
+    let warm = (iterations / 10).max(10);
+    let mut g = GovernedCycle::new()?;
+    let mut r = RawCycle::new()?;
+    for _ in 0..warm {
+        g.cycle()?;
+        r.cycle()?;
+    }
+    // Interleave in rounds so that machine noise hits both sides alike.
+    let rounds = 10u32.min(iterations);
+    let per = iterations / rounds;
+    let (mut gt, mut rt) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        for _ in 0..per {
+            g.cycle()?;
+        }
+        gt += t.elapsed();
+        let t = Instant::now();
+        for _ in 0..per {
+            r.cycle()?;
+        }
+        rt += t.elapsed();
+    }
+    r.finish()?;
+    g.finish()?;
+    let n = u64::from(per * rounds).max(1);
+    Ok((
+        (gt.as_nanos() / u128::from(n)) as u64,
+        (rt.as_nanos() / u128::from(n)) as u64,
+    ))
+}

@@ -1,0 +1,850 @@
+//! The CUDA backend against whatever `libcuda` the loader finds: NVIDIA's
+//! driver on a GPU machine, memgov's stand-in in CI
+//! (`export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)"`).
+//!
+//! Without a driver every test prints `skipped: no CUDA driver` and passes.
+//! Tests that need the stand-in's knobs or plant a violation run in a child
+//! process (this binary re-executed with `MEMGOV_CUDA_CHILD` set), because
+//! the stand-in reads its knobs once and aborts the whole process on a
+//! violation; on real hardware they print `skipped: needs the stand-in`.
+
+#![cfg(feature = "cuda")]
+
+use memgov::cuda::{CudaConfig, CudaContext};
+use memgov::{
+    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
+    RetireOutcome, RetireSignal, Role,
+};
+use std::process::Command;
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+fn factory() -> Result<CudaContext, memgov::BackendError> {
+    CudaContext::new(CudaConfig::default())
+}
+
+memgov::conformance_tests!(conformance, super::factory);
+
+/// A context, or `None` after printing why the test is skipped.
+fn context() -> Option<CudaContext> {
+    match factory() {
+        Ok(c) => Some(c),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            println!("skipped: {}", e.message);
+            None
+        }
+        Err(e) => panic!("CudaContext::new failed: {e}"),
+    }
+}
+
+/// A context on the stand-in only.
+fn stand_in() -> Option<CudaContext> {
+    let ctx = context()?;
+    if !ctx.is_stand_in() {
+        println!("skipped: needs the stand-in libcuda (this is real hardware)");
+        ctx.teardown(false).expect("teardown");
+        return None;
+    }
+    Some(ctx)
+}
+
+fn signal() -> (
+    RetireSignal,
+    Receiver<(RetireOutcome, std::thread::ThreadId)>,
+) {
+    let (tx, rx) = channel();
+    (
+        RetireSignal::from_fn(move |o| {
+            let _ = tx.send((o, std::thread::current().id()));
+        }),
+        rx,
+    )
+}
+
+#[test]
+fn unavailable_driver_is_reported_not_panicked() {
+    match factory() {
+        Ok(ctx) => {
+            let d = ctx.describe();
+            assert_eq!(d.backend, "cuda");
+            assert!(d.stream_ordered_reuse);
+            assert!(d.total_bytes > 0);
+            if ctx.is_stand_in() {
+                assert_eq!(d.execution, Execution::StandIn);
+                assert!(d.name.starts_with("memgov stand-in"), "{}", d.name);
+            } else {
+                assert_eq!(d.execution, Execution::RealHardware);
+            }
+            ctx.teardown(false).expect("teardown");
+        }
+        Err(e) => {
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            assert!(
+                e.message.starts_with("no CUDA driver") || e.message.starts_with("no CUDA device"),
+                "{e}"
+            );
+            println!("skipped: {}", e.message);
+        }
+    }
+}
+
+#[test]
+fn free_retires_through_a_host_function_on_a_driver_thread() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let s = ctx.create_stream().expect("stream");
+    let m = ctx.allocate(&s, 1 << 20).expect("allocate");
+    ctx.write(&s, &m, 0, &[7u8; 4096]).expect("write");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    let (outcome, thread) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("signal fired");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(
+        thread,
+        std::thread::current().id(),
+        "fired on the caller, not by the host function"
+    );
+    assert_eq!(ctx.pending_frees(), 0);
+    assert_eq!(probe.frees_retired(), 1);
+    ctx.destroy_stream(s).expect("destroy");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
+}
+
+#[test]
+fn raw_accessors_name_the_driver_objects() {
+    let Some(ctx) = context() else { return };
+    let stand_in = ctx.is_stand_in();
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("raw"));
+    let stream = handle.create_stream("main").expect("stream");
+    let buf = handle
+        .allocate(&stream, 256, Role::Workspace)
+        .expect("allocate");
+    buf.write(0, b"raw access").expect("write");
+    let ptr = buf.raw().expect("live buffer").device_ptr();
+    let cu_stream = stream.raw().expect("live stream").cu_stream();
+    assert_ne!(ptr, 0);
+    assert!(!cu_stream.is_null());
+    assert_eq!(buf.raw().expect("live").len(), 256);
+    if stand_in {
+        // On the stand-in device memory is host memory: the pointer really is
+        // the allocation the governor wrote.
+        // SAFETY: the stand-in maps a CUdeviceptr to the host address of a
+        // live 256-byte allocation; the write above was synchronized.
+        let seen = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, 10) };
+        assert_eq!(seen, b"raw access");
+    }
+    drop((buf, stream));
+    let report = handle
+        .retire()
+        .wait_timeout(Duration::from_secs(10))
+        .expect("retire");
+    assert!(report.backend_result.is_ok());
+}
+
+#[test]
+fn works_from_threads_without_a_current_context() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let ctx = std::sync::Arc::new(ctx);
+    let threads: Vec<_> = (0..4u8)
+        .map(|i| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                // A fresh thread has no current context; the backend makes
+                // its own current before every call.
+                let s = ctx.create_stream().expect("stream");
+                let m = ctx.allocate(&s, 4096).expect("allocate");
+                ctx.write(&s, &m, 0, &[i; 64]).expect("write");
+                let mut back = [0u8; 64];
+                ctx.read(&s, &m, 0, &mut back).expect("read");
+                assert_eq!(back, [i; 64]);
+                let (sig, rx) = signal();
+                ctx.free_async(&s, m, sig)
+                    .map_err(|(_, _, e)| e)
+                    .expect("free");
+                ctx.synchronize(&s).expect("sync");
+                assert_eq!(
+                    rx.recv_timeout(Duration::from_secs(10)).expect("fired").0,
+                    RetireOutcome::Retired
+                );
+                ctx.destroy_stream(s).expect("destroy");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean");
+    assert_eq!(probe.frees_retired(), 4);
+}
+
+#[test]
+fn short_soak() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("soak").budget(8 << 20));
+    let start = Instant::now();
+    let cycles = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let handle = &handle;
+                scope.spawn(move || {
+                    let streams = [
+                        handle.create_stream("a").expect("stream"),
+                        handle.create_stream("b").expect("stream"),
+                    ];
+                    let mut n = 0u64;
+                    for i in 0..300u64 {
+                        let s = &streams[(i % 2) as usize];
+                        let bytes = 4096 * (1 + (i * 7 + t) % 64);
+                        let buf = handle
+                            .allocate(s, bytes, Role::Activation)
+                            .expect("allocate");
+                        if i % 10 == 0 {
+                            let tag = (i as u8).to_le_bytes();
+                            buf.write(bytes - 1, &tag).expect("write");
+                            let mut back = [0u8; 1];
+                            buf.read(bytes - 1, &mut back).expect("read");
+                            assert_eq!(back, tag);
+                        }
+                        if i % 3 == 0 {
+                            buf.release_on(&streams[((i + 1) % 2) as usize])
+                                .map_err(|e| e.error)
+                                .expect("release_on");
+                        }
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .sum::<u64>()
+    });
+    let report = handle
+        .retire()
+        .wait_timeout(Duration::from_secs(30))
+        .expect("retire");
+    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+    assert_eq!(report.retired_releases, cycles);
+    probe.check_clean_teardown().expect("clean teardown");
+    println!(
+        "soak: cuda: {cycles} allocate/release cycles, 2 threads x 2 streams, {:.2} s; after teardown 0 live allocations, 0 streams",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn whole_suite_report() {
+    let report = memgov::conformance::run_suite(factory);
+    println!("{report}");
+    assert!(report.all_passed(), "{report}");
+    let (passed, failed, skipped) = report.counts();
+    if report.execution.is_none() {
+        assert_eq!(skipped, report.cases.len());
+        println!("skipped: no CUDA driver");
+    } else {
+        assert_eq!(
+            (passed, failed, skipped),
+            (report.cases.len(), 0, 0),
+            "{report}"
+        );
+    }
+}
+
+// ---- child-process tests: knobs and planted violations -----------------------
+
+/// The variable that tells a re-executed test binary which scenario to run.
+const CHILD: &str = "MEMGOV_CUDA_CHILD";
+
+struct ChildRun {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Run `scenario` in a child process with extra environment. `None` (after
+/// printing why) when there is no stand-in to run it on.
+fn child(scenario: &str, env: &[(&str, &str)]) -> Option<ChildRun> {
+    stand_in()?.teardown(false).expect("teardown");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "child_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, scenario);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn child");
+    use std::os::unix::process::ExitStatusExt;
+    Some(ChildRun {
+        code: out.status.code(),
+        signal: out.status.signal(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// The child passed (its scenario's assertions held).
+fn assert_child_passed(scenario: &str, env: &[(&str, &str)]) {
+    let Some(run) = child(scenario, env) else {
+        return;
+    };
+    assert_eq!(
+        run.code,
+        Some(0),
+        "child {scenario} failed (signal {:?}):\n{}\n{}",
+        run.signal,
+        run.stdout,
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains(&format!("child {scenario}: ok")),
+        "{}",
+        run.stdout
+    );
+}
+
+/// The child was aborted by the stand-in with a contract violation that
+/// names `what`.
+fn assert_stand_in_aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
+    let Some(run) = child(scenario, env) else {
+        return;
+    };
+    assert_eq!(
+        run.signal,
+        Some(6),
+        "child {scenario} was not aborted (exit {:?}):\n{}\n{}",
+        run.code,
+        run.stdout,
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains("memgov libcuda stand-in: contract violation:")
+            && run.stderr.contains(what),
+        "child {scenario}: abort message lacks '{what}':\n{}",
+        run.stderr
+    );
+    assert!(
+        !run.stdout.contains(&format!("child {scenario}: ok")),
+        "child {scenario} ran past the violation"
+    );
+}
+
+#[test]
+fn negative_harness_tells_a_clean_child_from_an_aborted_one() {
+    // The control: the same harness, no violation planted, exits 0.
+    assert_child_passed("clean", &[]);
+}
+
+#[test]
+fn negative_call_on_destroyed_stream_aborts() {
+    assert_stand_in_aborts("destroyed_stream", &[], "on destroyed stream");
+}
+
+#[test]
+fn negative_call_on_destroyed_context_aborts() {
+    assert_stand_in_aborts("destroyed_context", &[], "destroyed context");
+}
+
+#[test]
+fn negative_free_of_unknown_pointer_aborts() {
+    assert_stand_in_aborts("free_unknown", &[], "cuMemFreeAsync of unknown pointer");
+}
+
+#[test]
+fn negative_double_free_aborts() {
+    assert_stand_in_aborts(
+        "double_free",
+        &[],
+        "cuMemFreeAsync of already freed pointer",
+    );
+}
+
+#[test]
+fn negative_copy_of_freed_pointer_aborts() {
+    assert_stand_in_aborts("copy_after_free", &[], "already freed device pointer");
+}
+
+#[test]
+fn negative_copy_out_of_bounds_aborts() {
+    assert_stand_in_aborts("copy_out_of_bounds", &[], "out of bounds device pointer");
+}
+
+#[test]
+fn negative_release_with_frees_pending_aborts() {
+    assert_stand_in_aborts(
+        "release_pending",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
+        "still pending",
+    );
+}
+
+#[test]
+fn negative_release_with_memory_allocated_aborts() {
+    assert_stand_in_aborts("release_allocated", &[], "still allocated");
+}
+
+#[test]
+fn negative_driver_call_from_host_function_aborts() {
+    assert_stand_in_aborts("call_in_host_fn", &[], "from inside a host function");
+}
+
+#[test]
+fn call_without_current_context_fails_with_the_drivers_code() {
+    assert_child_passed("no_current_context", &[]);
+}
+
+#[test]
+fn teardown_waits_for_slow_frees_before_releasing_the_context() {
+    // 20 ms per queued operation: releases are really pending when retire
+    // starts; the stand-in aborts if the context is released before they ran.
+    assert_child_passed(
+        "slow_teardown",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000")],
+    );
+}
+
+#[test]
+fn teardown_after_a_stream_destroyed_with_frees_queued_waits_for_them() {
+    assert_child_passed(
+        "destroyed_with_frees_queued",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000")],
+    );
+}
+
+#[test]
+fn context_is_never_released_under_a_running_host_function() {
+    // The signal fires inside the host function, so the governor may tear
+    // down before the host function has returned; the stand-in aborts if the
+    // context is released while it still runs.
+    assert_child_passed("release_races_host_fn", &[]);
+}
+
+#[test]
+fn adopted_context_and_streams_are_used_but_never_destroyed() {
+    // The child retains the primary context and creates a stream itself, lends
+    // both, and destroys/releases them after memgov's teardown: the stand-in
+    // aborts if memgov destroyed the stream or released the context too.
+    assert_child_passed("adopt", &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000")]);
+}
+
+#[test]
+fn sticky_error_is_device_loss_and_settles_without_the_device() {
+    assert_child_passed(
+        "sticky",
+        &[("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP", "40")],
+    );
+}
+
+#[test]
+fn out_of_memory_is_classified() {
+    assert_child_passed("oom", &[("MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES", "1048576")]);
+}
+
+#[test]
+fn host_function_launch_failing_after_the_free_still_settles_it() {
+    assert_child_passed(
+        "host_fn_fails",
+        &[("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", "1")],
+    );
+}
+
+/// Entry point of the re-executed binary; does nothing in a normal run.
+#[test]
+#[ignore = "runs only as the child process of another test"]
+fn child_entry() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    children::run(&scenario);
+    println!("child {scenario}: ok");
+}
+
+mod children {
+    use super::*;
+    use cudarc::driver::sys;
+
+    fn ok(r: sys::CUresult, what: &str) {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    /// The stand-in context and one raw stream of it, current on this thread.
+    fn raw_setup() -> (CudaContext, sys::CUstream) {
+        let ctx = factory().expect("context");
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the context was just retained; the stand-in checks the rest.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+        }
+        (ctx, s)
+    }
+
+    fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
+        let mut p = 0;
+        // SAFETY: the stand-in checks the stream; p is a valid out pointer.
+        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
+        p
+    }
+
+    unsafe extern "C" fn calls_the_driver(_: *mut std::ffi::c_void) {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: deliberately forbidden (the planted violation).
+        let _ = unsafe { sys::cuCtxGetCurrent(&mut c) };
+    }
+
+    pub(super) fn run(scenario: &str) {
+        // SAFETY (all blocks below): raw driver calls on the stand-in, each
+        // either valid or the violation the scenario plants on purpose; the
+        // stand-in aborts before doing anything undefined.
+        unsafe {
+            match scenario {
+                "clean" => {
+                    let (ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "destroyed_stream" => {
+                    let (_ctx, s) = raw_setup();
+                    ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    let _ = sys::cuStreamSynchronize(s);
+                }
+                "destroyed_context" => {
+                    let ctx = factory().expect("context");
+                    let old = ctx.cu_context();
+                    ctx.teardown(false).expect("teardown");
+                    let _ = sys::cuCtxSetCurrent(old);
+                }
+                "free_unknown" => {
+                    let (_ctx, s) = raw_setup();
+                    let _ = sys::cuMemFreeAsync(0xdead_0000, s);
+                }
+                "double_free" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "first free");
+                    let _ = sys::cuMemFreeAsync(p, s);
+                }
+                "copy_after_free" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    let src = [0u8; 8];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, s);
+                }
+                "copy_out_of_bounds" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    let src = [0u8; 65];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 65, s);
+                }
+                "release_pending" => {
+                    let (ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free (200 ms latency)");
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
+                    drop(ctx);
+                }
+                "release_allocated" => {
+                    let (ctx, _s) = raw_setup();
+                    let _p = alloc(_s, 64);
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
+                    drop(ctx);
+                }
+                "call_in_host_fn" => {
+                    let (_ctx, s) = raw_setup();
+                    ok(
+                        sys::cuLaunchHostFunc(s, Some(calls_the_driver), std::ptr::null_mut()),
+                        "launch",
+                    );
+                    let _ = sys::cuStreamSynchronize(s);
+                }
+                "no_current_context" => {
+                    let ctx = factory().expect("context");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    let mut s: sys::CUstream = std::ptr::null_mut();
+                    let r = sys::cuStreamCreate(&mut s, 1);
+                    assert_eq!(r, sys::CUresult::CUDA_ERROR_INVALID_CONTEXT);
+                    // The backend makes its context current itself.
+                    let st = ctx.create_stream().expect("backend stream");
+                    ctx.destroy_stream(st).expect("destroy");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "slow_teardown" => slow_teardown(),
+                "adopt" => adopt(),
+                "release_races_host_fn" => {
+                    for _ in 0..200 {
+                        let ctx = factory().expect("context");
+                        let probe = ctx.probe();
+                        let gov = Governor::new();
+                        let handle = gov.register(ctx, ContextConfig::new());
+                        let stream = handle.create_stream("s").expect("stream");
+                        drop(
+                            handle
+                                .allocate(&stream, 4096, Role::Activation)
+                                .expect("allocate"),
+                        );
+                        drop(stream);
+                        let report = handle
+                            .retire()
+                            .wait_timeout(Duration::from_secs(10))
+                            .expect("retire");
+                        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+                        probe.check_clean_teardown().expect("clean");
+                    }
+                }
+                "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
+                "sticky" => sticky(),
+                "oom" => oom(),
+                "host_fn_fails" => host_fn_fails(),
+                other => panic!("unknown child scenario {other}"),
+            }
+        }
+    }
+
+    fn slow_teardown() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("slow"));
+        let stream = handle.create_stream("main").expect("stream");
+        for _ in 0..5 {
+            drop(
+                handle
+                    .allocate(&stream, 65536, Role::Activation)
+                    .expect("allocate"),
+            );
+        }
+        drop(stream);
+        let start = Instant::now();
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(30))
+            .expect("retire");
+        let waited = start.elapsed();
+        assert_eq!(report.retired_releases, 5);
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        // Five frees and five host functions at 20 ms each were still queued.
+        assert!(
+            waited >= Duration::from_millis(100),
+            "retire returned after {waited:?}"
+        );
+        probe.check_clean_teardown().expect("clean");
+        assert_eq!(probe.frees_retired(), 5);
+    }
+
+    fn adopt() {
+        use memgov::cuda::AdoptedContext;
+        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                "retain",
+            );
+            ok(sys::cuCtxSetCurrent(context), "current");
+            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
+        }
+        // SAFETY: the context and stream stay valid until after teardown
+        // (released and destroyed below, by this code only).
+        let ctx = unsafe {
+            CudaContext::adopt(
+                AdoptedContext {
+                    ordinal: 0,
+                    context,
+                    streams: vec![lent],
+                },
+                CudaConfig::default(),
+            )
+        }
+        .expect("adopt");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("adopted"));
+        let first = handle.create_stream("lent").expect("stream");
+        let second = handle.create_stream("own").expect("stream");
+        let raw = first.raw().expect("live");
+        assert!(raw.is_adopted());
+        assert_eq!(raw.cu_stream(), lent);
+        assert!(!second.raw().expect("live").is_adopted());
+        for s in [&first, &second] {
+            let buf = handle
+                .allocate(s, 4096, Role::Activation)
+                .expect("allocate");
+            buf.write(0, b"adopted").expect("write");
+            drop(buf);
+        }
+        drop((first, second));
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(10))
+            .expect("retire");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        probe.check_clean_teardown().expect("clean");
+        // The runtime's objects are still its own, and still valid.
+        // SAFETY: the stream and context created above, released once.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(context), "current");
+            ok(sys::cuStreamSynchronize(lent), "lent stream still valid");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            ok(
+                sys::cuDevicePrimaryCtxRelease_v2(device),
+                "release (last reference)",
+            );
+        }
+    }
+
+    fn destroyed_with_frees_queued() {
+        // A direct caller breaks the contract (teardown before its frees
+        // retired); the backend reports it and still releases the context
+        // only after the queued work ran (else the stand-in aborts).
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(
+            rx.try_recv().expect("fired before teardown returned").0,
+            RetireOutcome::Retired
+        );
+        assert_eq!(probe.violations(), 1, "{:?}", probe.violation_log());
+        assert_eq!(probe.live_allocations(), 0);
+    }
+
+    fn sticky() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("sticky"));
+        let stream = handle.create_stream("main").expect("stream");
+        let mut kept = Vec::new();
+        let mut lost = None;
+        for i in 0..200 {
+            match handle.allocate(&stream, 4096, Role::KvCache) {
+                Ok(b) if i % 2 == 0 => kept.push(b),
+                Ok(b) => drop(b),
+                Err(e) => {
+                    lost = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = lost.expect("the sticky error at driver call 40 surfaced");
+        assert!(matches!(e, GovernorError::DeviceLost { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"), "{msg}");
+        assert_eq!(handle.lifecycle(), Lifecycle::Lost);
+        drop((kept, stream));
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(10))
+            .expect("retire a lost context");
+        assert!(report.lost);
+        assert!(probe.lost());
+        probe.check_clean_teardown().expect("clean");
+        let snap = handle.snapshot();
+        assert_eq!(snap.charged, 0);
+        assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn oom() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let a = ctx.allocate(&s, 768 << 10).expect("first fits");
+        let e = ctx
+            .allocate(&s, 512 << 10)
+            .expect_err("over the 1 MiB limit");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+        assert_eq!(e.code, Some(2));
+        assert!(!e.is_device_lost());
+        let (sig, rx) = signal();
+        ctx.free_async(&s, a, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.synchronize(&s).expect("sync");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, b, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.destroy_stream(s).expect("destroy");
+        // Work queued before the destroy still runs, host function included.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+    }
+
+    fn host_fn_fails() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        // The host-function launch fails after cuMemFreeAsync was queued: the
+        // free cannot be refused any more, so it is settled by a stream wait.
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async accepts");
+        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("settled");
+        assert_eq!(outcome, RetireOutcome::Retired);
+        assert_eq!(
+            thread,
+            std::thread::current().id(),
+            "settled by the fallback wait"
+        );
+        assert_eq!(ctx.pending_frees(), 0);
+        // The next free goes through the host function again.
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async");
+        ctx.synchronize(&s).expect("sync");
+        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("fired");
+        assert_eq!(outcome, RetireOutcome::Retired);
+        assert_ne!(thread, std::thread::current().id());
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+        assert_eq!(probe.frees_retired(), 2);
+    }
+}
