@@ -49,6 +49,9 @@ pub mod pin;
 mod probe;
 pub(crate) mod sync;
 
+#[cfg(feature = "hip")]
+#[path = "../backends/hip/mod.rs"]
+pub mod hip;
 #[path = "../backends/host/mod.rs"]
 pub mod host;
 #[path = "../backends/null/mod.rs"]
@@ -62,10 +65,10 @@ pub use context::{
     RetireOutcome, RetireSignal,
 };
 pub use governor::*;
-pub use probe::BackendProbe;
 pub use pin::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
+pub use probe::BackendProbe;
 
 cfg_if::cfg_if! {
     // GPU backend features add their branches here, most specific first.
