@@ -1,0 +1,170 @@
+/*
+ * standin.h: the machinery every stand-in driver library shares.
+ *
+ * A stand-in driver (libcuda.so.1, libamdhip64.so) imitates a GPU driver's
+ * rules on the host so that CI without a GPU exercises the same ordering and
+ * lifetime contracts a real device enforces. This header is the shared part:
+ *
+ *   - sq_queue: an ordered queue of operations run on one host thread. A
+ *     stream is one queue. Operations run strictly in push order, each after
+ *     an optional latency, so work is really pending when the caller moves on.
+ *   - sq_mem: a table of device allocations backed by host memory, with the
+ *     checks a driver makes on a pointer (unknown, already freed, out of
+ *     bounds) and the byte limit behind the out-of-memory knob.
+ *   - sq_knobs: the environment knobs (latency, OOM after N bytes, sticky
+ *     device error at operation N), read once with a per-driver prefix.
+ *   - sq_die: abort the process with one clear "contract violation" line.
+ *
+ * Threading: every function here is safe to call from any thread. Operations
+ * pushed to a queue run on that queue's own thread; while one runs,
+ * sq_current_op_flags() on that thread returns the flags it was pushed with,
+ * so a driver can refuse calls made from inside a host function
+ * (SQ_OP_HOST_FN).
+ *
+ * The API only grows: existing functions keep their signatures and meaning.
+ */
+#ifndef MEMGOV_STANDIN_H
+#define MEMGOV_STANDIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Internal to each stand-in library: two stand-ins loaded in one process
+ * keep their own copies of this machinery. */
+#pragma GCC visibility push(hidden)
+
+/* ---- fatal contract violations ------------------------------------------ */
+
+/* Set once per library (e.g. "libcuda stand-in"); prefixes every message. */
+void sq_set_name(const char *name);
+
+/*
+ * Print "memgov <name>: contract violation: <message>" on stderr and abort().
+ * The phrase "contract violation" is stable: tests match on it.
+ */
+void sq_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* Same as sq_die for the stand-in's own internal failures (pthread, malloc). */
+void sq_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* ---- environment knobs --------------------------------------------------- */
+
+struct sq_knobs {
+    /* <PREFIX>_LATENCY_US: microseconds each queued operation waits before it
+     * runs (default 0). */
+    uint64_t latency_us;
+    /* <PREFIX>_OOM_AFTER_BYTES: allocations fail with the driver's
+     * out-of-memory code once live bytes would exceed this (default: none). */
+    uint64_t oom_after_bytes;
+    /* <PREFIX>_STICKY_ERROR_AT_OP: counting driver calls from 1, call N and
+     * every later call fail with the driver's sticky device error, as after
+     * an illegal address on real hardware (default 0: never). */
+    uint64_t sticky_error_at_op;
+};
+
+/* Read <prefix>_LATENCY_US, <prefix>_OOM_AFTER_BYTES and
+ * <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract violation. */
+void sq_knobs_load(struct sq_knobs *knobs, const char *prefix);
+
+/* Count one driver call; returns 1 when the device is (now) in the sticky
+ * error state per knobs->sticky_error_at_op, else 0. Thread-safe. */
+int sq_knobs_tick(const struct sq_knobs *knobs);
+
+/* Whether the sticky error state has been entered (without counting a call). */
+int sq_knobs_sticky(void);
+
+/* ---- ordered operation queue (one per stream) ---------------------------- */
+
+/* Flags an operation carries while it runs (see sq_current_op_flags). */
+#define SQ_OP_PLAIN 0u
+#define SQ_OP_HOST_FN 1u /* a user host function: no driver calls allowed */
+
+typedef void (*sq_op_fn)(void *arg);
+
+struct sq_queue;
+
+/* Start a queue and its thread. latency_us is applied before every op. */
+struct sq_queue *sq_queue_new(uint64_t latency_us);
+
+/* Append an operation; it runs after every operation pushed before it.
+ * Returns the operation's sequence number (1, 2, ...). */
+uint64_t sq_queue_push(struct sq_queue *q, sq_op_fn fn, void *arg, unsigned flags);
+
+/* Block until every operation pushed before this call has finished. Calling
+ * it from the queue's own thread is a contract violation (it would deadlock). */
+void sq_queue_sync(struct sq_queue *q);
+
+/* Block until operation `seq` (from sq_queue_push) has finished. */
+void sq_queue_wait(struct sq_queue *q, uint64_t seq);
+
+/* Whether operation `seq` has finished (non-blocking). */
+int sq_queue_done(struct sq_queue *q, uint64_t seq);
+
+/* Operations pushed but not finished (queued plus running). */
+uint64_t sq_queue_pending(struct sq_queue *q);
+
+/* Sequence number of the last operation pushed (0 if none). */
+uint64_t sq_queue_last(struct sq_queue *q);
+
+/* Drain the queue (every pushed op still runs), stop and join its thread and
+ * free it. Must not be called from the queue's own thread. */
+void sq_queue_destroy(struct sq_queue *q);
+
+/* Flags of the operation the calling thread is running, or SQ_OP_PLAIN when
+ * the calling thread is not running a queued operation. */
+unsigned sq_current_op_flags(void);
+
+/* Whether the calling thread is a queue thread (running an op or not). */
+int sq_on_queue_thread(void);
+
+/* ---- device memory table (host-backed) ----------------------------------- */
+
+struct sq_mem;
+
+enum sq_mem_check {
+    SQ_MEM_OK = 0,
+    SQ_MEM_UNKNOWN = 1,       /* not inside any allocation ever made here */
+    SQ_MEM_FREED = 2,         /* inside an allocation whose free was queued/done */
+    SQ_MEM_OUT_OF_BOUNDS = 3, /* starts inside a live allocation, runs past it */
+};
+
+/* A new, empty table. oom_after_bytes == 0 means no limit. */
+struct sq_mem *sq_mem_new(uint64_t oom_after_bytes);
+
+/* Allocate `bytes` (> 0) of zeroed host memory and register it. Returns the
+ * device address, or 0 when the limit would be exceeded. */
+uint64_t sq_mem_alloc(struct sq_mem *m, uint64_t bytes);
+
+/* Check [addr, addr + len) against live allocations. */
+enum sq_mem_check sq_mem_check(struct sq_mem *m, uint64_t addr, uint64_t len);
+
+/* Mark the allocation starting exactly at `base` as freed-in-flight: later
+ * checks report SQ_MEM_FREED. Returns SQ_MEM_OK, or why it cannot be freed
+ * (SQ_MEM_UNKNOWN, SQ_MEM_FREED, or SQ_MEM_OUT_OF_BOUNDS for an interior
+ * pointer). The bytes stay allocated until sq_mem_finish_free. */
+enum sq_mem_check sq_mem_begin_free(struct sq_mem *m, uint64_t base);
+
+/* Release the host memory of an allocation marked by sq_mem_begin_free. */
+void sq_mem_finish_free(struct sq_mem *m, uint64_t base);
+
+/* Allocations not yet finished freeing, and their bytes. */
+uint64_t sq_mem_live_count(struct sq_mem *m);
+uint64_t sq_mem_live_bytes(struct sq_mem *m);
+
+/* Free the table. Every allocation must have finished freeing. */
+void sq_mem_destroy(struct sq_mem *m);
+
+/* Human-readable word for a check result ("unknown", "already freed", ...). */
+const char *sq_mem_check_str(enum sq_mem_check c);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEMGOV_STANDIN_H */
