@@ -64,7 +64,7 @@ use hip_sys::hiprt::{
 };
 use memory::Pool;
 use result::{check, err, error_name, hip_error};
-use retire::{PendingFrees, Reaper, ReaperThread};
+use retire::{Outstanding, PendingFrees, Reaper, ReaperThread};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -116,7 +116,7 @@ pub(crate) struct Inner {
     pool: Option<Pool>,
     allocator: AtomicU8,
     fallback_reason: Mutex<Option<String>>,
-    lost: AtomicBool,
+    pub(crate) lost: AtomicBool,
     closing: AtomicBool,
     pub(crate) probe: BackendProbe,
     pub(crate) next_id: AtomicU64,
@@ -125,6 +125,7 @@ pub(crate) struct Inner {
     /// Streams not yet destroyed.
     pub(crate) streams: Mutex<HashMap<u64, stream::RawStream>>,
     pub(crate) pending: PendingFrees,
+    pub(crate) outstanding: Outstanding,
     pub(crate) reaper: Reaper,
     pub(crate) reaper_thread: ReaperThread,
     notes: Mutex<Vec<String>>,
@@ -139,6 +140,7 @@ impl Inner {
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.probe.device_lost();
         }
+        self.outstanding.wake();
     }
 
     pub(crate) fn allocator(&self) -> Allocator {
@@ -371,6 +373,7 @@ impl HipContext {
                 live: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 pending: PendingFrees::default(),
+                outstanding: Outstanding::default(),
                 reaper: Reaper::default(),
                 reaper_thread: Mutex::new(None),
                 notes: Mutex::new(Vec::new()),

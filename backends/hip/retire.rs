@@ -27,7 +27,7 @@ use hip_sys::hiprt::{
 };
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -35,6 +35,7 @@ use std::thread::JoinHandle;
 struct Ticket {
     signal: RetireSignal,
     bytes: u64,
+    stream: u64,
 }
 
 /// Frees queued with `hipFreeAsync` whose callback has not run yet.
@@ -47,6 +48,55 @@ impl PendingFrees {
     /// How many frees are queued and not yet retired.
     pub(crate) fn len(&self) -> usize {
         lock(&self.tickets).len()
+    }
+}
+
+/// Unsettled frees per stream, so that `synchronize` returns only after the
+/// signals of the frees queued on its stream have fired (the reaper runs
+/// after the stream, and a runtime may run a callback after the stream's
+/// own synchronize has returned).
+#[derive(Default)]
+pub(crate) struct Outstanding {
+    per_stream: Mutex<HashMap<u64, u64>>,
+    settled: Condvar,
+}
+
+impl Outstanding {
+    fn add(&self, stream: u64) {
+        *lock(&self.per_stream).entry(stream).or_default() += 1;
+    }
+
+    /// One free of `stream` settled (its signal fired or was dropped).
+    fn settle(&self, stream: u64) {
+        let mut m = lock(&self.per_stream);
+        if let Some(n) = m.get_mut(&stream) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&stream);
+            }
+        }
+        drop(m);
+        self.settled.notify_all();
+    }
+
+    fn clear(&self) {
+        lock(&self.per_stream).clear();
+        self.settled.notify_all();
+    }
+
+    /// Block until every free queued on `stream` so far has settled, or
+    /// the device is lost (then teardown settles them).
+    pub(crate) fn wait(&self, stream: u64, lost: &AtomicBool) {
+        let mut m = lock(&self.per_stream);
+        while m.contains_key(&stream) && !lost.load(Ordering::Acquire) {
+            m = self.settled.wait(m).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wake every waiter to look at the lost flag again.
+    pub(crate) fn wake(&self) {
+        let _m = lock(&self.per_stream);
+        self.settled.notify_all();
     }
 }
 
@@ -82,6 +132,7 @@ unsafe extern "C" fn free_executed(_stream: hipStream_t, status: u32, user: *mut
         inner.probe.free_abandoned(ticket.bytes);
         drop(ticket.signal);
     }
+    inner.outstanding.settle(ticket.stream);
 }
 
 fn callback() -> hipStreamCallback_t {
@@ -162,7 +213,15 @@ fn queue_pool_free(
     let ticket = inner.next_id.fetch_add(1, Ordering::Relaxed);
     let bytes = memory.bytes;
     // The ticket is in the table before the callback can run.
-    lock(&inner.pending.tickets).insert(ticket, Ticket { signal, bytes });
+    inner.outstanding.add(stream.id);
+    lock(&inner.pending.tickets).insert(
+        ticket,
+        Ticket {
+            signal,
+            bytes,
+            stream: stream.id,
+        },
+    );
     let data = Box::into_raw(Box::new(CallbackData {
         inner: Arc::clone(inner),
         ticket,
@@ -195,6 +254,7 @@ fn queue_pool_free(
             ));
         }
     }
+    inner.outstanding.settle(ticket.stream);
     Ok(())
 }
 
@@ -208,6 +268,7 @@ struct PlainFree {
     event: Event,
     ptr: usize,
     bytes: u64,
+    stream: u64,
     signal: RetireSignal,
 }
 
@@ -256,11 +317,13 @@ fn queue_plain_free(
         unsafe { hipEventDestroy(event) };
         return refuse(inner, memory, signal, e);
     }
+    inner.outstanding.add(stream.id);
     let mut q = lock(&inner.reaper.queue);
     q.frees.push_back(PlainFree {
         event: Event(event),
         ptr: memory.ptr,
         bytes: memory.bytes,
+        stream: stream.id,
         signal,
     });
     drop(q);
@@ -337,6 +400,7 @@ fn reap(inner: &Inner) {
                 drop(free.signal);
             }
         }
+        inner.outstanding.settle(free.stream);
     }
 }
 
@@ -371,6 +435,7 @@ pub(crate) fn abandon_all(inner: &Inner) -> u64 {
         inner.probe.free_abandoned(f.bytes);
         drop(f.signal);
     }
+    inner.outstanding.clear();
     n
 }
 

@@ -15,8 +15,11 @@
  * - Contract violations abort with "memgov libamdhip64 stand-in: contract
  *   violation: ...": a call on a destroyed stream or event, a free of an
  *   unknown or already freed pointer, a copy of one or out of bounds, a
- *   stream destroyed with work still queued, memory or streams still live
- *   when the process exits, any HIP call from inside a stream callback.
+ *   stream destroyed with work still queued, hipDeviceReset with memory or
+ *   streams still live, any HIP call from inside a stream callback; and,
+ *   with MEMGOV_STANDIN_HIP_EXIT_CHECK=1, memory or streams still live when
+ *   the process exits (off by default: a device the governor declared lost
+ *   keeps its memory by design, and the stand-in cannot tell).
  * - Knobs: MEMGOV_STANDIN_HIP_LATENCY_US, _OOM_AFTER_BYTES (hipMallocAsync /
  *   hipMalloc return hipErrorOutOfMemory beyond it), _STICKY_ERROR_AT_OP
  *   (HIP call N and every later one fail with hipErrorIllegalAddress; queued
@@ -106,18 +109,23 @@ static uint64_t env_u64_or(const char *name, uint64_t dflt) {
     return (uint64_t)n;
 }
 
+/* Nothing may be left on device d at `when` (exit or reset). */
+static void check_nothing_live(int d, const char *when) {
+    uint64_t live = sq_mem_live_count(g_dev[d].mem);
+    if (live != 0)
+        sq_die("%s with %llu allocations (%llu bytes) still live on device %d (never freed)", when,
+               (unsigned long long)live, (unsigned long long)sq_mem_live_bytes(g_dev[d].mem), d);
+    pthread_mutex_lock(&g_lock);
+    uint64_t streams = g_dev[d].streams;
+    pthread_mutex_unlock(&g_lock);
+    if (streams != 0)
+        sq_die("%s with %llu streams of device %d never destroyed", when,
+               (unsigned long long)streams, d);
+}
+
 static void at_exit_check(void) {
     if (sq_knobs_sticky()) return; /* a lost device keeps what it had */
-    for (int d = 0; d < g_devices; d++) {
-        uint64_t live = sq_mem_live_count(g_dev[d].mem);
-        if (live != 0)
-            sq_die("process exits with %llu allocations (%llu bytes) still live on device %d "
-                   "(never freed)",
-                   (unsigned long long)live, (unsigned long long)sq_mem_live_bytes(g_dev[d].mem), d);
-        if (g_dev[d].streams != 0)
-            sq_die("process exits with %llu streams of device %d never destroyed",
-                   (unsigned long long)g_dev[d].streams, d);
-    }
+    for (int d = 0; d < g_devices; d++) check_nothing_live(d, "process exits");
 }
 
 static void init(void) {
@@ -128,12 +136,13 @@ static void init(void) {
     g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
     g_no_mempool = env_u64_or("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0) != 0;
     g_fail_callback_at = env_u64_or("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
+    int exit_check = env_u64_or("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
     for (int i = 0; i < g_devices; i++) {
         g_dev[i].mem = sq_mem_new(g_knobs.oom_after_bytes);
         pthread_mutex_init(&g_dev[i].lock, NULL);
         g_dev[i].pool = (struct ihipMemPoolHandle_t){.magic = POOL_MAGIC, .device = i};
     }
-    atexit(at_exit_check);
+    if (exit_check) atexit(at_exit_check);
 }
 
 /* Entry of every HIP call: none from inside a callback; count the call for
@@ -245,6 +254,15 @@ hipError_t hipGetDevice(int *d) {
     ENTER("hipGetDevice");
     if (d == NULL) return hipErrorInvalidValue;
     *d = t_device;
+    return hipSuccess;
+}
+
+/* Destroys every resource of the current device in real HIP: memgov never
+ * calls it (other users of the device own theirs). The stand-in treats it
+ * as the device's destruction and requires nothing to be left. */
+hipError_t hipDeviceReset(void) {
+    int sticky = enter("hipDeviceReset");
+    if (!sticky) check_nothing_live(t_device, "hipDeviceReset");
     return hipSuccess;
 }
 
