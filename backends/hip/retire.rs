@@ -14,6 +14,8 @@
 //! data, so that teardown of a lost device can drop every one of them even
 //! if the runtime never runs the callbacks.
 
+#![allow(clippy::result_large_err)]
+
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
 use super::stream::HipStream;
@@ -147,6 +149,9 @@ fn callback() -> hipStreamCallback_t {
     })
 }
 
+/// A refused free: the memory and the signal go back to the caller, as
+/// `DeviceContext::free_async` requires (hence the large `Err` variants
+/// below, which clippy flags).
 type Refused = (HipMemory, RetireSignal, BackendError);
 
 /// Queue the free of `memory` behind the work on `stream`.
