@@ -1,8 +1,8 @@
 /*
  * libamdhip64.c: a stand-in for ROCm's HIP runtime (libamdhip64.so.5), enough
  * of it for memgov's HIP backend, imitating the runtime's rules on host
- * threads. The prototypes come from ROCm's own <hip/hip_runtime_api.h>, so
- * the compiler checks every signature against the real API.
+ * threads. Where ROCm's <hip/hip_runtime_api.h> is installed, the prototypes
+ * come from it, so the compiler checks every signature against the real API.
  *
  * - Memory is host memory; a device pointer is the host address.
  * - Each stream is an ordered queue (common/standin.h) on its own host
@@ -34,8 +34,42 @@
  * - Every code it returns is one hip-sys's Rust enum lists.
  */
 #define _GNU_SOURCE
+#if __has_include(<hip/hip_runtime_api.h>)
+/* ROCm's own declarations: the compiler checks every definition below
+ * against them (CI installs libamdhip64-dev before building this). */
 #define __HIP_PLATFORM_AMD__ 1
 #include <hip/hip_runtime_api.h>
+#else
+/* Without ROCm's headers (a machine that builds every stand-in but runs no
+ * HIP test): the subset used here, with the values of ROCm 5.2's
+ * hip_runtime_api.h and driver_types.h. */
+typedef enum hipError_t {
+    hipSuccess = 0,
+    hipErrorInvalidValue = 1,
+    hipErrorOutOfMemory = 2,
+    hipErrorNoDevice = 100,
+    hipErrorInvalidDevice = 101,
+    hipErrorInvalidHandle = 400,
+    hipErrorNotReady = 600,
+    hipErrorIllegalAddress = 700,
+    hipErrorNotSupported = 801,
+} hipError_t;
+typedef int hipDevice_t;
+typedef void *hipDeviceptr_t;
+typedef struct ihipStream_t *hipStream_t;
+typedef struct ihipEvent_t *hipEvent_t;
+typedef struct ihipMemPoolHandle_t *hipMemPool_t;
+typedef enum hipDeviceAttribute_t { hipDeviceAttributeMemoryPoolsSupported = 88 } hipDeviceAttribute_t;
+typedef enum hipMemPoolAttr { hipMemPoolAttrReleaseThreshold = 4 } hipMemPoolAttr;
+typedef enum hipMemcpyKind {
+    hipMemcpyHostToHost = 0,
+    hipMemcpyHostToDevice = 1,
+    hipMemcpyDeviceToHost = 2,
+    hipMemcpyDeviceToDevice = 3,
+} hipMemcpyKind;
+typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
+#define hipStreamNonBlocking 0x01
+#endif
 
 #include "standin.h"
 
