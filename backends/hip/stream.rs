@@ -82,6 +82,13 @@ pub(crate) fn destroy(inner: &Inner, stream: HipStream) -> Result<(), BackendErr
     if lock(&inner.streams).remove(&stream.id).is_none() {
         return Ok(());
     }
+    if inner.is_lost() {
+        // The runtime may wait for the stream's work inside
+        // hipStreamDestroy; on a lost device that work never finishes. The
+        // handle dies with the device.
+        inner.probe.stream_destroyed();
+        return Ok(());
+    }
     destroy_raw(inner, "destroy_stream", stream.raw)
 }
 
@@ -94,8 +101,7 @@ pub(crate) fn destroy_raw(
     inner.probe.stream_destroyed();
     // SAFETY: the handle was created by this context and has just been
     // removed from its table, so no other path destroys it; its queued work
-    // has been synchronized (or the device is lost, where HIP still accepts
-    // the destroy and discards the work).
+    // has been synchronized.
     let r = unsafe { hipStreamDestroy(raw.0) };
     check(op, "hipStreamDestroy", r)
 }

@@ -21,6 +21,9 @@ echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
 on_stand_in cargo test --locked --features hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" target/hip-stand-in.log
 grep -q "soak: hip, " target/hip-stand-in.log
+# The conformance cases again with every queued operation delayed, so that
+# releases really pend when the governor drains and tears down.
+MEMGOV_STANDIN_HIP_LATENCY_US=300 on_stand_in cargo test --locked --features hip --test hip -- hip_pool:: hip_plain::
 on_stand_in cargo test --locked --features hip --test fault_matrix fault_matrix_hip -- --nocapture
 
 echo "--- clippy with the hip feature"
