@@ -196,7 +196,7 @@ fn raw_accessors_reach_the_same_memory_and_stream() {
     let s = ctx.create_stream().unwrap();
     let m = ctx.allocate(&s, 256).unwrap();
     assert!(!m.device_ptr().is_null());
-    assert!(!s.raw().is_null());
+    assert!(!s.hip_stream().is_null());
     ctx.write(&s, &m, 0, b"through the raw handles").unwrap();
     let mut back = [0u8; 23];
     // SAFETY: the pointer and stream are live handles of this context; the
@@ -208,9 +208,9 @@ fn raw_accessors_reach_the_same_memory_and_stream() {
                 back.as_mut_ptr() as *mut c_void,
                 m.device_ptr(),
                 back.len(),
-                s.raw(),
+                s.hip_stream(),
             ),
-            hip::hipStreamSynchronize(s.raw()),
+            hip::hipStreamSynchronize(s.hip_stream()),
         )
     };
     assert_eq!(

@@ -395,6 +395,11 @@ impl HipContext {
         )
     }
 
+    /// Whether the runtime is memgov's stand-in rather than ROCm's.
+    pub fn is_stand_in(&self) -> bool {
+        self.inner.execution == Execution::StandIn
+    }
+
     /// Frees queued and not yet retired (callbacks or reaper pending).
     pub fn pending_frees(&self) -> usize {
         self.inner.pending.len() + self.inner.reaper.len()

@@ -33,8 +33,8 @@ pub struct HipStream {
 }
 
 impl HipStream {
-    /// The `hipStream_t`, for kernels and copies of your own ordered with the
-    /// governor's work on this stream.
+    /// The raw `hipStream_t`, for launching a runtime's own kernels and
+    /// copies ordered with memgov's work on this stream.
     ///
     /// Valid until the stream is destroyed (the governed stream is dropped,
     /// or its context torn down). The caller must not destroy it, must not
@@ -42,7 +42,7 @@ impl HipStream {
     /// Memory of this context used by work queued here must stay owned (not
     /// released) until that work has executed: the governor orders its free
     /// after the work, but only on this same stream.
-    pub fn raw(&self) -> hipStream_t {
+    pub fn hip_stream(&self) -> hipStream_t {
         self.raw.0
     }
 

@@ -54,7 +54,7 @@ impl Cycles {
             stream
                 .raw()
                 .ok_or_else(|| gov_err("the new stream has no raw handle"))?
-                .raw(),
+                .hip_stream(),
         );
         Ok(Self {
             _gov: gov,
