@@ -472,6 +472,17 @@ fn no_mempool_falls_back_to_hip_malloc() {
 }
 
 #[test]
+fn refused_malloc_async_falls_back_at_creation() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "malloc_async_refused",
+        &[("MEMGOV_STANDIN_HIP_NO_MEMPOOL", "2")],
+    );
+}
+
+#[test]
 fn refused_callback_retires_by_synchronizing() {
     if !on_stand_in() {
         return;
@@ -487,13 +498,13 @@ fn device_loss_abandons_pending_frees() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1..=14 open the context, a stream, an allocation and its free;
-    // call 15 (the next one) and all later fail as after an illegal address.
+    // Calls 1..=20 open the context, a stream, an allocation and its free;
+    // call 21 (the next one) and all later fail as after an illegal address.
     expect_pass(
         "device_loss",
         &[
             ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "15"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "21"),
         ],
     );
 }
@@ -662,6 +673,27 @@ fn child_entry() {
             ctx.teardown(false).unwrap();
             probe.check_clean_teardown().unwrap();
         }
+        "malloc_async_refused" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let (ordered, why) = ctx.stream_ordered();
+            assert!(!ordered);
+            assert_eq!(
+                why.as_deref(),
+                Some("hipMallocAsync returned hipErrorNotSupported")
+            );
+            assert!(!ctx.describe().stream_ordered_reuse);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            assert_eq!(m.origin(), Origin::Plain);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            let probe = ctx.probe();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
         "refused_callback" => {
             let ctx = HipContext::new(HipConfig::default()).unwrap();
             let s = ctx.create_stream().unwrap();
@@ -678,13 +710,14 @@ fn child_entry() {
             probe.check_clean_teardown().unwrap();
         }
         "device_loss" => {
-            let ctx = HipContext::new(HipConfig::default()).unwrap(); // calls 1-8
+            // Calls 1-8 open the device, 9-14 try the pool allocator once.
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
             let probe = ctx.probe();
-            let s = ctx.create_stream().unwrap(); // 9-10
-            let m = ctx.allocate(&s, 4096).unwrap(); // 11-12
+            let s = ctx.create_stream().unwrap(); // 15-16
+            let m = ctx.allocate(&s, 4096).unwrap(); // 17-18
             let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 13-14
-            let e = ctx.memory_info().expect_err("call 15 is sticky");
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 19-20
+            let e = ctx.memory_info().expect_err("call 21 is sticky");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
             assert!(e.message.contains("hipErrorIllegalAddress"), "{e}");
             assert!(probe.lost());

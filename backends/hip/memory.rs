@@ -8,8 +8,9 @@ use super::{Allocator, Inner};
 use crate::sync::lock;
 use crate::{BackendError, BackendErrorKind};
 use hip_sys::hiprt::{
-    hipDeviceptr_t, hipError_t, hipMalloc, hipMallocAsync, hipMemPoolTrimTo, hipMemPool_t,
-    hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipStreamSynchronize,
+    hipDeviceptr_t, hipError_t, hipFreeAsync, hipMalloc, hipMallocAsync, hipMemPoolTrimTo,
+    hipMemPool_t, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipStreamCreateWithFlags,
+    hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize, hipStream_t,
 };
 use std::ffi::c_void;
 
@@ -232,4 +233,45 @@ pub(crate) fn trim_pool(pool: Pool) -> Result<(), BackendError> {
     // the process; trimming releases only memory no allocation uses.
     let r = unsafe { hipMemPoolTrimTo(pool.0, 0) };
     check("teardown", "hipMemPoolTrimTo", r)
+}
+
+/// Whether `hipMallocAsync` works on the current device: one small trial
+/// allocation on a temporary stream, freed, synchronized and trimmed away.
+/// `Ok(false)` when the runtime answers `hipErrorNotSupported`.
+pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
+    let mut s: hipStream_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer, documented flag.
+    check("new", "hipStreamCreateWithFlags", unsafe {
+        hipStreamCreateWithFlags(&mut s, hipStreamNonBlocking)
+    })?;
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the stream was just created.
+    let r = unsafe { hipMallocAsync(&mut p, 256, s) };
+    let mut result = if r == hipError_t::hipErrorNotSupported {
+        Ok(false)
+    } else {
+        check("new", "hipMallocAsync", r).map(|()| true)
+    };
+    if result == Ok(true) {
+        // SAFETY: `p` came from hipMallocAsync just above and is unused.
+        let r = unsafe { hipFreeAsync(p, s) };
+        result = check("new", "hipFreeAsync", r).map(|()| true);
+    }
+    // SAFETY: the temporary stream is alive until destroyed below.
+    let synced = check("new", "hipStreamSynchronize", unsafe {
+        hipStreamSynchronize(s)
+    });
+    // SAFETY: synchronized (or failing, where HIP still accepts the destroy);
+    // nothing else knows this stream.
+    let destroyed = check("new", "hipStreamDestroy", unsafe { hipStreamDestroy(s) });
+    let ordered = result?;
+    synced?;
+    destroyed?;
+    if ordered {
+        trim_pool(pool).map_err(|e| BackendError {
+            operation: "new",
+            ..e
+        })?;
+    }
+    Ok(ordered)
 }

@@ -7,8 +7,8 @@
 //!   description declares `stream_ordered_reuse`: bytes freed on a stream are
 //!   reusable at once by later allocations on it. Where the runtime has no
 //!   stream-ordered allocator (`hipDeviceAttributeMemoryPoolsSupported` is 0,
-//!   `hipMallocAsync` answers `hipErrorNotSupported`, or
-//!   [`AllocatorChoice::Plain`] is configured), memory comes from `hipMalloc`
+//!   or a trial `hipMallocAsync` at creation answers `hipErrorNotSupported`),
+//!   or [`AllocatorChoice::Plain`] is configured, memory comes from `hipMalloc`
 //!   and is freed with `hipFree` after an event recorded on the releasing
 //!   stream has completed; `describe()` says which.
 //! * A **free** is `hipFreeAsync` followed by `hipStreamAddCallback`; the
@@ -342,7 +342,17 @@ impl HipContext {
                     Some("hipDeviceGetDefaultMemPool returned hipErrorNotSupported".to_owned());
             } else {
                 check("new", "hipDeviceGetDefaultMemPool", r)?;
-                pool = Some(Pool(p));
+                // The attribute and the pool can exist while the allocator
+                // still refuses: ask it once, so that `describe()` (read at
+                // registration) tells the truth from the start.
+                match memory::probe_stream_ordered(Pool(p)) {
+                    Ok(true) => pool = Some(Pool(p)),
+                    Ok(false) => {
+                        fallback_reason =
+                            Some("hipMallocAsync returned hipErrorNotSupported".to_owned())
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         let execution = if name.starts_with(STAND_IN_NAME_PREFIX) {

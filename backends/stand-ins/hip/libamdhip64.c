@@ -25,7 +25,9 @@
  *   (HIP call N and every later one fail with hipErrorIllegalAddress; queued
  *   work stops executing and callbacks receive that status), _NO_MEMPOOL=1
  *   (no stream-ordered allocator: the pool attribute reads 0 and the pool
- *   calls return hipErrorNotSupported), _FAIL_CALLBACK_AT (the Nth
+ *   calls return hipErrorNotSupported; =2: the attribute reads 1 and the
+ *   default pool exists, but hipMallocAsync / hipFreeAsync still return
+ *   hipErrorNotSupported), _FAIL_CALLBACK_AT (the Nth
  *   hipStreamAddCallback returns hipErrorNotSupported), _TOTAL_BYTES (device
  *   size, default 16 GiB), _DEVICES (device count, default 1; 0 makes
  *   hipGetDeviceCount return hipErrorNoDevice).
@@ -168,7 +170,7 @@ static void init(void) {
     g_total_bytes = env_u64_or("MEMGOV_STANDIN_HIP_TOTAL_BYTES", 16ull << 30);
     uint64_t n = env_u64_or("MEMGOV_STANDIN_HIP_DEVICES", 1);
     g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
-    g_no_mempool = env_u64_or("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0) != 0;
+    g_no_mempool = (int)env_u64_or("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0);
     g_fail_callback_at = env_u64_or("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
     int exit_check = env_u64_or("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
     for (int i = 0; i < g_devices; i++) {
@@ -321,7 +323,7 @@ hipError_t hipDeviceGetAttribute(int *pi, hipDeviceAttribute_t attr, int d) {
     if (pi == NULL) return hipErrorInvalidValue;
     if (!valid_device(d)) return hipErrorInvalidDevice;
     if (attr != hipDeviceAttributeMemoryPoolsSupported) return hipErrorInvalidValue;
-    *pi = g_no_mempool ? 0 : 1;
+    *pi = g_no_mempool == 1 ? 0 : 1;
     return hipSuccess;
 }
 
@@ -550,7 +552,7 @@ hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int d) {
     ENTER("hipDeviceGetDefaultMemPool");
     if (pool == NULL) return hipErrorInvalidValue;
     if (!valid_device(d)) return hipErrorInvalidDevice;
-    if (g_no_mempool) return hipErrorNotSupported;
+    if (g_no_mempool == 1) return hipErrorNotSupported;
     *pool = &g_dev[d].pool;
     return hipSuccess;
 }
