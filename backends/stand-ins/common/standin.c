@@ -225,13 +225,17 @@ uint64_t sq_queue_last(struct sq_queue *q) {
     return n;
 }
 
-void sq_queue_destroy(struct sq_queue *q) {
-    if (t_on_queue && pthread_equal(pthread_self(), q->thread))
-        sq_die("a stream was destroyed from its own operation");
+void sq_queue_close(struct sq_queue *q) {
     lock(&q->lock);
     q->stop = 1;
     pthread_cond_signal(&q->work);
     unlock(&q->lock);
+}
+
+void sq_queue_destroy(struct sq_queue *q) {
+    if (t_on_queue && pthread_equal(pthread_self(), q->thread))
+        sq_die("a stream was destroyed from its own operation");
+    sq_queue_close(q);
     int rc = pthread_join(q->thread, NULL);
     if (rc != 0) sq_fatal("pthread_join: %s", strerror(rc));
     pthread_cond_destroy(&q->work);

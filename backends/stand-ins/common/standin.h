@@ -111,8 +111,16 @@ uint64_t sq_queue_pending(struct sq_queue *q);
 uint64_t sq_queue_last(struct sq_queue *q);
 
 /* Drain the queue (every pushed op still runs), stop and join its thread and
- * free it. Must not be called from the queue's own thread. */
+ * free it. Must not be called from the queue's own thread. May follow
+ * sq_queue_close. */
 void sq_queue_destroy(struct sq_queue *q);
+
+/* Refuse further pushes (a push after this is a contract violation) and
+ * return at once; operations already pushed still run, in order, and
+ * sq_queue_pending / sq_queue_sync keep working. Free it later with
+ * sq_queue_destroy. This is how a driver's non-blocking stream destroy is
+ * imitated. */
+void sq_queue_close(struct sq_queue *q);
 
 /* Flags of the operation the calling thread is running, or SQ_OP_PLAIN when
  * the calling thread is not running a queued operation. */
