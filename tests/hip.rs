@@ -725,6 +725,11 @@ fn child_entry() {
                 .create_stream()
                 .expect_err("a lost context takes no work");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert!(
+                e.message
+                    .contains("hipSetDevice returned hipErrorIllegalAddress (700)"),
+                "the first reason is carried: {e}"
+            );
             // The queued free never executes; its callback reports the
             // error (or teardown drops the signal first): abandoned either way.
             ctx.teardown(true).unwrap();

@@ -117,6 +117,7 @@ pub(crate) struct Inner {
     allocator: AtomicU8,
     fallback_reason: Mutex<Option<String>>,
     pub(crate) lost: AtomicBool,
+    lost_reason: Mutex<Option<String>>,
     closing: AtomicBool,
     pub(crate) probe: BackendProbe,
     pub(crate) next_id: AtomicU64,
@@ -136,7 +137,13 @@ impl Inner {
         self.lost.load(Ordering::Acquire)
     }
 
-    pub(crate) fn mark_lost(&self) {
+    /// Mark the context lost, keeping the first reason for later errors.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        let mut reason = lock(&self.lost_reason);
+        if reason.is_none() {
+            *reason = Some(why.to_owned());
+        }
+        drop(reason);
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.probe.device_lost();
         }
@@ -173,18 +180,21 @@ impl Inner {
     ) -> Result<(), BackendError> {
         check(op, call, code).inspect_err(|e| {
             if e.is_device_lost() {
-                self.mark_lost();
+                self.mark_lost(&e.message);
             }
         })
     }
 
     pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
         if self.is_lost() {
+            let why = lock(&self.lost_reason)
+                .clone()
+                .unwrap_or_else(|| "declared lost by the governor".to_owned());
             return Err(err(
                 op,
                 BackendErrorKind::DeviceLost,
                 format!(
-                    "HIP device {} was lost (a sticky error was reported); retire this context",
+                    "HIP device {} was lost ({why}); nothing is sent to it any more: retire this context",
                     self.ordinal
                 ),
             ));
@@ -377,6 +387,7 @@ impl HipContext {
                 allocator: AtomicU8::new(allocator as u8),
                 fallback_reason: Mutex::new(fallback_reason),
                 lost: AtomicBool::new(false),
+                lost_reason: Mutex::new(None),
                 closing: AtomicBool::new(false),
                 probe: BackendProbe::new(),
                 next_id: AtomicU64::new(1),
@@ -570,14 +581,14 @@ impl DeviceContext for HipContext {
     }
 
     fn device_lost(&self) {
-        self.inner.mark_lost();
+        self.inner.mark_lost("declared lost by the governor");
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         let inner = &self.inner;
         inner.closing.store(true, Ordering::Release);
         if lost {
-            inner.mark_lost();
+            inner.mark_lost("torn down as lost");
         }
         let result = if inner.is_lost() {
             // No waits, no frees: drop every signal still held; streams and

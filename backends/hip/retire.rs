@@ -130,7 +130,9 @@ unsafe extern "C" fn free_executed(_stream: hipStream_t, status: u32, user: *mut
     } else {
         // The stream failed: the free did not (visibly) execute. The
         // runtime reports only sticky errors here, so the device is lost.
-        inner.mark_lost();
+        inner.mark_lost(&format!(
+            "a stream callback reported status {status} after a queued free"
+        ));
         inner.probe.free_abandoned(ticket.bytes);
         drop(ticket.signal);
     }
