@@ -20,7 +20,8 @@ use memgov::{
     RetireOutcome, RetireSignal, Role,
 };
 use std::ffi::c_void;
-use std::process::Command;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -355,8 +356,8 @@ fn soak(first: HipContext) {
 
 // ---- child processes: knobs and planted violations ---------------------
 
-/// Run `case` in a child with `env`; returns (exit success, stderr).
-fn child(case: &str, env: &[(&str, &str)]) -> (bool, String) {
+/// Run `case` in a child with `env`; returns its exit status and output.
+fn child(case: &str, env: &[(&str, &str)]) -> (ExitStatus, String) {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
         .args([
@@ -370,9 +371,9 @@ fn child(case: &str, env: &[(&str, &str)]) -> (bool, String) {
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    let stderr =
+    let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    (out.status.success(), stderr)
+    (out.status, text)
 }
 
 /// Whether this process runs on the stand-in; prints why not.
@@ -381,10 +382,11 @@ fn on_stand_in() -> bool {
 }
 
 fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
-    let (ok, out) = child(case, env);
-    assert!(
-        !ok,
-        "{case}: the child must abort, it exited cleanly:\n{out}"
+    let (status, out) = child(case, env);
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "{case}: the child must die of SIGABRT, it ended with {status}:\n{out}"
     );
     assert!(
         out.contains("memgov libamdhip64 stand-in: contract violation"),
@@ -405,8 +407,11 @@ fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
 fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
     let mut env = env.to_vec();
     env.push(("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1"));
-    let (ok, out) = child(case, &env);
-    assert!(ok, "{case}: the child failed:\n{out}");
+    let (status, out) = child(case, &env);
+    assert!(
+        status.success(),
+        "{case}: the child failed ({status}):\n{out}"
+    );
     assert!(out.contains("child reached the end"), "{case}:\n{out}");
     out
 }
