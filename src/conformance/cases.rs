@@ -585,11 +585,13 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
             "budget message lacks '{needle}': {msg}"
         );
     }
-    // Pending bytes count until they retire.
+    // Pending bytes count until they retire. (Asked on another stream: a
+    // backend with stream-ordered reuse credits them to its own stream.)
+    let other = ok!(s.ctx.create_stream("other"), "create_stream");
     s.log.hold_retirements(true);
     drop(a);
     ok!(stream.synchronize(), "synchronize");
-    let refused = s.ctx.allocate(&stream, 512 * 1024, Role::Activation);
+    let refused = s.ctx.allocate(&other, 512 * 1024, Role::Activation);
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
         return Err(Outcome::Failed(format!(
             "allocation while 768 KiB pend gave {:?}",
@@ -607,7 +609,7 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
         "allocate after the release retired"
     );
     drop(c);
-    drop(stream);
+    drop((stream, other));
     finish(&s)?;
 
     // Waiting for pending releases instead of failing.
@@ -619,12 +621,13 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
             .admission(Admission::WaitForPending { timeout: LONG }),
     )?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
+    let other = ok!(s.ctx.create_stream("other"), "create_stream");
     s.log.hold_retirements(true);
     drop(ok!(
-        s.ctx.allocate(&stream, MIB, Role::Weights),
+        s.ctx.allocate(&other, MIB, Role::Weights),
         "allocate 1 MiB"
     ));
-    ok!(stream.synchronize(), "synchronize");
+    ok!(other.synchronize(), "synchronize");
     let log = s.log.clone();
     let releaser = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
@@ -646,7 +649,7 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
         "no admission wait counted"
     );
     drop(b);
-    drop(stream);
+    drop((stream, other));
     s.log.hold_retirements(false);
     s.log.release_held();
     finish(&s)?;
