@@ -379,3 +379,32 @@ fn fault_matrix_every_backend() {
         "the host and null backends are always present; ran {ran:?}"
     );
 }
+
+#[cfg(feature = "hip")]
+#[test]
+fn fault_matrix_hip() {
+    use memgov::hip::{HipConfig, HipContext};
+    let factory: Box<Factory<HipContext>> = Box::new(|| {
+        let ctx = match HipContext::new(HipConfig::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("hip unavailable: {e}");
+                return None;
+            }
+        };
+        let probe = ctx.probe();
+        Some((ctx, Box::new(move || probe.check_clean_teardown())))
+    });
+    match matrix("hip", &*factory) {
+        Some(t) => report(&t),
+        None => println!("skipped: no HIP device"),
+    }
+}
+
+#[cfg(not(feature = "hip"))]
+#[test]
+fn fault_matrix_hip() {
+    println!(
+        "skipped: built without the `hip` feature (cargo test --features hip --test fault_matrix)"
+    );
+}

@@ -1,0 +1,619 @@
+//! The ROCm HIP backend (feature `hip`): hip-sys over `libamdhip64.so.5`,
+//! `hipMallocAsync` from the device's default memory pool, stream-ordered
+//! frees with `hipFreeAsync` retired by a stream callback.
+//!
+//! * A **stream** is a non-blocking `hipStream_t` on the chosen device.
+//! * **Memory** comes from `hipMallocAsync` on the allocating stream, so the
+//!   description declares `stream_ordered_reuse`: bytes freed on a stream are
+//!   reusable at once by later allocations on it. Where the runtime has no
+//!   stream-ordered allocator (`hipDeviceAttributeMemoryPoolsSupported` is 0,
+//!   or a trial `hipMallocAsync` at creation answers `hipErrorNotSupported`),
+//!   or [`AllocatorChoice::Plain`] is configured, memory comes from `hipMalloc`
+//!   and is freed with `hipFree` after an event recorded on the releasing
+//!   stream has completed; `describe()` says which.
+//! * A **free** is `hipFreeAsync` followed by `hipStreamAddCallback`; the
+//!   callback fires the [`RetireSignal`] and makes no HIP call (see
+//!   `retire.rs`).
+//! * **Device loss**: sticky `hipError_t` codes (see [`result`]) mark the
+//!   context lost; pending signals are dropped unfired at teardown, with no
+//!   HIP call.
+//! * **Teardown**: synchronize and destroy the streams the governor left,
+//!   free memory it abandoned (force), then `hipMemPoolTrimTo(pool, 0)`:
+//!   ROCm's pool keeps freed memory for reuse. Nothing is reset: the device,
+//!   its default pool and their attributes stay as other users of the process
+//!   expect them.
+//!
+//! A stand-in `libamdhip64.so.5` (in `backends/stand-ins/hip/`) names its
+//! device `"memgov stand-in ..."`; the context then reports
+//! [`Execution::StandIn`].
+//!
+//! ```no_run
+//! use memgov::hip::{HipConfig, HipContext};
+//! use memgov::{DeviceContext, RetireSignal};
+//! let ctx = HipContext::new(HipConfig::default())?;
+//! let s = ctx.create_stream()?;
+//! let m = ctx.allocate(&s, 4096)?;
+//! ctx.write(&s, &m, 0, b"abc")?;
+//! ctx.free_async(&s, m, RetireSignal::from_fn(|_| {})).map_err(|(_, _, e)| e)?;
+//! ctx.synchronize(&s)?;
+//! ctx.destroy_stream(s)?;
+//! let probe = ctx.probe();
+//! ctx.teardown(false)?;
+//! assert!(probe.check_clean_teardown().is_ok());
+//! # Ok::<(), memgov::BackendError>(())
+//! ```
+
+mod memory;
+pub mod result;
+mod retire;
+mod stream;
+
+pub use memory::{HipMemory, Origin};
+pub use stream::HipStream;
+
+use crate::sync::lock;
+use crate::{
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireSignal,
+};
+use hip_sys::hiprt::{
+    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceGetDefaultMemPool, hipDeviceGetName,
+    hipDeviceTotalMem, hipDriverGetVersion, hipError_t, hipFree, hipFreeAsync, hipGetDeviceCount,
+    hipMemGetInfo, hipMemPool_t, hipRuntimeGetVersion, hipSetDevice, hipStreamCreateWithFlags,
+    hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize, hipStream_t,
+};
+use memory::Pool;
+use result::{check, err, error_name, hip_error};
+use retire::{Outstanding, PendingFrees, Reaper, ReaperThread};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Device names starting with this are the stand-in library's.
+pub const STAND_IN_NAME_PREFIX: &str = "memgov stand-in";
+
+/// Which allocator the context uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocatorChoice {
+    /// `hipMallocAsync` from the device's default pool where the device
+    /// supports memory pools, else the `hipMalloc` fallback.
+    #[default]
+    Auto,
+    /// Always `hipMalloc`, freed with `hipFree` after an event on the
+    /// releasing stream.
+    Plain,
+}
+
+/// Settings of a HIP context.
+#[derive(Debug, Clone, Default)]
+pub struct HipConfig {
+    /// Device ordinal (`hipSetDevice`), 0 by default.
+    pub device: u32,
+    /// Stream-ordered pool or the `hipMalloc` fallback.
+    pub allocator: AllocatorChoice,
+}
+
+/// The allocator in use (may switch from `StreamOrdered` to `Plain` once, at
+/// the first `hipErrorNotSupported`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Allocator {
+    StreamOrdered = 0,
+    Plain = 1,
+}
+
+static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
+
+/// What the context, its callbacks and the reaper share. Dropping it calls
+/// no HIP function: teardown releases explicitly.
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    ordinal: i32,
+    name: String,
+    total: u64,
+    driver: String,
+    execution: Execution,
+    pool: Option<Pool>,
+    allocator: AtomicU8,
+    fallback_reason: Mutex<Option<String>>,
+    pub(crate) lost: AtomicBool,
+    lost_reason: Mutex<Option<String>>,
+    closing: AtomicBool,
+    pub(crate) probe: BackendProbe,
+    pub(crate) next_id: AtomicU64,
+    /// Allocations not yet handed to a free: pointer -> (bytes, origin).
+    pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
+    /// Streams not yet destroyed.
+    pub(crate) streams: Mutex<HashMap<u64, stream::RawStream>>,
+    pub(crate) pending: PendingFrees,
+    pub(crate) outstanding: Outstanding,
+    pub(crate) reaper: Reaper,
+    pub(crate) reaper_thread: ReaperThread,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Inner {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Mark the context lost, keeping the first reason for later errors.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        let mut reason = lock(&self.lost_reason);
+        if reason.is_none() {
+            *reason = Some(why.to_owned());
+        }
+        drop(reason);
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.probe.device_lost();
+        }
+        self.outstanding.wake();
+    }
+
+    pub(crate) fn allocator(&self) -> Allocator {
+        if self.allocator.load(Ordering::Acquire) == Allocator::Plain as u8 {
+            Allocator::Plain
+        } else {
+            Allocator::StreamOrdered
+        }
+    }
+
+    pub(crate) fn fall_back(&self, why: &str) {
+        self.allocator
+            .store(Allocator::Plain as u8, Ordering::Release);
+        lock(&self.fallback_reason).get_or_insert_with(|| why.to_owned());
+    }
+
+    pub(crate) fn note(&self, what: String) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = self.id, "memgov hip: {what}");
+        lock(&self.notes).push(what);
+    }
+
+    /// `Ok` on success; else the classified error, marking the context lost
+    /// when the code is sticky.
+    pub(crate) fn checked(
+        &self,
+        op: &'static str,
+        call: &str,
+        code: hipError_t,
+    ) -> Result<(), BackendError> {
+        check(op, call, code).inspect_err(|e| {
+            if e.is_device_lost() {
+                self.mark_lost(&e.message);
+            }
+        })
+    }
+
+    pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
+        if self.is_lost() {
+            let why = lock(&self.lost_reason)
+                .clone()
+                .unwrap_or_else(|| "declared lost by the governor".to_owned());
+            return Err(err(
+                op,
+                BackendErrorKind::DeviceLost,
+                format!(
+                    "HIP device {} was lost ({why}); nothing is sent to it any more: retire this context",
+                    self.ordinal
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuse work on a lost or closing context.
+    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        self.check_lost(op)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                "the HIP context is being torn down; no new work is accepted",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_stream(&self, op: &'static str, s: &HipStream) -> Result<(), BackendError> {
+        if s.context != self.id || !lock(&self.streams).contains_key(&s.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of HIP context {} (it belongs to context {})",
+                    s.id, self.id, s.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Make this context's device current on the calling thread (HIP keeps
+    /// a current device per host thread; the governor calls from any).
+    pub(crate) fn make_current(&self, op: &'static str) -> Result<(), BackendError> {
+        // SAFETY: plain call with an ordinal validated at creation.
+        let r = unsafe { hipSetDevice(self.ordinal) };
+        self.checked(op, "hipSetDevice", r)
+    }
+}
+
+/// A HIP device context: one device, its default memory pool, and the
+/// streams and allocations made through it.
+pub struct HipContext {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for HipContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipContext")
+            .field("id", &self.inner.id)
+            .field("device", &self.inner.name)
+            .field("ordinal", &self.inner.ordinal)
+            .field("execution", &self.inner.execution)
+            .field("lost", &self.inner.is_lost())
+            .finish()
+    }
+}
+
+fn device_name(ordinal: i32) -> Result<String, BackendError> {
+    let mut buf = [0 as c_char; 256];
+    // SAFETY: the buffer holds `len` bytes; HIP writes a NUL-terminated name
+    // of at most that length.
+    let r = unsafe { hipDeviceGetName(buf.as_mut_ptr(), buf.len() as i32 - 1, ordinal) };
+    check("new", "hipDeviceGetName", r)?;
+    // SAFETY: the last byte is never written (len - 1 above), so the buffer
+    // is NUL-terminated.
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
+}
+
+fn int_out(call: &str, f: impl FnOnce(*mut i32) -> hipError_t) -> Result<i32, BackendError> {
+    let mut v = 0i32;
+    check("new", call, f(&mut v))?;
+    Ok(v)
+}
+
+impl HipContext {
+    /// Open device `config.device` through `libamdhip64`.
+    ///
+    /// Fails with [`BackendErrorKind::Unavailable`] ("no HIP device") when
+    /// the runtime finds no device, and with `InvalidArgument` when the
+    /// ordinal is out of range.
+    pub fn new(config: HipConfig) -> Result<Self, BackendError> {
+        let mut count = 0i32;
+        // SAFETY: valid out-pointer.
+        let r = unsafe { hipGetDeviceCount(&mut count) };
+        if r == hipError_t::hipErrorNoDevice || (r == hipError_t::hipSuccess && count == 0) {
+            return Err(err(
+                "new",
+                BackendErrorKind::Unavailable,
+                format!(
+                    "no HIP device (hipGetDeviceCount returned {}, {count} devices)",
+                    error_name(r)
+                ),
+            ));
+        }
+        if r != hipError_t::hipSuccess {
+            let mut e = hip_error("new", "hipGetDeviceCount", r);
+            if e.kind == BackendErrorKind::Unavailable {
+                e.message = format!("no HIP device: {}", e.message);
+            }
+            return Err(e);
+        }
+        let ordinal = i32::try_from(config.device).unwrap_or(i32::MAX);
+        if ordinal >= count {
+            return Err(err(
+                "new",
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "HIP device {} asked for, but the runtime has {count} (0..={})",
+                    config.device,
+                    count - 1
+                ),
+            ));
+        }
+        // SAFETY: ordinal is in range.
+        check("new", "hipSetDevice", unsafe { hipSetDevice(ordinal) })?;
+        let name = device_name(ordinal)?;
+        let mut total = 0usize;
+        // SAFETY: valid out-pointer, ordinal in range.
+        check("new", "hipDeviceTotalMem", unsafe {
+            hipDeviceTotalMem(&mut total, ordinal)
+        })?;
+        // SAFETY: valid out-pointers.
+        let driver = int_out("hipDriverGetVersion", |p| unsafe { hipDriverGetVersion(p) })?;
+        // SAFETY: valid out-pointer.
+        let runtime = int_out("hipRuntimeGetVersion", |p| unsafe {
+            hipRuntimeGetVersion(p)
+        })?;
+        // SAFETY: valid out-pointer, ordinal in range, listed attribute.
+        let pools = int_out("hipDeviceGetAttribute", |p| unsafe {
+            hipDeviceGetAttribute(
+                p,
+                hipDeviceAttribute_t::hipDeviceAttributeMemoryPoolsSupported,
+                ordinal,
+            )
+        })?;
+        let mut fallback_reason = None;
+        let mut pool = None;
+        if config.allocator == AllocatorChoice::Plain {
+            fallback_reason = Some("configured (AllocatorChoice::Plain)".to_owned());
+        } else if pools == 0 {
+            fallback_reason =
+                Some("hipDeviceAttributeMemoryPoolsSupported is 0 on this device".to_owned());
+        } else {
+            let mut p: hipMemPool_t = std::ptr::null_mut();
+            // SAFETY: valid out-pointer, ordinal in range.
+            let r = unsafe { hipDeviceGetDefaultMemPool(&mut p, ordinal) };
+            if r == hipError_t::hipErrorNotSupported {
+                fallback_reason =
+                    Some("hipDeviceGetDefaultMemPool returned hipErrorNotSupported".to_owned());
+            } else {
+                check("new", "hipDeviceGetDefaultMemPool", r)?;
+                // The attribute and the pool can exist while the allocator
+                // still refuses: ask it once, so that `describe()` (read at
+                // registration) tells the truth from the start.
+                match memory::probe_stream_ordered(Pool(p)) {
+                    Ok(true) => pool = Some(Pool(p)),
+                    Ok(false) => {
+                        fallback_reason =
+                            Some("hipMallocAsync returned hipErrorNotSupported".to_owned())
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let execution = if name.starts_with(STAND_IN_NAME_PREFIX) {
+            Execution::StandIn
+        } else {
+            Execution::RealHardware
+        };
+        let allocator = if fallback_reason.is_some() {
+            Allocator::Plain
+        } else {
+            Allocator::StreamOrdered
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+                ordinal,
+                name,
+                total: total as u64,
+                driver: format!("HIP runtime {runtime}, driver {driver}"),
+                execution,
+                pool,
+                allocator: AtomicU8::new(allocator as u8),
+                fallback_reason: Mutex::new(fallback_reason),
+                lost: AtomicBool::new(false),
+                lost_reason: Mutex::new(None),
+                closing: AtomicBool::new(false),
+                probe: BackendProbe::new(),
+                next_id: AtomicU64::new(1),
+                live: Mutex::new(HashMap::new()),
+                streams: Mutex::new(HashMap::new()),
+                pending: PendingFrees::default(),
+                outstanding: Outstanding::default(),
+                reaper: Reaper::default(),
+                reaper_thread: Mutex::new(None),
+                notes: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The backend's bookkeeping, readable after teardown.
+    pub fn probe(&self) -> BackendProbe {
+        self.inner.probe.clone()
+    }
+
+    /// Whether allocations come from `hipMallocAsync` (true) or from the
+    /// `hipMalloc` fallback, and why the fallback was chosen.
+    pub fn stream_ordered(&self) -> (bool, Option<String>) {
+        (
+            self.inner.allocator() == Allocator::StreamOrdered,
+            lock(&self.inner.fallback_reason).clone(),
+        )
+    }
+
+    /// Whether the runtime is memgov's stand-in rather than ROCm's.
+    pub fn is_stand_in(&self) -> bool {
+        self.inner.execution == Execution::StandIn
+    }
+
+    /// Frees queued and not yet retired (callbacks or reaper pending).
+    pub fn pending_frees(&self) -> usize {
+        self.inner.pending.len() + self.inner.reaper.len()
+    }
+
+    /// Things the backend noticed that had no caller to report to (a
+    /// failed fallback free, a refused stream callback).
+    pub fn notes(&self) -> Vec<String> {
+        lock(&self.inner.notes).clone()
+    }
+
+    /// Synchronize and destroy streams the governor left, free memory it
+    /// abandoned, trim the pool.
+    fn release_everything(&self) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let mut first_err: Option<BackendError> = None;
+        let mut keep = |r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
+        keep(inner.make_current("teardown"));
+        let streams: Vec<stream::RawStream> =
+            lock(&inner.streams).drain().map(|(_, s)| s).collect();
+        for s in &streams {
+            // SAFETY: the stream is alive (just taken out of the table).
+            let r = unsafe { hipStreamSynchronize(s.0) };
+            keep(inner.checked("teardown", "hipStreamSynchronize", r));
+        }
+        retire::stop_reaper(inner);
+        for s in streams {
+            keep(stream::destroy_raw(inner, "teardown", s));
+        }
+        let left: Vec<(usize, (u64, Origin))> = lock(&inner.live).drain().collect();
+        if left.iter().any(|(_, (_, o))| *o == Origin::Pool) {
+            keep(self.free_pool_leftovers(&left));
+        }
+        for (ptr, (bytes, origin)) in &left {
+            if *origin == Origin::Plain {
+                // SAFETY: the pointer came from hipMalloc of this context;
+                // every stream is synchronized and destroyed, so no work
+                // uses it.
+                let r = unsafe { hipFree(*ptr as *mut c_void) };
+                keep(inner.checked("teardown", "hipFree", r));
+            }
+            inner.probe.freed(*bytes);
+        }
+        if let Some(pool) = inner.pool {
+            keep(memory::trim_pool(pool));
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Pool allocations the governor abandoned (force): free them on a
+    /// temporary stream and wait.
+    fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
+        let mut s: hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, documented flag.
+        let r = unsafe { hipStreamCreateWithFlags(&mut s, hipStreamNonBlocking) };
+        self.inner
+            .checked("teardown", "hipStreamCreateWithFlags", r)?;
+        let mut result = Ok(());
+        for (ptr, (_, origin)) in left {
+            if *origin == Origin::Pool {
+                // SAFETY: the pointer came from hipMallocAsync of this
+                // context; every stream that used it is synchronized.
+                let r = unsafe { hipFreeAsync(*ptr as *mut c_void, s) };
+                result = result.and(self.inner.checked("teardown", "hipFreeAsync", r));
+            }
+        }
+        // SAFETY: the temporary stream is alive until destroyed below.
+        let r = unsafe { hipStreamSynchronize(s) };
+        result = result.and(self.inner.checked("teardown", "hipStreamSynchronize", r));
+        // SAFETY: synchronized above; nothing else knows this stream.
+        let r = unsafe { hipStreamDestroy(s) };
+        result.and(check("teardown", "hipStreamDestroy", r))
+    }
+}
+
+impl DeviceContext for HipContext {
+    type Stream = HipStream;
+    type Memory = HipMemory;
+
+    fn describe(&self) -> DeviceDescription {
+        let inner = &self.inner;
+        let allocator = match lock(&inner.fallback_reason).as_deref() {
+            None => "hipMallocAsync from the default pool".to_owned(),
+            Some(why) => format!("hipMalloc/hipFree fallback after an event ({why})"),
+        };
+        DeviceDescription {
+            backend: result::BACKEND,
+            vendor: "AMD".to_owned(),
+            name: inner.name.clone(),
+            ordinal: inner.ordinal as u32,
+            total_bytes: inner.total,
+            driver: format!("{}; {allocator}", inner.driver),
+            execution: inner.execution,
+            stream_ordered_reuse: inner.allocator() == Allocator::StreamOrdered,
+        }
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.inner.check_lost("memory_info")?;
+        self.inner.make_current("memory_info")?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; the device is current on this thread.
+        let r = unsafe { hipMemGetInfo(&mut free, &mut total) };
+        self.inner.checked("memory_info", "hipMemGetInfo", r)?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn create_stream(&self) -> Result<HipStream, BackendError> {
+        stream::create(&self.inner)
+    }
+
+    fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
+        stream::destroy(&self.inner, stream)
+    }
+
+    fn allocate(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
+        memory::allocate(&self.inner, stream, bytes)
+    }
+
+    fn free_async(
+        &self,
+        stream: &HipStream,
+        memory: HipMemory,
+        retired: RetireSignal,
+    ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
+        retire::free_async(&self.inner, stream, memory, retired)
+    }
+
+    fn write(
+        &self,
+        stream: &HipStream,
+        memory: &HipMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        memory::write(&self.inner, stream, memory, offset, src)
+    }
+
+    fn read(
+        &self,
+        stream: &HipStream,
+        memory: &HipMemory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        memory::read(&self.inner, stream, memory, offset, dst)
+    }
+
+    fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
+        stream::synchronize(&self.inner, stream)
+    }
+
+    fn device_lost(&self) {
+        self.inner.mark_lost("declared lost by the governor");
+    }
+
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        inner.closing.store(true, Ordering::Release);
+        if lost {
+            inner.mark_lost("torn down as lost");
+        }
+        let result = if inner.is_lost() {
+            // No waits, no frees: drop every signal still held; streams and
+            // memory die with the device.
+            retire::abandon_all(inner);
+            let streams = lock(&inner.streams).drain().count() as u64;
+            for _ in 0..streams {
+                inner.probe.stream_destroyed();
+            }
+            let left: Vec<u64> = lock(&inner.live).drain().map(|(_, (b, _))| b).collect();
+            for b in left {
+                inner.probe.freed(b);
+            }
+            Ok(())
+        } else {
+            let pending = self.pending_frees();
+            if pending > 0 {
+                inner.probe.violation(
+                    "hip",
+                    format!("teardown with {pending} stream-ordered frees not yet retired"),
+                );
+            }
+            self.release_everything()
+        };
+        inner.probe.torn_down_now();
+        result
+    }
+}

@@ -1,0 +1,669 @@
+/*
+ * libamdhip64.c: a stand-in for ROCm's HIP runtime (libamdhip64.so.5), enough
+ * of it for memgov's HIP backend, imitating the runtime's rules on host
+ * threads. Where ROCm's <hip/hip_runtime_api.h> is installed, the prototypes
+ * come from it, so the compiler checks every signature against the real API.
+ *
+ * - Memory is host memory; a device pointer is the host address.
+ * - Each stream is an ordered queue (common/standin.h) on its own host
+ *   thread: copies, frees, event records and stream callbacks run in stream
+ *   order, each after MEMGOV_STANDIN_HIP_LATENCY_US microseconds. Callbacks
+ *   run on that driver thread, never on the caller's.
+ * - The current device is per host thread (hipSetDevice), as in HIP.
+ * - The default memory pool keeps what hipFreeAsync returned (it shows as
+ *   used in hipMemGetInfo) until hipMemPoolTrimTo, like ROCm's pool.
+ * - Contract violations abort with "memgov libamdhip64 stand-in: contract
+ *   violation: ...": a call on a destroyed stream or event, a free of an
+ *   unknown or already freed pointer, a copy of one or out of bounds, a
+ *   stream destroyed with work still queued, hipDeviceReset with memory or
+ *   streams still live, any HIP call from inside a stream callback; and,
+ *   with MEMGOV_STANDIN_HIP_EXIT_CHECK=1, memory or streams still live when
+ *   the process exits (off by default: a device the governor declared lost
+ *   keeps its memory by design, and the stand-in cannot tell).
+ * - Knobs: MEMGOV_STANDIN_HIP_LATENCY_US, _OOM_AFTER_BYTES (hipMallocAsync /
+ *   hipMalloc return hipErrorOutOfMemory beyond it), _STICKY_ERROR_AT_OP
+ *   (HIP call N and every later one fail with hipErrorIllegalAddress; queued
+ *   work stops executing and callbacks receive that status), _NO_MEMPOOL=1
+ *   (no stream-ordered allocator: the pool attribute reads 0 and the pool
+ *   calls return hipErrorNotSupported; =2: the attribute reads 1 and the
+ *   default pool exists, but hipMallocAsync / hipFreeAsync still return
+ *   hipErrorNotSupported), _FAIL_CALLBACK_AT (the Nth
+ *   hipStreamAddCallback returns hipErrorNotSupported), _TOTAL_BYTES (device
+ *   size, default 16 GiB), _DEVICES (device count, default 1; 0 makes
+ *   hipGetDeviceCount return hipErrorNoDevice).
+ * - It says what it is: the device name starts with "memgov stand-in", and
+ *   the exported function memgov_standin_hip() returns a description.
+ * - Every code it returns is one hip-sys's Rust enum lists.
+ */
+#define _GNU_SOURCE
+#if __has_include(<hip/hip_runtime_api.h>)
+/* ROCm's own declarations: the compiler checks every definition below
+ * against them (CI installs libamdhip64-dev before building this). */
+#define __HIP_PLATFORM_AMD__ 1
+#include <hip/hip_runtime_api.h>
+#else
+/* Without ROCm's headers (a machine that builds every stand-in but runs no
+ * HIP test): the subset used here, with the values of ROCm 5.2's
+ * hip_runtime_api.h and driver_types.h. */
+typedef enum hipError_t {
+    hipSuccess = 0,
+    hipErrorInvalidValue = 1,
+    hipErrorOutOfMemory = 2,
+    hipErrorNoDevice = 100,
+    hipErrorInvalidDevice = 101,
+    hipErrorInvalidHandle = 400,
+    hipErrorNotReady = 600,
+    hipErrorIllegalAddress = 700,
+    hipErrorNotSupported = 801,
+} hipError_t;
+typedef int hipDevice_t;
+typedef void *hipDeviceptr_t;
+typedef struct ihipStream_t *hipStream_t;
+typedef struct ihipEvent_t *hipEvent_t;
+typedef struct ihipMemPoolHandle_t *hipMemPool_t;
+typedef enum hipDeviceAttribute_t { hipDeviceAttributeMemoryPoolsSupported = 88 } hipDeviceAttribute_t;
+typedef enum hipMemPoolAttr { hipMemPoolAttrReleaseThreshold = 4 } hipMemPoolAttr;
+typedef enum hipMemcpyKind {
+    hipMemcpyHostToHost = 0,
+    hipMemcpyHostToDevice = 1,
+    hipMemcpyDeviceToHost = 2,
+    hipMemcpyDeviceToDevice = 3,
+} hipMemcpyKind;
+typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
+#define hipStreamNonBlocking 0x01
+#endif
+
+#include "standin.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAM_MAGIC 0x48535452u /* "HSTR" */
+#define EVENT_MAGIC 0x48455654u  /* "HEVT" */
+#define POOL_MAGIC 0x48504f4cu   /* "HPOL" */
+#define MAX_DEVICES 8
+
+/* The handle types are opaque in the header; the stand-in defines them. */
+struct ihipStream_t {
+    unsigned magic;
+    int destroyed;
+    int device;
+    struct sq_queue *q;
+};
+
+struct ihipEvent_t {
+    unsigned magic;
+    int destroyed;
+    pthread_mutex_t lock;
+    pthread_cond_t done;
+    uint64_t recorded; /* generation of the last hipEventRecord */
+    uint64_t reached;  /* highest generation whose marker has run */
+};
+
+struct ihipMemPoolHandle_t {
+    unsigned magic;
+    int device;
+    uint64_t release_threshold;
+};
+
+struct device {
+    struct sq_mem *mem;
+    pthread_mutex_t lock; /* orders alloc/free against the pool reserve */
+    uint64_t reserve;     /* bytes freed into the pool, not yet trimmed */
+    uint64_t streams;     /* live streams */
+    struct ihipMemPoolHandle_t pool;
+};
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static struct sq_knobs g_knobs;
+static uint64_t g_total_bytes;
+static int g_devices;
+static int g_no_mempool;
+static uint64_t g_fail_callback_at;
+static uint64_t g_callbacks;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct device g_dev[MAX_DEVICES];
+static __thread int t_device;
+
+static const char g_description[] =
+    "memgov libamdhip64 stand-in: HIP runtime imitated on host threads (not a GPU)";
+
+/* Exported marker: what this library is. */
+const char *memgov_standin_hip(void);
+const char *memgov_standin_hip(void) { return g_description; }
+
+static uint64_t env_u64_or(const char *name, uint64_t dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0') return dflt;
+    char *end = NULL;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (end == v || *end != '\0' || v[0] == '-')
+        sq_die("%s=%s is not a non-negative integer", name, v);
+    return (uint64_t)n;
+}
+
+/* Nothing may be left on device d at `when` (exit or reset). */
+static void check_nothing_live(int d, const char *when) {
+    uint64_t live = sq_mem_live_count(g_dev[d].mem);
+    if (live != 0)
+        sq_die("%s with %llu allocations (%llu bytes) still live on device %d (never freed)", when,
+               (unsigned long long)live, (unsigned long long)sq_mem_live_bytes(g_dev[d].mem), d);
+    pthread_mutex_lock(&g_lock);
+    uint64_t streams = g_dev[d].streams;
+    pthread_mutex_unlock(&g_lock);
+    if (streams != 0)
+        sq_die("%s with %llu streams of device %d never destroyed", when,
+               (unsigned long long)streams, d);
+}
+
+static void at_exit_check(void) {
+    if (sq_knobs_sticky()) return; /* a lost device keeps what it had */
+    for (int d = 0; d < g_devices; d++) check_nothing_live(d, "process exits");
+}
+
+static void init(void) {
+    sq_set_name("libamdhip64 stand-in");
+    sq_knobs_load(&g_knobs, "MEMGOV_STANDIN_HIP");
+    g_total_bytes = env_u64_or("MEMGOV_STANDIN_HIP_TOTAL_BYTES", 16ull << 30);
+    uint64_t n = env_u64_or("MEMGOV_STANDIN_HIP_DEVICES", 1);
+    g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
+    g_no_mempool = (int)env_u64_or("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0);
+    g_fail_callback_at = env_u64_or("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
+    int exit_check = env_u64_or("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
+    for (int i = 0; i < g_devices; i++) {
+        g_dev[i].mem = sq_mem_new(g_knobs.oom_after_bytes);
+        pthread_mutex_init(&g_dev[i].lock, NULL);
+        g_dev[i].pool = (struct ihipMemPoolHandle_t){.magic = POOL_MAGIC, .device = i};
+    }
+    if (exit_check) atexit(at_exit_check);
+}
+
+/* Entry of every HIP call: none from inside a callback; count the call for
+ * the sticky error knob. Returns nonzero when the device is sticky. */
+static int enter(const char *fn) {
+    if (sq_current_op_flags() & SQ_OP_HOST_FN)
+        sq_die("%s called from inside a stream callback (HIP forbids HIP calls there)", fn);
+    pthread_once(&g_once, init);
+    return sq_knobs_tick(&g_knobs);
+}
+
+#define ENTER(fn)                                       \
+    do {                                                \
+        if (enter(fn)) return hipErrorIllegalAddress;   \
+    } while (0)
+
+static int valid_device(int d) { return d >= 0 && d < g_devices; }
+
+static void check_stream(hipStream_t s, const char *fn) {
+    if (s == NULL) sq_die("%s on the null stream: memgov's backend never uses it", fn);
+    if (s->magic != STREAM_MAGIC) sq_die("%s: %p is not a stream", fn, (void *)s);
+    if (s->destroyed) sq_die("%s on destroyed stream %p", fn, (void *)s);
+}
+
+static void check_event(hipEvent_t e, const char *fn) {
+    if (e == NULL || e->magic != EVENT_MAGIC) sq_die("%s: %p is not an event", fn, (void *)e);
+    if (e->destroyed) sq_die("%s on destroyed event %p", fn, (void *)e);
+}
+
+static void check_pool(hipMemPool_t p, const char *fn) {
+    if (p == NULL || p->magic != POOL_MAGIC) sq_die("%s: %p is not a memory pool", fn, (void *)p);
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+struct code_name {
+    hipError_t code;
+    const char *name, *text;
+};
+
+static const struct code_name g_codes[] = {
+    {hipSuccess, "hipSuccess", "no error"},
+    {hipErrorInvalidValue, "hipErrorInvalidValue", "invalid argument"},
+    {hipErrorOutOfMemory, "hipErrorOutOfMemory", "out of memory"},
+    {hipErrorNoDevice, "hipErrorNoDevice", "no ROCm-capable device is detected"},
+    {hipErrorInvalidDevice, "hipErrorInvalidDevice", "invalid device ordinal"},
+    {hipErrorInvalidHandle, "hipErrorInvalidHandle", "invalid resource handle"},
+    {hipErrorNotReady, "hipErrorNotReady", "device not ready"},
+    {hipErrorIllegalAddress, "hipErrorIllegalAddress", "an illegal memory access was encountered"},
+    {hipErrorNotSupported, "hipErrorNotSupported", "operation not supported"},
+};
+
+static const struct code_name *find_code(hipError_t e) {
+    for (size_t i = 0; i < sizeof g_codes / sizeof g_codes[0]; i++)
+        if (g_codes[i].code == e) return &g_codes[i];
+    return NULL;
+}
+
+const char *hipGetErrorName(hipError_t e) {
+    if (sq_current_op_flags() & SQ_OP_HOST_FN)
+        sq_die("hipGetErrorName called from inside a stream callback");
+    const struct code_name *c = find_code(e);
+    return c ? c->name : "hipErrorUnknown";
+}
+
+const char *hipGetErrorString(hipError_t e) {
+    if (sq_current_op_flags() & SQ_OP_HOST_FN)
+        sq_die("hipGetErrorString called from inside a stream callback");
+    const struct code_name *c = find_code(e);
+    return c ? c->text : "unknown error";
+}
+
+/* ---- devices ----------------------------------------------------------------- */
+
+hipError_t hipInit(unsigned int flags) {
+    ENTER("hipInit");
+    return flags == 0 ? hipSuccess : hipErrorInvalidValue;
+}
+
+hipError_t hipDriverGetVersion(int *v) {
+    ENTER("hipDriverGetVersion");
+    if (v == NULL) return hipErrorInvalidValue;
+    *v = 50223; /* the ROCm release it imitates: 5.2.3 */
+    return hipSuccess;
+}
+
+hipError_t hipRuntimeGetVersion(int *v) {
+    ENTER("hipRuntimeGetVersion");
+    if (v == NULL) return hipErrorInvalidValue;
+    *v = 50223;
+    return hipSuccess;
+}
+
+hipError_t hipGetDeviceCount(int *count) {
+    ENTER("hipGetDeviceCount");
+    if (count == NULL) return hipErrorInvalidValue;
+    *count = g_devices;
+    return g_devices == 0 ? hipErrorNoDevice : hipSuccess;
+}
+
+hipError_t hipSetDevice(int d) {
+    ENTER("hipSetDevice");
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    t_device = d;
+    return hipSuccess;
+}
+
+hipError_t hipGetDevice(int *d) {
+    ENTER("hipGetDevice");
+    if (d == NULL) return hipErrorInvalidValue;
+    *d = t_device;
+    return hipSuccess;
+}
+
+/* Destroys every resource of the current device in real HIP: memgov never
+ * calls it (other users of the device own theirs). The stand-in treats it
+ * as the device's destruction and requires nothing to be left. */
+hipError_t hipDeviceReset(void) {
+    int sticky = enter("hipDeviceReset");
+    if (!sticky) check_nothing_live(t_device, "hipDeviceReset");
+    return hipSuccess;
+}
+
+hipError_t hipDeviceGetName(char *name, int len, hipDevice_t d) {
+    ENTER("hipDeviceGetName");
+    if (name == NULL || len <= 0) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    snprintf(name, (size_t)len, "memgov stand-in HIP device %d (libamdhip64.so.5 imitation)", d);
+    return hipSuccess;
+}
+
+hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t d) {
+    ENTER("hipDeviceTotalMem");
+    if (bytes == NULL) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    *bytes = (size_t)g_total_bytes;
+    return hipSuccess;
+}
+
+hipError_t hipDeviceGetAttribute(int *pi, hipDeviceAttribute_t attr, int d) {
+    ENTER("hipDeviceGetAttribute");
+    if (pi == NULL) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    if (attr != hipDeviceAttributeMemoryPoolsSupported) return hipErrorInvalidValue;
+    *pi = g_no_mempool == 1 ? 0 : 1;
+    return hipSuccess;
+}
+
+static uint64_t cap_bytes(void) {
+    uint64_t cap = g_total_bytes;
+    if (g_knobs.oom_after_bytes != 0 && g_knobs.oom_after_bytes < cap) cap = g_knobs.oom_after_bytes;
+    return cap;
+}
+
+hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
+    ENTER("hipMemGetInfo");
+    if (free_bytes == NULL || total == NULL) return hipErrorInvalidValue;
+    struct device *dev = &g_dev[t_device];
+    pthread_mutex_lock(&dev->lock);
+    uint64_t used = sq_mem_live_bytes(dev->mem) + dev->reserve;
+    pthread_mutex_unlock(&dev->lock);
+    uint64_t cap = cap_bytes();
+    *free_bytes = (size_t)(used > cap ? 0 : cap - used);
+    *total = (size_t)g_total_bytes;
+    return hipSuccess;
+}
+
+/* ---- streams ------------------------------------------------------------------- */
+
+hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags) {
+    ENTER("hipStreamCreateWithFlags");
+    if (stream == NULL || (flags & ~(unsigned)hipStreamNonBlocking) != 0) return hipErrorInvalidValue;
+    hipStream_t s = calloc(1, sizeof *s);
+    if (s == NULL) sq_fatal("out of host memory");
+    s->magic = STREAM_MAGIC;
+    s->device = t_device;
+    s->q = sq_queue_new(g_knobs.latency_us);
+    pthread_mutex_lock(&g_lock);
+    g_dev[s->device].streams++;
+    pthread_mutex_unlock(&g_lock);
+    *stream = s;
+    return hipSuccess;
+}
+
+hipError_t hipStreamDestroy(hipStream_t s) {
+    int sticky = enter("hipStreamDestroy");
+    check_stream(s, "hipStreamDestroy");
+    uint64_t pending = sq_queue_pending(s->q);
+    if (pending != 0 && !sticky)
+        sq_die("hipStreamDestroy of stream %p with %llu operations (frees, copies or callbacks) "
+               "still queued: synchronize it first",
+               (void *)s, (unsigned long long)pending);
+    s->destroyed = 1; /* the struct is kept so that later use is caught */
+    pthread_mutex_lock(&g_lock);
+    g_dev[s->device].streams--;
+    pthread_mutex_unlock(&g_lock);
+    sq_queue_destroy(s->q); /* on a sticky device queued work drains as no-ops */
+    s->q = NULL;
+    return hipSuccess;
+}
+
+hipError_t hipStreamSynchronize(hipStream_t s) {
+    ENTER("hipStreamSynchronize");
+    check_stream(s, "hipStreamSynchronize");
+    sq_queue_sync(s->q);
+    return sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess;
+}
+
+hipError_t hipStreamQuery(hipStream_t s) {
+    ENTER("hipStreamQuery");
+    check_stream(s, "hipStreamQuery");
+    return sq_queue_pending(s->q) == 0 ? hipSuccess : hipErrorNotReady;
+}
+
+struct callback_op {
+    hipStream_t stream;
+    hipStreamCallback_t fn;
+    void *user;
+};
+
+static void run_callback(void *arg) {
+    struct callback_op *op = arg;
+    /* On a sticky device the callback still runs, with the error as its
+     * status, as HIP reports a failed stream to its callbacks. */
+    op->fn(op->stream, sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess, op->user);
+    free(op);
+}
+
+hipError_t hipStreamAddCallback(hipStream_t s, hipStreamCallback_t fn, void *user, unsigned int flags) {
+    ENTER("hipStreamAddCallback");
+    check_stream(s, "hipStreamAddCallback");
+    if (fn == NULL || flags != 0) return hipErrorInvalidValue;
+    pthread_mutex_lock(&g_lock);
+    uint64_t n = ++g_callbacks;
+    pthread_mutex_unlock(&g_lock);
+    if (g_fail_callback_at != 0 && n == g_fail_callback_at) return hipErrorNotSupported;
+    struct callback_op *op = malloc(sizeof *op);
+    if (op == NULL) sq_fatal("out of host memory");
+    *op = (struct callback_op){.stream = s, .fn = fn, .user = user};
+    sq_queue_push(s->q, run_callback, op, SQ_OP_HOST_FN);
+    return hipSuccess;
+}
+
+/* ---- events -------------------------------------------------------------------- */
+
+hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags) {
+    ENTER("hipEventCreateWithFlags");
+    if (event == NULL) return hipErrorInvalidValue;
+    (void)flags;
+    hipEvent_t e = calloc(1, sizeof *e);
+    if (e == NULL) sq_fatal("out of host memory");
+    e->magic = EVENT_MAGIC;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->done, NULL);
+    *event = e;
+    return hipSuccess;
+}
+
+struct marker_op {
+    hipEvent_t event;
+    uint64_t generation;
+};
+
+static void run_marker(void *arg) {
+    struct marker_op *op = arg;
+    hipEvent_t e = op->event;
+    pthread_mutex_lock(&e->lock);
+    if (op->generation > e->reached) e->reached = op->generation;
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->lock);
+    free(op);
+}
+
+hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) {
+    ENTER("hipEventRecord");
+    check_event(e, "hipEventRecord");
+    check_stream(s, "hipEventRecord");
+    struct marker_op *op = malloc(sizeof *op);
+    if (op == NULL) sq_fatal("out of host memory");
+    pthread_mutex_lock(&e->lock);
+    op->event = e;
+    op->generation = ++e->recorded;
+    pthread_mutex_unlock(&e->lock);
+    sq_queue_push(s->q, run_marker, op, SQ_OP_PLAIN);
+    return hipSuccess;
+}
+
+hipError_t hipEventSynchronize(hipEvent_t e) {
+    ENTER("hipEventSynchronize");
+    check_event(e, "hipEventSynchronize");
+    pthread_mutex_lock(&e->lock);
+    uint64_t want = e->recorded;
+    while (e->reached < want) pthread_cond_wait(&e->done, &e->lock);
+    pthread_mutex_unlock(&e->lock);
+    return sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess;
+}
+
+hipError_t hipEventQuery(hipEvent_t e) {
+    ENTER("hipEventQuery");
+    check_event(e, "hipEventQuery");
+    pthread_mutex_lock(&e->lock);
+    int done = e->reached >= e->recorded;
+    pthread_mutex_unlock(&e->lock);
+    return done ? hipSuccess : hipErrorNotReady;
+}
+
+hipError_t hipEventDestroy(hipEvent_t e) {
+    ENTER("hipEventDestroy");
+    check_event(e, "hipEventDestroy");
+    /* Kept (never freed) so that a marker still queued, or a later use of
+     * the handle, touches valid memory and is caught. */
+    e->destroyed = 1;
+    return hipSuccess;
+}
+
+/* ---- memory --------------------------------------------------------------------- */
+
+static uint64_t alloc_on(int d, size_t bytes, int from_pool) {
+    struct device *dev = &g_dev[d];
+    pthread_mutex_lock(&dev->lock);
+    uint64_t p = sq_mem_alloc(dev->mem, bytes);
+    if (p != 0 && from_pool) {
+        /* Reuse what the pool kept, as ROCm's pool does. */
+        uint64_t take = dev->reserve < bytes ? dev->reserve : bytes;
+        dev->reserve -= take;
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return p;
+}
+
+/* Release a marked allocation; into the pool's reserve when `to_pool`. */
+static void finish_free_on(int d, uint64_t base, int to_pool) {
+    struct device *dev = &g_dev[d];
+    pthread_mutex_lock(&dev->lock);
+    uint64_t before = sq_mem_live_bytes(dev->mem);
+    sq_mem_finish_free(dev->mem, base);
+    if (to_pool) dev->reserve += before - sq_mem_live_bytes(dev->mem);
+    pthread_mutex_unlock(&dev->lock);
+}
+
+hipError_t hipMalloc(void **ptr, size_t size) {
+    ENTER("hipMalloc");
+    if (ptr == NULL) return hipErrorInvalidValue;
+    if (size == 0) {
+        *ptr = NULL;
+        return hipSuccess;
+    }
+    uint64_t p = alloc_on(t_device, size, 0);
+    if (p == 0) return hipErrorOutOfMemory;
+    *ptr = (void *)(uintptr_t)p;
+    return hipSuccess;
+}
+
+hipError_t hipFree(void *ptr) {
+    ENTER("hipFree");
+    if (ptr == NULL) return hipSuccess;
+    uint64_t base = (uint64_t)(uintptr_t)ptr;
+    /* The pointer may belong to any device; find the one that knows it. */
+    for (int d = 0; d < g_devices; d++) {
+        enum sq_mem_check c = sq_mem_begin_free(g_dev[d].mem, base);
+        if (c == SQ_MEM_OK) {
+            finish_free_on(d, base, 0);
+            return hipSuccess;
+        }
+        if (c != SQ_MEM_UNKNOWN) sq_die("hipFree of %s pointer %p", sq_mem_check_str(c), ptr);
+    }
+    sq_die("hipFree of unknown pointer %p", ptr);
+}
+
+hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int d) {
+    ENTER("hipDeviceGetDefaultMemPool");
+    if (pool == NULL) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    if (g_no_mempool == 1) return hipErrorNotSupported;
+    *pool = &g_dev[d].pool;
+    return hipSuccess;
+}
+
+hipError_t hipMemPoolSetAttribute(hipMemPool_t pool, hipMemPoolAttr attr, void *value) {
+    ENTER("hipMemPoolSetAttribute");
+    check_pool(pool, "hipMemPoolSetAttribute");
+    if (value == NULL) return hipErrorInvalidValue;
+    if (attr != hipMemPoolAttrReleaseThreshold) return hipErrorNotSupported;
+    memcpy(&pool->release_threshold, value, sizeof pool->release_threshold);
+    return hipSuccess;
+}
+
+hipError_t hipMemPoolGetAttribute(hipMemPool_t pool, hipMemPoolAttr attr, void *value) {
+    ENTER("hipMemPoolGetAttribute");
+    check_pool(pool, "hipMemPoolGetAttribute");
+    if (value == NULL) return hipErrorInvalidValue;
+    if (attr != hipMemPoolAttrReleaseThreshold) return hipErrorNotSupported;
+    memcpy(value, &pool->release_threshold, sizeof pool->release_threshold);
+    return hipSuccess;
+}
+
+hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t keep) {
+    ENTER("hipMemPoolTrimTo");
+    check_pool(pool, "hipMemPoolTrimTo");
+    struct device *dev = &g_dev[pool->device];
+    pthread_mutex_lock(&dev->lock);
+    if (dev->reserve > keep) dev->reserve = keep;
+    pthread_mutex_unlock(&dev->lock);
+    return hipSuccess;
+}
+
+hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t s) {
+    ENTER("hipMallocAsync");
+    check_stream(s, "hipMallocAsync");
+    if (g_no_mempool) return hipErrorNotSupported;
+    if (ptr == NULL || size == 0) return hipErrorInvalidValue;
+    uint64_t p = alloc_on(s->device, size, 1);
+    if (p == 0) return hipErrorOutOfMemory;
+    *ptr = (void *)(uintptr_t)p;
+    return hipSuccess;
+}
+
+struct free_op {
+    int device;
+    uint64_t base;
+};
+
+static void run_free(void *arg) {
+    struct free_op *op = arg;
+    /* On a sticky device queued work no longer runs: the memory stays. */
+    if (!sq_knobs_sticky()) finish_free_on(op->device, op->base, 1);
+    free(op);
+}
+
+hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
+    ENTER("hipFreeAsync");
+    check_stream(s, "hipFreeAsync");
+    if (g_no_mempool) return hipErrorNotSupported;
+    uint64_t base = (uint64_t)(uintptr_t)ptr;
+    enum sq_mem_check c = sq_mem_begin_free(g_dev[s->device].mem, base);
+    if (c != SQ_MEM_OK) sq_die("hipFreeAsync of %s pointer %p", sq_mem_check_str(c), ptr);
+    struct free_op *op = malloc(sizeof *op);
+    if (op == NULL) sq_fatal("out of host memory");
+    *op = (struct free_op){.device = s->device, .base = base};
+    sq_queue_push(s->q, run_free, op, SQ_OP_PLAIN);
+    return hipSuccess;
+}
+
+struct copy_op {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+
+static void run_copy(void *arg) {
+    struct copy_op *op = arg;
+    if (!sq_knobs_sticky()) memcpy(op->dst, op->src, op->bytes);
+    free(op);
+}
+
+static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, const void *src,
+                             size_t bytes, hipStream_t s) {
+    check_stream(s, fn);
+    if (bytes == 0) return hipSuccess;
+    if (dst == NULL || src == NULL) return hipErrorInvalidValue;
+    enum sq_mem_check c = sq_mem_check(g_dev[s->device].mem, (uint64_t)(uintptr_t)dev_ptr, bytes);
+    if (c != SQ_MEM_OK)
+        sq_die("%s of %zu bytes at %s device pointer %p", fn, bytes, sq_mem_check_str(c), dev_ptr);
+    struct copy_op *op = malloc(sizeof *op);
+    if (op == NULL) sq_fatal("out of host memory");
+    *op = (struct copy_op){.dst = dst, .src = src, .bytes = bytes};
+    sq_queue_push(s->q, run_copy, op, SQ_OP_PLAIN);
+    return hipSuccess;
+}
+
+hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t bytes, hipStream_t s) {
+    ENTER("hipMemcpyHtoDAsync");
+    return copy_async("hipMemcpyHtoDAsync", dst, dst, src, bytes, s);
+}
+
+hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t bytes, hipStream_t s) {
+    ENTER("hipMemcpyDtoHAsync");
+    return copy_async("hipMemcpyDtoHAsync", src, dst, src, bytes, s);
+}
+
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t bytes, hipMemcpyKind kind, hipStream_t s) {
+    ENTER("hipMemcpyAsync");
+    switch (kind) {
+    case hipMemcpyHostToDevice: return copy_async("hipMemcpyAsync", dst, dst, src, bytes, s);
+    case hipMemcpyDeviceToHost: return copy_async("hipMemcpyAsync", src, dst, src, bytes, s);
+    default: return hipErrorInvalidValue;
+    }
+}

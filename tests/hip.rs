@@ -1,0 +1,815 @@
+//! The HIP backend against whatever `libamdhip64.so.5` the loader finds: the
+//! stand-in from `backends/stand-ins/hip/` in CI (put on `LD_LIBRARY_PATH`),
+//! an AMD GPU where there is one, or Debian's real runtime with no GPU, where
+//! every test prints `skipped: no HIP device` and passes.
+//!
+//! Tests that need the stand-in's knobs or plant contract violations run in
+//! a child process (this test binary re-executed with one ignored test and
+//! an environment variable), because the stand-in reads its knobs once per
+//! process and aborts the process on a violation. On anything but the
+//! stand-in they print `skipped: not the stand-in (...)`.
+//!
+//! `cargo test --features hip --test hip` (with the stand-in:
+//! `LD_LIBRARY_PATH=$(backends/stand-ins/hip/build.sh)`).
+#![cfg(feature = "hip")]
+
+use hip_sys::hiprt as hip;
+use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
+use memgov::{
+    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
+    RetireOutcome, RetireSignal, Role,
+};
+use std::ffi::c_void;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
+
+memgov::conformance_tests!(hip_plain, || HipContext::new(HipConfig {
+    allocator: AllocatorChoice::Plain,
+    ..HipConfig::default()
+}));
+
+const LONG: Duration = Duration::from_secs(60);
+/// The environment variable that makes this binary a child running one case.
+const CHILD: &str = "MEMGOV_HIP_TEST_CHILD";
+
+/// A context, or `None` after printing why there is no HIP device here.
+fn context(config: HipConfig) -> Option<HipContext> {
+    match HipContext::new(config) {
+        Ok(c) => Some(c),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            assert!(e.message.starts_with("no HIP device"), "{e}");
+            eprintln!("skipped: no HIP device ({})", e.message);
+            None
+        }
+        Err(e) => panic!("HipContext::new failed: {e}"),
+    }
+}
+
+/// A context on the stand-in, or `None` after printing why not.
+fn stand_in() -> Option<HipContext> {
+    let ctx = context(HipConfig::default())?;
+    if ctx.describe().execution != Execution::StandIn {
+        eprintln!(
+            "skipped: not the stand-in ({}): this test needs its knobs",
+            ctx.describe().name
+        );
+        let _ = ctx.teardown(false);
+        return None;
+    }
+    Some(ctx)
+}
+
+/// A signal that reports its outcome and the thread it settled on.
+fn signal() -> (
+    RetireSignal,
+    Receiver<(RetireOutcome, std::thread::ThreadId)>,
+) {
+    let (tx, rx) = channel();
+    (
+        RetireSignal::from_fn(move |o| {
+            let _ = tx.send((o, std::thread::current().id()));
+        }),
+        rx,
+    )
+}
+
+#[test]
+fn whole_suite_report() {
+    for (label, config) in [
+        ("pool", HipConfig::default()),
+        (
+            "plain",
+            HipConfig {
+                allocator: AllocatorChoice::Plain,
+                ..HipConfig::default()
+            },
+        ),
+    ] {
+        let report = memgov::conformance::run_suite(|| HipContext::new(config.clone()));
+        println!("{label}: {report}");
+        assert!(report.all_passed(), "{report}");
+        match report.execution {
+            None => {
+                eprintln!("{}", report.cases[0].outcome);
+            }
+            Some(_) => assert_eq!(
+                report.counts().2,
+                0,
+                "no case may skip on a device: {report}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn describe_names_the_allocator_and_how_it_ran() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let d = ctx.describe();
+    assert_eq!(d.backend, "hip");
+    assert_eq!(d.vendor, "AMD");
+    assert!(d.total_bytes > 0);
+    let (ordered, why) = ctx.stream_ordered();
+    assert_eq!(d.stream_ordered_reuse, ordered);
+    if ordered {
+        assert!(d.driver.contains("hipMallocAsync"), "{}", d.driver);
+    } else {
+        assert!(d.driver.contains("fallback"), "{} ({why:?})", d.driver);
+    }
+    if d.name.starts_with(memgov::hip::STAND_IN_NAME_PREFIX) {
+        assert_eq!(d.execution, Execution::StandIn);
+        assert!(ordered, "the stand-in has a pool unless told otherwise");
+    } else {
+        assert_eq!(d.execution, Execution::RealHardware);
+    }
+    ctx.teardown(false).unwrap();
+}
+
+#[test]
+fn free_retires_through_the_stream_callback() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let probe = ctx.probe();
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 1 << 16).unwrap();
+    assert_eq!(m.origin(), Origin::Pool);
+    ctx.write(&s, &m, 100, b"retire me").unwrap();
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    ctx.synchronize(&s).unwrap();
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the callback fired");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(
+        thread,
+        std::thread::current().id(),
+        "retirement is learnt on the runtime's callback thread"
+    );
+    assert_eq!(ctx.pending_frees(), 0);
+    ctx.destroy_stream(s).unwrap();
+    ctx.teardown(false).unwrap();
+    assert_eq!(probe.frees_retired(), 1);
+    probe.check_clean_teardown().unwrap();
+}
+
+#[test]
+fn plain_fallback_frees_after_the_event() {
+    let config = HipConfig {
+        allocator: AllocatorChoice::Plain,
+        ..HipConfig::default()
+    };
+    let Some(ctx) = context(config) else { return };
+    let probe = ctx.probe();
+    let d = ctx.describe();
+    assert!(!d.stream_ordered_reuse);
+    assert!(
+        d.driver.contains("hipMalloc/hipFree fallback"),
+        "{}",
+        d.driver
+    );
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 4096).unwrap();
+    assert_eq!(m.origin(), Origin::Plain);
+    ctx.write(&s, &m, 0, &[7; 4096]).unwrap();
+    let mut back = [0u8; 16];
+    ctx.read(&s, &m, 4080, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the reaper retired it");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(thread, std::thread::current().id());
+    ctx.destroy_stream(s).unwrap();
+    ctx.teardown(false).unwrap();
+    probe.check_clean_teardown().unwrap();
+}
+
+#[test]
+fn raw_accessors_reach_the_same_memory_and_stream() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 256).unwrap();
+    assert!(!m.device_ptr().is_null());
+    assert!(!s.hip_stream().is_null());
+    ctx.write(&s, &m, 0, b"through the raw handles").unwrap();
+    let mut back = [0u8; 23];
+    // SAFETY: the pointer and stream are live handles of this context; the
+    // copy stays within the 256-byte allocation; `back` outlives the
+    // synchronize that completes the copy.
+    let (copy, sync) = unsafe {
+        (
+            hip::hipMemcpyDtoHAsync(
+                back.as_mut_ptr() as *mut c_void,
+                m.device_ptr(),
+                back.len(),
+                s.hip_stream(),
+            ),
+            hip::hipStreamSynchronize(s.hip_stream()),
+        )
+    };
+    assert_eq!(
+        (copy, sync),
+        (hip::hipError_t::hipSuccess, hip::hipError_t::hipSuccess)
+    );
+    assert_eq!(&back, b"through the raw handles");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    ctx.destroy_stream(s).unwrap();
+    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+    ctx.teardown(false).unwrap();
+}
+
+#[test]
+fn foreign_or_double_free_is_refused_and_counted() {
+    let Some(a) = context(HipConfig::default()) else {
+        return;
+    };
+    let b = HipContext::new(HipConfig::default()).unwrap();
+    let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
+    let m = a.allocate(&sa, 64).unwrap();
+    let (sig, rx) = signal();
+    let (m, sig, e) = b
+        .free_async(&sb, m, sig)
+        .expect_err("b does not own a's memory");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("not live"), "{e}");
+    assert_eq!(b.probe().violations(), 1);
+    a.free_async(&sa, m, sig).map_err(|(_, _, e)| e).unwrap();
+    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+    a.destroy_stream(sa).unwrap();
+    b.destroy_stream(sb).unwrap();
+    a.teardown(false).unwrap();
+    b.teardown(false).unwrap();
+}
+
+#[test]
+fn sticky_codes_classify_as_device_loss() {
+    use hip::hipError_t as E;
+    for code in [
+        E::hipErrorIllegalAddress,
+        E::hipErrorLaunchFailure,
+        E::hipErrorECCNotCorrectable,
+        E::hipErrorAssert,
+    ] {
+        let e = result::hip_error("allocate", "hipMallocAsync", code);
+        assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+        assert!(e.message.contains("retire this context"), "{e}");
+        assert_eq!(e.code, Some(code as u32 as i64));
+    }
+    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
+    assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
+    assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
+    assert_eq!(
+        result::kind_of(E::hipErrorNoDevice),
+        BackendErrorKind::Unavailable
+    );
+}
+
+#[test]
+fn teardown_trims_the_pool() {
+    if !on_stand_in() {
+        return;
+    }
+    // In a child: other tests' teardowns would trim the shared pool too.
+    expect_pass("trim", &[]);
+}
+
+/// A governed soak: threads allocate, write, read back and release on their
+/// own streams while the pool reuses freed memory; the backend's books and
+/// the governor's charge end at zero. On the stand-in it runs in a child
+/// with the exit check on, so the runtime's books must end at zero too.
+#[test]
+fn short_soak() {
+    let Some(first) = context(HipConfig::default()) else {
+        return;
+    };
+    if first.describe().execution == Execution::StandIn {
+        first.teardown(false).unwrap();
+        let out = expect_pass("soak", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "20")]);
+        let line = out.lines().find_map(|l| l.find("soak:").map(|i| &l[i..]));
+        println!("{}", line.expect("the child prints its soak line"));
+        return;
+    }
+    soak(first);
+}
+
+fn soak(first: HipContext) {
+    let start = Instant::now();
+    let gov = Governor::new();
+    let mut ctx = Some(first);
+    let mut cycles = 0u64;
+    for epoch in 0..3u8 {
+        let backend = match ctx.take() {
+            Some(c) => c,
+            None => HipContext::new(HipConfig::default()).unwrap(),
+        };
+        let probe = backend.probe();
+        let handle = gov.register(backend, ContextConfig::new().label(format!("soak-{epoch}")));
+        let n = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..2)
+                .map(|t| {
+                    let handle = &handle;
+                    scope.spawn(move || {
+                        let stream = handle.create_stream(format!("w{t}")).unwrap();
+                        let mut n = 0u64;
+                        for i in 0..200u32 {
+                            let bytes = 4096 + u64::from(i % 7) * 1024;
+                            let buf = handle.allocate(&stream, bytes, Role::Workspace).unwrap();
+                            let v = [(i % 251) as u8; 64];
+                            buf.write(bytes - 64, &v).unwrap();
+                            let mut back = [0u8; 64];
+                            buf.read(bytes - 64, &mut back).unwrap();
+                            assert_eq!(back, v);
+                            if i % 2 == 0 {
+                                buf.release_on(&stream).map_err(|e| e.error).unwrap();
+                            } else {
+                                drop(buf);
+                            }
+                            n += 1;
+                        }
+                        stream.synchronize().unwrap();
+                        n
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
+        });
+        cycles += n;
+        let report = handle.retire().wait(Instant::now() + LONG).unwrap();
+        report.backend_result.unwrap();
+        assert_eq!(report.abandoned_releases, 0);
+        assert_eq!(report.retired_releases, n);
+        probe.check_clean_teardown().unwrap();
+    }
+    println!(
+        "soak: hip, {cycles} governed allocate/write/read/release cycles, 2 threads, 3 contexts, {:.1?}; every teardown clean",
+        start.elapsed()
+    );
+}
+
+// ---- child processes: knobs and planted violations ---------------------
+
+/// Run `case` in a child with `env`; returns its exit status and output.
+fn child(case: &str, env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "child_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, case)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status, text)
+}
+
+/// Whether this process runs on the stand-in; prints why not.
+fn on_stand_in() -> bool {
+    stand_in().map(|c| c.teardown(false).unwrap()).is_some()
+}
+
+fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
+    let (status, out) = child(case, env);
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "{case}: the child must die of SIGABRT, it ended with {status}:\n{out}"
+    );
+    assert!(
+        out.contains("memgov libamdhip64 stand-in: contract violation"),
+        "{case}: no contract violation reported:\n{out}"
+    );
+    assert!(
+        out.contains(message),
+        "{case}: expected '{message}' in:\n{out}"
+    );
+    assert!(
+        !out.contains("child reached the end"),
+        "{case}: the violation was not caught where planted:\n{out}"
+    );
+}
+
+/// Run `case` in a child that must pass, with the stand-in's exit check on:
+/// anything the case leaves allocated aborts the child.
+fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
+    let mut env = env.to_vec();
+    env.push(("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1"));
+    let (status, out) = child(case, &env);
+    assert!(
+        status.success(),
+        "{case}: the child failed ({status}):\n{out}"
+    );
+    assert!(out.contains("child reached the end"), "{case}:\n{out}");
+    out
+}
+
+#[test]
+fn planted_violations_abort_the_stand_in() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "free_after_destroy",
+        &[],
+        "hipFreeAsync on destroyed stream",
+    );
+    expect_abort("double_free", &[], "hipFreeAsync of already freed pointer");
+    expect_abort("unknown_free", &[], "hipFree of unknown pointer");
+    expect_abort(
+        "copy_out_of_bounds",
+        &[],
+        "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
+    );
+    expect_abort(
+        "destroy_with_pending_work",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+        "hipStreamDestroy of stream",
+    );
+    expect_abort(
+        "live_memory_at_exit",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "process exits with 1 allocations (4096 bytes) still live on device 0",
+    );
+    expect_abort(
+        "reset_with_live_memory",
+        &[],
+        "hipDeviceReset with 1 allocations (64 bytes)",
+    );
+    expect_abort(
+        "call_inside_callback",
+        &[],
+        "called from inside a stream callback",
+    );
+    // The control: the same steps done right pass.
+    expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
+}
+
+#[test]
+fn releases_really_pend_with_latency() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "pending_with_latency",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "50000")],
+    );
+}
+
+#[test]
+fn no_mempool_falls_back_to_hip_malloc() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("no_mempool", &[("MEMGOV_STANDIN_HIP_NO_MEMPOOL", "1")]);
+}
+
+#[test]
+fn refused_malloc_async_falls_back_at_creation() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "malloc_async_refused",
+        &[("MEMGOV_STANDIN_HIP_NO_MEMPOOL", "2")],
+    );
+}
+
+#[test]
+fn refused_callback_retires_by_synchronizing() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "refused_callback",
+        &[("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", "1")],
+    );
+}
+
+#[test]
+fn device_loss_abandons_pending_frees() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1..=20 open the context, a stream, an allocation and its free;
+    // call 21 (the next one) and all later fail as after an illegal address.
+    expect_pass(
+        "device_loss",
+        &[
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "21"),
+        ],
+    );
+}
+
+#[test]
+fn out_of_memory_is_reported_with_the_code() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("oom", &[("MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES", "1048576")]);
+}
+
+#[test]
+fn no_device_is_unavailable_not_a_panic() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("no_device", &[("MEMGOV_STANDIN_HIP_DEVICES", "0")]);
+}
+
+fn ok(r: hip::hipError_t) {
+    assert_eq!(r, hip::hipError_t::hipSuccess);
+}
+
+fn raw_stream() -> hip::hipStream_t {
+    let mut s: hip::hipStream_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) });
+    s
+}
+
+fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and stream.
+    ok(unsafe { hip::hipMallocAsync(&mut p, bytes, s) });
+    p
+}
+
+unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::hipError_t, _u: *mut c_void) {
+    let mut n = 0;
+    // SAFETY: deliberately forbidden (a HIP call inside a callback): the
+    // stand-in must abort here.
+    let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
+}
+
+/// One planted case per child process. Ignored: only `child()` runs it.
+#[test]
+#[ignore = "the child-process entry of the planted-violation and knob tests"]
+fn child_entry() {
+    let case = std::env::var(CHILD).expect("run by child() with MEMGOV_HIP_TEST_CHILD set");
+    // SAFETY (every block below): raw HIP calls on handles created right
+    // here; the planted cases break the runtime's contract on purpose, which
+    // the stand-in turns into an abort before anything unsound happens.
+    match case.as_str() {
+        "free_after_destroy" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            let _ = hip::hipFreeAsync(p, s);
+        },
+        "double_free" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipFreeAsync(p, s));
+            let _ = hip::hipFreeAsync(p, s);
+        },
+        "unknown_free" => unsafe {
+            let mut x = 0u64;
+            let _ = hip::hipFree(&mut x as *mut u64 as *mut c_void);
+        },
+        "copy_out_of_bounds" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(100, s);
+            let src = [0u8; 64];
+            let _ = hip::hipMemcpyHtoDAsync(
+                (p as *mut u8).add(50) as *mut c_void,
+                src.as_ptr() as *mut c_void,
+                64,
+                s,
+            );
+        },
+        "destroy_with_pending_work" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipFreeAsync(p, s));
+            let _ = hip::hipStreamDestroy(s);
+        },
+        "live_memory_at_exit" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            // Leak: neither freed nor torn down (dropping either frees
+            // nothing). The exit check must see it.
+            let _leaked = ctx.allocate(&s, 4096).unwrap();
+            ctx.destroy_stream(s).unwrap();
+            std::mem::forget(ctx);
+            return;
+        }
+        "reset_with_live_memory" => unsafe {
+            let s = raw_stream();
+            let _p = raw_alloc(64, s);
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            let _ = hip::hipDeviceReset();
+        },
+        "call_inside_callback" => unsafe {
+            let s = raw_stream();
+            ok(hip::hipStreamAddCallback(
+                s,
+                Some(calls_hip),
+                std::ptr::null_mut(),
+                0,
+            ));
+            let _ = hip::hipStreamSynchronize(s);
+        },
+        "control" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(100, s);
+            let src = [1u8; 50];
+            ok(hip::hipMemcpyHtoDAsync(
+                p,
+                src.as_ptr() as *mut c_void,
+                50,
+                s,
+            ));
+            ok(hip::hipFreeAsync(p, s));
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            ok(hip::hipDeviceReset());
+        },
+        "pending_with_latency" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(
+                ctx.pending_frees(),
+                1,
+                "the free is queued behind 50 ms of latency"
+            );
+            assert!(rx.try_recv().is_err(), "not retired before it executed");
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            assert_eq!(ctx.pending_frees(), 0);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "no_mempool" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let (ordered, why) = ctx.stream_ordered();
+            assert!(!ordered);
+            let why = why.unwrap();
+            assert!(why.contains("MemoryPoolsSupported is 0"), "{why}");
+            let d = ctx.describe();
+            assert!(!d.stream_ordered_reuse);
+            assert!(d.driver.contains("fallback"), "{}", d.driver);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            assert_eq!(m.origin(), Origin::Plain);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "malloc_async_refused" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let (ordered, why) = ctx.stream_ordered();
+            assert!(!ordered);
+            assert_eq!(
+                why.as_deref(),
+                Some("hipMallocAsync returned hipErrorNotSupported")
+            );
+            assert!(!ctx.describe().stream_ordered_reuse);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            assert_eq!(m.origin(), Origin::Plain);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            let probe = ctx.probe();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "refused_callback" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            // Retired inline by the synchronize after the refusal.
+            let (outcome, thread) = rx.try_recv().expect("settled before free_async returned");
+            assert_eq!(outcome, RetireOutcome::Retired);
+            assert_eq!(thread, std::thread::current().id());
+            ctx.destroy_stream(s).unwrap();
+            let probe = ctx.probe();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "device_loss" => {
+            // Calls 1-8 open the device, 9-14 try the pool allocator once.
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap(); // 15-16
+            let m = ctx.allocate(&s, 4096).unwrap(); // 17-18
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 19-20
+            let e = ctx.memory_info().expect_err("call 21 is sticky");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert!(e.message.contains("hipErrorIllegalAddress"), "{e}");
+            assert!(probe.lost());
+            let e = ctx
+                .create_stream()
+                .expect_err("a lost context takes no work");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert!(
+                e.message
+                    .contains("hipSetDevice returned hipErrorIllegalAddress (700)"),
+                "the first reason is carried: {e}"
+            );
+            // The queued free never executes; its callback reports the
+            // error (or teardown drops the signal first): abandoned either way.
+            ctx.teardown(true).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Abandoned);
+            assert_eq!(probe.frees_abandoned(), 1);
+            assert_eq!(probe.frees_retired(), 0);
+            assert_eq!(probe.teardowns(), 1);
+            // Through the governor: the error is DeviceLost and the context
+            // is marked lost.
+            let gov = Governor::new();
+            match HipContext::new(HipConfig::default()) {
+                Err(e) => assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}"),
+                Ok(c) => {
+                    let h = gov.register(c, ContextConfig::new());
+                    assert!(matches!(
+                        h.create_stream("x"),
+                        Err(GovernorError::DeviceLost { .. })
+                    ));
+                }
+            }
+        }
+        "soak" => soak(HipContext::new(HipConfig::default()).unwrap()),
+        "trim" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let total = ctx.memory_info().unwrap().total;
+            assert_eq!(ctx.memory_info().unwrap().free, total);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 1 << 20).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            let kept = ctx.memory_info().unwrap().free;
+            assert_eq!(
+                kept,
+                total - (1 << 20),
+                "the pool keeps the freed MiB until trimmed"
+            );
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            let after = HipContext::new(HipConfig::default()).unwrap();
+            assert_eq!(
+                after.memory_info().unwrap().free,
+                total,
+                "teardown trimmed the pool"
+            );
+            after.teardown(false).unwrap();
+        }
+        "oom" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 1 << 19).unwrap();
+            let e = ctx.allocate(&s, 1 << 20).expect_err("over the 1 MiB knob");
+            assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+            assert!(e.message.contains("hipErrorOutOfMemory (2)"), "{e}");
+            assert!(!ctx.probe().lost());
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "no_device" => {
+            let e = HipContext::new(HipConfig::default()).expect_err("no device");
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            assert!(e.message.starts_with("no HIP device"), "{e}");
+            assert!(e.message.contains("hipErrorNoDevice"), "{e}");
+            let report = memgov::conformance::run_suite(|| HipContext::new(HipConfig::default()));
+            assert!(report.all_passed());
+            assert!(report
+                .cases
+                .iter()
+                .all(|c| c.outcome.to_string().starts_with("skipped: no HIP device")));
+        }
+        other => panic!("unknown child case {other}"),
+    }
+    println!("child reached the end");
+}
