@@ -10,7 +10,7 @@
 //! stand-in they print `skipped: not the stand-in (...)`.
 //!
 //! `cargo test --features hip --test hip` (with the stand-in:
-//! `LD_LIBRARY_PATH=$(backends/stand-ins/hip/build.sh)`).
+//! `LD_LIBRARY_PATH=$(backends/stand-ins/build.sh hip)`).
 #![cfg(feature = "hip")]
 
 use hip_sys::hiprt as hip;

@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
 export HIP_PATH=/usr
 
-standins="$(backends/stand-ins/hip/build.sh)"
+standins="$(backends/stand-ins/build.sh hip)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
