@@ -70,16 +70,6 @@ fn host_move_keeps_data_and_roles_and_moves_the_charge() {
 
     let moved = new.migrate(&s1, sources).unwrap();
 
-    assert_eq!(moved.len(), 3);
-    for (b, (bytes, role, seed)) in moved.iter().zip(specs) {
-        assert_eq!(b.context(), new.id());
-        assert_eq!((b.len(), b.role()), (bytes, role));
-        assert!(read_all(b) == pattern(seed, bytes as usize), "{role} data");
-    }
-    let target = new.snapshot();
-    assert_eq!(target.charged, total);
-    assert_eq!(target.role(Role::Weights).live_bytes, 20 * MIB);
-    assert_eq!(target.total().live_count, 3);
     // The originals are released, not live: at most pending on the old device.
     let source = old.snapshot();
     assert_eq!(source.total().live_count, 0);
@@ -106,6 +96,18 @@ fn host_move_keeps_data_and_roles_and_moves_the_charge() {
             .any(|i| i.kind == PinKind::PendingRelease),
         "{outstanding:?}"
     );
+
+    // The copies carry the data, the roles and the charge.
+    assert_eq!(moved.len(), 3);
+    for (b, (bytes, role, seed)) in moved.iter().zip(specs) {
+        assert_eq!(b.context(), new.id());
+        assert_eq!((b.len(), b.role()), (bytes, role));
+        assert!(read_all(b) == pattern(seed, bytes as usize), "{role} data");
+    }
+    let target = new.snapshot();
+    assert_eq!(target.charged, total);
+    assert_eq!(target.role(Role::Weights).live_bytes, 20 * MIB);
+    assert_eq!(target.total().live_count, 3);
     drop(s0);
     let report = retire.wait(soon()).unwrap();
     assert_eq!(report.retired_releases, 3);
