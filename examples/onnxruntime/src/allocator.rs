@@ -168,7 +168,7 @@ impl<C: HostAddressable> State<C> {
                 self.ctx.description().backend
             )
         })?;
-        if p.as_ptr() as usize % ALIGN != 0 {
+        if !(p.as_ptr() as usize).is_multiple_of(ALIGN) {
             return Err(format!(
                 "context '{}' returned memory aligned below {ALIGN} B",
                 self.ctx.label()

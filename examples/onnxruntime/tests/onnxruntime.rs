@@ -154,9 +154,9 @@ fn a_budget_below_the_need_fails_creation_cleanly_or_overdraws_a_run() {
     // Too small to load: creation fails with ONNX Runtime's error, no crash.
     let small = context(&gov, "small", 64 << 10);
     let alloc = GovernedAllocator::register(env, &small, Role::Weights).unwrap();
-    let e = session(env, &alloc, &model)
-        .err()
-        .expect("creation refused");
+    let Err(e) = session(env, &alloc, &model) else {
+        panic!("a 64 KiB budget cannot load 256 KiB of weights");
+    };
     let stats = alloc.stats();
     assert!(stats.refusals >= 1, "{stats:?}");
     assert!(
@@ -263,7 +263,7 @@ fn two_sessions_on_two_contexts_and_one_moves_to_a_third() {
     drop(alloc_a);
     drop(stream_a);
     let report = a.retire().wait(soon()).unwrap();
-    assert!(report.retired_releases >= a_before + 1, "{report:?}");
+    assert!(report.retired_releases > a_before, "{report:?}");
     assert_eq!(a.snapshot().charged, 0);
 
     // B was never disturbed.
