@@ -600,7 +600,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         "     leak verdict: {verdict}{}",
         if leaks.is_empty() {
             format!(
-                " ({} contexts terminated, 0 B charged, {} device checks passed)",
+                " ({} contexts terminated, 0 B charged, 0 contract violations on {} devices checked)",
                 final_snap.contexts.len(),
                 checks.len()
             )
