@@ -512,3 +512,91 @@ impl<C: HostAddressable> std::fmt::Debug for GovernedAllocator<C> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The callbacks' logic on a host context, without ONNX Runtime.
+    use super::*;
+    use memgov::{ContextConfig, Governor};
+
+    fn state(gov: &Governor<HostContext>, budget: u64) -> State<HostContext> {
+        let ctx = gov.register(
+            HostContext::new(memgov::host::HostConfig::default()).unwrap(),
+            ContextConfig::new().label("unit").budget(budget),
+        );
+        let stream = ctx.create_stream(HOLDER).unwrap();
+        State {
+            ctx,
+            role: Role::Activation,
+            stream: Mutex::new(Some(stream)),
+            entries: Mutex::new(HashMap::new()),
+            allocations: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            overdrafts: AtomicU64::new(0),
+            overdraft_bytes: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            unknown_frees: AtomicU64::new(0),
+            last_refusal: Mutex::new(None),
+        }
+    }
+
+    #[test]
+    fn governed_then_overdraft_then_strict_null_and_all_of_it_comes_back() {
+        let gov = Governor::new();
+        let s = state(&gov, 4096);
+        assert!(s.alloc(0).is_null());
+
+        let a = s.alloc(1000);
+        assert!(!a.is_null() && (a as usize).is_multiple_of(ALIGN));
+        assert_eq!(s.ctx.snapshot().charged, 1000 + PAD);
+        // SAFETY: `a` is a live allocation of 1000 + PAD bytes.
+        unsafe { std::ptr::write_bytes(a.cast::<u8>(), 0xab, 1000 + PAD as usize) };
+
+        // Over the budget: served from the heap, reported, not charged.
+        let b = s.alloc(8000);
+        assert!(!b.is_null() && (b as usize).is_multiple_of(ALIGN));
+        assert_eq!(s.stats().overdrafts, 1);
+        assert_eq!(s.stats().overdraft_bytes, 8000 + PAD);
+        assert_eq!(s.ctx.snapshot().charged, 1000 + PAD);
+        assert!(lock(&s.last_refusal)
+            .as_deref()
+            .is_some_and(|m| m.contains("cannot admit")));
+
+        // The same refusal inside a strict scope: null.
+        STRICT.with(|d| d.set(1));
+        let c = s.alloc(8000);
+        STRICT.with(|d| d.set(0));
+        assert!(c.is_null());
+        assert_eq!(s.stats().refusals, 1);
+
+        s.free(ptr::null_mut());
+        let mut stranger = 0u8;
+        s.free(ptr::from_mut(&mut stranger).cast());
+        assert_eq!(s.stats().unknown_frees, 1);
+
+        s.free(a);
+        s.free(b);
+        let stats = s.stats();
+        assert_eq!(
+            (stats.allocations, stats.frees, stats.live_bytes),
+            (2, 2, 0)
+        );
+        assert_eq!(stats.peak_bytes, 1000 + PAD + 8000 + PAD);
+
+        // Closed: nothing new is governed, and the context can retire.
+        drop(lock(&s.stream).take());
+        let d = s.alloc(10);
+        assert!(!d.is_null());
+        assert_eq!(s.stats().overdrafts, 2);
+        s.free(d);
+        let report = s
+            .ctx
+            .retire()
+            .wait(std::time::Instant::now() + std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(report.retired_releases, 1);
+        assert_eq!(s.ctx.snapshot().charged, 0);
+    }
+}

@@ -277,3 +277,34 @@ fn two_sessions_on_two_contexts_and_one_moves_to_a_third() {
     }
     assert_eq!(gov.snapshot().total(), Default::default());
 }
+
+#[test]
+fn a_session_that_outlives_its_allocator_keeps_running_on_overdrafts() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(8, 8);
+    let mut s = session(env, &alloc, &model).unwrap();
+    let loaded = ctx.snapshot().charged;
+    assert!(loaded > 0, "initializers are governed");
+    let stats = alloc.stats();
+    drop(alloc);
+
+    // The session still holds governed memory, so the retire waits, and
+    // runs keep working: new allocations are overdrafts, not nulls.
+    let retire = ctx.retire();
+    let (y, output) = run(&mut s, &model, 3);
+    assert_eq!(y, model.reference(&model.input(3)));
+    drop(output);
+    assert!(retire
+        .wait(Instant::now() + Duration::from_millis(20))
+        .is_err());
+    drop(s);
+    let report = retire.wait(soon()).unwrap();
+    assert_eq!(
+        report.retired_releases,
+        stats.allocations - stats.frees + stats.frees
+    );
+    assert_eq!(ctx.snapshot().charged, 0);
+}
