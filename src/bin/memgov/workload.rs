@@ -439,7 +439,10 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         ContextConfig::new()
             .label("embedder@gpu0")
             .budget(64 * MIB)
-            .shared_budget(gpu0.clone()),
+            .shared_budget(gpu0.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(5),
+            }),
     );
     let data_kept = stores_data(&embedder)?;
     if !data_kept {
