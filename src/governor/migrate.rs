@@ -110,7 +110,8 @@ impl<C: DeviceContext> ContextHandle<C> {
     ///
     /// # Errors
     ///
-    /// [`MigrateError`], holding every source buffer: `stream` belongs to
+    /// [`MigrateError`] (boxed: it carries the buffers), holding every source
+    /// buffer: `stream` belongs to
     /// another context ([`GovernorError::WrongContext`]), the target refused
     /// an allocation (budget, retiring, device lost), or a copy failed. The
     /// copies already made have been released.
@@ -118,9 +119,9 @@ impl<C: DeviceContext> ContextHandle<C> {
         &self,
         stream: &GovernedStream<C>,
         buffers: Vec<DeviceBuffer<C>>,
-    ) -> Result<Vec<DeviceBuffer<C>>, MigrateError<C>> {
+    ) -> Result<Vec<DeviceBuffer<C>>, Box<MigrateError<C>>> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.inner) {
-            return Err(MigrateError {
+            return Err(Box::new(MigrateError {
                 buffers,
                 index: 0,
                 undone: 0,
@@ -128,7 +129,7 @@ impl<C: DeviceContext> ContextHandle<C> {
                     buffer_context: self.id(),
                     stream_context: stream.context(),
                 },
-            });
+            }));
         }
         let mut moved = Vec::with_capacity(buffers.len());
         let mut scratch = Vec::new();
@@ -140,12 +141,12 @@ impl<C: DeviceContext> ContextHandle<C> {
                     // Released stream-ordered on the target; the source
                     // buffers were only read.
                     drop(moved);
-                    return Err(MigrateError {
+                    return Err(Box::new(MigrateError {
                         buffers,
                         index,
                         undone,
                         error,
-                    });
+                    }));
                 }
             }
         }
