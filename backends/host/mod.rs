@@ -130,8 +130,9 @@ impl Block {
         let layout = Layout::from_size_align(len, std::mem::align_of::<u64>()).ok()?;
         // SAFETY: `layout` has a nonzero size (`len >= HOST_ALIGN`).
         let base = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        let offset = base.as_ptr().align_offset(HOST_ALIGN);
-        debug_assert!(offset < HOST_ALIGN);
+        // Integer arithmetic rather than `align_offset`, which may answer
+        // "impossible" (usize::MAX) under Miri.
+        let offset = (HOST_ALIGN - base.as_ptr() as usize % HOST_ALIGN) % HOST_ALIGN;
         Some(Self {
             bytes,
             base,
