@@ -776,6 +776,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "4 GiB is beyond what Miri models")]
     fn a_large_allocation_costs_nothing_until_touched() {
         let ctx = HostContext::new(HostConfig {
             capacity: 8 << 30,
