@@ -123,7 +123,7 @@ impl<C: HostAddressable> State<C> {
             // What ONNX Runtime's own CPU allocator answers, too.
             return ptr::null_mut();
         }
-        let bytes = size as u64 + PAD;
+        let bytes = (size as u64).saturating_add(PAD);
         let refused = match self.governed(bytes) {
             Ok(p) => return self.served(p, bytes),
             Err(reason) => reason,
@@ -262,10 +262,10 @@ unsafe extern "system" fn alloc_cb<C: HostAddressable>(
         // return null inside `Run`.
         Err(_) => catch_unwind(AssertUnwindSafe(|| {
             state
-                .overdraft(size as u64 + PAD)
+                .overdraft((size as u64).saturating_add(PAD))
                 .map_or(ptr::null_mut(), |p| {
                     state.overdrafts.fetch_add(1, Ordering::Relaxed);
-                    state.served(p, size as u64 + PAD)
+                    state.served(p, (size as u64).saturating_add(PAD))
                 })
         }))
         .unwrap_or(ptr::null_mut()),
