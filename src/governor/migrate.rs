@@ -23,7 +23,6 @@ use super::handle::ContextHandle;
 use super::stream::GovernedStream;
 use crate::DeviceContext;
 use std::fmt;
-use std::sync::Arc;
 
 /// Largest piece of a buffer held in host memory at once during a move.
 const CHUNK: usize = 8 << 20;
@@ -120,7 +119,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         stream: &GovernedStream<C>,
         buffers: Vec<DeviceBuffer<C>>,
     ) -> Result<Vec<DeviceBuffer<C>>, Box<MigrateError<C>>> {
-        if !Arc::ptr_eq(&stream.shared.ctx, &self.inner) {
+        if stream.context() != self.id() {
             return Err(Box::new(MigrateError {
                 buffers,
                 index: 0,
