@@ -8,8 +8,10 @@
 //! * each stream is a worker thread that executes its queue in order
 //!   (write, read, free and its signal, barriers), with an optional delay per
 //!   operation so that pending releases really pend;
-//! * sparse storage (64 KiB pages allocated on first write), so it can stand
-//!   in for an 80 GiB device on a small machine;
+//! * contiguous, 64-byte aligned memory with a raw address
+//!   ([`HostMemory::as_ptr`]) that a runtime's own CPU kernels can use, backed
+//!   lazily by the operating system so that large simulated allocations cost
+//!   nothing until they are touched;
 //! * a [`BackendProbe`] that outlives the context and reports contract
 //!   violations (free after teardown, double free, teardown with queued
 //!   frees), executed frees, live allocations and streams;
@@ -35,15 +37,15 @@ use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireSignal,
 };
-use std::collections::BTreeMap;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-const PAGE: u64 = 64 * 1024;
 const BACKEND: &str = "host";
 
 /// Settings of a simulated device.
@@ -76,42 +78,142 @@ fn err(op: &'static str, kind: BackendErrorKind, msg: impl Into<String>) -> Back
     BackendError::new(BACKEND, op, kind, msg)
 }
 
-/// Device memory: sparse pages, zero until written.
+/// Alignment of every host allocation, in bytes.
+///
+/// A cache line, and what ONNX Runtime's own CPU allocator gives its kernels
+/// (`MlasGetPreferredBufferAlignment()`, 64 B on x86-64 since AVX-512), so a
+/// runtime can hand [`HostMemory::as_ptr`] to vectorised kernels unchanged.
+pub const HOST_ALIGN: usize = 64;
+
+/// Device memory: one contiguous, zeroed, [`HOST_ALIGN`]-aligned region.
+///
+/// It comes from the system allocator's zeroed path (`calloc`), which backs
+/// large regions with fresh anonymous pages the kernel maps on first touch, so
+/// a simulated 16 GiB weight shard costs nothing until it is written. The
+/// region is over-allocated by `HOST_ALIGN` bytes at the system allocator's
+/// minimum alignment (which `calloc` serves without a `memset`) and the
+/// aligned start is taken inside it.
 struct Block {
     bytes: u64,
-    pages: Mutex<BTreeMap<u64, Box<[u8]>>>,
+    /// Start of the system allocation.
+    base: NonNull<u8>,
+    /// `ptr - base`, below `HOST_ALIGN`.
+    offset: usize,
+    layout: Layout,
+    /// Serialises the backend's own copies into and out of the region, so
+    /// that two streams copying into one allocation through the safe API can
+    /// never race. Holders of the raw address do not take it (see
+    /// [`HostMemory::as_ptr`]).
+    copy: Mutex<()>,
     freed: AtomicBool,
 }
 
+// SAFETY: `Block` owns its region exclusively (nothing else frees it, and the
+// raw address handed out by `HostMemory::as_ptr` is documented as borrowed).
+// Every access the backend itself makes goes through `write`/`read` below,
+// which hold `copy` for the whole copy, so shared references from several
+// threads never produce a data race through safe code.
+unsafe impl Send for Block {}
+// SAFETY: as for `Send`: all shared access is serialised by `copy`.
+unsafe impl Sync for Block {}
+
 impl Block {
-    fn write(&self, offset: u64, src: &[u8]) {
-        let mut pages = lock(&self.pages);
-        let mut done = 0usize;
-        while done < src.len() {
-            let at = offset + done as u64;
-            let (page, within) = (at / PAGE, (at % PAGE) as usize);
-            let n = (PAGE as usize - within).min(src.len() - done);
-            let p = pages
-                .entry(page)
-                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
-            p[within..within + n].copy_from_slice(&src[done..done + n]);
-            done += n;
-        }
+    /// A zeroed region of `bytes`, or `None` when the system allocator has no
+    /// room (or `bytes` does not fit the address space).
+    fn new(bytes: u64) -> Option<Self> {
+        let len = usize::try_from(bytes).ok()?.checked_add(HOST_ALIGN)?;
+        // `align_of::<u64>()` is at or below every platform's minimum malloc
+        // alignment, so `alloc_zeroed` goes to `calloc` (lazily zeroed pages)
+        // instead of an aligned allocation followed by a `memset` that would
+        // touch every page.
+        let layout = Layout::from_size_align(len, std::mem::align_of::<u64>()).ok()?;
+        // SAFETY: `layout` has a nonzero size (`len >= HOST_ALIGN`).
+        let base = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        // Integer arithmetic rather than `align_offset`, which may answer
+        // "impossible" (usize::MAX) under Miri.
+        let offset = (HOST_ALIGN - base.as_ptr() as usize % HOST_ALIGN) % HOST_ALIGN;
+        Some(Self {
+            bytes,
+            base,
+            offset,
+            layout,
+            copy: Mutex::new(()),
+            freed: AtomicBool::new(false),
+        })
     }
 
-    fn read(&self, offset: u64, dst: &mut [u8]) {
-        let pages = lock(&self.pages);
-        let mut done = 0usize;
-        while done < dst.len() {
-            let at = offset + done as u64;
-            let (page, within) = (at / PAGE, (at % PAGE) as usize);
-            let n = (PAGE as usize - within).min(dst.len() - done);
-            match pages.get(&page) {
-                Some(p) => dst[done..done + n].copy_from_slice(&p[within..within + n]),
-                None => dst[done..done + n].fill(0),
-            }
-            done += n;
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `offset < HOST_ALIGN` and the allocation is
+        // `bytes + HOST_ALIGN` long, so the result stays inside it.
+        unsafe { self.base.as_ptr().add(self.offset) }
+    }
+
+    /// Copy `src` in at `offset`. The governor checked
+    /// `offset + src.len() <= bytes`; a direct backend caller that did not is
+    /// refused here rather than trusted.
+    fn write(&self, offset: u64, src: &[u8]) -> bool {
+        if !self.fits(offset, src.len()) {
+            return false;
         }
+        let _copy = lock(&self.copy);
+        // SAFETY: the range `[offset, offset + len)` lies inside the region
+        // (checked by `fits`), `src` is a distinct Rust slice, and `copy` is
+        // held, so no other backend copy touches the region meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr().add(offset as usize), src.len())
+        };
+        true
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) -> bool {
+        if !self.fits(offset, dst.len()) {
+            return false;
+        }
+        let _copy = lock(&self.copy);
+        // SAFETY: as in `write`, with the copy going the other way.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr().add(offset as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        true
+    }
+
+    fn fits(&self, offset: u64, len: usize) -> bool {
+        offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.bytes)
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: `base` came from `alloc_zeroed(self.layout)` and is freed
+        // only here, once, when the last `Arc<Block>` (the `HostMemory` or a
+        // copy still queued on a stream) is gone.
+        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+    }
+}
+
+fn check_range(
+    op: &'static str,
+    memory: &HostMemory,
+    offset: u64,
+    len: usize,
+) -> Result<(), BackendError> {
+    if memory.block.fits(offset, len) {
+        Ok(())
+    } else {
+        Err(err(
+            op,
+            BackendErrorKind::InvalidArgument,
+            format!(
+                "{len} B at offset {offset} run past the end of a {} B allocation",
+                memory.block.bytes
+            ),
+        ))
     }
 }
 
@@ -124,7 +226,38 @@ impl fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostMemory")
             .field("bytes", &self.block.bytes)
+            .field("ptr", &self.block.ptr())
             .finish()
+    }
+}
+
+impl HostMemory {
+    /// The allocation's address: `len()` contiguous bytes, aligned to
+    /// [`HOST_ALIGN`], zero until written. This is what a runtime hands its
+    /// own kernels (ONNX Runtime's CPU kernels, through `memgov-onnxruntime`).
+    ///
+    /// The pointer is borrowed, not owned. Whoever holds it must not:
+    ///
+    /// * use it after the buffer is released: dropping the `DeviceBuffer`
+    ///   queues the free, which runs on the stream worker at any time after
+    ///   the work already queued, and the region is returned to the system
+    ///   then;
+    /// * access it while a `write` or `read` queued on a stream may still be
+    ///   running on the same bytes: those copies run on the stream's worker
+    ///   thread. Synchronise the stream first (`GovernedStream::synchronize`);
+    /// * free it, or write past `len()`.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.block.ptr()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.block.bytes
+    }
+
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.block.bytes == 0
     }
 }
 
@@ -351,12 +484,13 @@ impl DeviceContext for HostContext {
                     match op {
                         Op::Free(m, s) => shared.execute_free(m, s),
                         Op::Write(b, off, data, done) => {
-                            b.write(off, &data);
+                            // Bounds were checked before the op was queued.
+                            let _ = b.write(off, &data);
                             let _ = done.send(());
                         }
                         Op::Read(b, off, len, reply) => {
                             let mut out = vec![0u8; len];
-                            b.read(off, &mut out);
+                            let _ = b.read(off, &mut out);
                             let _ = reply.send(out);
                         }
                         Op::Barrier(done) => {
@@ -419,14 +553,24 @@ impl DeviceContext for HostContext {
                 },
             }
         }
-        self.shared.probe.allocated(bytes);
-        Ok(HostMemory {
-            block: Arc::new(Block {
-                bytes,
-                pages: Mutex::new(BTreeMap::new()),
-                freed: AtomicBool::new(false),
-            }),
-        })
+        match Block::new(bytes) {
+            Some(block) => {
+                self.shared.probe.allocated(bytes);
+                Ok(HostMemory {
+                    block: Arc::new(block),
+                })
+            }
+            None => {
+                self.shared.used.fetch_sub(bytes, Ordering::AcqRel);
+                Err(err(
+                    "allocate",
+                    BackendErrorKind::OutOfMemory,
+                    format!(
+                        "requested {bytes} B: the simulated device fits it, but this machine's allocator refused to reserve that much address space; lower the allocation or the capacity"
+                    ),
+                ))
+            }
+        }
     }
 
     fn free_async(
@@ -476,6 +620,7 @@ impl DeviceContext for HostContext {
         src: &[u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
+        check_range("write", memory, offset, src.len())?;
         let (tx, rx) = sync_channel(1);
         self.send(
             "write",
@@ -499,6 +644,7 @@ impl DeviceContext for HostContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
+        check_range("read", memory, offset, dst.len())?;
         let (tx, rx) = sync_channel(1);
         self.send(
             "read",
@@ -561,5 +707,74 @@ impl DeviceContext for HostContext {
         shared.probe.reclaim_rest();
         shared.probe.torn_down_now();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_aligned_contiguous_and_matches_the_stream_copies() {
+        let ctx = HostContext::new(HostConfig::default()).unwrap();
+        let s = ctx.create_stream().unwrap();
+        let mut held = Vec::new();
+        for bytes in [1u64, 63, 64, 4097, 1 << 20] {
+            let m = ctx.allocate(&s, bytes).unwrap();
+            assert_eq!(m.as_ptr() as usize % HOST_ALIGN, 0, "{bytes} B");
+            assert_eq!(m.len(), bytes);
+            held.push(m);
+        }
+        let m = held.pop().unwrap();
+        ctx.write(&s, &m, 4096, b"through the stream").unwrap();
+        ctx.synchronize(&s).unwrap();
+        // SAFETY: the stream is synchronised (no copy in flight) and the
+        // memory is live; the range is inside the allocation.
+        let seen = unsafe { std::slice::from_raw_parts(m.as_ptr().add(4096), 18) };
+        assert_eq!(seen, b"through the stream");
+        // SAFETY: as above; this thread is the only one touching the bytes.
+        unsafe { m.as_ptr().add(100).write(7) };
+        let mut back = [0u8; 2];
+        ctx.read(&s, &m, 99, &mut back).unwrap();
+        assert_eq!(back, [0, 7]);
+        let e = ctx.write(&s, &m, (1 << 20) - 1, b"ab").unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+        held.push(m);
+        for m in held {
+            ctx.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+                .map_err(|(_, _, e)| e)
+                .unwrap();
+        }
+        ctx.destroy_stream(s).unwrap();
+        ctx.teardown(false).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "4 GiB is beyond what Miri models")]
+    fn a_large_allocation_costs_nothing_until_touched() {
+        let ctx = HostContext::new(HostConfig {
+            capacity: 8 << 30,
+            ..HostConfig::default()
+        })
+        .unwrap();
+        let s = ctx.create_stream().unwrap();
+        let started = std::time::Instant::now();
+        let m = ctx.allocate(&s, 4 << 30).unwrap();
+        ctx.write(&s, &m, (4 << 30) - 3, b"end").unwrap();
+        let mut back = [1u8; 4];
+        ctx.read(&s, &m, 1 << 30, &mut back).unwrap();
+        assert_eq!(back, [0; 4], "untouched memory reads as zero");
+        // Zeroing 4 GiB eagerly takes over a second here; lazily it is
+        // microseconds. A generous bound that still catches a `memset`.
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        ctx.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+            .map_err(|(_, _, e)| e)
+            .unwrap();
+        ctx.destroy_stream(s).unwrap();
+        ctx.teardown(false).unwrap();
     }
 }

@@ -10,6 +10,7 @@ mod buffer;
 mod config;
 mod error;
 mod handle;
+mod migrate;
 mod pin_source;
 mod record;
 mod release;
@@ -22,6 +23,7 @@ pub use buffer::{DeviceBuffer, ReleaseError};
 pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, Role};
 pub use error::{BudgetExceeded, BudgetScope, GovernorError, RetireError};
 pub use handle::ContextHandle;
+pub use migrate::MigrateError;
 pub use pin_source::ContextPin;
 pub use retire::{Finished, Outstanding, OutstandingItem, PinKind, RetireHandle, TeardownReport};
 pub use snapshot::{

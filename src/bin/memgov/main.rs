@@ -44,8 +44,8 @@ enum Command {
         #[arg(long = "backend")]
         backends: Vec<String>,
     },
-    /// Run a serving-style workload on the embedded host backend: weights,
-    /// KV cache under pressure, a device swap, and a clean teardown.
+    /// Run a serving-style workload on any backend (default: host): weights,
+    /// KV cache under pressure, a device swap with live data, and a report.
     Run(workload::RunArgs),
     /// Measure the governor against its baselines (see docs/performance.md).
     Bench(bench::BenchArgs),

@@ -1,20 +1,30 @@
-//! `memgov run`: a serving-style workload on the embedded host backend.
+//! `memgov run`: a serving-style workload on any backend compiled in.
 //!
 //! Two contexts share one physical device's budget (an LLM and an embedder);
 //! the LLM's KV cache grows until admission asks a pressure responder to evict
-//! blocks; halfway through, the LLM moves to a second device (weights copied
-//! and verified) and the first context retires while its last releases are
+//! blocks; halfway through, the LLM's live buffers (weights and resident KV
+//! blocks) move to a second device with [`ContextHandle::migrate`] and are
+//! verified there, and the first context retires while its last releases are
 //! still pending; at the end everything retires and the accounting must be
-//! back at zero with no contract violation on either simulated device.
+//! back at zero with no contract violation on any simulated device.
+//!
+//! The report gives allocation latency and release-to-retire latency (p50,
+//! p99), admission waits, pressure events and bytes reclaimed, teardown
+//! waits, peak bytes, and the leak verdict; `--json` prints the same as one
+//! JSON object.
 
+use indicatif::{ProgressBar, ProgressStyle};
+use memgov::any::{AnyContext, BackendKind};
 use memgov::host::{HostConfig, HostContext};
-use memgov::BackendProbe;
 use memgov::{
-    Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    Admission, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext, GovernedStream, Governor,
     ProviderContextPinSource, Role, SharedBudget, TeardownReport,
 };
+use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,36 +32,67 @@ const MIB: u64 = 1 << 20;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
+    /// Backend to run on: any compiled into this build and present on this
+    /// machine (`memgov info` lists them).
+    #[arg(long, default_value = "host")]
+    backend: BackendKind,
     /// Requests to serve.
     #[arg(long, default_value_t = 48)]
     requests: u32,
     /// Decode steps per request.
     #[arg(long, default_value_t = 12)]
     steps: u32,
-    /// Capacity of each simulated device, MiB.
+    /// Capacity of each simulated device (host backend), and the shared
+    /// budget of the first device, MiB.
     #[arg(long, default_value_t = 512)]
     device_mib: u64,
     /// Budget of the LLM context, MiB.
     #[arg(long, default_value_t = 256)]
     llm_budget_mib: u64,
-    /// Simulated time per queued device operation, microseconds.
+    /// Simulated time per queued device operation (host backend),
+    /// microseconds.
     #[arg(long, default_value_t = 20)]
     op_delay_us: u64,
+    /// Print the report as one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
-type Ctx = HostContext;
+type Ctx = AnyContext;
 type Kv = Arc<Mutex<VecDeque<DeviceBuffer<Ctx>>>>;
 
-fn device(name: &str, ordinal: u32, args: &RunArgs) -> Result<(HostContext, BackendProbe), String> {
-    let ctx = HostContext::new(HostConfig {
-        capacity: args.device_mib * MIB,
-        op_delay: Duration::from_micros(args.op_delay_us),
-        name: name.into(),
-        ordinal,
-    })
-    .map_err(|e| e.to_string())?;
+/// A device context and a check of the backend's own bookkeeping after
+/// teardown (its probe: contract violations, memory and streams left,
+/// teardowns).
+struct Device {
+    ctx: AnyContext,
+    check: Box<dyn Fn() -> Result<(), String>>,
+}
+
+fn open(name: &str, ordinal: u32, args: &RunArgs) -> Result<Device, String> {
+    let ctx: AnyContext = match args.backend {
+        BackendKind::Host => HostContext::new(HostConfig {
+            capacity: args.device_mib * MIB,
+            op_delay: Duration::from_micros(args.op_delay_us),
+            name: name.into(),
+            ordinal,
+        })
+        .map_err(|e| e.to_string())?
+        .into(),
+        kind => AnyContext::open(kind).map_err(|e| {
+            format!("backend {kind} is compiled in but cannot open a device here: {e}")
+        })?,
+    };
     let probe = ctx.probe();
-    Ok((ctx, probe))
+    let label = name.to_owned();
+    Ok(Device {
+        ctx,
+        check: Box::new(move || {
+            probe
+                .check_clean_teardown()
+                .map_err(|why| format!("{label}: {why}"))
+        }),
+    })
 }
 
 fn checksum(data: &[u8]) -> u64 {
@@ -72,9 +113,23 @@ fn fill(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn print_snapshot(gov: &Governor<Ctx>, title: &str) {
-    println!("  -- {title}");
-    println!(
+/// Text output, silent under `--json`, routed around the progress bar.
+struct Out {
+    json: bool,
+    bar: ProgressBar,
+}
+
+impl Out {
+    fn line(&self, s: impl AsRef<str>) {
+        if !self.json {
+            self.bar.suspend(|| println!("{}", s.as_ref()));
+        }
+    }
+}
+
+fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
+    out.line(format!("  -- {title}"));
+    out.line(format!(
         "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
         "context",
         "state",
@@ -85,10 +140,10 @@ fn print_snapshot(gov: &Governor<Ctx>, title: &str) {
         "pins",
         "retired",
         "refused"
-    );
+    ));
     for c in gov.snapshot().contexts {
         let t = c.total();
-        println!(
+        out.line(format!(
             "     {:<14} {:<11} {:>8}Mi {:>8}Mi {:>8}Mi {:>8}Ki {:>6} {:>8} {:>8}",
             c.label,
             format!("{:?}", c.lifecycle),
@@ -99,12 +154,12 @@ fn print_snapshot(gov: &Governor<Ctx>, title: &str) {
             c.pins.total(),
             c.counters.retired,
             c.counters.admission_refusals,
-        );
+        ));
     }
 }
 
-fn print_report(r: &TeardownReport) {
-    println!(
+fn print_report(out: &Out, r: &TeardownReport) {
+    out.line(format!(
         "     teardown of {} '{}': {} releases retired, {} abandoned, {} reclaimed, lost={}, forced={}, {:.1?} after retire, backend {}",
         r.context,
         r.label,
@@ -115,7 +170,46 @@ fn print_report(r: &TeardownReport) {
         r.forced,
         r.elapsed,
         if r.backend_result.is_ok() { "ok".to_owned() } else { format!("{:?}", r.backend_result) }
-    );
+    ));
+}
+
+/// Latency samples of one kind.
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn percentile(&self, p: usize) -> Duration {
+        let mut v = self.0.clone();
+        v.sort_unstable();
+        match v.len() {
+            0 => Duration::ZERO,
+            n => v[(n * p / 100).min(n - 1)],
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "samples": self.0.len(),
+            "p50_us": self.percentile(50).as_secs_f64() * 1e6,
+            "p99_us": self.percentile(99).as_secs_f64() * 1e6,
+        })
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "p50 {:.1?}, p99 {:.1?} ({} samples)",
+            self.percentile(50),
+            self.percentile(99),
+            self.0.len()
+        )
+    }
+}
+
+/// What the run measures as it goes.
+#[derive(Default)]
+struct Metrics {
+    alloc: Samples,
+    release_to_retire: Samples,
 }
 
 struct Llm {
@@ -129,6 +223,7 @@ struct Llm {
 const WEIGHT_SHARDS: usize = 8;
 const SHARD: u64 = 16 * MIB;
 const SAMPLE: usize = 256 * 1024;
+const KV_HEADER: usize = 512;
 
 fn llm_on(
     gov: &Governor<Ctx>,
@@ -136,6 +231,7 @@ fn llm_on(
     label: &str,
     args: &RunArgs,
     shared: Option<SharedBudget>,
+    reclaimed: Arc<AtomicU64>,
 ) -> Result<Llm, String> {
     let mut cfg = ContextConfig::new()
         .label(label)
@@ -155,7 +251,7 @@ fn llm_on(
         let mut evicted = Vec::new();
         let mut freed = 0;
         {
-            let mut q = lru.lock().unwrap();
+            let mut q = lru.lock().unwrap_or_else(|e| e.into_inner());
             while freed < req.shortfall {
                 match q.pop_front() {
                     Some(b) => {
@@ -167,6 +263,7 @@ fn llm_on(
             }
         }
         drop(evicted);
+        reclaimed.fetch_add(freed, Ordering::Relaxed);
         freed
     });
     let load = ctx.create_stream("load").map_err(|e| e.to_string())?;
@@ -180,37 +277,114 @@ fn llm_on(
     })
 }
 
-fn serve(llm: &Llm, request: u32, steps: u32) -> Result<(), String> {
+fn timed_alloc(
+    m: &mut Metrics,
+    ctx: &ContextHandle<Ctx>,
+    stream: &GovernedStream<Ctx>,
+    bytes: u64,
+    role: Role,
+) -> Result<DeviceBuffer<Ctx>, String> {
+    let t = Instant::now();
+    let b = ctx
+        .allocate(stream, bytes, role)
+        .map_err(|e| e.to_string())?;
+    m.alloc.0.push(t.elapsed());
+    Ok(b)
+}
+
+fn serve(
+    m: &mut Metrics,
+    llm: &Llm,
+    request: u32,
+    steps: u32,
+    stores_data: bool,
+) -> Result<(), String> {
     for step in 0..steps {
-        let act = llm
-            .ctx
-            .allocate(&llm.decode, 4 * MIB, Role::Activation)
-            .map_err(|e| e.to_string())?;
+        let act = timed_alloc(m, &llm.ctx, &llm.decode, 4 * MIB, Role::Activation)?;
         let data = fill((request as u64) << 32 | step as u64, 4096);
         act.write(0, &data).map_err(|e| e.to_string())?;
         let mut back = vec![0u8; data.len()];
         act.read(0, &mut back).map_err(|e| e.to_string())?;
-        if back != data {
+        if stores_data && back != data {
             return Err(format!(
                 "request {request} step {step}: activation read back wrong"
             ));
         }
-        let block = llm
-            .ctx
-            .allocate(&llm.decode, 2 * MIB, Role::KvCache)
+        let block = timed_alloc(m, &llm.ctx, &llm.decode, 2 * MIB, Role::KvCache)?;
+        block
+            .write(0, &data[..KV_HEADER])
             .map_err(|e| e.to_string())?;
-        block.write(0, &data[..512]).map_err(|e| e.to_string())?;
-        llm.kv.lock().unwrap().push_back(block);
-        drop(act); // stream-ordered: retires behind this step's work
+        llm.kv
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(block);
+        // Stream-ordered: the free retires behind this step's work. The
+        // synchronise measures release to retirement.
+        let released = Instant::now();
+        drop(act);
+        llm.decode.synchronize().map_err(|e| e.to_string())?;
+        m.release_to_retire.0.push(released.elapsed());
     }
     Ok(())
 }
 
+/// Whether the backend keeps what is written (the null backend does not).
+fn stores_data(ctx: &ContextHandle<Ctx>) -> Result<bool, String> {
+    let s = ctx.create_stream("probe").map_err(|e| e.to_string())?;
+    let b = ctx
+        .allocate(&s, 64, Role::Other)
+        .map_err(|e| e.to_string())?;
+    let data = fill(7, 64);
+    b.write(0, &data).map_err(|e| e.to_string())?;
+    let mut back = vec![0u8; 64];
+    b.read(0, &mut back).map_err(|e| e.to_string())?;
+    Ok(back == data)
+}
+
+/// The outcome of the device swap.
+struct Swap {
+    buffers: usize,
+    bytes: u64,
+    elapsed: Duration,
+    verified: Result<(), String>,
+    teardown: Option<TeardownReport>,
+}
+
 pub fn run(args: RunArgs) -> ExitCode {
-    match run_inner(&args) {
-        Ok(()) => {
-            println!("memgov run: ok");
-            ExitCode::SUCCESS
+    let bar = if args.json || !std::io::stdout().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(u64::from(args.requests));
+        if let Ok(style) =
+            ProgressStyle::with_template("  serving {bar:40} {pos}/{len} requests {msg}")
+        {
+            bar.set_style(style);
+        }
+        bar
+    };
+    let out = Out {
+        json: args.json,
+        bar,
+    };
+    let result = run_inner(&args, &out);
+    out.bar.finish_and_clear();
+    match result {
+        Ok(report) => {
+            let clean = report["leak"]["verdict"] == "clean"
+                && report["swap"]["verified"] != Value::Bool(false);
+            if args.json {
+                println!("{report:#}");
+            }
+            if clean {
+                out.line("memgov run: ok");
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "memgov run: FAILED: leak verdict {}, swap verified {}",
+                    report["leak"], report["swap"]["verified"]
+                );
+                ExitCode::FAILURE
+            }
         }
         Err(e) => {
             eprintln!("memgov run: FAILED: {e}");
@@ -219,135 +393,117 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
 }
 
-fn run_inner(args: &RunArgs) -> Result<(), String> {
+fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
     let start = Instant::now();
-    println!(
-        "memgov run: embedded host backend, {} requests x {} steps, {} MiB devices, {} us per device op",
-        args.requests, args.steps, args.device_mib, args.op_delay_us
-    );
+    let mut m = Metrics::default();
+    let reclaimed = Arc::new(AtomicU64::new(0));
     let gov: Governor<Ctx> = Governor::new();
-    let (dev0, probe0) = device("sim-gpu0 (llm)", 0, args)?;
-    let (dev0b, probe0b) = device("sim-gpu0 (embedder)", 0, args)?;
+    let dev0 = open("sim-gpu0 (llm)", 0, args)?;
+    let dev0b = open("sim-gpu0 (embedder)", 0, args)?;
+    out.line(format!(
+        "memgov run: {} backend ({}), {} requests x {} steps, {} MiB shared device budget{}",
+        args.backend,
+        dev0.ctx.describe().execution,
+        args.requests,
+        args.steps,
+        args.device_mib,
+        if args.backend == BackendKind::Host {
+            format!(", {} us per device op", args.op_delay_us)
+        } else {
+            String::new()
+        }
+    ));
+    let mut checks = Vec::new();
     // Both contexts live on "gpu0": one budget for the physical device.
     let gpu0 = SharedBudget::new("gpu0", args.device_mib * MIB);
-    let llm = llm_on(&gov, dev0, "llm@gpu0", args, Some(gpu0.clone()))?;
+    let Device { ctx: c0, check } = dev0;
+    checks.push(("gpu0 llm".to_owned(), check));
+    let llm = llm_on(
+        &gov,
+        c0,
+        "llm@gpu0",
+        args,
+        Some(gpu0.clone()),
+        reclaimed.clone(),
+    )?;
+    let Device { ctx: c0b, check } = dev0b;
+    checks.push(("gpu0 embedder".to_owned(), check));
     let embedder = gov.register(
-        dev0b,
+        c0b,
         ContextConfig::new()
             .label("embedder@gpu0")
             .budget(64 * MIB)
-            .shared_budget(gpu0.clone()),
+            .shared_budget(gpu0.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(5),
+            }),
     );
+    let data_kept = stores_data(&embedder)?;
+    if !data_kept {
+        out.line(format!(
+            "     the {} backend stores no data: read-back checks are skipped",
+            args.backend
+        ));
+    }
     let emb_stream = embedder.create_stream("embed").map_err(|e| e.to_string())?;
     let plugin: Arc<dyn ProviderContextPinSource> = llm.ctx.pin_source(Some("tokenizer-plugin"));
     let plugin_pin = plugin.pin().map_err(|e| e.to_string())?;
 
-    println!(
+    out.line(format!(
         "phase 1: load {} x {} MiB weights on {}",
         WEIGHT_SHARDS,
         SHARD / MIB,
         llm.ctx.label()
-    );
+    ));
     let mut llm = llm;
     for i in 0..WEIGHT_SHARDS {
-        let w = llm
-            .ctx
-            .allocate(&llm.load, SHARD, Role::Weights)
-            .map_err(|e| e.to_string())?;
+        let w = timed_alloc(&mut m, &llm.ctx, &llm.load, SHARD, Role::Weights)?;
         let sample = fill(1000 + i as u64, SAMPLE);
         w.write(0, &sample).map_err(|e| e.to_string())?;
         llm.weights.push((w, checksum(&sample)));
     }
-    let emb_weights = embedder
-        .allocate(&emb_stream, 32 * MIB, Role::Weights)
-        .map_err(|e| e.to_string())?;
-    print_snapshot(&gov, "after loading");
+    let emb_weights = timed_alloc(&mut m, &embedder, &emb_stream, 32 * MIB, Role::Weights)?;
+    print_snapshot(out, &gov, "after loading");
 
     let half = args.requests / 2;
-    println!(
+    out.line(format!(
         "phase 2: serve {half} requests on {} (KV cache grows until pressure evicts)",
         llm.ctx.label()
-    );
+    ));
     for r in 0..half {
-        serve(&llm, r, args.steps)?;
-        let ws = embedder
-            .allocate(&emb_stream, 8 * MIB, Role::Workspace)
-            .map_err(|e| e.to_string())?;
+        serve(&mut m, &llm, r, args.steps, data_kept)?;
+        let ws = timed_alloc(&mut m, &embedder, &emb_stream, 8 * MIB, Role::Workspace)?;
         drop(ws);
+        out.bar.inc(1);
     }
     let snap = llm.ctx.snapshot();
-    println!(
+    out.line(format!(
         "     pressure responder calls: {}, admission waits: {}, KV blocks resident: {}",
         snap.counters.pressure_calls,
         snap.counters.admission_waits,
-        llm.kv.lock().unwrap().len()
-    );
-    print_snapshot(&gov, "after serving on gpu0");
+        llm.kv.lock().unwrap_or_else(|e| e.into_inner()).len()
+    ));
+    print_snapshot(out, &gov, "after serving on gpu0");
 
-    println!("phase 3: move the LLM to gpu1 and retire llm@gpu0");
-    let (dev1, probe1) = device("sim-gpu1 (llm)", 1, args)?;
-    let mut moved = llm_on(&gov, dev1, "llm@gpu1", args, None)?;
-    for (i, (w, sum)) in llm.weights.iter().enumerate() {
-        let mut sample = vec![0u8; SAMPLE];
-        w.read(0, &mut sample).map_err(|e| e.to_string())?;
-        if checksum(&sample) != *sum {
-            return Err(format!("weight shard {i} corrupted before the move"));
-        }
-        let nw = moved
-            .ctx
-            .allocate(&moved.load, w.len(), Role::Weights)
-            .map_err(|e| e.to_string())?;
-        nw.write(0, &sample).map_err(|e| e.to_string())?;
-        let mut check = vec![0u8; SAMPLE];
-        nw.read(0, &mut check).map_err(|e| e.to_string())?;
-        if checksum(&check) != *sum {
-            return Err(format!("weight shard {i} corrupted by the move"));
-        }
-        moved.weights.push((nw, *sum));
-    }
-    // Let go of everything on gpu0; the last releases are still pending on
-    // the device when retire() is called.
-    let old = llm;
-    let retire = old.ctx.retire();
-    let refused = old.ctx.allocate(&old.decode, MIB, Role::Activation);
-    println!(
-        "     allocation on the retiring context: {}",
-        refused
-            .err()
-            .map_or("admitted (BUG)".into(), |e| e.to_string())
-    );
-    let Llm {
-        ctx: old_ctx,
-        load,
-        decode,
-        weights,
-        kv,
-    } = old;
-    drop(weights);
-    kv.lock().unwrap().clear();
-    drop((load, decode));
-    match retire.wait(Instant::now() + Duration::from_millis(1)) {
-        Ok(_) => println!("     (retired at once: nothing was pending)"),
-        Err(e) => println!("     before the plugin lets go: {e}"),
-    }
-    drop(plugin_pin);
-    let report = retire
-        .wait(Instant::now() + Duration::from_secs(30))
-        .map_err(|e| e.to_string())?;
-    print_report(&report);
-    let _ = old_ctx;
-
-    println!(
+    out.line("phase 3: move the LLM's live buffers to gpu1 and retire llm@gpu0");
+    let dev1 = open("sim-gpu1 (llm)", 1, args)?;
+    let Device { ctx: c1, check } = dev1;
+    checks.push(("gpu1".to_owned(), check));
+    let moved = llm_on(&gov, c1, "llm@gpu1", args, None, reclaimed.clone())?;
+    let swap = swap_devices(out, llm, moved, plugin_pin, data_kept)?;
+    let (moved, swap) = swap;
+    out.line(format!(
         "phase 4: serve {} more requests on {}",
         args.requests - half,
         moved.ctx.label()
-    );
+    ));
     for r in half..args.requests {
-        serve(&moved, r, args.steps)?;
+        serve(&mut m, &moved, r, args.steps, data_kept)?;
+        out.bar.inc(1);
     }
-    print_snapshot(&gov, "after serving on gpu1");
+    print_snapshot(out, &gov, "after serving on gpu1");
 
-    println!("phase 5: retire everything");
+    out.line("phase 5: retire everything");
     drop(emb_weights);
     drop(emb_stream);
     let Llm {
@@ -358,46 +514,249 @@ fn run_inner(args: &RunArgs) -> Result<(), String> {
         kv,
     } = moved;
     drop(weights);
-    kv.lock().unwrap().clear();
+    kv.lock().unwrap_or_else(|e| e.into_inner()).clear();
     drop((load, decode));
+    let mut teardowns = Vec::new();
+    teardowns.extend(swap.teardown.clone());
     for ctx in [&embedder, &moved_ctx] {
         let r = ctx
             .retire()
             .wait(Instant::now() + Duration::from_secs(30))
             .map_err(|e| e.to_string())?;
-        print_report(&r);
+        print_report(out, &r);
+        teardowns.push(r);
     }
-    print_snapshot(&gov, "final");
+    print_snapshot(out, &gov, "final");
 
+    // The leak verdict: the governor's accounting, the shared budget, and
+    // each device's own bookkeeping where the backend keeps one.
     let final_snap = gov.snapshot();
+    let mut leaks = Vec::new();
     let total = final_snap.total();
-    if total != Default::default() || final_snap.contexts.iter().any(|c| c.charged != 0) {
-        return Err(format!("accounting not back to zero: {total:?}"));
+    let charged: u64 = final_snap.contexts.iter().map(|c| c.charged).sum();
+    if total != Default::default() || charged != 0 {
+        leaks.push(format!(
+            "accounting not back to zero: {charged} B charged, {total:?}"
+        ));
     }
     if gpu0.charged() != 0 {
-        return Err(format!(
+        leaks.push(format!(
             "shared budget gpu0 still charged {} B",
             gpu0.charged()
         ));
     }
-    for (name, p) in [
-        ("gpu0 llm", &probe0),
-        ("gpu0 embedder", &probe0b),
-        ("gpu1", &probe1),
-    ] {
-        if p.violations() != 0 || p.teardowns() != 1 || p.used_bytes() != 0 {
-            return Err(format!("{name}: {p:?} {:?}", p.violation_log()));
+    for r in &teardowns {
+        if r.reclaimed_buffers != 0 || r.abandoned_releases != 0 || r.backend_result.is_err() {
+            leaks.push(format!("teardown of '{}' was not clean: {r:?}", r.label));
         }
     }
-    let served: u64 = final_snap
+    for (name, check) in &checks {
+        if let Err(e) = check() {
+            leaks.push(format!("{name}: {e}"));
+        }
+    }
+    let counters = final_snap.contexts.iter().fold((0, 0, 0), |acc, c| {
+        (
+            acc.0 + c.counters.allocations,
+            acc.1 + c.counters.admission_waits,
+            acc.2 + c.counters.pressure_calls,
+        )
+    });
+    let (allocations, admission_waits, pressure_events) = counters;
+    let peak_max = final_snap
         .contexts
         .iter()
-        .map(|c| c.counters.allocations)
-        .sum();
-    println!(
-        "     {} allocations, every context terminated, 0 B charged, 0 contract violations on 3 simulated devices, {:.2?}",
-        served,
+        .map(|c| c.peak)
+        .max()
+        .unwrap_or(0);
+    let verdict = if leaks.is_empty() { "clean" } else { "leak" };
+
+    out.line("report:");
+    out.line(format!(
+        "     allocation latency:        {}",
+        m.alloc.text()
+    ));
+    out.line(format!(
+        "     release-to-retire latency: {}",
+        m.release_to_retire.text()
+    ));
+    out.line(format!(
+        "     admission waits: {admission_waits}, pressure events: {pressure_events}, bytes reclaimed by responders: {} MiB",
+        reclaimed.load(Ordering::Relaxed) / MIB
+    ));
+    for r in &teardowns {
+        out.line(format!(
+            "     teardown wait '{}': {:.1?}",
+            r.label, r.elapsed
+        ));
+    }
+    for c in &final_snap.contexts {
+        out.line(format!("     peak '{}': {} MiB", c.label, c.peak / MIB));
+    }
+    out.line(format!(
+        "     leak verdict: {verdict}{}",
+        if leaks.is_empty() {
+            format!(
+                " ({} contexts terminated, 0 B charged, 0 contract violations on {} devices checked)",
+                final_snap.contexts.len(),
+                checks.len()
+            )
+        } else {
+            format!(": {}", leaks.join("; "))
+        }
+    ));
+    out.line(format!(
+        "     {allocations} allocations in {:.2?}",
         start.elapsed()
-    );
-    Ok(())
+    ));
+
+    Ok(json!({
+        "backend": args.backend.name(),
+        "execution": moved_ctx.description().execution.to_string(),
+        "device": moved_ctx.description().name,
+        "requests": args.requests,
+        "steps": args.steps,
+        "allocations": allocations,
+        "allocation_latency": m.alloc.json(),
+        "release_to_retire_latency": m.release_to_retire.json(),
+        "admission_waits": admission_waits,
+        "pressure_events": pressure_events,
+        "bytes_reclaimed": reclaimed.load(Ordering::Relaxed),
+        "teardown": teardowns.iter().map(|r| json!({
+            "context": r.label,
+            "wait_us": r.elapsed.as_secs_f64() * 1e6,
+            "retired_releases": r.retired_releases,
+            "abandoned_releases": r.abandoned_releases,
+            "reclaimed_buffers": r.reclaimed_buffers,
+        })).collect::<Vec<_>>(),
+        "peak_bytes": {
+            "max": peak_max,
+            "per_context": final_snap.contexts.iter().map(|c| json!({
+                "context": c.label,
+                "peak": c.peak,
+            })).collect::<Vec<_>>(),
+        },
+        "swap": {
+            "buffers": swap.buffers,
+            "bytes": swap.bytes,
+            "elapsed_us": swap.elapsed.as_secs_f64() * 1e6,
+            "verified": if data_kept { Value::Bool(swap.verified.is_ok()) } else { Value::Null },
+            "error": swap.verified.err(),
+        },
+        "leak": {
+            "verdict": verdict,
+            "charged_bytes": charged,
+            "device_checks": checks.len(),
+            "problems": leaks,
+        },
+        "elapsed_us": start.elapsed().as_secs_f64() * 1e6,
+    }))
+}
+
+/// Move the LLM's weights and resident KV blocks from `old` to `new` with
+/// `migrate`, verify them there, and retire the old context while its last
+/// releases are still pending.
+fn swap_devices(
+    out: &Out,
+    old: Llm,
+    mut new: Llm,
+    plugin_pin: Box<dyn memgov::ProviderContextPin>,
+    data_kept: bool,
+) -> Result<(Llm, Swap), String> {
+    let Llm {
+        ctx: old_ctx,
+        load,
+        decode,
+        weights,
+        kv,
+    } = old;
+    // Take the KV blocks out of the old LRU first: its pressure responder
+    // must not evict what is being moved.
+    let blocks: Vec<_> = kv
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain(..)
+        .collect();
+    let mut kv_sums = Vec::with_capacity(blocks.len());
+    for b in &blocks {
+        let mut h = vec![0u8; KV_HEADER];
+        b.read(0, &mut h).map_err(|e| e.to_string())?;
+        kv_sums.push(checksum(&h));
+    }
+    let (weights, sums): (Vec<_>, Vec<_>) = weights.into_iter().unzip();
+    let n_weights = weights.len();
+    let buffers: Vec<_> = weights.into_iter().chain(blocks).collect();
+    let count = buffers.len();
+    let bytes: u64 = buffers.iter().map(|b| b.len()).sum();
+
+    let t = Instant::now();
+    let mut moved = new
+        .ctx
+        .migrate(&new.load, buffers)
+        .map_err(|e| e.to_string())?;
+    let elapsed = t.elapsed();
+
+    let mut verified = Ok(());
+    let kv_moved = moved.split_off(n_weights);
+    for (i, (w, sum)) in moved.into_iter().zip(sums).enumerate() {
+        let mut sample = vec![0u8; SAMPLE];
+        w.read(0, &mut sample).map_err(|e| e.to_string())?;
+        if data_kept && checksum(&sample) != sum && verified.is_ok() {
+            verified = Err(format!("weight shard {i} differs after the move"));
+        }
+        new.weights.push((w, sum));
+    }
+    for (i, (b, sum)) in kv_moved.into_iter().zip(kv_sums).enumerate() {
+        let mut h = vec![0u8; KV_HEADER];
+        b.read(0, &mut h).map_err(|e| e.to_string())?;
+        if data_kept && checksum(&h) != sum && verified.is_ok() {
+            verified = Err(format!("KV block {i} differs after the move"));
+        }
+        new.kv
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(b);
+    }
+
+    out.line(format!(
+        "     moved {count} buffers ({} MiB) to {} in {elapsed:.1?}; data {}",
+        bytes / MIB,
+        new.ctx.label(),
+        match (&verified, data_kept) {
+            (Ok(()), true) => "verified".to_owned(),
+            (Ok(()), false) => "not checked (the backend stores no data)".to_owned(),
+            (Err(e), _) => format!("CORRUPTED: {e}"),
+        }
+    ));
+
+    // Retire: new work is refused at once; what still holds the context is
+    // its streams, the plugin's pin, and the frees `migrate` queued.
+    let retire = old_ctx.retire();
+    let refused = old_ctx.allocate(&decode, MIB, Role::Activation);
+    out.line(format!(
+        "     allocation on the retiring context: {}",
+        refused
+            .err()
+            .map_or("admitted (BUG)".into(), |e| e.to_string())
+    ));
+    drop((load, decode));
+    match retire.wait(Instant::now() + Duration::from_millis(1)) {
+        Ok(_) => out.line("     (retired at once: nothing was pending)"),
+        Err(e) => out.line(format!("     before the plugin lets go: {e}")),
+    }
+    drop(plugin_pin);
+    let report = retire
+        .wait(Instant::now() + Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    print_report(out, &report);
+    Ok((
+        new,
+        Swap {
+            buffers: count,
+            bytes,
+            elapsed,
+            verified,
+            teardown: Some(report),
+        },
+    ))
 }
