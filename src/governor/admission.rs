@@ -54,11 +54,11 @@ pub(crate) fn admit<C: DeviceContext>(
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
         };
-        if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            });
+        // A context that stopped accepting work (retired, forced, lost)
+        // admits nothing that has to wait for room: give up at once, so that
+        // this allocation's pin does not hold its teardown up.
+        if !ctx.accepting() {
+            return Err(ctx.unavailable_error());
         }
         // 1. Wait for pending releases to retire, if the policy allows and
         //    there is something pending that could help.
@@ -120,19 +120,21 @@ fn attempt<C: DeviceContext>(
             )));
         }
     }
-    let result = match ctx.enter() {
-        Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
-            let r = &ctx.shards[stream.shard].roles[role.index()];
-            bump(&r.alloc_bytes, bytes);
-            bump(&r.alloc_count, 1);
-        }),
-        None => {
-            ctx.uncharge(bytes, 0, 0);
-            return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
-        }
+    // Charged to both budgets now: returned on every path below that does
+    // not end in a live buffer, unwinding out of the backend included.
+    let charge = Charge { ctx, bytes };
+    let Some(backend) = ctx.enter() else {
+        return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
     };
+    let result = backend.allocate(stream.raw(), bytes);
+    if result.is_ok() {
+        let r = &ctx.shards[stream.shard].roles[role.index()];
+        bump(&r.alloc_bytes, bytes);
+        bump(&r.alloc_count, 1);
+        charge.keep();
+    }
+    drop(backend);
     result.map_err(|e| {
-        ctx.uncharge(bytes, 0, 0);
         if e.kind == BackendErrorKind::OutOfMemory {
             ctx.note_backend_error(&e);
             Ok(Refused::Device(e))
@@ -140,6 +142,28 @@ fn attempt<C: DeviceContext>(
             Err(ctx.backend_failure(e))
         }
     })
+}
+
+/// Bytes charged to the context's budget and its shared one for an
+/// allocation being made: given back when dropped, unless [`keep`](Self::keep)
+/// says the allocation is live.
+struct Charge<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+    bytes: u64,
+}
+
+impl<C: DeviceContext> Charge<'_, C> {
+    /// The allocation succeeded: the charge stays with its buffer.
+    #[inline]
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<C: DeviceContext> Drop for Charge<'_, C> {
+    fn drop(&mut self) {
+        self.ctx.uncharge(self.bytes, 0, 0);
+    }
 }
 
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
@@ -152,8 +176,9 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
     }
 }
 
-/// Sleep until some release in scope settles (or the device is lost), or the
-/// deadline passes. Never polls: settlement wakes the notifier.
+/// Sleep until some release in scope settles, the context stops accepting
+/// work (retire, force, device loss: each wakes these notifiers after
+/// changing what `accepting` reads), or the deadline passes. Never polls.
 fn wait_for_a_settlement<C: DeviceContext>(
     ctx: &ContextInner<C>,
     refused: &Refused,
@@ -163,7 +188,7 @@ fn wait_for_a_settlement<C: DeviceContext>(
         (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => {
             let seen = s.0.epoch.load(Ordering::SeqCst);
             s.0.retired.wait_until(
-                || s.0.epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                || s.0.epoch.load(Ordering::SeqCst) != seen || !ctx.accepting(),
                 Some(deadline),
             );
         }
@@ -174,7 +199,7 @@ fn wait_for_a_settlement<C: DeviceContext>(
             ctx.settle_epoch.register();
             let seen = ctx.settle_epoch.epoch();
             ctx.settled.wait_until(
-                || ctx.settle_epoch.epoch() != seen || ctx.is_lost(),
+                || ctx.settle_epoch.epoch() != seen || !ctx.accepting(),
                 Some(deadline),
             );
             ctx.settle_epoch.unregister();

@@ -41,13 +41,15 @@ use super::retire::TeardownReport;
 use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
 use crate::{
-    BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity,
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 pub(crate) const ACTIVE: u8 = 0;
@@ -199,6 +201,26 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub lost_reason: Mutex<Option<String>>,
     pub report: Mutex<Option<TeardownReport>>,
     pub retire_started: Mutex<Option<Instant>>,
+
+    /// This record, for the reaper thread a background teardown starts.
+    this: Weak<ContextInner<C>>,
+    /// Bytes whose free never ran on the device (abandoned releases, buffers
+    /// reclaimed by force or released on a lost device): charged until
+    /// teardown returns them (see [`return_charges_at_teardown`](Self::return_charges_at_teardown)).
+    awaiting_teardown: AtomicU64,
+    /// Set once teardown has returned the charges: bytes that become
+    /// "awaiting teardown" later (a release settling after teardown, a
+    /// backend bug) are returned at once.
+    charges_returned: AtomicBool,
+    /// Live [`RetireHandle`](super::RetireHandle)s: while there is one, its
+    /// owner finishes the teardown; with none, the last holder's exit starts
+    /// a reaper (see [`reap_if_unattended`](Self::reap_if_unattended)).
+    attended: AtomicUsize,
+    /// Whether a reaper was started (once).
+    reaping: AtomicBool,
+    /// The reaper thread, joined by `Governor::drop` when it still owns the
+    /// record.
+    pub reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 // SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
@@ -239,7 +261,12 @@ impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
 }
 
 impl<C: DeviceContext> ContextInner<C> {
-    pub(crate) fn new(id: ProviderContextIdentity, backend: C, config: ContextConfig) -> Self {
+    pub(crate) fn new(
+        id: ProviderContextIdentity,
+        backend: C,
+        config: ContextConfig,
+        this: Weak<Self>,
+    ) -> Self {
         let description = backend.describe();
         let limit = config.budget.unwrap_or(u64::MAX);
         Self {
@@ -275,6 +302,12 @@ impl<C: DeviceContext> ContextInner<C> {
             lost_reason: Mutex::new(None),
             report: Mutex::new(None),
             retire_started: Mutex::new(None),
+            this,
+            awaiting_teardown: AtomicU64::new(0),
+            charges_returned: AtomicBool::new(false),
+            attended: AtomicUsize::new(0),
+            reaping: AtomicBool::new(false),
+            reaper: Mutex::new(None),
         }
     }
 
@@ -311,11 +344,13 @@ impl<C: DeviceContext> ContextInner<C> {
         })
     }
 
-    /// Drop a pin, waking the teardown waiter if it was the last.
+    /// Drop a pin, waking the teardown waiter if it was the last (and
+    /// starting the background teardown if nobody waits).
     #[inline]
     pub(crate) fn release_pin(&self) {
         if self.pins.release() {
             self.lifecycle.notify();
+            self.reap_if_unattended();
         }
     }
 
@@ -333,17 +368,49 @@ impl<C: DeviceContext> ContextInner<C> {
             .unwrap_or_else(|| "device lost".into())
     }
 
+    /// The error every operation on a lost context returns.
+    pub(crate) fn lost_error(&self) -> GovernorError {
+        GovernorError::DeviceLost {
+            context: self.id,
+            reason: self.lost_reason(),
+        }
+    }
+
+    /// Whether new work is still admitted: not retiring, lost or torn down.
+    /// (A pin taken before retire keeps its holder going; an allocation that
+    /// has to wait for room gives up once this is false.)
+    pub(crate) fn accepting(&self) -> bool {
+        self.phase() == ACTIVE && !self.is_lost()
+    }
+
+    /// The error an allocation refused for that reason returns.
+    pub(crate) fn unavailable_error(&self) -> GovernorError {
+        if self.is_lost() {
+            self.lost_error()
+        } else {
+            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(self.id))
+        }
+    }
+
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     pub(crate) fn drained(&self) -> bool {
         self.pins.is_drained() && (self.is_lost() || self.pending.count() == 0)
     }
 
-    /// Stop accepting work: new pins fail from now on.
+    /// Stop accepting work: new pins fail from now on, and allocations
+    /// waiting for room give up.
     pub(crate) fn begin_retire(&self) {
-        let _ = self
+        let first = self
             .phase
-            .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+            .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            // A permanent waiter in `pending`: from now on the settlement
+            // that takes it to zero reports it (see `CountWord`), so that a
+            // background teardown can start there.
+            self.pending.register();
+        }
         // Break the reference cycle of cached PendingRelease boxes before the
         // record can lose its last outside reference.
         super::release::close_spares(self);
@@ -351,8 +418,74 @@ impl<C: DeviceContext> ContextInner<C> {
         if self.pins.close() {
             self.lifecycle.notify();
         }
+        // Admission waiters check `accepting()`: wake them to give up.
+        self.settled.notify();
+        if let Some(s) = &self.shared {
+            s.0.retired.notify();
+        }
         #[cfg(feature = "tracing")]
         tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
+    }
+
+    /// A [`RetireHandle`](super::RetireHandle) begins: its owner finishes
+    /// the teardown. Counted before `begin_retire`, so that a context drained
+    /// already is torn down by the caller, not by a reaper.
+    pub(crate) fn attend(&self) {
+        self.attended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A `RetireHandle` ends; with none left, a drained context is torn down
+    /// in the background.
+    pub(crate) fn unattend(&self) {
+        self.attended.fetch_sub(1, Ordering::SeqCst);
+        self.reap_if_unattended();
+    }
+
+    /// Start the background teardown if the context is retiring, drained,
+    /// and no `RetireHandle` is left to finish it. Called after every event
+    /// that can make that true (last pin, last pending release, loss, last
+    /// handle gone), each after its own write, so that of two racing events
+    /// the later one sees both (the SeqCst fence below pairs with the fence
+    /// of the other event's check).
+    ///
+    /// The teardown runs on a new thread, never on this one: this may be a
+    /// driver callback thread (a `RetireSignal` fired), where calling back
+    /// into the driver is forbidden. The thread holds the record, so the
+    /// report stays readable through any handle and the governor's snapshot.
+    /// `Governor::drop` joins it if it still owns the record; one started
+    /// after the governor is gone runs detached and touches only the record
+    /// and the backend it tears down.
+    pub(crate) fn reap_if_unattended(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.phase() != RETIRING
+            || self.attended.load(Ordering::SeqCst) != 0
+            || !self.drained()
+            || self.reaping.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        // Every caller holds an Arc of the record (a buffer's stream, a
+        // pending release, a pin source, a handle), so this succeeds.
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        let id = self.id;
+        let spawned = std::thread::Builder::new()
+            .name(format!("memgov-reaper-{id}"))
+            .spawn(move || {
+                this.finish();
+            });
+        match spawned {
+            Ok(handle) => *lock(&self.reaper) = Some(handle),
+            Err(_e) => {
+                // No thread to be had: the context stays retiring (drained)
+                // until a `retire().wait(..)` finishes it. Tearing down here
+                // could run the driver under its own callback.
+                self.reaping.store(false, Ordering::Release);
+                #[cfg(feature = "tracing")]
+                tracing::error!(context = %id, error = %_e, "memgov: could not start the reaper; the context stays retiring until retire().wait() finishes it");
+            }
+        }
     }
 
     /// Declare the device lost. Returns false if it already was.
@@ -361,17 +494,25 @@ impl<C: DeviceContext> ContextInner<C> {
             return false;
         }
         *lock(&self.lost_reason) = Some(reason.to_owned());
-        self.pins.close();
+        if self.pins.close() {
+            // Nothing held the context: a retiring one may be reaped now.
+            self.reap_if_unattended();
+        }
         #[cfg(feature = "tracing")]
         tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.count(), "memgov: device lost");
-        if let Some(backend) = self.enter() {
-            backend.device_lost();
-        }
+        // Wake before the backend's hook runs: if it panics, waiters still
+        // see the loss (a teardown they start waits at the gate for the
+        // hook's claim).
         self.lifecycle.notify();
         self.settled.notify();
         if let Some(s) = &self.shared {
             s.0.retired.notify();
         }
+        if let Some(backend) = self.enter() {
+            backend.device_lost();
+        }
+        // Pending releases no longer hold a lost context.
+        self.reap_if_unattended();
         true
     }
 
@@ -390,10 +531,7 @@ impl<C: DeviceContext> ContextInner<C> {
     pub(crate) fn backend_failure(&self, err: BackendError) -> GovernorError {
         self.note_backend_error(&err);
         if err.is_device_lost() {
-            GovernorError::DeviceLost {
-                context: self.id,
-                reason: self.lost_reason(),
-            }
+            self.lost_error()
         } else {
             GovernorError::Backend {
                 context: self.id,
@@ -432,19 +570,19 @@ impl<C: DeviceContext> ContextInner<C> {
         let lost = self.is_lost();
         let started = lock(&self.retire_started).unwrap_or_else(Instant::now);
         let result = match backend {
-            Some(b) => b.teardown(lost),
+            // A panicking teardown must still end in TERMINATED, with every
+            // waiter woken: the panic becomes the report's backend result.
+            Some(b) => catch_unwind(AssertUnwindSafe(|| b.teardown(lost))).unwrap_or_else(|p| {
+                Err(BackendError::new(
+                    self.description.backend,
+                    "teardown",
+                    BackendErrorKind::Other,
+                    format!("teardown panicked: {}", panic_message(&*p)),
+                ))
+            }),
             None => Ok(()),
         };
-        // Quarantined memory died with the context: stop charging it.
-        let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
-        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
-        for q in &quarantined {
-            let r = &self.roles[q.role.index()];
-            sub(&r.quarantined_bytes, q.bytes);
-            sub(&r.quarantined_count, 1);
-        }
-        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
-        drop(quarantined);
+        let returned = self.return_charges_at_teardown();
         let report = TeardownReport {
             context: self.id,
             label: self.label.clone(),
@@ -454,18 +592,85 @@ impl<C: DeviceContext> ContextInner<C> {
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
-            quarantined_bytes,
+            quarantined_bytes: returned.quarantined,
+            awaiting_teardown_bytes: returned.awaiting_teardown,
             unsettled_releases: if lost { self.pending.count() } else { 0 },
             elapsed: started.elapsed(),
             backend_result: result,
         };
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, ok = report.backend_result.is_ok(), "memgov: context torn down");
+        match &report.backend_result {
+            Ok(()) => {
+                tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, "memgov: context torn down")
+            }
+            Err(e) => {
+                tracing::error!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
+            }
+        }
         *lock(&self.report) = Some(report.clone());
         self.phase.store(TERMINATED, Ordering::Release);
         self.lifecycle.notify();
         self.settled.notify();
         report
+    }
+
+    /// The accounting of every teardown path (waited, background, forced,
+    /// lost), in this one place. Runs once the backend's teardown has
+    /// returned: the device has every byte of the context back, so every
+    /// charge that an executed free did not return is returned now, to the
+    /// context's budget and the shared one: quarantined memory, and bytes
+    /// awaiting teardown (abandoned releases, buffers reclaimed by force or
+    /// released on a lost device).
+    fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
+        let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
+        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
+        for q in &quarantined {
+            let r = &self.roles[q.role.index()];
+            sub(&r.quarantined_bytes, q.bytes);
+            sub(&r.quarantined_count, 1);
+        }
+        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
+        drop(quarantined);
+        // Pairs with `hold_until_teardown`: see there.
+        self.charges_returned.store(true, Ordering::SeqCst);
+        let awaiting_teardown = self.return_awaiting_teardown();
+        ReturnedAtTeardown {
+            quarantined: quarantined_bytes,
+            awaiting_teardown,
+        }
+    }
+
+    /// Keep `bytes` charged until teardown: their free never ran, so the
+    /// device does not have them back before the context is destroyed. Their
+    /// category (live or pending) has been left by the caller.
+    pub(crate) fn hold_until_teardown(&self, bytes: u64) {
+        self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
+        if let Some(s) = &self.shared {
+            add(&s.0.awaiting_teardown, bytes);
+        }
+        // After teardown (a release the backend settled late): return them
+        // now. SeqCst on both sides: either teardown's swap sees our add, or
+        // we see its flag (or both, and the swaps split the bytes).
+        if self.charges_returned.load(Ordering::SeqCst) {
+            self.return_awaiting_teardown();
+        }
+    }
+
+    fn return_awaiting_teardown(&self) -> u64 {
+        let bytes = self.awaiting_teardown.swap(0, Ordering::SeqCst);
+        if bytes > 0 {
+            self.budget.uncharge(bytes);
+            if let Some(s) = &self.shared {
+                s.0.budget.uncharge(bytes);
+                sub(&s.0.awaiting_teardown, bytes);
+            }
+        }
+        bytes
+    }
+
+    /// Bytes awaiting teardown now.
+    pub(crate) fn awaiting_teardown_bytes(&self) -> u64 {
+        self.awaiting_teardown.load(Ordering::Acquire)
     }
 
     /// Give back `bytes` to the context budget and the shared one.
@@ -607,24 +812,34 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
             .shards
             .iter_mut()
             .all(|s| !super::release::holds_box(*s.spare.get_mut())));
-        // Every handle, buffer, stream, pin and pending release is gone (each
-        // holds an Arc), so every pin has been dropped. If nobody finished the
-        // retire, do it now -- but never on this thread, which may be a driver
-        // callback thread where calling back into the driver is forbidden.
+        // Every teardown runs while something holds the record: a
+        // `RetireHandle`, `Governor::drop`, or the reaper the last holder's
+        // exit starts (it holds an Arc). A backend still here means that
+        // reaper could not be started: leak the context rather than tear it
+        // down on this thread, which may be a driver callback thread.
         if let Some(backend) = self.backend.get_mut().take() {
-            let lost = *self.lost.get_mut();
-            let id = self.id;
-            let spawned = std::thread::Builder::new()
-                .name(format!("memgov-reaper-{id}"))
-                .spawn(move || {
-                    let _ = backend.teardown(lost);
-                });
-            if spawned.is_err() {
-                // No thread to be had: leaking the context is the only choice
-                // that cannot destroy it under a running callback.
-                #[cfg(feature = "tracing")]
-                tracing::error!(context = %id, "memgov: could not spawn reaper; context leaked");
-            }
+            std::mem::forget(backend);
         }
+    }
+}
+
+/// What teardown returned to the budgets.
+#[derive(Debug, Clone, Copy)]
+struct ReturnedAtTeardown {
+    quarantined: u64,
+    awaiting_teardown: u64,
+}
+
+/// The message of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
+    fn device_lost(&self, reason: &str) {
+        self.mark_lost(reason);
     }
 }

@@ -3,6 +3,7 @@
 //! quarantining releases the backend refuses.
 
 use super::config::Role;
+use super::pin_source::ContextPin;
 use super::record::{add, bump, sub, ContextInner, Quarantined, TERMINATED};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
@@ -116,11 +117,19 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         if let Some(p) = &this.stream_pending {
             sub(p, this.bytes);
         }
-        ctx.uncharge(this.bytes, this.bytes, 0);
         match outcome {
-            // `retired` is derived: settled minus abandoned.
-            RetireOutcome::Retired => {}
-            RetireOutcome::Abandoned => bump(&ctx.counters.abandoned, 1),
+            // The free executed: the device has the bytes back. (`retired`
+            // is derived: settled minus abandoned.)
+            RetireOutcome::Retired => ctx.uncharge(this.bytes, this.bytes, 0),
+            // The free never ran: the memory is the backend's to free at
+            // teardown, and charged until then.
+            RetireOutcome::Abandoned => {
+                bump(&ctx.counters.abandoned, 1);
+                if let Some(s) = &ctx.shared {
+                    sub(&s.0.pending, this.bytes);
+                }
+                ctx.hold_until_teardown(this.bytes);
+            }
         }
         if ctx.phase() == TERMINATED {
             add(&ctx.counters.late_settlements, 1);
@@ -135,12 +144,15 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         // only make that true by taking `pending` to zero, so only that one
         // wakes them, and only if one registered in `pending`: a teardown
         // waiter is not woken once per release.
-        if ctx.pending.decrement() {
-            ctx.lifecycle.wake_all();
-        }
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
             s.0.retired.notify();
+        }
+        // Last of the wake-ups: a task waker registered by `finished()` runs
+        // executor code, which must not keep the others from happening.
+        if ctx.pending.decrement() {
+            ctx.lifecycle.wake_all();
+            ctx.reap_if_unattended();
         }
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful store this thread touches nothing: the box (and
@@ -189,7 +201,8 @@ pub(crate) fn release<C: DeviceContext>(
 ) -> Released {
     let Some(backend) = ctx.enter() else {
         // Only force closes the gate while buffers live: it already revoked
-        // this buffer's pin and uncharged it; teardown frees the memory.
+        // this buffer's pin and holds its charge until teardown frees the
+        // memory.
         drop(memory);
         return Released::Reclaimed;
     };
@@ -232,13 +245,20 @@ pub(crate) fn release<C: DeviceContext>(
         role,
         stream.shard,
     ));
+    // The buffer's pin now belongs to the pending release. The guard drops it
+    // once the backend has queued the free, and also if `free_async` panics:
+    // the signal, dropped or kept by the backend, settles the release on its
+    // own, and the pin must not outlive the call.
+    let pin = ContextPin::adopt(ctx);
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
-            ctx.release_pin();
+            drop(pin);
             drop(backend);
             Released::Queued
         }
         Err((memory, signal, err)) => {
+            // The paths below release the pin themselves.
+            pin.transfer();
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, live_shard, stream, bytes, role);
@@ -296,7 +316,9 @@ fn settle_live_as_lost<C: DeviceContext>(
     let r = &ctx.shards[live_shard].roles[role.index()];
     bump(&r.gone_bytes, bytes);
     bump(&r.gone_count, 1);
-    ctx.uncharge(bytes, 0, 0);
+    // The device does not get the memory back before the context is
+    // destroyed (a lost context's allocations are freed by its teardown).
+    ctx.hold_until_teardown(bytes);
     add(&ctx.counters.settled_lost, 1);
     if ctx.settle_epoch.bump() {
         ctx.settled.wake_all();

@@ -8,6 +8,7 @@ use crate::sync::lock;
 use crate::{BackendError, DeviceContext, ProviderContextIdentity};
 use std::fmt;
 use std::future::Future;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,6 +36,10 @@ pub struct TeardownReport {
     pub reclaimed_buffers: u64,
     /// Bytes that were in quarantine and died with the context.
     pub quarantined_bytes: u64,
+    /// Bytes whose free never ran on the device (releases abandoned, buffers
+    /// reclaimed by force or released on a lost device), charged until this
+    /// teardown returned them.
+    pub awaiting_teardown_bytes: u64,
     /// Pending releases of a lost device whose signals the backend still held
     /// after teardown (should be zero; nonzero is a backend bug).
     pub unsettled_releases: u64,
@@ -204,8 +209,11 @@ impl fmt::Display for Outstanding {
 ///
 /// Several handles may exist (concurrent `retire()` calls); exactly one of
 /// them runs the backend's teardown and all of them get the same report.
-/// Dropping every handle without finishing leaves the context retiring; its
-/// teardown then runs on a reaper thread when the last holder goes.
+/// Dropping every handle without finishing hands the teardown to the
+/// background: it runs on a reaper thread once the last holder goes (at once
+/// if none is left), and its report stays readable through
+/// [`ContextHandle::teardown_report`](super::ContextHandle::teardown_report)
+/// and the governor's snapshot.
 pub struct RetireHandle<C: DeviceContext> {
     pub(crate) ctx: Arc<ContextInner<C>>,
 }
@@ -218,7 +226,21 @@ impl<C: DeviceContext> fmt::Debug for RetireHandle<C> {
     }
 }
 
+impl<C: DeviceContext> Drop for RetireHandle<C> {
+    /// With no handle left, a drained context tears down in the background.
+    fn drop(&mut self) {
+        self.ctx.unattend();
+    }
+}
+
 impl<C: DeviceContext> RetireHandle<C> {
+    /// Retire `ctx` (if it is not already) and attend to its teardown.
+    pub(crate) fn new(ctx: &Arc<ContextInner<C>>) -> Self {
+        ctx.attend();
+        ctx.begin_retire();
+        Self { ctx: ctx.clone() }
+    }
+
     /// The retiring context.
     pub fn context(&self) -> ProviderContextIdentity {
         self.ctx.id
@@ -293,6 +315,15 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// which force cannot revoke, and tear down.
     ///
     /// On a lost device nothing is synchronized: pending releases are given up.
+    ///
+    /// The reclaimed bytes stay charged (to the context's budget and its
+    /// shared one) until the backend's teardown has freed them: while force
+    /// waits for an external pin the memory is still allocated on the device.
+    ///
+    /// # Panics
+    ///
+    /// If the backend's `synchronize` panics, force still revokes what it
+    /// reclaims (so the context can tear down) and then re-raises the panic.
     pub fn force(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let ctx = &*self.ctx;
         if ctx.phase() == TERMINATED {
@@ -303,6 +334,7 @@ impl<C: DeviceContext> RetireHandle<C> {
             // must happen once. Wait for the same outcome.
             return self.wait(deadline);
         }
+        let mut panicked = None;
         // Stop every backend call from starting and wait for those in flight.
         ctx.gate.close();
         ctx.lifecycle.wait_until(|| ctx.gate.is_drained(), None);
@@ -316,8 +348,17 @@ impl<C: DeviceContext> RetireHandle<C> {
                 .filter_map(|w| w.upgrade())
                 .collect();
             for s in &streams {
-                if let Some(Err(e)) = ctx.with_closed_gate(|b| b.synchronize(s.raw())) {
-                    ctx.note_backend_error(&e);
+                // A panicking synchronize must not leave the context forced
+                // but unrevoked (closed gate, pins nobody can release): the
+                // panic is kept and re-raised once revocation is done.
+                match catch_unwind(AssertUnwindSafe(|| {
+                    ctx.with_closed_gate(|b| b.synchronize(s.raw()))
+                })) {
+                    Ok(Some(Err(e))) => ctx.note_backend_error(&e),
+                    Ok(_) => {}
+                    Err(p) => {
+                        panicked.get_or_insert(p);
+                    }
                 }
             }
         }
@@ -336,13 +377,18 @@ impl<C: DeviceContext> RetireHandle<C> {
             }
         }
         super::record::add(&ctx.counters.reclaimed, revoked);
-        ctx.uncharge(reclaimed_bytes, 0, 0);
+        // Still allocated on the device until teardown frees it: charged
+        // until then, so that no other context is admitted into it.
+        ctx.hold_until_teardown(reclaimed_bytes);
         let streams = ctx.streams_live.swap(0, Ordering::AcqRel);
         if ctx.pins.revoke(revoked + streams) {
             ctx.lifecycle.notify();
         }
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %ctx.id, label = %ctx.label, buffers = revoked, bytes = reclaimed_bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        if let Some(p) = panicked {
+            resume_unwind(p);
+        }
         self.wait(deadline)
     }
 }

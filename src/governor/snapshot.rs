@@ -5,7 +5,7 @@
 
 use super::config::Role;
 use super::record::{ContextInner, ACTIVE, TERMINATED};
-use super::retire::{Outstanding, PinKind};
+use super::retire::{Outstanding, PinKind, TeardownReport};
 use crate::sync::lock;
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,16 +43,19 @@ pub struct RoleUsage {
     pub quarantined_count: u64,
 }
 
+/// Saturating: sums over contexts can pass `u64::MAX` (the unbounded null
+/// device admits allocations of any size), and a total that pins at the
+/// maximum says more than one that wraps to a small number.
 impl std::ops::Add for RoleUsage {
     type Output = RoleUsage;
     fn add(self, r: RoleUsage) -> RoleUsage {
         RoleUsage {
-            live_bytes: self.live_bytes + r.live_bytes,
-            live_count: self.live_count + r.live_count,
-            pending_bytes: self.pending_bytes + r.pending_bytes,
-            pending_count: self.pending_count + r.pending_count,
-            quarantined_bytes: self.quarantined_bytes + r.quarantined_bytes,
-            quarantined_count: self.quarantined_count + r.quarantined_count,
+            live_bytes: self.live_bytes.saturating_add(r.live_bytes),
+            live_count: self.live_count.saturating_add(r.live_count),
+            pending_bytes: self.pending_bytes.saturating_add(r.pending_bytes),
+            pending_count: self.pending_count.saturating_add(r.pending_count),
+            quarantined_bytes: self.quarantined_bytes.saturating_add(r.quarantined_bytes),
+            quarantined_count: self.quarantined_count.saturating_add(r.quarantined_count),
         }
     }
 }
@@ -150,8 +153,12 @@ pub struct ContextSnapshot {
     pub lost_reason: Option<String>,
     /// The context's budget limit (`u64::MAX` when unlimited).
     pub budget_limit: u64,
-    /// Bytes charged: live + pending + quarantined.
+    /// Bytes charged: live + pending + quarantined + awaiting teardown.
     pub charged: u64,
+    /// Bytes whose free never ran on the device (releases abandoned, buffers
+    /// reclaimed by force or released on a lost device): still charged,
+    /// until the context's teardown returns them.
+    pub awaiting_teardown: u64,
     /// The shared budget's label, if any.
     pub shared_budget: Option<String>,
     /// Highest `charged` seen.
@@ -164,6 +171,10 @@ pub struct ContextSnapshot {
     pub pins: PinCounts,
     /// Event counters.
     pub counters: CounterSnapshot,
+    /// How the teardown ended, once it has (also when it ran in the
+    /// background, with nobody waiting).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub teardown: Option<TeardownReport>,
 }
 
 #[cfg(feature = "serde")]
@@ -192,7 +203,7 @@ pub struct GovernorSnapshot {
 }
 
 impl GovernorSnapshot {
-    /// Sum of every context's usage.
+    /// Sum of every context's usage, saturating at `u64::MAX`.
     pub fn total(&self) -> RoleUsage {
         self.contexts.iter().map(ContextSnapshot::total).sum()
     }
@@ -252,6 +263,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         lost_reason: lock(&ctx.lost_reason).clone(),
         budget_limit: ctx.budget.limit(),
         charged: ctx.budget.charged(),
+        awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
         peak: ctx.budget.peak(),
         by_role,
@@ -278,5 +290,6 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             backend_errors: ld(&c.backend_errors),
             late_settlements: ld(&c.late_settlements),
         },
+        teardown: lock(&ctx.report).clone(),
     }
 }
