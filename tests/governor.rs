@@ -1112,3 +1112,57 @@ fn a_buffer_names_its_stream_and_can_be_released_on_it() {
         "the refusal is an error here, not a silent quarantine: {err}"
     );
 }
+
+#[cfg(feature = "tracing")]
+#[test]
+fn background_teardown_emits_its_report_as_a_tracing_event() {
+    use std::sync::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    // Global: the teardown runs on a reaper thread, where a thread-local
+    // default would not reach. Other tests' events are told apart by label.
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    struct Fields<'a>(&'a mut String);
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+    struct Collect;
+    impl Subscriber for Collect {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, e: &Event<'_>) {
+            let mut m = String::new();
+            e.record(&mut Fields(&mut m));
+            SEEN.lock().unwrap().push(m);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+    let _ = tracing::subscriber::set_global_default(Collect);
+
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    arm.teardown.store(true, Ordering::SeqCst);
+    let ctx = gov.register(backend, ContextConfig::new().label("bg-traced"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.retire());
+    drop(s); // the last holder: a reaper tears down, nobody waits
+    eventually("background teardown", || {
+        ctx.lifecycle() == Lifecycle::Terminated
+    });
+    eventually("the teardown event", || {
+        SEEN.lock().unwrap().iter().any(|m| {
+            m.contains("bg-traced") && m.contains("torn down") && m.contains("teardown panicked")
+        })
+    });
+}
