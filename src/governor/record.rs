@@ -820,6 +820,21 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
         if let Some(backend) = self.backend.get_mut().take() {
             std::mem::forget(backend);
         }
+        // The reaper held an Arc until its teardown was done: if this drop
+        // runs on another thread, the reaper has nothing left to do but exit.
+        // Join it, so that no thread outlives the record it served. (When
+        // the reaper's own Arc is the last, the drop runs on the reaper and
+        // the thread ends right after it.)
+        let reaper = self
+            .reaper
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(reaper) = reaper {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
     }
 }
 
