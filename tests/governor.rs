@@ -425,6 +425,13 @@ fn host_backend_reports_out_of_memory_like_a_driver() {
         .expect("device refusal is reported with numbers");
     assert_eq!(b.scope, BudgetScope::Device);
     assert_eq!((b.requested, b.limit, b.available), (2 * MIB, 4 * MIB, MIB));
+    // The driver's own words are kept.
+    let driver = b.driver.as_ref().expect("the driver's error is kept");
+    assert_eq!(driver.kind, memgov::BackendErrorKind::OutOfMemory);
+    assert!(
+        err.to_string().contains("the driver said: host allocate failed"),
+        "{err}"
+    );
     drop(a);
 }
 

@@ -4,7 +4,7 @@
 use super::budget::Refusal;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, bump, ContextInner};
+use super::record::{add, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -128,9 +128,7 @@ fn attempt<C: DeviceContext>(
     };
     let result = backend.allocate(stream.raw(), bytes);
     if result.is_ok() {
-        let r = &ctx.shards[stream.shard].roles[role.index()];
-        bump(&r.alloc_bytes, bytes);
-        bump(&r.alloc_count, 1);
+        ctx.stats.admit(stream.shard, role, bytes);
         charge.keep();
     }
     drop(backend);
@@ -228,59 +226,62 @@ fn exceeded<C: DeviceContext>(
     waited: Duration,
     reclaimed: u64,
 ) -> GovernorError {
-    let (scope, live, pending, quarantined, limit, available) = match refused {
-        Refused::Budget(BudgetScope::Shared(label), r) => {
-            let s = &ctx
-                .shared
-                .as_ref()
-                .expect("shared refusal implies a shared budget")
-                .0;
-            let pending = s.pending.load(Ordering::Acquire);
-            let quarantined = s.quarantined.load(Ordering::Acquire);
-            let live = r
-                .charged
-                .saturating_sub(pending)
-                .saturating_sub(quarantined);
-            (
-                BudgetScope::Shared(label),
-                live,
-                pending,
-                quarantined,
-                r.limit,
-                r.limit.saturating_sub(r.charged),
-            )
-        }
-        Refused::Budget(scope, r) => {
-            let pending = ctx.pending_bytes();
-            let quarantined = ctx.quarantined_bytes();
-            let live = r
-                .charged
-                .saturating_sub(pending)
-                .saturating_sub(quarantined);
-            (
+    let (scope, charged, pending, quarantined, awaiting_teardown, limit, available, driver) =
+        match refused {
+            Refused::Budget(BudgetScope::Shared(label), r) => {
+                let s = &ctx
+                    .shared
+                    .as_ref()
+                    .expect("shared refusal implies a shared budget")
+                    .0;
+                (
+                    BudgetScope::Shared(label),
+                    r.charged,
+                    s.pending.load(Ordering::Acquire),
+                    s.quarantined.load(Ordering::Acquire),
+                    s.awaiting_teardown.load(Ordering::Acquire),
+                    r.limit,
+                    r.limit.saturating_sub(r.charged),
+                    None,
+                )
+            }
+            Refused::Budget(scope, r) => (
                 scope,
-                live,
-                pending,
-                quarantined,
+                r.charged,
+                ctx.pending_bytes(),
+                ctx.stats.quarantined_bytes(),
+                ctx.awaiting_teardown_bytes(),
                 r.limit,
                 r.limit.saturating_sub(r.charged),
-            )
-        }
-        Refused::Device(e) => {
-            let info = ctx.enter().and_then(|b| b.memory_info().ok());
-            let (free, total) =
-                info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-            let _ = e;
-            (
-                BudgetScope::Device,
-                ctx.live_bytes(),
-                ctx.pending_bytes(),
-                ctx.quarantined_bytes(),
-                total,
-                free,
-            )
-        }
-    };
+                None,
+            ),
+            Refused::Device(e) => {
+                let info = ctx.enter().and_then(|b| b.memory_info().ok());
+                let (free, total) =
+                    info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+                let live = ctx.live_bytes();
+                let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
+                let awaiting = ctx.awaiting_teardown_bytes();
+                (
+                    BudgetScope::Device,
+                    live.saturating_add(pending)
+                        .saturating_add(quarantined)
+                        .saturating_add(awaiting),
+                    pending,
+                    quarantined,
+                    awaiting,
+                    total,
+                    free,
+                    Some(e),
+                )
+            }
+        };
+    // What is charged and neither pending, quarantined nor awaiting teardown
+    // is live.
+    let live = charged
+        .saturating_sub(pending)
+        .saturating_sub(quarantined)
+        .saturating_sub(awaiting_teardown);
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -290,9 +291,11 @@ fn exceeded<C: DeviceContext>(
         live,
         pending,
         quarantined,
+        awaiting_teardown,
         limit,
         available,
         waited,
         reclaimed_by_responders: reclaimed,
+        driver,
     }))
 }

@@ -15,6 +15,7 @@ mod record;
 mod release;
 mod retire;
 mod snapshot;
+mod stats;
 mod stream;
 
 pub use budget::SharedBudget;
@@ -138,7 +139,7 @@ impl<C: DeviceContext> Governor<C> {
     pub fn prune_terminated(&self) -> usize {
         let mut contexts = lock(&self.contexts);
         let before = contexts.len();
-        contexts.retain(|c| c.phase() != record::TERMINATED);
+        contexts.retain(|c| c.phase() != record::Phase::Terminated);
         before - contexts.len()
     }
 
@@ -166,7 +167,7 @@ impl<C: DeviceContext> Drop for Governor<C> {
             c.begin_retire();
         }
         for c in &contexts {
-            if c.phase() != record::TERMINATED && c.drained() {
+            if c.phase() != record::Phase::Terminated && c.drained() {
                 c.finish();
             }
         }

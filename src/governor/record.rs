@@ -38,6 +38,7 @@ use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::error::GovernorError;
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
+use super::stats::Stats;
 use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
 use crate::{
@@ -46,89 +47,38 @@ use crate::{
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-pub(crate) const ACTIVE: u8 = 0;
-pub(crate) const RETIRING: u8 = 1;
-pub(crate) const TERMINATING: u8 = 2;
-pub(crate) const TERMINATED: u8 = 3;
-
-/// Quarantined bytes and objects of one role (rare: kept in the record).
-/// Live and pending counts are in the [`Shard`]s. Updated with relaxed
-/// atomics: they are statistics read by snapshots, while admission decisions
-/// use [`Budget`].
-#[derive(Debug, Default)]
-pub(crate) struct RoleCounters {
-    pub quarantined_bytes: AtomicU64,
-    pub quarantined_count: AtomicU64,
+/// Where a context is in its life: the record's phase word. It only moves
+/// forward, by the transitions in this file (`begin_retire`: Active ->
+/// Retiring; `finish`: Retiring -> Terminating by compare-and-swap, then
+/// Terminated once the report is stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    Active = 0,
+    Retiring = 1,
+    Terminating = 2,
+    Terminated = 3,
 }
 
-/// Monotonic event totals (bytes and objects) of one role, in one shard:
-///
-/// * `alloc`: allocations admitted on a stream of this shard (and buffers
-///   moved here by `release_on` another stream);
-/// * `queued`: releases queued on a stream of this shard;
-/// * `settled`: those of them settled (retired or abandoned);
-/// * `gone`: live buffers of this shard that left without being queued here
-///   (device lost, quarantined, reclaimed by force, moved by `release_on`).
-///
-/// live = alloc - queued - gone and pending = queued - settled. Each step of a
-/// buffer's life is one increment (two words: bytes, count), where keeping
-/// live and pending counts took two (subtract here, add there).
-#[derive(Debug, Default)]
-pub(crate) struct ShardRole {
-    pub alloc_bytes: AtomicU64,
-    pub alloc_count: AtomicU64,
-    pub queued_bytes: AtomicU64,
-    pub queued_count: AtomicU64,
-    pub settled_bytes: AtomicU64,
-    pub settled_count: AtomicU64,
-    pub gone_bytes: AtomicU64,
-    pub gone_count: AtomicU64,
-}
-
-/// Add to a monotonic statistics total. Release, so that a reader that sees a
-/// later step of a buffer's life (Acquire) also sees its earlier steps: see
-/// [`ContextInner::role_usage`].
-#[inline]
-pub(crate) fn bump(a: &AtomicU64, n: u64) {
-    a.fetch_add(n, Ordering::Release);
-}
-
-/// Number of statistics shards per context. Streams are spread over them
-/// round-robin, so up to this many streams update disjoint cache lines.
-pub(crate) const SHARDS: usize = 8;
-const _: () = assert!(SHARDS <= 256, "shard indices are stored as u8");
-
-/// The statistics of the steady-state allocate/release cycle, sharded by
-/// stream so that threads working on different streams do not write the same
-/// cache lines for them (`docs/performance.md`).
-///
-/// The totals are monotonic (a refused free's undo is the one exception), so
-/// sums over shards are exact whenever the context is quiescent, and a
-/// concurrent reader that reads the later steps first never computes a
-/// negative count (see [`ContextInner::role_usage`]). `force` reads the live
-/// totals of every shard only after closing the gate and seeing it drain:
-/// every change of `alloc`, `queued` and `gone` happens under a gate claim, so
-/// those reads are stable, and it adds what it reclaims to `gone`.
-///
-/// `spare` caches one freed `PendingRelease` allocation (see `release.rs`),
-/// so that the steady-state cycle does not call `malloc`/`free`.
-#[repr(align(128))]
-#[derive(Debug, Default)]
-pub(crate) struct Shard {
-    pub roles: [ShardRole; 5],
-    /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
-    /// or closed (see `release.rs`).
-    pub spare: AtomicPtr<u8>,
+impl Phase {
+    fn from_word(v: u8) -> Self {
+        match v {
+            0 => Self::Active,
+            1 => Self::Retiring,
+            2 => Self::Terminating,
+            _ => Self::Terminated,
+        }
+    }
 }
 
 /// Monotonic event counters. `allocations`, `releases_queued` and `retired`
-/// are derived from the shards (see [`ContextInner::allocations`]).
+/// are derived from the statistics (see [`ContextInner::allocations`]).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub abandoned: AtomicU64,
@@ -187,9 +137,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// [`EpochWord`]) so that a settlement wakes `settled` only when one waits.
     pub settle_epoch: EpochWord,
 
-    pub roles: [RoleCounters; 5],
-    pub shards: [Shard; SHARDS],
-    pub next_shard: AtomicUsize,
+    /// Live, pending and quarantined amounts (see `stats.rs`).
+    pub stats: Stats,
     pub counters: Counters,
     pub streams_live: AtomicU64,
 
@@ -281,7 +230,7 @@ impl<C: DeviceContext> ContextInner<C> {
             pins: ClaimCounter::new(config.max_pins),
             pending: CountWord::new(),
             gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
-            phase: AtomicU8::new(ACTIVE),
+            phase: AtomicU8::new(Phase::Active as u8),
             lost: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             lifecycle: Notifier::new(),
@@ -289,9 +238,7 @@ impl<C: DeviceContext> ContextInner<C> {
             shared: config.shared,
             settled: Notifier::new(),
             settle_epoch: EpochWord::new(),
-            roles: Default::default(),
-            shards: Default::default(),
-            next_shard: AtomicUsize::new(0),
+            stats: Stats::default(),
             counters: Counters::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
@@ -327,7 +274,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// holds the context's `forced` flag (so it is the only forcer), and at
     /// least one stream pin is still outstanding (so `finish` cannot have
     /// started, as it needs `drained()`).
-    pub(crate) fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
+    fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
         debug_assert!(self.gate.is_drained() && self.forced.load(Ordering::Acquire));
         // SAFETY: per the precondition no BackendGuard exists or can be made,
         // and the backend is moved out only by `finish`, which cannot run
@@ -354,8 +301,8 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    pub(crate) fn phase(&self) -> u8 {
-        self.phase.load(Ordering::Acquire)
+    pub(crate) fn phase(&self) -> Phase {
+        Phase::from_word(self.phase.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -380,7 +327,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// (A pin taken before retire keeps its holder going; an allocation that
     /// has to wait for room gives up once this is false.)
     pub(crate) fn accepting(&self) -> bool {
-        self.phase() == ACTIVE && !self.is_lost()
+        self.phase() == Phase::Active && !self.is_lost()
     }
 
     /// The error an allocation refused for that reason returns.
@@ -403,7 +350,12 @@ impl<C: DeviceContext> ContextInner<C> {
     pub(crate) fn begin_retire(&self) {
         let first = self
             .phase
-            .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                Phase::Active as u8,
+                Phase::Retiring as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok();
         if first {
             // A permanent waiter in `pending`: from now on the settlement
@@ -457,7 +409,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// and the backend it tears down.
     pub(crate) fn reap_if_unattended(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.phase() != RETIRING
+        if self.phase() != Phase::Retiring
             || self.attended.load(Ordering::SeqCst) != 0
             || !self.drained()
             || self.reaping.swap(true, Ordering::AcqRel)
@@ -540,20 +492,80 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
+    /// Whether `force` has revoked (or is revoking) live buffers and streams.
+    pub(crate) fn is_forced(&self) -> bool {
+        self.forced.load(Ordering::Acquire)
+    }
+
+    /// Force's transition, once (a second caller returns at once): close the
+    /// gate, wait for calls in flight, synchronize every stream (unless the
+    /// device is lost), and revoke the pins of live buffers and streams,
+    /// whose memory and raw streams die with the context. The reclaimed
+    /// bytes stay charged until teardown frees them. Precondition: retire
+    /// has begun.
+    ///
+    /// A `synchronize` that panics does not stop the revocation (a closed
+    /// gate with unrevoked pins would wedge the context); the panic is
+    /// re-raised once it is done.
+    pub(crate) fn force(&self) {
+        if self.forced.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut panicked = None;
+        // Stop every backend call from starting and wait for those in flight.
+        self.gate.close();
+        self.lifecycle.wait_until(|| self.gate.is_drained(), None);
+        // From here on live buffers and streams can no longer release their
+        // pins (their paths go through the gate), so the counts are stable.
+        if !self.is_lost() {
+            let streams: Vec<_> = lock(&self.streams)
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .collect();
+            for s in &streams {
+                match catch_unwind(AssertUnwindSafe(|| {
+                    self.with_closed_gate(|b| b.synchronize(s.raw()))
+                })) {
+                    Ok(Some(Err(e))) => self.note_backend_error(&e),
+                    Ok(_) => {}
+                    Err(p) => {
+                        panicked.get_or_insert(p);
+                    }
+                }
+            }
+        }
+        // Every live transition happens under a gate claim, and the gate is
+        // closed and drained: the live totals of every shard are stable.
+        let reclaimed = self.stats.reclaim_live();
+        add(&self.counters.reclaimed, reclaimed.count);
+        // Still allocated on the device until teardown frees it: charged
+        // until then, so that no other context is admitted into it.
+        self.hold_until_teardown(reclaimed.bytes);
+        let streams = self.streams_live.swap(0, Ordering::AcqRel);
+        if self.pins.revoke(reclaimed.count + streams) {
+            self.lifecycle.notify();
+        }
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = %self.id, label = %self.label, buffers = reclaimed.count, bytes = reclaimed.bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        if let Some(p) = panicked {
+            resume_unwind(p);
+        }
+    }
+
     /// Tear down, once. Precondition: `drained()` was observed, or the caller
     /// is `force` after revoking what it reclaimed. Returns the report; a
     /// second caller waits for the first and gets the same report.
     pub(crate) fn finish(&self) -> TeardownReport {
         match self.phase.compare_exchange(
-            RETIRING,
-            TERMINATING,
+            Phase::Retiring as u8,
+            Phase::Terminating as u8,
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
             Ok(_) => {}
             Err(_) => {
                 self.lifecycle
-                    .wait_until(|| self.phase() == TERMINATED, None);
+                    .wait_until(|| self.phase() == Phase::Terminated, None);
                 return lock(&self.report)
                     .clone()
                     .expect("report stored before TERMINATED");
@@ -608,7 +620,7 @@ impl<C: DeviceContext> ContextInner<C> {
             }
         }
         *lock(&self.report) = Some(report.clone());
-        self.phase.store(TERMINATED, Ordering::Release);
+        self.phase.store(Phase::Terminated as u8, Ordering::Release);
         self.lifecycle.notify();
         self.settled.notify();
         report
@@ -625,9 +637,7 @@ impl<C: DeviceContext> ContextInner<C> {
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
         let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
         for q in &quarantined {
-            let r = &self.roles[q.role.index()];
-            sub(&r.quarantined_bytes, q.bytes);
-            sub(&r.quarantined_count, 1);
+            self.stats.unquarantine(q.role, q.bytes);
         }
         self.uncharge(quarantined_bytes, 0, quarantined_bytes);
         drop(quarantined);
@@ -691,98 +701,27 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    /// A stream's shard index.
-    pub(crate) fn pick_shard(&self) -> usize {
-        self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
-    }
-
-    /// Totals of one role over the shards: [settled, gone, queued, alloc] x
-    /// [bytes, count].
-    fn role_totals(&self, role: Role) -> [[u64; 2]; 4] {
-        // Later steps of a buffer's life first, each Acquire (pairing with
-        // the Release of `bump`): whatever step of a buffer is seen, its
-        // earlier steps, read afterwards, are seen too, so no difference
-        // below is negative (except transiently around a refused free's
-        // undo, which the saturation covers).
-        let mut t = [[0u64; 2]; 4];
-        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
-        fn fields(r: &ShardRole, i: usize) -> [&AtomicU64; 2] {
-            match i {
-                0 => [&r.settled_bytes, &r.settled_count],
-                1 => [&r.gone_bytes, &r.gone_count],
-                2 => [&r.queued_bytes, &r.queued_count],
-                _ => [&r.alloc_bytes, &r.alloc_count],
-            }
-        }
-        for (i, ti) in t.iter_mut().enumerate() {
-            for s in &self.shards {
-                let [b, n] = fields(&s.roles[role.index()], i);
-                ti[0] = ti[0].wrapping_add(ld(b));
-                ti[1] = ti[1].wrapping_add(ld(n));
-            }
-        }
-        t
-    }
-
-    /// Live bytes, live count, pending bytes and pending count of one role,
-    /// summed over the shards.
-    pub(crate) fn role_usage(&self, role: Role) -> [u64; 4] {
-        let [settled, gone, queued, alloc] = self.role_totals(role);
-        let live = |i: usize| alloc[i].saturating_sub(queued[i]).saturating_sub(gone[i]);
-        let pending = |i: usize| queued[i].saturating_sub(settled[i]);
-        [live(0), live(1), pending(0), pending(1)]
-    }
-
-    /// Live bytes and count of one role in one shard, for `force` (gate
-    /// closed and drained: stable).
-    pub(crate) fn shard_live(&self, shard: usize, role: Role) -> [u64; 2] {
-        let r = &self.shards[shard].roles[role.index()];
-        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
-        [
-            ld(&r.alloc_bytes)
-                .wrapping_sub(ld(&r.queued_bytes))
-                .wrapping_sub(ld(&r.gone_bytes)),
-            ld(&r.alloc_count)
-                .wrapping_sub(ld(&r.queued_count))
-                .wrapping_sub(ld(&r.gone_count)),
-        ]
-    }
-
-    fn sum_roles(&self, i: usize) -> u64 {
-        Role::ALL
-            .iter()
-            .map(|&r| self.role_usage(r)[i])
-            .fold(0, u64::wrapping_add)
-    }
-
+    /// Live bytes of every role.
     pub(crate) fn live_bytes(&self) -> u64 {
-        self.sum_roles(0)
-    }
-    pub(crate) fn live_count(&self) -> u64 {
-        self.sum_roles(1)
-    }
-    pub(crate) fn pending_bytes(&self) -> u64 {
-        self.sum_roles(2)
+        self.stats.usage_all().live.bytes
     }
 
-    fn total(&self, i: usize) -> u64 {
-        Role::ALL
-            .iter()
-            .map(|&r| self.role_totals(r)[i][1])
-            .fold(0, u64::wrapping_add)
+    /// Pending-release bytes of every role.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        self.stats.usage_all().pending.bytes
     }
 
     /// Releases whose free executed: settled ones that were not abandoned.
     pub(crate) fn retired(&self) -> u64 {
         let abandoned = self.counters.abandoned.load(Ordering::Acquire);
-        self.total(0).saturating_sub(abandoned)
+        self.stats.settled_count().saturating_sub(abandoned)
     }
 
     /// Releases queued on a stream (and not undone because the backend
     /// refused them). Derived rather than counted, so the cycle does not pay
     /// for it.
     pub(crate) fn releases_queued(&self) -> u64 {
-        self.total(2)
+        self.stats.queued_count()
     }
 
     /// Allocations admitted: each is live, queued (see `releases_queued`),
@@ -790,17 +729,14 @@ impl<C: DeviceContext> ContextInner<C> {
     /// force. Derived rather than counted.
     pub(crate) fn allocations(&self) -> u64 {
         let c = &self.counters;
-        self.live_count()
+        self.stats
+            .usage_all()
+            .live
+            .count
             .wrapping_add(self.releases_queued())
             .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
             .wrapping_add(c.quarantined.load(Ordering::Relaxed))
             .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
-    }
-    pub(crate) fn quarantined_bytes(&self) -> u64 {
-        self.roles
-            .iter()
-            .map(|r| r.quarantined_bytes.load(Ordering::Relaxed))
-            .sum()
     }
 }
 
@@ -809,9 +745,9 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
         // No `spare` slot can hold a cached PendingRelease here: it would hold
         // an Arc of this record (see `release::close_spares`).
         debug_assert!(self
-            .shards
-            .iter_mut()
-            .all(|s| !super::release::holds_box(*s.spare.get_mut())));
+            .stats
+            .spares_mut()
+            .all(|s| !super::release::holds_box(*s.get_mut())));
         // Every teardown runs while something holds the record: a
         // `RetireHandle`, `Governor::drop`, or the reaper the last holder's
         // exit starts (it holds an Arc). A backend still here means that

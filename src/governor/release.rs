@@ -4,7 +4,7 @@
 
 use super::config::Role;
 use super::pin_source::ContextPin;
-use super::record::{add, bump, sub, ContextInner, Quarantined, TERMINATED};
+use super::record::{add, sub, ContextInner, Phase, Quarantined};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
 use crate::sync::lock;
@@ -49,7 +49,7 @@ fn boxed<C: DeviceContext>(
     role: Role,
     shard: usize,
 ) -> Box<PendingRelease<C>> {
-    let slot = &ctx.shards[shard].spare;
+    let slot = ctx.stats.spare(shard);
     let p = slot.load(Ordering::Relaxed);
     // Take it with a compare-and-swap, not a swap: a swap could reopen a
     // closed slot. (ABA is harmless: whoever holds the pointer in the slot
@@ -89,8 +89,8 @@ fn boxed<C: DeviceContext>(
 /// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
 /// own `Arc` of `ctx`, so none of these is the last.
 pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
-    for s in &ctx.shards {
-        let p = s.spare.swap(SPARE_CLOSED, Ordering::AcqRel);
+    for spare in ctx.stats.spares() {
+        let p = spare.swap(SPARE_CLOSED, Ordering::AcqRel);
         if is_box(p) {
             // SAFETY: as in `boxed`; the swap took ownership.
             drop(unsafe { Box::from_raw(p as *mut PendingRelease<C>) });
@@ -110,10 +110,8 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
         let this = &mut *self;
         let ctx = &*this.ctx;
-        let shard = &ctx.shards[usize::from(this.shard)];
-        let r = &shard.roles[this.role.index()];
-        bump(&r.settled_bytes, this.bytes);
-        bump(&r.settled_count, 1);
+        let shard = usize::from(this.shard);
+        ctx.stats.settle(shard, this.role, this.bytes);
         if let Some(p) = &this.stream_pending {
             sub(p, this.bytes);
         }
@@ -124,14 +122,14 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             // The free never ran: the memory is the backend's to free at
             // teardown, and charged until then.
             RetireOutcome::Abandoned => {
-                bump(&ctx.counters.abandoned, 1);
+                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
                 if let Some(s) = &ctx.shared {
                     sub(&s.0.pending, this.bytes);
                 }
                 ctx.hold_until_teardown(this.bytes);
             }
         }
-        if ctx.phase() == TERMINATED {
+        if ctx.phase() == Phase::Terminated {
             add(&ctx.counters.late_settlements, 1);
         }
         // Admission waiters register in the epoch word: the bump says whether
@@ -158,7 +156,7 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         // After a successful store this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.
         this.stream_pending = None;
-        let slot: *const AtomicPtr<u8> = &shard.spare;
+        let slot: *const AtomicPtr<u8> = ctx.stats.spare(shard);
         let raw = Box::into_raw(self);
         // SAFETY: `slot` points into the context record, which the Arc inside
         // `raw` (still ours until the exchange succeeds) keeps alive.
@@ -219,19 +217,10 @@ pub(crate) fn release<C: DeviceContext>(
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
     ctx.pending.increment();
-    if live_shard != stream.shard {
-        // `release_on` another stream: the buffer leaves its own shard and
-        // is queued in the other one (as if allocated there).
-        let from = &ctx.shards[live_shard].roles[role.index()];
-        bump(&from.gone_bytes, bytes);
-        bump(&from.gone_count, 1);
-        let to = &ctx.shards[stream.shard].roles[role.index()];
-        bump(&to.alloc_bytes, bytes);
-        bump(&to.alloc_count, 1);
-    }
-    let q = &ctx.shards[stream.shard].roles[role.index()];
-    bump(&q.queued_bytes, bytes);
-    bump(&q.queued_count, 1);
+    // `release_on` another stream: the buffer leaves its own shard and is
+    // queued in the other one (as if allocated there).
+    ctx.stats.transfer(live_shard, stream.shard, role, bytes);
+    ctx.stats.queue(stream.shard, role, bytes);
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
@@ -287,17 +276,7 @@ fn undo_pending<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) {
-    let q = &ctx.shards[stream.shard].roles[role.index()];
-    sub(&q.queued_bytes, bytes);
-    sub(&q.queued_count, 1);
-    if live_shard != stream.shard {
-        let to = &ctx.shards[stream.shard].roles[role.index()];
-        sub(&to.alloc_bytes, bytes);
-        sub(&to.alloc_count, 1);
-        let from = &ctx.shards[live_shard].roles[role.index()];
-        sub(&from.gone_bytes, bytes);
-        sub(&from.gone_count, 1);
-    }
+    ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
@@ -313,9 +292,7 @@ fn settle_live_as_lost<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) {
-    let r = &ctx.shards[live_shard].roles[role.index()];
-    bump(&r.gone_bytes, bytes);
-    bump(&r.gone_count, 1);
+    ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
     ctx.hold_until_teardown(bytes);
@@ -336,12 +313,8 @@ fn quarantine<C: DeviceContext>(
     role: Role,
     err: &BackendError,
 ) {
-    let live = &ctx.shards[live_shard].roles[role.index()];
-    bump(&live.gone_bytes, bytes);
-    bump(&live.gone_count, 1);
-    let r = &ctx.roles[role.index()];
-    add(&r.quarantined_bytes, bytes);
-    add(&r.quarantined_count, 1);
+    ctx.stats.leave(live_shard, role, bytes);
+    ctx.stats.quarantine(role, bytes);
     if let Some(s) = &ctx.shared {
         add(&s.0.quarantined, bytes);
     }

@@ -3,12 +3,11 @@
 
 use super::config::Role;
 use super::error::RetireError;
-use super::record::{ContextInner, TERMINATED};
+use super::record::{ContextInner, Phase};
 use crate::sync::lock;
 use crate::{BackendError, DeviceContext, ProviderContextIdentity};
 use std::fmt;
 use std::future::Future;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -111,7 +110,7 @@ impl Outstanding {
     pub(crate) fn collect<C: DeviceContext>(ctx: &ContextInner<C>) -> Self {
         let mut items = Vec::new();
         // After force, surviving stream handles hold no pin: not outstanding.
-        let streams = if ctx.forced.load(Ordering::Acquire) {
+        let streams = if ctx.is_forced() {
             Vec::new()
         } else {
             lock(&ctx.streams).clone()
@@ -126,22 +125,22 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let [lb, lc, pb, pc] = ctx.role_usage(role);
-            if lc > 0 {
+            let usage = ctx.stats.usage(role);
+            if usage.live.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,
                     role: Some(role),
-                    count: lc,
-                    bytes: lb,
+                    count: usage.live.count,
+                    bytes: usage.live.bytes,
                     holder: None,
                 });
             }
-            if pc > 0 {
+            if usage.pending.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::PendingRelease,
                     role: Some(role),
-                    count: pc,
-                    bytes: pb,
+                    count: usage.pending.count,
+                    bytes: usage.pending.bytes,
                     holder: None,
                 });
             }
@@ -272,7 +271,7 @@ impl<C: DeviceContext> RetireHandle<C> {
         // `drained()` true notifies `lifecycle` itself.
         ctx.pending.register();
         let ready = ctx.lifecycle.wait_until(
-            || ctx.drained() || ctx.phase() == TERMINATED,
+            || ctx.drained() || ctx.phase() == Phase::Terminated,
             Some(deadline),
         );
         ctx.pending.unregister();
@@ -291,7 +290,7 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// Tear down if everything has drained; otherwise return at once with
     /// what is outstanding.
     pub fn try_finish(&self) -> Result<TeardownReport, RetireError> {
-        if self.ctx.drained() || self.ctx.phase() == TERMINATED {
+        if self.ctx.drained() || self.ctx.phase() == Phase::Terminated {
             Ok(self.ctx.finish())
         } else {
             Err(self.outstanding_error(Duration::ZERO))
@@ -326,69 +325,10 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// reclaims (so the context can tear down) and then re-raises the panic.
     pub fn force(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let ctx = &*self.ctx;
-        if ctx.phase() == TERMINATED {
+        if ctx.phase() == Phase::Terminated {
             return Ok(ctx.finish());
         }
-        if ctx.forced.swap(true, Ordering::AcqRel) {
-            // Another caller is forcing (or forced) already: its revocation
-            // must happen once. Wait for the same outcome.
-            return self.wait(deadline);
-        }
-        let mut panicked = None;
-        // Stop every backend call from starting and wait for those in flight.
-        ctx.gate.close();
-        ctx.lifecycle.wait_until(|| ctx.gate.is_drained(), None);
-        // From here on live buffers and streams can no longer release their
-        // pins (their paths go through the gate), so the counts are stable.
-        if ctx.is_lost() {
-            // Nothing to synchronize on a lost device.
-        } else {
-            let streams: Vec<_> = lock(&ctx.streams)
-                .iter()
-                .filter_map(|w| w.upgrade())
-                .collect();
-            for s in &streams {
-                // A panicking synchronize must not leave the context forced
-                // but unrevoked (closed gate, pins nobody can release): the
-                // panic is kept and re-raised once revocation is done.
-                match catch_unwind(AssertUnwindSafe(|| {
-                    ctx.with_closed_gate(|b| b.synchronize(s.raw()))
-                })) {
-                    Ok(Some(Err(e))) => ctx.note_backend_error(&e),
-                    Ok(_) => {}
-                    Err(p) => {
-                        panicked.get_or_insert(p);
-                    }
-                }
-            }
-        }
-        let mut revoked = 0;
-        let mut reclaimed_bytes = 0;
-        // Every live transition happens under a gate claim, and the gate is
-        // closed and drained: the live counts of every shard are stable.
-        for (i, shard) in ctx.shards.iter().enumerate() {
-            for role in Role::ALL {
-                let [b, n] = ctx.shard_live(i, role);
-                let r = &shard.roles[role.index()];
-                super::record::bump(&r.gone_bytes, b);
-                super::record::bump(&r.gone_count, n);
-                revoked += n;
-                reclaimed_bytes += b;
-            }
-        }
-        super::record::add(&ctx.counters.reclaimed, revoked);
-        // Still allocated on the device until teardown frees it: charged
-        // until then, so that no other context is admitted into it.
-        ctx.hold_until_teardown(reclaimed_bytes);
-        let streams = ctx.streams_live.swap(0, Ordering::AcqRel);
-        if ctx.pins.revoke(revoked + streams) {
-            ctx.lifecycle.notify();
-        }
-        #[cfg(feature = "tracing")]
-        tracing::warn!(context = %ctx.id, label = %ctx.label, buffers = revoked, bytes = reclaimed_bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
-        if let Some(p) = panicked {
-            resume_unwind(p);
-        }
+        ctx.force();
         self.wait(deadline)
     }
 }
@@ -413,7 +353,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
         let ready = ctx
             .lifecycle
             .register_task(cx.waker(), &mut registered, || {
-                ctx.drained() || ctx.phase() == TERMINATED
+                ctx.drained() || ctx.phase() == Phase::Terminated
             });
         self.registered = registered;
         if ready {

@@ -4,7 +4,7 @@
 //! snapshot taken while other threads allocate is not one atomic cut.
 
 use super::config::Role;
-use super::record::{ContextInner, ACTIVE, TERMINATED};
+use super::record::{ContextInner, Phase};
 use super::retire::{Outstanding, PinKind, TeardownReport};
 use crate::sync::lock;
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
@@ -215,9 +215,9 @@ fn ld(a: &AtomicU64) -> u64 {
 
 pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
     match ctx.phase() {
-        TERMINATED => Lifecycle::Terminated,
+        Phase::Terminated => Lifecycle::Terminated,
         _ if ctx.is_lost() => Lifecycle::Lost,
-        ACTIVE => Lifecycle::Active,
+        Phase::Active => Lifecycle::Active,
         _ => Lifecycle::Retiring,
     }
 }
@@ -225,15 +225,15 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
     for role in Role::ALL {
-        let r = &ctx.roles[role.index()];
-        let [live_bytes, live_count, pending_bytes, pending_count] = ctx.role_usage(role);
+        let usage = ctx.stats.usage(role);
+        let quarantined = ctx.stats.quarantined(role);
         by_role[role.index()] = RoleUsage {
-            live_bytes,
-            live_count,
-            pending_bytes,
-            pending_count,
-            quarantined_bytes: ld(&r.quarantined_bytes),
-            quarantined_count: ld(&r.quarantined_count),
+            live_bytes: usage.live.bytes,
+            live_count: usage.live.count,
+            pending_bytes: usage.pending.bytes,
+            pending_count: usage.pending.count,
+            quarantined_bytes: quarantined.bytes,
+            quarantined_count: quarantined.count,
         };
     }
     let outstanding = Outstanding::collect(ctx);

@@ -127,7 +127,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             ctx: ctx.clone(),
             raw: Some(raw),
             label,
-            shard: ctx.pick_shard(),
+            shard: ctx.stats.pick_shard(),
             pending_bytes: ctx
                 .description
                 .stream_ordered_reuse
