@@ -429,7 +429,8 @@ fn host_backend_reports_out_of_memory_like_a_driver() {
     let driver = b.driver.as_ref().expect("the driver's error is kept");
     assert_eq!(driver.kind, memgov::BackendErrorKind::OutOfMemory);
     assert!(
-        err.to_string().contains("the driver said: host allocate failed"),
+        err.to_string()
+            .contains("the driver said: host allocate failed"),
         "{err}"
     );
     drop(a);

@@ -124,7 +124,7 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub gate: ClaimCounter,
     phase: AtomicU8,
     lost: AtomicBool,
-    pub forced: AtomicBool,
+    forced: AtomicBool,
     /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
     pub lifecycle: Notifier,
 
@@ -140,7 +140,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Live, pending and quarantined amounts (see `stats.rs`).
     pub stats: Stats,
     pub counters: Counters,
-    pub streams_live: AtomicU64,
+    /// Live streams. Changed only under a gate claim (`stream_created`,
+    /// `stream_left`), so that `force` reads a stable count once the gate
+    /// has drained.
+    streams_live: AtomicU64,
 
     backend: UnsafeCell<Option<C>>,
     pub streams: Mutex<Vec<Weak<StreamShared<C>>>>,
@@ -490,6 +493,25 @@ impl<C: DeviceContext> ContextInner<C> {
                 source: err,
             }
         }
+    }
+
+    /// A stream was created. Call under the gate claim of `create_stream`.
+    #[inline]
+    pub(crate) fn stream_created(&self) {
+        add(&self.streams_live, 1);
+    }
+
+    /// A stream was dropped: its live count and its pin leave together.
+    /// Call under a gate claim.
+    #[inline]
+    pub(crate) fn stream_left(&self) {
+        sub(&self.streams_live, 1);
+        self.release_pin();
+    }
+
+    /// Live streams now.
+    pub(crate) fn streams_live(&self) -> u64 {
+        self.streams_live.load(Ordering::Relaxed)
     }
 
     /// Whether `force` has revoked (or is revoking) live buffers and streams.

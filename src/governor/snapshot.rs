@@ -246,7 +246,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             .sum::<u64>()
     };
     let pins = PinCounts {
-        streams: ld(&ctx.streams_live),
+        streams: ctx.streams_live(),
         buffers: count(PinKind::Buffer),
         pending_releases: ctx.pending.count(),
         external: count(PinKind::External),

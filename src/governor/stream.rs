@@ -4,7 +4,7 @@
 
 use super::error::GovernorError;
 use super::pin_source::ContextPin;
-use super::record::{sub, ContextInner};
+use super::record::ContextInner;
 use crate::sync::lock;
 use crate::DeviceContext;
 use std::fmt;
@@ -70,8 +70,7 @@ struct StreamLeaves<'a, C: DeviceContext> {
 
 impl<C: DeviceContext> Drop for StreamLeaves<'_, C> {
     fn drop(&mut self) {
-        sub(&self.ctx.streams_live, 1);
-        self.ctx.release_pin();
+        self.ctx.stream_left();
     }
 }
 
@@ -108,7 +107,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             Some(backend) => match backend.create_stream() {
                 Ok(raw) => {
                     // Counted under the gate claim, so force sees it.
-                    super::record::add(&ctx.streams_live, 1);
+                    ctx.stream_created();
                     pin.transfer();
                     raw
                 }
