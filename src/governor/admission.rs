@@ -4,7 +4,7 @@
 use super::budget::Refusal;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, ContextInner};
+use super::record::{add, ChargeRefused, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -107,19 +107,12 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    let credit = stream.credit();
-    ctx.budget
-        .try_charge(bytes, credit)
-        .map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
-    if let Some(s) = &ctx.shared {
-        if let Err(r) = s.0.budget.try_charge(bytes, credit) {
-            ctx.budget.uncharge(bytes);
-            return Err(Ok(Refused::Budget(
-                BudgetScope::Shared(s.0.label.clone()),
-                r,
-            )));
-        }
-    }
+    ctx.charge(bytes, stream.credit()).map_err(|refused| {
+        Ok(match refused {
+            ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+            ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+        })
+    })?;
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };

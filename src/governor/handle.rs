@@ -163,7 +163,7 @@ impl<C: DeviceContext> ContextHandle<C> {
 
     /// Change the context's budget. Allocations already charged stay.
     pub fn set_budget(&self, bytes: u64) {
-        self.inner.budget.set_limit(bytes);
+        self.inner.set_budget_limit(bytes);
     }
 
     /// Declare the device lost: new work is refused, pending releases are

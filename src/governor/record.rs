@@ -33,7 +33,7 @@
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
-use super::budget::{Budget, SharedBudget};
+use super::budget::{Budget, Refusal, SharedBudget};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::error::GovernorError;
 use super::pin_source::PinSourceInner;
@@ -128,7 +128,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
     pub lifecycle: Notifier,
 
-    pub budget: Budget,
+    /// The context's own budget: changed only by `charge`, `uncharge` and
+    /// the teardown accounting (`hold_until_teardown`,
+    /// `return_charges_at_teardown`), which keep the shared budget in step.
+    budget: Budget,
     pub shared: Option<SharedBudget>,
     /// Woken when a release of this context settles (admission waiters), and
     /// on device loss and termination.
@@ -705,6 +708,37 @@ impl<C: DeviceContext> ContextInner<C> {
         self.awaiting_teardown.load(Ordering::Acquire)
     }
 
+    /// Charge `bytes` to the context's budget and to its shared one: both,
+    /// or neither. `credit` lowers the bar (see [`Budget::try_charge`]).
+    #[inline]
+    pub(crate) fn charge(&self, bytes: u64, credit: u64) -> Result<(), ChargeRefused> {
+        self.budget
+            .try_charge(bytes, credit)
+            .map_err(ChargeRefused::Context)?;
+        if let Some(s) = &self.shared {
+            if let Err(r) = s.0.budget.try_charge(bytes, credit) {
+                self.budget.uncharge(bytes);
+                return Err(ChargeRefused::Shared(s.0.label.clone(), r));
+            }
+        }
+        Ok(())
+    }
+
+    /// The context's budget limit.
+    pub(crate) fn budget_limit(&self) -> u64 {
+        self.budget.limit()
+    }
+
+    /// Change the context's budget limit.
+    pub(crate) fn set_budget_limit(&self, bytes: u64) {
+        self.budget.set_limit(bytes);
+    }
+
+    /// Bytes charged to the context's budget now, and the most ever.
+    pub(crate) fn charged(&self) -> (u64, u64) {
+        (self.budget.charged(), self.budget.peak())
+    }
+
     /// Give back `bytes` to the context budget and the shared one.
     /// `pending` of them were pending release, `quarantined` were in quarantine.
     pub(crate) fn uncharge(&self, bytes: u64, pending: u64, quarantined: u64) {
@@ -794,6 +828,15 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
             }
         }
     }
+}
+
+/// Which budget refused a charge, and what it saw.
+#[derive(Debug)]
+pub(crate) enum ChargeRefused {
+    /// The context's own budget.
+    Context(Refusal),
+    /// The shared budget, by label.
+    Shared(String, Refusal),
 }
 
 /// What teardown returned to the budgets.

@@ -253,6 +253,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         other: count(PinKind::Other),
     };
     let c = &ctx.counters;
+    let (charged, peak) = ctx.charged();
     ContextSnapshot {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -261,11 +262,11 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         execution: ctx.description.execution,
         lifecycle: lifecycle(ctx),
         lost_reason: lock(&ctx.lost_reason).clone(),
-        budget_limit: ctx.budget.limit(),
-        charged: ctx.budget.charged(),
+        budget_limit: ctx.budget_limit(),
+        charged,
         awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
-        peak: ctx.budget.peak(),
+        peak,
         by_role,
         quarantine: lock(&ctx.quarantine)
             .iter()
