@@ -104,7 +104,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// The raw allocation, for kernels of your own. Valid until the buffer is
     /// released; `None` once the context has been force-retired.
     pub fn raw(&self) -> Option<&C::Memory> {
-        if self.stream.ctx.gate.is_closed() {
+        if self.stream.ctx.gate_closed() {
             None
         } else {
             self.memory.as_ref()

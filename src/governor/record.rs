@@ -17,10 +17,10 @@
 //!   reads those counts only after closing the gate and seeing it drain, so
 //!   each live buffer and stream has its pin either revoked by `force` or
 //!   released by its own path, never both and never neither.
-//! * Statistics of live and pending buffers live in [`Shard`]s as monotonic
-//!   totals; every change of a shard's `alloc`, `queued` and `gone` totals
-//!   happens under a gate claim, so `force` reads stable live totals once the
-//!   gate has drained (and adds what it reclaims to `gone`).
+//! * Statistics of live and pending buffers live in [`Stats`] (its own
+//!   module, with its own invariants); every change of the admitted, queued
+//!   and gone totals happens under a gate claim, so `force` reads stable live
+//!   totals once the gate has drained.
 //! * `pending` and `settle_epoch` carry their waiters in the same word
 //!   (`CountWord`, `EpochWord`): a waiter registers there before its first
 //!   check, and the settlement's own RMW tells it whether to wake.
@@ -28,8 +28,22 @@
 //!   this record (a cycle): `begin_retire` closes every slot for good, and the
 //!   registry keeps the record alive until a retire has begun, so the cycle
 //!   never outlives the last outside reference.
-//! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
-//!   compare-and-swap and only the winner calls the backend.
+//! * The phase ([`Phase`]) only moves forward, by the transitions in this
+//!   file. Teardown runs once: the phase moves Retiring -> Terminating by
+//!   compare-and-swap and only the winner calls the backend; a panicking
+//!   `teardown` is caught, so Terminated is always reached.
+//! * Charges: `charge` puts an allocation's bytes on the context's budget
+//!   and the shared one together; they come off when an executed free
+//!   settles (`uncharge`), or at teardown for every byte whose free never ran
+//!   (quarantined, abandoned, reclaimed, released on a lost device), in the
+//!   one accounting step every teardown path runs
+//!   (`return_charges_at_teardown`).
+//! * A retiring context with no `RetireHandle` left is torn down by a
+//!   reaper thread, started by whichever of the last pin, the last pending
+//!   release and the last handle goes last (`reap_if_unattended`, modelled
+//!   in `tests/loom.rs`); the reaper holds an `Arc` of the record.
+//! * Every pin and charge taken before a call into a backend or user code is
+//!   held in a guard across the call, so a panic there releases it.
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
@@ -117,11 +131,11 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub description: DeviceDescription,
     pub admission: Admission,
 
-    pub pins: ClaimCounter,
+    pins: ClaimCounter,
     /// Pending releases, and the lifecycle waiters that wait for `drained()`
     /// (registered in the same word: see [`CountWord`]).
-    pub pending: CountWord,
-    pub gate: ClaimCounter,
+    pending: CountWord,
+    gate: ClaimCounter,
     phase: AtomicU8,
     lost: AtomicBool,
     forced: AtomicBool,
@@ -295,6 +309,53 @@ impl<C: DeviceContext> ContextInner<C> {
             AcquireError::Closed => ProviderContextPinError::ContextUnavailable(self.id),
             AcquireError::Overflow => ProviderContextPinError::PinCountOverflow(self.id),
         })
+    }
+
+    /// Outstanding pins now.
+    pub(crate) fn pin_count(&self) -> u64 {
+        self.pins.count()
+    }
+
+    /// Pending releases now.
+    pub(crate) fn pending_count(&self) -> u64 {
+        self.pending.count()
+    }
+
+    /// Whether the backend gate is closed: by `force` (live buffers and
+    /// streams were reclaimed) or by teardown.
+    #[inline]
+    pub(crate) fn gate_closed(&self) -> bool {
+        self.gate.is_closed()
+    }
+
+    /// A live buffer's pin is about to move into a pending release: count
+    /// the release first, so that pins + pending never touches zero in
+    /// between. Call under a gate claim, before the buffer's pin goes.
+    #[inline]
+    pub(crate) fn pending_queued(&self) {
+        self.pending.increment();
+    }
+
+    /// A pending release left: settled, or its free refused (undone). Wakes
+    /// the teardown waiters if it was the last one they waited for, and
+    /// starts the background teardown if nobody waits.
+    #[inline]
+    pub(crate) fn pending_left(&self) {
+        if self.pending.decrement() {
+            self.lifecycle.wake_all();
+            self.reap_if_unattended();
+        }
+    }
+
+    /// A waiter for `drained()` registers in `pending` before its first
+    /// check (see `CountWord`): the settlement taking it to zero wakes it.
+    pub(crate) fn register_drain_waiter(&self) {
+        self.pending.register();
+    }
+
+    /// Undo [`register_drain_waiter`](Self::register_drain_waiter).
+    pub(crate) fn unregister_drain_waiter(&self) {
+        self.pending.unregister();
     }
 
     /// Drop a pin, waking the teardown waiter if it was the last (and

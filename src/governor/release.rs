@@ -148,10 +148,7 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         }
         // Last of the wake-ups: a task waker registered by `finished()` runs
         // executor code, which must not keep the others from happening.
-        if ctx.pending.decrement() {
-            ctx.lifecycle.wake_all();
-            ctx.reap_if_unattended();
-        }
+        ctx.pending_left();
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful store this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.
@@ -216,7 +213,7 @@ pub(crate) fn release<C: DeviceContext>(
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
-    ctx.pending.increment();
+    ctx.pending_queued();
     // `release_on` another stream: the buffer leaves its own shard and is
     // queued in the other one (as if allocated there).
     ctx.stats.transfer(live_shard, stream.shard, role, bytes);
@@ -251,9 +248,7 @@ pub(crate) fn release<C: DeviceContext>(
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, live_shard, stream, bytes, role);
-            if ctx.pending.decrement() {
-                ctx.lifecycle.wake_all();
-            }
+            ctx.pending_left();
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);

@@ -162,7 +162,7 @@ impl Outstanding {
             .filter(|i| i.kind != PinKind::PendingRelease)
             .map(|i| i.count)
             .sum();
-        let other = ctx.pins.count().saturating_sub(listed);
+        let other = ctx.pin_count().saturating_sub(listed);
         if other > 0 {
             items.push(OutstandingItem {
                 kind: PinKind::Other,
@@ -269,12 +269,12 @@ impl<C: DeviceContext> RetireHandle<C> {
         // Registered in `pending` too: the settlement that takes it to zero
         // wakes us from there (see `CountWord`); everything else that can make
         // `drained()` true notifies `lifecycle` itself.
-        ctx.pending.register();
+        ctx.register_drain_waiter();
         let ready = ctx.lifecycle.wait_until(
             || ctx.drained() || ctx.phase() == Phase::Terminated,
             Some(deadline),
         );
-        ctx.pending.unregister();
+        ctx.unregister_drain_waiter();
         if ready {
             Ok(ctx.finish())
         } else {
@@ -347,7 +347,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
         if !self.registered {
             // Before the first check, like `wait`; undone with the task
             // registration (`forget`).
-            ctx.pending.register();
+            ctx.register_drain_waiter();
         }
         let mut registered = self.registered;
         let ready = ctx
@@ -368,7 +368,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 impl<C: DeviceContext> Finished<'_, C> {
     fn forget(&mut self) {
         if self.registered {
-            self.handle.ctx.pending.unregister();
+            self.handle.ctx.unregister_drain_waiter();
         }
         self.handle.ctx.lifecycle.forget_task(&mut self.registered);
     }

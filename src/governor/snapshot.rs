@@ -248,7 +248,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     let pins = PinCounts {
         streams: ctx.streams_live(),
         buffers: count(PinKind::Buffer),
-        pending_releases: ctx.pending.count(),
+        pending_releases: ctx.pending_count(),
         external: count(PinKind::External),
         other: count(PinKind::Other),
     };

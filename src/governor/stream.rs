@@ -170,7 +170,7 @@ impl<C: DeviceContext> GovernedStream<C> {
     /// Returns `None` once the context has been force-retired. Do not destroy
     /// it: the governor does, when the last clone is dropped.
     pub fn raw(&self) -> Option<&C::Stream> {
-        (!self.shared.ctx.gate.is_closed()).then(|| self.shared.raw())
+        (!self.shared.ctx.gate_closed()).then(|| self.shared.raw())
     }
 }
 
