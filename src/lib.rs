@@ -62,10 +62,10 @@ pub use context::{
     RetireOutcome, RetireSignal,
 };
 pub use governor::*;
+pub use probe::BackendProbe;
 pub use pin::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
-pub use probe::BackendProbe;
 
 cfg_if::cfg_if! {
     // GPU backend features add their branches here, most specific first.

@@ -8,9 +8,9 @@
 //! Backend-specific observations (validation messages, fault knobs) stay on
 //! the backend's own types.
 
-use crate::sync::lock;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::lock;
 use std::sync::{Arc, Mutex};
 
 /// Violations kept verbatim; the count goes on past this.
