@@ -184,7 +184,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// [`RetireHandle::wait`] returns, also when the teardown ran in the
     /// background (nobody waiting) or on `Governor` drop.
     pub fn teardown_report(&self) -> Option<TeardownReport> {
-        lock(&self.inner.report).clone()
+        self.inner.teardown_report()
     }
 
     /// A point-in-time view of this context.

@@ -172,11 +172,7 @@ impl<C: DeviceContext> Drop for Governor<C> {
             }
         }
         for c in &contexts {
-            let reaper = lock(&c.reaper).take();
-            if let Some(reaper) = reaper {
-                // It runs `finish`, which catches a panicking teardown.
-                let _ = reaper.join();
-            }
+            c.join_reaper();
         }
     }
 }

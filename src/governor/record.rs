@@ -109,11 +109,11 @@ pub(crate) struct Counters {
 
 /// A release the backend refused: the memory stays owned and charged until
 /// the context terminates.
-pub(crate) struct Quarantined<M> {
-    pub role: Role,
-    pub bytes: u64,
-    pub reason: String,
-    pub _memory: M,
+struct Quarantined<M> {
+    role: Role,
+    bytes: u64,
+    reason: String,
+    _memory: M,
 }
 
 #[inline]
@@ -165,11 +165,11 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     backend: UnsafeCell<Option<C>>,
     pub streams: Mutex<Vec<Weak<StreamShared<C>>>>,
     pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
-    pub quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
+    quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
     pub responders: Mutex<Vec<PressureResponder>>,
-    pub lost_reason: Mutex<Option<String>>,
-    pub report: Mutex<Option<TeardownReport>>,
-    pub retire_started: Mutex<Option<Instant>>,
+    lost_reason: Mutex<Option<String>>,
+    report: Mutex<Option<TeardownReport>>,
+    retire_started: Mutex<Option<Instant>>,
 
     /// This record, for the reaper thread a background teardown starts.
     this: Weak<ContextInner<C>>,
@@ -189,7 +189,7 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     reaping: AtomicBool,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
-    pub reaper: Mutex<Option<JoinHandle<()>>>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 // SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
@@ -380,6 +380,62 @@ impl<C: DeviceContext> ContextInner<C> {
         lock(&self.lost_reason)
             .clone()
             .unwrap_or_else(|| "device lost".into())
+    }
+
+    /// Why the device was declared lost, if it was.
+    pub(crate) fn lost_reason_if_lost(&self) -> Option<String> {
+        lock(&self.lost_reason).clone()
+    }
+
+    /// The stored teardown report, once the context terminated.
+    pub(crate) fn teardown_report(&self) -> Option<TeardownReport> {
+        lock(&self.report).clone()
+    }
+
+    /// Join the reaper thread, if one was started (`Governor::drop`).
+    pub(crate) fn join_reaper(&self) {
+        let reaper = lock(&self.reaper).take();
+        if let Some(reaper) = reaper {
+            // It runs `finish`, which catches a panicking teardown.
+            let _ = reaper.join();
+        }
+    }
+
+    /// Keep memory whose free the backend refused owned and charged, visible
+    /// with its reason, until the context terminates. It holds no pin: the
+    /// live buffer's pin is released here, and teardown frees the memory
+    /// with the context. Call under a gate claim (the buffer leaves live).
+    pub(crate) fn quarantine(
+        &self,
+        live_shard: usize,
+        memory: C::Memory,
+        bytes: u64,
+        role: Role,
+        err: &BackendError,
+    ) {
+        self.stats.leave(live_shard, role, bytes);
+        self.stats.quarantine(role, bytes);
+        if let Some(s) = &self.shared {
+            add(&s.0.quarantined, bytes);
+        }
+        add(&self.counters.quarantined, 1);
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = %self.id, label = %self.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
+        lock(&self.quarantine).push(Quarantined {
+            role,
+            bytes,
+            reason: err.to_string(),
+            _memory: memory,
+        });
+        self.release_pin();
+    }
+
+    /// The quarantined releases now: role, bytes and the backend's reason.
+    pub(crate) fn quarantine_entries(&self) -> Vec<(Role, u64, String)> {
+        lock(&self.quarantine)
+            .iter()
+            .map(|q| (q.role, q.bytes, q.reason.clone()))
+            .collect()
     }
 
     /// The error every operation on a lost context returns.

@@ -4,10 +4,9 @@
 
 use super::config::Role;
 use super::pin_source::ContextPin;
-use super::record::{add, sub, ContextInner, Phase, Quarantined};
+use super::record::{add, sub, ContextInner, Phase};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
-use crate::sync::lock;
 use crate::{BackendError, DeviceContext};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -255,7 +254,7 @@ pub(crate) fn release<C: DeviceContext>(
                 settle_live_as_lost(ctx, live_shard, bytes, role);
                 Released::SettledLost
             } else {
-                quarantine(ctx, live_shard, memory, bytes, role, &err);
+                ctx.quarantine(live_shard, memory, bytes, role, &err);
                 Released::Quarantined(err)
             };
             drop(backend);
@@ -295,33 +294,6 @@ fn settle_live_as_lost<C: DeviceContext>(
     if ctx.settle_epoch.bump() {
         ctx.settled.wake_all();
     }
-    ctx.release_pin();
-}
-
-/// Keep refused memory owned and charged, visible with its reason, until the
-/// context terminates. It holds no pin: teardown frees it with the context.
-fn quarantine<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    live_shard: usize,
-    memory: C::Memory,
-    bytes: u64,
-    role: Role,
-    err: &BackendError,
-) {
-    ctx.stats.leave(live_shard, role, bytes);
-    ctx.stats.quarantine(role, bytes);
-    if let Some(s) = &ctx.shared {
-        add(&s.0.quarantined, bytes);
-    }
-    add(&ctx.counters.quarantined, 1);
-    #[cfg(feature = "tracing")]
-    tracing::warn!(context = %ctx.id, label = %ctx.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
-    lock(&ctx.quarantine).push(Quarantined {
-        role,
-        bytes,
-        reason: err.to_string(),
-        _memory: memory,
-    });
     ctx.release_pin();
 }
 

@@ -6,7 +6,6 @@
 use super::config::Role;
 use super::record::{ContextInner, Phase};
 use super::retire::{Outstanding, PinKind, TeardownReport};
-use crate::sync::lock;
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -261,19 +260,20 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         device: ctx.description.name.clone(),
         execution: ctx.description.execution,
         lifecycle: lifecycle(ctx),
-        lost_reason: lock(&ctx.lost_reason).clone(),
+        lost_reason: ctx.lost_reason_if_lost(),
         budget_limit: ctx.budget_limit(),
         charged,
         awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
         peak,
         by_role,
-        quarantine: lock(&ctx.quarantine)
-            .iter()
-            .map(|q| QuarantineEntry {
-                role: q.role,
-                bytes: q.bytes,
-                reason: q.reason.clone(),
+        quarantine: ctx
+            .quarantine_entries()
+            .into_iter()
+            .map(|(role, bytes, reason)| QuarantineEntry {
+                role,
+                bytes,
+                reason,
             })
             .collect(),
         pins,
@@ -291,6 +291,6 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             backend_errors: ld(&c.backend_errors),
             late_settlements: ld(&c.late_settlements),
         },
-        teardown: lock(&ctx.report).clone(),
+        teardown: ctx.teardown_report(),
     }
 }
