@@ -263,6 +263,69 @@ fn cell<C: DeviceContext>(
     Ok(specific)
 }
 
+/// The "panicking pressure responder" column: an allocation that does not
+/// fit asks a responder, which panics. The panic reaches the caller of
+/// `allocate`; the in-flight allocation leaves no pin and no charge behind;
+/// the context then retires, tears down once and leaks nothing.
+fn responder_panic_cell<C: DeviceContext>(factory: &Factory<C>) -> Result<String, String> {
+    let Some((backend, leak_check)) = factory() else {
+        return Err("backend unavailable".into());
+    };
+    let watched = Watched::new(backend);
+    let log = watched.log();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        watched,
+        ContextConfig::new().label("matrix").budget(64 << 10),
+    );
+    let stream = ctx
+        .create_stream("a")
+        .map_err(|e| format!("create_stream: {e}"))?;
+    let held = ctx
+        .allocate(&stream, 48 << 10, Role::Weights)
+        .map_err(|e| format!("allocate: {e}"))?;
+    ctx.add_pressure_responder(|_| panic!("pressure responder panicked"));
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        ctx.allocate(&stream, 32 << 10, Role::Activation)
+    }));
+    match caught {
+        Ok(r) => return Err(format!("the panic did not reach the caller: {r:?}")),
+        Err(p) if p.downcast_ref::<&str>() == Some(&"pressure responder panicked") => {}
+        Err(_) => return Err("a different panic reached the caller".into()),
+    }
+    let snap = ctx.snapshot();
+    if snap.pins.other != 0 || snap.charged != 48 << 10 {
+        return Err(format!(
+            "after the panic: {} B charged (48 KiB live), pins {:?}",
+            snap.charged, snap.pins
+        ));
+    }
+    drop((held, stream));
+    let report = ctx
+        .retire()
+        .wait_timeout(Duration::from_secs(10))
+        .map_err(|e| format!("retire after the panic: {e}"))?;
+    let snap = ctx.snapshot();
+    if log.teardowns.load(Ordering::SeqCst) != 1 || snap.lifecycle != Lifecycle::Terminated {
+        return Err(format!(
+            "teardown ran {} times; lifecycle {:?}",
+            log.teardowns.load(Ordering::SeqCst),
+            snap.lifecycle
+        ));
+    }
+    if snap.charged != 0 || snap.pins.total() != 0 || snap.total() != Default::default() {
+        return Err(format!(
+            "accounting after teardown: charged {} pins {:?}",
+            snap.charged, snap.pins
+        ));
+    }
+    leak_check().map_err(|e| format!("leak: {e}"))?;
+    Ok(format!(
+        "panic reached allocate's caller; no pin or charge left; {} release retired",
+        report.retired_releases
+    ))
+}
+
 struct Tally {
     backend: &'static str,
     tried: usize,
@@ -307,6 +370,22 @@ fn matrix<C: DeviceContext>(backend: &'static str, factory: &Factory<C>) -> Opti
             ));
         }
     }
+    t.tried += 1;
+    let verdict = match responder_panic_cell(factory) {
+        Ok(what) => {
+            t.survived += 1;
+            format!("survived: {what}")
+        }
+        Err(why) => {
+            t.failures.push(format!(
+                "{backend} allocate × panicking pressure responder: {why}"
+            ));
+            format!("FAILED: {why}")
+        }
+    };
+    t.rows.push(format!(
+        "| {backend} | allocate | panicking pressure responder | {verdict} |"
+    ));
     Some(t)
 }
 
@@ -327,8 +406,8 @@ fn report(t: &Tally) {
         t.failures.join("\n")
     );
     assert_eq!(
-        t.tried, 37,
-        "9 operations × 4 faults + drop-signal on free_async"
+        t.tried, 38,
+        "9 operations × 4 faults + drop-signal on free_async + panicking pressure responder"
     );
 }
 

@@ -4,11 +4,14 @@
 //! pin overflow, concurrent retire, the async wait, and snapshots.
 
 use memgov::host::{HostConfig, HostContext, HostControls};
+use memgov::null::NullContext;
 use memgov::{
-    Admission, BackendProbe, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError,
-    Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, SharedBudget,
+    Admission, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
+    DeviceContext, DeviceDescription, Governor, GovernorError, Lifecycle, MemoryInfo, PinKind,
+    ProviderContextPinError, RetireError, RetireSignal, Role, SharedBudget,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -444,6 +447,14 @@ fn host_backend_reports_out_of_memory_like_a_driver() {
         .expect("device refusal is reported with numbers");
     assert_eq!(b.scope, BudgetScope::Device);
     assert_eq!((b.requested, b.limit, b.available), (2 * MIB, 4 * MIB, MIB));
+    // The driver's own words are kept.
+    let driver = b.driver.as_ref().expect("the driver's error is kept");
+    assert_eq!(driver.kind, memgov::BackendErrorKind::OutOfMemory);
+    assert!(
+        err.to_string()
+            .contains("the driver said: host allocate failed"),
+        "{err}"
+    );
     drop(a);
 }
 
@@ -651,4 +662,537 @@ fn tracing_events_for_retire_teardown_loss_and_quarantine() {
     ] {
         assert!(seen.contains(needle), "no '{needle}' event in:\n{seen}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Liveness and accounting under panics, force, loss and background teardown.
+// ---------------------------------------------------------------------------
+
+/// Which operations of a [`Panicky`] backend panic, once each.
+#[derive(Default)]
+struct Arming {
+    allocate: AtomicBool,
+    create_stream: AtomicBool,
+    destroy_stream: AtomicBool,
+    free_async: AtomicBool,
+    synchronize: AtomicBool,
+    teardown: AtomicBool,
+}
+
+fn fire(flag: &AtomicBool, op: &str) {
+    if flag.swap(false, Ordering::SeqCst) {
+        panic!("backend {op} panicked");
+    }
+}
+
+/// A backend whose armed operations panic (once each), as a buggy driver
+/// binding or a plugin's backend might.
+struct Panicky<C> {
+    inner: C,
+    arm: Arc<Arming>,
+}
+
+impl<C> Panicky<C> {
+    fn new(inner: C) -> (Self, Arc<Arming>) {
+        let arm = Arc::new(Arming::default());
+        (
+            Self {
+                inner,
+                arm: arm.clone(),
+            },
+            arm,
+        )
+    }
+}
+
+impl<C: DeviceContext> DeviceContext for Panicky<C> {
+    type Stream = C::Stream;
+    type Memory = C::Memory;
+    fn describe(&self) -> DeviceDescription {
+        self.inner.describe()
+    }
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.inner.memory_info()
+    }
+    fn create_stream(&self) -> Result<C::Stream, BackendError> {
+        fire(&self.arm.create_stream, "create_stream");
+        self.inner.create_stream()
+    }
+    fn destroy_stream(&self, s: C::Stream) -> Result<(), BackendError> {
+        fire(&self.arm.destroy_stream, "destroy_stream");
+        self.inner.destroy_stream(s)
+    }
+    fn allocate(&self, s: &C::Stream, bytes: u64) -> Result<C::Memory, BackendError> {
+        fire(&self.arm.allocate, "allocate");
+        self.inner.allocate(s, bytes)
+    }
+    fn free_async(
+        &self,
+        s: &C::Stream,
+        m: C::Memory,
+        r: RetireSignal,
+    ) -> Result<(), (C::Memory, RetireSignal, BackendError)> {
+        fire(&self.arm.free_async, "free_async");
+        self.inner.free_async(s, m, r)
+    }
+    fn write(&self, s: &C::Stream, m: &C::Memory, o: u64, b: &[u8]) -> Result<(), BackendError> {
+        self.inner.write(s, m, o, b)
+    }
+    fn read(&self, s: &C::Stream, m: &C::Memory, o: u64, b: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read(s, m, o, b)
+    }
+    fn synchronize(&self, s: &C::Stream) -> Result<(), BackendError> {
+        fire(&self.arm.synchronize, "synchronize");
+        self.inner.synchronize(s)
+    }
+    fn device_lost(&self) {
+        self.inner.device_lost()
+    }
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        fire(&self.arm.teardown, "teardown");
+        self.inner.teardown(lost)
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_panicking_pressure_responder_reaches_the_caller_and_leaks_no_pin() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("panicky").budget(MIB));
+    let s = ctx.create_stream("s").unwrap();
+    let held = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    ctx.add_pressure_responder(|_| panic!("responder failed"));
+    let caught = catch_unwind(AssertUnwindSafe(|| ctx.allocate(&s, MIB, Role::Weights)));
+    let payload = caught.expect_err("the responder's panic reaches the caller of allocate");
+    assert_eq!(panic_message(&*payload), "responder failed");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.charged, snap.pins.other, snap.counters.pressure_calls),
+        (MIB, 0, 1),
+        "the refused allocation left no charge and no pin behind"
+    );
+    drop((held, s));
+    let report = ctx
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(5))
+        .expect("no pin leaked: the context tears down");
+    assert_eq!(report.retired_releases, 1);
+}
+
+#[test]
+fn a_backend_panicking_mid_call_leaks_no_pin_and_no_charge() {
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    let gpu0 = SharedBudget::new("gpu0", 8 * MIB);
+    let ctx = gov.register(backend, ContextConfig::new().shared_budget(gpu0.clone()));
+    arm.create_stream.store(true, Ordering::SeqCst);
+    let p = catch_unwind(AssertUnwindSafe(|| ctx.create_stream("s"))).unwrap_err();
+    assert_eq!(panic_message(&*p), "backend create_stream panicked");
+    let s = ctx.create_stream("s").unwrap();
+    arm.allocate.store(true, Ordering::SeqCst);
+    let p = catch_unwind(AssertUnwindSafe(|| ctx.allocate(&s, MIB, Role::Weights))).unwrap_err();
+    assert_eq!(panic_message(&*p), "backend allocate panicked");
+    assert_eq!((gpu0.charged(), ctx.snapshot().charged), (0, 0));
+    arm.free_async.store(true, Ordering::SeqCst);
+    let b = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    let p = catch_unwind(AssertUnwindSafe(|| drop(b))).unwrap_err();
+    assert_eq!(panic_message(&*p), "backend free_async panicked");
+    arm.destroy_stream.store(true, Ordering::SeqCst);
+    let p = catch_unwind(AssertUnwindSafe(|| drop(s))).unwrap_err();
+    assert_eq!(panic_message(&*p), "backend destroy_stream panicked");
+    let snap = ctx.snapshot();
+    assert_eq!(snap.pins.total(), 0, "{:?}", snap.pins);
+    let report = ctx
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(5))
+        .expect("every pin was released while unwinding");
+    assert_eq!(report.abandoned_releases, 1, "the dropped signal settled");
+    assert_eq!((gpu0.charged(), ctx.snapshot().charged), (0, 0));
+}
+
+#[test]
+fn background_teardown_returns_quarantined_bytes_to_the_shared_budget() {
+    let gpu0 = SharedBudget::new("gpu0", 8 * MIB);
+    let (c, probe) = host(1 << 30);
+    let gov = Governor::new();
+    let ctx = gov.register(c, ContextConfig::new().shared_budget(gpu0.clone()));
+    let s = ctx.create_stream("s").unwrap();
+    let a = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap();
+    probe.controls.refuse_next_frees(1);
+    assert!(a.release_on(&s).is_err());
+    assert_eq!(
+        gpu0.charged(),
+        3 * MIB,
+        "quarantined: charged until teardown"
+    );
+    // Nobody waits: the retire handle, the context handle and the governor go
+    // first; the stream's drop lets the context tear down in the background.
+    drop(ctx.retire());
+    drop((ctx, gov));
+    drop(s);
+    eventually("background teardown", || probe.teardowns() == 1);
+    eventually("quarantined bytes returned to the shared budget", || {
+        gpu0.charged() == 0
+    });
+}
+
+#[test]
+fn force_returns_charges_once_teardown_has_freed_the_memory() {
+    let gpu0 = SharedBudget::new("gpu0", 2 * MIB);
+    let gov = Governor::new();
+    let a = gov.register(
+        NullContext::deferred(4),
+        ContextConfig::new().label("a").shared_budget(gpu0.clone()),
+    );
+    let b = gov.register(
+        NullContext::deferred(4),
+        ContextConfig::new().label("b").shared_budget(gpu0.clone()),
+    );
+    let sa = a.create_stream("sa").unwrap();
+    let live = a.allocate(&sa, MIB, Role::Weights).unwrap();
+    let plugin = a.pin_source(Some("plugin")).pin().unwrap();
+    let handle = a.retire();
+    let err = handle
+        .force(Instant::now() + Duration::from_millis(20))
+        .unwrap_err();
+    assert!(err.to_string().contains("external pin"), "{err}");
+    // The reclaimed megabyte is still allocated on the device: it stays
+    // charged until teardown frees it.
+    assert_eq!(gpu0.charged(), MIB);
+    let sb = b.create_stream("sb").unwrap();
+    let refused = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap_err();
+    assert!(
+        matches!(
+            refused.budget().map(|x| &x.scope),
+            Some(BudgetScope::Shared(_))
+        ),
+        "{refused}"
+    );
+    drop(plugin);
+    handle.wait(soon()).unwrap();
+    assert_eq!(gpu0.charged(), 0);
+    let fits = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap();
+    drop((fits, live, sa, sb));
+}
+
+#[test]
+fn a_lost_device_keeps_its_bytes_charged_until_teardown() {
+    let gpu0 = SharedBudget::new("gpu0", 8 * MIB);
+    let gov = Governor::new();
+    let null = NullContext::deferred(4);
+    let probe = null.probe();
+    let ctx = gov.register(null, ContextConfig::new().shared_budget(gpu0.clone()));
+    let s = ctx.create_stream("s").unwrap();
+    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    assert!(ctx.mark_lost("test: device fell off the bus"));
+    drop(live); // settles at once, without calling the device
+    assert_eq!(
+        gpu0.charged(),
+        2 * MIB,
+        "the device has neither megabyte back until the context is destroyed"
+    );
+    drop(s);
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert!(report.lost);
+    assert_eq!((report.settled_lost, report.abandoned_releases), (1, 1));
+    assert_eq!((gpu0.charged(), ctx.snapshot().charged), (0, 0));
+    assert_eq!(probe.frees_retired(), 0);
+}
+
+#[test]
+fn retire_cuts_an_admission_wait_short() {
+    let gov = Governor::new();
+    let null = NullContext::deferred(4);
+    let probe = null.controls();
+    let ctx = gov.register(
+        null,
+        ContextConfig::new()
+            .budget(MIB)
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(60),
+            }),
+    );
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (c2, s2) = (ctx.clone(), s.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(c2.allocate(&s2, MIB, Role::Weights).map(|_| ()));
+    });
+    eventually("the allocation waits", || {
+        ctx.snapshot().counters.admission_waits == 1
+    });
+    let handle = ctx.retire();
+    let result = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("retire woke the admission waiter");
+    let err = result.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_))
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("no longer accepting work"),
+        "{err}"
+    );
+    assert_eq!(ctx.snapshot().pins.other, 0, "the waiter's pin is gone");
+    drop(s);
+    // Only the pending release holds the context now: force waits for it.
+    probe.retire_parked();
+    let report = handle
+        .force(Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(report.retired_releases, 1);
+}
+
+#[test]
+fn governor_snapshot_total_saturates() {
+    let gov = Governor::new();
+    let a = gov.register(NullContext::new(), ContextConfig::new());
+    let b = gov.register(NullContext::new(), ContextConfig::new());
+    let (sa, sb) = (a.create_stream("a").unwrap(), b.create_stream("b").unwrap());
+    let x = a.allocate(&sa, 1 << 63, Role::Weights).unwrap();
+    let y = b.allocate(&sb, 1 << 63, Role::Weights).unwrap();
+    let total = gov.snapshot().total();
+    assert_eq!((total.live_bytes, total.live_count), (u64::MAX, 2));
+    drop((x, y, sa, sb));
+}
+
+#[test]
+fn a_panicking_backend_teardown_terminates_and_wakes_every_waiter() {
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    arm.teardown.store(true, Ordering::SeqCst);
+    let ctx = gov.register(backend, ContextConfig::new().label("t"));
+    let s = ctx.create_stream("s").unwrap();
+    let (first, second) = (ctx.retire(), ctx.retire());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(catch_unwind(AssertUnwindSafe(|| second.wait(soon()))).is_ok());
+    });
+    drop(s);
+    let report = catch_unwind(AssertUnwindSafe(|| first.wait(soon())))
+        .expect("the panic is reported, not re-raised")
+        .unwrap();
+    let err = report.backend_result.clone().unwrap_err();
+    assert!(err.message.contains("backend teardown panicked"), "{err}");
+    assert_eq!(ctx.lifecycle(), Lifecycle::Terminated);
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the other waiter woke"),
+        "and got the same report"
+    );
+}
+
+#[test]
+fn a_governor_dropped_while_unwinding_still_retires_its_contexts() {
+    let slot = std::sync::Mutex::new(None);
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        let gov = Governor::new();
+        let (first, arm) = Panicky::new(NullContext::new());
+        arm.teardown.store(true, Ordering::SeqCst);
+        let first = gov.register(first, ContextConfig::new().label("first"));
+        let (second, _) = Panicky::new(NullContext::new());
+        let second = gov.register(second, ContextConfig::new().label("second"));
+        let stream = second.create_stream("kept").unwrap();
+        *slot.lock().unwrap() = Some((first, second, stream));
+        panic!("the runtime failed");
+    }));
+    assert_eq!(panic_message(&*run.unwrap_err()), "the runtime failed");
+    let (first, second, stream) = slot.lock().unwrap().take().unwrap();
+    assert_eq!(first.lifecycle(), Lifecycle::Terminated);
+    assert_eq!(second.lifecycle(), Lifecycle::Retiring);
+    drop(stream);
+    eventually("the second context tears down", || {
+        second.lifecycle() == Lifecycle::Terminated
+    });
+}
+
+#[test]
+fn background_teardown_keeps_its_report_on_the_record() {
+    let gov = Governor::new();
+    let null = NullContext::deferred(4);
+    let probe = null.controls();
+    let (backend, arm) = Panicky::new(null);
+    arm.teardown.store(true, Ordering::SeqCst);
+    let ctx = gov.register(backend, ContextConfig::new().label("bg"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    drop(ctx.retire()); // nobody waits
+    drop(s);
+    assert_eq!(ctx.lifecycle(), Lifecycle::Retiring, "a release is pending");
+    assert!(ctx.teardown_report().is_none());
+    // The device reaches the free on this thread (a driver thread, for a
+    // GPU): the teardown starts on a reaper thread, not here.
+    probe.retire_parked();
+    eventually("background teardown", || {
+        ctx.lifecycle() == Lifecycle::Terminated
+    });
+    let report = ctx.teardown_report().expect("kept on the record");
+    assert_eq!(report.retired_releases, 1);
+    let err = report.backend_result.clone().unwrap_err();
+    assert!(err.message.contains("teardown panicked"), "{err}");
+    let snap = gov.snapshot();
+    assert_eq!(snap.contexts[0].teardown.as_ref(), Some(&report));
+}
+
+#[test]
+fn a_shared_budget_loses_every_context_on_its_device_at_once() {
+    let gpu0 = SharedBudget::new("gpu0", 64 * MIB);
+    let gov = Governor::new();
+    let (a_dev, b_dev) = (NullContext::deferred(4), NullContext::deferred(4));
+    let (pa, pb) = (a_dev.probe(), b_dev.probe());
+    let a = gov.register(
+        a_dev,
+        ContextConfig::new().label("a").shared_budget(gpu0.clone()),
+    );
+    let b = gov.register(
+        b_dev,
+        ContextConfig::new().label("b").shared_budget(gpu0.clone()),
+    );
+    let (sa, sb) = (
+        a.create_stream("sa").unwrap(),
+        b.create_stream("sb").unwrap(),
+    );
+    drop(a.allocate(&sa, MIB, Role::Weights).unwrap()); // parked on a
+    let live = b.allocate(&sb, 2 * MIB, Role::KvCache).unwrap();
+    assert_eq!((gpu0.charged(), gpu0.pending()), (3 * MIB, MIB));
+    assert!(gpu0.mark_lost("Xid 79: GPU has fallen off the bus"));
+    assert!(!gpu0.mark_lost("again"), "once");
+    assert!(gpu0.is_lost());
+    for ctx in [&a, &b] {
+        assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+        assert!(ctx.snapshot().lost_reason.unwrap().contains("Xid 79"));
+    }
+    let err = b.allocate(&sb, MIB, Role::Weights).unwrap_err();
+    assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
+    // A context registered on the lost device is lost from the start.
+    let late = gov.register(
+        NullContext::new(),
+        ContextConfig::new()
+            .label("late")
+            .shared_budget(gpu0.clone()),
+    );
+    assert_eq!(late.lifecycle(), Lifecycle::Lost);
+    drop((live, sa, sb));
+    // Each settles its own releases as a context-level loss does.
+    let ra = a.retire().wait(soon()).unwrap();
+    let rb = b.retire().wait(soon()).unwrap();
+    assert_eq!((ra.lost, ra.abandoned_releases), (true, 1));
+    assert_eq!((rb.lost, rb.settled_lost), (true, 1));
+    assert_eq!((pa.frees_retired(), pb.frees_retired()), (0, 0));
+    assert_eq!(
+        (gpu0.charged(), gpu0.pending(), gpu0.awaiting_teardown()),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn a_shared_budget_reports_what_its_charge_is_made_of() {
+    let gpu0 = SharedBudget::new("gpu0", 64 * MIB);
+    let gov = Governor::new();
+    let null = NullContext::deferred(4);
+    let probe = null.controls();
+    let ctx = gov.register(null, ContextConfig::new().shared_budget(gpu0.clone()));
+    let s = ctx.create_stream("s").unwrap();
+    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    drop(ctx.allocate(&s, 2 * MIB, Role::Weights).unwrap());
+    assert_eq!(
+        (gpu0.charged(), gpu0.pending(), gpu0.quarantined()),
+        (3 * MIB, 2 * MIB, 0)
+    );
+    let shown = format!("{gpu0:?}");
+    assert!(shown.contains("pending: 2097152"), "{shown}");
+    probe.retire_parked();
+    assert_eq!((gpu0.charged(), gpu0.pending()), (MIB, 0));
+    drop((live, s));
+}
+
+#[test]
+fn a_buffer_names_its_stream_and_can_be_released_on_it() {
+    let gov = Governor::new();
+    let (ctx, probe) = register(&gov, ContextConfig::new());
+    let s = ctx.create_stream("decode").unwrap();
+    let b = ctx.allocate(&s, MIB, Role::KvCache).unwrap();
+    assert_eq!(b.stream_label(), "decode");
+    let own = b.stream();
+    assert_eq!(own.label(), "decode");
+    probe.controls.refuse_next_frees(1);
+    let err = b.release_on(&own).unwrap_err();
+    assert!(
+        matches!(err.error, GovernorError::Backend { .. }),
+        "the refusal is an error here, not a silent quarantine: {err}"
+    );
+}
+
+#[cfg(feature = "tracing")]
+#[test]
+fn background_teardown_emits_its_report_as_a_tracing_event() {
+    use std::sync::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    // Global: the teardown runs on a reaper thread, where a thread-local
+    // default would not reach. Other tests' events are told apart by label.
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    struct Fields<'a>(&'a mut String);
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+    struct Collect;
+    impl Subscriber for Collect {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, e: &Event<'_>) {
+            let mut m = String::new();
+            e.record(&mut Fields(&mut m));
+            SEEN.lock().unwrap().push(m);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+    let _ = tracing::subscriber::set_global_default(Collect);
+
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    arm.teardown.store(true, Ordering::SeqCst);
+    let ctx = gov.register(backend, ContextConfig::new().label("bg-traced"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.retire());
+    drop(s); // the last holder: a reaper tears down, nobody waits
+    eventually("background teardown", || {
+        ctx.lifecycle() == Lifecycle::Terminated
+    });
+    eventually("the teardown event", || {
+        SEEN.lock().unwrap().iter().any(|m| {
+            m.contains("bg-traced") && m.contains("torn down") && m.contains("teardown panicked")
+        })
+    });
 }

@@ -54,7 +54,7 @@ mod model {
     use loom::sync::Arc;
     use loom::thread;
     use memgov::{RetireOutcome, RetireSignal};
-    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 
     const ACTIVE: u8 = 0;
     const RETIRING: u8 = 1;
@@ -85,6 +85,13 @@ mod model {
         destroyed: AtomicBool,
         retired: AtomicUsize,
         abandoned: AtomicUsize,
+        /// Live `RetireHandle`s (`attended` in record.rs).
+        attended: AtomicUsize,
+        /// A background teardown was claimed (`reaping`).
+        reaping: AtomicBool,
+        /// Background teardowns started: must end at exactly one when
+        /// nobody attends a drained, retiring context.
+        reaps: AtomicUsize,
     }
 
     impl Ctx {
@@ -102,6 +109,9 @@ mod model {
                 destroyed: AtomicBool::new(false),
                 retired: AtomicUsize::new(0),
                 abandoned: AtomicUsize::new(0),
+                attended: AtomicUsize::new(0),
+                reaping: AtomicBool::new(false),
+                reaps: AtomicUsize::new(0),
             }
         }
 
@@ -141,7 +151,30 @@ mod model {
             );
             if self.pins.release() {
                 self.lifecycle.notify();
+                self.reap_if_unattended();
             }
+        }
+
+        /// `ContextInner::reap_if_unattended`: after each event that can
+        /// make "retiring, drained, nobody attends" true, a SeqCst fence and
+        /// the check; the claim is a swap. (The model counts the reaper
+        /// instead of spawning it.)
+        fn reap_if_unattended(&self) {
+            loom::sync::atomic::fence(SeqCst);
+            if self.phase.load(Acquire) != RETIRING
+                || self.attended.load(SeqCst) != 0
+                || !self.drained()
+                || self.reaping.swap(true, AcqRel)
+            {
+                return;
+            }
+            self.reaps.fetch_add(1, AcqRel);
+        }
+
+        /// `RetireHandle::drop`.
+        fn unattend(&self) {
+            self.attended.fetch_sub(1, SeqCst);
+            self.reap_if_unattended();
         }
 
         /// A backend call through the gate (`ContextInner::enter` + guard drop).
@@ -196,17 +229,25 @@ mod model {
             }
             if self.pending.decrement() {
                 self.lifecycle.wake_all();
+                self.reap_if_unattended();
             }
         }
 
-        /// `ContextInner::begin_retire`.
+        /// `ContextInner::begin_retire`: the first retire registers a
+        /// permanent waiter in `pending` (so that the settlement taking it to
+        /// zero reports it), and admission waiters are woken to give up.
         fn begin_retire(&self) {
-            let _ = self
+            let first = self
                 .phase
-                .compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire);
+                .compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire)
+                .is_ok();
+            if first {
+                self.pending.register();
+            }
             if self.pins.close() {
                 self.lifecycle.notify();
             }
+            self.settled.notify();
             self.retire_seen.store(true, Release);
         }
 
@@ -265,9 +306,10 @@ mod model {
         ctx.settle_epoch.register();
         let seen = ctx.settle_epoch.epoch();
         registered.store(true, Release);
-        let woke = ctx
-            .settled
-            .wait_until(|| ctx.settle_epoch.epoch() != seen, None);
+        let woke = ctx.settled.wait_until(
+            || ctx.settle_epoch.epoch() != seen || ctx.phase.load(Acquire) != ACTIVE,
+            None,
+        );
         ctx.settle_epoch.unregister();
         woke
     }
@@ -486,6 +528,68 @@ mod model {
                 d2.join().unwrap();
                 assert_eq!(ctx.retired.load(Relaxed), 2);
                 assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An allocation waiting for room (holding its in-flight pin) while the
+    /// context is retired: retire's wake-up must reach it (loom reports a
+    /// deadlock otherwise), it gives up and drops its pin, and the teardown
+    /// waiter, which needs that pin gone, finishes. No settlement ever
+    /// happens: only retire can wake the admission waiter.
+    #[test]
+    fn retire_wakes_admission_waiter_which_drops_its_pin() {
+        run(
+            "admission waiter + retire + teardown waiter (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap(); // the allocation's pin
+                let c = ctx.clone();
+                let waiter = thread::spawn(move || {
+                    let registered = AtomicBool::new(false);
+                    assert!(admission_wait(&c, &registered));
+                    assert_ne!(
+                        c.phase.load(Acquire),
+                        ACTIVE,
+                        "woken without a settlement: only by retire"
+                    );
+                    c.release_pin();
+                });
+                ctx.attended.fetch_add(1, SeqCst);
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                waiter.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Background teardown: nobody waits. The last pin (a holder's), the
+    /// last pending release (a foreign signal) and the last `RetireHandle`
+    /// go on three threads in any order; exactly one of them starts the
+    /// reaper, whichever is last (two racing checks never both miss: each
+    /// has a SeqCst fence between its write and its reads).
+    #[test]
+    fn unattended_drained_context_is_reaped_exactly_once() {
+        run(
+            "last pin + last settlement + last retire handle (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let signal = Ctx::queue_release(&ctx);
+                ctx.acquire().unwrap(); // a stream's pin
+                ctx.attended.fetch_add(1, SeqCst);
+                ctx.begin_retire();
+                let c = ctx.clone();
+                let holder = thread::spawn(move || c.release_pin());
+                let driver = thread::spawn(move || signal.retire());
+                ctx.unattend();
+                holder.join().unwrap();
+                driver.join().unwrap();
+                assert!(ctx.drained());
+                assert_eq!(ctx.reaps.load(Acquire), 1, "reaped once, never missed");
             },
         );
     }

@@ -157,6 +157,9 @@ struct Model {
     armed: Option<(Operation, Fault)>,
     releases_queued: u64,
     abandoned: u64,
+    /// Bytes whose free never ran (abandoned, reclaimed by force, released on
+    /// a lost device): charged until teardown.
+    awaiting: u64,
 }
 
 impl Model {
@@ -166,7 +169,8 @@ impl Model {
     fn charged(&self) -> u64 {
         (0..5)
             .map(|i| self.live[i].0 + self.pending[i].0 + self.quarantined[i].0)
-            .sum()
+            .sum::<u64>()
+            + self.awaiting
     }
     fn closed(&self) -> bool {
         self.retiring || self.lost
@@ -342,6 +346,8 @@ impl World {
             prop_assert!(result.is_ok(), "release on lost device: {result:?}");
             self.m.live[role].0 -= bytes;
             self.m.live[role].1 -= 1;
+            // The device has it back only when the context is destroyed.
+            self.m.awaiting += bytes;
         } else {
             self.m.live[role].0 -= bytes;
             self.m.live[role].1 -= 1;
@@ -361,12 +367,15 @@ impl World {
                         result.is_ok(),
                         "free on a device lost just now settles: {result:?}"
                     );
+                    self.m.awaiting += bytes;
                     self.lose();
                 }
                 Some(Fault::DropSignal) => {
                     prop_assert!(result.is_ok(), "{result:?}");
                     self.m.releases_queued += 1;
                     self.m.abandoned += 1;
+                    // Never freed: the backend frees it at teardown.
+                    self.m.awaiting += bytes;
                 }
                 Some(Fault::Delay(_)) | None => {
                     prop_assert!(result.is_ok(), "{result:?}");
@@ -701,6 +710,8 @@ impl World {
                     for b in &mut self.bufs {
                         b.reclaimed = true;
                     }
+                    // Still on the device until teardown frees it.
+                    self.m.awaiting += self.m.live.iter().map(|l| l.0).sum::<u64>();
                     for i in 0..5 {
                         self.m.live[i] = (0, 0);
                     }
@@ -719,7 +730,48 @@ impl World {
             }
         }
         self.quiesce();
+        self.background_teardown()?;
         self.check()
+    }
+
+    /// Nobody keeps a `RetireHandle` between steps: a retiring context that
+    /// has drained tears down in the background, on a reaper thread. Wait
+    /// for it, and apply the teardown to the model.
+    fn background_teardown(&mut self) -> Result<(), TestCaseError> {
+        if !self.m.retiring || self.m.terminated || !self.m.drained() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.ctx.lifecycle() != Lifecycle::Terminated {
+            prop_assert!(
+                Instant::now() < deadline,
+                "drained and unattended, yet no background teardown: {:?}",
+                self.m
+            );
+            std::thread::yield_now();
+        }
+        let report = self.ctx.teardown_report();
+        prop_assert!(report.is_some(), "background teardown keeps its report");
+        self.terminate();
+        Ok(())
+    }
+
+    /// What teardown does to the model: quarantine died with the context, a
+    /// lost device's pending releases were given up, and every byte whose
+    /// free never ran is back.
+    fn terminate(&mut self) {
+        self.m.terminated = true;
+        for i in 0..5 {
+            self.m.quarantined[i] = (0, 0);
+        }
+        if self.m.lost {
+            for (role, bytes) in self.m.pending_list.drain(..) {
+                self.m.pending[role].0 -= bytes;
+                self.m.pending[role].1 -= 1;
+                self.m.abandoned += 1;
+            }
+        }
+        self.m.awaiting = 0;
     }
 
     /// A stream of a second context of the same backend type.
@@ -736,19 +788,7 @@ impl World {
                 r.map_err(|e| TestCaseError::fail(format!("expected teardown, got {e}")))?;
             prop_assert_eq!(report.lost, self.m.lost);
             if !self.m.terminated {
-                self.m.terminated = true;
-                // Quarantine died with the context; a lost device's pending
-                // releases were given up.
-                for i in 0..5 {
-                    self.m.quarantined[i] = (0, 0);
-                }
-                if self.m.lost {
-                    for (role, bytes) in self.m.pending_list.drain(..) {
-                        self.m.pending[role].0 -= bytes;
-                        self.m.pending[role].1 -= 1;
-                        self.m.abandoned += 1;
-                    }
-                }
+                self.terminate();
             }
         } else {
             match r {
@@ -792,6 +832,7 @@ impl World {
             );
         }
         prop_assert_eq!(s.charged, self.m.charged(), "charged");
+        prop_assert_eq!(s.awaiting_teardown, self.m.awaiting, "awaiting teardown");
         prop_assert_eq!(s.pins.external, self.m.external, "external pins");
         prop_assert_eq!(s.pins.streams, self.m.streams_alive, "stream pins");
         prop_assert_eq!(

@@ -4,7 +4,7 @@
 use super::budget::Refusal;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, bump, ContextInner};
+use super::record::{add, ChargeRefused, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -54,11 +54,11 @@ pub(crate) fn admit<C: DeviceContext>(
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
         };
-        if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            });
+        // A context that stopped accepting work (retired, forced, lost)
+        // admits nothing that has to wait for room: give up at once, so that
+        // this allocation's pin does not hold its teardown up.
+        if !ctx.accepting() {
+            return Err(ctx.unavailable_error());
         }
         // 1. Wait for pending releases to retire, if the policy allows and
         //    there is something pending that could help.
@@ -107,32 +107,25 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    let credit = stream.credit();
-    ctx.budget
-        .try_charge(bytes, credit)
-        .map_err(|r| Ok(Refused::Budget(BudgetScope::Context, r)))?;
-    if let Some(s) = &ctx.shared {
-        if let Err(r) = s.0.budget.try_charge(bytes, credit) {
-            ctx.budget.uncharge(bytes);
-            return Err(Ok(Refused::Budget(
-                BudgetScope::Shared(s.0.label.clone()),
-                r,
-            )));
-        }
-    }
-    let result = match ctx.enter() {
-        Some(backend) => backend.allocate(stream.raw(), bytes).inspect(|_| {
-            let r = &ctx.shards[stream.shard].roles[role.index()];
-            bump(&r.alloc_bytes, bytes);
-            bump(&r.alloc_count, 1);
-        }),
-        None => {
-            ctx.uncharge(bytes, 0, 0);
-            return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
-        }
+    ctx.charge(bytes, stream.credit()).map_err(|refused| {
+        Ok(match refused {
+            ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+            ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+        })
+    })?;
+    // Charged to both budgets now: returned on every path below that does
+    // not end in a live buffer, unwinding out of the backend included.
+    let charge = Charge { ctx, bytes };
+    let Some(backend) = ctx.enter() else {
+        return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
     };
+    let result = backend.allocate(stream.raw(), bytes);
+    if result.is_ok() {
+        ctx.stats.admit(stream.shard, role, bytes);
+        charge.keep();
+    }
+    drop(backend);
     result.map_err(|e| {
-        ctx.uncharge(bytes, 0, 0);
         if e.kind == BackendErrorKind::OutOfMemory {
             ctx.note_backend_error(&e);
             Ok(Refused::Device(e))
@@ -140,6 +133,28 @@ fn attempt<C: DeviceContext>(
             Err(ctx.backend_failure(e))
         }
     })
+}
+
+/// Bytes charged to the context's budget and its shared one for an
+/// allocation being made: given back when dropped, unless [`keep`](Self::keep)
+/// says the allocation is live.
+struct Charge<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+    bytes: u64,
+}
+
+impl<C: DeviceContext> Charge<'_, C> {
+    /// The allocation succeeded: the charge stays with its buffer.
+    #[inline]
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<C: DeviceContext> Drop for Charge<'_, C> {
+    fn drop(&mut self) {
+        self.ctx.uncharge(self.bytes, 0, 0);
+    }
 }
 
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
@@ -152,8 +167,9 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
     }
 }
 
-/// Sleep until some release in scope settles (or the device is lost), or the
-/// deadline passes. Never polls: settlement wakes the notifier.
+/// Sleep until some release in scope settles, the context stops accepting
+/// work (retire, force, device loss: each wakes these notifiers after
+/// changing what `accepting` reads), or the deadline passes. Never polls.
 fn wait_for_a_settlement<C: DeviceContext>(
     ctx: &ContextInner<C>,
     refused: &Refused,
@@ -163,7 +179,7 @@ fn wait_for_a_settlement<C: DeviceContext>(
         (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => {
             let seen = s.0.epoch.load(Ordering::SeqCst);
             s.0.retired.wait_until(
-                || s.0.epoch.load(Ordering::SeqCst) != seen || ctx.is_lost(),
+                || s.0.epoch.load(Ordering::SeqCst) != seen || !ctx.accepting(),
                 Some(deadline),
             );
         }
@@ -174,7 +190,7 @@ fn wait_for_a_settlement<C: DeviceContext>(
             ctx.settle_epoch.register();
             let seen = ctx.settle_epoch.epoch();
             ctx.settled.wait_until(
-                || ctx.settle_epoch.epoch() != seen || ctx.is_lost(),
+                || ctx.settle_epoch.epoch() != seen || !ctx.accepting(),
                 Some(deadline),
             );
             ctx.settle_epoch.unregister();
@@ -203,59 +219,62 @@ fn exceeded<C: DeviceContext>(
     waited: Duration,
     reclaimed: u64,
 ) -> GovernorError {
-    let (scope, live, pending, quarantined, limit, available) = match refused {
-        Refused::Budget(BudgetScope::Shared(label), r) => {
-            let s = &ctx
-                .shared
-                .as_ref()
-                .expect("shared refusal implies a shared budget")
-                .0;
-            let pending = s.pending.load(Ordering::Acquire);
-            let quarantined = s.quarantined.load(Ordering::Acquire);
-            let live = r
-                .charged
-                .saturating_sub(pending)
-                .saturating_sub(quarantined);
-            (
-                BudgetScope::Shared(label),
-                live,
-                pending,
-                quarantined,
-                r.limit,
-                r.limit.saturating_sub(r.charged),
-            )
-        }
-        Refused::Budget(scope, r) => {
-            let pending = ctx.pending_bytes();
-            let quarantined = ctx.quarantined_bytes();
-            let live = r
-                .charged
-                .saturating_sub(pending)
-                .saturating_sub(quarantined);
-            (
+    let (scope, charged, pending, quarantined, awaiting_teardown, limit, available, driver) =
+        match refused {
+            Refused::Budget(BudgetScope::Shared(label), r) => {
+                let s = &ctx
+                    .shared
+                    .as_ref()
+                    .expect("shared refusal implies a shared budget")
+                    .0;
+                (
+                    BudgetScope::Shared(label),
+                    r.charged,
+                    s.pending.load(Ordering::Acquire),
+                    s.quarantined.load(Ordering::Acquire),
+                    s.awaiting_teardown.load(Ordering::Acquire),
+                    r.limit,
+                    r.limit.saturating_sub(r.charged),
+                    None,
+                )
+            }
+            Refused::Budget(scope, r) => (
                 scope,
-                live,
-                pending,
-                quarantined,
+                r.charged,
+                ctx.pending_bytes(),
+                ctx.stats.quarantined_bytes(),
+                ctx.awaiting_teardown_bytes(),
                 r.limit,
                 r.limit.saturating_sub(r.charged),
-            )
-        }
-        Refused::Device(e) => {
-            let info = ctx.enter().and_then(|b| b.memory_info().ok());
-            let (free, total) =
-                info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-            let _ = e;
-            (
-                BudgetScope::Device,
-                ctx.live_bytes(),
-                ctx.pending_bytes(),
-                ctx.quarantined_bytes(),
-                total,
-                free,
-            )
-        }
-    };
+                None,
+            ),
+            Refused::Device(e) => {
+                let info = ctx.enter().and_then(|b| b.memory_info().ok());
+                let (free, total) =
+                    info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+                let live = ctx.live_bytes();
+                let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
+                let awaiting = ctx.awaiting_teardown_bytes();
+                (
+                    BudgetScope::Device,
+                    live.saturating_add(pending)
+                        .saturating_add(quarantined)
+                        .saturating_add(awaiting),
+                    pending,
+                    quarantined,
+                    awaiting,
+                    total,
+                    free,
+                    Some(e),
+                )
+            }
+        };
+    // What is charged and neither pending, quarantined nor awaiting teardown
+    // is live.
+    let live = charged
+        .saturating_sub(pending)
+        .saturating_sub(quarantined)
+        .saturating_sub(awaiting_teardown);
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -265,9 +284,11 @@ fn exceeded<C: DeviceContext>(
         live,
         pending,
         quarantined,
+        awaiting_teardown,
         limit,
         available,
         waited,
         reclaimed_by_responders: reclaimed,
+        driver,
     }))
 }

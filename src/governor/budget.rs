@@ -2,13 +2,14 @@
 //! on the same physical device. Reservation is a compare-and-swap on the
 //! charged total; nothing here takes a lock.
 
-use crate::sync::Notifier;
+use crate::sync::{lock, Notifier};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Charged bytes against a limit. `charged` counts live bytes, bytes whose
-/// stream-ordered release has not retired yet, and quarantined bytes.
+/// stream-ordered release has not retired yet, quarantined bytes, and bytes
+/// awaiting teardown (whose free never ran on the device).
 #[derive(Debug)]
 pub(crate) struct Budget {
     limit: AtomicU64,
@@ -93,6 +94,14 @@ impl Budget {
     }
 }
 
+/// A context charged to a [`SharedBudget`], as the budget sees it: something
+/// that can be declared lost with its device. Type-erased so that one budget
+/// can list contexts of any backend.
+pub(crate) trait DeviceMember: Send + Sync {
+    /// The physical device is lost: mark this context lost with `reason`.
+    fn device_lost(&self, reason: &str);
+}
+
 pub(crate) struct SharedBudgetInner {
     pub(crate) label: String,
     pub(crate) budget: Budget,
@@ -100,14 +109,26 @@ pub(crate) struct SharedBudgetInner {
     pub(crate) pending: AtomicU64,
     /// Quarantined bytes of every context charged here.
     pub(crate) quarantined: AtomicU64,
+    /// Bytes whose free never ran on the device (abandoned releases, buffers
+    /// reclaimed by force or released on a lost device), of every context
+    /// charged here: charged until that context's teardown returns.
+    pub(crate) awaiting_teardown: AtomicU64,
     /// Bumped whenever a release charged here settles.
     pub(crate) epoch: AtomicU64,
-    /// Woken when a release charged here retires.
+    /// Woken when a release charged here retires, and when a context charged
+    /// here is lost or retires (its admission waiters give up).
     pub(crate) retired: Notifier,
+    /// Why the device was declared lost, once it was.
+    lost: Mutex<Option<String>>,
+    /// Every context registered with this budget (pruned as they go).
+    members: Mutex<Vec<Weak<dyn DeviceMember>>>,
 }
 
 /// A byte budget shared by several contexts, typically those on one physical
 /// device. Cloning it shares the same budget.
+///
+/// It is also the device's identity for device-wide loss:
+/// [`mark_lost`](Self::mark_lost) declares every context on it lost at once.
 ///
 /// ```
 /// use memgov::{Governor, ContextConfig, SharedBudget, host::{HostContext, HostConfig}};
@@ -129,8 +150,11 @@ impl SharedBudget {
             budget: Budget::new(limit),
             pending: AtomicU64::new(0),
             quarantined: AtomicU64::new(0),
+            awaiting_teardown: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             retired: Notifier::new(),
+            lost: Mutex::new(None),
+            members: Mutex::new(Vec::new()),
         }))
     }
 
@@ -149,9 +173,72 @@ impl SharedBudget {
         self.0.budget.set_limit(limit)
     }
 
-    /// Bytes charged by all contexts sharing this budget.
+    /// Bytes charged by all contexts sharing this budget: live, pending
+    /// release, quarantined and awaiting teardown.
     pub fn charged(&self) -> u64 {
         self.0.budget.charged()
+    }
+
+    /// Bytes whose stream-ordered release is queued and has not retired.
+    pub fn pending(&self) -> u64 {
+        self.0.pending.load(Ordering::Acquire)
+    }
+
+    /// Bytes whose release the backend refused: charged until their
+    /// context terminates.
+    pub fn quarantined(&self) -> u64 {
+        self.0.quarantined.load(Ordering::Acquire)
+    }
+
+    /// Bytes whose free never ran on the device (releases abandoned, buffers
+    /// reclaimed by `force` or released on a lost device): charged until
+    /// their context's teardown has returned the memory to the device.
+    pub fn awaiting_teardown(&self) -> u64 {
+        self.0.awaiting_teardown.load(Ordering::Acquire)
+    }
+
+    /// Declare the physical device lost: every context charged to this
+    /// budget, now and registered later, becomes lost with `reason` (each
+    /// settles its pending releases as a context-level loss does). Returns
+    /// false if the device already was lost.
+    ///
+    /// No lock is held while the contexts' backends are told.
+    pub fn mark_lost(&self, reason: &str) -> bool {
+        {
+            let mut lost = lock(&self.0.lost);
+            if lost.is_some() {
+                return false;
+            }
+            *lost = Some(reason.to_owned());
+        }
+        let members: Vec<_> = lock(&self.0.members)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for m in members {
+            m.device_lost(reason);
+        }
+        true
+    }
+
+    /// Whether [`mark_lost`](Self::mark_lost) was called.
+    pub fn is_lost(&self) -> bool {
+        lock(&self.0.lost).is_some()
+    }
+
+    /// Add a context; one registered on a lost device is lost at once.
+    pub(crate) fn join(&self, member: Weak<dyn DeviceMember>) {
+        let lost = {
+            let mut members = lock(&self.0.members);
+            members.retain(|m| m.strong_count() > 0);
+            members.push(member.clone());
+            // Read under the members lock: a concurrent `mark_lost` either
+            // sees this member or is seen here.
+            lock(&self.0.lost).clone()
+        };
+        if let (Some(reason), Some(m)) = (lost, member.upgrade()) {
+            m.device_lost(&reason);
+        }
     }
 }
 
@@ -161,6 +248,10 @@ impl fmt::Debug for SharedBudget {
             .field("label", &self.0.label)
             .field("limit", &self.limit())
             .field("charged", &self.charged())
+            .field("pending", &self.pending())
+            .field("quarantined", &self.quarantined())
+            .field("awaiting_teardown", &self.awaiting_teardown())
+            .field("lost", &self.is_lost())
             .finish()
     }
 }

@@ -86,10 +86,25 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         self.stream.ctx.id
     }
 
+    /// The label of the stream it was allocated on, where dropping it queues
+    /// its free.
+    pub fn stream_label(&self) -> &str {
+        &self.stream.label
+    }
+
+    /// The stream it was allocated on (a clone of the handle), for example
+    /// to [`release_on`](Self::release_on) it explicitly and see a refused
+    /// free as an error rather than as a quarantine entry in a snapshot.
+    pub fn stream(&self) -> GovernedStream<C> {
+        GovernedStream {
+            shared: self.stream.clone(),
+        }
+    }
+
     /// The raw allocation, for kernels of your own. Valid until the buffer is
     /// released; `None` once the context has been force-retired.
     pub fn raw(&self) -> Option<&C::Memory> {
-        if self.stream.ctx.gate.is_closed() {
+        if self.stream.ctx.gate_closed() {
             None
         } else {
             self.memory.as_ref()
@@ -128,10 +143,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     ) -> Result<(), GovernorError> {
         let ctx = &*self.stream.ctx;
         if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            });
+            return Err(ctx.lost_error());
         }
         let backend = ctx
             .enter()

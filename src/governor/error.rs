@@ -46,6 +46,10 @@ pub struct BudgetExceeded {
     pub pending: u64,
     /// Bytes held in quarantine.
     pub quarantined: u64,
+    /// Bytes whose free never ran (abandoned releases, buffers reclaimed by
+    /// force or released on a lost device): charged until their context's
+    /// teardown.
+    pub awaiting_teardown: u64,
     /// The limit of the refusing scope.
     pub limit: u64,
     /// `limit` minus everything charged.
@@ -54,13 +58,16 @@ pub struct BudgetExceeded {
     pub waited: Duration,
     /// Bytes pressure responders said they gave back.
     pub reclaimed_by_responders: u64,
+    /// What the driver said, when the device itself refused
+    /// ([`BudgetScope::Device`]).
+    pub driver: Option<BackendError>,
 }
 
 impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "context {} '{}': cannot admit {} B of {} under the {}: {} B live + {} B pending release + {} B quarantined of a {} B limit leaves {} B available",
+            "context {} '{}': cannot admit {} B of {} under the {}: {} B live + {} B pending release + {} B quarantined",
             self.context,
             self.label,
             self.requested,
@@ -69,9 +76,18 @@ impl fmt::Display for BudgetExceeded {
             self.live,
             self.pending,
             self.quarantined,
-            self.limit,
-            self.available,
         )?;
+        if self.awaiting_teardown > 0 {
+            write!(f, " + {} B awaiting teardown", self.awaiting_teardown)?;
+        }
+        write!(
+            f,
+            " of a {} B limit leaves {} B available",
+            self.limit, self.available
+        )?;
+        if let Some(e) = &self.driver {
+            write!(f, " (the driver said: {e})")?;
+        }
         if !self.waited.is_zero() {
             write!(f, " (after waiting {:?} for pending releases)", self.waited)?;
         }

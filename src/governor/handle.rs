@@ -6,7 +6,7 @@ use super::config::{PressureRequest, Role};
 use super::error::GovernorError;
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
-use super::retire::RetireHandle;
+use super::retire::{RetireHandle, TeardownReport};
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
 use crate::sync::lock;
@@ -122,24 +122,20 @@ impl<C: DeviceContext> ContextHandle<C> {
                 role,
             });
         }
-        // Born pinned: the pin is taken before anything is charged and is
-        // released on every failure path below.
-        ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
-        match admit(ctx, &stream.shared, bytes, role) {
-            Ok(memory) => {
-                // Counted live inside `admit`; `allocations` is derived.
-                Ok(DeviceBuffer {
-                    stream: stream.shared.clone(),
-                    memory: Some(memory),
-                    bytes,
-                    role,
-                })
-            }
-            Err(e) => {
-                ctx.release_pin();
-                Err(e)
-            }
-        }
+        // Born pinned: the pin is taken before anything is charged. The guard
+        // releases it on every failure path below, and when a pressure
+        // responder or the backend panics inside `admit`: the panic reaches
+        // our caller and the context stays governable.
+        let pin = ContextPin::acquire(ctx).map_err(|e| pin_error(ctx, e))?;
+        // Counted live inside `admit`; `allocations` is derived.
+        let memory = admit(ctx, &stream.shared, bytes, role)?;
+        pin.transfer();
+        Ok(DeviceBuffer {
+            stream: stream.shared.clone(),
+            memory: Some(memory),
+            bytes,
+            role,
+        })
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of
@@ -167,7 +163,7 @@ impl<C: DeviceContext> ContextHandle<C> {
 
     /// Change the context's budget. Allocations already charged stay.
     pub fn set_budget(&self, bytes: u64) {
-        self.inner.budget.set_limit(bytes);
+        self.inner.set_budget_limit(bytes);
     }
 
     /// Declare the device lost: new work is refused, pending releases are
@@ -181,10 +177,14 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// `ContextUnavailable` from now on; existing holders finish. The handle
     /// waits for them and tears down.
     pub fn retire(&self) -> RetireHandle<C> {
-        self.inner.begin_retire();
-        RetireHandle {
-            ctx: self.inner.clone(),
-        }
+        RetireHandle::new(&self.inner)
+    }
+
+    /// How the context's teardown ended, once it has: the same report
+    /// [`RetireHandle::wait`] returns, also when the teardown ran in the
+    /// background (nobody waiting) or on `Governor` drop.
+    pub fn teardown_report(&self) -> Option<TeardownReport> {
+        self.inner.teardown_report()
     }
 
     /// A point-in-time view of this context.

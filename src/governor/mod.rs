@@ -16,6 +16,7 @@ mod record;
 mod release;
 mod retire;
 mod snapshot;
+mod stats;
 mod stream;
 
 pub use budget::SharedBudget;
@@ -105,8 +106,14 @@ impl<C: DeviceContext> Governor<C> {
         );
         let id = ProviderContextIdentity::new(self.id, index);
         // `describe()` runs in `new`, with no lock held.
-        let inner = Arc::new(ContextInner::new(id, backend, config));
+        let inner = Arc::new_cyclic(|this| ContextInner::new(id, backend, config, this.clone()));
         lock(&self.contexts).push(inner.clone());
+        if let Some(shared) = &inner.shared {
+            // After the push: a device lost already marks this context lost
+            // at once, with the registry holding it like any other.
+            let member: Arc<dyn budget::DeviceMember> = inner.clone();
+            shared.join(Arc::downgrade(&member));
+        }
         ContextHandle { inner }
     }
 
@@ -134,7 +141,7 @@ impl<C: DeviceContext> Governor<C> {
     pub fn prune_terminated(&self) -> usize {
         let mut contexts = lock(&self.contexts);
         let before = contexts.len();
-        contexts.retain(|c| c.phase() != record::TERMINATED);
+        contexts.retain(|c| c.phase() != record::Phase::Terminated);
         before - contexts.len()
     }
 
@@ -148,18 +155,26 @@ impl<C: DeviceContext> Governor<C> {
 }
 
 impl<C: DeviceContext> Drop for Governor<C> {
-    /// Retire every context still registered and finish those already
-    /// drained. The rest finish when their last holder lets go (on a reaper
-    /// thread).
+    /// Retire every context still registered, then finish those already
+    /// drained and join the reapers already started. The rest finish when
+    /// their last holder lets go, on a reaper thread of their own (which
+    /// holds only the context's record and backend).
+    ///
+    /// Also while unwinding: every context is retired before any teardown
+    /// runs, and a teardown that panics is reported in its
+    /// [`TeardownReport`], so no context is left accepting work.
     fn drop(&mut self) {
         let contexts = std::mem::take(&mut *lock(&self.contexts));
-        for c in contexts {
-            if c.phase() != record::TERMINATED {
-                c.begin_retire();
-                if c.drained() {
-                    c.finish();
-                }
+        for c in &contexts {
+            c.begin_retire();
+        }
+        for c in &contexts {
+            if c.phase() != record::Phase::Terminated && c.drained() {
+                c.finish();
             }
+        }
+        for c in &contexts {
+            c.join_reaper();
         }
     }
 }

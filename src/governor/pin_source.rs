@@ -18,6 +18,35 @@ pub struct ContextPin<'a, C: DeviceContext> {
     pub(crate) ctx: &'a ContextInner<C>,
 }
 
+impl<'a, C: DeviceContext> ContextPin<'a, C> {
+    /// Take a pin that is released when the returned guard drops, unless
+    /// [`transfer`](Self::transfer) hands it to its long-term owner first.
+    ///
+    /// Every path that takes a pin and then runs code that can unwind (a
+    /// backend call, a pressure responder) holds the pin in one of these, so
+    /// that a panic there releases the pin instead of leaking it: a leaked
+    /// pin would keep the context from ever tearing down.
+    #[inline]
+    pub(crate) fn acquire(ctx: &'a ContextInner<C>) -> Result<Self, ProviderContextPinError> {
+        ctx.acquire_pin()?;
+        Ok(Self { ctx })
+    }
+
+    /// Guard a pin already held (a live buffer's), for the length of a call
+    /// that can unwind before the pin reaches its next owner.
+    #[inline]
+    pub(crate) fn adopt(ctx: &'a ContextInner<C>) -> Self {
+        Self { ctx }
+    }
+
+    /// The pin now belongs to something else (a buffer, a stream, a pending
+    /// release, or a path that releases it itself): do not release it here.
+    #[inline]
+    pub(crate) fn transfer(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl<C: DeviceContext> Drop for ContextPin<'_, C> {
     #[inline]
     fn drop(&mut self) {

@@ -17,10 +17,10 @@
 //!   reads those counts only after closing the gate and seeing it drain, so
 //!   each live buffer and stream has its pin either revoked by `force` or
 //!   released by its own path, never both and never neither.
-//! * Statistics of live and pending buffers live in [`Shard`]s as monotonic
-//!   totals; every change of a shard's `alloc`, `queued` and `gone` totals
-//!   happens under a gate claim, so `force` reads stable live totals once the
-//!   gate has drained (and adds what it reclaims to `gone`).
+//! * Statistics of live and pending buffers live in [`Stats`] (its own
+//!   module, with its own invariants); every change of the admitted, queued
+//!   and gone totals happens under a gate claim, so `force` reads stable live
+//!   totals once the gate has drained.
 //! * `pending` and `settle_epoch` carry their waiters in the same word
 //!   (`CountWord`, `EpochWord`): a waiter registers there before its first
 //!   check, and the settlement's own RMW tells it whether to wake.
@@ -28,105 +28,71 @@
 //!   this record (a cycle): `begin_retire` closes every slot for good, and the
 //!   registry keeps the record alive until a retire has begun, so the cycle
 //!   never outlives the last outside reference.
-//! * Teardown runs once: the phase moves RETIRING -> TERMINATING by
-//!   compare-and-swap and only the winner calls the backend.
+//! * The phase ([`Phase`]) only moves forward, by the transitions in this
+//!   file. Teardown runs once: the phase moves Retiring -> Terminating by
+//!   compare-and-swap and only the winner calls the backend; a panicking
+//!   `teardown` is caught, so Terminated is always reached.
+//! * Charges: `charge` puts an allocation's bytes on the context's budget
+//!   and the shared one together; they come off when an executed free
+//!   settles (`uncharge`), or at teardown for every byte whose free never ran
+//!   (quarantined, abandoned, reclaimed, released on a lost device), in the
+//!   one accounting step every teardown path runs
+//!   (`return_charges_at_teardown`).
+//! * A retiring context with no `RetireHandle` left is torn down by a
+//!   reaper thread, started by whichever of the last pin, the last pending
+//!   release and the last handle goes last (`reap_if_unattended`, modelled
+//!   in `tests/loom.rs`); the reaper holds an `Arc` of the record.
+//! * Every pin and charge taken before a call into a backend or user code is
+//!   held in a guard across the call, so a panic there releases it.
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
-use super::budget::{Budget, SharedBudget};
+use super::budget::{Budget, Refusal, SharedBudget};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::error::GovernorError;
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
+use super::stats::Stats;
 use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
 use crate::{
-    BackendError, DeviceContext, DeviceDescription, ProviderContextIdentity,
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
-pub(crate) const ACTIVE: u8 = 0;
-pub(crate) const RETIRING: u8 = 1;
-pub(crate) const TERMINATING: u8 = 2;
-pub(crate) const TERMINATED: u8 = 3;
-
-/// Quarantined bytes and objects of one role (rare: kept in the record).
-/// Live and pending counts are in the [`Shard`]s. Updated with relaxed
-/// atomics: they are statistics read by snapshots, while admission decisions
-/// use [`Budget`].
-#[derive(Debug, Default)]
-pub(crate) struct RoleCounters {
-    pub quarantined_bytes: AtomicU64,
-    pub quarantined_count: AtomicU64,
+/// Where a context is in its life: the record's phase word. It only moves
+/// forward, by the transitions in this file (`begin_retire`: Active ->
+/// Retiring; `finish`: Retiring -> Terminating by compare-and-swap, then
+/// Terminated once the report is stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    Active = 0,
+    Retiring = 1,
+    Terminating = 2,
+    Terminated = 3,
 }
 
-/// Monotonic event totals (bytes and objects) of one role, in one shard:
-///
-/// * `alloc`: allocations admitted on a stream of this shard (and buffers
-///   moved here by `release_on` another stream);
-/// * `queued`: releases queued on a stream of this shard;
-/// * `settled`: those of them settled (retired or abandoned);
-/// * `gone`: live buffers of this shard that left without being queued here
-///   (device lost, quarantined, reclaimed by force, moved by `release_on`).
-///
-/// live = alloc - queued - gone and pending = queued - settled. Each step of a
-/// buffer's life is one increment (two words: bytes, count), where keeping
-/// live and pending counts took two (subtract here, add there).
-#[derive(Debug, Default)]
-pub(crate) struct ShardRole {
-    pub alloc_bytes: AtomicU64,
-    pub alloc_count: AtomicU64,
-    pub queued_bytes: AtomicU64,
-    pub queued_count: AtomicU64,
-    pub settled_bytes: AtomicU64,
-    pub settled_count: AtomicU64,
-    pub gone_bytes: AtomicU64,
-    pub gone_count: AtomicU64,
-}
-
-/// Add to a monotonic statistics total. Release, so that a reader that sees a
-/// later step of a buffer's life (Acquire) also sees its earlier steps: see
-/// [`ContextInner::role_usage`].
-#[inline]
-pub(crate) fn bump(a: &AtomicU64, n: u64) {
-    a.fetch_add(n, Ordering::Release);
-}
-
-/// Number of statistics shards per context. Streams are spread over them
-/// round-robin, so up to this many streams update disjoint cache lines.
-pub(crate) const SHARDS: usize = 8;
-const _: () = assert!(SHARDS <= 256, "shard indices are stored as u8");
-
-/// The statistics of the steady-state allocate/release cycle, sharded by
-/// stream so that threads working on different streams do not write the same
-/// cache lines for them (`docs/performance.md`).
-///
-/// The totals are monotonic (a refused free's undo is the one exception), so
-/// sums over shards are exact whenever the context is quiescent, and a
-/// concurrent reader that reads the later steps first never computes a
-/// negative count (see [`ContextInner::role_usage`]). `force` reads the live
-/// totals of every shard only after closing the gate and seeing it drain:
-/// every change of `alloc`, `queued` and `gone` happens under a gate claim, so
-/// those reads are stable, and it adds what it reclaims to `gone`.
-///
-/// `spare` caches one freed `PendingRelease` allocation (see `release.rs`),
-/// so that the steady-state cycle does not call `malloc`/`free`.
-#[repr(align(128))]
-#[derive(Debug, Default)]
-pub(crate) struct Shard {
-    pub roles: [ShardRole; 5],
-    /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
-    /// or closed (see `release.rs`).
-    pub spare: AtomicPtr<u8>,
+impl Phase {
+    fn from_word(v: u8) -> Self {
+        match v {
+            0 => Self::Active,
+            1 => Self::Retiring,
+            2 => Self::Terminating,
+            _ => Self::Terminated,
+        }
+    }
 }
 
 /// Monotonic event counters. `allocations`, `releases_queued` and `retired`
-/// are derived from the shards (see [`ContextInner::allocations`]).
+/// are derived from the statistics (see [`ContextInner::allocations`]).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub abandoned: AtomicU64,
@@ -143,11 +109,11 @@ pub(crate) struct Counters {
 
 /// A release the backend refused: the memory stays owned and charged until
 /// the context terminates.
-pub(crate) struct Quarantined<M> {
-    pub role: Role,
-    pub bytes: u64,
-    pub reason: String,
-    pub _memory: M,
+struct Quarantined<M> {
+    role: Role,
+    bytes: u64,
+    reason: String,
+    _memory: M,
 }
 
 #[inline]
@@ -165,18 +131,21 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub description: DeviceDescription,
     pub admission: Admission,
 
-    pub pins: ClaimCounter,
+    pins: ClaimCounter,
     /// Pending releases, and the lifecycle waiters that wait for `drained()`
     /// (registered in the same word: see [`CountWord`]).
-    pub pending: CountWord,
-    pub gate: ClaimCounter,
+    pending: CountWord,
+    gate: ClaimCounter,
     phase: AtomicU8,
     lost: AtomicBool,
-    pub forced: AtomicBool,
+    forced: AtomicBool,
     /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
     pub lifecycle: Notifier,
 
-    pub budget: Budget,
+    /// The context's own budget: changed only by `charge`, `uncharge` and
+    /// the teardown accounting (`hold_until_teardown`,
+    /// `return_charges_at_teardown`), which keep the shared budget in step.
+    budget: Budget,
     pub shared: Option<SharedBudget>,
     /// Woken when a release of this context settles (admission waiters), and
     /// on device loss and termination.
@@ -185,20 +154,42 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// [`EpochWord`]) so that a settlement wakes `settled` only when one waits.
     pub settle_epoch: EpochWord,
 
-    pub roles: [RoleCounters; 5],
-    pub shards: [Shard; SHARDS],
-    pub next_shard: AtomicUsize,
+    /// Live, pending and quarantined amounts (see `stats.rs`).
+    pub stats: Stats,
     pub counters: Counters,
-    pub streams_live: AtomicU64,
+    /// Live streams. Changed only under a gate claim (`stream_created`,
+    /// `stream_left`), so that `force` reads a stable count once the gate
+    /// has drained.
+    streams_live: AtomicU64,
 
     backend: UnsafeCell<Option<C>>,
     pub streams: Mutex<Vec<Weak<StreamShared<C>>>>,
     pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
-    pub quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
+    quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
     pub responders: Mutex<Vec<PressureResponder>>,
-    pub lost_reason: Mutex<Option<String>>,
-    pub report: Mutex<Option<TeardownReport>>,
-    pub retire_started: Mutex<Option<Instant>>,
+    lost_reason: Mutex<Option<String>>,
+    report: Mutex<Option<TeardownReport>>,
+    retire_started: Mutex<Option<Instant>>,
+
+    /// This record, for the reaper thread a background teardown starts.
+    this: Weak<ContextInner<C>>,
+    /// Bytes whose free never ran on the device (abandoned releases, buffers
+    /// reclaimed by force or released on a lost device): charged until
+    /// teardown returns them (see [`return_charges_at_teardown`](Self::return_charges_at_teardown)).
+    awaiting_teardown: AtomicU64,
+    /// Set once teardown has returned the charges: bytes that become
+    /// "awaiting teardown" later (a release settling after teardown, a
+    /// backend bug) are returned at once.
+    charges_returned: AtomicBool,
+    /// Live [`RetireHandle`](super::RetireHandle)s: while there is one, its
+    /// owner finishes the teardown; with none, the last holder's exit starts
+    /// a reaper (see [`reap_if_unattended`](Self::reap_if_unattended)).
+    attended: AtomicUsize,
+    /// Whether a reaper was started (once).
+    reaping: AtomicBool,
+    /// The reaper thread, joined by `Governor::drop` when it still owns the
+    /// record.
+    reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 // SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
@@ -239,7 +230,12 @@ impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
 }
 
 impl<C: DeviceContext> ContextInner<C> {
-    pub(crate) fn new(id: ProviderContextIdentity, backend: C, config: ContextConfig) -> Self {
+    pub(crate) fn new(
+        id: ProviderContextIdentity,
+        backend: C,
+        config: ContextConfig,
+        this: Weak<Self>,
+    ) -> Self {
         let description = backend.describe();
         let limit = config.budget.unwrap_or(u64::MAX);
         Self {
@@ -254,7 +250,7 @@ impl<C: DeviceContext> ContextInner<C> {
             pins: ClaimCounter::new(config.max_pins),
             pending: CountWord::new(),
             gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
-            phase: AtomicU8::new(ACTIVE),
+            phase: AtomicU8::new(Phase::Active as u8),
             lost: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             lifecycle: Notifier::new(),
@@ -262,9 +258,7 @@ impl<C: DeviceContext> ContextInner<C> {
             shared: config.shared,
             settled: Notifier::new(),
             settle_epoch: EpochWord::new(),
-            roles: Default::default(),
-            shards: Default::default(),
-            next_shard: AtomicUsize::new(0),
+            stats: Stats::default(),
             counters: Counters::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
@@ -275,6 +269,12 @@ impl<C: DeviceContext> ContextInner<C> {
             lost_reason: Mutex::new(None),
             report: Mutex::new(None),
             retire_started: Mutex::new(None),
+            this,
+            awaiting_teardown: AtomicU64::new(0),
+            charges_returned: AtomicBool::new(false),
+            attended: AtomicUsize::new(0),
+            reaping: AtomicBool::new(false),
+            reaper: Mutex::new(None),
         }
     }
 
@@ -294,7 +294,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// holds the context's `forced` flag (so it is the only forcer), and at
     /// least one stream pin is still outstanding (so `finish` cannot have
     /// started, as it needs `drained()`).
-    pub(crate) fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
+    fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
         debug_assert!(self.gate.is_drained() && self.forced.load(Ordering::Acquire));
         // SAFETY: per the precondition no BackendGuard exists or can be made,
         // and the backend is moved out only by `finish`, which cannot run
@@ -311,16 +311,65 @@ impl<C: DeviceContext> ContextInner<C> {
         })
     }
 
-    /// Drop a pin, waking the teardown waiter if it was the last.
+    /// Outstanding pins now.
+    pub(crate) fn pin_count(&self) -> u64 {
+        self.pins.count()
+    }
+
+    /// Pending releases now.
+    pub(crate) fn pending_count(&self) -> u64 {
+        self.pending.count()
+    }
+
+    /// Whether the backend gate is closed: by `force` (live buffers and
+    /// streams were reclaimed) or by teardown.
+    #[inline]
+    pub(crate) fn gate_closed(&self) -> bool {
+        self.gate.is_closed()
+    }
+
+    /// A live buffer's pin is about to move into a pending release: count
+    /// the release first, so that pins + pending never touches zero in
+    /// between. Call under a gate claim, before the buffer's pin goes.
+    #[inline]
+    pub(crate) fn pending_queued(&self) {
+        self.pending.increment();
+    }
+
+    /// A pending release left: settled, or its free refused (undone). Wakes
+    /// the teardown waiters if it was the last one they waited for, and
+    /// starts the background teardown if nobody waits.
+    #[inline]
+    pub(crate) fn pending_left(&self) {
+        if self.pending.decrement() {
+            self.lifecycle.wake_all();
+            self.reap_if_unattended();
+        }
+    }
+
+    /// A waiter for `drained()` registers in `pending` before its first
+    /// check (see `CountWord`): the settlement taking it to zero wakes it.
+    pub(crate) fn register_drain_waiter(&self) {
+        self.pending.register();
+    }
+
+    /// Undo [`register_drain_waiter`](Self::register_drain_waiter).
+    pub(crate) fn unregister_drain_waiter(&self) {
+        self.pending.unregister();
+    }
+
+    /// Drop a pin, waking the teardown waiter if it was the last (and
+    /// starting the background teardown if nobody waits).
     #[inline]
     pub(crate) fn release_pin(&self) {
         if self.pins.release() {
             self.lifecycle.notify();
+            self.reap_if_unattended();
         }
     }
 
-    pub(crate) fn phase(&self) -> u8 {
-        self.phase.load(Ordering::Acquire)
+    pub(crate) fn phase(&self) -> Phase {
+        Phase::from_word(self.phase.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -333,17 +382,110 @@ impl<C: DeviceContext> ContextInner<C> {
             .unwrap_or_else(|| "device lost".into())
     }
 
+    /// Why the device was declared lost, if it was.
+    pub(crate) fn lost_reason_if_lost(&self) -> Option<String> {
+        lock(&self.lost_reason).clone()
+    }
+
+    /// The stored teardown report, once the context terminated.
+    pub(crate) fn teardown_report(&self) -> Option<TeardownReport> {
+        lock(&self.report).clone()
+    }
+
+    /// Join the reaper thread, if one was started (`Governor::drop`).
+    pub(crate) fn join_reaper(&self) {
+        let reaper = lock(&self.reaper).take();
+        if let Some(reaper) = reaper {
+            // It runs `finish`, which catches a panicking teardown.
+            let _ = reaper.join();
+        }
+    }
+
+    /// Keep memory whose free the backend refused owned and charged, visible
+    /// with its reason, until the context terminates. It holds no pin: the
+    /// live buffer's pin is released here, and teardown frees the memory
+    /// with the context. Call under a gate claim (the buffer leaves live).
+    pub(crate) fn quarantine(
+        &self,
+        live_shard: usize,
+        memory: C::Memory,
+        bytes: u64,
+        role: Role,
+        err: &BackendError,
+    ) {
+        self.stats.leave(live_shard, role, bytes);
+        self.stats.quarantine(role, bytes);
+        if let Some(s) = &self.shared {
+            add(&s.0.quarantined, bytes);
+        }
+        add(&self.counters.quarantined, 1);
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = %self.id, label = %self.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
+        lock(&self.quarantine).push(Quarantined {
+            role,
+            bytes,
+            reason: err.to_string(),
+            _memory: memory,
+        });
+        self.release_pin();
+    }
+
+    /// The quarantined releases now: role, bytes and the backend's reason.
+    pub(crate) fn quarantine_entries(&self) -> Vec<(Role, u64, String)> {
+        lock(&self.quarantine)
+            .iter()
+            .map(|q| (q.role, q.bytes, q.reason.clone()))
+            .collect()
+    }
+
+    /// The error every operation on a lost context returns.
+    pub(crate) fn lost_error(&self) -> GovernorError {
+        GovernorError::DeviceLost {
+            context: self.id,
+            reason: self.lost_reason(),
+        }
+    }
+
+    /// Whether new work is still admitted: not retiring, lost or torn down.
+    /// (A pin taken before retire keeps its holder going; an allocation that
+    /// has to wait for room gives up once this is false.)
+    pub(crate) fn accepting(&self) -> bool {
+        self.phase() == Phase::Active && !self.is_lost()
+    }
+
+    /// The error an allocation refused for that reason returns.
+    pub(crate) fn unavailable_error(&self) -> GovernorError {
+        if self.is_lost() {
+            self.lost_error()
+        } else {
+            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(self.id))
+        }
+    }
+
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     pub(crate) fn drained(&self) -> bool {
         self.pins.is_drained() && (self.is_lost() || self.pending.count() == 0)
     }
 
-    /// Stop accepting work: new pins fail from now on.
+    /// Stop accepting work: new pins fail from now on, and allocations
+    /// waiting for room give up.
     pub(crate) fn begin_retire(&self) {
-        let _ = self
+        let first = self
             .phase
-            .compare_exchange(ACTIVE, RETIRING, Ordering::AcqRel, Ordering::Acquire);
+            .compare_exchange(
+                Phase::Active as u8,
+                Phase::Retiring as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if first {
+            // A permanent waiter in `pending`: from now on the settlement
+            // that takes it to zero reports it (see `CountWord`), so that a
+            // background teardown can start there.
+            self.pending.register();
+        }
         // Break the reference cycle of cached PendingRelease boxes before the
         // record can lose its last outside reference.
         super::release::close_spares(self);
@@ -351,8 +493,74 @@ impl<C: DeviceContext> ContextInner<C> {
         if self.pins.close() {
             self.lifecycle.notify();
         }
+        // Admission waiters check `accepting()`: wake them to give up.
+        self.settled.notify();
+        if let Some(s) = &self.shared {
+            s.0.retired.notify();
+        }
         #[cfg(feature = "tracing")]
         tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
+    }
+
+    /// A [`RetireHandle`](super::RetireHandle) begins: its owner finishes
+    /// the teardown. Counted before `begin_retire`, so that a context drained
+    /// already is torn down by the caller, not by a reaper.
+    pub(crate) fn attend(&self) {
+        self.attended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A `RetireHandle` ends; with none left, a drained context is torn down
+    /// in the background.
+    pub(crate) fn unattend(&self) {
+        self.attended.fetch_sub(1, Ordering::SeqCst);
+        self.reap_if_unattended();
+    }
+
+    /// Start the background teardown if the context is retiring, drained,
+    /// and no `RetireHandle` is left to finish it. Called after every event
+    /// that can make that true (last pin, last pending release, loss, last
+    /// handle gone), each after its own write, so that of two racing events
+    /// the later one sees both (the SeqCst fence below pairs with the fence
+    /// of the other event's check).
+    ///
+    /// The teardown runs on a new thread, never on this one: this may be a
+    /// driver callback thread (a `RetireSignal` fired), where calling back
+    /// into the driver is forbidden. The thread holds the record, so the
+    /// report stays readable through any handle and the governor's snapshot.
+    /// `Governor::drop` joins it if it still owns the record; one started
+    /// after the governor is gone runs detached and touches only the record
+    /// and the backend it tears down.
+    pub(crate) fn reap_if_unattended(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.phase() != Phase::Retiring
+            || self.attended.load(Ordering::SeqCst) != 0
+            || !self.drained()
+            || self.reaping.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        // Every caller holds an Arc of the record (a buffer's stream, a
+        // pending release, a pin source, a handle), so this succeeds.
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        let id = self.id;
+        let spawned = std::thread::Builder::new()
+            .name(format!("memgov-reaper-{id}"))
+            .spawn(move || {
+                this.finish();
+            });
+        match spawned {
+            Ok(handle) => *lock(&self.reaper) = Some(handle),
+            Err(_e) => {
+                // No thread to be had: the context stays retiring (drained)
+                // until a `retire().wait(..)` finishes it. Tearing down here
+                // could run the driver under its own callback.
+                self.reaping.store(false, Ordering::Release);
+                #[cfg(feature = "tracing")]
+                tracing::error!(context = %id, error = %_e, "memgov: could not start the reaper; the context stays retiring until retire().wait() finishes it");
+            }
+        }
     }
 
     /// Declare the device lost. Returns false if it already was.
@@ -361,17 +569,25 @@ impl<C: DeviceContext> ContextInner<C> {
             return false;
         }
         *lock(&self.lost_reason) = Some(reason.to_owned());
-        self.pins.close();
+        if self.pins.close() {
+            // Nothing held the context: a retiring one may be reaped now.
+            self.reap_if_unattended();
+        }
         #[cfg(feature = "tracing")]
         tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.count(), "memgov: device lost");
-        if let Some(backend) = self.enter() {
-            backend.device_lost();
-        }
+        // Wake before the backend's hook runs: if it panics, waiters still
+        // see the loss (a teardown they start waits at the gate for the
+        // hook's claim).
         self.lifecycle.notify();
         self.settled.notify();
         if let Some(s) = &self.shared {
             s.0.retired.notify();
         }
+        if let Some(backend) = self.enter() {
+            backend.device_lost();
+        }
+        // Pending releases no longer hold a lost context.
+        self.reap_if_unattended();
         true
     }
 
@@ -390,10 +606,7 @@ impl<C: DeviceContext> ContextInner<C> {
     pub(crate) fn backend_failure(&self, err: BackendError) -> GovernorError {
         self.note_backend_error(&err);
         if err.is_device_lost() {
-            GovernorError::DeviceLost {
-                context: self.id,
-                reason: self.lost_reason(),
-            }
+            self.lost_error()
         } else {
             GovernorError::Backend {
                 context: self.id,
@@ -402,20 +615,99 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
+    /// A stream was created. Call under the gate claim of `create_stream`.
+    #[inline]
+    pub(crate) fn stream_created(&self) {
+        add(&self.streams_live, 1);
+    }
+
+    /// A stream was dropped: its live count and its pin leave together.
+    /// Call under a gate claim.
+    #[inline]
+    pub(crate) fn stream_left(&self) {
+        sub(&self.streams_live, 1);
+        self.release_pin();
+    }
+
+    /// Live streams now.
+    pub(crate) fn streams_live(&self) -> u64 {
+        self.streams_live.load(Ordering::Relaxed)
+    }
+
+    /// Whether `force` has revoked (or is revoking) live buffers and streams.
+    pub(crate) fn is_forced(&self) -> bool {
+        self.forced.load(Ordering::Acquire)
+    }
+
+    /// Force's transition, once (a second caller returns at once): close the
+    /// gate, wait for calls in flight, synchronize every stream (unless the
+    /// device is lost), and revoke the pins of live buffers and streams,
+    /// whose memory and raw streams die with the context. The reclaimed
+    /// bytes stay charged until teardown frees them. Precondition: retire
+    /// has begun.
+    ///
+    /// A `synchronize` that panics does not stop the revocation (a closed
+    /// gate with unrevoked pins would wedge the context); the panic is
+    /// re-raised once it is done.
+    pub(crate) fn force(&self) {
+        if self.forced.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut panicked = None;
+        // Stop every backend call from starting and wait for those in flight.
+        self.gate.close();
+        self.lifecycle.wait_until(|| self.gate.is_drained(), None);
+        // From here on live buffers and streams can no longer release their
+        // pins (their paths go through the gate), so the counts are stable.
+        if !self.is_lost() {
+            let streams: Vec<_> = lock(&self.streams)
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .collect();
+            for s in &streams {
+                match catch_unwind(AssertUnwindSafe(|| {
+                    self.with_closed_gate(|b| b.synchronize(s.raw()))
+                })) {
+                    Ok(Some(Err(e))) => self.note_backend_error(&e),
+                    Ok(_) => {}
+                    Err(p) => {
+                        panicked.get_or_insert(p);
+                    }
+                }
+            }
+        }
+        // Every live transition happens under a gate claim, and the gate is
+        // closed and drained: the live totals of every shard are stable.
+        let reclaimed = self.stats.reclaim_live();
+        add(&self.counters.reclaimed, reclaimed.count);
+        // Still allocated on the device until teardown frees it: charged
+        // until then, so that no other context is admitted into it.
+        self.hold_until_teardown(reclaimed.bytes);
+        let streams = self.streams_live.swap(0, Ordering::AcqRel);
+        if self.pins.revoke(reclaimed.count + streams) {
+            self.lifecycle.notify();
+        }
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = %self.id, label = %self.label, buffers = reclaimed.count, bytes = reclaimed.bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        if let Some(p) = panicked {
+            resume_unwind(p);
+        }
+    }
+
     /// Tear down, once. Precondition: `drained()` was observed, or the caller
     /// is `force` after revoking what it reclaimed. Returns the report; a
     /// second caller waits for the first and gets the same report.
     pub(crate) fn finish(&self) -> TeardownReport {
         match self.phase.compare_exchange(
-            RETIRING,
-            TERMINATING,
+            Phase::Retiring as u8,
+            Phase::Terminating as u8,
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
             Ok(_) => {}
             Err(_) => {
                 self.lifecycle
-                    .wait_until(|| self.phase() == TERMINATED, None);
+                    .wait_until(|| self.phase() == Phase::Terminated, None);
                 return lock(&self.report)
                     .clone()
                     .expect("report stored before TERMINATED");
@@ -432,19 +724,19 @@ impl<C: DeviceContext> ContextInner<C> {
         let lost = self.is_lost();
         let started = lock(&self.retire_started).unwrap_or_else(Instant::now);
         let result = match backend {
-            Some(b) => b.teardown(lost),
+            // A panicking teardown must still end in TERMINATED, with every
+            // waiter woken: the panic becomes the report's backend result.
+            Some(b) => catch_unwind(AssertUnwindSafe(|| b.teardown(lost))).unwrap_or_else(|p| {
+                Err(BackendError::new(
+                    self.description.backend,
+                    "teardown",
+                    BackendErrorKind::Other,
+                    format!("teardown panicked: {}", panic_message(&*p)),
+                ))
+            }),
             None => Ok(()),
         };
-        // Quarantined memory died with the context: stop charging it.
-        let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
-        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
-        for q in &quarantined {
-            let r = &self.roles[q.role.index()];
-            sub(&r.quarantined_bytes, q.bytes);
-            sub(&r.quarantined_count, 1);
-        }
-        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
-        drop(quarantined);
+        let returned = self.return_charges_at_teardown();
         let report = TeardownReport {
             context: self.id,
             label: self.label.clone(),
@@ -454,18 +746,114 @@ impl<C: DeviceContext> ContextInner<C> {
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
-            quarantined_bytes,
+            quarantined_bytes: returned.quarantined,
+            awaiting_teardown_bytes: returned.awaiting_teardown,
             unsettled_releases: if lost { self.pending.count() } else { 0 },
             elapsed: started.elapsed(),
             backend_result: result,
         };
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, ok = report.backend_result.is_ok(), "memgov: context torn down");
+        match &report.backend_result {
+            Ok(()) => {
+                tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, "memgov: context torn down")
+            }
+            Err(e) => {
+                tracing::error!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
+            }
+        }
         *lock(&self.report) = Some(report.clone());
-        self.phase.store(TERMINATED, Ordering::Release);
+        self.phase.store(Phase::Terminated as u8, Ordering::Release);
         self.lifecycle.notify();
         self.settled.notify();
         report
+    }
+
+    /// The accounting of every teardown path (waited, background, forced,
+    /// lost), in this one place. Runs once the backend's teardown has
+    /// returned: the device has every byte of the context back, so every
+    /// charge that an executed free did not return is returned now, to the
+    /// context's budget and the shared one: quarantined memory, and bytes
+    /// awaiting teardown (abandoned releases, buffers reclaimed by force or
+    /// released on a lost device).
+    fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
+        let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
+        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
+        for q in &quarantined {
+            self.stats.unquarantine(q.role, q.bytes);
+        }
+        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
+        drop(quarantined);
+        // Pairs with `hold_until_teardown`: see there.
+        self.charges_returned.store(true, Ordering::SeqCst);
+        let awaiting_teardown = self.return_awaiting_teardown();
+        ReturnedAtTeardown {
+            quarantined: quarantined_bytes,
+            awaiting_teardown,
+        }
+    }
+
+    /// Keep `bytes` charged until teardown: their free never ran, so the
+    /// device does not have them back before the context is destroyed. Their
+    /// category (live or pending) has been left by the caller.
+    pub(crate) fn hold_until_teardown(&self, bytes: u64) {
+        self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
+        if let Some(s) = &self.shared {
+            add(&s.0.awaiting_teardown, bytes);
+        }
+        // After teardown (a release the backend settled late): return them
+        // now. SeqCst on both sides: either teardown's swap sees our add, or
+        // we see its flag (or both, and the swaps split the bytes).
+        if self.charges_returned.load(Ordering::SeqCst) {
+            self.return_awaiting_teardown();
+        }
+    }
+
+    fn return_awaiting_teardown(&self) -> u64 {
+        let bytes = self.awaiting_teardown.swap(0, Ordering::SeqCst);
+        if bytes > 0 {
+            self.budget.uncharge(bytes);
+            if let Some(s) = &self.shared {
+                s.0.budget.uncharge(bytes);
+                sub(&s.0.awaiting_teardown, bytes);
+            }
+        }
+        bytes
+    }
+
+    /// Bytes awaiting teardown now.
+    pub(crate) fn awaiting_teardown_bytes(&self) -> u64 {
+        self.awaiting_teardown.load(Ordering::Acquire)
+    }
+
+    /// Charge `bytes` to the context's budget and to its shared one: both,
+    /// or neither. `credit` lowers the bar (see [`Budget::try_charge`]).
+    #[inline]
+    pub(crate) fn charge(&self, bytes: u64, credit: u64) -> Result<(), ChargeRefused> {
+        self.budget
+            .try_charge(bytes, credit)
+            .map_err(ChargeRefused::Context)?;
+        if let Some(s) = &self.shared {
+            if let Err(r) = s.0.budget.try_charge(bytes, credit) {
+                self.budget.uncharge(bytes);
+                return Err(ChargeRefused::Shared(s.0.label.clone(), r));
+            }
+        }
+        Ok(())
+    }
+
+    /// The context's budget limit.
+    pub(crate) fn budget_limit(&self) -> u64 {
+        self.budget.limit()
+    }
+
+    /// Change the context's budget limit.
+    pub(crate) fn set_budget_limit(&self, bytes: u64) {
+        self.budget.set_limit(bytes);
+    }
+
+    /// Bytes charged to the context's budget now, and the most ever.
+    pub(crate) fn charged(&self) -> (u64, u64) {
+        (self.budget.charged(), self.budget.peak())
     }
 
     /// Give back `bytes` to the context budget and the shared one.
@@ -486,98 +874,27 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    /// A stream's shard index.
-    pub(crate) fn pick_shard(&self) -> usize {
-        self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
-    }
-
-    /// Totals of one role over the shards: [settled, gone, queued, alloc] x
-    /// [bytes, count].
-    fn role_totals(&self, role: Role) -> [[u64; 2]; 4] {
-        // Later steps of a buffer's life first, each Acquire (pairing with
-        // the Release of `bump`): whatever step of a buffer is seen, its
-        // earlier steps, read afterwards, are seen too, so no difference
-        // below is negative (except transiently around a refused free's
-        // undo, which the saturation covers).
-        let mut t = [[0u64; 2]; 4];
-        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
-        fn fields(r: &ShardRole, i: usize) -> [&AtomicU64; 2] {
-            match i {
-                0 => [&r.settled_bytes, &r.settled_count],
-                1 => [&r.gone_bytes, &r.gone_count],
-                2 => [&r.queued_bytes, &r.queued_count],
-                _ => [&r.alloc_bytes, &r.alloc_count],
-            }
-        }
-        for (i, ti) in t.iter_mut().enumerate() {
-            for s in &self.shards {
-                let [b, n] = fields(&s.roles[role.index()], i);
-                ti[0] = ti[0].wrapping_add(ld(b));
-                ti[1] = ti[1].wrapping_add(ld(n));
-            }
-        }
-        t
-    }
-
-    /// Live bytes, live count, pending bytes and pending count of one role,
-    /// summed over the shards.
-    pub(crate) fn role_usage(&self, role: Role) -> [u64; 4] {
-        let [settled, gone, queued, alloc] = self.role_totals(role);
-        let live = |i: usize| alloc[i].saturating_sub(queued[i]).saturating_sub(gone[i]);
-        let pending = |i: usize| queued[i].saturating_sub(settled[i]);
-        [live(0), live(1), pending(0), pending(1)]
-    }
-
-    /// Live bytes and count of one role in one shard, for `force` (gate
-    /// closed and drained: stable).
-    pub(crate) fn shard_live(&self, shard: usize, role: Role) -> [u64; 2] {
-        let r = &self.shards[shard].roles[role.index()];
-        let ld = |a: &AtomicU64| a.load(Ordering::Acquire);
-        [
-            ld(&r.alloc_bytes)
-                .wrapping_sub(ld(&r.queued_bytes))
-                .wrapping_sub(ld(&r.gone_bytes)),
-            ld(&r.alloc_count)
-                .wrapping_sub(ld(&r.queued_count))
-                .wrapping_sub(ld(&r.gone_count)),
-        ]
-    }
-
-    fn sum_roles(&self, i: usize) -> u64 {
-        Role::ALL
-            .iter()
-            .map(|&r| self.role_usage(r)[i])
-            .fold(0, u64::wrapping_add)
-    }
-
+    /// Live bytes of every role.
     pub(crate) fn live_bytes(&self) -> u64 {
-        self.sum_roles(0)
-    }
-    pub(crate) fn live_count(&self) -> u64 {
-        self.sum_roles(1)
-    }
-    pub(crate) fn pending_bytes(&self) -> u64 {
-        self.sum_roles(2)
+        self.stats.usage_all().live.bytes
     }
 
-    fn total(&self, i: usize) -> u64 {
-        Role::ALL
-            .iter()
-            .map(|&r| self.role_totals(r)[i][1])
-            .fold(0, u64::wrapping_add)
+    /// Pending-release bytes of every role.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        self.stats.usage_all().pending.bytes
     }
 
     /// Releases whose free executed: settled ones that were not abandoned.
     pub(crate) fn retired(&self) -> u64 {
         let abandoned = self.counters.abandoned.load(Ordering::Acquire);
-        self.total(0).saturating_sub(abandoned)
+        self.stats.settled_count().saturating_sub(abandoned)
     }
 
     /// Releases queued on a stream (and not undone because the backend
     /// refused them). Derived rather than counted, so the cycle does not pay
     /// for it.
     pub(crate) fn releases_queued(&self) -> u64 {
-        self.total(2)
+        self.stats.queued_count()
     }
 
     /// Allocations admitted: each is live, queued (see `releases_queued`),
@@ -585,17 +902,14 @@ impl<C: DeviceContext> ContextInner<C> {
     /// force. Derived rather than counted.
     pub(crate) fn allocations(&self) -> u64 {
         let c = &self.counters;
-        self.live_count()
+        self.stats
+            .usage_all()
+            .live
+            .count
             .wrapping_add(self.releases_queued())
             .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
             .wrapping_add(c.quarantined.load(Ordering::Relaxed))
             .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
-    }
-    pub(crate) fn quarantined_bytes(&self) -> u64 {
-        self.roles
-            .iter()
-            .map(|r| r.quarantined_bytes.load(Ordering::Relaxed))
-            .sum()
     }
 }
 
@@ -604,27 +918,61 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
         // No `spare` slot can hold a cached PendingRelease here: it would hold
         // an Arc of this record (see `release::close_spares`).
         debug_assert!(self
-            .shards
-            .iter_mut()
-            .all(|s| !super::release::holds_box(*s.spare.get_mut())));
-        // Every handle, buffer, stream, pin and pending release is gone (each
-        // holds an Arc), so every pin has been dropped. If nobody finished the
-        // retire, do it now -- but never on this thread, which may be a driver
-        // callback thread where calling back into the driver is forbidden.
+            .stats
+            .spares_mut()
+            .all(|s| !super::release::holds_box(*s.get_mut())));
+        // Every teardown runs while something holds the record: a
+        // `RetireHandle`, `Governor::drop`, or the reaper the last holder's
+        // exit starts (it holds an Arc). A backend still here means that
+        // reaper could not be started: leak the context rather than tear it
+        // down on this thread, which may be a driver callback thread.
         if let Some(backend) = self.backend.get_mut().take() {
-            let lost = *self.lost.get_mut();
-            let id = self.id;
-            let spawned = std::thread::Builder::new()
-                .name(format!("memgov-reaper-{id}"))
-                .spawn(move || {
-                    let _ = backend.teardown(lost);
-                });
-            if spawned.is_err() {
-                // No thread to be had: leaking the context is the only choice
-                // that cannot destroy it under a running callback.
-                #[cfg(feature = "tracing")]
-                tracing::error!(context = %id, "memgov: could not spawn reaper; context leaked");
+            std::mem::forget(backend);
+        }
+        // The reaper held an Arc until its teardown was done: if this drop
+        // runs on another thread, the reaper has nothing left to do but exit.
+        // Join it, so that no thread outlives the record it served. (When
+        // the reaper's own Arc is the last, the drop runs on the reaper and
+        // the thread ends right after it.)
+        let reaper = self
+            .reaper
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(reaper) = reaper {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
             }
         }
+    }
+}
+
+/// Which budget refused a charge, and what it saw.
+#[derive(Debug)]
+pub(crate) enum ChargeRefused {
+    /// The context's own budget.
+    Context(Refusal),
+    /// The shared budget, by label.
+    Shared(String, Refusal),
+}
+
+/// What teardown returned to the budgets.
+#[derive(Debug, Clone, Copy)]
+struct ReturnedAtTeardown {
+    quarantined: u64,
+    awaiting_teardown: u64,
+}
+
+/// The message of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
+    fn device_lost(&self, reason: &str) {
+        self.mark_lost(reason);
     }
 }

@@ -3,10 +3,10 @@
 //! quarantining releases the backend refuses.
 
 use super::config::Role;
-use super::record::{add, bump, sub, ContextInner, Quarantined, TERMINATED};
+use super::pin_source::ContextPin;
+use super::record::{add, sub, ContextInner, Phase};
 use super::stream::StreamShared;
 use crate::context::{RetireOutcome, RetireSignal, RetireSink};
-use crate::sync::lock;
 use crate::{BackendError, DeviceContext};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ fn boxed<C: DeviceContext>(
     role: Role,
     shard: usize,
 ) -> Box<PendingRelease<C>> {
-    let slot = &ctx.shards[shard].spare;
+    let slot = ctx.stats.spare(shard);
     let p = slot.load(Ordering::Relaxed);
     // Take it with a compare-and-swap, not a swap: a swap could reopen a
     // closed slot. (ABA is harmless: whoever holds the pointer in the slot
@@ -88,8 +88,8 @@ fn boxed<C: DeviceContext>(
 /// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
 /// own `Arc` of `ctx`, so none of these is the last.
 pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
-    for s in &ctx.shards {
-        let p = s.spare.swap(SPARE_CLOSED, Ordering::AcqRel);
+    for spare in ctx.stats.spares() {
+        let p = spare.swap(SPARE_CLOSED, Ordering::AcqRel);
         if is_box(p) {
             // SAFETY: as in `boxed`; the swap took ownership.
             drop(unsafe { Box::from_raw(p as *mut PendingRelease<C>) });
@@ -109,20 +109,26 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
         let this = &mut *self;
         let ctx = &*this.ctx;
-        let shard = &ctx.shards[usize::from(this.shard)];
-        let r = &shard.roles[this.role.index()];
-        bump(&r.settled_bytes, this.bytes);
-        bump(&r.settled_count, 1);
+        let shard = usize::from(this.shard);
+        ctx.stats.settle(shard, this.role, this.bytes);
         if let Some(p) = &this.stream_pending {
             sub(p, this.bytes);
         }
-        ctx.uncharge(this.bytes, this.bytes, 0);
         match outcome {
-            // `retired` is derived: settled minus abandoned.
-            RetireOutcome::Retired => {}
-            RetireOutcome::Abandoned => bump(&ctx.counters.abandoned, 1),
+            // The free executed: the device has the bytes back. (`retired`
+            // is derived: settled minus abandoned.)
+            RetireOutcome::Retired => ctx.uncharge(this.bytes, this.bytes, 0),
+            // The free never ran: the memory is the backend's to free at
+            // teardown, and charged until then.
+            RetireOutcome::Abandoned => {
+                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
+                if let Some(s) = &ctx.shared {
+                    sub(&s.0.pending, this.bytes);
+                }
+                ctx.hold_until_teardown(this.bytes);
+            }
         }
-        if ctx.phase() == TERMINATED {
+        if ctx.phase() == Phase::Terminated {
             add(&ctx.counters.late_settlements, 1);
         }
         // Admission waiters register in the epoch word: the bump says whether
@@ -135,18 +141,18 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         // only make that true by taking `pending` to zero, so only that one
         // wakes them, and only if one registered in `pending`: a teardown
         // waiter is not woken once per release.
-        if ctx.pending.decrement() {
-            ctx.lifecycle.wake_all();
-        }
         if let Some(s) = &ctx.shared {
             s.0.epoch.fetch_add(1, Ordering::SeqCst);
             s.0.retired.notify();
         }
+        // Last of the wake-ups: a task waker registered by `finished()` runs
+        // executor code, which must not keep the others from happening.
+        ctx.pending_left();
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful store this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.
         this.stream_pending = None;
-        let slot: *const AtomicPtr<u8> = &shard.spare;
+        let slot: *const AtomicPtr<u8> = ctx.stats.spare(shard);
         let raw = Box::into_raw(self);
         // SAFETY: `slot` points into the context record, which the Arc inside
         // `raw` (still ours until the exchange succeeds) keeps alive.
@@ -189,7 +195,8 @@ pub(crate) fn release<C: DeviceContext>(
 ) -> Released {
     let Some(backend) = ctx.enter() else {
         // Only force closes the gate while buffers live: it already revoked
-        // this buffer's pin and uncharged it; teardown frees the memory.
+        // this buffer's pin and holds its charge until teardown frees the
+        // memory.
         drop(memory);
         return Released::Reclaimed;
     };
@@ -205,20 +212,11 @@ pub(crate) fn release<C: DeviceContext>(
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
-    ctx.pending.increment();
-    if live_shard != stream.shard {
-        // `release_on` another stream: the buffer leaves its own shard and
-        // is queued in the other one (as if allocated there).
-        let from = &ctx.shards[live_shard].roles[role.index()];
-        bump(&from.gone_bytes, bytes);
-        bump(&from.gone_count, 1);
-        let to = &ctx.shards[stream.shard].roles[role.index()];
-        bump(&to.alloc_bytes, bytes);
-        bump(&to.alloc_count, 1);
-    }
-    let q = &ctx.shards[stream.shard].roles[role.index()];
-    bump(&q.queued_bytes, bytes);
-    bump(&q.queued_count, 1);
+    ctx.pending_queued();
+    // `release_on` another stream: the buffer leaves its own shard and is
+    // queued in the other one (as if allocated there).
+    ctx.stats.transfer(live_shard, stream.shard, role, bytes);
+    ctx.stats.queue(stream.shard, role, bytes);
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
@@ -232,26 +230,31 @@ pub(crate) fn release<C: DeviceContext>(
         role,
         stream.shard,
     ));
+    // The buffer's pin now belongs to the pending release. The guard drops it
+    // once the backend has queued the free, and also if `free_async` panics:
+    // the signal, dropped or kept by the backend, settles the release on its
+    // own, and the pin must not outlive the call.
+    let pin = ContextPin::adopt(ctx);
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
-            ctx.release_pin();
+            drop(pin);
             drop(backend);
             Released::Queued
         }
         Err((memory, signal, err)) => {
+            // The paths below release the pin themselves.
+            pin.transfer();
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, live_shard, stream, bytes, role);
-            if ctx.pending.decrement() {
-                ctx.lifecycle.wake_all();
-            }
+            ctx.pending_left();
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);
                 settle_live_as_lost(ctx, live_shard, bytes, role);
                 Released::SettledLost
             } else {
-                quarantine(ctx, live_shard, memory, bytes, role, &err);
+                ctx.quarantine(live_shard, memory, bytes, role, &err);
                 Released::Quarantined(err)
             };
             drop(backend);
@@ -267,17 +270,7 @@ fn undo_pending<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) {
-    let q = &ctx.shards[stream.shard].roles[role.index()];
-    sub(&q.queued_bytes, bytes);
-    sub(&q.queued_count, 1);
-    if live_shard != stream.shard {
-        let to = &ctx.shards[stream.shard].roles[role.index()];
-        sub(&to.alloc_bytes, bytes);
-        sub(&to.alloc_count, 1);
-        let from = &ctx.shards[live_shard].roles[role.index()];
-        sub(&from.gone_bytes, bytes);
-        sub(&from.gone_count, 1);
-    }
+    ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
@@ -293,45 +286,14 @@ fn settle_live_as_lost<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) {
-    let r = &ctx.shards[live_shard].roles[role.index()];
-    bump(&r.gone_bytes, bytes);
-    bump(&r.gone_count, 1);
-    ctx.uncharge(bytes, 0, 0);
+    ctx.stats.leave(live_shard, role, bytes);
+    // The device does not get the memory back before the context is
+    // destroyed (a lost context's allocations are freed by its teardown).
+    ctx.hold_until_teardown(bytes);
     add(&ctx.counters.settled_lost, 1);
     if ctx.settle_epoch.bump() {
         ctx.settled.wake_all();
     }
-    ctx.release_pin();
-}
-
-/// Keep refused memory owned and charged, visible with its reason, until the
-/// context terminates. It holds no pin: teardown frees it with the context.
-fn quarantine<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    live_shard: usize,
-    memory: C::Memory,
-    bytes: u64,
-    role: Role,
-    err: &BackendError,
-) {
-    let live = &ctx.shards[live_shard].roles[role.index()];
-    bump(&live.gone_bytes, bytes);
-    bump(&live.gone_count, 1);
-    let r = &ctx.roles[role.index()];
-    add(&r.quarantined_bytes, bytes);
-    add(&r.quarantined_count, 1);
-    if let Some(s) = &ctx.shared {
-        add(&s.0.quarantined, bytes);
-    }
-    add(&ctx.counters.quarantined, 1);
-    #[cfg(feature = "tracing")]
-    tracing::warn!(context = %ctx.id, label = %ctx.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
-    lock(&ctx.quarantine).push(Quarantined {
-        role,
-        bytes,
-        reason: err.to_string(),
-        _memory: memory,
-    });
     ctx.release_pin();
 }
 

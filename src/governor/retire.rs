@@ -3,7 +3,7 @@
 
 use super::config::Role;
 use super::error::RetireError;
-use super::record::{ContextInner, TERMINATED};
+use super::record::{ContextInner, Phase};
 use crate::sync::lock;
 use crate::{BackendError, DeviceContext, ProviderContextIdentity};
 use std::fmt;
@@ -35,6 +35,10 @@ pub struct TeardownReport {
     pub reclaimed_buffers: u64,
     /// Bytes that were in quarantine and died with the context.
     pub quarantined_bytes: u64,
+    /// Bytes whose free never ran on the device (releases abandoned, buffers
+    /// reclaimed by force or released on a lost device), charged until this
+    /// teardown returned them.
+    pub awaiting_teardown_bytes: u64,
     /// Pending releases of a lost device whose signals the backend still held
     /// after teardown (should be zero; nonzero is a backend bug).
     pub unsettled_releases: u64,
@@ -106,7 +110,7 @@ impl Outstanding {
     pub(crate) fn collect<C: DeviceContext>(ctx: &ContextInner<C>) -> Self {
         let mut items = Vec::new();
         // After force, surviving stream handles hold no pin: not outstanding.
-        let streams = if ctx.forced.load(Ordering::Acquire) {
+        let streams = if ctx.is_forced() {
             Vec::new()
         } else {
             lock(&ctx.streams).clone()
@@ -121,22 +125,22 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let [lb, lc, pb, pc] = ctx.role_usage(role);
-            if lc > 0 {
+            let usage = ctx.stats.usage(role);
+            if usage.live.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,
                     role: Some(role),
-                    count: lc,
-                    bytes: lb,
+                    count: usage.live.count,
+                    bytes: usage.live.bytes,
                     holder: None,
                 });
             }
-            if pc > 0 {
+            if usage.pending.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::PendingRelease,
                     role: Some(role),
-                    count: pc,
-                    bytes: pb,
+                    count: usage.pending.count,
+                    bytes: usage.pending.bytes,
                     holder: None,
                 });
             }
@@ -158,7 +162,7 @@ impl Outstanding {
             .filter(|i| i.kind != PinKind::PendingRelease)
             .map(|i| i.count)
             .sum();
-        let other = ctx.pins.count().saturating_sub(listed);
+        let other = ctx.pin_count().saturating_sub(listed);
         if other > 0 {
             items.push(OutstandingItem {
                 kind: PinKind::Other,
@@ -204,8 +208,11 @@ impl fmt::Display for Outstanding {
 ///
 /// Several handles may exist (concurrent `retire()` calls); exactly one of
 /// them runs the backend's teardown and all of them get the same report.
-/// Dropping every handle without finishing leaves the context retiring; its
-/// teardown then runs on a reaper thread when the last holder goes.
+/// Dropping every handle without finishing hands the teardown to the
+/// background: it runs on a reaper thread once the last holder goes (at once
+/// if none is left), and its report stays readable through
+/// [`ContextHandle::teardown_report`](super::ContextHandle::teardown_report)
+/// and the governor's snapshot.
 pub struct RetireHandle<C: DeviceContext> {
     pub(crate) ctx: Arc<ContextInner<C>>,
 }
@@ -218,7 +225,21 @@ impl<C: DeviceContext> fmt::Debug for RetireHandle<C> {
     }
 }
 
+impl<C: DeviceContext> Drop for RetireHandle<C> {
+    /// With no handle left, a drained context tears down in the background.
+    fn drop(&mut self) {
+        self.ctx.unattend();
+    }
+}
+
 impl<C: DeviceContext> RetireHandle<C> {
+    /// Retire `ctx` (if it is not already) and attend to its teardown.
+    pub(crate) fn new(ctx: &Arc<ContextInner<C>>) -> Self {
+        ctx.attend();
+        ctx.begin_retire();
+        Self { ctx: ctx.clone() }
+    }
+
     /// The retiring context.
     pub fn context(&self) -> ProviderContextIdentity {
         self.ctx.id
@@ -248,12 +269,12 @@ impl<C: DeviceContext> RetireHandle<C> {
         // Registered in `pending` too: the settlement that takes it to zero
         // wakes us from there (see `CountWord`); everything else that can make
         // `drained()` true notifies `lifecycle` itself.
-        ctx.pending.register();
+        ctx.register_drain_waiter();
         let ready = ctx.lifecycle.wait_until(
-            || ctx.drained() || ctx.phase() == TERMINATED,
+            || ctx.drained() || ctx.phase() == Phase::Terminated,
             Some(deadline),
         );
-        ctx.pending.unregister();
+        ctx.unregister_drain_waiter();
         if ready {
             Ok(ctx.finish())
         } else {
@@ -269,7 +290,7 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// Tear down if everything has drained; otherwise return at once with
     /// what is outstanding.
     pub fn try_finish(&self) -> Result<TeardownReport, RetireError> {
-        if self.ctx.drained() || self.ctx.phase() == TERMINATED {
+        if self.ctx.drained() || self.ctx.phase() == Phase::Terminated {
             Ok(self.ctx.finish())
         } else {
             Err(self.outstanding_error(Duration::ZERO))
@@ -293,56 +314,21 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// which force cannot revoke, and tear down.
     ///
     /// On a lost device nothing is synchronized: pending releases are given up.
+    ///
+    /// The reclaimed bytes stay charged (to the context's budget and its
+    /// shared one) until the backend's teardown has freed them: while force
+    /// waits for an external pin the memory is still allocated on the device.
+    ///
+    /// # Panics
+    ///
+    /// If the backend's `synchronize` panics, force still revokes what it
+    /// reclaims (so the context can tear down) and then re-raises the panic.
     pub fn force(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let ctx = &*self.ctx;
-        if ctx.phase() == TERMINATED {
+        if ctx.phase() == Phase::Terminated {
             return Ok(ctx.finish());
         }
-        if ctx.forced.swap(true, Ordering::AcqRel) {
-            // Another caller is forcing (or forced) already: its revocation
-            // must happen once. Wait for the same outcome.
-            return self.wait(deadline);
-        }
-        // Stop every backend call from starting and wait for those in flight.
-        ctx.gate.close();
-        ctx.lifecycle.wait_until(|| ctx.gate.is_drained(), None);
-        // From here on live buffers and streams can no longer release their
-        // pins (their paths go through the gate), so the counts are stable.
-        if ctx.is_lost() {
-            // Nothing to synchronize on a lost device.
-        } else {
-            let streams: Vec<_> = lock(&ctx.streams)
-                .iter()
-                .filter_map(|w| w.upgrade())
-                .collect();
-            for s in &streams {
-                if let Some(Err(e)) = ctx.with_closed_gate(|b| b.synchronize(s.raw())) {
-                    ctx.note_backend_error(&e);
-                }
-            }
-        }
-        let mut revoked = 0;
-        let mut reclaimed_bytes = 0;
-        // Every live transition happens under a gate claim, and the gate is
-        // closed and drained: the live counts of every shard are stable.
-        for (i, shard) in ctx.shards.iter().enumerate() {
-            for role in Role::ALL {
-                let [b, n] = ctx.shard_live(i, role);
-                let r = &shard.roles[role.index()];
-                super::record::bump(&r.gone_bytes, b);
-                super::record::bump(&r.gone_count, n);
-                revoked += n;
-                reclaimed_bytes += b;
-            }
-        }
-        super::record::add(&ctx.counters.reclaimed, revoked);
-        ctx.uncharge(reclaimed_bytes, 0, 0);
-        let streams = ctx.streams_live.swap(0, Ordering::AcqRel);
-        if ctx.pins.revoke(revoked + streams) {
-            ctx.lifecycle.notify();
-        }
-        #[cfg(feature = "tracing")]
-        tracing::warn!(context = %ctx.id, label = %ctx.label, buffers = revoked, bytes = reclaimed_bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        ctx.force();
         self.wait(deadline)
     }
 }
@@ -361,13 +347,13 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
         if !self.registered {
             // Before the first check, like `wait`; undone with the task
             // registration (`forget`).
-            ctx.pending.register();
+            ctx.register_drain_waiter();
         }
         let mut registered = self.registered;
         let ready = ctx
             .lifecycle
             .register_task(cx.waker(), &mut registered, || {
-                ctx.drained() || ctx.phase() == TERMINATED
+                ctx.drained() || ctx.phase() == Phase::Terminated
             });
         self.registered = registered;
         if ready {
@@ -382,7 +368,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 impl<C: DeviceContext> Finished<'_, C> {
     fn forget(&mut self) {
         if self.registered {
-            self.handle.ctx.pending.unregister();
+            self.handle.ctx.unregister_drain_waiter();
         }
         self.handle.ctx.lifecycle.forget_task(&mut self.registered);
     }

@@ -4,9 +4,8 @@
 //! snapshot taken while other threads allocate is not one atomic cut.
 
 use super::config::Role;
-use super::record::{ContextInner, ACTIVE, TERMINATED};
-use super::retire::{Outstanding, PinKind};
-use crate::sync::lock;
+use super::record::{ContextInner, Phase};
+use super::retire::{Outstanding, PinKind, TeardownReport};
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,16 +42,19 @@ pub struct RoleUsage {
     pub quarantined_count: u64,
 }
 
+/// Saturating: sums over contexts can pass `u64::MAX` (the unbounded null
+/// device admits allocations of any size), and a total that pins at the
+/// maximum says more than one that wraps to a small number.
 impl std::ops::Add for RoleUsage {
     type Output = RoleUsage;
     fn add(self, r: RoleUsage) -> RoleUsage {
         RoleUsage {
-            live_bytes: self.live_bytes + r.live_bytes,
-            live_count: self.live_count + r.live_count,
-            pending_bytes: self.pending_bytes + r.pending_bytes,
-            pending_count: self.pending_count + r.pending_count,
-            quarantined_bytes: self.quarantined_bytes + r.quarantined_bytes,
-            quarantined_count: self.quarantined_count + r.quarantined_count,
+            live_bytes: self.live_bytes.saturating_add(r.live_bytes),
+            live_count: self.live_count.saturating_add(r.live_count),
+            pending_bytes: self.pending_bytes.saturating_add(r.pending_bytes),
+            pending_count: self.pending_count.saturating_add(r.pending_count),
+            quarantined_bytes: self.quarantined_bytes.saturating_add(r.quarantined_bytes),
+            quarantined_count: self.quarantined_count.saturating_add(r.quarantined_count),
         }
     }
 }
@@ -150,8 +152,12 @@ pub struct ContextSnapshot {
     pub lost_reason: Option<String>,
     /// The context's budget limit (`u64::MAX` when unlimited).
     pub budget_limit: u64,
-    /// Bytes charged: live + pending + quarantined.
+    /// Bytes charged: live + pending + quarantined + awaiting teardown.
     pub charged: u64,
+    /// Bytes whose free never ran on the device (releases abandoned, buffers
+    /// reclaimed by force or released on a lost device): still charged,
+    /// until the context's teardown returns them.
+    pub awaiting_teardown: u64,
     /// The shared budget's label, if any.
     pub shared_budget: Option<String>,
     /// Highest `charged` seen.
@@ -164,6 +170,10 @@ pub struct ContextSnapshot {
     pub pins: PinCounts,
     /// Event counters.
     pub counters: CounterSnapshot,
+    /// How the teardown ended, once it has (also when it ran in the
+    /// background, with nobody waiting).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub teardown: Option<TeardownReport>,
 }
 
 #[cfg(feature = "serde")]
@@ -192,7 +202,7 @@ pub struct GovernorSnapshot {
 }
 
 impl GovernorSnapshot {
-    /// Sum of every context's usage.
+    /// Sum of every context's usage, saturating at `u64::MAX`.
     pub fn total(&self) -> RoleUsage {
         self.contexts.iter().map(ContextSnapshot::total).sum()
     }
@@ -204,9 +214,9 @@ fn ld(a: &AtomicU64) -> u64 {
 
 pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
     match ctx.phase() {
-        TERMINATED => Lifecycle::Terminated,
+        Phase::Terminated => Lifecycle::Terminated,
         _ if ctx.is_lost() => Lifecycle::Lost,
-        ACTIVE => Lifecycle::Active,
+        Phase::Active => Lifecycle::Active,
         _ => Lifecycle::Retiring,
     }
 }
@@ -214,15 +224,15 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
     for role in Role::ALL {
-        let r = &ctx.roles[role.index()];
-        let [live_bytes, live_count, pending_bytes, pending_count] = ctx.role_usage(role);
+        let usage = ctx.stats.usage(role);
+        let quarantined = ctx.stats.quarantined(role);
         by_role[role.index()] = RoleUsage {
-            live_bytes,
-            live_count,
-            pending_bytes,
-            pending_count,
-            quarantined_bytes: ld(&r.quarantined_bytes),
-            quarantined_count: ld(&r.quarantined_count),
+            live_bytes: usage.live.bytes,
+            live_count: usage.live.count,
+            pending_bytes: usage.pending.bytes,
+            pending_count: usage.pending.count,
+            quarantined_bytes: quarantined.bytes,
+            quarantined_count: quarantined.count,
         };
     }
     let outstanding = Outstanding::collect(ctx);
@@ -235,13 +245,14 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             .sum::<u64>()
     };
     let pins = PinCounts {
-        streams: ld(&ctx.streams_live),
+        streams: ctx.streams_live(),
         buffers: count(PinKind::Buffer),
-        pending_releases: ctx.pending.count(),
+        pending_releases: ctx.pending_count(),
         external: count(PinKind::External),
         other: count(PinKind::Other),
     };
     let c = &ctx.counters;
+    let (charged, peak) = ctx.charged();
     ContextSnapshot {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -249,18 +260,20 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         device: ctx.description.name.clone(),
         execution: ctx.description.execution,
         lifecycle: lifecycle(ctx),
-        lost_reason: lock(&ctx.lost_reason).clone(),
-        budget_limit: ctx.budget.limit(),
-        charged: ctx.budget.charged(),
+        lost_reason: ctx.lost_reason_if_lost(),
+        budget_limit: ctx.budget_limit(),
+        charged,
+        awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
-        peak: ctx.budget.peak(),
+        peak,
         by_role,
-        quarantine: lock(&ctx.quarantine)
-            .iter()
-            .map(|q| QuarantineEntry {
-                role: q.role,
-                bytes: q.bytes,
-                reason: q.reason.clone(),
+        quarantine: ctx
+            .quarantine_entries()
+            .into_iter()
+            .map(|(role, bytes, reason)| QuarantineEntry {
+                role,
+                bytes,
+                reason,
             })
             .collect(),
         pins,
@@ -278,5 +291,6 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             backend_errors: ld(&c.backend_errors),
             late_settlements: ld(&c.late_settlements),
         },
+        teardown: ctx.teardown_report(),
     }
 }

@@ -3,7 +3,8 @@
 //! their own stream to go to.
 
 use super::error::GovernorError;
-use super::record::{sub, ContextInner};
+use super::pin_source::ContextPin;
+use super::record::ContextInner;
 use crate::sync::lock;
 use crate::DeviceContext;
 use std::fmt;
@@ -45,6 +46,12 @@ impl<C: DeviceContext> Drop for StreamShared<C> {
             // destroys the raw stream. Dropping the handle has no side effects.
             return;
         };
+        // The stream's pin and its `streams_live` count leave together,
+        // under the gate claim like every `streams_live` transition (force
+        // reads it once the gate has drained), and also when the backend's
+        // `destroy_stream` panics: declared after `backend`, so dropped
+        // before it.
+        let _leave = StreamLeaves { ctx };
         if let Some(raw) = self.raw.take() {
             if !ctx.is_lost() {
                 if let Err(e) = backend.destroy_stream(raw) {
@@ -52,11 +59,18 @@ impl<C: DeviceContext> Drop for StreamShared<C> {
                 }
             }
         }
-        // Under the gate claim, like every `streams_live` transition: force
-        // reads it once the gate has drained.
-        sub(&ctx.streams_live, 1);
-        ctx.release_pin();
-        drop(backend);
+    }
+}
+
+/// Takes a dropped stream out of the counts (live streams, pins) on every
+/// way out of [`StreamShared`]'s drop.
+struct StreamLeaves<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+}
+
+impl<C: DeviceContext> Drop for StreamLeaves<'_, C> {
+    fn drop(&mut self) {
+        self.ctx.stream_left();
     }
 }
 
@@ -87,35 +101,32 @@ impl<C: DeviceContext> fmt::Debug for GovernedStream<C> {
 
 impl<C: DeviceContext> GovernedStream<C> {
     pub(crate) fn create(ctx: &Arc<ContextInner<C>>, label: String) -> Result<Self, GovernorError> {
-        ctx.acquire_pin().map_err(|e| pin_error(ctx, e))?;
-        let created = match ctx.enter() {
+        // Released on every failure below, and if the backend panics.
+        let pin = ContextPin::acquire(ctx).map_err(|e| pin_error(ctx, e))?;
+        let raw = match ctx.enter() {
             Some(backend) => match backend.create_stream() {
                 Ok(raw) => {
                     // Counted under the gate claim, so force sees it.
-                    super::record::add(&ctx.streams_live, 1);
-                    Ok(raw)
+                    ctx.stream_created();
+                    pin.transfer();
+                    raw
                 }
                 Err(e) => {
                     drop(backend);
-                    Err(ctx.backend_failure(e))
+                    return Err(ctx.backend_failure(e));
                 }
             },
-            None => Err(GovernorError::Pin(
-                crate::ProviderContextPinError::ContextUnavailable(ctx.id),
-            )),
-        };
-        let raw = match created {
-            Ok(raw) => raw,
-            Err(e) => {
-                ctx.release_pin();
-                return Err(e);
+            None => {
+                return Err(GovernorError::Pin(
+                    crate::ProviderContextPinError::ContextUnavailable(ctx.id),
+                ))
             }
         };
         let shared = Arc::new(StreamShared {
             ctx: ctx.clone(),
             raw: Some(raw),
             label,
-            shard: ctx.pick_shard(),
+            shard: ctx.stats.pick_shard(),
             pending_bytes: ctx
                 .description
                 .stream_ordered_reuse
@@ -133,10 +144,7 @@ impl<C: DeviceContext> GovernedStream<C> {
     pub fn synchronize(&self) -> Result<(), GovernorError> {
         let ctx = &*self.shared.ctx;
         if ctx.is_lost() {
-            return Err(GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            });
+            return Err(ctx.lost_error());
         }
         let backend = ctx
             .enter()
@@ -162,7 +170,7 @@ impl<C: DeviceContext> GovernedStream<C> {
     /// Returns `None` once the context has been force-retired. Do not destroy
     /// it: the governor does, when the last clone is dropped.
     pub fn raw(&self) -> Option<&C::Stream> {
-        (!self.shared.ctx.gate.is_closed()).then(|| self.shared.raw())
+        (!self.shared.ctx.gate_closed()).then(|| self.shared.raw())
     }
 }
 
@@ -173,12 +181,7 @@ pub(crate) fn pin_error<C: DeviceContext>(
     e: crate::ProviderContextPinError,
 ) -> GovernorError {
     match e {
-        crate::ProviderContextPinError::ContextUnavailable(_) if ctx.is_lost() => {
-            GovernorError::DeviceLost {
-                context: ctx.id,
-                reason: ctx.lost_reason(),
-            }
-        }
+        crate::ProviderContextPinError::ContextUnavailable(_) if ctx.is_lost() => ctx.lost_error(),
         e => GovernorError::Pin(e),
     }
 }
