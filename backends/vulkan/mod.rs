@@ -922,27 +922,31 @@ impl VulkanContext {
         // lavapipe returns VK_ERROR_DEVICE_LOST at once): it is what lets the
         // driver and the validation layer consider pending batches finished,
         // so that destroying their semaphores and buffers below is valid.
-        {
-            let gates = lock(&shared.gates);
-            for g in gates.iter() {
-                if !g.opened.swap(true, Ordering::SeqCst) {
-                    if !lost {
-                        probe.note("a StreamGate was still closed at teardown; opened it".into());
-                    }
-                    let info = vk::SemaphoreSignalInfo::default()
-                        .semaphore(g.semaphore)
-                        .value(1);
-                    // SAFETY: the gate semaphore is alive (destroyed below)
-                    // and was never signalled (opened was false).
-                    if let Err(r) = unsafe { shared.device.signal_semaphore(&info) } {
-                        if !lost {
-                            first_error.get_or_insert(shared.fail(
-                                "teardown",
-                                r,
-                                "vkSignalSemaphore (gate)",
-                            ));
-                        }
-                    }
+        let closed: Vec<vk::Semaphore> = lock(&shared.gates)
+            .iter()
+            .filter(|g| !g.opened.swap(true, Ordering::SeqCst))
+            .map(|g| g.semaphore)
+            .collect();
+        if !closed.is_empty() && !lost {
+            probe.note(format!(
+                "{} StreamGate(s) still closed at teardown; opened them",
+                closed.len()
+            ));
+        }
+        for semaphore in closed {
+            let info = vk::SemaphoreSignalInfo::default()
+                .semaphore(semaphore)
+                .value(1);
+            // SAFETY: the gate semaphore is alive (destroyed in step 6) and
+            // was never signalled: `opened` was false, and every signal of a
+            // gate first swaps it to true.
+            if let Err(r) = unsafe { shared.device.signal_semaphore(&info) } {
+                if !lost {
+                    first_error.get_or_insert(shared.fail(
+                        "teardown",
+                        r,
+                        "vkSignalSemaphore (gate)",
+                    ));
                 }
             }
         }
@@ -1026,25 +1030,13 @@ impl VulkanContext {
         drop(mem.allocator.take());
         drop(mem);
         // 6. Destroy semaphores, the device, the messenger, the instance.
-        let gates = {
-            let mut g = lock(&shared.gates);
-            for r in g.iter() {
-                // A gate opened after this must not signal a destroyed semaphore.
-                if !r.opened.swap(true, Ordering::SeqCst) {
-                    // Only on a lost device (a healthy teardown opened every
-                    // gate above). A batch still waiting on the gate keeps
-                    // lavapipe's submit thread, and vkDestroySemaphore, waiting
-                    // forever: release it with a host signal of memgov's own
-                    // semaphore (which lavapipe accepts on a lost device).
-                    let info = vk::SemaphoreSignalInfo::default()
-                        .semaphore(r.semaphore)
-                        .value(1);
-                    // SAFETY: the gate semaphore is alive and was never signalled.
-                    let _ = unsafe { shared.device.signal_semaphore(&info) };
-                }
-            }
-            std::mem::take(&mut *g)
-        };
+        // Every gate was opened in step 2 (on a lost device too: the host
+        // signal of memgov's own semaphore is what releases a batch waiting
+        // on it, which otherwise keeps lavapipe's submit thread, and
+        // vkDestroySemaphore, waiting for ever), and none can be created or
+        // opened from outside since step 1.
+        let gates = std::mem::take(&mut *lock(&shared.gates));
+        debug_assert!(gates.iter().all(|g| g.opened.load(Ordering::SeqCst)));
         // SAFETY: device idle or lost, thread joined: no wait or submission
         // refers to these semaphores any more.
         unsafe {

@@ -720,21 +720,29 @@ impl StreamGate {
         self.value
     }
 
-    /// Let the stream run on.
+    /// Let the stream run on. Once the context's teardown has begun this
+    /// does nothing: teardown opens every gate itself.
     pub fn open(&self) -> Result<(), BackendError> {
-        // Under the gates lock: teardown marks every gate opened under it
-        // before destroying their semaphores.
-        let _gates = lock(&self.shared.gates);
+        let shared = &self.shared;
+        // Teardown opens every closed gate and later destroys its semaphore;
+        // it waits for this use before either, and refuses it afterwards.
+        let Ok(_use) = shared.access.enter("gate_open") else {
+            return Ok(());
+        };
         if self.opened.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.semaphore)
             .value(1);
-        // SAFETY: the semaphore is alive (teardown has not destroyed it:
-        // `opened` was false under the lock) and was never signalled.
-        unsafe { self.shared.device.signal_semaphore(&info) }
-            .map_err(|r| self.shared.fail("gate_open", r, "vkSignalSemaphore (gate)"))
+        // SAFETY: the device and the semaphore are alive until `_use` drops
+        // (teardown destroys gate semaphores only after waiting for it), and
+        // the semaphore was never signalled: `opened` was false, and every
+        // signal of a gate (here and in teardown) first swaps it to true.
+        // No lock is held: a device-loss error drops parked signals, whose
+        // receivers may run code of the caller's.
+        unsafe { shared.device.signal_semaphore(&info) }
+            .map_err(|r| shared.fail("gate_open", r, "vkSignalSemaphore (gate)"))
     }
 }
 
