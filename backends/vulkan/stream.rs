@@ -530,6 +530,12 @@ impl StreamInner {
 
 /// A stream: a timeline semaphore on a (possibly shared) queue. A plain
 /// handle: dropping it does nothing; `destroy_stream` or teardown destroy it.
+///
+/// It can outlive its context (teardown destroys the device and unloads the
+/// driver): its own device calls ([`completed_value`](Self::completed_value),
+/// [`gate`](Self::gate), [`submit`](Self::submit)) are then refused with an
+/// error, and one in flight on another thread delays teardown until it
+/// returns, so none reaches a destroyed device.
 pub struct VulkanStream {
     pub(crate) inner: Arc<StreamInner>,
 }
