@@ -723,7 +723,7 @@ fn concurrent_mapped_copies_of_one_buffer_are_serialized() {
 fn a_transfer_after_a_timed_out_one_does_not_reuse_its_pending_command_buffer() {
     let Some(ctx) = context(VulkanConfig {
         transfer: TransferPath::Staging,
-        wait_timeout: Duration::from_millis(200),
+        wait_timeout: Duration::from_millis(500),
         ..validated()
     }) else {
         return;
