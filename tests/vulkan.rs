@@ -666,8 +666,8 @@ fn concurrent_mapped_copies_of_one_buffer_are_serialized() {
         return;
     };
     let probe = ctx.probe();
-    const BYTES: usize = 16 << 20;
-    const READS: u32 = 48;
+    const BYTES: usize = 4 << 20;
+    const READS: u32 = 32;
     let s = ctx.create_stream().expect("create_stream");
     let m = ctx.allocate(&s, BYTES as u64).expect("allocate");
     if !m.is_mapped() {
@@ -681,14 +681,17 @@ fn concurrent_mapped_copies_of_one_buffer_are_serialized() {
         let reading = AtomicBool::new(true);
         let reading = &reading;
         let torn = std::thread::scope(|scope| {
-            for pattern in [0x55u8, 0xAA] {
-                scope.spawn(move || {
-                    let src = vec![pattern; BYTES];
-                    while reading.load(Ordering::Relaxed) {
-                        ctx.write(s, m, 0, &src).expect("write");
+            // One writer alternating two patterns over the whole buffer, one
+            // reader: a read that overlaps a write sees both patterns.
+            scope.spawn(move || {
+                let patterns = [vec![0x55u8; BYTES], vec![0xAA; BYTES]];
+                for src in patterns.iter().cycle() {
+                    if !reading.load(Ordering::Relaxed) {
+                        break;
                     }
-                });
-            }
+                    ctx.write(s, m, 0, src).expect("write");
+                }
+            });
             let mut dst = vec![0u8; BYTES];
             let mut torn = 0u32;
             for _ in 0..READS {
