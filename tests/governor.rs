@@ -3,6 +3,7 @@
 //! quarantine, device loss (declared and detected), pin refusal after retire,
 //! pin overflow, concurrent retire, the async wait, and snapshots.
 
+use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::null::NullContext;
 use memgov::{
@@ -227,15 +228,25 @@ fn quarantine_keeps_refused_memory_charged_until_termination() {
 
 #[test]
 fn backend_reported_loss_marks_the_context_lost() {
+    // The null backend parks the free's signal (no clock involved: it stays
+    // pending until retired by hand, which never happens here), and the
+    // fault injector makes the backend itself report loss on the first write.
+    let null = NullContext::deferred(4);
+    let (probe, parked) = (null.probe(), null.controls());
+    let backend = FaultInjecting::new(
+        null,
+        FaultPlan::new().nth(Operation::Write, 1, Fault::DeviceLost),
+    );
+    let faults = backend.control();
     let gov = Governor::new();
-    let (c, probe) = slow_host(Duration::from_millis(50));
-    let ctx = gov.register(c, ContextConfig::new().label("l"));
+    let ctx = gov.register(backend, ContextConfig::new().label("l"));
     let s = ctx.create_stream("s").unwrap();
     let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // pending for 50 ms
-    probe.controls.lose_device();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    assert_eq!(parked.parked_count(), 1);
     let err = live.write(0, b"x").unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
+    assert!(faults.is_lost());
     assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
     assert!(ctx.snapshot().lost_reason.unwrap().contains("lost"));
     let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
@@ -255,8 +266,14 @@ fn backend_reported_loss_marks_the_context_lost() {
         snap.counters.abandoned, 1,
         "the pending free was given up, not executed"
     );
-    assert_eq!(probe.frees_retired(), 0);
+    assert_eq!(probe.frees_retired(), 0, "no free executed on the lost device");
     assert_eq!(probe.violations(), 0);
+    assert_eq!(
+        parked.parked_count(),
+        0,
+        "teardown dropped the parked signal"
+    );
+    assert!(probe.torn_down());
 }
 
 #[test]
@@ -403,13 +420,17 @@ fn async_finished_completes_when_the_last_release_retires() {
 #[test]
 fn snapshots_account_by_role_and_state() {
     let gov = Governor::new();
-    let (c, _) = slow_host(Duration::from_millis(100));
-    let ctx = gov.register(c, ContextConfig::new().label("snap").budget(64 * MIB));
+    // Frees park in the null backend until their stream synchronizes: the
+    // pending state lasts exactly as long as the test needs, on any clock.
+    let null = NullContext::deferred(4);
+    let parked = null.controls();
+    let ctx = gov.register(null, ContextConfig::new().label("snap").budget(64 * MIB));
     let s = ctx.create_stream("s").unwrap();
     let w = ctx.allocate(&s, 8 * MIB, Role::Weights).unwrap();
     let k1 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
     let k2 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
-    drop(k1); // pending for ~100 ms
+    drop(k1); // parked: pending until `synchronize`
+    assert_eq!(parked.parked_count(), 1);
     let snap = ctx.snapshot();
     assert_eq!(snap.role(Role::Weights).live_bytes, 8 * MIB);
     assert_eq!(snap.role(Role::KvCache).live_bytes, 2 * MIB);
@@ -427,6 +448,7 @@ fn snapshots_account_by_role_and_state() {
     assert_eq!(all.total().live_bytes, 10 * MIB);
     drop((w, k2));
     s.synchronize().unwrap();
+    assert_eq!(parked.parked_count(), 0);
     let snap = ctx.snapshot();
     assert_eq!(
         (snap.charged, snap.peak, snap.counters.retired),

@@ -6,12 +6,12 @@
 //! `skipped: no Vulkan loader/ICD (<reason>)` to stderr and returns.
 #![cfg(feature = "vulkan")]
 
-use memgov::vulkan::{TransferPath, VulkanConfig, VulkanContext, VulkanValidation};
+use memgov::vulkan::{LoaderPath, TransferPath, VulkanConfig, VulkanContext, VulkanValidation};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
     RetireOutcome, RetireSignal, Role,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -70,7 +70,9 @@ fn signal() -> (RetireSignal, Receiver<RetireOutcome>) {
 #[test]
 fn unavailable_loader_is_reported_not_panicked() {
     let config = VulkanConfig {
-        loader_path: Some("/nonexistent/libvulkan.so.1".into()),
+        // SAFETY: no file at this path: opening it fails without running
+        // anything.
+        loader_path: Some(unsafe { LoaderPath::new("/nonexistent/libvulkan.so.1") }),
         ..VulkanConfig::default()
     };
     let e = VulkanContext::new(config).expect_err("a missing loader cannot give a context");
@@ -357,7 +359,9 @@ fn negative_live_memory_at_device_destroy_is_reported_by_the_layer() {
     let s = ctx.create_stream().expect("create_stream");
     let _m = ctx.allocate(&s, 4096).expect("allocate");
     ctx.destroy_stream(s).expect("destroy_stream");
-    ctx.teardown_leaking_buffers_for_test().expect("teardown");
+    // SAFETY: invalid usage on purpose, on a context used for nothing else
+    // afterwards; lavapipe tolerates it and the layer reports it.
+    unsafe { ctx.teardown_leaking_buffers_for_test() }.expect("teardown");
     let messages = validation.messages();
     eprintln!("expected validation messages:\n{}", messages.join("\n"));
     assert!(
@@ -501,6 +505,258 @@ fn governor_learns_device_loss_from_the_backend() {
                 || m.contains("(VK_ERROR_DEVICE_LOST)")),
         "{messages:#?}"
     );
+}
+
+fn assert_torn_down_refusal(e: &memgov::BackendError) {
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("torn down"), "{e}");
+}
+
+/// A stream handle outlives its context: teardown destroys the device and
+/// unloads the driver, so a device call through the handle afterwards would
+/// jump into unmapped code (it did: SIGSEGV). Every such call is refused.
+#[test]
+fn stream_handle_outliving_its_context_refuses_device_calls() {
+    let Some(ctx) = context(validated()) else {
+        return;
+    };
+    let (probe, validation) = (ctx.probe(), ctx.validation());
+    let s = ctx.create_stream().expect("create_stream");
+    let m = ctx.allocate(&s, 4096).expect("allocate");
+    ctx.write(&s, &m, 0, b"abc").expect("write");
+    let last = s.last_submitted();
+    assert!(s.completed_value().expect("counter") >= last);
+    ctx.teardown(false).expect("teardown");
+    assert!(probe.torn_down());
+    assert_torn_down_refusal(
+        &s.completed_value()
+            .expect_err("completed_value after teardown"),
+    );
+    assert_torn_down_refusal(&s.gate().expect_err("gate after teardown"));
+    // SAFETY: no command buffers: nothing for the caller to vouch for.
+    assert_torn_down_refusal(&unsafe { s.submit(&[]) }.expect_err("submit after teardown"));
+    // SAFETY: refused before any Vulkan call is made.
+    let e = unsafe { s.host_signal_timeline_unchecked(1) }.expect_err("signal after teardown");
+    assert_torn_down_refusal(&e);
+    // Plain data stays readable.
+    assert_eq!(s.last_submitted(), last);
+    assert_eq!(m.len(), 4096);
+    drop((s, m));
+    assert_clean(&validation);
+}
+
+/// `GovernedStream::raw` lends a `&VulkanStream` that another thread can
+/// still be using while the context is force-retired: its device calls
+/// (`completed_value`, `gate`) either finish before teardown destroys
+/// anything or are refused; none reaches a destroyed device.
+#[test]
+fn raw_stream_racing_force_retire_never_reaches_a_destroyed_device() {
+    let Some(backend) = context(validated()) else {
+        return;
+    };
+    let (probe, validation) = (backend.probe(), backend.validation());
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().label("race"));
+    let stream = ctx.create_stream("main").expect("stream");
+    let raw = stream.raw().expect("raw stream");
+    let started = AtomicBool::new(false);
+    let (calls, gates) = std::thread::scope(|scope| {
+        let user = scope.spawn(|| {
+            let deadline = Instant::now() + LONG;
+            let (mut calls, mut gates) = (0u64, 0u64);
+            loop {
+                match raw.completed_value() {
+                    Ok(_) => calls += 1,
+                    Err(e) => {
+                        assert_torn_down_refusal(&e);
+                        break;
+                    }
+                }
+                // A gate submitted once teardown has opened the others would
+                // block its vkDeviceWaitIdle for ever: gate() must be refused
+                // from the moment teardown begins, not merely checked first.
+                if gates < 32 {
+                    match raw.gate() {
+                        Ok(g) => {
+                            gates += 1;
+                            drop(g); // opens it
+                        }
+                        Err(e) => assert_torn_down_refusal(&e),
+                    }
+                }
+                started.store(true, Ordering::SeqCst);
+                assert!(
+                    Instant::now() < deadline,
+                    "completed_value was never refused after force-retire"
+                );
+            }
+            (calls, gates)
+        });
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let report = ctx.retire().force(Instant::now() + LONG).expect("force");
+        assert!(report.forced, "{report:?}");
+        assert!(report.backend_result.is_ok(), "{report:?}");
+        user.join().expect("the user thread")
+    });
+    eprintln!("{calls} completed_value calls and {gates} gates before teardown refused them");
+    assert!(calls >= 1 && gates >= 1);
+    assert!(stream.raw().is_none(), "raw() is withdrawn after force");
+    drop(stream);
+    assert!(probe.torn_down());
+    assert_clean(&validation);
+}
+
+/// `write`, `read` and `synchronize` take a stream: one of another context
+/// (whose device may be gone) is refused, not waited on or copied through.
+#[test]
+fn a_stream_of_another_context_is_refused() {
+    let Some(a) = context(validated()) else {
+        return;
+    };
+    let Some(b) = context(validated()) else {
+        return;
+    };
+    let (va, vb) = (a.validation(), b.validation());
+    let sa = a.create_stream().expect("stream a");
+    let ma = a.allocate(&sa, 4096).expect("allocate a");
+    a.write(&sa, &ma, 0, b"a").expect("write a");
+    let sb = b.create_stream().expect("stream b");
+    let mb = b.allocate(&sb, 4096).expect("allocate b");
+    let e = b
+        .write(&sa, &mb, 0, b"x")
+        .expect_err("write with a's stream");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("belongs to Vulkan context"), "{e}");
+    a.teardown(false).expect("teardown a");
+    // Before, these waited on (or copied through) a's destroyed device.
+    let e = b.synchronize(&sa).expect_err("synchronize a's stream on b");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    let mut back = [0u8; 1];
+    let e = b
+        .read(&sa, &ma, 0, &mut back)
+        .expect_err("read a's memory on b");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    let e = b
+        .read(&sb, &ma, 0, &mut back)
+        .expect_err("a's memory, b's stream");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    b.free_async(&sb, mb, RetireSignal::from_fn(|_| {}))
+        .map_err(|(_, _, e)| e)
+        .expect("free b");
+    b.synchronize(&sb).expect("synchronize b");
+    b.destroy_stream(sb).expect("destroy b");
+    b.teardown(false).expect("teardown b");
+    drop((sa, ma));
+    assert_clean(&va);
+    assert_clean(&vb);
+}
+
+/// `write` and `read` take the memory by shared reference: two threads may
+/// copy into and out of the same mapped buffer at once. Those host copies
+/// are serialized, so a read never sees half of one write and half of
+/// another (unsynchronized, they tore: a data race on the mapping).
+#[test]
+fn concurrent_mapped_copies_of_one_buffer_are_serialized() {
+    let Some(ctx) = context(VulkanConfig {
+        transfer: TransferPath::Auto,
+        ..validated()
+    }) else {
+        return;
+    };
+    let validation = ctx.validation();
+    const BYTES: usize = 4 << 20;
+    const READS: u32 = 32;
+    let s = ctx.create_stream().expect("create_stream");
+    let m = ctx.allocate(&s, BYTES as u64).expect("allocate");
+    if !m.is_mapped() {
+        eprintln!(
+            "skipped: the device's memory is not host-visible here ({}); copies go through staging",
+            ctx.describe().name
+        );
+    } else {
+        ctx.write(&s, &m, 0, &vec![0u8; BYTES]).expect("write");
+        let (ctx, s, m) = (&ctx, &s, &m);
+        let reading = AtomicBool::new(true);
+        let reading = &reading;
+        let torn = std::thread::scope(|scope| {
+            // One writer alternating two patterns over the whole buffer, one
+            // reader: a read that overlaps a write sees both patterns.
+            scope.spawn(move || {
+                let patterns = [vec![0x55u8; BYTES], vec![0xAA; BYTES]];
+                for src in patterns.iter().cycle() {
+                    if !reading.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    ctx.write(s, m, 0, src).expect("write");
+                }
+            });
+            let mut dst = vec![0u8; BYTES];
+            let mut torn = 0u32;
+            for _ in 0..READS {
+                ctx.read(s, m, 0, &mut dst).expect("read");
+                if dst.iter().any(|&b| b != dst[0]) {
+                    torn += 1;
+                }
+            }
+            reading.store(false, Ordering::Relaxed);
+            torn
+        });
+        assert_eq!(
+            torn, 0,
+            "{torn} of {READS} reads saw two writes interleaved"
+        );
+    }
+    ctx.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    assert_clean(&validation);
+}
+
+/// A transfer whose wait gives up (here: a gate holds the stream) leaves its
+/// command buffer pending and its staging buffer in use. The next transfer
+/// must not re-record the one or overwrite the other (the validation layer
+/// reported `vkBeginCommandBuffer` on a pending command buffer): it waits
+/// for the earlier one, and fails with the same timeout while that pends.
+#[test]
+fn a_transfer_after_a_timed_out_one_does_not_reuse_its_pending_command_buffer() {
+    let Some(ctx) = context(VulkanConfig {
+        transfer: TransferPath::Staging,
+        wait_timeout: Duration::from_millis(500),
+        ..validated()
+    }) else {
+        return;
+    };
+    let validation = ctx.validation();
+    let s = ctx.create_stream().expect("create_stream");
+    let m = ctx.allocate(&s, 4096).expect("allocate");
+    let gate = s.gate().expect("gate");
+    let e = ctx
+        .write(&s, &m, 0, b"first")
+        .expect_err("held by the gate");
+    assert!(e.message.contains("not reached"), "{e}");
+    let e = ctx.write(&s, &m, 0, b"second").expect_err("still held");
+    assert!(e.message.contains("earlier transfer"), "{e}");
+    let mut back = [0u8; 5];
+    let e = ctx.read(&s, &m, 0, &mut back).expect_err("still held");
+    assert!(e.message.contains("earlier transfer"), "{e}");
+    gate.open().expect("open");
+    ctx.write(&s, &m, 0, b"third")
+        .expect("write after the gate opened");
+    ctx.read(&s, &m, 0, &mut back).expect("read");
+    assert_eq!(&back, b"third");
+    ctx.free_async(&s, m, RetireSignal::from_fn(|_| {}))
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    drop(gate);
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    assert_clean(&validation);
 }
 
 /// The conformance suite, one test per case, each context with validation

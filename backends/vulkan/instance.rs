@@ -98,18 +98,24 @@ fn unavailable(op: &'static str, why: impl std::fmt::Display) -> BackendError {
 /// Open libvulkan at run time. Its absence is an `Unavailable` error.
 pub(crate) fn load_entry(config: &VulkanConfig) -> Result<ash::Entry, BackendError> {
     let loaded = match &config.loader_path {
-        // SAFETY: loading a shared library runs its initializers; libvulkan's
-        // are the loader's own, which are sound to run at any time. The Entry
-        // keeps the library loaded for as long as it (or a clone) exists.
-        Some(path) => unsafe { ash::Entry::load_from(path) },
-        // SAFETY: as above, for the default libvulkan.so.1.
+        // SAFETY: opening a library runs its initializers and ash then calls
+        // its `vkGetInstanceProcAddr` as the Vulkan one. `LoaderPath::new`
+        // is unsafe and its caller promised a conforming Vulkan loader (or a
+        // missing file, which fails to open without running anything). The
+        // Entry keeps the library loaded for as long as it (or a clone) lives.
+        Some(path) => unsafe { ash::Entry::load_from(path.path()) },
+        // SAFETY: as above; `libvulkan.so.1` is by its name the Vulkan
+        // loader (the system's, found by the dynamic linker's search path),
+        // the same library every Vulkan program on the machine trusts.
         None => unsafe { ash::Entry::load() },
     };
     loaded.map_err(|e| {
         let which = config
             .loader_path
             .as_ref()
-            .map_or("libvulkan.so.1".to_string(), |p| p.display().to_string());
+            .map_or("libvulkan.so.1".to_string(), |p| {
+                p.path().display().to_string()
+            });
         unavailable("new", format!("{which} could not be loaded: {e}"))
     })
 }

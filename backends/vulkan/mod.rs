@@ -42,6 +42,7 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+mod access;
 mod instance;
 mod retire;
 mod stream;
@@ -54,6 +55,7 @@ use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireSignal,
 };
+use access::DeviceAccess;
 use ash::vk;
 use gpu_allocator::vulkan::{
     AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc,
@@ -62,7 +64,7 @@ use gpu_allocator::{AllocationSizes, AllocatorDebugSettings, MemoryLocation};
 use instance::{CreatedInstance, DeviceInfo};
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -153,8 +155,9 @@ pub struct VulkanConfig {
     pub block_bytes: u64,
     /// At most this many queues of the chosen family; streams share them.
     pub max_queues: u32,
-    /// Load this libvulkan instead of `libvulkan.so.1`.
-    pub loader_path: Option<PathBuf>,
+    /// Load this libvulkan instead of `libvulkan.so.1`. Built only by the
+    /// `unsafe` [`LoaderPath::new`]: loading a library runs its code.
+    pub loader_path: Option<LoaderPath>,
     /// Host waits (write, read, synchronize, destroy_stream) give up after
     /// this long with an error naming the stream and timeline values.
     pub wait_timeout: Duration,
@@ -187,6 +190,40 @@ impl VulkanConfig {
     }
 }
 
+/// A Vulkan loader library to open instead of `libvulkan.so.1`, for
+/// [`VulkanConfig::loader_path`].
+///
+/// Opening a shared library runs its initializers, and memgov then calls the
+/// `vkGetInstanceProcAddr` it exports with the signature the Vulkan
+/// specification gives it, and every function that one returns likewise.
+/// Rust cannot check any of that: a library that is not a conforming Vulkan
+/// loader (or ICD exporting the loader interface) is undefined behaviour the
+/// moment it is opened or called. Hence the `unsafe` constructor: the
+/// promise is made where the path is chosen, and [`VulkanContext::new`]
+/// relies on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderPath(PathBuf);
+
+impl LoaderPath {
+    /// Name the loader library to open.
+    ///
+    /// # Safety
+    ///
+    /// `path` names a conforming Vulkan loader (an implementation of
+    /// `libvulkan.so.1`'s interface, such as the Khronos loader or a driver
+    /// that exports it), or no file at all: opening then fails cleanly with
+    /// an `Unavailable` error. Its initializers must be sound to run on the
+    /// thread that calls [`VulkanContext::new`].
+    pub unsafe fn new(path: impl Into<PathBuf>) -> Self {
+        Self(path.into())
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
 /// A raw allocation: a `VkBuffer` bound to a suballocation. A plain handle:
 /// dropping it does nothing; only `free_async` or teardown release it.
 #[derive(Debug)]
@@ -198,11 +235,18 @@ pub struct VulkanMemory {
     device_address: Option<u64>,
     /// Host address of the mapping, when host-visible.
     mapped: Option<usize>,
+    /// Held across every host copy through the mapping: `write` and `read`
+    /// take the memory by shared reference, so two threads may copy into
+    /// (or out of) the same bytes at once, and unsynchronized access to the
+    /// same bytes is a data race. Copies of one allocation are serialized,
+    /// as the host backend's are; different allocations do not contend.
+    host_access: Mutex<()>,
 }
 
 impl VulkanMemory {
     /// The buffer, for descriptors and copies of your own. Valid until the
-    /// memory is freed.
+    /// memory is freed or its context torn down (using it is `unsafe` in ash:
+    /// the caller vouches for that).
     pub fn buffer(&self) -> vk::Buffer {
         self.buffer
     }
@@ -252,7 +296,10 @@ static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 /// Dropping it calls no Vulkan function: teardown destroys explicitly.
 pub(crate) struct Shared {
     pub id: u64,
-    /// Keeps libvulkan loaded for as long as any handle of it exists.
+    /// Keeps the loader library mapped for as long as any handle of it
+    /// exists. It does not keep the driver: the loader unloads the ICD when
+    /// teardown destroys the instance, after which `device`'s function
+    /// pointers dangle. Calls on behalf of handles therefore pass `access`.
     #[allow(dead_code)]
     pub entry: ash::Entry,
     pub instance: ash::Instance,
@@ -282,6 +329,9 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
     gates: Mutex<Vec<GateRecord>>,
     pub has_memory_budget: bool,
+    /// Device calls made by stream and gate handles, which can outlive the
+    /// context: teardown closes it and waits for them before destroying.
+    pub access: DeviceAccess,
 }
 
 impl Shared {
@@ -299,6 +349,27 @@ impl Shared {
                 op,
                 BackendErrorKind::InvalidArgument,
                 "the context is being torn down; no new work is accepted",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuse a stream of another context: its device may already be
+    /// destroyed (a context's own streams cannot be, while the context is
+    /// borrowed: teardown takes it by value).
+    pub(crate) fn own_stream(
+        &self,
+        op: &'static str,
+        stream: &VulkanStream,
+    ) -> Result<(), BackendError> {
+        if stream.inner.shared.id != self.id {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} belongs to Vulkan context {}, not to context {}; pass a stream of the context you call",
+                    stream.inner.id, stream.inner.shared.id, self.id
+                ),
             ));
         }
         Ok(())
@@ -388,9 +459,11 @@ impl Shared {
             .semaphores(&sems)
             .values(&vals);
         let timeout = u64::try_from(self.config.wait_timeout.as_nanos()).unwrap_or(u64::MAX);
-        // SAFETY: the semaphore belongs to this device and outlives the call
-        // (streams are destroyed only by their owner, not concurrently with
-        // their own operations).
+        // SAFETY: callers pass the timeline of a stream of this context
+        // (`own_stream` checked it) that they borrow for the call, from a
+        // `DeviceContext` method that borrows the context: `destroy_stream`
+        // and `teardown` take those by value, so neither the semaphore nor
+        // the device can be destroyed during the wait.
         match unsafe { self.device.wait_semaphores(&info, timeout) } {
             Ok(()) => Ok(()),
             Err(vk::Result::TIMEOUT) => {
@@ -753,6 +826,7 @@ impl VulkanContext {
             next_id: AtomicU64::new(1),
             gates: Mutex::new(Vec::new()),
             has_memory_budget,
+            access: DeviceAccess::new(),
         });
         let retire_thread = match retire::spawn(shared.clone()) {
             Ok(t) => t,
@@ -837,8 +911,15 @@ impl VulkanContext {
     /// Test-only: tear down **without** destroying live buffers, so that the
     /// validation layer reports objects alive at `vkDestroyDevice`. Proves
     /// that the validation check in the tests can fail.
+    ///
+    /// # Safety
+    ///
+    /// Destroying a device whose buffers are alive is invalid usage of
+    /// Vulkan, which the specification leaves undefined. Only for proving
+    /// that the validation layer reports it, on a driver that tolerates it
+    /// (lavapipe), with no other use of the context or its memory afterwards.
     #[doc(hidden)]
-    pub fn teardown_leaking_buffers_for_test(self) -> Result<(), BackendError> {
+    pub unsafe fn teardown_leaking_buffers_for_test(self) -> Result<(), BackendError> {
         self.teardown_inner(false, true)
     }
 
@@ -848,7 +929,11 @@ impl VulkanContext {
         if probe.common.teardowns() > 0 {
             probe.common.violation(BACKEND, "teardown called twice".into());
         }
-        // 1. Refuse new work.
+        // 1. Refuse new work, and wait for the device calls that stream and
+        // gate handles have in flight (they can outlive this context, and may
+        // run on other threads): none can start from here on, so nothing but
+        // this function and the retirement thread touches the device.
+        shared.access.close_and_drain();
         shared.closing.store(true, Ordering::SeqCst);
         let mut first_error: Option<BackendError> = None;
         if lost {
@@ -861,27 +946,31 @@ impl VulkanContext {
         // lavapipe returns VK_ERROR_DEVICE_LOST at once): it is what lets the
         // driver and the validation layer consider pending batches finished,
         // so that destroying their semaphores and buffers below is valid.
-        {
-            let gates = lock(&shared.gates);
-            for g in gates.iter() {
-                if !g.opened.swap(true, Ordering::SeqCst) {
-                    if !lost {
-                        probe.note("a StreamGate was still closed at teardown; opened it".into());
-                    }
-                    let info = vk::SemaphoreSignalInfo::default()
-                        .semaphore(g.semaphore)
-                        .value(1);
-                    // SAFETY: the gate semaphore is alive (destroyed below)
-                    // and was never signalled (opened was false).
-                    if let Err(r) = unsafe { shared.device.signal_semaphore(&info) } {
-                        if !lost {
-                            first_error.get_or_insert(shared.fail(
-                                "teardown",
-                                r,
-                                "vkSignalSemaphore (gate)",
-                            ));
-                        }
-                    }
+        let closed: Vec<vk::Semaphore> = lock(&shared.gates)
+            .iter()
+            .filter(|g| !g.opened.swap(true, Ordering::SeqCst))
+            .map(|g| g.semaphore)
+            .collect();
+        if !closed.is_empty() && !lost {
+            probe.note(format!(
+                "{} StreamGate(s) still closed at teardown; opened them",
+                closed.len()
+            ));
+        }
+        for semaphore in closed {
+            let info = vk::SemaphoreSignalInfo::default()
+                .semaphore(semaphore)
+                .value(1);
+            // SAFETY: the gate semaphore is alive (destroyed in step 6) and
+            // was never signalled: `opened` was false, and every signal of a
+            // gate first swaps it to true.
+            if let Err(r) = unsafe { shared.device.signal_semaphore(&info) } {
+                if !lost {
+                    first_error.get_or_insert(shared.fail(
+                        "teardown",
+                        r,
+                        "vkSignalSemaphore (gate)",
+                    ));
                 }
             }
         }
@@ -964,25 +1053,13 @@ impl VulkanContext {
         drop(mem.allocator.take());
         drop(mem);
         // 6. Destroy semaphores, the device, the messenger, the instance.
-        let gates = {
-            let mut g = lock(&shared.gates);
-            for r in g.iter() {
-                // A gate opened after this must not signal a destroyed semaphore.
-                if !r.opened.swap(true, Ordering::SeqCst) {
-                    // Only on a lost device (a healthy teardown opened every
-                    // gate above). A batch still waiting on the gate keeps
-                    // lavapipe's submit thread, and vkDestroySemaphore, waiting
-                    // forever: release it with a host signal of memgov's own
-                    // semaphore (which lavapipe accepts on a lost device).
-                    let info = vk::SemaphoreSignalInfo::default()
-                        .semaphore(r.semaphore)
-                        .value(1);
-                    // SAFETY: the gate semaphore is alive and was never signalled.
-                    let _ = unsafe { shared.device.signal_semaphore(&info) };
-                }
-            }
-            std::mem::take(&mut *g)
-        };
+        // Every gate was opened in step 2 (on a lost device too: the host
+        // signal of memgov's own semaphore is what releases a batch waiting
+        // on it, which otherwise keeps lavapipe's submit thread, and
+        // vkDestroySemaphore, waiting for ever), and none can be created or
+        // opened from outside since step 1.
+        let gates = std::mem::take(&mut *lock(&shared.gates));
+        debug_assert!(gates.iter().all(|g| g.opened.load(Ordering::SeqCst)));
         // SAFETY: device idle or lost, thread joined: no wait or submission
         // refers to these semaphores any more.
         unsafe {
@@ -1075,14 +1152,8 @@ impl DeviceContext for VulkanContext {
 
     fn destroy_stream(&self, stream: VulkanStream) -> Result<(), BackendError> {
         let shared = &self.shared;
+        shared.own_stream("destroy_stream", &stream)?;
         let s = &stream.inner;
-        if s.shared.id != shared.id {
-            return Err(err(
-                "destroy_stream",
-                BackendErrorKind::InvalidArgument,
-                "the stream belongs to another Vulkan context",
-            ));
-        }
         if s.destroyed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -1115,13 +1186,7 @@ impl DeviceContext for VulkanContext {
                 "zero-byte allocation",
             ));
         }
-        if stream.inner.shared.id != shared.id {
-            return Err(err(
-                "allocate",
-                BackendErrorKind::InvalidArgument,
-                "the stream belongs to another Vulkan context",
-            ));
-        }
+        shared.own_stream("allocate", stream)?;
         let live = shared.create_buffer("allocate", bytes, MemoryLocation::GpuOnly, "memgov")?;
         let device_address = shared.info.buffer_device_address.then(|| {
             let info = vk::BufferDeviceAddressInfo::default().buffer(live.buffer);
@@ -1138,6 +1203,7 @@ impl DeviceContext for VulkanContext {
             bytes,
             device_address,
             mapped: live.allocation.mapped_ptr().map(|p| p.as_ptr() as usize),
+            host_access: Mutex::new(()),
         };
         shared.probe.common.allocated(live.allocation.size());
         lock(&shared.mem).live.insert(id, live);
@@ -1153,11 +1219,17 @@ impl DeviceContext for VulkanContext {
         if let Err(e) = self.shared.check_usable("free_async") {
             return Err((memory, retired, e));
         }
-        if memory.context != self.shared.id || stream.inner.shared.id != self.shared.id {
+        if let Err(e) = self.shared.own_stream("free_async", stream) {
+            return Err((memory, retired, e));
+        }
+        if memory.context != self.shared.id {
             let e = err(
                 "free_async",
                 BackendErrorKind::InvalidArgument,
-                "the memory or the stream belongs to another Vulkan context",
+                format!(
+                    "the memory belongs to Vulkan context {}, not to context {}",
+                    memory.context, self.shared.id
+                ),
             );
             return Err((memory, retired, e));
         }
@@ -1173,6 +1245,7 @@ impl DeviceContext for VulkanContext {
         src: &[u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
+        self.shared.own_stream("write", stream)?;
         stream.inner.transfer_in(memory, offset, src)
     }
 
@@ -1184,11 +1257,13 @@ impl DeviceContext for VulkanContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
+        self.shared.own_stream("read", stream)?;
         stream.inner.transfer_out(memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("synchronize")?;
+        self.shared.own_stream("synchronize", stream)?;
         stream.inner.synchronize_inner("synchronize")
     }
 

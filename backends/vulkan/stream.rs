@@ -37,6 +37,11 @@ struct Xfer {
     pool: vk::CommandPool,
     cmd: vk::CommandBuffer,
     staging: Option<Staging>,
+    /// The timeline value of a submission of `cmd` whose wait gave up
+    /// (timeout or error): until it is reached, `cmd` may still be pending
+    /// and the staging buffer still in use by the device, so neither may be
+    /// touched. `None` when every submission of `cmd` has completed.
+    unsettled: Option<u64>,
 }
 
 pub(crate) struct StreamInner {
@@ -109,6 +114,7 @@ impl StreamInner {
                 pool,
                 cmd,
                 staging: None,
+                unsettled: None,
             }),
             destroyed: AtomicBool::new(false),
         }))
@@ -266,19 +272,41 @@ impl StreamInner {
         Ok(())
     }
 
+    /// Make sure no earlier submission of the transfer command buffer is
+    /// still pending: one whose wait gave up is waited for again here, and
+    /// until it completes every transfer on this stream fails (with the
+    /// timeout error that names the value), instead of re-recording a
+    /// pending command buffer or overwriting a staging buffer the device
+    /// still reads.
+    fn settle(&self, op: &'static str, x: &mut Xfer) -> Result<(), BackendError> {
+        if let Some(value) = x.unsettled {
+            self.shared.host_wait(
+                op,
+                self.timeline,
+                value,
+                &format!("stream {} earlier transfer", self.id),
+            )?;
+            x.unsettled = None;
+        }
+        Ok(())
+    }
+
     /// Record `f` into the stream's command buffer, submit it, and wait.
+    /// The caller holds the xfer lock and has called [`settle`](Self::settle).
     fn run(
         &self,
         op: &'static str,
-        x: &Xfer,
+        x: &mut Xfer,
         f: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<(), BackendError> {
+        debug_assert!(x.unsettled.is_none(), "run without settle");
         let device = &self.shared.device;
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-        // SAFETY: the command buffer is not pending (every submission of it
-        // was waited for before `run` returned, under the xfer lock held by
-        // the caller); its pool allows reset on begin.
+        // SAFETY: the command buffer is not pending: every submission of it
+        // either was waited for to completion or is recorded in `unsettled`,
+        // which `settle` cleared (by waiting) under the xfer lock the caller
+        // holds; its pool allows reset on begin.
         unsafe { device.begin_command_buffer(x.cmd, &begin) }
             .map_err(|r| self.shared.fail(op, r, "vkBeginCommandBuffer"))?;
         f(device, x.cmd);
@@ -286,14 +314,20 @@ impl StreamInner {
         unsafe { device.end_command_buffer(x.cmd) }
             .map_err(|r| self.shared.fail(op, r, "vkEndCommandBuffer"))?;
         // SAFETY: executable, of this family; the buffers it copies between
-        // live until the wait below returns.
+        // live until its value is reached: the staging buffer is destroyed
+        // only with the stream (after a wait for its last value, or in
+        // teardown once the device is idle); the target memory is freed only
+        // stream-ordered after this submission.
         let value = unsafe { self.submit_batch(op, &[x.cmd], None) }?;
+        x.unsettled = Some(value);
         self.shared.host_wait(
             op,
             self.timeline,
             value,
             &format!("stream {} transfer", self.id),
-        )
+        )?;
+        x.unsettled = None;
+        Ok(())
     }
 
     /// `write`: copy `src` into `memory` at `offset`, ordered on the stream.
@@ -310,10 +344,18 @@ impl StreamInner {
         }
         if let (TransferPath::Auto, Some(base)) = (self.shared.config.transfer, memory.mapped) {
             self.wait_last(OP)?;
+            let _serial = lock(&memory.host_access);
             // SAFETY: `base` is the persistent mapping of the memory's
-            // suballocation (alive until its free retires, which the governor
-            // orders after this call); the range is in bounds (checked); the
-            // stream's earlier work has completed (waited above).
+            // suballocation, alive until its free retires or its context is
+            // torn down, neither of which can happen while `memory` is
+            // borrowed (both take it by value; `check_memory` and the
+            // caller's `own_stream` tie it to this context). The range is in
+            // bounds (checked). No other host copy touches these bytes: they
+            // all hold `host_access` (memory is never aliased: `VulkanMemory`
+            // is not `Clone`). The stream's earlier work has completed
+            // (waited above); device work of the caller's own on other
+            // streams is ordered by the caller (`VulkanStream::submit`'s
+            // contract).
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     src.as_ptr(),
@@ -324,20 +366,22 @@ impl StreamInner {
             return Ok(());
         }
         let mut x = lock(&self.xfer);
+        self.settle(OP, &mut x)?;
         let (staging, size, ptr) = self.ensure_staging(OP, &mut x)?;
         let mut done = 0usize;
         while done < src.len() {
             let n = (src.len() - done).min(size as usize);
             // SAFETY: `ptr` maps `size` coherent bytes of the staging buffer,
             // which no pending submission uses (each transfer is waited for
-            // under the xfer lock we hold); n <= size.
+            // under the xfer lock we hold, and `settle` waited for any whose
+            // wait gave up); n <= size.
             unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), ptr as *mut u8, n) };
             let region = [vk::BufferCopy {
                 src_offset: 0,
                 dst_offset: offset + done as u64,
                 size: n as u64,
             }];
-            self.run(OP, &x, |d, cmd| {
+            self.run(OP, &mut x, |d, cmd| {
                 // SAFETY: recording; both buffers are alive and large enough.
                 unsafe { d.cmd_copy_buffer(cmd, staging, memory.buffer, &region) }
             })?;
@@ -361,7 +405,9 @@ impl StreamInner {
         }
         if let (TransferPath::Auto, Some(base)) = (self.shared.config.transfer, memory.mapped) {
             self.wait_last(OP)?;
-            // SAFETY: as in transfer_in, reading instead of writing.
+            let _serial = lock(&memory.host_access);
+            // SAFETY: as in transfer_in (the same lock excludes concurrent
+            // writers), reading instead of writing.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     (base + offset as usize) as *const u8,
@@ -372,6 +418,7 @@ impl StreamInner {
             return Ok(());
         }
         let mut x = lock(&self.xfer);
+        self.settle(OP, &mut x)?;
         let (staging, size, ptr) = self.ensure_staging(OP, &mut x)?;
         let mut done = 0usize;
         while done < dst.len() {
@@ -389,7 +436,7 @@ impl StreamInner {
                 .buffer(staging)
                 .offset(0)
                 .size(n as u64)];
-            self.run(OP, &x, |d, cmd| {
+            self.run(OP, &mut x, |d, cmd| {
                 // SAFETY: recording; both buffers are alive and large enough;
                 // the barrier makes the copy visible to host reads.
                 unsafe {
@@ -483,6 +530,12 @@ impl StreamInner {
 
 /// A stream: a timeline semaphore on a (possibly shared) queue. A plain
 /// handle: dropping it does nothing; `destroy_stream` or teardown destroy it.
+///
+/// It can outlive its context (teardown destroys the device and unloads the
+/// driver): its own device calls ([`completed_value`](Self::completed_value),
+/// [`gate`](Self::gate), [`submit`](Self::submit)) are then refused with an
+/// error, and one in flight on another thread delays teardown until it
+/// returns, so none reaches a destroyed device.
 pub struct VulkanStream {
     pub(crate) inner: Arc<StreamInner>,
 }
@@ -503,8 +556,11 @@ impl VulkanStream {
         self.inner.id
     }
 
-    /// The stream's timeline semaphore. Wait on it freely; never signal it
-    /// (memgov chooses its values).
+    /// The stream's timeline semaphore. Wait on it freely while the stream
+    /// and its context live; never signal it (memgov chooses its values).
+    /// The handle outlives the semaphore: using it after `destroy_stream` or
+    /// the context's teardown is invalid (every ash call that takes it is
+    /// `unsafe`: its caller vouches for that).
     pub fn timeline_semaphore(&self) -> vk::Semaphore {
         self.inner.timeline
     }
@@ -515,23 +571,30 @@ impl VulkanStream {
     }
 
     /// The timeline's current value (`vkGetSemaphoreCounterValue`).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` once the stream's context has been torn down (the
+    /// handle can outlive it: the device, and the driver, are gone then);
+    /// the driver's error otherwise.
     pub fn completed_value(&self) -> Result<u64, BackendError> {
-        // SAFETY: the semaphore is alive while this handle is (the stream is
-        // destroyed only by value).
+        let shared = &self.inner.shared;
+        let _use = shared.access.enter("completed_value")?;
+        // SAFETY: the device and the semaphore are alive until `_use` drops:
+        // teardown waits for it before destroying anything, and `enter`
+        // refused if teardown had begun. The stream itself is destroyed only
+        // by value (`destroy_stream`), so not while `self` is borrowed.
         unsafe {
-            self.inner
-                .shared
+            shared
                 .device
                 .get_semaphore_counter_value(self.inner.timeline)
         }
-        .map_err(|r| {
-            self.inner
-                .shared
-                .fail("completed_value", r, "vkGetSemaphoreCounterValue")
-        })
+        .map_err(|r| shared.fail("completed_value", r, "vkGetSemaphoreCounterValue"))
     }
 
     /// The logical device, to record command buffers for [`submit`](Self::submit).
+    /// Valid until the context's teardown begins; every ash call through it
+    /// is `unsafe`, and its caller vouches for that.
     pub fn device(&self) -> &ash::Device {
         &self.inner.shared.device
     }
@@ -549,13 +612,17 @@ impl VulkanStream {
     ///
     /// The command buffers were recorded for this device and queue family,
     /// are executable and not pending elsewhere, and every resource they use
-    /// lives until the returned value is reached.
+    /// lives until the returned value is reached. (A torn-down context is
+    /// not the caller's concern: that is refused with an error.)
     pub unsafe fn submit(
         &self,
         command_buffers: &[vk::CommandBuffer],
     ) -> Result<u64, BackendError> {
-        self.inner.shared.check_usable("submit")?;
-        // SAFETY: forwarded from this function's contract.
+        let shared = &self.inner.shared;
+        let _use = shared.access.enter("submit")?;
+        shared.check_usable("submit")?;
+        // SAFETY: forwarded from this function's contract; the device, queue
+        // and timeline are alive until `_use` drops (see `completed_value`).
         unsafe { self.inner.submit_batch("submit", command_buffers, None) }
     }
 
@@ -566,14 +633,26 @@ impl VulkanStream {
     /// While a gate is closed, do not wait for this stream (write, read,
     /// synchronize), and on a device with one queue (lavapipe) not for other
     /// streams either: the queue executes batches in order.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` once the context is being torn down, `DeviceLost`
+    /// on a lost device, the driver's error otherwise.
     pub fn gate(&self) -> Result<StreamGate, BackendError> {
         let shared = &self.inner.shared;
+        // Held to the end: teardown opens every registered gate and then
+        // waits for the device to go idle, so a gate must not be created or
+        // submitted once it has begun (the closed gate would block
+        // vkDeviceWaitIdle for ever) -- checking `closing` first and
+        // creating afterwards would race with it.
+        let _use = shared.access.enter("gate")?;
         shared.check_usable("gate")?;
         let mut ti = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
         let info = vk::SemaphoreCreateInfo::default().push_next(&mut ti);
-        // SAFETY: a valid device with timeline semaphores.
+        // SAFETY: a valid device with timeline semaphores, alive until `_use`
+        // drops.
         let semaphore = unsafe { shared.device.create_semaphore(&info, None) }
             .map_err(|r| shared.fail("gate", r, "vkCreateSemaphore (gate)"))?;
         let opened = Arc::new(AtomicBool::new(false));
@@ -581,7 +660,8 @@ impl VulkanStream {
             semaphore,
             opened: opened.clone(),
         });
-        // SAFETY: no command buffers; the gate semaphore lives until teardown.
+        // SAFETY: no command buffers; the gate semaphore lives until teardown,
+        // which opens it (registered above) before waiting for the device.
         match unsafe { self.inner.submit_batch("gate", &[], Some((semaphore, 1))) } {
             Ok(value) => Ok(StreamGate {
                 shared: shared.clone(),
@@ -611,11 +691,12 @@ impl VulkanStream {
     #[doc(hidden)]
     pub unsafe fn host_signal_timeline_unchecked(&self, value: u64) -> Result<(), BackendError> {
         let shared = &self.inner.shared;
+        let _use = shared.access.enter("host_signal")?;
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.inner.timeline)
             .value(value);
-        // SAFETY: a live semaphore of this device; the value is the caller's
-        // responsibility per this function's contract.
+        // SAFETY: a live semaphore of a live device (until `_use` drops); the
+        // value is the caller's responsibility per this function's contract.
         unsafe { shared.device.signal_semaphore(&info) }
             .map_err(|r| shared.fail("host_signal", r, "vkSignalSemaphore"))
     }
@@ -645,21 +726,29 @@ impl StreamGate {
         self.value
     }
 
-    /// Let the stream run on.
+    /// Let the stream run on. Once the context's teardown has begun this
+    /// does nothing: teardown opens every gate itself.
     pub fn open(&self) -> Result<(), BackendError> {
-        // Under the gates lock: teardown marks every gate opened under it
-        // before destroying their semaphores.
-        let _gates = lock(&self.shared.gates);
+        let shared = &self.shared;
+        // Teardown opens every closed gate and later destroys its semaphore;
+        // it waits for this use before either, and refuses it afterwards.
+        let Ok(_use) = shared.access.enter("gate_open") else {
+            return Ok(());
+        };
         if self.opened.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.semaphore)
             .value(1);
-        // SAFETY: the semaphore is alive (teardown has not destroyed it:
-        // `opened` was false under the lock) and was never signalled.
-        unsafe { self.shared.device.signal_semaphore(&info) }
-            .map_err(|r| self.shared.fail("gate_open", r, "vkSignalSemaphore (gate)"))
+        // SAFETY: the device and the semaphore are alive until `_use` drops
+        // (teardown destroys gate semaphores only after waiting for it), and
+        // the semaphore was never signalled: `opened` was false, and every
+        // signal of a gate (here and in teardown) first swaps it to true.
+        // No lock is held: a device-loss error drops parked signals, whose
+        // receivers may run code of the caller's.
+        unsafe { shared.device.signal_semaphore(&info) }
+            .map_err(|r| shared.fail("gate_open", r, "vkSignalSemaphore (gate)"))
     }
 }
 
