@@ -266,7 +266,11 @@ fn backend_reported_loss_marks_the_context_lost() {
         snap.counters.abandoned, 1,
         "the pending free was given up, not executed"
     );
-    assert_eq!(probe.frees_retired(), 0, "no free executed on the lost device");
+    assert_eq!(
+        probe.frees_retired(),
+        0,
+        "no free executed on the lost device"
+    );
     assert_eq!(probe.violations(), 0);
     assert_eq!(
         parked.parked_count(),
