@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone on a fresh Debian machine (root).
 # Installs what the cross-vendor matrix needs when it is missing (Mesa's
-# lavapipe, the Vulkan loader and the Khronos validation layers), then runs:
-# unit, integration and doc tests; the conformance matrix on every backend
-# present; the reliability suites (loom, properties, fault matrix, bad input,
-# short soak); and the benches in smoke mode. Prints which backends ran on
-# real hardware, on software drivers, on stand-ins, or embedded.
+# lavapipe, the Vulkan loader and the Khronos validation layers; ROCm's HIP
+# headers and runtime for building the `hip` feature), builds the stand-in
+# CUDA and HIP driver libraries, then runs: unit, integration and doc tests;
+# the conformance matrix on every backend (Vulkan on lavapipe, CUDA and HIP on
+# their stand-ins); the reliability suites (loom, Miri, properties, fault
+# matrix, bad input, soaks); ONNX Runtime on governed memory; and the benches
+# in smoke mode. Prints which backends ran on real hardware, on software
+# drivers, on stand-ins, or embedded.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_rust
-apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers
+apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev
+# hip-sys finds ROCm's headers and library here (Debian's libamdhip64-dev).
+export HIP_PATH=/usr
 
 export CARGO_TERM_COLOR=never
 export RUST_BACKTRACE=1
@@ -18,13 +23,18 @@ step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 step "build (default features; library without default features)"
 cargo build --locked --all-targets
 cargo build --locked --lib --no-default-features
+cargo test --locked --lib --no-default-features
+# The library without the tool: no clap in its tree, no CLI or bench items.
+if cargo tree --locked --no-default-features -e normal | grep -q clap; then
+    echo "FAILED: clap is in the library's dependency tree without default features"
+    exit 1
+fi
 
 step "lints: rustfmt and clippy (every feature)"
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "skipped: rustfmt is not installed"; fi
 if cargo clippy --version >/dev/null 2>&1; then
-    features=serde,tracing
-    [ -f backends/vulkan/mod.rs ] && features=$features,vulkan
-    cargo clippy --locked --all-targets --features "$features" -- -D warnings
+    cargo clippy --locked --all-targets --features serde,tracing,vulkan,cuda,hip -- -D warnings
+    cargo clippy --locked --lib --no-default-features -- -D warnings
 else
     echo "skipped: clippy is not installed"
 fi
@@ -33,13 +43,13 @@ step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
 cargo test --locked --features serde,tracing --test governor
 
-if [ -f backends/vulkan/mod.rs ]; then
-    step "tests: Vulkan backend on lavapipe with validation layers"
-    cargo test --locked --features vulkan --test vulkan
-    cargo test --locked --release --features vulkan --test fault_matrix -- --nocapture --test-threads=1
-    cargo test --locked --release --features vulkan --test soak_vulkan -- --nocapture
-    cargo bench --locked --features vulkan --bench vulkan_cycle -- --test
-fi
+step "tests: Vulkan backend on lavapipe with validation layers"
+cargo test --locked --features vulkan --lib
+cargo test --locked --features vulkan --test vulkan
+cargo test --locked --features vulkan --test vulkan_layers_env
+cargo test --locked --release --features vulkan --test fault_matrix -- --nocapture --test-threads=1
+cargo test --locked --release --features vulkan --test soak_vulkan -- --nocapture
+cargo bench --locked --features vulkan --bench vulkan_cycle -- --test
 
 for s in scripts/ci/*.sh; do
     [ -e "$s" ] || continue
@@ -47,12 +57,17 @@ for s in scripts/ci/*.sh; do
     bash "$s"
 done
 
-step "memgov check (every backend compiled in)"
-if [ -f backends/vulkan/mod.rs ]; then
-    cargo run --locked --release --features vulkan -- check
-else
-    cargo run --locked --release -- check
-fi
+step "memgov check: every backend compiled in, CUDA and HIP on their stand-ins"
+standins="$(backends/stand-ins/build.sh)"
+LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo run --locked --release --features vulkan,cuda,hip -- check 2>&1 | tee target/check-stand-ins.log
+for row in "cuda .*stand-in" "hip .*stand-in" "vulkan .*software driver" "host .*embedded"; do
+    grep -Eq "$row" target/check-stand-ins.log || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
+done
+step "memgov check without the stand-ins: CUDA and HIP skip cleanly"
+cargo run --locked --release --features vulkan,cuda,hip -- check 2>&1 | tee target/check-no-stand-ins.log
+grep -q "skipped: no CUDA driver" target/check-no-stand-ins.log
+grep -q "skipped: no HIP device" target/check-no-stand-ins.log
 
 step "done"
 echo "memgov test suite: all steps passed in $(( $(date +%s) - start ))s"

@@ -20,7 +20,8 @@ grep -q "11 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
 grep -q "soak: cuda: " target/cuda-stand-in.log
 # Releases really pend when the governor drains and tears down.
 MEMGOV_STANDIN_CUDA_LATENCY_US=300 on_stand_in cargo test --locked --features cuda --test cuda -- conformance::
-on_stand_in cargo test --locked --features cuda --test fault_matrix fault_matrix_cuda -- --nocapture
+on_stand_in cargo test --locked --release --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
+grep -q "fault matrix: cuda: 38 tried, 38 survived" target/cuda-fault-matrix.log
 on_stand_in cargo bench --locked --features cuda --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"

@@ -122,6 +122,7 @@ macro_rules! backend_rows {
 
 backend_rows! {
     (cuda, "cuda", 1.05, "governed allocate + stream-ordered free, CUDA backend", "raw cuMemAllocAsync + cuMemFreeAsync on the same stream"),
+    (hip, "hip", 1.05, "governed allocate + stream-ordered free, HIP backend", "raw hipMallocAsync + hipFreeAsync on the same stream"),
     (vulkan, "vulkan", 1.3, "governed allocate + write + stream-ordered free, Vulkan backend", "the same cycle with raw ash + gpu-allocator"),
 }
 
