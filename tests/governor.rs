@@ -166,6 +166,27 @@ fn pressure_responder_is_asked_once_then_retry() {
 }
 
 #[test]
+fn retiring_drops_pressure_responders_and_what_they_hold() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("r"));
+    let s = ctx.create_stream("s").unwrap();
+    let held = ctx.allocate(&s, MIB, Role::KvCache).unwrap();
+    let stream = s.clone();
+    // A responder that keeps a stream and a buffer of its own context: a
+    // cycle through the context's record that only retiring can break.
+    ctx.add_pressure_responder(move |_| {
+        let _ = (&held, &stream);
+        0
+    });
+    drop(s);
+    let report = ctx
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(5))
+        .expect("retiring dropped the responder, its stream and its buffer");
+    assert_eq!(report.retired_releases, 1);
+}
+
+#[test]
 fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     let gov = Governor::new();
     let (c, _) = slow_host(Duration::from_millis(400));
@@ -884,8 +905,10 @@ fn force_returns_charges_once_teardown_has_freed_the_memory() {
         NullContext::deferred(4),
         ContextConfig::new().label("a").shared_budget(gpu0.clone()),
     );
+    let b_device = NullContext::deferred(4);
+    let b_parked = b_device.controls();
     let b = gov.register(
-        NullContext::deferred(4),
+        b_device,
         ContextConfig::new().label("b").shared_budget(gpu0.clone()),
     );
     let sa = a.create_stream("sa").unwrap();
@@ -913,6 +936,9 @@ fn force_returns_charges_once_teardown_has_freed_the_memory() {
     assert_eq!(gpu0.charged(), 0);
     let fits = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap();
     drop((fits, live, sa, sb));
+    b_parked.retire_parked();
+    b.retire().wait(soon()).unwrap();
+    assert_eq!(gpu0.charged(), 0);
 }
 
 #[test]
@@ -1150,6 +1176,11 @@ fn a_shared_budget_reports_what_its_charge_is_made_of() {
     probe.retire_parked();
     assert_eq!((gpu0.charged(), gpu0.pending()), (MIB, 0));
     drop((live, s));
+    // The null device parks every free until told: retire the last one so
+    // that the context tears down (and nothing outlives the test).
+    probe.retire_parked();
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(gpu0.charged(), 0);
 }
 
 #[test]

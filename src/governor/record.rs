@@ -493,6 +493,12 @@ impl<C: DeviceContext> ContextInner<C> {
         if self.pins.close() {
             self.lifecycle.notify();
         }
+        // Nothing can be admitted any more: drop the pressure responders and
+        // whatever they captured (a responder that holds a stream or buffers
+        // of this context would otherwise keep it from ever draining). Their
+        // destructors are user code: they run after the lock is released.
+        let responders = std::mem::take(&mut *lock(&self.responders));
+        drop(responders);
         // Admission waiters check `accepting()`: wake them to give up.
         self.settled.notify();
         if let Some(s) = &self.shared {
