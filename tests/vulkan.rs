@@ -111,6 +111,59 @@ fn assert_only_lost_device_messages(messages: &[String], before_teardown: usize,
     }
 }
 
+#[test]
+fn lost_device_acceptance_takes_only_teardown_01137_of_the_pending_semaphores() {
+    let lost = "[ERROR VALIDATION] VUID-VkSemaphoreSignalInfo-value-03258: VkSemaphore 0xf000000000f[] value (1)".to_string();
+    let destroy = |h: &str| {
+        format!("[ERROR VALIDATION] VUID-vkDestroySemaphore-semaphore-01137: Cannot call vkDestroySemaphore on VkSemaphore {h}[] that is currently in use")
+    };
+    let pending = [0xf000000000f, 0x1400000000014];
+    // Accepted: each pending semaphore once, from teardown.
+    assert_only_lost_device_messages(
+        &[
+            lost.clone(),
+            destroy("0xf000000000f"),
+            destroy("0x1400000000014"),
+        ],
+        1,
+        &pending,
+    );
+    let rejects = |messages: Vec<String>, before: usize| {
+        std::panic::catch_unwind(|| assert_only_lost_device_messages(&messages, before, &pending))
+            .is_err()
+    };
+    assert!(
+        rejects(vec![destroy("0xf000000000f")], 1),
+        "before teardown"
+    );
+    assert!(
+        rejects(vec![lost.clone(), destroy("0x3000000000003")], 1),
+        "another semaphore"
+    );
+    assert!(
+        rejects(
+            vec![
+                lost.clone(),
+                destroy("0xf000000000f"),
+                destroy("0xf000000000f")
+            ],
+            1
+        ),
+        "the same semaphore twice"
+    );
+    assert!(
+        rejects(
+            vec![
+                lost,
+                "[ERROR VALIDATION] VUID-vkDestroyBuffer-buffer-00922: VkSemaphore 0xf000000000f[]"
+                    .into()
+            ],
+            1
+        ),
+        "another VUID"
+    );
+}
+
 fn signal() -> (RetireSignal, Receiver<RetireOutcome>) {
     let (tx, rx) = channel();
     (
