@@ -943,9 +943,12 @@ impl VulkanContext {
         // 2. Let gated work run (a host signal of memgov's own gate
         // semaphores), then wait for the device to go idle. On a lost device
         // vkDeviceWaitIdle must return in finite time (the spec requires it;
-        // lavapipe returns VK_ERROR_DEVICE_LOST at once): it is what lets the
-        // driver and the validation layer consider pending batches finished,
-        // so that destroying their semaphores and buffers below is valid.
+        // lavapipe returns VK_ERROR_DEVICE_LOST at once), and the spec counts
+        // that result as VK_SUCCESS for whether anything is still pending or
+        // in use: after it, destroying the semaphores and buffers of batches
+        // queued before the loss is valid. (The validation layer 1.3.239
+        // ignores a wait that failed, so it may still report those
+        // semaphores in use: a false positive on a lost device.)
         let closed: Vec<vk::Semaphore> = lock(&shared.gates)
             .iter()
             .filter(|g| !g.opened.swap(true, Ordering::SeqCst))

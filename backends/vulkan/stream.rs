@@ -726,6 +726,14 @@ impl StreamGate {
         self.value
     }
 
+    /// The gate's own timeline semaphore, which the gated batch waits for
+    /// (value 1). Valid until the context's teardown, which destroys it;
+    /// never signal it yourself (use [`open`](Self::open)): every ash call
+    /// that takes it is `unsafe`, and its caller vouches for that.
+    pub fn semaphore(&self) -> vk::Semaphore {
+        self.semaphore
+    }
+
     /// Let the stream run on. Once the context's teardown has begun this
     /// does nothing: teardown opens every gate itself.
     pub fn open(&self) -> Result<(), BackendError> {
