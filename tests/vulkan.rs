@@ -907,12 +907,6 @@ macro_rules! vulkan_conformance {
         mod conformance_mapped {
             $( #[test] fn $case() { super::conformance_case(stringify!($case), memgov::vulkan::TransferPath::Auto); } )*
         }
-        #[test]
-        fn conformance_lists_every_case() {
-            let listed = [$(stringify!($case)),*];
-            let names: Vec<_> = memgov::conformance::cases::<VulkanContext>().iter().map(|c| c.name).collect();
-            assert_eq!(names, listed.to_vec(), "tests/vulkan.rs must list every conformance case");
-        }
     };
 }
 
