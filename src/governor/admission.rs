@@ -107,12 +107,13 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    ctx.charge(bytes, stream.credit()).map_err(|refused| {
-        Ok(match refused {
-            ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-            ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-        })
-    })?;
+    ctx.charge(stream.shard, bytes, stream.credit())
+        .map_err(|refused| {
+            Ok(match refused {
+                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+            })
+        })?;
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
