@@ -532,6 +532,45 @@ mod model {
         );
     }
 
+    /// `admission::admit` with a deadline: the allocation was refused, then
+    /// one release settles (making room) while it decides to wait. It
+    /// registers, reads the epoch, attempts again, and only then sleeps: the
+    /// settlement either made room before the second attempt (which then
+    /// fits) or bumps an epoch the waiter registered for (and wakes it).
+    /// With the attempt before the registration, a settlement in between
+    /// would leave the waiter asleep with room free (loom: deadlock).
+    #[test]
+    fn admission_attempts_again_after_registering() {
+        run(
+            "admission re-attempt after registering + one settlement (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                // The room a settlement makes (the budget, in the model).
+                let room = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), room.clone());
+                let settler = thread::spawn(move || {
+                    r.store(true, Release);
+                    if c.settle_epoch.bump() {
+                        c.settled.wake_all();
+                    }
+                });
+                // The first attempt was refused (no room yet, as far as it
+                // knows); now the wait.
+                ctx.settle_epoch.register();
+                let seen = ctx.settle_epoch.epoch();
+                if !room.load(Acquire) {
+                    assert!(ctx
+                        .settled
+                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                    assert!(room.load(Acquire), "woken without the room");
+                }
+                ctx.settle_epoch.unregister();
+                settler.join().unwrap();
+            },
+        );
+    }
+
     /// An allocation waiting for room (holding its in-flight pin) while the
     /// context is retired: retire's wake-up must reach it (loom reports a
     /// deadlock otherwise), it gives up and drops its pin, and the teardown
