@@ -532,6 +532,45 @@ mod model {
         );
     }
 
+    /// `admission::admit` with a deadline: the allocation was refused, then
+    /// one release settles (making room) while it decides to wait. It
+    /// registers, reads the epoch, attempts again, and only then sleeps: the
+    /// settlement either made room before the second attempt (which then
+    /// fits) or bumps an epoch the waiter registered for (and wakes it).
+    /// With the attempt before the registration, a settlement in between
+    /// would leave the waiter asleep with room free (loom: deadlock).
+    #[test]
+    fn admission_attempts_again_after_registering() {
+        run(
+            "admission re-attempt after registering + one settlement (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                // The room a settlement makes (the budget, in the model).
+                let room = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), room.clone());
+                let settler = thread::spawn(move || {
+                    r.store(true, Release);
+                    if c.settle_epoch.bump() {
+                        c.settled.wake_all();
+                    }
+                });
+                // The first attempt was refused (no room yet, as far as it
+                // knows); now the wait.
+                ctx.settle_epoch.register();
+                let seen = ctx.settle_epoch.epoch();
+                if !room.load(Acquire) {
+                    assert!(ctx
+                        .settled
+                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                    assert!(room.load(Acquire), "woken without the room");
+                }
+                ctx.settle_epoch.unregister();
+                settler.join().unwrap();
+            },
+        );
+    }
+
     /// An allocation waiting for room (holding its in-flight pin) while the
     /// context is retired: retire's wake-up must reach it (loom reports a
     /// deadlock otherwise), it gives up and drops its pin, and the teardown
@@ -747,5 +786,165 @@ mod model {
             h.join().unwrap();
             assert_eq!(ctx.destroys.load(Acquire), 1);
         });
+    }
+
+    /// The budget of `budget.rs`, reduced to the charged word: a charge is
+    /// one compare-and-swap against the limit, an uncharge one `fetch_sub`.
+    struct ModelBudget {
+        charged: loom::sync::atomic::AtomicU64,
+        limit: u64,
+    }
+
+    impl ModelBudget {
+        fn try_charge(&self, bytes: u64) -> bool {
+            let mut cur = self.charged.load(Relaxed);
+            loop {
+                if cur + bytes > self.limit {
+                    return false;
+                }
+                match self
+                    .charged
+                    .compare_exchange_weak(cur, cur + bytes, AcqRel, Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+
+        fn uncharge(&self, bytes: u64) {
+            if bytes > 0 {
+                self.charged.fetch_sub(bytes, AcqRel);
+            }
+        }
+    }
+
+    /// A context's leases as `lease.rs` and `ContextInner::charge` drive
+    /// them: two shards, chunk `CHUNK`.
+    struct Leased {
+        budget: ModelBudget,
+        slots: super::sync::LeaseSlots<2>,
+    }
+
+    const CHUNK: u64 = 2;
+
+    impl Leased {
+        fn new(limit: u64) -> Self {
+            Self {
+                budget: ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(0),
+                    limit,
+                },
+                slots: super::sync::LeaseSlots::new(),
+            }
+        }
+
+        /// `ContextInner::charge` with leases on: the shard's lease, else a
+        /// refill (with a chunk when it fits), else reclaim every idle lease
+        /// and ask the budget again until it admits, or refuses with no
+        /// refill in flight and nothing leased.
+        fn charge(&self, shard: usize, bytes: u64) -> bool {
+            if self.slots.take(shard, bytes) {
+                return true;
+            }
+            if self.slots.begin_refill() {
+                let leased = self.budget.try_charge(bytes + CHUNK);
+                if leased {
+                    self.budget.uncharge(self.slots.fill(shard, CHUNK));
+                }
+                self.slots.end_refill();
+                if leased {
+                    return true;
+                }
+            }
+            if self.budget.try_charge(bytes) {
+                return true;
+            }
+            // `Leases::reclaim_then_charge`.
+            self.slots.press();
+            self.budget.uncharge(self.slots.reclaim());
+            let admitted = loop {
+                if self.budget.try_charge(bytes) {
+                    break true;
+                }
+                if self.slots.refilling() {
+                    thread::yield_now();
+                    continue;
+                }
+                let taken = self.slots.reclaim();
+                self.budget.uncharge(taken);
+                if taken == 0 {
+                    break false;
+                }
+            };
+            self.slots.unpress();
+            admitted
+        }
+
+        /// `Leases::settled`: back into the shard's lease, two chunks kept.
+        fn settle(&self, shard: usize, bytes: u64) {
+            self.budget
+                .uncharge(self.slots.give(shard, bytes, 2 * CHUNK));
+        }
+
+        fn close(&self) {
+            self.budget.uncharge(self.slots.close());
+        }
+    }
+
+    /// A refusal takes back the lease of a thread that is allocating out of
+    /// it at that moment, and is exact: with a limit of 4, shard 0 holding a
+    /// 2-byte lease and allocating 1 byte out of it, an allocation of 3 on
+    /// shard 1 always fits (1 + 3 = 4) and is never refused; no byte is lost
+    /// or counted twice (the budget ends at the allocations plus the idle
+    /// leases, and at the allocations alone once the leases close).
+    #[test]
+    fn refusal_reclaims_leases_from_an_allocating_thread() {
+        run(
+            "refusal reclaims a lease being allocated from (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Leased::new(4));
+                assert!(ctx.budget.try_charge(CHUNK));
+                assert_eq!(ctx.slots.fill(0, CHUNK), 0);
+                let c = ctx.clone();
+                let holder = thread::spawn(move || assert!(c.charge(0, 1), "1 of 4 refused"));
+                assert!(
+                    ctx.charge(1, 3),
+                    "3 bytes refused while only 1 was allocated"
+                );
+                holder.join().unwrap();
+                let charged = ctx.budget.charged.load(Acquire);
+                assert_eq!(charged, 4 + ctx.slots.idle());
+                ctx.close();
+                assert_eq!(ctx.budget.charged.load(Acquire), 4);
+                assert_eq!(ctx.slots.idle(), 0);
+            },
+        );
+    }
+
+    /// Teardown closing the leases races a stream refilling its lease and a
+    /// release settling into it (late, as a faulty backend may): once both
+    /// are done nothing is leased and the budget holds exactly the
+    /// allocations still live.
+    #[test]
+    fn retire_races_a_lease_refill() {
+        run(
+            "lease close races a refill and a settlement (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Leased::new(8));
+                assert!(ctx.charge(1, 1));
+                let c = ctx.clone();
+                let stream = thread::spawn(move || {
+                    assert!(c.charge(0, 1), "1 of 8 refused");
+                    c.settle(0, 1);
+                });
+                ctx.close();
+                stream.join().unwrap();
+                assert_eq!(ctx.slots.idle(), 0, "bytes leased after close");
+                assert_eq!(ctx.budget.charged.load(Acquire), 1);
+            },
+        );
     }
 }

@@ -49,7 +49,7 @@ pub(crate) fn admit<C: DeviceContext>(
             Some(refused) => Err(Ok(refused)),
             None => attempt(ctx, stream, bytes, role),
         };
-        let refused = match outcome {
+        let mut refused = match outcome {
             Ok(memory) => return Ok(memory),
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
@@ -61,12 +61,28 @@ pub(crate) fn admit<C: DeviceContext>(
             return Err(ctx.unavailable_error());
         }
         // 1. Wait for pending releases to retire, if the policy allows and
-        //    there is something pending that could help.
+        //    there is something pending that could help. Register first,
+        //    then look again: a release that settled after the refusal above
+        //    and before the registration is seen by the second attempt, and
+        //    one that settles after the registration wakes the wait.
         if let Some(d) = deadline {
-            if Instant::now() < d && pending_in_scope(ctx, &refused) > 0 {
-                add(&ctx.counters.admission_waits, 1);
-                wait_for_a_settlement(ctx, &refused, d);
-                continue;
+            if Instant::now() < d {
+                let waiter = SettlementWaiter::register(ctx, &refused);
+                refused = match attempt(ctx, stream, bytes, role) {
+                    Ok(memory) => return Ok(memory),
+                    Err(Ok(again)) => again,
+                    Err(Err(fatal)) => return Err(fatal),
+                };
+                if !ctx.accepting() {
+                    return Err(ctx.unavailable_error());
+                }
+                if pending_in_scope(ctx, &refused) > 0 {
+                    if waiter.covers(&refused) {
+                        add(&ctx.counters.admission_waits, 1);
+                        waiter.wait(d);
+                    }
+                    continue;
+                }
             }
         }
         // 2. Ask pressure responders once, with no lock held.
@@ -107,12 +123,13 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    ctx.charge(bytes, stream.credit()).map_err(|refused| {
-        Ok(match refused {
-            ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-            ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-        })
-    })?;
+    ctx.charge(stream.shard, bytes, stream.credit())
+        .map_err(|refused| {
+            Ok(match refused {
+                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+            })
+        })?;
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
@@ -167,32 +184,77 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
     }
 }
 
-/// Sleep until some release in scope settles, the context stops accepting
-/// work (retire, force, device loss: each wakes these notifiers after
-/// changing what `accepting` reads), or the deadline passes. Never polls.
-fn wait_for_a_settlement<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    refused: &Refused,
-    deadline: Instant,
-) {
-    match (refused, &ctx.shared) {
-        (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => {
-            let seen = s.0.epoch.load(Ordering::SeqCst);
-            s.0.retired.wait_until(
-                || s.0.epoch.load(Ordering::SeqCst) != seen || !ctx.accepting(),
-                Some(deadline),
-            );
+/// An allocation about to wait for a release in the scope of its refusal to
+/// settle, registered *before* its last attempt: a settlement either comes
+/// before the registration (and the attempt sees the room it made: the
+/// epoch word orders the two) or moves the epoch read here and wakes the
+/// wait. Unregisters when dropped, on every way out.
+enum SettlementWaiter<'a, C: DeviceContext> {
+    /// The context's own settlements (`settle_epoch`).
+    Context { ctx: &'a ContextInner<C>, seen: u64 },
+    /// Settlements of every context on the shared budget.
+    Shared {
+        ctx: &'a ContextInner<C>,
+        shared: &'a super::budget::SharedBudgetInner,
+        seen: u64,
+    },
+}
+
+impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
+    fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
+        match (refused, &ctx.shared) {
+            (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => Self::Shared {
+                ctx,
+                shared: &s.0,
+                seen: s.0.epoch.load(Ordering::SeqCst),
+            },
+            _ => {
+                // Register before reading the epoch to wait past: a
+                // settlement after the read either sees the registration
+                // (and wakes) or is seen by the check (see `EpochWord`).
+                ctx.settle_epoch.register();
+                Self::Context {
+                    ctx,
+                    seen: ctx.settle_epoch.epoch(),
+                }
+            }
         }
-        _ => {
-            // Register before reading the epoch to wait past: a settlement
-            // after the read either sees the registration (and wakes) or is
-            // seen by the check (see `EpochWord`).
-            ctx.settle_epoch.register();
-            let seen = ctx.settle_epoch.epoch();
-            ctx.settled.wait_until(
-                || ctx.settle_epoch.epoch() != seen || !ctx.accepting(),
-                Some(deadline),
-            );
+    }
+
+    /// Whether this registration is for the scope of `refused`.
+    fn covers(&self, refused: &Refused) -> bool {
+        let shared = matches!(refused, Refused::Budget(BudgetScope::Shared(_), _));
+        match self {
+            Self::Shared { .. } => shared,
+            Self::Context { .. } => !shared,
+        }
+    }
+
+    /// Sleep until some release in scope settles after the registration,
+    /// the context stops accepting work (retire, force, device loss: each
+    /// wakes these notifiers after changing what `accepting` reads), or the
+    /// deadline passes. Never polls.
+    fn wait(&self, deadline: Instant) {
+        match *self {
+            Self::Shared { ctx, shared, seen } => {
+                shared.retired.wait_until(
+                    || shared.epoch.load(Ordering::SeqCst) != seen || !ctx.accepting(),
+                    Some(deadline),
+                );
+            }
+            Self::Context { ctx, seen } => {
+                ctx.settled.wait_until(
+                    || ctx.settle_epoch.epoch() != seen || !ctx.accepting(),
+                    Some(deadline),
+                );
+            }
+        }
+    }
+}
+
+impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
+    fn drop(&mut self) {
+        if let Self::Context { ctx, .. } = self {
             ctx.settle_epoch.unregister();
         }
     }

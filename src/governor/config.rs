@@ -97,6 +97,7 @@ pub struct ContextConfig {
     pub(crate) shared: Option<SharedBudget>,
     pub(crate) admission: Admission,
     pub(crate) max_pins: u64,
+    pub(crate) lease_chunk: u64,
 }
 
 impl Default for ContextConfig {
@@ -107,6 +108,7 @@ impl Default for ContextConfig {
             shared: None,
             admission: Admission::FailFast,
             max_pins: crate::sync::MAX_CLAIMS,
+            lease_chunk: super::lease::DEFAULT_CHUNK,
         }
     }
 }
@@ -122,6 +124,7 @@ impl fmt::Debug for ContextConfig {
             )
             .field("admission", &self.admission)
             .field("max_pins", &self.max_pins)
+            .field("lease_chunk", &self.lease_chunk)
             .finish()
     }
 }
@@ -153,6 +156,22 @@ impl ContextConfig {
     /// What to do when an allocation does not fit.
     pub fn admission(mut self, admission: Admission) -> Self {
         self.admission = admission;
+        self
+    }
+
+    /// Bytes of budget a stream leases beyond an allocation when it has to
+    /// charge the budget (default 2 MiB; 0 turns leases off).
+    ///
+    /// Streams charge allocations out of their lease and put settled frees
+    /// back into it (keeping at most two chunks), so that streams allocating
+    /// at the same time do not write the same budget word. Admission stays
+    /// exact: before refusing an allocation, the governor takes back every
+    /// idle lease. Snapshots report bytes charged to allocations, not leased
+    /// ones; while streams allocate, `charged` may be off by up to one chunk
+    /// per stream refilling or settling at that instant, and `peak` may miss
+    /// a short peak by as much. A context on a shared budget does not lease.
+    pub fn lease_chunk(mut self, bytes: u64) -> Self {
+        self.lease_chunk = bytes;
         self
     }
 

@@ -10,6 +10,7 @@ mod buffer;
 mod config;
 mod error;
 mod handle;
+mod lease;
 mod migrate;
 mod pin_source;
 mod record;

@@ -33,8 +33,9 @@
 //!   compare-and-swap and only the winner calls the backend; a panicking
 //!   `teardown` is caught, so Terminated is always reached.
 //! * Charges: `charge` puts an allocation's bytes on the context's budget
-//!   and the shared one together; they come off when an executed free
-//!   settles (`uncharge`), or at teardown for every byte whose free never ran
+//!   (through its stream's lease, see `lease.rs`) and the shared one
+//!   together; they come off when an executed free settles
+//!   (`uncharge_settled`, back into the stream's lease), or at teardown for every byte whose free never ran
 //!   (quarantined, abandoned, reclaimed, released on a lost device), in the
 //!   one accounting step every teardown path runs
 //!   (`return_charges_at_teardown`).
@@ -50,6 +51,7 @@
 use super::budget::{Budget, Refusal, SharedBudget};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::error::GovernorError;
+use super::lease::Leases;
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stats::Stats;
@@ -146,6 +148,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// the teardown accounting (`hold_until_teardown`,
     /// `return_charges_at_teardown`), which keep the shared budget in step.
     budget: Budget,
+    /// Chunks of `budget` leased to shards of streams (see `lease.rs`).
+    leases: Leases,
     pub shared: Option<SharedBudget>,
     /// Woken when a release of this context settles (admission waiters), and
     /// on device loss and termination.
@@ -255,6 +259,13 @@ impl<C: DeviceContext> ContextInner<C> {
             forced: AtomicBool::new(false),
             lifecycle: Notifier::new(),
             budget: Budget::new(limit),
+            // A refusal on a shared budget would have to reclaim the leases
+            // of every context on it: leases stay off there.
+            leases: Leases::new(if config.shared.is_some() {
+                0
+            } else {
+                config.lease_chunk
+            }),
             shared: config.shared,
             settled: Notifier::new(),
             settle_epoch: EpochWord::new(),
@@ -782,6 +793,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// awaiting teardown (abandoned releases, buffers reclaimed by force or
     /// released on a lost device).
     fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
+        self.leases.close(&self.budget);
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
         let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
         for q in &quarantined {
@@ -831,10 +843,34 @@ impl<C: DeviceContext> ContextInner<C> {
         self.awaiting_teardown.load(Ordering::Acquire)
     }
 
-    /// Charge `bytes` to the context's budget and to its shared one: both,
-    /// or neither. `credit` lowers the bar (see [`Budget::try_charge`]).
+    /// Charge `bytes` for an allocation on a stream of `shard` to the
+    /// context's budget and to its shared one: both, or neither. `credit`
+    /// lowers the bar (see [`Budget::try_charge`]).
+    ///
+    /// With leases on, the charge comes out of the shard's lease, refilled
+    /// from the budget when short; the budget's refusal is final only after
+    /// every idle lease was taken back and the budget refused again.
     #[inline]
-    pub(crate) fn charge(&self, bytes: u64, credit: u64) -> Result<(), ChargeRefused> {
+    pub(crate) fn charge(
+        &self,
+        shard: usize,
+        bytes: u64,
+        credit: u64,
+    ) -> Result<(), ChargeRefused> {
+        if self.leases.enabled() {
+            if self.leases.take(shard, bytes)
+                || self
+                    .leases
+                    .refill(&self.budget, shard, bytes, credit)
+                    .is_ok()
+            {
+                return Ok(());
+            }
+            return self
+                .leases
+                .reclaim_then_charge(&self.budget, bytes, credit)
+                .map_err(ChargeRefused::Context);
+        }
         self.budget
             .try_charge(bytes, credit)
             .map_err(ChargeRefused::Context)?;
@@ -855,11 +891,35 @@ impl<C: DeviceContext> ContextInner<C> {
     /// Change the context's budget limit.
     pub(crate) fn set_budget_limit(&self, bytes: u64) {
         self.budget.set_limit(bytes);
+        // Leased bytes were admitted under the old limit: take them back, so
+        // that allocations from now on are held to the new one.
+        self.leases.reclaim(&self.budget);
     }
 
-    /// Bytes charged to the context's budget now, and the most ever.
+    /// Bytes charged to allocations on the context's budget now (leased,
+    /// idle bytes are not), and the most ever (see `lease.rs` for how far
+    /// either can lag while streams allocate).
     pub(crate) fn charged(&self) -> (u64, u64) {
-        (self.budget.charged(), self.budget.peak())
+        if self.leases.enabled() {
+            let peak = self.leases.raise_peak(&self.budget);
+            (self.leases.charged(&self.budget), peak)
+        } else {
+            (self.budget.charged(), self.budget.peak())
+        }
+    }
+
+    /// An executed free of `bytes`, queued on a stream of `shard`, settled:
+    /// the bytes go back to that shard's lease (the rest to the budget),
+    /// or to the budgets when leases are off.
+    #[inline]
+    pub(crate) fn uncharge_settled(&self, shard: usize, bytes: u64) {
+        if self.leases.enabled() {
+            // Leases are off on a shared budget: only the context's own
+            // budget holds these bytes.
+            self.leases.settled(&self.budget, shard, bytes);
+        } else {
+            self.uncharge(bytes, bytes, 0);
+        }
     }
 
     /// Give back `bytes` to the context budget and the shared one.

@@ -117,7 +117,7 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         match outcome {
             // The free executed: the device has the bytes back. (`retired`
             // is derived: settled minus abandoned.)
-            RetireOutcome::Retired => ctx.uncharge(this.bytes, this.bytes, 0),
+            RetireOutcome::Retired => ctx.uncharge_settled(shard, this.bytes),
             // The free never ran: the memory is the backend's to free at
             // teardown, and charged until then.
             RetireOutcome::Abandoned => {

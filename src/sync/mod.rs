@@ -17,12 +17,17 @@
 //!   (settlements) with its waiters in the same word, so that the frequent
 //!   signaller learns from its own read-modify-write whether to wake anyone,
 //!   without the SeqCst fence `Notifier::notify` needs.
+//! * [`LeaseSlots`]: budget bytes leased to shards of streams, one cache line
+//!   each, that a refusal elsewhere can take back while their holders are
+//!   taking from them, and that teardown closes for good.
 
 mod claim;
+mod lease;
 mod notify;
 mod word;
 
 pub(crate) use claim::{AcquireError, ClaimCounter, MAX_CLAIMS};
+pub(crate) use lease::LeaseSlots;
 pub(crate) use notify::Notifier;
 pub(crate) use word::{CountWord, EpochWord};
 
@@ -39,6 +44,16 @@ pub(crate) use std::sync::{
     atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Condvar, Mutex, MutexGuard,
 };
+
+/// One turn of a wait for another thread's few instructions (a refill in
+/// flight): a yield under loom, which must see the other thread run.
+#[inline]
+pub(crate) fn spin() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
 
 /// Lock one of the governor's bookkeeping mutexes (always `std`), recovering
 /// from poisoning: every structure guarded here is left consistent between

@@ -153,6 +153,10 @@ pub const ROWS: &[RowSpec] = &[
         measure: |p| vec![rows::two_threads(p)],
     },
     RowSpec {
+        key: "thread-curve",
+        measure: |p| vec![rows::thread_curve(p)],
+    },
+    RowSpec {
         key: "wakeup",
         measure: |p| vec![rows::wakeup(p)],
     },

@@ -190,7 +190,16 @@ fn two_thread_span(
     pairs: [(&ContextHandle<NullContext>, &GovernedStream<NullContext>); 2],
     n: u64,
 ) -> f64 {
-    let barrier = Barrier::new(2);
+    thread_span(&pairs, n)
+}
+
+/// One thread per (context, stream) pair, `n` null cycles each, from a
+/// common start to the last finish: ns per cycle done.
+fn thread_span(
+    pairs: &[(&ContextHandle<NullContext>, &GovernedStream<NullContext>)],
+    n: u64,
+) -> f64 {
+    let barrier = Barrier::new(pairs.len());
     let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
         let hs: Vec<_> = pairs
             .iter()
@@ -208,9 +217,76 @@ fn two_thread_span(
             .map(|h| h.join().expect("bench thread"))
             .collect()
     });
-    let start = spans.iter().map(|s| s.0).min().expect("two spans");
-    let end = spans.iter().map(|s| s.1).max().expect("two spans");
-    end.duration_since(start).as_nanos() as f64 / (2 * n) as f64
+    let start = spans.iter().map(|s| s.0).min().expect("a span");
+    let end = spans.iter().map(|s| s.1).max().expect("a span");
+    end.duration_since(start).as_nanos() as f64 / (pairs.len() as u64 * n) as f64
+}
+
+/// 1, 2, 4 and 8 threads (as many of those as the machine has cores for),
+/// each on its own stream of one context, against the same count on as many
+/// separate contexts. The row is the largest count; the note has the curve.
+pub fn thread_curve(plan: &Plan) -> Row {
+    let row = Row::new(
+        "thread-curve",
+        "k threads on k streams of one context (largest k): ns per cycle",
+        "k threads on k separate contexts",
+        "ns",
+        // One context reaches at least 85 % of the separate contexts'
+        // throughput: its ns per cycle are at most 1/0.85 of theirs.
+        Target::AtMost(1.18),
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let counts: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|&k| k <= cores).collect();
+    let gov = Governor::new();
+    let config = || ContextConfig::new().budget(1 << 40);
+    let shared = gov.register(NullContext::new(), config());
+    let shared_streams: Vec<_> = (0..8)
+        .map(|i| shared.create_stream(format!("s{i}")).expect("stream"))
+        .collect();
+    let apart: Vec<_> = (0..8)
+        .map(|_| gov.register(NullContext::new(), config()))
+        .collect();
+    let apart_streams: Vec<_> = apart
+        .iter()
+        .map(|c| c.create_stream("a").expect("stream"))
+        .collect();
+    let n = calibrate(
+        &mut |n| null_cycles(&shared, &shared_streams[0], n),
+        plan.sample,
+    );
+    let mut curve = Vec::new();
+    let mut last = (0.0, 0.0);
+    let mut apart_one = None;
+    for &k in &counts {
+        let one: Vec<_> = shared_streams[..k].iter().map(|s| (&shared, s)).collect();
+        let sep: Vec<_> = apart.iter().zip(&apart_streams).take(k).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..plan.samples {
+            a.push(thread_span(&one, n));
+            b.push(thread_span(&sep, n));
+        }
+        let (v, base) = (median(&mut a), median(&mut b));
+        apart_one.get_or_insert(base);
+        curve.push(format!("{k}: {v:.0} vs {base:.0} ns ({:.2}x)", v / base));
+        last = (v, base);
+    }
+    let (v, b) = last;
+    let most = counts.last().copied().unwrap_or(1);
+    // Throughput of the separate contexts at the largest count over one
+    // thread: what the machine gives that many threads right now.
+    let scaling = apart_one.unwrap_or(b) / b;
+    let mut row = row.with(v, Some(b), Some(v / b)).note(format!(
+        "ns per cycle, one context vs separate contexts, by thread count: {}; this machine has {cores} cores, so {most} threads is the most measured; separate contexts scale {scaling:.2}x at {most}",
+        curve.join(", "),
+    ));
+    if most < 2 || scaling < 1.2 {
+        row.note = Some(format!(
+            "{}; the machine gives {most} threads less than 1.2x now, so the target cannot be judged in this run",
+            row.note.unwrap_or_default()
+        ));
+        row.met = None;
+    }
+    row
 }
 
 fn null_cycles(ctx: &ContextHandle<NullContext>, stream: &GovernedStream<NullContext>, n: u64) {
