@@ -113,32 +113,8 @@ impl Cycles {
 /// each), interleaved in rounds, and return nanoseconds per cycle:
 /// `(governed, raw)`.
 pub fn cycle_ratio(iterations: u32) -> Result<(u64, u64), BackendError> {
-    let iterations = iterations.max(1);
-    let warm = (iterations / 10).max(10);
     let mut c = Cycles::new()?;
-    for _ in 0..warm {
-        c.governed()?;
-        c.raw()?;
-    }
-    let rounds = 10u32.min(iterations);
-    let per = iterations / rounds;
-    let (mut gt, mut rt) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..per {
-            c.governed()?;
-        }
-        gt += t.elapsed();
-        let t = Instant::now();
-        for _ in 0..per {
-            c.raw()?;
-        }
-        rt += t.elapsed();
-    }
+    let ns = super::cycle::interleaved(iterations, &mut c, Cycles::governed, Cycles::raw)?;
     c.finish()?;
-    let n = u64::from(per * rounds).max(1);
-    Ok((
-        (gt.as_nanos() / u128::from(n)) as u64,
-        (rt.as_nanos() / u128::from(n)) as u64,
-    ))
+    Ok(ns)
 }
