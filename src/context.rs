@@ -130,7 +130,33 @@ impl BackendError {
     pub fn is_device_lost(&self) -> bool {
         self.kind == BackendErrorKind::DeviceLost
     }
+
+    /// The error for driver call `call` that returned `code` (named `name`)
+    /// during `op`, classified as `kind`. Every driver-code error reads the
+    /// same way on every backend: `"{call} returned {name} ({code}){hint}"`,
+    /// with the code attached; `hint` is empty or starts with `"; "` and says
+    /// the way out.
+    pub(crate) fn from_driver_call(
+        backend: &'static str,
+        op: &'static str,
+        kind: BackendErrorKind,
+        call: &str,
+        name: &str,
+        code: i64,
+        hint: &str,
+    ) -> Self {
+        Self::new(
+            backend,
+            op,
+            kind,
+            format!("{call} returned {name} ({code}){hint}"),
+        )
+        .with_code(code)
+    }
 }
+
+/// The way out of a driver's out-of-memory code, as a driver-call hint.
+pub(crate) const OUT_OF_MEMORY_HINT: &str = "; free memory (or lower the budget) and retry";
 
 /// How a stream-ordered release ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
