@@ -9,8 +9,38 @@
 
 #![cfg(any(feature = "cuda", feature = "hip", feature = "vulkan"))]
 
-use memgov::BackendError;
+use memgov::{BackendError, BackendErrorKind, ContextHandle, DeviceContext, GovernedStream};
+use std::fmt::Display;
 use std::time::{Duration, Instant};
+
+/// A governor error met by the governed side of `backend`'s cycle, as the
+/// [`BackendError`] a `cycle_ratio` returns.
+pub fn governed_error(backend: &'static str, e: impl Display) -> BackendError {
+    BackendError::new(
+        backend,
+        "bench",
+        BackendErrorKind::Other,
+        format!("governed cycle failed: {e}"),
+    )
+}
+
+/// The end of a governed cycle: synchronize its stream (if it still holds
+/// one), retire the context and wait up to a minute for the teardown, which
+/// returns the backend's own teardown result.
+pub fn retire<C: DeviceContext>(
+    backend: &'static str,
+    ctx: &ContextHandle<C>,
+    stream: Option<GovernedStream<C>>,
+) -> Result<(), BackendError> {
+    if let Some(s) = stream {
+        s.synchronize().map_err(|e| governed_error(backend, e))?;
+    }
+    let report = ctx
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(60))
+        .map_err(|e| governed_error(backend, e))?;
+    report.backend_result
+}
 
 /// Run `iterations` governed cycles and `iterations` raw cycles (after a
 /// warm-up of `max(iterations / 10, 10)` of each), interleaved in rounds, and

@@ -21,7 +21,6 @@ use memgov::{
     Governor, Role,
 };
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
 
 fn err(op: &'static str, kind: BackendErrorKind, message: impl Into<String>) -> BackendError {
     BackendError::new("vulkan", op, kind, message)
@@ -53,11 +52,7 @@ fn bench_config() -> VulkanConfig {
 }
 
 fn gov_err(e: impl std::fmt::Display) -> BackendError {
-    err(
-        "bench",
-        BackendErrorKind::Other,
-        format!("governed cycle failed: {e}"),
-    )
+    super::cycle::governed_error("vulkan", e)
 }
 
 /// The governed cycle: `Governor<VulkanContext>`, one stream, allocate +
@@ -100,15 +95,7 @@ impl GovernedCycle {
 
     /// Synchronize, retire and tear down.
     pub fn finish(mut self) -> Result<(), BackendError> {
-        if let Some(s) = self.stream.take() {
-            s.synchronize().map_err(gov_err)?;
-        }
-        let report = self
-            .ctx
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(60))
-            .map_err(gov_err)?;
-        report.backend_result
+        super::cycle::retire("vulkan", &self.ctx, self.stream.take())
     }
 }
 
