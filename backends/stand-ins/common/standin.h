@@ -12,7 +12,8 @@
  *     checks a driver makes on a pointer (unknown, already freed, out of
  *     bounds) and the byte limit behind the out-of-memory knob.
  *   - sq_knobs: the environment knobs (latency, OOM after N bytes, sticky
- *     device error at operation N), read once with a per-driver prefix.
+ *     device error at operation N), read once with a per-driver prefix;
+ *     sq_env_u64 reads a driver's own integer knobs the same way.
  *   - sq_die: abort the process with one clear "contract violation" line.
  *
  * Threading: every function here is safe to call from any thread. Operations
