@@ -12,13 +12,16 @@
 
 #[path = "support/child.rs"]
 mod child_process;
+#[path = "support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
 
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
-    RetireOutcome, RetireSignal, Role,
+    RetireOutcome, Role,
 };
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 fn factory() -> Result<CudaContext, memgov::BackendError> {
@@ -48,19 +51,6 @@ fn stand_in() -> Option<CudaContext> {
         return None;
     }
     Some(ctx)
-}
-
-fn signal() -> (
-    RetireSignal,
-    Receiver<(RetireOutcome, std::thread::ThreadId)>,
-) {
-    let (tx, rx) = channel();
-    (
-        RetireSignal::from_fn(move |o| {
-            let _ = tx.send((o, std::thread::current().id()));
-        }),
-        rx,
-    )
 }
 
 #[test]

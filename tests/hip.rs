@@ -15,15 +15,18 @@
 
 #[path = "support/child.rs"]
 mod child_process;
+#[path = "support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
 
 use hip_sys::hiprt as hip;
 use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
-    RetireOutcome, RetireSignal, Role,
+    RetireOutcome, Role,
 };
 use std::ffi::c_void;
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
@@ -65,20 +68,6 @@ fn stand_in() -> Option<HipContext> {
         return None;
     }
     Some(ctx)
-}
-
-/// A signal that reports its outcome and the thread it settled on.
-fn signal() -> (
-    RetireSignal,
-    Receiver<(RetireOutcome, std::thread::ThreadId)>,
-) {
-    let (tx, rx) = channel();
-    (
-        RetireSignal::from_fn(move |o| {
-            let _ = tx.send((o, std::thread::current().id()));
-        }),
-        rx,
-    )
 }
 
 #[test]
