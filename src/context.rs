@@ -136,6 +136,7 @@ impl BackendError {
     /// same way on every backend: `"{call} returned {name} ({code}){hint}"`,
     /// with the code attached; `hint` is empty or starts with `"; "` and says
     /// the way out.
+    #[cfg(any(feature = "cuda", feature = "hip", feature = "vulkan"))]
     pub(crate) fn from_driver_call(
         backend: &'static str,
         op: &'static str,
@@ -156,6 +157,7 @@ impl BackendError {
 }
 
 /// The way out of a driver's out-of-memory code, as a driver-call hint.
+#[cfg(any(feature = "cuda", feature = "hip", feature = "vulkan"))]
 pub(crate) const OUT_OF_MEMORY_HINT: &str = "; free memory (or lower the budget) and retry";
 
 /// Whether a GPU backend's context is lost, and the first reason it was.
