@@ -10,6 +10,8 @@ use memgov::BackendErrorKind;
 
 #[path = "../src/bin/memgov/bench/cuda.rs"]
 mod cuda_row;
+#[path = "../src/bin/memgov/bench/cycle.rs"]
+mod cycle;
 
 fn cycle(c: &mut Criterion) {
     let stand_in = match cuda_row::stand_in() {

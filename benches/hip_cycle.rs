@@ -8,6 +8,8 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::{BackendErrorKind, Execution};
 
+#[path = "../src/bin/memgov/bench/cycle.rs"]
+mod cycle;
 #[path = "../src/bin/memgov/bench/hip.rs"]
 mod hip_row;
 

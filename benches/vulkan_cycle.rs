@@ -7,6 +7,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::BackendErrorKind;
 
 /// The Vulkan row of `memgov bench`.
+#[path = "../src/bin/memgov/bench/cycle.rs"]
+mod cycle;
 #[path = "../src/bin/memgov/bench/vulkan.rs"]
 mod vulkan;
 

@@ -130,6 +130,77 @@ impl BackendError {
     pub fn is_device_lost(&self) -> bool {
         self.kind == BackendErrorKind::DeviceLost
     }
+
+    /// The error for driver call `call` that returned `code` (named `name`)
+    /// during `op`, classified as `kind`. Every driver-code error reads the
+    /// same way on every backend: `"{call} returned {name} ({code}){hint}"`,
+    /// with the code attached; `hint` is empty or starts with `"; "` and says
+    /// the way out.
+    #[cfg(any(feature = "cuda", feature = "hip", feature = "vulkan"))]
+    pub(crate) fn from_driver_call(
+        backend: &'static str,
+        op: &'static str,
+        kind: BackendErrorKind,
+        call: &str,
+        name: &str,
+        code: i64,
+        hint: &str,
+    ) -> Self {
+        Self::new(
+            backend,
+            op,
+            kind,
+            format!("{call} returned {name} ({code}){hint}"),
+        )
+        .with_code(code)
+    }
+}
+
+/// The way out of a driver's out-of-memory code, as a driver-call hint.
+#[cfg(any(feature = "cuda", feature = "hip", feature = "vulkan"))]
+pub(crate) const OUT_OF_MEMORY_HINT: &str = "; free memory (or lower the budget) and retry";
+
+/// Whether a GPU backend's context is lost, and the first reason it was.
+///
+/// Every call on a lost context is refused with that reason instead of going
+/// to the driver; the flag is set once, so the caller learns which call made
+/// the context lost (and reports it to the probe exactly once).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[derive(Debug, Default)]
+pub(crate) struct LostState {
+    lost: std::sync::atomic::AtomicBool,
+    reason: std::sync::Mutex<Option<String>>,
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl LostState {
+    /// Whether the context has been marked lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The flag itself, for waits that end when the context is lost.
+    #[cfg(feature = "hip")]
+    pub(crate) fn flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.lost
+    }
+
+    /// Mark the context lost, keeping `why` if it is the first reason given.
+    /// Returns `true` for the call that made the context lost. The reason is
+    /// stored before the flag is set, so whoever sees the flag finds it.
+    pub(crate) fn mark(&self, why: Option<&str>) -> bool {
+        if let Some(why) = why {
+            crate::sync::lock(&self.reason).get_or_insert_with(|| why.to_owned());
+        }
+        !self.lost.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The first reason given, else `otherwise`.
+    pub(crate) fn reason_or(&self, otherwise: &str) -> String {
+        crate::sync::lock(&self.reason)
+            .clone()
+            .unwrap_or_else(|| otherwise.to_owned())
+    }
 }
 
 /// How a stream-ordered release ended.

@@ -10,13 +10,18 @@
 
 #![cfg(feature = "cuda")]
 
+#[path = "support/child.rs"]
+mod child_process;
+#[path = "support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
+
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
-    RetireOutcome, RetireSignal, Role,
+    RetireOutcome, Role,
 };
-use std::process::Command;
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 fn factory() -> Result<CudaContext, memgov::BackendError> {
@@ -46,19 +51,6 @@ fn stand_in() -> Option<CudaContext> {
         return None;
     }
     Some(ctx)
-}
-
-fn signal() -> (
-    RetireSignal,
-    Receiver<(RetireOutcome, std::thread::ThreadId)>,
-) {
-    let (tx, rx) = channel();
-    (
-        RetireSignal::from_fn(move |o| {
-            let _ = tx.send((o, std::thread::current().id()));
-        }),
-        rx,
-    )
 }
 
 #[test]
@@ -269,85 +261,32 @@ fn whole_suite_report() {
 /// The variable that tells a re-executed test binary which scenario to run.
 const CHILD: &str = "MEMGOV_CUDA_CHILD";
 
-struct ChildRun {
-    code: Option<i32>,
-    signal: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 /// Run `scenario` in a child process with extra environment. `None` (after
 /// printing why) when there is no stand-in to run it on.
-fn child(scenario: &str, env: &[(&str, &str)]) -> Option<ChildRun> {
+fn child(scenario: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
     stand_in()?.teardown(false).expect("teardown");
-    let exe = std::env::current_exe().expect("test binary");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "--ignored",
-        "--exact",
-        "child_entry",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, scenario);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("spawn child");
-    use std::os::unix::process::ExitStatusExt;
-    Some(ChildRun {
-        code: out.status.code(),
-        signal: out.status.signal(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    Some(child_process::run(CHILD, scenario, env))
 }
 
 /// The child passed (its scenario's assertions held).
 fn assert_child_passed(scenario: &str, env: &[(&str, &str)]) {
-    let Some(run) = child(scenario, env) else {
-        return;
-    };
-    assert_eq!(
-        run.code,
-        Some(0),
-        "child {scenario} failed (signal {:?}):\n{}\n{}",
-        run.signal,
-        run.stdout,
-        run.stderr
-    );
-    assert!(
-        run.stdout.contains(&format!("child {scenario}: ok")),
-        "{}",
-        run.stdout
-    );
+    if let Some(run) = child(scenario, env) {
+        child_process::assert_passed(scenario, &run, &format!("child {scenario}: ok"));
+    }
 }
 
 /// The child was aborted by the stand-in with a contract violation that
 /// names `what`.
 fn assert_stand_in_aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
-    let Some(run) = child(scenario, env) else {
-        return;
-    };
-    assert_eq!(
-        run.signal,
-        Some(6),
-        "child {scenario} was not aborted (exit {:?}):\n{}\n{}",
-        run.code,
-        run.stdout,
-        run.stderr
-    );
-    assert!(
-        run.stderr
-            .contains("memgov libcuda stand-in: contract violation:")
-            && run.stderr.contains(what),
-        "child {scenario}: abort message lacks '{what}':\n{}",
-        run.stderr
-    );
-    assert!(
-        !run.stdout.contains(&format!("child {scenario}: ok")),
-        "child {scenario} ran past the violation"
-    );
+    if let Some(run) = child(scenario, env) {
+        child_process::assert_aborted(
+            scenario,
+            &run,
+            "memgov libcuda stand-in: contract violation:",
+            what,
+            &format!("child {scenario}: ok"),
+        );
+    }
 }
 
 #[test]

@@ -13,16 +13,20 @@
 //! `LD_LIBRARY_PATH=$(backends/stand-ins/build.sh hip)`).
 #![cfg(feature = "hip")]
 
+#[path = "support/child.rs"]
+mod child_process;
+#[path = "support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
+
 use hip_sys::hiprt as hip;
 use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
-    RetireOutcome, RetireSignal, Role,
+    RetireOutcome, Role,
 };
 use std::ffi::c_void;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, ExitStatus};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
@@ -35,6 +39,9 @@ memgov::conformance_tests!(hip_plain, || HipContext::new(HipConfig {
 const LONG: Duration = Duration::from_secs(60);
 /// The environment variable that makes this binary a child running one case.
 const CHILD: &str = "MEMGOV_HIP_TEST_CHILD";
+
+/// What a child prints when its case ran to the end.
+const CHILD_END: &str = "child reached the end";
 
 /// A context, or `None` after printing why there is no HIP device here.
 fn context(config: HipConfig) -> Option<HipContext> {
@@ -61,20 +68,6 @@ fn stand_in() -> Option<HipContext> {
         return None;
     }
     Some(ctx)
-}
-
-/// A signal that reports its outcome and the thread it settled on.
-fn signal() -> (
-    RetireSignal,
-    Receiver<(RetireOutcome, std::thread::ThreadId)>,
-) {
-    let (tx, rx) = channel();
-    (
-        RetireSignal::from_fn(move |o| {
-            let _ = tx.send((o, std::thread::current().id()));
-        }),
-        rx,
-    )
 }
 
 #[test]
@@ -356,24 +349,9 @@ fn soak(first: HipContext) {
 
 // ---- child processes: knobs and planted violations ---------------------
 
-/// Run `case` in a child with `env`; returns its exit status and output.
-fn child(case: &str, env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args([
-            "--ignored",
-            "--exact",
-            "child_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, case)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    (out.status, text)
+/// Run `case` in a child with `env`.
+fn child(case: &str, env: &[(&str, &str)]) -> child_process::ChildRun {
+    child_process::run(CHILD, case, env)
 }
 
 /// Whether this process runs on the stand-in; prints why not.
@@ -381,24 +359,16 @@ fn on_stand_in() -> bool {
     stand_in().map(|c| c.teardown(false).unwrap()).is_some()
 }
 
+/// Run `case` in a child that the stand-in must abort with a contract
+/// violation naming `message`.
 fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
-    let (status, out) = child(case, env);
-    assert_eq!(
-        status.signal(),
-        Some(6),
-        "{case}: the child must die of SIGABRT, it ended with {status}:\n{out}"
-    );
-    assert!(
-        out.contains("memgov libamdhip64 stand-in: contract violation"),
-        "{case}: no contract violation reported:\n{out}"
-    );
-    assert!(
-        out.contains(message),
-        "{case}: expected '{message}' in:\n{out}"
-    );
-    assert!(
-        !out.contains("child reached the end"),
-        "{case}: the violation was not caught where planted:\n{out}"
+    let run = child(case, env);
+    child_process::assert_aborted(
+        case,
+        &run,
+        "memgov libamdhip64 stand-in: contract violation",
+        message,
+        CHILD_END,
     );
 }
 
@@ -407,13 +377,9 @@ fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
 fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
     let mut env = env.to_vec();
     env.push(("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1"));
-    let (status, out) = child(case, &env);
-    assert!(
-        status.success(),
-        "{case}: the child failed ({status}):\n{out}"
-    );
-    assert!(out.contains("child reached the end"), "{case}:\n{out}");
-    out
+    let run = child(case, &env);
+    child_process::assert_passed(case, &run, CHILD_END);
+    run.output()
 }
 
 #[test]
@@ -811,5 +777,5 @@ fn child_entry() {
         }
         other => panic!("unknown child case {other}"),
     }
-    println!("child reached the end");
+    println!("{CHILD_END}");
 }

@@ -58,6 +58,7 @@ mod stream;
 pub use memory::CudaMemory;
 pub use stream::CudaStream;
 
+use crate::context::LostState;
 use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireSignal,
@@ -182,12 +183,11 @@ pub(crate) struct Shared {
     execution: Execution,
     pub(crate) probe: BackendProbe,
     /// The governor declared the device lost, or the driver returned a
-    /// sticky code.
-    lost: AtomicBool,
+    /// sticky code; the reason kept is the first sticky error the driver
+    /// returned.
+    lost: LostState,
     /// The driver itself returned a sticky code.
     driver_lost: AtomicBool,
-    /// The first sticky error the driver returned.
-    lost_reason: Mutex<Option<String>>,
     next_id: AtomicU64,
     pub(crate) pending: Arc<PendingFrees>,
     pub(crate) live: Mutex<HashMap<u64, Live>>,
@@ -217,11 +217,15 @@ impl Shared {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.is_lost()
     }
 
     pub(crate) fn mark_lost(&self) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
+        self.mark_lost_because(None);
+    }
+
+    fn mark_lost_because(&self, why: Option<&str>) {
+        if self.lost.mark(why) {
             self.probe.device_lost();
         }
     }
@@ -231,9 +235,7 @@ impl Shared {
         if !self.is_lost() {
             return Ok(());
         }
-        let why = lock(&self.lost_reason)
-            .clone()
-            .unwrap_or_else(|| "the device was declared lost".to_owned());
+        let why = self.lost.reason_or("the device was declared lost");
         Err(err(
             op,
             BackendErrorKind::DeviceLost,
@@ -256,9 +258,8 @@ impl Shared {
     pub(crate) fn classify(&self, op: &'static str, call: &str, r: CUresult) -> BackendError {
         let e = result::error(op, call, r);
         if e.is_device_lost() {
-            lock(&self.lost_reason).get_or_insert_with(|| e.message.clone());
             self.driver_lost.store(true, Ordering::Release);
-            self.mark_lost();
+            self.mark_lost_because(Some(&e.message));
         }
         e
     }
@@ -512,9 +513,8 @@ impl CudaContext {
                 driver_version: found.driver_version,
                 execution: found.execution,
                 probe: BackendProbe::new(),
-                lost: AtomicBool::new(false),
+                lost: LostState::default(),
                 driver_lost: AtomicBool::new(false),
-                lost_reason: Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 pending: Arc::default(),
                 live: Mutex::default(),

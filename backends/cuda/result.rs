@@ -9,6 +9,7 @@
 //! Names come from cudarc's `CUresult` enum (no driver call, so an error path
 //! never calls into a driver that may be broken).
 
+use crate::context::OUT_OF_MEMORY_HINT;
 use crate::{BackendError, BackendErrorKind};
 use cudarc::driver::sys::CUresult;
 
@@ -72,19 +73,13 @@ pub(crate) fn error(op: &'static str, call: &str, r: CUresult) -> BackendError {
              retire this context (teardown does not wait on the device) and restart the process \
              to use the GPU again"
         }
-        BackendErrorKind::OutOfMemory => "; free memory (or lower the budget) and retry",
+        BackendErrorKind::OutOfMemory => OUT_OF_MEMORY_HINT,
         BackendErrorKind::Unavailable => {
             "; check the NVIDIA driver installation and the device ordinal"
         }
         _ => "",
     };
-    BackendError::new(
-        BACKEND,
-        op,
-        kind,
-        format!("{call} returned {} ({}){hint}", name(r), r as i32),
-    )
-    .with_code(i64::from(r as i32))
+    BackendError::from_driver_call(BACKEND, op, kind, call, &name(r), i64::from(r as i32), hint)
 }
 
 /// `Ok(())` for `CUDA_SUCCESS`, else [`error`].

@@ -51,6 +51,7 @@ mod stream;
 pub use memory::{HipMemory, Origin};
 pub use stream::HipStream;
 
+use crate::context::LostState;
 use crate::sync::lock;
 use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
@@ -116,8 +117,7 @@ pub(crate) struct Inner {
     pool: Option<Pool>,
     allocator: AtomicU8,
     fallback_reason: Mutex<Option<String>>,
-    pub(crate) lost: AtomicBool,
-    lost_reason: Mutex<Option<String>>,
+    pub(crate) lost: LostState,
     closing: AtomicBool,
     pub(crate) probe: BackendProbe,
     pub(crate) next_id: AtomicU64,
@@ -134,17 +134,12 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.is_lost()
     }
 
     /// Mark the context lost, keeping the first reason for later errors.
     pub(crate) fn mark_lost(&self, why: &str) {
-        let mut reason = lock(&self.lost_reason);
-        if reason.is_none() {
-            *reason = Some(why.to_owned());
-        }
-        drop(reason);
-        if !self.lost.swap(true, Ordering::AcqRel) {
+        if self.lost.mark(Some(why)) {
             self.probe.device_lost();
         }
         self.outstanding.wake();
@@ -187,9 +182,7 @@ impl Inner {
 
     pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
         if self.is_lost() {
-            let why = lock(&self.lost_reason)
-                .clone()
-                .unwrap_or_else(|| "declared lost by the governor".to_owned());
+            let why = self.lost.reason_or("declared lost by the governor");
             return Err(err(
                 op,
                 BackendErrorKind::DeviceLost,
@@ -386,8 +379,7 @@ impl HipContext {
                 pool,
                 allocator: AtomicU8::new(allocator as u8),
                 fallback_reason: Mutex::new(fallback_reason),
-                lost: AtomicBool::new(false),
-                lost_reason: Mutex::new(None),
+                lost: LostState::default(),
                 closing: AtomicBool::new(false),
                 probe: BackendProbe::new(),
                 next_id: AtomicU64::new(1),

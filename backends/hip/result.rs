@@ -2,6 +2,7 @@
 //! code maps to, which codes mean the device is lost, and the driver's own
 //! name for a code in every message.
 
+use crate::context::OUT_OF_MEMORY_HINT;
 use crate::{BackendError, BackendErrorKind};
 use hip_sys::hiprt::{hipError_t, hipGetErrorName};
 use std::ffi::CStr;
@@ -72,21 +73,19 @@ pub fn hip_error(op: &'static str, call: &str, code: hipError_t) -> BackendError
         BackendErrorKind::DeviceLost => {
             "; the device is lost: nothing queued on it will run; retire this context (the process must restart to use the device again)"
         }
-        BackendErrorKind::OutOfMemory => "; free memory (or lower the budget) and retry",
+        BackendErrorKind::OutOfMemory => OUT_OF_MEMORY_HINT,
         BackendErrorKind::Unavailable => "; no usable AMD GPU through libamdhip64 on this machine",
         _ => "",
     };
-    BackendError::new(
+    BackendError::from_driver_call(
         BACKEND,
         op,
         kind,
-        format!(
-            "{call} returned {} ({}){hint}",
-            error_name(code),
-            code as u32
-        ),
+        call,
+        &error_name(code),
+        i64::from(code as u32),
+        hint,
     )
-    .with_code(i64::from(code as u32))
 }
 
 /// `Ok` on `hipSuccess`, else the classified error.

@@ -77,7 +77,7 @@ pub(crate) fn destroy(inner: &Inner, stream: HipStream) -> Result<(), BackendErr
         // SAFETY: the stream is alive (it is in `streams`, removed below).
         let r = unsafe { hipStreamSynchronize(stream.raw.0) };
         inner.checked("destroy_stream", "hipStreamSynchronize", r)?;
-        inner.outstanding.wait(stream.id, &inner.lost);
+        inner.outstanding.wait(stream.id, inner.lost.flag());
     }
     if lock(&inner.streams).remove(&stream.id).is_none() {
         return Ok(());
@@ -113,6 +113,6 @@ pub(crate) fn synchronize(inner: &Inner, stream: &HipStream) -> Result<(), Backe
     // SAFETY: the stream belongs to this live context (checked above).
     let r = unsafe { hipStreamSynchronize(stream.raw.0) };
     inner.checked("synchronize", "hipStreamSynchronize", r)?;
-    inner.outstanding.wait(stream.id, &inner.lost);
+    inner.outstanding.wait(stream.id, inner.lost.flag());
     Ok(())
 }

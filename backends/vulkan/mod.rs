@@ -102,15 +102,18 @@ pub(crate) fn vk_error(op: &'static str, r: vk::Result, call: &str) -> BackendEr
     };
     let hint = match kind {
         BackendErrorKind::DeviceLost => "; the device is lost: nothing queued on it will run; retire the context and create a new one",
-        BackendErrorKind::OutOfMemory => "; free memory (or lower the budget) and retry",
+        BackendErrorKind::OutOfMemory => crate::context::OUT_OF_MEMORY_HINT,
         _ => "",
     };
-    err(
+    BackendError::from_driver_call(
+        BACKEND,
         op,
         kind,
-        format!("{call} returned {r:?} ({}){hint}", r.as_raw()),
+        call,
+        &format!("{r:?}"),
+        i64::from(r.as_raw()),
+        hint,
     )
-    .with_code(r.as_raw() as i64)
 }
 
 /// Which physical device to drive.

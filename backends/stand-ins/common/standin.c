@@ -60,9 +60,7 @@ static void *xcalloc(size_t n, size_t size) {
 
 /* ---- environment knobs --------------------------------------------------- */
 
-static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
-    char name[128];
-    snprintf(name, sizeof name, "%s_%s", prefix, suffix);
+uint64_t sq_env_u64(const char *name, uint64_t dflt) {
     const char *v = getenv(name);
     if (v == NULL || *v == '\0') return dflt;
     char *end = NULL;
@@ -71,6 +69,12 @@ static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
     if (errno != 0 || end == v || *end != '\0' || v[0] == '-')
         sq_die("%s=%s is not a non-negative decimal integer", name, v);
     return (uint64_t)n;
+}
+
+static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
+    char name[128];
+    snprintf(name, sizeof name, "%s_%s", prefix, suffix);
+    return sq_env_u64(name, dflt);
 }
 
 void sq_knobs_load(struct sq_knobs *knobs, const char *prefix) {
@@ -195,6 +199,24 @@ void sq_queue_wait(struct sq_queue *q, uint64_t seq) {
         sq_die("a stream waited on itself from its own operation (deadlock)");
     while (q->completed < seq) pthread_cond_wait(&q->finished, &q->lock);
     unlock(&q->lock);
+}
+
+struct copy_op {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+
+static void run_copy(void *arg) {
+    struct copy_op *op = arg;
+    if (!sq_knobs_sticky()) memcpy(op->dst, op->src, op->bytes);
+    free(op);
+}
+
+void sq_queue_copy(struct sq_queue *q, void *dst, const void *src, size_t bytes) {
+    struct copy_op *op = xcalloc(1, sizeof *op);
+    *op = (struct copy_op){.dst = dst, .src = src, .bytes = bytes};
+    sq_queue_push(q, run_copy, op, SQ_OP_PLAIN);
 }
 
 void sq_queue_sync(struct sq_queue *q) {

@@ -12,7 +12,8 @@
  *     checks a driver makes on a pointer (unknown, already freed, out of
  *     bounds) and the byte limit behind the out-of-memory knob.
  *   - sq_knobs: the environment knobs (latency, OOM after N bytes, sticky
- *     device error at operation N), read once with a per-driver prefix.
+ *     device error at operation N), read once with a per-driver prefix;
+ *     sq_env_u64 reads a driver's own integer knobs the same way.
  *   - sq_die: abort the process with one clear "contract violation" line.
  *
  * Threading: every function here is safe to call from any thread. Operations
@@ -66,6 +67,10 @@ struct sq_knobs {
     uint64_t sticky_error_at_op;
 };
 
+/* The environment variable `name` as a non-negative decimal integer, or dflt
+ * when it is unset or empty. A malformed value is a contract violation. */
+uint64_t sq_env_u64(const char *name, uint64_t dflt);
+
 /* Read <prefix>_LATENCY_US, <prefix>_OOM_AFTER_BYTES and
  * <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract violation. */
 void sq_knobs_load(struct sq_knobs *knobs, const char *prefix);
@@ -93,6 +98,11 @@ struct sq_queue *sq_queue_new(uint64_t latency_us);
 /* Append an operation; it runs after every operation pushed before it.
  * Returns the operation's sequence number (1, 2, ...). */
 uint64_t sq_queue_push(struct sq_queue *q, sq_op_fn fn, void *arg, unsigned flags);
+
+/* Append a copy of `bytes` bytes from src to dst (host addresses; the caller
+ * has checked both ranges). Skipped when it runs in the sticky error state,
+ * as a real device runs nothing after one. */
+void sq_queue_copy(struct sq_queue *q, void *dst, const void *src, size_t bytes);
 
 /* Block until every operation pushed before this call has finished. Calling
  * it from the queue's own thread is a contract violation (it would deadlock). */

@@ -218,15 +218,6 @@ CUresult cuGetErrorString(CUresult error, const char **pStr) {
 
 /* ---- initialisation and devices ------------------------------------------ */
 
-static uint64_t env_u64_or(const char *name, uint64_t dflt) {
-    const char *v = getenv(name);
-    if (v == NULL || *v == '\0') return dflt;
-    char *end = NULL;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (end == v || *end != '\0' || v[0] == '-') sq_die("%s=%s is not a non-negative integer", name, v);
-    return (uint64_t)n;
-}
-
 CUresult cuInit(unsigned int flags) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN) sq_die("cuInit called from inside a host function");
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -234,9 +225,9 @@ CUresult cuInit(unsigned int flags) {
     if (!g_initialized) {
         sq_set_name("libcuda stand-in");
         sq_knobs_load(&g_knobs, "MEMGOV_STANDIN_CUDA");
-        g_fail_host_func_at = env_u64_or("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", 0);
-        g_total_bytes = env_u64_or("MEMGOV_STANDIN_CUDA_TOTAL_BYTES", 16ull << 30);
-        uint64_t n = env_u64_or("MEMGOV_STANDIN_CUDA_DEVICES", 1);
+        g_fail_host_func_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", 0);
+        g_total_bytes = sq_env_u64("MEMGOV_STANDIN_CUDA_TOTAL_BYTES", 16ull << 30);
+        uint64_t n = sq_env_u64("MEMGOV_STANDIN_CUDA_DEVICES", 1);
         g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
         for (int i = 0; i < MAX_DEVICES; i++)
             g_dev[i].pool = (struct CUmemPoolHandle_st){.magic = POOL_MAGIC, .device = i};
@@ -601,18 +592,6 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return CUDA_SUCCESS;
 }
 
-struct copy_op {
-    void *dst;
-    const void *src;
-    size_t bytes;
-};
-
-static void run_copy(void *arg) {
-    struct copy_op *op = arg;
-    if (!sq_knobs_sticky()) memcpy(op->dst, op->src, op->bytes);
-    free(op);
-}
-
 static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const void *src, size_t bytes,
                            CUstream hStream) {
     CUresult r = check_stream(hStream, fn);
@@ -623,10 +602,7 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer 0x%llx", fn, bytes, check_name(c),
                (unsigned long long)dev);
-    struct copy_op *op = malloc(sizeof *op);
-    if (op == NULL) sq_fatal("out of host memory");
-    *op = (struct copy_op){.dst = dst, .src = src, .bytes = bytes};
-    sq_queue_push(hStream->q, run_copy, op, SQ_OP_PLAIN);
+    sq_queue_copy(hStream->q, dst, src, bytes);
     return CUDA_SUCCESS;
 }
 

@@ -135,16 +135,6 @@ static const char g_description[] =
 const char *memgov_standin_hip(void);
 const char *memgov_standin_hip(void) { return g_description; }
 
-static uint64_t env_u64_or(const char *name, uint64_t dflt) {
-    const char *v = getenv(name);
-    if (v == NULL || *v == '\0') return dflt;
-    char *end = NULL;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (end == v || *end != '\0' || v[0] == '-')
-        sq_die("%s=%s is not a non-negative integer", name, v);
-    return (uint64_t)n;
-}
-
 /* Nothing may be left on device d at `when` (exit or reset). */
 static void check_nothing_live(int d, const char *when) {
     uint64_t live = sq_mem_live_count(g_dev[d].mem);
@@ -167,12 +157,12 @@ static void at_exit_check(void) {
 static void init(void) {
     sq_set_name("libamdhip64 stand-in");
     sq_knobs_load(&g_knobs, "MEMGOV_STANDIN_HIP");
-    g_total_bytes = env_u64_or("MEMGOV_STANDIN_HIP_TOTAL_BYTES", 16ull << 30);
-    uint64_t n = env_u64_or("MEMGOV_STANDIN_HIP_DEVICES", 1);
+    g_total_bytes = sq_env_u64("MEMGOV_STANDIN_HIP_TOTAL_BYTES", 16ull << 30);
+    uint64_t n = sq_env_u64("MEMGOV_STANDIN_HIP_DEVICES", 1);
     g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
-    g_no_mempool = (int)env_u64_or("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0);
-    g_fail_callback_at = env_u64_or("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
-    int exit_check = env_u64_or("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
+    g_no_mempool = (int)sq_env_u64("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0);
+    g_fail_callback_at = sq_env_u64("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
+    int exit_check = sq_env_u64("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
     for (int i = 0; i < g_devices; i++) {
         g_dev[i].mem = sq_mem_new(g_knobs.oom_after_bytes);
         pthread_mutex_init(&g_dev[i].lock, NULL);
@@ -622,18 +612,6 @@ hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
     return hipSuccess;
 }
 
-struct copy_op {
-    void *dst;
-    const void *src;
-    size_t bytes;
-};
-
-static void run_copy(void *arg) {
-    struct copy_op *op = arg;
-    if (!sq_knobs_sticky()) memcpy(op->dst, op->src, op->bytes);
-    free(op);
-}
-
 static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, const void *src,
                              size_t bytes, hipStream_t s) {
     check_stream(s, fn);
@@ -642,10 +620,7 @@ static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, con
     enum sq_mem_check c = sq_mem_check(g_dev[s->device].mem, (uint64_t)(uintptr_t)dev_ptr, bytes);
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer %p", fn, bytes, sq_mem_check_str(c), dev_ptr);
-    struct copy_op *op = malloc(sizeof *op);
-    if (op == NULL) sq_fatal("out of host memory");
-    *op = (struct copy_op){.dst = dst, .src = src, .bytes = bytes};
-    sq_queue_push(s->q, run_copy, op, SQ_OP_PLAIN);
+    sq_queue_copy(s->q, dst, src, bytes);
     return hipSuccess;
 }
 

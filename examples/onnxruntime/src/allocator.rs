@@ -113,6 +113,27 @@ struct State<C: DeviceContext> {
     last_refusal: Mutex<Option<String>>,
 }
 
+impl<C: DeviceContext> State<C> {
+    /// The state of a fresh allocator: nothing allocated, counted or refused.
+    fn new(ctx: ContextHandle<C>, role: Role, stream: GovernedStream<C>) -> Self {
+        Self {
+            ctx,
+            role,
+            stream: Mutex::new(Some(stream)),
+            entries: Mutex::new(HashMap::new()),
+            allocations: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            overdrafts: AtomicU64::new(0),
+            overdraft_bytes: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            unknown_frees: AtomicU64::new(0),
+            last_refusal: Mutex::new(None),
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -405,21 +426,7 @@ impl<C: HostAddressable> GovernedAllocator<C> {
         let shell: &'static Shell<C> = Box::leak(Box::new(Shell {
             ort: ort_allocator,
             info,
-            state: State {
-                ctx: ctx.clone(),
-                role,
-                stream: Mutex::new(Some(stream)),
-                entries: Mutex::new(HashMap::new()),
-                allocations: AtomicU64::new(0),
-                frees: AtomicU64::new(0),
-                live: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-                overdrafts: AtomicU64::new(0),
-                overdraft_bytes: AtomicU64::new(0),
-                refusals: AtomicU64::new(0),
-                unknown_frees: AtomicU64::new(0),
-                last_refusal: Mutex::new(None),
-            },
+            state: State::new(ctx.clone(), role, stream),
         }));
         let this = Self {
             shell,
@@ -525,21 +532,7 @@ mod tests {
             ContextConfig::new().label("unit").budget(budget),
         );
         let stream = ctx.create_stream(HOLDER).unwrap();
-        State {
-            ctx,
-            role: Role::Activation,
-            stream: Mutex::new(Some(stream)),
-            entries: Mutex::new(HashMap::new()),
-            allocations: AtomicU64::new(0),
-            frees: AtomicU64::new(0),
-            live: AtomicU64::new(0),
-            peak: AtomicU64::new(0),
-            overdrafts: AtomicU64::new(0),
-            overdraft_bytes: AtomicU64::new(0),
-            refusals: AtomicU64::new(0),
-            unknown_frees: AtomicU64::new(0),
-            last_refusal: Mutex::new(None),
-        }
+        State::new(ctx, Role::Activation, stream)
     }
 
     #[test]

@@ -14,7 +14,6 @@ use memgov::{
     BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution,
     GovernedStream, Governor, Role,
 };
-use std::time::{Duration, Instant};
 
 /// Bytes allocated by each cycle.
 pub const CYCLE_BYTES: u64 = 64 << 10;
@@ -22,6 +21,10 @@ pub const CYCLE_BYTES: u64 = 64 << 10;
 /// Both sides synchronize their stream every this many cycles, so that
 /// neither queues unbounded work on the device.
 const SYNC_EVERY: u32 = 256;
+
+fn gov_err(e: impl std::fmt::Display) -> BackendError {
+    super::cycle::governed_error("cuda", e)
+}
 
 fn fail(op: &'static str, call: &str, r: sys::CUresult) -> BackendError {
     BackendError::new(
@@ -63,9 +66,7 @@ impl GovernedCycle {
         let backend = CudaContext::new(CudaConfig::default())?;
         let gov = Governor::new();
         let ctx = gov.register(backend, ContextConfig::new().label("bench"));
-        let stream = ctx.create_stream("bench").map_err(|e| {
-            BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
-        })?;
+        let stream = ctx.create_stream("bench").map_err(gov_err)?;
         Ok(Self {
             _gov: gov,
             ctx,
@@ -79,29 +80,17 @@ impl GovernedCycle {
         let buf = self
             .ctx
             .allocate(s, CYCLE_BYTES, Role::Activation)
-            .map_err(|e| {
-                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
-            })?;
+            .map_err(gov_err)?;
         drop(buf); // stream-ordered free, retired by a host function
         self.n += 1;
         if self.n % SYNC_EVERY == 0 {
-            s.synchronize().map_err(|e| {
-                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
-            })?;
+            s.synchronize().map_err(gov_err)?;
         }
         Ok(())
     }
 
     fn finish(mut self) -> Result<(), BackendError> {
-        drop(self.stream.take());
-        let report = self
-            .ctx
-            .retire()
-            .wait_timeout(Duration::from_secs(60))
-            .map_err(|e| {
-                BackendError::new("cuda", "bench", BackendErrorKind::Other, e.to_string())
-            })?;
-        report.backend_result
+        super::cycle::retire("cuda", &self.ctx, self.stream.take())
     }
 }
 
@@ -212,35 +201,10 @@ impl RawCycle {
 /// warm-up of each), interleaved in rounds, and return nanoseconds per cycle:
 /// `(governed, raw)`. `Unavailable` when there is no CUDA driver.
 pub fn cycle_ratio(iterations: u32) -> Result<(u64, u64), BackendError> {
-    let iterations = iterations.max(1);
-    let warm = (iterations / 10).max(10);
-    let mut g = GovernedCycle::new()?;
-    let mut r = RawCycle::new()?;
-    for _ in 0..warm {
-        g.cycle()?;
-        r.cycle()?;
-    }
-    // Interleave in rounds so that machine noise hits both sides alike.
-    let rounds = 10u32.min(iterations);
-    let per = iterations / rounds;
-    let (mut gt, mut rt) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..per {
-            g.cycle()?;
-        }
-        gt += t.elapsed();
-        let t = Instant::now();
-        for _ in 0..per {
-            r.cycle()?;
-        }
-        rt += t.elapsed();
-    }
+    let mut pair = (GovernedCycle::new()?, RawCycle::new()?);
+    let ns = super::cycle::interleaved(iterations, &mut pair, |p| p.0.cycle(), |p| p.1.cycle())?;
+    let (g, r) = pair;
     r.finish()?;
     g.finish()?;
-    let n = u64::from(per * rounds).max(1);
-    Ok((
-        (gt.as_nanos() / u128::from(n)) as u64,
-        (rt.as_nanos() / u128::from(n)) as u64,
-    ))
+    Ok(ns)
 }

@@ -13,22 +13,15 @@
 use hip_sys::hiprt::{hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
 use memgov::hip::{result, HipConfig, HipContext};
 use memgov::{
-    BackendError, BackendErrorKind, ContextConfig, ContextHandle, Execution, GovernedStream,
-    Governor, Role,
+    BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
 };
 use std::ffi::c_void;
-use std::time::{Duration, Instant};
 
 /// Bytes allocated per cycle.
 pub const CYCLE_BYTES: u64 = 64 << 10;
 
 fn gov_err(e: impl std::fmt::Display) -> BackendError {
-    BackendError::new(
-        "hip",
-        "bench",
-        BackendErrorKind::Other,
-        format!("governed cycle failed: {e}"),
-    )
+    super::cycle::governed_error("hip", e)
 }
 
 /// One governor, one HIP context, one stream; both sides run on that stream.
@@ -97,15 +90,7 @@ impl Cycles {
         // SAFETY: the stream is alive (the governed stream still exists).
         let r = unsafe { hipStreamSynchronize(self.raw.0) };
         result::check("bench", "hipStreamSynchronize", r)?;
-        if let Some(s) = self.stream.take() {
-            s.synchronize().map_err(gov_err)?;
-        }
-        let report = self
-            .ctx
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(60))
-            .map_err(gov_err)?;
-        report.backend_result
+        super::cycle::retire("hip", &self.ctx, self.stream.take())
     }
 }
 
@@ -113,32 +98,8 @@ impl Cycles {
 /// each), interleaved in rounds, and return nanoseconds per cycle:
 /// `(governed, raw)`.
 pub fn cycle_ratio(iterations: u32) -> Result<(u64, u64), BackendError> {
-    let iterations = iterations.max(1);
-    let warm = (iterations / 10).max(10);
     let mut c = Cycles::new()?;
-    for _ in 0..warm {
-        c.governed()?;
-        c.raw()?;
-    }
-    let rounds = 10u32.min(iterations);
-    let per = iterations / rounds;
-    let (mut gt, mut rt) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..per {
-            c.governed()?;
-        }
-        gt += t.elapsed();
-        let t = Instant::now();
-        for _ in 0..per {
-            c.raw()?;
-        }
-        rt += t.elapsed();
-    }
+    let ns = super::cycle::interleaved(iterations, &mut c, Cycles::governed, Cycles::raw)?;
     c.finish()?;
-    let n = u64::from(per * rounds).max(1);
-    Ok((
-        (gt.as_nanos() / u128::from(n)) as u64,
-        (rt.as_nanos() / u128::from(n)) as u64,
-    ))
+    Ok(ns)
 }

@@ -21,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod cycle;
 pub mod measure;
 pub mod report;
 pub mod row;

@@ -21,7 +21,6 @@ use memgov::{
     Governor, Role,
 };
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
 
 fn err(op: &'static str, kind: BackendErrorKind, message: impl Into<String>) -> BackendError {
     BackendError::new("vulkan", op, kind, message)
@@ -53,11 +52,7 @@ fn bench_config() -> VulkanConfig {
 }
 
 fn gov_err(e: impl std::fmt::Display) -> BackendError {
-    err(
-        "bench",
-        BackendErrorKind::Other,
-        format!("governed cycle failed: {e}"),
-    )
+    super::cycle::governed_error("vulkan", e)
 }
 
 /// The governed cycle: `Governor<VulkanContext>`, one stream, allocate +
@@ -100,15 +95,7 @@ impl GovernedCycle {
 
     /// Synchronize, retire and tear down.
     pub fn finish(mut self) -> Result<(), BackendError> {
-        if let Some(s) = self.stream.take() {
-            s.synchronize().map_err(gov_err)?;
-        }
-        let report = self
-            .ctx
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(60))
-            .map_err(gov_err)?;
-        report.backend_result
+        super::cycle::retire("vulkan", &self.ctx, self.stream.take())
     }
 }
 
@@ -357,35 +344,10 @@ impl RawCycle {
 /// warm-up of each) and return nanoseconds per cycle: `(governed, raw)`.
 /// The ratio `governed / raw` is the governor's overhead (target: <= 1.3).
 pub fn cycle_ratio(iterations: u32) -> Result<(u64, u64), BackendError> {
-    let iterations = iterations.max(1);
-    let warm = (iterations / 10).max(10);
-    let mut g = GovernedCycle::new()?;
-    let mut r = RawCycle::new()?;
-    for _ in 0..warm {
-        g.cycle()?;
-        r.cycle()?;
-    }
-    // Interleave in rounds so that machine noise hits both sides alike.
-    let rounds = 10u32.min(iterations);
-    let per = iterations / rounds;
-    let (mut gt, mut rt) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..per {
-            g.cycle()?;
-        }
-        gt += t.elapsed();
-        let t = Instant::now();
-        for _ in 0..per {
-            r.cycle()?;
-        }
-        rt += t.elapsed();
-    }
+    let mut pair = (GovernedCycle::new()?, RawCycle::new()?);
+    let ns = super::cycle::interleaved(iterations, &mut pair, |p| p.0.cycle(), |p| p.1.cycle())?;
+    let (g, r) = pair;
     g.finish()?;
     r.finish()?;
-    let n = u64::from(per * rounds).max(1);
-    Ok((
-        (gt.as_nanos() / u128::from(n)) as u64,
-        (rt.as_nanos() / u128::from(n)) as u64,
-    ))
+    Ok(ns)
 }
