@@ -652,25 +652,25 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     assert_eq!(ctx.snapshot().charged, 0);
 }
 
+/// A `tracing` subscriber that records every event as `name=value` pairs
+/// (the message included), for the tests that check which events fire.
 #[cfg(feature = "tracing")]
-#[test]
-fn tracing_events_for_retire_teardown_loss_and_quarantine() {
-    use std::sync::Mutex;
+mod events {
+    use std::sync::{Arc, Mutex};
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
     use tracing::{Event, Metadata, Subscriber};
 
-    #[derive(Default)]
-    struct Messages(Arc<Mutex<Vec<String>>>);
-    struct Grab<'a>(&'a mut String);
-    impl Visit for Grab<'_> {
+    pub struct Recorder(pub Arc<Mutex<Vec<String>>>);
+
+    struct Fields<'a>(&'a mut String);
+    impl Visit for Fields<'_> {
         fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                *self.0 = format!("{value:?}");
-            }
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
         }
     }
-    impl Subscriber for Messages {
+
+    impl Subscriber for Recorder {
         fn enabled(&self, _: &Metadata<'_>) -> bool {
             true
         }
@@ -681,15 +681,21 @@ fn tracing_events_for_retire_teardown_loss_and_quarantine() {
         fn record_follows_from(&self, _: &Id, _: &Id) {}
         fn event(&self, e: &Event<'_>) {
             let mut m = String::new();
-            e.record(&mut Grab(&mut m));
+            e.record(&mut Fields(&mut m));
             self.0.lock().unwrap().push(m);
         }
         fn enter(&self, _: &Id) {}
         fn exit(&self, _: &Id) {}
     }
+}
+
+#[cfg(feature = "tracing")]
+#[test]
+fn tracing_events_for_retire_teardown_loss_and_quarantine() {
+    use std::sync::Mutex;
 
     let seen = Arc::new(Mutex::new(Vec::new()));
-    tracing::subscriber::with_default(Messages(seen.clone()), || {
+    tracing::subscriber::with_default(events::Recorder(seen.clone()), || {
         let gov = Governor::new();
         let (ctx, probe) = register(&gov, ContextConfig::new());
         let s = ctx.create_stream("s").unwrap();
@@ -1204,38 +1210,11 @@ fn a_buffer_names_its_stream_and_can_be_released_on_it() {
 #[test]
 fn background_teardown_emits_its_report_as_a_tracing_event() {
     use std::sync::Mutex;
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Metadata, Subscriber};
 
     // Global: the teardown runs on a reaper thread, where a thread-local
     // default would not reach. Other tests' events are told apart by label.
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    struct Fields<'a>(&'a mut String);
-    impl Visit for Fields<'_> {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.push_str(&format!("{}={value:?} ", field.name()));
-        }
-    }
-    struct Collect;
-    impl Subscriber for Collect {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, e: &Event<'_>) {
-            let mut m = String::new();
-            e.record(&mut Fields(&mut m));
-            SEEN.lock().unwrap().push(m);
-        }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
-    }
-    let _ = tracing::subscriber::set_global_default(Collect);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let _ = tracing::subscriber::set_global_default(events::Recorder(seen.clone()));
 
     let gov = Governor::new();
     let (backend, arm) = Panicky::new(NullContext::new());
@@ -1248,7 +1227,7 @@ fn background_teardown_emits_its_report_as_a_tracing_event() {
         ctx.lifecycle() == Lifecycle::Terminated
     });
     eventually("the teardown event", || {
-        SEEN.lock().unwrap().iter().any(|m| {
+        seen.lock().unwrap().iter().any(|m| {
             m.contains("bg-traced") && m.contains("torn down") && m.contains("teardown panicked")
         })
     });
