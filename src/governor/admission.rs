@@ -133,7 +133,7 @@ fn attempt<C: DeviceContext>(
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
-    let Some(backend) = ctx.enter() else {
+    let Some(backend) = ctx.enter_on(stream.shard) else {
         return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
     };
     let result = backend.allocate(stream.raw(), bytes);
@@ -209,10 +209,12 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
                 seen: s.0.epoch.load(Ordering::SeqCst),
             },
             _ => {
-                // Register before reading the epoch to wait past: a
-                // settlement after the read either sees the registration
-                // (and wakes) or is seen by the check (see `EpochWord`).
+                // Register, fence, then read the epoch to wait past: a
+                // settlement either sees the registration (and bumps the
+                // epoch and wakes) or is seen by the attempt that follows
+                // (see `ContextInner::announce_settlement`).
                 ctx.settle_epoch.register();
+                std::sync::atomic::fence(Ordering::SeqCst);
                 Self::Context {
                     ctx,
                     seen: ctx.settle_epoch.epoch(),

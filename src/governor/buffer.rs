@@ -146,7 +146,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             return Err(ctx.lost_error());
         }
         let backend = ctx
-            .enter()
+            .enter_on(self.stream.shard)
             .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         let memory = self.memory.as_ref().expect("memory present until release");
         f(&backend, self.stream.raw(), memory).map_err(|e| {

@@ -98,6 +98,7 @@ pub struct ContextConfig {
     pub(crate) admission: Admission,
     pub(crate) max_pins: u64,
     pub(crate) lease_chunk: u64,
+    pub(crate) pin_lease_chunk: u64,
 }
 
 impl Default for ContextConfig {
@@ -109,6 +110,7 @@ impl Default for ContextConfig {
             admission: Admission::FailFast,
             max_pins: crate::sync::MAX_CLAIMS,
             lease_chunk: super::lease::DEFAULT_CHUNK,
+            pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
         }
     }
 }
@@ -125,6 +127,7 @@ impl fmt::Debug for ContextConfig {
             .field("admission", &self.admission)
             .field("max_pins", &self.max_pins)
             .field("lease_chunk", &self.lease_chunk)
+            .field("pin_lease_chunk", &self.pin_lease_chunk)
             .finish()
     }
 }
@@ -172,6 +175,22 @@ impl ContextConfig {
     /// a short peak by as much. A context on a shared budget does not lease.
     pub fn lease_chunk(mut self, bytes: u64) -> Self {
         self.lease_chunk = bytes;
+        self
+    }
+
+    /// Pins a stream's shard leases from the context at a time (default 32;
+    /// 0 turns pin leases off).
+    ///
+    /// A buffer's pin is taken out of its stream's lease, so streams on
+    /// different threads do not write a common pin word. Leased pins count
+    /// against [`max_pins`](Self::max_pins) like held ones, but a refusal
+    /// takes every idle lease back before it reports `PinCountOverflow`, so
+    /// the maximum stays exact; snapshots count held pins only (a pin moving
+    /// in or out of a lease at that instant may be half-seen). Retire and
+    /// device loss close the leases before the pin count, so a pin is never
+    /// taken from a lease once the context is retiring.
+    pub fn pin_lease_chunk(mut self, pins: u64) -> Self {
+        self.pin_lease_chunk = pins;
         self
     }
 

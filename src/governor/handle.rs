@@ -126,7 +126,8 @@ impl<C: DeviceContext> ContextHandle<C> {
         // releases it on every failure path below, and when a pressure
         // responder or the backend panics inside `admit`: the panic reaches
         // our caller and the context stays governable.
-        let pin = ContextPin::acquire(ctx).map_err(|e| pin_error(ctx, e))?;
+        let pin =
+            ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| pin_error(ctx, e))?;
         // Counted live inside `admit`; `allocations` is derived.
         let memory = admit(ctx, &stream.shared, bytes, role)?;
         pin.transfer();
@@ -143,7 +144,10 @@ impl<C: DeviceContext> ContextHandle<C> {
     #[inline]
     pub fn pin(&self) -> Result<ContextPin<'_, C>, ProviderContextPinError> {
         self.inner.acquire_pin()?;
-        Ok(ContextPin { ctx: &self.inner })
+        Ok(ContextPin {
+            ctx: &self.inner,
+            shard: super::record::GLOBAL,
+        })
     }
 
     /// A source of owned pins for an external holder (plugin, execution

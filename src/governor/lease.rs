@@ -1,6 +1,9 @@
 //! Budget leases: each shard of streams holds a chunk of the context's budget
 //! and charges allocations out of it, so that the allocate → release → settle
-//! cycle of one stream writes its own lease line, not the budget's.
+//! cycle of one stream writes its own lease line, not the budget's. The
+//! protocol (refill, reclaim before refusal, close) is `sync::Leases`, shared
+//! with the pin leases of `record.rs`; this module holds what is the
+//! budget's own: the peak, and what a snapshot reports.
 //!
 //! # Invariants
 //!
@@ -35,19 +38,37 @@
 
 use super::budget::{Budget, Refusal};
 use super::stats::SHARDS;
-use crate::sync::LeaseSlots;
+use crate::sync::{Leases as Slots, Pool};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The default lease chunk: 2 MiB, the size of the smallest large-page
 /// allocation most GPU drivers make.
 pub(crate) const DEFAULT_CHUNK: u64 = 2 << 20;
 
-/// The leases of one context.
+/// The default pin lease chunk: enough claims that a stream allocating
+/// and releasing a few dozen buffers at a time stays on its own lease.
+pub(crate) const DEFAULT_PIN_CHUNK: u64 = 32;
+
+impl Pool for Budget {
+    type Refusal = Refusal;
+
+    #[inline]
+    fn try_take(&self, n: u64, credit: u64) -> Result<(), Refusal> {
+        self.try_charge(n, credit)
+    }
+
+    #[inline]
+    fn put(&self, n: u64) {
+        self.uncharge(n);
+    }
+}
+
+/// The budget leases of one context: the shared lease protocol
+/// (`sync::Leases`) over the context's [`Budget`], and the peak of what is
+/// charged to allocations.
 #[derive(Debug)]
 pub(crate) struct Leases {
-    slots: LeaseSlots<SHARDS>,
-    /// Bytes a refill leases beyond the allocation; zero: leases are off.
-    chunk: u64,
+    slots: Slots<SHARDS>,
     /// The most bytes ever charged to allocations, as far as refills,
     /// reclaims and snapshots saw (see the module docs).
     peak: AtomicU64,
@@ -56,8 +77,7 @@ pub(crate) struct Leases {
 impl Leases {
     pub(crate) fn new(chunk: u64) -> Self {
         Self {
-            slots: LeaseSlots::new(),
-            chunk,
+            slots: Slots::new(chunk),
             peak: AtomicU64::new(0),
         }
     }
@@ -65,111 +85,51 @@ impl Leases {
     /// Whether allocations charge through leases.
     #[inline]
     pub(crate) fn enabled(&self) -> bool {
-        self.chunk > 0
+        self.slots.enabled()
     }
 
-    /// Charge an allocation of `bytes` on `shard` out of its lease.
+    /// Charge an allocation of `bytes` on `shard`: out of its lease, else by
+    /// a refill, else by reclaiming every idle lease and asking the budget
+    /// again. The refusal reports the bytes charged to allocations.
     #[inline]
-    pub(crate) fn take(&self, shard: usize, bytes: u64) -> bool {
-        self.slots.take(shard, bytes)
-    }
-
-    /// Charge `bytes` to `budget` for an allocation on `shard`, leasing a
-    /// chunk more when it fits. Returns the budget's refusal otherwise.
-    pub(crate) fn refill(
+    pub(crate) fn charge(
         &self,
         budget: &Budget,
         shard: usize,
         bytes: u64,
         credit: u64,
     ) -> Result<(), Refusal> {
-        if let Some(with_chunk) = bytes.checked_add(self.chunk) {
-            if self.slots.begin_refill() {
-                let leased = budget.try_charge(with_chunk, credit).is_ok();
-                if leased {
-                    let back = self.slots.fill(shard, self.chunk);
-                    if back > 0 {
-                        budget.uncharge(back);
-                    }
-                }
-                self.slots.end_refill();
-                if leased {
-                    self.raise_peak(budget);
-                    return Ok(());
-                }
-            }
+        if self.slots.take_leased(budget, shard, bytes) {
+            return Ok(());
         }
-        budget.try_charge(bytes, credit)?;
-        self.raise_peak(budget);
-        Ok(())
+        match self.slots.take_from_pool(budget, shard, bytes, credit) {
+            Ok(()) => {
+                self.raise_peak(budget);
+                Ok(())
+            }
+            Err(r) => Err(Refusal {
+                charged: self.charged(budget).min(r.charged),
+                limit: r.limit,
+            }),
+        }
     }
 
     /// Take back every idle lease and uncharge it from `budget`; returns the
     /// bytes taken.
     pub(crate) fn reclaim(&self, budget: &Budget) -> u64 {
-        let taken = self.slots.reclaim();
-        if taken > 0 {
-            budget.uncharge(taken);
-        }
-        taken
-    }
-
-    /// The last word on an allocation the lease and a refill could not
-    /// charge: take back every idle lease and ask the budget again, until it
-    /// admits the allocation, or refuses it and then no refill is in flight
-    /// and a sweep finds nothing leased (see `LeaseSlots` for why that is
-    /// exact). Holders keep allocating meanwhile; no refill begins and no
-    /// settlement keeps its bytes until this returns, so the loop waits only
-    /// for refills that began before it (a charge and a store each). The
-    /// refusal reports the bytes charged to allocations.
-    pub(crate) fn reclaim_then_charge(
-        &self,
-        budget: &Budget,
-        bytes: u64,
-        credit: u64,
-    ) -> Result<(), Refusal> {
-        self.slots.press();
-        self.reclaim(budget);
-        let result = loop {
-            match budget.try_charge(bytes, credit) {
-                Ok(()) => break Ok(()),
-                Err(r) => {
-                    if self.slots.refilling() {
-                        // Began before `press`: a charge and a store away.
-                        crate::sync::spin();
-                        continue;
-                    }
-                    if self.reclaim(budget) == 0 {
-                        // No refill in flight and nothing leased: every
-                        // byte the budget counted is an allocation's.
-                        break Err(Refusal {
-                            charged: self.charged(budget).min(r.charged),
-                            limit: r.limit,
-                        });
-                    }
-                }
-            }
-        };
-        self.slots.unpress();
-        result
+        self.slots.reclaim(budget)
     }
 
     /// A release of `bytes` on `shard` settled: keep up to two chunks leased,
     /// uncharge the rest from `budget`.
     #[inline]
     pub(crate) fn settled(&self, budget: &Budget, shard: usize, bytes: u64) {
-        let back = self.slots.give(shard, bytes, self.chunk.saturating_mul(2));
-        if back > 0 {
-            budget.uncharge(back);
-        }
+        self.slots.give(budget, shard, bytes);
     }
 
     /// Teardown: close the leases for good and uncharge what they held.
     pub(crate) fn close(&self, budget: &Budget) {
-        let taken = self.slots.close();
-        if taken > 0 {
-            budget.uncharge(taken);
-        }
+        self.slots.close(budget);
     }
 
     /// Bytes charged to allocations (and pending, quarantined or awaiting

@@ -1,7 +1,7 @@
 //! The pin contract's implementations: a borrowed pin for code that holds a
 //! handle, and boxed pins from a labelled source for external holders.
 
-use super::record::ContextInner;
+use super::record::{ContextInner, GLOBAL};
 use crate::sync::lock;
 use crate::{
     DeviceContext, ProviderContextIdentity, ProviderContextPin, ProviderContextPinError,
@@ -16,6 +16,9 @@ use std::sync::Arc;
 #[must_use = "a pin is released when dropped"]
 pub struct ContextPin<'a, C: DeviceContext> {
     pub(crate) ctx: &'a ContextInner<C>,
+    /// Where the pin goes back to: a stream shard's pin lease, or the pin
+    /// word ([`GLOBAL`]).
+    pub(crate) shard: usize,
 }
 
 impl<'a, C: DeviceContext> ContextPin<'a, C> {
@@ -29,14 +32,27 @@ impl<'a, C: DeviceContext> ContextPin<'a, C> {
     #[inline]
     pub(crate) fn acquire(ctx: &'a ContextInner<C>) -> Result<Self, ProviderContextPinError> {
         ctx.acquire_pin()?;
-        Ok(Self { ctx })
+        Ok(Self { ctx, shard: GLOBAL })
+    }
+
+    /// [`acquire`](Self::acquire) for an allocation on a stream of `shard`:
+    /// out of that shard's pin lease.
+    #[inline]
+    pub(crate) fn acquire_on(
+        ctx: &'a ContextInner<C>,
+        shard: usize,
+    ) -> Result<Self, ProviderContextPinError> {
+        ctx.acquire_pin_on(shard)?;
+        Ok(Self { ctx, shard })
     }
 
     /// Guard a pin already held (a live buffer's), for the length of a call
-    /// that can unwind before the pin reaches its next owner.
+    /// that can unwind before the pin reaches its next owner; it goes back
+    /// through `shard` (pins are interchangeable: any shard's lease or the
+    /// pin word may take back any pin).
     #[inline]
-    pub(crate) fn adopt(ctx: &'a ContextInner<C>) -> Self {
-        Self { ctx }
+    pub(crate) fn adopt(ctx: &'a ContextInner<C>, shard: usize) -> Self {
+        Self { ctx, shard }
     }
 
     /// The pin now belongs to something else (a buffer, a stream, a pending
@@ -50,7 +66,7 @@ impl<'a, C: DeviceContext> ContextPin<'a, C> {
 impl<C: DeviceContext> Drop for ContextPin<'_, C> {
     #[inline]
     fn drop(&mut self) {
-        self.ctx.release_pin();
+        self.ctx.release_pin_on(self.shard);
     }
 }
 

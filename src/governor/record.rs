@@ -55,8 +55,12 @@ use super::lease::Leases;
 use super::pin_source::PinSourceInner;
 use super::retire::TeardownReport;
 use super::stats::Stats;
+use super::stats::SHARDS;
 use super::stream::StreamShared;
-use crate::sync::{lock, AcquireError, ClaimCounter, CountWord, EpochWord, Notifier};
+use crate::sync::{
+    fence, lock, AcquireError, ClaimCounter, ClaimShards, EpochWord, Leases as PinLeases, Notifier,
+    Pool, ShardedCount,
+};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
@@ -134,10 +138,14 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub admission: Admission,
 
     pins: ClaimCounter,
-    /// Pending releases, and the lifecycle waiters that wait for `drained()`
-    /// (registered in the same word: see [`CountWord`]).
-    pending: CountWord,
-    gate: ClaimCounter,
+    /// Chunks of `pins` leased to shards of streams: a stream takes its
+    /// buffers' pins out of its shard's lease (see [`PinPool`]).
+    pin_leases: PinLeases<SHARDS>,
+    /// Pending releases per shard, and the lifecycle waiters that wait for
+    /// `drained()` (see [`ShardedCount`]).
+    pending: ShardedCount<SHARDS>,
+    /// Backend calls in flight, per shard (see [`ClaimShards`]).
+    gate: ClaimShards<SHARDS>,
     phase: AtomicU8,
     lost: AtomicBool,
     forced: AtomicBool,
@@ -154,8 +162,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Woken when a release of this context settles (admission waiters), and
     /// on device loss and termination.
     pub settled: Notifier,
-    /// Bumped by every settlement; admission waiters register in it (see
-    /// [`EpochWord`]) so that a settlement wakes `settled` only when one waits.
+    /// Bumped by a settlement while an admission waiter is registered in it
+    /// (see [`announce_settlement`](Self::announce_settlement)).
     pub settle_epoch: EpochWord,
 
     /// Live, pending and quarantined amounts (see `stats.rs`).
@@ -209,6 +217,7 @@ unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
 /// claim, so teardown cannot move the backend out from under it.
 pub(crate) struct BackendGuard<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
+    shard: usize,
 }
 
 impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
@@ -227,7 +236,7 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
 
 impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
     fn drop(&mut self) {
-        if self.ctx.gate.release() {
+        if self.ctx.gate.release(self.shard) {
             self.ctx.lifecycle.notify();
         }
     }
@@ -252,8 +261,9 @@ impl<C: DeviceContext> ContextInner<C> {
             description,
             admission: config.admission,
             pins: ClaimCounter::new(config.max_pins),
-            pending: CountWord::new(),
-            gate: ClaimCounter::new(crate::sync::MAX_CLAIMS),
+            pin_leases: PinLeases::new(config.pin_lease_chunk),
+            pending: ShardedCount::new(),
+            gate: ClaimShards::new(crate::sync::MAX_CLAIMS),
             phase: AtomicU8::new(Phase::Active as u8),
             lost: AtomicBool::new(false),
             forced: AtomicBool::new(false),
@@ -290,13 +300,21 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     /// Enter the gate for one backend call; `None` once teardown or force has
-    /// closed it.
+    /// closed it. For calls not made for a stream (handle-level queries,
+    /// stream creation, device loss): they pass through shard 0.
     #[inline]
     pub(crate) fn enter(&self) -> Option<BackendGuard<'_, C>> {
+        self.enter_on(0)
+    }
+
+    /// Enter the gate through `shard`'s claim word: the hot paths of a
+    /// stream pass through their own shard.
+    #[inline]
+    pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
         self.gate
-            .try_acquire()
+            .try_acquire(shard)
             .ok()
-            .map(|()| BackendGuard { ctx: self })
+            .map(|()| BackendGuard { ctx: self, shard })
     }
 
     /// Reach the backend while the gate is closed, for `force` only.
@@ -313,18 +331,48 @@ impl<C: DeviceContext> ContextInner<C> {
         unsafe { (*self.backend.get()).as_ref() }.map(f)
     }
 
-    /// Acquire a pin, with the error the pin contract names.
+    /// Acquire a pin from the context's pin word, with the error the pin
+    /// contract names. At the maximum, idle pin leases are taken back first
+    /// (see [`PinPool`]), so that `PinCountOverflow` is exact.
     #[inline]
     pub(crate) fn acquire_pin(&self) -> Result<(), ProviderContextPinError> {
-        self.pins.try_acquire().map_err(|e| match e {
-            AcquireError::Closed => ProviderContextPinError::ContextUnavailable(self.id),
-            AcquireError::Overflow => ProviderContextPinError::PinCountOverflow(self.id),
-        })
+        match self.pins.try_acquire() {
+            Ok(()) => Ok(()),
+            Err(AcquireError::Overflow) if self.pin_leases.enabled() => self
+                .pin_leases
+                .reclaim_then_take(&PinPool(self), 1, 0)
+                .map_err(|e| self.pin_refusal(e)),
+            Err(e) => Err(self.pin_refusal(e)),
+        }
     }
 
-    /// Outstanding pins now.
+    /// Acquire a pin for an allocation on a stream of `shard`: out of the
+    /// shard's pin lease, refilled from the pin word when short.
+    #[inline]
+    pub(crate) fn acquire_pin_on(&self, shard: usize) -> Result<(), ProviderContextPinError> {
+        if !self.pin_leases.enabled() {
+            return self.acquire_pin();
+        }
+        if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
+            return Ok(());
+        }
+        self.pin_leases
+            .take_from_pool(&PinPool(self), shard, 1, 0)
+            .map_err(|e| self.pin_refusal(e))
+    }
+
+    #[cold]
+    fn pin_refusal(&self, e: AcquireError) -> ProviderContextPinError {
+        match e {
+            AcquireError::Closed => ProviderContextPinError::ContextUnavailable(self.id),
+            AcquireError::Overflow => ProviderContextPinError::PinCountOverflow(self.id),
+        }
+    }
+
+    /// Outstanding pins now: held by something, not leased and idle (the
+    /// two are read apart, so a pin moving between them may be half-seen).
     pub(crate) fn pin_count(&self) -> u64 {
-        self.pins.count()
+        self.pins.count().saturating_sub(self.pin_leases.idle())
     }
 
     /// Pending releases now.
@@ -339,22 +387,42 @@ impl<C: DeviceContext> ContextInner<C> {
         self.gate.is_closed()
     }
 
-    /// A live buffer's pin is about to move into a pending release: count
-    /// the release first, so that pins + pending never touches zero in
-    /// between. Call under a gate claim, before the buffer's pin goes.
+    /// A live buffer's pin is about to move into a pending release queued
+    /// on a stream of `shard`: count the release first, so that pins +
+    /// pending never touches zero in between (which is also what
+    /// [`ShardedCount`] needs of its caller). Call under a gate claim, before
+    /// the buffer's pin goes.
     #[inline]
-    pub(crate) fn pending_queued(&self) {
-        self.pending.increment();
+    pub(crate) fn pending_queued(&self, shard: usize) {
+        self.pending.increment(shard);
     }
 
-    /// A pending release left: settled, or its free refused (undone). Wakes
-    /// the teardown waiters if it was the last one they waited for, and
-    /// starts the background teardown if nobody waits.
+    /// A pending release queued on a stream of `shard` left: settled, or its
+    /// free refused (undone). Wakes the teardown waiters if it was the last
+    /// one they waited for, and starts the background teardown if nobody
+    /// waits.
     #[inline]
-    pub(crate) fn pending_left(&self) {
-        if self.pending.decrement() {
+    pub(crate) fn pending_left(&self, shard: usize) {
+        if self.pending.decrement(shard) {
             self.lifecycle.wake_all();
             self.reap_if_unattended();
+        }
+    }
+
+    /// A release settled (or a live buffer went with a lost device): wake
+    /// the admission waiters, if one is registered. Nobody waiting, this
+    /// writes nothing: a SeqCst fence and a load of a line only waiters
+    /// write. The waiter registers (SeqCst) and fences before its attempt
+    /// (`admission.rs`); of the two fences, whichever comes first in their
+    /// total order, either the waiter's attempt sees what this settlement
+    /// gave back, or this load sees the registration and bumps the epoch the
+    /// waiter waits past.
+    #[inline]
+    pub(crate) fn announce_settlement(&self) {
+        fence(Ordering::SeqCst);
+        if self.settle_epoch.has_waiters() {
+            let _ = self.settle_epoch.bump();
+            self.settled.wake_all();
         }
     }
 
@@ -374,9 +442,27 @@ impl<C: DeviceContext> ContextInner<C> {
     #[inline]
     pub(crate) fn release_pin(&self) {
         if self.pins.release() {
-            self.lifecycle.notify();
-            self.reap_if_unattended();
+            self.pins_drained();
         }
+    }
+
+    /// Drop a pin taken by a stream of `shard` (or by anything, when
+    /// `shard` is [`GLOBAL`]): back into the shard's pin lease, which keeps
+    /// two chunks and puts the rest back on the pin word.
+    #[inline]
+    pub(crate) fn release_pin_on(&self, shard: usize) {
+        if shard == GLOBAL || !self.pin_leases.enabled() {
+            self.release_pin();
+        } else {
+            self.pin_leases.give(&PinPool(self), shard, 1);
+        }
+    }
+
+    /// The last claim of the closed pin word is gone.
+    #[cold]
+    fn pins_drained(&self) {
+        self.lifecycle.notify();
+        self.reap_if_unattended();
     }
 
     pub(crate) fn phase(&self) -> Phase {
@@ -476,7 +562,7 @@ impl<C: DeviceContext> ContextInner<C> {
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     pub(crate) fn drained(&self) -> bool {
-        self.pins.is_drained() && (self.is_lost() || self.pending.count() == 0)
+        self.pins.is_drained() && (self.is_lost() || self.pending.is_zero())
     }
 
     /// Stop accepting work: new pins fail from now on, and allocations
@@ -493,17 +579,20 @@ impl<C: DeviceContext> ContextInner<C> {
             .is_ok();
         if first {
             // A permanent waiter in `pending`: from now on the settlement
-            // that takes it to zero reports it (see `CountWord`), so that a
-            // background teardown can start there.
+            // that takes it to zero reports it (see `ShardedCount`), so that
+            // a background teardown can start there. Then the shards close:
+            // from now on each holds the total above zero only while it has
+            // releases pending.
             self.pending.register();
+            if self.pending.close() {
+                self.lifecycle.wake_all();
+            }
         }
         // Break the reference cycle of cached PendingRelease boxes before the
         // record can lose its last outside reference.
         super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
-        if self.pins.close() {
-            self.lifecycle.notify();
-        }
+        self.close_pins();
         // Nothing can be admitted any more: drop the pressure responders and
         // whatever they captured (a responder that holds a stream or buffers
         // of this context would otherwise keep it from ever draining). Their
@@ -580,13 +669,26 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
+    /// No pin is acquired from now on: the pin leases close (their idle
+    /// claims go back to the pin word, and no take from a lease succeeds
+    /// after this), then the pin word closes. Returns true if nothing held
+    /// the context then; its waiters are woken.
+    fn close_pins(&self) -> bool {
+        self.pin_leases.close(&PinPool(self));
+        let drained = self.pins.close();
+        if drained {
+            self.lifecycle.notify();
+        }
+        drained
+    }
+
     /// Declare the device lost. Returns false if it already was.
     pub(crate) fn mark_lost(&self, reason: &str) -> bool {
         if self.lost.swap(true, Ordering::AcqRel) {
             return false;
         }
         *lock(&self.lost_reason) = Some(reason.to_owned());
-        if self.pins.close() {
+        if self.close_pins() {
             // Nothing held the context: a retiring one may be reaped now.
             self.reap_if_unattended();
         }
@@ -858,17 +960,9 @@ impl<C: DeviceContext> ContextInner<C> {
         credit: u64,
     ) -> Result<(), ChargeRefused> {
         if self.leases.enabled() {
-            if self.leases.take(shard, bytes)
-                || self
-                    .leases
-                    .refill(&self.budget, shard, bytes, credit)
-                    .is_ok()
-            {
-                return Ok(());
-            }
             return self
                 .leases
-                .reclaim_then_charge(&self.budget, bytes, credit)
+                .charge(&self.budget, shard, bytes, credit)
                 .map_err(ChargeRefused::Context);
         }
         self.budget
@@ -976,6 +1070,42 @@ impl<C: DeviceContext> ContextInner<C> {
             .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
             .wrapping_add(c.quarantined.load(Ordering::Relaxed))
             .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
+    }
+}
+
+/// The shard of a pin taken from the pin word itself (handles, pin
+/// sources, streams): released there, not into a lease.
+pub(crate) const GLOBAL: usize = usize::MAX;
+
+/// The pin word as a [`Pool`] of the pin leases: a lease of claims is
+/// claims taken on `pins`, counted against `max_pins` like any other; a
+/// refusal for `max_pins` takes back every idle lease first, so
+/// `PinCountOverflow` stays exact, and a closed word refuses at once.
+/// Claims put back may drain the closed word: then its waiters wake.
+///
+/// Teardown observes every pin taken from a lease: the claim stays on the
+/// pin word from the refill that leased it until it is put back, which is
+/// after its holder gave it back to the lease (and the lease's close, a
+/// refusal's reclaim or the excess of a give put it back).
+struct PinPool<'a, C: DeviceContext>(&'a ContextInner<C>);
+
+impl<C: DeviceContext> Pool for PinPool<'_, C> {
+    type Refusal = AcquireError;
+
+    #[inline]
+    fn try_take(&self, n: u64, _credit: u64) -> Result<(), AcquireError> {
+        self.0.pins.try_acquire_n(n)
+    }
+
+    #[inline]
+    fn put(&self, n: u64) {
+        if self.0.pins.release_n(n) {
+            self.0.pins_drained();
+        }
+    }
+
+    fn is_final(refusal: &AcquireError) -> bool {
+        *refusal == AcquireError::Closed
     }
 }
 

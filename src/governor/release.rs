@@ -131,11 +131,8 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         if ctx.phase() == Phase::Terminated {
             add(&ctx.counters.late_settlements, 1);
         }
-        // Admission waiters register in the epoch word: the bump says whether
-        // one waits (no fence, no lock otherwise).
-        if ctx.settle_epoch.bump() {
-            ctx.settled.wake_all();
-        }
+        // Admission waiters: woken only if one is registered.
+        ctx.announce_settlement();
         // The pin this release carried leaves with it. Lifecycle waiters wait
         // for `drained()` (or the gate, or termination); a settlement can
         // only make that true by taking `pending` to zero, so only that one
@@ -147,7 +144,7 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         }
         // Last of the wake-ups: a task waker registered by `finished()` runs
         // executor code, which must not keep the others from happening.
-        ctx.pending_left();
+        ctx.pending_left(shard);
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful store this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.
@@ -193,7 +190,7 @@ pub(crate) fn release<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Released {
-    let Some(backend) = ctx.enter() else {
+    let Some(backend) = ctx.enter_on(stream.shard) else {
         // Only force closes the gate while buffers live: it already revoked
         // this buffer's pin and holds its charge until teardown frees the
         // memory.
@@ -212,7 +209,7 @@ pub(crate) fn release<C: DeviceContext>(
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
-    ctx.pending_queued();
+    ctx.pending_queued(stream.shard);
     // `release_on` another stream: the buffer leaves its own shard and is
     // queued in the other one (as if allocated there).
     ctx.stats.transfer(live_shard, stream.shard, role, bytes);
@@ -234,7 +231,7 @@ pub(crate) fn release<C: DeviceContext>(
     // once the backend has queued the free, and also if `free_async` panics:
     // the signal, dropped or kept by the backend, settles the release on its
     // own, and the pin must not outlive the call.
-    let pin = ContextPin::adopt(ctx);
+    let pin = ContextPin::adopt(ctx, stream.shard);
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
             drop(pin);
@@ -247,7 +244,7 @@ pub(crate) fn release<C: DeviceContext>(
             // Undo the move without settling: the release never happened.
             signal.defuse();
             undo_pending(ctx, live_shard, stream, bytes, role);
-            ctx.pending_left();
+            ctx.pending_left(stream.shard);
             ctx.note_backend_error(&err);
             let released = if err.is_device_lost() {
                 drop(memory);
@@ -291,9 +288,7 @@ fn settle_live_as_lost<C: DeviceContext>(
     // destroyed (a lost context's allocations are freed by its teardown).
     ctx.hold_until_teardown(bytes);
     add(&ctx.counters.settled_lost, 1);
-    if ctx.settle_epoch.bump() {
-        ctx.settled.wake_all();
-    }
+    ctx.announce_settlement();
     ctx.release_pin();
 }
 

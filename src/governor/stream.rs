@@ -40,7 +40,7 @@ impl<C: DeviceContext> StreamShared<C> {
 impl<C: DeviceContext> Drop for StreamShared<C> {
     fn drop(&mut self) {
         let ctx = &*self.ctx;
-        let Some(backend) = ctx.enter() else {
+        let Some(backend) = ctx.enter_on(self.shard) else {
             // The gate is closed only by force (a stream's pin keeps ordinary
             // teardown away): force revoked this stream's pin and teardown
             // destroys the raw stream. Dropping the handle has no side effects.
@@ -147,7 +147,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             return Err(ctx.lost_error());
         }
         let backend = ctx
-            .enter()
+            .enter_on(self.shared.shard)
             .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
         backend.synchronize(self.shared.raw()).map_err(|e| {
             drop(backend);

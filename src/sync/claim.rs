@@ -46,17 +46,24 @@ impl ClaimCounter {
     /// Take a new claim, unless the counter is closed or full.
     #[inline]
     pub(crate) fn try_acquire(&self) -> Result<(), AcquireError> {
+        self.try_acquire_n(1)
+    }
+
+    /// Take `n` claims at once (a lease of claims), unless the counter is
+    /// closed or would exceed its maximum.
+    #[inline]
+    pub(crate) fn try_acquire_n(&self, n: u64) -> Result<(), AcquireError> {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             if cur & CLOSED != 0 {
                 return Err(AcquireError::Closed);
             }
-            if cur >= self.max {
+            if n > self.max - cur {
                 return Err(AcquireError::Overflow);
             }
             match self.state.compare_exchange_weak(
                 cur,
-                cur + 1,
+                cur + n,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
@@ -71,12 +78,20 @@ impl ClaimCounter {
     #[inline]
     #[must_use = "the last release of a closed counter must wake the waiter"]
     pub(crate) fn release(&self) -> bool {
-        let prev = self.state.fetch_sub(1, Ordering::Release);
+        self.release_n(1)
+    }
+
+    /// Drop `n` claims at once (a lease of claims put back). Returns true
+    /// when they were the last claims of a closed counter.
+    #[inline]
+    #[must_use = "the last release of a closed counter must wake the waiter"]
+    pub(crate) fn release_n(&self, n: u64) -> bool {
+        let prev = self.state.fetch_sub(n, Ordering::Release);
         debug_assert!(
-            prev & !CLOSED != 0,
+            prev & !CLOSED >= n,
             "claim released more often than acquired"
         );
-        if prev == CLOSED | 1 {
+        if prev == CLOSED | n {
             // Pair with every other releaser's Release so that the woken side
             // sees everything they did before dropping their claims.
             fence(Ordering::Acquire);
@@ -129,6 +144,68 @@ impl ClaimCounter {
     }
 }
 
+/// A [`ClaimCounter`] alone on its cache line(s).
+#[derive(Debug)]
+#[repr(align(128))]
+struct PaddedCounter(ClaimCounter);
+
+/// One [`ClaimCounter`] per shard of streams, each on its own cache line,
+/// opened and closed together: a gate that calls from different streams
+/// pass through without writing a common line.
+///
+/// Invariants, enforced here:
+/// * [`close`](Self::close) closes every shard; once it has returned, every
+///   `try_acquire` on any shard fails (each shard is a `ClaimCounter`).
+/// * [`is_drained`](Self::is_drained) holds only when every shard is closed
+///   and at zero; after `close` it can only go from false to true, because
+///   no shard takes a claim again.
+/// * the release that drains a closed shard is told so (per shard): the
+///   caller wakes the waiter, which re-checks every shard. The waiter's
+///   condition is the conjunction, and the last shard to drain is drained by
+///   a release that is told so, so no wake-up is lost.
+#[derive(Debug)]
+pub(crate) struct ClaimShards<const N: usize> {
+    shards: [PaddedCounter; N],
+}
+
+impl<const N: usize> ClaimShards<N> {
+    pub(crate) fn new(max: u64) -> Self {
+        Self {
+            shards: std::array::from_fn(|_| PaddedCounter(ClaimCounter::new(max))),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn try_acquire(&self, shard: usize) -> Result<(), AcquireError> {
+        self.shards[shard].0.try_acquire()
+    }
+
+    /// Drop a claim of `shard`; true when it drained that closed shard.
+    #[inline]
+    #[must_use = "the last release of a closed shard must wake the waiter"]
+    pub(crate) fn release(&self, shard: usize) -> bool {
+        self.shards[shard].0.release()
+    }
+
+    /// Close every shard. Returns true if all of them were at zero.
+    pub(crate) fn close(&self) -> bool {
+        self.shards
+            .iter()
+            .fold(true, |drained, s| s.0.close() & drained)
+    }
+
+    /// Whether closing has begun (the first shard is closed first).
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shards[0].0.is_closed()
+    }
+
+    /// Every shard closed and at zero.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.shards.iter().all(|s| s.0.is_drained())
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -162,6 +239,35 @@ mod tests {
         assert!(c.close());
         assert!(c.is_drained());
         assert!(c.is_closed());
+    }
+
+    #[test]
+    fn claims_taken_and_put_back_in_bulk_stay_exact() {
+        let c = ClaimCounter::new(10);
+        c.try_acquire_n(8).unwrap();
+        assert_eq!(c.try_acquire_n(3), Err(AcquireError::Overflow));
+        c.try_acquire_n(2).unwrap();
+        assert_eq!(c.try_acquire(), Err(AcquireError::Overflow));
+        assert!(!c.release_n(7));
+        c.close();
+        assert_eq!(c.try_acquire_n(1), Err(AcquireError::Closed));
+        assert!(!c.release_n(1));
+        assert!(c.release_n(2));
+    }
+
+    #[test]
+    fn shards_close_together_and_drain_as_one() {
+        let g = ClaimShards::<4>::new(MAX_CLAIMS);
+        g.try_acquire(1).unwrap();
+        g.try_acquire(3).unwrap();
+        assert!(!g.close());
+        assert!(g.is_closed());
+        assert_eq!(g.try_acquire(0), Err(AcquireError::Closed));
+        assert_eq!(g.try_acquire(2), Err(AcquireError::Closed));
+        assert!(g.release(1));
+        assert!(!g.is_drained());
+        assert!(g.release(3));
+        assert!(g.is_drained());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 use super::{AtomicU64, Ordering};
 
-/// Budget bytes leased to one shard of streams: already charged to the
-/// budget, not yet charged to any allocation.
+/// Units of a [`Pool`] (budget bytes, pin claims) leased to one shard of
+/// streams: already taken from the pool, not yet held by anything.
 ///
 /// Each slot sits on its own cache line, so that a stream taking from and
 /// giving back to its own lease writes no line another stream writes.
@@ -20,30 +20,32 @@ const REFILLS: u64 = PRESS - 1;
 /// A fixed set of lease slots, and one word saying whether they are closed
 /// for good and whether a refusal is reclaiming them now.
 ///
-/// Invariants, enforced here and nowhere else:
-/// * every byte in a slot is charged to the budget that leased it: bytes enter
-///   a slot only through [`fill`](Self::fill) and [`give`](Self::give), whose
-///   callers charged them, and leave it only through [`take`](Self::take)
-///   (they become an allocation's charge) or [`reclaim`](Self::reclaim) and
-///   the excess returned by `give` (the caller uncharges exactly what it is
-///   handed). No byte is ever counted twice: each of those is one
-///   read-modify-write of the slot, and all of them are totally ordered on it.
+/// Invariants, enforced here and nowhere else ("the pool" is what leased the
+/// units: a budget, or a pin counter):
+/// * every unit in a slot is held from the pool: units enter a slot only
+///   through [`fill`](Self::fill) and [`give`](Self::give), whose callers
+///   took them from the pool, and leave it only through [`take`](Self::take)
+///   (they become a holder's) or [`reclaim`](Self::reclaim) and the excess
+///   returned by `give` (the caller puts back exactly what it is handed). No
+///   unit is ever counted twice: each of those is one read-modify-write of
+///   the slot, and all of them are totally ordered on it.
 /// * a `take` that succeeds never drives a slot below zero: it checks and
 ///   subtracts in one compare-and-swap, so a `reclaim` racing it takes either
-///   the bytes before the take or the rest after it, never both.
-/// * once [`close`](Self::close) has run, no byte stays in a slot: a `fill` or
-///   `give` that lands after close's sweep of its slot sees the closed flag
-///   (SeqCst on both sides, as in `Notifier`) and hands its bytes back to the
-///   caller to uncharge.
+///   the units before the take or the rest after it, never both.
+/// * once [`close`](Self::close) has run, no unit stays in a slot and no
+///   `take` succeeds: a `fill` or `give` that lands after close's sweep of
+///   its slot sees the closed flag (SeqCst on both sides, as in `Notifier`)
+///   and hands its units back to the caller; a `take` that lands after it
+///   sees the flag too ([`Take::Closed`]).
 /// * a chunk is leased only between [`begin_refill`](Self::begin_refill)
 ///   (which fails while a refusal is reclaiming or the slots are closed) and
-///   [`end_refill`](Self::end_refill), and the caller charges the budget and
-///   fills the slot in between. A refusal that, after the budget refused it,
+///   [`end_refill`](Self::end_refill), and the caller takes from the pool and
+///   fills the slot in between. A refusal that, after the pool refused it,
 ///   sees no refill in flight ([`refilling`](Self::refilling)) and then
-///   sweeps every slot empty was exact: every chunk the budget counted when it
-///   refused was either swept or had already become an allocation's charge
-///   (both are read-modify-writes of the state word, so a refill whose chunk
-///   the budget counted ended before the check, and its fill before that).
+///   sweeps every slot empty was exact: every chunk the pool counted when it
+///   refused was either swept or had already become a holder's (both are
+///   read-modify-writes of the state word, so a refill whose chunk the pool
+///   counted ended before the check, and its fill before that).
 /// * while a refusal is reclaiming ([`press`](Self::press) to
 ///   [`unpress`](Self::unpress)) `give` keeps nothing and no refill begins,
 ///   so the refusal's loop waits only for refills that began before it.
@@ -64,25 +66,36 @@ impl<const N: usize> LeaseSlots<N> {
         }
     }
 
-    /// Charge `bytes` to an allocation out of slot `i`'s lease, if it holds
-    /// that many.
+    /// Take `n` units for a holder out of slot `i`'s lease, if it holds that
+    /// many and the slots are open.
+    ///
+    /// The check for "closed" comes *after* the compare-and-swap (both
+    /// SeqCst, like `close`): a take that finds the slots open is ordered
+    /// before `close`, so that a holder never gains a unit once `close` has
+    /// run, not even one a late `give` put into the slot an instant before it
+    /// saw the flag. A take that finds them closed has the units in its hands
+    /// and must hand them back to the pool ([`Take::Closed`]).
     #[inline]
-    pub(crate) fn take(&self, i: usize, bytes: u64) -> bool {
+    pub(crate) fn take(&self, i: usize, n: u64) -> Take {
         let slot = &self.slots[i].0;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
-            if cur < bytes {
-                return false;
+            if cur < n {
+                return Take::Short;
             }
-            match slot.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
+            match slot.compare_exchange_weak(cur, cur - n, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => break,
                 Err(actual) => cur = actual,
             }
         }
+        if self.state.load(Ordering::SeqCst) & CLOSED != 0 {
+            Take::Closed
+        } else {
+            Take::Taken
+        }
     }
 
-    /// Put `bytes` the caller has just charged to the budget into slot `i`.
+    /// Put `bytes` units the caller has just taken from the pool into slot `i`.
     /// Returns what the caller must uncharge again: zero, or all of it when
     /// the slots are closed.
     #[inline]
@@ -90,7 +103,7 @@ impl<const N: usize> LeaseSlots<N> {
         self.give(i, bytes, u64::MAX)
     }
 
-    /// Give `bytes` (still charged to the budget) back to slot `i`, keeping
+    /// Give `bytes` units (still held from the pool) back to slot `i`, keeping
     /// at most `keep` bytes there. Returns what the caller must uncharge: the
     /// part above `keep`, or everything once the slots are closed.
     #[inline]
@@ -128,9 +141,9 @@ impl<const N: usize> LeaseSlots<N> {
     }
 
     /// Empty every slot, whoever holds it and whatever it is doing; returns
-    /// the bytes taken, which the caller uncharges. A holder taking from its
-    /// slot at the same moment either took first (its bytes are an
-    /// allocation's now) or finds the slot empty and charges the budget.
+    /// the units taken, which the caller puts back. A holder taking from its
+    /// slot at the same moment either took first (its units are its own now)
+    /// or finds the slot empty and goes to the pool.
     pub(crate) fn reclaim(&self) -> u64 {
         self.slots
             .iter()
@@ -195,5 +208,204 @@ impl<const N: usize> LeaseSlots<N> {
             .iter()
             .map(|s| s.0.load(Ordering::Relaxed))
             .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// What [`LeaseSlots::take`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// The units are the holder's.
+    Taken,
+    /// The slot holds fewer: go to the pool.
+    Short,
+    /// The slots are closed: the caller holds the units it took and must put
+    /// them back into the pool, then go to the pool (which refuses, if it is
+    /// closed with the slots).
+    Closed,
+}
+
+/// What leases are leased from: a budget's bytes, or a counter's claims.
+pub(crate) trait Pool {
+    /// What a refused [`try_take`](Self::try_take) reports.
+    type Refusal;
+
+    /// Take `n` units; `credit` lowers the bar where the pool has one (see
+    /// the budget's `try_charge`).
+    fn try_take(&self, n: u64, credit: u64) -> Result<(), Self::Refusal>;
+
+    /// Put back `n` units taken with [`try_take`](Self::try_take).
+    fn put(&self, n: u64);
+
+    /// Whether no reclaim could turn this refusal into an admission (a
+    /// closed counter): the refusal is then reported at once.
+    fn is_final(_refusal: &Self::Refusal) -> bool {
+        false
+    }
+}
+
+/// The lease protocol over [`LeaseSlots`]: each of `N` shards holds up to a
+/// few chunks of a [`Pool`] and hands units out of them with no write to
+/// the pool; a refusal takes back every idle chunk before it is final.
+///
+/// Invariants (on top of those of [`LeaseSlots`]):
+/// * A lease is refilled only by taking from the pool first, `n + chunk`
+///   when that fits and `n` alone otherwise, so a lease never causes a
+///   refusal the pool without leases would not make.
+/// * A refusal is reported only after the pool refused and a sweep of every
+///   slot that came *before* that refusal found nothing leased
+///   ([`reclaim_then_take`](Self::reclaim_then_take)); holders may be taking
+///   from their slots at that moment. Refusals therefore stay exact: a take
+///   is refused only if the units held by holders leave no room for it.
+/// * Units given back keep at most two chunks in their shard's slot; the
+///   rest go back to the pool at once.
+/// * [`close`](Self::close) empties the slots for good: no unit stays leased
+///   after it, and no take succeeds from a slot.
+#[derive(Debug)]
+pub(crate) struct Leases<const N: usize> {
+    slots: LeaseSlots<N>,
+    /// Units a refill leases beyond the take; zero: leases are off.
+    chunk: u64,
+}
+
+impl<const N: usize> Leases<N> {
+    pub(crate) fn new(chunk: u64) -> Self {
+        Self {
+            slots: LeaseSlots::new(),
+            chunk,
+        }
+    }
+
+    /// Whether takes go through leases at all.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        self.chunk > 0
+    }
+
+    /// Take `n` units for a holder on `shard` out of its lease (the fast
+    /// path); on `false`, [`take_from_pool`](Self::take_from_pool).
+    #[inline]
+    pub(crate) fn take_leased<P: Pool>(&self, pool: &P, shard: usize, n: u64) -> bool {
+        match self.slots.take(shard, n) {
+            Take::Taken => true,
+            Take::Short => false,
+            Take::Closed => {
+                pool.put(n);
+                false
+            }
+        }
+    }
+
+    /// Take `n` units for a holder on `shard` that its lease could not
+    /// serve: by a refill, else by reclaiming every idle lease first. The
+    /// pool's refusal is final only then.
+    #[cold]
+    pub(crate) fn take_from_pool<P: Pool>(
+        &self,
+        pool: &P,
+        shard: usize,
+        n: u64,
+        credit: u64,
+    ) -> Result<(), P::Refusal> {
+        match self.refill(pool, shard, n, credit) {
+            Ok(()) => Ok(()),
+            Err(r) if P::is_final(&r) => Err(r),
+            Err(_) => self.reclaim_then_take(pool, n, credit),
+        }
+    }
+
+    /// Take `n` units from the pool for a holder on `shard`, leasing a chunk
+    /// more when it fits.
+    pub(crate) fn refill<P: Pool>(
+        &self,
+        pool: &P,
+        shard: usize,
+        n: u64,
+        credit: u64,
+    ) -> Result<(), P::Refusal> {
+        if let Some(with_chunk) = n.checked_add(self.chunk) {
+            if self.chunk > 0 && self.slots.begin_refill() {
+                let leased = pool.try_take(with_chunk, credit).is_ok();
+                if leased {
+                    let back = self.slots.fill(shard, self.chunk);
+                    if back > 0 {
+                        pool.put(back);
+                    }
+                }
+                self.slots.end_refill();
+                if leased {
+                    return Ok(());
+                }
+            }
+        }
+        pool.try_take(n, credit)
+    }
+
+    /// Take back every idle lease into the pool; returns the units taken.
+    pub(crate) fn reclaim<P: Pool>(&self, pool: &P) -> u64 {
+        let taken = self.slots.reclaim();
+        if taken > 0 {
+            pool.put(taken);
+        }
+        taken
+    }
+
+    /// The last word on a take that the lease and a refill could not serve:
+    /// take back every idle lease and ask the pool again, until it admits
+    /// the take, or refuses it and then no refill is in flight and a sweep
+    /// finds nothing leased (see [`LeaseSlots`] for why that is exact).
+    /// Holders keep taking meanwhile; no refill begins and no give keeps its
+    /// units until this returns, so the loop waits only for refills that
+    /// began before it (a take from the pool and a store each).
+    pub(crate) fn reclaim_then_take<P: Pool>(
+        &self,
+        pool: &P,
+        n: u64,
+        credit: u64,
+    ) -> Result<(), P::Refusal> {
+        self.slots.press();
+        self.reclaim(pool);
+        let result = loop {
+            match pool.try_take(n, credit) {
+                Ok(()) => break Ok(()),
+                Err(r) if P::is_final(&r) => break Err(r),
+                Err(r) => {
+                    if self.slots.refilling() {
+                        // Began before `press`: a take and a store away.
+                        super::spin();
+                        continue;
+                    }
+                    if self.reclaim(pool) == 0 {
+                        // No refill in flight and nothing leased: every
+                        // unit the pool counted is a holder's.
+                        break Err(r);
+                    }
+                }
+            }
+        };
+        self.slots.unpress();
+        result
+    }
+
+    /// A holder on `shard` gives `n` units back: into the shard's lease,
+    /// which keeps at most two chunks; the rest goes back to the pool.
+    #[inline]
+    pub(crate) fn give<P: Pool>(&self, pool: &P, shard: usize, n: u64) {
+        let back = self.slots.give(shard, n, self.chunk.saturating_mul(2));
+        if back > 0 {
+            pool.put(back);
+        }
+    }
+
+    /// Close the leases for good and put back what they held.
+    pub(crate) fn close<P: Pool>(&self, pool: &P) {
+        let taken = self.slots.close();
+        if taken > 0 {
+            pool.put(taken);
+        }
+    }
+
+    /// Units leased and idle now (see [`LeaseSlots::idle`]).
+    pub(crate) fn idle(&self) -> u64 {
+        self.slots.idle()
     }
 }

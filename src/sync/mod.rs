@@ -26,10 +26,15 @@ mod lease;
 mod notify;
 mod word;
 
-pub(crate) use claim::{AcquireError, ClaimCounter, MAX_CLAIMS};
-pub(crate) use lease::LeaseSlots;
+pub(crate) use claim::{AcquireError, ClaimCounter, ClaimShards, MAX_CLAIMS};
+// `LeaseSlots`, `Take` and `CountWord` are named by the loom model
+// (`tests/loom.rs`); the governor reaches them through `Leases` and
+// `ShardedCount`.
+#[allow(unused_imports)]
+pub(crate) use lease::{LeaseSlots, Leases, Pool, Take};
 pub(crate) use notify::Notifier;
-pub(crate) use word::{CountWord, EpochWord};
+#[allow(unused_imports)]
+pub(crate) use word::{CountWord, EpochWord, ShardedCount};
 
 // The primitives below switch to loom's under `--cfg loom`; the governor's
 // own bookkeeping mutexes stay `std` (they are not part of the model and are
