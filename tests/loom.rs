@@ -23,9 +23,19 @@
 //! * no lost wake-up: the teardown waiter always wakes after the last release
 //!   or settlement, and an admission waiter after a settlement that follows
 //!   its read of the epoch (loom reports a deadlock otherwise) -- with the
-//!   settlement path using no fence: it learns whether anyone waits from its
-//!   own read-modify-write of `CountWord` / `EpochWord` (`src/sync/word.rs`,
-//!   included here like the rest of `src/sync/`);
+//!   settlement writing nothing for admission waiters unless its fenced load
+//!   sees one registered (`announce_settlement`), and learning whether a
+//!   teardown waiter waits from its own read-modify-write of the pending
+//!   count (`ShardedCount` over `CountWord`, `src/sync/word.rs`, included
+//!   here like the rest of `src/sync/`);
+//! * pending releases are counted per shard (`ShardedCount`) and backend
+//!   calls pass through per-shard gate words (`ClaimShards`): teardown still
+//!   waits for every one of them;
+//! * pins taken from a stream shard's pin lease (`sync::Leases` over the pin
+//!   word, the protocol `record.rs` ships) are observed by teardown, none is
+//!   taken once retire was observed, and `max_pins` refusals stay exact
+//!   while holders give pins back and take them again and while two
+//!   refusals sweep at once; the budget leases run the same protocol;
 //! * the counter never wraps: acquires beyond the maximum are refused and the
 //!   count never exceeds it;
 //! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
@@ -49,7 +59,10 @@ mod sync;
 
 #[cfg(loom)]
 mod model {
-    use super::sync::{AcquireError, ClaimCounter, CountWord, EpochWord, Notifier, MAX_CLAIMS};
+    use super::sync::{
+        AcquireError, ClaimCounter, ClaimShards, EpochWord, Leases, Notifier, Pool, ShardedCount,
+        MAX_CLAIMS,
+    };
     use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
@@ -69,9 +82,13 @@ mod model {
     /// with the same operations and orderings as `record.rs`.
     struct Ctx {
         pins: ClaimCounter,
-        /// Pending releases + lifecycle waiters registered for zero.
-        pending: CountWord,
-        gate: ClaimCounter,
+        /// Pin leases of two stream shards (`pin_leases`); chunk 0: off.
+        pin_leases: Leases<2>,
+        /// Pending releases per shard + lifecycle waiters registered for zero.
+        pending: ShardedCount<2>,
+        gate: ClaimShards<2>,
+        /// Set by a holder while it holds a pin taken from a lease.
+        lease_pin_held: AtomicBool,
         phase: AtomicU8,
         lifecycle: Notifier,
         /// Settlement epoch + admission waiters (`settle_epoch`).
@@ -96,10 +113,16 @@ mod model {
 
     impl Ctx {
         fn new(max_pins: u64) -> Self {
+            Self::with_pin_chunk(max_pins, 0)
+        }
+
+        fn with_pin_chunk(max_pins: u64, chunk: u64) -> Self {
             Self {
                 pins: ClaimCounter::new(max_pins),
-                pending: CountWord::new(),
-                gate: ClaimCounter::new(MAX_CLAIMS),
+                pin_leases: Leases::new(chunk),
+                pending: ShardedCount::new(),
+                gate: ClaimShards::new(MAX_CLAIMS),
+                lease_pin_held: AtomicBool::new(false),
                 phase: AtomicU8::new(ACTIVE),
                 lifecycle: Notifier::new(),
                 settle_epoch: EpochWord::new(),
@@ -118,7 +141,32 @@ mod model {
         /// `ContextInner::acquire_pin`, plus the model's checks.
         fn acquire(&self) -> Result<(), AcquireError> {
             let seen = self.retire_seen.load(Acquire);
-            let r = self.pins.try_acquire();
+            let r = match self.pins.try_acquire() {
+                Err(AcquireError::Overflow) if self.pin_leases.enabled() => {
+                    self.pin_leases.reclaim_then_take(&PinPool(self), 1, 0)
+                }
+                r => r,
+            };
+            self.check_acquired(seen, r)
+        }
+
+        /// `ContextInner::acquire_pin_on`: out of the shard's pin lease,
+        /// else a refill, else a reclaim of every idle lease.
+        fn acquire_on(&self, shard: usize) -> Result<(), AcquireError> {
+            let seen = self.retire_seen.load(Acquire);
+            let r = if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
+                Ok(())
+            } else {
+                self.pin_leases.take_from_pool(&PinPool(self), shard, 1, 0)
+            };
+            self.check_acquired(seen, r)
+        }
+
+        fn check_acquired(
+            &self,
+            seen: bool,
+            r: Result<(), AcquireError>,
+        ) -> Result<(), AcquireError> {
             if seen {
                 assert_eq!(
                     r,
@@ -150,9 +198,31 @@ mod model {
                 "a pin was released after destroy"
             );
             if self.pins.release() {
-                self.lifecycle.notify();
-                self.reap_if_unattended();
+                self.pins_drained();
             }
+        }
+
+        /// `ContextInner::release_pin_on`: back into the shard's lease.
+        fn release_pin_on(&self, shard: usize) {
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a pin was released after destroy"
+            );
+            if self.pin_leases.enabled() {
+                self.pin_leases.give(&PinPool(self), shard, 1);
+            } else {
+                self.release_pin();
+            }
+        }
+
+        fn pins_drained(&self) {
+            self.lifecycle.notify();
+            self.reap_if_unattended();
+        }
+
+        /// Pins held by something (not leased and idle).
+        fn pins_held(&self) -> u64 {
+            self.pins.count() - self.pin_leases.idle()
         }
 
         /// `ContextInner::reap_if_unattended`: after each event that can
@@ -177,41 +247,53 @@ mod model {
             self.reap_if_unattended();
         }
 
-        /// A backend call through the gate (`ContextInner::enter` + guard drop).
-        fn backend_call(&self) -> bool {
-            if self.gate.try_acquire().is_err() {
+        /// A backend call through the gate (`ContextInner::enter_on` + guard
+        /// drop).
+        fn backend_call(&self, shard: usize) -> bool {
+            if self.gate.try_acquire(shard).is_err() {
                 return false;
             }
             assert!(
                 !self.destroyed.load(Acquire),
                 "a backend call ran after destroy"
             );
-            if self.gate.release() {
+            if self.gate.release(shard) {
                 self.lifecycle.notify();
             }
             true
         }
 
-        /// `release()` in release.rs: move the buffer's pin into a pending
-        /// release (pending first), hand the signal to the "driver", then drop
-        /// the buffer's pin.
-        fn queue_release(this: &Arc<Self>) -> RetireSignal {
+        /// `release()` in release.rs, on a stream of `shard`: move the
+        /// buffer's pin into a pending release (pending first), hand the
+        /// signal to the "driver", then drop the buffer's pin into the
+        /// shard's lease.
+        fn queue_release(this: &Arc<Self>, shard: usize) -> RetireSignal {
             assert!(
-                this.gate.try_acquire().is_ok(),
+                this.gate.try_acquire(shard).is_ok(),
                 "the gate is open while a buffer lives"
             );
-            this.pending.increment();
+            this.pending.increment(shard);
             let ctx = this.clone();
-            let signal = RetireSignal::from_fn(move |outcome| ctx.settle(outcome));
-            if this.gate.release() {
+            let signal = RetireSignal::from_fn(move |outcome| ctx.settle(shard, outcome));
+            if this.gate.release(shard) {
                 this.lifecycle.notify();
             }
-            this.release_pin();
+            this.release_pin_on(shard);
             signal
         }
 
+        /// `ContextInner::announce_settlement`: a fence, and the bump only
+        /// when an admission waiter is registered.
+        fn announce_settlement(&self) {
+            loom::sync::atomic::fence(SeqCst);
+            if self.settle_epoch.has_waiters() {
+                let _ = self.settle_epoch.bump();
+                self.settled.wake_all();
+            }
+        }
+
         /// `PendingRelease::settle`: atomics and wake-ups only.
-        fn settle(&self, outcome: RetireOutcome) {
+        fn settle(&self, shard: usize, outcome: RetireOutcome) {
             assert!(
                 !self.destroyed.load(Acquire),
                 "a free retired after destroy"
@@ -220,14 +302,12 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            // As in release.rs: the epoch bump says whether an admission
-            // waiter is registered; only the settlement that takes `pending`
-            // to zero with a lifecycle waiter registered in it wakes them.
-            // No fence on this path.
-            if self.settle_epoch.bump() {
-                self.settled.wake_all();
-            }
-            if self.pending.decrement() {
+            // As in release.rs: admission waiters are woken only if one is
+            // registered (fence + load); only the settlement that takes
+            // `pending` to zero with a lifecycle waiter registered in it
+            // wakes the lifecycle waiters.
+            self.announce_settlement();
+            if self.pending.decrement(shard) {
                 self.lifecycle.wake_all();
                 self.reap_if_unattended();
             }
@@ -243,7 +323,12 @@ mod model {
                 .is_ok();
             if first {
                 self.pending.register();
+                if self.pending.close() {
+                    self.lifecycle.wake_all();
+                }
             }
+            // `close_pins`: the leases first, then the word.
+            self.pin_leases.close(&PinPool(self));
             if self.pins.close() {
                 self.lifecycle.notify();
             }
@@ -253,7 +338,7 @@ mod model {
 
         /// `ContextInner::drained` (healthy device).
         fn drained(&self) -> bool {
-            self.pins.is_drained() && self.pending.count() == 0
+            self.pins.is_drained() && self.pending.is_zero()
         }
 
         /// `RetireHandle::wait(None)` + `ContextInner::finish`.
@@ -288,10 +373,13 @@ mod model {
             // Destroy: exactly once, at zero.
             assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
             assert_eq!(self.pending.count(), 0, "destroy with a release pending");
-            assert_eq!(
-                self.gate.count(),
-                0,
+            assert!(
+                self.gate.is_drained(),
                 "destroy with a backend call in flight"
+            );
+            assert!(
+                !self.lease_pin_held.load(Acquire),
+                "destroy while a pin taken from a lease is held"
             );
             assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
             self.destroyed.store(true, Release);
@@ -300,10 +388,29 @@ mod model {
         }
     }
 
-    /// `admission::wait_for_a_settlement`: register in the epoch word, read
-    /// the epoch to wait past, wait for it to change.
+    /// The pin word as the pin leases' pool (`record.rs`'s `PinPool`).
+    struct PinPool<'a>(&'a Ctx);
+
+    impl Pool for PinPool<'_> {
+        type Refusal = AcquireError;
+        fn try_take(&self, n: u64, _credit: u64) -> Result<(), AcquireError> {
+            self.0.pins.try_acquire_n(n)
+        }
+        fn put(&self, n: u64) {
+            if self.0.pins.release_n(n) {
+                self.0.pins_drained();
+            }
+        }
+        fn is_final(r: &AcquireError) -> bool {
+            *r == AcquireError::Closed
+        }
+    }
+
+    /// `admission::SettlementWaiter`: register in the epoch word, fence,
+    /// read the epoch to wait past, wait for it to change.
     fn admission_wait(ctx: &Ctx, registered: &AtomicBool) -> bool {
         ctx.settle_epoch.register();
+        loom::sync::atomic::fence(SeqCst);
         let seen = ctx.settle_epoch.epoch();
         registered.store(true, Release);
         let woke = ctx.settled.wait_until(
@@ -354,14 +461,14 @@ mod model {
                 ctx.acquire().unwrap(); // the stream
                 ctx.acquire().unwrap(); // a buffer on it
                 ctx.acquire().unwrap(); // a buffer already released ...
-                let queued_earlier = Ctx::queue_release(&ctx); // ... whose free is queued
+                let queued_earlier = Ctx::queue_release(&ctx, 0); // ... whose free is queued
 
                 let driver = thread::spawn(move || queued_earlier.retire());
                 let c = ctx.clone();
                 let holder = thread::spawn(move || {
-                    let signal = Ctx::queue_release(&c); // drop the buffer
+                    let signal = Ctx::queue_release(&c, 1); // drop the buffer
                     let late = c.acquire();
-                    let called = c.backend_call();
+                    let called = c.backend_call(1);
                     assert!(called, "the stream's pin keeps the gate open");
                     c.release_pin(); // drop the stream
                     if late.is_ok() {
@@ -393,9 +500,9 @@ mod model {
             || {
                 let ctx = Arc::new(Ctx::new(4));
                 ctx.acquire().unwrap();
-                let s1 = Ctx::queue_release(&ctx);
+                let s1 = Ctx::queue_release(&ctx, 0);
                 ctx.acquire().unwrap();
-                let s2 = Ctx::queue_release(&ctx);
+                let s2 = Ctx::queue_release(&ctx, 0);
                 let d1 = thread::spawn(move || drop(s1));
                 let d2 = thread::spawn(move || s2.retire());
                 ctx.begin_retire();
@@ -422,7 +529,7 @@ mod model {
                 let c1 = ctx.clone();
                 let racer = thread::spawn(move || {
                     if c1.acquire().is_ok() {
-                        assert!(c1.backend_call(), "a held pin keeps the gate open");
+                        assert!(c1.backend_call(0), "a held pin keeps the gate open");
                         c1.release_pin();
                     }
                 });
@@ -474,7 +581,7 @@ mod model {
                 let ctx = Arc::new(Ctx::new(4));
                 ctx.acquire().unwrap();
                 ctx.acquire().unwrap();
-                let queued = Ctx::queue_release(&ctx);
+                let queued = Ctx::queue_release(&ctx, 0);
                 let driver = thread::spawn(move || queued.retire());
                 let c1 = ctx.clone();
                 let holder = thread::spawn(move || c1.release_pin());
@@ -498,18 +605,19 @@ mod model {
     /// waiter has read the epoch it waits past: that settlement must wake it
     /// (loom reports a deadlock otherwise), whether it or the other one sees
     /// the registration. The settlements also take `pending` to zero under a
-    /// teardown waiter.
+    /// teardown waiter. A settlement writes nothing for the waiter unless
+    /// its fenced load sees the registration (`announce_settlement`).
     #[test]
-    fn settlement_wakes_admission_waiter_without_fence() {
+    fn settlement_wakes_a_registered_admission_waiter() {
         run(
             "admission waiter + 2 foreign settlements + teardown waiter (4 threads)",
             Some(2),
             || {
                 let ctx = Arc::new(Ctx::new(4));
                 ctx.acquire().unwrap();
-                let early = Ctx::queue_release(&ctx);
+                let early = Ctx::queue_release(&ctx, 0);
                 ctx.acquire().unwrap();
-                let late = Ctx::queue_release(&ctx);
+                let late = Ctx::queue_release(&ctx, 1);
                 let registered = Arc::new(AtomicBool::new(false));
                 let (c, r) = (ctx.clone(), registered.clone());
                 let waiter = thread::spawn(move || assert!(admission_wait(&c, &r)));
@@ -551,13 +659,12 @@ mod model {
                 let (c, r) = (ctx.clone(), room.clone());
                 let settler = thread::spawn(move || {
                     r.store(true, Release);
-                    if c.settle_epoch.bump() {
-                        c.settled.wake_all();
-                    }
+                    c.announce_settlement();
                 });
                 // The first attempt was refused (no room yet, as far as it
                 // knows); now the wait.
                 ctx.settle_epoch.register();
+                loom::sync::atomic::fence(SeqCst);
                 let seen = ctx.settle_epoch.epoch();
                 if !room.load(Acquire) {
                     assert!(ctx
@@ -617,7 +724,7 @@ mod model {
             || {
                 let ctx = Arc::new(Ctx::new(4));
                 ctx.acquire().unwrap();
-                let signal = Ctx::queue_release(&ctx);
+                let signal = Ctx::queue_release(&ctx, 0);
                 ctx.acquire().unwrap(); // a stream's pin
                 ctx.attended.fetch_add(1, SeqCst);
                 ctx.begin_retire();
@@ -819,11 +926,26 @@ mod model {
         }
     }
 
-    /// A context's leases as `lease.rs` and `ContextInner::charge` drive
-    /// them: two shards, chunk `CHUNK`.
+    impl Pool for ModelBudget {
+        type Refusal = ();
+        fn try_take(&self, n: u64, _credit: u64) -> Result<(), ()> {
+            if self.try_charge(n) {
+                Ok(())
+            } else {
+                Err(())
+            }
+        }
+        fn put(&self, n: u64) {
+            self.uncharge(n);
+        }
+    }
+
+    /// A context's budget leases: the shipped lease protocol
+    /// (`sync::Leases`, as `lease.rs` and `ContextInner::charge` drive it)
+    /// over the model budget, two shards, chunk `CHUNK`.
     struct Leased {
         budget: ModelBudget,
-        slots: super::sync::LeaseSlots<2>,
+        slots: Leases<2>,
     }
 
     const CHUNK: u64 = 2;
@@ -835,89 +957,59 @@ mod model {
                     charged: loom::sync::atomic::AtomicU64::new(0),
                     limit,
                 },
-                slots: super::sync::LeaseSlots::new(),
+                slots: Leases::new(CHUNK),
             }
         }
 
-        /// `ContextInner::charge` with leases on: the shard's lease, else a
-        /// refill (with a chunk when it fits), else reclaim every idle lease
-        /// and ask the budget again until it admits, or refuses with no
-        /// refill in flight and nothing leased.
+        /// `Leases::charge`: the shard's lease, else a refill (with a chunk
+        /// when it fits), else reclaim every idle lease and ask the budget
+        /// again until it admits, or refuses with no refill in flight and
+        /// nothing leased.
         fn charge(&self, shard: usize, bytes: u64) -> bool {
-            if self.slots.take(shard, bytes) {
-                return true;
-            }
-            if self.slots.begin_refill() {
-                let leased = self.budget.try_charge(bytes + CHUNK);
-                if leased {
-                    self.budget.uncharge(self.slots.fill(shard, CHUNK));
-                }
-                self.slots.end_refill();
-                if leased {
-                    return true;
-                }
-            }
-            if self.budget.try_charge(bytes) {
-                return true;
-            }
-            // `Leases::reclaim_then_charge`.
-            self.slots.press();
-            self.budget.uncharge(self.slots.reclaim());
-            let admitted = loop {
-                if self.budget.try_charge(bytes) {
-                    break true;
-                }
-                if self.slots.refilling() {
-                    thread::yield_now();
-                    continue;
-                }
-                let taken = self.slots.reclaim();
-                self.budget.uncharge(taken);
-                if taken == 0 {
-                    break false;
-                }
-            };
-            self.slots.unpress();
-            admitted
+            self.slots.take_leased(&self.budget, shard, bytes)
+                || self
+                    .slots
+                    .take_from_pool(&self.budget, shard, bytes, 0)
+                    .is_ok()
         }
 
         /// `Leases::settled`: back into the shard's lease, two chunks kept.
         fn settle(&self, shard: usize, bytes: u64) {
-            self.budget
-                .uncharge(self.slots.give(shard, bytes, 2 * CHUNK));
+            self.slots.give(&self.budget, shard, bytes);
         }
 
         fn close(&self) {
-            self.budget.uncharge(self.slots.close());
+            self.slots.close(&self.budget);
         }
     }
 
     /// A refusal takes back the lease of a thread that is allocating out of
-    /// it at that moment, and is exact: with a limit of 4, shard 0 holding a
-    /// 2-byte lease and allocating 1 byte out of it, an allocation of 3 on
-    /// shard 1 always fits (1 + 3 = 4) and is never refused; no byte is lost
-    /// or counted twice (the budget ends at the allocations plus the idle
-    /// leases, and at the allocations alone once the leases close).
+    /// it at that moment, and is exact: with a limit of 5, shard 0 holding a
+    /// 1-byte allocation and a 2-byte lease and allocating 1 byte out of it,
+    /// an allocation of 3 on shard 1 always fits (1 + 1 + 3 = 5) and is
+    /// never refused; no byte is lost or counted twice (the budget ends at
+    /// the allocations plus the idle leases, and at the allocations alone
+    /// once the leases close).
     #[test]
     fn refusal_reclaims_leases_from_an_allocating_thread() {
         run(
             "refusal reclaims a lease being allocated from (2 threads)",
             Some(3),
             || {
-                let ctx = Arc::new(Leased::new(4));
-                assert!(ctx.budget.try_charge(CHUNK));
-                assert_eq!(ctx.slots.fill(0, CHUNK), 0);
+                let ctx = Arc::new(Leased::new(5));
+                assert!(ctx.charge(0, 1));
+                assert_eq!(ctx.slots.idle(), CHUNK);
                 let c = ctx.clone();
-                let holder = thread::spawn(move || assert!(c.charge(0, 1), "1 of 4 refused"));
+                let holder = thread::spawn(move || assert!(c.charge(0, 1), "2 of 5 refused"));
                 assert!(
                     ctx.charge(1, 3),
-                    "3 bytes refused while only 1 was allocated"
+                    "3 bytes refused while only 2 were allocated"
                 );
                 holder.join().unwrap();
                 let charged = ctx.budget.charged.load(Acquire);
-                assert_eq!(charged, 4 + ctx.slots.idle());
+                assert_eq!(charged, 5 + ctx.slots.idle());
                 ctx.close();
-                assert_eq!(ctx.budget.charged.load(Acquire), 4);
+                assert_eq!(ctx.budget.charged.load(Acquire), 5);
                 assert_eq!(ctx.slots.idle(), 0);
             },
         );
@@ -944,6 +1036,110 @@ mod model {
                 stream.join().unwrap();
                 assert_eq!(ctx.slots.idle(), 0, "bytes leased after close");
                 assert_eq!(ctx.budget.charged.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Teardown observes a pin taken from a stream's pin lease: a holder
+    /// takes its buffer's pin out of shard 0's lease (no write to the pin
+    /// word), calls the backend and gives the pin back into the lease while
+    /// the context retires. Retire closes the leases before the pin word, so
+    /// the holder's take either came first (and the teardown waits for the
+    /// pin to come back through the closed lease) or fails; no take from any
+    /// lease succeeds once retire was observed, and destroy never runs while
+    /// the pin is held.
+    #[test]
+    fn teardown_observes_pins_taken_from_a_stream_lease() {
+        run(
+            "lease pin holder + retire + teardown (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(4, 1));
+                // A stream on shard 0 leased a chunk with its first pin and
+                // gave the pin back: two idle pins in its lease.
+                ctx.acquire_on(0).unwrap();
+                ctx.release_pin_on(0);
+                assert_eq!(ctx.pins_held(), 0);
+                assert_eq!(ctx.pins.count(), 2);
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    if c.acquire_on(0).is_ok() {
+                        c.lease_pin_held.store(true, Release);
+                        assert!(c.backend_call(0), "a held pin keeps the gate open");
+                        c.lease_pin_held.store(false, Release);
+                        c.release_pin_on(0);
+                    }
+                });
+                ctx.begin_retire();
+                assert_eq!(
+                    ctx.acquire_on(0),
+                    Err(AcquireError::Closed),
+                    "a pin taken from a lease after retire"
+                );
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Closed));
+                ctx.wait_and_finish();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+                assert_eq!(ctx.pin_leases.idle(), 0, "pins leased after close");
+            },
+        );
+    }
+
+    /// `max_pins` stays exact with pin leases: with a maximum of 3, shard 0
+    /// holding one pin and one idle in its lease while its holder gives its
+    /// pin back and takes it again, two pins on shard 1 always fit (at most
+    /// 1 + 2 are held) -- the refusal path reclaims shard 0's idle lease
+    /// first -- and a fourth is refused with `Overflow` once three are held.
+    #[test]
+    fn pin_overflow_stays_exact_with_leases() {
+        run(
+            "pin leases: refusal reclaims from a holder (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire_on(0).unwrap();
+                assert_eq!(ctx.pins.count(), 2, "one held, one leased");
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    c.release_pin_on(0);
+                    c.acquire_on(0).expect("1 of 3 pins refused");
+                });
+                ctx.acquire_on(1).expect("2 of 3 pins refused");
+                ctx.acquire_on(1).expect("3 of 3 pins refused");
+                holder.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
+                assert_eq!(ctx.acquire(), Err(AcquireError::Overflow));
+                assert_eq!(ctx.pins.count(), 3, "a refused pin left a claim");
+            },
+        );
+    }
+
+    /// Two refusals at once, on two shards, while a holder gives its pin
+    /// back into its lease and takes it again: with a maximum of 3 and at
+    /// most three pins held, every take succeeds. One refusal's sweep holds
+    /// the units it took until it puts them back; the other must not count
+    /// them (`Leases::sweeping`).
+    #[test]
+    fn two_refusals_at_once_stay_exact() {
+        run(
+            "pin leases: two refusals + a holder (3 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire_on(0).unwrap();
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    c.release_pin_on(0);
+                    c.acquire_on(0).expect("1 of 3 pins refused");
+                });
+                let c = ctx.clone();
+                let other = thread::spawn(move || c.acquire().expect("a pin of 3 refused"));
+                ctx.acquire_on(1).expect("a pin of 3 refused");
+                holder.join().unwrap();
+                other.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
             },
         );
     }

@@ -10,19 +10,14 @@
 //! * The budget's `charged` counts every allocation's bytes plus every byte
 //!   leased and idle. What the context reports as charged (snapshots,
 //!   refusals) is `charged - idle`: bytes charged to allocations.
-//! * A lease is refilled only by charging the budget first, `bytes + chunk`
-//!   when that fits and `bytes` alone otherwise, so a lease never causes a
-//!   refusal the budget without leases would not make.
-//! * A refusal is reported only after the budget refused an allocation and
-//!   a sweep of every slot that came *before* that refusal found nothing
-//!   leased (`Leases::reclaim_then_charge`; holders may be taking from their
-//!   slots at that moment: see `LeaseSlots`). Refusals therefore stay exact:
-//!   an allocation is refused only if the bytes charged to allocations leave
-//!   no room for it.
-//! * A settled release gives its bytes back to its shard's lease, which keeps
-//!   at most two chunks; the rest goes back to the budget at once.
-//! * Teardown closes the slots for good (`Leases::close`): no byte stays
-//!   leased after it, even from a release the backend settles late.
+//! * The protocol's own invariants (refill before lease, refusals exact
+//!   after every idle lease was taken back, at most two chunks kept, closed
+//!   for good at teardown) are written where they are enforced: `sync::Leases`
+//!   and `sync::LeaseSlots`. For the budget they mean: a lease never causes
+//!   a refusal the budget without leases would not make; an allocation is
+//!   refused only if the bytes charged to allocations leave no room for it;
+//!   no byte stays leased after teardown, even from a release the backend
+//!   settles late.
 //! * Leases are off (`chunk == 0`) for a context on a [`SharedBudget`]
 //!   (`super::SharedBudget`): a refusal there would have to reclaim the
 //!   leases of every context on the device.

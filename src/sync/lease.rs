@@ -1,4 +1,4 @@
-use super::{AtomicU64, Ordering};
+use super::{lock_model, AtomicU64, Mutex, Ordering};
 
 /// Units of a [`Pool`] (budget bytes, pin claims) leased to one shard of
 /// streams: already taken from the pool, not yet held by anything.
@@ -40,15 +40,24 @@ const REFILLS: u64 = PRESS - 1;
 /// * a chunk is leased only between [`begin_refill`](Self::begin_refill)
 ///   (which fails while a refusal is reclaiming or the slots are closed) and
 ///   [`end_refill`](Self::end_refill), and the caller takes from the pool and
-///   fills the slot in between. A refusal that, after the pool refused it,
-///   sees no refill in flight ([`refilling`](Self::refilling)) and then
-///   sweeps every slot empty was exact: every chunk the pool counted when it
-///   refused was either swept or had already become a holder's (both are
-///   read-modify-writes of the state word, so a refill whose chunk the pool
-///   counted ended before the check, and its fill before that).
+///   fills the slot (or, while a refusal presses, hands the chunk straight
+///   back to the pool) in between. A refusal that saw no refill in flight
+///   ([`refilling`](Self::refilling)) after pressing, *then* was refused by
+///   the pool, and then swept every slot empty was exact: no refill was in
+///   flight when the pool refused (none begins while pressed), and every
+///   unit leased then has since been swept, taken by a holder, or handed
+///   back by a `give` that is still in progress (which the refusal
+///   precedes). Checking for refills only *after* the pool refused is not
+///   enough: a refill that ends in between may have handed its chunk back to
+///   the pool, where no sweep finds it (the loom model
+///   `pin_overflow_stays_exact_with_leases` finds that interleaving).
 /// * while a refusal is reclaiming ([`press`](Self::press) to
 ///   [`unpress`](Self::unpress)) `give` keeps nothing and no refill begins,
 ///   so the refusal's loop waits only for refills that began before it.
+/// * a `give` hands back to its caller at most the units it gave: units
+///   leased before it stay in the slot, where a refusal's sweep finds them.
+///   Between its slot operation and the caller's put, a give holds only its
+///   own units, which the refusal may count as still held by the giver.
 #[derive(Debug)]
 pub(crate) struct LeaseSlots<const N: usize> {
     slots: [Slot; N],
@@ -119,22 +128,27 @@ impl<const N: usize> LeaseSlots<N> {
         }
         let keep = if state >= PRESS { 0 } else { keep };
         if held > keep {
-            self.shrink(i, keep)
+            self.shrink(i, keep, bytes)
         } else {
             0
         }
     }
 
-    /// Lower slot `i` to at most `keep` bytes; returns what was removed.
-    fn shrink(&self, i: usize, keep: u64) -> u64 {
+    /// Lower slot `i` towards `keep`, removing at most `most` (what the
+    /// caller gave: a give never carries off more than its own units, so
+    /// that units leased before it stay in the slot for a refusal's sweep
+    /// instead of travelling in a giver's hands where no sweep sees them).
+    /// Returns what was removed.
+    fn shrink(&self, i: usize, keep: u64, most: u64) -> u64 {
         let slot = &self.slots[i].0;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
             if cur <= keep {
                 return 0;
             }
-            match slot.compare_exchange_weak(cur, keep, Ordering::SeqCst, Ordering::Relaxed) {
-                Ok(_) => return cur - keep,
+            let new = cur.saturating_sub(most).max(keep);
+            match slot.compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => return cur - new,
                 Err(actual) => cur = actual,
             }
         }
@@ -265,6 +279,13 @@ pub(crate) struct Leases<const N: usize> {
     slots: LeaseSlots<N>,
     /// Units a refill leases beyond the take; zero: leases are off.
     chunk: u64,
+    /// Held by whoever takes idle leases back (a refusal's reclaim loop, a
+    /// `reclaim`): the units a sweep has taken are in its hands until it
+    /// puts them back, where neither the pool nor another refusal's sweep
+    /// sees them. One sweeper at a time means a refusal never counts
+    /// another's. Only the slow paths take it; no backend, driver or user
+    /// code runs under it.
+    sweeping: Mutex<()>,
 }
 
 impl<const N: usize> Leases<N> {
@@ -272,6 +293,7 @@ impl<const N: usize> Leases<N> {
         Self {
             slots: LeaseSlots::new(),
             chunk,
+            sweeping: Mutex::new(()),
         }
     }
 
@@ -342,6 +364,12 @@ impl<const N: usize> Leases<N> {
 
     /// Take back every idle lease into the pool; returns the units taken.
     pub(crate) fn reclaim<P: Pool>(&self, pool: &P) -> u64 {
+        let _one = lock_model(&self.sweeping);
+        self.sweep(pool)
+    }
+
+    /// [`reclaim`](Self::reclaim) with `sweeping` held by the caller.
+    fn sweep<P: Pool>(&self, pool: &P) -> u64 {
         let taken = self.slots.reclaim();
         if taken > 0 {
             pool.put(taken);
@@ -362,27 +390,35 @@ impl<const N: usize> Leases<N> {
         n: u64,
         credit: u64,
     ) -> Result<(), P::Refusal> {
+        let one = lock_model(&self.sweeping);
         self.slots.press();
-        self.reclaim(pool);
+        self.sweep(pool);
         let result = loop {
+            // A refill that began before `press` holds units the pool
+            // counts and no slot shows (and may hand them back to the pool
+            // rather than to its slot, as `press` makes `fill` keep
+            // nothing): wait it out *before* asking the pool, so that a
+            // refusal never counts a chunk in flight.
+            if self.slots.refilling() {
+                super::spin();
+                continue;
+            }
             match pool.try_take(n, credit) {
                 Ok(()) => break Ok(()),
                 Err(r) if P::is_final(&r) => break Err(r),
                 Err(r) => {
-                    if self.slots.refilling() {
-                        // Began before `press`: a take and a store away.
-                        super::spin();
-                        continue;
-                    }
-                    if self.reclaim(pool) == 0 {
-                        // No refill in flight and nothing leased: every
-                        // unit the pool counted is a holder's.
+                    if self.sweep(pool) == 0 {
+                        // No refill in flight when the pool refused, and
+                        // nothing leased since: every unit the pool counted
+                        // was a holder's (or a give's in progress, which
+                        // the refusal precedes).
                         break Err(r);
                     }
                 }
             }
         };
         self.slots.unpress();
+        drop(one);
         result
     }
 
