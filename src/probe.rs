@@ -172,10 +172,14 @@ impl BackendProbe {
     }
     /// A share of the retired-free count for one stream, on a cache line of
     /// its own, so that streams counting their inline frees write no line in
-    /// common. [`frees_retired`](Self::frees_retired) includes it at once and,
+    /// common; `owner` is where its [owner
+    /// counter](ProbeShard::owner_counter) starts. [`frees_retired`](Self::frees_retired) includes it at once and,
     /// once the shard is dropped, forever after.
-    pub(crate) fn shard(&self) -> ProbeShard {
-        let cell = Arc::new(ShardCell::default());
+    pub(crate) fn shard(&self, owner: u64) -> ProbeShard {
+        let cell = Arc::new(ShardCell {
+            retired: AtomicU64::new(0),
+            owner: AtomicU64::new(owner),
+        });
         lock(&self.0.shards).push(cell.clone());
         ProbeShard {
             cell,
@@ -243,6 +247,8 @@ impl BackendProbe {
 #[derive(Default)]
 struct ShardCell {
     retired: AtomicU64,
+    /// The owner's own counter (see [`ProbeShard::owner_counter`]).
+    owner: AtomicU64,
 }
 
 /// One stream's share of a probe's count of retired frees (see
@@ -258,6 +264,15 @@ impl ProbeShard {
     #[inline]
     pub(crate) fn count_retired(&self) {
         self.cell.retired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A counter of the shard's owner on the shard's own line, for what the
+    /// owner counts on the same path (the null backend numbers a stream's
+    /// allocations with it), so that the path writes one line. The probe
+    /// never reads it.
+    #[inline]
+    pub(crate) fn owner_counter(&self) -> &AtomicU64 {
+        &self.cell.owner
     }
 }
 
@@ -332,7 +347,7 @@ mod tests {
     fn shards_sum_exactly_while_alive_and_after_they_are_dropped() {
         let p = BackendProbe::new();
         p.count_retired();
-        let (a, b) = (p.shard(), p.shard());
+        let (a, b) = (p.shard(0), p.shard(0));
         for _ in 0..3 {
             a.count_retired();
         }
@@ -352,7 +367,7 @@ mod tests {
         // Counting on two threads while a third reads: never more than was
         // counted, and exact once both are done.
         let p = BackendProbe::new();
-        let shards = [p.shard(), p.shard()];
+        let shards = [p.shard(0), p.shard(0)];
         std::thread::scope(|s| {
             for shard in &shards {
                 s.spawn(move || {

@@ -103,36 +103,31 @@ pub struct NullMemory {
     pub bytes: u64,
     /// Serial number, unique per context: the allocating stream's
     /// [`id`](NullStream::id) in the top 24 bits, that stream's allocation
-    /// count in the low 40 (unique for the first 2^40 allocations on a
-    /// stream, about three hours of back-to-back null cycles).
+    /// count in the low 40 (unique for the first 2^40, about 10^12,
+    /// allocations on a stream).
     pub serial: u64,
 }
 
 /// A null stream: a number, and the counters the stream's own calls write.
 ///
-/// Everything `allocate` and an inline `free_async` write lives here, on
-/// lines of the stream's own, so that threads on different streams of one
-/// context write no line in common inside the backend (what is left shared
-/// is the governor's, which is what `memgov bench` measures).
+/// Everything `allocate` and an inline `free_async` write is on one line of
+/// the stream's own (its share of the probe's count of retired frees, and
+/// its memory serial next to it), so that threads on different streams of
+/// one context write no line in common inside the backend: what is left
+/// shared is the governor's, which is what `memgov bench` measures.
 pub struct NullStream {
     /// Serial number, unique per context (below 2^24).
     pub id: u64,
-    /// The next memory serial: `id << 40`, counted up per allocation.
-    serials: Padded,
-    /// This stream's share of the probe's count of retired frees.
-    retired: ProbeShard,
+    /// This stream's share of the probe's count of retired frees; its owner
+    /// counter is the next memory serial (`id << 40`, counted up).
+    lane: ProbeShard,
 }
-
-/// A counter alone on its cache line (128 bytes: two lines on CPUs that
-/// fetch lines in pairs).
-#[repr(align(128))]
-struct Padded(AtomicU64);
 
 impl fmt::Debug for NullStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NullStream")
             .field("id", &self.id)
-            .field("retired", &self.retired)
+            .field("lane", &self.lane)
             .finish_non_exhaustive()
     }
 }
@@ -380,8 +375,7 @@ impl DeviceContext for NullContext {
         self.stats.probe.stream_created();
         Ok(NullStream {
             id,
-            serials: Padded(AtomicU64::new(id << SERIAL_BITS)),
-            retired: self.stats.probe.shard(),
+            lane: self.stats.probe.shard(id << SERIAL_BITS),
         })
     }
 
@@ -423,7 +417,7 @@ impl DeviceContext for NullContext {
         }
         Ok(NullMemory {
             bytes,
-            serial: stream.serials.0.fetch_add(1, Ordering::Relaxed),
+            serial: stream.lane.owner_counter().fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -447,7 +441,7 @@ impl DeviceContext for NullContext {
             self.stats.execute(memory.bytes, retired);
         } else {
             // The unbounded cycle: counted on the stream's own line.
-            stream.retired.count_retired();
+            stream.lane.count_retired();
             retired.retire();
         }
         Ok(())
@@ -585,7 +579,6 @@ mod tests {
         let c2 = c.create_stream().unwrap();
         cycle(&c2, 1);
         assert_eq!(probe.frees_retired(), 10);
-        drop(cycle);
         c.destroy_stream(b).unwrap();
         c.destroy_stream(c2).unwrap();
         assert_eq!(probe.frees_retired(), 10);
