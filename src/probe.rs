@@ -172,9 +172,9 @@ impl BackendProbe {
     }
     /// A share of the retired-free count for one stream, on a cache line of
     /// its own, so that streams counting their inline frees write no line in
-    /// common; `owner` is where its [owner
-    /// counter](ProbeShard::owner_counter) starts. [`frees_retired`](Self::frees_retired) includes it at once and,
-    /// once the shard is dropped, forever after.
+    /// common. [`frees_retired`](Self::frees_retired) includes it at once
+    /// and, once the shard is dropped, forever after. `owner` is where the
+    /// shard's [owner counter](ProbeShard::owner_counter) starts.
     pub(crate) fn shard(&self, owner: u64) -> ProbeShard {
         let cell = Arc::new(ShardCell {
             retired: AtomicU64::new(0),
@@ -244,7 +244,6 @@ impl BackendProbe {
 /// One shard's count, alone on its cache line (128 bytes: two lines on CPUs
 /// that fetch lines in pairs).
 #[repr(align(128))]
-#[derive(Default)]
 struct ShardCell {
     retired: AtomicU64,
     /// The owner's own counter (see [`ProbeShard::owner_counter`]).

@@ -15,8 +15,9 @@
 //! * [`NullConfig::capacity`] bounds the bytes allocated and not yet freed,
 //!   like a device's memory, with out-of-memory reported like a driver does.
 //!
-//! The allocate → free cycle of one stream writes only that stream's lines
-//! (its serial counter and its share of the probe's count of retired frees),
+//! The allocate → free cycle of one stream writes one backend line, the
+//! stream's own (its memory serial and its share of the probe's count of
+//! retired frees),
 //! so that threads on different streams of one context share nothing inside
 //! the backend. Capacity mode shares its count of used bytes, as a device's
 //! memory is shared; deferred mode shares its park.
@@ -132,7 +133,7 @@ impl fmt::Debug for NullStream {
     }
 }
 
-/// Streams are equal when they are the same stream of a context.
+/// Equal ids: within one context, the same stream.
 impl PartialEq for NullStream {
     fn eq(&self, other: &Self) -> bool {
         self.id == other.id
