@@ -17,9 +17,8 @@
 //!
 //! The allocate → free cycle of one stream writes one backend line, the
 //! stream's own (its memory serial and its share of the probe's count of
-//! retired frees),
-//! so that threads on different streams of one context share nothing inside
-//! the backend. Capacity mode shares its count of used bytes, as a device's
+//! retired frees), so that threads on different streams of one context share
+//! nothing inside the backend. Capacity mode shares its count of used bytes, as a device's
 //! memory is shared; deferred mode shares its park.
 //!
 //! No call on the cycle allocates heap memory: `create_stream` allocates the
