@@ -18,7 +18,13 @@ const KEPT_VIOLATIONS: usize = 256;
 
 #[derive(Default)]
 struct Counters {
+    /// Retired frees counted here, plus the counts that destroyed shards
+    /// folded in. [`BackendProbe::frees_retired`] adds the live shards.
     frees_retired: AtomicU64,
+    /// The live shards of `frees_retired`. A shard is in this list or folded
+    /// into `frees_retired`, never both and never neither: it leaves the list
+    /// and folds under this lock, and the sum is taken under it.
+    shards: Mutex<Vec<Arc<ShardCell>>>,
     frees_abandoned: AtomicU64,
     live_allocations: AtomicU64,
     used_bytes: AtomicU64,
@@ -67,7 +73,12 @@ impl BackendProbe {
 
     /// Stream-ordered frees that executed (their signal fired).
     pub fn frees_retired(&self) -> u64 {
-        self.0.frees_retired.load(Ordering::SeqCst)
+        let shards = lock(&self.0.shards);
+        shards
+            .iter()
+            .fold(self.0.frees_retired.load(Ordering::SeqCst), |sum, shard| {
+                sum + shard.retired.load(Ordering::SeqCst)
+            })
     }
     /// Stream-ordered frees given up because the device was lost (their
     /// signal was dropped unfired).
@@ -159,6 +170,22 @@ impl BackendProbe {
     pub(crate) fn count_retired(&self) {
         self.0.frees_retired.fetch_add(1, Ordering::Relaxed);
     }
+    /// A share of the retired-free count for one stream, on a cache line of
+    /// its own, so that streams counting their inline frees write no line in
+    /// common. [`frees_retired`](Self::frees_retired) includes it at once
+    /// and, once the shard is dropped, forever after. `owner` is where the
+    /// shard's [owner counter](ProbeShard::owner_counter) starts.
+    pub(crate) fn shard(&self, owner: u64) -> ProbeShard {
+        let cell = Arc::new(ShardCell {
+            retired: AtomicU64::new(0),
+            owner: AtomicU64::new(owner),
+        });
+        lock(&self.0.shards).push(cell.clone());
+        ProbeShard {
+            cell,
+            probe: self.clone(),
+        }
+    }
     /// A stream-ordered free abandoned on a backend that does not count its
     /// allocations.
     pub(crate) fn count_abandoned(&self) {
@@ -214,6 +241,64 @@ impl BackendProbe {
     }
 }
 
+/// One shard's count, alone on its cache line (128 bytes: two lines on CPUs
+/// that fetch lines in pairs).
+#[repr(align(128))]
+struct ShardCell {
+    retired: AtomicU64,
+    /// The owner's own counter (see [`ProbeShard::owner_counter`]).
+    owner: AtomicU64,
+}
+
+/// One stream's share of a probe's count of retired frees (see
+/// [`BackendProbe::shard`]). Dropping it folds its count into the probe.
+pub(crate) struct ProbeShard {
+    cell: Arc<ShardCell>,
+    probe: BackendProbe,
+}
+
+impl ProbeShard {
+    /// A stream-ordered free executed on a backend that does not count its
+    /// allocations: one increment on this shard's own line.
+    #[inline]
+    pub(crate) fn count_retired(&self) {
+        self.cell.retired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A counter of the shard's owner on the shard's own line, for what the
+    /// owner counts on the same path (the null backend numbers a stream's
+    /// allocations with it), so that the path writes one line. The probe
+    /// never reads it.
+    #[inline]
+    pub(crate) fn owner_counter(&self) -> &AtomicU64 {
+        &self.cell.owner
+    }
+}
+
+impl Drop for ProbeShard {
+    fn drop(&mut self) {
+        // Nothing counts on this shard any more (its owner is being dropped),
+        // so its count is final; leaving the list and folding happen under
+        // the lock every sum is taken under.
+        let counters = &self.probe.0;
+        let mut shards = lock(&counters.shards);
+        if let Some(i) = shards.iter().position(|c| Arc::ptr_eq(c, &self.cell)) {
+            shards.swap_remove(i);
+        }
+        counters
+            .frees_retired
+            .fetch_add(self.cell.retired.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for ProbeShard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProbeShard")
+            .field("retired", &self.cell.retired.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
 /// Subtract, saturating at zero.
 fn sub(counter: &AtomicU64, n: u64) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -255,6 +340,54 @@ mod tests {
             why.contains("1 violations") && why.contains("double free of 8 B"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn shards_sum_exactly_while_alive_and_after_they_are_dropped() {
+        let p = BackendProbe::new();
+        p.count_retired();
+        let (a, b) = (p.shard(0), p.shard(0));
+        for _ in 0..3 {
+            a.count_retired();
+        }
+        assert_eq!(p.frees_retired(), 4);
+        for _ in 0..5 {
+            b.count_retired();
+        }
+        assert_eq!(p.frees_retired(), 9);
+        drop(a);
+        assert_eq!(p.frees_retired(), 9, "a dropped shard's count stays");
+        b.count_retired();
+        assert_eq!(p.frees_retired(), 10);
+        drop(b);
+        assert_eq!(p.frees_retired(), 10);
+        assert_eq!(lock(&p.0.shards).len(), 0, "dropped shards leave the list");
+
+        // Counting on two threads while a third reads: never more than was
+        // counted, and exact once both are done.
+        let p = BackendProbe::new();
+        let shards = [p.shard(0), p.shard(0)];
+        std::thread::scope(|s| {
+            for shard in &shards {
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        shard.count_retired();
+                    }
+                });
+            }
+            let mut last = 0;
+            for _ in 0..100 {
+                let now = p.frees_retired();
+                assert!(last <= now && now <= 20_000, "{last} then {now}");
+                last = now;
+            }
+        });
+        assert_eq!(p.frees_retired(), 20_000);
+        let [a, b] = shards;
+        drop(a);
+        assert_eq!(p.frees_retired(), 20_000);
+        drop(b);
+        assert_eq!(p.frees_retired(), 20_000);
     }
 
     #[test]

@@ -15,10 +15,16 @@
 //! * [`NullConfig::capacity`] bounds the bytes allocated and not yet freed,
 //!   like a device's memory, with out-of-memory reported like a driver does.
 //!
-//! No call allocates heap memory except `deferred` parking, which grows a
-//! vector whose capacity can be reserved up front
-//! ([`NullConfig::park_capacity`]), so that heap counts taken around the
-//! governor are the governor's own.
+//! The allocate → free cycle of one stream writes one backend line, the
+//! stream's own (its memory serial and its share of the probe's count of
+//! retired frees), so that threads on different streams of one context share
+//! nothing inside the backend. Capacity mode shares its count of used bytes, as a device's
+//! memory is shared; deferred mode shares its park.
+//!
+//! No call on the cycle allocates heap memory: `create_stream` allocates the
+//! stream's counter once, and `deferred` parking grows a vector whose
+//! capacity can be reserved up front ([`NullConfig::park_capacity`]), so
+//! that heap counts taken around the governor are the governor's own.
 //!
 //! ```
 //! use memgov::null::NullContext;
@@ -35,6 +41,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use crate::probe::ProbeShard;
 use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireSignal,
@@ -83,21 +90,56 @@ impl Default for NullConfig {
     }
 }
 
+/// Bits of a memory serial that count allocations on one stream; the bits
+/// above them hold the stream's id.
+const SERIAL_BITS: u32 = 40;
+/// Streams a null context numbers; creating more fails.
+const MAX_STREAMS: u64 = 1 << (u64::BITS - SERIAL_BITS);
+
 /// A raw "allocation" of the null backend: a size and a serial number.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NullMemory {
     /// Bytes requested.
     pub bytes: u64,
-    /// Serial number, unique per context.
+    /// Serial number, unique per context: the allocating stream's
+    /// [`id`](NullStream::id) in the top 24 bits, that stream's allocation
+    /// count in the low 40 (unique for the first 2^40, about 10^12,
+    /// allocations on a stream).
     pub serial: u64,
 }
 
-/// A null stream: a number.
-#[derive(Debug, PartialEq, Eq)]
+/// A null stream: a number, and the counters the stream's own calls write.
+///
+/// Everything `allocate` and an inline `free_async` write is on one line of
+/// the stream's own (its share of the probe's count of retired frees, and
+/// its memory serial next to it), so that threads on different streams of
+/// one context write no line in common inside the backend: what is left
+/// shared is the governor's, which is what `memgov bench` measures.
 pub struct NullStream {
-    /// Serial number, unique per context.
+    /// Serial number, unique per context (below 2^24).
     pub id: u64,
+    /// This stream's share of the probe's count of retired frees; its owner
+    /// counter is the next memory serial (`id << 40`, counted up).
+    lane: ProbeShard,
 }
+
+impl fmt::Debug for NullStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NullStream")
+            .field("id", &self.id)
+            .field("lane", &self.lane)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Equal ids: within one context, the same stream.
+impl PartialEq for NullStream {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for NullStream {}
 
 struct Parked {
     stream: u64,
@@ -109,7 +151,8 @@ struct Parked {
 struct Stats {
     used: AtomicU64,
     /// Frees and teardown; allocations and bytes only when `counted`, so
-    /// that the unbounded null cycle stays one counter increment per free.
+    /// that the unbounded null cycle stays one counter increment per free,
+    /// on the freeing stream's shard of the probe.
     probe: BackendProbe,
     counted: bool,
     /// Where frees park (deferred mode).
@@ -161,7 +204,8 @@ impl Stats {
 /// A device context that does nothing, at once. See the [module docs](self).
 pub struct NullContext {
     config: NullConfig,
-    next: AtomicU64,
+    /// The next stream id (memory serials are counted per stream).
+    next_stream: AtomicU64,
     lost: AtomicBool,
     stats: Arc<Stats>,
 }
@@ -237,7 +281,7 @@ impl NullContext {
         };
         Self {
             config,
-            next: AtomicU64::new(0),
+            next_stream: AtomicU64::new(0),
             lost: AtomicBool::new(false),
             stats: Arc::new(stats),
         }
@@ -316,9 +360,22 @@ impl DeviceContext for NullContext {
 
     fn create_stream(&self) -> Result<NullStream, BackendError> {
         self.check("create_stream")?;
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        if id >= MAX_STREAMS {
+            return Err(BackendError::new(
+                BACKEND,
+                "create_stream",
+                BackendErrorKind::Unsupported,
+                format!(
+                    "stream {id}: a null context numbers {MAX_STREAMS} streams; \
+                     register a new null context for more"
+                ),
+            ));
+        }
         self.stats.probe.stream_created();
         Ok(NullStream {
-            id: self.next.fetch_add(1, Ordering::Relaxed),
+            id,
+            lane: self.stats.probe.shard(id << SERIAL_BITS),
         })
     }
 
@@ -330,7 +387,7 @@ impl DeviceContext for NullContext {
     }
 
     #[inline]
-    fn allocate(&self, _stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
+    fn allocate(&self, stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
         self.check("allocate")?;
         if bytes == 0 {
             return Err(BackendError::new(
@@ -360,7 +417,7 @@ impl DeviceContext for NullContext {
         }
         Ok(NullMemory {
             bytes,
-            serial: self.next.fetch_add(1, Ordering::Relaxed),
+            serial: stream.lane.owner_counter().fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -380,8 +437,12 @@ impl DeviceContext for NullContext {
                 bytes: memory.bytes,
                 signal: retired,
             });
-        } else {
+        } else if self.stats.counted {
             self.stats.execute(memory.bytes, retired);
+        } else {
+            // The unbounded cycle: counted on the stream's own line.
+            stream.lane.count_retired();
+            retired.retire();
         }
         Ok(())
     }
@@ -489,6 +550,74 @@ mod tests {
         assert_eq!(controls.retire_parked(), 4);
         let r = h.wait(Instant::now() + Duration::from_secs(1)).unwrap();
         assert_eq!(r.retired_releases, 4);
+        assert_eq!(probe.check_clean_teardown(), Ok(()));
+    }
+
+    #[test]
+    fn streams_count_frees_apart_and_the_probe_sums_them_exactly() {
+        let c = NullContext::new();
+        let probe = c.probe();
+        let (a, b) = (c.create_stream().unwrap(), c.create_stream().unwrap());
+        let mut serials = std::collections::HashSet::new();
+        let mut cycle = |s: &NullStream, n: u64| {
+            for _ in 0..n {
+                let m = c.allocate(s, 64).unwrap();
+                assert!(serials.insert(m.serial), "serial {} twice", m.serial);
+                c.free_async(s, m, RetireSignal::from_fn(|_| {}))
+                    .map_err(|(_, _, e)| e)
+                    .unwrap();
+            }
+        };
+        cycle(&a, 3);
+        assert_eq!(probe.frees_retired(), 3);
+        cycle(&b, 4);
+        assert_eq!(probe.frees_retired(), 7);
+        c.destroy_stream(a).unwrap();
+        assert_eq!(probe.frees_retired(), 7, "a destroyed stream's frees stay counted");
+        cycle(&b, 2);
+        assert_eq!(probe.frees_retired(), 9);
+        let c2 = c.create_stream().unwrap();
+        cycle(&c2, 1);
+        assert_eq!(probe.frees_retired(), 10);
+        c.destroy_stream(b).unwrap();
+        c.destroy_stream(c2).unwrap();
+        assert_eq!(probe.frees_retired(), 10);
+        c.teardown(false).unwrap();
+        assert_eq!(probe.frees_retired(), 10);
+        assert_eq!(probe.check_clean_teardown(), Ok(()));
+    }
+
+    #[test]
+    fn two_threads_on_two_governed_streams_sum_exactly() {
+        const N: u64 = 5_000;
+        let gov = Governor::new();
+        let null = NullContext::new();
+        let probe = null.probe();
+        let ctx = gov.register(null, ContextConfig::new());
+        let streams = [ctx.create_stream("a").unwrap(), ctx.create_stream("b").unwrap()];
+        std::thread::scope(|sc| {
+            for s in &streams {
+                let ctx = &ctx;
+                sc.spawn(move || {
+                    for _ in 0..N {
+                        drop(ctx.allocate(s, 4096, Role::Other).unwrap());
+                    }
+                });
+            }
+        });
+        assert_eq!(probe.frees_retired(), 2 * N);
+        let [a, b] = streams;
+        drop(a);
+        assert_eq!(probe.frees_retired(), 2 * N);
+        drop(ctx.allocate(&b, 4096, Role::Other).unwrap());
+        assert_eq!(probe.frees_retired(), 2 * N + 1);
+        drop(b);
+        let r = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(r.retired_releases, 2 * N + 1);
+        assert_eq!(probe.frees_retired(), 2 * N + 1);
         assert_eq!(probe.check_clean_teardown(), Ok(()));
     }
 

@@ -8,8 +8,8 @@ use crate::{
     ProviderContextPinSource,
 };
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 /// A pin borrowed from a [`ContextHandle`](super::ContextHandle): the cheapest
 /// form, one compare-and-swap to take and one atomic subtraction to drop.
@@ -82,26 +82,70 @@ impl<C: DeviceContext> ProviderContextPin for ContextPin<'_, C> {
     }
 }
 
+/// What a pin source and every pin from it share: the context they pin and
+/// the holder's label.
+///
+/// How many pins are held is not counted on the pin's path: every pin holds
+/// one strong reference to this record and the source holds one more while
+/// it exists, so the pins held are the strong count less the source's
+/// reference (see [`PinSourceInner::upgrade_counted`]). A pin thus costs the
+/// context pin's own claim plus a `Box` holding an `Arc` clone, which is the
+/// floor under any `Box<dyn ProviderContextPin>` that keeps its context alive.
 pub(crate) struct PinSourceInner<C: DeviceContext> {
     pub ctx: Arc<ContextInner<C>>,
     pub label: Option<String>,
-    pub outstanding: AtomicU64,
+    /// Whether the [`PinSource`] still exists and holds its strong reference.
+    /// Cleared by its `Drop`, just before that reference goes.
+    source_alive: AtomicBool,
+}
+
+impl<C: DeviceContext> PinSourceInner<C> {
+    /// The source behind `entry` (an entry of the context's `sources`), with
+    /// the number of pins held from it now; `None` once the source and every
+    /// pin from it are gone.
+    ///
+    /// Counted from the strong count: the reference returned here, the
+    /// source's own while it lives, and one per pin. Call with the context's
+    /// `sources` lock held: that lock is the only place this record is
+    /// upgraded, so no other transient reference inflates the count. A
+    /// snapshot, as any count of a concurrent holder is: while the source
+    /// itself is being dropped it can read one high for the few instructions
+    /// between its flag clearing and its reference going.
+    pub(crate) fn upgrade_counted(entry: &Weak<Self>) -> Option<(Arc<Self>, u64)> {
+        let this = entry.upgrade()?;
+        let source = usize::from(this.source_alive.load(Ordering::Acquire));
+        let pins = (Arc::strong_count(&this) - 1).saturating_sub(source);
+        Some((this, pins as u64))
+    }
 }
 
 /// The source handed to external holders.
-pub(crate) struct PinSource<C: DeviceContext>(pub Arc<PinSourceInner<C>>);
+pub(crate) struct PinSource<C: DeviceContext>(Arc<PinSourceInner<C>>);
 
 impl<C: DeviceContext> PinSource<C> {
     pub(crate) fn new(ctx: &Arc<ContextInner<C>>, label: Option<String>) -> Self {
         let inner = Arc::new(PinSourceInner {
             ctx: ctx.clone(),
             label,
-            outstanding: AtomicU64::new(0),
+            source_alive: AtomicBool::new(true),
         });
         let mut sources = lock(&ctx.sources);
         sources.retain(|w| w.strong_count() > 0);
         sources.push(Arc::downgrade(&inner));
         Self(inner)
+    }
+
+    /// Pins held from this source now: every strong reference but its own.
+    fn pins_held(&self) -> usize {
+        Arc::strong_count(&self.0) - 1
+    }
+}
+
+impl<C: DeviceContext> Drop for PinSource<C> {
+    fn drop(&mut self) {
+        // From here on the strong references left are the pins' (once the
+        // field below drops, right after this).
+        self.0.source_alive.store(false, Ordering::Release);
     }
 }
 
@@ -110,7 +154,7 @@ impl<C: DeviceContext> fmt::Debug for PinSource<C> {
         f.debug_struct("PinSource")
             .field("context", &self.0.ctx.id)
             .field("holder", &self.0.label)
-            .field("outstanding", &self.0.outstanding.load(Ordering::Relaxed))
+            .field("outstanding", &self.pins_held())
             .finish()
     }
 }
@@ -122,7 +166,6 @@ impl<C: DeviceContext> ProviderContextPinSource for PinSource<C> {
 
     fn pin(&self) -> Result<Box<dyn ProviderContextPin>, ProviderContextPinError> {
         self.0.ctx.acquire_pin()?;
-        self.0.outstanding.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(ExternalPin(self.0.clone())))
     }
 }
@@ -133,7 +176,6 @@ struct ExternalPin<C: DeviceContext>(Arc<PinSourceInner<C>>);
 
 impl<C: DeviceContext> Drop for ExternalPin<C> {
     fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
         self.0.ctx.release_pin();
     }
 }
@@ -150,5 +192,64 @@ impl<C: DeviceContext> fmt::Debug for ExternalPin<C> {
 impl<C: DeviceContext> ProviderContextPin for ExternalPin<C> {
     fn context(&self) -> ProviderContextIdentity {
         self.0.ctx.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::null::NullContext;
+    use crate::{ContextConfig, Governor, OutstandingItem, PinKind};
+
+    fn external(items: &[OutstandingItem]) -> Vec<(Option<&str>, u64)> {
+        let mut v: Vec<_> = items
+            .iter()
+            .filter(|i| i.kind == PinKind::External)
+            .map(|i| (i.holder.as_deref(), i.count))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn pins_of_a_dropped_source_are_still_named_by_its_label() {
+        let gov = Governor::new();
+        let ctx = gov.register(NullContext::new(), ContextConfig::new());
+        let plugin = ctx.pin_source(Some("plugin"));
+        let ep = ctx.pin_source(Some("ep"));
+        let idle = ctx.pin_source(Some("idle"));
+        let held: Vec<_> = (0..3).map(|_| plugin.pin().unwrap()).collect();
+        let ep_pin = ep.pin().unwrap();
+        // Clones of the handed-out source are one source, not pins.
+        let plugin_again = plugin.clone();
+        assert!(
+            format!("{plugin:?}").contains("outstanding: 3"),
+            "{plugin:?}"
+        );
+        drop((plugin, plugin_again, idle));
+
+        let h = ctx.retire();
+        let outstanding = h.outstanding();
+        assert_eq!(
+            external(&outstanding.items),
+            [(Some("ep"), 1), (Some("plugin"), 3)],
+            "{outstanding:?}"
+        );
+        assert!(
+            outstanding.items.iter().all(|i| i.kind != PinKind::Other),
+            "every pin is named: {outstanding:?}"
+        );
+        let mut held = held;
+        held.pop();
+        assert_eq!(
+            external(&h.outstanding().items),
+            [(Some("ep"), 1), (Some("plugin"), 2)]
+        );
+        drop(held);
+        assert_eq!(external(&h.outstanding().items), [(Some("ep"), 1)]);
+        // The live source's own reference is not a pin.
+        drop(ep_pin);
+        assert!(h.outstanding().is_empty(), "{:?}", h.outstanding());
+        h.try_finish().unwrap();
+        assert_eq!(ep.context(), ctx.id());
     }
 }

@@ -3,13 +3,13 @@
 
 use super::config::Role;
 use super::error::RetireError;
+use super::pin_source::PinSourceInner;
 use super::record::{ContextInner, Phase};
 use crate::sync::lock;
 use crate::{BackendError, DeviceContext, ProviderContextIdentity};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -145,8 +145,11 @@ impl Outstanding {
                 });
             }
         }
-        for s in lock(&ctx.sources).iter().filter_map(|w| w.upgrade()) {
-            let n = s.outstanding.load(Ordering::Relaxed);
+        // Counted under the lock, which keeps other upgrades out of the count.
+        for (s, n) in lock(&ctx.sources)
+            .iter()
+            .filter_map(PinSourceInner::upgrade_counted)
+        {
             if n > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::External,
