@@ -136,6 +136,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub label: String,
     pub description: DeviceDescription,
     pub admission: Admission,
+    /// Whether the admission policy ever waits for a settlement: with
+    /// `FailFast` no admission waiter exists, and a settlement skips even
+    /// the fence of [`announce_settlement`](Self::announce_settlement).
+    waits_for_settlements: bool,
 
     pins: ClaimCounter,
     /// Chunks of `pins` leased to shards of streams: a stream takes its
@@ -260,6 +264,7 @@ impl<C: DeviceContext> ContextInner<C> {
             },
             description,
             admission: config.admission,
+            waits_for_settlements: matches!(config.admission, Admission::WaitForPending { .. }),
             pins: ClaimCounter::new(config.max_pins),
             pin_leases: PinLeases::new(config.pin_lease_chunk),
             pending: ShardedCount::new(),
@@ -417,8 +422,14 @@ impl<C: DeviceContext> ContextInner<C> {
     /// total order, either the waiter's attempt sees what this settlement
     /// gave back, or this load sees the registration and bumps the epoch the
     /// waiter waits past.
+    ///
+    /// Under `FailFast` nothing ever registers, so there is nothing to
+    /// announce (the admission policy is fixed at registration).
     #[inline]
     pub(crate) fn announce_settlement(&self) {
+        if !self.waits_for_settlements {
+            return;
+        }
         fence(Ordering::SeqCst);
         if self.settle_epoch.has_waiters() {
             let _ = self.settle_epoch.bump();
