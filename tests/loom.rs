@@ -60,8 +60,8 @@ mod sync;
 #[cfg(loom)]
 mod model {
     use super::sync::{
-        AcquireError, ClaimCounter, ClaimShards, EpochWord, Leases, Notifier, Pool, ShardedCount,
-        MAX_CLAIMS,
+        AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases, Notifier, Pool,
+        ShardedCount, MAX_CLAIMS,
     };
     use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
     use loom::sync::Arc;
@@ -250,8 +250,13 @@ mod model {
         /// A backend call through the gate (`ContextInner::enter_on` + guard
         /// drop).
         fn backend_call(&self, shard: usize) -> bool {
-            if self.gate.try_acquire(shard).is_err() {
-                return false;
+            match self.gate.enter(shard) {
+                Entry::Entered => {}
+                Entry::Closed => return false,
+                Entry::ClosedDrained => {
+                    self.lifecycle.notify();
+                    return false;
+                }
             }
             assert!(
                 !self.destroyed.load(Acquire),
@@ -269,7 +274,7 @@ mod model {
         /// shard's lease.
         fn queue_release(this: &Arc<Self>, shard: usize) -> RetireSignal {
             assert!(
-                this.gate.try_acquire(shard).is_ok(),
+                this.gate.enter(shard) == Entry::Entered,
                 "the gate is open while a buffer lives"
             );
             this.pending.increment(shard);

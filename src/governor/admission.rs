@@ -23,20 +23,36 @@ enum Refused {
 ///
 /// On success the allocation is already counted live (under the gate claim,
 /// so that `force` either sees it or never lets it be made).
+#[inline]
 pub(crate) fn admit<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, GovernorError> {
-    // Fast path: an allocation that fits at once never reads the clock (a
-    // clock read costs about as much as the rest of the bookkeeping). The
-    // deadline and `waited` count from the first refusal.
-    let mut first = match attempt(ctx, stream, bytes, role) {
-        Ok(memory) => return Ok(memory),
-        Err(Ok(refused)) => Some(refused),
-        Err(Err(fatal)) => return Err(fatal),
-    };
+    // Fast path, inlined into `allocate`: an allocation that fits at once
+    // never reads the clock (a clock read costs about as much as the rest of
+    // the bookkeeping). The deadline and `waited` count from the first
+    // refusal, in the out-of-line slow path.
+    match attempt(ctx, stream, bytes, role) {
+        Ok(memory) => Ok(memory),
+        Err(Ok(refused)) => admit_refused(ctx, stream, bytes, role, refused),
+        Err(Err(fatal)) => Err(fatal),
+    }
+}
+
+/// The rest of [`admit`] once the first attempt was refused: wait, ask the
+/// pressure responders, or report the refusal.
+#[cold]
+#[inline(never)]
+fn admit_refused<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    refused: Refused,
+) -> Result<C::Memory, GovernorError> {
+    let mut first = Some(refused);
     let start = Instant::now();
     let deadline = match ctx.admission {
         Admission::FailFast => None,
@@ -117,6 +133,7 @@ pub(crate) fn admit<C: DeviceContext>(
 
 /// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
 #[allow(clippy::type_complexity)]
+#[inline]
 fn attempt<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: &StreamShared<C>,

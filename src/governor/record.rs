@@ -4,14 +4,24 @@
 //! # Invariants
 //!
 //! * `pins` counts every holder that must finish before teardown: streams,
-//!   live buffers, external pins and in-flight allocations. A buffer's pin is
-//!   *moved* into `pending` when its release is queued (`pending` is
-//!   incremented before `pins` is decremented, so the sum never reaches zero
+//!   live buffers, external pins and in-flight allocations, plus the idle
+//!   claims of the pin leases (`pin_leases`: a buffer's pin comes out of its
+//!   stream shard's lease and goes back into a shard's lease; see
+//!   [`PinPool`]). Retire and loss close the leases before the word
+//!   (`close_pins`), so that no pin is taken once either has run, and the
+//!   idle claims are back on the word by the time it closes. A buffer's pin
+//!   is *moved* into `pending` when its release is queued (`pending` is
+//!   incremented before the pin is released, so the sum never reaches zero
 //!   early) and leaves `pending` when the release retires or is abandoned.
-//! * `gate` counts backend calls in flight. The backend value is only reached
-//!   through a [`BackendGuard`], which holds a gate claim; `finish` closes the
-//!   gate and waits for it to drain before it moves the backend out to call
-//!   `teardown`. That is what makes the `UnsafeCell` below sound.
+//! * `pending` is counted per shard of streams (`ShardedCount`): a release
+//!   is counted on the shard of the stream it was queued on, and leaves it
+//!   there. Only after `begin_retire` closes the shards can the total reach
+//!   zero.
+//! * `gate` counts backend calls in flight, one claim word per shard. The
+//!   backend value is only reached through a [`BackendGuard`], which holds a
+//!   claim of one shard; `finish` closes every shard and waits for all of
+//!   them to drain before it moves the backend out to call `teardown`. That
+//!   is what makes the `UnsafeCell` below sound.
 //! * Every transition of a buffer's or stream's *live* count, and the pin
 //!   release that goes with it, happens while a gate claim is held. `force`
 //!   reads those counts only after closing the gate and seeing it drain, so
@@ -21,9 +31,11 @@
 //!   module, with its own invariants); every change of the admitted, queued
 //!   and gone totals happens under a gate claim, so `force` reads stable live
 //!   totals once the gate has drained.
-//! * `pending` and `settle_epoch` carry their waiters in the same word
-//!   (`CountWord`, `EpochWord`): a waiter registers there before its first
-//!   check, and the settlement's own RMW tells it whether to wake.
+//! * `pending` carries its waiters in its total (`CountWord`): a waiter
+//!   registers there before its first check, and the settlement's own RMW
+//!   tells it whether to wake. Admission waiters register in
+//!   `settle_epoch` and fence before their attempt; a settlement fences and
+//!   bumps the epoch only if it sees one ([`announce_settlement`](ContextInner::announce_settlement)).
 //! * A shard's `spare` slot may hold a `PendingRelease` box with an `Arc` of
 //!   this record (a cycle): `begin_retire` closes every slot for good, and the
 //!   registry keeps the record alive until a retire has begun, so the cycle
@@ -58,8 +70,8 @@ use super::stats::Stats;
 use super::stats::SHARDS;
 use super::stream::StreamShared;
 use crate::sync::{
-    fence, lock, AcquireError, ClaimCounter, ClaimShards, EpochWord, Leases as PinLeases, Notifier,
-    Pool, ShardedCount,
+    fence, lock, AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases as PinLeases,
+    Notifier, Pool, ShardedCount,
 };
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
@@ -316,10 +328,14 @@ impl<C: DeviceContext> ContextInner<C> {
     /// stream pass through their own shard.
     #[inline]
     pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
-        self.gate
-            .try_acquire(shard)
-            .ok()
-            .map(|()| BackendGuard { ctx: self, shard })
+        match self.gate.enter(shard) {
+            Entry::Entered => Some(BackendGuard { ctx: self, shard }),
+            Entry::Closed => None,
+            Entry::ClosedDrained => {
+                self.lifecycle.notify();
+                None
+            }
+        }
     }
 
     /// Reach the backend while the gate is closed, for `force` only.

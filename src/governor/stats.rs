@@ -147,7 +147,7 @@ impl Stats {
 
     #[inline]
     fn at(&self, shard: usize, role: Role) -> &ShardRole {
-        &self.shards[shard].roles[role.index()]
+        &self.shards[crate::sync::slot_index::<SHARDS>(shard)].roles[role.index()]
     }
 
     /// An allocation was admitted on a stream of `shard`.
@@ -302,7 +302,7 @@ impl Stats {
     /// The spare slot of one shard (see `release.rs`).
     #[inline]
     pub(crate) fn spare(&self, shard: usize) -> &AtomicPtr<u8> {
-        &self.shards[shard].spare
+        &self.shards[crate::sync::slot_index::<SHARDS>(shard)].spare
     }
 
     /// Every spare slot.

@@ -144,6 +144,18 @@ impl ClaimCounter {
     }
 }
 
+/// What [`ClaimShards::enter`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// The caller holds a claim of the shard.
+    Entered,
+    /// The shards are closed: no claim.
+    Closed,
+    /// The shards are closed, and giving back the claim taken on the way
+    /// drained the shard: the caller must wake the waiter.
+    ClosedDrained,
+}
+
 /// A [`ClaimCounter`] alone on its cache line(s).
 #[derive(Debug)]
 #[repr(align(128))]
@@ -175,16 +187,32 @@ impl<const N: usize> ClaimShards<N> {
         }
     }
 
+    /// Take a claim of `shard` for one call, unless the shards are closed.
+    ///
+    /// One `fetch_add`, not a compare-and-swap loop: a gate counts calls in
+    /// flight, which cannot approach the 2^63 the word holds, so there is no
+    /// maximum to check first. A claim taken on a closed shard is given back
+    /// at once; if that drains the shard, [`Entry::ClosedDrained`] tells the
+    /// caller to wake the waiter (whose check may have seen the claim).
     #[inline]
-    pub(crate) fn try_acquire(&self, shard: usize) -> Result<(), AcquireError> {
-        self.shards[shard].0.try_acquire()
+    pub(crate) fn enter(&self, shard: usize) -> Entry {
+        let word = &self.shards[super::slot_index::<N>(shard)].0.state;
+        let prev = word.fetch_add(1, Ordering::Acquire);
+        if prev & CLOSED == 0 {
+            return Entry::Entered;
+        }
+        if self.release(shard) {
+            Entry::ClosedDrained
+        } else {
+            Entry::Closed
+        }
     }
 
     /// Drop a claim of `shard`; true when it drained that closed shard.
     #[inline]
     #[must_use = "the last release of a closed shard must wake the waiter"]
     pub(crate) fn release(&self, shard: usize) -> bool {
-        self.shards[shard].0.release()
+        self.shards[super::slot_index::<N>(shard)].0.release()
     }
 
     /// Close every shard. Returns true if all of them were at zero.
@@ -258,12 +286,13 @@ mod tests {
     #[test]
     fn shards_close_together_and_drain_as_one() {
         let g = ClaimShards::<4>::new(MAX_CLAIMS);
-        g.try_acquire(1).unwrap();
-        g.try_acquire(3).unwrap();
+        assert_eq!(g.enter(1), Entry::Entered);
+        assert_eq!(g.enter(3), Entry::Entered);
         assert!(!g.close());
         assert!(g.is_closed());
-        assert_eq!(g.try_acquire(0), Err(AcquireError::Closed));
-        assert_eq!(g.try_acquire(2), Err(AcquireError::Closed));
+        assert_eq!(g.enter(0), Entry::ClosedDrained);
+        assert_eq!(g.enter(2), Entry::ClosedDrained);
+        assert_eq!(g.enter(1), Entry::Closed);
         assert!(g.release(1));
         assert!(!g.is_drained());
         assert!(g.release(3));

@@ -1,4 +1,4 @@
-use super::{lock_model, AtomicU64, Mutex, Ordering};
+use super::{lock_model, slot_index, AtomicU64, Mutex, Ordering};
 
 /// Units of a [`Pool`] (budget bytes, pin claims) leased to one shard of
 /// streams: already taken from the pool, not yet held by anything.
@@ -86,7 +86,7 @@ impl<const N: usize> LeaseSlots<N> {
     /// and must hand them back to the pool ([`Take::Closed`]).
     #[inline]
     pub(crate) fn take(&self, i: usize, n: u64) -> Take {
-        let slot = &self.slots[i].0;
+        let slot = &self.slots[slot_index::<N>(i)].0;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
             if cur < n {
@@ -117,7 +117,7 @@ impl<const N: usize> LeaseSlots<N> {
     /// part above `keep`, or everything once the slots are closed.
     #[inline]
     pub(crate) fn give(&self, i: usize, bytes: u64, keep: u64) -> u64 {
-        let slot = &self.slots[i].0;
+        let slot = &self.slots[slot_index::<N>(i)].0;
         let held = slot.fetch_add(bytes, Ordering::SeqCst) + bytes;
         // Pairs with `close` (and `press`): either its sweep of this slot saw
         // our add, or we see its flag here (or both, and the swaps split the
@@ -140,7 +140,7 @@ impl<const N: usize> LeaseSlots<N> {
     /// instead of travelling in a giver's hands where no sweep sees them).
     /// Returns what was removed.
     fn shrink(&self, i: usize, keep: u64, most: u64) -> u64 {
-        let slot = &self.slots[i].0;
+        let slot = &self.slots[slot_index::<N>(i)].0;
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
             if cur <= keep {

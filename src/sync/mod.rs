@@ -26,7 +26,7 @@ mod lease;
 mod notify;
 mod word;
 
-pub(crate) use claim::{AcquireError, ClaimCounter, ClaimShards, MAX_CLAIMS};
+pub(crate) use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `LeaseSlots`, `Take` and `CountWord` are named by the loom model
 // (`tests/loom.rs`); the governor reaches them through `Leases` and
 // `ShardedCount`.
@@ -49,6 +49,15 @@ pub(crate) use std::sync::{
     atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Condvar, Mutex, MutexGuard,
 };
+
+/// Index `i` of an array of `N` shards: `i` itself (callers pass indices
+/// below `N`, debug-asserted), reduced modulo the constant `N` so that the
+/// compiler sees it in bounds and the hot paths carry no bounds check.
+#[inline(always)]
+pub(crate) fn slot_index<const N: usize>(i: usize) -> usize {
+    debug_assert!(i < N, "shard {i} of {N}");
+    i % N
+}
 
 /// One turn of a wait for another thread's few instructions (a refill in
 /// flight): a yield under loom, which must see the other thread run.

@@ -169,7 +169,9 @@ impl<const N: usize> ShardedCount<N> {
 
     #[inline]
     pub(crate) fn increment(&self, shard: usize) {
-        let prev = self.shards[shard].0.fetch_add(1, Ordering::AcqRel);
+        let prev = self.shards[super::slot_index::<N>(shard)]
+            .0
+            .fetch_add(1, Ordering::AcqRel);
         debug_assert!(prev & !SHARD_CLOSED < COUNT_MASK, "count overflow");
         if prev == SHARD_CLOSED {
             self.total.increment();
@@ -181,7 +183,9 @@ impl<const N: usize> ShardedCount<N> {
     #[inline]
     #[must_use = "the decrement to zero with a waiter registered must wake it"]
     pub(crate) fn decrement(&self, shard: usize) -> bool {
-        let prev = self.shards[shard].0.fetch_sub(1, Ordering::AcqRel);
+        let prev = self.shards[super::slot_index::<N>(shard)]
+            .0
+            .fetch_sub(1, Ordering::AcqRel);
         debug_assert!(prev & !SHARD_CLOSED != 0, "count decremented below zero");
         prev == SHARD_CLOSED | 1 && self.total.decrement()
     }
