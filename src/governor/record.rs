@@ -345,7 +345,10 @@ impl<C: DeviceContext> ContextInner<C> {
     /// least one stream pin is still outstanding (so `finish` cannot have
     /// started, as it needs `drained()`).
     fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
-        debug_assert!(self.gate.is_drained() && self.forced.load(Ordering::Acquire));
+        // (The gate may read undrained again for an instant: a call refused
+        // at the closed gate takes and gives back a claim. It never makes a
+        // guard.)
+        debug_assert!(self.gate.is_closed() && self.forced.load(Ordering::Acquire));
         // SAFETY: per the precondition no BackendGuard exists or can be made,
         // and the backend is moved out only by `finish`, which cannot run
         // while the stream pin the caller is synchronizing is outstanding.

@@ -169,8 +169,10 @@ struct PaddedCounter(ClaimCounter);
 /// * [`close`](Self::close) closes every shard; once it has returned, every
 ///   `try_acquire` on any shard fails (each shard is a `ClaimCounter`).
 /// * [`is_drained`](Self::is_drained) holds only when every shard is closed
-///   and at zero; after `close` it can only go from false to true, because
-///   no shard takes a claim again.
+///   and at zero. Once it has held, no claim is taken again: a refused
+///   [`enter`](Self::enter) adds one for an instant (it may read false
+///   again meanwhile) but gives it back without making a call, so whoever
+///   saw it drained may go on as if it still were.
 /// * the release that drains a closed shard is told so (per shard): the
 ///   caller wakes the waiter, which re-checks every shard. The waiter's
 ///   condition is the conjunction, and the last shard to drain is drained by
