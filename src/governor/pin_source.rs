@@ -8,6 +8,7 @@ use crate::{
     ProviderContextPinSource,
 };
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -165,33 +166,58 @@ impl<C: DeviceContext> ProviderContextPinSource for PinSource<C> {
     }
 
     fn pin(&self) -> Result<Box<dyn ProviderContextPin>, ProviderContextPinError> {
-        self.0.ctx.acquire_pin()?;
-        Ok(Box::new(ExternalPin(self.0.clone())))
+        let ctx: &ContextInner<C> = &self.0.ctx;
+        ctx.acquire_pin()?;
+        Ok(Box::new(ExternalPin {
+            ctx: NonNull::from(ctx),
+            source: self.0.clone(),
+        }))
     }
 }
 
 /// A pin held by an external holder. Keeps its source (and so the context
 /// record) alive; dropping it releases the claim.
-struct ExternalPin<C: DeviceContext>(Arc<PinSourceInner<C>>);
+///
+/// It also points at the record directly, so that releasing the claim does
+/// not chase the source's pointer first (one dependent load fewer on a path
+/// that costs a few loads and two atomic operations).
+struct ExternalPin<C: DeviceContext> {
+    /// The record `source.ctx` owns.
+    ctx: NonNull<ContextInner<C>>,
+    source: Arc<PinSourceInner<C>>,
+}
+
+// SAFETY: `ctx` is a shared reference in all but name: it points at the
+// record that `source` keeps alive (through its `Arc`), and is only read as
+// `&ContextInner<C>`, which is `Send + Sync` (see `record.rs`). So the pin
+// is `Send`/`Sync` exactly when `Arc<PinSourceInner<C>>` and
+// `&ContextInner<C>` are, which they are.
+unsafe impl<C: DeviceContext> Send for ExternalPin<C> {}
+// SAFETY: as for `Send`.
+unsafe impl<C: DeviceContext> Sync for ExternalPin<C> {}
 
 impl<C: DeviceContext> Drop for ExternalPin<C> {
     fn drop(&mut self) {
-        self.0.ctx.release_pin();
+        // SAFETY: `ctx` was made from `&*source.ctx`, and `source` (an `Arc`
+        // of the record's owner) is still held: it is dropped only after
+        // this body returns, so the record is alive for the whole call.
+        let ctx = unsafe { self.ctx.as_ref() };
+        ctx.release_pin();
     }
 }
 
 impl<C: DeviceContext> fmt::Debug for ExternalPin<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExternalPin")
-            .field("context", &self.0.ctx.id)
-            .field("holder", &self.0.label)
+            .field("context", &self.source.ctx.id)
+            .field("holder", &self.source.label)
             .finish()
     }
 }
 
 impl<C: DeviceContext> ProviderContextPin for ExternalPin<C> {
     fn context(&self) -> ProviderContextIdentity {
-        self.0.ctx.id
+        self.source.ctx.id
     }
 }
 
