@@ -534,7 +534,7 @@ mod tests {
         let c = NullContext::new();
         let probe = c.probe();
         let (a, b) = (c.create_stream().unwrap(), c.create_stream().unwrap());
-        let mut cycle = |s: &NullStream, n: u64| {
+        let cycle = |s: &NullStream, n: u64| {
             for _ in 0..n {
                 let m = c.allocate(s, 64).unwrap();
                 c.free_async(s, m, RetireSignal::from_fn(|_| {}))
