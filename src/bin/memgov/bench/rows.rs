@@ -10,7 +10,7 @@ use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
     ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor, ProviderContextIdentity,
-    ProviderContextPin, RetireSignal, Role,
+    ProviderContextPin, ProviderContextPinError, ProviderContextPinSource, RetireSignal, Role,
 };
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -97,6 +97,47 @@ impl ClaimedFloorPin {
     }
 }
 
+/// The same claimed floor pin handed out through the contract's own API: an
+/// `Arc<dyn ProviderContextPinSource>` whose `pin` returns a `Result`, with
+/// the checks any correct claim makes (refused once closed, refused at a
+/// maximum). Still no governor code.
+#[derive(Debug)]
+struct ClaimedFloorSource {
+    claims: Arc<ClaimWord>,
+    context: ProviderContextIdentity,
+}
+
+/// The closed bit of a [`ClaimWord`], and its maximum below it.
+const CLAIM_CLOSED: u64 = 1 << 63;
+
+impl ProviderContextPinSource for ClaimedFloorSource {
+    fn context(&self) -> ProviderContextIdentity {
+        self.context
+    }
+
+    fn pin(&self) -> Result<Box<dyn ProviderContextPin>, ProviderContextPinError> {
+        use std::sync::atomic::Ordering;
+        let word = &self.claims.0;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            if cur & CLAIM_CLOSED != 0 {
+                return Err(ProviderContextPinError::ContextUnavailable(self.context));
+            }
+            if cur >= CLAIM_CLOSED - 1 {
+                return Err(ProviderContextPinError::PinCountOverflow(self.context));
+            }
+            match word.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        Ok(Box::new(ClaimedFloorPin {
+            claims: Arc::clone(&self.claims),
+            context: self.context,
+        }))
+    }
+}
+
 impl Drop for ClaimedFloorPin {
     fn drop(&mut self) {
         self.claims
@@ -146,6 +187,17 @@ pub fn boxed_pin(plan: &Plan) -> Row {
         }
     };
     let (claimed_ns, f2) = compare(plan, &mut claimed, &mut floor);
+    // And through the contract's API, as every holder calls it.
+    let contract: Arc<dyn ProviderContextPinSource> = Arc::new(ClaimedFloorSource {
+        claims: Arc::clone(&claims),
+        context,
+    });
+    let mut through_contract = |n: u64| {
+        for _ in 0..n {
+            drop(black_box(contract.pin()));
+        }
+    };
+    let (contract_ns, f3) = compare(plan, &mut through_contract, &mut floor);
     // For continuity with earlier tables: the same pin against the bare
     // reference count.
     let (v_arc, arc) = compare(plan, &mut pin, &mut arc_baseline());
@@ -158,9 +210,10 @@ pub fn boxed_pin(plan: &Plan) -> Row {
     )
     .with(v, Some(f), Some(v / f))
     .note(format!(
-        "the floor plus one claim word (compare-and-swap + subtraction, no governor code) = {claimed_ns:.1} ns = {:.2}x of the floor, so the pin is {:.2}x of that; vs Arc::clone + drop ({arc:.1} ns): {:.1}x",
+        "the floor plus one claim word (compare-and-swap + subtraction, no governor code) = {claimed_ns:.1} ns = {:.2}x of the floor; the same through the contract's API (a dyn source returning a Result, refusing when closed or full) = {contract_ns:.1} ns = {:.2}x, so the pin is {:.2}x of that; vs Arc::clone + drop ({arc:.1} ns): {:.1}x",
         claimed_ns / f2,
-        v / f * f2 / claimed_ns,
+        contract_ns / f3,
+        v / f * f3 / contract_ns,
         v_arc / arc
     ))
 }
