@@ -1154,4 +1154,28 @@ mod model {
             },
         );
     }
+
+    /// A refusal racing a refill in flight on another shard: with a maximum
+    /// of 3 and one pin held elsewhere, shard 0 refills (its pin and a chunk
+    /// of one) while shard 1 is refused and reclaims. The refill, seeing the
+    /// refusal press, hands its chunk straight back to the pin word; the
+    /// refusal must not have counted that chunk, so shard 1's pin always
+    /// fits (1 + 1 + 1 = 3). Asking the pin word before checking for
+    /// refills in flight misses the chunk in that gap.
+    #[test]
+    fn a_refill_in_flight_is_waited_for_before_a_refusal() {
+        run(
+            "pin leases: refusal vs a refill in flight (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire().unwrap();
+                let c = ctx.clone();
+                let refiller = thread::spawn(move || c.acquire_on(0).expect("2 of 3 pins refused"));
+                ctx.acquire_on(1).expect("3 of 3 pins refused");
+                refiller.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+            },
+        );
+    }
 }
