@@ -7,26 +7,15 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
-use memgov::{
-    ContextConfig, DeviceContext, Governor, ProviderContextIdentity, ProviderContextPin,
-    RetireSignal, Role,
-};
+use memgov::{ContextConfig, DeviceContext, Governor, RetireSignal, Role};
 use std::hint::black_box;
 use std::sync::Arc;
 
-/// A `Box<dyn ProviderContextPin>` that keeps an `Arc` alive and does
-/// nothing else: the floor under any boxed pin.
-#[derive(Debug)]
-struct FloorPin {
-    _alive: Arc<u64>,
-    context: ProviderContextIdentity,
-}
-
-impl ProviderContextPin for FloorPin {
-    fn context(&self) -> ProviderContextIdentity {
-        self.context
-    }
-}
+/// The contract's floors (shared with `memgov bench`).
+#[allow(dead_code)]
+#[path = "../src/bin/memgov/bench/floor.rs"]
+mod floor;
+use floor::FloorPin;
 
 fn pins(c: &mut Criterion) {
     let mut g = c.benchmark_group("pin");
@@ -46,13 +35,7 @@ fn pins(c: &mut Criterion) {
     // The contract's own floor: a boxed pin that keeps an `Arc` alive.
     let context = source.context();
     g.bench_function("floor: Box::new + Arc::clone + drops (Box<dyn>)", |b| {
-        b.iter(|| {
-            let boxed: Box<dyn ProviderContextPin> = Box::new(FloorPin {
-                _alive: Arc::clone(black_box(&arc)),
-                context,
-            });
-            drop(black_box(boxed))
-        })
+        b.iter(|| drop(black_box(FloorPin::boxed(black_box(&arc), context))))
     });
     g.finish();
 }

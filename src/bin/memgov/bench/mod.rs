@@ -22,6 +22,7 @@
 
 pub mod alloc;
 pub mod cycle;
+pub mod floor;
 pub mod measure;
 pub mod report;
 pub mod row;

@@ -2,6 +2,7 @@
 //! the teardown wake-up and drain, heap bytes.
 
 use super::alloc::{counting_allocator_installed, HeapCounter, HeapDelta};
+use super::floor::{ClaimWord, ClaimedFloorPin, ClaimedFloorSource, FloorPin};
 use super::measure::{calibrate, compare, median, per_iter, Plan};
 use super::row::{Row, Target};
 use super::teardown::{drain_once, wakeup_bare, wakeup_governed};
@@ -9,8 +10,8 @@ use memgov::any::AnyContext;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
-    ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor, ProviderContextIdentity,
-    ProviderContextPin, ProviderContextPinError, ProviderContextPinSource, RetireSignal, Role,
+    ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor,
+    ProviderContextPinSource, RetireSignal, Role,
 };
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -46,112 +47,6 @@ pub fn pin(plan: &Plan) -> Row {
     .with(v, Some(b), Some(v / b))
 }
 
-/// The contract's own floor under any `Box<dyn ProviderContextPin>` that
-/// keeps its context alive: a heap allocation holding an `Arc` clone, dropped
-/// through the trait object. What a pin does beyond this is the governor's.
-#[derive(Debug)]
-struct FloorPin {
-    _alive: Arc<u64>,
-    context: ProviderContextIdentity,
-}
-
-impl ProviderContextPin for FloorPin {
-    fn context(&self) -> ProviderContextIdentity {
-        self.context
-    }
-}
-
-/// The floor plus what any pin that teardown waits for must add: one claim
-/// word, taken with a compare-and-swap (a claim has a maximum) and given back
-/// with a subtraction when the box is dropped. No governor code: what the
-/// hardware charges for the contract and a waitable claim together.
-#[derive(Debug)]
-struct ClaimedFloorPin {
-    claims: Arc<ClaimWord>,
-    context: ProviderContextIdentity,
-}
-
-/// A claim count alone on its cache line(s), like the governor's pin word.
-#[derive(Debug)]
-#[repr(align(128))]
-struct ClaimWord(std::sync::atomic::AtomicU64);
-
-impl ClaimedFloorPin {
-    #[inline(never)]
-    fn take(
-        claims: &Arc<ClaimWord>,
-        context: ProviderContextIdentity,
-    ) -> Box<dyn ProviderContextPin> {
-        use std::sync::atomic::Ordering;
-        let word = &claims.0;
-        let mut cur = word.load(Ordering::Relaxed);
-        while let Err(actual) =
-            word.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed)
-        {
-            cur = actual;
-        }
-        Box::new(ClaimedFloorPin {
-            claims: Arc::clone(claims),
-            context,
-        })
-    }
-}
-
-/// The same claimed floor pin handed out through the contract's own API: an
-/// `Arc<dyn ProviderContextPinSource>` whose `pin` returns a `Result`, with
-/// the checks any correct claim makes (refused once closed, refused at a
-/// maximum). Still no governor code.
-#[derive(Debug)]
-struct ClaimedFloorSource {
-    claims: Arc<ClaimWord>,
-    context: ProviderContextIdentity,
-}
-
-/// The closed bit of a [`ClaimWord`], and its maximum below it.
-const CLAIM_CLOSED: u64 = 1 << 63;
-
-impl ProviderContextPinSource for ClaimedFloorSource {
-    fn context(&self) -> ProviderContextIdentity {
-        self.context
-    }
-
-    fn pin(&self) -> Result<Box<dyn ProviderContextPin>, ProviderContextPinError> {
-        use std::sync::atomic::Ordering;
-        let word = &self.claims.0;
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            if cur & CLAIM_CLOSED != 0 {
-                return Err(ProviderContextPinError::ContextUnavailable(self.context));
-            }
-            if cur >= CLAIM_CLOSED - 1 {
-                return Err(ProviderContextPinError::PinCountOverflow(self.context));
-            }
-            match word.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
-        Ok(Box::new(ClaimedFloorPin {
-            claims: Arc::clone(&self.claims),
-            context: self.context,
-        }))
-    }
-}
-
-impl Drop for ClaimedFloorPin {
-    fn drop(&mut self) {
-        self.claims
-            .0
-            .fetch_sub(1, std::sync::atomic::Ordering::Release);
-    }
-}
-
-impl ProviderContextPin for ClaimedFloorPin {
-    fn context(&self) -> ProviderContextIdentity {
-        self.context
-    }
-}
-
 const BOX_ARC: &str = "Box::new + Arc::clone + drops (Box<dyn ProviderContextPin>)";
 
 pub fn boxed_pin(plan: &Plan) -> Row {
@@ -167,17 +62,13 @@ pub fn boxed_pin(plan: &Plan) -> Row {
     let alive = Arc::new(0u64);
     let mut floor = |n: u64| {
         for _ in 0..n {
-            let boxed: Box<dyn ProviderContextPin> = Box::new(FloorPin {
-                _alive: Arc::clone(black_box(&alive)),
-                context,
-            });
-            drop(black_box(boxed));
+            drop(black_box(FloorPin::boxed(black_box(&alive), context)));
         }
     };
     let (v, f) = compare(plan, &mut pin, &mut floor);
     // What the floor plus a claim word costs on this machine, in the same
     // run: the least any pin teardown can wait for costs.
-    let claims = Arc::new(ClaimWord(std::sync::atomic::AtomicU64::new(0)));
+    let claims = Arc::new(ClaimWord::default());
     let mut claimed = |n: u64| {
         for _ in 0..n {
             drop(black_box(ClaimedFloorPin::take(
@@ -188,10 +79,8 @@ pub fn boxed_pin(plan: &Plan) -> Row {
     };
     let (claimed_ns, f2) = compare(plan, &mut claimed, &mut floor);
     // And through the contract's API, as every holder calls it.
-    let contract: Arc<dyn ProviderContextPinSource> = Arc::new(ClaimedFloorSource {
-        claims: Arc::clone(&claims),
-        context,
-    });
+    let contract: Arc<dyn ProviderContextPinSource> =
+        Arc::new(ClaimedFloorSource::new(&claims, context));
     let mut through_contract = |n: u64| {
         for _ in 0..n {
             drop(black_box(contract.pin()));
