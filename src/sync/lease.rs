@@ -337,7 +337,7 @@ impl<const N: usize> Leases<N> {
 
     /// Take `n` units from the pool for a holder on `shard`, leasing a chunk
     /// more when it fits.
-    pub(crate) fn refill<P: Pool>(
+    fn refill<P: Pool>(
         &self,
         pool: &P,
         shard: usize,
