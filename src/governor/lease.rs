@@ -18,8 +18,8 @@
 //!   refused only if the bytes charged to allocations leave no room for it;
 //!   no byte stays leased after teardown, even from a release the backend
 //!   settles late.
-//! * Leases are off (`chunk == 0`) for a context on a [`SharedBudget`]
-//!   (`super::SharedBudget`): a refusal there would have to reclaim the
+//! * Leases are off (`chunk == 0`) for a context on a
+//!   [`SharedBudget`](super::SharedBudget): a refusal there would have to reclaim the
 //!   leases of every context on the device.
 //!
 //! # How far a snapshot lags

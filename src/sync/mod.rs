@@ -6,20 +6,24 @@
 //!   same word. Acquire is one compare-and-swap that fails once the bit is set
 //!   or the count is at its maximum (refused, never wrapped); release is one
 //!   `fetch_sub` that tells the caller whether it dropped the last claim of a
-//!   closed counter. The governor uses one for pins and one as the gate that
-//!   backend calls pass through.
+//!   closed counter. The governor uses one for pins. [`ClaimShards`] is one
+//!   per shard of streams, closed together: the gate backend calls pass
+//!   through.
 //! * [`Notifier`]: a generation-less "check under the lock, wake after the
 //!   change" waiter, with a count of waiters so that the signalling side (a
 //!   driver thread firing a `RetireSignal`) skips the lock entirely when no one
 //!   waits. It never polls: waiters sleep on a condition variable or register
 //!   a task waker.
-//! * [`CountWord`] and [`EpochWord`]: a count (pending releases) or an epoch
-//!   (settlements) with its waiters in the same word, so that the frequent
-//!   signaller learns from its own read-modify-write whether to wake anyone,
-//!   without the SeqCst fence `Notifier::notify` needs.
-//! * [`LeaseSlots`]: budget bytes leased to shards of streams, one cache line
-//!   each, that a refusal elsewhere can take back while their holders are
-//!   taking from them, and that teardown closes for good.
+//! * [`CountWord`] and [`EpochWord`]: a count or an epoch with its waiters in
+//!   the same word, so that a signaller learns from its own read-modify-write
+//!   (or, for the epoch, a fenced load) whether to wake anyone.
+//!   [`ShardedCount`] counts per shard (pending releases) and reaches its
+//!   `CountWord` total only once closed, so an open shard's count is written
+//!   on its own line.
+//! * [`Leases`] over a [`Pool`] (a budget's bytes, a counter's claims), on
+//!   [`LeaseSlots`]: units leased to shards of streams, one cache line each,
+//!   that a refusal elsewhere takes back while their holders are taking from
+//!   them, with refusals exact, and that retire or teardown close for good.
 
 mod claim;
 mod lease;

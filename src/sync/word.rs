@@ -74,7 +74,9 @@ const EPOCH_WAITERS: u64 = EPOCH_ONE - 1;
 
 /// An event epoch (settlements) and the number of waiters for its next
 /// change, in one atomic word: bumping it tells the bumper, from the same
-/// read-modify-write, whether anyone waits (same argument as [`CountWord`]).
+/// read-modify-write, whether anyone waits (same argument as [`CountWord`]);
+/// a signaller that would rather not write the word at all checks
+/// [`has_waiters`](Self::has_waiters) after a fence, and bumps only then.
 #[derive(Debug, Default)]
 pub(crate) struct EpochWord(AtomicU64);
 
