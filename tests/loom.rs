@@ -1178,4 +1178,62 @@ mod model {
             },
         );
     }
+
+    /// An allocation waiting for room (`WaitForPending`) decides from what
+    /// is pending whether a wait could help, so a settlement must stop
+    /// counting as pending only *after* its bytes are back in the budget
+    /// (`PendingRelease::settle`), and the allocation must read what is
+    /// pending *before* its last attempt (`admission::admit_refused`). Then
+    /// "nothing pending" means the attempt saw the room, and a refusal with
+    /// nothing pending is final; with either order reversed, a settlement
+    /// landing between the attempt and the read leaves the allocation
+    /// refused with the room free (`memgov run` on lavapipe did that).
+    #[test]
+    fn nothing_pending_means_the_room_is_back() {
+        run(
+            "admission reads pending, attempts, waits; a settlement returns its bytes (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                // The budget is full: one byte, held by a pending release.
+                let budget = Arc::new(ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(1),
+                    limit: 1,
+                });
+                let pending = Arc::new(loom::sync::atomic::AtomicU64::new(1));
+                let (c, b, p) = (ctx.clone(), budget.clone(), pending.clone());
+                let settler = thread::spawn(move || {
+                    // `settle`: the charge first, the statistics last.
+                    b.uncharge(1);
+                    p.fetch_sub(1, Release);
+                    // `announce_settlement` (a `WaitForPending` context).
+                    loom::sync::atomic::fence(SeqCst);
+                    if c.settle_epoch.has_waiters() {
+                        let _ = c.settle_epoch.bump();
+                        c.settled.wake_all();
+                    }
+                });
+                // The first attempt was refused; now `admit_refused`:
+                // register, read what is pending, attempt once more.
+                ctx.settle_epoch.register();
+                loom::sync::atomic::fence(SeqCst);
+                let seen = ctx.settle_epoch.epoch();
+                let was_pending = pending.load(Acquire);
+                let mut admitted = budget.try_charge(1);
+                if !admitted {
+                    assert!(
+                        was_pending > 0,
+                        "refused with nothing pending while the room was free"
+                    );
+                    assert!(ctx
+                        .settled
+                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                    admitted = budget.try_charge(1);
+                }
+                ctx.settle_epoch.unregister();
+                assert!(admitted, "woken by the settlement, yet no room");
+                settler.join().unwrap();
+            },
+        );
+    }
 }

@@ -78,12 +78,20 @@ fn admit_refused<C: DeviceContext>(
         }
         // 1. Wait for pending releases to retire, if the policy allows and
         //    there is something pending that could help. Register first,
-        //    then look again: a release that settled after the refusal above
-        //    and before the registration is seen by the second attempt, and
-        //    one that settles after the registration wakes the wait.
+        //    then see what is pending, then look again: a release that
+        //    settled after the refusal above and before the registration is
+        //    seen by the second attempt, and one that settles after the
+        //    registration wakes the wait. What is pending is read *before*
+        //    that attempt: a settlement counts as no longer pending only
+        //    once its bytes are back in the budget (`release.rs`), so
+        //    reading "nothing pending" means the attempt after it saw every
+        //    settled byte, and a refusal then is final. (Read after the
+        //    attempt, a settlement landing in between would read as "nothing
+        //    to wait for" while the attempt had missed its bytes.)
         if let Some(d) = deadline {
             if Instant::now() < d {
                 let waiter = SettlementWaiter::register(ctx, &refused);
+                let pending = pending_in_scope(ctx, &refused);
                 refused = match attempt(ctx, stream, bytes, role) {
                     Ok(memory) => return Ok(memory),
                     Err(Ok(again)) => again,
@@ -92,7 +100,7 @@ fn admit_refused<C: DeviceContext>(
                 if !ctx.accepting() {
                     return Err(ctx.unavailable_error());
                 }
-                if pending_in_scope(ctx, &refused) > 0 {
+                if pending > 0 || pending_in_scope(ctx, &refused) > 0 {
                     if waiter.covers(&refused) {
                         add(&ctx.counters.admission_waits, 1);
                         waiter.wait(d);

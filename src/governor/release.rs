@@ -110,7 +110,11 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         let this = &mut *self;
         let ctx = &*this.ctx;
         let shard = usize::from(this.shard);
-        ctx.stats.settle(shard, this.role, this.bytes);
+        // The order matters to admission: the reuse credit goes first (so
+        // that these bytes are never both credited and uncharged), then the
+        // charge, and the statistics last, so that whoever reads "no longer
+        // pending" (an allocation deciding whether a wait could help) also
+        // sees the bytes back in the budget.
         if let Some(p) = &this.stream_pending {
             sub(p, this.bytes);
         }
@@ -128,6 +132,7 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
                 ctx.hold_until_teardown(this.bytes);
             }
         }
+        ctx.stats.settle(shard, this.role, this.bytes);
         if ctx.phase() == Phase::Terminated {
             add(&ctx.counters.late_settlements, 1);
         }
