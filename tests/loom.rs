@@ -1187,7 +1187,7 @@ mod model {
     /// "nothing pending" means the attempt saw the room, and a refusal with
     /// nothing pending is final; with either order reversed, a settlement
     /// landing between the attempt and the read leaves the allocation
-    /// refused with the room free (`memgov run` on lavapipe did that).
+    /// refused with the room free.
     #[test]
     fn nothing_pending_means_the_room_is_back() {
         run(

@@ -108,9 +108,7 @@ impl ClaimCounter {
         if n == 0 {
             return self.is_drained();
         }
-        let prev = self.state.fetch_sub(n, Ordering::AcqRel);
-        debug_assert!(prev & !CLOSED >= n, "revoked more claims than outstanding");
-        prev == CLOSED | n
+        self.release_n(n)
     }
 
     /// Refuse new claims from now on. Returns true if no claims are

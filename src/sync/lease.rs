@@ -50,7 +50,8 @@ const REFILLS: u64 = PRESS - 1;
 ///   precedes). Checking for refills only *after* the pool refused is not
 ///   enough: a refill that ends in between may have handed its chunk back to
 ///   the pool, where no sweep finds it (the loom model
-///   `pin_overflow_stays_exact_with_leases` finds that interleaving).
+///   `a_refill_in_flight_is_waited_for_before_a_refusal` finds that
+///   interleaving).
 /// * while a refusal is reclaiming ([`press`](Self::press) to
 ///   [`unpress`](Self::unpress)) `give` keeps nothing and no refill begins,
 ///   so the refusal's loop waits only for refills that began before it.
