@@ -11,32 +11,7 @@ use std::time::{Duration, Instant};
 /// Returns the time from the firing to the wait returning (teardown
 /// included).
 pub fn wakeup_governed() -> Duration {
-    let gov = Governor::new();
-    let null = NullContext::deferred(1);
-    let parked = null.controls();
-    let ctx = gov.register(null, ContextConfig::new());
-    let stream = ctx.create_stream("s").expect("stream");
-    drop(
-        ctx.allocate(&stream, 4096, Role::Activation)
-            .expect("allocate"),
-    );
-    drop(stream);
-    let handle = ctx.retire();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        let waiter = s.spawn(|| {
-            tx.send(()).expect("main waits");
-            let r = handle.wait(Instant::now() + Duration::from_secs(30));
-            let t = Instant::now();
-            assert!(r.is_ok(), "teardown wait failed: {r:?}");
-            t
-        });
-        rx.recv().expect("waiter started");
-        std::thread::sleep(Duration::from_millis(1)); // let it fall asleep
-        let t0 = Instant::now();
-        assert_eq!(parked.retire_parked(), 1);
-        waiter.join().expect("waiter").duration_since(t0)
-    })
+    teardown_after_parked(1, Duration::from_secs(30))
 }
 
 /// The baseline of [`wakeup_governed`]: a bare `Mutex<bool>` + `Condvar`
@@ -66,6 +41,13 @@ pub fn wakeup_bare() -> Duration {
 /// `RetireHandle::wait` while the device fires every parked signal; the time
 /// from the first firing to the wait returning, in milliseconds.
 pub fn drain_once(n: usize) -> f64 {
+    teardown_after_parked(n, Duration::from_secs(600)).as_nanos() as f64 / 1e6
+}
+
+/// `n` releases parked in a null context that is retiring, a thread asleep
+/// in `RetireHandle::wait` (at most `patience`); the time from firing the
+/// first parked signal to the wait returning (teardown included).
+fn teardown_after_parked(n: usize, patience: Duration) -> Duration {
     let gov = Governor::new();
     let null = NullContext::deferred(n);
     let parked = null.controls();
@@ -80,20 +62,18 @@ pub fn drain_once(n: usize) -> f64 {
     drop(stream);
     let handle = ctx.retire();
     let (tx, rx) = std::sync::mpsc::channel();
-    let ms = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let waiter = s.spawn(|| {
             tx.send(()).expect("main waits");
-            let r = handle.wait(Instant::now() + Duration::from_secs(600));
+            let r = handle.wait(Instant::now() + patience);
             let t = Instant::now();
             assert!(r.is_ok(), "teardown wait failed: {r:?}");
             t
         });
         rx.recv().expect("waiter started");
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1)); // let it fall asleep
         let t0 = Instant::now();
         assert_eq!(parked.retire_parked(), n);
-        let t1 = waiter.join().expect("waiter");
-        t1.duration_since(t0).as_nanos() as f64 / 1e6
-    });
-    ms
+        waiter.join().expect("waiter").duration_since(t0)
+    })
 }
