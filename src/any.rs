@@ -292,6 +292,19 @@ macro_rules! any_backends {
                 }
             }
 
+            fn order_after(&self, stream: &AnyStream, after: &AnyStream) -> Result<(), BackendError> {
+                match (self, stream, after) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s), AnyStream::$variant(a)) => {
+                            c.order_after(s, a)
+                        }
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _, _) => Err(mismatch(ctx.kind(), "order_after", "a stream")),
+                }
+            }
+
             fn device_lost(&self) {
                 match self {
                     $( #[cfg($($cfg)*)] Self::$variant(c) => c.device_lost(), )*

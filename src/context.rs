@@ -365,6 +365,27 @@ pub trait DeviceContext: Send + Sync + Sized + 'static {
     /// of frees on it have fired).
     fn synchronize(&self, stream: &Self::Stream) -> Result<(), BackendError>;
 
+    /// Order every operation queued on `stream` from now on after every
+    /// operation already queued on `after` (both streams of this context).
+    ///
+    /// The governor calls this before it queues a free on a stream other than
+    /// the one the memory was allocated on, or that the memory was recorded
+    /// as used on: a stream-ordered free is ordered only within its own
+    /// stream, so without this the free (and, with pool reuse, the next
+    /// allocation on `stream`) could overtake work still queued on `after`.
+    /// It returns without waiting for the device: CUDA records an event on
+    /// `after` and makes `stream` wait on it (`cuEventRecord` +
+    /// `cuStreamWaitEvent`), HIP the same with `hipEventRecord` +
+    /// `hipStreamWaitEvent`.
+    ///
+    /// The default blocks until `after` has drained ([`synchronize`](Self::synchronize)),
+    /// which is correct for every backend and slow; backends with events or
+    /// semaphores override it. Called with `stream` and `after` distinct.
+    fn order_after(&self, stream: &Self::Stream, after: &Self::Stream) -> Result<(), BackendError> {
+        let _ = stream;
+        self.synchronize(after)
+    }
+
     /// The governor has declared the device lost. Stop executing queued work;
     /// signals of frees that will never run may be dropped from now on.
     /// Called at most once, before `teardown(lost = true)`.

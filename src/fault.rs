@@ -88,13 +88,15 @@ pub enum Operation {
     Read,
     /// [`DeviceContext::synchronize`]
     Synchronize,
+    /// [`DeviceContext::order_after`]
+    OrderAfter,
     /// [`DeviceContext::teardown`]
     Teardown,
 }
 
 impl Operation {
     /// Every operation, in trait order.
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::MemoryInfo,
         Operation::CreateStream,
         Operation::DestroyStream,
@@ -103,6 +105,7 @@ impl Operation {
         Operation::Write,
         Operation::Read,
         Operation::Synchronize,
+        Operation::OrderAfter,
         Operation::Teardown,
     ];
 
@@ -117,6 +120,7 @@ impl Operation {
             Operation::Write => "write",
             Operation::Read => "read",
             Operation::Synchronize => "synchronize",
+            Operation::OrderAfter => "order_after",
             Operation::Teardown => "teardown",
         }
     }
@@ -611,6 +615,11 @@ impl<C: DeviceContext> DeviceContext for FaultInjecting<C> {
         self.inner.synchronize(stream)
     }
 
+    fn order_after(&self, stream: &C::Stream, after: &C::Stream) -> Result<(), BackendError> {
+        self.gate(Operation::OrderAfter)?;
+        self.inner.order_after(stream, after)
+    }
+
     fn device_lost(&self) {
         self.shared.lost.store(true, Ordering::SeqCst);
         self.tell_inner_lost();
@@ -653,7 +662,7 @@ mod tests {
         let draw = |seed| {
             let mut st = PlanState::new(FaultPlan::seeded(seed, 0.3, &Fault::ALL));
             (0..200)
-                .map(|i| st.decide(Operation::ALL[i % 9]))
+                .map(|i| st.decide(Operation::ALL[i % Operation::ALL.len()]))
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));

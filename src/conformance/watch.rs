@@ -221,6 +221,10 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
         self.log.device_call();
         self.inner.synchronize(s)
     }
+    fn order_after(&self, s: &C::Stream, after: &C::Stream) -> Result<(), BackendError> {
+        self.log.device_call();
+        self.inner.order_after(s, after)
+    }
     fn device_lost(&self) {
         self.log.device_lost_called.store(true, Ordering::SeqCst);
         self.inner.device_lost()
