@@ -314,7 +314,7 @@ impl SplitMix64 {
 struct PlanState {
     plan: FaultPlan,
     rng: SplitMix64,
-    calls: [u64; 9],
+    calls: [u64; Operation::ALL.len()],
 }
 
 impl PlanState {
@@ -323,7 +323,7 @@ impl PlanState {
         Self {
             plan,
             rng,
-            calls: [0; 9],
+            calls: [0; Operation::ALL.len()],
         }
     }
 
@@ -363,7 +363,7 @@ impl PlanState {
 
 struct Shared<C: DeviceContext> {
     state: Mutex<PlanState>,
-    injected: [AtomicU64; 9],
+    injected: [AtomicU64; Operation::ALL.len()],
     lost: AtomicBool,
     inner_told_lost: AtomicBool,
     dropped_signals: AtomicU64,
