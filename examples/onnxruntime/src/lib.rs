@@ -49,10 +49,12 @@
 mod allocator;
 mod error;
 mod model;
+mod session;
 
 pub use allocator::{AllocatorStats, GovernedAllocator, HostAddressable, ALIGN, HOLDER, PAD};
 pub use error::Error;
-pub use model::MatMulAdd;
+pub use model::{weights, ConvTranspose, MatMulAdd, Weight, WeightKind};
+pub use session::GovernedSession;
 
 /// Load the ONNX Runtime library named by `ORT_DYLIB_PATH` and build the
 /// process's environment, or say why not (for tests and examples that skip
