@@ -415,9 +415,10 @@ pub(crate) fn check(status: ffi::OrtStatusPtr, what: &'static str) -> Result<(),
 /// * A refusal that remains after the context's admission policy (waiting
 ///   for pending releases, asking pressure responders) is answered with an
 ///   overdraft from the process heap, reported in [`stats`](Self::stats),
-///   because ONNX Runtime crashes inside `Run` when an allocator returns
-///   null. Inside [`strict`](Self::strict) (session creation) ONNX Runtime
-///   gets null instead, and returns a clean error.
+///   never with null: ONNX Runtime writes to some allocations without
+///   checking them (inside `Run`, and in the ConvTranspose weight prepacking
+///   while a session is created). Inside [`strict`](Self::strict) (session
+///   creation) the scope then fails with the governor's error.
 ///
 /// Dropping the handle unregisters the allocator and lets go of the pin and
 /// the stream. Sessions and tensors that still use it keep working: their

@@ -23,6 +23,7 @@ use ort::session::Session;
 use ort::value::Tensor;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const CASE: &str = "MEMGOV_ORT_SWEEP";
@@ -93,7 +94,17 @@ fn child_entry() {
             }),
         "governed" => alloc
             .session(&env, &bytes, |b| Ok(b.with_intra_threads(1)?))
-            .map(drop),
+            .map(|s| {
+                let snap = ctx.snapshot();
+                assert_eq!(snap.outside_bytes, s.outside_weight_bytes());
+                println!(
+                    "sweep-child: weights in governed memory {} B in {} buffers, outside {} B; charged {} B",
+                    s.governed_weight_bytes(),
+                    s.governed_weights(),
+                    snap.outside_bytes,
+                    snap.charged
+                );
+            }),
         other => panic!("unknown mode {other}"),
     };
     let stats = alloc.stats();
@@ -116,6 +127,11 @@ fn child_entry() {
 
 /// Create the session of `model` under `budget` in a child process.
 fn attempt(mode: Mode, model: &str, budget: u64) -> Outcome {
+    attempt_with_output(mode, model, budget).0
+}
+
+/// [`attempt`], with what the child printed.
+fn attempt_with_output(mode: Mode, model: &str, budget: u64) -> (Outcome, String) {
     let mode_name = match mode {
         Mode::Plain => "plain",
         Mode::Governed => "governed",
@@ -144,10 +160,10 @@ fn attempt(mode: Mode, model: &str, budget: u64) -> Outcome {
         out.status
     );
     if stdout.contains("sweep-child: outcome created") {
-        Outcome::Created
+        (Outcome::Created, stdout.into_owned())
     } else {
         assert!(stdout.contains("sweep-child: outcome refused"), "{all}");
-        Outcome::Refused
+        (Outcome::Refused, stdout.into_owned())
     }
 }
 
@@ -168,7 +184,14 @@ fn sweep(mode: Mode, model: &str) -> u64 {
         assert!(b < 1 << 30, "{model} never created under 1 GiB");
     };
     // One point well above the need.
-    tried.push((created * 4, attempt(mode, model, created * 4)));
+    let (outcome, above) = attempt_with_output(mode, model, created * 4);
+    assert_eq!(outcome, Outcome::Created, "{model} under {} B", created * 4);
+    tried.push((created * 4, outcome));
+    for line in above.lines() {
+        if let Some(i) = line.find("sweep-child: weights") {
+            println!("{model}: {}", &line[i + "sweep-child: ".len()..]);
+        }
+    }
     let (mut lo, mut hi) = (refused, created);
     while hi - lo > 64 {
         let mid = lo + (hi - lo) / 2;
@@ -190,8 +213,11 @@ fn sweep(mode: Mode, model: &str) -> u64 {
     hi
 }
 
+/// Whether ONNX Runtime loads here (one environment per process: the
+/// parents make it once, the children each make their own).
 fn have_runtime() -> bool {
-    match environment() {
+    static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+    match ENV.get_or_init(environment) {
         Ok(_) => true,
         Err(why) => {
             println!("skipped: {why}");
