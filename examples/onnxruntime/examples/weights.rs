@@ -31,24 +31,48 @@ fn main() -> ExitCode {
             let ws: Vec<_> = all.iter().filter(|w| f(w)).collect();
             (ws.len(), ws.iter().map(|w| w.bytes).sum::<u64>())
         };
-        let placeable = sum(&|w| w.kind != WeightKind::SubgraphInitializer && w.raw.is_some());
-        let typed = sum(&|w| w.kind != WeightKind::SubgraphInitializer && w.raw.is_none());
-        let sub = sum(&|w| w.kind == WeightKind::SubgraphInitializer);
+        let placed = |w: &memgov_onnxruntime::Weight| {
+            w.kind != WeightKind::Attribute
+                && w.raw.is_some()
+                && all.iter().filter(|o| o.name == w.name).count() == 1
+        };
+        let placeable = sum(&|w| placed(w));
+        let outside = sum(&|w| !placed(w));
+        let sub = sum(&|w| w.in_subgraph);
         let constants = sum(&|w| w.kind == WeightKind::Constant);
         println!(
-            "{path}: {} B file; placeable in governed memory (main-graph initializers and Constant nodes \
-             stored as raw data) {} ({} B); the same stored otherwise {} ({} B); subgraph initializers \
-             {} ({} B); of all those, Constant nodes {} ({} B)",
+            "{path}: {} B file, {} weights ({} B): {} ({} B) placeable in governed memory, {} ({} B) \
+             left outside; {} ({} B) in subgraphs, {} ({} B) Constant values",
             bytes.len(),
+            all.len(),
+            all.iter().map(|w| w.bytes).sum::<u64>(),
             placeable.0,
             placeable.1,
-            typed.0,
-            typed.1,
+            outside.0,
+            outside.1,
             sub.0,
             sub.1,
             constants.0,
             constants.1
         );
+        for w in all.iter().filter(|w| !placed(w) && w.bytes > 0) {
+            let why = if w.kind == WeightKind::Attribute {
+                "a node attribute, not an initializer"
+            } else if w.raw.is_none() {
+                "not stored as raw bytes"
+            } else {
+                "its name is given twice"
+            };
+            println!(
+                "  outside: {:?} ({:?}{}, type {}, dims {:?}, {} B): {why}",
+                w.name,
+                w.kind,
+                if w.in_subgraph { ", in a subgraph" } else { "" },
+                w.data_type,
+                w.dims,
+                w.bytes
+            );
+        }
     }
     status
 }

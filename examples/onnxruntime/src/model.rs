@@ -8,6 +8,8 @@
 
 /// ONNX `TensorProto.DataType.FLOAT`.
 const FLOAT: u64 = 1;
+/// ONNX `TensorProto.DataType.BOOL`.
+const BOOL: u64 = 9;
 
 /// A protobuf message under construction.
 #[derive(Default)]
@@ -69,6 +71,11 @@ fn tensor(name: &str, dims: &[usize], values: &[f32]) -> Msg {
 
 /// `ValueInfoProto` of a float tensor; `None` dims are symbolic (`"N"`).
 fn value_info(name: &str, dims: &[Option<usize>]) -> Msg {
+    typed_value_info(name, FLOAT, dims)
+}
+
+/// `ValueInfoProto` of a tensor of `elem_type`.
+fn typed_value_info(name: &str, elem_type: u64, dims: &[Option<usize>]) -> Msg {
     let mut shape = Msg::default();
     for d in dims {
         let mut dim = Msg::default();
@@ -79,7 +86,7 @@ fn value_info(name: &str, dims: &[Option<usize>]) -> Msg {
         shape.msg(1, dim);
     }
     let mut tensor_type = Msg::default();
-    tensor_type.int(1, FLOAT).msg(2, shape); // elem_type, shape
+    tensor_type.int(1, elem_type).msg(2, shape); // elem_type, shape
     let mut ty = Msg::default();
     ty.msg(1, tensor_type); // tensor_type
     let mut v = Msg::default();
@@ -150,6 +157,40 @@ impl MatMulAdd {
             .str(2, "matmul_add")
             .msg(5, tensor("W", &[self.k, self.n], &self.w))
             .msg(11, value_info("X", &[None, Some(self.k)]))
+            .msg(12, value_info("Y", &[None, Some(self.n)]));
+        model(graph)
+    }
+
+    /// The same model with `B` an initializer of both branches of an `If`
+    /// on the boolean input `C` (how some exporters store every weight):
+    /// `Y = X·W + B` when `C` is true, `X·W − B` when it is false.
+    pub fn to_onnx_bias_in_branches(&self) -> Vec<u8> {
+        let branch = |op: &str, name: &str, b: &str| {
+            let mut g = Msg::default();
+            g.msg(1, node(op, &["XW", b], name))
+                .str(2, name)
+                .msg(5, tensor(b, &[self.n], &self.b))
+                .msg(12, value_info(name, &[None, Some(self.n)]));
+            g
+        };
+        let attr = |name: &str, g: Msg| {
+            let mut a = Msg::default();
+            a.str(1, name).msg(6, g).int(20, 5); // g, type = GRAPH
+            a
+        };
+        let mut branch_node = node("If", &["C"], "Y");
+        branch_node
+            .msg(5, attr("then_branch", branch("Add", "then_y", "B_then")))
+            .msg(5, attr("else_branch", branch("Sub", "else_y", "B_else")));
+        let cond = typed_value_info("C", BOOL, &[]); // a scalar
+        let mut graph = Msg::default();
+        graph
+            .msg(1, node("MatMul", &["X", "W"], "XW"))
+            .msg(1, branch_node)
+            .str(2, "matmul_if_add")
+            .msg(5, tensor("W", &[self.k, self.n], &self.w))
+            .msg(11, value_info("X", &[None, Some(self.k)]))
+            .msg(11, cond)
             .msg(12, value_info("Y", &[None, Some(self.n)]));
         model(graph)
     }
@@ -284,17 +325,17 @@ fn element_size(t: i32) -> Option<u64> {
     })
 }
 
-/// Where a weight of a model file sits.
+/// What a weight of a model file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightKind {
-    /// An initializer of the main graph.
+    /// An initializer of a graph.
     Initializer,
-    /// An initializer of a subgraph (the branch of an `If`, the body of a
-    /// `Loop`).
-    SubgraphInitializer,
     /// The value of a `Constant` node (ONNX Runtime turns it into an
     /// initializer when it loads the model).
     Constant,
+    /// A tensor attribute of another node (`ConstantOfShape`'s value, for
+    /// one): part of the node, not an initializer.
+    Attribute,
 }
 
 /// One weight tensor of a model file.
@@ -302,13 +343,17 @@ pub enum WeightKind {
 pub struct Weight {
     /// The tensor's name (for a `Constant` node, its output).
     pub name: String,
-    /// Where it sits.
+    /// What it is.
     pub kind: WeightKind,
+    /// Whether it belongs to a subgraph (the branch of an `If`, the body of
+    /// a `Loop`) rather than to the main graph.
+    pub in_subgraph: bool,
     /// ONNX data type (`TensorProto.DataType`).
     pub data_type: i32,
     /// Dimensions.
     pub dims: Vec<i64>,
-    /// Bytes of its data in the file.
+    /// Bytes of its data once loaded: elements × element size (for strings
+    /// and other variable-size types, the bytes of its data in the file).
     pub bytes: u64,
     /// Where the data sits in the file, when it is stored as `raw_data` (or
     /// as packed `float_data` / `double_data`, which hold the same bytes) in
@@ -317,8 +362,9 @@ pub struct Weight {
     pub raw: Option<std::ops::Range<usize>>,
 }
 
-/// Every weight tensor in the ONNX model `model`: the main graph's
-/// initializers, those of its subgraphs, and the values of `Constant` nodes.
+/// Every weight tensor in the ONNX model `model`, in the main graph and in
+/// its subgraphs: initializers, the values of `Constant` nodes, and tensor
+/// attributes of other nodes.
 /// Weights stored in external files are listed with the bytes of their
 /// in-file description only.
 ///
@@ -339,14 +385,9 @@ pub fn weights(model: &[u8]) -> Result<Vec<Weight>, String> {
 fn graph_weights(g: &[u8], base: usize, top: bool, out: &mut Vec<Weight>) -> Result<(), String> {
     for (f, v) in fields(g)? {
         match (f, v) {
-            (1, Field::Bytes(n)) => node_weights(n, base, out)?,
+            (1, Field::Bytes(n)) => node_weights(n, base, top, out)?,
             (5, Field::Bytes(t)) => {
-                let kind = if top {
-                    WeightKind::Initializer
-                } else {
-                    WeightKind::SubgraphInitializer
-                };
-                out.push(tensor_weight(t, base, kind, None)?);
+                out.push(tensor_weight(t, base, WeightKind::Initializer, top, None)?);
             }
             _ => {}
         }
@@ -354,7 +395,7 @@ fn graph_weights(g: &[u8], base: usize, top: bool, out: &mut Vec<Weight>) -> Res
     Ok(())
 }
 
-fn node_weights(n: &[u8], base: usize, out: &mut Vec<Weight>) -> Result<(), String> {
+fn node_weights(n: &[u8], base: usize, top: bool, out: &mut Vec<Weight>) -> Result<(), String> {
     let fs = fields(n)?;
     let constant = fs
         .iter()
@@ -373,9 +414,9 @@ fn node_weights(n: &[u8], base: usize, out: &mut Vec<Weight>) -> Result<(), Stri
                     let kind = if constant {
                         WeightKind::Constant
                     } else {
-                        WeightKind::SubgraphInitializer
+                        WeightKind::Attribute
                     };
-                    out.push(tensor_weight(t, base, kind, output.clone())?);
+                    out.push(tensor_weight(t, base, kind, top, output.clone())?);
                 }
                 (6 | 11, Field::Bytes(g)) => graph_weights(g, base, false, out)?,
                 _ => {}
@@ -389,11 +430,13 @@ fn tensor_weight(
     t: &[u8],
     base: usize,
     kind: WeightKind,
+    top: bool,
     name: Option<String>,
 ) -> Result<Weight, String> {
     let mut w = Weight {
         name: name.unwrap_or_default(),
         kind,
+        in_subgraph: !top,
         data_type: 0,
         dims: Vec::new(),
         bytes: 0,
@@ -450,7 +493,13 @@ fn tensor_weight(
                 w.raw = Some(start..start + r.len());
             }
         }
-        None => w.bytes = typed,
+        // Typed fields may be varints: the tensor's size in memory is what
+        // its elements take, when they have a fixed size.
+        None => {
+            w.bytes = element_size(w.data_type)
+                .zip(numel)
+                .map_or(typed, |(size, n)| size * n);
+        }
     }
     Ok(w)
 }

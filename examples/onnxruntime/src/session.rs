@@ -6,9 +6,10 @@
 //! `AddInitializer` (`SessionBuilder::with_initializer`): an initializer
 //! given as an `OrtValue` over memory the caller owns is used in place of
 //! the model's, without a copy, for as long as the session lives.
-//! [`GovernedAllocator::session`] copies each initializer of the model's main
-//! graph into a governed buffer charged to [`Role::Weights`] and hands it to
-//! ONNX Runtime that way; the weights it cannot place (see [`Weight::raw`]
+//! [`GovernedAllocator::session`] copies each initializer of the model (and
+//! each `Constant` value, which ONNX Runtime turns into one), in the main
+//! graph and in its subgraphs, into a governed buffer charged to
+//! [`Role::Weights`] and hands it to ONNX Runtime that way; the weights it cannot place (see [`Weight::raw`]
 //! and [`WeightKind`]) are measured and reported on the context as memory
 //! used outside memgov's allocations.
 
@@ -53,8 +54,9 @@ impl<C: HostAddressable> GovernedSession<C> {
         self.weights.len()
     }
 
-    /// The governed buffer holding the initializer at `index` in the order
-    /// of [`weights`](crate::weights) (initializers of the main graph only).
+    /// The governed buffer holding the `index`-th placed weight, in the
+    /// order of [`weights`](crate::weights) (the weights left outside
+    /// skipped).
     pub fn weight_buffer(&self, index: usize) -> Option<&DeviceBuffer<C>> {
         self.weights.get(index)
     }
@@ -83,11 +85,15 @@ impl<C: HostAddressable> std::fmt::Debug for GovernedSession<C> {
     }
 }
 
-/// Whether `w` can be handed to ONNX Runtime as a governed `OrtValue`.
-fn placeable(w: &Weight) -> bool {
+/// Whether `w` can be handed to ONNX Runtime as a governed `OrtValue`: an
+/// initializer (or a `Constant` value, which becomes one) of any graph,
+/// stored as bytes that can be used as they are, under a name no other
+/// weight has (`AddInitializer` matches by name).
+fn placeable(w: &Weight, all: &[Weight]) -> bool {
     matches!(w.kind, WeightKind::Initializer | WeightKind::Constant)
         && w.raw.is_some()
         && !w.name.is_empty()
+        && all.iter().filter(|o| o.name == w.name).count() == 1
 }
 
 /// The ONNX Runtime element type of ONNX data type `t`, for the types
@@ -116,14 +122,15 @@ impl<C: HostAddressable> GovernedAllocator<C> {
     /// Create a session for the ONNX model `model` with its weights in
     /// governed memory, under [`strict`](Self::strict).
     ///
-    /// Each initializer of the main graph stored as raw data is copied into
-    /// a governed buffer charged to [`Role::Weights`] and given to ONNX
+    /// Each initializer and `Constant` value of the model (main graph and
+    /// subgraphs) stored as raw data is copied into a governed buffer charged to [`Role::Weights`] and given to ONNX
     /// Runtime with `AddInitializer`, which uses it in place, without a
     /// copy. A refused weight fails the call before ONNX Runtime is asked.
     /// `configure` sets the session's options (threads, optimisation level);
     /// the builder already has `with_env_allocators()`. The weights left
-    /// outside (initializers of subgraphs, `Constant` nodes, tensors stored
-    /// as typed fields or in external files) are summed from the model file
+    /// outside (tensors stored in typed fields other than packed floats and
+    /// doubles, strings, external data, tensor attributes of other nodes,
+    /// names given twice) are summed from the model file
     /// and reported on the context ([`memgov::ContextSnapshot::outside_bytes`])
     /// while the session lives.
     ///
@@ -148,7 +155,7 @@ impl<C: HostAddressable> GovernedAllocator<C> {
         let mut outside = 0;
         for w in &all {
             let (true, Some(raw), Some(ty)) =
-                (placeable(w), w.raw.clone(), element_type(w.data_type))
+                (placeable(w, &all), w.raw.clone(), element_type(w.data_type))
             else {
                 outside += w.bytes;
                 continue;

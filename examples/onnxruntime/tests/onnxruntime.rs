@@ -474,3 +474,82 @@ fn a_constant_nodes_value_is_governed_and_read_in_place_too() {
     ctx.retire().wait(soon()).unwrap();
     assert_eq!(ctx.snapshot().charged, 0);
 }
+
+#[test]
+fn an_initializer_of_an_if_branch_is_governed_and_read_in_place_too() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(4, 8);
+    let bytes = model.to_onnx_bias_in_branches();
+    let weights = memgov_onnxruntime::weights(&bytes).unwrap();
+    let names: Vec<_> = weights
+        .iter()
+        .map(|w| (w.name.as_str(), w.in_subgraph))
+        .collect();
+    assert_eq!(names, [("B_then", true), ("B_else", true), ("W", false)]);
+    let mut s = alloc.session(env, &bytes, Ok).unwrap();
+    assert_eq!((s.governed_weights(), s.outside_weight_bytes()), (3, 0));
+    let rows = 2;
+    let branch = |s: &mut memgov_onnxruntime::GovernedSession<HostContext>, c: bool| {
+        let x = Tensor::from_array(([rows, model.k], model.input(rows))).unwrap();
+        let c = Tensor::from_array(((), vec![c])).unwrap();
+        let out = s.run(ort::inputs!["X" => x, "C" => c]).unwrap();
+        out["Y"].try_extract_tensor::<f32>().unwrap().1.to_vec()
+    };
+    let then_y = model.reference(&model.input(rows));
+    assert_eq!(branch(&mut s, true), then_y);
+    let else_y = branch(&mut s, false);
+
+    // B of the `then` branch changed in its governed buffer: that branch
+    // sees it, the other does not.
+    let plus_one: Vec<u8> = model
+        .b
+        .iter()
+        .flat_map(|v| (v + 1.0).to_le_bytes())
+        .collect();
+    s.weight_buffer(0).unwrap().write(0, &plus_one).unwrap();
+    let shifted: Vec<f32> = then_y.iter().map(|y| y + 1.0).collect();
+    assert_eq!(branch(&mut s, true), shifted);
+    assert_eq!(branch(&mut s, false), else_y);
+    drop((s, alloc));
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn weights_left_outside_are_reported_on_the_context_while_the_session_lives() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(4, 8);
+    // Both branches' biases under one name (a name of the same length, so
+    // the file stays well-formed): `AddInitializer` matches by name, so
+    // neither can be placed, and both stay in ONNX Runtime's heap.
+    let mut bytes = model.to_onnx_bias_in_branches();
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"B_else")
+        .expect("the else branch's bias");
+    bytes[at..at + 6].copy_from_slice(b"B_then");
+    let at = bytes.windows(6).position(|w| w == b"B_else").unwrap();
+    bytes[at..at + 6].copy_from_slice(b"B_then");
+    assert!(!bytes.windows(6).any(|w| w == b"B_else"));
+
+    let s = alloc.session(env, &bytes, Ok).unwrap();
+    let bias = (model.n * 4) as u64;
+    assert_eq!(s.governed_weights(), 1, "W only");
+    assert_eq!(s.outside_weight_bytes(), 2 * bias);
+    let snap = ctx.snapshot();
+    assert_eq!(snap.outside_bytes, 2 * bias);
+    assert_eq!(
+        snap.role(Role::Weights).live_bytes,
+        (model.k * model.n * 4) as u64 + PAD
+    );
+    drop(s);
+    assert_eq!(ctx.snapshot().outside_bytes, 0, "gone with the session");
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
+}
