@@ -162,6 +162,12 @@ pub struct ContextSnapshot {
     pub shared_budget: Option<String>,
     /// Highest `charged` seen.
     pub peak: u64,
+    /// Bytes a runtime reported as used for this context outside memgov's
+    /// allocations ([`ContextHandle::report_outside`]): not part of
+    /// `charged`, not under any budget.
+    ///
+    /// [`ContextHandle::report_outside`]: super::ContextHandle::report_outside
+    pub outside_bytes: u64,
     /// Usage by role, indexed like [`Role::ALL`].
     pub by_role: [RoleUsage; 5],
     /// Quarantined releases with reasons.
@@ -266,6 +272,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
         peak,
+        outside_bytes: ctx.outside.bytes(),
         by_role,
         quarantine: ctx
             .quarantine_entries()
