@@ -1056,7 +1056,7 @@ fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
     )?;
     invalid(
         "allocate on another context's stream",
-        one.allocate(&s2, 4096).map(|m| drop(m)),
+        one.allocate(&s2, 4096).map(drop),
     )?;
     invalid("write past the end", one.write(&s1, &m1, 4090, &[1; 16]))?;
     invalid("read past the end", one.read(&s1, &m1, 4096, &mut buf[..1]))?;

@@ -40,9 +40,10 @@ pub struct DeviceBuffer<C: DeviceContext> {
     pub(crate) role: Role,
     /// Other streams of the same context the buffer was used on: its release
     /// is ordered after each. Distinct, never the buffer's own stream; held so
-    /// that they outlive the release. Empty (no allocation) unless
-    /// [`DeviceBuffer::record_stream`] was called.
-    pub(crate) recorded: Vec<Arc<StreamShared<C>>>,
+    /// that they outlive the release. `None` (no allocation) unless
+    /// [`DeviceBuffer::record_stream`] was called; a boxed slice, so that
+    /// the buffer (and a `ReleaseError` carrying it) stays small.
+    pub(crate) recorded: Option<Box<[Arc<StreamShared<C>>]>>,
 }
 
 /// A release that could not be queued. The buffer comes back where it is
@@ -208,18 +209,24 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 stream_context: stream.shared.ctx.id,
             });
         }
-        let known = Arc::ptr_eq(&stream.shared, &self.stream)
-            || self.recorded.iter().any(|s| Arc::ptr_eq(s, &stream.shared));
-        if !known {
-            self.recorded.push(stream.shared.clone());
+        if Arc::ptr_eq(&stream.shared, &self.stream) {
+            return Ok(());
         }
+        let mut recorded = self.recorded.take().map(Vec::from).unwrap_or_default();
+        if !recorded.iter().any(|s| Arc::ptr_eq(s, &stream.shared)) {
+            recorded.push(stream.shared.clone());
+        }
+        self.recorded = Some(recorded.into_boxed_slice());
         Ok(())
     }
 
     /// The labels of the streams recorded with
     /// [`record_stream`](Self::record_stream), in the order recorded.
     pub fn recorded_streams(&self) -> impl Iterator<Item = &str> {
-        self.recorded.iter().map(|s| s.label.as_str())
+        self.recorded
+            .iter()
+            .flat_map(|r| r.iter())
+            .map(|s| s.label.as_str())
     }
 
     /// Release stream-ordered on `target` (`None`: the buffer's own stream),
@@ -230,7 +237,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let target = target.unwrap_or(own);
         let (ctx, shard, bytes, role) =
             (&self.stream.ctx, self.stream.shard, self.bytes, self.role);
-        if self.recorded.is_empty() {
+        let Some(recorded) = &self.recorded else {
             // The common cases, without building a list.
             let after: &[&StreamShared<C>] = if std::ptr::eq(own, target) {
                 &[]
@@ -238,9 +245,9 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 &[own]
             };
             return release(ctx, shard, target, after, memory, bytes, role);
-        }
-        let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + self.recorded.len());
-        for s in std::iter::once(own).chain(self.recorded.iter().map(|s| &**s)) {
+        };
+        let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.len());
+        for s in std::iter::once(own).chain(recorded.iter().map(|s| &**s)) {
             if !std::ptr::eq(s, target) {
                 after.push(s);
             }
