@@ -668,6 +668,16 @@ fn dropped_callbacks_leak_no_context() {
     );
 }
 
+/// A context dropped without teardown (a device probe, a panic unwinding)
+/// releases its pool, streams and memory: the exit check finds nothing.
+#[test]
+fn a_dropped_context_releases_what_it_holds() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("dropped_without_teardown", &[]);
+}
+
 #[test]
 fn a_nearly_full_device_still_opens() {
     if !on_stand_in() {
@@ -1380,6 +1390,17 @@ fn child_entry() {
             // The runtime dropped (or will drop) the queued callback without
             // running it: nothing of the context may stay behind for it.
             std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+        }
+        "dropped_without_teardown" => {
+            drop(HipContext::new(HipConfig::default()).unwrap());
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap();
+            let _m = ctx.allocate(&s, 4096).unwrap();
+            drop(ctx);
+            assert_eq!(probe.teardowns(), 1);
+            assert_eq!(probe.live_allocations(), 0);
             assert_eq!(memgov::hip::contexts_alive(), 0);
         }
         "nearly_full" => {

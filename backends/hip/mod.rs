@@ -772,6 +772,27 @@ impl DeviceContext for HipContext {
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.close(lost)
+    }
+}
+
+/// A context dropped without `teardown` (a probe that only checked for a
+/// device, a panic unwinding past it) is torn down here, as by
+/// `teardown(false)` (or as lost, if it is): its pool, streams and memory are
+/// released, and its reaper joined. The result has no one to go to; the
+/// probe and `notes()` keep what went wrong.
+impl Drop for HipContext {
+    fn drop(&mut self) {
+        if !self.inner.closing.load(Ordering::Acquire) {
+            let _ = self.close(false);
+        }
+    }
+}
+
+impl HipContext {
+    /// Teardown proper; the first call closes the context, and `Drop` does
+    /// nothing after it.
+    fn close(&self, lost: bool) -> Result<(), BackendError> {
         let inner = &self.inner;
         inner.closing.store(true, Ordering::Release);
         if lost {
