@@ -697,12 +697,19 @@ fn teardown_stops_calling_hip_at_a_sticky_error() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1-15 open the context, 16-19 two streams; teardown's first
-    // call (hipGetDevice, 20) succeeds and its first synchronize (21) is
-    // sticky: nothing after it may reach HIP.
+    // Calls 1-15 open the context, 16-19 two streams, 20-23 an allocation
+    // and its free (pending behind the latency); teardown's first call
+    // (hipGetDevice, 24) succeeds and its first synchronize (25) is sticky:
+    // nothing after it may reach HIP, and the pending free's signal, whose
+    // callback the runtime drops, is settled as abandoned before teardown
+    // returns.
     expect_pass(
         "sticky_mid_teardown",
-        &[("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "21")],
+        &[
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "25"),
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
+            ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
+        ],
     );
 }
 
@@ -1422,14 +1429,20 @@ fn child_entry() {
         "sticky_mid_teardown" => {
             let ctx = HipContext::new(HipConfig::default()).unwrap();
             let probe = ctx.probe();
-            let _a = ctx.create_stream().unwrap();
+            let a = ctx.create_stream().unwrap();
             let _b = ctx.create_stream().unwrap();
-            assert_eq!(hip_calls(), 19);
+            let m = ctx.allocate(&a, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&a, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(hip_calls(), 23);
             let e = ctx.teardown(false).expect_err("the synchronize is sticky");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Abandoned);
+            assert_eq!(probe.frees_abandoned(), 1);
+            assert_eq!(probe.live_allocations(), 0);
             assert_eq!(
                 hip_calls(),
-                21,
+                25,
                 "teardown stopped at the sticky synchronize (no second synchronize, no \
                  hipStreamDestroy, no trim or pool destroy)"
             );

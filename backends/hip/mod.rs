@@ -814,6 +814,12 @@ impl HipContext {
             }
             self.release_everything(Vec::new())
         };
+        if inner.is_dead() {
+            // A sticky code found mid-teardown: the frees still queued will
+            // not execute, and their callbacks may never run. Their signals
+            // are dropped now, not whenever the runtime gets to them.
+            retire::abandon_all(inner);
+        }
         retire::forget_routes(inner);
         inner.probe.torn_down_now();
         result
