@@ -26,7 +26,7 @@ use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role,
 };
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void, CStr};
 use std::time::{Duration, Instant};
 
 memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
@@ -110,7 +110,7 @@ fn describe_names_the_allocator_and_how_it_ran() {
     let (ordered, why) = ctx.stream_ordered();
     assert_eq!(d.stream_ordered_reuse, ordered);
     if ordered {
-        assert!(d.driver.contains("hipMallocAsync"), "{}", d.driver);
+        assert!(d.driver.contains("hipMallocFromPoolAsync"), "{}", d.driver);
     } else {
         assert!(d.driver.contains("fallback"), "{} ({why:?})", d.driver);
     }
@@ -251,18 +251,24 @@ fn sticky_codes_classify_as_device_loss() {
         E::hipErrorECCNotCorrectable,
         E::hipErrorAssert,
     ] {
-        let e = result::hip_error("allocate", "hipMallocAsync", code);
+        let e = result::hip_error("allocate", "hipMallocAsync", code as i32);
         assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
         assert!(e.message.contains("retire this context"), "{e}");
-        assert_eq!(e.code, Some(code as u32 as i64));
+        assert_eq!(e.code, Some(code as i64));
     }
-    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
+    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory as i32);
     assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
     assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
     assert_eq!(
-        result::kind_of(E::hipErrorNoDevice),
+        result::kind_of(E::hipErrorNoDevice as i32),
         BackendErrorKind::Unavailable
     );
+    // A code no binding lists (a newer runtime's) is read as the integer it
+    // is: classified `Other`, its number kept, and never a Rust enum value.
+    let unknown = result::hip_error("allocate", "hipMallocAsync", 123_456);
+    assert_eq!(unknown.kind, BackendErrorKind::Other, "{unknown}");
+    assert_eq!(unknown.code, Some(123_456));
+    assert!(!result::is_device_lost(123_456));
 }
 
 #[test]
@@ -469,13 +475,13 @@ fn device_loss_abandons_pending_frees() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1..=20 open the context, a stream, an allocation and its free;
-    // call 21 (the next one) and all later fail as after an illegal address.
+    // Calls 1..=21 open the context, a stream, an allocation and its free;
+    // call 22 (the next one) and all later fail as after an illegal address.
     expect_pass(
         "device_loss",
         &[
             ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "21"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
         ],
     );
 }
@@ -494,6 +500,263 @@ fn no_device_is_unavailable_not_a_panic() {
         return;
     }
     expect_pass("no_device", &[("MEMGOV_STANDIN_HIP_DEVICES", "0")]);
+}
+
+#[test]
+fn planted_stand_in_checks_abort() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "unordered_cross_stream_free",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "missing stream ordering",
+    );
+    expect_abort(
+        "unordered_cross_stream_copy",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "missing stream ordering",
+    );
+    expect_abort(
+        "event_after_destroy",
+        &[],
+        "hipEventRecord on destroyed event",
+    );
+    expect_abort(
+        "wait_on_destroyed_event",
+        &[],
+        "hipStreamWaitEvent on destroyed event",
+    );
+    expect_abort(
+        "other_devices_memory",
+        &[("MEMGOV_STANDIN_HIP_DEVICES", "2")],
+        "memory of device 1, on a stream of device 0",
+    );
+    expect_abort(
+        "pool_left_at_exit",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "process exits with 1 memory pools of device 0 never destroyed",
+    );
+    expect_abort(
+        "default_pool_threshold_changed",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "release threshold of device 0's default memory pool",
+    );
+    expect_abort(
+        "pool_after_destroy",
+        &[],
+        "hipMallocFromPoolAsync on destroyed memory pool",
+    );
+    // The other thread is inside hipStreamSynchronize when the hook runs
+    // (or, should it be slower than the sleep, calls it just after): both
+    // are the same violation.
+    expect_abort(
+        "call_in_flight_at_quiesce",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "300000")],
+        "a backend thread still calls HIP after teardown returned",
+    );
+    expect_abort(
+        "call_after_quiesce",
+        &[],
+        "called from another thread after memgov_standin_hip_quiesce()",
+    );
+    // The controls: the same steps done right pass.
+    expect_pass(
+        "ordered_cross_stream_free",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+    );
+}
+
+/// `order_after` queues an event wait instead of blocking: the other
+/// stream's work is still pending when it returns, and a free on the
+/// ordered stream passes the stand-in's cross-stream check.
+#[test]
+fn order_after_orders_a_cross_stream_free_without_blocking() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "order_after_pool",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
+    );
+    expect_pass(
+        "order_after_plain",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
+    );
+}
+
+/// The raw backend: `order_after` then `free_async` on another stream
+/// passes; the same free without it is the stand-in's violation.
+#[test]
+fn raw_cross_stream_free_needs_order_after() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "raw_cross_stream_free_unordered",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "before its stream-ordered allocation completed - missing stream ordering",
+    );
+    expect_pass(
+        "raw_cross_stream_free_ordered",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+    );
+}
+
+#[test]
+fn lost_teardown_of_the_fallback_joins_the_reaper_and_frees() {
+    if !on_stand_in() {
+        return;
+    }
+    for latency in ["0", "2000", "200000"] {
+        expect_pass(
+            "lost_fallback_teardown",
+            &[("MEMGOV_STANDIN_HIP_LATENCY_US", latency)],
+        );
+    }
+}
+
+#[test]
+fn the_threads_current_device_is_restored() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "current_device_restored",
+        &[
+            ("MEMGOV_STANDIN_HIP_DEVICES", "2"),
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "1000"),
+        ],
+    );
+}
+
+#[test]
+fn lost_teardown_of_a_healthy_device_releases_everything() {
+    if !on_stand_in() {
+        return;
+    }
+    for allocator in ["pool", "plain"] {
+        expect_pass(
+            "healthy_lost_teardown",
+            &[
+                ("MEMGOV_STANDIN_HIP_LATENCY_US", "20000"),
+                ("MEMGOV_HIP_TEST_ALLOCATOR", allocator),
+            ],
+        );
+    }
+}
+
+#[test]
+fn the_default_pool_is_left_alone() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("default_pool_untouched", &[]);
+}
+
+#[test]
+fn dropped_callbacks_leak_no_context() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1-15 open the context, 16-17 a stream, 18-19 an allocation,
+    // 20-21 its free; 22 is sticky, and the queued callback is dropped.
+    expect_pass(
+        "dropped_callback",
+        &[
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "50000"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
+            ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
+        ],
+    );
+}
+
+/// A context dropped without teardown (a device probe, a panic unwinding)
+/// releases its pool, streams and memory: the exit check finds nothing.
+#[test]
+fn a_dropped_context_releases_what_it_holds() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("dropped_without_teardown", &[]);
+}
+
+#[test]
+fn a_nearly_full_device_still_opens() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "nearly_full",
+        &[("MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES", "100")],
+    );
+}
+
+#[test]
+fn teardown_stops_calling_hip_at_a_sticky_error() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1-15 open the context, 16-19 two streams, 20-23 an allocation
+    // and its free (pending behind the latency); teardown's first call
+    // (hipGetDevice, 24) succeeds and its first synchronize (25) is sticky:
+    // nothing after it may reach HIP, and the pending free's signal, whose
+    // callback the runtime drops, is settled as abandoned before teardown
+    // returns.
+    expect_pass(
+        "sticky_mid_teardown",
+        &[
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "25"),
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
+            ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
+        ],
+    );
+}
+
+/// A test hook the stand-in exports (absent from the real runtime, so it is
+/// looked up at run time).
+fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
+    extern "C" {
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: RTLD_DEFAULT (null on glibc) searches every loaded object;
+    // `name` is NUL-terminated.
+    let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+    assert!(!p.is_null(), "the stand-in exports {name:?}");
+    // SAFETY: the stand-in's hooks take nothing and return an integer (the
+    // quiesce hook returns void; its result register is ignored).
+    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
+}
+
+/// Tell the stand-in that no other thread may call HIP from now on.
+fn quiesce() {
+    // SAFETY: the hook takes nothing; see `standin_hook`.
+    unsafe { standin_hook(c"memgov_standin_hip_quiesce")() };
+}
+
+/// HIP calls made so far in this process.
+fn hip_calls() -> u64 {
+    // SAFETY: the hook takes nothing and returns a uint64_t.
+    unsafe { standin_hook(c"memgov_standin_hip_calls")() }
+}
+
+fn current_device() -> i32 {
+    let mut d = -1;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { hip::hipGetDevice(&mut d) });
+    d
+}
+
+/// Queue a host-to-device copy on `s` by hand (pending with latency).
+fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
+    // SAFETY: `p` is a live allocation of at least `src.len()` bytes; the
+    // source is static, so it outlives the queued copy.
+    ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
+}
+
+fn stream_query(s: hip::hipStream_t) -> hip::hipError_t {
+    // SAFETY: a live stream.
+    unsafe { hip::hipStreamQuery(s) }
 }
 
 fn ok(r: hip::hipError_t) {
@@ -650,7 +913,7 @@ fn child_entry() {
             assert!(!ordered);
             assert_eq!(
                 why.as_deref(),
-                Some("hipMallocAsync returned hipErrorNotSupported")
+                Some("hipMallocFromPoolAsync returned hipErrorNotSupported")
             );
             assert!(!ctx.describe().stream_ordered_reuse);
             let s = ctx.create_stream().unwrap();
@@ -681,14 +944,15 @@ fn child_entry() {
             probe.check_clean_teardown().unwrap();
         }
         "device_loss" => {
-            // Calls 1-8 open the device, 9-14 try the pool allocator once.
+            // Calls 1-7 open the device, 8-9 create the context's pool,
+            // 10-15 try it once.
             let ctx = HipContext::new(HipConfig::default()).unwrap();
             let probe = ctx.probe();
-            let s = ctx.create_stream().unwrap(); // 15-16
-            let m = ctx.allocate(&s, 4096).unwrap(); // 17-18
+            let s = ctx.create_stream().unwrap(); // 16-17
+            let m = ctx.allocate(&s, 4096).unwrap(); // 18-19
             let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 19-20
-            let e = ctx.memory_info().expect_err("call 21 is sticky");
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 20-21
+            let e = ctx.memory_info().expect_err("call 22 is sticky");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
             assert!(e.message.contains("hipErrorIllegalAddress"), "{e}");
             assert!(probe.lost());
@@ -698,7 +962,7 @@ fn child_entry() {
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
             assert!(
                 e.message
-                    .contains("hipSetDevice returned hipErrorIllegalAddress (700)"),
+                    .contains("hipGetDevice returned hipErrorIllegalAddress (700)"),
                 "the first reason is carried: {e}"
             );
             // The queued free never executes; its callback reports the
@@ -774,6 +1038,416 @@ fn child_entry() {
                 .cases
                 .iter()
                 .all(|c| c.outcome.to_string().starts_with("skipped: no HIP device")));
+        }
+        "unordered_cross_stream_free" => unsafe {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            let _ = hip::hipFreeAsync(p, b);
+        },
+        "unordered_cross_stream_copy" => {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            raw_write(b, p, &[2; 64]);
+        }
+        "ordered_cross_stream_free" => unsafe {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventRecord(e, a));
+            ok(hip::hipStreamWaitEvent(b, e, 0));
+            ok(hip::hipEventDestroy(e));
+            raw_write(b, p, &[2; 64]);
+            ok(hip::hipFreeAsync(p, b));
+            ok(hip::hipStreamSynchronize(b));
+            ok(hip::hipStreamSynchronize(a));
+            ok(hip::hipStreamDestroy(a));
+            ok(hip::hipStreamDestroy(b));
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            ok(hip::hipMemPoolTrimTo(pool, 0));
+        },
+        "event_after_destroy" => unsafe {
+            let s = raw_stream();
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventDestroy(e));
+            let _ = hip::hipEventRecord(e, s);
+        },
+        "wait_on_destroyed_event" => unsafe {
+            let s = raw_stream();
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventRecord(e, s));
+            ok(hip::hipEventDestroy(e));
+            let _ = hip::hipStreamWaitEvent(s, e, 0);
+        },
+        "other_devices_memory" => unsafe {
+            ok(hip::hipSetDevice(1));
+            let s1 = raw_stream();
+            let p = raw_alloc(64, s1);
+            ok(hip::hipSetDevice(0));
+            let s0 = raw_stream();
+            let src = [0u8; 16];
+            let _ = hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, 16, s0);
+        },
+        "pool_left_at_exit" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            // Neither torn down nor dropped: the pool it created stays.
+            std::mem::forget(ctx);
+            return;
+        }
+        "default_pool_threshold_changed" => unsafe {
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            let mut v = u64::MAX;
+            ok(hip::hipMemPoolSetAttribute(
+                pool,
+                hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                &mut v as *mut u64 as *mut c_void,
+            ));
+            // The exit check aborts the process after this returns.
+            return;
+        },
+        "pool_after_destroy" => unsafe {
+            let props = hip::hipMemPoolProps {
+                allocType: hip::hipMemAllocationType::hipMemAllocationTypePinned,
+                handleTypes: hip::hipMemAllocationHandleType::hipMemHandleTypeNone,
+                location: hip::hipMemLocation {
+                    type_: hip::hipMemLocationType::hipMemLocationTypeDevice,
+                    id: 0,
+                },
+                win32SecurityAttributes: std::ptr::null_mut(),
+                reserved: [0; 64],
+            };
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipMemPoolCreate(&mut pool, &props));
+            ok(hip::hipMemPoolDestroy(pool));
+            let s = raw_stream();
+            let mut p: *mut c_void = std::ptr::null_mut();
+            let _ = hip::hipMallocFromPoolAsync(&mut p, 64, pool, s);
+        },
+        "call_in_flight_at_quiesce" => {
+            let s = raw_stream() as usize;
+            // The latency keeps the copy pending while the other thread
+            // waits for it inside hipStreamSynchronize.
+            let p = raw_alloc(64, s as hip::hipStream_t);
+            raw_write(s as hip::hipStream_t, p, &[3; 64]);
+            let waiter = std::thread::spawn(move || {
+                // SAFETY: a live stream.
+                let _ = unsafe { hip::hipStreamSynchronize(s as hip::hipStream_t) };
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            quiesce();
+            waiter.join().unwrap();
+        }
+        "call_after_quiesce" => {
+            quiesce();
+            std::thread::spawn(|| {
+                let mut n = 0;
+                // SAFETY: valid out-pointer.
+                let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
+            })
+            .join()
+            .unwrap();
+        }
+        "order_after_pool" | "order_after_plain" => {
+            let config = HipConfig {
+                allocator: if case == "order_after_plain" {
+                    AllocatorChoice::Plain
+                } else {
+                    AllocatorChoice::Auto
+                },
+                ..HipConfig::default()
+            };
+            let ctx = HipContext::new(config).unwrap();
+            let probe = ctx.probe();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let m = ctx.allocate(&a, 4096).unwrap();
+            raw_write(a.hip_stream(), m.device_ptr(), &[9; 4096]);
+            ctx.order_after(&b, &a).unwrap();
+            assert_eq!(
+                stream_query(a.hip_stream()),
+                hip::hipError_t::hipErrorNotReady,
+                "order_after returned without waiting for the other stream"
+            );
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&b).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            assert_eq!(
+                stream_query(a.hip_stream()),
+                hip::hipError_t::hipSuccess,
+                "the free on b ran after a's copy"
+            );
+            // Refused: a stream of another context, and a destroyed one.
+            let other = HipContext::new(HipConfig::default()).unwrap();
+            let foreign = other.create_stream().unwrap();
+            let e = ctx.order_after(&b, &foreign).unwrap_err();
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+            other.destroy_stream(foreign).unwrap();
+            other.teardown(false).unwrap();
+            ctx.destroy_stream(a).unwrap();
+            ctx.destroy_stream(b).unwrap();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "raw_cross_stream_free_unordered" | "raw_cross_stream_free_ordered" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let m = ctx.allocate(&a, 4096).unwrap();
+            if case == "raw_cross_stream_free_ordered" {
+                raw_write(a.hip_stream(), m.device_ptr(), &[5; 4096]);
+                ctx.order_after(&b, &a).unwrap();
+            }
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&b).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(a).unwrap();
+            ctx.destroy_stream(b).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "lost_fallback_teardown" => {
+            let ctx = HipContext::new(HipConfig {
+                allocator: AllocatorChoice::Plain,
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap();
+            // One free the reaper settles, so that its thread runs, then one
+            // it is waiting for (or about to) when the context is lost.
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            // Each free's event is recorded behind a copy (pending for the
+            // latency), so the reaper holds the first inside
+            // hipEventSynchronize while the second waits in its queue.
+            let m = ctx.allocate(&s, 4096).unwrap();
+            raw_write(s.hip_stream(), m.device_ptr(), &[6; 4096]);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            let m2 = ctx.allocate(&s, 8192).unwrap();
+            raw_write(s.hip_stream(), m2.device_ptr(), &[7; 8192]);
+            let (sig2, rx2) = signal();
+            ctx.free_async(&s, m2, sig2).map_err(|(_, _, e)| e).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            ctx.device_lost();
+            ctx.teardown(true).unwrap();
+            // Every backend thread is done with HIP: the stand-in aborts if
+            // another thread is inside a call now or calls later.
+            quiesce();
+            // Settled before teardown returned: nothing pending, nothing
+            // charged, and each signal fired or dropped exactly once.
+            for rx in [rx, rx2] {
+                rx.try_recv().expect("settled before teardown returned");
+            }
+            assert_eq!(probe.used_bytes(), 0, "no bytes charged after teardown");
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(probe.frees_retired() + probe.frees_abandoned(), 3);
+            std::thread::sleep(Duration::from_millis(250));
+            assert_eq!(
+                probe.frees_retired() + probe.frees_abandoned(),
+                3,
+                "no late settlement"
+            );
+            // The exit check (on) finds the memory freed: the device answers,
+            // so a lost teardown still releases it.
+        }
+        "current_device_restored" => {
+            // SAFETY: plain call with a valid ordinal.
+            ok(unsafe { hip::hipSetDevice(1) });
+            let check = |what: &str| assert_eq!(current_device(), 1, "after {what}");
+            for allocator in [AllocatorChoice::Auto, AllocatorChoice::Plain] {
+                let ctx = HipContext::new(HipConfig {
+                    device: 0,
+                    allocator,
+                })
+                .unwrap();
+                check("HipContext::new");
+                ctx.memory_info().unwrap();
+                check("memory_info");
+                let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+                check("create_stream");
+                let m = ctx.allocate(&a, 4096).unwrap();
+                check("allocate");
+                ctx.write(&a, &m, 0, &[1; 64]).unwrap();
+                check("write");
+                let mut back = [0u8; 64];
+                ctx.read(&a, &m, 0, &mut back).unwrap();
+                check("read");
+                ctx.order_after(&b, &a).unwrap();
+                check("order_after");
+                let (sig, rx) = signal();
+                ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+                check("free_async");
+                ctx.synchronize(&b).unwrap();
+                check("synchronize");
+                assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+                ctx.destroy_stream(a).unwrap();
+                check("destroy_stream");
+                // Left for teardown to release: a stream and an allocation.
+                let _left = ctx.allocate(&b, 4096).unwrap();
+                ctx.teardown(false).unwrap();
+                check("teardown");
+            }
+            // A context of device 1 on a thread whose device is 0.
+            // SAFETY: plain call with a valid ordinal.
+            ok(unsafe { hip::hipSetDevice(0) });
+            let ctx = HipContext::new(HipConfig {
+                device: 1,
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 64).unwrap();
+            assert_eq!(current_device(), 0);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            assert_eq!(current_device(), 0);
+        }
+        "healthy_lost_teardown" => {
+            let plain = std::env::var("MEMGOV_HIP_TEST_ALLOCATOR").as_deref() == Ok("plain");
+            let ctx = HipContext::new(HipConfig {
+                allocator: if plain {
+                    AllocatorChoice::Plain
+                } else {
+                    AllocatorChoice::Auto
+                },
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let probe = ctx.probe();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let _big = ctx.allocate(&a, 64 << 20).unwrap();
+            let m = ctx.allocate(&b, 4096).unwrap();
+            raw_write(b.hip_stream(), m.device_ptr(), &[4; 4096]);
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            // The governor declares the device lost; the runtime still
+            // answers. Teardown drops the signal and releases everything.
+            ctx.device_lost();
+            ctx.teardown(true).unwrap();
+            quiesce();
+            // Settled before teardown returned. The pool free is queued
+            // behind the copy: its signal is dropped. The fallback free may
+            // already be in the reaper's hands, which completes it.
+            let (outcome, _) = rx.try_recv().expect("settled before teardown returned");
+            if !plain {
+                assert_eq!(outcome, RetireOutcome::Abandoned);
+            }
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(probe.live_streams(), 0);
+            // The exit check (on) finds no memory, stream or pool left.
+        }
+        "default_pool_untouched" => unsafe {
+            // Another user of the device caches 1 MiB in the default pool.
+            let s = raw_stream();
+            let p = raw_alloc(1 << 20, s);
+            ok(hip::hipFreeAsync(p, s));
+            ok(hip::hipStreamSynchronize(s));
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            let threshold = |pool| {
+                let mut v = 7u64;
+                ok(hip::hipMemPoolGetAttribute(
+                    pool,
+                    hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                    &mut v as *mut u64 as *mut c_void,
+                ));
+                v
+            };
+            let before = threshold(pool);
+            let (mut free, mut total) = (0usize, 0usize);
+            ok(hip::hipMemGetInfo(&mut free, &mut total));
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let gs = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&gs, 1 << 16).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&gs, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&gs).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(gs).unwrap();
+            ctx.teardown(false).unwrap();
+            assert_eq!(threshold(pool), before, "the default pool's attribute");
+            let (mut after, mut total2) = (0usize, 0usize);
+            ok(hip::hipMemGetInfo(&mut after, &mut total2));
+            assert_eq!(
+                after, free,
+                "memgov's teardown left the other user's cached MiB in the default pool"
+            );
+            ok(hip::hipMemPoolTrimTo(pool, 0));
+            ok(hip::hipStreamDestroy(s));
+        },
+        "dropped_callback" => {
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert!(ctx.memory_info().is_err(), "call 22 is sticky");
+            ctx.teardown(true).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Abandoned);
+            // The runtime dropped (or will drop) the queued callback without
+            // running it: nothing of the context may stay behind for it.
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+        }
+        "dropped_without_teardown" => {
+            drop(HipContext::new(HipConfig::default()).unwrap());
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap();
+            let _m = ctx.allocate(&s, 4096).unwrap();
+            drop(ctx);
+            assert_eq!(probe.teardowns(), 1);
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+        }
+        "nearly_full" => {
+            let ctx = HipContext::new(HipConfig::default()).expect("opens with 100 B free");
+            assert!(ctx.stream_ordered().0, "the pool allocator is in use");
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 64).unwrap();
+            let e = ctx.allocate(&s, 64).expect_err("over 100 B");
+            assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "sticky_mid_teardown" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let a = ctx.create_stream().unwrap();
+            let _b = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&a, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&a, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(hip_calls(), 23);
+            let e = ctx.teardown(false).expect_err("the synchronize is sticky");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Abandoned);
+            assert_eq!(probe.frees_abandoned(), 1);
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(
+                hip_calls(),
+                25,
+                "teardown stopped at the sticky synchronize (no second synchronize, no \
+                 hipStreamDestroy, no trim or pool destroy)"
+            );
+            assert!(probe.lost());
+            assert_eq!(probe.live_streams(), 0);
         }
         other => panic!("unknown child case {other}"),
     }

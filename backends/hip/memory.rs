@@ -1,23 +1,31 @@
-//! Allocation (`hipMallocAsync` from the device's default memory pool, or the
-//! `hipMalloc` fallback), copies on the stream, and the pool trim at
-//! teardown.
+//! Allocation (`hipMallocFromPoolAsync` from the context's own memory pool,
+//! or the `hipMalloc` fallback), copies on the stream, and the pool's
+//! creation, trim and destruction.
 
+use super::ffi::{
+    self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
+    hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t, hipMemcpyDtoHAsync,
+    hipMemcpyHtoDAsync, hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize,
+    hipStream_t, HipResult, STREAM_NON_BLOCKING,
+};
 use super::result::{check, err};
 use super::stream::HipStream;
 use super::{Allocator, Inner};
 use crate::sync::lock;
 use crate::{BackendError, BackendErrorKind};
 use hip_sys::hiprt::{
-    hipDeviceptr_t, hipError_t, hipFreeAsync, hipMalloc, hipMallocAsync, hipMemPoolTrimTo,
-    hipMemPool_t, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipStreamCreateWithFlags,
-    hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize, hipStream_t,
+    hipDeviceptr_t, hipError_t, hipMemAllocationHandleType, hipMemAllocationType,
+    hipMemLocation, hipMemLocationType,
 };
 use std::ffi::c_void;
+
+const NOT_SUPPORTED: HipResult = hipError_t::hipErrorNotSupported as HipResult;
+const OUT_OF_MEMORY: HipResult = hipError_t::hipErrorOutOfMemory as HipResult;
 
 /// Where an allocation came from, and so how it is freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
-    /// `hipMallocAsync` from the device's default pool; freed with
+    /// `hipMallocFromPoolAsync` from the context's own pool; freed with
     /// `hipFreeAsync` on a stream.
     Pool,
     /// `hipMalloc`; freed with `hipFree` once an event recorded on the
@@ -94,18 +102,19 @@ pub(crate) fn allocate(
             format!("{bytes} B does not fit this host's address space"),
         )
     })?;
-    inner.make_current("allocate")?;
+    let _device = inner.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     let mut origin = Origin::Plain;
-    if inner.allocator() == Allocator::StreamOrdered {
-        // SAFETY: `ptr` is a valid out-pointer and the stream is alive.
-        let r = unsafe { hipMallocAsync(&mut ptr, size, stream.raw.0) };
-        if r == hipError_t::hipErrorNotSupported {
+    if let (Allocator::StreamOrdered, Some(pool)) = (inner.allocator(), inner.pool()) {
+        // SAFETY: `ptr` is a valid out-pointer, the pool is the context's
+        // own (destroyed only at teardown) and the stream is alive.
+        let r = unsafe { hipMallocFromPoolAsync(&mut ptr, size, pool.0, stream.raw.0) };
+        if r == NOT_SUPPORTED {
             // The runtime has no stream-ordered allocator for this device
             // after all: use the fallback from now on.
-            inner.fall_back("hipMallocAsync returned hipErrorNotSupported");
+            inner.fall_back("hipMallocFromPoolAsync returned hipErrorNotSupported");
         } else {
-            inner.checked("allocate", "hipMallocAsync", r)?;
+            inner.checked("allocate", "hipMallocFromPoolAsync", r)?;
             origin = Origin::Pool;
         }
     }
@@ -181,7 +190,7 @@ pub(crate) fn write(
     // not write through the source pointer despite its `*mut` type.
     let r = unsafe {
         hipMemcpyHtoDAsync(
-            dst as hipDeviceptr_t,
+            dst as *mut c_void,
             src.as_ptr() as *mut c_void,
             src.len(),
             stream.raw.0,
@@ -215,7 +224,7 @@ pub(crate) fn read(
     let r = unsafe {
         hipMemcpyDtoHAsync(
             dst.as_mut_ptr() as *mut c_void,
-            src as hipDeviceptr_t,
+            src as *mut c_void,
             dst.len(),
             stream.raw.0,
         )
@@ -226,33 +235,87 @@ pub(crate) fn read(
     inner.checked("read", "hipStreamSynchronize", r)
 }
 
-/// Return the pool's unused reserve to the device (ROCm's pool keeps freed
-/// memory for reuse until trimmed or until a release threshold is passed).
+/// A memory pool of the context's own on device `ordinal` (current on the
+/// calling thread), with its release threshold at `u64::MAX`: memory freed
+/// into it stays cached for reuse by the context's next allocations until
+/// teardown trims and destroys it. The device's default pool, which other
+/// users of the process share, is left as it is. `None` when the runtime
+/// answers `hipErrorNotSupported`.
+pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
+    let props = hipMemPoolProps {
+        allocType: hipMemAllocationType::hipMemAllocationTypePinned,
+        handleTypes: hipMemAllocationHandleType::hipMemHandleTypeNone,
+        location: hipMemLocation {
+            type_: hipMemLocationType::hipMemLocationTypeDevice,
+            id: ordinal,
+        },
+        win32SecurityAttributes: std::ptr::null_mut(),
+        reserved: [0; 64],
+    };
+    let mut pool: hipMemPool_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and a fully initialised properties struct
+    // (reserved bytes zero, as documented).
+    let r = unsafe { hipMemPoolCreate(&mut pool, &props) };
+    if r == NOT_SUPPORTED {
+        return Ok(None);
+    }
+    check("new", "hipMemPoolCreate", r)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the pool was just created; the attribute's value is a u64.
+    let r = unsafe {
+        hipMemPoolSetAttribute(
+            pool,
+            ffi::POOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut c_void,
+        )
+    };
+    if let Err(e) = check("new", "hipMemPoolSetAttribute", r) {
+        let _ = destroy_pool(Pool(pool));
+        return Err(e);
+    }
+    Ok(Some(Pool(pool)))
+}
+
+/// Destroy the context's pool (every allocation from it freed).
+pub(crate) fn destroy_pool(pool: Pool) -> Result<(), BackendError> {
+    // SAFETY: the pool is the context's own, created by `create_pool`, and
+    // no allocation from it is live; nothing uses the handle afterwards.
+    let r = unsafe { hipMemPoolDestroy(pool.0) };
+    check("new", "hipMemPoolDestroy", r)
+}
+
+/// Return the pool's unused reserve to the device (the pool keeps freed
+/// memory for reuse until trimmed).
 pub(crate) fn trim_pool(pool: Pool) -> Result<(), BackendError> {
-    // SAFETY: the pool is the device's default pool, which lives as long as
-    // the process; trimming releases only memory no allocation uses.
+    // SAFETY: the pool is the context's own, alive until `destroy_pool`;
+    // trimming releases only memory no allocation uses.
     let r = unsafe { hipMemPoolTrimTo(pool.0, 0) };
     check("teardown", "hipMemPoolTrimTo", r)
 }
 
-/// Whether `hipMallocAsync` works on the current device: one small trial
-/// allocation on a temporary stream, freed, synchronized and trimmed away.
-/// `Ok(false)` when the runtime answers `hipErrorNotSupported`.
+/// Whether the stream-ordered allocator works on the current device: one
+/// one-byte trial allocation from the pool on a temporary stream, freed,
+/// synchronized and trimmed away. `Ok(false)` when the runtime answers
+/// `hipErrorNotSupported`. An out-of-memory answer (a device with almost
+/// nothing free) still shows that the allocator is there: `Ok(true)`.
 pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
     let mut s: hipStream_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
     check("new", "hipStreamCreateWithFlags", unsafe {
-        hipStreamCreateWithFlags(&mut s, hipStreamNonBlocking)
+        hipStreamCreateWithFlags(&mut s, STREAM_NON_BLOCKING)
     })?;
     let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the stream was just created.
-    let r = unsafe { hipMallocAsync(&mut p, 256, s) };
-    let mut result = if r == hipError_t::hipErrorNotSupported {
+    // SAFETY: valid out-pointer; the pool and the stream were just created.
+    let r = unsafe { hipMallocFromPoolAsync(&mut p, 1, pool.0, s) };
+    let allocated = r == ffi::SUCCESS;
+    let mut result = if r == NOT_SUPPORTED {
         Ok(false)
+    } else if r == OUT_OF_MEMORY {
+        Ok(true)
     } else {
-        check("new", "hipMallocAsync", r).map(|()| true)
+        check("new", "hipMallocFromPoolAsync", r).map(|()| true)
     };
-    if result == Ok(true) {
+    if allocated {
         // SAFETY: `p` came from hipMallocAsync just above and is unused.
         let r = unsafe { hipFreeAsync(p, s) };
         result = check("new", "hipFreeAsync", r).map(|()| true);
@@ -267,7 +330,7 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
     let ordered = result?;
     synced?;
     destroyed?;
-    if ordered {
+    if allocated {
         trim_pool(pool).map_err(|e| BackendError {
             operation: "new",
             ..e

@@ -1,27 +1,44 @@
-//! The ROCm HIP backend (feature `hip`): hip-sys over `libamdhip64.so.5`,
-//! `hipMallocAsync` from the device's default memory pool, stream-ordered
-//! frees with `hipFreeAsync` retired by a stream callback.
+//! The ROCm HIP backend (feature `hip`): `libamdhip64.so.5` (hip-sys types,
+//! memgov's own declarations of the functions it calls, see `ffi.rs`),
+//! `hipMallocFromPoolAsync` from a memory pool the context creates, and
+//! stream-ordered frees with `hipFreeAsync` retired by a stream callback.
 //!
 //! * A **stream** is a non-blocking `hipStream_t` on the chosen device.
-//! * **Memory** comes from `hipMallocAsync` on the allocating stream, so the
-//!   description declares `stream_ordered_reuse`: bytes freed on a stream are
-//!   reusable at once by later allocations on it. Where the runtime has no
-//!   stream-ordered allocator (`hipDeviceAttributeMemoryPoolsSupported` is 0,
-//!   or a trial `hipMallocAsync` at creation answers `hipErrorNotSupported`),
+//! * **Memory** comes from `hipMallocFromPoolAsync` on the allocating stream,
+//!   from a pool of the context's own (`hipMemPoolCreate`, release threshold
+//!   `u64::MAX` so that freed memory stays cached for reuse; trimmed and
+//!   destroyed at teardown), so the description declares
+//!   `stream_ordered_reuse`: bytes freed on a stream are reusable at once by
+//!   later allocations on it. The device's default pool is never touched.
+//!   Where the runtime has no stream-ordered allocator
+//!   (`hipDeviceAttributeMemoryPoolsSupported` is 0, `hipMemPoolCreate` or a
+//!   trial one-byte allocation at creation answers `hipErrorNotSupported`),
 //!   or [`AllocatorChoice::Plain`] is configured, memory comes from `hipMalloc`
 //!   and is freed with `hipFree` after an event recorded on the releasing
 //!   stream has completed; `describe()` says which.
 //! * A **free** is `hipFreeAsync` followed by `hipStreamAddCallback`; the
 //!   callback fires the [`RetireSignal`] and makes no HIP call (see
 //!   `retire.rs`).
+//! * **Cross-stream order** ([`DeviceContext::order_after`]): an event
+//!   recorded on the other stream, `hipStreamWaitEvent` on this one, the
+//!   event destroyed at once (the wait keeps what it needs).
+//! * **Current device**: every call that needs one reads the thread's
+//!   current device (`hipGetDevice`), sets the context's only if it differs,
+//!   and sets the old one back before returning, on every path.
 //! * **Device loss**: sticky `hipError_t` codes (see [`result`]) mark the
-//!   context lost; pending signals are dropped unfired at teardown, with no
-//!   HIP call.
-//! * **Teardown**: synchronize and destroy the streams the governor left,
-//!   free memory it abandoned (force), then `hipMemPoolTrimTo(pool, 0)`:
-//!   ROCm's pool keeps freed memory for reuse. Nothing is reset: the device,
-//!   its default pool and their attributes stay as other users of the process
-//!   expect them.
+//!   context lost and the device *dead*: from then on the context makes no
+//!   HIP call that could block. A context the governor declares lost
+//!   ([`DeviceContext::device_lost`]) while the runtime still answers is
+//!   lost, not dead.
+//! * **Teardown**: stop and join the reaper thread, synchronize and destroy
+//!   the streams the governor left, free memory it abandoned (force), trim
+//!   and destroy the context's pool. A lost teardown drops every pending
+//!   signal unfired, then releases the same way while the runtime answers;
+//!   on a dead device (or once a sticky code shows up mid-teardown) it stops
+//!   calling HIP and leaves the rest to die with the device. It never calls
+//!   `hipDeviceReset`, which would destroy every allocation and stream of
+//!   the process on that device, other users' included. When teardown
+//!   returns, no thread of the context calls HIP again.
 //!
 //! A stand-in `libamdhip64.so.5` (in `backends/stand-ins/hip/`) names its
 //! device `"memgov stand-in ..."`; the context then reports
@@ -43,11 +60,13 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+mod ffi;
 mod memory;
 pub mod result;
 mod retire;
 mod stream;
 
+pub use ffi::HipResult;
 pub use memory::{HipMemory, Origin};
 pub use stream::HipStream;
 
@@ -57,18 +76,18 @@ use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireSignal,
 };
-use hip_sys::hiprt::{
-    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceGetDefaultMemPool, hipDeviceGetName,
-    hipDeviceTotalMem, hipDriverGetVersion, hipError_t, hipFree, hipFreeAsync, hipGetDeviceCount,
-    hipMemGetInfo, hipMemPool_t, hipRuntimeGetVersion, hipSetDevice, hipStreamCreateWithFlags,
-    hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize, hipStream_t,
+use ffi::{
+    hipDeviceGetAttribute, hipDeviceGetName, hipDeviceTotalMem, hipDriverGetVersion, hipFree,
+    hipGetDevice, hipGetDeviceCount, hipMemGetInfo, hipRuntimeGetVersion, hipSetDevice,
+    hipStreamSynchronize, SUCCESS,
 };
+use hip_sys::hiprt::hipError_t;
 use memory::Pool;
 use result::{check, err, error_name, hip_error};
 use retire::{Outstanding, PendingFrees, Reaper, ReaperThread};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Device names starting with this are the stand-in library's.
@@ -77,8 +96,8 @@ pub const STAND_IN_NAME_PREFIX: &str = "memgov stand-in";
 /// Which allocator the context uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllocatorChoice {
-    /// `hipMallocAsync` from the device's default pool where the device
-    /// supports memory pools, else the `hipMalloc` fallback.
+    /// `hipMallocFromPoolAsync` from a pool of the context's own where the
+    /// device supports memory pools, else the `hipMalloc` fallback.
     #[default]
     Auto,
     /// Always `hipMalloc`, freed with `hipFree` after an event on the
@@ -105,6 +124,20 @@ pub(crate) enum Allocator {
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
+/// How many [`Inner`]s exist in the process (see [`contexts_alive`]).
+static ALIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many HIP contexts' shared states are still alive in this process:
+/// contexts not yet dropped or torn down, plus any state something still
+/// holds after that. memgov hands the runtime no reference to a context
+/// (a stream callback's user data is a number, see `retire.rs`), so once
+/// every [`HipContext`] is torn down or dropped and its reaper joined this
+/// reads 0 even when the runtime dropped queued callbacks without running
+/// them. For leak checks.
+pub fn contexts_alive() -> usize {
+    ALIVE.load(Ordering::Acquire)
+}
+
 /// What the context, its callbacks and the reaper share. Dropping it calls
 /// no HIP function: teardown releases explicitly.
 pub(crate) struct Inner {
@@ -114,10 +147,14 @@ pub(crate) struct Inner {
     total: u64,
     driver: String,
     execution: Execution,
+    /// The context's own pool (`None` with the fallback).
     pool: Option<Pool>,
     allocator: AtomicU8,
     fallback_reason: Mutex<Option<String>>,
     pub(crate) lost: LostState,
+    /// A HIP call returned a sticky code: the device is dead, and the
+    /// context makes no further call that could block on it.
+    dead: AtomicBool,
     closing: AtomicBool,
     pub(crate) probe: BackendProbe,
     pub(crate) next_id: AtomicU64,
@@ -132,9 +169,48 @@ pub(crate) struct Inner {
     notes: Mutex<Vec<String>>,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        ALIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The thread's current device while a call of the context runs; sets the
+/// device the thread had back when dropped (only if it had to change it).
+#[must_use = "the previous device is restored when this is dropped"]
+pub(crate) struct CurrentDevice<'a> {
+    inner: &'a Inner,
+    restore: Option<i32>,
+}
+
+impl Drop for CurrentDevice<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: plain call with an ordinal the runtime reported as the
+            // thread's current device.
+            let r = unsafe { hipSetDevice(previous) };
+            if r != SUCCESS {
+                self.inner.note(format!(
+                    "could not set the thread's device {previous} back: hipSetDevice returned {}",
+                    error_name(r)
+                ));
+            }
+        }
+    }
+}
+
 impl Inner {
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_lost()
+    }
+
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// Whether a sticky code was seen: no HIP call that may block any more.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
     }
 
     /// Mark the context lost, keeping the first reason for later errors.
@@ -145,12 +221,22 @@ impl Inner {
         self.outstanding.wake();
     }
 
+    /// A sticky code was seen: lost and dead.
+    pub(crate) fn mark_dead(&self, why: &str) {
+        self.dead.store(true, Ordering::Release);
+        self.mark_lost(why);
+    }
+
     pub(crate) fn allocator(&self) -> Allocator {
         if self.allocator.load(Ordering::Acquire) == Allocator::Plain as u8 {
             Allocator::Plain
         } else {
             Allocator::StreamOrdered
         }
+    }
+
+    pub(crate) fn pool(&self) -> Option<Pool> {
+        self.pool
     }
 
     pub(crate) fn fall_back(&self, why: &str) {
@@ -166,16 +252,16 @@ impl Inner {
     }
 
     /// `Ok` on success; else the classified error, marking the context lost
-    /// when the code is sticky.
+    /// and dead when the code is sticky.
     pub(crate) fn checked(
         &self,
         op: &'static str,
         call: &str,
-        code: hipError_t,
+        code: HipResult,
     ) -> Result<(), BackendError> {
         check(op, call, code).inspect_err(|e| {
             if e.is_device_lost() {
-                self.mark_lost(&e.message);
+                self.mark_dead(&e.message);
             }
         })
     }
@@ -223,15 +309,32 @@ impl Inner {
     }
 
     /// Make this context's device current on the calling thread (HIP keeps
-    /// a current device per host thread; the governor calls from any).
-    pub(crate) fn make_current(&self, op: &'static str) -> Result<(), BackendError> {
+    /// a current device per host thread; the governor calls from any) until
+    /// the returned guard is dropped, which sets the thread's own device
+    /// back. The runtime's or application's choice of device on its threads
+    /// is theirs: memgov changes it only for the duration of its own call.
+    pub(crate) fn make_current(&self, op: &'static str) -> Result<CurrentDevice<'_>, BackendError> {
+        let mut current = 0i32;
+        // SAFETY: valid out-pointer.
+        let r = unsafe { hipGetDevice(&mut current) };
+        self.checked(op, "hipGetDevice", r)?;
+        if current == self.ordinal {
+            return Ok(CurrentDevice {
+                inner: self,
+                restore: None,
+            });
+        }
         // SAFETY: plain call with an ordinal validated at creation.
         let r = unsafe { hipSetDevice(self.ordinal) };
-        self.checked(op, "hipSetDevice", r)
+        self.checked(op, "hipSetDevice", r)?;
+        Ok(CurrentDevice {
+            inner: self,
+            restore: Some(current),
+        })
     }
 }
 
-/// A HIP device context: one device, its default memory pool, and the
+/// A HIP device context: one device, a memory pool of its own, and the
 /// streams and allocations made through it.
 pub struct HipContext {
     inner: Arc<Inner>,
@@ -262,10 +365,69 @@ fn device_name(ordinal: i32) -> Result<String, BackendError> {
         .into_owned())
 }
 
-fn int_out(call: &str, f: impl FnOnce(*mut i32) -> hipError_t) -> Result<i32, BackendError> {
+fn int_out(call: &str, f: impl FnOnce(*mut i32) -> HipResult) -> Result<i32, BackendError> {
     let mut v = 0i32;
     check("new", call, f(&mut v))?;
     Ok(v)
+}
+
+/// Sets the thread's device back when `HipContext::new` returns.
+struct RestoreDevice(Option<i32>);
+
+impl Drop for RestoreDevice {
+    fn drop(&mut self) {
+        if let Some(d) = self.0 {
+            // SAFETY: plain call with the ordinal the runtime reported as the
+            // thread's current device. A failure leaves nothing to undo.
+            let _ = unsafe { hipSetDevice(d) };
+        }
+    }
+}
+
+/// What `HipContext::new` learnt about the device's allocator.
+struct Allocation {
+    pool: Option<Pool>,
+    fallback_reason: Option<String>,
+}
+
+/// The context's own pool, or why the fallback is used.
+fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, BackendError> {
+    let plain = |why: &str| {
+        Ok(Allocation {
+            pool: None,
+            fallback_reason: Some(why.to_owned()),
+        })
+    };
+    if config.allocator == AllocatorChoice::Plain {
+        return plain("configured (AllocatorChoice::Plain)");
+    }
+    // SAFETY: valid out-pointer, ordinal in range, listed attribute.
+    let pools = int_out("hipDeviceGetAttribute", |p| unsafe {
+        hipDeviceGetAttribute(p, ffi::ATTR_MEMORY_POOLS_SUPPORTED, ordinal)
+    })?;
+    if pools == 0 {
+        return plain("hipDeviceAttributeMemoryPoolsSupported is 0 on this device");
+    }
+    let Some(pool) = memory::create_pool(ordinal)? else {
+        return plain("hipMemPoolCreate returned hipErrorNotSupported");
+    };
+    // The attribute and the pool can exist while the allocator still
+    // refuses: ask it once, so that `describe()` (read at registration)
+    // tells the truth from the start.
+    match memory::probe_stream_ordered(pool) {
+        Ok(true) => Ok(Allocation {
+            pool: Some(pool),
+            fallback_reason: None,
+        }),
+        Ok(false) => {
+            memory::destroy_pool(pool)?;
+            plain("hipMallocFromPoolAsync returned hipErrorNotSupported")
+        }
+        Err(e) => {
+            let _ = memory::destroy_pool(pool);
+            Err(e)
+        }
+    }
 }
 
 impl HipContext {
@@ -273,12 +435,14 @@ impl HipContext {
     ///
     /// Fails with [`BackendErrorKind::Unavailable`] ("no HIP device") when
     /// the runtime finds no device, and with `InvalidArgument` when the
-    /// ordinal is out of range.
+    /// ordinal is out of range. The calling thread's current device is the
+    /// same when it returns.
     pub fn new(config: HipConfig) -> Result<Self, BackendError> {
         let mut count = 0i32;
         // SAFETY: valid out-pointer.
         let r = unsafe { hipGetDeviceCount(&mut count) };
-        if r == hipError_t::hipErrorNoDevice || (r == hipError_t::hipSuccess && count == 0) {
+        let no_device = hipError_t::hipErrorNoDevice as HipResult;
+        if r == no_device || (r == SUCCESS && count == 0) {
             return Err(err(
                 "new",
                 BackendErrorKind::Unavailable,
@@ -288,7 +452,7 @@ impl HipContext {
                 ),
             ));
         }
-        if r != hipError_t::hipSuccess {
+        if r != SUCCESS {
             let mut e = hip_error("new", "hipGetDeviceCount", r);
             if e.kind == BackendErrorKind::Unavailable {
                 e.message = format!("no HIP device: {}", e.message);
@@ -307,8 +471,15 @@ impl HipContext {
                 ),
             ));
         }
-        // SAFETY: ordinal is in range.
-        check("new", "hipSetDevice", unsafe { hipSetDevice(ordinal) })?;
+        // SAFETY: valid out-pointer.
+        let previous = int_out("hipGetDevice", |p| unsafe { hipGetDevice(p) })?;
+        let _restore = if previous != ordinal {
+            // SAFETY: ordinal is in range.
+            check("new", "hipSetDevice", unsafe { hipSetDevice(ordinal) })?;
+            RestoreDevice(Some(previous))
+        } else {
+            RestoreDevice(None)
+        };
         let name = device_name(ordinal)?;
         let mut total = 0usize;
         // SAFETY: valid out-pointer, ordinal in range.
@@ -321,43 +492,10 @@ impl HipContext {
         let runtime = int_out("hipRuntimeGetVersion", |p| unsafe {
             hipRuntimeGetVersion(p)
         })?;
-        // SAFETY: valid out-pointer, ordinal in range, listed attribute.
-        let pools = int_out("hipDeviceGetAttribute", |p| unsafe {
-            hipDeviceGetAttribute(
-                p,
-                hipDeviceAttribute_t::hipDeviceAttributeMemoryPoolsSupported,
-                ordinal,
-            )
-        })?;
-        let mut fallback_reason = None;
-        let mut pool = None;
-        if config.allocator == AllocatorChoice::Plain {
-            fallback_reason = Some("configured (AllocatorChoice::Plain)".to_owned());
-        } else if pools == 0 {
-            fallback_reason =
-                Some("hipDeviceAttributeMemoryPoolsSupported is 0 on this device".to_owned());
-        } else {
-            let mut p: hipMemPool_t = std::ptr::null_mut();
-            // SAFETY: valid out-pointer, ordinal in range.
-            let r = unsafe { hipDeviceGetDefaultMemPool(&mut p, ordinal) };
-            if r == hipError_t::hipErrorNotSupported {
-                fallback_reason =
-                    Some("hipDeviceGetDefaultMemPool returned hipErrorNotSupported".to_owned());
-            } else {
-                check("new", "hipDeviceGetDefaultMemPool", r)?;
-                // The attribute and the pool can exist while the allocator
-                // still refuses: ask it once, so that `describe()` (read at
-                // registration) tells the truth from the start.
-                match memory::probe_stream_ordered(Pool(p)) {
-                    Ok(true) => pool = Some(Pool(p)),
-                    Ok(false) => {
-                        fallback_reason =
-                            Some("hipMallocAsync returned hipErrorNotSupported".to_owned())
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
+        let Allocation {
+            pool,
+            fallback_reason,
+        } = choose_allocator(&config, ordinal)?;
         let execution = if name.starts_with(STAND_IN_NAME_PREFIX) {
             Execution::StandIn
         } else {
@@ -368,6 +506,7 @@ impl HipContext {
         } else {
             Allocator::StreamOrdered
         };
+        ALIVE.fetch_add(1, Ordering::AcqRel);
         Ok(Self {
             inner: Arc::new(Inner {
                 id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
@@ -380,6 +519,7 @@ impl HipContext {
                 allocator: AtomicU8::new(allocator as u8),
                 fallback_reason: Mutex::new(fallback_reason),
                 lost: LostState::default(),
+                dead: AtomicBool::new(false),
                 closing: AtomicBool::new(false),
                 probe: BackendProbe::new(),
                 next_id: AtomicU64::new(1),
@@ -399,7 +539,7 @@ impl HipContext {
         self.inner.probe.clone()
     }
 
-    /// Whether allocations come from `hipMallocAsync` (true) or from the
+    /// Whether allocations come from the context's pool (true) or from the
     /// `hipMalloc` fallback, and why the fallback was chosen.
     pub fn stream_ordered(&self) -> (bool, Option<String>) {
         (
@@ -419,14 +559,18 @@ impl HipContext {
     }
 
     /// Things the backend noticed that had no caller to report to (a
-    /// failed fallback free, a refused stream callback).
+    /// failed fallback free, a refused stream callback, a teardown that
+    /// stopped at a sticky error).
     pub fn notes(&self) -> Vec<String> {
         lock(&self.inner.notes).clone()
     }
 
-    /// Synchronize and destroy streams the governor left, free memory it
-    /// abandoned, trim the pool.
-    fn release_everything(&self) -> Result<(), BackendError> {
+    /// Synchronize and destroy the streams left, free the memory left (and
+    /// the fallback frees a lost teardown took from the reaper), trim and
+    /// destroy the pool. Stops calling HIP at the first sticky code (or at
+    /// once on a dead device): what is left then dies with the device, and
+    /// is only counted.
+    fn release_everything(&self, taken: Vec<retire::Taken>) -> Result<(), BackendError> {
         let inner = &self.inner;
         let mut first_err: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
@@ -434,24 +578,54 @@ impl HipContext {
                 first_err.get_or_insert(e);
             }
         };
-        keep(inner.make_current("teardown"));
         let streams: Vec<stream::RawStream> =
             lock(&inner.streams).drain().map(|(_, s)| s).collect();
-        for s in &streams {
-            // SAFETY: the stream is alive (just taken out of the table).
-            let r = unsafe { hipStreamSynchronize(s.0) };
-            keep(inner.checked("teardown", "hipStreamSynchronize", r));
+        let left: Vec<(usize, (u64, Origin))> = lock(&inner.live).drain().collect();
+        let device = if inner.is_dead() {
+            None
+        } else {
+            match inner.make_current("teardown") {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    keep(Err(e));
+                    None
+                }
+            }
+        };
+        if device.is_some() {
+            for s in &streams {
+                if inner.is_dead() {
+                    break;
+                }
+                // SAFETY: the stream is alive (just taken out of the table).
+                let r = unsafe { hipStreamSynchronize(s.0) };
+                keep(inner.checked("teardown", "hipStreamSynchronize", r));
+            }
         }
+        // The reaper finishes what is queued (or, on a dead device, settles
+        // it without a call) and is joined: no thread of this context calls
+        // HIP after teardown.
         retire::stop_reaper(inner);
         for s in streams {
-            keep(stream::destroy_raw(inner, "teardown", s));
+            if device.is_some() && !inner.is_dead() {
+                keep(stream::destroy_raw(inner, "teardown", s));
+            } else {
+                inner.probe.stream_destroyed();
+            }
         }
-        let left: Vec<(usize, (u64, Origin))> = lock(&inner.live).drain().collect();
-        if left.iter().any(|(_, (_, o))| *o == Origin::Pool) {
+        if device.is_some() && !inner.is_dead() {
+            for t in &taken {
+                keep(retire::free_taken(inner, t));
+            }
+        }
+        if device.is_some()
+            && !inner.is_dead()
+            && left.iter().any(|(_, (_, o))| *o == Origin::Pool)
+        {
             keep(self.free_pool_leftovers(&left));
         }
         for (ptr, (bytes, origin)) in &left {
-            if *origin == Origin::Plain {
+            if *origin == Origin::Plain && device.is_some() && !inner.is_dead() {
                 // SAFETY: the pointer came from hipMalloc of this context;
                 // every stream is synchronized and destroyed, so no work
                 // uses it.
@@ -460,35 +634,52 @@ impl HipContext {
             }
             inner.probe.freed(*bytes);
         }
-        if let Some(pool) = inner.pool {
-            keep(memory::trim_pool(pool));
+        if let Some(pool) = inner.pool() {
+            if device.is_some() && !inner.is_dead() {
+                keep(memory::trim_pool(pool));
+                if !inner.is_dead() {
+                    keep(memory::destroy_pool(pool).map_err(|e| BackendError {
+                        operation: "teardown",
+                        ..e
+                    }));
+                }
+            }
         }
+        if inner.is_dead() {
+            inner.note(
+                "teardown stopped calling HIP at a sticky error: what was left dies with the device"
+                    .to_owned(),
+            );
+        }
+        drop(device);
         first_err.map_or(Ok(()), Err)
     }
 
     /// Pool allocations the governor abandoned (force): free them on a
     /// temporary stream and wait.
     fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
-        let mut s: hipStream_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, documented flag.
-        let r = unsafe { hipStreamCreateWithFlags(&mut s, hipStreamNonBlocking) };
-        self.inner
-            .checked("teardown", "hipStreamCreateWithFlags", r)?;
+        let s = stream::create_raw(&self.inner, "teardown")?;
         let mut result = Ok(());
         for (ptr, (_, origin)) in left {
-            if *origin == Origin::Pool {
-                // SAFETY: the pointer came from hipMallocAsync of this
-                // context; every stream that used it is synchronized.
-                let r = unsafe { hipFreeAsync(*ptr as *mut c_void, s) };
+            if *origin == Origin::Pool && !self.inner.is_dead() {
+                // SAFETY: the pointer came from hipMallocFromPoolAsync of
+                // this context; every stream that used it is synchronized.
+                let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, s.0) };
                 result = result.and(self.inner.checked("teardown", "hipFreeAsync", r));
             }
         }
+        if self.inner.is_dead() {
+            return result;
+        }
         // SAFETY: the temporary stream is alive until destroyed below.
-        let r = unsafe { hipStreamSynchronize(s) };
+        let r = unsafe { hipStreamSynchronize(s.0) };
         result = result.and(self.inner.checked("teardown", "hipStreamSynchronize", r));
+        if self.inner.is_dead() {
+            return result;
+        }
         // SAFETY: synchronized above; nothing else knows this stream.
-        let r = unsafe { hipStreamDestroy(s) };
-        result.and(check("teardown", "hipStreamDestroy", r))
+        let r = unsafe { ffi::hipStreamDestroy(s.0) };
+        result.and(self.inner.checked("teardown", "hipStreamDestroy", r))
     }
 }
 
@@ -499,7 +690,7 @@ impl DeviceContext for HipContext {
     fn describe(&self) -> DeviceDescription {
         let inner = &self.inner;
         let allocator = match lock(&inner.fallback_reason).as_deref() {
-            None => "hipMallocAsync from the default pool".to_owned(),
+            None => "hipMallocFromPoolAsync from the context's own pool".to_owned(),
             Some(why) => format!("hipMalloc/hipFree fallback after an event ({why})"),
         };
         DeviceDescription {
@@ -516,7 +707,7 @@ impl DeviceContext for HipContext {
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
         self.inner.check_lost("memory_info")?;
-        self.inner.make_current("memory_info")?;
+        let _device = self.inner.make_current("memory_info")?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device is current on this thread.
         let r = unsafe { hipMemGetInfo(&mut free, &mut total) };
@@ -572,29 +763,47 @@ impl DeviceContext for HipContext {
         stream::synchronize(&self.inner, stream)
     }
 
+    fn order_after(&self, stream: &HipStream, after: &HipStream) -> Result<(), BackendError> {
+        stream::order_after(&self.inner, stream, after)
+    }
+
     fn device_lost(&self) {
         self.inner.mark_lost("declared lost by the governor");
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.close(lost)
+    }
+}
+
+/// A context dropped without `teardown` (a probe that only checked for a
+/// device, a panic unwinding past it) is torn down here, as by
+/// `teardown(false)` (or as lost, if it is): its pool, streams and memory are
+/// released, and its reaper joined. The result has no one to go to; the
+/// probe and `notes()` keep what went wrong.
+impl Drop for HipContext {
+    fn drop(&mut self) {
+        if !self.inner.closing.load(Ordering::Acquire) {
+            let _ = self.close(false);
+        }
+    }
+}
+
+impl HipContext {
+    /// Teardown proper; the first call closes the context, and `Drop` does
+    /// nothing after it.
+    fn close(&self, lost: bool) -> Result<(), BackendError> {
         let inner = &self.inner;
         inner.closing.store(true, Ordering::Release);
         if lost {
             inner.mark_lost("torn down as lost");
         }
         let result = if inner.is_lost() {
-            // No waits, no frees: drop every signal still held; streams and
-            // memory die with the device.
-            retire::abandon_all(inner);
-            let streams = lock(&inner.streams).drain().count() as u64;
-            for _ in 0..streams {
-                inner.probe.stream_destroyed();
-            }
-            let left: Vec<u64> = lock(&inner.live).drain().map(|(_, (b, _))| b).collect();
-            for b in left {
-                inner.probe.freed(b);
-            }
-            Ok(())
+            // Every signal still held is dropped unfired; the fallback frees
+            // the reaper had not started come back to be freed here (their
+            // signals dropped too), and the reaper is joined below.
+            let taken = retire::abandon_all(inner);
+            self.release_everything(taken)
         } else {
             let pending = self.pending_frees();
             if pending > 0 {
@@ -603,8 +812,15 @@ impl DeviceContext for HipContext {
                     format!("teardown with {pending} stream-ordered frees not yet retired"),
                 );
             }
-            self.release_everything()
+            self.release_everything(Vec::new())
         };
+        if inner.is_dead() {
+            // A sticky code found mid-teardown: the frees still queued will
+            // not execute, and their callbacks may never run. Their signals
+            // are dropped now, not whenever the runtime gets to them.
+            retire::abandon_all(inner);
+        }
+        retire::forget_routes(inner);
         inner.probe.torn_down_now();
         result
     }

@@ -7,31 +7,54 @@
 //!   pending table and fires the [`RetireSignal`], or drops it unfired when
 //!   the stream reports an error (the free did not execute).
 //! * **Fallback memory** (`hipMalloc`): an event is recorded on the stream and
-//!   the free is handed to the reaper thread, which waits for the event
-//!   (`hipEventSynchronize`), calls `hipFree`, and fires the signal.
+//!   the free is handed to the reaper thread, which takes it off its queue,
+//!   waits for the event (`hipEventSynchronize`), calls `hipFree`, destroys
+//!   the event and fires the signal. Teardown joins the reaper, so the free
+//!   it holds is settled, and no reaper call reaches HIP, once teardown
+//!   returns.
 //!
 //! Signals live in this module's tables, not inside the runtime's callback
 //! data, so that teardown of a lost device can drop every one of them even
-//! if the runtime never runs the callbacks.
+//! if the runtime never runs the callbacks. The callback's user data is a
+//! number, not a pointer: the ticket, which a process-wide table routes to
+//! its context. A runtime that drops queued callbacks without running them
+//! (a lost device, a stream destroyed with callbacks pending) leaks
+//! nothing: teardown removes the routes of the tickets it settles.
 
 #![allow(clippy::result_large_err)]
 
+use super::ffi::{
+    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipEventSynchronize, hipEvent_t,
+    hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback, hipStreamSynchronize, hipStream_t,
+    HipResult, EVENT_DISABLE_TIMING, SUCCESS,
+};
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
 use super::stream::HipStream;
 use super::Inner;
 use crate::sync::lock;
 use crate::{BackendError, BackendErrorKind, RetireSignal};
-use hip_sys::hiprt::{
-    hipError_t, hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
-    hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipStreamAddCallback,
-    hipStreamCallback_t, hipStreamSynchronize, hipStream_t,
-};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
+
+/// Tickets are unique in the process: a callback's user data names one.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+
+/// Ticket -> the context that queued it, for the callbacks.
+fn routes() -> &'static Mutex<HashMap<u64, Weak<Inner>>> {
+    static ROUTES: OnceLock<Mutex<HashMap<u64, Weak<Inner>>>> = OnceLock::new();
+    ROUTES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Remove every route to `inner` (teardown: a callback that still runs
+/// afterwards finds no context and does nothing).
+pub(crate) fn forget_routes(inner: &Inner) {
+    let me: *const Inner = inner;
+    lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
+}
 
 /// A queued free whose signal has not fired.
 struct Ticket {
@@ -102,29 +125,20 @@ impl Outstanding {
     }
 }
 
-/// What the callback receives as user data: the context and its ticket.
-struct CallbackData {
-    inner: Arc<Inner>,
-    ticket: u64,
-}
-
-/// The callback as HIP declares it, but with the status read as a plain
-/// integer: hip-sys's `hipError_t` is a Rust enum, and a code outside it
-/// (from a newer runtime) must not become an invalid enum value.
-type RawCallback = unsafe extern "C" fn(hipStream_t, u32, *mut c_void);
-
 /// Runs on a HIP runtime thread after the free before it executed. Makes no
-/// HIP call.
-unsafe extern "C" fn free_executed(_stream: hipStream_t, status: u32, user: *mut c_void) {
-    // SAFETY: `user` is the `Box<CallbackData>` leaked by `queue_pool_free`
-    // for exactly this callback, which HIP runs exactly once.
-    let data = unsafe { Box::from_raw(user as *mut CallbackData) };
-    let inner = &data.inner;
-    // Teardown of a lost device may have taken the ticket already.
-    let Some(ticket) = lock(&inner.pending.tickets).remove(&data.ticket) else {
+/// HIP call. The status is read as a plain integer (see `ffi.rs`); the user
+/// data is the ticket number, not a pointer.
+unsafe extern "C" fn free_executed(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
+    let key = user as usize as u64;
+    let Some(inner) = lock(routes()).remove(&key).and_then(|w| w.upgrade()) else {
+        // Torn down already: teardown settled the ticket.
         return;
     };
-    if status == hipError_t::hipSuccess as u32 {
+    // Teardown of a lost device may have taken the ticket already.
+    let Some(ticket) = lock(&inner.pending.tickets).remove(&key) else {
+        return;
+    };
+    if status == SUCCESS {
         inner.probe.free_retired(ticket.bytes);
         ticket.signal.retire();
     } else {
@@ -137,18 +151,6 @@ unsafe extern "C" fn free_executed(_stream: hipStream_t, status: u32, user: *mut
         drop(ticket.signal);
     }
     inner.outstanding.settle(ticket.stream);
-}
-
-fn callback() -> hipStreamCallback_t {
-    let f: RawCallback = free_executed;
-    // SAFETY: `RawCallback` and the declared callback type differ only in
-    // the status parameter, `u32` versus `hipError_t`, which is
-    // `#[repr(u32)]`: the two have the same C ABI.
-    Some(unsafe {
-        std::mem::transmute::<RawCallback, unsafe extern "C" fn(hipStream_t, hipError_t, *mut c_void)>(
-            f,
-        )
-    })
 }
 
 /// A refused free: the memory and the signal go back to the caller, as
@@ -217,7 +219,7 @@ fn queue_pool_free(
     if let Err(e) = inner.checked("free_async", "hipFreeAsync", r) {
         return refuse(inner, memory, signal, e);
     }
-    let ticket = inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
     let bytes = memory.bytes;
     // The ticket is in the table before the callback can run.
     inner.outstanding.add(stream.id);
@@ -229,20 +231,24 @@ fn queue_pool_free(
             stream: stream.id,
         },
     );
-    let data = Box::into_raw(Box::new(CallbackData {
-        inner: Arc::clone(inner),
-        ticket,
-    }));
-    // SAFETY: the stream is alive; the callback has the ABI HIP expects (see
-    // `callback`); `data` stays valid until the callback takes it back.
-    let r = unsafe { hipStreamAddCallback(stream.raw.0, callback(), data as *mut c_void, 0) };
-    if r == hipError_t::hipSuccess {
+    lock(routes()).insert(ticket, Arc::downgrade(inner));
+    // SAFETY: the stream is alive; the callback has the ABI HIP expects
+    // (an `int` status is what the C header's enum is passed as); the user
+    // data is a number the callback never dereferences.
+    let r = unsafe {
+        hipStreamAddCallback(
+            stream.raw.0,
+            Some(free_executed),
+            ticket as usize as *mut c_void,
+            0,
+        )
+    };
+    if r == SUCCESS {
         return Ok(());
     }
-    // The callback will never run: take its data back, then learn when the
+    // The callback will never run: drop its route, then learn when the
     // already-queued free has executed by synchronizing the stream.
-    // SAFETY: HIP refused the callback, so it never sees `data`.
-    drop(unsafe { Box::from_raw(data) });
+    lock(routes()).remove(&ticket);
     let add_failed = error_name(r);
     let ticket = lock(&inner.pending.tickets).remove(&ticket);
     let Some(ticket) = ticket else { return Ok(()) };
@@ -271,7 +277,7 @@ struct Event(hipEvent_t);
 unsafe impl Send for Event {}
 
 /// A `hipMalloc` allocation waiting for its event before `hipFree`.
-struct PlainFree {
+pub(crate) struct PlainFree {
     event: Event,
     ptr: usize,
     bytes: u64,
@@ -305,9 +311,14 @@ fn queue_plain_free(
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
+    // Events belong to the current device.
+    let _device = match inner.make_current("free_async") {
+        Ok(d) => d,
+        Err(e) => return refuse(inner, memory, signal, e),
+    };
     let mut event: hipEvent_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
+    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
     if let Err(e) = inner.checked("free_async", "hipEventCreateWithFlags", r) {
         return refuse(inner, memory, signal, e);
     }
@@ -358,16 +369,22 @@ fn ensure_reaper(inner: &Arc<Inner>) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// The reaper thread: wait for each free's event in order, then `hipFree`.
+/// The reaper thread: take each free in order, wait for its event, then
+/// `hipFree`. The free it holds is its own until settled, so teardown (which
+/// joins it) never returns while it is in flight. On a dead device it
+/// settles what it takes without a HIP call.
 fn reap(inner: &Inner) {
-    // The fallback allocations were made on this device.
-    let _ = inner.make_current("free_async");
+    // The fallback allocations were made on this device; the thread is the
+    // reaper's own, so its current device is not restored.
+    // SAFETY: plain call with the ordinal validated at creation.
+    let r = unsafe { hipSetDevice(inner.ordinal()) };
+    let _ = inner.checked("free_async", "hipSetDevice", r);
     loop {
-        let event = {
+        let free = {
             let mut q = lock(&inner.reaper.queue);
             loop {
-                if let Some(f) = q.frees.front() {
-                    break f.event.0;
+                if let Some(f) = q.frees.pop_front() {
+                    break f;
                 }
                 if q.stop {
                     return;
@@ -375,75 +392,129 @@ fn reap(inner: &Inner) {
                 q = inner.reaper.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        if inner.is_lost() {
-            return;
-        }
-        // SAFETY: the event stays alive while its free is in the queue
-        // (destroyed below, after it is popped; teardown of a lost device
-        // takes queue entries without destroying their events).
-        let r = unsafe { hipEventSynchronize(event) };
-        let Some(free) = lock(&inner.reaper.queue).frees.pop_front() else {
-            return;
-        };
-        let result = inner
+        settle_plain(inner, free);
+    }
+}
+
+/// Wait for a fallback free's event, `hipFree` it, destroy the event and
+/// settle the signal; on a dead device, abandon it without a call.
+fn settle_plain(inner: &Inner, free: PlainFree) {
+    let result = if inner.is_dead() {
+        Err(err(
+            "free_async",
+            BackendErrorKind::DeviceLost,
+            "the device is lost; the fallback free was not sent",
+        ))
+    } else {
+        // SAFETY: the event is alive: it is destroyed only below, by the
+        // holder of its free (this thread).
+        let r = unsafe { hipEventSynchronize(free.event.0) };
+        inner
             .checked("free_async", "hipEventSynchronize", r)
             .and_then(|()| {
-                // SAFETY: the event has completed, so all work queued before the
-                // free on its stream has executed; the pointer came from
+                // SAFETY: the event has completed, so all work queued before
+                // the free on its stream has executed; the pointer came from
                 // hipMalloc of this context and nothing else frees it.
                 let r = unsafe { hipFree(free.ptr as *mut c_void) };
                 inner.checked("free_async", "hipFree", r)
-            });
+            })
+    };
+    if !inner.is_dead() {
         // SAFETY: the event is ours and no longer waited on.
         unsafe { hipEventDestroy(free.event.0) };
-        match result {
-            Ok(()) => {
-                inner.probe.free_retired(free.bytes);
-                free.signal.retire();
-            }
-            Err(e) => {
-                inner.note(format!("fallback free of {:#x} failed: {e}", free.ptr));
-                inner.probe.free_abandoned(free.bytes);
-                drop(free.signal);
-            }
-        }
-        inner.outstanding.settle(free.stream);
     }
+    match result {
+        Ok(()) => {
+            inner.probe.free_retired(free.bytes);
+            free.signal.retire();
+        }
+        Err(e) => {
+            inner.note(format!("fallback free of {:#x} failed: {e}", free.ptr));
+            inner.probe.free_abandoned(free.bytes);
+            drop(free.signal);
+        }
+    }
+    inner.outstanding.settle(free.stream);
 }
 
-/// Stop the reaper after it has finished every queued free, and join it.
+/// Stop the reaper after it has finished every queued free, and join it
+/// (unless the caller is the reaper itself, settling a signal whose owner
+/// tore the context down: it returns once the queue is empty).
 pub(crate) fn stop_reaper(inner: &Inner) {
     lock(&inner.reaper.queue).stop = true;
     inner.reaper.wake.notify_all();
-    if let Some(join) = lock(&inner.reaper_thread).take() {
-        let _: Result<(), _> = join.join().map_err(|_| ());
+    let join = lock(&inner.reaper_thread).take();
+    if let Some(join) = join {
+        if join.thread().id() != std::thread::current().id() {
+            let _: Result<(), _> = join.join().map_err(|_| ());
+        }
     }
 }
 
+/// A fallback free a lost teardown took from the reaper's queue before the
+/// reaper started it: its signal is already dropped; the memory and the
+/// event are released by teardown while the device answers.
+pub(crate) struct Taken {
+    ptr: usize,
+    event: Event,
+}
+
+/// Release a taken fallback free: its event was recorded before the free
+/// was queued, so synchronize it, then `hipFree` and destroy the event.
+pub(crate) fn free_taken(inner: &Inner, t: &Taken) -> Result<(), BackendError> {
+    if inner.is_dead() {
+        return Ok(());
+    }
+    // SAFETY: the event is alive (never destroyed while its free is queued
+    // or taken); the streams are synchronized.
+    let r = unsafe { hipEventSynchronize(t.event.0) };
+    let mut result = inner.checked("teardown", "hipEventSynchronize", r);
+    if result.is_ok() {
+        // SAFETY: the pointer came from hipMalloc of this context; the work
+        // before its free has executed and nothing else frees it.
+        let r = unsafe { hipFree(t.ptr as *mut c_void) };
+        result = inner.checked("teardown", "hipFree", r);
+    }
+    if !inner.is_dead() {
+        // SAFETY: the event is ours and no longer waited on.
+        unsafe { hipEventDestroy(t.event.0) };
+    }
+    result
+}
+
 /// Device lost: take every signal still held and drop it unfired, with no
-/// HIP call. Returns how many were abandoned.
-pub(crate) fn abandon_all(inner: &Inner) -> u64 {
-    let tickets: Vec<Ticket> = lock(&inner.pending.tickets)
-        .drain()
-        .map(|(_, t)| t)
-        .collect();
+/// HIP call, and stop the reaper after the free it holds. Returns the
+/// fallback frees taken off the reaper's queue, for teardown to release
+/// while the device answers.
+pub(crate) fn abandon_all(inner: &Inner) -> Vec<Taken> {
+    let tickets: Vec<(u64, Ticket)> = lock(&inner.pending.tickets).drain().collect();
+    {
+        let mut r = lock(routes());
+        for (key, _) in &tickets {
+            r.remove(key);
+        }
+    }
     let frees: Vec<PlainFree> = {
         let mut q = lock(&inner.reaper.queue);
         q.stop = true;
         q.frees.drain(..).collect()
     };
     inner.reaper.wake.notify_all();
-    let n = (tickets.len() + frees.len()) as u64;
-    for t in tickets {
+    for (_, t) in tickets {
         inner.probe.free_abandoned(t.bytes);
         drop(t.signal);
     }
+    let mut taken = Vec::with_capacity(frees.len());
     for f in frees {
         inner.probe.free_abandoned(f.bytes);
         drop(f.signal);
+        taken.push(Taken {
+            ptr: f.ptr,
+            event: f.event,
+        });
     }
     inner.outstanding.clear();
-    n
+    taken
 }
 
 /// The reaper's join handle slot type.

@@ -1,14 +1,14 @@
 //! Streams: non-blocking `hipStream_t`s created on the context's device and
 //! tracked so that teardown can destroy any the governor left behind.
 
-use super::result::check;
+use super::ffi::{
+    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipStreamCreateWithFlags,
+    hipStreamDestroy, hipStreamSynchronize, hipStreamWaitEvent, hipStream_t, EVENT_DISABLE_TIMING,
+    STREAM_NON_BLOCKING,
+};
 use super::Inner;
 use crate::sync::lock;
 use crate::BackendError;
-use hip_sys::hiprt::{
-    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize,
-    hipStream_t,
-};
 use std::sync::atomic::Ordering;
 
 /// A `hipStream_t` that may cross threads.
@@ -52,14 +52,21 @@ impl HipStream {
     }
 }
 
+/// A non-blocking stream on the thread's current device (the caller has
+/// made the context's device current), known to no table.
+pub(crate) fn create_raw(inner: &Inner, op: &'static str) -> Result<RawStream, BackendError> {
+    let mut raw: hipStream_t = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; the flag is a documented value.
+    let r = unsafe { hipStreamCreateWithFlags(&mut raw, STREAM_NON_BLOCKING) };
+    inner.checked(op, "hipStreamCreateWithFlags", r)?;
+    Ok(RawStream(raw))
+}
+
 /// Create a non-blocking stream on the context's device.
 pub(crate) fn create(inner: &Inner) -> Result<HipStream, BackendError> {
     inner.check_usable("create_stream")?;
-    inner.make_current("create_stream")?;
-    let mut raw: hipStream_t = std::ptr::null_mut();
-    // SAFETY: `raw` is a valid out-pointer; the flag is a documented value.
-    let r = unsafe { hipStreamCreateWithFlags(&mut raw, hipStreamNonBlocking) };
-    inner.checked("create_stream", "hipStreamCreateWithFlags", r)?;
+    let _device = inner.make_current("create_stream")?;
+    let RawStream(raw) = create_raw(inner, "create_stream")?;
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     lock(&inner.streams).insert(id, RawStream(raw));
     inner.probe.stream_created();
@@ -71,21 +78,27 @@ pub(crate) fn create(inner: &Inner) -> Result<HipStream, BackendError> {
 }
 
 /// Wait for the stream's work (its free callbacks included), then destroy it.
+///
+/// On a context declared lost whose device still answers, the stream is
+/// still synchronized and destroyed (the runtime would keep it otherwise);
+/// on a dead device (a sticky code seen, now or before) it is only dropped
+/// from the table: the runtime may wait for the stream's work inside
+/// `hipStreamDestroy`, and that work never finishes.
 pub(crate) fn destroy(inner: &Inner, stream: HipStream) -> Result<(), BackendError> {
     inner.check_stream("destroy_stream", &stream)?;
-    if !inner.is_lost() {
+    if !inner.is_dead() {
         // SAFETY: the stream is alive (it is in `streams`, removed below).
         let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-        inner.checked("destroy_stream", "hipStreamSynchronize", r)?;
+        let synced = inner.checked("destroy_stream", "hipStreamSynchronize", r);
+        if synced.is_err() && !inner.is_dead() {
+            return synced;
+        }
         inner.outstanding.wait(stream.id, inner.lost.flag());
     }
     if lock(&inner.streams).remove(&stream.id).is_none() {
         return Ok(());
     }
-    if inner.is_lost() {
-        // The runtime may wait for the stream's work inside
-        // hipStreamDestroy; on a lost device that work never finishes. The
-        // handle dies with the device.
+    if inner.is_dead() {
         inner.probe.stream_destroyed();
         return Ok(());
     }
@@ -103,7 +116,7 @@ pub(crate) fn destroy_raw(
     // removed from its table, so no other path destroys it; its queued work
     // has been synchronized.
     let r = unsafe { hipStreamDestroy(raw.0) };
-    check(op, "hipStreamDestroy", r)
+    inner.checked(op, "hipStreamDestroy", r)
 }
 
 /// Block until the stream's queued work and callbacks have run.
@@ -115,4 +128,45 @@ pub(crate) fn synchronize(inner: &Inner, stream: &HipStream) -> Result<(), Backe
     inner.checked("synchronize", "hipStreamSynchronize", r)?;
     inner.outstanding.wait(stream.id, inner.lost.flag());
     Ok(())
+}
+
+/// Order every operation queued on `stream` from now on after everything
+/// already queued on `after`: an event recorded on `after`, a wait for it
+/// queued on `stream`, the event destroyed at once (HIP keeps what a queued
+/// wait needs). Returns without waiting for the device.
+pub(crate) fn order_after(
+    inner: &Inner,
+    stream: &HipStream,
+    after: &HipStream,
+) -> Result<(), BackendError> {
+    inner.check_stream("order_after", stream)?;
+    inner.check_stream("order_after", after)?;
+    inner.check_usable("order_after")?;
+    if stream.id == after.id {
+        return Ok(());
+    }
+    // Events belong to the current device.
+    let _device = inner.make_current("order_after")?;
+    let mut event = std::ptr::null_mut();
+    // SAFETY: valid out-pointer, documented flag.
+    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
+    inner.checked("order_after", "hipEventCreateWithFlags", r)?;
+    // SAFETY: the event was just created; `after` is a live stream of this
+    // context (checked above).
+    let r = unsafe { hipEventRecord(event, after.raw.0) };
+    let mut result = inner.checked("order_after", "hipEventRecord", r);
+    if result.is_ok() {
+        // SAFETY: the event is recorded; `stream` is a live stream of this
+        // context.
+        let r = unsafe { hipStreamWaitEvent(stream.raw.0, event, 0) };
+        result = inner.checked("order_after", "hipStreamWaitEvent", r);
+    }
+    if !inner.is_dead() {
+        // SAFETY: the event is ours; destroying it with a wait still queued
+        // is allowed (the runtime releases it once the wait has run).
+        let r = unsafe { hipEventDestroy(event) };
+        let destroyed = inner.checked("order_after", "hipEventDestroy", r);
+        result = result.and(destroyed);
+    }
+    result
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The HIP backend (feature `hip`): build the stand-in libamdhip64.so.5, run
 # the HIP tests (conformance on the pool and on the hipMalloc fallback,
-# retirement, device loss, pool trim, planted violations, soak) and the HIP
-# row of the fault matrix on it; clippy with the feature; then the same tests
+# retirement, cross-stream order, device loss, pool trim, planted
+# violations, soak) at several stand-in latencies, `memgov check` and
+# `memgov run`, and the HIP row of the fault matrix on it, all with the
+# stand-in's exit check on; clippy with the feature; then the same tests
 # once against Debian's real ROCm runtime, which on a machine without an AMD
 # GPU must skip cleanly ("skipped: no HIP device") and pass.
 #
@@ -17,20 +19,39 @@ on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
 
+# The stand-in's exit check is on for every run below: anything a torn-down
+# context (lost or not) leaves on the device, a pool memgov created and did
+# not destroy, or a changed default-pool attribute aborts the process.
+export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
+
 echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
 on_stand_in cargo test --locked --features hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" target/hip-stand-in.log
 grep -q "soak: hip, " target/hip-stand-in.log
-# The conformance cases again with every queued operation delayed, so that
-# releases really pend when the governor drains and tears down.
-MEMGOV_STANDIN_HIP_LATENCY_US=300 on_stand_in cargo test --locked --features hip --test hip -- hip_pool:: hip_plain::
+# The whole file again with every queued operation delayed, at several
+# delays, so that releases really pend when the governor drains and tears
+# down and cross-stream work is really in flight when a free is queued.
+for latency in 50 300 2000; do
+    echo "--- HIP tests, stand-in latency ${latency} us"
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked --features hip --test hip
+done
+
+echo "--- memgov check / run on the stand-in"
+cargo build --locked --release --features hip
+for latency in 0 300; do
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov check --backend hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov run --backend hip
+done
+
+echo "--- the fault matrix on the stand-in"
 on_stand_in cargo test --locked --release --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
-grep -q "fault matrix: hip: 38 tried, 38 survived" target/hip-fault-matrix.log
+grep -q "fault matrix: hip: 42 tried, 42 survived" target/hip-fault-matrix.log
 
 echo "--- clippy with the hip feature"
 cargo clippy --locked --features hip --all-targets -- -D warnings
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
+unset MEMGOV_STANDIN_HIP_EXIT_CHECK
 cargo test --locked --features hip --test hip -- --nocapture 2>&1 | tee target/hip-real.log
 if grep -q "skipped: no HIP device" target/hip-real.log; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"

@@ -12,14 +12,23 @@
  * - The current device is per host thread (hipSetDevice), as in HIP.
  * - The default memory pool keeps what hipFreeAsync returned (it shows as
  *   used in hipMemGetInfo) until hipMemPoolTrimTo, like ROCm's pool.
+ * - Events and stream waits are common/'s (sq_event): hipStreamWaitEvent
+ *   orders a stream after the work an event captured, and the stand-in
+ *   tracks, per stream-ordered allocation, the stream and position of the
+ *   last operation that touched it.
  * - Contract violations abort with "memgov libamdhip64 stand-in: contract
- *   violation: ...": a call on a destroyed stream or event, a free of an
- *   unknown or already freed pointer, a copy of one or out of bounds, a
- *   stream destroyed with work still queued, hipDeviceReset with memory or
- *   streams still live, any HIP call from inside a stream callback; and,
- *   with MEMGOV_STANDIN_HIP_EXIT_CHECK=1, memory or streams still live when
- *   the process exits (off by default: a device the governor declared lost
- *   keeps its memory by design, and the stand-in cannot tell).
+ *   violation: ...": a call on a destroyed stream, event or pool; a free of
+ *   an unknown or already freed pointer; a copy of one, of another device's
+ *   memory, or out of bounds; a stream-ordered free or copy on a stream not
+ *   ordered after the last operation that touched the allocation on another
+ *   stream ("missing stream ordering"); a stream destroyed with work still
+ *   queued; hipDeviceReset with memory or streams still live; any HIP call
+ *   from inside a stream callback; after memgov_standin_hip_quiesce(), any
+ *   HIP call in flight on, or made from, another thread; and, with
+ *   MEMGOV_STANDIN_HIP_EXIT_CHECK=1, when the process exits: memory, streams
+ *   or created pools still live (skipped once the device is in the sticky
+ *   error state: a dead device keeps what it had), or the default pool's
+ *   release threshold not what the process found.
  * - Knobs: MEMGOV_STANDIN_HIP_LATENCY_US, _OOM_AFTER_BYTES (hipMallocAsync /
  *   hipMalloc return hipErrorOutOfMemory beyond it), _STICKY_ERROR_AT_OP
  *   (HIP call N and every later one fail with hipErrorIllegalAddress; queued
@@ -27,7 +36,9 @@
  *   (no stream-ordered allocator: the pool attribute reads 0 and the pool
  *   calls return hipErrorNotSupported; =2: the attribute reads 1 and the
  *   default pool exists, but hipMallocAsync / hipFreeAsync still return
- *   hipErrorNotSupported), _FAIL_CALLBACK_AT (the Nth
+ *   hipErrorNotSupported), _DROP_CALLBACKS=1 (in the sticky error state,
+ *   queued callbacks are dropped without running, as a runtime may do on a
+ *   lost device), _FAIL_CALLBACK_AT (the Nth
  *   hipStreamAddCallback returns hipErrorNotSupported), _TOTAL_BYTES (device
  *   size, default 16 GiB), _DEVICES (device count, default 1; 0 makes
  *   hipGetDeviceCount return hipErrorNoDevice).
@@ -71,6 +82,20 @@ typedef enum hipMemcpyKind {
 } hipMemcpyKind;
 typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
 #define hipStreamNonBlocking 0x01
+typedef enum hipMemLocationType { hipMemLocationTypeDevice = 1 } hipMemLocationType;
+typedef struct hipMemLocation {
+    hipMemLocationType type;
+    int id;
+} hipMemLocation;
+typedef enum hipMemAllocationType { hipMemAllocationTypePinned = 1 } hipMemAllocationType;
+typedef enum hipMemAllocationHandleType { hipMemHandleTypeNone = 0 } hipMemAllocationHandleType;
+typedef struct hipMemPoolProps {
+    hipMemAllocationType allocType;
+    hipMemAllocationHandleType handleTypes;
+    hipMemLocation location;
+    void *win32SecurityAttributes;
+    unsigned char reserved[64];
+} hipMemPoolProps;
 #endif
 
 #include "standin.h"
@@ -82,7 +107,6 @@ typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void 
 #include <string.h>
 
 #define STREAM_MAGIC 0x48535452u /* "HSTR" */
-#define EVENT_MAGIC 0x48455654u  /* "HEVT" */
 #define POOL_MAGIC 0x48504f4cu   /* "HPOL" */
 #define MAX_DEVICES 8
 
@@ -94,27 +118,31 @@ struct ihipStream_t {
     struct sq_queue *q;
 };
 
-struct ihipEvent_t {
-    unsigned magic;
-    int destroyed;
-    pthread_mutex_t lock;
-    pthread_cond_t done;
-    uint64_t recorded; /* generation of the last hipEventRecord */
-    uint64_t reached;  /* highest generation whose marker has run */
-};
-
+/* A memory pool: the device's default one, or one hipMemPoolCreate made
+ * (never freed, so that a use after hipMemPoolDestroy is caught). */
 struct ihipMemPoolHandle_t {
     unsigned magic;
     int device;
+    int destroyed;
     uint64_t release_threshold;
+    uint64_t reserve; /* bytes freed into the pool, not yet trimmed (dev->lock) */
+    struct ihipMemPoolHandle_t *next; /* the device's created pools */
 };
 
 struct device {
     struct sq_mem *mem;
-    pthread_mutex_t lock; /* orders alloc/free against the pool reserve */
-    uint64_t reserve;     /* bytes freed into the pool, not yet trimmed */
+    pthread_mutex_t lock; /* orders alloc/free against the pools' reserves */
     uint64_t streams;     /* live streams */
+    uint64_t created_pools; /* created and not destroyed */
     struct ihipMemPoolHandle_t pool;
+    struct ihipMemPoolHandle_t *created;
+    uint64_t default_threshold_at_start;
+};
+
+/* Which pool a stream-ordered allocation came from (dev->lock). */
+struct pool_alloc {
+    uint64_t base;
+    struct ihipMemPoolHandle_t *pool;
 };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -127,6 +155,18 @@ static uint64_t g_callbacks;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct device g_dev[MAX_DEVICES];
 static __thread int t_device;
+static int g_drop_callbacks;
+
+/* memgov_standin_hip_quiesce: HIP calls in flight per thread, and the one
+ * thread allowed to call once quiesced. */
+static __thread int t_in_call;
+static uint64_t g_in_flight; /* g_lock */
+static int g_quiesced;       /* g_lock */
+static uint64_t g_calls;     /* g_lock: HIP calls made (memgov_standin_hip_calls) */
+static pthread_t g_quiesced_by;
+
+static struct pool_alloc *g_pool_allocs; /* g_lock */
+static size_t g_pool_allocs_n, g_pool_allocs_cap;
 
 static const char g_description[] =
     "memgov libamdhip64 stand-in: HIP runtime imitated on host threads (not a GPU)";
@@ -150,8 +190,22 @@ static void check_nothing_live(int d, const char *when) {
 }
 
 static void at_exit_check(void) {
-    if (sq_knobs_sticky()) return; /* a lost device keeps what it had */
-    for (int d = 0; d < g_devices; d++) check_nothing_live(d, "process exits");
+    for (int d = 0; d < g_devices; d++) {
+        struct device *dev = &g_dev[d];
+        if (dev->pool.release_threshold != dev->default_threshold_at_start)
+            sq_die("process exits with the release threshold of device %d's default memory pool "
+                   "at %llu; the process found it at %llu (memgov must not change it)",
+                   d, (unsigned long long)dev->pool.release_threshold,
+                   (unsigned long long)dev->default_threshold_at_start);
+        if (sq_knobs_sticky()) continue; /* a dead device keeps what it had */
+        check_nothing_live(d, "process exits");
+        pthread_mutex_lock(&g_lock);
+        uint64_t pools = dev->created_pools;
+        pthread_mutex_unlock(&g_lock);
+        if (pools != 0)
+            sq_die("process exits with %llu memory pools of device %d never destroyed",
+                   (unsigned long long)pools, d);
+    }
 }
 
 static void init(void) {
@@ -162,28 +216,82 @@ static void init(void) {
     g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
     g_no_mempool = (int)sq_env_u64("MEMGOV_STANDIN_HIP_NO_MEMPOOL", 0);
     g_fail_callback_at = sq_env_u64("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
+    g_drop_callbacks = sq_env_u64("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", 0) != 0;
     int exit_check = sq_env_u64("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
     for (int i = 0; i < g_devices; i++) {
         g_dev[i].mem = sq_mem_new(g_knobs.oom_after_bytes);
         pthread_mutex_init(&g_dev[i].lock, NULL);
         g_dev[i].pool = (struct ihipMemPoolHandle_t){.magic = POOL_MAGIC, .device = i};
+        g_dev[i].default_threshold_at_start = g_dev[i].pool.release_threshold;
     }
     if (exit_check) atexit(at_exit_check);
 }
 
-/* Entry of every HIP call: none from inside a callback; count the call for
- * the sticky error knob. Returns nonzero when the device is sticky. */
+/* Entry of every HIP call: none from inside a callback, none from another
+ * thread once quiesced; count the call in flight (left when the calling
+ * function returns, see CALL) and for the sticky error knob. Returns nonzero
+ * when the device is sticky. */
 static int enter(const char *fn) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN)
         sq_die("%s called from inside a stream callback (HIP forbids HIP calls there)", fn);
     pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    int late = g_quiesced && !pthread_equal(g_quiesced_by, pthread_self());
+    if (t_in_call++ == 0) g_in_flight++;
+    g_calls++;
+    pthread_mutex_unlock(&g_lock);
+    if (late)
+        sq_die("%s called from another thread after memgov_standin_hip_quiesce() (a backend "
+               "thread still calls HIP after teardown returned)",
+               fn);
     return sq_knobs_tick(&g_knobs);
 }
 
+static void leave(int *unused) {
+    (void)unused;
+    pthread_mutex_lock(&g_lock);
+    if (--t_in_call == 0) g_in_flight--;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Declares the call in flight until the enclosing function returns. */
+#define CALL(fn) __attribute__((cleanup(leave))) int in_call_ = 0; int sticky_ = enter(fn); (void)in_call_
+
 #define ENTER(fn)                                       \
+    CALL(fn);                                           \
     do {                                                \
-        if (enter(fn)) return hipErrorIllegalAddress;   \
+        if (sticky_) return hipErrorIllegalAddress;     \
     } while (0)
+
+/* Test hook (tests find it with dlsym): HIP calls made so far, by every
+ * thread, this one included. */
+uint64_t memgov_standin_hip_calls(void);
+uint64_t memgov_standin_hip_calls(void) {
+    pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    uint64_t n = g_calls;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Test hook (tests find it with dlsym): from now on, only the calling thread
+ * may call HIP, and no other thread may be inside a HIP call now. A test
+ * calls it after a teardown returned, with every context torn down: a
+ * backend thread (a reaper) still calling HIP is caught here or at its next
+ * call. */
+void memgov_standin_hip_quiesce(void);
+void memgov_standin_hip_quiesce(void) {
+    pthread_once(&g_once, init);
+    pthread_mutex_lock(&g_lock);
+    uint64_t others = g_in_flight - (t_in_call != 0);
+    g_quiesced = 1;
+    g_quiesced_by = pthread_self();
+    pthread_mutex_unlock(&g_lock);
+    if (others != 0)
+        sq_die("memgov_standin_hip_quiesce: %llu other threads are still inside a HIP call (a "
+               "backend thread still calls HIP after teardown returned)",
+               (unsigned long long)others);
+}
 
 static int valid_device(int d) { return d >= 0 && d < g_devices; }
 
@@ -193,13 +301,9 @@ static void check_stream(hipStream_t s, const char *fn) {
     if (s->destroyed) sq_die("%s on destroyed stream %p", fn, (void *)s);
 }
 
-static void check_event(hipEvent_t e, const char *fn) {
-    if (e == NULL || e->magic != EVENT_MAGIC) sq_die("%s: %p is not an event", fn, (void *)e);
-    if (e->destroyed) sq_die("%s on destroyed event %p", fn, (void *)e);
-}
-
 static void check_pool(hipMemPool_t p, const char *fn) {
     if (p == NULL || p->magic != POOL_MAGIC) sq_die("%s: %p is not a memory pool", fn, (void *)p);
+    if (p->destroyed) sq_die("%s on destroyed memory pool %p", fn, (void *)p);
 }
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -287,8 +391,8 @@ hipError_t hipGetDevice(int *d) {
  * calls it (other users of the device own theirs). The stand-in treats it
  * as the device's destruction and requires nothing to be left. */
 hipError_t hipDeviceReset(void) {
-    int sticky = enter("hipDeviceReset");
-    if (!sticky) check_nothing_live(t_device, "hipDeviceReset");
+    CALL("hipDeviceReset");
+    if (!sticky_) check_nothing_live(t_device, "hipDeviceReset");
     return hipSuccess;
 }
 
@@ -328,7 +432,8 @@ hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     if (free_bytes == NULL || total == NULL) return hipErrorInvalidValue;
     struct device *dev = &g_dev[t_device];
     pthread_mutex_lock(&dev->lock);
-    uint64_t used = sq_mem_live_bytes(dev->mem) + dev->reserve;
+    uint64_t used = sq_mem_live_bytes(dev->mem) + dev->pool.reserve;
+    for (struct ihipMemPoolHandle_t *p = dev->created; p != NULL; p = p->next) used += p->reserve;
     pthread_mutex_unlock(&dev->lock);
     uint64_t cap = cap_bytes();
     *free_bytes = (size_t)(used > cap ? 0 : cap - used);
@@ -354,10 +459,10 @@ hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags) {
 }
 
 hipError_t hipStreamDestroy(hipStream_t s) {
-    int sticky = enter("hipStreamDestroy");
+    CALL("hipStreamDestroy");
     check_stream(s, "hipStreamDestroy");
     uint64_t pending = sq_queue_pending(s->q);
-    if (pending != 0 && !sticky)
+    if (pending != 0 && !sticky_)
         sq_die("hipStreamDestroy of stream %p with %llu operations (frees, copies or callbacks) "
                "still queued: synchronize it first",
                (void *)s, (unsigned long long)pending);
@@ -391,6 +496,10 @@ struct callback_op {
 
 static void run_callback(void *arg) {
     struct callback_op *op = arg;
+    if (g_drop_callbacks && sq_knobs_sticky()) {
+        free(op); /* dropped unrun, as a runtime may on a lost device */
+        return;
+    }
     /* On a sticky device the callback still runs, with the error as its
      * status, as HIP reports a failed stream to its callbacks. */
     op->fn(op->stream, sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess, op->user);
@@ -414,98 +523,97 @@ hipError_t hipStreamAddCallback(hipStream_t s, hipStreamCallback_t fn, void *use
 
 /* ---- events -------------------------------------------------------------------- */
 
+/* A hipEvent_t is common/'s sq_event (the header's struct is opaque). */
+static struct sq_event *ev(hipEvent_t e) { return (struct sq_event *)(void *)e; }
+
 hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags) {
     ENTER("hipEventCreateWithFlags");
     if (event == NULL) return hipErrorInvalidValue;
     (void)flags;
-    hipEvent_t e = calloc(1, sizeof *e);
-    if (e == NULL) sq_fatal("out of host memory");
-    e->magic = EVENT_MAGIC;
-    pthread_mutex_init(&e->lock, NULL);
-    pthread_cond_init(&e->done, NULL);
-    *event = e;
+    *event = (hipEvent_t)(void *)sq_event_new();
     return hipSuccess;
-}
-
-struct marker_op {
-    hipEvent_t event;
-    uint64_t generation;
-};
-
-static void run_marker(void *arg) {
-    struct marker_op *op = arg;
-    hipEvent_t e = op->event;
-    pthread_mutex_lock(&e->lock);
-    if (op->generation > e->reached) e->reached = op->generation;
-    pthread_cond_broadcast(&e->done);
-    pthread_mutex_unlock(&e->lock);
-    free(op);
 }
 
 hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) {
     ENTER("hipEventRecord");
-    check_event(e, "hipEventRecord");
+    sq_event_check(ev(e), "hipEventRecord");
     check_stream(s, "hipEventRecord");
-    struct marker_op *op = malloc(sizeof *op);
-    if (op == NULL) sq_fatal("out of host memory");
-    pthread_mutex_lock(&e->lock);
-    op->event = e;
-    op->generation = ++e->recorded;
-    pthread_mutex_unlock(&e->lock);
-    sq_queue_push(s->q, run_marker, op, SQ_OP_PLAIN);
+    sq_event_record(ev(e), s->q);
+    return hipSuccess;
+}
+
+hipError_t hipStreamWaitEvent(hipStream_t s, hipEvent_t e, unsigned int flags) {
+    ENTER("hipStreamWaitEvent");
+    check_stream(s, "hipStreamWaitEvent");
+    sq_event_check(ev(e), "hipStreamWaitEvent");
+    if (flags != 0) return hipErrorInvalidValue;
+    sq_queue_wait_event(s->q, ev(e));
     return hipSuccess;
 }
 
 hipError_t hipEventSynchronize(hipEvent_t e) {
     ENTER("hipEventSynchronize");
-    check_event(e, "hipEventSynchronize");
-    pthread_mutex_lock(&e->lock);
-    uint64_t want = e->recorded;
-    while (e->reached < want) pthread_cond_wait(&e->done, &e->lock);
-    pthread_mutex_unlock(&e->lock);
+    sq_event_check(ev(e), "hipEventSynchronize");
+    sq_event_sync(ev(e));
     return sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess;
 }
 
 hipError_t hipEventQuery(hipEvent_t e) {
     ENTER("hipEventQuery");
-    check_event(e, "hipEventQuery");
-    pthread_mutex_lock(&e->lock);
-    int done = e->reached >= e->recorded;
-    pthread_mutex_unlock(&e->lock);
-    return done ? hipSuccess : hipErrorNotReady;
+    sq_event_check(ev(e), "hipEventQuery");
+    return sq_event_done(ev(e)) ? hipSuccess : hipErrorNotReady;
 }
 
 hipError_t hipEventDestroy(hipEvent_t e) {
     ENTER("hipEventDestroy");
-    check_event(e, "hipEventDestroy");
-    /* Kept (never freed) so that a marker still queued, or a later use of
-     * the handle, touches valid memory and is caught. */
-    e->destroyed = 1;
+    sq_event_check(ev(e), "hipEventDestroy");
+    sq_event_destroy(ev(e));
     return hipSuccess;
 }
 
 /* ---- memory --------------------------------------------------------------------- */
 
-static uint64_t alloc_on(int d, size_t bytes, int from_pool) {
+/* Allocate on device d: from `pool` (stream-ordered on queue q, reusing
+ * what the pool kept, as ROCm's pool does) or, with pool == NULL, plain. */
+static uint64_t alloc_on(int d, size_t bytes, struct ihipMemPoolHandle_t *pool, struct sq_queue *q) {
     struct device *dev = &g_dev[d];
     pthread_mutex_lock(&dev->lock);
-    uint64_t p = sq_mem_alloc(dev->mem, bytes);
-    if (p != 0 && from_pool) {
-        /* Reuse what the pool kept, as ROCm's pool does. */
-        uint64_t take = dev->reserve < bytes ? dev->reserve : bytes;
-        dev->reserve -= take;
+    uint64_t p = pool ? sq_mem_alloc_on(dev->mem, bytes, q) : sq_mem_alloc(dev->mem, bytes);
+    if (p != 0 && pool) {
+        uint64_t take = pool->reserve < bytes ? pool->reserve : bytes;
+        pool->reserve -= take;
+        if (g_pool_allocs_n == g_pool_allocs_cap) {
+            g_pool_allocs_cap = g_pool_allocs_cap ? 2 * g_pool_allocs_cap : 64;
+            g_pool_allocs = realloc(g_pool_allocs, g_pool_allocs_cap * sizeof *g_pool_allocs);
+            if (g_pool_allocs == NULL) sq_fatal("out of host memory");
+        }
+        g_pool_allocs[g_pool_allocs_n++] = (struct pool_alloc){.base = p, .pool = pool};
     }
     pthread_mutex_unlock(&dev->lock);
     return p;
 }
 
-/* Release a marked allocation; into the pool's reserve when `to_pool`. */
-static void finish_free_on(int d, uint64_t base, int to_pool) {
+/* The pool `base` came from, forgotten (NULL for plain memory); dev->lock. */
+static struct ihipMemPoolHandle_t *take_pool_of(uint64_t base) {
+    for (size_t i = 0; i < g_pool_allocs_n; i++) {
+        if (g_pool_allocs[i].base == base) {
+            struct ihipMemPoolHandle_t *p = g_pool_allocs[i].pool;
+            g_pool_allocs[i] = g_pool_allocs[--g_pool_allocs_n];
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Release a marked allocation, into its pool's reserve when it came from a
+ * pool that still exists. */
+static void finish_free_on(int d, uint64_t base) {
     struct device *dev = &g_dev[d];
     pthread_mutex_lock(&dev->lock);
     uint64_t before = sq_mem_live_bytes(dev->mem);
     sq_mem_finish_free(dev->mem, base);
-    if (to_pool) dev->reserve += before - sq_mem_live_bytes(dev->mem);
+    struct ihipMemPoolHandle_t *pool = take_pool_of(base);
+    if (pool != NULL && !pool->destroyed) pool->reserve += before - sq_mem_live_bytes(dev->mem);
     pthread_mutex_unlock(&dev->lock);
 }
 
@@ -516,7 +624,7 @@ hipError_t hipMalloc(void **ptr, size_t size) {
         *ptr = NULL;
         return hipSuccess;
     }
-    uint64_t p = alloc_on(t_device, size, 0);
+    uint64_t p = alloc_on(t_device, size, NULL, NULL);
     if (p == 0) return hipErrorOutOfMemory;
     *ptr = (void *)(uintptr_t)p;
     return hipSuccess;
@@ -530,7 +638,7 @@ hipError_t hipFree(void *ptr) {
     for (int d = 0; d < g_devices; d++) {
         enum sq_mem_check c = sq_mem_begin_free(g_dev[d].mem, base);
         if (c == SQ_MEM_OK) {
-            finish_free_on(d, base, 0);
+            finish_free_on(d, base);
             return hipSuccess;
         }
         if (c != SQ_MEM_UNKNOWN) sq_die("hipFree of %s pointer %p", sq_mem_check_str(c), ptr);
@@ -570,20 +678,87 @@ hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t keep) {
     check_pool(pool, "hipMemPoolTrimTo");
     struct device *dev = &g_dev[pool->device];
     pthread_mutex_lock(&dev->lock);
-    if (dev->reserve > keep) dev->reserve = keep;
+    if (pool->reserve > keep) pool->reserve = keep;
     pthread_mutex_unlock(&dev->lock);
+    return hipSuccess;
+}
+
+hipError_t hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *props) {
+    ENTER("hipMemPoolCreate");
+    if (pool == NULL || props == NULL) return hipErrorInvalidValue;
+    if (g_no_mempool == 1) return hipErrorNotSupported;
+    if (props->allocType != hipMemAllocationTypePinned ||
+        props->location.type != hipMemLocationTypeDevice || !valid_device(props->location.id))
+        return hipErrorInvalidValue;
+    hipMemPool_t p = calloc(1, sizeof *p);
+    if (p == NULL) sq_fatal("out of host memory");
+    p->magic = POOL_MAGIC;
+    p->device = props->location.id;
+    struct device *dev = &g_dev[p->device];
+    pthread_mutex_lock(&dev->lock);
+    p->next = dev->created;
+    dev->created = p;
+    pthread_mutex_unlock(&dev->lock);
+    pthread_mutex_lock(&g_lock);
+    dev->created_pools++;
+    pthread_mutex_unlock(&g_lock);
+    *pool = p;
+    return hipSuccess;
+}
+
+/* ROCm releases a pool's resources once its last allocation is freed; the
+ * stand-in requires none live (memgov frees everything first) and keeps the
+ * struct so that a later use is caught. */
+hipError_t hipMemPoolDestroy(hipMemPool_t pool) {
+    ENTER("hipMemPoolDestroy");
+    check_pool(pool, "hipMemPoolDestroy");
+    struct device *dev = &g_dev[pool->device];
+    if (pool == &dev->pool) sq_die("hipMemPoolDestroy of device %d's default memory pool", pool->device);
+    pthread_mutex_lock(&dev->lock);
+    uint64_t live = 0;
+    for (size_t i = 0; i < g_pool_allocs_n; i++) live += g_pool_allocs[i].pool == pool;
+    if (live != 0) {
+        pthread_mutex_unlock(&dev->lock);
+        sq_die("hipMemPoolDestroy of pool %p with %llu allocations not yet freed", (void *)pool,
+               (unsigned long long)live);
+    }
+    pool->destroyed = 1;
+    pool->reserve = 0;
+    for (hipMemPool_t *at = &dev->created; *at != NULL; at = &(*at)->next) {
+        if (*at == pool) {
+            *at = pool->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dev->lock);
+    pthread_mutex_lock(&g_lock);
+    dev->created_pools--;
+    pthread_mutex_unlock(&g_lock);
+    return hipSuccess;
+}
+
+static hipError_t malloc_from(const char *fn, void **ptr, size_t size, hipMemPool_t pool, hipStream_t s) {
+    check_stream(s, fn);
+    check_pool(pool, fn);
+    if (g_no_mempool) return hipErrorNotSupported;
+    if (ptr == NULL || size == 0) return hipErrorInvalidValue;
+    if (pool->device != s->device)
+        sq_die("%s from device %d's pool on a stream of device %d", fn, pool->device, s->device);
+    uint64_t p = alloc_on(s->device, size, pool, s->q);
+    if (p == 0) return hipErrorOutOfMemory;
+    *ptr = (void *)(uintptr_t)p;
     return hipSuccess;
 }
 
 hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t s) {
     ENTER("hipMallocAsync");
     check_stream(s, "hipMallocAsync");
-    if (g_no_mempool) return hipErrorNotSupported;
-    if (ptr == NULL || size == 0) return hipErrorInvalidValue;
-    uint64_t p = alloc_on(s->device, size, 1);
-    if (p == 0) return hipErrorOutOfMemory;
-    *ptr = (void *)(uintptr_t)p;
-    return hipSuccess;
+    return malloc_from("hipMallocAsync", ptr, size, &g_dev[s->device].pool, s);
+}
+
+hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t s) {
+    ENTER("hipMallocFromPoolAsync");
+    return malloc_from("hipMallocFromPoolAsync", ptr, size, pool, s);
 }
 
 struct free_op {
@@ -594,7 +769,7 @@ struct free_op {
 static void run_free(void *arg) {
     struct free_op *op = arg;
     /* On a sticky device queued work no longer runs: the memory stays. */
-    if (!sq_knobs_sticky()) finish_free_on(op->device, op->base, 1);
+    if (!sq_knobs_sticky()) finish_free_on(op->device, op->base);
     free(op);
 }
 
@@ -603,7 +778,7 @@ hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
     check_stream(s, "hipFreeAsync");
     if (g_no_mempool) return hipErrorNotSupported;
     uint64_t base = (uint64_t)(uintptr_t)ptr;
-    enum sq_mem_check c = sq_mem_begin_free(g_dev[s->device].mem, base);
+    enum sq_mem_check c = sq_mem_begin_free_on(g_dev[s->device].mem, base, s->q, "hipFreeAsync");
     if (c != SQ_MEM_OK) sq_die("hipFreeAsync of %s pointer %p", sq_mem_check_str(c), ptr);
     struct free_op *op = malloc(sizeof *op);
     if (op == NULL) sq_fatal("out of host memory");
@@ -617,10 +792,19 @@ static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, con
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
-    enum sq_mem_check c = sq_mem_check(g_dev[s->device].mem, (uint64_t)(uintptr_t)dev_ptr, bytes);
+    struct sq_mem *mem = g_dev[s->device].mem;
+    uint64_t addr = (uint64_t)(uintptr_t)dev_ptr;
+    enum sq_mem_check c = sq_mem_check_on(mem, addr, bytes, s->q, fn);
+    if (c == SQ_MEM_UNKNOWN) {
+        for (int d = 0; d < g_devices; d++)
+            if (d != s->device && sq_mem_check(g_dev[d].mem, addr, bytes) != SQ_MEM_UNKNOWN)
+                sq_die("%s of %zu bytes at %p, memory of device %d, on a stream of device %d", fn,
+                       bytes, dev_ptr, d, s->device);
+    }
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer %p", fn, bytes, sq_mem_check_str(c), dev_ptr);
     sq_queue_copy(s->q, dst, src, bytes);
+    sq_mem_touch(mem, addr, s->q, sq_queue_last(s->q));
     return hipSuccess;
 }
 

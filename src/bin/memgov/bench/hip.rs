@@ -10,12 +10,20 @@
 
 #![allow(dead_code)]
 
-use hip_sys::hiprt::{hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
-use memgov::hip::{result, HipConfig, HipContext};
+use hip_sys::hiprt::hipStream_t;
+use memgov::hip::{result, HipConfig, HipContext, HipResult};
 use memgov::{
     BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
 };
 use std::ffi::c_void;
+
+// The raw side's calls, with the result read as the C `int` it is (as the
+// backend declares them: a code hip-sys's enum lacks must not be UB).
+extern "C" {
+    fn hipMallocAsync(ptr: *mut *mut c_void, bytes: usize, stream: hipStream_t) -> HipResult;
+    fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> HipResult;
+    fn hipStreamSynchronize(stream: hipStream_t) -> HipResult;
+}
 
 /// Bytes allocated per cycle.
 pub const CYCLE_BYTES: u64 = 64 << 10;
