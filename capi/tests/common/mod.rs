@@ -1,0 +1,110 @@
+//! Building and running C programs against the library, for the tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The cargo profile directory the test runs from (`target/debug`), where
+/// `libmemgov_capi.so` is built next to the test binaries' `deps/`.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// The shared library the C programs link.
+pub fn library() -> PathBuf {
+    let lib = profile_dir().join("libmemgov_capi.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: cargo builds it with the package's library (crate-type cdylib)",
+        lib.display()
+    );
+    lib
+}
+
+pub fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+pub fn c_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c")
+}
+
+/// A fresh scratch directory under the target directory.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = profile_dir().join("capi-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// The C compiler: `$CC` or `cc`.
+pub fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_owned())
+}
+
+/// The C++ compiler: `$CXX` or `c++`.
+pub fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned())
+}
+
+pub fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Run a command; panic with its output if it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// Compile and link C sources into `out` against the library.
+pub fn build_c(sources: &[PathBuf], out: &Path, extra: &[&str]) {
+    let lib_dir = profile_dir();
+    let mut cmd = Command::new(cc());
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .arg("-I")
+        .arg(include_dir())
+        .args(extra)
+        .args(sources)
+        .arg("-o")
+        .arg(out)
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .arg("-lmemgov_capi");
+    run_ok(&mut cmd);
+}
+
+/// Compile a plugin: a shared object whose memgov symbols resolve against
+/// the library the host already loaded.
+pub fn build_plugin(source: &Path, out: &Path, extra: &[&str]) {
+    let mut cmd = Command::new(cc());
+    cmd.args([
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-fPIC", "-shared",
+    ])
+    .arg("-I")
+    .arg(include_dir())
+    .args(extra)
+    .arg(source)
+    .arg("-o")
+    .arg(out);
+    run_ok(&mut cmd);
+}
