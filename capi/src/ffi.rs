@@ -253,18 +253,19 @@ impl memgov_plugin_outstanding {
 /// `OrtAllocator*`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+#[allow(non_snake_case)]
 pub struct memgov_ort_allocator {
     /// `MEMGOV_ORT_ALLOCATOR_VERSION` (18: `Reserve` present, no later members).
     pub version: u32,
     /// `OrtAllocator::Alloc`.
-    pub alloc:
+    pub Alloc:
         Option<unsafe extern "C" fn(this: *mut memgov_ort_allocator, size: usize) -> *mut c_void>,
     /// `OrtAllocator::Free`.
-    pub free: Option<unsafe extern "C" fn(this: *mut memgov_ort_allocator, p: *mut c_void)>,
+    pub Free: Option<unsafe extern "C" fn(this: *mut memgov_ort_allocator, p: *mut c_void)>,
     /// `OrtAllocator::Info`: the `OrtMemoryInfo*` given at creation.
-    pub info: Option<unsafe extern "C" fn(this: *const memgov_ort_allocator) -> *const c_void>,
+    pub Info: Option<unsafe extern "C" fn(this: *const memgov_ort_allocator) -> *const c_void>,
     /// `OrtAllocator::Reserve`: an allocation of the `weights` role.
-    pub reserve:
+    pub Reserve:
         Option<unsafe extern "C" fn(this: *mut memgov_ort_allocator, size: usize) -> *mut c_void>,
 }
 

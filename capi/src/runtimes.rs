@@ -295,10 +295,10 @@ pub unsafe extern "C" fn memgov_ort_allocator_create(
         let b = Box::into_raw(Box::new(OrtBox {
             public: memgov_ort_allocator {
                 version: MEMGOV_ORT_ALLOCATOR_VERSION,
-                alloc: Some(ort_alloc),
-                free: Some(ort_free),
-                info: Some(ort_info),
-                reserve: Some(ort_reserve),
+                Alloc: Some(ort_alloc),
+                Free: Some(ort_free),
+                Info: Some(ort_info),
+                Reserve: Some(ort_reserve),
             },
         }));
         let state = Arc::new(OrtState {
