@@ -16,8 +16,11 @@ fn header() -> String {
     std::fs::read_to_string(include_dir().join("memgov.h")).expect("memgov.h")
 }
 
-/// (struct, its size, [(field, offset)]) as Rust lays them out.
-fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+/// A struct's name, its size, and each field's name and offset.
+type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
+
+/// Every struct of the header as Rust lays it out.
+fn rust_layouts() -> Vec<Layout> {
     macro_rules! layouts {
         ($($s:ident { $($f:ident),* $(,)? })*) => {
             vec![$((
