@@ -15,14 +15,42 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The shared library the C programs link.
+/// Where the shared library of this build is: `deps/`, next to the test
+/// binaries (`cargo test` builds the package's library with every crate type
+/// there and copies it up to the profile directory only on `cargo build`).
+pub fn lib_dir() -> PathBuf {
+    profile_dir().join("deps")
+}
+
+/// The shared library the C programs link, checked to be the one built with
+/// this test's features: its capability bits equal those of the library
+/// linked into this test.
 pub fn library() -> PathBuf {
-    let lib = profile_dir().join("libmemgov_capi.so");
+    let lib = lib_dir().join("libmemgov_capi.so");
     assert!(
         lib.exists(),
         "{} is missing: cargo builds it with the package's library (crate-type cdylib)",
         lib.display()
     );
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        let dir = scratch("caps");
+        std::fs::write(
+            dir.join("caps.c"),
+            "#include \"memgov.h\"\n#include <stdio.h>\nint main(void) { printf(\"%llu\\n\", (unsigned long long)memgov_capabilities()); return 0; }\n",
+        )
+        .unwrap();
+        build_c(&[dir.join("caps.c")], &dir.join("caps"), &[]);
+        let out = run_ok(&mut Command::new(dir.join("caps")));
+        let theirs: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let ours = memgov_capi::memgov_capabilities();
+        assert_eq!(
+            theirs,
+            ours,
+            "{} was built with other features than this test (capabilities {theirs:#x}, expected {ours:#x}); rebuild it with the same --features (cargo keeps one unhashed cdylib per profile: after building with other features, `touch capi/src/lib.rs`)",
+            lib.display()
+        );
+    });
     lib
 }
 
@@ -78,7 +106,7 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 
 /// Compile and link C sources into `out` against the library.
 pub fn build_c(sources: &[PathBuf], out: &Path, extra: &[&str]) {
-    let lib_dir = profile_dir();
+    let lib_dir = lib_dir();
     let mut cmd = Command::new(cc());
     cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
         .arg("-I")
@@ -88,6 +116,11 @@ pub fn build_c(sources: &[PathBuf], out: &Path, extra: &[&str]) {
         .arg("-o")
         .arg(out)
         .arg(format!("-L{}", lib_dir.display()))
+        // DT_RPATH, not DT_RUNPATH: it wins over LD_LIBRARY_PATH, which
+        // `cargo test` points at the profile directory, where `cargo build`
+        // leaves a copy of the library that may be of other features or
+        // older sources.
+        .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
         .arg("-lmemgov_capi");
     run_ok(&mut cmd);
