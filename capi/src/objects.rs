@@ -882,9 +882,3 @@ pub extern "C" fn memgov_pin_release(pin: *mut memgov_pin) -> i32 {
         Ok(())
     })
 }
-
-/// Live handles of each kind, for tests: governor, context, stream, buffer,
-/// pin source, pin, callback, plugin (tags 1..=8).
-pub fn live_handles(tag: u8) -> usize {
-    registry::live_count(tag)
-}

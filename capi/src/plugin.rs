@@ -449,16 +449,20 @@ pub unsafe extern "C" fn memgov_plugin_symbol(
         if out.is_null() {
             return Err(Error::invalid("the out-pointer is NULL"));
         }
-        let lib = lock(&p.library).as_ref().map(|l| l.handle);
-        let Some(lib) = lib else {
+        // The library's lock is held across dlsym, so that a concurrent
+        // close (which takes the handle out under it) cannot dlclose it in
+        // between. dlsym runs no code of the plugin.
+        let library = lock(&p.library);
+        let Some(lib) = library.as_ref() else {
             return Err(Error::invalid(format!(
                 "plugin '{}' was registered, not loaded by memgov_plugin_open",
                 p.name
             )));
         };
-        // SAFETY: a live dlopen handle (closing takes it out of the plugin
-        // and removes the plugin's handle first); `name` is NUL-terminated.
-        let sym = unsafe { dlsym(lib as *mut c_void, name) };
+        // SAFETY: a live dlopen handle (held under its lock); `name` is
+        // NUL-terminated.
+        let sym = unsafe { dlsym(lib.handle as *mut c_void, name) };
+        drop(library);
         if sym.is_null() {
             return Err(Error::new(
                 MEMGOV_ERR_PLUGIN,

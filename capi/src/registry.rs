@@ -100,8 +100,3 @@ pub(crate) fn remove<T: Kind>(id: u64) -> Result<Arc<T>> {
         _ => Err(not_live::<T>(id)),
     }
 }
-
-/// How many handles of each tag are live (tests and diagnostics).
-pub(crate) fn live_count(tag: u8) -> usize {
-    lock(map()).values().filter(|e| e.tag == tag).count()
-}

@@ -24,9 +24,11 @@ fn check_output(out: &std::process::Output) -> String {
     print!("{stdout}");
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     for line in [
+        "load failures: reported",
         "close after run: MEMGOV_ERR_BUSY: streams 1, buffers 2 (8192 B), pending releases 1, pin sources 1, pins 1, callbacks 1",
         "close after synchronize: MEMGOV_ERR_BUSY: streams 1, buffers 0 (0 B), pending releases 0, pin sources 1, pins 1, callbacks 1",
         "close after releasing the rest: MEMGOV_OK",
+        "failed init holding a pin source: unloaded after it went",
         "teardown: 3 releases retired, backend MEMGOV_OK",
         "host: all checks passed",
     ] {

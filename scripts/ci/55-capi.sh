@@ -5,8 +5,9 @@
 # API tests from C and from Rust (bad handles, double releases, calls after
 # retire, the PyTorch and OrtAllocator entry points), and the example plugin
 # loaded by a C host that is refused unload until nothing is outstanding:
-# plain, under AddressSanitizer and under valgrind. Then the same with the
-# CUDA backend compiled in, on the stand-in libcuda; and clippy.
+# plain, under AddressSanitizer and under valgrind. Then the allocator entry
+# points, a plugin and a teardown from C with the CUDA and the HIP backend
+# compiled in, on their stand-in drivers and (skipping) without; and clippy.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 # A C++ compiler for the C++17 header check; valgrind for the plugin test.
@@ -35,9 +36,20 @@ LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 grep -q "gpu: cuda: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-cuda.log
 LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features cuda --test c_gpu -- --nocapture 2>&1 | tee target/capi-cuda-absent.log
 grep -q "skipped: cuda: .*no CUDA driver" target/capi-cuda-absent.log
+
+echo "--- memgov-capi with the HIP backend on the stand-in libamdhip64"
+apt_install libamdhip64-dev
+export HIP_PATH=/usr
+standins="$(backends/stand-ins/build.sh hip)"
+touch capi/src/lib.rs
+LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip.log
+grep -q "gpu: hip: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-hip.log
+LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip-absent.log
+grep -q "skipped: hip: .*no HIP device" target/capi-hip-absent.log
 # Leave the library of the default features in place for whoever runs next.
 touch capi/src/lib.rs
 
 echo "--- clippy (memgov-capi)"
 cargo clippy --locked -p memgov-capi --all-targets --no-deps -- -D warnings
-cargo clippy --locked -p memgov-capi --all-targets --no-deps --features cuda -- -D warnings
+cargo clippy --locked -p memgov-capi --all-targets --no-deps --features cuda,hip,vulkan -- -D warnings

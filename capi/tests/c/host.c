@@ -9,6 +9,7 @@
  */
 #include "memgov.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +78,18 @@ int main(int argc, char** argv) {
     memgov_context* ctx = NULL;
     OK(memgov_context_open(gov, &opts, &ctx));
 
-    memgov_plugin* plugin = NULL;
+    /* Loading failures: a missing library, a missing init symbol, an init
+     * that fails having created nothing (closed again, no handle). */
+    memgov_plugin* plugin = (memgov_plugin*)(uintptr_t)1;
+    EXPECT(memgov_plugin_open("/nonexistent/plugin.so", NULL, ctx, &plugin) == MEMGOV_ERR_PLUGIN);
+    EXPECT(plugin == NULL);
+    EXPECT(memgov_plugin_open(argv[1], "no_such_init", ctx, &plugin) == MEMGOV_ERR_PLUGIN);
+    EXPECT(strstr(memgov_last_error_message(), "no_such_init") != NULL);
+    EXPECT(memgov_plugin_open(argv[1], "plugin_init_fails", ctx, &plugin) == MEMGOV_ERR_PLUGIN);
+    EXPECT(strstr(memgov_last_error_message(), "returned 7; the library was closed again") != NULL);
+    EXPECT(plugin == NULL);
+    printf("load failures: reported\n");
+
     int32_t rc = memgov_plugin_open(argv[1], NULL, ctx, &plugin);
     if (rc != MEMGOV_OK) {
         fprintf(stderr, "host: cannot load %s: %s\n", argv[1], memgov_last_error_message());
@@ -132,6 +144,18 @@ int main(int argc, char** argv) {
     /* Unloaded: the handle is gone. */
     EXPECT(memgov_plugin_may_unload(plugin, NULL) == MEMGOV_ERR_INVALID_HANDLE);
     EXPECT(memgov_plugin_close(plugin, NULL) == MEMGOV_ERR_INVALID_HANDLE);
+
+    /* An init that fails holding something: loaded until that is released. */
+    plugin = NULL;
+    EXPECT(memgov_plugin_open(argv[1], "plugin_init_fails_holding", ctx, &plugin) == MEMGOV_ERR_PLUGIN);
+    EXPECT(strstr(memgov_last_error_message(), "returned 8; it left objects outstanding") != NULL);
+    EXPECT(plugin != NULL);
+    o = outstanding(plugin, &rc);
+    EXPECT(rc == MEMGOV_ERR_BUSY && o.pin_sources == 1);
+    OK(symbol(plugin, "plugin_drop_source")());
+    o = outstanding(plugin, &rc);
+    EXPECT(rc == MEMGOV_OK);
+    printf("failed init holding a pin source: unloaded after it went\n");
 
     memgov_teardown_report report;
     memset(&report, 0, sizeof report);

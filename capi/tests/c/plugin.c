@@ -82,3 +82,24 @@ int32_t plugin_synchronize(void) {
     CHECK(memgov_stream_synchronize(stream));
     return MEMGOV_OK;
 }
+
+/* An init that fails having created nothing: memgov closes it again. */
+int32_t plugin_init_fails(memgov_plugin* plugin, void* host_data) {
+    (void)plugin;
+    (void)host_data;
+    return 7;
+}
+
+/* An init that fails holding a pin source: it stays loaded until that goes. */
+int32_t plugin_init_fails_holding(memgov_plugin* plugin, void* host_data) {
+    self = plugin;
+    ctx = (memgov_context*)host_data;
+    if (memgov_pin_source_create(ctx, "half-initialized", self, &source) != MEMGOV_OK)
+        return 1;
+    return 8;
+}
+
+int32_t plugin_drop_source(void) {
+    CHECK(memgov_pin_source_destroy(source));
+    return MEMGOV_OK;
+}
