@@ -383,6 +383,17 @@ fn retire(
     force: bool,
 ) -> Result<()> {
     let c = get::<ContextObj, _>(ctx)?;
+    if !out.is_null() {
+        // Checked before retiring: a report that cannot be written must not
+        // leave the context torn down behind an error.
+        // SAFETY: non-null, and every sized struct starts with its size.
+        let size = unsafe { out.cast::<u32>().read_unaligned() };
+        if size < 8 {
+            return Err(Error::invalid(format!(
+                "memgov_teardown_report.size is {size}; set it to sizeof(memgov_teardown_report) before the call"
+            )));
+        }
+    }
     let h = c.ctx.retire();
     let deadline = deadline(timeout_ms);
     let result = if force {

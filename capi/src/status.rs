@@ -204,3 +204,40 @@ pub(crate) fn guard_value<T>(name: &str, fallback: T, f: impl FnOnce() -> Result
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last() -> String {
+        // SAFETY: never NULL; NUL-terminated.
+        unsafe { CStr::from_ptr(message_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_a_status_and_a_message() {
+        let rc = guard("memgov_test", || panic!("boom {}", 42));
+        assert_eq!(rc, MEMGOV_ERR_PANIC);
+        assert!(
+            last().starts_with("memgov_test: memgov panicked: boom 42"),
+            "{}",
+            last()
+        );
+        let v = guard_value("memgov_test_value", 7u32, || panic!("again"));
+        assert_eq!(v, 7);
+        assert!(last().contains("panicked: again"), "{}", last());
+        // The thread is usable afterwards, and success clears the message.
+        assert_eq!(guard("memgov_test", || Ok(())), MEMGOV_OK);
+        assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn errors_set_the_message_with_the_function_name() {
+        let rc = guard("memgov_test", || Err(Error::invalid("bad\0thing")));
+        assert_eq!(rc, MEMGOV_ERR_INVALID_ARGUMENT);
+        assert_eq!(last(), "memgov_test: bad thing");
+    }
+}

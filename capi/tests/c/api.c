@@ -136,6 +136,13 @@ static void bad_handles(memgov_governor* gov) {
     OK(memgov_plugin_unregister(plugin, NULL));
     FAILS(memgov_plugin_unregister(plugin, NULL), MEMGOV_ERR_INVALID_HANDLE);
 
+    /* A report that cannot be written is refused before anything retires. */
+    memgov_teardown_report small;
+    memset(&small, 0, sizeof small);
+    small.size = 4;
+    FAILS(memgov_context_retire(ctx, 0, &small), MEMGOV_ERR_INVALID_ARGUMENT);
+    EXPECT(snapshot(ctx).lifecycle == MEMGOV_LIFECYCLE_ACTIVE);
+
     OK(memgov_context_retire(ctx, 5000, NULL));
     OK(memgov_context_close(ctx));
     FAILS(memgov_context_close(ctx), MEMGOV_ERR_INVALID_HANDLE);
