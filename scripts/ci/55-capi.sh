@@ -6,8 +6,9 @@
 # retire, the PyTorch and OrtAllocator entry points), and the example plugin
 # loaded by a C host that is refused unload until nothing is outstanding:
 # plain, under AddressSanitizer and under valgrind. Then the allocator entry
-# points, a plugin and a teardown from C with the CUDA and the HIP backend
-# compiled in, on their stand-in drivers and (skipping) without; and clippy.
+# points, a plugin and a teardown from C, and the example plugin again, with
+# the CUDA and the HIP backend compiled in, on their stand-in drivers and
+# (skipping) without; and clippy.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 # A C++ compiler for the C++17 header check; valgrind for the plugin test.
@@ -34,6 +35,7 @@ touch capi/src/lib.rs
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked -p memgov-capi --features cuda --test c_gpu --test c_api --test header -- --nocapture 2>&1 | tee target/capi-cuda.log
 grep -q "gpu: cuda: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-cuda.log
+grep -q "plugin on the cuda stand-in: ok" target/capi-cuda.log
 LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features cuda --test c_gpu -- --nocapture 2>&1 | tee target/capi-cuda-absent.log
 grep -q "skipped: cuda: .*no CUDA driver" target/capi-cuda-absent.log
 
@@ -45,6 +47,7 @@ touch capi/src/lib.rs
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip.log
 grep -q "gpu: hip: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-hip.log
+grep -q "plugin on the hip stand-in: ok" target/capi-hip.log
 LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip-absent.log
 grep -q "skipped: hip: .*no HIP device" target/capi-hip-absent.log
 # Leave the library of the default features in place for whoever runs next.

@@ -5,7 +5,8 @@
  * what is outstanding) until everything is gone, then that it unloads, and
  * that the context retires clean.
  *
- * Usage: host PLUGIN.so. Exit status 0 when every check passed.
+ * Usage: host PLUGIN.so [BACKEND] (default "host"; "cuda" and "hip" only on
+ * their stand-ins). Exit status 0 when every check passed.
  */
 #include "memgov.h"
 
@@ -57,10 +58,11 @@ static void print(const char* when, int32_t rc, const memgov_plugin_outstanding*
 }
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: host PLUGIN.so\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: host PLUGIN.so [BACKEND]\n");
         return 2;
     }
+    const char* backend = argc == 3 ? argv[2] : "host";
     EXPECT(memgov_abi_version() == MEMGOV_ABI_VERSION);
     EXPECT((memgov_capabilities() & MEMGOV_CAP_PLUGIN_LOADER) != 0);
 
@@ -69,11 +71,14 @@ int main(int argc, char** argv) {
     memgov_context_options opts;
     memset(&opts, 0, sizeof opts);
     opts.size = sizeof opts;
-    opts.backend = "host";
+    opts.backend = backend;
     opts.label = "plugin-host";
     opts.budget = 1 << 20;
     /* Each queued operation takes 1 s on the simulated device, so a release
-     * queued by the plugin is still pending when the host looks. */
+     * queued by the plugin is still pending when the host looks. (On a GPU
+     * stand-in its latency knob does the same; the plugin writes through the
+     * device pointer, which is host memory on the host backend and on the
+     * stand-ins.) */
     opts.host_op_delay_us = 1000000;
     memgov_context* ctx = NULL;
     OK(memgov_context_open(gov, &opts, &ctx));
