@@ -6,8 +6,9 @@
 # CUDA and HIP driver libraries, then runs: unit, integration and doc tests;
 # the conformance matrix on every backend (Vulkan on lavapipe, CUDA and HIP on
 # their stand-ins); the reliability suites (loom, Miri, properties, fault
-# matrix, bad input, soaks); ONNX Runtime on governed memory; and the benches
-# in smoke mode. Prints which backends ran on real hardware, on software
+# matrix, bad input, soaks); ONNX Runtime on governed memory; the C ABI
+# (header, layout, C tests, the example plugin under ASan and valgrind); and
+# the benches in smoke mode. Prints which backends ran on real hardware, on software
 # drivers, on stand-ins, or embedded.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_rust

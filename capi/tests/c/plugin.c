@@ -1,0 +1,105 @@
+/*
+ * An example plugin: loaded by memgov_plugin_open, it allocates governed
+ * memory, queues releases, holds a pin and registers a pressure callback,
+ * all counted against its plugin handle, and lets everything go when asked.
+ * The host (host.c) checks that memgov refuses to unload it until then.
+ */
+#include "memgov.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static memgov_plugin* self;
+static memgov_context* ctx;
+static memgov_stream* stream;
+static memgov_buffer* buffers[3];
+static memgov_pin_source* source;
+static memgov_pin* pin;
+static memgov_callback* callback;
+
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        int32_t rc_ = (call);                                                         \
+        if (rc_ != MEMGOV_OK) {                                                       \
+            fprintf(stderr, "plugin: %s failed: %s: %s\n", #call, memgov_status_name(rc_), \
+                    memgov_last_error_message());                                     \
+            return rc_;                                                               \
+        }                                                                             \
+    } while (0)
+
+static uint64_t on_pressure(const memgov_pressure_request* request, void* user_data) {
+    (void)request;
+    (void)user_data;
+    return 0;
+}
+
+/* host_data: the host's context. */
+int32_t memgov_plugin_init(memgov_plugin* plugin, void* host_data) {
+    self = plugin;
+    ctx = (memgov_context*)host_data;
+    return MEMGOV_OK;
+}
+
+/* Allocate three buffers (write through the raw pointer), release one
+ * stream-ordered, take a pin, register a pressure callback. */
+int32_t plugin_run(void) {
+    CHECK(memgov_stream_create(ctx, "plugin", self, &stream));
+    for (int i = 0; i < 3; i++) {
+        CHECK(memgov_buffer_allocate(stream, 4096, MEMGOV_ROLE_ACTIVATION, self, &buffers[i]));
+        void* p = NULL;
+        CHECK(memgov_buffer_device_ptr(buffers[i], &p));
+        memset(p, 0x5a, 4096);
+    }
+    CHECK(memgov_buffer_release(buffers[0]));
+    buffers[0] = NULL;
+    CHECK(memgov_pin_source_create(ctx, "example-plugin", self, &source));
+    CHECK(memgov_pin_acquire(source, &pin));
+    CHECK(memgov_pressure_callback_add(ctx, self, on_pressure, NULL, &callback));
+    return MEMGOV_OK;
+}
+
+/* Let go of one kind of thing at a time, so the host can watch the counts. */
+int32_t plugin_release_buffers(void) {
+    for (int i = 0; i < 3; i++) {
+        if (buffers[i]) {
+            CHECK(memgov_buffer_release(buffers[i]));
+            buffers[i] = NULL;
+        }
+    }
+    return MEMGOV_OK;
+}
+
+int32_t plugin_release_rest(void) {
+    CHECK(memgov_pin_release(pin));
+    CHECK(memgov_pin_source_destroy(source));
+    CHECK(memgov_pressure_callback_remove(callback));
+    CHECK(memgov_stream_destroy(stream));
+    return MEMGOV_OK;
+}
+
+/* The stream must still exist: waits for the queued releases to retire. */
+int32_t plugin_synchronize(void) {
+    CHECK(memgov_stream_synchronize(stream));
+    return MEMGOV_OK;
+}
+
+/* An init that fails having created nothing: memgov closes it again. */
+int32_t plugin_init_fails(memgov_plugin* plugin, void* host_data) {
+    (void)plugin;
+    (void)host_data;
+    return 7;
+}
+
+/* An init that fails holding a pin source: it stays loaded until that goes. */
+int32_t plugin_init_fails_holding(memgov_plugin* plugin, void* host_data) {
+    self = plugin;
+    ctx = (memgov_context*)host_data;
+    if (memgov_pin_source_create(ctx, "half-initialized", self, &source) != MEMGOV_OK)
+        return 1;
+    return 8;
+}
+
+int32_t plugin_drop_source(void) {
+    CHECK(memgov_pin_source_destroy(source));
+    return MEMGOV_OK;
+}
