@@ -113,7 +113,14 @@ struct sq_op {
     struct sq_op *next;
 };
 
+struct sq_front {
+    struct sq_queue *q; /* referenced */
+    uint64_t seq;
+};
+
 struct sq_queue {
+    uint64_t id;
+    int refs; /* guarded by g_refs_lock */
     pthread_mutex_t lock;
     pthread_cond_t work;     /* signalled when an op is pushed or stop is set */
     pthread_cond_t finished; /* signalled when an op finishes */
@@ -121,9 +128,37 @@ struct sq_queue {
     uint64_t pushed;    /* seq of the last op pushed */
     uint64_t completed; /* seq of the last op finished (ops finish in order) */
     uint64_t latency_us;
+    uint64_t observed; /* highest seq the host has observed complete */
+    struct sq_front *front; /* frontier (see standin.h), guarded by lock */
+    size_t front_n, front_cap;
     int stop;
     pthread_t thread;
 };
+
+/* Internal flag: an empty position marker, run without latency. */
+#define SQ_OP_MARK 0x80000000u
+
+static pthread_mutex_t g_refs_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_next_queue_id;
+
+static void queue_ref(struct sq_queue *q) {
+    lock(&g_refs_lock);
+    q->refs++;
+    unlock(&g_refs_lock);
+}
+
+static void queue_unref(struct sq_queue *q) {
+    lock(&g_refs_lock);
+    int last = --q->refs == 0;
+    unlock(&g_refs_lock);
+    if (!last) return;
+    for (size_t i = 0; i < q->front_n; i++) queue_unref(q->front[i].q);
+    free(q->front);
+    pthread_cond_destroy(&q->work);
+    pthread_cond_destroy(&q->finished);
+    pthread_mutex_destroy(&q->lock);
+    free(q);
+}
 
 static __thread int t_on_queue;
 static __thread unsigned t_op_flags;
@@ -151,10 +186,12 @@ static void *queue_main(void *p) {
         if (q->head == NULL) q->tail = NULL;
         unlock(&q->lock);
 
-        sleep_us(q->latency_us);
-        t_op_flags = op->flags;
-        op->fn(op->arg);
-        t_op_flags = SQ_OP_PLAIN;
+        if (!(op->flags & SQ_OP_MARK)) {
+            sleep_us(q->latency_us);
+            t_op_flags = op->flags;
+            op->fn(op->arg);
+            t_op_flags = SQ_OP_PLAIN;
+        }
 
         lock(&q->lock);
         q->completed = op->seq;
@@ -168,6 +205,10 @@ static void *queue_main(void *p) {
 struct sq_queue *sq_queue_new(uint64_t latency_us) {
     struct sq_queue *q = xcalloc(1, sizeof *q);
     q->latency_us = latency_us;
+    q->refs = 1;
+    lock(&g_refs_lock);
+    q->id = ++g_next_queue_id;
+    unlock(&g_refs_lock);
     if (pthread_mutex_init(&q->lock, NULL) != 0 || pthread_cond_init(&q->work, NULL) != 0 ||
         pthread_cond_init(&q->finished, NULL) != 0)
         sq_fatal("cannot initialise queue synchronisation");
@@ -193,13 +234,17 @@ uint64_t sq_queue_push(struct sq_queue *q, sq_op_fn fn, void *arg, unsigned flag
     return seq;
 }
 
-void sq_queue_wait(struct sq_queue *q, uint64_t seq) {
+/* Wait for op `seq`; `host` records the completion as observed by the host. */
+static void wait_seq(struct sq_queue *q, uint64_t seq, int host) {
     lock(&q->lock);
     if (q->completed < seq && t_on_queue && pthread_equal(pthread_self(), q->thread))
         sq_die("a stream waited on itself from its own operation (deadlock)");
     while (q->completed < seq) pthread_cond_wait(&q->finished, &q->lock);
+    if (host && q->observed < seq) q->observed = seq;
     unlock(&q->lock);
 }
+
+void sq_queue_wait(struct sq_queue *q, uint64_t seq) { wait_seq(q, seq, 1); }
 
 struct copy_op {
     void *dst;
@@ -229,6 +274,7 @@ void sq_queue_sync(struct sq_queue *q) {
 int sq_queue_done(struct sq_queue *q, uint64_t seq) {
     lock(&q->lock);
     int done = q->completed >= seq;
+    if (done && q->observed < seq) q->observed = seq;
     unlock(&q->lock);
     return done;
 }
@@ -236,6 +282,8 @@ int sq_queue_done(struct sq_queue *q, uint64_t seq) {
 uint64_t sq_queue_pending(struct sq_queue *q) {
     lock(&q->lock);
     uint64_t n = q->pushed - q->completed;
+    /* Nothing pending is what a stream query reports as complete. */
+    if (n == 0) q->observed = q->completed;
     unlock(&q->lock);
     return n;
 }
@@ -260,10 +308,204 @@ void sq_queue_destroy(struct sq_queue *q) {
     sq_queue_close(q);
     int rc = pthread_join(q->thread, NULL);
     if (rc != 0) sq_fatal("pthread_join: %s", strerror(rc));
-    pthread_cond_destroy(&q->work);
-    pthread_cond_destroy(&q->finished);
-    pthread_mutex_destroy(&q->lock);
-    free(q);
+    lock(&q->lock);
+    q->observed = q->completed; /* drained and joined: all of it ran */
+    unlock(&q->lock);
+    queue_unref(q);
+}
+
+/* ---- stream ordering ------------------------------------------------------ */
+
+uint64_t sq_queue_id(struct sq_queue *q) { return q->id; }
+
+static void noop(void *arg) { (void)arg; }
+
+uint64_t sq_queue_mark(struct sq_queue *q) { return sq_queue_push(q, noop, NULL, SQ_OP_MARK); }
+
+/* Frontier entry of q for a (q->lock held); 0 when none. */
+static uint64_t front_get(struct sq_queue *q, struct sq_queue *a) {
+    for (size_t i = 0; i < q->front_n; i++)
+        if (q->front[i].q == a) return q->front[i].seq;
+    return 0;
+}
+
+/* Raise q's frontier for a to at least seq (q->lock held). */
+static void front_raise(struct sq_queue *q, struct sq_queue *a, uint64_t seq) {
+    if (a == q || seq == 0) return;
+    for (size_t i = 0; i < q->front_n; i++) {
+        if (q->front[i].q == a) {
+            if (q->front[i].seq < seq) q->front[i].seq = seq;
+            return;
+        }
+    }
+    if (q->front_n == q->front_cap) {
+        q->front_cap = q->front_cap ? q->front_cap * 2 : 8;
+        q->front = realloc(q->front, q->front_cap * sizeof *q->front);
+        if (q->front == NULL) sq_fatal("out of host memory growing a stream frontier");
+    }
+    queue_ref(a);
+    q->front[q->front_n++] = (struct sq_front){.q = a, .seq = seq};
+}
+
+uint64_t sq_queue_frontier(struct sq_queue *q, struct sq_queue *a) {
+    lock(&q->lock);
+    uint64_t n = a == q ? q->pushed : front_get(q, a);
+    unlock(&q->lock);
+    return n;
+}
+
+uint64_t sq_queue_observed(struct sq_queue *q) {
+    lock(&q->lock);
+    uint64_t n = q->observed;
+    unlock(&q->lock);
+    return n;
+}
+
+int sq_queue_ordered_after(struct sq_queue *q, struct sq_queue *a, uint64_t n) {
+    if (n == 0 || q == a) return 1;
+    if (sq_queue_observed(a) >= n) return 1;
+    return sq_queue_frontier(q, a) >= n;
+}
+
+/* What a record captured: the queue (referenced), its last seq, and a copy
+ * of its frontier. Shared by the event and the waits pushed from it. */
+struct sq_capture {
+    int refs; /* guarded by g_refs_lock */
+    struct sq_queue *q;
+    uint64_t seq;
+    struct sq_front *front; /* each entry referenced */
+    size_t front_n;
+};
+
+static void capture_unref(struct sq_capture *c) {
+    if (c == NULL) return;
+    lock(&g_refs_lock);
+    int last = --c->refs == 0;
+    unlock(&g_refs_lock);
+    if (!last) return;
+    for (size_t i = 0; i < c->front_n; i++) queue_unref(c->front[i].q);
+    free(c->front);
+    queue_unref(c->q);
+    free(c);
+}
+
+#define EVENT_MAGIC 0x45564e54u /* "EVNT" */
+#define EVENT_QUARANTINE 4096
+
+struct sq_event {
+    unsigned magic;
+    int destroyed;
+    pthread_mutex_t lock;
+    struct sq_capture *cap; /* NULL until recorded */
+};
+
+static pthread_mutex_t g_quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sq_event *g_quarantine[EVENT_QUARANTINE];
+static size_t g_quarantine_next;
+
+struct sq_event *sq_event_new(void) {
+    struct sq_event *e = xcalloc(1, sizeof *e);
+    e->magic = EVENT_MAGIC;
+    if (pthread_mutex_init(&e->lock, NULL) != 0) sq_fatal("cannot initialise event lock");
+    return e;
+}
+
+void sq_event_check(struct sq_event *e, const char *fn) {
+    if (e == NULL || e->magic != EVENT_MAGIC) sq_die("%s: %p is not an event", fn, (void *)e);
+    if (e->destroyed) sq_die("%s on destroyed event %p", fn, (void *)e);
+}
+
+static struct sq_capture *event_capture(struct sq_event *e) {
+    lock(&e->lock);
+    struct sq_capture *c = e->cap;
+    if (c != NULL) {
+        lock(&g_refs_lock);
+        c->refs++;
+        unlock(&g_refs_lock);
+    }
+    unlock(&e->lock);
+    return c;
+}
+
+void sq_event_record(struct sq_event *e, struct sq_queue *q) {
+    struct sq_capture *c = xcalloc(1, sizeof *c);
+    c->refs = 1;
+    queue_ref(q);
+    c->q = q;
+    lock(&q->lock);
+    c->seq = q->pushed;
+    if (q->front_n != 0) {
+        c->front = xcalloc(q->front_n, sizeof *c->front);
+        for (size_t i = 0; i < q->front_n; i++) {
+            queue_ref(q->front[i].q);
+            c->front[i] = q->front[i];
+        }
+        c->front_n = q->front_n;
+    }
+    unlock(&q->lock);
+    lock(&e->lock);
+    struct sq_capture *old = e->cap;
+    e->cap = c;
+    unlock(&e->lock);
+    capture_unref(old);
+}
+
+static void run_wait(void *arg) {
+    struct sq_capture *c = arg;
+    wait_seq(c->q, c->seq, 0);
+    capture_unref(c);
+}
+
+void sq_queue_wait_event(struct sq_queue *q, struct sq_event *e) {
+    struct sq_capture *c = event_capture(e);
+    if (c == NULL) return;
+    if (c->seq == 0) {
+        capture_unref(c);
+        return;
+    }
+    /* The frontier is raised before the wait is pushed: nothing else can be
+     * pushed on q in between by this thread, and a concurrent push on q from
+     * another thread is unordered with this call either way. */
+    lock(&q->lock);
+    front_raise(q, c->q, c->seq);
+    for (size_t i = 0; i < c->front_n; i++) front_raise(q, c->front[i].q, c->front[i].seq);
+    unlock(&q->lock);
+    sq_queue_push(q, run_wait, c, SQ_OP_PLAIN);
+}
+
+int sq_event_done(struct sq_event *e) {
+    struct sq_capture *c = event_capture(e);
+    if (c == NULL) return 1;
+    int done = sq_queue_done(c->q, c->seq);
+    capture_unref(c);
+    return done;
+}
+
+void sq_event_sync(struct sq_event *e) {
+    struct sq_capture *c = event_capture(e);
+    if (c == NULL) return;
+    wait_seq(c->q, c->seq, 1);
+    capture_unref(c);
+}
+
+void sq_event_destroy(struct sq_event *e) {
+    lock(&e->lock);
+    struct sq_capture *c = e->cap;
+    e->cap = NULL;
+    e->destroyed = 1;
+    unlock(&e->lock);
+    capture_unref(c);
+    /* Kept (bounded) so that a later use is caught rather than undefined. */
+    lock(&g_quarantine_lock);
+    struct sq_event *old = g_quarantine[g_quarantine_next];
+    g_quarantine[g_quarantine_next] = e;
+    g_quarantine_next = (g_quarantine_next + 1) % EVENT_QUARANTINE;
+    unlock(&g_quarantine_lock);
+    if (old != NULL) {
+        old->magic = 0;
+        pthread_mutex_destroy(&old->lock);
+        free(old);
+    }
 }
 
 /* ---- device memory table -------------------------------------------------- */
@@ -273,6 +515,12 @@ enum { LIVE = 0, FREEING = 1 };
 struct sq_alloc {
     uint64_t base, size;
     int state;
+    /* Stream-ordered allocations: the queue (referenced) and position of the
+     * latest operation touching it, and whether that is still the allocation
+     * itself. NULL for plain allocations. */
+    struct sq_queue *last_q;
+    uint64_t last_seq;
+    int last_is_alloc;
 };
 
 #define FREED_RING 4096
@@ -296,7 +544,18 @@ struct sq_mem *sq_mem_new(uint64_t oom_after_bytes) {
     return m;
 }
 
-uint64_t sq_mem_alloc(struct sq_mem *m, uint64_t bytes) {
+static uint64_t mem_alloc(struct sq_mem *m, uint64_t bytes, struct sq_queue *q, uint64_t seq);
+
+uint64_t sq_mem_alloc(struct sq_mem *m, uint64_t bytes) { return mem_alloc(m, bytes, NULL, 0); }
+
+uint64_t sq_mem_alloc_on(struct sq_mem *m, uint64_t bytes, struct sq_queue *q) {
+    /* The position is taken first: an allocation refused for lack of memory
+     * leaves only an empty marker behind. */
+    uint64_t seq = sq_queue_mark(q);
+    return mem_alloc(m, bytes, q, seq);
+}
+
+static uint64_t mem_alloc(struct sq_mem *m, uint64_t bytes, struct sq_queue *q, uint64_t seq) {
     if (bytes == 0) sq_fatal("sq_mem_alloc of 0 bytes");
     lock(&m->lock);
     if (m->limit != 0 && (bytes > m->limit || m->live_bytes > m->limit - bytes)) {
@@ -314,7 +573,13 @@ uint64_t sq_mem_alloc(struct sq_mem *m, uint64_t bytes) {
         if (m->v == NULL) sq_fatal("out of host memory growing the allocation table");
     }
     uint64_t base = (uint64_t)(uintptr_t)p;
-    m->v[m->n++] = (struct sq_alloc){.base = base, .size = bytes, .state = LIVE};
+    if (q != NULL) queue_ref(q);
+    m->v[m->n++] = (struct sq_alloc){.base = base,
+                                     .size = bytes,
+                                     .state = LIVE,
+                                     .last_q = q,
+                                     .last_seq = seq,
+                                     .last_is_alloc = 1};
     m->live_bytes += bytes;
     /* A new allocation may reuse an address that was freed before. */
     for (size_t i = 0; i < m->freed_n; i++) {
@@ -373,11 +638,14 @@ void sq_mem_finish_free(struct sq_mem *m, uint64_t base) {
             struct sq_alloc a = m->v[i];
             m->v[i] = m->v[--m->n];
             m->live_bytes -= a.size;
+            struct sq_queue *last_q = a.last_q;
+            a.last_q = NULL;
             m->freed[m->freed_next] = a;
             m->freed_next = (m->freed_next + 1) % FREED_RING;
             if (m->freed_n < FREED_RING) m->freed_n++;
             unlock(&m->lock);
             free((void *)(uintptr_t)base);
+            if (last_q != NULL) queue_unref(last_q);
             return;
         }
     }
@@ -406,6 +674,71 @@ void sq_mem_destroy(struct sq_mem *m) {
     free(m->v);
     pthread_mutex_destroy(&m->lock);
     free(m);
+}
+
+/* The ordering check of sq_mem_check_on / sq_mem_begin_free_on, for the
+ * allocation containing addr (which the caller found live). */
+static void check_order(struct sq_mem *m, uint64_t addr, struct sq_queue *q, const char *fn,
+                        int is_free) {
+    lock(&m->lock);
+    struct sq_alloc *a = find_containing(m, addr);
+    struct sq_queue *last_q = a ? a->last_q : NULL;
+    uint64_t last_seq = a ? a->last_seq : 0;
+    int last_is_alloc = a ? a->last_is_alloc : 0;
+    uint64_t base = a ? a->base : 0;
+    if (last_q != NULL) queue_ref(last_q);
+    unlock(&m->lock);
+    if (last_q == NULL) return;
+    int ok = sq_queue_ordered_after(q, last_q, last_seq);
+    if (!ok) {
+        uint64_t front = sq_queue_frontier(q, last_q);
+        uint64_t seen = sq_queue_observed(last_q);
+        sq_die("%s: allocation 0x%llx %s on stream #%llu before its %s completed - missing "
+               "stream ordering (the %s is operation %llu of stream #%llu; stream #%llu is "
+               "ordered after its operation %llu through event waits and the host has "
+               "observed up to %llu: record an event on stream #%llu after the last use and "
+               "make stream #%llu wait on it, or synchronize)",
+               fn, (unsigned long long)base, is_free ? "freed" : "used",
+               (unsigned long long)q->id,
+               last_is_alloc ? "stream-ordered allocation" : "last stream-ordered use",
+               last_is_alloc ? "allocation" : "last use", (unsigned long long)last_seq,
+               (unsigned long long)last_q->id, (unsigned long long)q->id,
+               (unsigned long long)front, (unsigned long long)seen,
+               (unsigned long long)last_q->id, (unsigned long long)q->id);
+    }
+    queue_unref(last_q);
+}
+
+enum sq_mem_check sq_mem_check_on(struct sq_mem *m, uint64_t addr, uint64_t len,
+                                  struct sq_queue *q, const char *fn) {
+    enum sq_mem_check r = sq_mem_check(m, addr, len);
+    if (r == SQ_MEM_OK) check_order(m, addr, q, fn, 0);
+    return r;
+}
+
+void sq_mem_touch(struct sq_mem *m, uint64_t addr, struct sq_queue *q, uint64_t seq) {
+    lock(&m->lock);
+    struct sq_alloc *a = find_containing(m, addr);
+    struct sq_queue *old = NULL;
+    if (a != NULL && a->last_q != NULL) {
+        old = a->last_q;
+        queue_ref(q);
+        a->last_q = q;
+        a->last_seq = seq;
+        a->last_is_alloc = 0;
+    }
+    unlock(&m->lock);
+    if (old != NULL) queue_unref(old);
+}
+
+enum sq_mem_check sq_mem_begin_free_on(struct sq_mem *m, uint64_t base, struct sq_queue *q,
+                                       const char *fn) {
+    lock(&m->lock);
+    struct sq_alloc *a = find_containing(m, base);
+    int live = a != NULL && a->state == LIVE && a->base == base;
+    unlock(&m->lock);
+    if (live) check_order(m, base, q, fn, 1);
+    return sq_mem_begin_free(m, base);
 }
 
 const char *sq_mem_check_str(enum sq_mem_check c) {

@@ -139,6 +139,88 @@ unsigned sq_current_op_flags(void);
 /* Whether the calling thread is a queue thread (running an op or not). */
 int sq_on_queue_thread(void);
 
+/* ---- stream ordering: queue ids, frontiers, events ------------------------
+ *
+ * Imitates the ordering rules of stream-ordered drivers (CUDA, HIP):
+ *
+ *   - Every queue has an id (sq_queue_id, 1, 2, ...; never reused).
+ *   - A queue's "frontier" says, for each other queue A, the highest sequence
+ *     number N of A such that every operation pushed to this queue from now
+ *     on is ordered after A's operations 1..N. It only grows, and only
+ *     through sq_queue_wait_event: waiting on an event recorded on A at N
+ *     orders the waiting queue after A's 1..N and, transitively, after
+ *     everything A was ordered after when the event was recorded.
+ *   - The host also orders work: once the host has observed operation N of
+ *     queue A complete (sq_queue_sync, sq_queue_wait, sq_queue_done returning
+ *     1, sq_event_sync, sq_event_done returning 1, sq_queue_destroy), every
+ *     later push on any queue is ordered after A's 1..N. sq_queue_observed
+ *     reads that position.
+ *   - sq_queue_ordered_after(q, a, n): whether work pushed to q from now on
+ *     runs after operation n of queue a (same queue, frontier, or host
+ *     observation).
+ *
+ * Events (cuEvent / hipEvent semantics):
+ *   - sq_event_record captures the work queued on a queue so far (its last
+ *     sequence number) and that queue's frontier; recording again overwrites.
+ *     An event never recorded is complete.
+ *   - sq_queue_wait_event pushes an operation that blocks the queue's thread
+ *     until the captured operation has run; only work pushed after the wait
+ *     is ordered by it. The wait keeps what it needs, so the event may be
+ *     destroyed (or re-recorded) while the wait is pending.
+ *   - sq_event_destroy: the event is kept in a bounded quarantine so that a
+ *     later use is caught by sq_event_check (contract violation) rather than
+ *     touching freed memory.
+ *
+ * Queues are reference counted internally: sq_queue_destroy drops the
+ * creator's reference after joining the thread; waits, events and
+ * allocations that refer to a queue keep it readable until they let go. */
+
+struct sq_event;
+
+/* The queue's id (never 0, never reused within the process). */
+uint64_t sq_queue_id(struct sq_queue *q);
+
+/* Push an empty operation (no latency, no work) and return its sequence
+ * number: a position in the queue, e.g. where a stream-ordered allocation
+ * becomes valid. */
+uint64_t sq_queue_mark(struct sq_queue *q);
+
+/* The frontier of q for queue a (see above); sq_queue_last(q) when a == q. */
+uint64_t sq_queue_frontier(struct sq_queue *q, struct sq_queue *a);
+
+/* The highest sequence number of q the host has observed complete. */
+uint64_t sq_queue_observed(struct sq_queue *q);
+
+/* Whether work pushed to q from now on is ordered after operation n of a. */
+int sq_queue_ordered_after(struct sq_queue *q, struct sq_queue *a, uint64_t n);
+
+/* A new, unrecorded event. */
+struct sq_event *sq_event_new(void);
+
+/* Capture q's queued work (and its frontier); overwrites an earlier record.
+ * Pushes nothing. */
+void sq_event_record(struct sq_event *e, struct sq_queue *q);
+
+/* Push onto q an operation that waits until e's captured work has run, and
+ * order q's later work after it (frontier). An unrecorded event: no-op. */
+void sq_queue_wait_event(struct sq_queue *q, struct sq_event *e);
+
+/* Whether the captured work has run (non-blocking; 1 when unrecorded). A 1
+ * counts as a host observation. */
+int sq_event_done(struct sq_event *e);
+
+/* Block until the captured work has run (a host observation). */
+void sq_event_sync(struct sq_event *e);
+
+/* Destroy the event. Legal while a wait on it is pending (the wait keeps
+ * what it needs). Using or destroying it again is caught by sq_event_check. */
+void sq_event_destroy(struct sq_event *e);
+
+/* Contract violation (naming fn) unless e is an event that is not destroyed.
+ * A pointer that never was an event, or whose quarantine ended, is reported
+ * as "not an event". */
+void sq_event_check(struct sq_event *e, const char *fn);
+
 /* ---- device memory table (host-backed) ----------------------------------- */
 
 struct sq_mem;
@@ -175,6 +257,33 @@ uint64_t sq_mem_live_bytes(struct sq_mem *m);
 
 /* Free the table. Every allocation must have finished freeing. */
 void sq_mem_destroy(struct sq_mem *m);
+
+/* Stream-ordered allocations. Like sq_mem_alloc, but the allocation becomes
+ * valid at a position of queue q (sq_queue_mark), and the table tracks, per
+ * allocation, the queue and position of the latest operation that touches
+ * it. Allocations made with plain sq_mem_alloc are not stream-ordered and
+ * never fail the ordering check. */
+uint64_t sq_mem_alloc_on(struct sq_mem *m, uint64_t bytes, struct sq_queue *q);
+
+/* Before pushing an operation on q that uses [addr, addr + len) (fn names the
+ * driver call, for the message): the range must be valid (returns the check
+ * result otherwise, without the ordering check), and q must be ordered after
+ * the latest operation that touched the allocation, else a contract
+ * violation: "... used on stream <q> before ... - missing stream ordering". */
+enum sq_mem_check sq_mem_check_on(struct sq_mem *m, uint64_t addr, uint64_t len,
+                                  struct sq_queue *q, const char *fn);
+
+/* After pushing that operation (sequence number seq on q): it is now the
+ * latest to touch the allocation containing addr. */
+void sq_mem_touch(struct sq_mem *m, uint64_t addr, struct sq_queue *q, uint64_t seq);
+
+/* sq_mem_begin_free for a free about to be pushed on q, with the ordering
+ * check of sq_mem_check_on: a free on another queue than the allocation's
+ * latest user that is not ordered after it is a contract violation
+ * ("... freed before its stream-ordered allocation completed - missing
+ * stream ordering"). */
+enum sq_mem_check sq_mem_begin_free_on(struct sq_mem *m, uint64_t base, struct sq_queue *q,
+                                       const char *fn);
 
 /* Human-readable word for a check result ("unknown", "already freed", ...). */
 const char *sq_mem_check_str(enum sq_mem_check c);

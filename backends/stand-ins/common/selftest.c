@@ -1,0 +1,75 @@
+/*
+ * selftest.c: planted violations for the ordering checks of standin.c.
+ * Not part of any stand-in library; built and run by selftest.sh.
+ *
+ *   selftest <case>
+ *
+ * Cases that must pass print "ok" and exit 0: ordered (event wait, and
+ * transitively through a second stream), synced (host synchronization),
+ * destroyed-wait (event destroyed while the wait is pending). Cases that
+ * must abort with "contract violation": unordered-free, early-event (event
+ * recorded before the last use), event-after-destroy.
+ */
+#include "standin.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    const char *c = argc > 1 ? argv[1] : "";
+    sq_set_name("stand-in common self-test");
+    /* Stream a is slow, so its work is really pending when b and c move on. */
+    struct sq_queue *a = sq_queue_new(20000), *b = sq_queue_new(0), *q3 = sq_queue_new(0);
+    struct sq_mem *m = sq_mem_new(0);
+    uint64_t p = sq_mem_alloc_on(m, 64, a);
+    static char buf[64];
+    sq_queue_copy(a, (void *)(uintptr_t)p, buf, sizeof buf);
+    sq_mem_touch(m, p, a, sq_queue_last(a));
+    if (!strcmp(c, "ordered") || !strcmp(c, "destroyed-wait")) {
+        struct sq_event *e = sq_event_new();
+        sq_event_record(e, a);
+        sq_queue_wait_event(b, e);
+        sq_event_destroy(e);
+        struct sq_queue *target = b;
+        if (!strcmp(c, "ordered")) {
+            struct sq_event *e2 = sq_event_new();
+            sq_event_record(e2, b);
+            sq_queue_wait_event(q3, e2);
+            sq_event_destroy(e2);
+            target = q3;
+        }
+        if (sq_mem_begin_free_on(m, p, target, "free") != SQ_MEM_OK) return 2;
+        sq_queue_sync(target);
+        sq_mem_finish_free(m, p);
+    } else if (!strcmp(c, "synced")) {
+        sq_queue_sync(a);
+        if (sq_mem_begin_free_on(m, p, b, "free") != SQ_MEM_OK) return 2;
+        sq_mem_finish_free(m, p);
+    } else if (!strcmp(c, "unordered-free")) {
+        sq_mem_begin_free_on(m, p, b, "free");
+        return 3;
+    } else if (!strcmp(c, "early-event")) {
+        struct sq_event *e = sq_event_new();
+        sq_event_record(e, a);
+        sq_queue_copy(a, (void *)(uintptr_t)p, buf, sizeof buf);
+        sq_mem_touch(m, p, a, sq_queue_last(a));
+        sq_queue_wait_event(b, e);
+        sq_mem_check_on(m, p, sizeof buf, b, "copy");
+        return 3;
+    } else if (!strcmp(c, "event-after-destroy")) {
+        struct sq_event *e = sq_event_new();
+        sq_event_destroy(e);
+        sq_event_check(e, "wait");
+        return 3;
+    } else {
+        fprintf(stderr, "selftest: unknown case '%s'\n", c);
+        return 64;
+    }
+    sq_queue_destroy(a);
+    sq_queue_destroy(b);
+    sq_queue_destroy(q3);
+    sq_mem_destroy(m);
+    puts("ok");
+    return 0;
+}

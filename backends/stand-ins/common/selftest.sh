@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds common/selftest.c against common/standin.c and runs every case:
+# the passing ones must print "ok", the planted violations must abort with
+# "contract violation". Exits non-zero on the first case that does not.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+out="${MEMGOV_STANDIN_DIR:-$root/target/stand-ins}"
+mkdir -p "$out"
+"${CC:-cc}" -std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I"$here" \
+    -o "$out/selftest" "$here/selftest.c" "$here/standin.c"
+for c in ordered synced destroyed-wait; do
+    got="$("$out/selftest" "$c")"
+    [ "$got" = ok ] || { echo "selftest $c: expected ok, got '$got'" >&2; exit 1; }
+done
+for c in unordered-free early-event event-after-destroy; do
+    if err="$("$out/selftest" "$c" 2>&1)"; then
+        echo "selftest $c: exited 0, expected a contract violation" >&2
+        exit 1
+    fi
+    case "$err" in
+    *"contract violation"*) ;;
+    *) echo "selftest $c: no contract violation in: $err" >&2; exit 1 ;;
+    esac
+done
+echo "stand-in common self-test: 6 cases passed" >&2
