@@ -456,6 +456,11 @@ fn lost_teardown_of_a_healthy_device_releases_everything() {
 }
 
 #[test]
+fn lost_teardown_of_an_adopted_context_leaves_only_the_runtimes_objects() {
+    assert_child_passed("adopt_lost", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
+}
+
+#[test]
 fn the_default_memory_pool_is_never_changed() {
     assert_child_passed("default_pool", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
 }
@@ -748,6 +753,7 @@ mod children {
                 "current_restored" => current_restored(),
                 "lost_teardown" => lost_teardown(),
                 "default_pool" => default_pool(),
+                "adopt_lost" => adopt_lost(),
                 "call_in_host_fn" => {
                     let (_ctx, s) = raw_setup();
                     ok(
@@ -1297,5 +1303,50 @@ mod children {
             before,
             "the default pool changed after teardown"
         );
+    }
+
+    fn adopt_lost() {
+        // memgov's own pool is destroyed by a lost teardown of an adopted
+        // context too; the runtime's context and stream stay the runtime's,
+        // and once it lets go of them nothing is left at exit.
+        use memgov::cuda::AdoptedContext;
+        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                "retain",
+            );
+            ok(sys::cuCtxPushCurrent_v2(context), "push");
+            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
+        }
+        // SAFETY: the context and stream stay valid until after teardown
+        // (destroyed and released below, by this code only).
+        let ctx = unsafe {
+            CudaContext::adopt(
+                AdoptedContext {
+                    ordinal: 0,
+                    context,
+                    streams: vec![lent],
+                },
+                CudaConfig::default(),
+            )
+        }
+        .expect("adopt");
+        let s = ctx.create_stream().expect("lent stream");
+        let _m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.device_lost();
+        ctx.teardown(true).expect("lost teardown");
+        assert_eq!(current(), context, "the runtime's current context is kept");
+        // SAFETY: the runtime's own objects, destroyed and released once.
+        unsafe {
+            ok(sys::cuStreamSynchronize(lent), "sync lent stream");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(device), "release");
+        }
     }
 }

@@ -273,10 +273,19 @@ struct WatchState {
 /// The calling thread's previous context, restored when dropped
 /// (`cuCtxPopCurrent`): returned by [`Shared::make_current`].
 #[must_use = "the context stays current only while the guard lives"]
-pub(crate) struct Current(std::marker::PhantomData<*const ()>);
+pub(crate) struct Current {
+    /// Whether this guard pushed (and so pops); false when the context was
+    /// already current on the thread.
+    pushed: bool,
+    /// Not Send: a push must be popped on the thread that pushed.
+    _thread: std::marker::PhantomData<*const ()>,
+}
 
 impl Drop for Current {
     fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
         let mut popped: CUcontext = std::ptr::null_mut();
         // SAFETY: balances the successful cuCtxPushCurrent that created this
         // guard on this thread (the guard is neither Send nor cloned);
@@ -335,13 +344,29 @@ impl Shared {
     /// (`cuCtxPushCurrent` / `cuCtxPopCurrent`): a runtime's own current
     /// context is never replaced behind its back, and no thread is left with
     /// memgov's context current after memgov returns.
+    ///
+    /// When the context is already current (a runtime sharing the primary
+    /// context usually has it current), nothing is pushed or popped.
     pub(crate) fn make_current(&self, op: &'static str) -> Result<Current, BackendError> {
+        let mut now: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; reads the calling thread's state only.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut now) };
+        self.checked(op, "cuCtxGetCurrent", r)?;
+        if now == self.context {
+            return Ok(Current {
+                pushed: false,
+                _thread: std::marker::PhantomData,
+            });
+        }
         // SAFETY: the context is valid until teardown, which consumes the
         // `CudaContext` (and so runs after every other call has returned) and
         // pops its own push before it releases the context.
         let r = unsafe { sys::cuCtxPushCurrent_v2(self.context) };
         self.checked(op, "cuCtxPushCurrent_v2", r)?;
-        Ok(Current(std::marker::PhantomData))
+        Ok(Current {
+            pushed: true,
+            _thread: std::marker::PhantomData,
+        })
     }
 
     /// Classify a failure; a sticky code marks the context lost and drops
@@ -971,6 +996,11 @@ impl CudaContext {
             })
             .collect();
         let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        // SAFETY: memgov's own pool, destroyed once, here. The call does not
+        // wait: with allocations or frees outstanding the driver releases the
+        // pool once they are gone (with the context, when it is released
+        // below). On a device in the sticky state it fails harmlessly.
+        let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
         if !s.retained {
             return;
         }
@@ -984,11 +1014,6 @@ impl CudaContext {
             }
         }
         if release {
-            // SAFETY: memgov's own pool, destroyed once; with allocations
-            // outstanding the driver releases it when they go (with the
-            // context, just below). On a device in the sticky state the call
-            // fails without waiting.
-            let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
             // SAFETY: balanced with the retain in `new`; no work of memgov's
             // is running (drained above, or the device no longer executes
             // any). Releasing the last reference destroys the context with

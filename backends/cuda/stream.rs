@@ -1,7 +1,6 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
 //! runtime already owns and lent to the context by [`CudaContext::adopt`].
 
-use super::result::BACKEND;
 use super::{lock, CudaContext, RawStream};
 use crate::BackendError;
 use cudarc::driver::sys::{self, CUevent, CUstream, CUstream_flags};
@@ -83,13 +82,6 @@ impl CudaContext {
     pub(crate) fn destroy_stream_impl(&self, stream: CudaStream) -> Result<(), BackendError> {
         let s = &*self.shared;
         if stream.context != s.id || lock(&s.streams).remove(&stream.id).is_none() {
-            s.probe.violation(
-                BACKEND,
-                format!(
-                    "destroy_stream of stream {} (context {}) that is not a live stream of context {}",
-                    stream.id, stream.context, s.id
-                ),
-            );
             return Err(super::result::err(
                 "destroy_stream",
                 crate::BackendErrorKind::InvalidArgument,
