@@ -16,7 +16,8 @@
 //!   the context pushes it on the calling thread's context stack
 //!   (`cuCtxPushCurrent`) and pops it before returning, on every path, so
 //!   the caller's own current context is what it was, and no thread is left
-//!   with memgov's context current (the governor calls from any thread). A
+//!   with memgov's context current (the governor calls from any thread);
+//!   nothing is pushed when it is current already. A
 //!   runtime that already owns a context and streams lends them with the
 //!   `unsafe` [`CudaContext::adopt`].
 //! * **Handles.** Streams and allocations carry the id of the context that
