@@ -339,8 +339,130 @@ fn negative_release_with_frees_pending_aborts() {
 }
 
 #[test]
-fn negative_release_with_memory_allocated_aborts() {
-    assert_stand_in_aborts("release_allocated", &[], "still allocated");
+fn release_of_the_last_reference_frees_what_the_context_still_holds() {
+    // Like the driver's context destruction: allocations left in the
+    // context go with it (a fresh context sees the whole device free).
+    assert_child_passed("release_allocated", &[]);
+}
+
+#[test]
+fn negative_cross_stream_free_without_ordering_aborts() {
+    assert_stand_in_aborts("cross_stream_free_unordered", &[], "freed on stream #");
+}
+
+#[test]
+fn negative_cross_stream_copy_without_ordering_aborts() {
+    assert_stand_in_aborts(
+        "cross_stream_copy_unordered",
+        &[],
+        "missing stream ordering",
+    );
+}
+
+#[test]
+fn negative_free_ordered_by_an_event_recorded_too_early_aborts() {
+    assert_stand_in_aborts("event_recorded_too_early", &[], "missing stream ordering");
+}
+
+#[test]
+fn negative_event_after_destroy_aborts() {
+    assert_stand_in_aborts("event_after_destroy", &[], "on destroyed event");
+}
+
+#[test]
+fn negative_memory_pool_after_destroy_aborts() {
+    assert_stand_in_aborts("pool_after_destroy", &[], "on destroyed memory pool");
+}
+
+#[test]
+fn negative_memory_of_another_context_aborts() {
+    assert_stand_in_aborts(
+        "foreign_context_memory",
+        &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")],
+        "cuMemFreeAsync of unknown pointer",
+    );
+}
+
+#[test]
+fn negative_release_while_current_on_a_thread_aborts() {
+    assert_stand_in_aborts("release_while_current", &[], "still the current context");
+}
+
+#[test]
+fn negative_default_pool_left_changed_aborts() {
+    assert_stand_in_aborts(
+        "default_pool_changed",
+        &[],
+        "default memory pool is 123, but the process found it at 0",
+    );
+}
+
+#[test]
+fn negative_context_reference_left_at_exit_aborts() {
+    // The violation is found at exit, after the child printed its marker.
+    if let Some(run) = child("exit_leak", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]) {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(run.status.signal(), Some(6), "{}", run.output());
+        assert!(
+            run.stderr.contains("contract violation: at exit: the primary context of device 0 still has 1 reference(s)"),
+            "{}",
+            run.output()
+        );
+    }
+}
+
+// ---- regressions: the backend against the stricter stand-in --------------------
+
+#[test]
+fn order_after_orders_a_cross_stream_free_without_waiting() {
+    assert_child_passed(
+        "order_after",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "300000")],
+    );
+}
+
+#[test]
+fn raw_misuse_is_refused_before_the_driver_sees_it() {
+    assert_child_passed("raw_misuse", &[]);
+}
+
+#[test]
+fn retire_and_force_finish_after_a_fault_in_a_destroyed_streams_work() {
+    for case in ["async_fault_retire", "async_fault_force"] {
+        assert_child_passed(
+            case,
+            &[
+                ("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_EXEC", "1"),
+                ("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000"),
+            ],
+        );
+    }
+}
+
+#[test]
+fn the_callers_current_context_is_restored() {
+    assert_child_passed("current_restored", &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")]);
+}
+
+#[test]
+fn lost_teardown_of_a_healthy_device_releases_everything() {
+    assert_child_passed(
+        "lost_teardown",
+        &[
+            ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+            ("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000"),
+        ],
+    );
+}
+
+#[test]
+fn lost_teardown_of_an_adopted_context_leaves_only_the_runtimes_objects() {
+    assert_child_passed("adopt_lost", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
+}
+
+#[test]
+fn the_default_memory_pool_is_never_changed() {
+    assert_child_passed("default_pool", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
 }
 
 #[test]
@@ -464,6 +586,7 @@ mod children {
                     ok(sys::cuMemFreeAsync(p, s), "free");
                     ok(sys::cuStreamSynchronize(s), "sync");
                     ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
                     ctx.teardown(false).expect("teardown");
                 }
                 "destroyed_stream" => {
@@ -509,11 +632,128 @@ mod children {
                     drop(ctx);
                 }
                 "release_allocated" => {
-                    let (ctx, _s) = raw_setup();
-                    let _p = alloc(_s, 64);
-                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
-                    drop(ctx);
+                    let (ctx, s) = raw_setup();
+                    let _p = alloc(s, 1 << 20);
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    ok(
+                        sys::cuDevicePrimaryCtxRelease_v2(0),
+                        "release (last reference)",
+                    );
+                    std::mem::forget(ctx); // its reference was released above
+                    let fresh = factory().expect("fresh context");
+                    let info = fresh.memory_info().expect("memory info");
+                    assert_eq!(
+                        info.free, info.total,
+                        "the allocation went with the context"
+                    );
+                    fresh.teardown(false).expect("teardown");
                 }
+                "cross_stream_free_unordered" => {
+                    let ctx = factory().expect("context");
+                    let (a, b) = (
+                        ctx.create_stream().expect("a"),
+                        ctx.create_stream().expect("b"),
+                    );
+                    let m = ctx.allocate(&a, 64).expect("allocate");
+                    // Planted: no order_after(b, a) before the free on b.
+                    let _ = ctx.free_async(&b, m, signal().0);
+                }
+                "cross_stream_copy_unordered" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut other: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut other, 1), "stream");
+                    let p = alloc(s, 64);
+                    let src = [0u8; 8];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, other);
+                }
+                "event_recorded_too_early" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut other: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut other, 1), "stream");
+                    let mut ev: sys::CUevent = std::ptr::null_mut();
+                    ok(sys::cuEventCreate(&mut ev, 2), "event");
+                    // Recorded before the allocation: waiting on it orders
+                    // nothing after the allocation.
+                    ok(sys::cuEventRecord(ev, s), "record");
+                    let p = alloc(s, 64);
+                    ok(sys::cuStreamWaitEvent(other, ev, 0), "wait");
+                    let _ = sys::cuMemFreeAsync(p, other);
+                }
+                "event_after_destroy" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut ev: sys::CUevent = std::ptr::null_mut();
+                    ok(sys::cuEventCreate(&mut ev, 2), "event");
+                    ok(sys::cuEventDestroy_v2(ev), "destroy");
+                    let _ = sys::cuEventRecord(ev, s);
+                }
+                "pool_after_destroy" => {
+                    let (_ctx, _s) = raw_setup();
+                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
+                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
+                    ok(sys::cuMemPoolDestroy(pool), "destroy");
+                    let _ = sys::cuMemPoolTrimTo(pool, 0);
+                }
+                "foreign_context_memory" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    let (mut dev1, mut ctx1) = (0, std::ptr::null_mut());
+                    ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut ctx1, dev1), "retain 1");
+                    ok(sys::cuCtxSetCurrent(ctx1), "current 1");
+                    let mut s1: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut s1, 1), "stream 1");
+                    let _ = sys::cuMemFreeAsync(p, s1);
+                }
+                "release_while_current" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+                    ok(sys::cuCtxSetCurrent(c), "current");
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+                }
+                "default_pool_changed" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                    ok(
+                        sys::cuDeviceGetDefaultMemPool(&mut pool, dev),
+                        "default pool",
+                    );
+                    let mut v: u64 = 123;
+                    ok(
+                        sys::cuMemPoolSetAttribute(
+                            pool,
+                            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                            (&mut v as *mut u64).cast(),
+                        ),
+                        "set threshold",
+                    );
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+                }
+                "exit_leak" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(
+                        sys::cuDevicePrimaryCtxRetain(&mut c, dev),
+                        "retain, never released",
+                    );
+                }
+                "order_after" => order_after(),
+                "raw_misuse" => raw_misuse(),
+                "async_fault_retire" => async_fault(false),
+                "async_fault_force" => async_fault(true),
+                "current_restored" => current_restored(),
+                "lost_teardown" => lost_teardown(),
+                "default_pool" => default_pool(),
+                "adopt_lost" => adopt_lost(),
                 "call_in_host_fn" => {
                     let (_ctx, s) = raw_setup();
                     ok(
@@ -652,6 +892,7 @@ mod children {
             ok(sys::cuCtxSetCurrent(context), "current");
             ok(sys::cuStreamSynchronize(lent), "lent stream still valid");
             ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
             ok(
                 sys::cuDevicePrimaryCtxRelease_v2(device),
                 "release (last reference)",
@@ -785,5 +1026,327 @@ mod children {
         ctx.teardown(false).expect("teardown");
         probe.check_clean_teardown().expect("clean");
         assert_eq!(probe.frees_retired(), 2);
+    }
+
+    fn current() -> sys::CUcontext {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
+        c
+    }
+
+    fn order_after() {
+        // 300 ms per queued operation: a copy queued on `a` is still running
+        // when order_after returns, unless order_after waited for it.
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let a = ctx.create_stream().expect("a");
+        let b = ctx.create_stream().expect("b");
+        let m = ctx.allocate(&a, 64).expect("allocate");
+        let raw_a = a.cu_stream();
+        let src = [5u8; 64];
+        // SAFETY: the context is pushed for the calls and popped after; the
+        // copy targets the live 64-byte allocation on its own stream, and
+        // `src` outlives it (the stream is drained before this returns).
+        unsafe {
+            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
+            ok(
+                sys::cuMemcpyHtoDAsync_v2(m.device_ptr(), src.as_ptr().cast(), 64, raw_a),
+                "slow copy on a",
+            );
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+        }
+        ctx.order_after(&b, &a).expect("order_after");
+        // SAFETY: as above; a query only.
+        let still = unsafe {
+            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
+            let r = sys::cuStreamQuery(raw_a);
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            r
+        };
+        assert_eq!(
+            still,
+            sys::CUresult::CUDA_ERROR_NOT_READY,
+            "order_after waited for the other stream instead of ordering on the device"
+        );
+        // The stand-in aborts unless the free on b is ordered after a's work.
+        let (sig, rx) = signal();
+        ctx.free_async(&b, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free on b");
+        ctx.synchronize(&b).expect("sync b");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        // Ordering a stream after itself is a no-op.
+        ctx.order_after(&a, &a).expect("same stream");
+        ctx.destroy_stream(a).expect("destroy a");
+        ctx.destroy_stream(b).expect("destroy b");
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+    }
+
+    fn invalid<T: std::fmt::Debug>(r: Result<T, memgov::BackendError>, what: &str) {
+        let e = r.expect_err(what);
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{what}: {e}");
+    }
+
+    fn raw_misuse() {
+        let a = factory().expect("context a");
+        let b = factory().expect("context b");
+        let sa = a.create_stream().expect("a stream");
+        let sb = b.create_stream().expect("b stream");
+        let ma = a.allocate(&sa, 4096).expect("a memory");
+        let mb = b.allocate(&sb, 4096).expect("b memory");
+        let mut buf = [0u8; 16];
+        // Foreign memory, foreign streams.
+        invalid(b.write(&sb, &ma, 0, b"x"), "write of a's memory through b");
+        invalid(
+            b.read(&sb, &ma, 0, &mut buf),
+            "read of a's memory through b",
+        );
+        invalid(a.write(&sb, &ma, 0, b"x"), "write on b's stream through a");
+        invalid(a.synchronize(&sb), "synchronize of b's stream through a");
+        invalid(a.allocate(&sb, 64), "allocate on b's stream through a");
+        invalid(a.order_after(&sa, &sb), "order after b's stream through a");
+        // Out-of-range offsets.
+        invalid(a.write(&sa, &ma, 4090, &[0u8; 10]), "write past the end");
+        invalid(a.read(&sa, &ma, 4096, &mut buf[..1]), "read past the end");
+        invalid(a.write(&sa, &ma, u64::MAX, b"x"), "offset overflow");
+        // A free of another context's memory is refused and hands it back.
+        let (ma, _sig, e) = b
+            .free_async(&sb, ma, signal().0)
+            .expect_err("free of a's memory through b");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        // The refused calls reached no driver: both contexts are intact.
+        a.write(&sa, &ma, 0, b"fine").expect("a still works");
+        // A stream of another context cannot be destroyed through this one
+        // (the handle is consumed; `a` still owns the stream).
+        invalid(b.destroy_stream(sa), "destroy of a's stream through b");
+        b.write(&sb, &mb, 0, b"fine").expect("b still works");
+        b.free_async(&sb, mb, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("own free");
+        b.synchronize(&sb).expect("sync");
+        b.destroy_stream(sb).expect("destroy");
+        b.teardown(false).expect("teardown b");
+        // `a` still owns its memory (and its stream, refused by b above):
+        // its teardown frees it, once.
+        a.teardown(false).expect("teardown a");
+    }
+
+    fn async_fault(force: bool) {
+        // The first queued free to execute faults (sticky), after the call
+        // that queued it returned; its host function never runs. Nothing
+        // calls the backend while retire waits.
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("async fault"));
+        let stream = handle.create_stream("s").expect("stream");
+        drop(
+            handle
+                .allocate(&stream, 4096, Role::Activation)
+                .expect("allocate"),
+        );
+        drop(stream);
+        let retire = handle.retire();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let report = if force {
+            retire.force(deadline)
+        } else {
+            retire.wait(deadline)
+        }
+        .expect("retire finishes: the fault is observed");
+        assert_eq!(
+            report.retired_releases + report.abandoned_releases + report.settled_lost,
+            1,
+            "{report:?}"
+        );
+        assert_eq!(report.unsettled_releases, 0, "{report:?}");
+        assert!(probe.lost(), "the loss was observed");
+        probe.check_clean_teardown().expect("clean");
+        let snap = handle.snapshot();
+        assert_eq!(snap.charged, 0);
+        assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn current_restored() {
+        // The runtime has device 1's primary context current; memgov works
+        // on device 0 and must hand the thread back as it found it.
+        let (mut dev1, mut mine) = (0, std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
+            ok(sys::cuDevicePrimaryCtxRetain(&mut mine, dev1), "retain 1");
+            ok(sys::cuCtxSetCurrent(mine), "current");
+        }
+        let check = |after: &str| assert_eq!(current(), mine, "current context changed by {after}");
+        let ctx = factory().expect("context on device 0");
+        check("new");
+        let a = ctx.create_stream().expect("a");
+        check("create_stream");
+        let b = ctx.create_stream().expect("b");
+        let m = ctx.allocate(&a, 4096).expect("allocate");
+        check("allocate");
+        ctx.write(&a, &m, 0, b"abc").expect("write");
+        check("write");
+        let mut back = [0u8; 3];
+        ctx.read(&a, &m, 0, &mut back).expect("read");
+        check("read");
+        ctx.memory_info().expect("memory_info");
+        check("memory_info");
+        ctx.order_after(&b, &a).expect("order_after");
+        check("order_after");
+        ctx.free_async(&b, m, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        check("free_async");
+        ctx.synchronize(&b).expect("sync");
+        check("synchronize");
+        ctx.destroy_stream(a).expect("destroy");
+        ctx.destroy_stream(b).expect("destroy");
+        check("destroy_stream");
+        // Threads that never had a context get none left behind.
+        let ctx = std::sync::Arc::new(ctx);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                let ctx = ctx.clone();
+                scope.spawn(move || {
+                    let s = ctx.create_stream().expect("stream");
+                    let m = ctx.allocate(&s, 64).expect("allocate");
+                    ctx.free_async(&s, m, signal().0)
+                        .map_err(|(_, _, e)| e)
+                        .expect("free");
+                    ctx.synchronize(&s).expect("sync");
+                    ctx.destroy_stream(s).expect("destroy");
+                    assert!(current().is_null(), "a context left current on a worker");
+                });
+            }
+        });
+        let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
+        ctx.teardown(false).expect("teardown");
+        check("teardown");
+        // SAFETY: the context retained above, released once, not current.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(dev1), "release 1");
+        }
+    }
+
+    fn lost_teardown() {
+        // Declared lost on a healthy device, three times: each lost teardown
+        // releases memgov's context reference, and with it the memory and
+        // streams (the stand-in's exit check finds nothing left).
+        for round in 0..3 {
+            let ctx = factory().expect("context");
+            let probe = ctx.probe();
+            let s = ctx.create_stream().expect("stream");
+            let _kept = ctx.allocate(&s, 64 << 20).expect("allocate");
+            let m = ctx.allocate(&s, 4096).expect("allocate");
+            ctx.free_async(&s, m, signal().0)
+                .map_err(|(_, _, e)| e)
+                .expect("free, still queued");
+            ctx.device_lost();
+            ctx.teardown(true).expect("lost teardown");
+            assert!(probe.lost());
+            let fresh = factory().expect("fresh context");
+            let info = fresh.memory_info().expect("memory info");
+            assert_eq!(info.free, info.total, "round {round}: memory left behind");
+            fresh.teardown(false).expect("teardown");
+        }
+    }
+
+    fn default_pool() {
+        let threshold = || {
+            let (mut dev, mut pool, mut v) = (0, std::ptr::null_mut(), 7u64);
+            // SAFETY: valid out pointers; the attribute is a cuuint64_t.
+            unsafe {
+                ok(sys::cuInit(0), "init");
+                ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                ok(
+                    sys::cuDeviceGetDefaultMemPool(&mut pool, dev),
+                    "default pool",
+                );
+                ok(
+                    sys::cuMemPoolGetAttribute(
+                        pool,
+                        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                        (&mut v as *mut u64).cast(),
+                    ),
+                    "get threshold",
+                );
+            }
+            v
+        };
+        let before = threshold();
+        let ctx = factory().expect("context");
+        assert_eq!(
+            threshold(),
+            before,
+            "the default pool changed while memgov runs"
+        );
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.free_async(&s, m, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.synchronize(&s).expect("sync");
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(
+            threshold(),
+            before,
+            "the default pool changed after teardown"
+        );
+    }
+
+    fn adopt_lost() {
+        // memgov's own pool is destroyed by a lost teardown of an adopted
+        // context too; the runtime's context and stream stay the runtime's,
+        // and once it lets go of them nothing is left at exit.
+        use memgov::cuda::AdoptedContext;
+        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                "retain",
+            );
+            ok(sys::cuCtxPushCurrent_v2(context), "push");
+            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
+        }
+        // SAFETY: the context and stream stay valid until after teardown
+        // (destroyed and released below, by this code only).
+        let ctx = unsafe {
+            CudaContext::adopt(
+                AdoptedContext {
+                    ordinal: 0,
+                    context,
+                    streams: vec![lent],
+                },
+                CudaConfig::default(),
+            )
+        }
+        .expect("adopt");
+        let s = ctx.create_stream().expect("lent stream");
+        let _m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.device_lost();
+        ctx.teardown(true).expect("lost teardown");
+        assert_eq!(current(), context, "the runtime's current context is kept");
+        // SAFETY: the runtime's own objects, destroyed and released once.
+        unsafe {
+            ok(sys::cuStreamSynchronize(lent), "sync lent stream");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(device), "release");
+        }
     }
 }

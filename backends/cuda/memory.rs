@@ -1,9 +1,15 @@
 //! Allocation from the device's stream-ordered memory pool, and copies
 //! ordered on a stream.
 //!
-//! Memory comes from `cuMemAllocAsync` on the device's default memory pool,
-//! so a free queued on a stream is reusable at once by allocations ordered
-//! after it on that stream (the context declares `stream_ordered_reuse`).
+//! Memory comes from `cuMemAllocFromPoolAsync` on the context's own memory
+//! pool, so a free queued on a stream is reusable at once by allocations
+//! ordered after it on that stream (the context declares
+//! `stream_ordered_reuse`).
+//!
+//! Every safe method checks its handles against the context's own registry
+//! before any driver call: a stream or allocation of another context, a
+//! destroyed stream, an allocation already freed, or a range outside the
+//! allocation is refused with `InvalidArgument`.
 //! The backend owns raw `CUdeviceptr`s, not cudarc's `CudaSlice` (which frees
 //! itself in `Drop` without telling anyone): only `free_async` and teardown
 //! free device memory, so the retire signal can fire after the free.
@@ -19,6 +25,8 @@ pub struct CudaMemory {
     pub(crate) ptr: CUdeviceptr,
     pub(crate) bytes: u64,
     pub(crate) id: u64,
+    /// The id of the context that allocated it (checked on every use).
+    pub(crate) context: u64,
 }
 
 impl CudaMemory {
@@ -50,6 +58,14 @@ impl CudaContext {
     ) -> Result<CudaMemory, BackendError> {
         let s = &*self.shared;
         s.check_usable("allocate")?;
+        s.check_stream("allocate", stream)?;
+        if bytes == 0 {
+            return Err(super::result::err(
+                "allocate",
+                crate::BackendErrorKind::InvalidArgument,
+                "a 0-byte allocation was asked for; ask for at least 1 byte",
+            ));
+        }
         let size = usize::try_from(bytes).map_err(|_| {
             super::result::err(
                 "allocate",
@@ -57,16 +73,22 @@ impl CudaContext {
                 format!("{bytes} B does not fit this platform's size_t"),
             )
         })?;
-        s.make_current("allocate")?;
+        let _current = s.make_current("allocate")?;
         let mut ptr: CUdeviceptr = 0;
-        // SAFETY: `ptr` is a valid out pointer; the stream is live and belongs
-        // to this context, which is current on this thread.
-        let r = unsafe { sys::cuMemAllocAsync(&mut ptr, size, stream.raw) };
-        s.checked("allocate", "cuMemAllocAsync", r)?;
+        // SAFETY: `ptr` is a valid out pointer; the stream is a live stream
+        // of this context (checked above), which is current on this thread;
+        // the pool is this context's own, alive until teardown.
+        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw) };
+        s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
         let id = s.next_id();
         lock(&s.live).insert(id, Live { ptr, bytes });
         s.probe.allocated(bytes);
-        Ok(CudaMemory { ptr, bytes, id })
+        Ok(CudaMemory {
+            ptr,
+            bytes,
+            id,
+            context: s.id,
+        })
     }
 
     pub(crate) fn write_impl(
@@ -78,16 +100,20 @@ impl CudaContext {
     ) -> Result<(), BackendError> {
         let s = &*self.shared;
         s.check_usable("write")?;
+        s.check_stream("write", stream)?;
+        s.check_memory("write", memory)?;
+        let at = range("write", memory, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
         }
-        s.make_current("write")?;
-        // SAFETY: the governor checked offset + len <= size of the live
-        // allocation; `src` outlives the copy because the stream is
-        // synchronized before returning; the context is current.
+        let _current = s.make_current("write")?;
+        // SAFETY: [at, at + len) lies inside a live allocation of this
+        // context and the stream is a live stream of it (checked above);
+        // `src` outlives the copy because the stream is synchronized before
+        // returning; the context is current.
         let r = unsafe {
             sys::cuMemcpyHtoDAsync_v2(
-                memory.ptr + offset,
+                at,
                 src.as_ptr().cast(),
                 src.len(),
                 stream.raw,
@@ -108,16 +134,20 @@ impl CudaContext {
     ) -> Result<(), BackendError> {
         let s = &*self.shared;
         s.check_usable("read")?;
+        s.check_stream("read", stream)?;
+        s.check_memory("read", memory)?;
+        let at = range("read", memory, offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
         }
-        s.make_current("read")?;
-        // SAFETY: bounds as in write; `dst` is exclusively borrowed until the
-        // stream is synchronized below, so the copy lands before it is read.
+        let _current = s.make_current("read")?;
+        // SAFETY: handles and bounds checked as in write; `dst` is
+        // exclusively borrowed until the stream is synchronized below, so the
+        // copy lands before it is read.
         let r = unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 dst.as_mut_ptr().cast(),
-                memory.ptr + offset,
+                at,
                 dst.len(),
                 stream.raw,
             )
@@ -131,7 +161,7 @@ impl CudaContext {
     pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {
         let s = &*self.shared;
         s.check_usable("memory_info")?;
-        s.make_current("memory_info")?;
+        let _current = s.make_current("memory_info")?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out pointers; the context is current.
         let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
@@ -140,5 +170,26 @@ impl CudaContext {
             free: free as u64,
             total: total as u64,
         })
+    }
+}
+
+/// The device address of `len` bytes at `offset` of `memory`, or
+/// `InvalidArgument` when the range runs past the allocation.
+fn range(
+    op: &'static str,
+    memory: &CudaMemory,
+    offset: u64,
+    len: usize,
+) -> Result<CUdeviceptr, BackendError> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= memory.bytes => Ok(memory.ptr + offset),
+        _ => Err(super::result::err(
+            op,
+            crate::BackendErrorKind::InvalidArgument,
+            format!(
+                "{len} B at offset {offset} runs past the {} B allocation",
+                memory.bytes
+            ),
+        )),
     }
 }

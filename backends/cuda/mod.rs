@@ -12,27 +12,57 @@
 //!   runtime API and most ML runtimes use, so memory and streams are shared
 //!   with them rather than split across contexts. Other users of the device's
 //!   primary context in the process keep it alive with their own retains;
-//!   memgov's release only drops its own reference. Every driver call is
-//!   preceded by `cuCtxSetCurrent`, because the governor calls from any
-//!   thread. A runtime that already owns a context and streams lends them
-//!   with the `unsafe` [`CudaContext::adopt`].
-//! * **Memory.** Non-blocking streams; `cuMemAllocAsync` from the device's
-//!   default memory pool, whose release threshold is set from
-//!   [`CudaConfig::release_threshold`]; copies with `cuMemcpy{HtoD,DtoH}Async`
-//!   on the stream; see [`CudaMemory`].
+//!   memgov's release only drops its own reference. Every call that needs
+//!   the context pushes it on the calling thread's context stack
+//!   (`cuCtxPushCurrent`) and pops it before returning, on every path, so
+//!   the caller's own current context is what it was, and no thread is left
+//!   with memgov's context current (the governor calls from any thread);
+//!   nothing is pushed when it is current already. A
+//!   runtime that already owns a context and streams lends them with the
+//!   `unsafe` [`CudaContext::adopt`].
+//! * **Handles.** Streams and allocations carry the id of the context that
+//!   made them; every safe method checks them against the context's own
+//!   registry before any driver call, and refuses another context's handle,
+//!   a destroyed stream, a freed allocation or an out-of-range offset with
+//!   `InvalidArgument`.
+//! * **Memory.** Non-blocking streams; `cuMemAllocFromPoolAsync` from a
+//!   memory pool of memgov's own (`cuMemPoolCreate`), whose release
+//!   threshold is set from [`CudaConfig::release_threshold`] and which
+//!   teardown destroys: the device's default pool, shared by every user of
+//!   the device, is never changed. Copies with `cuMemcpy{HtoD,DtoH}Async` on
+//!   the stream; see [`CudaMemory`].
 //! * **Stream-ordered free.** `cuMemFreeAsync`, then `cuLaunchHostFunc`
-//!   whose callback fires the [`RetireSignal`]; see the `retire` module.
+//!   whose callback fires the [`RetireSignal`]; see the `retire` module. A
+//!   free on another stream than the memory's is ordered by `order_after`:
+//!   an event (timing disabled) recorded on the other stream, waited on by
+//!   the freeing stream (`cuStreamWaitEvent`) and destroyed at once (legal
+//!   while the wait is pending). No host wait.
+//! * **Retired streams.** A destroyed stream whose work is still queued is
+//!   kept until `cuStreamQuery` reports it complete. A watcher thread asks
+//!   every few milliseconds while there are such streams, and
+//!   `synchronize` asks too, so an asynchronous fault in that work (after
+//!   the last driver call) is observed: the context is marked lost and the
+//!   signals of queued frees, whose host functions will never run, are
+//!   dropped unfired, which lets retire and force finish. Teardown stops and
+//!   joins the watcher first: no thread of the backend calls the driver after
+//!   teardown returns.
 //! * **Device loss.** The sticky codes (illegal address, launch failure, ECC
 //!   uncorrectable, hardware stack error, illegal instruction, misaligned
 //!   address, ...) are `DeviceLost`; after one the backend makes no further
 //!   device call except releasing its context reference in teardown.
-//! * **Teardown** (after the governor's drain): synchronize every stream,
-//!   free what a forced retire left, destroy the streams it created, trim the
-//!   pool, release the primary context. With `lost = true`: no waits and no
-//!   frees; the primary context reference is released only when the driver
-//!   itself reported the loss (which destroys the broken context's memory
-//!   with it) and kept otherwise, since releasing the last reference would
-//!   free memory on a device the caller said must not be touched.
+//! * **Teardown** (after the governor's drain): synchronize every stream
+//!   (retired ones included), free what a forced retire left, destroy the
+//!   streams it created, trim and destroy its pool, restore the thread's
+//!   context, release the primary context. With `lost = true`: no frees and
+//!   no blocking waits; memgov's pool and its primary context reference are
+//!   released, which destroys memgov's allocations and streams with the
+//!   context when it was the last reference. When the driver itself
+//!   reported the loss that happens at once; when only the caller declared
+//!   it, memgov first polls its streams (`cuStreamQuery`, at most 5 s) until
+//!   their queued work has finished, and keeps the reference (reporting
+//!   it) if work is still running then. An adopted context is never
+//!   released: memgov's allocations in it stay until the runtime destroys
+//!   it.
 //!
 //! ```no_run
 //! use memgov::cuda::{CudaConfig, CudaContext};
@@ -71,7 +101,21 @@ use retire::PendingFrees;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Ids of `CudaContext`s in this process, stamped into their streams and
+/// allocations so that another context's handles are refused.
+static CONTEXT_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// How often the watcher asks the driver about destroyed streams whose work
+/// is still queued.
+const WATCH_INTERVAL: Duration = Duration::from_millis(2);
+
+/// How long a lost teardown on a device whose driver still answers waits for
+/// queued work to finish before it releases the primary context.
+const LOST_DRAIN: Duration = Duration::from_secs(5);
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -125,13 +169,15 @@ fn require_driver() -> Result<(), BackendError> {
 pub struct CudaConfig {
     /// Device ordinal (`cuDeviceGet`).
     pub ordinal: u32,
-    /// Release threshold set on the device's default memory pool
-    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), or `None` to leave the pool as
-    /// it is. The default, `u64::MAX`, keeps freed memory cached in the pool
-    /// instead of returning it to the driver at every synchronization: the
-    /// governor's budget already bounds what is live or pending, so the cache
-    /// never grows past the budget's high-water mark, and teardown trims it.
-    /// The pool is the device's, shared by every user of it in the process.
+    /// Release threshold of memgov's own memory pool
+    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), or `None` for the driver's
+    /// default (0: freed memory goes back to the driver at every
+    /// synchronization). The default, `u64::MAX`, keeps freed memory cached
+    /// in the pool instead: the governor's budget already bounds what is live
+    /// or pending, so the cache never grows past the budget's high-water
+    /// mark, and teardown trims and destroys the pool. The pool is created by
+    /// the context (`cuMemPoolCreate`) and used by it alone; the device's
+    /// default pool, which other users of the device share, is never changed.
     pub release_threshold: Option<u64>,
 }
 
@@ -171,11 +217,15 @@ unsafe impl Send for RawStream {}
 /// State shared by the context and its host functions. Dropping it calls no
 /// driver function: teardown destroys explicitly.
 pub(crate) struct Shared {
+    /// This context's id (see `CONTEXT_IDS`).
+    pub(crate) id: u64,
     device: CUdevice,
     ordinal: u32,
     context: CUcontext,
     /// Whether memgov retained the primary context (and releases it).
     retained: bool,
+    /// memgov's own memory pool on the device (`cuMemPoolCreate`), destroyed
+    /// at teardown; the device's default pool is never changed.
     pool: CUmemoryPool,
     name: String,
     total_bytes: u64,
@@ -201,7 +251,51 @@ pub(crate) struct Shared {
     /// synchronize: the context is never released under a running host
     /// function.
     pub(crate) retired_streams: Mutex<Vec<RawStream>>,
+    /// The watcher thread that asks the driver about retired streams.
+    watch: Watch,
 }
+
+/// The watcher: started with the first retired stream, it queries retired
+/// streams every `WATCH_INTERVAL` while there are any (so an asynchronous
+/// fault in their work is observed even when nobody calls the backend), and
+/// is stopped and joined by teardown before any other teardown step.
+#[derive(Default)]
+struct Watch {
+    state: Mutex<WatchState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct WatchState {
+    stop: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The calling thread's previous context, restored when dropped
+/// (`cuCtxPopCurrent`): returned by [`Shared::make_current`].
+#[must_use = "the context stays current only while the guard lives"]
+pub(crate) struct Current {
+    /// Whether this guard pushed (and so pops); false when the context was
+    /// already current on the thread.
+    pushed: bool,
+    /// Not Send: a push must be popped on the thread that pushed.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: balances the successful cuCtxPushCurrent that created this
+        // guard on this thread (the guard is neither Send nor cloned);
+        // popping makes no device call and restores the context the thread
+        // had before.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
 
 // SAFETY: the raw handles (context, pool, streams) are driver handles with no
 // thread affinity; every call that uses them first makes the context current
@@ -246,22 +340,174 @@ impl Shared {
         ))
     }
 
-    /// Make the context current on the calling thread.
-    pub(crate) fn make_current(&self, op: &'static str) -> Result<(), BackendError> {
+    /// Make the context current on the calling thread until the returned
+    /// guard drops, which restores the context the thread had before
+    /// (`cuCtxPushCurrent` / `cuCtxPopCurrent`): a runtime's own current
+    /// context is never replaced behind its back, and no thread is left with
+    /// memgov's context current after memgov returns.
+    ///
+    /// When the context is already current (a runtime sharing the primary
+    /// context usually has it current), nothing is pushed or popped.
+    pub(crate) fn make_current(&self, op: &'static str) -> Result<Current, BackendError> {
+        let mut now: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; reads the calling thread's state only.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut now) };
+        self.checked(op, "cuCtxGetCurrent", r)?;
+        if now == self.context {
+            return Ok(Current {
+                pushed: false,
+                _thread: std::marker::PhantomData,
+            });
+        }
         // SAFETY: the context is valid until teardown, which consumes the
-        // `CudaContext` (and so runs after every other call has returned).
-        let r = unsafe { sys::cuCtxSetCurrent(self.context) };
-        self.checked(op, "cuCtxSetCurrent", r)
+        // `CudaContext` (and so runs after every other call has returned) and
+        // pops its own push before it releases the context.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(self.context) };
+        self.checked(op, "cuCtxPushCurrent_v2", r)?;
+        Ok(Current {
+            pushed: true,
+            _thread: std::marker::PhantomData,
+        })
     }
 
-    /// Classify a failure; a sticky code marks the context lost.
+    /// Classify a failure; a sticky code marks the context lost and drops
+    /// the signals of queued frees unfired (queued work no longer executes
+    /// after a sticky error, so their host functions never run).
     pub(crate) fn classify(&self, op: &'static str, call: &str, r: CUresult) -> BackendError {
         let e = result::error(op, call, r);
         if e.is_device_lost() {
             self.driver_lost.store(true, Ordering::Release);
             self.mark_lost_because(Some(&e.message));
+            self.abandon_pending();
         }
         e
+    }
+
+    /// Drop every waiting signal unfired (the governor settles them as
+    /// abandoned), with no lock held.
+    pub(crate) fn abandon_pending(&self) {
+        let taken = self.pending.take_all();
+        for (_, bytes) in &taken {
+            self.probe.free_abandoned(*bytes);
+        }
+        drop(taken);
+    }
+
+    /// A stream handle of this context that is live, or `InvalidArgument`
+    /// (another context's stream, or one already destroyed) with no driver
+    /// call.
+    pub(crate) fn check_stream(
+        &self,
+        op: &'static str,
+        stream: &CudaStream,
+    ) -> Result<(), BackendError> {
+        if stream.context != self.id || !lock(&self.streams).contains_key(&stream.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of CUDA context {} (it belongs to context {},                      or was destroyed): use a stream this context created and has not destroyed",
+                    stream.id, self.id, stream.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An allocation of this context that is live, or `InvalidArgument`
+    /// (another context's, or already freed) with no driver call.
+    pub(crate) fn check_memory(
+        &self,
+        op: &'static str,
+        memory: &CudaMemory,
+    ) -> Result<(), BackendError> {
+        if memory.context != self.id || !lock(&self.live).contains_key(&memory.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to                      context {}, or was freed)",
+                    memory.id, memory.bytes, memory.ptr, self.id, memory.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Destroy the retired streams whose work has completed; a sticky error
+    /// from a query is observed here (the device is then lost).
+    pub(crate) fn reap_retired(&self, op: &'static str) -> Result<(), BackendError> {
+        if lock(&self.retired_streams).is_empty() || self.is_lost() {
+            return Ok(());
+        }
+        let _current = self.make_current(op)?;
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&self.retired_streams));
+        let mut keep = Vec::new();
+        let mut result = Ok(());
+        for raw in retired {
+            if self.is_lost() {
+                keep.push(raw);
+                continue;
+            }
+            // SAFETY: a stream this context created and the governor
+            // destroyed; held only in the retired list, which this call took,
+            // so no other call uses it; the context is current.
+            let r = unsafe { sys::cuStreamQuery(raw.0) };
+            match r {
+                CUresult::CUDA_SUCCESS => {
+                    // SAFETY: as above; its work has completed.
+                    let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+                    result = result.and(self.checked(op, "cuStreamDestroy_v2", r));
+                }
+                CUresult::CUDA_ERROR_NOT_READY => keep.push(raw),
+                r => {
+                    keep.push(raw);
+                    result = result.and(Err(self.classify(op, "cuStreamQuery", r)));
+                }
+            }
+        }
+        lock(&self.retired_streams).extend(keep);
+        result
+    }
+
+    /// Start the watcher (once) and wake it: a stream was retired with work
+    /// still queued.
+    pub(crate) fn watch_retired(self: &Arc<Self>) {
+        let mut st = lock(&self.watch.state);
+        if st.stop {
+            return;
+        }
+        if st.thread.is_none() {
+            let weak = Arc::downgrade(self);
+            match std::thread::Builder::new()
+                .name("memgov-cuda-watch".into())
+                .spawn(move || watch_loop(weak))
+            {
+                Ok(t) => st.thread = Some(t),
+                // Without the watcher, retired streams are still queried by
+                // later calls and by teardown.
+                Err(e) => self.probe.violation(
+                    BACKEND,
+                    format!("could not start the retired-stream watcher: {e}"),
+                ),
+            }
+        }
+        drop(st);
+        self.watch.wake.notify_all();
+    }
+
+    /// Stop the watcher and wait until it has returned: after this, no
+    /// thread of this backend calls the driver.
+    fn stop_watcher(&self) {
+        let thread = {
+            let mut st = lock(&self.watch.state);
+            st.stop = true;
+            st.thread.take()
+        };
+        self.watch.wake.notify_all();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     pub(crate) fn checked(
@@ -275,6 +521,43 @@ impl Shared {
         } else {
             Err(self.classify(op, call, r))
         }
+    }
+}
+
+/// The watcher thread's body: while retired streams exist, query them every
+/// `WATCH_INTERVAL`; otherwise sleep until woken. Returns when stopped, or
+/// when the context was dropped without teardown.
+fn watch_loop(weak: Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        {
+            let st = lock(&shared.watch.state);
+            if st.stop {
+                return;
+            }
+            let idle = lock(&shared.retired_streams).is_empty() || shared.is_lost();
+            let st = if idle {
+                shared
+                    .watch
+                    .wake
+                    .wait_timeout(st, WATCH_INTERVAL * 50)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0)
+            } else {
+                shared
+                    .watch
+                    .wake
+                    .wait_timeout(st, WATCH_INTERVAL)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0)
+            };
+            if st.stop {
+                return;
+            }
+        }
+        // No lock held across the driver calls; an error is kept by the
+        // context (a sticky one marks it lost and abandons pending frees).
+        let _ = shared.reap_retired("watch");
     }
 }
 
@@ -436,7 +719,7 @@ impl CudaContext {
     /// memgov never destroys the context or the adopted streams, and never
     /// releases a context reference: teardown synchronizes the adopted
     /// streams, frees what memgov allocated, destroys the streams it created
-    /// itself and trims the pool.
+    /// itself and destroys its own memory pool.
     ///
     /// # Safety
     ///
@@ -465,30 +748,67 @@ impl CudaContext {
         ))
     }
 
+    /// Create memgov's own pool on the device and set its release
+    /// threshold. The calling thread's current context is restored before
+    /// returning.
     fn setup_pool(
         device: CUdevice,
         context: CUcontext,
         config: &CudaConfig,
     ) -> Result<CUmemoryPool, BackendError> {
-        // SAFETY: the context is valid (just retained, or per adopt's contract).
-        check("new", "cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(context)
+        // SAFETY: the context is valid (just retained, or per adopt's
+        // contract); popped below on every path.
+        check("new", "cuCtxPushCurrent_v2", unsafe {
+            sys::cuCtxPushCurrent_v2(context)
         })?;
+        let result = Self::create_pool(device, config);
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: balances the push above, on this thread.
+        let popped_ok = check("new", "cuCtxPopCurrent_v2", unsafe {
+            sys::cuCtxPopCurrent_v2(&mut popped)
+        });
+        match (result, popped_ok) {
+            (Ok(pool), Ok(())) => Ok(pool),
+            (Ok(pool), Err(e)) => {
+                // SAFETY: the pool just created, unused, destroyed once.
+                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+                Err(e)
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    fn create_pool(device: CUdevice, config: &CudaConfig) -> Result<CUmemoryPool, BackendError> {
+        // SAFETY: CUmemPoolProps is a plain C struct for which all-zero bytes
+        // are valid (null pointer, zero sizes); the fields memgov needs are
+        // set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = device;
         let mut pool: CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: valid out pointer, valid device.
-        check("new", "cuDeviceGetDefaultMemPool", unsafe {
-            sys::cuDeviceGetDefaultMemPool(&mut pool, device)
+        // SAFETY: valid out pointer and properties for a device-resident
+        // pool of a valid device.
+        check("new", "cuMemPoolCreate", unsafe {
+            sys::cuMemPoolCreate(&mut pool, &props)
         })?;
         if let Some(threshold) = config.release_threshold {
             let mut value: u64 = threshold;
-            // SAFETY: the release threshold attribute takes a cuuint64_t.
-            check("new", "cuMemPoolSetAttribute", unsafe {
+            // SAFETY: the release threshold attribute takes a cuuint64_t;
+            // the pool is the one just created.
+            let r = unsafe {
                 sys::cuMemPoolSetAttribute(
                     pool,
                     sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                     (&mut value as *mut u64).cast(),
                 )
-            })?;
+            };
+            if let Err(e) = check("new", "cuMemPoolSetAttribute", r) {
+                // SAFETY: the pool just created, unused, destroyed once.
+                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+                return Err(e);
+            }
         }
         Ok(pool)
     }
@@ -503,6 +823,7 @@ impl CudaContext {
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
+                id: CONTEXT_IDS.fetch_add(1, Ordering::Relaxed),
                 device: found.device,
                 ordinal,
                 context,
@@ -521,6 +842,7 @@ impl CudaContext {
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
                 retired_streams: Mutex::default(),
+                watch: Watch::default(),
             }),
         }
     }
@@ -548,6 +870,9 @@ impl CudaContext {
 
     fn teardown_impl(self, lost: bool) -> Result<(), BackendError> {
         let s = &*self.shared;
+        // First of all: no backend thread calls the driver from here on but
+        // this one, and none after teardown returns.
+        s.stop_watcher();
         let mut first: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {
@@ -566,31 +891,17 @@ impl CudaContext {
             );
         }
         if lost {
-            s.mark_lost();
-            // No waits and no frees: what is queued will not run, and what is
-            // allocated dies with the context.
-            let taken = s.pending.take_all();
-            for (_, bytes) in &taken {
-                s.probe.free_abandoned(*bytes);
-            }
-            drop(taken);
-            for (_, l) in lock(&s.live).drain() {
-                s.probe.freed(l.bytes);
-            }
-            for _ in lock(&s.streams).drain() {
-                s.probe.stream_destroyed();
-            }
-            lock(&s.retired_streams).clear();
-            if s.retained && s.driver_lost.load(Ordering::Acquire) {
-                // SAFETY: balanced with the retain in `new`; releasing a
-                // context in a sticky error state makes no device wait.
-                let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
-                keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
-            }
+            self.teardown_lost(&mut keep);
             s.probe.torn_down_now();
             return first.map_or(Ok(()), Err);
         }
-        keep(s.make_current("teardown"));
+        let current = match s.make_current("teardown") {
+            Ok(c) => Some(c),
+            Err(e) => {
+                keep(Err(e));
+                None
+            }
+        };
         let streams: Vec<(u64, CUstream, bool)> = lock(&s.streams)
             .iter()
             .map(|(&id, &(raw, adopted))| (id, raw, adopted))
@@ -600,8 +911,22 @@ impl CudaContext {
             let r = unsafe { sys::cuStreamSynchronize(raw) };
             keep(s.checked("teardown", "cuStreamSynchronize", r));
         }
+        // Destroyed streams whose work may still run: wait, then destroy
+        // (before the leftovers are freed: that work may use them).
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        for raw in retired {
+            // SAFETY: a stream this context created, removed from the
+            // retired list above so destroyed once; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+            // SAFETY: as above; its work has completed.
+            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+        }
         // Memory a forced retire left live: free it on a stream of its own
-        // and wait, so the pool gets it back before the context goes.
+        // and wait, so the pool gets it back before the context goes. Every
+        // stream that used it was synchronized above, which orders the frees
+        // after that use.
         let leftover: Vec<Live> = lock(&s.live).drain().map(|(_, l)| l).collect();
         if !leftover.is_empty() {
             keep(self.free_leftover(&leftover));
@@ -616,17 +941,6 @@ impl CudaContext {
                 keep(s.checked("teardown", "cuStreamDestroy_v2", r));
             }
         }
-        // Destroyed streams whose work may still run: wait, then destroy.
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-        for raw in retired {
-            // SAFETY: a stream this context created, removed from the
-            // retired list above so destroyed once; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
-            keep(s.checked("teardown", "cuStreamSynchronize", r));
-            // SAFETY: as above; its work has completed.
-            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
-            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
-        }
         let stragglers = s.pending.take_all();
         if !stragglers.is_empty() {
             for (_, bytes) in &stragglers {
@@ -634,10 +948,15 @@ impl CudaContext {
             }
             drop(stragglers);
         }
-        // SAFETY: the device's pool; trimming releases only unused cached
-        // memory, which other users of the pool do not hold.
+        // SAFETY: memgov's own pool; every allocation from it was freed and
+        // every free has executed (all streams synchronized).
         let r = unsafe { sys::cuMemPoolTrimTo(s.pool, 0) };
         keep(s.checked("teardown", "cuMemPoolTrimTo", r));
+        // SAFETY: as above; destroyed once, here.
+        let r = unsafe { sys::cuMemPoolDestroy(s.pool) };
+        keep(s.checked("teardown", "cuMemPoolDestroy", r));
+        // The thread's previous context is current again before the release.
+        drop(current);
         if s.retained {
             // SAFETY: balanced with the retain in `new`; every stream memgov
             // queued work on was synchronized, so no free or host function
@@ -647,6 +966,108 @@ impl CudaContext {
         }
         s.probe.torn_down_now();
         first.map_or(Ok(()), Err)
+    }
+
+    /// Teardown of a lost context: no frees and no synchronization. What
+    /// memgov allocated and the streams it created go with its reference to
+    /// the primary context, which is released:
+    ///
+    /// * when the driver reported the loss (a sticky error), at once: queued
+    ///   work no longer executes;
+    /// * when only the caller declared the loss and the driver still answers,
+    ///   after the queued work of memgov's streams has finished, polled with
+    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; if it
+    ///   is still running then, the reference is kept (releasing the last
+    ///   reference under running work is undefined) and the error says so.
+    ///
+    /// An adopted context is the runtime's: nothing is released, and memgov's
+    /// allocations in it stay until the runtime destroys it.
+    fn teardown_lost(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
+        let s = &*self.shared;
+        s.mark_lost();
+        s.abandon_pending();
+        for (_, l) in lock(&s.live).drain() {
+            s.probe.freed(l.bytes);
+        }
+        let streams: Vec<CUstream> = lock(&s.streams)
+            .drain()
+            .map(|(_, (raw, _))| {
+                s.probe.stream_destroyed();
+                raw
+            })
+            .collect();
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        // SAFETY: memgov's own pool, destroyed once, here. The call does not
+        // wait: with allocations or frees outstanding the driver releases the
+        // pool once they are gone (with the context, when it is released
+        // below). On a device in the sticky state it fails harmlessly.
+        let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
+        if !s.retained {
+            return;
+        }
+        let mut release = s.driver_lost.load(Ordering::Acquire);
+        if !release {
+            let mut queued: Vec<CUstream> = streams;
+            queued.extend(retired.iter().map(|r| r.0));
+            match self.drain_lost(&queued) {
+                Ok(()) => release = true,
+                Err(e) => keep(Err(e)),
+            }
+        }
+        if release {
+            // SAFETY: balanced with the retain in `new`; no work of memgov's
+            // is running (drained above, or the device no longer executes
+            // any). Releasing the last reference destroys the context with
+            // memgov's allocations and streams.
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+        }
+    }
+
+    /// Poll `streams` until their queued work has finished, a sticky error
+    /// shows the device really is lost, or `LOST_DRAIN` has passed.
+    fn drain_lost(&self, streams: &[CUstream]) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let deadline = Instant::now() + LOST_DRAIN;
+        let _current = s.make_current("teardown")?;
+        let mut waiting: Vec<CUstream> = streams.to_vec();
+        loop {
+            let mut still = Vec::new();
+            for &raw in &waiting {
+                // SAFETY: a stream this context created or adopted, not
+                // destroyed (teardown holds the only copies now); the
+                // context is current.
+                let r = unsafe { sys::cuStreamQuery(raw) };
+                match r {
+                    CUresult::CUDA_SUCCESS => {}
+                    CUresult::CUDA_ERROR_NOT_READY => still.push(raw),
+                    r => {
+                        let e = result::error("teardown", "cuStreamQuery", r);
+                        if e.is_device_lost() {
+                            s.driver_lost.store(true, Ordering::Release);
+                            return Ok(());
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            if still.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(err(
+                    "teardown",
+                    BackendErrorKind::DeviceLost,
+                    format!(
+                        "the context was declared lost, the driver still answers and {} of                          memgov's streams still have queued work after {:?}: the primary context                          reference (with memgov's allocations) is kept rather than released                          under running work; reset the device (cuDevicePrimaryCtxReset) to                          reclaim it",
+                        still.len(),
+                        LOST_DRAIN
+                    ),
+                ));
+            }
+            waiting = still;
+            std::thread::sleep(WATCH_INTERVAL);
+        }
     }
 
     fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
@@ -747,6 +1168,10 @@ impl DeviceContext for CudaContext {
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
         self.synchronize_impl(stream)
+    }
+
+    fn order_after(&self, stream: &CudaStream, after: &CudaStream) -> Result<(), BackendError> {
+        self.order_after_impl(stream, after)
     }
 
     fn device_lost(&self) {

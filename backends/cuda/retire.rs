@@ -81,6 +81,9 @@ unsafe extern "C" fn free_retired(user: *mut c_void) {
 }
 
 impl CudaContext {
+    // The shape of `DeviceContext::free_async`, which hands the memory and
+    // the signal back on refusal.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn free_async_impl(
         &self,
         stream: &CudaStream,
@@ -91,23 +94,52 @@ impl CudaContext {
         if let Err(e) = s.check_usable("free_async") {
             return Err((memory, signal, e));
         }
-        if let Err(e) = s.make_current("free_async") {
+        if let Err(e) = s.check_stream("free_async", stream) {
             return Err((memory, signal, e));
         }
-        // SAFETY: the memory is a live allocation of this context (the
-        // governor frees each once); the stream is live; the context is
-        // current.
+        // Taken out of the live set before the driver sees it: a second free
+        // of the same allocation, or another context's, is refused here and
+        // never reaches cuMemFreeAsync.
+        let live = if memory.context == s.id {
+            lock(&s.live).remove(&memory.id)
+        } else {
+            None
+        };
+        let Some(live) = live else {
+            s.probe.violation(
+                BACKEND,
+                format!(
+                    "free_async of allocation {} (context {}) that is not live in context {}",
+                    memory.id, memory.context, s.id
+                ),
+            );
+            let e = super::result::err(
+                "free_async",
+                crate::BackendErrorKind::InvalidArgument,
+                format!(
+                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (freed \
+                     already, or another context's)",
+                    memory.id, memory.bytes, memory.ptr, s.id
+                ),
+            );
+            return Err((memory, signal, e));
+        };
+        let current = match s.make_current("free_async") {
+            Ok(c) => c,
+            Err(e) => {
+                lock(&s.live).insert(memory.id, live);
+                return Err((memory, signal, e));
+            }
+        };
+        // SAFETY: the memory is a live allocation of this context, taken out
+        // of the live set above so freed once; the stream is a live stream of
+        // this context; the context is current.
         let r = unsafe { sys::cuMemFreeAsync(memory.ptr, stream.raw) };
         if let Err(e) = s.checked("free_async", "cuMemFreeAsync", r) {
+            lock(&s.live).insert(memory.id, live);
             return Err((memory, signal, e));
         }
         // From here the free is queued: the memory is the driver's.
-        if lock(&s.live).remove(&memory.id).is_none() {
-            s.probe.violation(
-                BACKEND,
-                format!("free_async of allocation {} that is not live", memory.id),
-            );
-        }
         let ticket = s.next_id();
         s.pending.park(ticket, signal, memory.bytes);
         let data = Box::into_raw(Box::new(HostFnData {
@@ -122,6 +154,7 @@ impl CudaContext {
         if r == sys::CUresult::CUDA_SUCCESS {
             return Ok(());
         }
+        let _current = current;
         // SAFETY: the launch failed, so the driver never took `data`.
         drop(unsafe { Box::from_raw(data) });
         let launch = s.classify("free_async", "cuLaunchHostFunc", r);
@@ -148,12 +181,8 @@ impl CudaContext {
     pub(crate) fn device_lost_impl(&self) {
         let s = &*self.shared;
         s.mark_lost();
-        let taken = s.pending.take_all();
-        for (_, bytes) in &taken {
-            s.probe.free_abandoned(*bytes);
-        }
         // Dropped unfired, with no lock held: the governor settles them as
         // abandoned.
-        drop(taken);
+        s.abandon_pending();
     }
 }

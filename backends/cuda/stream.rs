@@ -1,10 +1,9 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
 //! runtime already owns and lent to the context by [`CudaContext::adopt`].
 
-use super::result::BACKEND;
 use super::{lock, CudaContext, RawStream};
 use crate::BackendError;
-use cudarc::driver::sys::{self, CUstream, CUstream_flags};
+use cudarc::driver::sys::{self, CUevent, CUstream, CUstream_flags};
 
 /// A stream of ordered work on a CUDA context.
 ///
@@ -15,6 +14,8 @@ use cudarc::driver::sys::{self, CUstream, CUstream_flags};
 pub struct CudaStream {
     pub(crate) raw: CUstream,
     pub(crate) id: u64,
+    /// The id of the context that created it (checked on every use).
+    pub(crate) context: u64,
     pub(crate) adopted: bool,
 }
 
@@ -56,10 +57,11 @@ impl CudaContext {
             return Ok(CudaStream {
                 raw: raw.0,
                 id,
+                context: s.id,
                 adopted: true,
             });
         }
-        s.make_current("create_stream")?;
+        let _current = s.make_current("create_stream")?;
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out pointer; the context is current on
         // this thread (make_current above) and alive (check_usable: teardown
@@ -72,25 +74,30 @@ impl CudaContext {
         Ok(CudaStream {
             raw,
             id,
+            context: s.id,
             adopted: false,
         })
     }
 
     pub(crate) fn destroy_stream_impl(&self, stream: CudaStream) -> Result<(), BackendError> {
         let s = &*self.shared;
-        if lock(&s.streams).remove(&stream.id).is_none() {
-            s.probe.violation(
-                BACKEND,
-                format!("destroy_stream of stream {} that is not live", stream.id),
-            );
-            return Ok(());
+        if stream.context != s.id || lock(&s.streams).remove(&stream.id).is_none() {
+            return Err(super::result::err(
+                "destroy_stream",
+                crate::BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of CUDA context {} (another context's, or \
+                     destroyed already)",
+                    stream.id, s.id
+                ),
+            ));
         }
         s.probe.stream_destroyed();
         if s.is_lost() {
             // The stream dies with the context; no call on a lost device.
             return Ok(());
         }
-        s.make_current("destroy_stream")?;
+        let current = s.make_current("destroy_stream")?;
         if stream.adopted {
             // The runtime owns it: only finish memgov's work on it.
             // SAFETY: an adopted stream is valid until the context is torn
@@ -103,44 +110,71 @@ impl CudaContext {
         // must not be released under a running host function, and only a
         // completed stream proves the host function returned).
         lock(&s.retired_streams).push(RawStream(stream.raw));
-        self.reap_retired_streams()
-    }
-
-    /// Destroy the retired streams whose work has completed.
-    pub(crate) fn reap_retired_streams(&self) -> Result<(), BackendError> {
-        let s = &*self.shared;
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-        let mut keep = Vec::new();
-        let mut result = Ok(());
-        for raw in retired {
-            // SAFETY: a stream this context created and the governor
-            // destroyed; held only in the retired list, which this call took,
-            // so no other call uses it; the context is current.
-            let r = unsafe { sys::cuStreamQuery(raw.0) };
-            match r {
-                sys::CUresult::CUDA_SUCCESS => {
-                    // SAFETY: as above; its work has completed.
-                    let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
-                    result = result.and(s.checked("destroy_stream", "cuStreamDestroy_v2", r));
-                }
-                sys::CUresult::CUDA_ERROR_NOT_READY => keep.push(raw),
-                r => {
-                    keep.push(raw);
-                    result = result.and(Err(s.classify("destroy_stream", "cuStreamQuery", r)));
-                }
-            }
+        drop(current);
+        let result = s.reap_retired("destroy_stream");
+        if !lock(&s.retired_streams).is_empty() {
+            // Work still queued on it: the watcher keeps asking, so that an
+            // asynchronous fault in that work is observed even if nothing
+            // else calls the backend (retire waits without calling it).
+            self.shared.watch_retired();
         }
-        lock(&s.retired_streams).extend(keep);
         result
     }
 
     pub(crate) fn synchronize_impl(&self, stream: &CudaStream) -> Result<(), BackendError> {
         let s = &*self.shared;
         s.check_usable("synchronize")?;
-        s.make_current("synchronize")?;
-        // SAFETY: the stream is live (the governor destroys it only after its
-        // last use); the context is current.
-        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-        s.checked("synchronize", "cuStreamSynchronize", r)
+        s.check_stream("synchronize", stream)?;
+        {
+            let _current = s.make_current("synchronize")?;
+            // SAFETY: the stream is a live stream of this context (checked
+            // above); the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+            s.checked("synchronize", "cuStreamSynchronize", r)?;
+        }
+        // Destroyed streams still holding work are asked too: a fault in
+        // their work is observed when the governor synchronizes (force).
+        s.reap_retired("synchronize")
+    }
+
+    pub(crate) fn order_after_impl(
+        &self,
+        stream: &CudaStream,
+        after: &CudaStream,
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        s.check_usable("order_after")?;
+        s.check_stream("order_after", stream)?;
+        s.check_stream("order_after", after)?;
+        if stream.id == after.id {
+            // A stream is ordered after its own queued work already.
+            return Ok(());
+        }
+        let _current = s.make_current("order_after")?;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the context is current. Timing is
+        // disabled: the event only orders.
+        let r = unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        };
+        s.checked("order_after", "cuEventCreate", r)?;
+        // SAFETY: the event just created; `after` is a live stream of this
+        // context (checked above).
+        let r = unsafe { sys::cuEventRecord(event, after.raw) };
+        let mut result = s.checked("order_after", "cuEventRecord", r);
+        if result.is_ok() {
+            // SAFETY: the recorded event; `stream` is a live stream of this
+            // context. Work queued on `stream` after this call waits for the
+            // work `after` had queued when the event was recorded.
+            let r = unsafe { sys::cuStreamWaitEvent(stream.raw, event, 0) };
+            result = s.checked("order_after", "cuStreamWaitEvent", r);
+        }
+        // SAFETY: the event created above, destroyed once. Legal while the
+        // wait is pending: the driver releases it once it has completed.
+        let r = unsafe { sys::cuEventDestroy_v2(event) };
+        result.and(s.checked("order_after", "cuEventDestroy_v2", r))
     }
 }

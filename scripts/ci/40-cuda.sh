@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# The CUDA backend (feature `cuda`): build the stand-in libcuda.so.1, run the
-# CUDA tests on it (conformance, retirement by host function, device loss by
-# sticky error, teardown order, planted violations that the stand-in must
-# abort on, soak), the conformance cases again with every queued operation
-# delayed, the CUDA row of the fault matrix and the bench row in smoke mode;
-# clippy with the feature; then the tests once WITHOUT the stand-in, which on
-# a machine without an NVIDIA driver must skip cleanly and pass.
+# The CUDA backend (feature `cuda`): the stand-ins' shared self-test (planted
+# stream-ordering violations), build the stand-in libcuda.so.1, run the CUDA
+# tests on it (conformance, retirement by host function, device loss by
+# sticky error and by an asynchronous fault, teardown order, cross-stream
+# ordering, raw-handle refusals, the caller's current context, lost
+# teardown, the default pool, planted violations that the stand-in must
+# abort on, soak), the whole test file again with every queued operation
+# delayed, `memgov check` and `memgov run` with the stand-in's exit check on,
+# the CUDA row of the fault matrix and the bench row in smoke mode; clippy
+# with the feature; then the tests once WITHOUT the stand-in, which on a
+# machine without an NVIDIA driver must skip cleanly and pass.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+echo "--- stand-ins common self-test"
+backends/stand-ins/common/selftest.sh
 
 standins="$(backends/stand-ins/build.sh cuda)"
 on_stand_in() {
@@ -18,8 +25,18 @@ on_stand_in cargo test --locked --features cuda --test cuda -- --nocapture 2>&1 
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
 grep -q "11 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
 grep -q "soak: cuda: " target/cuda-stand-in.log
-# Releases really pend when the governor drains and tears down.
-MEMGOV_STANDIN_CUDA_LATENCY_US=300 on_stand_in cargo test --locked --features cuda --test cuda -- conformance::
+# Releases really pend when the governor drains and tears down (children that
+# set their own latency keep it).
+for latency in 300 2000; do
+    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency on_stand_in cargo test --locked --features cuda --test cuda
+done
+echo "--- memgov check / run on the stand-in, nothing left at exit"
+for latency in 0 300; do
+    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
+        on_stand_in cargo run --locked --release --features cuda -- check --backend cuda
+    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
+        on_stand_in cargo run --locked --release --features cuda -- run --backend cuda
+done
 on_stand_in cargo test --locked --release --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
 grep -q "fault matrix: cuda: 38 tried, 38 survived" target/cuda-fault-matrix.log
 on_stand_in cargo bench --locked --features cuda --bench cuda_cycle -- --test

@@ -6,19 +6,32 @@
  * - Each stream is an ordered queue (common/standin.h) run on its own host
  *   thread: copies, frees and host functions run in stream order, each after
  *   MEMGOV_STANDIN_CUDA_LATENCY_US microseconds.
- * - Each thread has a current context (cuCtxSetCurrent / cuCtxGetCurrent);
- *   a call that needs one fails with CUDA_ERROR_INVALID_CONTEXT without it.
+ * - Each thread has a context stack whose top is its current context
+ *   (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent, cuCtxGetCurrent); a
+ *   call that needs one fails with CUDA_ERROR_INVALID_CONTEXT without it.
+ * - Stream ordering, events and allocations' latest use come from
+ *   common/standin.h: a copy or free on a stream not ordered after the
+ *   allocation's latest use (cuEventRecord + cuStreamWaitEvent, or a host
+ *   synchronization) is a contract violation.
+ * - Memory comes from the default pool or pools made with cuMemPoolCreate;
+ *   the default pool's release threshold must be as the process found it.
+ * - The primary context's last release destroys it with its allocations and
+ *   streams, as the driver does; no thread may still have it current.
  * - Contract violations abort with "memgov libcuda stand-in: contract
- *   violation: ...": a call on a destroyed context or stream, a free or copy
- *   of an unknown or freed pointer, a copy out of bounds, the primary context
- *   released (last reference) while frees or host functions are pending or
- *   memory is still allocated, any driver call from inside a host function.
- * - Knobs: MEMGOV_STANDIN_CUDA_LATENCY_US, _OOM_AFTER_BYTES,
+ *   violation: ...": a call on a destroyed context, stream, event or pool, a
+ *   free or copy of an unknown or freed pointer, a copy out of bounds, a
+ *   copy or free missing stream ordering, the primary context released (last
+ *   reference) while work is pending, while a thread has it current, or with
+ *   the default pool changed, any driver call from inside a host function;
+ *   with MEMGOV_STANDIN_CUDA_EXIT_CHECK=1, anything left at exit.
+ * - Knobs (see the README): MEMGOV_STANDIN_CUDA_LATENCY_US, _OOM_AFTER_BYTES,
  *   _STICKY_ERROR_AT_OP (driver call N and all later fail with
  *   CUDA_ERROR_ILLEGAL_ADDRESS; queued work stops executing),
- *   _FAIL_HOST_FUNC_AT (the Nth cuLaunchHostFunc fails with
- *   CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), _TOTAL_BYTES (device size,
- *   default 16 GiB), _DEVICES (device count, default 1).
+ *   _STICKY_ERROR_AT_EXEC (the Nth queued free or host function to execute
+ *   faults instead: an asynchronous error), _FAIL_HOST_FUNC_AT (the Nth
+ *   cuLaunchHostFunc fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+ *   _TOTAL_BYTES (device size, default 16 GiB), _DEVICES (device count,
+ *   default 1), _EXIT_CHECK.
  * - It says what it is: the device name starts with "memgov stand-in" (the
  *   backend reads it), and memgov_standin_cuda() returns a description.
  * - Every other entry point cudarc's loader requires is a stub in
@@ -53,6 +66,11 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
+#define CU_EVENT_DISABLE_TIMING 2u
+#define CU_EVENT_VALID_FLAGS 3u /* default, blocking sync, disable timing */
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
 #define CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_STREAM_NON_BLOCKING 1u
@@ -75,6 +93,21 @@ struct CUmemPoolHandle_st {
     unsigned magic;
     CUdevice device;
     uint64_t release_threshold;
+    int is_default;
+    int destroyed;                     /* created pools only */
+    struct CUmemPoolHandle_st *next;   /* in g_pools (created pools) */
+};
+
+/* cuMemPoolCreate's properties, as laid out by the CUDA 12.0 headers. */
+struct CUmemPoolProps_st {
+    int allocType;
+    int handleTypes;
+    struct {
+        int type;
+        int id;
+    } location;
+    void *win32SecurityAttributes;
+    unsigned char reserved[64];
 };
 
 struct CUctx_st {
@@ -92,6 +125,7 @@ struct CUctx_st {
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct sq_event *CUevent;
 
 #define MAX_DEVICES 8
 
@@ -99,6 +133,28 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_initialized;
 static struct sq_knobs g_knobs;
 static uint64_t g_fail_host_func_at;
+/* MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_EXEC: the Nth queued free or host
+ * function to execute faults instead (an asynchronous error, after the
+ * driver call that queued it returned): the device enters the sticky error
+ * state from then on. */
+static uint64_t g_sticky_at_exec;
+static uint64_t g_execs;
+static int g_exec_sticky;
+
+/* Whether the device is in the sticky error state (either knob). */
+static int sticky_now(void) {
+    return sq_knobs_sticky() || __atomic_load_n(&g_exec_sticky, __ATOMIC_ACQUIRE);
+}
+
+/* A queued free or host function is about to execute: count it for the
+ * execution fault knob. Returns whether the device is now sticky (the
+ * operation then does nothing, as queued work does not run after a fault). */
+static int exec_tick(void) {
+    if (g_sticky_at_exec != 0 &&
+        __atomic_add_fetch(&g_execs, 1, __ATOMIC_ACQ_REL) >= g_sticky_at_exec)
+        __atomic_store_n(&g_exec_sticky, 1, __ATOMIC_RELEASE);
+    return sticky_now();
+}
 static uint64_t g_host_func_calls;
 static uint64_t g_total_bytes = 16ull << 30;
 static int g_devices = 1;
@@ -106,9 +162,87 @@ static struct {
     CUcontext primary; /* NULL when not retained */
     int refs;
     struct CUmemPoolHandle_st pool;
+    /* The default pool's release threshold when the process first found it
+     * (the primary context created from no references). */
+    uint64_t pool_found_threshold;
 } g_dev[MAX_DEVICES];
+static struct CUmemPoolHandle_st *g_pools; /* created pools, under g_lock */
 
-static __thread CUcontext t_current;
+/* ---- per-thread current context and context stack ------------------------
+ *
+ * Each thread's current context is the top of its context stack
+ * (cuCtxSetCurrent replaces the top, cuCtxPushCurrent / cuCtxPopCurrent push
+ * and pop). The slots of all threads are registered so that the last release
+ * of a primary context can check that no thread still has it current or
+ * stacked: the driver leaves a destroyed context current on other threads
+ * (their next call fails with CUDA_ERROR_CONTEXT_IS_DESTROYED), which is what
+ * a library that changes the caller's current context without restoring it
+ * does to its caller. */
+
+#define STACK_MAX 32
+
+struct thread_slot {
+    CUcontext current;
+    CUcontext stack[STACK_MAX]; /* contexts below the current one */
+    int depth;
+    struct thread_slot *prev, *next;
+};
+
+static pthread_mutex_t g_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct thread_slot *g_slots;
+static pthread_key_t g_slot_key;
+static pthread_once_t g_slot_once = PTHREAD_ONCE_INIT;
+static __thread struct thread_slot *t_slot;
+
+static void slot_gone(void *p) {
+    struct thread_slot *t = p;
+    pthread_mutex_lock(&g_slots_lock);
+    if (t->prev) t->prev->next = t->next;
+    else g_slots = t->next;
+    if (t->next) t->next->prev = t->prev;
+    pthread_mutex_unlock(&g_slots_lock);
+    free(t);
+}
+
+static void slot_key_init(void) {
+    if (pthread_key_create(&g_slot_key, slot_gone) != 0) sq_fatal("pthread_key_create");
+}
+
+/* The calling thread's slot, registered on first use. */
+static struct thread_slot *slot(void) {
+    if (t_slot != NULL) return t_slot;
+    pthread_once(&g_slot_once, slot_key_init);
+    struct thread_slot *t = calloc(1, sizeof *t);
+    if (t == NULL) sq_fatal("out of host memory");
+    pthread_mutex_lock(&g_slots_lock);
+    t->next = g_slots;
+    if (g_slots) g_slots->prev = t;
+    g_slots = t;
+    pthread_mutex_unlock(&g_slots_lock);
+    pthread_setspecific(g_slot_key, t);
+    t_slot = t;
+    return t;
+}
+
+static CUcontext thread_current(void) { return t_slot ? t_slot->current : NULL; }
+
+/* Threads that have c current or on their stack, and whether the calling
+ * thread is one of them. */
+static int threads_holding(CUcontext c, int *caller) {
+    int n = 0;
+    *caller = 0;
+    pthread_mutex_lock(&g_slots_lock);
+    for (struct thread_slot *t = g_slots; t != NULL; t = t->next) {
+        int holds = t->current == c;
+        for (int i = 0; i < t->depth && !holds; i++) holds = t->stack[i] == c;
+        if (holds) {
+            n++;
+            if (t == t_slot) *caller = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_slots_lock);
+    return n;
+}
 
 static const char g_description[] =
     "memgov libcuda stand-in: CUDA driver API imitated on host threads (not a GPU)";
@@ -124,7 +258,8 @@ static int enter(const char *fn) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN)
         sq_die("%s called from inside a host function (the driver forbids CUDA calls there)", fn);
     if (!g_initialized) return 0;
-    return sq_knobs_tick(&g_knobs);
+    int sticky = sq_knobs_tick(&g_knobs);
+    return sticky || sticky_now();
 }
 
 #define ENTER(fn)                                             \
@@ -141,7 +276,7 @@ static void check_ctx_handle(CUcontext c, const char *fn) {
 /* The calling thread's current context, or NULL (the caller then returns
  * CUDA_ERROR_INVALID_CONTEXT). A destroyed current context is a violation. */
 static CUcontext current(const char *fn) {
-    CUcontext c = t_current;
+    CUcontext c = thread_current();
     if (c != NULL) check_ctx_handle(c, fn);
     return c;
 }
@@ -218,6 +353,40 @@ CUresult cuGetErrorString(CUresult error, const char **pStr) {
 
 /* ---- initialisation and devices ------------------------------------------ */
 
+/* The default pool's attributes must be as the process found them. */
+static void check_default_pool(CUdevice d, const char *when) {
+    uint64_t now = g_dev[d].pool.release_threshold, found = g_dev[d].pool_found_threshold;
+    if (now != found)
+        sq_die("%s: the release threshold of device %d's default memory pool is %llu, but the "
+               "process found it at %llu: a library changed process-wide pool state and did not "
+               "restore it (use a pool of its own, cuMemPoolCreate)",
+               when, d, (unsigned long long)now, (unsigned long long)found);
+}
+
+/* MEMGOV_STANDIN_CUDA_EXIT_CHECK=1: at process exit nothing may be left:
+ * no primary context reference (with its allocations and streams), no
+ * created memory pool, no default pool attribute changed. */
+static void exit_check(void) {
+    pthread_mutex_lock(&g_lock);
+    for (int d = 0; d < g_devices; d++) {
+        CUcontext c = g_dev[d].primary;
+        if (g_dev[d].refs != 0) {
+            unsigned long long streams = 0;
+            pthread_mutex_lock(&c->lock);
+            for (CUstream s = c->streams; s != NULL; s = s->next) streams++;
+            pthread_mutex_unlock(&c->lock);
+            sq_die("at exit: the primary context of device %d still has %d reference(s) (never "
+                   "released), holding %llu allocations (%llu bytes) and %llu streams",
+                   d, g_dev[d].refs, (unsigned long long)sq_mem_live_count(c->mem),
+                   (unsigned long long)sq_mem_live_bytes(c->mem), streams);
+        }
+        check_default_pool(d, "at exit");
+    }
+    for (CUmemoryPool p = g_pools; p != NULL; p = p->next)
+        if (!p->destroyed) sq_die("at exit: memory pool %p of device %d never destroyed", (void *)p, p->device);
+    pthread_mutex_unlock(&g_lock);
+}
+
 CUresult cuInit(unsigned int flags) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN) sq_die("cuInit called from inside a host function");
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -226,11 +395,16 @@ CUresult cuInit(unsigned int flags) {
         sq_set_name("libcuda stand-in");
         sq_knobs_load(&g_knobs, "MEMGOV_STANDIN_CUDA");
         g_fail_host_func_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", 0);
+        g_sticky_at_exec = sq_env_u64("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_EXEC", 0);
         g_total_bytes = sq_env_u64("MEMGOV_STANDIN_CUDA_TOTAL_BYTES", 16ull << 30);
         uint64_t n = sq_env_u64("MEMGOV_STANDIN_CUDA_DEVICES", 1);
         g_devices = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
-        for (int i = 0; i < MAX_DEVICES; i++)
-            g_dev[i].pool = (struct CUmemPoolHandle_st){.magic = POOL_MAGIC, .device = i};
+        for (int i = 0; i < MAX_DEVICES; i++) {
+            g_dev[i].pool =
+                (struct CUmemPoolHandle_st){.magic = POOL_MAGIC, .device = i, .is_default = 1};
+            g_dev[i].pool_found_threshold = g_dev[i].pool.release_threshold;
+        }
+        if (sq_env_u64("MEMGOV_STANDIN_CUDA_EXIT_CHECK", 0) != 0) atexit(exit_check);
         g_initialized = 1;
     }
     pthread_mutex_unlock(&g_lock);
@@ -330,11 +504,18 @@ static void destroy_context(CUcontext c, int sticky) {
                    "(frees, copies or host functions) still pending on destroyed stream %p",
                    c->device, (unsigned long long)pending, (void *)s);
     }
+    int caller = 0;
+    int holding = threads_holding(c, &caller);
+    if (holding != 0)
+        sq_die("primary context of device %d released (last reference) while it is still the "
+               "current context (or stacked) on %d thread(s)%s: their next driver call fails with "
+               "CUDA_ERROR_CONTEXT_IS_DESTROYED; a library must restore each thread's previous "
+               "context before returning (cuCtxPushCurrent / cuCtxPopCurrent)",
+               c->device, holding, caller ? ", the releasing thread among them" : "");
+    check_default_pool(c->device, "last release of the primary context");
+    /* Allocations still live are released with the context, as the driver's
+     * context destruction releases every resource of the context. */
     uint64_t live = sq_mem_live_count(c->mem);
-    if (live != 0 && !sticky)
-        sq_die("primary context of device %d released (last reference) with %llu allocations "
-               "(%llu bytes) still allocated",
-               c->device, (unsigned long long)live, (unsigned long long)sq_mem_live_bytes(c->mem));
     CUstream lists[2] = {c->streams, c->draining};
     c->streams = NULL;
     c->draining = NULL;
@@ -349,8 +530,10 @@ static void destroy_context(CUcontext c, int sticky) {
             s = next;
         }
     }
-    c->destroyed = 1; /* kept, likewise; its memory table leaks if sticky */
-    if (!sticky) sq_mem_destroy(c->mem);
+    c->destroyed = 1; /* kept, likewise */
+    /* The table still holding live allocations is leaked (host memory only):
+     * the device's memory went with the context. */
+    if (!sticky && live == 0) sq_mem_destroy(c->mem);
     c->mem = NULL;
 }
 
@@ -376,7 +559,45 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
     if (enter("cuCtxSetCurrent")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx != NULL) check_ctx_handle(ctx, "cuCtxSetCurrent");
-    t_current = ctx;
+    struct thread_slot *t = slot();
+    pthread_mutex_lock(&g_slots_lock);
+    t->current = ctx; /* replaces the top of the stack */
+    pthread_mutex_unlock(&g_slots_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (enter("cuCtxPushCurrent_v2")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    check_ctx_handle(ctx, "cuCtxPushCurrent_v2");
+    struct thread_slot *t = slot();
+    pthread_mutex_lock(&g_slots_lock);
+    if (t->depth == STACK_MAX) {
+        pthread_mutex_unlock(&g_slots_lock);
+        sq_die("cuCtxPushCurrent_v2: context stack deeper than %d (pushes without pops)", STACK_MAX);
+    }
+    t->stack[t->depth++] = t->current;
+    t->current = ctx;
+    pthread_mutex_unlock(&g_slots_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    /* Popping touches no device and works in the sticky error state too: it
+     * is how a thread lets go of a broken context. */
+    (void)enter("cuCtxPopCurrent_v2");
+    if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    struct thread_slot *t = slot();
+    pthread_mutex_lock(&g_slots_lock);
+    CUcontext top = t->current;
+    if (top == NULL) {
+        pthread_mutex_unlock(&g_slots_lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    t->current = t->depth > 0 ? t->stack[--t->depth] : NULL;
+    pthread_mutex_unlock(&g_slots_lock);
+    if (pctx != NULL) *pctx = top;
     return CUDA_SUCCESS;
 }
 
@@ -384,7 +605,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
     if (enter("cuCtxGetCurrent")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *pctx = t_current; /* a destroyed current context is returned as is */
+    *pctx = thread_current(); /* a destroyed current context is returned as is */
     return CUDA_SUCCESS;
 }
 
@@ -411,7 +632,7 @@ CUresult cuCtxSynchronize(void) {
     for (size_t i = 0; i < n; i++) sq_queue_wait(qs[i], last[i]);
     free(qs);
     free(last);
-    return sq_knobs_sticky() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+    return sticky_now() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
@@ -505,7 +726,7 @@ CUresult cuStreamSynchronize(CUstream hStream) {
     CUresult r = check_stream(hStream, "cuStreamSynchronize");
     if (r != CUDA_SUCCESS) return r;
     sq_queue_sync(hStream->q);
-    return sq_knobs_sticky() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+    return sticky_now() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuStreamQuery(CUstream hStream) {
@@ -527,6 +748,38 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
 
 static void check_pool(CUmemoryPool pool, const char *fn) {
     if (pool == NULL || pool->magic != POOL_MAGIC) sq_die("%s: %p is not a memory pool", fn, (void *)pool);
+    if (pool->destroyed) sq_die("%s on destroyed memory pool %p", fn, (void *)pool);
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const struct CUmemPoolProps_st *props) {
+    ENTER("cuMemPoolCreate");
+    if (pool == NULL || props == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (props->handleTypes != 0) return CUDA_ERROR_NOT_SUPPORTED;
+    CUmemoryPool p = calloc(1, sizeof *p);
+    if (p == NULL) sq_fatal("out of host memory");
+    *p = (struct CUmemPoolHandle_st){.magic = POOL_MAGIC, .device = props->location.id};
+    pthread_mutex_lock(&g_lock);
+    p->next = g_pools;
+    g_pools = p;
+    pthread_mutex_unlock(&g_lock);
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    /* Like the driver: legal with allocations outstanding (they are released
+     * when freed); the pool handle is dead at once. Kept, so that a later
+     * use is caught. */
+    int sticky = enter("cuMemPoolDestroy");
+    if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    check_pool(pool, "cuMemPoolDestroy");
+    if (pool->is_default) sq_die("cuMemPoolDestroy of device %d's default memory pool", pool->device);
+    pool->destroyed = 1;
+    return sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
@@ -554,15 +807,31 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ENTER("cuMemAllocAsync");
-    CUresult r = check_stream(hStream, "cuMemAllocAsync");
+static CUresult alloc_async(const char *fn, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    CUresult r = check_stream(hStream, fn);
     if (r != CUDA_SUCCESS) return r;
     if (dptr == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t p = sq_mem_alloc(hStream->ctx->mem, bytesize);
+    /* Valid from a position on the stream: use on another stream must be
+     * ordered after it. */
+    uint64_t p = sq_mem_alloc_on(hStream->ctx->mem, bytesize, hStream->q);
     if (p == 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = p;
     return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    ENTER("cuMemAllocAsync");
+    return alloc_async("cuMemAllocAsync", dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream) {
+    ENTER("cuMemAllocFromPoolAsync");
+    check_pool(pool, "cuMemAllocFromPoolAsync");
+    if (hStream != NULL && hStream->magic == STREAM_MAGIC && !hStream->destroyed &&
+        hStream->ctx->device != pool->device)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream);
 }
 
 struct free_op {
@@ -574,7 +843,7 @@ static void run_free(void *arg) {
     struct free_op *op = arg;
     /* On a device in the sticky error state queued work no longer runs; the
      * memory goes when the context is released. */
-    if (!sq_knobs_sticky()) sq_mem_finish_free(op->mem, op->base);
+    if (!exec_tick()) sq_mem_finish_free(op->mem, op->base);
     free(op);
 }
 
@@ -582,7 +851,8 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER("cuMemFreeAsync");
     CUresult r = check_stream(hStream, "cuMemFreeAsync");
     if (r != CUDA_SUCCESS) return r;
-    enum sq_mem_check c = sq_mem_begin_free(hStream->ctx->mem, dptr);
+    enum sq_mem_check c =
+        sq_mem_begin_free_on(hStream->ctx->mem, dptr, hStream->q, "cuMemFreeAsync");
     if (c != SQ_MEM_OK)
         sq_die("cuMemFreeAsync of %s pointer 0x%llx", check_name(c), (unsigned long long)dptr);
     struct free_op *op = malloc(sizeof *op);
@@ -598,11 +868,12 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (r != CUDA_SUCCESS) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
-    enum sq_mem_check c = sq_mem_check(hStream->ctx->mem, dev, bytes);
+    enum sq_mem_check c = sq_mem_check_on(hStream->ctx->mem, dev, bytes, hStream->q, fn);
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer 0x%llx", fn, bytes, check_name(c),
                (unsigned long long)dev);
     sq_queue_copy(hStream->q, dst, src, bytes);
+    sq_mem_touch(hStream->ctx->mem, dev, hStream->q, sq_queue_last(hStream->q));
     return CUDA_SUCCESS;
 }
 
@@ -629,7 +900,7 @@ struct host_fn_op {
 
 static void run_host_fn(void *arg) {
     struct host_fn_op *op = arg;
-    if (!sq_knobs_sticky()) op->fn(op->user);
+    if (!exec_tick()) op->fn(op->user);
     free(op);
 }
 
@@ -647,4 +918,59 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
     *op = (struct host_fn_op){.fn = fn, .user = userData};
     sq_queue_push(hStream->q, run_host_fn, op, SQ_OP_HOST_FN);
     return CUDA_SUCCESS;
+}
+
+/* ---- events ------------------------------------------------------------------- */
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    ENTER("cuEventCreate");
+    CUcontext c = current("cuEventCreate");
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (phEvent == NULL || (Flags & ~CU_EVENT_VALID_FLAGS) != 0) return CUDA_ERROR_INVALID_VALUE;
+    *phEvent = sq_event_new();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    ENTER("cuEventRecord");
+    sq_event_check(hEvent, "cuEventRecord");
+    CUresult r = check_stream(hStream, "cuEventRecord");
+    if (r != CUDA_SUCCESS) return r;
+    /* Captures the work queued on the stream so far; overwrites. */
+    sq_event_record(hEvent, hStream->q);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    ENTER("cuStreamWaitEvent");
+    sq_event_check(hEvent, "cuStreamWaitEvent");
+    CUresult r = check_stream(hStream, "cuStreamWaitEvent");
+    if (r != CUDA_SUCCESS) return r;
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    /* Orders work queued on hStream after this call after the event's work. */
+    sq_queue_wait_event(hStream->q, hEvent);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventQuery(CUevent hEvent) {
+    ENTER("cuEventQuery");
+    sq_event_check(hEvent, "cuEventQuery");
+    return sq_event_done(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent hEvent) {
+    ENTER("cuEventSynchronize");
+    sq_event_check(hEvent, "cuEventSynchronize");
+    sq_event_sync(hEvent);
+    return sticky_now() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent) {
+    /* Legal while a wait on the event is pending: its resources go once the
+     * event completes (the wait keeps what it needs). */
+    int sticky = enter("cuEventDestroy_v2");
+    if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    sq_event_check(hEvent, "cuEventDestroy_v2");
+    sq_event_destroy(hEvent);
+    return sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }

@@ -119,7 +119,13 @@ impl RawCycle {
                 "cuDevicePrimaryCtxRetain",
                 sys::cuDevicePrimaryCtxRetain(&mut context, device),
             )?;
-            check("bench", "cuCtxSetCurrent", sys::cuCtxSetCurrent(context))?;
+            // Pushed, and popped in `finish`: the thread gets back the
+            // context it had, and the release below leaves none dangling.
+            check(
+                "bench",
+                "cuCtxPushCurrent_v2",
+                sys::cuCtxPushCurrent_v2(context),
+            )?;
             check(
                 "bench",
                 "cuStreamCreate",
@@ -171,7 +177,8 @@ impl RawCycle {
 
     fn finish(self) -> Result<(), BackendError> {
         // SAFETY: the stream and context reference created in `new`, each
-        // released once, after the stream's work has completed.
+        // released once, after the stream's work has completed; the pop
+        // balances the push in `new` on this (the bench's only) thread.
         unsafe {
             check(
                 "bench",
@@ -187,6 +194,12 @@ impl RawCycle {
                 "bench",
                 "cuStreamDestroy_v2",
                 sys::cuStreamDestroy_v2(self.stream),
+            )?;
+            let mut popped = std::ptr::null_mut();
+            check(
+                "bench",
+                "cuCtxPopCurrent_v2",
+                sys::cuCtxPopCurrent_v2(&mut popped),
             )?;
             check(
                 "bench",
