@@ -63,6 +63,10 @@ fn admit_refused<C: DeviceContext>(
     loop {
         let outcome = match first.take() {
             Some(refused) => Err(Ok(refused)),
+            // Every later attempt comes after a wait for room or a round of
+            // pressure responders: a context that stopped accepting work in
+            // the meantime admits nothing, even if the wait made room.
+            None if !ctx.accepting() => return Err(ctx.unavailable_error()),
             None => attempt(ctx, stream, bytes, role),
         };
         let mut refused = match outcome {
@@ -158,8 +162,11 @@ fn attempt<C: DeviceContext>(
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
+    // The gate closes only once retire has begun (force, teardown): this
+    // allocation was not admitted, and says so with the error a retiring
+    // context gives (`Reclaimed` is for buffers and streams that existed).
     let Some(backend) = ctx.enter_on(stream.shard) else {
-        return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
+        return Err(Err(ctx.unavailable_error()));
     };
     let result = backend.allocate(stream.raw(), bytes);
     if result.is_ok() {
