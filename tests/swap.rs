@@ -6,14 +6,19 @@
 //!   however the wait ended (room made by a settlement, a limit change, a
 //!   pressure responder), and refuses with the documented error when `force`
 //!   closed its gate meanwhile.
+//! * On a shared budget an admission waits for what a retiring context will
+//!   give back at teardown (quarantined memory, abandoned releases), and the
+//!   teardown wakes it; with no retiring context it is refused at once.
 //!
 //! Every outcome is fixed by the order the test drives (parked frees fired
 //! by hand, room made while the waiter sleeps); the only polling is
 //! `eventually`, which waits for a state, never decides an outcome.
 
+use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::null::{NullContext, NullControls};
 use memgov::{
-    Admission, ContextConfig, ContextHandle, Governor, GovernorError, ProviderContextPinError, Role,
+    Admission, ContextConfig, ContextHandle, Governor, GovernorError, ProviderContextPinError,
+    Role, SharedBudget,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -154,4 +159,174 @@ fn an_allocation_after_force_is_refused_as_retiring() {
         ctx.teardown_report().is_some()
     });
     assert_eq!(ctx.snapshot().charged, 0);
+}
+
+type Faulty = FaultInjecting<NullContext>;
+
+/// A context on the null device behind the fault wrapper, its parked frees
+/// fired by hand.
+fn faulty(plan: FaultPlan) -> (Faulty, NullControls) {
+    let null = NullContext::deferred(16);
+    let parked = null.controls();
+    (FaultInjecting::new(null, plan), parked)
+}
+
+/// One model swap on a 10 MiB device: the old context holds 8 MiB pending
+/// and 2 MiB quarantined and is retired (nobody waits for its teardown: it
+/// runs in the background); the new one asks for the whole device with a
+/// 20 s timeout, and must get it once the old teardown has given the
+/// quarantined bytes back.
+fn swap(gov: &Governor<Faulty>, gpu: &SharedBudget, round: u32) {
+    let (old_dev, old_parked) = faulty(FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error));
+    let old = gov.register(
+        old_dev,
+        ContextConfig::new()
+            .label(format!("old-{round}"))
+            .shared_budget(gpu.clone()),
+    );
+    let s = old.create_stream("old").unwrap();
+    let quarantined = old.allocate(&s, 2 * MIB, Role::Weights).unwrap();
+    let pending = old.allocate(&s, 8 * MIB, Role::Weights).unwrap();
+    drop(quarantined); // refused by the device: quarantined
+    drop(pending); // parked: pending
+    drop(s);
+    assert_eq!(
+        (gpu.charged(), gpu.pending(), gpu.quarantined()),
+        (10 * MIB, 8 * MIB, 2 * MIB),
+        "round {round}"
+    );
+    drop(old.retire()); // torn down in the background once drained
+
+    let (new_dev, new_parked) = faulty(FaultPlan::new());
+    let new = gov.register(
+        new_dev,
+        ContextConfig::new()
+            .label(format!("new-{round}"))
+            .shared_budget(gpu.clone())
+            .admission(waiting(Duration::from_secs(20))),
+    );
+    let s = new.create_stream("new").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (n2, s2) = (new.clone(), s.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(n2.allocate(&s2, 10 * MIB, Role::Weights));
+    });
+    eventually("the new model waits", || {
+        new.snapshot().counters.admission_waits >= 1
+    });
+    // The old model's frees execute; its teardown follows on a reaper.
+    assert_eq!(old_parked.retire_parked(), 1, "round {round}");
+    let weights = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the allocation returns")
+        .unwrap_or_else(|e| panic!("round {round}: the swap was refused: {e}"));
+    // The room came back inside the old teardown, which stores its report
+    // right after.
+    eventually("the old report", || old.teardown_report().is_some());
+    let report = old.teardown_report().unwrap();
+    assert_eq!(report.quarantined_bytes, 2 * MIB, "round {round}");
+    assert!(report.backend_result.is_ok(), "round {round}: {report:?}");
+    assert_eq!(gpu.charged(), 10 * MIB, "round {round}");
+    drop((weights, s));
+    new_parked.retire_parked();
+    new.retire().wait(soon()).unwrap();
+    assert_eq!(gpu.charged(), 0, "round {round}");
+}
+
+#[test]
+fn a_model_swap_on_one_shared_budget_waits_for_the_old_teardown() {
+    let gov = Governor::new();
+    let gpu = SharedBudget::new("gpu0", 10 * MIB);
+    for round in 0..50 {
+        swap(&gov, &gpu, round);
+    }
+}
+
+/// The same swap with abandoned releases (bytes awaiting teardown) and a
+/// live buffer that holds the old context up while the new one waits.
+#[test]
+fn a_swap_waits_for_bytes_awaiting_the_old_teardown() {
+    let gov = Governor::new();
+    let gpu = SharedBudget::new("gpu0", 10 * MIB);
+    for round in 0..10 {
+        let (old_dev, old_parked) = faulty(
+            FaultPlan::new()
+                .nth(Operation::FreeAsync, 1, Fault::Error)
+                .nth(Operation::FreeAsync, 2, Fault::DropSignal),
+        );
+        let old = gov.register(old_dev, ContextConfig::new().shared_budget(gpu.clone()));
+        let s = old.create_stream("old").unwrap();
+        drop(old.allocate(&s, 2 * MIB, Role::Weights).unwrap()); // quarantined
+        drop(old.allocate(&s, 6 * MIB, Role::Weights).unwrap()); // abandoned
+        let live = old.allocate(&s, 2 * MIB, Role::Activation).unwrap();
+        drop(s);
+        assert_eq!(
+            (gpu.quarantined(), gpu.awaiting_teardown()),
+            (2 * MIB, 6 * MIB)
+        );
+        drop(old.retire());
+
+        let (new_dev, new_parked) = faulty(FaultPlan::new());
+        let new = gov.register(
+            new_dev,
+            ContextConfig::new()
+                .shared_budget(gpu.clone())
+                .admission(waiting(Duration::from_secs(20))),
+        );
+        let s = new.create_stream("new").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (n2, s2) = (new.clone(), s.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(n2.allocate(&s2, 10 * MIB, Role::Weights).map(drop));
+        });
+        eventually("the new model waits", || {
+            new.snapshot().counters.admission_waits >= 1
+        });
+        drop(live);
+        assert_eq!(old_parked.retire_parked(), 1);
+        let result = rx.recv_timeout(Duration::from_secs(30)).expect("returns");
+        assert!(result.is_ok(), "round {round}: {result:?}");
+        drop(s);
+        new_parked.retire_parked();
+        new.retire().wait(soon()).unwrap();
+        assert_eq!(gpu.charged(), 0, "round {round}");
+    }
+}
+
+/// Nothing will come back: the other context holds quarantined and live
+/// bytes and is not retiring. A waiting admission is refused at once, with
+/// the numbers, not at its 20 s timeout.
+#[test]
+fn a_shared_budget_waiter_is_refused_at_once_when_nothing_will_come_back() {
+    let gov = Governor::new();
+    let gpu = SharedBudget::new("gpu0", 10 * MIB);
+    let (a_dev, a_parked) = faulty(FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error));
+    let a = gov.register(a_dev, ContextConfig::new().shared_budget(gpu.clone()));
+    let sa = a.create_stream("a").unwrap();
+    drop(a.allocate(&sa, 2 * MIB, Role::Weights).unwrap()); // quarantined
+    let live = a.allocate(&sa, 8 * MIB, Role::Weights).unwrap();
+    let (b_dev, _) = faulty(FaultPlan::new());
+    let b = gov.register(
+        b_dev,
+        ContextConfig::new()
+            .shared_budget(gpu.clone())
+            .admission(waiting(Duration::from_secs(20))),
+    );
+    let sb = b.create_stream("b").unwrap();
+    let started = Instant::now();
+    let err = b.allocate(&sb, 10 * MIB, Role::Weights).unwrap_err();
+    let took = started.elapsed();
+    let numbers = err.budget().unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(
+        (numbers.quarantined, numbers.pending),
+        (2 * MIB, 0),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(5), "refused after {took:?}");
+    assert_eq!(b.snapshot().counters.admission_waits, 0);
+    drop((live, sa, sb));
+    a_parked.retire_parked();
+    b.retire().wait(soon()).unwrap();
+    a.retire().wait(soon()).unwrap();
+    assert_eq!(gpu.charged(), 0);
 }

@@ -206,12 +206,19 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
     }
 }
 
+/// Bytes in the scope of `refused` that are on their way back: pending
+/// releases, and on a shared budget also what retiring contexts on it will
+/// give back at teardown (a model swap: the old context's quarantined and
+/// abandoned bytes return only when it is torn down, which bumps the shared
+/// epoch). Read after the waiter registered and before the attempt it
+/// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => ctx
-            .shared
-            .as_ref()
-            .map_or(0, |s| s.0.pending.load(Ordering::Acquire)),
+        Refused::Budget(BudgetScope::Shared(_), _) => ctx.shared.as_ref().map_or(0, |s| {
+            s.0.pending
+                .load(Ordering::Acquire)
+                .saturating_add(s.0.returning_at_teardown())
+        }),
         _ => ctx.pending_bytes(),
     }
 }

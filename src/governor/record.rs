@@ -914,6 +914,13 @@ impl<C: DeviceContext> ContextInner<C> {
         self.phase.store(Phase::Terminated as u8, Ordering::Release);
         self.lifecycle.notify();
         self.settled.notify();
+        // Admissions on the shared budget may be waiting for what this
+        // teardown gave back (see `DeviceMember::returning_at_teardown`):
+        // after the Terminated store, so that a waiter that reads the new
+        // epoch also reads Terminated and sees every byte back.
+        if let Some(s) = &self.shared {
+            s.0.announce_returned();
+        }
         report
     }
 
@@ -953,8 +960,10 @@ impl<C: DeviceContext> ContextInner<C> {
         // After teardown (a release the backend settled late): return them
         // now. SeqCst on both sides: either teardown's swap sees our add, or
         // we see its flag (or both, and the swaps split the bytes).
-        if self.charges_returned.load(Ordering::SeqCst) {
-            self.return_awaiting_teardown();
+        if self.charges_returned.load(Ordering::SeqCst) && self.return_awaiting_teardown() > 0 {
+            if let Some(s) = &self.shared {
+                s.0.announce_returned();
+            }
         }
     }
 
@@ -1200,5 +1209,26 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
     fn device_lost(&self, reason: &str) {
         self.mark_lost(reason);
+    }
+
+    /// The amounts first, the phase last. Pending first, then awaiting
+    /// teardown: an abandoned release adds its bytes to the latter before it
+    /// leaves the former, so it is counted in one or both. Teardown changes
+    /// the amounts only after its Retiring -> Terminating step, with Release
+    /// writes that these Acquire reads pair with: amounts that show anything
+    /// teardown did come with a phase of Terminating or later. A phase of
+    /// Terminating counts at least 1: the bytes may be half given back, and
+    /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
+    /// what ends the wait; a phase of Terminated means every byte is back.
+    fn returning_at_teardown(&self) -> u64 {
+        let held = self
+            .pending_bytes()
+            .saturating_add(self.awaiting_teardown_bytes())
+            .saturating_add(self.stats.quarantined_bytes());
+        match self.phase() {
+            Phase::Retiring => held,
+            Phase::Terminating => held.max(1),
+            Phase::Active | Phase::Terminated => 0,
+        }
     }
 }

@@ -123,8 +123,9 @@ struct Shard {
     spare: AtomicPtr<u8>,
 }
 
-/// Quarantined bytes and releases of one role (rare: not sharded). Relaxed:
-/// statistics for snapshots; admission decisions use the budgets.
+/// Quarantined bytes and releases of one role (rare: not sharded). The
+/// bytes are read by shared-budget admission (what a retiring context will
+/// give back), the count only by snapshots.
 #[derive(Debug, Default)]
 struct Quarantine {
     bytes: AtomicU64,
@@ -218,10 +219,13 @@ impl Stats {
         q.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A quarantined release died with its context.
+    /// A quarantined release died with its context. Release: a reader that
+    /// sees the bytes gone (Acquire, [`quarantined`](Self::quarantined)) also
+    /// sees the teardown step before it (see
+    /// `DeviceMember::returning_at_teardown` in `record.rs`).
     pub(crate) fn unquarantine(&self, role: Role, bytes: u64) {
         let q = &self.quarantine[role.index()];
-        q.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        q.bytes.fetch_sub(bytes, Ordering::Release);
         q.count.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -229,7 +233,7 @@ impl Stats {
     pub(crate) fn quarantined(&self, role: Role) -> Amount {
         let q = &self.quarantine[role.index()];
         Amount {
-            bytes: q.bytes.load(Ordering::Relaxed),
+            bytes: q.bytes.load(Ordering::Acquire),
             count: q.count.load(Ordering::Relaxed),
         }
     }
