@@ -17,8 +17,8 @@
 use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::null::{NullContext, NullControls};
 use memgov::{
-    Admission, ContextConfig, ContextHandle, Governor, GovernorError, ProviderContextPinError,
-    Role, SharedBudget,
+    Admission, ContextConfig, ContextHandle, GovernedStream, Governor, GovernorError,
+    ProviderContextPinError, Role, SharedBudget,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,17 +51,18 @@ fn is_unavailable(r: &Result<(), GovernorError>) -> bool {
 }
 
 /// A context on the null device whose frees park until fired by hand, with
-/// a 1 MiB budget and one 1 MiB release pending; a thread allocating 1 MiB
-/// waits for it. Returns the context, its stream, the parked frees and the
-/// waiter's result channel, once the waiter is waiting.
-fn waiter_on_a_full_context(
-    gov: &Governor<NullContext>,
-) -> (
-    ContextHandle<NullContext>,
-    memgov::GovernedStream<NullContext>,
-    NullControls,
-    std::sync::mpsc::Receiver<Result<(), GovernorError>>,
-) {
+/// a 1 MiB budget and one 1 MiB release pending, and a thread allocating
+/// 1 MiB that waits for it.
+struct FullContext {
+    ctx: ContextHandle<NullContext>,
+    stream: GovernedStream<NullContext>,
+    parked: NullControls,
+    /// The waiting allocation's result.
+    result: std::sync::mpsc::Receiver<Result<(), GovernorError>>,
+}
+
+/// A [`FullContext`], once its allocation is waiting.
+fn waiter_on_a_full_context(gov: &Governor<NullContext>) -> FullContext {
     let null = NullContext::deferred(4);
     let parked = null.controls();
     let ctx = gov.register(
@@ -70,17 +71,22 @@ fn waiter_on_a_full_context(
             .budget(MIB)
             .admission(waiting(Duration::from_secs(60))),
     );
-    let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (c2, s2) = (ctx.clone(), s.clone());
+    let stream = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&stream, MIB, Role::Weights).unwrap()); // parked: pending
+    let (tx, result) = std::sync::mpsc::channel();
+    let (c2, s2) = (ctx.clone(), stream.clone());
     std::thread::spawn(move || {
         let _ = tx.send(c2.allocate(&s2, MIB, Role::Weights).map(drop));
     });
     eventually("the allocation waits", || {
         ctx.snapshot().counters.admission_waits == 1
     });
-    (ctx, s, parked, rx)
+    FullContext {
+        ctx,
+        stream,
+        parked,
+        result,
+    }
 }
 
 /// Room appears while the waiter sleeps (a limit change wakes nobody), then
@@ -88,7 +94,12 @@ fn waiter_on_a_full_context(
 #[test]
 fn a_wait_that_retire_ends_admits_nothing_even_where_it_would_fit() {
     let gov = Governor::new();
-    let (ctx, s, parked, rx) = waiter_on_a_full_context(&gov);
+    let FullContext {
+        ctx,
+        stream: s,
+        parked,
+        result: rx,
+    } = waiter_on_a_full_context(&gov);
     ctx.set_budget(2 * MIB);
     let handle = ctx.retire();
     let result = rx.recv_timeout(Duration::from_secs(10)).expect("woken");
@@ -112,7 +123,12 @@ fn a_wait_that_retire_ends_admits_nothing_even_where_it_would_fit() {
 fn retire_racing_a_settlement_never_admits_a_waiter() {
     for round in 0..40 {
         let gov = Governor::new();
-        let (ctx, s, parked, rx) = waiter_on_a_full_context(&gov);
+        let FullContext {
+            ctx,
+            stream: s,
+            parked,
+            result: rx,
+        } = waiter_on_a_full_context(&gov);
         let handle = ctx.retire();
         assert!(parked.retire_one());
         let result = rx.recv_timeout(Duration::from_secs(10)).expect("woken");
@@ -329,4 +345,162 @@ fn a_shared_budget_waiter_is_refused_at_once_when_nothing_will_come_back() {
     b.retire().wait(soon()).unwrap();
     a.retire().wait(soon()).unwrap();
     assert_eq!(gpu.charged(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The snapshot's peak: the most bytes live at once, exactly, whether the
+// allocations were served from budget leases or not.
+
+mod peak {
+    use super::*;
+    use memgov::DeviceBuffer;
+    use proptest::prelude::*;
+    use std::sync::Barrier;
+
+    const KIB: u64 = 1024;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Allocate on stream `stream` (of 3) `kib` KiB of role `role`.
+        Alloc {
+            stream: usize,
+            kib: u64,
+            role: usize,
+        },
+        /// Release the `pick`-th live buffer (modulo how many there are),
+        /// on its own stream or on stream `on`.
+        Release { pick: usize, on: Option<usize> },
+        /// The device executes every parked free.
+        Settle,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..3usize, 1..3072u64, 0..5usize)
+                .prop_map(|(stream, kib, role)| Step::Alloc { stream, kib, role }),
+            3 => (any::<usize>(), proptest::option::of(0..3usize))
+                .prop_map(|(pick, on)| Step::Release { pick, on }),
+            1 => Just(Step::Settle),
+        ]
+    }
+
+    /// Runs `steps` on a context of the null device whose frees park until a
+    /// `Settle` (so bytes stay pending, charged and not live), with budget
+    /// leases of `chunk` bytes (0: off) and a 16 MiB budget (some
+    /// allocations are refused), and compares after every step the
+    /// snapshot's peak with the most bytes the reference ever held live.
+    fn run(steps: &[Step], chunk: u64) -> Result<(), TestCaseError> {
+        let gov = Governor::new();
+        let null = NullContext::deferred(64);
+        let parked = null.controls();
+        let ctx = gov.register(
+            null,
+            ContextConfig::new().budget(16 * MIB).lease_chunk(chunk),
+        );
+        let streams: Vec<GovernedStream<NullContext>> = (0..3)
+            .map(|i| ctx.create_stream(format!("s{i}")).unwrap())
+            .collect();
+        let mut live: Vec<DeviceBuffer<NullContext>> = Vec::new();
+        let (mut live_bytes, mut peak) = (0u64, 0u64);
+        for (i, s) in steps.iter().enumerate() {
+            match *s {
+                Step::Alloc { stream, kib, role } => {
+                    let bytes = kib * KIB;
+                    match ctx.allocate(&streams[stream], bytes, Role::ALL[role]) {
+                        Ok(b) => {
+                            live.push(b);
+                            live_bytes += bytes;
+                            peak = peak.max(live_bytes);
+                        }
+                        Err(GovernorError::BudgetExceeded(_)) => {}
+                        Err(e) => return Err(TestCaseError::fail(format!("step {i}: {e}"))),
+                    }
+                }
+                Step::Release { pick, on } => {
+                    if live.is_empty() {
+                        continue;
+                    }
+                    let b = live.swap_remove(pick % live.len());
+                    live_bytes -= b.len();
+                    match on {
+                        Some(k) => b
+                            .release_on(&streams[k])
+                            .map_err(|e| TestCaseError::fail(format!("step {i}: {}", e.error)))?,
+                        None => drop(b),
+                    }
+                }
+                Step::Settle => {
+                    parked.retire_parked();
+                }
+            }
+            let snap = ctx.snapshot();
+            prop_assert_eq!(snap.total().live_bytes, live_bytes, "step {}: live", i);
+            prop_assert_eq!(snap.peak, peak, "step {}: peak", i);
+            prop_assert!(
+                snap.peak_budget_held >= snap.charged && snap.peak_budget_held >= peak,
+                "step {}: {} held at most, {} charged, {} peak",
+                i,
+                snap.peak_budget_held,
+                snap.charged,
+                peak
+            );
+        }
+        drop(live);
+        drop(streams);
+        parked.retire_parked();
+        let report = ctx.retire().wait(soon()).unwrap();
+        prop_assert!(report.backend_result.is_ok());
+        prop_assert_eq!(ctx.snapshot().peak, peak);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256)
+        ))]
+
+        #[test]
+        fn peak_is_the_most_ever_live_with_and_without_leases(
+            steps in proptest::collection::vec(step(), 1..60),
+            chunk in prop_oneof![Just(0u64), Just(64 * KIB), Just(2 * MIB)],
+        ) {
+            run(&steps, chunk)?;
+        }
+    }
+
+    /// Four threads on four streams of one context (leases on), in rounds:
+    /// each allocates its size for the round, all meet, each releases, all
+    /// meet again. The most live at once is exactly the largest round's sum,
+    /// whichever shard served what.
+    #[test]
+    fn peak_is_exact_across_streams_allocating_together() {
+        const THREADS: usize = 4;
+        const ROUNDS: u64 = 200;
+        let size = |t: usize, r: u64| (1 + (r * 7 + t as u64 * 13) % 37) * 16 * KIB;
+        let expected = (0..ROUNDS)
+            .map(|r| (0..THREADS).map(|t| size(t, r)).sum::<u64>())
+            .max()
+            .unwrap();
+        let gov = Governor::new();
+        let ctx = gov.register(NullContext::new(), ContextConfig::new().budget(64 * MIB));
+        let (held, freed) = (Barrier::new(THREADS), Barrier::new(THREADS));
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (ctx, held, freed) = (&ctx, &held, &freed);
+                scope.spawn(move || {
+                    let s = ctx.create_stream(format!("t{t}")).unwrap();
+                    for r in 0..ROUNDS {
+                        let b = ctx.allocate(&s, size(t, r), Role::Activation).unwrap();
+                        held.wait();
+                        drop(b);
+                        freed.wait();
+                    }
+                });
+            }
+        });
+        let snap = ctx.snapshot();
+        assert_eq!(snap.peak, expected);
+        assert_eq!((snap.charged, snap.total().live_bytes), (0, 0));
+        assert!(snap.peak_budget_held >= expected);
+    }
 }

@@ -1030,15 +1030,21 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     /// Bytes charged to allocations on the context's budget now (leased,
-    /// idle bytes are not), and the most ever (see `lease.rs` for how far
-    /// either can lag while streams allocate).
-    pub(crate) fn charged(&self) -> (u64, u64) {
+    /// idle bytes are not; see `lease.rs` for how far this can lag while
+    /// streams allocate).
+    pub(crate) fn charged(&self) -> u64 {
         if self.leases.enabled() {
-            let peak = self.leases.raise_peak(&self.budget);
-            (self.leases.charged(&self.budget), peak)
+            self.leases.charged(&self.budget)
         } else {
-            (self.budget.charged(), self.budget.peak())
+            self.budget.charged()
         }
+    }
+
+    /// The most the context's budget ever held: bytes charged to
+    /// allocations (being made included) plus, with leases on, bytes leased
+    /// to streams and idle. Exact: raised by every successful charge.
+    pub(crate) fn peak_budget_held(&self) -> u64 {
+        self.budget.peak()
     }
 
     /// An executed free of `bytes`, queued on a stream of `shard`, settled:

@@ -19,6 +19,14 @@
 //!   gate claim (the callers' invariant, see `record.rs`), so that
 //!   [`reclaim_live`](Stats::reclaim_live), called by `force` once the gate
 //!   has drained, reads stable live totals.
+//! * The context's live bytes are also kept as one total ([`LiveTotal`]),
+//!   moved by the same operations (a transfer between shards leaves it
+//!   alone), so that the most ever live at once is exact:
+//!   [`peak_live`](Stats::peak_live) is the highest value that total ever
+//!   took, in the order its read-modify-writes happened. It costs one RMW
+//!   when a buffer becomes live and one when it stops being live, both on
+//!   the thread that allocates or releases it, and a read of the peak
+//!   (written only when it rises).
 
 use super::config::Role;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -132,11 +140,42 @@ struct Quarantine {
     count: AtomicU64,
 }
 
+/// Bytes in live buffers of every shard and role, and the most there ever
+/// were, on a cache line of their own. Relaxed: each is one atomic with its
+/// own modification order, which is the order the peak is taken in.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct LiveTotal {
+    bytes: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl LiveTotal {
+    #[inline]
+    fn up(&self, bytes: u64) {
+        let now = self
+            .bytes
+            .fetch_add(bytes, Ordering::Relaxed)
+            .wrapping_add(bytes);
+        // Written only when it rises: the common case reads a line that
+        // stays shared.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn down(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// The statistics of one context.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     shards: [Shard; SHARDS],
     quarantine: [Quarantine; 5],
+    live: LiveTotal,
     next_shard: AtomicUsize,
 }
 
@@ -155,16 +194,18 @@ impl Stats {
     #[inline]
     pub(crate) fn admit(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).admitted.add(bytes, 1);
+        self.live.up(bytes);
     }
 
     /// A live buffer of `from` is released on a stream of `to` (`release_on`
     /// another stream): it leaves `from` and arrives in `to` as if allocated
-    /// there. No-op when they are the same shard.
+    /// there. No-op when they are the same shard; the live total does not
+    /// change either way.
     #[inline]
     pub(crate) fn transfer(&self, from: usize, to: usize, role: Role, bytes: u64) {
         if from != to {
-            self.leave(from, role, bytes);
-            self.admit(to, role, bytes);
+            self.at(from, role).gone.add(bytes, 1);
+            self.at(to, role).admitted.add(bytes, 1);
         }
     }
 
@@ -172,16 +213,19 @@ impl Stats {
     #[inline]
     pub(crate) fn queue(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).queued.add(bytes, 1);
+        self.live.down(bytes);
     }
 
     /// The backend refused the free just queued: undo [`queue`](Self::queue)
-    /// (and the [`transfer`](Self::transfer) before it).
+    /// (and the [`transfer`](Self::transfer) before it). The buffer is live
+    /// again (until its caller quarantines it or hands it back).
     pub(crate) fn unqueue(&self, live_shard: usize, queued_shard: usize, role: Role, bytes: u64) {
         self.at(queued_shard, role).queued.sub(bytes);
         if live_shard != queued_shard {
             self.at(queued_shard, role).admitted.sub(bytes);
             self.at(live_shard, role).gone.sub(bytes);
         }
+        self.live.up(bytes);
     }
 
     /// A release queued on a stream of `shard` settled (retired or
@@ -196,6 +240,7 @@ impl Stats {
     #[inline]
     pub(crate) fn leave(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).gone.add(bytes, 1);
+        self.live.down(bytes);
     }
 
     /// `force`: every live buffer leaves at once. Precondition: the gate is
@@ -209,7 +254,13 @@ impl Stats {
                 total = total.wrapping_add(live);
             }
         }
+        self.live.down(total.bytes);
         total
+    }
+
+    /// The most bytes ever live at once (see the module docs).
+    pub(crate) fn peak_live(&self) -> u64 {
+        self.live.peak.load(Ordering::Relaxed)
     }
 
     /// A release of `role` was refused and quarantined.
