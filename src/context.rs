@@ -304,8 +304,18 @@ impl fmt::Debug for RetireSignal {
 /// * With `lost == true` the device is gone: teardown must not execute queued
 ///   frees, touch freed memory, or wait for the device; it drops any
 ///   `RetireSignal` it still holds.
-/// * Bounds are checked by the governor: `write` and `read` are only called
-///   with `offset + len <= size` of the allocation.
+/// * The governor only passes a context its own streams and memory, and
+///   ranges inside the allocation; the trait's methods are safe, so a backend
+///   still refuses, with [`BackendErrorKind::InvalidArgument`] and before any
+///   driver call, a stream or memory of another context and a range past the
+///   end of the allocation (`raw_misuse_is_refused` in the conformance suite),
+///   handing back what a refused `free_async` took. Whatever a backend's
+///   handles allow beyond the trait (rebuilding one from a raw value, say),
+///   it checks too: a freed or destroyed driver object never reaches the
+///   driver from safe code.
+/// * A free is ordered only within its own stream. When memory was used on
+///   other streams, the governor calls [`order_after`](Self::order_after)
+///   for each before it queues the free.
 pub trait DeviceContext: Send + Sync + Sized + 'static {
     /// A stream (queue) of ordered work.
     type Stream: Send + Sync;

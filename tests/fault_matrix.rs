@@ -111,6 +111,15 @@ fn cell<C: DeviceContext>(
             if let Ok(b2) = ctx.allocate(s, 8192, Role::Weights) {
                 drop(b2);
             }
+            // A third, released on another stream: ordered after its own.
+            if let Ok(other) = ctx.create_stream("b") {
+                if let Ok(b3) = ctx.allocate(s, 4096, Role::KvCache) {
+                    note(
+                        Operation::OrderAfter,
+                        b3.release_on(&other).map_err(|e| e.error),
+                    );
+                }
+            }
         }
         drop(stream);
         let handle = ctx.retire();
@@ -227,7 +236,9 @@ fn cell<C: DeviceContext>(
         (Fault::DeviceLost, _) => match first.as_deref() {
             Some("DeviceLost") if report.lost => "DeviceLost".into(),
             Some(_) | None
-                if op == Operation::FreeAsync && report.lost && report.settled_lost > 0 =>
+                if matches!(op, Operation::FreeAsync | Operation::OrderAfter)
+                    && report.lost
+                    && report.settled_lost > 0 =>
             {
                 "release settled as lost (Ok); context lost".into()
             }
@@ -246,15 +257,17 @@ fn cell<C: DeviceContext>(
                 ))
             }
         },
-        (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync) => match first.as_deref() {
-            Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {
-                format!(
-                    "{k}; {} B quarantined until teardown",
-                    report.quarantined_bytes
-                )
+        (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync | Operation::OrderAfter) => {
+            match first.as_deref() {
+                Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {
+                    format!(
+                        "{k}; {} B quarantined until teardown",
+                        report.quarantined_bytes
+                    )
+                }
+                other => return Err(format!("expected Backend + quarantine, got {other:?}")),
             }
-            other => return Err(format!("expected Backend + quarantine, got {other:?}")),
-        },
+        }
         (Fault::Error | Fault::OutOfMemory, _) => match first.as_deref() {
             Some(k) if k.starts_with("Backend(") => k.to_string(),
             other => return Err(format!("expected Backend error, got {other:?}")),
@@ -406,8 +419,10 @@ fn report(t: &Tally) {
         t.failures.join("\n")
     );
     assert_eq!(
-        t.tried, 38,
-        "9 operations × 4 faults + drop-signal on free_async + panicking pressure responder"
+        t.tried,
+        Operation::ALL.len() * 4 + 2,
+        "{} operations × 4 faults + drop-signal on free_async + panicking pressure responder",
+        Operation::ALL.len()
     );
 }
 

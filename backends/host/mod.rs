@@ -220,6 +220,8 @@ fn check_range(
 /// A raw allocation on the simulated device.
 pub struct HostMemory {
     block: Arc<Block>,
+    /// The context that allocated it ([`Shared::id`]).
+    context: u64,
 }
 
 impl fmt::Debug for HostMemory {
@@ -261,8 +263,35 @@ impl HostMemory {
     }
 }
 
+/// One side of [`DeviceContext::order_after`]: set by the worker of the
+/// stream ordered after, waited for by the worker of the stream that waits
+/// (the host's event).
+#[derive(Default)]
+struct Latch {
+    set: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Latch {
+    fn set(&self) {
+        *lock(&self.set) = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut set = lock(&self.set);
+        while !*set {
+            set = self.cv.wait(set).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
 enum Op {
     Free(HostMemory, RetireSignal),
+    /// Reached by the stream that another is ordered after.
+    Signal(Arc<Latch>),
+    /// Everything queued after it waits for the latch.
+    Wait(Arc<Latch>),
     Write(Arc<Block>, u64, Vec<u8>, SyncSender<()>),
     Read(Arc<Block>, u64, usize, SyncSender<Vec<u8>>),
     Barrier(SyncSender<()>),
@@ -278,6 +307,8 @@ struct Worker {
 /// A stream: one worker thread executing its queue in order.
 pub struct HostStream {
     worker: Arc<Worker>,
+    /// The context that created it ([`Shared::id`]).
+    context: u64,
 }
 
 impl fmt::Debug for HostStream {
@@ -289,6 +320,9 @@ impl fmt::Debug for HostStream {
 }
 
 struct Shared {
+    /// Unique per context in this process: stamped into its streams and
+    /// memory, so that another context's handles are refused.
+    id: u64,
     config: HostConfig,
     used: AtomicU64,
     lost: AtomicBool,
@@ -310,6 +344,38 @@ impl Shared {
                 op,
                 BackendErrorKind::DeviceLost,
                 "the simulated device was lost",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuse a stream or memory of another context: the host backend's
+    /// handles are its own objects, and another context's worker or block
+    /// must never be used (or freed) under this one's accounting.
+    fn check_own(
+        &self,
+        op: &'static str,
+        stream: Option<&HostStream>,
+        memory: Option<&HostMemory>,
+    ) -> Result<(), BackendError> {
+        if let Some(s) = stream.filter(|s| s.context != self.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} belongs to host context {}, not to context {}; pass a stream of the context you call",
+                    s.worker.id, s.context, self.id
+                ),
+            ));
+        }
+        if let Some(m) = memory.filter(|m| m.context != self.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "the {} B allocation belongs to host context {}, not to context {}; pass memory of the context you call",
+                    m.block.bytes, m.context, self.id
+                ),
             ));
         }
         Ok(())
@@ -395,8 +461,10 @@ impl HostContext {
                 "capacity must be at least 1 B",
             ));
         }
+        static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
         Ok(Self {
             shared: Arc::new(Shared {
+                id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
                 config,
                 used: AtomicU64::new(0),
                 lost: AtomicBool::new(false),
@@ -496,6 +564,8 @@ impl DeviceContext for HostContext {
                         Op::Barrier(done) => {
                             let _ = done.send(());
                         }
+                        Op::Signal(latch) => latch.set(),
+                        Op::Wait(latch) => latch.wait(),
                         Op::Stop => unreachable!(),
                     }
                 }
@@ -514,10 +584,14 @@ impl DeviceContext for HostContext {
         });
         lock(&self.shared.workers).push(worker.clone());
         self.shared.probe.stream_created();
-        Ok(HostStream { worker })
+        Ok(HostStream {
+            worker,
+            context: self.shared.id,
+        })
     }
 
     fn destroy_stream(&self, stream: HostStream) -> Result<(), BackendError> {
+        self.shared.check_own("destroy_stream", Some(&stream), None)?;
         // Queued work (frees included) runs before the worker stops.
         Self::stop_worker(&stream.worker);
         lock(&self.shared.workers).retain(|w| w.id != stream.worker.id);
@@ -525,8 +599,9 @@ impl DeviceContext for HostContext {
         Ok(())
     }
 
-    fn allocate(&self, _stream: &HostStream, bytes: u64) -> Result<HostMemory, BackendError> {
+    fn allocate(&self, stream: &HostStream, bytes: u64) -> Result<HostMemory, BackendError> {
         self.shared.check_usable("allocate")?;
+        self.shared.check_own("allocate", Some(stream), None)?;
         if bytes == 0 {
             return Err(err(
                 "allocate",
@@ -558,6 +633,7 @@ impl DeviceContext for HostContext {
                 self.shared.probe.allocated(bytes);
                 Ok(HostMemory {
                     block: Arc::new(block),
+                    context: self.shared.id,
                 })
             }
             None => {
@@ -579,7 +655,11 @@ impl DeviceContext for HostContext {
         memory: HostMemory,
         retired: RetireSignal,
     ) -> Result<(), (HostMemory, RetireSignal, BackendError)> {
-        if let Err(e) = self.shared.check_usable("free_async") {
+        if let Err(e) = self
+            .shared
+            .check_usable("free_async")
+            .and_then(|()| self.shared.check_own("free_async", Some(stream), Some(&memory)))
+        {
             return Err((memory, retired, e));
         }
         let refuse =
@@ -620,6 +700,7 @@ impl DeviceContext for HostContext {
         src: &[u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
+        self.shared.check_own("write", Some(stream), Some(memory))?;
         check_range("write", memory, offset, src.len())?;
         let (tx, rx) = sync_channel(1);
         self.send(
@@ -644,6 +725,7 @@ impl DeviceContext for HostContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
+        self.shared.check_own("read", Some(stream), Some(memory))?;
         check_range("read", memory, offset, dst.len())?;
         let (tx, rx) = sync_channel(1);
         self.send(
@@ -664,6 +746,7 @@ impl DeviceContext for HostContext {
 
     fn synchronize(&self, stream: &HostStream) -> Result<(), BackendError> {
         self.shared.check_usable("synchronize")?;
+        self.shared.check_own("synchronize", Some(stream), None)?;
         let (tx, rx) = sync_channel(1);
         self.send("synchronize", stream, Op::Barrier(tx))?;
         rx.recv().map_err(|_| {
@@ -673,6 +756,21 @@ impl DeviceContext for HostContext {
                 "stream worker stopped",
             )
         })
+    }
+
+    /// The host's event: `after`'s worker sets a latch when it reaches it,
+    /// and `stream`'s worker waits for it before running what follows.
+    /// Returns at once. (No cycle can form: each call queues its set before
+    /// its wait, and a stream's worker reaches a set only after everything
+    /// queued before it.)
+    fn order_after(&self, stream: &HostStream, after: &HostStream) -> Result<(), BackendError> {
+        self.shared.check_usable("order_after")?;
+        self.shared.check_own("order_after", Some(stream), None)?;
+        self.shared.check_own("order_after", Some(after), None)?;
+        let latch = Arc::new(Latch::default());
+        self.send("order_after", after, Op::Signal(latch.clone()))?;
+        // If `stream` was destroyed, the set on `after` is harmless.
+        self.send("order_after", stream, Op::Wait(latch))
     }
 
     fn device_lost(&self) {

@@ -98,6 +98,8 @@ impl Default for NullConfig {
 pub struct NullMemory {
     /// Bytes requested.
     pub bytes: u64,
+    /// The context that allocated it.
+    context: u64,
 }
 
 /// A null stream: a number, and the counters the stream's own calls write.
@@ -109,6 +111,8 @@ pub struct NullMemory {
 pub struct NullStream {
     /// Serial number, unique per context.
     pub id: u64,
+    /// The context that created it.
+    context: u64,
     /// This stream's share of the probe's count of retired frees.
     lane: ProbeShard,
 }
@@ -193,6 +197,9 @@ impl Stats {
 
 /// A device context that does nothing, at once. See the [module docs](self).
 pub struct NullContext {
+    /// Unique per context in this process: stamped into its streams and
+    /// memory, so that another context's handles are refused.
+    id: u64,
     config: NullConfig,
     /// The next stream id.
     next_stream: AtomicU64,
@@ -269,7 +276,9 @@ impl NullContext {
             spare: Mutex::new(Vec::with_capacity(config.park_capacity)),
             ..Stats::default()
         };
+        static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
         Self {
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
             config,
             next_stream: AtomicU64::new(0),
             lost: AtomicBool::new(false),
@@ -320,6 +329,60 @@ impl NullContext {
         }
         Ok(())
     }
+
+    /// Refuse a stream of another context.
+    #[inline]
+    fn check_stream(&self, op: &'static str, stream: &NullStream) -> Result<(), BackendError> {
+        if stream.context == self.id {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            BACKEND,
+            op,
+            BackendErrorKind::InvalidArgument,
+            format!(
+                "stream {} belongs to null context {}, not to context {}; pass a stream of the context you call",
+                stream.id, stream.context, self.id
+            ),
+        ))
+    }
+
+    /// Refuse memory of another context, and a range outside it.
+    #[inline]
+    fn check_memory(
+        &self,
+        op: &'static str,
+        memory: &NullMemory,
+        range: Option<(u64, usize)>,
+    ) -> Result<(), BackendError> {
+        let refuse = |what: String| {
+            Err(BackendError::new(
+                BACKEND,
+                op,
+                BackendErrorKind::InvalidArgument,
+                what,
+            ))
+        };
+        if memory.context != self.id {
+            return refuse(format!(
+                "the {} B allocation belongs to null context {}, not to context {}; pass memory of the context you call",
+                memory.bytes, memory.context, self.id
+            ));
+        }
+        match range {
+            Some((offset, len))
+                if offset
+                    .checked_add(len as u64)
+                    .is_none_or(|end| end > memory.bytes) =>
+            {
+                refuse(format!(
+                    "{len} B at offset {offset} run past the end of a {} B allocation",
+                    memory.bytes
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl DeviceContext for NullContext {
@@ -354,11 +417,13 @@ impl DeviceContext for NullContext {
         self.stats.probe.stream_created();
         Ok(NullStream {
             id,
+            context: self.id,
             lane: self.stats.probe.shard(),
         })
     }
 
-    fn destroy_stream(&self, _stream: NullStream) -> Result<(), BackendError> {
+    fn destroy_stream(&self, stream: NullStream) -> Result<(), BackendError> {
+        self.check_stream("destroy_stream", &stream)?;
         // Frees parked on it stay parked: they still execute, later, when
         // `retire_parked` runs (the contract allows either order).
         self.stats.probe.stream_destroyed();
@@ -366,8 +431,9 @@ impl DeviceContext for NullContext {
     }
 
     #[inline]
-    fn allocate(&self, _stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
+    fn allocate(&self, stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
         self.check("allocate")?;
+        self.check_stream("allocate", stream)?;
         if bytes == 0 {
             return Err(BackendError::new(
                 BACKEND,
@@ -394,7 +460,10 @@ impl DeviceContext for NullContext {
             }
             self.stats.probe.allocated(bytes);
         }
-        Ok(NullMemory { bytes })
+        Ok(NullMemory {
+            bytes,
+            context: self.id,
+        })
     }
 
     #[inline]
@@ -404,7 +473,11 @@ impl DeviceContext for NullContext {
         memory: NullMemory,
         retired: RetireSignal,
     ) -> Result<(), (NullMemory, RetireSignal, BackendError)> {
-        if let Err(e) = self.check("free_async") {
+        if let Err(e) = self
+            .check("free_async")
+            .and_then(|()| self.check_stream("free_async", stream))
+            .and_then(|()| self.check_memory("free_async", &memory, None))
+        {
             return Err((memory, retired, e));
         }
         if self.config.deferred {
@@ -423,22 +496,33 @@ impl DeviceContext for NullContext {
         Ok(())
     }
 
-    fn write(&self, _: &NullStream, _: &NullMemory, _: u64, _: &[u8]) -> Result<(), BackendError> {
-        self.check("write")
+    fn write(
+        &self,
+        stream: &NullStream,
+        memory: &NullMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        self.check("write")?;
+        self.check_stream("write", stream)?;
+        self.check_memory("write", memory, Some((offset, src.len())))
     }
 
     fn read(
         &self,
-        _: &NullStream,
-        _: &NullMemory,
-        _: u64,
-        _: &mut [u8],
+        stream: &NullStream,
+        memory: &NullMemory,
+        offset: u64,
+        dst: &mut [u8],
     ) -> Result<(), BackendError> {
-        self.check("read")
+        self.check("read")?;
+        self.check_stream("read", stream)?;
+        self.check_memory("read", memory, Some((offset, dst.len())))
     }
 
     fn synchronize(&self, stream: &NullStream) -> Result<(), BackendError> {
         self.check("synchronize")?;
+        self.check_stream("synchronize", stream)?;
         if self.config.deferred {
             let mine: Vec<Parked> = {
                 let mut parked = lock(&self.stats.parked);
@@ -453,6 +537,14 @@ impl DeviceContext for NullContext {
             }
         }
         Ok(())
+    }
+
+    /// Inline frees have already executed; deferred ones park until their
+    /// stream is synchronized, so `after`'s parked frees execute now, ahead
+    /// of anything queued on `stream` from here on.
+    fn order_after(&self, stream: &NullStream, after: &NullStream) -> Result<(), BackendError> {
+        self.check_stream("order_after", stream)?;
+        self.synchronize(after)
     }
 
     fn device_lost(&self) {

@@ -1273,6 +1273,21 @@ impl DeviceContext for VulkanContext {
         stream.inner.synchronize_inner("synchronize")
     }
 
+    /// Blocks until `after`'s submissions have executed and the frees parked
+    /// on it have retired, like `synchronize(after)`. A free parked on
+    /// `stream` afterwards then retires after all of that.
+    ///
+    /// (A batch on `stream` that waits on `after`'s timeline would order the
+    /// device without blocking, but frees parked on `after` could then still
+    /// retire after the free on `stream`: the retirement thread fires each
+    /// stream's frees when that stream's timeline reaches them.)
+    fn order_after(&self, stream: &VulkanStream, after: &VulkanStream) -> Result<(), BackendError> {
+        self.shared.check_usable("order_after")?;
+        self.shared.own_stream("order_after", stream)?;
+        self.shared.own_stream("order_after", after)?;
+        after.inner.synchronize_inner("order_after")
+    }
+
     fn device_lost(&self) {
         // Declared by the governor: drop parked signals, touch nothing.
         self.shared.on_lost("declared lost by the governor", false);

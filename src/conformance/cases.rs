@@ -844,3 +844,283 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
     );
     Ok(())
 }
+
+/// A release on a stream other than the buffer's own, and a buffer recorded
+/// on other streams, are ordered after those streams' work; and the backend's
+/// `order_after` really orders: a free queued on `b` after `order_after(b, a)`
+/// retires after every free queued on `a` before it.
+fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let s = setup(f, ContextConfig::new().label("cross-stream"))?;
+    let a = ok!(s.ctx.create_stream("a"), "create_stream a");
+    let b = ok!(s.ctx.create_stream("b"), "create_stream b");
+    let c = ok!(s.ctx.create_stream("c"), "create_stream c");
+    let orderings = || s.log.orderings.load(SeqCst);
+
+    // Released on its own stream: nothing to order.
+    let own = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    ok!(own.write(0, &pattern(1, 4096)), "write on a");
+    drop(own);
+    check!(
+        orderings() == 0,
+        "a release on the buffer's own stream asked for {} orderings",
+        orderings()
+    );
+
+    // Released on another stream: ordered after its own.
+    let moved = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    ok!(moved.write(0, &pattern(2, 4096)), "write on a");
+    if let Err(e) = moved.release_on(&b) {
+        return Err(Outcome::Failed(format!("release_on b: {e}")));
+    }
+    check!(
+        orderings() == 1,
+        "release_on another stream asked for {} orderings, expected 1",
+        orderings()
+    );
+
+    // Recorded on b and c (twice, and its own stream once: no effect),
+    // dropped on its own stream: ordered after b and c.
+    let mut shared = ok!(s.ctx.allocate(&a, 8192, Role::KvCache), "allocate on a");
+    ok!(shared.record_stream(&b), "record_stream b");
+    ok!(shared.record_stream(&c), "record_stream c");
+    ok!(shared.record_stream(&b), "record_stream b again");
+    ok!(shared.record_stream(&a), "record_stream of its own stream");
+    let labels: Vec<&str> = shared.recorded_streams().collect();
+    check!(
+        labels == ["b", "c"],
+        "recorded streams read {labels:?}, expected [\"b\", \"c\"]"
+    );
+    drop(shared);
+    check!(
+        orderings() == 3,
+        "a buffer recorded on 2 other streams asked for {} orderings in all, expected 3",
+        orderings()
+    );
+
+    // Recorded on c, released on b: ordered after a and c.
+    let mut both = ok!(s.ctx.allocate(&a, 4096, Role::Workspace), "allocate on a");
+    ok!(both.record_stream(&c), "record_stream c");
+    if let Err(e) = both.release_on(&b) {
+        return Err(Outcome::Failed(format!(
+            "release_on b after record_stream c: {e}"
+        )));
+    }
+    check!(
+        orderings() == 5,
+        "release_on b of a buffer recorded on c asked for {} orderings in all, expected 5",
+        orderings()
+    );
+
+    // A stream of another context cannot be recorded.
+    let other = setup(f, ContextConfig::new().label("cross-stream-other"))?;
+    let foreign = ok!(
+        other.ctx.create_stream("foreign"),
+        "create_stream on the other context"
+    );
+    let mut mine = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    let refused = mine.record_stream(&foreign);
+    check!(
+        matches!(refused, Err(GovernorError::WrongContext { .. })),
+        "record_stream of another context's stream gave {refused:?}"
+    );
+    drop((mine, foreign));
+    finish(&other)?;
+
+    for st in [&a, &b, &c] {
+        ok!(st.synchronize(), "synchronize");
+    }
+    let snap = s.ctx.snapshot();
+    check!(
+        snap.counters.retired == 5 && snap.charged == 0 && snap.quarantine.is_empty(),
+        "after every release: {} of 5 retired, {} B charged, {} quarantined ({})",
+        snap.counters.retired,
+        snap.charged,
+        snap.quarantine.len(),
+        s.log.summary()
+    );
+    drop((a, b, c));
+    finish(&s)?;
+
+    // Directly on the backend: a free on `b` queued after `order_after(b, a)`
+    // retires after every free queued on `a` before it.
+    let backend = match f() {
+        Ok(b) => b,
+        Err(e) => return Err(Outcome::Failed(format!("factory failed: {e}"))),
+    };
+    let sa = ok!(backend.create_stream(), "raw create_stream a");
+    let sb = ok!(backend.create_stream(), "raw create_stream b");
+    let clock = Arc::new(AtomicU64::new(1));
+    let stamp = |slot: Arc<AtomicU64>| {
+        let clock = clock.clone();
+        crate::RetireSignal::from_fn(move |o| {
+            if o == crate::RetireOutcome::Retired {
+                slot.store(clock.fetch_add(1, SeqCst), SeqCst);
+            }
+        })
+    };
+    let on_a: Vec<Arc<AtomicU64>> = (0..8).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    for slot in &on_a {
+        let m = ok!(backend.allocate(&sa, 64 << 10), "raw allocate on a");
+        if let Err((_, _, e)) = backend.free_async(&sa, m, stamp(slot.clone())) {
+            return Err(Outcome::Failed(format!("raw free_async on a: {e}")));
+        }
+    }
+    ok!(backend.order_after(&sb, &sa), "raw order_after(b, a)");
+    let on_b = Arc::new(AtomicU64::new(0));
+    let m = ok!(backend.allocate(&sb, 4096), "raw allocate on b");
+    if let Err((_, _, e)) = backend.free_async(&sb, m, stamp(on_b.clone())) {
+        return Err(Outcome::Failed(format!("raw free_async on b: {e}")));
+    }
+    ok!(backend.synchronize(&sb), "raw synchronize b");
+    ok!(backend.synchronize(&sa), "raw synchronize a");
+    let a_stamps: Vec<u64> = on_a.iter().map(|s| s.load(SeqCst)).collect();
+    let b_stamp = on_b.load(SeqCst);
+    check!(
+        a_stamps.iter().all(|&t| t != 0) && b_stamp != 0,
+        "frees did not all retire after synchronize: a {a_stamps:?}, b {b_stamp}"
+    );
+    check!(
+        a_stamps.iter().all(|&t| t < b_stamp),
+        "the free on b retired at {b_stamp}, before frees queued on a ahead of order_after(b, a) (retired at {a_stamps:?})"
+    );
+    ok!(backend.destroy_stream(sa), "raw destroy_stream a");
+    ok!(backend.destroy_stream(sb), "raw destroy_stream b");
+    ok!(backend.teardown(false), "raw teardown");
+    Ok(())
+}
+
+/// Raw handles that are not this context's, or offsets outside the
+/// allocation, are refused by the backend's safe methods with
+/// `InvalidArgument` before any driver call, and hand back what they took:
+/// the driver would otherwise free another context's memory, use a stream of
+/// another context, or copy outside any allocation.
+///
+/// (A second free and a stream used after `destroy_stream` cannot be written
+/// against the trait in safe code: both calls take their handle by value.
+/// Backends whose handles can be rebuilt from raw values test those in their
+/// own suites.)
+fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let make = || match f() {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            Err(Outcome::Skipped(unavailable_reason(&e)))
+        }
+        Err(e) => Err(Outcome::Failed(format!("factory failed: {e}"))),
+    };
+    let one = make()?;
+    let two = make()?;
+    let s1 = ok!(one.create_stream(), "create_stream on context one");
+    let s2 = ok!(two.create_stream(), "create_stream on context two");
+    let m1 = ok!(one.allocate(&s1, 4096), "allocate on context one");
+    let m2 = ok!(two.allocate(&s2, 4096), "allocate on context two");
+    let invalid = |what: &str, r: Result<(), BackendError>| -> R {
+        match r {
+            Err(e) if e.kind == BackendErrorKind::InvalidArgument => Ok(()),
+            Err(e) => Err(Outcome::Failed(format!(
+                "{what}: refused as {:?}, expected InvalidArgument: {e}",
+                e.kind
+            ))),
+            Ok(()) => Err(Outcome::Failed(format!("{what}: accepted"))),
+        }
+    };
+    let mut buf = [0u8; 16];
+    invalid(
+        "write of another context's memory",
+        one.write(&s1, &m2, 0, &[1; 16]),
+    )?;
+    invalid(
+        "read of another context's memory",
+        one.read(&s1, &m2, 0, &mut buf),
+    )?;
+    invalid(
+        "write on another context's stream",
+        one.write(&s2, &m1, 0, &[1; 16]),
+    )?;
+    invalid(
+        "read on another context's stream",
+        one.read(&s2, &m1, 0, &mut buf),
+    )?;
+    invalid(
+        "synchronize of another context's stream",
+        one.synchronize(&s2),
+    )?;
+    invalid(
+        "order_after on another context's stream",
+        one.order_after(&s1, &s2),
+    )?;
+    invalid(
+        "order_after of another context's stream",
+        one.order_after(&s2, &s1),
+    )?;
+    invalid(
+        "allocate on another context's stream",
+        one.allocate(&s2, 4096).map(|m| drop(m)),
+    )?;
+    invalid("write past the end", one.write(&s1, &m1, 4090, &[1; 16]))?;
+    invalid("read past the end", one.read(&s1, &m1, 4096, &mut buf[..1]))?;
+    invalid(
+        "write at an offset that overflows",
+        one.write(&s1, &m1, u64::MAX - 4, &[1; 16]),
+    )?;
+    invalid(
+        "read at an offset that overflows",
+        one.read(&s1, &m1, u64::MAX, &mut buf),
+    )?;
+
+    // Frees: refused, with the memory and an unfired signal handed back.
+    let settled = Arc::new(AtomicU32::new(0));
+    let signal = || {
+        let settled = settled.clone();
+        crate::RetireSignal::from_fn(move |_| {
+            settled.fetch_add(1, SeqCst);
+        })
+    };
+    let (m2, back) = match one.free_async(&s1, m2, signal()) {
+        Ok(()) => {
+            return Err(Outcome::Failed(
+                "free_async of another context's memory: accepted".into(),
+            ))
+        }
+        Err((m, sig, e)) => {
+            invalid("free_async of another context's memory", Err(e))?;
+            (m, sig)
+        }
+    };
+    drop(back);
+    let (m1, back) = match one.free_async(&s2, m1, signal()) {
+        Ok(()) => {
+            return Err(Outcome::Failed(
+                "free_async on another context's stream: accepted".into(),
+            ))
+        }
+        Err((m, sig, e)) => {
+            invalid("free_async on another context's stream", Err(e))?;
+            (m, sig)
+        }
+    };
+    drop(back);
+    check!(
+        settled.load(SeqCst) == 2,
+        "refused frees' signals settled {} times (2 dropped by this case)",
+        settled.load(SeqCst)
+    );
+
+    // What was handed back is still good on its own context.
+    ok!(one.write(&s1, &m1, 0, &[7; 16]), "write after the refusals");
+    ok!(one.read(&s1, &m1, 0, &mut buf), "read after the refusals");
+    for (ctx, st, m) in [(&one, &s1, m1), (&two, &s2, m2)] {
+        if let Err((_, _, e)) = ctx.free_async(st, m, crate::RetireSignal::from_fn(|_| {})) {
+            return Err(Outcome::Failed(format!(
+                "free_async on its own context after the refusals: {e}"
+            )));
+        }
+        ok!(ctx.synchronize(st), "synchronize");
+    }
+    ok!(one.destroy_stream(s1), "destroy_stream one");
+    ok!(two.destroy_stream(s2), "destroy_stream two");
+    ok!(one.teardown(false), "teardown one");
+    ok!(two.teardown(false), "teardown two");
+    Ok(())
+}

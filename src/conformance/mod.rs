@@ -335,7 +335,9 @@ macro_rules! for_each_conformance_case {
             budget_exhaustion_error,
             device_loss_settles_without_device,
             force_reclaims_live,
-            concurrent_streams
+            concurrent_streams,
+            cross_stream_release_is_ordered,
+            raw_misuse_is_refused
         }
     };
 }

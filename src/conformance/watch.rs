@@ -34,6 +34,8 @@ pub struct WatchLog {
     pub device_calls_after_loss: AtomicU64,
     /// Whether `device_lost()` was called.
     pub device_lost_called: AtomicBool,
+    /// `order_after` calls: a release ordered after another stream's work.
+    pub orderings: AtomicU64,
     /// Backend calls of any kind.
     pub calls: AtomicU64,
     torn_down: AtomicBool,
@@ -223,6 +225,7 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
     }
     fn order_after(&self, s: &C::Stream, after: &C::Stream) -> Result<(), BackendError> {
         self.log.device_call();
+        self.log.orderings.fetch_add(1, Ordering::SeqCst);
         self.inner.order_after(s, after)
     }
     fn device_lost(&self) {

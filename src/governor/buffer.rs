@@ -15,6 +15,20 @@ use std::sync::Arc;
 /// with that release and is dropped when the free has retired on the device.
 /// [`release_on`](Self::release_on) queues the free on another stream of the
 /// same context instead.
+///
+/// # Streams other than its own
+///
+/// A stream-ordered free is ordered only within the stream it is queued on.
+/// So that it never overtakes work that still uses the memory elsewhere, the
+/// release is ordered after every other stream the buffer is known to be
+/// used on ([`DeviceContext::order_after`]: an event recorded there and
+/// waited on by the freeing stream, on CUDA and HIP):
+///
+/// * its own stream, when it is released on another one;
+/// * every stream named with [`record_stream`](Self::record_stream), the
+///   equivalent of PyTorch's `Tensor.record_stream`: call it when work of
+///   your own on that stream (through [`GovernedStream::raw`]) uses the
+///   buffer.
 pub struct DeviceBuffer<C: DeviceContext> {
     /// The buffer's stream; its `ctx` is the buffer's context (checked at
     /// allocation). The buffer reaches its context through it rather than
@@ -24,6 +38,11 @@ pub struct DeviceBuffer<C: DeviceContext> {
     pub(crate) memory: Option<C::Memory>,
     pub(crate) bytes: u64,
     pub(crate) role: Role,
+    /// Other streams of the same context the buffer was used on: its release
+    /// is ordered after each. Distinct, never the buffer's own stream; held so
+    /// that they outlive the release. Empty (no allocation) unless
+    /// [`DeviceBuffer::record_stream`] was called.
+    pub(crate) recorded: Vec<Arc<StreamShared<C>>>,
 }
 
 /// A release that could not be queued. The buffer comes back where it is
@@ -155,7 +174,84 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         })
     }
 
+    /// Record that work on `stream` uses this buffer, so that its release
+    /// (on whichever stream) is ordered after the work queued on `stream` up
+    /// to that release, not only after its own stream's.
+    ///
+    /// Call it after queuing, on `stream`'s raw handle, work of your own that
+    /// reads or writes the buffer. Recording the buffer's own stream, or a
+    /// stream twice, changes nothing. The stream is kept alive until the
+    /// buffer is released.
+    ///
+    /// ```
+    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    ///
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new());
+    /// let compute = ctx.create_stream("compute")?;
+    /// let copy = ctx.create_stream("copy")?;
+    /// let mut kv = ctx.allocate(&compute, 1 << 20, Role::KvCache)?;
+    /// // ... a copy of your own on `copy.raw()` reads `kv` ...
+    /// kv.record_stream(&copy)?;
+    /// drop(kv); // freed on `compute`, after the work queued on `copy` so far
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`GovernorError::WrongContext`] if `stream` belongs to another
+    /// context; nothing is recorded.
+    pub fn record_stream(&mut self, stream: &GovernedStream<C>) -> Result<(), GovernorError> {
+        if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
+            return Err(GovernorError::WrongContext {
+                buffer_context: self.stream.ctx.id,
+                stream_context: stream.shared.ctx.id,
+            });
+        }
+        let known = Arc::ptr_eq(&stream.shared, &self.stream)
+            || self.recorded.iter().any(|s| Arc::ptr_eq(s, &stream.shared));
+        if !known {
+            self.recorded.push(stream.shared.clone());
+        }
+        Ok(())
+    }
+
+    /// The labels of the streams recorded with
+    /// [`record_stream`](Self::record_stream), in the order recorded.
+    pub fn recorded_streams(&self) -> impl Iterator<Item = &str> {
+        self.recorded.iter().map(|s| s.label.as_str())
+    }
+
+    /// Release stream-ordered on `target` (`None`: the buffer's own stream),
+    /// after every other stream the buffer was used on.
+    fn release_to(&mut self, target: Option<&StreamShared<C>>) -> Released {
+        let memory = self.memory.take().expect("memory present until release");
+        let own: &StreamShared<C> = &self.stream;
+        let target = target.unwrap_or(own);
+        let (ctx, shard, bytes, role) =
+            (&self.stream.ctx, self.stream.shard, self.bytes, self.role);
+        if self.recorded.is_empty() {
+            // The common cases, without building a list.
+            let after: &[&StreamShared<C>] = if std::ptr::eq(own, target) {
+                &[]
+            } else {
+                &[own]
+            };
+            return release(ctx, shard, target, after, memory, bytes, role);
+        }
+        let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + self.recorded.len());
+        for s in std::iter::once(own).chain(self.recorded.iter().map(|s| &**s)) {
+            if !std::ptr::eq(s, target) {
+                after.push(s);
+            }
+        }
+        release(ctx, shard, target, &after, memory, bytes, role)
+    }
+
     /// Queue the free on `stream` instead of the buffer's own stream.
+    ///
+    /// The free is ordered after the work already queued on the buffer's own
+    /// stream and on every recorded stream (see the type's docs).
     ///
     /// # Errors
     ///
@@ -180,16 +276,8 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 error,
             });
         }
-        let memory = self.memory.take().expect("memory present until release");
         let id = self.stream.ctx.id;
-        match release(
-            &self.stream.ctx,
-            self.stream.shard,
-            &stream.shared,
-            memory,
-            self.bytes,
-            self.role,
-        ) {
+        match self.release_to(Some(&stream.shared)) {
             Released::Queued | Released::SettledLost => Ok(()),
             Released::Reclaimed => Err(ReleaseError {
                 buffer: None,
@@ -208,17 +296,10 @@ impl<C: DeviceContext> DeviceBuffer<C> {
 
 impl<C: DeviceContext> Drop for DeviceBuffer<C> {
     fn drop(&mut self) {
-        if let Some(memory) = self.memory.take() {
+        if self.memory.is_some() {
             // Errors are recorded in the context (quarantine, counters,
             // tracing); a destructor has no one to return them to.
-            let _ = release(
-                &self.stream.ctx,
-                self.stream.shard,
-                &self.stream,
-                memory,
-                self.bytes,
-                self.role,
-            );
+            let _ = self.release_to(None);
         }
     }
 }

@@ -136,6 +136,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             memory: Some(memory),
             bytes,
             role,
+            recorded: Vec::new(),
         })
     }
 

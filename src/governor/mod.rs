@@ -12,6 +12,7 @@ mod error;
 mod handle;
 mod lease;
 mod migrate;
+mod outside;
 mod pin_source;
 mod record;
 mod release;
@@ -26,6 +27,7 @@ pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, R
 pub use error::{BudgetExceeded, BudgetScope, GovernorError, RetireError};
 pub use handle::ContextHandle;
 pub use migrate::MigrateError;
+pub use outside::OutsideUsage;
 pub use pin_source::ContextPin;
 pub use retire::{Finished, Outstanding, OutstandingItem, PinKind, RetireHandle, TeardownReport};
 pub use snapshot::{

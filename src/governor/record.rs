@@ -185,6 +185,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Live, pending and quarantined amounts (see `stats.rs`).
     pub stats: Stats,
     pub counters: Counters,
+    /// Bytes reported as used outside memgov's allocations (see `outside.rs`).
+    pub outside: super::outside::Outside,
     /// Live streams. Changed only under a gate claim (`stream_created`,
     /// `stream_left`), so that `force` reads a stable count once the gate
     /// has drained.
@@ -298,6 +300,7 @@ impl<C: DeviceContext> ContextInner<C> {
             settle_epoch: EpochWord::new(),
             stats: Stats::default(),
             counters: Counters::default(),
+            outside: Default::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
             streams: Mutex::new(Vec::new()),

@@ -187,10 +187,17 @@ pub(crate) enum Released {
 
 /// Release `memory` (holding one pin of `ctx`, charged `bytes` live under
 /// `role` in shard `live_shard`: its own stream's) stream-ordered on `stream`.
+///
+/// `after` lists the other streams the memory was used on (its own stream,
+/// when `stream` is another one, and the streams recorded on the buffer):
+/// the free is ordered after the work already queued on each of them
+/// ([`DeviceContext::order_after`]) before it is queued. The caller leaves
+/// `stream` itself out of `after`.
 pub(crate) fn release<C: DeviceContext>(
     ctx: &Arc<ContextInner<C>>,
     live_shard: usize,
     stream: &StreamShared<C>,
+    after: &[&StreamShared<C>],
     memory: C::Memory,
     bytes: u64,
     role: Role,
@@ -211,6 +218,19 @@ pub(crate) fn release<C: DeviceContext>(
         settle_live_as_lost(ctx, live_shard, bytes, role);
         drop(backend);
         return Released::SettledLost;
+    }
+    // A free is ordered only within its own stream: make it (and, with
+    // stream-ordered reuse, the allocations queued after it) wait for the
+    // work still queued on every other stream that used the memory. Nothing
+    // has moved yet, so a refusal here ends like a refused free.
+    for other in after {
+        debug_assert!(!std::ptr::eq(*other, stream));
+        if let Err(err) = backend.order_after(stream.raw(), other.raw()) {
+            ctx.note_backend_error(&err);
+            let released = refused(ctx, live_shard, memory, bytes, role, err);
+            drop(backend);
+            return released;
+        }
     }
     // Move the buffer's pin into the pending release: pending first, so the
     // sum of the two counters never touches zero in between.
@@ -251,17 +271,32 @@ pub(crate) fn release<C: DeviceContext>(
             undo_pending(ctx, live_shard, stream, bytes, role);
             ctx.pending_left(stream.shard);
             ctx.note_backend_error(&err);
-            let released = if err.is_device_lost() {
-                drop(memory);
-                settle_live_as_lost(ctx, live_shard, bytes, role);
-                Released::SettledLost
-            } else {
-                ctx.quarantine(live_shard, memory, bytes, role, &err);
-                Released::Quarantined(err)
-            };
+            let released = refused(ctx, live_shard, memory, bytes, role, err);
             drop(backend);
             released
         }
+    }
+}
+
+/// A live buffer whose release the backend refused (the free, or the
+/// ordering in front of it): on a lost device it goes with the device,
+/// otherwise it is quarantined. Either way its pin is released. Call under
+/// a gate claim.
+fn refused<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    live_shard: usize,
+    memory: C::Memory,
+    bytes: u64,
+    role: Role,
+    err: BackendError,
+) -> Released {
+    if err.is_device_lost() {
+        drop(memory);
+        settle_live_as_lost(ctx, live_shard, bytes, role);
+        Released::SettledLost
+    } else {
+        ctx.quarantine(live_shard, memory, bytes, role, &err);
+        Released::Quarantined(err)
     }
 }
 

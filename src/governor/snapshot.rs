@@ -174,6 +174,12 @@ pub struct ContextSnapshot {
     /// a refusal, so this is what the context kept from other use at its
     /// highest, not the budget it needs (with leases off it is that too).
     pub peak_budget_held: u64,
+    /// Bytes a runtime reported as used for this context outside memgov's
+    /// allocations ([`ContextHandle::report_outside`]): not part of
+    /// `charged`, not under any budget.
+    ///
+    /// [`ContextHandle::report_outside`]: super::ContextHandle::report_outside
+    pub outside_bytes: u64,
     /// Usage by role, indexed like [`Role::ALL`].
     pub by_role: [RoleUsage; 5],
     /// Quarantined releases with reasons.
@@ -279,6 +285,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
         peak: ctx.stats.peak_live(),
         peak_budget_held: ctx.peak_budget_held(),
+        outside_bytes: ctx.outside.bytes(),
         by_role,
         quarantine: ctx
             .quarantine_entries()

@@ -10,7 +10,6 @@
 use memgov::host::{HostConfig, HostContext};
 use memgov::{ContextConfig, Governor, Role};
 use memgov_onnxruntime::{environment, GovernedAllocator, MatMulAdd};
-use ort::session::Session;
 use ort::value::Tensor;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -45,11 +44,14 @@ fn run(env: &ort::environment::Environment) -> Result<(), Box<dyn std::error::Er
         "model: Y = X[N,3] . W[3,4] + B[4], {} bytes of ONNX",
         bytes.len()
     );
-    let mut session = alloc.strict(|| {
-        Session::builder(env)?
-            .with_env_allocators()?
-            .commit_from_memory(&bytes)
-    })?;
+    // The weights go into governed buffers; ONNX Runtime reads them there.
+    let mut session = alloc.session(env, &bytes, Ok)?;
+    println!(
+        "weights: {} B in {} governed buffers, {} B left in ONNX Runtime's heap",
+        session.governed_weight_bytes(),
+        session.governed_weights(),
+        session.outside_weight_bytes()
+    );
 
     let rows = 2;
     let x = model.input(rows);
@@ -65,10 +67,11 @@ fn run(env: &ort::environment::Environment) -> Result<(), Box<dyn std::error::Er
     }
     let snap = ctx.snapshot();
     println!(
-        "governed: {} allocations, {} B charged now, peak {} B, allocator {:?}",
+        "governed: {} allocations, {} B charged now, peak {} B, {} B reported outside, allocator {:?}",
         snap.counters.allocations,
         snap.charged,
         snap.peak,
+        snap.outside_bytes,
         alloc.stats()
     );
 

@@ -5,8 +5,10 @@
 //! is gone (`UnregisterAllocator` only stops *new* sessions from finding it).
 //! So the C-visible part here, a small [`Shell`], is never freed: it lives
 //! for the rest of the process, a few hundred bytes per allocator. Everything
-//! that holds the context (the registration pin, the stream, the live
-//! buffers) is detachable and goes away when it should.
+//! that holds the context (the context handle, the registration pin, the
+//! stream, the live buffers) is detachable and goes away when it should, and
+//! the shell's address map is given back once it is empty after the handle
+//! is dropped.
 
 use crate::error::Error;
 use memgov::host::HostContext;
@@ -18,12 +20,12 @@ use ort::environment::Environment;
 use ort::sys as ffi;
 use ort::AsPointer;
 use std::alloc::Layout;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Label of the registration pin and of the allocator's stream: what a retire
@@ -64,6 +66,9 @@ impl HostAddressable for memgov::any::AnyContext {
 thread_local! {
     /// Nesting depth of `GovernedAllocator::strict` on this thread.
     static STRICT: Cell<u32> = const { Cell::new(0) };
+    /// The first refusal inside the innermost `strict` scope on this thread:
+    /// what the scope returns once the runtime's call is over.
+    static REFUSED: RefCell<Option<Error>> = const { RefCell::new(None) };
 }
 
 /// Counters of one allocator, from its creation.
@@ -83,7 +88,9 @@ pub struct AllocatorStats {
     pub overdrafts: u64,
     /// Bytes of those.
     pub overdraft_bytes: u64,
-    /// Allocations answered with null inside [`GovernedAllocator::strict`].
+    /// Allocations refused inside [`GovernedAllocator::strict`]: each was
+    /// served from the process heap (and counted in `overdrafts`), and the
+    /// scope then failed with the first refusal's error.
     pub refusals: u64,
     /// `Free` calls with a pointer this allocator never gave out (ignored).
     pub unknown_frees: u64,
@@ -95,12 +102,18 @@ enum Entry<C: DeviceContext> {
     Overdraft(Layout),
 }
 
-/// What the C callbacks reach. Shared by the shell (forever) and the handle.
+/// What the C callbacks reach. Part of the shell, which is never freed, so
+/// nothing here may keep the context's record alive once the handle is
+/// dropped: the handle and the stream are taken out then, and each live
+/// buffer holds its context only until ONNX Runtime frees it.
 struct State<C: DeviceContext> {
-    ctx: ContextHandle<C>,
     role: Role,
-    /// `None` once the handle is dropped: nothing new is governed then.
-    stream: Mutex<Option<GovernedStream<C>>>,
+    /// The context and the allocator's stream; `None` once the handle is
+    /// dropped: nothing new is governed then.
+    governed: Mutex<Option<(ContextHandle<C>, GovernedStream<C>)>>,
+    /// Set with `governed` taken: the address map is given back when it
+    /// empties.
+    closed: AtomicBool,
     entries: Mutex<HashMap<usize, Entry<C>>>,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -117,9 +130,9 @@ impl<C: DeviceContext> State<C> {
     /// The state of a fresh allocator: nothing allocated, counted or refused.
     fn new(ctx: ContextHandle<C>, role: Role, stream: GovernedStream<C>) -> Self {
         Self {
-            ctx,
             role,
-            stream: Mutex::new(Some(stream)),
+            governed: Mutex::new(Some((ctx, stream))),
+            closed: AtomicBool::new(false),
             entries: Mutex::new(HashMap::new()),
             allocations: AtomicU64::new(0),
             frees: AtomicU64::new(0),
@@ -149,10 +162,16 @@ impl<C: HostAddressable> State<C> {
             Ok(p) => return self.served(p, bytes),
             Err(reason) => reason,
         };
-        *lock(&self.last_refusal) = Some(refused);
+        *lock(&self.last_refusal) = Some(refused.to_string());
+        // Never null, not even inside `strict`: some ONNX Runtime code (the
+        // ConvTranspose weight prepacking, for one) writes to what `Alloc`
+        // returned without checking it. Inside `strict` the refusal is kept
+        // and the scope fails once the runtime's call is over.
         if STRICT.with(Cell::get) > 0 {
             self.refusals.fetch_add(1, Ordering::Relaxed);
-            return ptr::null_mut();
+            REFUSED.with(|r| {
+                r.borrow_mut().get_or_insert(refused);
+            });
         }
         match self.overdraft(bytes) {
             Some(p) => {
@@ -174,27 +193,12 @@ impl<C: HostAddressable> State<C> {
 
     /// Allocate through the governor. No lock of ours is held while it runs
     /// (admission may wait and call pressure responders).
-    fn governed(&self, bytes: u64) -> Result<NonNull<u8>, String> {
-        let stream = lock(&self.stream)
-            .clone()
-            .ok_or_else(|| "the allocator was closed".to_owned())?;
-        let buffer = self
-            .ctx
+    fn governed(&self, bytes: u64) -> Result<NonNull<u8>, Error> {
+        let (ctx, stream) = lock(&self.governed).clone().ok_or(Error::Closed)?;
+        let buffer = ctx
             .allocate(&stream, bytes, self.role)
-            .map_err(|e: GovernorError| e.to_string())?;
-        let p = buffer.raw().and_then(C::host_ptr).ok_or_else(|| {
-            format!(
-                "context '{}' ({}) has no CPU-addressable memory",
-                self.ctx.label(),
-                self.ctx.description().backend
-            )
-        })?;
-        if !(p.as_ptr() as usize).is_multiple_of(ALIGN) {
-            return Err(format!(
-                "context '{}' returned memory aligned below {ALIGN} B",
-                self.ctx.label()
-            ));
-        }
+            .map_err(|e: GovernorError| Error::Governor(e))?;
+        let p = host_ptr(&ctx, &buffer)?;
         lock(&self.entries).insert(p.as_ptr() as usize, Entry::Governed(buffer));
         Ok(p)
     }
@@ -230,6 +234,30 @@ impl<C: HostAddressable> State<C> {
                 self.unknown_frees.fetch_add(1, Ordering::Relaxed);
             }
         }
+        if self.closed.load(Ordering::Acquire) {
+            self.give_back_empty_map();
+        }
+    }
+
+    /// Replace the address map by an unallocated one if it is empty: a map
+    /// that once held a large session's addresses keeps its capacity
+    /// otherwise, and the shell is never freed.
+    fn give_back_empty_map(&self) {
+        let mut entries = lock(&self.entries);
+        if entries.is_empty() && entries.capacity() > 0 {
+            *entries = HashMap::new();
+        }
+    }
+
+    /// Let go of everything that holds the context: nothing new is
+    /// governed from now on.
+    fn close(&self) {
+        let taken = lock(&self.governed).take();
+        self.closed.store(true, Ordering::Release);
+        *lock(&self.last_refusal) = None;
+        // Dropped outside the lock: dropping the stream calls the backend.
+        drop(taken);
+        self.give_back_empty_map();
     }
 
     fn released(&self, bytes: u64) {
@@ -249,6 +277,31 @@ impl<C: HostAddressable> State<C> {
             unknown_frees: self.unknown_frees.load(Ordering::Relaxed),
         }
     }
+}
+
+/// The CPU address of `buffer`, checked against what ONNX Runtime's kernels
+/// need.
+fn host_ptr<C: HostAddressable>(
+    ctx: &ContextHandle<C>,
+    buffer: &DeviceBuffer<C>,
+) -> Result<NonNull<u8>, Error> {
+    let p = buffer
+        .raw()
+        .and_then(C::host_ptr)
+        .ok_or_else(|| Error::Unusable {
+            context: ctx.label().to_owned(),
+            reason: format!(
+                "its backend ({}) has no CPU-addressable memory",
+                ctx.description().backend
+            ),
+        })?;
+    if !(p.as_ptr() as usize).is_multiple_of(ALIGN) {
+        return Err(Error::Unusable {
+            context: ctx.label().to_owned(),
+            reason: format!("it returned memory aligned below {ALIGN} B"),
+        });
+    }
+    Ok(p)
 }
 
 /// The block ONNX Runtime holds a pointer to. `ort` must be the first field:
@@ -325,7 +378,7 @@ unsafe extern "system" fn reserve_cb<C: HostAddressable>(
 }
 
 /// Turn an ONNX Runtime status into a `Result`, releasing it.
-fn check(status: ffi::OrtStatusPtr, what: &'static str) -> Result<(), Error> {
+pub(crate) fn check(status: ffi::OrtStatusPtr, what: &'static str) -> Result<(), Error> {
     if status.0.is_null() {
         return Ok(());
     }
@@ -362,9 +415,10 @@ fn check(status: ffi::OrtStatusPtr, what: &'static str) -> Result<(), Error> {
 /// * A refusal that remains after the context's admission policy (waiting
 ///   for pending releases, asking pressure responders) is answered with an
 ///   overdraft from the process heap, reported in [`stats`](Self::stats),
-///   because ONNX Runtime crashes inside `Run` when an allocator returns
-///   null. Inside [`strict`](Self::strict) (session creation) ONNX Runtime
-///   gets null instead, and returns a clean error.
+///   never with null: ONNX Runtime writes to some allocations without
+///   checking them (inside `Run`, and in the ConvTranspose weight prepacking
+///   while a session is created). Inside [`strict`](Self::strict) (session
+///   creation) the scope then fails with the governor's error.
 ///
 /// Dropping the handle unregisters the allocator and lets go of the pin and
 /// the stream. Sessions and tensors that still use it keep working: their
@@ -372,6 +426,7 @@ fn check(status: ffi::OrtStatusPtr, what: &'static str) -> Result<(), Error> {
 /// overdrafts. Drop it after the sessions that use it.
 pub struct GovernedAllocator<C: HostAddressable> {
     shell: &'static Shell<C>,
+    ctx: ContextHandle<C>,
     env: Environment,
     registered: Mutex<bool>,
     pin: Mutex<Option<Box<dyn ProviderContextPin>>>,
@@ -430,6 +485,7 @@ impl<C: HostAddressable> GovernedAllocator<C> {
         }));
         let this = Self {
             shell,
+            ctx: ctx.clone(),
             env: env.clone(),
             registered: Mutex::new(false),
             pin: Mutex::new(Some(pin)),
@@ -467,25 +523,66 @@ impl<C: HostAddressable> GovernedAllocator<C> {
         Ok(())
     }
 
-    /// Run `f` (a session creation, typically) with refusals answered by
-    /// null on this thread, so that ONNX Runtime fails cleanly instead of
-    /// running over budget. Never wrap `Session::run` in it: ONNX Runtime
-    /// crashes on a null during `Run`.
-    pub fn strict<R>(&self, f: impl FnOnce() -> R) -> R {
-        struct Depth;
-        impl Drop for Depth {
+    /// Run `f` (a session creation, typically) so that it fails if any
+    /// allocation it makes on this thread is refused, instead of running
+    /// over budget.
+    ///
+    /// A refused allocation is still served (from the process heap, counted
+    /// in [`AllocatorStats::refusals`] and `overdrafts`): ONNX Runtime does
+    /// not check every `Alloc` for null, and a null written to crashes the
+    /// process. Once `f` returns, whatever it made (the session) is dropped,
+    /// which gives those bytes back, and the scope returns the first
+    /// refusal's error, [`Error::Governor`] with the governor's numbers. If
+    /// nothing was refused, `f`'s own result is returned.
+    ///
+    /// Wrapping `Session::run` in it is allowed but rarely useful: the run's
+    /// outputs are dropped on a refusal.
+    ///
+    /// # Errors
+    ///
+    /// The first refusal inside the scope, or `f`'s own error.
+    pub fn strict<T, E: Into<Error>>(&self, f: impl FnOnce() -> Result<T, E>) -> Result<T, Error> {
+        /// Leaves the scope even if `f` panics: restores the depth and the
+        /// enclosing scope's refusal.
+        struct Scope(Option<Error>);
+        impl Drop for Scope {
             fn drop(&mut self) {
+                let outer = self.0.take();
+                REFUSED.with(|r| *r.borrow_mut() = outer);
                 STRICT.with(|s| s.set(s.get() - 1));
             }
         }
+        let scope = Scope(REFUSED.with(|r| r.borrow_mut().take()));
         STRICT.with(|s| s.set(s.get() + 1));
-        let _depth = Depth;
-        f()
+        let result = f();
+        let refused = REFUSED.with(|r| r.borrow_mut().take());
+        drop(scope);
+        match (refused, result) {
+            (Some(e), Ok(made)) => {
+                // Outside the scope: what the session frees is not refused.
+                drop(made);
+                Err(e)
+            }
+            (Some(e), Err(_)) => Err(e),
+            (None, result) => result.map_err(Into::into),
+        }
     }
 
     /// The context the memory comes from.
     pub fn context(&self) -> &ContextHandle<C> {
-        &self.shell.state.ctx
+        &self.ctx
+    }
+
+    /// The allocator's stream (labelled [`HOLDER`]), while the handle lives.
+    pub(crate) fn stream(&self) -> Option<GovernedStream<C>> {
+        lock(&self.shell.state.governed)
+            .as_ref()
+            .map(|(_, stream)| stream.clone())
+    }
+
+    /// The CPU memory info the allocator is registered with.
+    pub(crate) fn memory_info(&self) -> *const ffi::OrtMemoryInfo {
+        self.shell.info.cast_const()
     }
 
     /// Counters since creation.
@@ -504,8 +601,8 @@ impl<C: HostAddressable> Drop for GovernedAllocator<C> {
     fn drop(&mut self) {
         let _ = self.unregister();
         // Let go of the context: live buffers keep their own stream until
-        // ONNX Runtime frees them.
-        drop(lock(&self.shell.state.stream).take());
+        // ONNX Runtime frees them. The shell keeps no handle on the context.
+        self.shell.state.close();
         drop(lock(&self.pin).take());
     }
 }
@@ -513,7 +610,7 @@ impl<C: HostAddressable> Drop for GovernedAllocator<C> {
 impl<C: HostAddressable> std::fmt::Debug for GovernedAllocator<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GovernedAllocator")
-            .field("context", &self.shell.state.ctx.label())
+            .field("context", &self.ctx.label())
             .field("registered", &*lock(&self.registered))
             .field("stats", &self.stats())
             .finish()
@@ -526,24 +623,27 @@ mod tests {
     use super::*;
     use memgov::{ContextConfig, Governor};
 
-    fn state(gov: &Governor<HostContext>, budget: u64) -> State<HostContext> {
+    fn state(
+        gov: &Governor<HostContext>,
+        budget: u64,
+    ) -> (State<HostContext>, ContextHandle<HostContext>) {
         let ctx = gov.register(
             HostContext::new(memgov::host::HostConfig::default()).unwrap(),
             ContextConfig::new().label("unit").budget(budget),
         );
         let stream = ctx.create_stream(HOLDER).unwrap();
-        State::new(ctx, Role::Activation, stream)
+        (State::new(ctx.clone(), Role::Activation, stream), ctx)
     }
 
     #[test]
-    fn governed_then_overdraft_then_strict_null_and_all_of_it_comes_back() {
+    fn governed_then_overdraft_then_strict_refusal_served_and_all_of_it_comes_back() {
         let gov = Governor::new();
-        let s = state(&gov, 4096);
+        let (s, ctx) = state(&gov, 4096);
         assert!(s.alloc(0).is_null());
 
         let a = s.alloc(1000);
         assert!(!a.is_null() && (a as usize).is_multiple_of(ALIGN));
-        assert_eq!(s.ctx.snapshot().charged, 1000 + PAD);
+        assert_eq!(ctx.snapshot().charged, 1000 + PAD);
         // SAFETY: `a` is a live allocation of 1000 + PAD bytes.
         unsafe { std::ptr::write_bytes(a.cast::<u8>(), 0xab, 1000 + PAD as usize) };
 
@@ -552,17 +652,29 @@ mod tests {
         assert!(!b.is_null() && (b as usize).is_multiple_of(ALIGN));
         assert_eq!(s.stats().overdrafts, 1);
         assert_eq!(s.stats().overdraft_bytes, 8000 + PAD);
-        assert_eq!(s.ctx.snapshot().charged, 1000 + PAD);
+        assert_eq!(ctx.snapshot().charged, 1000 + PAD);
         assert!(lock(&s.last_refusal)
             .as_deref()
             .is_some_and(|m| m.contains("cannot admit")));
 
-        // The same refusal inside a strict scope: null.
+        // The same refusal inside a strict scope: still served (writable),
+        // and the scope's refusal is the governor's error.
         STRICT.with(|d| d.set(1));
         let c = s.alloc(8000);
         STRICT.with(|d| d.set(0));
-        assert!(c.is_null());
+        assert!(!c.is_null());
+        // SAFETY: `c` is a live allocation of 8000 + PAD bytes.
+        unsafe { std::ptr::write_bytes(c.cast::<u8>(), 0, 8000) };
         assert_eq!(s.stats().refusals, 1);
+        assert_eq!(s.stats().overdrafts, 2);
+        let refused = REFUSED.with(|r| r.borrow_mut().take());
+        assert!(
+            matches!(
+                &refused,
+                Some(Error::Governor(GovernorError::BudgetExceeded(_)))
+            ),
+            "{refused:?}"
+        );
 
         s.free(ptr::null_mut());
         let mut stranger = 0u8;
@@ -571,25 +683,30 @@ mod tests {
 
         s.free(a);
         s.free(b);
+        s.free(c);
         let stats = s.stats();
         assert_eq!(
             (stats.allocations, stats.frees, stats.live_bytes),
-            (2, 2, 0)
+            (3, 3, 0)
         );
-        assert_eq!(stats.peak_bytes, 1000 + PAD + 8000 + PAD);
+        assert_eq!(stats.peak_bytes, 1000 + PAD + 2 * (8000 + PAD));
 
-        // Closed: nothing new is governed, and the context can retire.
-        drop(lock(&s.stream).take());
+        // Closed: nothing new is governed, the shell keeps no handle on the
+        // context, its address map is given back, and the context can retire.
+        assert!(lock(&s.entries).capacity() > 0);
+        s.close();
+        assert!(lock(&s.governed).is_none());
+        assert_eq!(lock(&s.entries).capacity(), 0);
         let d = s.alloc(10);
         assert!(!d.is_null());
-        assert_eq!(s.stats().overdrafts, 2);
+        assert_eq!(s.stats().overdrafts, 3);
         s.free(d);
-        let report = s
-            .ctx
+        assert_eq!(lock(&s.entries).capacity(), 0, "given back once empty");
+        let report = ctx
             .retire()
             .wait(std::time::Instant::now() + std::time::Duration::from_secs(10))
             .unwrap();
         assert_eq!(report.retired_releases, 1);
-        assert_eq!(s.ctx.snapshot().charged, 0);
+        assert_eq!(ctx.snapshot().charged, 0);
     }
 }

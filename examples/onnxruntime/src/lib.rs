@@ -1,11 +1,14 @@
 //! ONNX Runtime on memgov: an `OrtAllocator` whose memory is governed.
 //!
-//! Register a [`GovernedAllocator`] on the ONNX Runtime environment and build
-//! sessions with `SessionBuilder::with_env_allocators()`: every CPU
-//! allocation the session makes (initializers, intermediate tensors,
-//! outputs) is then allocated through a memgov context, charged to its
-//! budgets, released stream-ordered when ONNX Runtime frees it, and holds the
-//! context against teardown until it is freed.
+//! Register a [`GovernedAllocator`] on the ONNX Runtime environment and
+//! create sessions with [`GovernedAllocator::session`]: the model's weights
+//! are copied into governed buffers and handed to ONNX Runtime, which reads
+//! them in place, and every CPU allocation the session makes (prepacked
+//! weights, intermediate tensors, outputs) is allocated through the same
+//! memgov context, charged to its budgets, released stream-ordered when ONNX
+//! Runtime frees it, and holds the context against teardown until it is
+//! freed. Weights that cannot be placed are measured and reported on the
+//! context (`ContextSnapshot::outside_bytes`).
 //!
 //! ```no_run
 //! use memgov::{ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
@@ -18,9 +21,7 @@
 //! let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().label("cpu0"));
 //! let alloc = GovernedAllocator::register(&env, &ctx, Role::Activation)?;
 //! let model = MatMulAdd::new(3, 4);
-//! let mut session = alloc.strict(|| {
-//!     Session::builder(&env)?.with_env_allocators()?.commit_from_memory(&model.to_onnx())
-//! })?;
+//! let mut session = alloc.session(&env, &model.to_onnx(), Ok)?;
 //! let x = Tensor::from_array(([2usize, 3], model.input(2)))?;
 //! let outputs = session.run(ort::inputs!["X" => x])?;
 //! let (_, y) = outputs["Y"].try_extract_tensor::<f32>()?;
@@ -33,13 +34,16 @@
 //! * **Lifetime.** ONNX Runtime keeps the allocator's raw pointer for as long
 //!   as any session or tensor made with it lives, even after
 //!   `UnregisterAllocator`. The C-visible block is therefore never freed
-//!   (a few hundred bytes per allocator); what holds the context is.
+//!   (a few hundred bytes per allocator, nothing it holds reaches the
+//!   context); what holds the context is.
 //! * **Refusals.** Admission runs first (waiting for pending releases,
-//!   pressure responders). A refusal that remains is answered with an
-//!   overdraft from the process heap, reported in
-//!   [`AllocatorStats::overdrafts`], because a null inside `Run` crashes ONNX
-//!   Runtime. Inside [`GovernedAllocator::strict`] (session creation) it is
-//!   answered with null and ONNX Runtime returns a clean error.
+//!   pressure responders). A refusal that remains is never answered with
+//!   null, because ONNX Runtime writes to some allocations without checking
+//!   them: it is served from the process heap as an overdraft, reported in
+//!   [`AllocatorStats::overdrafts`]. Inside [`GovernedAllocator::strict`]
+//!   (which [`GovernedAllocator::session`] uses for session creation) the
+//!   scope then fails with the governor's error, after dropping what was
+//!   made.
 //! * **Panics** never cross the FFI boundary: every callback runs under
 //!   `catch_unwind`.
 
@@ -49,10 +53,12 @@
 mod allocator;
 mod error;
 mod model;
+mod session;
 
 pub use allocator::{AllocatorStats, GovernedAllocator, HostAddressable, ALIGN, HOLDER, PAD};
 pub use error::Error;
-pub use model::MatMulAdd;
+pub use model::{weights, ConvTranspose, MatMulAdd, Weight, WeightKind};
+pub use session::GovernedSession;
 
 /// Load the ONNX Runtime library named by `ORT_DYLIB_PATH` and build the
 /// process's environment, or say why not (for tests and examples that skip

@@ -7,8 +7,10 @@
 //! it so that CI runs them for real.
 
 use memgov::host::{HostConfig, HostContext};
-use memgov::{ContextConfig, ContextHandle, Governor, PinKind, RetireError, Role};
-use memgov_onnxruntime::{environment, GovernedAllocator, MatMulAdd, HOLDER};
+use memgov::{ContextConfig, ContextHandle, Governor, GovernorError, PinKind, RetireError, Role};
+use memgov_onnxruntime::{
+    environment, ConvTranspose, Error, GovernedAllocator, MatMulAdd, HOLDER, PAD,
+};
 use ort::environment::Environment;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor};
@@ -44,7 +46,7 @@ fn session(
     env: &Environment,
     alloc: &GovernedAllocator<HostContext>,
     model: &MatMulAdd,
-) -> ort::Result<Session> {
+) -> Result<Session, memgov_onnxruntime::Error> {
     alloc.strict(|| {
         Session::builder(env)?
             .with_env_allocators()?
@@ -307,4 +309,247 @@ fn a_session_that_outlives_its_allocator_keeps_running_on_overdrafts() {
         stats.allocations - stats.frees + stats.frees
     );
     assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn weights_live_in_governed_memory_and_onnx_runtime_reads_them_in_place() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(16, 8);
+    let mut s = alloc
+        .session(env, &model.to_onnx(), |b| {
+            Ok(b.with_intra_threads(1)?.with_prepacking(false)?)
+        })
+        .unwrap();
+    let w_bytes = (16 * 8 * 4) as u64;
+    let b_bytes = 8 * 4;
+    assert_eq!(s.governed_weights(), 2);
+    assert_eq!(s.governed_weight_bytes(), w_bytes + b_bytes + 2 * PAD);
+    assert_eq!(s.outside_weight_bytes(), 0);
+    let snap = ctx.snapshot();
+    assert_eq!(
+        snap.role(Role::Weights).live_bytes,
+        w_bytes + b_bytes + 2 * PAD
+    );
+    assert_eq!(snap.outside_bytes, 0);
+
+    let rows = 3;
+    let expected = model.reference(&model.input(rows));
+    assert_eq!(run(&mut s, &model, rows).0, expected);
+
+    // Change B in the governed buffer: the next run sees it, so ONNX
+    // Runtime reads the governed copy, not one of its own.
+    let plus_one: Vec<u8> = model
+        .b
+        .iter()
+        .flat_map(|v| (v + 1.0).to_le_bytes())
+        .collect();
+    s.weight_buffer(1).unwrap().write(0, &plus_one).unwrap();
+    let shifted: Vec<f32> = expected.iter().map(|y| y + 1.0).collect();
+    assert_eq!(run(&mut s, &model, rows).0, shifted);
+
+    drop(s);
+    assert_eq!(ctx.snapshot().role(Role::Weights).live_bytes, 0);
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn six_mib_of_weights_do_not_load_under_a_one_mib_budget() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    // W is 1024 × 1536 floats: 6 MiB.
+    let model = MatMulAdd::new(1024, 1536);
+    let bytes = model.to_onnx();
+    let budget = 1 << 20;
+
+    // Through `strict` alone the weights stay in ONNX Runtime's heap: with
+    // prepacking off nothing of them is charged and the session loads.
+    let ctx = context(&gov, "plain", budget);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let s = alloc
+        .strict(|| {
+            Session::builder(env)?
+                .with_env_allocators()?
+                .with_prepacking(false)?
+                .commit_from_memory(&bytes)
+        })
+        .unwrap();
+    assert!(ctx.snapshot().charged < budget);
+    drop((s, alloc));
+    ctx.retire().wait(soon()).unwrap();
+
+    // Through `session` they are governed, and refused.
+    let ctx = context(&gov, "governed", budget);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let e = alloc
+        .session(env, &bytes, |b| Ok(b.with_prepacking(false)?))
+        .unwrap_err();
+    let Error::Governor(GovernorError::BudgetExceeded(refusal)) = &e else {
+        panic!("the governor refuses the weights: {e:?}");
+    };
+    assert_eq!(refusal.requested, 1024 * 1536 * 4 + PAD, "{e}");
+    assert_eq!(ctx.snapshot().charged, 0, "nothing stays charged");
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
+
+    // With room, all 6 MiB are charged to weights while the session lives.
+    let ctx = context(&gov, "roomy", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let s = alloc
+        .session(env, &bytes, |b| Ok(b.with_prepacking(false)?))
+        .unwrap();
+    assert!(ctx.snapshot().role(Role::Weights).live_bytes >= 1024 * 1536 * 4);
+    drop((s, alloc));
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn a_creation_refusal_is_the_governors_error_and_nothing_stays_charged() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "tiny", 1024);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Weights).unwrap();
+    let conv = ConvTranspose {
+        c: 8,
+        m: 8,
+        k: 3,
+        hw: 8,
+    };
+    let e = alloc
+        .strict(|| {
+            Session::builder(env)?
+                .with_env_allocators()?
+                .commit_from_memory(&conv.to_onnx())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Governor(GovernorError::BudgetExceeded(_))),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("1024 B limit"), "{e}");
+    let stats = alloc.stats();
+    assert!(
+        stats.refusals >= 1 && stats.overdrafts >= stats.refusals,
+        "{stats:?}"
+    );
+    assert_eq!(stats.live_bytes, 0, "the session was dropped: {stats:?}");
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn a_constant_nodes_value_is_governed_and_read_in_place_too() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(4, 8);
+    let bytes = model.to_onnx_constant_bias();
+    let weights = memgov_onnxruntime::weights(&bytes).unwrap();
+    assert_eq!(
+        (weights[0].name.as_str(), weights[0].kind),
+        ("B", memgov_onnxruntime::WeightKind::Constant)
+    );
+    let mut s = alloc
+        .session(env, &bytes, |b| Ok(b.with_intra_threads(1)?))
+        .unwrap();
+    assert_eq!((s.governed_weights(), s.outside_weight_bytes()), (2, 0));
+    let expected = model.reference(&model.input(2));
+    assert_eq!(run(&mut s, &model, 2).0, expected);
+    let plus_one: Vec<u8> = model
+        .b
+        .iter()
+        .flat_map(|v| (v + 1.0).to_le_bytes())
+        .collect();
+    s.weight_buffer(0).unwrap().write(0, &plus_one).unwrap();
+    let shifted: Vec<f32> = expected.iter().map(|y| y + 1.0).collect();
+    assert_eq!(run(&mut s, &model, 2).0, shifted);
+    drop((s, alloc));
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn an_initializer_of_an_if_branch_is_governed_and_read_in_place_too() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(4, 8);
+    let bytes = model.to_onnx_bias_in_branches();
+    let weights = memgov_onnxruntime::weights(&bytes).unwrap();
+    let names: Vec<_> = weights
+        .iter()
+        .map(|w| (w.name.as_str(), w.in_subgraph))
+        .collect();
+    assert_eq!(names, [("B_then", true), ("B_else", true), ("W", false)]);
+    let mut s = alloc.session(env, &bytes, Ok).unwrap();
+    assert_eq!((s.governed_weights(), s.outside_weight_bytes()), (3, 0));
+    let rows = 2;
+    let branch = |s: &mut memgov_onnxruntime::GovernedSession<HostContext>, c: bool| {
+        let x = Tensor::from_array(([rows, model.k], model.input(rows))).unwrap();
+        let c = Tensor::from_array(((), vec![c])).unwrap();
+        let out = s.run(ort::inputs!["X" => x, "C" => c]).unwrap();
+        out["Y"].try_extract_tensor::<f32>().unwrap().1.to_vec()
+    };
+    let then_y = model.reference(&model.input(rows));
+    assert_eq!(branch(&mut s, true), then_y);
+    let else_y = branch(&mut s, false);
+
+    // B of the `then` branch changed in its governed buffer: that branch
+    // sees it, the other does not.
+    let plus_one: Vec<u8> = model
+        .b
+        .iter()
+        .flat_map(|v| (v + 1.0).to_le_bytes())
+        .collect();
+    s.weight_buffer(0).unwrap().write(0, &plus_one).unwrap();
+    let shifted: Vec<f32> = then_y.iter().map(|y| y + 1.0).collect();
+    assert_eq!(branch(&mut s, true), shifted);
+    assert_eq!(branch(&mut s, false), else_y);
+    drop((s, alloc));
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn weights_left_outside_are_reported_on_the_context_while_the_session_lives() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = context(&gov, "cpu0", 64 << 20);
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(4, 8);
+    // Both branches' biases under one name (a name of the same length, so
+    // the file stays well-formed): `AddInitializer` matches by name, so
+    // neither can be placed, and both stay in ONNX Runtime's heap.
+    let mut bytes = model.to_onnx_bias_in_branches();
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"B_else")
+        .expect("the else branch's bias");
+    bytes[at..at + 6].copy_from_slice(b"B_then");
+    let at = bytes.windows(6).position(|w| w == b"B_else").unwrap();
+    bytes[at..at + 6].copy_from_slice(b"B_then");
+    assert!(!bytes.windows(6).any(|w| w == b"B_else"));
+
+    let s = alloc.session(env, &bytes, Ok).unwrap();
+    let bias = (model.n * 4) as u64;
+    assert_eq!(s.governed_weights(), 1, "W only");
+    assert_eq!(s.outside_weight_bytes(), 2 * bias);
+    let snap = ctx.snapshot();
+    assert_eq!(snap.outside_bytes, 2 * bias);
+    assert_eq!(
+        snap.role(Role::Weights).live_bytes,
+        (model.k * model.n * 4) as u64 + PAD
+    );
+    drop(s);
+    assert_eq!(ctx.snapshot().outside_bytes, 0, "gone with the session");
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
 }
