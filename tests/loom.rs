@@ -38,6 +38,9 @@
 //!   refusals sweep at once; the budget leases run the same protocol;
 //! * the counter never wraps: acquires beyond the maximum are refused and the
 //!   count never exceeds it;
+//! * a shared-budget admission refused while a retiring context holds bytes
+//!   only its teardown returns waits for that teardown, and is woken with the
+//!   room back (`a_retiring_member_is_waited_for_until_its_teardown_wakes`);
 //! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
 //!   `src/governor/release.rs`) never lets two threads own one box, drops each
 //!   exactly once, and stays closed once retire has closed it.
@@ -1233,6 +1236,75 @@ mod model {
                 ctx.settle_epoch.unregister();
                 assert!(admitted, "woken by the settlement, yet no room");
                 settler.join().unwrap();
+            },
+        );
+    }
+
+    /// An allocation refused on a shared budget while a retiring context on
+    /// it holds bytes only its teardown gives back (quarantined, awaiting
+    /// teardown) waits for that teardown (`admission::pending_in_scope`,
+    /// `DeviceMember::returning_at_teardown` in `record.rs`). The teardown
+    /// takes the bytes off the statistics, then gives the charge back
+    /// (`return_charges_at_teardown`), stores Terminated, then bumps the
+    /// shared epoch and wakes (`finish`). The waiter reads the epoch, then
+    /// the member's amounts, then its phase (counting a teardown in progress
+    /// as returning something), then attempts. Then a refusal with nothing
+    /// coming back is final, and a waiter always wakes with the room back.
+    /// With the phase read before the amounts, or Terminating counted as
+    /// nothing, loom finds an interleaving refused with the room free.
+    #[test]
+    fn a_retiring_member_is_waited_for_until_its_teardown_wakes() {
+        run(
+            "shared admission waits for a retiring member's teardown (2 threads)",
+            None,
+            || {
+                // Its notifier stands for the shared budget's `retired`.
+                let ctx = Arc::new(Ctx::new(4));
+                // The budget is full: one byte, quarantined by the member.
+                let budget = Arc::new(ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(1),
+                    limit: 1,
+                });
+                let quarantined = Arc::new(loom::sync::atomic::AtomicU64::new(1));
+                let phase = Arc::new(AtomicU8::new(RETIRING));
+                let epoch = Arc::new(loom::sync::atomic::AtomicU64::new(0));
+                let (c, b, q, p, e) = (
+                    ctx.clone(),
+                    budget.clone(),
+                    quarantined.clone(),
+                    phase.clone(),
+                    epoch.clone(),
+                );
+                let teardown = thread::spawn(move || {
+                    p.compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
+                        .unwrap();
+                    // `return_charges_at_teardown`: the statistics, then the
+                    // charge.
+                    q.fetch_sub(1, Release);
+                    b.uncharge(1);
+                    p.store(TERMINATED, Release);
+                    // `SharedBudgetInner::announce_returned`.
+                    e.fetch_add(1, SeqCst);
+                    c.settled.notify();
+                });
+                let seen = epoch.load(SeqCst);
+                let held = quarantined.load(Acquire);
+                let returning = match phase.load(Acquire) {
+                    RETIRING => held,
+                    TERMINATING => held.max(1),
+                    _ => 0,
+                };
+                let mut admitted = budget.try_charge(1);
+                if !admitted {
+                    assert!(
+                        returning > 0,
+                        "refused with nothing coming back while the room was free"
+                    );
+                    assert!(ctx.settled.wait_until(|| epoch.load(SeqCst) != seen, None));
+                    admitted = budget.try_charge(1);
+                }
+                assert!(admitted, "woken by the teardown, yet no room");
+                teardown.join().unwrap();
             },
         );
     }

@@ -63,6 +63,10 @@ fn admit_refused<C: DeviceContext>(
     loop {
         let outcome = match first.take() {
             Some(refused) => Err(Ok(refused)),
+            // Every later attempt comes after a wait for room or a round of
+            // pressure responders: a context that stopped accepting work in
+            // the meantime admits nothing, even if the wait made room.
+            None if !ctx.accepting() => return Err(ctx.unavailable_error()),
             None => attempt(ctx, stream, bytes, role),
         };
         let mut refused = match outcome {
@@ -158,8 +162,11 @@ fn attempt<C: DeviceContext>(
     // Charged to both budgets now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
+    // The gate closes only once retire has begun (force, teardown): this
+    // allocation was not admitted, and says so with the error a retiring
+    // context gives (`Reclaimed` is for buffers and streams that existed).
     let Some(backend) = ctx.enter_on(stream.shard) else {
-        return Err(Err(GovernorError::Reclaimed { context: ctx.id }));
+        return Err(Err(ctx.unavailable_error()));
     };
     let result = backend.allocate(stream.raw(), bytes);
     if result.is_ok() {
@@ -199,12 +206,19 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
     }
 }
 
+/// Bytes in the scope of `refused` that are on their way back: pending
+/// releases, and on a shared budget also what retiring contexts on it will
+/// give back at teardown (a model swap: the old context's quarantined and
+/// abandoned bytes return only when it is torn down, which bumps the shared
+/// epoch). Read after the waiter registered and before the attempt it
+/// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => ctx
-            .shared
-            .as_ref()
-            .map_or(0, |s| s.0.pending.load(Ordering::Acquire)),
+        Refused::Budget(BudgetScope::Shared(_), _) => ctx.shared.as_ref().map_or(0, |s| {
+            s.0.pending
+                .load(Ordering::Acquire)
+                .saturating_add(s.0.returning_at_teardown())
+        }),
         _ => ctx.pending_bytes(),
     }
 }

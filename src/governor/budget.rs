@@ -100,6 +100,15 @@ impl Budget {
 pub(crate) trait DeviceMember: Send + Sync {
     /// The physical device is lost: mark this context lost with `reason`.
     fn device_lost(&self, reason: &str);
+
+    /// Bytes charged here that this context's teardown will give back
+    /// because the context is retiring: pending, quarantined and awaiting
+    /// teardown; at least 1 while its teardown runs (it gives back all it
+    /// still holds before it ends). Zero for a context that is not retiring
+    /// (nothing says it will ever go) or that has terminated (it gave them
+    /// back). A shared-budget admission waits while this is nonzero; the
+    /// teardown bumps [`SharedBudgetInner::epoch`] once it ends.
+    fn returning_at_teardown(&self) -> u64;
 }
 
 pub(crate) struct SharedBudgetInner {
@@ -141,6 +150,30 @@ pub(crate) struct SharedBudgetInner {
 /// ```
 #[derive(Clone)]
 pub struct SharedBudget(pub(crate) Arc<SharedBudgetInner>);
+
+impl SharedBudgetInner {
+    /// Bytes that retiring contexts on this budget will give back at their
+    /// teardown (see [`DeviceMember::returning_at_teardown`]). The slow path
+    /// of a refused admission only: it takes the members lock, and asks the
+    /// members with the lock released.
+    pub(crate) fn returning_at_teardown(&self) -> u64 {
+        let members: Vec<_> = lock(&self.members)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        members
+            .iter()
+            .map(|m| m.returning_at_teardown())
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Charges went back to this budget outside a settlement (a teardown
+    /// returned them): wake the admissions waiting for room here.
+    pub(crate) fn announce_returned(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.retired.notify();
+    }
+}
 
 impl SharedBudget {
     /// A new shared budget of `limit` bytes.

@@ -63,7 +63,14 @@ pub enum Admission {
     #[default]
     FailFast,
     /// Wait up to `timeout` for pending stream-ordered releases to retire (and
-    /// for pressure responders' releases), then fail.
+    /// for pressure responders' releases), then fail. A refusal by a
+    /// [`SharedBudget`](super::SharedBudget) also waits for what a retiring
+    /// context on it will give back at its teardown (quarantined bytes and
+    /// bytes awaiting teardown): a model swap waits for the old model's
+    /// teardown. If this context stops accepting work meanwhile (retire,
+    /// force, device loss), the allocation is refused with
+    /// `ContextUnavailable` (`DeviceLost` on a lost device), even where the
+    /// room came back.
     WaitForPending {
         /// The longest an allocation waits.
         timeout: Duration,

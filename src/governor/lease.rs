@@ -3,7 +3,7 @@
 //! cycle of one stream writes its own lease line, not the budget's. The
 //! protocol (refill, reclaim before refusal, close) is `sync::Leases`, shared
 //! with the pin leases of `record.rs`; this module holds what is the
-//! budget's own: the peak, and what a snapshot reports.
+//! budget's own: what a snapshot reports as charged.
 //!
 //! # Invariants
 //!
@@ -27,14 +27,14 @@
 //! `charged` sums the slots and the budget in separate reads: a refill or a
 //! settlement running at the same moment may be half-seen, so the figure is
 //! off by at most one chunk per shard refilling or settling at that instant,
-//! and exact when the context is quiet. `peak` is raised at every refill,
-//! reclaim and snapshot: it misses a peak reached and left between two of
-//! them by at most one chunk per shard.
+//! and exact when the context is quiet. No peak is taken here: the budget's
+//! own peak counts idle leases (a snapshot reports it as what the budget
+//! held), and the peak of live bytes is kept exactly by the statistics
+//! (`stats.rs`), which see every allocation, leased or not.
 
 use super::budget::{Budget, Refusal};
 use super::stats::SHARDS;
 use crate::sync::{Leases as Slots, Pool};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The default lease chunk: 2 MiB, the size of the smallest large-page
 /// allocation most GPU drivers make.
@@ -59,21 +59,16 @@ impl Pool for Budget {
 }
 
 /// The budget leases of one context: the shared lease protocol
-/// (`sync::Leases`) over the context's [`Budget`], and the peak of what is
-/// charged to allocations.
+/// (`sync::Leases`) over the context's [`Budget`].
 #[derive(Debug)]
 pub(crate) struct Leases {
     slots: Slots<SHARDS>,
-    /// The most bytes ever charged to allocations, as far as refills,
-    /// reclaims and snapshots saw (see the module docs).
-    peak: AtomicU64,
 }
 
 impl Leases {
     pub(crate) fn new(chunk: u64) -> Self {
         Self {
             slots: Slots::new(chunk),
-            peak: AtomicU64::new(0),
         }
     }
 
@@ -98,10 +93,7 @@ impl Leases {
             return Ok(());
         }
         match self.slots.take_from_pool(budget, shard, bytes, credit) {
-            Ok(()) => {
-                self.raise_peak(budget);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(r) => Err(Refusal {
                 charged: self.charged(budget).min(r.charged),
                 limit: r.limit,
@@ -131,12 +123,5 @@ impl Leases {
     /// teardown): the budget's charge less the idle leases.
     pub(crate) fn charged(&self, budget: &Budget) -> u64 {
         budget.charged().saturating_sub(self.slots.idle())
-    }
-
-    /// Raise the recorded peak to what is charged to allocations now, and
-    /// return it.
-    pub(crate) fn raise_peak(&self, budget: &Budget) -> u64 {
-        let now = self.charged(budget);
-        self.peak.fetch_max(now, Ordering::Relaxed).max(now)
     }
 }

@@ -917,6 +917,13 @@ impl<C: DeviceContext> ContextInner<C> {
         self.phase.store(Phase::Terminated as u8, Ordering::Release);
         self.lifecycle.notify();
         self.settled.notify();
+        // Admissions on the shared budget may be waiting for what this
+        // teardown gave back (see `DeviceMember::returning_at_teardown`):
+        // after the Terminated store, so that a waiter that reads the new
+        // epoch also reads Terminated and sees every byte back.
+        if let Some(s) = &self.shared {
+            s.0.announce_returned();
+        }
         report
     }
 
@@ -956,8 +963,10 @@ impl<C: DeviceContext> ContextInner<C> {
         // After teardown (a release the backend settled late): return them
         // now. SeqCst on both sides: either teardown's swap sees our add, or
         // we see its flag (or both, and the swaps split the bytes).
-        if self.charges_returned.load(Ordering::SeqCst) {
-            self.return_awaiting_teardown();
+        if self.charges_returned.load(Ordering::SeqCst) && self.return_awaiting_teardown() > 0 {
+            if let Some(s) = &self.shared {
+                s.0.announce_returned();
+            }
         }
     }
 
@@ -1024,15 +1033,21 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     /// Bytes charged to allocations on the context's budget now (leased,
-    /// idle bytes are not), and the most ever (see `lease.rs` for how far
-    /// either can lag while streams allocate).
-    pub(crate) fn charged(&self) -> (u64, u64) {
+    /// idle bytes are not; see `lease.rs` for how far this can lag while
+    /// streams allocate).
+    pub(crate) fn charged(&self) -> u64 {
         if self.leases.enabled() {
-            let peak = self.leases.raise_peak(&self.budget);
-            (self.leases.charged(&self.budget), peak)
+            self.leases.charged(&self.budget)
         } else {
-            (self.budget.charged(), self.budget.peak())
+            self.budget.charged()
         }
+    }
+
+    /// The most the context's budget ever held: bytes charged to
+    /// allocations (being made included) plus, with leases on, bytes leased
+    /// to streams and idle. Exact: raised by every successful charge.
+    pub(crate) fn peak_budget_held(&self) -> u64 {
+        self.budget.peak()
     }
 
     /// An executed free of `bytes`, queued on a stream of `shard`, settled:
@@ -1203,5 +1218,26 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
     fn device_lost(&self, reason: &str) {
         self.mark_lost(reason);
+    }
+
+    /// The amounts first, the phase last. Pending first, then awaiting
+    /// teardown: an abandoned release adds its bytes to the latter before it
+    /// leaves the former, so it is counted in one or both. Teardown changes
+    /// the amounts only after its Retiring -> Terminating step, with Release
+    /// writes that these Acquire reads pair with: amounts that show anything
+    /// teardown did come with a phase of Terminating or later. A phase of
+    /// Terminating counts at least 1: the bytes may be half given back, and
+    /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
+    /// what ends the wait; a phase of Terminated means every byte is back.
+    fn returning_at_teardown(&self) -> u64 {
+        let held = self
+            .pending_bytes()
+            .saturating_add(self.awaiting_teardown_bytes())
+            .saturating_add(self.stats.quarantined_bytes());
+        match self.phase() {
+            Phase::Retiring => held,
+            Phase::Terminating => held.max(1),
+            Phase::Active | Phase::Terminated => 0,
+        }
     }
 }

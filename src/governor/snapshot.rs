@@ -160,8 +160,20 @@ pub struct ContextSnapshot {
     pub awaiting_teardown: u64,
     /// The shared budget's label, if any.
     pub shared_budget: Option<String>,
-    /// Highest `charged` seen.
+    /// The most bytes in live buffers at once since registration (the
+    /// quantity [`total`](Self::total)`().live_bytes` reads now): exact, kept
+    /// by every allocation and release whether it was served from a lease or
+    /// not. What the application held at its highest; a budget also has to
+    /// hold the bytes pending release at that moment (`charged`).
     pub peak: u64,
+    /// The most the context's budget ever held at once: bytes charged to
+    /// allocations (live, pending, quarantined, awaiting teardown, being
+    /// allocated) plus, with budget leases on
+    /// ([`ContextConfig::lease_chunk`](super::ContextConfig::lease_chunk)),
+    /// bytes leased to streams and idle. Exact. Leases are taken back before
+    /// a refusal, so this is what the context kept from other use at its
+    /// highest, not the budget it needs (with leases off it is that too).
+    pub peak_budget_held: u64,
     /// Bytes a runtime reported as used for this context outside memgov's
     /// allocations ([`ContextHandle::report_outside`]): not part of
     /// `charged`, not under any budget.
@@ -258,7 +270,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         other: count(PinKind::Other),
     };
     let c = &ctx.counters;
-    let (charged, peak) = ctx.charged();
+
     ContextSnapshot {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -268,10 +280,11 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         lifecycle: lifecycle(ctx),
         lost_reason: ctx.lost_reason_if_lost(),
         budget_limit: ctx.budget_limit(),
-        charged,
+        charged: ctx.charged(),
         awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
-        peak,
+        peak: ctx.stats.peak_live(),
+        peak_budget_held: ctx.peak_budget_held(),
         outside_bytes: ctx.outside.bytes(),
         by_role,
         quarantine: ctx

@@ -19,6 +19,14 @@
 //!   gate claim (the callers' invariant, see `record.rs`), so that
 //!   [`reclaim_live`](Stats::reclaim_live), called by `force` once the gate
 //!   has drained, reads stable live totals.
+//! * The context's live bytes are also kept as one total ([`LiveTotal`]),
+//!   moved by the same operations (a transfer between shards leaves it
+//!   alone), so that the most ever live at once is exact:
+//!   [`peak_live`](Stats::peak_live) is the highest value that total ever
+//!   took, in the order its read-modify-writes happened. It costs one RMW
+//!   when a buffer becomes live and one when it stops being live, both on
+//!   the thread that allocates or releases it, and a read of the peak
+//!   (written only when it rises).
 
 use super::config::Role;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -123,12 +131,43 @@ struct Shard {
     spare: AtomicPtr<u8>,
 }
 
-/// Quarantined bytes and releases of one role (rare: not sharded). Relaxed:
-/// statistics for snapshots; admission decisions use the budgets.
+/// Quarantined bytes and releases of one role (rare: not sharded). The
+/// bytes are read by shared-budget admission (what a retiring context will
+/// give back), the count only by snapshots.
 #[derive(Debug, Default)]
 struct Quarantine {
     bytes: AtomicU64,
     count: AtomicU64,
+}
+
+/// Bytes in live buffers of every shard and role, and the most there ever
+/// were, on a cache line of their own. Relaxed: each is one atomic with its
+/// own modification order, which is the order the peak is taken in.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct LiveTotal {
+    bytes: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl LiveTotal {
+    #[inline]
+    fn up(&self, bytes: u64) {
+        let now = self
+            .bytes
+            .fetch_add(bytes, Ordering::Relaxed)
+            .wrapping_add(bytes);
+        // Written only when it rises: the common case reads a line that
+        // stays shared.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn down(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
 
 /// The statistics of one context.
@@ -136,6 +175,7 @@ struct Quarantine {
 pub(crate) struct Stats {
     shards: [Shard; SHARDS],
     quarantine: [Quarantine; 5],
+    live: LiveTotal,
     next_shard: AtomicUsize,
 }
 
@@ -154,16 +194,18 @@ impl Stats {
     #[inline]
     pub(crate) fn admit(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).admitted.add(bytes, 1);
+        self.live.up(bytes);
     }
 
     /// A live buffer of `from` is released on a stream of `to` (`release_on`
     /// another stream): it leaves `from` and arrives in `to` as if allocated
-    /// there. No-op when they are the same shard.
+    /// there. No-op when they are the same shard; the live total does not
+    /// change either way.
     #[inline]
     pub(crate) fn transfer(&self, from: usize, to: usize, role: Role, bytes: u64) {
         if from != to {
-            self.leave(from, role, bytes);
-            self.admit(to, role, bytes);
+            self.at(from, role).gone.add(bytes, 1);
+            self.at(to, role).admitted.add(bytes, 1);
         }
     }
 
@@ -171,16 +213,19 @@ impl Stats {
     #[inline]
     pub(crate) fn queue(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).queued.add(bytes, 1);
+        self.live.down(bytes);
     }
 
     /// The backend refused the free just queued: undo [`queue`](Self::queue)
-    /// (and the [`transfer`](Self::transfer) before it).
+    /// (and the [`transfer`](Self::transfer) before it). The buffer is live
+    /// again (until its caller quarantines it or hands it back).
     pub(crate) fn unqueue(&self, live_shard: usize, queued_shard: usize, role: Role, bytes: u64) {
         self.at(queued_shard, role).queued.sub(bytes);
         if live_shard != queued_shard {
             self.at(queued_shard, role).admitted.sub(bytes);
             self.at(live_shard, role).gone.sub(bytes);
         }
+        self.live.up(bytes);
     }
 
     /// A release queued on a stream of `shard` settled (retired or
@@ -195,6 +240,7 @@ impl Stats {
     #[inline]
     pub(crate) fn leave(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).gone.add(bytes, 1);
+        self.live.down(bytes);
     }
 
     /// `force`: every live buffer leaves at once. Precondition: the gate is
@@ -208,7 +254,13 @@ impl Stats {
                 total = total.wrapping_add(live);
             }
         }
+        self.live.down(total.bytes);
         total
+    }
+
+    /// The most bytes ever live at once (see the module docs).
+    pub(crate) fn peak_live(&self) -> u64 {
+        self.live.peak.load(Ordering::Relaxed)
     }
 
     /// A release of `role` was refused and quarantined.
@@ -218,10 +270,13 @@ impl Stats {
         q.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A quarantined release died with its context.
+    /// A quarantined release died with its context. Release: a reader that
+    /// sees the bytes gone (Acquire, [`quarantined`](Self::quarantined)) also
+    /// sees the teardown step before it (see
+    /// `DeviceMember::returning_at_teardown` in `record.rs`).
     pub(crate) fn unquarantine(&self, role: Role, bytes: u64) {
         let q = &self.quarantine[role.index()];
-        q.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        q.bytes.fetch_sub(bytes, Ordering::Release);
         q.count.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -229,7 +284,7 @@ impl Stats {
     pub(crate) fn quarantined(&self, role: Role) -> Amount {
         let q = &self.quarantine[role.index()];
         Amount {
-            bytes: q.bytes.load(Ordering::Relaxed),
+            bytes: q.bytes.load(Ordering::Acquire),
             count: q.count.load(Ordering::Relaxed),
         }
     }
