@@ -173,13 +173,18 @@ pub(crate) fn free_async(
     }
     let known = memory.context == inner.id && lock(&inner.live).remove(&memory.ptr).is_some();
     if !known {
-        inner.probe.violation(
-            "hip",
-            format!(
-                "free_async of allocation {:#x} ({} B), which is not live in context {}",
-                memory.ptr, memory.bytes, inner.id
-            ),
-        );
+        // Another context's memory is the caller's mistake, refused below
+        // and reported to the caller only; an allocation of this context
+        // that is no longer live is a second free, which the probe counts.
+        if memory.context == inner.id {
+            inner.probe.violation(
+                "hip",
+                format!(
+                    "free_async of allocation {:#x} ({} B), which is not live in context {}",
+                    memory.ptr, memory.bytes, inner.id
+                ),
+            );
+        }
         let e = err(
             "free_async",
             BackendErrorKind::InvalidArgument,
