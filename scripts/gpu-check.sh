@@ -35,21 +35,23 @@ prepare() {
         grep "\"kind\":\[\"$2\"\]" | grep "\"name\":\"$1\"" |
             grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//' | tail -1
     }
-    local cuda matrix bench
+    local cuda matrix bench memgov
     cuda="$(cargo test --locked --release --features cuda --test cuda --no-run --message-format=json 2>/dev/null | exe_of cuda test)"
     matrix="$(cargo test --locked --release --features cuda --test fault_matrix --no-run --message-format=json 2>/dev/null | exe_of fault_matrix test)"
     bench="$(cargo bench --locked --features cuda --bench cuda_cycle --no-run --message-format=json 2>/dev/null | exe_of cuda_cycle bench)"
-    for f in "$cuda" "$matrix" "$bench"; do
+    # Where cargo says it put the binary: under CARGO_TARGET_DIR (or a
+    # configured target-dir) when set, not necessarily ./target.
+    memgov="$(cargo build --locked --release --features cuda --bin memgov --message-format=json 2>/dev/null | exe_of memgov bin)"
+    for f in "$cuda" "$matrix" "$bench" "$memgov"; do
         if [ -z "$f" ] || [ ! -x "$f" ]; then
-            echo "gpu-check prepare: a test or bench binary was not found in cargo's output" >&2
+            echo "gpu-check prepare: a test, bench or memgov binary was not found in cargo's output" >&2
             exit 1
         fi
     done
-    cargo build --locked --release --features cuda --bin memgov
     cp "$cuda" "$dir/cuda-tests"
     cp "$matrix" "$dir/fault-matrix"
     cp "$bench" "$dir/cuda-cycle-bench"
-    cp target/release/memgov "$dir/memgov"
+    cp "$memgov" "$dir/memgov"
     cp "$here/gpu-check.sh" "$dir/gpu-check.sh"
     git rev-parse HEAD > "$dir/commit" 2>/dev/null || true
     echo "prepared $dir; copy it to the GPU machine and run: $dir/gpu-check.sh run"

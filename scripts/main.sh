@@ -5,5 +5,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_rust
 cargo build --release --locked
-./target/release/memgov check
-./target/release/memgov run
+# Through cargo, which knows where the binary is (CARGO_TARGET_DIR, a
+# build.target-dir in a cargo config); the build above makes these no-ops.
+cargo run --release --locked --quiet -- check
+cargo run --release --locked --quiet -- run

@@ -31,20 +31,85 @@ fn check_prints_the_host_row_and_passes() {
 }
 
 #[test]
-fn check_says_why_a_backend_is_skipped() {
-    let (code, out) = memgov(&["check", "--backend", "cuda"]);
+fn check_without_backend_reports_skips_and_passes() {
+    // No backend named: one that cannot run is a skipped row, not a failure.
+    let (code, out) = memgov(&["check"]);
     assert_eq!(code, 0, "{out}");
-    if cfg!(feature = "cuda") {
-        println!("skipped: built with `cuda`, so its row runs");
-        return;
-    }
     let row = out
         .lines()
-        .find(|l| l.starts_with("cuda "))
-        .expect("cuda row");
+        .find(|l| l.starts_with("null "))
+        .expect("null row");
     assert!(
-        row.contains("skipped: not compiled in (build with --features cuda)"),
+        row.contains("skipped: the null device stores no data"),
         "{row}"
+    );
+    assert!(out.contains("every case that ran passed"), "{out}");
+    assert!(!out.contains("0 cases ran"), "{out}");
+}
+
+#[test]
+fn check_fails_when_a_named_backend_runs_no_case() {
+    if cfg!(feature = "vulkan") {
+        println!("skipped: built with `vulkan`, so its row may run");
+        return;
+    }
+    let (code, out) = memgov(&["check", "--backend", "vulkan"]);
+    assert_eq!(code, 1, "a named backend that ran nothing must fail: {out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("vulkan "))
+        .expect("vulkan row");
+    assert!(
+        row.contains("skipped: not compiled in (build with --features vulkan)"),
+        "{row}"
+    );
+    assert!(
+        out.contains(
+            "vulkan: 0 cases ran: not compiled in (build with --features vulkan). \
+             It was named with --backend, so it is required."
+        ),
+        "{out}"
+    );
+    assert!(out.contains("memgov check: FAILED"), "{out}");
+    assert!(!out.contains("every case that ran passed"), "{out}");
+}
+
+#[test]
+fn check_names_match_in_any_case_and_as_a_comma_list() {
+    let (code, out) = memgov(&["check", "--backend", "HOST"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("11 passed, 0 failed, 0 skipped"), "{out}");
+    assert!(
+        out.contains("every named backend ran and every case passed"),
+        "{out}"
+    );
+
+    // Both rows of the list run; the null device cannot run the suite by
+    // design, so naming it fails the check and says why.
+    let (code, out) = memgov(&["check", "--backend", "host,Null"]);
+    assert_eq!(code, 1, "{out}");
+    let host = out
+        .lines()
+        .find(|l| l.starts_with("host "))
+        .expect("host row");
+    assert!(host.contains("11 passed, 0 failed, 0 skipped"), "{host}");
+    assert!(
+        out.lines().any(|l| l.starts_with("null ")),
+        "no null row: {out}"
+    );
+    assert!(
+        out.contains("null: 0 cases ran: the null device stores no data"),
+        "{out}"
+    );
+    assert!(!out.contains("host: 0 cases ran"), "{out}");
+
+    // The flag repeated is the same as a list; a name given twice runs once.
+    let (code, out) = memgov(&["check", "--backend", "host", "--backend", " host"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("host ")).count(),
+        1,
+        "{out}"
     );
 }
 
@@ -68,6 +133,10 @@ fn check_refuses_an_unknown_backend() {
         out.contains("known: host, null, cuda, hip, vulkan"),
         "{out}"
     );
+    // One unknown name in a list refuses the whole list, naming it.
+    let (code, out) = memgov(&["check", "--backend", "host,tpu"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("no backend is called tpu;"), "{out}");
 }
 
 #[test]

@@ -189,9 +189,13 @@ fn retiring_drops_pressure_responders_and_what_they_hold() {
 #[test]
 fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     let gov = Governor::new();
-    let (c, _) = slow_host(Duration::from_millis(400));
+    // The release's retirement is held until the end: the wait can only
+    // time out, however the threads are scheduled.
+    let device = memgov::conformance::Watched::new(slow_host(Duration::ZERO).0);
+    let log = device.log();
+    log.hold_retirements(true);
     let ctx = gov.register(
-        c,
+        device,
         ContextConfig::new()
             .budget(MIB)
             .admission(Admission::WaitForPending {
@@ -199,7 +203,7 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
             }),
     );
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // retires only after 400 ms
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap());
     let start = Instant::now();
     let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
     let waited = start.elapsed();
@@ -211,6 +215,10 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     assert!(b.waited >= Duration::from_millis(55), "{b:?}");
     assert_eq!((b.pending, b.live), (MIB, 0));
     assert!(err.to_string().contains("after waiting"), "{err}");
+    s.synchronize().unwrap();
+    log.hold_retirements(false);
+    assert_eq!(log.release_held(), 1);
+    assert!(ctx.allocate(&s, MIB, Role::Weights).is_ok());
 }
 
 #[test]

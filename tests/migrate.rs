@@ -2,6 +2,7 @@
 //! roles and budgets on both sides, the all-or-nothing failure path, and
 //! retiring the old context afterwards.
 
+use memgov::conformance::Watched;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
@@ -40,14 +41,17 @@ fn read_all<C: DeviceContext>(b: &DeviceBuffer<C>) -> Vec<u8> {
 #[test]
 fn host_move_keeps_data_and_roles_and_moves_the_charge() {
     let gov = Governor::new();
-    // Slow frees on the old device, so its releases are still pending when it
-    // is retired.
+    // The old device's retirements are held, so its releases are still
+    // pending when it is retired, however the threads are scheduled.
+    let old_device = Watched::new(host(Duration::ZERO));
+    let old_log = old_device.log();
+    old_log.hold_retirements(true);
     let old = gov.register(
-        host(Duration::from_millis(30)),
+        old_device,
         ContextConfig::new().label("gpu0").budget(64 * MIB),
     );
     let new = gov.register(
-        host(Duration::ZERO),
+        Watched::new(host(Duration::ZERO)),
         ContextConfig::new().label("gpu1").budget(64 * MIB),
     );
     let s0 = old.create_stream("load").unwrap();
@@ -80,7 +84,7 @@ fn host_move_keeps_data_and_roles_and_moves_the_charge() {
     let retire = old.retire();
     let early = retire.wait(Instant::now() + Duration::from_millis(1));
     let Err(RetireError::Outstanding { outstanding, .. }) = &early else {
-        panic!("three 30 ms frees cannot have retired within 1 ms: {early:?}");
+        panic!("retirements are held, yet the old context finished: {early:?}");
     };
     assert!(
         outstanding
@@ -108,6 +112,11 @@ fn host_move_keeps_data_and_roles_and_moves_the_charge() {
     assert_eq!(target.charged, total);
     assert_eq!(target.role(Role::Weights).live_bytes, 20 * MIB);
     assert_eq!(target.total().live_count, 3);
+    // Every free queued on `s0` has executed once it is synchronised, so
+    // every signal is parked: let them go, and the rest through.
+    s0.synchronize().unwrap();
+    old_log.hold_retirements(false);
+    assert_eq!(old_log.release_held(), 3);
     drop(s0);
     let report = retire.wait(soon()).unwrap();
     assert_eq!(report.retired_releases, 3);

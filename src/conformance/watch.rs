@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 pub struct WatchLog {
     /// `free_async` calls accepted by the backend.
     pub frees_queued: AtomicU64,
-    /// Signals the backend fired as retired.
+    /// Signals the backend fired as retired. While retirements are held, a
+    /// signal is counted only once it is parked, so a reader that sees the
+    /// count also finds the signal in [`held`](WatchLog::held).
     pub retired: AtomicU64,
     /// Signals the backend dropped unfired.
     pub abandoned: AtomicU64,
@@ -168,16 +170,24 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
             }
             let original = inner_slot.lock().unwrap_or_else(|e| e.into_inner()).take();
             match outcome {
-                RetireOutcome::Retired => {
-                    log.retired.fetch_add(1, Ordering::SeqCst);
-                    if let Some(o) = original {
-                        if log.hold.load(Ordering::SeqCst) {
-                            log.held.lock().unwrap_or_else(|e| e.into_inner()).push(o);
-                        } else {
+                RetireOutcome::Retired => match original {
+                    // Park first, count second: whoever sees `retired` reach
+                    // n must find all n signals parked, or a `release_held`
+                    // right after the count can miss the last one.
+                    Some(o) if log.hold.load(Ordering::SeqCst) => {
+                        log.held.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                        log.retired.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Count first, settle second: the governor may tear down
+                    // inside `retire()`, and teardown must not find this
+                    // signal in flight.
+                    original => {
+                        log.retired.fetch_add(1, Ordering::SeqCst);
+                        if let Some(o) = original {
                             o.retire();
                         }
                     }
-                }
+                },
                 RetireOutcome::Abandoned => {
                     log.abandoned.fetch_add(1, Ordering::SeqCst);
                     drop(original);

@@ -38,10 +38,15 @@ enum Command {
     /// List the backends memgov knows and the devices they can reach.
     Info,
     /// Run the conformance suite on every backend compiled in and present,
-    /// and print the matrix. Exits non-zero if any case fails.
+    /// and print the matrix. Exits non-zero if any case fails, or if a
+    /// backend named with `--backend` ran no case.
     Check {
-        /// Only these backends (names as `memgov info` lists them). Default: all.
-        #[arg(long = "backend")]
+        /// Only these backends, and each of them required: one that runs no
+        /// case (not compiled in, no driver, no device) fails the check.
+        /// Names as `memgov info` lists them, in any case; repeat the flag or
+        /// give a comma list (`--backend host,null`). Default: every backend,
+        /// and one that cannot run is reported as skipped.
+        #[arg(long = "backend", value_name = "NAME[,NAME]", value_delimiter = ',')]
         backends: Vec<String>,
     },
     /// Run a serving-style workload on any backend (default: host): weights,
@@ -125,20 +130,62 @@ fn info() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn check(only: &[String]) -> ExitCode {
-    let rows: Vec<&BackendEntry> = BACKENDS
+/// The backends `--backend` names, in `BACKENDS` order, each once; names
+/// match in any case and surrounding blanks are ignored. `Err` names those
+/// that match no backend.
+fn named_backends(names: &[String]) -> Result<Vec<&'static BackendEntry>, Vec<String>> {
+    let wanted: Vec<String> = names
         .iter()
-        .filter(|r| only.is_empty() || only.iter().any(|o| o == r.name))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
         .collect();
-    if rows.is_empty() {
-        let known: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
-        eprintln!(
-            "memgov check: no backend matches {only:?}; known: {}",
-            known.join(", ")
-        );
-        return ExitCode::from(2);
+    let unknown: Vec<String> = wanted
+        .iter()
+        .filter(|n| !BACKENDS.iter().any(|b| b.name == n.as_str()))
+        .cloned()
+        .collect();
+    if !unknown.is_empty() || wanted.is_empty() {
+        return Err(unknown);
     }
-    println!("memgov check: the conformance suite on every backend compiled in\n");
+    Ok(BACKENDS
+        .iter()
+        .filter(|b| wanted.iter().any(|n| n == b.name))
+        .collect())
+}
+
+fn check(only: &[String]) -> ExitCode {
+    // Naming a backend means requiring it: one that runs no case fails the
+    // check, so that a job asking for a backend cannot pass having run none.
+    let required = !only.is_empty();
+    let rows: Vec<&BackendEntry> = if required {
+        match named_backends(only) {
+            Ok(rows) => rows,
+            Err(unknown) => {
+                let known: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+                eprintln!(
+                    "memgov check: no backend is called {}; known: {}",
+                    if unknown.is_empty() {
+                        format!("{only:?}")
+                    } else {
+                        unknown.join(", ")
+                    },
+                    known.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        BACKENDS.iter().collect()
+    };
+    if required {
+        let names: Vec<_> = rows.iter().map(|r| r.name).collect();
+        println!(
+            "memgov check: the conformance suite on {} (required)\n",
+            names.join(", ")
+        );
+    } else {
+        println!("memgov check: the conformance suite on every backend compiled in\n");
+    }
     let mut reports: Vec<(&'static str, Result<SuiteReport, String>)> = Vec::new();
     let mut failed = false;
     let mut notes = Vec::new();
@@ -268,9 +315,41 @@ fn check(only: &[String]) -> ExitCode {
         list(&si),
         list(&em)
     );
-    if failed {
+    // A named backend that ran no case: why, from its skipped row, or from
+    // its cases when a context opened but every case skipped.
+    let mut missing = Vec::new();
+    if required {
+        for (name, r) in &reports {
+            let why = match r {
+                Err(why) => why.clone(),
+                Ok(rep) => {
+                    let (p, f, _) = rep.counts();
+                    if p + f > 0 {
+                        continue;
+                    }
+                    rep.cases
+                        .iter()
+                        .find_map(|c| match &c.outcome {
+                            Outcome::Skipped(why) => Some(why.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| "the suite has no case for it".to_owned())
+                }
+            };
+            missing.push(format!(
+                "memgov check: {name}: 0 cases ran: {why}. It was named with --backend, so it is required."
+            ));
+        }
+    }
+    if failed || !missing.is_empty() {
+        for m in &missing {
+            println!("{m}");
+        }
         println!("memgov check: FAILED");
         ExitCode::FAILURE
+    } else if required {
+        println!("memgov check: every named backend ran and every case passed");
+        ExitCode::SUCCESS
     } else {
         println!("memgov check: every case that ran passed");
         ExitCode::SUCCESS
