@@ -106,6 +106,7 @@ pub struct ContextConfig {
     pub(crate) max_pins: u64,
     pub(crate) lease_chunk: u64,
     pub(crate) pin_lease_chunk: u64,
+    pub(crate) exact_peak: bool,
 }
 
 impl Default for ContextConfig {
@@ -118,6 +119,7 @@ impl Default for ContextConfig {
             max_pins: crate::sync::MAX_CLAIMS,
             lease_chunk: super::lease::DEFAULT_CHUNK,
             pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
+            exact_peak: false,
         }
     }
 }
@@ -198,6 +200,23 @@ impl ContextConfig {
     /// taken from a lease once the context is retiring.
     pub fn pin_lease_chunk(mut self, pins: u64) -> Self {
         self.pin_lease_chunk = pins;
+        self
+    }
+
+    /// Keep the snapshot's [`peak`](super::ContextSnapshot::peak) exact
+    /// across streams (default off).
+    ///
+    /// Off, each stream shard totals its own live bytes on its own cache
+    /// line, and the peak is the sum of the shards' peaks: exact on a context
+    /// whose live buffers were all on one stream (one session of a runtime),
+    /// an upper bound when several streams held buffers (their peaks need not
+    /// have coincided); [`ContextSnapshot::peak_exact`](super::ContextSnapshot::peak_exact)
+    /// says which. On, one context-wide total is kept instead, exact across
+    /// streams, and every stream writes its line twice per allocate and
+    /// release: streams of one context on several cores then slow each other
+    /// down (`memgov bench`'s `two-threads` row measures how much).
+    pub fn exact_peak(mut self, exact: bool) -> Self {
+        self.exact_peak = exact;
         self
     }
 

@@ -298,7 +298,7 @@ impl<C: DeviceContext> ContextInner<C> {
             shared: config.shared,
             settled: Notifier::new(),
             settle_epoch: EpochWord::new(),
-            stats: Stats::default(),
+            stats: Stats::new(config.exact_peak),
             counters: Counters::default(),
             outside: Default::default(),
             streams_live: AtomicU64::new(0),

@@ -161,11 +161,20 @@ pub struct ContextSnapshot {
     /// The shared budget's label, if any.
     pub shared_budget: Option<String>,
     /// The most bytes in live buffers at once since registration (the
-    /// quantity [`total`](Self::total)`().live_bytes` reads now): exact, kept
-    /// by every allocation and release whether it was served from a lease or
+    /// quantity [`total`](Self::total)`().live_bytes` reads now), kept by
+    /// every allocation and release whether it was served from a lease or
     /// not. What the application held at its highest; a budget also has to
     /// hold the bytes pending release at that moment (`charged`).
+    ///
+    /// Exact when [`peak_exact`](Self::peak_exact) is true; otherwise an upper
+    /// bound: the sum of the peaks of the streams that held buffers
+    /// ([`ContextConfig::exact_peak`](super::ContextConfig::exact_peak)).
     pub peak: u64,
+    /// Whether [`peak`](Self::peak) is exact: with
+    /// [`ContextConfig::exact_peak`](super::ContextConfig::exact_peak) on, or
+    /// when the context's live buffers were all on one stream shard (one
+    /// stream, or up to eight streams when only one of them allocated).
+    pub peak_exact: bool,
     /// The most the context's budget ever held at once: bytes charged to
     /// allocations (live, pending, quarantined, awaiting teardown, being
     /// allocated) plus, with budget leases on
@@ -270,6 +279,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         other: count(PinKind::Other),
     };
     let c = &ctx.counters;
+    let (peak, peak_exact) = ctx.stats.peak_live();
 
     ContextSnapshot {
         context: ctx.id,
@@ -283,7 +293,8 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         charged: ctx.charged(),
         awaiting_teardown: ctx.awaiting_teardown_bytes(),
         shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
-        peak: ctx.stats.peak_live(),
+        peak,
+        peak_exact,
         peak_budget_held: ctx.peak_budget_held(),
         outside_bytes: ctx.outside.bytes(),
         by_role,

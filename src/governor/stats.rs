@@ -19,14 +19,18 @@
 //!   gate claim (the callers' invariant, see `record.rs`), so that
 //!   [`reclaim_live`](Stats::reclaim_live), called by `force` once the gate
 //!   has drained, reads stable live totals.
-//! * The context's live bytes are also kept as one total ([`LiveTotal`]),
-//!   moved by the same operations (a transfer between shards leaves it
-//!   alone), so that the most ever live at once is exact:
-//!   [`peak_live`](Stats::peak_live) is the highest value that total ever
-//!   took, in the order its read-modify-writes happened. It costs one RMW
-//!   when a buffer becomes live and one when it stops being live, both on
-//!   the thread that allocates or releases it, and a read of the peak
-//!   (written only when it rises).
+//! * Live bytes are also kept as running totals ([`LiveTotal`]) with the
+//!   highest value each took, moved by the same operations, so that the most
+//!   ever live at once is known without sampling. By default each shard
+//!   keeps its own (on its own line: streams on different shards still
+//!   write nothing in common), and [`peak_live`](Stats::peak_live) is the
+//!   sum of the shards' peaks: exact when one shard held every live buffer
+//!   (one stream, or streams sharing a shard), an upper bound otherwise
+//!   (their peaks need not coincide). With exact peaks on
+//!   ([`ContextConfig::exact_peak`](super::ContextConfig::exact_peak)) one
+//!   context-wide total is kept instead, on a line of its own, and its
+//!   highest value is the peak, exact across streams, at the price of one
+//!   line that every stream writes twice per allocate and release.
 
 use super::config::Role;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -126,6 +130,8 @@ impl ShardRole {
 #[derive(Debug, Default)]
 struct Shard {
     roles: [ShardRole; 5],
+    /// The shard's live bytes and their peak (per-shard peaks only).
+    live: LiveTotal,
     /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
     /// or closed (see `release.rs`).
     spare: AtomicPtr<u8>,
@@ -140,10 +146,9 @@ struct Quarantine {
     count: AtomicU64,
 }
 
-/// Bytes in live buffers of every shard and role, and the most there ever
-/// were, on a cache line of their own. Relaxed: each is one atomic with its
-/// own modification order, which is the order the peak is taken in.
-#[repr(align(128))]
+/// Bytes in live buffers and the most there ever were. Relaxed: each is one
+/// atomic with its own modification order, which is the order the peak is
+/// taken in.
 #[derive(Debug, Default)]
 struct LiveTotal {
     bytes: AtomicU64,
@@ -164,22 +169,55 @@ impl LiveTotal {
         }
     }
 
+    /// Bytes that were live elsewhere arrive: no new peak.
+    #[inline]
+    fn arrive(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     #[inline]
     fn down(&self, bytes: u64) {
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
+/// The context-wide live total of exact peaks, on a cache line of its own.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct ContextLive(LiveTotal);
+
 /// The statistics of one context.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     shards: [Shard; SHARDS],
     quarantine: [Quarantine; 5],
-    live: LiveTotal,
+    /// Whether live bytes are totalled context-wide (exact peaks) rather
+    /// than per shard. Fixed at registration.
+    exact_peak: bool,
+    live: ContextLive,
     next_shard: AtomicUsize,
 }
 
 impl Stats {
+    /// Statistics that total live bytes context-wide when `exact_peak`,
+    /// per shard otherwise.
+    pub(crate) fn new(exact_peak: bool) -> Self {
+        Self {
+            exact_peak,
+            ..Self::default()
+        }
+    }
+
+    /// Where the live bytes of `shard` are totalled.
+    #[inline]
+    fn live_of(&self, shard: usize) -> &LiveTotal {
+        if self.exact_peak {
+            &self.live.0
+        } else {
+            &self.shards[crate::sync::slot_index::<SHARDS>(shard)].live
+        }
+    }
+
     /// A shard for a new stream, round-robin.
     pub(crate) fn pick_shard(&self) -> usize {
         self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS
@@ -194,18 +232,23 @@ impl Stats {
     #[inline]
     pub(crate) fn admit(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).admitted.add(bytes, 1);
-        self.live.up(bytes);
+        self.live_of(shard).up(bytes);
     }
 
     /// A live buffer of `from` is released on a stream of `to` (`release_on`
     /// another stream): it leaves `from` and arrives in `to` as if allocated
-    /// there. No-op when they are the same shard; the live total does not
-    /// change either way.
+    /// there. No-op when they are the same shard; a context-wide live total
+    /// does not change either way.
     #[inline]
     pub(crate) fn transfer(&self, from: usize, to: usize, role: Role, bytes: u64) {
         if from != to {
             self.at(from, role).gone.add(bytes, 1);
             self.at(to, role).admitted.add(bytes, 1);
+            if !self.exact_peak {
+                // Not a new live moment: the buffer was live in `from`.
+                self.live_of(from).down(bytes);
+                self.live_of(to).arrive(bytes);
+            }
         }
     }
 
@@ -213,7 +256,7 @@ impl Stats {
     #[inline]
     pub(crate) fn queue(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).queued.add(bytes, 1);
-        self.live.down(bytes);
+        self.live_of(shard).down(bytes);
     }
 
     /// The backend refused the free just queued: undo [`queue`](Self::queue)
@@ -225,7 +268,7 @@ impl Stats {
             self.at(queued_shard, role).admitted.sub(bytes);
             self.at(live_shard, role).gone.sub(bytes);
         }
-        self.live.up(bytes);
+        self.live_of(live_shard).up(bytes);
     }
 
     /// A release queued on a stream of `shard` settled (retired or
@@ -240,27 +283,42 @@ impl Stats {
     #[inline]
     pub(crate) fn leave(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).gone.add(bytes, 1);
-        self.live.down(bytes);
+        self.live_of(shard).down(bytes);
     }
 
     /// `force`: every live buffer leaves at once. Precondition: the gate is
     /// closed and drained, so the live totals are stable. Returns what left.
     pub(crate) fn reclaim_live(&self) -> Amount {
         let mut total = Amount::default();
-        for shard in &self.shards {
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut left = Amount::default();
             for r in &shard.roles {
                 let live = r.live();
                 r.gone.add(live.bytes, live.count);
-                total = total.wrapping_add(live);
+                left = left.wrapping_add(live);
             }
+            self.live_of(i).down(left.bytes);
+            total = total.wrapping_add(left);
         }
-        self.live.down(total.bytes);
         total
     }
 
-    /// The most bytes ever live at once (see the module docs).
-    pub(crate) fn peak_live(&self) -> u64 {
-        self.live.peak.load(Ordering::Relaxed)
+    /// The most bytes ever live at once, and whether that is exact (see the
+    /// module docs): with per-shard totals, the sum of the shards' peaks,
+    /// exact when at most one shard ever held live bytes.
+    pub(crate) fn peak_live(&self) -> (u64, bool) {
+        if self.exact_peak {
+            return (self.live.0.peak.load(Ordering::Relaxed), true);
+        }
+        let (mut sum, mut shards) = (0u64, 0);
+        for shard in &self.shards {
+            let peak = shard.live.peak.load(Ordering::Relaxed);
+            if peak > 0 {
+                sum = sum.saturating_add(peak);
+                shards += 1;
+            }
+        }
+        (sum, shards <= 1)
     }
 
     /// A release of `role` was refused and quarantined.
