@@ -144,7 +144,7 @@ typedef struct memgov_snapshot {
     uint32_t lifecycle; /* MEMGOV_LIFECYCLE_* */
     uint64_t budget_limit;
     uint64_t charged;
-    uint64_t peak;
+    uint64_t peak;      /* most bytes live at once: exact on one stream, else an upper bound (ContextSnapshot::peak) */
     uint64_t awaiting_teardown;
     memgov_role_usage total;
     memgov_role_usage by_role[MEMGOV_ROLE_COUNT];
