@@ -836,7 +836,12 @@ mod children {
         assert_eq!(probe.frees_retired(), 5);
     }
 
-    fn adopt() {
+    /// A runtime's primary context, retained and made current (pushed when
+    /// `push`), and a stream of its own, both handed to memgov with
+    /// `CudaContext::adopt`: (memgov's context, device, context, stream).
+    fn adopted_by_memgov(
+        push: bool,
+    ) -> (CudaContext, sys::CUdevice, sys::CUcontext, sys::CUstream) {
         use memgov::cuda::AdoptedContext;
         let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: plain driver calls with valid out pointers.
@@ -847,11 +852,15 @@ mod children {
                 sys::cuDevicePrimaryCtxRetain(&mut context, device),
                 "retain",
             );
-            ok(sys::cuCtxSetCurrent(context), "current");
+            if push {
+                ok(sys::cuCtxPushCurrent_v2(context), "push");
+            } else {
+                ok(sys::cuCtxSetCurrent(context), "current");
+            }
             ok(sys::cuStreamCreate(&mut lent, 1), "stream");
         }
         // SAFETY: the context and stream stay valid until after teardown
-        // (released and destroyed below, by this code only).
+        // (destroyed and released by the caller, after it).
         let ctx = unsafe {
             CudaContext::adopt(
                 AdoptedContext {
@@ -863,6 +872,11 @@ mod children {
             )
         }
         .expect("adopt");
+        (ctx, device, context, lent)
+    }
+
+    fn adopt() {
+        let (ctx, device, context, lent) = adopted_by_memgov(false);
         let probe = ctx.probe();
         let gov = Governor::new();
         let handle = gov.register(ctx, ContextConfig::new().label("adopted"));
@@ -1309,32 +1323,7 @@ mod children {
         // memgov's own pool is destroyed by a lost teardown of an adopted
         // context too; the runtime's context and stream stay the runtime's,
         // and once it lets go of them nothing is left at exit.
-        use memgov::cuda::AdoptedContext;
-        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: plain driver calls with valid out pointers.
-        unsafe {
-            ok(sys::cuInit(0), "init");
-            ok(sys::cuDeviceGet(&mut device, 0), "device");
-            ok(
-                sys::cuDevicePrimaryCtxRetain(&mut context, device),
-                "retain",
-            );
-            ok(sys::cuCtxPushCurrent_v2(context), "push");
-            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
-        }
-        // SAFETY: the context and stream stay valid until after teardown
-        // (destroyed and released below, by this code only).
-        let ctx = unsafe {
-            CudaContext::adopt(
-                AdoptedContext {
-                    ordinal: 0,
-                    context,
-                    streams: vec![lent],
-                },
-                CudaConfig::default(),
-            )
-        }
-        .expect("adopt");
+        let (ctx, device, context, lent) = adopted_by_memgov(true);
         let s = ctx.create_stream().expect("lent stream");
         let _m = ctx.allocate(&s, 4096).expect("allocate");
         ctx.device_lost();
