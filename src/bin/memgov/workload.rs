@@ -233,8 +233,11 @@ fn llm_on(
     shared: Option<SharedBudget>,
     reclaimed: Arc<AtomicU64>,
 ) -> Result<Llm, String> {
+    // The report's peaks are what a reader sizes budgets from: exact across
+    // the context's streams (a workload, not a throughput measurement).
     let mut cfg = ContextConfig::new()
         .label(label)
+        .exact_peak(true)
         .budget(args.llm_budget_mib * MIB)
         .admission(Admission::WaitForPending {
             timeout: Duration::from_secs(5),
@@ -432,6 +435,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         c0b,
         ContextConfig::new()
             .label("embedder@gpu0")
+            .exact_peak(true)
             .budget(64 * MIB)
             .shared_budget(gpu0.clone())
             .admission(Admission::WaitForPending {
@@ -591,7 +595,16 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         ));
     }
     for c in &final_snap.contexts {
-        out.line(format!("     peak '{}': {} MiB", c.label, c.peak / MIB));
+        out.line(format!(
+            "     peak '{}': {} MiB{}",
+            c.label,
+            c.peak / MIB,
+            if c.peak_exact {
+                ""
+            } else {
+                " at most (buffers on several streams: the sum of their peaks)"
+            }
+        ));
     }
     out.line(format!(
         "     leak verdict: {verdict}{}",
@@ -634,6 +647,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             "per_context": final_snap.contexts.iter().map(|c| json!({
                 "context": c.label,
                 "peak": c.peak,
+                "peak_exact": c.peak_exact,
             })).collect::<Vec<_>>(),
         },
         "swap": {
