@@ -36,12 +36,12 @@ prepare() {
             grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//' | tail -1
     }
     local cuda matrix bench memgov
-    cuda="$(cargo test --locked --release --features cuda --test cuda --no-run --message-format=json 2>/dev/null | exe_of cuda test)"
-    matrix="$(cargo test --locked --release --features cuda --test fault_matrix --no-run --message-format=json 2>/dev/null | exe_of fault_matrix test)"
-    bench="$(cargo bench --locked --features cuda --bench cuda_cycle --no-run --message-format=json 2>/dev/null | exe_of cuda_cycle bench)"
+    cuda="$(cargo test --locked --release -p memgov-cuda --test cuda --no-run --message-format=json 2>/dev/null | exe_of cuda test)"
+    matrix="$(cargo test --locked --release -p memgov --features cuda --test fault_matrix --no-run --message-format=json 2>/dev/null | exe_of fault_matrix test)"
+    bench="$(cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle --no-run --message-format=json 2>/dev/null | exe_of cuda_cycle bench)"
     # Where cargo says it put the binary: under CARGO_TARGET_DIR (or a
     # configured target-dir) when set, not necessarily ./target.
-    memgov="$(cargo build --locked --release --features cuda --bin memgov --message-format=json 2>/dev/null | exe_of memgov bin)"
+    memgov="$(cargo build --locked --release -p memgov-cli --features cuda --bin memgov --message-format=json 2>/dev/null | exe_of memgov bin)"
     for f in "$cuda" "$matrix" "$bench" "$memgov"; do
         if [ -z "$f" ] || [ ! -x "$f" ]; then
             echo "gpu-check prepare: a test, bench or memgov binary was not found in cargo's output" >&2

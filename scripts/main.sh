@@ -4,8 +4,8 @@
 # workload on the host backend. Exits non-zero if anything fails.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_rust
-cargo build --release --locked
+cargo build --release --locked -p memgov-cli
 # Through cargo, which knows where the binary is (CARGO_TARGET_DIR, a
 # build.target-dir in a cargo config); the build above makes these no-ops.
-cargo run --release --locked --quiet -- check
-cargo run --release --locked --quiet -- run
+cargo run --release --locked --quiet -p memgov-cli -- check
+cargo run --release --locked --quiet -p memgov-cli -- run

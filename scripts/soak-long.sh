@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-rel}"
 SOAK_CYCLES="${SOAK_CYCLES:-100000000}" SOAK_THREADS="${SOAK_THREADS:-4}" \
-  cargo test --release --test soak -- --nocapture "$@"
+  cargo test --release -p memgov --test soak -- --nocapture "$@"

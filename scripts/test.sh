@@ -21,36 +21,41 @@ export RUST_BACKTRACE=1
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 
-step "build (default features; library without default features)"
-cargo build --locked --all-targets
-cargo build --locked --lib --no-default-features
-cargo test --locked --lib --no-default-features
-# The library without the tool: no clap in its tree, no CLI or bench items.
-if cargo tree --locked --no-default-features -e normal | grep -q clap; then
-    echo "FAILED: clap is in the library's dependency tree without default features"
+step "build (every crate; the library alone)"
+cargo build --locked --workspace --all-targets
+cargo build --locked -p memgov --lib
+# The library without the tool: no clap in its tree.
+if cargo tree --locked -p memgov -e normal | grep -q clap; then
+    echo "FAILED: clap is in the library's dependency tree"
+    exit 1
+fi
+# The pin contract a plugin depends on has no dependencies at all.
+if [ "$(cargo tree --locked -p memgov-api -e normal --prefix none | wc -l)" -ne 1 ]; then
+    cargo tree --locked -p memgov-api -e normal
+    echo "FAILED: memgov-api has dependencies"
     exit 1
 fi
 
 step "lints: rustfmt and clippy (every feature)"
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "skipped: rustfmt is not installed"; fi
 if cargo clippy --version >/dev/null 2>&1; then
-    cargo clippy --locked --all-targets --features serde,tracing,vulkan,cuda,hip -- -D warnings
-    cargo clippy --locked --lib --no-default-features -- -D warnings
+    cargo clippy --locked --workspace --all-targets --features serde,tracing,vulkan,cuda,hip -- -D warnings
+    cargo clippy --locked -p memgov --lib -- -D warnings
 else
     echo "skipped: clippy is not installed"
 fi
 
 step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
-cargo test --locked --features serde,tracing --test governor
+cargo test --locked -p memgov --features serde,tracing --test governor
 
 step "tests: Vulkan backend on lavapipe with validation layers"
-cargo test --locked --features vulkan --lib
-cargo test --locked --features vulkan --test vulkan
-cargo test --locked --features vulkan --test vulkan_layers_env
-cargo test --locked --release --features vulkan --test fault_matrix -- --nocapture --test-threads=1
-cargo test --locked --release --features vulkan --test soak_vulkan -- --nocapture
-cargo bench --locked --features vulkan --bench vulkan_cycle -- --test
+cargo test --locked -p memgov-vulkan --lib
+cargo test --locked -p memgov-vulkan --test vulkan
+cargo test --locked -p memgov-vulkan --test vulkan_layers_env
+cargo test --locked --release -p memgov --features vulkan --test fault_matrix -- --nocapture --test-threads=1
+cargo test --locked --release -p memgov-vulkan --test soak_vulkan -- --nocapture
+cargo bench --locked -p memgov-cli --features vulkan --bench vulkan_cycle -- --test
 
 for s in scripts/ci/*.sh; do
     [ -e "$s" ] || continue
@@ -61,19 +66,19 @@ done
 step "memgov check: every backend compiled in, CUDA and HIP on their stand-ins"
 standins="$(backends/stand-ins/build.sh)"
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo run --locked --release --features vulkan,cuda,hip -- check 2>&1 | tee target/check-stand-ins.log
+    cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee target/check-stand-ins.log
 for row in "cuda .*stand-in" "hip .*stand-in" "vulkan .*software driver" "host .*embedded"; do
     grep -Eq "$row" target/check-stand-ins.log || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
 done
 step "memgov check without the stand-ins: CUDA and HIP skip cleanly"
-cargo run --locked --release --features vulkan,cuda,hip -- check 2>&1 | tee target/check-no-stand-ins.log
+cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee target/check-no-stand-ins.log
 grep -q "skipped: no CUDA driver" target/check-no-stand-ins.log
 grep -q "skipped: no HIP device" target/check-no-stand-ins.log
 
 step "memgov run on every backend present: device swap with verified data, JSON report"
 for b in host vulkan cuda hip; do
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        cargo run --locked --release --features vulkan,cuda,hip -- run --backend "$b" --json > "target/run-$b.json"
+        cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend "$b" --json > "target/run-$b.json"
     python3 - "$b" "target/run-$b.json" <<'PY'
 import json, sys
 backend, path = sys.argv[1:]

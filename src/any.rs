@@ -68,7 +68,7 @@ impl BackendEntry {
 /// Generates every backend-naming item of this module from the one list in
 /// `src/backends.rs`.
 macro_rules! any_backends {
-    ($( ($variant:ident, $module:ident, $path:literal, [$($cfg:tt)*], $feature:literal,
+    ($( ($variant:ident, $module:ident, $krate:ident, [$($cfg:tt)*], $feature:literal,
          $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
         /// The backends this build can open.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -13,10 +13,11 @@
 /// Calls `$callback!` with one entry per backend, in the order `memgov info`
 /// and `memgov check` print them:
 ///
-/// `(Variant, module, "path/to/mod.rs", [cfg predicate], "feature",
+/// `(Variant, module, crate, [cfg predicate], "feature",
 ///   "doc line", ContextType, open expression, check expression)`
 ///
-/// * the path is relative to `src/` (the file that declares the modules);
+/// * the crate is the backend's own (`backends/<module>/`), a dependency of
+///   this one behind the feature;
 /// * the feature is `""` for a backend that is always built (`[all()]`);
 /// * `cuda` and `hip` are listed before their features exist (Cargo.toml's
 ///   `check-cfg` names them): until then they are always compiled out, and
@@ -27,24 +28,26 @@
 macro_rules! backend_list {
     ($callback:ident) => {
         $callback! {
-            // (Variant, module, path, [cfg], "feature", "doc", Context, open, check)
-            (Host, host, "../backends/host/mod.rs", [all()], "", "The embedded simulated device (always built).", HostContext, crate::host::HostContext::new(Default::default()), crate::host::HostContext::new(Default::default())),
-            (Null, null, "../backends/null/mod.rs", [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), crate::null::NullContext::for_check()),
-            (Cuda, cuda, "../backends/cuda/mod.rs", [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::new(Default::default())),
-            (Hip, hip, "../backends/hip/mod.rs", [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::new(Default::default())),
-            (Vulkan, vulkan, "../backends/vulkan/mod.rs", [feature = "vulkan"], "vulkan", "Vulkan through ash (feature `vulkan`).", VulkanContext, crate::vulkan::VulkanContext::new(Default::default()), crate::vulkan::VulkanContext::for_check()),
+            // (Variant, module, crate, [cfg], "feature", "doc", Context, open, check)
+            (Host, host, memgov_host, [all()], "", "The embedded simulated device (always built).", HostContext, crate::host::HostContext::new(Default::default()), crate::host::HostContext::new(Default::default())),
+            (Null, null, memgov_null, [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), crate::null::NullContext::for_check()),
+            (Cuda, cuda, memgov_cuda, [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::new(Default::default())),
+            (Hip, hip, memgov_hip, [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::new(Default::default())),
+            (Vulkan, vulkan, memgov_vulkan, [feature = "vulkan"], "vulkan", "Vulkan through ash (feature `vulkan`).", VulkanContext, crate::vulkan::VulkanContext::new(Default::default()), crate::vulkan::VulkanContext::for_check()),
         }
     };
 }
 
-/// Declares each backend's module (`pub mod host;` ...) behind its feature.
+/// Re-exports each backend's crate as a module (`pub use memgov_host as
+/// host;` ...) behind its feature.
 macro_rules! declare_backend_modules {
-    ($( ($variant:ident, $module:ident, $path:literal, [$($cfg:tt)*], $feature:literal,
+    ($( ($variant:ident, $module:ident, $krate:ident, [$($cfg:tt)*], $feature:literal,
          $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
         $(
             #[cfg($($cfg)*)]
-            #[path = $path]
-            pub mod $module;
+            #[doc = $doc]
+            #[doc = concat!("\n\nThe `", stringify!($krate), "` crate.")]
+            pub use $krate as $module;
         )*
     };
 }

@@ -16,8 +16,11 @@
 //!   to pick one at run time.
 //! * [`conformance`]: the backend contract suite, runnable by any backend.
 //!
-//! The `memgov` command-line tool (feature `cli`, on by default) is a binary
-//! of this package; none of it is part of the library.
+//! The crates under it: `memgov-api` (the pin contract, no dependencies),
+//! `memgov-backend` (what a backend implements, re-exported as [`backend`]),
+//! one crate per backend (`memgov-host`, `memgov-null`, `memgov-cuda`,
+//! `memgov-hip`, `memgov-vulkan`, re-exported as modules). The `memgov`
+//! command-line tool is its own package, `memgov-cli`.
 //!
 //! ```
 //! use memgov::host::{HostConfig, HostContext};
@@ -51,26 +54,37 @@ mod backends;
 
 pub mod any;
 pub mod conformance;
-mod context;
-pub mod fault;
 mod governor;
-pub mod pin;
-mod probe;
-pub(crate) mod sync;
 
-// `pub mod host;`, `pub mod null;`, `pub mod vulkan;` ..., each behind its
-// feature, from the one list in `src/backends.rs`.
+/// The pin contract shared with plugins and execution providers (the
+/// `memgov-api` crate, which depends on nothing).
+pub mod pin {
+    pub use memgov_api::*;
+}
+
+/// Fault injection over any backend (the `memgov-backend` crate's
+/// [`fault`](memgov_backend::fault) module).
+pub use memgov_backend::fault;
+
+/// Everything a backend implements and uses: the `memgov-backend` crate.
+/// A backend crate depends on that crate alone; the governor's own uses
+/// name the items re-exported at this crate's root.
+pub use memgov_backend as backend;
+
+pub(crate) use memgov_sync as sync;
+
+// `pub use memgov_host as host;`, `pub use memgov_null as null;` ..., each
+// behind its feature, from the one list in `src/backends.rs`.
 backend_list!(declare_backend_modules);
 
-pub use context::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
-    RetireOutcome, RetireSignal,
-};
 pub use governor::*;
-pub use pin::{
+pub use memgov_api::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
-pub use probe::BackendProbe;
+pub use memgov_backend::{
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireOutcome, RetireSignal,
+};
 
 cfg_if::cfg_if! {
     // The most specific GPU backend enabled: cuda, then hip, then vulkan;

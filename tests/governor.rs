@@ -1352,3 +1352,18 @@ fn concurrent_streams_are_never_refused_room_their_leases_hold() {
     );
     assert_eq!(snap.counters.admission_refusals, 0);
 }
+
+#[test]
+fn a_pin_source_object_formats_with_debug() {
+    use memgov::ProviderContextPinSource;
+    let gov = memgov::Governor::new();
+    let ctx = gov.register(
+        memgov::null::NullContext::new(),
+        memgov::ContextConfig::new(),
+    );
+    let source = ctx.pin_source(Some("plugin-a"));
+    let as_dyn: &dyn ProviderContextPinSource = &*source;
+    let text = format!("{as_dyn:?}");
+    assert!(text.contains("plugin-a"), "{text}");
+    assert!(text.contains(&ctx.id().to_string()), "{text}");
+}

@@ -1,4 +1,4 @@
 #!/usr/bin/env bash
 # State-machine property tests against a reference model; thousands of cases.
 set -euo pipefail
-PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release --test properties -- --nocapture
+PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgov --test properties -- --nocapture

@@ -21,25 +21,25 @@ on_stand_in() {
 }
 
 echo "--- CUDA tests on the stand-in ($standins/libcuda.so.1)"
-on_stand_in cargo test --locked --features cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
+on_stand_in cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
 grep -q "13 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
 grep -q "soak: cuda: " target/cuda-stand-in.log
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).
 for latency in 300 2000; do
-    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency on_stand_in cargo test --locked --features cuda --test cuda
+    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-cuda --test cuda
 done
 echo "--- memgov check / run on the stand-in, nothing left at exit"
 for latency in 0 300; do
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release --features cuda -- check --backend cuda
+        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- check --backend cuda
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release --features cuda -- run --backend cuda
+        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda
 done
-on_stand_in cargo test --locked --release --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
+on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
 grep -q "fault matrix: cuda: 42 tried, 42 survived" target/cuda-fault-matrix.log
-on_stand_in cargo bench --locked --features cuda --bench cuda_cycle -- --test
+on_stand_in cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
 partial=target/stand-ins-partial
@@ -47,15 +47,15 @@ mkdir -p "$partial"
 "${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
     -o "$partial/libcuda.so.1" backends/stand-ins/cuda/libcuda.c backends/stand-ins/common/standin.c
 ln -sf libcuda.so.1 "$partial/libcuda.so"
-LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked --features cuda --test cuda -- --nocapture \
+LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked -p memgov-cuda --test cuda -- --nocapture \
     unavailable_driver_is_reported_not_panicked 2>&1 | tee target/cuda-partial.log
 grep -q "skipped: no CUDA driver usable by memgov: the libcuda found lacks entry points" target/cuda-partial.log
 
 echo "--- clippy with the cuda feature"
-cargo clippy --locked --features cuda --all-targets -- -D warnings
+cargo clippy --locked -p memgov -p memgov-cuda -p memgov-cli --features cuda --all-targets -- -D warnings
 
 echo "--- CUDA tests without the stand-in"
-LD_LIBRARY_PATH="" cargo test --locked --features cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-absent.log
+LD_LIBRARY_PATH="" cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-absent.log
 if grep -q "skipped: no CUDA driver" target/cuda-absent.log; then
     echo "without the stand-in: skipped: no CUDA driver, exit 0"
 else

@@ -25,7 +25,7 @@ on_stand_in() {
 export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
 
 echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
-on_stand_in cargo test --locked --features hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
+on_stand_in cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" target/hip-stand-in.log
 grep -q "soak: hip, " target/hip-stand-in.log
 # The whole file again with every queued operation delayed, at several
@@ -33,26 +33,26 @@ grep -q "soak: hip, " target/hip-stand-in.log
 # down and cross-stream work is really in flight when a free is queued.
 for latency in 50 300 2000; do
     echo "--- HIP tests, stand-in latency ${latency} us"
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked --features hip --test hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-hip --test hip
 done
 
 echo "--- memgov check / run on the stand-in"
-cargo build --locked --release --features hip
+cargo build --locked --release -p memgov-cli --features hip
 for latency in 0 300; do
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov check --backend hip
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov run --backend hip
 done
 
 echo "--- the fault matrix on the stand-in"
-on_stand_in cargo test --locked --release --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
+on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
 grep -q "fault matrix: hip: 42 tried, 42 survived" target/hip-fault-matrix.log
 
 echo "--- clippy with the hip feature"
-cargo clippy --locked --features hip --all-targets -- -D warnings
+cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all-targets -- -D warnings
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked --features hip --test hip -- --nocapture 2>&1 | tee target/hip-real.log
+cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-real.log
 if grep -q "skipped: no HIP device" target/hip-real.log; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else

@@ -6,8 +6,8 @@ use super::config::Role;
 use super::pin_source::ContextPin;
 use super::record::{add, sub, ContextInner, Phase};
 use super::stream::StreamShared;
-use crate::context::{RetireOutcome, RetireSignal, RetireSink};
 use crate::{BackendError, DeviceContext};
+use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -330,15 +330,4 @@ fn settle_live_as_lost<C: DeviceContext>(
     add(&ctx.counters.settled_lost, 1);
     ctx.announce_settlement();
     ctx.release_pin();
-}
-
-impl RetireSignal {
-    /// Drop the receiver without settling it: for a release the backend
-    /// refused, which the governor unwinds itself.
-    pub(crate) fn defuse(self) {
-        let mut this = std::mem::ManuallyDrop::new(self);
-        // The sink's settle is never called; dropping the box only drops its
-        // fields (an Arc of the context and counters).
-        drop(this.take_sink());
-    }
 }

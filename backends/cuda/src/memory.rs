@@ -1,0 +1,184 @@
+//! Allocation from the device's stream-ordered memory pool, and copies
+//! ordered on a stream.
+//!
+//! Memory comes from `cuMemAllocFromPoolAsync` on the context's own memory
+//! pool, so a free queued on a stream is reusable at once by allocations
+//! ordered after it on that stream (the context declares
+//! `stream_ordered_reuse`).
+//!
+//! Every safe method checks its handles against the context's own registry
+//! before any driver call: a stream or allocation of another context, a
+//! destroyed stream, an allocation already freed, or a range outside the
+//! allocation is refused with `InvalidArgument`.
+//! The backend owns raw `CUdeviceptr`s, not cudarc's `CudaSlice` (which frees
+//! itself in `Drop` without telling anyone): only `free_async` and teardown
+//! free device memory, so the retire signal can fire after the free.
+
+use super::{lock, CudaContext, Live};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use memgov_backend::{BackendError, MemoryInfo};
+
+/// A raw device allocation. A plain handle: dropping it does nothing; only
+/// `free_async` or teardown release it.
+#[derive(Debug)]
+pub struct CudaMemory {
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) bytes: u64,
+    pub(crate) id: u64,
+    /// The id of the context that allocated it (checked on every use).
+    pub(crate) context: u64,
+}
+
+impl CudaMemory {
+    /// The raw `CUdeviceptr`, for a runtime's kernels and copies.
+    ///
+    /// Valid for `len()` bytes while the governed buffer that owns this
+    /// memory is alive. The caller must not free it (`cuMemFree*`), must
+    /// order every use on the buffer's stream (or synchronize with it) so
+    /// that no use runs after the buffer is released, and must not keep the
+    /// pointer past the buffer's release or the context's retirement.
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    /// Size in bytes as requested.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl CudaContext {
+    pub(crate) fn allocate_impl(
+        &self,
+        stream: &super::CudaStream,
+        bytes: u64,
+    ) -> Result<CudaMemory, BackendError> {
+        let s = &*self.shared;
+        s.check_usable("allocate")?;
+        s.check_stream("allocate", stream)?;
+        if bytes == 0 {
+            return Err(super::result::err(
+                "allocate",
+                memgov_backend::BackendErrorKind::InvalidArgument,
+                "a 0-byte allocation was asked for; ask for at least 1 byte",
+            ));
+        }
+        let size = usize::try_from(bytes).map_err(|_| {
+            super::result::err(
+                "allocate",
+                memgov_backend::BackendErrorKind::InvalidArgument,
+                format!("{bytes} B does not fit this platform's size_t"),
+            )
+        })?;
+        let _current = s.make_current("allocate")?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out pointer; the stream is a live stream
+        // of this context (checked above), which is current on this thread;
+        // the pool is this context's own, alive until teardown.
+        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw) };
+        s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
+        let id = s.next_id();
+        lock(&s.live).insert(id, Live { ptr, bytes });
+        s.probe.allocated(bytes);
+        Ok(CudaMemory {
+            ptr,
+            bytes,
+            id,
+            context: s.id,
+        })
+    }
+
+    pub(crate) fn write_impl(
+        &self,
+        stream: &super::CudaStream,
+        memory: &CudaMemory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        s.check_usable("write")?;
+        s.check_stream("write", stream)?;
+        s.check_memory("write", memory)?;
+        let at = range("write", memory, offset, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _current = s.make_current("write")?;
+        // SAFETY: [at, at + len) lies inside a live allocation of this
+        // context and the stream is a live stream of it (checked above);
+        // `src` outlives the copy because the stream is synchronized before
+        // returning; the context is current.
+        let r =
+            unsafe { sys::cuMemcpyHtoDAsync_v2(at, src.as_ptr().cast(), src.len(), stream.raw) };
+        s.checked("write", "cuMemcpyHtoDAsync_v2", r)?;
+        // SAFETY: as above.
+        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+        s.checked("write", "cuStreamSynchronize", r)
+    }
+
+    pub(crate) fn read_impl(
+        &self,
+        stream: &super::CudaStream,
+        memory: &CudaMemory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        s.check_usable("read")?;
+        s.check_stream("read", stream)?;
+        s.check_memory("read", memory)?;
+        let at = range("read", memory, offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _current = s.make_current("read")?;
+        // SAFETY: handles and bounds checked as in write; `dst` is
+        // exclusively borrowed until the stream is synchronized below, so the
+        // copy lands before it is read.
+        let r = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), at, dst.len(), stream.raw)
+        };
+        s.checked("read", "cuMemcpyDtoHAsync_v2", r)?;
+        // SAFETY: as above.
+        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+        s.checked("read", "cuStreamSynchronize", r)
+    }
+
+    pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {
+        let s = &*self.shared;
+        s.check_usable("memory_info")?;
+        let _current = s.make_current("memory_info")?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out pointers; the context is current.
+        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        s.checked("memory_info", "cuMemGetInfo_v2", r)?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+}
+
+/// The device address of `len` bytes at `offset` of `memory`, or
+/// `InvalidArgument` when the range runs past the allocation.
+fn range(
+    op: &'static str,
+    memory: &CudaMemory,
+    offset: u64,
+    len: usize,
+) -> Result<CUdeviceptr, BackendError> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= memory.bytes => Ok(memory.ptr + offset),
+        _ => Err(super::result::err(
+            op,
+            memgov_backend::BackendErrorKind::InvalidArgument,
+            format!(
+                "{len} B at offset {offset} runs past the {} B allocation",
+                memory.bytes
+            ),
+        )),
+    }
+}

@@ -1,0 +1,142 @@
+//! The one place CUDA driver results become [`BackendError`]s.
+//!
+//! Codes are classified here and nowhere else: the sticky codes after which
+//! the context is unusable (every later call in the process returns an error
+//! until the context is destroyed) are [`BackendErrorKind::DeviceLost`], so
+//! the governor marks the context lost and settles pending releases without
+//! further driver calls.
+//!
+//! Names come from cudarc's `CUresult` enum (no driver call, so an error path
+//! never calls into a driver that may be broken).
+
+use cudarc::driver::sys::CUresult;
+use memgov_backend::OUT_OF_MEMORY_HINT;
+use memgov_backend::{BackendError, BackendErrorKind};
+
+pub(crate) const BACKEND: &str = "cuda";
+
+/// Sticky errors: the context is corrupted and must be destroyed. The CUDA
+/// driver documentation marks each of these as leaving the process in an
+/// inconsistent state ("the context cannot be used ... must terminate and
+/// relaunch").
+pub(crate) const DEVICE_LOST: &[CUresult] = &[
+    CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUresult::CUDA_ERROR_ASSERT,
+    CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUresult::CUDA_ERROR_INVALID_PC,
+    CUresult::CUDA_ERROR_LAUNCH_FAILED,
+];
+
+/// How a result code is classified.
+pub(crate) fn kind_of(r: CUresult) -> BackendErrorKind {
+    use CUresult as R;
+    if DEVICE_LOST.contains(&r) {
+        return BackendErrorKind::DeviceLost;
+    }
+    match r {
+        R::CUDA_ERROR_OUT_OF_MEMORY => BackendErrorKind::OutOfMemory,
+        R::CUDA_ERROR_NOT_INITIALIZED
+        | R::CUDA_ERROR_DEINITIALIZED
+        | R::CUDA_ERROR_STUB_LIBRARY
+        | R::CUDA_ERROR_DEVICE_UNAVAILABLE
+        | R::CUDA_ERROR_NO_DEVICE
+        | R::CUDA_ERROR_INVALID_DEVICE
+        | R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+        | R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
+        | R::CUDA_ERROR_SYSTEM_NOT_READY => BackendErrorKind::Unavailable,
+        R::CUDA_ERROR_INVALID_VALUE
+        | R::CUDA_ERROR_INVALID_HANDLE
+        | R::CUDA_ERROR_INVALID_CONTEXT => BackendErrorKind::InvalidArgument,
+        R::CUDA_ERROR_NOT_SUPPORTED => BackendErrorKind::Unsupported,
+        _ => BackendErrorKind::Other,
+    }
+}
+
+/// The driver's name for a code (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+pub(crate) fn name(r: CUresult) -> String {
+    format!("{r:?}")
+}
+
+/// An error for `op` from driver call `call` returning `r`, with the code,
+/// its name and the way out.
+pub(crate) fn error(op: &'static str, call: &str, r: CUresult) -> BackendError {
+    let kind = kind_of(r);
+    let hint = match kind {
+        BackendErrorKind::DeviceLost => {
+            "; the CUDA context is in a sticky error state and nothing queued on it will run: \
+             retire this context (teardown does not wait on the device) and restart the process \
+             to use the GPU again"
+        }
+        BackendErrorKind::OutOfMemory => OUT_OF_MEMORY_HINT,
+        BackendErrorKind::Unavailable => {
+            "; check the NVIDIA driver installation and the device ordinal"
+        }
+        _ => "",
+    };
+    BackendError::from_driver_call(BACKEND, op, kind, call, &name(r), i64::from(r as i32), hint)
+}
+
+/// `Ok(())` for `CUDA_SUCCESS`, else [`error`].
+pub(crate) fn check(op: &'static str, call: &str, r: CUresult) -> Result<(), BackendError> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(error(op, call, r))
+    }
+}
+
+/// A backend error without a driver code.
+pub(crate) fn err(
+    op: &'static str,
+    kind: BackendErrorKind,
+    msg: impl Into<String>,
+) -> BackendError {
+    BackendError::new(BACKEND, op, kind, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sticky_codes_are_device_lost_and_others_are_not() {
+        for &r in DEVICE_LOST {
+            assert_eq!(kind_of(r), BackendErrorKind::DeviceLost, "{r:?}");
+            assert!(error("allocate", "cuMemAllocAsync", r).is_device_lost());
+        }
+        assert_eq!(
+            kind_of(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            BackendErrorKind::OutOfMemory
+        );
+        assert_eq!(
+            kind_of(CUresult::CUDA_ERROR_NO_DEVICE),
+            BackendErrorKind::Unavailable
+        );
+        assert_eq!(
+            kind_of(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+            BackendErrorKind::Other
+        );
+    }
+
+    #[test]
+    fn message_names_the_call_the_code_and_the_way_out() {
+        let e = error(
+            "free_async",
+            "cuMemFreeAsync",
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("cuMemFreeAsync returned CUDA_ERROR_ILLEGAL_ADDRESS (700)"),
+            "{s}"
+        );
+        assert!(s.contains("retire this context"), "{s}");
+        assert_eq!(e.code, Some(700));
+    }
+}

@@ -1,0 +1,194 @@
+//! Stream-ordered free and its retirement: `cuMemFreeAsync`, then
+//! `cuLaunchHostFunc` whose callback fires the [`RetireSignal`].
+//!
+//! The signal does not travel through the driver: it waits in the context's
+//! [`PendingFrees`] under a ticket, and the host function carries only the
+//! ticket (and an `Arc` of the table). So a signal is reachable from both
+//! sides, and exactly one side takes it:
+//!
+//! * the host function, on the driver's callback thread, when the free has
+//!   executed: it takes the signal and fires it. It makes no CUDA call (the
+//!   driver forbids calls from host functions) and takes one short lock that
+//!   no driver call is ever made under;
+//! * `device_lost`, when the governor declares the device lost: it takes every
+//!   signal still waiting and drops it unfired (abandoned). A host function
+//!   that runs later finds its ticket gone and does nothing.
+//!
+//! If `cuLaunchHostFunc` fails after the free was queued, the free still
+//! happens and the memory is no longer the caller's, so `free_async` cannot
+//! refuse: it synchronizes the stream instead (the free has then executed)
+//! and fires the signal itself; if that wait fails too (or the launch failed
+//! with a device-lost code) the signal is dropped unfired, as for a lost
+//! device. Either way `free_async` returns `Ok`.
+
+use super::result::BACKEND;
+use super::{lock, CudaContext, CudaMemory, CudaStream};
+use cudarc::driver::sys;
+use memgov_backend::{BackendError, BackendProbe, RetireSignal};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// Signals of frees queued on the device whose host function has not run.
+#[derive(Default)]
+pub(crate) struct PendingFrees {
+    waiting: Mutex<HashMap<u64, (RetireSignal, u64)>>,
+}
+
+impl PendingFrees {
+    fn park(&self, ticket: u64, signal: RetireSignal, bytes: u64) {
+        lock(&self.waiting).insert(ticket, (signal, bytes));
+    }
+
+    fn take(&self, ticket: u64) -> Option<(RetireSignal, u64)> {
+        lock(&self.waiting).remove(&ticket)
+    }
+
+    /// Every waiting signal, removed (to drop after the lock is released).
+    pub(crate) fn take_all(&self) -> Vec<(RetireSignal, u64)> {
+        lock(&self.waiting).drain().map(|(_, v)| v).collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.waiting).len()
+    }
+}
+
+/// What one host function carries: boxed, handed to the driver as
+/// `userData`, and reclaimed by the callback (or by `free_async` when the
+/// launch fails).
+struct HostFnData {
+    pending: Arc<PendingFrees>,
+    probe: BackendProbe,
+    ticket: u64,
+}
+
+/// The host function. Runs on a driver thread once the free before it on
+/// the stream has executed.
+///
+/// # Safety
+///
+/// `user` is a pointer from `Box::into_raw(Box<HostFnData>)` handed to
+/// exactly one successful `cuLaunchHostFunc`; the driver calls this once.
+unsafe extern "C" fn free_retired(user: *mut c_void) {
+    // SAFETY: see the function's contract; the box is reclaimed once.
+    let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
+    if let Some((signal, bytes)) = data.pending.take(data.ticket) {
+        data.probe.free_retired(bytes);
+        // The governor's sink touches atomics and wakes waiters only.
+        signal.retire();
+    }
+}
+
+impl CudaContext {
+    // The shape of `DeviceContext::free_async`, which hands the memory and
+    // the signal back on refusal.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn free_async_impl(
+        &self,
+        stream: &CudaStream,
+        memory: CudaMemory,
+        signal: RetireSignal,
+    ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
+        let s = &*self.shared;
+        if let Err(e) = s.check_usable("free_async") {
+            return Err((memory, signal, e));
+        }
+        if let Err(e) = s.check_stream("free_async", stream) {
+            return Err((memory, signal, e));
+        }
+        // Taken out of the live set before the driver sees it: a second free
+        // of the same allocation, or another context's, is refused here and
+        // never reaches cuMemFreeAsync.
+        let live = if memory.context == s.id {
+            lock(&s.live).remove(&memory.id)
+        } else {
+            None
+        };
+        let Some(live) = live else {
+            // Another context's memory is the caller's mistake, refused
+            // below and reported to the caller only; an allocation of this
+            // context that is no longer live is a second free, which the
+            // probe counts.
+            if memory.context == s.id {
+                s.probe.violation(
+                    BACKEND,
+                    format!(
+                        "free_async of allocation {} (context {}) that is not live in context {}",
+                        memory.id, memory.context, s.id
+                    ),
+                );
+            }
+            let e = super::result::err(
+                "free_async",
+                memgov_backend::BackendErrorKind::InvalidArgument,
+                format!(
+                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (freed \
+                     already, or another context's)",
+                    memory.id, memory.bytes, memory.ptr, s.id
+                ),
+            );
+            return Err((memory, signal, e));
+        };
+        let current = match s.make_current("free_async") {
+            Ok(c) => c,
+            Err(e) => {
+                lock(&s.live).insert(memory.id, live);
+                return Err((memory, signal, e));
+            }
+        };
+        // SAFETY: the memory is a live allocation of this context, taken out
+        // of the live set above so freed once; the stream is a live stream of
+        // this context; the context is current.
+        let r = unsafe { sys::cuMemFreeAsync(memory.ptr, stream.raw) };
+        if let Err(e) = s.checked("free_async", "cuMemFreeAsync", r) {
+            lock(&s.live).insert(memory.id, live);
+            return Err((memory, signal, e));
+        }
+        // From here the free is queued: the memory is the driver's.
+        let ticket = s.next_id();
+        s.pending.park(ticket, signal, memory.bytes);
+        let data = Box::into_raw(Box::new(HostFnData {
+            pending: s.pending.clone(),
+            probe: s.probe.clone(),
+            ticket,
+        }));
+        // SAFETY: `free_retired` upholds the host-function rules (no CUDA
+        // call); `data` is a fresh box handed to this launch only; the
+        // stream is live and the context current.
+        let r = unsafe { sys::cuLaunchHostFunc(stream.raw, Some(free_retired), data.cast()) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        let _current = current;
+        // SAFETY: the launch failed, so the driver never took `data`.
+        drop(unsafe { Box::from_raw(data) });
+        let launch = s.classify("free_async", "cuLaunchHostFunc", r);
+        let Some((signal, bytes)) = s.pending.take(ticket) else {
+            // `device_lost` took it already (and abandoned it).
+            return Ok(());
+        };
+        if !launch.is_device_lost() {
+            // SAFETY: the stream is live; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                // The free has executed.
+                s.probe.free_retired(bytes);
+                signal.retire();
+                return Ok(());
+            }
+            let _ = s.classify("free_async", "cuStreamSynchronize", r);
+        }
+        s.probe.free_abandoned(bytes);
+        drop(signal);
+        Ok(())
+    }
+
+    pub(crate) fn device_lost_impl(&self) {
+        let s = &*self.shared;
+        s.mark_lost();
+        // Dropped unfired, with no lock held: the governor settles them as
+        // abandoned.
+        s.abandon_pending();
+    }
+}

@@ -1,0 +1,1339 @@
+//! The CUDA backend against whatever `libcuda` the loader finds: NVIDIA's
+//! driver on a GPU machine, memgov's stand-in in CI
+//! (`export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)"`).
+//!
+//! Without a driver every test prints `skipped: no CUDA driver` and passes.
+//! Tests that need the stand-in's knobs or plant a violation run in a child
+//! process (this binary re-executed with `MEMGOV_CUDA_CHILD` set), because
+//! the stand-in reads its knobs once and aborts the whole process on a
+//! violation; on real hardware they print `skipped: needs the stand-in`.
+
+#[path = "../../stand-ins/support/child.rs"]
+mod child_process;
+#[path = "../../stand-ins/support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
+
+use memgov::cuda::{CudaConfig, CudaContext};
+use memgov::{
+    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
+    RetireOutcome, Role,
+};
+use std::time::{Duration, Instant};
+
+fn factory() -> Result<CudaContext, memgov::BackendError> {
+    CudaContext::new(CudaConfig::default())
+}
+
+memgov::conformance_tests!(conformance, super::factory);
+
+/// A context, or `None` after printing why the test is skipped.
+fn context() -> Option<CudaContext> {
+    match factory() {
+        Ok(c) => Some(c),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            println!("skipped: {}", e.message);
+            None
+        }
+        Err(e) => panic!("CudaContext::new failed: {e}"),
+    }
+}
+
+/// A context on the stand-in only.
+fn stand_in() -> Option<CudaContext> {
+    let ctx = context()?;
+    if !ctx.is_stand_in() {
+        println!("skipped: needs the stand-in libcuda (this is real hardware)");
+        ctx.teardown(false).expect("teardown");
+        return None;
+    }
+    Some(ctx)
+}
+
+#[test]
+fn unavailable_driver_is_reported_not_panicked() {
+    match factory() {
+        Ok(ctx) => {
+            let d = ctx.describe();
+            assert_eq!(d.backend, "cuda");
+            assert!(d.stream_ordered_reuse);
+            assert!(d.total_bytes > 0);
+            if ctx.is_stand_in() {
+                assert_eq!(d.execution, Execution::StandIn);
+                assert!(d.name.starts_with("memgov stand-in"), "{}", d.name);
+            } else {
+                assert_eq!(d.execution, Execution::RealHardware);
+            }
+            ctx.teardown(false).expect("teardown");
+        }
+        Err(e) => {
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            assert!(
+                e.message.starts_with("no CUDA driver") || e.message.starts_with("no CUDA device"),
+                "{e}"
+            );
+            println!("skipped: {}", e.message);
+        }
+    }
+}
+
+#[test]
+fn free_retires_through_a_host_function_on_a_driver_thread() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let s = ctx.create_stream().expect("stream");
+    let m = ctx.allocate(&s, 1 << 20).expect("allocate");
+    ctx.write(&s, &m, 0, &[7u8; 4096]).expect("write");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    let (outcome, thread) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("signal fired");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(
+        thread,
+        std::thread::current().id(),
+        "fired on the caller, not by the host function"
+    );
+    assert_eq!(ctx.pending_frees(), 0);
+    assert_eq!(probe.frees_retired(), 1);
+    ctx.destroy_stream(s).expect("destroy");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
+}
+
+#[test]
+fn raw_accessors_name_the_driver_objects() {
+    let Some(ctx) = context() else { return };
+    let stand_in = ctx.is_stand_in();
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("raw"));
+    let stream = handle.create_stream("main").expect("stream");
+    let buf = handle
+        .allocate(&stream, 256, Role::Workspace)
+        .expect("allocate");
+    buf.write(0, b"raw access").expect("write");
+    let ptr = buf.raw().expect("live buffer").device_ptr();
+    let cu_stream = stream.raw().expect("live stream").cu_stream();
+    assert_ne!(ptr, 0);
+    assert!(!cu_stream.is_null());
+    assert_eq!(buf.raw().expect("live").len(), 256);
+    if stand_in {
+        // On the stand-in device memory is host memory: the pointer really is
+        // the allocation the governor wrote.
+        // SAFETY: the stand-in maps a CUdeviceptr to the host address of a
+        // live 256-byte allocation; the write above was synchronized.
+        let seen = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, 10) };
+        assert_eq!(seen, b"raw access");
+    }
+    drop((buf, stream));
+    let report = handle
+        .retire()
+        .wait_timeout(Duration::from_secs(10))
+        .expect("retire");
+    assert!(report.backend_result.is_ok());
+}
+
+#[test]
+fn works_from_threads_without_a_current_context() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let ctx = std::sync::Arc::new(ctx);
+    let threads: Vec<_> = (0..4u8)
+        .map(|i| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                // A fresh thread has no current context; the backend makes
+                // its own current before every call.
+                let s = ctx.create_stream().expect("stream");
+                let m = ctx.allocate(&s, 4096).expect("allocate");
+                ctx.write(&s, &m, 0, &[i; 64]).expect("write");
+                let mut back = [0u8; 64];
+                ctx.read(&s, &m, 0, &mut back).expect("read");
+                assert_eq!(back, [i; 64]);
+                let (sig, rx) = signal();
+                ctx.free_async(&s, m, sig)
+                    .map_err(|(_, _, e)| e)
+                    .expect("free");
+                ctx.synchronize(&s).expect("sync");
+                assert_eq!(
+                    rx.recv_timeout(Duration::from_secs(10)).expect("fired").0,
+                    RetireOutcome::Retired
+                );
+                ctx.destroy_stream(s).expect("destroy");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean");
+    assert_eq!(probe.frees_retired(), 4);
+}
+
+#[test]
+fn short_soak() {
+    let Some(ctx) = context() else { return };
+    let probe = ctx.probe();
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("soak").budget(8 << 20));
+    let start = Instant::now();
+    let cycles = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let handle = &handle;
+                scope.spawn(move || {
+                    let streams = [
+                        handle.create_stream("a").expect("stream"),
+                        handle.create_stream("b").expect("stream"),
+                    ];
+                    let mut n = 0u64;
+                    for i in 0..300u64 {
+                        let s = &streams[(i % 2) as usize];
+                        let bytes = 4096 * (1 + (i * 7 + t) % 64);
+                        let buf = handle
+                            .allocate(s, bytes, Role::Activation)
+                            .expect("allocate");
+                        if i % 10 == 0 {
+                            let tag = (i as u8).to_le_bytes();
+                            buf.write(bytes - 1, &tag).expect("write");
+                            let mut back = [0u8; 1];
+                            buf.read(bytes - 1, &mut back).expect("read");
+                            assert_eq!(back, tag);
+                        }
+                        if i % 3 == 0 {
+                            buf.release_on(&streams[((i + 1) % 2) as usize])
+                                .map_err(|e| e.error)
+                                .expect("release_on");
+                        }
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .sum::<u64>()
+    });
+    let report = handle
+        .retire()
+        .wait_timeout(Duration::from_secs(30))
+        .expect("retire");
+    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+    assert_eq!(report.retired_releases, cycles);
+    probe.check_clean_teardown().expect("clean teardown");
+    println!(
+        "soak: cuda: {cycles} allocate/release cycles, 2 threads x 2 streams, {:.2} s; after teardown 0 live allocations, 0 streams",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn whole_suite_report() {
+    let report = memgov::conformance::run_suite(factory);
+    println!("{report}");
+    assert!(report.all_passed(), "{report}");
+    let (passed, failed, skipped) = report.counts();
+    if report.execution.is_none() {
+        assert_eq!(skipped, report.cases.len());
+        println!("skipped: no CUDA driver");
+    } else {
+        assert_eq!(
+            (passed, failed, skipped),
+            (report.cases.len(), 0, 0),
+            "{report}"
+        );
+    }
+}
+
+// ---- child-process tests: knobs and planted violations -----------------------
+
+/// The variable that tells a re-executed test binary which scenario to run.
+const CHILD: &str = "MEMGOV_CUDA_CHILD";
+
+/// Run `scenario` in a child process with extra environment. `None` (after
+/// printing why) when there is no stand-in to run it on.
+fn child(scenario: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+    stand_in()?.teardown(false).expect("teardown");
+    Some(child_process::run(CHILD, scenario, env))
+}
+
+/// The child passed (its scenario's assertions held).
+fn assert_child_passed(scenario: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(scenario, env) {
+        child_process::assert_passed(scenario, &run, &format!("child {scenario}: ok"));
+    }
+}
+
+/// The child was aborted by the stand-in with a contract violation that
+/// names `what`.
+fn assert_stand_in_aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(scenario, env) {
+        child_process::assert_aborted(
+            scenario,
+            &run,
+            "memgov libcuda stand-in: contract violation:",
+            what,
+            &format!("child {scenario}: ok"),
+        );
+    }
+}
+
+#[test]
+fn negative_harness_tells_a_clean_child_from_an_aborted_one() {
+    // The control: the same harness, no violation planted, exits 0.
+    assert_child_passed("clean", &[]);
+}
+
+#[test]
+fn negative_call_on_destroyed_stream_aborts() {
+    assert_stand_in_aborts("destroyed_stream", &[], "on destroyed stream");
+}
+
+#[test]
+fn negative_call_on_destroyed_context_aborts() {
+    assert_stand_in_aborts("destroyed_context", &[], "destroyed context");
+}
+
+#[test]
+fn negative_free_of_unknown_pointer_aborts() {
+    assert_stand_in_aborts("free_unknown", &[], "cuMemFreeAsync of unknown pointer");
+}
+
+#[test]
+fn negative_double_free_aborts() {
+    assert_stand_in_aborts(
+        "double_free",
+        &[],
+        "cuMemFreeAsync of already freed pointer",
+    );
+}
+
+#[test]
+fn negative_copy_of_freed_pointer_aborts() {
+    assert_stand_in_aborts("copy_after_free", &[], "already freed device pointer");
+}
+
+#[test]
+fn negative_copy_out_of_bounds_aborts() {
+    assert_stand_in_aborts("copy_out_of_bounds", &[], "out of bounds device pointer");
+}
+
+#[test]
+fn negative_release_with_frees_pending_aborts() {
+    assert_stand_in_aborts(
+        "release_pending",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
+        "still pending",
+    );
+}
+
+#[test]
+fn release_of_the_last_reference_frees_what_the_context_still_holds() {
+    // Like the driver's context destruction: allocations left in the
+    // context go with it (a fresh context sees the whole device free).
+    assert_child_passed("release_allocated", &[]);
+}
+
+#[test]
+fn negative_cross_stream_free_without_ordering_aborts() {
+    assert_stand_in_aborts("cross_stream_free_unordered", &[], "freed on stream #");
+}
+
+#[test]
+fn negative_cross_stream_copy_without_ordering_aborts() {
+    assert_stand_in_aborts(
+        "cross_stream_copy_unordered",
+        &[],
+        "missing stream ordering",
+    );
+}
+
+#[test]
+fn negative_free_ordered_by_an_event_recorded_too_early_aborts() {
+    assert_stand_in_aborts("event_recorded_too_early", &[], "missing stream ordering");
+}
+
+#[test]
+fn negative_event_after_destroy_aborts() {
+    assert_stand_in_aborts("event_after_destroy", &[], "on destroyed event");
+}
+
+#[test]
+fn negative_memory_pool_after_destroy_aborts() {
+    assert_stand_in_aborts("pool_after_destroy", &[], "on destroyed memory pool");
+}
+
+#[test]
+fn negative_memory_of_another_context_aborts() {
+    assert_stand_in_aborts(
+        "foreign_context_memory",
+        &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")],
+        "cuMemFreeAsync of unknown pointer",
+    );
+}
+
+#[test]
+fn negative_release_while_current_on_a_thread_aborts() {
+    assert_stand_in_aborts("release_while_current", &[], "still the current context");
+}
+
+#[test]
+fn negative_default_pool_left_changed_aborts() {
+    assert_stand_in_aborts(
+        "default_pool_changed",
+        &[],
+        "default memory pool is 123, but the process found it at 0",
+    );
+}
+
+#[test]
+fn negative_context_reference_left_at_exit_aborts() {
+    // The violation is found at exit, after the child printed its marker.
+    if let Some(run) = child("exit_leak", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]) {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(run.status.signal(), Some(6), "{}", run.output());
+        assert!(
+            run.stderr.contains("contract violation: at exit: the primary context of device 0 still has 1 reference(s)"),
+            "{}",
+            run.output()
+        );
+    }
+}
+
+// ---- regressions: the backend against the stricter stand-in --------------------
+
+#[test]
+fn order_after_orders_a_cross_stream_free_without_waiting() {
+    assert_child_passed(
+        "order_after",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "300000")],
+    );
+}
+
+#[test]
+fn raw_misuse_is_refused_before_the_driver_sees_it() {
+    assert_child_passed("raw_misuse", &[]);
+}
+
+#[test]
+fn retire_and_force_finish_after_a_fault_in_a_destroyed_streams_work() {
+    for case in ["async_fault_retire", "async_fault_force"] {
+        assert_child_passed(
+            case,
+            &[
+                ("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_EXEC", "1"),
+                ("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000"),
+            ],
+        );
+    }
+}
+
+#[test]
+fn the_callers_current_context_is_restored() {
+    assert_child_passed("current_restored", &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")]);
+}
+
+#[test]
+fn lost_teardown_of_a_healthy_device_releases_everything() {
+    assert_child_passed(
+        "lost_teardown",
+        &[
+            ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+            ("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000"),
+        ],
+    );
+}
+
+#[test]
+fn lost_teardown_of_an_adopted_context_leaves_only_the_runtimes_objects() {
+    assert_child_passed("adopt_lost", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
+}
+
+#[test]
+fn the_default_memory_pool_is_never_changed() {
+    assert_child_passed("default_pool", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
+}
+
+#[test]
+fn negative_driver_call_from_host_function_aborts() {
+    assert_stand_in_aborts("call_in_host_fn", &[], "from inside a host function");
+}
+
+#[test]
+fn call_without_current_context_fails_with_the_drivers_code() {
+    assert_child_passed("no_current_context", &[]);
+}
+
+#[test]
+fn teardown_waits_for_slow_frees_before_releasing_the_context() {
+    // 20 ms per queued operation: releases are really pending when retire
+    // starts; the stand-in aborts if the context is released before they ran.
+    assert_child_passed(
+        "slow_teardown",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000")],
+    );
+}
+
+#[test]
+fn teardown_after_a_stream_destroyed_with_frees_queued_waits_for_them() {
+    assert_child_passed(
+        "destroyed_with_frees_queued",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "20000")],
+    );
+}
+
+#[test]
+fn context_is_never_released_under_a_running_host_function() {
+    // The signal fires inside the host function, so the governor may tear
+    // down before the host function has returned; the stand-in aborts if the
+    // context is released while it still runs.
+    assert_child_passed("release_races_host_fn", &[]);
+}
+
+#[test]
+fn adopted_context_and_streams_are_used_but_never_destroyed() {
+    // The child retains the primary context and creates a stream itself, lends
+    // both, and destroys/releases them after memgov's teardown: the stand-in
+    // aborts if memgov destroyed the stream or released the context too.
+    assert_child_passed("adopt", &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000")]);
+}
+
+#[test]
+fn sticky_error_is_device_loss_and_settles_without_the_device() {
+    assert_child_passed(
+        "sticky",
+        &[("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP", "40")],
+    );
+}
+
+#[test]
+fn out_of_memory_is_classified() {
+    assert_child_passed("oom", &[("MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES", "1048576")]);
+}
+
+#[test]
+fn host_function_launch_failing_after_the_free_still_settles_it() {
+    assert_child_passed(
+        "host_fn_fails",
+        &[("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", "1")],
+    );
+}
+
+/// Entry point of the re-executed binary; does nothing in a normal run.
+#[test]
+#[ignore = "runs only as the child process of another test"]
+fn child_entry() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    children::run(&scenario);
+    println!("child {scenario}: ok");
+}
+
+mod children {
+    use super::*;
+    use cudarc::driver::sys;
+
+    fn ok(r: sys::CUresult, what: &str) {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    /// The stand-in context and one raw stream of it, current on this thread.
+    fn raw_setup() -> (CudaContext, sys::CUstream) {
+        let ctx = factory().expect("context");
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the context was just retained; the stand-in checks the rest.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+        }
+        (ctx, s)
+    }
+
+    fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
+        let mut p = 0;
+        // SAFETY: the stand-in checks the stream; p is a valid out pointer.
+        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
+        p
+    }
+
+    unsafe extern "C" fn calls_the_driver(_: *mut std::ffi::c_void) {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: deliberately forbidden (the planted violation).
+        let _ = unsafe { sys::cuCtxGetCurrent(&mut c) };
+    }
+
+    pub(super) fn run(scenario: &str) {
+        // SAFETY (all blocks below): raw driver calls on the stand-in, each
+        // either valid or the violation the scenario plants on purpose; the
+        // stand-in aborts before doing anything undefined.
+        unsafe {
+            match scenario {
+                "clean" => {
+                    let (ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "destroyed_stream" => {
+                    let (_ctx, s) = raw_setup();
+                    ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    let _ = sys::cuStreamSynchronize(s);
+                }
+                "destroyed_context" => {
+                    let ctx = factory().expect("context");
+                    let old = ctx.cu_context();
+                    ctx.teardown(false).expect("teardown");
+                    let _ = sys::cuCtxSetCurrent(old);
+                }
+                "free_unknown" => {
+                    let (_ctx, s) = raw_setup();
+                    let _ = sys::cuMemFreeAsync(0xdead_0000, s);
+                }
+                "double_free" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "first free");
+                    let _ = sys::cuMemFreeAsync(p, s);
+                }
+                "copy_after_free" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    let src = [0u8; 8];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, s);
+                }
+                "copy_out_of_bounds" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    let src = [0u8; 65];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 65, s);
+                }
+                "release_pending" => {
+                    let (ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    ok(sys::cuMemFreeAsync(p, s), "free (200 ms latency)");
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
+                    drop(ctx);
+                }
+                "release_allocated" => {
+                    let (ctx, s) = raw_setup();
+                    let _p = alloc(s, 1 << 20);
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    ok(
+                        sys::cuDevicePrimaryCtxRelease_v2(0),
+                        "release (last reference)",
+                    );
+                    std::mem::forget(ctx); // its reference was released above
+                    let fresh = factory().expect("fresh context");
+                    let info = fresh.memory_info().expect("memory info");
+                    assert_eq!(
+                        info.free, info.total,
+                        "the allocation went with the context"
+                    );
+                    fresh.teardown(false).expect("teardown");
+                }
+                "cross_stream_free_unordered" => {
+                    let ctx = factory().expect("context");
+                    let (a, b) = (
+                        ctx.create_stream().expect("a"),
+                        ctx.create_stream().expect("b"),
+                    );
+                    let m = ctx.allocate(&a, 64).expect("allocate");
+                    // Planted: no order_after(b, a) before the free on b.
+                    let _ = ctx.free_async(&b, m, signal().0);
+                }
+                "cross_stream_copy_unordered" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut other: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut other, 1), "stream");
+                    let p = alloc(s, 64);
+                    let src = [0u8; 8];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, other);
+                }
+                "event_recorded_too_early" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut other: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut other, 1), "stream");
+                    let mut ev: sys::CUevent = std::ptr::null_mut();
+                    ok(sys::cuEventCreate(&mut ev, 2), "event");
+                    // Recorded before the allocation: waiting on it orders
+                    // nothing after the allocation.
+                    ok(sys::cuEventRecord(ev, s), "record");
+                    let p = alloc(s, 64);
+                    ok(sys::cuStreamWaitEvent(other, ev, 0), "wait");
+                    let _ = sys::cuMemFreeAsync(p, other);
+                }
+                "event_after_destroy" => {
+                    let (_ctx, s) = raw_setup();
+                    let mut ev: sys::CUevent = std::ptr::null_mut();
+                    ok(sys::cuEventCreate(&mut ev, 2), "event");
+                    ok(sys::cuEventDestroy_v2(ev), "destroy");
+                    let _ = sys::cuEventRecord(ev, s);
+                }
+                "pool_after_destroy" => {
+                    let (_ctx, _s) = raw_setup();
+                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
+                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
+                    ok(sys::cuMemPoolDestroy(pool), "destroy");
+                    let _ = sys::cuMemPoolTrimTo(pool, 0);
+                }
+                "foreign_context_memory" => {
+                    let (_ctx, s) = raw_setup();
+                    let p = alloc(s, 64);
+                    let (mut dev1, mut ctx1) = (0, std::ptr::null_mut());
+                    ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut ctx1, dev1), "retain 1");
+                    ok(sys::cuCtxSetCurrent(ctx1), "current 1");
+                    let mut s1: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut s1, 1), "stream 1");
+                    let _ = sys::cuMemFreeAsync(p, s1);
+                }
+                "release_while_current" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+                    ok(sys::cuCtxSetCurrent(c), "current");
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+                }
+                "default_pool_changed" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                    ok(
+                        sys::cuDeviceGetDefaultMemPool(&mut pool, dev),
+                        "default pool",
+                    );
+                    let mut v: u64 = 123;
+                    ok(
+                        sys::cuMemPoolSetAttribute(
+                            pool,
+                            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                            (&mut v as *mut u64).cast(),
+                        ),
+                        "set threshold",
+                    );
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+                }
+                "exit_leak" => {
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(
+                        sys::cuDevicePrimaryCtxRetain(&mut c, dev),
+                        "retain, never released",
+                    );
+                }
+                "order_after" => order_after(),
+                "raw_misuse" => raw_misuse(),
+                "async_fault_retire" => async_fault(false),
+                "async_fault_force" => async_fault(true),
+                "current_restored" => current_restored(),
+                "lost_teardown" => lost_teardown(),
+                "default_pool" => default_pool(),
+                "adopt_lost" => adopt_lost(),
+                "call_in_host_fn" => {
+                    let (_ctx, s) = raw_setup();
+                    ok(
+                        sys::cuLaunchHostFunc(s, Some(calls_the_driver), std::ptr::null_mut()),
+                        "launch",
+                    );
+                    let _ = sys::cuStreamSynchronize(s);
+                }
+                "no_current_context" => {
+                    let ctx = factory().expect("context");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    let mut s: sys::CUstream = std::ptr::null_mut();
+                    let r = sys::cuStreamCreate(&mut s, 1);
+                    assert_eq!(r, sys::CUresult::CUDA_ERROR_INVALID_CONTEXT);
+                    // The backend makes its context current itself.
+                    let st = ctx.create_stream().expect("backend stream");
+                    ctx.destroy_stream(st).expect("destroy");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "slow_teardown" => slow_teardown(),
+                "adopt" => adopt(),
+                "release_races_host_fn" => {
+                    for _ in 0..200 {
+                        let ctx = factory().expect("context");
+                        let probe = ctx.probe();
+                        let gov = Governor::new();
+                        let handle = gov.register(ctx, ContextConfig::new());
+                        let stream = handle.create_stream("s").expect("stream");
+                        drop(
+                            handle
+                                .allocate(&stream, 4096, Role::Activation)
+                                .expect("allocate"),
+                        );
+                        drop(stream);
+                        let report = handle
+                            .retire()
+                            .wait_timeout(Duration::from_secs(10))
+                            .expect("retire");
+                        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+                        probe.check_clean_teardown().expect("clean");
+                    }
+                }
+                "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
+                "sticky" => sticky(),
+                "oom" => oom(),
+                "host_fn_fails" => host_fn_fails(),
+                other => panic!("unknown child scenario {other}"),
+            }
+        }
+    }
+
+    fn slow_teardown() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("slow"));
+        let stream = handle.create_stream("main").expect("stream");
+        for _ in 0..5 {
+            drop(
+                handle
+                    .allocate(&stream, 65536, Role::Activation)
+                    .expect("allocate"),
+            );
+        }
+        drop(stream);
+        let start = Instant::now();
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(30))
+            .expect("retire");
+        let waited = start.elapsed();
+        assert_eq!(report.retired_releases, 5);
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        // Five frees and five host functions at 20 ms each were still queued.
+        assert!(
+            waited >= Duration::from_millis(100),
+            "retire returned after {waited:?}"
+        );
+        probe.check_clean_teardown().expect("clean");
+        assert_eq!(probe.frees_retired(), 5);
+    }
+
+    /// A runtime's primary context, retained and made current (pushed when
+    /// `push`), and a stream of its own, both handed to memgov with
+    /// `CudaContext::adopt`: (memgov's context, device, context, stream).
+    fn adopted_by_memgov(
+        push: bool,
+    ) -> (CudaContext, sys::CUdevice, sys::CUcontext, sys::CUstream) {
+        use memgov::cuda::AdoptedContext;
+        let (mut device, mut context, mut lent) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                "retain",
+            );
+            if push {
+                ok(sys::cuCtxPushCurrent_v2(context), "push");
+            } else {
+                ok(sys::cuCtxSetCurrent(context), "current");
+            }
+            ok(sys::cuStreamCreate(&mut lent, 1), "stream");
+        }
+        // SAFETY: the context and stream stay valid until after teardown
+        // (destroyed and released by the caller, after it).
+        let ctx = unsafe {
+            CudaContext::adopt(
+                AdoptedContext {
+                    ordinal: 0,
+                    context,
+                    streams: vec![lent],
+                },
+                CudaConfig::default(),
+            )
+        }
+        .expect("adopt");
+        (ctx, device, context, lent)
+    }
+
+    fn adopt() {
+        let (ctx, device, context, lent) = adopted_by_memgov(false);
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("adopted"));
+        let first = handle.create_stream("lent").expect("stream");
+        let second = handle.create_stream("own").expect("stream");
+        let raw = first.raw().expect("live");
+        assert!(raw.is_adopted());
+        assert_eq!(raw.cu_stream(), lent);
+        assert!(!second.raw().expect("live").is_adopted());
+        for s in [&first, &second] {
+            let buf = handle
+                .allocate(s, 4096, Role::Activation)
+                .expect("allocate");
+            buf.write(0, b"adopted").expect("write");
+            drop(buf);
+        }
+        drop((first, second));
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(10))
+            .expect("retire");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        probe.check_clean_teardown().expect("clean");
+        // The runtime's objects are still its own, and still valid.
+        // SAFETY: the stream and context created above, released once.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(context), "current");
+            ok(sys::cuStreamSynchronize(lent), "lent stream still valid");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+            ok(
+                sys::cuDevicePrimaryCtxRelease_v2(device),
+                "release (last reference)",
+            );
+        }
+    }
+
+    fn destroyed_with_frees_queued() {
+        // A direct caller breaks the contract (teardown before its frees
+        // retired); the backend reports it and still releases the context
+        // only after the queued work ran (else the stand-in aborts).
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(
+            rx.try_recv().expect("fired before teardown returned").0,
+            RetireOutcome::Retired
+        );
+        assert_eq!(probe.violations(), 1, "{:?}", probe.violation_log());
+        assert_eq!(probe.live_allocations(), 0);
+    }
+
+    fn sticky() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("sticky"));
+        let stream = handle.create_stream("main").expect("stream");
+        let mut kept = Vec::new();
+        let mut lost = None;
+        for i in 0..200 {
+            match handle.allocate(&stream, 4096, Role::KvCache) {
+                Ok(b) if i % 2 == 0 => kept.push(b),
+                Ok(b) => drop(b),
+                Err(e) => {
+                    lost = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = lost.expect("the sticky error at driver call 40 surfaced");
+        assert!(matches!(e, GovernorError::DeviceLost { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"), "{msg}");
+        assert_eq!(handle.lifecycle(), Lifecycle::Lost);
+        drop((kept, stream));
+        let report = handle
+            .retire()
+            .wait_timeout(Duration::from_secs(10))
+            .expect("retire a lost context");
+        assert!(report.lost);
+        assert!(probe.lost());
+        probe.check_clean_teardown().expect("clean");
+        let snap = handle.snapshot();
+        assert_eq!(snap.charged, 0);
+        assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn oom() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let a = ctx.allocate(&s, 768 << 10).expect("first fits");
+        let e = ctx
+            .allocate(&s, 512 << 10)
+            .expect_err("over the 1 MiB limit");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+        assert_eq!(e.code, Some(2));
+        assert!(!e.is_device_lost());
+        let (sig, rx) = signal();
+        ctx.free_async(&s, a, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.synchronize(&s).expect("sync");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, b, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.destroy_stream(s).expect("destroy");
+        // Work queued before the destroy still runs, host function included.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+    }
+
+    fn host_fn_fails() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        // The host-function launch fails after cuMemFreeAsync was queued: the
+        // free cannot be refused any more, so it is settled by a stream wait.
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async accepts");
+        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("settled");
+        assert_eq!(outcome, RetireOutcome::Retired);
+        assert_eq!(
+            thread,
+            std::thread::current().id(),
+            "settled by the fallback wait"
+        );
+        assert_eq!(ctx.pending_frees(), 0);
+        // The next free goes through the host function again.
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async");
+        ctx.synchronize(&s).expect("sync");
+        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("fired");
+        assert_eq!(outcome, RetireOutcome::Retired);
+        assert_ne!(thread, std::thread::current().id());
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+        assert_eq!(probe.frees_retired(), 2);
+    }
+
+    fn current() -> sys::CUcontext {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
+        c
+    }
+
+    fn order_after() {
+        // 300 ms per queued operation: a copy queued on `a` is still running
+        // when order_after returns, unless order_after waited for it.
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let a = ctx.create_stream().expect("a");
+        let b = ctx.create_stream().expect("b");
+        let m = ctx.allocate(&a, 64).expect("allocate");
+        let raw_a = a.cu_stream();
+        let src = [5u8; 64];
+        // SAFETY: the context is pushed for the calls and popped after; the
+        // copy targets the live 64-byte allocation on its own stream, and
+        // `src` outlives it (the stream is drained before this returns).
+        unsafe {
+            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
+            ok(
+                sys::cuMemcpyHtoDAsync_v2(m.device_ptr(), src.as_ptr().cast(), 64, raw_a),
+                "slow copy on a",
+            );
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+        }
+        ctx.order_after(&b, &a).expect("order_after");
+        // SAFETY: as above; a query only.
+        let still = unsafe {
+            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
+            let r = sys::cuStreamQuery(raw_a);
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            r
+        };
+        assert_eq!(
+            still,
+            sys::CUresult::CUDA_ERROR_NOT_READY,
+            "order_after waited for the other stream instead of ordering on the device"
+        );
+        // The stand-in aborts unless the free on b is ordered after a's work.
+        let (sig, rx) = signal();
+        ctx.free_async(&b, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free on b");
+        ctx.synchronize(&b).expect("sync b");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        // Ordering a stream after itself is a no-op.
+        ctx.order_after(&a, &a).expect("same stream");
+        ctx.destroy_stream(a).expect("destroy a");
+        ctx.destroy_stream(b).expect("destroy b");
+        ctx.teardown(false).expect("teardown");
+        probe.check_clean_teardown().expect("clean");
+    }
+
+    fn invalid<T: std::fmt::Debug>(r: Result<T, memgov::BackendError>, what: &str) {
+        let e = r.expect_err(what);
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{what}: {e}");
+    }
+
+    fn raw_misuse() {
+        let a = factory().expect("context a");
+        let b = factory().expect("context b");
+        let sa = a.create_stream().expect("a stream");
+        let sb = b.create_stream().expect("b stream");
+        let ma = a.allocate(&sa, 4096).expect("a memory");
+        let mb = b.allocate(&sb, 4096).expect("b memory");
+        let mut buf = [0u8; 16];
+        // Foreign memory, foreign streams.
+        invalid(b.write(&sb, &ma, 0, b"x"), "write of a's memory through b");
+        invalid(
+            b.read(&sb, &ma, 0, &mut buf),
+            "read of a's memory through b",
+        );
+        invalid(a.write(&sb, &ma, 0, b"x"), "write on b's stream through a");
+        invalid(a.synchronize(&sb), "synchronize of b's stream through a");
+        invalid(a.allocate(&sb, 64), "allocate on b's stream through a");
+        invalid(a.order_after(&sa, &sb), "order after b's stream through a");
+        // Out-of-range offsets.
+        invalid(a.write(&sa, &ma, 4090, &[0u8; 10]), "write past the end");
+        invalid(a.read(&sa, &ma, 4096, &mut buf[..1]), "read past the end");
+        invalid(a.write(&sa, &ma, u64::MAX, b"x"), "offset overflow");
+        // A free of another context's memory is refused and hands it back.
+        let (ma, _sig, e) = b
+            .free_async(&sb, ma, signal().0)
+            .expect_err("free of a's memory through b");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        // The refused calls reached no driver: both contexts are intact.
+        a.write(&sa, &ma, 0, b"fine").expect("a still works");
+        // A stream of another context cannot be destroyed through this one
+        // (the handle is consumed; `a` still owns the stream).
+        invalid(b.destroy_stream(sa), "destroy of a's stream through b");
+        b.write(&sb, &mb, 0, b"fine").expect("b still works");
+        b.free_async(&sb, mb, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("own free");
+        b.synchronize(&sb).expect("sync");
+        b.destroy_stream(sb).expect("destroy");
+        b.teardown(false).expect("teardown b");
+        // `a` still owns its memory (and its stream, refused by b above):
+        // its teardown frees it, once.
+        a.teardown(false).expect("teardown a");
+    }
+
+    fn async_fault(force: bool) {
+        // The first queued free to execute faults (sticky), after the call
+        // that queued it returned; its host function never runs. Nothing
+        // calls the backend while retire waits.
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("async fault"));
+        let stream = handle.create_stream("s").expect("stream");
+        drop(
+            handle
+                .allocate(&stream, 4096, Role::Activation)
+                .expect("allocate"),
+        );
+        drop(stream);
+        let retire = handle.retire();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let report = if force {
+            retire.force(deadline)
+        } else {
+            retire.wait(deadline)
+        }
+        .expect("retire finishes: the fault is observed");
+        assert_eq!(
+            report.retired_releases + report.abandoned_releases + report.settled_lost,
+            1,
+            "{report:?}"
+        );
+        assert_eq!(report.unsettled_releases, 0, "{report:?}");
+        assert!(probe.lost(), "the loss was observed");
+        probe.check_clean_teardown().expect("clean");
+        let snap = handle.snapshot();
+        assert_eq!(snap.charged, 0);
+        assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn current_restored() {
+        // The runtime has device 1's primary context current; memgov works
+        // on device 0 and must hand the thread back as it found it.
+        let (mut dev1, mut mine) = (0, std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
+            ok(sys::cuDevicePrimaryCtxRetain(&mut mine, dev1), "retain 1");
+            ok(sys::cuCtxSetCurrent(mine), "current");
+        }
+        let check = |after: &str| assert_eq!(current(), mine, "current context changed by {after}");
+        let ctx = factory().expect("context on device 0");
+        check("new");
+        let a = ctx.create_stream().expect("a");
+        check("create_stream");
+        let b = ctx.create_stream().expect("b");
+        let m = ctx.allocate(&a, 4096).expect("allocate");
+        check("allocate");
+        ctx.write(&a, &m, 0, b"abc").expect("write");
+        check("write");
+        let mut back = [0u8; 3];
+        ctx.read(&a, &m, 0, &mut back).expect("read");
+        check("read");
+        ctx.memory_info().expect("memory_info");
+        check("memory_info");
+        ctx.order_after(&b, &a).expect("order_after");
+        check("order_after");
+        ctx.free_async(&b, m, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        check("free_async");
+        ctx.synchronize(&b).expect("sync");
+        check("synchronize");
+        ctx.destroy_stream(a).expect("destroy");
+        ctx.destroy_stream(b).expect("destroy");
+        check("destroy_stream");
+        // Threads that never had a context get none left behind.
+        let ctx = std::sync::Arc::new(ctx);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                let ctx = ctx.clone();
+                scope.spawn(move || {
+                    let s = ctx.create_stream().expect("stream");
+                    let m = ctx.allocate(&s, 64).expect("allocate");
+                    ctx.free_async(&s, m, signal().0)
+                        .map_err(|(_, _, e)| e)
+                        .expect("free");
+                    ctx.synchronize(&s).expect("sync");
+                    ctx.destroy_stream(s).expect("destroy");
+                    assert!(current().is_null(), "a context left current on a worker");
+                });
+            }
+        });
+        let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
+        ctx.teardown(false).expect("teardown");
+        check("teardown");
+        // SAFETY: the context retained above, released once, not current.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(dev1), "release 1");
+        }
+    }
+
+    fn lost_teardown() {
+        // Declared lost on a healthy device, three times: each lost teardown
+        // releases memgov's context reference, and with it the memory and
+        // streams (the stand-in's exit check finds nothing left).
+        for round in 0..3 {
+            let ctx = factory().expect("context");
+            let probe = ctx.probe();
+            let s = ctx.create_stream().expect("stream");
+            let _kept = ctx.allocate(&s, 64 << 20).expect("allocate");
+            let m = ctx.allocate(&s, 4096).expect("allocate");
+            ctx.free_async(&s, m, signal().0)
+                .map_err(|(_, _, e)| e)
+                .expect("free, still queued");
+            ctx.device_lost();
+            ctx.teardown(true).expect("lost teardown");
+            assert!(probe.lost());
+            let fresh = factory().expect("fresh context");
+            let info = fresh.memory_info().expect("memory info");
+            assert_eq!(info.free, info.total, "round {round}: memory left behind");
+            fresh.teardown(false).expect("teardown");
+        }
+    }
+
+    fn default_pool() {
+        let threshold = || {
+            let (mut dev, mut pool, mut v) = (0, std::ptr::null_mut(), 7u64);
+            // SAFETY: valid out pointers; the attribute is a cuuint64_t.
+            unsafe {
+                ok(sys::cuInit(0), "init");
+                ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                ok(
+                    sys::cuDeviceGetDefaultMemPool(&mut pool, dev),
+                    "default pool",
+                );
+                ok(
+                    sys::cuMemPoolGetAttribute(
+                        pool,
+                        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                        (&mut v as *mut u64).cast(),
+                    ),
+                    "get threshold",
+                );
+            }
+            v
+        };
+        let before = threshold();
+        let ctx = factory().expect("context");
+        assert_eq!(
+            threshold(),
+            before,
+            "the default pool changed while memgov runs"
+        );
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.free_async(&s, m, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("free");
+        ctx.synchronize(&s).expect("sync");
+        ctx.destroy_stream(s).expect("destroy");
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(
+            threshold(),
+            before,
+            "the default pool changed after teardown"
+        );
+    }
+
+    fn adopt_lost() {
+        // memgov's own pool is destroyed by a lost teardown of an adopted
+        // context too; the runtime's context and stream stay the runtime's,
+        // and once it lets go of them nothing is left at exit.
+        let (ctx, device, context, lent) = adopted_by_memgov(true);
+        let s = ctx.create_stream().expect("lent stream");
+        let _m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.device_lost();
+        ctx.teardown(true).expect("lost teardown");
+        assert_eq!(current(), context, "the runtime's current context is kept");
+        // SAFETY: the runtime's own objects, destroyed and released once.
+        unsafe {
+            ok(sys::cuStreamSynchronize(lent), "sync lent stream");
+            ok(sys::cuStreamDestroy_v2(lent), "destroy lent stream");
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(device), "release");
+        }
+    }
+}

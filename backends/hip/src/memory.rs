@@ -1,0 +1,340 @@
+//! Allocation (`hipMallocFromPoolAsync` from the context's own memory pool,
+//! or the `hipMalloc` fallback), copies on the stream, and the pool's
+//! creation, trim and destruction.
+
+use super::ffi::{
+    self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
+    hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t, hipMemcpyDtoHAsync,
+    hipMemcpyHtoDAsync, hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize,
+    hipStream_t, HipResult, STREAM_NON_BLOCKING,
+};
+use super::result::{check, err};
+use super::stream::HipStream;
+use super::{Allocator, Inner};
+use hip_sys::hiprt::{
+    hipDeviceptr_t, hipError_t, hipMemAllocationHandleType, hipMemAllocationType, hipMemLocation,
+    hipMemLocationType,
+};
+use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_sync::lock;
+use std::ffi::c_void;
+
+const NOT_SUPPORTED: HipResult = hipError_t::hipErrorNotSupported as HipResult;
+const OUT_OF_MEMORY: HipResult = hipError_t::hipErrorOutOfMemory as HipResult;
+
+/// Where an allocation came from, and so how it is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `hipMallocFromPoolAsync` from the context's own pool; freed with
+    /// `hipFreeAsync` on a stream.
+    Pool,
+    /// `hipMalloc`; freed with `hipFree` once an event recorded on the
+    /// releasing stream has completed.
+    Plain,
+}
+
+/// A raw device allocation of a [`HipContext`](super::HipContext).
+///
+/// A plain handle: dropping it does nothing; only a stream-ordered free (or
+/// teardown, for memory the governor abandoned) returns it to the device.
+#[derive(Debug)]
+pub struct HipMemory {
+    pub(crate) ptr: usize,
+    pub(crate) bytes: u64,
+    pub(crate) context: u64,
+    pub(crate) origin: Origin,
+}
+
+impl HipMemory {
+    /// The device pointer, for kernels and copies of your own.
+    ///
+    /// Valid until the allocation is released. The caller must not free it
+    /// (`hipFree`/`hipFreeAsync`), must not access it past [`len`](Self::len)
+    /// bytes, and must order any work that uses it on the stream the
+    /// allocation is released on (or synchronize that work first): the
+    /// governor's free is ordered after earlier work on that stream only.
+    pub fn device_ptr(&self) -> hipDeviceptr_t {
+        self.ptr as hipDeviceptr_t
+    }
+    /// Size in bytes as requested.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+    /// Always false: zero-byte allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+    /// Whether it came from the stream-ordered pool or the `hipMalloc`
+    /// fallback.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+}
+
+/// A `hipMemPool_t` that may cross threads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pool(pub(crate) hipMemPool_t);
+
+// SAFETY: a hipMemPool_t is an opaque handle the HIP runtime accepts from any
+// host thread; this type only carries the value.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+pub(crate) fn allocate(
+    inner: &Inner,
+    stream: &HipStream,
+    bytes: u64,
+) -> Result<HipMemory, BackendError> {
+    inner.check_stream("allocate", stream)?;
+    inner.check_usable("allocate")?;
+    if bytes == 0 {
+        return Err(err(
+            "allocate",
+            BackendErrorKind::InvalidArgument,
+            "a 0-byte allocation was asked for; ask for at least 1 byte",
+        ));
+    }
+    let size = usize::try_from(bytes).map_err(|_| {
+        err(
+            "allocate",
+            BackendErrorKind::InvalidArgument,
+            format!("{bytes} B does not fit this host's address space"),
+        )
+    })?;
+    let _device = inner.make_current("allocate")?;
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    let mut origin = Origin::Plain;
+    if let (Allocator::StreamOrdered, Some(pool)) = (inner.allocator(), inner.pool()) {
+        // SAFETY: `ptr` is a valid out-pointer, the pool is the context's
+        // own (destroyed only at teardown) and the stream is alive.
+        let r = unsafe { hipMallocFromPoolAsync(&mut ptr, size, pool.0, stream.raw.0) };
+        if r == NOT_SUPPORTED {
+            // The runtime has no stream-ordered allocator for this device
+            // after all: use the fallback from now on.
+            inner.fall_back("hipMallocFromPoolAsync returned hipErrorNotSupported");
+        } else {
+            inner.checked("allocate", "hipMallocFromPoolAsync", r)?;
+            origin = Origin::Pool;
+        }
+    }
+    if origin == Origin::Plain {
+        // SAFETY: `ptr` is a valid out-pointer.
+        let r = unsafe { hipMalloc(&mut ptr, size) };
+        inner.checked("allocate", "hipMalloc", r)?;
+    }
+    let ptr = ptr as usize;
+    lock(&inner.live).insert(ptr, (bytes, origin));
+    inner.probe.allocated(bytes);
+    Ok(HipMemory {
+        ptr,
+        bytes,
+        context: inner.id,
+        origin,
+    })
+}
+
+fn check_memory(inner: &Inner, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
+    if memory.context != inner.id || !lock(&inner.live).contains_key(&memory.ptr) {
+        return Err(err(
+            op,
+            BackendErrorKind::InvalidArgument,
+            format!(
+                "allocation {:#x} ({} B) is not live in HIP context {}",
+                memory.ptr, memory.bytes, inner.id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn range(
+    op: &'static str,
+    memory: &HipMemory,
+    offset: u64,
+    len: usize,
+) -> Result<usize, BackendError> {
+    let end = offset.checked_add(len as u64);
+    match end {
+        Some(end) if end <= memory.bytes => Ok(memory.ptr + offset as usize),
+        _ => Err(err(
+            op,
+            BackendErrorKind::InvalidArgument,
+            format!(
+                "{len} B at offset {offset} runs past the {} B allocation",
+                memory.bytes
+            ),
+        )),
+    }
+}
+
+/// Copy `src` into device memory on the stream; returns once the copy has
+/// executed (so `src` may be reused).
+pub(crate) fn write(
+    inner: &Inner,
+    stream: &HipStream,
+    memory: &HipMemory,
+    offset: u64,
+    src: &[u8],
+) -> Result<(), BackendError> {
+    inner.check_stream("write", stream)?;
+    inner.check_usable("write")?;
+    check_memory(inner, "write", memory)?;
+    let dst = range("write", memory, offset, src.len())?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: [dst, dst + len) lies inside a live allocation of this context
+    // (checked above); `src` is valid for reads of its length and outlives
+    // the copy because the stream is synchronized before returning. HIP does
+    // not write through the source pointer despite its `*mut` type.
+    let r = unsafe {
+        hipMemcpyHtoDAsync(
+            dst as *mut c_void,
+            src.as_ptr() as *mut c_void,
+            src.len(),
+            stream.raw.0,
+        )
+    };
+    inner.checked("write", "hipMemcpyHtoDAsync", r)?;
+    // SAFETY: the stream is alive.
+    let r = unsafe { hipStreamSynchronize(stream.raw.0) };
+    inner.checked("write", "hipStreamSynchronize", r)
+}
+
+/// Copy device memory into `dst` on the stream; returns once `dst` holds
+/// the data.
+pub(crate) fn read(
+    inner: &Inner,
+    stream: &HipStream,
+    memory: &HipMemory,
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), BackendError> {
+    inner.check_stream("read", stream)?;
+    inner.check_usable("read")?;
+    check_memory(inner, "read", memory)?;
+    let src = range("read", memory, offset, dst.len())?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: [src, src + len) lies inside a live allocation (checked above);
+    // `dst` is valid for writes of its length and stays borrowed until the
+    // stream is synchronized below, so the copy finishes before it returns.
+    let r = unsafe {
+        hipMemcpyDtoHAsync(
+            dst.as_mut_ptr() as *mut c_void,
+            src as *mut c_void,
+            dst.len(),
+            stream.raw.0,
+        )
+    };
+    inner.checked("read", "hipMemcpyDtoHAsync", r)?;
+    // SAFETY: the stream is alive.
+    let r = unsafe { hipStreamSynchronize(stream.raw.0) };
+    inner.checked("read", "hipStreamSynchronize", r)
+}
+
+/// A memory pool of the context's own on device `ordinal` (current on the
+/// calling thread), with its release threshold at `u64::MAX`: memory freed
+/// into it stays cached for reuse by the context's next allocations until
+/// teardown trims and destroys it. The device's default pool, which other
+/// users of the process share, is left as it is. `None` when the runtime
+/// answers `hipErrorNotSupported`.
+pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
+    let props = hipMemPoolProps {
+        allocType: hipMemAllocationType::hipMemAllocationTypePinned,
+        handleTypes: hipMemAllocationHandleType::hipMemHandleTypeNone,
+        location: hipMemLocation {
+            type_: hipMemLocationType::hipMemLocationTypeDevice,
+            id: ordinal,
+        },
+        win32SecurityAttributes: std::ptr::null_mut(),
+        reserved: [0; 64],
+    };
+    let mut pool: hipMemPool_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and a fully initialised properties struct
+    // (reserved bytes zero, as documented).
+    let r = unsafe { hipMemPoolCreate(&mut pool, &props) };
+    if r == NOT_SUPPORTED {
+        return Ok(None);
+    }
+    check("new", "hipMemPoolCreate", r)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the pool was just created; the attribute's value is a u64.
+    let r = unsafe {
+        hipMemPoolSetAttribute(
+            pool,
+            ffi::POOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut c_void,
+        )
+    };
+    if let Err(e) = check("new", "hipMemPoolSetAttribute", r) {
+        let _ = destroy_pool(Pool(pool));
+        return Err(e);
+    }
+    Ok(Some(Pool(pool)))
+}
+
+/// Destroy the context's pool (every allocation from it freed).
+pub(crate) fn destroy_pool(pool: Pool) -> Result<(), BackendError> {
+    // SAFETY: the pool is the context's own, created by `create_pool`, and
+    // no allocation from it is live; nothing uses the handle afterwards.
+    let r = unsafe { hipMemPoolDestroy(pool.0) };
+    check("new", "hipMemPoolDestroy", r)
+}
+
+/// Return the pool's unused reserve to the device (the pool keeps freed
+/// memory for reuse until trimmed).
+pub(crate) fn trim_pool(pool: Pool) -> Result<(), BackendError> {
+    // SAFETY: the pool is the context's own, alive until `destroy_pool`;
+    // trimming releases only memory no allocation uses.
+    let r = unsafe { hipMemPoolTrimTo(pool.0, 0) };
+    check("teardown", "hipMemPoolTrimTo", r)
+}
+
+/// Whether the stream-ordered allocator works on the current device: one
+/// one-byte trial allocation from the pool on a temporary stream, freed,
+/// synchronized and trimmed away. `Ok(false)` when the runtime answers
+/// `hipErrorNotSupported`. An out-of-memory answer (a device with almost
+/// nothing free) still shows that the allocator is there: `Ok(true)`.
+pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
+    let mut s: hipStream_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer, documented flag.
+    check("new", "hipStreamCreateWithFlags", unsafe {
+        hipStreamCreateWithFlags(&mut s, STREAM_NON_BLOCKING)
+    })?;
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the pool and the stream were just created.
+    let r = unsafe { hipMallocFromPoolAsync(&mut p, 1, pool.0, s) };
+    let allocated = r == ffi::SUCCESS;
+    let mut result = if r == NOT_SUPPORTED {
+        Ok(false)
+    } else if r == OUT_OF_MEMORY {
+        Ok(true)
+    } else {
+        check("new", "hipMallocFromPoolAsync", r).map(|()| true)
+    };
+    if allocated {
+        // SAFETY: `p` came from hipMallocAsync just above and is unused.
+        let r = unsafe { hipFreeAsync(p, s) };
+        result = check("new", "hipFreeAsync", r).map(|()| true);
+    }
+    // SAFETY: the temporary stream is alive until destroyed below.
+    let synced = check("new", "hipStreamSynchronize", unsafe {
+        hipStreamSynchronize(s)
+    });
+    // SAFETY: synchronized (or failing, where HIP still accepts the destroy);
+    // nothing else knows this stream.
+    let destroyed = check("new", "hipStreamDestroy", unsafe { hipStreamDestroy(s) });
+    let ordered = result?;
+    synced?;
+    destroyed?;
+    if allocated {
+        trim_pool(pool).map_err(|e| BackendError {
+            operation: "new",
+            ..e
+        })?;
+    }
+    Ok(ordered)
+}

@@ -1,0 +1,526 @@
+//! Stream-ordered frees and how their retirement is learnt.
+//!
+//! * **Pool memory**: `hipFreeAsync` on the stream, then
+//!   `hipStreamAddCallback`. The callback runs on a HIP runtime thread once
+//!   everything queued before it (the free included) has executed. It makes
+//!   no HIP call (the runtime forbids it): it takes its ticket out of the
+//!   pending table and fires the [`RetireSignal`], or drops it unfired when
+//!   the stream reports an error (the free did not execute).
+//! * **Fallback memory** (`hipMalloc`): an event is recorded on the stream and
+//!   the free is handed to the reaper thread, which takes it off its queue,
+//!   waits for the event (`hipEventSynchronize`), calls `hipFree`, destroys
+//!   the event and fires the signal. Teardown joins the reaper, so the free
+//!   it holds is settled, and no reaper call reaches HIP, once teardown
+//!   returns.
+//!
+//! Signals live in this module's tables, not inside the runtime's callback
+//! data, so that teardown of a lost device can drop every one of them even
+//! if the runtime never runs the callbacks. The callback's user data is a
+//! number, not a pointer: the ticket, which a process-wide table routes to
+//! its context. A runtime that drops queued callbacks without running them
+//! (a lost device, a stream destroyed with callbacks pending) leaks
+//! nothing: teardown removes the routes of the tickets it settles.
+
+#![allow(clippy::result_large_err)]
+
+use super::ffi::{
+    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipEventSynchronize, hipEvent_t,
+    hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback, hipStreamSynchronize, hipStream_t,
+    HipResult, EVENT_DISABLE_TIMING, SUCCESS,
+};
+use super::memory::{HipMemory, Origin};
+use super::result::{err, error_name};
+use super::stream::HipStream;
+use super::Inner;
+use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
+use memgov_sync::lock;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+
+/// Tickets are unique in the process: a callback's user data names one.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+
+/// Ticket -> the context that queued it, for the callbacks.
+fn routes() -> &'static Mutex<HashMap<u64, Weak<Inner>>> {
+    static ROUTES: OnceLock<Mutex<HashMap<u64, Weak<Inner>>>> = OnceLock::new();
+    ROUTES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Remove every route to `inner` (teardown: a callback that still runs
+/// afterwards finds no context and does nothing).
+pub(crate) fn forget_routes(inner: &Inner) {
+    let me: *const Inner = inner;
+    lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
+}
+
+/// A queued free whose signal has not fired.
+struct Ticket {
+    signal: RetireSignal,
+    bytes: u64,
+    stream: u64,
+}
+
+/// Frees queued with `hipFreeAsync` whose callback has not run yet.
+#[derive(Default)]
+pub(crate) struct PendingFrees {
+    tickets: Mutex<HashMap<u64, Ticket>>,
+}
+
+impl PendingFrees {
+    /// How many frees are queued and not yet retired.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.tickets).len()
+    }
+}
+
+/// Unsettled frees per stream, so that `synchronize` returns only after the
+/// signals of the frees queued on its stream have fired (the reaper runs
+/// after the stream, and a runtime may run a callback after the stream's
+/// own synchronize has returned).
+#[derive(Default)]
+pub(crate) struct Outstanding {
+    per_stream: Mutex<HashMap<u64, u64>>,
+    settled: Condvar,
+}
+
+impl Outstanding {
+    fn add(&self, stream: u64) {
+        *lock(&self.per_stream).entry(stream).or_default() += 1;
+    }
+
+    /// One free of `stream` settled (its signal fired or was dropped).
+    fn settle(&self, stream: u64) {
+        let mut m = lock(&self.per_stream);
+        if let Some(n) = m.get_mut(&stream) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&stream);
+            }
+        }
+        drop(m);
+        self.settled.notify_all();
+    }
+
+    fn clear(&self) {
+        lock(&self.per_stream).clear();
+        self.settled.notify_all();
+    }
+
+    /// Block until every free queued on `stream` so far has settled, or
+    /// the device is lost (then teardown settles them).
+    pub(crate) fn wait(&self, stream: u64, lost: &AtomicBool) {
+        let mut m = lock(&self.per_stream);
+        while m.contains_key(&stream) && !lost.load(Ordering::Acquire) {
+            m = self.settled.wait(m).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wake every waiter to look at the lost flag again.
+    pub(crate) fn wake(&self) {
+        let _m = lock(&self.per_stream);
+        self.settled.notify_all();
+    }
+}
+
+/// Runs on a HIP runtime thread after the free before it executed. Makes no
+/// HIP call. The status is read as a plain integer (see `ffi.rs`); the user
+/// data is the ticket number, not a pointer.
+unsafe extern "C" fn free_executed(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
+    let key = user as usize as u64;
+    let Some(inner) = lock(routes()).remove(&key).and_then(|w| w.upgrade()) else {
+        // Torn down already: teardown settled the ticket.
+        return;
+    };
+    // Teardown of a lost device may have taken the ticket already.
+    let Some(ticket) = lock(&inner.pending.tickets).remove(&key) else {
+        return;
+    };
+    if status == SUCCESS {
+        inner.probe.free_retired(ticket.bytes);
+        ticket.signal.retire();
+    } else {
+        // The stream failed: the free did not (visibly) execute. The
+        // runtime reports only sticky errors here, so the device is lost.
+        inner.mark_lost(&format!(
+            "a stream callback reported status {status} after a queued free"
+        ));
+        inner.probe.free_abandoned(ticket.bytes);
+        drop(ticket.signal);
+    }
+    inner.outstanding.settle(ticket.stream);
+}
+
+/// A refused free: the memory and the signal go back to the caller, as
+/// `DeviceContext::free_async` requires (hence the large `Err` variants
+/// below, which clippy flags).
+type Refused = (HipMemory, RetireSignal, BackendError);
+
+/// Queue the free of `memory` behind the work on `stream`.
+pub(crate) fn free_async(
+    inner: &Arc<Inner>,
+    stream: &HipStream,
+    memory: HipMemory,
+    signal: RetireSignal,
+) -> Result<(), Refused> {
+    let ready = inner
+        .check_stream("free_async", stream)
+        .and_then(|()| inner.check_usable("free_async"));
+    if let Err(e) = ready {
+        return Err((memory, signal, e));
+    }
+    let known = memory.context == inner.id && lock(&inner.live).remove(&memory.ptr).is_some();
+    if !known {
+        // Another context's memory is the caller's mistake, refused below
+        // and reported to the caller only; an allocation of this context
+        // that is no longer live is a second free, which the probe counts.
+        if memory.context == inner.id {
+            inner.probe.violation(
+                "hip",
+                format!(
+                    "free_async of allocation {:#x} ({} B), which is not live in context {}",
+                    memory.ptr, memory.bytes, inner.id
+                ),
+            );
+        }
+        let e = err(
+            "free_async",
+            BackendErrorKind::InvalidArgument,
+            format!(
+                "allocation {:#x} ({} B) is not live in HIP context {} (freed twice, or another context's)",
+                memory.ptr, memory.bytes, inner.id
+            ),
+        );
+        return Err((memory, signal, e));
+    }
+    match memory.origin {
+        Origin::Pool => queue_pool_free(inner, stream, memory, signal),
+        Origin::Plain => queue_plain_free(inner, stream, memory, signal),
+    }
+}
+
+fn refuse(
+    inner: &Inner,
+    memory: HipMemory,
+    signal: RetireSignal,
+    e: BackendError,
+) -> Result<(), Refused> {
+    lock(&inner.live).insert(memory.ptr, (memory.bytes, memory.origin));
+    Err((memory, signal, e))
+}
+
+fn queue_pool_free(
+    inner: &Arc<Inner>,
+    stream: &HipStream,
+    memory: HipMemory,
+    signal: RetireSignal,
+) -> Result<(), Refused> {
+    // SAFETY: the pointer came from hipMallocAsync of this context and was
+    // live until just now (removed from `live`, so no other path frees it);
+    // the stream is alive.
+    let r = unsafe { hipFreeAsync(memory.ptr as *mut c_void, stream.raw.0) };
+    if let Err(e) = inner.checked("free_async", "hipFreeAsync", r) {
+        return refuse(inner, memory, signal, e);
+    }
+    let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
+    let bytes = memory.bytes;
+    // The ticket is in the table before the callback can run.
+    inner.outstanding.add(stream.id);
+    lock(&inner.pending.tickets).insert(
+        ticket,
+        Ticket {
+            signal,
+            bytes,
+            stream: stream.id,
+        },
+    );
+    lock(routes()).insert(ticket, Arc::downgrade(inner));
+    // SAFETY: the stream is alive; the callback has the ABI HIP expects
+    // (an `int` status is what the C header's enum is passed as); the user
+    // data is a number the callback never dereferences.
+    let r = unsafe {
+        hipStreamAddCallback(
+            stream.raw.0,
+            Some(free_executed),
+            ticket as usize as *mut c_void,
+            0,
+        )
+    };
+    if r == SUCCESS {
+        return Ok(());
+    }
+    // The callback will never run: drop its route, then learn when the
+    // already-queued free has executed by synchronizing the stream.
+    lock(routes()).remove(&ticket);
+    let add_failed = error_name(r);
+    let ticket = lock(&inner.pending.tickets).remove(&ticket);
+    let Some(ticket) = ticket else { return Ok(()) };
+    // SAFETY: the stream is alive.
+    let s = unsafe { hipStreamSynchronize(stream.raw.0) };
+    match inner.checked("free_async", "hipStreamSynchronize", s) {
+        Ok(()) => {
+            inner.probe.free_retired(ticket.bytes);
+            ticket.signal.retire();
+        }
+        Err(e) => {
+            inner.probe.free_abandoned(ticket.bytes);
+            drop(ticket.signal);
+            inner.note(format!(
+                "hipStreamAddCallback returned {add_failed}, and the synchronize after the queued free failed: {e}; the release is abandoned"
+            ));
+        }
+    }
+    inner.outstanding.settle(ticket.stream);
+    Ok(())
+}
+
+/// An event that may cross threads.
+struct Event(hipEvent_t);
+// SAFETY: a hipEvent_t is an opaque runtime handle usable from any thread.
+unsafe impl Send for Event {}
+
+/// A `hipMalloc` allocation waiting for its event before `hipFree`.
+pub(crate) struct PlainFree {
+    event: Event,
+    ptr: usize,
+    bytes: u64,
+    stream: u64,
+    signal: RetireSignal,
+}
+
+/// The reaper's queue, in the order the frees were queued.
+#[derive(Default)]
+pub(crate) struct Reaper {
+    queue: Mutex<ReaperQueue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct ReaperQueue {
+    frees: VecDeque<PlainFree>,
+    stop: bool,
+}
+
+impl Reaper {
+    /// Frees handed over and not yet done.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.queue).frees.len()
+    }
+}
+
+fn queue_plain_free(
+    inner: &Arc<Inner>,
+    stream: &HipStream,
+    memory: HipMemory,
+    signal: RetireSignal,
+) -> Result<(), Refused> {
+    // Events belong to the current device.
+    let _device = match inner.make_current("free_async") {
+        Ok(d) => d,
+        Err(e) => return refuse(inner, memory, signal, e),
+    };
+    let mut event: hipEvent_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer, documented flag.
+    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
+    if let Err(e) = inner.checked("free_async", "hipEventCreateWithFlags", r) {
+        return refuse(inner, memory, signal, e);
+    }
+    // SAFETY: the event was just created; the stream is alive.
+    let r = unsafe { hipEventRecord(event, stream.raw.0) };
+    if let Err(e) = inner.checked("free_async", "hipEventRecord", r) {
+        // SAFETY: the event is ours and unused.
+        unsafe { hipEventDestroy(event) };
+        return refuse(inner, memory, signal, e);
+    }
+    if let Err(e) = ensure_reaper(inner) {
+        // SAFETY: recorded but nobody waits on it; destroying a recorded
+        // event is allowed.
+        unsafe { hipEventDestroy(event) };
+        return refuse(inner, memory, signal, e);
+    }
+    inner.outstanding.add(stream.id);
+    let mut q = lock(&inner.reaper.queue);
+    q.frees.push_back(PlainFree {
+        event: Event(event),
+        ptr: memory.ptr,
+        bytes: memory.bytes,
+        stream: stream.id,
+        signal,
+    });
+    drop(q);
+    inner.reaper.wake.notify_one();
+    Ok(())
+}
+
+fn ensure_reaper(inner: &Arc<Inner>) -> Result<(), BackendError> {
+    let mut slot = lock(&inner.reaper_thread);
+    if slot.is_some() {
+        return Ok(());
+    }
+    let shared = Arc::clone(inner);
+    let join = std::thread::Builder::new()
+        .name(format!("memgov-hip-reaper-{}", inner.id))
+        .spawn(move || reap(&shared))
+        .map_err(|e| {
+            err(
+                "free_async",
+                BackendErrorKind::Other,
+                format!("could not spawn the HIP reaper thread: {e}"),
+            )
+        })?;
+    *slot = Some(join);
+    Ok(())
+}
+
+/// The reaper thread: take each free in order, wait for its event, then
+/// `hipFree`. The free it holds is its own until settled, so teardown (which
+/// joins it) never returns while it is in flight. On a dead device it
+/// settles what it takes without a HIP call.
+fn reap(inner: &Inner) {
+    // The fallback allocations were made on this device; the thread is the
+    // reaper's own, so its current device is not restored.
+    // SAFETY: plain call with the ordinal validated at creation.
+    let r = unsafe { hipSetDevice(inner.ordinal()) };
+    let _ = inner.checked("free_async", "hipSetDevice", r);
+    loop {
+        let free = {
+            let mut q = lock(&inner.reaper.queue);
+            loop {
+                if let Some(f) = q.frees.pop_front() {
+                    break f;
+                }
+                if q.stop {
+                    return;
+                }
+                q = inner.reaper.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        settle_plain(inner, free);
+    }
+}
+
+/// Wait for a fallback free's event, `hipFree` it, destroy the event and
+/// settle the signal; on a dead device, abandon it without a call.
+fn settle_plain(inner: &Inner, free: PlainFree) {
+    let result = if inner.is_dead() {
+        Err(err(
+            "free_async",
+            BackendErrorKind::DeviceLost,
+            "the device is lost; the fallback free was not sent",
+        ))
+    } else {
+        // SAFETY: the event is alive: it is destroyed only below, by the
+        // holder of its free (this thread).
+        let r = unsafe { hipEventSynchronize(free.event.0) };
+        inner
+            .checked("free_async", "hipEventSynchronize", r)
+            .and_then(|()| {
+                // SAFETY: the event has completed, so all work queued before
+                // the free on its stream has executed; the pointer came from
+                // hipMalloc of this context and nothing else frees it.
+                let r = unsafe { hipFree(free.ptr as *mut c_void) };
+                inner.checked("free_async", "hipFree", r)
+            })
+    };
+    if !inner.is_dead() {
+        // SAFETY: the event is ours and no longer waited on.
+        unsafe { hipEventDestroy(free.event.0) };
+    }
+    match result {
+        Ok(()) => {
+            inner.probe.free_retired(free.bytes);
+            free.signal.retire();
+        }
+        Err(e) => {
+            inner.note(format!("fallback free of {:#x} failed: {e}", free.ptr));
+            inner.probe.free_abandoned(free.bytes);
+            drop(free.signal);
+        }
+    }
+    inner.outstanding.settle(free.stream);
+}
+
+/// Stop the reaper after it has finished every queued free, and join it
+/// (unless the caller is the reaper itself, settling a signal whose owner
+/// tore the context down: it returns once the queue is empty).
+pub(crate) fn stop_reaper(inner: &Inner) {
+    lock(&inner.reaper.queue).stop = true;
+    inner.reaper.wake.notify_all();
+    let join = lock(&inner.reaper_thread).take();
+    if let Some(join) = join {
+        if join.thread().id() != std::thread::current().id() {
+            let _: Result<(), _> = join.join().map_err(|_| ());
+        }
+    }
+}
+
+/// A fallback free a lost teardown took from the reaper's queue before the
+/// reaper started it: its signal is already dropped; the memory and the
+/// event are released by teardown while the device answers.
+pub(crate) struct Taken {
+    ptr: usize,
+    event: Event,
+}
+
+/// Release a taken fallback free: its event was recorded before the free
+/// was queued, so synchronize it, then `hipFree` and destroy the event.
+pub(crate) fn free_taken(inner: &Inner, t: &Taken) -> Result<(), BackendError> {
+    if inner.is_dead() {
+        return Ok(());
+    }
+    // SAFETY: the event is alive (never destroyed while its free is queued
+    // or taken); the streams are synchronized.
+    let r = unsafe { hipEventSynchronize(t.event.0) };
+    let mut result = inner.checked("teardown", "hipEventSynchronize", r);
+    if result.is_ok() {
+        // SAFETY: the pointer came from hipMalloc of this context; the work
+        // before its free has executed and nothing else frees it.
+        let r = unsafe { hipFree(t.ptr as *mut c_void) };
+        result = inner.checked("teardown", "hipFree", r);
+    }
+    if !inner.is_dead() {
+        // SAFETY: the event is ours and no longer waited on.
+        unsafe { hipEventDestroy(t.event.0) };
+    }
+    result
+}
+
+/// Device lost: take every signal still held and drop it unfired, with no
+/// HIP call, and stop the reaper after the free it holds. Returns the
+/// fallback frees taken off the reaper's queue, for teardown to release
+/// while the device answers.
+pub(crate) fn abandon_all(inner: &Inner) -> Vec<Taken> {
+    let tickets: Vec<(u64, Ticket)> = lock(&inner.pending.tickets).drain().collect();
+    {
+        let mut r = lock(routes());
+        for (key, _) in &tickets {
+            r.remove(key);
+        }
+    }
+    let frees: Vec<PlainFree> = {
+        let mut q = lock(&inner.reaper.queue);
+        q.stop = true;
+        q.frees.drain(..).collect()
+    };
+    inner.reaper.wake.notify_all();
+    for (_, t) in tickets {
+        inner.probe.free_abandoned(t.bytes);
+        drop(t.signal);
+    }
+    let mut taken = Vec::with_capacity(frees.len());
+    for f in frees {
+        inner.probe.free_abandoned(f.bytes);
+        drop(f.signal);
+        taken.push(Taken {
+            ptr: f.ptr,
+            event: f.event,
+        });
+    }
+    inner.outstanding.clear();
+    taken
+}
+
+/// The reaper's join handle slot type.
+pub(crate) type ReaperThread = Mutex<Option<JoinHandle<()>>>;

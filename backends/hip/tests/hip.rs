@@ -1,0 +1,1456 @@
+//! The HIP backend against whatever `libamdhip64.so.5` the loader finds: the
+//! stand-in from `backends/stand-ins/hip/` in CI (put on `LD_LIBRARY_PATH`),
+//! an AMD GPU where there is one, or Debian's real runtime with no GPU, where
+//! every test prints `skipped: no HIP device` and passes.
+//!
+//! Tests that need the stand-in's knobs or plant contract violations run in
+//! a child process (this test binary re-executed with one ignored test and
+//! an environment variable), because the stand-in reads its knobs once per
+//! process and aborts the process on a violation. On anything but the
+//! stand-in they print `skipped: not the stand-in (...)`.
+//!
+//! `cargo test --features hip --test hip` (with the stand-in:
+//! `LD_LIBRARY_PATH=$(backends/stand-ins/build.sh hip)`).
+
+#[path = "../../stand-ins/support/child.rs"]
+mod child_process;
+#[path = "../../stand-ins/support/recorded.rs"]
+mod recorded;
+
+use recorded::signal;
+
+use hip_sys::hiprt as hip;
+use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
+use memgov::{
+    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
+    RetireOutcome, Role,
+};
+use std::ffi::{c_char, c_void, CStr};
+use std::time::{Duration, Instant};
+
+memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
+
+memgov::conformance_tests!(hip_plain, || HipContext::new(HipConfig {
+    allocator: AllocatorChoice::Plain,
+    ..HipConfig::default()
+}));
+
+const LONG: Duration = Duration::from_secs(60);
+/// The environment variable that makes this binary a child running one case.
+const CHILD: &str = "MEMGOV_HIP_TEST_CHILD";
+
+/// What a child prints when its case ran to the end.
+const CHILD_END: &str = "child reached the end";
+
+/// A context, or `None` after printing why there is no HIP device here.
+fn context(config: HipConfig) -> Option<HipContext> {
+    match HipContext::new(config) {
+        Ok(c) => Some(c),
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            assert!(e.message.starts_with("no HIP device"), "{e}");
+            eprintln!("skipped: no HIP device ({})", e.message);
+            None
+        }
+        Err(e) => panic!("HipContext::new failed: {e}"),
+    }
+}
+
+/// A context on the stand-in, or `None` after printing why not.
+fn stand_in() -> Option<HipContext> {
+    let ctx = context(HipConfig::default())?;
+    if ctx.describe().execution != Execution::StandIn {
+        eprintln!(
+            "skipped: not the stand-in ({}): this test needs its knobs",
+            ctx.describe().name
+        );
+        let _ = ctx.teardown(false);
+        return None;
+    }
+    Some(ctx)
+}
+
+#[test]
+fn whole_suite_report() {
+    for (label, config) in [
+        ("pool", HipConfig::default()),
+        (
+            "plain",
+            HipConfig {
+                allocator: AllocatorChoice::Plain,
+                ..HipConfig::default()
+            },
+        ),
+    ] {
+        let report = memgov::conformance::run_suite(|| HipContext::new(config.clone()));
+        println!("{label}: {report}");
+        assert!(report.all_passed(), "{report}");
+        match report.execution {
+            None => {
+                eprintln!("{}", report.cases[0].outcome);
+            }
+            Some(_) => assert_eq!(
+                report.counts().2,
+                0,
+                "no case may skip on a device: {report}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn describe_names_the_allocator_and_how_it_ran() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let d = ctx.describe();
+    assert_eq!(d.backend, "hip");
+    assert_eq!(d.vendor, "AMD");
+    assert!(d.total_bytes > 0);
+    let (ordered, why) = ctx.stream_ordered();
+    assert_eq!(d.stream_ordered_reuse, ordered);
+    if ordered {
+        assert!(d.driver.contains("hipMallocFromPoolAsync"), "{}", d.driver);
+    } else {
+        assert!(d.driver.contains("fallback"), "{} ({why:?})", d.driver);
+    }
+    if d.name.starts_with(memgov::hip::STAND_IN_NAME_PREFIX) {
+        assert_eq!(d.execution, Execution::StandIn);
+        assert!(ordered, "the stand-in has a pool unless told otherwise");
+    } else {
+        assert_eq!(d.execution, Execution::RealHardware);
+    }
+    ctx.teardown(false).unwrap();
+}
+
+#[test]
+fn free_retires_through_the_stream_callback() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let probe = ctx.probe();
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 1 << 16).unwrap();
+    assert_eq!(m.origin(), Origin::Pool);
+    ctx.write(&s, &m, 100, b"retire me").unwrap();
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    ctx.synchronize(&s).unwrap();
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the callback fired");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(
+        thread,
+        std::thread::current().id(),
+        "retirement is learnt on the runtime's callback thread"
+    );
+    assert_eq!(ctx.pending_frees(), 0);
+    ctx.destroy_stream(s).unwrap();
+    ctx.teardown(false).unwrap();
+    assert_eq!(probe.frees_retired(), 1);
+    probe.check_clean_teardown().unwrap();
+}
+
+#[test]
+fn plain_fallback_frees_after_the_event() {
+    let config = HipConfig {
+        allocator: AllocatorChoice::Plain,
+        ..HipConfig::default()
+    };
+    let Some(ctx) = context(config) else { return };
+    let probe = ctx.probe();
+    let d = ctx.describe();
+    assert!(!d.stream_ordered_reuse);
+    assert!(
+        d.driver.contains("hipMalloc/hipFree fallback"),
+        "{}",
+        d.driver
+    );
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 4096).unwrap();
+    assert_eq!(m.origin(), Origin::Plain);
+    ctx.write(&s, &m, 0, &[7; 4096]).unwrap();
+    let mut back = [0u8; 16];
+    ctx.read(&s, &m, 4080, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the reaper retired it");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(thread, std::thread::current().id());
+    ctx.destroy_stream(s).unwrap();
+    ctx.teardown(false).unwrap();
+    probe.check_clean_teardown().unwrap();
+}
+
+#[test]
+fn raw_accessors_reach_the_same_memory_and_stream() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let s = ctx.create_stream().unwrap();
+    let m = ctx.allocate(&s, 256).unwrap();
+    assert!(!m.device_ptr().is_null());
+    assert!(!s.hip_stream().is_null());
+    ctx.write(&s, &m, 0, b"through the raw handles").unwrap();
+    let mut back = [0u8; 23];
+    // SAFETY: the pointer and stream are live handles of this context; the
+    // copy stays within the 256-byte allocation; `back` outlives the
+    // synchronize that completes the copy.
+    let (copy, sync) = unsafe {
+        (
+            hip::hipMemcpyDtoHAsync(
+                back.as_mut_ptr() as *mut c_void,
+                m.device_ptr(),
+                back.len(),
+                s.hip_stream(),
+            ),
+            hip::hipStreamSynchronize(s.hip_stream()),
+        )
+    };
+    assert_eq!(
+        (copy, sync),
+        (hip::hipError_t::hipSuccess, hip::hipError_t::hipSuccess)
+    );
+    assert_eq!(&back, b"through the raw handles");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+    ctx.destroy_stream(s).unwrap();
+    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+    ctx.teardown(false).unwrap();
+}
+
+#[test]
+fn foreign_or_double_free_is_refused_and_counted() {
+    let Some(a) = context(HipConfig::default()) else {
+        return;
+    };
+    let b = HipContext::new(HipConfig::default()).unwrap();
+    let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
+    let m = a.allocate(&sa, 64).unwrap();
+    let (sig, rx) = signal();
+    let (m, sig, e) = b
+        .free_async(&sb, m, sig)
+        .expect_err("b does not own a's memory");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("not live"), "{e}");
+    // Refused and reported to the caller; the probe counts second frees of
+    // the context's own allocations, not another context's memory.
+    assert_eq!(b.probe().violations(), 0);
+    a.free_async(&sa, m, sig).map_err(|(_, _, e)| e).unwrap();
+    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+    a.destroy_stream(sa).unwrap();
+    b.destroy_stream(sb).unwrap();
+    a.teardown(false).unwrap();
+    b.teardown(false).unwrap();
+}
+
+#[test]
+fn sticky_codes_classify_as_device_loss() {
+    use hip::hipError_t as E;
+    for code in [
+        E::hipErrorIllegalAddress,
+        E::hipErrorLaunchFailure,
+        E::hipErrorECCNotCorrectable,
+        E::hipErrorAssert,
+    ] {
+        let e = result::hip_error("allocate", "hipMallocAsync", code as i32);
+        assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+        assert!(e.message.contains("retire this context"), "{e}");
+        assert_eq!(e.code, Some(code as i64));
+    }
+    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory as i32);
+    assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
+    assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
+    assert_eq!(
+        result::kind_of(E::hipErrorNoDevice as i32),
+        BackendErrorKind::Unavailable
+    );
+    // A code no binding lists (a newer runtime's) is read as the integer it
+    // is: classified `Other`, its number kept, and never a Rust enum value.
+    let unknown = result::hip_error("allocate", "hipMallocAsync", 123_456);
+    assert_eq!(unknown.kind, BackendErrorKind::Other, "{unknown}");
+    assert_eq!(unknown.code, Some(123_456));
+    assert!(!result::is_device_lost(123_456));
+}
+
+#[test]
+fn teardown_trims_the_pool() {
+    if !on_stand_in() {
+        return;
+    }
+    // In a child: other tests' teardowns would trim the shared pool too.
+    expect_pass("trim", &[]);
+}
+
+/// A governed soak: threads allocate, write, read back and release on their
+/// own streams while the pool reuses freed memory; the backend's books and
+/// the governor's charge end at zero. On the stand-in it runs in a child
+/// with the exit check on, so the runtime's books must end at zero too.
+#[test]
+fn short_soak() {
+    let Some(first) = context(HipConfig::default()) else {
+        return;
+    };
+    if first.describe().execution == Execution::StandIn {
+        first.teardown(false).unwrap();
+        let out = expect_pass("soak", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "20")]);
+        let line = out.lines().find_map(|l| l.find("soak:").map(|i| &l[i..]));
+        println!("{}", line.expect("the child prints its soak line"));
+        return;
+    }
+    soak(first);
+}
+
+fn soak(first: HipContext) {
+    let start = Instant::now();
+    let gov = Governor::new();
+    let mut ctx = Some(first);
+    let mut cycles = 0u64;
+    for epoch in 0..3u8 {
+        let backend = match ctx.take() {
+            Some(c) => c,
+            None => HipContext::new(HipConfig::default()).unwrap(),
+        };
+        let probe = backend.probe();
+        let handle = gov.register(backend, ContextConfig::new().label(format!("soak-{epoch}")));
+        let n = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..2)
+                .map(|t| {
+                    let handle = &handle;
+                    scope.spawn(move || {
+                        let stream = handle.create_stream(format!("w{t}")).unwrap();
+                        let mut n = 0u64;
+                        for i in 0..200u32 {
+                            let bytes = 4096 + u64::from(i % 7) * 1024;
+                            let buf = handle.allocate(&stream, bytes, Role::Workspace).unwrap();
+                            let v = [(i % 251) as u8; 64];
+                            buf.write(bytes - 64, &v).unwrap();
+                            let mut back = [0u8; 64];
+                            buf.read(bytes - 64, &mut back).unwrap();
+                            assert_eq!(back, v);
+                            if i % 2 == 0 {
+                                buf.release_on(&stream).map_err(|e| e.error).unwrap();
+                            } else {
+                                drop(buf);
+                            }
+                            n += 1;
+                        }
+                        stream.synchronize().unwrap();
+                        n
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
+        });
+        cycles += n;
+        let report = handle.retire().wait(Instant::now() + LONG).unwrap();
+        report.backend_result.unwrap();
+        assert_eq!(report.abandoned_releases, 0);
+        assert_eq!(report.retired_releases, n);
+        probe.check_clean_teardown().unwrap();
+    }
+    println!(
+        "soak: hip, {cycles} governed allocate/write/read/release cycles, 2 threads, 3 contexts, {:.1?}; every teardown clean",
+        start.elapsed()
+    );
+}
+
+// ---- child processes: knobs and planted violations ---------------------
+
+/// Run `case` in a child with `env`.
+fn child(case: &str, env: &[(&str, &str)]) -> child_process::ChildRun {
+    child_process::run(CHILD, case, env)
+}
+
+/// Whether this process runs on the stand-in; prints why not.
+fn on_stand_in() -> bool {
+    stand_in().map(|c| c.teardown(false).unwrap()).is_some()
+}
+
+/// Run `case` in a child that the stand-in must abort with a contract
+/// violation naming `message`.
+fn expect_abort(case: &str, env: &[(&str, &str)], message: &str) {
+    let run = child(case, env);
+    child_process::assert_aborted(
+        case,
+        &run,
+        "memgov libamdhip64 stand-in: contract violation",
+        message,
+        CHILD_END,
+    );
+}
+
+/// Run `case` in a child that must pass, with the stand-in's exit check on:
+/// anything the case leaves allocated aborts the child.
+fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
+    let mut env = env.to_vec();
+    env.push(("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1"));
+    let run = child(case, &env);
+    child_process::assert_passed(case, &run, CHILD_END);
+    run.output()
+}
+
+#[test]
+fn planted_violations_abort_the_stand_in() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "free_after_destroy",
+        &[],
+        "hipFreeAsync on destroyed stream",
+    );
+    expect_abort("double_free", &[], "hipFreeAsync of already freed pointer");
+    expect_abort("unknown_free", &[], "hipFree of unknown pointer");
+    expect_abort(
+        "copy_out_of_bounds",
+        &[],
+        "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
+    );
+    expect_abort(
+        "destroy_with_pending_work",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+        "hipStreamDestroy of stream",
+    );
+    expect_abort(
+        "live_memory_at_exit",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "process exits with 1 allocations (4096 bytes) still live on device 0",
+    );
+    expect_abort(
+        "reset_with_live_memory",
+        &[],
+        "hipDeviceReset with 1 allocations (64 bytes)",
+    );
+    expect_abort(
+        "call_inside_callback",
+        &[],
+        "called from inside a stream callback",
+    );
+    // The control: the same steps done right pass.
+    expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
+}
+
+#[test]
+fn releases_really_pend_with_latency() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "pending_with_latency",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "50000")],
+    );
+}
+
+#[test]
+fn no_mempool_falls_back_to_hip_malloc() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("no_mempool", &[("MEMGOV_STANDIN_HIP_NO_MEMPOOL", "1")]);
+}
+
+#[test]
+fn refused_malloc_async_falls_back_at_creation() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "malloc_async_refused",
+        &[("MEMGOV_STANDIN_HIP_NO_MEMPOOL", "2")],
+    );
+}
+
+#[test]
+fn refused_callback_retires_by_synchronizing() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "refused_callback",
+        &[("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", "1")],
+    );
+}
+
+#[test]
+fn device_loss_abandons_pending_frees() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1..=21 open the context, a stream, an allocation and its free;
+    // call 22 (the next one) and all later fail as after an illegal address.
+    expect_pass(
+        "device_loss",
+        &[
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
+        ],
+    );
+}
+
+#[test]
+fn out_of_memory_is_reported_with_the_code() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("oom", &[("MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES", "1048576")]);
+}
+
+#[test]
+fn no_device_is_unavailable_not_a_panic() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("no_device", &[("MEMGOV_STANDIN_HIP_DEVICES", "0")]);
+}
+
+#[test]
+fn planted_stand_in_checks_abort() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "unordered_cross_stream_free",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "missing stream ordering",
+    );
+    expect_abort(
+        "unordered_cross_stream_copy",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "missing stream ordering",
+    );
+    expect_abort(
+        "event_after_destroy",
+        &[],
+        "hipEventRecord on destroyed event",
+    );
+    expect_abort(
+        "wait_on_destroyed_event",
+        &[],
+        "hipStreamWaitEvent on destroyed event",
+    );
+    expect_abort(
+        "other_devices_memory",
+        &[("MEMGOV_STANDIN_HIP_DEVICES", "2")],
+        "memory of device 1, on a stream of device 0",
+    );
+    expect_abort(
+        "pool_left_at_exit",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "process exits with 1 memory pools of device 0 never destroyed",
+    );
+    expect_abort(
+        "default_pool_threshold_changed",
+        &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
+        "release threshold of device 0's default memory pool",
+    );
+    expect_abort(
+        "pool_after_destroy",
+        &[],
+        "hipMallocFromPoolAsync on destroyed memory pool",
+    );
+    // The other thread is inside hipStreamSynchronize when the hook runs
+    // (or, should it be slower than the sleep, calls it just after): both
+    // are the same violation.
+    expect_abort(
+        "call_in_flight_at_quiesce",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "300000")],
+        "a backend thread still calls HIP after teardown returned",
+    );
+    expect_abort(
+        "call_after_quiesce",
+        &[],
+        "called from another thread after memgov_standin_hip_quiesce()",
+    );
+    // The controls: the same steps done right pass.
+    expect_pass(
+        "ordered_cross_stream_free",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+    );
+}
+
+/// `order_after` queues an event wait instead of blocking: the other
+/// stream's work is still pending when it returns, and a free on the
+/// ordered stream passes the stand-in's cross-stream check.
+#[test]
+fn order_after_orders_a_cross_stream_free_without_blocking() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "order_after_pool",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
+    );
+    expect_pass(
+        "order_after_plain",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
+    );
+}
+
+/// The raw backend: `order_after` then `free_async` on another stream
+/// passes; the same free without it is the stand-in's violation.
+#[test]
+fn raw_cross_stream_free_needs_order_after() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_abort(
+        "raw_cross_stream_free_unordered",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+        "before its stream-ordered allocation completed - missing stream ordering",
+    );
+    expect_pass(
+        "raw_cross_stream_free_ordered",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
+    );
+}
+
+#[test]
+fn lost_teardown_of_the_fallback_joins_the_reaper_and_frees() {
+    if !on_stand_in() {
+        return;
+    }
+    for latency in ["0", "2000", "200000"] {
+        expect_pass(
+            "lost_fallback_teardown",
+            &[("MEMGOV_STANDIN_HIP_LATENCY_US", latency)],
+        );
+    }
+}
+
+#[test]
+fn the_threads_current_device_is_restored() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "current_device_restored",
+        &[
+            ("MEMGOV_STANDIN_HIP_DEVICES", "2"),
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "1000"),
+        ],
+    );
+}
+
+#[test]
+fn lost_teardown_of_a_healthy_device_releases_everything() {
+    if !on_stand_in() {
+        return;
+    }
+    for allocator in ["pool", "plain"] {
+        expect_pass(
+            "healthy_lost_teardown",
+            &[
+                ("MEMGOV_STANDIN_HIP_LATENCY_US", "20000"),
+                ("MEMGOV_HIP_TEST_ALLOCATOR", allocator),
+            ],
+        );
+    }
+}
+
+#[test]
+fn the_default_pool_is_left_alone() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("default_pool_untouched", &[]);
+}
+
+#[test]
+fn dropped_callbacks_leak_no_context() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1-15 open the context, 16-17 a stream, 18-19 an allocation,
+    // 20-21 its free; 22 is sticky, and the queued callback is dropped.
+    expect_pass(
+        "dropped_callback",
+        &[
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "50000"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
+            ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
+        ],
+    );
+}
+
+/// A context dropped without teardown (a device probe, a panic unwinding)
+/// releases its pool, streams and memory: the exit check finds nothing.
+#[test]
+fn a_dropped_context_releases_what_it_holds() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass("dropped_without_teardown", &[]);
+}
+
+#[test]
+fn a_nearly_full_device_still_opens() {
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "nearly_full",
+        &[("MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES", "100")],
+    );
+}
+
+#[test]
+fn teardown_stops_calling_hip_at_a_sticky_error() {
+    if !on_stand_in() {
+        return;
+    }
+    // Calls 1-15 open the context, 16-19 two streams, 20-23 an allocation
+    // and its free (pending behind the latency); teardown's first call
+    // (hipGetDevice, 24) succeeds and its first synchronize (25) is sticky:
+    // nothing after it may reach HIP, and the pending free's signal, whose
+    // callback the runtime drops, is settled as abandoned before teardown
+    // returns.
+    expect_pass(
+        "sticky_mid_teardown",
+        &[
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "25"),
+            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
+            ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
+        ],
+    );
+}
+
+/// A test hook the stand-in exports (absent from the real runtime, so it is
+/// looked up at run time).
+fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
+    extern "C" {
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: RTLD_DEFAULT (null on glibc) searches every loaded object;
+    // `name` is NUL-terminated.
+    let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+    assert!(!p.is_null(), "the stand-in exports {name:?}");
+    // SAFETY: the stand-in's hooks take nothing and return an integer (the
+    // quiesce hook returns void; its result register is ignored).
+    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
+}
+
+/// Tell the stand-in that no other thread may call HIP from now on.
+fn quiesce() {
+    // SAFETY: the hook takes nothing; see `standin_hook`.
+    unsafe { standin_hook(c"memgov_standin_hip_quiesce")() };
+}
+
+/// HIP calls made so far in this process.
+fn hip_calls() -> u64 {
+    // SAFETY: the hook takes nothing and returns a uint64_t.
+    unsafe { standin_hook(c"memgov_standin_hip_calls")() }
+}
+
+fn current_device() -> i32 {
+    let mut d = -1;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { hip::hipGetDevice(&mut d) });
+    d
+}
+
+/// Queue a host-to-device copy on `s` by hand (pending with latency).
+fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
+    // SAFETY: `p` is a live allocation of at least `src.len()` bytes; the
+    // source is static, so it outlives the queued copy.
+    ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
+}
+
+fn stream_query(s: hip::hipStream_t) -> hip::hipError_t {
+    // SAFETY: a live stream.
+    unsafe { hip::hipStreamQuery(s) }
+}
+
+fn ok(r: hip::hipError_t) {
+    assert_eq!(r, hip::hipError_t::hipSuccess);
+}
+
+fn raw_stream() -> hip::hipStream_t {
+    let mut s: hip::hipStream_t = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) });
+    s
+}
+
+fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and stream.
+    ok(unsafe { hip::hipMallocAsync(&mut p, bytes, s) });
+    p
+}
+
+unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::hipError_t, _u: *mut c_void) {
+    let mut n = 0;
+    // SAFETY: deliberately forbidden (a HIP call inside a callback): the
+    // stand-in must abort here.
+    let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
+}
+
+/// One planted case per child process. Ignored: only `child()` runs it.
+#[test]
+#[ignore = "the child-process entry of the planted-violation and knob tests"]
+fn child_entry() {
+    let case = std::env::var(CHILD).expect("run by child() with MEMGOV_HIP_TEST_CHILD set");
+    // SAFETY (every block below): raw HIP calls on handles created right
+    // here; the planted cases break the runtime's contract on purpose, which
+    // the stand-in turns into an abort before anything unsound happens.
+    match case.as_str() {
+        "free_after_destroy" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            let _ = hip::hipFreeAsync(p, s);
+        },
+        "double_free" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipFreeAsync(p, s));
+            let _ = hip::hipFreeAsync(p, s);
+        },
+        "unknown_free" => unsafe {
+            let mut x = 0u64;
+            let _ = hip::hipFree(&mut x as *mut u64 as *mut c_void);
+        },
+        "copy_out_of_bounds" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(100, s);
+            let src = [0u8; 64];
+            let _ = hip::hipMemcpyHtoDAsync(
+                (p as *mut u8).add(50) as *mut c_void,
+                src.as_ptr() as *mut c_void,
+                64,
+                s,
+            );
+        },
+        "destroy_with_pending_work" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(64, s);
+            ok(hip::hipFreeAsync(p, s));
+            let _ = hip::hipStreamDestroy(s);
+        },
+        "live_memory_at_exit" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            // Leak: neither freed nor torn down (dropping either frees
+            // nothing). The exit check must see it.
+            let _leaked = ctx.allocate(&s, 4096).unwrap();
+            ctx.destroy_stream(s).unwrap();
+            std::mem::forget(ctx);
+            return;
+        }
+        "reset_with_live_memory" => unsafe {
+            let s = raw_stream();
+            let _p = raw_alloc(64, s);
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            let _ = hip::hipDeviceReset();
+        },
+        "call_inside_callback" => unsafe {
+            let s = raw_stream();
+            ok(hip::hipStreamAddCallback(
+                s,
+                Some(calls_hip),
+                std::ptr::null_mut(),
+                0,
+            ));
+            let _ = hip::hipStreamSynchronize(s);
+        },
+        "control" => unsafe {
+            let s = raw_stream();
+            let p = raw_alloc(100, s);
+            let src = [1u8; 50];
+            ok(hip::hipMemcpyHtoDAsync(
+                p,
+                src.as_ptr() as *mut c_void,
+                50,
+                s,
+            ));
+            ok(hip::hipFreeAsync(p, s));
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+            ok(hip::hipDeviceReset());
+        },
+        "pending_with_latency" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(
+                ctx.pending_frees(),
+                1,
+                "the free is queued behind 50 ms of latency"
+            );
+            assert!(rx.try_recv().is_err(), "not retired before it executed");
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            assert_eq!(ctx.pending_frees(), 0);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "no_mempool" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let (ordered, why) = ctx.stream_ordered();
+            assert!(!ordered);
+            let why = why.unwrap();
+            assert!(why.contains("MemoryPoolsSupported is 0"), "{why}");
+            let d = ctx.describe();
+            assert!(!d.stream_ordered_reuse);
+            assert!(d.driver.contains("fallback"), "{}", d.driver);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            assert_eq!(m.origin(), Origin::Plain);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "malloc_async_refused" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let (ordered, why) = ctx.stream_ordered();
+            assert!(!ordered);
+            assert_eq!(
+                why.as_deref(),
+                Some("hipMallocFromPoolAsync returned hipErrorNotSupported")
+            );
+            assert!(!ctx.describe().stream_ordered_reuse);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            assert_eq!(m.origin(), Origin::Plain);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            let probe = ctx.probe();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "refused_callback" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            // Retired inline by the synchronize after the refusal.
+            let (outcome, thread) = rx.try_recv().expect("settled before free_async returned");
+            assert_eq!(outcome, RetireOutcome::Retired);
+            assert_eq!(thread, std::thread::current().id());
+            ctx.destroy_stream(s).unwrap();
+            let probe = ctx.probe();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "device_loss" => {
+            // Calls 1-7 open the device, 8-9 create the context's pool,
+            // 10-15 try it once.
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap(); // 16-17
+            let m = ctx.allocate(&s, 4096).unwrap(); // 18-19
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 20-21
+            let e = ctx.memory_info().expect_err("call 22 is sticky");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert!(e.message.contains("hipErrorIllegalAddress"), "{e}");
+            assert!(probe.lost());
+            let e = ctx
+                .create_stream()
+                .expect_err("a lost context takes no work");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert!(
+                e.message
+                    .contains("hipGetDevice returned hipErrorIllegalAddress (700)"),
+                "the first reason is carried: {e}"
+            );
+            // The queued free never executes; its callback reports the
+            // error (or teardown drops the signal first): abandoned either way.
+            ctx.teardown(true).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Abandoned);
+            assert_eq!(probe.frees_abandoned(), 1);
+            assert_eq!(probe.frees_retired(), 0);
+            assert_eq!(probe.teardowns(), 1);
+            // Through the governor: the error is DeviceLost and the context
+            // is marked lost.
+            let gov = Governor::new();
+            match HipContext::new(HipConfig::default()) {
+                Err(e) => assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}"),
+                Ok(c) => {
+                    let h = gov.register(c, ContextConfig::new());
+                    assert!(matches!(
+                        h.create_stream("x"),
+                        Err(GovernorError::DeviceLost { .. })
+                    ));
+                }
+            }
+        }
+        "soak" => soak(HipContext::new(HipConfig::default()).unwrap()),
+        "trim" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let total = ctx.memory_info().unwrap().total;
+            assert_eq!(ctx.memory_info().unwrap().free, total);
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 1 << 20).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&s).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            let kept = ctx.memory_info().unwrap().free;
+            assert_eq!(
+                kept,
+                total - (1 << 20),
+                "the pool keeps the freed MiB until trimmed"
+            );
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            let after = HipContext::new(HipConfig::default()).unwrap();
+            assert_eq!(
+                after.memory_info().unwrap().free,
+                total,
+                "teardown trimmed the pool"
+            );
+            after.teardown(false).unwrap();
+        }
+        "oom" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 1 << 19).unwrap();
+            let e = ctx.allocate(&s, 1 << 20).expect_err("over the 1 MiB knob");
+            assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+            assert!(e.message.contains("hipErrorOutOfMemory (2)"), "{e}");
+            assert!(!ctx.probe().lost());
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "no_device" => {
+            let e = HipContext::new(HipConfig::default()).expect_err("no device");
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            assert!(e.message.starts_with("no HIP device"), "{e}");
+            assert!(e.message.contains("hipErrorNoDevice"), "{e}");
+            let report = memgov::conformance::run_suite(|| HipContext::new(HipConfig::default()));
+            assert!(report.all_passed());
+            assert!(report
+                .cases
+                .iter()
+                .all(|c| c.outcome.to_string().starts_with("skipped: no HIP device")));
+        }
+        "unordered_cross_stream_free" => unsafe {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            let _ = hip::hipFreeAsync(p, b);
+        },
+        "unordered_cross_stream_copy" => {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            raw_write(b, p, &[2; 64]);
+        }
+        "ordered_cross_stream_free" => unsafe {
+            let (a, b) = (raw_stream(), raw_stream());
+            let p = raw_alloc(64, a);
+            raw_write(a, p, &[1; 64]);
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventRecord(e, a));
+            ok(hip::hipStreamWaitEvent(b, e, 0));
+            ok(hip::hipEventDestroy(e));
+            raw_write(b, p, &[2; 64]);
+            ok(hip::hipFreeAsync(p, b));
+            ok(hip::hipStreamSynchronize(b));
+            ok(hip::hipStreamSynchronize(a));
+            ok(hip::hipStreamDestroy(a));
+            ok(hip::hipStreamDestroy(b));
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            ok(hip::hipMemPoolTrimTo(pool, 0));
+        },
+        "event_after_destroy" => unsafe {
+            let s = raw_stream();
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventDestroy(e));
+            let _ = hip::hipEventRecord(e, s);
+        },
+        "wait_on_destroyed_event" => unsafe {
+            let s = raw_stream();
+            let mut e: hip::hipEvent_t = std::ptr::null_mut();
+            ok(hip::hipEventCreateWithFlags(&mut e, 2));
+            ok(hip::hipEventRecord(e, s));
+            ok(hip::hipEventDestroy(e));
+            let _ = hip::hipStreamWaitEvent(s, e, 0);
+        },
+        "other_devices_memory" => unsafe {
+            ok(hip::hipSetDevice(1));
+            let s1 = raw_stream();
+            let p = raw_alloc(64, s1);
+            ok(hip::hipSetDevice(0));
+            let s0 = raw_stream();
+            let src = [0u8; 16];
+            let _ = hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, 16, s0);
+        },
+        "pool_left_at_exit" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            // Neither torn down nor dropped: the pool it created stays.
+            std::mem::forget(ctx);
+            return;
+        }
+        "default_pool_threshold_changed" => unsafe {
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            let mut v = u64::MAX;
+            ok(hip::hipMemPoolSetAttribute(
+                pool,
+                hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                &mut v as *mut u64 as *mut c_void,
+            ));
+            // The exit check aborts the process after this returns.
+            return;
+        },
+        "pool_after_destroy" => unsafe {
+            let props = hip::hipMemPoolProps {
+                allocType: hip::hipMemAllocationType::hipMemAllocationTypePinned,
+                handleTypes: hip::hipMemAllocationHandleType::hipMemHandleTypeNone,
+                location: hip::hipMemLocation {
+                    type_: hip::hipMemLocationType::hipMemLocationTypeDevice,
+                    id: 0,
+                },
+                win32SecurityAttributes: std::ptr::null_mut(),
+                reserved: [0; 64],
+            };
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipMemPoolCreate(&mut pool, &props));
+            ok(hip::hipMemPoolDestroy(pool));
+            let s = raw_stream();
+            let mut p: *mut c_void = std::ptr::null_mut();
+            let _ = hip::hipMallocFromPoolAsync(&mut p, 64, pool, s);
+        },
+        "call_in_flight_at_quiesce" => {
+            let s = raw_stream() as usize;
+            // The latency keeps the copy pending while the other thread
+            // waits for it inside hipStreamSynchronize.
+            let p = raw_alloc(64, s as hip::hipStream_t);
+            raw_write(s as hip::hipStream_t, p, &[3; 64]);
+            let waiter = std::thread::spawn(move || {
+                // SAFETY: a live stream.
+                let _ = unsafe { hip::hipStreamSynchronize(s as hip::hipStream_t) };
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            quiesce();
+            waiter.join().unwrap();
+        }
+        "call_after_quiesce" => {
+            quiesce();
+            std::thread::spawn(|| {
+                let mut n = 0;
+                // SAFETY: valid out-pointer.
+                let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
+            })
+            .join()
+            .unwrap();
+        }
+        "order_after_pool" | "order_after_plain" => {
+            let config = HipConfig {
+                allocator: if case == "order_after_plain" {
+                    AllocatorChoice::Plain
+                } else {
+                    AllocatorChoice::Auto
+                },
+                ..HipConfig::default()
+            };
+            let ctx = HipContext::new(config).unwrap();
+            let probe = ctx.probe();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let m = ctx.allocate(&a, 4096).unwrap();
+            raw_write(a.hip_stream(), m.device_ptr(), &[9; 4096]);
+            ctx.order_after(&b, &a).unwrap();
+            assert_eq!(
+                stream_query(a.hip_stream()),
+                hip::hipError_t::hipErrorNotReady,
+                "order_after returned without waiting for the other stream"
+            );
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&b).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            assert_eq!(
+                stream_query(a.hip_stream()),
+                hip::hipError_t::hipSuccess,
+                "the free on b ran after a's copy"
+            );
+            // Refused: a stream of another context, and a destroyed one.
+            let other = HipContext::new(HipConfig::default()).unwrap();
+            let foreign = other.create_stream().unwrap();
+            let e = ctx.order_after(&b, &foreign).unwrap_err();
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+            other.destroy_stream(foreign).unwrap();
+            other.teardown(false).unwrap();
+            ctx.destroy_stream(a).unwrap();
+            ctx.destroy_stream(b).unwrap();
+            ctx.teardown(false).unwrap();
+            probe.check_clean_teardown().unwrap();
+        }
+        "raw_cross_stream_free_unordered" | "raw_cross_stream_free_ordered" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let m = ctx.allocate(&a, 4096).unwrap();
+            if case == "raw_cross_stream_free_ordered" {
+                raw_write(a.hip_stream(), m.device_ptr(), &[5; 4096]);
+                ctx.order_after(&b, &a).unwrap();
+            }
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&b).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(a).unwrap();
+            ctx.destroy_stream(b).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "lost_fallback_teardown" => {
+            let ctx = HipContext::new(HipConfig {
+                allocator: AllocatorChoice::Plain,
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap();
+            // One free the reaper settles, so that its thread runs, then one
+            // it is waiting for (or about to) when the context is lost.
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            // Each free's event is recorded behind a copy (pending for the
+            // latency), so the reaper holds the first inside
+            // hipEventSynchronize while the second waits in its queue.
+            let m = ctx.allocate(&s, 4096).unwrap();
+            raw_write(s.hip_stream(), m.device_ptr(), &[6; 4096]);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            let m2 = ctx.allocate(&s, 8192).unwrap();
+            raw_write(s.hip_stream(), m2.device_ptr(), &[7; 8192]);
+            let (sig2, rx2) = signal();
+            ctx.free_async(&s, m2, sig2).map_err(|(_, _, e)| e).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            ctx.device_lost();
+            ctx.teardown(true).unwrap();
+            // Every backend thread is done with HIP: the stand-in aborts if
+            // another thread is inside a call now or calls later.
+            quiesce();
+            // Settled before teardown returned: nothing pending, nothing
+            // charged, and each signal fired or dropped exactly once.
+            for rx in [rx, rx2] {
+                rx.try_recv().expect("settled before teardown returned");
+            }
+            assert_eq!(probe.used_bytes(), 0, "no bytes charged after teardown");
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(probe.frees_retired() + probe.frees_abandoned(), 3);
+            std::thread::sleep(Duration::from_millis(250));
+            assert_eq!(
+                probe.frees_retired() + probe.frees_abandoned(),
+                3,
+                "no late settlement"
+            );
+            // The exit check (on) finds the memory freed: the device answers,
+            // so a lost teardown still releases it.
+        }
+        "current_device_restored" => {
+            // SAFETY: plain call with a valid ordinal.
+            ok(unsafe { hip::hipSetDevice(1) });
+            let check = |what: &str| assert_eq!(current_device(), 1, "after {what}");
+            for allocator in [AllocatorChoice::Auto, AllocatorChoice::Plain] {
+                let ctx = HipContext::new(HipConfig {
+                    device: 0,
+                    allocator,
+                })
+                .unwrap();
+                check("HipContext::new");
+                ctx.memory_info().unwrap();
+                check("memory_info");
+                let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+                check("create_stream");
+                let m = ctx.allocate(&a, 4096).unwrap();
+                check("allocate");
+                ctx.write(&a, &m, 0, &[1; 64]).unwrap();
+                check("write");
+                let mut back = [0u8; 64];
+                ctx.read(&a, &m, 0, &mut back).unwrap();
+                check("read");
+                ctx.order_after(&b, &a).unwrap();
+                check("order_after");
+                let (sig, rx) = signal();
+                ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+                check("free_async");
+                ctx.synchronize(&b).unwrap();
+                check("synchronize");
+                assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+                ctx.destroy_stream(a).unwrap();
+                check("destroy_stream");
+                // Left for teardown to release: a stream and an allocation.
+                let _left = ctx.allocate(&b, 4096).unwrap();
+                ctx.teardown(false).unwrap();
+                check("teardown");
+            }
+            // A context of device 1 on a thread whose device is 0.
+            // SAFETY: plain call with a valid ordinal.
+            ok(unsafe { hip::hipSetDevice(0) });
+            let ctx = HipContext::new(HipConfig {
+                device: 1,
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 64).unwrap();
+            assert_eq!(current_device(), 0);
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+            assert_eq!(current_device(), 0);
+        }
+        "healthy_lost_teardown" => {
+            let plain = std::env::var("MEMGOV_HIP_TEST_ALLOCATOR").as_deref() == Ok("plain");
+            let ctx = HipContext::new(HipConfig {
+                allocator: if plain {
+                    AllocatorChoice::Plain
+                } else {
+                    AllocatorChoice::Auto
+                },
+                ..HipConfig::default()
+            })
+            .unwrap();
+            let probe = ctx.probe();
+            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
+            let _big = ctx.allocate(&a, 64 << 20).unwrap();
+            let m = ctx.allocate(&b, 4096).unwrap();
+            raw_write(b.hip_stream(), m.device_ptr(), &[4; 4096]);
+            let (sig, rx) = signal();
+            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
+            // The governor declares the device lost; the runtime still
+            // answers. Teardown drops the signal and releases everything.
+            ctx.device_lost();
+            ctx.teardown(true).unwrap();
+            quiesce();
+            // Settled before teardown returned. The pool free is queued
+            // behind the copy: its signal is dropped. The fallback free may
+            // already be in the reaper's hands, which completes it.
+            let (outcome, _) = rx.try_recv().expect("settled before teardown returned");
+            if !plain {
+                assert_eq!(outcome, RetireOutcome::Abandoned);
+            }
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(probe.live_streams(), 0);
+            // The exit check (on) finds no memory, stream or pool left.
+        }
+        "default_pool_untouched" => unsafe {
+            // Another user of the device caches 1 MiB in the default pool.
+            let s = raw_stream();
+            let p = raw_alloc(1 << 20, s);
+            ok(hip::hipFreeAsync(p, s));
+            ok(hip::hipStreamSynchronize(s));
+            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
+            ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
+            let threshold = |pool| {
+                let mut v = 7u64;
+                ok(hip::hipMemPoolGetAttribute(
+                    pool,
+                    hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                    &mut v as *mut u64 as *mut c_void,
+                ));
+                v
+            };
+            let before = threshold(pool);
+            let (mut free, mut total) = (0usize, 0usize);
+            ok(hip::hipMemGetInfo(&mut free, &mut total));
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let gs = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&gs, 1 << 16).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&gs, m, sig).map_err(|(_, _, e)| e).unwrap();
+            ctx.synchronize(&gs).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(gs).unwrap();
+            ctx.teardown(false).unwrap();
+            assert_eq!(threshold(pool), before, "the default pool's attribute");
+            let (mut after, mut total2) = (0usize, 0usize);
+            ok(hip::hipMemGetInfo(&mut after, &mut total2));
+            assert_eq!(
+                after, free,
+                "memgov's teardown left the other user's cached MiB in the default pool"
+            );
+            ok(hip::hipMemPoolTrimTo(pool, 0));
+            ok(hip::hipStreamDestroy(s));
+        },
+        "dropped_callback" => {
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert!(ctx.memory_info().is_err(), "call 22 is sticky");
+            ctx.teardown(true).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Abandoned);
+            // The runtime dropped (or will drop) the queued callback without
+            // running it: nothing of the context may stay behind for it.
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+        }
+        "dropped_without_teardown" => {
+            drop(HipContext::new(HipConfig::default()).unwrap());
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let s = ctx.create_stream().unwrap();
+            let _m = ctx.allocate(&s, 4096).unwrap();
+            drop(ctx);
+            assert_eq!(probe.teardowns(), 1);
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(memgov::hip::contexts_alive(), 0);
+        }
+        "nearly_full" => {
+            let ctx = HipContext::new(HipConfig::default()).expect("opens with 100 B free");
+            assert!(ctx.stream_ordered().0, "the pool allocator is in use");
+            let s = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&s, 64).unwrap();
+            let e = ctx.allocate(&s, 64).expect_err("over 100 B");
+            assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+            let (sig, rx) = signal();
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
+            ctx.destroy_stream(s).unwrap();
+            ctx.teardown(false).unwrap();
+        }
+        "sticky_mid_teardown" => {
+            let ctx = HipContext::new(HipConfig::default()).unwrap();
+            let probe = ctx.probe();
+            let a = ctx.create_stream().unwrap();
+            let _b = ctx.create_stream().unwrap();
+            let m = ctx.allocate(&a, 4096).unwrap();
+            let (sig, rx) = signal();
+            ctx.free_async(&a, m, sig).map_err(|(_, _, e)| e).unwrap();
+            assert_eq!(hip_calls(), 23);
+            let e = ctx.teardown(false).expect_err("the synchronize is sticky");
+            assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+            assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Abandoned);
+            assert_eq!(probe.frees_abandoned(), 1);
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(
+                hip_calls(),
+                25,
+                "teardown stopped at the sticky synchronize (no second synchronize, no \
+                 hipStreamDestroy, no trim or pool destroy)"
+            );
+            assert!(probe.lost());
+            assert_eq!(probe.live_streams(), 0);
+        }
+        other => panic!("unknown child case {other}"),
+    }
+    println!("{CHILD_END}");
+}

@@ -1,0 +1,166 @@
+//! The retirement thread: blocked in `vkWaitSemaphores` (wait-any, infinite
+//! timeout) on the front parked value of every stream plus a wake semaphore.
+//! No polling: it runs only when a timeline reaches a parked value or a
+//! caller host-signals the wake semaphore (a stream got its first parked
+//! free, device loss, teardown).
+
+use super::stream::{Parked, StreamInner};
+use super::{err, lock, Shared};
+use ash::vk;
+use memgov_backend::{BackendError, BackendErrorKind};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(JoinHandle<()>, Receiver<()>), BackendError> {
+    let (tx, rx) = channel();
+    let id = shared.id;
+    let join = std::thread::Builder::new()
+        .name(format!("memgov-vk-retire-{id}"))
+        .spawn(move || {
+            run(&shared);
+            let _ = tx.send(());
+        })
+        .map_err(|e| {
+            err(
+                "new",
+                BackendErrorKind::Other,
+                format!("could not spawn the retirement thread: {e}"),
+            )
+        })?;
+    Ok((join, rx))
+}
+
+fn run(shared: &Shared) {
+    let device = &shared.device;
+    // Wake values up to `seen` have been observed; the next wait targets
+    // seen + 1, so a wake signalled after this read is never missed.
+    let mut seen = 0u64;
+    let mut sems: Vec<vk::Semaphore> = Vec::new();
+    let mut vals: Vec<u64> = Vec::new();
+    loop {
+        if shared.lost.load(Ordering::SeqCst) {
+            shared.drain_parked();
+            return;
+        }
+        let streams: Vec<Arc<StreamInner>> = lock(&shared.streams).clone();
+        sems.clear();
+        vals.clear();
+        sems.push(shared.wake_semaphore);
+        vals.push(seen + 1);
+        sems.push(shared.never_semaphore);
+        vals.push(1);
+        for s in &streams {
+            if let Some(front) = lock(&s.park).queue.front() {
+                sems.push(s.timeline);
+                vals.push(front.value);
+            }
+        }
+        if shared.shutdown.load(Ordering::SeqCst) && sems.len() == 2 {
+            return;
+        }
+        let info = vk::SemaphoreWaitInfo::default()
+            .flags(vk::SemaphoreWaitFlags::ANY)
+            .semaphores(&sems)
+            .values(&vals);
+        // SAFETY: every semaphore is alive: the wake semaphore until after
+        // this thread is joined; a stream's timeline until its stream is
+        // destroyed, which happens only once it has no parked free (so it is
+        // not in this wait) or after this thread is joined (teardown).
+        let r = unsafe { device.wait_semaphores(&info, u64::MAX) };
+        shared.probe.retire_waits.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(()) => {}
+            Err(vk::Result::TIMEOUT) => continue,
+            Err(vk::Result::ERROR_DEVICE_LOST) => {
+                shared.on_lost(
+                    "vkWaitSemaphores returned VK_ERROR_DEVICE_LOST on the retirement thread",
+                    false,
+                );
+                return;
+            }
+            Err(r) => {
+                // Nothing to return the error to: record it and stop retiring
+                // (signals are abandoned, never fired early).
+                shared.on_lost(&format!("vkWaitSemaphores returned {r:?} on the retirement thread; treating the device as lost"), false);
+                return;
+            }
+        }
+        // Every wake up to the recorded value has been signalled (wakers
+        // record under the lock after their signal returns). Reading our own
+        // record instead of vkGetSemaphoreCounterValue(wake) also avoids a
+        // deadlock in VK_LAYER_KHRONOS_validation 1.3.239 between that call
+        // and a concurrent vkSignalSemaphore of the same semaphore.
+        seen = *lock(&shared.wake_value);
+        retire_reached(shared, &streams);
+    }
+}
+
+/// Free and signal every parked free whose value its stream has reached.
+fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
+    let mut ready: Vec<(&Arc<StreamInner>, Vec<Parked>)> = Vec::new();
+    for s in streams {
+        let mut p = lock(&s.park);
+        if p.queue.is_empty() {
+            continue;
+        }
+        // SAFETY: the stream has parked frees, so it is not destroyed while
+        // we hold its park lock (destroy waits for the queue to empty).
+        let reached = match unsafe { shared.device.get_semaphore_counter_value(s.timeline) } {
+            Ok(v) => v,
+            Err(r) => {
+                drop(p);
+                shared.on_lost(
+                    &format!("vkGetSemaphoreCounterValue returned {r:?} on the retirement thread"),
+                    false,
+                );
+                break;
+            }
+        };
+        let mut out = Vec::new();
+        while p.queue.front().is_some_and(|f| f.value <= reached) {
+            out.extend(p.queue.pop_front());
+        }
+        if !out.is_empty() {
+            p.firing += out.len();
+            ready.push((s, out));
+        }
+    }
+    if ready.is_empty() {
+        return;
+    }
+    {
+        let mut mem = lock(&shared.mem);
+        for (_, out) in &ready {
+            for parked in out {
+                if let Some(live) = mem.live.remove(&parked.memory_id) {
+                    let bytes = live.allocation.size();
+                    // SAFETY: the stream's timeline reached the value of the
+                    // last submission made before the free was queued, so no
+                    // pending work uses the buffer; later work cannot (the
+                    // governor gave up the handle).
+                    unsafe { shared.destroy_live(&mut mem, live, true) };
+                    shared.probe.common.free_retired(bytes);
+                } else {
+                    shared.probe.common.violation(
+                        super::BACKEND,
+                        format!(
+                            "free of unknown allocation {} (double free?)",
+                            parked.memory_id
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    // Fire with no lock held.
+    for (s, out) in ready {
+        let n = out.len();
+        for parked in out {
+            parked.signal.retire();
+        }
+        lock(&s.park).firing -= n;
+        s.parked_cv.notify_all();
+    }
+}

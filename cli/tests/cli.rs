@@ -1,0 +1,200 @@
+//! The `memgov` binary: the main job's commands exit as documented.
+
+use std::process::Command;
+
+fn memgov(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .args(args)
+        .output()
+        .expect("run memgov");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn check_prints_the_host_row_and_passes() {
+    let (code, out) = memgov(&["check", "--backend", "host"]);
+    assert_eq!(code, 0, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("host "))
+        .expect("host row");
+    let cases = memgov::conformance::cases::<memgov::host::HostContext>().len();
+    assert!(
+        row.contains("embedded") && row.contains(&format!("{cases} passed, 0 failed, 0 skipped")),
+        "{row}"
+    );
+    assert!(out.contains("ran on real hardware: none"), "{out}");
+    assert!(out.contains("embedded: host"), "{out}");
+}
+
+#[test]
+fn check_without_backend_reports_skips_and_passes() {
+    // No backend named: one that cannot run is a skipped row, not a failure.
+    let (code, out) = memgov(&["check"]);
+    assert_eq!(code, 0, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("null "))
+        .expect("null row");
+    assert!(
+        row.contains("skipped: the null device stores no data"),
+        "{row}"
+    );
+    assert!(out.contains("every case that ran passed"), "{out}");
+    assert!(!out.contains("0 cases ran"), "{out}");
+}
+
+#[test]
+fn check_fails_when_a_named_backend_runs_no_case() {
+    // Cargo unifies features across a workspace build, so ask the tool
+    // itself whether Vulkan is compiled in.
+    let (_, info) = memgov(&["info"]);
+    if !info.contains("build with --features vulkan") {
+        println!("skipped: built with `vulkan`, so its row may run");
+        return;
+    }
+    let (code, out) = memgov(&["check", "--backend", "vulkan"]);
+    assert_eq!(code, 1, "a named backend that ran nothing must fail: {out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("vulkan "))
+        .expect("vulkan row");
+    assert!(
+        row.contains("skipped: not compiled in (build with --features vulkan)"),
+        "{row}"
+    );
+    assert!(
+        out.contains(
+            "vulkan: 0 cases ran: not compiled in (build with --features vulkan). \
+             It was named with --backend, so it is required."
+        ),
+        "{out}"
+    );
+    assert!(out.contains("memgov check: FAILED"), "{out}");
+    assert!(!out.contains("every case that ran passed"), "{out}");
+}
+
+#[test]
+fn check_names_match_in_any_case_and_as_a_comma_list() {
+    let all_pass = format!(
+        "{} passed, 0 failed, 0 skipped",
+        memgov::conformance::cases::<memgov::host::HostContext>().len()
+    );
+    let (code, out) = memgov(&["check", "--backend", "HOST"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&all_pass), "{out}");
+    assert!(
+        out.contains("every named backend ran and every case passed"),
+        "{out}"
+    );
+
+    // Both rows of the list run; the null device cannot run the suite by
+    // design, so naming it fails the check and says why.
+    let (code, out) = memgov(&["check", "--backend", "host,Null"]);
+    assert_eq!(code, 1, "{out}");
+    let host = out
+        .lines()
+        .find(|l| l.starts_with("host "))
+        .expect("host row");
+    assert!(host.contains(&all_pass), "{host}");
+    assert!(
+        out.lines().any(|l| l.starts_with("null ")),
+        "no null row: {out}"
+    );
+    assert!(
+        out.contains("null: 0 cases ran: the null device stores no data"),
+        "{out}"
+    );
+    assert!(!out.contains("host: 0 cases ran"), "{out}");
+
+    // The flag repeated is the same as a list; a name given twice runs once.
+    let (code, out) = memgov(&["check", "--backend", "host", "--backend", " host"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("host ")).count(),
+        1,
+        "{out}"
+    );
+}
+
+#[test]
+fn info_lists_every_known_backend() {
+    let (code, out) = memgov(&["info"]);
+    assert_eq!(code, 0, "{out}");
+    for name in ["host", "null", "cuda", "hip", "vulkan"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "no {name} row in:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn check_refuses_an_unknown_backend() {
+    let (code, out) = memgov(&["check", "--backend", "tpu"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("known: host, null, cuda, hip, vulkan"),
+        "{out}"
+    );
+    // One unknown name in a list refuses the whole list, naming it.
+    let (code, out) = memgov(&["check", "--backend", "host,tpu"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("no backend is called tpu;"), "{out}");
+}
+
+#[test]
+fn run_serves_swaps_and_ends_at_zero() {
+    let (code, out) = memgov(&[
+        "run",
+        "--requests",
+        "6",
+        "--steps",
+        "4",
+        "--op-delay-us",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("memgov run: ok"), "{out}");
+    assert!(out.contains("0 B charged, 0 contract violations"), "{out}");
+    assert!(
+        out.contains("is no longer accepting work"),
+        "a retiring context must refuse: {out}"
+    );
+}
+
+#[test]
+fn bench_lists_its_rows_and_refuses_bad_arguments() {
+    let (code, out) = memgov(&["bench", "--list"]);
+    assert_eq!(code, 0, "{out}");
+    for key in [
+        "pin",
+        "null-cycle",
+        "host-cycle",
+        "heap",
+        "drain",
+        "vulkan-cycle",
+    ] {
+        assert!(out.lines().any(|l| l == key), "no row {key} in:\n{out}");
+    }
+    let (code, out) = memgov(&["bench", "--no-such-flag"]);
+    assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn bench_json_is_one_object_with_measured_rows() {
+    let (code, out) = memgov(&["bench", "--quick", "--json", "--filter", "pin"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["tool"], "memgov bench");
+    assert_eq!(v["mode"], "quick");
+    let rows = v["rows"].as_array().expect("rows");
+    let keys: Vec<_> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["pin", "boxed-pin"]);
+    for r in rows {
+        assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        assert_eq!(r["target"]["kind"], "ratio_at_most");
+    }
+}

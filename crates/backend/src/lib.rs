@@ -1,0 +1,39 @@
+//! # memgov-backend
+//!
+//! Everything a memgov backend implements and uses, in a crate that knows
+//! nothing of the governor, so a backend can live in another repository:
+//!
+//! * [`DeviceContext`]: the trait a backend implements (allocation,
+//!   stream-ordered free, ordering between streams, teardown);
+//! * [`RetireSignal`]: what a stream-ordered free fires once it has executed
+//!   on the device;
+//! * [`BackendError`] and [`BackendErrorKind`], with
+//!   [`BackendError::from_driver_call`] and [`OUT_OF_MEMORY_HINT`] for mapping
+//!   a driver's result codes, and [`LostState`] for a device that is gone;
+//! * [`BackendProbe`]: the counters every backend records into, read by the
+//!   conformance suite, the fault matrix and `memgov check`;
+//! * [`fault`]: [`FaultInjecting`](fault::FaultInjecting), a wrapper that
+//!   makes any backend fail on purpose.
+//!
+//! The conformance suite that checks a backend against this contract drives
+//! it through the governor, so it lives in `memgov` (`memgov::conformance`):
+//! a backend crate runs it from its tests with `memgov` as a
+//! dev-dependency.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod context;
+pub mod fault;
+mod probe;
+
+pub use context::{
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, LostState,
+    MemoryInfo, RetireOutcome, RetireSignal, RetireSink, OUT_OF_MEMORY_HINT,
+};
+pub use probe::{BackendProbe, ProbeShard};
+
+/// Lock a bookkeeping mutex, recovering from poisoning (see
+/// [`memgov_sync::lock`]): a backend's state is left consistent between
+/// statements, and one panicking user thread must not wedge teardown.
+pub use memgov_sync::lock;

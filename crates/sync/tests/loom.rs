@@ -1,0 +1,1309 @@
+//! loom model of the pin protocol.
+//!
+//! Run with:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom cargo test --release -p memgov-sync --test loom -- --nocapture --test-threads=1
+//! ```
+//!
+//! The model compiles the *shipped* primitives — `src/sync/` (ClaimCounter and
+//! Notifier) is included by path, so every atomic and every lock in them is a
+//! loom type — and drives them with the exact protocol of
+//! `src/governor/record.rs` and `src/governor/release.rs`: a buffer's pin moved
+//! into a pending release (pending first, pin second), a real
+//! [`memgov_backend::RetireSignal`] fired (or dropped) on a foreign thread, retire
+//! closing the counter, teardown waiting without polling, the backend gate
+//! closed and drained before destroy, destroy once by compare-and-swap.
+//!
+//! Checked in every explored interleaving:
+//! * no acquire succeeds after retire has been observed (by any thread that
+//!   saw it happen), and no pin or backend call is ever taken after destroy;
+//! * destroy runs exactly once, and only with zero pins, zero pending
+//!   releases and zero backend calls in flight;
+//! * no lost wake-up: the teardown waiter always wakes after the last release
+//!   or settlement, and an admission waiter after a settlement that follows
+//!   its read of the epoch (loom reports a deadlock otherwise) -- with the
+//!   settlement writing nothing for admission waiters unless its fenced load
+//!   sees one registered (`announce_settlement`), and learning whether a
+//!   teardown waiter waits from its own read-modify-write of the pending
+//!   count (`ShardedCount` over `CountWord`, `src/sync/word.rs`, included
+//!   here like the rest of `src/sync/`);
+//! * pending releases are counted per shard (`ShardedCount`) and backend
+//!   calls pass through per-shard gate words (`ClaimShards`): teardown still
+//!   waits for every one of them;
+//! * pins taken from a stream shard's pin lease (`sync::Leases` over the pin
+//!   word, the protocol `record.rs` ships) are observed by teardown, none is
+//!   taken once retire was observed, and `max_pins` refusals stay exact
+//!   while holders give pins back and take them again and while two
+//!   refusals sweep at once; the budget leases run the same protocol;
+//! * the counter never wraps: acquires beyond the maximum are refused and the
+//!   count never exceeds it;
+//! * a shared-budget admission refused while a retiring context holds bytes
+//!   only its teardown returns waits for that teardown, and is woken with the
+//!   room back (`a_retiring_member_is_waited_for_until_its_teardown_wakes`);
+//! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
+//!   `src/governor/release.rs`) never lets two threads own one box, drops each
+//!   exactly once, and stays closed once retire has closed it.
+//!
+//! Every model prints how many interleavings loom explored.
+
+#![cfg_attr(not(loom), allow(dead_code))]
+
+#[cfg(not(loom))]
+#[test]
+fn loom_model_requires_cfg_loom() {
+    println!("skipped: the loom model runs only under RUSTFLAGS=\"--cfg loom\" (cargo test --release -p memgov-sync --test loom)");
+}
+
+#[cfg(loom)]
+use memgov_sync as sync;
+
+#[cfg(loom)]
+mod model {
+    use super::sync::{
+        AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases, Notifier, Pool,
+        ShardedCount, MAX_CLAIMS,
+    };
+    use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+    use loom::sync::Arc;
+    use loom::thread;
+    use memgov_backend::{RetireOutcome, RetireSignal};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+
+    const ACTIVE: u8 = 0;
+    const RETIRING: u8 = 1;
+    const TERMINATING: u8 = 2;
+    const TERMINATED: u8 = 3;
+
+    /// Executions explored by all models so far (a plain std atomic: it counts
+    /// model runs, it is not part of any model).
+    static TOTAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// The per-context record, reduced to what the pin protocol touches,
+    /// with the same operations and orderings as `record.rs`.
+    struct Ctx {
+        pins: ClaimCounter,
+        /// Pin leases of two stream shards (`pin_leases`); chunk 0: off.
+        pin_leases: Leases<2>,
+        /// Pending releases per shard + lifecycle waiters registered for zero.
+        pending: ShardedCount<2>,
+        gate: ClaimShards<2>,
+        /// Set by a holder while it holds a pin taken from a lease.
+        lease_pin_held: AtomicBool,
+        /// Backend calls between entering the gate and leaving it.
+        calls_in_flight: AtomicUsize,
+        phase: AtomicU8,
+        lifecycle: Notifier,
+        /// Settlement epoch + admission waiters (`settle_epoch`).
+        settle_epoch: EpochWord,
+        /// Admission waiters (`settled`).
+        settled: Notifier,
+        /// Set (Release) right after `pins.close()` returns: a thread that
+        /// reads it true has observed the retire.
+        retire_seen: AtomicBool,
+        destroys: AtomicUsize,
+        destroyed: AtomicBool,
+        retired: AtomicUsize,
+        abandoned: AtomicUsize,
+        /// Live `RetireHandle`s (`attended` in record.rs).
+        attended: AtomicUsize,
+        /// A background teardown was claimed (`reaping`).
+        reaping: AtomicBool,
+        /// Background teardowns started: must end at exactly one when
+        /// nobody attends a drained, retiring context.
+        reaps: AtomicUsize,
+    }
+
+    impl Ctx {
+        fn new(max_pins: u64) -> Self {
+            Self::with_pin_chunk(max_pins, 0)
+        }
+
+        fn with_pin_chunk(max_pins: u64, chunk: u64) -> Self {
+            Self {
+                pins: ClaimCounter::new(max_pins),
+                pin_leases: Leases::new(chunk),
+                pending: ShardedCount::new(),
+                gate: ClaimShards::new(MAX_CLAIMS),
+                lease_pin_held: AtomicBool::new(false),
+                calls_in_flight: AtomicUsize::new(0),
+                phase: AtomicU8::new(ACTIVE),
+                lifecycle: Notifier::new(),
+                settle_epoch: EpochWord::new(),
+                settled: Notifier::new(),
+                retire_seen: AtomicBool::new(false),
+                destroys: AtomicUsize::new(0),
+                destroyed: AtomicBool::new(false),
+                retired: AtomicUsize::new(0),
+                abandoned: AtomicUsize::new(0),
+                attended: AtomicUsize::new(0),
+                reaping: AtomicBool::new(false),
+                reaps: AtomicUsize::new(0),
+            }
+        }
+
+        /// `ContextInner::acquire_pin`, plus the model's checks.
+        fn acquire(&self) -> Result<(), AcquireError> {
+            let seen = self.retire_seen.load(Acquire);
+            let r = match self.pins.try_acquire() {
+                Err(AcquireError::Overflow) if self.pin_leases.enabled() => {
+                    self.pin_leases.reclaim_then_take(&PinPool(self), 1, 0)
+                }
+                r => r,
+            };
+            self.check_acquired(seen, r)
+        }
+
+        /// `ContextInner::acquire_pin_on`: out of the shard's pin lease,
+        /// else a refill, else a reclaim of every idle lease.
+        fn acquire_on(&self, shard: usize) -> Result<(), AcquireError> {
+            let seen = self.retire_seen.load(Acquire);
+            let r = if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
+                Ok(())
+            } else {
+                self.pin_leases.take_from_pool(&PinPool(self), shard, 1, 0)
+            };
+            self.check_acquired(seen, r)
+        }
+
+        fn check_acquired(
+            &self,
+            seen: bool,
+            r: Result<(), AcquireError>,
+        ) -> Result<(), AcquireError> {
+            if seen {
+                assert_eq!(
+                    r,
+                    Err(AcquireError::Closed),
+                    "a pin was acquired after retire was observed"
+                );
+            }
+            if r.is_ok() {
+                assert!(
+                    !self.destroyed.load(Acquire),
+                    "a pin was acquired after destroy"
+                );
+                assert!(
+                    self.pins.count() <= self.pins_max(),
+                    "pin count exceeded its maximum"
+                );
+            }
+            r
+        }
+
+        fn pins_max(&self) -> u64 {
+            self.pins.max()
+        }
+
+        /// `ContextInner::release_pin`.
+        fn release_pin(&self) {
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a pin was released after destroy"
+            );
+            if self.pins.release() {
+                self.pins_drained();
+            }
+        }
+
+        /// `ContextInner::release_pin_on`: back into the shard's lease.
+        fn release_pin_on(&self, shard: usize) {
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a pin was released after destroy"
+            );
+            if self.pin_leases.enabled() {
+                self.pin_leases.give(&PinPool(self), shard, 1);
+            } else {
+                self.release_pin();
+            }
+        }
+
+        fn pins_drained(&self) {
+            self.lifecycle.notify();
+            self.reap_if_unattended();
+        }
+
+        /// Pins held by something (not leased and idle).
+        fn pins_held(&self) -> u64 {
+            self.pins.count() - self.pin_leases.idle()
+        }
+
+        /// `ContextInner::reap_if_unattended`: after each event that can
+        /// make "retiring, drained, nobody attends" true, a SeqCst fence and
+        /// the check; the claim is a swap. (The model counts the reaper
+        /// instead of spawning it.)
+        fn reap_if_unattended(&self) {
+            loom::sync::atomic::fence(SeqCst);
+            if self.phase.load(Acquire) != RETIRING
+                || self.attended.load(SeqCst) != 0
+                || !self.drained()
+                || self.reaping.swap(true, AcqRel)
+            {
+                return;
+            }
+            self.reaps.fetch_add(1, AcqRel);
+        }
+
+        /// `RetireHandle::drop`.
+        fn unattend(&self) {
+            self.attended.fetch_sub(1, SeqCst);
+            self.reap_if_unattended();
+        }
+
+        /// A backend call through the gate (`ContextInner::enter_on` + guard
+        /// drop).
+        fn backend_call(&self, shard: usize) -> bool {
+            match self.gate.enter(shard) {
+                Entry::Entered => {}
+                Entry::Closed => return false,
+                Entry::ClosedDrained => {
+                    self.lifecycle.notify();
+                    return false;
+                }
+            }
+            self.calls_in_flight.fetch_add(1, AcqRel);
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a backend call ran after destroy"
+            );
+            self.calls_in_flight.fetch_sub(1, AcqRel);
+            if self.gate.release(shard) {
+                self.lifecycle.notify();
+            }
+            true
+        }
+
+        /// `release()` in release.rs, on a stream of `shard`: move the
+        /// buffer's pin into a pending release (pending first), hand the
+        /// signal to the "driver", then drop the buffer's pin into the
+        /// shard's lease.
+        fn queue_release(this: &Arc<Self>, shard: usize) -> RetireSignal {
+            assert!(
+                this.gate.enter(shard) == Entry::Entered,
+                "the gate is open while a buffer lives"
+            );
+            this.pending.increment(shard);
+            let ctx = this.clone();
+            let signal = RetireSignal::from_fn(move |outcome| ctx.settle(shard, outcome));
+            if this.gate.release(shard) {
+                this.lifecycle.notify();
+            }
+            this.release_pin_on(shard);
+            signal
+        }
+
+        /// `ContextInner::announce_settlement`: a fence, and the bump only
+        /// when an admission waiter is registered.
+        fn announce_settlement(&self) {
+            loom::sync::atomic::fence(SeqCst);
+            if self.settle_epoch.has_waiters() {
+                let _ = self.settle_epoch.bump();
+                self.settled.wake_all();
+            }
+        }
+
+        /// `PendingRelease::settle`: atomics and wake-ups only.
+        fn settle(&self, shard: usize, outcome: RetireOutcome) {
+            assert!(
+                !self.destroyed.load(Acquire),
+                "a free retired after destroy"
+            );
+            match outcome {
+                RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
+                RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
+            };
+            // As in release.rs: admission waiters are woken only if one is
+            // registered (fence + load); only the settlement that takes
+            // `pending` to zero with a lifecycle waiter registered in it
+            // wakes the lifecycle waiters.
+            self.announce_settlement();
+            if self.pending.decrement(shard) {
+                self.lifecycle.wake_all();
+                self.reap_if_unattended();
+            }
+        }
+
+        /// `ContextInner::begin_retire`: the first retire registers a
+        /// permanent waiter in `pending` (so that the settlement taking it to
+        /// zero reports it), and admission waiters are woken to give up.
+        fn begin_retire(&self) {
+            let first = self
+                .phase
+                .compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire)
+                .is_ok();
+            if first {
+                self.pending.register();
+                if self.pending.close() {
+                    self.lifecycle.wake_all();
+                }
+            }
+            // `close_pins`: the leases first, then the word.
+            self.pin_leases.close(&PinPool(self));
+            if self.pins.close() {
+                self.lifecycle.notify();
+            }
+            self.settled.notify();
+            self.retire_seen.store(true, Release);
+        }
+
+        /// `ContextInner::drained` (healthy device).
+        fn drained(&self) -> bool {
+            self.pins.is_drained() && self.pending.is_zero()
+        }
+
+        /// `RetireHandle::wait(None)` + `ContextInner::finish`.
+        fn wait_and_finish(&self) {
+            // `RetireHandle::wait` registers in `pending` around the wait.
+            self.pending.register();
+            let woke = self.lifecycle.wait_until(
+                || self.drained() || self.phase.load(Acquire) == TERMINATED,
+                None,
+            );
+            self.pending.unregister();
+            assert!(woke, "a wait without deadline returned unready");
+            if self
+                .phase
+                .compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
+                .is_err()
+            {
+                let done = self
+                    .lifecycle
+                    .wait_until(|| self.phase.load(Acquire) == TERMINATED, None);
+                assert!(done);
+                assert_eq!(
+                    self.destroys.load(Acquire),
+                    1,
+                    "a second finisher returned before destroy"
+                );
+                return;
+            }
+            self.gate.close();
+            let drained = self.lifecycle.wait_until(|| self.gate.is_drained(), None);
+            assert!(drained);
+            // Destroy: exactly once, at zero.
+            assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
+            assert_eq!(self.pending.count(), 0, "destroy with a release pending");
+            assert_eq!(
+                self.calls_in_flight.load(Acquire),
+                0,
+                "destroy with a backend call in flight"
+            );
+            assert!(
+                !self.lease_pin_held.load(Acquire),
+                "destroy while a pin taken from a lease is held"
+            );
+            assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
+            self.destroyed.store(true, Release);
+            self.phase.store(TERMINATED, Release);
+            self.lifecycle.notify();
+        }
+    }
+
+    /// The pin word as the pin leases' pool (`record.rs`'s `PinPool`).
+    struct PinPool<'a>(&'a Ctx);
+
+    impl Pool for PinPool<'_> {
+        type Refusal = AcquireError;
+        fn try_take(&self, n: u64, _credit: u64) -> Result<(), AcquireError> {
+            self.0.pins.try_acquire_n(n)
+        }
+        fn put(&self, n: u64) {
+            if self.0.pins.release_n(n) {
+                self.0.pins_drained();
+            }
+        }
+        fn is_final(r: &AcquireError) -> bool {
+            *r == AcquireError::Closed
+        }
+    }
+
+    /// `admission::SettlementWaiter`: register in the epoch word, fence,
+    /// read the epoch to wait past, wait for it to change.
+    fn admission_wait(ctx: &Ctx, registered: &AtomicBool) -> bool {
+        ctx.settle_epoch.register();
+        loom::sync::atomic::fence(SeqCst);
+        let seen = ctx.settle_epoch.epoch();
+        registered.store(true, Release);
+        let woke = ctx.settled.wait_until(
+            || ctx.settle_epoch.epoch() != seen || ctx.phase.load(Acquire) != ACTIVE,
+            None,
+        );
+        ctx.settle_epoch.unregister();
+        woke
+    }
+
+    fn run(name: &str, preemption_bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = count.clone();
+        let mut b = loom::model::Builder::new();
+        if b.preemption_bound.is_none() {
+            b.preemption_bound = preemption_bound;
+        }
+        let start = std::time::Instant::now();
+        b.check(move || {
+            c.fetch_add(1, Relaxed);
+            f();
+        });
+        let n = count.load(Relaxed);
+        TOTAL.fetch_add(n, Relaxed);
+        println!(
+            "loom: {name}: {n} interleavings explored (preemption bound {}) in {:.1?}; all models so far: {}",
+            preemption_bound.map_or("none".into(), |p| p.to_string()),
+            start.elapsed(),
+            TOTAL.load(Relaxed)
+        );
+        assert!(
+            n > 1,
+            "loom explored only {n} interleaving(s): the model is not concurrent"
+        );
+    }
+
+    /// Three threads: the retirer (main) waits for the teardown; a holder
+    /// releases a buffer stream-ordered, drops the stream and tries a new pin;
+    /// a foreign "driver" thread fires the RetireSignal of a release queued
+    /// earlier. Destroy runs once, at zero, after the last settlement.
+    #[test]
+    fn retire_waits_for_holders_and_a_foreign_signal() {
+        run(
+            "retire / release / foreign RetireSignal (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(8));
+                ctx.acquire().unwrap(); // the stream
+                ctx.acquire().unwrap(); // a buffer on it
+                ctx.acquire().unwrap(); // a buffer already released ...
+                let queued_earlier = Ctx::queue_release(&ctx, 0); // ... whose free is queued
+
+                let driver = thread::spawn(move || queued_earlier.retire());
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    let signal = Ctx::queue_release(&c, 1); // drop the buffer
+                    let late = c.acquire();
+                    let called = c.backend_call(1);
+                    assert!(called, "the stream's pin keeps the gate open");
+                    c.release_pin(); // drop the stream
+                    if late.is_ok() {
+                        c.release_pin();
+                    }
+                    signal.retire(); // its free executes on the stream worker
+                });
+                ctx.begin_retire();
+                assert!(
+                    ctx.acquire().is_err(),
+                    "acquire after retire on the retiring thread"
+                );
+                ctx.wait_and_finish();
+                driver.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 2);
+            },
+        );
+    }
+
+    /// A RetireSignal dropped unfired on the driver thread (device gave up the
+    /// free) settles as abandoned and still wakes the waiter.
+    #[test]
+    fn abandoned_signal_settles_and_wakes() {
+        run(
+            "abandoned RetireSignal on a foreign thread (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let s1 = Ctx::queue_release(&ctx, 0);
+                ctx.acquire().unwrap();
+                let s2 = Ctx::queue_release(&ctx, 0);
+                let d1 = thread::spawn(move || drop(s1));
+                let d2 = thread::spawn(move || s2.retire());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                d1.join().unwrap();
+                d2.join().unwrap();
+                assert_eq!(ctx.abandoned.load(Relaxed), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 1);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An acquire racing retire: either it wins (and its holder's release is
+    /// waited for) or it is refused; destroy never precedes the release.
+    #[test]
+    fn acquire_races_retire() {
+        run(
+            "acquire vs retire vs last release (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let c1 = ctx.clone();
+                let racer = thread::spawn(move || {
+                    if c1.acquire().is_ok() {
+                        assert!(c1.backend_call(0), "a held pin keeps the gate open");
+                        c1.release_pin();
+                    }
+                });
+                let c2 = ctx.clone();
+                let holder = thread::spawn(move || c2.release_pin());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                racer.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Several threads retire and wait at once while the last pin drops:
+    /// destroy runs exactly once and every retirer returns after it.
+    #[test]
+    fn concurrent_retire_destroys_once() {
+        run(
+            "concurrent retire x2 + last release (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let c1 = ctx.clone();
+                let r1 = thread::spawn(move || {
+                    c1.begin_retire();
+                    c1.wait_and_finish();
+                });
+                let c2 = ctx.clone();
+                let holder = thread::spawn(move || c2.release_pin());
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                r1.join().unwrap();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Four threads: two retirers, a holder and a foreign driver, with a
+    /// preemption bound (the unbounded space is too large for CI).
+    #[test]
+    fn four_threads_bounded() {
+        run(
+            "2 retirers + holder + foreign signal (4 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                ctx.acquire().unwrap();
+                let queued = Ctx::queue_release(&ctx, 0);
+                let driver = thread::spawn(move || queued.retire());
+                let c1 = ctx.clone();
+                let holder = thread::spawn(move || c1.release_pin());
+                let c2 = ctx.clone();
+                let r2 = thread::spawn(move || {
+                    c2.begin_retire();
+                    c2.wait_and_finish();
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                driver.join().unwrap();
+                holder.join().unwrap();
+                r2.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// An admission waiter (allocation refused, waiting for a settlement)
+    /// and settlements on two foreign threads, one of them only after the
+    /// waiter has read the epoch it waits past: that settlement must wake it
+    /// (loom reports a deadlock otherwise), whether it or the other one sees
+    /// the registration. The settlements also take `pending` to zero under a
+    /// teardown waiter. A settlement writes nothing for the waiter unless
+    /// its fenced load sees the registration (`announce_settlement`).
+    #[test]
+    fn settlement_wakes_a_registered_admission_waiter() {
+        run(
+            "admission waiter + 2 foreign settlements + teardown waiter (4 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let early = Ctx::queue_release(&ctx, 0);
+                ctx.acquire().unwrap();
+                let late = Ctx::queue_release(&ctx, 1);
+                let registered = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), registered.clone());
+                let waiter = thread::spawn(move || assert!(admission_wait(&c, &r)));
+                let d1 = thread::spawn(move || early.retire());
+                let r2 = registered.clone();
+                let d2 = thread::spawn(move || {
+                    while !r2.load(Acquire) {
+                        thread::yield_now();
+                    }
+                    late.retire();
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                waiter.join().unwrap();
+                d1.join().unwrap();
+                d2.join().unwrap();
+                assert_eq!(ctx.retired.load(Relaxed), 2);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// `admission::admit` with a deadline: the allocation was refused, then
+    /// one release settles (making room) while it decides to wait. It
+    /// registers, reads the epoch, attempts again, and only then sleeps: the
+    /// settlement either made room before the second attempt (which then
+    /// fits) or bumps an epoch the waiter registered for (and wakes it).
+    /// With the attempt before the registration, a settlement in between
+    /// would leave the waiter asleep with room free (loom: deadlock).
+    #[test]
+    fn admission_attempts_again_after_registering() {
+        run(
+            "admission re-attempt after registering + one settlement (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                // The room a settlement makes (the budget, in the model).
+                let room = Arc::new(AtomicBool::new(false));
+                let (c, r) = (ctx.clone(), room.clone());
+                let settler = thread::spawn(move || {
+                    r.store(true, Release);
+                    c.announce_settlement();
+                });
+                // The first attempt was refused (no room yet, as far as it
+                // knows); now the wait.
+                ctx.settle_epoch.register();
+                loom::sync::atomic::fence(SeqCst);
+                let seen = ctx.settle_epoch.epoch();
+                if !room.load(Acquire) {
+                    assert!(ctx
+                        .settled
+                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                    assert!(room.load(Acquire), "woken without the room");
+                }
+                ctx.settle_epoch.unregister();
+                settler.join().unwrap();
+            },
+        );
+    }
+
+    /// An allocation waiting for room (holding its in-flight pin) while the
+    /// context is retired: retire's wake-up must reach it (loom reports a
+    /// deadlock otherwise), it gives up and drops its pin, and the teardown
+    /// waiter, which needs that pin gone, finishes. No settlement ever
+    /// happens: only retire can wake the admission waiter.
+    #[test]
+    fn retire_wakes_admission_waiter_which_drops_its_pin() {
+        run(
+            "admission waiter + retire + teardown waiter (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap(); // the allocation's pin
+                let c = ctx.clone();
+                let waiter = thread::spawn(move || {
+                    let registered = AtomicBool::new(false);
+                    assert!(admission_wait(&c, &registered));
+                    assert_ne!(
+                        c.phase.load(Acquire),
+                        ACTIVE,
+                        "woken without a settlement: only by retire"
+                    );
+                    c.release_pin();
+                });
+                ctx.attended.fetch_add(1, SeqCst);
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                waiter.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Background teardown: nobody waits. The last pin (a holder's), the
+    /// last pending release (a foreign signal) and the last `RetireHandle`
+    /// go on three threads in any order; exactly one of them starts the
+    /// reaper, whichever is last (two racing checks never both miss: each
+    /// has a SeqCst fence between its write and its reads).
+    #[test]
+    fn unattended_drained_context_is_reaped_exactly_once() {
+        run(
+            "last pin + last settlement + last retire handle (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let signal = Ctx::queue_release(&ctx, 0);
+                ctx.acquire().unwrap(); // a stream's pin
+                ctx.attended.fetch_add(1, SeqCst);
+                ctx.begin_retire();
+                let c = ctx.clone();
+                let holder = thread::spawn(move || c.release_pin());
+                let driver = thread::spawn(move || signal.retire());
+                ctx.unattend();
+                holder.join().unwrap();
+                driver.join().unwrap();
+                assert!(ctx.drained());
+                assert_eq!(ctx.reaps.load(Acquire), 1, "reaped once, never missed");
+            },
+        );
+    }
+
+    /// The `spare` slot of `release.rs` (one cached `PendingRelease` box per
+    /// shard), with the same operations and orderings: `boxed` takes with a
+    /// compare-and-swap (never a swap, which could reopen a closed slot),
+    /// `settle` offers its box last with a compare-and-swap from null and
+    /// drops it if the slot is full or closed, `close_spares` swaps in the
+    /// closed marker and drops what it found.
+    mod spare {
+        use loom::cell::UnsafeCell;
+        use loom::sync::atomic::{AtomicPtr, AtomicUsize};
+        use loom::sync::Arc;
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+        pub struct Obj {
+            /// Written by whoever owns the box: loom reports a data race if
+            /// two threads ever own it without happens-before between them.
+            pub uses: UnsafeCell<u64>,
+            drops: Arc<AtomicUsize>,
+        }
+        impl Drop for Obj {
+            fn drop(&mut self) {
+                self.uses.with_mut(|u| unsafe { *u += 1 });
+                self.drops.fetch_add(1, Relaxed);
+            }
+        }
+        pub fn new_obj(drops: &Arc<AtomicUsize>, made: &AtomicUsize) -> Box<Obj> {
+            made.fetch_add(1, Relaxed);
+            Box::new(Obj {
+                uses: UnsafeCell::new(0),
+                drops: drops.clone(),
+            })
+        }
+
+        fn closed() -> *mut Obj {
+            1usize as *mut Obj
+        }
+        fn is_box(p: *mut Obj) -> bool {
+            !p.is_null() && p != closed()
+        }
+
+        pub fn take(slot: &AtomicPtr<Obj>) -> Option<Box<Obj>> {
+            let p = slot.load(Relaxed);
+            if is_box(p)
+                && slot
+                    .compare_exchange(p, std::ptr::null_mut(), Acquire, Relaxed)
+                    .is_ok()
+            {
+                return Some(unsafe { Box::from_raw(p) });
+            }
+            None
+        }
+        pub fn put(slot: &AtomicPtr<Obj>, b: Box<Obj>) {
+            let raw = Box::into_raw(b);
+            if slot
+                .compare_exchange(std::ptr::null_mut(), raw, Release, Relaxed)
+                .is_err()
+            {
+                drop(unsafe { Box::from_raw(raw) });
+            }
+        }
+        pub fn close(slot: &AtomicPtr<Obj>) {
+            let p = slot.swap(closed(), AcqRel);
+            if is_box(p) {
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        pub fn is_closed(slot: &AtomicPtr<Obj>) -> bool {
+            slot.load(Acquire) == closed()
+        }
+    }
+
+    /// Two releasers each take the cached box (or make one), use it and
+    /// offer it back, while retire closes the slot: no box is ever owned by
+    /// two threads at once (loom's cell tracking), each is dropped exactly
+    /// once, and a closed slot stays closed.
+    #[test]
+    fn spare_slot_hands_boxes_over_and_closes() {
+        run(
+            "spare slot: 2 take/put + close (3 threads)",
+            Some(3),
+            || {
+                use loom::sync::atomic::AtomicPtr;
+                let drops = Arc::new(AtomicUsize::new(0));
+                let made = Arc::new(AtomicUsize::new(0));
+                let first = spare::new_obj(&drops, &made);
+                let slot = Arc::new(AtomicPtr::new(Box::into_raw(first)));
+                let mut hs = Vec::new();
+                for _ in 0..2 {
+                    let (slot, drops, made) = (slot.clone(), drops.clone(), made.clone());
+                    hs.push(thread::spawn(move || {
+                        let b = spare::take(&slot).unwrap_or_else(|| spare::new_obj(&drops, &made));
+                        b.uses.with_mut(|u| unsafe { *u += 1 });
+                        spare::put(&slot, b);
+                    }));
+                }
+                spare::close(&slot);
+                for h in hs {
+                    h.join().unwrap();
+                }
+                assert!(spare::is_closed(&slot), "a closed slot was reopened");
+                assert_eq!(
+                    drops.load(Relaxed),
+                    made.load(Relaxed),
+                    "a box was leaked or dropped twice"
+                );
+            },
+        );
+    }
+
+    /// The counter never wraps: with a maximum of 2, three concurrent
+    /// acquirers get exactly two pins and one `Overflow`, and retire then
+    /// drains to zero.
+    #[test]
+    fn overflow_is_refused_never_wrapped() {
+        run("3 acquirers at max_pins = 2 (3 threads)", Some(3), || {
+            let ctx = Arc::new(Ctx::new(2));
+            let got = Arc::new(AtomicUsize::new(0));
+            let overflow = Arc::new(AtomicUsize::new(0));
+            let mut hs = Vec::new();
+            for _ in 0..2 {
+                let (c, g, o) = (ctx.clone(), got.clone(), overflow.clone());
+                hs.push(thread::spawn(move || match c.acquire() {
+                    Ok(()) => {
+                        g.fetch_add(1, AcqRel);
+                    }
+                    Err(AcquireError::Overflow) => {
+                        o.fetch_add(1, AcqRel);
+                    }
+                    Err(AcquireError::Closed) => panic!("closed before retire"),
+                }));
+            }
+            match ctx.acquire() {
+                Ok(()) => {
+                    got.fetch_add(1, AcqRel);
+                }
+                Err(AcquireError::Overflow) => {
+                    overflow.fetch_add(1, AcqRel);
+                }
+                Err(AcquireError::Closed) => panic!("closed before retire"),
+            }
+            for h in hs {
+                h.join().unwrap();
+            }
+            assert_eq!(got.load(Acquire), 2);
+            assert_eq!(overflow.load(Acquire), 1);
+            assert_eq!(ctx.pins.count(), 2);
+            ctx.begin_retire();
+            let c = ctx.clone();
+            let h = thread::spawn(move || c.release_pin());
+            ctx.release_pin();
+            ctx.wait_and_finish();
+            h.join().unwrap();
+            assert_eq!(ctx.destroys.load(Acquire), 1);
+        });
+    }
+
+    /// The budget of `budget.rs`, reduced to the charged word: a charge is
+    /// one compare-and-swap against the limit, an uncharge one `fetch_sub`.
+    struct ModelBudget {
+        charged: loom::sync::atomic::AtomicU64,
+        limit: u64,
+    }
+
+    impl ModelBudget {
+        fn try_charge(&self, bytes: u64) -> bool {
+            let mut cur = self.charged.load(Relaxed);
+            loop {
+                if cur + bytes > self.limit {
+                    return false;
+                }
+                match self
+                    .charged
+                    .compare_exchange_weak(cur, cur + bytes, AcqRel, Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+
+        fn uncharge(&self, bytes: u64) {
+            if bytes > 0 {
+                self.charged.fetch_sub(bytes, AcqRel);
+            }
+        }
+    }
+
+    impl Pool for ModelBudget {
+        type Refusal = ();
+        fn try_take(&self, n: u64, _credit: u64) -> Result<(), ()> {
+            if self.try_charge(n) {
+                Ok(())
+            } else {
+                Err(())
+            }
+        }
+        fn put(&self, n: u64) {
+            self.uncharge(n);
+        }
+    }
+
+    /// A context's budget leases: the shipped lease protocol
+    /// (`sync::Leases`, as `lease.rs` and `ContextInner::charge` drive it)
+    /// over the model budget, two shards, chunk `CHUNK`.
+    struct Leased {
+        budget: ModelBudget,
+        slots: Leases<2>,
+    }
+
+    const CHUNK: u64 = 2;
+
+    impl Leased {
+        fn new(limit: u64) -> Self {
+            Self {
+                budget: ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(0),
+                    limit,
+                },
+                slots: Leases::new(CHUNK),
+            }
+        }
+
+        /// `Leases::charge`: the shard's lease, else a refill (with a chunk
+        /// when it fits), else reclaim every idle lease and ask the budget
+        /// again until it admits, or refuses with no refill in flight and
+        /// nothing leased.
+        fn charge(&self, shard: usize, bytes: u64) -> bool {
+            self.slots.take_leased(&self.budget, shard, bytes)
+                || self
+                    .slots
+                    .take_from_pool(&self.budget, shard, bytes, 0)
+                    .is_ok()
+        }
+
+        /// `Leases::settled`: back into the shard's lease, two chunks kept.
+        fn settle(&self, shard: usize, bytes: u64) {
+            self.slots.give(&self.budget, shard, bytes);
+        }
+
+        fn close(&self) {
+            self.slots.close(&self.budget);
+        }
+    }
+
+    /// A refusal takes back the lease of a thread that is allocating out of
+    /// it at that moment, and is exact: with a limit of 5, shard 0 holding a
+    /// 1-byte allocation and a 2-byte lease and allocating 1 byte out of it,
+    /// an allocation of 3 on shard 1 always fits (1 + 1 + 3 = 5) and is
+    /// never refused; no byte is lost or counted twice (the budget ends at
+    /// the allocations plus the idle leases, and at the allocations alone
+    /// once the leases close).
+    #[test]
+    fn refusal_reclaims_leases_from_an_allocating_thread() {
+        run(
+            "refusal reclaims a lease being allocated from (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Leased::new(5));
+                assert!(ctx.charge(0, 1));
+                assert_eq!(ctx.slots.idle(), CHUNK);
+                let c = ctx.clone();
+                let holder = thread::spawn(move || assert!(c.charge(0, 1), "2 of 5 refused"));
+                assert!(
+                    ctx.charge(1, 3),
+                    "3 bytes refused while only 2 were allocated"
+                );
+                holder.join().unwrap();
+                let charged = ctx.budget.charged.load(Acquire);
+                assert_eq!(charged, 5 + ctx.slots.idle());
+                ctx.close();
+                assert_eq!(ctx.budget.charged.load(Acquire), 5);
+                assert_eq!(ctx.slots.idle(), 0);
+            },
+        );
+    }
+
+    /// Teardown closing the leases races a stream refilling its lease and a
+    /// release settling into it (late, as a faulty backend may): once both
+    /// are done nothing is leased and the budget holds exactly the
+    /// allocations still live.
+    #[test]
+    fn retire_races_a_lease_refill() {
+        run(
+            "lease close races a refill and a settlement (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Leased::new(8));
+                assert!(ctx.charge(1, 1));
+                let c = ctx.clone();
+                let stream = thread::spawn(move || {
+                    assert!(c.charge(0, 1), "1 of 8 refused");
+                    c.settle(0, 1);
+                });
+                ctx.close();
+                stream.join().unwrap();
+                assert_eq!(ctx.slots.idle(), 0, "bytes leased after close");
+                assert_eq!(ctx.budget.charged.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// Teardown observes a pin taken from a stream's pin lease: a holder
+    /// takes its buffer's pin out of shard 0's lease (no write to the pin
+    /// word), calls the backend and gives the pin back into the lease while
+    /// the context retires. Retire closes the leases before the pin word, so
+    /// the holder's take either came first (and the teardown waits for the
+    /// pin to come back through the closed lease) or fails; no take from any
+    /// lease succeeds once retire was observed, and destroy never runs while
+    /// the pin is held.
+    #[test]
+    fn teardown_observes_pins_taken_from_a_stream_lease() {
+        run(
+            "lease pin holder + retire + teardown (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(4, 1));
+                // A stream on shard 0 leased a chunk with its first pin and
+                // gave the pin back: two idle pins in its lease.
+                ctx.acquire_on(0).unwrap();
+                ctx.release_pin_on(0);
+                assert_eq!(ctx.pins_held(), 0);
+                assert_eq!(ctx.pins.count(), 2);
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    if c.acquire_on(0).is_ok() {
+                        c.lease_pin_held.store(true, Release);
+                        assert!(c.backend_call(0), "a held pin keeps the gate open");
+                        c.lease_pin_held.store(false, Release);
+                        c.release_pin_on(0);
+                    }
+                });
+                ctx.begin_retire();
+                assert_eq!(
+                    ctx.acquire_on(0),
+                    Err(AcquireError::Closed),
+                    "a pin taken from a lease after retire"
+                );
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Closed));
+                ctx.wait_and_finish();
+                holder.join().unwrap();
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+                assert_eq!(ctx.pin_leases.idle(), 0, "pins leased after close");
+            },
+        );
+    }
+
+    /// `max_pins` stays exact with pin leases: with a maximum of 3, shard 0
+    /// holding one pin and one idle in its lease while its holder gives its
+    /// pin back and takes it again, two pins on shard 1 always fit (at most
+    /// 1 + 2 are held) -- the refusal path reclaims shard 0's idle lease
+    /// first -- and a fourth is refused with `Overflow` once three are held.
+    #[test]
+    fn pin_overflow_stays_exact_with_leases() {
+        run(
+            "pin leases: refusal reclaims from a holder (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire_on(0).unwrap();
+                assert_eq!(ctx.pins.count(), 2, "one held, one leased");
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    c.release_pin_on(0);
+                    c.acquire_on(0).expect("1 of 3 pins refused");
+                });
+                ctx.acquire_on(1).expect("2 of 3 pins refused");
+                ctx.acquire_on(1).expect("3 of 3 pins refused");
+                holder.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
+                assert_eq!(ctx.acquire(), Err(AcquireError::Overflow));
+                assert_eq!(ctx.pins.count(), 3, "a refused pin left a claim");
+            },
+        );
+    }
+
+    /// Two refusals at once, on two shards, while a holder gives its pin
+    /// back into its lease and takes it again: with a maximum of 3 and at
+    /// most three pins held, every take succeeds. One refusal's sweep holds
+    /// the units it took until it puts them back; the other must not count
+    /// them (`Leases::sweeping`).
+    #[test]
+    fn two_refusals_at_once_stay_exact() {
+        run(
+            "pin leases: two refusals + a holder (3 threads)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire_on(0).unwrap();
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    c.release_pin_on(0);
+                    c.acquire_on(0).expect("1 of 3 pins refused");
+                });
+                let c = ctx.clone();
+                let other = thread::spawn(move || c.acquire().expect("a pin of 3 refused"));
+                ctx.acquire_on(1).expect("a pin of 3 refused");
+                holder.join().unwrap();
+                other.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
+            },
+        );
+    }
+
+    /// A refusal racing a refill in flight on another shard: with a maximum
+    /// of 3 and one pin held elsewhere, shard 0 refills (its pin and a chunk
+    /// of one) while shard 1 is refused and reclaims. The refill, seeing the
+    /// refusal press, hands its chunk straight back to the pin word; the
+    /// refusal must not have counted that chunk, so shard 1's pin always
+    /// fits (1 + 1 + 1 = 3). Asking the pin word before checking for
+    /// refills in flight misses the chunk in that gap.
+    #[test]
+    fn a_refill_in_flight_is_waited_for_before_a_refusal() {
+        run(
+            "pin leases: refusal vs a refill in flight (2 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
+                ctx.acquire().unwrap();
+                let c = ctx.clone();
+                let refiller = thread::spawn(move || c.acquire_on(0).expect("2 of 3 pins refused"));
+                ctx.acquire_on(1).expect("3 of 3 pins refused");
+                refiller.join().unwrap();
+                assert_eq!(ctx.pins_held(), 3);
+            },
+        );
+    }
+
+    /// An allocation waiting for room (`WaitForPending`) decides from what
+    /// is pending whether a wait could help, so a settlement must stop
+    /// counting as pending only *after* its bytes are back in the budget
+    /// (`PendingRelease::settle`), and the allocation must read what is
+    /// pending *before* its last attempt (`admission::admit_refused`). Then
+    /// "nothing pending" means the attempt saw the room, and a refusal with
+    /// nothing pending is final; with either order reversed, a settlement
+    /// landing between the attempt and the read leaves the allocation
+    /// refused with the room free.
+    #[test]
+    fn nothing_pending_means_the_room_is_back() {
+        run(
+            "admission reads pending, attempts, waits; a settlement returns its bytes (2 threads)",
+            None,
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                // The budget is full: one byte, held by a pending release.
+                let budget = Arc::new(ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(1),
+                    limit: 1,
+                });
+                let pending = Arc::new(loom::sync::atomic::AtomicU64::new(1));
+                let (c, b, p) = (ctx.clone(), budget.clone(), pending.clone());
+                let settler = thread::spawn(move || {
+                    // `settle`: the charge first, the statistics last.
+                    b.uncharge(1);
+                    p.fetch_sub(1, Release);
+                    // `announce_settlement` (a `WaitForPending` context).
+                    loom::sync::atomic::fence(SeqCst);
+                    if c.settle_epoch.has_waiters() {
+                        let _ = c.settle_epoch.bump();
+                        c.settled.wake_all();
+                    }
+                });
+                // The first attempt was refused; now `admit_refused`:
+                // register, read what is pending, attempt once more.
+                ctx.settle_epoch.register();
+                loom::sync::atomic::fence(SeqCst);
+                let seen = ctx.settle_epoch.epoch();
+                let was_pending = pending.load(Acquire);
+                let mut admitted = budget.try_charge(1);
+                if !admitted {
+                    assert!(
+                        was_pending > 0,
+                        "refused with nothing pending while the room was free"
+                    );
+                    assert!(ctx
+                        .settled
+                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                    admitted = budget.try_charge(1);
+                }
+                ctx.settle_epoch.unregister();
+                assert!(admitted, "woken by the settlement, yet no room");
+                settler.join().unwrap();
+            },
+        );
+    }
+
+    /// An allocation refused on a shared budget while a retiring context on
+    /// it holds bytes only its teardown gives back (quarantined, awaiting
+    /// teardown) waits for that teardown (`admission::pending_in_scope`,
+    /// `DeviceMember::returning_at_teardown` in `record.rs`). The teardown
+    /// takes the bytes off the statistics, then gives the charge back
+    /// (`return_charges_at_teardown`), stores Terminated, then bumps the
+    /// shared epoch and wakes (`finish`). The waiter reads the epoch, then
+    /// the member's amounts, then its phase (counting a teardown in progress
+    /// as returning something), then attempts. Then a refusal with nothing
+    /// coming back is final, and a waiter always wakes with the room back.
+    /// With the phase read before the amounts, or Terminating counted as
+    /// nothing, loom finds an interleaving refused with the room free.
+    #[test]
+    fn a_retiring_member_is_waited_for_until_its_teardown_wakes() {
+        run(
+            "shared admission waits for a retiring member's teardown (2 threads)",
+            None,
+            || {
+                // Its notifier stands for the shared budget's `retired`.
+                let ctx = Arc::new(Ctx::new(4));
+                // The budget is full: one byte, quarantined by the member.
+                let budget = Arc::new(ModelBudget {
+                    charged: loom::sync::atomic::AtomicU64::new(1),
+                    limit: 1,
+                });
+                let quarantined = Arc::new(loom::sync::atomic::AtomicU64::new(1));
+                let phase = Arc::new(AtomicU8::new(RETIRING));
+                let epoch = Arc::new(loom::sync::atomic::AtomicU64::new(0));
+                let (c, b, q, p, e) = (
+                    ctx.clone(),
+                    budget.clone(),
+                    quarantined.clone(),
+                    phase.clone(),
+                    epoch.clone(),
+                );
+                let teardown = thread::spawn(move || {
+                    p.compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
+                        .unwrap();
+                    // `return_charges_at_teardown`: the statistics, then the
+                    // charge.
+                    q.fetch_sub(1, Release);
+                    b.uncharge(1);
+                    p.store(TERMINATED, Release);
+                    // `SharedBudgetInner::announce_returned`.
+                    e.fetch_add(1, SeqCst);
+                    c.settled.notify();
+                });
+                let seen = epoch.load(SeqCst);
+                let held = quarantined.load(Acquire);
+                let returning = match phase.load(Acquire) {
+                    RETIRING => held,
+                    TERMINATING => held.max(1),
+                    _ => 0,
+                };
+                let mut admitted = budget.try_charge(1);
+                if !admitted {
+                    assert!(
+                        returning > 0,
+                        "refused with nothing coming back while the room was free"
+                    );
+                    assert!(ctx.settled.wait_until(|| epoch.load(SeqCst) != seen, None));
+                    admitted = budget.try_charge(1);
+                }
+                assert!(admitted, "woken by the teardown, yet no room");
+                teardown.join().unwrap();
+            },
+        );
+    }
+}
