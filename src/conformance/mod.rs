@@ -18,10 +18,16 @@
 //! [`Watched`] to observe what the governor asks of the backend, and reports
 //! [`Outcome::Passed`], [`Outcome::Failed`] with why, or [`Outcome::Skipped`]
 //! with why (a factory that reports `Unavailable` skips every case).
+//!
+//! [`fault_matrix`] runs every backend operation under every injected fault
+//! ([`FaultInjecting`](crate::fault::FaultInjecting)) and checks that nothing
+//! leaks, panics or tears down twice.
 
 mod cases;
+mod faults;
 mod watch;
 
+pub use faults::{fault_matrix, FaultCell, FaultMatrix, LeakCheck};
 pub use watch::{WatchLog, Watched};
 
 use crate::sync::lock;

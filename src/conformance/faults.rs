@@ -1,0 +1,474 @@
+//! The fault matrix: every backend operation × every fault kind, through
+//! [`FaultInjecting`], on any backend.
+//!
+//! Each cell registers a fresh context `Watched<FaultInjecting<C>>`, arms one
+//! fault on the first call of one operation, and runs a script that calls
+//! every operation (memory_info, create_stream, allocate, write, read,
+//! synchronize, free_async by `release_on` and by drop, a release ordered
+//! after another stream, destroy_stream, and teardown through retire /
+//! force). A cell survives when:
+//!
+//! * nothing panics;
+//! * the fault was really injected;
+//! * the faulted operation came back with the specific error the fault means
+//!   (`Backend`, `BudgetExceeded` of the device, `DeviceLost`, a failed
+//!   teardown result, an abandoned release, or, for a delay, success);
+//! * teardown ran exactly once and the context terminated;
+//! * accounting is consistent: nothing charged, no pins, every queued release
+//!   settled (retired or abandoned) exactly once;
+//! * the backend's own bookkeeping is clean: the factory's leak check (a
+//!   [`BackendProbe`](crate::BackendProbe)'s `check_clean_teardown`, say)
+//!   passes after teardown.
+//!
+//! One more cell checks a panicking pressure responder: the panic reaches the
+//! caller of `allocate`, and nothing is left charged or pinned.
+
+use super::Watched;
+use crate::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+use crate::{BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// What a backend runs after a cell's teardown to check its own
+/// bookkeeping: `Err` says what was left behind.
+pub type LeakCheck = Box<dyn Fn() -> Result<(), String>>;
+
+/// A fresh context for one cell and the check to run after its teardown;
+/// `None` when no context can be opened here.
+type Factory<'a, C> = dyn Fn() -> Option<(C, LeakCheck)> + 'a;
+
+/// One cell of the matrix.
+#[derive(Debug, Clone)]
+pub struct FaultCell {
+    /// The operation the fault was armed on (`allocate`, `free_async`, ...).
+    pub operation: String,
+    /// The fault (`error`, `out-of-memory`, `delay`, ...).
+    pub fault: String,
+    /// What the cell saw when it survived, or why it failed.
+    pub outcome: Result<String, String>,
+}
+
+/// The matrix of one backend.
+#[derive(Debug, Clone)]
+pub struct FaultMatrix {
+    /// The backend's name as given to [`fault_matrix`].
+    pub backend: String,
+    /// Every cell, in operation order.
+    pub cells: Vec<FaultCell>,
+}
+
+impl FaultMatrix {
+    /// How many cells the matrix has: every operation under every fault that
+    /// applies to it, plus the panicking pressure responder.
+    pub fn expected_cells() -> usize {
+        Operation::ALL
+            .iter()
+            .map(|&op| Fault::ALL.iter().filter(|f| f.applies_to(op)).count())
+            .sum::<usize>()
+            + 1
+    }
+
+    /// Cells that survived.
+    pub fn survived(&self) -> usize {
+        self.cells.iter().filter(|c| c.outcome.is_ok()).count()
+    }
+
+    /// One line per failed cell: backend, operation, fault and why.
+    pub fn failures(&self) -> Vec<String> {
+        self.cells
+            .iter()
+            .filter_map(|c| {
+                c.outcome
+                    .as_ref()
+                    .err()
+                    .map(|why| format!("{} {} × {}: {why}", self.backend, c.operation, c.fault))
+            })
+            .collect()
+    }
+
+    /// Whether every cell survived and the matrix is complete.
+    pub fn all_survived(&self) -> bool {
+        self.cells.len() == Self::expected_cells() && self.survived() == self.cells.len()
+    }
+}
+
+impl fmt::Display for FaultMatrix {
+    /// A Markdown table, then a one-line total.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "| backend | operation | fault | outcome |\n|---|---|---|---|"
+        )?;
+        for c in &self.cells {
+            let outcome = match &c.outcome {
+                Ok(what) => format!("survived: {what}"),
+                Err(why) => format!("FAILED: {why}"),
+            };
+            writeln!(
+                f,
+                "| {} | {} | {} | {outcome} |",
+                self.backend, c.operation, c.fault
+            )?;
+        }
+        write!(
+            f,
+            "\nfault matrix: {}: {} tried, {} survived",
+            self.backend,
+            self.cells.len(),
+            self.survived()
+        )
+    }
+}
+
+/// Runs the fault matrix on the backend `factory` opens: a fresh context per
+/// cell, with the check to run after its teardown. `None` when the factory
+/// opens nothing here (the caller prints why it skipped).
+///
+/// ```
+/// use memgov::conformance::fault_matrix;
+/// use memgov::host::{HostConfig, HostContext};
+///
+/// let matrix = fault_matrix("host", || {
+///     let ctx = HostContext::new(HostConfig::default()).ok()?;
+///     let probe = ctx.probe();
+///     Some((ctx, Box::new(move || probe.check_clean_teardown()) as _))
+/// })
+/// .expect("the host backend is always present");
+/// assert!(matrix.all_survived(), "{matrix}");
+/// ```
+pub fn fault_matrix<C: DeviceContext>(
+    backend: &str,
+    factory: impl Fn() -> Option<(C, LeakCheck)>,
+) -> Option<FaultMatrix> {
+    let factory: &Factory<'_, C> = &factory;
+    if factory().is_none() {
+        return None;
+    }
+    let mut cells = Vec::new();
+    for op in Operation::ALL {
+        for fault in Fault::ALL {
+            if !fault.applies_to(op) {
+                continue;
+            }
+            cells.push(FaultCell {
+                operation: op.to_string(),
+                fault: fault.name().to_owned(),
+                outcome: cell(factory, op, fault),
+            });
+        }
+    }
+    cells.push(FaultCell {
+        operation: "allocate".into(),
+        fault: "panicking pressure responder".into(),
+        outcome: responder_panic_cell(factory),
+    });
+    Some(FaultMatrix {
+        backend: backend.to_owned(),
+        cells,
+    })
+}
+
+/// What the faulted operation returned, for the error check.
+#[derive(Default, Debug)]
+struct Seen {
+    errors: Vec<(Operation, String)>,
+}
+
+fn kind_of(e: &GovernorError) -> String {
+    match e {
+        GovernorError::Backend { source, .. } => format!("Backend({:?})", source.kind),
+        GovernorError::BudgetExceeded(b) => format!("BudgetExceeded({})", b.scope),
+        GovernorError::DeviceLost { .. } => "DeviceLost".into(),
+        GovernorError::Reclaimed { .. } => "Reclaimed".into(),
+        GovernorError::Pin(p) => format!("Pin({p})"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn cell<C: DeviceContext>(
+    factory: &Factory<'_, C>,
+    op: Operation,
+    fault: Fault,
+) -> Result<String, String> {
+    let Some((backend, leak_check)) = factory() else {
+        return Err("backend unavailable".into());
+    };
+    let faulty = FaultInjecting::new(backend, FaultPlan::new().nth(op, 1, fault));
+    let control = faulty.control();
+    let watched = Watched::new(faulty);
+    let log = watched.log();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        watched,
+        ContextConfig::new().label("matrix").budget(64 << 20),
+    );
+    let mut seen = Seen::default();
+    let mut note = |op: Operation, r: Result<(), GovernorError>| {
+        if let Err(e) = r {
+            seen.errors.push((op, kind_of(&e)));
+        }
+    };
+
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        note(Operation::MemoryInfo, ctx.memory_info().map(|_| ()));
+        let stream = match ctx.create_stream("a") {
+            Ok(s) => Some(s),
+            Err(e) => {
+                note(Operation::CreateStream, Err(e));
+                ctx.create_stream("a-again")
+                    .map_err(|e| note(Operation::CreateStream, Err(e)))
+                    .ok()
+            }
+        };
+        let mut released = None;
+        if let Some(s) = &stream {
+            let buf = match ctx.allocate(s, 4096, Role::Activation) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    note(Operation::Allocate, Err(e));
+                    ctx.allocate(s, 4096, Role::Activation)
+                        .map_err(|e| note(Operation::Allocate, Err(e)))
+                        .ok()
+                }
+            };
+            if let Some(b) = buf {
+                note(Operation::Write, b.write(0, b"fault matrix"));
+                let mut back = [0u8; 12];
+                note(Operation::Read, b.read(0, &mut back));
+                note(Operation::Synchronize, s.synchronize());
+                released = Some(b.release_on(s).map_err(|e| e.error));
+                note(Operation::FreeAsync, released.clone().unwrap());
+            }
+            // A second buffer, released by drop.
+            if let Ok(b2) = ctx.allocate(s, 8192, Role::Weights) {
+                drop(b2);
+            }
+            // A third, released on another stream: ordered after its own.
+            if let Ok(other) = ctx.create_stream("b") {
+                if let Ok(b3) = ctx.allocate(s, 4096, Role::KvCache) {
+                    note(
+                        Operation::OrderAfter,
+                        b3.release_on(&other).map_err(|e| e.error),
+                    );
+                }
+            }
+        }
+        drop(stream);
+        let handle = ctx.retire();
+        let report = match handle.wait_timeout(Duration::from_secs(10)) {
+            Ok(r) => r,
+            Err(e) => {
+                let forced = handle.force(std::time::Instant::now() + Duration::from_secs(10));
+                forced.map_err(|f| format!("retire did not finish: {e}; force: {f}"))?
+            }
+        };
+        Ok::<_, String>((report, released))
+    }));
+    let (report, _released) = match run {
+        Ok(Ok(x)) => x,
+        Ok(Err(why)) => return Err(why),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            return Err(format!("PANIC: {}", msg.unwrap_or_default()));
+        }
+    };
+
+    // The fault really happened.
+    if control.injected(op) == 0 {
+        return Err(format!("{op} was never called with the fault armed"));
+    }
+    // Teardown once, context terminated, accounting at zero.
+    let snap = ctx.snapshot();
+    if log.teardowns.load(Ordering::SeqCst) != 1 {
+        return Err(format!(
+            "teardown ran {} times",
+            log.teardowns.load(Ordering::SeqCst)
+        ));
+    }
+    if snap.lifecycle != Lifecycle::Terminated {
+        return Err(format!("lifecycle {:?} after teardown", snap.lifecycle));
+    }
+    if snap.charged != 0 || snap.pins.total() != 0 || snap.total() != Default::default() {
+        return Err(format!(
+            "accounting after teardown: charged {} pins {:?} usage {:?}",
+            snap.charged,
+            snap.pins,
+            snap.total()
+        ));
+    }
+    let c = snap.counters;
+    if c.releases_queued != c.retired + c.abandoned {
+        return Err(format!(
+            "releases queued {} != retired {} + abandoned {}",
+            c.releases_queued, c.retired, c.abandoned
+        ));
+    }
+    let (q, r, a) = (
+        log.frees_queued.load(Ordering::SeqCst),
+        log.retired.load(Ordering::SeqCst),
+        log.abandoned.load(Ordering::SeqCst),
+    );
+    if q != r + a
+        || log.settled_after_teardown.load(Ordering::SeqCst) != 0
+        || c.late_settlements != 0
+    {
+        return Err(format!("signals: {}", log.summary()));
+    }
+    leak_check().map_err(|e| format!("leak: {e}"))?;
+
+    // The specific error.
+    let errs_of = |o: Operation| {
+        seen.errors
+            .iter()
+            .filter(|(x, _)| *x == o)
+            .map(|(_, k)| k.clone())
+            .collect::<Vec<_>>()
+    };
+    let first = errs_of(op).into_iter().next();
+    let specific = match (fault, op) {
+        (Fault::Delay(_), _) => {
+            if !seen.errors.is_empty() || report.backend_result.is_err() {
+                return Err(format!(
+                    "a delay caused errors: {:?} {:?}",
+                    seen.errors, report.backend_result
+                ));
+            }
+            "ok (delayed)".to_string()
+        }
+        (Fault::DropSignal, _) => {
+            if report.abandoned_releases == 0 {
+                return Err("a dropped signal was not settled as abandoned".into());
+            }
+            format!(
+                "abandoned release ({} retired, {} abandoned)",
+                report.retired_releases, report.abandoned_releases
+            )
+        }
+        (_, Operation::Teardown) => match &report.backend_result {
+            Err(e) => format!("TeardownReport.backend_result = Err({:?})", e.kind),
+            Ok(()) => return Err("a faulted teardown reported success".into()),
+        },
+        (_, Operation::DestroyStream) => {
+            // Drop has no caller to return to: the error is counted, and a
+            // lost device shows in the report.
+            if c.backend_errors == 0 {
+                return Err("destroy_stream fault not recorded".into());
+            }
+            if fault == Fault::DeviceLost && !report.lost {
+                return Err("device loss in destroy_stream did not mark the context lost".into());
+            }
+            format!(
+                "counted in backend_errors{}",
+                if report.lost { "; context lost" } else { "" }
+            )
+        }
+        (Fault::DeviceLost, _) => match first.as_deref() {
+            Some("DeviceLost") if report.lost => "DeviceLost".into(),
+            Some(_) | None
+                if matches!(op, Operation::FreeAsync | Operation::OrderAfter)
+                    && report.lost
+                    && report.settled_lost > 0 =>
+            {
+                "release settled as lost (Ok); context lost".into()
+            }
+            other => {
+                return Err(format!(
+                    "expected DeviceLost, got {other:?} (lost {})",
+                    report.lost
+                ))
+            }
+        },
+        (Fault::OutOfMemory, Operation::Allocate) => match first.as_deref() {
+            Some(k) if k == format!("BudgetExceeded({})", BudgetScope::Device) => k.to_string(),
+            other => {
+                return Err(format!(
+                    "expected BudgetExceeded(device memory), got {other:?}"
+                ))
+            }
+        },
+        (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync | Operation::OrderAfter) => {
+            match first.as_deref() {
+                Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {
+                    format!(
+                        "{k}; {} B quarantined until teardown",
+                        report.quarantined_bytes
+                    )
+                }
+                other => return Err(format!("expected Backend + quarantine, got {other:?}")),
+            }
+        }
+        (Fault::Error | Fault::OutOfMemory, _) => match first.as_deref() {
+            Some(k) if k.starts_with("Backend(") => k.to_string(),
+            other => return Err(format!("expected Backend error, got {other:?}")),
+        },
+    };
+    Ok(specific)
+}
+
+/// The "panicking pressure responder" column: an allocation that does not
+/// fit asks a responder, which panics. The panic reaches the caller of
+/// `allocate`; the in-flight allocation leaves no pin and no charge behind;
+/// the context then retires, tears down once and leaks nothing.
+fn responder_panic_cell<C: DeviceContext>(factory: &Factory<'_, C>) -> Result<String, String> {
+    let Some((backend, leak_check)) = factory() else {
+        return Err("backend unavailable".into());
+    };
+    let watched = Watched::new(backend);
+    let log = watched.log();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        watched,
+        ContextConfig::new().label("matrix").budget(64 << 10),
+    );
+    let stream = ctx
+        .create_stream("a")
+        .map_err(|e| format!("create_stream: {e}"))?;
+    let held = ctx
+        .allocate(&stream, 48 << 10, Role::Weights)
+        .map_err(|e| format!("allocate: {e}"))?;
+    ctx.add_pressure_responder(|_| panic!("pressure responder panicked"));
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        ctx.allocate(&stream, 32 << 10, Role::Activation)
+    }));
+    match caught {
+        Ok(r) => return Err(format!("the panic did not reach the caller: {r:?}")),
+        Err(p) if p.downcast_ref::<&str>() == Some(&"pressure responder panicked") => {}
+        Err(_) => return Err("a different panic reached the caller".into()),
+    }
+    let snap = ctx.snapshot();
+    if snap.pins.other != 0 || snap.charged != 48 << 10 {
+        return Err(format!(
+            "after the panic: {} B charged (48 KiB live), pins {:?}",
+            snap.charged, snap.pins
+        ));
+    }
+    drop((held, stream));
+    let report = ctx
+        .retire()
+        .wait_timeout(Duration::from_secs(10))
+        .map_err(|e| format!("retire after the panic: {e}"))?;
+    let snap = ctx.snapshot();
+    if log.teardowns.load(Ordering::SeqCst) != 1 || snap.lifecycle != Lifecycle::Terminated {
+        return Err(format!(
+            "teardown ran {} times; lifecycle {:?}",
+            log.teardowns.load(Ordering::SeqCst),
+            snap.lifecycle
+        ));
+    }
+    if snap.charged != 0 || snap.pins.total() != 0 || snap.total() != Default::default() {
+        return Err(format!(
+            "accounting after teardown: charged {} pins {:?}",
+            snap.charged, snap.pins
+        ));
+    }
+    leak_check().map_err(|e| format!("leak: {e}"))?;
+    Ok(format!(
+        "panic reached allocate's caller; no pin or charge left; {} release retired",
+        report.retired_releases
+    ))
+}
