@@ -19,9 +19,8 @@
 /// * the crate is the backend's own (`backends/<module>/`), a dependency of
 ///   this one behind the feature;
 /// * the feature is `""` for a backend that is always built (`[all()]`);
-/// * `cuda` and `hip` are listed before their features exist (Cargo.toml's
-///   `check-cfg` names them): until then they are always compiled out, and
-///   their rows say which feature builds them;
+/// * a backend compiled out keeps its rows, which say which feature builds
+///   it;
 /// * `open` makes a context with the backend's default settings (first or
 ///   best device); `check` makes the one `memgov check` runs the conformance
 ///   suite on (the Vulkan one turns the validation layer on when installed).
