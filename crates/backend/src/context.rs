@@ -158,46 +158,6 @@ impl BackendError {
 /// The way out of a driver's out-of-memory code, as a driver-call hint.
 pub const OUT_OF_MEMORY_HINT: &str = "; free memory (or lower the budget) and retry";
 
-/// Whether a GPU backend's context is lost, and the first reason it was.
-///
-/// Every call on a lost context is refused with that reason instead of going
-/// to the driver; the flag is set once, so the caller learns which call made
-/// the context lost (and reports it to the probe exactly once).
-#[derive(Debug, Default)]
-pub struct LostState {
-    lost: std::sync::atomic::AtomicBool,
-    reason: std::sync::Mutex<Option<String>>,
-}
-
-impl LostState {
-    /// Whether the context has been marked lost.
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// The flag itself, for waits that end when the context is lost.
-    pub fn flag(&self) -> &std::sync::atomic::AtomicBool {
-        &self.lost
-    }
-
-    /// Mark the context lost, keeping `why` if it is the first reason given.
-    /// Returns `true` for the call that made the context lost. The reason is
-    /// stored before the flag is set, so whoever sees the flag finds it.
-    pub fn mark(&self, why: Option<&str>) -> bool {
-        if let Some(why) = why {
-            memgov_sync::lock(&self.reason).get_or_insert_with(|| why.to_owned());
-        }
-        !self.lost.swap(true, std::sync::atomic::Ordering::AcqRel)
-    }
-
-    /// The first reason given, else `otherwise`.
-    pub fn reason_or(&self, otherwise: &str) -> String {
-        memgov_sync::lock(&self.reason)
-            .clone()
-            .unwrap_or_else(|| otherwise.to_owned())
-    }
-}
-
 /// How a stream-ordered release ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetireOutcome {

@@ -9,7 +9,10 @@
 //!   on the device;
 //! * [`BackendError`] and [`BackendErrorKind`], with
 //!   [`BackendError::from_driver_call`] and [`OUT_OF_MEMORY_HINT`] for mapping
-//!   a driver's result codes, and [`LostState`] for a device that is gone;
+//!   a driver's result codes;
+//! * [`shell`]: the driver shell a backend over a C driver API wraps around
+//!   its calls (the lost flag [`LostState`], the usable check, the checked
+//!   driver call, the current-context guard), written once;
 //! * [`BackendProbe`]: the counters every backend records into, read by the
 //!   conformance suite, the fault matrix and `memgov check`;
 //! * [`fault`]: [`FaultInjecting`](fault::FaultInjecting), a wrapper that
@@ -26,12 +29,14 @@
 mod context;
 pub mod fault;
 mod probe;
+pub mod shell;
 
 pub use context::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, LostState,
-    MemoryInfo, RetireOutcome, RetireSignal, RetireSink, OUT_OF_MEMORY_HINT,
+    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
+    RetireOutcome, RetireSignal, RetireSink, OUT_OF_MEMORY_HINT,
 };
 pub use probe::{BackendProbe, ProbeShard};
+pub use shell::{LostState, Shell};
 
 /// Lock a bookkeeping mutex, recovering from poisoning (see
 /// [`memgov_sync::lock`]): a backend's state is left consistent between
