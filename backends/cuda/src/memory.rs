@@ -14,8 +14,10 @@
 //! itself in `Drop` without telling anyone): only `free_async` and teardown
 //! free device memory, so the retire signal can fire after the free.
 
-use super::{lock, CudaContext, Live};
+use crate::shared::Live;
+use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
+use memgov_backend::lock;
 use memgov_backend::{BackendError, MemoryInfo};
 
 /// A raw device allocation. A plain handle: dropping it does nothing; only
@@ -60,14 +62,14 @@ impl CudaContext {
         s.check_usable("allocate")?;
         s.check_stream("allocate", stream)?;
         if bytes == 0 {
-            return Err(super::result::err(
+            return Err(crate::result::err(
                 "allocate",
                 memgov_backend::BackendErrorKind::InvalidArgument,
                 "a 0-byte allocation was asked for; ask for at least 1 byte",
             ));
         }
         let size = usize::try_from(bytes).map_err(|_| {
-            super::result::err(
+            crate::result::err(
                 "allocate",
                 memgov_backend::BackendErrorKind::InvalidArgument,
                 format!("{bytes} B does not fit this platform's size_t"),
@@ -82,7 +84,7 @@ impl CudaContext {
         s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
         let id = s.next_id();
         lock(&s.live).insert(id, Live { ptr, bytes });
-        s.probe.allocated(bytes);
+        s.probe().allocated(bytes);
         Ok(CudaMemory {
             ptr,
             bytes,
@@ -172,7 +174,7 @@ fn range(
 ) -> Result<CUdeviceptr, BackendError> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= memory.bytes => Ok(memory.ptr + offset),
-        _ => Err(super::result::err(
+        _ => Err(crate::result::err(
             op,
             memgov_backend::BackendErrorKind::InvalidArgument,
             format!(

@@ -10,10 +10,24 @@
 //! never calls into a driver that may be broken).
 
 use cudarc::driver::sys::CUresult;
+use memgov_backend::shell::Driver;
 use memgov_backend::OUT_OF_MEMORY_HINT;
 use memgov_backend::{BackendError, BackendErrorKind};
 
 pub(crate) const BACKEND: &str = "cuda";
+
+/// The CUDA driver as the driver shell sees it: [`check`] is how its
+/// results are classified.
+pub(crate) struct Cuda;
+
+impl Driver for Cuda {
+    const BACKEND: &'static str = BACKEND;
+    type Code = CUresult;
+
+    fn check(op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
+        check(op, call, code)
+    }
+}
 
 /// Sticky errors: the context is corrupted and must be destroyed. The CUDA
 /// driver documentation marks each of these as leaving the process in an

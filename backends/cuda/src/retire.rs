@@ -21,9 +21,10 @@
 //! with a device-lost code) the signal is dropped unfired, as for a lost
 //! device. Either way `free_async` returns `Ok`.
 
-use super::result::BACKEND;
-use super::{lock, CudaContext, CudaMemory, CudaStream};
+use crate::result::BACKEND;
+use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
+use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendProbe, RetireSignal};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -111,7 +112,7 @@ impl CudaContext {
             // context that is no longer live is a second free, which the
             // probe counts.
             if memory.context == s.id {
-                s.probe.violation(
+                s.probe().violation(
                     BACKEND,
                     format!(
                         "free_async of allocation {} (context {}) that is not live in context {}",
@@ -119,7 +120,7 @@ impl CudaContext {
                     ),
                 );
             }
-            let e = super::result::err(
+            let e = crate::result::err(
                 "free_async",
                 memgov_backend::BackendErrorKind::InvalidArgument,
                 format!(
@@ -150,7 +151,7 @@ impl CudaContext {
         s.pending.park(ticket, signal, memory.bytes);
         let data = Box::into_raw(Box::new(HostFnData {
             pending: s.pending.clone(),
-            probe: s.probe.clone(),
+            probe: s.probe().clone(),
             ticket,
         }));
         // SAFETY: `free_retired` upholds the host-function rules (no CUDA
@@ -163,30 +164,30 @@ impl CudaContext {
         let _current = current;
         // SAFETY: the launch failed, so the driver never took `data`.
         drop(unsafe { Box::from_raw(data) });
-        let launch = s.classify("free_async", "cuLaunchHostFunc", r);
+        let launch = s.checked("free_async", "cuLaunchHostFunc", r);
         let Some((signal, bytes)) = s.pending.take(ticket) else {
             // `device_lost` took it already (and abandoned it).
             return Ok(());
         };
-        if !launch.is_device_lost() {
+        if !launch.is_err_and(|e| e.is_device_lost()) {
             // SAFETY: the stream is live; the context is current.
             let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
             if r == sys::CUresult::CUDA_SUCCESS {
                 // The free has executed.
-                s.probe.free_retired(bytes);
+                s.probe().free_retired(bytes);
                 signal.retire();
                 return Ok(());
             }
-            let _ = s.classify("free_async", "cuStreamSynchronize", r);
+            let _ = s.checked("free_async", "cuStreamSynchronize", r);
         }
-        s.probe.free_abandoned(bytes);
+        s.probe().free_abandoned(bytes);
         drop(signal);
         Ok(())
     }
 
     pub(crate) fn device_lost_impl(&self) {
         let s = &*self.shared;
-        s.mark_lost();
+        s.shell.mark_lost(None);
         // Dropped unfired, with no lock held: the governor settles them as
         // abandoned.
         s.abandon_pending();

@@ -1,8 +1,10 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
 //! runtime already owns and lent to the context by [`CudaContext::adopt`].
 
-use super::{lock, CudaContext, RawStream};
+use crate::shared::RawStream;
+use crate::CudaContext;
 use cudarc::driver::sys::{self, CUevent, CUstream, CUstream_flags};
+use memgov_backend::lock;
 use memgov_backend::BackendError;
 
 /// A stream of ordered work on a CUDA context.
@@ -53,7 +55,7 @@ impl CudaContext {
         let id = s.next_id();
         if let Some(raw) = lock(&s.lendable).pop_front() {
             lock(&s.streams).insert(id, (raw.0, true));
-            s.probe.stream_created();
+            s.probe().stream_created();
             return Ok(CudaStream {
                 raw: raw.0,
                 id,
@@ -70,7 +72,7 @@ impl CudaContext {
             unsafe { sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
         s.checked("create_stream", "cuStreamCreate", r)?;
         lock(&s.streams).insert(id, (raw, false));
-        s.probe.stream_created();
+        s.probe().stream_created();
         Ok(CudaStream {
             raw,
             id,
@@ -82,7 +84,7 @@ impl CudaContext {
     pub(crate) fn destroy_stream_impl(&self, stream: CudaStream) -> Result<(), BackendError> {
         let s = &*self.shared;
         if stream.context != s.id || lock(&s.streams).remove(&stream.id).is_none() {
-            return Err(super::result::err(
+            return Err(crate::result::err(
                 "destroy_stream",
                 memgov_backend::BackendErrorKind::InvalidArgument,
                 format!(
@@ -92,7 +94,7 @@ impl CudaContext {
                 ),
             ));
         }
-        s.probe.stream_destroyed();
+        s.probe().stream_destroyed();
         if s.is_lost() {
             // The stream dies with the context; no call on a lost device.
             return Ok(());

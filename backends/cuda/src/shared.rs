@@ -1,0 +1,343 @@
+//! The state a context's threads share (the caller's, the host functions',
+//! the watcher's): [`Shared`].
+
+use crate::result::{err, Cuda, BACKEND};
+use crate::retire::PendingFrees;
+use crate::{CudaMemory, CudaStream};
+use cudarc::driver::sys::{
+    self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
+};
+use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, Execution};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the watcher asks the driver about destroyed streams whose work
+/// is still queued.
+pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(2);
+
+pub(crate) struct Live {
+    pub ptr: CUdeviceptr,
+    pub bytes: u64,
+}
+
+/// A raw stream handle that may cross threads (see `CudaStream`).
+pub(crate) struct RawStream(pub CUstream);
+// SAFETY: a driver handle with no thread affinity; used only with its
+// context current.
+unsafe impl Send for RawStream {}
+
+/// The state a context's threads share: the caller's, the host functions'
+/// (through `pending`) and the watcher's. Dropping it calls no driver
+/// function: teardown destroys explicitly.
+pub(crate) struct Shared {
+    /// This context's id (see `CONTEXT_IDS`).
+    pub(crate) id: u64,
+    pub(crate) device: CUdevice,
+    pub(crate) ordinal: u32,
+    pub(crate) context: CUcontext,
+    /// Whether memgov retained the primary context (and releases it).
+    pub(crate) retained: bool,
+    /// memgov's own memory pool on the device (`cuMemPoolCreate`), destroyed
+    /// at teardown; the device's default pool is never changed.
+    pub(crate) pool: CUmemoryPool,
+    pub(crate) name: String,
+    pub(crate) total_bytes: u64,
+    pub(crate) driver_version: i32,
+    pub(crate) execution: Execution,
+    /// Lost (declared by the governor, or a sticky code from the driver,
+    /// whose message is the reason kept), dead (the driver's own sticky
+    /// code), and the probe the loss is reported to.
+    pub(crate) shell: Shell<Cuda>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) pending: Arc<PendingFrees>,
+    pub(crate) live: Mutex<HashMap<u64, Live>>,
+    /// Live streams: id -> (handle, adopted).
+    pub(crate) streams: Mutex<HashMap<u64, (CUstream, bool)>>,
+    /// Adopted streams not yet handed out.
+    pub(crate) lendable: Mutex<VecDeque<RawStream>>,
+    /// Streams memgov created and the governor destroyed whose queued work
+    /// may still be running (host functions included). Destroyed once
+    /// `cuStreamQuery` says their work is complete, or at teardown after a
+    /// synchronize: the context is never released under a running host
+    /// function.
+    pub(crate) retired_streams: Mutex<Vec<RawStream>>,
+    /// The watcher thread that asks the driver about retired streams.
+    pub(crate) watch: Watch,
+}
+
+/// The watcher: started with the first retired stream, it queries retired
+/// streams every `WATCH_INTERVAL` while there are any (so an asynchronous
+/// fault in their work is observed even when nobody calls the backend), and
+/// is stopped and joined by teardown before any other teardown step.
+#[derive(Default)]
+pub(crate) struct Watch {
+    state: Mutex<WatchState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct WatchState {
+    stop: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+// SAFETY: the raw handles (context, pool, streams) are driver handles with no
+// thread affinity; every call that uses them first makes the context current
+// on the calling thread (`make_current`). Mutable state is behind atomics and
+// mutexes, and no mutex is held across a driver call.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn probe(&self) -> &BackendProbe {
+        self.shell.probe()
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.shell.is_lost()
+    }
+
+    /// Refuse work on a lost context without calling the driver.
+    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        self.shell.check_usable(op)
+    }
+
+    /// Make the context current on the calling thread until the returned
+    /// guard drops, which restores the context the thread had before
+    /// (`cuCtxPushCurrent` / `cuCtxPopCurrent`, see [`MakeCurrent`]). When
+    /// the context is already current (a runtime sharing the primary context
+    /// usually has it current), nothing is pushed or popped.
+    pub(crate) fn make_current(
+        &self,
+        op: &'static str,
+    ) -> Result<shell::Current<'_, Self>, BackendError> {
+        shell::make_current(self, op)
+    }
+
+    /// `Ok` for success; else the classified error. A sticky code marks the
+    /// context lost and dead and drops the signals of queued frees unfired
+    /// (queued work no longer executes after a sticky error, so their host
+    /// functions never run).
+    pub(crate) fn checked(
+        &self,
+        op: &'static str,
+        call: &str,
+        r: CUresult,
+    ) -> Result<(), BackendError> {
+        self.shell.checked(op, call, r).inspect_err(|e| {
+            if e.is_device_lost() {
+                self.abandon_pending();
+            }
+        })
+    }
+
+    /// Drop every waiting signal unfired (the governor settles them as
+    /// abandoned), with no lock held.
+    pub(crate) fn abandon_pending(&self) {
+        let taken = self.pending.take_all();
+        for (_, bytes) in &taken {
+            self.probe().free_abandoned(*bytes);
+        }
+        drop(taken);
+    }
+
+    /// A stream handle of this context that is live, or `InvalidArgument`
+    /// (another context's stream, or one already destroyed) with no driver
+    /// call.
+    pub(crate) fn check_stream(
+        &self,
+        op: &'static str,
+        stream: &CudaStream,
+    ) -> Result<(), BackendError> {
+        if stream.context != self.id || !lock(&self.streams).contains_key(&stream.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of CUDA context {} (it belongs to context {},                      or was destroyed): use a stream this context created and has not destroyed",
+                    stream.id, self.id, stream.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An allocation of this context that is live, or `InvalidArgument`
+    /// (another context's, or already freed) with no driver call.
+    pub(crate) fn check_memory(
+        &self,
+        op: &'static str,
+        memory: &CudaMemory,
+    ) -> Result<(), BackendError> {
+        if memory.context != self.id || !lock(&self.live).contains_key(&memory.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to                      context {}, or was freed)",
+                    memory.id, memory.bytes, memory.ptr, self.id, memory.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Destroy the retired streams whose work has completed; a sticky error
+    /// from a query is observed here (the device is then lost).
+    pub(crate) fn reap_retired(&self, op: &'static str) -> Result<(), BackendError> {
+        if lock(&self.retired_streams).is_empty() || self.is_lost() {
+            return Ok(());
+        }
+        let _current = self.make_current(op)?;
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&self.retired_streams));
+        let mut keep = Vec::new();
+        let mut result = Ok(());
+        for raw in retired {
+            if self.is_lost() {
+                keep.push(raw);
+                continue;
+            }
+            // SAFETY: a stream this context created and the governor
+            // destroyed; held only in the retired list, which this call took,
+            // so no other call uses it; the context is current.
+            let r = unsafe { sys::cuStreamQuery(raw.0) };
+            match r {
+                CUresult::CUDA_SUCCESS => {
+                    // SAFETY: as above; its work has completed.
+                    let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+                    result = result.and(self.checked(op, "cuStreamDestroy_v2", r));
+                }
+                CUresult::CUDA_ERROR_NOT_READY => keep.push(raw),
+                r => {
+                    keep.push(raw);
+                    result = result.and(self.checked(op, "cuStreamQuery", r));
+                }
+            }
+        }
+        lock(&self.retired_streams).extend(keep);
+        result
+    }
+
+    /// Start the watcher (once) and wake it: a stream was retired with work
+    /// still queued.
+    pub(crate) fn watch_retired(self: &Arc<Self>) {
+        let mut st = lock(&self.watch.state);
+        if st.stop {
+            return;
+        }
+        if st.thread.is_none() {
+            let weak = Arc::downgrade(self);
+            match std::thread::Builder::new()
+                .name("memgov-cuda-watch".into())
+                .spawn(move || watch_loop(weak))
+            {
+                Ok(t) => st.thread = Some(t),
+                // Without the watcher, retired streams are still queried by
+                // later calls and by teardown.
+                Err(e) => self.probe().violation(
+                    BACKEND,
+                    format!("could not start the retired-stream watcher: {e}"),
+                ),
+            }
+        }
+        drop(st);
+        self.watch.wake.notify_all();
+    }
+
+    /// Stop the watcher and wait until it has returned: after this, no
+    /// thread of this backend calls the driver.
+    pub(crate) fn stop_watcher(&self) {
+        let thread = {
+            let mut st = lock(&self.watch.state);
+            st.stop = true;
+            st.thread.take()
+        };
+        self.watch.wake.notify_all();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The CUDA context stack of the calling thread: `make_current` pushes the
+/// context (`cuCtxPushCurrent`) unless it is current already, and the guard
+/// pops it (`cuCtxPopCurrent`), which makes the thread's previous context
+/// current again.
+impl MakeCurrent for Shared {
+    type Handle = CUcontext;
+
+    fn ours(&self) -> CUcontext {
+        self.context
+    }
+
+    fn current(&self, op: &'static str) -> Result<CUcontext, BackendError> {
+        let mut now: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; reads the calling thread's state only.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut now) };
+        self.checked(op, "cuCtxGetCurrent", r)?;
+        Ok(now)
+    }
+
+    fn enter(&self, op: &'static str, ours: CUcontext) -> Result<(), BackendError> {
+        // SAFETY: the context is valid until teardown, which consumes the
+        // `CudaContext` (and so runs after every other call has returned) and
+        // pops its own push before it releases the context.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(ours) };
+        self.checked(op, "cuCtxPushCurrent_v2", r)
+    }
+
+    fn leave(&self, _previous: CUcontext) {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: balances the successful cuCtxPushCurrent of `enter` on this
+        // thread (the guard is neither Send nor cloned); popping makes no
+        // device call and restores the context the thread had before. A
+        // failure leaves nothing to undo.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+/// The watcher thread's body: while retired streams exist, query them every
+/// `WATCH_INTERVAL`; otherwise sleep until woken. Returns when stopped, or
+/// when the context was dropped without teardown.
+fn watch_loop(weak: Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        {
+            let st = lock(&shared.watch.state);
+            if st.stop {
+                return;
+            }
+            let idle = lock(&shared.retired_streams).is_empty() || shared.is_lost();
+            let st = if idle {
+                shared
+                    .watch
+                    .wake
+                    .wait_timeout(st, WATCH_INTERVAL * 50)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0)
+            } else {
+                shared
+                    .watch
+                    .wake
+                    .wait_timeout(st, WATCH_INTERVAL)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0)
+            };
+            if st.stop {
+                return;
+            }
+        }
+        // No lock held across the driver calls; an error is kept by the
+        // context (a sticky one marks it lost and abandons pending frees).
+        let _ = shared.reap_retired("watch");
+    }
+}

@@ -1,0 +1,250 @@
+//! Teardown: [`CudaContext::tear_down`], called by
+//! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
+
+use crate::result::{self, check, err, BACKEND};
+use crate::shared::{Live, RawStream, WATCH_INTERVAL};
+use crate::CudaContext;
+use cudarc::driver::sys::{self, CUresult, CUstream};
+use memgov_backend::{lock, BackendError, BackendErrorKind};
+use std::time::{Duration, Instant};
+
+/// How long a lost teardown on a device whose driver still answers waits for
+/// queued work to finish before it releases the primary context.
+const LOST_DRAIN: Duration = Duration::from_secs(5);
+
+impl CudaContext {
+    pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        // No new work from here on; and first of all: no backend thread
+        // calls the driver from here on but this one, and none after
+        // teardown returns.
+        s.shell.close();
+        s.stop_watcher();
+        let mut first: Option<BackendError> = None;
+        let mut keep = |r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        let lost = lost || s.is_lost();
+        let pending = s.pending.len();
+        if pending != 0 && !lost {
+            // The governor tears down only after every release retired: a
+            // direct caller broke the contract. Teardown still waits for the
+            // frees (every stream is synchronized below) before releasing.
+            s.probe().violation(
+                BACKEND,
+                format!("teardown with {pending} stream-ordered frees still pending"),
+            );
+        }
+        if lost {
+            self.teardown_lost(&mut keep);
+            s.probe().torn_down_now();
+            return first.map_or(Ok(()), Err);
+        }
+        let current = match s.make_current("teardown") {
+            Ok(c) => Some(c),
+            Err(e) => {
+                keep(Err(e));
+                None
+            }
+        };
+        let streams: Vec<(u64, CUstream, bool)> = lock(&s.streams)
+            .iter()
+            .map(|(&id, &(raw, adopted))| (id, raw, adopted))
+            .collect();
+        for &(_, raw, _) in &streams {
+            // SAFETY: a live stream of this context; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+        }
+        // Destroyed streams whose work may still run: wait, then destroy
+        // (before the leftovers are freed: that work may use them).
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        for raw in retired {
+            // SAFETY: a stream this context created, removed from the
+            // retired list above so destroyed once; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
+            keep(s.checked("teardown", "cuStreamSynchronize", r));
+            // SAFETY: as above; its work has completed.
+            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+        }
+        // Memory a forced retire left live: free it on a stream of its own
+        // and wait, so the pool gets it back before the context goes. Every
+        // stream that used it was synchronized above, which orders the frees
+        // after that use.
+        let leftover: Vec<Live> = lock(&s.live).drain().map(|(_, l)| l).collect();
+        if !leftover.is_empty() {
+            keep(self.free_leftover(&leftover));
+        }
+        for (id, raw, adopted) in streams {
+            lock(&s.streams).remove(&id);
+            s.probe().stream_destroyed();
+            if !adopted {
+                // SAFETY: created by this context, destroyed once (removed
+                // from the live set above); its work has completed.
+                let r = unsafe { sys::cuStreamDestroy_v2(raw) };
+                keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+            }
+        }
+        let stragglers = s.pending.take_all();
+        if !stragglers.is_empty() {
+            for (_, bytes) in &stragglers {
+                s.probe().free_abandoned(*bytes);
+            }
+            drop(stragglers);
+        }
+        // SAFETY: memgov's own pool; every allocation from it was freed and
+        // every free has executed (all streams synchronized).
+        let r = unsafe { sys::cuMemPoolTrimTo(s.pool, 0) };
+        keep(s.checked("teardown", "cuMemPoolTrimTo", r));
+        // SAFETY: as above; destroyed once, here.
+        let r = unsafe { sys::cuMemPoolDestroy(s.pool) };
+        keep(s.checked("teardown", "cuMemPoolDestroy", r));
+        // The thread's previous context is current again before the release.
+        drop(current);
+        if s.retained {
+            // SAFETY: balanced with the retain in `new`; every stream memgov
+            // queued work on was synchronized, so no free or host function
+            // of memgov's is pending and no memory of memgov's is allocated.
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+        }
+        s.probe().torn_down_now();
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Teardown of a lost context: no frees and no synchronization. What
+    /// memgov allocated and the streams it created go with its reference to
+    /// the primary context, which is released:
+    ///
+    /// * when the driver reported the loss (a sticky error), at once: queued
+    ///   work no longer executes;
+    /// * when only the caller declared the loss and the driver still answers,
+    ///   after the queued work of memgov's streams has finished, polled with
+    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; if it
+    ///   is still running then, the reference is kept (releasing the last
+    ///   reference under running work is undefined) and the error says so.
+    ///
+    /// An adopted context is the runtime's: nothing is released, and memgov's
+    /// allocations in it stay until the runtime destroys it.
+    fn teardown_lost(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
+        let s = &*self.shared;
+        s.shell.mark_lost(None);
+        s.abandon_pending();
+        for (_, l) in lock(&s.live).drain() {
+            s.probe().freed(l.bytes);
+        }
+        let streams: Vec<CUstream> = lock(&s.streams)
+            .drain()
+            .map(|(_, (raw, _))| {
+                s.probe().stream_destroyed();
+                raw
+            })
+            .collect();
+        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        // SAFETY: memgov's own pool, destroyed once, here. The call does not
+        // wait: with allocations or frees outstanding the driver releases the
+        // pool once they are gone (with the context, when it is released
+        // below). On a device in the sticky state it fails harmlessly.
+        let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
+        if !s.retained {
+            return;
+        }
+        let mut release = s.shell.is_dead();
+        if !release {
+            let mut queued: Vec<CUstream> = streams;
+            queued.extend(retired.iter().map(|r| r.0));
+            match self.drain_lost(&queued) {
+                Ok(()) => release = true,
+                Err(e) => keep(Err(e)),
+            }
+        }
+        if release {
+            // SAFETY: balanced with the retain in `new`; no work of memgov's
+            // is running (drained above, or the device no longer executes
+            // any). Releasing the last reference destroys the context with
+            // memgov's allocations and streams.
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+        }
+    }
+
+    /// Poll `streams` until their queued work has finished, a sticky error
+    /// shows the device really is lost, or `LOST_DRAIN` has passed.
+    fn drain_lost(&self, streams: &[CUstream]) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let deadline = Instant::now() + LOST_DRAIN;
+        let _current = s.make_current("teardown")?;
+        let mut waiting: Vec<CUstream> = streams.to_vec();
+        loop {
+            let mut still = Vec::new();
+            for &raw in &waiting {
+                // SAFETY: a stream this context created or adopted, not
+                // destroyed (teardown holds the only copies now); the
+                // context is current.
+                let r = unsafe { sys::cuStreamQuery(raw) };
+                match r {
+                    CUresult::CUDA_SUCCESS => {}
+                    CUresult::CUDA_ERROR_NOT_READY => still.push(raw),
+                    r => {
+                        let e = result::error("teardown", "cuStreamQuery", r);
+                        if e.is_device_lost() {
+                            s.shell.mark_dead(&e.message);
+                            return Ok(());
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            if still.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(err(
+                    "teardown",
+                    BackendErrorKind::DeviceLost,
+                    format!(
+                        "the context was declared lost, the driver still answers and {} of                          memgov's streams still have queued work after {:?}: the primary context                          reference (with memgov's allocations) is kept rather than released                          under running work; reset the device (cuDevicePrimaryCtxReset) to                          reclaim it",
+                        still.len(),
+                        LOST_DRAIN
+                    ),
+                ));
+            }
+            waiting = still;
+            std::thread::sleep(WATCH_INTERVAL);
+        }
+    }
+
+    fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the context is current (teardown).
+        let r = unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        };
+        s.checked("teardown", "cuStreamCreate", r)?;
+        let mut result = Ok(());
+        for l in leftover {
+            // SAFETY: a live allocation of this context, freed once (drained
+            // from the live set); every stream that used it was synchronized.
+            let r = unsafe { sys::cuMemFreeAsync(l.ptr, stream) };
+            match s.checked("teardown", "cuMemFreeAsync", r) {
+                Ok(()) => s.probe().freed(l.bytes),
+                Err(e) => {
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        // SAFETY: the stream created above.
+        let r = unsafe { sys::cuStreamSynchronize(stream) };
+        result = result.and(s.checked("teardown", "cuStreamSynchronize", r));
+        // SAFETY: the stream created above, destroyed once.
+        let r = unsafe { sys::cuStreamDestroy_v2(stream) };
+        result.and(s.checked("teardown", "cuStreamDestroy_v2", r))
+    }
+}
