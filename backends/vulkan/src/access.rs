@@ -17,7 +17,8 @@
 //! held across a device call: the count is one atomic word; the mutex below
 //! only carries the "last use ended" wake-up to teardown.
 
-use super::{err, lock};
+use crate::result::err;
+use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind};
 use memgov_sync::{AcquireError, ClaimCounter, MAX_CLAIMS};
 use std::sync::{Condvar, Mutex};

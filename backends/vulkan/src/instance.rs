@@ -1,8 +1,9 @@
 //! Loading libvulkan, creating (or adopting) the instance and device, and
 //! reading what the device is.
 
-use super::validation::{messenger_info, ProbeShared};
-use super::{err, vk_error, DeviceSelector, VulkanConfig};
+use crate::config::{DeviceSelector, VulkanConfig};
+use crate::result::{err, error};
+use crate::validation::{messenger_info, ProbeShared};
 use ash::vk;
 use memgov_backend::{BackendError, BackendErrorKind};
 use std::ffi::{c_char, CStr};
@@ -123,7 +124,7 @@ pub(crate) fn load_entry(config: &VulkanConfig) -> Result<ash::Entry, BackendErr
 fn layer_present(entry: &ash::Entry, name: &CStr) -> Result<bool, BackendError> {
     // SAFETY: a valid Entry; the call has no other preconditions.
     let layers = unsafe { entry.enumerate_instance_layer_properties() }
-        .map_err(|r| vk_error("new", r, "vkEnumerateInstanceLayerProperties"))?;
+        .map_err(|r| error("new", "vkEnumerateInstanceLayerProperties", r))?;
     Ok(layers
         .iter()
         .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == name)))
@@ -142,7 +143,7 @@ pub(crate) fn create_instance(
 ) -> Result<CreatedInstance, BackendError> {
     // SAFETY: a valid Entry; no preconditions.
     let instance_version = unsafe { entry.try_enumerate_instance_version() }
-        .map_err(|r| vk_error("new", r, "vkEnumerateInstanceVersion"))?
+        .map_err(|r| error("new", "vkEnumerateInstanceVersion", r))?
         .unwrap_or(vk::API_VERSION_1_0);
     if instance_version < vk::API_VERSION_1_2 {
         return Err(err(
@@ -196,7 +197,7 @@ pub(crate) fn create_instance(
             format!("vkCreateInstance: {r:?}: the validation layer or VK_EXT_debug_utils is missing; install vulkan-validationlayers or disable validation"),
         )
         .with_code(r.as_raw() as i64),
-        r => vk_error("new", r, "vkCreateInstance"),
+        r => error("new", "vkCreateInstance", r),
     })?;
     let mut created = CreatedInstance {
         instance,
@@ -212,7 +213,7 @@ pub(crate) fn create_instance(
             Err(r) => {
                 // SAFETY: nothing else was created from this instance.
                 unsafe { created.instance.destroy_instance(None) };
-                return Err(vk_error("new", r, "vkCreateDebugUtilsMessengerEXT"));
+                return Err(error("new", "vkCreateDebugUtilsMessengerEXT", r));
             }
         }
     }
@@ -267,7 +268,7 @@ pub(crate) fn select_device(
 ) -> Result<(vk::PhysicalDevice, u32), BackendError> {
     // SAFETY: a valid instance.
     let devices = unsafe { instance.enumerate_physical_devices() }
-        .map_err(|r| vk_error("new", r, "vkEnumeratePhysicalDevices"))?;
+        .map_err(|r| error("new", "vkEnumeratePhysicalDevices", r))?;
     if devices.is_empty() {
         return Err(unavailable("new", "the loader found no physical device"));
     }
@@ -420,7 +421,7 @@ pub(crate) fn create_device(
     }
     // SAFETY: pd comes from this instance.
     let exts = unsafe { instance.enumerate_device_extension_properties(pd) }
-        .map_err(|r| vk_error("new", r, "vkEnumerateDeviceExtensionProperties"))?;
+        .map_err(|r| error("new", "vkEnumerateDeviceExtensionProperties", r))?;
     let budget = has_extension(&exts, ash::ext::memory_budget::NAME);
     // SAFETY: pd comes from this instance.
     let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
@@ -468,7 +469,7 @@ pub(crate) fn create_device(
     // SAFETY: pd comes from this instance; every pointer in `info` lives
     // until the call returns; the features enabled were reported supported.
     let device = unsafe { instance.create_device(pd, &info, None) }
-        .map_err(|r| vk_error("new", r, "vkCreateDevice"))?;
+        .map_err(|r| error("new", "vkCreateDevice", r))?;
     // SAFETY: the family and indices were requested in `info`.
     let queues = (0..count)
         .map(|i| unsafe { device.get_device_queue(family as u32, i) })

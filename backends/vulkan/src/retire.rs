@@ -4,10 +4,13 @@
 //! caller host-signals the wake semaphore (a stream got its first parked
 //! free, device loss, teardown).
 
-use super::stream::{Parked, StreamInner};
-use super::{err, lock, Shared};
+use crate::result::err;
+use crate::shared::Shared;
+use crate::stream::{Parked, StreamInner};
+use crate::{VulkanContext, VulkanMemory, VulkanStream};
 use ash::vk;
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::lock;
+use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
@@ -144,7 +147,7 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
                     shared.probe.common.free_retired(bytes);
                 } else {
                     shared.probe.common.violation(
-                        super::BACKEND,
+                        crate::result::BACKEND,
                         format!(
                             "free of unknown allocation {} (double free?)",
                             parked.memory_id
@@ -162,5 +165,37 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
         }
         lock(&s.park).firing -= n;
         s.parked_cv.notify_all();
+    }
+}
+
+impl VulkanContext {
+    // The shape of `DeviceContext::free_async`, which hands the memory and
+    // the signal back on refusal.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn free_async_impl(
+        &self,
+        stream: &VulkanStream,
+        memory: VulkanMemory,
+        retired: RetireSignal,
+    ) -> Result<(), (VulkanMemory, RetireSignal, BackendError)> {
+        if let Err(e) = self.shared.check_usable("free_async") {
+            return Err((memory, retired, e));
+        }
+        if let Err(e) = self.shared.own_stream("free_async", stream) {
+            return Err((memory, retired, e));
+        }
+        if memory.context != self.shared.id {
+            let e = err(
+                "free_async",
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "the memory belongs to Vulkan context {}, not to context {}",
+                    memory.context, self.shared.id
+                ),
+            );
+            return Err((memory, retired, e));
+        }
+        stream.inner.park(memory.id, retired);
+        Ok(())
     }
 }

@@ -1,9 +1,14 @@
 //! Streams: a timeline semaphore, a queue (possibly shared), a command buffer
 //! and a staging buffer for transfers, and the queue of parked frees.
 
-use super::{err, lock, GateRecord, Live, Shared, TransferPath, VulkanMemory};
+use crate::config::TransferPath;
+use crate::memory::{Live, VulkanMemory};
+use crate::result::err;
+use crate::shared::{GateRecord, Shared};
+use crate::VulkanContext;
 use ash::vk;
 use gpu_allocator::MemoryLocation;
+use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
 use std::collections::VecDeque;
 use std::fmt;
@@ -765,5 +770,41 @@ impl Drop for StreamGate {
         if !self.shared.lost.load(Ordering::SeqCst) {
             let _ = self.open();
         }
+    }
+}
+
+impl VulkanContext {
+    pub(crate) fn create_stream_impl(&self) -> Result<VulkanStream, BackendError> {
+        self.shared.check_usable("create_stream")?;
+        let inner = StreamInner::create(&self.shared)?;
+        lock(&self.shared.streams).push(inner.clone());
+        self.shared.probe.common.stream_created();
+        Ok(VulkanStream { inner })
+    }
+
+    pub(crate) fn destroy_stream_impl(&self, stream: VulkanStream) -> Result<(), BackendError> {
+        let shared = &self.shared;
+        shared.own_stream("destroy_stream", &stream)?;
+        let s = &stream.inner;
+        if s.destroyed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if shared.lost.load(Ordering::SeqCst) {
+            // The retirement thread may still be blocked on this stream's
+            // semaphore: teardown destroys it after joining the thread.
+            return Ok(());
+        }
+        // Work already queued executes first, frees and their signals too.
+        // On error the stream stays registered: teardown destroys it once
+        // the device is idle.
+        s.synchronize_inner("destroy_stream")?;
+        lock(&shared.streams).retain(|x| !Arc::ptr_eq(x, s));
+        shared.probe.common.stream_destroyed();
+        // SAFETY: synchronize returned: every submission on the stream has
+        // completed and its parked frees have fired, so neither the device nor
+        // the retirement thread uses its objects (the thread only waits on
+        // streams with parked frees); the stream is no longer registered.
+        unsafe { s.destroy_objects(true) };
+        Ok(())
     }
 }
