@@ -30,7 +30,7 @@ impl Default for CudaConfig {
 }
 
 /// A context and streams a runtime already owns, lent to memgov by
-/// [`CudaContext::adopt`].
+/// [`CudaContext::adopt`](crate::CudaContext::adopt).
 #[derive(Debug)]
 pub struct AdoptedContext {
     /// The device the context belongs to.
