@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Builds every stand-in driver library under backends/stand-ins/ with the
-# system C compiler into target/stand-ins/ (git-ignored) and prints that
-# directory, to be put on LD_LIBRARY_PATH:
+# Builds every stand-in driver library with the system C compiler into
+# target/stand-ins/ (git-ignored) and prints that directory, to be put on
+# LD_LIBRARY_PATH:
 #
 #   export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 #
-# Each stand-in is a directory beside common/ holding its C sources and a
-# `build.conf` (sourced with $dir set to that directory) that sets SONAME
-# (the file name the loader looks for, e.g. libcuda.so.1) and optionally
-# LINKS (extra names symlinked to it) and EXTRA_FLAGS (extra compiler and
-# linker flags). Every stand-in is linked with common/standin.c. CC and
-# CFLAGS are honoured.
+# Each stand-in's sources sit beside the backend it stands in for, in
+# backends/<name>/stand-in/: its C sources and a `build.conf` (sourced with
+# $dir set to that directory) that sets SONAME (the file name the loader
+# looks for, e.g. libcuda.so.1) and optionally LINKS (extra names symlinked
+# to it) and EXTRA_FLAGS (extra compiler and linker flags). Every stand-in is
+# linked with backends/stand-ins/common/standin.c. CC and CFLAGS are
+# honoured.
 #
-# With arguments, builds only the stand-ins named (`build.sh cuda`).
+# With arguments, builds only the stand-ins named by their backend
+# (`build.sh cuda`); a name with no stand-in is an error.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,11 +23,17 @@ out="${MEMGOV_STANDIN_DIR:-$root/target/stand-ins}"
 cc="${CC:-cc}"
 cflags="${CFLAGS:--O2 -g}"
 
+for name in "$@"; do
+    if [ ! -f "$root/backends/$name/stand-in/build.conf" ]; then
+        echo "build.sh: no stand-in named $name (no backends/$name/stand-in/build.conf)" >&2
+        exit 1
+    fi
+done
+
 mkdir -p "$out"
-for dir in "$here"/*/; do
+for dir in "$root"/backends/*/stand-in/; do
     dir="${dir%/}"
-    name="$(basename "$dir")"
-    [ "$name" = common ] && continue
+    name="$(basename "$(dirname "$dir")")"
     [ -f "$dir/build.conf" ] || continue
     if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then
         continue

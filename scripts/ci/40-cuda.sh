@@ -45,7 +45,7 @@ echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a
 partial=target/stand-ins-partial
 mkdir -p "$partial"
 "${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
-    -o "$partial/libcuda.so.1" backends/stand-ins/cuda/libcuda.c backends/stand-ins/common/standin.c
+    -o "$partial/libcuda.so.1" backends/cuda/stand-in/libcuda.c backends/stand-ins/common/standin.c
 ln -sf libcuda.so.1 "$partial/libcuda.so"
 LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked -p memgov-cuda --test cuda -- --nocapture \
     unavailable_driver_is_reported_not_panicked 2>&1 | tee target/cuda-partial.log
