@@ -44,6 +44,7 @@ macro_rules! declare_backend_modules {
          $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
         $(
             #[cfg($($cfg)*)]
+            #[cfg_attr(docsrs, doc(cfg($($cfg)*)))]
             #[doc = $doc]
             #[doc = concat!("\n\nThe `", stringify!($krate), "` crate.")]
             pub use $krate as $module;
