@@ -68,7 +68,7 @@ pub mod pin {
 }
 
 /// Fault injection over any backend (the `memgov-backend` crate's
-/// [`fault`](memgov_backend::fault) module).
+/// `fault` module).
 pub use memgov_backend::fault;
 
 /// Everything a backend implements and uses: the `memgov-backend` crate.
