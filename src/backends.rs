@@ -47,6 +47,7 @@ macro_rules! declare_backend_modules {
             #[cfg_attr(docsrs, doc(cfg($($cfg)*)))]
             #[doc = $doc]
             #[doc = concat!("\n\nThe `", stringify!($krate), "` crate.")]
+            #[doc(inline)]
             pub use $krate as $module;
         )*
     };
