@@ -49,6 +49,14 @@ step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
 cargo test --locked -p memgov --features serde,tracing --test governor
 
+step "examples: host, best backend, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
+cargo run --locked -p memgov --example host
+cargo run --locked -p memgov --example best_backend
+cargo run --locked -p memgov --features vulkan --example vulkan
+LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features cuda --example cuda
+LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features hip --example hip
+cargo run --locked -p memgov --features cuda --example cuda | grep -q "skipped: no CUDA driver"
+
 step "tests: Vulkan backend on lavapipe with validation layers"
 cargo test --locked -p memgov-vulkan --lib
 cargo test --locked -p memgov-vulkan --test vulkan

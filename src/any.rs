@@ -15,6 +15,13 @@
 //! are. All of it is generated from one list (`src/backends.rs`), and the
 //! dispatch is one `match` per call: no boxing, no vtable.
 //!
+//! A program that does not care which GPU it runs on opens the best backend
+//! present with [`AnyContext::open_best`] (CUDA, then HIP, then Vulkan, then
+//! the embedded host backend), or lets its user choose with
+//! [`AnyContext::open_from_env`] and the `MEMGOV_BACKEND` variable. The
+//! choice is made at run time, so enabling a backend's feature only adds a
+//! candidate: code that builds with one feature set builds with every other.
+//!
 //! ```
 //! use memgov::any::{AnyContext, BackendKind};
 //! use memgov::{ContextConfig, Governor, Role};
@@ -71,7 +78,12 @@ macro_rules! any_backends {
     ($( ($variant:ident, $module:ident, $krate:ident, [$($cfg:tt)*], $feature:literal,
          $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
         /// The backends this build can open.
+        ///
+        /// Which variants exist depends on the enabled features, so a `match`
+        /// outside this crate needs a wildcard arm: that keeps the features
+        /// additive (a dependency enabling `cuda` cannot break it).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum BackendKind {
             $( #[doc = $doc] #[cfg($($cfg)*)] $variant, )*
         }
@@ -343,6 +355,168 @@ impl FromStr for BackendKind {
     }
 }
 
+/// The variable [`AnyContext::open_from_env`] reads: backend names in any
+/// case, separated by commas, tried in the order given
+/// (`MEMGOV_BACKEND=vulkan,host`).
+pub const BACKEND_VAR: &str = "MEMGOV_BACKEND";
+
+/// The order [`AnyContext::open_best`] tries backends in: the most specific
+/// GPU backend first, the embedded host backend last (it always opens).
+pub const BEST_ORDER: &[&str] = &["cuda", "hip", "vulkan", "host"];
+
+/// Why no context could be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// A name in the list is no backend memgov knows.
+    #[error(
+        "unknown backend '{name}' in {source_of}; known backends: {known}",
+        known = BACKENDS.iter().map(|b| b.name).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownBackend {
+        /// The name as given.
+        name: String,
+        /// Where the list came from (`MEMGOV_BACKEND`, ...).
+        source_of: &'static str,
+    },
+    /// Every candidate was tried and none opened.
+    #[error(
+        "no backend could be opened ({}); {}",
+        attempts.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        if attempts.iter().all(|a| a.kind.is_some()) {
+            "no driver or device is present for any of them; name another backend in MEMGOV_BACKEND (host always opens)"
+        } else {
+            "build with the feature named, or name another backend in MEMGOV_BACKEND (host always opens)"
+        }
+    )]
+    NoBackendOpened {
+        /// One entry per candidate, in the order tried.
+        attempts: Vec<OpenAttempt>,
+    },
+}
+
+/// One backend [`AnyContext::open_first`] tried, and why it did not open.
+#[derive(Debug)]
+pub struct OpenAttempt {
+    /// The backend's name.
+    pub name: &'static str,
+    /// Its kind; `None` when it is not compiled into this build.
+    pub kind: Option<BackendKind>,
+    /// What opening it returned; `None` when it is not compiled in (then
+    /// [`feature`](Self::feature) names what builds it).
+    pub error: Option<BackendError>,
+    /// The cargo feature that builds it.
+    pub feature: Option<&'static str>,
+}
+
+impl fmt::Display for OpenAttempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.error, self.feature) {
+            (Some(e), _) => write!(f, "{}: {e}", self.name),
+            (None, Some(feature)) => write!(
+                f,
+                "{}: not compiled in (build with --features {feature})",
+                self.name
+            ),
+            (None, None) => write!(f, "{}: not compiled in", self.name),
+        }
+    }
+}
+
+/// The backends to try, in order, for a value of [`BACKEND_VAR`]: `None`,
+/// or a value of only spaces and commas, gives [`BEST_ORDER`]; otherwise the
+/// names given, in any case, each once. An unknown name is an error listing
+/// the known ones; a backend not compiled in stays in the list, and
+/// [`AnyContext::open_first`] reports which feature builds it.
+///
+/// A pure function of the value, so a program can check the variable before
+/// it opens anything.
+///
+/// ```
+/// use memgov::any::{backend_preference, BEST_ORDER};
+///
+/// let names = |v| backend_preference(v).map(|l| l.iter().map(|b| b.name).collect::<Vec<_>>());
+/// assert_eq!(names(None).unwrap(), BEST_ORDER);
+/// assert_eq!(names(Some(" Vulkan, HOST ,vulkan")).unwrap(), ["vulkan", "host"]);
+/// assert!(names(Some("tpu")).unwrap_err().to_string().contains("known backends: host, null"));
+/// ```
+pub fn backend_preference(value: Option<&str>) -> Result<Vec<&'static BackendEntry>, OpenError> {
+    let names: Vec<String> = value
+        .unwrap_or("")
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        return Ok(BEST_ORDER.iter().filter_map(|n| entry(n)).collect());
+    }
+    let mut list: Vec<&'static BackendEntry> = Vec::with_capacity(names.len());
+    for name in names {
+        let found = entry(&name).ok_or(OpenError::UnknownBackend {
+            name,
+            source_of: BACKEND_VAR,
+        })?;
+        if !list.iter().any(|b| b.name == found.name) {
+            list.push(found);
+        }
+    }
+    Ok(list)
+}
+
+fn entry(name: &str) -> Option<&'static BackendEntry> {
+    BACKENDS.iter().find(|b| b.name == name)
+}
+
+impl AnyContext {
+    /// Open the best backend present: the first of [`BEST_ORDER`] (CUDA,
+    /// HIP, Vulkan, host) that is compiled in and opens, with its default
+    /// settings. The host backend needs no GPU, so this fails only when
+    /// the host backend itself cannot start.
+    pub fn open_best() -> Result<Self, OpenError> {
+        Self::open_first(&backend_preference(None)?)
+    }
+
+    /// Open the first backend of the list in `MEMGOV_BACKEND`
+    /// ([`BACKEND_VAR`]) that opens, or the best backend present when the
+    /// variable is unset or empty (see [`backend_preference`]).
+    pub fn open_from_env() -> Result<Self, OpenError> {
+        let value = std::env::var(BACKEND_VAR).ok();
+        Self::open_first(&backend_preference(value.as_deref())?)
+    }
+
+    /// Open the first of `candidates` that is compiled in and opens, with
+    /// its default settings ([`open`](Self::open)); the error says, for each
+    /// one, why it did not.
+    pub fn open_first(candidates: &[&BackendEntry]) -> Result<Self, OpenError> {
+        open_first_with(candidates, Self::open)
+    }
+}
+
+/// [`AnyContext::open_first`] with the opener given, so tests can make a
+/// backend fail.
+fn open_first_with(
+    candidates: &[&BackendEntry],
+    mut open: impl FnMut(BackendKind) -> Result<AnyContext, BackendError>,
+) -> Result<AnyContext, OpenError> {
+    let mut attempts = Vec::with_capacity(candidates.len());
+    for candidate in candidates {
+        let error = match candidate.kind {
+            Some(kind) => match open(kind) {
+                Ok(context) => return Ok(context),
+                Err(e) => Some(e),
+            },
+            None => None,
+        };
+        attempts.push(OpenAttempt {
+            name: candidate.name,
+            kind: candidate.kind,
+            error,
+            feature: candidate.feature,
+        });
+    }
+    Err(OpenError::NoBackendOpened { attempts })
+}
+
 impl fmt::Debug for AnyContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("AnyContext").field(&self.kind()).finish()
@@ -398,6 +572,127 @@ mod tests {
             BackendKind::all().len(),
             BACKENDS.iter().filter(|b| b.kind.is_some()).count()
         );
+    }
+
+    fn names(list: &[&BackendEntry]) -> Vec<&'static str> {
+        list.iter().map(|b| b.name).collect()
+    }
+
+    #[test]
+    fn an_unset_or_blank_variable_gives_the_best_order() {
+        for value in [None, Some(""), Some(" , ,")] {
+            assert_eq!(
+                names(&backend_preference(value).unwrap()),
+                ["cuda", "hip", "vulkan", "host"],
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_variable_names_backends_in_any_case_each_once_in_its_order() {
+        let list = backend_preference(Some("NULL, Host,null ,CUDA")).unwrap();
+        assert_eq!(names(&list), ["null", "host", "cuda"]);
+        assert_eq!(list[0].kind, Some(BackendKind::Null));
+    }
+
+    #[test]
+    fn an_unknown_name_is_an_error_listing_the_known_ones() {
+        let e = backend_preference(Some("host,tpu")).unwrap_err();
+        assert!(matches!(&e, OpenError::UnknownBackend { name, .. } if name == "tpu"));
+        assert_eq!(
+            e.to_string(),
+            "unknown backend 'tpu' in MEMGOV_BACKEND; known backends: host, null, cuda, hip, vulkan"
+        );
+    }
+
+    #[test]
+    fn the_first_backend_that_opens_is_chosen_and_the_rest_are_not_tried() {
+        let list = backend_preference(Some("null,host")).unwrap();
+        let mut tried = Vec::new();
+        let ctx = open_first_with(&list, |kind| {
+            tried.push(kind);
+            match kind {
+                BackendKind::Null => Err(BackendError::new(
+                    "null",
+                    "open",
+                    BackendErrorKind::Unavailable,
+                    "no device",
+                )),
+                k => AnyContext::open(k),
+            }
+        })
+        .unwrap();
+        assert_eq!(ctx.kind(), BackendKind::Host);
+        assert_eq!(tried, [BackendKind::Null, BackendKind::Host]);
+        ctx.teardown(false).unwrap();
+
+        let mut tried = Vec::new();
+        let ctx = open_first_with(&list, |kind| {
+            tried.push(kind);
+            AnyContext::open(kind)
+        })
+        .unwrap();
+        assert_eq!(
+            (ctx.kind(), tried),
+            (BackendKind::Null, vec![BackendKind::Null])
+        );
+        ctx.teardown(false).unwrap();
+    }
+
+    #[test]
+    fn when_none_opens_each_backend_says_why() {
+        let list = backend_preference(Some("vulkan,host")).unwrap();
+        let e = open_first_with(&list, |kind| {
+            Err(BackendError::new(
+                kind.name(),
+                "open",
+                BackendErrorKind::Unavailable,
+                format!("no {kind} device"),
+            ))
+        })
+        .unwrap_err();
+        let OpenError::NoBackendOpened { attempts } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(
+            attempts.iter().map(|a| a.name).collect::<Vec<_>>(),
+            ["vulkan", "host"]
+        );
+        let message = e.to_string();
+        assert!(message.contains("no host device"), "{message}");
+        if cfg!(feature = "vulkan") {
+            assert!(message.contains("no vulkan device"), "{message}");
+        } else {
+            assert!(
+                message.contains("vulkan: not compiled in (build with --features vulkan)"),
+                "{message}"
+            );
+            assert!(
+                message.contains("build with the feature named"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_best_backend_present_is_opened() {
+        // Which GPU backends open depends on the machine; the host backend
+        // always does, and nothing after it in the order is tried.
+        let best = AnyContext::open_best().unwrap();
+        let expected = BEST_ORDER
+            .iter()
+            .filter_map(|n| entry(n).and_then(|b| b.kind))
+            .find(|&k| match AnyContext::open(k) {
+                Ok(c) => c.teardown(false).is_ok(),
+                Err(_) => false,
+            })
+            .unwrap();
+        assert_eq!(best.kind(), expected);
+        if BackendKind::all() == [BackendKind::Host, BackendKind::Null] {
+            assert_eq!(best.kind(), BackendKind::Host);
+        }
+        best.teardown(false).unwrap();
     }
 
     #[test]

@@ -44,8 +44,10 @@ macro_rules! declare_backend_modules {
          $doc:literal, $context:ident, $open:expr, $check:expr) ),* $(,)?) => {
         $(
             #[cfg($($cfg)*)]
+            #[cfg_attr(docsrs, doc(cfg($($cfg)*)))]
             #[doc = $doc]
             #[doc = concat!("\n\nThe `", stringify!($krate), "` crate.")]
+            #[doc(inline)]
             pub use $krate as $module;
         )*
     };

@@ -13,7 +13,11 @@
 //! * [`host`]: the embedded backend, a simulated device that needs no GPU;
 //!   [`null`] for tests and benchmarks; GPU backends behind their features.
 //! * [`any`]: every backend memgov knows, and [`AnyContext`](any::AnyContext)
-//!   to pick one at run time.
+//!   to pick one at run time: [`open_best`](any::AnyContext::open_best) opens
+//!   the best backend present (CUDA, HIP, Vulkan, then the host backend),
+//!   [`open_from_env`](any::AnyContext::open_from_env) honours
+//!   `MEMGOV_BACKEND`. The backend features only add candidates: code that
+//!   builds with one feature set builds with every other.
 //! * [`conformance`]: the backend contract suite, runnable by any backend.
 //!
 //! The crates under it: `memgov-api` (the pin contract, no dependencies),
@@ -41,6 +45,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -63,7 +68,7 @@ pub mod pin {
 }
 
 /// Fault injection over any backend (the `memgov-backend` crate's
-/// [`fault`](memgov_backend::fault) module).
+/// `fault` module).
 pub use memgov_backend::fault;
 
 /// Everything a backend implements and uses: the `memgov-backend` crate.
@@ -85,64 +90,3 @@ pub use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireOutcome, RetireSignal,
 };
-
-cfg_if::cfg_if! {
-    // The most specific GPU backend enabled: cuda, then hip, then vulkan;
-    // the host backend when none is.
-    if #[cfg(feature = "cuda")] {
-        /// The backend a program gets when it does not name one: the most
-        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
-        /// the embedded host backend when none is. Here: CUDA.
-        ///
-        /// Its constructor therefore depends on the enabled features; code
-        /// that must build with any feature set names a backend instead.
-        pub type DefaultContext = cuda::CudaContext;
-    } else if #[cfg(feature = "hip")] {
-        /// The backend a program gets when it does not name one: the most
-        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
-        /// the embedded host backend when none is. Here: HIP.
-        ///
-        /// Its constructor therefore depends on the enabled features; code
-        /// that must build with any feature set names a backend instead.
-        pub type DefaultContext = hip::HipContext;
-    } else if #[cfg(feature = "vulkan")] {
-        /// The backend a program gets when it does not name one: the most
-        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
-        /// the embedded host backend when none is. Here: Vulkan.
-        ///
-        /// Its constructor therefore depends on the enabled features; code
-        /// that must build with any feature set names a backend instead.
-        pub type DefaultContext = vulkan::VulkanContext;
-    } else {
-        /// The backend a program gets when it does not name one: the most
-        /// specific GPU backend enabled (`cuda`, then `hip`, then `vulkan`),
-        /// the embedded host backend when none is. Here: the host backend.
-        ///
-        /// Its constructor therefore depends on the enabled features; code
-        /// that must build with any feature set names a backend instead.
-        pub type DefaultContext = host::HostContext;
-    }
-}
-
-#[cfg(test)]
-mod default_context_tests {
-    /// `DefaultContext` follows the enabled features: run under each
-    /// feature set (`--no-default-features`, `--features vulkan`, ...).
-    #[test]
-    fn default_context_is_the_most_specific_backend_enabled() {
-        let expected = if cfg!(feature = "cuda") {
-            "CudaContext"
-        } else if cfg!(feature = "hip") {
-            "HipContext"
-        } else if cfg!(feature = "vulkan") {
-            "VulkanContext"
-        } else {
-            "HostContext"
-        };
-        let name = std::any::type_name::<crate::DefaultContext>();
-        assert!(
-            name.ends_with(expected),
-            "DefaultContext is {name}; with these features it should be {expected}"
-        );
-    }
-}
