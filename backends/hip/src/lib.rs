@@ -1,8 +1,13 @@
-//! The ROCm HIP backend (feature `hip`): `libamdhip64.so.5` (hip-sys types,
-//! memgov's own declarations of the functions it calls, see `ffi.rs`),
-//! `hipMallocFromPoolAsync` from a memory pool the context creates, and
-//! stream-ordered frees with `hipFreeAsync` retired by a stream callback.
+//! The ROCm HIP backend (feature `hip`): ROCm's HIP runtime loaded at run
+//! time (see [`ffi`]), `hipMallocFromPoolAsync` from a memory pool the
+//! context creates, and stream-ordered frees with `hipFreeAsync` retired by
+//! a stream callback.
 //!
+//! * **Presence.** `libamdhip64.so.6`, else `libamdhip64.so.5`, is opened
+//!   once per process on first use. Without it a context is `Unavailable`
+//!   ("no HIP runtime: ..."); a runtime that finds no AMD GPU is
+//!   `Unavailable` too ("no HIP device ..."). Nothing is linked at build
+//!   time, so a binary built with every backend starts on any machine.
 //! * A **stream** is a non-blocking `hipStream_t` on the chosen device.
 //! * **Memory** comes from `hipMallocFromPoolAsync` on the allocating stream,
 //!   from a pool of the context's own (`hipMemPoolCreate`, release threshold
@@ -40,8 +45,8 @@
 //!   the process on that device, other users' included. When teardown
 //!   returns, no thread of the context calls HIP again.
 //!
-//! A stand-in `libamdhip64.so.5` (in `backends/stand-ins/hip/`) names its
-//! device `"memgov stand-in ..."`; the context then reports
+//! A stand-in `libamdhip64.so.5` (built from `backends/hip/stand-in/`) names
+//! its device `"memgov stand-in ..."`; the context then reports
 //! [`Execution::StandIn`].
 //!
 //! ```no_run
@@ -60,13 +65,13 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
-mod ffi;
+pub mod ffi;
 mod memory;
 pub mod result;
 mod retire;
 mod stream;
 
-pub use ffi::HipResult;
+pub use ffi::{runtime_present, HipResult};
 pub use memory::{HipMemory, Origin};
 pub use stream::HipStream;
 
@@ -75,7 +80,6 @@ use ffi::{
     hipGetDevice, hipGetDeviceCount, hipMemGetInfo, hipRuntimeGetVersion, hipSetDevice,
     hipStreamSynchronize, SUCCESS,
 };
-use hip_sys::hiprt::hipError_t;
 use memgov_backend::LostState;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
@@ -352,6 +356,14 @@ impl std::fmt::Debug for HipContext {
     }
 }
 
+/// `Unavailable` when no HIP runtime memgov can use is loadable here.
+fn require_runtime() -> Result<(), BackendError> {
+    match ffi::runtime_missing() {
+        None => Ok(()),
+        Some(why) => Err(err("new", BackendErrorKind::Unavailable, why)),
+    }
+}
+
 fn device_name(ordinal: i32) -> Result<String, BackendError> {
     let mut buf = [0 as c_char; 256];
     // SAFETY: the buffer holds `len` bytes; HIP writes a NUL-terminated name
@@ -403,7 +415,7 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
     }
     // SAFETY: valid out-pointer, ordinal in range, listed attribute.
     let pools = int_out("hipDeviceGetAttribute", |p| unsafe {
-        hipDeviceGetAttribute(p, ffi::ATTR_MEMORY_POOLS_SUPPORTED, ordinal)
+        hipDeviceGetAttribute(p, ffi::hipDeviceAttributeMemoryPoolsSupported, ordinal)
     })?;
     if pools == 0 {
         return plain("hipDeviceAttributeMemoryPoolsSupported is 0 on this device");
@@ -433,15 +445,17 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
 impl HipContext {
     /// Open device `config.device` through `libamdhip64`.
     ///
-    /// Fails with [`BackendErrorKind::Unavailable`] ("no HIP device") when
-    /// the runtime finds no device, and with `InvalidArgument` when the
+    /// Fails with [`BackendErrorKind::Unavailable`] when no HIP runtime can
+    /// be loaded ("no HIP runtime") or the runtime finds no device ("no HIP
+    /// device"), and with `InvalidArgument` when the
     /// ordinal is out of range. The calling thread's current device is the
     /// same when it returns.
     pub fn new(config: HipConfig) -> Result<Self, BackendError> {
+        require_runtime()?;
         let mut count = 0i32;
         // SAFETY: valid out-pointer.
         let r = unsafe { hipGetDeviceCount(&mut count) };
-        let no_device = hipError_t::hipErrorNoDevice as HipResult;
+        let no_device = ffi::hipErrorNoDevice;
         if r == no_device || (r == SUCCESS && count == 0) {
             return Err(err(
                 "new",

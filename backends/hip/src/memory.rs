@@ -6,21 +6,17 @@ use super::ffi::{
     self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
     hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t, hipMemcpyDtoHAsync,
     hipMemcpyHtoDAsync, hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize,
-    hipStream_t, HipResult, STREAM_NON_BLOCKING,
+    hipStream_t, HipResult,
 };
 use super::result::{check, err};
 use super::stream::HipStream;
 use super::{Allocator, Inner};
-use hip_sys::hiprt::{
-    hipDeviceptr_t, hipError_t, hipMemAllocationHandleType, hipMemAllocationType, hipMemLocation,
-    hipMemLocationType,
-};
 use memgov_backend::{BackendError, BackendErrorKind};
 use memgov_sync::lock;
 use std::ffi::c_void;
 
-const NOT_SUPPORTED: HipResult = hipError_t::hipErrorNotSupported as HipResult;
-const OUT_OF_MEMORY: HipResult = hipError_t::hipErrorOutOfMemory as HipResult;
+const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;
+const OUT_OF_MEMORY: HipResult = ffi::hipErrorOutOfMemory;
 
 /// Where an allocation came from, and so how it is freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +49,8 @@ impl HipMemory {
     /// bytes, and must order any work that uses it on the stream the
     /// allocation is released on (or synchronize that work first): the
     /// governor's free is ordered after earlier work on that stream only.
-    pub fn device_ptr(&self) -> hipDeviceptr_t {
-        self.ptr as hipDeviceptr_t
+    pub fn device_ptr(&self) -> ffi::hipDeviceptr_t {
+        self.ptr as ffi::hipDeviceptr_t
     }
     /// Size in bytes as requested.
     pub fn len(&self) -> u64 {
@@ -243,10 +239,10 @@ pub(crate) fn read(
 /// answers `hipErrorNotSupported`.
 pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
     let props = hipMemPoolProps {
-        allocType: hipMemAllocationType::hipMemAllocationTypePinned,
-        handleTypes: hipMemAllocationHandleType::hipMemHandleTypeNone,
-        location: hipMemLocation {
-            type_: hipMemLocationType::hipMemLocationTypeDevice,
+        allocType: ffi::hipMemAllocationTypePinned,
+        handleTypes: ffi::hipMemHandleTypeNone,
+        location: ffi::hipMemLocation {
+            type_: ffi::hipMemLocationTypeDevice,
             id: ordinal,
         },
         win32SecurityAttributes: std::ptr::null_mut(),
@@ -265,7 +261,7 @@ pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
     let r = unsafe {
         hipMemPoolSetAttribute(
             pool,
-            ffi::POOL_ATTR_RELEASE_THRESHOLD,
+            ffi::hipMemPoolAttrReleaseThreshold,
             &mut threshold as *mut u64 as *mut c_void,
         )
     };
@@ -302,7 +298,7 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
     let mut s: hipStream_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
     check("new", "hipStreamCreateWithFlags", unsafe {
-        hipStreamCreateWithFlags(&mut s, STREAM_NON_BLOCKING)
+        hipStreamCreateWithFlags(&mut s, ffi::hipStreamNonBlocking)
     })?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the pool and the stream were just created.

@@ -24,9 +24,9 @@
 #![allow(clippy::result_large_err)]
 
 use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipEventSynchronize, hipEvent_t,
-    hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback, hipStreamSynchronize, hipStream_t,
-    HipResult, EVENT_DISABLE_TIMING, SUCCESS,
+    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
+    hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback,
+    hipStreamSynchronize, hipStream_t, HipResult, SUCCESS,
 };
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
@@ -323,7 +323,7 @@ fn queue_plain_free(
     };
     let mut event: hipEvent_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
+    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
     if let Err(e) = inner.checked("free_async", "hipEventCreateWithFlags", r) {
         return refuse(inner, memory, signal, e);
     }

@@ -2,9 +2,9 @@
 //! tracked so that teardown can destroy any the governor left behind.
 
 use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipStreamCreateWithFlags,
-    hipStreamDestroy, hipStreamSynchronize, hipStreamWaitEvent, hipStream_t, EVENT_DISABLE_TIMING,
-    STREAM_NON_BLOCKING,
+    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
+    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize,
+    hipStreamWaitEvent, hipStream_t,
 };
 use super::Inner;
 use memgov_backend::BackendError;
@@ -57,7 +57,7 @@ impl HipStream {
 pub(crate) fn create_raw(inner: &Inner, op: &'static str) -> Result<RawStream, BackendError> {
     let mut raw: hipStream_t = std::ptr::null_mut();
     // SAFETY: `raw` is a valid out-pointer; the flag is a documented value.
-    let r = unsafe { hipStreamCreateWithFlags(&mut raw, STREAM_NON_BLOCKING) };
+    let r = unsafe { hipStreamCreateWithFlags(&mut raw, hipStreamNonBlocking) };
     inner.checked(op, "hipStreamCreateWithFlags", r)?;
     Ok(RawStream(raw))
 }
@@ -149,7 +149,7 @@ pub(crate) fn order_after(
     let _device = inner.make_current("order_after")?;
     let mut event = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
+    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
     inner.checked("order_after", "hipEventCreateWithFlags", r)?;
     // SAFETY: the event was just created; `after` is a live stream of this
     // context (checked above).
