@@ -7,12 +7,26 @@
 //! runtime, classifies as [`BackendErrorKind::Other`] and keeps its number.
 
 use super::ffi::{self, HipResult, SUCCESS};
+use memgov_backend::shell::Driver;
 use memgov_backend::OUT_OF_MEMORY_HINT;
 use memgov_backend::{BackendError, BackendErrorKind};
 use std::ffi::CStr;
 
 /// Backend name in every error and description.
 pub(crate) const BACKEND: &str = "hip";
+
+/// The HIP runtime as the driver shell sees it: its results are `i32`s,
+/// classified by [`check`].
+pub(crate) struct Hip;
+
+impl Driver for Hip {
+    const BACKEND: &'static str = BACKEND;
+    type Code = HipResult;
+
+    fn check(op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
+        check(op, call, code)
+    }
+}
 
 /// Codes after which nothing queued on the device will run: the HIP runtime
 /// reports them sticky, for every later call of the process on that device.
