@@ -152,7 +152,7 @@ macro_rules! hip_api {
             $($name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
             /// Keeps the library loaded for as long as the table lives (the
             /// table is a process-wide static: until exit).
-            _library: Library,
+            library: Library,
         }
 
         impl Api {
@@ -167,7 +167,7 @@ macro_rules! hip_api {
                 $(
                     // SAFETY: the symbol's C signature is the one declared
                     // here (the caller's contract); the pointer is copied out
-                    // and stays valid while `_library` keeps the library
+                    // and stays valid while `library` keeps the library
                     // loaded.
                     let $name = *unsafe {
                         library.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(
@@ -176,7 +176,7 @@ macro_rules! hip_api {
                     }
                     .map_err(|_| stringify!($name))?;
                 )*
-                Ok(Self { $($name,)* _library: library })
+                Ok(Self { $($name,)* library })
             }
         }
 
@@ -283,16 +283,31 @@ fn load() -> Result<Api, String> {
         None => LIBRARY_NAMES.to_vec(),
     };
     let mut opened = None;
+    // A library that is there but does not load (a dependency of its own
+    // missing, the wrong architecture) is named with the loader's reason.
+    let mut unloadable = None;
     for name in names {
         // SAFETY: opening ROCm's HIP runtime runs its initialisers, which
         // set up the runtime and touch no state of this process's own.
-        if let Ok(library) = unsafe { Library::new(name) } {
-            opened = Some((name.to_owned(), library));
-            break;
+        match unsafe { Library::new(name) } {
+            Ok(library) => {
+                opened = Some((name.to_owned(), library));
+                break;
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if !why.contains("No such file or directory") {
+                    unloadable.get_or_insert(why);
+                }
+            }
         }
     }
     let Some((name, library)) = opened else {
-        return Err(not_found(chosen.as_deref()));
+        let mut message = not_found(chosen.as_deref());
+        if let Some(why) = unloadable {
+            message.push_str(&format!("; the loader said: {why}"));
+        }
+        return Err(message);
     };
     // SAFETY: a library of that name is ROCm's HIP runtime (or memgov's
     // stand-in, built from ROCm's header): the symbols have the declared
@@ -313,7 +328,7 @@ fn not_found(chosen: Option<&str>) -> String {
             "no HIP runtime: libamdhip64.so.{6,5} not found (install ROCm's HIP runtime)".to_owned()
         }
         Some(path) => format!(
-            "no HIP runtime: {path} (from {RUNTIME_VAR}) not found \
+            "no HIP runtime: {path} (from {RUNTIME_VAR}) could not be opened \
              (point {RUNTIME_VAR} at a libamdhip64, or unset it)"
         ),
     }
@@ -347,7 +362,7 @@ pub fn symbol(name: &CStr) -> Option<*mut c_void> {
     let api = runtime().as_ref().ok()?;
     // SAFETY: the symbol is only looked up, as an untyped address; the
     // caller decides what it is.
-    unsafe { api._library.get::<*mut c_void>(name.to_bytes_with_nul()) }
+    unsafe { api.library.get::<*mut c_void>(name.to_bytes_with_nul()) }
         .ok()
         .map(|s| *s)
 }

@@ -1043,7 +1043,7 @@ fn child_entry() {
             let e = HipContext::new(HipConfig::default()).expect_err("no HIP runtime");
             assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
             let expected = if case == "no_runtime" {
-                "no HIP runtime: /nonexistent/libamdhip64.so.5 (from MEMGOV_HIP_RUNTIME) not found"
+                "no HIP runtime: /nonexistent/libamdhip64.so.5 (from MEMGOV_HIP_RUNTIME) could not be opened"
             } else {
                 "no HIP runtime usable by memgov: libm.so.6 lacks hipGetErrorName"
             };
