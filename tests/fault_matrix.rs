@@ -112,7 +112,7 @@ fn fault_matrix_hip() {
     };
     match fault_matrix("hip", factory) {
         Some(m) => report(&m),
-        None => println!("skipped: no HIP device"),
+        None => println!("skipped: no HIP runtime or device (see above)"),
     }
 }
 

@@ -3,7 +3,8 @@
 //! library (CI) the figure is labelled a stand-in figure: it measures the
 //! governor against the stand-in's host queue, not an AMD GPU.
 //!
-//! `HIP_PATH=/usr cargo bench --features hip --bench hip_cycle`
+//! `cargo bench -p memgov-cli --features hip --bench hip_cycle` (with the
+//! stand-in: `LD_LIBRARY_PATH=$(backends/stand-ins/build.sh hip)`)
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::{BackendErrorKind, Execution};

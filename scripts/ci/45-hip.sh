@@ -4,15 +4,17 @@
 # retirement, cross-stream order, device loss, pool trim, planted
 # violations, soak) at several stand-in latencies, `memgov check` and
 # `memgov run`, and the HIP row of the fault matrix on it, all with the
-# stand-in's exit check on; clippy with the feature; then the same tests
-# once against Debian's real ROCm runtime, which on a machine without an AMD
-# GPU must skip cleanly ("skipped: no HIP device") and pass.
+# stand-in's exit check on; clippy with the feature; that the binary does
+# not link libamdhip64 and skips cleanly with no HIP runtime ("skipped: no
+# HIP runtime"); then the same tests once against Debian's real ROCm
+# runtime, which on a machine without an AMD GPU must skip cleanly
+# ("skipped: no HIP device") and pass.
 #
-# hip-sys's build script needs ROCm's headers and links libamdhip64 at build
-# time: Debian's libamdhip64-dev (ROCm 5.2.3) provides both under /usr.
+# memgov opens libamdhip64 at run time: building needs nothing of ROCm.
+# Debian's libamdhip64-dev (ROCm 5.2.3) provides the header the stand-in is
+# compiled against and the real runtime the last step runs on.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
-export HIP_PATH=/usr
 
 standins="$(backends/stand-ins/build.sh hip)"
 on_stand_in() {
@@ -43,6 +45,17 @@ for latency in 0 300; do
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov run --backend hip
 done
 
+echo "--- no HIP runtime: the binary does not link libamdhip64, and skips cleanly"
+if ldd target/release/memgov | grep -q amdhip64; then
+    echo "FAILED: target/release/memgov links libamdhip64 at load time:"
+    ldd target/release/memgov | grep amdhip64
+    exit 1
+fi
+MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 target/release/memgov check 2>&1 | tee target/hip-absent.log
+grep -q "skipped: no HIP runtime: /nonexistent/libamdhip64.so.5" target/hip-absent.log
+MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 target/release/memgov info 2>&1 | tee -a target/hip-absent.log
+grep -q "hip      skipped: no HIP runtime" target/hip-absent.log
+
 echo "--- the fault matrix on the stand-in"
 on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
 grep -q "fault matrix: hip: 42 tried, 42 survived" target/hip-fault-matrix.log
@@ -53,7 +66,7 @@ cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
 cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-real.log
-if grep -q "skipped: no HIP device" target/hip-real.log; then
+if grep -Eq "skipped: no HIP (device|runtime)" target/hip-real.log; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else
     echo "real runtime: an AMD GPU answered; the HIP tests above ran on it"

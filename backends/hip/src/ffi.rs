@@ -1,108 +1,386 @@
-//! The HIP runtime functions the backend calls, declared here with their
-//! result read as a plain `i32`.
+//! The HIP runtime, loaded at run time: `libamdhip64.so.6`, else
+//! `libamdhip64.so.5`, opened once per process, its entry points resolved
+//! into one table, and every HIP call of the crate made through that table.
 //!
-//! hip-sys declares every function as returning its Rust enum `hipError_t`.
-//! A runtime newer than those bindings may return a code the enum does not
-//! list, and materialising such a value as the enum is undefined behaviour.
-//! Reading the same C `int` as `i32` is always defined; [`super::result`]
-//! classifies the integer. The handle and struct types still come from
-//! hip-sys (they are plain pointers and `#[repr(C)]` structs); enum
-//! arguments are passed as the integers the C header gives them.
+//! [`RUNTIME_VAR`] names another library to open instead. Nothing here is
+//! linked at build time, so a binary built with the `hip`
+//! feature starts on a machine without ROCm (an NVIDIA or a CPU-only one)
+//! and `HipContext::new` answers `Unavailable` ("no HIP runtime") there. The
+//! library, once opened, stays loaded until the process exits: the table's
+//! function pointers are valid for as long as the process runs.
 //!
-//! The library itself is linked by hip-sys's build script
-//! (`cargo:rustc-link-lib=dylib=amdhip64`); these are the same symbols, so
-//! they bind to the same versions (`hip_4.2`, `hip_5.1`) of ROCm's library.
+//! Every result is read as the C `int` it is ([`HipResult`]), never as a
+//! Rust enum: a runtime newer than these declarations may return a code no
+//! enum lists, and materialising such a value as an enum would be undefined
+//! behaviour. [`super::result`] classifies the integer. The handle types are
+//! opaque pointers and [`hipMemPoolProps`] is the header's `#[repr(C)]`
+//! struct; enum arguments are passed as the integers the header gives them
+//! (values from ROCm's `hip_runtime_api.h`, the same in ROCm 5 and 6).
+//!
+//! The functions below are public for raw work next to memgov's (tests,
+//! benches, a runtime's own calls on a stream memgov lent it). Each calls
+//! through the table and panics when no HIP runtime can be loaded: call
+//! [`runtime_present`] (or open a `HipContext`) first.
 
-#![allow(non_snake_case)]
+#![allow(non_snake_case, non_camel_case_types, non_upper_case_globals)]
 
-pub(crate) use hip_sys::hiprt::{hipEvent_t, hipMemPoolProps, hipMemPool_t, hipStream_t};
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use libloading::Library;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::OnceLock;
 
 /// A HIP result as the C `int` it is.
 pub type HipResult = i32;
 
-/// `hipSuccess`.
-pub const SUCCESS: HipResult = 0;
+/// The library names tried, newest ROCm first.
+pub const LIBRARY_NAMES: [&str; 2] = ["libamdhip64.so.6", "libamdhip64.so.5"];
+
+/// The environment variable naming the one library to open instead of
+/// [`LIBRARY_NAMES`] (a path, or a name the loader searches for): a ROCm
+/// outside the loader's path, or a stand-in on a machine that has ROCm.
+pub const RUNTIME_VAR: &str = "MEMGOV_HIP_RUNTIME";
+
+/// An opaque HIP stream (`struct ihipStream_t`).
+#[repr(C)]
+pub struct ihipStream_t {
+    _opaque: [u8; 0],
+}
+/// An opaque HIP event (`struct ihipEvent_t`).
+#[repr(C)]
+pub struct ihipEvent_t {
+    _opaque: [u8; 0],
+}
+/// An opaque HIP memory pool (`struct ihipMemPoolHandle_t`).
+#[repr(C)]
+pub struct ihipMemPoolHandle_t {
+    _opaque: [u8; 0],
+}
+/// `hipStream_t`.
+pub type hipStream_t = *mut ihipStream_t;
+/// `hipEvent_t`.
+pub type hipEvent_t = *mut ihipEvent_t;
+/// `hipMemPool_t`.
+pub type hipMemPool_t = *mut ihipMemPoolHandle_t;
+/// `hipDeviceptr_t`.
+pub type hipDeviceptr_t = *mut c_void;
+
+/// `hipMemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemLocation {
+    /// `hipMemLocationType` (`hipMemLocationTypeDevice`).
+    pub type_: c_int,
+    /// The device ordinal.
+    pub id: c_int,
+}
+
+/// `hipMemPoolProps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemPoolProps {
+    /// `hipMemAllocationType` (`hipMemAllocationTypePinned`).
+    pub allocType: c_int,
+    /// `hipMemAllocationHandleType` (`hipMemHandleTypeNone`).
+    pub handleTypes: c_int,
+    /// Where the pool's memory lives.
+    pub location: hipMemLocation,
+    /// Windows only; null.
+    pub win32SecurityAttributes: *mut c_void,
+    /// Zero (ROCm 6 uses the first eight bytes as `maxSize`, 0 = no limit).
+    pub reserved: [u8; 64],
+}
+
+// The header's layout: 4 + 4 + 8, a pointer, 64 reserved bytes.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<hipMemPoolProps>() == 88);
 
 /// The stream callback as memgov declares it: the status is an `i32` for
 /// the same reason as every result.
-pub(crate) type StreamCallback = unsafe extern "C" fn(hipStream_t, HipResult, *mut c_void);
+pub type StreamCallback = unsafe extern "C" fn(hipStream_t, HipResult, *mut c_void);
+
+/// `hipSuccess`.
+pub const SUCCESS: HipResult = hipSuccess;
+
+/// `hipError_t` codes the crate names (the header's values).
+pub const hipSuccess: HipResult = 0;
+pub const hipErrorInvalidValue: HipResult = 1;
+pub const hipErrorOutOfMemory: HipResult = 2;
+pub const hipErrorNotInitialized: HipResult = 3;
+pub const hipErrorDeinitialized: HipResult = 4;
+pub const hipErrorInvalidDevicePointer: HipResult = 17;
+pub const hipErrorInvalidMemcpyDirection: HipResult = 21;
+pub const hipErrorInsufficientDriver: HipResult = 35;
+pub const hipErrorPriorLaunchFailure: HipResult = 53;
+pub const hipErrorNoDevice: HipResult = 100;
+pub const hipErrorInvalidDevice: HipResult = 101;
+pub const hipErrorInvalidContext: HipResult = 201;
+pub const hipErrorNoBinaryForGpu: HipResult = 209;
+pub const hipErrorECCNotCorrectable: HipResult = 214;
+pub const hipErrorInvalidHandle: HipResult = 400;
+pub const hipErrorNotReady: HipResult = 600;
+pub const hipErrorIllegalAddress: HipResult = 700;
+pub const hipErrorLaunchTimeOut: HipResult = 702;
+pub const hipErrorContextIsDestroyed: HipResult = 709;
+pub const hipErrorAssert: HipResult = 710;
+pub const hipErrorLaunchFailure: HipResult = 719;
+pub const hipErrorNotSupported: HipResult = 801;
 
 /// `hipStreamNonBlocking`.
-pub(crate) const STREAM_NON_BLOCKING: c_uint = 0x01;
+pub const hipStreamNonBlocking: c_uint = 0x01;
 /// `hipEventDisableTiming`.
-pub(crate) const EVENT_DISABLE_TIMING: c_uint = 0x02;
+pub const hipEventDisableTiming: c_uint = 0x02;
 /// `hipDeviceAttributeMemoryPoolsSupported`.
-pub(crate) const ATTR_MEMORY_POOLS_SUPPORTED: c_int =
-    hip_sys::hiprt::hipDeviceAttribute_t::hipDeviceAttributeMemoryPoolsSupported as c_int;
+pub const hipDeviceAttributeMemoryPoolsSupported: c_int = 88;
 /// `hipMemPoolAttrReleaseThreshold` (value: `u64`).
-pub(crate) const POOL_ATTR_RELEASE_THRESHOLD: c_int =
-    hip_sys::hiprt::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold as c_int;
+pub const hipMemPoolAttrReleaseThreshold: c_int = 4;
+/// `hipMemAllocationTypePinned`.
+pub const hipMemAllocationTypePinned: c_int = 1;
+/// `hipMemHandleTypeNone`.
+pub const hipMemHandleTypeNone: c_int = 0;
+/// `hipMemLocationTypeDevice`.
+pub const hipMemLocationTypeDevice: c_int = 1;
 
-extern "C" {
-    pub(crate) fn hipGetErrorName(code: HipResult) -> *const c_char;
-    pub(crate) fn hipGetDeviceCount(count: *mut c_int) -> HipResult;
-    pub(crate) fn hipGetDevice(device: *mut c_int) -> HipResult;
-    pub(crate) fn hipSetDevice(device: c_int) -> HipResult;
-    pub(crate) fn hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> HipResult;
-    pub(crate) fn hipDeviceTotalMem(bytes: *mut usize, device: c_int) -> HipResult;
-    pub(crate) fn hipDriverGetVersion(version: *mut c_int) -> HipResult;
-    pub(crate) fn hipRuntimeGetVersion(version: *mut c_int) -> HipResult;
-    pub(crate) fn hipDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int)
-        -> HipResult;
-    pub(crate) fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> HipResult;
+/// Declares the table's entry points once: the [`Api`] struct with one
+/// function pointer per entry, its loader, and a public wrapper of the same
+/// name per entry that calls through the loaded table.
+macro_rules! hip_api {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+    )*) => {
+        /// The HIP runtime's entry points, resolved from the library.
+        pub struct Api {
+            $($name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+            /// Keeps the library loaded for as long as the table lives (the
+            /// table is a process-wide static: until exit).
+            library: Library,
+        }
 
-    pub(crate) fn hipStreamCreateWithFlags(stream: *mut hipStream_t, flags: c_uint) -> HipResult;
-    pub(crate) fn hipStreamDestroy(stream: hipStream_t) -> HipResult;
-    pub(crate) fn hipStreamSynchronize(stream: hipStream_t) -> HipResult;
-    pub(crate) fn hipStreamAddCallback(
+        impl Api {
+            /// Resolve every entry point from `library`; the name of the
+            /// first one missing otherwise.
+            ///
+            /// # Safety
+            ///
+            /// `library` is ROCm's HIP runtime (or a library with its ABI):
+            /// each symbol has the C signature declared here.
+            unsafe fn resolve(library: Library) -> Result<Self, &'static str> {
+                $(
+                    // SAFETY: the symbol's C signature is the one declared
+                    // here (the caller's contract); the pointer is copied out
+                    // and stays valid while `library` keeps the library
+                    // loaded.
+                    let $name = *unsafe {
+                        library.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(
+                            concat!(stringify!($name), "\0").as_bytes(),
+                        )
+                    }
+                    .map_err(|_| stringify!($name))?;
+                )*
+                Ok(Self { $($name,)* library })
+            }
+        }
+
+        $(
+            $(#[$doc])*
+            ///
+            /// # Safety
+            ///
+            /// As for the C function: valid handles and pointers.
+            ///
+            /// # Panics
+            ///
+            /// When no HIP runtime can be loaded ([`runtime_present`] is
+            /// false).
+            pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                // SAFETY: the pointer was resolved from the loaded library
+                // with this signature; the caller upholds the function's
+                // own contract.
+                unsafe { (api().$name)($($arg),*) }
+            }
+        )*
+    };
+}
+
+hip_api! {
+    /// `hipGetErrorName`: a static string for any code.
+    fn hipGetErrorName(code: HipResult) -> *const c_char;
+    fn hipGetDeviceCount(count: *mut c_int) -> HipResult;
+    fn hipGetDevice(device: *mut c_int) -> HipResult;
+    fn hipSetDevice(device: c_int) -> HipResult;
+    fn hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> HipResult;
+    fn hipDeviceTotalMem(bytes: *mut usize, device: c_int) -> HipResult;
+    fn hipDriverGetVersion(version: *mut c_int) -> HipResult;
+    fn hipRuntimeGetVersion(version: *mut c_int) -> HipResult;
+    fn hipDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> HipResult;
+    fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> HipResult;
+
+    fn hipStreamCreateWithFlags(stream: *mut hipStream_t, flags: c_uint) -> HipResult;
+    fn hipStreamDestroy(stream: hipStream_t) -> HipResult;
+    fn hipStreamSynchronize(stream: hipStream_t) -> HipResult;
+    fn hipStreamQuery(stream: hipStream_t) -> HipResult;
+    fn hipStreamAddCallback(
         stream: hipStream_t,
         callback: Option<StreamCallback>,
         user: *mut c_void,
         flags: c_uint,
     ) -> HipResult;
-    pub(crate) fn hipStreamWaitEvent(
-        stream: hipStream_t,
-        event: hipEvent_t,
-        flags: c_uint,
-    ) -> HipResult;
+    fn hipStreamWaitEvent(stream: hipStream_t, event: hipEvent_t, flags: c_uint) -> HipResult;
 
-    pub(crate) fn hipEventCreateWithFlags(event: *mut hipEvent_t, flags: c_uint) -> HipResult;
-    pub(crate) fn hipEventRecord(event: hipEvent_t, stream: hipStream_t) -> HipResult;
-    pub(crate) fn hipEventSynchronize(event: hipEvent_t) -> HipResult;
-    pub(crate) fn hipEventDestroy(event: hipEvent_t) -> HipResult;
+    fn hipEventCreateWithFlags(event: *mut hipEvent_t, flags: c_uint) -> HipResult;
+    fn hipEventRecord(event: hipEvent_t, stream: hipStream_t) -> HipResult;
+    fn hipEventSynchronize(event: hipEvent_t) -> HipResult;
+    fn hipEventDestroy(event: hipEvent_t) -> HipResult;
 
-    pub(crate) fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> HipResult;
-    pub(crate) fn hipFree(ptr: *mut c_void) -> HipResult;
-    pub(crate) fn hipMallocFromPoolAsync(
+    fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> HipResult;
+    fn hipFree(ptr: *mut c_void) -> HipResult;
+    /// `hipMallocAsync` from the device's default pool. memgov allocates
+    /// from a pool of its own; this is for raw work next to it.
+    fn hipMallocAsync(ptr: *mut *mut c_void, bytes: usize, stream: hipStream_t) -> HipResult;
+    fn hipMallocFromPoolAsync(
         ptr: *mut *mut c_void,
         bytes: usize,
         pool: hipMemPool_t,
         stream: hipStream_t,
     ) -> HipResult;
-    pub(crate) fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> HipResult;
-    pub(crate) fn hipMemPoolCreate(
-        pool: *mut hipMemPool_t,
-        props: *const hipMemPoolProps,
-    ) -> HipResult;
-    pub(crate) fn hipMemPoolDestroy(pool: hipMemPool_t) -> HipResult;
-    pub(crate) fn hipMemPoolTrimTo(pool: hipMemPool_t, keep: usize) -> HipResult;
-    pub(crate) fn hipMemPoolSetAttribute(
-        pool: hipMemPool_t,
-        attr: c_int,
-        value: *mut c_void,
-    ) -> HipResult;
+    fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> HipResult;
+    /// The device's default pool. memgov never changes it; this is for raw
+    /// work next to memgov.
+    fn hipDeviceGetDefaultMemPool(pool: *mut hipMemPool_t, device: c_int) -> HipResult;
+    fn hipMemPoolCreate(pool: *mut hipMemPool_t, props: *const hipMemPoolProps) -> HipResult;
+    fn hipMemPoolDestroy(pool: hipMemPool_t) -> HipResult;
+    fn hipMemPoolTrimTo(pool: hipMemPool_t, keep: usize) -> HipResult;
+    fn hipMemPoolSetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> HipResult;
+    fn hipMemPoolGetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> HipResult;
 
-    pub(crate) fn hipMemcpyHtoDAsync(
+    fn hipMemcpyHtoDAsync(
         dst: *mut c_void,
         src: *mut c_void,
         bytes: usize,
         stream: hipStream_t,
     ) -> HipResult;
-    pub(crate) fn hipMemcpyDtoHAsync(
+    fn hipMemcpyDtoHAsync(
         dst: *mut c_void,
         src: *mut c_void,
         bytes: usize,
         stream: hipStream_t,
     ) -> HipResult;
+    /// `hipDeviceReset`: destroys every allocation and stream of the process
+    /// on the current device. memgov never calls it.
+    fn hipDeviceReset() -> HipResult;
+}
+
+/// The table, or why there is none: loaded by the first caller, once per
+/// process.
+fn runtime() -> &'static Result<Api, String> {
+    static RUNTIME: OnceLock<Result<Api, String>> = OnceLock::new();
+    RUNTIME.get_or_init(load)
+}
+
+fn load() -> Result<Api, String> {
+    let chosen = std::env::var(RUNTIME_VAR).ok().filter(|v| !v.is_empty());
+    let names: Vec<&str> = match &chosen {
+        Some(path) => vec![path.as_str()],
+        None => LIBRARY_NAMES.to_vec(),
+    };
+    let mut opened = None;
+    // A library that is there but does not load (a dependency of its own
+    // missing, the wrong architecture) is named with the loader's reason.
+    let mut unloadable = None;
+    for name in names {
+        // SAFETY: opening ROCm's HIP runtime runs its initialisers, which
+        // set up the runtime and touch no state of this process's own.
+        match unsafe { Library::new(name) } {
+            Ok(library) => {
+                opened = Some((name.to_owned(), library));
+                break;
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if !why.contains("No such file or directory") {
+                    unloadable.get_or_insert(why);
+                }
+            }
+        }
+    }
+    let Some((name, library)) = opened else {
+        let mut message = not_found(chosen.as_deref());
+        if let Some(why) = unloadable {
+            message.push_str(&format!("; the loader said: {why}"));
+        }
+        return Err(message);
+    };
+    // SAFETY: a library of that name is ROCm's HIP runtime (or memgov's
+    // stand-in, built from ROCm's header): the symbols have the declared
+    // signatures.
+    unsafe { Api::resolve(library) }.map_err(|missing| {
+        format!(
+            "no HIP runtime usable by memgov: {name} lacks {missing} \
+             (install ROCm 5.2 or newer, whose HIP runtime has the stream-ordered allocator)"
+        )
+    })
+}
+
+/// Why no library was opened: none of [`LIBRARY_NAMES`], or not the one
+/// [`RUNTIME_VAR`] chose.
+fn not_found(chosen: Option<&str>) -> String {
+    match chosen {
+        None => {
+            "no HIP runtime: libamdhip64.so.{6,5} not found (install ROCm's HIP runtime)".to_owned()
+        }
+        Some(path) => format!(
+            "no HIP runtime: {path} (from {RUNTIME_VAR}) could not be opened \
+             (point {RUNTIME_VAR} at a libamdhip64, or unset it)"
+        ),
+    }
+}
+
+fn api() -> &'static Api {
+    match runtime() {
+        Ok(api) => api,
+        Err(why) => panic!(
+            "a HIP function was called without a HIP runtime ({why}); \
+             check memgov_hip::ffi::runtime_present() or open a HipContext first"
+        ),
+    }
+}
+
+/// Whether a HIP runtime memgov can use is loadable here (loading it, once
+/// per process, if not yet loaded). Never panics.
+pub fn runtime_present() -> bool {
+    runtime().is_ok()
+}
+
+/// Why no HIP runtime can be used here (`None` when one is loaded).
+pub fn runtime_missing() -> Option<&'static str> {
+    runtime().as_ref().err().map(String::as_str)
+}
+
+/// The address of the loaded runtime's symbol `name` (for a stand-in's
+/// test hooks); `None` when there is no runtime or no such
+/// symbol.
+pub fn symbol(name: &CStr) -> Option<*mut c_void> {
+    let api = runtime().as_ref().ok()?;
+    // SAFETY: the symbol is only looked up, as an untyped address; the
+    // caller decides what it is.
+    unsafe { api.library.get::<*mut c_void>(name.to_bytes_with_nul()) }
+        .ok()
+        .map(|s| *s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absent_runtime_names_both_libraries_and_the_way_out() {
+        assert_eq!(
+            not_found(None),
+            "no HIP runtime: libamdhip64.so.{6,5} not found (install ROCm's HIP runtime)"
+        );
+        let chosen = not_found(Some("/opt/x/libamdhip64.so"));
+        assert!(
+            chosen.starts_with("no HIP runtime: /opt/x/libamdhip64.so (from MEMGOV_HIP_RUNTIME)"),
+            "{chosen}"
+        );
+    }
 }

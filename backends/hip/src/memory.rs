@@ -6,21 +6,17 @@ use super::ffi::{
     self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
     hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t, hipMemcpyDtoHAsync,
     hipMemcpyHtoDAsync, hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize,
-    hipStream_t, HipResult, STREAM_NON_BLOCKING,
+    hipStream_t, HipResult,
 };
 use super::result::{check, err};
 use super::stream::HipStream;
-use super::{Allocator, Inner};
-use hip_sys::hiprt::{
-    hipDeviceptr_t, hipError_t, hipMemAllocationHandleType, hipMemAllocationType, hipMemLocation,
-    hipMemLocationType,
-};
+use crate::shared::{Allocator, Shared};
+use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind};
-use memgov_sync::lock;
 use std::ffi::c_void;
 
-const NOT_SUPPORTED: HipResult = hipError_t::hipErrorNotSupported as HipResult;
-const OUT_OF_MEMORY: HipResult = hipError_t::hipErrorOutOfMemory as HipResult;
+const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;
+const OUT_OF_MEMORY: HipResult = ffi::hipErrorOutOfMemory;
 
 /// Where an allocation came from, and so how it is freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +49,8 @@ impl HipMemory {
     /// bytes, and must order any work that uses it on the stream the
     /// allocation is released on (or synchronize that work first): the
     /// governor's free is ordered after earlier work on that stream only.
-    pub fn device_ptr(&self) -> hipDeviceptr_t {
-        self.ptr as hipDeviceptr_t
+    pub fn device_ptr(&self) -> ffi::hipDeviceptr_t {
+        self.ptr as ffi::hipDeviceptr_t
     }
     /// Size in bytes as requested.
     pub fn len(&self) -> u64 {
@@ -82,12 +78,12 @@ unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
 
 pub(crate) fn allocate(
-    inner: &Inner,
+    shared: &Shared,
     stream: &HipStream,
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
-    inner.check_stream("allocate", stream)?;
-    inner.check_usable("allocate")?;
+    shared.check_stream("allocate", stream)?;
+    shared.check_usable("allocate")?;
     if bytes == 0 {
         return Err(err(
             "allocate",
@@ -102,46 +98,46 @@ pub(crate) fn allocate(
             format!("{bytes} B does not fit this host's address space"),
         )
     })?;
-    let _device = inner.make_current("allocate")?;
+    let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     let mut origin = Origin::Plain;
-    if let (Allocator::StreamOrdered, Some(pool)) = (inner.allocator(), inner.pool()) {
+    if let (Allocator::StreamOrdered, Some(pool)) = (shared.allocator(), shared.pool()) {
         // SAFETY: `ptr` is a valid out-pointer, the pool is the context's
         // own (destroyed only at teardown) and the stream is alive.
         let r = unsafe { hipMallocFromPoolAsync(&mut ptr, size, pool.0, stream.raw.0) };
         if r == NOT_SUPPORTED {
             // The runtime has no stream-ordered allocator for this device
             // after all: use the fallback from now on.
-            inner.fall_back("hipMallocFromPoolAsync returned hipErrorNotSupported");
+            shared.fall_back("hipMallocFromPoolAsync returned hipErrorNotSupported");
         } else {
-            inner.checked("allocate", "hipMallocFromPoolAsync", r)?;
+            shared.checked("allocate", "hipMallocFromPoolAsync", r)?;
             origin = Origin::Pool;
         }
     }
     if origin == Origin::Plain {
         // SAFETY: `ptr` is a valid out-pointer.
         let r = unsafe { hipMalloc(&mut ptr, size) };
-        inner.checked("allocate", "hipMalloc", r)?;
+        shared.checked("allocate", "hipMalloc", r)?;
     }
     let ptr = ptr as usize;
-    lock(&inner.live).insert(ptr, (bytes, origin));
-    inner.probe.allocated(bytes);
+    lock(&shared.live).insert(ptr, (bytes, origin));
+    shared.probe().allocated(bytes);
     Ok(HipMemory {
         ptr,
         bytes,
-        context: inner.id,
+        context: shared.id,
         origin,
     })
 }
 
-fn check_memory(inner: &Inner, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
-    if memory.context != inner.id || !lock(&inner.live).contains_key(&memory.ptr) {
+fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
+    if memory.context != shared.id || !lock(&shared.live).contains_key(&memory.ptr) {
         return Err(err(
             op,
             BackendErrorKind::InvalidArgument,
             format!(
                 "allocation {:#x} ({} B) is not live in HIP context {}",
-                memory.ptr, memory.bytes, inner.id
+                memory.ptr, memory.bytes, shared.id
             ),
         ));
     }
@@ -171,15 +167,15 @@ fn range(
 /// Copy `src` into device memory on the stream; returns once the copy has
 /// executed (so `src` may be reused).
 pub(crate) fn write(
-    inner: &Inner,
+    shared: &Shared,
     stream: &HipStream,
     memory: &HipMemory,
     offset: u64,
     src: &[u8],
 ) -> Result<(), BackendError> {
-    inner.check_stream("write", stream)?;
-    inner.check_usable("write")?;
-    check_memory(inner, "write", memory)?;
+    shared.check_stream("write", stream)?;
+    shared.check_usable("write")?;
+    check_memory(shared, "write", memory)?;
     let dst = range("write", memory, offset, src.len())?;
     if src.is_empty() {
         return Ok(());
@@ -196,24 +192,24 @@ pub(crate) fn write(
             stream.raw.0,
         )
     };
-    inner.checked("write", "hipMemcpyHtoDAsync", r)?;
+    shared.checked("write", "hipMemcpyHtoDAsync", r)?;
     // SAFETY: the stream is alive.
     let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    inner.checked("write", "hipStreamSynchronize", r)
+    shared.checked("write", "hipStreamSynchronize", r)
 }
 
 /// Copy device memory into `dst` on the stream; returns once `dst` holds
 /// the data.
 pub(crate) fn read(
-    inner: &Inner,
+    shared: &Shared,
     stream: &HipStream,
     memory: &HipMemory,
     offset: u64,
     dst: &mut [u8],
 ) -> Result<(), BackendError> {
-    inner.check_stream("read", stream)?;
-    inner.check_usable("read")?;
-    check_memory(inner, "read", memory)?;
+    shared.check_stream("read", stream)?;
+    shared.check_usable("read")?;
+    check_memory(shared, "read", memory)?;
     let src = range("read", memory, offset, dst.len())?;
     if dst.is_empty() {
         return Ok(());
@@ -229,10 +225,10 @@ pub(crate) fn read(
             stream.raw.0,
         )
     };
-    inner.checked("read", "hipMemcpyDtoHAsync", r)?;
+    shared.checked("read", "hipMemcpyDtoHAsync", r)?;
     // SAFETY: the stream is alive.
     let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    inner.checked("read", "hipStreamSynchronize", r)
+    shared.checked("read", "hipStreamSynchronize", r)
 }
 
 /// A memory pool of the context's own on device `ordinal` (current on the
@@ -243,10 +239,10 @@ pub(crate) fn read(
 /// answers `hipErrorNotSupported`.
 pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
     let props = hipMemPoolProps {
-        allocType: hipMemAllocationType::hipMemAllocationTypePinned,
-        handleTypes: hipMemAllocationHandleType::hipMemHandleTypeNone,
-        location: hipMemLocation {
-            type_: hipMemLocationType::hipMemLocationTypeDevice,
+        allocType: ffi::hipMemAllocationTypePinned,
+        handleTypes: ffi::hipMemHandleTypeNone,
+        location: ffi::hipMemLocation {
+            type_: ffi::hipMemLocationTypeDevice,
             id: ordinal,
         },
         win32SecurityAttributes: std::ptr::null_mut(),
@@ -265,7 +261,7 @@ pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
     let r = unsafe {
         hipMemPoolSetAttribute(
             pool,
-            ffi::POOL_ATTR_RELEASE_THRESHOLD,
+            ffi::hipMemPoolAttrReleaseThreshold,
             &mut threshold as *mut u64 as *mut c_void,
         )
     };
@@ -302,7 +298,7 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
     let mut s: hipStream_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
     check("new", "hipStreamCreateWithFlags", unsafe {
-        hipStreamCreateWithFlags(&mut s, STREAM_NON_BLOCKING)
+        hipStreamCreateWithFlags(&mut s, ffi::hipStreamNonBlocking)
     })?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the pool and the stream were just created.

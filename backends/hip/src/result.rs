@@ -2,13 +2,12 @@
 //! code maps to, which codes mean the device is lost, and the driver's own
 //! name for a code in every message.
 //!
-//! Codes are plain `i32`s (see `ffi.rs`): a code this crate does not know,
-//! from a newer runtime, classifies as [`BackendErrorKind::Other`] and keeps
-//! its number. The `hipError_t` variants of hip-sys name the known ones
-//! (`hipError_t::hipErrorOutOfMemory as i32`).
+//! Codes are plain `i32`s (see `ffi.rs`, which names the known ones with
+//! the header's values): a code this crate does not know, from a newer
+//! runtime, classifies as [`BackendErrorKind::Other`] and keeps its number.
 
 use super::ffi::{self, HipResult, SUCCESS};
-use hip_sys::hiprt::hipError_t;
+use memgov_backend::shell::Driver;
 use memgov_backend::OUT_OF_MEMORY_HINT;
 use memgov_backend::{BackendError, BackendErrorKind};
 use std::ffi::CStr;
@@ -16,37 +15,86 @@ use std::ffi::CStr;
 /// Backend name in every error and description.
 pub(crate) const BACKEND: &str = "hip";
 
+/// The HIP runtime as the driver shell sees it: its results are `i32`s,
+/// classified by [`check`].
+pub(crate) struct Hip;
+
+impl Driver for Hip {
+    const BACKEND: &'static str = BACKEND;
+    type Code = HipResult;
+
+    fn check(op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
+        check(op, call, code)
+    }
+}
+
 /// Codes after which nothing queued on the device will run: the HIP runtime
 /// reports them sticky, for every later call of the process on that device.
-const DEVICE_LOST: &[hipError_t] = &[
-    hipError_t::hipErrorIllegalAddress,
-    hipError_t::hipErrorLaunchFailure,
-    hipError_t::hipErrorPriorLaunchFailure,
-    hipError_t::hipErrorLaunchTimeOut,
-    hipError_t::hipErrorECCNotCorrectable,
-    hipError_t::hipErrorAssert,
-    hipError_t::hipErrorContextIsDestroyed,
-    hipError_t::hipErrorDeinitialized,
+const DEVICE_LOST: &[HipResult] = &[
+    ffi::hipErrorIllegalAddress,
+    ffi::hipErrorLaunchFailure,
+    ffi::hipErrorPriorLaunchFailure,
+    ffi::hipErrorLaunchTimeOut,
+    ffi::hipErrorECCNotCorrectable,
+    ffi::hipErrorAssert,
+    ffi::hipErrorContextIsDestroyed,
+    ffi::hipErrorDeinitialized,
 ];
 
-/// The integer of a known code.
-const fn code(e: hipError_t) -> HipResult {
-    e as HipResult
-}
+/// The header's names of the codes `ffi.rs` declares.
+const KNOWN_NAMES: &[(HipResult, &str)] = &[
+    (ffi::hipSuccess, "hipSuccess"),
+    (ffi::hipErrorInvalidValue, "hipErrorInvalidValue"),
+    (ffi::hipErrorOutOfMemory, "hipErrorOutOfMemory"),
+    (ffi::hipErrorNotInitialized, "hipErrorNotInitialized"),
+    (ffi::hipErrorDeinitialized, "hipErrorDeinitialized"),
+    (
+        ffi::hipErrorInvalidDevicePointer,
+        "hipErrorInvalidDevicePointer",
+    ),
+    (
+        ffi::hipErrorInvalidMemcpyDirection,
+        "hipErrorInvalidMemcpyDirection",
+    ),
+    (
+        ffi::hipErrorInsufficientDriver,
+        "hipErrorInsufficientDriver",
+    ),
+    (
+        ffi::hipErrorPriorLaunchFailure,
+        "hipErrorPriorLaunchFailure",
+    ),
+    (ffi::hipErrorNoDevice, "hipErrorNoDevice"),
+    (ffi::hipErrorInvalidDevice, "hipErrorInvalidDevice"),
+    (ffi::hipErrorInvalidContext, "hipErrorInvalidContext"),
+    (ffi::hipErrorNoBinaryForGpu, "hipErrorNoBinaryForGpu"),
+    (ffi::hipErrorECCNotCorrectable, "hipErrorECCNotCorrectable"),
+    (ffi::hipErrorInvalidHandle, "hipErrorInvalidHandle"),
+    (ffi::hipErrorNotReady, "hipErrorNotReady"),
+    (ffi::hipErrorIllegalAddress, "hipErrorIllegalAddress"),
+    (ffi::hipErrorLaunchTimeOut, "hipErrorLaunchTimeOut"),
+    (
+        ffi::hipErrorContextIsDestroyed,
+        "hipErrorContextIsDestroyed",
+    ),
+    (ffi::hipErrorAssert, "hipErrorAssert"),
+    (ffi::hipErrorLaunchFailure, "hipErrorLaunchFailure"),
+    (ffi::hipErrorNotSupported, "hipErrorNotSupported"),
+];
 
 /// Whether `code` means the device (or the process's hold on it) is lost.
 pub fn is_device_lost(c: HipResult) -> bool {
-    DEVICE_LOST.iter().any(|&e| code(e) == c)
+    DEVICE_LOST.contains(&c)
 }
 
 /// The classification of a HIP result code; an unknown code is `Other`.
 pub fn kind_of(c: HipResult) -> BackendErrorKind {
-    use hipError_t as E;
+    use ffi as E;
     if is_device_lost(c) {
         return BackendErrorKind::DeviceLost;
     }
-    let is = |list: &[hipError_t]| list.iter().any(|&e| code(e) == c);
-    if c == code(E::hipErrorOutOfMemory) {
+    let is = |list: &[HipResult]| list.contains(&c);
+    if c == E::hipErrorOutOfMemory {
         BackendErrorKind::OutOfMemory
     } else if is(&[
         E::hipErrorNoDevice,
@@ -55,7 +103,7 @@ pub fn kind_of(c: HipResult) -> BackendErrorKind {
         E::hipErrorNoBinaryForGpu,
     ]) {
         BackendErrorKind::Unavailable
-    } else if c == code(E::hipErrorNotSupported) {
+    } else if c == E::hipErrorNotSupported {
         BackendErrorKind::Unsupported
     } else if is(&[
         E::hipErrorInvalidValue,
@@ -73,6 +121,14 @@ pub fn kind_of(c: HipResult) -> BackendErrorKind {
 
 /// The runtime's name for a code (`"hipErrorOutOfMemory"`).
 pub fn error_name(code: HipResult) -> String {
+    if !ffi::runtime_present() {
+        // No runtime to ask (a code built by hand, as in a test): the
+        // header's name where this crate knows it.
+        return KNOWN_NAMES
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map_or_else(|| format!("hipError {code}"), |(_, n)| (*n).to_owned());
+    }
     // SAFETY: hipGetErrorName takes any integer (declared here as `int`, so
     // an unknown code is no invalid enum value) and returns a pointer to a
     // static NUL-terminated string (or null, handled below); it touches no
@@ -133,28 +189,25 @@ mod tests {
 
     #[test]
     fn sticky_codes_are_device_loss_and_others_are_not() {
-        assert!(is_device_lost(hipError_t::hipErrorIllegalAddress as i32));
+        assert!(is_device_lost(ffi::hipErrorIllegalAddress));
         assert_eq!(
-            kind_of(hipError_t::hipErrorLaunchFailure as i32),
+            kind_of(ffi::hipErrorLaunchFailure),
             BackendErrorKind::DeviceLost
         );
         assert_eq!(
-            kind_of(hipError_t::hipErrorOutOfMemory as i32),
+            kind_of(ffi::hipErrorOutOfMemory),
             BackendErrorKind::OutOfMemory
         );
         assert_eq!(
-            kind_of(hipError_t::hipErrorNoDevice as i32),
+            kind_of(ffi::hipErrorNoDevice),
             BackendErrorKind::Unavailable
         );
         assert_eq!(
-            kind_of(hipError_t::hipErrorNotSupported as i32),
+            kind_of(ffi::hipErrorNotSupported),
             BackendErrorKind::Unsupported
         );
-        assert_eq!(
-            kind_of(hipError_t::hipErrorNotReady as i32),
-            BackendErrorKind::Other
-        );
-        assert!(!is_device_lost(hipError_t::hipErrorOutOfMemory as i32));
+        assert_eq!(kind_of(ffi::hipErrorNotReady), BackendErrorKind::Other);
+        assert!(!is_device_lost(ffi::hipErrorOutOfMemory));
         // A code no binding lists is an integer like any other.
         assert_eq!(kind_of(987_654), BackendErrorKind::Other);
         assert!(!is_device_lost(-3));

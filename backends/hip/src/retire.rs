@@ -24,16 +24,16 @@
 #![allow(clippy::result_large_err)]
 
 use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipEventSynchronize, hipEvent_t,
-    hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback, hipStreamSynchronize, hipStream_t,
-    HipResult, EVENT_DISABLE_TIMING, SUCCESS,
+    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
+    hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback,
+    hipStreamSynchronize, hipStream_t, HipResult, SUCCESS,
 };
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
 use super::stream::HipStream;
-use super::Inner;
+use crate::shared::Shared;
+use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
-use memgov_sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,15 +44,15 @@ use std::thread::JoinHandle;
 static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 
 /// Ticket -> the context that queued it, for the callbacks.
-fn routes() -> &'static Mutex<HashMap<u64, Weak<Inner>>> {
-    static ROUTES: OnceLock<Mutex<HashMap<u64, Weak<Inner>>>> = OnceLock::new();
+fn routes() -> &'static Mutex<HashMap<u64, Weak<Shared>>> {
+    static ROUTES: OnceLock<Mutex<HashMap<u64, Weak<Shared>>>> = OnceLock::new();
     ROUTES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Remove every route to `inner` (teardown: a callback that still runs
+/// Remove every route to `shared` (teardown: a callback that still runs
 /// afterwards finds no context and does nothing).
-pub(crate) fn forget_routes(inner: &Inner) {
-    let me: *const Inner = inner;
+pub(crate) fn forget_routes(shared: &Shared) {
+    let me: *const Shared = shared;
     lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
 }
 
@@ -130,27 +130,27 @@ impl Outstanding {
 /// data is the ticket number, not a pointer.
 unsafe extern "C" fn free_executed(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
     let key = user as usize as u64;
-    let Some(inner) = lock(routes()).remove(&key).and_then(|w| w.upgrade()) else {
+    let Some(shared) = lock(routes()).remove(&key).and_then(|w| w.upgrade()) else {
         // Torn down already: teardown settled the ticket.
         return;
     };
     // Teardown of a lost device may have taken the ticket already.
-    let Some(ticket) = lock(&inner.pending.tickets).remove(&key) else {
+    let Some(ticket) = lock(&shared.pending.tickets).remove(&key) else {
         return;
     };
     if status == SUCCESS {
-        inner.probe.free_retired(ticket.bytes);
+        shared.probe().free_retired(ticket.bytes);
         ticket.signal.retire();
     } else {
         // The stream failed: the free did not (visibly) execute. The
         // runtime reports only sticky errors here, so the device is lost.
-        inner.mark_lost(&format!(
+        shared.mark_lost(&format!(
             "a stream callback reported status {status} after a queued free"
         ));
-        inner.probe.free_abandoned(ticket.bytes);
+        shared.probe().free_abandoned(ticket.bytes);
         drop(ticket.signal);
     }
-    inner.outstanding.settle(ticket.stream);
+    shared.outstanding.settle(ticket.stream);
 }
 
 /// A refused free: the memory and the signal go back to the caller, as
@@ -160,28 +160,28 @@ type Refused = (HipMemory, RetireSignal, BackendError);
 
 /// Queue the free of `memory` behind the work on `stream`.
 pub(crate) fn free_async(
-    inner: &Arc<Inner>,
+    shared: &Arc<Shared>,
     stream: &HipStream,
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
-    let ready = inner
+    let ready = shared
         .check_stream("free_async", stream)
-        .and_then(|()| inner.check_usable("free_async"));
+        .and_then(|()| shared.check_usable("free_async"));
     if let Err(e) = ready {
         return Err((memory, signal, e));
     }
-    let known = memory.context == inner.id && lock(&inner.live).remove(&memory.ptr).is_some();
+    let known = memory.context == shared.id && lock(&shared.live).remove(&memory.ptr).is_some();
     if !known {
         // Another context's memory is the caller's mistake, refused below
         // and reported to the caller only; an allocation of this context
         // that is no longer live is a second free, which the probe counts.
-        if memory.context == inner.id {
-            inner.probe.violation(
+        if memory.context == shared.id {
+            shared.probe().violation(
                 "hip",
                 format!(
                     "free_async of allocation {:#x} ({} B), which is not live in context {}",
-                    memory.ptr, memory.bytes, inner.id
+                    memory.ptr, memory.bytes, shared.id
                 ),
             );
         }
@@ -190,29 +190,29 @@ pub(crate) fn free_async(
             BackendErrorKind::InvalidArgument,
             format!(
                 "allocation {:#x} ({} B) is not live in HIP context {} (freed twice, or another context's)",
-                memory.ptr, memory.bytes, inner.id
+                memory.ptr, memory.bytes, shared.id
             ),
         );
         return Err((memory, signal, e));
     }
     match memory.origin {
-        Origin::Pool => queue_pool_free(inner, stream, memory, signal),
-        Origin::Plain => queue_plain_free(inner, stream, memory, signal),
+        Origin::Pool => queue_pool_free(shared, stream, memory, signal),
+        Origin::Plain => queue_plain_free(shared, stream, memory, signal),
     }
 }
 
 fn refuse(
-    inner: &Inner,
+    shared: &Shared,
     memory: HipMemory,
     signal: RetireSignal,
     e: BackendError,
 ) -> Result<(), Refused> {
-    lock(&inner.live).insert(memory.ptr, (memory.bytes, memory.origin));
+    lock(&shared.live).insert(memory.ptr, (memory.bytes, memory.origin));
     Err((memory, signal, e))
 }
 
 fn queue_pool_free(
-    inner: &Arc<Inner>,
+    shared: &Arc<Shared>,
     stream: &HipStream,
     memory: HipMemory,
     signal: RetireSignal,
@@ -221,14 +221,14 @@ fn queue_pool_free(
     // live until just now (removed from `live`, so no other path frees it);
     // the stream is alive.
     let r = unsafe { hipFreeAsync(memory.ptr as *mut c_void, stream.raw.0) };
-    if let Err(e) = inner.checked("free_async", "hipFreeAsync", r) {
-        return refuse(inner, memory, signal, e);
+    if let Err(e) = shared.checked("free_async", "hipFreeAsync", r) {
+        return refuse(shared, memory, signal, e);
     }
     let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
     let bytes = memory.bytes;
     // The ticket is in the table before the callback can run.
-    inner.outstanding.add(stream.id);
-    lock(&inner.pending.tickets).insert(
+    shared.outstanding.add(stream.id);
+    lock(&shared.pending.tickets).insert(
         ticket,
         Ticket {
             signal,
@@ -236,7 +236,7 @@ fn queue_pool_free(
             stream: stream.id,
         },
     );
-    lock(routes()).insert(ticket, Arc::downgrade(inner));
+    lock(routes()).insert(ticket, Arc::downgrade(shared));
     // SAFETY: the stream is alive; the callback has the ABI HIP expects
     // (an `int` status is what the C header's enum is passed as); the user
     // data is a number the callback never dereferences.
@@ -255,24 +255,24 @@ fn queue_pool_free(
     // already-queued free has executed by synchronizing the stream.
     lock(routes()).remove(&ticket);
     let add_failed = error_name(r);
-    let ticket = lock(&inner.pending.tickets).remove(&ticket);
+    let ticket = lock(&shared.pending.tickets).remove(&ticket);
     let Some(ticket) = ticket else { return Ok(()) };
     // SAFETY: the stream is alive.
     let s = unsafe { hipStreamSynchronize(stream.raw.0) };
-    match inner.checked("free_async", "hipStreamSynchronize", s) {
+    match shared.checked("free_async", "hipStreamSynchronize", s) {
         Ok(()) => {
-            inner.probe.free_retired(ticket.bytes);
+            shared.probe().free_retired(ticket.bytes);
             ticket.signal.retire();
         }
         Err(e) => {
-            inner.probe.free_abandoned(ticket.bytes);
+            shared.probe().free_abandoned(ticket.bytes);
             drop(ticket.signal);
-            inner.note(format!(
+            shared.note(format!(
                 "hipStreamAddCallback returned {add_failed}, and the synchronize after the queued free failed: {e}; the release is abandoned"
             ));
         }
     }
-    inner.outstanding.settle(ticket.stream);
+    shared.outstanding.settle(ticket.stream);
     Ok(())
 }
 
@@ -311,37 +311,37 @@ impl Reaper {
 }
 
 fn queue_plain_free(
-    inner: &Arc<Inner>,
+    shared: &Arc<Shared>,
     stream: &HipStream,
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
     // Events belong to the current device.
-    let _device = match inner.make_current("free_async") {
+    let _device = match shared.make_current("free_async") {
         Ok(d) => d,
-        Err(e) => return refuse(inner, memory, signal, e),
+        Err(e) => return refuse(shared, memory, signal, e),
     };
     let mut event: hipEvent_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
-    if let Err(e) = inner.checked("free_async", "hipEventCreateWithFlags", r) {
-        return refuse(inner, memory, signal, e);
+    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
+    if let Err(e) = shared.checked("free_async", "hipEventCreateWithFlags", r) {
+        return refuse(shared, memory, signal, e);
     }
     // SAFETY: the event was just created; the stream is alive.
     let r = unsafe { hipEventRecord(event, stream.raw.0) };
-    if let Err(e) = inner.checked("free_async", "hipEventRecord", r) {
+    if let Err(e) = shared.checked("free_async", "hipEventRecord", r) {
         // SAFETY: the event is ours and unused.
         unsafe { hipEventDestroy(event) };
-        return refuse(inner, memory, signal, e);
+        return refuse(shared, memory, signal, e);
     }
-    if let Err(e) = ensure_reaper(inner) {
+    if let Err(e) = ensure_reaper(shared) {
         // SAFETY: recorded but nobody waits on it; destroying a recorded
         // event is allowed.
         unsafe { hipEventDestroy(event) };
-        return refuse(inner, memory, signal, e);
+        return refuse(shared, memory, signal, e);
     }
-    inner.outstanding.add(stream.id);
-    let mut q = lock(&inner.reaper.queue);
+    shared.outstanding.add(stream.id);
+    let mut q = lock(&shared.reaper.queue);
     q.frees.push_back(PlainFree {
         event: Event(event),
         ptr: memory.ptr,
@@ -350,19 +350,19 @@ fn queue_plain_free(
         signal,
     });
     drop(q);
-    inner.reaper.wake.notify_one();
+    shared.reaper.wake.notify_one();
     Ok(())
 }
 
-fn ensure_reaper(inner: &Arc<Inner>) -> Result<(), BackendError> {
-    let mut slot = lock(&inner.reaper_thread);
+fn ensure_reaper(shared: &Arc<Shared>) -> Result<(), BackendError> {
+    let mut slot = lock(&shared.reaper_thread);
     if slot.is_some() {
         return Ok(());
     }
-    let shared = Arc::clone(inner);
+    let owner = Arc::clone(shared);
     let join = std::thread::Builder::new()
-        .name(format!("memgov-hip-reaper-{}", inner.id))
-        .spawn(move || reap(&shared))
+        .name(format!("memgov-hip-reaper-{}", shared.id))
+        .spawn(move || reap(&owner))
         .map_err(|e| {
             err(
                 "free_async",
@@ -378,15 +378,15 @@ fn ensure_reaper(inner: &Arc<Inner>) -> Result<(), BackendError> {
 /// `hipFree`. The free it holds is its own until settled, so teardown (which
 /// joins it) never returns while it is in flight. On a dead device it
 /// settles what it takes without a HIP call.
-fn reap(inner: &Inner) {
+fn reap(shared: &Shared) {
     // The fallback allocations were made on this device; the thread is the
     // reaper's own, so its current device is not restored.
     // SAFETY: plain call with the ordinal validated at creation.
-    let r = unsafe { hipSetDevice(inner.ordinal()) };
-    let _ = inner.checked("free_async", "hipSetDevice", r);
+    let r = unsafe { hipSetDevice(shared.ordinal) };
+    let _ = shared.checked("free_async", "hipSetDevice", r);
     loop {
         let free = {
-            let mut q = lock(&inner.reaper.queue);
+            let mut q = lock(&shared.reaper.queue);
             loop {
                 if let Some(f) = q.frees.pop_front() {
                     break f;
@@ -394,17 +394,21 @@ fn reap(inner: &Inner) {
                 if q.stop {
                     return;
                 }
-                q = inner.reaper.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = shared
+                    .reaper
+                    .wake
+                    .wait(q)
+                    .unwrap_or_else(|e| e.into_inner());
             }
         };
-        settle_plain(inner, free);
+        settle_plain(shared, free);
     }
 }
 
 /// Wait for a fallback free's event, `hipFree` it, destroy the event and
 /// settle the signal; on a dead device, abandon it without a call.
-fn settle_plain(inner: &Inner, free: PlainFree) {
-    let result = if inner.is_dead() {
+fn settle_plain(shared: &Shared, free: PlainFree) {
+    let result = if shared.is_dead() {
         Err(err(
             "free_async",
             BackendErrorKind::DeviceLost,
@@ -414,41 +418,41 @@ fn settle_plain(inner: &Inner, free: PlainFree) {
         // SAFETY: the event is alive: it is destroyed only below, by the
         // holder of its free (this thread).
         let r = unsafe { hipEventSynchronize(free.event.0) };
-        inner
+        shared
             .checked("free_async", "hipEventSynchronize", r)
             .and_then(|()| {
                 // SAFETY: the event has completed, so all work queued before
                 // the free on its stream has executed; the pointer came from
                 // hipMalloc of this context and nothing else frees it.
                 let r = unsafe { hipFree(free.ptr as *mut c_void) };
-                inner.checked("free_async", "hipFree", r)
+                shared.checked("free_async", "hipFree", r)
             })
     };
-    if !inner.is_dead() {
+    if !shared.is_dead() {
         // SAFETY: the event is ours and no longer waited on.
         unsafe { hipEventDestroy(free.event.0) };
     }
     match result {
         Ok(()) => {
-            inner.probe.free_retired(free.bytes);
+            shared.probe().free_retired(free.bytes);
             free.signal.retire();
         }
         Err(e) => {
-            inner.note(format!("fallback free of {:#x} failed: {e}", free.ptr));
-            inner.probe.free_abandoned(free.bytes);
+            shared.note(format!("fallback free of {:#x} failed: {e}", free.ptr));
+            shared.probe().free_abandoned(free.bytes);
             drop(free.signal);
         }
     }
-    inner.outstanding.settle(free.stream);
+    shared.outstanding.settle(free.stream);
 }
 
 /// Stop the reaper after it has finished every queued free, and join it
 /// (unless the caller is the reaper itself, settling a signal whose owner
 /// tore the context down: it returns once the queue is empty).
-pub(crate) fn stop_reaper(inner: &Inner) {
-    lock(&inner.reaper.queue).stop = true;
-    inner.reaper.wake.notify_all();
-    let join = lock(&inner.reaper_thread).take();
+pub(crate) fn stop_reaper(shared: &Shared) {
+    lock(&shared.reaper.queue).stop = true;
+    shared.reaper.wake.notify_all();
+    let join = lock(&shared.reaper_thread).take();
     if let Some(join) = join {
         if join.thread().id() != std::thread::current().id() {
             let _: Result<(), _> = join.join().map_err(|_| ());
@@ -466,21 +470,21 @@ pub(crate) struct Taken {
 
 /// Release a taken fallback free: its event was recorded before the free
 /// was queued, so synchronize it, then `hipFree` and destroy the event.
-pub(crate) fn free_taken(inner: &Inner, t: &Taken) -> Result<(), BackendError> {
-    if inner.is_dead() {
+pub(crate) fn free_taken(shared: &Shared, t: &Taken) -> Result<(), BackendError> {
+    if shared.is_dead() {
         return Ok(());
     }
     // SAFETY: the event is alive (never destroyed while its free is queued
     // or taken); the streams are synchronized.
     let r = unsafe { hipEventSynchronize(t.event.0) };
-    let mut result = inner.checked("teardown", "hipEventSynchronize", r);
+    let mut result = shared.checked("teardown", "hipEventSynchronize", r);
     if result.is_ok() {
         // SAFETY: the pointer came from hipMalloc of this context; the work
         // before its free has executed and nothing else frees it.
         let r = unsafe { hipFree(t.ptr as *mut c_void) };
-        result = inner.checked("teardown", "hipFree", r);
+        result = shared.checked("teardown", "hipFree", r);
     }
-    if !inner.is_dead() {
+    if !shared.is_dead() {
         // SAFETY: the event is ours and no longer waited on.
         unsafe { hipEventDestroy(t.event.0) };
     }
@@ -491,8 +495,8 @@ pub(crate) fn free_taken(inner: &Inner, t: &Taken) -> Result<(), BackendError> {
 /// HIP call, and stop the reaper after the free it holds. Returns the
 /// fallback frees taken off the reaper's queue, for teardown to release
 /// while the device answers.
-pub(crate) fn abandon_all(inner: &Inner) -> Vec<Taken> {
-    let tickets: Vec<(u64, Ticket)> = lock(&inner.pending.tickets).drain().collect();
+pub(crate) fn abandon_all(shared: &Shared) -> Vec<Taken> {
+    let tickets: Vec<(u64, Ticket)> = lock(&shared.pending.tickets).drain().collect();
     {
         let mut r = lock(routes());
         for (key, _) in &tickets {
@@ -500,25 +504,25 @@ pub(crate) fn abandon_all(inner: &Inner) -> Vec<Taken> {
         }
     }
     let frees: Vec<PlainFree> = {
-        let mut q = lock(&inner.reaper.queue);
+        let mut q = lock(&shared.reaper.queue);
         q.stop = true;
         q.frees.drain(..).collect()
     };
-    inner.reaper.wake.notify_all();
+    shared.reaper.wake.notify_all();
     for (_, t) in tickets {
-        inner.probe.free_abandoned(t.bytes);
+        shared.probe().free_abandoned(t.bytes);
         drop(t.signal);
     }
     let mut taken = Vec::with_capacity(frees.len());
     for f in frees {
-        inner.probe.free_abandoned(f.bytes);
+        shared.probe().free_abandoned(f.bytes);
         drop(f.signal);
         taken.push(Taken {
             ptr: f.ptr,
             event: f.event,
         });
     }
-    inner.outstanding.clear();
+    shared.outstanding.clear();
     taken
 }
 

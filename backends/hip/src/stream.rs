@@ -2,13 +2,13 @@
 //! tracked so that teardown can destroy any the governor left behind.
 
 use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventRecord, hipStreamCreateWithFlags,
-    hipStreamDestroy, hipStreamSynchronize, hipStreamWaitEvent, hipStream_t, EVENT_DISABLE_TIMING,
-    STREAM_NON_BLOCKING,
+    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
+    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize,
+    hipStreamWaitEvent, hipStream_t,
 };
-use super::Inner;
+use crate::shared::Shared;
+use memgov_backend::lock;
 use memgov_backend::BackendError;
-use memgov_sync::lock;
 use std::sync::atomic::Ordering;
 
 /// A `hipStream_t` that may cross threads.
@@ -54,26 +54,26 @@ impl HipStream {
 
 /// A non-blocking stream on the thread's current device (the caller has
 /// made the context's device current), known to no table.
-pub(crate) fn create_raw(inner: &Inner, op: &'static str) -> Result<RawStream, BackendError> {
+pub(crate) fn create_raw(shared: &Shared, op: &'static str) -> Result<RawStream, BackendError> {
     let mut raw: hipStream_t = std::ptr::null_mut();
     // SAFETY: `raw` is a valid out-pointer; the flag is a documented value.
-    let r = unsafe { hipStreamCreateWithFlags(&mut raw, STREAM_NON_BLOCKING) };
-    inner.checked(op, "hipStreamCreateWithFlags", r)?;
+    let r = unsafe { hipStreamCreateWithFlags(&mut raw, hipStreamNonBlocking) };
+    shared.checked(op, "hipStreamCreateWithFlags", r)?;
     Ok(RawStream(raw))
 }
 
 /// Create a non-blocking stream on the context's device.
-pub(crate) fn create(inner: &Inner) -> Result<HipStream, BackendError> {
-    inner.check_usable("create_stream")?;
-    let _device = inner.make_current("create_stream")?;
-    let RawStream(raw) = create_raw(inner, "create_stream")?;
-    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-    lock(&inner.streams).insert(id, RawStream(raw));
-    inner.probe.stream_created();
+pub(crate) fn create(shared: &Shared) -> Result<HipStream, BackendError> {
+    shared.check_usable("create_stream")?;
+    let _device = shared.make_current("create_stream")?;
+    let RawStream(raw) = create_raw(shared, "create_stream")?;
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    lock(&shared.streams).insert(id, RawStream(raw));
+    shared.probe().stream_created();
     Ok(HipStream {
         raw: RawStream(raw),
         id,
-        context: inner.id,
+        context: shared.id,
     })
 }
 
@@ -84,49 +84,49 @@ pub(crate) fn create(inner: &Inner) -> Result<HipStream, BackendError> {
 /// on a dead device (a sticky code seen, now or before) it is only dropped
 /// from the table: the runtime may wait for the stream's work inside
 /// `hipStreamDestroy`, and that work never finishes.
-pub(crate) fn destroy(inner: &Inner, stream: HipStream) -> Result<(), BackendError> {
-    inner.check_stream("destroy_stream", &stream)?;
-    if !inner.is_dead() {
+pub(crate) fn destroy(shared: &Shared, stream: HipStream) -> Result<(), BackendError> {
+    shared.check_stream("destroy_stream", &stream)?;
+    if !shared.is_dead() {
         // SAFETY: the stream is alive (it is in `streams`, removed below).
         let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-        let synced = inner.checked("destroy_stream", "hipStreamSynchronize", r);
-        if synced.is_err() && !inner.is_dead() {
+        let synced = shared.checked("destroy_stream", "hipStreamSynchronize", r);
+        if synced.is_err() && !shared.is_dead() {
             return synced;
         }
-        inner.outstanding.wait(stream.id, inner.lost.flag());
+        shared.outstanding.wait(stream.id, shared.lost_flag());
     }
-    if lock(&inner.streams).remove(&stream.id).is_none() {
+    if lock(&shared.streams).remove(&stream.id).is_none() {
         return Ok(());
     }
-    if inner.is_dead() {
-        inner.probe.stream_destroyed();
+    if shared.is_dead() {
+        shared.probe().stream_destroyed();
         return Ok(());
     }
-    destroy_raw(inner, "destroy_stream", stream.raw)
+    destroy_raw(shared, "destroy_stream", stream.raw)
 }
 
 /// Destroy a stream already removed from the table.
 pub(crate) fn destroy_raw(
-    inner: &Inner,
+    shared: &Shared,
     op: &'static str,
     raw: RawStream,
 ) -> Result<(), BackendError> {
-    inner.probe.stream_destroyed();
+    shared.probe().stream_destroyed();
     // SAFETY: the handle was created by this context and has just been
     // removed from its table, so no other path destroys it; its queued work
     // has been synchronized.
     let r = unsafe { hipStreamDestroy(raw.0) };
-    inner.checked(op, "hipStreamDestroy", r)
+    shared.checked(op, "hipStreamDestroy", r)
 }
 
 /// Block until the stream's queued work and callbacks have run.
-pub(crate) fn synchronize(inner: &Inner, stream: &HipStream) -> Result<(), BackendError> {
-    inner.check_stream("synchronize", stream)?;
-    inner.check_lost("synchronize")?;
+pub(crate) fn synchronize(shared: &Shared, stream: &HipStream) -> Result<(), BackendError> {
+    shared.check_stream("synchronize", stream)?;
+    shared.check_lost("synchronize")?;
     // SAFETY: the stream belongs to this live context (checked above).
     let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    inner.checked("synchronize", "hipStreamSynchronize", r)?;
-    inner.outstanding.wait(stream.id, inner.lost.flag());
+    shared.checked("synchronize", "hipStreamSynchronize", r)?;
+    shared.outstanding.wait(stream.id, shared.lost_flag());
     Ok(())
 }
 
@@ -135,37 +135,37 @@ pub(crate) fn synchronize(inner: &Inner, stream: &HipStream) -> Result<(), Backe
 /// queued on `stream`, the event destroyed at once (HIP keeps what a queued
 /// wait needs). Returns without waiting for the device.
 pub(crate) fn order_after(
-    inner: &Inner,
+    shared: &Shared,
     stream: &HipStream,
     after: &HipStream,
 ) -> Result<(), BackendError> {
-    inner.check_stream("order_after", stream)?;
-    inner.check_stream("order_after", after)?;
-    inner.check_usable("order_after")?;
+    shared.check_stream("order_after", stream)?;
+    shared.check_stream("order_after", after)?;
+    shared.check_usable("order_after")?;
     if stream.id == after.id {
         return Ok(());
     }
     // Events belong to the current device.
-    let _device = inner.make_current("order_after")?;
+    let _device = shared.make_current("order_after")?;
     let mut event = std::ptr::null_mut();
     // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, EVENT_DISABLE_TIMING) };
-    inner.checked("order_after", "hipEventCreateWithFlags", r)?;
+    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
+    shared.checked("order_after", "hipEventCreateWithFlags", r)?;
     // SAFETY: the event was just created; `after` is a live stream of this
     // context (checked above).
     let r = unsafe { hipEventRecord(event, after.raw.0) };
-    let mut result = inner.checked("order_after", "hipEventRecord", r);
+    let mut result = shared.checked("order_after", "hipEventRecord", r);
     if result.is_ok() {
         // SAFETY: the event is recorded; `stream` is a live stream of this
         // context.
         let r = unsafe { hipStreamWaitEvent(stream.raw.0, event, 0) };
-        result = inner.checked("order_after", "hipStreamWaitEvent", r);
+        result = shared.checked("order_after", "hipStreamWaitEvent", r);
     }
-    if !inner.is_dead() {
+    if !shared.is_dead() {
         // SAFETY: the event is ours; destroying it with a wait still queued
         // is allowed (the runtime releases it once the wait has run).
         let r = unsafe { hipEventDestroy(event) };
-        let destroyed = inner.checked("order_after", "hipEventDestroy", r);
+        let destroyed = shared.checked("order_after", "hipEventDestroy", r);
         result = result.and(destroyed);
     }
     result

@@ -1,7 +1,8 @@
-//! The HIP backend against whatever `libamdhip64.so.5` the loader finds: the
-//! stand-in from `backends/stand-ins/hip/` in CI (put on `LD_LIBRARY_PATH`),
-//! an AMD GPU where there is one, or Debian's real runtime with no GPU, where
-//! every test prints `skipped: no HIP device` and passes.
+//! The HIP backend against whatever HIP runtime the backend opens: the
+//! stand-in from `backends/hip/stand-in/` in CI (put on `LD_LIBRARY_PATH`),
+//! an AMD GPU where there is one, Debian's real runtime with no GPU, where
+//! every test prints `skipped: no HIP device (...)` and passes, or none, where
+//! every test prints `skipped: no HIP runtime: ...` and passes.
 //!
 //! Tests that need the stand-in's knobs or plant contract violations run in
 //! a child process (this test binary re-executed with one ignored test and
@@ -19,13 +20,13 @@ mod recorded;
 
 use recorded::signal;
 
-use hip_sys::hiprt as hip;
+use memgov::hip::ffi as hip;
 use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role,
 };
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
 
 memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
@@ -47,8 +48,11 @@ fn context(config: HipConfig) -> Option<HipContext> {
     match HipContext::new(config) {
         Ok(c) => Some(c),
         Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            assert!(e.message.starts_with("no HIP device"), "{e}");
-            eprintln!("skipped: no HIP device ({})", e.message);
+            assert!(
+                e.message.starts_with("no HIP device") || e.message.starts_with("no HIP runtime"),
+                "{e}"
+            );
+            eprintln!("skipped: {}", e.message);
             None
         }
         Err(e) => panic!("HipContext::new failed: {e}"),
@@ -206,10 +210,7 @@ fn raw_accessors_reach_the_same_memory_and_stream() {
             hip::hipStreamSynchronize(s.hip_stream()),
         )
     };
-    assert_eq!(
-        (copy, sync),
-        (hip::hipError_t::hipSuccess, hip::hipError_t::hipSuccess)
-    );
+    assert_eq!((copy, sync), (hip::hipSuccess, hip::hipSuccess));
     assert_eq!(&back, b"through the raw handles");
     let (sig, rx) = signal();
     ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
@@ -245,23 +246,23 @@ fn foreign_or_double_free_is_refused_and_counted() {
 
 #[test]
 fn sticky_codes_classify_as_device_loss() {
-    use hip::hipError_t as E;
+    use hip as E;
     for code in [
         E::hipErrorIllegalAddress,
         E::hipErrorLaunchFailure,
         E::hipErrorECCNotCorrectable,
         E::hipErrorAssert,
     ] {
-        let e = result::hip_error("allocate", "hipMallocAsync", code as i32);
+        let e = result::hip_error("allocate", "hipMallocAsync", code);
         assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
         assert!(e.message.contains("retire this context"), "{e}");
-        assert_eq!(e.code, Some(code as i64));
+        assert_eq!(e.code, Some(i64::from(code)));
     }
-    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory as i32);
+    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
     assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
     assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
     assert_eq!(
-        result::kind_of(E::hipErrorNoDevice as i32),
+        result::kind_of(E::hipErrorNoDevice),
         BackendErrorKind::Unavailable
     );
     // A code no binding lists (a newer runtime's) is read as the integer it
@@ -387,6 +388,21 @@ fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
     let run = child(case, &env);
     child_process::assert_passed(case, &run, CHILD_END);
     run.output()
+}
+
+/// Without a loadable HIP runtime (or with a library that is not one) a
+/// context is `Unavailable`, and no HIP function is called. Runs on any
+/// machine: the child is pointed at a library that is not there, and at one
+/// that is not HIP.
+#[test]
+fn a_missing_runtime_is_unavailable() {
+    for (case, library) in [
+        ("no_runtime", "/nonexistent/libamdhip64.so.5"),
+        ("runtime_without_hip", "libm.so.6"),
+    ] {
+        let run = child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
+        child_process::assert_passed(case, &run, CHILD_END);
+    }
 }
 
 #[test]
@@ -717,13 +733,7 @@ fn teardown_stops_calling_hip_at_a_sticky_error() {
 /// A test hook the stand-in exports (absent from the real runtime, so it is
 /// looked up at run time).
 fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
-    extern "C" {
-        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
-    }
-    // SAFETY: RTLD_DEFAULT (null on glibc) searches every loaded object;
-    // `name` is NUL-terminated.
-    let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
-    assert!(!p.is_null(), "the stand-in exports {name:?}");
+    let p = hip::symbol(name).unwrap_or_else(|| panic!("the stand-in exports {name:?}"));
     // SAFETY: the stand-in's hooks take nothing and return an integer (the
     // quiesce hook returns void; its result register is ignored).
     unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
@@ -755,13 +765,13 @@ fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
     ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
 }
 
-fn stream_query(s: hip::hipStream_t) -> hip::hipError_t {
+fn stream_query(s: hip::hipStream_t) -> hip::HipResult {
     // SAFETY: a live stream.
     unsafe { hip::hipStreamQuery(s) }
 }
 
-fn ok(r: hip::hipError_t) {
-    assert_eq!(r, hip::hipError_t::hipSuccess);
+fn ok(r: hip::HipResult) {
+    assert_eq!(r, hip::hipSuccess);
 }
 
 fn raw_stream() -> hip::hipStream_t {
@@ -778,7 +788,7 @@ fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
     p
 }
 
-unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::hipError_t, _u: *mut c_void) {
+unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u: *mut c_void) {
     let mut n = 0;
     // SAFETY: deliberately forbidden (a HIP call inside a callback): the
     // stand-in must abort here.
@@ -1028,6 +1038,28 @@ fn child_entry() {
             ctx.destroy_stream(s).unwrap();
             ctx.teardown(false).unwrap();
         }
+        "no_runtime" | "runtime_without_hip" => {
+            assert!(!memgov::hip::runtime_present());
+            let e = HipContext::new(HipConfig::default()).expect_err("no HIP runtime");
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            let expected = if case == "no_runtime" {
+                "no HIP runtime: /nonexistent/libamdhip64.so.5 (from MEMGOV_HIP_RUNTIME) could not be opened"
+            } else {
+                "no HIP runtime usable by memgov: libm.so.6 lacks hipGetErrorName"
+            };
+            assert!(e.message.starts_with(expected), "{e}");
+            // Codes still have names, and nothing calls into a runtime that
+            // is not there.
+            let oom = result::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
+            assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
+            assert!(hip::symbol(c"hipMalloc").is_none());
+            let report = memgov::conformance::run_suite(|| HipContext::new(HipConfig::default()));
+            assert!(report.all_passed());
+            assert!(report
+                .cases
+                .iter()
+                .all(|c| c.outcome.to_string().starts_with("skipped: no HIP runtime")));
+        }
         "no_device" => {
             let e = HipContext::new(HipConfig::default()).expect_err("no device");
             assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
@@ -1107,7 +1139,7 @@ fn child_entry() {
             let mut v = u64::MAX;
             ok(hip::hipMemPoolSetAttribute(
                 pool,
-                hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                hip::hipMemPoolAttrReleaseThreshold,
                 &mut v as *mut u64 as *mut c_void,
             ));
             // The exit check aborts the process after this returns.
@@ -1115,10 +1147,10 @@ fn child_entry() {
         },
         "pool_after_destroy" => unsafe {
             let props = hip::hipMemPoolProps {
-                allocType: hip::hipMemAllocationType::hipMemAllocationTypePinned,
-                handleTypes: hip::hipMemAllocationHandleType::hipMemHandleTypeNone,
+                allocType: hip::hipMemAllocationTypePinned,
+                handleTypes: hip::hipMemHandleTypeNone,
                 location: hip::hipMemLocation {
-                    type_: hip::hipMemLocationType::hipMemLocationTypeDevice,
+                    type_: hip::hipMemLocationTypeDevice,
                     id: 0,
                 },
                 win32SecurityAttributes: std::ptr::null_mut(),
@@ -1172,7 +1204,7 @@ fn child_entry() {
             ctx.order_after(&b, &a).unwrap();
             assert_eq!(
                 stream_query(a.hip_stream()),
-                hip::hipError_t::hipErrorNotReady,
+                hip::hipErrorNotReady,
                 "order_after returned without waiting for the other stream"
             );
             let (sig, rx) = signal();
@@ -1181,7 +1213,7 @@ fn child_entry() {
             assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
             assert_eq!(
                 stream_query(a.hip_stream()),
-                hip::hipError_t::hipSuccess,
+                hip::hipSuccess,
                 "the free on b ran after a's copy"
             );
             // Refused: a stream of another context, and a destroyed one.
@@ -1361,7 +1393,7 @@ fn child_entry() {
                 let mut v = 7u64;
                 ok(hip::hipMemPoolGetAttribute(
                     pool,
-                    hip::hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                    hip::hipMemPoolAttrReleaseThreshold,
                     &mut v as *mut u64 as *mut c_void,
                 ));
                 v

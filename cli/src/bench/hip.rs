@@ -1,7 +1,8 @@
 //! The HIP bench row: a governed allocate + stream-ordered free cycle against
 //! raw `hipMallocAsync` / `hipFreeAsync` on the same stream.
 //!
-//! Self-contained (memgov's public API and hip-sys only) so that both
+//! Self-contained (memgov's public API only; the raw side calls the HIP
+//! runtime through the table the backend loaded) so that both
 //! `memgov bench` and `benches/hip_cycle.rs` include it. On the stand-in
 //! library the figure measures the governor's bookkeeping against the
 //! stand-in's queue, not an AMD GPU: callers label it as a stand-in figure.
@@ -10,20 +11,12 @@
 
 #![allow(dead_code)]
 
-use hip_sys::hiprt::hipStream_t;
-use memgov::hip::{result, HipConfig, HipContext, HipResult};
+use memgov::hip::ffi::{hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
+use memgov::hip::{result, HipConfig, HipContext};
 use memgov::{
     BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
 };
 use std::ffi::c_void;
-
-// The raw side's calls, with the result read as the C `int` it is (as the
-// backend declares them: a code hip-sys's enum lacks must not be UB).
-extern "C" {
-    fn hipMallocAsync(ptr: *mut *mut c_void, bytes: usize, stream: hipStream_t) -> HipResult;
-    fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> HipResult;
-    fn hipStreamSynchronize(stream: hipStream_t) -> HipResult;
-}
 
 /// Bytes allocated per cycle.
 pub const CYCLE_BYTES: u64 = 64 << 10;

@@ -1,0 +1,22 @@
+//! The settings of a HIP context: [`HipConfig`].
+
+/// Which allocator the context uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocatorChoice {
+    /// `hipMallocFromPoolAsync` from a pool of the context's own where the
+    /// device supports memory pools, else the `hipMalloc` fallback.
+    #[default]
+    Auto,
+    /// Always `hipMalloc`, freed with `hipFree` after an event on the
+    /// releasing stream.
+    Plain,
+}
+
+/// Settings of a HIP context.
+#[derive(Debug, Clone, Default)]
+pub struct HipConfig {
+    /// Device ordinal (`hipSetDevice`), 0 by default.
+    pub device: u32,
+    /// Stream-ordered pool or the `hipMalloc` fallback.
+    pub allocator: AllocatorChoice,
+}

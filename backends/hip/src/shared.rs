@@ -1,0 +1,265 @@
+//! The state a context's threads share (the caller's, the stream
+//! callbacks' through their routes, the reaper's): [`Shared`].
+
+use crate::ffi::{self, hipGetDevice, hipSetDevice, HipResult};
+use crate::memory::{Origin, Pool};
+use crate::result::{err, error_name, Hip};
+use crate::retire::{Outstanding, PendingFrees, Reaper, ReaperThread};
+use crate::stream::{self, HipStream};
+use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, Execution};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The allocator in use (may switch from `StreamOrdered` to `Plain` once, at
+/// the first `hipErrorNotSupported`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Allocator {
+    StreamOrdered = 0,
+    Plain = 1,
+}
+
+/// Context ids, unique in the process.
+pub(crate) static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
+
+/// How many [`Shared`]s exist in the process (see [`contexts_alive`]).
+static ALIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many HIP contexts' shared states are still alive in this process:
+/// contexts not yet dropped or torn down, plus any state something still
+/// holds after that. memgov hands the runtime no reference to a context
+/// (a stream callback's user data is a number, see `retire.rs`), so once
+/// every [`HipContext`](crate::HipContext) is torn down or dropped and its
+/// reaper joined this reads 0 even when the runtime dropped queued callbacks
+/// without running them. For leak checks.
+pub fn contexts_alive() -> usize {
+    ALIVE.load(Ordering::Acquire)
+}
+
+/// What the context, its callbacks and the reaper share. Dropping it calls
+/// no HIP function: teardown releases explicitly.
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) ordinal: i32,
+    pub(crate) name: String,
+    pub(crate) total: u64,
+    pub(crate) driver: String,
+    pub(crate) execution: Execution,
+    /// The context's own pool (`None` with the fallback).
+    pool: Option<Pool>,
+    allocator: AtomicU8,
+    pub(crate) fallback_reason: Mutex<Option<String>>,
+    /// Lost (declared by the governor, or a sticky code from the runtime,
+    /// whose message is the reason kept), dead (the runtime's own sticky
+    /// code: no HIP call that could block is made any more), closing, and
+    /// the probe the loss is reported to.
+    pub(crate) shell: Shell<Hip>,
+    pub(crate) next_id: AtomicU64,
+    /// Allocations not yet handed to a free: pointer -> (bytes, origin).
+    pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
+    /// Streams not yet destroyed.
+    pub(crate) streams: Mutex<HashMap<u64, stream::RawStream>>,
+    pub(crate) pending: PendingFrees,
+    pub(crate) outstanding: Outstanding,
+    pub(crate) reaper: Reaper,
+    pub(crate) reaper_thread: ReaperThread,
+    notes: Mutex<Vec<String>>,
+}
+
+/// What `HipContext::new` learnt about the device, to share.
+pub(crate) struct Opened {
+    pub(crate) ordinal: i32,
+    pub(crate) name: String,
+    pub(crate) total: u64,
+    pub(crate) driver: String,
+    pub(crate) execution: Execution,
+    pub(crate) pool: Option<Pool>,
+    pub(crate) fallback_reason: Option<String>,
+}
+
+impl Shared {
+    /// The shared state of a context just opened; counted in
+    /// [`contexts_alive`] until dropped.
+    pub(crate) fn new(opened: Opened) -> Self {
+        let allocator = if opened.fallback_reason.is_some() {
+            Allocator::Plain
+        } else {
+            Allocator::StreamOrdered
+        };
+        ALIVE.fetch_add(1, Ordering::AcqRel);
+        Self {
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+            shell: Shell::new(
+                format!("HIP device {}", opened.ordinal),
+                BackendProbe::new(),
+            ),
+            ordinal: opened.ordinal,
+            name: opened.name,
+            total: opened.total,
+            driver: opened.driver,
+            execution: opened.execution,
+            pool: opened.pool,
+            allocator: AtomicU8::new(allocator as u8),
+            fallback_reason: Mutex::new(opened.fallback_reason),
+            next_id: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            pending: PendingFrees::default(),
+            outstanding: Outstanding::default(),
+            reaper: Reaper::default(),
+            reaper_thread: Mutex::new(None),
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn probe(&self) -> &BackendProbe {
+        self.shell.probe()
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.shell.is_lost()
+    }
+
+    /// Whether a sticky code was seen: no HIP call that may block any more.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.shell.is_dead()
+    }
+
+    /// The lost flag, for waits that end when the context is lost.
+    pub(crate) fn lost_flag(&self) -> &std::sync::atomic::AtomicBool {
+        self.shell.lost().flag()
+    }
+
+    /// Mark the context lost, keeping the first reason for later errors,
+    /// and wake every wait for outstanding work (it will not complete).
+    pub(crate) fn mark_lost(&self, why: &str) {
+        self.shell.mark_lost(Some(why));
+        self.outstanding.wake();
+    }
+
+    pub(crate) fn allocator(&self) -> Allocator {
+        if self.allocator.load(Ordering::Acquire) == Allocator::Plain as u8 {
+            Allocator::Plain
+        } else {
+            Allocator::StreamOrdered
+        }
+    }
+
+    pub(crate) fn pool(&self) -> Option<Pool> {
+        self.pool
+    }
+
+    pub(crate) fn fall_back(&self, why: &str) {
+        self.allocator
+            .store(Allocator::Plain as u8, Ordering::Release);
+        lock(&self.fallback_reason).get_or_insert_with(|| why.to_owned());
+    }
+
+    pub(crate) fn note(&self, what: String) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(context = self.id, "memgov hip: {what}");
+        lock(&self.notes).push(what);
+    }
+
+    pub(crate) fn notes(&self) -> Vec<String> {
+        lock(&self.notes).clone()
+    }
+
+    /// `Ok` on success; else the classified error. A sticky code marks the
+    /// context lost and dead (the shell) and wakes every wait for
+    /// outstanding work.
+    pub(crate) fn checked(
+        &self,
+        op: &'static str,
+        call: &str,
+        code: HipResult,
+    ) -> Result<(), BackendError> {
+        self.shell.checked(op, call, code).inspect_err(|e| {
+            if e.is_device_lost() {
+                self.outstanding.wake();
+            }
+        })
+    }
+
+    /// `DeviceLost` (with the first reason) on a lost context, with no HIP
+    /// call.
+    pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
+        self.shell.check_lost(op)
+    }
+
+    /// Refuse work on a lost or closing context, with no HIP call.
+    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        self.shell.check_usable(op)
+    }
+
+    pub(crate) fn check_stream(&self, op: &'static str, s: &HipStream) -> Result<(), BackendError> {
+        if s.context != self.id || !lock(&self.streams).contains_key(&s.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of HIP context {} (it belongs to context {})",
+                    s.id, self.id, s.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Make this context's device current on the calling thread until the
+    /// returned guard drops, which sets the thread's own device back (see
+    /// [`MakeCurrent`]).
+    pub(crate) fn make_current(
+        &self,
+        op: &'static str,
+    ) -> Result<shell::Current<'_, Self>, BackendError> {
+        shell::make_current(self, op)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        ALIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// HIP keeps a current device per host thread, and the governor calls from
+/// any thread: `make_current` reads the thread's device (`hipGetDevice`),
+/// sets the context's (`hipSetDevice`) only if it differs, and the guard
+/// sets the old one back. The runtime's or application's choice of device
+/// on its threads is theirs: memgov changes it only for the duration of its
+/// own call.
+impl MakeCurrent for Shared {
+    type Handle = i32;
+
+    fn ours(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn current(&self, op: &'static str) -> Result<i32, BackendError> {
+        let mut current = 0i32;
+        // SAFETY: valid out-pointer; reads the calling thread's state only.
+        let r = unsafe { hipGetDevice(&mut current) };
+        self.checked(op, "hipGetDevice", r)?;
+        Ok(current)
+    }
+
+    fn enter(&self, op: &'static str, ours: i32) -> Result<(), BackendError> {
+        // SAFETY: plain call with an ordinal validated at creation.
+        let r = unsafe { hipSetDevice(ours) };
+        self.checked(op, "hipSetDevice", r)
+    }
+
+    fn leave(&self, previous: i32) {
+        // SAFETY: plain call with an ordinal the runtime reported as the
+        // thread's current device.
+        let r = unsafe { hipSetDevice(previous) };
+        if r != ffi::SUCCESS {
+            self.note(format!(
+                "could not set the thread's device {previous} back: hipSetDevice returned {}",
+                error_name(r)
+            ));
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Teardown: [`HipContext::tear_down`], called by
+//! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown), and
+//! the same release for a context dropped without it.
+
+use crate::ffi::{self, hipFree, hipStreamSynchronize};
+use crate::memory::{self, Origin};
+use crate::{retire, stream, HipContext};
+use memgov_backend::{lock, BackendError};
+use std::ffi::c_void;
+
+impl HipContext {
+    /// Stop and join the reaper, synchronize and destroy the streams the
+    /// governor left, free what it abandoned, trim and destroy the pool
+    /// (see the crate documentation for a lost or dead device).
+    pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {
+        // `close` does the work; the `Drop` that follows finds the context
+        // closed and does nothing.
+        self.close(lost)
+    }
+
+    /// Teardown proper; the first call closes the context, and `Drop` does
+    /// nothing after it.
+    fn close(&self, lost: bool) -> Result<(), BackendError> {
+        let shared = &self.shared;
+        shared.shell.close();
+        if lost {
+            shared.mark_lost("torn down as lost");
+        }
+        let result = if shared.is_lost() {
+            // Every signal still held is dropped unfired; the fallback frees
+            // the reaper had not started come back to be freed here (their
+            // signals dropped too), and the reaper is joined below.
+            let taken = retire::abandon_all(shared);
+            self.release_everything(taken)
+        } else {
+            let pending = self.pending_frees();
+            if pending > 0 {
+                shared.probe().violation(
+                    "hip",
+                    format!("teardown with {pending} stream-ordered frees not yet retired"),
+                );
+            }
+            self.release_everything(Vec::new())
+        };
+        if shared.is_dead() {
+            // A sticky code found mid-teardown: the frees still queued will
+            // not execute, and their callbacks may never run. Their signals
+            // are dropped now, not whenever the runtime gets to them.
+            retire::abandon_all(shared);
+        }
+        retire::forget_routes(shared);
+        shared.probe().torn_down_now();
+        result
+    }
+
+    /// Synchronize and destroy the streams left, free the memory left (and
+    /// the fallback frees a lost teardown took from the reaper), trim and
+    /// destroy the pool. Stops calling HIP at the first sticky code (or at
+    /// once on a dead device): what is left then dies with the device, and
+    /// is only counted.
+    fn release_everything(&self, taken: Vec<retire::Taken>) -> Result<(), BackendError> {
+        let shared = &self.shared;
+        let mut first_err: Option<BackendError> = None;
+        let mut keep = |r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
+        let streams: Vec<stream::RawStream> =
+            lock(&shared.streams).drain().map(|(_, s)| s).collect();
+        let left: Vec<(usize, (u64, Origin))> = lock(&shared.live).drain().collect();
+        let device = if shared.is_dead() {
+            None
+        } else {
+            match shared.make_current("teardown") {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    keep(Err(e));
+                    None
+                }
+            }
+        };
+        if device.is_some() {
+            for s in &streams {
+                if shared.is_dead() {
+                    break;
+                }
+                // SAFETY: the stream is alive (just taken out of the table).
+                let r = unsafe { hipStreamSynchronize(s.0) };
+                keep(shared.checked("teardown", "hipStreamSynchronize", r));
+            }
+        }
+        // The reaper finishes what is queued (or, on a dead device, settles
+        // it without a call) and is joined: no thread of this context calls
+        // HIP after teardown.
+        retire::stop_reaper(shared);
+        for s in streams {
+            if device.is_some() && !shared.is_dead() {
+                keep(stream::destroy_raw(shared, "teardown", s));
+            } else {
+                shared.probe().stream_destroyed();
+            }
+        }
+        if device.is_some() && !shared.is_dead() {
+            for t in &taken {
+                keep(retire::free_taken(shared, t));
+            }
+        }
+        if device.is_some()
+            && !shared.is_dead()
+            && left.iter().any(|(_, (_, o))| *o == Origin::Pool)
+        {
+            keep(self.free_pool_leftovers(&left));
+        }
+        for (ptr, (bytes, origin)) in &left {
+            if *origin == Origin::Plain && device.is_some() && !shared.is_dead() {
+                // SAFETY: the pointer came from hipMalloc of this context;
+                // every stream is synchronized and destroyed, so no work
+                // uses it.
+                let r = unsafe { hipFree(*ptr as *mut c_void) };
+                keep(shared.checked("teardown", "hipFree", r));
+            }
+            shared.probe().freed(*bytes);
+        }
+        if let Some(pool) = shared.pool() {
+            if device.is_some() && !shared.is_dead() {
+                keep(memory::trim_pool(pool));
+                if !shared.is_dead() {
+                    keep(memory::destroy_pool(pool).map_err(|e| BackendError {
+                        operation: "teardown",
+                        ..e
+                    }));
+                }
+            }
+        }
+        if shared.is_dead() {
+            shared.note(
+                "teardown stopped calling HIP at a sticky error: what was left dies with the device"
+                    .to_owned(),
+            );
+        }
+        drop(device);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Pool allocations the governor abandoned (force): free them on a
+    /// temporary stream and wait.
+    fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
+        let s = stream::create_raw(&self.shared, "teardown")?;
+        let mut result = Ok(());
+        for (ptr, (_, origin)) in left {
+            if *origin == Origin::Pool && !self.shared.is_dead() {
+                // SAFETY: the pointer came from hipMallocFromPoolAsync of
+                // this context; every stream that used it is synchronized.
+                let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, s.0) };
+                result = result.and(self.shared.checked("teardown", "hipFreeAsync", r));
+            }
+        }
+        if self.shared.is_dead() {
+            return result;
+        }
+        // SAFETY: the temporary stream is alive until destroyed below.
+        let r = unsafe { hipStreamSynchronize(s.0) };
+        result = result.and(self.shared.checked("teardown", "hipStreamSynchronize", r));
+        if self.shared.is_dead() {
+            return result;
+        }
+        // SAFETY: synchronized above; nothing else knows this stream.
+        let r = unsafe { ffi::hipStreamDestroy(s.0) };
+        result.and(self.shared.checked("teardown", "hipStreamDestroy", r))
+    }
+}
+
+/// A context dropped without `teardown` (a probe that only checked for a
+/// device, a panic unwinding past it) is torn down here, as by
+/// `teardown(false)` (or as lost, if it is): its pool, streams and memory are
+/// released, and its reaper joined. The result has no one to go to; the
+/// probe and `notes()` keep what went wrong.
+impl Drop for HipContext {
+    fn drop(&mut self) {
+        if !self.shared.shell.is_closing() {
+            let _ = self.close(false);
+        }
+    }
+}
