@@ -9,12 +9,12 @@
 //!
 //! # Invariants
 //!
-//! * The word holds null (empty), [`CLOSED`], or a pointer from
-//!   `Box::into_raw` of a complete `Box<T>` that the slot owns. Whoever moves
-//!   a pointer out of the word by a successful read-modify-write owns its
-//!   box; nobody else touches it.
+//! * The word holds null (empty), the closed mark (`CLOSED_MARK`'s
+//!   address), or a pointer from `Box::into_raw` of a complete `Box<T>` that
+//!   the slot owns. Whoever moves a pointer out of the word by a successful
+//!   read-modify-write owns its box; nobody else touches it.
 //! * A take is a compare-and-swap from the pointer it read to null, never a
-//!   swap: a swap could replace a [`CLOSED`] written in between with null
+//!   swap: a swap could replace a closed mark written in between with null
 //!   and reopen the slot. (ABA is harmless: whoever holds the pointer in the
 //!   word owns the box it points to.)
 //! * An offer is a compare-and-swap from null: it never replaces a box or
