@@ -2,9 +2,10 @@
 //! wait for pending releases and ask pressure responders before giving up.
 
 use super::budget::Refusal;
+use super::charges::ChargeRefused;
 use super::config::{Admission, PressureRequest, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
-use super::record::{add, ChargeRefused, ContextInner};
+use super::record::{add, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::{BackendErrorKind, DeviceContext};
@@ -152,7 +153,8 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    ctx.charge(stream.shard, bytes, stream.credit())
+    ctx.charges
+        .charge(stream.shard, bytes, stream.credit())
         .map_err(|refused| {
             Ok(match refused {
                 ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
@@ -202,7 +204,7 @@ impl<C: DeviceContext> Charge<'_, C> {
 
 impl<C: DeviceContext> Drop for Charge<'_, C> {
     fn drop(&mut self) {
-        self.ctx.uncharge(self.bytes, 0, 0);
+        self.ctx.charges.uncharge(self.bytes);
     }
 }
 
@@ -214,11 +216,7 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 /// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => ctx.shared.as_ref().map_or(0, |s| {
-            s.0.pending
-                .load(Ordering::Acquire)
-                .saturating_add(s.0.returning_at_teardown())
-        }),
+        Refused::Budget(BudgetScope::Shared(_), _) => ctx.charges.shared_on_the_way(),
         _ => ctx.pending_bytes(),
     }
 }
@@ -232,21 +230,13 @@ enum SettlementWaiter<'a, C: DeviceContext> {
     /// The context's own settlements (`settle_epoch`).
     Context { ctx: &'a ContextInner<C>, seen: u64 },
     /// Settlements of every context on the shared budget.
-    Shared {
-        ctx: &'a ContextInner<C>,
-        shared: &'a super::budget::SharedBudgetInner,
-        seen: u64,
-    },
+    Shared { ctx: &'a ContextInner<C>, seen: u64 },
 }
 
 impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
-        match (refused, &ctx.shared) {
-            (Refused::Budget(BudgetScope::Shared(_), _), Some(s)) => Self::Shared {
-                ctx,
-                shared: &s.0,
-                seen: s.0.epoch.load(Ordering::SeqCst),
-            },
+        match (refused, ctx.charges.shared_epoch()) {
+            (Refused::Budget(BudgetScope::Shared(_), _), Some(seen)) => Self::Shared { ctx, seen },
             _ => {
                 // Register, fence, then read the epoch to wait past: a
                 // settlement either sees the registration (and bumps the
@@ -277,11 +267,8 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     /// deadline passes. Never polls.
     fn wait(&self, deadline: Instant) {
         match *self {
-            Self::Shared { ctx, shared, seen } => {
-                shared.retired.wait_until(
-                    || shared.epoch.load(Ordering::SeqCst) != seen || !ctx.accepting(),
-                    Some(deadline),
-                );
+            Self::Shared { ctx, seen } => {
+                ctx.charges.wait_shared(seen, deadline, || !ctx.accepting());
             }
             Self::Context { ctx, seen } => {
                 ctx.settled.wait_until(
@@ -325,17 +312,16 @@ fn exceeded<C: DeviceContext>(
     let (scope, charged, pending, quarantined, awaiting_teardown, limit, available, driver) =
         match refused {
             Refused::Budget(BudgetScope::Shared(label), r) => {
-                let s = &ctx
-                    .shared
-                    .as_ref()
-                    .expect("shared refusal implies a shared budget")
-                    .0;
+                let s = ctx
+                    .charges
+                    .shared_amounts()
+                    .expect("shared refusal implies a shared budget");
                 (
                     BudgetScope::Shared(label),
                     r.charged,
-                    s.pending.load(Ordering::Acquire),
-                    s.quarantined.load(Ordering::Acquire),
-                    s.awaiting_teardown.load(Ordering::Acquire),
+                    s.pending,
+                    s.quarantined,
+                    s.awaiting_teardown,
                     r.limit,
                     r.limit.saturating_sub(r.charged),
                     None,
@@ -346,7 +332,7 @@ fn exceeded<C: DeviceContext>(
                 r.charged,
                 ctx.pending_bytes(),
                 ctx.stats.quarantined_bytes(),
-                ctx.awaiting_teardown_bytes(),
+                ctx.charges.awaiting_teardown(),
                 r.limit,
                 r.limit.saturating_sub(r.charged),
                 None,
@@ -357,7 +343,7 @@ fn exceeded<C: DeviceContext>(
                     info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
                 let live = ctx.live_bytes();
                 let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
-                let awaiting = ctx.awaiting_teardown_bytes();
+                let awaiting = ctx.charges.awaiting_teardown();
                 (
                     BudgetScope::Device,
                     live.saturating_add(pending)

@@ -111,22 +111,25 @@ pub(crate) trait DeviceMember: Send + Sync {
     fn returning_at_teardown(&self) -> u64;
 }
 
+/// What a [`SharedBudget`] shares. Its budget and totals change only through
+/// the contexts' [`Charges`](super::charges::Charges), which keep them in step
+/// with each context's own budget; nothing else reaches these fields.
 pub(crate) struct SharedBudgetInner {
-    pub(crate) label: String,
-    pub(crate) budget: Budget,
+    pub(super) label: String,
+    pub(super) budget: Budget,
     /// Pending-release bytes of every context charged here.
-    pub(crate) pending: AtomicU64,
+    pub(super) pending: AtomicU64,
     /// Quarantined bytes of every context charged here.
-    pub(crate) quarantined: AtomicU64,
+    pub(super) quarantined: AtomicU64,
     /// Bytes whose free never ran on the device (abandoned releases, buffers
     /// reclaimed by force or released on a lost device), of every context
     /// charged here: charged until that context's teardown returns.
-    pub(crate) awaiting_teardown: AtomicU64,
+    pub(super) awaiting_teardown: AtomicU64,
     /// Bumped whenever a release charged here settles.
-    pub(crate) epoch: AtomicU64,
+    pub(super) epoch: AtomicU64,
     /// Woken when a release charged here retires, and when a context charged
     /// here is lost or retires (its admission waiters give up).
-    pub(crate) retired: Notifier,
+    pub(super) retired: Notifier,
     /// Why the device was declared lost, once it was.
     lost: Mutex<Option<String>>,
     /// Every context registered with this budget (pruned as they go).

@@ -1,7 +1,7 @@
 //! What the governor reports. Every message carries the numbers and the way out.
 
 use super::config::Role;
-use super::retire::Outstanding;
+use super::report::Outstanding;
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
 use std::fmt;
 use std::time::Duration;

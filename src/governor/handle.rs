@@ -6,7 +6,8 @@ use super::config::{PressureRequest, Role};
 use super::error::GovernorError;
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
-use super::retire::{RetireHandle, TeardownReport};
+use super::report::TeardownReport;
+use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
 use crate::sync::lock;
@@ -147,7 +148,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         self.inner.acquire_pin()?;
         Ok(ContextPin {
             ctx: &self.inner,
-            shard: super::record::GLOBAL,
+            shard: super::shards::GLOBAL,
         })
     }
 
@@ -168,7 +169,7 @@ impl<C: DeviceContext> ContextHandle<C> {
 
     /// Change the context's budget. Allocations already charged stay.
     pub fn set_budget(&self, bytes: u64) {
-        self.inner.set_budget_limit(bytes);
+        self.inner.charges.set_limit(bytes);
     }
 
     /// Declare the device lost: new work is refused, pending releases are

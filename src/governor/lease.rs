@@ -33,7 +33,7 @@
 //! (`stats.rs`), which see every allocation, leased or not.
 
 use super::budget::{Budget, Refusal};
-use super::stats::SHARDS;
+use super::shards::SHARDS;
 use crate::sync::{Leases as Slots, Pool};
 
 /// The default lease chunk: 2 MiB, the size of the smallest large-page

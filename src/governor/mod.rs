@@ -7,6 +7,7 @@
 mod admission;
 mod budget;
 mod buffer;
+mod charges;
 mod config;
 mod error;
 mod handle;
@@ -16,7 +17,9 @@ mod outside;
 mod pin_source;
 mod record;
 mod release;
+mod report;
 mod retire;
+mod shards;
 mod snapshot;
 mod stats;
 mod stream;
@@ -29,7 +32,8 @@ pub use handle::ContextHandle;
 pub use migrate::MigrateError;
 pub use outside::OutsideUsage;
 pub use pin_source::ContextPin;
-pub use retire::{Finished, Outstanding, OutstandingItem, PinKind, RetireHandle, TeardownReport};
+pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
+pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
     ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
     RoleUsage,
@@ -111,7 +115,7 @@ impl<C: DeviceContext> Governor<C> {
         // `describe()` runs in `new`, with no lock held.
         let inner = Arc::new_cyclic(|this| ContextInner::new(id, backend, config, this.clone()));
         lock(&self.contexts).push(inner.clone());
-        if let Some(shared) = &inner.shared {
+        if let Some(shared) = inner.charges.shared() {
             // After the push: a device lost already marks this context lost
             // at once, with the registry holding it like any other.
             let member: Arc<dyn budget::DeviceMember> = inner.clone();

@@ -1,7 +1,8 @@
 //! The pin contract's implementations: a borrowed pin for code that holds a
 //! handle, and boxed pins from a labelled source for external holders.
 
-use super::record::{ContextInner, GLOBAL};
+use super::record::ContextInner;
+use super::shards::GLOBAL;
 use crate::sync::lock;
 use crate::{
     DeviceContext, ProviderContextIdentity, ProviderContextPin, ProviderContextPinError,

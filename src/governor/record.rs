@@ -60,14 +60,14 @@
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
-use super::budget::{Budget, Refusal, SharedBudget};
+use super::charges::{Charges, ReturnedAtTeardown};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
 use super::error::GovernorError;
-use super::lease::Leases;
 use super::pin_source::PinSourceInner;
-use super::retire::TeardownReport;
+use super::release::Spares;
+use super::report::TeardownReport;
+use super::shards::{GLOBAL, SHARDS};
 use super::stats::Stats;
-use super::stats::SHARDS;
 use super::stream::StreamShared;
 use crate::sync::{
     fence, lock, AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases as PinLeases,
@@ -168,13 +168,9 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
     pub lifecycle: Notifier,
 
-    /// The context's own budget: changed only by `charge`, `uncharge` and
-    /// the teardown accounting (`hold_until_teardown`,
-    /// `return_charges_at_teardown`), which keep the shared budget in step.
-    budget: Budget,
-    /// Chunks of `budget` leased to shards of streams (see `lease.rs`).
-    leases: Leases,
-    pub shared: Option<SharedBudget>,
+    /// The context's budget, its leases, its shared budget and the bytes
+    /// held until teardown (see `charges.rs`).
+    pub charges: Charges,
     /// Woken when a release of this context settles (admission waiters), and
     /// on device loss and termination.
     pub settled: Notifier,
@@ -201,16 +197,11 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     report: Mutex<Option<TeardownReport>>,
     retire_started: Mutex<Option<Instant>>,
 
+    /// The cached `PendingRelease` boxes, one slot per shard (see
+    /// `release.rs`).
+    pub spares: Spares<C>,
     /// This record, for the reaper thread a background teardown starts.
     this: Weak<ContextInner<C>>,
-    /// Bytes whose free never ran on the device (abandoned releases, buffers
-    /// reclaimed by force or released on a lost device): charged until
-    /// teardown returns them (see [`return_charges_at_teardown`](Self::return_charges_at_teardown)).
-    awaiting_teardown: AtomicU64,
-    /// Set once teardown has returned the charges: bytes that become
-    /// "awaiting teardown" later (a release settling after teardown, a
-    /// backend bug) are returned at once.
-    charges_returned: AtomicBool,
     /// Live [`RetireHandle`](super::RetireHandle)s: while there is one, its
     /// owner finishes the teardown; with none, the last holder's exit starts
     /// a reaper (see [`reap_if_unattended`](Self::reap_if_unattended)).
@@ -287,15 +278,7 @@ impl<C: DeviceContext> ContextInner<C> {
             lost: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             lifecycle: Notifier::new(),
-            budget: Budget::new(limit),
-            // A refusal on a shared budget would have to reclaim the leases
-            // of every context on it: leases stay off there.
-            leases: Leases::new(if config.shared.is_some() {
-                0
-            } else {
-                config.lease_chunk
-            }),
-            shared: config.shared,
+            charges: Charges::new(limit, config.lease_chunk, config.shared),
             settled: Notifier::new(),
             settle_epoch: EpochWord::new(),
             stats: Stats::new(config.exact_peak),
@@ -310,9 +293,8 @@ impl<C: DeviceContext> ContextInner<C> {
             lost_reason: Mutex::new(None),
             report: Mutex::new(None),
             retire_started: Mutex::new(None),
+            spares: Spares::new(),
             this,
-            awaiting_teardown: AtomicU64::new(0),
-            charges_returned: AtomicBool::new(false),
             attended: AtomicUsize::new(0),
             reaping: AtomicBool::new(false),
             reaper: Mutex::new(None),
@@ -545,9 +527,7 @@ impl<C: DeviceContext> ContextInner<C> {
     ) {
         self.stats.leave(live_shard, role, bytes);
         self.stats.quarantine(role, bytes);
-        if let Some(s) = &self.shared {
-            add(&s.0.quarantined, bytes);
-        }
+        self.charges.quarantined(bytes);
         add(&self.counters.quarantined, 1);
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %self.id, label = %self.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
@@ -634,9 +614,7 @@ impl<C: DeviceContext> ContextInner<C> {
         drop(responders);
         // Admission waiters check `accepting()`: wake them to give up.
         self.settled.notify();
-        if let Some(s) = &self.shared {
-            s.0.retired.notify();
-        }
+        self.charges.wake_shared_waiters();
         #[cfg(feature = "tracing")]
         tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
     }
@@ -732,9 +710,7 @@ impl<C: DeviceContext> ContextInner<C> {
         // hook's claim).
         self.lifecycle.notify();
         self.settled.notify();
-        if let Some(s) = &self.shared {
-            s.0.retired.notify();
-        }
+        self.charges.wake_shared_waiters();
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
@@ -834,7 +810,7 @@ impl<C: DeviceContext> ContextInner<C> {
         add(&self.counters.reclaimed, reclaimed.count);
         // Still allocated on the device until teardown frees it: charged
         // until then, so that no other context is admitted into it.
-        self.hold_until_teardown(reclaimed.bytes);
+        self.charges.hold_until_teardown(reclaimed.bytes);
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
         if self.pins.revoke(reclaimed.count + streams) {
             self.lifecycle.notify();
@@ -921,9 +897,7 @@ impl<C: DeviceContext> ContextInner<C> {
         // teardown gave back (see `DeviceMember::returning_at_teardown`):
         // after the Terminated store, so that a waiter that reads the new
         // epoch also reads Terminated and sees every byte back.
-        if let Some(s) = &self.shared {
-            s.0.announce_returned();
-        }
+        self.charges.announce_returned();
         report
     }
 
@@ -933,153 +907,16 @@ impl<C: DeviceContext> ContextInner<C> {
     /// charge that an executed free did not return is returned now, to the
     /// context's budget and the shared one: quarantined memory, and bytes
     /// awaiting teardown (abandoned releases, buffers reclaimed by force or
-    /// released on a lost device).
+    /// released on a lost device). See [`Charges::return_at_teardown`].
     fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
-        self.leases.close(&self.budget);
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
         let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
         for q in &quarantined {
             self.stats.unquarantine(q.role, q.bytes);
         }
-        self.uncharge(quarantined_bytes, 0, quarantined_bytes);
+        let returned = self.charges.return_at_teardown(quarantined_bytes);
         drop(quarantined);
-        // Pairs with `hold_until_teardown`: see there.
-        self.charges_returned.store(true, Ordering::SeqCst);
-        let awaiting_teardown = self.return_awaiting_teardown();
-        ReturnedAtTeardown {
-            quarantined: quarantined_bytes,
-            awaiting_teardown,
-        }
-    }
-
-    /// Keep `bytes` charged until teardown: their free never ran, so the
-    /// device does not have them back before the context is destroyed. Their
-    /// category (live or pending) has been left by the caller.
-    pub(crate) fn hold_until_teardown(&self, bytes: u64) {
-        self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
-        if let Some(s) = &self.shared {
-            add(&s.0.awaiting_teardown, bytes);
-        }
-        // After teardown (a release the backend settled late): return them
-        // now. SeqCst on both sides: either teardown's swap sees our add, or
-        // we see its flag (or both, and the swaps split the bytes).
-        if self.charges_returned.load(Ordering::SeqCst) && self.return_awaiting_teardown() > 0 {
-            if let Some(s) = &self.shared {
-                s.0.announce_returned();
-            }
-        }
-    }
-
-    fn return_awaiting_teardown(&self) -> u64 {
-        let bytes = self.awaiting_teardown.swap(0, Ordering::SeqCst);
-        if bytes > 0 {
-            self.budget.uncharge(bytes);
-            if let Some(s) = &self.shared {
-                s.0.budget.uncharge(bytes);
-                sub(&s.0.awaiting_teardown, bytes);
-            }
-        }
-        bytes
-    }
-
-    /// Bytes awaiting teardown now.
-    pub(crate) fn awaiting_teardown_bytes(&self) -> u64 {
-        self.awaiting_teardown.load(Ordering::Acquire)
-    }
-
-    /// Charge `bytes` for an allocation on a stream of `shard` to the
-    /// context's budget and to its shared one: both, or neither. `credit`
-    /// lowers the bar (see [`Budget::try_charge`]).
-    ///
-    /// With leases on, the charge comes out of the shard's lease, refilled
-    /// from the budget when short; the budget's refusal is final only after
-    /// every idle lease was taken back and the budget refused again.
-    #[inline]
-    pub(crate) fn charge(
-        &self,
-        shard: usize,
-        bytes: u64,
-        credit: u64,
-    ) -> Result<(), ChargeRefused> {
-        if self.leases.enabled() {
-            return self
-                .leases
-                .charge(&self.budget, shard, bytes, credit)
-                .map_err(ChargeRefused::Context);
-        }
-        self.budget
-            .try_charge(bytes, credit)
-            .map_err(ChargeRefused::Context)?;
-        if let Some(s) = &self.shared {
-            if let Err(r) = s.0.budget.try_charge(bytes, credit) {
-                self.budget.uncharge(bytes);
-                return Err(ChargeRefused::Shared(s.0.label.clone(), r));
-            }
-        }
-        Ok(())
-    }
-
-    /// The context's budget limit.
-    pub(crate) fn budget_limit(&self) -> u64 {
-        self.budget.limit()
-    }
-
-    /// Change the context's budget limit.
-    pub(crate) fn set_budget_limit(&self, bytes: u64) {
-        self.budget.set_limit(bytes);
-        // Leased bytes were admitted under the old limit: take them back, so
-        // that allocations from now on are held to the new one.
-        self.leases.reclaim(&self.budget);
-    }
-
-    /// Bytes charged to allocations on the context's budget now (leased,
-    /// idle bytes are not; see `lease.rs` for how far this can lag while
-    /// streams allocate).
-    pub(crate) fn charged(&self) -> u64 {
-        if self.leases.enabled() {
-            self.leases.charged(&self.budget)
-        } else {
-            self.budget.charged()
-        }
-    }
-
-    /// The most the context's budget ever held: bytes charged to
-    /// allocations (being made included) plus, with leases on, bytes leased
-    /// to streams and idle. Exact: raised by every successful charge.
-    pub(crate) fn peak_budget_held(&self) -> u64 {
-        self.budget.peak()
-    }
-
-    /// An executed free of `bytes`, queued on a stream of `shard`, settled:
-    /// the bytes go back to that shard's lease (the rest to the budget),
-    /// or to the budgets when leases are off.
-    #[inline]
-    pub(crate) fn uncharge_settled(&self, shard: usize, bytes: u64) {
-        if self.leases.enabled() {
-            // Leases are off on a shared budget: only the context's own
-            // budget holds these bytes.
-            self.leases.settled(&self.budget, shard, bytes);
-        } else {
-            self.uncharge(bytes, bytes, 0);
-        }
-    }
-
-    /// Give back `bytes` to the context budget and the shared one.
-    /// `pending` of them were pending release, `quarantined` were in quarantine.
-    pub(crate) fn uncharge(&self, bytes: u64, pending: u64, quarantined: u64) {
-        if bytes == 0 {
-            return;
-        }
-        self.budget.uncharge(bytes);
-        if let Some(s) = &self.shared {
-            s.0.budget.uncharge(bytes);
-            if pending > 0 {
-                sub(&s.0.pending, pending);
-            }
-            if quarantined > 0 {
-                sub(&s.0.quarantined, quarantined);
-            }
-        }
+        returned
     }
 
     /// Live bytes of every role.
@@ -1121,10 +958,6 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 }
 
-/// The shard of a pin taken from the pin word itself (handles, pin
-/// sources, streams): released there, not into a lease.
-pub(crate) const GLOBAL: usize = usize::MAX;
-
 /// The pin word as a [`Pool`] of the pin leases: a lease of claims is
 /// claims taken on `pins`, counted against `max_pins` like any other; a
 /// refusal for `max_pins` takes back every idle lease first, so
@@ -1161,10 +994,7 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
     fn drop(&mut self) {
         // No `spare` slot can hold a cached PendingRelease here: it would hold
         // an Arc of this record (see `release::close_spares`).
-        debug_assert!(self
-            .stats
-            .spares_mut()
-            .all(|s| !super::release::holds_box(*s.get_mut())));
+        debug_assert!(!self.spares.any_filled());
         // Every teardown runs while something holds the record: a
         // `RetireHandle`, `Governor::drop`, or the reaper the last holder's
         // exit starts (it holds an Arc). A backend still here means that
@@ -1189,22 +1019,6 @@ impl<C: DeviceContext> Drop for ContextInner<C> {
             }
         }
     }
-}
-
-/// Which budget refused a charge, and what it saw.
-#[derive(Debug)]
-pub(crate) enum ChargeRefused {
-    /// The context's own budget.
-    Context(Refusal),
-    /// The shared budget, by label.
-    Shared(String, Refusal),
-}
-
-/// What teardown returned to the budgets.
-#[derive(Debug, Clone, Copy)]
-struct ReturnedAtTeardown {
-    quarantined: u64,
-    awaiting_teardown: u64,
 }
 
 /// The message of a caught panic.
@@ -1232,7 +1046,7 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
     fn returning_at_teardown(&self) -> u64 {
         let held = self
             .pending_bytes()
-            .saturating_add(self.awaiting_teardown_bytes())
+            .saturating_add(self.charges.awaiting_teardown())
             .saturating_add(self.stats.quarantined_bytes());
         match self.phase() {
             Phase::Retiring => held,

@@ -1,176 +1,41 @@
-//! Stream-ordered release: moving a buffer's pin into a pending release,
-//! settling it when the backend fires (or abandons) its signal, and
-//! quarantining releases the backend refuses.
+//! The release step, in the order it runs: a buffer's release is ordered
+//! after the other streams that used its memory, queued behind its own
+//! stream's work (`free_async`), and either settles later (the backend fires
+//! or abandons its signal: [`PendingRelease::settle`]) or is refused (the
+//! memory goes with a lost device, or into quarantine). The charges move
+//! with each step through [`Charges`](super::charges::Charges); the boxes of
+//! pending releases are recycled through one [`Slot`] per shard.
+//!
+//! # Invariants
+//!
+//! * Every step of a live buffer's release runs under a gate claim: `force`
+//!   reads the shards' live totals only once the gate has drained, so a
+//!   buffer is either still counted live (and force revokes its pin) or has
+//!   moved on (and released or transferred its pin itself), never both.
+//! * The buffer's pin moves into the pending release: the release is
+//!   counted pending first, so pins + pending never touches zero in
+//!   between; the pin leaves with the settlement.
+//! * A settlement gives the reuse credit back first, then the charge, then
+//!   the statistics: whoever reads "no longer pending" (an admission
+//!   deciding whether a wait could help) also sees the bytes back in the
+//!   budget.
+//! * A cached box holds an `Arc` of the context it is cached in: a reference
+//!   cycle, which [`close_spares`] breaks. It runs in `begin_retire`, which
+//!   precedes every way the record can lose its last outside reference (the
+//!   governor's registry holds one until `Governor::drop`, which retires, or
+//!   `prune_terminated`, which needs a finished retire), and closes the
+//!   slots for good.
 
 use super::config::Role;
 use super::pin_source::ContextPin;
 use super::record::{add, sub, ContextInner, Phase};
+use super::shards::SHARDS;
 use super::stream::StreamShared;
+use crate::sync::{slot_index, Slot};
 use crate::{BackendError, DeviceContext};
 use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The governor's side of one pending release. Boxed once per release; the
-/// box is recycled, *with its `Arc` of the context*, through its shard's
-/// `spare` slot, so that in the steady state a release neither allocates nor
-/// touches the context's reference count.
-///
-/// A cached box holds an `Arc` of the context it is cached in: a reference
-/// cycle, which [`close_spares`] breaks. It runs in `begin_retire`, which
-/// precedes every way the record can lose its last outside reference (the
-/// governor's registry holds one until `Governor::drop`, which retires, or
-/// `prune_terminated`, which needs a finished retire), and closes the slots
-/// for good: a closed slot is never filled again.
-struct PendingRelease<C: DeviceContext> {
-    ctx: Arc<ContextInner<C>>,
-    stream_pending: Option<Arc<AtomicU64>>,
-    bytes: u64,
-    role: Role,
-    /// Shard of the stream the release was queued on: its pending counts.
-    /// (`u8`: keeps the box at 32 bytes.)
-    shard: u8,
-}
-
-/// A `spare` slot of a retiring context: never filled again.
-const SPARE_CLOSED: *mut u8 = 1usize as *mut u8;
-
-fn is_box(p: *mut u8) -> bool {
-    !p.is_null() && p != SPARE_CLOSED
-}
-
-/// Box a pending release, reusing the shard's cached box if it has one.
-#[inline]
-fn boxed<C: DeviceContext>(
-    ctx: &Arc<ContextInner<C>>,
-    stream_pending: Option<Arc<AtomicU64>>,
-    bytes: u64,
-    role: Role,
-    shard: usize,
-) -> Box<PendingRelease<C>> {
-    let slot = ctx.stats.spare(shard);
-    let p = slot.load(Ordering::Relaxed);
-    // Take it with a compare-and-swap, not a swap: a swap could reopen a
-    // closed slot. (ABA is harmless: whoever holds the pointer in the slot
-    // owns the box it points to.)
-    if is_box(p)
-        && slot
-            .compare_exchange(
-                p,
-                std::ptr::null_mut(),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-    {
-        // SAFETY: `spare` of a `ContextInner<C>` holds only pointers from
-        // `Box::into_raw` of a complete `Box<PendingRelease<C>>` (see
-        // `settle`), whose `ctx` is this context; the CAS gave us sole
-        // ownership (Acquire pairs with the Release that stored it).
-        let mut b = unsafe { Box::from_raw(p as *mut PendingRelease<C>) };
-        debug_assert!(Arc::ptr_eq(&b.ctx, ctx));
-        b.stream_pending = stream_pending;
-        b.bytes = bytes;
-        b.role = role;
-        b.shard = shard as u8;
-        return b;
-    }
-    Box::new(PendingRelease {
-        ctx: ctx.clone(),
-        stream_pending,
-        bytes,
-        role,
-        shard: shard as u8,
-    })
-}
-
-/// Close every `spare` slot of `ctx` for good and drop the boxes cached there
-/// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
-/// own `Arc` of `ctx`, so none of these is the last.
-pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
-    for spare in ctx.stats.spares() {
-        let p = spare.swap(SPARE_CLOSED, Ordering::AcqRel);
-        if is_box(p) {
-            // SAFETY: as in `boxed`; the swap took ownership.
-            drop(unsafe { Box::from_raw(p as *mut PendingRelease<C>) });
-        }
-    }
-}
-
-/// Whether a slot still holds a box (for `ContextInner`'s drop, where none
-/// can: it would hold an `Arc` of the record being dropped).
-pub(crate) fn holds_box(p: *mut u8) -> bool {
-    is_box(p)
-}
-
-impl<C: DeviceContext> RetireSink for PendingRelease<C> {
-    /// Runs on whatever thread fires the signal (possibly a driver thread):
-    /// atomics and wake-ups only.
-    fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
-        let this = &mut *self;
-        let ctx = &*this.ctx;
-        let shard = usize::from(this.shard);
-        // The order matters to admission: the reuse credit goes first (so
-        // that these bytes are never both credited and uncharged), then the
-        // charge, and the statistics last, so that whoever reads "no longer
-        // pending" (an allocation deciding whether a wait could help) also
-        // sees the bytes back in the budget.
-        if let Some(p) = &this.stream_pending {
-            sub(p, this.bytes);
-        }
-        match outcome {
-            // The free executed: the device has the bytes back. (`retired`
-            // is derived: settled minus abandoned.)
-            RetireOutcome::Retired => ctx.uncharge_settled(shard, this.bytes),
-            // The free never ran: the memory is the backend's to free at
-            // teardown, and charged until then.
-            RetireOutcome::Abandoned => {
-                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
-                if let Some(s) = &ctx.shared {
-                    sub(&s.0.pending, this.bytes);
-                }
-                ctx.hold_until_teardown(this.bytes);
-            }
-        }
-        ctx.stats.settle(shard, this.role, this.bytes);
-        if ctx.phase() == Phase::Terminated {
-            add(&ctx.counters.late_settlements, 1);
-        }
-        // Admission waiters: woken only if one is registered.
-        ctx.announce_settlement();
-        // The pin this release carried leaves with it. Lifecycle waiters wait
-        // for `drained()` (or the gate, or termination); a settlement can
-        // only make that true by taking `pending` to zero, so only that one
-        // wakes them, and only if one registered in `pending`: a teardown
-        // waiter is not woken once per release.
-        if let Some(s) = &ctx.shared {
-            s.0.epoch.fetch_add(1, Ordering::SeqCst);
-            s.0.retired.notify();
-        }
-        // Last of the wake-ups: a task waker registered by `finished()` runs
-        // executor code, which must not keep the others from happening.
-        ctx.pending_left(shard);
-        // Last: offer the box, with its Arc of the context, to the shard.
-        // After a successful store this thread touches nothing: the box (and
-        // the Arc that keeps the record alive) belongs to the slot.
-        this.stream_pending = None;
-        let slot: *const AtomicPtr<u8> = ctx.stats.spare(shard);
-        let raw = Box::into_raw(self);
-        // SAFETY: `slot` points into the context record, which the Arc inside
-        // `raw` (still ours until the exchange succeeds) keeps alive.
-        let stored = unsafe { &*slot }.compare_exchange(
-            std::ptr::null_mut(),
-            raw as *mut u8,
-            Ordering::Release,
-            Ordering::Relaxed,
-        );
-        if stored.is_err() {
-            // Slot full or closed: drop the box (and its Arc) normally.
-            // SAFETY: `raw` came from `Box::into_raw` above and is still ours.
-            drop(unsafe { Box::from_raw(raw) });
-        }
-    }
-}
 
 /// How a release ended, for the caller that asked for it explicitly.
 #[derive(Debug)]
@@ -209,10 +74,7 @@ pub(crate) fn release<C: DeviceContext>(
         drop(memory);
         return Released::Reclaimed;
     };
-    // Everything below runs with the gate claim held: `force` reads
-    // the shards' live totals only once the gate has drained, so a buffer is either
-    // still counted live (and force revokes its pin) or has moved on (and
-    // released or transferred its pin itself) -- never both.
+    // Everything below runs with the gate claim held (see the module docs).
     if ctx.is_lost() {
         drop(memory);
         settle_live_as_lost(ctx, live_shard, bytes, role);
@@ -242,9 +104,7 @@ pub(crate) fn release<C: DeviceContext>(
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
-    if let Some(s) = &ctx.shared {
-        add(&s.0.pending, bytes);
-    }
+    ctx.charges.queued(bytes);
     let signal = RetireSignal::from_sink(boxed(
         ctx,
         stream.pending_bytes.clone(),
@@ -300,6 +160,7 @@ fn refused<C: DeviceContext>(
     }
 }
 
+/// Undo the queueing of a release whose free the backend refused.
 fn undo_pending<C: DeviceContext>(
     ctx: &ContextInner<C>,
     live_shard: usize,
@@ -311,9 +172,7 @@ fn undo_pending<C: DeviceContext>(
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
-    if let Some(s) = &ctx.shared {
-        sub(&s.0.pending, bytes);
-    }
+    ctx.charges.unqueued(bytes);
 }
 
 /// A live buffer of a lost context goes away with the device.
@@ -326,8 +185,135 @@ fn settle_live_as_lost<C: DeviceContext>(
     ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
-    ctx.hold_until_teardown(bytes);
+    ctx.charges.hold_until_teardown(bytes);
     add(&ctx.counters.settled_lost, 1);
     ctx.announce_settlement();
     ctx.release_pin();
+}
+
+/// The governor's side of one pending release. Boxed once per release; the
+/// box is recycled, *with its `Arc` of the context*, through its shard's
+/// spare [`Slot`], so that in the steady state a release neither allocates
+/// nor touches the context's reference count.
+pub(crate) struct PendingRelease<C: DeviceContext> {
+    ctx: Arc<ContextInner<C>>,
+    stream_pending: Option<Arc<AtomicU64>>,
+    bytes: u64,
+    role: Role,
+    /// Shard of the stream the release was queued on: its pending counts.
+    /// (`u8`: keeps the box at 32 bytes.)
+    shard: u8,
+}
+
+impl<C: DeviceContext> RetireSink for PendingRelease<C> {
+    /// The settlement. Runs on whatever thread fires the signal (possibly a
+    /// driver thread): atomics and wake-ups only.
+    fn settle(mut self: Box<Self>, outcome: RetireOutcome) {
+        let this = &mut *self;
+        let ctx = &*this.ctx;
+        let shard = usize::from(this.shard);
+        // Credit, charge, statistics: in that order (see the module docs).
+        if let Some(p) = &this.stream_pending {
+            sub(p, this.bytes);
+        }
+        match outcome {
+            // The free executed: the device has the bytes back. (`retired`
+            // is derived: settled minus abandoned.)
+            RetireOutcome::Retired => ctx.charges.uncharge_settled(shard, this.bytes),
+            // The free never ran: the memory is the backend's to free at
+            // teardown, and charged until then.
+            RetireOutcome::Abandoned => {
+                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
+                ctx.charges.abandoned(this.bytes);
+            }
+        }
+        ctx.stats.settle(shard, this.role, this.bytes);
+        if ctx.phase() == Phase::Terminated {
+            add(&ctx.counters.late_settlements, 1);
+        }
+        // Admission waiters: woken only if one is registered.
+        ctx.announce_settlement();
+        ctx.charges.announce_settled();
+        // The pin this release carried leaves with it. Lifecycle waiters wait
+        // for `drained()` (or the gate, or termination); a settlement can
+        // only make that true by taking `pending` to zero, so only that one
+        // wakes them, and only if one registered in `pending`: a teardown
+        // waiter is not woken once per release. Last of the wake-ups: a task
+        // waker registered by `finished()` runs executor code, which must not
+        // keep the others from happening.
+        ctx.pending_left(shard);
+        // Last: offer the box, with its Arc of the context, to the shard.
+        // After a successful offer this thread touches nothing: the box (and
+        // the Arc that keeps the record alive) belongs to the slot.
+        this.stream_pending = None;
+        let slot: *const Slot<PendingRelease<C>> = ctx.spares.of(shard);
+        // SAFETY: `slot` points into the context record, which the Arc inside
+        // `self` keeps alive until the offer has either stored the box (and
+        // with it the Arc; nothing is touched afterwards) or handed it back.
+        if let Err(refused) = unsafe { &*slot }.offer(self) {
+            // Slot full or closed: drop the box (and its Arc) normally.
+            drop(refused);
+        }
+    }
+}
+
+/// The spare slots of one context: one cached [`PendingRelease`] box per
+/// shard, each slot on a cache line of its own.
+pub(crate) struct Spares<C: DeviceContext>([Spare<C>; SHARDS]);
+
+#[repr(align(128))]
+struct Spare<C: DeviceContext>(Slot<PendingRelease<C>>);
+
+impl<C: DeviceContext> Spares<C> {
+    pub(crate) fn new() -> Self {
+        Self(std::array::from_fn(|_| Spare(Slot::new())))
+    }
+
+    /// The slot of `shard`.
+    #[inline]
+    fn of(&self, shard: usize) -> &Slot<PendingRelease<C>> {
+        &self.0[slot_index::<SHARDS>(shard)].0
+    }
+
+    /// Whether any slot holds a box (none can once the record is dropped:
+    /// the box would hold an `Arc` of it).
+    pub(crate) fn any_filled(&self) -> bool {
+        self.0.iter().any(|s| s.0.is_filled())
+    }
+}
+
+/// Box a pending release, reusing the shard's cached box if it has one.
+#[inline]
+fn boxed<C: DeviceContext>(
+    ctx: &Arc<ContextInner<C>>,
+    stream_pending: Option<Arc<AtomicU64>>,
+    bytes: u64,
+    role: Role,
+    shard: usize,
+) -> Box<PendingRelease<C>> {
+    if let Some(mut b) = ctx.spares.of(shard).take() {
+        // Every box in a context's slots holds an Arc of that context.
+        debug_assert!(Arc::ptr_eq(&b.ctx, ctx));
+        b.stream_pending = stream_pending;
+        b.bytes = bytes;
+        b.role = role;
+        b.shard = shard as u8;
+        return b;
+    }
+    Box::new(PendingRelease {
+        ctx: ctx.clone(),
+        stream_pending,
+        bytes,
+        role,
+        shard: shard as u8,
+    })
+}
+
+/// Close every spare slot of `ctx` for good and drop the boxes cached there
+/// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
+/// own `Arc` of `ctx`, so none of these is the last.
+pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
+    for spare in &ctx.spares.0 {
+        drop(spare.0.close());
+    }
 }

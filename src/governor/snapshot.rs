@@ -5,7 +5,7 @@
 
 use super::config::Role;
 use super::record::{ContextInner, Phase};
-use super::retire::{Outstanding, PinKind, TeardownReport};
+use super::report::{Outstanding, PinKind, TeardownReport};
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -289,13 +289,13 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         execution: ctx.description.execution,
         lifecycle: lifecycle(ctx),
         lost_reason: ctx.lost_reason_if_lost(),
-        budget_limit: ctx.budget_limit(),
-        charged: ctx.charged(),
-        awaiting_teardown: ctx.awaiting_teardown_bytes(),
-        shared_budget: ctx.shared.as_ref().map(|s| s.label().to_owned()),
+        budget_limit: ctx.charges.limit(),
+        charged: ctx.charges.charged(),
+        awaiting_teardown: ctx.charges.awaiting_teardown(),
+        shared_budget: ctx.charges.shared().map(|s| s.label().to_owned()),
         peak,
         peak_exact,
-        peak_budget_held: ctx.peak_budget_held(),
+        peak_budget_held: ctx.charges.peak_held(),
         outside_bytes: ctx.outside.bytes(),
         by_role,
         quarantine: ctx

@@ -33,12 +33,8 @@
 //!   line that every stream writes twice per allocate and release.
 
 use super::config::Role;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-
-/// Number of statistics shards per context. Streams are spread over them
-/// round-robin, so up to this many streams update disjoint cache lines.
-pub(crate) const SHARDS: usize = 8;
-const _: () = assert!(SHARDS <= 256, "shard indices are stored as u8");
+use super::shards::SHARDS;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes and a count of objects, moved together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,17 +120,14 @@ impl ShardRole {
     }
 }
 
-/// One shard: the statistics of the streams assigned to it, and one cached
-/// `PendingRelease` box (see `release.rs`), on cache lines of their own.
+/// One shard: the statistics of the streams assigned to it, on cache lines
+/// of their own.
 #[repr(align(128))]
 #[derive(Debug, Default)]
 struct Shard {
     roles: [ShardRole; 5],
     /// The shard's live bytes and their peak (per-shard peaks only).
     live: LiveTotal,
-    /// A cached `PendingRelease<C>` box (holding an Arc of the context), null,
-    /// or closed (see `release.rs`).
-    spare: AtomicPtr<u8>,
 }
 
 /// Quarantined bytes and releases of one role (rare: not sharded). The
@@ -410,21 +403,5 @@ impl Stats {
             .iter()
             .map(|&r| self.totals(r)[step].count)
             .fold(0, u64::wrapping_add)
-    }
-
-    /// The spare slot of one shard (see `release.rs`).
-    #[inline]
-    pub(crate) fn spare(&self, shard: usize) -> &AtomicPtr<u8> {
-        &self.shards[crate::sync::slot_index::<SHARDS>(shard)].spare
-    }
-
-    /// Every spare slot.
-    pub(crate) fn spares(&self) -> impl Iterator<Item = &AtomicPtr<u8>> {
-        self.shards.iter().map(|s| &s.spare)
-    }
-
-    /// Every spare slot, exclusively (the record's drop).
-    pub(crate) fn spares_mut(&mut self) -> impl Iterator<Item = &mut AtomicPtr<u8>> {
-        self.shards.iter_mut().map(|s| &mut s.spare)
     }
 }

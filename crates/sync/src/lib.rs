@@ -29,10 +29,14 @@
 //!   [`LeaseSlots`]: units leased to shards of streams, one cache line each,
 //!   that a refusal elsewhere takes back while their holders are taking from
 //!   them, with refusals exact, and that retire or teardown close for good.
+//! * [`Slot`]: one cached box handed between threads by compare-and-swap,
+//!   closed for good by retire (the governor recycles the boxes of pending
+//!   releases through one per shard).
 
 mod claim;
 mod lease;
 mod notify;
+mod slot;
 mod word;
 
 pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
@@ -42,6 +46,7 @@ pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 #[allow(unused_imports)]
 pub use lease::{LeaseSlots, Leases, Pool, Take};
 pub use notify::Notifier;
+pub use slot::Slot;
 #[allow(unused_imports)]
 pub use word::{CountWord, EpochWord, ShardedCount};
 

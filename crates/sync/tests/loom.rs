@@ -41,9 +41,9 @@
 //! * a shared-budget admission refused while a retiring context holds bytes
 //!   only its teardown returns waits for that teardown, and is woken with the
 //!   room back (`a_retiring_member_is_waited_for_until_its_teardown_wakes`);
-//! * the `spare` slot that recycles `PendingRelease` boxes (mirrored from
-//!   `src/governor/release.rs`) never lets two threads own one box, drops each
-//!   exactly once, and stays closed once retire has closed it.
+//! * the `spare` slot that recycles `PendingRelease` boxes (`sync::Slot`,
+//!   driven as `src/governor/release.rs` does) never lets two threads own one
+//!   box, drops each exactly once, and stays closed once retire has closed it.
 //!
 //! Every model prints how many interleavings loom explored.
 
@@ -752,17 +752,16 @@ mod model {
         );
     }
 
-    /// The `spare` slot of `release.rs` (one cached `PendingRelease` box per
-    /// shard), with the same operations and orderings: `boxed` takes with a
-    /// compare-and-swap (never a swap, which could reopen a closed slot),
-    /// `settle` offers its box last with a compare-and-swap from null and
-    /// drops it if the slot is full or closed, `close_spares` swaps in the
-    /// closed marker and drops what it found.
+    /// The `spare` slots of `release.rs` (one cached `PendingRelease` box per
+    /// shard) are `sync::Slot`s, driven here with the governor's protocol:
+    /// `boxed` takes the cached box or makes one, `settle` offers its box
+    /// last and drops it if the slot is full or closed, `close_spares`
+    /// closes the slot and drops what it held.
     mod spare {
         use loom::cell::UnsafeCell;
-        use loom::sync::atomic::{AtomicPtr, AtomicUsize};
+        use loom::sync::atomic::AtomicUsize;
         use loom::sync::Arc;
-        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+        use std::sync::atomic::Ordering::Relaxed;
 
         pub struct Obj {
             /// Written by whoever owns the box: loom reports a data race if
@@ -783,43 +782,6 @@ mod model {
                 drops: drops.clone(),
             })
         }
-
-        fn closed() -> *mut Obj {
-            1usize as *mut Obj
-        }
-        fn is_box(p: *mut Obj) -> bool {
-            !p.is_null() && p != closed()
-        }
-
-        pub fn take(slot: &AtomicPtr<Obj>) -> Option<Box<Obj>> {
-            let p = slot.load(Relaxed);
-            if is_box(p)
-                && slot
-                    .compare_exchange(p, std::ptr::null_mut(), Acquire, Relaxed)
-                    .is_ok()
-            {
-                return Some(unsafe { Box::from_raw(p) });
-            }
-            None
-        }
-        pub fn put(slot: &AtomicPtr<Obj>, b: Box<Obj>) {
-            let raw = Box::into_raw(b);
-            if slot
-                .compare_exchange(std::ptr::null_mut(), raw, Release, Relaxed)
-                .is_err()
-            {
-                drop(unsafe { Box::from_raw(raw) });
-            }
-        }
-        pub fn close(slot: &AtomicPtr<Obj>) {
-            let p = slot.swap(closed(), AcqRel);
-            if is_box(p) {
-                drop(unsafe { Box::from_raw(p) });
-            }
-        }
-        pub fn is_closed(slot: &AtomicPtr<Obj>) -> bool {
-            slot.load(Acquire) == closed()
-        }
     }
 
     /// Two releasers each take the cached box (or make one), use it and
@@ -829,28 +791,30 @@ mod model {
     #[test]
     fn spare_slot_hands_boxes_over_and_closes() {
         run(
-            "spare slot: 2 take/put + close (3 threads)",
+            "spare slot: 2 take/offer + close (3 threads)",
             Some(3),
             || {
-                use loom::sync::atomic::AtomicPtr;
                 let drops = Arc::new(AtomicUsize::new(0));
                 let made = Arc::new(AtomicUsize::new(0));
                 let first = spare::new_obj(&drops, &made);
-                let slot = Arc::new(AtomicPtr::new(Box::into_raw(first)));
+                let slot = Arc::new(super::sync::Slot::with(first));
                 let mut hs = Vec::new();
                 for _ in 0..2 {
                     let (slot, drops, made) = (slot.clone(), drops.clone(), made.clone());
                     hs.push(thread::spawn(move || {
-                        let b = spare::take(&slot).unwrap_or_else(|| spare::new_obj(&drops, &made));
+                        let b = slot.take().unwrap_or_else(|| spare::new_obj(&drops, &made));
                         b.uses.with_mut(|u| unsafe { *u += 1 });
-                        spare::put(&slot, b);
+                        if let Err(b) = slot.offer(b) {
+                            drop(b);
+                        }
                     }));
                 }
-                spare::close(&slot);
+                drop(slot.close());
                 for h in hs {
                     h.join().unwrap();
                 }
-                assert!(spare::is_closed(&slot), "a closed slot was reopened");
+                assert!(slot.is_closed(), "a closed slot was reopened");
+                assert!(slot.take().is_none(), "a closed slot handed a box out");
                 assert_eq!(
                     drops.load(Relaxed),
                     made.load(Relaxed),

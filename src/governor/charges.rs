@@ -1,0 +1,439 @@
+//! What a context has charged: its own budget, the budget leases of its
+//! shards, the device's [`SharedBudget`] it is charged to, and the bytes
+//! held until teardown. Every change to any of them is one named operation
+//! here, one per step of an allocation's bytes:
+//!
+//! | step                                   | operation                                  |
+//! | -------------------------------------- | ------------------------------------------ |
+//! | allocation being made                  | [`charge`](Charges::charge)                |
+//! | ... and not made                       | [`uncharge`](Charges::uncharge)            |
+//! | release queued / its free refused      | [`queued`](Charges::queued) / [`unqueued`](Charges::unqueued) |
+//! | the free executed and settled          | [`uncharge_settled`](Charges::uncharge_settled) |
+//! | the free never ran (abandoned)         | [`abandoned`](Charges::abandoned)          |
+//! | live memory that only teardown frees   | [`hold_until_teardown`](Charges::hold_until_teardown) |
+//! | release refused, memory quarantined    | [`quarantined`](Charges::quarantined)      |
+//! | teardown returned the memory           | [`return_at_teardown`](Charges::return_at_teardown) |
+//!
+//! # Invariants
+//!
+//! * A charge is on the context's budget and the shared one together, or on
+//!   neither: [`charge`](Charges::charge) takes both or gives the first back,
+//!   and every operation that gives bytes back gives them to both.
+//! * The shared budget's `pending`, `quarantined` and `awaiting_teardown`
+//!   totals move with the steps above, so that an admission refused there
+//!   can tell what is on its way back.
+//! * Bytes come off when an executed free settles, or at teardown for
+//!   every byte whose free never ran (quarantined, abandoned, reclaimed,
+//!   released on a lost device), in the one step every teardown path runs.
+//!   Bytes held after that step (a release the backend settles late, a
+//!   backend bug) are returned at once: see
+//!   [`hold_until_teardown`](Charges::hold_until_teardown).
+//! * Leases are off for a context on a shared budget (a refusal there would
+//!   have to reclaim the leases of every context on the device), so a
+//!   leased byte is only ever on the context's own budget.
+//!
+//! Imports nothing from its neighbours but the budgets it keeps.
+
+use super::budget::{Budget, Refusal, SharedBudget};
+use super::lease::Leases;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Which budget refused a charge, and what it saw.
+#[derive(Debug)]
+pub(crate) enum ChargeRefused {
+    /// The context's own budget.
+    Context(Refusal),
+    /// The shared budget, by label.
+    Shared(String, Refusal),
+}
+
+/// What teardown returned to the budgets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReturnedAtTeardown {
+    pub quarantined: u64,
+    pub awaiting_teardown: u64,
+}
+
+/// The shared budget's totals, as a refused admission reports them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SharedAmounts {
+    pub pending: u64,
+    pub quarantined: u64,
+    pub awaiting_teardown: u64,
+}
+
+/// The charges of one context (see the module docs).
+pub(crate) struct Charges {
+    /// The context's own budget.
+    budget: Budget,
+    /// Chunks of `budget` leased to shards of streams (see `lease.rs`).
+    leases: Leases,
+    /// The device's budget, when the context is charged to one.
+    shared: Option<SharedBudget>,
+    /// Bytes whose free never ran on the device (abandoned releases, buffers
+    /// reclaimed by force or released on a lost device): charged until
+    /// teardown returns them.
+    awaiting_teardown: AtomicU64,
+    /// Set once teardown has returned the charges: bytes that become
+    /// "awaiting teardown" later are returned at once.
+    returned: AtomicBool,
+}
+
+impl Charges {
+    /// Charges against a budget of `limit` bytes, leased to shards in chunks
+    /// of `lease_chunk` (0: no leases; leases are off on a shared budget).
+    pub(crate) fn new(limit: u64, lease_chunk: u64, shared: Option<SharedBudget>) -> Self {
+        Self {
+            budget: Budget::new(limit),
+            leases: Leases::new(if shared.is_some() { 0 } else { lease_chunk }),
+            shared,
+            awaiting_teardown: AtomicU64::new(0),
+            returned: AtomicBool::new(false),
+        }
+    }
+
+    /// The shared budget the context is charged to, if any.
+    #[inline]
+    pub(crate) fn shared(&self) -> Option<&SharedBudget> {
+        self.shared.as_ref()
+    }
+
+    // --- An allocation's bytes, step by step. ---
+
+    /// Charge `bytes` for an allocation on a stream of `shard` to the
+    /// context's budget and to its shared one: both, or neither. `credit`
+    /// lowers the bar (see [`Budget::try_charge`]).
+    ///
+    /// With leases on, the charge comes out of the shard's lease, refilled
+    /// from the budget when short; the budget's refusal is final only after
+    /// every idle lease was taken back and the budget refused again.
+    #[inline]
+    pub(crate) fn charge(
+        &self,
+        shard: usize,
+        bytes: u64,
+        credit: u64,
+    ) -> Result<(), ChargeRefused> {
+        if self.leases.enabled() {
+            return self
+                .leases
+                .charge(&self.budget, shard, bytes, credit)
+                .map_err(ChargeRefused::Context);
+        }
+        self.budget
+            .try_charge(bytes, credit)
+            .map_err(ChargeRefused::Context)?;
+        if let Some(s) = &self.shared {
+            if let Err(r) = s.0.budget.try_charge(bytes, credit) {
+                self.budget.uncharge(bytes);
+                return Err(ChargeRefused::Shared(s.0.label.clone(), r));
+            }
+        }
+        Ok(())
+    }
+
+    /// The allocation [`charge`](Self::charge)d for was not made: give the
+    /// bytes back to both budgets.
+    #[inline]
+    pub(crate) fn uncharge(&self, bytes: u64) {
+        self.budget.uncharge(bytes);
+        if let Some(s) = &self.shared {
+            s.0.budget.uncharge(bytes);
+        }
+    }
+
+    /// A release of `bytes` was queued: pending on the shared budget.
+    #[inline]
+    pub(crate) fn queued(&self, bytes: u64) {
+        if let Some(s) = &self.shared {
+            s.0.pending.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// The backend refused the free just [`queued`](Self::queued): no
+    /// longer pending (the caller quarantines the memory or settles it as
+    /// lost).
+    #[inline]
+    pub(crate) fn unqueued(&self, bytes: u64) {
+        if let Some(s) = &self.shared {
+            s.0.pending.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// An executed free of `bytes`, queued on a stream of `shard`, settled:
+    /// the device has the bytes back. They go back to that shard's lease
+    /// (the rest to the budget), or to both budgets when leases are off.
+    #[inline]
+    pub(crate) fn uncharge_settled(&self, shard: usize, bytes: u64) {
+        if self.leases.enabled() {
+            // Leases are off on a shared budget: only the context's own
+            // budget holds these bytes.
+            self.leases.settled(&self.budget, shard, bytes);
+        } else {
+            self.budget.uncharge(bytes);
+            if let Some(s) = &self.shared {
+                s.0.budget.uncharge(bytes);
+                s.0.pending.fetch_sub(bytes, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A queued free of `bytes` was abandoned: it never ran, so the memory
+    /// is the backend's to free at teardown, and charged until then.
+    #[inline]
+    pub(crate) fn abandoned(&self, bytes: u64) {
+        self.unqueued(bytes);
+        self.hold_until_teardown(bytes);
+    }
+
+    /// Keep `bytes` charged until teardown: their free never ran, so the
+    /// device does not have them back before the context is destroyed.
+    /// After teardown returned the charges (a release the backend settled
+    /// late) they are returned at once.
+    pub(crate) fn hold_until_teardown(&self, bytes: u64) {
+        self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
+        if let Some(s) = &self.shared {
+            s.0.awaiting_teardown.fetch_add(bytes, Ordering::Relaxed);
+        }
+        // SeqCst on both sides: either teardown's swap sees our add, or we
+        // see its flag (or both, and the swaps split the bytes).
+        if self.returned.load(Ordering::SeqCst) && self.return_awaiting_teardown() > 0 {
+            self.announce_returned();
+        }
+    }
+
+    /// A release of `bytes` was refused and its memory quarantined: charged
+    /// until teardown returns it.
+    pub(crate) fn quarantined(&self, bytes: u64) {
+        if let Some(s) = &self.shared {
+            s.0.quarantined.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Teardown's accounting, once the backend's teardown has returned: the
+    /// device has every byte of the context back. The leases close for good
+    /// (what they held goes back), the `quarantined` bytes come off, and so
+    /// does every byte awaiting teardown, now and (see
+    /// [`hold_until_teardown`](Self::hold_until_teardown)) later.
+    pub(crate) fn return_at_teardown(&self, quarantined: u64) -> ReturnedAtTeardown {
+        self.leases.close(&self.budget);
+        if quarantined > 0 {
+            self.uncharge(quarantined);
+            if let Some(s) = &self.shared {
+                s.0.quarantined.fetch_sub(quarantined, Ordering::Relaxed);
+            }
+        }
+        // Pairs with `hold_until_teardown`: see there.
+        self.returned.store(true, Ordering::SeqCst);
+        ReturnedAtTeardown {
+            quarantined,
+            awaiting_teardown: self.return_awaiting_teardown(),
+        }
+    }
+
+    fn return_awaiting_teardown(&self) -> u64 {
+        let bytes = self.awaiting_teardown.swap(0, Ordering::SeqCst);
+        if bytes > 0 {
+            self.budget.uncharge(bytes);
+            if let Some(s) = &self.shared {
+                s.0.budget.uncharge(bytes);
+                s.0.awaiting_teardown.fetch_sub(bytes, Ordering::Relaxed);
+            }
+        }
+        bytes
+    }
+
+    // --- Wake-ups of the admissions waiting on the shared budget. ---
+
+    /// A release charged here settled: wake the shared budget's admission
+    /// waiters (the context's own are woken by the record).
+    #[inline]
+    pub(crate) fn announce_settled(&self) {
+        if let Some(s) = &self.shared {
+            s.0.epoch.fetch_add(1, Ordering::SeqCst);
+            s.0.retired.notify();
+        }
+    }
+
+    /// Teardown gave charges back outside a settlement: wake the shared
+    /// budget's admission waiters.
+    #[inline]
+    pub(crate) fn announce_returned(&self) {
+        if let Some(s) = &self.shared {
+            s.0.announce_returned();
+        }
+    }
+
+    /// The context stopped accepting work (retire, loss): the shared
+    /// budget's admission waiters look again and those of this context give
+    /// up.
+    #[inline]
+    pub(crate) fn wake_shared_waiters(&self) {
+        if let Some(s) = &self.shared {
+            s.0.retired.notify();
+        }
+    }
+
+    /// The shared budget's settlement epoch, for an admission about to wait
+    /// past it; `None` without a shared budget.
+    pub(crate) fn shared_epoch(&self) -> Option<u64> {
+        self.shared
+            .as_ref()
+            .map(|s| s.0.epoch.load(Ordering::SeqCst))
+    }
+
+    /// Sleep until the shared budget's epoch moves past `seen`, `give_up`
+    /// holds, or the deadline passes. Never polls.
+    pub(crate) fn wait_shared(&self, seen: u64, deadline: Instant, give_up: impl Fn() -> bool) {
+        if let Some(s) = &self.shared {
+            s.0.retired.wait_until(
+                || s.0.epoch.load(Ordering::SeqCst) != seen || give_up(),
+                Some(deadline),
+            );
+        }
+    }
+
+    // --- What is charged. ---
+
+    /// The context's budget limit.
+    #[inline]
+    pub(crate) fn limit(&self) -> u64 {
+        self.budget.limit()
+    }
+
+    /// Change the context's budget limit.
+    pub(crate) fn set_limit(&self, bytes: u64) {
+        self.budget.set_limit(bytes);
+        // Leased bytes were admitted under the old limit: take them back, so
+        // that allocations from now on are held to the new one.
+        self.leases.reclaim(&self.budget);
+    }
+
+    /// Bytes charged to allocations on the context's budget now (leased,
+    /// idle bytes are not; see `lease.rs` for how far this can lag while
+    /// streams allocate).
+    pub(crate) fn charged(&self) -> u64 {
+        if self.leases.enabled() {
+            self.leases.charged(&self.budget)
+        } else {
+            self.budget.charged()
+        }
+    }
+
+    /// The most the context's budget ever held: bytes charged to
+    /// allocations (being made included) plus, with leases on, bytes leased
+    /// to streams and idle. Exact: raised by every successful charge.
+    pub(crate) fn peak_held(&self) -> u64 {
+        self.budget.peak()
+    }
+
+    /// Bytes awaiting teardown now.
+    #[inline]
+    pub(crate) fn awaiting_teardown(&self) -> u64 {
+        self.awaiting_teardown.load(Ordering::Acquire)
+    }
+
+    /// The shared budget's pending, quarantined and awaiting-teardown
+    /// totals; `None` without a shared budget.
+    pub(crate) fn shared_amounts(&self) -> Option<SharedAmounts> {
+        self.shared.as_ref().map(|s| SharedAmounts {
+            pending: s.0.pending.load(Ordering::Acquire),
+            quarantined: s.0.quarantined.load(Ordering::Acquire),
+            awaiting_teardown: s.0.awaiting_teardown.load(Ordering::Acquire),
+        })
+    }
+
+    /// Bytes on the shared budget on their way back: pending releases of
+    /// every context on it, and what retiring contexts on it will give back
+    /// at teardown (see `DeviceMember::returning_at_teardown`). The slow path
+    /// of a refused admission only: it takes the budget's members lock.
+    pub(crate) fn shared_on_the_way(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| {
+            s.0.pending
+                .load(Ordering::Acquire)
+                .saturating_add(s.0.returning_at_teardown())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ChargeRefused, Charges};
+    use crate::SharedBudget;
+
+    #[test]
+    fn a_charge_is_on_both_budgets_or_neither() {
+        let device = SharedBudget::new("gpu0", 100);
+        let c = Charges::new(1000, 0, Some(device.clone()));
+        c.charge(0, 80, 0).unwrap();
+        assert_eq!((c.charged(), device.charged()), (80, 80));
+        match c.charge(0, 30, 0) {
+            Err(ChargeRefused::Shared(label, r)) => {
+                assert_eq!((label.as_str(), r.charged, r.limit), ("gpu0", 80, 100))
+            }
+            other => panic!("expected the shared budget to refuse: {other:?}"),
+        }
+        assert_eq!(c.charged(), 80, "the context's charge was rolled back");
+        c.uncharge(80);
+        assert_eq!((c.charged(), device.charged()), (0, 0));
+    }
+
+    #[test]
+    fn every_step_keeps_the_shared_totals_in_step() {
+        let device = SharedBudget::new("gpu0", 1000);
+        let c = Charges::new(1000, 0, Some(device.clone()));
+        for _ in 0..3 {
+            c.charge(0, 100, 0).unwrap();
+        }
+        // One release settles, one is abandoned, one is refused and
+        // quarantined.
+        c.queued(100);
+        c.queued(100);
+        c.queued(100);
+        assert_eq!(device.pending(), 300);
+        c.uncharge_settled(0, 100);
+        c.abandoned(100);
+        c.unqueued(100);
+        c.quarantined(100);
+        assert_eq!(device.pending(), 0);
+        assert_eq!(device.awaiting_teardown(), 100);
+        assert_eq!(device.quarantined(), 100);
+        assert_eq!((c.charged(), device.charged()), (200, 200));
+        let returned = c.return_at_teardown(100);
+        assert_eq!(
+            (returned.quarantined, returned.awaiting_teardown),
+            (100, 100)
+        );
+        assert_eq!((c.charged(), device.charged()), (0, 0));
+        assert_eq!((device.quarantined(), device.awaiting_teardown()), (0, 0));
+    }
+
+    #[test]
+    fn bytes_held_after_teardown_are_returned_at_once() {
+        let device = SharedBudget::new("gpu0", 1000);
+        let c = Charges::new(1000, 0, Some(device.clone()));
+        c.charge(0, 64, 0).unwrap();
+        c.queued(64);
+        c.return_at_teardown(0);
+        // A release the backend abandons after teardown (a backend bug).
+        c.abandoned(64);
+        assert_eq!(c.awaiting_teardown(), 0);
+        assert_eq!((c.charged(), device.charged()), (0, 0));
+        assert_eq!((device.pending(), device.awaiting_teardown()), (0, 0));
+    }
+
+    #[test]
+    fn settled_bytes_go_back_into_the_lease() {
+        let c = Charges::new(10 << 20, 1 << 20, None);
+        c.charge(3, 4096, 0).unwrap();
+        assert_eq!(c.charged(), 4096, "leased, idle bytes are not charged");
+        let held = c.peak_held();
+        assert!(held >= 4096 + (1 << 20), "the lease was refilled: {held}");
+        c.uncharge_settled(3, 4096);
+        assert_eq!(c.charged(), 0);
+        c.set_limit(4096);
+        c.charge(3, 4096, 0).unwrap();
+        assert!(c.charge(3, 1, 0).is_err(), "held to the new limit");
+    }
+}
