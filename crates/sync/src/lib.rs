@@ -29,9 +29,14 @@
 //!   [`LeaseSlots`]: units leased to shards of streams, one cache line each,
 //!   that a refusal elsewhere takes back while their holders are taking from
 //!   them, with refusals exact, and that retire or teardown close for good.
+//! * [`Lifecycle`]: one context's phase, pins, pending releases, gate and
+//!   waiters built from the above, and the transitions (retire, loss, force,
+//!   teardown, the background reap) that the governor drives and the loom
+//!   models check.
 
 mod claim;
 mod lease;
+mod lifecycle;
 mod notify;
 mod word;
 
@@ -41,6 +46,7 @@ pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `ShardedCount`.
 #[allow(unused_imports)]
 pub use lease::{LeaseSlots, Leases, Pool, Take};
+pub use lifecycle::{Destroyer, Forcing, GateClaim, Lifecycle, Phase, Reaper, Teardown};
 pub use notify::Notifier;
 #[allow(unused_imports)]
 pub use word::{CountWord, EpochWord, ShardedCount};
