@@ -56,7 +56,7 @@ use super::retire::TeardownReport;
 use super::stats::Stats;
 use super::stats::SHARDS;
 use super::stream::StreamShared;
-use crate::sync::{lock, AcquireError, Destroyer, Forcing, GateClaim, Lifecycle, Teardown};
+use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
@@ -170,7 +170,8 @@ unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
 /// claim, so teardown cannot move the backend out from under it.
 pub(crate) struct BackendGuard<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
-    _claim: GateClaim<'a, SHARDS>,
+    /// The gate shard whose claim this guard holds (`Lifecycle::enter_gate`).
+    shard: usize,
 }
 
 impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
@@ -186,6 +187,13 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
                 .as_ref()
                 .expect("backend present while the gate is open")
         }
+    }
+}
+
+impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
+    #[inline]
+    fn drop(&mut self) {
+        self.ctx.life.leave_gate(self.shard);
     }
 }
 
@@ -290,11 +298,13 @@ impl<C: DeviceContext> ContextInner<C> {
     /// stream pass through their own shard.
     #[inline]
     pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
-        let claim = self.life.enter(shard)?;
-        Some(BackendGuard {
-            ctx: self,
-            _claim: claim,
-        })
+        // Not `then_some`: it would make (and drop, giving back a claim
+        // never taken) a guard when the gate is closed.
+        if self.life.enter_gate(shard) {
+            Some(BackendGuard { ctx: self, shard })
+        } else {
+            None
+        }
     }
 
     /// Reach the backend while the gate is closed, for `force` only: the

@@ -153,9 +153,7 @@ pub struct GateClaim<'a, const N: usize> {
 impl<const N: usize> Drop for GateClaim<'_, N> {
     #[inline]
     fn drop(&mut self) {
-        if self.life.gate.release(self.shard) {
-            self.life.waiters.notify();
-        }
+        self.life.leave_gate(self.shard);
     }
 }
 
@@ -277,13 +275,35 @@ impl<const N: usize> Lifecycle<N> {
     /// `None` once teardown or force has closed it.
     #[inline]
     pub fn enter(&self, shard: usize) -> Option<GateClaim<'_, N>> {
+        if self.enter_gate(shard) {
+            Some(GateClaim { life: self, shard })
+        } else {
+            None
+        }
+    }
+
+    /// [`enter`](Self::enter) for a guard that keeps its own way back to
+    /// this lifecycle (the governor's `BackendGuard`, which holds the record
+    /// and the shard): true if the caller now holds a claim of `shard`,
+    /// which it gives back with exactly one [`leave_gate`](Self::leave_gate).
+    #[inline]
+    pub fn enter_gate(&self, shard: usize) -> bool {
         match self.gate.enter(shard) {
-            Entry::Entered => Some(GateClaim { life: self, shard }),
-            Entry::Closed => None,
+            Entry::Entered => true,
+            Entry::Closed => false,
             Entry::ClosedDrained => {
                 self.waiters.notify();
-                None
+                false
             }
+        }
+    }
+
+    /// Give back a claim of `shard` taken by [`enter_gate`](Self::enter_gate);
+    /// the last one of a closed gate wakes teardown or force.
+    #[inline]
+    pub fn leave_gate(&self, shard: usize) {
+        if self.gate.release(shard) {
+            self.waiters.notify();
         }
     }
 
@@ -300,10 +320,22 @@ impl<const N: usize> Lifecycle<N> {
     #[inline]
     pub fn acquire_pin(&self) -> Result<(), AcquireError> {
         match self.pins.try_acquire() {
-            Err(AcquireError::Overflow) if self.pin_leases.enabled() => {
+            Ok(()) => Ok(()),
+            Err(e) => self.pin_refused(e),
+        }
+    }
+
+    /// The pin word refused: at the maximum, with leases on, take back
+    /// every idle lease and try again. Out of line, so that the hot path
+    /// above carries nothing of it.
+    #[cold]
+    #[inline(never)]
+    fn pin_refused(&self, e: AcquireError) -> Result<(), AcquireError> {
+        match e {
+            AcquireError::Overflow if self.pin_leases.enabled() => {
                 self.pin_leases.reclaim_then_take(&PinPool(self), 1, 0)
             }
-            r => r,
+            e => Err(e),
         }
     }
 
@@ -317,6 +349,14 @@ impl<const N: usize> Lifecycle<N> {
         if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
             return Ok(());
         }
+        self.refill_pin_lease(shard)
+    }
+
+    /// The shard's pin lease is empty: refill it from the pin word (once
+    /// per chunk), else take back every idle lease and try again. Out of
+    /// line, so that the take from the lease inlines alone.
+    #[inline(never)]
+    fn refill_pin_lease(&self, shard: usize) -> Result<(), AcquireError> {
         self.pin_leases.take_from_pool(&PinPool(self), shard, 1, 0)
     }
 
