@@ -95,7 +95,7 @@ impl Phase {
 /// waiting retirer) finishes the context instead.
 pub type Reaper = Box<dyn Fn() -> bool + Send + Sync>;
 
-/// The lifecycle of one context (see the [module docs](self)), with `N`
+/// The lifecycle of one context (its invariants head `lifecycle.rs`), with `N`
 /// shards of streams for the pin leases, the pending count and the gate.
 pub struct Lifecycle<const N: usize> {
     pins: ClaimCounter,
