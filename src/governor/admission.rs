@@ -242,11 +242,11 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
                 // settlement either sees the registration (and bumps the
                 // epoch and wakes) or is seen by the attempt that follows
                 // (see `ContextInner::announce_settlement`).
-                ctx.settle_epoch.register();
+                ctx.life.settle_epoch.register();
                 std::sync::atomic::fence(Ordering::SeqCst);
                 Self::Context {
                     ctx,
-                    seen: ctx.settle_epoch.epoch(),
+                    seen: ctx.life.settle_epoch.epoch(),
                 }
             }
         }
@@ -271,8 +271,8 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
                 ctx.charges.wait_shared(seen, deadline, || !ctx.accepting());
             }
             Self::Context { ctx, seen } => {
-                ctx.settled.wait_until(
-                    || ctx.settle_epoch.epoch() != seen || !ctx.accepting(),
+                ctx.life.settled.wait_until(
+                    || ctx.life.settle_epoch.epoch() != seen || !ctx.accepting(),
                     Some(deadline),
                 );
             }
@@ -283,7 +283,7 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
 impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
     fn drop(&mut self) {
         if let Self::Context { ctx, .. } = self {
-            ctx.settle_epoch.unregister();
+            ctx.life.settle_epoch.unregister();
         }
     }
 }

@@ -1,49 +1,36 @@
 //! The per-context record shared by handles, streams, buffers, pins and
-//! pending releases, and the lifecycle transitions that act on it.
+//! pending releases: the backend, its lifecycle ([`Lifecycle`], in
+//! `memgov-sync`, where the loom models drive it) and the governor's
+//! bookkeeping around them.
 //!
 //! # Invariants
 //!
-//! * `pins` counts every holder that must finish before teardown: streams,
-//!   live buffers, external pins and in-flight allocations, plus the idle
-//!   claims of the pin leases (`pin_leases`: a buffer's pin comes out of its
-//!   stream shard's lease and goes back into a shard's lease; see
-//!   [`PinPool`]). Retire and loss close the leases before the word
-//!   (`close_pins`), so that no pin is taken once either has run, and the
-//!   idle claims are back on the word by the time it closes. A buffer's pin
-//!   is *moved* into `pending` when its release is queued (`pending` is
-//!   incremented before the pin is released, so the sum never reaches zero
-//!   early) and leaves `pending` when the release retires or is abandoned.
-//! * `pending` is counted per shard of streams (`ShardedCount`): a release
-//!   is counted on the shard of the stream it was queued on, and leaves it
-//!   there. Only after `begin_retire` closes the shards can the total reach
-//!   zero.
-//! * `gate` counts backend calls in flight, one claim word per shard. The
-//!   backend value is only reached through a [`BackendGuard`], which holds a
-//!   claim of one shard; `finish` closes every shard and waits for all of
-//!   them to drain before it moves the backend out to call `teardown`. That
-//!   is what makes the `UnsafeCell` below sound.
+//! * The lifecycle's own invariants (pins and their leases, pending
+//!   releases per shard, the gate, the phase, the background reap) are kept
+//!   by [`Lifecycle`]; this record calls its transitions and acts on what
+//!   they hand out: a [`Destroyer`] (the one caller that tears the backend
+//!   down), a [`Forcing`] (the one forcer, with the gate closed and drained)
+//!   and the reaper hook (a retiring, drained context that nobody attends).
+//! * The backend value is only reached through a [`BackendGuard`], which
+//!   holds a claim of one gate shard; `finish` moves it out only under the
+//!   `Destroyer`, when the gate is closed and drained, and `force` reaches it
+//!   only under the `Forcing`. That is what makes the `UnsafeCell` below
+//!   sound.
 //! * Every transition of a buffer's or stream's *live* count, and the pin
 //!   release that goes with it, happens while a gate claim is held. `force`
-//!   reads those counts only after closing the gate and seeing it drain, so
-//!   each live buffer and stream has its pin either revoked by `force` or
-//!   released by its own path, never both and never neither.
+//!   reads those counts only under the `Forcing`, so each live buffer and
+//!   stream has its pin either revoked by `force` or released by its own
+//!   path, never both and never neither.
 //! * Statistics of live and pending buffers live in [`Stats`] (its own
 //!   module, with its own invariants); every change of the admitted, queued
 //!   and gone totals happens under a gate claim, so `force` reads stable live
 //!   totals once the gate has drained.
-//! * `pending` carries its waiters in its total (`CountWord`): a waiter
-//!   registers there before its first check, and the settlement's own RMW
-//!   tells it whether to wake. Admission waiters register in
-//!   `settle_epoch` and fence before their attempt; a settlement fences and
-//!   bumps the epoch only if it sees one ([`announce_settlement`](ContextInner::announce_settlement)).
 //! * A shard's `spare` slot may hold a `PendingRelease` box with an `Arc` of
 //!   this record (a cycle): `begin_retire` closes every slot for good, and the
 //!   registry keeps the record alive until a retire has begun, so the cycle
 //!   never outlives the last outside reference.
-//! * The phase ([`Phase`]) only moves forward, by the transitions in this
-//!   file. Teardown runs once: the phase moves Retiring -> Terminating by
-//!   compare-and-swap and only the winner calls the backend; a panicking
-//!   `teardown` is caught, so Terminated is always reached.
+//! * Teardown runs once (the `Destroyer`); a panicking `teardown` is caught,
+//!   so Terminated is always reached.
 //! * Charges: `charge` puts an allocation's bytes on the context's budget
 //!   (through its stream's lease, see `lease.rs`) and the shared one
 //!   together; they come off when an executed free settles
@@ -52,9 +39,9 @@
 //!   one accounting step every teardown path runs
 //!   (`return_charges_at_teardown`).
 //! * A retiring context with no `RetireHandle` left is torn down by a
-//!   reaper thread, started by whichever of the last pin, the last pending
-//!   release and the last handle goes last (`reap_if_unattended`, modelled
-//!   in `tests/loom.rs`); the reaper holds an `Arc` of the record.
+//!   reaper thread, which the lifecycle's reaper hook ([`start_reaper`])
+//!   starts on the event that drained it; the reaper holds an `Arc` of the
+//!   record.
 //! * Every pin and charge taken before a call into a backend or user code is
 //!   held in a guard across the call, so a panic there releases it.
 //! * No lock in this record is held while calling the backend, a pressure
@@ -69,10 +56,7 @@ use super::report::TeardownReport;
 use super::shards::{GLOBAL, SHARDS};
 use super::stats::Stats;
 use super::stream::StreamShared;
-use crate::sync::{
-    fence, lock, AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases as PinLeases,
-    Notifier, Pool, ShardedCount,
-};
+use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
@@ -80,34 +64,13 @@ use crate::{
 use std::cell::UnsafeCell;
 use std::ops::Deref;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// Where a context is in its life: the record's phase word. It only moves
-/// forward, by the transitions in this file (`begin_retire`: Active ->
-/// Retiring; `finish`: Retiring -> Terminating by compare-and-swap, then
-/// Terminated once the report is stored).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Phase {
-    Active = 0,
-    Retiring = 1,
-    Terminating = 2,
-    Terminated = 3,
-}
-
-impl Phase {
-    fn from_word(v: u8) -> Self {
-        match v {
-            0 => Self::Active,
-            1 => Self::Retiring,
-            2 => Self::Terminating,
-            _ => Self::Terminated,
-        }
-    }
-}
+/// Where a context is in its life (see [`Lifecycle`]).
+pub(crate) use crate::sync::Phase;
 
 /// Monotonic event counters. `allocations`, `releases_queued` and `retired`
 /// are derived from the statistics (see [`ContextInner::allocations`]).
@@ -148,35 +111,15 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub label: String,
     pub description: DeviceDescription,
     pub admission: Admission,
-    /// Whether the admission policy ever waits for a settlement: with
-    /// `FailFast` no admission waiter exists, and a settlement skips even
-    /// the fence of [`announce_settlement`](Self::announce_settlement).
-    waits_for_settlements: bool,
 
-    pins: ClaimCounter,
-    /// Chunks of `pins` leased to shards of streams: a stream takes its
-    /// buffers' pins out of its shard's lease (see [`PinPool`]).
-    pin_leases: PinLeases<SHARDS>,
-    /// Pending releases per shard, and the lifecycle waiters that wait for
-    /// `drained()` (see [`ShardedCount`]).
-    pending: ShardedCount<SHARDS>,
-    /// Backend calls in flight, per shard (see [`ClaimShards`]).
-    gate: ClaimShards<SHARDS>,
-    phase: AtomicU8,
-    lost: AtomicBool,
-    forced: AtomicBool,
-    /// Woken when `pins`, `pending` or `gate` reach zero, and at termination.
-    pub lifecycle: Notifier,
+    /// Phase, pins, pending releases, the gate and their waiters, and the
+    /// transitions between them. Its `settled` notifier and `settle_epoch`
+    /// are the admission waiters'.
+    pub life: Lifecycle<SHARDS>,
 
     /// The context's budget, its leases, its shared budget and the bytes
     /// held until teardown (see `charges.rs`).
     pub charges: Charges,
-    /// Woken when a release of this context settles (admission waiters), and
-    /// on device loss and termination.
-    pub settled: Notifier,
-    /// Bumped by a settlement while an admission waiter is registered in it
-    /// (see [`announce_settlement`](Self::announce_settlement)).
-    pub settle_epoch: EpochWord,
 
     /// Live, pending and quarantined amounts (see `stats.rs`).
     pub stats: Stats,
@@ -193,30 +136,22 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
     quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
     pub responders: Mutex<Vec<PressureResponder>>,
-    lost_reason: Mutex<Option<String>>,
     report: Mutex<Option<TeardownReport>>,
     retire_started: Mutex<Option<Instant>>,
 
     /// The cached `PendingRelease` boxes, one slot per shard (see
     /// `release.rs`).
     pub spares: Spares<C>,
-    /// This record, for the reaper thread a background teardown starts.
-    this: Weak<ContextInner<C>>,
-    /// Live [`RetireHandle`](super::RetireHandle)s: while there is one, its
-    /// owner finishes the teardown; with none, the last holder's exit starts
-    /// a reaper (see [`reap_if_unattended`](Self::reap_if_unattended)).
-    attended: AtomicUsize,
-    /// Whether a reaper was started (once).
-    reaping: AtomicBool,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
     reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 // SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
-// `C: Sync`) or moved out by the single winner of the TERMINATING transition
-// after the gate is closed and drained, when no `&C` exists any more. Every
-// other field is Sync on its own.
+// `C: Sync`), through `with_closed_gate` under the lifecycle's `Forcing`
+// (shared `&C`, no guard can exist), or moved out under its `Destroyer`
+// (gate closed and drained, when no `&C` exists any more). Every other
+// field is Sync on its own.
 unsafe impl<C: DeviceContext> Sync for ContextInner<C> {}
 // SAFETY: `C: Send`; the cell is moved between threads only as part of the
 // whole record.
@@ -226,15 +161,18 @@ unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
 /// claim, so teardown cannot move the backend out from under it.
 pub(crate) struct BackendGuard<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
+    /// The gate shard whose claim this guard holds (`Lifecycle::enter_gate`).
     shard: usize,
 }
 
 impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
     type Target = C;
+    #[inline]
     fn deref(&self) -> &C {
         // SAFETY: this guard holds a gate claim; `finish` moves the backend
-        // out only after closing the gate and observing zero claims, so the
-        // Option is Some and stays in place for the guard's lifetime.
+        // out only under the lifecycle's `Destroyer`, which is handed out
+        // once the gate is closed and drained of claims, so the Option is
+        // Some and stays in place for the guard's lifetime.
         unsafe {
             (*self.ctx.backend.get())
                 .as_ref()
@@ -244,9 +182,45 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
 }
 
 impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
+    #[inline]
     fn drop(&mut self) {
-        if self.ctx.gate.release(self.shard) {
-            self.ctx.lifecycle.notify();
+        self.ctx.life.leave_gate(self.shard);
+    }
+}
+
+/// Start the background teardown of `this` on a thread of its own: the
+/// lifecycle's reaper hook. Never tears down on the calling thread, which
+/// may be a driver callback thread (a `RetireSignal` fired), where calling
+/// back into the driver is forbidden. The thread holds the record, so the
+/// report stays readable through any handle and the governor's snapshot.
+/// `Governor::drop` joins it if it still owns the record; one started after
+/// the governor is gone runs detached and touches only the record and the
+/// backend it tears down.
+///
+/// Returns false when no thread could be started: the context stays
+/// retiring (drained) until a `retire().wait(..)` finishes it.
+fn start_reaper<C: DeviceContext>(this: &Weak<ContextInner<C>>) -> bool {
+    // Every event that calls the hook holds an Arc of the record (a
+    // buffer's stream, a pending release, a pin source, a handle), so this
+    // succeeds, and the Arc dropped here is never the last.
+    let Some(this) = this.upgrade() else {
+        return true;
+    };
+    let record = this.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("memgov-reaper-{}", this.id))
+        .spawn(move || {
+            record.finish();
+        });
+    match spawned {
+        Ok(handle) => {
+            *lock(&this.reaper) = Some(handle);
+            true
+        }
+        Err(_e) => {
+            #[cfg(feature = "tracing")]
+            tracing::error!(context = %this.id, error = %_e, "memgov: could not start the reaper; the context stays retiring until retire().wait() finishes it");
+            false
         }
     }
 }
@@ -269,18 +243,15 @@ impl<C: DeviceContext> ContextInner<C> {
             },
             description,
             admission: config.admission,
-            waits_for_settlements: matches!(config.admission, Admission::WaitForPending { .. }),
-            pins: ClaimCounter::new(config.max_pins),
-            pin_leases: PinLeases::new(config.pin_lease_chunk),
-            pending: ShardedCount::new(),
-            gate: ClaimShards::new(crate::sync::MAX_CLAIMS),
-            phase: AtomicU8::new(Phase::Active as u8),
-            lost: AtomicBool::new(false),
-            forced: AtomicBool::new(false),
-            lifecycle: Notifier::new(),
+            // With `FailFast` no admission waiter exists, and a settlement
+            // skips even the fence of `announce_settlement`.
+            life: Lifecycle::new(
+                config.max_pins,
+                config.pin_lease_chunk,
+                matches!(config.admission, Admission::WaitForPending { .. }),
+                Box::new(move || start_reaper(&this)),
+            ),
             charges: Charges::new(limit, config.lease_chunk, config.shared),
-            settled: Notifier::new(),
-            settle_epoch: EpochWord::new(),
             stats: Stats::new(config.exact_peak),
             counters: Counters::default(),
             outside: Default::default(),
@@ -290,13 +261,9 @@ impl<C: DeviceContext> ContextInner<C> {
             sources: Mutex::new(Vec::new()),
             quarantine: Mutex::new(Vec::new()),
             responders: Mutex::new(Vec::new()),
-            lost_reason: Mutex::new(None),
             report: Mutex::new(None),
             retire_started: Mutex::new(None),
             spares: Spares::new(),
-            this,
-            attended: AtomicUsize::new(0),
-            reaping: AtomicBool::new(false),
             reaper: Mutex::new(None),
         }
     }
@@ -313,60 +280,48 @@ impl<C: DeviceContext> ContextInner<C> {
     /// stream pass through their own shard.
     #[inline]
     pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
-        match self.gate.enter(shard) {
-            Entry::Entered => Some(BackendGuard { ctx: self, shard }),
-            Entry::Closed => None,
-            Entry::ClosedDrained => {
-                self.lifecycle.notify();
-                None
-            }
+        // Not `then_some`: it would make (and drop, giving back a claim
+        // never taken) a guard when the gate is closed.
+        if self.life.enter_gate(shard) {
+            Some(BackendGuard { ctx: self, shard })
+        } else {
+            None
         }
     }
 
-    /// Reach the backend while the gate is closed, for `force` only.
-    ///
-    /// Precondition: the caller closed the gate, observed it drained, and
-    /// holds the context's `forced` flag (so it is the only forcer), and at
-    /// least one stream pin is still outstanding (so `finish` cannot have
-    /// started, as it needs `drained()`).
-    fn with_closed_gate<R>(&self, f: impl FnOnce(&C) -> R) -> Option<R> {
+    /// Reach the backend while the gate is closed, for `force` only: the
+    /// `Forcing` proves that the gate is closed and drained and that the
+    /// caller is the only forcer. The caller also holds at least one stream
+    /// pin still outstanding, so `finish` cannot have started (it needs
+    /// `drained()`).
+    fn with_closed_gate<R>(
+        &self,
+        _forcing: &Forcing<'_, SHARDS>,
+        f: impl FnOnce(&C) -> R,
+    ) -> Option<R> {
         // (The gate may read undrained again for an instant: a call refused
         // at the closed gate takes and gives back a claim. It never makes a
         // guard.)
-        debug_assert!(self.gate.is_closed() && self.forced.load(Ordering::Acquire));
-        // SAFETY: per the precondition no BackendGuard exists or can be made,
+        // SAFETY: under the `Forcing` no BackendGuard exists or can be made,
         // and the backend is moved out only by `finish`, which cannot run
         // while the stream pin the caller is synchronizing is outstanding.
         unsafe { (*self.backend.get()).as_ref() }.map(f)
     }
 
     /// Acquire a pin from the context's pin word, with the error the pin
-    /// contract names. At the maximum, idle pin leases are taken back first
-    /// (see [`PinPool`]), so that `PinCountOverflow` is exact.
+    /// contract names. At the maximum, idle pin leases are taken back first,
+    /// so that `PinCountOverflow` is exact.
     #[inline]
     pub(crate) fn acquire_pin(&self) -> Result<(), ProviderContextPinError> {
-        match self.pins.try_acquire() {
-            Ok(()) => Ok(()),
-            Err(AcquireError::Overflow) if self.pin_leases.enabled() => self
-                .pin_leases
-                .reclaim_then_take(&PinPool(self), 1, 0)
-                .map_err(|e| self.pin_refusal(e)),
-            Err(e) => Err(self.pin_refusal(e)),
-        }
+        self.life.acquire_pin().map_err(|e| self.pin_refusal(e))
     }
 
     /// Acquire a pin for an allocation on a stream of `shard`: out of the
     /// shard's pin lease, refilled from the pin word when short.
     #[inline]
     pub(crate) fn acquire_pin_on(&self, shard: usize) -> Result<(), ProviderContextPinError> {
-        if !self.pin_leases.enabled() {
-            return self.acquire_pin();
-        }
-        if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
-            return Ok(());
-        }
-        self.pin_leases
-            .take_from_pool(&PinPool(self), shard, 1, 0)
+        self.life
+            .acquire_pin_on(shard)
             .map_err(|e| self.pin_refusal(e))
     }
 
@@ -378,87 +333,53 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    /// Outstanding pins now: held by something, not leased and idle (the
-    /// two are read apart, so a pin moving between them may be half-seen).
+    /// Outstanding pins now: held by something, not leased and idle.
+    #[inline]
     pub(crate) fn pin_count(&self) -> u64 {
-        self.pins.count().saturating_sub(self.pin_leases.idle())
+        self.life.pin_count()
     }
 
     /// Pending releases now.
+    #[inline]
     pub(crate) fn pending_count(&self) -> u64 {
-        self.pending.count()
+        self.life.pending_count()
     }
 
     /// Whether the backend gate is closed: by `force` (live buffers and
     /// streams were reclaimed) or by teardown.
     #[inline]
     pub(crate) fn gate_closed(&self) -> bool {
-        self.gate.is_closed()
+        self.life.gate_closed()
     }
 
     /// A live buffer's pin is about to move into a pending release queued
-    /// on a stream of `shard`: count the release first, so that pins +
-    /// pending never touches zero in between (which is also what
-    /// [`ShardedCount`] needs of its caller). Call under a gate claim, before
-    /// the buffer's pin goes.
+    /// on a stream of `shard` (see [`Lifecycle::pending_queued`]). Call under
+    /// a gate claim, before the buffer's pin goes.
     #[inline]
     pub(crate) fn pending_queued(&self, shard: usize) {
-        self.pending.increment(shard);
+        self.life.pending_queued(shard);
     }
 
     /// A pending release queued on a stream of `shard` left: settled, or its
-    /// free refused (undone). Wakes the teardown waiters if it was the last
-    /// one they waited for, and starts the background teardown if nobody
-    /// waits.
+    /// free refused (undone) (see [`Lifecycle::pending_left`]).
     #[inline]
     pub(crate) fn pending_left(&self, shard: usize) {
-        if self.pending.decrement(shard) {
-            self.lifecycle.wake_all();
-            self.reap_if_unattended();
-        }
+        self.life.pending_left(shard);
     }
 
     /// A release settled (or a live buffer went with a lost device): wake
-    /// the admission waiters, if one is registered. Nobody waiting, this
-    /// writes nothing: a SeqCst fence and a load of a line only waiters
-    /// write. The waiter registers (SeqCst) and fences before its attempt
-    /// (`admission.rs`); of the two fences, whichever comes first in their
-    /// total order, either the waiter's attempt sees what this settlement
-    /// gave back, or this load sees the registration and bumps the epoch the
-    /// waiter waits past.
-    ///
-    /// Under `FailFast` nothing ever registers, so there is nothing to
-    /// announce (the admission policy is fixed at registration).
+    /// the admission waiters, if one is registered (see
+    /// [`Lifecycle::announce_settlement`]).
     #[inline]
     pub(crate) fn announce_settlement(&self) {
-        if !self.waits_for_settlements {
-            return;
-        }
-        fence(Ordering::SeqCst);
-        if self.settle_epoch.has_waiters() {
-            let _ = self.settle_epoch.bump();
-            self.settled.wake_all();
-        }
-    }
-
-    /// A waiter for `drained()` registers in `pending` before its first
-    /// check (see `CountWord`): the settlement taking it to zero wakes it.
-    pub(crate) fn register_drain_waiter(&self) {
-        self.pending.register();
-    }
-
-    /// Undo [`register_drain_waiter`](Self::register_drain_waiter).
-    pub(crate) fn unregister_drain_waiter(&self) {
-        self.pending.unregister();
+        self.life.announce_settlement();
     }
 
     /// Drop a pin, waking the teardown waiter if it was the last (and
     /// starting the background teardown if nobody waits).
     #[inline]
     pub(crate) fn release_pin(&self) {
-        if self.pins.release() {
-            self.pins_drained();
-        }
+        self.life.release_pin();
     }
 
     /// Drop a pin taken by a stream of `shard` (or by anything, when
@@ -466,37 +387,32 @@ impl<C: DeviceContext> ContextInner<C> {
     /// two chunks and puts the rest back on the pin word.
     #[inline]
     pub(crate) fn release_pin_on(&self, shard: usize) {
-        if shard == GLOBAL || !self.pin_leases.enabled() {
-            self.release_pin();
+        if shard == GLOBAL {
+            self.life.release_pin();
         } else {
-            self.pin_leases.give(&PinPool(self), shard, 1);
+            self.life.release_pin_on(shard);
         }
     }
 
-    /// The last claim of the closed pin word is gone.
-    #[cold]
-    fn pins_drained(&self) {
-        self.lifecycle.notify();
-        self.reap_if_unattended();
-    }
-
+    #[inline]
     pub(crate) fn phase(&self) -> Phase {
-        Phase::from_word(self.phase.load(Ordering::Acquire))
+        self.life.phase()
     }
 
+    #[inline]
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.life.is_lost()
     }
 
     pub(crate) fn lost_reason(&self) -> String {
-        lock(&self.lost_reason)
-            .clone()
+        self.life
+            .lost_reason()
             .unwrap_or_else(|| "device lost".into())
     }
 
     /// Why the device was declared lost, if it was.
     pub(crate) fn lost_reason_if_lost(&self) -> Option<String> {
-        lock(&self.lost_reason).clone()
+        self.life.lost_reason()
     }
 
     /// The stored teardown report, once the context terminated.
@@ -559,8 +475,9 @@ impl<C: DeviceContext> ContextInner<C> {
     /// Whether new work is still admitted: not retiring, lost or torn down.
     /// (A pin taken before retire keeps its holder going; an allocation that
     /// has to wait for room gives up once this is false.)
+    #[inline]
     pub(crate) fn accepting(&self) -> bool {
-        self.phase() == Phase::Active && !self.is_lost()
+        self.life.accepting()
     }
 
     /// The error an allocation refused for that reason returns.
@@ -574,148 +491,63 @@ impl<C: DeviceContext> ContextInner<C> {
 
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
+    #[inline]
     pub(crate) fn drained(&self) -> bool {
-        self.pins.is_drained() && (self.is_lost() || self.pending.is_zero())
+        self.life.drained()
     }
 
     /// Stop accepting work: new pins fail from now on, and allocations
     /// waiting for room give up.
     pub(crate) fn begin_retire(&self) {
-        let first = self
-            .phase
-            .compare_exchange(
-                Phase::Active as u8,
-                Phase::Retiring as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
-        if first {
-            // A permanent waiter in `pending`: from now on the settlement
-            // that takes it to zero reports it (see `ShardedCount`), so that
-            // a background teardown can start there. Then the shards close:
-            // from now on each holds the total above zero only while it has
-            // releases pending.
-            self.pending.register();
-            if self.pending.close() {
-                self.lifecycle.wake_all();
-            }
-        }
         // Break the reference cycle of cached PendingRelease boxes before the
-        // record can lose its last outside reference.
+        // record can lose its last outside reference (before any reaper can
+        // start, too).
         super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
-        self.close_pins();
+        self.life.begin_retire();
         // Nothing can be admitted any more: drop the pressure responders and
         // whatever they captured (a responder that holds a stream or buffers
         // of this context would otherwise keep it from ever draining). Their
         // destructors are user code: they run after the lock is released.
         let responders = std::mem::take(&mut *lock(&self.responders));
         drop(responders);
-        // Admission waiters check `accepting()`: wake them to give up.
-        self.settled.notify();
+        // Admissions on the shared budget check `accepting()` too.
         self.charges.wake_shared_waiters();
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, pins = self.pins.count(), pending = self.pending.count(), "memgov: retiring context");
+        tracing::info!(context = %self.id, label = %self.label, pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
     }
 
     /// A [`RetireHandle`](super::RetireHandle) begins: its owner finishes
-    /// the teardown. Counted before `begin_retire`, so that a context drained
-    /// already is torn down by the caller, not by a reaper.
+    /// the teardown (see [`Lifecycle::attend`]).
+    #[inline]
     pub(crate) fn attend(&self) {
-        self.attended.fetch_add(1, Ordering::SeqCst);
+        self.life.attend();
     }
 
     /// A `RetireHandle` ends; with none left, a drained context is torn down
     /// in the background.
+    #[inline]
     pub(crate) fn unattend(&self) {
-        self.attended.fetch_sub(1, Ordering::SeqCst);
-        self.reap_if_unattended();
-    }
-
-    /// Start the background teardown if the context is retiring, drained,
-    /// and no `RetireHandle` is left to finish it. Called after every event
-    /// that can make that true (last pin, last pending release, loss, last
-    /// handle gone), each after its own write, so that of two racing events
-    /// the later one sees both (the SeqCst fence below pairs with the fence
-    /// of the other event's check).
-    ///
-    /// The teardown runs on a new thread, never on this one: this may be a
-    /// driver callback thread (a `RetireSignal` fired), where calling back
-    /// into the driver is forbidden. The thread holds the record, so the
-    /// report stays readable through any handle and the governor's snapshot.
-    /// `Governor::drop` joins it if it still owns the record; one started
-    /// after the governor is gone runs detached and touches only the record
-    /// and the backend it tears down.
-    pub(crate) fn reap_if_unattended(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.phase() != Phase::Retiring
-            || self.attended.load(Ordering::SeqCst) != 0
-            || !self.drained()
-            || self.reaping.swap(true, Ordering::AcqRel)
-        {
-            return;
-        }
-        // Every caller holds an Arc of the record (a buffer's stream, a
-        // pending release, a pin source, a handle), so this succeeds.
-        let Some(this) = self.this.upgrade() else {
-            return;
-        };
-        let id = self.id;
-        let spawned = std::thread::Builder::new()
-            .name(format!("memgov-reaper-{id}"))
-            .spawn(move || {
-                this.finish();
-            });
-        match spawned {
-            Ok(handle) => *lock(&self.reaper) = Some(handle),
-            Err(_e) => {
-                // No thread to be had: the context stays retiring (drained)
-                // until a `retire().wait(..)` finishes it. Tearing down here
-                // could run the driver under its own callback.
-                self.reaping.store(false, Ordering::Release);
-                #[cfg(feature = "tracing")]
-                tracing::error!(context = %id, error = %_e, "memgov: could not start the reaper; the context stays retiring until retire().wait() finishes it");
-            }
-        }
-    }
-
-    /// No pin is acquired from now on: the pin leases close (their idle
-    /// claims go back to the pin word, and no take from a lease succeeds
-    /// after this), then the pin word closes. Returns true if nothing held
-    /// the context then; its waiters are woken.
-    fn close_pins(&self) -> bool {
-        self.pin_leases.close(&PinPool(self));
-        let drained = self.pins.close();
-        if drained {
-            self.lifecycle.notify();
-        }
-        drained
+        self.life.unattend();
     }
 
     /// Declare the device lost. Returns false if it already was.
     pub(crate) fn mark_lost(&self, reason: &str) -> bool {
-        if self.lost.swap(true, Ordering::AcqRel) {
+        // Pins are refused, a drained retiring context may be reaped, and
+        // the lifecycle and admission waiters are woken before the
+        // backend's hook runs: if it panics, waiters still see the loss (a
+        // teardown they start waits at the gate for the hook's claim).
+        if !self.life.mark_lost(reason) {
             return false;
         }
-        *lock(&self.lost_reason) = Some(reason.to_owned());
-        if self.close_pins() {
-            // Nothing held the context: a retiring one may be reaped now.
-            self.reap_if_unattended();
-        }
         #[cfg(feature = "tracing")]
-        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.pending.count(), "memgov: device lost");
-        // Wake before the backend's hook runs: if it panics, waiters still
-        // see the loss (a teardown they start waits at the gate for the
-        // hook's claim).
-        self.lifecycle.notify();
-        self.settled.notify();
+        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.life.pending_count(), "memgov: device lost");
         self.charges.wake_shared_waiters();
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
         // Pending releases no longer hold a lost context.
-        self.reap_if_unattended();
+        self.life.reap_if_unattended();
         true
     }
 
@@ -763,28 +595,26 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     /// Whether `force` has revoked (or is revoking) live buffers and streams.
+    #[inline]
     pub(crate) fn is_forced(&self) -> bool {
-        self.forced.load(Ordering::Acquire)
+        self.life.is_forced()
     }
 
-    /// Force's transition, once (a second caller returns at once): close the
-    /// gate, wait for calls in flight, synchronize every stream (unless the
-    /// device is lost), and revoke the pins of live buffers and streams,
-    /// whose memory and raw streams die with the context. The reclaimed
-    /// bytes stay charged until teardown frees them. Precondition: retire
-    /// has begun.
+    /// Force, once (a second caller returns at once): the lifecycle closes
+    /// the gate and waits for calls in flight; then every stream is
+    /// synchronized (unless the device is lost), and the pins of live
+    /// buffers and streams, whose memory and raw streams die with the
+    /// context, are revoked. The reclaimed bytes stay charged until teardown
+    /// frees them. Precondition: retire has begun.
     ///
     /// A `synchronize` that panics does not stop the revocation (a closed
     /// gate with unrevoked pins would wedge the context); the panic is
     /// re-raised once it is done.
     pub(crate) fn force(&self) {
-        if self.forced.swap(true, Ordering::AcqRel) {
+        let Some(forcing) = self.life.begin_force() else {
             return;
-        }
+        };
         let mut panicked = None;
-        // Stop every backend call from starting and wait for those in flight.
-        self.gate.close();
-        self.lifecycle.wait_until(|| self.gate.is_drained(), None);
         // From here on live buffers and streams can no longer release their
         // pins (their paths go through the gate), so the counts are stable.
         if !self.is_lost() {
@@ -794,7 +624,7 @@ impl<C: DeviceContext> ContextInner<C> {
                 .collect();
             for s in &streams {
                 match catch_unwind(AssertUnwindSafe(|| {
-                    self.with_closed_gate(|b| b.synchronize(s.raw()))
+                    self.with_closed_gate(&forcing, |b| b.synchronize(s.raw()))
                 })) {
                     Ok(Some(Err(e))) => self.note_backend_error(&e),
                     Ok(_) => {}
@@ -812,9 +642,7 @@ impl<C: DeviceContext> ContextInner<C> {
         // until then, so that no other context is admitted into it.
         self.charges.hold_until_teardown(reclaimed.bytes);
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
-        if self.pins.revoke(reclaimed.count + streams) {
-            self.lifecycle.notify();
-        }
+        forcing.revoke(reclaimed.count + streams);
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %self.id, label = %self.label, buffers = reclaimed.count, bytes = reclaimed.bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
         if let Some(p) = panicked {
@@ -826,28 +654,32 @@ impl<C: DeviceContext> ContextInner<C> {
     /// is `force` after revoking what it reclaimed. Returns the report; a
     /// second caller waits for the first and gets the same report.
     pub(crate) fn finish(&self) -> TeardownReport {
-        match self.phase.compare_exchange(
-            Phase::Retiring as u8,
-            Phase::Terminating as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {}
-            Err(_) => {
-                self.lifecycle
-                    .wait_until(|| self.phase() == Phase::Terminated, None);
+        let destroyer = match self.life.begin_teardown() {
+            Teardown::Destroy(destroyer) => destroyer,
+            Teardown::Done => {
                 return lock(&self.report)
                     .clone()
                     .expect("report stored before TERMINATED");
             }
-        }
-        // Close the gate and wait for backend calls in flight (handle-level
-        // queries such as memory_info hold no pin) to return.
-        self.gate.close();
-        self.lifecycle.wait_until(|| self.gate.is_drained(), None);
-        // SAFETY: we won RETIRING -> TERMINATING, so no one else moves the
-        // backend out; the gate is closed and drained, so no BackendGuard (and
-        // no `&C`) exists and none can be created.
+        };
+        let report = self.tear_down(&destroyer);
+        *lock(&self.report) = Some(report.clone());
+        destroyer.terminated();
+        // Admissions on the shared budget may be waiting for what this
+        // teardown gave back (see `DeviceMember::returning_at_teardown`):
+        // after the Terminated store, so that a waiter that reads the new
+        // epoch also reads Terminated and sees every byte back.
+        self.charges.announce_returned();
+        report
+    }
+
+    /// The backend's teardown, under the lifecycle's `Destroyer`, and the
+    /// report of it.
+    fn tear_down(&self, _destroyer: &Destroyer<'_, SHARDS>) -> TeardownReport {
+        // SAFETY: the `Destroyer` is handed out once (the winner of
+        // Retiring -> Terminating), with the gate closed and drained: no
+        // BackendGuard (and no `&C`) exists and none can be created, and no
+        // one else moves the backend out.
         let backend = unsafe { (*self.backend.get()).take() };
         let lost = self.is_lost();
         let started = lock(&self.retire_started).unwrap_or_else(Instant::now);
@@ -869,14 +701,14 @@ impl<C: DeviceContext> ContextInner<C> {
             context: self.id,
             label: self.label.clone(),
             lost,
-            forced: self.forced.load(Ordering::Acquire),
+            forced: self.is_forced(),
             retired_releases: self.retired(),
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
             settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
             reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
             quarantined_bytes: returned.quarantined,
             awaiting_teardown_bytes: returned.awaiting_teardown,
-            unsettled_releases: if lost { self.pending.count() } else { 0 },
+            unsettled_releases: if lost { self.life.pending_count() } else { 0 },
             elapsed: started.elapsed(),
             backend_result: result,
         };
@@ -889,15 +721,6 @@ impl<C: DeviceContext> ContextInner<C> {
                 tracing::error!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
             }
         }
-        *lock(&self.report) = Some(report.clone());
-        self.phase.store(Phase::Terminated as u8, Ordering::Release);
-        self.lifecycle.notify();
-        self.settled.notify();
-        // Admissions on the shared budget may be waiting for what this
-        // teardown gave back (see `DeviceMember::returning_at_teardown`):
-        // after the Terminated store, so that a waiter that reads the new
-        // epoch also reads Terminated and sees every byte back.
-        self.charges.announce_returned();
         report
     }
 
@@ -955,38 +778,6 @@ impl<C: DeviceContext> ContextInner<C> {
             .wrapping_add(c.settled_lost.load(Ordering::Relaxed))
             .wrapping_add(c.quarantined.load(Ordering::Relaxed))
             .wrapping_add(c.reclaimed.load(Ordering::Relaxed))
-    }
-}
-
-/// The pin word as a [`Pool`] of the pin leases: a lease of claims is
-/// claims taken on `pins`, counted against `max_pins` like any other; a
-/// refusal for `max_pins` takes back every idle lease first, so
-/// `PinCountOverflow` stays exact, and a closed word refuses at once.
-/// Claims put back may drain the closed word: then its waiters wake.
-///
-/// Teardown observes every pin taken from a lease: the claim stays on the
-/// pin word from the refill that leased it until it is put back, which is
-/// after its holder gave it back to the lease (and the lease's close, a
-/// refusal's reclaim or the excess of a give put it back).
-struct PinPool<'a, C: DeviceContext>(&'a ContextInner<C>);
-
-impl<C: DeviceContext> Pool for PinPool<'_, C> {
-    type Refusal = AcquireError;
-
-    #[inline]
-    fn try_take(&self, n: u64, _credit: u64) -> Result<(), AcquireError> {
-        self.0.pins.try_acquire_n(n)
-    }
-
-    #[inline]
-    fn put(&self, n: u64) {
-        if self.0.pins.release_n(n) {
-            self.0.pins_drained();
-        }
-    }
-
-    fn is_final(refusal: &AcquireError) -> bool {
-        *refusal == AcquireError::Closed
     }
 }
 

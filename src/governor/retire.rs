@@ -153,15 +153,7 @@ impl<C: DeviceContext> RetireHandle<C> {
     pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let start = Instant::now();
         let ctx = &*self.ctx;
-        // Registered in `pending` too: the settlement that takes it to zero
-        // wakes us from there (see `CountWord`); everything else that can make
-        // `drained()` true notifies `lifecycle` itself.
-        ctx.register_drain_waiter();
-        let ready = ctx.lifecycle.wait_until(
-            || ctx.drained() || ctx.phase() == Phase::Terminated,
-            Some(deadline),
-        );
-        ctx.unregister_drain_waiter();
+        let ready = ctx.life.wait_drained(Some(deadline));
         if ready {
             Ok(ctx.finish())
         } else {
@@ -231,17 +223,8 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
         let ctx = self.handle.ctx.clone();
-        if !self.registered {
-            // Before the first check, like `wait`; undone with the task
-            // registration (`forget`).
-            ctx.register_drain_waiter();
-        }
         let mut registered = self.registered;
-        let ready = ctx
-            .lifecycle
-            .register_task(cx.waker(), &mut registered, || {
-                ctx.drained() || ctx.phase() == Phase::Terminated
-            });
+        let ready = ctx.life.poll_drained(cx.waker(), &mut registered);
         self.registered = registered;
         if ready {
             self.forget();
@@ -254,10 +237,7 @@ impl<C: DeviceContext> Future for Finished<'_, C> {
 
 impl<C: DeviceContext> Finished<'_, C> {
     fn forget(&mut self) {
-        if self.registered {
-            self.handle.ctx.unregister_drain_waiter();
-        }
-        self.handle.ctx.lifecycle.forget_task(&mut self.registered);
+        self.handle.ctx.life.forget_drained(&mut self.registered);
     }
 }
 

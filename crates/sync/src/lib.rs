@@ -32,9 +32,14 @@
 //! * [`Slot`]: one cached box handed between threads by compare-and-swap,
 //!   closed for good by retire (the governor recycles the boxes of pending
 //!   releases through one per shard).
+//! * [`Lifecycle`]: one context's phase, pins, pending releases, gate and
+//!   waiters built from the above, and the transitions (retire, loss, force,
+//!   teardown, the background reap) that the governor drives and the loom
+//!   models check.
 
 mod claim;
 mod lease;
+mod lifecycle;
 mod notify;
 mod slot;
 mod word;
@@ -45,6 +50,7 @@ pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `ShardedCount`.
 #[allow(unused_imports)]
 pub use lease::{LeaseSlots, Leases, Pool, Take};
+pub use lifecycle::{Destroyer, Forcing, GateClaim, Lifecycle, Phase, Reaper, Teardown};
 pub use notify::Notifier;
 pub use slot::Slot;
 #[allow(unused_imports)]

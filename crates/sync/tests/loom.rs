@@ -1,4 +1,4 @@
-//! loom model of the pin protocol.
+//! loom models of the context lifecycle and the primitives under it.
 //!
 //! Run with:
 //!
@@ -6,33 +6,41 @@
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target-loom cargo test --release -p memgov-sync --test loom -- --nocapture --test-threads=1
 //! ```
 //!
-//! The model compiles the *shipped* primitives — `src/sync/` (ClaimCounter and
-//! Notifier) is included by path, so every atomic and every lock in them is a
-//! loom type — and drives them with the exact protocol of
-//! `src/governor/record.rs` and `src/governor/release.rs`: a buffer's pin moved
-//! into a pending release (pending first, pin second), a real
-//! [`memgov_backend::RetireSignal`] fired (or dropped) on a foreign thread, retire
-//! closing the counter, teardown waiting without polling, the backend gate
-//! closed and drained before destroy, destroy once by compare-and-swap.
+//! Under `--cfg loom` every atomic, mutex and condition variable of
+//! `memgov-sync` is a loom type, and the models drive the shipped types
+//! directly: [`memgov_sync::Lifecycle`] (the phase, the pins and their
+//! leases, the pending releases per shard, the gate, the drain and admission
+//! waiters, and the transitions the governor's record calls: `begin_retire`,
+//! `wait_drained`, `begin_teardown` and its `Destroyer`, `attend` /
+//! `unattend` and the reaper hook), `Leases`
+//! over a budget, and `Notifier`. What the governor does between two
+//! transitions is the model's `Ctx`, with the same calls in the same order
+//! as `src/governor/record.rs` and `release.rs`: a backend call under a
+//! `GateClaim`; a buffer's pin moved into a pending release (pending first,
+//! pin second) and a real [`memgov_backend::RetireSignal`] fired (or
+//! dropped) on a foreign thread; the destroy done under the `Destroyer`,
+//! where the model checks that nothing is outstanding.
 //!
 //! Checked in every explored interleaving:
 //! * no acquire succeeds after retire has been observed (by any thread that
 //!   saw it happen), and no pin or backend call is ever taken after destroy;
-//! * destroy runs exactly once, and only with zero pins, zero pending
-//!   releases and zero backend calls in flight;
+//! * destroy runs exactly once (one `Destroyer`), and only with zero pins,
+//!   zero pending releases and zero backend calls in flight;
 //! * no lost wake-up: the teardown waiter always wakes after the last release
 //!   or settlement, and an admission waiter after a settlement that follows
 //!   its read of the epoch (loom reports a deadlock otherwise) -- with the
 //!   settlement writing nothing for admission waiters unless its fenced load
 //!   sees one registered (`announce_settlement`), and learning whether a
 //!   teardown waiter waits from its own read-modify-write of the pending
-//!   count (`ShardedCount` over `CountWord`, `src/sync/word.rs`, included
-//!   here like the rest of `src/sync/`);
+//!   count (`ShardedCount` over `CountWord`);
 //! * pending releases are counted per shard (`ShardedCount`) and backend
 //!   calls pass through per-shard gate words (`ClaimShards`): teardown still
 //!   waits for every one of them;
-//! * pins taken from a stream shard's pin lease (`sync::Leases` over the pin
-//!   word, the protocol `record.rs` ships) are observed by teardown, none is
+//! * a retiring, drained context that nobody attends is reaped exactly once,
+//!   by whichever of the last pin, the last settlement and the last
+//!   attendant goes last (the lifecycle's reaper hook);
+//! * pins taken from a stream shard's pin lease (`Leases` over the pin word,
+//!   inside `Lifecycle`) are observed by teardown, none is
 //!   taken once retire was observed, and `max_pins` refusals stay exact
 //!   while holders give pins back and take them again and while two
 //!   refusals sweep at once; the budget leases run the same protocol;
@@ -60,58 +68,39 @@ use memgov_sync as sync;
 
 #[cfg(loom)]
 mod model {
-    use super::sync::{
-        AcquireError, ClaimCounter, ClaimShards, Entry, EpochWord, Leases, Notifier, Pool,
-        ShardedCount, MAX_CLAIMS,
-    };
-    use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+    use super::sync::{AcquireError, Leases, Lifecycle, Notifier, Phase, Pool, Teardown};
+    use loom::sync::atomic::{AtomicBool, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
     use memgov_backend::{RetireOutcome, RetireSignal};
     use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 
-    const ACTIVE: u8 = 0;
-    const RETIRING: u8 = 1;
-    const TERMINATING: u8 = 2;
-    const TERMINATED: u8 = 3;
-
     /// Executions explored by all models so far (a plain std atomic: it counts
     /// model runs, it is not part of any model).
     static TOTAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-    /// The per-context record, reduced to what the pin protocol touches,
-    /// with the same operations and orderings as `record.rs`.
+    /// A context as the governor drives it: the shipped [`Lifecycle`] (two
+    /// stream shards) and, around it, what the governor does between its
+    /// transitions (a backend call under a gate claim, a release queued and
+    /// settled, the destroy under the `Destroyer`), with the model's
+    /// observations and checks. Every transition is the lifecycle's own.
     struct Ctx {
-        pins: ClaimCounter,
-        /// Pin leases of two stream shards (`pin_leases`); chunk 0: off.
-        pin_leases: Leases<2>,
-        /// Pending releases per shard + lifecycle waiters registered for zero.
-        pending: ShardedCount<2>,
-        gate: ClaimShards<2>,
+        life: Lifecycle<2>,
         /// Set by a holder while it holds a pin taken from a lease.
         lease_pin_held: AtomicBool,
         /// Backend calls between entering the gate and leaving it.
         calls_in_flight: AtomicUsize,
-        phase: AtomicU8,
-        lifecycle: Notifier,
-        /// Settlement epoch + admission waiters (`settle_epoch`).
-        settle_epoch: EpochWord,
-        /// Admission waiters (`settled`).
-        settled: Notifier,
-        /// Set (Release) right after `pins.close()` returns: a thread that
+        /// Set (Release) right after `begin_retire` returns: a thread that
         /// reads it true has observed the retire.
         retire_seen: AtomicBool,
         destroys: AtomicUsize,
         destroyed: AtomicBool,
         retired: AtomicUsize,
         abandoned: AtomicUsize,
-        /// Live `RetireHandle`s (`attended` in record.rs).
-        attended: AtomicUsize,
-        /// A background teardown was claimed (`reaping`).
-        reaping: AtomicBool,
-        /// Background teardowns started: must end at exactly one when
-        /// nobody attends a drained, retiring context.
-        reaps: AtomicUsize,
+        /// Calls of the lifecycle's reaper hook (the governor starts a
+        /// reaper thread there): must end at exactly one when nobody
+        /// attends a drained, retiring context.
+        reaps: Arc<AtomicUsize>,
     }
 
     impl Ctx {
@@ -119,50 +108,44 @@ mod model {
             Self::with_pin_chunk(max_pins, 0)
         }
 
+        /// Pin leases of `chunk` pins per shard (0: off). Admission waiters
+        /// may register (`WaitForPending`), so settlements announce.
         fn with_pin_chunk(max_pins: u64, chunk: u64) -> Self {
+            let reaps = Arc::new(AtomicUsize::new(0));
+            let hook = reaps.clone();
             Self {
-                pins: ClaimCounter::new(max_pins),
-                pin_leases: Leases::new(chunk),
-                pending: ShardedCount::new(),
-                gate: ClaimShards::new(MAX_CLAIMS),
+                life: Lifecycle::new(
+                    max_pins,
+                    chunk,
+                    true,
+                    Box::new(move || {
+                        hook.fetch_add(1, AcqRel);
+                        true
+                    }),
+                ),
                 lease_pin_held: AtomicBool::new(false),
                 calls_in_flight: AtomicUsize::new(0),
-                phase: AtomicU8::new(ACTIVE),
-                lifecycle: Notifier::new(),
-                settle_epoch: EpochWord::new(),
-                settled: Notifier::new(),
                 retire_seen: AtomicBool::new(false),
                 destroys: AtomicUsize::new(0),
                 destroyed: AtomicBool::new(false),
                 retired: AtomicUsize::new(0),
                 abandoned: AtomicUsize::new(0),
-                attended: AtomicUsize::new(0),
-                reaping: AtomicBool::new(false),
-                reaps: AtomicUsize::new(0),
+                reaps,
             }
         }
 
-        /// `ContextInner::acquire_pin`, plus the model's checks.
+        /// `Lifecycle::acquire_pin` (`ContextInner::acquire_pin`), checked.
         fn acquire(&self) -> Result<(), AcquireError> {
             let seen = self.retire_seen.load(Acquire);
-            let r = match self.pins.try_acquire() {
-                Err(AcquireError::Overflow) if self.pin_leases.enabled() => {
-                    self.pin_leases.reclaim_then_take(&PinPool(self), 1, 0)
-                }
-                r => r,
-            };
+            let r = self.life.acquire_pin();
             self.check_acquired(seen, r)
         }
 
-        /// `ContextInner::acquire_pin_on`: out of the shard's pin lease,
-        /// else a refill, else a reclaim of every idle lease.
+        /// `Lifecycle::acquire_pin_on`: out of the shard's pin lease, else a
+        /// refill, else a reclaim of every idle lease; checked.
         fn acquire_on(&self, shard: usize) -> Result<(), AcquireError> {
             let seen = self.retire_seen.load(Acquire);
-            let r = if self.pin_leases.take_leased(&PinPool(self), shard, 1) {
-                Ok(())
-            } else {
-                self.pin_leases.take_from_pool(&PinPool(self), shard, 1, 0)
-            };
+            let r = self.life.acquire_pin_on(shard);
             self.check_acquired(seen, r)
         }
 
@@ -184,126 +167,69 @@ mod model {
                     "a pin was acquired after destroy"
                 );
                 assert!(
-                    self.pins.count() <= self.pins_max(),
+                    self.life.pin_claims() <= self.life.max_pins(),
                     "pin count exceeded its maximum"
                 );
             }
             r
         }
 
-        fn pins_max(&self) -> u64 {
-            self.pins.max()
-        }
-
-        /// `ContextInner::release_pin`.
+        /// `Lifecycle::release_pin`.
         fn release_pin(&self) {
             assert!(
                 !self.destroyed.load(Acquire),
                 "a pin was released after destroy"
             );
-            if self.pins.release() {
-                self.pins_drained();
-            }
+            self.life.release_pin();
         }
 
-        /// `ContextInner::release_pin_on`: back into the shard's lease.
+        /// `Lifecycle::release_pin_on`: back into the shard's lease.
         fn release_pin_on(&self, shard: usize) {
             assert!(
                 !self.destroyed.load(Acquire),
                 "a pin was released after destroy"
             );
-            if self.pin_leases.enabled() {
-                self.pin_leases.give(&PinPool(self), shard, 1);
-            } else {
-                self.release_pin();
-            }
+            self.life.release_pin_on(shard);
         }
 
-        fn pins_drained(&self) {
-            self.lifecycle.notify();
-            self.reap_if_unattended();
-        }
-
-        /// Pins held by something (not leased and idle).
-        fn pins_held(&self) -> u64 {
-            self.pins.count() - self.pin_leases.idle()
-        }
-
-        /// `ContextInner::reap_if_unattended`: after each event that can
-        /// make "retiring, drained, nobody attends" true, a SeqCst fence and
-        /// the check; the claim is a swap. (The model counts the reaper
-        /// instead of spawning it.)
-        fn reap_if_unattended(&self) {
-            loom::sync::atomic::fence(SeqCst);
-            if self.phase.load(Acquire) != RETIRING
-                || self.attended.load(SeqCst) != 0
-                || !self.drained()
-                || self.reaping.swap(true, AcqRel)
-            {
-                return;
-            }
-            self.reaps.fetch_add(1, AcqRel);
-        }
-
-        /// `RetireHandle::drop`.
-        fn unattend(&self) {
-            self.attended.fetch_sub(1, SeqCst);
-            self.reap_if_unattended();
-        }
-
-        /// A backend call through the gate (`ContextInner::enter_on` + guard
-        /// drop).
+        /// A backend call through the gate (`ContextInner::enter_on` and
+        /// the `BackendGuard`'s `GateClaim` dropped after the call).
         fn backend_call(&self, shard: usize) -> bool {
-            match self.gate.enter(shard) {
-                Entry::Entered => {}
-                Entry::Closed => return false,
-                Entry::ClosedDrained => {
-                    self.lifecycle.notify();
-                    return false;
-                }
-            }
+            let Some(claim) = self.life.enter(shard) else {
+                return false;
+            };
             self.calls_in_flight.fetch_add(1, AcqRel);
             assert!(
                 !self.destroyed.load(Acquire),
                 "a backend call ran after destroy"
             );
             self.calls_in_flight.fetch_sub(1, AcqRel);
-            if self.gate.release(shard) {
-                self.lifecycle.notify();
-            }
+            drop(claim);
             true
         }
 
-        /// `release()` in release.rs, on a stream of `shard`: move the
-        /// buffer's pin into a pending release (pending first), hand the
-        /// signal to the "driver", then drop the buffer's pin into the
-        /// shard's lease.
+        /// `release()` in release.rs, on a stream of `shard`: under a gate
+        /// claim, move the buffer's pin into a pending release (pending
+        /// first), hand the signal to the "driver", then drop the buffer's
+        /// pin into the shard's lease.
         fn queue_release(this: &Arc<Self>, shard: usize) -> RetireSignal {
-            assert!(
-                this.gate.enter(shard) == Entry::Entered,
-                "the gate is open while a buffer lives"
-            );
-            this.pending.increment(shard);
+            let claim = this
+                .life
+                .enter(shard)
+                .expect("the gate is open while a buffer lives");
+            this.life.pending_queued(shard);
             let ctx = this.clone();
             let signal = RetireSignal::from_fn(move |outcome| ctx.settle(shard, outcome));
-            if this.gate.release(shard) {
-                this.lifecycle.notify();
-            }
+            drop(claim);
             this.release_pin_on(shard);
             signal
         }
 
-        /// `ContextInner::announce_settlement`: a fence, and the bump only
-        /// when an admission waiter is registered.
-        fn announce_settlement(&self) {
-            loom::sync::atomic::fence(SeqCst);
-            if self.settle_epoch.has_waiters() {
-                let _ = self.settle_epoch.bump();
-                self.settled.wake_all();
-            }
-        }
-
-        /// `PendingRelease::settle`: atomics and wake-ups only.
+        /// `PendingRelease::settle`: atomics and wake-ups only; admission
+        /// waiters are woken only if one is registered
+        /// (`announce_settlement`), teardown waiters only by the settlement
+        /// that takes `pending` to zero with one registered in it
+        /// (`pending_left`).
         fn settle(&self, shard: usize, outcome: RetireOutcome) {
             assert!(
                 !self.destroyed.load(Acquire),
@@ -313,123 +239,70 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            // As in release.rs: admission waiters are woken only if one is
-            // registered (fence + load); only the settlement that takes
-            // `pending` to zero with a lifecycle waiter registered in it
-            // wakes the lifecycle waiters.
-            self.announce_settlement();
-            if self.pending.decrement(shard) {
-                self.lifecycle.wake_all();
-                self.reap_if_unattended();
-            }
+            self.life.announce_settlement();
+            self.life.pending_left(shard);
         }
 
-        /// `ContextInner::begin_retire`: the first retire registers a
-        /// permanent waiter in `pending` (so that the settlement taking it to
-        /// zero reports it), and admission waiters are woken to give up.
+        /// `Lifecycle::begin_retire`, then the observation of it.
         fn begin_retire(&self) {
-            let first = self
-                .phase
-                .compare_exchange(ACTIVE, RETIRING, AcqRel, Acquire)
-                .is_ok();
-            if first {
-                self.pending.register();
-                if self.pending.close() {
-                    self.lifecycle.wake_all();
-                }
-            }
-            // `close_pins`: the leases first, then the word.
-            self.pin_leases.close(&PinPool(self));
-            if self.pins.close() {
-                self.lifecycle.notify();
-            }
-            self.settled.notify();
+            self.life.begin_retire();
             self.retire_seen.store(true, Release);
         }
 
-        /// `ContextInner::drained` (healthy device).
-        fn drained(&self) -> bool {
-            self.pins.is_drained() && self.pending.is_zero()
-        }
-
-        /// `RetireHandle::wait(None)` + `ContextInner::finish`.
+        /// `RetireHandle::wait(None)` (`Lifecycle::wait_drained`) +
+        /// `ContextInner::finish` (`Lifecycle::begin_teardown`; the winner
+        /// destroys under the `Destroyer`, checking that nothing is
+        /// outstanding, then `Destroyer::terminated`).
         fn wait_and_finish(&self) {
-            // `RetireHandle::wait` registers in `pending` around the wait.
-            self.pending.register();
-            let woke = self.lifecycle.wait_until(
-                || self.drained() || self.phase.load(Acquire) == TERMINATED,
-                None,
+            assert!(
+                self.life.wait_drained(None),
+                "a wait without deadline returned unready"
             );
-            self.pending.unregister();
-            assert!(woke, "a wait without deadline returned unready");
-            if self
-                .phase
-                .compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
-                .is_err()
-            {
-                let done = self
-                    .lifecycle
-                    .wait_until(|| self.phase.load(Acquire) == TERMINATED, None);
-                assert!(done);
-                assert_eq!(
+            match self.life.begin_teardown() {
+                Teardown::Done => assert_eq!(
                     self.destroys.load(Acquire),
                     1,
                     "a second finisher returned before destroy"
-                );
-                return;
+                ),
+                Teardown::Destroy(destroyer) => {
+                    // Destroy: exactly once, at zero.
+                    assert_eq!(self.life.pin_claims(), 0, "destroy with pins outstanding");
+                    assert_eq!(
+                        self.life.pending_count(),
+                        0,
+                        "destroy with a release pending"
+                    );
+                    assert_eq!(
+                        self.calls_in_flight.load(Acquire),
+                        0,
+                        "destroy with a backend call in flight"
+                    );
+                    assert!(
+                        !self.lease_pin_held.load(Acquire),
+                        "destroy while a pin taken from a lease is held"
+                    );
+                    assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
+                    self.destroyed.store(true, Release);
+                    destroyer.terminated();
+                }
             }
-            self.gate.close();
-            let drained = self.lifecycle.wait_until(|| self.gate.is_drained(), None);
-            assert!(drained);
-            // Destroy: exactly once, at zero.
-            assert_eq!(self.pins.count(), 0, "destroy with pins outstanding");
-            assert_eq!(self.pending.count(), 0, "destroy with a release pending");
-            assert_eq!(
-                self.calls_in_flight.load(Acquire),
-                0,
-                "destroy with a backend call in flight"
-            );
-            assert!(
-                !self.lease_pin_held.load(Acquire),
-                "destroy while a pin taken from a lease is held"
-            );
-            assert_eq!(self.destroys.fetch_add(1, AcqRel), 0, "destroy ran twice");
-            self.destroyed.store(true, Release);
-            self.phase.store(TERMINATED, Release);
-            self.lifecycle.notify();
-        }
-    }
-
-    /// The pin word as the pin leases' pool (`record.rs`'s `PinPool`).
-    struct PinPool<'a>(&'a Ctx);
-
-    impl Pool for PinPool<'_> {
-        type Refusal = AcquireError;
-        fn try_take(&self, n: u64, _credit: u64) -> Result<(), AcquireError> {
-            self.0.pins.try_acquire_n(n)
-        }
-        fn put(&self, n: u64) {
-            if self.0.pins.release_n(n) {
-                self.0.pins_drained();
-            }
-        }
-        fn is_final(r: &AcquireError) -> bool {
-            *r == AcquireError::Closed
         }
     }
 
     /// `admission::SettlementWaiter`: register in the epoch word, fence,
-    /// read the epoch to wait past, wait for it to change.
+    /// read the epoch to wait past, wait for it to change (or for the
+    /// context to stop accepting work).
     fn admission_wait(ctx: &Ctx, registered: &AtomicBool) -> bool {
-        ctx.settle_epoch.register();
+        let life = &ctx.life;
+        life.settle_epoch.register();
         loom::sync::atomic::fence(SeqCst);
-        let seen = ctx.settle_epoch.epoch();
+        let seen = life.settle_epoch.epoch();
         registered.store(true, Release);
-        let woke = ctx.settled.wait_until(
-            || ctx.settle_epoch.epoch() != seen || ctx.phase.load(Acquire) != ACTIVE,
+        let woke = life.settled.wait_until(
+            || life.settle_epoch.epoch() != seen || !life.accepting(),
             None,
         );
-        ctx.settle_epoch.unregister();
+        life.settle_epoch.unregister();
         woke
     }
 
@@ -671,20 +544,21 @@ mod model {
                 let (c, r) = (ctx.clone(), room.clone());
                 let settler = thread::spawn(move || {
                     r.store(true, Release);
-                    c.announce_settlement();
+                    c.life.announce_settlement();
                 });
                 // The first attempt was refused (no room yet, as far as it
                 // knows); now the wait.
-                ctx.settle_epoch.register();
+                let life = &ctx.life;
+                life.settle_epoch.register();
                 loom::sync::atomic::fence(SeqCst);
-                let seen = ctx.settle_epoch.epoch();
+                let seen = life.settle_epoch.epoch();
                 if !room.load(Acquire) {
-                    assert!(ctx
+                    assert!(life
                         .settled
-                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                        .wait_until(|| life.settle_epoch.epoch() != seen, None));
                     assert!(room.load(Acquire), "woken without the room");
                 }
-                ctx.settle_epoch.unregister();
+                life.settle_epoch.unregister();
                 settler.join().unwrap();
             },
         );
@@ -708,13 +582,13 @@ mod model {
                     let registered = AtomicBool::new(false);
                     assert!(admission_wait(&c, &registered));
                     assert_ne!(
-                        c.phase.load(Acquire),
-                        ACTIVE,
+                        c.life.phase(),
+                        Phase::Active,
                         "woken without a settlement: only by retire"
                     );
                     c.release_pin();
                 });
-                ctx.attended.fetch_add(1, SeqCst);
+                ctx.life.attend();
                 ctx.begin_retire();
                 ctx.wait_and_finish();
                 waiter.join().unwrap();
@@ -738,15 +612,15 @@ mod model {
                 ctx.acquire().unwrap();
                 let signal = Ctx::queue_release(&ctx, 0);
                 ctx.acquire().unwrap(); // a stream's pin
-                ctx.attended.fetch_add(1, SeqCst);
+                ctx.life.attend();
                 ctx.begin_retire();
                 let c = ctx.clone();
                 let holder = thread::spawn(move || c.release_pin());
                 let driver = thread::spawn(move || signal.retire());
-                ctx.unattend();
+                ctx.life.unattend();
                 holder.join().unwrap();
                 driver.join().unwrap();
-                assert!(ctx.drained());
+                assert!(ctx.life.drained());
                 assert_eq!(ctx.reaps.load(Acquire), 1, "reaped once, never missed");
             },
         );
@@ -860,7 +734,7 @@ mod model {
             }
             assert_eq!(got.load(Acquire), 2);
             assert_eq!(overflow.load(Acquire), 1);
-            assert_eq!(ctx.pins.count(), 2);
+            assert_eq!(ctx.life.pin_claims(), 2);
             ctx.begin_retire();
             let c = ctx.clone();
             let h = thread::spawn(move || c.release_pin());
@@ -1035,8 +909,8 @@ mod model {
                 // gave the pin back: two idle pins in its lease.
                 ctx.acquire_on(0).unwrap();
                 ctx.release_pin_on(0);
-                assert_eq!(ctx.pins_held(), 0);
-                assert_eq!(ctx.pins.count(), 2);
+                assert_eq!(ctx.life.pin_count(), 0);
+                assert_eq!(ctx.life.pin_claims(), 2);
                 let c = ctx.clone();
                 let holder = thread::spawn(move || {
                     if c.acquire_on(0).is_ok() {
@@ -1056,7 +930,7 @@ mod model {
                 ctx.wait_and_finish();
                 holder.join().unwrap();
                 assert_eq!(ctx.destroys.load(Acquire), 1);
-                assert_eq!(ctx.pin_leases.idle(), 0, "pins leased after close");
+                assert_eq!(ctx.life.leased_pins(), 0, "pins leased after close");
             },
         );
     }
@@ -1074,7 +948,7 @@ mod model {
             || {
                 let ctx = Arc::new(Ctx::with_pin_chunk(3, 1));
                 ctx.acquire_on(0).unwrap();
-                assert_eq!(ctx.pins.count(), 2, "one held, one leased");
+                assert_eq!(ctx.life.pin_claims(), 2, "one held, one leased");
                 let c = ctx.clone();
                 let holder = thread::spawn(move || {
                     c.release_pin_on(0);
@@ -1083,10 +957,10 @@ mod model {
                 ctx.acquire_on(1).expect("2 of 3 pins refused");
                 ctx.acquire_on(1).expect("3 of 3 pins refused");
                 holder.join().unwrap();
-                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.life.pin_count(), 3);
                 assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
                 assert_eq!(ctx.acquire(), Err(AcquireError::Overflow));
-                assert_eq!(ctx.pins.count(), 3, "a refused pin left a claim");
+                assert_eq!(ctx.life.pin_claims(), 3, "a refused pin left a claim");
             },
         );
     }
@@ -1114,7 +988,7 @@ mod model {
                 ctx.acquire_on(1).expect("a pin of 3 refused");
                 holder.join().unwrap();
                 other.join().unwrap();
-                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.life.pin_count(), 3);
                 assert_eq!(ctx.acquire_on(1), Err(AcquireError::Overflow));
             },
         );
@@ -1139,7 +1013,7 @@ mod model {
                 let refiller = thread::spawn(move || c.acquire_on(0).expect("2 of 3 pins refused"));
                 ctx.acquire_on(1).expect("3 of 3 pins refused");
                 refiller.join().unwrap();
-                assert_eq!(ctx.pins_held(), 3);
+                assert_eq!(ctx.life.pin_count(), 3);
             },
         );
     }
@@ -1171,18 +1045,15 @@ mod model {
                     // `settle`: the charge first, the statistics last.
                     b.uncharge(1);
                     p.fetch_sub(1, Release);
-                    // `announce_settlement` (a `WaitForPending` context).
-                    loom::sync::atomic::fence(SeqCst);
-                    if c.settle_epoch.has_waiters() {
-                        let _ = c.settle_epoch.bump();
-                        c.settled.wake_all();
-                    }
+                    // A `WaitForPending` context announces it.
+                    c.life.announce_settlement();
                 });
                 // The first attempt was refused; now `admit_refused`:
                 // register, read what is pending, attempt once more.
-                ctx.settle_epoch.register();
+                let life = &ctx.life;
+                life.settle_epoch.register();
                 loom::sync::atomic::fence(SeqCst);
-                let seen = ctx.settle_epoch.epoch();
+                let seen = life.settle_epoch.epoch();
                 let was_pending = pending.load(Acquire);
                 let mut admitted = budget.try_charge(1);
                 if !admitted {
@@ -1190,12 +1061,12 @@ mod model {
                         was_pending > 0,
                         "refused with nothing pending while the room was free"
                     );
-                    assert!(ctx
+                    assert!(life
                         .settled
-                        .wait_until(|| ctx.settle_epoch.epoch() != seen, None));
+                        .wait_until(|| life.settle_epoch.epoch() != seen, None));
                     admitted = budget.try_charge(1);
                 }
-                ctx.settle_epoch.unregister();
+                life.settle_epoch.unregister();
                 assert!(admitted, "woken by the settlement, yet no room");
                 settler.join().unwrap();
             },
@@ -1220,41 +1091,44 @@ mod model {
             "shared admission waits for a retiring member's teardown (2 threads)",
             None,
             || {
-                // Its notifier stands for the shared budget's `retired`.
+                // A retiring member (the shipped lifecycle), and the shared
+                // budget's `retired` notifier.
                 let ctx = Arc::new(Ctx::new(4));
+                ctx.begin_retire();
+                let retired = Arc::new(Notifier::new());
                 // The budget is full: one byte, quarantined by the member.
                 let budget = Arc::new(ModelBudget {
                     charged: loom::sync::atomic::AtomicU64::new(1),
                     limit: 1,
                 });
                 let quarantined = Arc::new(loom::sync::atomic::AtomicU64::new(1));
-                let phase = Arc::new(AtomicU8::new(RETIRING));
                 let epoch = Arc::new(loom::sync::atomic::AtomicU64::new(0));
-                let (c, b, q, p, e) = (
+                let (c, b, q, r, e) = (
                     ctx.clone(),
                     budget.clone(),
                     quarantined.clone(),
-                    phase.clone(),
+                    retired.clone(),
                     epoch.clone(),
                 );
                 let teardown = thread::spawn(move || {
-                    p.compare_exchange(RETIRING, TERMINATING, AcqRel, Acquire)
-                        .unwrap();
+                    let Teardown::Destroy(destroyer) = c.life.begin_teardown() else {
+                        panic!("the only finisher lost the teardown");
+                    };
                     // `return_charges_at_teardown`: the statistics, then the
                     // charge.
                     q.fetch_sub(1, Release);
                     b.uncharge(1);
-                    p.store(TERMINATED, Release);
+                    destroyer.terminated();
                     // `SharedBudgetInner::announce_returned`.
                     e.fetch_add(1, SeqCst);
-                    c.settled.notify();
+                    r.notify();
                 });
                 let seen = epoch.load(SeqCst);
                 let held = quarantined.load(Acquire);
-                let returning = match phase.load(Acquire) {
-                    RETIRING => held,
-                    TERMINATING => held.max(1),
-                    _ => 0,
+                let returning = match ctx.life.phase() {
+                    Phase::Retiring => held,
+                    Phase::Terminating => held.max(1),
+                    Phase::Active | Phase::Terminated => 0,
                 };
                 let mut admitted = budget.try_charge(1);
                 if !admitted {
@@ -1262,7 +1136,7 @@ mod model {
                         returning > 0,
                         "refused with nothing coming back while the room was free"
                     );
-                    assert!(ctx.settled.wait_until(|| epoch.load(SeqCst) != seen, None));
+                    assert!(retired.wait_until(|| epoch.load(SeqCst) != seen, None));
                     admitted = budget.try_charge(1);
                 }
                 assert!(admitted, "woken by the teardown, yet no room");
