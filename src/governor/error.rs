@@ -2,7 +2,7 @@
 
 use super::config::Role;
 use super::retire::Outstanding;
-use super::units::Bytes;
+use super::units::{Bytes, Elapsed};
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
 use std::fmt;
 use std::time::Duration;
@@ -91,7 +91,11 @@ impl fmt::Display for BudgetExceeded {
             write!(f, " (the driver said: {e})")?;
         }
         if !self.waited.is_zero() {
-            write!(f, " (after waiting {:?} for pending releases)", self.waited)?;
+            write!(
+                f,
+                " (after waiting {} for pending releases)",
+                Elapsed(self.waited)
+            )?;
         }
         if self.reclaimed_by_responders > 0 {
             write!(
@@ -307,7 +311,7 @@ impl GovernorError {
 pub enum RetireError {
     /// Work is still outstanding. Wait again, release what is listed, or
     /// call `force`.
-    #[error("context {context} '{label}' still has outstanding work after {waited:?}: {outstanding}; drop or release what is listed, wait again, or call force()")]
+    #[error("context {context} '{label}' still has outstanding work after {}: {outstanding}; drop or release what is listed, wait again, or call force()", Elapsed(*.waited))]
     Outstanding {
         /// The context.
         context: ProviderContextIdentity,

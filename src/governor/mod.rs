@@ -38,7 +38,7 @@ pub use snapshot::{
     RoleUsage,
 };
 pub use stream::GovernedStream;
-pub use units::Bytes;
+pub use units::{Bytes, Elapsed};
 
 use crate::sync::lock;
 use crate::{DeviceContext, ProviderContextIdentity};

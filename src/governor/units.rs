@@ -1,7 +1,10 @@
-//! How sizes read: in the largest binary unit that keeps the number at least
-//! one, to one decimal, with the exact count of bytes beside it.
+//! How sizes and durations read in messages and in the `memgov` tool: sizes
+//! in the largest binary unit that keeps the number at least one, to one
+//! decimal, with the exact count of bytes beside it; durations in
+//! milliseconds to the microsecond.
 
 use std::fmt;
+use std::time::Duration;
 
 /// A size in bytes, displayed for people: `3.0 MiB (3145728 bytes)`.
 ///
@@ -59,9 +62,48 @@ impl From<u64> for Bytes {
     }
 }
 
+/// A duration displayed for people: always milliseconds with three
+/// decimals (`0.042 ms`, `1250.000 ms`), so that figures of one report,
+/// from microsecond latencies to second-long teardowns, compare at a glance.
+///
+/// ```
+/// use memgov::Elapsed;
+/// use std::time::Duration;
+/// assert_eq!(Elapsed(Duration::from_micros(42)).to_string(), "0.042 ms");
+/// assert_eq!(Elapsed(Duration::from_millis(1250)).to_string(), "1250.000 ms");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Elapsed(pub Duration);
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3} ms", self.0.as_secs_f64() * 1e3)
+    }
+}
+
+impl From<Duration> for Elapsed {
+    fn from(d: Duration) -> Self {
+        Self(d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Bytes;
+    use super::{Bytes, Elapsed};
+    use std::time::Duration;
+
+    #[test]
+    fn durations_in_one_unit_and_precision() {
+        for (d, text) in [
+            (Duration::ZERO, "0.000 ms"),
+            (Duration::from_nanos(400), "0.000 ms"),
+            (Duration::from_nanos(1500), "0.002 ms"),
+            (Duration::from_micros(60_600), "60.600 ms"),
+            (Duration::from_secs(3), "3000.000 ms"),
+        ] {
+            assert_eq!(Elapsed(d).to_string(), text);
+        }
+    }
 
     #[test]
     fn each_unit_with_the_exact_count() {
