@@ -3,8 +3,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Lifecycle,
-    ProviderContextPinError, RetireError, Role,
+    BudgetScope, ContextConfig, ContextHandle, ContextOperation, ForeignObject, Governor,
+    GovernorError, Lifecycle, ProviderContextPinError, RetireError, Role,
 };
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -93,10 +93,10 @@ fn over_budget_reports_every_number() {
     );
     let msg = e.to_string();
     for needle in [
-        "5000 B",
-        "6000 B live",
-        "10000 B limit",
-        "4000 B available",
+        "cannot admit 4.9 KiB (5000 bytes) of",
+        "5.9 KiB (6000 bytes) live",
+        "9.8 KiB (10000 bytes) limit",
+        "3.9 KiB (4000 bytes) available",
         "llm",
     ] {
         assert!(msg.contains(needle), "{needle:?} missing from {msg}");
@@ -134,6 +134,14 @@ fn out_of_bounds_writes_and_reads() {
             "{e:?}"
         );
     }
+    assert_eq!(
+        b.write(50, &[0u8; 2048]).unwrap_err().to_string(),
+        format!(
+            "context {}: write of 2.0 KiB (2048 bytes) at offset 50 is out of bounds of a \
+             100 bytes buffer; keep offset + len <= 100",
+            ctx.id()
+        )
+    );
     // The edges are fine, including empty accesses at the end.
     b.write(99, &[7]).unwrap();
     b.write(100, &[]).unwrap();
@@ -170,6 +178,80 @@ fn release_on_a_stream_of_another_context_returns_the_buffer() {
         Err(GovernorError::WrongContext { .. })
     ));
     buf.release_on(&sa).unwrap();
+}
+
+/// Each operation that takes a stream names itself, the context it works in,
+/// the stream it was handed and that stream's context, and the way out that
+/// fits it.
+#[test]
+fn wrong_context_names_the_operation_and_what_was_passed() {
+    let gov = Governor::new();
+    let host = || HostContext::new(HostConfig::default()).unwrap();
+    let a = gov.register(host(), ContextConfig::new().label("a"));
+    let b = gov.register(host(), ContextConfig::new().label("b"));
+    let sa = a.create_stream("main").unwrap();
+    let sb = b.create_stream("decode").unwrap();
+    let (ia, ib) = (a.id(), b.id());
+    let expect = |operation, context| GovernorError::WrongContext {
+        operation,
+        context,
+        passed: ForeignObject::Stream {
+            label: "decode".into(),
+        },
+        passed_context: ib,
+    };
+
+    let e = a.allocate(&sb, 64, Role::Other).unwrap_err();
+    assert_eq!(e, expect(ContextOperation::Allocate, ia));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "allocate on context {ia} was passed stream 'decode' of context {ib}; \
+             allocate on a stream of context {ia} (ContextHandle::create_stream)"
+        )
+    );
+
+    let mut buf = a.allocate(&sa, 64, Role::Other).unwrap();
+    let e = buf.record_stream(&sb).unwrap_err();
+    assert_eq!(e, expect(ContextOperation::RecordStream, ia));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "record_stream on a buffer of context {ia} was passed stream 'decode' of context {ib}; \
+             record only streams of context {ia}; nothing was recorded"
+        )
+    );
+
+    let e = buf.release_on(&sb).unwrap_err();
+    assert_eq!(e.error, expect(ContextOperation::ReleaseOn, ia));
+    assert_eq!(
+        e.error.to_string(),
+        format!(
+            "release_on of a buffer of context {ia} was passed stream 'decode' of context {ib}; \
+             release it on a stream of context {ia}; the buffer is handed back unchanged in \
+             ReleaseError::buffer"
+        )
+    );
+    let buf = e.buffer.expect("the buffer comes back");
+
+    // Migrating into `a` with `b`'s stream: the context is the target's.
+    let e = a.migrate(&sb, vec![buf]).unwrap_err();
+    assert_eq!(e.error, expect(ContextOperation::Migrate, ia));
+    assert_eq!(
+        e.error.to_string(),
+        format!(
+            "migrate into context {ia} was passed stream 'decode' of context {ib}; \
+             copy on a stream of the target context {ia}; every source buffer is handed back \
+             in MigrateError::buffers"
+        )
+    );
+    assert!(
+        e.to_string()
+            .starts_with("moving buffer 1 of 1 (64 bytes of "),
+        "{e}"
+    );
+    let mut buffers = e.buffers;
+    buffers.pop().unwrap().release_on(&sa).unwrap();
 }
 
 #[test]

@@ -8,8 +8,9 @@ use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::null::NullContext;
 use memgov::{
     Admission, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
-    DeviceContext, DeviceDescription, Governor, GovernorError, Lifecycle, MemoryInfo, PinKind,
-    ProviderContextPinError, RetireError, RetireSignal, Role, SharedBudget,
+    ContextOperation, DeviceContext, DeviceDescription, ForeignObject, Governor, GovernorError,
+    Lifecycle, MemoryInfo, PinKind, ProviderContextPinError, RetireError, RetireSignal, Role,
+    SharedBudget,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -158,7 +159,7 @@ fn pressure_responder_is_asked_once_then_retry() {
     assert_eq!(b.reclaimed_by_responders, 2 * MIB, "{err}");
     assert!(
         err.to_string()
-            .contains("pressure responders gave back 2097152 B"),
+            .contains("pressure responders gave back 2.0 MiB (2097152 bytes)"),
         "{err}"
     );
     assert_eq!(ctx.snapshot().counters.pressure_calls, 2);
@@ -401,8 +402,10 @@ fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
     assert_eq!(
         err.error,
         GovernorError::WrongContext {
-            buffer_context: a.id(),
-            stream_context: b.id()
+            operation: ContextOperation::ReleaseOn,
+            context: a.id(),
+            passed: ForeignObject::Stream { label: "sb".into() },
+            passed_context: b.id(),
         }
     );
     let buf = err.buffer.expect("buffer handed back");
@@ -1366,4 +1369,26 @@ fn a_pin_source_object_formats_with_debug() {
     let text = format!("{as_dyn:?}");
     assert!(text.contains("plugin-a"), "{text}");
     assert!(text.contains(&ctx.id().to_string()), "{text}");
+}
+
+#[test]
+fn snapshot_debug_names_each_role() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("dbg"));
+    let s = ctx.create_stream("s").unwrap();
+    let _kv = ctx.allocate(&s, 4096, Role::KvCache).unwrap();
+    let text = format!("{:?}", ctx.snapshot());
+    let by_role = &text[text.find("by_role: ").expect("a by_role field")..];
+    assert!(
+        by_role.starts_with("by_role: {Weights: RoleUsage {"),
+        "the usage is keyed by role, not by index: {by_role}"
+    );
+    assert!(
+        by_role.contains("KvCache: RoleUsage { live_bytes: 4096, live_count: 1,"),
+        "{by_role}"
+    );
+    for role in ["Activation: ", "Workspace: ", "Other: "] {
+        assert!(by_role.contains(role), "{role} missing from {by_role}");
+    }
+    assert!(text.contains("label: \"dbg\""), "{text}");
 }

@@ -13,7 +13,7 @@ mod workload;
 use clap::{Parser, Subcommand};
 use memgov::any::{AnyContext, BackendEntry, BACKENDS};
 use memgov::conformance::{self, Outcome, SuiteReport};
-use memgov::DeviceContext;
+use memgov::{Bytes, DeviceContext};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -48,6 +48,10 @@ enum Command {
         /// and one that cannot run is reported as skipped.
         #[arg(long = "backend", value_name = "NAME[,NAME]", value_delimiter = ',')]
         backends: Vec<String>,
+        /// Print one JSON object on stdout instead of the matrix; on failure
+        /// it carries `"error"`.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a serving-style workload on any backend (default: host): weights,
     /// KV cache under pressure, a device swap with live data, and a report.
@@ -57,25 +61,102 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match cli.command {
         Command::Info => info(),
-        Command::Check { backends } => check(&backends),
+        Command::Check { backends, json } => check(&backends, json),
         Command::Run(args) => workload::run(args),
         Command::Bench(args) => ExitCode::from(bench::main(&args)),
+    }
+}
+
+/// Bad usage: clap's message on stderr and status 2, and under `--json` also
+/// a JSON error object on stdout, so that a script reading stdout gets JSON
+/// whatever went wrong. Help and version go out as clap prints them.
+fn usage_error(e: clap::Error) -> ExitCode {
+    let json = std::env::args().skip(1).any(|a| a == "--json");
+    if json && e.use_stderr() {
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        print_json_error(first.trim_start_matches("error: "), serde_json::json!({}));
+    }
+    let _ = e.print();
+    ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+}
+
+/// Under `--json`, a failure is still one JSON object on stdout:
+/// `{"error": "...", ...}` with `fields` merged in.
+pub(crate) fn print_json_error(error: &str, fields: serde_json::Value) {
+    let mut object = serde_json::json!({ "error": error });
+    if let (Some(o), serde_json::Value::Object(extra)) = (object.as_object_mut(), fields) {
+        o.extend(extra);
+    }
+    println!("{object:#}");
+}
+
+/// What the Vulkan validation layer saw while the suite ran: on how many of
+/// the contexts it was on, and its messages by severity.
+#[derive(Debug, Default, Clone, Copy)]
+struct ValidationSeen {
+    contexts: u64,
+    layer_on: u64,
+    errors: u64,
+    warnings: u64,
+    infos: u64,
+}
+
+impl ValidationSeen {
+    fn line(&self, backend: &str) -> String {
+        let layer = "VK_LAYER_KHRONOS_validation";
+        if self.layer_on == 0 {
+            format!(
+                "{backend}: validation layer off ({layer} is not installed): no validation messages were checked; install vulkan-validationlayers to check them"
+            )
+        } else {
+            format!(
+                "{backend}: validation layer on ({layer}) for {} of {} contexts: {} errors, {} warnings, {} info messages",
+                self.layer_on, self.contexts, self.errors, self.warnings, self.infos
+            )
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "layer_on": self.layer_on > 0,
+            "contexts": self.contexts,
+            "contexts_with_layer": self.layer_on,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "infos": self.infos,
+        })
     }
 }
 
 /// Run the suite on a compiled-in backend with its own checking on
 /// ([`AnyContext::open_for_check`]), holding every context's probe to a
 /// clean teardown (one teardown, nothing left, no contract violation; on
-/// Vulkan with validation, no validation message). Returns the report and a
-/// note on how many contexts the probes checked.
-fn run(entry: &BackendEntry, kind: memgov::any::BackendKind) -> (SuiteReport, Option<String>) {
+/// Vulkan with validation, no validation message). Returns the report, a
+/// note on how many contexts the probes checked, and on Vulkan what the
+/// validation layer saw.
+fn run(
+    entry: &BackendEntry,
+    kind: memgov::any::BackendKind,
+) -> (SuiteReport, Option<String>, Option<ValidationSeen>) {
     let contexts = AtomicU32::new(0);
+    #[cfg(feature = "vulkan")]
+    let seen = std::sync::Mutex::new(Vec::new());
     let report = conformance::run_suite_probed(|| {
         let c = AnyContext::open_for_check(kind)?;
         contexts.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "vulkan")]
+        if let AnyContext::Vulkan(v) = &c {
+            if let Ok(mut seen) = seen.lock() {
+                seen.push((v.validation_layer_on(), v.validation()));
+            }
+        }
         let probe = c.probe();
         Ok((c, probe))
     });
@@ -86,7 +167,23 @@ fn run(entry: &BackendEntry, kind: memgov::any::BackendKind) -> (SuiteReport, Op
             contexts.load(Ordering::Relaxed)
         )
     });
-    (report, note)
+    #[cfg(feature = "vulkan")]
+    let validation = {
+        let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
+        (!seen.is_empty()).then(|| {
+            seen.iter()
+                .fold(ValidationSeen::default(), |acc, (on, v)| ValidationSeen {
+                    contexts: acc.contexts + 1,
+                    layer_on: acc.layer_on + u64::from(*on),
+                    errors: acc.errors + v.validation_errors(),
+                    warnings: acc.warnings + v.validation_warnings(),
+                    infos: acc.infos + v.validation_infos(),
+                })
+        })
+    };
+    #[cfg(not(feature = "vulkan"))]
+    let validation = None;
+    (report, note, validation)
 }
 
 fn info() -> ExitCode {
@@ -109,7 +206,7 @@ fn info() -> ExitCode {
                 let d = c.describe();
                 let memory = match d.total_bytes {
                     u64::MAX => "unbounded".to_owned(),
-                    bytes => format!("{} MiB", bytes >> 20),
+                    bytes => Bytes(bytes).to_string(),
                 };
                 println!(
                     "{:<8} {:<40} {:<16} {memory} ({})",
@@ -153,7 +250,21 @@ fn named_backends(names: &[String]) -> Result<Vec<&'static BackendEntry>, Vec<St
         .collect())
 }
 
-fn check(only: &[String]) -> ExitCode {
+/// What `memgov check` found for one backend.
+struct BackendResult {
+    name: &'static str,
+    /// The suite's report, or why it could not run at all.
+    report: Result<SuiteReport, String>,
+    validation: Option<ValidationSeen>,
+}
+
+fn check(only: &[String], json: bool) -> ExitCode {
+    // Text goes to stdout unless `--json`, which prints one object instead.
+    let say = |line: &str| {
+        if !json {
+            println!("{line}");
+        }
+    };
     // Naming a backend means requiring it: one that runs no case fails the
     // check, so that a job asking for a backend cannot pass having run none.
     let required = !only.is_empty();
@@ -162,7 +273,7 @@ fn check(only: &[String]) -> ExitCode {
             Ok(rows) => rows,
             Err(unknown) => {
                 let known: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
-                eprintln!(
+                let error = format!(
                     "memgov check: no backend is called {}; known: {}",
                     if unknown.is_empty() {
                         format!("{only:?}")
@@ -171,6 +282,10 @@ fn check(only: &[String]) -> ExitCode {
                     },
                     known.join(", ")
                 );
+                if json {
+                    print_json_error(&error, serde_json::json!({ "known": known }));
+                }
+                eprintln!("{error}");
                 return ExitCode::from(2);
             }
         }
@@ -179,23 +294,23 @@ fn check(only: &[String]) -> ExitCode {
     };
     if required {
         let names: Vec<_> = rows.iter().map(|r| r.name).collect();
-        println!(
+        say(&format!(
             "memgov check: the conformance suite on {} (required)\n",
             names.join(", ")
-        );
+        ));
     } else {
-        println!("memgov check: the conformance suite on every backend compiled in\n");
+        say("memgov check: the conformance suite on every backend compiled in\n");
     }
-    let mut reports: Vec<(&'static str, Result<SuiteReport, String>)> = Vec::new();
-    let mut failed = false;
+    let mut results: Vec<BackendResult> = Vec::new();
     let mut notes = Vec::new();
     for entry in &rows {
         match entry.kind {
             Some(kind) => {
-                let (report, note) = run(entry, kind);
+                let (report, note, validation) = run(entry, kind);
                 notes.extend(note);
-                if report.execution.is_some() {
-                    reports.push((entry.name, Ok(report)));
+                notes.extend(validation.map(|v| v.line(entry.name)));
+                let report = if report.execution.is_some() {
+                    Ok(report)
                 } else {
                     // No context could be made: every case was skipped for
                     // the same reason; say it once.
@@ -203,70 +318,78 @@ fn check(only: &[String]) -> ExitCode {
                         Outcome::Skipped(why) => Some(why.clone()),
                         _ => None,
                     });
-                    reports.push((entry.name, Err(why.unwrap_or(report.device))));
-                }
+                    Err(why.unwrap_or(report.device))
+                };
+                results.push(BackendResult {
+                    name: entry.name,
+                    report,
+                    validation,
+                });
             }
-            None => reports.push((entry.name, Err(entry.not_compiled_in().unwrap_or_default()))),
+            None => results.push(BackendResult {
+                name: entry.name,
+                report: Err(entry.not_compiled_in().unwrap_or_default()),
+                validation: None,
+            }),
         }
     }
 
-    println!(
+    say(&format!(
         "{:<8} {:<36} {:<16} result",
         "backend", "device", "how it ran"
-    );
-    for (name, r) in &reports {
-        match r {
+    ));
+    for r in &results {
+        match &r.report {
             Ok(rep) => {
                 let how = rep
                     .execution
                     .map_or_else(|| "not run".to_owned(), |e| e.to_string());
                 let (p, f, s) = rep.counts();
-                let device = if rep.execution.is_some() {
-                    rep.device.clone()
-                } else {
-                    "-".into()
-                };
-                println!(
+                say(&format!(
                     "{:<8} {:<36} {:<16} {p} passed, {f} failed, {s} skipped",
-                    name,
-                    truncate(&device, 36),
+                    r.name,
+                    truncate(&rep.device, 36),
                     how
-                );
+                ));
             }
-            Err(why) => println!("{:<8} {:<36} {:<16} skipped: {why}", name, "-", "not run"),
+            Err(why) => say(&format!(
+                "{:<8} {:<36} {:<16} skipped: {why}",
+                r.name, "-", "not run"
+            )),
         }
     }
 
-    let ran: Vec<(&str, &SuiteReport)> = reports
+    let ran: Vec<(&str, &SuiteReport)> = results
         .iter()
-        .filter_map(|(n, r)| r.as_ref().ok().map(|r| (*n, r)))
+        .filter_map(|r| r.report.as_ref().ok().map(|rep| (r.name, rep)))
         .collect();
     if let Some((_, first)) = ran.first() {
-        println!();
-        print!("{:<40}", "case");
+        say("");
+        let mut header = format!("{:<40}", "case");
         for (n, _) in &ran {
-            print!(" {:<10}", n);
+            header.push_str(&format!(" {n:<10}"));
         }
-        println!();
+        say(header.trim_end());
         for (i, case) in first.cases.iter().enumerate() {
-            print!("{:<40}", case.name);
+            let mut line = format!("{:<40}", case.name);
             for (_, rep) in &ran {
                 let cell = match &rep.cases[i].outcome {
                     Outcome::Passed => "pass",
                     Outcome::Failed(_) => "FAIL",
                     Outcome::Skipped(_) => "skipped",
                 };
-                print!(" {:<10}", cell);
+                line.push_str(&format!(" {cell:<10}"));
             }
-            println!();
+            say(line.trim_end());
         }
     }
 
+    let mut failures = Vec::new();
     for (name, rep) in &ran {
         for c in &rep.cases {
             match &c.outcome {
                 Outcome::Failed(why) => {
-                    failed = true;
+                    failures.push(format!("{name}::{}", c.name));
                     notes.push(format!("{name}::{}: FAIL: {why}", c.name));
                 }
                 Outcome::Skipped(why) => notes.push(format!("{name}::{}: skipped: {why}", c.name)),
@@ -275,52 +398,37 @@ fn check(only: &[String]) -> ExitCode {
         }
     }
     if !notes.is_empty() {
-        println!();
-        for n in notes {
-            println!("{n}");
+        say("");
+        for n in &notes {
+            say(n);
         }
     }
-    println!();
-    let hw: Vec<_> = ran
-        .iter()
-        .filter(|(_, r)| r.execution == Some(memgov::Execution::RealHardware))
-        .map(|(n, _)| *n)
-        .collect();
-    let sw: Vec<_> = ran
-        .iter()
-        .filter(|(_, r)| r.execution == Some(memgov::Execution::SoftwareDriver))
-        .map(|(n, _)| *n)
-        .collect();
-    let si: Vec<_> = ran
-        .iter()
-        .filter(|(_, r)| r.execution == Some(memgov::Execution::StandIn))
-        .map(|(n, _)| *n)
-        .collect();
-    let em: Vec<_> = ran
-        .iter()
-        .filter(|(_, r)| r.execution == Some(memgov::Execution::Embedded))
-        .map(|(n, _)| *n)
-        .collect();
-    let list = |v: &[&str]| {
-        if v.is_empty() {
+    say("");
+    let on = |execution: memgov::Execution| {
+        let names: Vec<_> = ran
+            .iter()
+            .filter(|(_, r)| r.execution == Some(execution))
+            .map(|(n, _)| *n)
+            .collect();
+        if names.is_empty() {
             "none".to_owned()
         } else {
-            v.join(", ")
+            names.join(", ")
         }
     };
-    println!(
+    say(&format!(
         "ran on real hardware: {}; on software drivers: {}; on stand-ins: {}; embedded: {}",
-        list(&hw),
-        list(&sw),
-        list(&si),
-        list(&em)
-    );
+        on(memgov::Execution::RealHardware),
+        on(memgov::Execution::SoftwareDriver),
+        on(memgov::Execution::StandIn),
+        on(memgov::Execution::Embedded),
+    ));
     // A named backend that ran no case: why, from its skipped row, or from
     // its cases when a context opened but every case skipped.
     let mut missing = Vec::new();
     if required {
-        for (name, r) in &reports {
-            let why = match r {
+        for r in &results {
+            let why = match &r.report {
                 Err(why) => why.clone(),
                 Ok(rep) => {
                     let (p, f, _) = rep.counts();
@@ -337,23 +445,98 @@ fn check(only: &[String]) -> ExitCode {
                 }
             };
             missing.push(format!(
-                "memgov check: {name}: 0 cases ran: {why}. It was named with --backend, so it is required."
+                "memgov check: {}: 0 cases ran: {why}. It was named with --backend, so it is required.",
+                r.name
             ));
         }
     }
-    if failed || !missing.is_empty() {
-        for m in &missing {
-            println!("{m}");
+    let error = match (failures.is_empty(), missing.is_empty()) {
+        (true, true) => None,
+        (false, _) => Some(format!(
+            "{} case(s) failed: {}",
+            failures.len(),
+            failures.join(", ")
+        )),
+        (true, false) => Some(format!("{} named backend(s) ran no case", missing.len())),
+    };
+    for m in &missing {
+        say(m);
+    }
+    let verdict = match (&error, required) {
+        (Some(_), _) => "memgov check: FAILED",
+        (None, true) => "memgov check: every named backend ran and every case passed",
+        (None, false) => "memgov check: every case that ran passed",
+    };
+    say(verdict);
+    if json {
+        let mut report = check_json(&results, required, &notes, &missing);
+        if let (Some(e), Some(o)) = (&error, report.as_object_mut()) {
+            o.insert("error".into(), e.clone().into());
         }
-        println!("memgov check: FAILED");
+        println!("{report:#}");
+    }
+    if error.is_some() {
         ExitCode::FAILURE
-    } else if required {
-        println!("memgov check: every named backend ran and every case passed");
-        ExitCode::SUCCESS
     } else {
-        println!("memgov check: every case that ran passed");
         ExitCode::SUCCESS
     }
+}
+
+/// `memgov check --json`: every backend's row, every case's outcome, the
+/// notes and, on failure, `"error"` (added by the caller).
+fn check_json(
+    results: &[BackendResult],
+    required: bool,
+    notes: &[String],
+    missing: &[String],
+) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let backends: Vec<Value> = results
+        .iter()
+        .map(|r| match &r.report {
+            Ok(rep) => {
+                let (passed, failed, skipped) = rep.counts();
+                let cases: Vec<Value> = rep
+                    .cases
+                    .iter()
+                    .map(|c| match &c.outcome {
+                        Outcome::Passed => json!({ "case": c.name, "outcome": "pass" }),
+                        Outcome::Failed(why) => {
+                            json!({ "case": c.name, "outcome": "fail", "why": why })
+                        }
+                        Outcome::Skipped(why) => {
+                            json!({ "case": c.name, "outcome": "skipped", "why": why })
+                        }
+                    })
+                    .collect();
+                json!({
+                    "backend": r.name,
+                    "ran": true,
+                    "device": rep.device,
+                    "execution": rep.execution.map(|e| e.to_string()),
+                    "passed": passed,
+                    "failed": failed,
+                    "skipped": skipped,
+                    "cases": cases,
+                    "validation": r.validation.map(|v| v.json()),
+                })
+            }
+            Err(why) => json!({
+                "backend": r.name,
+                "ran": false,
+                "why": why,
+                "validation": r.validation.map(|v| v.json()),
+            }),
+        })
+        .collect();
+    json!({
+        "tool": "memgov check",
+        "version": env!("CARGO_PKG_VERSION"),
+        "required": required,
+        "backends": backends,
+        "notes": notes,
+        "missing": missing,
+    })
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -363,5 +546,26 @@ fn truncate(s: &str, n: usize) -> String {
         let mut t: String = s.chars().take(n - 1).collect();
         t.push('…');
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bench::{measure::Plan, report};
+
+    #[test]
+    fn a_failed_bench_check_puts_the_error_in_the_json() {
+        let failed: serde_json::Value = serde_json::from_str(&report::json(
+            &[],
+            &Plan::QUICK,
+            true,
+            Some("1 row(s) missed their target: pin"),
+        ))
+        .unwrap();
+        assert_eq!(failed["error"], "1 row(s) missed their target: pin");
+        assert_eq!(failed["tool"], "memgov bench");
+        let passed: serde_json::Value =
+            serde_json::from_str(&report::json(&[], &Plan::QUICK, true, None)).unwrap();
+        assert!(passed.get("error").is_none(), "{passed:#}");
     }
 }

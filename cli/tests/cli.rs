@@ -158,10 +158,136 @@ fn run_serves_swaps_and_ends_at_zero() {
     ]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("memgov run: ok"), "{out}");
-    assert!(out.contains("0 B charged, 0 contract violations"), "{out}");
+    assert!(
+        out.contains("0 bytes charged, 0 contract violations"),
+        "{out}"
+    );
     assert!(
         out.contains("is no longer accepting work"),
         "a retiring context must refuse: {out}"
+    );
+}
+
+/// Whether this build of the tool has the Vulkan backend (cargo unifies
+/// features across a workspace build, so ask the tool itself).
+fn vulkan_compiled_in() -> bool {
+    let (_, info) = memgov(&["info"]);
+    !info.contains("build with --features vulkan")
+}
+
+#[test]
+fn info_prints_sizes_with_the_exact_bytes() {
+    let (code, out) = memgov(&["info"]);
+    assert_eq!(code, 0, "{out}");
+    let host = out
+        .lines()
+        .find(|l| l.starts_with("host "))
+        .expect("host row");
+    // The simulated device's default capacity, in the unit and with the
+    // exact count.
+    let capacity = memgov::host::HostConfig::default().capacity;
+    assert!(
+        host.contains(&memgov::Bytes(capacity).to_string()),
+        "{host}"
+    );
+    assert!(host.contains(" bytes)"), "{host}");
+}
+
+#[test]
+fn check_json_is_one_object_and_carries_the_error_on_failure() {
+    let (code, out) = memgov(&["check", "--json", "--backend", "host"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["tool"], "memgov check");
+    assert!(v.get("error").is_none(), "{v:#}");
+    let host = &v["backends"][0];
+    assert_eq!(host["backend"], "host");
+    assert_eq!(host["failed"], 0);
+    assert_eq!(
+        host["cases"].as_array().unwrap().len(),
+        memgov::conformance::cases::<memgov::host::HostContext>().len()
+    );
+
+    // A named backend that runs nothing fails the check: still one object,
+    // with the reason, and a non-zero status.
+    let (code, out) = memgov(&["check", "--json", "--backend", "null"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["error"], "1 named backend(s) ran no case", "{v:#}");
+    assert_eq!(v["backends"][0]["ran"], false);
+
+    // Bad usage too: the JSON error on stdout, clap's message on stderr.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .args(["check", "--json", "--backend", "tpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no backend is called tpu")),
+        "{v:#}"
+    );
+}
+
+#[test]
+fn check_says_whether_the_validation_layer_was_on() {
+    if !vulkan_compiled_in() {
+        // No Vulkan, no validation line: the layer was never in question.
+        let (code, out) = memgov(&["check", "--backend", "host"]);
+        assert_eq!(code, 0, "{out}");
+        assert!(!out.contains("validation layer"), "{out}");
+        return;
+    }
+    let (code, out) = memgov(&["check", "--backend", "vulkan"]);
+    let Some(line) = out
+        .lines()
+        .find(|l| l.starts_with("vulkan: validation layer "))
+    else {
+        // No Vulkan driver here: the row is skipped and no context was made.
+        assert!(out.contains("vulkan: 0 cases ran"), "{out}");
+        return;
+    };
+    assert_eq!(code, 0, "{out}");
+    if line.starts_with("vulkan: validation layer on") {
+        assert!(
+            line.contains("0 errors, 0 warnings"),
+            "a passing check saw no failure: {line}"
+        );
+        assert!(line.contains(" info messages"), "{line}");
+    } else {
+        assert!(
+            line.contains("validation layer off")
+                && line.contains("no validation messages were checked"),
+            "{line}"
+        );
+    }
+    let (_, out) = memgov(&["check", "--json", "--backend", "vulkan"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let seen = &v["backends"][0]["validation"];
+    assert!(seen["layer_on"].is_boolean(), "{v:#}");
+    assert_eq!(seen["errors"], 0, "{v:#}");
+    assert_eq!(seen["warnings"], 0, "{v:#}");
+}
+
+#[test]
+fn run_names_the_feature_of_a_backend_not_compiled_in() {
+    if vulkan_compiled_in() {
+        println!("skipped: built with `vulkan`");
+        return;
+    }
+    let (code, out) = memgov(&["run", "--backend", "vulkan"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("backend 'vulkan' is not compiled in (build with --features vulkan)"),
+        "{out}"
+    );
+    let (code, out) = memgov(&["run", "--backend", "tpu"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("unknown backend 'tpu'; known: host, null, cuda, hip, vulkan"),
+        "{out}"
     );
 }
 
@@ -181,6 +307,36 @@ fn bench_lists_its_rows_and_refuses_bad_arguments() {
     }
     let (code, out) = memgov(&["bench", "--no-such-flag"]);
     assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn bench_filter_matching_nothing_is_an_error_with_a_list_hint() {
+    let (code, out) = memgov(&["bench", "--quick", "--filter", "no-such-row"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "--filter 'no-such-row' matches no row; `memgov bench --list` prints the row keys"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("figure"), "no table is printed: {out}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .args(["bench", "--quick", "--json", "--filter", "no-such-row"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("--list")),
+        "{v:#}"
+    );
+    assert!(
+        v["keys"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "pin")),
+        "{v:#}"
+    );
 }
 
 #[test]

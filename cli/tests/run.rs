@@ -3,10 +3,22 @@
 
 use std::process::Command;
 
+/// `memgov run` with a small workload (6 requests of 4 steps, no simulated
+/// delay), each of those settings overridden where `args` gives it.
 fn run(args: &[&str]) -> (i32, String, String) {
+    let defaults = [
+        ("--requests", "6"),
+        ("--steps", "4"),
+        ("--op-delay-us", "0"),
+    ];
     let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
         .arg("run")
-        .args(["--requests", "6", "--steps", "4", "--op-delay-us", "0"])
+        .args(
+            defaults
+                .iter()
+                .filter(|(flag, _)| !args.contains(flag))
+                .flat_map(|(flag, value)| [*flag, *value]),
+        )
         .args(args)
         .output()
         .expect("run memgov");
@@ -26,6 +38,7 @@ fn host_run_reports_every_figure_and_a_verified_swap() {
         "allocation latency:        p50",
         "release-to-retire latency: p50",
         "admission waits:",
+        "pressure events:",
         "teardown wait 'llm@gpu0'",
         "peak 'llm@gpu1'",
         "leak verdict: clean",
@@ -48,6 +61,7 @@ fn json_parses_and_carries_the_same_report() {
         assert!(v["allocations"].as_u64().unwrap() > 0);
         assert!(v["allocation_latency"]["samples"].as_u64().unwrap() > 0);
         assert!(v["release_to_retire_latency"]["p99_us"].as_f64().is_some());
+        assert_eq!(v["expected_refusals"].as_array().unwrap().len(), 2, "{v:#}");
         assert_eq!(v["teardown"].as_array().unwrap().len(), 3);
         assert!(v["peak_bytes"]["max"].as_u64().unwrap() >= 128 << 20);
         assert!(v["swap"]["buffers"].as_u64().unwrap() >= 8);
@@ -67,4 +81,173 @@ fn an_unknown_backend_is_refused_with_the_list() {
     let (code, out, err) = run(&["--backend", "tpu"]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("unknown backend 'tpu'"), "{err}");
+}
+
+#[test]
+fn provoked_refusals_are_marked_as_expected() {
+    let (code, out, err) = run(&["--backend", "host"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let refused = out
+        .lines()
+        .find(|l| l.contains("allocation on the retiring context"))
+        .expect("the allocation on the retiring context");
+    assert!(
+        refused.contains("(refused, as expected): ")
+            && refused.contains("is no longer accepting work"),
+        "{refused}"
+    );
+    let unfinished = out
+        .lines()
+        .find(|l| l.contains("retire while the plugin holds its pin"))
+        .expect("the retire the plugin holds up");
+    assert!(
+        unfinished.contains("(not finished, as expected): ")
+            && unfinished.contains("held by 'tokenizer-plugin'"),
+        "{unfinished}"
+    );
+    assert!(
+        out.contains("expected refusals: 2 provoked on purpose and seen"),
+        "{out}"
+    );
+
+    let (code, out, err) = run(&["--backend", "host", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let what: Vec<_> = v["expected_refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["what"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        what,
+        [
+            "allocation on the retiring context",
+            "retire while the plugin holds its pin"
+        ]
+    );
+}
+
+/// Every duration the text prints is `<n>.<3 digits> ms`: one unit, one
+/// precision, from microsecond latencies to whole-run times.
+#[test]
+fn durations_read_in_one_unit_and_precision() {
+    let (code, out, err) = run(&["--backend", "host"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // No number runs into a unit of its own (`60.6µs`, `1.2s`, `435.03ms`).
+    for line in out.lines() {
+        for unit in ["ns", "µs", "ms", "s"] {
+            for (i, _) in line.match_indices(unit) {
+                let glued = line[..i].ends_with(|c: char| c.is_ascii_digit());
+                assert!(!glued, "{unit:?} glued to a number in {line}");
+            }
+        }
+        assert!(!line.contains("µs"), "{line}");
+    }
+    let mut durations = 0;
+    for line in out.lines() {
+        for (i, _) in line.match_indices(" ms") {
+            let number = line[..i].rsplit(' ').next().unwrap();
+            let (whole, decimals) = number
+                .split_once('.')
+                .unwrap_or_else(|| panic!("{number:?} has no decimals in {line}"));
+            assert!(
+                whole.chars().all(|c| c.is_ascii_digit())
+                    && decimals.len() == 3
+                    && decimals.chars().all(|c| c.is_ascii_digit()),
+                "{number:?} in {line}"
+            );
+            durations += 1;
+        }
+    }
+    // Two latencies of two percentiles, the swap, the held-up retire, three
+    // teardowns (each twice), the run, the per-op delay.
+    assert!(durations >= 12, "only {durations} durations in:\n{out}");
+}
+
+#[test]
+fn empty_samples_print_n_a() {
+    // No request: no release is ever timed.
+    let (code, out, err) = run(&["--backend", "host", "--requests", "0"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("release-to-retire latency: n/a (0 samples)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("allocation latency:        p50 "),
+        "the weights were still timed: {out}"
+    );
+    let (code, out, err) = run(&["--backend", "host", "--requests", "0", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r = &v["release_to_retire_latency"];
+    assert_eq!(r["samples"], 0, "{v:#}");
+    assert!(r["p50_us"].is_null() && r["p99_us"].is_null(), "{v:#}");
+}
+
+/// Admission waits and pressure events are one count each, printed once, the
+/// sum of the per-context counts printed beside it (and in the JSON).
+#[test]
+fn admission_waits_are_one_count_over_the_run() {
+    // An LLM budget just above its weights: the KV cache meets pressure.
+    let (code, out, err) = run(&["--backend", "host", "--llm-budget-mib", "150"]);
+    assert_eq!(code, 0, "{out}{err}");
+    for what in ["admission waits", "pressure events"] {
+        let lines: Vec<_> = out.lines().filter(|l| l.contains(what)).collect();
+        assert_eq!(lines.len(), 1, "{what} printed once: {lines:#?}");
+        let line = lines[0];
+        let total: u64 = line
+            .split(&format!("{what}: "))
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no total in {line}"));
+        let inner = &line[line.find('(').unwrap() + 1..line.find(')').unwrap()];
+        let sum: u64 = inner
+            .split(", ")
+            .map(|c| c.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(total, sum, "{line}");
+        if what == "pressure events" {
+            assert!(total > 0, "the budget was meant to press: {line}");
+        }
+    }
+
+    let (code, out, err) = run(&["--backend", "host", "--llm-budget-mib", "150", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let per = v["per_context"].as_array().unwrap();
+    assert_eq!(per.len(), 3, "{v:#}");
+    for key in ["admission_waits", "pressure_events", "allocations"] {
+        let sum: u64 = per.iter().map(|c| c[key].as_u64().unwrap()).sum();
+        assert_eq!(v[key].as_u64(), Some(sum), "{key}: {v:#}");
+    }
+}
+
+#[test]
+fn a_failing_json_run_prints_a_json_error() {
+    // The weights do not fit the LLM's budget: the run fails in phase 1.
+    let (code, out, err) = run(&["--backend", "host", "--llm-budget-mib", "64", "--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{out}"));
+    let error = v["error"].as_str().expect("an error member");
+    assert!(
+        error.contains("cannot admit 16.0 MiB (16777216 bytes) of weights"),
+        "{error}"
+    );
+    assert_eq!(v["backend"], "host");
+    assert!(err.contains("memgov run: FAILED"), "{err}");
+
+    // Bad usage under --json: still an object on stdout, status 2.
+    let (code, out, _) = run(&["--backend", "tpu", "--json"]);
+    assert_eq!(code, 2);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown backend 'tpu'")),
+        "{v:#}"
+    );
 }

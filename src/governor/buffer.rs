@@ -1,7 +1,7 @@
 //! Governed device buffers: born pinned, released stream-ordered.
 
 use super::config::Role;
-use super::error::GovernorError;
+use super::error::{ContextOperation, GovernorError};
 use super::release::{release, Released};
 use super::stream::{GovernedStream, StreamShared};
 use crate::{DeviceContext, ProviderContextIdentity};
@@ -204,10 +204,11 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// context; nothing is recorded.
     pub fn record_stream(&mut self, stream: &GovernedStream<C>) -> Result<(), GovernorError> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
-            return Err(GovernorError::WrongContext {
-                buffer_context: self.stream.ctx.id,
-                stream_context: stream.shared.ctx.id,
-            });
+            return Err(GovernorError::wrong_context(
+                ContextOperation::RecordStream,
+                self.stream.ctx.id,
+                stream,
+            ));
         }
         if Arc::ptr_eq(&stream.shared, &self.stream) {
             return Ok(());
@@ -274,10 +275,11 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// device, and this returns `Ok`.
     pub fn release_on(mut self, stream: &GovernedStream<C>) -> Result<(), ReleaseError<C>> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
-            let error = GovernorError::WrongContext {
-                buffer_context: self.stream.ctx.id,
-                stream_context: stream.shared.ctx.id,
-            };
+            let error = GovernorError::wrong_context(
+                ContextOperation::ReleaseOn,
+                self.stream.ctx.id,
+                stream,
+            );
             return Err(ReleaseError {
                 buffer: Some(self),
                 error,

@@ -2,6 +2,7 @@
 
 use super::config::Role;
 use super::report::Outstanding;
+use super::units::{Bytes, Elapsed};
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
 use std::fmt;
 use std::time::Duration;
@@ -67,35 +68,40 @@ impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "context {} '{}': cannot admit {} B of {} under the {}: {} B live + {} B pending release + {} B quarantined",
+            "context {} '{}': cannot admit {} of {} under the {}: {} live + {} pending release + {} quarantined",
             self.context,
             self.label,
-            self.requested,
+            Bytes(self.requested),
             self.role,
             self.scope,
-            self.live,
-            self.pending,
-            self.quarantined,
+            Bytes(self.live),
+            Bytes(self.pending),
+            Bytes(self.quarantined),
         )?;
         if self.awaiting_teardown > 0 {
-            write!(f, " + {} B awaiting teardown", self.awaiting_teardown)?;
+            write!(f, " + {} awaiting teardown", Bytes(self.awaiting_teardown))?;
         }
         write!(
             f,
-            " of a {} B limit leaves {} B available",
-            self.limit, self.available
+            " of a {} limit leaves {} available",
+            Bytes(self.limit),
+            Bytes(self.available)
         )?;
         if let Some(e) = &self.driver {
             write!(f, " (the driver said: {e})")?;
         }
         if !self.waited.is_zero() {
-            write!(f, " (after waiting {:?} for pending releases)", self.waited)?;
+            write!(
+                f,
+                " (after waiting {} for pending releases)",
+                Elapsed(self.waited)
+            )?;
         }
         if self.reclaimed_by_responders > 0 {
             write!(
                 f,
-                " (pressure responders gave back {} B)",
-                self.reclaimed_by_responders
+                " (pressure responders gave back {})",
+                Bytes(self.reclaimed_by_responders)
             )?;
         }
         if self.pending > 0 {
@@ -104,6 +110,92 @@ impl fmt::Display for BudgetExceeded {
             f.write_str("; release buffers, register a pressure responder, or raise the budget")
         }
     }
+}
+
+/// The operation that was handed an object of another context
+/// ([`GovernorError::WrongContext`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ContextOperation {
+    /// [`ContextHandle::allocate`](crate::ContextHandle::allocate): the
+    /// operation's context is the handle's.
+    Allocate,
+    /// [`DeviceBuffer::record_stream`](crate::DeviceBuffer::record_stream):
+    /// the operation's context is the buffer's.
+    RecordStream,
+    /// [`DeviceBuffer::release_on`](crate::DeviceBuffer::release_on): the
+    /// operation's context is the buffer's.
+    ReleaseOn,
+    /// [`ContextHandle::migrate`](crate::ContextHandle::migrate): the
+    /// operation's context is the target's.
+    Migrate,
+}
+
+impl ContextOperation {
+    /// The method's name, as a reader finds it in the docs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Allocate => "allocate",
+            Self::RecordStream => "record_stream",
+            Self::ReleaseOn => "release_on",
+            Self::Migrate => "migrate",
+        }
+    }
+}
+
+impl fmt::Display for ContextOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What an operation was handed that belongs to another context
+/// ([`GovernorError::WrongContext`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ForeignObject {
+    /// A [`GovernedStream`](crate::GovernedStream), by its label.
+    Stream {
+        /// The label the stream was created with.
+        label: String,
+    },
+}
+
+impl fmt::Display for ForeignObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stream { label } => write!(f, "stream '{label}'"),
+        }
+    }
+}
+
+/// The message of [`GovernorError::WrongContext`]: what was called on what,
+/// what it was handed, and the way out, which depends on the operation.
+fn wrong_context(
+    operation: ContextOperation,
+    context: ProviderContextIdentity,
+    passed: &ForeignObject,
+    passed_context: ProviderContextIdentity,
+) -> String {
+    let (on, way_out) = match operation {
+        ContextOperation::Allocate => (
+            format!("on context {context}"),
+            format!("allocate on a stream of context {context} (ContextHandle::create_stream)"),
+        ),
+        ContextOperation::RecordStream => (
+            format!("on a buffer of context {context}"),
+            format!("record only streams of context {context}; nothing was recorded"),
+        ),
+        ContextOperation::ReleaseOn => (
+            format!("of a buffer of context {context}"),
+            format!("release it on a stream of context {context}; the buffer is handed back unchanged in ReleaseError::buffer"),
+        ),
+        ContextOperation::Migrate => (
+            format!("into context {context}"),
+            format!("copy on a stream of the target context {context}; every source buffer is handed back in MigrateError::buffers"),
+        ),
+    };
+    format!("{operation} {on} was passed {passed} of context {passed_context}; {way_out}")
 }
 
 /// Errors of governed operations.
@@ -120,7 +212,7 @@ pub enum GovernorError {
 
     /// Zero-byte allocations are refused: no driver gives them a stable
     /// address, and they would hold a pin for nothing.
-    #[error("context {context}: zero-byte allocation of {role} refused; ask for at least 1 B")]
+    #[error("context {context}: zero-byte allocation of {role} refused; ask for at least 1 byte")]
     ZeroSized {
         /// The context asked.
         context: ProviderContextIdentity,
@@ -129,7 +221,7 @@ pub enum GovernorError {
     },
 
     /// An access outside the buffer.
-    #[error("context {context}: {op} of {len} B at offset {offset} is out of bounds of a {size} B buffer; keep offset + len <= {size}")]
+    #[error("context {context}: {op} of {} at offset {offset} is out of bounds of a {} buffer; keep offset + len <= {size}", Bytes(*.len), Bytes(*.size))]
     OutOfBounds {
         /// The buffer's context.
         context: ProviderContextIdentity,
@@ -143,13 +235,20 @@ pub enum GovernorError {
         size: u64,
     },
 
-    /// A buffer was used with a stream of another context.
-    #[error("buffer of context {buffer_context} used with a stream of context {stream_context}; release it on a stream of its own context")]
+    /// An operation was handed an object of another context: a stream to
+    /// allocate, record or release on, or to migrate with. Nothing was done;
+    /// a buffer being released or migrated is handed back.
+    #[error("{}", wrong_context(*.operation, *.context, .passed, *.passed_context))]
     WrongContext {
-        /// Context that owns the buffer.
-        buffer_context: ProviderContextIdentity,
-        /// Context that owns the stream.
-        stream_context: ProviderContextIdentity,
+        /// What was called.
+        operation: ContextOperation,
+        /// The context the operation works in: the handle's for `allocate`
+        /// and `migrate`, the buffer's for `record_stream` and `release_on`.
+        context: ProviderContextIdentity,
+        /// What it was handed.
+        passed: ForeignObject,
+        /// The context that owns what was handed.
+        passed_context: ProviderContextIdentity,
     },
 
     /// The device was lost; nothing more will run on it.
@@ -181,6 +280,23 @@ pub enum GovernorError {
 }
 
 impl GovernorError {
+    /// `operation` in `context` was handed `stream`, which belongs to
+    /// another context.
+    pub(crate) fn wrong_context<C: crate::DeviceContext>(
+        operation: ContextOperation,
+        context: ProviderContextIdentity,
+        stream: &crate::GovernedStream<C>,
+    ) -> Self {
+        Self::WrongContext {
+            operation,
+            context,
+            passed: ForeignObject::Stream {
+                label: stream.label().to_owned(),
+            },
+            passed_context: stream.context(),
+        }
+    }
+
     /// The budget numbers, if this is a budget refusal.
     pub fn budget(&self) -> Option<&BudgetExceeded> {
         match self {
@@ -195,7 +311,7 @@ impl GovernorError {
 pub enum RetireError {
     /// Work is still outstanding. Wait again, release what is listed, or
     /// call `force`.
-    #[error("context {context} '{label}' still has outstanding work after {waited:?}: {outstanding}; drop or release what is listed, wait again, or call force()")]
+    #[error("context {context} '{label}' still has outstanding work after {}: {outstanding}; drop or release what is listed, wait again, or call force()", Elapsed(*.waited))]
     Outstanding {
         /// The context.
         context: ProviderContextIdentity,

@@ -3,7 +3,7 @@
 use super::admission::admit;
 use super::buffer::DeviceBuffer;
 use super::config::{PressureRequest, Role};
-use super::error::GovernorError;
+use super::error::{ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
 use super::report::TeardownReport;
@@ -112,10 +112,11 @@ impl<C: DeviceContext> ContextHandle<C> {
     ) -> Result<DeviceBuffer<C>, GovernorError> {
         let ctx = &self.inner;
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
-            return Err(GovernorError::WrongContext {
-                buffer_context: ctx.id,
-                stream_context: stream.shared.ctx.id,
-            });
+            return Err(GovernorError::wrong_context(
+                ContextOperation::Allocate,
+                ctx.id,
+                stream,
+            ));
         }
         if bytes == 0 {
             return Err(GovernorError::ZeroSized {

@@ -18,7 +18,7 @@
 //! and whatever else still holds it.
 
 use super::buffer::DeviceBuffer;
-use super::error::GovernorError;
+use super::error::{ContextOperation, GovernorError};
 use super::handle::ContextHandle;
 use super::stream::GovernedStream;
 use crate::DeviceContext;
@@ -60,10 +60,10 @@ impl<C: DeviceContext> fmt::Display for MigrateError<C> {
             .map_or((0, None), |b| (b.len(), Some(b.role())));
         write!(
             f,
-            "moving buffer {} of {} ({} B",
+            "moving buffer {} of {} ({}",
             self.index + 1,
             self.buffers.len(),
-            bytes
+            super::Bytes(bytes)
         )?;
         if let Some(role) = role {
             write!(f, " of {role}")?;
@@ -124,10 +124,7 @@ impl<C: DeviceContext> ContextHandle<C> {
                 buffers,
                 index: 0,
                 undone: 0,
-                error: GovernorError::WrongContext {
-                    buffer_context: self.id(),
-                    stream_context: stream.context(),
-                },
+                error: GovernorError::wrong_context(ContextOperation::Migrate, self.id(), stream),
             }));
         }
         let mut moved = Vec::with_capacity(buffers.len());

@@ -23,11 +23,14 @@ mod shards;
 mod snapshot;
 mod stats;
 mod stream;
+mod units;
 
 pub use budget::SharedBudget;
 pub use buffer::{DeviceBuffer, ReleaseError};
 pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, Role};
-pub use error::{BudgetExceeded, BudgetScope, GovernorError, RetireError};
+pub use error::{
+    BudgetExceeded, BudgetScope, ContextOperation, ForeignObject, GovernorError, RetireError,
+};
 pub use handle::ContextHandle;
 pub use migrate::MigrateError;
 pub use outside::OutsideUsage;
@@ -39,6 +42,7 @@ pub use snapshot::{
     RoleUsage,
 };
 pub use stream::GovernedStream;
+pub use units::{Bytes, Elapsed};
 
 use crate::sync::lock;
 use crate::{DeviceContext, ProviderContextIdentity};

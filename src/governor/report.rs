@@ -120,7 +120,7 @@ impl fmt::Display for Outstanding {
                 write!(f, " of {r}")?;
             }
             if it.bytes > 0 {
-                write!(f, " ({} B)", it.bytes)?;
+                write!(f, " holding {}", super::Bytes(it.bytes))?;
             }
             if let Some(h) = &it.holder {
                 write!(f, " held by '{h}'")?;

@@ -131,7 +131,7 @@ pub struct CounterSnapshot {
 }
 
 /// One context at one moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ContextSnapshot {
     /// Identity.
@@ -201,6 +201,68 @@ pub struct ContextSnapshot {
     /// background, with nobody waiting).
     #[cfg_attr(feature = "serde", serde(skip))]
     pub teardown: Option<TeardownReport>,
+}
+
+/// Every field, with the usage by role keyed by role
+/// (`by_role: {Weights: RoleUsage { .. }, KvCache: ..}`) rather than by
+/// its index in [`Role::ALL`].
+impl std::fmt::Debug for ContextSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        struct ByRole<'a>(&'a [RoleUsage; 5]);
+        impl std::fmt::Debug for ByRole<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_map()
+                    .entries(Role::ALL.iter().zip(self.0.iter()))
+                    .finish()
+            }
+        }
+        // Destructured so that a field added to the struct fails to compile
+        // here until it is printed too.
+        let Self {
+            context,
+            label,
+            backend,
+            device,
+            execution,
+            lifecycle,
+            lost_reason,
+            budget_limit,
+            charged,
+            awaiting_teardown,
+            shared_budget,
+            peak,
+            peak_exact,
+            peak_budget_held,
+            outside_bytes,
+            by_role,
+            quarantine,
+            pins,
+            counters,
+            teardown,
+        } = self;
+        f.debug_struct("ContextSnapshot")
+            .field("context", context)
+            .field("label", label)
+            .field("backend", backend)
+            .field("device", device)
+            .field("execution", execution)
+            .field("lifecycle", lifecycle)
+            .field("lost_reason", lost_reason)
+            .field("budget_limit", budget_limit)
+            .field("charged", charged)
+            .field("awaiting_teardown", awaiting_teardown)
+            .field("shared_budget", shared_budget)
+            .field("peak", peak)
+            .field("peak_exact", peak_exact)
+            .field("peak_budget_held", peak_budget_held)
+            .field("outside_bytes", outside_bytes)
+            .field("by_role", &ByRole(by_role))
+            .field("quarantine", quarantine)
+            .field("pins", pins)
+            .field("counters", counters)
+            .field("teardown", teardown)
+            .finish()
+    }
 }
 
 #[cfg(feature = "serde")]

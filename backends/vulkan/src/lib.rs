@@ -342,6 +342,15 @@ impl VulkanContext {
         VulkanValidation(self.shared.probe.clone())
     }
 
+    /// Whether `VK_LAYER_KHRONOS_validation` is on for this context: asked
+    /// for in [`VulkanConfig::validation`] (creation fails when it is asked
+    /// for and not installed). Tells a [`validation`](Self::validation) that
+    /// heard nothing because the run was clean from one that had no layer to
+    /// hear from.
+    pub fn validation_layer_on(&self) -> bool {
+        self.shared.config.validation
+    }
+
     /// The logical device, for work of your own. Do not destroy it.
     pub fn device(&self) -> &ash::Device {
         &self.shared.device

@@ -210,7 +210,7 @@ static void budgets_streams_and_data(memgov_governor* gov) {
     OK(memgov_buffer_allocate(s1, 8192, MEMGOV_ROLE_WEIGHTS, NULL, &a));
     OK(memgov_buffer_allocate(s1, 8192, MEMGOV_ROLE_KV_CACHE, NULL, &b));
     FAILS(memgov_buffer_allocate(s1, 4096, MEMGOV_ROLE_KV_CACHE, NULL, &c), MEMGOV_ERR_OUT_OF_MEMORY);
-    EXPECT(strstr(memgov_last_error_message(), "16384 B limit") != NULL);
+    EXPECT(strstr(memgov_last_error_message(), "16.0 KiB (16384 bytes) limit") != NULL);
 
     /* A pressure callback gives b back. */
     memgov_callback* cb = NULL;

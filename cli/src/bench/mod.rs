@@ -40,7 +40,9 @@ use row::{Row, Target};
 #[command(
     name = "memgov bench",
     about = "Measure the governor against its baselines (see docs/performance.md)",
-    after_help = "Exit status: 0 (also when a target is missed, unless --check), 2 on bad usage."
+    after_help = "Exit status: 0 (also when a target is missed, unless --check), 1 when --check \
+                  finds a missed target, 2 on bad usage (also a --filter that matches no row). \
+                  With --json a failure still prints one JSON object, with \"error\"."
 )]
 pub struct BenchArgs {
     /// A smoke run of a few seconds (rough numbers).
@@ -49,7 +51,8 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Only rows whose key contains WORD.
+    /// Only rows whose key contains WORD (`--list` prints the keys); one
+    /// that matches no key is an error.
     #[arg(long, value_name = "WORD", allow_hyphen_values = true)]
     pub filter: Option<String>,
     /// Exit with status 1 when a measured row misses its target.
@@ -259,14 +262,46 @@ pub fn main(args: &BenchArgs) -> u8 {
         }
         return 0;
     }
+    if let Some(filter) = args.filter.as_deref() {
+        if !keys().iter().any(|k| k.contains(filter)) {
+            let error = format!(
+                "memgov bench: --filter '{filter}' matches no row; `memgov bench --list` prints the row keys"
+            );
+            if args.json {
+                let mut object = serde_json::json!({ "error": error, "keys": keys() });
+                if let Some(o) = object.as_object_mut() {
+                    o.insert("tool".into(), "memgov bench".into());
+                }
+                println!("{object:#}");
+            }
+            eprintln!("{error}");
+            return 2;
+        }
+    }
     let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
     let rows = run(&plan, args.filter.as_deref(), |key| {
         if !args.json {
             eprintln!("memgov bench: measuring {key} ...");
         }
     });
+    let missed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.met == Some(false))
+        .map(|r| r.key)
+        .collect();
+    // Only `--check` makes a missed target a failure.
+    let error = (args.check && !missed.is_empty()).then(|| {
+        format!(
+            "{} row(s) missed their target: {}",
+            missed.len(),
+            missed.join(", ")
+        )
+    });
     if args.json {
-        print!("{}", report::json(&rows, &plan, args.quick));
+        print!(
+            "{}",
+            report::json(&rows, &plan, args.quick, error.as_deref())
+        );
     } else {
         println!(
             "memgov bench ({} mode, {} samples per side, {} cores; medians, same-run baselines)",
@@ -276,7 +311,10 @@ pub fn main(args: &BenchArgs) -> u8 {
         );
         print!("{}", report::table(&rows));
     }
-    u8::from(args.check && rows.iter().any(|r| r.met == Some(false)))
+    if let Some(e) = &error {
+        eprintln!("memgov bench: FAILED: {e}");
+    }
+    u8::from(error.is_some())
 }
 
 /// Parse `args` (without the program name) and run; clap prints usage

@@ -92,10 +92,13 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// The rows as one JSON object.
-pub fn json(rows: &[Row], plan: &Plan, quick: bool) -> String {
+/// The rows as one JSON object; with `error` (a failed `--check`), an
+/// `"error"` member says why the run failed.
+pub fn json(rows: &[Row], plan: &Plan, quick: bool, error: Option<&str>) -> String {
     #[derive(Serialize)]
     struct Report<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
         tool: &'static str,
         version: &'static str,
         mode: &'static str,
@@ -104,6 +107,7 @@ pub fn json(rows: &[Row], plan: &Plan, quick: bool) -> String {
         rows: &'a [Row],
     }
     let report = Report {
+        error,
         tool: "memgov bench",
         version: env!("CARGO_PKG_VERSION"),
         mode: if quick { "quick" } else { "full" },
