@@ -60,6 +60,7 @@ mod backends;
 pub mod any;
 pub mod conformance;
 mod governor;
+pub mod trace;
 
 /// The pin contract shared with plugins and execution providers (the
 /// `memgov-api` crate, which depends on nothing).

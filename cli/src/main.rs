@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bench;
+mod report;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +59,9 @@ enum Command {
     Run(workload::RunArgs),
     /// Measure the governor against its baselines (see docs/performance.md).
     Bench(bench::BenchArgs),
+    /// Turn a trace (`memgov run --trace FILE`) into one self-contained HTML
+    /// page plotting live, pending and cached bytes over time.
+    Report(report::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Command::Check { backends, json } => check(&backends, json),
         Command::Run(args) => workload::run(args),
         Command::Bench(args) => ExitCode::from(bench::main(&args)),
+        Command::Report(args) => report::main(&args),
     }
 }
 

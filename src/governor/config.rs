@@ -107,6 +107,7 @@ pub struct ContextConfig {
     pub(crate) lease_chunk: u64,
     pub(crate) pin_lease_chunk: u64,
     pub(crate) exact_peak: bool,
+    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 impl Default for ContextConfig {
@@ -120,6 +121,7 @@ impl Default for ContextConfig {
             lease_chunk: super::lease::DEFAULT_CHUNK,
             pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
             exact_peak: false,
+            trace: None,
         }
     }
 }
@@ -137,6 +139,8 @@ impl fmt::Debug for ContextConfig {
             .field("max_pins", &self.max_pins)
             .field("lease_chunk", &self.lease_chunk)
             .field("pin_lease_chunk", &self.pin_lease_chunk)
+            .field("exact_peak", &self.exact_peak)
+            .field("traced", &self.trace.is_some())
             .finish()
     }
 }
@@ -150,6 +154,14 @@ impl ContextConfig {
     /// A label used in messages, snapshots and reports.
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = label.into();
+        self
+    }
+
+    /// Records this context's memory timeline into `trace` (allocations,
+    /// releases, retirements, refusals, pressure, retire and teardown, per
+    /// stream and role): see [`crate::trace`]. Off by default.
+    pub fn trace(mut self, trace: &crate::trace::Trace) -> Self {
+        self.trace = Some(trace.clone());
         self
     }
 

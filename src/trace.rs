@@ -1,0 +1,405 @@
+//! A memory timeline: what the governor did, when, per context, stream and
+//! role, written in the Chrome trace event format that Perfetto
+//! (`ui.perfetto.dev`) and `chrome://tracing` open, and that `memgov report`
+//! turns into a self-contained HTML page.
+//!
+//! A [`Trace`] is given to the contexts it should record
+//! ([`ContextConfig::trace`](crate::ContextConfig::trace)); every context
+//! given the same `Trace` records into it, so one file shows a device swap
+//! or several models side by side. Recording takes a lock per event, so it
+//! is off unless asked for: a context without a trace pays one branch per
+//! allocation and release.
+//!
+//! ```
+//! use memgov::host::{HostConfig, HostContext};
+//! use memgov::trace::Trace;
+//! use memgov::{ContextConfig, Governor, Role};
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let trace = Trace::new();
+//! let gov: Governor<HostContext> = Governor::new();
+//! let ctx = gov.register(
+//!     HostContext::new(HostConfig::default())?,
+//!     ContextConfig::new().label("model-a").budget(1 << 20).trace(&trace),
+//! );
+//! let stream = ctx.create_stream("main")?;
+//! drop(ctx.allocate(&stream, 4096, Role::Activation)?);
+//! drop(stream);
+//! ctx.retire().wait_timeout(Duration::from_secs(5))?;
+//!
+//! let kinds: Vec<_> = trace.events().iter().map(|e| e.kind).collect();
+//! assert!(kinds.contains(&memgov::trace::EventKind::Allocated));
+//! let json = trace.to_chrome_json(); // write it to a file, open it in Perfetto
+//! assert!(json.starts_with("{\"traceEvents\":["));
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::sync::lock;
+use crate::Role;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A context was registered.
+    Registered,
+    /// A stream was created.
+    StreamCreated,
+    /// An allocation was admitted: `bytes` became live.
+    Allocated,
+    /// A buffer was released stream-ordered: `bytes` went from live to
+    /// pending.
+    Released,
+    /// A pending release's free executed on the device: `bytes` are back.
+    Retired,
+    /// A pending release will never execute (device lost, or the free was
+    /// refused after it was accepted): its bytes stay charged until teardown.
+    Abandoned,
+    /// An allocation was refused: `bytes` is what was asked.
+    Refused,
+    /// Pressure responders were asked to free `bytes`.
+    Pressure,
+    /// The context began retiring.
+    RetireBegun,
+    /// The backend's teardown ran.
+    TornDown,
+}
+
+impl EventKind {
+    /// The name written to the trace.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Registered => "registered",
+            Self::StreamCreated => "stream created",
+            Self::Allocated => "allocated",
+            Self::Released => "released",
+            Self::Retired => "retired",
+            Self::Abandoned => "abandoned",
+            Self::Refused => "refused",
+            Self::Pressure => "pressure",
+            Self::RetireBegun => "retire begun",
+            Self::TornDown => "torn down",
+        }
+    }
+}
+
+/// One recorded event.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Time since the trace was created.
+    pub at: Duration,
+    /// The context's label (its identity when it has none).
+    pub context: Arc<str>,
+    /// The stream's label, for events that belong to one.
+    pub stream: Option<Arc<str>>,
+    /// The memory role, for events about bytes of one role.
+    pub role: Option<Role>,
+    /// What happened.
+    pub kind: EventKind,
+    /// How many bytes it concerned (0 when none).
+    pub bytes: u64,
+    /// A short explanation (a refusal's message), when there is one.
+    pub note: Option<String>,
+}
+
+/// A recorder shared by the contexts it traces. Cloning it is cheap and
+/// every clone records into the same timeline.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    start: Instant,
+    limit: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    events: Vec<Event>,
+    dropped: u64,
+}
+
+impl Default for Trace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Trace {
+    /// A trace that keeps up to 1,000,000 events (then counts what it drops).
+    pub fn new() -> Self {
+        Self::with_limit(1_000_000)
+    }
+
+    /// A trace that keeps at most `limit` events; later ones are counted in
+    /// [`dropped`](Self::dropped) and the written file says so.
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                start: Instant::now(),
+                limit,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// Records one event.
+    pub fn record(
+        &self,
+        context: &Arc<str>,
+        stream: Option<&Arc<str>>,
+        role: Option<Role>,
+        kind: EventKind,
+        bytes: u64,
+        note: Option<String>,
+    ) {
+        let event = Event {
+            at: self.inner.start.elapsed(),
+            context: context.clone(),
+            stream: stream.cloned(),
+            role,
+            kind,
+            bytes,
+            note,
+        };
+        let mut state = lock(&self.inner.state);
+        if state.events.len() < self.inner.limit {
+            state.events.push(event);
+        } else {
+            state.dropped += 1;
+        }
+    }
+
+    /// Every event kept so far, in the order recorded.
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.inner.state).events.clone()
+    }
+
+    /// Events recorded past the limit and not kept.
+    pub fn dropped(&self) -> u64 {
+        lock(&self.inner.state).dropped
+    }
+
+    /// The timeline in the Chrome trace event format (JSON): one process per
+    /// context, one thread per stream; counter tracks of live and pending
+    /// bytes per role for each stream and for each context; instant events
+    /// for refusals, pressure, retire and teardown; the memgov events
+    /// themselves under `memgovEvents`.
+    pub fn to_chrome_json(&self) -> String {
+        let (events, dropped) = {
+            let state = lock(&self.inner.state);
+            (state.events.clone(), state.dropped)
+        };
+        chrome_json(&events, dropped)
+    }
+
+    /// Writes [`to_chrome_json`](Self::to_chrome_json) to `path`.
+    pub fn write_chrome_json(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.to_chrome_json())
+    }
+}
+
+/// Running byte totals of one track, per role.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    live: [u64; Role::ALL.len()],
+    pending: [u64; Role::ALL.len()],
+}
+
+fn chrome_json(events: &[Event], dropped: u64) -> String {
+    let mut out = String::with_capacity(64 + events.len() * 160);
+    out.push_str("{\"traceEvents\":[");
+    let mut first = true;
+    let mut push = |out: &mut String, item: String| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        out.push_str(&item);
+    };
+    // Contexts become processes, streams threads (tid 0: the context).
+    let mut pids: BTreeMap<Arc<str>, usize> = BTreeMap::new();
+    let mut tids: BTreeMap<(usize, Arc<str>), usize> = BTreeMap::new();
+    let mut totals: BTreeMap<(usize, usize), Totals> = BTreeMap::new();
+    for e in events {
+        let next_pid = pids.len() + 1;
+        let pid = *pids.entry(e.context.clone()).or_insert_with(|| {
+            push(
+                &mut out,
+                format!(
+                    "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{next_pid},\"tid\":0,\"args\":{{\"name\":{}}}}}",
+                    json_str(&format!("context {}", e.context))
+                ),
+            );
+            next_pid
+        });
+        let tid = match &e.stream {
+            None => 0,
+            Some(s) => {
+                let next_tid = tids.keys().filter(|(p, _)| *p == pid).count() + 1;
+                *tids.entry((pid, s.clone())).or_insert_with(|| {
+                    push(
+                        &mut out,
+                        format!(
+                            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{next_tid},\"args\":{{\"name\":{}}}}}",
+                            json_str(&format!("stream {s}"))
+                        ),
+                    );
+                    next_tid
+                })
+            }
+        };
+        let ts = e.at.as_nanos() as f64 / 1000.0;
+        let moved = match (e.kind, e.role) {
+            (EventKind::Allocated, Some(r)) => Some((r, e.bytes as i128, 0i128)),
+            (EventKind::Released, Some(r)) => Some((r, -(e.bytes as i128), e.bytes as i128)),
+            (EventKind::Retired | EventKind::Abandoned, Some(r)) => {
+                Some((r, 0, -(e.bytes as i128)))
+            }
+            _ => None,
+        };
+        if let Some((role, live, pending)) = moved {
+            // The stream's track and the context's (tid 0) track.
+            let tracks: &[usize] = if tid == 0 { &[0] } else { &[tid, 0] };
+            for &t in tracks {
+                let tot = totals.entry((pid, t)).or_default();
+                let i = role.index();
+                tot.live[i] = (tot.live[i] as i128 + live).max(0) as u64;
+                tot.pending[i] = (tot.pending[i] as i128 + pending).max(0) as u64;
+                let scope = if t == 0 { "context" } else { "stream" };
+                for (name, values) in [("live", tot.live), ("pending", tot.pending)] {
+                    let mut args = String::new();
+                    for r in Role::ALL {
+                        if !args.is_empty() {
+                            args.push(',');
+                        }
+                        let _ = write!(args, "{}:{}", json_str(r.name()), values[r.index()]);
+                    }
+                    push(
+                        &mut out,
+                        format!(
+                            "{{\"name\":\"{name} bytes ({scope})\",\"cat\":\"memgov\",\"ph\":\"C\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{t},\"args\":{{{args}}}}}"
+                        ),
+                    );
+                }
+            }
+        }
+        let marked = matches!(
+            e.kind,
+            EventKind::Refused
+                | EventKind::Pressure
+                | EventKind::RetireBegun
+                | EventKind::TornDown
+                | EventKind::Abandoned
+        );
+        if marked {
+            let mut args = format!("\"bytes\":{}", e.bytes);
+            if let Some(role) = e.role {
+                let _ = write!(args, ",\"role\":{}", json_str(role.name()));
+            }
+            if let Some(note) = &e.note {
+                let _ = write!(args, ",\"note\":{}", json_str(note));
+            }
+            push(
+                &mut out,
+                format!(
+                    "{{\"name\":{},\"cat\":\"memgov\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{ts:.3},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}}}}}",
+                    json_str(e.kind.name())
+                ),
+            );
+        }
+    }
+    out.push_str("],\"displayTimeUnit\":\"ms\",\"memgovEvents\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"t_us\":{:.3},\"context\":{},\"stream\":{},\"role\":{},\"kind\":{},\"bytes\":{}}}",
+            e.at.as_nanos() as f64 / 1000.0,
+            json_str(&e.context),
+            e.stream.as_deref().map_or("null".into(), json_str),
+            e.role.map_or("null".into(), |r| json_str(r.name())),
+            json_str(e.kind.name()),
+            e.bytes
+        );
+    }
+    let _ = write!(out, "],\"memgovDropped\":{dropped}}}");
+    out
+}
+
+/// `s` as a JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> Arc<str> {
+        Arc::from("a \"quoted\" context")
+    }
+
+    #[test]
+    fn counters_follow_live_and_pending_bytes() {
+        let t = Trace::new();
+        let c = ctx();
+        let s: Arc<str> = Arc::from("s0");
+        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Allocated, 100, None);
+        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Released, 100, None);
+        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Retired, 100, None);
+        let json = t.to_chrome_json();
+        assert!(json.contains(r#""name":"process_name""#), "{json}");
+        assert!(json.contains(r#"context a \"quoted\" context"#), "{json}");
+        // live 100 after the allocation; pending 100 after the release; 0 after retirement.
+        assert!(json.contains(r#""name":"live bytes (stream)""#), "{json}");
+        assert!(json.contains(r#""weights":100"#), "{json}");
+        let last_pending = json
+            .rmatch_indices(r#""name":"pending bytes (context)""#)
+            .next()
+            .map(|(i, _)| &json[i..])
+            .unwrap();
+        assert!(last_pending.contains(r#""weights":0"#), "{last_pending}");
+    }
+
+    #[test]
+    fn a_full_trace_counts_what_it_drops() {
+        let t = Trace::with_limit(2);
+        let c = ctx();
+        for _ in 0..5 {
+            t.record(&c, None, None, EventKind::Pressure, 1, None);
+        }
+        assert_eq!((t.events().len(), t.dropped()), (2, 3));
+        assert!(t.to_chrome_json().ends_with(r#""memgovDropped":3}"#));
+    }
+
+    #[test]
+    fn strings_are_escaped() {
+        assert_eq!(json_str("a\"b\\c\n\u{1}"), r#""a\"b\\c\n\u0001""#);
+    }
+}
