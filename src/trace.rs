@@ -60,6 +60,11 @@ pub enum EventKind {
     /// A pending release will never execute (device lost, or the free was
     /// refused after it was accepted): its bytes stay charged until teardown.
     Abandoned,
+    /// A live buffer released on another stream than its own left its own
+    /// stream's track (followed by [`MovedIn`](Self::MovedIn)).
+    MovedOut,
+    /// ... and joined the stream it is released on.
+    MovedIn,
     /// An allocation was refused: `bytes` is what was asked.
     Refused,
     /// Pressure responders were asked to free `bytes`.
@@ -80,6 +85,8 @@ impl EventKind {
             Self::Released => "released",
             Self::Retired => "retired",
             Self::Abandoned => "abandoned",
+            Self::MovedOut => "moved out",
+            Self::MovedIn => "moved in",
             Self::Refused => "refused",
             Self::Pressure => "pressure",
             Self::RetireBegun => "retire begun",
@@ -207,6 +214,55 @@ impl Trace {
     }
 }
 
+/// A context's view of its trace: the context's name, and its streams'
+/// names by the tag each stream was given at creation (0: no stream).
+#[derive(Debug)]
+pub(crate) struct ContextTrace {
+    trace: Trace,
+    context: Arc<str>,
+    streams: Mutex<Vec<Arc<str>>>,
+}
+
+impl ContextTrace {
+    pub(crate) fn new(trace: Trace, context: String) -> Self {
+        let this = Self {
+            trace,
+            context: Arc::from(context),
+            streams: Mutex::new(Vec::new()),
+        };
+        this.event(0, None, EventKind::Registered, 0, None);
+        this
+    }
+
+    /// A stream named `label` was created: its tag (never 0).
+    pub(crate) fn stream_created(&self, label: &str) -> u32 {
+        let tag = {
+            let mut streams = lock(&self.streams);
+            streams.push(Arc::from(label));
+            u32::try_from(streams.len()).unwrap_or(u32::MAX)
+        };
+        self.event(tag, None, EventKind::StreamCreated, 0, None);
+        tag
+    }
+
+    /// Records one event of this context on the stream tagged `stream`.
+    pub(crate) fn event(
+        &self,
+        stream: u32,
+        role: Option<Role>,
+        kind: EventKind,
+        bytes: u64,
+        note: Option<String>,
+    ) {
+        let label = match stream {
+            0 => None,
+            tag => lock(&self.streams).get(tag as usize - 1).cloned(),
+        };
+        self.trace
+            .record(&self.context, label.as_ref(), role, kind, bytes, note);
+    }
+}
+
 /// Running byte totals of one track, per role.
 #[derive(Default, Clone, Copy)]
 struct Totals {
@@ -258,7 +314,10 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
         };
         let ts = e.at.as_nanos() as f64 / 1000.0;
         let moved = match (e.kind, e.role) {
-            (EventKind::Allocated, Some(r)) => Some((r, e.bytes as i128, 0i128)),
+            (EventKind::Allocated | EventKind::MovedIn, Some(r)) => {
+                Some((r, e.bytes as i128, 0i128))
+            }
+            (EventKind::MovedOut, Some(r)) => Some((r, -(e.bytes as i128), 0)),
             (EventKind::Released, Some(r)) => Some((r, -(e.bytes as i128), e.bytes as i128)),
             (EventKind::Retired | EventKind::Abandoned, Some(r)) => {
                 Some((r, 0, -(e.bytes as i128)))
@@ -370,9 +429,30 @@ mod tests {
         let t = Trace::new();
         let c = ctx();
         let s: Arc<str> = Arc::from("s0");
-        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Allocated, 100, None);
-        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Released, 100, None);
-        t.record(&c, Some(&s), Some(Role::Weights), EventKind::Retired, 100, None);
+        t.record(
+            &c,
+            Some(&s),
+            Some(Role::Weights),
+            EventKind::Allocated,
+            100,
+            None,
+        );
+        t.record(
+            &c,
+            Some(&s),
+            Some(Role::Weights),
+            EventKind::Released,
+            100,
+            None,
+        );
+        t.record(
+            &c,
+            Some(&s),
+            Some(Role::Weights),
+            EventKind::Retired,
+            100,
+            None,
+        );
         let json = t.to_chrome_json();
         assert!(json.contains(r#""name":"process_name""#), "{json}");
         assert!(json.contains(r#"context a \"quoted\" context"#), "{json}");

@@ -1392,3 +1392,91 @@ fn snapshot_debug_names_each_role() {
     }
     assert!(text.contains("label: \"dbg\""), "{text}");
 }
+
+#[test]
+fn a_trace_records_the_timeline_per_stream_and_role() {
+    use memgov::trace::{EventKind, Trace};
+    let trace = Trace::new();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        memgov::null::NullContext::new(),
+        ContextConfig::new()
+            .label("traced")
+            .budget(64 << 10)
+            .trace(&trace),
+    );
+    let a = ctx.create_stream("a").unwrap();
+    let b = ctx.create_stream("b").unwrap();
+    let w = ctx.allocate(&a, 32 << 10, Role::Weights).unwrap();
+    let act = ctx.allocate(&a, 16 << 10, Role::Activation).unwrap();
+    ctx.add_pressure_responder(|_| 0);
+    assert!(ctx.allocate(&b, 32 << 10, Role::KvCache).is_err());
+    act.release_on(&b).map_err(|e| e.error).unwrap();
+    drop(w);
+    drop((a, b));
+    ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+
+    let events = trace.events();
+    let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+    use EventKind::*;
+    for k in [
+        Registered,
+        StreamCreated,
+        Allocated,
+        Pressure,
+        Refused,
+        MovedOut,
+        MovedIn,
+        Released,
+        Retired,
+        RetireBegun,
+        TornDown,
+    ] {
+        assert!(kinds.contains(&k), "no {k:?} in {kinds:?}");
+    }
+    assert!(events.iter().all(|e| &*e.context == "traced"));
+    let refused = events.iter().find(|e| e.kind == Refused).unwrap();
+    assert_eq!(
+        (refused.stream.as_deref(), refused.role, refused.bytes),
+        (Some("b"), Some(Role::KvCache), 32 << 10)
+    );
+    assert!(
+        refused.note.as_deref().unwrap_or("").contains("budget"),
+        "{refused:?}"
+    );
+    // Every byte allocated was released and retired: live and pending end at zero.
+    let sum =
+        |k: EventKind| -> u64 { events.iter().filter(|e| e.kind == k).map(|e| e.bytes).sum() };
+    assert_eq!(sum(Allocated), 48 << 10);
+    assert_eq!(sum(Released), 48 << 10);
+    assert_eq!(sum(Retired), 48 << 10);
+    // The activation was retired on stream b, where it was released.
+    assert!(events.iter().any(|e| e.kind == Retired
+        && e.stream.as_deref() == Some("b")
+        && e.role == Some(Role::Activation)));
+    let json = trace.to_chrome_json();
+    let last_live = &json[json.rfind(r#""name":"live bytes (context)""#).unwrap()..];
+    assert!(
+        last_live.contains(r#""weights":0,"kv-cache":0,"activation":0"#),
+        "{last_live}"
+    );
+    assert!(json.contains(r#""name":"refused""#));
+}
+
+#[test]
+fn an_untraced_context_records_nothing() {
+    use memgov::trace::Trace;
+    let trace = Trace::new();
+    let gov = Governor::new();
+    let traced = gov.register(
+        memgov::null::NullContext::new(),
+        ContextConfig::new().trace(&trace),
+    );
+    let plain = gov.register(memgov::null::NullContext::new(), ContextConfig::new());
+    let s = plain.create_stream("s").unwrap();
+    drop(plain.allocate(&s, 64, Role::Other).unwrap());
+    assert!(trace
+        .events()
+        .iter()
+        .all(|e| e.context.as_ref() == traced.snapshot().label));
+}

@@ -166,7 +166,8 @@ function build(events) {
     if (MARKS[e.kind]) c.marks.push(e);
     let d = null;
     if (e.role) {
-      if (e.kind === "allocated") d = [["live", e.bytes]];
+      if (e.kind === "allocated" || e.kind === "moved in") d = [["live", e.bytes]];
+      else if (e.kind === "moved out") d = [["live", -e.bytes]];
       else if (e.kind === "released") d = [["live", -e.bytes], ["pending", e.bytes]];
       else if (e.kind === "retired" || e.kind === "abandoned") d = [["pending", -e.bytes]];
       else if (e.kind === "cached") d = [["cached", e.bytes]];

@@ -8,6 +8,7 @@ use super::error::{BudgetExceeded, BudgetScope, GovernorError};
 use super::record::{add, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
+use crate::trace::EventKind;
 use crate::{BackendErrorKind, DeviceContext};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -125,6 +126,15 @@ fn admit_refused<C: DeviceContext>(
                     requested: bytes,
                     shortfall: shortfall(ctx, &refused, bytes),
                 };
+                if let Some(t) = &ctx.trace {
+                    t.event(
+                        stream.trace_tag,
+                        Some(role),
+                        EventKind::Pressure,
+                        req.shortfall,
+                        Some(format!("{} responder(s) asked", responders.len())),
+                    );
+                }
                 for r in &responders {
                     add(&ctx.counters.pressure_calls, 1);
                     reclaimed = reclaimed.saturating_add(r(&req));

@@ -4,6 +4,7 @@ use super::config::Role;
 use super::error::{ContextOperation, GovernorError};
 use super::release::{release, Released};
 use super::stream::{GovernedStream, StreamShared};
+use crate::trace::EventKind;
 use crate::{DeviceContext, ProviderContextIdentity};
 use std::fmt;
 use std::sync::Arc;
@@ -238,6 +239,16 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let target = target.unwrap_or(own);
         let (ctx, shard, bytes, role) =
             (&self.stream.ctx, self.stream.shard, self.bytes, self.role);
+        if let (Some(t), false) = (&ctx.trace, std::ptr::eq(own, target)) {
+            t.event(own.trace_tag, Some(role), EventKind::MovedOut, bytes, None);
+            t.event(
+                target.trace_tag,
+                Some(role),
+                EventKind::MovedIn,
+                bytes,
+                None,
+            );
+        }
         let Some(recorded) = &self.recorded else {
             // The common cases, without building a list.
             let after: &[&StreamShared<C>] = if std::ptr::eq(own, target) {

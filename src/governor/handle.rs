@@ -11,6 +11,7 @@ use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
 use crate::sync::lock;
+use crate::trace::EventKind;
 use crate::{
     DeviceContext, DeviceDescription, MemoryInfo, ProviderContextIdentity, ProviderContextPinError,
     ProviderContextPinSource,
@@ -131,7 +132,30 @@ impl<C: DeviceContext> ContextHandle<C> {
         let pin =
             ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| pin_error(ctx, e))?;
         // Counted live inside `admit`; `allocations` is derived.
-        let memory = admit(ctx, &stream.shared, bytes, role)?;
+        let memory = match admit(ctx, &stream.shared, bytes, role) {
+            Ok(memory) => memory,
+            Err(e) => {
+                if let Some(t) = &ctx.trace {
+                    t.event(
+                        stream.shared.trace_tag,
+                        Some(role),
+                        EventKind::Refused,
+                        bytes,
+                        Some(e.to_string()),
+                    );
+                }
+                return Err(e);
+            }
+        };
+        if let Some(t) = &ctx.trace {
+            t.event(
+                stream.shared.trace_tag,
+                Some(role),
+                EventKind::Allocated,
+                bytes,
+                None,
+            );
+        }
         pin.transfer();
         Ok(DeviceBuffer {
             stream: stream.shared.clone(),

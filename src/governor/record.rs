@@ -57,6 +57,7 @@ use super::shards::{GLOBAL, SHARDS};
 use super::stats::Stats;
 use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
+use crate::trace::{ContextTrace, EventKind};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError,
@@ -142,6 +143,9 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// The cached `PendingRelease` boxes, one slot per shard (see
     /// `release.rs`).
     pub spares: Spares<C>,
+    /// Where this context records its memory timeline, when it was given a
+    /// [`Trace`](crate::trace::Trace).
+    pub trace: Option<Box<ContextTrace>>,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
     reaper: Mutex<Option<JoinHandle<()>>>,
@@ -234,13 +238,17 @@ impl<C: DeviceContext> ContextInner<C> {
     ) -> Self {
         let description = backend.describe();
         let limit = config.budget.unwrap_or(u64::MAX);
+        let label = if config.label.is_empty() {
+            format!("{}:{}", description.backend, description.ordinal)
+        } else {
+            config.label
+        };
         Self {
             id,
-            label: if config.label.is_empty() {
-                format!("{}:{}", description.backend, description.ordinal)
-            } else {
-                config.label
-            },
+            trace: config
+                .trace
+                .map(|t| Box::new(ContextTrace::new(t, label.clone()))),
+            label,
             description,
             admission: config.admission,
             // With `FailFast` no admission waiter exists, and a settlement
@@ -505,6 +513,9 @@ impl<C: DeviceContext> ContextInner<C> {
         super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         self.life.begin_retire();
+        if let Some(t) = &self.trace {
+            t.event(0, None, EventKind::RetireBegun, 0, None);
+        }
         // Nothing can be admitted any more: drop the pressure responders and
         // whatever they captured (a responder that holds a stream or buffers
         // of this context would otherwise keep it from ever draining). Their
@@ -712,6 +723,15 @@ impl<C: DeviceContext> ContextInner<C> {
             elapsed: started.elapsed(),
             backend_result: result,
         };
+        if let Some(t) = &self.trace {
+            let note = match &report.backend_result {
+                Ok(()) if lost => "lost".to_owned(),
+                Ok(()) => "clean".to_owned(),
+                Err(e) => format!("the backend's teardown failed: {e}"),
+            };
+            let held = returned.quarantined + returned.awaiting_teardown;
+            t.event(0, None, EventKind::TornDown, held, Some(note));
+        }
         #[cfg(feature = "tracing")]
         match &report.backend_result {
             Ok(()) => {

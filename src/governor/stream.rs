@@ -18,6 +18,8 @@ pub(crate) struct StreamShared<C: DeviceContext> {
     pub label: String,
     /// This stream's statistics shard in `ctx.shards`.
     pub shard: usize,
+    /// This stream's tag in its context's trace (0 when not traced).
+    pub trace_tag: u32,
     /// Bytes pending release on this stream, for stream-ordered reuse credit.
     /// Present only where the backend reuses stream-ordered frees.
     pub pending_bytes: Option<Arc<AtomicU64>>,
@@ -125,6 +127,7 @@ impl<C: DeviceContext> GovernedStream<C> {
         let shared = Arc::new(StreamShared {
             ctx: ctx.clone(),
             raw: Some(raw),
+            trace_tag: ctx.trace.as_ref().map_or(0, |t| t.stream_created(&label)),
             label,
             shard: ctx.stats.pick_shard(),
             pending_bytes: ctx
