@@ -20,6 +20,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use memgov::any::{AnyContext, BackendKind, BACKENDS};
 use memgov::host::{HostConfig, HostContext};
+use memgov::trace::Trace;
 use memgov::{
     Admission, Bytes, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext, Elapsed,
     GovernedStream, Governor, ProviderContextPinSource, Role, SharedBudget, TeardownReport,
@@ -60,6 +61,23 @@ pub struct RunArgs {
     /// Print the report as one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// Record the memory timeline of every context (allocations, releases,
+    /// retirements, refusals, pressure, teardown, per stream and role) into
+    /// FILE, in the Chrome trace format: open it in Perfetto, or turn it into
+    /// a page with `memgov report FILE`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
+    /// The recorder `--trace` writes out.
+    #[arg(skip)]
+    recorder: Option<Trace>,
+}
+
+/// `cfg`, recording into the run's trace when there is one.
+fn traced(cfg: ContextConfig, args: &RunArgs) -> ContextConfig {
+    match &args.recorder {
+        Some(t) => cfg.trace(t),
+        None => cfg,
+    }
 }
 
 /// `--backend`: a backend of this build, in any case. One memgov knows but
@@ -281,7 +299,7 @@ fn llm_on(
     if let Some(s) = shared {
         cfg = cfg.shared_budget(s);
     }
-    let ctx = gov.register(backend, cfg);
+    let ctx = gov.register(backend, traced(cfg, args));
     let kv: Kv = Arc::new(Mutex::new(VecDeque::new()));
     // Evict least-recently-used KV blocks when an allocation does not fit.
     // Called with no governor lock held; buffers are dropped outside our lock.
@@ -397,7 +415,8 @@ struct ExpectedRefusal {
     error: String,
 }
 
-pub fn run(args: RunArgs) -> ExitCode {
+pub fn run(mut args: RunArgs) -> ExitCode {
+    args.recorder = args.trace.as_ref().map(|_| Trace::new());
     let bar = if args.json || !std::io::stdout().is_terminal() {
         ProgressBar::hidden()
     } else {
@@ -413,8 +432,31 @@ pub fn run(args: RunArgs) -> ExitCode {
         json: args.json,
         bar,
     };
-    let result = run_inner(&args, &out);
+    let mut result = run_inner(&args, &out);
     out.bar.finish_and_clear();
+    if let (Some(path), Some(trace)) = (&args.trace, &args.recorder) {
+        let written = trace
+            .write_chrome_json(path)
+            .map_err(|e| format!("cannot write the trace to {}: {e}", path.display()));
+        result = match (result, written) {
+            (Ok(mut report), Ok(())) => {
+                out.line(format!(
+                    "     trace: {} events written to {} (open it in Perfetto, or `memgov report {}`)",
+                    trace.events().len(),
+                    path.display(),
+                    path.display()
+                ));
+                if let Some(o) = report.as_object_mut() {
+                    o.insert(
+                        "trace".into(),
+                        json!({"file": path.display().to_string(), "events": trace.events().len(), "dropped": trace.dropped()}),
+                    );
+                }
+                Ok(report)
+            }
+            (Ok(_), Err(e)) | (Err(e), _) => Err(e),
+        };
+    }
     match result {
         Ok(mut report) => {
             let clean = report["leak"]["verdict"] == "clean"
@@ -492,14 +534,17 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
     checks.push(("gpu0 embedder".to_owned(), check));
     let embedder = gov.register(
         c0b,
-        ContextConfig::new()
-            .label("embedder@gpu0")
-            .exact_peak(true)
-            .budget(64 * MIB)
-            .shared_budget(gpu0.clone())
-            .admission(Admission::WaitForPending {
-                timeout: Duration::from_secs(5),
-            }),
+        traced(
+            ContextConfig::new()
+                .label("embedder@gpu0")
+                .exact_peak(true)
+                .budget(64 * MIB)
+                .shared_budget(gpu0.clone())
+                .admission(Admission::WaitForPending {
+                    timeout: Duration::from_secs(5),
+                }),
+            args,
+        ),
     );
     let data_kept = stores_data(&embedder)?;
     if !data_kept {

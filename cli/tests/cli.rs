@@ -354,3 +354,75 @@ fn bench_json_is_one_object_with_measured_rows() {
         assert_eq!(r["target"]["kind"], "ratio_at_most");
     }
 }
+
+#[test]
+fn run_writes_a_trace_that_report_turns_into_one_page() {
+    let dir = std::env::temp_dir().join(format!("memgov-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, page) = (dir.join("trace.json"), dir.join("timeline.html"));
+    let (code, out) = memgov(&[
+        "run",
+        "--requests",
+        "4",
+        "--steps",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("trace: ") && out.contains("events written to"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.starts_with("{\"traceEvents\":["), "{}", &text[..80]);
+    for kind in [
+        "\"allocated\"",
+        "\"released\"",
+        "\"retired\"",
+        "\"torn down\"",
+    ] {
+        assert!(text.contains(kind), "no {kind} event in the trace");
+    }
+    let (code, out) = memgov(&[
+        "report",
+        trace.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<canvas") || html.contains("createElement(\"canvas\")"));
+    assert!(
+        html.contains("\"kind\":\"allocated\""),
+        "the page embeds the events"
+    );
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "no network"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn report_refuses_a_file_that_is_not_a_memgov_trace() {
+    let dir = std::env::temp_dir().join(format!("memgov-notrace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("other.json");
+    std::fs::write(&file, r#"{"traceEvents":[]}"#).unwrap();
+    let (code, out) = memgov(&[
+        "report",
+        file.to_str().unwrap(),
+        "-o",
+        dir.join("x.html").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("not a memgov trace") && out.contains("memgov run --trace"),
+        "{out}"
+    );
+    let (code, out) = memgov(&["report", dir.join("missing.json").to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("cannot read the trace"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -129,24 +129,23 @@ impl<C: DeviceContext> ContextHandle<C> {
         // releases it on every failure path below, and when a pressure
         // responder or the backend panics inside `admit`: the panic reaches
         // our caller and the context stays governable.
-        let pin =
-            ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| pin_error(ctx, e))?;
-        // Counted live inside `admit`; `allocations` is derived.
-        let memory = match admit(ctx, &stream.shared, bytes, role) {
-            Ok(memory) => memory,
-            Err(e) => {
-                if let Some(t) = &ctx.trace {
-                    t.event(
-                        stream.shared.trace_tag,
-                        Some(role),
-                        EventKind::Refused,
-                        bytes,
-                        Some(e.to_string()),
-                    );
-                }
-                return Err(e);
+        let refused = |e: GovernorError| {
+            if let Some(t) = &ctx.trace {
+                let note = Some(e.to_string());
+                t.event(
+                    stream.shared.trace_tag,
+                    Some(role),
+                    EventKind::Refused,
+                    bytes,
+                    note,
+                );
             }
+            e
         };
+        let pin = ContextPin::acquire_on(ctx, stream.shared.shard)
+            .map_err(|e| refused(pin_error(ctx, e)))?;
+        // Counted live inside `admit`; `allocations` is derived.
+        let memory = admit(ctx, &stream.shared, bytes, role).map_err(refused)?;
         if let Some(t) = &ctx.trace {
             t.event(
                 stream.shared.trace_tag,
