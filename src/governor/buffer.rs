@@ -239,9 +239,10 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let target = target.unwrap_or(own);
         let (ctx, shard, bytes, role) =
             (&self.stream.ctx, self.stream.shard, self.bytes, self.role);
-        if let (Some(t), false) = (&ctx.trace, std::ptr::eq(own, target)) {
-            t.event(own.trace_tag, Some(role), EventKind::MovedOut, bytes, None);
-            t.event(
+        // A stream's trace tag is set only on a traced context.
+        if own.trace_tag != 0 && !std::ptr::eq(own, target) {
+            ctx.trace_event(own.trace_tag, Some(role), EventKind::MovedOut, bytes, None);
+            ctx.trace_event(
                 target.trace_tag,
                 Some(role),
                 EventKind::MovedIn,

@@ -129,31 +129,20 @@ impl<C: DeviceContext> ContextHandle<C> {
         // releases it on every failure path below, and when a pressure
         // responder or the backend panics inside `admit`: the panic reaches
         // our caller and the context stays governable.
-        let refused = |e: GovernorError| {
-            if let Some(t) = &ctx.trace {
-                let note = Some(e.to_string());
-                t.event(
-                    stream.shared.trace_tag,
-                    Some(role),
-                    EventKind::Refused,
-                    bytes,
-                    note,
-                );
-            }
-            e
+        let tag = stream.shared.trace_tag;
+        let pin = match ContextPin::acquire_on(ctx, stream.shared.shard) {
+            Ok(pin) => pin,
+            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, pin_error(ctx, e))),
         };
-        let pin = ContextPin::acquire_on(ctx, stream.shared.shard)
-            .map_err(|e| refused(pin_error(ctx, e)))?;
         // Counted live inside `admit`; `allocations` is derived.
-        let memory = admit(ctx, &stream.shared, bytes, role).map_err(refused)?;
-        if let Some(t) = &ctx.trace {
-            t.event(
-                stream.shared.trace_tag,
-                Some(role),
-                EventKind::Allocated,
-                bytes,
-                None,
-            );
+        let memory = match admit(ctx, &stream.shared, bytes, role) {
+            Ok(memory) => memory,
+            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, e)),
+        };
+        // The stream's tag is set only on a traced context.
+        if stream.shared.trace_tag != 0 {
+            let tag = stream.shared.trace_tag;
+            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, None);
         }
         pin.transfer();
         Ok(DeviceBuffer {

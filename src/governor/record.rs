@@ -497,6 +497,42 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
+    /// Records one event of this context's timeline, when it is traced.
+    /// Out of line and cold: the hot paths call it only for a stream whose
+    /// trace tag is set, which they read from a line they already hold.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn trace_event(
+        &self,
+        stream: u32,
+        role: Option<Role>,
+        kind: EventKind,
+        bytes: u64,
+        note: Option<String>,
+    ) {
+        if let Some(t) = &self.trace {
+            t.event(stream, role, kind, bytes, note);
+        }
+    }
+
+    /// `err`, after recording the refusal of `bytes` of `role` on the stream
+    /// tagged `stream` (0: not traced) in the context's timeline.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn trace_refused(
+        &self,
+        stream: u32,
+        role: Role,
+        bytes: u64,
+        err: GovernorError,
+    ) -> GovernorError {
+        if stream != 0 {
+            let note = Some(err.to_string());
+            self.trace_event(stream, Some(role), EventKind::Refused, bytes, note);
+        }
+        err
+    }
+
     /// Everything teardown waits for has finished: no pins, and no pending
     /// release (a lost device's pending releases are given up by its teardown).
     #[inline]

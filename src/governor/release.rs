@@ -106,24 +106,13 @@ pub(crate) fn release<C: DeviceContext>(
         add(p, bytes);
     }
     ctx.charges.queued(bytes);
-    if let Some(t) = &ctx.trace {
-        // Before the free is queued: a backend may settle it inside the call.
-        t.event(
-            stream.trace_tag,
-            Some(role),
-            EventKind::Released,
-            bytes,
-            None,
-        );
-    }
-    let signal = RetireSignal::from_sink(boxed(
-        ctx,
-        stream.pending_bytes.clone(),
-        bytes,
-        role,
-        stream.shard,
-        stream.trace_tag,
-    ));
+    let pending = boxed(ctx, stream.pending_bytes.clone(), bytes, role, stream.shard);
+    // A stream's trace tag is set only on a traced context.
+    let signal = if stream.trace_tag == 0 {
+        RetireSignal::from_sink(pending)
+    } else {
+        traced_signal(ctx, stream.trace_tag, pending)
+    };
     // The buffer's pin now belongs to the pending release. The guard drops it
     // once the backend has queued the free, and also if `free_async` panics:
     // the signal, dropped or kept by the backend, settles the release on its
@@ -235,9 +224,6 @@ pub(crate) struct PendingRelease<C: DeviceContext> {
     /// Shard of the stream the release was queued on: its pending counts.
     /// (`u8`: keeps the box at 32 bytes.)
     shard: u8,
-    /// The stream's tag in the context's trace (0: not traced); fits in the
-    /// box's padding.
-    trace_tag: u32,
 }
 
 impl<C: DeviceContext> RetireSink for PendingRelease<C> {
@@ -261,13 +247,6 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
                 ctx.counters.abandoned.fetch_add(1, Ordering::Release);
                 ctx.charges.abandoned(this.bytes);
             }
-        }
-        if let Some(t) = &ctx.trace {
-            let kind = match outcome {
-                RetireOutcome::Retired => EventKind::Retired,
-                RetireOutcome::Abandoned => EventKind::Abandoned,
-            };
-            t.event(this.trace_tag, Some(this.role), kind, this.bytes, None);
         }
         ctx.stats.settle(shard, this.role, this.bytes);
         if ctx.phase() == Phase::Terminated {
@@ -332,7 +311,6 @@ fn boxed<C: DeviceContext>(
     bytes: u64,
     role: Role,
     shard: usize,
-    trace_tag: u32,
 ) -> Box<PendingRelease<C>> {
     if let Some(mut b) = ctx.spares.of(shard).take() {
         // Every box in a context's slots holds an Arc of that context.
@@ -341,7 +319,6 @@ fn boxed<C: DeviceContext>(
         b.bytes = bytes;
         b.role = role;
         b.shard = shard as u8;
-        b.trace_tag = trace_tag;
         return b;
     }
     Box::new(PendingRelease {
@@ -350,8 +327,43 @@ fn boxed<C: DeviceContext>(
         bytes,
         role,
         shard: shard as u8,
-        trace_tag,
     })
+}
+
+/// The signal of a release on a traced context: records the release now
+/// (before the free is queued: a backend may settle it inside the call) and
+/// its settlement when it comes, around the release's own settlement. Kept
+/// apart so that an untraced release and its settlement carry no trace code.
+#[cold]
+#[inline(never)]
+fn traced_signal<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: u32,
+    pending: Box<PendingRelease<C>>,
+) -> RetireSignal {
+    let (role, bytes) = (pending.role, pending.bytes);
+    ctx.trace_event(stream, Some(role), EventKind::Released, bytes, None);
+    RetireSignal::from_sink(Box::new(TracedRelease { pending, stream }))
+}
+
+/// A pending release whose settlement is recorded in its context's trace.
+struct TracedRelease<C: DeviceContext> {
+    pending: Box<PendingRelease<C>>,
+    stream: u32,
+}
+
+impl<C: DeviceContext> RetireSink for TracedRelease<C> {
+    fn settle(self: Box<Self>, outcome: RetireOutcome) {
+        let Self { pending, stream } = *self;
+        let (ctx, role, bytes) = (pending.ctx.clone(), pending.role, pending.bytes);
+        // The release settles first: the trace shows what the books show.
+        pending.settle(outcome);
+        let kind = match outcome {
+            RetireOutcome::Retired => EventKind::Retired,
+            RetireOutcome::Abandoned => EventKind::Abandoned,
+        };
+        ctx.trace_event(stream, Some(role), kind, bytes, None);
+    }
 }
 
 /// Close every spare slot of `ctx` for good and drop the boxes cached there
@@ -367,8 +379,7 @@ pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
 mod tests {
     #[test]
     fn a_pending_release_box_stays_32_bytes() {
-        // The heap-bytes row's budget per pending release; the trace tag sits
-        // in what was padding.
+        // The heap-bytes row's budget per pending release.
         assert_eq!(
             std::mem::size_of::<super::PendingRelease<crate::null::NullContext>>(),
             32
