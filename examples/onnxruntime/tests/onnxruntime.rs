@@ -164,7 +164,7 @@ fn a_budget_below_the_need_fails_creation_cleanly_or_overdraws_a_run() {
     assert!(
         alloc
             .last_refusal()
-            .is_some_and(|m| m.contains("cannot admit") && m.contains("65536 B limit")),
+            .is_some_and(|m| m.contains("cannot admit") && m.contains("(65536 bytes) limit")),
         "{:?}",
         alloc.last_refusal()
     );
@@ -431,7 +431,7 @@ fn a_creation_refusal_is_the_governors_error_and_nothing_stays_charged() {
         matches!(&e, Error::Governor(GovernorError::BudgetExceeded(_))),
         "{e:?}"
     );
-    assert!(e.to_string().contains("1024 B limit"), "{e}");
+    assert!(e.to_string().contains("(1024 bytes) limit"), "{e}");
     let stats = alloc.stats();
     assert!(
         stats.refusals >= 1 && stats.overdrafts >= stats.refusals,
