@@ -22,7 +22,7 @@
 //!   `device_lost`) drops every parked signal unfired without touching the
 //!   device; teardown then only destroys.
 //!
-//! See `docs/backends.md` ("Vulkan") for teardown order and what was verified
+//! See `docs/backends/vulkan.md` for teardown order and what was verified
 //! where.
 //!
 //! ```no_run
