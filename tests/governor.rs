@@ -223,6 +223,79 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
 }
 
 #[test]
+fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
+    // A release held pending for the whole test: an admission that waited
+    // for it would wait out the full 10 s timeout.
+    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let log = device.log();
+    log.hold_retirements(true);
+    let ctx = gov.register(
+        device,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .shared_budget(gpu0.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            }),
+    );
+    let asked = Arc::new(AtomicU64::new(0));
+    let asked2 = asked.clone();
+    ctx.add_pressure_responder(move |_| {
+        asked2.fetch_add(1, Ordering::Relaxed);
+        0
+    });
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap());
+    // Over the context's limit, over the shared one, and over the device's
+    // memory (both budgets raised past it).
+    let cases = [
+        (u64::MAX, BudgetScope::Context, 4 * MIB),
+        (4 * MIB + 1, BudgetScope::Context, 4 * MIB),
+        (3 * MIB + 1, BudgetScope::Shared("gpu0".into()), 3 * MIB),
+    ];
+    for (bytes, scope, limit) in cases {
+        let err = ctx.allocate(&s, bytes, Role::Weights).unwrap_err();
+        let b = err.budget().expect("budget refusal");
+        assert_eq!((&b.scope, b.limit, b.requested), (&scope, limit, bytes));
+        assert_eq!(b.waited, Duration::ZERO, "{err}");
+        // The release is still pending: nothing waited for it.
+        assert_eq!(b.pending, MIB, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("can never fit"), "{msg}");
+        assert!(
+            msg.contains("raise the budget or split the allocation"),
+            "{msg}"
+        );
+    }
+    ctx.set_budget(u64::MAX);
+    gpu0.set_limit(u64::MAX);
+    let err = ctx.allocate(&s, 8 * MIB + 1, Role::Weights).unwrap_err();
+    let b = err.budget().expect("budget refusal");
+    assert_eq!(
+        (&b.scope, b.limit, b.pending, b.waited),
+        (&BudgetScope::Device, 8 * MIB, MIB, Duration::ZERO)
+    );
+    assert!(err.to_string().contains("can never fit"), "{err}");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (
+            snap.counters.admission_waits,
+            snap.counters.pressure_calls,
+            snap.counters.admission_refusals,
+            asked.load(Ordering::Relaxed),
+        ),
+        (0, 0, 4, 0)
+    );
+    // The backend hands the release's retirement over from its worker
+    // thread; it stays parked until fired here.
+    eventually("the release's retirement parked", || log.held() == 1);
+    log.hold_retirements(false);
+    assert_eq!(log.release_held(), 1);
+}
+
+#[test]
 fn quarantine_keeps_refused_memory_charged_until_termination() {
     let gov = Governor::new();
     let (ctx, probe) = register(&gov, ContextConfig::new().label("q").budget(8 * MIB));

@@ -62,6 +62,7 @@ fn admit_refused<C: DeviceContext>(
     };
     let mut asked_responders = false;
     let mut reclaimed = 0u64;
+    let mut waited = false;
     loop {
         let outcome = match first.take() {
             Some(refused) => Err(Ok(refused)),
@@ -76,6 +77,19 @@ fn admit_refused<C: DeviceContext>(
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
         };
+        // A request larger than a limit it is held to can never be admitted,
+        // whatever is released or reclaimed: refuse it at once, without
+        // waiting or asking a responder. Checked after every refusal, since
+        // a limit may be lowered while this allocation waits.
+        if let Some(never) = never_fits(ctx, bytes) {
+            add(&ctx.counters.admission_refusals, 1);
+            let waited = if waited {
+                start.elapsed()
+            } else {
+                Duration::ZERO
+            };
+            return Err(exceeded(ctx, never, bytes, role, waited, reclaimed));
+        }
         // A context that stopped accepting work (retired, forced, lost)
         // admits nothing that has to wait for room: give up at once, so that
         // this allocation's pin does not hold its teardown up.
@@ -109,6 +123,7 @@ fn admit_refused<C: DeviceContext>(
                 if pending > 0 || pending_in_scope(ctx, &refused) > 0 {
                     if waiter.covers(&refused) {
                         add(&ctx.counters.admission_waits, 1);
+                        waited = true;
                         waiter.wait(d);
                     }
                     continue;
@@ -296,6 +311,50 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
             ctx.life.settle_epoch.unregister();
         }
     }
+}
+
+/// The refusal of the first limit `bytes` exceeds on its own: the context's
+/// budget, its shared budget, or the device's total memory (when the backend
+/// reports one). `None` when the request could fit once enough is released.
+fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
+    let context = ctx.charges.limit();
+    if bytes > context {
+        let charged = ctx.charges.charged();
+        return Some(Refused::Budget(
+            BudgetScope::Context,
+            Refusal {
+                charged,
+                limit: context,
+            },
+        ));
+    }
+    if let Some(s) = ctx.charges.shared() {
+        if bytes > s.limit() {
+            return Some(Refused::Budget(
+                BudgetScope::Shared(s.label().to_owned()),
+                Refusal {
+                    charged: s.charged(),
+                    limit: s.limit(),
+                },
+            ));
+        }
+    }
+    let total = ctx.description.total_bytes;
+    if total > 0 && bytes > total {
+        let charged = ctx
+            .live_bytes()
+            .saturating_add(ctx.pending_bytes())
+            .saturating_add(ctx.stats.quarantined_bytes())
+            .saturating_add(ctx.charges.awaiting_teardown());
+        return Some(Refused::Budget(
+            BudgetScope::Device,
+            Refusal {
+                charged,
+                limit: total,
+            },
+        ));
+    }
+    None
 }
 
 fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: u64) -> u64 {

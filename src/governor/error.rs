@@ -29,6 +29,11 @@ impl fmt::Display for BudgetScope {
 }
 
 /// The numbers behind a refused allocation.
+///
+/// When `requested` exceeds `limit`, the request could never fit in that
+/// scope: it was refused at once, without waiting for pending releases or
+/// asking pressure responders (`waited` is zero unless an earlier attempt
+/// waited before the limit was lowered).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetExceeded {
     /// The context that asked.
@@ -104,7 +109,18 @@ impl fmt::Display for BudgetExceeded {
                 Bytes(self.reclaimed_by_responders)
             )?;
         }
-        if self.pending > 0 {
+        if self.requested > self.limit {
+            let way_out = match self.scope {
+                BudgetScope::Device => "split the allocation or use a device with more memory",
+                _ => "raise the budget or split the allocation",
+            };
+            write!(
+                f,
+                "; {} can never fit under a {} limit: {way_out}",
+                Bytes(self.requested),
+                Bytes(self.limit)
+            )
+        } else if self.pending > 0 {
             f.write_str("; wait for pending releases to retire (Admission::WaitForPending), release buffers, or raise the budget")
         } else {
             f.write_str("; release buffers, register a pressure responder, or raise the budget")
