@@ -169,6 +169,50 @@ fn admit_refused<C: DeviceContext>(
     }
 }
 
+/// Allocate `bytes` whose charge is already held (taken out of a
+/// reservation): the backend call and the live count of [`attempt`], without
+/// charging. The caller holds a pin and puts the bytes back on error.
+pub(crate) fn allocate_charged<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+) -> Result<C::Memory, GovernorError> {
+    let Some(backend) = ctx.enter_on(stream.shard) else {
+        return Err(ctx.unavailable_error());
+    };
+    let result = backend.allocate(stream.raw(), bytes);
+    if result.is_ok() {
+        ctx.stats.admit(stream.shard, role, bytes);
+    }
+    drop(backend);
+    result.map_err(|e| {
+        if e.kind == BackendErrorKind::OutOfMemory {
+            ctx.note_backend_error(&e);
+            add(&ctx.counters.admission_refusals, 1);
+            exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0)
+        } else {
+            ctx.backend_failure(e)
+        }
+    })
+}
+
+/// A reservation of `bytes` the budgets refused: refused at once (a
+/// reservation is asked for ahead of need, so it neither waits nor asks
+/// responders), counted as a refusal.
+pub(crate) fn reserve_refused<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    refused: ChargeRefused,
+    bytes: u64,
+) -> GovernorError {
+    let refused = match refused {
+        ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+        ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+    };
+    add(&ctx.counters.admission_refusals, 1);
+    exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
+}
+
 /// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
 #[allow(clippy::type_complexity)]
 #[inline]

@@ -226,6 +226,20 @@ pub enum GovernorError {
     #[error("{0}")]
     BudgetExceeded(Box<BudgetExceeded>),
 
+    /// An allocation out of a reservation asked for more than the
+    /// reservation has left; nothing changed.
+    #[error("context {context}: reservation '{label}' has {} left, cannot allocate {} out of it; grow the reservation (Reservation::grow) or allocate outside it", Bytes(*left), Bytes(*requested))]
+    ReservationExhausted {
+        /// The reservation's context.
+        context: ProviderContextIdentity,
+        /// The reservation's label.
+        label: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the reservation had left.
+        left: u64,
+    },
+
     /// Zero-byte allocations are refused: no driver gives them a stable
     /// address, and they would hold a pin for nothing.
     #[error("context {context}: zero-byte allocation of {role} refused; ask for at least 1 byte")]
