@@ -223,6 +223,79 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
 }
 
 #[test]
+fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
+    // A release held pending for the whole test: an admission that waited
+    // for it would wait out the full 10 s timeout.
+    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let log = device.log();
+    log.hold_retirements(true);
+    let ctx = gov.register(
+        device,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .shared_budget(gpu0.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            }),
+    );
+    let asked = Arc::new(AtomicU64::new(0));
+    let asked2 = asked.clone();
+    ctx.add_pressure_responder(move |_| {
+        asked2.fetch_add(1, Ordering::Relaxed);
+        0
+    });
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap());
+    // Over the context's limit, over the shared one, and over the device's
+    // memory (both budgets raised past it).
+    let cases = [
+        (u64::MAX, BudgetScope::Context, 4 * MIB),
+        (4 * MIB + 1, BudgetScope::Context, 4 * MIB),
+        (3 * MIB + 1, BudgetScope::Shared("gpu0".into()), 3 * MIB),
+    ];
+    for (bytes, scope, limit) in cases {
+        let err = ctx.allocate(&s, bytes, Role::Weights).unwrap_err();
+        let b = err.budget().expect("budget refusal");
+        assert_eq!((&b.scope, b.limit, b.requested), (&scope, limit, bytes));
+        assert_eq!(b.waited, Duration::ZERO, "{err}");
+        // The release is still pending: nothing waited for it.
+        assert_eq!(b.pending, MIB, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("can never fit"), "{msg}");
+        assert!(
+            msg.contains("raise the budget or split the allocation"),
+            "{msg}"
+        );
+    }
+    ctx.set_budget(u64::MAX);
+    gpu0.set_limit(u64::MAX);
+    let err = ctx.allocate(&s, 8 * MIB + 1, Role::Weights).unwrap_err();
+    let b = err.budget().expect("budget refusal");
+    assert_eq!(
+        (&b.scope, b.limit, b.pending, b.waited),
+        (&BudgetScope::Device, 8 * MIB, MIB, Duration::ZERO)
+    );
+    assert!(err.to_string().contains("can never fit"), "{err}");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (
+            snap.counters.admission_waits,
+            snap.counters.pressure_calls,
+            snap.counters.admission_refusals,
+            asked.load(Ordering::Relaxed),
+        ),
+        (0, 0, 4, 0)
+    );
+    // The backend hands the release's retirement over from its worker
+    // thread; it stays parked until fired here.
+    eventually("the release's retirement parked", || log.held() == 1);
+    log.hold_retirements(false);
+    assert_eq!(log.release_held(), 1);
+}
+
+#[test]
 fn quarantine_keeps_refused_memory_charged_until_termination() {
     let gov = Governor::new();
     let (ctx, probe) = register(&gov, ContextConfig::new().label("q").budget(8 * MIB));
@@ -1479,4 +1552,123 @@ fn an_untraced_context_records_nothing() {
         .events()
         .iter()
         .all(|e| e.context.as_ref() == traced.snapshot().label));
+}
+
+#[test]
+fn a_reservation_is_charged_once_and_allocates_without_charging_again() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().budget(4 * MIB).lease_chunk(0));
+    let s = ctx.create_stream("s").unwrap();
+    let r = ctx.reserve(3 * MIB, "request-17").unwrap();
+    assert_eq!((r.left(), ctx.snapshot().charged), (3 * MIB, 3 * MIB));
+    // The reserved bytes are charged: a plain allocation finds only 1 MiB.
+    assert!(ctx.allocate(&s, 2 * MIB, Role::Weights).is_err());
+    let b = r.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
+    assert_eq!((r.left(), ctx.snapshot().charged), (MIB, 3 * MIB));
+    // More than is left: refused with the reservation's numbers, unchanged.
+    let err = r.allocate(&s, 2 * MIB, Role::KvCache).unwrap_err();
+    assert!(
+        matches!(&err, GovernorError::ReservationExhausted { label, requested, left, .. }
+            if label == "request-17" && *requested == 2 * MIB && *left == MIB),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("'request-17' has 1.0 MiB"),
+        "{err}"
+    );
+    assert_eq!((r.left(), ctx.snapshot().charged), (MIB, 3 * MIB));
+    // The buffer's release returns its bytes to the budget; the drop of
+    // the reservation returns what is left, once.
+    drop(b);
+    s.synchronize().unwrap();
+    assert_eq!(ctx.snapshot().charged, MIB);
+    drop(r);
+    assert_eq!(ctx.snapshot().charged, 0);
+    let all = ctx.allocate(&s, 4 * MIB, Role::Weights).unwrap();
+    drop(all);
+    s.synchronize().unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn a_reservation_grows_transactionally_and_shrinks_unused_bytes() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .shared_budget(gpu0.clone()),
+    );
+    let r = ctx.reserve(MIB, "r").unwrap();
+    r.grow(MIB).unwrap();
+    assert_eq!((r.left(), gpu0.charged()), (2 * MIB, 2 * MIB));
+    // The shared budget refuses: nothing changes anywhere.
+    let err = r.grow(2 * MIB).unwrap_err();
+    assert_eq!(
+        err.budget().unwrap().scope,
+        BudgetScope::Shared("gpu0".into())
+    );
+    assert_eq!(
+        (r.left(), gpu0.charged(), ctx.snapshot().charged),
+        (2 * MIB, 2 * MIB, 2 * MIB)
+    );
+    assert_eq!(r.shrink(MIB + KIB), MIB + KIB);
+    assert_eq!(r.shrink(10 * MIB), MIB - KIB);
+    assert_eq!((r.left(), gpu0.charged()), (0, 0));
+    drop(r);
+    assert_eq!((gpu0.charged(), ctx.snapshot().charged), (0, 0));
+}
+
+#[test]
+fn reservations_and_plain_allocations_racing_never_over_admit() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().budget(8 * MIB));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                let s = ctx.create_stream("s").unwrap();
+                let mut held = Vec::new();
+                for i in 0..400u64 {
+                    let bytes = (i % 7 + 1) * 256 * KIB;
+                    if t == 0 {
+                        if let Ok(r) = ctx.reserve(bytes, "r") {
+                            if let Ok(b) = r.allocate(&s, bytes / 2, Role::KvCache) {
+                                held.push(b);
+                            }
+                            if i % 3 == 0 {
+                                let _ = r.grow(bytes);
+                            }
+                        }
+                    } else if let Ok(b) = ctx.allocate(&s, bytes, Role::Weights) {
+                        held.push(b);
+                    }
+                    let charged = ctx.snapshot().charged;
+                    assert!(charged <= 8 * MIB, "charged {charged}");
+                    if held.len() > 4 {
+                        held.remove(0);
+                    }
+                }
+                drop(held);
+                s.synchronize().unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn retire_waits_for_a_live_reservation() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().budget(4 * MIB));
+    let r = ctx.reserve(MIB, "held").unwrap();
+    let retiring = ctx.retire();
+    assert!(ctx.reserve(MIB, "late").is_err());
+    assert!(retiring.wait_timeout(Duration::from_millis(1)).is_err());
+    drop(r);
+    retiring.wait(soon()).unwrap();
 }

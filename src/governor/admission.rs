@@ -62,6 +62,7 @@ fn admit_refused<C: DeviceContext>(
     };
     let mut asked_responders = false;
     let mut reclaimed = 0u64;
+    let mut waited = false;
     loop {
         let outcome = match first.take() {
             Some(refused) => Err(Ok(refused)),
@@ -76,6 +77,19 @@ fn admit_refused<C: DeviceContext>(
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
         };
+        // A request larger than a limit it is held to can never be admitted,
+        // whatever is released or reclaimed: refuse it at once, without
+        // waiting or asking a responder. Checked after every refusal, since
+        // a limit may be lowered while this allocation waits.
+        if let Some(never) = never_fits(ctx, bytes) {
+            add(&ctx.counters.admission_refusals, 1);
+            let waited = if waited {
+                start.elapsed()
+            } else {
+                Duration::ZERO
+            };
+            return Err(exceeded(ctx, never, bytes, role, waited, reclaimed));
+        }
         // A context that stopped accepting work (retired, forced, lost)
         // admits nothing that has to wait for room: give up at once, so that
         // this allocation's pin does not hold its teardown up.
@@ -109,6 +123,7 @@ fn admit_refused<C: DeviceContext>(
                 if pending > 0 || pending_in_scope(ctx, &refused) > 0 {
                     if waiter.covers(&refused) {
                         add(&ctx.counters.admission_waits, 1);
+                        waited = true;
                         waiter.wait(d);
                     }
                     continue;
@@ -152,6 +167,50 @@ fn admit_refused<C: DeviceContext>(
             reclaimed,
         ));
     }
+}
+
+/// Allocate `bytes` whose charge is already held (taken out of a
+/// reservation): the backend call and the live count of [`attempt`], without
+/// charging. The caller holds a pin and puts the bytes back on error.
+pub(crate) fn allocate_charged<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+) -> Result<C::Memory, GovernorError> {
+    let Some(backend) = ctx.enter_on(stream.shard) else {
+        return Err(ctx.unavailable_error());
+    };
+    let result = backend.allocate(stream.raw(), bytes);
+    if result.is_ok() {
+        ctx.stats.admit(stream.shard, role, bytes);
+    }
+    drop(backend);
+    result.map_err(|e| {
+        if e.kind == BackendErrorKind::OutOfMemory {
+            ctx.note_backend_error(&e);
+            add(&ctx.counters.admission_refusals, 1);
+            exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0)
+        } else {
+            ctx.backend_failure(e)
+        }
+    })
+}
+
+/// A reservation of `bytes` the budgets refused: refused at once (a
+/// reservation is asked for ahead of need, so it neither waits nor asks
+/// responders), counted as a refusal.
+pub(crate) fn reserve_refused<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    refused: ChargeRefused,
+    bytes: u64,
+) -> GovernorError {
+    let refused = match refused {
+        ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+        ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+    };
+    add(&ctx.counters.admission_refusals, 1);
+    exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
 }
 
 /// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
@@ -296,6 +355,50 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
             ctx.life.settle_epoch.unregister();
         }
     }
+}
+
+/// The refusal of the first limit `bytes` exceeds on its own: the context's
+/// budget, its shared budget, or the device's total memory (when the backend
+/// reports one). `None` when the request could fit once enough is released.
+fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
+    let context = ctx.charges.limit();
+    if bytes > context {
+        let charged = ctx.charges.charged();
+        return Some(Refused::Budget(
+            BudgetScope::Context,
+            Refusal {
+                charged,
+                limit: context,
+            },
+        ));
+    }
+    if let Some(s) = ctx.charges.shared() {
+        if bytes > s.limit() {
+            return Some(Refused::Budget(
+                BudgetScope::Shared(s.label().to_owned()),
+                Refusal {
+                    charged: s.charged(),
+                    limit: s.limit(),
+                },
+            ));
+        }
+    }
+    let total = ctx.description.total_bytes;
+    if total > 0 && bytes > total {
+        let charged = ctx
+            .live_bytes()
+            .saturating_add(ctx.pending_bytes())
+            .saturating_add(ctx.stats.quarantined_bytes())
+            .saturating_add(ctx.charges.awaiting_teardown());
+        return Some(Refused::Budget(
+            BudgetScope::Device,
+            Refusal {
+                charged,
+                limit: total,
+            },
+        ));
+    }
+    None
 }
 
 fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: u64) -> u64 {

@@ -6,6 +6,7 @@
 //! | step                                   | operation                                  |
 //! | -------------------------------------- | ------------------------------------------ |
 //! | allocation being made                  | [`charge`](Charges::charge)                |
+//! | bytes reserved / reservation given back | [`reserve`](Charges::reserve) / [`unreserve`](Charges::unreserve) |
 //! | ... and not made                       | [`uncharge`](Charges::uncharge)            |
 //! | release queued / its free refused      | [`queued`](Charges::queued) / [`unqueued`](Charges::unqueued) |
 //! | the free executed and settled          | [`uncharge_settled`](Charges::uncharge_settled) |
@@ -291,6 +292,22 @@ impl Charges {
                 || s.0.epoch.load(Ordering::SeqCst) != seen || give_up(),
                 Some(deadline),
             );
+        }
+    }
+
+    /// Charge `bytes` for a reservation (see `reservation.rs`): to both
+    /// budgets, or to neither. An allocation out of the reservation is not
+    /// charged again; its release gives its bytes back as usual.
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<(), ChargeRefused> {
+        // Any shard's lease may carry the charge: it comes off the budget
+        // through `unreserve`, or through the buffers' settled releases.
+        self.charge(0, bytes, 0)
+    }
+
+    /// Unused reserved bytes given back (shrink, or the reservation dropped).
+    pub(crate) fn unreserve(&self, bytes: u64) {
+        if bytes > 0 {
+            self.uncharge(bytes);
         }
     }
 

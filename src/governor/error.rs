@@ -29,6 +29,11 @@ impl fmt::Display for BudgetScope {
 }
 
 /// The numbers behind a refused allocation.
+///
+/// When `requested` exceeds `limit`, the request could never fit in that
+/// scope: it was refused at once, without waiting for pending releases or
+/// asking pressure responders (`waited` is zero unless an earlier attempt
+/// waited before the limit was lowered).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetExceeded {
     /// The context that asked.
@@ -104,7 +109,18 @@ impl fmt::Display for BudgetExceeded {
                 Bytes(self.reclaimed_by_responders)
             )?;
         }
-        if self.pending > 0 {
+        if self.requested > self.limit {
+            let way_out = match self.scope {
+                BudgetScope::Device => "split the allocation or use a device with more memory",
+                _ => "raise the budget or split the allocation",
+            };
+            write!(
+                f,
+                "; {} can never fit under a {} limit: {way_out}",
+                Bytes(self.requested),
+                Bytes(self.limit)
+            )
+        } else if self.pending > 0 {
             f.write_str("; wait for pending releases to retire (Admission::WaitForPending), release buffers, or raise the budget")
         } else {
             f.write_str("; release buffers, register a pressure responder, or raise the budget")
@@ -209,6 +225,20 @@ pub enum GovernorError {
     /// The allocation does not fit; every number is in the payload.
     #[error("{0}")]
     BudgetExceeded(Box<BudgetExceeded>),
+
+    /// An allocation out of a reservation asked for more than the
+    /// reservation has left; nothing changed.
+    #[error("context {context}: reservation '{label}' has {} left, cannot allocate {} out of it; grow the reservation (Reservation::grow) or allocate outside it", Bytes(*left), Bytes(*requested))]
+    ReservationExhausted {
+        /// The reservation's context.
+        context: ProviderContextIdentity,
+        /// The reservation's label.
+        label: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the reservation had left.
+        left: u64,
+    },
 
     /// Zero-byte allocations are refused: no driver gives them a stable
     /// address, and they would hold a pin for nothing.

@@ -7,6 +7,7 @@ use super::error::{ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
 use super::report::TeardownReport;
+use super::reservation::Reservation;
 use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
 use super::stream::{pin_error, GovernedStream};
@@ -152,6 +153,37 @@ impl<C: DeviceContext> ContextHandle<C> {
             role,
             recorded: None,
         })
+    }
+
+    /// Reserve `bytes` under the context's budgets (and its shared budget)
+    /// now, for allocations made later out of the reservation
+    /// ([`Reservation::allocate`]) without being charged again. The
+    /// reservation holds only its unused bytes: an allocation moves its bytes
+    /// to the buffer, whose release returns them to the budgets; dropping
+    /// the reservation returns what is left, once. It holds a pin like a
+    /// buffer, so `retire().wait` waits for it to be dropped. Refused at
+    /// once when the budgets have no room (no wait, no responders).
+    ///
+    /// ```
+    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
+    /// let stream = ctx.create_stream("main")?;
+    /// let request = ctx.reserve(64 << 10, "request-17")?;
+    /// let kv = request.allocate(&stream, 16 << 10, Role::KvCache)?;
+    /// assert_eq!(request.left(), 48 << 10);
+    /// // Over what is left: refused, the reservation unchanged.
+    /// assert!(request.allocate(&stream, 64 << 10, Role::KvCache).is_err());
+    /// drop((kv, request)); // the unused 48 KiB go back to the budget now
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`GovernorError::ZeroSized`], [`GovernorError::Pin`] (retiring, or
+    /// too many pins), [`GovernorError::BudgetExceeded`] with every number.
+    pub fn reserve(&self, bytes: u64, label: &str) -> Result<Reservation<C>, GovernorError> {
+        Reservation::new(&self.inner, bytes, label)
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of

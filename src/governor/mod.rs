@@ -18,6 +18,7 @@ mod pin_source;
 mod record;
 mod release;
 mod report;
+mod reservation;
 mod retire;
 mod shards;
 mod snapshot;
@@ -36,6 +37,7 @@ pub use migrate::MigrateError;
 pub use outside::OutsideUsage;
 pub use pin_source::ContextPin;
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
+pub use reservation::Reservation;
 pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
     ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
