@@ -3,8 +3,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, ContextOperation, ForeignObject, Governor,
-    GovernorError, Lifecycle, ProviderContextPinError, RetireError, Role,
+    BudgetScope, ContextConfig, ContextHandle, ContextName, ContextOperation, ForeignObject,
+    Governor, GovernorError, Lifecycle, ProviderContextPinError, RetireError, Role,
 };
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -139,7 +139,7 @@ fn out_of_bounds_writes_and_reads() {
         format!(
             "context {}: write of 2.0 KiB (2048 bytes) at offset 50 is out of bounds of a \
              100 bytes buffer; keep offset + len <= 100",
-            ctx.id()
+            ctx.name()
         )
     );
     // The edges are fine, including empty accesses at the end.
@@ -191,18 +191,19 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
     let b = gov.register(host(), ContextConfig::new().label("b"));
     let sa = a.create_stream("main").unwrap();
     let sb = b.create_stream("decode").unwrap();
-    let (ia, ib) = (a.id(), b.id());
-    let expect = |operation, context| GovernorError::WrongContext {
+    let (ia, ib) = (a.name(), b.name());
+    assert_eq!(ia.to_string(), format!("{} 'a'", a.id()));
+    let expect = |operation, context: &ContextName| GovernorError::WrongContext {
         operation,
-        context,
+        context: context.clone(),
         passed: ForeignObject::Stream {
             label: "decode".into(),
         },
-        passed_context: ib,
+        passed_context: ib.clone(),
     };
 
     let e = a.allocate(&sb, 64, Role::Other).unwrap_err();
-    assert_eq!(e, expect(ContextOperation::Allocate, ia));
+    assert_eq!(e, expect(ContextOperation::Allocate, &ia));
     assert_eq!(
         e.to_string(),
         format!(
@@ -213,7 +214,7 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
 
     let mut buf = a.allocate(&sa, 64, Role::Other).unwrap();
     let e = buf.record_stream(&sb).unwrap_err();
-    assert_eq!(e, expect(ContextOperation::RecordStream, ia));
+    assert_eq!(e, expect(ContextOperation::RecordStream, &ia));
     assert_eq!(
         e.to_string(),
         format!(
@@ -223,7 +224,7 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
     );
 
     let e = buf.release_on(&sb).unwrap_err();
-    assert_eq!(e.error, expect(ContextOperation::ReleaseOn, ia));
+    assert_eq!(e.error, expect(ContextOperation::ReleaseOn, &ia));
     assert_eq!(
         e.error.to_string(),
         format!(
@@ -236,7 +237,7 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
 
     // Migrating into `a` with `b`'s stream: the context is the target's.
     let e = a.migrate(&sb, vec![buf]).unwrap_err();
-    assert_eq!(e.error, expect(ContextOperation::Migrate, ia));
+    assert_eq!(e.error, expect(ContextOperation::Migrate, &ia));
     assert_eq!(
         e.error.to_string(),
         format!(
@@ -288,9 +289,10 @@ fn release_on_a_stream_of_a_terminated_context() {
     ));
     assert!(matches!(
         b.allocate(&sb, 1, Role::Other),
-        Err(GovernorError::Pin(
-            ProviderContextPinError::ContextUnavailable(_)
-        ))
+        Err(GovernorError::Pin {
+            refusal: ProviderContextPinError::ContextUnavailable(_),
+            ..
+        })
     ));
     err.buffer.unwrap().release_on(&sa).unwrap();
 }
@@ -347,15 +349,17 @@ fn pin_count_at_its_maximum() {
     ));
     assert!(matches!(
         ctx.allocate(&s, 8, Role::Other),
-        Err(GovernorError::Pin(
-            ProviderContextPinError::PinCountOverflow(_)
-        ))
+        Err(GovernorError::Pin {
+            refusal: ProviderContextPinError::PinCountOverflow(_),
+            ..
+        })
     ));
     assert!(matches!(
         ctx.create_stream("t"),
-        Err(GovernorError::Pin(
-            ProviderContextPinError::PinCountOverflow(_)
-        ))
+        Err(GovernorError::Pin {
+            refusal: ProviderContextPinError::PinCountOverflow(_),
+            ..
+        })
     ));
     assert_eq!(
         ctx.snapshot().pins.total(),
@@ -393,9 +397,11 @@ fn deadline_in_the_past() {
         "a past deadline checks once without blocking"
     );
     let RetireError::Outstanding {
-        outstanding, label, ..
+        outstanding,
+        context,
+        ..
     } = &e;
-    assert_eq!(label, "busy");
+    assert_eq!(context.label(), "busy");
     let text = e.to_string();
     assert!(
         text.contains("1 stream") && text.contains("held by 'decode'") && text.contains("kv-cache"),
@@ -514,4 +520,103 @@ fn host_backend_refuses_zero_capacity() {
     })
     .unwrap_err();
     assert_eq!(e.kind, memgov::BackendErrorKind::InvalidArgument);
+}
+
+/// Every error a governed operation returns names its context by identity
+/// and label, so a line in a log says which model or device it is about.
+/// Each variant is provoked for real, on a context labelled after the case.
+#[test]
+fn every_error_names_its_context_label() {
+    use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+    use memgov::null::NullContext;
+
+    fn names(e: &GovernorError, ctx: &ContextName) {
+        let text = e.to_string();
+        assert_eq!(e.context(), ctx, "{e:?}");
+        assert!(
+            text.contains(&format!("context {ctx}")),
+            "'{text}' does not name the context {ctx}"
+        );
+        assert!(
+            text.contains(&format!("{} '{}'", ctx.id(), ctx.label())),
+            "'{text}' does not carry the label '{}'",
+            ctx.label()
+        );
+    }
+    let gov = Governor::new();
+    let host = || HostContext::new(HostConfig::default()).unwrap();
+
+    let a = gov.register(host(), ContextConfig::new().label("vision").budget(4096));
+    let name = a.name();
+    assert_eq!(name.label(), "vision");
+    let s = a.create_stream("main").unwrap();
+    names(&a.allocate(&s, 0, Role::Other).unwrap_err(), &name); // ZeroSized
+    names(&a.allocate(&s, 8192, Role::Other).unwrap_err(), &name); // BudgetExceeded
+    let b = a.allocate(&s, 64, Role::Other).unwrap();
+    names(&b.write(60, &[0; 8]).unwrap_err(), &name); // OutOfBounds
+    let r = a.reserve(128, "request-1").unwrap();
+    names(&r.allocate(&s, 256, Role::KvCache).unwrap_err(), &name); // ReservationExhausted
+    let other = gov.register(host(), ContextConfig::new().label("other"));
+    let so = other.create_stream("o").unwrap();
+    names(&a.allocate(&so, 64, Role::Other).unwrap_err(), &name); // WrongContext
+    drop((b, r, so, other));
+
+    // Pin refusals: too many pins, then a retiring context.
+    let p = gov.register(host(), ContextConfig::new().label("pinned").max_pins(2));
+    let ps = p.create_stream("s").unwrap();
+    let hold = p.pin().unwrap();
+    let err = p.allocate(&ps, 64, Role::Other).unwrap_err();
+    assert!(matches!(err, GovernorError::Pin { .. }), "{err}");
+    names(&err, &p.name());
+    drop(hold);
+    let retiring = p.retire();
+    let err = p.allocate(&ps, 64, Role::Other).unwrap_err();
+    assert!(
+        err.to_string().contains("no longer accepting work"),
+        "{err}"
+    );
+    names(&err, &p.name());
+    drop(ps);
+    retiring.wait_timeout(Duration::from_secs(10)).unwrap();
+
+    // A backend error, then device loss, through the fault injector.
+    let backend = FaultInjecting::new(
+        NullContext::deferred(4),
+        FaultPlan::new().nth(Operation::Write, 1, Fault::Error).nth(
+            Operation::Write,
+            2,
+            Fault::DeviceLost,
+        ),
+    );
+    let fgov = Governor::new();
+    let f = fgov.register(backend, ContextConfig::new().label("faulty"));
+    let fs = f.create_stream("s").unwrap();
+    let fb = f.allocate(&fs, 64, Role::Other).unwrap();
+    let err = fb.write(0, b"x").unwrap_err();
+    assert!(matches!(err, GovernorError::Backend { .. }), "{err}");
+    names(&err, &f.name());
+    let err = fb.write(0, b"x").unwrap_err();
+    assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
+    names(&err, &f.name());
+    drop((fb, fs));
+
+    // A buffer of a force-retired context: Reclaimed.
+    let g = gov.register(host(), ContextConfig::new().label("forced"));
+    let gs = g.create_stream("s").unwrap();
+    let gb = g.allocate(&gs, 64, Role::Other).unwrap();
+    let handle = g.retire();
+    handle.force(Instant::now()).unwrap();
+    let err = gb.write(0, b"x").unwrap_err();
+    assert!(matches!(err, GovernorError::Reclaimed { .. }), "{err}");
+    names(&err, &g.name());
+
+    // A retire that times out.
+    let h = gov.register(host(), ContextConfig::new().label("busy-model"));
+    let hs = h.create_stream("s").unwrap();
+    let e = h.retire().wait(Instant::now()).unwrap_err();
+    assert!(
+        e.to_string().starts_with(&format!("context {}", h.name())),
+        "{e}"
+    );
+    drop(hs);
 }

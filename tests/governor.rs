@@ -397,8 +397,8 @@ fn pin_overflow_is_refused_not_wrapped() {
     );
     let err = ctx.allocate(&s, 4096, Role::Other).unwrap_err();
     assert_eq!(
-        err,
-        GovernorError::Pin(ProviderContextPinError::PinCountOverflow(ctx.id()))
+        err.pin_refusal(),
+        Some(ProviderContextPinError::PinCountOverflow(ctx.id()))
     );
     assert!(err.to_string().contains("too many outstanding pins"));
     assert_eq!(ctx.snapshot().pins.total(), 3);
@@ -476,9 +476,9 @@ fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
         err.error,
         GovernorError::WrongContext {
             operation: ContextOperation::ReleaseOn,
-            context: a.id(),
+            context: a.name(),
             passed: ForeignObject::Stream { label: "sb".into() },
-            passed_context: b.id(),
+            passed_context: b.name(),
         }
     );
     let buf = err.buffer.expect("buffer handed back");
@@ -617,7 +617,7 @@ fn zero_sized_allocations_are_refused() {
     assert_eq!(
         err,
         GovernorError::ZeroSized {
-            context: ctx.id(),
+            context: ctx.name(),
             role: Role::Weights
         }
     );
@@ -1087,7 +1087,10 @@ fn retire_cuts_an_admission_wait_short() {
     assert!(
         matches!(
             err,
-            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_))
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                ..
+            }
         ),
         "{err}"
     );

@@ -231,7 +231,10 @@ fn null_move_carries_budgets_and_the_old_context_retires() {
     assert!(
         matches!(
             e.error,
-            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_))
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                ..
+            }
         ),
         "{e}"
     );

@@ -404,9 +404,10 @@ impl World {
                         prop_assert!(
                             matches!(
                                 r,
-                                Err(GovernorError::Pin(
-                                    ProviderContextPinError::ContextUnavailable(_)
-                                ))
+                                Err(GovernorError::Pin {
+                                    refusal: ProviderContextPinError::ContextUnavailable(_),
+                                    ..
+                                })
                             ),
                             "{r:?}"
                         );
@@ -415,9 +416,10 @@ impl World {
                     prop_assert!(
                         matches!(
                             r,
-                            Err(GovernorError::Pin(
-                                ProviderContextPinError::PinCountOverflow(_)
-                            ))
+                            Err(GovernorError::Pin {
+                                refusal: ProviderContextPinError::PinCountOverflow(_),
+                                ..
+                            })
                         ),
                         "{r:?}"
                     );
@@ -475,9 +477,10 @@ impl World {
                         prop_assert!(
                             matches!(
                                 r,
-                                Err(GovernorError::Pin(
-                                    ProviderContextPinError::ContextUnavailable(_)
-                                ))
+                                Err(GovernorError::Pin {
+                                    refusal: ProviderContextPinError::ContextUnavailable(_),
+                                    ..
+                                })
                             ),
                             "{r:?}"
                         );
@@ -486,9 +489,10 @@ impl World {
                     prop_assert!(
                         matches!(
                             r,
-                            Err(GovernorError::Pin(
-                                ProviderContextPinError::PinCountOverflow(_)
-                            ))
+                            Err(GovernorError::Pin {
+                                refusal: ProviderContextPinError::PinCountOverflow(_),
+                                ..
+                            })
                         ),
                         "{r:?}"
                     );

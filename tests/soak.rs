@@ -111,63 +111,63 @@ fn epoch(
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let per_thread = quota.div_ceil(threads as u64);
-    let handles: Vec<_> =
-        (0..threads)
-            .map(|t| {
-                let (ctx, done, stop) = (ctx.clone(), done.clone(), stop.clone());
-                let seed = rng.next_u64();
-                std::thread::spawn(move || {
-                    let mut rng = Rng::new(seed);
-                    let streams: Vec<_> = match (0..2)
-                        .map(|i| ctx.create_stream(format!("t{t}s{i}")))
-                        .collect()
-                    {
-                        Ok(s) => s,
-                        Err(e) => {
-                            // Only a retire that came first may stop us here.
-                            assert!(
-                                stop.load(Ordering::Relaxed),
-                                "create_stream failed on a live context: {e}"
-                            );
-                            return;
-                        }
-                    };
-                    let mut held = Vec::with_capacity(8);
-                    let mut n = 0;
-                    while n < per_thread && !stop.load(Ordering::Relaxed) {
-                        let s = &streams[(rng.next_u64() % 2) as usize];
-                        let bytes = 64 + rng.next_u64() % (64 << 10);
-                        let role = Role::ALL[(rng.next_u64() % 5) as usize];
-                        match ctx.allocate(s, bytes, role) {
-                            Ok(b) => {
-                                if rng.next_u64() % 16 == 0 {
-                                    b.write(0, &n.to_le_bytes()).unwrap();
-                                }
-                                held.push(b);
-                            }
-                            Err(GovernorError::Pin(
-                                ProviderContextPinError::ContextUnavailable(_),
-                            )) if stop.load(Ordering::Relaxed) => break,
-                            Err(e) => panic!("soak allocation failed: {e}"),
-                        }
-                        // Release: sometimes on the other stream, sometimes a few at once.
-                        if held.len() > (rng.next_u64() % 8) as usize {
-                            for b in held.drain(..) {
-                                if rng.next_u64() % 4 == 0 {
-                                    let other = &streams[(rng.next_u64() % 2) as usize];
-                                    b.release_on(other).unwrap();
-                                } else {
-                                    drop(b);
-                                }
-                            }
-                        }
-                        n += 1;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (ctx, done, stop) = (ctx.clone(), done.clone(), stop.clone());
+            let seed = rng.next_u64();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(seed);
+                let streams: Vec<_> = match (0..2)
+                    .map(|i| ctx.create_stream(format!("t{t}s{i}")))
+                    .collect()
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Only a retire that came first may stop us here.
+                        assert!(
+                            stop.load(Ordering::Relaxed),
+                            "create_stream failed on a live context: {e}"
+                        );
+                        return;
                     }
-                    drop(held);
-                    done.fetch_add(n, Ordering::Relaxed);
-                })
+                };
+                let mut held = Vec::with_capacity(8);
+                let mut n = 0;
+                while n < per_thread && !stop.load(Ordering::Relaxed) {
+                    let s = &streams[(rng.next_u64() % 2) as usize];
+                    let bytes = 64 + rng.next_u64() % (64 << 10);
+                    let role = Role::ALL[(rng.next_u64() % 5) as usize];
+                    match ctx.allocate(s, bytes, role) {
+                        Ok(b) => {
+                            if rng.next_u64() % 16 == 0 {
+                                b.write(0, &n.to_le_bytes()).unwrap();
+                            }
+                            held.push(b);
+                        }
+                        Err(GovernorError::Pin {
+                            refusal: ProviderContextPinError::ContextUnavailable(_),
+                            ..
+                        }) if stop.load(Ordering::Relaxed) => break,
+                        Err(e) => panic!("soak allocation failed: {e}"),
+                    }
+                    // Release: sometimes on the other stream, sometimes a few at once.
+                    if held.len() > (rng.next_u64() % 8) as usize {
+                        for b in held.drain(..) {
+                            if rng.next_u64() % 4 == 0 {
+                                let other = &streams[(rng.next_u64() % 2) as usize];
+                                b.release_on(other).unwrap();
+                            } else {
+                                drop(b);
+                            }
+                        }
+                    }
+                    n += 1;
+                }
+                drop(held);
+                done.fetch_add(n, Ordering::Relaxed);
             })
-            .collect();
+        })
+        .collect();
     // A random retire in the middle of one epoch in four.
     let retired_early = rng.next_u64() % 4 == 0;
     let h = if retired_early {

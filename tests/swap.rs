@@ -44,9 +44,10 @@ fn waiting(timeout: Duration) -> Admission {
 fn is_unavailable(r: &Result<(), GovernorError>) -> bool {
     matches!(
         r,
-        Err(GovernorError::Pin(
-            ProviderContextPinError::ContextUnavailable(_)
-        ))
+        Err(GovernorError::Pin {
+            refusal: ProviderContextPinError::ContextUnavailable(_),
+            ..
+        })
     )
 }
 

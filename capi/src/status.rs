@@ -105,10 +105,14 @@ impl From<BackendError> for Error {
 impl From<GovernorError> for Error {
     fn from(e: GovernorError) -> Self {
         let status = match &e {
-            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(_)) => {
-                MEMGOV_ERR_RETIRING
-            }
-            GovernorError::Pin(ProviderContextPinError::PinCountOverflow(_)) => MEMGOV_ERR_LIMIT,
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                ..
+            } => MEMGOV_ERR_RETIRING,
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::PinCountOverflow(_),
+                ..
+            } => MEMGOV_ERR_LIMIT,
             GovernorError::BudgetExceeded(_) => MEMGOV_ERR_OUT_OF_MEMORY,
             GovernorError::ZeroSized { .. }
             | GovernorError::OutOfBounds { .. }
@@ -124,7 +128,11 @@ impl From<GovernorError> for Error {
 
 impl From<ProviderContextPinError> for Error {
     fn from(e: ProviderContextPinError) -> Self {
-        GovernorError::Pin(e).into()
+        let status = match e {
+            ProviderContextPinError::ContextUnavailable(_) => MEMGOV_ERR_RETIRING,
+            ProviderContextPinError::PinCountOverflow(_) => MEMGOV_ERR_LIMIT,
+        };
+        Self::new(status, e.to_string())
     }
 }
 

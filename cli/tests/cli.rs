@@ -163,7 +163,7 @@ fn run_serves_swaps_and_ends_at_zero() {
         "{out}"
     );
     assert!(
-        out.contains("is no longer accepting work"),
+        out.contains("no longer accepting work"),
         "a retiring context must refuse: {out}"
     );
 }

@@ -93,7 +93,7 @@ fn provoked_refusals_are_marked_as_expected() {
         .expect("the allocation on the retiring context");
     assert!(
         refused.contains("(refused, as expected): ")
-            && refused.contains("is no longer accepting work"),
+            && refused.contains("no longer accepting work"),
         "{refused}"
     );
     let unfinished = out

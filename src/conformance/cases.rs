@@ -376,7 +376,10 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     drop(pending);
     let handle = s.ctx.retire();
     let id = s.ctx.id();
-    let unavailable = GovernorError::Pin(ProviderContextPinError::ContextUnavailable(id));
+    let unavailable = GovernorError::Pin {
+        context: crate::ContextName::new(id, s.ctx.label()),
+        refusal: ProviderContextPinError::ContextUnavailable(id),
+    };
     let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
     check!(
         alloc.as_ref().err() == Some(&unavailable),

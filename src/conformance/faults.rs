@@ -181,7 +181,7 @@ fn kind_of(e: &GovernorError) -> String {
         GovernorError::BudgetExceeded(b) => format!("BudgetExceeded({})", b.scope),
         GovernorError::DeviceLost { .. } => "DeviceLost".into(),
         GovernorError::Reclaimed { .. } => "Reclaimed".into(),
-        GovernorError::Pin(p) => format!("Pin({p})"),
+        GovernorError::Pin { refusal, .. } => format!("Pin({refusal})"),
         other => format!("{other:?}"),
     }
 }

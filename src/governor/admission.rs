@@ -478,8 +478,7 @@ fn exceeded<C: DeviceContext>(
         .saturating_sub(quarantined)
         .saturating_sub(awaiting_teardown);
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
-        context: ctx.id,
-        label: ctx.label.clone(),
+        context: ctx.name(),
         scope,
         role,
         requested: bytes,

@@ -149,7 +149,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         match offset.checked_add(len) {
             Some(end) if end <= self.bytes => Ok(()),
             _ => Err(GovernorError::OutOfBounds {
-                context: self.stream.ctx.id,
+                context: self.stream.ctx.name(),
                 op,
                 offset,
                 len,
@@ -168,7 +168,9 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         }
         let backend = ctx
             .enter_on(self.stream.shard)
-            .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+            .ok_or_else(|| GovernorError::Reclaimed {
+                context: ctx.name(),
+            })?;
         let memory = self.memory.as_ref().expect("memory present until release");
         f(&backend, self.stream.raw(), memory).map_err(|e| {
             drop(backend);
@@ -207,7 +209,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
             return Err(GovernorError::wrong_context(
                 ContextOperation::RecordStream,
-                self.stream.ctx.id,
+                self.stream.ctx.name(),
                 stream,
             ));
         }
@@ -289,7 +291,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         if !Arc::ptr_eq(&stream.shared.ctx, &self.stream.ctx) {
             let error = GovernorError::wrong_context(
                 ContextOperation::ReleaseOn,
-                self.stream.ctx.id,
+                self.stream.ctx.name(),
                 stream,
             );
             return Err(ReleaseError {
@@ -297,17 +299,20 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 error,
             });
         }
-        let id = self.stream.ctx.id;
+        // `stream` is of the buffer's context (checked above): errors name
+        // the context through it, since the buffer is gone by then.
         match self.release_to(Some(&stream.shared)) {
             Released::Queued | Released::SettledLost => Ok(()),
             Released::Reclaimed => Err(ReleaseError {
                 buffer: None,
-                error: GovernorError::Reclaimed { context: id },
+                error: GovernorError::Reclaimed {
+                    context: stream.shared.ctx.name(),
+                },
             }),
             Released::Quarantined(e) => Err(ReleaseError {
                 buffer: None,
                 error: GovernorError::Backend {
-                    context: id,
+                    context: stream.shared.ctx.name(),
                     source: e,
                 },
             }),

@@ -5,7 +5,53 @@ use super::report::Outstanding;
 use super::units::{Bytes, Elapsed};
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// A context as every error names it: its identity and its label
+/// (`#1.0 'llm'`), so that a message read in a log says which model or
+/// device it is about without a lookup.
+///
+/// One pointer wide: errors carry it on every path, and the hot paths return
+/// `Result`s whose size the error sets.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ContextName(Arc<(ProviderContextIdentity, Box<str>)>);
+
+impl ContextName {
+    /// The name of context `id` labelled `label`.
+    pub fn new(id: ProviderContextIdentity, label: impl Into<Box<str>>) -> Self {
+        Self(Arc::new((id, label.into())))
+    }
+
+    /// The context's identity.
+    pub fn id(&self) -> ProviderContextIdentity {
+        self.0 .0
+    }
+
+    /// The label it was registered with (`ContextConfig::label`), or
+    /// `backend:ordinal` when it was given none.
+    pub fn label(&self) -> &str {
+        &self.0 .1
+    }
+}
+
+impl fmt::Display for ContextName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} '{}'", self.id(), self.label())
+    }
+}
+
+impl fmt::Debug for ContextName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContextName({self})")
+    }
+}
+
+impl PartialEq<ProviderContextIdentity> for ContextName {
+    fn eq(&self, other: &ProviderContextIdentity) -> bool {
+        self.id() == *other
+    }
+}
 
 /// Which budget refused an allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,9 +83,7 @@ impl fmt::Display for BudgetScope {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetExceeded {
     /// The context that asked.
-    pub context: ProviderContextIdentity,
-    /// Its label.
-    pub label: String,
+    pub context: ContextName,
     /// Which budget refused.
     pub scope: BudgetScope,
     /// Role of the allocation.
@@ -73,9 +117,8 @@ impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "context {} '{}': cannot admit {} of {} under the {}: {} live + {} pending release + {} quarantined",
+            "context {}: cannot admit {} of {} under the {}: {} live + {} pending release + {} quarantined",
             self.context,
-            self.label,
             Bytes(self.requested),
             self.role,
             self.scope,
@@ -189,9 +232,9 @@ impl fmt::Display for ForeignObject {
 /// what it was handed, and the way out, which depends on the operation.
 fn wrong_context(
     operation: ContextOperation,
-    context: ProviderContextIdentity,
+    context: &ContextName,
     passed: &ForeignObject,
-    passed_context: ProviderContextIdentity,
+    passed_context: &ContextName,
 ) -> String {
     let (on, way_out) = match operation {
         ContextOperation::Allocate => (
@@ -214,13 +257,32 @@ fn wrong_context(
     format!("{operation} {on} was passed {passed} of context {passed_context}; {way_out}")
 }
 
+/// The governor's words for a pin refusal: the contract's own message names
+/// the context by identity only, which the variant already does with its label.
+fn pin_refusal(refusal: &ProviderContextPinError) -> &'static str {
+    match refusal {
+        ProviderContextPinError::ContextUnavailable(_) => {
+            "no longer accepting work (retiring or torn down); keep what was to be released, and register a new context for new work"
+        }
+        ProviderContextPinError::PinCountOverflow(_) => {
+            "too many outstanding pins (ContextConfig::max_pins); drop pins, buffers or streams you no longer need"
+        }
+    }
+}
+
 /// Errors of governed operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GovernorError {
-    /// The context is retiring, lost or terminated, or has too many pins.
-    #[error(transparent)]
-    Pin(#[from] ProviderContextPinError),
+    /// The context is retiring or torn down, or has too many pins; the
+    /// pin contract's refusal is in `refusal`.
+    #[error("context {context}: {}", pin_refusal(refusal))]
+    Pin {
+        /// The context.
+        context: ContextName,
+        /// Why the pin was refused.
+        refusal: ProviderContextPinError,
+    },
 
     /// The allocation does not fit; every number is in the payload.
     #[error("{0}")]
@@ -231,7 +293,7 @@ pub enum GovernorError {
     #[error("context {context}: reservation '{label}' has {} left, cannot allocate {} out of it; grow the reservation (Reservation::grow) or allocate outside it", Bytes(*left), Bytes(*requested))]
     ReservationExhausted {
         /// The reservation's context.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// The reservation's label.
         label: String,
         /// Bytes asked for.
@@ -245,7 +307,7 @@ pub enum GovernorError {
     #[error("context {context}: zero-byte allocation of {role} refused; ask for at least 1 byte")]
     ZeroSized {
         /// The context asked.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// The role asked for.
         role: Role,
     },
@@ -254,7 +316,7 @@ pub enum GovernorError {
     #[error("context {context}: {op} of {} at offset {offset} is out of bounds of a {} buffer; keep offset + len <= {size}", Bytes(*.len), Bytes(*.size))]
     OutOfBounds {
         /// The buffer's context.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// `"write"` or `"read"`.
         op: &'static str,
         /// Offset asked for.
@@ -268,17 +330,17 @@ pub enum GovernorError {
     /// An operation was handed an object of another context: a stream to
     /// allocate, record or release on, or to migrate with. Nothing was done;
     /// a buffer being released or migrated is handed back.
-    #[error("{}", wrong_context(*.operation, *.context, .passed, *.passed_context))]
+    #[error("{}", wrong_context(*.operation, .context, .passed, .passed_context))]
     WrongContext {
         /// What was called.
         operation: ContextOperation,
         /// The context the operation works in: the handle's for `allocate`
         /// and `migrate`, the buffer's for `record_stream` and `release_on`.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// What it was handed.
         passed: ForeignObject,
         /// The context that owns what was handed.
-        passed_context: ProviderContextIdentity,
+        passed_context: ContextName,
     },
 
     /// The device was lost; nothing more will run on it.
@@ -287,7 +349,7 @@ pub enum GovernorError {
     )]
     DeviceLost {
         /// The lost context.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// Why it was declared lost.
         reason: String,
     },
@@ -296,14 +358,14 @@ pub enum GovernorError {
     #[error("context {context}: force-retired; its buffers and streams were reclaimed")]
     Reclaimed {
         /// The context.
-        context: ProviderContextIdentity,
+        context: ContextName,
     },
 
     /// The backend reported an error.
     #[error("context {context}: {source}")]
     Backend {
         /// The context.
-        context: ProviderContextIdentity,
+        context: ContextName,
         /// What the backend said.
         source: BackendError,
     },
@@ -314,7 +376,7 @@ impl GovernorError {
     /// another context.
     pub(crate) fn wrong_context<C: crate::DeviceContext>(
         operation: ContextOperation,
-        context: ProviderContextIdentity,
+        context: ContextName,
         stream: &crate::GovernedStream<C>,
     ) -> Self {
         Self::WrongContext {
@@ -323,7 +385,30 @@ impl GovernorError {
             passed: ForeignObject::Stream {
                 label: stream.label().to_owned(),
             },
-            passed_context: stream.context(),
+            passed_context: stream.context_name(),
+        }
+    }
+
+    /// The context the error is about: the one the operation ran in.
+    pub fn context(&self) -> &ContextName {
+        match self {
+            Self::Pin { context, .. }
+            | Self::ReservationExhausted { context, .. }
+            | Self::ZeroSized { context, .. }
+            | Self::OutOfBounds { context, .. }
+            | Self::WrongContext { context, .. }
+            | Self::DeviceLost { context, .. }
+            | Self::Reclaimed { context }
+            | Self::Backend { context, .. } => context,
+            Self::BudgetExceeded(b) => &b.context,
+        }
+    }
+
+    /// The pin contract's refusal, if this is one.
+    pub fn pin_refusal(&self) -> Option<ProviderContextPinError> {
+        match self {
+            Self::Pin { refusal, .. } => Some(*refusal),
+            _ => None,
         }
     }
 
@@ -341,12 +426,10 @@ impl GovernorError {
 pub enum RetireError {
     /// Work is still outstanding. Wait again, release what is listed, or
     /// call `force`.
-    #[error("context {context} '{label}' still has outstanding work after {}: {outstanding}; drop or release what is listed, wait again, or call force()", Elapsed(*.waited))]
+    #[error("context {context} still has outstanding work after {}: {outstanding}; drop or release what is listed, wait again, or call force()", Elapsed(*.waited))]
     Outstanding {
         /// The context.
-        context: ProviderContextIdentity,
-        /// Its label.
-        label: String,
+        context: ContextName,
         /// How long this call waited.
         waited: Duration,
         /// What still holds the context.

@@ -3,14 +3,14 @@
 use super::admission::admit;
 use super::buffer::DeviceBuffer;
 use super::config::{PressureRequest, Role};
-use super::error::{ContextOperation, GovernorError};
+use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
 use super::report::TeardownReport;
 use super::reservation::Reservation;
 use super::retire::RetireHandle;
 use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
-use super::stream::{pin_error, GovernedStream};
+use super::stream::GovernedStream;
 use crate::sync::lock;
 use crate::trace::EventKind;
 use crate::{
@@ -38,7 +38,7 @@ impl<C: DeviceContext> fmt::Debug for ContextHandle<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ContextHandle")
             .field("id", &self.inner.id)
-            .field("label", &self.inner.label)
+            .field("label", &self.inner.label())
             .field("lifecycle", &self.lifecycle())
             .finish()
     }
@@ -52,7 +52,7 @@ impl<C: DeviceContext> ContextHandle<C> {
 
     /// The label given at registration (or `backend:ordinal`).
     pub fn label(&self) -> &str {
-        &self.inner.label
+        self.inner.label()
     }
 
     /// What the backend said it runs on, at registration.
@@ -65,12 +65,17 @@ impl<C: DeviceContext> ContextHandle<C> {
         lifecycle(&self.inner)
     }
 
+    /// The context as errors name it: identity and label.
+    pub fn name(&self) -> ContextName {
+        self.inner.name()
+    }
+
     /// Free and total memory as the driver reports it now.
     pub fn memory_info(&self) -> Result<MemoryInfo, GovernorError> {
         let ctx = &*self.inner;
-        let backend = ctx.enter().ok_or(GovernorError::Pin(
-            ProviderContextPinError::ContextUnavailable(ctx.id),
-        ))?;
+        let backend = ctx
+            .enter()
+            .ok_or_else(|| ctx.pin_error(ProviderContextPinError::ContextUnavailable(ctx.id)))?;
         backend.memory_info().map_err(|e| {
             drop(backend);
             ctx.backend_failure(e)
@@ -116,13 +121,13 @@ impl<C: DeviceContext> ContextHandle<C> {
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
             return Err(GovernorError::wrong_context(
                 ContextOperation::Allocate,
-                ctx.id,
+                ctx.name(),
                 stream,
             ));
         }
         if bytes == 0 {
             return Err(GovernorError::ZeroSized {
-                context: ctx.id,
+                context: ctx.name(),
                 role,
             });
         }
@@ -133,7 +138,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         let tag = stream.shared.trace_tag;
         let pin = match ContextPin::acquire_on(ctx, stream.shared.shard) {
             Ok(pin) => pin,
-            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, pin_error(ctx, e))),
+            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, ctx.pin_error(e))),
         };
         // Counted live inside `admit`; `allocations` is derived.
         let memory = match admit(ctx, &stream.shared, bytes, role) {

@@ -124,7 +124,11 @@ impl<C: DeviceContext> ContextHandle<C> {
                 buffers,
                 index: 0,
                 undone: 0,
-                error: GovernorError::wrong_context(ContextOperation::Migrate, self.id(), stream),
+                error: GovernorError::wrong_context(
+                    ContextOperation::Migrate,
+                    self.inner.name(),
+                    stream,
+                ),
             }));
         }
         let mut moved = Vec::with_capacity(buffers.len());

@@ -30,7 +30,8 @@ pub use budget::SharedBudget;
 pub use buffer::{DeviceBuffer, ReleaseError};
 pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, Role};
 pub use error::{
-    BudgetExceeded, BudgetScope, ContextOperation, ForeignObject, GovernorError, RetireError,
+    BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
+    RetireError,
 };
 pub use handle::ContextHandle;
 pub use migrate::MigrateError;

@@ -57,7 +57,7 @@ impl<C: DeviceContext> Drop for OutsideUsage<C> {
 impl<C: DeviceContext> fmt::Debug for OutsideUsage<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutsideUsage")
-            .field("context", &self.inner.label)
+            .field("context", &self.inner.label())
             .field("bytes", &self.bytes)
             .finish()
     }

@@ -49,7 +49,7 @@
 
 use super::charges::{Charges, ReturnedAtTeardown};
 use super::config::{Admission, ContextConfig, PressureResponder, Role};
-use super::error::GovernorError;
+use super::error::{ContextName, GovernorError};
 use super::pin_source::PinSourceInner;
 use super::release::Spares;
 use super::report::TeardownReport;
@@ -109,7 +109,8 @@ pub(crate) fn sub(a: &AtomicU64, n: u64) {
 
 pub(crate) struct ContextInner<C: DeviceContext> {
     pub id: ProviderContextIdentity,
-    pub label: String,
+    /// Identity and label, as errors name the context.
+    pub name: ContextName,
     pub description: DeviceDescription,
     pub admission: Admission,
 
@@ -248,7 +249,7 @@ impl<C: DeviceContext> ContextInner<C> {
             trace: config
                 .trace
                 .map(|t| Box::new(ContextTrace::new(t, label.clone()))),
-            label,
+            name: ContextName::new(id, label),
             description,
             admission: config.admission,
             // With `FailFast` no admission waiter exists, and a settlement
@@ -454,7 +455,7 @@ impl<C: DeviceContext> ContextInner<C> {
         self.charges.quarantined(bytes);
         add(&self.counters.quarantined, 1);
         #[cfg(feature = "tracing")]
-        tracing::warn!(context = %self.id, label = %self.label, bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
+        tracing::warn!(context = %self.id, label = %self.label(), bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
         lock(&self.quarantine).push(Quarantined {
             role,
             bytes,
@@ -472,10 +473,36 @@ impl<C: DeviceContext> ContextInner<C> {
             .collect()
     }
 
+    /// The context as errors name it.
+    #[inline]
+    pub(crate) fn name(&self) -> ContextName {
+        self.name.clone()
+    }
+
+    /// The label it was registered with.
+    #[inline]
+    pub(crate) fn label(&self) -> &str {
+        self.name.label()
+    }
+
+    /// A pin refusal as the governor reports it, naming device loss when
+    /// that is why the context stopped accepting work.
+    #[cold]
+    pub(crate) fn pin_error(&self, refusal: ProviderContextPinError) -> GovernorError {
+        match refusal {
+            ProviderContextPinError::ContextUnavailable(_) if self.is_lost() => self.lost_error(),
+            refusal => GovernorError::Pin {
+                context: self.name(),
+                refusal,
+            },
+        }
+    }
+
     /// The error every operation on a lost context returns.
+    #[cold]
     pub(crate) fn lost_error(&self) -> GovernorError {
         GovernorError::DeviceLost {
-            context: self.id,
+            context: self.name(),
             reason: self.lost_reason(),
         }
     }
@@ -493,7 +520,7 @@ impl<C: DeviceContext> ContextInner<C> {
         if self.is_lost() {
             self.lost_error()
         } else {
-            GovernorError::Pin(ProviderContextPinError::ContextUnavailable(self.id))
+            self.pin_error(ProviderContextPinError::ContextUnavailable(self.id))
         }
     }
 
@@ -561,7 +588,7 @@ impl<C: DeviceContext> ContextInner<C> {
         // Admissions on the shared budget check `accepting()` too.
         self.charges.wake_shared_waiters();
         #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label, pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
+        tracing::info!(context = %self.id, label = %self.label(), pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
     }
 
     /// A [`RetireHandle`](super::RetireHandle) begins: its owner finishes
@@ -588,7 +615,7 @@ impl<C: DeviceContext> ContextInner<C> {
             return false;
         }
         #[cfg(feature = "tracing")]
-        tracing::error!(context = %self.id, label = %self.label, reason, pending = self.life.pending_count(), "memgov: device lost");
+        tracing::error!(context = %self.id, label = %self.label(), reason, pending = self.life.pending_count(), "memgov: device lost");
         self.charges.wake_shared_waiters();
         if let Some(backend) = self.enter() {
             backend.device_lost();
@@ -616,7 +643,7 @@ impl<C: DeviceContext> ContextInner<C> {
             self.lost_error()
         } else {
             GovernorError::Backend {
-                context: self.id,
+                context: self.name(),
                 source: err,
             }
         }
@@ -691,7 +718,7 @@ impl<C: DeviceContext> ContextInner<C> {
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
         forcing.revoke(reclaimed.count + streams);
         #[cfg(feature = "tracing")]
-        tracing::warn!(context = %self.id, label = %self.label, buffers = reclaimed.count, bytes = reclaimed.bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
+        tracing::warn!(context = %self.id, label = %self.label(), buffers = reclaimed.count, bytes = reclaimed.bytes, streams, "memgov: force-retire reclaimed live buffers and streams");
         if let Some(p) = panicked {
             resume_unwind(p);
         }
@@ -746,7 +773,7 @@ impl<C: DeviceContext> ContextInner<C> {
         let returned = self.return_charges_at_teardown();
         let report = TeardownReport {
             context: self.id,
-            label: self.label.clone(),
+            label: self.label().to_owned(),
             lost,
             forced: self.is_forced(),
             retired_releases: self.retired(),
@@ -771,10 +798,10 @@ impl<C: DeviceContext> ContextInner<C> {
         #[cfg(feature = "tracing")]
         match &report.backend_result {
             Ok(()) => {
-                tracing::info!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, "memgov: context torn down")
+                tracing::info!(context = %self.id, label = %self.label(), lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, "memgov: context torn down")
             }
             Err(e) => {
-                tracing::error!(context = %self.id, label = %self.label, lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
+                tracing::error!(context = %self.id, label = %self.label(), lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
             }
         }
         report

@@ -18,7 +18,7 @@ use super::error::{ContextOperation, GovernorError};
 use super::pin_source::ContextPin;
 use super::record::ContextInner;
 use super::shards::GLOBAL;
-use super::stream::{pin_error, GovernedStream};
+use super::stream::GovernedStream;
 use crate::DeviceContext;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,11 +53,11 @@ impl<C: DeviceContext> Reservation<C> {
     ) -> Result<Self, GovernorError> {
         if bytes == 0 {
             return Err(GovernorError::ZeroSized {
-                context: ctx.id,
+                context: ctx.name(),
                 role: Role::Other,
             });
         }
-        let pin = ContextPin::acquire(ctx).map_err(|e| pin_error(ctx, e))?;
+        let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
         ctx.charges
             .reserve(bytes)
             .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
@@ -111,21 +111,20 @@ impl<C: DeviceContext> Reservation<C> {
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
             return Err(GovernorError::wrong_context(
                 ContextOperation::Allocate,
-                ctx.id,
+                ctx.name(),
                 stream,
             ));
         }
         if bytes == 0 {
             return Err(GovernorError::ZeroSized {
-                context: ctx.id,
+                context: ctx.name(),
                 role,
             });
         }
-        let pin =
-            ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| pin_error(ctx, e))?;
+        let pin = ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| ctx.pin_error(e))?;
         self.take(bytes)
             .map_err(|left| GovernorError::ReservationExhausted {
-                context: ctx.id,
+                context: ctx.name(),
                 label: self.label.clone(),
                 requested: bytes,
                 left,

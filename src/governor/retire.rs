@@ -139,8 +139,7 @@ impl<C: DeviceContext> RetireHandle<C> {
 
     fn outstanding_error(&self, waited: Duration) -> RetireError {
         RetireError::Outstanding {
-            context: self.ctx.id,
-            label: self.ctx.label.clone(),
+            context: self.ctx.name(),
             waited,
             outstanding: self.outstanding(),
         }

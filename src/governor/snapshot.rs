@@ -345,7 +345,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
 
     ContextSnapshot {
         context: ctx.id,
-        label: ctx.label.clone(),
+        label: ctx.label().to_owned(),
         backend: ctx.description.backend,
         device: ctx.description.name.clone(),
         execution: ctx.description.execution,

@@ -2,7 +2,7 @@
 //! allocated on it keep it alive, so that their release on drop always has
 //! their own stream to go to.
 
-use super::error::GovernorError;
+use super::error::{ContextName, GovernorError};
 use super::pin_source::ContextPin;
 use super::record::ContextInner;
 use crate::sync::lock;
@@ -104,7 +104,7 @@ impl<C: DeviceContext> fmt::Debug for GovernedStream<C> {
 impl<C: DeviceContext> GovernedStream<C> {
     pub(crate) fn create(ctx: &Arc<ContextInner<C>>, label: String) -> Result<Self, GovernorError> {
         // Released on every failure below, and if the backend panics.
-        let pin = ContextPin::acquire(ctx).map_err(|e| pin_error(ctx, e))?;
+        let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
         let raw = match ctx.enter() {
             Some(backend) => match backend.create_stream() {
                 Ok(raw) => {
@@ -119,9 +119,9 @@ impl<C: DeviceContext> GovernedStream<C> {
                 }
             },
             None => {
-                return Err(GovernorError::Pin(
-                    crate::ProviderContextPinError::ContextUnavailable(ctx.id),
-                ))
+                return Err(
+                    ctx.pin_error(crate::ProviderContextPinError::ContextUnavailable(ctx.id))
+                )
             }
         };
         let shared = Arc::new(StreamShared {
@@ -151,7 +151,9 @@ impl<C: DeviceContext> GovernedStream<C> {
         }
         let backend = ctx
             .enter_on(self.shared.shard)
-            .ok_or(GovernorError::Reclaimed { context: ctx.id })?;
+            .ok_or_else(|| GovernorError::Reclaimed {
+                context: ctx.name(),
+            })?;
         backend.synchronize(self.shared.raw()).map_err(|e| {
             drop(backend);
             ctx.backend_failure(e)
@@ -168,23 +170,16 @@ impl<C: DeviceContext> GovernedStream<C> {
         self.shared.ctx.id
     }
 
+    /// The context this stream belongs to, by identity and label.
+    pub fn context_name(&self) -> ContextName {
+        self.shared.ctx.name()
+    }
+
     /// The raw backend stream, for queuing kernels and copies of your own.
     ///
     /// Returns `None` once the context has been force-retired. Do not destroy
     /// it: the governor does, when the last clone is dropped.
     pub fn raw(&self) -> Option<&C::Stream> {
         (!self.shared.ctx.gate_closed()).then(|| self.shared.raw())
-    }
-}
-
-/// Map a pin refusal to the governor's error, naming device loss when that is
-/// why the context stopped accepting work.
-pub(crate) fn pin_error<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    e: crate::ProviderContextPinError,
-) -> GovernorError {
-    match e {
-        crate::ProviderContextPinError::ContextUnavailable(_) if ctx.is_lost() => ctx.lost_error(),
-        e => GovernorError::Pin(e),
     }
 }
