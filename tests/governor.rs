@@ -9,8 +9,8 @@ use memgov::null::NullContext;
 use memgov::{
     Admission, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
     ContextOperation, DeviceContext, DeviceDescription, ForeignObject, Governor, GovernorError,
-    Lifecycle, MemoryInfo, PinKind, ProviderContextPinError, RetireError, RetireSignal, Role,
-    SharedBudget,
+    Lifecycle, MemoryInfo, PinKind, ProviderContextPinError, ReservationUsage, RetireError,
+    RetireSignal, Role, SharedBudget,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1589,6 +1589,51 @@ fn a_reservation_is_charged_once_and_allocates_without_charging_again() {
     assert_eq!(ctx.snapshot().charged, 0);
     let all = ctx.allocate(&s, 4 * MIB, Role::Weights).unwrap();
     drop(all);
+    s.synchronize().unwrap();
+    assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn reservations_show_in_snapshots_and_refusals_by_label() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().budget(8 * MIB).lease_chunk(0));
+    let s = ctx.create_stream("s").unwrap();
+    let big = ctx.reserve(3 * MIB, "request-17").unwrap();
+    let small = ctx.reserve(MIB, "request-18").unwrap();
+    let kv = big.allocate(&s, MIB, Role::KvCache).unwrap();
+    let snap = ctx.snapshot();
+    assert_eq!(snap.reserved, 3 * MIB);
+    assert_eq!(
+        snap.reservations,
+        vec![
+            ReservationUsage {
+                label: "request-17".into(),
+                left: 2 * MIB
+            },
+            ReservationUsage {
+                label: "request-18".into(),
+                left: MIB
+            },
+        ]
+    );
+    // The refusal tells live from reserved, and names who holds the
+    // reserved bytes.
+    let err = ctx.allocate(&s, 5 * MIB, Role::Weights).unwrap_err();
+    let b = err.budget().expect("a budget refusal");
+    assert_eq!((b.live, b.reserved), (MIB, 3 * MIB));
+    assert!(
+        err.to_string().contains(
+            "1.0 MiB (1048576 bytes) live + 3.0 MiB (3145728 bytes) reserved \
+             (2.0 MiB (2097152 bytes) by 'request-17', 1.0 MiB (1048576 bytes) by 'request-18')"
+        ),
+        "{err}"
+    );
+    // Spent and dropped reservations leave the list.
+    big.shrink(2 * MIB);
+    drop(small);
+    let snap = ctx.snapshot();
+    assert_eq!((snap.reserved, snap.reservations.len()), (0, 0));
+    drop((big, kv));
     s.synchronize().unwrap();
     assert_eq!(ctx.snapshot().charged, 0);
 }

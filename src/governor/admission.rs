@@ -471,9 +471,15 @@ fn exceeded<C: DeviceContext>(
                 )
             }
         };
-    // What is charged and neither pending, quarantined nor awaiting teardown
-    // is live.
+    // What is charged and neither reserved, pending, quarantined nor
+    // awaiting teardown is live. The device's figure counts buffers only: a
+    // reservation holds budget, not device memory.
+    let (reserved, reserved_by) = match scope {
+        BudgetScope::Device => (0, Vec::new()),
+        _ => ctx.reservations.usage(),
+    };
     let live = charged
+        .saturating_sub(reserved)
         .saturating_sub(pending)
         .saturating_sub(quarantined)
         .saturating_sub(awaiting_teardown);
@@ -483,6 +489,8 @@ fn exceeded<C: DeviceContext>(
         role,
         requested: bytes,
         live,
+        reserved,
+        reserved_by,
         pending,
         quarantined,
         awaiting_teardown,

@@ -90,8 +90,14 @@ pub struct BudgetExceeded {
     pub role: Role,
     /// Bytes asked for.
     pub requested: u64,
-    /// Bytes live in the refusing scope.
+    /// Bytes live in the refusing scope (in buffers, not reserved).
     pub live: u64,
+    /// Bytes this context holds in reservations and has not allocated yet:
+    /// charged, and so part of what the refusing scope holds. (On a shared
+    /// budget the reservations of other contexts count as their `live`.)
+    pub reserved: u64,
+    /// This context's reservations with bytes left, largest first.
+    pub reserved_by: Vec<super::reservation::ReservationUsage>,
     /// Bytes whose release is queued but has not retired.
     pub pending: u64,
     /// Bytes held in quarantine.
@@ -117,12 +123,30 @@ impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "context {}: cannot admit {} of {} under the {}: {} live + {} pending release + {} quarantined",
+            "context {}: cannot admit {} of {} under the {}: {} live",
             self.context,
             Bytes(self.requested),
             self.role,
             self.scope,
             Bytes(self.live),
+        )?;
+        if self.reserved > 0 {
+            write!(f, " + {} reserved (", Bytes(self.reserved))?;
+            const NAMED: usize = 3;
+            for (i, r) in self.reserved_by.iter().take(NAMED).enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{} by '{}'", Bytes(r.left), r.label)?;
+            }
+            if self.reserved_by.len() > NAMED {
+                write!(f, ", {} more", self.reserved_by.len() - NAMED)?;
+            }
+            f.write_str(")")?;
+        }
+        write!(
+            f,
+            " + {} pending release + {} quarantined",
             Bytes(self.pending),
             Bytes(self.quarantined),
         )?;

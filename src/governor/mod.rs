@@ -38,7 +38,7 @@ pub use migrate::MigrateError;
 pub use outside::OutsideUsage;
 pub use pin_source::ContextPin;
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
-pub use reservation::Reservation;
+pub use reservation::{Reservation, ReservationUsage};
 pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
     ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,

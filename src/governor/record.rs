@@ -128,6 +128,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub counters: Counters,
     /// Bytes reported as used outside memgov's allocations (see `outside.rs`).
     pub outside: super::outside::Outside,
+    /// The live reservations, for snapshots and refusals.
+    pub reservations: super::reservation::Reservations,
     /// Live streams. Changed only under a gate claim (`stream_created`,
     /// `stream_left`), so that `force` reads a stable count once the gate
     /// has drained.
@@ -264,6 +266,7 @@ impl<C: DeviceContext> ContextInner<C> {
             stats: Stats::new(config.exact_peak),
             counters: Counters::default(),
             outside: Default::default(),
+            reservations: Default::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
             streams: Mutex::new(Vec::new()),

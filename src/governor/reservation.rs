@@ -10,6 +10,11 @@
 //!
 //! A reservation holds a pin, like a buffer: `retire().wait` waits for it to
 //! be dropped.
+//!
+//! The context's record lists its live reservations ([`Reservations`]), so
+//! that snapshots and refusals say who holds the reserved bytes ("3.0 MiB
+//! reserved by 'request-17'"). The list is touched when a reservation is made
+//! and dropped, never when an allocation is made out of one.
 
 use super::admission::{allocate_charged, reserve_refused};
 use super::buffer::DeviceBuffer;
@@ -19,26 +24,87 @@ use super::pin_source::ContextPin;
 use super::record::ContextInner;
 use super::shards::GLOBAL;
 use super::stream::GovernedStream;
+use crate::sync::lock;
 use crate::DeviceContext;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// What the context's record sees of one reservation: its label and the
+/// bytes it has left.
+pub(crate) struct Reserved {
+    label: Box<str>,
+    /// Bytes reserved and not yet allocated: charged to the budgets.
+    left: AtomicU64,
+}
+
+/// One live reservation as snapshots and refusals list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ReservationUsage {
+    /// The label given at [`reserve`](crate::ContextHandle::reserve).
+    pub label: String,
+    /// Bytes reserved and not yet allocated.
+    pub left: u64,
+}
+
+/// The live reservations of one context, keyed by the order they were made.
+#[derive(Default)]
+pub(crate) struct Reservations(Mutex<RegistryInner>);
+
+#[derive(Default)]
+struct RegistryInner {
+    next: u64,
+    live: HashMap<u64, Arc<Reserved>>,
+}
+
+impl Reservations {
+    fn insert(&self, reserved: Arc<Reserved>) -> u64 {
+        let mut inner = lock(&self.0);
+        let key = inner.next;
+        inner.next += 1;
+        inner.live.insert(key, reserved);
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        lock(&self.0).live.remove(&key);
+    }
+
+    /// The live reservations with bytes left, largest first (ties by label),
+    /// and their total.
+    pub(crate) fn usage(&self) -> (u64, Vec<ReservationUsage>) {
+        let mut list: Vec<ReservationUsage> = lock(&self.0)
+            .live
+            .values()
+            .map(|r| ReservationUsage {
+                label: r.label.to_string(),
+                left: r.left.load(Ordering::Acquire),
+            })
+            .filter(|r| r.left > 0)
+            .collect();
+        list.sort_by(|a, b| b.left.cmp(&a.left).then_with(|| a.label.cmp(&b.label)));
+        (list.iter().map(|r| r.left).sum(), list)
+    }
+}
 
 /// Bytes charged to a context's budget (and its shared budget) ahead of the
 /// allocations that will use them: see
 /// [`ContextHandle::reserve`](crate::ContextHandle::reserve).
 pub struct Reservation<C: DeviceContext> {
     ctx: Arc<ContextInner<C>>,
-    label: String,
-    /// Bytes reserved and not yet allocated: charged to the budgets.
-    left: AtomicU64,
+    /// Label and bytes left, shared with the context's list.
+    state: Arc<Reserved>,
+    /// Its key in the context's list.
+    key: u64,
 }
 
 impl<C: DeviceContext> fmt::Debug for Reservation<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
             .field("context", &self.ctx.id)
-            .field("label", &self.label)
+            .field("label", &self.label())
             .field("left", &self.left())
             .finish()
     }
@@ -63,26 +129,32 @@ impl<C: DeviceContext> Reservation<C> {
             .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
         // The pin is the reservation's until it is dropped.
         pin.transfer();
+        let state = Arc::new(Reserved {
+            label: label.into(),
+            left: AtomicU64::new(bytes),
+        });
+        let key = ctx.reservations.insert(state.clone());
         Ok(Self {
             ctx: ctx.clone(),
-            label: label.to_owned(),
-            left: AtomicU64::new(bytes),
+            state,
+            key,
         })
     }
 
     /// The label given at [`reserve`](crate::ContextHandle::reserve).
     pub fn label(&self) -> &str {
-        &self.label
+        &self.state.label
     }
 
     /// Bytes reserved and not yet allocated.
     pub fn left(&self) -> u64 {
-        self.left.load(Ordering::Acquire)
+        self.state.left.load(Ordering::Acquire)
     }
 
     /// Take `bytes` out of what is left, or say how much is left.
     fn take(&self, bytes: u64) -> Result<(), u64> {
-        self.left
+        self.state
+            .left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
                 left.checked_sub(bytes)
             })
@@ -125,7 +197,7 @@ impl<C: DeviceContext> Reservation<C> {
         self.take(bytes)
             .map_err(|left| GovernorError::ReservationExhausted {
                 context: ctx.name(),
-                label: self.label.clone(),
+                label: self.label().to_owned(),
                 requested: bytes,
                 left,
             })?;
@@ -155,7 +227,7 @@ impl<C: DeviceContext> Reservation<C> {
             .charges
             .reserve(bytes)
             .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
-        self.left.fetch_add(bytes, Ordering::AcqRel);
+        self.state.left.fetch_add(bytes, Ordering::AcqRel);
         Ok(())
     }
 
@@ -164,6 +236,7 @@ impl<C: DeviceContext> Reservation<C> {
     pub fn shrink(&self, bytes: u64) -> u64 {
         let mut given = 0;
         let _ = self
+            .state
             .left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
                 given = left.min(bytes);
@@ -177,9 +250,11 @@ impl<C: DeviceContext> Reservation<C> {
 impl<C: DeviceContext> Drop for Reservation<C> {
     fn drop(&mut self) {
         // `&mut self`: no allocation is taking bytes out any more, so what
-        // is left goes back exactly once.
-        let left = std::mem::take(self.left.get_mut());
+        // is left goes back exactly once (the swap leaves 0 for the list,
+        // which may still read the state until it is removed).
+        let left = self.state.left.swap(0, Ordering::AcqRel);
         self.ctx.charges.unreserve(left);
+        self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
     }
 }
@@ -193,6 +268,6 @@ struct Taken<'a, C: DeviceContext> {
 
 impl<C: DeviceContext> Drop for Taken<'_, C> {
     fn drop(&mut self) {
-        self.from.left.fetch_add(self.bytes, Ordering::AcqRel);
+        self.from.state.left.fetch_add(self.bytes, Ordering::AcqRel);
     }
 }

@@ -6,6 +6,7 @@
 use super::config::Role;
 use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, PinKind, TeardownReport};
+use super::reservation::ReservationUsage;
 use crate::{DeviceContext, Execution, ProviderContextIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -189,6 +190,11 @@ pub struct ContextSnapshot {
     ///
     /// [`ContextHandle::report_outside`]: super::ContextHandle::report_outside
     pub outside_bytes: u64,
+    /// Bytes reserved and not yet allocated, over all live reservations:
+    /// part of `charged`, not of any role's live bytes.
+    pub reserved: u64,
+    /// The live reservations with bytes left, largest first.
+    pub reservations: Vec<ReservationUsage>,
     /// Usage by role, indexed like [`Role::ALL`].
     pub by_role: [RoleUsage; 5],
     /// Quarantined releases with reasons.
@@ -234,6 +240,8 @@ impl std::fmt::Debug for ContextSnapshot {
             peak_exact,
             peak_budget_held,
             outside_bytes,
+            reserved,
+            reservations,
             by_role,
             quarantine,
             pins,
@@ -256,6 +264,8 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("peak_exact", peak_exact)
             .field("peak_budget_held", peak_budget_held)
             .field("outside_bytes", outside_bytes)
+            .field("reserved", reserved)
+            .field("reservations", reservations)
             .field("by_role", &ByRole(by_role))
             .field("quarantine", quarantine)
             .field("pins", pins)
@@ -342,6 +352,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     };
     let c = &ctx.counters;
     let (peak, peak_exact) = ctx.stats.peak_live();
+    let (reserved, reservations) = ctx.reservations.usage();
 
     ContextSnapshot {
         context: ctx.id,
@@ -359,6 +370,8 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         peak_exact,
         peak_budget_held: ctx.charges.peak_held(),
         outside_bytes: ctx.outside.bytes(),
+        reserved,
+        reservations,
         by_role,
         quarantine: ctx
             .quarantine_entries()
