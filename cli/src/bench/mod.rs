@@ -150,6 +150,10 @@ pub const ROWS: &[RowSpec] = &[
         measure: |p| vec![rows::any_null_cycle(p)],
     },
     RowSpec {
+        key: "reserve-cycle",
+        measure: |p| vec![rows::reserve_cycle(p)],
+    },
+    RowSpec {
         key: "host-cycle",
         measure: |p| vec![rows::host_cycle(p)],
     },

@@ -181,6 +181,37 @@ pub fn host_cycle(plan: &Plan) -> Row {
     row.with(v, Some(b), Some(v / b))
 }
 
+/// Allocating out of a reservation and releasing, against the plain
+/// governed cycle on the same null backend: what a reservation adds to (or
+/// saves from) the hot path. The reservation is made once, large enough for
+/// every cycle the row runs (each release gives its bytes to the budget,
+/// not back to the reservation).
+pub fn reserve_cycle(plan: &Plan) -> Row {
+    let gov = Governor::new();
+    let ctx = gov.register(NullContext::new(), ContextConfig::new());
+    let stream = ctx.create_stream("bench").expect("null stream");
+    let reservation = ctx.reserve(1 << 60, "bench").expect("reserve");
+    let mut out_of_reservation = |n: u64| {
+        for _ in 0..n {
+            drop(black_box(reservation.allocate(
+                &stream,
+                black_box(4096),
+                Role::KvCache,
+            )));
+        }
+    };
+    let mut plain = |n: u64| null_cycles(&ctx, &stream, n);
+    let (v, b) = compare(plan, &mut out_of_reservation, &mut plain);
+    Row::new(
+        "reserve-cycle",
+        "allocate out of a reservation + release, null backend",
+        "plain governed allocate + release on the same context",
+        "ns",
+        Target::AtMost(1.1),
+    )
+    .with(v, Some(b), Some(v / b))
+}
+
 /// The null cycle through `AnyContext` (one `match` per backend call)
 /// against the same cycle on `NullContext` directly.
 pub fn any_null_cycle(plan: &Plan) -> Row {
