@@ -12,6 +12,10 @@
 //!   the charged total, pins by kind;
 //! * every operation returns the result the model predicts (each error by
 //!   variant);
+//! * reservations (reserve, allocate out of one, grow, shrink, drop): the
+//!   reserved bytes are charged, a grow the budget refuses changes nothing,
+//!   an allocation out of a reservation never takes more than it has left,
+//!   and what is left goes back exactly once when it is dropped;
 //! * teardown runs at most once, only when the model says everything is
 //!   drained, with no release in flight on a healthy device; the host probe
 //!   sees no double free and no free after teardown;
@@ -33,7 +37,7 @@ use memgov::BackendProbe;
 use memgov::{
     BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     GovernorError, Lifecycle, ProviderContextPin, ProviderContextPinError,
-    ProviderContextPinSource, RetireError, Role,
+    ProviderContextPinSource, Reservation, RetireError, Role,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +52,27 @@ const BUDGET: u64 = 1 << 20;
 enum Step {
     CreateStream,
     DropStream(usize),
+    /// `reserve(bytes)`.
+    Reserve(u64),
+    /// `Reservation::allocate` out of a live reservation.
+    AllocateReserved {
+        res: usize,
+        stream: usize,
+        bytes: u64,
+        role: usize,
+    },
+    /// `Reservation::grow`.
+    Grow {
+        res: usize,
+        bytes: u64,
+    },
+    /// `Reservation::shrink`.
+    Shrink {
+        res: usize,
+        bytes: u64,
+    },
+    /// Drop a reservation: what is left goes back.
+    DropReservation(usize),
     Allocate {
         stream: usize,
         bytes: u64,
@@ -113,7 +138,14 @@ fn step() -> impl Strategy<Value = Step> {
         Just(Operation::Read),
         Just(Operation::CreateStream),
     ];
+    let small =
+        prop_oneof![4 => 1u64..=(64 << 10), 1 => Just(0u64), 1 => (BUDGET / 4)..=BUDGET + 1];
     prop_oneof![
+        4 => small.clone().prop_map(Step::Reserve),
+        8 => (idx.clone(), idx.clone(), 0u64..=(48 << 10), 0usize..5).prop_map(|(res, stream, bytes, role)| Step::AllocateReserved { res, stream, bytes, role }),
+        2 => (idx.clone(), small.clone()).prop_map(|(res, bytes)| Step::Grow { res, bytes }),
+        2 => (idx.clone(), small).prop_map(|(res, bytes)| Step::Shrink { res, bytes }),
+        3 => idx.clone().prop_map(Step::DropReservation),
         6 => Just(Step::CreateStream),
         3 => idx.clone().prop_map(Step::DropStream),
         30 => (idx.clone(), bytes, 0usize..5).prop_map(|(stream, bytes, role)| Step::Allocate { stream, bytes, role }),
@@ -161,17 +193,24 @@ struct Model {
     /// Bytes whose free never ran (abandoned, reclaimed by force, released on
     /// a lost device): charged until teardown.
     awaiting: u64,
+    /// What each live reservation has left, in `World::reservations` order;
+    /// each holds a pin.
+    reserved: Vec<u64>,
 }
 
 impl Model {
     fn pins(&self) -> u64 {
-        self.streams_alive + self.live.iter().map(|l| l.1).sum::<u64>() + self.external
+        self.streams_alive
+            + self.live.iter().map(|l| l.1).sum::<u64>()
+            + self.external
+            + self.reserved.len() as u64
     }
     fn charged(&self) -> u64 {
         (0..5)
             .map(|i| self.live[i].0 + self.pending[i].0 + self.quarantined[i].0)
             .sum::<u64>()
             + self.awaiting
+            + self.reserved.iter().sum::<u64>()
     }
     fn closed(&self) -> bool {
         self.retiring || self.lost
@@ -215,6 +254,7 @@ struct World {
     bufs: Vec<Buf>,
     source: Arc<dyn ProviderContextPinSource>,
     pins: Vec<Box<dyn ProviderContextPin>>,
+    reservations: Vec<Reservation<Backend>>,
     second_stream: GovernedStream<Backend>,
     _second_gov: Governor<Backend>,
     m: Model,
@@ -271,6 +311,7 @@ impl World {
             bufs: Vec::new(),
             source,
             pins: Vec::new(),
+            reservations: Vec::new(),
             second_stream,
             _second_gov: second_gov,
             m: Model {
@@ -544,6 +585,180 @@ impl World {
                             });
                         }
                     }
+                }
+            }
+            Step::Reserve(bytes) => {
+                let r = self.ctx.reserve(*bytes, "r");
+                let m = &mut self.m;
+                if *bytes == 0 {
+                    prop_assert!(matches!(r, Err(GovernorError::ZeroSized { .. })), "{r:?}");
+                } else if m.closed() || m.lost_flag {
+                    if m.lost_flag {
+                        prop_assert!(matches!(r, Err(GovernorError::DeviceLost { .. })), "{r:?}");
+                    } else {
+                        prop_assert!(
+                            matches!(
+                                r,
+                                Err(GovernorError::Pin {
+                                    refusal: ProviderContextPinError::ContextUnavailable(_),
+                                    ..
+                                })
+                            ),
+                            "{r:?}"
+                        );
+                    }
+                } else if m.pins() >= m.max_pins {
+                    prop_assert!(
+                        matches!(
+                            r,
+                            Err(GovernorError::Pin {
+                                refusal: ProviderContextPinError::PinCountOverflow(_),
+                                ..
+                            })
+                        ),
+                        "{r:?}"
+                    );
+                } else if m.charged().checked_add(*bytes).is_none_or(|c| c > BUDGET) {
+                    match &r {
+                        Err(GovernorError::BudgetExceeded(b)) => {
+                            prop_assert_eq!(&b.scope, &BudgetScope::Context);
+                            prop_assert_eq!(b.available, BUDGET - m.charged());
+                            prop_assert_eq!(b.reserved, m.reserved.iter().sum::<u64>());
+                        }
+                        other => prop_assert!(false, "expected BudgetExceeded, got {other:?}"),
+                    }
+                } else {
+                    let res =
+                        r.map_err(|e| TestCaseError::fail(format!("reserve {bytes}: {e}")))?;
+                    prop_assert_eq!(res.left(), *bytes);
+                    self.reservations.push(res);
+                    m.reserved.push(*bytes);
+                }
+            }
+            Step::AllocateReserved {
+                res,
+                stream,
+                bytes,
+                role: ri,
+            } => {
+                if self.reservations.is_empty() || self.streams.is_empty() {
+                    return Ok(());
+                }
+                let k = res % self.reservations.len();
+                let h = stream % self.streams.len();
+                let r = self.reservations[k].allocate(&self.streams[h], *bytes, role(*ri));
+                let m = &mut self.m;
+                let left = m.reserved[k];
+                if *bytes == 0 {
+                    prop_assert!(matches!(r, Err(GovernorError::ZeroSized { .. })), "{r:?}");
+                } else if m.closed() || m.lost_flag {
+                    prop_assert!(
+                        matches!(
+                            r,
+                            Err(GovernorError::DeviceLost { .. } | GovernorError::Pin { .. })
+                        ),
+                        "{r:?}"
+                    );
+                } else if m.pins() >= m.max_pins {
+                    prop_assert!(
+                        matches!(
+                            r,
+                            Err(GovernorError::Pin {
+                                refusal: ProviderContextPinError::PinCountOverflow(_),
+                                ..
+                            })
+                        ),
+                        "{r:?}"
+                    );
+                } else if *bytes > left {
+                    match &r {
+                        Err(GovernorError::ReservationExhausted {
+                            requested, left: l, ..
+                        }) => prop_assert_eq!((*requested, *l), (*bytes, left)),
+                        other => {
+                            prop_assert!(false, "expected ReservationExhausted, got {other:?}")
+                        }
+                    }
+                } else {
+                    match m.take(Operation::Allocate) {
+                        Some(Fault::Error) => {
+                            prop_assert!(matches!(r, Err(GovernorError::Backend { .. })), "{r:?}")
+                        }
+                        Some(Fault::OutOfMemory) => match &r {
+                            Err(GovernorError::BudgetExceeded(b)) => {
+                                prop_assert_eq!(&b.scope, &BudgetScope::Device)
+                            }
+                            other => {
+                                prop_assert!(false, "expected device BudgetExceeded, got {other:?}")
+                            }
+                        },
+                        Some(Fault::DeviceLost) => {
+                            prop_assert!(
+                                matches!(r, Err(GovernorError::DeviceLost { .. })),
+                                "{r:?}"
+                            );
+                            self.lose();
+                        }
+                        _ => {
+                            let buf = r.map_err(|e| {
+                                TestCaseError::fail(format!("allocate {bytes} reserved: {e}"))
+                            })?;
+                            let slot = self.stream_slot[h];
+                            self.slot_buffers[slot] += 1;
+                            self.m.reserved[k] -= bytes;
+                            RESERVED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+                            self.m.live[*ri % 5].0 += bytes;
+                            self.m.live[*ri % 5].1 += 1;
+                            self.bufs.push(Buf {
+                                buf,
+                                stream: slot,
+                                bytes: *bytes,
+                                role: *ri % 5,
+                                reclaimed: false,
+                            });
+                        }
+                    }
+                }
+                if let Some(left) = self.m.reserved.get(k) {
+                    prop_assert_eq!(self.reservations[k].left(), *left, "left after allocate");
+                }
+            }
+            Step::Grow { res, bytes } => {
+                if self.reservations.is_empty() {
+                    return Ok(());
+                }
+                let k = res % self.reservations.len();
+                let r = self.reservations[k].grow(*bytes);
+                let m = &mut self.m;
+                if m.charged().checked_add(*bytes).is_none_or(|c| c > BUDGET) {
+                    match &r {
+                        Err(GovernorError::BudgetExceeded(b)) => {
+                            prop_assert_eq!(&b.scope, &BudgetScope::Context)
+                        }
+                        other => prop_assert!(false, "expected BudgetExceeded, got {other:?}"),
+                    }
+                } else {
+                    prop_assert!(r.is_ok(), "grow by {bytes}: {r:?}");
+                    m.reserved[k] += bytes;
+                }
+                // A refused grow changed nothing.
+                prop_assert_eq!(self.reservations[k].left(), self.m.reserved[k]);
+            }
+            Step::Shrink { res, bytes } => {
+                if self.reservations.is_empty() {
+                    return Ok(());
+                }
+                let k = res % self.reservations.len();
+                let given = self.reservations[k].shrink(*bytes);
+                let expect = self.m.reserved[k].min(*bytes);
+                prop_assert_eq!(given, expect, "shrink gives back at most what is left");
+                self.m.reserved[k] -= given;
+            }
+            Step::DropReservation(i) => {
+                if !self.reservations.is_empty() {
+                    let k = i % self.reservations.len();
+                    drop(self.reservations.swap_remove(k));
+                    self.m.reserved.swap_remove(k);
                 }
             }
             Step::AllocateOnForeignStream => {
@@ -837,6 +1052,14 @@ impl World {
             );
         }
         prop_assert_eq!(s.charged, self.m.charged(), "charged");
+        prop_assert_eq!(
+            (s.reserved, s.reservations.len()),
+            (
+                self.m.reserved.iter().sum::<u64>(),
+                self.m.reserved.iter().filter(|l| **l > 0).count()
+            ),
+            "reserved"
+        );
         prop_assert_eq!(s.awaiting_teardown, self.m.awaiting, "awaiting teardown");
         prop_assert_eq!(s.pins.external, self.m.external, "external pins");
         prop_assert_eq!(s.pins.streams, self.m.streams_alive, "stream pins");
@@ -888,6 +1111,8 @@ impl World {
         }
         self.pins.clear();
         self.m.external = 0;
+        self.reservations.clear();
+        self.m.reserved.clear();
         for slot in std::mem::take(&mut self.stream_slot) {
             self.slot_handle[slot] = false;
             self.slot_unref(slot);
@@ -949,6 +1174,7 @@ static INJECTED: AtomicU64 = AtomicU64::new(0);
 static LOST: AtomicU64 = AtomicU64::new(0);
 static FORCED: AtomicU64 = AtomicU64::new(0);
 static QUARANTINED: AtomicU64 = AtomicU64::new(0);
+static RESERVED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn run_case(steps: &[Step], max_pins: u64) -> Result<(), TestCaseError> {
     let mut w = World::new(max_pins);
@@ -1002,12 +1228,13 @@ fn governor_matches_reference_model() {
     }
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     println!(
-        "properties: {cases} cases, {} steps, {} allocations, {} faults injected, {} quarantined releases, {} cases lost the device, {} forced, {} torn down mid-sequence; {:.1?}",
-        ld(&STEPS), ld(&ALLOCATED), ld(&INJECTED), ld(&QUARANTINED), ld(&LOST), ld(&FORCED), ld(&TEARDOWNS_BEFORE_END), start.elapsed()
+        "properties: {cases} cases, {} steps, {} allocations ({} out of reservations), {} faults injected, {} quarantined releases, {} cases lost the device, {} forced, {} torn down mid-sequence; {:.1?}",
+        ld(&STEPS), ld(&ALLOCATED), ld(&RESERVED_ALLOCATIONS), ld(&INJECTED), ld(&QUARANTINED), ld(&LOST), ld(&FORCED), ld(&TEARDOWNS_BEFORE_END), start.elapsed()
     );
     if cases >= 100 {
         for (what, n) in [
             ("allocations", ld(&ALLOCATED)),
+            ("allocations out of reservations", ld(&RESERVED_ALLOCATIONS)),
             ("faults", ld(&INJECTED)),
             ("quarantines", ld(&QUARANTINED)),
             ("lost", ld(&LOST)),

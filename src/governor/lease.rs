@@ -34,7 +34,7 @@
 
 use super::budget::{Budget, Refusal};
 use super::shards::SHARDS;
-use crate::sync::{Leases as Slots, Pool};
+use crate::sync::Leases as Slots;
 
 /// The default lease chunk: 2 MiB, the size of the smallest large-page
 /// allocation most GPU drivers make.
@@ -43,20 +43,6 @@ pub(crate) const DEFAULT_CHUNK: u64 = 2 << 20;
 /// The default pin lease chunk: enough claims that a stream allocating
 /// and releasing a few dozen buffers at a time stays on its own lease.
 pub(crate) const DEFAULT_PIN_CHUNK: u64 = 32;
-
-impl Pool for Budget {
-    type Refusal = Refusal;
-
-    #[inline]
-    fn try_take(&self, n: u64, credit: u64) -> Result<(), Refusal> {
-        self.try_charge(n, credit)
-    }
-
-    #[inline]
-    fn put(&self, n: u64) {
-        self.uncharge(n);
-    }
-}
 
 /// The budget leases of one context: the shared lease protocol
 /// (`sync::Leases`) over the context's [`Budget`].

@@ -24,11 +24,10 @@ use super::pin_source::ContextPin;
 use super::record::ContextInner;
 use super::shards::GLOBAL;
 use super::stream::GovernedStream;
-use crate::sync::lock;
+use crate::sync::{lock, Allowance};
 use crate::DeviceContext;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What the context's record sees of one reservation: its label and the
@@ -36,7 +35,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct Reserved {
     label: Box<str>,
     /// Bytes reserved and not yet allocated: charged to the budgets.
-    left: AtomicU64,
+    left: Allowance,
 }
 
 /// One live reservation as snapshots and refusals list it.
@@ -80,7 +79,7 @@ impl Reservations {
             .values()
             .map(|r| ReservationUsage {
                 label: r.label.to_string(),
-                left: r.left.load(Ordering::Acquire),
+                left: r.left.left(),
             })
             .filter(|r| r.left > 0)
             .collect();
@@ -131,7 +130,7 @@ impl<C: DeviceContext> Reservation<C> {
         pin.transfer();
         let state = Arc::new(Reserved {
             label: label.into(),
-            left: AtomicU64::new(bytes),
+            left: Allowance::new(bytes),
         });
         let key = ctx.reservations.insert(state.clone());
         Ok(Self {
@@ -148,17 +147,7 @@ impl<C: DeviceContext> Reservation<C> {
 
     /// Bytes reserved and not yet allocated.
     pub fn left(&self) -> u64 {
-        self.state.left.load(Ordering::Acquire)
-    }
-
-    /// Take `bytes` out of what is left, or say how much is left.
-    fn take(&self, bytes: u64) -> Result<(), u64> {
-        self.state
-            .left
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-                left.checked_sub(bytes)
-            })
-            .map(drop)
+        self.state.left.left()
     }
 
     /// Allocate `bytes` for `role` on `stream` out of the reservation: the
@@ -194,7 +183,9 @@ impl<C: DeviceContext> Reservation<C> {
             });
         }
         let pin = ContextPin::acquire_on(ctx, stream.shared.shard).map_err(|e| ctx.pin_error(e))?;
-        self.take(bytes)
+        self.state
+            .left
+            .take(bytes)
             .map_err(|left| GovernorError::ReservationExhausted {
                 context: ctx.name(),
                 label: self.label().to_owned(),
@@ -227,21 +218,14 @@ impl<C: DeviceContext> Reservation<C> {
             .charges
             .reserve(bytes)
             .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
-        self.state.left.fetch_add(bytes, Ordering::AcqRel);
+        self.state.left.add(bytes);
         Ok(())
     }
 
     /// Give `bytes` of the unused reservation back to the budgets (at most
     /// what is left). Returns how many were given back.
     pub fn shrink(&self, bytes: u64) -> u64 {
-        let mut given = 0;
-        let _ = self
-            .state
-            .left
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-                given = left.min(bytes);
-                Some(left - given)
-            });
+        let given = self.state.left.shrink(bytes);
         self.ctx.charges.unreserve(given);
         given
     }
@@ -250,9 +234,9 @@ impl<C: DeviceContext> Reservation<C> {
 impl<C: DeviceContext> Drop for Reservation<C> {
     fn drop(&mut self) {
         // `&mut self`: no allocation is taking bytes out any more, so what
-        // is left goes back exactly once (the swap leaves 0 for the list,
+        // is left goes back exactly once (`close` leaves 0 for the list,
         // which may still read the state until it is removed).
-        let left = self.state.left.swap(0, Ordering::AcqRel);
+        let left = self.state.left.close();
         self.ctx.charges.unreserve(left);
         self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
@@ -268,6 +252,6 @@ struct Taken<'a, C: DeviceContext> {
 
 impl<C: DeviceContext> Drop for Taken<'_, C> {
     fn drop(&mut self) {
-        self.from.state.left.fetch_add(self.bytes, Ordering::AcqRel);
+        self.from.state.left.add(self.bytes);
     }
 }

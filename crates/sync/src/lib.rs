@@ -29,6 +29,9 @@
 //!   [`LeaseSlots`]: units leased to shards of streams, one cache line each,
 //!   that a refusal elsewhere takes back while their holders are taking from
 //!   them, with refusals exact, and that retire or teardown close for good.
+//! * [`BudgetWord`]: bytes charged against a limit, one compare-and-swap per
+//!   charge that never passes the limit; a [`Pool`] for leases.
+//!   [`Allowance`]: a reservation's unused bytes, each handed out once.
 //! * [`Slot`]: one cached box handed between threads by compare-and-swap,
 //!   closed for good by retire (the governor recycles the boxes of pending
 //!   releases through one per shard).
@@ -37,6 +40,7 @@
 //!   teardown, the background reap) that the governor drives and the loom
 //!   models check.
 
+mod budget;
 mod claim;
 mod lease;
 mod lifecycle;
@@ -44,6 +48,7 @@ mod notify;
 mod slot;
 mod word;
 
+pub use budget::{Allowance, BudgetWord, Refusal};
 pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `LeaseSlots`, `Take` and `CountWord` are named by the loom model
 // (`tests/loom.rs`); the governor reaches them through `Leases` and

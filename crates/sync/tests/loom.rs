@@ -68,7 +68,9 @@ use memgov_sync as sync;
 
 #[cfg(loom)]
 mod model {
-    use super::sync::{AcquireError, Leases, Lifecycle, Notifier, Phase, Pool, Teardown};
+    use super::sync::{
+        AcquireError, Allowance, BudgetWord, Leases, Lifecycle, Notifier, Phase, Teardown,
+    };
     use loom::sync::atomic::{AtomicBool, AtomicUsize};
     use loom::sync::Arc;
     use loom::thread;
@@ -745,56 +747,21 @@ mod model {
         });
     }
 
-    /// The budget of `budget.rs`, reduced to the charged word: a charge is
-    /// one compare-and-swap against the limit, an uncharge one `fetch_sub`.
-    struct ModelBudget {
-        charged: loom::sync::atomic::AtomicU64,
-        limit: u64,
-    }
-
-    impl ModelBudget {
-        fn try_charge(&self, bytes: u64) -> bool {
-            let mut cur = self.charged.load(Relaxed);
-            loop {
-                if cur + bytes > self.limit {
-                    return false;
-                }
-                match self
-                    .charged
-                    .compare_exchange_weak(cur, cur + bytes, AcqRel, Relaxed)
-                {
-                    Ok(_) => return true,
-                    Err(actual) => cur = actual,
-                }
-            }
+    /// The shipped budget word (`BudgetWord`, the governor's `Budget`), with
+    /// `charged` bytes already charged.
+    fn budget(limit: u64, charged: u64) -> BudgetWord {
+        let b = BudgetWord::new(limit);
+        if charged > 0 {
+            b.try_charge(charged, 0).expect("the initial charge fits");
         }
-
-        fn uncharge(&self, bytes: u64) {
-            if bytes > 0 {
-                self.charged.fetch_sub(bytes, AcqRel);
-            }
-        }
-    }
-
-    impl Pool for ModelBudget {
-        type Refusal = ();
-        fn try_take(&self, n: u64, _credit: u64) -> Result<(), ()> {
-            if self.try_charge(n) {
-                Ok(())
-            } else {
-                Err(())
-            }
-        }
-        fn put(&self, n: u64) {
-            self.uncharge(n);
-        }
+        b
     }
 
     /// A context's budget leases: the shipped lease protocol
     /// (`sync::Leases`, as `lease.rs` and `ContextInner::charge` drive it)
-    /// over the model budget, two shards, chunk `CHUNK`.
+    /// over the shipped budget word, two shards, chunk `CHUNK`.
     struct Leased {
-        budget: ModelBudget,
+        budget: BudgetWord,
         slots: Leases<2>,
     }
 
@@ -803,10 +770,7 @@ mod model {
     impl Leased {
         fn new(limit: u64) -> Self {
             Self {
-                budget: ModelBudget {
-                    charged: loom::sync::atomic::AtomicU64::new(0),
-                    limit,
-                },
+                budget: budget(limit, 0),
                 slots: Leases::new(CHUNK),
             }
         }
@@ -856,10 +820,10 @@ mod model {
                     "3 bytes refused while only 2 were allocated"
                 );
                 holder.join().unwrap();
-                let charged = ctx.budget.charged.load(Acquire);
+                let charged = ctx.budget.charged();
                 assert_eq!(charged, 5 + ctx.slots.idle());
                 ctx.close();
-                assert_eq!(ctx.budget.charged.load(Acquire), 5);
+                assert_eq!(ctx.budget.charged(), 5);
                 assert_eq!(ctx.slots.idle(), 0);
             },
         );
@@ -885,7 +849,7 @@ mod model {
                 ctx.close();
                 stream.join().unwrap();
                 assert_eq!(ctx.slots.idle(), 0, "bytes leased after close");
-                assert_eq!(ctx.budget.charged.load(Acquire), 1);
+                assert_eq!(ctx.budget.charged(), 1);
             },
         );
     }
@@ -1035,10 +999,7 @@ mod model {
             || {
                 let ctx = Arc::new(Ctx::new(4));
                 // The budget is full: one byte, held by a pending release.
-                let budget = Arc::new(ModelBudget {
-                    charged: loom::sync::atomic::AtomicU64::new(1),
-                    limit: 1,
-                });
+                let budget = Arc::new(budget(1, 1));
                 let pending = Arc::new(loom::sync::atomic::AtomicU64::new(1));
                 let (c, b, p) = (ctx.clone(), budget.clone(), pending.clone());
                 let settler = thread::spawn(move || {
@@ -1055,7 +1016,7 @@ mod model {
                 loom::sync::atomic::fence(SeqCst);
                 let seen = life.settle_epoch.epoch();
                 let was_pending = pending.load(Acquire);
-                let mut admitted = budget.try_charge(1);
+                let mut admitted = budget.try_charge(1, 0).is_ok();
                 if !admitted {
                     assert!(
                         was_pending > 0,
@@ -1064,7 +1025,7 @@ mod model {
                     assert!(life
                         .settled
                         .wait_until(|| life.settle_epoch.epoch() != seen, None));
-                    admitted = budget.try_charge(1);
+                    admitted = budget.try_charge(1, 0).is_ok();
                 }
                 life.settle_epoch.unregister();
                 assert!(admitted, "woken by the settlement, yet no room");
@@ -1097,10 +1058,7 @@ mod model {
                 ctx.begin_retire();
                 let retired = Arc::new(Notifier::new());
                 // The budget is full: one byte, quarantined by the member.
-                let budget = Arc::new(ModelBudget {
-                    charged: loom::sync::atomic::AtomicU64::new(1),
-                    limit: 1,
-                });
+                let budget = Arc::new(budget(1, 1));
                 let quarantined = Arc::new(loom::sync::atomic::AtomicU64::new(1));
                 let epoch = Arc::new(loom::sync::atomic::AtomicU64::new(0));
                 let (c, b, q, r, e) = (
@@ -1130,17 +1088,130 @@ mod model {
                     Phase::Terminating => held.max(1),
                     Phase::Active | Phase::Terminated => 0,
                 };
-                let mut admitted = budget.try_charge(1);
+                let mut admitted = budget.try_charge(1, 0).is_ok();
                 if !admitted {
                     assert!(
                         returning > 0,
                         "refused with nothing coming back while the room was free"
                     );
                     assert!(retired.wait_until(|| epoch.load(SeqCst) != seen, None));
-                    admitted = budget.try_charge(1);
+                    admitted = budget.try_charge(1, 0).is_ok();
                 }
                 assert!(admitted, "woken by the teardown, yet no room");
                 teardown.join().unwrap();
+            },
+        );
+    }
+
+    /// A reservation as `reservation.rs` keeps it: a pin, bytes charged to
+    /// the budget up front, and their unused part in an [`Allowance`].
+    /// Dropped by the last holder: what is left goes back to the budget,
+    /// then the pin (`Drop for Reservation`).
+    struct Res {
+        ctx: Arc<Ctx>,
+        budget: Arc<BudgetWord>,
+        left: Allowance,
+        /// Bytes handed to allocations and not yet released (the model's
+        /// check, not the reservation's).
+        handed: loom::sync::atomic::AtomicU64,
+        reserved: u64,
+    }
+
+    impl Res {
+        /// `Reservation::allocate` on `shard`: a pin, the bytes out of the
+        /// allowance (put back if the backend call never happens), the
+        /// backend call under the gate; then the buffer's release gives the
+        /// bytes to the budget and drops its pin.
+        fn allocate_and_release(&self, shard: usize, bytes: u64) {
+            if self.ctx.acquire_on(shard).is_err() {
+                return;
+            }
+            if self.left.take(bytes).is_ok() {
+                let handed = self.handed.fetch_add(bytes, AcqRel) + bytes;
+                assert!(
+                    handed <= self.reserved,
+                    "{handed} bytes handed out of a {}-byte reservation",
+                    self.reserved
+                );
+                if self.ctx.backend_call(shard) {
+                    // The buffer's settled release.
+                    self.handed.fetch_sub(bytes, AcqRel);
+                    self.budget.uncharge(bytes);
+                } else {
+                    self.handed.fetch_sub(bytes, AcqRel);
+                    self.left.add(bytes);
+                }
+            }
+            self.ctx.release_pin_on(shard);
+        }
+    }
+
+    impl Drop for Res {
+        fn drop(&mut self) {
+            let left = self.left.close();
+            self.budget.uncharge(left);
+            self.ctx.release_pin();
+        }
+    }
+
+    /// A reservation racing retire and a refusal. Main reserves 2 bytes of
+    /// a 3-byte budget (pin, charge, allowance) and hands the reservation to
+    /// two threads that allocate 2 and 1 bytes out of it (only one can get
+    /// its bytes while the other's are out; the last to finish drops the
+    /// reservation); a third makes a plain 2-byte allocation, refused only
+    /// while the reservation or a buffer out of it holds the room; main
+    /// retires and waits. Checks: no byte is handed out twice, the budget
+    /// is never over its limit and a refusal is a true one, every reserved
+    /// byte goes back exactly once (the budget ends at zero), and the
+    /// teardown waits for the reservation's pin.
+    #[test]
+    fn a_reservation_races_retire_and_a_refusal() {
+        run(
+            "reservation vs retire vs a plain allocation (3 threads + retirer)",
+            Some(2),
+            || {
+                let ctx = Arc::new(Ctx::new(8));
+                let budget = Arc::new(budget(3, 0));
+                // `Reservation::new`: the pin, then the charge.
+                ctx.acquire().expect("open context");
+                budget.try_charge(2, 0).expect("the reservation fits");
+                let res = Arc::new(Res {
+                    ctx: ctx.clone(),
+                    budget: budget.clone(),
+                    left: Allowance::new(2),
+                    handed: loom::sync::atomic::AtomicU64::new(0),
+                    reserved: 2,
+                });
+                let (r1, r2) = (res.clone(), res);
+                let a = thread::spawn(move || r1.allocate_and_release(0, 2));
+                let b = thread::spawn(move || r2.allocate_and_release(1, 1));
+                let (c, bud) = (ctx.clone(), budget.clone());
+                let plain = thread::spawn(move || {
+                    if c.acquire_on(1).is_err() {
+                        return;
+                    }
+                    match bud.try_charge(2, 0) {
+                        Ok(()) => {
+                            assert!(bud.charged() <= 3, "the budget went over its limit");
+                            c.backend_call(1);
+                            bud.uncharge(2);
+                        }
+                        Err(r) => assert!(
+                            r.charged + 2 > r.limit,
+                            "refused with {} of {} charged",
+                            r.charged,
+                            r.limit
+                        ),
+                    }
+                    c.release_pin_on(1);
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                for t in [a, b, plain] {
+                    t.join().unwrap();
+                }
+                assert_eq!(budget.charged(), 0, "a reserved byte was not returned once");
+                assert_eq!(ctx.destroys.load(Acquire), 1);
             },
         );
     }
