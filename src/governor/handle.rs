@@ -166,8 +166,11 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// reservation holds only its unused bytes: an allocation moves its bytes
     /// to the buffer, whose release returns them to the budgets; dropping
     /// the reservation returns what is left, once. It holds a pin like a
-    /// buffer, so `retire().wait` waits for it to be dropped. Refused at
-    /// once when the budgets have no room (no wait, no responders).
+    /// buffer, so `retire().wait` waits for it to be dropped; `force`
+    /// reclaims buffers and streams but still waits for reservations (they
+    /// hold budget, not device memory). Refused at once when the budgets
+    /// have no room (no wait, no responders). Snapshots list live
+    /// reservations by label, and a refusal names the largest ones.
     ///
     /// ```
     /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
