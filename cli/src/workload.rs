@@ -23,7 +23,8 @@ use memgov::host::{HostConfig, HostContext};
 use memgov::trace::Trace;
 use memgov::{
     Admission, Bytes, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext, Elapsed,
-    GovernedStream, Governor, ProviderContextPinSource, Role, SharedBudget, TeardownReport,
+    GovernedStream, Governor, GovernorError, ProviderContextPinSource, Reservation, Role,
+    SharedBudget, TeardownReport,
 };
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -176,12 +177,13 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
     // Sizes in the short form of `Bytes` (no exact count): the columns
     // have no room for it.
     out.line(format!(
-        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
         "context",
         "state",
         "weights",
         "kv-cache",
         "activ.",
+        "reserved",
         "pending",
         "pins",
         "retired",
@@ -190,12 +192,13 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
     for c in gov.snapshot().contexts {
         let t = c.total();
         out.line(format!(
-            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
             c.label,
             format!("{:?}", c.lifecycle),
             format!("{:#}", Bytes(c.role(Role::Weights).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::KvCache).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::Activation).live_bytes)),
+            format!("{:#}", Bytes(c.reserved)),
             format!("{:#}", Bytes(t.pending_bytes)),
             c.pins.total(),
             c.counters.retired,
@@ -264,6 +267,14 @@ impl Samples {
 struct Metrics {
     alloc: Samples,
     release_to_retire: Samples,
+    /// Requests that reserved their KV capacity up front, at once.
+    reserved: u64,
+    /// ... only after evicting resident KV blocks to make room.
+    reserved_after_eviction: u64,
+    /// Requests served without a reservation (none could be made).
+    unreserved: u64,
+    /// KV blocks allocated out of a reservation.
+    reserved_blocks: u64,
 }
 
 struct Llm {
@@ -278,6 +289,8 @@ const WEIGHT_SHARDS: usize = 8;
 const SHARD: u64 = 16 * MIB;
 const SAMPLE: usize = 256 * 1024;
 const KV_HEADER: usize = 512;
+/// One KV-cache block per decode step.
+const KV_BLOCK: u64 = 2 * MIB;
 
 fn llm_on(
     gov: &Governor<Ctx>,
@@ -302,24 +315,10 @@ fn llm_on(
     let ctx = gov.register(backend, traced(cfg, args));
     let kv: Kv = Arc::new(Mutex::new(VecDeque::new()));
     // Evict least-recently-used KV blocks when an allocation does not fit.
-    // Called with no governor lock held; buffers are dropped outside our lock.
+    // Called with no governor lock held.
     let lru = kv.clone();
     ctx.add_pressure_responder(move |req| {
-        let mut evicted = Vec::new();
-        let mut freed = 0;
-        {
-            let mut q = lru.lock().unwrap_or_else(|e| e.into_inner());
-            while freed < req.shortfall {
-                match q.pop_front() {
-                    Some(b) => {
-                        freed += b.len();
-                        evicted.push(b);
-                    }
-                    None => break,
-                }
-            }
-        }
-        drop(evicted);
+        let freed = evict(&lru, req.shortfall);
         reclaimed.fetch_add(freed, Ordering::Relaxed);
         freed
     });
@@ -332,6 +331,69 @@ fn llm_on(
         weights: Vec::new(),
         kv,
     })
+}
+
+/// Evict least-recently-used KV blocks until `bytes` are freed or none is
+/// left; the buffers are dropped outside the queue's lock. Returns the bytes
+/// freed.
+fn evict(kv: &Kv, bytes: u64) -> u64 {
+    let mut evicted = Vec::new();
+    let mut freed = 0;
+    {
+        let mut q = kv.lock().unwrap_or_else(|e| e.into_inner());
+        while freed < bytes {
+            match q.pop_front() {
+                Some(b) => {
+                    freed += b.len();
+                    evicted.push(b);
+                }
+                None => break,
+            }
+        }
+    }
+    drop(evicted);
+    freed
+}
+
+/// Reserve a request's KV capacity before it decodes: at once, or after
+/// evicting resident blocks for the shortfall each refusal names (a
+/// reservation is refused at once, without asking the pressure responders,
+/// so the server makes the room itself; the context's budget and the
+/// device's shared one may each refuse in turn). `None` when no eviction
+/// makes room: the request then allocates its blocks plainly, under
+/// pressure.
+fn reserve_kv(
+    m: &mut Metrics,
+    llm: &Llm,
+    request: u32,
+    bytes: u64,
+) -> Option<Reservation<Ctx>> {
+    let label = format!("request-{request}");
+    let mut evicted = false;
+    loop {
+        match llm.ctx.reserve(bytes, &label) {
+            Ok(r) => {
+                if evicted {
+                    m.reserved_after_eviction += 1;
+                } else {
+                    m.reserved += 1;
+                }
+                return Some(r);
+            }
+            Err(GovernorError::BudgetExceeded(b))
+                if evict(&llm.kv, bytes.saturating_sub(b.available)) > 0 =>
+            {
+                // The evicted blocks' bytes are charged until their
+                // stream-ordered frees retire.
+                evicted = true;
+                llm.decode.synchronize().ok()?;
+            }
+            Err(_) => {
+                m.unreserved += 1;
+                return None;
+            }
+        }
+    }
 }
 
 fn timed_alloc(
@@ -356,6 +418,8 @@ fn serve(
     steps: u32,
     stores_data: bool,
 ) -> Result<(), String> {
+    // The request's KV capacity, reserved before it decodes its first token.
+    let kv_capacity = reserve_kv(m, llm, request, u64::from(steps) * KV_BLOCK);
     for step in 0..steps {
         let act = timed_alloc(m, &llm.ctx, &llm.decode, 4 * MIB, Role::Activation)?;
         let data = fill((request as u64) << 32 | step as u64, 4096);
@@ -367,7 +431,18 @@ fn serve(
                 "request {request} step {step}: activation read back wrong"
             ));
         }
-        let block = timed_alloc(m, &llm.ctx, &llm.decode, 2 * MIB, Role::KvCache)?;
+        let block = match &kv_capacity {
+            Some(r) => {
+                let t = Instant::now();
+                let b = r
+                    .allocate(&llm.decode, KV_BLOCK, Role::KvCache)
+                    .map_err(|e| e.to_string())?;
+                m.alloc.0.push(t.elapsed());
+                m.reserved_blocks += 1;
+                b
+            }
+            None => timed_alloc(m, &llm.ctx, &llm.decode, KV_BLOCK, Role::KvCache)?,
+        };
         block
             .write(0, &data[..KV_HEADER])
             .map_err(|e| e.to_string())?;
@@ -715,6 +790,10 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         Bytes(reclaimed.load(Ordering::Relaxed))
     ));
     out.line(format!(
+        "     KV reservations: {} requests reserved their KV capacity up front, {} after evicting resident blocks, {} served without one; {} blocks allocated out of reservations",
+        m.reserved, m.reserved_after_eviction, m.unreserved, m.reserved_blocks
+    ));
+    out.line(format!(
         "     expected refusals: {} provoked on purpose and seen ({}); none unexpected",
         swap.expected_refusals.len(),
         swap.expected_refusals
@@ -782,6 +861,12 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             "error": r.error,
         })).collect::<Vec<_>>(),
         "bytes_reclaimed": reclaimed.load(Ordering::Relaxed),
+        "kv_reservations": {
+            "reserved": m.reserved,
+            "reserved_after_eviction": m.reserved_after_eviction,
+            "unreserved": m.unreserved,
+            "blocks_out_of_reservations": m.reserved_blocks,
+        },
         "teardown": teardowns.iter().map(|r| json!({
             "context": r.label,
             "wait_us": r.elapsed.as_secs_f64() * 1e6,

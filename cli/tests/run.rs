@@ -65,6 +65,16 @@ fn json_parses_and_carries_the_same_report() {
         assert_eq!(v["teardown"].as_array().unwrap().len(), 3);
         assert!(v["peak_bytes"]["max"].as_u64().unwrap() >= 128 << 20);
         assert!(v["swap"]["buffers"].as_u64().unwrap() >= 8);
+        // Every request either reserved its KV capacity (at once or after
+        // evicting) or says it went without; blocks came out of them.
+        let kv = &v["kv_reservations"];
+        let n = |k: &str| kv[k].as_u64().unwrap_or_else(|| panic!("{k}: {v:#}"));
+        assert_eq!(
+            n("reserved") + n("reserved_after_eviction") + n("unreserved"),
+            v["requests"].as_u64().unwrap(),
+            "{kv:#}"
+        );
+        assert!(n("blocks_out_of_reservations") > 0, "{kv:#}");
         // The null backend stores nothing: its swap cannot be verified, and
         // says so instead of claiming it.
         let verified = if backend == "null" {
