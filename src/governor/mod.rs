@@ -41,7 +41,7 @@ pub use reservation::Reservation;
 pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
     ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
-    RoleUsage,
+    RoleUsage, TierUsage,
 };
 pub use stream::GovernedStream;
 pub use units::{Bytes, Elapsed};

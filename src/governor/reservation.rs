@@ -141,6 +141,7 @@ impl<C: DeviceContext> Reservation<C> {
             memory: Some(memory),
             bytes,
             role,
+            tier: crate::Tier::Device,
             recorded: None,
         })
     }

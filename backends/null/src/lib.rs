@@ -14,6 +14,9 @@
 //!   them. `synchronize` fires those parked on its stream.
 //! * [`NullConfig::capacity`] bounds the bytes allocated and not yet freed,
 //!   like a device's memory, with out-of-memory reported like a driver does.
+//!   It bounds the device tier only: pinned host memory ([`Tier::PinnedHost`],
+//!   a token like any other, freed in the same stream order) takes none of
+//!   it.
 //!
 //! The allocate → free cycle of one stream writes one backend line, the
 //! stream's own (its share of the probe's count of retired frees; an
@@ -44,7 +47,7 @@
 use memgov_backend::ProbeShard;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireSignal,
+    MemoryInfo, RetireSignal, Tier,
 };
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -100,6 +103,15 @@ pub struct NullMemory {
     pub bytes: u64,
     /// The context that allocated it.
     context: u64,
+    /// The tier it was allocated in.
+    tier: Tier,
+}
+
+impl NullMemory {
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
 }
 
 /// A null stream: a number, and the counters the stream's own calls write.
@@ -138,6 +150,7 @@ impl Eq for NullStream {}
 struct Parked {
     stream: u64,
     bytes: u64,
+    tier: Tier,
     signal: RetireSignal,
 }
 
@@ -158,9 +171,11 @@ struct Stats {
 }
 
 impl Stats {
-    fn execute(&self, bytes: u64, signal: RetireSignal) {
+    fn execute(&self, bytes: u64, tier: Tier, signal: RetireSignal) {
         if self.counted {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            if tier == Tier::Device {
+                self.used.fetch_sub(bytes, Ordering::AcqRel);
+            }
             self.probe.free_retired(bytes);
         } else {
             self.probe.count_retired();
@@ -174,7 +189,7 @@ impl Stats {
         let n = batch.len();
         // Fired with no lock held.
         for p in batch.drain(..) {
-            self.execute(p.bytes, p.signal);
+            self.execute(p.bytes, p.tier, p.signal);
         }
         let mut spare = lock(&self.spare);
         if spare.capacity() < batch.capacity() {
@@ -190,7 +205,7 @@ impl Stats {
         }
         let p = parked.remove(0);
         drop(parked);
-        self.execute(p.bytes, p.signal);
+        self.execute(p.bytes, p.tier, p.signal);
         true
     }
 }
@@ -432,6 +447,16 @@ impl DeviceContext for NullContext {
 
     #[inline]
     fn allocate(&self, stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
+        self.allocate_in(stream, bytes, Tier::Device)
+    }
+
+    #[inline]
+    fn allocate_in(
+        &self,
+        stream: &NullStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<NullMemory, BackendError> {
         self.check("allocate")?;
         self.check_stream("allocate", stream)?;
         if bytes == 0 {
@@ -442,7 +467,10 @@ impl DeviceContext for NullContext {
                 "zero-byte allocation",
             ));
         }
-        let capacity = self.config.capacity;
+        let capacity = match tier {
+            Tier::Device => self.config.capacity,
+            _ => u64::MAX,
+        };
         if capacity != u64::MAX {
             let fits = self
                 .stats
@@ -458,11 +486,14 @@ impl DeviceContext for NullContext {
                     format!("requested {bytes} B; {used} B of {capacity} B in use"),
                 ));
             }
+        }
+        if self.stats.counted {
             self.stats.probe.allocated(bytes);
         }
         Ok(NullMemory {
             bytes,
             context: self.id,
+            tier,
         })
     }
 
@@ -484,10 +515,11 @@ impl DeviceContext for NullContext {
             lock(&self.stats.parked).push(Parked {
                 stream: stream.id,
                 bytes: memory.bytes,
+                tier: memory.tier,
                 signal: retired,
             });
         } else if self.stats.counted {
-            self.stats.execute(memory.bytes, retired);
+            self.stats.execute(memory.bytes, memory.tier, retired);
         } else {
             // The unbounded cycle: counted on the stream's own line.
             stream.lane.count_retired();
@@ -533,7 +565,7 @@ impl DeviceContext for NullContext {
                 mine
             };
             for p in mine {
-                self.stats.execute(p.bytes, p.signal);
+                self.stats.execute(p.bytes, p.tier, p.signal);
             }
         }
         Ok(())
