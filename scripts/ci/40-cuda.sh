@@ -23,7 +23,7 @@ on_stand_in() {
 echo "--- CUDA tests on the stand-in ($standins/libcuda.so.1)"
 on_stand_in cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
-grep -q "13 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
+grep -q "15 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
 grep -q "soak: cuda: " target/cuda-stand-in.log
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).

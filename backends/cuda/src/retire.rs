@@ -1,6 +1,17 @@
 //! Stream-ordered free and its retirement: `cuMemFreeAsync`, then
 //! `cuLaunchHostFunc` whose callback fires the [`RetireSignal`].
 //!
+//! Page-locked host memory (`cuMemHostAlloc`) is freed with `cuMemFreeHost`,
+//! which is synchronous: called at once it could free the buffer under a
+//! copy still queued on the stream. So its free is queued the same way, as a
+//! host function behind the stream's work, but that host function does not
+//! free (it may make no CUDA call): it hands the buffer to the context's
+//! watcher thread and wakes it, and the watcher calls `cuMemFreeHost` and
+//! then fires the signal. The free runs after every copy queued before it,
+//! the signal after the free, and teardown (which stops the watcher, waits
+//! for every stream, then frees what the watcher had not) never destroys the
+//! context under one.
+//!
 //! The signal does not travel through the driver: it waits in the context's
 //! [`PendingFrees`] under a ticket, and the host function carries only the
 //! ticket (and an `Arc` of the table). So a signal is reachable from both
@@ -22,6 +33,7 @@
 //! device. Either way `free_async` returns `Ok`.
 
 use crate::result::BACKEND;
+use crate::shared::{Shared, Watch};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
 use memgov_backend::lock;
@@ -34,6 +46,9 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 pub(crate) struct PendingFrees {
     waiting: Mutex<HashMap<u64, (RetireSignal, u64)>>,
+    /// Page-locked host frees whose host function has run: (ticket, host
+    /// address), for the watcher (or teardown) to `cuMemFreeHost`.
+    host_ready: Mutex<Vec<(u64, usize)>>,
 }
 
 impl PendingFrees {
@@ -53,6 +68,16 @@ impl PendingFrees {
     pub(crate) fn len(&self) -> usize {
         lock(&self.waiting).len()
     }
+
+    /// Whether page-locked host frees wait for the watcher.
+    pub(crate) fn host_ready(&self) -> bool {
+        !lock(&self.host_ready).is_empty()
+    }
+
+    /// The page-locked host frees whose host function has run, removed.
+    pub(crate) fn take_host_ready(&self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut *lock(&self.host_ready))
+    }
 }
 
 /// What one host function carries: boxed, handed to the driver as
@@ -62,6 +87,9 @@ struct HostFnData {
     pending: Arc<PendingFrees>,
     probe: BackendProbe,
     ticket: u64,
+    /// For a page-locked host free: the host address, and the watcher that
+    /// frees it.
+    host: Option<(usize, Arc<Watch>)>,
 }
 
 /// The host function. Runs on a driver thread once the free before it on
@@ -74,10 +102,50 @@ struct HostFnData {
 unsafe extern "C" fn free_retired(user: *mut c_void) {
     // SAFETY: see the function's contract; the box is reclaimed once.
     let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
+    if let Some((host, watch)) = &data.host {
+        // The stream has passed the buffer's last use; the free itself is a
+        // driver call, which a host function may not make: the watcher's.
+        lock(&data.pending.host_ready).push((data.ticket, *host));
+        watch.wake();
+        return;
+    }
     if let Some((signal, bytes)) = data.pending.take(data.ticket) {
         data.probe.free_retired(bytes);
         // The governor's sink touches atomics and wakes waiters only.
         signal.retire();
+    }
+}
+
+impl Shared {
+    /// Free the page-locked host buffers whose host function has run (the
+    /// stream passed their last use), then fire their signals. Called by the
+    /// watcher, and by teardown once every stream is synchronized. On a lost
+    /// context nothing is freed: the buffers go with the context.
+    pub(crate) fn free_ready_host(&self, op: &'static str) -> Result<(), BackendError> {
+        if !self.pending.host_ready() || self.is_lost() {
+            return Ok(());
+        }
+        let _current = self.make_current(op)?;
+        let mut result = Ok(());
+        for (ticket, host) in self.pending.take_host_ready() {
+            // SAFETY: a page-locked allocation of this context, taken out of
+            // the live set by its `free_async` and handed here once; the host
+            // function queued behind its last use has run; the context is
+            // current.
+            let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
+            let freed = self.checked(op, "cuMemFreeHost", r);
+            if let Some((signal, bytes)) = self.pending.take(ticket) {
+                if freed.is_ok() {
+                    self.probe().free_retired(bytes);
+                    signal.retire();
+                } else {
+                    self.probe().free_abandoned(bytes);
+                    drop(signal);
+                }
+            }
+            result = result.and(freed);
+        }
+        result
     }
 }
 
@@ -138,27 +206,37 @@ impl CudaContext {
                 return Err((memory, signal, e));
             }
         };
-        // SAFETY: the memory is a live allocation of this context, taken out
-        // of the live set above so freed once; the stream is a live stream of
-        // this context; the context is current.
-        let r = unsafe { sys::cuMemFreeAsync(memory.ptr, stream.raw) };
-        if let Err(e) = s.checked("free_async", "cuMemFreeAsync", r) {
-            lock(&s.live).insert(memory.id, live);
-            return Err((memory, signal, e));
+        let host = live.host;
+        if host == 0 {
+            // SAFETY: the memory is a live allocation of this context, taken
+            // out of the live set above so freed once; the stream is a live
+            // stream of this context; the context is current.
+            let r = unsafe { sys::cuMemFreeAsync(memory.ptr, stream.raw) };
+            if let Err(e) = s.checked("free_async", "cuMemFreeAsync", r) {
+                lock(&s.live).insert(memory.id, live);
+                return Err((memory, signal, e));
+            }
         }
-        // From here the free is queued: the memory is the driver's.
+        // From here the free is queued (or, for page-locked host memory,
+        // owned by the host function below and then the watcher): the
+        // memory is no longer the caller's.
         let ticket = s.next_id();
         s.pending.park(ticket, signal, memory.bytes);
         let data = Box::into_raw(Box::new(HostFnData {
             pending: s.pending.clone(),
             probe: s.probe().clone(),
             ticket,
+            host: (host != 0).then(|| (host, s.watch.clone())),
         }));
         // SAFETY: `free_retired` upholds the host-function rules (no CUDA
         // call); `data` is a fresh box handed to this launch only; the
         // stream is live and the context current.
         let r = unsafe { sys::cuLaunchHostFunc(stream.raw, Some(free_retired), data.cast()) };
         if r == sys::CUresult::CUDA_SUCCESS {
+            if host != 0 {
+                // Started once; the host function wakes it.
+                self.shared.watch_retired();
+            }
             return Ok(());
         }
         let _current = current;
@@ -173,6 +251,19 @@ impl CudaContext {
             // SAFETY: the stream is live; the context is current.
             let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
             if r == sys::CUresult::CUDA_SUCCESS {
+                // The stream has passed the memory's last use: a page-locked
+                // host buffer is freed now, on this (the caller's) thread.
+                if host != 0 {
+                    // SAFETY: a live page-locked allocation of this context,
+                    // taken out of the live set above so freed once; every
+                    // copy queued before has completed (synchronized).
+                    let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
+                    if s.checked("free_async", "cuMemFreeHost", r).is_err() {
+                        s.probe().free_abandoned(bytes);
+                        drop(signal);
+                        return Ok(());
+                    }
+                }
                 // The free has executed.
                 s.probe().free_retired(bytes);
                 signal.retire();
