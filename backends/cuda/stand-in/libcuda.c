@@ -876,12 +876,6 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return CUDA_SUCCESS;
 }
 
-/* The table a device pointer belongs to: the context's page-locked host
- * table when the address is (or was) one of its allocations, else the
- * device's. */
-static struct sq_mem *table_of(CUcontext c, CUdeviceptr p) {
-    return sq_mem_check(c->host_mem, p, 1) != SQ_MEM_UNKNOWN ? c->host_mem : c->mem;
-}
 
 static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const void *src, size_t bytes,
                            CUstream hStream) {
@@ -889,7 +883,7 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (r != CUDA_SUCCESS) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct sq_mem *mem = table_of(hStream->ctx, dev);
+    struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
     enum sq_mem_check c = sq_mem_check_on(mem, dev, bytes, hStream->q, fn);
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer 0x%llx", fn, bytes, check_name(c),

@@ -778,6 +778,14 @@ enum sq_mem_check sq_mem_free_now(struct sq_mem *m, uint64_t base, const char *f
     return r;
 }
 
+struct sq_mem *sq_mem_table_of(struct sq_mem *device, struct sq_mem *host, uint64_t addr) {
+    enum sq_mem_check d = sq_mem_check(device, addr, 1);
+    if (d == SQ_MEM_OK) return device;
+    enum sq_mem_check h = sq_mem_check(host, addr, 1);
+    if (h == SQ_MEM_OK) return host;
+    return d == SQ_MEM_UNKNOWN && h != SQ_MEM_UNKNOWN ? host : device;
+}
+
 const char *sq_mem_check_str(enum sq_mem_check c) {
     switch (c) {
     case SQ_MEM_OK: return "valid";

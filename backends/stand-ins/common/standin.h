@@ -302,6 +302,13 @@ uint64_t sq_mem_alloc_tracked(struct sq_mem *m, uint64_t bytes);
  * SQ_MEM_OK returned; else why it cannot be freed. */
 enum sq_mem_check sq_mem_free_now(struct sq_mem *m, uint64_t base, const char *fn);
 
+/* Of a device table and a page-locked host table whose allocations share
+ * one address space (the host's), the one an address belongs to: the one
+ * where it is live, else the one that knew it (freed), the device's first,
+ * else the device's. Addresses are reused across the two tables, so the
+ * freed ring of one must not claim a live allocation of the other. */
+struct sq_mem *sq_mem_table_of(struct sq_mem *device, struct sq_mem *host, uint64_t addr);
+
 /* Human-readable word for a check result ("unknown", "already freed", ...). */
 const char *sq_mem_check_str(enum sq_mem_check c);
 
