@@ -169,6 +169,22 @@ fn admit_refused<C: DeviceContext>(
     }
 }
 
+/// The device tier's live, pending and quarantined bytes: every buffer's
+/// (the statistics count all tiers) less those of the other tiers.
+fn device_tier<C: DeviceContext>(ctx: &ContextInner<C>) -> (u64, u64, u64) {
+    let other = ctx
+        .charges
+        .tier_amounts(Tier::PinnedHost)
+        .unwrap_or_default();
+    (
+        ctx.live_bytes().saturating_sub(other.live),
+        ctx.pending_bytes().saturating_sub(other.pending),
+        ctx.stats
+            .quarantined_bytes()
+            .saturating_sub(other.quarantined),
+    )
+}
+
 /// Charge and allocate in `tier`, a tier other than the device's (whose
 /// allocations go through [`admit`]): the tier's own budget, then the
 /// backend's [`allocate_in`](DeviceContext::allocate_in). Kept apart so that
@@ -450,11 +466,7 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
         }
         // The device tier's: pending releases of other tiers give back
         // nothing here.
-        _ => ctx.pending_bytes().saturating_sub(
-            ctx.charges
-                .tier_amounts(Tier::PinnedHost)
-                .map_or(0, |a| a.pending),
-        ),
+        _ => device_tier(ctx).1,
     }
 }
 
@@ -553,10 +565,10 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
     }
     let total = ctx.description.total_bytes;
     if total > 0 && bytes > total {
-        let charged = ctx
-            .live_bytes()
-            .saturating_add(ctx.pending_bytes())
-            .saturating_add(ctx.stats.quarantined_bytes())
+        let (live, pending, quarantined) = device_tier(ctx);
+        let charged = live
+            .saturating_add(pending)
+            .saturating_add(quarantined)
             .saturating_add(ctx.charges.awaiting_teardown());
         return Some(Refused::Budget(
             BudgetScope::Device,
@@ -608,22 +620,24 @@ fn exceeded<C: DeviceContext>(
                     None,
                 )
             }
-            Refused::Budget(scope, r) => (
-                scope,
-                r.charged,
-                ctx.pending_bytes(),
-                ctx.stats.quarantined_bytes(),
-                ctx.charges.awaiting_teardown(),
-                r.limit,
-                r.limit.saturating_sub(r.charged),
-                None,
-            ),
+            Refused::Budget(scope, r) => {
+                let (_, pending, quarantined) = device_tier(ctx);
+                (
+                    scope,
+                    r.charged,
+                    pending,
+                    quarantined,
+                    ctx.charges.awaiting_teardown(),
+                    r.limit,
+                    r.limit.saturating_sub(r.charged),
+                    None,
+                )
+            }
             Refused::Device(e) => {
                 let info = ctx.enter().and_then(|b| b.memory_info().ok());
                 let (free, total) =
                     info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-                let live = ctx.live_bytes();
-                let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
+                let (live, pending, quarantined) = device_tier(ctx);
                 let awaiting = ctx.charges.awaiting_teardown();
                 (
                     BudgetScope::Device,

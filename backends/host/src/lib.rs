@@ -453,6 +453,10 @@ impl HostControls {
         self.0.lost.store(true, Ordering::SeqCst);
         self.0.probe.device_lost();
     }
+    /// Pinned-host-tier bytes allocated and whose free has not executed.
+    pub fn pinned_in_use(&self) -> u64 {
+        self.0.pinned_used.load(Ordering::Acquire)
+    }
 }
 
 /// A simulated device context.
@@ -492,11 +496,6 @@ impl HostContext {
             }
         }
         Ok(())
-    }
-
-    /// Pinned-host-tier bytes allocated and not yet freed.
-    pub fn pinned_in_use(&self) -> u64 {
-        self.shared.pinned_used.load(Ordering::Acquire)
     }
 
     /// A new simulated device.
