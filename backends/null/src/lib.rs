@@ -56,6 +56,16 @@ use std::sync::{Arc, Mutex};
 const BACKEND: &str = "null";
 
 #[cold]
+fn zero_sized() -> BackendError {
+    BackendError::new(
+        BACKEND,
+        "allocate",
+        BackendErrorKind::InvalidArgument,
+        "zero-byte allocation",
+    )
+}
+
+#[cold]
 fn lost(op: &'static str) -> BackendError {
     BackendError::new(
         BACKEND,
@@ -101,16 +111,30 @@ impl Default for NullConfig {
 pub struct NullMemory {
     /// Bytes requested.
     pub bytes: u64,
-    /// The context that allocated it.
+    /// The context that allocated it, with [`PINNED`] set for pinned host
+    /// memory.
     context: u64,
-    /// The tier it was allocated in.
-    tier: Tier,
 }
+
+/// The bit of [`NullMemory`]'s context word that marks pinned host memory.
+/// Context ids come from a counter that never reaches it; the tier shares
+/// the word so that the token stays two words, which the `AnyContext`
+/// cycle moves on every allocation.
+const PINNED: u64 = 1 << 63;
 
 impl NullMemory {
     /// The tier it was allocated in.
     pub fn tier(&self) -> Tier {
-        self.tier
+        if self.context & PINNED == 0 {
+            Tier::Device
+        } else {
+            Tier::PinnedHost
+        }
+    }
+
+    /// The context that allocated it.
+    fn owner(&self) -> u64 {
+        self.context & !PINNED
     }
 }
 
@@ -378,10 +402,10 @@ impl NullContext {
                 what,
             ))
         };
-        if memory.context != self.id {
+        if memory.owner() != self.id {
             return refuse(format!(
                 "the {} B allocation belongs to null context {}, not to context {}; pass memory of the context you call",
-                memory.bytes, memory.context, self.id
+                memory.bytes, memory.owner(), self.id
             ));
         }
         match range {
@@ -447,30 +471,12 @@ impl DeviceContext for NullContext {
 
     #[inline]
     fn allocate(&self, stream: &NullStream, bytes: u64) -> Result<NullMemory, BackendError> {
-        self.allocate_in(stream, bytes, Tier::Device)
-    }
-
-    #[inline]
-    fn allocate_in(
-        &self,
-        stream: &NullStream,
-        bytes: u64,
-        tier: Tier,
-    ) -> Result<NullMemory, BackendError> {
         self.check("allocate")?;
         self.check_stream("allocate", stream)?;
         if bytes == 0 {
-            return Err(BackendError::new(
-                BACKEND,
-                "allocate",
-                BackendErrorKind::InvalidArgument,
-                "zero-byte allocation",
-            ));
+            return Err(zero_sized());
         }
-        let capacity = match tier {
-            Tier::Device => self.config.capacity,
-            _ => u64::MAX,
-        };
+        let capacity = self.config.capacity;
         if capacity != u64::MAX {
             let fits = self
                 .stats
@@ -486,14 +492,36 @@ impl DeviceContext for NullContext {
                     format!("requested {bytes} B; {used} B of {capacity} B in use"),
                 ));
             }
+            self.stats.probe.allocated(bytes);
+        }
+        Ok(NullMemory {
+            bytes,
+            context: self.id,
+        })
+    }
+
+    /// The device tier is [`allocate`](DeviceContext::allocate); pinned
+    /// host memory is a token outside the capacity.
+    fn allocate_in(
+        &self,
+        stream: &NullStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<NullMemory, BackendError> {
+        if tier == Tier::Device {
+            return self.allocate(stream, bytes);
+        }
+        self.check("allocate")?;
+        self.check_stream("allocate", stream)?;
+        if bytes == 0 {
+            return Err(zero_sized());
         }
         if self.stats.counted {
             self.stats.probe.allocated(bytes);
         }
         Ok(NullMemory {
             bytes,
-            context: self.id,
-            tier,
+            context: self.id | PINNED,
         })
     }
 
@@ -515,11 +543,11 @@ impl DeviceContext for NullContext {
             lock(&self.stats.parked).push(Parked {
                 stream: stream.id,
                 bytes: memory.bytes,
-                tier: memory.tier,
+                tier: memory.tier(),
                 signal: retired,
             });
         } else if self.stats.counted {
-            self.stats.execute(memory.bytes, memory.tier, retired);
+            self.stats.execute(memory.bytes, memory.tier(), retired);
         } else {
             // The unbounded cycle: counted on the stream's own line.
             stream.lane.count_retired();
