@@ -40,15 +40,22 @@ use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendProbe, RetireSignal};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Signals of frees queued on the device whose host function has not run.
 #[derive(Default)]
 pub(crate) struct PendingFrees {
     waiting: Mutex<HashMap<u64, (RetireSignal, u64)>>,
     /// Page-locked host frees whose host function has run: (ticket, host
-    /// address), for the watcher (or teardown) to `cuMemFreeHost`.
-    host_ready: Mutex<Vec<(u64, usize)>>,
+    /// address, stream id), for the watcher (or teardown, or a
+    /// `synchronize`) to `cuMemFreeHost`.
+    host_ready: Mutex<Vec<(u64, usize, u64)>>,
+    /// Page-locked host frees queued per stream whose signal has not been
+    /// settled: `synchronize` waits for its stream's to reach none, since
+    /// their free runs off the stream (on the watcher) after the stream has
+    /// passed it.
+    host_queued: Mutex<HashMap<u64, u64>>,
+    host_settled: Condvar,
 }
 
 impl PendingFrees {
@@ -75,8 +82,61 @@ impl PendingFrees {
     }
 
     /// The page-locked host frees whose host function has run, removed.
-    pub(crate) fn take_host_ready(&self) -> Vec<(u64, usize)> {
+    pub(crate) fn take_host_ready(&self) -> Vec<(u64, usize, u64)> {
         std::mem::take(&mut *lock(&self.host_ready))
+    }
+
+    /// A page-locked host free was queued on `stream`.
+    fn host_queued(&self, stream: u64) {
+        *lock(&self.host_queued).entry(stream).or_default() += 1;
+    }
+
+    /// A page-locked host free queued on `stream` settled (its signal fired
+    /// or was dropped).
+    fn host_settled(&self, stream: u64) {
+        let mut q = lock(&self.host_queued);
+        if let Some(n) = q.get_mut(&stream) {
+            *n -= 1;
+            if *n == 0 {
+                q.remove(&stream);
+            }
+        }
+        drop(q);
+        self.host_settled.notify_all();
+    }
+
+    /// Forget every queued page-locked host free (their signals were
+    /// abandoned) and wake the waiters.
+    pub(crate) fn clear_host_queued(&self) {
+        lock(&self.host_queued).clear();
+        self.host_settled.notify_all();
+    }
+
+    /// Block until every page-locked host free queued on `stream` so far has
+    /// settled, or `lost` holds (then nothing more settles: the signals are
+    /// abandoned). Looks at `lost` again at least every `WATCH_INTERVAL`.
+    pub(crate) fn wait_host(&self, stream: u64, lost: impl Fn() -> bool) {
+        let mut q = lock(&self.host_queued);
+        while q.contains_key(&stream) && !lost() {
+            q = self
+                .host_settled
+                .wait_timeout(q, crate::shared::WATCH_INTERVAL)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+/// A page-locked host free counted as queued on its stream until `free_async`
+/// hands it on (forgotten) or settles it itself (dropped).
+struct HostQueued<'a> {
+    pending: &'a PendingFrees,
+    stream: u64,
+}
+
+impl Drop for HostQueued<'_> {
+    fn drop(&mut self) {
+        self.pending.host_settled(self.stream);
     }
 }
 
@@ -87,9 +147,9 @@ struct HostFnData {
     pending: Arc<PendingFrees>,
     probe: BackendProbe,
     ticket: u64,
-    /// For a page-locked host free: the host address, and the watcher that
-    /// frees it.
-    host: Option<(usize, Arc<Watch>)>,
+    /// For a page-locked host free: the host address, the stream's id, and
+    /// the watcher that frees it.
+    host: Option<(usize, u64, Arc<Watch>)>,
 }
 
 /// The host function. Runs on a driver thread once the free before it on
@@ -102,10 +162,10 @@ struct HostFnData {
 unsafe extern "C" fn free_retired(user: *mut c_void) {
     // SAFETY: see the function's contract; the box is reclaimed once.
     let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
-    if let Some((host, watch)) = &data.host {
+    if let Some((host, stream, watch)) = &data.host {
         // The stream has passed the buffer's last use; the free itself is a
         // driver call, which a host function may not make: the watcher's.
-        lock(&data.pending.host_ready).push((data.ticket, *host));
+        lock(&data.pending.host_ready).push((data.ticket, *host, *stream));
         watch.wake();
         return;
     }
@@ -119,15 +179,16 @@ unsafe extern "C" fn free_retired(user: *mut c_void) {
 impl Shared {
     /// Free the page-locked host buffers whose host function has run (the
     /// stream passed their last use), then fire their signals. Called by the
-    /// watcher, and by teardown once every stream is synchronized. On a lost
-    /// context nothing is freed: the buffers go with the context.
+    /// watcher, by `synchronize` after its stream drained, and by teardown
+    /// once every stream is synchronized. On a lost context nothing is
+    /// freed: the buffers go with the context.
     pub(crate) fn free_ready_host(&self, op: &'static str) -> Result<(), BackendError> {
         if !self.pending.host_ready() || self.is_lost() {
             return Ok(());
         }
         let _current = self.make_current(op)?;
         let mut result = Ok(());
-        for (ticket, host) in self.pending.take_host_ready() {
+        for (ticket, host, stream) in self.pending.take_host_ready() {
             // SAFETY: a page-locked allocation of this context, taken out of
             // the live set by its `free_async` and handed here once; the host
             // function queued behind its last use has run; the context is
@@ -143,6 +204,7 @@ impl Shared {
                     drop(signal);
                 }
             }
+            self.pending.host_settled(stream);
             result = result.and(freed);
         }
         result
@@ -222,11 +284,20 @@ impl CudaContext {
         // memory is no longer the caller's.
         let ticket = s.next_id();
         s.pending.park(ticket, signal, memory.bytes);
+        // Counted before the launch: the watcher may settle it before the
+        // launch has returned.
+        let queued = (host != 0).then(|| {
+            s.pending.host_queued(stream.id);
+            HostQueued {
+                pending: &s.pending,
+                stream: stream.id,
+            }
+        });
         let data = Box::into_raw(Box::new(HostFnData {
             pending: s.pending.clone(),
             probe: s.probe().clone(),
             ticket,
-            host: (host != 0).then(|| (host, s.watch.clone())),
+            host: (host != 0).then(|| (host, stream.id, s.watch.clone())),
         }));
         // SAFETY: `free_retired` upholds the host-function rules (no CUDA
         // call); `data` is a fresh box handed to this launch only; the
@@ -234,11 +305,15 @@ impl CudaContext {
         let r = unsafe { sys::cuLaunchHostFunc(stream.raw, Some(free_retired), data.cast()) };
         if r == sys::CUresult::CUDA_SUCCESS {
             if host != 0 {
+                // The watcher settles it (`free_ready_host`).
+                std::mem::forget(queued);
                 // Started once; the host function wakes it.
                 self.shared.watch_retired();
             }
             return Ok(());
         }
+        // Settled below, one way or the other: counted until this returns.
+        let _queued = queued;
         let _current = current;
         // SAFETY: the launch failed, so the driver never took `data`.
         drop(unsafe { Box::from_raw(data) });

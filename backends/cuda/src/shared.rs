@@ -163,6 +163,7 @@ impl Shared {
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
         let taken = self.pending.take_all();
+        self.pending.clear_host_queued();
         for (_, bytes) in &taken {
             self.probe().free_abandoned(*bytes);
         }
