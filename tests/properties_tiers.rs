@@ -22,7 +22,7 @@
 //! release settled once.
 //!
 //! Cases: `PROPTEST_CASES` (default 256). CI (`scripts/ci/20-properties.sh`)
-//! runs 20 000 in release (15 to 35 s).
+//! runs 10 000 in release (10 to 25 s).
 
 use memgov::conformance::{WatchLog, Watched};
 use memgov::host::{HostConfig, HostContext, HostControls};

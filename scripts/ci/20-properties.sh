@@ -3,5 +3,5 @@
 set -euo pipefail
 PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgov --test properties -- --nocapture
 # Tiers against their own model (device and pinned host limits, pinned bytes
-# never on the device budgets, every byte back): 15 to 35 s in release.
-PROPTEST_CASES="${PROPTEST_TIERS_CASES:-20000}" cargo test --locked --release -p memgov --test properties_tiers -- --nocapture
+# never on the device budgets, every byte back): 10 to 25 s in release.
+PROPTEST_CASES="${PROPTEST_TIERS_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tiers -- --nocapture
