@@ -42,7 +42,7 @@
 
 use crate::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, MemoryInfo,
-    RetireSignal,
+    RetireSignal, Tier,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -233,6 +233,19 @@ macro_rules! any_backends {
                     )*
                     #[allow(unreachable_patterns)]
                     (ctx, _) => Err(mismatch(ctx.kind(), "allocate", "a stream")),
+                }
+            }
+
+            fn allocate_in(&self, stream: &AnyStream, bytes: u64, tier: Tier) -> Result<AnyMemory, BackendError> {
+                match (self, stream) {
+                    $(
+                        #[cfg($($cfg)*)]
+                        (Self::$variant(c), AnyStream::$variant(s)) => {
+                            c.allocate_in(s, bytes, tier).map(AnyMemory::$variant)
+                        }
+                    )*
+                    #[allow(unreachable_patterns)]
+                    (ctx, _) => Err(mismatch(ctx.kind(), "allocate_in", "a stream")),
                 }
             }
 

@@ -89,5 +89,5 @@ pub use memgov_api::{
 };
 pub use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireOutcome, RetireSignal,
+    MemoryInfo, RetireOutcome, RetireSignal, Tier,
 };

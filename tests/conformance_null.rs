@@ -6,7 +6,11 @@ use memgov::conformance::{assert_outcome, run_case};
 use memgov::null::{NullConfig, NullContext};
 
 /// Cases that read no data back.
-const CASES: &[&str] = &["cross_stream_release_is_ordered", "raw_misuse_is_refused"];
+const CASES: &[&str] = &[
+    "cross_stream_release_is_ordered",
+    "raw_misuse_is_refused",
+    "pinned_host_release_is_stream_ordered",
+];
 
 #[test]
 fn inline_null_passes_the_cases_without_data() {

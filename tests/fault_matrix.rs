@@ -18,6 +18,10 @@
 //! * the backend's own bookkeeping is clean: its `BackendProbe` saw one
 //!   teardown, no contract violation, and nothing left allocated or open.
 //!
+//! The five operations that act on a buffer (allocate, free_async, write,
+//! read, order_after) run again with the buffers in pinned host memory,
+//! whose tier must be back at zero too.
+//!
 //! The backends are every entry of `memgov::any::BACKENDS`, opened through
 //! `AnyContext`; one compiled out of this build prints why it was skipped.
 //!
@@ -42,8 +46,9 @@ fn report(m: &FaultMatrix) {
     );
     assert_eq!(
         m.cells.len(),
-        memgov::fault::Operation::ALL.len() * 4 + 2,
-        "{} operations × 4 faults + drop-signal on free_async + panicking pressure responder",
+        (memgov::fault::Operation::ALL.len() + 5) * 4 + 3,
+        "({} operations + 5 on pinned host buffers) × 4 faults + drop-signal on each \
+         free_async row + panicking pressure responder",
         memgov::fault::Operation::ALL.len()
     );
     assert_eq!(m.cells.len(), FaultMatrix::expected_cells());

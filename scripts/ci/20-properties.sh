@@ -2,3 +2,6 @@
 # State-machine property tests against a reference model; thousands of cases.
 set -euo pipefail
 PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgov --test properties -- --nocapture
+# Tiers against their own model (device and pinned host limits, pinned bytes
+# never on the device budgets, every byte back): 10 to 25 s in release.
+PROPTEST_CASES="${PROPTEST_TIERS_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tiers -- --nocapture

@@ -4,7 +4,7 @@
 use super::{unavailable_reason, Case, Outcome, WatchLog, Watched};
 use crate::{
     Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
-    Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role,
+    Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, Tier,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1125,5 +1125,193 @@ fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
     ok!(two.destroy_stream(s2), "destroy_stream two");
     ok!(one.teardown(false), "teardown one");
     ok!(two.teardown(false), "teardown two");
+    Ok(())
+}
+
+/// A pinned host allocation, or the skip of a backend without the tier.
+fn allocate_pinned<C: DeviceContext>(
+    s: &Setup<C>,
+    stream: &crate::GovernedStream<W<C>>,
+    bytes: u64,
+) -> Result<crate::DeviceBuffer<W<C>>, Outcome> {
+    match s
+        .ctx
+        .allocate_in(stream, bytes, Role::Other, Tier::PinnedHost)
+    {
+        Ok(b) => Ok(b),
+        Err(GovernorError::Backend { source, .. })
+            if source.kind == BackendErrorKind::Unsupported =>
+        {
+            Err(Outcome::Skipped(format!("no pinned host tier: {source}")))
+        }
+        Err(e) => Err(Outcome::Failed(format!(
+            "allocate {bytes} B of pinned host memory failed: {e}"
+        ))),
+    }
+}
+
+fn pinned_host_tier<C: DeviceContext>(f: Factory<'_, C>) -> R {
+    const MIB: u64 = 1 << 20;
+    let s = setup(
+        f,
+        ContextConfig::new()
+            .label("pinned")
+            .budget(MIB)
+            .tier_budget(Tier::PinnedHost, 2 * MIB),
+    )?;
+    let stream = ok!(s.ctx.create_stream("copy"), "create_stream");
+    // Twice the device budget: pinned bytes are not charged to it.
+    let pinned = allocate_pinned(&s, &stream, 2 * MIB)?;
+    check!(
+        pinned.tier() == Tier::PinnedHost,
+        "buffer tier {}",
+        pinned.tier()
+    );
+    let data = pattern(23, 2 * MIB as usize);
+    ok!(pinned.write(0, &data), "write 2 MiB of pinned host memory");
+    let patch = pattern(5, 77);
+    ok!(pinned.write(MIB + 1, &patch), "write 77 B at 1 MiB + 1");
+    let mut back = vec![0u8; 2 * MIB as usize];
+    ok!(
+        pinned.read(0, &mut back),
+        "read 2 MiB of pinned host memory"
+    );
+    check!(
+        back[..MIB as usize + 1] == data[..MIB as usize + 1]
+            && back[MIB as usize + 1..MIB as usize + 78] == patch[..]
+            && back[MIB as usize + 78..] == data[MIB as usize + 78..],
+        "pinned host memory read back differs from what was written"
+    );
+    let snap = s.ctx.snapshot();
+    let (Some(device), Some(host)) = (snap.tier(Tier::Device), snap.tier(Tier::PinnedHost)) else {
+        return Err(Outcome::Failed(format!(
+            "snapshot lacks a tier: {:?}",
+            snap.by_tier
+        )));
+    };
+    check!(
+        host.live_bytes == 2 * MIB && host.charged == 2 * MIB && host.limit == 2 * MIB,
+        "pinned tier numbers wrong: {host:?}"
+    );
+    check!(
+        device.charged == 0 && device.live_bytes == 0 && snap.charged == 0,
+        "pinned bytes on the device budget: {device:?}, charged {}",
+        snap.charged
+    );
+    // The pinned tier is full; its refusal names it, with its numbers.
+    let refused = s
+        .ctx
+        .allocate_in(&stream, 4096, Role::Other, Tier::PinnedHost);
+    let Err(GovernorError::BudgetExceeded(b)) = &refused else {
+        return Err(Outcome::Failed(format!(
+            "allocation over the pinned tier's limit gave {:?}",
+            refused.map(|_| ())
+        )));
+    };
+    check!(
+        b.scope == crate::BudgetScope::Tier(Tier::PinnedHost)
+            && b.live == 2 * MIB
+            && b.limit == 2 * MIB
+            && b.available == 0,
+        "pinned refusal numbers wrong: {b:?}"
+    );
+    let msg = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    check!(
+        msg.contains("pinned-host"),
+        "refusal does not name the tier: {msg}"
+    );
+    // The device tier keeps all of its room.
+    let device_buf = ok!(
+        s.ctx.allocate(&stream, MIB, Role::Weights),
+        "allocate the whole device budget beside 2 MiB pinned"
+    );
+    drop((pinned, device_buf));
+    drop(stream);
+    finish(&s)?;
+    let host = s.ctx.snapshot().tier(Tier::PinnedHost);
+    check!(
+        host.is_some_and(|h| h.charged == 0 && h.live_bytes == 0 && h.pending_bytes == 0),
+        "pinned bytes left after teardown: {host:?}"
+    );
+    Ok(())
+}
+
+fn pinned_host_release_is_stream_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
+    const MIB: u64 = 1 << 20;
+    let s = setup(
+        f,
+        ContextConfig::new()
+            .label("pinned-release")
+            .tier_budget(Tier::PinnedHost, MIB),
+    )?;
+    let stream = ok!(s.ctx.create_stream("copy"), "create_stream");
+    // `synchronize` returns once the signals of the stream's frees have
+    // fired: pinned host frees too, though a driver may run them off the
+    // stream.
+    let first = allocate_pinned(&s, &stream, MIB)?;
+    ok!(
+        first.write(0, &pattern(1, 4096)),
+        "write 4 KiB of pinned host memory"
+    );
+    drop(first);
+    ok!(stream.synchronize(), "synchronize");
+    let host = s.ctx.snapshot().tier(Tier::PinnedHost);
+    check!(
+        host.is_some_and(|h| h.pending_bytes == 0 && h.charged == 0),
+        "a pinned release still pends after synchronize: {host:?}"
+    );
+    let staging = allocate_pinned(&s, &stream, MIB)?;
+    // A copy queued on the stream, then the release behind it: the free
+    // must not run before the copy (the stand-ins report one that does).
+    ok!(
+        staging.write(0, &pattern(3, MIB as usize)),
+        "write 1 MiB of pinned host memory"
+    );
+    s.log.hold_retirements(true);
+    drop(staging);
+    ok!(stream.synchronize(), "synchronize");
+    let host = s.ctx.snapshot().tier(Tier::PinnedHost);
+    check!(
+        host.is_some_and(|h| h.pending_bytes == MIB && h.charged == MIB && h.live_bytes == 0),
+        "the unretired release is not pending in the pinned tier: {host:?}"
+    );
+    // Its bytes count against the tier until the free has executed.
+    let refused = s
+        .ctx
+        .allocate_in(&stream, MIB, Role::Other, Tier::PinnedHost);
+    check!(
+        matches!(&refused, Err(GovernorError::BudgetExceeded(b)) if b.pending == MIB),
+        "allocation while 1 MiB pinned pends gave {:?}",
+        refused.map(|_| ())
+    );
+    drop(stream);
+    // Teardown waits for the pinned release's pin.
+    let handle = s.ctx.retire();
+    let log = s.log.clone();
+    let delay = Duration::from_millis(100);
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        log.release_held()
+    });
+    let start = Instant::now();
+    let report = ok!(handle.wait(Instant::now() + LONG), "wait");
+    let waited = start.elapsed();
+    let released = releaser.join().unwrap_or(0);
+    check!(released == 1, "{released} of 1 retirement was held");
+    check!(
+        waited >= delay - Duration::from_millis(20),
+        "teardown after {waited:?}, before the pinned release retired ({delay:?})"
+    );
+    check!(
+        report.retired_releases == 2,
+        "{} of 2 releases retired",
+        report.retired_releases
+    );
+    check_clean_teardown(&s.log)?;
+    let host = s.ctx.snapshot().tier(Tier::PinnedHost);
+    check!(
+        host.is_some_and(|h| h.charged == 0 && h.pending_bytes == 0),
+        "pinned bytes left after teardown: {host:?}"
+    );
     Ok(())
 }

@@ -20,12 +20,20 @@
 //!   [`BackendProbe`](crate::BackendProbe)'s `check_clean_teardown`, say)
 //!   passes after teardown.
 //!
+//! The operations on a buffer (allocate, write, read, free_async,
+//! order_after) run once more with the faulted buffers in pinned host memory
+//! ([`Tier::PinnedHost`]): rows `allocate [pinned-host]` and so on, where an
+//! out-of-memory allocation is refused under the pinned tier and every
+//! tier's accounting must be back at zero after teardown.
+//!
 //! One more cell checks a panicking pressure responder: the panic reaches the
 //! caller of `allocate`, and nothing is left charged or pinned.
 
 use super::Watched;
 use crate::fault::{Fault, FaultInjecting, FaultPlan, Operation};
-use crate::{BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role};
+use crate::{
+    BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role, Tier,
+};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -61,12 +69,15 @@ pub struct FaultMatrix {
 
 impl FaultMatrix {
     /// How many cells the matrix has: every operation under every fault that
-    /// applies to it, plus the panicking pressure responder.
+    /// applies to it, the buffer operations again with pinned host buffers,
+    /// plus the panicking pressure responder.
     pub fn expected_cells() -> usize {
-        Operation::ALL
-            .iter()
-            .map(|&op| Fault::ALL.iter().filter(|f| f.applies_to(op)).count())
-            .sum::<usize>()
+        let faults = |op: Operation| Fault::ALL.iter().filter(|f| f.applies_to(op)).count();
+        Operation::ALL.iter().map(|&op| faults(op)).sum::<usize>()
+            + PINNED_OPERATIONS
+                .iter()
+                .map(|&op| faults(op))
+                .sum::<usize>()
             + 1
     }
 
@@ -146,15 +157,26 @@ pub fn fault_matrix<C: DeviceContext>(
     // One context, opened and dropped, says whether the backend is here.
     drop(factory()?);
     let mut cells = Vec::new();
-    for op in Operation::ALL {
+    let rows = Operation::ALL
+        .into_iter()
+        .map(|op| (op, Tier::Device))
+        .chain(
+            PINNED_OPERATIONS
+                .into_iter()
+                .map(|op| (op, Tier::PinnedHost)),
+        );
+    for (op, tier) in rows {
         for fault in Fault::ALL {
             if !fault.applies_to(op) {
                 continue;
             }
             cells.push(FaultCell {
-                operation: op.to_string(),
+                operation: match tier {
+                    Tier::Device => op.to_string(),
+                    _ => format!("{op} [{tier}]"),
+                },
                 fault: fault.name().to_owned(),
-                outcome: cell(factory, op, fault),
+                outcome: cell(factory, op, fault, tier),
             });
         }
     }
@@ -168,6 +190,16 @@ pub fn fault_matrix<C: DeviceContext>(
         cells,
     })
 }
+
+/// The operations whose cells run again with pinned host buffers: those
+/// that act on a buffer, and so on its tier.
+const PINNED_OPERATIONS: [Operation; 5] = [
+    Operation::Allocate,
+    Operation::FreeAsync,
+    Operation::Write,
+    Operation::Read,
+    Operation::OrderAfter,
+];
 
 /// What the faulted operation returned, for the error check.
 #[derive(Default, Debug)]
@@ -186,10 +218,13 @@ fn kind_of(e: &GovernorError) -> String {
     }
 }
 
+/// One cell: `fault` armed on the first call of `op`; the buffers the
+/// buffer operations act on are in `tier`.
 fn cell<C: DeviceContext>(
     factory: &Factory<'_, C>,
     op: Operation,
     fault: Fault,
+    tier: Tier,
 ) -> Result<String, String> {
     let Some((backend, leak_check)) = factory() else {
         return Err("backend unavailable".into());
@@ -223,11 +258,11 @@ fn cell<C: DeviceContext>(
         };
         let mut released = None;
         if let Some(s) = &stream {
-            let buf = match ctx.allocate(s, 4096, Role::Activation) {
+            let buf = match ctx.allocate_in(s, 4096, Role::Activation, tier) {
                 Ok(b) => Some(b),
                 Err(e) => {
                     note(Operation::Allocate, Err(e));
-                    ctx.allocate(s, 4096, Role::Activation)
+                    ctx.allocate_in(s, 4096, Role::Activation, tier)
                         .map_err(|e| note(Operation::Allocate, Err(e)))
                         .ok()
                 }
@@ -246,7 +281,7 @@ fn cell<C: DeviceContext>(
             }
             // A third, released on another stream: ordered after its own.
             if let Ok(other) = ctx.create_stream("b") {
-                if let Ok(b3) = ctx.allocate(s, 4096, Role::KvCache) {
+                if let Ok(b3) = ctx.allocate_in(s, 4096, Role::KvCache, tier) {
                     note(
                         Operation::OrderAfter,
                         b3.release_on(&other).map_err(|e| e.error),
@@ -299,6 +334,11 @@ fn cell<C: DeviceContext>(
             snap.pins,
             snap.total()
         ));
+    }
+    if let Some(t) = snap.by_tier.iter().find(|t| {
+        t.charged + t.live_bytes + t.pending_bytes + t.quarantined_bytes + t.awaiting_teardown > 0
+    }) {
+        return Err(format!("tier accounting after teardown: {t:?}"));
     }
     let c = snap.counters;
     if c.releases_queued != c.retired + c.abandoned {
@@ -382,14 +422,17 @@ fn cell<C: DeviceContext>(
                 ))
             }
         },
-        (Fault::OutOfMemory, Operation::Allocate) => match first.as_deref() {
-            Some(k) if k == format!("BudgetExceeded({})", BudgetScope::Device) => k.to_string(),
-            other => {
-                return Err(format!(
-                    "expected BudgetExceeded(device memory), got {other:?}"
-                ))
+        (Fault::OutOfMemory, Operation::Allocate) => {
+            // The driver out of the tier's memory is refused under the tier.
+            let scope = match tier {
+                Tier::Device => BudgetScope::Device,
+                t => BudgetScope::Tier(t),
+            };
+            match first.as_deref() {
+                Some(k) if k == format!("BudgetExceeded({scope})") => k.to_string(),
+                other => return Err(format!("expected BudgetExceeded({scope}), got {other:?}")),
             }
-        },
+        }
         (Fault::Error | Fault::OutOfMemory, Operation::FreeAsync | Operation::OrderAfter) => {
             match first.as_deref() {
                 Some(k) if k.starts_with("Backend(") && report.quarantined_bytes > 0 => {

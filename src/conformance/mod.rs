@@ -343,7 +343,9 @@ macro_rules! for_each_conformance_case {
             force_reclaims_live,
             concurrent_streams,
             cross_stream_release_is_ordered,
-            raw_misuse_is_refused
+            raw_misuse_is_refused,
+            pinned_host_tier,
+            pinned_host_release_is_stream_ordered
         }
     };
 }

@@ -7,7 +7,7 @@
 //! ones, without lying to the backend about anything.
 
 use crate::{
-    BackendError, DeviceContext, DeviceDescription, MemoryInfo, RetireOutcome, RetireSignal,
+    BackendError, DeviceContext, DeviceDescription, MemoryInfo, RetireOutcome, RetireSignal, Tier,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -151,6 +151,15 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
     fn allocate(&self, s: &C::Stream, bytes: u64) -> Result<C::Memory, BackendError> {
         self.log.device_call();
         self.inner.allocate(s, bytes)
+    }
+    fn allocate_in(
+        &self,
+        s: &C::Stream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<C::Memory, BackendError> {
+        self.log.device_call();
+        self.inner.allocate_in(s, bytes, tier)
     }
     fn free_async(
         &self,

@@ -9,7 +9,7 @@ use super::record::{add, ContextInner};
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::trace::EventKind;
-use crate::{BackendErrorKind, DeviceContext};
+use crate::{BackendErrorKind, DeviceContext, Tier};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -169,6 +169,180 @@ fn admit_refused<C: DeviceContext>(
     }
 }
 
+/// The device tier's live, pending and quarantined bytes: every buffer's
+/// (the statistics count all tiers) less those of the other tiers.
+fn device_tier<C: DeviceContext>(ctx: &ContextInner<C>) -> (u64, u64, u64) {
+    let other = ctx
+        .charges
+        .tier_amounts(Tier::PinnedHost)
+        .unwrap_or_default();
+    (
+        ctx.live_bytes().saturating_sub(other.live),
+        ctx.pending_bytes().saturating_sub(other.pending),
+        ctx.stats
+            .quarantined_bytes()
+            .saturating_sub(other.quarantined),
+    )
+}
+
+/// Charge and allocate in `tier`, a tier other than the device's (whose
+/// allocations go through [`admit`]): the tier's own budget, then the
+/// backend's [`allocate_in`](DeviceContext::allocate_in). Kept apart so that
+/// the device path carries no tier code.
+///
+/// A refusal waits, under the context's admission policy, for the tier's
+/// own pending releases; pressure responders are not asked (they give back
+/// device memory, which does not help here). A request over the tier's
+/// limit is refused at once. The caller holds a pin, as for [`admit`].
+#[inline(never)]
+pub(crate) fn admit_in<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    tier: Tier,
+) -> Result<C::Memory, GovernorError> {
+    debug_assert_ne!(tier, Tier::Device);
+    let start = Instant::now();
+    let deadline = match ctx.admission {
+        Admission::FailFast => None,
+        Admission::WaitForPending { timeout } => Some(start + timeout),
+    };
+    let mut waited = false;
+    let mut next = attempt_in(ctx, stream, bytes, role, tier);
+    loop {
+        let mut refused = match next {
+            Ok(memory) => return Ok(memory),
+            Err(Ok(refused)) => refused,
+            Err(Err(fatal)) => return Err(fatal),
+        };
+        let limit = ctx.charges.tier_amounts(tier).map_or(0, |a| a.limit);
+        let never = bytes > limit;
+        if !never && !ctx.accepting() {
+            return Err(ctx.unavailable_error());
+        }
+        // Wait as `admit_refused` does: register, read what is pending, try
+        // again, and sleep only if a settlement could still make room.
+        if let (false, Some(d), Refused::Budget(..)) = (never, deadline, &refused) {
+            if Instant::now() < d {
+                let waiter = SettlementWaiter::register(ctx, &refused);
+                let pending = pending_in_scope(ctx, &refused);
+                refused = match attempt_in(ctx, stream, bytes, role, tier) {
+                    Ok(memory) => return Ok(memory),
+                    Err(Ok(again)) => again,
+                    Err(Err(fatal)) => return Err(fatal),
+                };
+                if matches!(refused, Refused::Budget(..))
+                    && (pending > 0 || pending_in_scope(ctx, &refused) > 0)
+                {
+                    add(&ctx.counters.admission_waits, 1);
+                    waited = true;
+                    waiter.wait(d);
+                    drop(waiter);
+                    if !ctx.accepting() {
+                        return Err(ctx.unavailable_error());
+                    }
+                    next = attempt_in(ctx, stream, bytes, role, tier);
+                    continue;
+                }
+            }
+        }
+        add(&ctx.counters.admission_refusals, 1);
+        let waited = if waited {
+            start.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        return Err(exceeded_in(ctx, tier, refused, bytes, role, waited));
+    }
+}
+
+/// [`attempt`] in a tier other than the device's.
+#[allow(clippy::type_complexity)]
+fn attempt_in<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    tier: Tier,
+) -> Result<C::Memory, Result<Refused, GovernorError>> {
+    ctx.charges
+        .charge_in(tier, stream.shard, bytes, 0)
+        .map_err(|refused| {
+            Ok(match refused {
+                ChargeRefused::Tier(t, r) => Refused::Budget(BudgetScope::Tier(t), r),
+                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
+                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+            })
+        })?;
+    // Given back on every path that does not end in a live buffer.
+    let charge = TierCharge { ctx, bytes, tier };
+    let Some(backend) = ctx.enter_on(stream.shard) else {
+        return Err(Err(ctx.unavailable_error()));
+    };
+    let result = backend.allocate_in(stream.raw(), bytes, tier);
+    if result.is_ok() {
+        ctx.stats.admit(stream.shard, role, bytes);
+        std::mem::forget(charge);
+    }
+    drop(backend);
+    result.map_err(|e| {
+        if e.kind == BackendErrorKind::OutOfMemory {
+            ctx.note_backend_error(&e);
+            Ok(Refused::Device(e))
+        } else {
+            Err(ctx.backend_failure(e))
+        }
+    })
+}
+
+/// [`Charge`] in a tier other than the device's.
+struct TierCharge<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+    bytes: u64,
+    tier: Tier,
+}
+
+impl<C: DeviceContext> Drop for TierCharge<'_, C> {
+    fn drop(&mut self) {
+        self.ctx.charges.uncharge_in(self.tier, self.bytes);
+    }
+}
+
+/// The refusal of an allocation in `tier`, with the tier's numbers (the
+/// driver's error, when the driver itself was out of the tier's memory).
+fn exceeded_in<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    tier: Tier,
+    refused: Refused,
+    bytes: u64,
+    role: Role,
+    waited: Duration,
+) -> GovernorError {
+    let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+    let (limit, charged, driver) = match refused {
+        Refused::Budget(_, r) => (r.limit, r.charged, None),
+        Refused::Device(e) => (a.limit, a.charged, Some(e)),
+    };
+    GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
+        context: ctx.name(),
+        scope: BudgetScope::Tier(tier),
+        role,
+        requested: bytes,
+        live: a.live,
+        reserved: 0,
+        reserved_by: Vec::new(),
+        pending: a.pending,
+        quarantined: a.quarantined,
+        awaiting_teardown: a.awaiting_teardown,
+        limit,
+        available: limit.saturating_sub(charged),
+        waited,
+        reclaimed_by_responders: 0,
+        driver,
+    }))
+}
+
 /// Allocate `bytes` whose charge is already held (taken out of a
 /// reservation): the backend call and the live count of [`attempt`], without
 /// charging. The caller holds a pin and puts the bytes back on error.
@@ -208,6 +382,7 @@ pub(crate) fn reserve_refused<C: DeviceContext>(
     let refused = match refused {
         ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
         ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+        ChargeRefused::Tier(tier, r) => Refused::Budget(BudgetScope::Tier(tier), r),
     };
     add(&ctx.counters.admission_refusals, 1);
     exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
@@ -228,6 +403,7 @@ fn attempt<C: DeviceContext>(
             Ok(match refused {
                 ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
                 ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
+                ChargeRefused::Tier(tier, r) => Refused::Budget(BudgetScope::Tier(tier), r),
             })
         })?;
     // Charged to both budgets now: returned on every path below that does
@@ -286,7 +462,12 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match refused {
         Refused::Budget(BudgetScope::Shared(_), _) => ctx.charges.shared_on_the_way(),
-        _ => ctx.pending_bytes(),
+        Refused::Budget(BudgetScope::Tier(tier), _) => {
+            ctx.charges.tier_amounts(*tier).map_or(0, |a| a.pending)
+        }
+        // The device tier's: pending releases of other tiers give back
+        // nothing here.
+        _ => device_tier(ctx).1,
     }
 }
 
@@ -385,10 +566,10 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
     }
     let total = ctx.description.total_bytes;
     if total > 0 && bytes > total {
-        let charged = ctx
-            .live_bytes()
-            .saturating_add(ctx.pending_bytes())
-            .saturating_add(ctx.stats.quarantined_bytes())
+        let (live, pending, quarantined) = device_tier(ctx);
+        let charged = live
+            .saturating_add(pending)
+            .saturating_add(quarantined)
             .saturating_add(ctx.charges.awaiting_teardown());
         return Some(Refused::Budget(
             BudgetScope::Device,
@@ -440,22 +621,24 @@ fn exceeded<C: DeviceContext>(
                     None,
                 )
             }
-            Refused::Budget(scope, r) => (
-                scope,
-                r.charged,
-                ctx.pending_bytes(),
-                ctx.stats.quarantined_bytes(),
-                ctx.charges.awaiting_teardown(),
-                r.limit,
-                r.limit.saturating_sub(r.charged),
-                None,
-            ),
+            Refused::Budget(scope, r) => {
+                let (_, pending, quarantined) = device_tier(ctx);
+                (
+                    scope,
+                    r.charged,
+                    pending,
+                    quarantined,
+                    ctx.charges.awaiting_teardown(),
+                    r.limit,
+                    r.limit.saturating_sub(r.charged),
+                    None,
+                )
+            }
             Refused::Device(e) => {
                 let info = ctx.enter().and_then(|b| b.memory_info().ok());
                 let (free, total) =
                     info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-                let live = ctx.live_bytes();
-                let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
+                let (live, pending, quarantined) = device_tier(ctx);
                 let awaiting = ctx.charges.awaiting_teardown();
                 (
                     BudgetScope::Device,

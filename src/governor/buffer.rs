@@ -5,7 +5,7 @@ use super::error::{ContextOperation, GovernorError};
 use super::release::{release, Released};
 use super::stream::{GovernedStream, StreamShared};
 use crate::trace::EventKind;
-use crate::{DeviceContext, ProviderContextIdentity};
+use crate::{DeviceContext, ProviderContextIdentity, Tier};
 use std::fmt;
 use std::sync::Arc;
 
@@ -39,6 +39,8 @@ pub struct DeviceBuffer<C: DeviceContext> {
     pub(crate) memory: Option<C::Memory>,
     pub(crate) bytes: u64,
     pub(crate) role: Role,
+    /// The tier it was allocated in, whose budget it is charged to.
+    pub(crate) tier: Tier,
     /// Other streams of the same context the buffer was used on: its release
     /// is ordered after each. Distinct, never the buffer's own stream; held so
     /// that they outlive the release. `None` (no allocation) unless
@@ -81,6 +83,7 @@ impl<C: DeviceContext> fmt::Debug for DeviceBuffer<C> {
             .field("context", &self.stream.ctx.id)
             .field("bytes", &self.bytes)
             .field("role", &self.role)
+            .field("tier", &self.tier)
             .field("stream", &self.stream.label)
             .finish()
     }
@@ -100,6 +103,14 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// The role it is accounted under.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// The tier it was allocated in ([`Tier::Device`] unless it came from
+    /// [`ContextHandle::allocate_in`](super::ContextHandle::allocate_in)).
+    /// Its release is stream-ordered in every tier, and returns its bytes to
+    /// that tier's budget.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// The context it belongs to.
@@ -239,8 +250,13 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         let memory = self.memory.take().expect("memory present until release");
         let own: &StreamShared<C> = &self.stream;
         let target = target.unwrap_or(own);
-        let (ctx, shard, bytes, role) =
-            (&self.stream.ctx, self.stream.shard, self.bytes, self.role);
+        let (ctx, shard, bytes, role, tier) = (
+            &self.stream.ctx,
+            self.stream.shard,
+            self.bytes,
+            self.role,
+            self.tier,
+        );
         // A stream's trace tag is set only on a traced context.
         if own.trace_tag != 0 && !std::ptr::eq(own, target) {
             ctx.trace_event(own.trace_tag, Some(role), EventKind::MovedOut, bytes, None);
@@ -259,7 +275,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             } else {
                 &[own]
             };
-            return release(ctx, shard, target, after, memory, bytes, role);
+            return release(ctx, shard, target, after, memory, bytes, role, tier);
         };
         let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.len());
         for s in std::iter::once(own).chain(recorded.iter().map(|s| &**s)) {
@@ -267,7 +283,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 after.push(s);
             }
         }
-        release(ctx, shard, target, &after, memory, bytes, role)
+        release(ctx, shard, target, &after, memory, bytes, role, tier)
     }
 
     /// Queue the free on `stream` instead of the buffer's own stream.

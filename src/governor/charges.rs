@@ -15,6 +15,17 @@
 //! | release refused, memory quarantined    | [`quarantined`](Charges::quarantined)      |
 //! | teardown returned the memory           | [`return_at_teardown`](Charges::return_at_teardown) |
 //!
+//! # Tiers
+//!
+//! Everything above is the device tier. Pinned host memory
+//! ([`Tier::PinnedHost`]) has a budget of its own ([`TierCharges`]), and its
+//! bytes are never on the context's device budget, its leases or the shared
+//! budget: a device's shared budget governs device memory, which pinned
+//! host memory does not take. Each step above has its tier form (`*_in`),
+//! which is the device operation for [`Tier::Device`] and moves the tier's
+//! own amounts (live, pending, quarantined, awaiting teardown) otherwise, so
+//! that its budget's charge is always their sum.
+//!
 //! # Invariants
 //!
 //! * A charge is on the context's budget and the shared one together, or on
@@ -37,6 +48,7 @@
 
 use super::budget::{Budget, Refusal, SharedBudget};
 use super::lease::Leases;
+use crate::Tier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -47,6 +59,8 @@ pub(crate) enum ChargeRefused {
     Context(Refusal),
     /// The shared budget, by label.
     Shared(String, Refusal),
+    /// The budget of a tier other than the device's.
+    Tier(Tier, Refusal),
 }
 
 /// What teardown returned to the budgets.
@@ -54,6 +68,65 @@ pub(crate) enum ChargeRefused {
 pub(crate) struct ReturnedAtTeardown {
     pub quarantined: u64,
     pub awaiting_teardown: u64,
+}
+
+/// A tier's amounts, as snapshots and refusals report them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TierAmounts {
+    pub limit: u64,
+    pub charged: u64,
+    pub live: u64,
+    pub pending: u64,
+    pub quarantined: u64,
+    pub awaiting_teardown: u64,
+    pub peak: u64,
+}
+
+/// The charges of a tier other than the device's (see the module docs): a
+/// budget of its own, no leases, no shared budget, and the amounts in each
+/// step. The budget's charge is live + pending + quarantined + awaiting
+/// teardown, plus an allocation being made.
+pub(crate) struct TierCharges {
+    budget: Budget,
+    live: AtomicU64,
+    pending: AtomicU64,
+    quarantined: AtomicU64,
+    awaiting_teardown: AtomicU64,
+}
+
+impl TierCharges {
+    fn new(limit: u64) -> Self {
+        Self {
+            budget: Budget::new(limit),
+            live: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            quarantined: AtomicU64::new(0),
+            awaiting_teardown: AtomicU64::new(0),
+        }
+    }
+
+    /// Move `bytes` from one amount to another (`None`: the budget).
+    fn shift(&self, from: Option<&AtomicU64>, to: Option<&AtomicU64>, bytes: u64) {
+        // Into the new amount first: a reader never sees the bytes nowhere.
+        if let Some(to) = to {
+            to.fetch_add(bytes, Ordering::AcqRel);
+        }
+        if let Some(from) = from {
+            from.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    fn amounts(&self) -> TierAmounts {
+        TierAmounts {
+            limit: self.budget.limit(),
+            charged: self.budget.charged(),
+            live: self.live.load(Ordering::Acquire),
+            pending: self.pending.load(Ordering::Acquire),
+            quarantined: self.quarantined.load(Ordering::Acquire),
+            awaiting_teardown: self.awaiting_teardown.load(Ordering::Acquire),
+            peak: self.budget.peak(),
+        }
+    }
 }
 
 /// The shared budget's totals, as a refused admission reports them.
@@ -79,13 +152,21 @@ pub(crate) struct Charges {
     /// Set once teardown has returned the charges: bytes that become
     /// "awaiting teardown" later are returned at once.
     returned: AtomicBool,
+    /// The pinned host tier.
+    pinned: TierCharges,
 }
 
 impl Charges {
     /// Charges against a budget of `limit` bytes, leased to shards in chunks
     /// of `lease_chunk` (0: no leases; leases are off on a shared budget).
-    pub(crate) fn new(limit: u64, lease_chunk: u64, shared: Option<SharedBudget>) -> Self {
+    pub(crate) fn new(
+        limit: u64,
+        lease_chunk: u64,
+        shared: Option<SharedBudget>,
+        pinned_limit: u64,
+    ) -> Self {
         Self {
+            pinned: TierCharges::new(pinned_limit),
             budget: Budget::new(limit),
             leases: Leases::new(if shared.is_some() { 0 } else { lease_chunk }),
             shared,
@@ -217,7 +298,14 @@ impl Charges {
     /// (what they held goes back), the `quarantined` bytes come off, and so
     /// does every byte awaiting teardown, now and (see
     /// [`hold_until_teardown`](Self::hold_until_teardown)) later.
-    pub(crate) fn return_at_teardown(&self, quarantined: u64) -> ReturnedAtTeardown {
+    /// `pinned_quarantined` is the pinned tier's part of the quarantine,
+    /// returned to its own budget with its bytes awaiting teardown; the
+    /// report counts both tiers.
+    pub(crate) fn return_at_teardown(
+        &self,
+        quarantined: u64,
+        pinned_quarantined: u64,
+    ) -> ReturnedAtTeardown {
         self.leases.close(&self.budget);
         if quarantined > 0 {
             self.uncharge(quarantined);
@@ -227,9 +315,10 @@ impl Charges {
         }
         // Pairs with `hold_until_teardown`: see there.
         self.returned.store(true, Ordering::SeqCst);
+        let pinned_awaiting = Self::return_tier(&self.pinned, pinned_quarantined);
         ReturnedAtTeardown {
-            quarantined,
-            awaiting_teardown: self.return_awaiting_teardown(),
+            quarantined: quarantined + pinned_quarantined,
+            awaiting_teardown: self.return_awaiting_teardown() + pinned_awaiting,
         }
     }
 
@@ -311,6 +400,147 @@ impl Charges {
         }
     }
 
+    // --- The same steps in any tier. ---
+
+    /// The tier's charges; `None` for the device tier.
+    #[inline]
+    fn tier(&self, tier: Tier) -> Option<&TierCharges> {
+        match tier {
+            Tier::Device => None,
+            _ => Some(&self.pinned),
+        }
+    }
+
+    /// [`charge`](Self::charge) in `tier`: to its own budget, counted live.
+    pub(crate) fn charge_in(
+        &self,
+        tier: Tier,
+        shard: usize,
+        bytes: u64,
+        credit: u64,
+    ) -> Result<(), ChargeRefused> {
+        let Some(t) = self.tier(tier) else {
+            return self.charge(shard, bytes, credit);
+        };
+        // Stream-ordered reuse is a device pool's: no credit.
+        t.budget
+            .try_charge(bytes, 0)
+            .map_err(|r| ChargeRefused::Tier(tier, r))?;
+        t.shift(None, Some(&t.live), bytes);
+        Ok(())
+    }
+
+    /// [`uncharge`](Self::uncharge) in `tier`.
+    pub(crate) fn uncharge_in(&self, tier: Tier, bytes: u64) {
+        let Some(t) = self.tier(tier) else {
+            return self.uncharge(bytes);
+        };
+        t.shift(Some(&t.live), None, bytes);
+        t.budget.uncharge(bytes);
+    }
+
+    /// [`queued`](Self::queued) in `tier`.
+    #[inline]
+    pub(crate) fn queued_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.queued(bytes),
+            Some(t) => t.shift(Some(&t.live), Some(&t.pending), bytes),
+        }
+    }
+
+    /// [`unqueued`](Self::unqueued) in `tier`.
+    pub(crate) fn unqueued_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.unqueued(bytes),
+            Some(t) => t.shift(Some(&t.pending), Some(&t.live), bytes),
+        }
+    }
+
+    /// [`uncharge_settled`](Self::uncharge_settled) in `tier`.
+    #[inline]
+    pub(crate) fn uncharge_settled_in(&self, tier: Tier, shard: usize, bytes: u64) {
+        match self.tier(tier) {
+            None => self.uncharge_settled(shard, bytes),
+            Some(t) => {
+                t.shift(Some(&t.pending), None, bytes);
+                t.budget.uncharge(bytes);
+            }
+        }
+    }
+
+    /// [`abandoned`](Self::abandoned) in `tier`.
+    pub(crate) fn abandoned_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.abandoned(bytes),
+            Some(t) => self.hold_in(t, Some(&t.pending), bytes),
+        }
+    }
+
+    /// Live bytes in `tier` whose free will never run (released on a lost
+    /// device): charged until teardown, as
+    /// [`hold_until_teardown`](Self::hold_until_teardown).
+    pub(crate) fn hold_live_until_teardown_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.hold_until_teardown(bytes),
+            Some(t) => self.hold_in(t, Some(&t.live), bytes),
+        }
+    }
+
+    /// [`quarantined`](Self::quarantined) in `tier`.
+    pub(crate) fn quarantined_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.quarantined(bytes),
+            Some(t) => t.shift(Some(&t.live), Some(&t.quarantined), bytes),
+        }
+    }
+
+    /// Force reclaimed every live buffer: the live bytes of the tiers other
+    /// than the device's are held until teardown. Returns them, so that the
+    /// caller holds the rest on the device tier. Called with the gate closed
+    /// and drained: nothing moves the live amounts meanwhile.
+    pub(crate) fn reclaim_tiers_live(&self) -> u64 {
+        let t = &self.pinned;
+        let live = t.live.load(Ordering::Acquire);
+        if live > 0 {
+            self.hold_in(t, Some(&t.live), live);
+        }
+        live
+    }
+
+    /// Move `bytes` of `t` from `from` to awaiting teardown, or give them
+    /// back at once after teardown (see
+    /// [`hold_until_teardown`](Self::hold_until_teardown)).
+    fn hold_in(&self, t: &TierCharges, from: Option<&AtomicU64>, bytes: u64) {
+        t.shift(from, Some(&t.awaiting_teardown), bytes);
+        // SeqCst on both sides, as in `hold_until_teardown`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.returned.load(Ordering::SeqCst) {
+            Self::return_tier(t, 0);
+        }
+    }
+
+    /// Teardown's accounting of a tier: its `quarantined` bytes and every
+    /// byte awaiting teardown go back to its budget. Returns them.
+    fn return_tier(t: &TierCharges, quarantined: u64) -> u64 {
+        let awaiting = t.awaiting_teardown.swap(0, Ordering::SeqCst);
+        t.shift(Some(&t.quarantined), None, quarantined);
+        t.budget.uncharge(awaiting + quarantined);
+        awaiting
+    }
+
+    /// A tier's amounts now.
+    pub(crate) fn tier_amounts(&self, tier: Tier) -> Option<TierAmounts> {
+        self.tier(tier).map(TierCharges::amounts)
+    }
+
+    /// Change the limit of `tier` (the device tier's is the context budget).
+    pub(crate) fn set_tier_limit(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.set_limit(bytes),
+            Some(t) => t.budget.set_limit(bytes),
+        }
+    }
+
     // --- What is charged. ---
 
     /// The context's budget limit.
@@ -382,7 +612,7 @@ mod tests {
     #[test]
     fn a_charge_is_on_both_budgets_or_neither() {
         let device = SharedBudget::new("gpu0", 100);
-        let c = Charges::new(1000, 0, Some(device.clone()));
+        let c = Charges::new(1000, 0, Some(device.clone()), u64::MAX);
         c.charge(0, 80, 0).unwrap();
         assert_eq!((c.charged(), device.charged()), (80, 80));
         match c.charge(0, 30, 0) {
@@ -399,7 +629,7 @@ mod tests {
     #[test]
     fn every_step_keeps_the_shared_totals_in_step() {
         let device = SharedBudget::new("gpu0", 1000);
-        let c = Charges::new(1000, 0, Some(device.clone()));
+        let c = Charges::new(1000, 0, Some(device.clone()), u64::MAX);
         for _ in 0..3 {
             c.charge(0, 100, 0).unwrap();
         }
@@ -417,7 +647,7 @@ mod tests {
         assert_eq!(device.awaiting_teardown(), 100);
         assert_eq!(device.quarantined(), 100);
         assert_eq!((c.charged(), device.charged()), (200, 200));
-        let returned = c.return_at_teardown(100);
+        let returned = c.return_at_teardown(100, 0);
         assert_eq!(
             (returned.quarantined, returned.awaiting_teardown),
             (100, 100)
@@ -429,10 +659,10 @@ mod tests {
     #[test]
     fn bytes_held_after_teardown_are_returned_at_once() {
         let device = SharedBudget::new("gpu0", 1000);
-        let c = Charges::new(1000, 0, Some(device.clone()));
+        let c = Charges::new(1000, 0, Some(device.clone()), u64::MAX);
         c.charge(0, 64, 0).unwrap();
         c.queued(64);
-        c.return_at_teardown(0);
+        c.return_at_teardown(0, 0);
         // A release the backend abandons after teardown (a backend bug).
         c.abandoned(64);
         assert_eq!(c.awaiting_teardown(), 0);
@@ -441,8 +671,44 @@ mod tests {
     }
 
     #[test]
+    fn pinned_bytes_stay_off_the_device_budgets() {
+        use crate::Tier::PinnedHost;
+        let device = SharedBudget::new("gpu0", 100);
+        let c = Charges::new(100, 0, Some(device.clone()), 300);
+        c.charge_in(PinnedHost, 0, 200, 0).unwrap();
+        assert_eq!((c.charged(), device.charged()), (0, 0));
+        match c.charge_in(PinnedHost, 0, 101, 0) {
+            Err(ChargeRefused::Tier(PinnedHost, r)) => assert_eq!((r.charged, r.limit), (200, 300)),
+            other => panic!("expected the pinned tier to refuse: {other:?}"),
+        }
+        // The device tier still has all its room.
+        c.charge_in(crate::Tier::Device, 0, 100, 0).unwrap();
+        // Every step of the tier keeps its budget the sum of its amounts.
+        c.queued_in(PinnedHost, 120);
+        c.uncharge_settled_in(PinnedHost, 0, 100);
+        c.abandoned_in(PinnedHost, 20);
+        c.quarantined_in(PinnedHost, 30);
+        let a = c.tier_amounts(PinnedHost).unwrap();
+        assert_eq!(
+            (
+                a.charged,
+                a.live,
+                a.pending,
+                a.quarantined,
+                a.awaiting_teardown
+            ),
+            (100, 50, 0, 30, 20)
+        );
+        assert_eq!(c.reclaim_tiers_live(), 50);
+        let returned = c.return_at_teardown(0, 30);
+        assert_eq!((returned.quarantined, returned.awaiting_teardown), (30, 70));
+        assert_eq!(c.tier_amounts(PinnedHost).unwrap().charged, 0);
+        assert_eq!(device.charged(), 100, "only the device bytes are on it");
+    }
+
+    #[test]
     fn settled_bytes_go_back_into_the_lease() {
-        let c = Charges::new(10 << 20, 1 << 20, None);
+        let c = Charges::new(10 << 20, 1 << 20, None, u64::MAX);
         c.charge(3, 4096, 0).unwrap();
         assert_eq!(c.charged(), 4096, "leased, idle bytes are not charged");
         let held = c.peak_held();

@@ -1,6 +1,7 @@
 //! What a caller chooses when registering a context.
 
 use super::budget::SharedBudget;
+use crate::Tier;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,6 +102,7 @@ pub type PressureResponder = Arc<dyn Fn(&PressureRequest) -> u64 + Send + Sync>;
 pub struct ContextConfig {
     pub(crate) label: String,
     pub(crate) budget: Option<u64>,
+    pub(crate) pinned_budget: Option<u64>,
     pub(crate) shared: Option<SharedBudget>,
     pub(crate) admission: Admission,
     pub(crate) max_pins: u64,
@@ -115,6 +117,7 @@ impl Default for ContextConfig {
         Self {
             label: String::new(),
             budget: None,
+            pinned_budget: None,
             shared: None,
             admission: Admission::FailFast,
             max_pins: crate::sync::MAX_CLAIMS,
@@ -131,6 +134,7 @@ impl fmt::Debug for ContextConfig {
         f.debug_struct("ContextConfig")
             .field("label", &self.label)
             .field("budget", &self.budget)
+            .field("pinned_budget", &self.pinned_budget)
             .field(
                 "shared",
                 &self.shared.as_ref().map(|s| s.label().to_owned()),
@@ -168,6 +172,36 @@ impl ContextConfig {
     /// Bytes this context may hold (live + pending release + quarantined).
     pub fn budget(mut self, bytes: u64) -> Self {
         self.budget = Some(bytes);
+        self
+    }
+
+    /// The limit of `tier`: bytes this context may hold in it (live +
+    /// pending release + quarantined), each tier under its own limit. The
+    /// device tier's is [`budget`](Self::budget); pinned host memory has
+    /// none by default (the OS's page-locking limit is the bound), and its
+    /// bytes are never charged to the device budget or a shared one.
+    ///
+    /// ```
+    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
+    /// let gov = Governor::new();
+    /// let config = ContextConfig::new()
+    ///     .budget(1 << 20)
+    ///     .tier_budget(Tier::PinnedHost, 64 << 10);
+    /// let ctx = gov.register(HostContext::new(HostConfig::default())?, config);
+    /// let stream = ctx.create_stream("copy")?;
+    /// let staging = ctx.allocate_in(&stream, 64 << 10, Role::Other, Tier::PinnedHost)?;
+    /// assert_eq!(staging.tier(), Tier::PinnedHost);
+    /// // The pinned tier is full; the device tier is untouched.
+    /// assert!(ctx.allocate_in(&stream, 1, Role::Other, Tier::PinnedHost).is_err());
+    /// let weights = ctx.allocate(&stream, 1 << 20, Role::Weights)?;
+    /// drop((staging, weights));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tier_budget(mut self, tier: Tier, bytes: u64) -> Self {
+        match tier {
+            Tier::Device => self.budget = Some(bytes),
+            _ => self.pinned_budget = Some(bytes),
+        }
         self
     }
 

@@ -62,6 +62,10 @@ pub enum BudgetScope {
     Shared(String),
     /// The device itself (the backend reported out of memory).
     Device,
+    /// The limit of a tier other than the device's
+    /// ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)),
+    /// or, with `driver` set, the driver out of that tier's memory.
+    Tier(crate::Tier),
 }
 
 impl fmt::Display for BudgetScope {
@@ -70,6 +74,7 @@ impl fmt::Display for BudgetScope {
             Self::Context => f.write_str("context budget"),
             Self::Shared(l) => write!(f, "shared budget '{l}'"),
             Self::Device => f.write_str("device memory"),
+            Self::Tier(t) => write!(f, "{t} tier budget"),
         }
     }
 }

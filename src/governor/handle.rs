@@ -1,6 +1,6 @@
 //! The caller's handle on one registered context.
 
-use super::admission::admit;
+use super::admission::{admit, admit_in};
 use super::buffer::DeviceBuffer;
 use super::config::{PressureRequest, Role};
 use super::error::{ContextName, ContextOperation, GovernorError};
@@ -15,7 +15,7 @@ use crate::sync::lock;
 use crate::trace::EventKind;
 use crate::{
     DeviceContext, DeviceDescription, MemoryInfo, ProviderContextIdentity, ProviderContextPinError,
-    ProviderContextPinSource,
+    ProviderContextPinSource, Tier,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -117,6 +117,61 @@ impl<C: DeviceContext> ContextHandle<C> {
         bytes: u64,
         role: Role,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
+        self.allocate_tiered(stream, bytes, role, Tier::Device)
+    }
+
+    /// Allocate `bytes` in `tier`, usable on `stream`, charged to that
+    /// tier's budget ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)).
+    /// `Tier::Device` is [`allocate`](Self::allocate).
+    ///
+    /// A buffer in any tier is governed the same way: born pinned, released
+    /// stream-ordered on its stream (after every copy queued there before
+    /// the release, and after the streams it was recorded on), its pin held
+    /// until the free has executed, so teardown waits for it. Only the
+    /// budget differs: pinned host bytes are never charged to the device
+    /// budget or a shared one. A refusal names the tier
+    /// ([`BudgetScope::Tier`](super::BudgetScope::Tier)).
+    ///
+    /// ```
+    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new());
+    /// let stream = ctx.create_stream("copy")?;
+    /// let staging = ctx.allocate_in(&stream, 4096, Role::Other, Tier::PinnedHost)?;
+    /// staging.write(0, b"batch")?;
+    /// let mut back = [0u8; 5];
+    /// staging.read(0, &mut back)?;
+    /// assert_eq!(&back, b"batch");
+    /// drop(staging); // freed after the copies queued before it, like device memory
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`allocate`](Self::allocate); [`GovernorError::Backend`]
+    /// with [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
+    /// from a backend without the tier.
+    pub fn allocate_in(
+        &self,
+        stream: &GovernedStream<C>,
+        bytes: u64,
+        role: Role,
+        tier: Tier,
+    ) -> Result<DeviceBuffer<C>, GovernorError> {
+        self.allocate_tiered(stream, bytes, role, tier)
+    }
+
+    /// The body of [`allocate`](Self::allocate) and
+    /// [`allocate_in`](Self::allocate_in): inlined into each, so that the
+    /// device path's tier test folds away.
+    #[inline(always)]
+    fn allocate_tiered(
+        &self,
+        stream: &GovernedStream<C>,
+        bytes: u64,
+        role: Role,
+        tier: Tier,
+    ) -> Result<DeviceBuffer<C>, GovernorError> {
         let ctx = &self.inner;
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
             return Err(GovernorError::wrong_context(
@@ -141,7 +196,12 @@ impl<C: DeviceContext> ContextHandle<C> {
             Err(e) => return Err(ctx.trace_refused(tag, role, bytes, ctx.pin_error(e))),
         };
         // Counted live inside `admit`; `allocations` is derived.
-        let memory = match admit(ctx, &stream.shared, bytes, role) {
+        let admitted = if tier == Tier::Device {
+            admit(ctx, &stream.shared, bytes, role)
+        } else {
+            admit_in(ctx, &stream.shared, bytes, role, tier)
+        };
+        let memory = match admitted {
             Ok(memory) => memory,
             Err(e) => return Err(ctx.trace_refused(tag, role, bytes, e)),
         };
@@ -156,6 +216,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             memory: Some(memory),
             bytes,
             role,
+            tier,
             recorded: None,
         })
     }
@@ -223,6 +284,13 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// Change the context's budget. Allocations already charged stay.
     pub fn set_budget(&self, bytes: u64) {
         self.inner.charges.set_limit(bytes);
+    }
+
+    /// Change the limit of `tier` (`Tier::Device`: the context's budget,
+    /// as [`set_budget`](Self::set_budget)). Allocations already charged
+    /// stay.
+    pub fn set_tier_budget(&self, tier: Tier, bytes: u64) {
+        self.inner.charges.set_tier_limit(tier, bytes);
     }
 
     /// Declare the device lost: new work is refused, pending releases are

@@ -42,7 +42,7 @@ pub use reservation::{Reservation, ReservationUsage};
 pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
     ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
-    RoleUsage,
+    RoleUsage, TierUsage,
 };
 pub use stream::GovernedStream;
 pub use units::{Bytes, Elapsed};

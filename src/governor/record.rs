@@ -60,7 +60,7 @@ use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
 use crate::trace::{ContextTrace, EventKind};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
-    ProviderContextPinError,
+    ProviderContextPinError, Tier,
 };
 use std::cell::UnsafeCell;
 use std::ops::Deref;
@@ -93,6 +93,7 @@ pub(crate) struct Counters {
 /// the context terminates.
 struct Quarantined<M> {
     role: Role,
+    tier: Tier,
     bytes: u64,
     reason: String,
     _memory: M,
@@ -262,7 +263,12 @@ impl<C: DeviceContext> ContextInner<C> {
                 matches!(config.admission, Admission::WaitForPending { .. }),
                 Box::new(move || start_reaper(&this)),
             ),
-            charges: Charges::new(limit, config.lease_chunk, config.shared),
+            charges: Charges::new(
+                limit,
+                config.lease_chunk,
+                config.shared,
+                config.pinned_budget.unwrap_or(u64::MAX),
+            ),
             stats: Stats::new(config.exact_peak),
             counters: Counters::default(),
             outside: Default::default(),
@@ -451,16 +457,18 @@ impl<C: DeviceContext> ContextInner<C> {
         memory: C::Memory,
         bytes: u64,
         role: Role,
+        tier: Tier,
         err: &BackendError,
     ) {
         self.stats.leave(live_shard, role, bytes);
         self.stats.quarantine(role, bytes);
-        self.charges.quarantined(bytes);
+        self.charges.quarantined_in(tier, bytes);
         add(&self.counters.quarantined, 1);
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %self.id, label = %self.label(), bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
         lock(&self.quarantine).push(Quarantined {
             role,
+            tier,
             bytes,
             reason: err.to_string(),
             _memory: memory,
@@ -716,8 +724,11 @@ impl<C: DeviceContext> ContextInner<C> {
         let reclaimed = self.stats.reclaim_live();
         add(&self.counters.reclaimed, reclaimed.count);
         // Still allocated on the device until teardown frees it: charged
-        // until then, so that no other context is admitted into it.
-        self.charges.hold_until_teardown(reclaimed.bytes);
+        // until then, so that no other context is admitted into it. Each
+        // tier's bytes stay on its own budget.
+        let other_tiers = self.charges.reclaim_tiers_live();
+        self.charges
+            .hold_until_teardown(reclaimed.bytes.saturating_sub(other_tiers));
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
         forcing.revoke(reclaimed.count + streams);
         #[cfg(feature = "tracing")]
@@ -819,11 +830,15 @@ impl<C: DeviceContext> ContextInner<C> {
     /// released on a lost device). See [`Charges::return_at_teardown`].
     fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
-        let quarantined_bytes: u64 = quarantined.iter().map(|q| q.bytes).sum();
+        let (mut device, mut pinned) = (0u64, 0u64);
         for q in &quarantined {
             self.stats.unquarantine(q.role, q.bytes);
+            match q.tier {
+                Tier::Device => device += q.bytes,
+                _ => pinned += q.bytes,
+            }
         }
-        let returned = self.charges.return_at_teardown(quarantined_bytes);
+        let returned = self.charges.return_at_teardown(device, pinned);
         drop(quarantined);
         returned
     }

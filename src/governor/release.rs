@@ -33,7 +33,7 @@ use super::shards::SHARDS;
 use super::stream::StreamShared;
 use crate::sync::{slot_index, Slot};
 use crate::trace::EventKind;
-use crate::{BackendError, DeviceContext};
+use crate::{BackendError, DeviceContext, Tier};
 use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,14 +51,17 @@ pub(crate) enum Released {
     Quarantined(BackendError),
 }
 
-/// Release `memory` (holding one pin of `ctx`, charged `bytes` live under
-/// `role` in shard `live_shard`: its own stream's) stream-ordered on `stream`.
+/// Release `memory` (holding one pin of `ctx`, charged `bytes` live in
+/// `tier` under `role` in shard `live_shard`: its own stream's)
+/// stream-ordered on `stream`. Every tier's release takes the same steps;
+/// only the budget its bytes return to differs.
 ///
 /// `after` lists the other streams the memory was used on (its own stream,
 /// when `stream` is another one, and the streams recorded on the buffer):
 /// the free is ordered after the work already queued on each of them
 /// ([`DeviceContext::order_after`]) before it is queued. The caller leaves
 /// `stream` itself out of `after`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn release<C: DeviceContext>(
     ctx: &Arc<ContextInner<C>>,
     live_shard: usize,
@@ -67,6 +70,7 @@ pub(crate) fn release<C: DeviceContext>(
     memory: C::Memory,
     bytes: u64,
     role: Role,
+    tier: Tier,
 ) -> Released {
     let Some(backend) = ctx.enter_on(stream.shard) else {
         // Only force closes the gate while buffers live: it already revoked
@@ -78,7 +82,7 @@ pub(crate) fn release<C: DeviceContext>(
     // Everything below runs with the gate claim held (see the module docs).
     if ctx.is_lost() {
         drop(memory);
-        settle_live_as_lost(ctx, live_shard, bytes, role);
+        settle_live_as_lost(ctx, live_shard, bytes, role, tier);
         drop(backend);
         return Released::SettledLost;
     }
@@ -90,7 +94,7 @@ pub(crate) fn release<C: DeviceContext>(
         debug_assert!(!std::ptr::eq(*other, stream));
         if let Err(err) = backend.order_after(stream.raw(), other.raw()) {
             ctx.note_backend_error(&err);
-            let released = refused(ctx, live_shard, stream, memory, bytes, role, err);
+            let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
             drop(backend);
             return released;
         }
@@ -105,8 +109,15 @@ pub(crate) fn release<C: DeviceContext>(
     if let Some(p) = &stream.pending_bytes {
         add(p, bytes);
     }
-    ctx.charges.queued(bytes);
-    let pending = boxed(ctx, stream.pending_bytes.clone(), bytes, role, stream.shard);
+    ctx.charges.queued_in(tier, bytes);
+    let pending = boxed(
+        ctx,
+        stream.pending_bytes.clone(),
+        bytes,
+        role,
+        tier,
+        stream.shard,
+    );
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
         RetireSignal::from_sink(pending)
@@ -129,10 +140,10 @@ pub(crate) fn release<C: DeviceContext>(
             pin.transfer();
             // Undo the move without settling: the release never happened.
             signal.defuse();
-            undo_pending(ctx, live_shard, stream, bytes, role);
+            undo_pending(ctx, live_shard, stream, bytes, role, tier);
             ctx.pending_left(stream.shard);
             ctx.note_backend_error(&err);
-            let released = refused(ctx, live_shard, stream, memory, bytes, role, err);
+            let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
             drop(backend);
             released
         }
@@ -143,6 +154,7 @@ pub(crate) fn release<C: DeviceContext>(
 /// ordering in front of it): on a lost device it goes with the device,
 /// otherwise it is quarantined. Either way its pin is released. Call under
 /// a gate claim.
+#[allow(clippy::too_many_arguments)]
 fn refused<C: DeviceContext>(
     ctx: &ContextInner<C>,
     live_shard: usize,
@@ -150,6 +162,7 @@ fn refused<C: DeviceContext>(
     memory: C::Memory,
     bytes: u64,
     role: Role,
+    tier: Tier,
     err: BackendError,
 ) -> Released {
     if let Some(t) = &ctx.trace {
@@ -173,10 +186,10 @@ fn refused<C: DeviceContext>(
     }
     if err.is_device_lost() {
         drop(memory);
-        settle_live_as_lost(ctx, live_shard, bytes, role);
+        settle_live_as_lost(ctx, live_shard, bytes, role, tier);
         Released::SettledLost
     } else {
-        ctx.quarantine(live_shard, memory, bytes, role, &err);
+        ctx.quarantine(live_shard, memory, bytes, role, tier, &err);
         Released::Quarantined(err)
     }
 }
@@ -188,12 +201,13 @@ fn undo_pending<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
+    tier: Tier,
 ) {
     ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
     if let Some(p) = &stream.pending_bytes {
         sub(p, bytes);
     }
-    ctx.charges.unqueued(bytes);
+    ctx.charges.unqueued_in(tier, bytes);
 }
 
 /// A live buffer of a lost context goes away with the device.
@@ -202,11 +216,12 @@ fn settle_live_as_lost<C: DeviceContext>(
     live_shard: usize,
     bytes: u64,
     role: Role,
+    tier: Tier,
 ) {
     ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
-    ctx.charges.hold_until_teardown(bytes);
+    ctx.charges.hold_live_until_teardown_in(tier, bytes);
     add(&ctx.counters.settled_lost, 1);
     ctx.announce_settlement();
     ctx.release_pin();
@@ -221,6 +236,8 @@ pub(crate) struct PendingRelease<C: DeviceContext> {
     stream_pending: Option<Arc<AtomicU64>>,
     bytes: u64,
     role: Role,
+    /// The tier whose budget the bytes return to.
+    tier: Tier,
     /// Shard of the stream the release was queued on: its pending counts.
     /// (`u8`: keeps the box at 32 bytes.)
     shard: u8,
@@ -240,12 +257,14 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         match outcome {
             // The free executed: the device has the bytes back. (`retired`
             // is derived: settled minus abandoned.)
-            RetireOutcome::Retired => ctx.charges.uncharge_settled(shard, this.bytes),
+            RetireOutcome::Retired => ctx
+                .charges
+                .uncharge_settled_in(this.tier, shard, this.bytes),
             // The free never ran: the memory is the backend's to free at
             // teardown, and charged until then.
             RetireOutcome::Abandoned => {
                 ctx.counters.abandoned.fetch_add(1, Ordering::Release);
-                ctx.charges.abandoned(this.bytes);
+                ctx.charges.abandoned_in(this.tier, this.bytes);
             }
         }
         ctx.stats.settle(shard, this.role, this.bytes);
@@ -310,6 +329,7 @@ fn boxed<C: DeviceContext>(
     stream_pending: Option<Arc<AtomicU64>>,
     bytes: u64,
     role: Role,
+    tier: Tier,
     shard: usize,
 ) -> Box<PendingRelease<C>> {
     if let Some(mut b) = ctx.spares.of(shard).take() {
@@ -318,6 +338,7 @@ fn boxed<C: DeviceContext>(
         b.stream_pending = stream_pending;
         b.bytes = bytes;
         b.role = role;
+        b.tier = tier;
         b.shard = shard as u8;
         return b;
     }
@@ -326,6 +347,7 @@ fn boxed<C: DeviceContext>(
         stream_pending,
         bytes,
         role,
+        tier,
         shard: shard as u8,
     })
 }

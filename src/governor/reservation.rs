@@ -203,6 +203,7 @@ impl<C: DeviceContext> Reservation<C> {
             memory: Some(memory),
             bytes,
             role,
+            tier: crate::Tier::Device,
             recorded: None,
         })
     }

@@ -7,7 +7,7 @@ use super::config::Role;
 use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, PinKind, TeardownReport};
 use super::reservation::ReservationUsage;
-use crate::{DeviceContext, Execution, ProviderContextIdentity};
+use crate::{DeviceContext, Execution, ProviderContextIdentity, Tier};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a context is in its life.
@@ -23,6 +23,32 @@ pub enum Lifecycle {
     Lost,
     /// Torn down.
     Terminated,
+}
+
+/// What one tier holds, under its own limit.
+///
+/// Every buffer is in exactly one tier, so the tiers' `live_bytes` add up to
+/// the roles' (and likewise pending and quarantined).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TierUsage {
+    /// The tier.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "ser_display"))]
+    pub tier: Tier,
+    /// Its limit (`u64::MAX`: none); the device tier's is the context
+    /// budget.
+    pub limit: u64,
+    /// Bytes charged to its limit: live + pending + quarantined + awaiting
+    /// teardown (the device tier's as in `ContextSnapshot::charged`).
+    pub charged: u64,
+    /// Bytes of live buffers in it.
+    pub live_bytes: u64,
+    /// Bytes whose stream-ordered release is queued and has not executed.
+    pub pending_bytes: u64,
+    /// Bytes whose release was refused, held until teardown.
+    pub quarantined_bytes: u64,
+    /// Bytes whose free never ran, charged until teardown.
+    pub awaiting_teardown: u64,
 }
 
 /// Bytes and objects of one role.
@@ -197,6 +223,8 @@ pub struct ContextSnapshot {
     pub reservations: Vec<ReservationUsage>,
     /// Usage by role, indexed like [`Role::ALL`].
     pub by_role: [RoleUsage; 5],
+    /// Usage by tier, indexed like [`Tier::ALL`].
+    pub by_tier: Vec<TierUsage>,
     /// Quarantined releases with reasons.
     pub quarantine: Vec<QuarantineEntry>,
     /// Pins by kind.
@@ -243,6 +271,7 @@ impl std::fmt::Debug for ContextSnapshot {
             reserved,
             reservations,
             by_role,
+            by_tier,
             quarantine,
             pins,
             counters,
@@ -267,6 +296,7 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("reserved", reserved)
             .field("reservations", reservations)
             .field("by_role", &ByRole(by_role))
+            .field("by_tier", by_tier)
             .field("quarantine", quarantine)
             .field("pins", pins)
             .field("counters", counters)
@@ -290,6 +320,11 @@ impl ContextSnapshot {
     pub fn total(&self) -> RoleUsage {
         self.by_role.iter().copied().sum()
     }
+
+    /// Usage of one tier.
+    pub fn tier(&self, tier: Tier) -> Option<TierUsage> {
+        self.by_tier.iter().copied().find(|t| t.tier == tier)
+    }
 }
 
 /// Every context of a governor.
@@ -305,6 +340,45 @@ impl GovernorSnapshot {
     pub fn total(&self) -> RoleUsage {
         self.contexts.iter().map(ContextSnapshot::total).sum()
     }
+}
+
+/// Every tier's usage: the tiers other than the device's from their own
+/// charges, the device tier's as what is left of the roles' totals.
+fn by_tier<C: DeviceContext>(ctx: &ContextInner<C>, by_role: &[RoleUsage; 5]) -> Vec<TierUsage> {
+    let total: RoleUsage = by_role.iter().copied().sum();
+    // Live, pending and quarantined bytes of the tiers other than the
+    // device's.
+    let mut others = (0u64, 0u64, 0u64);
+    let mut tiers = Vec::with_capacity(Tier::ALL.len());
+    for tier in Tier::ALL.into_iter().skip(1) {
+        let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+        let usage = TierUsage {
+            tier,
+            limit: a.limit,
+            charged: a.charged,
+            live_bytes: a.live,
+            pending_bytes: a.pending,
+            quarantined_bytes: a.quarantined,
+            awaiting_teardown: a.awaiting_teardown,
+        };
+        others.0 += usage.live_bytes;
+        others.1 += usage.pending_bytes;
+        others.2 += usage.quarantined_bytes;
+        tiers.push(usage);
+    }
+    tiers.insert(
+        0,
+        TierUsage {
+            tier: Tier::Device,
+            limit: ctx.charges.limit(),
+            charged: ctx.charges.charged(),
+            live_bytes: total.live_bytes.saturating_sub(others.0),
+            pending_bytes: total.pending_bytes.saturating_sub(others.1),
+            quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
+            awaiting_teardown: ctx.charges.awaiting_teardown(),
+        },
+    );
+    tiers
 }
 
 fn ld(a: &AtomicU64) -> u64 {
@@ -353,6 +427,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     let c = &ctx.counters;
     let (peak, peak_exact) = ctx.stats.peak_live();
     let (reserved, reservations) = ctx.reservations.usage();
+    let by_tier = by_tier(ctx, &by_role);
 
     ContextSnapshot {
         context: ctx.id,
@@ -373,6 +448,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         reserved,
         reservations,
         by_role,
+        by_tier,
         quarantine: ctx
             .quarantine_entries()
             .into_iter()

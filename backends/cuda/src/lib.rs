@@ -96,10 +96,10 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUs
 use memgov_backend::shell::Shell;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireSignal,
+    MemoryInfo, RetireSignal, Tier,
 };
 use result::{check, err, BACKEND};
-use shared::{RawStream, Shared, Watch};
+use shared::{RawStream, Shared};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -430,7 +430,7 @@ impl CudaContext {
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
                 retired_streams: Mutex::default(),
-                watch: Watch::default(),
+                watch: Arc::default(),
             }),
         }
     }
@@ -490,6 +490,18 @@ impl DeviceContext for CudaContext {
 
     fn allocate(&self, stream: &CudaStream, bytes: u64) -> Result<CudaMemory, BackendError> {
         self.allocate_impl(stream, bytes)
+    }
+
+    fn allocate_in(
+        &self,
+        stream: &CudaStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<CudaMemory, BackendError> {
+        match tier {
+            Tier::Device => self.allocate_impl(stream, bytes),
+            _ => self.allocate_pinned_impl(stream, bytes),
+        }
     }
 
     fn free_async(

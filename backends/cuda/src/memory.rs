@@ -1,10 +1,16 @@
-//! Allocation from the device's stream-ordered memory pool, and copies
-//! ordered on a stream.
+//! Allocation from the device's stream-ordered memory pool, page-locked
+//! host allocation, and copies ordered on a stream.
 //!
 //! Memory comes from `cuMemAllocFromPoolAsync` on the context's own memory
 //! pool, so a free queued on a stream is reusable at once by allocations
 //! ordered after it on that stream (the context declares
 //! `stream_ordered_reuse`).
+//!
+//! Pinned host memory ([`Tier::PinnedHost`]) comes from `cuMemHostAlloc`
+//! (portable, mapped), and copies reach it through its device pointer
+//! (`cuMemHostGetDevicePointer_v2`): the same asynchronous, stream-ordered
+//! copies as device memory. Its free is `cuMemFreeHost`, queued behind the
+//! stream as `retire.rs` describes.
 //!
 //! Every safe method checks its handles against the context's own registry
 //! before any driver call: a stream or allocation of another context, a
@@ -18,7 +24,8 @@ use crate::shared::Live;
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, MemoryInfo};
+use memgov_backend::{BackendError, MemoryInfo, Tier};
+use std::ffi::c_void;
 
 /// A raw device allocation. A plain handle: dropping it does nothing; only
 /// `free_async` or teardown release it.
@@ -29,6 +36,8 @@ pub struct CudaMemory {
     pub(crate) id: u64,
     /// The id of the context that allocated it (checked on every use).
     pub(crate) context: u64,
+    /// The host address of page-locked host memory; 0 for device memory.
+    pub(crate) host: usize,
 }
 
 impl CudaMemory {
@@ -49,6 +58,21 @@ impl CudaMemory {
     /// Always false: zero-byte allocations are refused.
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
+    }
+
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        if self.host == 0 {
+            Tier::Device
+        } else {
+            Tier::PinnedHost
+        }
+    }
+
+    /// The host address of page-locked host memory (`None` for device
+    /// memory), under the same rules as [`device_ptr`](Self::device_ptr).
+    pub fn host_ptr(&self) -> Option<*mut c_void> {
+        (self.host != 0).then_some(self.host as *mut c_void)
     }
 }
 
@@ -83,13 +107,73 @@ impl CudaContext {
         let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw) };
         s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
         let id = s.next_id();
-        lock(&s.live).insert(id, Live { ptr, bytes });
+        lock(&s.live).insert(
+            id,
+            Live {
+                ptr,
+                bytes,
+                host: 0,
+            },
+        );
         s.probe().allocated(bytes);
         Ok(CudaMemory {
             ptr,
             bytes,
             id,
             context: s.id,
+            host: 0,
+        })
+    }
+
+    /// `allocate_in` for [`Tier::PinnedHost`]: `cuMemHostAlloc`, portable
+    /// and mapped, reached by copies through its device pointer.
+    pub(crate) fn allocate_pinned_impl(
+        &self,
+        stream: &super::CudaStream,
+        bytes: u64,
+    ) -> Result<CudaMemory, BackendError> {
+        let s = &*self.shared;
+        s.check_usable("allocate")?;
+        s.check_stream("allocate", stream)?;
+        if bytes == 0 {
+            return Err(crate::result::err(
+                "allocate",
+                memgov_backend::BackendErrorKind::InvalidArgument,
+                "a 0-byte allocation was asked for; ask for at least 1 byte",
+            ));
+        }
+        let size = usize::try_from(bytes).map_err(|_| {
+            crate::result::err(
+                "allocate",
+                memgov_backend::BackendErrorKind::InvalidArgument,
+                format!("{bytes} B does not fit this platform's size_t"),
+            )
+        })?;
+        let _current = s.make_current("allocate")?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: `host` is a valid out pointer; the context is current.
+        let r = unsafe { sys::cuMemHostAlloc(&mut host, size, flags) };
+        s.checked("allocate", "cuMemHostAlloc", r)?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated mapped in this context, which is
+        // current; `ptr` is a valid out pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0) };
+        if let Err(e) = s.checked("allocate", "cuMemHostGetDevicePointer_v2", r) {
+            // SAFETY: allocated above, used by nothing yet, freed once.
+            let _ = unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        let host = host as usize;
+        let id = s.next_id();
+        lock(&s.live).insert(id, Live { ptr, bytes, host });
+        s.probe().allocated(bytes);
+        Ok(CudaMemory {
+            ptr,
+            bytes,
+            id,
+            context: s.id,
+            host,
         })
     }
 

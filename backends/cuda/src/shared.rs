@@ -22,6 +22,9 @@ pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(2);
 pub(crate) struct Live {
     pub ptr: CUdeviceptr,
     pub bytes: u64,
+    /// The host address of a page-locked host allocation (`cuMemHostAlloc`,
+    /// freed with `cuMemFreeHost`); 0 for device memory.
+    pub host: usize,
 }
 
 /// A raw stream handle that may cross threads (see `CudaStream`).
@@ -65,18 +68,34 @@ pub(crate) struct Shared {
     /// synchronize: the context is never released under a running host
     /// function.
     pub(crate) retired_streams: Mutex<Vec<RawStream>>,
-    /// The watcher thread that asks the driver about retired streams.
-    pub(crate) watch: Watch,
+    /// The watcher thread that asks the driver about retired streams and
+    /// frees page-locked host memory whose stream has passed its last use.
+    /// Shared with the host functions of those frees, which wake it.
+    pub(crate) watch: Arc<Watch>,
 }
 
-/// The watcher: started with the first retired stream, it queries retired
-/// streams every `WATCH_INTERVAL` while there are any (so an asynchronous
-/// fault in their work is observed even when nobody calls the backend), and
-/// is stopped and joined by teardown before any other teardown step.
+/// The watcher: started with the first retired stream or page-locked host
+/// free, it queries retired streams every `WATCH_INTERVAL` while there are
+/// any (so an asynchronous fault in their work is observed even when nobody
+/// calls the backend), frees page-locked host memory once the host function
+/// queued behind its last use has run and woken it (`cuMemFreeHost` is a
+/// driver call, which the host function itself may not make), and is
+/// stopped and joined by teardown before any other teardown step.
 #[derive(Default)]
 pub(crate) struct Watch {
     state: Mutex<WatchState>,
     wake: Condvar,
+}
+
+impl Watch {
+    /// Wake the watcher: something it waits for happened. Takes the state
+    /// lock, which the watcher holds from its look at the queues to its
+    /// wait, so the wake-up is not lost in between. No driver call is made
+    /// under that lock: a host function may call this.
+    pub(crate) fn wake(&self) {
+        drop(lock(&self.state));
+        self.wake.notify_all();
+    }
 }
 
 #[derive(Default)]
@@ -144,6 +163,7 @@ impl Shared {
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
         let taken = self.pending.take_all();
+        self.pending.clear_host_queued();
         for (_, bytes) in &taken {
             self.probe().free_abandoned(*bytes);
         }
@@ -316,7 +336,8 @@ fn watch_loop(weak: Weak<Shared>) {
             if st.stop {
                 return;
             }
-            let idle = lock(&shared.retired_streams).is_empty() || shared.is_lost();
+            let idle = (lock(&shared.retired_streams).is_empty() && !shared.pending.host_ready())
+                || shared.is_lost();
             let st = if idle {
                 shared
                     .watch
@@ -339,5 +360,6 @@ fn watch_loop(weak: Weak<Shared>) {
         // No lock held across the driver calls; an error is kept by the
         // context (a sticky one marks it lost and abandons pending frees).
         let _ = shared.reap_retired("watch");
+        let _ = shared.free_ready_host("watch");
     }
 }

@@ -134,6 +134,12 @@ impl CudaContext {
             let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
             s.checked("synchronize", "cuStreamSynchronize", r)?;
         }
+        // The stream's page-locked host frees: their host functions have
+        // run, and their frees (and signals) follow off the stream, on the
+        // watcher. Do those that are ready here and wait for the watcher's,
+        // so that the signals of the stream's frees have fired on return.
+        s.free_ready_host("synchronize")?;
+        s.pending.wait_host(stream.id, || s.is_lost());
         // Destroyed streams still holding work are asked too: a fault in
         // their work is observed when the governor synchronizes (force).
         s.reap_retired("synchronize")

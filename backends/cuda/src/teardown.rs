@@ -70,11 +70,28 @@ impl CudaContext {
             let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
             keep(s.checked("teardown", "cuStreamDestroy_v2", r));
         }
+        // Page-locked host frees whose host function ran (every stream was
+        // synchronized above) and that the stopped watcher had not done.
+        keep(s.free_ready_host("teardown"));
         // Memory a forced retire left live: free it on a stream of its own
         // and wait, so the pool gets it back before the context goes. Every
         // stream that used it was synchronized above, which orders the frees
-        // after that use.
-        let leftover: Vec<Live> = lock(&s.live).drain().map(|(_, l)| l).collect();
+        // after that use. Page-locked host memory is freed at once, for the
+        // same reason.
+        let (host, leftover): (Vec<Live>, Vec<Live>) = lock(&s.live)
+            .drain()
+            .map(|(_, l)| l)
+            .partition(|l| l.host != 0);
+        for l in host {
+            // SAFETY: a live page-locked allocation of this context, drained
+            // from the live set so freed once; every stream that used it was
+            // synchronized; the context is current.
+            let r = unsafe { sys::cuMemFreeHost(l.host as *mut std::ffi::c_void) };
+            match s.checked("teardown", "cuMemFreeHost", r) {
+                Ok(()) => s.probe().freed(l.bytes),
+                Err(e) => keep(Err(e)),
+            }
+        }
         if !leftover.is_empty() {
             keep(self.free_leftover(&leftover));
         }

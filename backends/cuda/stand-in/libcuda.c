@@ -15,12 +15,20 @@
  *   synchronization) is a contract violation.
  * - Memory comes from the default pool or pools made with cuMemPoolCreate;
  *   the default pool's release threshold must be as the process found it.
+ * - Page-locked host memory (cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
+ *   cuMemFreeHost) is a table of its own per context, outside the device's
+ *   memory and its OOM knob; its device pointer is its host address (UVA).
+ *   Copies through it are checked and ordered like device memory. As the
+ *   CUDA documentation requires, cuMemFreeHost (synchronous) while a queued
+ *   copy that uses the memory has not completed is a contract violation,
+ *   and the memory goes with its context.
  * - The primary context's last release destroys it with its allocations and
  *   streams, as the driver does; no thread may still have it current.
  * - Contract violations abort with "memgov libcuda stand-in: contract
  *   violation: ...": a call on a destroyed context, stream, event or pool, a
  *   free or copy of an unknown or freed pointer, a copy out of bounds, a
- *   copy or free missing stream ordering, the primary context released (last
+ *   copy or free missing stream ordering, a page-locked host free while a
+ *   copy using it is still queued, the primary context released (last
  *   reference) while work is pending, while a thread has it current, or with
  *   the default pool changed, any driver call from inside a host function;
  *   with MEMGOV_STANDIN_CUDA_EXIT_CHECK=1, anything left at exit.
@@ -115,6 +123,8 @@ struct CUctx_st {
     int destroyed;
     CUdevice device;
     struct sq_mem *mem;
+    /* Page-locked host allocations (cuMemHostAlloc): not device memory. */
+    struct sq_mem *host_mem;
     pthread_mutex_t lock; /* guards streams and draining */
     struct CUstream_st *streams;
     /* Destroyed streams whose queued work may still be running: like the
@@ -477,6 +487,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         c->magic = CTX_MAGIC;
         c->device = dev;
         c->mem = sq_mem_new(g_knobs.oom_after_bytes);
+        c->host_mem = sq_mem_new(0);
         pthread_mutex_init(&c->lock, NULL);
         g_dev[dev].primary = c;
     }
@@ -516,6 +527,7 @@ static void destroy_context(CUcontext c, int sticky) {
     /* Allocations still live are released with the context, as the driver's
      * context destruction releases every resource of the context. */
     uint64_t live = sq_mem_live_count(c->mem);
+    uint64_t host_live = sq_mem_live_count(c->host_mem);
     CUstream lists[2] = {c->streams, c->draining};
     c->streams = NULL;
     c->draining = NULL;
@@ -535,6 +547,8 @@ static void destroy_context(CUcontext c, int sticky) {
      * the device's memory went with the context. */
     if (!sticky && live == 0) sq_mem_destroy(c->mem);
     c->mem = NULL;
+    if (!sticky && host_live == 0) sq_mem_destroy(c->host_mem);
+    c->host_mem = NULL;
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
@@ -862,18 +876,20 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return CUDA_SUCCESS;
 }
 
+
 static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const void *src, size_t bytes,
                            CUstream hStream) {
     CUresult r = check_stream(hStream, fn);
     if (r != CUDA_SUCCESS) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
-    enum sq_mem_check c = sq_mem_check_on(hStream->ctx->mem, dev, bytes, hStream->q, fn);
+    struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
+    enum sq_mem_check c = sq_mem_check_on(mem, dev, bytes, hStream->q, fn);
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer 0x%llx", fn, bytes, check_name(c),
                (unsigned long long)dev);
     sq_queue_copy(hStream->q, dst, src, bytes);
-    sq_mem_touch(hStream->ctx->mem, dev, hStream->q, sq_queue_last(hStream->q));
+    sq_mem_touch(mem, dev, hStream->q, sq_queue_last(hStream->q));
     return CUDA_SUCCESS;
 }
 
@@ -889,6 +905,43 @@ CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
     ENTER("cuMemcpyDtoHAsync_v2");
     return copy_async("cuMemcpyDtoHAsync_v2", srcDevice, dstHost,
                       (const void *)(uintptr_t)srcDevice, ByteCount, hStream);
+}
+
+/* ---- page-locked host memory ---------------------------------------------------- */
+
+#define CU_MEMHOSTALLOC_VALID_FLAGS 7u /* portable, devicemap, writecombined */
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+    ENTER("cuMemHostAlloc");
+    CUcontext c = current("cuMemHostAlloc");
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pp == NULL || bytesize == 0 || (Flags & ~CU_MEMHOSTALLOC_VALID_FLAGS) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = sq_mem_alloc_tracked(c->host_mem, bytesize);
+    if (p == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *pp = (void *)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+    ENTER("cuMemHostGetDevicePointer_v2");
+    CUcontext c = current("cuMemHostGetDevicePointer_v2");
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pdptr == NULL || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (sq_mem_check(c->host_mem, (uint64_t)(uintptr_t)p, 1) != SQ_MEM_OK)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    ENTER("cuMemFreeHost");
+    CUcontext c = current("cuMemFreeHost");
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    enum sq_mem_check r = sq_mem_free_now(c->host_mem, (uint64_t)(uintptr_t)p, "cuMemFreeHost");
+    if (r != SQ_MEM_OK)
+        sq_die("cuMemFreeHost of %s page-locked pointer %p", check_name(r), p);
+    return CUDA_SUCCESS;
 }
 
 /* ---- host functions ------------------------------------------------------------ */

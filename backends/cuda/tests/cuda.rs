@@ -328,6 +328,37 @@ fn negative_copy_out_of_bounds_aborts() {
 }
 
 #[test]
+fn pinned_host_free_after_its_copy_completed_passes() {
+    // The control of the next test: the same copy, synchronized first.
+    assert_child_passed(
+        "host_free_synced",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
+    );
+}
+
+#[test]
+fn negative_pinned_host_free_under_a_queued_copy_aborts() {
+    // cuMemFreeHost is synchronous: called while a copy that uses the
+    // buffer is still queued, it frees the buffer under the copy.
+    assert_stand_in_aborts(
+        "host_free_during_copy",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
+        "cuMemFreeHost: page-locked host allocation",
+    );
+}
+
+#[test]
+fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
+    // A runtime's own copy into a pinned staging buffer, queued on the
+    // buffer's stream (slow), then the buffer dropped: the backend must
+    // free it only once the copy has run, or the stand-in aborts.
+    assert_child_passed(
+        "governed_pinned_behind_raw_copy",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
+    );
+}
+
+#[test]
 fn negative_release_with_frees_pending_aborts() {
     assert_stand_in_aborts(
         "release_pending",
@@ -607,6 +638,63 @@ mod children {
                     let p = alloc(s, 64);
                     ok(sys::cuMemFreeAsync(p, s), "first free");
                     let _ = sys::cuMemFreeAsync(p, s);
+                }
+                "host_free_synced" | "host_free_during_copy" => {
+                    let (ctx, s) = raw_setup();
+                    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+                    ok(sys::cuMemHostAlloc(&mut host, 4096, 3), "cuMemHostAlloc");
+                    let mut p = 0;
+                    ok(
+                        sys::cuMemHostGetDevicePointer_v2(&mut p, host, 0),
+                        "device pointer",
+                    );
+                    let src = vec![7u8; 4096];
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 4096, s),
+                        "copy",
+                    );
+                    if scenario == "host_free_synced" {
+                        ok(sys::cuStreamSynchronize(s), "sync");
+                    }
+                    ok(sys::cuMemFreeHost(host), "cuMemFreeHost");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuStreamDestroy_v2(s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "governed_pinned_behind_raw_copy" => {
+                    use memgov::{ContextConfig, Governor, Role, Tier};
+                    let gov = Governor::new();
+                    let backend = factory().expect("context");
+                    let c = backend.cu_context();
+                    let ctx = gov.register(backend, ContextConfig::new());
+                    let stream = ctx.create_stream("copy").expect("stream");
+                    let buf = ctx
+                        .allocate_in(&stream, 1 << 16, Role::Other, Tier::PinnedHost)
+                        .expect("pinned allocation");
+                    let mem = buf.raw().expect("live buffer");
+                    assert_eq!(mem.tier(), Tier::PinnedHost);
+                    let raw = stream.raw().expect("live stream").cu_stream();
+                    let src = vec![9u8; 1 << 16];
+                    let mut prev: sys::CUcontext = std::ptr::null_mut();
+                    ok(sys::cuCtxPushCurrent_v2(c), "push");
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(
+                            mem.device_ptr(),
+                            src.as_ptr().cast(),
+                            1 << 16,
+                            raw,
+                        ),
+                        "raw copy into the pinned buffer",
+                    );
+                    ok(sys::cuCtxPopCurrent_v2(&mut prev), "pop");
+                    // Queued behind the slow copy; the backend frees after it.
+                    drop(buf);
+                    drop(stream);
+                    ctx.retire()
+                        .wait(Instant::now() + Duration::from_secs(30))
+                        .expect("retire");
+                    drop(src);
                 }
                 "copy_after_free" => {
                     let (_ctx, s) = raw_setup();

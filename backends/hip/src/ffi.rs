@@ -126,6 +126,8 @@ pub const hipErrorNotSupported: HipResult = 801;
 
 /// `hipStreamNonBlocking`.
 pub const hipStreamNonBlocking: c_uint = 0x01;
+/// `hipHostMallocDefault`.
+pub const hipHostMallocDefault: c_uint = 0;
 /// `hipEventDisableTiming`.
 pub const hipEventDisableTiming: c_uint = 0x02;
 /// `hipDeviceAttributeMemoryPoolsSupported`.
@@ -233,6 +235,11 @@ hip_api! {
 
     fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> HipResult;
     fn hipFree(ptr: *mut c_void) -> HipResult;
+    /// Page-locked host memory, mapped into the device's address space
+    /// (`hipHostMallocDefault`: portable and mapped on ROCm).
+    fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint) -> HipResult;
+    /// Synchronous: the memory must not be in use by queued work.
+    fn hipHostFree(ptr: *mut c_void) -> HipResult;
     /// `hipMallocAsync` from the device's default pool. memgov allocates
     /// from a pool of its own; this is for raw work next to it.
     fn hipMallocAsync(ptr: *mut *mut c_void, bytes: usize, stream: hipStream_t) -> HipResult;

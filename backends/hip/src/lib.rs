@@ -87,7 +87,7 @@ use ffi::{
 use memgov_backend::shell::{self, MakeCurrent};
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    Execution, MemoryInfo, RetireSignal,
+    Execution, MemoryInfo, RetireSignal, Tier,
 };
 use memory::Pool;
 use result::{check, err, error_name, hip_error};
@@ -377,6 +377,18 @@ impl DeviceContext for HipContext {
 
     fn allocate(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
         memory::allocate(&self.shared, stream, bytes)
+    }
+
+    fn allocate_in(
+        &self,
+        stream: &HipStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<HipMemory, BackendError> {
+        match tier {
+            Tier::Device => memory::allocate(&self.shared, stream, bytes),
+            _ => memory::allocate_pinned(&self.shared, stream, bytes),
+        }
     }
 
     fn free_async(

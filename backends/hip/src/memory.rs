@@ -1,6 +1,15 @@
 //! Allocation (`hipMallocFromPoolAsync` from the context's own memory pool,
-//! or the `hipMalloc` fallback), copies on the stream, and the pool's
-//! creation, trim and destruction.
+//! or the `hipMalloc` fallback; page-locked host memory from
+//! `hipHostMalloc`), copies on the stream, and the pool's creation, trim and
+//! destruction.
+//!
+//! Pinned host memory ([`Tier::PinnedHost`]) is mapped into the device's
+//! address space (ROCm's default for `hipHostMalloc`), so the same
+//! asynchronous, stream-ordered copies reach it through its address. Its
+//! free, `hipHostFree`, is synchronous: it goes the way of the `hipMalloc`
+//! fallback's `hipFree` (an event recorded on the releasing stream, waited
+//! for by the reaper thread before the free), so it never runs under a copy
+//! still queued (`retire.rs`).
 
 use super::ffi::{
     self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
@@ -12,7 +21,7 @@ use super::result::{check, err};
 use super::stream::HipStream;
 use crate::shared::{Allocator, Shared};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::{BackendError, BackendErrorKind, Tier};
 use std::ffi::c_void;
 
 const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;
@@ -27,6 +36,10 @@ pub enum Origin {
     /// `hipMalloc`; freed with `hipFree` once an event recorded on the
     /// releasing stream has completed.
     Plain,
+    /// `hipHostMalloc` (page-locked host memory, [`Tier::PinnedHost`]);
+    /// freed with `hipHostFree` once an event recorded on the releasing
+    /// stream has completed.
+    PinnedHost,
 }
 
 /// A raw device allocation of a [`HipContext`](super::HipContext).
@@ -60,10 +73,18 @@ impl HipMemory {
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
     }
-    /// Whether it came from the stream-ordered pool or the `hipMalloc`
-    /// fallback.
+    /// Whether it came from the stream-ordered pool, the `hipMalloc`
+    /// fallback or `hipHostMalloc`.
     pub fn origin(&self) -> Origin {
         self.origin
+    }
+
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        match self.origin {
+            Origin::PinnedHost => Tier::PinnedHost,
+            Origin::Pool | Origin::Plain => Tier::Device,
+        }
     }
 }
 
@@ -127,6 +148,44 @@ pub(crate) fn allocate(
         bytes,
         context: shared.id,
         origin,
+    })
+}
+
+/// `allocate_in` for [`Tier::PinnedHost`]: `hipHostMalloc`.
+pub(crate) fn allocate_pinned(
+    shared: &Shared,
+    stream: &HipStream,
+    bytes: u64,
+) -> Result<HipMemory, BackendError> {
+    shared.check_stream("allocate", stream)?;
+    shared.check_usable("allocate")?;
+    if bytes == 0 {
+        return Err(err(
+            "allocate",
+            BackendErrorKind::InvalidArgument,
+            "a 0-byte allocation was asked for; ask for at least 1 byte",
+        ));
+    }
+    let size = usize::try_from(bytes).map_err(|_| {
+        err(
+            "allocate",
+            BackendErrorKind::InvalidArgument,
+            format!("{bytes} B does not fit this host's address space"),
+        )
+    })?;
+    let _device = shared.make_current("allocate")?;
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `ptr` is a valid out-pointer; the flag is documented.
+    let r = unsafe { ffi::hipHostMalloc(&mut ptr, size, ffi::hipHostMallocDefault) };
+    shared.checked("allocate", "hipHostMalloc", r)?;
+    let ptr = ptr as usize;
+    lock(&shared.live).insert(ptr, (bytes, Origin::PinnedHost));
+    shared.probe().allocated(bytes);
+    Ok(HipMemory {
+        ptr,
+        bytes,
+        context: shared.id,
+        origin: Origin::PinnedHost,
     })
 }
 

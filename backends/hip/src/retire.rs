@@ -6,10 +6,12 @@
 //!   no HIP call (the runtime forbids it): it takes its ticket out of the
 //!   pending table and fires the [`RetireSignal`], or drops it unfired when
 //!   the stream reports an error (the free did not execute).
-//! * **Fallback memory** (`hipMalloc`): an event is recorded on the stream and
-//!   the free is handed to the reaper thread, which takes it off its queue,
-//!   waits for the event (`hipEventSynchronize`), calls `hipFree`, destroys
-//!   the event and fires the signal. Teardown joins the reaper, so the free
+//! * **Fallback memory** (`hipMalloc`) and **pinned host memory**
+//!   (`hipHostMalloc`): their frees are synchronous, so an event is recorded
+//!   on the stream and the free is handed to the reaper thread, which takes
+//!   it off its queue, waits for the event (`hipEventSynchronize`: every copy
+//!   queued before the release has run), calls `hipFree` / `hipHostFree`,
+//!   destroys the event and fires the signal. Teardown joins the reaper, so the free
 //!   it holds is settled, and no reaper call reaches HIP, once teardown
 //!   returns.
 //!
@@ -25,8 +27,8 @@
 
 use super::ffi::{
     hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
-    hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipSetDevice, hipStreamAddCallback,
-    hipStreamSynchronize, hipStream_t, HipResult, SUCCESS,
+    hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipHostFree, hipSetDevice,
+    hipStreamAddCallback, hipStreamSynchronize, hipStream_t, HipResult, SUCCESS,
 };
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
@@ -197,7 +199,7 @@ pub(crate) fn free_async(
     }
     match memory.origin {
         Origin::Pool => queue_pool_free(shared, stream, memory, signal),
-        Origin::Plain => queue_plain_free(shared, stream, memory, signal),
+        Origin::Plain | Origin::PinnedHost => queue_plain_free(shared, stream, memory, signal),
     }
 }
 
@@ -281,10 +283,12 @@ struct Event(hipEvent_t);
 // SAFETY: a hipEvent_t is an opaque runtime handle usable from any thread.
 unsafe impl Send for Event {}
 
-/// A `hipMalloc` allocation waiting for its event before `hipFree`.
+/// A `hipMalloc` (or `hipHostMalloc`) allocation waiting for its event
+/// before `hipFree` (or `hipHostFree`).
 pub(crate) struct PlainFree {
     event: Event,
     ptr: usize,
+    origin: Origin,
     bytes: u64,
     stream: u64,
     signal: RetireSignal,
@@ -345,6 +349,7 @@ fn queue_plain_free(
     q.frees.push_back(PlainFree {
         event: Event(event),
         ptr: memory.ptr,
+        origin: memory.origin,
         bytes: memory.bytes,
         stream: stream.id,
         signal,
@@ -423,9 +428,9 @@ fn settle_plain(shared: &Shared, free: PlainFree) {
             .and_then(|()| {
                 // SAFETY: the event has completed, so all work queued before
                 // the free on its stream has executed; the pointer came from
-                // hipMalloc of this context and nothing else frees it.
-                let r = unsafe { hipFree(free.ptr as *mut c_void) };
-                shared.checked("free_async", "hipFree", r)
+                // hipMalloc / hipHostMalloc of this context (as its origin
+                // says) and nothing else frees it.
+                unsafe { free_synchronous(shared, "free_async", free.ptr, free.origin) }
             })
     };
     if !shared.is_dead() {
@@ -460,11 +465,36 @@ pub(crate) fn stop_reaper(shared: &Shared) {
     }
 }
 
+/// `hipFree` or `hipHostFree` of `ptr`, as `origin` says.
+///
+/// # Safety
+///
+/// `ptr` came from `hipMalloc` (`Origin::Plain`) or `hipHostMalloc`
+/// (`Origin::PinnedHost`) of this context, no queued work uses it any more,
+/// and nothing else frees it.
+pub(crate) unsafe fn free_synchronous(
+    shared: &Shared,
+    op: &'static str,
+    ptr: usize,
+    origin: Origin,
+) -> Result<(), BackendError> {
+    if origin == Origin::PinnedHost {
+        // SAFETY: the caller's contract.
+        let r = unsafe { hipHostFree(ptr as *mut c_void) };
+        shared.checked(op, "hipHostFree", r)
+    } else {
+        // SAFETY: the caller's contract.
+        let r = unsafe { hipFree(ptr as *mut c_void) };
+        shared.checked(op, "hipFree", r)
+    }
+}
+
 /// A fallback free a lost teardown took from the reaper's queue before the
 /// reaper started it: its signal is already dropped; the memory and the
 /// event are released by teardown while the device answers.
 pub(crate) struct Taken {
     ptr: usize,
+    origin: Origin,
     event: Event,
 }
 
@@ -479,10 +509,10 @@ pub(crate) fn free_taken(shared: &Shared, t: &Taken) -> Result<(), BackendError>
     let r = unsafe { hipEventSynchronize(t.event.0) };
     let mut result = shared.checked("teardown", "hipEventSynchronize", r);
     if result.is_ok() {
-        // SAFETY: the pointer came from hipMalloc of this context; the work
-        // before its free has executed and nothing else frees it.
-        let r = unsafe { hipFree(t.ptr as *mut c_void) };
-        result = shared.checked("teardown", "hipFree", r);
+        // SAFETY: the pointer came from hipMalloc / hipHostMalloc of this
+        // context; the work before its free has executed and nothing else
+        // frees it.
+        result = unsafe { free_synchronous(shared, "teardown", t.ptr, t.origin) };
     }
     if !shared.is_dead() {
         // SAFETY: the event is ours and no longer waited on.
@@ -519,6 +549,7 @@ pub(crate) fn abandon_all(shared: &Shared) -> Vec<Taken> {
         drop(f.signal);
         taken.push(Taken {
             ptr: f.ptr,
+            origin: f.origin,
             event: f.event,
         });
     }

@@ -2,7 +2,7 @@
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown), and
 //! the same release for a context dropped without it.
 
-use crate::ffi::{self, hipFree, hipStreamSynchronize};
+use crate::ffi::{self, hipStreamSynchronize};
 use crate::memory::{self, Origin};
 use crate::{retire, stream, HipContext};
 use memgov_backend::{lock, BackendError};
@@ -113,12 +113,11 @@ impl HipContext {
             keep(self.free_pool_leftovers(&left));
         }
         for (ptr, (bytes, origin)) in &left {
-            if *origin == Origin::Plain && device.is_some() && !shared.is_dead() {
-                // SAFETY: the pointer came from hipMalloc of this context;
-                // every stream is synchronized and destroyed, so no work
-                // uses it.
-                let r = unsafe { hipFree(*ptr as *mut c_void) };
-                keep(shared.checked("teardown", "hipFree", r));
+            if *origin != Origin::Pool && device.is_some() && !shared.is_dead() {
+                // SAFETY: the pointer came from hipMalloc / hipHostMalloc of
+                // this context, as its origin says; every stream is
+                // synchronized and destroyed, so no work uses it.
+                keep(unsafe { retire::free_synchronous(shared, "teardown", *ptr, *origin) });
             }
             shared.probe().freed(*bytes);
         }

@@ -12,13 +12,20 @@
  * - The current device is per host thread (hipSetDevice), as in HIP.
  * - The default memory pool keeps what hipFreeAsync returned (it shows as
  *   used in hipMemGetInfo) until hipMemPoolTrimTo, like ROCm's pool.
+ * - Page-locked host memory (hipHostMalloc / hipHostFree) is one table for
+ *   the process, outside every device's memory and its OOM knob; its device
+ *   pointer is its host address. Copies through it are checked and ordered
+ *   like device memory, and, as the HIP documentation requires, hipHostFree
+ *   (synchronous) while a queued copy that uses the memory has not
+ *   completed is a contract violation.
  * - Events and stream waits are common/'s (sq_event): hipStreamWaitEvent
  *   orders a stream after the work an event captured, and the stand-in
  *   tracks, per stream-ordered allocation, the stream and position of the
  *   last operation that touched it.
  * - Contract violations abort with "memgov libamdhip64 stand-in: contract
  *   violation: ...": a call on a destroyed stream, event or pool; a free of
- *   an unknown or already freed pointer; a copy of one, of another device's
+ *   an unknown or already freed pointer; a page-locked host free while a
+ *   copy using it is still queued; a copy of one, of another device's
  *   memory, or out of bounds; a stream-ordered free or copy on a stream not
  *   ordered after the last operation that touched the allocation on another
  *   stream ("missing stream ordering"); a stream destroyed with work still
@@ -165,6 +172,9 @@ static int g_quiesced;       /* g_lock */
 static uint64_t g_calls;     /* g_lock: HIP calls made (memgov_standin_hip_calls) */
 static pthread_t g_quiesced_by;
 
+/* Page-locked host allocations (hipHostMalloc): not any device's memory. */
+static struct sq_mem *g_host_mem;
+
 static struct pool_alloc *g_pool_allocs; /* g_lock */
 static size_t g_pool_allocs_n, g_pool_allocs_cap;
 
@@ -199,6 +209,10 @@ static void at_exit_check(void) {
                    (unsigned long long)dev->default_threshold_at_start);
         if (sq_knobs_sticky()) continue; /* a dead device keeps what it had */
         check_nothing_live(d, "process exits");
+        if (d == 0 && sq_mem_live_count(g_host_mem) != 0)
+            sq_die("process exits with %llu page-locked host allocations (%llu bytes) never freed",
+                   (unsigned long long)sq_mem_live_count(g_host_mem),
+                   (unsigned long long)sq_mem_live_bytes(g_host_mem));
         pthread_mutex_lock(&g_lock);
         uint64_t pools = dev->created_pools;
         pthread_mutex_unlock(&g_lock);
@@ -218,6 +232,7 @@ static void init(void) {
     g_fail_callback_at = sq_env_u64("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", 0);
     g_drop_callbacks = sq_env_u64("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", 0) != 0;
     int exit_check = sq_env_u64("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0;
+    g_host_mem = sq_mem_new(0);
     for (int i = 0; i < g_devices; i++) {
         g_dev[i].mem = sq_mem_new(g_knobs.oom_after_bytes);
         pthread_mutex_init(&g_dev[i].lock, NULL);
@@ -646,6 +661,29 @@ hipError_t hipFree(void *ptr) {
     sq_die("hipFree of unknown pointer %p", ptr);
 }
 
+#define HIP_HOST_MALLOC_VALID_FLAGS 0xfu /* default/portable, mapped, write-combined, numa */
+
+hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
+    ENTER("hipHostMalloc");
+    if (ptr == NULL || (flags & ~HIP_HOST_MALLOC_VALID_FLAGS) != 0) return hipErrorInvalidValue;
+    if (size == 0) {
+        *ptr = NULL;
+        return hipSuccess;
+    }
+    uint64_t p = sq_mem_alloc_tracked(g_host_mem, size);
+    if (p == 0) return hipErrorOutOfMemory;
+    *ptr = (void *)(uintptr_t)p;
+    return hipSuccess;
+}
+
+hipError_t hipHostFree(void *ptr) {
+    ENTER("hipHostFree");
+    if (ptr == NULL) return hipSuccess;
+    enum sq_mem_check c = sq_mem_free_now(g_host_mem, (uint64_t)(uintptr_t)ptr, "hipHostFree");
+    if (c != SQ_MEM_OK) sq_die("hipHostFree of %s page-locked pointer %p", sq_mem_check_str(c), ptr);
+    return hipSuccess;
+}
+
 hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int d) {
     ENTER("hipDeviceGetDefaultMemPool");
     if (pool == NULL) return hipErrorInvalidValue;
@@ -792,8 +830,8 @@ static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, con
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
-    struct sq_mem *mem = g_dev[s->device].mem;
     uint64_t addr = (uint64_t)(uintptr_t)dev_ptr;
+    struct sq_mem *mem = sq_mem_table_of(g_dev[s->device].mem, g_host_mem, addr);
     enum sq_mem_check c = sq_mem_check_on(mem, addr, bytes, s->q, fn);
     if (c == SQ_MEM_UNKNOWN) {
         for (int d = 0; d < g_devices; d++)

@@ -442,8 +442,33 @@ fn planted_violations_abort_the_stand_in() {
         &[],
         "called from inside a stream callback",
     );
+    // hipHostFree is synchronous: called while a copy that uses the
+    // page-locked buffer is still queued, it frees it under the copy.
+    expect_abort(
+        "host_free_during_copy",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+        "hipHostFree: page-locked host allocation",
+    );
+    expect_pass(
+        "host_free_synced",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+    );
     // The control: the same steps done right pass.
     expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
+}
+
+#[test]
+fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
+    // A runtime's own copy into a pinned staging buffer, queued on the
+    // buffer's stream (slow), then the buffer dropped: the backend must
+    // free it only once the copy has run, or the stand-in aborts.
+    if !on_stand_in() {
+        return;
+    }
+    expect_pass(
+        "governed_pinned_behind_raw_copy",
+        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+    );
 }
 
 #[test]
@@ -864,6 +889,55 @@ fn child_entry() {
                 0,
             ));
             let _ = hip::hipStreamSynchronize(s);
+        },
+        "host_free_synced" | "host_free_during_copy" => unsafe {
+            let s = raw_stream();
+            let mut host: *mut c_void = std::ptr::null_mut();
+            ok(hip::hipHostMalloc(
+                &mut host,
+                4096,
+                hip::hipHostMallocDefault,
+            ));
+            let src = vec![7u8; 4096];
+            ok(hip::hipMemcpyHtoDAsync(
+                host,
+                src.as_ptr() as *mut c_void,
+                4096,
+                s,
+            ));
+            if case == "host_free_synced" {
+                ok(hip::hipStreamSynchronize(s));
+            }
+            ok(hip::hipHostFree(host));
+            ok(hip::hipStreamSynchronize(s));
+            ok(hip::hipStreamDestroy(s));
+        },
+        "governed_pinned_behind_raw_copy" => unsafe {
+            use memgov::Tier;
+            let gov = Governor::new();
+            let backend = HipContext::new(HipConfig::default()).expect("context");
+            let ctx = gov.register(backend, ContextConfig::new());
+            let stream = ctx.create_stream("copy").expect("stream");
+            let buf = ctx
+                .allocate_in(&stream, 1 << 16, Role::Other, Tier::PinnedHost)
+                .expect("pinned allocation");
+            let mem = buf.raw().expect("live buffer");
+            assert_eq!(mem.tier(), Tier::PinnedHost);
+            let raw = stream.raw().expect("live stream").hip_stream();
+            let src = vec![9u8; 1 << 16];
+            ok(hip::hipMemcpyHtoDAsync(
+                mem.device_ptr(),
+                src.as_ptr() as *mut c_void,
+                1 << 16,
+                raw,
+            ));
+            // Queued behind the slow copy; the backend frees after it.
+            drop(buf);
+            drop(stream);
+            ctx.retire()
+                .wait(Instant::now() + Duration::from_secs(30))
+                .expect("retire");
+            drop(src);
         },
         "control" => unsafe {
             let s = raw_stream();

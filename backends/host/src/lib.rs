@@ -15,7 +15,13 @@
 //! * a [`BackendProbe`] that outlives the context and reports contract
 //!   violations (free after teardown, double free, teardown with queued
 //!   frees), executed frees, live allocations and streams;
-//! * [`HostControls`], with which tests refuse frees or lose the device.
+//! * [`HostControls`], with which tests refuse frees or lose the device;
+//! * both tiers ([`Tier`]): device memory out of the simulated capacity, and
+//!   pinned host memory, the same heap flagged as the pinned tier and held
+//!   to no capacity of the simulated device (the host's memory is the
+//!   limit, as for page-locked memory). Its free runs on the stream worker
+//!   in stream order, like a device free, so a copy queued before it always
+//!   finds the memory there.
 //!
 //! ```
 //! use memgov::host::{HostContext, HostConfig};
@@ -35,7 +41,7 @@
 
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireSignal,
+    MemoryInfo, RetireSignal, Tier,
 };
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
@@ -95,6 +101,9 @@ pub const HOST_ALIGN: usize = 64;
 /// aligned start is taken inside it.
 struct Block {
     bytes: u64,
+    /// The tier it was allocated in: a device block counts against the
+    /// simulated capacity, a pinned host block does not.
+    tier: Tier,
     /// Start of the system allocation.
     base: NonNull<u8>,
     /// `ptr - base`, below `HOST_ALIGN`.
@@ -120,7 +129,7 @@ unsafe impl Sync for Block {}
 impl Block {
     /// A zeroed region of `bytes`, or `None` when the system allocator has no
     /// room (or `bytes` does not fit the address space).
-    fn new(bytes: u64) -> Option<Self> {
+    fn new(bytes: u64, tier: Tier) -> Option<Self> {
         let len = usize::try_from(bytes).ok()?.checked_add(HOST_ALIGN)?;
         // `align_of::<u64>()` is at or below every platform's minimum malloc
         // alignment, so `alloc_zeroed` goes to `calloc` (lazily zeroed pages)
@@ -134,6 +143,7 @@ impl Block {
         let offset = (HOST_ALIGN - base.as_ptr() as usize % HOST_ALIGN) % HOST_ALIGN;
         Some(Self {
             bytes,
+            tier,
             base,
             offset,
             layout,
@@ -261,6 +271,11 @@ impl HostMemory {
     pub fn is_empty(&self) -> bool {
         self.block.bytes == 0
     }
+
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        self.block.tier
+    }
 }
 
 /// One side of [`DeviceContext::order_after`]: set by the worker of the
@@ -324,7 +339,10 @@ struct Shared {
     /// memory, so that another context's handles are refused.
     id: u64,
     config: HostConfig,
+    /// Device-tier bytes allocated and not freed (against the capacity).
     used: AtomicU64,
+    /// Pinned-host-tier bytes allocated and not freed.
+    pinned_used: AtomicU64,
     lost: AtomicBool,
     torn_down: AtomicBool,
     refuse_frees: AtomicU32,
@@ -399,7 +417,10 @@ impl Shared {
             self.violation(format!("double free of {bytes} B"));
             drop(memory);
         } else {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            match memory.block.tier {
+                Tier::Device => self.used.fetch_sub(bytes, Ordering::AcqRel),
+                _ => self.pinned_used.fetch_sub(bytes, Ordering::AcqRel),
+            };
             drop(memory);
             self.probe.free_retired(bytes);
         }
@@ -432,6 +453,10 @@ impl HostControls {
         self.0.lost.store(true, Ordering::SeqCst);
         self.0.probe.device_lost();
     }
+    /// Pinned-host-tier bytes allocated and whose free has not executed.
+    pub fn pinned_in_use(&self) -> u64 {
+        self.0.pinned_used.load(Ordering::Acquire)
+    }
 }
 
 /// A simulated device context.
@@ -448,6 +473,31 @@ impl fmt::Debug for HostContext {
 }
 
 impl HostContext {
+    /// Take `bytes` of the simulated capacity for a device-tier block, or
+    /// refuse like a driver out of memory.
+    fn take_capacity(&self, bytes: u64) -> Result<(), BackendError> {
+        let capacity = self.shared.config.capacity;
+        let mut used = self.shared.used.load(Ordering::Acquire);
+        loop {
+            match used.checked_add(bytes).filter(|&n| n <= capacity) {
+                None => {
+                    return Err(err(
+                        "allocate",
+                        BackendErrorKind::OutOfMemory,
+                        format!(
+                            "requested {bytes} B; {used} B of {capacity} B in use (memory is free again only once its stream-ordered free has executed)"
+                        ),
+                    ))
+                }
+                Some(n) => match self.shared.used.compare_exchange_weak(used, n, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break,
+                    Err(actual) => used = actual,
+                },
+            }
+        }
+        Ok(())
+    }
+
     /// A new simulated device.
     ///
     /// # Errors
@@ -467,6 +517,7 @@ impl HostContext {
                 id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
                 config,
                 used: AtomicU64::new(0),
+                pinned_used: AtomicU64::new(0),
                 lost: AtomicBool::new(false),
                 torn_down: AtomicBool::new(false),
                 refuse_frees: AtomicU32::new(0),
@@ -601,6 +652,15 @@ impl DeviceContext for HostContext {
     }
 
     fn allocate(&self, stream: &HostStream, bytes: u64) -> Result<HostMemory, BackendError> {
+        self.allocate_in(stream, bytes, Tier::Device)
+    }
+
+    fn allocate_in(
+        &self,
+        stream: &HostStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<HostMemory, BackendError> {
         self.shared.check_usable("allocate")?;
         self.shared.check_own("allocate", Some(stream), None)?;
         if bytes == 0 {
@@ -610,26 +670,17 @@ impl DeviceContext for HostContext {
                 "zero-byte allocation",
             ));
         }
-        let capacity = self.shared.config.capacity;
-        let mut used = self.shared.used.load(Ordering::Acquire);
-        loop {
-            match used.checked_add(bytes).filter(|&n| n <= capacity) {
-                None => {
-                    return Err(err(
-                        "allocate",
-                        BackendErrorKind::OutOfMemory,
-                        format!(
-                            "requested {bytes} B; {used} B of {capacity} B in use (memory is free again only once its stream-ordered free has executed)"
-                        ),
-                    ))
-                }
-                Some(n) => match self.shared.used.compare_exchange_weak(used, n, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => break,
-                    Err(actual) => used = actual,
-                },
+        let used = match tier {
+            Tier::Device => {
+                self.take_capacity(bytes)?;
+                &self.shared.used
             }
-        }
-        match Block::new(bytes) {
+            _ => {
+                self.shared.pinned_used.fetch_add(bytes, Ordering::AcqRel);
+                &self.shared.pinned_used
+            }
+        };
+        match Block::new(bytes, tier) {
             Some(block) => {
                 self.shared.probe.allocated(bytes);
                 Ok(HostMemory {
@@ -638,12 +689,12 @@ impl DeviceContext for HostContext {
                 })
             }
             None => {
-                self.shared.used.fetch_sub(bytes, Ordering::AcqRel);
+                used.fetch_sub(bytes, Ordering::AcqRel);
                 Err(err(
                     "allocate",
                     BackendErrorKind::OutOfMemory,
                     format!(
-                        "requested {bytes} B: the simulated device fits it, but this machine's allocator refused to reserve that much address space; lower the allocation or the capacity"
+                        "requested {bytes} B of {tier} memory: this machine's allocator refused to reserve that much address space; lower the allocation or the capacity"
                     ),
                 ))
             }
@@ -802,6 +853,7 @@ impl DeviceContext for HostContext {
         }
         // Everything else dies with the context.
         shared.used.store(0, Ordering::SeqCst);
+        shared.pinned_used.store(0, Ordering::SeqCst);
         shared.probe.reclaim_rest();
         shared.probe.torn_down_now();
         Ok(())

@@ -14,6 +14,9 @@
 //!   them. `synchronize` fires those parked on its stream.
 //! * [`NullConfig::capacity`] bounds the bytes allocated and not yet freed,
 //!   like a device's memory, with out-of-memory reported like a driver does.
+//!   It bounds the device tier only: pinned host memory ([`Tier::PinnedHost`],
+//!   a token like any other, freed in the same stream order) takes none of
+//!   it.
 //!
 //! The allocate → free cycle of one stream writes one backend line, the
 //! stream's own (its share of the probe's count of retired frees; an
@@ -44,13 +47,23 @@
 use memgov_backend::ProbeShard;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireSignal,
+    MemoryInfo, RetireSignal, Tier,
 };
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const BACKEND: &str = "null";
+
+#[cold]
+fn zero_sized() -> BackendError {
+    BackendError::new(
+        BACKEND,
+        "allocate",
+        BackendErrorKind::InvalidArgument,
+        "zero-byte allocation",
+    )
+}
 
 #[cold]
 fn lost(op: &'static str) -> BackendError {
@@ -98,8 +111,31 @@ impl Default for NullConfig {
 pub struct NullMemory {
     /// Bytes requested.
     pub bytes: u64,
-    /// The context that allocated it.
+    /// The context that allocated it, with [`PINNED`] set for pinned host
+    /// memory.
     context: u64,
+}
+
+/// The bit of [`NullMemory`]'s context word that marks pinned host memory.
+/// Context ids come from a counter that never reaches it; the tier shares
+/// the word so that the token stays two words, which the `AnyContext`
+/// cycle moves on every allocation.
+const PINNED: u64 = 1 << 63;
+
+impl NullMemory {
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        if self.context & PINNED == 0 {
+            Tier::Device
+        } else {
+            Tier::PinnedHost
+        }
+    }
+
+    /// The context that allocated it.
+    fn owner(&self) -> u64 {
+        self.context & !PINNED
+    }
 }
 
 /// A null stream: a number, and the counters the stream's own calls write.
@@ -138,6 +174,7 @@ impl Eq for NullStream {}
 struct Parked {
     stream: u64,
     bytes: u64,
+    tier: Tier,
     signal: RetireSignal,
 }
 
@@ -158,9 +195,11 @@ struct Stats {
 }
 
 impl Stats {
-    fn execute(&self, bytes: u64, signal: RetireSignal) {
+    fn execute(&self, bytes: u64, tier: Tier, signal: RetireSignal) {
         if self.counted {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            if tier == Tier::Device {
+                self.used.fetch_sub(bytes, Ordering::AcqRel);
+            }
             self.probe.free_retired(bytes);
         } else {
             self.probe.count_retired();
@@ -174,7 +213,7 @@ impl Stats {
         let n = batch.len();
         // Fired with no lock held.
         for p in batch.drain(..) {
-            self.execute(p.bytes, p.signal);
+            self.execute(p.bytes, p.tier, p.signal);
         }
         let mut spare = lock(&self.spare);
         if spare.capacity() < batch.capacity() {
@@ -190,7 +229,7 @@ impl Stats {
         }
         let p = parked.remove(0);
         drop(parked);
-        self.execute(p.bytes, p.signal);
+        self.execute(p.bytes, p.tier, p.signal);
         true
     }
 }
@@ -363,10 +402,10 @@ impl NullContext {
                 what,
             ))
         };
-        if memory.context != self.id {
+        if memory.owner() != self.id {
             return refuse(format!(
                 "the {} B allocation belongs to null context {}, not to context {}; pass memory of the context you call",
-                memory.bytes, memory.context, self.id
+                memory.bytes, memory.owner(), self.id
             ));
         }
         match range {
@@ -435,12 +474,7 @@ impl DeviceContext for NullContext {
         self.check("allocate")?;
         self.check_stream("allocate", stream)?;
         if bytes == 0 {
-            return Err(BackendError::new(
-                BACKEND,
-                "allocate",
-                BackendErrorKind::InvalidArgument,
-                "zero-byte allocation",
-            ));
+            return Err(zero_sized());
         }
         let capacity = self.config.capacity;
         if capacity != u64::MAX {
@@ -466,6 +500,31 @@ impl DeviceContext for NullContext {
         })
     }
 
+    /// The device tier is [`allocate`](DeviceContext::allocate); pinned
+    /// host memory is a token outside the capacity.
+    fn allocate_in(
+        &self,
+        stream: &NullStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<NullMemory, BackendError> {
+        if tier == Tier::Device {
+            return self.allocate(stream, bytes);
+        }
+        self.check("allocate")?;
+        self.check_stream("allocate", stream)?;
+        if bytes == 0 {
+            return Err(zero_sized());
+        }
+        if self.stats.counted {
+            self.stats.probe.allocated(bytes);
+        }
+        Ok(NullMemory {
+            bytes,
+            context: self.id | PINNED,
+        })
+    }
+
     #[inline]
     fn free_async(
         &self,
@@ -484,10 +543,11 @@ impl DeviceContext for NullContext {
             lock(&self.stats.parked).push(Parked {
                 stream: stream.id,
                 bytes: memory.bytes,
+                tier: memory.tier(),
                 signal: retired,
             });
         } else if self.stats.counted {
-            self.stats.execute(memory.bytes, retired);
+            self.stats.execute(memory.bytes, memory.tier(), retired);
         } else {
             // The unbounded cycle: counted on the stream's own line.
             stream.lane.count_retired();
@@ -533,7 +593,7 @@ impl DeviceContext for NullContext {
                 mine
             };
             for p in mine {
-                self.stats.execute(p.bytes, p.signal);
+                self.stats.execute(p.bytes, p.tier, p.signal);
             }
         }
         Ok(())

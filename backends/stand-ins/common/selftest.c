@@ -6,9 +6,11 @@
  *
  * Cases that must pass print "ok" and exit 0: ordered (event wait, and
  * transitively through a second stream), synced (host synchronization),
- * destroyed-wait (event destroyed while the wait is pending). Cases that
+ * destroyed-wait (event destroyed while the wait is pending), host-free-synced
+ * (a page-locked host allocation freed once its copy completed). Cases that
  * must abort with "contract violation": unordered-free, early-event (event
- * recorded before the last use), event-after-destroy.
+ * recorded before the last use), event-after-destroy, host-free-during-copy
+ * (freed while a queued copy that uses it has not run).
  */
 #include "standin.h"
 
@@ -57,6 +59,22 @@ int main(int argc, char **argv) {
         sq_queue_wait_event(b, e);
         sq_mem_check_on(m, p, sizeof buf, b, "copy");
         return 3;
+    } else if (!strcmp(c, "host-free-synced") || !strcmp(c, "host-free-during-copy")) {
+        /* A page-locked host buffer copied into on the slow stream, then
+         * freed synchronously (cuMemFreeHost / hipHostFree). */
+        uint64_t h = sq_mem_alloc_tracked(m, 64);
+        if (sq_mem_check_on(m, h, sizeof buf, a, "copy") != SQ_MEM_OK) return 2;
+        sq_queue_copy(a, (void *)(uintptr_t)h, buf, sizeof buf);
+        sq_mem_touch(m, h, a, sq_queue_last(a));
+        if (!strcmp(c, "host-free-during-copy")) {
+            sq_mem_free_now(m, h, "host free");
+            return 3;
+        }
+        sq_queue_sync(a);
+        if (sq_mem_free_now(m, h, "host free") != SQ_MEM_OK) return 2;
+        if (sq_mem_check(m, h, 1) != SQ_MEM_FREED) return 2;
+        sq_mem_begin_free(m, p);
+        sq_mem_finish_free(m, p);
     } else if (!strcmp(c, "event-after-destroy")) {
         struct sq_event *e = sq_event_new();
         sq_event_destroy(e);

@@ -9,11 +9,11 @@ out="${MEMGOV_STANDIN_DIR:-$root/target/stand-ins}"
 mkdir -p "$out"
 "${CC:-cc}" -std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I"$here" \
     -o "$out/selftest" "$here/selftest.c" "$here/standin.c"
-for c in ordered synced destroyed-wait; do
+for c in ordered synced destroyed-wait host-free-synced; do
     got="$("$out/selftest" "$c")"
     [ "$got" = ok ] || { echo "selftest $c: expected ok, got '$got'" >&2; exit 1; }
 done
-for c in unordered-free early-event event-after-destroy; do
+for c in unordered-free early-event event-after-destroy host-free-during-copy; do
     if err="$("$out/selftest" "$c" 2>&1)"; then
         echo "selftest $c: exited 0, expected a contract violation" >&2
         exit 1
@@ -23,4 +23,4 @@ for c in unordered-free early-event event-after-destroy; do
     *) echo "selftest $c: no contract violation in: $err" >&2; exit 1 ;;
     esac
 done
-echo "stand-in common self-test: 6 cases passed" >&2
+echo "stand-in common self-test: 8 cases passed" >&2

@@ -521,6 +521,9 @@ struct sq_alloc {
     struct sq_queue *last_q;
     uint64_t last_seq;
     int last_is_alloc;
+    /* Page-locked host allocations (sq_mem_alloc_tracked): not
+     * stream-ordered, but their queued uses are tracked in last_q. */
+    int tracked;
 };
 
 #define FREED_RING 4096
@@ -545,8 +548,19 @@ struct sq_mem *sq_mem_new(uint64_t oom_after_bytes) {
 }
 
 static uint64_t mem_alloc(struct sq_mem *m, uint64_t bytes, struct sq_queue *q, uint64_t seq);
+static struct sq_alloc *find_containing(struct sq_mem *m, uint64_t addr);
 
 uint64_t sq_mem_alloc(struct sq_mem *m, uint64_t bytes) { return mem_alloc(m, bytes, NULL, 0); }
+
+uint64_t sq_mem_alloc_tracked(struct sq_mem *m, uint64_t bytes) {
+    uint64_t base = mem_alloc(m, bytes, NULL, 0);
+    if (base == 0) return 0;
+    lock(&m->lock);
+    struct sq_alloc *a = find_containing(m, base);
+    if (a != NULL) a->tracked = 1;
+    unlock(&m->lock);
+    return base;
+}
 
 uint64_t sq_mem_alloc_on(struct sq_mem *m, uint64_t bytes, struct sq_queue *q) {
     /* The position is taken first: an allocation refused for lack of memory
@@ -720,7 +734,7 @@ void sq_mem_touch(struct sq_mem *m, uint64_t addr, struct sq_queue *q, uint64_t 
     lock(&m->lock);
     struct sq_alloc *a = find_containing(m, addr);
     struct sq_queue *old = NULL;
-    if (a != NULL && a->last_q != NULL) {
+    if (a != NULL && (a->last_q != NULL || a->tracked)) {
         old = a->last_q;
         queue_ref(q);
         a->last_q = q;
@@ -739,6 +753,37 @@ enum sq_mem_check sq_mem_begin_free_on(struct sq_mem *m, uint64_t base, struct s
     unlock(&m->lock);
     if (live) check_order(m, base, q, fn, 1);
     return sq_mem_begin_free(m, base);
+}
+
+enum sq_mem_check sq_mem_free_now(struct sq_mem *m, uint64_t base, const char *fn) {
+    lock(&m->lock);
+    struct sq_alloc *a = find_containing(m, base);
+    int live = a != NULL && a->state == LIVE && a->base == base;
+    struct sq_queue *last_q = live ? a->last_q : NULL;
+    uint64_t last_seq = live ? a->last_seq : 0;
+    if (last_q != NULL) queue_ref(last_q);
+    unlock(&m->lock);
+    if (last_q != NULL) {
+        if (!sq_queue_done(last_q, last_seq))
+            sq_die("%s: page-locked host allocation 0x%llx freed while operation %llu of stream "
+                   "#%llu that uses it has not completed (an asynchronous copy may still read or "
+                   "write it): free it only once the stream has passed its last use (an event "
+                   "recorded after the copy has completed, or the stream synchronized)",
+                   fn, (unsigned long long)base, (unsigned long long)last_seq,
+                   (unsigned long long)last_q->id);
+        queue_unref(last_q);
+    }
+    enum sq_mem_check r = sq_mem_begin_free(m, base);
+    if (r == SQ_MEM_OK) sq_mem_finish_free(m, base);
+    return r;
+}
+
+struct sq_mem *sq_mem_table_of(struct sq_mem *device, struct sq_mem *host, uint64_t addr) {
+    enum sq_mem_check d = sq_mem_check(device, addr, 1);
+    if (d == SQ_MEM_OK) return device;
+    enum sq_mem_check h = sq_mem_check(host, addr, 1);
+    if (h == SQ_MEM_OK) return host;
+    return d == SQ_MEM_UNKNOWN && h != SQ_MEM_UNKNOWN ? host : device;
 }
 
 const char *sq_mem_check_str(enum sq_mem_check c) {

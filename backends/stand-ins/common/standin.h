@@ -285,6 +285,30 @@ void sq_mem_touch(struct sq_mem *m, uint64_t addr, struct sq_queue *q, uint64_t 
 enum sq_mem_check sq_mem_begin_free_on(struct sq_mem *m, uint64_t base, struct sq_queue *q,
                                        const char *fn);
 
+/* Page-locked host allocations (cuMemHostAlloc, hipHostMalloc). Like
+ * sq_mem_alloc, allocated at once and valid on every queue, but the table
+ * tracks the latest queued operation that touches them (sq_mem_check_on /
+ * sq_mem_touch), as for a stream-ordered allocation, so that their
+ * synchronous free can be checked by sq_mem_free_now. */
+uint64_t sq_mem_alloc_tracked(struct sq_mem *m, uint64_t bytes);
+
+/* A synchronous free (cuMemFreeHost, hipHostFree) of the tracked allocation
+ * at `base` (fn names the driver call). The CUDA and HIP documentation say
+ * the memory must not be freed while an asynchronous copy that uses it may
+ * still run: if the latest queued operation touching the allocation (and
+ * with it, by the ordering check, every earlier one) has not completed, it
+ * is a contract violation ("... freed while operation N of stream #Q that
+ * uses it has not completed"). Otherwise the memory is freed at once and
+ * SQ_MEM_OK returned; else why it cannot be freed. */
+enum sq_mem_check sq_mem_free_now(struct sq_mem *m, uint64_t base, const char *fn);
+
+/* Of a device table and a page-locked host table whose allocations share
+ * one address space (the host's), the one an address belongs to: the one
+ * where it is live, else the one that knew it (freed), the device's first,
+ * else the device's. Addresses are reused across the two tables, so the
+ * freed ring of one must not claim a live allocation of the other. */
+struct sq_mem *sq_mem_table_of(struct sq_mem *device, struct sq_mem *host, uint64_t addr);
+
 /* Human-readable word for a check result ("unknown", "already freed", ...). */
 const char *sq_mem_check_str(enum sq_mem_check c);
 

@@ -65,7 +65,7 @@ use gpu_allocator::AllocationSizes;
 use instance::CreatedInstance;
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    Execution, MemoryInfo, RetireSignal,
+    Execution, MemoryInfo, RetireSignal, Tier,
 };
 use memory::{quiet_debug_settings, MemState};
 use result::{err, error, BACKEND};
@@ -444,7 +444,16 @@ impl DeviceContext for VulkanContext {
     }
 
     fn allocate(&self, stream: &VulkanStream, bytes: u64) -> Result<VulkanMemory, BackendError> {
-        self.allocate_impl(stream, bytes)
+        self.allocate_impl(stream, bytes, Tier::Device)
+    }
+
+    fn allocate_in(
+        &self,
+        stream: &VulkanStream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<VulkanMemory, BackendError> {
+        self.allocate_impl(stream, bytes, tier)
     }
 
     fn free_async(

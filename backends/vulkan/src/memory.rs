@@ -1,6 +1,15 @@
 //! Memory: a `VkBuffer` bound to a gpu-allocator suballocation
 //! ([`VulkanMemory`]), its creation and destruction, and the context's
-//! `allocate` and `memory_info`.
+//! `allocate`, `allocate_in` and `memory_info`.
+//!
+//! The device tier is `MemoryLocation::GpuOnly` (a `DEVICE_LOCAL` type).
+//! Pinned host memory ([`Tier::PinnedHost`]) is `MemoryLocation::GpuToCpu`:
+//! a `HOST_VISIBLE | HOST_COHERENT` type, `HOST_CACHED` preferred, which on
+//! a discrete GPU is system memory rather than the device-local window
+//! (`CpuToGpu` would prefer `DEVICE_LOCAL`). It is persistently mapped, so
+//! `write` and `read` copy through the mapping once the stream's earlier
+//! work has completed, and it is freed like every buffer: destroyed after
+//! the stream's timeline passes the release, never under queued work.
 
 use crate::result::err;
 use crate::shared::Shared;
@@ -8,7 +17,7 @@ use crate::{VulkanContext, VulkanStream};
 use ash::vk;
 use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator};
 use gpu_allocator::{AllocatorDebugSettings, MemoryLocation};
-use memgov_backend::{lock, BackendError, BackendErrorKind, MemoryInfo};
+use memgov_backend::{lock, BackendError, BackendErrorKind, MemoryInfo, Tier};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
@@ -24,6 +33,8 @@ pub struct VulkanMemory {
     pub(crate) device_address: Option<u64>,
     /// Host address of the mapping, when host-visible.
     pub(crate) mapped: Option<usize>,
+    /// The tier it was allocated in.
+    pub(crate) tier: Tier,
     /// Held across every host copy through the mapping: `write` and `read`
     /// take the memory by shared reference, so two threads may copy into
     /// (or out of) the same bytes at once, and unsynchronized access to the
@@ -54,6 +65,10 @@ impl VulkanMemory {
     /// Whether the memory is host-visible (mapped).
     pub fn is_mapped(&self) -> bool {
         self.mapped.is_some()
+    }
+    /// The tier it was allocated in.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 }
 
@@ -208,6 +223,7 @@ impl VulkanContext {
         &self,
         stream: &VulkanStream,
         bytes: u64,
+        tier: Tier,
     ) -> Result<VulkanMemory, BackendError> {
         let shared = &self.shared;
         shared.check_usable("allocate")?;
@@ -219,7 +235,11 @@ impl VulkanContext {
             ));
         }
         shared.own_stream("allocate", stream)?;
-        let live = shared.create_buffer("allocate", bytes, MemoryLocation::GpuOnly, "memgov")?;
+        let (location, name) = match tier {
+            Tier::Device => (MemoryLocation::GpuOnly, "memgov"),
+            _ => (MemoryLocation::GpuToCpu, "memgov pinned host"),
+        };
+        let live = shared.create_buffer("allocate", bytes, location, name)?;
         let device_address = shared.info.buffer_device_address.then(|| {
             let info = vk::BufferDeviceAddressInfo::default().buffer(live.buffer);
             // SAFETY: the buffer was created with SHADER_DEVICE_ADDRESS usage
@@ -235,6 +255,7 @@ impl VulkanContext {
             bytes,
             device_address,
             mapped: live.allocation.mapped_ptr().map(|p| p.as_ptr() as usize),
+            tier,
             host_access: Mutex::new(()),
         };
         shared.probe.common.allocated(live.allocation.size());

@@ -57,6 +57,48 @@ pub struct DeviceDescription {
     pub stream_ordered_reuse: bool,
 }
 
+/// A level of memory a context allocates in, each governed under its own
+/// limit.
+///
+/// * [`Device`](Self::Device): memory on the device (`cuMemAllocAsync`,
+///   `hipMallocAsync`, a `DEVICE_LOCAL` Vulkan heap). What
+///   [`DeviceContext::allocate`] returns.
+/// * [`PinnedHost`](Self::PinnedHost): page-locked host memory the device
+///   copies to and from without staging (`cuMemHostAlloc`, `hipHostMalloc`,
+///   a `HOST_VISIBLE | HOST_COHERENT` Vulkan memory type). It takes no
+///   device memory, but it is a scarce resource of its own: every pinned
+///   byte is RAM the OS can neither page out nor give to anyone else.
+///
+/// Managed (unified) memory and disk are not tiers: see the "Tiers" section
+/// of `docs/architecture.md` for what they would need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Tier {
+    /// Device memory.
+    Device,
+    /// Page-locked (pinned) host memory.
+    PinnedHost,
+}
+
+impl Tier {
+    /// Every tier, in order.
+    pub const ALL: [Tier; 2] = [Tier::Device, Tier::PinnedHost];
+
+    /// Its name in reports, JSON and on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Device => "device",
+            Self::PinnedHost => "pinned-host",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Free and total device memory as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {
@@ -153,6 +195,16 @@ impl BackendError {
         )
         .with_code(code)
     }
+}
+
+/// The error of a backend asked to allocate in a tier it does not have.
+pub fn tier_unsupported(backend: &'static str, tier: Tier) -> BackendError {
+    BackendError::new(
+        backend,
+        "allocate_in",
+        BackendErrorKind::Unsupported,
+        format!("the {backend} backend has no {tier} tier; allocate in the device tier instead"),
+    )
 }
 
 /// The way out of a driver's out-of-memory code, as a driver-call hint.
@@ -282,6 +334,22 @@ impl fmt::Debug for RetireSignal {
 /// * A free is ordered only within its own stream. When memory was used on
 ///   other streams, the governor calls [`order_after`](Self::order_after)
 ///   for each before it queues the free.
+///
+/// # Tiers
+///
+/// [`allocate`](Self::allocate) allocates device memory;
+/// [`allocate_in`](Self::allocate_in) allocates in any [`Tier`] the backend
+/// has. The `Memory` it returns remembers its tier, so that `free_async`,
+/// `write`, `read` and `teardown` treat it the way its tier needs. Every rule
+/// above holds for every tier; in particular the free of pinned host memory
+/// is stream-ordered exactly like a device free: it executes after every
+/// copy queued on the stream before it (and, through `order_after`, on the
+/// streams the governor named), and the `retired` signal fires only after
+/// the host memory is back with the driver. A driver whose host free is
+/// synchronous (`cuMemFreeHost`, `hipHostFree`) queues it behind the stream
+/// (an event the backend waits for off the stream), never inside a stream
+/// callback, where driver calls are forbidden; and teardown does not destroy
+/// the context while such a free is outstanding.
 pub trait DeviceContext: Send + Sync + Sized + 'static {
     /// A stream (queue) of ordered work.
     type Stream: Send + Sync;
@@ -304,6 +372,25 @@ pub trait DeviceContext: Send + Sync + Sized + 'static {
 
     /// Allocate `bytes` (> 0), usable by work queued on `stream` from now on.
     fn allocate(&self, stream: &Self::Stream, bytes: u64) -> Result<Self::Memory, BackendError>;
+
+    /// Allocate `bytes` (> 0) in `tier`, usable by work queued on `stream`
+    /// from now on. `Tier::Device` is [`allocate`](Self::allocate).
+    ///
+    /// The default has the device tier only, and refuses every other tier
+    /// with [`BackendErrorKind::Unsupported`], naming it: a backend that has
+    /// pinned host memory overrides this (every backend in this repository
+    /// does).
+    fn allocate_in(
+        &self,
+        stream: &Self::Stream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<Self::Memory, BackendError> {
+        match tier {
+            Tier::Device => self.allocate(stream, bytes),
+            other => Err(tier_unsupported(self.describe().backend, other)),
+        }
+    }
 
     /// Queue the free of `memory` behind all work already on `stream`.
     ///

@@ -61,6 +61,7 @@
 
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, MemoryInfo, RetireSignal,
+    Tier,
 };
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,7 +79,8 @@ pub enum Operation {
     CreateStream,
     /// [`DeviceContext::destroy_stream`]
     DestroyStream,
-    /// [`DeviceContext::allocate`]
+    /// [`DeviceContext::allocate`] and [`DeviceContext::allocate_in`], in
+    /// every tier
     Allocate,
     /// [`DeviceContext::free_async`]
     FreeAsync,
@@ -568,6 +570,16 @@ impl<C: DeviceContext> DeviceContext for FaultInjecting<C> {
     fn allocate(&self, stream: &C::Stream, bytes: u64) -> Result<C::Memory, BackendError> {
         self.gate(Operation::Allocate)?;
         self.inner.allocate(stream, bytes)
+    }
+
+    fn allocate_in(
+        &self,
+        stream: &C::Stream,
+        bytes: u64,
+        tier: Tier,
+    ) -> Result<C::Memory, BackendError> {
+        self.gate(Operation::Allocate)?;
+        self.inner.allocate_in(stream, bytes, tier)
     }
 
     fn free_async(

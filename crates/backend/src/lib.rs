@@ -32,8 +32,8 @@ mod probe;
 pub mod shell;
 
 pub use context::{
-    BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution, MemoryInfo,
-    RetireOutcome, RetireSignal, RetireSink, OUT_OF_MEMORY_HINT,
+    tier_unsupported, BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution,
+    MemoryInfo, RetireOutcome, RetireSignal, RetireSink, Tier, OUT_OF_MEMORY_HINT,
 };
 pub use probe::{BackendProbe, ProbeShard};
 pub use shell::{LostState, Shell};
