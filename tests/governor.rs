@@ -10,7 +10,7 @@ use memgov::{
     Admission, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
     ContextOperation, DeviceContext, DeviceDescription, ForeignObject, Governor, GovernorError,
     Lifecycle, MemoryInfo, PinKind, ProviderContextPinError, ReservationUsage, RetireError,
-    RetireSignal, Role, SharedBudget,
+    RetireSignal, Role, SharedBudget, Tier,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1608,10 +1608,12 @@ fn reservations_show_in_snapshots_and_refusals_by_label() {
         vec![
             ReservationUsage {
                 label: "request-17".into(),
+                tier: Tier::Device,
                 left: 2 * MIB
             },
             ReservationUsage {
                 label: "request-18".into(),
+                tier: Tier::Device,
                 left: MIB
             },
         ]
@@ -1636,6 +1638,56 @@ fn reservations_show_in_snapshots_and_refusals_by_label() {
     drop((big, kv));
     s.synchronize().unwrap();
     assert_eq!(ctx.snapshot().charged, 0);
+}
+
+#[test]
+fn a_reservation_in_the_pinned_tier_charges_only_that_tier() {
+    let gov = Governor::new();
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .tier_budget(Tier::PinnedHost, 2 * MIB),
+    );
+    let s = ctx.create_stream("offload").unwrap();
+    let staging = ctx
+        .reserve_in(Tier::PinnedHost, MIB + MIB / 2, "request-3 offload")
+        .unwrap();
+    assert_eq!(staging.tier(), Tier::PinnedHost);
+    let snap = ctx.snapshot();
+    // The device budget is untouched; the tier holds the reservation.
+    assert_eq!((snap.charged, snap.reserved), (0, 0));
+    let pinned = snap.tier(Tier::PinnedHost).unwrap();
+    assert_eq!(
+        (pinned.charged, pinned.reserved, pinned.live_bytes),
+        (MIB + MIB / 2, MIB + MIB / 2, 0)
+    );
+    let block = staging.allocate(&s, MIB, Role::KvCache).unwrap();
+    assert_eq!(block.tier(), Tier::PinnedHost);
+    let pinned = ctx.snapshot().tier(Tier::PinnedHost).unwrap();
+    assert_eq!(
+        (pinned.charged, pinned.reserved, pinned.live_bytes),
+        (MIB + MIB / 2, MIB / 2, MIB)
+    );
+    // The tier refuses what the reservation leaves no room for, naming it.
+    let err = ctx
+        .allocate_in(&s, MIB, Role::KvCache, Tier::PinnedHost)
+        .unwrap_err();
+    let b = err.budget().expect("a budget refusal");
+    assert_eq!(b.scope, BudgetScope::Tier(Tier::PinnedHost));
+    assert_eq!((b.live, b.reserved), (MIB, MIB / 2));
+    assert!(err.to_string().contains("by 'request-3 offload'"), "{err}");
+    // A grow the tier cannot hold changes nothing.
+    assert!(staging.grow(MIB).is_err());
+    assert_eq!(staging.left(), MIB / 2);
+    drop(staging);
+    drop(block);
+    s.synchronize().unwrap();
+    let pinned = ctx.snapshot().tier(Tier::PinnedHost).unwrap();
+    assert_eq!(
+        (pinned.charged, pinned.reserved, pinned.live_bytes),
+        (0, 0, 0)
+    );
 }
 
 #[test]

@@ -320,6 +320,12 @@ fn exceeded_in<C: DeviceContext>(
     waited: Duration,
 ) -> GovernorError {
     let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+    let reserved_by: Vec<_> = ctx
+        .reservations
+        .usage()
+        .into_iter()
+        .filter(|r| r.tier == tier)
+        .collect();
     let (limit, charged, driver) = match refused {
         Refused::Budget(_, r) => (r.limit, r.charged, None),
         Refused::Device(e) => (a.limit, a.charged, Some(e)),
@@ -330,8 +336,8 @@ fn exceeded_in<C: DeviceContext>(
         role,
         requested: bytes,
         live: a.live,
-        reserved: 0,
-        reserved_by: Vec::new(),
+        reserved: reserved_by.iter().map(|r| r.left).sum(),
+        reserved_by,
         pending: a.pending,
         quarantined: a.quarantined,
         awaiting_teardown: a.awaiting_teardown,
@@ -343,7 +349,7 @@ fn exceeded_in<C: DeviceContext>(
     }))
 }
 
-/// Allocate `bytes` whose charge is already held (taken out of a
+/// Allocate `bytes` in `tier` whose charge is already held (taken out of a
 /// reservation): the backend call and the live count of [`attempt`], without
 /// charging. The caller holds a pin and puts the bytes back on error.
 pub(crate) fn allocate_charged<C: DeviceContext>(
@@ -351,20 +357,28 @@ pub(crate) fn allocate_charged<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
+    tier: Tier,
 ) -> Result<C::Memory, GovernorError> {
     let Some(backend) = ctx.enter_on(stream.shard) else {
         return Err(ctx.unavailable_error());
     };
-    let result = backend.allocate(stream.raw(), bytes);
+    let result = match tier {
+        Tier::Device => backend.allocate(stream.raw(), bytes),
+        _ => backend.allocate_in(stream.raw(), bytes, tier),
+    };
     if result.is_ok() {
         ctx.stats.admit(stream.shard, role, bytes);
+        ctx.charges.reserved_taken_in(tier, bytes);
     }
     drop(backend);
     result.map_err(|e| {
         if e.kind == BackendErrorKind::OutOfMemory {
             ctx.note_backend_error(&e);
             add(&ctx.counters.admission_refusals, 1);
-            exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0)
+            match tier {
+                Tier::Device => exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0),
+                _ => exceeded_in(ctx, tier, Refused::Device(e), bytes, role, Duration::ZERO),
+            }
         } else {
             ctx.backend_failure(e)
         }
@@ -379,12 +393,15 @@ pub(crate) fn reserve_refused<C: DeviceContext>(
     refused: ChargeRefused,
     bytes: u64,
 ) -> GovernorError {
+    add(&ctx.counters.admission_refusals, 1);
     let refused = match refused {
         ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
         ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-        ChargeRefused::Tier(tier, r) => Refused::Budget(BudgetScope::Tier(tier), r),
+        ChargeRefused::Tier(tier, r) => {
+            let refused = Refused::Budget(BudgetScope::Tier(tier), r);
+            return exceeded_in(ctx, tier, refused, bytes, Role::Other, Duration::ZERO);
+        }
     };
-    add(&ctx.counters.admission_refusals, 1);
     exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
 }
 
@@ -657,10 +674,16 @@ fn exceeded<C: DeviceContext>(
     // What is charged and neither reserved, pending, quarantined nor
     // awaiting teardown is live. The device's figure counts buffers only: a
     // reservation holds budget, not device memory.
-    let (reserved, reserved_by) = match scope {
-        BudgetScope::Device => (0, Vec::new()),
-        _ => ctx.reservations.usage(),
+    let reserved_by: Vec<_> = match scope {
+        BudgetScope::Device => Vec::new(),
+        _ => ctx
+            .reservations
+            .usage()
+            .into_iter()
+            .filter(|r| r.tier == Tier::Device)
+            .collect(),
     };
+    let reserved = reserved_by.iter().map(|r| r.left).sum();
     let live = charged
         .saturating_sub(reserved)
         .saturating_sub(pending)

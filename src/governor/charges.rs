@@ -7,6 +7,7 @@
 //! | -------------------------------------- | ------------------------------------------ |
 //! | allocation being made                  | [`charge`](Charges::charge)                |
 //! | bytes reserved / reservation given back | [`reserve`](Charges::reserve) / [`unreserve`](Charges::unreserve) |
+//! | ... in a tier / reserved bytes allocated | [`reserve_in`](Charges::reserve_in) / [`unreserve_in`](Charges::unreserve_in) / [`reserved_taken_in`](Charges::reserved_taken_in) |
 //! | ... and not made                       | [`uncharge`](Charges::uncharge)            |
 //! | release queued / its free refused      | [`queued`](Charges::queued) / [`unqueued`](Charges::unqueued) |
 //! | the free executed and settled          | [`uncharge_settled`](Charges::uncharge_settled) |
@@ -397,6 +398,36 @@ impl Charges {
     pub(crate) fn unreserve(&self, bytes: u64) {
         if bytes > 0 {
             self.uncharge(bytes);
+        }
+    }
+
+    /// [`reserve`](Self::reserve) in `tier`: charged to the tier's budget,
+    /// counted in none of its amounts until an allocation takes the bytes
+    /// ([`reserved_taken_in`](Self::reserved_taken_in)).
+    pub(crate) fn reserve_in(&self, tier: Tier, bytes: u64) -> Result<(), ChargeRefused> {
+        let Some(t) = self.tier(tier) else {
+            return self.reserve(bytes);
+        };
+        t.budget
+            .try_charge(bytes, 0)
+            .map_err(|r| ChargeRefused::Tier(tier, r))
+    }
+
+    /// [`unreserve`](Self::unreserve) in `tier`.
+    pub(crate) fn unreserve_in(&self, tier: Tier, bytes: u64) {
+        match self.tier(tier) {
+            None => self.unreserve(bytes),
+            Some(t) if bytes > 0 => t.budget.uncharge(bytes),
+            Some(_) => {}
+        }
+    }
+
+    /// Reserved bytes of `tier` became a live allocation: already charged,
+    /// now counted live (the device tier counts live bytes in the context's
+    /// statistics instead).
+    pub(crate) fn reserved_taken_in(&self, tier: Tier, bytes: u64) {
+        if let Some(t) = self.tier(tier) {
+            t.shift(None, Some(&t.live), bytes);
         }
     }
 

@@ -252,7 +252,40 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// [`GovernorError::ZeroSized`], [`GovernorError::Pin`] (retiring, or
     /// too many pins), [`GovernorError::BudgetExceeded`] with every number.
     pub fn reserve(&self, bytes: u64, label: &str) -> Result<Reservation<C>, GovernorError> {
-        Reservation::new(&self.inner, bytes, label)
+        Reservation::new(&self.inner, Tier::Device, bytes, label)
+    }
+
+    /// [`reserve`](Self::reserve) in `tier`: the bytes are charged to the
+    /// tier's budget, and allocations out of the reservation are made in
+    /// that tier (pinned host staging for a request's offloaded KV cache,
+    /// say).
+    ///
+    /// ```
+    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostConfig, HostContext}};
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(
+    ///     HostContext::new(HostConfig::default())?,
+    ///     ContextConfig::new().tier_budget(Tier::PinnedHost, 1 << 20),
+    /// );
+    /// let stream = ctx.create_stream("offload")?;
+    /// let staging = ctx.reserve_in(Tier::PinnedHost, 256 << 10, "request-17 offload")?;
+    /// let block = staging.allocate(&stream, 64 << 10, Role::KvCache)?;
+    /// assert_eq!(block.tier(), Tier::PinnedHost);
+    /// assert_eq!(ctx.snapshot().tier(Tier::PinnedHost).unwrap().live_bytes, 64 << 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`reserve`](Self::reserve), with the tier's numbers when its
+    /// budget refuses.
+    pub fn reserve_in(
+        &self,
+        tier: Tier,
+        bytes: u64,
+        label: &str,
+    ) -> Result<Reservation<C>, GovernorError> {
+        Reservation::new(&self.inner, tier, bytes, label)
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of

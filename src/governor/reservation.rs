@@ -25,7 +25,7 @@ use super::record::ContextInner;
 use super::shards::GLOBAL;
 use super::stream::GovernedStream;
 use crate::sync::{lock, Allowance};
-use crate::DeviceContext;
+use crate::{DeviceContext, Tier};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 /// bytes it has left.
 pub(crate) struct Reserved {
     label: Box<str>,
+    tier: Tier,
     /// Bytes reserved and not yet allocated: charged to the budgets.
     left: Allowance,
 }
@@ -44,6 +45,12 @@ pub(crate) struct Reserved {
 pub struct ReservationUsage {
     /// The label given at [`reserve`](crate::ContextHandle::reserve).
     pub label: String,
+    /// The tier its bytes are charged in.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::governor::snapshot::ser_display")
+    )]
+    pub tier: Tier,
     /// Bytes reserved and not yet allocated.
     pub left: u64,
 }
@@ -71,20 +78,21 @@ impl Reservations {
         lock(&self.0).live.remove(&key);
     }
 
-    /// The live reservations with bytes left, largest first (ties by label),
-    /// and their total.
-    pub(crate) fn usage(&self) -> (u64, Vec<ReservationUsage>) {
+    /// The live reservations with bytes left, largest first (ties by
+    /// label).
+    pub(crate) fn usage(&self) -> Vec<ReservationUsage> {
         let mut list: Vec<ReservationUsage> = lock(&self.0)
             .live
             .values()
             .map(|r| ReservationUsage {
                 label: r.label.to_string(),
+                tier: r.tier,
                 left: r.left.left(),
             })
             .filter(|r| r.left > 0)
             .collect();
         list.sort_by(|a, b| b.left.cmp(&a.left).then_with(|| a.label.cmp(&b.label)));
-        (list.iter().map(|r| r.left).sum(), list)
+        list
     }
 }
 
@@ -93,6 +101,8 @@ impl Reservations {
 /// [`ContextHandle::reserve`](crate::ContextHandle::reserve).
 pub struct Reservation<C: DeviceContext> {
     ctx: Arc<ContextInner<C>>,
+    /// The tier its bytes are charged in, and its allocations made in.
+    tier: Tier,
     /// Label and bytes left, shared with the context's list.
     state: Arc<Reserved>,
     /// Its key in the context's list.
@@ -104,15 +114,17 @@ impl<C: DeviceContext> fmt::Debug for Reservation<C> {
         f.debug_struct("Reservation")
             .field("context", &self.ctx.id)
             .field("label", &self.label())
+            .field("tier", &self.tier)
             .field("left", &self.left())
             .finish()
     }
 }
 
 impl<C: DeviceContext> Reservation<C> {
-    /// Charge `bytes` now and take the reservation's pin.
+    /// Charge `bytes` in `tier` now and take the reservation's pin.
     pub(crate) fn new(
         ctx: &Arc<ContextInner<C>>,
+        tier: Tier,
         bytes: u64,
         label: &str,
     ) -> Result<Self, GovernorError> {
@@ -124,17 +136,19 @@ impl<C: DeviceContext> Reservation<C> {
         }
         let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
         ctx.charges
-            .reserve(bytes)
+            .reserve_in(tier, bytes)
             .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
         // The pin is the reservation's until it is dropped.
         pin.transfer();
         let state = Arc::new(Reserved {
             label: label.into(),
+            tier,
             left: Allowance::new(bytes),
         });
         let key = ctx.reservations.insert(state.clone());
         Ok(Self {
             ctx: ctx.clone(),
+            tier,
             state,
             key,
         })
@@ -143,6 +157,11 @@ impl<C: DeviceContext> Reservation<C> {
     /// The label given at [`reserve`](crate::ContextHandle::reserve).
     pub fn label(&self) -> &str {
         &self.state.label
+    }
+
+    /// The tier its bytes are charged in and its allocations are made in.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// Bytes reserved and not yet allocated.
@@ -195,7 +214,7 @@ impl<C: DeviceContext> Reservation<C> {
         // Back into the reservation on every way out but a live buffer,
         // unwinding out of the backend included.
         let taken = Taken { from: self, bytes };
-        let memory = allocate_charged(ctx, &stream.shared, bytes, role)?;
+        let memory = allocate_charged(ctx, &stream.shared, bytes, role, self.tier)?;
         std::mem::forget(taken);
         pin.transfer();
         Ok(DeviceBuffer {
@@ -203,7 +222,7 @@ impl<C: DeviceContext> Reservation<C> {
             memory: Some(memory),
             bytes,
             role,
-            tier: crate::Tier::Device,
+            tier: self.tier,
             recorded: None,
         })
     }
@@ -217,7 +236,7 @@ impl<C: DeviceContext> Reservation<C> {
     pub fn grow(&self, bytes: u64) -> Result<(), GovernorError> {
         self.ctx
             .charges
-            .reserve(bytes)
+            .reserve_in(self.tier, bytes)
             .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
         self.state.left.add(bytes);
         Ok(())
@@ -227,7 +246,7 @@ impl<C: DeviceContext> Reservation<C> {
     /// what is left). Returns how many were given back.
     pub fn shrink(&self, bytes: u64) -> u64 {
         let given = self.state.left.shrink(bytes);
-        self.ctx.charges.unreserve(given);
+        self.ctx.charges.unreserve_in(self.tier, given);
         given
     }
 }
@@ -238,7 +257,7 @@ impl<C: DeviceContext> Drop for Reservation<C> {
         // is left goes back exactly once (`close` leaves 0 for the list,
         // which may still read the state until it is removed).
         let left = self.state.left.close();
-        self.ctx.charges.unreserve(left);
+        self.ctx.charges.unreserve_in(self.tier, left);
         self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
     }

@@ -38,9 +38,12 @@ pub struct TierUsage {
     /// Its limit (`u64::MAX`: none); the device tier's is the context
     /// budget.
     pub limit: u64,
-    /// Bytes charged to its limit: live + pending + quarantined + awaiting
-    /// teardown (the device tier's as in `ContextSnapshot::charged`).
+    /// Bytes charged to its limit: live, reserved, pending, quarantined and
+    /// awaiting teardown (the device tier's as in
+    /// `ContextSnapshot::charged`).
     pub charged: u64,
+    /// Bytes held by reservations in this tier and not allocated yet.
+    pub reserved: u64,
     /// Bytes of live buffers in it.
     pub live_bytes: u64,
     /// Bytes whose stream-ordered release is queued and has not executed.
@@ -216,10 +219,11 @@ pub struct ContextSnapshot {
     ///
     /// [`ContextHandle::report_outside`]: super::ContextHandle::report_outside
     pub outside_bytes: u64,
-    /// Bytes reserved and not yet allocated, over all live reservations:
-    /// part of `charged`, not of any role's live bytes.
+    /// Bytes reserved in the device tier and not yet allocated, over all
+    /// its live reservations: part of `charged`, not of any role's live
+    /// bytes. (Each tier's are in [`by_tier`](Self::by_tier).)
     pub reserved: u64,
-    /// The live reservations with bytes left, largest first.
+    /// The live reservations of every tier with bytes left, largest first.
     pub reservations: Vec<ReservationUsage>,
     /// Usage by role, indexed like [`Role::ALL`].
     pub by_role: [RoleUsage; 5],
@@ -306,7 +310,10 @@ impl std::fmt::Debug for ContextSnapshot {
 }
 
 #[cfg(feature = "serde")]
-fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_display<T: std::fmt::Display, S: serde::Serializer>(
+    v: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
@@ -344,8 +351,19 @@ impl GovernorSnapshot {
 
 /// Every tier's usage: the tiers other than the device's from their own
 /// charges, the device tier's as what is left of the roles' totals.
-fn by_tier<C: DeviceContext>(ctx: &ContextInner<C>, by_role: &[RoleUsage; 5]) -> Vec<TierUsage> {
+fn by_tier<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    by_role: &[RoleUsage; 5],
+    reservations: &[ReservationUsage],
+) -> Vec<TierUsage> {
     let total: RoleUsage = by_role.iter().copied().sum();
+    let reserved = |tier| {
+        reservations
+            .iter()
+            .filter(|r| r.tier == tier)
+            .map(|r| r.left)
+            .sum()
+    };
     // Live, pending and quarantined bytes of the tiers other than the
     // device's.
     let mut others = (0u64, 0u64, 0u64);
@@ -356,6 +374,7 @@ fn by_tier<C: DeviceContext>(ctx: &ContextInner<C>, by_role: &[RoleUsage; 5]) ->
             tier,
             limit: a.limit,
             charged: a.charged,
+            reserved: reserved(tier),
             live_bytes: a.live,
             pending_bytes: a.pending,
             quarantined_bytes: a.quarantined,
@@ -372,6 +391,7 @@ fn by_tier<C: DeviceContext>(ctx: &ContextInner<C>, by_role: &[RoleUsage; 5]) ->
             tier: Tier::Device,
             limit: ctx.charges.limit(),
             charged: ctx.charges.charged(),
+            reserved: reserved(Tier::Device),
             live_bytes: total.live_bytes.saturating_sub(others.0),
             pending_bytes: total.pending_bytes.saturating_sub(others.1),
             quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
@@ -426,8 +446,9 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     };
     let c = &ctx.counters;
     let (peak, peak_exact) = ctx.stats.peak_live();
-    let (reserved, reservations) = ctx.reservations.usage();
-    let by_tier = by_tier(ctx, &by_role);
+    let reservations = ctx.reservations.usage();
+    let by_tier = by_tier(ctx, &by_role, &reservations);
+    let reserved = by_tier[0].reserved;
 
     ContextSnapshot {
         context: ctx.id,
