@@ -2,8 +2,8 @@
 //! wait for pending releases and ask pressure responders before giving up.
 
 use super::budget::Refusal;
-use super::charges::ChargeRefused;
-use super::config::{Admission, PressureRequest, Role};
+use super::charges::{Above, ChargeRefused};
+use super::config::{Admission, PressureLevel, PressureRequest, RegisteredResponder, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
 use super::record::{add, ContextInner};
 use super::stream::StreamShared;
@@ -19,6 +19,42 @@ enum Refused {
     /// The backend itself is out of memory.
     Device(crate::BackendError),
 }
+
+impl From<ChargeRefused> for Refused {
+    #[inline]
+    fn from(refused: ChargeRefused) -> Self {
+        match refused {
+            ChargeRefused::Context(r) => Self::Budget(BudgetScope::Context, r),
+            ChargeRefused::Shared(label, r) => Self::Budget(BudgetScope::Shared(label), r),
+            ChargeRefused::Process(label, r) => Self::Budget(BudgetScope::Process(label), r),
+        }
+    }
+}
+
+impl Refused {
+    /// The level above the context that refused, if one did.
+    fn above(&self) -> Option<Above> {
+        match self {
+            Self::Budget(BudgetScope::Shared(_), _) => Some(Above::Shared),
+            Self::Budget(BudgetScope::Process(_), _) => Some(Above::Process),
+            _ => None,
+        }
+    }
+
+    /// The level whose responders a refusal asks.
+    fn pressure_level(&self) -> PressureLevel {
+        match self {
+            Self::Budget(BudgetScope::Context, _) => PressureLevel::Context,
+            Self::Budget(BudgetScope::Shared(_), _) => PressureLevel::Shared,
+            Self::Budget(BudgetScope::Process(_), _) => PressureLevel::Process,
+            Self::Budget(BudgetScope::Device, _) | Self::Device(_) => PressureLevel::Device,
+        }
+    }
+}
+
+/// The most rounds of asking the responders of every context under a
+/// shared level: another round only while the last one freed something.
+const RECLAIM_ROUNDS: usize = 3;
 
 /// Charge and allocate, with the context's admission policy. The caller holds
 /// a pin for the allocation; on error it must release it.
@@ -130,31 +166,46 @@ fn admit_refused<C: DeviceContext>(
                 }
             }
         }
-        // 2. Ask pressure responders once, with no lock held.
+        // 2. Ask pressure responders once, with no lock held: this
+        //    context's for a refusal of its own budget (or of the device
+        //    when it shares no budget), every context's under the level
+        //    otherwise, lowest priority first.
         if !asked_responders {
             asked_responders = true;
-            let responders = lock(&ctx.responders).clone();
-            if !responders.is_empty() {
-                let req = PressureRequest {
-                    context: ctx.id,
-                    role,
-                    requested: bytes,
-                    shortfall: shortfall(ctx, &refused, bytes),
-                };
-                if let Some(t) = &ctx.trace {
-                    t.event(
-                        stream.trace_tag,
-                        Some(role),
-                        EventKind::Pressure,
-                        req.shortfall,
-                        Some(format!("{} responder(s) asked", responders.len())),
-                    );
+            let level = refused.pressure_level();
+            if level != PressureLevel::Context && ctx.charges.shared().is_some() {
+                match reclaim_across(ctx, stream, bytes, role, &refused, &mut reclaimed) {
+                    Reclaim::Admitted(memory) => return Ok(memory),
+                    Reclaim::Failed(e) => return Err(e),
+                    Reclaim::Asked => continue,
+                    Reclaim::NoResponders => {}
                 }
-                for r in &responders {
-                    add(&ctx.counters.pressure_calls, 1);
-                    reclaimed = reclaimed.saturating_add(r(&req));
+            } else {
+                let mut responders = lock(&ctx.responders).clone();
+                if !responders.is_empty() {
+                    responders.sort_by_key(|r| r.priority);
+                    let req = PressureRequest {
+                        context: ctx.id,
+                        level,
+                        role,
+                        requested: bytes,
+                        shortfall: shortfall(ctx, &refused, bytes),
+                    };
+                    if let Some(t) = &ctx.trace {
+                        t.event(
+                            stream.trace_tag,
+                            Some(role),
+                            EventKind::Pressure,
+                            req.shortfall,
+                            Some(format!("{} responder(s) asked", responders.len())),
+                        );
+                    }
+                    for r in &responders {
+                        add(&ctx.counters.pressure_calls, 1);
+                        reclaimed = reclaimed.saturating_add((r.responder)(&req));
+                    }
+                    continue;
                 }
-                continue;
             }
         }
         add(&ctx.counters.admission_refusals, 1);
@@ -166,6 +217,201 @@ fn admit_refused<C: DeviceContext>(
             start.elapsed(),
             reclaimed,
         ));
+    }
+}
+
+/// How asking the responders under a shared level ended.
+enum Reclaim<M> {
+    /// The allocation fits and was made.
+    Admitted(M),
+    /// It fit, and the backend failed it.
+    Failed(GovernorError),
+    /// Responders were asked and it still does not fit.
+    Asked,
+    /// No context under the level has a responder.
+    NoResponders,
+}
+
+/// One responder to ask, with what orders it.
+struct Victim {
+    priority: u32,
+    /// The requester's own responders go first among equal priorities.
+    foreign: bool,
+    responder: RegisteredResponder,
+}
+
+/// The responders of every context under the level that refused, lowest
+/// priority first (the requester's own first among equals, then in the
+/// order the contexts joined). Collected with each context's lock taken and
+/// released in turn: none is held while they are called.
+fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec<Victim> {
+    let members = match (level, ctx.charges.process()) {
+        (PressureLevel::Process, Some(p)) => p.devices().iter().flat_map(|d| d.members()).collect(),
+        _ => ctx
+            .charges
+            .shared()
+            .map_or_else(Vec::new, |s| s.0.members()),
+    };
+    let mut victims: Vec<Victim> = members
+        .iter()
+        .flat_map(|m| {
+            let foreign = m.identity() != ctx.id;
+            m.pressure_responders()
+                .into_iter()
+                .map(move |responder| Victim {
+                    priority: responder.priority,
+                    foreign,
+                    responder,
+                })
+        })
+        .collect();
+    // Stable: equal keys keep the join order.
+    victims.sort_by_key(|v| (v.priority, v.foreign));
+    victims
+}
+
+/// Bytes an allocation asking responders holds for itself (see
+/// [`Charges::claim`](super::charges::Charges::claim)): given back when
+/// dropped unless [`keep`](Self::keep) hands them to the allocation.
+struct Claim<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+    held: u64,
+}
+
+impl<C: DeviceContext> Claim<'_, C> {
+    /// Claim as much of `bytes` as fits now; true once all of it is held.
+    fn grow(&mut self, bytes: u64) -> bool {
+        if self.held < bytes {
+            self.held += self.ctx.charges.claim(bytes - self.held);
+        }
+        self.held == bytes
+    }
+
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<C: DeviceContext> Drop for Claim<'_, C> {
+    fn drop(&mut self) {
+        if self.held > 0 {
+            self.ctx.charges.uncharge(self.held);
+            // Room came back on the levels above: whoever waits there looks
+            // again.
+            self.ctx.charges.announce_returned();
+        }
+    }
+}
+
+/// Ask the responders of every context under the level that refused
+/// (`refused`: the shared budget, the process budget, or the device's
+/// memory), lowest priority first, until the allocation fits; another round
+/// while a round freed something, at most [`RECLAIM_ROUNDS`].
+///
+/// On a budget level the requester claims the room as it comes back: what
+/// fits is charged to it before the first responder is asked and after
+/// each, so a byte a responder frees there goes to this allocation and not
+/// to one racing it; the claim is given back if it never fills. The device's
+/// own memory cannot be claimed (anything on the device may take it): there
+/// the allocation is simply retried after each responder.
+#[cold]
+#[inline(never)]
+fn reclaim_across<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    refused: &Refused,
+    reclaimed: &mut u64,
+) -> Reclaim<C::Memory> {
+    let level = refused.pressure_level();
+    let victims = victims(ctx, level);
+    if victims.is_empty() {
+        return Reclaim::NoResponders;
+    }
+    if let Some(t) = &ctx.trace {
+        t.event(
+            stream.trace_tag,
+            Some(role),
+            EventKind::Pressure,
+            shortfall(ctx, refused, bytes),
+            Some(format!(
+                "{} responder(s) under the {level:?} level",
+                victims.len()
+            )),
+        );
+    }
+    let on_budget = level != PressureLevel::Device;
+    let mut claim = Claim { ctx, held: 0 };
+    // Whether the allocation fits now: claimed in full on a budget level;
+    // on the device, attempted (its outcome in `admitted`).
+    let mut admitted = None;
+    let mut fits = |claim: &mut Claim<'_, C>| -> bool {
+        if on_budget {
+            return claim.grow(bytes);
+        }
+        match attempt(ctx, stream, bytes, role) {
+            Ok(memory) => {
+                admitted = Some(Ok(memory));
+                true
+            }
+            Err(Ok(_)) => false,
+            Err(Err(fatal)) => {
+                admitted = Some(Err(fatal));
+                true
+            }
+        }
+    };
+    let mut done = fits(&mut claim);
+    'rounds: for _ in 0..RECLAIM_ROUNDS {
+        if done {
+            break;
+        }
+        let mut freed = 0u64;
+        for v in &victims {
+            let req = PressureRequest {
+                context: ctx.id,
+                level,
+                role,
+                requested: bytes,
+                shortfall: if on_budget {
+                    bytes - claim.held
+                } else {
+                    shortfall(ctx, refused, bytes)
+                },
+            };
+            add(&ctx.counters.pressure_calls, 1);
+            let gave = (v.responder.responder)(&req);
+            freed = freed.saturating_add(gave);
+            *reclaimed = reclaimed.saturating_add(gave);
+            if fits(&mut claim) {
+                done = true;
+                break 'rounds;
+            }
+        }
+        if freed == 0 {
+            break;
+        }
+    }
+    if let Some(result) = admitted {
+        return match result {
+            Ok(memory) => Reclaim::Admitted(memory),
+            Err(e) => Reclaim::Failed(e),
+        };
+    }
+    if !done || !on_budget {
+        return Reclaim::Asked;
+    }
+    // Claimed in full: the charge is held, allocate without charging again.
+    if !ctx.accepting() {
+        return Reclaim::Failed(ctx.unavailable_error());
+    }
+    match allocate_charged(ctx, stream, bytes, role) {
+        Ok(memory) => {
+            claim.keep();
+            Reclaim::Admitted(memory)
+        }
+        Err(e) => Reclaim::Failed(e),
     }
 }
 
@@ -205,12 +451,8 @@ pub(crate) fn reserve_refused<C: DeviceContext>(
     refused: ChargeRefused,
     bytes: u64,
 ) -> GovernorError {
-    let refused = match refused {
-        ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-        ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-    };
     add(&ctx.counters.admission_refusals, 1);
-    exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
+    exceeded(ctx, refused.into(), bytes, Role::Other, Duration::ZERO, 0)
 }
 
 /// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
@@ -224,13 +466,8 @@ fn attempt<C: DeviceContext>(
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     ctx.charges
         .charge(stream.shard, bytes, stream.credit())
-        .map_err(|refused| {
-            Ok(match refused {
-                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-            })
-        })?;
-    // Charged to both budgets now: returned on every path below that does
+        .map_err(|refused| Ok(refused.into()))?;
+    // Charged to every level now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
     // The gate closes only once retire has begun (force, teardown): this
@@ -278,15 +515,16 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 }
 
 /// Bytes in the scope of `refused` that are on their way back: pending
-/// releases, and on a shared budget also what retiring contexts on it will
+/// releases, and on a shared or process budget also what retiring contexts
+/// under it will
 /// give back at teardown (a model swap: the old context's quarantined and
 /// abandoned bytes return only when it is torn down, which bumps the shared
 /// epoch). Read after the waiter registered and before the attempt it
 /// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
-    match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => ctx.charges.shared_on_the_way(),
-        _ => ctx.pending_bytes(),
+    match refused.above() {
+        Some(which) => ctx.charges.on_the_way(which),
+        None => ctx.pending_bytes(),
     }
 }
 
@@ -298,15 +536,23 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
 enum SettlementWaiter<'a, C: DeviceContext> {
     /// The context's own settlements (`settle_epoch`).
     Context { ctx: &'a ContextInner<C>, seen: u64 },
-    /// Settlements of every context on the shared budget.
-    Shared { ctx: &'a ContextInner<C>, seen: u64 },
+    /// Settlements of every context under a level above (the shared
+    /// budget, the process budget).
+    Above {
+        ctx: &'a ContextInner<C>,
+        which: Above,
+        seen: u64,
+    },
 }
 
 impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
-        match (refused, ctx.charges.shared_epoch()) {
-            (Refused::Budget(BudgetScope::Shared(_), _), Some(seen)) => Self::Shared { ctx, seen },
-            _ => {
+        match refused
+            .above()
+            .and_then(|which| Some((which, ctx.charges.epoch(which)?)))
+        {
+            Some((which, seen)) => Self::Above { ctx, which, seen },
+            None => {
                 // Register, fence, then read the epoch to wait past: a
                 // settlement either sees the registration (and bumps the
                 // epoch and wakes) or is seen by the attempt that follows
@@ -323,10 +569,9 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
 
     /// Whether this registration is for the scope of `refused`.
     fn covers(&self, refused: &Refused) -> bool {
-        let shared = matches!(refused, Refused::Budget(BudgetScope::Shared(_), _));
         match self {
-            Self::Shared { .. } => shared,
-            Self::Context { .. } => !shared,
+            Self::Above { which, .. } => refused.above() == Some(*which),
+            Self::Context { .. } => refused.above().is_none(),
         }
     }
 
@@ -336,8 +581,9 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     /// deadline passes. Never polls.
     fn wait(&self, deadline: Instant) {
         match *self {
-            Self::Shared { ctx, seen } => {
-                ctx.charges.wait_shared(seen, deadline, || !ctx.accepting());
+            Self::Above { ctx, which, seen } => {
+                ctx.charges
+                    .wait_above(which, seen, deadline, || !ctx.accepting());
             }
             Self::Context { ctx, seen } => {
                 ctx.life.settled.wait_until(
@@ -358,8 +604,8 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
 }
 
 /// The refusal of the first limit `bytes` exceeds on its own: the context's
-/// budget, its shared budget, or the device's total memory (when the backend
-/// reports one). `None` when the request could fit once enough is released.
+/// budget, its shared budget, the process budget above that, or the device's
+/// total memory (when the backend reports one). `None` when the request could fit once enough is released.
 fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
     let context = ctx.charges.limit();
     if bytes > context {
@@ -379,6 +625,17 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
                 Refusal {
                     charged: s.charged(),
                     limit: s.limit(),
+                },
+            ));
+        }
+    }
+    if let Some(p) = ctx.charges.process() {
+        if bytes > p.limit() {
+            return Some(Refused::Budget(
+                BudgetScope::Process(p.label().to_owned()),
+                Refusal {
+                    charged: p.charged(),
+                    limit: p.limit(),
                 },
             ));
         }
@@ -422,61 +679,76 @@ fn exceeded<C: DeviceContext>(
     waited: Duration,
     reclaimed: u64,
 ) -> GovernorError {
-    let (scope, charged, pending, quarantined, awaiting_teardown, limit, available, driver) =
-        match refused {
-            Refused::Budget(BudgetScope::Shared(label), r) => {
-                let s = ctx
-                    .charges
-                    .shared_amounts()
-                    .expect("shared refusal implies a shared budget");
-                (
-                    BudgetScope::Shared(label),
-                    r.charged,
-                    s.pending,
-                    s.quarantined,
-                    s.awaiting_teardown,
-                    r.limit,
-                    r.limit.saturating_sub(r.charged),
-                    None,
-                )
-            }
-            Refused::Budget(scope, r) => (
+    let above = refused.above();
+    let (
+        scope,
+        charged,
+        pending,
+        quarantined,
+        awaiting_teardown,
+        outside,
+        limit,
+        available,
+        driver,
+    ) = match refused {
+        Refused::Budget(scope, r) if above.is_some() => {
+            let a = above
+                .and_then(|which| ctx.charges.amounts(which))
+                .expect("a refusal above the context implies that level");
+            (
                 scope,
                 r.charged,
-                ctx.pending_bytes(),
-                ctx.stats.quarantined_bytes(),
-                ctx.charges.awaiting_teardown(),
+                a.pending,
+                a.quarantined,
+                a.awaiting_teardown,
+                a.outside,
                 r.limit,
                 r.limit.saturating_sub(r.charged),
                 None,
-            ),
-            Refused::Device(e) => {
-                let info = ctx.enter().and_then(|b| b.memory_info().ok());
-                let (free, total) =
-                    info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-                let live = ctx.live_bytes();
-                let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
-                let awaiting = ctx.charges.awaiting_teardown();
-                (
-                    BudgetScope::Device,
-                    live.saturating_add(pending)
-                        .saturating_add(quarantined)
-                        .saturating_add(awaiting),
-                    pending,
-                    quarantined,
-                    awaiting,
-                    total,
-                    free,
-                    Some(e),
-                )
-            }
-        };
-    // What is charged and neither pending, quarantined nor awaiting teardown
-    // is live.
+            )
+        }
+        Refused::Budget(scope, r) => (
+            scope,
+            r.charged,
+            ctx.pending_bytes(),
+            ctx.stats.quarantined_bytes(),
+            ctx.charges.awaiting_teardown(),
+            ctx.outside.bytes(),
+            r.limit,
+            r.limit.saturating_sub(r.charged),
+            None,
+        ),
+        Refused::Device(e) => {
+            let info = ctx.enter().and_then(|b| b.memory_info().ok());
+            let (free, total) =
+                info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+            let live = ctx.live_bytes();
+            let (pending, quarantined) = (ctx.pending_bytes(), ctx.stats.quarantined_bytes());
+            let awaiting = ctx.charges.awaiting_teardown();
+            let outside = ctx.outside.bytes();
+            (
+                BudgetScope::Device,
+                live.saturating_add(pending)
+                    .saturating_add(quarantined)
+                    .saturating_add(awaiting)
+                    .saturating_add(outside),
+                pending,
+                quarantined,
+                awaiting,
+                outside,
+                total,
+                free,
+                Some(e),
+            )
+        }
+    };
+    // What is charged and neither pending, quarantined, awaiting teardown
+    // nor outside memgov is live.
     let live = charged
         .saturating_sub(pending)
         .saturating_sub(quarantined)
-        .saturating_sub(awaiting_teardown);
+        .saturating_sub(awaiting_teardown)
+        .saturating_sub(outside);
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.id,
         label: ctx.label.clone(),
@@ -487,6 +759,7 @@ fn exceeded<C: DeviceContext>(
         pending,
         quarantined,
         awaiting_teardown,
+        outside,
         limit,
         available,
         waited,

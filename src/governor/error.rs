@@ -16,6 +16,9 @@ pub enum BudgetScope {
     Shared(String),
     /// The device itself (the backend reported out of memory).
     Device,
+    /// The [`ProcessBudget`](super::ProcessBudget) above the shared budget,
+    /// by label.
+    Process(String),
 }
 
 impl fmt::Display for BudgetScope {
@@ -24,6 +27,7 @@ impl fmt::Display for BudgetScope {
             Self::Context => f.write_str("context budget"),
             Self::Shared(l) => write!(f, "shared budget '{l}'"),
             Self::Device => f.write_str("device memory"),
+            Self::Process(l) => write!(f, "process budget '{l}'"),
         }
     }
 }
@@ -56,6 +60,10 @@ pub struct BudgetExceeded {
     /// force or released on a lost device): charged until their context's
     /// teardown.
     pub awaiting_teardown: u64,
+    /// Bytes recorded as allocated outside memgov in the refusing scope
+    /// (runtime weights, library workspaces): charged, shown as "outside
+    /// memgov".
+    pub outside: u64,
     /// The limit of the refusing scope.
     pub limit: u64,
     /// `limit` minus everything charged.
@@ -85,6 +93,9 @@ impl fmt::Display for BudgetExceeded {
         )?;
         if self.awaiting_teardown > 0 {
             write!(f, " + {} awaiting teardown", Bytes(self.awaiting_teardown))?;
+        }
+        if self.outside > 0 {
+            write!(f, " + {} outside memgov", Bytes(self.outside))?;
         }
         write!(
             f,
