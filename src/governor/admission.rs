@@ -270,21 +270,23 @@ fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec
     victims
 }
 
-/// Bytes an allocation asking responders holds for itself (see
-/// [`Charges::claim`](super::charges::Charges::claim)): given back when
+/// Bytes an allocation asking responders holds for itself on every level
+/// (see [`Charges::claim`](super::charges::Charges::claim)): given back when
 /// dropped unless [`keep`](Self::keep) hands them to the allocation.
 struct Claim<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
-    held: u64,
+    bytes: u64,
 }
 
-impl<C: DeviceContext> Claim<'_, C> {
-    /// Claim as much of `bytes` as fits now; true once all of it is held.
-    fn grow(&mut self, bytes: u64) -> bool {
-        if self.held < bytes {
-            self.held += self.ctx.charges.claim(bytes - self.held);
-        }
-        self.held == bytes
+impl<'a, C: DeviceContext> Claim<'a, C> {
+    fn new(ctx: &'a ContextInner<C>, bytes: u64) -> Self {
+        ctx.charges.claim(bytes);
+        Self { ctx, bytes }
+    }
+
+    /// Whether the claim is admissible now: every level within its limit.
+    fn fits(&self) -> bool {
+        self.ctx.charges.claim_fits()
     }
 
     fn keep(self) {
@@ -294,12 +296,10 @@ impl<C: DeviceContext> Claim<'_, C> {
 
 impl<C: DeviceContext> Drop for Claim<'_, C> {
     fn drop(&mut self) {
-        if self.held > 0 {
-            self.ctx.charges.uncharge(self.held);
-            // Room came back on the levels above: whoever waits there looks
-            // again.
-            self.ctx.charges.announce_returned();
-        }
+        self.ctx.charges.uncharge(self.bytes);
+        // Room came back on the levels above: whoever waits there looks
+        // again.
+        self.ctx.charges.announce_returned();
     }
 }
 
@@ -308,12 +308,14 @@ impl<C: DeviceContext> Drop for Claim<'_, C> {
 /// memory), lowest priority first, until the allocation fits; another round
 /// while a round freed something, at most [`RECLAIM_ROUNDS`].
 ///
-/// On a budget level the requester claims the room as it comes back: what
-/// fits is charged to it before the first responder is asked and after
-/// each, so a byte a responder frees there goes to this allocation and not
-/// to one racing it; the claim is given back if it never fills. The device's
-/// own memory cannot be claimed (anything on the device may take it): there
-/// the allocation is simply retried after each responder.
+/// On a budget level the requester first claims its bytes on every level,
+/// over the limits (see [`Charges::claim`](super::charges::Charges::claim)):
+/// a byte a responder frees there pays the claim off, and an allocation
+/// racing it is refused until the claim is paid in full; the claim is the
+/// allocation's charge once every level is within its limit, and is given
+/// back if that never happens. The device's own memory cannot be claimed
+/// (anything on the device, memgov's or not, may take it): there the
+/// allocation is retried after each responder.
 #[cold]
 #[inline(never)]
 fn reclaim_across<C: DeviceContext>(
@@ -342,13 +344,13 @@ fn reclaim_across<C: DeviceContext>(
         );
     }
     let on_budget = level != PressureLevel::Device;
-    let mut claim = Claim { ctx, held: 0 };
+    let claim = on_budget.then(|| Claim::new(ctx, bytes));
     // Whether the allocation fits now: claimed in full on a budget level;
     // on the device, attempted (its outcome in `admitted`).
     let mut admitted = None;
-    let mut fits = |claim: &mut Claim<'_, C>| -> bool {
-        if on_budget {
-            return claim.grow(bytes);
+    let mut fits = |claim: &Option<Claim<'_, C>>| -> bool {
+        if let Some(claim) = claim {
+            return claim.fits();
         }
         match attempt(ctx, stream, bytes, role) {
             Ok(memory) => {
@@ -362,7 +364,7 @@ fn reclaim_across<C: DeviceContext>(
             }
         }
     };
-    let mut done = fits(&mut claim);
+    let mut done = fits(&claim);
     'rounds: for _ in 0..RECLAIM_ROUNDS {
         if done {
             break;
@@ -374,17 +376,16 @@ fn reclaim_across<C: DeviceContext>(
                 level,
                 role,
                 requested: bytes,
-                shortfall: if on_budget {
-                    bytes - claim.held
-                } else {
-                    shortfall(ctx, refused, bytes)
-                },
+                shortfall: claim.as_ref().map_or_else(
+                    || shortfall(ctx, refused, bytes),
+                    |_| ctx.charges.claim_shortfall(),
+                ),
             };
             add(&ctx.counters.pressure_calls, 1);
             let gave = (v.responder.responder)(&req);
             freed = freed.saturating_add(gave);
             *reclaimed = reclaimed.saturating_add(gave);
-            if fits(&mut claim) {
+            if fits(&claim) {
                 done = true;
                 break 'rounds;
             }
@@ -399,9 +400,9 @@ fn reclaim_across<C: DeviceContext>(
             Err(e) => Reclaim::Failed(e),
         };
     }
-    if !done || !on_budget {
+    let Some(claim) = claim.filter(|_| done) else {
         return Reclaim::Asked;
-    }
+    };
     // Claimed in full: the charge is held, allocate without charging again.
     if !ctx.accepting() {
         return Reclaim::Failed(ctx.unavailable_error());

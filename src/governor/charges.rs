@@ -31,8 +31,10 @@
 //!   memgov's.
 //! * Outside records are charged whatever the limit (the memory exists
 //!   already) and may take a level over it: allocations are then refused
-//!   there until enough comes back. Nothing else ever takes a level over
-//!   its limit.
+//!   there until enough comes back. So may a reclaim's claim, for as long
+//!   as the allocation holding it asks responders: it is kept only once
+//!   every level is back within its limit. Nothing else ever takes a level
+//!   over its limit.
 //! * A context with no shared budget pays for no level above its own: the
 //!   tree costs its charges nothing.
 //! * Bytes come off when an executed free settles, or at teardown for
@@ -61,14 +63,6 @@ pub(crate) enum ChargeRefused {
     Shared(String, Refusal),
     /// The process budget above the shared one, by label.
     Process(String, Refusal),
-}
-
-impl ChargeRefused {
-    fn refusal(&self) -> Refusal {
-        match self {
-            Self::Context(r) | Self::Shared(_, r) | Self::Process(_, r) => *r,
-        }
-    }
 }
 
 /// A level of the tree above the context.
@@ -300,30 +294,36 @@ impl Charges {
         bytes
     }
 
-    /// Charge `bytes` for an allocation waiting on pressure responders, as
-    /// much of it as fits now (all levels, like [`charge`](Self::charge)):
-    /// returns what was charged, 0 when nothing fits. The caller holds the
-    /// bytes as its claim (so that what a responder frees goes to it, not to
-    /// an allocation racing it) and gives them back with
-    /// [`uncharge`](Self::uncharge), or keeps them for its allocation.
-    pub(crate) fn claim(&self, bytes: u64) -> u64 {
-        let mut ask = bytes;
-        // Each refusal lowers the ask to the room its level had; a race
-        // that took that room costs one more try. Bounded: a claim that
-        // keeps losing races waits for the next responder.
-        for _ in 0..8 {
-            if ask == 0 {
-                return 0;
-            }
-            match self.charge(0, ask, 0) {
-                Ok(()) => return ask,
-                Err(refused) => {
-                    let r = refused.refusal();
-                    ask = ask.min(r.limit.saturating_sub(r.charged));
-                }
-            }
-        }
-        0
+    /// Claim `bytes` for an allocation about to ask pressure responders on
+    /// a level above: charged to every level whatever the limits, so that
+    /// what a responder frees pays the claim off before anything else can
+    /// be admitted there (an allocation racing it sees the level over its
+    /// limit by what the claim still lacks). The claim is the allocation's
+    /// once [`claim_fits`](Self::claim_fits); given back with
+    /// [`uncharge`](Self::uncharge) otherwise.
+    pub(crate) fn claim(&self, bytes: u64) {
+        self.budget.force_charge(bytes);
+        each_above(self.shared.as_ref(), |l| l.budget.force_charge(bytes));
+    }
+
+    /// Whether every level is within its limit, so that a
+    /// [`claim`](Self::claim) holds only admissible bytes.
+    pub(crate) fn claim_fits(&self) -> bool {
+        let mut fits = self.budget.charged() <= self.budget.limit();
+        each_above(self.shared.as_ref(), |l| {
+            fits &= l.budget.charged() <= l.budget.limit();
+        });
+        fits
+    }
+
+    /// How far the most overdrawn level is over its limit: what responders
+    /// still have to free for a [`claim`](Self::claim) to fit.
+    pub(crate) fn claim_shortfall(&self) -> u64 {
+        let mut over = self.budget.charged().saturating_sub(self.budget.limit());
+        each_above(self.shared.as_ref(), |l| {
+            over = over.max(l.budget.charged().saturating_sub(l.budget.limit()));
+        });
+        over
     }
 
     /// Memory a runtime allocated outside memgov for this context: charged
