@@ -2,3 +2,5 @@
 # State-machine property tests against a reference model; thousands of cases.
 set -euo pipefail
 PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgov --test properties -- --nocapture
+# The budget tree (process → devices → contexts) against its model; ~15 s.
+PROPTEST_CASES="${PROPTEST_TREE_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tree -- --nocapture
