@@ -1826,15 +1826,6 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
     assert!(msg.contains("of a 5.0 MiB"), "{msg}");
     // Every level or none: the refusal left gpu1 and b uncharged.
     assert_eq!((gpu1.charged(), b.snapshot().charged), (0, 0));
-    // Over the process limit on its own: refused at once, named.
-    process.set_limit(3 * MIB);
-    let err = b.allocate(&sb, 3 * MIB + 1, Role::Weights).unwrap_err();
-    assert_eq!(
-        err.budget().unwrap().scope,
-        BudgetScope::Process("worker".into())
-    );
-    assert!(err.to_string().contains("can never fit"), "{err}");
-    process.set_limit(5 * MIB);
     // A process refusal asks the contexts on the other device too.
     let x = std::sync::Mutex::new(Some(x));
     let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1845,6 +1836,17 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
         sa.synchronize().unwrap();
         freed
     });
+    // Over the process limit on its own: refused at once, named, and
+    // nobody is asked.
+    process.set_limit(3 * MIB);
+    let err = b.allocate(&sb, 3 * MIB + 1, Role::Weights).unwrap_err();
+    assert_eq!(
+        err.budget().unwrap().scope,
+        BudgetScope::Process("worker".into())
+    );
+    assert!(err.to_string().contains("can never fit"), "{err}");
+    assert!(asked.lock().unwrap().is_empty());
+    process.set_limit(5 * MIB);
     let y = b.allocate(&sb, 3 * MIB, Role::Weights).unwrap();
     assert_eq!(*asked.lock().unwrap(), [memgov::PressureLevel::Process]);
     assert_eq!(
