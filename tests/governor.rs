@@ -1923,3 +1923,55 @@ fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
     assert_eq!(levels(), (0, 0, 0));
     drop(ctx.allocate(&s, 4 * MIB, Role::Activation).unwrap());
 }
+
+#[test]
+fn a_process_refusal_waits_for_a_release_on_another_device() {
+    let process = memgov::ProcessBudget::new("worker", 4 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 4 * MIB, &process);
+    let gpu1 = SharedBudget::with_parent("gpu1", 4 * MIB, &process);
+    let gov = Governor::new();
+    // a's frees retire only when the test says so.
+    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let log = device.log();
+    log.hold_retirements(true);
+    let a = gov.register(
+        device,
+        ContextConfig::new().label("a").shared_budget(gpu0.clone()),
+    );
+    let b = gov.register(
+        memgov::conformance::Watched::new(host(8 * MIB).0),
+        ContextConfig::new()
+            .label("b")
+            .shared_budget(gpu1.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(20),
+            }),
+    );
+    let sa = a.create_stream("s").unwrap();
+    drop(a.allocate(&sa, 3 * MIB, Role::Weights).unwrap());
+    eventually("a's release parked", || log.held() == 1);
+    assert_eq!(
+        (process.pending(), gpu0.pending(), gpu1.pending()),
+        (3 * MIB, 3 * MIB, 0)
+    );
+    let sb = b.create_stream("s").unwrap();
+    let b2 = b.clone();
+    let waiter = std::thread::spawn(move || {
+        let x = b2.allocate(&sb, 2 * MIB, Role::Weights)?;
+        let n = x.len();
+        drop(x);
+        sb.synchronize()?;
+        Ok::<_, GovernorError>(n)
+    });
+    // b waits on the process level for a release on gpu0.
+    eventually("b waits", || b.snapshot().counters.admission_waits == 1);
+    assert_eq!(log.release_held(), 1);
+    assert_eq!(
+        waiter
+            .join()
+            .unwrap()
+            .expect("admitted once a's release settled"),
+        2 * MIB
+    );
+    assert_eq!((process.pending(), process.charged()), (0, 0));
+}
