@@ -528,7 +528,7 @@ pub(crate) fn return_outside_at(
 #[cfg(test)]
 mod tests {
     use super::{ChargeRefused, Charges};
-    use crate::SharedBudget;
+    use crate::{ProcessBudget, SharedBudget};
 
     #[test]
     fn a_charge_is_on_both_budgets_or_neither() {
@@ -545,6 +545,47 @@ mod tests {
         assert_eq!(c.charged(), 80, "the context's charge was rolled back");
         c.uncharge(80);
         assert_eq!((c.charged(), device.charged()), (0, 0));
+    }
+
+    #[test]
+    fn a_charge_is_on_every_level_of_the_tree_or_none() {
+        let process = ProcessBudget::new("proc", 150);
+        let device = SharedBudget::with_parent("gpu0", 100, &process);
+        let other = SharedBudget::with_parent("gpu1", 100, &process);
+        let c = Charges::new(1000, 0, Some(device.clone()));
+        let d = Charges::new(1000, 0, Some(other.clone()));
+        c.charge(0, 80, 0).unwrap();
+        assert_eq!(
+            (c.charged(), device.charged(), process.charged()),
+            (80, 80, 80)
+        );
+        match d.charge(0, 90, 0) {
+            Err(ChargeRefused::Process(label, r)) => {
+                assert_eq!((label.as_str(), r.charged, r.limit), ("proc", 80, 150))
+            }
+            other => panic!("expected the process budget to refuse: {other:?}"),
+        }
+        assert_eq!((d.charged(), other.charged()), (0, 0), "rolled back");
+        // Outside memory: charged whatever the limits, counted at each level.
+        d.record_outside(200);
+        assert_eq!(
+            (d.charged(), other.charged(), process.charged()),
+            (200, 200, 280)
+        );
+        assert_eq!((other.outside(), process.outside()), (200, 200));
+        assert!(c.charge(0, 1, 0).is_err(), "the process is over its limit");
+        d.return_outside(200);
+        c.uncharge(80);
+        assert_eq!(
+            (
+                c.charged(),
+                device.charged(),
+                other.charged(),
+                process.charged()
+            ),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(process.outside(), 0);
     }
 
     #[test]
