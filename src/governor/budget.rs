@@ -345,7 +345,7 @@ impl SharedBudget {
     }
 
     /// Bytes recorded as allocated outside memgov, here
-    /// ([`record_outside`](Self::record_outside)) or on a context charged
+    /// ([`report_outside`](Self::report_outside)) or on a context charged
     /// here ([`ContextHandle::report_outside`](crate::ContextHandle::report_outside)):
     /// part of [`charged`](Self::charged).
     pub fn outside(&self) -> u64 {

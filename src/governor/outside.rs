@@ -84,9 +84,11 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// runtime keeps in its own heap): charged to the context's budget and
     /// to the levels above it until the returned record is dropped, shown
     /// as the snapshot's `outside_bytes` and as "outside memgov" in a
-    /// refusal. Never refused (see the [module docs](self)): a record
-    /// that does not fit takes the budget over its limit, and allocations
-    /// are refused until enough comes back.
+    /// refusal. Never refused: the runtime already has the memory, so a
+    /// record that does not fit takes the budget over its limit, and
+    /// allocations there are refused until enough comes back. Dropping the
+    /// record returns the bytes, once; the context's teardown does not
+    /// (the runtime frees its own memory).
     ///
     /// ```
     /// use memgov::{ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
