@@ -417,7 +417,7 @@ fn reclaim_across<C: DeviceContext>(
 }
 
 /// Allocate `bytes` whose charge is already held (taken out of a
-/// reservation): the backend call and the live count of [`attempt`], without
+/// reservation, or a reclaim's claim): the backend call and the live count of [`attempt`], without
 /// charging. The caller holds a pin and puts the bytes back on error.
 pub(crate) fn allocate_charged<C: DeviceContext>(
     ctx: &ContextInner<C>,

@@ -332,6 +332,10 @@ impl Charges {
     /// [`return_outside`](Self::return_outside).
     pub(crate) fn record_outside(&self, bytes: u64) {
         self.budget.force_charge(bytes);
+        // Idle leased bytes were admitted without these: take them back, so
+        // that allocations from now on are held to the budget with them
+        // (as `set_limit` does).
+        self.leases.reclaim(&self.budget);
         each_above(self.shared.as_ref(), |l| {
             l.budget.force_charge(bytes);
             l.outside.fetch_add(bytes, Ordering::Relaxed);

@@ -203,7 +203,7 @@ impl ProcessBudget {
 #[cfg(test)]
 mod tests {
     use crate::host::{HostConfig, HostContext};
-    use crate::{ContextConfig, Governor};
+    use crate::{BudgetScope, ContextConfig, Governor, Role};
 
     #[test]
     fn outside_bytes_are_charged_while_recorded_even_over_the_limit() {
@@ -223,5 +223,28 @@ mod tests {
         drop(b);
         let snap = ctx.snapshot();
         assert_eq!((snap.outside_bytes, snap.charged), (0, 0));
+    }
+
+    #[test]
+    fn an_outside_record_takes_back_the_idle_leases() {
+        const MIB: u64 = 1 << 20;
+        let gov = Governor::new();
+        let ctx = gov.register(
+            HostContext::new(HostConfig::default()).unwrap(),
+            ContextConfig::new().budget(4 * MIB).lease_chunk(2 * MIB),
+        );
+        let s = ctx.create_stream("s").unwrap();
+        // The stream's shard keeps a lease of the budget after this.
+        drop(ctx.allocate(&s, MIB, Role::Other).unwrap());
+        s.synchronize().unwrap();
+        let _weights = ctx.report_outside(3 * MIB);
+        let err = ctx.allocate(&s, 2 * MIB, Role::Other).unwrap_err();
+        let e = err.budget().unwrap();
+        assert_eq!(
+            (&e.scope, e.outside),
+            (&BudgetScope::Context, 3 * MIB),
+            "{err}"
+        );
+        drop(ctx.allocate(&s, MIB, Role::Other).unwrap());
     }
 }
