@@ -1975,3 +1975,61 @@ fn a_process_refusal_waits_for_a_release_on_another_device() {
     );
     assert_eq!((process.pending(), process.charged()), (0, 0));
 }
+
+#[test]
+fn reclaims_racing_on_one_device_never_over_admit() {
+    let limit = 4 * MIB;
+    let process = memgov::ProcessBudget::new("worker", 6 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", limit, &process);
+    let gov = Governor::new();
+    // Bytes admitted and not yet released, counted after the admission and
+    // before the release: never more than what the device really holds.
+    let live = Arc::new(AtomicU64::new(0));
+    let over = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..3u32)
+        .map(|t| {
+            let (ctx, _) = register(
+                &gov,
+                ContextConfig::new()
+                    .label(format!("t{t}"))
+                    .shared_budget(gpu0.clone()),
+            );
+            let (live, over) = (live.clone(), over.clone());
+            std::thread::spawn(move || {
+                let s = ctx.create_stream("s").unwrap();
+                let cache: Arc<std::sync::Mutex<Vec<memgov::DeviceBuffer<HostContext>>>> =
+                    Arc::default();
+                let (cache2, s2, live2) = (cache.clone(), s.clone(), live.clone());
+                ctx.add_pressure_responder_with_priority(t, move |_| {
+                    let freed: Vec<_> = cache2.lock().unwrap().drain(..).collect();
+                    let bytes = freed.iter().map(|b| b.len()).sum();
+                    live2.fetch_sub(bytes, Ordering::SeqCst);
+                    drop(freed);
+                    s2.synchronize().unwrap();
+                    bytes
+                });
+                let rounds = if cfg!(miri) { 20 } else { 300u64 };
+                for i in 0..rounds {
+                    let bytes = [MIB / 2, MIB, 2 * MIB][((i + u64::from(t)) % 3) as usize];
+                    if let Ok(b) = ctx.allocate(&s, bytes, Role::KvCache) {
+                        if live.fetch_add(bytes, Ordering::SeqCst) + bytes > limit {
+                            over.store(true, Ordering::SeqCst);
+                        }
+                        cache.lock().unwrap().push(b);
+                    }
+                }
+                let left: Vec<_> = cache.lock().unwrap().drain(..).collect();
+                live.fetch_sub(left.iter().map(|b| b.len()).sum(), Ordering::SeqCst);
+                drop(left);
+                s.synchronize().unwrap();
+                drop(s);
+                ctx.retire().wait(soon()).unwrap();
+                ctx.snapshot().counters.pressure_calls
+            })
+        })
+        .collect();
+    let asked: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(asked > 0, "no allocation asked a responder");
+    assert!(!over.load(Ordering::SeqCst), "more than the limit was live");
+    assert_eq!((gpu0.charged(), process.charged()), (0, 0));
+}
