@@ -1774,3 +1774,362 @@ fn retire_waits_for_a_live_reservation() {
     drop(r);
     retiring.wait(soon()).unwrap();
 }
+
+// --- The budget tree: process → device → context. ---
+
+/// A context on `device` holding `held` bytes, whose pressure responder of
+/// `priority` gives them back (settled) and logs its label and the request.
+#[allow(clippy::type_complexity)]
+fn victim(
+    gov: &Governor<HostContext>,
+    device: &SharedBudget,
+    label: &'static str,
+    held: u64,
+    priority: u32,
+    log: &Arc<std::sync::Mutex<Vec<(&'static str, memgov::PressureRequest)>>>,
+) -> ContextHandle<HostContext> {
+    let (ctx, _) = register(
+        gov,
+        ContextConfig::new()
+            .label(label)
+            .shared_budget(device.clone()),
+    );
+    let s = ctx.create_stream("s").unwrap();
+    let buffer = std::sync::Mutex::new(Some(ctx.allocate(&s, held, Role::KvCache).unwrap()));
+    let log = log.clone();
+    ctx.add_pressure_responder_with_priority(priority, move |req| {
+        log.lock().unwrap().push((label, *req));
+        let freed = buffer.lock().unwrap().take().map_or(0, |b| b.len());
+        s.synchronize().unwrap();
+        freed
+    });
+    ctx
+}
+
+#[test]
+fn a_device_refusal_asks_every_context_lowest_priority_first_and_stops_when_it_fits() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 6 * MIB);
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Registered highest priority first: the order asked is the priority's.
+    let _p2 = victim(&gov, &gpu0, "p2", 2 * MIB, 2, &log);
+    let _p1 = victim(&gov, &gpu0, "p1", 2 * MIB, 1, &log);
+    let _p0 = victim(&gov, &gpu0, "p0", 2 * MIB, 0, &log);
+    let (r, _) = register(
+        &gov,
+        ContextConfig::new().label("r").shared_budget(gpu0.clone()),
+    );
+    let s = r.create_stream("s").unwrap();
+    let a = r.allocate(&s, 2 * MIB, Role::Activation).unwrap();
+    let asked: Vec<_> = log.lock().unwrap().iter().map(|(l, _)| *l).collect();
+    assert_eq!(asked, ["p0"], "the lowest priority was enough");
+    let req = log.lock().unwrap()[0].1;
+    assert_eq!(
+        (req.context, req.level, req.requested, req.shortfall),
+        (r.id(), memgov::PressureLevel::Shared, 2 * MIB, 2 * MIB)
+    );
+    // 4 MiB more: p0 has nothing left, p1 frees 2 MiB (not enough), p2 the rest.
+    let b = r.allocate(&s, 4 * MIB, Role::Activation).unwrap();
+    let asked: Vec<_> = log.lock().unwrap().iter().map(|(l, _)| *l).collect();
+    assert_eq!(asked, ["p0", "p0", "p1", "p2"]);
+    assert_eq!(r.snapshot().counters.pressure_calls, 4);
+    assert_eq!(gpu0.charged(), 6 * MIB);
+    drop((a, b));
+    s.synchronize().unwrap();
+    assert_eq!(gpu0.charged(), 0);
+}
+
+#[test]
+fn what_a_victim_frees_goes_to_the_requester_not_to_a_racing_allocation() {
+    let gov = Governor::new();
+    let gpu0 = SharedBudget::new("gpu0", 4 * MIB);
+    let (victim, _) = register(
+        &gov,
+        ContextConfig::new().label("v").shared_budget(gpu0.clone()),
+    );
+    let (racer, _) = register(
+        &gov,
+        ContextConfig::new().label("x").shared_budget(gpu0.clone()),
+    );
+    let (r, _) = register(
+        &gov,
+        ContextConfig::new().label("r").shared_budget(gpu0.clone()),
+    );
+    let vs = victim.create_stream("s").unwrap();
+    let held = std::sync::Mutex::new(vec![
+        victim.allocate(&vs, 2 * MIB, Role::KvCache).unwrap(),
+        victim.allocate(&vs, 2 * MIB, Role::KvCache).unwrap(),
+    ]);
+    let xs = racer.create_stream("s").unwrap();
+    let raced = Arc::new(std::sync::Mutex::new(None));
+    let raced2 = raced.clone();
+    let busy = AtomicBool::new(false);
+    victim.add_pressure_responder(move |_| {
+        // The racer's own refusal asks this responder too, from inside it:
+        // it gives nothing then.
+        if busy.swap(true, Ordering::SeqCst) {
+            return 0;
+        }
+        let freed = held.lock().unwrap().pop().map_or(0, |b| b.len());
+        vs.synchronize().unwrap();
+        // Another context's allocation lands between the free and the
+        // requester's retry: the freed bytes are the requester's.
+        *raced2.lock().unwrap() = Some(racer.allocate(&xs, MIB, Role::Other));
+        busy.store(false, Ordering::SeqCst);
+        freed
+    });
+    let s = r.create_stream("s").unwrap();
+    let a = r
+        .allocate(&s, 2 * MIB, Role::Activation)
+        .expect("the freed bytes went to the requester");
+    let err = raced
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the responder ran")
+        .expect_err("the racing allocation found no room");
+    assert_eq!(
+        err.budget().unwrap().scope,
+        BudgetScope::Shared("gpu0".into())
+    );
+    assert_eq!(gpu0.charged(), 4 * MIB, "2 MiB held + the 2 MiB admitted");
+    drop(a);
+}
+
+#[test]
+fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() {
+    let process = memgov::ProcessBudget::new("worker", 5 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 4 * MIB, &process);
+    let gpu1 = SharedBudget::with_parent("gpu1", 4 * MIB, &process);
+    let gov = Governor::new();
+    let (a, _) = register(
+        &gov,
+        ContextConfig::new().label("a").shared_budget(gpu0.clone()),
+    );
+    let (b, _) = register(
+        &gov,
+        ContextConfig::new().label("b").shared_budget(gpu1.clone()),
+    );
+    let (sa, sb) = (a.create_stream("s").unwrap(), b.create_stream("s").unwrap());
+    let x = a.allocate(&sa, 3 * MIB, Role::Weights).unwrap();
+    assert_eq!((gpu0.charged(), process.charged()), (3 * MIB, 3 * MIB));
+    // gpu1 has room for 3 MiB, the process has 2 MiB.
+    let err = b.allocate(&sb, 3 * MIB, Role::Weights).unwrap_err();
+    let e = err.budget().expect("budget refusal");
+    assert_eq!(e.scope, BudgetScope::Process("worker".into()));
+    assert_eq!(
+        (e.requested, e.live, e.limit, e.available),
+        (3 * MIB, 3 * MIB, 5 * MIB, 2 * MIB)
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("under the process budget 'worker'"), "{msg}");
+    assert!(msg.contains("of a 5.0 MiB"), "{msg}");
+    // Every level or none: the refusal left gpu1 and b uncharged.
+    assert_eq!((gpu1.charged(), b.snapshot().charged), (0, 0));
+    // A process refusal asks the contexts on the other device too.
+    let x = std::sync::Mutex::new(Some(x));
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let asked2 = asked.clone();
+    a.add_pressure_responder_with_priority(0, move |req| {
+        asked2.lock().unwrap().push(req.level);
+        let freed = x.lock().unwrap().take().map_or(0, |b| b.len());
+        sa.synchronize().unwrap();
+        freed
+    });
+    // Over the process limit on its own: refused at once, named, and
+    // nobody is asked.
+    process.set_limit(3 * MIB);
+    let err = b.allocate(&sb, 3 * MIB + 1, Role::Weights).unwrap_err();
+    assert_eq!(
+        err.budget().unwrap().scope,
+        BudgetScope::Process("worker".into())
+    );
+    assert!(err.to_string().contains("can never fit"), "{err}");
+    assert!(asked.lock().unwrap().is_empty());
+    process.set_limit(5 * MIB);
+    let y = b.allocate(&sb, 3 * MIB, Role::Weights).unwrap();
+    assert_eq!(*asked.lock().unwrap(), [memgov::PressureLevel::Process]);
+    assert_eq!(
+        (gpu0.charged(), gpu1.charged(), process.charged()),
+        (0, 3 * MIB, 3 * MIB)
+    );
+    drop(y);
+    sb.synchronize().unwrap();
+    assert_eq!(process.charged(), 0);
+}
+
+#[test]
+fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
+    let process = memgov::ProcessBudget::new("worker", 8 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 6 * MIB, &process);
+    let gov = Governor::new();
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .label("c")
+            .budget(4 * MIB)
+            .shared_budget(gpu0.clone()),
+    );
+    let s = ctx.create_stream("s").unwrap();
+    let levels = || (ctx.snapshot().charged, gpu0.charged(), process.charged());
+    // Context: 3 MiB of a runtime's weights leave 1 MiB of the 4.
+    let weights = ctx.report_outside(3 * MIB);
+    assert_eq!(levels(), (3 * MIB, 3 * MIB, 3 * MIB));
+    assert_eq!(
+        (
+            ctx.snapshot().outside_bytes,
+            gpu0.outside(),
+            process.outside()
+        ),
+        (3 * MIB, 3 * MIB, 3 * MIB)
+    );
+    let err = ctx.allocate(&s, 2 * MIB, Role::Activation).unwrap_err();
+    let e = err.budget().unwrap();
+    assert_eq!(
+        (&e.scope, e.outside, e.live),
+        (&BudgetScope::Context, 3 * MIB, 0)
+    );
+    assert!(
+        err.to_string()
+            .contains("+ 3.0 MiB (3145728 bytes) outside memgov"),
+        "{err}"
+    );
+    drop(weights);
+    assert_eq!(levels(), (0, 0, 0), "returned once, on every level");
+    // Device: a 5 MiB workspace leaves 1 MiB of gpu0's 6.
+    let workspace = gpu0.report_outside(5 * MIB);
+    assert_eq!(levels(), (0, 5 * MIB, 5 * MIB));
+    let err = ctx.allocate(&s, 2 * MIB, Role::Activation).unwrap_err();
+    let e = err.budget().unwrap();
+    assert_eq!(
+        (&e.scope, e.outside),
+        (&BudgetScope::Shared("gpu0".into()), 5 * MIB)
+    );
+    assert!(err.to_string().contains("outside memgov"), "{err}");
+    drop(workspace);
+    assert_eq!(levels(), (0, 0, 0));
+    // Process: recorded over the limit all the same (it exists already).
+    let pool = process.report_outside(9 * MIB);
+    assert_eq!((process.charged(), process.limit()), (9 * MIB, 8 * MIB));
+    let err = ctx.allocate(&s, MIB, Role::Activation).unwrap_err();
+    let e = err.budget().unwrap();
+    assert_eq!(
+        (&e.scope, e.outside, e.available),
+        (&BudgetScope::Process("worker".into()), 9 * MIB, 0)
+    );
+    assert!(err.to_string().contains("outside memgov"), "{err}");
+    assert_eq!(pool.bytes(), 9 * MIB);
+    drop(pool);
+    assert_eq!(levels(), (0, 0, 0));
+    drop(ctx.allocate(&s, 4 * MIB, Role::Activation).unwrap());
+}
+
+#[test]
+fn a_process_refusal_waits_for_a_release_on_another_device() {
+    let process = memgov::ProcessBudget::new("worker", 4 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 4 * MIB, &process);
+    let gpu1 = SharedBudget::with_parent("gpu1", 4 * MIB, &process);
+    let gov = Governor::new();
+    // a's frees retire only when the test says so.
+    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let log = device.log();
+    log.hold_retirements(true);
+    let a = gov.register(
+        device,
+        ContextConfig::new().label("a").shared_budget(gpu0.clone()),
+    );
+    let b = gov.register(
+        memgov::conformance::Watched::new(host(8 * MIB).0),
+        ContextConfig::new()
+            .label("b")
+            .shared_budget(gpu1.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(20),
+            }),
+    );
+    let sa = a.create_stream("s").unwrap();
+    drop(a.allocate(&sa, 3 * MIB, Role::Weights).unwrap());
+    eventually("a's release parked", || log.held() == 1);
+    assert_eq!(
+        (process.pending(), gpu0.pending(), gpu1.pending()),
+        (3 * MIB, 3 * MIB, 0)
+    );
+    let sb = b.create_stream("s").unwrap();
+    let b2 = b.clone();
+    let waiter = std::thread::spawn(move || {
+        let x = b2.allocate(&sb, 2 * MIB, Role::Weights)?;
+        let n = x.len();
+        drop(x);
+        sb.synchronize()?;
+        Ok::<_, GovernorError>(n)
+    });
+    // b waits on the process level for a release on gpu0.
+    eventually("b waits", || b.snapshot().counters.admission_waits == 1);
+    assert_eq!(log.release_held(), 1);
+    assert_eq!(
+        waiter
+            .join()
+            .unwrap()
+            .expect("admitted once a's release settled"),
+        2 * MIB
+    );
+    assert_eq!((process.pending(), process.charged()), (0, 0));
+}
+
+#[test]
+fn reclaims_racing_on_one_device_never_over_admit() {
+    let limit = 4 * MIB;
+    let process = memgov::ProcessBudget::new("worker", 6 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", limit, &process);
+    let gov = Governor::new();
+    // Bytes admitted and not yet released, counted after the admission and
+    // before the release: never more than what the device really holds.
+    let live = Arc::new(AtomicU64::new(0));
+    let over = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..3u32)
+        .map(|t| {
+            let (ctx, _) = register(
+                &gov,
+                ContextConfig::new()
+                    .label(format!("t{t}"))
+                    .shared_budget(gpu0.clone()),
+            );
+            let (live, over) = (live.clone(), over.clone());
+            std::thread::spawn(move || {
+                let s = ctx.create_stream("s").unwrap();
+                let cache: Arc<std::sync::Mutex<Vec<memgov::DeviceBuffer<HostContext>>>> =
+                    Arc::default();
+                let (cache2, s2, live2) = (cache.clone(), s.clone(), live.clone());
+                ctx.add_pressure_responder_with_priority(t, move |_| {
+                    let freed: Vec<_> = cache2.lock().unwrap().drain(..).collect();
+                    let bytes = freed.iter().map(|b| b.len()).sum();
+                    live2.fetch_sub(bytes, Ordering::SeqCst);
+                    drop(freed);
+                    s2.synchronize().unwrap();
+                    bytes
+                });
+                let rounds = if cfg!(miri) { 20 } else { 300u64 };
+                for i in 0..rounds {
+                    let bytes = [MIB / 2, MIB, 2 * MIB][((i + u64::from(t)) % 3) as usize];
+                    if let Ok(b) = ctx.allocate(&s, bytes, Role::KvCache) {
+                        if live.fetch_add(bytes, Ordering::SeqCst) + bytes > limit {
+                            over.store(true, Ordering::SeqCst);
+                        }
+                        cache.lock().unwrap().push(b);
+                    }
+                }
+                let left: Vec<_> = cache.lock().unwrap().drain(..).collect();
+                live.fetch_sub(left.iter().map(|b| b.len()).sum(), Ordering::SeqCst);
+                drop(left);
+                s.synchronize().unwrap();
+                drop(s);
+                ctx.retire().wait(soon()).unwrap();
+                ctx.snapshot().counters.pressure_calls
+            })
+        })
+        .collect();
+    let asked: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(!over.load(Ordering::SeqCst), "more than the limit was live");
+    assert!(asked > 0, "no allocation asked a responder");
+    assert_eq!((gpu0.charged(), process.charged()), (0, 0));
+}

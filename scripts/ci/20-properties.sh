@@ -5,3 +5,5 @@ PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgo
 # Tiers against their own model (device and pinned host limits, pinned bytes
 # never on the device budgets, every byte back): 10 to 25 s in release.
 PROPTEST_CASES="${PROPTEST_TIERS_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tiers -- --nocapture
+# The budget tree (process → devices → contexts) against its model; ~15 s.
+PROPTEST_CASES="${PROPTEST_TREE_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tree -- --nocapture

@@ -2,8 +2,8 @@
 //! wait for pending releases and ask pressure responders before giving up.
 
 use super::budget::Refusal;
-use super::charges::ChargeRefused;
-use super::config::{Admission, PressureRequest, Role};
+use super::charges::{Above, ChargeRefused};
+use super::config::{Admission, PressureLevel, PressureRequest, RegisteredResponder, Role};
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
 use super::record::{add, ContextInner};
 use super::stream::StreamShared;
@@ -19,6 +19,45 @@ enum Refused {
     /// The backend itself is out of memory.
     Device(crate::BackendError),
 }
+
+impl From<ChargeRefused> for Refused {
+    #[inline]
+    fn from(refused: ChargeRefused) -> Self {
+        match refused {
+            ChargeRefused::Context(r) => Self::Budget(BudgetScope::Context, r),
+            ChargeRefused::Shared(label, r) => Self::Budget(BudgetScope::Shared(label), r),
+            ChargeRefused::Process(label, r) => Self::Budget(BudgetScope::Process(label), r),
+            ChargeRefused::Tier(tier, r) => Self::Budget(BudgetScope::Tier(tier), r),
+        }
+    }
+}
+
+impl Refused {
+    /// The level above the context that refused, if one did.
+    fn above(&self) -> Option<Above> {
+        match self {
+            Self::Budget(BudgetScope::Shared(_), _) => Some(Above::Shared),
+            Self::Budget(BudgetScope::Process(_), _) => Some(Above::Process),
+            _ => None,
+        }
+    }
+
+    /// The level whose responders a refusal asks.
+    fn pressure_level(&self) -> PressureLevel {
+        match self {
+            // A tier's refusal asks nobody (`admit_in`); were it to, the
+            // context's own responders would be the ones to ask.
+            Self::Budget(BudgetScope::Context | BudgetScope::Tier(_), _) => PressureLevel::Context,
+            Self::Budget(BudgetScope::Shared(_), _) => PressureLevel::Shared,
+            Self::Budget(BudgetScope::Process(_), _) => PressureLevel::Process,
+            Self::Budget(BudgetScope::Device, _) | Self::Device(_) => PressureLevel::Device,
+        }
+    }
+}
+
+/// The most rounds of asking the responders of every context under a
+/// shared level: another round only while the last one freed something.
+const RECLAIM_ROUNDS: usize = 3;
 
 /// Charge and allocate, with the context's admission policy. The caller holds
 /// a pin for the allocation; on error it must release it.
@@ -130,31 +169,46 @@ fn admit_refused<C: DeviceContext>(
                 }
             }
         }
-        // 2. Ask pressure responders once, with no lock held.
+        // 2. Ask pressure responders once, with no lock held: this
+        //    context's for a refusal of its own budget (or of the device
+        //    when it shares no budget), every context's under the level
+        //    otherwise, lowest priority first.
         if !asked_responders {
             asked_responders = true;
-            let responders = lock(&ctx.responders).clone();
-            if !responders.is_empty() {
-                let req = PressureRequest {
-                    context: ctx.id,
-                    role,
-                    requested: bytes,
-                    shortfall: shortfall(ctx, &refused, bytes),
-                };
-                if let Some(t) = &ctx.trace {
-                    t.event(
-                        stream.trace_tag,
-                        Some(role),
-                        EventKind::Pressure,
-                        req.shortfall,
-                        Some(format!("{} responder(s) asked", responders.len())),
-                    );
+            let level = refused.pressure_level();
+            if level != PressureLevel::Context && ctx.charges.shared().is_some() {
+                match reclaim_across(ctx, stream, bytes, role, &refused, &mut reclaimed) {
+                    Reclaim::Admitted(memory) => return Ok(memory),
+                    Reclaim::Failed(e) => return Err(e),
+                    Reclaim::Asked => continue,
+                    Reclaim::NoResponders => {}
                 }
-                for r in &responders {
-                    add(&ctx.counters.pressure_calls, 1);
-                    reclaimed = reclaimed.saturating_add(r(&req));
+            } else {
+                let mut responders = lock(&ctx.responders).clone();
+                if !responders.is_empty() {
+                    responders.sort_by_key(|r| r.priority);
+                    let req = PressureRequest {
+                        context: ctx.id,
+                        level,
+                        role,
+                        requested: bytes,
+                        shortfall: shortfall(ctx, &refused, bytes),
+                    };
+                    if let Some(t) = &ctx.trace {
+                        t.event(
+                            stream.trace_tag,
+                            Some(role),
+                            EventKind::Pressure,
+                            req.shortfall,
+                            Some(format!("{} responder(s) asked", responders.len())),
+                        );
+                    }
+                    for r in &responders {
+                        add(&ctx.counters.pressure_calls, 1);
+                        reclaimed = reclaimed.saturating_add((r.responder)(&req));
+                    }
+                    continue;
                 }
-                continue;
             }
         }
         add(&ctx.counters.admission_refusals, 1);
@@ -268,13 +322,7 @@ fn attempt_in<C: DeviceContext>(
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     ctx.charges
         .charge_in(tier, stream.shard, bytes, 0)
-        .map_err(|refused| {
-            Ok(match refused {
-                ChargeRefused::Tier(t, r) => Refused::Budget(BudgetScope::Tier(t), r),
-                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-            })
-        })?;
+        .map_err(|refused| Ok(refused.into()))?;
     // Given back on every path that does not end in a live buffer.
     let charge = TierCharge { ctx, bytes, tier };
     let Some(backend) = ctx.enter_on(stream.shard) else {
@@ -338,6 +386,7 @@ fn exceeded_in<C: DeviceContext>(
         live: a.live,
         reserved: reserved_by.iter().map(|r| r.left).sum(),
         reserved_by,
+        outside: 0,
         pending: a.pending,
         quarantined: a.quarantined,
         awaiting_teardown: a.awaiting_teardown,
@@ -349,8 +398,205 @@ fn exceeded_in<C: DeviceContext>(
     }))
 }
 
+/// How asking the responders under a shared level ended.
+enum Reclaim<M> {
+    /// The allocation fits and was made.
+    Admitted(M),
+    /// It fit, and the backend failed it.
+    Failed(GovernorError),
+    /// Responders were asked and it still does not fit.
+    Asked,
+    /// No context under the level has a responder.
+    NoResponders,
+}
+
+/// One responder to ask, with what orders it.
+struct Victim {
+    priority: u32,
+    /// The requester's own responders go first among equal priorities.
+    foreign: bool,
+    responder: RegisteredResponder,
+}
+
+/// The responders of every context under the level that refused, lowest
+/// priority first (the requester's own first among equals, then in the
+/// order the contexts joined). Collected with each context's lock taken and
+/// released in turn: none is held while they are called.
+fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec<Victim> {
+    let members = match (level, ctx.charges.process()) {
+        (PressureLevel::Process, Some(p)) => p.devices().iter().flat_map(|d| d.members()).collect(),
+        _ => ctx
+            .charges
+            .shared()
+            .map_or_else(Vec::new, |s| s.0.members()),
+    };
+    let mut victims: Vec<Victim> = members
+        .iter()
+        .flat_map(|m| {
+            let foreign = m.identity() != ctx.id;
+            m.pressure_responders()
+                .into_iter()
+                .map(move |responder| Victim {
+                    priority: responder.priority,
+                    foreign,
+                    responder,
+                })
+        })
+        .collect();
+    // Stable: equal keys keep the join order.
+    victims.sort_by_key(|v| (v.priority, v.foreign));
+    victims
+}
+
+/// Bytes an allocation asking responders holds for itself on every level
+/// (see [`Charges::claim`](super::charges::Charges::claim)): given back when
+/// dropped unless [`keep`](Self::keep) hands them to the allocation.
+struct Claim<'a, C: DeviceContext> {
+    ctx: &'a ContextInner<C>,
+    bytes: u64,
+}
+
+impl<'a, C: DeviceContext> Claim<'a, C> {
+    fn new(ctx: &'a ContextInner<C>, bytes: u64) -> Self {
+        ctx.charges.claim(bytes);
+        Self { ctx, bytes }
+    }
+
+    /// Whether the claim is admissible now: every level within its limit.
+    fn fits(&self) -> bool {
+        self.ctx.charges.claim_fits()
+    }
+
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<C: DeviceContext> Drop for Claim<'_, C> {
+    fn drop(&mut self) {
+        self.ctx.charges.uncharge(self.bytes);
+        // Room came back on the levels above: whoever waits there looks
+        // again.
+        self.ctx.charges.announce_returned();
+    }
+}
+
+/// Ask the responders of every context under the level that refused
+/// (`refused`: the shared budget, the process budget, or the device's
+/// memory), lowest priority first, until the allocation fits; another round
+/// while a round freed something, at most [`RECLAIM_ROUNDS`].
+///
+/// On a budget level the requester first claims its bytes on every level,
+/// over the limits (see [`Charges::claim`](super::charges::Charges::claim)):
+/// a byte a responder frees there pays the claim off, and an allocation
+/// racing it is refused until the claim is paid in full; the claim is the
+/// allocation's charge once every level is within its limit, and is given
+/// back if that never happens. The device's own memory cannot be claimed
+/// (anything on the device, memgov's or not, may take it): there the
+/// allocation is retried after each responder.
+#[cold]
+#[inline(never)]
+fn reclaim_across<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    refused: &Refused,
+    reclaimed: &mut u64,
+) -> Reclaim<C::Memory> {
+    let level = refused.pressure_level();
+    let victims = victims(ctx, level);
+    if victims.is_empty() {
+        return Reclaim::NoResponders;
+    }
+    if let Some(t) = &ctx.trace {
+        t.event(
+            stream.trace_tag,
+            Some(role),
+            EventKind::Pressure,
+            shortfall(ctx, refused, bytes),
+            Some(format!(
+                "{} responder(s) under the {level:?} level",
+                victims.len()
+            )),
+        );
+    }
+    let on_budget = level != PressureLevel::Device;
+    let claim = on_budget.then(|| Claim::new(ctx, bytes));
+    // Whether the allocation fits now: claimed in full on a budget level;
+    // on the device, attempted (its outcome in `admitted`).
+    let mut admitted = None;
+    let mut fits = |claim: &Option<Claim<'_, C>>| -> bool {
+        if let Some(claim) = claim {
+            return claim.fits();
+        }
+        match attempt(ctx, stream, bytes, role) {
+            Ok(memory) => {
+                admitted = Some(Ok(memory));
+                true
+            }
+            Err(Ok(_)) => false,
+            Err(Err(fatal)) => {
+                admitted = Some(Err(fatal));
+                true
+            }
+        }
+    };
+    let mut done = fits(&claim);
+    'rounds: for _ in 0..RECLAIM_ROUNDS {
+        if done {
+            break;
+        }
+        let mut freed = 0u64;
+        for v in &victims {
+            let req = PressureRequest {
+                context: ctx.id,
+                level,
+                role,
+                requested: bytes,
+                shortfall: claim.as_ref().map_or_else(
+                    || shortfall(ctx, refused, bytes),
+                    |_| ctx.charges.claim_shortfall(),
+                ),
+            };
+            add(&ctx.counters.pressure_calls, 1);
+            let gave = (v.responder.responder)(&req);
+            freed = freed.saturating_add(gave);
+            *reclaimed = reclaimed.saturating_add(gave);
+            if fits(&claim) {
+                done = true;
+                break 'rounds;
+            }
+        }
+        if freed == 0 {
+            break;
+        }
+    }
+    if let Some(result) = admitted {
+        return match result {
+            Ok(memory) => Reclaim::Admitted(memory),
+            Err(e) => Reclaim::Failed(e),
+        };
+    }
+    let Some(claim) = claim.filter(|_| done) else {
+        return Reclaim::Asked;
+    };
+    // Claimed in full: the charge is held, allocate without charging again.
+    if !ctx.accepting() {
+        return Reclaim::Failed(ctx.unavailable_error());
+    }
+    match allocate_charged(ctx, stream, bytes, role, Tier::Device) {
+        Ok(memory) => {
+            claim.keep();
+            Reclaim::Admitted(memory)
+        }
+        Err(e) => Reclaim::Failed(e),
+    }
+}
+
 /// Allocate `bytes` in `tier` whose charge is already held (taken out of a
-/// reservation): the backend call and the live count of [`attempt`], without
+/// reservation, or a reclaim's claim): the backend call and the live count
+/// of [`attempt`], without
 /// charging. The caller holds a pin and puts the bytes back on error.
 pub(crate) fn allocate_charged<C: DeviceContext>(
     ctx: &ContextInner<C>,
@@ -394,15 +640,11 @@ pub(crate) fn reserve_refused<C: DeviceContext>(
     bytes: u64,
 ) -> GovernorError {
     add(&ctx.counters.admission_refusals, 1);
-    let refused = match refused {
-        ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-        ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-        ChargeRefused::Tier(tier, r) => {
-            let refused = Refused::Budget(BudgetScope::Tier(tier), r);
-            return exceeded_in(ctx, tier, refused, bytes, Role::Other, Duration::ZERO);
-        }
-    };
-    exceeded(ctx, refused, bytes, Role::Other, Duration::ZERO, 0)
+    if let ChargeRefused::Tier(tier, r) = refused {
+        let refused = Refused::Budget(BudgetScope::Tier(tier), r);
+        return exceeded_in(ctx, tier, refused, bytes, Role::Other, Duration::ZERO);
+    }
+    exceeded(ctx, refused.into(), bytes, Role::Other, Duration::ZERO, 0)
 }
 
 /// `Ok(memory)`, `Err(Ok(refusal))` to retry, or `Err(Err(error))` to fail.
@@ -416,14 +658,8 @@ fn attempt<C: DeviceContext>(
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     ctx.charges
         .charge(stream.shard, bytes, stream.credit())
-        .map_err(|refused| {
-            Ok(match refused {
-                ChargeRefused::Context(r) => Refused::Budget(BudgetScope::Context, r),
-                ChargeRefused::Shared(label, r) => Refused::Budget(BudgetScope::Shared(label), r),
-                ChargeRefused::Tier(tier, r) => Refused::Budget(BudgetScope::Tier(tier), r),
-            })
-        })?;
-    // Charged to both budgets now: returned on every path below that does
+        .map_err(|refused| Ok(refused.into()))?;
+    // Charged to every level now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
     let charge = Charge { ctx, bytes };
     // The gate closes only once retire has begun (force, teardown): this
@@ -471,20 +707,21 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 }
 
 /// Bytes in the scope of `refused` that are on their way back: pending
-/// releases, and on a shared budget also what retiring contexts on it will
+/// releases, and on a shared or process budget also what retiring contexts
+/// under it will
 /// give back at teardown (a model swap: the old context's quarantined and
 /// abandoned bytes return only when it is torn down, which bumps the shared
 /// epoch). Read after the waiter registered and before the attempt it
 /// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
-    match refused {
-        Refused::Budget(BudgetScope::Shared(_), _) => ctx.charges.shared_on_the_way(),
-        Refused::Budget(BudgetScope::Tier(tier), _) => {
+    match (refused, refused.above()) {
+        (Refused::Budget(BudgetScope::Tier(tier), _), _) => {
             ctx.charges.tier_amounts(*tier).map_or(0, |a| a.pending)
         }
+        (_, Some(which)) => ctx.charges.on_the_way(which),
         // The device tier's: pending releases of other tiers give back
         // nothing here.
-        _ => device_tier(ctx).1,
+        (_, None) => device_tier(ctx).1,
     }
 }
 
@@ -496,15 +733,23 @@ fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) 
 enum SettlementWaiter<'a, C: DeviceContext> {
     /// The context's own settlements (`settle_epoch`).
     Context { ctx: &'a ContextInner<C>, seen: u64 },
-    /// Settlements of every context on the shared budget.
-    Shared { ctx: &'a ContextInner<C>, seen: u64 },
+    /// Settlements of every context under a level above (the shared
+    /// budget, the process budget).
+    Above {
+        ctx: &'a ContextInner<C>,
+        which: Above,
+        seen: u64,
+    },
 }
 
 impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
-        match (refused, ctx.charges.shared_epoch()) {
-            (Refused::Budget(BudgetScope::Shared(_), _), Some(seen)) => Self::Shared { ctx, seen },
-            _ => {
+        match refused
+            .above()
+            .and_then(|which| Some((which, ctx.charges.epoch(which)?)))
+        {
+            Some((which, seen)) => Self::Above { ctx, which, seen },
+            None => {
                 // Register, fence, then read the epoch to wait past: a
                 // settlement either sees the registration (and bumps the
                 // epoch and wakes) or is seen by the attempt that follows
@@ -521,10 +766,9 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
 
     /// Whether this registration is for the scope of `refused`.
     fn covers(&self, refused: &Refused) -> bool {
-        let shared = matches!(refused, Refused::Budget(BudgetScope::Shared(_), _));
         match self {
-            Self::Shared { .. } => shared,
-            Self::Context { .. } => !shared,
+            Self::Above { which, .. } => refused.above() == Some(*which),
+            Self::Context { .. } => refused.above().is_none(),
         }
     }
 
@@ -534,8 +778,9 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     /// deadline passes. Never polls.
     fn wait(&self, deadline: Instant) {
         match *self {
-            Self::Shared { ctx, seen } => {
-                ctx.charges.wait_shared(seen, deadline, || !ctx.accepting());
+            Self::Above { ctx, which, seen } => {
+                ctx.charges
+                    .wait_above(which, seen, deadline, || !ctx.accepting());
             }
             Self::Context { ctx, seen } => {
                 ctx.life.settled.wait_until(
@@ -556,8 +801,8 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
 }
 
 /// The refusal of the first limit `bytes` exceeds on its own: the context's
-/// budget, its shared budget, or the device's total memory (when the backend
-/// reports one). `None` when the request could fit once enough is released.
+/// budget, its shared budget, the process budget above that, or the device's
+/// total memory (when the backend reports one). `None` when the request could fit once enough is released.
 fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
     let context = ctx.charges.limit();
     if bytes > context {
@@ -577,6 +822,17 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
                 Refusal {
                     charged: s.charged(),
                     limit: s.limit(),
+                },
+            ));
+        }
+    }
+    if let Some(p) = ctx.charges.process() {
+        if bytes > p.limit() {
+            return Some(Refused::Budget(
+                BudgetScope::Process(p.label().to_owned()),
+                Refusal {
+                    charged: p.charged(),
+                    limit: p.limit(),
                 },
             ));
         }
@@ -620,60 +876,74 @@ fn exceeded<C: DeviceContext>(
     waited: Duration,
     reclaimed: u64,
 ) -> GovernorError {
-    let (scope, charged, pending, quarantined, awaiting_teardown, limit, available, driver) =
-        match refused {
-            Refused::Budget(BudgetScope::Shared(label), r) => {
-                let s = ctx
-                    .charges
-                    .shared_amounts()
-                    .expect("shared refusal implies a shared budget");
-                (
-                    BudgetScope::Shared(label),
-                    r.charged,
-                    s.pending,
-                    s.quarantined,
-                    s.awaiting_teardown,
-                    r.limit,
-                    r.limit.saturating_sub(r.charged),
-                    None,
-                )
-            }
-            Refused::Budget(scope, r) => {
-                let (_, pending, quarantined) = device_tier(ctx);
-                (
-                    scope,
-                    r.charged,
-                    pending,
-                    quarantined,
-                    ctx.charges.awaiting_teardown(),
-                    r.limit,
-                    r.limit.saturating_sub(r.charged),
-                    None,
-                )
-            }
-            Refused::Device(e) => {
-                let info = ctx.enter().and_then(|b| b.memory_info().ok());
-                let (free, total) =
-                    info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
-                let (live, pending, quarantined) = device_tier(ctx);
-                let awaiting = ctx.charges.awaiting_teardown();
-                (
-                    BudgetScope::Device,
-                    live.saturating_add(pending)
-                        .saturating_add(quarantined)
-                        .saturating_add(awaiting),
-                    pending,
-                    quarantined,
-                    awaiting,
-                    total,
-                    free,
-                    Some(e),
-                )
-            }
-        };
-    // What is charged and neither reserved, pending, quarantined nor
-    // awaiting teardown is live. The device's figure counts buffers only: a
-    // reservation holds budget, not device memory.
+    let above = refused.above();
+    let (
+        scope,
+        charged,
+        pending,
+        quarantined,
+        awaiting_teardown,
+        outside,
+        limit,
+        available,
+        driver,
+    ) = match refused {
+        Refused::Budget(scope, r) if above.is_some() => {
+            let a = above
+                .and_then(|which| ctx.charges.amounts(which))
+                .expect("a refusal above the context implies that level");
+            (
+                scope,
+                r.charged,
+                a.pending,
+                a.quarantined,
+                a.awaiting_teardown,
+                a.outside,
+                r.limit,
+                r.limit.saturating_sub(r.charged),
+                None,
+            )
+        }
+        Refused::Budget(scope, r) => {
+            let (_, pending, quarantined) = device_tier(ctx);
+            (
+                scope,
+                r.charged,
+                pending,
+                quarantined,
+                ctx.charges.awaiting_teardown(),
+                ctx.outside.bytes(),
+                r.limit,
+                r.limit.saturating_sub(r.charged),
+                None,
+            )
+        }
+        Refused::Device(e) => {
+            let info = ctx.enter().and_then(|b| b.memory_info().ok());
+            let (free, total) =
+                info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
+            let (live, pending, quarantined) = device_tier(ctx);
+            let awaiting = ctx.charges.awaiting_teardown();
+            let outside = ctx.outside.bytes();
+            (
+                BudgetScope::Device,
+                live.saturating_add(pending)
+                    .saturating_add(quarantined)
+                    .saturating_add(awaiting)
+                    .saturating_add(outside),
+                pending,
+                quarantined,
+                awaiting,
+                outside,
+                total,
+                free,
+                Some(e),
+            )
+        }
+    };
+    // What is charged and neither reserved, pending, quarantined, awaiting
+    // teardown nor outside memgov is live. The device's figure counts
+    // buffers only: a reservation holds budget, not device memory.
     let reserved_by: Vec<_> = match scope {
         BudgetScope::Device => Vec::new(),
         _ => ctx
@@ -688,7 +958,8 @@ fn exceeded<C: DeviceContext>(
         .saturating_sub(reserved)
         .saturating_sub(pending)
         .saturating_sub(quarantined)
-        .saturating_sub(awaiting_teardown);
+        .saturating_sub(awaiting_teardown)
+        .saturating_sub(outside);
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.name(),
         scope,
@@ -700,6 +971,7 @@ fn exceeded<C: DeviceContext>(
         pending,
         quarantined,
         awaiting_teardown,
+        outside,
         limit,
         available,
         waited,

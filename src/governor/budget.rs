@@ -29,27 +29,92 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// back). A shared-budget admission waits while this is nonzero; the
     /// teardown bumps [`SharedBudgetInner::epoch`] once it ends.
     fn returning_at_teardown(&self) -> u64;
+
+    /// The context's identity, as a [`PressureRequest`](super::PressureRequest)
+    /// names it.
+    fn identity(&self) -> crate::ProviderContextIdentity;
+
+    /// The context's pressure responders now (clones: the caller asks them
+    /// with no lock held). Empty once the context stopped accepting work.
+    fn pressure_responders(&self) -> Vec<super::config::RegisteredResponder>;
 }
 
-/// What a [`SharedBudget`] shares. Its budget and totals change only through
-/// the contexts' [`Charges`](super::charges::Charges), which keep them in step
-/// with each context's own budget; nothing else reaches these fields.
-pub(crate) struct SharedBudgetInner {
+/// One level of the budget tree above the contexts (a device's
+/// [`SharedBudget`], a [`ProcessBudget`]): its budget and the totals an
+/// admission refused there reads. They change only through the contexts'
+/// [`Charges`](super::charges::Charges) and the outside records (both in
+/// `charges.rs`), which keep every level in step; nothing else reaches these
+/// fields.
+pub(crate) struct Level {
     pub(super) label: String,
     pub(super) budget: Budget,
-    /// Pending-release bytes of every context charged here.
+    /// Pending-release bytes of every context under this level.
     pub(super) pending: AtomicU64,
-    /// Quarantined bytes of every context charged here.
+    /// Quarantined bytes of every context under this level.
     pub(super) quarantined: AtomicU64,
     /// Bytes whose free never ran on the device (abandoned releases, buffers
     /// reclaimed by force or released on a lost device), of every context
-    /// charged here: charged until that context's teardown returns.
+    /// under this level: charged until that context's teardown returns.
     pub(super) awaiting_teardown: AtomicU64,
-    /// Bumped whenever a release charged here settles.
+    /// Bytes recorded as allocated outside memgov at this level or below
+    /// (see `outside.rs`): charged, never released by memgov.
+    pub(super) outside: AtomicU64,
+    /// Bumped whenever bytes charged here come back (a release settles, a
+    /// teardown returns, an outside record is dropped).
     pub(super) epoch: AtomicU64,
-    /// Woken when a release charged here retires, and when a context charged
-    /// here is lost or retires (its admission waiters give up).
+    /// Woken when the epoch moves, and when a context under this level is
+    /// lost or retires (its admission waiters give up).
     pub(super) retired: Notifier,
+}
+
+impl Level {
+    fn new(label: String, limit: u64) -> Self {
+        Self {
+            label,
+            budget: Budget::new(limit),
+            pending: AtomicU64::new(0),
+            quarantined: AtomicU64::new(0),
+            awaiting_teardown: AtomicU64::new(0),
+            outside: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            retired: Notifier::new(),
+        }
+    }
+
+    /// Charges went back to this level outside a settlement (a teardown
+    /// returned them, an outside record was dropped): wake the admissions
+    /// waiting for room here.
+    pub(crate) fn announce_returned(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.retired.notify();
+    }
+
+    /// The totals a refusal at this level reports.
+    pub(crate) fn amounts(&self) -> LevelAmounts {
+        LevelAmounts {
+            pending: self.pending.load(Ordering::Acquire),
+            quarantined: self.quarantined.load(Ordering::Acquire),
+            awaiting_teardown: self.awaiting_teardown.load(Ordering::Acquire),
+            outside: self.outside.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// A level's totals, as a refused admission reports them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LevelAmounts {
+    pub pending: u64,
+    pub quarantined: u64,
+    pub awaiting_teardown: u64,
+    pub outside: u64,
+}
+
+/// What a [`SharedBudget`] shares: its level of the tree, the process level
+/// above it, and the contexts charged to it.
+pub(crate) struct SharedBudgetInner {
+    pub(super) level: Level,
+    /// The process budget every charge here is also charged to.
+    pub(super) parent: Option<ProcessBudget>,
     /// Why the device was declared lost, once it was.
     lost: Mutex<Option<String>>,
     /// Every context registered with this budget (pruned as they go).
@@ -71,44 +136,72 @@ pub(crate) struct SharedBudgetInner {
 /// # let _ = (a, b);
 /// # Ok::<(), memgov::BackendError>(())
 /// ```
+///
+/// Under a [`ProcessBudget`] ([`with_parent`](Self::with_parent)), every
+/// byte charged here is charged to the process level too.
 #[derive(Clone)]
 pub struct SharedBudget(pub(crate) Arc<SharedBudgetInner>);
 
 impl SharedBudgetInner {
+    /// The contexts on this budget now, for a caller to ask with no lock
+    /// held.
+    pub(crate) fn members(&self) -> Vec<Arc<dyn DeviceMember>> {
+        lock(&self.members)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     /// Bytes that retiring contexts on this budget will give back at their
     /// teardown (see [`DeviceMember::returning_at_teardown`]). The slow path
     /// of a refused admission only: it takes the members lock, and asks the
     /// members with the lock released.
     pub(crate) fn returning_at_teardown(&self) -> u64 {
-        let members: Vec<_> = lock(&self.members)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        members
+        self.members()
             .iter()
             .map(|m| m.returning_at_teardown())
             .fold(0, u64::saturating_add)
     }
 
     /// Charges went back to this budget outside a settlement (a teardown
-    /// returned them): wake the admissions waiting for room here.
+    /// returned them): wake the admissions waiting for room here and at the
+    /// process level.
     pub(crate) fn announce_returned(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        self.retired.notify();
+        self.level.announce_returned();
+        if let Some(p) = &self.parent {
+            p.0.level.announce_returned();
+        }
     }
 }
 
 impl SharedBudget {
     /// A new shared budget of `limit` bytes.
     pub fn new(label: impl Into<String>, limit: u64) -> Self {
+        Self::build(label.into(), limit, None)
+    }
+
+    /// A new shared budget of `limit` bytes under `process`: a charge here
+    /// is a charge on `process` too, both or neither, and `process` refuses
+    /// what would take it over its own limit.
+    ///
+    /// ```
+    /// use memgov::{ProcessBudget, SharedBudget};
+    /// let process = ProcessBudget::new("worker", 6 << 30);
+    /// let gpu0 = SharedBudget::with_parent("gpu0", 4 << 30, &process);
+    /// let gpu1 = SharedBudget::with_parent("gpu1", 4 << 30, &process);
+    /// assert_eq!(gpu0.parent().map(|p| p.label()), Some("worker"));
+    /// # let _ = gpu1;
+    /// ```
+    pub fn with_parent(label: impl Into<String>, limit: u64, process: &ProcessBudget) -> Self {
+        let budget = Self::build(label.into(), limit, Some(process.clone()));
+        process.adopt(&budget);
+        budget
+    }
+
+    fn build(label: String, limit: u64, parent: Option<ProcessBudget>) -> Self {
         Self(Arc::new(SharedBudgetInner {
-            label: label.into(),
-            budget: Budget::new(limit),
-            pending: AtomicU64::new(0),
-            quarantined: AtomicU64::new(0),
-            awaiting_teardown: AtomicU64::new(0),
-            epoch: AtomicU64::new(0),
-            retired: Notifier::new(),
+            level: Level::new(label, limit),
+            parent,
             lost: Mutex::new(None),
             members: Mutex::new(Vec::new()),
         }))
@@ -116,41 +209,56 @@ impl SharedBudget {
 
     /// The label given at creation.
     pub fn label(&self) -> &str {
-        &self.0.label
+        &self.0.level.label
+    }
+
+    /// The process budget above this one, if any.
+    pub fn parent(&self) -> Option<&ProcessBudget> {
+        self.0.parent.as_ref()
     }
 
     /// The limit in bytes.
     pub fn limit(&self) -> u64 {
-        self.0.budget.limit()
+        self.0.level.budget.limit()
     }
 
     /// Change the limit. Allocations already charged are not affected.
     pub fn set_limit(&self, limit: u64) {
-        self.0.budget.set_limit(limit)
+        self.0.level.budget.set_limit(limit)
     }
 
     /// Bytes charged by all contexts sharing this budget: live, pending
-    /// release, quarantined and awaiting teardown.
+    /// release, quarantined and awaiting teardown, and what was recorded as
+    /// allocated outside memgov here or on its contexts
+    /// ([`outside`](Self::outside)).
     pub fn charged(&self) -> u64 {
-        self.0.budget.charged()
+        self.0.level.budget.charged()
     }
 
     /// Bytes whose stream-ordered release is queued and has not retired.
     pub fn pending(&self) -> u64 {
-        self.0.pending.load(Ordering::Acquire)
+        self.0.level.pending.load(Ordering::Acquire)
     }
 
     /// Bytes whose release the backend refused: charged until their
     /// context terminates.
     pub fn quarantined(&self) -> u64 {
-        self.0.quarantined.load(Ordering::Acquire)
+        self.0.level.quarantined.load(Ordering::Acquire)
     }
 
     /// Bytes whose free never ran on the device (releases abandoned, buffers
     /// reclaimed by `force` or released on a lost device): charged until
     /// their context's teardown has returned the memory to the device.
     pub fn awaiting_teardown(&self) -> u64 {
-        self.0.awaiting_teardown.load(Ordering::Acquire)
+        self.0.level.awaiting_teardown.load(Ordering::Acquire)
+    }
+
+    /// Bytes recorded as allocated outside memgov, here
+    /// ([`report_outside`](Self::report_outside)) or on a context charged
+    /// here ([`ContextHandle::report_outside`](crate::ContextHandle::report_outside)):
+    /// part of [`charged`](Self::charged).
+    pub fn outside(&self) -> u64 {
+        self.0.level.outside.load(Ordering::Acquire)
     }
 
     /// Declare the physical device lost: every context charged to this
@@ -167,11 +275,7 @@ impl SharedBudget {
             }
             *lost = Some(reason.to_owned());
         }
-        let members: Vec<_> = lock(&self.0.members)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for m in members {
+        for m in self.0.members() {
             m.device_lost(reason);
         }
         true
@@ -198,15 +302,138 @@ impl SharedBudget {
     }
 }
 
-impl fmt::Debug for SharedBudget {
+/// What a [`ProcessBudget`] shares: its level of the tree and the device
+/// budgets under it.
+pub(crate) struct ProcessBudgetInner {
+    pub(super) level: Level,
+    /// Every device budget made under this one (pruned as they go).
+    devices: Mutex<Vec<Weak<SharedBudgetInner>>>,
+}
+
+/// The top of the budget tree: a byte budget for the whole process, over
+/// the device budgets ([`SharedBudget::with_parent`]) made under it.
+/// Cloning it shares the same budget.
+///
+/// A charge on a device budget under it is a charge here too (all levels
+/// or none); a refusal here is reported with [`BudgetScope::Process`] and
+/// this level's numbers, and waits for (with
+/// [`Admission::WaitForPending`]) or reclaims (with pressure responders)
+/// memory anywhere under it.
+///
+/// ```
+/// use memgov::{Governor, ContextConfig, ProcessBudget, Role, SharedBudget, BudgetScope};
+/// use memgov::host::{HostConfig, HostContext};
+/// let process = ProcessBudget::new("worker", 3 << 20);
+/// let gpu0 = SharedBudget::with_parent("gpu0", 2 << 20, &process);
+/// let gpu1 = SharedBudget::with_parent("gpu1", 2 << 20, &process);
+/// let gov = Governor::new();
+/// let a = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0));
+/// let b = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu1));
+/// let (sa, sb) = (a.create_stream("a")?, b.create_stream("b")?);
+/// let _x = a.allocate(&sa, 2 << 20, Role::Weights)?;
+/// // gpu1 has room, the process does not.
+/// let err = b.allocate(&sb, 2 << 20, Role::Weights).unwrap_err();
+/// assert_eq!(err.budget().unwrap().scope, BudgetScope::Process("worker".into()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// [`BudgetScope::Process`]: crate::BudgetScope::Process
+/// [`Admission::WaitForPending`]: crate::Admission::WaitForPending
+#[derive(Clone)]
+pub struct ProcessBudget(pub(crate) Arc<ProcessBudgetInner>);
+
+impl ProcessBudget {
+    /// A new process budget of `limit` bytes.
+    pub fn new(label: impl Into<String>, limit: u64) -> Self {
+        Self(Arc::new(ProcessBudgetInner {
+            level: Level::new(label.into(), limit),
+            devices: Mutex::new(Vec::new()),
+        }))
+    }
+
+    fn adopt(&self, device: &SharedBudget) {
+        let mut devices = lock(&self.0.devices);
+        devices.retain(|d| d.strong_count() > 0);
+        devices.push(Arc::downgrade(&device.0));
+    }
+
+    /// The label given at creation.
+    pub fn label(&self) -> &str {
+        &self.0.level.label
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.0.level.budget.limit()
+    }
+
+    /// Change the limit. Allocations already charged are not affected.
+    pub fn set_limit(&self, limit: u64) {
+        self.0.level.budget.set_limit(limit)
+    }
+
+    /// Bytes charged under this budget: everything charged to its device
+    /// budgets, and what was recorded as allocated outside memgov here.
+    pub fn charged(&self) -> u64 {
+        self.0.level.budget.charged()
+    }
+
+    /// Bytes whose stream-ordered release is queued and has not retired,
+    /// anywhere under this budget.
+    pub fn pending(&self) -> u64 {
+        self.0.level.pending.load(Ordering::Acquire)
+    }
+
+    /// Quarantined bytes anywhere under this budget.
+    pub fn quarantined(&self) -> u64 {
+        self.0.level.quarantined.load(Ordering::Acquire)
+    }
+
+    /// Bytes awaiting their context's teardown anywhere under this budget.
+    pub fn awaiting_teardown(&self) -> u64 {
+        self.0.level.awaiting_teardown.load(Ordering::Acquire)
+    }
+
+    /// Bytes recorded as allocated outside memgov at this level or below:
+    /// part of [`charged`](Self::charged).
+    pub fn outside(&self) -> u64 {
+        self.0.level.outside.load(Ordering::Acquire)
+    }
+
+    /// The device budgets under this one now.
+    pub(crate) fn devices(&self) -> Vec<Arc<SharedBudgetInner>> {
+        lock(&self.0.devices)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+impl fmt::Debug for ProcessBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedBudget")
-            .field("label", &self.0.label)
+        f.debug_struct("ProcessBudget")
+            .field("label", &self.label())
             .field("limit", &self.limit())
             .field("charged", &self.charged())
             .field("pending", &self.pending())
             .field("quarantined", &self.quarantined())
             .field("awaiting_teardown", &self.awaiting_teardown())
+            .field("outside", &self.outside())
+            .finish()
+    }
+}
+
+impl fmt::Debug for SharedBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBudget")
+            .field("label", &self.label())
+            .field("parent", &self.parent().map(ProcessBudget::label))
+            .field("limit", &self.limit())
+            .field("charged", &self.charged())
+            .field("pending", &self.pending())
+            .field("quarantined", &self.quarantined())
+            .field("awaiting_teardown", &self.awaiting_teardown())
+            .field("outside", &self.outside())
             .field("lost", &self.is_lost())
             .finish()
     }

@@ -1,6 +1,7 @@
 //! What a context has charged: its own budget, the budget leases of its
-//! shards, the device's [`SharedBudget`] it is charged to, and the bytes
-//! held until teardown. Every change to any of them is one named operation
+//! shards, the device's [`SharedBudget`] it is charged to and the
+//! [`ProcessBudget`](super::ProcessBudget) above that (the levels of the
+//! budget tree), and the bytes held until teardown. Every change to any of them is one named operation
 //! here, one per step of an allocation's bytes:
 //!
 //! | step                                   | operation                                  |
@@ -15,6 +16,8 @@
 //! | live memory that only teardown frees   | [`hold_until_teardown`](Charges::hold_until_teardown) |
 //! | release refused, memory quarantined    | [`quarantined`](Charges::quarantined)      |
 //! | teardown returned the memory           | [`return_at_teardown`](Charges::return_at_teardown) |
+//! | bytes claimed while reclaiming         | [`claim`](Charges::claim) (given back with `uncharge`) |
+//! | memory allocated outside memgov        | [`record_outside`](Charges::record_outside) / [`return_outside`](Charges::return_outside), [`record_outside_at`] / [`return_outside_at`] on a level alone |
 //!
 //! # Tiers
 //!
@@ -29,12 +32,23 @@
 //!
 //! # Invariants
 //!
-//! * A charge is on the context's budget and the shared one together, or on
-//!   neither: [`charge`](Charges::charge) takes both or gives the first back,
-//!   and every operation that gives bytes back gives them to both.
-//! * The shared budget's `pending`, `quarantined` and `awaiting_teardown`
-//!   totals move with the steps above, so that an admission refused there
-//!   can tell what is on its way back.
+//! * A charge is on every level of the tree from the context up (context,
+//!   shared, process) or on none: [`charge`](Charges::charge) takes them in
+//!   that order and gives back those it took when one refuses, and every
+//!   operation that gives bytes back gives them to every level. So no level
+//!   holds less than the sum of the levels below it.
+//! * Each level's `pending`, `quarantined`, `awaiting_teardown` and
+//!   `outside` totals move with the steps above, so that an admission
+//!   refused there can tell what is on its way back and what is not
+//!   memgov's.
+//! * Outside records are charged whatever the limit (the memory exists
+//!   already) and may take a level over it: allocations are then refused
+//!   there until enough comes back. So may a reclaim's claim, for as long
+//!   as the allocation holding it asks responders: it is kept only once
+//!   every level is back within its limit. Nothing else ever takes a level
+//!   over its limit.
+//! * A context with no shared budget pays for no level above its own: the
+//!   tree costs its charges nothing.
 //! * Bytes come off when an executed free settles, or at teardown for
 //!   every byte whose free never ran (quarantined, abandoned, reclaimed,
 //!   released on a lost device), in the one step every teardown path runs.
@@ -47,7 +61,7 @@
 //!
 //! Imports nothing from its neighbours but the budgets it keeps.
 
-use super::budget::{Budget, Refusal, SharedBudget};
+use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
 use super::lease::Leases;
 use crate::Tier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +76,17 @@ pub(crate) enum ChargeRefused {
     Shared(String, Refusal),
     /// The budget of a tier other than the device's.
     Tier(Tier, Refusal),
+    /// The process budget above the shared one, by label.
+    Process(String, Refusal),
+}
+
+/// A level of the tree above the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Above {
+    /// The device's shared budget.
+    Shared,
+    /// The process budget above it.
+    Process,
 }
 
 /// What teardown returned to the budgets.
@@ -130,14 +155,6 @@ impl TierCharges {
     }
 }
 
-/// The shared budget's totals, as a refused admission reports them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SharedAmounts {
-    pub pending: u64,
-    pub quarantined: u64,
-    pub awaiting_teardown: u64,
-}
-
 /// The charges of one context (see the module docs).
 pub(crate) struct Charges {
     /// The context's own budget.
@@ -155,6 +172,18 @@ pub(crate) struct Charges {
     returned: AtomicBool,
     /// The pinned host tier.
     pinned: TierCharges,
+}
+
+/// Apply `f` to every level above the context: the shared one, then the
+/// process one.
+#[inline]
+fn each_above(shared: Option<&SharedBudget>, mut f: impl FnMut(&Level)) {
+    if let Some(s) = shared {
+        f(&s.0.level);
+        if let Some(p) = &s.0.parent {
+            f(&p.0.level);
+        }
+    }
 }
 
 impl Charges {
@@ -182,10 +211,23 @@ impl Charges {
         self.shared.as_ref()
     }
 
+    /// The process budget above the shared one, if any.
+    #[inline]
+    pub(crate) fn process(&self) -> Option<&ProcessBudget> {
+        self.shared.as_ref().and_then(|s| s.0.parent.as_ref())
+    }
+
+    fn level(&self, which: Above) -> Option<&Level> {
+        match which {
+            Above::Shared => self.shared.as_ref().map(|s| &s.0.level),
+            Above::Process => self.process().map(|p| &p.0.level),
+        }
+    }
+
     // --- An allocation's bytes, step by step. ---
 
     /// Charge `bytes` for an allocation on a stream of `shard` to the
-    /// context's budget and to its shared one: both, or neither. `credit`
+    /// context's budget and to every level above it: all, or none. `credit`
     /// lowers the bar (see [`Budget::try_charge`]).
     ///
     /// With leases on, the charge comes out of the shard's lease, refilled
@@ -208,30 +250,35 @@ impl Charges {
             .try_charge(bytes, credit)
             .map_err(ChargeRefused::Context)?;
         if let Some(s) = &self.shared {
-            if let Err(r) = s.0.budget.try_charge(bytes, credit) {
+            if let Err(r) = s.0.level.budget.try_charge(bytes, credit) {
                 self.budget.uncharge(bytes);
-                return Err(ChargeRefused::Shared(s.0.label.clone(), r));
+                return Err(ChargeRefused::Shared(s.0.level.label.clone(), r));
+            }
+            if let Some(p) = &s.0.parent {
+                if let Err(r) = p.0.level.budget.try_charge(bytes, credit) {
+                    s.0.level.budget.uncharge(bytes);
+                    self.budget.uncharge(bytes);
+                    return Err(ChargeRefused::Process(p.0.level.label.clone(), r));
+                }
             }
         }
         Ok(())
     }
 
     /// The allocation [`charge`](Self::charge)d for was not made: give the
-    /// bytes back to both budgets.
+    /// bytes back to every level.
     #[inline]
     pub(crate) fn uncharge(&self, bytes: u64) {
         self.budget.uncharge(bytes);
-        if let Some(s) = &self.shared {
-            s.0.budget.uncharge(bytes);
-        }
+        each_above(self.shared.as_ref(), |l| l.budget.uncharge(bytes));
     }
 
-    /// A release of `bytes` was queued: pending on the shared budget.
+    /// A release of `bytes` was queued: pending on the levels above.
     #[inline]
     pub(crate) fn queued(&self, bytes: u64) {
-        if let Some(s) = &self.shared {
-            s.0.pending.fetch_add(bytes, Ordering::Relaxed);
-        }
+        each_above(self.shared.as_ref(), |l| {
+            l.pending.fetch_add(bytes, Ordering::Relaxed);
+        });
     }
 
     /// The backend refused the free just [`queued`](Self::queued): no
@@ -239,14 +286,14 @@ impl Charges {
     /// lost).
     #[inline]
     pub(crate) fn unqueued(&self, bytes: u64) {
-        if let Some(s) = &self.shared {
-            s.0.pending.fetch_sub(bytes, Ordering::Relaxed);
-        }
+        each_above(self.shared.as_ref(), |l| {
+            l.pending.fetch_sub(bytes, Ordering::Relaxed);
+        });
     }
 
     /// An executed free of `bytes`, queued on a stream of `shard`, settled:
     /// the device has the bytes back. They go back to that shard's lease
-    /// (the rest to the budget), or to both budgets when leases are off.
+    /// (the rest to the budget), or to every level when leases are off.
     #[inline]
     pub(crate) fn uncharge_settled(&self, shard: usize, bytes: u64) {
         if self.leases.enabled() {
@@ -255,10 +302,10 @@ impl Charges {
             self.leases.settled(&self.budget, shard, bytes);
         } else {
             self.budget.uncharge(bytes);
-            if let Some(s) = &self.shared {
-                s.0.budget.uncharge(bytes);
-                s.0.pending.fetch_sub(bytes, Ordering::Relaxed);
-            }
+            each_above(self.shared.as_ref(), |l| {
+                l.budget.uncharge(bytes);
+                l.pending.fetch_sub(bytes, Ordering::Relaxed);
+            });
         }
     }
 
@@ -276,9 +323,9 @@ impl Charges {
     /// late) they are returned at once.
     pub(crate) fn hold_until_teardown(&self, bytes: u64) {
         self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
-        if let Some(s) = &self.shared {
-            s.0.awaiting_teardown.fetch_add(bytes, Ordering::Relaxed);
-        }
+        each_above(self.shared.as_ref(), |l| {
+            l.awaiting_teardown.fetch_add(bytes, Ordering::Relaxed);
+        });
         // SeqCst on both sides: either teardown's swap sees our add, or we
         // see its flag (or both, and the swaps split the bytes).
         if self.returned.load(Ordering::SeqCst) && self.return_awaiting_teardown() > 0 {
@@ -289,9 +336,9 @@ impl Charges {
     /// A release of `bytes` was refused and its memory quarantined: charged
     /// until teardown returns it.
     pub(crate) fn quarantined(&self, bytes: u64) {
-        if let Some(s) = &self.shared {
-            s.0.quarantined.fetch_add(bytes, Ordering::Relaxed);
-        }
+        each_above(self.shared.as_ref(), |l| {
+            l.quarantined.fetch_add(bytes, Ordering::Relaxed);
+        });
     }
 
     /// Teardown's accounting, once the backend's teardown has returned: the
@@ -301,7 +348,9 @@ impl Charges {
     /// [`hold_until_teardown`](Self::hold_until_teardown)) later.
     /// `pinned_quarantined` is the pinned tier's part of the quarantine,
     /// returned to its own budget with its bytes awaiting teardown; the
-    /// report counts both tiers.
+    /// report counts both tiers. Bytes recorded outside memgov stay charged
+    /// until their record is dropped: the runtime that allocated them frees
+    /// them, not the teardown.
     pub(crate) fn return_at_teardown(
         &self,
         quarantined: u64,
@@ -310,9 +359,9 @@ impl Charges {
         self.leases.close(&self.budget);
         if quarantined > 0 {
             self.uncharge(quarantined);
-            if let Some(s) = &self.shared {
-                s.0.quarantined.fetch_sub(quarantined, Ordering::Relaxed);
-            }
+            each_above(self.shared.as_ref(), |l| {
+                l.quarantined.fetch_sub(quarantined, Ordering::Relaxed);
+            });
         }
         // Pairs with `hold_until_teardown`: see there.
         self.returned.store(true, Ordering::SeqCst);
@@ -327,28 +376,88 @@ impl Charges {
         let bytes = self.awaiting_teardown.swap(0, Ordering::SeqCst);
         if bytes > 0 {
             self.budget.uncharge(bytes);
-            if let Some(s) = &self.shared {
-                s.0.budget.uncharge(bytes);
-                s.0.awaiting_teardown.fetch_sub(bytes, Ordering::Relaxed);
-            }
+            each_above(self.shared.as_ref(), |l| {
+                l.budget.uncharge(bytes);
+                l.awaiting_teardown.fetch_sub(bytes, Ordering::Relaxed);
+            });
         }
         bytes
     }
 
-    // --- Wake-ups of the admissions waiting on the shared budget. ---
-
-    /// A release charged here settled: wake the shared budget's admission
-    /// waiters (the context's own are woken by the record).
-    #[inline]
-    pub(crate) fn announce_settled(&self) {
-        if let Some(s) = &self.shared {
-            s.0.epoch.fetch_add(1, Ordering::SeqCst);
-            s.0.retired.notify();
-        }
+    /// Claim `bytes` for an allocation about to ask pressure responders on
+    /// a level above: charged to every level whatever the limits, so that
+    /// what a responder frees pays the claim off before anything else can
+    /// be admitted there (an allocation racing it sees the level over its
+    /// limit by what the claim still lacks). The claim is the allocation's
+    /// once [`claim_fits`](Self::claim_fits); given back with
+    /// [`uncharge`](Self::uncharge) otherwise.
+    pub(crate) fn claim(&self, bytes: u64) {
+        self.budget.force_charge(bytes);
+        each_above(self.shared.as_ref(), |l| l.budget.force_charge(bytes));
     }
 
-    /// Teardown gave charges back outside a settlement: wake the shared
-    /// budget's admission waiters.
+    /// Whether every level is within its limit, so that a
+    /// [`claim`](Self::claim) holds only admissible bytes.
+    pub(crate) fn claim_fits(&self) -> bool {
+        let mut fits = self.budget.charged() <= self.budget.limit();
+        each_above(self.shared.as_ref(), |l| {
+            fits &= l.budget.charged() <= l.budget.limit();
+        });
+        fits
+    }
+
+    /// How far the most overdrawn level is over its limit: what responders
+    /// still have to free for a [`claim`](Self::claim) to fit.
+    pub(crate) fn claim_shortfall(&self) -> u64 {
+        let mut over = self.budget.charged().saturating_sub(self.budget.limit());
+        each_above(self.shared.as_ref(), |l| {
+            over = over.max(l.budget.charged().saturating_sub(l.budget.limit()));
+        });
+        over
+    }
+
+    /// Memory a runtime allocated outside memgov for this context: charged
+    /// to every level, whatever the limits (it exists already), and counted
+    /// as outside at every level above. Given back by
+    /// [`return_outside`](Self::return_outside).
+    pub(crate) fn record_outside(&self, bytes: u64) {
+        self.budget.force_charge(bytes);
+        // Idle leased bytes were admitted without these: take them back, so
+        // that allocations from now on are held to the budget with them
+        // (as `set_limit` does).
+        self.leases.reclaim(&self.budget);
+        each_above(self.shared.as_ref(), |l| {
+            l.budget.force_charge(bytes);
+            l.outside.fetch_add(bytes, Ordering::Relaxed);
+        });
+    }
+
+    /// The runtime freed memory [`record_outside`](Self::record_outside)
+    /// charged: give it back to every level and wake the admissions waiting
+    /// above.
+    pub(crate) fn return_outside(&self, bytes: u64) {
+        self.budget.uncharge(bytes);
+        each_above(self.shared.as_ref(), |l| {
+            l.budget.uncharge(bytes);
+            l.outside.fetch_sub(bytes, Ordering::Relaxed);
+        });
+        self.announce_returned();
+    }
+
+    // --- Wake-ups of the admissions waiting on the levels above. ---
+
+    /// A release charged here settled: wake the admission waiters of the
+    /// levels above (the context's own are woken by the record).
+    #[inline]
+    pub(crate) fn announce_settled(&self) {
+        each_above(self.shared.as_ref(), |l| {
+            l.epoch.fetch_add(1, Ordering::SeqCst);
+            l.retired.notify();
+        });
+    }
+
+    /// Teardown gave charges back outside a settlement: wake the admission
+    /// waiters of the levels above.
     #[inline]
     pub(crate) fn announce_returned(&self) {
         if let Some(s) = &self.shared {
@@ -356,37 +465,39 @@ impl Charges {
         }
     }
 
-    /// The context stopped accepting work (retire, loss): the shared
-    /// budget's admission waiters look again and those of this context give
-    /// up.
+    /// The context stopped accepting work (retire, loss): the admission
+    /// waiters of the levels above look again and those of this context
+    /// give up.
     #[inline]
     pub(crate) fn wake_shared_waiters(&self) {
-        if let Some(s) = &self.shared {
-            s.0.retired.notify();
-        }
+        each_above(self.shared.as_ref(), |l| l.retired.notify());
     }
 
-    /// The shared budget's settlement epoch, for an admission about to wait
-    /// past it; `None` without a shared budget.
-    pub(crate) fn shared_epoch(&self) -> Option<u64> {
-        self.shared
-            .as_ref()
-            .map(|s| s.0.epoch.load(Ordering::SeqCst))
+    /// The settlement epoch of a level above, for an admission about to
+    /// wait past it; `None` without that level.
+    pub(crate) fn epoch(&self, which: Above) -> Option<u64> {
+        self.level(which).map(|l| l.epoch.load(Ordering::SeqCst))
     }
 
-    /// Sleep until the shared budget's epoch moves past `seen`, `give_up`
+    /// Sleep until the epoch of a level above moves past `seen`, `give_up`
     /// holds, or the deadline passes. Never polls.
-    pub(crate) fn wait_shared(&self, seen: u64, deadline: Instant, give_up: impl Fn() -> bool) {
-        if let Some(s) = &self.shared {
-            s.0.retired.wait_until(
-                || s.0.epoch.load(Ordering::SeqCst) != seen || give_up(),
+    pub(crate) fn wait_above(
+        &self,
+        which: Above,
+        seen: u64,
+        deadline: Instant,
+        give_up: impl Fn() -> bool,
+    ) {
+        if let Some(l) = self.level(which) {
+            l.retired.wait_until(
+                || l.epoch.load(Ordering::SeqCst) != seen || give_up(),
                 Some(deadline),
             );
         }
     }
 
-    /// Charge `bytes` for a reservation (see `reservation.rs`): to both
-    /// budgets, or to neither. An allocation out of the reservation is not
+    /// Charge `bytes` for a reservation (see `reservation.rs`): to every
+    /// level, or to none. An allocation out of the reservation is not
     /// charged again; its release gives its bytes back as usual.
     pub(crate) fn reserve(&self, bytes: u64) -> Result<(), ChargeRefused> {
         // Any shard's lease may carry the charge: it comes off the budget
@@ -590,7 +701,7 @@ impl Charges {
 
     /// Bytes charged to allocations on the context's budget now (leased,
     /// idle bytes are not; see `lease.rs` for how far this can lag while
-    /// streams allocate).
+    /// streams allocate), outside records included.
     pub(crate) fn charged(&self) -> u64 {
         if self.leases.enabled() {
             self.leases.charged(&self.budget)
@@ -612,33 +723,77 @@ impl Charges {
         self.awaiting_teardown.load(Ordering::Acquire)
     }
 
-    /// The shared budget's pending, quarantined and awaiting-teardown
-    /// totals; `None` without a shared budget.
-    pub(crate) fn shared_amounts(&self) -> Option<SharedAmounts> {
-        self.shared.as_ref().map(|s| SharedAmounts {
-            pending: s.0.pending.load(Ordering::Acquire),
-            quarantined: s.0.quarantined.load(Ordering::Acquire),
-            awaiting_teardown: s.0.awaiting_teardown.load(Ordering::Acquire),
-        })
+    /// A level's pending, quarantined, awaiting-teardown and outside totals;
+    /// `None` without that level.
+    pub(crate) fn amounts(&self, which: Above) -> Option<LevelAmounts> {
+        self.level(which).map(Level::amounts)
     }
 
-    /// Bytes on the shared budget on their way back: pending releases of
-    /// every context on it, and what retiring contexts on it will give back
+    /// Bytes on a level above on their way back: pending releases of every
+    /// context under it, and what retiring contexts under it will give back
     /// at teardown (see `DeviceMember::returning_at_teardown`). The slow path
-    /// of a refused admission only: it takes the budget's members lock.
-    pub(crate) fn shared_on_the_way(&self) -> u64 {
-        self.shared.as_ref().map_or(0, |s| {
-            s.0.pending
-                .load(Ordering::Acquire)
-                .saturating_add(s.0.returning_at_teardown())
-        })
+    /// of a refused admission only: it takes the budgets' members locks.
+    pub(crate) fn on_the_way(&self, which: Above) -> u64 {
+        let Some(l) = self.level(which) else {
+            return 0;
+        };
+        let pending = l.pending.load(Ordering::Acquire);
+        let returning = match which {
+            Above::Shared => self
+                .shared
+                .as_ref()
+                .map_or(0, |s| s.0.returning_at_teardown()),
+            Above::Process => self.process().map_or(0, |p| {
+                p.devices()
+                    .iter()
+                    .map(|d| d.returning_at_teardown())
+                    .fold(0, u64::saturating_add)
+            }),
+        };
+        pending.saturating_add(returning)
+    }
+}
+
+/// Memory a runtime allocated outside memgov, recorded on a level alone (a
+/// device's shared budget, which charges its process level too, or a
+/// process budget): charged whatever the limits, counted as outside.
+pub(crate) fn record_outside_at(
+    shared: Option<&SharedBudget>,
+    process: Option<&ProcessBudget>,
+    bytes: u64,
+) {
+    let mut f = |l: &Level| {
+        l.budget.force_charge(bytes);
+        l.outside.fetch_add(bytes, Ordering::Relaxed);
+    };
+    match shared {
+        Some(s) => each_above(Some(s), &mut f),
+        None => process.into_iter().for_each(|p| f(&p.0.level)),
+    }
+}
+
+/// Give back what [`record_outside_at`] charged, and wake the admissions
+/// waiting on those levels.
+pub(crate) fn return_outside_at(
+    shared: Option<&SharedBudget>,
+    process: Option<&ProcessBudget>,
+    bytes: u64,
+) {
+    let mut f = |l: &Level| {
+        l.budget.uncharge(bytes);
+        l.outside.fetch_sub(bytes, Ordering::Relaxed);
+        l.announce_returned();
+    };
+    match shared {
+        Some(s) => each_above(Some(s), &mut f),
+        None => process.into_iter().for_each(|p| f(&p.0.level)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{ChargeRefused, Charges};
-    use crate::SharedBudget;
+    use crate::{ProcessBudget, SharedBudget};
 
     #[test]
     fn a_charge_is_on_both_budgets_or_neither() {
@@ -655,6 +810,47 @@ mod tests {
         assert_eq!(c.charged(), 80, "the context's charge was rolled back");
         c.uncharge(80);
         assert_eq!((c.charged(), device.charged()), (0, 0));
+    }
+
+    #[test]
+    fn a_charge_is_on_every_level_of_the_tree_or_none() {
+        let process = ProcessBudget::new("proc", 150);
+        let device = SharedBudget::with_parent("gpu0", 100, &process);
+        let other = SharedBudget::with_parent("gpu1", 100, &process);
+        let c = Charges::new(1000, 0, Some(device.clone()), u64::MAX);
+        let d = Charges::new(1000, 0, Some(other.clone()), u64::MAX);
+        c.charge(0, 80, 0).unwrap();
+        assert_eq!(
+            (c.charged(), device.charged(), process.charged()),
+            (80, 80, 80)
+        );
+        match d.charge(0, 90, 0) {
+            Err(ChargeRefused::Process(label, r)) => {
+                assert_eq!((label.as_str(), r.charged, r.limit), ("proc", 80, 150))
+            }
+            other => panic!("expected the process budget to refuse: {other:?}"),
+        }
+        assert_eq!((d.charged(), other.charged()), (0, 0), "rolled back");
+        // Outside memory: charged whatever the limits, counted at each level.
+        d.record_outside(200);
+        assert_eq!(
+            (d.charged(), other.charged(), process.charged()),
+            (200, 200, 280)
+        );
+        assert_eq!((other.outside(), process.outside()), (200, 200));
+        assert!(c.charge(0, 1, 0).is_err(), "the process is over its limit");
+        d.return_outside(200);
+        c.uncharge(80);
+        assert_eq!(
+            (
+                c.charged(),
+                device.charged(),
+                other.charged(),
+                process.charged()
+            ),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(process.outside(), 0);
     }
 
     #[test]

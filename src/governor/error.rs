@@ -66,6 +66,9 @@ pub enum BudgetScope {
     /// ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)),
     /// or, with `driver` set, the driver out of that tier's memory.
     Tier(crate::Tier),
+    /// The [`ProcessBudget`](super::ProcessBudget) above the shared budget,
+    /// by label.
+    Process(String),
 }
 
 impl fmt::Display for BudgetScope {
@@ -75,6 +78,7 @@ impl fmt::Display for BudgetScope {
             Self::Shared(l) => write!(f, "shared budget '{l}'"),
             Self::Device => f.write_str("device memory"),
             Self::Tier(t) => write!(f, "{t} tier budget"),
+            Self::Process(l) => write!(f, "process budget '{l}'"),
         }
     }
 }
@@ -111,6 +115,10 @@ pub struct BudgetExceeded {
     /// force or released on a lost device): charged until their context's
     /// teardown.
     pub awaiting_teardown: u64,
+    /// Bytes recorded as allocated outside memgov in the refusing scope
+    /// (runtime weights, library workspaces): charged, shown as "outside
+    /// memgov".
+    pub outside: u64,
     /// The limit of the refusing scope.
     pub limit: u64,
     /// `limit` minus everything charged.
@@ -157,6 +165,9 @@ impl fmt::Display for BudgetExceeded {
         )?;
         if self.awaiting_teardown > 0 {
             write!(f, " + {} awaiting teardown", Bytes(self.awaiting_teardown))?;
+        }
+        if self.outside > 0 {
+            write!(f, " + {} outside memgov", Bytes(self.outside))?;
         }
         write!(
             f,

@@ -306,12 +306,63 @@ impl<C: DeviceContext> ContextHandle<C> {
     }
 
     /// Register a callback asked to give memory back when an allocation does
-    /// not fit. Called with no lock held, on the allocating thread.
+    /// not fit, with [`DEFAULT_PRESSURE_PRIORITY`]. Called with no lock held,
+    /// on the allocating thread. See
+    /// [`add_pressure_responder_with_priority`](Self::add_pressure_responder_with_priority).
+    ///
+    /// [`DEFAULT_PRESSURE_PRIORITY`]: super::DEFAULT_PRESSURE_PRIORITY
     pub fn add_pressure_responder(
         &self,
         responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
     ) {
-        lock(&self.inner.responders).push(Arc::new(responder));
+        self.add_pressure_responder_with_priority(
+            super::config::DEFAULT_PRESSURE_PRIORITY,
+            responder,
+        );
+    }
+
+    /// Register a callback asked to give memory back when an allocation does
+    /// not fit, asked in `priority` order: lowest first.
+    ///
+    /// An allocation refused by this context's own budget asks this
+    /// context's responders. One refused by a shared level (the device's
+    /// [`SharedBudget`](super::SharedBudget), the
+    /// [`ProcessBudget`](super::ProcessBudget) above it, or the device's
+    /// memory) asks the responders of every context under that level,
+    /// lowest priority first (the requester's own first among equals),
+    /// retrying after each: it stops as soon as the allocation fits, so a
+    /// higher priority is not asked when a lower one freed enough. What a
+    /// responder frees on a budget level is kept for the requester (see
+    /// `docs/architecture.md`, "Budget tree"). Rounds repeat, at most three,
+    /// while a round freed something.
+    ///
+    /// ```
+    /// use memgov::{Governor, ContextConfig, Role, SharedBudget, host::{HostConfig, HostContext}};
+    /// let gpu0 = SharedBudget::new("gpu0", 2 << 20);
+    /// let gov = Governor::new();
+    /// let batch = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0.clone()));
+    /// let online = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0));
+    /// let s = batch.create_stream("s")?;
+    /// let cache = std::sync::Mutex::new(Some(batch.allocate(&s, 2 << 20, Role::KvCache)?));
+    /// // The batch context's cache goes first when the device is short.
+    /// batch.add_pressure_responder_with_priority(0, move |_| {
+    ///     let freed = cache.lock().unwrap().take().map_or(0, |b| b.len());
+    ///     s.synchronize().unwrap();
+    ///     freed
+    /// });
+    /// let t = online.create_stream("t")?;
+    /// let _b = online.allocate(&t, 1 << 20, Role::Activation)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn add_pressure_responder_with_priority(
+        &self,
+        priority: u32,
+        responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
+    ) {
+        lock(&self.inner.responders).push(super::config::RegisteredResponder {
+            priority,
+            responder: Arc::new(responder),
+        });
     }
 
     /// Change the context's budget. Allocations already charged stay.

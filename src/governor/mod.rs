@@ -26,16 +26,19 @@ mod stats;
 mod stream;
 mod units;
 
-pub use budget::SharedBudget;
+pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
-pub use config::{Admission, ContextConfig, PressureRequest, PressureResponder, Role};
+pub use config::{
+    Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role,
+    DEFAULT_PRESSURE_PRIORITY,
+};
 pub use error::{
     BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
     RetireError,
 };
 pub use handle::ContextHandle;
 pub use migrate::MigrateError;
-pub use outside::OutsideUsage;
+pub use outside::{OutsideRecord, OutsideUsage};
 pub use pin_source::ContextPin;
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
 pub use reservation::{Reservation, ReservationUsage};

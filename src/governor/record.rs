@@ -48,7 +48,7 @@
 //!   responder or user code.
 
 use super::charges::{Charges, ReturnedAtTeardown};
-use super::config::{Admission, ContextConfig, PressureResponder, Role};
+use super::config::{Admission, ContextConfig, RegisteredResponder, Role};
 use super::error::{ContextName, GovernorError};
 use super::pin_source::PinSourceInner;
 use super::release::Spares;
@@ -140,7 +140,7 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub streams: Mutex<Vec<Weak<StreamShared<C>>>>,
     pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
     quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
-    pub responders: Mutex<Vec<PressureResponder>>,
+    pub responders: Mutex<Vec<RegisteredResponder>>,
     report: Mutex<Option<TeardownReport>>,
     retire_started: Mutex<Option<Instant>>,
 
@@ -945,5 +945,13 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
             Phase::Terminating => held.max(1),
             Phase::Active | Phase::Terminated => 0,
         }
+    }
+
+    fn identity(&self) -> crate::ProviderContextIdentity {
+        self.id
+    }
+
+    fn pressure_responders(&self) -> Vec<RegisteredResponder> {
+        lock(&self.responders).clone()
     }
 }

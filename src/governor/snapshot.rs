@@ -182,7 +182,8 @@ pub struct ContextSnapshot {
     pub lost_reason: Option<String>,
     /// The context's budget limit (`u64::MAX` when unlimited).
     pub budget_limit: u64,
-    /// Bytes charged: live + pending + quarantined + awaiting teardown.
+    /// Bytes charged: live + pending + quarantined + awaiting teardown +
+    /// outside memgov (`outside_bytes`).
     pub charged: u64,
     /// Bytes whose free never ran on the device (releases abandoned, buffers
     /// reclaimed by force or released on a lost device): still charged,
@@ -213,9 +214,9 @@ pub struct ContextSnapshot {
     /// a refusal, so this is what the context kept from other use at its
     /// highest, not the budget it needs (with leases off it is that too).
     pub peak_budget_held: u64,
-    /// Bytes a runtime reported as used for this context outside memgov's
-    /// allocations ([`ContextHandle::report_outside`]): not part of
-    /// `charged`, not under any budget.
+    /// Bytes a runtime recorded as allocated for this context outside
+    /// memgov ([`ContextHandle::report_outside`]): part of `charged`, and
+    /// of what the levels above the context charge.
     ///
     /// [`ContextHandle::report_outside`]: super::ContextHandle::report_outside
     pub outside_bytes: u64,

@@ -76,6 +76,18 @@ impl BudgetWord {
         }
     }
 
+    /// Charge `bytes` whatever the limit: memory that already exists (a
+    /// runtime's own allocation recorded against the budget) cannot be
+    /// refused. The budget may end up over its limit; charges are refused
+    /// until enough comes back.
+    pub fn force_charge(&self, bytes: u64) {
+        let new = self
+            .charged
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        self.peak.fetch_max(new, Ordering::Relaxed);
+    }
+
     /// Give back `bytes` charged earlier.
     #[inline]
     pub fn uncharge(&self, bytes: u64) {

@@ -7,8 +7,9 @@
 //! weights, intermediate tensors, outputs) is allocated through the same
 //! memgov context, charged to its budgets, released stream-ordered when ONNX
 //! Runtime frees it, and holds the context against teardown until it is
-//! freed. Weights that cannot be placed are measured and reported on the
-//! context (`ContextSnapshot::outside_bytes`).
+//! freed. Weights that cannot be placed are measured and recorded on the
+//! context as outside memgov, charged to its budgets
+//! (`ContextSnapshot::outside_bytes`).
 //!
 //! ```no_run
 //! use memgov::{ContextConfig, Governor, Role, host::{HostConfig, HostContext}};

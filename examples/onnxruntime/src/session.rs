@@ -10,8 +10,8 @@
 //! each `Constant` value, which ONNX Runtime turns into one), in the main
 //! graph and in its subgraphs, into a governed buffer charged to
 //! [`Role::Weights`] and hands it to ONNX Runtime that way; the weights it cannot place (see [`Weight::raw`]
-//! and [`WeightKind`]) are measured and reported on the context as memory
-//! used outside memgov's allocations.
+//! and [`WeightKind`]) are measured and recorded on the context as memory
+//! allocated outside memgov: charged to its budgets while the session lives.
 
 use crate::allocator::{GovernedAllocator, HostAddressable, PAD};
 use crate::error::Error;
@@ -44,7 +44,7 @@ impl<C: HostAddressable> GovernedSession<C> {
     }
 
     /// Bytes of the model's weights that ONNX Runtime keeps in its own heap,
-    /// reported on the context as used outside memgov's allocations.
+    /// recorded (and charged) on the context as allocated outside memgov.
     pub fn outside_weight_bytes(&self) -> u64 {
         self.outside.bytes()
     }
@@ -131,8 +131,8 @@ impl<C: HostAddressable> GovernedAllocator<C> {
     /// outside (tensors stored in typed fields other than packed floats and
     /// doubles, strings, external data, tensor attributes of other nodes,
     /// names given twice) are summed from the model file
-    /// and reported on the context ([`memgov::ContextSnapshot::outside_bytes`])
-    /// while the session lives.
+    /// and recorded on the context, charged to its budgets
+    /// ([`memgov::ContextSnapshot::outside_bytes`]) while the session lives.
     ///
     /// # Errors
     ///
