@@ -736,6 +736,47 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     assert_eq!(ctx.snapshot().charged, 0);
 }
 
+#[test]
+fn a_pending_pinned_release_is_no_credit_for_device_memory() {
+    use memgov::null::{NullConfig, NullContext};
+    use memgov::Tier;
+    // Stream-ordered reuse hands device memory freed on a stream to the
+    // device allocations after it; a pinned host free returns no device
+    // memory, so it must not be credited to them.
+    let backend = NullContext::with_config(NullConfig {
+        deferred: true,
+        stream_ordered_reuse: true,
+        ..NullConfig::default()
+    });
+    let probe = backend.controls();
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
+    let a = ctx.create_stream("a").unwrap();
+    let device = ctx.allocate(&a, MIB, Role::Weights).unwrap();
+    let pinned = ctx
+        .allocate_in(&a, MIB, Role::Other, Tier::PinnedHost)
+        .unwrap();
+    assert_eq!(pinned.tier(), Tier::PinnedHost);
+    drop(pinned); // parked: pending on `a`, in the pinned tier
+    let snap = ctx.snapshot();
+    let host = snap.tier(Tier::PinnedHost).unwrap();
+    assert_eq!((host.pending_bytes, snap.charged), (MIB, MIB), "{snap:?}");
+    // The device budget is full; the pending pinned MiB on the same stream
+    // is no room for device memory.
+    let err = ctx.allocate(&a, 4096, Role::Activation).unwrap_err();
+    assert_eq!(
+        err.budget().map(|e| (e.live, e.pending, e.available)),
+        Some((MIB, 0, 0)),
+        "{err}"
+    );
+    assert_eq!(probe.retire_parked(), 1);
+    drop(device);
+    probe.retire_parked();
+    let snap = ctx.snapshot();
+    assert_eq!(snap.charged, 0);
+    assert_eq!(snap.tier(Tier::PinnedHost).unwrap().charged, 0);
+}
+
 /// A `tracing` subscriber that records every event as `name=value` pairs
 /// (the message included), for the tests that check which events fire.
 #[cfg(feature = "tracing")]
