@@ -1715,3 +1715,107 @@ fn retire_waits_for_a_live_reservation() {
     drop(r);
     retiring.wait(soon()).unwrap();
 }
+
+/// A backend with the device tier only: the host backend without its
+/// `allocate_in`, so the trait's default answers for the other tiers.
+struct DeviceOnly(HostContext);
+
+impl DeviceContext for DeviceOnly {
+    type Stream = <HostContext as DeviceContext>::Stream;
+    type Memory = <HostContext as DeviceContext>::Memory;
+
+    fn describe(&self) -> DeviceDescription {
+        self.0.describe()
+    }
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.0.memory_info()
+    }
+    fn create_stream(&self) -> Result<Self::Stream, BackendError> {
+        self.0.create_stream()
+    }
+    fn destroy_stream(&self, stream: Self::Stream) -> Result<(), BackendError> {
+        self.0.destroy_stream(stream)
+    }
+    fn allocate(&self, stream: &Self::Stream, bytes: u64) -> Result<Self::Memory, BackendError> {
+        self.0.allocate(stream, bytes)
+    }
+    fn free_async(
+        &self,
+        stream: &Self::Stream,
+        memory: Self::Memory,
+        retired: RetireSignal,
+    ) -> Result<(), (Self::Memory, RetireSignal, BackendError)> {
+        self.0.free_async(stream, memory, retired)
+    }
+    fn write(
+        &self,
+        stream: &Self::Stream,
+        memory: &Self::Memory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        self.0.write(stream, memory, offset, src)
+    }
+    fn read(
+        &self,
+        stream: &Self::Stream,
+        memory: &Self::Memory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.0.read(stream, memory, offset, dst)
+    }
+    fn synchronize(&self, stream: &Self::Stream) -> Result<(), BackendError> {
+        self.0.synchronize(stream)
+    }
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.0.teardown(lost)
+    }
+}
+
+#[test]
+fn a_backend_without_a_tier_refuses_it_and_nothing_leaks() {
+    use memgov::conformance::{run_case, Outcome};
+    use memgov::{BackendErrorKind, Tier};
+    let host = HostContext::new(HostConfig::default()).unwrap();
+    let probe = host.probe();
+    let gov = Governor::new();
+    let ctx = gov.register(DeviceOnly(host), ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    let err = ctx
+        .allocate_in(&s, 4096, Role::Other, Tier::PinnedHost)
+        .unwrap_err();
+    match &err {
+        GovernorError::Backend { source, .. } => {
+            assert_eq!(source.kind, BackendErrorKind::Unsupported, "{err}");
+            assert!(source.message.contains("no pinned-host tier"), "{err}");
+        }
+        other => panic!("expected the backend's refusal, got {other:?}"),
+    }
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (
+            snap.pins.total(),
+            snap.tier(Tier::PinnedHost).unwrap().charged
+        ),
+        (1, 0),
+        "only the stream's pin; nothing charged: {snap:?}"
+    );
+    // The device tier is the backend's own.
+    drop(
+        ctx.allocate_in(&s, 4096, Role::Other, Tier::Device)
+            .unwrap(),
+    );
+    drop(s);
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(probe.violations(), 0);
+    // The conformance cases on pinned memory skip such a backend.
+    let factory = || HostContext::new(HostConfig::default()).map(DeviceOnly);
+    for case in ["pinned_host_tier", "pinned_host_release_is_stream_ordered"] {
+        let outcome = run_case(case, &factory);
+        assert!(
+            matches!(&outcome, Outcome::Skipped(why) if why.contains("no pinned host tier")),
+            "{case}: {outcome}"
+        );
+    }
+}
