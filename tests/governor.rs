@@ -736,6 +736,47 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     assert_eq!(ctx.snapshot().charged, 0);
 }
 
+#[test]
+fn a_pending_pinned_release_is_no_credit_for_device_memory() {
+    use memgov::null::{NullConfig, NullContext};
+    use memgov::Tier;
+    // Stream-ordered reuse hands device memory freed on a stream to the
+    // device allocations after it; a pinned host free returns no device
+    // memory, so it must not be credited to them.
+    let backend = NullContext::with_config(NullConfig {
+        deferred: true,
+        stream_ordered_reuse: true,
+        ..NullConfig::default()
+    });
+    let probe = backend.controls();
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
+    let a = ctx.create_stream("a").unwrap();
+    let device = ctx.allocate(&a, MIB, Role::Weights).unwrap();
+    let pinned = ctx
+        .allocate_in(&a, MIB, Role::Other, Tier::PinnedHost)
+        .unwrap();
+    assert_eq!(pinned.tier(), Tier::PinnedHost);
+    drop(pinned); // parked: pending on `a`, in the pinned tier
+    let snap = ctx.snapshot();
+    let host = snap.tier(Tier::PinnedHost).unwrap();
+    assert_eq!((host.pending_bytes, snap.charged), (MIB, MIB), "{snap:?}");
+    // The device budget is full; the pending pinned MiB on the same stream
+    // is no room for device memory.
+    let err = ctx.allocate(&a, 4096, Role::Activation).unwrap_err();
+    assert_eq!(
+        err.budget().map(|e| (e.live, e.pending, e.available)),
+        Some((MIB, 0, 0)),
+        "{err}"
+    );
+    assert_eq!(probe.retire_parked(), 1);
+    drop(device);
+    probe.retire_parked();
+    let snap = ctx.snapshot();
+    assert_eq!(snap.charged, 0);
+    assert_eq!(snap.tier(Tier::PinnedHost).unwrap().charged, 0);
+}
+
 /// A `tracing` subscriber that records every event as `name=value` pairs
 /// (the message included), for the tests that check which events fire.
 #[cfg(feature = "tracing")]
@@ -2132,4 +2173,108 @@ fn reclaims_racing_on_one_device_never_over_admit() {
     assert!(!over.load(Ordering::SeqCst), "more than the limit was live");
     assert!(asked > 0, "no allocation asked a responder");
     assert_eq!((gpu0.charged(), process.charged()), (0, 0));
+}
+
+/// A backend with the device tier only: the host backend without its
+/// `allocate_in`, so the trait's default answers for the other tiers.
+struct DeviceOnly(HostContext);
+
+impl DeviceContext for DeviceOnly {
+    type Stream = <HostContext as DeviceContext>::Stream;
+    type Memory = <HostContext as DeviceContext>::Memory;
+
+    fn describe(&self) -> DeviceDescription {
+        self.0.describe()
+    }
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.0.memory_info()
+    }
+    fn create_stream(&self) -> Result<Self::Stream, BackendError> {
+        self.0.create_stream()
+    }
+    fn destroy_stream(&self, stream: Self::Stream) -> Result<(), BackendError> {
+        self.0.destroy_stream(stream)
+    }
+    fn allocate(&self, stream: &Self::Stream, bytes: u64) -> Result<Self::Memory, BackendError> {
+        self.0.allocate(stream, bytes)
+    }
+    fn free_async(
+        &self,
+        stream: &Self::Stream,
+        memory: Self::Memory,
+        retired: RetireSignal,
+    ) -> Result<(), (Self::Memory, RetireSignal, BackendError)> {
+        self.0.free_async(stream, memory, retired)
+    }
+    fn write(
+        &self,
+        stream: &Self::Stream,
+        memory: &Self::Memory,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        self.0.write(stream, memory, offset, src)
+    }
+    fn read(
+        &self,
+        stream: &Self::Stream,
+        memory: &Self::Memory,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.0.read(stream, memory, offset, dst)
+    }
+    fn synchronize(&self, stream: &Self::Stream) -> Result<(), BackendError> {
+        self.0.synchronize(stream)
+    }
+    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        self.0.teardown(lost)
+    }
+}
+
+#[test]
+fn a_backend_without_a_tier_refuses_it_and_nothing_leaks() {
+    use memgov::conformance::{run_case, Outcome};
+    use memgov::{BackendErrorKind, Tier};
+    let host = HostContext::new(HostConfig::default()).unwrap();
+    let probe = host.probe();
+    let gov = Governor::new();
+    let ctx = gov.register(DeviceOnly(host), ContextConfig::new());
+    let s = ctx.create_stream("s").unwrap();
+    let err = ctx
+        .allocate_in(&s, 4096, Role::Other, Tier::PinnedHost)
+        .unwrap_err();
+    match &err {
+        GovernorError::Backend { source, .. } => {
+            assert_eq!(source.kind, BackendErrorKind::Unsupported, "{err}");
+            assert!(source.message.contains("no pinned-host tier"), "{err}");
+        }
+        other => panic!("expected the backend's refusal, got {other:?}"),
+    }
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (
+            snap.pins.total(),
+            snap.tier(Tier::PinnedHost).unwrap().charged
+        ),
+        (1, 0),
+        "only the stream's pin; nothing charged: {snap:?}"
+    );
+    // The device tier is the backend's own.
+    drop(
+        ctx.allocate_in(&s, 4096, Role::Other, Tier::Device)
+            .unwrap(),
+    );
+    drop(s);
+    ctx.retire().wait(soon()).unwrap();
+    assert_eq!(probe.violations(), 0);
+    // The conformance cases on pinned memory skip such a backend.
+    let factory = || HostContext::new(HostConfig::default()).map(DeviceOnly);
+    for case in ["pinned_host_tier", "pinned_host_release_is_stream_ordered"] {
+        let outcome = run_case(case, &factory);
+        assert!(
+            matches!(&outcome, Outcome::Skipped(why) if why.contains("no pinned host tier")),
+            "{case}: {outcome}"
+        );
+    }
 }

@@ -1217,8 +1217,8 @@ fn pinned_host_tier<C: DeviceContext>(f: Factory<'_, C>) -> R {
     );
     let msg = refused.err().map(|e| e.to_string()).unwrap_or_default();
     check!(
-        msg.contains("pinned-host"),
-        "refusal does not name the tier: {msg}"
+        msg.contains("pinned-host tier budget") && msg.contains("ContextConfig::tier_budget"),
+        "refusal does not name the tier and its way out: {msg}"
     );
     // The device tier keeps all of its room.
     let device_buf = ok!(

@@ -203,6 +203,16 @@ impl fmt::Display for BudgetExceeded {
                 Bytes(self.requested),
                 Bytes(self.limit)
             )
+        } else if let BudgetScope::Tier(t) = self.scope {
+            let wait = if self.pending > 0 {
+                " or wait for their pending releases (Admission::WaitForPending)"
+            } else {
+                ""
+            };
+            write!(
+                f,
+                "; release {t} buffers{wait}, or raise the {t} limit (ContextConfig::tier_budget)"
+            )
         } else if self.pending > 0 {
             f.write_str("; wait for pending releases to retire (Admission::WaitForPending), release buffers, or raise the budget")
         } else {

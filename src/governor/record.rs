@@ -936,10 +936,21 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
     /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
     /// what ends the wait; a phase of Terminated means every byte is back.
     fn returning_at_teardown(&self) -> u64 {
+        // The shared budget holds device bytes only: other tiers' pending
+        // and quarantined bytes return nothing to it.
+        let other = self
+            .charges
+            .tier_amounts(Tier::PinnedHost)
+            .unwrap_or_default();
         let held = self
             .pending_bytes()
+            .saturating_sub(other.pending)
             .saturating_add(self.charges.awaiting_teardown())
-            .saturating_add(self.stats.quarantined_bytes());
+            .saturating_add(
+                self.stats
+                    .quarantined_bytes()
+                    .saturating_sub(other.quarantined),
+            );
         match self.phase() {
             Phase::Retiring => held,
             Phase::Terminating => held.max(1),

@@ -106,18 +106,17 @@ pub(crate) fn release<C: DeviceContext>(
     // queued in the other one (as if allocated there).
     ctx.stats.transfer(live_shard, stream.shard, role, bytes);
     ctx.stats.queue(stream.shard, role, bytes);
-    if let Some(p) = &stream.pending_bytes {
+    // Stream-ordered reuse credits device memory freed on the stream to the
+    // device allocations after it: a free of another tier returns none.
+    let reuse = stream
+        .pending_bytes
+        .as_ref()
+        .filter(|_| tier == Tier::Device);
+    if let Some(p) = reuse {
         add(p, bytes);
     }
     ctx.charges.queued_in(tier, bytes);
-    let pending = boxed(
-        ctx,
-        stream.pending_bytes.clone(),
-        bytes,
-        role,
-        tier,
-        stream.shard,
-    );
+    let pending = boxed(ctx, reuse.cloned(), bytes, role, tier, stream.shard);
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
         RetireSignal::from_sink(pending)
@@ -204,7 +203,11 @@ fn undo_pending<C: DeviceContext>(
     tier: Tier,
 ) {
     ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
-    if let Some(p) = &stream.pending_bytes {
+    if let Some(p) = stream
+        .pending_bytes
+        .as_ref()
+        .filter(|_| tier == Tier::Device)
+    {
         sub(p, bytes);
     }
     ctx.charges.unqueued_in(tier, bytes);

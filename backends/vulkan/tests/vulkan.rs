@@ -216,6 +216,42 @@ fn describe_reports_the_device() {
     assert_clean(&validation);
 }
 
+#[test]
+fn pinned_host_memory_is_host_visible_and_freed_in_stream_order() {
+    use memgov::Tier;
+    let Some(ctx) = context(validated()) else {
+        return;
+    };
+    let (probe, validation) = (ctx.probe(), ctx.validation());
+    let s = ctx.create_stream().expect("create_stream");
+    let m = ctx
+        .allocate_in(&s, 64 << 10, Tier::PinnedHost)
+        .expect("allocate pinned host memory");
+    assert_eq!(m.tier(), Tier::PinnedHost);
+    assert!(
+        m.is_mapped(),
+        "pinned host memory is HOST_VISIBLE and mapped"
+    );
+    ctx.write(&s, &m, 100, b"pinned").expect("write");
+    let mut back = [0u8; 6];
+    ctx.read(&s, &m, 100, &mut back).expect("read");
+    assert_eq!(&back, b"pinned");
+    let (tx, rx) = channel();
+    ctx.free_async(&s, m, RetireSignal::from_fn(move |o| tx.send(o).unwrap()))
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    assert_eq!(
+        rx.try_recv(),
+        Ok(RetireOutcome::Retired),
+        "retired by synchronize"
+    );
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
+    assert_clean(&validation);
+}
+
 fn round_trip(transfer: TransferPath) {
     let config = VulkanConfig {
         transfer,

@@ -484,6 +484,21 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_tier_is_unsupported_and_named() {
+        assert_eq!(Tier::PinnedHost.to_string(), "pinned-host");
+        let e = tier_unsupported("acme", Tier::PinnedHost);
+        assert_eq!(
+            (e.kind, e.operation, e.backend),
+            (BackendErrorKind::Unsupported, "allocate_in", "acme")
+        );
+        assert_eq!(
+            e.to_string(),
+            "acme allocate_in failed (Unsupported): the acme backend has no pinned-host tier; \
+             allocate in the device tier instead"
+        );
+    }
+
+    #[test]
     fn error_message_carries_code_and_kind() {
         let e = BackendError::new(
             "cuda",
