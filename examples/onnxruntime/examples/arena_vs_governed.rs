@@ -14,10 +14,12 @@
 //! allocation).
 //!
 //! Columns: allocations per run that ONNX Runtime asked the governed
-//! allocator for (`alloc/run`) and the context's admitted allocations per
-//! run (`admit/run`), minor page faults per run of each session (this
-//! thread's, from `getrusage`), the two medians and their ratio (governed /
-//! arena). Timing is reported, never asserted. What is checked (the exit
+//! allocator for (`alloc/run`) and their size (`KiB/run`), the context's
+//! admitted allocations per run (`admit/run`), minor page faults per run of
+//! each session (the process's, from `getrusage`), the two wall-clock
+//! medians and their ratio (governed / arena), and the ratio of the medians
+//! of the process's CPU time per run (`cpu ratio`: the stream worker's frees
+//! included, other processes' use of the cores not). Timing is reported, never asserted. What is checked (the exit
 //! status fails otherwise): both sessions give the same outputs, bit for
 //! bit; the governed session made allocations through memgov on every run;
 //! the arena session made none; and all governed memory comes back.
@@ -102,16 +104,25 @@ struct Row {
     pattern: bool,
     inputs: String,
     allocations_per_run: f64,
+    bytes_per_run: f64,
     admitted_per_run: f64,
     arena_faults_per_run: f64,
     governed_faults_per_run: f64,
     arena_median: Duration,
     governed_median: Duration,
+    arena_cpu_median: Duration,
+    governed_cpu_median: Duration,
 }
 
 impl Row {
+    /// Governed / arena, wall-clock medians.
     fn ratio(&self) -> f64 {
         self.governed_median.as_secs_f64() / self.arena_median.as_secs_f64()
+    }
+
+    /// Governed / arena, process CPU-time medians.
+    fn cpu_ratio(&self) -> f64 {
+        self.governed_cpu_median.as_secs_f64() / self.arena_cpu_median.as_secs_f64()
     }
 }
 
@@ -287,27 +298,51 @@ fn output_bytes(outputs: &SessionOutputs<'_>) -> Result<OutputBytes, String> {
     Ok(all)
 }
 
-/// Minor page faults of the calling thread so far.
+/// Minor page faults of the whole process so far (the stream worker that
+/// runs the governed frees included).
 fn minor_faults() -> u64 {
     // SAFETY: `getrusage` fills the zeroed `rusage` it is given and reads
-    // nothing else; RUSAGE_THREAD names the calling thread.
+    // nothing else.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
         usage
     };
     usage.ru_minflt as u64
 }
 
-/// One `run` of `session` on `inputs` with its outputs dropped: its time,
-/// its minor faults, and (if `keep`) its outputs' bytes.
+/// CPU time the whole process has used so far, all its threads together.
+/// Unlike wall time it does not count the time other processes on a
+/// shared machine hold the cores.
+fn process_cpu() -> Duration {
+    // SAFETY: `clock_gettime` writes the zeroed `timespec` it is given.
+    let t = unsafe {
+        let mut t: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t);
+        t
+    };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// What one `run` cost.
+#[derive(Default)]
+struct Samples {
+    wall: Vec<Duration>,
+    cpu: Vec<Duration>,
+    faults: u64,
+}
+
+/// One `run` of `session` on `inputs` with its outputs dropped, recorded in
+/// `samples`; returns its outputs' bytes if `keep`.
 fn timed_run(
     session: &mut Session,
     inputs: &[(String, DynValue)],
     keep: bool,
-) -> Result<(Duration, u64, Option<OutputBytes>), String> {
+    samples: &mut Samples,
+) -> Result<Option<OutputBytes>, String> {
     let refs: Vec<(&str, &DynValue)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let faults = minor_faults();
+    let cpu = process_cpu();
     let start = Instant::now();
     let outputs = session.run(refs).map_err(|e| format!("run: {e}"))?;
     let kept = if keep {
@@ -316,11 +351,14 @@ fn timed_run(
         None
     };
     drop(outputs);
-    let elapsed = start.elapsed();
-    Ok((elapsed, minor_faults() - faults, kept))
+    samples.wall.push(start.elapsed());
+    samples.cpu.push(process_cpu().saturating_sub(cpu));
+    samples.faults += minor_faults() - faults;
+    Ok(kept)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+fn median(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
     v.sort();
     v[v.len() / 2]
 }
@@ -363,11 +401,21 @@ fn compare(
     let mut first = None;
     for _ in 0..o.warmup.max(1) {
         let before = alloc.stats().allocations;
-        let (_, _, a) = timed_run(&mut arena, &inputs, first.is_none())?;
+        let a = timed_run(
+            &mut arena,
+            &inputs,
+            first.is_none(),
+            &mut Samples::default(),
+        )?;
         if alloc.stats().allocations != before {
             return Err("the arena session allocated through memgov during a run".into());
         }
-        let (_, _, g) = timed_run(&mut governed, &inputs, first.is_none())?;
+        let g = timed_run(
+            &mut governed,
+            &inputs,
+            first.is_none(),
+            &mut Samples::default(),
+        )?;
         if let (Some(a), Some(g)) = (a, g) {
             first = Some(());
             if a.len() != g.len() {
@@ -390,34 +438,26 @@ fn compare(
         }
     }
 
-    let (mut ta, mut tg) = (Vec::new(), Vec::new());
-    let (mut fa, mut fg) = (0, 0);
-    let stats_before = alloc.stats().allocations;
+    let (mut a, mut g) = (Samples::default(), Samples::default());
+    let stats_before = alloc.stats();
     let admitted_before = ctx.snapshot().counters.allocations;
     let mut no_allocation = 0;
     for round in 0..o.rounds {
-        let mut arena_run = |ta: &mut Vec<_>| -> Result<(), String> {
-            let (t, f, _) = timed_run(&mut arena, &inputs, false)?;
-            ta.push(t);
-            fa += f;
-            Ok(())
-        };
-        let mut governed_run = |tg: &mut Vec<_>| -> Result<(), String> {
+        let mut arena_run = |a: &mut Samples| timed_run(&mut arena, &inputs, false, a);
+        let mut governed_run = |g: &mut Samples| -> Result<(), String> {
             let before = alloc.stats().allocations;
-            let (t, f, _) = timed_run(&mut governed, &inputs, false)?;
+            timed_run(&mut governed, &inputs, false, g)?;
             if alloc.stats().allocations == before {
                 no_allocation += 1;
             }
-            tg.push(t);
-            fg += f;
             Ok(())
         };
         if round % 2 == 0 {
-            arena_run(&mut ta)?;
-            governed_run(&mut tg)?;
+            arena_run(&mut a)?;
+            governed_run(&mut g)?;
         } else {
-            governed_run(&mut tg)?;
-            arena_run(&mut ta)?;
+            governed_run(&mut g)?;
+            arena_run(&mut a)?;
         }
     }
     if no_allocation > 0 {
@@ -431,50 +471,98 @@ fn compare(
         model: model_name(path),
         pattern,
         inputs: described,
-        allocations_per_run: (alloc.stats().allocations - stats_before) as f64 / n,
+        allocations_per_run: (alloc.stats().allocations - stats_before.allocations) as f64 / n,
+        bytes_per_run: (alloc.stats().allocated_bytes - stats_before.allocated_bytes) as f64 / n,
         admitted_per_run: (ctx.snapshot().counters.allocations - admitted_before) as f64 / n,
-        arena_faults_per_run: fa as f64 / n,
-        governed_faults_per_run: fg as f64 / n,
-        arena_median: median(ta),
-        governed_median: median(tg),
+        arena_faults_per_run: a.faults as f64 / n,
+        governed_faults_per_run: g.faults as f64 / n,
+        arena_median: median(&a.wall),
+        governed_median: median(&g.wall),
+        arena_cpu_median: median(&a.cpu),
+        governed_cpu_median: median(&g.cpu),
     };
     drop(governed);
     drop(arena);
     Ok(row)
 }
 
-fn print_table(rows: &[Row], o: &Options) {
+/// The mean time of one governed allocation of `bytes` and its
+/// stream-ordered release on `ctx`, with nothing written to it: the
+/// governor's and the backend's cost per allocation, without ONNX Runtime.
+fn cycle(ctx: &ContextHandle<HostContext>, bytes: u64, n: u32) -> Result<Duration, String> {
+    let stream = ctx
+        .create_stream("cycle")
+        .map_err(|e| format!("a stream for the allocation cycle: {e}"))?;
+    let once = || {
+        ctx.allocate(&stream, bytes, Role::Activation)
+            .map(drop)
+            .map_err(|e| format!("allocating {bytes} B: {e}"))
+    };
+    for _ in 0..n / 10 {
+        once()?;
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        once()?;
+    }
+    let elapsed = start.elapsed();
+    stream
+        .synchronize()
+        .map_err(|e| format!("synchronizing the cycle's stream: {e}"))?;
+    Ok(elapsed / n)
+}
+
+/// [`cycle`] for a small and a large allocation.
+struct Cycles {
+    small: Duration,
+    large: Duration,
+}
+
+const SMALL: u64 = 256;
+const LARGE: u64 = 1 << 20;
+
+fn print_table(rows: &[Row], cycles: &Cycles, o: &Options) {
     println!(
         "ONNX Runtime arena vs governed memory: {} warm-up + {} alternating rounds per session, 1 thread, medians",
         o.warmup.max(1),
         o.rounds
     );
     println!(
-        "{:<34} {:>7} {:>9} {:>9} {:>12} {:>12} {:>11} {:>11} {:>7}",
+        "{:<31} {:>7} {:>9} {:>8} {:>9} {:>11} {:>12} {:>11} {:>11} {:>6} {:>9}",
         "model",
         "pattern",
         "alloc/run",
+        "KiB/run",
         "admit/run",
         "arena flt/r",
         "memgov flt/r",
         "arena",
         "memgov",
-        "ratio"
+        "ratio",
+        "cpu ratio"
     );
     for r in rows {
         println!(
-            "{:<34} {:>7} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>9.3}ms {:>9.3}ms {:>6.2}x",
+            "{:<31} {:>7} {:>9.1} {:>8.0} {:>9.1} {:>11.1} {:>12.1} {:>9.3}ms {:>9.3}ms {:>5.2}x {:>8.2}x",
             r.model,
             if r.pattern { "on" } else { "off" },
             r.allocations_per_run,
+            r.bytes_per_run / 1024.0,
             r.admitted_per_run,
             r.arena_faults_per_run,
             r.governed_faults_per_run,
             r.arena_median.as_secs_f64() * 1e3,
             r.governed_median.as_secs_f64() * 1e3,
-            r.ratio()
+            r.ratio(),
+            r.cpu_ratio()
         );
     }
+    println!(
+        "  one governed allocate + release, nothing written: {SMALL} B {:.2}us, {} KiB {:.2}us",
+        cycles.small.as_secs_f64() * 1e6,
+        LARGE / 1024,
+        cycles.large.as_secs_f64() * 1e6
+    );
     let mut described = Vec::new();
     for r in rows {
         if !described.contains(&&r.model) {
@@ -498,32 +586,39 @@ fn json_string(s: &str) -> String {
     out
 }
 
-fn print_json(rows: &[Row], o: &Options) {
+fn print_json(rows: &[Row], cycles: &Cycles, o: &Options) {
     let rows: Vec<String> = rows
         .iter()
         .map(|r| {
             format!(
                 "{{\"model\":{},\"memory_pattern\":{},\"inputs\":{},\"allocations_per_run\":{},\
-                 \"admitted_per_run\":{},\"arena_minor_faults_per_run\":{},\
-                 \"governed_minor_faults_per_run\":{},\"arena_median_ns\":{},\
-                 \"governed_median_ns\":{},\"ratio\":{:.4}}}",
+                 \"allocated_bytes_per_run\":{},\"admitted_per_run\":{},\
+                 \"arena_minor_faults_per_run\":{},\"governed_minor_faults_per_run\":{},\
+                 \"arena_median_ns\":{},\"governed_median_ns\":{},\"ratio\":{:.4},\
+                 \"arena_cpu_median_ns\":{},\"governed_cpu_median_ns\":{},\"cpu_ratio\":{:.4}}}",
                 json_string(&r.model),
                 r.pattern,
                 json_string(&r.inputs),
                 r.allocations_per_run,
+                r.bytes_per_run,
                 r.admitted_per_run,
                 r.arena_faults_per_run,
                 r.governed_faults_per_run,
                 r.arena_median.as_nanos(),
                 r.governed_median.as_nanos(),
-                r.ratio()
+                r.ratio(),
+                r.arena_cpu_median.as_nanos(),
+                r.governed_cpu_median.as_nanos(),
+                r.cpu_ratio()
             )
         })
         .collect();
     println!(
-        "{{\"warmup\":{},\"rounds\":{},\"intra_threads\":1,\"rows\":[{}]}}",
+        "{{\"warmup\":{},\"rounds\":{},\"intra_threads\":1,\"cycle_ns\":{{\"{SMALL}\":{},\"{LARGE}\":{}}},\"rows\":[{}]}}",
         o.warmup.max(1),
         o.rounds,
+        cycles.small.as_nanos(),
+        cycles.large.as_nanos(),
         rows.join(",")
     );
 }
@@ -572,10 +667,21 @@ fn main() -> ExitCode {
             }
         }
     }
+    let cycles = match (cycle(&ctx, SMALL, 20_000), cycle(&ctx, LARGE, 2_000)) {
+        (Ok(small), Ok(large)) => Cycles { small, large },
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("arena_vs_governed: {e}");
+            failed = true;
+            Cycles {
+                small: Duration::ZERO,
+                large: Duration::ZERO,
+            }
+        }
+    };
     if o.json {
-        print_json(&rows, &o);
+        print_json(&rows, &cycles, &o);
     } else {
-        print_table(&rows, &o);
+        print_table(&rows, &cycles, &o);
     }
     let stats = alloc.stats();
     drop(alloc);
