@@ -27,7 +27,7 @@
 //! ```sh
 //! cargo run --release --manifest-path examples/onnxruntime/Cargo.toml \
 //!     --example arena_vs_governed -- [--quick] [--json] [--rounds N] \
-//!     [--warmup N] [--dim N] [model.onnx ...]
+//!     [--warmup N] [--dim N] [--pattern on|off|both] [model.onnx ...]
 //! ```
 //!
 //! Models: the paths given, or else those in `MEMGOV_ORT_MODELS` (separated
@@ -35,7 +35,7 @@
 //! `ORT_DYLIB_PATH`. `--quick` is one warm-up and five rounds (for CI).
 
 use memgov::host::{HostConfig, HostContext};
-use memgov::{ContextConfig, ContextHandle, Governor, Role};
+use memgov::{Admission, ContextConfig, ContextHandle, Governor, Role};
 use memgov_onnxruntime::{environment, GovernedAllocator};
 use ort::session::builder::SessionBuilder;
 use ort::session::{Session, SessionOutputs};
@@ -49,6 +49,7 @@ struct Options {
     rounds: usize,
     dim: i64,
     json: bool,
+    patterns: Vec<bool>,
     models: Vec<String>,
 }
 
@@ -59,6 +60,7 @@ impl Options {
             rounds: 50,
             dim: 320,
             json: false,
+            patterns: vec![true, false],
             models: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
@@ -73,10 +75,20 @@ impl Options {
                 "--json" => o.json = true,
                 "--rounds" => o.rounds = number("--rounds")?.max(1),
                 "--warmup" => o.warmup = number("--warmup")?,
+                "--pattern" => {
+                    o.patterns = match args.next().as_deref() {
+                        Some("on") => vec![true],
+                        Some("off") => vec![false],
+                        Some("both") => vec![true, false],
+                        other => {
+                            return Err(format!("--pattern {other:?}: on, off or both"));
+                        }
+                    }
+                }
                 "--dim" => o.dim = i64::try_from(number("--dim")?.max(1)).unwrap_or(320),
                 flag if flag.starts_with("--") => {
                     return Err(format!(
-                    "unknown option {flag} (known: --quick --json --rounds N --warmup N --dim N)"
+                    "unknown option {flag} (known: --quick --json --rounds N --warmup N --dim N --pattern on|off|both)"
                 ))
                 }
                 path => o.models.push(path.to_owned()),
@@ -641,7 +653,14 @@ fn main() -> ExitCode {
     let gov = Governor::new();
     let ctx = gov.register(
         HostContext::new(HostConfig::default()).expect("a host context"),
-        ContextConfig::new().label("arena-vs-governed"),
+        // Allocations wait for pending releases rather than fail when the
+        // stream worker's frees lag behind (the host device's 1 GiB can be
+        // all pending in the allocation cycle below).
+        ContextConfig::new()
+            .label("arena-vs-governed")
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            }),
     );
     let alloc = match GovernedAllocator::register(&env, &ctx, Role::Activation) {
         Ok(a) => a,
@@ -653,7 +672,7 @@ fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for path in &o.models {
-        for pattern in [true, false] {
+        for &pattern in &o.patterns {
             match compare(&env, &alloc, &ctx, path, pattern, &o) {
                 Ok(row) => rows.push(row),
                 Err(e) => {
