@@ -19,10 +19,12 @@
 //! each session (the process's, from `getrusage`), the two wall-clock
 //! medians and their ratio (governed / arena), and the ratio of the medians
 //! of the process's CPU time per run (`cpu ratio`: the stream worker's frees
-//! included, other processes' use of the cores not). Timing is reported, never asserted. What is checked (the exit
-//! status fails otherwise): both sessions give the same outputs, bit for
-//! bit; the governed session made allocations through memgov on every run;
-//! the arena session made none; and all governed memory comes back.
+//! included, other processes' use of the cores not), and once the cost of a
+//! bare governed allocation and release. Timing is reported, never
+//! asserted. What is checked (the exit status fails otherwise): both
+//! sessions give the same outputs, bit for bit; the governed session made
+//! allocations through memgov on every run; the arena session made none;
+//! and all governed memory comes back.
 //!
 //! ```sh
 //! cargo run --release --manifest-path examples/onnxruntime/Cargo.toml \
@@ -409,27 +411,31 @@ fn compare(
         .map_err(|e| format!("governed session: {e}"))?;
     let (inputs, described) = inputs(&arena, &model_name(path), o.dim)?;
 
-    // Warm-up, with the outputs of the first runs compared.
-    let mut first = None;
-    for _ in 0..o.warmup.max(1) {
+    let mut arena_run = |keep: bool, samples: &mut Samples| {
         let before = alloc.stats().allocations;
-        let a = timed_run(
-            &mut arena,
-            &inputs,
-            first.is_none(),
-            &mut Samples::default(),
-        )?;
-        if alloc.stats().allocations != before {
-            return Err("the arena session allocated through memgov during a run".into());
+        let kept = timed_run(&mut arena, &inputs, keep, samples)?;
+        match alloc.stats().allocations - before {
+            0 => Ok(kept),
+            n => Err(format!(
+                "the arena session made {n} allocations through memgov in a run; it must make none"
+            )),
         }
-        let g = timed_run(
-            &mut governed,
-            &inputs,
-            first.is_none(),
-            &mut Samples::default(),
-        )?;
+    };
+    let mut no_allocation = 0;
+    let mut governed_run = |keep: bool, samples: &mut Samples| {
+        let before = alloc.stats().allocations;
+        let kept = timed_run(&mut governed, &inputs, keep, samples)?;
+        if alloc.stats().allocations == before {
+            no_allocation += 1;
+        }
+        Ok::<_, String>(kept)
+    };
+
+    // Warm-up; the first runs' outputs are compared.
+    for warmup in 0..o.warmup.max(1) {
+        let a = arena_run(warmup == 0, &mut Samples::default())?;
+        let g = governed_run(warmup == 0, &mut Samples::default())?;
         if let (Some(a), Some(g)) = (a, g) {
-            first = Some(());
             if a.len() != g.len() {
                 return Err(format!(
                     "{} outputs from the arena session, {} from the governed one",
@@ -453,29 +459,19 @@ fn compare(
     let (mut a, mut g) = (Samples::default(), Samples::default());
     let stats_before = alloc.stats();
     let admitted_before = ctx.snapshot().counters.allocations;
-    let mut no_allocation = 0;
     for round in 0..o.rounds {
-        let mut arena_run = |a: &mut Samples| timed_run(&mut arena, &inputs, false, a);
-        let mut governed_run = |g: &mut Samples| -> Result<(), String> {
-            let before = alloc.stats().allocations;
-            timed_run(&mut governed, &inputs, false, g)?;
-            if alloc.stats().allocations == before {
-                no_allocation += 1;
-            }
-            Ok(())
-        };
         if round % 2 == 0 {
-            arena_run(&mut a)?;
-            governed_run(&mut g)?;
+            arena_run(false, &mut a)?;
+            governed_run(false, &mut g)?;
         } else {
-            governed_run(&mut g)?;
-            arena_run(&mut a)?;
+            governed_run(false, &mut g)?;
+            arena_run(false, &mut a)?;
         }
     }
     if no_allocation > 0 {
         return Err(format!(
             "{no_allocation} of {} governed runs made no allocation through memgov",
-            o.rounds
+            o.rounds + o.warmup.max(1)
         ));
     }
     let n = o.rounds as f64;
