@@ -82,3 +82,9 @@ fi
 cargo run --locked --manifest-path "$crate" --example matmul_add
 IFS=: read -r -a model_files <<<"$MEMGOV_ORT_MODELS"
 cargo run --locked --manifest-path "$crate" --example weights -- "${model_files[@]}"
+# ONNX Runtime's CPU arena against governed memory on every real model,
+# memory patterns on and off, a few rounds: fails unless both sessions give
+# the same outputs bit for bit and the governed one allocates through memgov
+# on every run; prints the time ratios (reported, never asserted). Release:
+# the ratios of a debug build would measure the debug build.
+cargo run --locked --release --manifest-path "$crate" --example arena_vs_governed -- --quick "${model_files[@]}"

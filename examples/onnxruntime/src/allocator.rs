@@ -76,6 +76,8 @@ thread_local! {
 pub struct AllocatorStats {
     /// `Alloc` calls answered with memory.
     pub allocations: u64,
+    /// Bytes of those, padding included (governed and overdraft).
+    pub allocated_bytes: u64,
     /// `Free` calls that released an allocation.
     pub frees: u64,
     /// Bytes ONNX Runtime holds now (governed and overdraft, padding
@@ -116,6 +118,7 @@ struct State<C: DeviceContext> {
     closed: AtomicBool,
     entries: Mutex<HashMap<usize, Entry<C>>>,
     allocations: AtomicU64,
+    allocated_bytes: AtomicU64,
     frees: AtomicU64,
     live: AtomicU64,
     peak: AtomicU64,
@@ -135,6 +138,7 @@ impl<C: DeviceContext> State<C> {
             closed: AtomicBool::new(false),
             entries: Mutex::new(HashMap::new()),
             allocations: AtomicU64::new(0),
+            allocated_bytes: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             live: AtomicU64::new(0),
             peak: AtomicU64::new(0),
@@ -186,6 +190,7 @@ impl<C: HostAddressable> State<C> {
 
     fn served(&self, p: NonNull<u8>, bytes: u64) -> *mut c_void {
         self.allocations.fetch_add(1, Ordering::Relaxed);
+        self.allocated_bytes.fetch_add(bytes, Ordering::Relaxed);
         let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(live, Ordering::Relaxed);
         p.as_ptr().cast()
@@ -268,6 +273,7 @@ impl<C: HostAddressable> State<C> {
     fn stats(&self) -> AllocatorStats {
         AllocatorStats {
             allocations: self.allocations.load(Ordering::Relaxed),
+            allocated_bytes: self.allocated_bytes.load(Ordering::Relaxed),
             frees: self.frees.load(Ordering::Relaxed),
             live_bytes: self.live.load(Ordering::Relaxed),
             peak_bytes: self.peak.load(Ordering::Relaxed),
@@ -702,6 +708,11 @@ mod tests {
         assert_eq!(s.stats().overdrafts, 3);
         s.free(d);
         assert_eq!(lock(&s.entries).capacity(), 0, "given back once empty");
+        assert_eq!(
+            s.stats().allocated_bytes,
+            1000 + 2 * 8000 + 10 + 4 * PAD,
+            "every byte served is counted once, governed or not"
+        );
         let report = ctx
             .retire()
             .wait(std::time::Instant::now() + std::time::Duration::from_secs(10))
