@@ -49,9 +49,10 @@ step "tests: host backend, governor, conformance, doc tests"
 cargo test --locked
 cargo test --locked -p memgov --features serde,tracing --test governor
 
-step "examples: host, best backend, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
+step "examples: host, best backend, LLM serving, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
 cargo run --locked -p memgov --example host
 cargo run --locked -p memgov --example best_backend
+cargo run --locked -p memgov --example llm_serving
 cargo run --locked -p memgov --features vulkan --example vulkan
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features cuda --example cuda
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features hip --example hip
