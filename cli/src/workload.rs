@@ -24,7 +24,7 @@ use memgov::trace::Trace;
 use memgov::{
     Admission, Bytes, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext, Elapsed,
     GovernedStream, Governor, GovernorError, ProviderContextPinSource, Reservation, Role,
-    SharedBudget, TeardownReport,
+    SharedBudget, TeardownReport, Tier,
 };
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -173,17 +173,21 @@ impl Out {
 }
 
 fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
+    // Role columns count live buffers of every tier; `pinned` is the pinned
+    // host tier's share of them, `reserved` the device reservations' unused
+    // bytes.
     out.line(format!("  -- {title}"));
     // Sizes in the short form of `Bytes` (no exact count): the columns
     // have no room for it.
     out.line(format!(
-        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
         "context",
         "state",
         "weights",
         "kv-cache",
         "activ.",
         "reserved",
+        "pinned",
         "pending",
         "pins",
         "retired",
@@ -192,13 +196,17 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
     for c in gov.snapshot().contexts {
         let t = c.total();
         out.line(format!(
-            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
             c.label,
             format!("{:?}", c.lifecycle),
             format!("{:#}", Bytes(c.role(Role::Weights).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::KvCache).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::Activation).live_bytes)),
             format!("{:#}", Bytes(c.reserved)),
+            format!(
+                "{:#}",
+                Bytes(c.tier(Tier::PinnedHost).map_or(0, |t| t.live_bytes))
+            ),
             format!("{:#}", Bytes(t.pending_bytes)),
             c.pins.total(),
             c.counters.retired,
@@ -275,6 +283,12 @@ struct Metrics {
     unreserved: u64,
     /// KV blocks allocated out of a reservation.
     reserved_blocks: u64,
+    /// KV blocks offloaded from the device to pinned host memory.
+    offloaded_blocks: u64,
+    /// Offloaded blocks dropped again to make room in the pinned tier.
+    offload_dropped: u64,
+    /// The most the pinned tier held at once.
+    pinned_peak: u64,
 }
 
 struct Llm {
@@ -283,6 +297,8 @@ struct Llm {
     decode: GovernedStream<Ctx>,
     weights: Vec<(DeviceBuffer<Ctx>, u64)>,
     kv: Kv,
+    /// KV blocks offloaded to pinned host memory, oldest first.
+    offloaded: Kv,
 }
 
 const WEIGHT_SHARDS: usize = 8;
@@ -291,6 +307,8 @@ const SAMPLE: usize = 256 * 1024;
 const KV_HEADER: usize = 512;
 /// One KV-cache block per decode step.
 const KV_BLOCK: u64 = 2 * MIB;
+/// The LLM context's pinned host tier, where offloaded KV blocks go.
+const PINNED_BUDGET: u64 = 64 * MIB;
 
 fn llm_on(
     gov: &Governor<Ctx>,
@@ -306,6 +324,7 @@ fn llm_on(
         .label(label)
         .exact_peak(true)
         .budget(args.llm_budget_mib * MIB)
+        .tier_budget(Tier::PinnedHost, PINNED_BUDGET)
         .admission(Admission::WaitForPending {
             timeout: Duration::from_secs(5),
         });
@@ -330,6 +349,7 @@ fn llm_on(
         decode,
         weights: Vec::new(),
         kv,
+        offloaded: Arc::default(),
     })
 }
 
@@ -355,14 +375,77 @@ fn evict(kv: &Kv, bytes: u64) -> u64 {
     freed
 }
 
+/// Offload least-recently-used KV blocks to the pinned host tier until
+/// `bytes` of device memory are freed or none is left: each block's header
+/// is copied into a pinned block, and the device block is released
+/// (stream-ordered). When the pinned tier is full, its oldest blocks are
+/// dropped to make room. Returns the device bytes freed.
+fn offload(m: &mut Metrics, llm: &Llm, bytes: u64) -> Result<u64, String> {
+    let mut freed = 0;
+    let mut header = vec![0u8; KV_HEADER];
+    while freed < bytes {
+        let Some(block) = llm.kv.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+            break;
+        };
+        block.read(0, &mut header).map_err(|e| e.to_string())?;
+        let pinned = loop {
+            match llm
+                .ctx
+                .allocate_in(&llm.decode, block.len(), Role::KvCache, Tier::PinnedHost)
+            {
+                Ok(p) => break Some(p),
+                Err(GovernorError::BudgetExceeded(_)) => {
+                    let oldest = llm
+                        .offloaded
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop_front();
+                    match oldest {
+                        Some(old) => {
+                            m.offload_dropped += 1;
+                            drop(old);
+                            llm.decode.synchronize().map_err(|e| e.to_string())?;
+                        }
+                        None => break None,
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        if let Some(p) = pinned {
+            p.write(0, &header).map_err(|e| e.to_string())?;
+            llm.offloaded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(p);
+            m.offloaded_blocks += 1;
+        }
+        freed += block.len();
+        drop(block);
+    }
+    let pinned = llm
+        .ctx
+        .snapshot()
+        .tier(Tier::PinnedHost)
+        .map_or(0, |t| t.charged);
+    m.pinned_peak = m.pinned_peak.max(pinned);
+    Ok(freed)
+}
+
 /// Reserve a request's KV capacity before it decodes: at once, or after
-/// evicting resident blocks for the shortfall each refusal names (a
+/// offloading resident blocks to pinned host memory for the shortfall each
+/// refusal names (a
 /// reservation is refused at once, without asking the pressure responders,
 /// so the server makes the room itself; the context's budget and the
 /// device's shared one may each refuse in turn). `None` when no eviction
 /// makes room: the request then allocates its blocks plainly, under
 /// pressure.
-fn reserve_kv(m: &mut Metrics, llm: &Llm, request: u32, bytes: u64) -> Option<Reservation<Ctx>> {
+fn reserve_kv(
+    m: &mut Metrics,
+    llm: &Llm,
+    request: u32,
+    bytes: u64,
+) -> Result<Option<Reservation<Ctx>>, String> {
     let label = format!("request-{request}");
     let mut evicted = false;
     loop {
@@ -373,19 +456,19 @@ fn reserve_kv(m: &mut Metrics, llm: &Llm, request: u32, bytes: u64) -> Option<Re
                 } else {
                     m.reserved += 1;
                 }
-                return Some(r);
+                return Ok(Some(r));
             }
             Err(GovernorError::BudgetExceeded(b))
-                if evict(&llm.kv, bytes.saturating_sub(b.available)) > 0 =>
+                if offload(m, llm, bytes.saturating_sub(b.available))? > 0 =>
             {
-                // The evicted blocks' bytes are charged until their
-                // stream-ordered frees retire.
+                // The offloaded blocks' device bytes are charged until
+                // their stream-ordered frees retire.
                 evicted = true;
-                llm.decode.synchronize().ok()?;
+                llm.decode.synchronize().map_err(|e| e.to_string())?;
             }
             Err(_) => {
                 m.unreserved += 1;
-                return None;
+                return Ok(None);
             }
         }
     }
@@ -414,7 +497,7 @@ fn serve(
     stores_data: bool,
 ) -> Result<(), String> {
     // The request's KV capacity, reserved before it decodes its first token.
-    let kv_capacity = reserve_kv(m, llm, request, u64::from(steps) * KV_BLOCK);
+    let kv_capacity = reserve_kv(m, llm, request, u64::from(steps) * KV_BLOCK)?;
     for step in 0..steps {
         let act = timed_alloc(m, &llm.ctx, &llm.decode, 4 * MIB, Role::Activation)?;
         let data = fill((request as u64) << 32 | step as u64, 4096);
@@ -688,9 +771,11 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         decode,
         weights,
         kv,
+        offloaded,
     } = moved;
     drop(weights);
     kv.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    offloaded.lock().unwrap_or_else(|e| e.into_inner()).clear();
     drop((load, decode));
     let mut teardowns = Vec::new();
     teardowns.extend(swap.teardown.clone());
@@ -785,8 +870,15 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         Bytes(reclaimed.load(Ordering::Relaxed))
     ));
     out.line(format!(
-        "     KV reservations: {} requests reserved their KV capacity up front, {} after evicting resident blocks, {} served without one; {} blocks allocated out of reservations",
+        "     KV reservations: {} requests reserved their KV capacity up front, {} after offloading resident blocks, {} served without one; {} blocks allocated out of reservations",
         m.reserved, m.reserved_after_eviction, m.unreserved, m.reserved_blocks
+    ));
+    out.line(format!(
+        "     pinned host tier: {} KV blocks offloaded from the device, {} dropped again when the tier was full; peak {} of a {} limit",
+        m.offloaded_blocks,
+        m.offload_dropped,
+        Bytes(m.pinned_peak),
+        Bytes(PINNED_BUDGET)
     ));
     out.line(format!(
         "     expected refusals: {} provoked on purpose and seen ({}); none unexpected",
@@ -862,6 +954,12 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             "unreserved": m.unreserved,
             "blocks_out_of_reservations": m.reserved_blocks,
         },
+        "pinned_tier": {
+            "limit": PINNED_BUDGET,
+            "offloaded_blocks": m.offloaded_blocks,
+            "dropped_blocks": m.offload_dropped,
+            "peak_bytes": m.pinned_peak,
+        },
         "teardown": teardowns.iter().map(|r| json!({
             "context": r.label,
             "wait_us": r.elapsed.as_secs_f64() * 1e6,
@@ -910,7 +1008,11 @@ fn swap_devices(
         decode,
         weights,
         kv,
+        offloaded,
     } = old;
+    // Offloaded blocks stay behind: dropped (stream-ordered) with the old
+    // context's other releases.
+    offloaded.lock().unwrap_or_else(|e| e.into_inner()).clear();
     // Take the KV blocks out of the old LRU first: its pressure responder
     // must not evict what is being moved.
     let blocks: Vec<_> = kv

@@ -86,6 +86,28 @@ fn json_parses_and_carries_the_same_report() {
     }
 }
 
+/// A budget too small for every request's KV cache: reservations are made
+/// after offloading resident blocks to the pinned host tier, which never
+/// holds more than its limit.
+#[test]
+fn kv_blocks_go_to_the_pinned_tier_under_pressure() {
+    for backend in ["host", "null"] {
+        let (code, out, err) = run(&["--backend", backend, "--llm-budget-mib", "150", "--json"]);
+        assert_eq!(code, 0, "{backend}: {out}{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["leak"]["verdict"], "clean", "{v:#}");
+        let n = |k: &str| v["kv_reservations"][k].as_u64().unwrap();
+        assert!(n("reserved_after_eviction") > 0, "{v:#}");
+        let pinned = &v["pinned_tier"];
+        let p = |k: &str| pinned[k].as_u64().unwrap_or_else(|| panic!("{k}: {v:#}"));
+        assert!(p("offloaded_blocks") > 0, "{pinned:#}");
+        assert!(
+            p("peak_bytes") > 0 && p("peak_bytes") <= p("limit"),
+            "{pinned:#}"
+        );
+    }
+}
+
 #[test]
 fn an_unknown_backend_is_refused_with_the_list() {
     let (code, out, err) = run(&["--backend", "tpu"]);
