@@ -253,6 +253,16 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             );
         }
         let Some(recorded) = &self.recorded else {
+            // Used on its own stream only and released there: the cache may
+            // keep it for the next allocation of its class on that stream.
+            let memory = if std::ptr::eq(own, target) && own.cache.is_some() {
+                match super::cache::put(ctx, own, memory, bytes, role) {
+                    Ok(()) => return Released::Queued,
+                    Err(memory) => memory,
+                }
+            } else {
+                memory
+            };
             // The common cases, without building a list.
             let after: &[&StreamShared<C>] = if std::ptr::eq(own, target) {
                 &[]

@@ -195,8 +195,12 @@ pub struct ContextSnapshot {
     pub reserved: u64,
     /// The live reservations with bytes left, largest first.
     pub reservations: Vec<ReservationUsage>,
-    /// Usage by role, indexed like [`Role::ALL`].
+    /// Usage by role, indexed like [`Role::ALL`]. A block the cache keeps
+    /// is not live: it is in [`cache`](Self::cache).
     pub by_role: [RoleUsage; 5],
+    /// What the block cache holds ([`ContextConfig::cache`](super::ContextConfig::cache)):
+    /// charged, neither live nor pending.
+    pub cache: super::cache::CacheUsage,
     /// Quarantined releases with reasons.
     pub quarantine: Vec<QuarantineEntry>,
     /// Pins by kind.
@@ -243,6 +247,7 @@ impl std::fmt::Debug for ContextSnapshot {
             reserved,
             reservations,
             by_role,
+            cache,
             quarantine,
             pins,
             counters,
@@ -267,6 +272,7 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("reserved", reserved)
             .field("reservations", reservations)
             .field("by_role", &ByRole(by_role))
+            .field("cache", cache)
             .field("quarantine", quarantine)
             .field("pins", pins)
             .field("counters", counters)
@@ -325,9 +331,11 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     for role in Role::ALL {
         let usage = ctx.stats.usage(role);
         let quarantined = ctx.stats.quarantined(role);
+        // The books count a cached block as the live buffer it was.
+        let (cached_bytes, cached_count) = ctx.cache.of_role(role);
         by_role[role.index()] = RoleUsage {
-            live_bytes: usage.live.bytes,
-            live_count: usage.live.count,
+            live_bytes: usage.live.bytes.saturating_sub(cached_bytes),
+            live_count: usage.live.count.saturating_sub(cached_count),
             pending_bytes: usage.pending.bytes,
             pending_count: usage.pending.count,
             quarantined_bytes: quarantined.bytes,
@@ -373,6 +381,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         reserved,
         reservations,
         by_role,
+        cache: super::cache::usage(ctx),
         quarantine: ctx
             .quarantine_entries()
             .into_iter()
