@@ -140,12 +140,29 @@ fn the_cache_keeps_no_more_than_its_limit() {
     let gov = Governor::new();
     let (ctx, log, _) = context(&gov, cached(8 * KIB));
     let s = ctx.create_stream("s").unwrap();
+    let t = ctx.create_stream("t").unwrap();
     let x = ctx.allocate(&s, 6 * KIB, Role::Other).unwrap();
     let y = ctx.allocate(&s, 4 * KIB, Role::Other).unwrap();
+    let z = ctx.allocate(&t, 4 * KIB, Role::Other).unwrap();
     drop(x);
-    drop(y); // 6 + 4 KiB would pass 8 KiB: freed
+    // 6 + 4 KiB would pass 8 KiB: the stream's oldest block makes room.
+    drop(y);
     let snap = ctx.snapshot();
-    assert_eq!((snap.cache.cached_bytes, frees(&log)), (6 * KIB, 1));
+    assert_eq!(
+        (snap.cache.by_class.clone(), frees(&log)),
+        (vec![(4 * KIB, 1)], 1)
+    );
+    assert_eq!(snap.cache.evicted, 6 * KIB);
+    // Another stream's blocks are not evicted for this one: freed itself.
+    let w = ctx.allocate(&t, 6 * KIB, Role::Other).unwrap();
+    drop(w);
+    drop(z);
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.cache.by_class.clone(), frees(&log)),
+        (vec![(4 * KIB, 2)], 2)
+    );
+    assert_books(&snap);
     // Larger than a block the cache keeps: its own size, never cached.
     let (ctx2, log2, _) = context(
         &gov,
@@ -347,4 +364,90 @@ fn a_traced_context_does_not_cache() {
     let s = ctx.create_stream("s").unwrap();
     drop(ctx.allocate(&s, KIB, Role::Other).unwrap());
     assert_eq!((ctx.snapshot().cache.cached_count, frees(&log)), (0, 1));
+}
+
+/// A workload of varying sizes (sequence lengths drawn per request, two
+/// buffers per layer, as a transformer's activations and MLP scratch):
+/// returns (peak of the bytes the application asked for, the context's
+/// `peak` (live + cached), backend allocations, cache hits).
+fn varying_workload(config: ContextConfig) -> (u64, u64, u64, u64) {
+    let gov = Governor::new();
+    let (ctx, log, _) = context(&gov, config);
+    let s = ctx.create_stream("s").unwrap();
+    let (mut seed, mut asked, mut asked_peak) = (0x2545_f491_u64, 0u64, 0u64);
+    for _request in 0..200 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let seq = 1 + (seed >> 33) % 512;
+        let mut carry = None;
+        for _layer in 0..8 {
+            let (a_bytes, b_bytes) = (seq * 4096 * 2, seq * 4096 * 8);
+            let a = ctx.allocate(&s, a_bytes, Role::Workspace).unwrap();
+            asked += a_bytes;
+            asked_peak = asked_peak.max(asked);
+            let b = ctx.allocate(&s, b_bytes, Role::Workspace).unwrap();
+            asked += b_bytes;
+            asked_peak = asked_peak.max(asked);
+            drop(a);
+            asked -= a_bytes;
+            if let Some((old, bytes)) = carry.replace((b, b_bytes)) {
+                drop(old);
+                asked -= bytes;
+            }
+        }
+        if let Some((old, bytes)) = carry.take() {
+            drop(old);
+            asked -= bytes;
+        }
+        // The end of a run: its frees execute.
+        s.synchronize().unwrap();
+    }
+    s.synchronize().unwrap();
+    let snap = ctx.snapshot();
+    assert!(snap.peak_exact);
+    drop(log);
+    (
+        asked_peak,
+        snap.peak,
+        snap.counters.allocations,
+        snap.cache.hits,
+    )
+}
+
+#[test]
+fn the_cache_peak_stays_within_a_quarter_of_the_live_peak() {
+    let (asked, uncached_peak, uncached_calls, _) = varying_workload(ContextConfig::new());
+    assert_eq!(
+        uncached_peak, asked,
+        "without the cache the peak is what was asked"
+    );
+    // A cache limited to an eighth of the live peak: its peak is the live
+    // peak (rounded to classes) plus what it keeps, the oldest blocks making
+    // room for new ones.
+    let (asked2, cached_peak, cached_calls, hits) = varying_workload(
+        ContextConfig::new().cache(CacheConfig::new(asked / 8).max_block(64 * MIB)),
+    );
+    assert_eq!(asked, asked2);
+    println!(
+        "varying workload: live peak {asked} B, uncached peak {uncached_peak} B ({uncached_calls} backend allocations), cached peak {cached_peak} B = {:.3}x ({cached_calls} backend allocations, {hits} cache hits)",
+        cached_peak as f64 / asked as f64
+    );
+    assert!(
+        cached_peak as f64 <= 1.25 * asked as f64,
+        "cached peak {cached_peak} over 1.25x the live peak {asked}"
+    );
+    assert!(
+        cached_calls < uncached_calls,
+        "{cached_calls} vs {uncached_calls}"
+    );
+    // A cache as large as the live peak: every size of a run is reused; the
+    // peak is bounded by the live peak plus the cache's limit, not 1.25x.
+    let (_, big_peak, big_calls, big_hits) =
+        varying_workload(ContextConfig::new().cache(CacheConfig::new(asked).max_block(64 * MIB)));
+    println!(
+        "varying workload, cache limit = live peak: peak {big_peak} B = {:.3}x ({big_calls} backend allocations, {big_hits} cache hits)",
+        big_peak as f64 / asked as f64
+    );
+    assert!(big_peak <= uncached_peak.div_ceil(8) * 9 + asked);
 }

@@ -99,8 +99,8 @@ struct StreamModel {
     handle: Option<GovernedStream<Backend>>,
     /// Live buffers allocated on it.
     buffers: usize,
-    /// Class -> addresses, most recently cached last.
-    cache: BTreeMap<u64, Vec<usize>>,
+    /// Class -> (stamp, address), most recently cached last.
+    cache: BTreeMap<u64, Vec<(u64, usize)>>,
 }
 
 struct Buf {
@@ -122,6 +122,8 @@ struct Harness {
     live: u64,
     cached: u64,
     pending: u64,
+    /// Blocks cached so far: the next one's stamp.
+    clock: u64,
 }
 
 fn role(i: usize) -> Role {
@@ -153,6 +155,7 @@ impl Harness {
             live: 0,
             cached: 0,
             pending: 0,
+            clock: 0,
         }
     }
 
@@ -174,7 +177,7 @@ impl Harness {
         if m.handle.is_none() && m.buffers == 0 {
             let m = self.streams[s].take().unwrap();
             for (class, addrs) in m.cache {
-                for a in addrs {
+                for (_, a) in addrs {
                     self.blocks.remove(&a);
                     self.cached -= class;
                     self.pending += class;
@@ -218,7 +221,8 @@ impl Harness {
                     .unwrap()
                     .cache
                     .get_mut(&class)
-                    .and_then(|v| v.pop());
+                    .and_then(|v| v.pop())
+                    .map(|(_, a)| a);
                 let before = self.calls();
                 let handle = self.streams[s].as_ref().unwrap().handle.clone().unwrap();
                 let buffer = self.ctx.allocate(&handle, bytes, role(r)).unwrap();
@@ -310,7 +314,7 @@ impl Harness {
                         }
                     }
                     let Some((class, s)) = best else { break };
-                    let addr = self.streams[s]
+                    let (_, addr) = self.streams[s]
                         .as_mut()
                         .unwrap()
                         .cache
@@ -334,15 +338,36 @@ impl Harness {
         // `release_model` without the buffer (already released).
         let s = stream;
         self.live -= class;
-        let keep = cacheable
-            && class <= MAX_BLOCK
-            && size_class(class) == class
-            && self.cached + class <= MAX_BYTES;
-        if keep {
+        let cacheable = cacheable && class <= MAX_BLOCK && size_class(class) == class;
+        if cacheable && self.cached + class > MAX_BYTES {
+            // Full: the stream's oldest blocks make room, if they are enough.
+            let need = self.cached + class - MAX_BYTES;
+            let m = self.streams[s].as_mut().unwrap();
+            let held: u64 = m.cache.iter().map(|(c, v)| c * v.len() as u64).sum();
+            if class <= MAX_BYTES && held >= need {
+                let mut evicted = 0;
+                while evicted < need {
+                    let (&c, _) = m
+                        .cache
+                        .iter()
+                        .filter(|(_, v)| !v.is_empty())
+                        .min_by_key(|(_, v)| v[0].0)
+                        .unwrap();
+                    let (_, a) = m.cache.get_mut(&c).unwrap().remove(0);
+                    self.blocks.remove(&a);
+                    self.cached -= c;
+                    self.pending += c;
+                    evicted += c;
+                }
+            }
+        }
+        if cacheable && self.cached + class <= MAX_BYTES {
             self.cached += class;
             self.blocks.insert(addr, Where::Cached(s));
+            let stamp = self.clock;
+            self.clock += 1;
             let m = self.streams[s].as_mut().unwrap();
-            m.cache.entry(class).or_default().push(addr);
+            m.cache.entry(class).or_default().push((stamp, addr));
         } else {
             self.blocks.remove(&addr);
             self.pending += class;

@@ -95,7 +95,9 @@ pub struct CacheConfig {
 
 impl CacheConfig {
     /// Keep at most `max_bytes` of freed blocks, over all the context's
-    /// streams (a block that would pass it is freed instead). Blocks of any size up to that are
+    /// streams. A block that would pass it makes room by freeing the oldest
+    /// blocks of its own stream, when they are enough; otherwise it is
+    /// freed itself. Blocks of any size up to that are
     /// cached until [`max_block`](Self::max_block) says otherwise.
     pub fn new(max_bytes: u64) -> Self {
         Self {
@@ -116,6 +118,9 @@ impl CacheConfig {
 pub(crate) struct Block<M> {
     memory: M,
     role: Role,
+    /// When it was cached (the context's put count then): the oldest
+    /// blocks make room for newer ones.
+    stamp: u64,
 }
 
 /// A stream's bins.
@@ -133,6 +138,10 @@ pub(crate) struct ContextCache {
     /// `max_bytes`.
     total: AtomicU64,
     hits: AtomicU64,
+    /// Puts so far: the next block's stamp.
+    clock: AtomicU64,
+    /// Bytes freed to make room for newer blocks.
+    evicted: AtomicU64,
     /// Bytes the cache gave back under admission pressure.
     pressure_released: AtomicU64,
     /// Bytes given back by `trim_cache`.
@@ -249,9 +258,33 @@ pub(crate) fn put<C: DeviceContext>(
     // Counted (and held to the limit) before it can be taken: a hit
     // subtracts right after its take.
     if !ctx.cache.arrived(role, bytes, config.max_bytes) {
-        return Err(memory);
+        // Full: make room by freeing this stream's oldest blocks, if they
+        // are enough (the newest block is the likelier to be asked for
+        // again: the sizes a runtime asks for drift with its inputs).
+        let need = ctx
+            .cache
+            .bytes()
+            .saturating_add(bytes)
+            .saturating_sub(config.max_bytes);
+        if bytes > config.max_bytes || bins.bytes() < need {
+            return Err(memory);
+        }
+        let evicted = release_blocks(stream, bins.evict_oldest(need, |b| b.stamp));
+        ctx.cache.evicted.fetch_add(evicted, Ordering::Relaxed);
+        if !ctx.cache.arrived(role, bytes, config.max_bytes) {
+            return Err(memory);
+        }
     }
-    match bins.put(bytes, Block { memory, role }, u64::MAX) {
+    let stamp = ctx.cache.clock.fetch_add(1, Ordering::Relaxed);
+    match bins.put(
+        bytes,
+        Block {
+            memory,
+            role,
+            stamp,
+        },
+        u64::MAX,
+    ) {
         Ok(()) => Ok(()),
         Err((block, _)) => {
             ctx.cache.left(role, bytes);
@@ -380,6 +413,10 @@ pub struct CacheUsage {
     pub pressure_released: u64,
     /// Bytes given back by [`trim_cache`](super::ContextHandle::trim_cache).
     pub trimmed: u64,
+    /// Bytes freed to make room for newer blocks when the cache was at its
+    /// limit ([`CacheConfig::new`]): the oldest blocks of the releasing
+    /// stream go first.
+    pub evicted: u64,
 }
 
 pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>) -> CacheUsage {
@@ -402,6 +439,7 @@ pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>) -> CacheUsage {
         hits: c.hits.load(Ordering::Relaxed),
         pressure_released: c.pressure_released.load(Ordering::Relaxed),
         trimmed: c.trimmed.load(Ordering::Relaxed),
+        evicted: c.evicted.load(Ordering::Relaxed),
     }
 }
 

@@ -129,6 +129,33 @@ impl<T> Bins<T> {
         out
     }
 
+    /// Take the oldest blocks out, by `age` (smaller is older; the first
+    /// block of each class is its oldest), until at least `bytes` bytes were
+    /// taken or none is left. The bins stay open.
+    pub fn evict_oldest(&self, bytes: u64, age: impl Fn(&T) -> u64) -> Vec<(u64, T)> {
+        let mut out = Vec::new();
+        let mut inner = lock(&self.inner);
+        let mut taken = 0u64;
+        while taken < bytes {
+            let oldest = inner
+                .classes
+                .iter()
+                .filter_map(|(c, b)| Some((*c, age(b.first()?))))
+                .min_by_key(|(_, a)| *a);
+            let Some((class, _)) = oldest else { break };
+            let block = inner
+                .classes
+                .get_mut(&class)
+                .expect("the class just found")
+                .remove(0);
+            taken = taken.saturating_add(class);
+            out.push((class, block));
+        }
+        self.bytes.fetch_sub(taken, Ordering::Relaxed);
+        self.count.fetch_sub(out.len() as u64, Ordering::Relaxed);
+        out
+    }
+
     /// Close for good and hand over every block kept: from now on every
     /// `put` is refused and every `take` finds nothing. A second close
     /// returns nothing.
