@@ -451,3 +451,63 @@ fn the_cache_peak_stays_within_a_quarter_of_the_live_peak() {
     );
     assert!(big_peak <= uncached_peak.div_ceil(8) * 9 + asked);
 }
+
+#[test]
+fn a_refused_free_of_a_cached_block_is_quarantined_and_teardown_runs() {
+    use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+    let host = HostContext::new(HostConfig::default()).unwrap();
+    let probe = host.probe();
+    let backend = FaultInjecting::new(
+        host,
+        FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error),
+    );
+    let gov = Governor::new();
+    let ctx = gov.register(backend, cached(MIB));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, 2 * KIB, Role::Other).unwrap());
+    assert_eq!(ctx.snapshot().cache.cached_bytes, 2 * KIB);
+    // The cache's free is refused: the block is quarantined, as a buffer's
+    // would be, and stays charged until teardown.
+    assert_eq!(ctx.trim_cache(u64::MAX), 2 * KIB);
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.cache.cached_bytes, snap.total().quarantined_bytes),
+        (0, 2 * KIB)
+    );
+    assert_eq!(snap.charged, snap.total().quarantined_bytes);
+    drop(s);
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert_eq!(report.quarantined_bytes, 2 * KIB);
+    assert_eq!(ctx.snapshot().charged, 0);
+    probe.check_clean_teardown().unwrap();
+}
+
+#[test]
+fn a_device_refusal_takes_the_cache_before_the_responders() {
+    use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+    let host = HostContext::new(HostConfig::default()).unwrap();
+    // The first allocation succeeds, the second is refused by the "device".
+    let backend = FaultInjecting::new(
+        host,
+        FaultPlan::new().nth(Operation::Allocate, 2, Fault::OutOfMemory),
+    );
+    let gov = Governor::new();
+    let ctx = gov.register(backend, cached(16 * MIB));
+    let asked = Arc::new(Mutex::new(0u32));
+    let n = asked.clone();
+    ctx.add_pressure_responder(move |_| {
+        *n.lock().unwrap() += 1;
+        0
+    });
+    let a = ctx.create_stream("a").unwrap();
+    let b = ctx.create_stream("b").unwrap();
+    drop(ctx.allocate(&a, MIB, Role::Other).unwrap());
+    let x = ctx.allocate(&b, MIB, Role::Other).unwrap();
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.cache.pressure_released, snap.cache.cached_bytes),
+        (MIB, 0)
+    );
+    assert_eq!(*asked.lock().unwrap(), 0, "the cache's release was enough");
+    drop(x);
+}
