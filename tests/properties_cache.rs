@@ -3,8 +3,9 @@
 //! Random sequences of operations on a caching context (create and drop
 //! streams, allocate sizes around the class boundaries and past the largest
 //! cached block, drop, release on another stream, record another stream
-//! then drop, trim, and retirement of the queued frees) run against
-//! `Watched<HostContext>`, with retirements held in the wrapper so that
+//! then drop, trim, retirement of the queued frees, and a refused
+//! `free_async` that quarantines the memory) run against
+//! `Watched<FaultInjecting<HostContext>>`, with retirements held in the wrapper so that
 //! "pending" is deterministic, and are checked after **every step** against a
 //! reference model of the cache (which stream keeps which block, by class,
 //! in which order):
@@ -16,8 +17,10 @@
 //!   never returns a block cached anywhere (so no block freed on one stream
 //!   reaches another before its stream-ordered free has retired: the only
 //!   way to another stream is through the backend);
-//! * `charged == live + cached + pending` at every step, and each figure is
-//!   the model's;
+//! * `charged == live + cached + pending + quarantined` at every step, and
+//!   each figure is the model's (a refused free of a cached block, on its
+//!   way out by trim, eviction or a stream's drop, is quarantined like a
+//!   buffer's, and its release error is reported when one was asked for);
 //! * at the end (retire, which flushes the cache) every byte is returned,
 //!   every free retired and the host probe saw a clean teardown.
 //!
@@ -25,6 +28,7 @@
 //! runs more.
 
 use memgov::conformance::{WatchLog, Watched};
+use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
     size_class, BackendProbe, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer,
@@ -36,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Backend = Watched<HostContext>;
+type Backend = Watched<FaultInjecting<HostContext>>;
 
 /// The cache keeps at most this much, in blocks of at most `MAX_BLOCK`.
 const MAX_BYTES: u64 = 256 << 10;
@@ -63,6 +67,9 @@ enum Step {
     Trim(u64),
     /// Synchronize every stream and let the held retirements through.
     Retire,
+    /// The next `free_async` (a buffer's, or a cached block's on its way
+    /// out) is refused: the memory is quarantined until teardown.
+    RefuseNextFree,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -83,6 +90,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (idx.clone(), idx.clone()).prop_map(|(buf, stream)| Step::RecordThenDrop { buf, stream }),
         1 => prop_oneof![Just(1u64), Just(64u64 << 10), Just(u64::MAX)].prop_map(Step::Trim),
         2 => Just(Step::Retire),
+        1 => Just(Step::RefuseNextFree),
     ]
 }
 
@@ -91,6 +99,8 @@ fn step() -> impl Strategy<Value = Step> {
 enum Where {
     Live,
     Cached(usize),
+    /// Its free was refused: owned by the backend until teardown.
+    Quarantined,
 }
 
 struct StreamModel {
@@ -114,6 +124,9 @@ struct Harness {
     _gov: Governor<Backend>,
     ctx: ContextHandle<Backend>,
     log: Arc<WatchLog>,
+    faults: FaultControl<HostContext>,
+    /// Whether the next `free_async` will be refused.
+    refuse_next_free: bool,
     probe: BackendProbe,
     /// In creation order; `None` once gone (handle dropped, no buffers).
     streams: Vec<Option<StreamModel>>,
@@ -122,6 +135,7 @@ struct Harness {
     live: u64,
     cached: u64,
     pending: u64,
+    quarantined: u64,
     /// Blocks cached so far: the next one's stamp.
     clock: u64,
 }
@@ -135,7 +149,9 @@ impl Harness {
         let gov = Governor::new();
         let host = HostContext::new(HostConfig::default()).unwrap();
         let probe = host.probe();
-        let device = Watched::new(host);
+        let faulty = FaultInjecting::new(host, FaultPlan::new());
+        let faults = faulty.control();
+        let device = Watched::new(faulty);
         let log = device.log();
         log.hold_retirements(true);
         let ctx = gov.register(
@@ -148,6 +164,8 @@ impl Harness {
             _gov: gov,
             ctx,
             log,
+            faults,
+            refuse_next_free: false,
             probe,
             streams: Vec::new(),
             bufs: Vec::new(),
@@ -155,6 +173,7 @@ impl Harness {
             live: 0,
             cached: 0,
             pending: 0,
+            quarantined: 0,
             clock: 0,
         }
     }
@@ -178,11 +197,22 @@ impl Harness {
             let m = self.streams[s].take().unwrap();
             for (class, addrs) in m.cache {
                 for (_, a) in addrs {
-                    self.blocks.remove(&a);
                     self.cached -= class;
-                    self.pending += class;
+                    self.free(class, a);
                 }
             }
+        }
+    }
+
+    /// The model of one stream-ordered free of `class` bytes at `addr`:
+    /// pending, or quarantined when the backend refuses it.
+    fn free(&mut self, class: u64, addr: usize) {
+        if std::mem::take(&mut self.refuse_next_free) {
+            self.quarantined += class;
+            self.blocks.insert(addr, Where::Quarantined);
+        } else {
+            self.pending += class;
+            self.blocks.remove(&addr);
         }
     }
 
@@ -273,13 +303,22 @@ impl Harness {
                 let target = self.streams[s].as_ref().unwrap().handle.clone().unwrap();
                 let own = b.stream == s;
                 let rest = (b.stream, b.class, b.addr);
-                b.buffer.release_on(&target).unwrap();
+                let result = b.buffer.release_on(&target);
                 drop(target);
-                if own {
-                    self.release_model_parts(rest, true);
+                // On another stream: an ordinary free, pending there.
+                self.release_model_parts(rest, own);
+                // Its own free refused: the error says so, the buffer is gone.
+                if self.blocks.get(&rest.2) == Some(&Where::Quarantined) {
+                    prop_assert!(
+                        matches!(
+                            &result,
+                            Err(e) if e.buffer.is_none()
+                                && matches!(e.error, memgov::GovernorError::Backend { .. })
+                        ),
+                        "{result:?}"
+                    );
                 } else {
-                    // Freed on the target stream: pending there.
-                    self.release_model_parts(rest, false);
+                    prop_assert!(result.is_ok(), "{result:?}");
                 }
             }
             Step::RecordThenDrop { buf, stream } => {
@@ -322,14 +361,18 @@ impl Harness {
                         .unwrap()
                         .pop()
                         .unwrap();
-                    self.blocks.remove(&addr);
                     self.cached -= class;
-                    self.pending += class;
+                    self.free(class, addr);
                     expected += class;
                 }
                 prop_assert_eq!(released, expected);
             }
             Step::Retire => self.settle(),
+            Step::RefuseNextFree => {
+                self.faults
+                    .set_plan(FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error));
+                self.refuse_next_free = true;
+            }
         }
         Ok(())
     }
@@ -345,8 +388,9 @@ impl Harness {
             let m = self.streams[s].as_mut().unwrap();
             let held: u64 = m.cache.iter().map(|(c, v)| c * v.len() as u64).sum();
             if class <= MAX_BYTES && held >= need {
-                let mut evicted = 0;
-                while evicted < need {
+                let mut evicted = Vec::new();
+                let mut bytes = 0;
+                while bytes < need {
                     let (&c, _) = m
                         .cache
                         .iter()
@@ -354,10 +398,12 @@ impl Harness {
                         .min_by_key(|(_, v)| v[0].0)
                         .unwrap();
                     let (_, a) = m.cache.get_mut(&c).unwrap().remove(0);
-                    self.blocks.remove(&a);
+                    evicted.push((c, a));
+                    bytes += c;
+                }
+                for (c, a) in evicted {
                     self.cached -= c;
-                    self.pending += c;
-                    evicted += c;
+                    self.free(c, a);
                 }
             }
         }
@@ -369,8 +415,7 @@ impl Harness {
             let m = self.streams[s].as_mut().unwrap();
             m.cache.entry(class).or_default().push((stamp, addr));
         } else {
-            self.blocks.remove(&addr);
-            self.pending += class;
+            self.free(class, addr);
         }
         self.streams[s].as_mut().unwrap().buffers -= 1;
         self.maybe_gone(s);
@@ -402,10 +447,14 @@ impl Harness {
         prop_assert_eq!(total.live_bytes, self.live, "live");
         prop_assert_eq!(snap.cache.cached_bytes, self.cached, "cached");
         prop_assert_eq!(total.pending_bytes, self.pending, "pending");
+        prop_assert_eq!(total.quarantined_bytes, self.quarantined, "quarantined");
         prop_assert_eq!(
             snap.charged,
-            total.live_bytes + snap.cache.cached_bytes + total.pending_bytes,
-            "charged == live + cached + pending"
+            total.live_bytes
+                + snap.cache.cached_bytes
+                + total.pending_bytes
+                + total.quarantined_bytes,
+            "charged == live + cached + pending + quarantined"
         );
         let by_class: u64 = snap.cache.by_class.iter().map(|(c, n)| c * n).sum();
         prop_assert_eq!(by_class, self.cached, "by class");
@@ -414,6 +463,9 @@ impl Harness {
     }
 
     fn finish(mut self) -> Result<(), TestCaseError> {
+        // The end is not modelled step by step: nothing is refused there.
+        self.faults.set_plan(FaultPlan::new());
+        self.refuse_next_free = false;
         for b in std::mem::take(&mut self.bufs) {
             drop(b.buffer);
         }
@@ -428,6 +480,7 @@ impl Harness {
             .wait(Instant::now() + Duration::from_secs(20))
             .map_err(|e| TestCaseError::fail(format!("{e}: {}", self.log.summary())))?;
         prop_assert!(!report.lost);
+        prop_assert_eq!(report.quarantined_bytes, self.quarantined);
         prop_assert_eq!(self.log.in_flight(), 0, "{}", self.log.summary());
         prop_assert_eq!(
             self.probe.violations(),
