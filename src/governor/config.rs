@@ -186,8 +186,14 @@ impl ContextConfig {
     /// refused admission releases them before it waits or asks a pressure
     /// responder, [`ContextHandle::trim_cache`](super::ContextHandle::trim_cache)
     /// releases them on demand, and retire and device loss release them all.
-    /// A traced context does not cache: its timeline records every backend
-    /// allocation and free.
+    /// Those are stream-ordered frees: a refused admission under
+    /// [`Admission::WaitForPending`] waits for them to retire, one under
+    /// [`Admission::FailFast`] tries once more and then goes on to the
+    /// pressure responders. Allocations out of a
+    /// [`Reservation`](super::Reservation) are not served from the cache
+    /// (their size is what was reserved); their buffers are kept like any
+    /// other when released. A traced context does not cache: its timeline
+    /// records every backend allocation and free.
     ///
     /// Off by default: a cached block keeps its bytes charged to this
     /// context until pressure, a trim or retire reaches it, which a context
