@@ -191,8 +191,8 @@ impl ContextConfig {
     /// [`Admission::FailFast`] tries once more and then goes on to the
     /// pressure responders. Allocations out of a
     /// [`Reservation`](super::Reservation) are not served from the cache
-    /// (their size is what was reserved); their buffers are kept like any
-    /// other when released. A traced context does not cache: its timeline
+    /// (their size is what was asked for, not rounded); a released one is
+    /// kept when its size happens to be a size class. A traced context does not cache: its timeline
     /// records every backend allocation and free.
     ///
     /// Off by default: a cached block keeps its bytes charged to this
