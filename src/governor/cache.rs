@@ -225,6 +225,12 @@ pub(crate) fn hit<C: DeviceContext>(
     // Under a gate claim, like every change of the live statistics: `force`
     // either sees the block live before or after its role changed.
     let gate = ctx.enter_on(stream.shard)?;
+    // A retiring or lost context admits nothing, cached or not: between
+    // retire (or loss) beginning and its flush closing these bins, the
+    // allocation goes on to the pin, which is refused with the right error.
+    if !ctx.accepting() {
+        return None;
+    }
     let block = bins.take(class)?;
     ctx.cache.left(block.role, class);
     if block.role != role {
