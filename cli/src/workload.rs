@@ -362,7 +362,12 @@ fn evict(kv: &Kv, bytes: u64) -> u64 {
 /// device's shared one may each refuse in turn). `None` when no eviction
 /// makes room: the request then allocates its blocks plainly, under
 /// pressure.
-fn reserve_kv(m: &mut Metrics, llm: &Llm, request: u32, bytes: u64) -> Option<Reservation<Ctx>> {
+fn reserve_kv(
+    m: &mut Metrics,
+    llm: &Llm,
+    request: u32,
+    bytes: u64,
+) -> Option<Reservation<Ctx>> {
     let label = format!("request-{request}");
     let mut evicted = false;
     loop {
