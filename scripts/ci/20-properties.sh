@@ -7,3 +7,5 @@ PROPTEST_CASES="${PROPTEST_CASES:-10000}" cargo test --locked --release -p memgo
 PROPTEST_CASES="${PROPTEST_TIERS_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tiers -- --nocapture
 # The budget tree (process → devices → contexts) against its model; ~15 s.
 PROPTEST_CASES="${PROPTEST_TREE_CASES:-10000}" cargo test --locked --release -p memgov --test properties_tree -- --nocapture
+# The block cache against its own model (about 25 s at 10000 cases).
+PROPTEST_CASES="${PROPTEST_CASES_CACHE:-10000}" cargo test --locked --release -p memgov --test properties_cache -- --nocapture

@@ -1,5 +1,6 @@
 //! Admission: charge the budgets, call the backend, and when either says no,
-//! wait for pending releases and ask pressure responders before giving up.
+//! release the block cache's bytes, wait for pending releases and ask
+//! pressure responders before giving up.
 
 use super::budget::Refusal;
 use super::charges::{Above, ChargeRefused};
@@ -134,6 +135,14 @@ fn admit_refused<C: DeviceContext>(
         // this allocation's pin does not hold its teardown up.
         if !ctx.accepting() {
             return Err(ctx.unavailable_error());
+        }
+        // 0. Give the block cache's bytes back, before anything waits or a
+        //    responder is asked: freed stream-ordered, they are pending now,
+        //    and the next attempt (or the wait below) sees them return.
+        if ctx.cache.bytes() > 0
+            && super::cache::release_for_pressure(ctx, shortfall(ctx, &refused, bytes)) > 0
+        {
+            continue;
         }
         // 1. Wait for pending releases to retire, if the policy allows and
         //    there is something pending that could help. Register first,

@@ -269,6 +269,18 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             );
         }
         let Some(recorded) = &self.recorded else {
+            // Used on its own stream only and released there: the cache may
+            // keep it for the next allocation of its class on that stream
+            // (device memory only: a hit is always a device allocation).
+            let memory = if std::ptr::eq(own, target) && own.cache.is_some() && tier == Tier::Device
+            {
+                match super::cache::put(ctx, own, memory, bytes, role) {
+                    Ok(()) => return Released::Queued,
+                    Err(memory) => memory,
+                }
+            } else {
+                memory
+            };
             // The common cases, without building a list.
             let after: &[&StreamShared<C>] = if std::ptr::eq(own, target) {
                 &[]

@@ -150,6 +150,7 @@ pub struct ContextConfig {
     pub(crate) pin_lease_chunk: u64,
     pub(crate) exact_peak: bool,
     pub(crate) trace: Option<crate::trace::Trace>,
+    pub(crate) cache: Option<super::cache::CacheConfig>,
 }
 
 impl Default for ContextConfig {
@@ -165,6 +166,7 @@ impl Default for ContextConfig {
             pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
             exact_peak: false,
             trace: None,
+            cache: None,
         }
     }
 }
@@ -185,6 +187,7 @@ impl fmt::Debug for ContextConfig {
             .field("pin_lease_chunk", &self.pin_lease_chunk)
             .field("exact_peak", &self.exact_peak)
             .field("traced", &self.trace.is_some())
+            .field("cache", &self.cache)
             .finish()
     }
 }
@@ -206,6 +209,61 @@ impl ContextConfig {
     /// stream and role): see [`crate::trace`]. Off by default.
     pub fn trace(mut self, trace: &crate::trace::Trace) -> Self {
         self.trace = Some(trace.clone());
+        self
+    }
+
+    /// Keep freed blocks for reuse, within `limits` (default off).
+    ///
+    /// A buffer released on its own stream is kept in that stream's cache
+    /// instead of being freed, and the next allocation of its size class on
+    /// that stream gets it back without calling the backend (no new pages,
+    /// no driver call). Requests up to
+    /// [`CacheConfig::max_block`](super::CacheConfig::max_block) are rounded
+    /// up to their [`size_class`](super::size_class), so
+    /// [`DeviceBuffer::len`](super::DeviceBuffer::len) reports the class.
+    /// A block is reused only on the stream that freed it: every other
+    /// stream gets the bytes through an ordinary stream-ordered free, after
+    /// it has retired.
+    ///
+    /// Cached bytes stay charged to the budgets and are reported apart
+    /// ([`ContextSnapshot::cache`](super::ContextSnapshot::cache)); any
+    /// refused admission releases them before it waits or asks a pressure
+    /// responder, [`ContextHandle::trim_cache`](super::ContextHandle::trim_cache)
+    /// releases them on demand, and retire and device loss release them all.
+    /// Those are stream-ordered frees: a refused admission under
+    /// [`Admission::WaitForPending`] waits for them to retire, one under
+    /// [`Admission::FailFast`] tries once more and then goes on to the
+    /// pressure responders. Allocations out of a
+    /// [`Reservation`](super::Reservation) are not served from the cache
+    /// (their size is what was asked for, not rounded); a released one is
+    /// kept when its size happens to be a size class. A traced context does not cache: its timeline
+    /// records every backend allocation and free.
+    ///
+    /// Off by default: a cached block keeps its bytes charged to this
+    /// context until pressure, a trim or retire reaches it, which a context
+    /// that shares its device expects to see only from live buffers; and
+    /// backends that already reuse stream-ordered frees (CUDA and HIP memory
+    /// pools) gain less from it than the host and Vulkan backends, whose
+    /// every allocation is fresh memory.
+    ///
+    /// ```
+    /// use memgov::{CacheConfig, ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
+    /// let gov = Governor::new();
+    /// let ctx = gov.register(
+    ///     HostContext::new(HostConfig::default())?,
+    ///     ContextConfig::new().budget(64 << 20).cache(CacheConfig::new(16 << 20)),
+    /// );
+    /// let stream = ctx.create_stream("main")?;
+    /// drop(ctx.allocate(&stream, 1000, Role::Workspace)?); // kept: 1024 B
+    /// let again = ctx.allocate(&stream, 900, Role::Workspace)?; // the same block
+    /// assert_eq!(again.len(), 1024);
+    /// assert_eq!(ctx.snapshot().cache.hits, 1);
+    /// drop(again);
+    /// assert_eq!(ctx.trim_cache(u64::MAX), 1024); // freed stream-ordered
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cache(mut self, limits: super::cache::CacheConfig) -> Self {
+        self.cache = Some(limits);
         self
     }
 

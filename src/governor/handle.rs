@@ -186,6 +186,25 @@ impl<C: DeviceContext> ContextHandle<C> {
                 role,
             });
         }
+        // With the cache on, in the device tier (the only one it keeps):
+        // the request's size class, and a block of that class freed on this
+        // stream, if one is kept (it brings its pin and its charge).
+        let bytes = if tier == Tier::Device {
+            let bytes = ctx.cache.round(bytes);
+            if let Some(memory) = super::cache::hit(ctx, &stream.shared, bytes, role) {
+                return Ok(DeviceBuffer {
+                    stream: stream.shared.clone(),
+                    memory: Some(memory),
+                    bytes,
+                    role,
+                    tier,
+                    recorded: None,
+                });
+            }
+            bytes
+        } else {
+            bytes
+        };
         // Born pinned: the pin is taken before anything is charged. The guard
         // releases it on every failure path below, and when a pressure
         // responder or the backend panics inside `admit`: the panic reaches
@@ -396,6 +415,17 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// background (nobody waiting) or on `Governor` drop.
     pub fn teardown_report(&self) -> Option<TeardownReport> {
         self.inner.teardown_report()
+    }
+
+    /// Free up to `bytes` (at least that many when the cache holds them) of
+    /// the blocks the cache keeps, largest first over every stream,
+    /// stream-ordered like any release: they become pending and the budget
+    /// gets them back when the frees retire. Returns the bytes released (0
+    /// when the cache is off or empty). `u64::MAX` empties the cache.
+    ///
+    /// See [`ContextConfig::cache`](super::ContextConfig::cache).
+    pub fn trim_cache(&self, bytes: u64) -> u64 {
+        super::cache::trim_on_demand(&self.inner, bytes)
     }
 
     /// A point-in-time view of this context.

@@ -7,6 +7,7 @@
 mod admission;
 mod budget;
 mod buffer;
+mod cache;
 mod charges;
 mod config;
 mod error;
@@ -28,6 +29,7 @@ mod units;
 
 pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
+pub use cache::{size_class, CacheConfig, CacheUsage};
 pub use config::{
     Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role,
     DEFAULT_PRESSURE_PRIORITY,

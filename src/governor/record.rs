@@ -144,6 +144,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     report: Mutex<Option<TeardownReport>>,
     retire_started: Mutex<Option<Instant>>,
 
+    /// The block cache's limits and totals (its bins are the streams').
+    pub cache: super::cache::ContextCache,
     /// The cached `PendingRelease` boxes, one slot per shard (see
     /// `release.rs`).
     pub spares: Spares<C>,
@@ -270,6 +272,7 @@ impl<C: DeviceContext> ContextInner<C> {
                 config.pinned_budget.unwrap_or(u64::MAX),
             ),
             stats: Stats::new(config.exact_peak),
+            cache: super::cache::ContextCache::new(config.cache),
             counters: Counters::default(),
             outside: Default::default(),
             reservations: Default::default(),
@@ -587,6 +590,9 @@ impl<C: DeviceContext> ContextInner<C> {
         super::release::close_spares(self);
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         self.life.begin_retire();
+        // Cached blocks hold pins: close every stream's cache and free its
+        // blocks now, so that the retire can drain.
+        super::cache::flush_all(self);
         if let Some(t) = &self.trace {
             t.event(0, None, EventKind::RetireBegun, 0, None);
         }
@@ -631,6 +637,8 @@ impl<C: DeviceContext> ContextInner<C> {
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
+        // Cached blocks go with the device, like live buffers.
+        super::cache::flush_all(self);
         // Pending releases no longer hold a lost context.
         self.life.reap_if_unattended();
         true

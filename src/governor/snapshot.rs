@@ -226,10 +226,14 @@ pub struct ContextSnapshot {
     pub reserved: u64,
     /// The live reservations of every tier with bytes left, largest first.
     pub reservations: Vec<ReservationUsage>,
-    /// Usage by role, indexed like [`Role::ALL`].
+    /// Usage by role, indexed like [`Role::ALL`]. A block the cache keeps
+    /// is not live: it is in [`cache`](Self::cache).
     pub by_role: [RoleUsage; 5],
     /// Usage by tier, indexed like [`Tier::ALL`].
     pub by_tier: Vec<TierUsage>,
+    /// What the block cache holds ([`ContextConfig::cache`](super::ContextConfig::cache)):
+    /// charged, neither live nor pending.
+    pub cache: super::cache::CacheUsage,
     /// Quarantined releases with reasons.
     pub quarantine: Vec<QuarantineEntry>,
     /// Pins by kind.
@@ -277,6 +281,7 @@ impl std::fmt::Debug for ContextSnapshot {
             reservations,
             by_role,
             by_tier,
+            cache,
             quarantine,
             pins,
             counters,
@@ -302,6 +307,7 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("reservations", reservations)
             .field("by_role", &ByRole(by_role))
             .field("by_tier", by_tier)
+            .field("cache", cache)
             .field("quarantine", quarantine)
             .field("pins", pins)
             .field("counters", counters)
@@ -420,9 +426,11 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
     for role in Role::ALL {
         let usage = ctx.stats.usage(role);
         let quarantined = ctx.stats.quarantined(role);
+        // The books count a cached block as the live buffer it was.
+        let (cached_bytes, cached_count) = ctx.cache.of_role(role);
         by_role[role.index()] = RoleUsage {
-            live_bytes: usage.live.bytes,
-            live_count: usage.live.count,
+            live_bytes: usage.live.bytes.saturating_sub(cached_bytes),
+            live_count: usage.live.count.saturating_sub(cached_count),
             pending_bytes: usage.pending.bytes,
             pending_count: usage.pending.count,
             quarantined_bytes: quarantined.bytes,
@@ -471,6 +479,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         reservations,
         by_role,
         by_tier,
+        cache: super::cache::usage(ctx),
         quarantine: ctx
             .quarantine_entries()
             .into_iter()

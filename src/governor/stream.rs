@@ -23,6 +23,9 @@ pub(crate) struct StreamShared<C: DeviceContext> {
     /// Bytes pending release on this stream, for stream-ordered reuse credit.
     /// Present only where the backend reuses stream-ordered frees.
     pub pending_bytes: Option<Arc<AtomicU64>>,
+    /// Blocks freed on this stream and kept for reuse on it (see
+    /// `cache.rs`). Present only on a caching, untraced context.
+    pub cache: Option<super::cache::StreamBins<C>>,
 }
 
 impl<C: DeviceContext> StreamShared<C> {
@@ -41,6 +44,9 @@ impl<C: DeviceContext> StreamShared<C> {
 
 impl<C: DeviceContext> Drop for StreamShared<C> {
     fn drop(&mut self) {
+        // Free the blocks cached here first, stream-ordered, while the raw
+        // stream still exists.
+        super::cache::flush_stream(self);
         let ctx = &*self.ctx;
         let Some(backend) = ctx.enter_on(self.shard) else {
             // The gate is closed only by force (a stream's pin keeps ordinary
@@ -134,6 +140,7 @@ impl<C: DeviceContext> GovernedStream<C> {
                 .description
                 .stream_ordered_reuse
                 .then(|| Arc::new(AtomicU64::new(0))),
+            cache: (ctx.cache.enabled() && ctx.trace.is_none()).then(crate::sync::Bins::new),
         });
         let mut streams = lock(&ctx.streams);
         streams.retain(|w| w.strong_count() > 0);

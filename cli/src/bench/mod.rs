@@ -158,6 +158,10 @@ pub const ROWS: &[RowSpec] = &[
         measure: |p| vec![rows::host_cycle(p)],
     },
     RowSpec {
+        key: "cached-cycle",
+        measure: rows::cached_cycle,
+    },
+    RowSpec {
         key: "two-threads",
         measure: |p| vec![rows::two_threads(p)],
     },

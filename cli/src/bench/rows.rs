@@ -10,7 +10,7 @@ use memgov::any::AnyContext;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
-    ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor,
+    CacheConfig, ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor,
     ProviderContextPinSource, RetireSignal, Role,
 };
 use std::hint::black_box;
@@ -179,6 +179,80 @@ pub fn host_cycle(plan: &Plan) -> Row {
     let _ = raw.destroy_stream(raw_stream);
     let _ = raw.teardown(false);
     row.with(v, Some(b), Some(v / b))
+}
+
+/// The block cache's hit cycle (allocate served from the stream's cache +
+/// release back into it) on the host backend, against the raw host
+/// backend's allocate + free_async (what every uncached allocation pays),
+/// and against the governed cycle on the null backend (the governor's own
+/// cost with a backend that does nothing).
+pub fn cached_cycle(plan: &Plan) -> Vec<Row> {
+    let raw_row = Row::new(
+        "cached-cycle",
+        "allocate + release served by the block cache, host backend",
+        "raw host allocate + free_async on the same stream",
+        "ns",
+        Target::AtMost(1.0),
+    );
+    let null_row = Row::new(
+        "cached-vs-null",
+        "allocate + release served by the block cache, host backend",
+        "governed allocate + release, null backend",
+        "ns",
+        Target::AtMost(3.0),
+    );
+    let gov = Governor::new();
+    let ctx = match HostContext::new(HostConfig::default()) {
+        Ok(h) => gov.register(h, ContextConfig::new().cache(CacheConfig::new(1 << 20))),
+        Err(e) => {
+            let note = format!("host backend unavailable: {e}");
+            return vec![raw_row.note(note.clone()), null_row.note(note)];
+        }
+    };
+    let stream = ctx.create_stream("bench").expect("host stream");
+    // The first allocation fills the cache; every one after it is a hit.
+    drop(ctx.allocate(&stream, 4096, Role::Activation));
+    let mut cached = |n: u64| {
+        for _ in 0..n {
+            drop(black_box(ctx.allocate(
+                &stream,
+                black_box(4096),
+                Role::Activation,
+            )));
+        }
+        stream.synchronize().expect("synchronize");
+    };
+    let raw = HostContext::new(HostConfig::default()).expect("host backend");
+    let raw_stream = raw.create_stream().expect("host stream");
+    let mut baseline = |n: u64| {
+        for _ in 0..n {
+            let m = raw
+                .allocate(&raw_stream, black_box(4096))
+                .expect("raw allocate");
+            if raw
+                .free_async(&raw_stream, m, RetireSignal::from_fn(|_| {}))
+                .is_err()
+            {
+                panic!("raw free_async refused");
+            }
+        }
+        raw.synchronize(&raw_stream).expect("synchronize");
+    };
+    let (v, b) = compare(plan, &mut cached, &mut baseline);
+    let hits = ctx.snapshot().cache.hits;
+    let raw_row = raw_row
+        .with(v, Some(b), Some(v / b))
+        .note(format!("{hits} cache hits, 1 backend allocation"));
+    let null_gov = Governor::new();
+    let null = null_gov.register(NullContext::new(), ContextConfig::new().budget(1 << 40));
+    let null_stream = null.create_stream("bench").expect("null stream");
+    let mut plain = |n: u64| null_cycles(&null, &null_stream, n);
+    let (v2, b2) = compare(plan, &mut cached, &mut plain);
+    drop(stream);
+    let _ = ctx.retire().wait_timeout(Duration::from_secs(10));
+    let _ = raw.destroy_stream(raw_stream);
+    let _ = raw.teardown(false);
+    vec![raw_row, null_row.with(v2, Some(b2), Some(v2 / b2))]
 }
 
 /// Allocating out of a reservation and releasing, against the plain

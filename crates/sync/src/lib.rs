@@ -35,11 +35,14 @@
 //! * [`Slot`]: one cached box handed between threads by compare-and-swap,
 //!   closed for good by retire (the governor recycles the boxes of pending
 //!   releases through one per shard).
+//! * [`Bins`]: blocks kept by size class under one lock, closed for good
+//!   by retire (the governor's block cache keeps one per stream).
 //! * [`Lifecycle`]: one context's phase, pins, pending releases, gate and
 //!   waiters built from the above, and the transitions (retire, loss, force,
 //!   teardown, the background reap) that the governor drives and the loom
 //!   models check.
 
+mod bins;
 mod budget;
 mod claim;
 mod lease;
@@ -48,6 +51,7 @@ mod notify;
 mod slot;
 mod word;
 
+pub use bins::{Bins, PutRefused};
 pub use budget::{Allowance, BudgetWord, Refusal};
 pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `LeaseSlots`, `Take` and `CountWord` are named by the loom model

@@ -51,7 +51,10 @@
 //!   room back (`a_retiring_member_is_waited_for_until_its_teardown_wakes`);
 //! * the `spare` slot that recycles `PendingRelease` boxes (`sync::Slot`,
 //!   driven as `src/governor/release.rs` does) never lets two threads own one
-//!   box, drops each exactly once, and stays closed once retire has closed it.
+//!   box, drops each exactly once, and stays closed once retire has closed it;
+//! * the block cache's bins (`sync::Bins`, driven as `src/governor/cache.rs`
+//!   does) hand a cached block (and its pin) to one thread only, keep nothing
+//!   once retire has closed them, and never keep a retire from draining.
 //!
 //! Every model prints how many interleavings loom explored.
 
@@ -696,6 +699,86 @@ mod model {
                     made.load(Relaxed),
                     "a box was leaked or dropped twice"
                 );
+            },
+        );
+    }
+
+    /// The block cache (`src/governor/cache.rs`): a stream's `sync::Bins`,
+    /// driven with the governor's protocol. A cached block holds the pin of
+    /// the buffer it was; a release on the block's own stream `put`s it
+    /// (and frees it stream-ordered when refused), an allocation `take`s it,
+    /// and retire (`begin_retire`, then `cache::flush_all`) closes the bins
+    /// and frees what they held. One block starts cached, one buffer live;
+    /// a releaser releases the buffer while an allocator takes a block, uses
+    /// it and releases it again, and retire flushes and waits for teardown.
+    /// Checked: no block is owned by two threads at once (loom's cell
+    /// tracking), each is freed exactly once, nothing is kept once the bins
+    /// are closed, and the teardown drains (a block left in closed bins
+    /// would hold its pin forever: loom reports the deadlock).
+    #[test]
+    fn cache_bins_hand_over_and_close() {
+        run(
+            "cache: release into the bins + a hit vs retire's flush (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(16));
+                let freed = Arc::new(AtomicUsize::new(0));
+                let made = Arc::new(AtomicUsize::new(0));
+                let bins = Arc::new(super::sync::Bins::<Box<spare::Obj>>::new());
+                // The cached block and the live buffer, each with its pin.
+                ctx.acquire().unwrap();
+                assert!(bins
+                    .put(512, spare::new_obj(&freed, &made), u64::MAX)
+                    .is_ok());
+                ctx.acquire().unwrap();
+                let live = spare::new_obj(&freed, &made);
+                // `release()` of a block: its pin moves into a pending
+                // release, which the "driver" retires; the memory goes.
+                fn free(ctx: &Arc<Ctx>, block: Box<spare::Obj>) {
+                    Ctx::queue_release(ctx, 0).retire();
+                    drop(block);
+                }
+                // `DeviceBuffer::drop` on its own stream: `cache::put`, or
+                // an ordinary free when the bins refuse.
+                fn release(
+                    ctx: &Arc<Ctx>,
+                    bins: &super::sync::Bins<Box<spare::Obj>>,
+                    b: Box<spare::Obj>,
+                ) {
+                    if let Err((b, _)) = bins.put(512, b, u64::MAX) {
+                        free(ctx, b);
+                    }
+                }
+                let releaser = {
+                    let (ctx, bins) = (ctx.clone(), bins.clone());
+                    thread::spawn(move || {
+                        live.uses.with_mut(|u| unsafe { *u += 1 });
+                        release(&ctx, &bins, live);
+                    })
+                };
+                let allocator = {
+                    let (ctx, bins) = (ctx.clone(), bins.clone());
+                    thread::spawn(move || {
+                        // `cache::hit`: the block brings its pin.
+                        if let Some(b) = bins.take(512) {
+                            b.uses.with_mut(|u| unsafe { *u += 1 });
+                            release(&ctx, &bins, b);
+                        }
+                    })
+                };
+                ctx.begin_retire();
+                for (_, b) in bins.close() {
+                    free(&ctx, b);
+                }
+                ctx.wait_and_finish();
+                for t in [releaser, allocator] {
+                    t.join().unwrap();
+                }
+                assert!(bins.is_closed());
+                assert_eq!((bins.count(), bins.bytes()), (0, 0), "kept after close");
+                assert!(bins.take(512).is_none(), "closed bins handed a block out");
+                assert_eq!(freed.load(Relaxed), 2, "a block was leaked or freed twice");
+                assert_eq!(ctx.destroys.load(Acquire), 1);
             },
         );
     }

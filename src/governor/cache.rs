@@ -1,0 +1,486 @@
+//! The block cache: freed blocks kept per stream and size class, handed back
+//! to allocations of the same class on the same stream without a backend
+//! call, and given back to the device whenever the governor needs the bytes.
+//!
+//! # Where it sits
+//!
+//! Each stream of a context with the cache on
+//! ([`ContextConfig::cache`](super::ContextConfig::cache)) owns one
+//! [`Bins`]. A buffer released on its own stream, with no other stream
+//! recorded on it, is [`put`](Bins::put) there instead of being freed; an
+//! allocation on that stream first [`take`](Bins::take)s a block of its size
+//! class. Sizes are rounded up to a class ([`size_class`]) so that a block
+//! fits every later request of its class exactly: no splitting, no
+//! coalescing (a split block would have to track its neighbours and their
+//! streams, and a coalesced one the streams of every part; reuse by exact
+//! class needs neither, and the rounding wastes at most 511 bytes below
+//! 1 MiB and under 12.5% above).
+//!
+//! # The cross-stream rule
+//!
+//! A block is only ever reused on the stream it was freed on. Stream order
+//! then makes the reuse safe with no event at all: whatever the old owner
+//! queued on the stream runs before whatever the new owner queues. A block
+//! is never handed to another stream from the cache: a release on another
+//! stream ([`DeviceBuffer::release_on`](super::DeviceBuffer::release_on)),
+//! or of a buffer with streams recorded on it, is an ordinary stream-ordered
+//! free, and so is every block the cache gives back (trim, pressure, retire,
+//! device loss): another stream gets those bytes only from the backend,
+//! after the free has retired.
+//!
+//! # Accounting
+//!
+//! A cached block keeps the pin, the charge and the live statistics of the
+//! buffer it was: the governor's books still count it as a live buffer, and
+//! snapshots report it apart ([`CacheUsage`]) by subtracting what the cache
+//! holds from the live figures. So `charged = live + cached + pending +
+//! quarantined + awaiting teardown`, and `force` reclaims a cached block
+//! exactly like a live buffer (revoking its pin) should one still be on its
+//! way out of the cache when the gate closes.
+//!
+//! # Who empties it
+//!
+//! * An admission refused by any budget or by the device releases cached
+//!   blocks (all streams, largest first, at least the shortfall) before it
+//!   waits or asks a pressure responder, and then retries.
+//! * [`ContextHandle::trim_cache`](super::ContextHandle::trim_cache), on
+//!   demand.
+//! * `begin_retire` and device loss close every stream's bins and release
+//!   what they held, so that a cached block never keeps a retire from
+//!   draining; dropping a stream does the same for its own.
+
+use super::config::Role;
+use super::record::ContextInner;
+use super::release::release;
+use super::stream::StreamShared;
+use crate::sync::{lock, Bins};
+use crate::DeviceContext;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Requests up to this size are rounded to multiples of [`SMALL_STEP`].
+pub const SMALL_LIMIT: u64 = 1 << 20;
+/// The class step below [`SMALL_LIMIT`].
+pub const SMALL_STEP: u64 = 512;
+
+/// The size class of a request of `bytes` (> 0): a multiple of 512 bytes up
+/// to 1 MiB; above that, eight classes per power of two (a request in
+/// `(2^k, 2^(k+1)]` rounds up to a multiple of `2^(k-3)`), so a class is
+/// never more than 12.5% larger than the request. Requests too large to
+/// round (within 2^60 of `u64::MAX`) are their own class.
+pub fn size_class(bytes: u64) -> u64 {
+    if bytes <= SMALL_LIMIT {
+        return bytes.div_ceil(SMALL_STEP) * SMALL_STEP;
+    }
+    let k = 63 - (bytes - 1).leading_zeros();
+    let step = 1u64 << (k - 3);
+    bytes
+        .checked_add(step - 1)
+        .map_or(bytes, |b| b & !(step - 1))
+}
+
+/// The limits of a context's block cache.
+///
+/// ```
+/// use memgov::{CacheConfig, ContextConfig};
+/// // Keep up to 256 MiB of freed blocks, none larger than 64 MiB.
+/// let config = ContextConfig::new().cache(CacheConfig::new(256 << 20).max_block(64 << 20));
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub(crate) max_bytes: u64,
+    pub(crate) max_block: u64,
+}
+
+impl CacheConfig {
+    /// Keep at most `max_bytes` of freed blocks, over all the context's
+    /// streams. A block that would pass it makes room by freeing the oldest
+    /// blocks of its own stream, when they are enough; otherwise it is
+    /// freed itself. Blocks of any size up to that are
+    /// cached until [`max_block`](Self::max_block) says otherwise.
+    pub fn new(max_bytes: u64) -> Self {
+        Self {
+            max_bytes,
+            max_block: max_bytes,
+        }
+    }
+
+    /// Requests larger than `bytes` are neither rounded to a class nor
+    /// cached: allocated and freed as they are.
+    pub fn max_block(mut self, bytes: u64) -> Self {
+        self.max_block = bytes;
+        self
+    }
+}
+
+/// A cached block: the memory, and the role of the buffer it was.
+pub(crate) struct Block<M> {
+    memory: M,
+    role: Role,
+    /// When it was cached (the context's put count then): the oldest
+    /// blocks make room for newer ones.
+    stamp: u64,
+}
+
+/// A stream's bins.
+pub(crate) type StreamBins<C> = Bins<Block<<C as DeviceContext>::Memory>>;
+
+/// The context-wide side of the cache: its limits and its totals by role.
+#[derive(Default)]
+pub(crate) struct ContextCache {
+    config: Option<CacheConfig>,
+    /// Cached bytes and blocks by role (the role of the buffer each was),
+    /// so that snapshots can take them out of each role's live figures.
+    bytes: [AtomicU64; 5],
+    count: [AtomicU64; 5],
+    /// Bytes cached over every role and stream: the figure held to
+    /// `max_bytes`.
+    total: AtomicU64,
+    hits: AtomicU64,
+    /// Puts so far: the next block's stamp.
+    clock: AtomicU64,
+    /// Bytes freed to make room for newer blocks.
+    evicted: AtomicU64,
+    /// Bytes the cache gave back under admission pressure.
+    pressure_released: AtomicU64,
+    /// Bytes given back by `trim_cache`.
+    trimmed: AtomicU64,
+}
+
+impl ContextCache {
+    pub(crate) fn new(config: Option<CacheConfig>) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the context caches (a stream creates its bins then).
+    pub(crate) fn enabled(&self) -> bool {
+        self.config.is_some()
+    }
+
+    /// The size a request of `bytes` is allocated at: its class when the
+    /// cache would keep it, `bytes` otherwise.
+    #[inline]
+    pub(crate) fn round(&self, bytes: u64) -> u64 {
+        match self.config {
+            Some(c) if bytes <= c.max_block => size_class(bytes),
+            _ => bytes,
+        }
+    }
+
+    /// Bytes cached now, over every stream.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Count `bytes` of `role` in, unless the cache would then hold more
+    /// than `max` bytes.
+    fn arrived(&self, role: Role, bytes: u64, max: u64) -> bool {
+        let fits = self
+            .total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                t.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .is_ok();
+        if !fits {
+            return false;
+        }
+        self.bytes[role.index()].fetch_add(bytes, Ordering::Relaxed);
+        self.count[role.index()].fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn left(&self, role: Role, bytes: u64) {
+        self.total.fetch_sub(bytes, Ordering::Relaxed);
+        self.bytes[role.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.count[role.index()].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Cached bytes and blocks of `role`.
+    pub(crate) fn of_role(&self, role: Role) -> (u64, u64) {
+        (
+            self.bytes[role.index()].load(Ordering::Relaxed),
+            self.count[role.index()].load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Serve an allocation of `class` bytes on `stream` from its bins. The block
+/// keeps the pin and the charge it held; `None` when the stream has no
+/// cache, no block of the class, or the gate is closed.
+#[inline]
+pub(crate) fn hit<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    class: u64,
+    role: Role,
+) -> Option<C::Memory> {
+    let bins = stream.cache.as_ref()?;
+    if bins.count() == 0 {
+        return None;
+    }
+    // Under a gate claim, like every change of the live statistics: `force`
+    // either sees the block live before or after its role changed.
+    let gate = ctx.enter_on(stream.shard)?;
+    // A retiring or lost context admits nothing, cached or not: between
+    // retire (or loss) beginning and its flush closing these bins, the
+    // allocation goes on to the pin, which is refused with the right error.
+    if !ctx.accepting() {
+        return None;
+    }
+    let block = bins.take(class)?;
+    ctx.cache.left(block.role, class);
+    if block.role != role {
+        ctx.stats.leave(stream.shard, block.role, class);
+        ctx.stats.admit(stream.shard, role, class);
+    }
+    drop(gate);
+    ctx.cache.hits.fetch_add(1, Ordering::Relaxed);
+    Some(block.memory)
+}
+
+/// Keep a released buffer's `memory` (`bytes`, a class size, of `role`,
+/// last used on `stream` only) in `stream`'s bins. Gives the memory back
+/// when the stream has no cache, `bytes` is not a class the cache keeps,
+/// the device is lost, the bins are closed or full: the caller then frees
+/// it stream-ordered.
+#[inline]
+pub(crate) fn put<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    memory: C::Memory,
+    bytes: u64,
+    role: Role,
+) -> Result<(), C::Memory> {
+    let (Some(bins), Some(config)) = (stream.cache.as_ref(), ctx.cache.config) else {
+        return Err(memory);
+    };
+    if bytes > config.max_block || size_class(bytes) != bytes || ctx.is_lost() {
+        return Err(memory);
+    }
+    // Counted (and held to the limit) before it can be taken: a hit
+    // subtracts right after its take.
+    if !ctx.cache.arrived(role, bytes, config.max_bytes) {
+        // Full: make room by freeing this stream's oldest blocks, if they
+        // are enough (the newest block is the likelier to be asked for
+        // again: the sizes a runtime asks for drift with its inputs).
+        let need = ctx
+            .cache
+            .bytes()
+            .saturating_add(bytes)
+            .saturating_sub(config.max_bytes);
+        if bytes > config.max_bytes || bins.bytes() < need {
+            return Err(memory);
+        }
+        let evicted = release_blocks(stream, bins.evict_oldest(need, |b| b.stamp));
+        ctx.cache.evicted.fetch_add(evicted, Ordering::Relaxed);
+        if !ctx.cache.arrived(role, bytes, config.max_bytes) {
+            return Err(memory);
+        }
+    }
+    let stamp = ctx.cache.clock.fetch_add(1, Ordering::Relaxed);
+    match bins.put(
+        bytes,
+        Block {
+            memory,
+            role,
+            stamp,
+        },
+        u64::MAX,
+    ) {
+        Ok(()) => Ok(()),
+        Err((block, _)) => {
+            ctx.cache.left(role, bytes);
+            Err(block.memory)
+        }
+    }
+}
+
+/// Release `blocks` of `stream` stream-ordered, as the live buffers the
+/// books still count them as. Returns the bytes released.
+fn release_blocks<C: DeviceContext>(
+    stream: &StreamShared<C>,
+    blocks: Vec<(u64, Block<C::Memory>)>,
+) -> u64 {
+    let ctx = &stream.ctx;
+    let mut released = 0u64;
+    for (class, block) in blocks {
+        ctx.cache.left(block.role, class);
+        released = released.saturating_add(class);
+        // Whatever the outcome (queued, settled on a lost device, reclaimed
+        // by a force that counted the block live, quarantined), the block's
+        // pin and charge move exactly as a live buffer's would.
+        let _ = release(
+            ctx,
+            stream.shard,
+            stream,
+            &[],
+            block.memory,
+            class,
+            block.role,
+            crate::Tier::Device,
+        );
+    }
+    released
+}
+
+/// Close `stream`'s bins for good and free what they held (stream drop,
+/// retire, device loss).
+pub(crate) fn flush_stream<C: DeviceContext>(stream: &StreamShared<C>) -> u64 {
+    match &stream.cache {
+        Some(bins) => release_blocks(stream, bins.close()),
+        None => 0,
+    }
+}
+
+/// The live streams of `ctx` that have bins, upgraded (outside the lock).
+fn cached_streams<C: DeviceContext>(ctx: &ContextInner<C>) -> Vec<Arc<StreamShared<C>>> {
+    if !ctx.cache.enabled() {
+        return Vec::new();
+    }
+    lock(&ctx.streams)
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .filter(|s| s.cache.is_some())
+        .collect()
+}
+
+/// Close every stream's bins and free what they held: `begin_retire` and
+/// device loss. A stream dropped here (its last handle gone meanwhile)
+/// flushes itself.
+pub(crate) fn flush_all<C: DeviceContext>(ctx: &ContextInner<C>) -> u64 {
+    cached_streams(ctx).iter().map(|s| flush_stream(s)).sum()
+}
+
+/// Free cached blocks, largest first over every stream, until at least
+/// `bytes` were released or the cache is empty. Returns the bytes released.
+pub(crate) fn trim<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
+    if ctx.cache.bytes() == 0 {
+        return 0;
+    }
+    let streams = cached_streams(ctx);
+    let mut released = 0u64;
+    while released < bytes {
+        // The stream holding the largest block; one block at a time.
+        let largest = streams
+            .iter()
+            .filter_map(|s| Some((s.cache.as_ref()?.largest_class()?, s)))
+            .max_by_key(|(class, _)| *class);
+        let Some((_, s)) = largest else { break };
+        let Some(bins) = &s.cache else { break };
+        released = released.saturating_add(release_blocks(s, bins.drain(1)));
+    }
+    released
+}
+
+/// An admission was refused: give cached bytes back (at least `shortfall`,
+/// all of them when the shortfall is unknown) before it waits or asks a
+/// responder. Returns the bytes released.
+pub(crate) fn release_for_pressure<C: DeviceContext>(ctx: &ContextInner<C>, shortfall: u64) -> u64 {
+    let want = if shortfall == 0 { u64::MAX } else { shortfall };
+    let released = trim(ctx, want);
+    ctx.cache
+        .pressure_released
+        .fetch_add(released, Ordering::Relaxed);
+    released
+}
+
+/// `ContextHandle::trim_cache`.
+pub(crate) fn trim_on_demand<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
+    let released = trim(ctx, bytes);
+    ctx.cache.trimmed.fetch_add(released, Ordering::Relaxed);
+    released
+}
+
+/// What a context's block cache holds, in a
+/// [`ContextSnapshot`](super::ContextSnapshot).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CacheUsage {
+    /// Whether the context caches freed blocks.
+    pub enabled: bool,
+    /// Bytes held in freed blocks, ready for reuse: charged, not live.
+    pub cached_bytes: u64,
+    /// Blocks held.
+    pub cached_count: u64,
+    /// Cached bytes and blocks by the role of the buffer each block was,
+    /// indexed like [`Role::ALL`](super::Role::ALL).
+    pub by_role: [(u64, u64); 5],
+    /// `(class bytes, blocks)` for every class with a block cached, smallest
+    /// first. A block is reused only by a request of its own class on its
+    /// own stream: bytes in classes no one asks for are the cache's
+    /// fragmentation, and pressure frees them first when they are largest.
+    pub by_class: Vec<(u64, u64)>,
+    /// Allocations served from the cache (no backend call).
+    pub hits: u64,
+    /// Bytes the cache gave back to admissions under pressure.
+    pub pressure_released: u64,
+    /// Bytes given back by [`trim_cache`](super::ContextHandle::trim_cache).
+    pub trimmed: u64,
+    /// Bytes freed to make room for newer blocks when the cache was at its
+    /// limit ([`CacheConfig::new`]): the oldest blocks of the releasing
+    /// stream go first.
+    pub evicted: u64,
+}
+
+pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>) -> CacheUsage {
+    let c = &ctx.cache;
+    let mut by_class = std::collections::BTreeMap::<u64, u64>::new();
+    for s in cached_streams(ctx) {
+        if let Some(bins) = &s.cache {
+            for (class, n) in bins.classes() {
+                *by_class.entry(class).or_default() += n;
+            }
+        }
+    }
+    let by_role = Role::ALL.map(|r| c.of_role(r));
+    CacheUsage {
+        enabled: c.enabled(),
+        cached_bytes: by_role.iter().map(|r| r.0).sum(),
+        cached_count: by_role.iter().map(|r| r.1).sum(),
+        by_role,
+        by_class: by_class.into_iter().collect(),
+        hits: c.hits.load(Ordering::Relaxed),
+        pressure_released: c.pressure_released.load(Ordering::Relaxed),
+        trimmed: c.trimmed.load(Ordering::Relaxed),
+        evicted: c.evicted.load(Ordering::Relaxed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn classes_round_up_within_bounds() {
+        assert_eq!(size_class(1), 512);
+        assert_eq!(size_class(512), 512);
+        assert_eq!(size_class(513), 1024);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + (1 << 17));
+        assert_eq!(size_class(3 << 20), 3 << 20);
+        for b in [
+            1u64,
+            700,
+            4095,
+            1 << 20,
+            (1 << 20) + 1,
+            5_000_000,
+            1 << 33,
+            (1 << 33) + 7,
+        ] {
+            let c = size_class(b);
+            assert!(c >= b, "{b} -> {c}");
+            assert_eq!(size_class(c), c, "a class is its own class: {b} -> {c}");
+            if b > 1 << 20 {
+                assert!(c - b <= b / 8, "{b} -> {c}: over 12.5%");
+            } else {
+                assert!(c - b < 512);
+            }
+        }
+        assert_eq!(size_class(u64::MAX), u64::MAX);
+    }
+}
