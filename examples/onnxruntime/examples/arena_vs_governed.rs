@@ -29,15 +29,17 @@
 //! ```sh
 //! cargo run --release --manifest-path examples/onnxruntime/Cargo.toml \
 //!     --example arena_vs_governed -- [--quick] [--json] [--rounds N] \
-//!     [--warmup N] [--dim N] [--pattern on|off|both] [model.onnx ...]
+//!     [--warmup N] [--dim N] [--pattern on|off|both] [--cache MIB] [model.onnx ...]
 //! ```
 //!
 //! Models: the paths given, or else those in `MEMGOV_ORT_MODELS` (separated
 //! by `:`; `scripts/ci/60-onnxruntime.sh` fetches five and sets it). Needs
 //! `ORT_DYLIB_PATH`. `--quick` is one warm-up and five rounds (for CI).
+//! `--cache MIB` sizes the governed context's block cache
+//! (`ContextConfig::cache`; default 256 MiB, 0 turns it off).
 
 use memgov::host::{HostConfig, HostContext};
-use memgov::{Admission, ContextConfig, ContextHandle, Governor, Role};
+use memgov::{Admission, CacheConfig, ContextConfig, ContextHandle, Governor, Role};
 use memgov_onnxruntime::{environment, GovernedAllocator};
 use ort::session::builder::SessionBuilder;
 use ort::session::{Session, SessionOutputs};
@@ -52,6 +54,8 @@ struct Options {
     dim: i64,
     json: bool,
     patterns: Vec<bool>,
+    /// The governed context's block cache, MiB (0: off).
+    cache_mib: u64,
     models: Vec<String>,
 }
 
@@ -63,6 +67,7 @@ impl Options {
             dim: 320,
             json: false,
             patterns: vec![true, false],
+            cache_mib: 256,
             models: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
@@ -87,10 +92,11 @@ impl Options {
                         }
                     }
                 }
+                "--cache" => o.cache_mib = number("--cache")? as u64,
                 "--dim" => o.dim = i64::try_from(number("--dim")?.max(1)).unwrap_or(320),
                 flag if flag.starts_with("--") => {
                     return Err(format!(
-                    "unknown option {flag} (known: --quick --json --rounds N --warmup N --dim N --pattern on|off|both)"
+                    "unknown option {flag} (known: --quick --json --rounds N --warmup N --dim N --pattern on|off|both --cache MIB)"
                 ))
                 }
                 path => o.models.push(path.to_owned()),
@@ -531,9 +537,14 @@ const LARGE: u64 = 1 << 20;
 
 fn print_table(rows: &[Row], cycles: &Cycles, o: &Options) {
     println!(
-        "ONNX Runtime arena vs governed memory: {} warm-up + {} alternating rounds per session, 1 thread, medians",
+        "ONNX Runtime arena vs governed memory: {} warm-up + {} alternating rounds per session, 1 thread, medians; governed block cache {}",
         o.warmup.max(1),
-        o.rounds
+        o.rounds,
+        if o.cache_mib > 0 {
+            format!("on ({} MiB)", o.cache_mib)
+        } else {
+            "off".to_owned()
+        }
     );
     println!(
         "{:<31} {:>7} {:>9} {:>8} {:>9} {:>11} {:>12} {:>11} {:>11} {:>6} {:>9}",
@@ -622,9 +633,10 @@ fn print_json(rows: &[Row], cycles: &Cycles, o: &Options) {
         })
         .collect();
     println!(
-        "{{\"warmup\":{},\"rounds\":{},\"intra_threads\":1,\"cycle_ns\":{{\"{SMALL}\":{},\"{LARGE}\":{}}},\"rows\":[{}]}}",
+        "{{\"warmup\":{},\"rounds\":{},\"cache_mib\":{},\"intra_threads\":1,\"cycle_ns\":{{\"{SMALL}\":{},\"{LARGE}\":{}}},\"rows\":[{}]}}",
         o.warmup.max(1),
         o.rounds,
+        o.cache_mib,
         cycles.small.as_nanos(),
         cycles.large.as_nanos(),
         rows.join(",")
@@ -652,11 +664,18 @@ fn main() -> ExitCode {
         // Allocations wait for pending releases rather than fail when the
         // stream worker's frees lag behind (the host device's 1 GiB can be
         // all pending in the allocation cycle below).
-        ContextConfig::new()
-            .label("arena-vs-governed")
-            .admission(Admission::WaitForPending {
-                timeout: Duration::from_secs(10),
-            }),
+        {
+            let config = ContextConfig::new().label("arena-vs-governed").admission(
+                Admission::WaitForPending {
+                    timeout: Duration::from_secs(10),
+                },
+            );
+            if o.cache_mib > 0 {
+                config.cache(CacheConfig::new(o.cache_mib << 20))
+            } else {
+                config
+            }
+        },
     );
     let alloc = match GovernedAllocator::register(&env, &ctx, Role::Activation) {
         Ok(a) => a,
@@ -697,6 +716,16 @@ fn main() -> ExitCode {
         print_json(&rows, &cycles, &o);
     } else {
         print_table(&rows, &cycles, &o);
+    }
+    let cache = ctx.snapshot().cache;
+    if !o.json && cache.enabled {
+        println!(
+            "  block cache: {} hits; {} cached at the end, {} released under pressure, {} evicted",
+            cache.hits,
+            memgov::Bytes(cache.cached_bytes),
+            memgov::Bytes(cache.pressure_released),
+            memgov::Bytes(cache.evicted)
+        );
     }
     let stats = alloc.stats();
     drop(alloc);

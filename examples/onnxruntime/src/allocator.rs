@@ -163,7 +163,9 @@ impl<C: HostAddressable> State<C> {
         }
         let bytes = (size as u64).saturating_add(PAD);
         let refused = match self.governed(bytes) {
-            Ok(p) => return self.served(p, bytes),
+            // Counted at the buffer's length, which its free subtracts (a
+            // governed block cache rounds a request up to its size class).
+            Ok((p, len)) => return self.served(p, len),
             Err(reason) => reason,
         };
         *lock(&self.last_refusal) = Some(refused.to_string());
@@ -198,14 +200,15 @@ impl<C: HostAddressable> State<C> {
 
     /// Allocate through the governor. No lock of ours is held while it runs
     /// (admission may wait and call pressure responders).
-    fn governed(&self, bytes: u64) -> Result<NonNull<u8>, Error> {
+    fn governed(&self, bytes: u64) -> Result<(NonNull<u8>, u64), Error> {
         let (ctx, stream) = lock(&self.governed).clone().ok_or(Error::Closed)?;
         let buffer = ctx
             .allocate(&stream, bytes, self.role)
             .map_err(|e: GovernorError| Error::Governor(e))?;
         let p = host_ptr(&ctx, &buffer)?;
+        let len = buffer.len();
         lock(&self.entries).insert(p.as_ptr() as usize, Entry::Governed(buffer));
-        Ok(p)
+        Ok((p, len))
     }
 
     fn overdraft(&self, bytes: u64) -> Option<NonNull<u8>> {
