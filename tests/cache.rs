@@ -549,3 +549,50 @@ fn pinned_host_buffers_are_never_cached() {
     );
     assert_books(&ctx.snapshot());
 }
+
+/// A refusal by the device's shared budget takes back the block caches of
+/// every context on the device before any pressure responder is asked, and
+/// what they free admits the allocation.
+#[test]
+fn a_shared_refusal_empties_other_contexts_caches_before_responders() {
+    let gov = Governor::new();
+    let gpu0 = memgov::SharedBudget::new("gpu0", 4 * MIB);
+    let (a, _, _) = context(&gov, cached(4 * MIB).shared_budget(gpu0.clone()));
+    let (b, _, _) = context(
+        &gov,
+        ContextConfig::new()
+            .shared_budget(gpu0.clone())
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            }),
+    );
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    for (ctx, name) in [(&a, "a"), (&b, "b")] {
+        let asked = asked.clone();
+        ctx.add_pressure_responder(move |_| {
+            asked.lock().unwrap().push(name);
+            0
+        });
+    }
+    let sa = a.create_stream("a").unwrap();
+    let blocks: Vec<_> = (0..3)
+        .map(|_| a.allocate(&sa, MIB, Role::Activation).unwrap())
+        .collect();
+    drop(blocks);
+    assert_eq!(a.snapshot().cache.cached_bytes, 3 * MIB);
+    let sb = b.create_stream("b").unwrap();
+    let big = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap();
+    assert!(
+        asked.lock().unwrap().is_empty(),
+        "responders asked: {:?}",
+        asked.lock().unwrap()
+    );
+    let snap = a.snapshot();
+    assert!(snap.cache.pressure_released >= MIB, "{:?}", snap.cache);
+    assert_books(&snap);
+    drop(big);
+    sb.synchronize().unwrap();
+    a.trim_cache(u64::MAX);
+    sa.synchronize().unwrap();
+    assert_eq!((a.snapshot().cache.cached_bytes, gpu0.charged()), (0, 0));
+}

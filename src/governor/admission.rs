@@ -136,12 +136,12 @@ fn admit_refused<C: DeviceContext>(
         if !ctx.accepting() {
             return Err(ctx.unavailable_error());
         }
-        // 0. Give the block cache's bytes back, before anything waits or a
-        //    responder is asked: freed stream-ordered, they are pending now,
-        //    and the next attempt (or the wait below) sees them return.
-        if ctx.cache.bytes() > 0
-            && super::cache::release_for_pressure(ctx, shortfall(ctx, &refused, bytes)) > 0
-        {
+        // 0. Give block caches' bytes back, before anything waits or a
+        //    responder is asked: the context's own, and on a refusal by a
+        //    level above it those of every context under that level. Freed
+        //    stream-ordered, they are pending now, and the next attempt (or
+        //    the wait below) sees them return.
+        if release_caches(ctx, &refused, shortfall(ctx, &refused, bytes)) > 0 {
             continue;
         }
         // 1. Wait for pending releases to retire, if the policy allows and
@@ -419,6 +419,60 @@ enum Reclaim<M> {
     NoResponders,
 }
 
+/// The contexts under the level a refusal asks (the device's shared budget,
+/// or every device under the process budget); empty for the context's own
+/// budget. Collected with the members' lock released before any is asked.
+fn members_under<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    level: PressureLevel,
+) -> Vec<std::sync::Arc<dyn super::budget::DeviceMember>> {
+    match (level, ctx.charges.process()) {
+        (PressureLevel::Context, _) => Vec::new(),
+        (PressureLevel::Process, Some(p)) => p.devices().iter().flat_map(|d| d.members()).collect(),
+        _ => ctx
+            .charges
+            .shared()
+            .map_or_else(Vec::new, |s| s.0.members()),
+    }
+}
+
+/// Step 0 of a refused admission: block caches give their bytes back,
+/// the requester's own first, then, on a refusal by a level above the
+/// context, those of every other context under that level, until
+/// `shortfall` bytes are on their way back (all of them when the shortfall
+/// is unknown, 0). Cached bytes go before any responder is asked: they cost
+/// nothing to give back. Returns the bytes released.
+#[cold]
+fn release_caches<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    refused: &Refused,
+    shortfall: u64,
+) -> u64 {
+    let mut released = 0u64;
+    if ctx.cache.bytes() > 0 {
+        released = super::cache::release_for_pressure(ctx, shortfall);
+    }
+    let enough = |released: u64| shortfall > 0 && released >= shortfall;
+    if enough(released) {
+        return released;
+    }
+    for member in members_under(ctx, refused.pressure_level()) {
+        if member.identity() == ctx.id {
+            continue;
+        }
+        let want = if shortfall == 0 {
+            0
+        } else {
+            shortfall - released
+        };
+        released = released.saturating_add(member.release_cache_for_pressure(want));
+        if enough(released) {
+            break;
+        }
+    }
+    released
+}
+
 /// One responder to ask, with what orders it.
 struct Victim {
     priority: u32,
@@ -432,12 +486,14 @@ struct Victim {
 /// order the contexts joined). Collected with each context's lock taken and
 /// released in turn: none is held while they are called.
 fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec<Victim> {
-    let members = match (level, ctx.charges.process()) {
-        (PressureLevel::Process, Some(p)) => p.devices().iter().flat_map(|d| d.members()).collect(),
-        _ => ctx
+    let members = match level {
+        // Called for levels above the context only; the own budget's
+        // responders are the context's, asked in `admit_refused`.
+        PressureLevel::Context => ctx
             .charges
             .shared()
             .map_or_else(Vec::new, |s| s.0.members()),
+        _ => members_under(ctx, level),
     };
     let mut victims: Vec<Victim> = members
         .iter()

@@ -37,6 +37,11 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// The context's pressure responders now (clones: the caller asks them
     /// with no lock held). Empty once the context stopped accepting work.
     fn pressure_responders(&self) -> Vec<super::config::RegisteredResponder>;
+
+    /// Free up to `bytes` of the context's block cache (at least that many
+    /// when it holds them; everything when `bytes` is 0), stream-ordered, for
+    /// a refusal on a level above it. Returns the bytes released.
+    fn release_cache_for_pressure(&self, bytes: u64) -> u64;
 }
 
 /// One level of the budget tree above the contexts (a device's

@@ -973,4 +973,11 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
     fn pressure_responders(&self) -> Vec<RegisteredResponder> {
         lock(&self.responders).clone()
     }
+
+    fn release_cache_for_pressure(&self, bytes: u64) -> u64 {
+        if self.cache.bytes() == 0 {
+            return 0;
+        }
+        super::cache::release_for_pressure(self, bytes)
+    }
 }
