@@ -22,8 +22,8 @@ use memgov::any::{AnyContext, BackendKind, BACKENDS};
 use memgov::host::{HostConfig, HostContext};
 use memgov::trace::Trace;
 use memgov::{
-    Admission, Bytes, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext, Elapsed,
-    GovernedStream, Governor, GovernorError, ProviderContextPinSource, Reservation, Role,
+    Admission, Bytes, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext,
+    Elapsed, GovernedStream, Governor, GovernorError, ProviderContextPinSource, Reservation, Role,
     SharedBudget, TeardownReport, Tier,
 };
 use serde_json::{json, Value};
@@ -175,18 +175,19 @@ impl Out {
 fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
     // Role columns count live buffers of every tier; `pinned` is the pinned
     // host tier's share of them, `reserved` the device reservations' unused
-    // bytes.
+    // bytes, `cached` the block cache's (charged, not live).
     out.line(format!("  -- {title}"));
     // Sizes in the short form of `Bytes` (no exact count): the columns
     // have no room for it.
     out.line(format!(
-        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
         "context",
         "state",
         "weights",
         "kv-cache",
         "activ.",
         "reserved",
+        "cached",
         "pinned",
         "pending",
         "pins",
@@ -196,13 +197,14 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
     for c in gov.snapshot().contexts {
         let t = c.total();
         out.line(format!(
-            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
             c.label,
             format!("{:?}", c.lifecycle),
             format!("{:#}", Bytes(c.role(Role::Weights).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::KvCache).live_bytes)),
             format!("{:#}", Bytes(c.role(Role::Activation).live_bytes)),
             format!("{:#}", Bytes(c.reserved)),
+            format!("{:#}", Bytes(c.cache.cached_bytes)),
             format!(
                 "{:#}",
                 Bytes(c.tier(Tier::PinnedHost).map_or(0, |t| t.live_bytes))
@@ -289,6 +291,22 @@ struct Metrics {
     offload_dropped: u64,
     /// The most the pinned tier held at once.
     pinned_peak: u64,
+    /// The most bytes live in the LLM's device tier at once, sampled after
+    /// each decode step, and the most live plus cached.
+    live_peak: u64,
+    live_and_cached_peak: u64,
+}
+
+impl Metrics {
+    /// Sample the LLM context's live and cached bytes.
+    fn sample_cache(&mut self, ctx: &ContextHandle<Ctx>) {
+        let s = ctx.snapshot();
+        // Device memory only: the pinned host tier's blocks are not cached.
+        let pinned = s.tier(Tier::PinnedHost).map_or(0, |t| t.live_bytes);
+        let live = s.total().live_bytes.saturating_sub(pinned);
+        self.live_peak = self.live_peak.max(live);
+        self.live_and_cached_peak = self.live_and_cached_peak.max(live + s.cache.cached_bytes);
+    }
 }
 
 struct Llm {
@@ -309,6 +327,18 @@ const KV_HEADER: usize = 512;
 const KV_BLOCK: u64 = 2 * MIB;
 /// The LLM context's pinned host tier, where offloaded KV blocks go.
 const PINNED_BUDGET: u64 = 64 * MIB;
+/// The LLM context's block cache (`ContextConfig::cache`).
+const CACHE_LIMIT: u64 = 32 * MIB;
+
+/// A request's activation size: its sequence length decides it, between 1
+/// and 6 MiB in 512 KiB steps, drawn from the request number (the same
+/// every run), so that the cache meets sizes that vary.
+fn activation_bytes(request: u32) -> u64 {
+    let draw = u64::from(request)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17);
+    MIB + (draw % 11) * (MIB / 2)
+}
 
 fn llm_on(
     gov: &Governor<Ctx>,
@@ -325,6 +355,7 @@ fn llm_on(
         .exact_peak(true)
         .budget(args.llm_budget_mib * MIB)
         .tier_budget(Tier::PinnedHost, PINNED_BUDGET)
+        .cache(CacheConfig::new(CACHE_LIMIT))
         .admission(Admission::WaitForPending {
             timeout: Duration::from_secs(5),
         });
@@ -432,9 +463,22 @@ fn offload(m: &mut Metrics, llm: &Llm, bytes: u64) -> Result<u64, String> {
     Ok(freed)
 }
 
+/// Room for a reservation the budget refused, `bytes` short: the block
+/// cache's bytes first (they cost nothing to give back), then resident KV
+/// blocks offloaded to the pinned host tier. A refused reservation takes
+/// nothing back by itself (it neither waits nor asks anyone): the server
+/// decides what goes. Returns the bytes freed.
+fn make_room(m: &mut Metrics, llm: &Llm, bytes: u64) -> Result<u64, String> {
+    let trimmed = llm.ctx.trim_cache(bytes);
+    if trimmed >= bytes {
+        return Ok(trimmed);
+    }
+    Ok(trimmed + offload(m, llm, bytes - trimmed)?)
+}
+
 /// Reserve a request's KV capacity before it decodes: at once, or after
-/// offloading resident blocks to pinned host memory for the shortfall each
-/// refusal names (a
+/// trimming the block cache and offloading resident blocks to pinned host
+/// memory for the shortfall each refusal names (a
 /// reservation is refused at once, without asking the pressure responders,
 /// so the server makes the room itself; the context's budget and the
 /// device's shared one may each refuse in turn). `None` when no eviction
@@ -459,10 +503,10 @@ fn reserve_kv(
                 return Ok(Some(r));
             }
             Err(GovernorError::BudgetExceeded(b))
-                if offload(m, llm, bytes.saturating_sub(b.available))? > 0 =>
+                if make_room(m, llm, bytes.saturating_sub(b.available))? > 0 =>
             {
-                // The offloaded blocks' device bytes are charged until
-                // their stream-ordered frees retire.
+                // The freed blocks' device bytes are charged until their
+                // stream-ordered frees retire.
                 evicted = true;
                 llm.decode.synchronize().map_err(|e| e.to_string())?;
             }
@@ -499,7 +543,13 @@ fn serve(
     // The request's KV capacity, reserved before it decodes its first token.
     let kv_capacity = reserve_kv(m, llm, request, u64::from(steps) * KV_BLOCK)?;
     for step in 0..steps {
-        let act = timed_alloc(m, &llm.ctx, &llm.decode, 4 * MIB, Role::Activation)?;
+        let act = timed_alloc(
+            m,
+            &llm.ctx,
+            &llm.decode,
+            activation_bytes(request),
+            Role::Activation,
+        )?;
         let data = fill((request as u64) << 32 | step as u64, 4096);
         act.write(0, &data).map_err(|e| e.to_string())?;
         let mut back = vec![0u8; data.len()];
@@ -534,6 +584,7 @@ fn serve(
         drop(act);
         llm.decode.synchronize().map_err(|e| e.to_string())?;
         m.release_to_retire.0.push(released.elapsed());
+        m.sample_cache(&llm.ctx);
     }
     Ok(())
 }
@@ -873,6 +924,24 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         "     KV reservations: {} requests reserved their KV capacity up front, {} after offloading resident blocks, {} served without one; {} blocks allocated out of reservations",
         m.reserved, m.reserved_after_eviction, m.unreserved, m.reserved_blocks
     ));
+    let cache_hits: u64 = final_snap.contexts.iter().map(|c| c.cache.hits).sum();
+    let cache_released: u64 = final_snap
+        .contexts
+        .iter()
+        .map(|c| c.cache.pressure_released)
+        .sum();
+    let cache_ratio = if m.live_peak == 0 {
+        1.0
+    } else {
+        m.live_and_cached_peak as f64 / m.live_peak as f64
+    };
+    out.line(format!(
+        "     block cache ({} per LLM context): {cache_hits} hits of {allocations} allocations; peak live {}, peak live + cached {} ({cache_ratio:.3}x); {} given back under pressure",
+        Bytes(CACHE_LIMIT),
+        Bytes(m.live_peak),
+        Bytes(m.live_and_cached_peak),
+        Bytes(cache_released)
+    ));
     out.line(format!(
         "     pinned host tier: {} KV blocks offloaded from the device, {} dropped again when the tier was full; peak {} of a {} limit",
         m.offloaded_blocks,
@@ -953,6 +1022,13 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             "reserved_after_eviction": m.reserved_after_eviction,
             "unreserved": m.unreserved,
             "blocks_out_of_reservations": m.reserved_blocks,
+        },
+        "cache": {
+            "limit": CACHE_LIMIT,
+            "hits": cache_hits,
+            "live_peak": m.live_peak,
+            "live_and_cached_peak": m.live_and_cached_peak,
+            "released_under_pressure": cache_released,
         },
         "pinned_tier": {
             "limit": PINNED_BUDGET,
