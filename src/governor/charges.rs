@@ -536,6 +536,7 @@ impl Charges {
     /// Reserved bytes of `tier` became a live allocation: already charged,
     /// now counted live (the device tier counts live bytes in the context's
     /// statistics instead).
+    #[inline]
     pub(crate) fn reserved_taken_in(&self, tier: Tier, bytes: u64) {
         if let Some(t) = self.tier(tier) {
             t.shift(None, Some(&t.live), bytes);
