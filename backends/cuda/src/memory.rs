@@ -77,11 +77,14 @@ impl CudaMemory {
 }
 
 impl CudaContext {
-    pub(crate) fn allocate_impl(
+    /// The checks every allocation makes before its driver call, in any
+    /// tier: a usable context, a stream of its own, and a size above zero
+    /// that fits `size_t`. Returns the size.
+    fn allocation_size(
         &self,
         stream: &super::CudaStream,
         bytes: u64,
-    ) -> Result<CudaMemory, BackendError> {
+    ) -> Result<usize, BackendError> {
         let s = &*self.shared;
         s.check_usable("allocate")?;
         s.check_stream("allocate", stream)?;
@@ -92,13 +95,22 @@ impl CudaContext {
                 "a 0-byte allocation was asked for; ask for at least 1 byte",
             ));
         }
-        let size = usize::try_from(bytes).map_err(|_| {
+        usize::try_from(bytes).map_err(|_| {
             crate::result::err(
                 "allocate",
                 memgov_backend::BackendErrorKind::InvalidArgument,
                 format!("{bytes} B does not fit this platform's size_t"),
             )
-        })?;
+        })
+    }
+
+    pub(crate) fn allocate_impl(
+        &self,
+        stream: &super::CudaStream,
+        bytes: u64,
+    ) -> Result<CudaMemory, BackendError> {
+        let s = &*self.shared;
+        let size = self.allocation_size(stream, bytes)?;
         let _current = s.make_current("allocate")?;
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out pointer; the stream is a live stream
@@ -133,22 +145,7 @@ impl CudaContext {
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
         let s = &*self.shared;
-        s.check_usable("allocate")?;
-        s.check_stream("allocate", stream)?;
-        if bytes == 0 {
-            return Err(crate::result::err(
-                "allocate",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                "a 0-byte allocation was asked for; ask for at least 1 byte",
-            ));
-        }
-        let size = usize::try_from(bytes).map_err(|_| {
-            crate::result::err(
-                "allocate",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                format!("{bytes} B does not fit this platform's size_t"),
-            )
-        })?;
+        let size = self.allocation_size(stream, bytes)?;
         let _current = s.make_current("allocate")?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;

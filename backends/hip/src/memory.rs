@@ -98,11 +98,10 @@ unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}
 
-pub(crate) fn allocate(
-    shared: &Shared,
-    stream: &HipStream,
-    bytes: u64,
-) -> Result<HipMemory, BackendError> {
+/// The checks every allocation makes before its driver call, in any tier:
+/// a stream of this context, a usable context, and a size above zero that
+/// fits the host's address space. Returns the size.
+fn allocation_size(shared: &Shared, stream: &HipStream, bytes: u64) -> Result<usize, BackendError> {
     shared.check_stream("allocate", stream)?;
     shared.check_usable("allocate")?;
     if bytes == 0 {
@@ -112,13 +111,21 @@ pub(crate) fn allocate(
             "a 0-byte allocation was asked for; ask for at least 1 byte",
         ));
     }
-    let size = usize::try_from(bytes).map_err(|_| {
+    usize::try_from(bytes).map_err(|_| {
         err(
             "allocate",
             BackendErrorKind::InvalidArgument,
             format!("{bytes} B does not fit this host's address space"),
         )
-    })?;
+    })
+}
+
+pub(crate) fn allocate(
+    shared: &Shared,
+    stream: &HipStream,
+    bytes: u64,
+) -> Result<HipMemory, BackendError> {
+    let size = allocation_size(shared, stream, bytes)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     let mut origin = Origin::Plain;
@@ -157,22 +164,7 @@ pub(crate) fn allocate_pinned(
     stream: &HipStream,
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
-    shared.check_stream("allocate", stream)?;
-    shared.check_usable("allocate")?;
-    if bytes == 0 {
-        return Err(err(
-            "allocate",
-            BackendErrorKind::InvalidArgument,
-            "a 0-byte allocation was asked for; ask for at least 1 byte",
-        ));
-    }
-    let size = usize::try_from(bytes).map_err(|_| {
-        err(
-            "allocate",
-            BackendErrorKind::InvalidArgument,
-            format!("{bytes} B does not fit this host's address space"),
-        )
-    })?;
+    let size = allocation_size(shared, stream, bytes)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     // SAFETY: `ptr` is a valid out-pointer; the flag is documented.
