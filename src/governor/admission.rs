@@ -343,14 +343,22 @@ fn attempt_in<C: DeviceContext>(
         std::mem::forget(charge);
     }
     drop(backend);
-    result.map_err(|e| {
-        if e.kind == BackendErrorKind::OutOfMemory {
-            ctx.note_backend_error(&e);
-            Ok(Refused::Device(e))
-        } else {
-            Err(ctx.backend_failure(e))
-        }
-    })
+    result.map_err(|e| backend_refusal(ctx, e))
+}
+
+/// A backend's refusal of an allocation: out of memory is a refusal to
+/// retry after a wait or reclaim, anything else an error to return.
+#[cold]
+fn backend_refusal<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    e: crate::BackendError,
+) -> Result<Refused, GovernorError> {
+    if e.kind == BackendErrorKind::OutOfMemory {
+        ctx.note_backend_error(&e);
+        Ok(Refused::Device(e))
+    } else {
+        Err(ctx.backend_failure(e))
+    }
 }
 
 /// [`Charge`] in a tier other than the device's.
@@ -739,14 +747,7 @@ fn attempt<C: DeviceContext>(
         charge.keep();
     }
     drop(backend);
-    result.map_err(|e| {
-        if e.kind == BackendErrorKind::OutOfMemory {
-            ctx.note_backend_error(&e);
-            Ok(Refused::Device(e))
-        } else {
-            Err(ctx.backend_failure(e))
-        }
-    })
+    result.map_err(|e| backend_refusal(ctx, e))
 }
 
 /// Bytes charged to the context's budget and its shared one for an
