@@ -8,6 +8,8 @@
 //! the stand-in reads its knobs once and aborts the whole process on a
 //! violation; on real hardware they print `skipped: needs the stand-in`.
 
+#[path = "../../stand-ins/support/cache.rs"]
+mod cache;
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
@@ -187,48 +189,7 @@ fn block_cache_reuses_blocks_only_on_their_stream() {
         return;
     };
     let probe = ctx.probe();
-    let gov = Governor::new();
-    let handle = gov.register(
-        ctx,
-        ContextConfig::new()
-            .label("cache")
-            .cache(memgov::CacheConfig::new(8 << 20)),
-    );
-    let streams = [
-        handle.create_stream("a").expect("stream"),
-        handle.create_stream("b").expect("stream"),
-    ];
-    for i in 0..400u64 {
-        let s = &streams[(i % 2) as usize];
-        let bytes = 4096 * (1 + i % 5);
-        let buf = handle
-            .allocate(s, bytes, Role::Workspace)
-            .expect("allocate");
-        let tag = [(i % 251) as u8; 64];
-        buf.write(0, &tag).expect("write");
-        let mut back = [0u8; 64];
-        buf.read(0, &mut back).expect("read");
-        assert_eq!(back, tag);
-        if i % 7 == 0 {
-            buf.release_on(&streams[((i + 1) % 2) as usize])
-                .map_err(|e| e.error)
-                .expect("release_on");
-        }
-    }
-    let snap = handle.snapshot();
-    assert!(snap.cache.hits > 300, "{:?}", snap.cache);
-    drop(streams);
-    let report = handle
-        .retire()
-        .wait(Instant::now() + Duration::from_secs(30))
-        .expect("retire");
-    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
-    assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
-    probe.check_clean_teardown().expect("clean teardown");
-    println!(
-        "cache: cuda: 400 allocations, {} cache hits, {} backend allocations, 0 violations",
-        snap.cache.hits, snap.counters.allocations
-    );
+    cache::reuses_blocks_only_on_their_stream(ctx, probe, "cuda");
 }
 
 #[test]
