@@ -14,7 +14,27 @@ mkdir -p target
 target_dir="$(cargo metadata --locked --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 
 echo "--- cargo publish --workspace --dry-run"
-cargo publish --workspace --dry-run --locked --allow-dirty 2>&1 | tee target/publish.log
+# The dry run verifies each crate against the ones packaged before it, through
+# a temporary registry under the target directory. Cargo unpacks those crates
+# into $CARGO_HOME/registry/src/<hash of that registry's path>/ and reuses an
+# unpacked crate of the same name and version without looking at its contents,
+# so with a fixed target directory a machine that keeps its cargo home between
+# runs verifies memgov-cuda against an earlier run's memgov-backend. A target
+# directory of this run's own gives the registry a path, and the unpacked
+# crates a folder, no earlier run had; both are removed afterwards.
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+started="$(mktemp)"
+publish_target="$(mktemp -d "${TMPDIR:-/tmp}/memgov-publish.XXXXXX")"
+trap 'rm -rf "$publish_target" "$started"' EXIT
+set +e
+CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --locked --allow-dirty 2>&1 | tee target/publish.log
+publish_rc=${PIPESTATUS[0]}
+set -e
+# Local registries unpack into folders named "-<hash>"; the ones this run
+# wrote to are newer than the file made when it started.
+find "$cargo_home/registry/src" -mindepth 1 -maxdepth 1 -name '-*' -newer "$started" \
+    -exec rm -rf {} + 2>/dev/null || true
+[ "$publish_rc" -eq 0 ] || { echo "FAILED: cargo publish --workspace --dry-run exited with $publish_rc"; exit 1; }
 crates=(memgov-api memgov-sync memgov-backend memgov-host memgov-null memgov-cuda memgov-hip memgov-vulkan memgov memgov-cli)
 for c in "${crates[@]}"; do
     grep -Eq "Packaging $c v" target/publish.log || { echo "FAILED: $c was not packaged"; exit 1; }
