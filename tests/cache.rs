@@ -72,7 +72,18 @@ fn a_same_stream_hit_makes_no_backend_call() {
     let (ctx, log, probe) = context(&gov, cached(MIB));
     let s = ctx.create_stream("s").unwrap();
     let a = ctx.allocate(&s, 1000, Role::Workspace).unwrap();
-    assert_eq!(a.len(), 1024, "rounded up to its class");
+    assert_eq!(
+        (a.len(), a.charged()),
+        (1000, 1024),
+        "charged its class, as long as was asked"
+    );
+    assert!(
+        matches!(
+            a.write(999, &[1, 2]),
+            Err(memgov::GovernorError::OutOfBounds { size: 1000, .. })
+        ),
+        "bounded by the request, not by the class it was rounded to"
+    );
     drop(a);
     let snap = ctx.snapshot();
     assert_eq!(
@@ -170,7 +181,7 @@ fn the_cache_keeps_no_more_than_its_limit() {
     );
     let s2 = ctx2.create_stream("s").unwrap();
     let big = ctx2.allocate(&s2, 100 * KIB + 1, Role::Other).unwrap();
-    assert_eq!(big.len(), 100 * KIB + 1);
+    assert_eq!((big.len(), big.charged()), (100 * KIB + 1, 100 * KIB + 1));
     drop(big);
     assert_eq!((ctx2.snapshot().cache.cached_bytes, frees(&log2)), (0, 1));
 }

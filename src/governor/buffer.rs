@@ -37,7 +37,13 @@ pub struct DeviceBuffer<C: DeviceContext> {
     /// allocation.
     pub(crate) stream: Arc<StreamShared<C>>,
     pub(crate) memory: Option<C::Memory>,
+    /// The bytes charged for it and returned on its release: the request,
+    /// or with the block cache on the request's size class.
     pub(crate) bytes: u64,
+    /// The bytes asked for: what [`len`](Self::len) reports and what reads
+    /// and writes are bounded by, whether the cache rounded the block up or
+    /// not, so that turning the cache on changes no access's outcome.
+    pub(crate) len: u64,
     pub(crate) role: Role,
     /// The tier it was allocated in, whose budget it is charged to.
     pub(crate) tier: Tier,
@@ -81,7 +87,8 @@ impl<C: DeviceContext> fmt::Debug for DeviceBuffer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBuffer")
             .field("context", &self.stream.ctx.id)
-            .field("bytes", &self.bytes)
+            .field("len", &self.len)
+            .field("charged", &self.bytes)
             .field("role", &self.role)
             .field("tier", &self.tier)
             .field("stream", &self.stream.label)
@@ -90,14 +97,24 @@ impl<C: DeviceContext> fmt::Debug for DeviceBuffer<C> {
 }
 
 impl<C: DeviceContext> DeviceBuffer<C> {
-    /// Size in bytes.
+    /// Size in bytes: what was asked for. Reads and writes are bounded by
+    /// it.
     pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The bytes charged to the budgets for this buffer, returned when it is
+    /// released: [`len`](Self::len), or with the block cache on the size
+    /// class it was rounded up to
+    /// ([`CacheConfig`](super::CacheConfig)), whose every byte the
+    /// allocation holds.
+    pub fn charged(&self) -> u64 {
         self.bytes
     }
 
     /// Always false: zero-byte allocations are refused.
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.len == 0
     }
 
     /// The role it is accounted under.
@@ -158,13 +175,13 @@ impl<C: DeviceContext> DeviceBuffer<C> {
 
     fn check_bounds(&self, op: &'static str, offset: u64, len: u64) -> Result<(), GovernorError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.bytes => Ok(()),
+            Some(end) if end <= self.len => Ok(()),
             _ => Err(GovernorError::OutOfBounds {
                 context: self.stream.ctx.name(),
                 op,
                 offset,
                 len,
-                size: self.bytes,
+                size: self.len,
             }),
         }
     }

@@ -189,6 +189,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         // With the cache on, in the device tier (the only one it keeps):
         // the request's size class, and a block of that class freed on this
         // stream, if one is kept (it brings its pin and its charge).
+        let len = bytes;
         let bytes = if tier == Tier::Device {
             let bytes = ctx.cache.round(bytes);
             if let Some(memory) = super::cache::hit(ctx, &stream.shared, bytes, role) {
@@ -196,6 +197,7 @@ impl<C: DeviceContext> ContextHandle<C> {
                     stream: stream.shared.clone(),
                     memory: Some(memory),
                     bytes,
+                    len,
                     role,
                     tier,
                     recorded: None,
@@ -234,6 +236,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             stream: stream.shared.clone(),
             memory: Some(memory),
             bytes,
+            len,
             role,
             tier,
             recorded: None,

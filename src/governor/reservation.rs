@@ -221,6 +221,7 @@ impl<C: DeviceContext> Reservation<C> {
             stream: stream.shared.clone(),
             memory: Some(memory),
             bytes,
+            len: bytes,
             role,
             tier: self.tier,
             recorded: None,
