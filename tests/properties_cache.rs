@@ -256,7 +256,7 @@ impl Harness {
                 let before = self.calls();
                 let handle = self.streams[s].as_ref().unwrap().handle.clone().unwrap();
                 let buffer = self.ctx.allocate(&handle, bytes, role(r)).unwrap();
-                prop_assert_eq!(buffer.len(), class);
+                prop_assert_eq!((buffer.len(), buffer.charged()), (bytes, class));
                 let addr = buffer.raw().unwrap().as_ptr() as usize;
                 match predicted {
                     Some(p) => {

@@ -395,7 +395,7 @@ fn evict(kv: &Kv, bytes: u64) -> u64 {
         while freed < bytes {
             match q.pop_front() {
                 Some(b) => {
-                    freed += b.len();
+                    freed += b.charged();
                     evicted.push(b);
                 }
                 None => break,
@@ -451,7 +451,7 @@ fn offload(m: &mut Metrics, llm: &Llm, bytes: u64) -> Result<u64, String> {
                 .push_back(p);
             m.offloaded_blocks += 1;
         }
-        freed += block.len();
+        freed += block.charged();
         drop(block);
     }
     let pinned = llm

@@ -50,10 +50,13 @@ pub struct DeviceBuffer<C: DeviceContext> {
     /// Other streams of the same context the buffer was used on: its release
     /// is ordered after each. Distinct, never the buffer's own stream; held so
     /// that they outlive the release. `None` (no allocation) unless
-    /// [`DeviceBuffer::record_stream`] was called; a boxed slice, so that
-    /// the buffer (and a `ReleaseError` carrying it) stays small.
-    pub(crate) recorded: Option<Box<[Arc<StreamShared<C>>]>>,
+    /// [`DeviceBuffer::record_stream`] was called; one thin pointer, so
+    /// that the buffer (and a `ReleaseError` carrying it) stays small.
+    pub(crate) recorded: Option<Box<Recorded<C>>>,
 }
+
+/// The streams a buffer was recorded on, behind one thin pointer.
+pub(crate) struct Recorded<C: DeviceContext>(Vec<Arc<StreamShared<C>>>);
 
 /// A release that could not be queued. The buffer comes back where it is
 /// still owned (wrong stream); otherwise it is gone and `error` says where its
@@ -244,11 +247,13 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         if Arc::ptr_eq(&stream.shared, &self.stream) {
             return Ok(());
         }
-        let mut recorded = self.recorded.take().map(Vec::from).unwrap_or_default();
+        let recorded = &mut self
+            .recorded
+            .get_or_insert_with(|| Box::new(Recorded(Vec::new())))
+            .0;
         if !recorded.iter().any(|s| Arc::ptr_eq(s, &stream.shared)) {
             recorded.push(stream.shared.clone());
         }
-        self.recorded = Some(recorded.into_boxed_slice());
         Ok(())
     }
 
@@ -257,7 +262,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     pub fn recorded_streams(&self) -> impl Iterator<Item = &str> {
         self.recorded
             .iter()
-            .flat_map(|r| r.iter())
+            .flat_map(|r| r.0.iter())
             .map(|s| s.label.as_str())
     }
 
@@ -306,8 +311,8 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             };
             return release(ctx, shard, target, after, memory, bytes, role, tier);
         };
-        let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.len());
-        for s in std::iter::once(own).chain(recorded.iter().map(|s| &**s)) {
+        let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.0.len());
+        for s in std::iter::once(own).chain(recorded.0.iter().map(|s| &**s)) {
             if !std::ptr::eq(s, target) {
                 after.push(s);
             }

@@ -256,7 +256,7 @@ impl ContextConfig {
     /// let stream = ctx.create_stream("main")?;
     /// drop(ctx.allocate(&stream, 1000, Role::Workspace)?); // kept: 1024 B
     /// let again = ctx.allocate(&stream, 900, Role::Workspace)?; // the same block
-    /// assert_eq!(again.len(), 1024);
+    /// assert_eq!((again.len(), again.charged()), (900, 1024)); // its class is charged
     /// assert_eq!(ctx.snapshot().cache.hits, 1);
     /// drop(again);
     /// assert_eq!(ctx.trim_cache(u64::MAX), 1024); // freed stream-ordered
