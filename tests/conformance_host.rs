@@ -82,3 +82,29 @@ fn a_backend_that_breaks_its_contract_fails_the_probed_suite() {
         );
     }
 }
+
+/// Every case again with the block cache on in every context the cases
+/// register: freed blocks are kept and reused, and every check still holds,
+/// the backend's probe included.
+#[test]
+fn whole_suite_with_the_block_cache_passes() {
+    use memgov::conformance::{run_suite_probed_with, SuiteOptions};
+    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+    for op_delay in [Duration::ZERO, Duration::from_micros(200)] {
+        let report = run_suite_probed_with(&cached, || {
+            let c = HostContext::new(HostConfig {
+                op_delay,
+                ..HostConfig::default()
+            })?;
+            let probe = c.probe();
+            Ok((c, probe))
+        });
+        println!("{report}");
+        assert!(report.all_passed(), "{report}");
+        assert_eq!(
+            report.counts().0,
+            report.cases.len(),
+            "no case may be skipped on the host backend"
+        );
+    }
+}

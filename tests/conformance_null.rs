@@ -2,7 +2,7 @@
 //! the cases that read back what they wrote are not run on it (`memgov
 //! check` reports it unavailable for that reason); these need none.
 
-use memgov::conformance::{assert_outcome, run_case};
+use memgov::conformance::{assert_outcome, run_case, run_case_with, SuiteOptions};
 use memgov::null::{NullConfig, NullContext};
 
 /// Cases that read no data back.
@@ -33,5 +33,24 @@ fn bounded_deferred_null_passes_the_cases_without_data() {
     };
     for case in CASES {
         assert_outcome("null-deferred", case, run_case(case, &factory));
+    }
+}
+
+#[test]
+fn null_with_the_block_cache_passes_the_cases_without_data() {
+    // Inline and deferred frees, every context keeping freed blocks.
+    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+    for deferred in [false, true] {
+        let factory = || {
+            Ok(NullContext::with_config(NullConfig {
+                deferred,
+                capacity: 1 << 30,
+                ..NullConfig::default()
+            }))
+        };
+        for case in CASES {
+            let outcome = run_case_with(case, &cached, &factory);
+            assert_outcome("null-cached", case, outcome);
+        }
     }
 }

@@ -22,6 +22,10 @@
 //! read, order_after) run again with the buffers in pinned host memory,
 //! whose tier must be back at zero too.
 //!
+//! The whole matrix runs twice: as is, and with the block cache on in every
+//! cell's context (`fault_matrix_with`), where released blocks are kept and
+//! then given back by a trim and by retire.
+//!
 //! The backends are every entry of `memgov::any::BACKENDS`, opened through
 //! `AnyContext`; one compiled out of this build prints why it was skipped.
 //!
@@ -32,7 +36,7 @@
 //! the table that docs/reliability.md publishes.
 
 use memgov::any::{AnyContext, BACKENDS};
-use memgov::conformance::{fault_matrix, FaultMatrix, LeakCheck};
+use memgov::conformance::{fault_matrix_with, FaultMatrix, LeakCheck, SuiteOptions};
 
 fn report(m: &FaultMatrix) {
     println!("\n{m}");
@@ -76,6 +80,16 @@ fn probed(kind: memgov::any::BackendKind) -> Option<(AnyContext, LeakCheck)> {
 
 #[test]
 fn fault_matrix_every_backend() {
+    every_backend(&SuiteOptions::new());
+}
+
+/// The matrix again with the block cache on in every cell's context.
+#[test]
+fn fault_matrix_every_backend_with_the_block_cache() {
+    every_backend(&SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20)));
+}
+
+fn every_backend(options: &SuiteOptions) {
     let mut ran = Vec::new();
     for entry in BACKENDS {
         let Some(kind) = entry.kind else {
@@ -86,7 +100,7 @@ fn fault_matrix_every_backend() {
             );
             continue;
         };
-        match fault_matrix(entry.name, || probed(kind)) {
+        match fault_matrix_with(entry.name, options, || probed(kind)) {
             Some(m) => {
                 report(&m);
                 ran.push(entry.name);
@@ -115,9 +129,15 @@ fn fault_matrix_hip() {
         let probe = ctx.probe();
         Some((ctx, Box::new(move || probe.check_clean_teardown())))
     };
-    match fault_matrix("hip", factory) {
-        Some(m) => report(&m),
-        None => println!("skipped: no HIP runtime or device (see above)"),
+    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+    for options in [SuiteOptions::new(), cached] {
+        match fault_matrix_with("hip", &options, factory) {
+            Some(m) => report(&m),
+            None => {
+                println!("skipped: no HIP runtime or device (see above)");
+                return;
+            }
+        }
     }
 }
 

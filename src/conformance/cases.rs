@@ -1,7 +1,7 @@
 //! The conformance cases. Each returns an [`Outcome`]; checks carry the
 //! numbers they saw.
 
-use super::{unavailable_reason, Case, Outcome, WatchLog, Watched};
+use super::{unavailable_reason, Case, Outcome, SuiteOptions, WatchLog, Watched};
 use crate::{
     Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
     Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, Tier,
@@ -9,7 +9,31 @@ use crate::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Factory<'a, C> = &'a dyn Fn() -> Result<C, BackendError>;
+/// What a case gets: the backend's factory and the suite's options.
+struct Factory<'a, C> {
+    make: &'a dyn Fn() -> Result<C, BackendError>,
+    options: &'a SuiteOptions,
+}
+
+impl<C> Clone for Factory<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Factory<'_, C> {}
+
+impl<C> Factory<'_, C> {
+    /// A fresh backend context, for checks made on the backend directly.
+    fn open(&self) -> Result<C, BackendError> {
+        (self.make)()
+    }
+
+    /// `config` with the suite's options applied (the block cache).
+    fn config(&self, config: ContextConfig) -> ContextConfig {
+        self.options.apply(config)
+    }
+}
 type W<C> = Watched<C>;
 
 /// Internal result: `Err(Outcome)` short-circuits with a failure or a skip.
@@ -39,7 +63,7 @@ pub(super) fn all<C: DeviceContext>() -> Vec<Case<C>> {
         ($name:ident) => {
             Case {
                 name: stringify!($name),
-                run: |f| into_outcome($name::<C>(f)),
+                run: |make, options| into_outcome($name::<C>(Factory { make, options })),
             }
         };
     }
@@ -63,10 +87,21 @@ struct Setup<C: DeviceContext> {
     _gov: Governor<W<C>>,
     ctx: ContextHandle<W<C>>,
     log: Arc<WatchLog>,
+    /// Whether the context keeps freed blocks in its block cache.
+    cached: bool,
+}
+
+impl<C: DeviceContext> Setup<C> {
+    /// Give back every block the cache keeps, as stream-ordered frees, so
+    /// that counts of the backend's frees cover every release (nothing
+    /// when the cache is off). Returns the bytes given back.
+    fn empty_cache(&self) -> u64 {
+        self.ctx.trim_cache(u64::MAX)
+    }
 }
 
 fn setup<C: DeviceContext>(f: Factory<'_, C>, config: ContextConfig) -> Result<Setup<C>, Outcome> {
-    let backend = match f() {
+    let backend = match f.open() {
         Ok(b) => b,
         Err(e) if e.kind == BackendErrorKind::Unavailable => {
             return Err(Outcome::Skipped(unavailable_reason(&e)))
@@ -76,11 +111,12 @@ fn setup<C: DeviceContext>(f: Factory<'_, C>, config: ContextConfig) -> Result<S
     let watched = Watched::new(backend);
     let log = watched.log();
     let gov = Governor::new();
-    let ctx = gov.register(watched, config);
+    let ctx = gov.register(watched, f.config(config));
     Ok(Setup {
         _gov: gov,
         ctx,
         log,
+        cached: f.options.cache.is_some(),
     })
 }
 
@@ -179,18 +215,40 @@ fn stream_order<C: DeviceContext>(f: Factory<'_, C>) -> R {
             back == data,
             "round {round}: a read ordered after a write did not see it"
         );
+        // With the cache on, the block is kept on its stream and every
+        // later round gets it back: the backend frees nothing until the
+        // cache is emptied.
+        let frees = |rounds: u64| if s.cached { 0 } else { rounds };
         let before = s.log.retired.load(SeqCst);
         check!(
-            before == round as u64,
+            before == frees(round as u64),
             "round {round}: {before} frees retired before this one was queued"
         );
         drop(a); // the free is queued behind the write and the read
         ok!(stream.synchronize(), "synchronize");
         let after = s.log.retired.load(SeqCst);
         check!(
-            after == round as u64 + 1,
+            after == frees(round as u64 + 1),
             "round {round}: synchronize returned with {after} of {} frees retired",
-            round + 1
+            frees(round as u64 + 1)
+        );
+    }
+    if s.cached {
+        let allocations = s.log.allocations.load(SeqCst);
+        check!(
+            allocations == 1,
+            "8 rounds of one size on one stream with the cache on: {allocations} backend allocations, expected 1"
+        );
+        let trimmed = s.empty_cache();
+        check!(
+            trimmed == 256 * 1024,
+            "emptying the cache gave back {trimmed} B, expected the one 256 KiB block"
+        );
+        ok!(stream.synchronize(), "synchronize after emptying the cache");
+        let retired = s.log.retired.load(SeqCst);
+        check!(
+            retired == 1,
+            "after emptying the cache and synchronize: {retired} frees retired, expected 1"
         );
     }
     let snap = s.ctx.snapshot();
@@ -232,6 +290,16 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
             drop(buf);
         }
     }
+    if s.cached {
+        // The 42 dropped on their own stream are kept; the 22 released on
+        // the other stream are freed. Emptied, the cache frees the 42 too.
+        let kept = s.ctx.snapshot().cache.cached_count;
+        check!(
+            kept == 42,
+            "the cache keeps {kept} blocks, expected the 42 released on their own stream"
+        );
+        s.empty_cache();
+    }
     ok!(a.synchronize(), "synchronize a");
     ok!(b.synchronize(), "synchronize b");
     let snap = s.ctx.snapshot();
@@ -260,7 +328,7 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
     finish(&s)?;
 
     // Directly on the backend: each signal settles exactly once.
-    let backend = match f() {
+    let backend = match f.open() {
         Ok(b) => b,
         Err(e) => return Err(Outcome::Failed(format!("factory failed: {e}"))),
     };
@@ -313,6 +381,10 @@ fn teardown_once_after_drain<C: DeviceContext>(f: Factory<'_, C>) -> R {
         );
         drop(b);
     }
+    // With the cache on, the eight are kept: freed now, so that their frees
+    // have run (and their retirements are held) once `stream` is
+    // synchronized.
+    s.empty_cache();
     ok!(stream.synchronize(), "synchronize");
     drop(stream);
     let handle = s.ctx.retire();
@@ -427,12 +499,18 @@ fn retire_waits_for_pending<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("wait"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     s.log.hold_retirements(true);
+    // Four live at once, then released: four frees queued (with the cache
+    // on, four blocks kept, and freed by emptying it), all of them run once
+    // `stream` is synchronized.
+    let mut bufs = Vec::new();
     for _ in 0..4 {
-        drop(ok!(
+        bufs.push(ok!(
             s.ctx.allocate(&stream, 65536, Role::Activation),
             "allocate"
         ));
     }
+    drop(bufs);
+    s.empty_cache();
     ok!(stream.synchronize(), "synchronize");
     drop(stream);
     let handle = s.ctx.retire();
@@ -599,6 +677,10 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
         b.pending == 768 * 1024 && b.live == 0,
         "pending not counted: {b:?}"
     );
+    // With the cache on, `a` was kept until the refusal gave it back just
+    // now: its free was queued then, and has run once `stream` is
+    // synchronized, so that its retirement is among those released.
+    ok!(stream.synchronize(), "synchronize after the refusal");
     s.log.hold_retirements(false);
     s.log.release_held();
     let c = ok!(
@@ -708,14 +790,18 @@ fn device_loss_settles_without_device<C: DeviceContext>(f: Factory<'_, C>) -> R 
         snap.total(),
         snap.charged
     );
+    // The two released before the loss are pending frees, abandoned by the
+    // lost device; with the cache on they are kept blocks instead, which
+    // the loss settles without the device, like the live one.
+    let (lost, abandoned) = if s.cached { (3, 0) } else { (1, 2) };
     check!(
-        snap.counters.settled_lost == 1,
-        "{} live buffers settled as lost, expected 1",
+        snap.counters.settled_lost == lost,
+        "{} buffers settled as lost, expected {lost}",
         snap.counters.settled_lost
     );
     check!(
-        snap.counters.abandoned == 2,
-        "{} pending releases abandoned, expected 2",
+        snap.counters.abandoned == abandoned,
+        "{} pending releases abandoned, expected {abandoned}",
         snap.counters.abandoned
     );
     Ok(())
@@ -832,10 +918,17 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
     check!(failures.is_empty(), "worker failures: {failures:?}");
     drop(shared);
     let report = finish(&s)?;
-    let expected = (THREADS * ITERS) as u64;
+    // Every block the backend allocated is freed once: one per allocation,
+    // or with the cache on one per block the cache did not hand back out.
+    let allocated = s.log.allocations.load(std::sync::atomic::Ordering::SeqCst);
+    let expected = if s.cached {
+        allocated
+    } else {
+        (THREADS * ITERS) as u64
+    };
     check!(
-        report.retired_releases == expected,
-        "{} of {expected} releases retired",
+        allocated == expected && report.retired_releases == expected,
+        "{} of {expected} releases retired ({allocated} backend allocations)",
         report.retired_releases
     );
     let snap = s.ctx.snapshot();
@@ -930,13 +1023,22 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
     drop((mine, foreign));
     finish(&other)?;
 
+    // Five buffers, each freed once. With the cache on, `moved` reused the
+    // block `own` left on `a` (so four backend allocations), and `mine` is
+    // kept until the cache is emptied.
+    s.empty_cache();
     for st in [&a, &b, &c] {
         ok!(st.synchronize(), "synchronize");
     }
+    let expected = if s.cached { 4 } else { 5 };
+    let allocated = s.log.allocations.load(SeqCst);
     let snap = s.ctx.snapshot();
     check!(
-        snap.counters.retired == 5 && snap.charged == 0 && snap.quarantine.is_empty(),
-        "after every release: {} of 5 retired, {} B charged, {} quarantined ({})",
+        allocated == expected
+            && snap.counters.retired == expected
+            && snap.charged == 0
+            && snap.quarantine.is_empty(),
+        "after every release: {} of {expected} retired ({allocated} backend allocations), {} B charged, {} quarantined ({})",
         snap.counters.retired,
         snap.charged,
         snap.quarantine.len(),
@@ -947,7 +1049,7 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
 
     // Directly on the backend: a free on `b` queued after `order_after(b, a)`
     // retires after every free queued on `a` before it.
-    let backend = match f() {
+    let backend = match f.open() {
         Ok(b) => b,
         Err(e) => return Err(Outcome::Failed(format!("factory failed: {e}"))),
     };
@@ -1005,7 +1107,7 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
 /// own suites.)
 fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
     use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-    let make = || match f() {
+    let make = || match f.open() {
         Ok(b) => Ok(b),
         Err(e) if e.kind == BackendErrorKind::Unavailable => {
             Err(Outcome::Skipped(unavailable_reason(&e)))

@@ -29,7 +29,7 @@
 //! One more cell checks a panicking pressure responder: the panic reaches the
 //! caller of `allocate`, and nothing is left charged or pinned.
 
-use super::Watched;
+use super::{SuiteOptions, Watched};
 use crate::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use crate::{
     BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role, Tier,
@@ -63,6 +63,8 @@ pub struct FaultCell {
 pub struct FaultMatrix {
     /// The backend's name as given to [`fault_matrix`].
     pub backend: String,
+    /// How the cells configured their contexts.
+    pub options: SuiteOptions,
     /// Every cell, in operation order.
     pub cells: Vec<FaultCell>,
 }
@@ -125,8 +127,9 @@ impl fmt::Display for FaultMatrix {
         }
         write!(
             f,
-            "\nfault matrix: {}: {} tried, {} survived",
+            "\nfault matrix: {} ({}): {} tried, {} survived",
             self.backend,
+            self.options,
             self.cells.len(),
             self.survived()
         )
@@ -153,6 +156,23 @@ pub fn fault_matrix<C: DeviceContext>(
     backend: &str,
     factory: impl Fn() -> Option<(C, LeakCheck)>,
 ) -> Option<FaultMatrix> {
+    fault_matrix_with(backend, &SuiteOptions::new(), factory)
+}
+
+/// [`fault_matrix`] with every cell's context configured by `options`.
+///
+/// With the block cache on, a buffer released on its own stream is kept
+/// rather than freed, so the cells empty the cache
+/// ([`trim_cache`](crate::ContextHandle::trim_cache)) once their buffers
+/// are released: a fault armed on `free_async` then strikes a free the
+/// cache gives back, which has no caller to report to, and the cell checks
+/// that the block was quarantined (or the context lost) and that nothing
+/// leaked, exactly as for a release.
+pub fn fault_matrix_with<C: DeviceContext>(
+    backend: &str,
+    options: &SuiteOptions,
+    factory: impl Fn() -> Option<(C, LeakCheck)>,
+) -> Option<FaultMatrix> {
     let factory: &Factory<'_, C> = &factory;
     // One context, opened and dropped, says whether the backend is here.
     drop(factory()?);
@@ -176,17 +196,18 @@ pub fn fault_matrix<C: DeviceContext>(
                     _ => format!("{op} [{tier}]"),
                 },
                 fault: fault.name().to_owned(),
-                outcome: cell(factory, op, fault, tier),
+                outcome: cell(factory, options, op, fault, tier),
             });
         }
     }
     cells.push(FaultCell {
         operation: "allocate".into(),
         fault: "panicking pressure responder".into(),
-        outcome: responder_panic_cell(factory),
+        outcome: responder_panic_cell(factory, options),
     });
     Some(FaultMatrix {
         backend: backend.to_owned(),
+        options: *options,
         cells,
     })
 }
@@ -222,6 +243,7 @@ fn kind_of(e: &GovernorError) -> String {
 /// buffer operations act on are in `tier`.
 fn cell<C: DeviceContext>(
     factory: &Factory<'_, C>,
+    options: &SuiteOptions,
     op: Operation,
     fault: Fault,
     tier: Tier,
@@ -236,7 +258,7 @@ fn cell<C: DeviceContext>(
     let gov = Governor::new();
     let ctx = gov.register(
         watched,
-        ContextConfig::new().label("matrix").budget(64 << 20),
+        options.apply(ContextConfig::new().label("matrix").budget(64 << 20)),
     );
     let mut seen = Seen::default();
     let mut note = |op: Operation, r: Result<(), GovernorError>| {
@@ -289,6 +311,9 @@ fn cell<C: DeviceContext>(
                 }
             }
         }
+        // With the cache on, the buffers released on their own stream are
+        // kept: emptied here, the cache frees them as a trim does.
+        ctx.trim_cache(u64::MAX);
         drop(stream);
         let handle = ctx.retire();
         let report = match handle.wait_timeout(Duration::from_secs(10)) {
@@ -368,7 +393,15 @@ fn cell<C: DeviceContext>(
             .map(|(_, k)| k.clone())
             .collect::<Vec<_>>()
     };
-    let first = errs_of(op).into_iter().next();
+    // With the cache on, the releases on the buffers' own stream are kept:
+    // the first free the backend is asked for is the one released on
+    // another stream, whose caller (`release_on`, noted as `order_after`)
+    // sees the fault.
+    let first = errs_of(op).into_iter().next().or_else(|| {
+        (options.cache.is_some() && op == Operation::FreeAsync)
+            .then(|| errs_of(Operation::OrderAfter).into_iter().next())
+            .flatten()
+    });
     let specific = match (fault, op) {
         (Fault::Delay(_), _) => {
             if !seen.errors.is_empty() || report.backend_result.is_err() {
@@ -456,7 +489,10 @@ fn cell<C: DeviceContext>(
 /// fit asks a responder, which panics. The panic reaches the caller of
 /// `allocate`; the in-flight allocation leaves no pin and no charge behind;
 /// the context then retires, tears down once and leaks nothing.
-fn responder_panic_cell<C: DeviceContext>(factory: &Factory<'_, C>) -> Result<String, String> {
+fn responder_panic_cell<C: DeviceContext>(
+    factory: &Factory<'_, C>,
+    options: &SuiteOptions,
+) -> Result<String, String> {
     let Some((backend, leak_check)) = factory() else {
         return Err("backend unavailable".into());
     };
@@ -465,7 +501,7 @@ fn responder_panic_cell<C: DeviceContext>(factory: &Factory<'_, C>) -> Result<St
     let gov = Governor::new();
     let ctx = gov.register(
         watched,
-        ContextConfig::new().label("matrix").budget(64 << 10),
+        options.apply(ContextConfig::new().label("matrix").budget(64 << 10)),
     );
     let stream = ctx
         .create_stream("a")
@@ -474,6 +510,9 @@ fn responder_panic_cell<C: DeviceContext>(factory: &Factory<'_, C>) -> Result<St
         .allocate(&stream, 48 << 10, Role::Weights)
         .map_err(|e| format!("allocate: {e}"))?;
     ctx.add_pressure_responder(|_| panic!("pressure responder panicked"));
+    eprintln!(
+        "fault matrix: a panic message 'pressure responder panicked' below is this cell's own, planted"
+    );
     let caught = catch_unwind(AssertUnwindSafe(|| {
         ctx.allocate(&stream, 32 << 10, Role::Activation)
     }));

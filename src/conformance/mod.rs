@@ -22,19 +22,83 @@
 //! [`fault_matrix`] runs every backend operation under every injected fault
 //! ([`FaultInjecting`](crate::fault::FaultInjecting)) and checks that nothing
 //! leaks, panics or tears down twice.
+//!
+//! Both run again with the governor's block cache on ([`SuiteOptions`],
+//! [`run_suite_probed_with`], [`fault_matrix_with`]): every case's contexts
+//! then keep freed blocks, and the same checks hold. Where a case counts
+//! the backend's frees, it first empties the cache
+//! ([`ContextHandle::trim_cache`](crate::ContextHandle::trim_cache)), so
+//! that a block the cache still holds is not mistaken for a free that
+//! never came.
+//!
+//! ```
+//! use memgov::conformance::{run_suite_probed_with, SuiteOptions};
+//! use memgov::host::{HostConfig, HostContext};
+//! use memgov::CacheConfig;
+//!
+//! let cached = SuiteOptions::new().cache(CacheConfig::new(64 << 20));
+//! let report = run_suite_probed_with(&cached, || {
+//!     let c = HostContext::new(HostConfig::default())?;
+//!     let probe = c.probe();
+//!     Ok((c, probe))
+//! });
+//! assert!(report.all_passed(), "{report}");
+//! ```
 
 mod cases;
 mod faults;
 mod watch;
 
-pub use faults::{fault_matrix, FaultCell, FaultMatrix, LeakCheck};
+pub use faults::{fault_matrix, fault_matrix_with, FaultCell, FaultMatrix, LeakCheck};
 pub use watch::{WatchLog, Watched};
 
 use crate::sync::lock;
-use crate::{BackendError, BackendErrorKind, BackendProbe, DeviceContext, Execution};
+use crate::{
+    BackendError, BackendErrorKind, BackendProbe, Bytes, CacheConfig, DeviceContext, Execution,
+};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// How the suite and the fault matrix configure the contexts they register.
+///
+/// The default registers them as the cases write them; [`cache`](Self::cache)
+/// turns the block cache on in every one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SuiteOptions {
+    pub(crate) cache: Option<CacheConfig>,
+}
+
+impl SuiteOptions {
+    /// Contexts as the cases write them: the block cache off.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every context the cases register keeps freed blocks in a block cache
+    /// with these limits.
+    pub fn cache(mut self, cache: CacheConfig) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// `config` with these options applied.
+    pub(crate) fn apply(&self, config: crate::ContextConfig) -> crate::ContextConfig {
+        match self.cache {
+            Some(cache) => config.cache(cache),
+            None => config,
+        }
+    }
+}
+
+impl fmt::Display for SuiteOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.cache {
+            Some(c) => write!(f, "block cache of {:#}", Bytes(c.max_bytes)),
+            None => f.write_str("no block cache"),
+        }
+    }
+}
 
 /// How one case ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +148,8 @@ pub struct SuiteReport {
     pub device: String,
     /// How the backend reached the device, when it did.
     pub execution: Option<Execution>,
+    /// How the cases configured their contexts.
+    pub options: SuiteOptions,
     /// Per case.
     pub cases: Vec<CaseResult>,
 }
@@ -111,7 +177,11 @@ impl fmt::Display for SuiteReport {
         let how = self
             .execution
             .map_or_else(|| "not run".to_owned(), |e| e.to_string());
-        writeln!(f, "{} on {} ({how})", self.backend, self.device)?;
+        writeln!(
+            f,
+            "{} on {} ({how}), {}",
+            self.backend, self.device, self.options
+        )?;
         for c in &self.cases {
             writeln!(f, "  {:<48} {} ({:.1?})", c.name, c.outcome, c.elapsed)?;
         }
@@ -124,8 +194,9 @@ impl fmt::Display for SuiteReport {
 pub struct Case<C: DeviceContext> {
     /// Stable name, also the name of the generated `#[test]`.
     pub name: &'static str,
-    /// Runs the case.
-    pub run: fn(&dyn Fn() -> Result<C, BackendError>) -> Outcome,
+    /// Runs the case: contexts come from the factory, and the governor's
+    /// contexts are configured with the options.
+    pub run: fn(&dyn Fn() -> Result<C, BackendError>, &SuiteOptions) -> Outcome,
 }
 
 /// Every case of the suite, in order.
@@ -138,19 +209,31 @@ pub fn run_case<C: DeviceContext>(
     name: &str,
     factory: &dyn Fn() -> Result<C, BackendError>,
 ) -> Outcome {
+    run_case_with(name, &SuiteOptions::new(), factory)
+}
+
+/// Run one case by name with `options`. Unknown names fail.
+pub fn run_case_with<C: DeviceContext>(
+    name: &str,
+    options: &SuiteOptions,
+    factory: &dyn Fn() -> Result<C, BackendError>,
+) -> Outcome {
     match cases::<C>().into_iter().find(|c| c.name == name) {
-        Some(case) => run_guarded(&case, factory),
+        Some(case) => run_guarded(&case, options, factory),
         None => Outcome::Failed(format!("no conformance case named '{name}'")),
     }
 }
 
 fn run_guarded<C: DeviceContext>(
     case: &Case<C>,
+    options: &SuiteOptions,
     factory: &dyn Fn() -> Result<C, BackendError>,
 ) -> Outcome {
     // A panic inside a case (in the backend or the governor) is a failure of
     // that case, not of the whole run.
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (case.run)(factory))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        (case.run)(factory, options)
+    })) {
         Ok(o) => o,
         Err(p) => {
             let msg = p
@@ -165,7 +248,15 @@ fn run_guarded<C: DeviceContext>(
 
 /// Run every case against contexts made by `factory`.
 pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>) -> SuiteReport {
-    suite(&factory, &|| None)
+    run_suite_with(&SuiteOptions::new(), factory)
+}
+
+/// Run every case with `options` against contexts made by `factory`.
+pub fn run_suite_with<C: DeviceContext>(
+    options: &SuiteOptions,
+    factory: impl Fn() -> Result<C, BackendError>,
+) -> SuiteReport {
+    suite(&factory, options, &|| None)
 }
 
 /// Run every case against contexts made by `factory`, which also returns
@@ -187,6 +278,16 @@ pub fn run_suite<C: DeviceContext>(factory: impl Fn() -> Result<C, BackendError>
 pub fn run_suite_probed<C: DeviceContext>(
     factory: impl Fn() -> Result<(C, BackendProbe), BackendError>,
 ) -> SuiteReport {
+    run_suite_probed_with(&SuiteOptions::new(), factory)
+}
+
+/// [`run_suite_probed`] with `options`: the same cases and the same check of
+/// the backend's own bookkeeping after each, with the contexts configured by
+/// `options` (the block cache on, say).
+pub fn run_suite_probed_with<C: DeviceContext>(
+    options: &SuiteOptions,
+    factory: impl Fn() -> Result<(C, BackendProbe), BackendError>,
+) -> SuiteReport {
     let probes: Mutex<Vec<BackendProbe>> = Mutex::new(Vec::new());
     let plain = || {
         let (c, probe) = factory()?;
@@ -201,7 +302,7 @@ pub fn run_suite_probed<C: DeviceContext>(
                 .map(|why| format!("context {i}: {why}"))
         })
     };
-    suite(&plain, &after_case)
+    suite(&plain, options, &after_case)
 }
 
 /// How long a context dropped with its governor may take to be torn down
@@ -220,6 +321,7 @@ fn check_probe(probe: &BackendProbe) -> Result<(), String> {
 
 fn suite<C: DeviceContext>(
     factory: &dyn Fn() -> Result<C, BackendError>,
+    options: &SuiteOptions,
     after_case: &dyn Fn() -> Option<String>,
 ) -> SuiteReport {
     let first = factory();
@@ -247,7 +349,7 @@ fn suite<C: DeviceContext>(
             let start = Instant::now();
             let mut outcome = match &skip {
                 Some(why) => Outcome::Skipped(why.clone()),
-                None => run_guarded(case, factory),
+                None => run_guarded(case, options, factory),
             };
             if let Some(why) = not_clean.take().or_else(after_case) {
                 if !outcome.is_failed() {
@@ -265,6 +367,7 @@ fn suite<C: DeviceContext>(
         backend,
         device,
         execution,
+        options: *options,
         cases,
     }
 }

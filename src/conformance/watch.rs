@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 /// What a [`Watched`] backend saw. Shared, and readable after teardown.
 #[derive(Debug, Default)]
 pub struct WatchLog {
+    /// `allocate` and `allocate_in` calls that returned memory.
+    pub allocations: AtomicU64,
     /// `free_async` calls accepted by the backend.
     pub frees_queued: AtomicU64,
     /// Signals the backend fired as retired. While retirements are held, a
@@ -150,7 +152,9 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
     }
     fn allocate(&self, s: &C::Stream, bytes: u64) -> Result<C::Memory, BackendError> {
         self.log.device_call();
-        self.inner.allocate(s, bytes)
+        let m = self.inner.allocate(s, bytes)?;
+        self.log.allocations.fetch_add(1, Ordering::SeqCst);
+        Ok(m)
     }
     fn allocate_in(
         &self,
@@ -159,7 +163,9 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
         tier: Tier,
     ) -> Result<C::Memory, BackendError> {
         self.log.device_call();
-        self.inner.allocate_in(s, bytes, tier)
+        let m = self.inner.allocate_in(s, bytes, tier)?;
+        self.log.allocations.fetch_add(1, Ordering::SeqCst);
+        Ok(m)
     }
     fn free_async(
         &self,

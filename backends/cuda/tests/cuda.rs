@@ -251,16 +251,21 @@ fn short_soak() {
     );
 }
 
+/// The whole suite, with the governor's block cache off and on.
 #[test]
 fn whole_suite_report() {
-    let report = memgov::conformance::run_suite(factory);
-    println!("{report}");
-    assert!(report.all_passed(), "{report}");
-    let (passed, failed, skipped) = report.counts();
-    if report.execution.is_none() {
-        assert_eq!(skipped, report.cases.len());
-        println!("skipped: no CUDA driver");
-    } else {
+    use memgov::conformance::{run_suite_with, SuiteOptions};
+    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+    for options in [SuiteOptions::new(), cached] {
+        let report = run_suite_with(&options, factory);
+        println!("{report}");
+        assert!(report.all_passed(), "{report}");
+        let (passed, failed, skipped) = report.counts();
+        if report.execution.is_none() {
+            assert_eq!(skipped, report.cases.len());
+            println!("skipped: no CUDA driver");
+            return;
+        }
         assert_eq!(
             (passed, failed, skipped),
             (report.cases.len(), 0, 0),

@@ -87,18 +87,24 @@ fn whole_suite_report() {
             },
         ),
     ] {
-        let report = memgov::conformance::run_suite(|| HipContext::new(config.clone()));
-        println!("{label}: {report}");
-        assert!(report.all_passed(), "{report}");
-        match report.execution {
-            None => {
-                eprintln!("{}", report.cases[0].outcome);
+        // The block cache off, then on.
+        let cached =
+            memgov::conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+        for options in [memgov::conformance::SuiteOptions::new(), cached] {
+            let report =
+                memgov::conformance::run_suite_with(&options, || HipContext::new(config.clone()));
+            println!("{label}: {report}");
+            assert!(report.all_passed(), "{report}");
+            match report.execution {
+                None => {
+                    eprintln!("{}", report.cases[0].outcome);
+                }
+                Some(_) => assert_eq!(
+                    report.counts().2,
+                    0,
+                    "no case may skip on a device: {report}"
+                ),
             }
-            Some(_) => assert_eq!(
-                report.counts().2,
-                0,
-                "no case may skip on a device: {report}"
-            ),
         }
     }
 }

@@ -949,9 +949,23 @@ memgov::for_each_conformance_case!([vulkan_conformance]);
 
 #[test]
 fn whole_suite_report_on_vulkan() {
+    whole_suite_under_validation(&memgov::conformance::SuiteOptions::new());
+}
+
+/// The whole suite again with the governor's block cache on: kept blocks
+/// are reused on their stream and freed at trim, loss and retire, under the
+/// validation layer.
+#[test]
+fn whole_suite_report_on_vulkan_with_the_block_cache() {
+    whole_suite_under_validation(
+        &memgov::conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20)),
+    );
+}
+
+fn whole_suite_under_validation(options: &memgov::conformance::SuiteOptions) {
     let probes: Arc<Mutex<Vec<VulkanValidation>>> = Arc::new(Mutex::new(Vec::new()));
     let p = probes.clone();
-    let report = memgov::conformance::run_suite(move || {
+    let report = memgov::conformance::run_suite_with(options, move || {
         let c = VulkanContext::new(validated())?;
         p.lock().unwrap().push(c.validation());
         Ok(c)
