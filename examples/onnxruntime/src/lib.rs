@@ -30,7 +30,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The rules (see `docs/runtimes.md` in the memgov repository):
+//! The rules (see `docs/onnxruntime.md` in the memgov repository):
 //!
 //! * **Lifetime.** ONNX Runtime keeps the allocator's raw pointer for as long
 //!   as any session or tensor made with it lives, even after
