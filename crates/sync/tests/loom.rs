@@ -648,9 +648,20 @@ mod model {
             pub uses: UnsafeCell<u64>,
             drops: Arc<AtomicUsize>,
         }
+        impl Obj {
+            /// Use the box as its owner: a write loom checks.
+            pub fn touch(&self) {
+                // SAFETY: the pointer is the cell's own, valid for the
+                // closure. Whether the write is exclusive is the question
+                // the models ask: loom's cell tracking reports a write with
+                // no happens-before to another thread's access as a data
+                // race, failing the model rather than racing.
+                self.uses.with_mut(|u| unsafe { *u += 1 });
+            }
+        }
         impl Drop for Obj {
             fn drop(&mut self) {
-                self.uses.with_mut(|u| unsafe { *u += 1 });
+                self.touch();
                 self.drops.fetch_add(1, Relaxed);
             }
         }
@@ -682,7 +693,7 @@ mod model {
                     let (slot, drops, made) = (slot.clone(), drops.clone(), made.clone());
                     hs.push(thread::spawn(move || {
                         let b = slot.take().unwrap_or_else(|| spare::new_obj(&drops, &made));
-                        b.uses.with_mut(|u| unsafe { *u += 1 });
+                        b.touch();
                         if let Err(b) = slot.offer(b) {
                             drop(b);
                         }
@@ -752,7 +763,7 @@ mod model {
                 let releaser = {
                     let (ctx, bins) = (ctx.clone(), bins.clone());
                     thread::spawn(move || {
-                        live.uses.with_mut(|u| unsafe { *u += 1 });
+                        live.touch();
                         release(&ctx, &bins, live);
                     })
                 };
@@ -761,7 +772,7 @@ mod model {
                     thread::spawn(move || {
                         // `cache::hit`: the block brings its pin.
                         if let Some(b) = bins.take(512) {
-                            b.uses.with_mut(|u| unsafe { *u += 1 });
+                            b.touch();
                             release(&ctx, &bins, b);
                         }
                     })
