@@ -24,6 +24,7 @@ echo "--- CUDA tests on the stand-in ($standins/libcuda.so.1)"
 on_stand_in cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
 grep -q "15 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
+grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" target/cuda-stand-in.log
 grep -q "soak: cuda: " target/cuda-stand-in.log
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).
@@ -38,7 +39,9 @@ for latency in 0 300; do
         on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda
 done
 on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
-grep -q "fault matrix: cuda: 63 tried, 63 survived" target/cuda-fault-matrix.log
+# The matrix runs as is and with the block cache on in every cell.
+grep -q "fault matrix: cuda (no block cache): 63 tried, 63 survived" target/cuda-fault-matrix.log
+grep -q "fault matrix: cuda (block cache of 64.0 MiB): 63 tried, 63 survived" target/cuda-fault-matrix.log
 on_stand_in cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"

@@ -29,6 +29,7 @@ export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
 echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
 on_stand_in cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" target/hip-stand-in.log
+grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" target/hip-stand-in.log
 grep -q "soak: hip, " target/hip-stand-in.log
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
@@ -58,7 +59,9 @@ grep -q "hip      skipped: no HIP runtime" target/hip-absent.log
 
 echo "--- the fault matrix on the stand-in"
 on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
-grep -q "fault matrix: hip: 63 tried, 63 survived" target/hip-fault-matrix.log
+# The matrix runs as is and with the block cache on in every cell.
+grep -q "fault matrix: hip (no block cache): 63 tried, 63 survived" target/hip-fault-matrix.log
+grep -q "fault matrix: hip (block cache of 64.0 MiB): 63 tried, 63 survived" target/hip-fault-matrix.log
 
 echo "--- clippy with the hip feature"
 cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all-targets -- -D warnings
