@@ -14,10 +14,11 @@
 //!   stream ([`TransferPath::Staging`]), or through the mapping when the
 //!   memory is host-visible and [`TransferPath::Auto`] is chosen.
 //! * A **free** is parked at the timeline value of the last submission on its
-//!   stream. The retirement thread waits (`VK_SEMAPHORE_WAIT_ANY`, infinite
-//!   timeout) on the front value of every stream that has parked frees plus a
-//!   wake semaphore; when a value is reached it destroys the buffer, frees the
-//!   suballocation, and fires the [`RetireSignal`] with no lock held.
+//!   stream. The retirement thread waits for the front value of every stream
+//!   that has parked frees (off the driver while there are none, so that an
+//!   idle context costs no CPU); when a value is reached it destroys the
+//!   buffer, frees the suballocation, and fires the [`RetireSignal`] with no
+//!   lock held.
 //! * **Device loss** (`VK_ERROR_DEVICE_LOST` from any call, or the governor's
 //!   `device_lost`) drops every parked signal unfired without touching the
 //!   device; teardown then only destroys.
@@ -299,6 +300,7 @@ impl VulkanContext {
             wake_semaphore,
             never_semaphore,
             wake_value: Mutex::new(0),
+            idle: std::sync::Condvar::new(),
             next_id: AtomicU64::new(1),
             gates: Mutex::new(Vec::new()),
             has_memory_budget,

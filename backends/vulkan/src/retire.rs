@@ -1,8 +1,18 @@
-//! The retirement thread: blocked in `vkWaitSemaphores` (wait-any, infinite
-//! timeout) on the front parked value of every stream plus a wake semaphore.
-//! No polling: it runs only when a timeline reaches a parked value or a
-//! caller host-signals the wake semaphore (a stream got its first parked
-//! free, device loss, teardown).
+//! The retirement thread. While no free is parked it sleeps on a condition
+//! variable; while one stream has parked frees it waits on that stream's
+//! timeline alone, 2 ms at a time (validation layer off); while several do,
+//! it waits in one
+//! `vkWaitSemaphores` (wait-any, infinite timeout) on the front parked value
+//! of each plus a wake semaphore. Callers wake it (host-signal the wake
+//! semaphore and notify the condition variable) when a stream gets its
+//! first parked free, on device loss and at teardown.
+//!
+//! Why not always the one wait-any: over several timelines it is a busy
+//! poll in Mesa's common runtime wherever the timelines have no native
+//! wait-any (lavapipe's), so a thread parked there spins a core, for the
+//! context's whole life when nothing is in flight. A wait on one timeline
+//! blocks in every driver. With frees in flight on several streams at once
+//! a driver like that still polls until one of them retires.
 
 use crate::result::err;
 use crate::shared::Shared;
@@ -22,6 +32,13 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(JoinHandle<()>, Receiver<()>
     let join = std::thread::Builder::new()
         .name(format!("memgov-vk-retire-{id}"))
         .spawn(move || {
+            // For `VulkanValidation::retirement_thread_cpu` (Linux only).
+            if let Some(tid) = std::fs::read_link("/proc/thread-self")
+                .ok()
+                .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok())
+            {
+                shared.probe.retire_tid.store(tid, Ordering::SeqCst);
+            }
             run(&shared);
             let _ = tx.send(());
         })
@@ -60,18 +77,48 @@ fn run(shared: &Shared) {
                 vals.push(front.value);
             }
         }
-        if shared.shutdown.load(Ordering::SeqCst) && sems.len() == 2 {
-            return;
+        if sems.len() == 2 {
+            if shared.shutdown.load(Ordering::SeqCst) {
+                return;
+            }
+            // Nothing parked: sleep off the driver until a wake. A stream
+            // parks its first free before it wakes us, and every wake bumps
+            // `wake_value` (or, when the host signal failed, leaves a parked
+            // free to find), so checking under the lock misses none.
+            let mut v = lock(&shared.wake_value);
+            while *v == seen
+                && !shared.lost.load(Ordering::SeqCst)
+                && !shared.shutdown.load(Ordering::SeqCst)
+                && !any_parked(shared)
+            {
+                v = shared.idle.wait(v).unwrap_or_else(|e| e.into_inner());
+            }
+            seen = *v;
+            continue;
         }
+        // One stream with parked frees (the common case): wait on its
+        // timeline alone, which blocks in every driver, for at most
+        // `SINGLE_WAIT_NS`, and look again: a wake (another stream's first
+        // free, loss, teardown) is then seen within that bound. Several
+        // streams, or the validation layer on (whose single-semaphore wait
+        // can deadlock against a host signal of that semaphore, which the
+        // device-loss tests make on purpose): one wait-any over them, the
+        // wake semaphore and the never semaphore.
+        let single = sems.len() == 3 && !shared.config.validation;
+        let (from, flags, timeout) = if single {
+            (2, vk::SemaphoreWaitFlags::empty(), SINGLE_WAIT_NS)
+        } else {
+            (0, vk::SemaphoreWaitFlags::ANY, u64::MAX)
+        };
         let info = vk::SemaphoreWaitInfo::default()
-            .flags(vk::SemaphoreWaitFlags::ANY)
-            .semaphores(&sems)
-            .values(&vals);
+            .flags(flags)
+            .semaphores(&sems[from..])
+            .values(&vals[from..]);
         // SAFETY: every semaphore is alive: the wake semaphore until after
         // this thread is joined; a stream's timeline until its stream is
         // destroyed, which happens only once it has no parked free (so it is
         // not in this wait) or after this thread is joined (teardown).
-        let r = unsafe { device.wait_semaphores(&info, u64::MAX) };
+        let r = unsafe { device.wait_semaphores(&info, timeout) };
         shared.probe.retire_waits.fetch_add(1, Ordering::Relaxed);
         match r {
             Ok(()) => {}
@@ -98,6 +145,18 @@ fn run(shared: &Shared) {
         seen = *lock(&shared.wake_value);
         retire_reached(shared, &streams);
     }
+}
+
+/// How long the retirement thread waits on a single stream's timeline
+/// before it looks for wakes again: the most a wake can wait while one
+/// stream's free is in flight.
+const SINGLE_WAIT_NS: u64 = 2_000_000;
+
+/// Whether any stream has a parked free.
+fn any_parked(shared: &Shared) -> bool {
+    lock(&shared.streams)
+        .iter()
+        .any(|s| !lock(&s.park).queue.is_empty())
 }
 
 /// Free and signal every parked free whose value its stream has reached.

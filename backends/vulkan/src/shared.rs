@@ -12,7 +12,7 @@ use crate::VulkanStream;
 use ash::vk;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 pub(crate) struct GateRecord {
     pub(crate) semaphore: vk::Semaphore,
@@ -53,6 +53,13 @@ pub(crate) struct Shared {
     /// signal: two concurrent wakers must not signal out of order (a lower
     /// host-signalled value loses the device on lavapipe).
     pub wake_value: Mutex<u64>,
+    /// Where the retirement thread sleeps while no stream has a parked free
+    /// (paired with `wake_value`; `wake` notifies it). A `vkWaitSemaphores`
+    /// with WAIT_ANY over several timelines is a busy poll in Mesa's common
+    /// runtime wherever the timelines have no native wait-any (lavapipe's
+    /// emulated ones): waiting there with nothing to retire would spin a
+    /// core for as long as the context lives.
+    pub idle: Condvar,
     pub next_id: AtomicU64,
     pub gates: Mutex<Vec<GateRecord>>,
     pub has_memory_budget: bool,
@@ -163,9 +170,13 @@ impl Shared {
             Ok(()) => {
                 *v = next;
                 self.probe.wakeups.fetch_add(1, Ordering::Relaxed);
+                drop(v);
+                self.idle.notify_all();
             }
             Err(r) => {
                 drop(v);
+                // An idle retirement thread still looks for parked frees.
+                self.idle.notify_all();
                 self.probe.note(format!(
                     "waking the retirement thread: vkSignalSemaphore returned {r:?}"
                 ));

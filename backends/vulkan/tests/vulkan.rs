@@ -381,6 +381,95 @@ fn retirement_thread_does_not_poll() {
     assert_clean(&validation);
 }
 
+/// A context with nothing in flight costs no CPU: its retirement thread
+/// sleeps. (A wait-any in `vkWaitSemaphores` over several timelines is a
+/// busy poll on lavapipe; a thread left there spins a whole core, which
+/// `retire_waits` cannot see because the spin is inside the driver.)
+#[test]
+fn an_idle_context_costs_no_cpu() {
+    let Some(ctx) = context(validated()) else {
+        return;
+    };
+    let validation = ctx.validation();
+    let s = ctx.create_stream().expect("create_stream");
+    // One free retired first: idle after work, not only after creation.
+    let m = ctx.allocate(&s, 4096).expect("allocate");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    assert_eq!(
+        rx.recv_timeout(LONG).expect("signal"),
+        RetireOutcome::Retired
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let Some(before) = validation.retirement_thread_cpu() else {
+        println!("skipped: the retirement thread's CPU time is read from /proc (Linux only)");
+        ctx.destroy_stream(s).expect("destroy_stream");
+        ctx.teardown(false).expect("teardown");
+        return;
+    };
+    let window = Duration::from_millis(500);
+    std::thread::sleep(window);
+    let used = validation.retirement_thread_cpu().expect("still running") - before;
+    // A sleeping thread uses no tick; a spinning one the whole window, or
+    // on a loaded machine still a large share of it.
+    assert!(
+        used <= window / 10,
+        "the retirement thread of an idle context used {used:?} of CPU in {window:?}"
+    );
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    assert_clean(&validation);
+}
+
+/// With the validation layer off, frees parked on one stream are waited for
+/// on that stream's timeline alone (the layer's own workaround keeps the
+/// wait-any): each retires, in order, and the thread then sleeps.
+#[test]
+fn frees_on_one_stream_retire_with_the_layer_off() {
+    let Some(ctx) = context(VulkanConfig {
+        validation: false,
+        transfer: TransferPath::Staging,
+        ..validated()
+    }) else {
+        return;
+    };
+    let (validation, probe) = (ctx.validation(), ctx.probe());
+    let s = ctx.create_stream().expect("create_stream");
+    let mut settled = Vec::new();
+    for i in 0..32u8 {
+        let m = ctx.allocate(&s, 64 << 10).expect("allocate");
+        ctx.write(&s, &m, 0, &[i; 4096]).expect("write");
+        let (sig, rx) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async");
+        settled.push(rx);
+    }
+    ctx.synchronize(&s).expect("synchronize");
+    for (i, rx) in settled.iter().enumerate() {
+        assert_eq!(
+            rx.recv_timeout(LONG).expect("signal"),
+            RetireOutcome::Retired,
+            "free {i}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    if let Some(before) = validation.retirement_thread_cpu() {
+        let window = Duration::from_millis(300);
+        std::thread::sleep(window);
+        let used = validation.retirement_thread_cpu().expect("running") - before;
+        assert!(
+            used <= window / 10,
+            "idle retirement thread used {used:?} in {window:?}"
+        );
+    }
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
+}
+
 #[test]
 fn streams_share_the_queue_and_keep_their_own_order() {
     let Some(ctx) = context(VulkanConfig {
