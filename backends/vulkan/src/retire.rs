@@ -1,11 +1,10 @@
 //! The retirement thread. While no free is parked it sleeps on a condition
 //! variable; while one stream has parked frees it waits on that stream's
 //! timeline alone, 2 ms at a time (validation layer off); while several do,
-//! it waits in one
-//! `vkWaitSemaphores` (wait-any, infinite timeout) on the front parked value
-//! of each plus a wake semaphore. Callers wake it (host-signal the wake
-//! semaphore and notify the condition variable) when a stream gets its
-//! first parked free, on device loss and at teardown.
+//! it waits in one `vkWaitSemaphores` (wait-any, infinite timeout) on the
+//! front parked value of each plus a wake semaphore. Callers wake it
+//! (host-signal the wake semaphore and notify the condition variable) when
+//! a stream gets its first parked free, on device loss and at teardown.
 //!
 //! Why not always the one wait-any: over several timelines it is a busy
 //! poll in Mesa's common runtime wherever the timelines have no native

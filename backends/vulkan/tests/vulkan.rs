@@ -381,6 +381,24 @@ fn retirement_thread_does_not_poll() {
     assert_clean(&validation);
 }
 
+/// With nothing in flight, the context's retirement thread uses at most a
+/// tenth of `window` in CPU time: a sleeping thread uses no tick, a spinning
+/// one the whole window (or, on a loaded machine, still a large share).
+/// Prints why it checked nothing where the thread's CPU time cannot be read.
+fn assert_retirement_thread_sleeps(validation: &VulkanValidation, window: Duration) {
+    std::thread::sleep(Duration::from_millis(50));
+    let Some(before) = validation.retirement_thread_cpu() else {
+        println!("skipped: the retirement thread's CPU time is read from /proc (Linux only)");
+        return;
+    };
+    std::thread::sleep(window);
+    let used = validation.retirement_thread_cpu().expect("still running") - before;
+    assert!(
+        used <= window / 10,
+        "the retirement thread of an idle context used {used:?} of CPU in {window:?}"
+    );
+}
+
 /// A context with nothing in flight costs no CPU: its retirement thread
 /// sleeps. (A wait-any in `vkWaitSemaphores` over several timelines is a
 /// busy poll on lavapipe; a thread left there spins a whole core, which
@@ -402,22 +420,7 @@ fn an_idle_context_costs_no_cpu() {
         rx.recv_timeout(LONG).expect("signal"),
         RetireOutcome::Retired
     );
-    std::thread::sleep(Duration::from_millis(50));
-    let Some(before) = validation.retirement_thread_cpu() else {
-        println!("skipped: the retirement thread's CPU time is read from /proc (Linux only)");
-        ctx.destroy_stream(s).expect("destroy_stream");
-        ctx.teardown(false).expect("teardown");
-        return;
-    };
-    let window = Duration::from_millis(500);
-    std::thread::sleep(window);
-    let used = validation.retirement_thread_cpu().expect("still running") - before;
-    // A sleeping thread uses no tick; a spinning one the whole window, or
-    // on a loaded machine still a large share of it.
-    assert!(
-        used <= window / 10,
-        "the retirement thread of an idle context used {used:?} of CPU in {window:?}"
-    );
+    assert_retirement_thread_sleeps(&validation, Duration::from_millis(500));
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
     assert_clean(&validation);
@@ -455,16 +458,7 @@ fn frees_on_one_stream_retire_with_the_layer_off() {
             "free {i}"
         );
     }
-    std::thread::sleep(Duration::from_millis(50));
-    if let Some(before) = validation.retirement_thread_cpu() {
-        let window = Duration::from_millis(300);
-        std::thread::sleep(window);
-        let used = validation.retirement_thread_cpu().expect("running") - before;
-        assert!(
-            used <= window / 10,
-            "idle retirement thread used {used:?} in {window:?}"
-        );
-    }
+    assert_retirement_thread_sleeps(&validation, Duration::from_millis(300));
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
     probe.check_clean_teardown().expect("clean teardown");
