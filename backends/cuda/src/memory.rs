@@ -118,23 +118,24 @@ impl CudaContext {
         // the pool is this context's own, alive until teardown.
         let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw) };
         s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
+        Ok(self.register(ptr, bytes, 0))
+    }
+
+    /// Enter a new allocation in the context's books (the live map and the
+    /// probe) and hand it out: `host` is its page-locked host address, 0
+    /// for device memory.
+    fn register(&self, ptr: CUdeviceptr, bytes: u64, host: usize) -> CudaMemory {
+        let s = &*self.shared;
         let id = s.next_id();
-        lock(&s.live).insert(
-            id,
-            Live {
-                ptr,
-                bytes,
-                host: 0,
-            },
-        );
+        lock(&s.live).insert(id, Live { ptr, bytes, host });
         s.probe().allocated(bytes);
-        Ok(CudaMemory {
+        CudaMemory {
             ptr,
             bytes,
             id,
             context: s.id,
-            host: 0,
-        })
+            host,
+        }
     }
 
     /// `allocate_in` for [`Tier::PinnedHost`]: `cuMemHostAlloc`, portable
@@ -161,17 +162,7 @@ impl CudaContext {
             let _ = unsafe { sys::cuMemFreeHost(host) };
             return Err(e);
         }
-        let host = host as usize;
-        let id = s.next_id();
-        lock(&s.live).insert(id, Live { ptr, bytes, host });
-        s.probe().allocated(bytes);
-        Ok(CudaMemory {
-            ptr,
-            bytes,
-            id,
-            context: s.id,
-            host,
-        })
+        Ok(self.register(ptr, bytes, host as usize))
     }
 
     pub(crate) fn write_impl(

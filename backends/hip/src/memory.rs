@@ -147,15 +147,20 @@ pub(crate) fn allocate(
         let r = unsafe { hipMalloc(&mut ptr, size) };
         shared.checked("allocate", "hipMalloc", r)?;
     }
-    let ptr = ptr as usize;
+    Ok(register(shared, ptr as usize, bytes, origin))
+}
+
+/// Enter a new allocation in the context's books (the live map and the
+/// probe) and hand it out.
+fn register(shared: &Shared, ptr: usize, bytes: u64, origin: Origin) -> HipMemory {
     lock(&shared.live).insert(ptr, (bytes, origin));
     shared.probe().allocated(bytes);
-    Ok(HipMemory {
+    HipMemory {
         ptr,
         bytes,
         context: shared.id,
         origin,
-    })
+    }
 }
 
 /// `allocate_in` for [`Tier::PinnedHost`]: `hipHostMalloc`.
@@ -170,15 +175,7 @@ pub(crate) fn allocate_pinned(
     // SAFETY: `ptr` is a valid out-pointer; the flag is documented.
     let r = unsafe { ffi::hipHostMalloc(&mut ptr, size, ffi::hipHostMallocDefault) };
     shared.checked("allocate", "hipHostMalloc", r)?;
-    let ptr = ptr as usize;
-    lock(&shared.live).insert(ptr, (bytes, Origin::PinnedHost));
-    shared.probe().allocated(bytes);
-    Ok(HipMemory {
-        ptr,
-        bytes,
-        context: shared.id,
-        origin: Origin::PinnedHost,
-    })
+    Ok(register(shared, ptr as usize, bytes, Origin::PinnedHost))
 }
 
 fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
