@@ -384,6 +384,48 @@ fn backend_reported_loss_marks_the_context_lost() {
 }
 
 #[test]
+fn a_loss_first_seen_by_the_backends_teardown_is_reported_as_lost() {
+    // The context is healthy until its teardown, whose first call the driver
+    // answers with a device-lost error (a sticky error nobody had seen).
+    let (backend, _probe) = host(64 * MIB);
+    let backend = FaultInjecting::new(
+        backend,
+        FaultPlan::new().nth(Operation::Teardown, 1, Fault::DeviceLost),
+    );
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().label("l"));
+    let s = ctx.create_stream("s").unwrap();
+    ctx.allocate(&s, MIB, Role::Weights)
+        .unwrap()
+        .release_on(&s)
+        .unwrap();
+    drop(s);
+    assert_eq!(ctx.lifecycle(), Lifecycle::Active);
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert!(
+        matches!(&report.backend_result, Err(e) if e.is_device_lost()),
+        "{report:?}"
+    );
+    assert!(
+        report.lost,
+        "the report must say the device was lost: {report:?}"
+    );
+    assert!(report.lost_in_teardown, "{report:?}");
+    assert_eq!(report.retired_releases, 1);
+    assert_eq!(ctx.snapshot().charged, 0);
+
+    // A loss declared before teardown is not one the teardown found.
+    let (backend, _probe) = host(64 * MIB);
+    let ctx = gov.register(
+        FaultInjecting::new(backend, FaultPlan::new()),
+        ContextConfig::new(),
+    );
+    assert!(ctx.mark_lost("test: declared by the caller"));
+    let report = ctx.retire().wait(soon()).unwrap();
+    assert!(report.lost && !report.lost_in_teardown, "{report:?}");
+}
+
+#[test]
 fn pin_overflow_is_refused_not_wrapped() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().max_pins(3));

@@ -792,11 +792,16 @@ impl<C: DeviceContext> ContextInner<C> {
             }),
             None => Ok(()),
         };
+        // A device the governor thought healthy may answer the teardown's
+        // own calls with a device-lost error: the report says it was lost.
+        let lost_in_teardown = !lost && matches!(&result, Err(e) if e.is_device_lost());
+        let lost = lost || lost_in_teardown;
         let returned = self.return_charges_at_teardown();
         let report = TeardownReport {
             context: self.id,
             label: self.label().to_owned(),
             lost,
+            lost_in_teardown,
             forced: self.is_forced(),
             retired_releases: self.retired(),
             abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),

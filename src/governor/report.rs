@@ -16,8 +16,18 @@ pub struct TeardownReport {
     pub context: ProviderContextIdentity,
     /// Its label.
     pub label: String,
-    /// Whether the device was lost (teardown did not touch it).
+    /// Whether the device was lost: declared lost (by the caller's
+    /// `mark_lost` or a device-lost error the governor saw) before teardown,
+    /// in which case teardown did not touch it, or found lost by the
+    /// backend's own teardown ([`lost_in_teardown`](Self::lost_in_teardown)).
     pub lost: bool,
+    /// Whether the loss was first seen by the backend's teardown: the context
+    /// was torn down as healthy and the driver answered a call of that
+    /// teardown with a device-lost error (CUDA's sticky 700,
+    /// `hipErrorLaunchFailure`, `VK_ERROR_DEVICE_LOST`, ...), which is then
+    /// [`backend_result`](Self::backend_result). What that teardown had not
+    /// freed yet went with the device.
+    pub lost_in_teardown: bool,
     /// Whether `force` reclaimed live buffers and streams.
     pub forced: bool,
     /// Stream-ordered releases whose free executed.
