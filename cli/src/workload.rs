@@ -16,6 +16,13 @@
 //! run provokes on purpose (work on a retiring context, a retire that cannot
 //! finish while a plugin holds a pin) are printed as expected, and listed
 //! under `expected_refusals`; one that does not come is a failure.
+//!
+//! However the run ends (its last phase, an error half-way, a panic), every
+//! context it registered is torn down before the process exits: one the run
+//! did not retire itself is retired on the way out, with a deadline and then
+//! by force, and the run says so (under `--json`, `retired_on_exit` in the
+//! error object). No context is left with queued stream work or memory
+//! allocated on a device.
 
 use indicatif::{ProgressBar, ProgressStyle};
 use memgov::any::{AnyContext, BackendKind, BACKENDS};
@@ -23,12 +30,13 @@ use memgov::host::{HostConfig, HostContext};
 use memgov::trace::Trace;
 use memgov::{
     Admission, Bytes, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext,
-    Elapsed, GovernedStream, Governor, GovernorError, ProviderContextPinSource, Reservation, Role,
-    SharedBudget, TeardownReport, Tier,
+    Elapsed, GovernedStream, Governor, GovernorError, Lifecycle, ProviderContextPinSource,
+    Reservation, Role, SharedBudget, TeardownReport, Tier,
 };
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::io::IsTerminal;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -106,12 +114,80 @@ fn parse_backend(name: &str) -> Result<BackendKind, String> {
 type Ctx = AnyContext;
 type Kv = Arc<Mutex<VecDeque<DeviceBuffer<Ctx>>>>;
 
-/// A device context and a check of the backend's own bookkeeping after
-/// teardown (its probe: contract violations, memory and streams left,
-/// teardowns).
+/// A check of a backend's own bookkeeping after teardown (its probe:
+/// contract violations, memory and streams left, teardowns).
+type DeviceCheck = Box<dyn Fn() -> Result<(), String>>;
+
+/// A device context and its [`DeviceCheck`].
 struct Device {
     ctx: AnyContext,
-    check: Box<dyn Fn() -> Result<(), String>>,
+    check: DeviceCheck,
+}
+
+/// What a run registered: the governor and each device's check. The run
+/// owns it from outside `run_inner`, so that however the run ends (its last
+/// phase, an error half-way, a panic) [`Session::retire_left`] tears down
+/// every context that is still registered before the process exits: no
+/// context is left with queued stream work or memory allocated on a device.
+struct Session {
+    gov: Governor<Ctx>,
+    checks: Vec<(String, DeviceCheck)>,
+}
+
+/// How long the run waits, on its way out after a failure, for what still
+/// holds a context before reclaiming it by force, and then for the force.
+const RETIRE_ON_EXIT: Duration = Duration::from_secs(10);
+
+/// How one context left by a failed run was retired.
+struct Retired {
+    label: String,
+    how: &'static str,
+    report: Result<TeardownReport, String>,
+}
+
+impl Session {
+    fn new() -> Self {
+        Self {
+            gov: Governor::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// Retire every context not torn down yet: wait up to
+    /// [`RETIRE_ON_EXIT`] for what holds it, then force (synchronize its
+    /// streams, reclaim its live buffers) and wait as long again. A context
+    /// a holder outside the run still pins after that is named with what
+    /// holds it.
+    fn retire_left(&self) -> Vec<Retired> {
+        let mut retired = Vec::new();
+        for ctx in self.gov.contexts() {
+            if ctx.lifecycle() == Lifecycle::Terminated {
+                continue;
+            }
+            let handle = ctx.retire();
+            let (how, report) = match handle.wait(Instant::now() + RETIRE_ON_EXIT) {
+                Ok(r) => ("retired", Ok(r)),
+                Err(_) => match handle.force(Instant::now() + RETIRE_ON_EXIT) {
+                    Ok(r) => ("retired by force", Ok(r)),
+                    Err(e) => ("still held after force", Err(e.to_string())),
+                },
+            };
+            retired.push(Retired {
+                label: ctx.label().to_owned(),
+                how,
+                report,
+            });
+        }
+        retired
+    }
+
+    /// Each device's check, as a list of problems.
+    fn check_devices(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter_map(|(name, check)| check().err().map(|e| format!("{name}: {e}")))
+            .collect()
+    }
 }
 
 fn open(name: &str, ordinal: u32, args: &RunArgs) -> Result<Device, String> {
@@ -225,7 +301,7 @@ fn print_report(out: &Out, r: &TeardownReport) {
         r.retired_releases,
         r.abandoned_releases,
         r.reclaimed_buffers,
-        r.lost,
+        if r.lost_in_teardown { "true (found by the backend's teardown)".to_owned() } else { r.lost.to_string() },
         r.forced,
         Elapsed(r.elapsed),
         if r.backend_result.is_ok() { "ok".to_owned() } else { format!("{:?}", r.backend_result) }
@@ -636,8 +712,43 @@ pub fn run(mut args: RunArgs) -> ExitCode {
         json: args.json,
         bar,
     };
-    let mut result = run_inner(&args, &out);
+    let mut session = Session::new();
+    let mut result = catch_unwind(AssertUnwindSafe(|| run_inner(&args, &out, &mut session)))
+        .unwrap_or_else(|p| Err(format!("the run panicked: {}", panic_message(&*p))));
     out.bar.finish_and_clear();
+    // A run that ended early left contexts registered (with their releases
+    // still queued): every one is torn down here, before the process exits.
+    // A run that finished retired everything itself and finds nothing.
+    let left = session.retire_left();
+    let mut exit_problems = Vec::new();
+    if !left.is_empty() {
+        out.line(format!(
+            "memgov run: the run ended early; retiring the {} contexts it left",
+            left.len()
+        ));
+        for r in &left {
+            match &r.report {
+                Ok(report) => {
+                    out.line(format!("     '{}': {}", r.label, r.how));
+                    print_report(&out, report);
+                    if report.backend_result.is_err() {
+                        exit_problems.push(format!(
+                            "'{}': the backend's teardown failed: {:?}",
+                            r.label, report.backend_result
+                        ));
+                    }
+                }
+                Err(e) => {
+                    out.line(format!("     '{}': {}: {e}", r.label, r.how));
+                    exit_problems.push(format!("'{}': {}: {e}", r.label, r.how));
+                }
+            }
+        }
+        exit_problems.extend(session.check_devices());
+        for p in &exit_problems {
+            out.line(format!("     on the way out: {p}"));
+        }
+    }
     if let (Some(path), Some(trace)) = (&args.trace, &args.recorder) {
         let written = trace
             .write_chrome_json(path)
@@ -690,19 +801,57 @@ pub fn run(mut args: RunArgs) -> ExitCode {
         }
         Err(e) => {
             if args.json {
-                crate::print_json_error(&e, json!({ "backend": args.backend.name() }));
+                let retired: Vec<Value> = left
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "label": r.label,
+                            "how": r.how,
+                            "lost": r.report.as_ref().ok().map(|t| t.lost),
+                            "forced": r.report.as_ref().ok().map(|t| t.forced),
+                            "backend_ok": r.report.as_ref().ok().map(|t| t.backend_result.is_ok()),
+                            "error": r.report.as_ref().err(),
+                        })
+                    })
+                    .collect();
+                crate::print_json_error(
+                    &e,
+                    json!({
+                        "backend": args.backend.name(),
+                        "retired_on_exit": retired,
+                        "exit_problems": exit_problems,
+                    }),
+                );
             }
             eprintln!("memgov run: FAILED: {e}");
+            if !left.is_empty() {
+                eprintln!(
+                    "memgov run: retired the {} contexts the run left{}",
+                    left.len(),
+                    if exit_problems.is_empty() {
+                        ", every teardown clean".to_owned()
+                    } else {
+                        format!("; {}", exit_problems.join("; "))
+                    }
+                );
+            }
             ExitCode::FAILURE
         }
     }
 }
 
-fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, String> {
     let start = Instant::now();
     let mut m = Metrics::default();
     let reclaimed = Arc::new(AtomicU64::new(0));
-    let gov: Governor<Ctx> = Governor::new();
+    let gov = &session.gov;
     let dev0 = open("sim-gpu0 (llm)", 0, args)?;
     let dev0b = open("sim-gpu0 (embedder)", 0, args)?;
     out.line(format!(
@@ -721,13 +870,12 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             String::new()
         }
     ));
-    let mut checks = Vec::new();
     // Both contexts live on "gpu0": one budget for the physical device.
     let gpu0 = SharedBudget::new("gpu0", args.device_mib * MIB);
     let Device { ctx: c0, check } = dev0;
-    checks.push(("gpu0 llm".to_owned(), check));
+    session.checks.push(("gpu0 llm".to_owned(), check));
     let llm = llm_on(
-        &gov,
+        gov,
         c0,
         "llm@gpu0",
         args,
@@ -735,7 +883,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         reclaimed.clone(),
     )?;
     let Device { ctx: c0b, check } = dev0b;
-    checks.push(("gpu0 embedder".to_owned(), check));
+    session.checks.push(("gpu0 embedder".to_owned(), check));
     let embedder = gov.register(
         c0b,
         traced(
@@ -775,7 +923,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         llm.weights.push((w, checksum(&sample)));
     }
     let emb_weights = timed_alloc(&mut m, &embedder, &emb_stream, 32 * MIB, Role::Weights)?;
-    print_snapshot(out, &gov, "after loading");
+    print_snapshot(out, gov, "after loading");
 
     let half = args.requests / 2;
     out.line(format!(
@@ -794,13 +942,13 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         "     KV blocks resident: {}",
         llm.kv.lock().unwrap_or_else(|e| e.into_inner()).len()
     ));
-    print_snapshot(out, &gov, "after serving on gpu0");
+    print_snapshot(out, gov, "after serving on gpu0");
 
     out.line("phase 3: move the LLM's live buffers to gpu1 and retire llm@gpu0");
     let dev1 = open("sim-gpu1 (llm)", 1, args)?;
     let Device { ctx: c1, check } = dev1;
-    checks.push(("gpu1".to_owned(), check));
-    let moved = llm_on(&gov, c1, "llm@gpu1", args, None, reclaimed.clone())?;
+    session.checks.push(("gpu1".to_owned(), check));
+    let moved = llm_on(gov, c1, "llm@gpu1", args, None, reclaimed.clone())?;
     let (moved, swap) = swap_devices(out, llm, moved, plugin_pin, data_kept)?;
     out.line(format!(
         "phase 4: serve {} more requests on {}",
@@ -811,7 +959,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         serve(&mut m, &moved, r, args.steps, data_kept)?;
         out.bar.inc(1);
     }
-    print_snapshot(out, &gov, "after serving on gpu1");
+    print_snapshot(out, gov, "after serving on gpu1");
 
     out.line("phase 5: retire everything");
     drop(emb_weights);
@@ -838,7 +986,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         print_report(out, &r);
         teardowns.push(r);
     }
-    print_snapshot(out, &gov, "final");
+    print_snapshot(out, gov, "final");
 
     // The leak verdict: the governor's accounting, the shared budget, and
     // each device's own bookkeeping where the backend keeps one.
@@ -863,7 +1011,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             leaks.push(format!("teardown of '{}' was not clean: {r:?}", r.label));
         }
     }
-    for (name, check) in &checks {
+    for (name, check) in &session.checks {
         if let Err(e) = check() {
             leaks.push(format!("{name}: {e}"));
         }
@@ -984,7 +1132,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
                 " ({} contexts terminated, {} charged, 0 contract violations on {} devices checked)",
                 final_snap.contexts.len(),
                 Bytes(0),
-                checks.len()
+                session.checks.len()
             )
         } else {
             format!(": {}", leaks.join("; "))
@@ -1042,6 +1190,8 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
             "retired_releases": r.retired_releases,
             "abandoned_releases": r.abandoned_releases,
             "reclaimed_buffers": r.reclaimed_buffers,
+            "lost": r.lost,
+            "lost_in_teardown": r.lost_in_teardown,
         })).collect::<Vec<_>>(),
         "peak_bytes": {
             "max": peak_max,
@@ -1061,7 +1211,7 @@ fn run_inner(args: &RunArgs, out: &Out) -> Result<Value, String> {
         "leak": {
             "verdict": verdict,
             "charged_bytes": charged,
-            "device_checks": checks.len(),
+            "device_checks": session.checks.len(),
             "problems": leaks,
         },
         "elapsed_us": start.elapsed().as_secs_f64() * 1e6,

@@ -296,3 +296,65 @@ fn a_failing_json_run_prints_a_json_error() {
         "{v:#}"
     );
 }
+
+#[test]
+fn a_run_that_fails_half_way_retires_every_context_it_registered() {
+    // The weights do not fit the LLM's budget: the run fails in phase 1 with
+    // weight shards live and, at 200 us per device operation, their
+    // stream-ordered releases still queued when the error returns. The run
+    // tears every context down before it exits, and says so.
+    let (code, out, err) = run(&[
+        "--backend",
+        "host",
+        "--llm-budget-mib",
+        "64",
+        "--op-delay-us",
+        "200",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("memgov run: the run ended early; retiring the 2 contexts it left"),
+        "{out}"
+    );
+    for label in ["llm@gpu0", "embedder@gpu0"] {
+        assert!(
+            out.contains(&format!("'{label}': retired")),
+            "{label}: {out}"
+        );
+        assert!(
+            out.contains(&format!("'{label}': ")) && out.contains("backend ok"),
+            "{label}: {out}"
+        );
+    }
+    assert!(!out.contains("on the way out:"), "{out}");
+    assert!(
+        err.contains("memgov run: retired the 2 contexts the run left, every teardown clean"),
+        "{err}"
+    );
+
+    // The same under --json: the error object lists the teardowns.
+    let (code, out, err) = run(&[
+        "--backend",
+        "host",
+        "--llm-budget-mib",
+        "64",
+        "--op-delay-us",
+        "200",
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{out}"));
+    let retired = v["retired_on_exit"].as_array().expect("retired_on_exit");
+    assert_eq!(retired.len(), 2, "{v:#}");
+    for r in retired {
+        assert_eq!(r["how"], "retired", "{v:#}");
+        assert_eq!(r["backend_ok"], true, "{v:#}");
+        assert_eq!(r["lost"], false, "{v:#}");
+    }
+    assert_eq!(
+        v["exit_problems"].as_array().map(Vec::len),
+        Some(0),
+        "{v:#}"
+    );
+}
