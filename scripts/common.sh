@@ -34,3 +34,31 @@ ensure_rust() {
     apt_install gcc libc6-dev pkg-config
     cargo --version
 }
+
+# The directory cargo builds into: CARGO_TARGET_DIR, a cargo config's
+# build.target-dir, or ./target. Every script finds build output there and
+# writes its logs there, never under a literal `target/`.
+cargo_target_dir() {
+    cargo metadata --locked --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
+# Each suite run prints "N passed, F failed, S skipped": in LOG, a line where
+# every case ran and passed (N > 0). The Rust test asserts N is the number of
+# cases the suite has; this proves the run reached a device.
+expect_all_passed() {
+    local log="$1" what="$2"
+    grep -Eq "^ *[1-9][0-9]* passed, 0 failed, 0 skipped$" "$log" ||
+        { echo "FAILED: $what: no suite run in $log with every case passed"; exit 1; }
+}
+
+# The fault matrix prints "fault matrix: LABEL: N tried, M survived": in LOG,
+# the line for LABEL with N > 0 and M = N. The Rust test asserts N is the
+# number of cells the matrix has.
+expect_matrix_survived() {
+    local log="$1" label="$2"
+    grep -Fq "fault matrix: $label: " "$log" ||
+        { echo "FAILED: no fault matrix line for '$label' in $log"; exit 1; }
+    grep -F "fault matrix: $label: " "$log" | grep -Eq ": ([1-9][0-9]*) tried, \1 survived$" ||
+        { echo "FAILED: fault matrix '$label': not every cell survived (see $log)"; exit 1; }
+}

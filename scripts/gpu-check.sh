@@ -2,7 +2,7 @@
 # The CUDA backend on a real NVIDIA GPU. Two halves, so that the GPU machine
 # needs no network and no Rust toolchain:
 #
-#   scripts/gpu-check.sh prepare [DIR]   # on a build machine (default DIR: target/gpu-check)
+#   scripts/gpu-check.sh prepare [DIR]   # on a build machine (default DIR: gpu-check/ in cargo's target directory)
 #       builds, in release mode with the `cuda` feature, the CUDA test binary,
 #       the fault-matrix test binary, the cuda_cycle bench binary and the
 #       `memgov` binary, and copies them with this script into DIR.
@@ -25,9 +25,11 @@ prepare() {
     set -e
     local root dir
     root="$(cd "$here/.." && pwd)"
-    dir="${1:-$root/target/gpu-check}"
-    mkdir -p "$dir"
     cd "$root"
+    # Default: gpu-check/ under cargo's target directory.
+    dir="${1:-$(cargo metadata --locked --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/gpu-check}"
+    mkdir -p "$dir"
     # The executable of the target named $1 in cargo's JSON messages (other
     # artifacts, such as the memgov binary built for integration tests, are
     # reported too).

@@ -17,6 +17,7 @@ apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-d
 # against, and Debian's real runtime (no GPU here) for the clean-skip runs.
 
 export CARGO_TERM_COLOR=never
+target="$(cargo_target_dir)"
 export RUST_BACKTRACE=1
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
@@ -75,20 +76,20 @@ done
 step "memgov check: every backend compiled in, CUDA and HIP on their stand-ins"
 standins="$(backends/stand-ins/build.sh)"
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee target/check-stand-ins.log
+    cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee "$target/check-stand-ins.log"
 for row in "cuda .*stand-in" "hip .*stand-in" "vulkan .*software driver" "host .*embedded"; do
-    grep -Eq "$row" target/check-stand-ins.log || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
+    grep -Eq "$row" "$target/check-stand-ins.log" || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
 done
 step "memgov check without the stand-ins: CUDA and HIP skip cleanly"
-cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee target/check-no-stand-ins.log
-grep -q "skipped: no CUDA driver" target/check-no-stand-ins.log
-grep -Eq "skipped: no HIP (device|runtime)" target/check-no-stand-ins.log
+cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee "$target/check-no-stand-ins.log"
+grep -q "skipped: no CUDA driver" "$target/check-no-stand-ins.log"
+grep -Eq "skipped: no HIP (device|runtime)" "$target/check-no-stand-ins.log"
 
 step "memgov run on every backend present: device swap with verified data, JSON report"
 for b in host vulkan cuda hip; do
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend "$b" --json > "target/run-$b.json"
-    python3 - "$b" "target/run-$b.json" <<'PY'
+        cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend "$b" --json > "$target/run-$b.json"
+    python3 - "$b" "$target/run-$b.json" <<'PY'
 import json, sys
 backend, path = sys.argv[1:]
 r = json.load(open(path))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds every stand-in driver library with the system C compiler into
-# target/stand-ins/ (git-ignored) and prints that directory, to be put on
+# stand-ins/ under cargo's target directory (git-ignored) and prints that directory, to be put on
 # LD_LIBRARY_PATH:
 #
 #   export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -19,7 +19,10 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-out="${MEMGOV_STANDIN_DIR:-$root/target/stand-ins}"
+# cargo_target_dir: cargo's target directory (CARGO_TARGET_DIR, a configured
+# build.target-dir, or ./target).
+source "$root/scripts/common.sh"
+out="${MEMGOV_STANDIN_DIR:-$(cargo_target_dir)/stand-ins}"
 cc="${CC:-cc}"
 cflags="${CFLAGS:--O2 -g}"
 

@@ -6,7 +6,8 @@
 # ordering, raw-handle refusals, the caller's current context, lost
 # teardown, the default pool, planted violations that the stand-in must
 # abort on, soak), the whole test file again with every queued operation
-# delayed, `memgov check` and `memgov run` with the stand-in's exit check on,
+# delayed, `memgov check` and `memgov run` with the stand-in's exit check on
+# (and a run that fails half-way, which must still tear everything down),
 # the CUDA row of the fault matrix and the bench row in smoke mode; clippy
 # with the feature; then the tests once WITHOUT the stand-in, which on a
 # machine without an NVIDIA driver must skip cleanly and pass.
@@ -15,17 +16,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 echo "--- stand-ins common self-test"
 backends/stand-ins/common/selftest.sh
 
+target="$(cargo_target_dir)"
 standins="$(backends/stand-ins/build.sh cuda)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
 
 echo "--- CUDA tests on the stand-in ($standins/libcuda.so.1)"
-on_stand_in cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-stand-in.log
-grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" target/cuda-stand-in.log
-grep -q "15 passed, 0 failed, 0 skipped" target/cuda-stand-in.log
-grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" target/cuda-stand-in.log
-grep -q "soak: cuda: " target/cuda-stand-in.log
+on_stand_in cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee "$target/cuda-stand-in.log"
+grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" "$target/cuda-stand-in.log"
+expect_all_passed "$target/cuda-stand-in.log" "CUDA suite on the stand-in"
+grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" "$target/cuda-stand-in.log"
+grep -q "soak: cuda: " "$target/cuda-stand-in.log"
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).
 for latency in 300 2000; do
@@ -38,28 +40,40 @@ for latency in 0 300; do
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
         on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda
 done
-on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/cuda-fault-matrix.log
+# A run that fails half-way (the weights do not fit the LLM's budget) still
+# tears down every context before it exits: exit status 1, not the exit
+# check's abort.
+for latency in 0 300; do
+    status=0
+    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
+        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda --llm-budget-mib 64 \
+        > "$target/cuda-failed-run.log" 2>&1 || status=$?
+    cat "$target/cuda-failed-run.log"
+    [ "$status" -eq 1 ] || { echo "FAILED: a failing memgov run exited $status, expected 1"; exit 1; }
+    grep -q "memgov run: retired the 2 contexts the run left, every teardown clean" "$target/cuda-failed-run.log"
+done
+on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/cuda-fault-matrix.log"
 # The matrix runs as is and with the block cache on in every cell.
-grep -q "fault matrix: cuda (no block cache): 63 tried, 63 survived" target/cuda-fault-matrix.log
-grep -q "fault matrix: cuda (block cache of 64.0 MiB): 63 tried, 63 survived" target/cuda-fault-matrix.log
+expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (no block cache)"
+expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (block cache of 64.0 MiB)"
 on_stand_in cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
-partial=target/stand-ins-partial
+partial="$target/stand-ins-partial"
 mkdir -p "$partial"
 "${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
     -o "$partial/libcuda.so.1" backends/cuda/stand-in/libcuda.c backends/stand-ins/common/standin.c
 ln -sf libcuda.so.1 "$partial/libcuda.so"
-LD_LIBRARY_PATH="$(pwd)/$partial" cargo test --locked -p memgov-cuda --test cuda -- --nocapture \
-    unavailable_driver_is_reported_not_panicked 2>&1 | tee target/cuda-partial.log
-grep -q "skipped: no CUDA driver usable by memgov: the libcuda found lacks entry points" target/cuda-partial.log
+LD_LIBRARY_PATH="$partial" cargo test --locked -p memgov-cuda --test cuda -- --nocapture \
+    unavailable_driver_is_reported_not_panicked 2>&1 | tee "$target/cuda-partial.log"
+grep -q "skipped: no CUDA driver usable by memgov: the libcuda found lacks entry points" "$target/cuda-partial.log"
 
 echo "--- clippy with the cuda feature"
 cargo clippy --locked -p memgov -p memgov-cuda -p memgov-cli --features cuda --all-targets -- -D warnings
 
 echo "--- CUDA tests without the stand-in"
-LD_LIBRARY_PATH="" cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee target/cuda-absent.log
-if grep -q "skipped: no CUDA driver" target/cuda-absent.log; then
+LD_LIBRARY_PATH="" cargo test --locked -p memgov-cuda --test cuda -- --nocapture 2>&1 | tee "$target/cuda-absent.log"
+if grep -q "skipped: no CUDA driver" "$target/cuda-absent.log"; then
     echo "without the stand-in: skipped: no CUDA driver, exit 0"
 else
     echo "without the stand-in: an NVIDIA driver answered; the CUDA tests above ran on it"

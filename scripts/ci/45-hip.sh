@@ -16,6 +16,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
 
+target="$(cargo_target_dir)"
+memgov="$target/release/memgov"
 standins="$(backends/stand-ins/build.sh hip)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
@@ -27,10 +29,10 @@ on_stand_in() {
 export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
 
 echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
-on_stand_in cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-stand-in.log
-grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" target/hip-stand-in.log
-grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" target/hip-stand-in.log
-grep -q "soak: hip, " target/hip-stand-in.log
+on_stand_in cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee "$target/hip-stand-in.log"
+grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" "$target/hip-stand-in.log"
+grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" "$target/hip-stand-in.log"
+grep -q "soak: hip, " "$target/hip-stand-in.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
@@ -42,34 +44,46 @@ done
 echo "--- memgov check / run on the stand-in"
 cargo build --locked --release -p memgov-cli --features hip
 for latency in 0 300; do
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov check --backend hip
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in target/release/memgov run --backend hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in "$memgov" check --backend hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in "$memgov" run --backend hip
+done
+
+# A run that fails half-way (the weights do not fit the LLM's budget) still
+# tears down every context before it exits: exit status 1, not the exit
+# check's abort.
+for latency in 0 300; do
+    status=0
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in "$memgov" run --backend hip --llm-budget-mib 64 \
+        > "$target/hip-failed-run.log" 2>&1 || status=$?
+    cat "$target/hip-failed-run.log"
+    [ "$status" -eq 1 ] || { echo "FAILED: a failing memgov run exited $status, expected 1"; exit 1; }
+    grep -q "memgov run: retired the 2 contexts the run left, every teardown clean" "$target/hip-failed-run.log"
 done
 
 echo "--- no HIP runtime: the binary does not link libamdhip64, and skips cleanly"
-if ldd target/release/memgov | grep -q amdhip64; then
-    echo "FAILED: target/release/memgov links libamdhip64 at load time:"
-    ldd target/release/memgov | grep amdhip64
+if ldd "$memgov" | grep -q amdhip64; then
+    echo "FAILED: $memgov links libamdhip64 at load time:"
+    ldd "$memgov" | grep amdhip64
     exit 1
 fi
-MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 target/release/memgov check 2>&1 | tee target/hip-absent.log
-grep -q "skipped: no HIP runtime: /nonexistent/libamdhip64.so.5" target/hip-absent.log
-MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 target/release/memgov info 2>&1 | tee -a target/hip-absent.log
-grep -q "hip      skipped: no HIP runtime" target/hip-absent.log
+MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 "$memgov" check 2>&1 | tee "$target/hip-absent.log"
+grep -q "skipped: no HIP runtime: /nonexistent/libamdhip64.so.5" "$target/hip-absent.log"
+MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 "$memgov" info 2>&1 | tee -a "$target/hip-absent.log"
+grep -q "hip      skipped: no HIP runtime" "$target/hip-absent.log"
 
 echo "--- the fault matrix on the stand-in"
-on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee target/hip-fault-matrix.log
+on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/hip-fault-matrix.log"
 # The matrix runs as is and with the block cache on in every cell.
-grep -q "fault matrix: hip (no block cache): 63 tried, 63 survived" target/hip-fault-matrix.log
-grep -q "fault matrix: hip (block cache of 64.0 MiB): 63 tried, 63 survived" target/hip-fault-matrix.log
+expect_matrix_survived "$target/hip-fault-matrix.log" "hip (no block cache)"
+expect_matrix_survived "$target/hip-fault-matrix.log" "hip (block cache of 64.0 MiB)"
 
 echo "--- clippy with the hip feature"
 cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all-targets -- -D warnings
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee target/hip-real.log
-if grep -Eq "skipped: no HIP (device|runtime)" target/hip-real.log; then
+cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee "$target/hip-real.log"
+if grep -Eq "skipped: no HIP (device|runtime)" "$target/hip-real.log"; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else
     echo "real runtime: an AMD GPU answered; the HIP tests above ran on it"

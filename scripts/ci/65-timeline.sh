@@ -7,10 +7,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 command -v chromium-headless-shell >/dev/null || apt_install chromium-headless-shell
 
-dir=target/timeline
+target="$(cargo_target_dir)"
+dir="$target/timeline"
 rm -rf "$dir" && mkdir -p "$dir"
 cargo build --locked --release -p memgov-cli
-memgov="$(cargo metadata --locked --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/memgov"
+memgov="$target/release/memgov"
 "$memgov" run --trace "$dir/trace.json" > "$dir/run.log"
 python3 - "$dir/trace.json" <<'PY'
 import json, sys
@@ -29,7 +30,7 @@ if grep -Eq '(src|href)="(https?:)?//' "$dir/timeline.html"; then
 fi
 browse() {
     chromium-headless-shell --no-sandbox --disable-gpu --hide-scrollbars \
-        --proxy-server='127.0.0.1:9' --window-size=1200,900 "$@" "file://$(pwd)/$dir/timeline.html" 2>/dev/null
+        --proxy-server='127.0.0.1:9' --window-size=1200,900 "$@" "file://$dir/timeline.html" 2>/dev/null
 }
 browse --dump-dom > "$dir/dom.html"
 status="$(grep -o '<p id="status">[^<]*' "$dir/dom.html" | sed 's/.*>//')"

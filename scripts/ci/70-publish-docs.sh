@@ -10,8 +10,8 @@
 #   path.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
-mkdir -p target
-target_dir="$(cargo metadata --locked --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+target_dir="$(cargo_target_dir)"
+mkdir -p "$target_dir"
 
 echo "--- cargo publish --workspace --dry-run"
 # The dry run verifies each crate against the ones packaged before it, through
@@ -27,7 +27,7 @@ started="$(mktemp)"
 publish_target="$(mktemp -d "${TMPDIR:-/tmp}/memgov-publish.XXXXXX")"
 trap 'rm -rf "$publish_target" "$started"' EXIT
 set +e
-CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --locked --allow-dirty 2>&1 | tee target/publish.log
+CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --locked --allow-dirty 2>&1 | tee "$target_dir/publish.log"
 publish_rc=${PIPESTATUS[0]}
 set -e
 # Local registries unpack into folders named "-<hash>"; the ones this run
@@ -37,9 +37,9 @@ find "$cargo_home/registry/src" -mindepth 1 -maxdepth 1 -name '-*' -newer "$star
 [ "$publish_rc" -eq 0 ] || { echo "FAILED: cargo publish --workspace --dry-run exited with $publish_rc"; exit 1; }
 crates=(memgov-api memgov-sync memgov-backend memgov-host memgov-null memgov-cuda memgov-hip memgov-vulkan memgov memgov-cli)
 for c in "${crates[@]}"; do
-    grep -Eq "Packaging $c v" target/publish.log || { echo "FAILED: $c was not packaged"; exit 1; }
+    grep -Eq "Packaging $c v" "$target_dir/publish.log" || { echo "FAILED: $c was not packaged"; exit 1; }
 done
-if grep -q "Packaging memgov-capi" target/publish.log; then
+if grep -q "Packaging memgov-capi" "$target_dir/publish.log"; then
     echo "FAILED: memgov-capi is publish = false and must not be packaged"; exit 1
 fi
 # Stand-in drivers and CI scripts stay in the repository.
@@ -75,6 +75,6 @@ if ldd "$bin" | grep -Ei 'libcuda|libamdhip|libhsa|libvulkan|libnvidia'; then
 fi
 # An empty library path and no runtime names: whatever the machine has is
 # not on the path the binary searches first, and it must still start.
-MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so LD_LIBRARY_PATH="" "$bin" info | tee target/info-no-runtime.log
-grep -q "^host " target/info-no-runtime.log
+MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so LD_LIBRARY_PATH="" "$bin" info | tee "$target_dir/info-no-runtime.log"
+grep -q "^host " "$target_dir/info-no-runtime.log"
 echo "memgov with cuda, hip and vulkan: links no GPU runtime, starts and prints its backends"

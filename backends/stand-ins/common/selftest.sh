@@ -5,7 +5,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
-out="${MEMGOV_STANDIN_DIR:-$root/target/stand-ins}"
+# cargo_target_dir: cargo's target directory (CARGO_TARGET_DIR, a configured
+# build.target-dir, or ./target).
+source "$root/scripts/common.sh"
+out="${MEMGOV_STANDIN_DIR:-$(cargo_target_dir)/stand-ins}"
 mkdir -p "$out"
 "${CC:-cc}" -std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I"$here" \
     -o "$out/selftest" "$here/selftest.c" "$here/standin.c"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The suite's own scripts find build output through cargo, never under a
+# literal `target/`, so that they work with CARGO_TARGET_DIR set (a shared
+# cache, a CI runner's scratch disk, a developer's setting):
+# * no script of the suite (scripts/, .ci/, backends/stand-ins/) names a
+#   `target/` path outside a comment;
+# * the README's main job (scripts/main.sh) runs in a copy of this tree with
+#   CARGO_TARGET_DIR set to a directory elsewhere, and passes, and the copy has
+#   no `target/` afterwards: nothing was looked for or written there.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+ensure_rust
+
+echo "--- no literal target/ paths in the suite's scripts"
+# (This script names the pattern it looks for, and is not scanned.)
+scripts=$(git ls-files -co --exclude-standard -- '*.sh' .ci/run |
+    grep -E '^(scripts/|\.ci/|backends/stand-ins/)' | grep -vx 'scripts/ci/01-scripts.sh')
+# A `target/` not preceded by a name character, `$`, `/` or `.`: a path
+# relative to the repository (`$target/x`, `foo/target/x` and `$x_target/`
+# are not). Comment lines are skipped.
+# shellcheck disable=SC2086
+bad=$(grep -nE '(^|[^A-Za-z0-9_$/.{-])target/' $scripts | grep -vE '^[^:]+:[0-9]+:[[:space:]]*#' || true)
+if [ -n "$bad" ]; then
+    echo "FAILED: these lines name a target/ path; use cargo_target_dir (scripts/common.sh):"
+    echo "$bad"
+    exit 1
+fi
+echo "$(echo "$scripts" | wc -l) scripts checked: none names a target/ path"
+
+echo "--- scripts/main.sh in a copy of the tree with CARGO_TARGET_DIR elsewhere"
+work="$(mktemp -d "${TMPDIR:-/tmp}/memgov-scripts.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/tree"
+# The tracked files and the new ones git does not ignore, as they are now (a
+# file deleted in the work tree is still listed: copy what exists).
+git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
+    if [ -e "$f" ]; then printf '%s\0' "$f"; fi
+done | xargs -0 cp --parents -t "$work/tree"
+[ ! -e "$work/tree/target" ] || { echo "FAILED: the copy already has a target/"; exit 1; }
+CARGO_TARGET_DIR="$work/build" bash "$work/tree/scripts/main.sh" > "$work/main.log" 2>&1 ||
+    { tail -40 "$work/main.log"; echo "FAILED: scripts/main.sh with CARGO_TARGET_DIR set"; exit 1; }
+grep -q "memgov run: ok" "$work/main.log" ||
+    { tail -40 "$work/main.log"; echo "FAILED: scripts/main.sh did not finish its run"; exit 1; }
+[ -x "$work/build/release/memgov" ] ||
+    { echo "FAILED: no memgov in CARGO_TARGET_DIR ($work/build/release)"; exit 1; }
+if [ -e "$work/tree/target" ]; then
+    echo "FAILED: with CARGO_TARGET_DIR set, something wrote under the tree's target/:"
+    find "$work/tree/target" -maxdepth 2 | head -20
+    exit 1
+fi
+echo "scripts/main.sh passed with CARGO_TARGET_DIR=$work/build; the tree has no target/"
