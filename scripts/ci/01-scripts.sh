@@ -4,8 +4,9 @@
 # cache, a CI runner's scratch disk, a developer's setting):
 # * no script of the suite (scripts/, .ci/, backends/stand-ins/) names a
 #   `target/` path outside a comment;
-# * the README's main job (scripts/main.sh) runs in a copy of this tree with
-#   CARGO_TARGET_DIR set to a directory elsewhere, and passes, and the copy has
+# * the README's main job (scripts/main.sh) and the timeline step (which
+#   builds, runs and writes files of its own) run in a copy of this tree with
+#   CARGO_TARGET_DIR set to a directory elsewhere, and pass, and the copy has
 #   no `target/` afterwards: nothing was looked for or written there.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
@@ -26,7 +27,7 @@ if [ -n "$bad" ]; then
 fi
 echo "$(echo "$scripts" | wc -l) scripts checked: none names a target/ path"
 
-echo "--- scripts/main.sh in a copy of the tree with CARGO_TARGET_DIR elsewhere"
+echo "--- scripts/main.sh and the timeline step in a copy of the tree with CARGO_TARGET_DIR elsewhere"
 work="$(mktemp -d "${TMPDIR:-/tmp}/memgov-scripts.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/tree"
@@ -36,15 +37,19 @@ git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
     if [ -e "$f" ]; then printf '%s\0' "$f"; fi
 done | xargs -0 cp --parents -t "$work/tree"
 [ ! -e "$work/tree/target" ] || { echo "FAILED: the copy already has a target/"; exit 1; }
-CARGO_TARGET_DIR="$work/build" bash "$work/tree/scripts/main.sh" > "$work/main.log" 2>&1 ||
-    { tail -40 "$work/main.log"; echo "FAILED: scripts/main.sh with CARGO_TARGET_DIR set"; exit 1; }
-grep -q "memgov run: ok" "$work/main.log" ||
-    { tail -40 "$work/main.log"; echo "FAILED: scripts/main.sh did not finish its run"; exit 1; }
-[ -x "$work/build/release/memgov" ] ||
-    { echo "FAILED: no memgov in CARGO_TARGET_DIR ($work/build/release)"; exit 1; }
+for step in scripts/main.sh scripts/ci/65-timeline.sh; do
+    log="$work/$(basename "$step").log"
+    CARGO_TARGET_DIR="$work/build" bash "$work/tree/$step" > "$log" 2>&1 ||
+        { tail -40 "$log"; echo "FAILED: $step with CARGO_TARGET_DIR set"; exit 1; }
+    echo "$step: passed"
+done
+grep -q "memgov run: ok" "$work/main.sh.log" ||
+    { tail -40 "$work/main.sh.log"; echo "FAILED: scripts/main.sh did not finish its run"; exit 1; }
+[ -x "$work/build/release/memgov" ] && [ -s "$work/build/timeline/timeline.html" ] ||
+    { echo "FAILED: memgov or the timeline page is not in CARGO_TARGET_DIR ($work/build)"; exit 1; }
 if [ -e "$work/tree/target" ]; then
     echo "FAILED: with CARGO_TARGET_DIR set, something wrote under the tree's target/:"
     find "$work/tree/target" -maxdepth 2 | head -20
     exit 1
 fi
-echo "scripts/main.sh passed with CARGO_TARGET_DIR=$work/build; the tree has no target/"
+echo "both passed with CARGO_TARGET_DIR=$work/build; the tree has no target/"
