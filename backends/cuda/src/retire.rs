@@ -180,10 +180,12 @@ impl Shared {
     /// Free the page-locked host buffers whose host function has run (the
     /// stream passed their last use), then fire their signals. Called by the
     /// watcher, by `synchronize` after its stream drained, and by teardown
-    /// once every stream is synchronized. On a lost context nothing is
-    /// freed: the buffers go with the context.
+    /// once every stream is synchronized. A context declared lost whose
+    /// driver still answers frees them too (their signals, abandoned, are
+    /// not fired); on a dead device nothing is freed: the buffers go with
+    /// the context.
     pub(crate) fn free_ready_host(&self, op: &'static str) -> Result<(), BackendError> {
-        if !self.pending.host_ready() || self.is_lost() {
+        if !self.pending.host_ready() || self.shell.is_dead() {
             return Ok(());
         }
         let _current = self.make_current(op)?;

@@ -39,9 +39,20 @@ impl CudaContext {
         }
         if lost {
             self.teardown_lost(&mut keep);
-            s.probe().torn_down_now();
-            return first.map_or(Ok(()), Err);
+        } else {
+            self.release_all(&mut keep);
         }
+        s.probe().torn_down_now();
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Give everything back to a driver that answers, then release the
+    /// reference to the primary context: synchronize and destroy every
+    /// stream, free page-locked host memory and what a forced retire left
+    /// live, trim and destroy memgov's pool. Nothing of memgov's is queued or
+    /// allocated in the context when the reference goes.
+    fn release_all(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
+        let s = &*self.shared;
         let current = match s.make_current("teardown") {
             Ok(c) => Some(c),
             Err(e) => {
@@ -128,64 +139,88 @@ impl CudaContext {
             let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
             keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
-        s.probe().torn_down_now();
-        first.map_or(Ok(()), Err)
     }
 
-    /// Teardown of a lost context: no frees and no synchronization. What
-    /// memgov allocated and the streams it created go with its reference to
-    /// the primary context, which is released:
+    /// Teardown of a lost context. The pending frees' signals are dropped
+    /// unfired (the governor settles them as abandoned); what happens to the
+    /// memory depends on whether the driver still answers:
     ///
-    /// * when the driver reported the loss (a sticky error), at once: queued
-    ///   work no longer executes;
     /// * when only the caller declared the loss and the driver still answers,
-    ///   after the queued work of memgov's streams has finished, polled with
-    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; if it
-    ///   is still running then, the reference is kept (releasing the last
-    ///   reference under running work is undefined) and the error says so.
+    ///   the queued work of memgov's streams is waited for, polled with
+    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; then
+    ///   everything is given back as in a healthy teardown ([`release_all`]:
+    ///   live allocations freed, page-locked host memory freed, streams and
+    ///   the pool destroyed) before the reference to the primary context is
+    ///   released, so nothing of memgov's stays allocated in a context the
+    ///   runtime may still hold. If the work is still running at the
+    ///   deadline, nothing is freed and the reference is kept (freeing or
+    ///   releasing under running work is undefined) and the error says so;
+    /// * when the driver reported the loss (a sticky error), nothing can be
+    ///   freed: queued work no longer executes and every call fails. memgov's
+    ///   allocations and streams go with its reference to the primary
+    ///   context, which is released at once (the last reference destroys the
+    ///   context with them; a runtime still holding it resets the device).
     ///
-    /// An adopted context is the runtime's: nothing is released, and memgov's
-    /// allocations in it stay until the runtime destroys it.
+    /// An adopted context is the runtime's: its reference is never released.
+    /// With the driver answering, memgov's memory in it is still freed.
+    ///
+    /// [`release_all`]: Self::release_all
     fn teardown_lost(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
         let s = &*self.shared;
         s.shell.mark_lost(None);
         s.abandon_pending();
-        for (_, l) in lock(&s.live).drain() {
-            s.probe().freed(l.bytes);
+        if !s.shell.is_dead() {
+            let mut queued: Vec<CUstream> =
+                lock(&s.streams).values().map(|&(raw, _)| raw).collect();
+            queued.extend(lock(&s.retired_streams).iter().map(|r| r.0));
+            match self.drain_lost(&queued) {
+                Ok(()) if !s.shell.is_dead() => {
+                    // Nothing of memgov's runs on the device any more: give
+                    // everything back, then release the reference.
+                    self.release_all(keep);
+                    return;
+                }
+                // A sticky error while draining: the device really is gone.
+                Ok(()) => {}
+                Err(e) => {
+                    // Still running at the deadline: free nothing, keep the
+                    // reference (with memgov's allocations) rather than
+                    // release it under running work.
+                    keep(Err(e));
+                    self.forget_all();
+                    return;
+                }
+            }
         }
-        let streams: Vec<CUstream> = lock(&s.streams)
-            .drain()
-            .map(|(_, (raw, _))| {
-                s.probe().stream_destroyed();
-                raw
-            })
-            .collect();
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+        self.forget_all();
         // SAFETY: memgov's own pool, destroyed once, here. The call does not
         // wait: with allocations or frees outstanding the driver releases the
         // pool once they are gone (with the context, when it is released
         // below). On a device in the sticky state it fails harmlessly.
         let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
-        if !s.retained {
-            return;
-        }
-        let mut release = s.shell.is_dead();
-        if !release {
-            let mut queued: Vec<CUstream> = streams;
-            queued.extend(retired.iter().map(|r| r.0));
-            match self.drain_lost(&queued) {
-                Ok(()) => release = true,
-                Err(e) => keep(Err(e)),
-            }
-        }
-        if release {
-            // SAFETY: balanced with the retain in `new`; no work of memgov's
-            // is running (drained above, or the device no longer executes
-            // any). Releasing the last reference destroys the context with
-            // memgov's allocations and streams.
+        if s.retained {
+            // SAFETY: balanced with the retain in `new`; the device no longer
+            // executes any work (a sticky error). Releasing the last
+            // reference destroys the context with memgov's allocations and
+            // streams.
             let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
             keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
+    }
+
+    /// Count memgov's allocations and streams as gone without calling the
+    /// driver: on a dead device they go with the context; on one still
+    /// running memgov's work at the drain deadline they stay with the
+    /// reference teardown keeps.
+    fn forget_all(&self) {
+        let s = &*self.shared;
+        for (_, l) in lock(&s.live).drain() {
+            s.probe().freed(l.bytes);
+        }
+        for _ in lock(&s.streams).drain() {
+            s.probe().stream_destroyed();
+        }
+        lock(&s.retired_streams).clear();
     }
 
     /// Poll `streams` until their queued work has finished, a sticky error
