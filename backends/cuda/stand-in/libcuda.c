@@ -30,8 +30,10 @@
  *   copy or free missing stream ordering, a page-locked host free while a
  *   copy using it is still queued, the primary context released (last
  *   reference) while work is pending, while a thread has it current, or with
- *   the default pool changed, any driver call from inside a host function;
- *   with MEMGOV_STANDIN_CUDA_EXIT_CHECK=1, anything left at exit.
+ *   the default pool changed, any primary context reference released (on a
+ *   device not in the sticky state) while a created pool that was destroyed
+ *   still has allocations outstanding, any driver call from inside a host
+ *   function; with MEMGOV_STANDIN_CUDA_EXIT_CHECK=1, anything left at exit.
  * - Knobs (see the README): MEMGOV_STANDIN_CUDA_LATENCY_US, _OOM_AFTER_BYTES,
  *   _STICKY_ERROR_AT_OP (driver call N and all later fail with
  *   CUDA_ERROR_ILLEGAL_ADDRESS; queued work stops executing),
@@ -104,6 +106,9 @@ struct CUmemPoolHandle_st {
     int is_default;
     int destroyed;                     /* created pools only */
     struct CUmemPoolHandle_st *next;   /* in g_pools (created pools) */
+    /* Created pools: allocations from it not yet freed (a free counts once
+     * it has executed), under g_pool_allocs_lock. */
+    uint64_t live_count, live_bytes;
 };
 
 /* cuMemPoolCreate's properties, as laid out by the CUDA 12.0 headers. */
@@ -177,6 +182,71 @@ static struct {
     uint64_t pool_found_threshold;
 } g_dev[MAX_DEVICES];
 static struct CUmemPoolHandle_st *g_pools; /* created pools, under g_lock */
+
+/* Which created pool each allocation came from, so that what a pool still
+ * has outstanding is known when a reference to the primary context goes
+ * (see cuDevicePrimaryCtxRelease_v2). Chained by base address. */
+#define POOL_ALLOC_BUCKETS 4096
+struct pool_alloc {
+    uint64_t base, bytes;
+    CUmemoryPool pool;
+    struct pool_alloc *next;
+};
+static struct pool_alloc *g_pool_allocs[POOL_ALLOC_BUCKETS];
+static pthread_mutex_t g_pool_allocs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct pool_alloc **pool_alloc_bucket(uint64_t base) {
+    return &g_pool_allocs[(base >> 4) % POOL_ALLOC_BUCKETS];
+}
+
+static void pool_alloc_track(CUmemoryPool pool, uint64_t base, uint64_t bytes) {
+    struct pool_alloc *a = malloc(sizeof *a);
+    if (a == NULL) sq_fatal("out of host memory");
+    pthread_mutex_lock(&g_pool_allocs_lock);
+    *a = (struct pool_alloc){.base = base, .bytes = bytes, .pool = pool, .next = *pool_alloc_bucket(base)};
+    *pool_alloc_bucket(base) = a;
+    pool->live_count++;
+    pool->live_bytes += bytes;
+    pthread_mutex_unlock(&g_pool_allocs_lock);
+}
+
+/* The allocation at `base` was freed (its free executed): no longer the
+ * pool's. Allocations of the default pool are not tracked. */
+static void pool_alloc_untrack(uint64_t base) {
+    pthread_mutex_lock(&g_pool_allocs_lock);
+    for (struct pool_alloc **a = pool_alloc_bucket(base); *a != NULL; a = &(*a)->next) {
+        if ((*a)->base == base) {
+            struct pool_alloc *gone = *a;
+            *a = gone->next;
+            gone->pool->live_count--;
+            gone->pool->live_bytes -= gone->bytes;
+            free(gone);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_pool_allocs_lock);
+}
+
+/* The primary context of `dev` is destroyed: its pools' allocations went
+ * with it. */
+static void pool_allocs_forget_device(CUdevice dev) {
+    pthread_mutex_lock(&g_pool_allocs_lock);
+    for (int b = 0; b < POOL_ALLOC_BUCKETS; b++) {
+        for (struct pool_alloc **a = &g_pool_allocs[b]; *a != NULL;) {
+            if ((*a)->pool->device == dev) {
+                struct pool_alloc *gone = *a;
+                *a = gone->next;
+                gone->pool->live_count--;
+                gone->pool->live_bytes -= gone->bytes;
+                free(gone);
+            } else {
+                a = &(*a)->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_pool_allocs_lock);
+}
+
 
 /* ---- per-thread current context and context stack ------------------------
  *
@@ -259,6 +329,24 @@ static const char g_description[] =
 
 /* Exported marker, for tools that want to know without opening a device. */
 const char *memgov_standin_cuda(void) { return g_description; }
+
+/* For tests acting as a runtime that shares the primary context: what the
+ * primary context of `dev` holds now, as {device allocations, device bytes,
+ * page-locked host allocations, host bytes}. Returns 0, or -1 when `dev` is
+ * not a device or its primary context is not retained. */
+int memgov_standin_cuda_live(int dev, unsigned long long out[4]) {
+    if (out == NULL || dev < 0 || dev >= MAX_DEVICES) return -1;
+    pthread_mutex_lock(&g_lock);
+    CUcontext c = g_dev[dev].refs != 0 ? g_dev[dev].primary : NULL;
+    if (c != NULL) {
+        out[0] = sq_mem_live_count(c->mem);
+        out[1] = sq_mem_live_bytes(c->mem);
+        out[2] = sq_mem_live_count(c->host_mem);
+        out[3] = sq_mem_live_bytes(c->host_mem);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return c != NULL ? 0 : -1;
+}
 
 /* ---- checks every entry point makes -------------------------------------- */
 
@@ -557,6 +645,26 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
     if (g_dev[dev].refs == 0) sq_die("cuDevicePrimaryCtxRelease_v2 of device %d, which is not retained", dev);
+    /* A reference let go while a pool its holder created and destroyed still
+     * has allocations outstanding: cuMemPoolDestroy with allocations
+     * outstanding is legal (the pool goes once they are freed), but nothing
+     * will free them now, so they stay allocated in the primary context for
+     * as long as anyone holds it (a runtime that shares it keeps them for
+     * ever). On a device in the sticky error state nothing can be freed and
+     * the memory goes with the context: no violation. */
+    if (!sticky) {
+        pthread_mutex_lock(&g_pool_allocs_lock);
+        for (CUmemoryPool p = g_pools; p != NULL; p = p->next)
+            if (p->device == dev && p->destroyed && p->live_count != 0)
+                sq_die("cuDevicePrimaryCtxRelease_v2 of device %d (%d reference(s) left after it) "
+                       "while memory pool %p, destroyed, still has %llu allocation(s) (%llu bytes) "
+                       "outstanding on a device that still executes work: they stay allocated in "
+                       "the primary context for as long as anyone holds it; free them (and let the "
+                       "frees execute) before releasing the reference",
+                       dev, g_dev[dev].refs - 1, (void *)p, (unsigned long long)p->live_count,
+                       (unsigned long long)p->live_bytes);
+        pthread_mutex_unlock(&g_pool_allocs_lock);
+    }
     CUcontext c = NULL;
     if (--g_dev[dev].refs == 0) {
         c = g_dev[dev].primary;
@@ -565,7 +673,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     pthread_mutex_unlock(&g_lock);
     /* Releasing succeeds even on a device in the sticky error state: it is
      * how a program lets go of a broken context. */
-    if (c != NULL) destroy_context(c, sticky);
+    if (c != NULL) {
+        destroy_context(c, sticky);
+        pool_allocs_forget_device(dev);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -845,7 +956,9 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
     if (hStream != NULL && hStream->magic == STREAM_MAGIC && !hStream->destroyed &&
         hStream->ctx->device != pool->device)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream);
+    CUresult r = alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream);
+    if (r == CUDA_SUCCESS && !pool->is_default) pool_alloc_track(pool, *dptr, bytesize);
+    return r;
 }
 
 struct free_op {
@@ -857,7 +970,10 @@ static void run_free(void *arg) {
     struct free_op *op = arg;
     /* On a device in the sticky error state queued work no longer runs; the
      * memory goes when the context is released. */
-    if (!exec_tick()) sq_mem_finish_free(op->mem, op->base);
+    if (!exec_tick()) {
+        pool_alloc_untrack(op->base);
+        sq_mem_finish_free(op->mem, op->base);
+    }
     free(op);
 }
 

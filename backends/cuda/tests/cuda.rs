@@ -505,6 +505,32 @@ fn lost_teardown_of_a_healthy_device_releases_everything() {
 }
 
 #[test]
+fn lost_teardown_of_a_healthy_device_frees_before_the_shared_context_reference_goes() {
+    // A runtime shares the primary context. memgov's context is declared
+    // lost while the driver still answers, with device and page-locked host
+    // memory live: its teardown frees all of it before letting go of its
+    // reference, so nothing of memgov's stays in the runtime's context.
+    for latency in ["0", "2000"] {
+        assert_child_passed(
+            "lost_teardown_shared",
+            &[
+                ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+                ("MEMGOV_STANDIN_CUDA_LATENCY_US", latency),
+            ],
+        );
+    }
+}
+
+#[test]
+fn negative_context_reference_released_over_a_destroyed_pools_allocations_aborts() {
+    assert_stand_in_aborts(
+        "pool_destroyed_with_allocations",
+        &[],
+        "still has 1 allocation(s) (4096 bytes) outstanding",
+    );
+}
+
+#[test]
 fn lost_teardown_of_an_adopted_context_leaves_only_the_runtimes_objects() {
     assert_child_passed("adopt_lost", &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")]);
 }
@@ -858,6 +884,33 @@ mod children {
                 "async_fault_force" => async_fault(true),
                 "current_restored" => current_restored(),
                 "lost_teardown" => lost_teardown(),
+                "lost_teardown_shared" => lost_teardown_shared(),
+                "pool_destroyed_with_allocations" => {
+                    // The planted violation: an allocation from a created
+                    // pool, the pool destroyed (legal: it goes once the
+                    // allocation is freed), then the context reference
+                    // released with the allocation still outstanding.
+                    let (mut dev, mut c) = (0, std::ptr::null_mut());
+                    ok(sys::cuInit(0), "init");
+                    ok(sys::cuDeviceGet(&mut dev, 0), "device");
+                    ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+                    ok(sys::cuCtxSetCurrent(c), "current");
+                    let mut s: sys::CUstream = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut s, 1), "stream");
+                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
+                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    props.location.id = dev;
+                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
+                    let mut p = 0;
+                    ok(sys::cuMemAllocFromPoolAsync(&mut p, 4096, pool, s), "alloc");
+                    ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuStreamDestroy_v2(s), "destroy stream");
+                    ok(sys::cuMemPoolDestroy(pool), "destroy pool");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+                }
                 "default_pool" => default_pool(),
                 "adopt_lost" => adopt_lost(),
                 "call_in_host_fn" => {
@@ -1379,6 +1432,79 @@ mod children {
             assert_eq!(info.free, info.total, "round {round}: memory left behind");
             fresh.teardown(false).expect("teardown");
         }
+    }
+
+    /// What the stand-in's primary context of `dev` holds: {device
+    /// allocations, device bytes, page-locked host allocations, host bytes}.
+    fn stand_in_live(dev: i32) -> [u64; 4] {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
+        // only finds it, and its symbol has the declared signature.
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let live: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
+                lib.get(b"memgov_standin_cuda_live\0")
+                    .expect("memgov_standin_cuda_live");
+            let mut out = [u64::MAX; 4];
+            assert_eq!(live(dev, out.as_mut_ptr()), 0, "device {dev} not retained");
+            out
+        }
+    }
+
+    fn lost_teardown_shared() {
+        use memgov::Tier;
+        // The runtime's reference, taken first and let go last.
+        let (mut device, mut runtime) = (0, std::ptr::null_mut());
+        // SAFETY: plain driver calls with valid out pointers.
+        unsafe {
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut device, 0), "device");
+            ok(
+                sys::cuDevicePrimaryCtxRetain(&mut runtime, device),
+                "retain",
+            );
+        }
+        let gov = Governor::new();
+        let backend = factory().expect("context");
+        let probe = backend.probe();
+        let ctx = gov.register(backend, ContextConfig::new().label("shared"));
+        let s = ctx.create_stream("s").expect("stream");
+        let weights: Vec<_> = (0..4)
+            .map(|_| ctx.allocate(&s, 64 << 20, Role::Weights).expect("allocate"))
+            .collect();
+        let pinned = ctx
+            .allocate_in(&s, 1 << 20, Role::Other, Tier::PinnedHost)
+            .expect("pinned allocation");
+        weights[0].write(0, b"weights").expect("write");
+        pinned.write(0, b"pinned").expect("write");
+        // A release still queued when the loss is declared.
+        drop(ctx.allocate(&s, 4096, Role::Activation).expect("allocate"));
+        let before = stand_in_live(device);
+        assert!(before[0] >= 4 && before[2] == 1, "{before:?}");
+        assert!(ctx.mark_lost("test: declared lost; the driver still answers"));
+        drop((weights, pinned, s));
+        let report = ctx
+            .retire()
+            .wait_timeout(Duration::from_secs(30))
+            .expect("retire");
+        assert!(report.lost, "{report:?}");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        assert_eq!(
+            stand_in_live(device),
+            [0, 0, 0, 0],
+            "memgov's allocations stayed in the runtime's primary context"
+        );
+        assert_eq!(probe.live_allocations(), 0);
+        assert_eq!(probe.live_streams(), 0);
+        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
+        // SAFETY: the runtime's own reference, released once.
+        ok(
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) },
+            "release",
+        );
     }
 
     fn default_pool() {
