@@ -128,6 +128,17 @@ pub const hipErrorNotSupported: HipResult = 801;
 pub const hipStreamNonBlocking: c_uint = 0x01;
 /// `hipHostMallocDefault`.
 pub const hipHostMallocDefault: c_uint = 0;
+/// `hipHostMallocPortable`: page-locked for every context.
+pub const hipHostMallocPortable: c_uint = 0x1;
+/// `hipHostMallocMapped`: mapped into the device's address space; its
+/// device pointer comes from `hipHostGetDevicePointer`.
+pub const hipHostMallocMapped: c_uint = 0x2;
+/// `hipMemcpyHostToDevice`: `hipMemcpyAsync` from a host pointer to a
+/// device pointer.
+pub const hipMemcpyHostToDevice: c_int = 1;
+/// `hipMemcpyDeviceToHost`: `hipMemcpyAsync` from a device pointer to a
+/// host pointer.
+pub const hipMemcpyDeviceToHost: c_int = 2;
 /// `hipEventDisableTiming`.
 pub const hipEventDisableTiming: c_uint = 0x02;
 /// `hipDeviceAttributeMemoryPoolsSupported`.
@@ -235,9 +246,16 @@ hip_api! {
 
     fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> HipResult;
     fn hipFree(ptr: *mut c_void) -> HipResult;
-    /// Page-locked host memory, mapped into the device's address space
-    /// (`hipHostMallocDefault`: portable and mapped on ROCm).
+    /// Page-locked host memory (mapped into the device's address space with
+    /// `hipHostMallocMapped`).
     fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint) -> HipResult;
+    /// The device pointer of mapped host memory, which may differ from the
+    /// host pointer; `flags` must be 0.
+    fn hipHostGetDevicePointer(
+        device: *mut *mut c_void,
+        host: *mut c_void,
+        flags: c_uint,
+    ) -> HipResult;
     /// Synchronous: the memory must not be in use by queued work.
     fn hipHostFree(ptr: *mut c_void) -> HipResult;
     /// `hipMallocAsync` from the device's default pool. memgov allocates
@@ -269,6 +287,16 @@ hip_api! {
         dst: *mut c_void,
         src: *mut c_void,
         bytes: usize,
+        stream: hipStream_t,
+    ) -> HipResult;
+    /// A copy whose direction is `kind` (`hipMemcpyHostToDevice`, ...): the
+    /// pointers must match it. memgov copies with the HtoD / DtoH forms;
+    /// this is for raw work next to memgov.
+    fn hipMemcpyAsync(
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        kind: c_int,
         stream: hipStream_t,
     ) -> HipResult;
     /// `hipDeviceReset`: destroys every allocation and stream of the process

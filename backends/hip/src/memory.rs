@@ -3,10 +3,16 @@
 //! `hipHostMalloc`), copies on the stream, and the pool's creation, trim and
 //! destruction.
 //!
-//! Pinned host memory ([`Tier::PinnedHost`]) is mapped into the device's
-//! address space (ROCm's default for `hipHostMalloc`), so the same
-//! asynchronous, stream-ordered copies reach it through its address. Its
-//! free, `hipHostFree`, is synchronous: it goes the way of the `hipMalloc`
+//! Pinned host memory ([`Tier::PinnedHost`]) is allocated mapped into the
+//! device's address space (`hipHostMallocMapped | hipHostMallocPortable`).
+//! HIP's copies take the pointer kind their `hipMemcpyKind` names, and a
+//! pointer of the wrong kind is undefined behaviour; the device's view of
+//! mapped host memory is the pointer `hipHostGetDevicePointer` returns,
+//! whose value may differ from the host pointer. So the tier keeps both: the
+//! host pointer (the key in the books, and what `hipHostFree` takes) and the
+//! device pointer, which the stream-ordered copies (`hipMemcpyHtoDAsync`,
+//! `hipMemcpyDtoHAsync`) and [`HipMemory::device_ptr`] use. Its free,
+//! `hipHostFree`, is synchronous: it goes the way of the `hipMalloc`
 //! fallback's `hipFree` (an event recorded on the releasing stream, waited
 //! for by the reaper thread before the free), so it never runs under a copy
 //! still queued (`retire.rs`).
@@ -48,7 +54,12 @@ pub enum Origin {
 /// teardown, for memory the governor abandoned) returns it to the device.
 #[derive(Debug)]
 pub struct HipMemory {
+    /// The allocation's own pointer: the device pointer, or for page-locked
+    /// host memory the host pointer (what `hipHostFree` takes).
     pub(crate) ptr: usize,
+    /// The device's view of it: `ptr`, or for page-locked host memory the
+    /// pointer `hipHostGetDevicePointer` returned.
+    pub(crate) device: usize,
     pub(crate) bytes: u64,
     pub(crate) context: u64,
     pub(crate) origin: Origin,
@@ -62,8 +73,18 @@ impl HipMemory {
     /// bytes, and must order any work that uses it on the stream the
     /// allocation is released on (or synchronize that work first): the
     /// governor's free is ordered after earlier work on that stream only.
+    ///
+    /// For page-locked host memory ([`Tier::PinnedHost`]) this is the
+    /// device's view of it (`hipHostGetDevicePointer`), which may differ
+    /// from [`host_ptr`](Self::host_ptr): pass it where a HIP call takes a
+    /// device pointer, and the host pointer where it takes a host one.
     pub fn device_ptr(&self) -> ffi::hipDeviceptr_t {
-        self.ptr as ffi::hipDeviceptr_t
+        self.device as ffi::hipDeviceptr_t
+    }
+    /// For page-locked host memory, its host pointer (for host code and
+    /// the host side of copies); `None` for device memory.
+    pub fn host_ptr(&self) -> Option<*mut c_void> {
+        (self.origin == Origin::PinnedHost).then_some(self.ptr as *mut c_void)
     }
     /// Size in bytes as requested.
     pub fn len(&self) -> u64 {
@@ -147,16 +168,17 @@ pub(crate) fn allocate(
         let r = unsafe { hipMalloc(&mut ptr, size) };
         shared.checked("allocate", "hipMalloc", r)?;
     }
-    Ok(register(shared, ptr as usize, bytes, origin))
+    Ok(register(shared, ptr as usize, ptr as usize, bytes, origin))
 }
 
-/// Enter a new allocation in the context's books (the live map and the
-/// probe) and hand it out.
-fn register(shared: &Shared, ptr: usize, bytes: u64, origin: Origin) -> HipMemory {
+/// Enter a new allocation in the context's books (the live map, keyed by
+/// its own pointer, and the probe) and hand it out.
+fn register(shared: &Shared, ptr: usize, device: usize, bytes: u64, origin: Origin) -> HipMemory {
     lock(&shared.live).insert(ptr, (bytes, origin));
     shared.probe().allocated(bytes);
     HipMemory {
         ptr,
+        device,
         bytes,
         context: shared.id,
         origin,
@@ -172,10 +194,33 @@ pub(crate) fn allocate_pinned(
     let size = allocation_size(shared, stream, bytes)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `ptr` is a valid out-pointer; the flag is documented.
-    let r = unsafe { ffi::hipHostMalloc(&mut ptr, size, ffi::hipHostMallocDefault) };
+    // SAFETY: `ptr` is a valid out-pointer; the flags are documented.
+    let r = unsafe {
+        ffi::hipHostMalloc(
+            &mut ptr,
+            size,
+            ffi::hipHostMallocMapped | ffi::hipHostMallocPortable,
+        )
+    };
     shared.checked("allocate", "hipHostMalloc", r)?;
-    Ok(register(shared, ptr as usize, bytes, Origin::PinnedHost))
+    let mut device: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `ptr` was just allocated mapped; `device` is a valid
+    // out-pointer; flags must be 0.
+    let r = unsafe { ffi::hipHostGetDevicePointer(&mut device, ptr, 0) };
+    if let Err(e) = shared.checked("allocate", "hipHostGetDevicePointer", r) {
+        // Nothing is queued on it yet: given back at once.
+        // SAFETY: allocated above with hipHostMalloc, freed once, unused.
+        let r = unsafe { ffi::hipHostFree(ptr) };
+        let _ = shared.checked("allocate", "hipHostFree", r);
+        return Err(e);
+    }
+    Ok(register(
+        shared,
+        ptr as usize,
+        device as usize,
+        bytes,
+        Origin::PinnedHost,
+    ))
 }
 
 fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
@@ -200,7 +245,7 @@ fn range(
 ) -> Result<usize, BackendError> {
     let end = offset.checked_add(len as u64);
     match end {
-        Some(end) if end <= memory.bytes => Ok(memory.ptr + offset as usize),
+        Some(end) if end <= memory.bytes => Ok(memory.device + offset as usize),
         _ => Err(err(
             op,
             BackendErrorKind::InvalidArgument,
