@@ -13,8 +13,12 @@
  * - The default memory pool keeps what hipFreeAsync returned (it shows as
  *   used in hipMemGetInfo) until hipMemPoolTrimTo, like ROCm's pool.
  * - Page-locked host memory (hipHostMalloc / hipHostFree) is one table for
- *   the process, outside every device's memory and its OOM knob; its device
- *   pointer is its host address. Copies through it are checked and ordered
+ *   the process, outside every device's memory and its OOM knob. Its device
+ *   pointer (hipHostGetDevicePointer) differs from its host pointer, as the
+ *   HIP documentation allows: the host address with bit 62 set. A copy whose
+ *   pointers do not match its hipMemcpyKind (a host pointer where the kind
+ *   says device, or a device pointer where it says host) is a contract
+ *   violation, as HIP documents it as undefined. Copies through it are checked and ordered
  *   like device memory, and, as the HIP documentation requires, hipHostFree
  *   (synchronous) while a queued copy that uses the memory has not
  *   completed is a contract violation.
@@ -174,6 +178,15 @@ static pthread_t g_quiesced_by;
 
 /* Page-locked host allocations (hipHostMalloc): not any device's memory. */
 static struct sq_mem *g_host_mem;
+
+/* The device's view of mapped page-locked host memory: its host address with
+ * this bit set, a non-canonical x86-64 address that is never a real one, so
+ * that a host pointer passed where the device's is due (or the reverse) is
+ * told apart, as on a runtime whose device pointer of mapped memory differs
+ * from the host pointer. */
+#define HOST_DEVICE_VIEW (1ull << 62)
+
+static int is_device_view(uint64_t addr) { return (addr & HOST_DEVICE_VIEW) != 0; }
 
 static struct pool_alloc *g_pool_allocs; /* g_lock */
 static size_t g_pool_allocs_n, g_pool_allocs_cap;
@@ -676,6 +689,16 @@ hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
     return hipSuccess;
 }
 
+hipError_t hipHostGetDevicePointer(void **devPtr, void *hstPtr, unsigned int flags) {
+    ENTER("hipHostGetDevicePointer");
+    uint64_t h = (uint64_t)(uintptr_t)hstPtr;
+    if (devPtr == NULL || flags != 0 || is_device_view(h) ||
+        sq_mem_check(g_host_mem, h, 1) != SQ_MEM_OK)
+        return hipErrorInvalidValue;
+    *devPtr = (void *)(uintptr_t)(h | HOST_DEVICE_VIEW);
+    return hipSuccess;
+}
+
 hipError_t hipHostFree(void *ptr) {
     ENTER("hipHostFree");
     if (ptr == NULL) return hipSuccess;
@@ -825,13 +848,62 @@ hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
     return hipSuccess;
 }
 
-static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, const void *src,
-                             size_t bytes, hipStream_t s) {
+
+/* Whether `addr` lies in a live allocation of any device's memory (only
+ * live ones: a freed allocation's address may be the host's again). */
+static int in_device_memory(uint64_t addr) {
+    for (int d = 0; d < g_devices; d++)
+        if (sq_mem_check(g_dev[d].mem, addr, 1) == SQ_MEM_OK) return 1;
+    return 0;
+}
+
+/* The host-side pointer of a copy whose kind says host: neither device
+ * memory nor the device's view of page-locked memory (HIP's documentation:
+ * pointers that do not match the copy's kind are undefined behaviour). */
+static void check_host_side(const char *fn, const char *which, const void *p) {
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    if (is_device_view(a))
+        sq_die("%s: the %s %p is the device pointer of page-locked host memory, where the copy's "
+               "kind takes a host pointer (HIP: pointers that do not match the hipMemcpyKind are "
+               "undefined behaviour): pass the host pointer",
+               fn, which, p);
+    if (in_device_memory(a))
+        sq_die("%s: the %s %p is device memory, where the copy's kind takes a host pointer (HIP: "
+               "pointers that do not match the hipMemcpyKind are undefined behaviour)",
+               fn, which, p);
+}
+
+/* The device-side pointer of a copy whose kind says device: device memory,
+ * or the device's view of mapped page-locked memory (hipHostGetDevicePointer),
+ * never a host pointer. Returns the table it lies in and its address there. */
+static struct sq_mem *device_side(const char *fn, const char *which, const void *p, uint64_t *addr,
+                                  hipStream_t s) {
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    if (is_device_view(a)) {
+        *addr = a & ~HOST_DEVICE_VIEW;
+        return g_host_mem;
+    }
+    if (sq_mem_check(g_host_mem, a, 1) == SQ_MEM_OK)
+        sq_die("%s: the %s %p is a host pointer (page-locked host memory), where the copy's kind "
+               "takes a device pointer (HIP: pointers that do not match the hipMemcpyKind are "
+               "undefined behaviour; the device pointer of mapped host memory comes from "
+               "hipHostGetDevicePointer and may differ from the host pointer)",
+               fn, which, p);
+    *addr = a;
+    return g_dev[s->device].mem;
+}
+
+/* An asynchronous copy of `bytes` from `src` to `dst` on `s`, the device
+ * side being the destination (to_device) or the source. */
+static hipError_t copy_async(const char *fn, int to_device, void *dst, const void *src, size_t bytes,
+                             hipStream_t s) {
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
-    uint64_t addr = (uint64_t)(uintptr_t)dev_ptr;
-    struct sq_mem *mem = sq_mem_table_of(g_dev[s->device].mem, g_host_mem, addr);
+    const void *dev_ptr = to_device ? dst : src;
+    check_host_side(fn, to_device ? "source" : "destination", to_device ? src : dst);
+    uint64_t addr;
+    struct sq_mem *mem = device_side(fn, to_device ? "destination" : "source", dev_ptr, &addr, s);
     enum sq_mem_check c = sq_mem_check_on(mem, addr, bytes, s->q, fn);
     if (c == SQ_MEM_UNKNOWN) {
         for (int d = 0; d < g_devices; d++)
@@ -841,26 +913,30 @@ static hipError_t copy_async(const char *fn, const void *dev_ptr, void *dst, con
     }
     if (c != SQ_MEM_OK)
         sq_die("%s of %zu bytes at %s device pointer %p", fn, bytes, sq_mem_check_str(c), dev_ptr);
-    sq_queue_copy(s->q, dst, src, bytes);
+    void *data = (void *)(uintptr_t)addr;
+    if (to_device)
+        sq_queue_copy(s->q, data, src, bytes);
+    else
+        sq_queue_copy(s->q, dst, data, bytes);
     sq_mem_touch(mem, addr, s->q, sq_queue_last(s->q));
     return hipSuccess;
 }
 
 hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t bytes, hipStream_t s) {
     ENTER("hipMemcpyHtoDAsync");
-    return copy_async("hipMemcpyHtoDAsync", dst, dst, src, bytes, s);
+    return copy_async("hipMemcpyHtoDAsync", 1, dst, src, bytes, s);
 }
 
 hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t bytes, hipStream_t s) {
     ENTER("hipMemcpyDtoHAsync");
-    return copy_async("hipMemcpyDtoHAsync", src, dst, src, bytes, s);
+    return copy_async("hipMemcpyDtoHAsync", 0, dst, src, bytes, s);
 }
 
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t bytes, hipMemcpyKind kind, hipStream_t s) {
     ENTER("hipMemcpyAsync");
     switch (kind) {
-    case hipMemcpyHostToDevice: return copy_async("hipMemcpyAsync", dst, dst, src, bytes, s);
-    case hipMemcpyDeviceToHost: return copy_async("hipMemcpyAsync", src, dst, src, bytes, s);
+    case hipMemcpyHostToDevice: return copy_async("hipMemcpyAsync", 1, dst, src, bytes, s);
+    case hipMemcpyDeviceToHost: return copy_async("hipMemcpyAsync", 0, dst, src, bytes, s);
     default: return hipErrorInvalidValue;
     }
 }

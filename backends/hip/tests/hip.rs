@@ -26,7 +26,7 @@ use memgov::hip::ffi as hip;
 use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
-    RetireOutcome, Role,
+    RetireOutcome, Role, Tier,
 };
 use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
@@ -427,6 +427,42 @@ fn a_missing_runtime_is_unavailable() {
 }
 
 #[test]
+fn pinned_tier_copies_through_the_device_pointer_of_mapped_host_memory() {
+    // The stand-in gives mapped host memory a device pointer that differs
+    // from its host pointer and aborts on a copy whose pointers do not
+    // match its kind: the tier's writes and reads must use the device one.
+    let Some(backend) = context(HipConfig::default()) else {
+        return;
+    };
+    let stand_in = backend.is_stand_in();
+    let gov = Governor::new();
+    let ctx = gov.register(backend, ContextConfig::new().label("pinned"));
+    let stream = ctx.create_stream("s").expect("stream");
+    let buf = ctx
+        .allocate_in(&stream, 1 << 20, Role::Other, Tier::PinnedHost)
+        .expect("pinned allocation");
+    {
+        let mem = buf.raw().expect("live buffer");
+        let host = mem.host_ptr().expect("a host pointer");
+        if stand_in {
+            assert_ne!(mem.device_ptr(), host, "the stand-in's device view differs");
+        }
+    }
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    buf.write(1 << 19, &data).expect("write");
+    let mut back = vec![0u8; data.len()];
+    buf.read(1 << 19, &mut back).expect("read");
+    assert_eq!(back, data);
+    buf.release_on(&stream).expect("release");
+    drop(stream);
+    let report = ctx
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(30))
+        .expect("retire");
+    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+}
+
+#[test]
 fn planted_violations_abort_the_stand_in() {
     if !on_stand_in() {
         return;
@@ -473,6 +509,34 @@ fn planted_violations_abort_the_stand_in() {
     expect_pass(
         "host_free_synced",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
+    );
+    // HIP: pointers that do not match the copy's hipMemcpyKind are undefined
+    // behaviour; the device pointer of mapped host memory comes from
+    // hipHostGetDevicePointer and may differ from the host pointer.
+    expect_abort(
+        "copy_to_host_pointer_as_device",
+        &[],
+        "hipMemcpyHtoDAsync: the destination",
+    );
+    expect_abort(
+        "copy_from_host_pointer_as_device",
+        &[],
+        "hipMemcpyDtoHAsync: the source",
+    );
+    expect_abort(
+        "copy_device_view_as_host_source",
+        &[],
+        "is the device pointer of page-locked host memory, where the copy's kind takes a host pointer",
+    );
+    expect_abort(
+        "copy_device_memory_as_host_destination",
+        &[],
+        "is device memory, where the copy's kind takes a host pointer",
+    );
+    expect_abort(
+        "memcpy_async_kind_mismatch",
+        &[],
+        "hipMemcpyAsync: the destination",
     );
     // The control: the same steps done right pass.
     expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
@@ -911,17 +975,60 @@ fn child_entry() {
             ));
             let _ = hip::hipStreamSynchronize(s);
         },
+        "copy_to_host_pointer_as_device"
+        | "copy_from_host_pointer_as_device"
+        | "copy_device_view_as_host_source"
+        | "memcpy_async_kind_mismatch" => unsafe {
+            let s = raw_stream();
+            let mut host: *mut c_void = std::ptr::null_mut();
+            ok(hip::hipHostMalloc(
+                &mut host,
+                4096,
+                hip::hipHostMallocMapped,
+            ));
+            let mut device: *mut c_void = std::ptr::null_mut();
+            ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
+            assert_ne!(
+                device, host,
+                "the stand-in's device view differs from the host pointer"
+            );
+            let mut buf = vec![7u8; 4096];
+            let b = buf.as_mut_ptr() as *mut c_void;
+            // Each planted call passes one pointer of the wrong kind.
+            let _ = match case.as_str() {
+                "copy_to_host_pointer_as_device" => hip::hipMemcpyHtoDAsync(host, b, 4096, s),
+                "copy_from_host_pointer_as_device" => hip::hipMemcpyDtoHAsync(b, host, 4096, s),
+                "copy_device_view_as_host_source" => {
+                    let mut dev: *mut c_void = std::ptr::null_mut();
+                    ok(hip::hipMalloc(&mut dev, 4096));
+                    hip::hipMemcpyHtoDAsync(dev, device, 4096, s)
+                }
+                _ => hip::hipMemcpyAsync(host, b, 4096, hip::hipMemcpyHostToDevice, s),
+            };
+            let _ = hip::hipStreamSynchronize(s);
+        },
+        "copy_device_memory_as_host_destination" => unsafe {
+            let s = raw_stream();
+            let (mut a, mut b): (*mut c_void, *mut c_void) =
+                (std::ptr::null_mut(), std::ptr::null_mut());
+            ok(hip::hipMalloc(&mut a, 4096));
+            ok(hip::hipMalloc(&mut b, 4096));
+            let _ = hip::hipMemcpyDtoHAsync(b, a, 4096, s);
+            let _ = hip::hipStreamSynchronize(s);
+        },
         "host_free_synced" | "host_free_during_copy" => unsafe {
             let s = raw_stream();
             let mut host: *mut c_void = std::ptr::null_mut();
             ok(hip::hipHostMalloc(
                 &mut host,
                 4096,
-                hip::hipHostMallocDefault,
+                hip::hipHostMallocMapped,
             ));
+            let mut device: *mut c_void = std::ptr::null_mut();
+            ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
             let src = vec![7u8; 4096];
             ok(hip::hipMemcpyHtoDAsync(
-                host,
+                device,
                 src.as_ptr() as *mut c_void,
                 4096,
                 s,
