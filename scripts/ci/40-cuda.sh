@@ -33,12 +33,21 @@ grep -q "soak: cuda: " "$target/cuda-stand-in.log"
 for latency in 300 2000; do
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-cuda --test cuda
 done
+# And with each operation's delay drawn from a seed (0 to 600 us), three
+# seeds: streams interleave differently in each run.
+for seed in 1 2 3; do
+    echo "--- CUDA tests, stand-in latency 300 us jittered, seed $seed"
+    MEMGOV_STANDIN_CUDA_LATENCY_US=300 MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed on_stand_in cargo test --locked -p memgov-cuda --test cuda
+done
 echo "--- memgov check / run on the stand-in, nothing left at exit"
-for latency in 0 300; do
-    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- check --backend cuda
-    MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda
+for latency in 0 300 300:1 300:2 300:3; do
+    seed=""
+    case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
+    for cmd in "check --backend cuda" "run --backend cuda"; do
+        # shellcheck disable=SC2086
+        MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
+            on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- $cmd
+    done
 done
 # A run that fails half-way (the weights do not fit the LLM's budget) still
 # tears down every context before it exits: exit status 1, not the exit

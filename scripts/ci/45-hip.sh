@@ -40,12 +40,20 @@ for latency in 50 300 2000; do
     echo "--- HIP tests, stand-in latency ${latency} us"
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-hip --test hip
 done
+# And with each operation's delay drawn from a seed (0 to 600 us), three
+# seeds: streams interleave differently in each run.
+for seed in 1 2 3; do
+    echo "--- HIP tests, stand-in latency 300 us jittered, seed $seed"
+    MEMGOV_STANDIN_HIP_LATENCY_US=300 MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in cargo test --locked -p memgov-hip --test hip
+done
 
 echo "--- memgov check / run on the stand-in"
 cargo build --locked --release -p memgov-cli --features hip
-for latency in 0 300; do
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in "$memgov" check --backend hip
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in "$memgov" run --backend hip
+for latency in 0 300 300:1 300:2 300:3; do
+    seed=""
+    case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" check --backend hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip
 done
 
 # A run that fails half-way (the weights do not fit the LLM's budget) still

@@ -77,8 +77,20 @@ static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
     return sq_env_u64(name, dflt);
 }
 
+/* The latency seed of the loaded knobs (see sq_knobs.latency_seed); written
+ * once by sq_knobs_load, before any queue exists. */
+static int g_latency_seeded;
+static uint64_t g_latency_seed;
+
 void sq_knobs_load(struct sq_knobs *knobs, const char *prefix) {
     knobs->latency_us = env_u64(prefix, "LATENCY_US", 0);
+    char name[128];
+    snprintf(name, sizeof name, "%s_LATENCY_SEED", prefix);
+    const char *seed = getenv(name);
+    knobs->latency_seeded = seed != NULL && seed[0] != '\0';
+    knobs->latency_seed = knobs->latency_seeded ? sq_env_u64(name, 0) : 0;
+    g_latency_seeded = knobs->latency_seeded;
+    g_latency_seed = knobs->latency_seed;
     knobs->oom_after_bytes = env_u64(prefix, "OOM_AFTER_BYTES", 0);
     knobs->sticky_error_at_op = env_u64(prefix, "STICKY_ERROR_AT_OP", 0);
 }
@@ -128,6 +140,8 @@ struct sq_queue {
     uint64_t pushed;    /* seq of the last op pushed */
     uint64_t completed; /* seq of the last op finished (ops finish in order) */
     uint64_t latency_us;
+    int jitter;          /* delays drawn from rng (a latency seed was set) */
+    uint64_t rng;        /* splitmix64 state; used by the queue's thread only */
     uint64_t observed; /* highest seq the host has observed complete */
     struct sq_front *front; /* frontier (see standin.h), guarded by lock */
     size_t front_n, front_cap;
@@ -174,6 +188,20 @@ static void sleep_us(uint64_t us) {
     }
 }
 
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The wait before the queue's next operation: the latency, or with a seed a
+ * draw from [0, 2 * latency]. */
+static uint64_t next_delay(struct sq_queue *q) {
+    if (!q->jitter || q->latency_us == 0) return q->latency_us;
+    return splitmix64(&q->rng) % (2 * q->latency_us + 1);
+}
+
 static void *queue_main(void *p) {
     struct sq_queue *q = p;
     t_on_queue = 1;
@@ -187,7 +215,7 @@ static void *queue_main(void *p) {
         unlock(&q->lock);
 
         if (!(op->flags & SQ_OP_MARK)) {
-            sleep_us(q->latency_us);
+            sleep_us(next_delay(q));
             t_op_flags = op->flags;
             op->fn(op->arg);
             t_op_flags = SQ_OP_PLAIN;
@@ -209,6 +237,8 @@ struct sq_queue *sq_queue_new(uint64_t latency_us) {
     lock(&g_refs_lock);
     q->id = ++g_next_queue_id;
     unlock(&g_refs_lock);
+    q->jitter = g_latency_seeded;
+    q->rng = g_latency_seed ^ (q->id * 0x9e3779b97f4a7c15ull);
     if (pthread_mutex_init(&q->lock, NULL) != 0 || pthread_cond_init(&q->work, NULL) != 0 ||
         pthread_cond_init(&q->finished, NULL) != 0)
         sq_fatal("cannot initialise queue synchronisation");

@@ -58,6 +58,14 @@ struct sq_knobs {
     /* <PREFIX>_LATENCY_US: microseconds each queued operation waits before it
      * runs (default 0). */
     uint64_t latency_us;
+    /* <PREFIX>_LATENCY_SEED: when set, each queued operation waits a
+     * pseudo-random time between 0 and twice <PREFIX>_LATENCY_US instead,
+     * drawn per queue from this seed (splitmix64 of the seed and the queue's
+     * id): runs with different seeds interleave streams differently, and a
+     * seed reproduces its run's delays. Unset: every operation waits exactly
+     * the latency. */
+    uint64_t latency_seed;
+    int latency_seeded;
     /* <PREFIX>_OOM_AFTER_BYTES: allocations fail with the driver's
      * out-of-memory code once live bytes would exceed this (default: none). */
     uint64_t oom_after_bytes;
@@ -71,8 +79,10 @@ struct sq_knobs {
  * when it is unset or empty. A malformed value is a contract violation. */
 uint64_t sq_env_u64(const char *name, uint64_t dflt);
 
-/* Read <prefix>_LATENCY_US, <prefix>_OOM_AFTER_BYTES and
- * <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract violation. */
+/* Read <prefix>_LATENCY_US, <prefix>_LATENCY_SEED, <prefix>_OOM_AFTER_BYTES
+ * and <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract
+ * violation. Queues made after this draw their delays from the seed, if one
+ * is set. */
 void sq_knobs_load(struct sq_knobs *knobs, const char *prefix);
 
 /* Count one driver call; returns 1 when the device is (now) in the sticky
