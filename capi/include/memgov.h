@@ -194,6 +194,12 @@ uint64_t memgov_capabilities(void);
 /* This thread's message about its last call ("" after a success); valid until
  * the next memgov call on this thread; never NULL. */
 const char* memgov_last_error_message(void);
+/* Copies this thread's message into buf (len bytes): truncated to len - 1
+ * bytes and NUL-terminated when len > 0; nothing is written when buf is NULL
+ * or len is 0. Returns the message's full length without the NUL, as
+ * snprintf does (the copy is whole when that is below len). Does not change
+ * the message. */
+size_t memgov_last_error_copy(char* buf, size_t len);
 const char* memgov_status_name(int32_t status);
 
 /* ------------------------------------------------------------ governor */

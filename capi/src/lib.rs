@@ -230,6 +230,23 @@ pub extern "C" fn memgov_last_error_message() -> *const c_char {
     status::message_ptr()
 }
 
+/// Copy this thread's last message (as `memgov_last_error_message` returns
+/// it) into `buf`, `len` bytes: truncated to `len - 1` bytes and always
+/// NUL-terminated when `len > 0`; nothing is written when `buf` is NULL or
+/// `len` is 0. Returns the message's full length without the NUL, as
+/// `snprintf` does: the copy is whole when that is below `len`. The message
+/// itself is left as it is.
+#[no_mangle]
+pub unsafe extern "C" fn memgov_last_error_copy(buf: *mut c_char, len: usize) -> usize {
+    // No guard: it must not replace the message it copies. Nothing in it
+    // panics; the unwind is caught all the same.
+    std::panic::catch_unwind(|| {
+        // SAFETY: `buf` is NULL or valid for `len` bytes (the contract).
+        unsafe { status::copy_message(buf, len) }
+    })
+    .unwrap_or(0)
+}
+
 /// The name of a status code ("MEMGOV_ERR_TIMEOUT"), or "MEMGOV_ERR_UNKNOWN".
 /// A static string; never NULL.
 #[no_mangle]

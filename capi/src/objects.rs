@@ -1,7 +1,7 @@
 //! Governors, contexts, streams, buffers, pins and pressure callbacks.
 
 use crate::ffi::*;
-use crate::plugin::{charge, Charge, PluginObj, What};
+use crate::plugin::{charge, created, Charge, PluginObj, What};
 use crate::registry::{self, lock, Kind};
 use crate::status::*;
 use crate::{
@@ -15,9 +15,9 @@ use memgov::{
     Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, Lifecycle,
     PressureRequest, ProviderContextPin, ProviderContextPinSource, Role, TeardownReport,
 };
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub(crate) type Ctx = ContextHandle<AnyContext>;
@@ -84,35 +84,109 @@ impl Kind for PinObj {
 }
 
 /// A C pressure callback as the governor holds it. The responder stays in
-/// the context for its life; removing the callback disables it, and
-/// `running` tells the unload gate whether a call is still in its code.
+/// the context for its life; removing the callback disables it and waits
+/// for the calls in it ([`Slot::disable`]), and `outstanding` tells the
+/// unload gate whether it may still run or is running.
 pub(crate) struct Slot {
-    enabled: AtomicBool,
-    running: AtomicU64,
+    state: Mutex<SlotState>,
+    /// Signalled when a call leaves the callback.
+    left: Condvar,
     f: unsafe extern "C" fn(*const memgov_pressure_request, *mut c_void) -> u64,
     user: usize,
 }
 
+#[derive(Default)]
+struct SlotState {
+    /// False once removed: no call enters after that.
+    disabled: bool,
+    /// Calls inside the callback now.
+    running: u64,
+}
+
+thread_local! {
+    /// The pressure callback this thread is inside (its slot's address), or
+    /// 0. A thread is inside at most one: callbacks are not re-entered.
+    static INSIDE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this thread is inside a pressure callback.
+pub(crate) fn inside_a_callback() -> bool {
+    INSIDE.try_with(|i| i.get() != 0).unwrap_or(false)
+}
+
 impl Slot {
+    fn new(
+        f: unsafe extern "C" fn(*const memgov_pressure_request, *mut c_void) -> u64,
+        user: usize,
+    ) -> Self {
+        Self {
+            state: Mutex::new(SlotState::default()),
+            left: Condvar::new(),
+            f,
+            user,
+        }
+    }
+
+    fn key(&self) -> usize {
+        self as *const Slot as usize
+    }
+
     /// Whether the callback may still run, or is running.
     pub(crate) fn outstanding(&self) -> bool {
-        // SeqCst with `call`: a call that raised `running` after this load
-        // sees `enabled` false and does not enter the callback.
-        self.enabled.load(Ordering::SeqCst) || self.running.load(Ordering::SeqCst) > 0
+        let st = lock(&self.state);
+        !st.disabled || st.running > 0
+    }
+
+    /// Never call the callback again, and wait until no call is in it, so
+    /// that the caller may free its `user_data` once this returns. Two cases
+    /// do not wait for every call (see docs/c-api.md, "Pressure
+    /// callbacks"):
+    ///
+    /// * from inside this callback, the call in progress on this thread is
+    ///   the caller's own: it is not waited for (it ends when the callback
+    ///   returns); calls on other threads are;
+    /// * from inside another pressure callback nothing is waited for: two
+    ///   callbacks removing each other on two threads would wait for each
+    ///   other forever. No new call starts either way.
+    ///
+    /// No lock is held while a call runs: the lock covers the state only,
+    /// and the wait releases it.
+    pub(crate) fn disable(&self) {
+        let here = INSIDE.try_with(Cell::get).unwrap_or(0);
+        let own = u64::from(here == self.key());
+        let wait = here == 0 || here == self.key();
+        let mut st = lock(&self.state);
+        st.disabled = true;
+        while wait && st.running > own {
+            st = self.left.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     fn call(&self, req: &PressureRequest) -> u64 {
-        struct Leave<'a>(&'a AtomicU64);
-        impl Drop for Leave<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.running.fetch_add(1, Ordering::SeqCst);
-        let _leave = Leave(&self.running);
-        if !self.enabled.load(Ordering::SeqCst) {
+        // An allocation made from inside a pressure callback on this thread
+        // asks no callback again: it is admitted or refused as it stands.
+        if inside_a_callback() {
             return 0;
         }
+        {
+            let mut st = lock(&self.state);
+            if st.disabled {
+                return 0;
+            }
+            st.running += 1;
+        }
+        struct Leave<'a>(&'a Slot);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                let _ = INSIDE.try_with(|i| i.set(0));
+                let mut st = lock(&self.0.state);
+                st.running -= 1;
+                drop(st);
+                self.0.left.notify_all();
+            }
+        }
+        let _ = INSIDE.try_with(|i| i.set(self.key()));
+        let _leave = Leave(self);
         let request = memgov_pressure_request {
             size: std::mem::size_of::<memgov_pressure_request>() as u32,
             role: role_index(req.role),
@@ -120,9 +194,12 @@ impl Slot {
             shortfall: req.shortfall,
         };
         // SAFETY: `f` is the function the caller registered, with its
-        // `user` pointer; it is called only while enabled, and the unload
-        // gate keeps its library loaded until it is disabled and no call is
-        // in it (`outstanding`). No memgov lock is held here.
+        // `user` pointer; it is entered only while not disabled (checked
+        // under the state's lock, which `disable` takes), and `disable`
+        // waits for this call before its remove returns, so `user` is still
+        // the caller's. The unload gate keeps its library loaded until it is
+        // disabled and no call is in it (`outstanding`). No memgov lock is
+        // held here.
         unsafe { (self.f)(&request, self.user as *mut c_void) }
     }
 }
@@ -457,12 +534,7 @@ pub unsafe extern "C" fn memgov_pressure_callback_add(
         if out.is_null() {
             return Err(Error::invalid("the out-pointer is NULL"));
         }
-        let slot = Arc::new(Slot {
-            enabled: AtomicBool::new(true),
-            running: AtomicU64::new(0),
-            f,
-            user: user_data as usize,
-        });
+        let slot = Arc::new(Slot::new(f, user_data as usize));
         if let Some(p) = &plugin {
             p.add_slot(&slot)?;
         }
@@ -470,19 +542,29 @@ pub unsafe extern "C" fn memgov_pressure_callback_add(
         c.ctx
             .add_pressure_responder(move |req: &PressureRequest| responder.call(req));
         let h = registry::insert(Arc::new(CallbackObj { slot }));
+        created(plugin.as_ref(), h);
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })
 }
 
-/// Remove a pressure callback: it is not called again. A call already in it
-/// finishes (the unload gate counts it until it returns).
+/// Remove a pressure callback by handle id: see
+/// [`memgov_pressure_callback_remove`].
+pub(crate) fn remove_callback(callback_id: u64) -> Result<()> {
+    let cb = registry::remove::<CallbackObj>(callback_id)?;
+    cb.slot.disable();
+    Ok(())
+}
+
+/// Remove a pressure callback: no call enters it from now on, and when this
+/// returns no call is in it (the caller may free its `user_data`). From
+/// inside the callback itself, the caller's own call is not waited for;
+/// from inside another pressure callback, nothing is waited for (see
+/// docs/c-api.md).
 #[no_mangle]
 pub extern "C" fn memgov_pressure_callback_remove(callback: *mut memgov_callback) -> i32 {
     guard("memgov_pressure_callback_remove", || {
-        let cb = registry::remove::<CallbackObj>(id(callback))?;
-        cb.slot.enabled.store(false, Ordering::SeqCst);
-        Ok(())
+        remove_callback(id(callback))
     })
 }
 
@@ -513,17 +595,27 @@ pub unsafe extern "C" fn memgov_stream_create(
             ctx: c.ctx.clone(),
             _charge: charge,
         }));
+        created(plugin.as_ref(), h);
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })
 }
 
 /// Destroy the caller's stream handle. The raw stream is destroyed once the
-/// last buffer allocated on it is released too.
+/// last buffer allocated on it is released too. A stream that a force
+/// retire reclaimed: the handle goes, and `MEMGOV_ERR_RETIRING` says so.
 #[no_mangle]
 pub extern "C" fn memgov_stream_destroy(stream: *mut memgov_stream) -> i32 {
     guard("memgov_stream_destroy", || {
-        drop(registry::remove::<StreamObj>(id(stream))?);
+        let s = registry::remove::<StreamObj>(id(stream))?;
+        let reclaimed = s.stream.raw().is_none();
+        drop(s);
+        if reclaimed {
+            return Err(Error::new(
+                MEMGOV_ERR_RETIRING,
+                "the context was force-retired and the stream reclaimed with it; the handle is released",
+            ));
+        }
         Ok(())
     })
 }
@@ -588,13 +680,15 @@ pub(crate) fn allocate(
     let charge = charge(plugin, What::Buffer(bytes))?;
     let ctx = stream.ctx.clone();
     let buffer = ctx.allocate(&stream.stream, bytes, role)?;
-    Ok(registry::insert(Arc::new(BufferObj {
+    let h = registry::insert(Arc::new(BufferObj {
         buffer: Mutex::new(Some(buffer)),
         ctx,
         bytes,
         plugin: plugin.cloned(),
         charge: Mutex::new(charge),
-    })))
+    }));
+    created(plugin, h);
+    Ok(h)
 }
 
 /// Release a buffer by handle id, on its own stream (`on` = None) or on
@@ -640,6 +734,17 @@ pub(crate) fn release(buffer_id: u64, on: Option<&StreamObj>) -> Result<()> {
         None => Ok(()),
         Some(e) => Err(e.into()),
     }
+}
+
+/// Release a buffer created for a plugin whose init failed; returns the
+/// stream the release was queued on, to synchronize (None: not live, or the
+/// release was not queued).
+pub(crate) fn release_for_cleanup(buffer_id: u64) -> Option<GovernedStream<AnyContext>> {
+    let obj = registry::get::<BufferObj>(buffer_id).ok()?;
+    let own = lock(&obj.buffer).as_ref().map(|b| b.stream())?;
+    drop(obj);
+    release(buffer_id, None).ok()?;
+    Some(own)
 }
 
 /// Allocate `bytes` for `role` on `stream`, counted against `plugin` (may be
@@ -688,6 +793,17 @@ pub extern "C" fn memgov_buffer_release_on(
     })
 }
 
+/// `MEMGOV_ERR_RETIRING` for a buffer a force retire reclaimed.
+fn not_reclaimed(b: &DeviceBuffer<AnyContext>) -> Result<()> {
+    match b.raw() {
+        Some(_) => Ok(()),
+        None => Err(Error::new(
+            MEMGOV_ERR_RETIRING,
+            "the context was force-retired; the buffer's memory was reclaimed (release the handle)",
+        )),
+    }
+}
+
 fn with_buffer<T>(
     buffer: *const memgov_buffer,
     f: impl FnOnce(&mut DeviceBuffer<AnyContext>) -> Result<T>,
@@ -712,7 +828,10 @@ pub extern "C" fn memgov_buffer_record_stream(
 ) -> i32 {
     guard("memgov_buffer_record_stream", || {
         let s = get::<StreamObj, _>(stream)?;
-        with_buffer(buffer, |b| Ok(b.record_stream(&s.stream)?))
+        with_buffer(buffer, |b| {
+            not_reclaimed(b)?;
+            Ok(b.record_stream(&s.stream)?)
+        })
     })
 }
 
@@ -764,13 +883,15 @@ pub unsafe extern "C" fn memgov_buffer_device_ptr(
     })
 }
 
-/// The buffer's size in bytes.
+/// The buffer's size in bytes. `MEMGOV_ERR_RETIRING` once a force retire
+/// reclaimed it.
 #[no_mangle]
 pub unsafe extern "C" fn memgov_buffer_size(buffer: *mut memgov_buffer, out: *mut u64) -> i32 {
     guard("memgov_buffer_size", || {
-        let obj = get::<BufferObj, _>(buffer)?;
+        let bytes = get::<BufferObj, _>(buffer)?.bytes;
+        with_buffer(buffer, |b| not_reclaimed(b))?;
         // SAFETY: NULL (refused) or writable by contract.
-        unsafe { put(out, obj.bytes) }
+        unsafe { put(out, bytes) }
     })
 }
 
@@ -844,9 +965,10 @@ pub unsafe extern "C" fn memgov_pin_source_create(
         let source = c.ctx.pin_source(holder);
         let h = registry::insert(Arc::new(PinSourceObj {
             source,
-            plugin,
+            plugin: plugin.clone(),
             _charge: charge,
         }));
+        created(plugin.as_ref(), h);
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })
@@ -880,6 +1002,7 @@ pub unsafe extern "C" fn memgov_pin_acquire(
             _pin: pin,
             _charge: charge,
         }));
+        created(s.plugin.as_ref(), h);
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })

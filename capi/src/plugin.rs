@@ -8,6 +8,11 @@
 //! plugin may be unloaded only when every count is zero; the loader
 //! (`memgov_plugin_open` / `memgov_plugin_close`) refuses `dlclose` until
 //! then, so no callback or deferred release can run code that is gone.
+//!
+//! While the loader runs a plugin's init function, the plugin may not be
+//! closed or unregistered (its code is running); if init fails, everything
+//! it created for the plugin is released or destroyed, and the library is
+//! closed once its queued releases have retired.
 
 use crate::ffi::*;
 use crate::objects::{snapshot_of, Ctx, Slot};
@@ -28,6 +33,17 @@ struct Counts {
     /// Set while `close`/`unregister` checks the counts: new charges are
     /// refused, so that a zero count stays zero until the library is gone.
     closing: bool,
+    /// Set while `memgov_plugin_open` runs the plugin's init function: its
+    /// code is running, so it may not be closed.
+    initializing: bool,
+}
+
+/// Something created for a plugin while its init function ran.
+enum Created {
+    /// A registry handle (stream, buffer, pin source, pin, callback).
+    Handle(u64),
+    /// An ORT allocator, by address.
+    Ort(usize),
 }
 
 /// A library loaded by `memgov_plugin_open`.
@@ -44,6 +60,9 @@ pub(crate) struct PluginObj {
     /// Releases queued per context, not yet known to have retired.
     pending: Mutex<Vec<(Ctx, u64)>>,
     library: Mutex<Option<Library>>,
+    /// What was created for it while its init function ran (`Some` only
+    /// then), to clean up if init fails.
+    in_init: Mutex<Option<Vec<Created>>>,
 }
 
 impl Kind for PluginObj {
@@ -116,6 +135,25 @@ pub(crate) fn charge(plugin: Option<&Arc<PluginObj>>, what: What) -> Result<Opti
     }))
 }
 
+/// Note a handle created for `plugin` (none: nothing to note): while its
+/// init function runs, it is cleaned up should init fail.
+pub(crate) fn created(plugin: Option<&Arc<PluginObj>>, id: u64) {
+    if let Some(p) = plugin {
+        if let Some(list) = lock(&p.in_init).as_mut() {
+            list.push(Created::Handle(id));
+        }
+    }
+}
+
+/// [`created`] for an ORT allocator.
+pub(crate) fn created_ort(plugin: Option<&Arc<PluginObj>>, allocator: usize) {
+    if let Some(p) = plugin {
+        if let Some(list) = lock(&p.in_init).as_mut() {
+            list.push(Created::Ort(allocator));
+        }
+    }
+}
+
 impl PluginObj {
     fn new(name: String) -> Self {
         Self {
@@ -124,6 +162,7 @@ impl PluginObj {
             slots: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             library: Mutex::new(None),
+            in_init: Mutex::new(None),
         }
     }
 
@@ -212,6 +251,19 @@ impl PluginObj {
         )
     }
 
+    fn in_init_error(&self, action: &str) -> Error {
+        Error::new(
+            MEMGOV_ERR_BUSY,
+            format!(
+                "plugin '{}' may not be {action} while its init function runs (memgov_plugin_open \
+                 has not returned): dlclose would unmap the code that is running; to give up, \
+                 return nonzero from init, and memgov_plugin_open cleans up what init created \
+                 and unloads it",
+                self.name
+            ),
+        )
+    }
+
     /// Close the gate: refuse new charges, check that nothing is
     /// outstanding, and run `then` (the `dlclose`) with the gate closed. On
     /// refusal the gate reopens.
@@ -223,10 +275,16 @@ impl PluginObj {
     ) -> Result<()> {
         {
             let mut c = lock(&self.counts);
+            if c.initializing {
+                return Err(self.in_init_error(action));
+            }
             if c.closing {
                 return Err(Error::new(
-                    MEMGOV_ERR_BUSY,
-                    format!("plugin '{}' is already being unloaded", self.name),
+                    MEMGOV_ERR_RETIRING,
+                    format!(
+                        "plugin '{}' is already being {action} by another call",
+                        self.name
+                    ),
                 ));
             }
             c.closing = true;
@@ -301,6 +359,9 @@ pub unsafe extern "C" fn memgov_plugin_unregister(
 ) -> i32 {
     guard("memgov_plugin_unregister", || {
         let p = get::<PluginObj, _>(plugin)?;
+        if lock(&p.counts).initializing {
+            return Err(p.in_init_error("unregistered"));
+        }
         if lock(&p.library).is_some() {
             return Err(Error::invalid(
                 "the plugin was loaded by memgov_plugin_open; close it with memgov_plugin_close",
@@ -340,9 +401,12 @@ fn dl_error(what: &str) -> String {
 /// its path, and call its init function `init_symbol` (NULL:
 /// "memgov_plugin_init") as `int32_t init(memgov_plugin* self, void*
 /// host_data)`, which returns 0 on success. On `MEMGOV_OK` `*out` is the
-/// plugin. If init fails, the library is closed again when nothing is
-/// outstanding (`*out` is NULL); otherwise `*out` is set and the caller must
-/// close it once what init left is released.
+/// plugin. While init runs, the plugin may not be closed or unregistered
+/// (`MEMGOV_ERR_BUSY`). If init fails, everything it created for the plugin
+/// is released or destroyed, its queued releases are waited for (up to
+/// [`INIT_CLEANUP_WAIT`]), the library is closed and `*out` is NULL; only if
+/// something is still outstanding after that (a release that does not
+/// retire) is `*out` set, and the caller closes it later.
 #[no_mangle]
 pub unsafe extern "C" fn memgov_plugin_open(
     path: *const c_char,
@@ -386,6 +450,8 @@ pub unsafe extern "C" fn memgov_plugin_open(
             handle: lib as usize,
             path: path_str.to_owned(),
         });
+        lock(&plugin.counts).initializing = true;
+        *lock(&plugin.in_init) = Some(Vec::new());
         let h = registry::insert(plugin.clone());
         // SAFETY: the symbol is the plugin's init function, declared in the
         // header with this signature.
@@ -394,10 +460,14 @@ pub unsafe extern "C" fn memgov_plugin_open(
         // No memgov lock is held: init calls back into memgov.
         // SAFETY: the plugin's own init, with its handle and the host's data.
         let rc = unsafe { init(handle(h), host_data) };
+        lock(&plugin.counts).initializing = false;
+        let made = lock(&plugin.in_init).take().unwrap_or_default();
         if rc == 0 {
             // SAFETY: checked non-null above.
             return unsafe { put(out, handle(h)) };
         }
+        let cleaned = !made.is_empty();
+        clean_up(&plugin, made);
         let closed = plugin.close_gate("unloaded", std::ptr::null_mut(), || unload(&plugin, h));
         if closed.is_err() {
             // SAFETY: checked non-null above.
@@ -407,14 +477,79 @@ pub unsafe extern "C" fn memgov_plugin_open(
             MEMGOV_ERR_PLUGIN,
             format!(
                 "'{path_str}': {init_name} returned {rc}{}",
-                if closed.is_ok() {
+                if closed.is_ok() && !cleaned {
                     "; the library was closed again"
+                } else if closed.is_ok() {
+                    "; what it created was released and destroyed, and the library was closed again"
                 } else {
-                    "; it left objects outstanding, so it stays loaded: release them and call memgov_plugin_close"
+                    "; what it created was released and destroyed, but releases it queued have not retired, so it stays loaded: synchronize their streams and call memgov_plugin_close"
                 }
             ),
         ))
     })
+}
+
+/// How long `memgov_plugin_open` waits, after a failed init, for the
+/// releases of what init created to retire.
+pub const INIT_CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// After a failed init: release, remove and destroy everything created for
+/// the plugin while init ran (ORT allocators, buffers, pins, pin sources,
+/// pressure callbacks, streams), synchronize the streams its releases were
+/// queued on, and wait (up to [`INIT_CLEANUP_WAIT`]) until nothing is
+/// outstanding. Objects init already let go of are skipped. No lock is held
+/// while the governor is called.
+fn clean_up(plugin: &PluginObj, made: Vec<Created>) {
+    use crate::objects::{release_for_cleanup, remove_callback, StreamObj};
+    let handles: Vec<u64> = made
+        .iter()
+        .filter_map(|c| match c {
+            Created::Handle(id) => Some(*id),
+            Created::Ort(_) => None,
+        })
+        .collect();
+    for c in &made {
+        if let Created::Ort(a) = c {
+            crate::runtimes::ort_discard(*a);
+        }
+    }
+    let of_kind = |tag: u8| {
+        handles
+            .iter()
+            .copied()
+            .filter(move |id| (id >> 56) as u8 == tag)
+    };
+    let mut queues = Vec::new();
+    for id in of_kind(crate::objects::BufferObj::TAG) {
+        if let Some(q) = release_for_cleanup(id) {
+            queues.push(q);
+        }
+    }
+    for id in of_kind(crate::objects::PinObj::TAG) {
+        drop(registry::remove::<crate::objects::PinObj>(id));
+    }
+    for id in of_kind(crate::objects::PinSourceObj::TAG) {
+        drop(registry::remove::<crate::objects::PinSourceObj>(id));
+    }
+    for id in of_kind(crate::objects::CallbackObj::TAG) {
+        let _ = remove_callback(id);
+    }
+    for q in &queues {
+        let _ = q.synchronize();
+    }
+    for id in of_kind(StreamObj::TAG) {
+        if let Ok(s) = registry::remove::<StreamObj>(id) {
+            // Its queued work, releases included, retires first.
+            let _ = s.stream.synchronize();
+        }
+    }
+    drop(queues);
+    let deadline = std::time::Instant::now() + INIT_CLEANUP_WAIT;
+    let mut pause = std::time::Duration::from_millis(1);
+    while plugin.outstanding().total() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Take the plugin out of the registry and `dlclose` its library.
@@ -485,6 +620,9 @@ pub unsafe extern "C" fn memgov_plugin_close(
 ) -> i32 {
     guard("memgov_plugin_close", || {
         let p = get::<PluginObj, _>(plugin)?;
+        if lock(&p.counts).initializing {
+            return Err(p.in_init_error("unloaded"));
+        }
         if lock(&p.library).is_none() {
             return Err(Error::invalid(
                 "the plugin was registered, not loaded: unregister it with memgov_plugin_unregister",

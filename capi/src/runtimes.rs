@@ -3,7 +3,7 @@
 
 use crate::ffi::*;
 use crate::objects::{allocate, device_ptr_of, release, role_from, StreamObj};
-use crate::plugin::{charge, Charge, PluginObj, What};
+use crate::plugin::{charge, created_ort, Charge, PluginObj, What};
 use crate::registry::lock;
 use crate::status::*;
 use crate::{get, memgov_plugin, memgov_stream, put};
@@ -32,10 +32,21 @@ fn torch() -> &'static Mutex<Torch> {
     TORCH.get_or_init(|| Mutex::new(Torch::default()))
 }
 
+/// A device ordinal: zero or more.
+fn check_device(device: i32) -> Result<()> {
+    if device < 0 {
+        return Err(Error::invalid(format!(
+            "device {device} is negative; PyTorch's device ordinals start at 0"
+        )));
+    }
+    Ok(())
+}
+
 /// Route PyTorch's allocations for `device` to `default_stream`'s context:
 /// allocations on streams not mapped with `memgov_torch_map_stream` go to
 /// `default_stream`, under `role`. Replaces an earlier configuration of the
-/// device (its stream mappings too).
+/// device (its stream mappings too). A negative device is
+/// `MEMGOV_ERR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub extern "C" fn memgov_torch_configure(
     device: i32,
@@ -43,6 +54,7 @@ pub extern "C" fn memgov_torch_configure(
     role: u32,
 ) -> i32 {
     guard("memgov_torch_configure", || {
+        check_device(device)?;
         let s = get::<StreamObj, _>(default_stream)?;
         let role = role_from(role)?;
         let old = lock(torch()).devices.insert(
@@ -69,6 +81,7 @@ pub extern "C" fn memgov_torch_map_stream(
     stream: *mut memgov_stream,
 ) -> i32 {
     guard("memgov_torch_map_stream", || {
+        check_device(device)?;
         let s = get::<StreamObj, _>(stream)?;
         let mut t = lock(torch());
         let Some(d) = t.devices.get_mut(&device) else {
@@ -305,11 +318,12 @@ pub unsafe extern "C" fn memgov_ort_allocator_create(
             stream: s,
             role,
             info: ort_memory_info as usize,
-            plugin,
+            plugin: plugin.clone(),
             live: Mutex::new(HashMap::new()),
             _charge: charge,
         });
         lock(ort()).insert(b as usize, state);
+        created_ort(plugin.as_ref(), b as usize);
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, b.cast::<memgov_ort_allocator>()) }
     })
@@ -344,4 +358,18 @@ pub unsafe extern "C" fn memgov_ort_allocator_destroy(allocator: *mut memgov_ort
         drop(st);
         Ok(())
     })
+}
+
+/// Destroy an allocator whose plugin's init failed, live allocations or
+/// not: the allocations' buffers are released by the caller (they were
+/// created for the same plugin).
+pub(crate) fn ort_discard(allocator: usize) {
+    let Some(st) = lock(ort()).remove(&allocator) else {
+        return;
+    };
+    // SAFETY: the address was in the map, so it is a box this library made
+    // with `Box::into_raw` and has not freed; removed from the map just now,
+    // under its lock: freed once.
+    drop(unsafe { Box::from_raw(allocator as *mut OrtBox) });
+    drop(st);
 }

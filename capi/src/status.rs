@@ -156,6 +156,33 @@ pub(crate) fn message_ptr() -> *const c_char {
         .unwrap_or(c"".as_ptr())
 }
 
+/// Copy this thread's last message into `buf` (`len` bytes): at most
+/// `len - 1` bytes of it and a NUL, nothing when `buf` is NULL or `len` is 0.
+/// Returns the message's full length in bytes, without the NUL (as
+/// `snprintf` does): the copy was whole if that is below `len`.
+///
+/// # Safety
+///
+/// `buf` is NULL or valid for writes of `len` bytes.
+pub(crate) unsafe fn copy_message(buf: *mut c_char, len: usize) -> usize {
+    let write = |bytes: &[u8]| {
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: `buf` is valid for `len` bytes (the caller's contract)
+            // and `n < len`: `n` bytes and the NUL after them fit; the
+            // message is ours, so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        bytes.len()
+    };
+    LAST_MESSAGE
+        .try_with(|m| write(m.borrow().as_bytes()))
+        .unwrap_or_else(|_| write(b""))
+}
+
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
@@ -240,6 +267,19 @@ mod tests {
         // The thread is usable afterwards, and success clears the message.
         assert_eq!(guard("memgov_test", || Ok(())), MEMGOV_OK);
         assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn the_message_is_copied_truncated_and_terminated() {
+        set_message("abcdef");
+        let mut buf = [0x55 as c_char; 4];
+        // SAFETY: `buf` has 4 writable bytes; NULL with 0 writes nothing.
+        unsafe {
+            assert_eq!(copy_message(std::ptr::null_mut(), 0), 6);
+            assert_eq!(copy_message(buf.as_mut_ptr(), buf.len()), 6);
+        }
+        assert_eq!(buf.map(|c| c as u8), *b"abc\0");
+        assert_eq!(last(), "abcdef");
     }
 
     #[test]

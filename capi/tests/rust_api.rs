@@ -1,6 +1,7 @@
 //! The C ABI called from Rust: bad handles, double releases (also racing)
 //! and calls after retire return error codes; a plugin's pressure callback
-//! still running after its removal keeps the unload gate closed.
+//! still running when it is removed keeps its remove waiting and the unload
+//! gate closed until it returns.
 
 use memgov_capi::*;
 use std::ffi::{c_void, CStr};
@@ -207,9 +208,18 @@ fn a_removed_callback_still_running_keeps_the_plugin_loaded() {
             st = gate.cv.wait(st).unwrap();
         }
     }
-    // The callback is inside its code: removing it stops new calls, but the
-    // plugin may not be unloaded until this one returns.
-    ok(memgov_pressure_callback_remove(cb));
+    // The callback is inside its code: removing it stops new calls and
+    // waits for this one to return; until then the plugin may not be
+    // unloaded.
+    let cb_addr = cb as usize;
+    let removing = std::thread::spawn(move || {
+        memgov_pressure_callback_remove(cb_addr as *mut memgov_callback)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !removing.is_finished(),
+        "remove returned while a call was in the callback"
+    );
     let mut o = memgov_plugin_outstanding {
         size: std::mem::size_of::<memgov_plugin_outstanding>() as u32,
         ..Default::default()
@@ -230,6 +240,7 @@ fn a_removed_callback_still_running_keeps_the_plugin_loaded() {
         st.1 = true;
         gate.cv.notify_all();
     }
+    ok(removing.join().unwrap());
     assert_eq!(allocating.join().unwrap(), Err(MEMGOV_ERR_OUT_OF_MEMORY));
     // SAFETY: as above.
     ok(unsafe { memgov_plugin_unregister(plugin, &mut o) });

@@ -2,12 +2,16 @@
  * The C API from C on the host backend: bad handles, double releases and
  * calls after retire return error codes; sized structs; budgets and a
  * pressure callback; release on another stream and record_stream; the
- * PyTorch and ONNX Runtime allocator entry points.
+ * PyTorch and ONNX Runtime allocator entry points; what the handles of a
+ * force-retired context return; racing unregisters; allocations from inside
+ * a pressure callback; the last-error copy.
  *
  * Exit status 0 when every check passed; prints one line per section.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "memgov.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -278,6 +282,163 @@ static void budgets_streams_and_data(memgov_governor* gov) {
     printf("budget, pressure callback, record_stream, release_on, data: ok\n");
 }
 
+/* After memgov_context_force_retire, the reclaimed buffers' and streams'
+ * handles fail with MEMGOV_ERR_RETIRING, also the calls that release them
+ * (which still take the handle out). */
+static void after_force_retire(memgov_governor* gov) {
+    memgov_context* ctx = open_ctx(gov, "host", 0);
+    memgov_stream* s = NULL;
+    memgov_buffer *b = NULL, *b2 = NULL;
+    OK(memgov_stream_create(ctx, "reclaimed", NULL, &s));
+    OK(memgov_buffer_allocate(s, 256, MEMGOV_ROLE_OTHER, NULL, &b));
+    OK(memgov_buffer_allocate(s, 256, MEMGOV_ROLE_OTHER, NULL, &b2));
+    memgov_teardown_report r;
+    memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    OK(memgov_context_force_retire(ctx, 5000, &r));
+    EXPECT(r.forced == 1 && r.reclaimed_buffers == 2);
+
+    uint64_t size = 0;
+    void* p = NULL;
+    char byte = 0;
+    FAILS(memgov_buffer_size(b, &size), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_device_ptr(b, &p), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_write(b, 0, &byte, 1), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_read(b, 0, &byte, 1), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_record_stream(b, s), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_stream_synchronize(s), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_release(b), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_release(b), MEMGOV_ERR_INVALID_HANDLE);
+    FAILS(memgov_buffer_release_on(b2, s), MEMGOV_ERR_RETIRING);
+    FAILS(memgov_buffer_size(b2, &size), MEMGOV_ERR_INVALID_HANDLE);
+    FAILS(memgov_stream_destroy(s), MEMGOV_ERR_RETIRING);
+    EXPECT(strstr(memgov_last_error_message(), "force-retired") != NULL);
+    FAILS(memgov_stream_destroy(s), MEMGOV_ERR_INVALID_HANDLE);
+    OK(memgov_context_close(ctx));
+    printf("handles of a force-retired context: MEMGOV_ERR_RETIRING\n");
+}
+
+/* Threads racing to unregister one plugin: one MEMGOV_OK; a loser that
+ * finds the unload in progress gets MEMGOV_ERR_RETIRING, one that comes
+ * after it MEMGOV_ERR_INVALID_HANDLE; none MEMGOV_ERR_BUSY (nothing is
+ * outstanding). */
+#define RACERS 8
+static pthread_barrier_t race_start;
+static memgov_plugin* race_plugin;
+static int32_t race_rc[RACERS];
+
+static void* race_unregister(void* arg) {
+    int i = (int)(intptr_t)arg;
+    memgov_plugin_outstanding o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    pthread_barrier_wait(&race_start);
+    race_rc[i] = memgov_plugin_unregister(race_plugin, &o);
+    return NULL;
+}
+
+static void unregister_race(void) {
+    int counts[MEMGOV_ERR_PANIC + 1];
+    memset(counts, 0, sizeof counts);
+    for (int round = 0; round < 300; round++) {
+        OK(memgov_plugin_register("raced", &race_plugin));
+        pthread_barrier_init(&race_start, NULL, RACERS);
+        pthread_t t[RACERS];
+        for (int i = 0; i < RACERS; i++)
+            pthread_create(&t[i], NULL, race_unregister, (void*)(intptr_t)i);
+        int ok = 0;
+        for (int i = 0; i < RACERS; i++) {
+            pthread_join(t[i], NULL);
+            if (race_rc[i] >= 0 && race_rc[i] <= MEMGOV_ERR_PANIC)
+                counts[race_rc[i]]++;
+            ok += race_rc[i] == MEMGOV_OK;
+            EXPECT(race_rc[i] == MEMGOV_OK || race_rc[i] == MEMGOV_ERR_RETIRING ||
+                   race_rc[i] == MEMGOV_ERR_INVALID_HANDLE);
+        }
+        pthread_barrier_destroy(&race_start);
+        EXPECT(ok == 1);
+    }
+    EXPECT(counts[MEMGOV_ERR_BUSY] == 0);
+    printf("racing unregisters: %d MEMGOV_OK, %d MEMGOV_ERR_RETIRING, %d MEMGOV_ERR_INVALID_HANDLE, %d MEMGOV_ERR_BUSY\n",
+           counts[MEMGOV_OK], counts[MEMGOV_ERR_RETIRING], counts[MEMGOV_ERR_INVALID_HANDLE],
+           counts[MEMGOV_ERR_BUSY]);
+}
+
+/* An allocation made from inside a pressure callback asks no pressure
+ * callback (on that thread): it is admitted or refused as it stands. */
+static memgov_stream* nested_stream;
+static int nested_depth, nested_max_depth, nested_calls;
+static int32_t nested_rc = -1;
+static uint64_t allocate_inside(const memgov_pressure_request* r, void* user) {
+    (void)r;
+    (void)user;
+    nested_calls++;
+    nested_depth++;
+    if (nested_depth > nested_max_depth)
+        nested_max_depth = nested_depth;
+    if (nested_depth < 4) { /* a guard of the test's own, should re-entry happen */
+        memgov_buffer* inner = NULL;
+        nested_rc = memgov_buffer_allocate(nested_stream, 4096, MEMGOV_ROLE_WORKSPACE, NULL, &inner);
+        if (nested_rc == MEMGOV_OK)
+            EXPECT(memgov_buffer_release(inner) == MEMGOV_OK);
+    }
+    nested_depth--;
+    return 0;
+}
+
+static void allocation_inside_a_callback(memgov_governor* gov) {
+    memgov_context* ctx = open_ctx(gov, "host", 4096);
+    memgov_buffer *held = NULL, *b = NULL;
+    memgov_callback* cb = NULL;
+    OK(memgov_stream_create(ctx, "nested", NULL, &nested_stream));
+    OK(memgov_buffer_allocate(nested_stream, 4096, MEMGOV_ROLE_OTHER, NULL, &held));
+    OK(memgov_pressure_callback_add(ctx, NULL, allocate_inside, NULL, &cb));
+    FAILS(memgov_buffer_allocate(nested_stream, 4096, MEMGOV_ROLE_OTHER, NULL, &b), MEMGOV_ERR_OUT_OF_MEMORY);
+    EXPECT(nested_max_depth == 1);
+    EXPECT(nested_rc == MEMGOV_ERR_OUT_OF_MEMORY);
+    EXPECT(nested_calls >= 1);
+    printf("allocation inside a pressure callback: depth %d, inner allocation %s\n", nested_max_depth,
+           memgov_status_name(nested_rc));
+    OK(memgov_pressure_callback_remove(cb));
+    OK(memgov_buffer_release(held));
+    OK(memgov_stream_destroy(nested_stream));
+    OK(memgov_context_retire(ctx, 5000, NULL));
+    OK(memgov_context_close(ctx));
+}
+
+/* memgov_last_error_copy: the message copied with truncation, always
+ * NUL-terminated, returning the full length (snprintf's convention); it
+ * does not change the message. */
+static void last_error_copy(void) {
+    FAILS(memgov_stream_destroy(NULL), MEMGOV_ERR_INVALID_HANDLE);
+    const char* m = memgov_last_error_message();
+    size_t n = strlen(m);
+    EXPECT(n > 16);
+    EXPECT(memgov_last_error_copy(NULL, 0) == n);
+    char big[1024];
+    memset(big, 'x', sizeof big);
+    EXPECT(memgov_last_error_copy(big, sizeof big) == n);
+    EXPECT(strcmp(big, m) == 0);
+    char small[8];
+    memset(small, 'x', sizeof small);
+    EXPECT(memgov_last_error_copy(small, sizeof small) == n);
+    EXPECT(memcmp(small, m, 7) == 0 && small[7] == '\0');
+    char exact[1024];
+    EXPECT(memgov_last_error_copy(exact, n) == n); /* one byte short: truncated */
+    EXPECT(memcmp(exact, m, n - 1) == 0 && exact[n - 1] == '\0');
+    EXPECT(memgov_last_error_copy(exact, n + 1) == n && strcmp(exact, m) == 0);
+    char one = 'x';
+    EXPECT(memgov_last_error_copy(&one, 1) == n && one == '\0');
+    EXPECT(memgov_last_error_copy(NULL, 64) == n); /* NULL: nothing written */
+    EXPECT(strcmp(memgov_last_error_message(), big) == 0); /* unchanged */
+    memgov_governor* gov = NULL;
+    OK(memgov_governor_create(&gov));
+    OK(memgov_governor_destroy(gov));
+    memset(small, 'x', sizeof small);
+    EXPECT(memgov_last_error_copy(small, sizeof small) == 0 && small[0] == '\0');
+    printf("last error copy: truncated and NUL-terminated, full length returned\n");
+}
+
 /* The shape PyTorch loads by name. */
 typedef void* (*torch_alloc_fn)(ssize_t, int, void*);
 typedef void (*torch_free_fn)(void*, ssize_t, int, void*);
@@ -291,6 +452,10 @@ static void torch(memgov_governor* gov) {
     OK(memgov_stream_create(ctx, "torch-side", NULL, &s2));
     void* side = (void*)(uintptr_t)0x5eed;
 
+    FAILS(memgov_torch_configure(-1, s1, MEMGOV_ROLE_ACTIVATION), MEMGOV_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(memgov_last_error_message(), "device -1") != NULL);
+    FAILS(memgov_torch_map_stream(-1, side, s2), MEMGOV_ERR_INVALID_ARGUMENT);
+    EXPECT(alloc(1024, -1, NULL) == NULL);
     EXPECT(alloc(1024, 0, NULL) == NULL); /* not configured */
     EXPECT(strstr(memgov_last_error_message(), "not configured") != NULL);
     OK(memgov_torch_configure(0, s1, MEMGOV_ROLE_ACTIVATION));
@@ -380,6 +545,10 @@ int main(void) {
     OK(memgov_governor_create(&gov));
     bad_handles(gov);
     after_retire(gov);
+    after_force_retire(gov);
+    unregister_race();
+    allocation_inside_a_callback(gov);
+    last_error_copy();
     budgets_streams_and_data(gov);
     torch(gov);
     ort(gov);

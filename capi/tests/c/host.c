@@ -3,7 +3,9 @@
  * memgov_plugin_open, lets it allocate, queue releases, hold a pin and
  * register a callback, and checks that memgov refuses to unload it (naming
  * what is outstanding) until everything is gone, then that it unloads, and
- * that the context retires clean.
+ * that the context retires clean. A plugin whose init fails having created
+ * things is cleaned up and unloaded; one whose init tries to close itself is
+ * refused.
  *
  * Usage: host PLUGIN.so [BACKEND] (default "host"; "cuda" and "hip" only on
  * their stand-ins). Exit status 0 when every check passed.
@@ -95,7 +97,27 @@ int main(int argc, char** argv) {
     EXPECT(plugin == NULL);
     printf("load failures: reported\n");
 
-    int32_t rc = memgov_plugin_open(argv[1], NULL, ctx, &plugin);
+    /* An init that closes its own plugin: refused (the library stays
+     * mapped while init runs), and the plugin loads. */
+    plugin = NULL;
+    int32_t rc = memgov_plugin_open(argv[1], "plugin_init_closes_itself", ctx, &plugin);
+    EXPECT(rc == MEMGOV_OK && plugin != NULL);
+    if (rc == MEMGOV_OK) {
+        int32_t close_rc = symbol(plugin, "plugin_self_close_rc")();
+        int32_t unregister_rc = symbol(plugin, "plugin_self_unregister_rc")();
+        void* m = NULL;
+        OK(memgov_plugin_symbol(plugin, "plugin_self_close_message", &m));
+        const char* (*message)(void);
+        memcpy(&message, &m, sizeof message);
+        EXPECT(close_rc == MEMGOV_ERR_BUSY && unregister_rc == MEMGOV_ERR_BUSY);
+        EXPECT(strstr(message(), "init function") != NULL);
+        printf("close from inside init: %s, unregister: %s (%s)\n", memgov_status_name(close_rc),
+               memgov_status_name(unregister_rc), message());
+        memgov_plugin_outstanding left = outstanding(plugin, &rc);
+        EXPECT(rc == MEMGOV_OK && left.streams == 0);
+    }
+
+    rc = memgov_plugin_open(argv[1], NULL, ctx, &plugin);
     if (rc != MEMGOV_OK) {
         fprintf(stderr, "host: cannot load %s: %s\n", argv[1], memgov_last_error_message());
         return 2;
@@ -150,24 +172,27 @@ int main(int argc, char** argv) {
     EXPECT(memgov_plugin_may_unload(plugin, NULL) == MEMGOV_ERR_INVALID_HANDLE);
     EXPECT(memgov_plugin_close(plugin, NULL) == MEMGOV_ERR_INVALID_HANDLE);
 
-    /* An init that fails holding something: loaded until that is released. */
-    plugin = NULL;
+    /* An init that fails holding things: memgov releases everything it
+     * created (its queued releases retire), and unloads it. */
+    plugin = (memgov_plugin*)(uintptr_t)1;
     EXPECT(memgov_plugin_open(argv[1], "plugin_init_fails_holding", ctx, &plugin) == MEMGOV_ERR_PLUGIN);
-    EXPECT(strstr(memgov_last_error_message(), "returned 8; it left objects outstanding") != NULL);
-    EXPECT(plugin != NULL);
-    o = outstanding(plugin, &rc);
-    EXPECT(rc == MEMGOV_ERR_BUSY && o.pin_sources == 1);
-    OK(symbol(plugin, "plugin_drop_source")());
-    o = outstanding(plugin, &rc);
-    EXPECT(rc == MEMGOV_OK);
-    printf("failed init holding a pin source: unloaded after it went\n");
+    EXPECT(strstr(memgov_last_error_message(), "returned 8") != NULL);
+    EXPECT(strstr(memgov_last_error_message(), "the library was closed again") != NULL);
+    EXPECT(plugin == NULL);
+    snap = (memgov_snapshot){.size = sizeof snap};
+    OK(memgov_context_snapshot(ctx, &snap));
+    EXPECT(snap.pins_streams == 0 && snap.pins_buffers == 0 && snap.pins_external == 0);
+    EXPECT(snap.pins_pending_releases == 0 && snap.total.live_count == 0);
+    printf("failed init holding a stream, buffers, a pin and a callback: cleaned up and unloaded (pins %llu)\n",
+           (unsigned long long)(snap.pins_streams + snap.pins_buffers + snap.pins_external +
+                                snap.pins_pending_releases));
 
     memgov_teardown_report report;
     memset(&report, 0, sizeof report);
     report.size = sizeof report;
     OK(memgov_context_retire(ctx, 10000, &report));
     EXPECT(report.size == sizeof report);
-    EXPECT(report.retired_releases == 3 && report.backend_status == MEMGOV_OK);
+    EXPECT(report.retired_releases == 5 && report.backend_status == MEMGOV_OK);
     printf("teardown: %llu releases retired, backend %s\n",
            (unsigned long long)report.retired_releases, memgov_status_name(report.backend_status));
     OK(memgov_context_close(ctx));

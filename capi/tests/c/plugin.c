@@ -90,16 +90,51 @@ int32_t plugin_init_fails(memgov_plugin* plugin, void* host_data) {
     return 7;
 }
 
-/* An init that fails holding a pin source: it stays loaded until that goes. */
+/* An init that fails having created a stream, a buffer (and queued the
+ * release of another), a pin source, a pin and a pressure callback: memgov
+ * cleans all of it up and unloads the library. */
 int32_t plugin_init_fails_holding(memgov_plugin* plugin, void* host_data) {
-    self = plugin;
-    ctx = (memgov_context*)host_data;
-    if (memgov_pin_source_create(ctx, "half-initialized", self, &source) != MEMGOV_OK)
-        return 1;
+    memgov_context* c = (memgov_context*)host_data;
+    memgov_stream* s = NULL;
+    memgov_buffer *b = NULL, *gone = NULL;
+    memgov_pin_source* src = NULL;
+    memgov_pin* p = NULL;
+    memgov_callback* cb = NULL;
+    CHECK(memgov_stream_create(c, "half-initialized", plugin, &s));
+    CHECK(memgov_buffer_allocate(s, 4096, MEMGOV_ROLE_WEIGHTS, plugin, &b));
+    CHECK(memgov_buffer_allocate(s, 4096, MEMGOV_ROLE_WEIGHTS, plugin, &gone));
+    CHECK(memgov_buffer_release(gone));
+    CHECK(memgov_pin_source_create(c, "half-initialized", plugin, &src));
+    CHECK(memgov_pin_acquire(src, &p));
+    CHECK(memgov_pressure_callback_add(c, plugin, on_pressure, NULL, &cb));
     return 8;
 }
 
-int32_t plugin_drop_source(void) {
-    CHECK(memgov_pin_source_destroy(source));
+/* An init that tries to close (and unregister) its own plugin: refused,
+ * since dlclose would unmap the code that is running. What it was told is
+ * kept for the host to check. */
+static int32_t self_close_rc = -1, self_unregister_rc = -1;
+static char self_close_message[512];
+
+int32_t plugin_init_closes_itself(memgov_plugin* plugin, void* host_data) {
+    (void)host_data;
+    memgov_plugin_outstanding o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    self_close_rc = memgov_plugin_close(plugin, &o);
+    snprintf(self_close_message, sizeof self_close_message, "%s", memgov_last_error_message());
+    self_unregister_rc = memgov_plugin_unregister(plugin, &o);
     return MEMGOV_OK;
+}
+
+int32_t plugin_self_close_rc(void) {
+    return self_close_rc;
+}
+
+int32_t plugin_self_unregister_rc(void) {
+    return self_unregister_rc;
+}
+
+const char* plugin_self_close_message(void) {
+    return self_close_message;
 }

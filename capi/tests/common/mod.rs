@@ -5,13 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The cargo profile directory the test runs from (`target/debug`), where
-/// `libmemgov_capi.so` is built next to the test binaries' `deps/`.
+/// The cargo profile directory the test runs from (`<target dir>/debug`),
+/// where `libmemgov_capi.so` is built next to the test binaries' `deps/`.
+/// Found from the test executable's own path, so it follows
+/// `CARGO_TARGET_DIR` and `build.target-dir`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent()
         .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
+        .expect("<target dir>/<profile>/deps/<test>")
         .to_path_buf()
 }
 
@@ -108,22 +110,147 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 pub fn build_c(sources: &[PathBuf], out: &Path, extra: &[&str]) {
     let lib_dir = lib_dir();
     let mut cmd = Command::new(cc());
-    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
-        .arg("-I")
-        .arg(include_dir())
-        .args(extra)
-        .args(sources)
-        .arg("-o")
-        .arg(out)
-        .arg(format!("-L{}", lib_dir.display()))
-        // DT_RPATH, not DT_RUNPATH: it wins over LD_LIBRARY_PATH, which
-        // `cargo test` points at the profile directory, where `cargo build`
-        // leaves a copy of the library that may be of other features or
-        // older sources.
-        .arg("-Wl,--disable-new-dtags")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .arg("-lmemgov_capi");
+    cmd.args([
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-pthread",
+    ])
+    .arg("-I")
+    .arg(include_dir())
+    .args(extra)
+    .args(sources)
+    .arg("-o")
+    .arg(out)
+    .arg(format!("-L{}", lib_dir.display()))
+    // DT_RPATH, not DT_RUNPATH: it wins over LD_LIBRARY_PATH, which
+    // `cargo test` points at the profile directory, where `cargo build`
+    // leaves a copy of the library that may be of other features or
+    // older sources.
+    .arg("-Wl,--disable-new-dtags")
+    .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+    .arg("-lmemgov_capi");
     run_ok(&mut cmd);
+}
+
+/// Compile a C program that loads the library itself (`dlopen`), not linked
+/// against it.
+pub fn build_c_dlopen(source: &Path, out: &Path, extra: &[&str]) {
+    let mut cmd = Command::new(cc());
+    cmd.args([
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-pthread",
+    ])
+    .arg("-I")
+    .arg(include_dir())
+    .args(extra)
+    .arg(source)
+    .arg("-o")
+    .arg(out)
+    .arg("-ldl");
+    run_ok(&mut cmd);
+}
+
+/// How a C test program runs: plainly, built with AddressSanitizer and
+/// UndefinedBehaviorSanitizer, or under valgrind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Plain,
+    Sanitizers,
+    Valgrind,
+}
+
+impl Mode {
+    /// Compiler flags for the C programs (and plugins) of this mode.
+    pub fn cflags(self) -> &'static [&'static str] {
+        match self {
+            Mode::Sanitizers => &[
+                "-fsanitize=address,undefined",
+                "-fno-sanitize-recover=undefined",
+                "-fno-omit-frame-pointer",
+            ],
+            _ => &[],
+        }
+    }
+
+    /// Whether this machine can run the mode; prints `skipped: ...` if not.
+    pub fn available(self) -> bool {
+        match self {
+            Mode::Plain => true,
+            Mode::Sanitizers => {
+                if sanitizers_build() {
+                    true
+                } else {
+                    println!(
+                        "skipped: {} cannot build with -fsanitize=address,undefined",
+                        cc()
+                    );
+                    false
+                }
+            }
+            Mode::Valgrind => {
+                if have("valgrind") {
+                    true
+                } else {
+                    println!("skipped: valgrind is not installed (apt-get install valgrind)");
+                    false
+                }
+            }
+        }
+    }
+
+    /// The command that runs `exe` in this mode.
+    pub fn command(self, exe: &Path) -> Command {
+        match self {
+            Mode::Plain => Command::new(exe),
+            Mode::Sanitizers => {
+                let mut c = Command::new(exe);
+                // The C programs are instrumented; the Rust library is not,
+                // but its mallocs go through ASan's interposed allocator.
+                c.env(
+                    "ASAN_OPTIONS",
+                    "detect_leaks=1:abort_on_error=0:halt_on_error=1",
+                )
+                .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1");
+                c
+            }
+            Mode::Valgrind => {
+                let mut c = Command::new("valgrind");
+                c.args([
+                    "--quiet",
+                    "--error-exitcode=99",
+                    "--errors-for-leak-kinds=definite",
+                    "--leak-check=full",
+                    "--show-leak-kinds=definite",
+                ])
+                .arg(exe);
+                c
+            }
+        }
+    }
+
+    /// What a passing run of this mode prints.
+    pub fn clean(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain: clean",
+            Mode::Sanitizers => "asan: clean",
+            Mode::Valgrind => "valgrind: clean",
+        }
+    }
+}
+
+/// Whether the C compiler builds and links with ASan and UBSan.
+fn sanitizers_build() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let probe = scratch("sanitizers-probe");
+        let src = probe.join("probe.c");
+        std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+        Command::new(cc())
+            .args(Mode::Sanitizers.cflags())
+            .arg(&src)
+            .arg("-o")
+            .arg(probe.join("probe"))
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    })
 }
 
 /// Compile a plugin: a shared object whose memgov symbols resolve against
