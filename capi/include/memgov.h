@@ -10,10 +10,13 @@
  *  - Every function returning int32_t returns MEMGOV_OK or a MEMGOV_ERR_*
  *    status and sets this thread's message (memgov_last_error_message()).
  *  - Handles are opaque and checked: a NULL, foreign, stale, released or
- *    wrong-kind handle returns MEMGOV_ERR_INVALID_HANDLE, never a crash.
+ *    wrong-kind handle, or one issued by another copy of the library loaded
+ *    in the process, returns MEMGOV_ERR_INVALID_HANDLE, never a crash.
  *  - Structs whose first member is `size` can grow: set `size` to sizeof the
  *    struct before passing it in either direction.
- *  - memgov never calls a callback with a lock held.
+ *  - memgov never calls a callback with a lock held. Callbacks and plugin
+ *    init functions must not throw C++ exceptions or longjmp out: nothing
+ *    can catch across extern "C", and an escaping exception terminates.
  *  - 64-bit targets only.
  *
  * This header is written by hand; a test compiles it as C11 and C++17 with
@@ -39,10 +42,10 @@ extern "C" {
 #define MEMGOV_ERR_INVALID_HANDLE 1   /* NULL, foreign, stale, released or wrong-kind handle */
 #define MEMGOV_ERR_INVALID_ARGUMENT 2 /* bad size/role/pointer, struct size too small, other context */
 #define MEMGOV_ERR_OUT_OF_MEMORY 3    /* the budget or the device has no room */
-#define MEMGOV_ERR_RETIRING 4         /* context retiring/terminated/reclaimed, or plugin unloading */
+#define MEMGOV_ERR_RETIRING 4         /* context retiring/terminated/reclaimed, or plugin unloading (by any thread) */
 #define MEMGOV_ERR_DEVICE_LOST 5      /* the device was lost */
 #define MEMGOV_ERR_TIMEOUT 6          /* a deadline passed with work outstanding */
-#define MEMGOV_ERR_BUSY 7             /* something is outstanding (plugin unload, allocator destroy) */
+#define MEMGOV_ERR_BUSY 7             /* something is outstanding (plugin unload, allocator destroy), or init runs */
 #define MEMGOV_ERR_UNSUPPORTED 8      /* the backend has no such thing */
 #define MEMGOV_ERR_UNAVAILABLE 9      /* backend not compiled in, or no driver/device */
 #define MEMGOV_ERR_BACKEND 10         /* another backend error */
@@ -109,7 +112,9 @@ typedef struct memgov_pressure_request {
 } memgov_pressure_request;
 
 /* Returns the bytes it gave back (an estimate). Called with no memgov lock
- * held, on the allocating thread; it may release buffers. */
+ * held, on the allocating thread; it may release buffers. An allocation made
+ * from inside a pressure callback asks no callback again (of any context,
+ * on that thread): it is admitted or refused as it stands. Must not throw. */
 typedef uint64_t (*memgov_pressure_fn)(const memgov_pressure_request* request, void* user_data);
 
 /* A plugin's init function, called by memgov_plugin_open: 0 on success. */
@@ -227,6 +232,10 @@ int32_t memgov_context_force_retire(memgov_context* context, uint64_t timeout_ms
 int32_t memgov_pressure_callback_add(memgov_context* context, memgov_plugin* plugin,
                                      memgov_pressure_fn callback, void* user_data,
                                      memgov_callback** out);
+/* No call enters the callback after this; when it returns no call is in it
+ * (user_data may be freed). Waits for calls on other threads: do not hold a
+ * lock the callback takes. From inside the callback itself its own call is
+ * not waited for; from inside another callback nothing is waited for. */
 int32_t memgov_pressure_callback_remove(memgov_callback* callback);
 
 /* -------------------------------------------------------------- stream */
@@ -268,15 +277,20 @@ int32_t memgov_plugin_register(const char* name, memgov_plugin** out);
 int32_t memgov_plugin_unregister(memgov_plugin* plugin, memgov_plugin_outstanding* out);
 /* MEMGOV_OK when nothing is outstanding, MEMGOV_ERR_BUSY otherwise; out may be NULL. */
 int32_t memgov_plugin_may_unload(memgov_plugin* plugin, memgov_plugin_outstanding* out);
-/* dlopen(path) and call init_symbol (NULL: "memgov_plugin_init"). */
+/* dlopen(path) and call init_symbol (NULL: "memgov_plugin_init"). While init
+ * runs the plugin may not be closed or unregistered (MEMGOV_ERR_BUSY). If
+ * init returns nonzero, what it created for the plugin is released and
+ * destroyed, the library is closed, and *out is NULL (MEMGOV_ERR_PLUGIN). */
 int32_t memgov_plugin_open(const char* path, const char* init_symbol, void* host_data,
                            memgov_plugin** out);
 int32_t memgov_plugin_symbol(memgov_plugin* plugin, const char* name, void** out);
-/* dlclose, refused with MEMGOV_ERR_BUSY while anything is outstanding. */
+/* dlclose, refused with MEMGOV_ERR_BUSY while anything is outstanding;
+ * MEMGOV_ERR_RETIRING while another thread's close of it is under way. */
 int32_t memgov_plugin_close(memgov_plugin* plugin, memgov_plugin_outstanding* out);
 
 /* -------------------------------------- PyTorch CUDAPluggableAllocator */
 
+/* device >= 0 (else MEMGOV_ERR_INVALID_ARGUMENT). */
 int32_t memgov_torch_configure(int32_t device, memgov_stream* default_stream, uint32_t role);
 int32_t memgov_torch_map_stream(int32_t device, void* raw_stream, memgov_stream* stream);
 int32_t memgov_torch_reset(void);

@@ -16,7 +16,6 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 
 fn check(out: &std::process::Output, lines: &[&str]) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -45,6 +44,7 @@ fn api(mode: Mode) {
             "handles of a force-retired context: MEMGOV_ERR_RETIRING",
             "MEMGOV_ERR_INVALID_HANDLE, 0 MEMGOV_ERR_BUSY",
             "allocation inside a pressure callback: depth 1, inner allocation MEMGOV_ERR_OUT_OF_MEMORY",
+            "remove from inside a callback: itself MEMGOV_OK, another MEMGOV_OK, neither called again",
             "last error copy: truncated and NUL-terminated, full length returned",
             "budget, pressure callback, record_stream, release_on, data: ok",
             "torch: alloc/free by (size, device, stream): ok",
