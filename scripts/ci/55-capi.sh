@@ -4,8 +4,12 @@
 # offsets, every constant, every exported function against memgov.h), the C
 # API tests from C and from Rust (bad handles, double releases, calls after
 # retire, the PyTorch and OrtAllocator entry points), and the example plugin
-# loaded by a C host that is refused unload until nothing is outstanding:
-# plain, under AddressSanitizer and under valgrind. Then the allocator entry
+# loaded by a C host that is refused unload until nothing is outstanding,
+# two copies of the library refusing each other's handles, and 16 threads
+# removing pressure callbacks while others call them: every C program plain,
+# under AddressSanitizer with UndefinedBehaviorSanitizer, and under
+# valgrind. Build output and logs go where cargo puts them
+# (cargo_target_dir: CARGO_TARGET_DIR honoured). Then the allocator entry
 # points, a plugin and a teardown from C, and the example plugin again, with
 # the CUDA and the HIP backend compiled in, on their stand-in drivers and
 # (skipping) without; and clippy.
@@ -15,7 +19,9 @@ ensure_rust
 command -v c++ >/dev/null || apt_install g++
 command -v valgrind >/dev/null || apt_install valgrind || echo "valgrind not installable: its test will print skipped"
 
-log=target/capi.log
+target_dir="$(cargo_target_dir)"
+mkdir -p "$target_dir"
+log="$target_dir/capi.log"
 echo "--- memgov-capi tests (host and null backends)"
 # cargo keeps one unhashed cdylib per profile; rebuild it for this feature set.
 touch capi/src/lib.rs
@@ -24,31 +30,42 @@ grep -q "memgov.h: C11 -Wall -Wextra -Wpedantic -Werror: ok" "$log"
 grep -q "memgov.h: C++17 -Wall -Wextra -Wpedantic -Werror: ok" "$log"
 grep -q "ABI layout: 7 structs, .* agree" "$log"
 grep -q "memgov.h declares the .* functions the library exports" "$log"
-[ "$(grep -c "api: all checks passed" "$log")" -eq 2 ] || { echo "FAILED: the C API test did not pass plain and under ASan"; exit 1; }
+# Each C program: plain, under ASan+UBSan, and under valgrind (skipped only
+# where valgrind could not be installed).
+for prog in api copies stress; do
+    grep -q "^$prog (Plain): plain: clean" "$log" || { echo "FAILED: $prog did not pass plain"; exit 1; }
+    grep -q "^$prog (Sanitizers): asan: clean" "$log" || { echo "FAILED: $prog did not pass under ASan+UBSan"; exit 1; }
+    grep -Eq "^$prog \(Valgrind\): valgrind: clean|skipped: valgrind" "$log" || { echo "FAILED: $prog did not pass under valgrind"; exit 1; }
+done
+[ "$(grep -c "api: all checks passed" "$log")" -ge 2 ] || { echo "FAILED: the C API test did not pass plain and under ASan"; exit 1; }
 [ "$(grep -c "host: all checks passed" "$log")" -ge 2 ] || { echo "FAILED: the plugin test did not pass plain and under ASan"; exit 1; }
-grep -q "asan: clean" "$log"
-grep -Eq "valgrind: clean|skipped: valgrind" "$log"
+grep -q "^plain: clean" "$log"
+grep -q "^asan: clean" "$log"
+grep -Eq "^valgrind: clean|skipped: valgrind" "$log"
+grep -q "copies: each of two copies refuses the other's handles of every kind" "$log"
+grep -q "stress: 16 threads x .* calls, 0 calls after remove returned" "$log"
+grep -q "close from inside init: MEMGOV_ERR_BUSY, unregister: MEMGOV_ERR_BUSY" "$log"
 
 echo "--- memgov-capi with the CUDA backend on the stand-in libcuda"
 standins="$(backends/stand-ins/build.sh cuda)"
 touch capi/src/lib.rs
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked -p memgov-capi --features cuda --test c_gpu --test c_api --test header -- --nocapture 2>&1 | tee target/capi-cuda.log
-grep -q "gpu: cuda: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-cuda.log
-grep -q "plugin on the cuda stand-in: ok" target/capi-cuda.log
-LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features cuda --test c_gpu -- --nocapture 2>&1 | tee target/capi-cuda-absent.log
-grep -q "skipped: cuda: .*no CUDA driver" target/capi-cuda-absent.log
+    cargo test --locked -p memgov-capi --features cuda --test c_gpu --test c_api --test header -- --nocapture 2>&1 | tee "$target_dir/capi-cuda.log"
+grep -q "gpu: cuda: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" "$target_dir/capi-cuda.log"
+grep -q "plugin on the cuda stand-in: ok" "$target_dir/capi-cuda.log"
+LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features cuda --test c_gpu -- --nocapture 2>&1 | tee "$target_dir/capi-cuda-absent.log"
+grep -q "skipped: cuda: .*no CUDA driver" "$target_dir/capi-cuda-absent.log"
 
 echo "--- memgov-capi with the HIP backend on the stand-in libamdhip64"
 apt_install libamdhip64-dev
 standins="$(backends/stand-ins/build.sh hip)"
 touch capi/src/lib.rs
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip.log
-grep -q "gpu: hip: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" target/capi-hip.log
-grep -q "plugin on the hip stand-in: ok" target/capi-hip.log
-LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee target/capi-hip-absent.log
-grep -Eq "skipped: hip: .*no HIP (device|runtime)" target/capi-hip-absent.log
+    cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee "$target_dir/capi-hip.log"
+grep -q "gpu: hip: torch pair, OrtAllocator, plugin, record_stream: 5 releases retired" "$target_dir/capi-hip.log"
+grep -q "plugin on the hip stand-in: ok" "$target_dir/capi-hip.log"
+LD_LIBRARY_PATH="" cargo test --locked -p memgov-capi --features hip --test c_gpu -- --nocapture 2>&1 | tee "$target_dir/capi-hip-absent.log"
+grep -Eq "skipped: hip: .*no HIP (device|runtime)" "$target_dir/capi-hip-absent.log"
 # Leave the library of the default features in place for whoever runs next.
 touch capi/src/lib.rs
 
