@@ -406,6 +406,48 @@ static void allocation_inside_a_callback(memgov_governor* gov) {
     OK(memgov_context_close(ctx));
 }
 
+/* Removing a pressure callback from inside it returns at once (its own call
+ * is the caller's and ends when it returns), as does removing another one
+ * from inside a callback: no deadlock, and neither is called again. */
+static memgov_callback *self_cb, *other_cb;
+static int self_calls, other_calls;
+static int32_t self_remove_rc = -1, other_remove_rc = -1;
+static uint64_t removes_itself(const memgov_pressure_request* r, void* user) {
+    (void)r;
+    (void)user;
+    self_calls++;
+    self_remove_rc = memgov_pressure_callback_remove(self_cb);
+    other_remove_rc = memgov_pressure_callback_remove(other_cb);
+    return 0;
+}
+static uint64_t counts_calls(const memgov_pressure_request* r, void* user) {
+    (void)r;
+    (void)user;
+    other_calls++;
+    return 0;
+}
+
+static void remove_from_inside(memgov_governor* gov) {
+    memgov_context* ctx = open_ctx(gov, "host", 4096);
+    memgov_stream* s = NULL;
+    memgov_buffer *held = NULL, *b = NULL;
+    OK(memgov_stream_create(ctx, "inside", NULL, &s));
+    OK(memgov_buffer_allocate(s, 4096, MEMGOV_ROLE_OTHER, NULL, &held));
+    OK(memgov_pressure_callback_add(ctx, NULL, removes_itself, NULL, &self_cb));
+    OK(memgov_pressure_callback_add(ctx, NULL, counts_calls, NULL, &other_cb));
+    FAILS(memgov_buffer_allocate(s, 4096, MEMGOV_ROLE_OTHER, NULL, &b), MEMGOV_ERR_OUT_OF_MEMORY);
+    FAILS(memgov_buffer_allocate(s, 4096, MEMGOV_ROLE_OTHER, NULL, &b), MEMGOV_ERR_OUT_OF_MEMORY);
+    EXPECT(self_remove_rc == MEMGOV_OK && other_remove_rc == MEMGOV_OK);
+    EXPECT(self_calls == 1 && other_calls == 0);
+    FAILS(memgov_pressure_callback_remove(self_cb), MEMGOV_ERR_INVALID_HANDLE);
+    OK(memgov_buffer_release(held));
+    OK(memgov_stream_destroy(s));
+    OK(memgov_context_retire(ctx, 5000, NULL));
+    OK(memgov_context_close(ctx));
+    printf("remove from inside a callback: itself %s, another %s, neither called again\n",
+           memgov_status_name(self_remove_rc), memgov_status_name(other_remove_rc));
+}
+
 /* memgov_last_error_copy: the message copied with truncation, always
  * NUL-terminated, returning the full length (snprintf's convention); it
  * does not change the message. */
@@ -548,6 +590,7 @@ int main(void) {
     after_force_retire(gov);
     unregister_race();
     allocation_inside_a_callback(gov);
+    remove_from_inside(gov);
     last_error_copy();
     budgets_streams_and_data(gov);
     torch(gov);
