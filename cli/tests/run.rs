@@ -303,14 +303,15 @@ fn a_run_that_fails_half_way_retires_every_context_it_registered() {
     // weight shards live and, at 200 us per device operation, their
     // stream-ordered releases still queued when the error returns. The run
     // tears every context down before it exits, and says so.
-    let (code, out, err) = run(&[
+    let failing = [
         "--backend",
         "host",
         "--llm-budget-mib",
         "64",
         "--op-delay-us",
         "200",
-    ]);
+    ];
+    let (code, out, err) = run(&failing);
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         out.contains("memgov run: the run ended early; retiring the 2 contexts it left"),
@@ -333,15 +334,7 @@ fn a_run_that_fails_half_way_retires_every_context_it_registered() {
     );
 
     // The same under --json: the error object lists the teardowns.
-    let (code, out, err) = run(&[
-        "--backend",
-        "host",
-        "--llm-budget-mib",
-        "64",
-        "--op-delay-us",
-        "200",
-        "--json",
-    ]);
+    let (code, out, err) = run(&[&failing[..], &["--json"]].concat());
     assert_eq!(code, 1, "{out}{err}");
     let v: serde_json::Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{out}"));

@@ -884,6 +884,24 @@ fn ok(r: hip::HipResult) {
     assert_eq!(r, hip::hipSuccess);
 }
 
+/// `bytes` of mapped page-locked host memory: (host pointer, device
+/// pointer from `hipHostGetDevicePointer`).
+fn mapped_host(bytes: usize) -> (*mut c_void, *mut c_void) {
+    let (mut host, mut device): (*mut c_void, *mut c_void) =
+        (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers; the flags and the host pointer are the
+    // documented ones.
+    unsafe {
+        ok(hip::hipHostMalloc(
+            &mut host,
+            bytes,
+            hip::hipHostMallocMapped,
+        ));
+        ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
+    }
+    (host, device)
+}
+
 fn raw_stream() -> hip::hipStream_t {
     let mut s: hip::hipStream_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -980,14 +998,7 @@ fn child_entry() {
         | "copy_device_view_as_host_source"
         | "memcpy_async_kind_mismatch" => unsafe {
             let s = raw_stream();
-            let mut host: *mut c_void = std::ptr::null_mut();
-            ok(hip::hipHostMalloc(
-                &mut host,
-                4096,
-                hip::hipHostMallocMapped,
-            ));
-            let mut device: *mut c_void = std::ptr::null_mut();
-            ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
+            let (host, device) = mapped_host(4096);
             assert_ne!(
                 device, host,
                 "the stand-in's device view differs from the host pointer"
@@ -1018,14 +1029,7 @@ fn child_entry() {
         },
         "host_free_synced" | "host_free_during_copy" => unsafe {
             let s = raw_stream();
-            let mut host: *mut c_void = std::ptr::null_mut();
-            ok(hip::hipHostMalloc(
-                &mut host,
-                4096,
-                hip::hipHostMallocMapped,
-            ));
-            let mut device: *mut c_void = std::ptr::null_mut();
-            ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
+            let (host, device) = mapped_host(4096);
             let src = vec![7u8; 4096];
             ok(hip::hipMemcpyHtoDAsync(
                 device,
