@@ -22,15 +22,19 @@
  *   CUDA documentation requires, cuMemFreeHost (synchronous) while a queued
  *   copy that uses the memory has not completed is a contract violation,
  *   and the memory goes with its context.
- * - The primary context's last release destroys it with its allocations and
- *   streams, as the driver does; no thread may still have it current.
+ * - The primary context's last release destroys it with its streams, as the
+ *   driver does; no thread may still have it current, and on a device not in
+ *   the sticky error state none of its allocations may still be live
+ *   (stricter than the driver, see destroy_context; on a sticky device they
+ *   go with it, counted by memgov_standin_cuda_reclaimed).
  * - Contract violations abort with "memgov libcuda stand-in: contract
  *   violation: ...": a call on a destroyed context, stream, event or pool, a
  *   free or copy of an unknown or freed pointer, a copy out of bounds, a
  *   copy or free missing stream ordering, a page-locked host free while a
  *   copy using it is still queued, the primary context released (last
- *   reference) while work is pending, while a thread has it current, or with
- *   the default pool changed, any primary context reference released (on a
+ *   reference) while work is pending, while a thread has it current, with
+ *   the default pool changed, or (on a device not in the sticky state) with
+ *   allocations still live, any primary context reference released (on a
  *   device not in the sticky state) while a created pool that was destroyed
  *   still has allocations outstanding, any driver call from inside a host
  *   function; with MEMGOV_STANDIN_CUDA_EXIT_CHECK=1, anything left at exit.
@@ -180,6 +184,12 @@ static struct {
     /* The default pool's release threshold when the process first found it
      * (the primary context created from no references). */
     uint64_t pool_found_threshold;
+    /* What destroyed primary contexts of the device took with them, summed:
+     * {device allocations, device bytes, page-locked host allocations, host
+     * bytes}. Nonzero only after a last release on a device in the sticky
+     * error state (anywhere else live allocations at the last release are a
+     * contract violation). Under g_lock. */
+    uint64_t reclaimed[4];
 } g_dev[MAX_DEVICES];
 static struct CUmemPoolHandle_st *g_pools; /* created pools, under g_lock */
 
@@ -346,6 +356,18 @@ int memgov_standin_cuda_live(int dev, unsigned long long out[4]) {
     }
     pthread_mutex_unlock(&g_lock);
     return c != NULL ? 0 : -1;
+}
+
+/* For tests: what the destroyed primary contexts of `dev` took with them
+ * (allocations still live at their last release), summed over the process,
+ * in the layout of memgov_standin_cuda_live. Returns 0, or -1 when `dev` is
+ * not a device. */
+int memgov_standin_cuda_reclaimed(int dev, unsigned long long out[4]) {
+    if (out == NULL || dev < 0 || dev >= MAX_DEVICES) return -1;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < 4; i++) out[i] = g_dev[dev].reclaimed[i];
+    pthread_mutex_unlock(&g_lock);
+    return 0;
 }
 
 /* ---- checks every entry point makes -------------------------------------- */
@@ -612,14 +634,39 @@ static void destroy_context(CUcontext c, int sticky) {
                "context before returning (cuCtxPushCurrent / cuCtxPopCurrent)",
                c->device, holding, caller ? ", the releasing thread among them" : "");
     check_default_pool(c->device, "last release of the primary context");
-    /* Allocations still live are released with the context, as the driver's
-     * context destruction releases every resource of the context. */
-    uint64_t live = sq_mem_live_count(c->mem);
+    /* The driver destroys the context with whatever it still holds ("the
+     * context is automatically reset once the last reference to it is
+     * released"), so allocations live here are not a driver error. They are
+     * a holder's leak all the same: a reference is released without knowing
+     * whether it is the last one, and the same release with another holder
+     * left (a runtime sharing the primary context) leaves them allocated in
+     * that holder's context for as long as it holds it. So, stricter than
+     * the driver: every allocation of the context (device memory from any
+     * pool, page-locked host memory) must be freed, and its free executed,
+     * before the last reference goes. On a device in the sticky error state
+     * nothing can be freed: the allocations go with the context. */
+    uint64_t live = sq_mem_live_count(c->mem), live_bytes = sq_mem_live_bytes(c->mem);
     uint64_t host_live = sq_mem_live_count(c->host_mem);
+    uint64_t host_bytes = sq_mem_live_bytes(c->host_mem);
+    if (!sticky && (live != 0 || host_live != 0))
+        sq_die("primary context of device %d released (last reference) with %llu device "
+               "allocation(s) (%llu bytes) and %llu page-locked host allocation(s) (%llu bytes) "
+               "still live on a device that still executes work: the driver would destroy them "
+               "with the context, but the same release with another holder left (a runtime "
+               "sharing the primary context) leaves them allocated in its context; free them "
+               "(and let the frees execute) before releasing the reference",
+               c->device, (unsigned long long)live, (unsigned long long)live_bytes,
+               (unsigned long long)host_live, (unsigned long long)host_bytes);
     CUstream lists[2] = {c->streams, c->draining};
     c->streams = NULL;
     c->draining = NULL;
     pthread_mutex_unlock(&c->lock);
+    pthread_mutex_lock(&g_lock); /* never under c->lock: exit_check takes g_lock, then it */
+    g_dev[c->device].reclaimed[0] += live;
+    g_dev[c->device].reclaimed[1] += live_bytes;
+    g_dev[c->device].reclaimed[2] += host_live;
+    g_dev[c->device].reclaimed[3] += host_bytes;
+    pthread_mutex_unlock(&g_lock);
     for (int i = 0; i < 2; i++) {
         CUstream s = lists[i];
         while (s != NULL) {

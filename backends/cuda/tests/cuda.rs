@@ -388,10 +388,75 @@ fn negative_release_with_frees_pending_aborts() {
 }
 
 #[test]
-fn release_of_the_last_reference_frees_what_the_context_still_holds() {
-    // Like the driver's context destruction: allocations left in the
-    // context go with it (a fresh context sees the whole device free).
-    assert_child_passed("release_allocated", &[]);
+fn negative_last_reference_released_with_device_memory_live_aborts() {
+    // The driver would destroy the allocation with the context; the
+    // stand-in refuses it, since the same release with a runtime still
+    // holding the context would leave the allocation in it.
+    assert_stand_in_aborts(
+        "release_allocated",
+        &[],
+        "released (last reference) with 1 device allocation(s) (1048576 bytes) and 0 \
+         page-locked host allocation(s) (0 bytes) still live",
+    );
+}
+
+#[test]
+fn negative_last_reference_released_with_page_locked_memory_live_aborts() {
+    assert_stand_in_aborts(
+        "release_host_allocated",
+        &[],
+        "released (last reference) with 0 device allocation(s) (0 bytes) and 1 page-locked \
+         host allocation(s) (4096 bytes) still live",
+    );
+}
+
+#[test]
+fn last_reference_released_on_a_sticky_device_takes_its_allocations_with_it() {
+    // The control of the two above: on a device in the sticky error state
+    // nothing can be freed, the release is legal and the allocations go
+    // with the context (the stand-in counts what they were).
+    assert_child_passed(
+        "release_allocated_sticky",
+        &[
+            ("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_EXEC", "1"),
+            ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+        ],
+    );
+}
+
+#[test]
+fn lost_teardown_of_a_healthy_device_frees_before_the_last_reference_goes() {
+    // memgov holds the only reference to the primary context: declared lost
+    // while the driver still answers, with four 64 MiB allocations, a
+    // page-locked buffer and a queued release, its retirement must free all
+    // of it before its release, which is the last (the stand-in aborts on a
+    // last release over live allocations), and nothing goes with the context.
+    for latency in ["0", "2000"] {
+        assert_child_passed(
+            "lost_teardown_alone",
+            &[
+                ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+                ("MEMGOV_STANDIN_CUDA_LATENCY_US", latency),
+            ],
+        );
+    }
+}
+
+#[test]
+fn conformance_suite_alone_frees_everything_before_each_last_release() {
+    // In this process other tests hold the primary context too, so a case's
+    // release is not always the last one. Alone in a child every case's
+    // release is, and the stand-in checks that nothing is live at it, with
+    // the block cache off and on.
+    for latency in ["0", "300"] {
+        assert_child_passed(
+            "suite_alone",
+            &[
+                ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
+                ("MEMGOV_STANDIN_CUDA_LATENCY_US", latency),
+            ],
+        );
+    }
 }
 
 #[test]
@@ -764,23 +829,29 @@ mod children {
                     drop(ctx);
                 }
                 "release_allocated" => {
+                    // The planted violation: the last reference released
+                    // over a live allocation on a healthy device.
                     let (ctx, s) = raw_setup();
                     let _p = alloc(s, 1 << 20);
                     ok(sys::cuStreamSynchronize(s), "sync");
+                    ok(sys::cuStreamDestroy_v2(s), "destroy stream");
                     ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
-                    ok(
-                        sys::cuDevicePrimaryCtxRelease_v2(0),
-                        "release (last reference)",
-                    );
-                    std::mem::forget(ctx); // its reference was released above
-                    let fresh = factory().expect("fresh context");
-                    let info = fresh.memory_info().expect("memory info");
-                    assert_eq!(
-                        info.free, info.total,
-                        "the allocation went with the context"
-                    );
-                    fresh.teardown(false).expect("teardown");
+                    std::mem::forget(ctx); // its reference is released below
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
                 }
+                "release_host_allocated" => {
+                    // Likewise, with page-locked host memory.
+                    let ctx = factory().expect("context");
+                    ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
+                    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+                    ok(sys::cuMemHostAlloc(&mut host, 4096, 3), "cuMemHostAlloc");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                    std::mem::forget(ctx);
+                    let _ = sys::cuDevicePrimaryCtxRelease_v2(0);
+                }
+                "release_allocated_sticky" => release_allocated_sticky(),
+                "lost_teardown_alone" => lost_teardown_alone(),
+                "suite_alone" => suite_alone(),
                 "cross_stream_free_unordered" => {
                     let ctx = factory().expect("context");
                     let (a, b) = (
@@ -1129,6 +1200,10 @@ mod children {
         let snap = handle.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
+        // The driver answers no more: nothing was freed, and the kept
+        // allocations went with the context at memgov's (last) release.
+        let gone = stand_in_query("memgov_standin_cuda_reclaimed", 0).expect("device 0");
+        assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
     }
 
     fn oom() {
@@ -1413,8 +1488,9 @@ mod children {
 
     fn lost_teardown() {
         // Declared lost on a healthy device, three times: each lost teardown
-        // releases memgov's context reference, and with it the memory and
-        // streams (the stand-in's exit check finds nothing left).
+        // frees memgov's memory and streams, then releases its context
+        // reference, the last one (the stand-in aborts on a last release
+        // over live allocations, and its exit check finds nothing left).
         for round in 0..3 {
             let ctx = factory().expect("context");
             let probe = ctx.probe();
@@ -1427,30 +1503,157 @@ mod children {
             ctx.device_lost();
             ctx.teardown(true).expect("lost teardown");
             assert!(probe.lost());
-            let fresh = factory().expect("fresh context");
-            let info = fresh.memory_info().expect("memory info");
-            assert_eq!(info.free, info.total, "round {round}: memory left behind");
-            fresh.teardown(false).expect("teardown");
+            assert_eq!(probe.live_allocations(), 0);
+            assert_eq!(
+                stand_in_query("memgov_standin_cuda_reclaimed", 0),
+                Some([0, 0, 0, 0]),
+                "round {round}: memory went with the context"
+            );
+            assert_eq!(
+                stand_in_query("memgov_standin_cuda_live", 0),
+                None,
+                "round {round}: the primary context is still retained"
+            );
+        }
+    }
+
+    /// One of the stand-in's test hooks that report {device allocations,
+    /// device bytes, page-locked host allocations, host bytes} for device
+    /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
+    /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
+    /// (what its destroyed primary contexts took with them).
+    fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
+        // only finds it, and both hooks have the declared signature
+        // (`int (int, unsigned long long out[4])`).
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
+                lib.get(hook.as_bytes()).expect(hook);
+            let mut out = [u64::MAX; 4];
+            (query(dev, out.as_mut_ptr()) == 0).then_some(out)
         }
     }
 
     /// What the stand-in's primary context of `dev` holds: {device
     /// allocations, device bytes, page-locked host allocations, host bytes}.
     fn stand_in_live(dev: i32) -> [u64; 4] {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
-        // only finds it, and its symbol has the declared signature.
+        stand_in_query("memgov_standin_cuda_live", dev)
+            .unwrap_or_else(|| panic!("device {dev} not retained"))
+    }
+
+    fn release_allocated_sticky() {
+        // Allocations live (device and page-locked), then an asynchronous
+        // fault (the first queued operation to execute, a free, faults): the
+        // device is in the sticky error state, nothing can be freed, and the
+        // last release is legal; the allocations go with the context.
+        let (mut dev, mut c) = (0, std::ptr::null_mut());
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: raw driver calls on the stand-in with valid out pointers;
+        // the push is popped below, before the release.
         unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let live: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
-                lib.get(b"memgov_standin_cuda_live\0")
-                    .expect("memgov_standin_cuda_live");
-            let mut out = [u64::MAX; 4];
-            assert_eq!(live(dev, out.as_mut_ptr()), 0, "device {dev} not retained");
-            out
+            ok(sys::cuInit(0), "init");
+            ok(sys::cuDeviceGet(&mut dev, 0), "device");
+            ok(sys::cuDevicePrimaryCtxRetain(&mut c, dev), "retain");
+            ok(sys::cuCtxPushCurrent_v2(c), "push");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+            let _kept = alloc(s, 1 << 20);
+            ok(sys::cuMemHostAlloc(&mut host, 4096, 3), "cuMemHostAlloc");
+            let faults = alloc(s, 64);
+            ok(sys::cuMemFreeAsync(faults, s), "free (faults when it runs)");
+            assert_eq!(
+                sys::cuStreamSynchronize(s),
+                sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+                "the fault surfaces at the synchronize"
+            );
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ok(
+                sys::cuDevicePrimaryCtxRelease_v2(dev),
+                "release (last reference) on a sticky device",
+            );
+        }
+        // The faulted free never executed: both device allocations went with
+        // the context, and the page-locked one.
+        assert_eq!(
+            stand_in_query("memgov_standin_cuda_reclaimed", 0),
+            Some([2, (1 << 20) + 64, 1, 4096])
+        );
+    }
+
+    fn lost_teardown_alone() {
+        use memgov::Tier;
+        // memgov holds the only reference to the primary context.
+        let gov = Governor::new();
+        let backend = factory().expect("context");
+        let probe = backend.probe();
+        let ctx = gov.register(backend, ContextConfig::new().label("alone"));
+        let s = ctx.create_stream("s").expect("stream");
+        let weights: Vec<_> = (0..4)
+            .map(|_| ctx.allocate(&s, 64 << 20, Role::Weights).expect("allocate"))
+            .collect();
+        let pinned = ctx
+            .allocate_in(&s, 1 << 20, Role::Other, Tier::PinnedHost)
+            .expect("pinned allocation");
+        weights[3].write(0, b"weights").expect("write");
+        pinned.write(0, b"pinned").expect("write");
+        // A release still queued when the loss is declared.
+        drop(ctx.allocate(&s, 4096, Role::Activation).expect("allocate"));
+        let before = stand_in_live(0);
+        assert!(
+            before[0] >= 4 && before[1] >= 4 * (64 << 20) && before[2] == 1,
+            "{before:?}"
+        );
+        assert!(ctx.mark_lost("test: declared lost; the driver still answers"));
+        drop((weights, pinned, s));
+        let report = ctx
+            .retire()
+            .wait_timeout(Duration::from_secs(30))
+            .expect("retire");
+        assert!(report.lost, "{report:?}");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        // memgov's release was the last: the context is gone, and nothing
+        // went with it (the stand-in would have aborted on live memory).
+        assert_eq!(
+            stand_in_query("memgov_standin_cuda_live", 0),
+            None,
+            "the primary context is still retained"
+        );
+        assert_eq!(
+            stand_in_query("memgov_standin_cuda_reclaimed", 0),
+            Some([0, 0, 0, 0]),
+            "memgov's allocations went with the context instead of being freed"
+        );
+        assert_eq!(probe.live_allocations(), 0);
+        assert_eq!(probe.live_streams(), 0);
+        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
+        let snap = ctx.snapshot();
+        assert_eq!(snap.charged, 0);
+        assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn suite_alone() {
+        use memgov::conformance::{run_suite_with, SuiteOptions};
+        let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+        for options in [SuiteOptions::new(), cached] {
+            let report = run_suite_with(&options, factory);
+            println!("{report}");
+            let (passed, failed, skipped) = report.counts();
+            assert_eq!(
+                (passed, failed, skipped),
+                (report.cases.len(), 0, 0),
+                "{report}"
+            );
+            assert_eq!(
+                stand_in_query("memgov_standin_cuda_reclaimed", 0),
+                Some([0, 0, 0, 0]),
+                "a case left memory to go with the context ({options})"
+            );
         }
     }
 
