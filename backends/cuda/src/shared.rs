@@ -183,7 +183,8 @@ impl Shared {
                 op,
                 BackendErrorKind::InvalidArgument,
                 format!(
-                    "stream {} is not a live stream of CUDA context {} (it belongs to context {},                      or was destroyed): use a stream this context created and has not destroyed",
+                    "stream {} is not a live stream of CUDA context {} (it belongs to context {}, \
+                     or was destroyed): use a stream this context created and has not destroyed",
                     stream.id, self.id, stream.context
                 ),
             ));
@@ -203,7 +204,8 @@ impl Shared {
                 op,
                 BackendErrorKind::InvalidArgument,
                 format!(
-                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to                      context {}, or was freed)",
+                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to \
+                     context {}, or was freed)",
                     memory.id, memory.bytes, memory.ptr, self.id, memory.context
                 ),
             ));

@@ -258,7 +258,11 @@ impl CudaContext {
                     "teardown",
                     BackendErrorKind::DeviceLost,
                     format!(
-                        "the context was declared lost, the driver still answers and {} of                          memgov's streams still have queued work after {:?}: the primary context                          reference (with memgov's allocations) is kept rather than released                          under running work; reset the device (cuDevicePrimaryCtxReset) to                          reclaim it",
+                        "the context was declared lost, the driver still answers and {} of \
+                         memgov's streams still have queued work after {:?}: the primary context \
+                         reference (with memgov's allocations) is kept rather than released \
+                         under running work; reset the device (cuDevicePrimaryCtxReset) to \
+                         reclaim it",
                         still.len(),
                         LOST_DRAIN
                     ),
