@@ -443,6 +443,18 @@ fn lost_teardown_of_a_healthy_device_frees_before_the_last_reference_goes() {
 }
 
 #[test]
+fn lost_teardown_never_releases_under_running_work() {
+    // Declared lost on a device that answers but whose queued work is still
+    // running at the drain deadline (a free queued behind 7 s of latency):
+    // teardown gives up after its 5 s deadline, frees nothing and keeps the
+    // context reference rather than releasing it under that work, and says so.
+    assert_child_passed(
+        "lost_teardown_running",
+        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "7000000")],
+    );
+}
+
+#[test]
 fn conformance_suite_alone_frees_everything_before_each_last_release() {
     // In this process other tests hold the primary context too, so a case's
     // release is not always the last one. Alone in a child every case's
@@ -851,6 +863,7 @@ mod children {
                 }
                 "release_allocated_sticky" => release_allocated_sticky(),
                 "lost_teardown_alone" => lost_teardown_alone(),
+                "lost_teardown_running" => lost_teardown_running(),
                 "suite_alone" => suite_alone(),
                 "cross_stream_free_unordered" => {
                     let ctx = factory().expect("context");
@@ -1635,6 +1648,40 @@ mod children {
         let snap = ctx.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
+    }
+
+    fn lost_teardown_running() {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let _kept = ctx.allocate(&s, 4096).expect("allocate");
+        let m = ctx.allocate(&s, 4096).expect("allocate");
+        ctx.free_async(&s, m, signal().0)
+            .map_err(|(_, _, e)| e)
+            .expect("free, queued behind 7 s");
+        ctx.device_lost();
+        let start = Instant::now();
+        let e = ctx
+            .teardown(true)
+            .expect_err("teardown must not release under running work");
+        let waited = start.elapsed();
+        assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+        assert!(
+            e.message
+                .contains("kept rather than released under running work")
+                && e.message.contains("cuDevicePrimaryCtxReset"),
+            "{e}"
+        );
+        assert!(
+            waited >= Duration::from_secs(5) && waited < Duration::from_secs(7),
+            "gave up after {waited:?}"
+        );
+        assert!(probe.lost());
+        // The reference was kept, with memgov's allocations in it (the
+        // queued free has not run yet).
+        let held = stand_in_live(0);
+        assert_eq!((held[0], held[1]), (2, 8192), "{held:?}");
+        // The process exits with the reference held and the work queued.
     }
 
     fn suite_alone() {
