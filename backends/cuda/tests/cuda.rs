@@ -279,11 +279,22 @@ fn whole_suite_report() {
 /// The variable that tells a re-executed test binary which scenario to run.
 const CHILD: &str = "MEMGOV_CUDA_CHILD";
 
+/// The stand-in's latency knobs (see `backends/stand-ins/README.md`).
+const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
+const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
+
 /// Run `scenario` in a child process with extra environment. `None` (after
-/// printing why) when there is no stand-in to run it on.
+/// printing why) when there is no stand-in to run it on. A child that sets
+/// its own latency gets exactly that latency: a latency seed the parent runs
+/// with (which would draw each delay from 0 to twice the latency) is not
+/// passed on, unless the child's environment names one itself.
 fn child(scenario: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
     stand_in()?.teardown(false).expect("teardown");
-    Some(child_process::run(CHILD, scenario, env))
+    let mut env = env.to_vec();
+    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
+        env.push((SEED, ""));
+    }
+    Some(child_process::run(CHILD, scenario, &env))
 }
 
 /// The child passed (its scenario's assertions held).
@@ -431,12 +442,13 @@ fn lost_teardown_of_a_healthy_device_frees_before_the_last_reference_goes() {
     // page-locked buffer and a queued release, its retirement must free all
     // of it before its release, which is the last (the stand-in aborts on a
     // last release over live allocations), and nothing goes with the context.
-    for latency in ["0", "2000"] {
+    for (latency, seed) in [("0", ""), ("2000", ""), ("2000", "1"), ("2000", "2")] {
         assert_child_passed(
             "lost_teardown_alone",
             &[
                 ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
-                ("MEMGOV_STANDIN_CUDA_LATENCY_US", latency),
+                (LATENCY, latency),
+                (SEED, seed),
             ],
         );
     }
@@ -460,12 +472,13 @@ fn conformance_suite_alone_frees_everything_before_each_last_release() {
     // release is not always the last one. Alone in a child every case's
     // release is, and the stand-in checks that nothing is live at it, with
     // the block cache off and on.
-    for latency in ["0", "300"] {
+    for (latency, seed) in [("0", ""), ("300", ""), ("300", "1")] {
         assert_child_passed(
             "suite_alone",
             &[
                 ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
-                ("MEMGOV_STANDIN_CUDA_LATENCY_US", latency),
+                (LATENCY, latency),
+                (SEED, seed),
             ],
         );
     }
