@@ -7,10 +7,13 @@
  * Cases that must pass print "ok" and exit 0: ordered (event wait, and
  * transitively through a second stream), synced (host synchronization),
  * destroyed-wait (event destroyed while the wait is pending), host-free-synced
- * (a page-locked host allocation freed once its copy completed). Cases that
- * must abort with "contract violation": unordered-free, early-event (event
- * recorded before the last use), event-after-destroy, host-free-during-copy
- * (freed while a queued copy that uses it has not run).
+ * (a page-locked host allocation freed once its copy completed), seeded (with
+ * SELFTEST_LATENCY_US and SELFTEST_LATENCY_SEED set, jittered operations
+ * still run in queue order). Cases that must abort with "contract
+ * violation": unordered-free, early-event (event recorded before the last
+ * use), event-after-destroy, host-free-during-copy (freed while a queued copy
+ * that uses it has not run), seed-malformed (SELFTEST_LATENCY_SEED not a
+ * non-negative integer).
  */
 #include "standin.h"
 
@@ -21,6 +24,26 @@
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     sq_set_name("stand-in common self-test");
+    if (!strcmp(c, "seeded") || !strcmp(c, "seed-malformed")) {
+        struct sq_knobs k;
+        sq_knobs_load(&k, "SELFTEST");
+        if (!k.latency_seeded) return 2;
+        /* Two queues, each with 32 copies of increasing values into its own
+         * byte, every copy after a delay drawn from [0, 2 * latency]: the
+         * last one queued must be the one that lands last. */
+        struct sq_queue *q[2] = {sq_queue_new(k.latency_us), sq_queue_new(k.latency_us)};
+        static unsigned char dst[2], vals[32];
+        for (int i = 0; i < 32; i++) vals[i] = (unsigned char)(i + 1);
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 2; j++) sq_queue_copy(q[j], &dst[j], &vals[i], 1);
+        for (int j = 0; j < 2; j++) {
+            sq_queue_sync(q[j]);
+            if (dst[j] != 32) return 2;
+            sq_queue_destroy(q[j]);
+        }
+        puts("ok");
+        return 0;
+    }
     /* Stream a is slow, so its work is really pending when b and c move on. */
     struct sq_queue *a = sq_queue_new(20000), *b = sq_queue_new(0), *q3 = sq_queue_new(0);
     struct sq_mem *m = sq_mem_new(0);

@@ -16,8 +16,12 @@ for c in ordered synced destroyed-wait host-free-synced; do
     got="$("$out/selftest" "$c")"
     [ "$got" = ok ] || { echo "selftest $c: expected ok, got '$got'" >&2; exit 1; }
 done
-for c in unordered-free early-event event-after-destroy host-free-during-copy; do
-    if err="$("$out/selftest" "$c" 2>&1)"; then
+got="$(SELFTEST_LATENCY_US=300 SELFTEST_LATENCY_SEED=7 "$out/selftest" seeded)"
+[ "$got" = ok ] || { echo "selftest seeded: expected ok, got '$got'" >&2; exit 1; }
+for c in unordered-free early-event event-after-destroy host-free-during-copy seed-malformed; do
+    seed=""
+    [ "$c" = seed-malformed ] && seed=-1
+    if err="$(SELFTEST_LATENCY_SEED=$seed "$out/selftest" "$c" 2>&1)"; then
         echo "selftest $c: exited 0, expected a contract violation" >&2
         exit 1
     fi
@@ -26,4 +30,4 @@ for c in unordered-free early-event event-after-destroy host-free-during-copy; d
     *) echo "selftest $c: no contract violation in: $err" >&2; exit 1 ;;
     esac
 done
-echo "stand-in common self-test: 8 cases passed" >&2
+echo "stand-in common self-test: 10 cases passed" >&2

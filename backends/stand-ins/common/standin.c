@@ -78,7 +78,8 @@ static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
 }
 
 /* The latency seed of the loaded knobs (see sq_knobs.latency_seed); written
- * once by sq_knobs_load, before any queue exists. */
+ * by sq_knobs_load (the seed before the flag, which is stored with release
+ * and read with acquire by sq_queue_new on any thread). */
 static int g_latency_seeded;
 static uint64_t g_latency_seed;
 
@@ -89,8 +90,8 @@ void sq_knobs_load(struct sq_knobs *knobs, const char *prefix) {
     const char *seed = getenv(name);
     knobs->latency_seeded = seed != NULL && seed[0] != '\0';
     knobs->latency_seed = knobs->latency_seeded ? sq_env_u64(name, 0) : 0;
-    g_latency_seeded = knobs->latency_seeded;
-    g_latency_seed = knobs->latency_seed;
+    __atomic_store_n(&g_latency_seed, knobs->latency_seed, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_latency_seeded, knobs->latency_seeded, __ATOMIC_RELEASE);
     knobs->oom_after_bytes = env_u64(prefix, "OOM_AFTER_BYTES", 0);
     knobs->sticky_error_at_op = env_u64(prefix, "STICKY_ERROR_AT_OP", 0);
 }
@@ -188,12 +189,14 @@ static void sleep_us(uint64_t us) {
     }
 }
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+/* splitmix64's output function: a bijection that scatters nearby inputs. */
+static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
+
+static uint64_t splitmix64(uint64_t *state) { return mix64(*state += 0x9e3779b97f4a7c15ull); }
 
 /* The wait before the queue's next operation: the latency, or with a seed a
  * draw from [0, 2 * latency]. */
@@ -237,8 +240,12 @@ struct sq_queue *sq_queue_new(uint64_t latency_us) {
     lock(&g_refs_lock);
     q->id = ++g_next_queue_id;
     unlock(&g_refs_lock);
-    q->jitter = g_latency_seeded;
-    q->rng = g_latency_seed ^ (q->id * 0x9e3779b97f4a7c15ull);
+    /* Each queue's draws start from the seed mixed with its id (the Nth
+     * queue the library makes): unrelated sequences for different queues,
+     * the same ones for the same seed. The id is mixed first, so that queue
+     * N + 1's draws are not queue N's shifted by one. */
+    q->jitter = __atomic_load_n(&g_latency_seeded, __ATOMIC_ACQUIRE);
+    q->rng = mix64(__atomic_load_n(&g_latency_seed, __ATOMIC_RELAXED) ^ mix64(q->id));
     if (pthread_mutex_init(&q->lock, NULL) != 0 || pthread_cond_init(&q->work, NULL) != 0 ||
         pthread_cond_init(&q->finished, NULL) != 0)
         sq_fatal("cannot initialise queue synchronisation");

@@ -60,10 +60,11 @@ struct sq_knobs {
     uint64_t latency_us;
     /* <PREFIX>_LATENCY_SEED: when set, each queued operation waits a
      * pseudo-random time between 0 and twice <PREFIX>_LATENCY_US instead,
-     * drawn per queue from this seed (splitmix64 of the seed and the queue's
-     * id): runs with different seeds interleave streams differently, and a
-     * seed reproduces its run's delays. Unset: every operation waits exactly
-     * the latency. */
+     * drawn per queue from this seed (splitmix64 from the seed mixed with
+     * the queue's id, the Nth queue made): runs with different seeds
+     * interleave streams differently, and a seed gives the Nth queue the
+     * same delays in every run. Unset or empty: every operation waits
+     * exactly the latency. */
     uint64_t latency_seed;
     int latency_seeded;
     /* <PREFIX>_OOM_AFTER_BYTES: allocations fail with the driver's
