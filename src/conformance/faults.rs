@@ -174,8 +174,14 @@ pub fn fault_matrix_with<C: DeviceContext>(
     factory: impl Fn() -> Option<(C, LeakCheck)>,
 ) -> Option<FaultMatrix> {
     let factory: &Factory<'_, C> = &factory;
-    // One context, opened and dropped, says whether the backend is here.
-    drop(factory()?);
+    // One context, opened and torn down, says whether the backend is here.
+    // Torn down, not dropped: a dropped context calls no driver function,
+    // so it would keep its driver objects (a CUDA context reference, a
+    // memory pool) until the process exits.
+    let (ctx, _) = factory()?;
+    if let Err(e) = ctx.teardown(false) {
+        eprintln!("fault matrix: {backend}: the availability probe's teardown failed: {e}");
+    }
     let mut cells = Vec::new();
     let rows = Operation::ALL
         .into_iter()
