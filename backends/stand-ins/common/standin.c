@@ -189,14 +189,12 @@ static void sleep_us(uint64_t us) {
     }
 }
 
-/* splitmix64's output function: a bijection that scatters nearby inputs. */
-static uint64_t mix64(uint64_t z) {
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-
-static uint64_t splitmix64(uint64_t *state) { return mix64(*state += 0x9e3779b97f4a7c15ull); }
 
 /* The wait before the queue's next operation: the latency, or with a seed a
  * draw from [0, 2 * latency]. */
@@ -240,12 +238,11 @@ struct sq_queue *sq_queue_new(uint64_t latency_us) {
     lock(&g_refs_lock);
     q->id = ++g_next_queue_id;
     unlock(&g_refs_lock);
-    /* Each queue's draws start from the seed mixed with its id (the Nth
-     * queue the library makes): unrelated sequences for different queues,
-     * the same ones for the same seed. The id is mixed first, so that queue
-     * N + 1's draws are not queue N's shifted by one. */
+    /* Each queue's draws start from the seed combined with its id (the Nth
+     * queue the library makes): different sequences for different queues,
+     * the same ones for the same seed. */
     q->jitter = __atomic_load_n(&g_latency_seeded, __ATOMIC_ACQUIRE);
-    q->rng = mix64(__atomic_load_n(&g_latency_seed, __ATOMIC_RELAXED) ^ mix64(q->id));
+    q->rng = __atomic_load_n(&g_latency_seed, __ATOMIC_RELAXED) ^ (q->id * 0x9e3779b97f4a7c15ull);
     if (pthread_mutex_init(&q->lock, NULL) != 0 || pthread_cond_init(&q->work, NULL) != 0 ||
         pthread_cond_init(&q->finished, NULL) != 0)
         sq_fatal("cannot initialise queue synchronisation");

@@ -60,8 +60,8 @@ struct sq_knobs {
     uint64_t latency_us;
     /* <PREFIX>_LATENCY_SEED: when set, each queued operation waits a
      * pseudo-random time between 0 and twice <PREFIX>_LATENCY_US instead,
-     * drawn per queue from this seed (splitmix64 from the seed mixed with
-     * the queue's id, the Nth queue made): runs with different seeds
+     * drawn per queue from this seed (splitmix64 from the seed combined
+     * with the queue's id, the Nth queue made): runs with different seeds
      * interleave streams differently, and a seed gives the Nth queue the
      * same delays in every run. Unset or empty: every operation waits
      * exactly the latency. */
