@@ -378,9 +378,20 @@ fn soak(first: HipContext) {
 
 // ---- child processes: knobs and planted violations ---------------------
 
-/// Run `case` in a child with `env`.
+/// The stand-in's latency knobs (see `backends/stand-ins/README.md`).
+const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
+const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
+
+/// Run `case` in a child with `env`. A child that sets its own latency gets
+/// exactly that latency: a latency seed the parent runs with (which would
+/// draw each delay from 0 to twice the latency) is not passed on, unless the
+/// child's environment names one itself.
 fn child(case: &str, env: &[(&str, &str)]) -> child_process::ChildRun {
-    child_process::run(CHILD, case, env)
+    let mut env = env.to_vec();
+    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
+        env.push((SEED, ""));
+    }
+    child_process::run(CHILD, case, &env)
 }
 
 /// Whether this process runs on the stand-in; prints why not.
