@@ -65,6 +65,19 @@ on_stand_in cargo test --locked --release -p memgov --features cuda --test fault
 # The matrix runs as is and with the block cache on in every cell.
 expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (no block cache)"
 expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (block cache of 64.0 MiB)"
+# Every fault-matrix cell's context torn down, nothing left at exit (exact
+# and jittered latency).
+for spec in 0 300 300:1; do
+    seed=""; case "$spec" in *:*) seed=${spec#*:}; spec=${spec%%:*} ;; esac
+    MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 MEMGOV_STANDIN_CUDA_LATENCY_US=$spec MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed \
+        on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --test-threads=1
+done
+# The lost-teardown and last-release tests, repeated with latency on and
+# five seeds.
+for i in 1 2 3 4 5; do
+    MEMGOV_STANDIN_CUDA_LATENCY_US=2000 MEMGOV_STANDIN_CUDA_LATENCY_SEED=$i \
+        on_stand_in cargo test --locked -p memgov-cuda --test cuda -- lost_teardown last_reference conformance_suite_alone
+done
 on_stand_in cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
