@@ -17,8 +17,11 @@
  *   pointer (hipHostGetDevicePointer) differs from its host pointer, as the
  *   HIP documentation allows: the host address with bit 62 set. A copy whose
  *   pointers do not match its hipMemcpyKind (a host pointer where the kind
- *   says device, or a device pointer where it says host) is a contract
- *   violation, as HIP documents it as undefined. Copies through it are checked and ordered
+ *   says device, or a device pointer, or the device's view of page-locked
+ *   memory, where it says host) is a contract violation, as HIP documents it
+ *   as undefined; this holds for hipMemcpyHtoDAsync, hipMemcpyDtoHAsync and
+ *   every kind of hipMemcpyAsync (hipMemcpyDefault tells each side's kind
+ *   from its address). Copies through it are checked and ordered
  *   like device memory, and, as the HIP documentation requires, hipHostFree
  *   (synchronous) while a queued copy that uses the memory has not
  *   completed is a contract violation.
@@ -55,7 +58,7 @@
  *   hipGetDeviceCount return hipErrorNoDevice).
  * - It says what it is: the device name starts with "memgov stand-in", and
  *   the exported function memgov_standin_hip() returns a description.
- * - Every code it returns is one hip-sys's Rust enum lists.
+ * - Every code it returns is one ROCm's header lists.
  */
 #define _GNU_SOURCE
 #if __has_include(<hip/hip_runtime_api.h>)
@@ -90,6 +93,7 @@ typedef enum hipMemcpyKind {
     hipMemcpyHostToDevice = 1,
     hipMemcpyDeviceToHost = 2,
     hipMemcpyDeviceToDevice = 3,
+    hipMemcpyDefault = 4,
 } hipMemcpyKind;
 typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
 #define hipStreamNonBlocking 0x01
@@ -849,6 +853,16 @@ hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
 }
 
 
+/* ---- copies ---------------------------------------------------------------------- */
+
+/* HIP's documentation: calling a copy with dst and src pointers that do not
+ * match its hipMemcpyKind is undefined behaviour, and the device pointer of
+ * mapped host memory is the one hipHostGetDevicePointer returns, which may
+ * differ from the host pointer ("applications must use the device pointer in
+ * device code"). Each side of a copy is therefore checked against what the
+ * kind names for it: a device side must be device memory or the device's
+ * view of mapped page-locked memory, a host side must be neither. */
+
 /* Whether `addr` lies in a live allocation of any device's memory (only
  * live ones: a freed allocation's address may be the host's again). */
 static int in_device_memory(uint64_t addr) {
@@ -857,9 +871,8 @@ static int in_device_memory(uint64_t addr) {
     return 0;
 }
 
-/* The host-side pointer of a copy whose kind says host: neither device
- * memory nor the device's view of page-locked memory (HIP's documentation:
- * pointers that do not match the copy's kind are undefined behaviour). */
+/* A side of a copy whose kind says host: neither device memory nor the
+ * device's view of page-locked memory. */
 static void check_host_side(const char *fn, const char *which, const void *p) {
     uint64_t a = (uint64_t)(uintptr_t)p;
     if (is_device_view(a))
@@ -873,70 +886,98 @@ static void check_host_side(const char *fn, const char *which, const void *p) {
                fn, which, p);
 }
 
-/* The device-side pointer of a copy whose kind says device: device memory,
- * or the device's view of mapped page-locked memory (hipHostGetDevicePointer),
- * never a host pointer. Returns the table it lies in and its address there. */
-static struct sq_mem *device_side(const char *fn, const char *which, const void *p, uint64_t *addr,
-                                  hipStream_t s) {
+/* A side of a copy whose kind says device, checked for `bytes` on stream
+ * `s`: device memory of the stream's device, or the device's view of mapped
+ * page-locked memory (hipHostGetDevicePointer), live, in bounds and ordered
+ * after its last use on another stream; never a host pointer. Returns the
+ * table it lies in and its address there (where the stand-in's bytes are). */
+static struct sq_mem *device_side(const char *fn, const char *which, const void *p, size_t bytes,
+                                  hipStream_t s, uint64_t *addr) {
     uint64_t a = (uint64_t)(uintptr_t)p;
+    struct sq_mem *mem;
     if (is_device_view(a)) {
         *addr = a & ~HOST_DEVICE_VIEW;
-        return g_host_mem;
+        mem = g_host_mem;
+    } else {
+        if (sq_mem_check(g_host_mem, a, 1) == SQ_MEM_OK)
+            sq_die("%s: the %s %p is a host pointer (page-locked host memory), where the copy's "
+                   "kind takes a device pointer (HIP: pointers that do not match the "
+                   "hipMemcpyKind are undefined behaviour; the device pointer of mapped host "
+                   "memory comes from hipHostGetDevicePointer and may differ from the host "
+                   "pointer)",
+                   fn, which, p);
+        *addr = a;
+        mem = g_dev[s->device].mem;
     }
-    if (sq_mem_check(g_host_mem, a, 1) == SQ_MEM_OK)
-        sq_die("%s: the %s %p is a host pointer (page-locked host memory), where the copy's kind "
-               "takes a device pointer (HIP: pointers that do not match the hipMemcpyKind are "
-               "undefined behaviour; the device pointer of mapped host memory comes from "
-               "hipHostGetDevicePointer and may differ from the host pointer)",
-               fn, which, p);
-    *addr = a;
-    return g_dev[s->device].mem;
+    enum sq_mem_check c = sq_mem_check_on(mem, *addr, bytes, s->q, fn);
+    if (c == SQ_MEM_UNKNOWN) {
+        for (int d = 0; d < g_devices; d++)
+            if (d != s->device && sq_mem_check(g_dev[d].mem, *addr, bytes) != SQ_MEM_UNKNOWN)
+                sq_die("%s of %zu bytes at %p, memory of device %d, on a stream of device %d", fn,
+                       bytes, p, d, s->device);
+    }
+    if (c != SQ_MEM_OK)
+        sq_die("%s of %zu bytes at %s device pointer %p (the %s; the copy's kind takes a device "
+               "pointer there)",
+               fn, bytes, sq_mem_check_str(c), p, which);
+    return mem;
 }
 
-/* An asynchronous copy of `bytes` from `src` to `dst` on `s`, the device
- * side being the destination (to_device) or the source. */
-static hipError_t copy_async(const char *fn, int to_device, void *dst, const void *src, size_t bytes,
-                             hipStream_t s) {
+/* What hipMemcpyDefault infers for a pointer from its address: device
+ * memory of any device, or the device's view of page-locked memory, is a
+ * device side; anything else a host side. */
+static int is_device_address(const void *p) {
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    return is_device_view(a) || in_device_memory(a);
+}
+
+/* An asynchronous copy of `bytes` from `src` to `dst` on `s`; each side is
+ * a device side (dst_device, src_device) or a host side, as the copy's
+ * kind says. */
+static hipError_t copy_async(const char *fn, int dst_device, int src_device, void *dst,
+                             const void *src, size_t bytes, hipStream_t s) {
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
-    const void *dev_ptr = to_device ? dst : src;
-    check_host_side(fn, to_device ? "source" : "destination", to_device ? src : dst);
-    uint64_t addr;
-    struct sq_mem *mem = device_side(fn, to_device ? "destination" : "source", dev_ptr, &addr, s);
-    enum sq_mem_check c = sq_mem_check_on(mem, addr, bytes, s->q, fn);
-    if (c == SQ_MEM_UNKNOWN) {
-        for (int d = 0; d < g_devices; d++)
-            if (d != s->device && sq_mem_check(g_dev[d].mem, addr, bytes) != SQ_MEM_UNKNOWN)
-                sq_die("%s of %zu bytes at %p, memory of device %d, on a stream of device %d", fn,
-                       bytes, dev_ptr, d, s->device);
-    }
-    if (c != SQ_MEM_OK)
-        sq_die("%s of %zu bytes at %s device pointer %p", fn, bytes, sq_mem_check_str(c), dev_ptr);
-    void *data = (void *)(uintptr_t)addr;
-    if (to_device)
-        sq_queue_copy(s->q, data, src, bytes);
+    uint64_t dst_addr = 0, src_addr = 0;
+    struct sq_mem *dst_mem = NULL, *src_mem = NULL;
+    if (dst_device)
+        dst_mem = device_side(fn, "destination", dst, bytes, s, &dst_addr);
     else
-        sq_queue_copy(s->q, dst, data, bytes);
-    sq_mem_touch(mem, addr, s->q, sq_queue_last(s->q));
+        check_host_side(fn, "destination", dst);
+    if (src_device)
+        src_mem = device_side(fn, "source", src, bytes, s, &src_addr);
+    else
+        check_host_side(fn, "source", src);
+    void *to = dst_device ? (void *)(uintptr_t)dst_addr : dst;
+    const void *from = src_device ? (const void *)(uintptr_t)src_addr : src;
+    sq_queue_copy(s->q, to, from, bytes);
+    uint64_t seq = sq_queue_last(s->q);
+    if (dst_mem != NULL) sq_mem_touch(dst_mem, dst_addr, s->q, seq);
+    if (src_mem != NULL) sq_mem_touch(src_mem, src_addr, s->q, seq);
     return hipSuccess;
 }
 
 hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t bytes, hipStream_t s) {
     ENTER("hipMemcpyHtoDAsync");
-    return copy_async("hipMemcpyHtoDAsync", 1, dst, src, bytes, s);
+    return copy_async("hipMemcpyHtoDAsync", 1, 0, dst, src, bytes, s);
 }
 
 hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t bytes, hipStream_t s) {
     ENTER("hipMemcpyDtoHAsync");
-    return copy_async("hipMemcpyDtoHAsync", 0, dst, src, bytes, s);
+    return copy_async("hipMemcpyDtoHAsync", 0, 1, dst, src, bytes, s);
 }
 
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t bytes, hipMemcpyKind kind, hipStream_t s) {
     ENTER("hipMemcpyAsync");
     switch (kind) {
-    case hipMemcpyHostToDevice: return copy_async("hipMemcpyAsync", 1, dst, src, bytes, s);
-    case hipMemcpyDeviceToHost: return copy_async("hipMemcpyAsync", 0, dst, src, bytes, s);
+    case hipMemcpyHostToHost: return copy_async("hipMemcpyAsync", 0, 0, dst, src, bytes, s);
+    case hipMemcpyHostToDevice: return copy_async("hipMemcpyAsync", 1, 0, dst, src, bytes, s);
+    case hipMemcpyDeviceToHost: return copy_async("hipMemcpyAsync", 0, 1, dst, src, bytes, s);
+    case hipMemcpyDeviceToDevice: return copy_async("hipMemcpyAsync", 1, 1, dst, src, bytes, s);
+    case hipMemcpyDefault:
+        return copy_async("hipMemcpyAsync", is_device_address(dst), is_device_address(src), dst,
+                          src, bytes, s);
     default: return hipErrorInvalidValue;
     }
 }
