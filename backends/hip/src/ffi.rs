@@ -133,12 +133,21 @@ pub const hipHostMallocPortable: c_uint = 0x1;
 /// `hipHostMallocMapped`: mapped into the device's address space; its
 /// device pointer comes from `hipHostGetDevicePointer`.
 pub const hipHostMallocMapped: c_uint = 0x2;
+/// `hipMemcpyHostToHost`: `hipMemcpyAsync` from a host pointer to a host
+/// pointer.
+pub const hipMemcpyHostToHost: c_int = 0;
 /// `hipMemcpyHostToDevice`: `hipMemcpyAsync` from a host pointer to a
 /// device pointer.
 pub const hipMemcpyHostToDevice: c_int = 1;
 /// `hipMemcpyDeviceToHost`: `hipMemcpyAsync` from a device pointer to a
 /// host pointer.
 pub const hipMemcpyDeviceToHost: c_int = 2;
+/// `hipMemcpyDeviceToDevice`: `hipMemcpyAsync` from a device pointer to a
+/// device pointer.
+pub const hipMemcpyDeviceToDevice: c_int = 3;
+/// `hipMemcpyDefault`: the runtime tells each pointer's kind from its
+/// address.
+pub const hipMemcpyDefault: c_int = 4;
 /// `hipEventDisableTiming`.
 pub const hipEventDisableTiming: c_uint = 0x02;
 /// `hipDeviceAttributeMemoryPoolsSupported`.

@@ -521,36 +521,101 @@ fn planted_violations_abort_the_stand_in() {
         "host_free_synced",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
     );
-    // HIP: pointers that do not match the copy's hipMemcpyKind are undefined
-    // behaviour; the device pointer of mapped host memory comes from
-    // hipHostGetDevicePointer and may differ from the host pointer.
-    expect_abort(
-        "copy_to_host_pointer_as_device",
-        &[],
-        "hipMemcpyHtoDAsync: the destination",
-    );
-    expect_abort(
-        "copy_from_host_pointer_as_device",
-        &[],
-        "hipMemcpyDtoHAsync: the source",
-    );
-    expect_abort(
-        "copy_device_view_as_host_source",
-        &[],
-        "is the device pointer of page-locked host memory, where the copy's kind takes a host pointer",
-    );
-    expect_abort(
-        "copy_device_memory_as_host_destination",
-        &[],
-        "is device memory, where the copy's kind takes a host pointer",
-    );
-    expect_abort(
-        "memcpy_async_kind_mismatch",
-        &[],
-        "hipMemcpyAsync: the destination",
-    );
     // The control: the same steps done right pass.
     expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
+}
+
+/// The copy entry points the stand-in implements, by case name: the HIP
+/// function and whether the kind makes each side (destination, source) a
+/// device side.
+const COPY_ENTRIES: [(&str, &str, bool, bool); 7] = [
+    ("htod", "hipMemcpyHtoDAsync", true, false),
+    ("dtoh", "hipMemcpyDtoHAsync", false, true),
+    ("async_htoh", "hipMemcpyAsync", false, false),
+    ("async_htod", "hipMemcpyAsync", true, false),
+    ("async_dtoh", "hipMemcpyAsync", false, true),
+    ("async_dtod", "hipMemcpyAsync", true, true),
+    // hipMemcpyDefault: each side's kind is what its address is.
+    ("async_default", "hipMemcpyAsync", false, false),
+];
+
+/// Pointers of the wrong kind for one side of a copy: the case name, whether
+/// it is planted on a side the kind makes a device side, and what the
+/// stand-in says about it.
+const WRONG_POINTERS: [(&str, bool, &str); 4] = [
+    (
+        "pinned_host_pointer",
+        true,
+        "is a host pointer (page-locked host memory), where the copy's kind takes a device pointer",
+    ),
+    (
+        "pageable_host_pointer",
+        true,
+        "the copy's kind takes a device pointer there",
+    ),
+    (
+        "device_view",
+        false,
+        "is the device pointer of page-locked host memory, where the copy's kind takes a host pointer",
+    ),
+    (
+        "device_memory",
+        false,
+        "is device memory, where the copy's kind takes a host pointer",
+    ),
+];
+
+#[test]
+fn planted_copies_of_the_wrong_kind_abort_the_stand_in() {
+    // HIP documents a copy whose pointers do not match its hipMemcpyKind as
+    // undefined behaviour, and the device pointer of mapped host memory as
+    // the one hipHostGetDevicePointer returns, which may differ from the
+    // host pointer (the stand-in's does). Every entry point, every side,
+    // every pointer of the wrong kind for it: one child each.
+    if !on_stand_in() {
+        return;
+    }
+    let mut planted = 0;
+    for (entry, function, dst_device, src_device) in COPY_ENTRIES {
+        if entry == "async_default" {
+            continue; // no pointer is of the wrong kind for it
+        }
+        for (side, device) in [("destination", dst_device), ("source", src_device)] {
+            for (wrong, on_device_side, says) in WRONG_POINTERS {
+                if on_device_side != device {
+                    continue;
+                }
+                let case = format!("kind:{entry}:{side}:{wrong}");
+                let run = child(&case, &[]);
+                // Which call and side: memory the stand-in does not know
+                // is named as such, with the side.
+                let whose = if wrong == "pageable_host_pointer" {
+                    format!("{function} of 4096 bytes at unknown device pointer 0x")
+                } else {
+                    format!("{function}: the {side} 0x")
+                };
+                let says = if wrong == "pageable_host_pointer" {
+                    format!("(the {side}; {says})")
+                } else {
+                    says.to_string()
+                };
+                for what in [&whose, &says] {
+                    child_process::assert_aborted(
+                        &case,
+                        &run,
+                        "memgov libamdhip64 stand-in: contract violation",
+                        what,
+                        CHILD_END,
+                    );
+                }
+                planted += 1;
+            }
+        }
+    }
+    assert_eq!(planted, 24, "6 entries, 2 sides, 2 wrong pointers a side");
+    // The control: every entry, hipMemcpyDefault included, with every
+    // pointer of the right kind on each side, bytes checked.
+    expect_pass("kind_controls", &[]);
 }
 
 #[test]
@@ -913,6 +978,179 @@ fn mapped_host(bytes: usize) -> (*mut c_void, *mut c_void) {
     (host, device)
 }
 
+/// Queue the copy of case name `entry` (see `COPY_ENTRIES`) on `s`.
+///
+/// # Safety
+///
+/// The pointers must be valid for `bytes` as the entry's kind says, or the
+/// stand-in must abort first (a planted case).
+unsafe fn copy(
+    entry: &str,
+    dst: *mut c_void,
+    src: *mut c_void,
+    bytes: usize,
+    s: hip::hipStream_t,
+) -> hip::HipResult {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match entry {
+            "htod" => hip::hipMemcpyHtoDAsync(dst, src, bytes, s),
+            "dtoh" => hip::hipMemcpyDtoHAsync(dst, src, bytes, s),
+            "async_htoh" => hip::hipMemcpyAsync(dst, src, bytes, hip::hipMemcpyHostToHost, s),
+            "async_htod" => hip::hipMemcpyAsync(dst, src, bytes, hip::hipMemcpyHostToDevice, s),
+            "async_dtoh" => hip::hipMemcpyAsync(dst, src, bytes, hip::hipMemcpyDeviceToHost, s),
+            "async_dtod" => hip::hipMemcpyAsync(dst, src, bytes, hip::hipMemcpyDeviceToDevice, s),
+            "async_default" => hip::hipMemcpyAsync(dst, src, bytes, hip::hipMemcpyDefault, s),
+            other => panic!("unknown copy entry {other}"),
+        }
+    }
+}
+
+/// The child of a planted copy `kind:<entry>:<side>:<wrong pointer>`: every
+/// pointer of the right kind but the one named, which is of the wrong kind
+/// for its side. The stand-in must abort in the copy.
+///
+/// # Safety
+///
+/// Raw HIP calls on handles made here; the one wrong pointer is caught by
+/// the stand-in before anything is copied.
+unsafe fn planted_kind(case: &str) {
+    let parts: Vec<&str> = case.split(':').collect();
+    let [_, entry, side, wrong] = parts[..] else {
+        panic!("malformed planted case {case}");
+    };
+    let (_, _, dst_device, src_device) = COPY_ENTRIES
+        .iter()
+        .copied()
+        .find(|e| e.0 == entry)
+        .expect("a known entry");
+    let s = raw_stream();
+    let (host, view) = mapped_host(4096);
+    assert_ne!(view, host, "the stand-in's device view differs");
+    let mut pageable = [vec![1u8; 4096], vec![2u8; 4096]];
+    let p0 = pageable[0].as_mut_ptr() as *mut c_void;
+    let p1 = pageable[1].as_mut_ptr() as *mut c_void;
+    let right = |device: bool, pageable: *mut c_void| {
+        if device {
+            raw_alloc(4096, s)
+        } else {
+            pageable
+        }
+    };
+    let (mut dst, mut src) = (right(dst_device, p0), right(src_device, p1));
+    let planted = match wrong {
+        "pinned_host_pointer" => host,
+        "pageable_host_pointer" if side == "destination" => p0,
+        "pageable_host_pointer" => p1,
+        "device_view" => view,
+        "device_memory" => raw_alloc(4096, s),
+        other => panic!("unknown wrong pointer {other}"),
+    };
+    match side {
+        "destination" => dst = planted,
+        _ => src = planted,
+    }
+    // SAFETY: every pointer is valid for 4096 bytes; the one of the wrong
+    // kind makes the stand-in abort.
+    let _ = unsafe { copy(entry, dst, src, 4096, s) };
+    // SAFETY: a live stream.
+    let _ = unsafe { hip::hipStreamSynchronize(s) };
+}
+
+/// The control of the planted copies: every entry with every pointer of the
+/// right kind on each side (device memory or the device's view of mapped
+/// page-locked memory on a device side, pageable or page-locked host memory
+/// on a host side), the destination read back after each copy. Everything
+/// is freed: the exit check is on.
+///
+/// # Safety
+///
+/// Raw HIP calls on handles made here, each pointer valid for 4096 bytes.
+unsafe fn kind_controls() {
+    const N: usize = 4096;
+    let s = raw_stream();
+    let (d0, d1) = (raw_alloc(N, s), raw_alloc(N, s));
+    let ((h0, v0), (h1, v1)) = (mapped_host(N), mapped_host(N));
+    let mut pageable = [vec![0u8; N], vec![0u8; N]];
+    let p0 = pageable[0].as_mut_ptr() as *mut c_void;
+    let p1 = pageable[1].as_mut_ptr() as *mut c_void;
+    // (pointer, device side?) choices for a destination and a source.
+    let sides = |device: bool, index: usize| -> [(*mut c_void, bool); 2] {
+        match (device, index) {
+            (true, 0) => [(d0, true), (v0, true)],
+            (true, _) => [(d1, true), (v1, true)],
+            (false, 0) => [(p0, false), (h0, false)],
+            (false, _) => [(p1, false), (h1, false)],
+        }
+    };
+    // Fill `n` bytes at `p` with `data`: a device side by a copy, a host
+    // side by the host.
+    let fill = |p: *mut c_void, device: bool, data: &[u8]| {
+        if device {
+            // SAFETY: `p` is a device side of N bytes; `data` outlives the
+            // synchronize below.
+            ok(unsafe { hip::hipMemcpyHtoDAsync(p, data.as_ptr() as *mut c_void, N, s) });
+            // SAFETY: a live stream.
+            ok(unsafe { hip::hipStreamSynchronize(s) });
+        } else {
+            // SAFETY: `p` is host memory of N bytes, no copy in flight.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, N) };
+        }
+    };
+    let fetch = |p: *mut c_void, device: bool| -> Vec<u8> {
+        let mut out = vec![0u8; N];
+        if device {
+            // SAFETY: `p` is a device side of N bytes; `out` outlives the
+            // synchronize below.
+            ok(unsafe { hip::hipMemcpyDtoHAsync(out.as_mut_ptr() as *mut c_void, p, N, s) });
+            // SAFETY: a live stream.
+            ok(unsafe { hip::hipStreamSynchronize(s) });
+        } else {
+            // SAFETY: `p` is host memory of N bytes, no copy in flight.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, out.as_mut_ptr(), N) };
+        }
+        out
+    };
+    let mut copies = 0u8;
+    for (entry, _, dst_device, src_device) in COPY_ENTRIES {
+        // hipMemcpyDefault: every pairing of kinds.
+        let pairs: &[(bool, bool)] = if entry == "async_default" {
+            &[(false, false), (true, false), (false, true), (true, true)]
+        } else {
+            &[(dst_device, src_device)]
+        };
+        for &(dst_kind, src_kind) in pairs {
+            for (dst, dst_dev) in sides(dst_kind, 0) {
+                for (src, src_dev) in sides(src_kind, 1) {
+                    copies += 1;
+                    let data: Vec<u8> = (0..N).map(|i| (i as u8) ^ copies).collect();
+                    fill(src, src_dev, &data);
+                    // SAFETY: both pointers valid for N bytes as the kind says.
+                    ok(unsafe { copy(entry, dst, src, N, s) });
+                    // SAFETY: a live stream.
+                    ok(unsafe { hip::hipStreamSynchronize(s) });
+                    assert!(fetch(dst, dst_dev) == data, "{entry}: copy {copies}");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        copies, 40,
+        "6 entries and 4 pairings of hipMemcpyDefault, 4 each"
+    );
+    // SAFETY: every pointer was made above, each freed once, nothing queued
+    // after the synchronize.
+    unsafe {
+        ok(hip::hipFreeAsync(d0, s));
+        ok(hip::hipFreeAsync(d1, s));
+        ok(hip::hipStreamSynchronize(s));
+        ok(hip::hipHostFree(h0));
+        ok(hip::hipHostFree(h1));
+        ok(hip::hipStreamDestroy(s));
+    }
+    drop(pageable);
+}
+
 fn raw_stream() -> hip::hipStream_t {
     let mut s: hip::hipStream_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -1004,40 +1242,8 @@ fn child_entry() {
             ));
             let _ = hip::hipStreamSynchronize(s);
         },
-        "copy_to_host_pointer_as_device"
-        | "copy_from_host_pointer_as_device"
-        | "copy_device_view_as_host_source"
-        | "memcpy_async_kind_mismatch" => unsafe {
-            let s = raw_stream();
-            let (host, device) = mapped_host(4096);
-            assert_ne!(
-                device, host,
-                "the stand-in's device view differs from the host pointer"
-            );
-            let mut buf = vec![7u8; 4096];
-            let b = buf.as_mut_ptr() as *mut c_void;
-            // Each planted call passes one pointer of the wrong kind.
-            let _ = match case.as_str() {
-                "copy_to_host_pointer_as_device" => hip::hipMemcpyHtoDAsync(host, b, 4096, s),
-                "copy_from_host_pointer_as_device" => hip::hipMemcpyDtoHAsync(b, host, 4096, s),
-                "copy_device_view_as_host_source" => {
-                    let mut dev: *mut c_void = std::ptr::null_mut();
-                    ok(hip::hipMalloc(&mut dev, 4096));
-                    hip::hipMemcpyHtoDAsync(dev, device, 4096, s)
-                }
-                _ => hip::hipMemcpyAsync(host, b, 4096, hip::hipMemcpyHostToDevice, s),
-            };
-            let _ = hip::hipStreamSynchronize(s);
-        },
-        "copy_device_memory_as_host_destination" => unsafe {
-            let s = raw_stream();
-            let (mut a, mut b): (*mut c_void, *mut c_void) =
-                (std::ptr::null_mut(), std::ptr::null_mut());
-            ok(hip::hipMalloc(&mut a, 4096));
-            ok(hip::hipMalloc(&mut b, 4096));
-            let _ = hip::hipMemcpyDtoHAsync(b, a, 4096, s);
-            let _ = hip::hipStreamSynchronize(s);
-        },
+        planted if planted.starts_with("kind:") => unsafe { planted_kind(planted) },
+        "kind_controls" => unsafe { kind_controls() },
         "host_free_synced" | "host_free_during_copy" => unsafe {
             let s = raw_stream();
             let (host, device) = mapped_host(4096);
