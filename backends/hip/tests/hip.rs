@@ -438,10 +438,14 @@ fn a_missing_runtime_is_unavailable() {
 }
 
 #[test]
-fn pinned_tier_copies_through_the_device_pointer_of_mapped_host_memory() {
+fn pinned_memory_hands_out_its_host_pointer_and_its_device_pointer() {
     // The stand-in gives mapped host memory a device pointer that differs
     // from its host pointer and aborts on a copy whose pointers do not
-    // match its kind: the tier's writes and reads must use the device one.
+    // match its kind. Both reach the same bytes: the tier's write (through
+    // the device pointer) shows at the host pointer, host code's store
+    // through the host pointer shows in the tier's read and in a raw copy
+    // from the device pointer. (`tests/pinned.rs` drives the tier through
+    // the governor alone.)
     let Some(backend) = context(HipConfig::default()) else {
         return;
     };
@@ -452,18 +456,43 @@ fn pinned_tier_copies_through_the_device_pointer_of_mapped_host_memory() {
     let buf = ctx
         .allocate_in(&stream, 1 << 20, Role::Other, Tier::PinnedHost)
         .expect("pinned allocation");
-    {
+    let (host, device) = {
         let mem = buf.raw().expect("live buffer");
-        let host = mem.host_ptr().expect("a host pointer");
-        if stand_in {
-            assert_ne!(mem.device_ptr(), host, "the stand-in's device view differs");
-        }
+        (mem.host_ptr().expect("a host pointer"), mem.device_ptr())
+    };
+    if stand_in {
+        assert_ne!(device, host, "the stand-in's device view differs");
     }
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
     buf.write(1 << 19, &data).expect("write");
-    let mut back = vec![0u8; data.len()];
-    buf.read(1 << 19, &mut back).expect("read");
-    assert_eq!(back, data);
+    let mut seen = vec![0u8; data.len()];
+    // SAFETY: `host` is the buffer's page-locked host memory, live and 1 MiB
+    // long; the write above has completed (it synchronizes its stream) and
+    // nothing else is queued on it.
+    unsafe {
+        std::ptr::copy_nonoverlapping((host as *const u8).add(1 << 19), seen.as_mut_ptr(), 4096)
+    };
+    assert!(seen == data, "the tier's write shows at the host pointer");
+    let stored: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
+    // SAFETY: as above; host code may store to page-locked host memory.
+    unsafe { std::ptr::copy_nonoverlapping(stored.as_ptr(), host as *mut u8, 4096) };
+    let mut back = vec![0u8; 4096];
+    buf.read(0, &mut back).expect("read");
+    assert!(back == stored, "the host's store shows in the tier's read");
+    let raw = stream.raw().expect("live stream").hip_stream();
+    let mut copied = vec![0u8; 4096];
+    // SAFETY: `device` is the buffer's device pointer, valid for 1 MiB; the
+    // stream is the buffer's own, alive; `copied` outlives the synchronize.
+    unsafe {
+        ok(hip::hipMemcpyDtoHAsync(
+            copied.as_mut_ptr() as *mut c_void,
+            device,
+            4096,
+            raw,
+        ));
+        ok(hip::hipStreamSynchronize(raw));
+    }
+    assert!(copied == stored, "a raw copy from the device pointer");
     buf.release_on(&stream).expect("release");
     drop(stream);
     let report = ctx
