@@ -29,22 +29,24 @@ on_stand_in() {
 export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
 
 echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
-on_stand_in cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee "$target/hip-stand-in.log"
+on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned -- --nocapture 2>&1 | tee "$target/hip-stand-in.log"
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" "$target/hip-stand-in.log"
 grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" "$target/hip-stand-in.log"
 grep -q "soak: hip, " "$target/hip-stand-in.log"
+grep -q "test pinned_tier_writes_and_reads_through_the_device_pointer_of_mapped_host_memory ... ok" "$target/hip-stand-in.log"
+grep -q "test planted_copies_of_the_wrong_kind_abort_the_stand_in ... ok" "$target/hip-stand-in.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
 for latency in 50 300 2000; do
     echo "--- HIP tests, stand-in latency ${latency} us"
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-hip --test hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned
 done
 # And with each operation's delay drawn from a seed (0 to 600 us), three
 # seeds: streams interleave differently in each run.
 for seed in 1 2 3; do
     echo "--- HIP tests, stand-in latency 300 us jittered, seed $seed"
-    MEMGOV_STANDIN_HIP_LATENCY_US=300 MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in cargo test --locked -p memgov-hip --test hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=300 MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned
 done
 
 echo "--- memgov check / run on the stand-in"
@@ -90,7 +92,7 @@ cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked -p memgov-hip --test hip -- --nocapture 2>&1 | tee "$target/hip-real.log"
+cargo test --locked -p memgov-hip --test hip --test pinned -- --nocapture 2>&1 | tee "$target/hip-real.log"
 if grep -Eq "skipped: no HIP (device|runtime)" "$target/hip-real.log"; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else
