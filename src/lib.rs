@@ -60,6 +60,8 @@ mod backends;
 pub mod any;
 pub mod conformance;
 mod governor;
+#[cfg(target_os = "linux")]
+pub mod machine;
 pub mod trace;
 
 /// The pin contract shared with plugins and execution providers (the

@@ -19,6 +19,9 @@ enum Refused {
     Budget(BudgetScope, Refusal),
     /// The backend itself is out of memory.
     Device(crate::BackendError),
+    /// The machine ledger, with every process's figures.
+    #[cfg(target_os = "linux")]
+    Machine(super::charges::MachineRefused),
 }
 
 impl From<ChargeRefused> for Refused {
@@ -29,6 +32,8 @@ impl From<ChargeRefused> for Refused {
             ChargeRefused::Shared(label, r) => Self::Budget(BudgetScope::Shared(label), r),
             ChargeRefused::Process(label, r) => Self::Budget(BudgetScope::Process(label), r),
             ChargeRefused::Tier(tier, r) => Self::Budget(BudgetScope::Tier(tier), r),
+            #[cfg(target_os = "linux")]
+            ChargeRefused::Machine(m) => Self::Machine(m),
         }
     }
 }
@@ -39,6 +44,11 @@ impl Refused {
         match self {
             Self::Budget(BudgetScope::Shared(_), _) => Some(Above::Shared),
             Self::Budget(BudgetScope::Process(_), _) => Some(Above::Process),
+            // What this process has pending returns to the ledger through
+            // the process level: wait there (other processes' releases are
+            // asked for through the ledger's doorbell).
+            #[cfg(target_os = "linux")]
+            Self::Machine(_) => Some(Above::Process),
             _ => None,
         }
     }
@@ -52,6 +62,9 @@ impl Refused {
             Self::Budget(BudgetScope::Shared(_), _) => PressureLevel::Shared,
             Self::Budget(BudgetScope::Process(_), _) => PressureLevel::Process,
             Self::Budget(BudgetScope::Device, _) | Self::Device(_) => PressureLevel::Device,
+            Self::Budget(BudgetScope::Machine(_), _) => PressureLevel::Machine,
+            #[cfg(target_os = "linux")]
+            Self::Machine(_) => PressureLevel::Machine,
         }
     }
 }
@@ -103,6 +116,10 @@ fn admit_refused<C: DeviceContext>(
     let mut asked_responders = false;
     let mut reclaimed = 0u64;
     let mut waited = false;
+    #[cfg(target_os = "linux")]
+    let mut asked_machine = false;
+    #[cfg(target_os = "linux")]
+    let mut unanswered = Vec::new();
     loop {
         let outcome = match first.take() {
             Some(refused) => Err(Ok(refused)),
@@ -135,6 +152,29 @@ fn admit_refused<C: DeviceContext>(
         // this allocation's pin does not hold its teardown up.
         if !ctx.accepting() {
             return Err(ctx.unavailable_error());
+        }
+        // On the machine ledger, once: this process's block caches, then the
+        // other processes (dead ones reclaimed, idle leases, caches, lower
+        // priorities above their floors), waited for up to the deadline.
+        // With `WaitForPending` this repeats until the deadline: the room
+        // may come from another process at any time.
+        #[cfg(target_os = "linux")]
+        if let Refused::Machine(_) = &refused {
+            let again = asked_machine && deadline.is_some_and(|d| Instant::now() < d);
+            if again {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if let Some(m) = ctx.charges.machine().filter(|_| !asked_machine || again) {
+                asked_machine = true;
+                release_caches(ctx, &refused, shortfall(ctx, &refused, bytes));
+                if let Some(info) = ctx.enter().and_then(|b| b.memory_info().ok()) {
+                    m.observe_device(info);
+                }
+                let d = deadline.unwrap_or_else(|| Instant::now() + m.inner().answer_timeout);
+                waited |= deadline.is_some();
+                unanswered = m.make_room(bytes, d);
+                continue;
+            }
         }
         // 0. Give block caches' bytes back, before anything waits or a
         //    responder is asked: the context's own, and on a refusal by a
@@ -221,6 +261,10 @@ fn admit_refused<C: DeviceContext>(
             }
         }
         add(&ctx.counters.admission_refusals, 1);
+        #[cfg(target_os = "linux")]
+        if let Refused::Machine(m) = &mut refused {
+            m.unanswered = std::mem::take(&mut unanswered);
+        }
         return Err(exceeded(
             ctx,
             refused,
@@ -394,6 +438,9 @@ fn exceeded_in<C: DeviceContext>(
     let (limit, charged, driver) = match refused {
         Refused::Budget(_, r) => (r.limit, r.charged, None),
         Refused::Device(e) => (a.limit, a.charged, Some(e)),
+        // A tier other than the device's is never charged on the ledger.
+        #[cfg(target_os = "linux")]
+        Refused::Machine(_) => (a.limit, a.charged, None),
     };
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.name(),
@@ -412,6 +459,8 @@ fn exceeded_in<C: DeviceContext>(
         waited,
         reclaimed_by_responders: 0,
         driver,
+        #[cfg(target_os = "linux")]
+        machine: None,
     }))
 }
 
@@ -436,7 +485,9 @@ fn members_under<C: DeviceContext>(
 ) -> Vec<std::sync::Arc<dyn super::budget::DeviceMember>> {
     match (level, ctx.charges.process()) {
         (PressureLevel::Context, _) => Vec::new(),
-        (PressureLevel::Process, Some(p)) => p.devices().iter().flat_map(|d| d.members()).collect(),
+        (PressureLevel::Process | PressureLevel::Machine, Some(p)) => {
+            p.devices().iter().flat_map(|d| d.members()).collect()
+        }
         _ => ctx
             .charges
             .shared()
@@ -594,7 +645,10 @@ fn reclaim_across<C: DeviceContext>(
             )),
         );
     }
-    let on_budget = level != PressureLevel::Device;
+    // The device's memory and the machine ledger cannot be claimed (the
+    // ledger is held to its limit for every process): retried after each
+    // responder instead.
+    let on_budget = !matches!(level, PressureLevel::Device | PressureLevel::Machine);
     let claim = on_budget.then(|| Claim::new(ctx, bytes));
     // Whether the allocation fits now: claimed in full on a budget level;
     // on the device, attempted (its outcome in `admitted`).
@@ -903,6 +957,14 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
             ));
         }
     }
+    #[cfg(target_os = "linux")]
+    if let Some(m) = ctx.charges.machine() {
+        let m = m.inner();
+        if bytes > m.ledger_limit() {
+            let r = m.refusal(bytes, crate::machine::RefusedBy::Ledger, None);
+            return Some(Refused::Machine(Box::new(r)));
+        }
+    }
     let total = ctx.description.total_bytes;
     if total > 0 && bytes > total {
         let (live, pending, quarantined) = device_tier(ctx);
@@ -924,6 +986,14 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
 fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: u64) -> u64 {
     match refused {
         Refused::Budget(_, r) => r.charged.saturating_add(bytes).saturating_sub(r.limit),
+        #[cfg(target_os = "linux")]
+        Refused::Machine(m) => match m.by {
+            crate::machine::RefusedBy::Ledger => bytes.saturating_sub(m.available()),
+            crate::machine::RefusedBy::ProcessLimit => m
+                .process_charged
+                .saturating_add(bytes)
+                .saturating_sub(m.process_limit),
+        },
         Refused::Device(_) => {
             let free = ctx
                 .enter()
@@ -943,6 +1013,8 @@ fn exceeded<C: DeviceContext>(
     reclaimed: u64,
 ) -> GovernorError {
     let above = refused.above();
+    #[cfg(target_os = "linux")]
+    let mut machine = None;
     let (
         scope,
         charged,
@@ -954,6 +1026,34 @@ fn exceeded<C: DeviceContext>(
         available,
         driver,
     ) = match refused {
+        #[cfg(target_os = "linux")]
+        Refused::Machine(m) => {
+            let a = ctx
+                .charges
+                .amounts(Above::Process)
+                .expect("a machine refusal implies a process level");
+            let (limit, charged, available) = match m.by {
+                crate::machine::RefusedBy::Ledger => (m.limit, m.charged, m.available()),
+                crate::machine::RefusedBy::ProcessLimit => (
+                    m.process_limit,
+                    m.process_charged,
+                    m.process_limit.saturating_sub(m.process_charged),
+                ),
+            };
+            let out = (
+                BudgetScope::Machine(m.ledger.clone()),
+                charged,
+                a.pending,
+                a.quarantined,
+                a.awaiting_teardown,
+                m.outside,
+                limit,
+                available,
+                None,
+            );
+            machine = Some(m);
+            out
+        }
         Refused::Budget(scope, r) if above.is_some() => {
             let a = above
                 .and_then(|which| ctx.charges.amounts(which))
@@ -1043,5 +1143,7 @@ fn exceeded<C: DeviceContext>(
         waited,
         reclaimed_by_responders: reclaimed,
         driver,
+        #[cfg(target_os = "linux")]
+        machine,
     }))
 }

@@ -42,6 +42,9 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// when it holds them; everything when `bytes` is 0), stream-ordered, for
     /// a refusal on a level above it. Returns the bytes released.
     fn release_cache_for_pressure(&self, bytes: u64) -> u64;
+
+    /// Bytes in the context's block cache now.
+    fn cached_bytes(&self) -> u64;
 }
 
 /// One level of the budget tree above the contexts (a device's
@@ -313,6 +316,10 @@ pub(crate) struct ProcessBudgetInner {
     pub(super) level: Level,
     /// Every device budget made under this one (pruned as they go).
     devices: Mutex<Vec<Weak<SharedBudgetInner>>>,
+    /// The machine ledger above, when the process joined one: every charge
+    /// here is charged there too.
+    #[cfg(target_os = "linux")]
+    pub(super) machine: Option<crate::machine::MachineMember>,
 }
 
 /// The top of the budget tree: a byte budget for the whole process, over
@@ -353,7 +360,90 @@ impl ProcessBudget {
         Self(Arc::new(ProcessBudgetInner {
             level: Level::new(label.into(), limit),
             devices: Mutex::new(Vec::new()),
+            #[cfg(target_os = "linux")]
+            machine: None,
         }))
+    }
+
+    /// A new process budget of `limit` bytes under a machine ledger: every
+    /// byte charged here is charged on the ledger too (through the
+    /// process's lease there), all levels or none, and the ledger refuses
+    /// what would take the machine over its limit
+    /// ([`BudgetScope::Machine`](crate::BudgetScope::Machine)). Trim
+    /// requests from other processes are answered with this budget's
+    /// contexts' block caches and pressure responders.
+    ///
+    /// ```no_run
+    /// use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    /// use memgov::{ProcessBudget, SharedBudget};
+    /// let ledger = MachineLedger::open(&LedgerOptions::new("host:0", 8 << 30))?;
+    /// let me = ledger.join(JoinOptions::new("trainer").floor(2 << 30))?;
+    /// let process = ProcessBudget::with_machine("trainer", 6 << 30, me);
+    /// let gpu0 = SharedBudget::with_parent("gpu0", 6 << 30, &process);
+    /// # let _ = gpu0;
+    /// # Ok::<(), memgov::machine::MachineError>(())
+    /// ```
+    #[cfg(target_os = "linux")]
+    pub fn with_machine(
+        label: impl Into<String>,
+        limit: u64,
+        member: crate::machine::MachineMember,
+    ) -> Self {
+        let budget = Self(Arc::new(ProcessBudgetInner {
+            level: Level::new(label.into(), limit),
+            devices: Mutex::new(Vec::new()),
+            machine: Some(member.clone()),
+        }));
+        member.set_host(Arc::new(MachineHost(Arc::downgrade(&budget.0))));
+        budget
+    }
+
+    /// The machine ledger membership above this budget, if any.
+    #[cfg(target_os = "linux")]
+    pub fn machine(&self) -> Option<&crate::machine::MachineMember> {
+        self.0.machine.as_ref()
+    }
+
+    /// Every context under this budget now.
+    fn contexts(&self) -> Vec<Arc<dyn DeviceMember>> {
+        self.devices().iter().flat_map(|d| d.members()).collect()
+    }
+
+    /// Give back about `bytes` of device memory for another process: block
+    /// caches first (largest blocks first), then the pressure responders of
+    /// every context under this budget, lowest priority first, until
+    /// `bytes` are on their way back. Returns the bytes released.
+    pub fn trim(&self, bytes: u64) -> u64 {
+        let contexts = self.contexts();
+        let mut released = 0u64;
+        for c in &contexts {
+            if released >= bytes {
+                return released;
+            }
+            released = released.saturating_add(c.release_cache_for_pressure(bytes - released));
+        }
+        let mut victims: Vec<_> = contexts
+            .iter()
+            .flat_map(|c| {
+                let id = c.identity();
+                c.pressure_responders().into_iter().map(move |r| (id, r))
+            })
+            .collect();
+        victims.sort_by_key(|(_, r)| r.priority);
+        for (id, r) in victims {
+            if released >= bytes {
+                break;
+            }
+            let req = super::PressureRequest {
+                context: id,
+                level: super::PressureLevel::Machine,
+                role: super::Role::Other,
+                requested: bytes,
+                shortfall: bytes - released,
+            };
+            released = released.saturating_add((r.responder)(&req));
+        }
+        released
     }
 
     fn adopt(&self, device: &SharedBudget) {
@@ -411,6 +501,26 @@ impl ProcessBudget {
             .iter()
             .filter_map(Weak::upgrade)
             .collect()
+    }
+}
+
+/// What the machine ledger's doorbell thread calls back into: the process
+/// budget, held weakly (the membership must not keep it alive).
+#[cfg(target_os = "linux")]
+struct MachineHost(Weak<ProcessBudgetInner>);
+
+#[cfg(target_os = "linux")]
+impl crate::machine::Host for MachineHost {
+    fn trim(&self, bytes: u64) -> u64 {
+        self.0.upgrade().map_or(0, |p| ProcessBudget(p).trim(bytes))
+    }
+
+    fn census(&self) -> (u64, u64) {
+        self.0.upgrade().map_or((0, 0), |p| {
+            let contexts = ProcessBudget(p).contexts();
+            let cached = contexts.iter().map(|c| c.cached_bytes()).sum();
+            (contexts.len() as u64, cached)
+        })
     }
 }
 

@@ -62,6 +62,10 @@
 //! Imports nothing from its neighbours but the budgets it keeps.
 
 use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
+#[cfg(target_os = "linux")]
+pub(crate) use crate::machine::MachineMember as Machine;
+#[cfg(target_os = "linux")]
+pub(crate) type MachineRefused = Box<crate::machine::MachineRefusal>;
 use super::lease::Leases;
 use crate::Tier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,6 +82,9 @@ pub(crate) enum ChargeRefused {
     Tier(Tier, Refusal),
     /// The process budget above the shared one, by label.
     Process(String, Refusal),
+    /// The machine ledger above the process budget.
+    #[cfg(target_os = "linux")]
+    Machine(MachineRefused),
 }
 
 /// A level of the tree above the context.
@@ -174,6 +181,46 @@ pub(crate) struct Charges {
     pinned: TierCharges,
 }
 
+/// The machine ledger membership above the process level, if any.
+#[cfg(target_os = "linux")]
+#[inline]
+fn machine_of(shared: Option<&SharedBudget>) -> Option<&Machine> {
+    shared?.0.parent.as_ref()?.0.machine.as_ref()
+}
+
+/// Apply `f` to the machine ledger membership above the process level, if
+/// there is one (never, off Linux).
+#[inline]
+#[allow(unused_variables)]
+fn on_machine(shared: Option<&SharedBudget>, f: impl FnOnce(&MachineOps)) {
+    #[cfg(target_os = "linux")]
+    if let Some(m) = machine_of(shared) {
+        f(m.inner());
+    }
+}
+
+#[cfg(target_os = "linux")]
+type MachineOps = crate::machine::MemberOps;
+/// Off Linux there is no machine ledger: no value of this type exists.
+#[cfg(not(target_os = "linux"))]
+enum MachineOps {}
+
+#[cfg(not(target_os = "linux"))]
+impl MachineOps {
+    fn uncharge(&self, _: u64) {
+        match *self {}
+    }
+    fn force_charge(&self, _: u64) {
+        match *self {}
+    }
+    fn fits(&self) -> bool {
+        match *self {}
+    }
+    fn over(&self) -> u64 {
+        match *self {}
+    }
+}
+
 /// Apply `f` to every level above the context: the shared one, then the
 /// process one.
 #[inline]
@@ -215,6 +262,13 @@ impl Charges {
     #[inline]
     pub(crate) fn process(&self) -> Option<&ProcessBudget> {
         self.shared.as_ref().and_then(|s| s.0.parent.as_ref())
+    }
+
+    /// The machine ledger membership above the process budget, if any.
+    #[cfg(target_os = "linux")]
+    #[inline]
+    pub(crate) fn machine(&self) -> Option<&Machine> {
+        machine_of(self.shared.as_ref())
     }
 
     fn level(&self, which: Above) -> Option<&Level> {
@@ -260,6 +314,17 @@ impl Charges {
                     self.budget.uncharge(bytes);
                     return Err(ChargeRefused::Process(p.0.level.label.clone(), r));
                 }
+                // The machine ledger last: the levels below are process
+                // memory, cheap to give back; the ledger is shared.
+                #[cfg(target_os = "linux")]
+                if let Some(m) = &p.0.machine {
+                    if let Err(r) = m.inner().charge(bytes) {
+                        p.0.level.budget.uncharge(bytes);
+                        s.0.level.budget.uncharge(bytes);
+                        self.budget.uncharge(bytes);
+                        return Err(ChargeRefused::Machine(r));
+                    }
+                }
             }
         }
         Ok(())
@@ -271,6 +336,7 @@ impl Charges {
     pub(crate) fn uncharge(&self, bytes: u64) {
         self.budget.uncharge(bytes);
         each_above(self.shared.as_ref(), |l| l.budget.uncharge(bytes));
+        on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
     }
 
     /// A release of `bytes` was queued: pending on the levels above.
@@ -306,6 +372,7 @@ impl Charges {
                 l.budget.uncharge(bytes);
                 l.pending.fetch_sub(bytes, Ordering::Relaxed);
             });
+            on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
         }
     }
 
@@ -380,6 +447,7 @@ impl Charges {
                 l.budget.uncharge(bytes);
                 l.awaiting_teardown.fetch_sub(bytes, Ordering::Relaxed);
             });
+            on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
         }
         bytes
     }
@@ -394,6 +462,7 @@ impl Charges {
     pub(crate) fn claim(&self, bytes: u64) {
         self.budget.force_charge(bytes);
         each_above(self.shared.as_ref(), |l| l.budget.force_charge(bytes));
+        on_machine(self.shared.as_ref(), |m| m.force_charge(bytes));
     }
 
     /// Whether every level is within its limit, so that a
@@ -403,6 +472,7 @@ impl Charges {
         each_above(self.shared.as_ref(), |l| {
             fits &= l.budget.charged() <= l.budget.limit();
         });
+        on_machine(self.shared.as_ref(), |m| fits &= m.fits());
         fits
     }
 
@@ -413,6 +483,7 @@ impl Charges {
         each_above(self.shared.as_ref(), |l| {
             over = over.max(l.budget.charged().saturating_sub(l.budget.limit()));
         });
+        on_machine(self.shared.as_ref(), |m| over = over.max(m.over()));
         over
     }
 
@@ -430,6 +501,7 @@ impl Charges {
             l.budget.force_charge(bytes);
             l.outside.fetch_add(bytes, Ordering::Relaxed);
         });
+        on_machine(self.shared.as_ref(), |m| m.force_charge(bytes));
     }
 
     /// The runtime freed memory [`record_outside`](Self::record_outside)
@@ -441,6 +513,7 @@ impl Charges {
             l.budget.uncharge(bytes);
             l.outside.fetch_sub(bytes, Ordering::Relaxed);
         });
+        on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
         self.announce_returned();
     }
 
@@ -771,6 +844,22 @@ pub(crate) fn record_outside_at(
         Some(s) => each_above(Some(s), &mut f),
         None => process.into_iter().for_each(|p| f(&p.0.level)),
     }
+    #[cfg(target_os = "linux")]
+    if let Some(m) = process_of(shared, process).and_then(|p| p.0.machine.as_ref()) {
+        m.inner().force_charge(bytes);
+    }
+}
+
+/// The process level of an outside record: above `shared`, or `process`.
+#[cfg(target_os = "linux")]
+fn process_of<'a>(
+    shared: Option<&'a SharedBudget>,
+    process: Option<&'a ProcessBudget>,
+) -> Option<&'a ProcessBudget> {
+    match shared {
+        Some(s) => s.0.parent.as_ref(),
+        None => process,
+    }
 }
 
 /// Give back what [`record_outside_at`] charged, and wake the admissions
@@ -780,6 +869,10 @@ pub(crate) fn return_outside_at(
     process: Option<&ProcessBudget>,
     bytes: u64,
 ) {
+    #[cfg(target_os = "linux")]
+    if let Some(m) = process_of(shared, process).and_then(|p| p.0.machine.as_ref()) {
+        m.inner().uncharge(bytes);
+    }
     let mut f = |l: &Level| {
         l.budget.uncharge(bytes);
         l.outside.fetch_sub(bytes, Ordering::Relaxed);

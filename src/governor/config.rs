@@ -113,6 +113,12 @@ pub enum PressureLevel {
     /// every context on the requester's shared budget (only its own without
     /// one), lowest priority first.
     Device,
+    /// The machine ledger shared by every process on the device: the
+    /// responders of every context under the requester's process budget,
+    /// lowest priority first; and, in another process asked to trim through
+    /// the ledger's doorbell, that process's (then `context` is the
+    /// responder's own context: the requester is in another process).
+    Machine,
 }
 
 /// A callback asked to give memory back when an allocation does not fit.

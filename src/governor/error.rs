@@ -69,6 +69,9 @@ pub enum BudgetScope {
     /// The [`ProcessBudget`](super::ProcessBudget) above the shared budget,
     /// by label.
     Process(String),
+    /// The machine ledger every process on the device shares, by its device
+    /// key ([`BudgetExceeded::machine`] has every process's figures).
+    Machine(String),
 }
 
 impl fmt::Display for BudgetScope {
@@ -79,6 +82,7 @@ impl fmt::Display for BudgetScope {
             Self::Device => f.write_str("device memory"),
             Self::Tier(t) => write!(f, "{t} tier budget"),
             Self::Process(l) => write!(f, "process budget '{l}'"),
+            Self::Machine(k) => write!(f, "machine ledger '{k}'"),
         }
     }
 }
@@ -130,6 +134,10 @@ pub struct BudgetExceeded {
     /// What the driver said, when the device itself refused
     /// ([`BudgetScope::Device`]).
     pub driver: Option<BackendError>,
+    /// Every process's figures, when the machine ledger refused
+    /// ([`BudgetScope::Machine`]).
+    #[cfg(target_os = "linux")]
+    pub machine: Option<Box<crate::machine::MachineRefusal>>,
 }
 
 impl fmt::Display for BudgetExceeded {
@@ -191,6 +199,10 @@ impl fmt::Display for BudgetExceeded {
                 " (pressure responders gave back {})",
                 Bytes(self.reclaimed_by_responders)
             )?;
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(m) = &self.machine {
+            return write!(f, "; {m}");
         }
         if self.requested > self.limit {
             let way_out = match self.scope {

@@ -985,4 +985,8 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
         }
         super::cache::release_for_pressure(self, bytes)
     }
+
+    fn cached_bytes(&self) -> u64 {
+        self.cache.bytes()
+    }
 }

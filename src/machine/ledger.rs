@@ -1,0 +1,470 @@
+//! The ledger's protocol: one word `G` in the header holds the bytes
+//! charged on the machine (in [`UNIT`]s); each slot holds its own share `W`
+//! and the one operation it has in flight `C`. A charge or a return moves
+//! `G` and `W` together, crash-safely, with compare-and-swaps only.
+//!
+//! # The protocol
+//!
+//! ```text
+//! G = total units (40 bits) | tag slot (8 bits) | tag sequence (16 bits)
+//! W = units (48 bits) | applied sequence (16 bits)        one per slot
+//! C = sequence (16 bits) | delta in units (48 bits, signed) one per slot
+//! ```
+//!
+//! An operation of slot `i` with sequence `q` (the slot's last applied
+//! sequence plus one):
+//!
+//! 1. writes its claim `C_i = (q, delta)`;
+//! 2. *commits*: a compare-and-swap of `G` from `(T, t, p)` to
+//!    `(T + delta, i, q)`, after *helping* `(t, p)` (below) and checking
+//!    the limits against `T + delta`; a refusal leaves `G` alone;
+//! 3. *applies*: a compare-and-swap of `W_i` from `(w, q - 1)` to
+//!    `(w + delta, q)`.
+//!
+//! Helping: whoever is about to replace a tag `(t, p)` in `G` first
+//! applies `t`'s claim if it has sequence `p` and is not applied yet (the
+//! same compare-and-swap as step 3; one of the two wins, the other sees
+//! `W_t` at `p`). So at any moment at most one committed operation is not
+//! applied, and `G`'s tag names it.
+//!
+//! # What a crash leaves, and how it is recovered
+//!
+//! A process can die between any two instructions. Its slot's share of
+//! `G` is then exactly `W_i` once the tag is helped: if its last claim was
+//! committed, the tag names it (it is applied by helping) or someone
+//! replaced the tag (and applied it first); otherwise `G` never saw it.
+//! Reclaiming a dead slot is therefore: take the slot (a compare-and-swap
+//! of its state word from the dead owner's to "reclaiming by me": two
+//! sweepers cannot both win), help `G`'s tag, and run one operation of
+//! `-W_i` on the slot's behalf through the same three steps. A reclaimer
+//! that dies meanwhile is itself dead to the next sweeper, which takes the
+//! slot over and finds the same consistent state.
+//!
+//! The sequence is 16 bits: helping re-reads `G` after reading the claim,
+//! so a helper is misled only if `G` returned to the very same value
+//! (total and tag) across 65,536 operations of one slot between two of its
+//! loads.
+
+use super::segment::{
+    Segment, H_LEDGER, H_LIMIT, H_OUTSIDE, H_RECLAIMS, S_ANSWERED, S_ASK, S_C, S_CACHED,
+    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED, S_W, UNIT,
+};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+
+/// The ledger word.
+pub(crate) struct G;
+
+const TOTAL_BITS: u32 = 40;
+const TOTAL_MASK: u64 = (1 << TOTAL_BITS) - 1;
+pub(crate) const NO_TAG: u64 = 0xff;
+
+impl G {
+    pub(crate) const EMPTY: u64 = NO_TAG << TOTAL_BITS;
+
+    #[inline]
+    pub(crate) fn pack(total: u64, slot: u64, seq: u16) -> u64 {
+        debug_assert!(total <= TOTAL_MASK && slot <= NO_TAG);
+        total | (slot << TOTAL_BITS) | (u64::from(seq) << 48)
+    }
+
+    #[inline]
+    pub(crate) fn total(g: u64) -> u64 {
+        g & TOTAL_MASK
+    }
+
+    #[inline]
+    fn tag(g: u64) -> (u64, u16) {
+        ((g >> TOTAL_BITS) & 0xff, (g >> 48) as u16)
+    }
+}
+
+const UNITS_MASK: u64 = (1 << 48) - 1;
+
+#[inline]
+pub(crate) fn w_units(w: u64) -> u64 {
+    w & UNITS_MASK
+}
+
+#[inline]
+pub(crate) fn w_applied(w: u64) -> u16 {
+    (w >> 48) as u16
+}
+
+#[inline]
+fn w_pack(units: u64, applied: u16) -> u64 {
+    (units & UNITS_MASK) | (u64::from(applied) << 48)
+}
+
+#[inline]
+fn c_pack(seq: u16, delta: i64) -> u64 {
+    ((delta as u64) & UNITS_MASK) | (u64::from(seq) << 48)
+}
+
+#[inline]
+fn c_seq(c: u64) -> u16 {
+    (c >> 48) as u16
+}
+
+#[inline]
+fn c_delta(c: u64) -> i64 {
+    // Sign-extend the low 48 bits.
+    (((c & UNITS_MASK) << 16) as i64) >> 16
+}
+
+/// The state word of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Free,
+    Claiming,
+    Live,
+    Reclaiming,
+}
+
+#[inline]
+pub(crate) fn st_pack(kind: Kind, epoch: u32, pid: u32) -> u64 {
+    let k = match kind {
+        Kind::Free => 0u64,
+        Kind::Claiming => 1,
+        Kind::Live => 2,
+        Kind::Reclaiming => 3,
+    };
+    (k << 62) | (u64::from(epoch & 0x3fff_ffff) << 32) | u64::from(pid)
+}
+
+#[inline]
+pub(crate) fn st_kind(s: u64) -> Kind {
+    match s >> 62 {
+        0 => Kind::Free,
+        1 => Kind::Claiming,
+        2 => Kind::Live,
+        _ => Kind::Reclaiming,
+    }
+}
+
+#[inline]
+pub(crate) fn st_epoch(s: u64) -> u32 {
+    ((s >> 32) & 0x3fff_ffff) as u32
+}
+
+#[inline]
+pub(crate) fn st_pid(s: u64) -> u32 {
+    s as u32
+}
+
+/// Apply slot `t`'s claim of sequence `q` to `W_t` if it is not applied
+/// yet. Called only for a claim `G` committed.
+fn apply(seg: &Segment, t: usize, q: u16, delta: i64) {
+    let w = seg.slot(t, S_W);
+    let mut cur = w.load(SeqCst);
+    loop {
+        if w_applied(cur) != q.wrapping_sub(1) {
+            // Applied already (by the owner or another helper).
+            return;
+        }
+        let units = (w_units(cur) as i64 + delta).max(0) as u64;
+        match w.compare_exchange(cur, w_pack(units, q), SeqCst, SeqCst) {
+            Ok(_) => return,
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// Help the operation `G`'s tag names, as read in `g` (see the module
+/// docs).
+fn help(seg: &Segment, g: u64) {
+    let (t, q) = G::tag(g);
+    if t == NO_TAG || t as usize >= seg.slots() {
+        return;
+    }
+    let t = t as usize;
+    let c = seg.slot(t, S_C).load(SeqCst);
+    if c_seq(c) != q {
+        // The owner started another operation: it applied this one first.
+        return;
+    }
+    if w_applied(seg.slot(t, S_W).load(SeqCst)) != q.wrapping_sub(1) {
+        return;
+    }
+    // The claim read belongs to the commit `g` names only if `G` still
+    // holds `g`.
+    if seg.word(H_LEDGER).load(SeqCst) != g {
+        return;
+    }
+    apply(seg, t, q, c_delta(c));
+}
+
+/// Why a commit was refused: the ledger's total (units) it saw.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    pub total_units: u64,
+}
+
+/// Run one operation of `delta` units for slot `i` (steps 1 to 3 of the
+/// module docs). The caller is the slot's only operator: its owner (one
+/// operation at a time) or the reclaimer that took it. `fits` sees the
+/// total the commit would leave, and refuses by returning false; `None`
+/// forces the commit (returns, outside records, claims).
+pub(crate) fn operate(
+    seg: &Segment,
+    i: usize,
+    delta: i64,
+    fits: Option<&dyn Fn(u64) -> bool>,
+) -> Result<u64, Seen> {
+    let g_word = seg.word(H_LEDGER);
+    // Our own previous operation is applied (we applied it, or it was
+    // refused and left nothing): the sequence follows it.
+    let q = w_applied(seg.slot(i, S_W).load(SeqCst)).wrapping_add(1);
+    if delta == 0 {
+        return Ok(G::total(g_word.load(SeqCst)));
+    }
+    seg.slot(i, S_C).store(c_pack(q, delta), SeqCst);
+    let mut g = g_word.load(SeqCst);
+    let after = loop {
+        help(seg, g);
+        let total = G::total(g);
+        let after = if delta >= 0 {
+            total.saturating_add(delta as u64).min(TOTAL_MASK)
+        } else {
+            total.saturating_sub(delta.unsigned_abs())
+        };
+        if delta > 0 {
+            if let Some(fits) = fits {
+                if !fits(after) {
+                    // Void the claim: nothing committed it.
+                    seg.slot(i, S_C).store(c_pack(q, 0), SeqCst);
+                    return Err(Seen { total_units: total });
+                }
+            }
+        }
+        match g_word.compare_exchange(g, G::pack(after, i as u64, q), SeqCst, SeqCst) {
+            Ok(_) => break after,
+            Err(now) => g = now,
+        }
+    };
+    apply(seg, i, q, delta);
+    Ok(after)
+}
+
+/// The total charged on the ledger, in units.
+pub(crate) fn total_units(seg: &Segment) -> u64 {
+    G::total(seg.word(H_LEDGER).load(SeqCst))
+}
+
+/// Whether process `pid`, started at `start` (0: not known), is alive. A
+/// zombie (killed, not reaped yet) is dead: it holds no device memory.
+pub(crate) fn alive(pid: u32, start: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match proc_stat(pid) {
+        Some((state, started)) => {
+            if state == 'Z' || state == 'X' {
+                return false;
+            }
+            start == 0 || started == start
+        }
+        None => {
+            // No /proc entry: ask the kernel.
+            // SAFETY: kill with signal 0 sends nothing; it only checks
+            // that the process exists.
+            let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+            r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
+    }
+}
+
+/// The state and start time (field 22, clock ticks since boot) of `pid`
+/// from `/proc/<pid>/stat`.
+pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the
+    // fields after it start after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    // Fields 4..=21 come before the start time.
+    let start = f.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// A dead process's slot, reclaimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Reclaimed {
+    /// The slot's index.
+    pub slot: usize,
+    /// The dead process.
+    pub pid: u32,
+    /// Its name.
+    pub name: String,
+    /// The bytes it held that came back.
+    pub bytes: u64,
+}
+
+/// Reclaim slot `i`, seen in state `seen`, whose holder is dead (`dead`;
+/// otherwise its owner leaving). `None`
+/// when another sweeper took it first or it changed.
+pub(crate) fn reclaim(
+    seg: &Segment,
+    i: usize,
+    seen: u64,
+    me: u32,
+    dead: bool,
+) -> Option<Reclaimed> {
+    let state = seg.slot(i, S_STATE);
+    let mine = st_pack(Kind::Reclaiming, st_epoch(seen), me);
+    state.compare_exchange(seen, mine, SeqCst, SeqCst).ok()?;
+    let pid = match st_kind(seen) {
+        // A reclaimer died: the owner's pid is gone from the word, its
+        // name is still in the slot.
+        Kind::Reclaiming => 0,
+        _ => st_pid(seen),
+    };
+    let name = seg.slot_name(i);
+    help(seg, seg.word(H_LEDGER).load(SeqCst));
+    let units = w_units(seg.slot(i, S_W).load(SeqCst));
+    // Any claim not applied now was never committed: the next operation
+    // reuses its sequence.
+    if units > 0 {
+        let _ = operate(seg, i, -(units as i64), None);
+    }
+    for off in [
+        S_START, S_USED, S_CACHED, S_CONTEXTS, S_ASK, S_GAVE, S_LIMIT, S_FLOOR,
+    ] {
+        seg.slot(i, off).store(0, Relaxed);
+    }
+    seg.slot(i, S_PRIORITY).store(0, Relaxed);
+    seg.slot(i, S_ANSWERED)
+        .store(u64::from(seg.slot32(i, S_RING).load(Relaxed)), Relaxed);
+    seg.set_slot_name(i, "");
+    let _ = state.compare_exchange(mine, st_pack(Kind::Free, st_epoch(seen), 0), SeqCst, SeqCst);
+    if dead {
+        seg.word(H_RECLAIMS).fetch_add(1, Relaxed);
+    }
+    Some(Reclaimed {
+        slot: i,
+        pid,
+        name,
+        bytes: units * UNIT,
+    })
+}
+
+/// Reclaim every slot whose holder is dead. Cheap when nothing died: one
+/// load per slot and a `/proc` read per occupied slot.
+pub(crate) fn sweep(seg: &Segment) -> Vec<Reclaimed> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for i in 0..seg.slots() {
+        let s = seg.slot(i, S_STATE).load(SeqCst);
+        let dead = match st_kind(s) {
+            Kind::Free => false,
+            Kind::Claiming | Kind::Live => !alive(st_pid(s), seg.slot(i, S_START).load(Acquire)),
+            // The reclaimer's start time is not kept: its pid alone (a
+            // reclaim takes microseconds; a recycled pid only delays it to
+            // the next sweep after that process exits).
+            Kind::Reclaiming => st_pid(s) != me && !alive(st_pid(s), 0),
+        };
+        if dead {
+            out.extend(reclaim(seg, i, s, me, true));
+        }
+    }
+    out
+}
+
+/// Claim a free slot for process `pid` started at `start`; returns its
+/// index and epoch, or `None` when the table is full. The caller writes
+/// the slot's fields and then marks it live.
+pub(crate) fn claim_slot(seg: &Segment, pid: u32, start: u64) -> Option<(usize, u32)> {
+    for i in 0..seg.slots() {
+        let state = seg.slot(i, S_STATE);
+        let s = state.load(SeqCst);
+        if st_kind(s) != Kind::Free || w_units(seg.slot(i, S_W).load(SeqCst)) != 0 {
+            continue;
+        }
+        let epoch = st_epoch(s).wrapping_add(1) & 0x3fff_ffff;
+        if state
+            .compare_exchange(s, st_pack(Kind::Claiming, epoch, pid), SeqCst, SeqCst)
+            .is_ok()
+        {
+            seg.slot(i, S_START).store(start, SeqCst);
+            return Some((i, epoch));
+        }
+    }
+    None
+}
+
+/// Bytes the device uses that no slot charged, as last observed.
+pub(crate) fn outside_bytes(seg: &Segment) -> u64 {
+    seg.word(H_OUTSIDE).load(Relaxed) * UNIT
+}
+
+/// The ledger's limit in bytes.
+pub(crate) fn limit(seg: &Segment) -> u64 {
+    seg.word(H_LIMIT).load(Relaxed)
+}
+
+/// Rebuild the ledger word from the slots: after helping its tag, the
+/// total must be the sum of the slots' shares. Lock-free: a commit racing
+/// it changes `G` and the repair tries again. Returns (before, after) in
+/// units.
+pub(crate) fn repair(seg: &Segment) -> (u64, u64) {
+    let g_word = seg.word(H_LEDGER);
+    // A free slot holds nothing: bytes written there were never charged.
+    for i in 0..seg.slots() {
+        if st_kind(seg.slot(i, S_STATE).load(SeqCst)) != Kind::Free {
+            continue;
+        }
+        let w = seg.slot(i, S_W);
+        let cur = w.load(SeqCst);
+        if w_units(cur) != 0 {
+            let _ = w.compare_exchange(cur, w_pack(0, w_applied(cur)), SeqCst, SeqCst);
+        }
+    }
+    loop {
+        let g = g_word.load(SeqCst);
+        help(seg, g);
+        let sum: u64 = (0..seg.slots())
+            .map(|i| w_units(seg.slot(i, S_W).load(SeqCst)))
+            .sum();
+        let before = G::total(g);
+        if before == sum {
+            return (before, sum);
+        }
+        let (t, q) = G::tag(g);
+        if g_word
+            .compare_exchange(g, G::pack(sum.min(TOTAL_MASK), t, q), SeqCst, SeqCst)
+            .is_ok()
+        {
+            return (before, sum);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_pack_and_unpack() {
+        for d in [0i64, 1, -1, 12345, -(1 << 46), (1 << 46) - 1] {
+            let c = c_pack(65535, d);
+            assert_eq!((c_seq(c), c_delta(c)), (65535, d));
+        }
+        let g = G::pack(TOTAL_MASK, 17, 9);
+        assert_eq!((G::total(g), G::tag(g)), (TOTAL_MASK, (17, 9)));
+        let s = st_pack(Kind::Reclaiming, 0x3fff_ffff, u32::MAX);
+        assert_eq!(
+            (st_kind(s), st_epoch(s), st_pid(s)),
+            (Kind::Reclaiming, 0x3fff_ffff, u32::MAX)
+        );
+    }
+
+    #[test]
+    fn this_process_is_alive_and_its_start_time_is_read() {
+        let (state, start) = proc_stat(std::process::id()).unwrap();
+        assert!(state == 'R' || state == 'S', "{state}");
+        assert!(alive(std::process::id(), start));
+        assert!(!alive(std::process::id(), start + 1), "another start time");
+        assert!(!alive(0, 0));
+    }
+}

@@ -1,0 +1,480 @@
+//! One process's membership of a machine ledger: its slot, the lease it
+//! charges allocations out of, and the doorbell thread that answers other
+//! processes' trim requests.
+//!
+//! # The lease
+//!
+//! The process charges the ledger in chunks (`JoinOptions::lease_chunk`):
+//! an allocation is charged out of the process's idle lease (one
+//! compare-and-swap on a process-local word), and only a lease that runs
+//! short touches the shared segment, for the allocation plus a chunk. A
+//! release goes back into the lease; what is idle beyond one chunk goes
+//! back to the ledger. So `W` (the slot's share of the ledger) is always
+//! `used + idle`, in whole units. Idle leases are the first thing a trim
+//! request takes back, so a refusal that counts another process's idle
+//! lease happens only when that process did not answer.
+
+use super::ledger::{self, Seen};
+use super::segment::{
+    futex_wait, futex_wake, Segment, H_LIMIT, H_OUTSIDE, S_ANSWERED, S_ASK, S_CACHED, S_CONTEXTS,
+    S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
+};
+use super::{Holder, MachineRefusal, RefusedBy};
+use crate::sync::lock;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What a process budget lends its membership: trimming on request, and
+/// the figures `memgov top` shows.
+pub(crate) trait Host: Send + Sync {
+    /// Give back about `bytes` of device memory (block caches first, then
+    /// pressure responders). Returns the bytes released.
+    fn trim(&self, bytes: u64) -> u64;
+    /// (contexts, bytes in block caches) under the process now.
+    fn census(&self) -> (u64, u64);
+}
+
+pub(crate) struct Inner {
+    pub(crate) seg: Arc<Segment>,
+    pub(crate) slot: usize,
+    pub(crate) epoch: u32,
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    pub(crate) chunk: u64,
+    pub(crate) limit: u64,
+    pub(crate) floor: u64,
+    pub(crate) priority: u32,
+    pub(crate) answer_timeout: Duration,
+    /// Bytes of the slot's share not charged to allocations.
+    idle: AtomicU64,
+    /// Bytes charged to allocations.
+    used: AtomicU64,
+    /// One ledger operation at a time for this slot (process-local: it dies
+    /// with the process, and nothing else waits on it).
+    op: Mutex<()>,
+    host: Mutex<Option<Arc<dyn Host>>>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    left: AtomicBool,
+}
+
+fn units_for(bytes: u64) -> u64 {
+    bytes.div_ceil(UNIT)
+}
+
+impl Inner {
+    pub(crate) fn new(
+        seg: Arc<Segment>,
+        slot: usize,
+        epoch: u32,
+        name: String,
+        opts: &super::JoinOptions,
+    ) -> Self {
+        Self {
+            seg,
+            slot,
+            epoch,
+            pid: std::process::id(),
+            name,
+            chunk: opts.lease_chunk,
+            limit: opts.limit,
+            floor: opts.floor,
+            priority: opts.priority,
+            answer_timeout: opts.answer_timeout,
+            idle: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            op: Mutex::new(()),
+            host: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            left: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn set_host(&self, host: Arc<dyn Host>) {
+        *lock(&self.host) = Some(host);
+    }
+
+    /// The slot's share of the ledger (bytes).
+    pub(crate) fn share(&self) -> u64 {
+        ledger::w_units(self.seg.slot(self.slot, S_W).load(SeqCst)) * UNIT
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    pub(crate) fn idle(&self) -> u64 {
+        self.idle.load(Relaxed)
+    }
+
+    fn publish(&self) {
+        self.seg
+            .slot(self.slot, S_USED)
+            .store(self.used.load(Relaxed), Relaxed);
+    }
+
+    /// Units the other slots' floors keep from this slot: for each live
+    /// slot, what its floor has not used yet.
+    fn others_unmet_floors(&self) -> u64 {
+        let seg = &self.seg;
+        (0..seg.slots())
+            .filter(|&i| i != self.slot)
+            .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) == ledger::Kind::Live)
+            .map(|i| {
+                let floor = seg.slot(i, S_FLOOR).load(Relaxed) / UNIT;
+                floor.saturating_sub(ledger::w_units(seg.slot(i, S_W).load(Acquire)))
+            })
+            .sum()
+    }
+
+    /// One ledger operation of `+units`, held to the ledger's limit (less
+    /// what the device uses outside memgov and the others' unmet floors)
+    /// and to this process's own limit. The caller holds `op`.
+    fn grow(&self, units: u64) -> Result<(), (RefusedBy, Option<u64>)> {
+        let mine = ledger::w_units(self.seg.slot(self.slot, S_W).load(SeqCst));
+        if (mine + units).saturating_mul(UNIT) > self.limit {
+            return Err((RefusedBy::ProcessLimit, None));
+        }
+        let limit_units = ledger::limit(&self.seg) / UNIT;
+        let outside = self.seg.word(H_OUTSIDE).load(Relaxed);
+        // Floors are read once per refill, not per commit attempt: a floor
+        // is kept against refills that read the table after its holder
+        // joined.
+        let floors = self.others_unmet_floors();
+        let fits = |after: u64| after + outside + floors <= limit_units;
+        match ledger::operate(&self.seg, self.slot, units as i64, Some(&fits)) {
+            Ok(_) => Ok(()),
+            Err(Seen { total_units }) => Err((RefusedBy::Ledger, Some(total_units * UNIT))),
+        }
+    }
+
+    /// Charge `bytes` for an allocation: out of the idle lease, else by a
+    /// refill of the allocation plus a chunk, else of the allocation alone.
+    #[inline]
+    pub(crate) fn charge(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
+        let mut idle = self.idle.load(Relaxed);
+        while idle >= bytes {
+            match self
+                .idle
+                .compare_exchange_weak(idle, idle - bytes, AcqRel, Relaxed)
+            {
+                Ok(_) => {
+                    self.used.fetch_add(bytes, Relaxed);
+                    return Ok(());
+                }
+                Err(now) => idle = now,
+            }
+        }
+        self.charge_slow(bytes)
+    }
+
+    #[cold]
+    fn charge_slow(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
+        let _op = lock(&self.op);
+        let have = self.idle.swap(0, AcqRel);
+        if have >= bytes {
+            self.idle.fetch_add(have - bytes, AcqRel);
+            self.used.fetch_add(bytes, Relaxed);
+            return Ok(());
+        }
+        let need = bytes - have;
+        let mut tries = vec![units_for(need.saturating_add(self.chunk))];
+        if self.chunk > 0 {
+            tries.push(units_for(need));
+        }
+        let mut by = (RefusedBy::Ledger, None);
+        for units in tries {
+            match self.grow(units) {
+                Ok(()) => {
+                    self.idle.fetch_add(units * UNIT - need, AcqRel);
+                    self.used.fetch_add(bytes, Relaxed);
+                    self.publish();
+                    return Ok(());
+                }
+                Err(b) => by = b,
+            }
+        }
+        self.idle.fetch_add(have, AcqRel);
+        Err(Box::new(self.refusal(bytes, by.0, by.1)))
+    }
+
+    /// Charge `bytes` whatever the limits (memory that exists already, or a
+    /// reclaim's claim).
+    pub(crate) fn force_charge(&self, bytes: u64) {
+        let _op = lock(&self.op);
+        let have = self.idle.swap(0, AcqRel);
+        if have >= bytes {
+            self.idle.fetch_add(have - bytes, AcqRel);
+        } else {
+            let units = units_for(bytes - have);
+            let _ = ledger::operate(&self.seg, self.slot, units as i64, None);
+            self.idle.fetch_add(units * UNIT - (bytes - have), AcqRel);
+        }
+        self.used.fetch_add(bytes, Relaxed);
+        self.publish();
+    }
+
+    /// `bytes` charged here came back: into the lease, and what is idle
+    /// beyond one chunk back to the ledger.
+    #[inline]
+    pub(crate) fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Relaxed);
+        let idle = self.idle.fetch_add(bytes, AcqRel) + bytes;
+        // Keep up to two chunks idle; beyond that, back to one.
+        if idle >= self.chunk.saturating_mul(2).saturating_add(UNIT) {
+            self.return_idle(self.chunk);
+        }
+    }
+
+    /// Give the idle lease beyond `keep` back to the ledger, in whole
+    /// units. Returns the bytes given back.
+    pub(crate) fn return_idle(&self, keep: u64) -> u64 {
+        let _op = lock(&self.op);
+        let mut idle = self.idle.load(Acquire);
+        loop {
+            let units = idle.saturating_sub(keep) / UNIT;
+            if units == 0 {
+                self.publish();
+                return 0;
+            }
+            match self
+                .idle
+                .compare_exchange(idle, idle - units * UNIT, AcqRel, Acquire)
+            {
+                Ok(_) => {
+                    let _ = ledger::operate(&self.seg, self.slot, -(units as i64), None);
+                    self.publish();
+                    return units * UNIT;
+                }
+                Err(now) => idle = now,
+            }
+        }
+    }
+
+    /// Whether the ledger is within its limit (a claim that forced a charge
+    /// on it can be kept).
+    pub(crate) fn fits(&self) -> bool {
+        self.over() == 0
+    }
+
+    /// How far the ledger is over its limit, in bytes.
+    pub(crate) fn over(&self) -> u64 {
+        let total = ledger::total_units(&self.seg) * UNIT;
+        total
+            .saturating_add(ledger::outside_bytes(&self.seg))
+            .saturating_sub(ledger::limit(&self.seg))
+    }
+
+    /// The refusal of `bytes`, with every process's figures; `seen` is the
+    /// total the refused commit saw (bytes), which the refusal reports.
+    pub(crate) fn refusal(&self, bytes: u64, by: RefusedBy, seen: Option<u64>) -> MachineRefusal {
+        let snap = super::snapshot_of(&self.seg);
+        let floors = self.others_unmet_floors() * UNIT;
+        MachineRefusal {
+            ledger: self.seg.key().to_owned(),
+            by,
+            requested: bytes,
+            charged: seen.unwrap_or(snap.charged),
+            limit: snap.limit,
+            outside: snap.outside,
+            floors_reserved: floors,
+            process: self.name.clone(),
+            pid: self.pid,
+            process_charged: self.share(),
+            process_limit: self.limit,
+            holders: snap
+                .processes
+                .iter()
+                .filter(|p| p.slot != self.slot)
+                .map(Holder::from)
+                .collect(),
+            unanswered: Vec::new(),
+        }
+    }
+
+    /// Ask the other processes for room for `bytes`: reclaim dead slots,
+    /// then ring the doorbells of those that can give (idle leases, block
+    /// caches, or a lower priority above their floor), lowest priority
+    /// first, and wait until the room is there, every one asked answered,
+    /// or `deadline`. Returns those that did not answer in time.
+    pub(crate) fn make_room(&self, bytes: u64, deadline: Instant) -> Vec<Holder> {
+        ledger::sweep(&self.seg);
+        if self.room_for(bytes) {
+            return Vec::new();
+        }
+        let snap = super::snapshot_of(&self.seg);
+        let mut shortfall = (snap.charged + snap.outside + bytes).saturating_sub(snap.limit);
+        let mut cands: Vec<_> = snap
+            .processes
+            .iter()
+            .filter(|p| p.slot != self.slot && p.live)
+            .filter_map(|p| {
+                let idle = p.charged.saturating_sub(p.used);
+                let above = if p.priority < self.priority {
+                    (p.charged.saturating_sub(idle + p.cached)).saturating_sub(p.floor)
+                } else {
+                    0
+                };
+                let can = idle + p.cached + above;
+                (can > 0).then_some((p, can))
+            })
+            .collect();
+        cands.sort_by_key(|(p, can)| (p.priority, std::cmp::Reverse(*can)));
+        let mut asked = Vec::new();
+        for (p, can) in cands {
+            if shortfall == 0 {
+                break;
+            }
+            let want = shortfall.min(can);
+            self.seg.slot(p.slot, S_ASK).fetch_max(want, AcqRel);
+            let ring = self.seg.slot32(p.slot, S_RING);
+            let r = ring.fetch_add(1, AcqRel).wrapping_add(1);
+            futex_wake(ring);
+            asked.push((p, r));
+            shortfall -= want;
+        }
+        let answered = |p: &super::ProcessSnapshot, r: u32| {
+            let a = self.seg.slot(p.slot, S_ANSWERED).load(Acquire) as u32;
+            (a.wrapping_sub(r) as i32) >= 0
+                || self.seg.slot(p.slot, S_STATE).load(Acquire) >> 62 != 2
+        };
+        loop {
+            if self.room_for(bytes) || asked.iter().all(|(p, r)| answered(p, *r)) {
+                return Vec::new();
+            }
+            if Instant::now() >= deadline {
+                return asked
+                    .iter()
+                    .filter(|(p, r)| !answered(p, *r))
+                    .map(|(p, _)| Holder::from(*p))
+                    .collect();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn room_for(&self, bytes: u64) -> bool {
+        let limit = ledger::limit(&self.seg);
+        let total = ledger::total_units(&self.seg) * UNIT + ledger::outside_bytes(&self.seg);
+        total + self.others_unmet_floors() * UNIT + bytes.saturating_sub(self.idle()) <= limit
+    }
+
+    /// Serve one ring of the doorbell: idle leases first, then the host's
+    /// trim; wait (briefly) for the releases it queued to settle and give
+    /// those back too. Returns the bytes given back.
+    fn serve(&self) -> u64 {
+        let ask = self.seg.slot(self.slot, S_ASK).swap(0, AcqRel);
+        let mut gave = self.return_idle(0);
+        if ask > gave {
+            let host = lock(&self.host).clone();
+            if let Some(host) = host {
+                let before = self.used();
+                host.trim(ask - gave);
+                // The trim queued stream-ordered frees: their bytes come
+                // back into the lease as they settle.
+                let until = Instant::now() + self.answer_timeout.min(Duration::from_millis(200));
+                loop {
+                    gave += self.return_idle(0);
+                    if gave >= ask || self.used() >= before && Instant::now() >= until {
+                        break;
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        self.seg.slot(self.slot, S_GAVE).fetch_add(gave, Relaxed);
+        gave
+    }
+
+    fn census(&self) {
+        let host = lock(&self.host).clone();
+        if let Some(host) = host {
+            let (contexts, cached) = host.census();
+            self.seg
+                .slot(self.slot, S_CONTEXTS)
+                .store(contexts, Relaxed);
+            self.seg.slot(self.slot, S_CACHED).store(cached, Relaxed);
+        }
+        self.publish();
+    }
+
+    /// The doorbell thread: answers rings, publishes the census, sweeps
+    /// dead slots about once a second.
+    pub(crate) fn start(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        let handle = std::thread::Builder::new()
+            .name("memgov-machine".into())
+            .spawn(move || {
+                let mut last_sweep = Instant::now();
+                loop {
+                    let Some(m) = me.upgrade() else { return };
+                    if m.stop.load(Acquire) {
+                        return;
+                    }
+                    let ring = m.seg.slot32(m.slot, S_RING);
+                    let r = ring.load(Acquire);
+                    let answered = m.seg.slot(m.slot, S_ANSWERED).load(Acquire) as u32;
+                    if r != answered {
+                        m.serve();
+                        m.seg.slot(m.slot, S_ANSWERED).store(u64::from(r), Release);
+                        continue;
+                    }
+                    m.census();
+                    if last_sweep.elapsed() >= Duration::from_secs(1) {
+                        last_sweep = Instant::now();
+                        ledger::sweep(&m.seg);
+                    }
+                    let seg = Arc::clone(&m.seg);
+                    let slot = m.slot;
+                    // Not holding the membership while asleep: dropping it
+                    // stops the thread.
+                    drop(m);
+                    futex_wait(seg.slot32(slot, S_RING), r, Duration::from_millis(250));
+                }
+            })
+            .expect("spawn the memgov-machine doorbell thread");
+        *lock(&self.thread) = Some(handle);
+    }
+
+    /// Leave the ledger: stop the doorbell thread, give every byte back,
+    /// free the slot.
+    pub(crate) fn leave(&self) {
+        if self.left.swap(true, SeqCst) {
+            return;
+        }
+        self.stop.store(true, Release);
+        let ring = self.seg.slot32(self.slot, S_RING);
+        ring.fetch_add(1, AcqRel);
+        futex_wake(ring);
+        if let Some(t) = lock(&self.thread).take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        let live = ledger::st_pack(ledger::Kind::Live, self.epoch, self.pid);
+        // Take the slot as its own reclaimer: the same path a sweeper takes
+        // for a dead process, so what it gives back is exact.
+        let _ = ledger::reclaim(&self.seg, self.slot, live, self.pid, false);
+    }
+
+    pub(crate) fn set_limit_word(&self) {
+        self.seg.slot(self.slot, S_LIMIT).store(self.limit, Relaxed);
+        self.seg.slot(self.slot, S_FLOOR).store(self.floor, Relaxed);
+        self.seg
+            .slot(self.slot, S_PRIORITY)
+            .store(u64::from(self.priority), Relaxed);
+    }
+
+    pub(crate) fn ledger_limit(&self) -> u64 {
+        self.seg.word(H_LIMIT).load(Relaxed)
+    }
+}
+
+use std::sync::atomic::Ordering::Release;

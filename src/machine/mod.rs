@@ -1,0 +1,888 @@
+//! The machine level of the budget tree: one ledger per physical device,
+//! shared by every process that governs it, in a shared-memory file.
+//!
+//! ```text
+//! machine ledger "cuda:GPU-8f3c..."      MachineLedger::open (/dev/shm/memgov-<key>)
+//! ├── process "trainer"  (slot 0)        ledger.join(JoinOptions) -> MachineMember
+//! │   └── ProcessBudget "trainer"        ProcessBudget::with_machine(label, limit, member)
+//! │       └── SharedBudget "gpu0" ...    the tree below, as in one process
+//! └── process "eval"     (slot 1)
+//! ```
+//!
+//! Every allocation of a context under such a process budget is charged to
+//! the machine ledger too (through the process's lease: see `member.rs`),
+//! all levels or none, so no two processes can together be admitted more
+//! than the ledger's limit. A refusal there is
+//! [`BudgetScope::Machine`](crate::BudgetScope::Machine) and carries a
+//! [`MachineRefusal`] with every process's figures. See
+//! `docs/sharing-a-gpu.md` for what this guarantees and what it cannot.
+//!
+//! The protocol (crash-safe, lock-free) is in `ledger.rs`, the segment's
+//! layout in `segment.rs`.
+
+mod ledger;
+mod member;
+mod segment;
+
+pub use ledger::Reclaimed;
+pub use segment::{LAYOUT_VERSION, MAX_SLOTS, UNIT};
+
+use crate::Bytes;
+use crate::MemoryInfo;
+use segment::{
+    Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_RECLAIMS, S_ANSWERED,
+    S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED,
+    S_W,
+};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) use member::Host;
+/// The operations the budget tree calls on a membership.
+pub(crate) type MemberOps = member::Inner;
+
+/// What went wrong opening, joining or checking a machine ledger. Nothing
+/// in the segment is changed by an operation that returns one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MachineError {
+    /// The file could not be created, opened, sized or mapped.
+    #[error("machine ledger {}: {source}; check the directory exists and is writable, or give another path (LedgerOptions::path)", path.display())]
+    Io {
+        /// The segment's path.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The OS refused access to the file.
+    #[error("machine ledger {}: permission denied (owner uid {}, this process uid {uid}): {source}; run as the segment's owner, or give this process its own path (LedgerOptions::path)", path.display(), owner.map_or_else(|| "unknown".to_owned(), |o| o.to_string()))]
+    Permission {
+        /// The segment's path.
+        path: PathBuf,
+        /// Its owner, when it could be read.
+        owner: Option<u32>,
+        /// This process's effective uid.
+        uid: u32,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The segment belongs to another user: its processes' charges cannot
+    /// be trusted, nor can ours be protected from them.
+    #[error("machine ledger {}: owned by uid {owner}, this process runs as uid {uid}; processes of different users do not share a ledger: run as uid {owner}, or give this process its own path (LedgerOptions::path)", path.display())]
+    ForeignOwner {
+        /// The segment's path.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// This process's effective uid.
+        uid: u32,
+    },
+    /// The segment was written by a memgov with another layout.
+    #[error("machine ledger {}: layout version {found}, this memgov reads version {expected}; stop the processes using it (memgov top --path shows them) and remove it (MachineLedger::reset, memgov top --reset), or give this process another path", path.display())]
+    LayoutVersion {
+        /// The segment's path.
+        path: PathBuf,
+        /// The version it holds.
+        found: u64,
+        /// The version this build reads.
+        expected: u64,
+    },
+    /// The header does not hold together.
+    #[error("machine ledger {}: corrupt ({what}); nothing was changed; remove it with MachineLedger::reset (memgov top --reset) once no process uses it", path.display())]
+    Corrupt {
+        /// The segment's path.
+        path: PathBuf,
+        /// What does not match.
+        what: String,
+    },
+    /// The segment at this path is another device's.
+    #[error("machine ledger {}: belongs to device '{found}', not '{expected}'; give each device its own path", path.display())]
+    WrongDevice {
+        /// The segment's path.
+        path: PathBuf,
+        /// The device key it holds.
+        found: String,
+        /// The key asked for.
+        expected: String,
+    },
+    /// Its creator did not finish setting it up (it died while creating it).
+    #[error("machine ledger {}: never became ready (its creator stopped while setting it up); remove it with MachineLedger::reset (memgov top --reset)", path.display())]
+    NeverReady {
+        /// The segment's path.
+        path: PathBuf,
+    },
+    /// The device key is empty or longer than 64 bytes.
+    #[error("machine ledger key '{key}' must be 1 to 64 bytes")]
+    BadKey {
+        /// The key given.
+        key: String,
+    },
+    /// The slot count is 0 or above [`MAX_SLOTS`].
+    #[error("machine ledger: {slots} slots asked for; 1 to {MAX_SLOTS} are possible")]
+    BadSlots {
+        /// The count given.
+        slots: usize,
+    },
+    /// Every slot is held by a live process.
+    #[error("machine ledger {}: all {slots} process slots are taken by live processes; create the ledger with more (LedgerOptions::slots) or stop a process", path.display())]
+    Full {
+        /// The segment's path.
+        path: PathBuf,
+        /// Its slot count.
+        slots: usize,
+    },
+    /// A process asked for a limit or floor the device cannot hold.
+    #[error("machine ledger '{ledger}': process '{name}' asks for {what} {}, above the ledger's limit {}; lower it", Bytes(*asked), Bytes(*limit))]
+    AboveDevice {
+        /// The ledger's key.
+        ledger: String,
+        /// The process's name.
+        name: String,
+        /// "a limit" or "a floor".
+        what: &'static str,
+        /// What it asked for.
+        asked: u64,
+        /// The ledger's limit.
+        limit: u64,
+    },
+    /// The floors of the processes on the ledger would exceed its limit.
+    #[error("machine ledger '{ledger}': a floor of {} for '{name}' with {} guaranteed to others exceeds the limit {}; lower a floor or raise the limit", Bytes(*asked), Bytes(*others), Bytes(*limit))]
+    Floors {
+        /// The ledger's key.
+        ledger: String,
+        /// The process's name.
+        name: String,
+        /// The floor asked for.
+        asked: u64,
+        /// The floors already guaranteed.
+        others: u64,
+        /// The ledger's limit.
+        limit: u64,
+    },
+    /// [`MachineLedger::check`] found the ledger inconsistent.
+    #[error("machine ledger '{ledger}': {what}; MachineLedger::repair rebuilds the total from the slots")]
+    Inconsistent {
+        /// The ledger's key.
+        ledger: String,
+        /// What does not add up.
+        what: String,
+    },
+}
+
+/// How to open a machine ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    key: String,
+    path: Option<PathBuf>,
+    limit: u64,
+    slots: usize,
+    mode: u32,
+}
+
+impl LedgerOptions {
+    /// The ledger of the device `key` (a CUDA device UUID, a PCI bus id, a
+    /// name for the host backend), promising at most `limit` bytes when
+    /// this process creates it (an existing ledger keeps its own).
+    pub fn new(key: impl Into<String>, limit: u64) -> Self {
+        Self {
+            key: key.into(),
+            path: None,
+            limit,
+            slots: 64,
+            mode: 0o600,
+        }
+    }
+
+    /// The segment's file (default: [`MachineLedger::default_path`]).
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// Process slots, when this process creates it (default 64, at most
+    /// [`MAX_SLOTS`]).
+    pub fn slots(mut self, slots: usize) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// Permission bits of a segment this process creates (default 0600:
+    /// the owner alone).
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = mode;
+        self
+    }
+}
+
+/// How a process joins a ledger.
+#[derive(Debug, Clone)]
+pub struct JoinOptions {
+    name: String,
+    pub(crate) limit: u64,
+    pub(crate) floor: u64,
+    pub(crate) priority: u32,
+    pub(crate) lease_chunk: u64,
+    pub(crate) answer_timeout: Duration,
+}
+
+impl JoinOptions {
+    /// Join as `name` (shown by `memgov top` and in refusals), with no
+    /// limit of its own, no floor, priority 100, leases of 8 MiB and 250 ms
+    /// to answer a trim request.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            limit: u64::MAX,
+            floor: 0,
+            priority: 100,
+            lease_chunk: 8 << 20,
+            answer_timeout: Duration::from_millis(250),
+        }
+    }
+
+    /// The most this process may hold on the ledger.
+    pub fn limit(mut self, bytes: u64) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    /// Bytes guaranteed to this process: others are not admitted into
+    /// them, and it is not asked to trim below them.
+    pub fn floor(mut self, bytes: u64) -> Self {
+        self.floor = bytes;
+        self
+    }
+
+    /// A process with a lower priority is asked to trim for one with a
+    /// higher priority (down to its floor).
+    pub fn priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Bytes charged ahead on the ledger at a time (0: every allocation
+    /// touches the segment).
+    pub fn lease_chunk(mut self, bytes: u64) -> Self {
+        self.lease_chunk = bytes;
+        self
+    }
+
+    /// How long a process asking for room waits for the processes it asked
+    /// to answer, at most (a `WaitForPending` admission waits up to its own
+    /// timeout instead).
+    pub fn answer_timeout(mut self, timeout: Duration) -> Self {
+        self.answer_timeout = timeout;
+        self
+    }
+}
+
+/// An open machine ledger: the segment mapped into this process.
+#[derive(Clone)]
+pub struct MachineLedger {
+    seg: Arc<Segment>,
+}
+
+impl fmt::Debug for MachineLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MachineLedger")
+            .field("key", &self.key())
+            .field("path", &self.path())
+            .field("limit", &self.limit())
+            .field("charged", &self.charged())
+            .finish()
+    }
+}
+
+/// The default segment of device `key`: `/dev/shm/memgov-<key>`, every
+/// character of the key other than letters, digits, `-`, `_` and `.`
+/// written as `_`.
+pub fn default_path(key: &str) -> PathBuf {
+    let clean: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    PathBuf::from(format!("/dev/shm/memgov-{clean}"))
+}
+
+impl MachineLedger {
+    /// Open the ledger `opts` names, creating it if there is none. An
+    /// existing one is checked (magic, layout version, header checksum,
+    /// geometry, device key, owner) before anything is written to it.
+    pub fn open(opts: &LedgerOptions) -> Result<Self, MachineError> {
+        let path = opts.path.clone().unwrap_or_else(|| default_path(&opts.key));
+        let seg = Segment::open_or_create(&path, &opts.key, opts.slots, opts.limit, opts.mode)?;
+        let ledger = Self { seg: Arc::new(seg) };
+        ledger.sweep();
+        Ok(ledger)
+    }
+
+    /// Remove the segment at `path`: for a corrupt segment, or one of
+    /// another layout. Processes still attached keep the old one mapped
+    /// (their charges there are lost to the new one): stop them first.
+    pub fn reset(path: &Path) -> Result<(), MachineError> {
+        match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MachineError::Io {
+                path: path.to_owned(),
+                source: e,
+            }),
+        }
+    }
+
+    /// The device key.
+    pub fn key(&self) -> &str {
+        self.seg.key()
+    }
+
+    /// The segment's file.
+    pub fn path(&self) -> &Path {
+        self.seg.path()
+    }
+
+    /// The most the ledger promises, in bytes.
+    pub fn limit(&self) -> u64 {
+        ledger::limit(&self.seg)
+    }
+
+    /// Change the limit (every process sees it at its next refill).
+    pub fn set_limit(&self, bytes: u64) {
+        self.seg.word(H_LIMIT).store(bytes, Relaxed);
+    }
+
+    /// Bytes charged on the ledger by every process (idle leases included).
+    pub fn charged(&self) -> u64 {
+        ledger::total_units(&self.seg) * UNIT
+    }
+
+    /// Bytes the device uses that no process charged here, as last
+    /// observed ([`observe_device`](Self::observe_device)).
+    pub fn outside(&self) -> u64 {
+        ledger::outside_bytes(&self.seg)
+    }
+
+    /// Record what the driver says of the device now (its
+    /// `memory_info`): what it uses beyond what memgov processes have
+    /// allocated is *outside*, shown in snapshots and kept from what the
+    /// ledger admits. An admission refused on the ledger observes the
+    /// device through its own context first.
+    pub fn observe_device(&self, info: MemoryInfo) {
+        observe(&self.seg, info);
+    }
+
+    /// Reclaim the slots of processes that died, returning their bytes.
+    pub fn sweep(&self) -> Vec<Reclaimed> {
+        ledger::sweep(&self.seg)
+    }
+
+    /// Check the ledger adds up: the total is the sum of the slots' shares,
+    /// no free slot holds bytes, no process holds more than the limit.
+    /// Exact only while no process is changing its charges.
+    pub fn check(&self) -> Result<(), MachineError> {
+        let snap = self.snapshot();
+        let sum: u64 = snap.processes.iter().map(|p| p.charged).sum();
+        let bad = |what: String| {
+            Err(MachineError::Inconsistent {
+                ledger: self.key().to_owned(),
+                what,
+            })
+        };
+        if sum != snap.charged {
+            return bad(format!(
+                "the total is {} and the slots hold {}",
+                snap.charged, sum
+            ));
+        }
+        if let Some(p) = snap.processes.iter().find(|p| p.charged > snap.limit) {
+            return bad(format!(
+                "'{}' (pid {}) holds {}, above the limit {}",
+                p.name,
+                p.pid,
+                Bytes(p.charged),
+                Bytes(snap.limit)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rebuild the total from the slots (after [`check`](Self::check) found
+    /// them apart: a segment written by something that is not memgov).
+    /// Returns the total before and after, in bytes.
+    pub fn repair(&self) -> (u64, u64) {
+        let (b, a) = ledger::repair(&self.seg);
+        (b * UNIT, a * UNIT)
+    }
+
+    /// Join the ledger as this process: a slot of its own and a doorbell
+    /// thread that answers other processes' trim requests. Dead processes'
+    /// slots are reclaimed first.
+    pub fn join(&self, opts: JoinOptions) -> Result<MachineMember, MachineError> {
+        let limit = self.limit();
+        if opts.limit != u64::MAX && opts.limit > limit {
+            return Err(MachineError::AboveDevice {
+                ledger: self.key().to_owned(),
+                name: opts.name,
+                what: "a limit",
+                asked: opts.limit,
+                limit,
+            });
+        }
+        if opts.floor > limit {
+            return Err(MachineError::AboveDevice {
+                ledger: self.key().to_owned(),
+                name: opts.name,
+                what: "a floor",
+                asked: opts.floor,
+                limit,
+            });
+        }
+        self.sweep();
+        let pid = std::process::id();
+        let start = ledger::proc_stat(pid).map_or(0, |(_, s)| s);
+        let (slot, epoch) =
+            ledger::claim_slot(&self.seg, pid, start).ok_or_else(|| MachineError::Full {
+                path: self.path().to_owned(),
+                slots: self.seg.slots(),
+            })?;
+        let seg = &self.seg;
+        for off in [S_USED, S_CACHED, S_CONTEXTS, S_GAVE] {
+            seg.slot(slot, off).store(0, Relaxed);
+        }
+        seg.slot(slot, segment::S_ASK).store(0, Relaxed);
+        seg.slot(slot, S_ANSWERED)
+            .store(u64::from(seg.slot32(slot, S_RING).load(Acquire)), Release);
+        seg.set_slot_name(slot, &opts.name);
+        let inner = Arc::new(member::Inner::new(
+            Arc::clone(seg),
+            slot,
+            epoch,
+            opts.name.clone(),
+            &opts,
+        ));
+        inner.set_limit_word();
+        let others: u64 = (0..seg.slots())
+            .filter(|&i| i != slot)
+            .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) == ledger::Kind::Live)
+            .map(|i| seg.slot(i, S_FLOOR).load(Relaxed))
+            .sum();
+        if opts.floor > 0 && others.saturating_add(opts.floor) > limit {
+            // Give the slot back as it was taken.
+            let claiming = ledger::st_pack(ledger::Kind::Claiming, epoch, pid);
+            ledger::reclaim(seg, slot, claiming, pid, false);
+            return Err(MachineError::Floors {
+                ledger: self.key().to_owned(),
+                name: opts.name,
+                asked: opts.floor,
+                others,
+                limit,
+            });
+        }
+        seg.slot(slot, S_STATE)
+            .store(ledger::st_pack(ledger::Kind::Live, epoch, pid), SeqCst);
+        inner.start();
+        Ok(MachineMember(Arc::new(MemberHandle(inner))))
+    }
+
+    /// Every process on the ledger now, and the ledger's totals.
+    pub fn snapshot(&self) -> MachineSnapshot {
+        snapshot_of(&self.seg)
+    }
+}
+
+fn observe(seg: &Segment, info: MemoryInfo) {
+    let used_on_device = info.total.saturating_sub(info.free);
+    let ours: u64 = (0..seg.slots())
+        .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) != ledger::Kind::Free)
+        .map(|i| seg.slot(i, S_USED).load(Relaxed))
+        .sum();
+    let outside = used_on_device.saturating_sub(ours);
+    seg.word(H_DEV_TOTAL).store(info.total, Relaxed);
+    seg.word(H_DEV_FREE).store(info.free, Relaxed);
+    seg.word(H_OUTSIDE).store(outside / UNIT, Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    seg.word(H_DEV_AT).store(now, Relaxed);
+}
+
+/// Stops the doorbell thread and gives the slot back when the last clone
+/// goes.
+struct MemberHandle(Arc<member::Inner>);
+
+impl Drop for MemberHandle {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// This process's membership of a machine ledger ([`MachineLedger::join`]).
+/// Give it to [`ProcessBudget::with_machine`](crate::ProcessBudget::with_machine)
+/// so that the process's allocations are charged on the ledger. Dropping
+/// the last clone leaves the ledger: every byte still charged goes back.
+#[derive(Clone)]
+pub struct MachineMember(Arc<MemberHandle>);
+
+impl fmt::Debug for MachineMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MachineMember")
+            .field("ledger", &self.ledger_key())
+            .field("slot", &self.slot())
+            .field("name", &self.0 .0.name)
+            .field("charged", &self.charged())
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+impl MachineMember {
+    #[inline]
+    pub(crate) fn inner(&self) -> &MemberOps {
+        &self.0 .0
+    }
+
+    /// The ledger's key.
+    pub fn ledger_key(&self) -> &str {
+        self.inner().seg.key()
+    }
+
+    /// This process's slot.
+    pub fn slot(&self) -> usize {
+        self.inner().slot
+    }
+
+    /// Bytes this process holds on the ledger (its idle lease included).
+    pub fn charged(&self) -> u64 {
+        self.inner().share()
+    }
+
+    /// Bytes this process has charged to allocations.
+    pub fn used(&self) -> u64 {
+        self.inner().used()
+    }
+
+    /// The ledger, as this process sees it.
+    pub fn snapshot(&self) -> MachineSnapshot {
+        snapshot_of(&self.inner().seg)
+    }
+
+    /// Charge `bytes` on the ledger directly (what an allocation under a
+    /// [`ProcessBudget::with_machine`](crate::ProcessBudget::with_machine)
+    /// does): for memory this process governs itself. Give them back with
+    /// [`uncharge`](Self::uncharge).
+    pub fn charge(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
+        self.inner().charge(bytes)
+    }
+
+    /// Give back bytes [`charge`](Self::charge) took.
+    pub fn uncharge(&self, bytes: u64) {
+        self.inner().uncharge(bytes)
+    }
+
+    /// Ask the other processes for room for `bytes`, waiting until
+    /// `deadline` at most; returns the processes that did not answer.
+    pub fn make_room(&self, bytes: u64, deadline: Instant) -> Vec<Holder> {
+        self.inner().make_room(bytes, deadline)
+    }
+
+    /// See [`MachineLedger::observe_device`].
+    pub fn observe_device(&self, info: MemoryInfo) {
+        observe(&self.inner().seg, info);
+    }
+
+    /// Reclaim dead processes' slots (see [`MachineLedger::sweep`]).
+    pub fn sweep(&self) -> Vec<Reclaimed> {
+        ledger::sweep(&self.inner().seg)
+    }
+
+    /// The ledger's limit.
+    pub fn ledger_limit(&self) -> u64 {
+        self.inner().ledger_limit()
+    }
+
+    pub(crate) fn set_host(&self, host: Arc<dyn Host>) {
+        self.inner().set_host(host);
+    }
+}
+
+/// Which limit on the machine refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum RefusedBy {
+    /// The ledger's own limit (less outside bytes and others' floors).
+    Ledger,
+    /// This process's limit on the ledger ([`JoinOptions::limit`]).
+    ProcessLimit,
+}
+
+/// A process on the ledger, as a refusal names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Holder {
+    /// Its name.
+    pub name: String,
+    /// Its pid.
+    pub pid: u32,
+    /// What it holds on the ledger (its idle lease included).
+    pub charged: u64,
+    /// What it holds in block caches.
+    pub cached: u64,
+    /// Its floor.
+    pub floor: u64,
+    /// Its priority.
+    pub priority: u32,
+}
+
+impl From<&ProcessSnapshot> for Holder {
+    fn from(p: &ProcessSnapshot) -> Self {
+        Self {
+            name: p.name.clone(),
+            pid: p.pid,
+            charged: p.charged,
+            cached: p.cached,
+            floor: p.floor,
+            priority: p.priority,
+        }
+    }
+}
+
+/// The numbers behind a refusal by the machine ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct MachineRefusal {
+    /// The ledger's key.
+    pub ledger: String,
+    /// Which limit refused.
+    pub by: RefusedBy,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes charged on the ledger by every process.
+    pub charged: u64,
+    /// The ledger's limit.
+    pub limit: u64,
+    /// Bytes the device uses outside memgov, as last observed.
+    pub outside: u64,
+    /// Bytes kept for other processes' floors they have not used.
+    pub floors_reserved: u64,
+    /// This process's name.
+    pub process: String,
+    /// This process's pid.
+    pub pid: u32,
+    /// What this process holds on the ledger.
+    pub process_charged: u64,
+    /// This process's limit on the ledger.
+    pub process_limit: u64,
+    /// The other processes on the ledger, as they were at the refusal.
+    pub holders: Vec<Holder>,
+    /// The processes asked to trim that did not answer in time.
+    pub unanswered: Vec<Holder>,
+}
+
+impl MachineRefusal {
+    /// Bytes available on the ledger at the refusal.
+    pub fn available(&self) -> u64 {
+        self.limit
+            .saturating_sub(self.charged)
+            .saturating_sub(self.outside)
+            .saturating_sub(self.floors_reserved)
+    }
+}
+
+impl fmt::Display for MachineRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot admit {} on the machine ledger '{}': ",
+            Bytes(self.requested),
+            self.ledger
+        )?;
+        match self.by {
+            RefusedBy::ProcessLimit => write!(
+                f,
+                "'{}' (pid {}) holds {} of its {} limit on the machine",
+                self.process,
+                self.pid,
+                Bytes(self.process_charged),
+                Bytes(self.process_limit)
+            )?,
+            RefusedBy::Ledger => {
+                write!(
+                    f,
+                    "{} charged by every process ('{}' (pid {}) {}",
+                    Bytes(self.charged),
+                    self.process,
+                    self.pid,
+                    Bytes(self.process_charged)
+                )?;
+                let mut by = self.holders.clone();
+                by.sort_by_key(|h| std::cmp::Reverse(h.charged));
+                for h in by.iter().take(4) {
+                    write!(f, ", '{}' (pid {}) {}", h.name, h.pid, Bytes(h.charged))?;
+                }
+                if by.len() > 4 {
+                    write!(f, ", {} more", by.len() - 4)?;
+                }
+                f.write_str(")")?;
+                if self.outside > 0 {
+                    write!(f, " + {} outside memgov", Bytes(self.outside))?;
+                }
+                if self.floors_reserved > 0 {
+                    write!(
+                        f,
+                        " + {} kept for other processes' floors",
+                        Bytes(self.floors_reserved)
+                    )?;
+                }
+                write!(
+                    f,
+                    " of a {} limit leaves {} available",
+                    Bytes(self.limit),
+                    Bytes(self.available())
+                )?;
+            }
+        }
+        if !self.unanswered.is_empty() {
+            f.write_str("; asked to trim and did not answer in time: ")?;
+            for (i, h) in self.unanswered.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "'{}' (pid {}, {})", h.name, h.pid, Bytes(h.charged))?;
+            }
+        }
+        f.write_str("; release memory in these processes, lower their limits (JoinOptions::limit), or raise the ledger's limit (MachineLedger::set_limit); `memgov top` shows who holds what")
+    }
+}
+
+/// One process slot of the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ProcessSnapshot {
+    /// The slot's index.
+    pub slot: usize,
+    /// The process's pid.
+    pub pid: u32,
+    /// Its name.
+    pub name: String,
+    /// Whether the slot is in use by a live process (false: being set up
+    /// or reclaimed).
+    pub live: bool,
+    /// Whether the process is alive now (a dead one is reclaimed by the
+    /// next sweep).
+    pub alive: bool,
+    /// Its lease epoch.
+    pub epoch: u32,
+    /// Bytes it holds on the ledger (its idle lease included).
+    pub charged: u64,
+    /// Bytes charged to its allocations (as last published).
+    pub used: u64,
+    /// Bytes in its block caches.
+    pub cached: u64,
+    /// Its contexts.
+    pub contexts: u64,
+    /// Its limit on the ledger (`u64::MAX`: none).
+    pub limit: u64,
+    /// Its floor.
+    pub floor: u64,
+    /// Its priority.
+    pub priority: u32,
+    /// Bytes it gave back through its doorbell.
+    pub gave_back: u64,
+    /// Trim requests rung and not answered yet.
+    pub unanswered_rings: u32,
+}
+
+/// The ledger and every process on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct MachineSnapshot {
+    /// The device key.
+    pub key: String,
+    /// The segment's file.
+    pub path: String,
+    /// The layout version.
+    pub layout_version: u64,
+    /// The most the ledger promises.
+    pub limit: u64,
+    /// Bytes charged by every process.
+    pub charged: u64,
+    /// Device bytes in use outside memgov, as last observed.
+    pub outside: u64,
+    /// The device's total memory, as last observed (0: never).
+    pub device_total: u64,
+    /// The device's free memory, as last observed.
+    pub device_free: u64,
+    /// When the device was last observed (ms since the Unix epoch, 0:
+    /// never).
+    pub observed_at_ms: u64,
+    /// Dead processes' slots reclaimed so far.
+    pub reclaims: u64,
+    /// The slot count.
+    pub slots: usize,
+    /// The occupied slots.
+    pub processes: Vec<ProcessSnapshot>,
+}
+
+impl MachineSnapshot {
+    /// What the ledger can still promise.
+    pub fn available(&self) -> u64 {
+        self.limit
+            .saturating_sub(self.charged)
+            .saturating_sub(self.outside)
+    }
+}
+
+pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
+    let processes = (0..seg.slots())
+        .filter_map(|i| {
+            let s = seg.slot(i, S_STATE).load(Acquire);
+            let kind = ledger::st_kind(s);
+            let w = seg.slot(i, S_W).load(Acquire);
+            if kind == ledger::Kind::Free && ledger::w_units(w) == 0 {
+                return None;
+            }
+            let pid = ledger::st_pid(s);
+            let ring = seg.slot32(i, S_RING).load(Relaxed);
+            let answered = seg.slot(i, S_ANSWERED).load(Relaxed) as u32;
+            Some(ProcessSnapshot {
+                slot: i,
+                pid,
+                name: seg.slot_name(i),
+                live: kind == ledger::Kind::Live,
+                alive: ledger::alive(pid, seg.slot(i, S_START).load(Relaxed)),
+                epoch: ledger::st_epoch(s),
+                charged: ledger::w_units(w) * UNIT,
+                used: seg.slot(i, S_USED).load(Relaxed),
+                cached: seg.slot(i, S_CACHED).load(Relaxed),
+                contexts: seg.slot(i, S_CONTEXTS).load(Relaxed),
+                limit: seg.slot(i, S_LIMIT).load(Relaxed),
+                floor: seg.slot(i, S_FLOOR).load(Relaxed),
+                priority: seg.slot(i, S_PRIORITY).load(Relaxed) as u32,
+                gave_back: seg.slot(i, S_GAVE).load(Relaxed),
+                unanswered_rings: ring.wrapping_sub(answered),
+            })
+        })
+        .collect();
+    MachineSnapshot {
+        key: seg.key().to_owned(),
+        path: seg.path().display().to_string(),
+        layout_version: LAYOUT_VERSION,
+        limit: ledger::limit(seg),
+        charged: ledger::total_units(seg) * UNIT,
+        outside: ledger::outside_bytes(seg),
+        device_total: seg.word(H_DEV_TOTAL).load(Relaxed),
+        device_free: seg.word(H_DEV_FREE).load(Relaxed),
+        observed_at_ms: seg.word(H_DEV_AT).load(Relaxed),
+        reclaims: seg.word(H_RECLAIMS).load(Relaxed),
+        slots: seg.slots(),
+        processes,
+    }
+}
