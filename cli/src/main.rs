@@ -9,6 +9,8 @@
 
 mod bench;
 mod report;
+#[cfg(target_os = "linux")]
+mod top;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +64,12 @@ enum Command {
     /// Turn a trace (`memgov run --trace FILE`) into one self-contained HTML
     /// page plotting live, pending and cached bytes over time.
     Report(report::ReportArgs),
+    /// The machine ledger a device's processes share: every process, its
+    /// limit, floor, charges and caches, and the bytes in use outside
+    /// memgov, redrawn in place (`--once`: printed once; `--json`: one
+    /// snapshot).
+    #[cfg(target_os = "linux")]
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +83,8 @@ fn main() -> ExitCode {
         Command::Run(args) => workload::run(args),
         Command::Bench(args) => ExitCode::from(bench::main(&args)),
         Command::Report(args) => report::main(&args),
+        #[cfg(target_os = "linux")]
+        Command::Top(args) => top::main(&args),
     }
 }
 

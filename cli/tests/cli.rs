@@ -426,3 +426,50 @@ fn report_refuses_a_file_that_is_not_a_memgov_trace() {
     assert!(out.contains("cannot read the trace"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `memgov top` on a ledger this test joined: the table names the
+/// process, `--json` carries its figures, and a path with no ledger is an
+/// error that creates nothing.
+#[cfg(target_os = "linux")]
+#[test]
+fn top_shows_the_machine_ledger() {
+    use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    let dir = std::env::temp_dir().join(format!("memgov-cli-top-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger");
+    let ledger =
+        MachineLedger::open(&LedgerOptions::new("cli-test", 64 << 20).path(&path)).unwrap();
+    let me = ledger
+        .join(JoinOptions::new("top-test").floor(1 << 20).lease_chunk(0))
+        .unwrap();
+    me.charge(3 << 20).unwrap();
+    let p = path.to_str().unwrap();
+
+    let (code, out) = memgov(&["top", "--path", p, "--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ledger 'cli-test'"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.contains("top-test"))
+        .expect("our row");
+    assert!(row.contains("live") && row.contains("3.0 MiB"), "{row}");
+
+    let (code, out) = memgov(&["top", "--path", p, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["charged"], 3 << 20);
+    assert_eq!(v["consistent"], true);
+    let procs = v["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0]["name"], "top-test");
+    assert_eq!(procs[0]["pid"], std::process::id());
+    assert_eq!(procs[0]["floor"], 1 << 20);
+
+    let missing = dir.join("none");
+    let (code, out) = memgov(&["top", "--path", missing.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("\"error\""), "{out}");
+    assert!(!missing.exists(), "top created a segment");
+    drop(me);
+    let _ = std::fs::remove_dir_all(&dir);
+}

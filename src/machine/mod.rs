@@ -325,6 +325,15 @@ impl MachineLedger {
         Ok(ledger)
     }
 
+    /// Open the ledger at `path` if there is one, whatever its device, and
+    /// create nothing (what `memgov top` does). Checked as
+    /// [`open`](Self::open) checks; sweeps nothing.
+    pub fn open_existing(path: &Path) -> Result<Self, MachineError> {
+        Ok(Self {
+            seg: Arc::new(Segment::attach(path, None)?),
+        })
+    }
+
     /// Remove the segment at `path`: for a corrupt segment, or one of
     /// another layout. Processes still attached keep the old one mapped
     /// (their charges there are lost to the new one): stop them first.

@@ -174,7 +174,9 @@ impl Segment {
                 }
                 created
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::attach(path, key),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Self::attach(path, Some(key))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 Err(Self::permission(path, e))
             }
@@ -224,7 +226,8 @@ impl Segment {
         Ok(seg)
     }
 
-    fn attach(path: &Path, key: &str) -> Result<Self, MachineError> {
+    /// Open an existing segment; `key`, when given, must be its device's.
+    pub(crate) fn attach(path: &Path, key: Option<&str>) -> Result<Self, MachineError> {
         let file = match OpenOptions::new().read(true).write(true).open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -269,7 +272,7 @@ impl Segment {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        let mut seg = Self::map(file, path, key.to_owned(), len, 0)?;
+        let mut seg = Self::map(file, path, key.unwrap_or_default().to_owned(), len, 0)?;
         while seg.word(H_STATE).load(Ordering::Acquire) != READY {
             if Instant::now() >= deadline {
                 return Err(MachineError::NeverReady {
@@ -312,15 +315,18 @@ impl Segment {
                 what: format!("{len} B long for {slots} slots of {SLOT} B"),
             });
         }
-        if kb != key_bytes(key) {
-            let found = String::from_utf8_lossy(&kb)
-                .trim_end_matches('\0')
-                .to_owned();
-            return Err(MachineError::WrongDevice {
-                path: path.to_owned(),
-                found,
-                expected: key.to_owned(),
-            });
+        let found = String::from_utf8_lossy(&kb)
+            .trim_end_matches('\0')
+            .to_owned();
+        match key {
+            Some(key) if kb != key_bytes(key) => {
+                return Err(MachineError::WrongDevice {
+                    path: path.to_owned(),
+                    found,
+                    expected: key.to_owned(),
+                });
+            }
+            _ => seg.key = found,
         }
         seg.slots = slots as usize;
         Ok(seg)

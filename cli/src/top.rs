@@ -1,0 +1,230 @@
+//! `memgov top`: the machine ledger of one device, live. A table of every
+//! process on it (name, pid, slot, priority, floor, limit, charged, used,
+//! cached, contexts, bytes given back through the doorbell, rings not
+//! answered) under the ledger's totals (limit, charged, outside memgov,
+//! available), redrawn in place every interval; `--once` prints it once,
+//! `--json` prints one snapshot as JSON. It opens the segment read-only in
+//! effect: it creates nothing and changes nothing unless `--sweep`,
+//! `--repair` or `--reset` asks it to.
+
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// The device key: the ledger at /dev/shm/memgov-<key> (the key as the
+    /// processes joined it: a CUDA device UUID, a PCI bus id, a name).
+    #[arg(long, default_value = "host:0")]
+    device: String,
+    /// The segment's file, when the processes were given one.
+    #[arg(long)]
+    path: Option<PathBuf>,
+    /// Print one snapshot as JSON and exit.
+    #[arg(long)]
+    json: bool,
+    /// Print the table once and exit.
+    #[arg(long)]
+    once: bool,
+    /// Milliseconds between refreshes.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Reclaim the slots of processes that died before showing the ledger.
+    #[arg(long)]
+    sweep: bool,
+    /// Rebuild the ledger's total from its slots (after a check found them
+    /// apart), then show it.
+    #[arg(long)]
+    repair: bool,
+    /// Remove the segment (corrupt, or of another layout version) and exit.
+    /// Stop the processes using it first: they keep the old one.
+    #[arg(long)]
+    reset: bool,
+}
+
+pub fn main(args: &TopArgs) -> ExitCode {
+    let path = args
+        .path
+        .clone()
+        .unwrap_or_else(|| memgov::machine::default_path(&args.device));
+    if args.reset {
+        return match memgov::machine::MachineLedger::reset(&path) {
+            Ok(()) => {
+                println!("removed {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(args.json, &e.to_string()),
+        };
+    }
+    let ledger = match memgov::machine::MachineLedger::open_existing(&path) {
+        Ok(l) => l,
+        Err(e) => return fail(args.json, &e.to_string()),
+    };
+    if args.sweep {
+        for r in ledger.sweep() {
+            eprintln!(
+                "reclaimed slot {} of '{}' (pid {}, dead): {} back",
+                r.slot,
+                r.name,
+                r.pid,
+                short(r.bytes)
+            );
+        }
+    }
+    if args.repair {
+        let (before, after) = ledger.repair();
+        eprintln!("repaired: total {} -> {}", short(before), short(after));
+    }
+    if args.json {
+        let snap = ledger.snapshot();
+        let mut v = serde_json::to_value(&snap).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("available".into(), snap.available().into());
+            o.insert(
+                "consistent".into(),
+                ledger
+                    .check()
+                    .map_or_else(|e| e.to_string().into(), |()| true.into()),
+            );
+        }
+        println!("{v:#}");
+        return ExitCode::SUCCESS;
+    }
+    if args.once {
+        print!("{}", table(&ledger.snapshot()));
+        return ExitCode::SUCCESS;
+    }
+    loop {
+        // Home, clear to the end: the table redraws in place.
+        print!("\x1b[H\x1b[J{}", table(&ledger.snapshot()));
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(Duration::from_millis(args.interval_ms.max(50)));
+    }
+}
+
+fn fail(json: bool, error: &str) -> ExitCode {
+    if json {
+        crate::print_json_error(error, serde_json::json!({}));
+    }
+    eprintln!("memgov top: {error}");
+    ExitCode::from(1)
+}
+
+/// Bytes in at most 7 characters: `512 B`, `1.5 MiB`, `80.0 GiB`.
+fn short(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    if bytes == u64::MAX {
+        return "-".into();
+    }
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn table(s: &memgov::machine::MachineSnapshot) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "memgov top: ledger '{}' ({}), layout {}, {} of {} slots in use",
+        s.key,
+        s.path,
+        s.layout_version,
+        s.processes.len(),
+        s.slots
+    );
+    let observed = if s.observed_at_ms == 0 {
+        "device never observed".to_owned()
+    } else {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        format!(
+            "device {} total, {} free, observed {:.1} s ago",
+            short(s.device_total),
+            short(s.device_free),
+            now.saturating_sub(s.observed_at_ms) as f64 / 1000.0
+        )
+    };
+    let _ = writeln!(
+        out,
+        "limit {}  charged {}  outside memgov {}  available {}  ({observed}; {} dead processes reclaimed)",
+        short(s.limit),
+        short(s.charged),
+        short(s.outside),
+        short(s.available()),
+        s.reclaims
+    );
+    let _ = writeln!(
+        out,
+        "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+        "SLOT",
+        "PID",
+        "NAME",
+        "STATE",
+        "PRIO",
+        "FLOOR",
+        "LIMIT",
+        "CHARGED",
+        "USED",
+        "CACHED",
+        "CTX",
+        "GAVE",
+        "RINGS"
+    );
+    for p in &s.processes {
+        let state = match (p.live, p.alive) {
+            (true, true) => "live",
+            (_, false) => "dead",
+            (false, true) => "busy",
+        };
+        let mut name = p.name.clone();
+        if name.chars().count() > 20 {
+            name = name.chars().take(19).collect::<String>() + "~";
+        }
+        let _ = writeln!(
+            out,
+            "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+            p.slot,
+            p.pid,
+            name,
+            state,
+            p.priority,
+            short(p.floor),
+            short(p.limit),
+            short(p.charged),
+            short(p.used),
+            short(p.cached),
+            p.contexts,
+            short(p.gave_back),
+            p.unanswered_rings
+        );
+    }
+    if s.processes.is_empty() {
+        out.push_str("(no process on the ledger)\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn bytes_fit_the_columns() {
+        assert_eq!(short(512), "512 B");
+        assert_eq!(short(1536 << 10), "1.5 MiB");
+        assert_eq!(short(80 << 30), "80.0 GiB");
+        assert_eq!(short(u64::MAX), "-");
+    }
+}
