@@ -460,6 +460,8 @@ mod tests {
     }
 
     #[test]
+    // Reads /proc and signals a pid: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
     fn this_process_is_alive_and_its_start_time_is_read() {
         let (state, start) = proc_stat(std::process::id()).unwrap();
         assert!(state == 'R' || state == 'S', "{state}");
