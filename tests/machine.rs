@@ -279,9 +279,10 @@ fn child_hammer(path: &Path) {
                                 .expect("a machine refusal has its figures");
                             assert_eq!(m.requested, bytes);
                             assert!(
-                                m.charged + m.requested > m.limit,
+                                m.requested > m.available() && m.charged + m.requested > m.limit,
                                 "refused though it fitted: {e}"
                             );
+                            assert_eq!(m.outside, 0, "{e}");
                             assert_eq!(m.limit, HAMMER_LIMIT);
                             let text = e.to_string();
                             assert!(text.contains("machine ledger 'test-device'"), "{text}");

@@ -167,8 +167,12 @@ fn admit_refused<C: DeviceContext>(
             if let Some(m) = ctx.charges.machine().filter(|_| !asked_machine || again) {
                 asked_machine = true;
                 release_caches(ctx, &refused, shortfall(ctx, &refused, bytes));
-                if let Some(info) = ctx.enter().and_then(|b| b.memory_info().ok()) {
-                    m.observe_device(info);
+                // Only a physical device's figures are the machine's: an
+                // embedded device or a stand-in driver is this process's own.
+                if ctx.description.execution == crate::Execution::RealHardware {
+                    if let Some(info) = ctx.enter().and_then(|b| b.memory_info().ok()) {
+                        m.observe_device(info);
+                    }
                 }
                 let d = deadline.unwrap_or_else(|| Instant::now() + m.inner().answer_timeout);
                 waited |= deadline.is_some();

@@ -381,9 +381,11 @@ impl MachineLedger {
 
     /// Record what the driver says of the device now (its
     /// `memory_info`): what it uses beyond what memgov processes have
-    /// allocated is *outside*, shown in snapshots and kept from what the
+    /// charged here is *outside*, shown in snapshots and kept from what the
     /// ledger admits. An admission refused on the ledger observes the
-    /// device through its own context first.
+    /// device through its own context first, when that context's backend
+    /// drives real hardware (an embedded device or a stand-in driver is the
+    /// process's own, not the machine's).
     pub fn observe_device(&self, info: MemoryInfo) {
         observe(&self.seg, info);
     }
@@ -508,11 +510,13 @@ impl MachineLedger {
 }
 
 fn observe(seg: &Segment, info: MemoryInfo) {
+    // What memgov processes hold is taken as everything they charged, idle
+    // leases included: a process's published figures lag, and counting
+    // less than it holds would turn its own bytes into outside bytes and
+    // refuse admissions the device has room for. So outside is a lower
+    // bound, short of the truth by the idle leases at most.
     let used_on_device = info.total.saturating_sub(info.free);
-    let ours: u64 = (0..seg.slots())
-        .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) != ledger::Kind::Free)
-        .map(|i| seg.slot(i, S_USED).load(Relaxed))
-        .sum();
+    let ours = ledger::total_units(seg) * UNIT;
     let outside = used_on_device.saturating_sub(ours);
     seg.word(H_DEV_TOTAL).store(info.total, Relaxed);
     seg.word(H_DEV_FREE).store(info.free, Relaxed);
