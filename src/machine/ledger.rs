@@ -459,6 +459,110 @@ mod tests {
         );
     }
 
+    /// A ledger in a temporary file, slot 0 held by a process that has
+    /// exited, slot 1 by this one; `set` writes the words a crash left.
+    fn crashed(name: &str, set: impl FnOnce(&Segment)) -> (Segment, std::path::PathBuf) {
+        let path =
+            std::env::temp_dir().join(format!("memgov-ledger-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let seg = Segment::open_or_create(&path, "unit", 4, 1 << 30, 0o600).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        seg.slot(0, S_STATE)
+            .store(st_pack(Kind::Live, 1, dead), SeqCst);
+        seg.slot(1, S_STATE)
+            .store(st_pack(Kind::Live, 1, std::process::id()), SeqCst);
+        set(&seg);
+        (seg, path)
+    }
+
+    fn after_sweep(seg: &Segment) -> (u64, u64, Kind) {
+        sweep(seg);
+        (
+            total_units(seg),
+            w_units(seg.slot(0, S_W).load(SeqCst)),
+            st_kind(seg.slot(0, S_STATE).load(SeqCst)),
+        )
+    }
+
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_crash_at_each_step_of_an_operation_is_recovered_exactly() {
+        // Died after committing, before applying: helping applies it, the
+        // reclaim returns it.
+        let (seg, p) = crashed("committed", |seg| {
+            seg.slot(0, S_C).store(c_pack(1, 10), SeqCst);
+            seg.word(H_LEDGER).store(G::pack(10, 0, 1), SeqCst);
+        });
+        assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
+        let _ = std::fs::remove_file(p);
+        // Died after writing its claim, before committing: nothing to undo.
+        let (seg, p) = crashed("claimed", |seg| {
+            seg.slot(0, S_C).store(c_pack(1, 10), SeqCst);
+        });
+        assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
+        let _ = std::fs::remove_file(p);
+        // Committed and applied, another slot committed since: its share
+        // alone comes off.
+        let (seg, p) = crashed("applied", |seg| {
+            seg.slot(0, S_C).store(c_pack(1, 10), SeqCst);
+            seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
+            seg.slot(1, S_C).store(c_pack(1, 5), SeqCst);
+            seg.slot(1, S_W).store(w_pack(5, 1), SeqCst);
+            seg.word(H_LEDGER).store(G::pack(15, 1, 1), SeqCst);
+        });
+        assert_eq!(after_sweep(&seg), (5, 0, Kind::Free));
+        assert_eq!(
+            w_units(seg.slot(1, S_W).load(SeqCst)),
+            5,
+            "the live slot is untouched"
+        );
+        let _ = std::fs::remove_file(p);
+        // A reclaimer died after writing the return, before committing it:
+        // the next sweeper takes the slot over and finishes ...
+        let (seg, p) = crashed("reclaimer", |seg| {
+            let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
+            seg.slot(0, S_STATE)
+                .store(st_pack(Kind::Reclaiming, 1, dead), SeqCst);
+            seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
+            seg.slot(0, S_C).store(c_pack(2, -10), SeqCst);
+            seg.word(H_LEDGER).store(G::pack(10, 0, 1), SeqCst);
+        });
+        assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
+        let _ = std::fs::remove_file(p);
+        // ... and after committing it, before applying.
+        let (seg, p) = crashed("reclaimer-committed", |seg| {
+            let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
+            seg.slot(0, S_STATE)
+                .store(st_pack(Kind::Reclaiming, 1, dead), SeqCst);
+            seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
+            seg.slot(0, S_C).store(c_pack(2, -10), SeqCst);
+            seg.word(H_LEDGER).store(G::pack(0, 0, 2), SeqCst);
+        });
+        assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_refused_commit_changes_nothing_and_the_next_reuses_its_sequence() {
+        let (seg, p) = crashed("refused", |_| {});
+        let fits = |after: u64| after <= 8;
+        assert_eq!(operate(&seg, 1, 6, Some(&fits)).unwrap(), 6);
+        assert!(operate(&seg, 1, 3, Some(&fits)).is_err());
+        assert_eq!(
+            (total_units(&seg), w_units(seg.slot(1, S_W).load(SeqCst))),
+            (6, 6)
+        );
+        assert_eq!(operate(&seg, 1, 2, Some(&fits)).unwrap(), 8);
+        assert_eq!(w_applied(seg.slot(1, S_W).load(SeqCst)), 2);
+        assert_eq!(operate(&seg, 1, -8, None).unwrap(), 0);
+        let _ = std::fs::remove_file(p);
+    }
+
     #[test]
     // Reads /proc and signals a pid: outside what Miri's isolation allows.
     #[cfg_attr(miri, ignore)]
