@@ -196,7 +196,7 @@ impl LedgerOptions {
         }
     }
 
-    /// The segment's file (default: [`MachineLedger::default_path`]).
+    /// The segment's file (default: [`default_path`]).
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
         self
