@@ -48,10 +48,10 @@ pub(crate) struct Inner {
     pub(crate) floor: u64,
     pub(crate) priority: u32,
     pub(crate) answer_timeout: Duration,
-    /// Bytes of the slot's share not charged to allocations.
+    /// Bytes of the slot's share not charged to allocations (what is
+    /// charged to allocations is the share less this: no counter of its
+    /// own, so that the hot path is one read-modify-write each way).
     idle: AtomicU64,
-    /// Bytes charged to allocations.
-    used: AtomicU64,
     /// One ledger operation at a time for this slot (process-local: it dies
     /// with the process, and nothing else waits on it).
     op: Mutex<()>,
@@ -85,7 +85,6 @@ impl Inner {
             priority: opts.priority,
             answer_timeout: opts.answer_timeout,
             idle: AtomicU64::new(0),
-            used: AtomicU64::new(0),
             op: Mutex::new(()),
             host: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -103,8 +102,10 @@ impl Inner {
         ledger::w_units(self.seg.slot(self.slot, S_W).load(SeqCst)) * UNIT
     }
 
+    /// Bytes charged to allocations: the share less the idle lease (read
+    /// apart, so off by a refill in progress at most).
     pub(crate) fn used(&self) -> u64 {
-        self.used.load(Relaxed)
+        self.share().saturating_sub(self.idle())
     }
 
     pub(crate) fn idle(&self) -> u64 {
@@ -112,9 +113,7 @@ impl Inner {
     }
 
     fn publish(&self) {
-        self.seg
-            .slot(self.slot, S_USED)
-            .store(self.used.load(Relaxed), Relaxed);
+        self.seg.slot(self.slot, S_USED).store(self.used(), Relaxed);
     }
 
     /// Units the other slots' floors keep from this slot: for each live
@@ -162,10 +161,7 @@ impl Inner {
                 .idle
                 .compare_exchange_weak(idle, idle - bytes, AcqRel, Relaxed)
             {
-                Ok(_) => {
-                    self.used.fetch_add(bytes, Relaxed);
-                    return Ok(());
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => idle = now,
             }
         }
@@ -178,7 +174,6 @@ impl Inner {
         let have = self.idle.swap(0, AcqRel);
         if have >= bytes {
             self.idle.fetch_add(have - bytes, AcqRel);
-            self.used.fetch_add(bytes, Relaxed);
             return Ok(());
         }
         let need = bytes - have;
@@ -191,7 +186,6 @@ impl Inner {
             match self.grow(units) {
                 Ok(()) => {
                     self.idle.fetch_add(units * UNIT - need, AcqRel);
-                    self.used.fetch_add(bytes, Relaxed);
                     self.publish();
                     return Ok(());
                 }
@@ -214,7 +208,6 @@ impl Inner {
             let _ = ledger::operate(&self.seg, self.slot, units as i64, None);
             self.idle.fetch_add(units * UNIT - (bytes - have), AcqRel);
         }
-        self.used.fetch_add(bytes, Relaxed);
         self.publish();
     }
 
@@ -222,7 +215,6 @@ impl Inner {
     /// beyond one chunk back to the ledger.
     #[inline]
     pub(crate) fn uncharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Relaxed);
         let idle = self.idle.fetch_add(bytes, AcqRel) + bytes;
         // Keep up to two chunks idle; beyond that, back to one.
         if idle >= self.chunk.saturating_mul(2).saturating_add(UNIT) {
@@ -372,17 +364,15 @@ impl Inner {
         if ask > gave {
             let host = lock(&self.host).clone();
             if let Some(host) = host {
-                let before = self.used();
-                host.trim(ask - gave);
+                let freed = host.trim(ask - gave);
                 // The trim queued stream-ordered frees: their bytes come
-                // back into the lease as they settle.
+                // back into the lease as they settle. Wait for them (a
+                // bounded while) before answering, so that the requester's
+                // next attempt sees them.
                 let until = Instant::now() + self.answer_timeout.min(Duration::from_millis(200));
                 loop {
                     gave += self.return_idle(0);
-                    if gave >= ask || self.used() >= before && Instant::now() >= until {
-                        break;
-                    }
-                    if Instant::now() >= until {
+                    if gave >= ask.min(freed) || Instant::now() >= until {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(1));
