@@ -1612,13 +1612,17 @@ mod children {
         );
     }
 
-    fn lost_teardown_alone() {
+    /// The governed half of a lost teardown on a healthy device: four
+    /// 64 MiB allocations and a 1 MiB page-locked one live, a release still
+    /// queued, the loss declared (the driver still answers), then retire.
+    /// Checks the report and the backend's books; returns the context for the
+    /// caller's checks of what the stand-in still holds.
+    fn declare_lost_and_retire(label: &str, device: i32) -> memgov::ContextHandle<CudaContext> {
         use memgov::Tier;
-        // memgov holds the only reference to the primary context.
         let gov = Governor::new();
         let backend = factory().expect("context");
         let probe = backend.probe();
-        let ctx = gov.register(backend, ContextConfig::new().label("alone"));
+        let ctx = gov.register(backend, ContextConfig::new().label(label));
         let s = ctx.create_stream("s").expect("stream");
         let weights: Vec<_> = (0..4)
             .map(|_| ctx.allocate(&s, 64 << 20, Role::Weights).expect("allocate"))
@@ -1626,11 +1630,11 @@ mod children {
         let pinned = ctx
             .allocate_in(&s, 1 << 20, Role::Other, Tier::PinnedHost)
             .expect("pinned allocation");
-        weights[3].write(0, b"weights").expect("write");
+        weights[0].write(0, b"weights").expect("write");
         pinned.write(0, b"pinned").expect("write");
         // A release still queued when the loss is declared.
         drop(ctx.allocate(&s, 4096, Role::Activation).expect("allocate"));
-        let before = stand_in_live(0);
+        let before = stand_in_live(device);
         assert!(
             before[0] >= 4 && before[1] >= 4 * (64 << 20) && before[2] == 1,
             "{before:?}"
@@ -1643,6 +1647,15 @@ mod children {
             .expect("retire");
         assert!(report.lost, "{report:?}");
         assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        assert_eq!(probe.live_allocations(), 0);
+        assert_eq!(probe.live_streams(), 0);
+        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
+        ctx
+    }
+
+    fn lost_teardown_alone() {
+        // memgov holds the only reference to the primary context.
+        let ctx = declare_lost_and_retire("alone", 0);
         // memgov's release was the last: the context is gone, and nothing
         // went with it (the stand-in would have aborted on live memory).
         assert_eq!(
@@ -1655,9 +1668,6 @@ mod children {
             Some([0, 0, 0, 0]),
             "memgov's allocations went with the context instead of being freed"
         );
-        assert_eq!(probe.live_allocations(), 0);
-        assert_eq!(probe.live_streams(), 0);
-        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
         let snap = ctx.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
@@ -1718,7 +1728,6 @@ mod children {
     }
 
     fn lost_teardown_shared() {
-        use memgov::Tier;
         // The runtime's reference, taken first and let go last.
         let (mut device, mut runtime) = (0, std::ptr::null_mut());
         // SAFETY: plain driver calls with valid out pointers.
@@ -1730,39 +1739,12 @@ mod children {
                 "retain",
             );
         }
-        let gov = Governor::new();
-        let backend = factory().expect("context");
-        let probe = backend.probe();
-        let ctx = gov.register(backend, ContextConfig::new().label("shared"));
-        let s = ctx.create_stream("s").expect("stream");
-        let weights: Vec<_> = (0..4)
-            .map(|_| ctx.allocate(&s, 64 << 20, Role::Weights).expect("allocate"))
-            .collect();
-        let pinned = ctx
-            .allocate_in(&s, 1 << 20, Role::Other, Tier::PinnedHost)
-            .expect("pinned allocation");
-        weights[0].write(0, b"weights").expect("write");
-        pinned.write(0, b"pinned").expect("write");
-        // A release still queued when the loss is declared.
-        drop(ctx.allocate(&s, 4096, Role::Activation).expect("allocate"));
-        let before = stand_in_live(device);
-        assert!(before[0] >= 4 && before[2] == 1, "{before:?}");
-        assert!(ctx.mark_lost("test: declared lost; the driver still answers"));
-        drop((weights, pinned, s));
-        let report = ctx
-            .retire()
-            .wait_timeout(Duration::from_secs(30))
-            .expect("retire");
-        assert!(report.lost, "{report:?}");
-        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        declare_lost_and_retire("shared", device);
         assert_eq!(
             stand_in_live(device),
             [0, 0, 0, 0],
             "memgov's allocations stayed in the runtime's primary context"
         );
-        assert_eq!(probe.live_allocations(), 0);
-        assert_eq!(probe.live_streams(), 0);
-        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
         // SAFETY: the runtime's own reference, released once.
         ok(
             unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) },
