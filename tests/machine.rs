@@ -224,6 +224,14 @@ fn wait_stopped(pid: u32) {
 }
 
 /// Wait for a state (never decides an outcome): up to 10 s.
+/// Wait (sweeping) until every byte is back on the ledger.
+fn settled_empty(ledger: &MachineLedger) {
+    eventually("every byte back on the ledger", || {
+        ledger.sweep();
+        ledger.snapshot().charged == 0
+    });
+}
+
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
@@ -535,10 +543,7 @@ fn a_holder_trims_for_a_requester() {
     assert!(waited < Duration::from_secs(10), "{waited:?}");
     drop(buf);
     drop((stream, ctx, _gov));
-    eventually("every byte back on the ledger", || {
-        ledger.sweep();
-        ledger.snapshot().charged == 0
-    });
+    settled_empty(&ledger);
 }
 
 #[test]
@@ -586,10 +591,7 @@ fn a_process_that_does_not_answer_is_named() {
     drop((stream, ctx, _gov));
     // The release settles on the host stream's worker; the membership
     // leaves the ledger with the last context.
-    eventually("every byte back on the ledger", || {
-        ledger.sweep();
-        ledger.snapshot().charged == 0
-    });
+    settled_empty(&ledger);
 }
 
 // --- One process, several slots ---

@@ -520,27 +520,25 @@ mod tests {
             "the live slot is untouched"
         );
         let _ = std::fs::remove_file(p);
-        // A reclaimer died after writing the return, before committing it:
-        // the next sweeper takes the slot over and finishes ...
-        let (seg, p) = crashed("reclaimer", |seg| {
-            let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
-            seg.slot(0, S_STATE)
-                .store(st_pack(Kind::Reclaiming, 1, dead), SeqCst);
-            seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
-            seg.slot(0, S_C).store(c_pack(2, -10), SeqCst);
-            seg.word(H_LEDGER).store(G::pack(10, 0, 1), SeqCst);
-        });
+        // A reclaimer died after writing the return of slot 0's 10 units:
+        // the ledger word it left is `total` units tagged with `seq`.
+        let reclaimer_died = |name: &str, total: u64, seq: u16| {
+            crashed(name, |seg| {
+                let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
+                seg.slot(0, S_STATE)
+                    .store(st_pack(Kind::Reclaiming, 1, dead), SeqCst);
+                seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
+                seg.slot(0, S_C).store(c_pack(2, -10), SeqCst);
+                seg.word(H_LEDGER).store(G::pack(total, 0, seq), SeqCst);
+            })
+        };
+        // Before committing it: the next sweeper takes the slot over and
+        // finishes ...
+        let (seg, p) = reclaimer_died("reclaimer", 10, 1);
         assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
         let _ = std::fs::remove_file(p);
         // ... and after committing it, before applying.
-        let (seg, p) = crashed("reclaimer-committed", |seg| {
-            let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
-            seg.slot(0, S_STATE)
-                .store(st_pack(Kind::Reclaiming, 1, dead), SeqCst);
-            seg.slot(0, S_W).store(w_pack(10, 1), SeqCst);
-            seg.slot(0, S_C).store(c_pack(2, -10), SeqCst);
-            seg.word(H_LEDGER).store(G::pack(0, 0, 2), SeqCst);
-        });
+        let (seg, p) = reclaimer_died("reclaimer-committed", 0, 2);
         assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
         let _ = std::fs::remove_file(p);
     }
