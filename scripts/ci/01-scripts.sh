@@ -8,6 +8,9 @@
 #   builds, runs and writes files of its own) run in a copy of this tree with
 #   CARGO_TARGET_DIR set to a directory elsewhere, and pass, and the copy has
 #   no `target/` afterwards: nothing was looked for or written there.
+# * every Cargo.lock in the repository (the workspace's and each example
+#   workspace's) is current, so that the steps that build with `--locked`
+#   do not fail half an hour in on a dependency added to memgov.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 
@@ -26,6 +29,21 @@ if [ -n "$bad" ]; then
     exit 1
 fi
 echo "$(echo "$scripts" | wc -l) scripts checked: none names a target/ path"
+
+echo "--- every Cargo.lock is current"
+for lock in $(git ls-files -- 'Cargo.lock' '*/Cargo.lock'); do
+    manifest="$(dirname "$lock")/Cargo.toml"
+    if ! out=$(cargo tree --locked --quiet --manifest-path "$manifest" 2>&1 >/dev/null); then
+        echo "$out" | tail -5
+        if echo "$out" | grep -q "cannot update the lock file"; then
+            echo "FAILED: $lock is stale; run \`cargo update --workspace --manifest-path $manifest\` and commit it"
+        else
+            echo "FAILED: cargo could not resolve $manifest with its lock file"
+        fi
+        exit 1
+    fi
+    echo "$lock: current"
+done
 
 echo "--- scripts/main.sh and the timeline step in a copy of the tree with CARGO_TARGET_DIR elsewhere"
 work="$(mktemp -d "${TMPDIR:-/tmp}/memgov-scripts.XXXXXX")"
