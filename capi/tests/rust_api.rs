@@ -89,11 +89,9 @@ fn bad_handles_double_releases_and_calls_after_retire() {
 
     // A retiring context refuses new work; existing handles still release.
     let live = alloc(s, 256, null_mut()).unwrap();
-    // SAFETY: a NULL report is allowed.
-    assert_eq!(
-        unsafe { memgov_context_retire(ctx, 0, null_mut()) },
-        MEMGOV_ERR_TIMEOUT
-    );
+    // SAFETY: `ctx` is live and a NULL report is allowed.
+    let retired = unsafe { memgov_context_retire(ctx, 0, null_mut()) };
+    assert_eq!(retired, MEMGOV_ERR_TIMEOUT);
     assert!(message().contains("live buffer"), "{}", message());
     assert_eq!(alloc(s, 256, null_mut()), Err(MEMGOV_ERR_RETIRING));
     ok(memgov_buffer_release(live));
@@ -224,11 +222,10 @@ fn a_removed_callback_still_running_keeps_the_plugin_loaded() {
         size: std::mem::size_of::<memgov_plugin_outstanding>() as u32,
         ..Default::default()
     };
-    // SAFETY: a sized struct with its size set.
-    assert_eq!(
-        unsafe { memgov_plugin_unregister(plugin, &mut o) },
-        MEMGOV_ERR_BUSY
-    );
+    // SAFETY: `plugin` is registered and `o` is a sized struct with its
+    // size set, live for the call.
+    let unregistered = unsafe { memgov_plugin_unregister(plugin, &mut o) };
+    assert_eq!(unregistered, MEMGOV_ERR_BUSY);
     assert_eq!(o.callbacks, 1, "{o:?}");
     assert!(
         message().contains("1 pressure callback(s)"),

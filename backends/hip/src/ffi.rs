@@ -100,28 +100,51 @@ pub type StreamCallback = unsafe extern "C" fn(hipStream_t, HipResult, *mut c_vo
 /// `hipSuccess`.
 pub const SUCCESS: HipResult = hipSuccess;
 
-/// `hipError_t` codes the crate names (the header's values).
+// `hipError_t` codes the crate names (the header's values; their meanings
+// as HIP's documentation gives them).
+/// `hipSuccess`: the call succeeded.
 pub const hipSuccess: HipResult = 0;
+/// `hipErrorInvalidValue`: an argument is out of range.
 pub const hipErrorInvalidValue: HipResult = 1;
+/// `hipErrorOutOfMemory`: the allocation did not fit in device memory.
 pub const hipErrorOutOfMemory: HipResult = 2;
+/// `hipErrorNotInitialized`: the runtime is not initialized.
 pub const hipErrorNotInitialized: HipResult = 3;
+/// `hipErrorDeinitialized`: the runtime is shutting down.
 pub const hipErrorDeinitialized: HipResult = 4;
+/// `hipErrorInvalidDevicePointer`: the pointer is not device memory.
 pub const hipErrorInvalidDevicePointer: HipResult = 17;
+/// `hipErrorInvalidMemcpyDirection`: the copy kind does not match the pointers.
 pub const hipErrorInvalidMemcpyDirection: HipResult = 21;
+/// `hipErrorInsufficientDriver`: the kernel driver is older than the runtime.
 pub const hipErrorInsufficientDriver: HipResult = 35;
+/// `hipErrorPriorLaunchFailure`: an earlier launch failed.
 pub const hipErrorPriorLaunchFailure: HipResult = 53;
+/// `hipErrorNoDevice`: no HIP device is present.
 pub const hipErrorNoDevice: HipResult = 100;
+/// `hipErrorInvalidDevice`: the device ordinal names no device.
 pub const hipErrorInvalidDevice: HipResult = 101;
+/// `hipErrorInvalidContext`: the context is not valid.
 pub const hipErrorInvalidContext: HipResult = 201;
+/// `hipErrorNoBinaryForGpu`: the code object has no binary for this GPU.
 pub const hipErrorNoBinaryForGpu: HipResult = 209;
+/// `hipErrorECCNotCorrectable`: an uncorrectable ECC error occurred.
 pub const hipErrorECCNotCorrectable: HipResult = 214;
+/// `hipErrorInvalidHandle`: the handle (stream, event, pool) is not valid.
 pub const hipErrorInvalidHandle: HipResult = 400;
+/// `hipErrorNotReady`: the work queried has not completed yet (not a failure).
 pub const hipErrorNotReady: HipResult = 600;
+/// `hipErrorIllegalAddress`: a kernel accessed an illegal address (sticky: the device is lost).
 pub const hipErrorIllegalAddress: HipResult = 700;
+/// `hipErrorLaunchTimeOut`: a kernel ran past the watchdog.
 pub const hipErrorLaunchTimeOut: HipResult = 702;
+/// `hipErrorContextIsDestroyed`: the context has been destroyed.
 pub const hipErrorContextIsDestroyed: HipResult = 709;
+/// `hipErrorAssert`: a device-side assertion failed.
 pub const hipErrorAssert: HipResult = 710;
+/// `hipErrorLaunchFailure`: a kernel launch failed.
 pub const hipErrorLaunchFailure: HipResult = 719;
+/// `hipErrorNotSupported`: the operation is not supported on this device or runtime.
 pub const hipErrorNotSupported: HipResult = 801;
 
 /// `hipStreamNonBlocking`.

@@ -1206,10 +1206,13 @@ unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u
 #[ignore = "the child-process entry of the planted-violation and knob tests"]
 fn child_entry() {
     let case = std::env::var(CHILD).expect("run by child() with MEMGOV_HIP_TEST_CHILD set");
-    // SAFETY (every block below): raw HIP calls on handles created right
-    // here; the planted cases break the runtime's contract on purpose, which
-    // the stand-in turns into an abort before anything unsound happens.
+    // The raw HIP calls below are on handles each arm creates; a planted
+    // case breaks the runtime's contract on purpose, which the stand-in
+    // turns into an abort before anything unsound happens. Each unsafe arm
+    // says which call that is.
     match case.as_str() {
+        // SAFETY: handles created in this arm; the free on the destroyed stream is the planted
+        // violation: the stand-in aborts on that violation before anything unsound happens
         "free_after_destroy" => unsafe {
             let s = raw_stream();
             let p = raw_alloc(64, s);
@@ -1217,16 +1220,23 @@ fn child_entry() {
             ok(hip::hipStreamDestroy(s));
             let _ = hip::hipFreeAsync(p, s);
         },
+        // SAFETY: a block allocated in this arm; the second free of it is the planted violation:
+        // the stand-in aborts on that violation before anything unsound happens
         "double_free" => unsafe {
             let s = raw_stream();
             let p = raw_alloc(64, s);
             ok(hip::hipFreeAsync(p, s));
             let _ = hip::hipFreeAsync(p, s);
         },
+        // SAFETY: the freed address is a live local the runtime never allocated, the planted
+        // violation: the stand-in aborts on that violation before anything unsound happens
         "unknown_free" => unsafe {
             let mut x = 0u64;
             let _ = hip::hipFree(&mut x as *mut u64 as *mut c_void);
         },
+        // SAFETY: a 100-byte block allocated here and a 64-byte local source; the copy 50 bytes in
+        // runs past the block, the planted violation: the stand-in aborts on that violation before
+        // anything unsound happens
         "copy_out_of_bounds" => unsafe {
             let s = raw_stream();
             let p = raw_alloc(100, s);
@@ -1238,6 +1248,9 @@ fn child_entry() {
                 s,
             );
         },
+        // SAFETY: handles created in this arm; destroying the stream with its free still queued is
+        // the planted violation: the stand-in aborts on that violation before anything unsound
+        // happens
         "destroy_with_pending_work" => unsafe {
             let s = raw_stream();
             let p = raw_alloc(64, s);
@@ -1254,6 +1267,8 @@ fn child_entry() {
             std::mem::forget(ctx);
             return;
         }
+        // SAFETY: handles created in this arm; the device reset with the block still live is the
+        // planted violation: the stand-in aborts on that violation before anything unsound happens
         "reset_with_live_memory" => unsafe {
             let s = raw_stream();
             let _p = raw_alloc(64, s);
@@ -1261,6 +1276,9 @@ fn child_entry() {
             ok(hip::hipStreamDestroy(s));
             let _ = hip::hipDeviceReset();
         },
+        // SAFETY: a stream created here and a callback that takes a null user pointer; its HIP call
+        // from inside the callback is the planted violation: the stand-in aborts on that violation
+        // before anything unsound happens
         "call_inside_callback" => unsafe {
             let s = raw_stream();
             ok(hip::hipStreamAddCallback(
@@ -1271,8 +1289,14 @@ fn child_entry() {
             ));
             let _ = hip::hipStreamSynchronize(s);
         },
+        // SAFETY: `planted_kind` makes raw calls on handles it creates and plants the violation its
+        // case names: the stand-in aborts on that violation before anything unsound happens
         planted if planted.starts_with("kind:") => unsafe { planted_kind(planted) },
+        // SAFETY: `kind_controls` makes only valid raw calls on handles it creates
         "kind_controls" => unsafe { kind_controls() },
+        // SAFETY: a stream and a mapped host buffer created here, a 4096-byte source that outlives
+        // the synchronize; every call is valid, and freeing the host buffer during the copy is the
+        // case the stand-in checks
         "host_free_synced" | "host_free_during_copy" => unsafe {
             let s = raw_stream();
             let (host, device) = mapped_host(4096);
@@ -1290,6 +1314,8 @@ fn child_entry() {
             ok(hip::hipStreamSynchronize(s));
             ok(hip::hipStreamDestroy(s));
         },
+        // SAFETY: the pointer and stream come from live governed handles (`buf`, `stream`), and
+        // `src` outlives the copy: the retire below waits for it
         "governed_pinned_behind_raw_copy" => unsafe {
             use memgov::Tier;
             let gov = Governor::new();
@@ -1317,6 +1343,8 @@ fn child_entry() {
                 .expect("retire");
             drop(src);
         },
+        // SAFETY: handles created in this arm, each used while live and in order: the control case
+        // plants nothing
         "control" => unsafe {
             let s = raw_stream();
             let p = raw_alloc(100, s);
@@ -1524,6 +1552,8 @@ fn child_entry() {
                 .iter()
                 .all(|c| c.outcome.to_string().starts_with("skipped: no HIP device")));
         }
+        // SAFETY: handles created in this arm; freeing on a stream unordered with the writer is the
+        // planted violation: the stand-in aborts on that violation before anything unsound happens
         "unordered_cross_stream_free" => unsafe {
             let (a, b) = (raw_stream(), raw_stream());
             let p = raw_alloc(64, a);
@@ -1536,6 +1566,8 @@ fn child_entry() {
             raw_write(a, p, &[1; 64]);
             raw_write(b, p, &[2; 64]);
         }
+        // SAFETY: handles created in this arm, each used while live; the event orders the two
+        // streams, so nothing is planted
         "ordered_cross_stream_free" => unsafe {
             let (a, b) = (raw_stream(), raw_stream());
             let p = raw_alloc(64, a);
@@ -1555,6 +1587,8 @@ fn child_entry() {
             ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
             ok(hip::hipMemPoolTrimTo(pool, 0));
         },
+        // SAFETY: an event created and destroyed here; recording it afterwards is the planted
+        // violation: the stand-in aborts on that violation before anything unsound happens
         "event_after_destroy" => unsafe {
             let s = raw_stream();
             let mut e: hip::hipEvent_t = std::ptr::null_mut();
@@ -1562,6 +1596,8 @@ fn child_entry() {
             ok(hip::hipEventDestroy(e));
             let _ = hip::hipEventRecord(e, s);
         },
+        // SAFETY: an event created and destroyed here; waiting on it afterwards is the planted
+        // violation: the stand-in aborts on that violation before anything unsound happens
         "wait_on_destroyed_event" => unsafe {
             let s = raw_stream();
             let mut e: hip::hipEvent_t = std::ptr::null_mut();
@@ -1570,6 +1606,9 @@ fn child_entry() {
             ok(hip::hipEventDestroy(e));
             let _ = hip::hipStreamWaitEvent(s, e, 0);
         },
+        // SAFETY: handles created in this arm on two devices; copying to device 1's memory on
+        // device 0's stream is the planted violation: the stand-in aborts on that violation before
+        // anything unsound happens
         "other_devices_memory" => unsafe {
             ok(hip::hipSetDevice(1));
             let s1 = raw_stream();
@@ -1585,6 +1624,8 @@ fn child_entry() {
             std::mem::forget(ctx);
             return;
         }
+        // SAFETY: the default pool of device 0 and a local threshold that outlives the call;
+        // changing it is the planted violation the exit check aborts on
         "default_pool_threshold_changed" => unsafe {
             let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
             ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
@@ -1597,6 +1638,9 @@ fn child_entry() {
             // The exit check aborts the process after this returns.
             return;
         },
+        // SAFETY: pool properties and handles created here; allocating from the destroyed pool is
+        // the planted violation: the stand-in aborts on that violation before anything unsound
+        // happens
         "pool_after_destroy" => unsafe {
             let props = hip::hipMemPoolProps {
                 allocType: hip::hipMemAllocationTypePinned,
@@ -1833,6 +1877,8 @@ fn child_entry() {
             assert_eq!(probe.live_streams(), 0);
             // The exit check (on) finds no memory, stream or pool left.
         }
+        // SAFETY: handles created in this arm, each used while live; the pool attribute is read
+        // into a local
         "default_pool_untouched" => unsafe {
             // Another user of the device caches 1 MiB in the default pool.
             let s = raw_stream();

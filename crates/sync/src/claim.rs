@@ -32,6 +32,11 @@ pub struct ClaimCounter {
 }
 
 impl ClaimCounter {
+    /// An open counter with no claims that admits at most `max` at once.
+    ///
+    /// # Panics
+    ///
+    /// If `max` is zero or above 2^63 - 1 (the top bit is the closed bit).
     pub fn new(max: u64) -> Self {
         assert!(
             (1..=MAX_CLAIMS).contains(&max),
@@ -180,6 +185,11 @@ pub struct ClaimShards<const N: usize> {
 }
 
 impl<const N: usize> ClaimShards<N> {
+    /// `N` open shards with no claims, each admitting at most `max` at once.
+    ///
+    /// # Panics
+    ///
+    /// As [`ClaimCounter::new`].
     pub fn new(max: u64) -> Self {
         Self {
             shards: std::array::from_fn(|_| PaddedCounter(ClaimCounter::new(max))),

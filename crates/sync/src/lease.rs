@@ -69,6 +69,7 @@ pub struct LeaseSlots<const N: usize> {
 }
 
 impl<const N: usize> LeaseSlots<N> {
+    /// `N` open slots, none holding a lease.
     pub fn new() -> Self {
         Self {
             slots: std::array::from_fn(|_| Slot(AtomicU64::new(0))),
@@ -290,6 +291,8 @@ pub struct Leases<const N: usize> {
 }
 
 impl<const N: usize> Leases<N> {
+    /// Leases of `chunk` units beyond each take that runs short; zero turns
+    /// leasing off (every take goes to the pool).
     pub fn new(chunk: u64) -> Self {
         Self {
             slots: LeaseSlots::new(),

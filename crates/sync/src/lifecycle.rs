@@ -471,11 +471,13 @@ impl<const N: usize> Lifecycle<N> {
 
     // ---- state ----------------------------------------------------------
 
+    /// The phase now.
     #[inline]
     pub fn phase(&self) -> Phase {
         Phase::from_word(self.phase.load(Ordering::Acquire))
     }
 
+    /// Whether the device has been declared lost.
     #[inline]
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)

@@ -24,6 +24,7 @@ pub struct Notifier {
 }
 
 impl Notifier {
+    /// A notifier with no one waiting.
     pub fn new() -> Self {
         Self::default()
     }

@@ -28,6 +28,7 @@ const COUNT_MASK: u64 = COUNT_WAITER - 1;
 pub struct CountWord(AtomicU64);
 
 impl CountWord {
+    /// A count of zero with no waiters.
     #[allow(dead_code)] // the loom model's
     pub fn new() -> Self {
         Self(AtomicU64::new(0))
@@ -39,6 +40,7 @@ impl CountWord {
         self.0.load(Ordering::Acquire) & COUNT_MASK
     }
 
+    /// Count one more.
     #[inline]
     pub fn increment(&self) {
         let prev = self.0.fetch_add(1, Ordering::AcqRel);
@@ -62,6 +64,8 @@ impl CountWord {
         debug_assert!(prev < u64::MAX - COUNT_WAITER, "too many waiters");
     }
 
+    /// Undo a [`register`](Self::register), once the waiter is done
+    /// waiting.
     pub fn unregister(&self) {
         self.0.fetch_sub(COUNT_WAITER, Ordering::AcqRel);
     }
@@ -81,6 +85,7 @@ const EPOCH_WAITERS: u64 = EPOCH_ONE - 1;
 pub struct EpochWord(AtomicU64);
 
 impl EpochWord {
+    /// Epoch zero with no waiters.
     pub fn new() -> Self {
         Self(AtomicU64::new(0))
     }
@@ -114,6 +119,8 @@ impl EpochWord {
         debug_assert!(prev & EPOCH_WAITERS < EPOCH_WAITERS, "too many waiters");
     }
 
+    /// Undo a [`register`](Self::register), once the waiter is done
+    /// waiting.
     pub fn unregister(&self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -162,6 +169,7 @@ pub struct ShardedCount<const N: usize> {
 }
 
 impl<const N: usize> ShardedCount<N> {
+    /// `N` open shards at zero; each open shard holds its unit of the total.
     pub fn new() -> Self {
         Self {
             shards: std::array::from_fn(|_| ShardWord(AtomicU64::new(0))),
@@ -169,6 +177,8 @@ impl<const N: usize> ShardedCount<N> {
         }
     }
 
+    /// Count one more on `shard`; a closed shard at zero takes its unit of
+    /// the total back (see the invariants above for the instant between).
     #[inline]
     pub fn increment(&self, shard: usize) {
         let prev = self.shards[super::slot_index::<N>(shard)]
@@ -226,6 +236,8 @@ impl<const N: usize> ShardedCount<N> {
         self.total.register();
     }
 
+    /// Undo a [`register`](Self::register), once the waiter is done
+    /// waiting.
     pub fn unregister(&self) {
         self.total.unregister();
     }
