@@ -203,6 +203,12 @@ macro_rules! any_backends {
                 }
             }
 
+            fn identity(&self) -> memgov_backend::DeviceIdentity {
+                match self {
+                    $( #[cfg($($cfg)*)] Self::$variant(c) => c.identity(), )*
+                }
+            }
+
             fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
                 match self {
                     $( #[cfg($($cfg)*)] Self::$variant(c) => c.memory_info(), )*

@@ -90,6 +90,6 @@ pub use memgov_api::{
     ProviderContextIdentity, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
 };
 pub use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireOutcome, RetireSignal, Tier,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
+    Execution, MemoryInfo, RetireOutcome, RetireSignal, Tier,
 };

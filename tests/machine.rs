@@ -20,20 +20,28 @@
 //! * bad input: another layout version, a corrupt header, another device's
 //!   segment, another user's segment, a process asking more than the
 //!   device: each a clear error, the segment unchanged, and recoverable.
+//! * `outside_processes_from_the_management_library`: what NVML says
+//!   processes without a slot use is kept from admission (on NVML's
+//!   stand-in where the real library is absent).
+//!
+//! The processes govern a host context, or, with
+//! `MEMGOV_MACHINE_BACKEND=cuda` (and the `cuda` feature), a CUDA context:
+//! on the CUDA stand-in in CI, where the ledger's key is the device's UUID
+//! as the driver reports it, the same in every process.
 
 #![cfg(target_os = "linux")]
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::machine::{JoinOptions, LedgerOptions, MachineError, MachineLedger, MachineMember};
 use memgov::{
-    Admission, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, ProcessBudget,
-    Role, SharedBudget,
+    any::AnyContext, Admission, BudgetScope, ContextConfig, ContextHandle, DeviceContext, Governor,
+    GovernorError, ProcessBudget, Role, SharedBudget,
 };
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 const KIB: u64 = 1 << 10;
@@ -43,7 +51,40 @@ const PATH: &str = "MEMGOV_MACHINE_PATH";
 const WITNESS: &str = "MEMGOV_MACHINE_WITNESS";
 const SEED: &str = "MEMGOV_MACHINE_SEED";
 const READY: &str = "MEMGOV-READY";
-const KEY: &str = "test-device";
+const BACKEND: &str = "MEMGOV_MACHINE_BACKEND";
+
+/// The device context each process governs: the host's, or the CUDA
+/// driver's with `MEMGOV_MACHINE_BACKEND=cuda`.
+fn device_context() -> AnyContext {
+    match std::env::var(BACKEND).as_deref() {
+        Err(_) | Ok("") | Ok("host") => HostContext::new(HostConfig {
+            capacity: 1 << 40,
+            ..HostConfig::default()
+        })
+        .unwrap()
+        .into(),
+        #[cfg(feature = "cuda")]
+        Ok("cuda") => memgov::cuda::CudaContext::new(memgov::cuda::CudaConfig::default())
+            .unwrap_or_else(|e| panic!("{BACKEND}=cuda: no CUDA context: {e}"))
+            .into(),
+        Ok(other) => panic!("{BACKEND}={other}: not a backend this test binary has (host, or cuda with --features cuda)"),
+    }
+}
+
+/// The ledger's key: the device's identity, as every process derives it
+/// from its own context (for the host backend, a fixed name).
+fn key() -> &'static str {
+    static KEY: OnceLock<String> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let ctx = device_context();
+        let key = match ctx {
+            AnyContext::Host(_) => "test-device".to_owned(),
+            _ => ctx.identity().key(),
+        };
+        ctx.teardown(false).unwrap();
+        key
+    })
+}
 
 /// A temporary directory for one test's segments, removed when dropped.
 struct TempDir(PathBuf);
@@ -136,24 +177,21 @@ impl SharedWord {
 }
 
 fn ledger(path: &Path, limit: u64) -> MachineLedger {
-    MachineLedger::open(&LedgerOptions::new(KEY, limit).path(path)).unwrap()
+    MachineLedger::open(&LedgerOptions::new(key(), limit).path(path)).unwrap()
 }
 
-/// A governor and one host context under a process budget on the ledger.
+/// A governor and one context (`device_context`) under a process budget
+/// on the ledger.
 fn governed(
     member: MachineMember,
     name: &str,
     admission: Admission,
-) -> (Governor<HostContext>, ContextHandle<HostContext>) {
+) -> (Governor<AnyContext>, ContextHandle<AnyContext>) {
     let process = ProcessBudget::with_machine(name, u64::MAX, member);
     let device = SharedBudget::with_parent("gpu", u64::MAX, &process);
     let gov = Governor::new();
     let ctx = gov.register(
-        HostContext::new(HostConfig {
-            capacity: 1 << 40,
-            ..HostConfig::default()
-        })
-        .unwrap(),
+        device_context(),
         ContextConfig::new()
             .label(name)
             .shared_budget(device)
@@ -256,6 +294,7 @@ fn child_process_entry() {
         "hammer" => child_hammer(&path),
         "churn" => child_churn(&path),
         "holder" => child_holder(&path),
+        "nvml" => child_nvml(&path),
         other => panic!("unknown child scenario {other}"),
     }
 }
@@ -307,7 +346,7 @@ fn child_hammer(path: &Path) {
                             live.push((buf, bytes));
                         }
                         Err(GovernorError::BudgetExceeded(e)) => {
-                            assert_eq!(e.scope, BudgetScope::Machine(KEY.into()), "{e}");
+                            assert_eq!(e.scope, BudgetScope::Machine(key().into()), "{e}");
                             let m = e
                                 .machine
                                 .as_ref()
@@ -320,7 +359,7 @@ fn child_hammer(path: &Path) {
                             assert_eq!(m.outside, 0, "{e}");
                             assert_eq!(m.limit, HAMMER_LIMIT);
                             let text = e.to_string();
-                            assert!(text.contains("machine ledger 'test-device'"), "{text}");
+                            assert!(text.contains(&format!("machine ledger '{}'", key())), "{text}");
                             refusals.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(other) => panic!("unexpected error: {other}"),
@@ -333,6 +372,11 @@ fn child_hammer(path: &Path) {
             });
         }
     });
+    // Leave as a well-behaved process does: retire the context (its frees
+    // settle, its charges come back) before the process ends.
+    ctx.retire()
+        .wait_timeout(Duration::from_secs(10))
+        .expect("the context retired");
     println!(
         "COUNTS {} {}",
         admitted.load(Ordering::Relaxed),
@@ -342,6 +386,14 @@ fn child_hammer(path: &Path) {
 
 #[test]
 fn eight_processes_never_over_admit() {
+    let ctx = device_context();
+    println!(
+        "the processes govern {} ({}), on ledger '{}'",
+        ctx.describe().backend,
+        ctx.describe().execution,
+        key()
+    );
+    ctx.teardown(false).unwrap();
     let dir = TempDir::new("hammer");
     let path = dir.file("ledger");
     let witness = dir.file("witness");
@@ -377,6 +429,10 @@ fn eight_processes_never_over_admit() {
         refused > 0,
         "the ledger never refused: the test proved nothing"
     );
+    // A process that ended before its membership was dropped (its last
+    // reference can be on a thread the exit cut short) is dead: a sweep
+    // reclaims it, exactly.
+    settled_empty(&ledger);
     let snap = ledger.snapshot();
     assert_eq!(snap.charged, 0, "{snap:?}");
     assert!(snap.processes.is_empty(), "{snap:?}");
@@ -518,7 +574,7 @@ fn child_holder(path: &Path) {
 fn requester(
     path: &Path,
     timeout: Duration,
-) -> (Governor<HostContext>, ContextHandle<HostContext>) {
+) -> (Governor<AnyContext>, ContextHandle<AnyContext>) {
     let member = ledger(path, TRIM_LIMIT)
         .join(JoinOptions::new("requester").priority(200))
         .unwrap();
@@ -566,7 +622,7 @@ fn a_process_that_does_not_answer_is_named() {
         holder.kill().unwrap();
         panic!("a stopped holder made room: {got:?}");
     };
-    assert_eq!(e.scope, BudgetScope::Machine(KEY.into()));
+    assert_eq!(e.scope, BudgetScope::Machine(key().into()));
     let m = e.machine.as_ref().unwrap();
     assert_eq!(m.unanswered.len(), 1, "{e}");
     assert_eq!(
@@ -682,12 +738,12 @@ fn bad_segments_are_refused_unchanged_and_recoverable() {
         |path: &Path, key: &str| MachineLedger::open(&LedgerOptions::new(key, 16 * MIB).path(path));
     type Check = fn(&MachineError) -> bool;
     let cases: [(&str, u64, u64, Check); 4] = [
-        ("another layout version", 8, 2, |e| {
+        ("another layout version", 8, 7, |e| {
             matches!(
                 e,
                 MachineError::LayoutVersion {
-                    found: 2,
-                    expected: 1,
+                    found: 7,
+                    expected: memgov::machine::LAYOUT_VERSION,
                     ..
                 }
             )
@@ -704,12 +760,12 @@ fn bad_segments_are_refused_unchanged_and_recoverable() {
     ];
     for (i, (what, offset, value, is)) in cases.into_iter().enumerate() {
         let path = dir.file(&format!("bad-{i}"));
-        let l = open(&path, KEY).unwrap();
+        let l = open(&path, key()).unwrap();
         let m = l.join(JoinOptions::new("keeper").lease_chunk(0)).unwrap();
         m.charge(MIB).unwrap();
         write_word(&path, offset, value);
         let before = std::fs::read(&path).unwrap();
-        let e = open(&path, KEY).unwrap_err();
+        let e = open(&path, key()).unwrap_err();
         assert!(is(&e), "{what}: {e}");
         let text = e.to_string();
         assert!(text.contains(&path.display().to_string()), "{text}");
@@ -724,7 +780,7 @@ fn bad_segments_are_refused_unchanged_and_recoverable() {
         );
         // Recoverable: reset, and a new ledger at the same path.
         MachineLedger::reset(&path).unwrap();
-        let fresh = open(&path, KEY).unwrap();
+        let fresh = open(&path, key()).unwrap();
         fresh
             .join(JoinOptions::new("new"))
             .unwrap()
@@ -742,19 +798,19 @@ fn bad_segments_are_refused_unchanged_and_recoverable() {
     );
     // A truncated segment.
     let path = dir.file("truncated");
-    drop(open(&path, KEY).unwrap());
+    drop(open(&path, key()).unwrap());
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .unwrap()
         .set_len(600)
         .unwrap();
-    let e = open(&path, KEY).unwrap_err();
+    let e = open(&path, key()).unwrap_err();
     assert!(matches!(e, MachineError::Corrupt { .. }), "{e}");
     // A free slot holding bytes (a neighbour writing into the table): the
     // check says so, the repair rebuilds the total, and the ledger works.
     let path = dir.file("hostile");
-    let l = open(&path, KEY).unwrap();
+    let l = open(&path, key()).unwrap();
     write_word(&path, 512 + 5 * 256 + 16, 1 << 20);
     let e = l.check().unwrap_err();
     assert!(matches!(e, MachineError::Inconsistent { .. }), "{e}");
@@ -781,7 +837,7 @@ fn another_users_segment_is_refused() {
         let c = std::ffi::CString::new(path.display().to_string()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::chown(c.as_ptr(), 4242, 4242) }, 0);
-        let e = MachineLedger::open(&LedgerOptions::new(KEY, 16 * MIB).path(&path)).unwrap_err();
+        let e = MachineLedger::open(&LedgerOptions::new(key(), 16 * MIB).path(&path)).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -796,11 +852,125 @@ fn another_users_segment_is_refused() {
         e
     } else {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).unwrap();
-        let e = MachineLedger::open(&LedgerOptions::new(KEY, 16 * MIB).path(&path)).unwrap_err();
+        let e = MachineLedger::open(&LedgerOptions::new(key(), 16 * MIB).path(&path)).unwrap_err();
         assert!(matches!(e, MachineError::Permission { .. }), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         e
     };
     assert!(e.to_string().contains("LedgerOptions::path"), "{e}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+// --- Outside processes, from the management library ---
+
+/// The NVML stand-in's device 0 (the CUDA stand-in's device 0: the same
+/// UUID and PCI address).
+fn stand_in_device() -> memgov::DeviceIdentity {
+    memgov::DeviceIdentity::named("cuda", "stand-in").with_uuid(*b"memgov-standin\0\0")
+}
+
+const NVML_FILE: &str = "MEMGOV_STANDIN_NVML_PROCESSES";
+
+fn child_nvml(path: &Path) {
+    use memgov::machine::{device_processes, DeviceProcess, ManagementError};
+    let file = PathBuf::from(env(NVML_FILE));
+    let id = stand_in_device();
+    let me = std::process::id();
+    std::fs::write(
+        &file,
+        format!(
+            "0 {me} 104857600\n0 4000001 209715200\n0 4000002 -\n0 4000003 52428800 graphics\n\
+             0 4000001 1048576 graphics\n1 4000009 999999999\n"
+        ),
+    )
+    .unwrap();
+    let found = match device_processes(&id) {
+        Ok(f) => f,
+        Err(e @ ManagementError::Unavailable { .. }) => {
+            println!("{e}");
+            return;
+        }
+        Err(ManagementError::Call { code: 6, .. }) => {
+            println!("skipped: libnvidia-ml.so.1 here is not the stand-in (it does not know the stand-in's device)");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let p = |pid, bytes| DeviceProcess { pid, bytes };
+    assert_eq!(found.library, "nvml");
+    assert_eq!(
+        found.processes,
+        vec![
+            p(me, Some(100 * MIB)),
+            p(4000001, Some(200 * MIB)),
+            p(4000002, None),
+            p(4000003, Some(50 * MIB)),
+        ],
+        "compute and graphics lists merged per pid, the larger figure kept, device 1 left out"
+    );
+    // By PCI address, the same device.
+    let by_pci = memgov::DeviceIdentity::named("hip", "x").with_pci_bus_id("0000:10:00.0");
+    assert_eq!(device_processes(&by_pci).unwrap().processes, found.processes);
+    // A device NVML does not know: its error, named.
+    let unknown = memgov::DeviceIdentity::named("cuda", "x").with_uuid([7; 16]);
+    match device_processes(&unknown) {
+        Err(ManagementError::Call { code: 6, function, message, .. }) => {
+            assert_eq!(function, "nvmlDeviceGetHandleByUUID");
+            assert_eq!(message, "Not Found");
+        }
+        other => panic!("an unknown device gave {other:?}"),
+    }
+
+    let ledger = ledger(path, 1 << 30);
+    let member = ledger.join(JoinOptions::new("watcher").lease_chunk(0)).unwrap();
+    // This process has a slot: only the other three are outside.
+    let outside = ledger.observe_processes(&found);
+    assert_eq!(outside.iter().map(|p| p.pid).collect::<Vec<_>>(), [4000001, 4000002, 4000003]);
+    let snap = ledger.snapshot();
+    assert_eq!(snap.outside_processes, 250 * MIB);
+    assert_eq!(snap.outside, 250 * MIB, "the driver was never observed: NVML's figure counts");
+    let e = member.charge(800 * MIB).unwrap_err();
+    assert_eq!(e.outside, 250 * MIB, "{e}");
+    member.charge(700 * MIB).unwrap();
+    member.uncharge(700 * MIB);
+
+    // More processes than the first query has room for: asked again.
+    let many: String = (0..40).map(|i| format!("0 {} 1048576\n", 5000000 + i)).collect();
+    std::fs::write(&file, many).unwrap();
+    let found = device_processes(&id).unwrap();
+    assert_eq!(found.processes.len(), 40);
+    ledger.observe_processes(&found);
+    assert_eq!(ledger.snapshot().outside_processes, 40 * MIB);
+
+    // A member that watches the device observes it from its doorbell thread.
+    std::fs::write(&file, "0 4000100 314572800\n").unwrap();
+    let watcher = ledger
+        .join(JoinOptions::new("watching").watch_device(id.clone()))
+        .unwrap();
+    eventually("the doorbell thread observed NVML", || {
+        ledger.snapshot().outside_processes == 300 * MIB
+    });
+    drop((watcher, member));
+    println!("nvml: 3 of 4 processes outside the ledger, 250 MiB kept from admission; 40 processes read in two queries; a watching member observed 300 MiB");
+}
+
+#[test]
+fn outside_processes_from_the_management_library() {
+    let dir = TempDir::new("nvml");
+    let path = dir.file("ledger");
+    if std::env::var(BACKEND).as_deref() == Ok("cuda") {
+        // The CUDA stand-in's device is the NVML stand-in's device 0.
+        let from_key = memgov::DeviceIdentity::from_key(key()).unwrap();
+        assert_eq!(from_key.uuid(), stand_in_device().uuid(), "{}", key());
+    }
+    let mut child = spawn("nvml", &path, &[(NVML_FILE, dir.file("processes").display().to_string())]);
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let status = child.wait().unwrap();
+    print!("{out}");
+    assert!(status.success(), "the nvml child failed: {out}");
+    assert!(
+        out.contains("nvml: 3 of 4 processes") || out.contains("skipped: "),
+        "the child neither passed nor said why it skipped: {out}"
+    );
 }

@@ -6,7 +6,8 @@
 #   export LD_LIBRARY_PATH="$(backends/stand-ins/build.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 #
 # Each stand-in's sources sit beside the backend it stands in for, in
-# backends/<name>/stand-in/: its C sources and a `build.conf` (sourced with
+# backends/<name>/stand-in/ (another library of the same vendor in
+# backends/<backend>/stand-in-<name>/): its C sources and a `build.conf` (sourced with
 # $dir set to that directory) that sets SONAME (the file name the loader
 # looks for, e.g. libcuda.so.1) and optionally LINKS (extra names symlinked
 # to it) and EXTRA_FLAGS (extra compiler and linker flags). Every stand-in is
@@ -26,18 +27,30 @@ out="${MEMGOV_STANDIN_DIR:-$(cargo_target_dir)/stand-ins}"
 cc="${CC:-cc}"
 cflags="${CFLAGS:--O2 -g}"
 
+# A backend's own driver stands in backends/<name>/stand-in/; another
+# library of the same vendor beside it, in backends/<backend>/stand-in-<name>/
+# (NVML: backends/cuda/stand-in-nvml/, named `nvml`).
+name_of() {
+    local base
+    base="$(basename "$1")"
+    if [ "$base" = stand-in ]; then basename "$(dirname "$1")"; else echo "${base#stand-in-}"; fi
+}
+known=""
+for dir in "$root"/backends/*/stand-in/ "$root"/backends/*/stand-in-*/; do
+    [ -f "$dir/build.conf" ] && known="$known $(name_of "${dir%/}")"
+done
 for name in "$@"; do
-    if [ ! -f "$root/backends/$name/stand-in/build.conf" ]; then
-        echo "build.sh: no stand-in named $name (no backends/$name/stand-in/build.conf)" >&2
+    if [[ " $known " != *" $name "* ]]; then
+        echo "build.sh: no stand-in named $name (stand-ins:$known)" >&2
         exit 1
     fi
 done
 
 mkdir -p "$out"
-for dir in "$root"/backends/*/stand-in/; do
+for dir in "$root"/backends/*/stand-in/ "$root"/backends/*/stand-in-*/; do
     dir="${dir%/}"
-    name="$(basename "$(dirname "$dir")")"
     [ -f "$dir/build.conf" ] || continue
+    name="$(name_of "$dir")"
     if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then
         continue
     fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The machine ledger shared by processes (docs/sharing-a-gpu.md), beyond the
 # plain `cargo test` run of tests/machine.rs: the multi-process tests in
-# release under three seeds (each run: 8 processes x 8 threads, 1,000
+# release under three seeds, on the host backend and on the CUDA stand-in (each run: 8 processes x 8 threads, 1,000
 # SIGKILLs at points drawn from the seed, a trim across processes and a
 # stopped process named at its deadline; ~10 s a run on 2 cores) and the
 # bench's ratio in smoke mode. Each test uses a temporary directory of its
@@ -14,8 +14,23 @@ log="$target/machine.log"
 for seed in 1 2 3; do
     MEMGOV_MACHINE_SEED=$seed cargo test --locked --release -p memgov --test machine -- --nocapture 2>&1 | tee -a "$log"
 done
-# Every seed ran the kill test to its end with the ledger exact.
+# The same processes governing CUDA contexts on the CUDA stand-in, the
+# ledger keyed by the device's UUID as the driver reports it, and NVML's
+# stand-in reporting the device's processes.
+standins="$(backends/stand-ins/build.sh cuda nvml)"
+for seed in 1 2 3; do
+    MEMGOV_MACHINE_SEED=$seed MEMGOV_MACHINE_BACKEND=cuda \
+        LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        cargo test --locked --release -p memgov --features cuda --test machine -- --nocapture 2>&1 | tee -a "$log"
+done
+# Every seed ran the kill test to its end with the ledger exact, on both.
 n=$(grep -c "1000 kills in .* ledger exact after each" "$log" || true)
-[ "$n" -eq 3 ] || { echo "FAILED: $n of 3 kill runs reported an exact ledger"; exit 1; }
+[ "$n" -eq 6 ] || { echo "FAILED: $n of 6 kill runs reported an exact ledger"; exit 1; }
+n=$(grep -c "the processes govern cuda (stand-in), on ledger 'gpu-6d656d67-6f76-2d73-7461-6e64696e0000'" "$log" || true)
+[ "$n" -eq 3 ] || { echo "FAILED: $n of 3 CUDA runs governed the stand-in's device under its UUID"; exit 1; }
+n=$(grep -c "nvml: 3 of 4 processes outside the ledger" "$log" || true)
+[ "$n" -eq 3 ] || { echo "FAILED: NVML's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
+grep -q "skipped: no libnvidia-ml.so.1" "$log" ||
+    { echo "FAILED: without NVML the host runs did not say they skipped it"; exit 1; }
 cargo bench --locked -p memgov --bench machine -- --test 2>&1 | tee -a "$log"
 grep -q "machine ledger: .* ratio" "$log" || { echo "FAILED: the bench printed no ratio"; exit 1; }

@@ -138,6 +138,9 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
     fn describe(&self) -> DeviceDescription {
         self.inner.describe()
     }
+    fn identity(&self) -> crate::DeviceIdentity {
+        self.inner.identity()
+    }
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
         self.log.call();
         self.inner.memory_info()

@@ -46,7 +46,8 @@
 //! loads.
 
 use super::segment::{
-    Segment, H_LEDGER, H_LIMIT, H_OUTSIDE, H_RECLAIMS, S_ANSWERED, S_ASK, S_C, S_CACHED,
+    futex_wake, Segment, H_LEDGER, H_LIMIT, H_NEWS, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS,
+    H_WAITERS, S_ANSWERED, S_ASK, S_C, S_CACHED,
     S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED, S_W, UNIT,
 };
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
@@ -242,7 +243,23 @@ pub(crate) fn operate(
         }
     };
     apply(seg, i, q, delta);
+    if delta < 0 {
+        announce(seg);
+    }
     Ok(after)
+}
+
+/// Tell the processes waiting for room that some may have appeared: bump
+/// the news word and wake its waiters, when there are any (the count is
+/// read after the change is published, and a waiter counts itself before
+/// it looks: one of the two sees the other).
+pub(crate) fn announce(seg: &Segment) {
+    std::sync::atomic::fence(SeqCst);
+    if seg.word32(H_WAITERS).load(SeqCst) > 0 {
+        let news = seg.word32(H_NEWS);
+        news.fetch_add(1, SeqCst);
+        futex_wake(news);
+    }
 }
 
 /// The total charged on the ledger, in units.
@@ -341,6 +358,7 @@ pub(crate) fn reclaim(
     if dead {
         seg.word(H_RECLAIMS).fetch_add(1, Relaxed);
     }
+    announce(seg);
     Some(Reclaimed {
         slot: i,
         pid,
@@ -393,9 +411,18 @@ pub(crate) fn claim_slot(seg: &Segment, pid: u32, start: u64) -> Option<(usize, 
     None
 }
 
-/// Bytes the device uses that no slot charged, as last observed.
+/// Units the device uses that no slot charged, as last observed: the
+/// larger of the driver's view (used less charged) and the management
+/// library's (what it attributes to processes without a slot).
+pub(crate) fn outside_units(seg: &Segment) -> u64 {
+    seg.word(H_OUTSIDE)
+        .load(Relaxed)
+        .max(seg.word(H_OUTSIDE_PROCS).load(Relaxed))
+}
+
+/// [`outside_units`] in bytes.
 pub(crate) fn outside_bytes(seg: &Segment) -> u64 {
-    seg.word(H_OUTSIDE).load(Relaxed) * UNIT
+    outside_units(seg) * UNIT
 }
 
 /// The ledger's limit in bytes.
@@ -457,6 +484,36 @@ mod tests {
             (st_kind(s), st_epoch(s), st_pid(s)),
             (Kind::Reclaiming, 0x3fff_ffff, u32::MAX)
         );
+    }
+
+    /// Room coming back is announced on the news word to waiters, and
+    /// only when someone waits (the hot path pays one load otherwise); a
+    /// charge announces nothing.
+    #[test]
+    // Maps a file: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn returns_and_reclaims_announce_to_waiters() {
+        let path =
+            std::env::temp_dir().join(format!("memgov-ledger-unit-news-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let seg = Segment::open_or_create(&path, "unit", 4, 1 << 30, 0o600).unwrap();
+        let news = || seg.word32(H_NEWS).load(SeqCst);
+        operate(&seg, 0, 4, None).unwrap();
+        operate(&seg, 0, -1, None).unwrap();
+        assert_eq!(news(), 0, "nobody waits: no announcement");
+        seg.word32(H_WAITERS).fetch_add(1, SeqCst);
+        operate(&seg, 0, 2, None).unwrap();
+        assert_eq!(news(), 0, "a charge makes no room");
+        operate(&seg, 0, -2, None).unwrap();
+        assert_eq!(news(), 1, "a return is announced");
+        seg.slot(0, S_STATE)
+            .store(st_pack(Kind::Live, 1, std::process::id()), SeqCst);
+        let live = seg.slot(0, S_STATE).load(SeqCst);
+        let r = reclaim(&seg, 0, live, std::process::id(), false).unwrap();
+        assert_eq!(r.bytes, 3 * UNIT);
+        assert!(news() >= 2, "a reclaim is announced");
+        drop(seg);
+        let _ = std::fs::remove_file(&path);
     }
 
     /// A ledger in a temporary file, slot 0 held by a process that has

@@ -16,7 +16,7 @@
 
 use super::ledger::{self, Seen};
 use super::segment::{
-    futex_wait, futex_wake, Segment, H_LIMIT, H_OUTSIDE, S_ANSWERED, S_ASK, S_CACHED, S_CONTEXTS,
+    futex_wait, futex_wake, Segment, H_LIMIT, H_NEWS, H_WAITERS, S_ANSWERED, S_ASK, S_CACHED, S_CONTEXTS,
     S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
 };
 use super::{Holder, MachineRefusal, RefusedBy};
@@ -48,6 +48,9 @@ pub(crate) struct Inner {
     pub(crate) floor: u64,
     pub(crate) priority: u32,
     pub(crate) answer_timeout: Duration,
+    /// The device whose processes the doorbell thread asks the management
+    /// library about (`JoinOptions::watch_device`).
+    watch: Option<crate::DeviceIdentity>,
     /// Bytes of the slot's share not charged to allocations (what is
     /// charged to allocations is the share less this: no counter of its
     /// own, so that the hot path is one read-modify-write each way).
@@ -59,6 +62,23 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     left: AtomicBool,
+}
+
+/// This process counted among the ledger's waiters (`H_WAITERS`) while it
+/// lives.
+struct Waiting<'a>(&'a Segment);
+
+impl<'a> Waiting<'a> {
+    fn new(seg: &'a Segment) -> Self {
+        seg.word32(H_WAITERS).fetch_add(1, SeqCst);
+        Self(seg)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.word32(H_WAITERS).fetch_sub(1, SeqCst);
+    }
 }
 
 fn units_for(bytes: u64) -> u64 {
@@ -84,6 +104,7 @@ impl Inner {
             floor: opts.floor,
             priority: opts.priority,
             answer_timeout: opts.answer_timeout,
+            watch: opts.watch.clone(),
             idle: AtomicU64::new(0),
             op: Mutex::new(()),
             host: Mutex::new(None),
@@ -139,7 +160,7 @@ impl Inner {
             return Err((RefusedBy::ProcessLimit, None));
         }
         let limit_units = ledger::limit(&self.seg) / UNIT;
-        let outside = self.seg.word(H_OUTSIDE).load(Relaxed);
+        let outside = ledger::outside_units(&self.seg);
         // Floors are read once per refill, not per commit attempt: a floor
         // is kept against refills that read the table after its holder
         // joined.
@@ -334,18 +355,27 @@ impl Inner {
             (a.wrapping_sub(r) as i32) >= 0
                 || self.seg.slot(p.slot, S_STATE).load(Acquire) >> 62 != 2
         };
+        // Sleep on the news word between looks: a holder bumps it when it
+        // answers and whenever a share is given back (`ledger::announce`).
+        // The wait is capped, so a change nobody announces (another
+        // process's outside memory going away, a holder of an older build)
+        // is still seen within 50 ms.
+        let _waiting = Waiting::new(&self.seg);
+        let news = self.seg.word32(H_NEWS);
         loop {
+            let seen = news.load(SeqCst);
             if self.room_for(bytes) || asked.iter().all(|(p, r)| answered(p, *r)) {
                 return Vec::new();
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return asked
                     .iter()
                     .filter(|(p, r)| !answered(p, *r))
                     .map(|(p, _)| Holder::from(*p))
                     .collect();
             }
-            std::thread::sleep(Duration::from_millis(1));
+            futex_wait(news, seen, (deadline - now).min(Duration::from_millis(50)));
         }
     }
 
@@ -403,6 +433,7 @@ impl Inner {
             .name("memgov-machine".into())
             .spawn(move || {
                 let mut last_sweep = Instant::now();
+                let mut last_watch: Option<Instant> = None;
                 loop {
                     let Some(m) = me.upgrade() else { return };
                     if m.stop.load(Acquire) {
@@ -414,12 +445,23 @@ impl Inner {
                     if r != answered {
                         m.serve();
                         m.seg.slot(m.slot, S_ANSWERED).store(u64::from(r), Release);
+                        ledger::announce(&m.seg);
                         continue;
                     }
                     m.census();
                     if last_sweep.elapsed() >= Duration::from_secs(1) {
                         last_sweep = Instant::now();
                         ledger::sweep(&m.seg);
+                    }
+                    if let Some(id) = &m.watch {
+                        if last_watch.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
+                            last_watch = Some(Instant::now());
+                            // Without the library there is nothing to
+                            // observe; the driver's view still counts.
+                            if let Ok(found) = super::device_processes(id) {
+                                super::observe_processes(&m.seg, &found);
+                            }
+                        }
                     }
                     let seg = Arc::clone(&m.seg);
                     let slot = m.slot;

@@ -2,7 +2,7 @@
 //! shared by every process that governs it, in a shared-memory file.
 //!
 //! ```text
-//! machine ledger "cuda:GPU-8f3c..."      MachineLedger::open (/dev/shm/memgov-<key>)
+//! machine ledger "gpu-8f3c..."           MachineLedger::open (/dev/shm/memgov-<key>)
 //! ├── process "trainer"  (slot 0)        ledger.join(JoinOptions) -> MachineMember
 //! │   └── ProcessBudget "trainer"        ProcessBudget::with_machine(label, limit, member)
 //! │       └── SharedBudget "gpu0" ...    the tree below, as in one process
@@ -21,16 +21,18 @@
 //! layout in `segment.rs`.
 
 mod ledger;
+mod management;
 mod member;
 mod segment;
 
 pub use ledger::Reclaimed;
+pub use management::{device_processes, DeviceProcess, DeviceProcesses, ManagementError};
 pub use segment::{LAYOUT_VERSION, MAX_SLOTS, UNIT};
 
 use crate::Bytes;
-use crate::MemoryInfo;
+use crate::{DeviceIdentity, MemoryInfo};
 use segment::{
-    Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_RECLAIMS, S_ANSWERED,
+    Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS, S_ANSWERED,
     S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED,
     S_W,
 };
@@ -196,6 +198,28 @@ impl LedgerOptions {
         }
     }
 
+    /// The ledger of the physical device `identity` names (its
+    /// [`key`](DeviceIdentity::key): the UUID, else the PCI address), which
+    /// every process on the machine that opens that device agrees on,
+    /// whatever its `CUDA_VISIBLE_DEVICES` or API. Take it from the context:
+    /// [`DeviceContext::identity`](crate::DeviceContext::identity).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "cuda")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use memgov::cuda::{CudaConfig, CudaContext};
+    /// use memgov::machine::{LedgerOptions, MachineLedger};
+    /// use memgov::DeviceContext;
+    ///
+    /// let ctx = CudaContext::new(CudaConfig::new(0))?;
+    /// let ledger = MachineLedger::open(&LedgerOptions::for_device(&ctx.identity(), 60 << 30))?;
+    /// assert!(ledger.key().starts_with("gpu-"));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "cuda"))] fn main() {}
+    /// ```
+    pub fn for_device(identity: &DeviceIdentity, limit: u64) -> Self {
+        Self::new(identity.key(), limit)
+    }
+
     /// The segment's file (default: [`default_path`]).
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
@@ -226,6 +250,7 @@ pub struct JoinOptions {
     pub(crate) priority: u32,
     pub(crate) lease_chunk: u64,
     pub(crate) answer_timeout: Duration,
+    pub(crate) watch: Option<DeviceIdentity>,
 }
 
 impl JoinOptions {
@@ -240,7 +265,22 @@ impl JoinOptions {
             priority: 100,
             lease_chunk: 8 << 20,
             answer_timeout: Duration::from_millis(250),
+            watch: None,
         }
+    }
+
+    /// Ask the vendor's management library (NVML), about every two
+    /// seconds from the doorbell thread, which processes use the device
+    /// `identity` names, and keep what those without a slot on the ledger
+    /// use from what it admits ([`MachineLedger::observe_processes`]).
+    /// Without the library this does nothing (the driver's free/total is
+    /// still observed on a refusal). Processes are matched by pid in the
+    /// library's pid namespace: in a container whose pids are not the
+    /// host's, memgov processes would be counted as outside, so leave this
+    /// off there.
+    pub fn watch_device(mut self, identity: DeviceIdentity) -> Self {
+        self.watch = Some(identity);
+        self
     }
 
     /// The most this process may hold on the ledger.
@@ -507,6 +547,36 @@ impl MachineLedger {
     pub fn snapshot(&self) -> MachineSnapshot {
         snapshot_of(&self.seg)
     }
+
+    /// Record what the management library says of the device's processes
+    /// ([`device_processes`]): the bytes of those that have no live slot
+    /// here are outside memgov, kept from what the ledger admits (the
+    /// larger of this and the driver's view counts) and shown in
+    /// snapshots. Returns those processes. A process whose figure the
+    /// library cannot give counts 0 bytes here and is still returned.
+    pub fn observe_processes(&self, found: &DeviceProcesses) -> Vec<DeviceProcess> {
+        observe_processes(&self.seg, found)
+    }
+}
+
+fn observe_processes(seg: &Segment, found: &DeviceProcesses) -> Vec<DeviceProcess> {
+    let members: Vec<u32> = (0..seg.slots())
+        .map(|i| seg.slot(i, S_STATE).load(Acquire))
+        .filter(|&s| ledger::st_kind(s) == ledger::Kind::Live)
+        .map(ledger::st_pid)
+        .collect();
+    let outside: Vec<DeviceProcess> = found
+        .processes
+        .iter()
+        .filter(|p| !members.contains(&p.pid))
+        .copied()
+        .collect();
+    let bytes: u64 = outside.iter().filter_map(|p| p.bytes).sum();
+    let before = seg.word(H_OUTSIDE_PROCS).swap(bytes.div_ceil(UNIT), Relaxed);
+    if before * UNIT > bytes {
+        ledger::announce(seg);
+    }
+    outside
 }
 
 fn observe(seg: &Segment, info: MemoryInfo) {
@@ -604,6 +674,11 @@ impl MachineMember {
     /// `deadline` at most; returns the processes that did not answer.
     pub fn make_room(&self, bytes: u64, deadline: Instant) -> Vec<Holder> {
         self.inner().make_room(bytes, deadline)
+    }
+
+    /// See [`MachineLedger::observe_processes`].
+    pub fn observe_processes(&self, found: &DeviceProcesses) -> Vec<DeviceProcess> {
+        observe_processes(&self.inner().seg, found)
     }
 
     /// See [`MachineLedger::observe_device`].
@@ -829,6 +904,10 @@ pub struct MachineSnapshot {
     pub charged: u64,
     /// Device bytes in use outside memgov, as last observed.
     pub outside: u64,
+    /// Of `outside`, what the management library attributes to processes
+    /// with no slot here, as last observed
+    /// ([`MachineLedger::observe_processes`]; 0 when never observed).
+    pub outside_processes: u64,
     /// The device's total memory, as last observed (0: never).
     pub device_total: u64,
     /// The device's free memory, as last observed.
@@ -891,6 +970,7 @@ pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
         limit: ledger::limit(seg),
         charged: ledger::total_units(seg) * UNIT,
         outside: ledger::outside_bytes(seg),
+        outside_processes: seg.word(H_OUTSIDE_PROCS).load(Relaxed) * UNIT,
         device_total: seg.word(H_DEV_TOTAL).load(Relaxed),
         device_free: seg.word(H_DEV_FREE).load(Relaxed),
         observed_at_ms: seg.word(H_DEV_AT).load(Relaxed),

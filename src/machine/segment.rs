@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"MEMGOVML");
 /// The layout this build reads and writes.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 pub(crate) const HEADER: usize = 512;
 pub(crate) const SLOT: usize = 256;
 pub(crate) const KEY_BYTES: usize = 64;
@@ -76,6 +76,14 @@ pub(crate) const H_DEV_FREE: usize = 200;
 pub(crate) const H_OUTSIDE: usize = 208;
 pub(crate) const H_DEV_AT: usize = 216;
 pub(crate) const H_RECLAIMS: usize = 224;
+/// A futex word bumped when room may have appeared (a share given back, a
+/// dead slot reclaimed, a trim request answered) while someone waits.
+pub(crate) const H_NEWS: usize = 232;
+/// Processes waiting on `H_NEWS` (a 32-bit count).
+pub(crate) const H_WAITERS: usize = 236;
+/// Units the management library attributes to processes on the device
+/// that have no slot here (`observe_processes`).
+pub(crate) const H_OUTSIDE_PROCS: usize = 240;
 
 // Slot word offsets.
 pub(crate) const S_STATE: usize = 0;

@@ -95,8 +95,8 @@ pub use stream::CudaStream;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
 use memgov_backend::shell::Shell;
 use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, Execution,
-    MemoryInfo, RetireSignal, Tier,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
+    DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
 use result::{check, err, BACKEND};
 use shared::{RawStream, Shared};
@@ -172,9 +172,34 @@ impl std::fmt::Debug for CudaContext {
 struct Found {
     device: CUdevice,
     name: String,
+    identity: DeviceIdentity,
     total_bytes: u64,
     driver_version: i32,
     execution: Execution,
+}
+
+/// The device's UUID and PCI address, as far as the driver reports them:
+/// the identity is advisory (a ledger key, a management-library lookup), so
+/// a call that fails leaves that part out rather than failing the context.
+fn device_identity(device: CUdevice, name: &str) -> DeviceIdentity {
+    let mut identity = DeviceIdentity::named(BACKEND, name);
+    let mut uuid = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: valid out pointer to a CUuuid; `device` came from cuDeviceGet.
+    if unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, device) } == CUresult::CUDA_SUCCESS {
+        identity = identity.with_uuid(uuid.bytes.map(|b| b as u8));
+    }
+    // "0000:65:00.0" is 13 bytes with its NUL; room for an 8-digit domain.
+    let mut bus = [0 as c_char; 32];
+    // SAFETY: the buffer holds `len` bytes; the driver writes at most `len`
+    // bytes, NUL included.
+    let r = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as c_int, device) };
+    if r == CUresult::CUDA_SUCCESS {
+        bus[bus.len() - 1] = 0;
+        // SAFETY: NUL-terminated within the buffer (last byte set above).
+        let s = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy();
+        identity = identity.with_pci_bus_id(&s);
+    }
+    identity
 }
 
 /// Load the driver, initialise it and find device `ordinal`.
@@ -264,8 +289,10 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     check("new", "cuDriverGetVersion", unsafe {
         sys::cuDriverGetVersion(&mut driver_version)
     })?;
+    let identity = device_identity(device, &name);
     Ok(Found {
         device,
+        identity,
         name,
         total_bytes: total as u64,
         driver_version,
@@ -420,6 +447,7 @@ impl CudaContext {
                 retained,
                 pool,
                 name: found.name,
+                identity: found.identity,
                 total_bytes: found.total_bytes,
                 driver_version: found.driver_version,
                 execution: found.execution,
@@ -474,6 +502,10 @@ impl DeviceContext for CudaContext {
             execution: s.execution,
             stream_ordered_reuse: true,
         }
+    }
+
+    fn identity(&self) -> DeviceIdentity {
+        self.shared.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {

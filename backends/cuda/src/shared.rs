@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     /// at teardown; the device's default pool is never changed.
     pub(crate) pool: CUmemoryPool,
     pub(crate) name: String,
+    /// UUID and PCI address (`cuDeviceGetUuid_v2`, `cuDeviceGetPCIBusId`).
+    pub(crate) identity: memgov_backend::DeviceIdentity,
     pub(crate) total_bytes: u64,
     pub(crate) driver_version: i32,
     pub(crate) execution: Execution,

@@ -64,6 +64,7 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void (*CUhostFn)(void *userData);
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -561,6 +562,41 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "memgov stand-in CUDA device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+/* The device's UUID: 16 bytes, the same in every process for one ordinal
+ * (as a real device's is), distinct between ordinals. */
+static void device_uuid(CUuuid *uuid, CUdevice dev) {
+    static const char stem[14] = {'m', 'e', 'm', 'g', 'o', 'v', '-', 's', 't', 'a', 'n', 'd', 'i', 'n'};
+    memcpy(uuid->bytes, stem, sizeof stem);
+    uuid->bytes[14] = 0;
+    uuid->bytes[15] = (char)dev;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    ENTER("cuDeviceGetUuid_v2");
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    device_uuid(uuid, dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    ENTER("cuDeviceGetUuid");
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    device_uuid(uuid, dev);
+    return CUDA_SUCCESS;
+}
+
+/* "[domain]:[bus]:[device].[function]", hex, NUL-terminated within `len`
+ * bytes: domain 0, bus 0x10 + ordinal. */
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
+    ENTER("cuDeviceGetPCIBusId");
+    if (pciBusId == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x10 + dev);
     return CUDA_SUCCESS;
 }
 

@@ -108,6 +108,30 @@ fn free_retires_through_a_host_function_on_a_driver_thread() {
     probe.check_clean_teardown().expect("clean teardown");
 }
 
+/// The identity comes from the driver's UUID and PCI address, the same for
+/// one device in every process; on the stand-in, device 0 has the UUID
+/// "memgov-standin\0\0" and the PCI address 0000:10:00.0.
+#[test]
+fn identity_is_the_drivers_uuid_and_pci_address() {
+    let Some(ctx) = context() else { return };
+    let id = ctx.identity();
+    let uuid = id.uuid().expect("the driver reports a UUID");
+    let pci = id.pci_bus_id().expect("the driver reports a PCI address").to_owned();
+    assert_eq!(id.key(), memgov::DeviceIdentity::named("", "").with_uuid(uuid).key());
+    if ctx.is_stand_in() {
+        assert_eq!(&uuid[..14], b"memgov-standin");
+        assert_eq!(uuid[15], 0, "device 0");
+        assert_eq!(pci, "0000:10:00.0");
+        assert_eq!(id.key(), "gpu-6d656d67-6f76-2d73-7461-6e64696e0000");
+    }
+    // A second context on the same device names the same device.
+    let again = factory().expect("a second context");
+    assert_eq!(again.identity(), id);
+    println!("device identity: {id} (PCI {pci})");
+    again.teardown(false).expect("teardown");
+    ctx.teardown(false).expect("teardown");
+}
+
 #[test]
 fn raw_accessors_name_the_driver_objects() {
     let Some(ctx) = context() else { return };

@@ -360,6 +360,17 @@ pub trait DeviceContext: Send + Sync + Sized + 'static {
     /// What this context runs on. Called once, at registration.
     fn describe(&self) -> DeviceDescription;
 
+    /// Which physical device this context runs on, as every process and API
+    /// on the machine names it (its UUID or PCI address where the driver
+    /// reports them): the key of the machine ledger processes sharing the
+    /// device join. The default names the device by backend, name and
+    /// ordinal, which only a device that is the process's own (embedded, a
+    /// stand-in) should rely on.
+    fn identity(&self) -> crate::DeviceIdentity {
+        let d = self.describe();
+        crate::DeviceIdentity::named(d.backend, format!("{} {}", d.name, d.ordinal))
+    }
+
     /// Free and total memory as the driver sees it now.
     fn memory_info(&self) -> Result<MemoryInfo, BackendError>;
 

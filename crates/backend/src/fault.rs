@@ -545,6 +545,10 @@ impl<C: DeviceContext> DeviceContext for FaultInjecting<C> {
         self.inner.describe()
     }
 
+    fn identity(&self) -> crate::DeviceIdentity {
+        self.inner.identity()
+    }
+
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
         self.gate(Operation::MemoryInfo)?;
         self.inner.memory_info()

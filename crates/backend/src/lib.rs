@@ -28,6 +28,7 @@
 
 mod context;
 pub mod fault;
+mod identity;
 mod probe;
 pub mod shell;
 
@@ -35,6 +36,7 @@ pub use context::{
     tier_unsupported, BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireOutcome, RetireSignal, RetireSink, Tier, OUT_OF_MEMORY_HINT,
 };
+pub use identity::DeviceIdentity;
 pub use probe::{BackendProbe, ProbeShard};
 pub use shell::{LostState, Shell};
 
