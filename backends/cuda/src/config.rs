@@ -1,6 +1,7 @@
 //! Settings of a CUDA context, and what a runtime lends memgov when it
 //! adopts a context the runtime already owns.
 
+use crate::arena::ArenaConfig;
 use cudarc::driver::sys::{CUcontext, CUstream};
 
 /// Settings of a CUDA context.
@@ -18,6 +19,12 @@ pub struct CudaConfig {
     /// the context (`cuMemPoolCreate`) and used by it alone; the device's
     /// default pool, which other users of the device share, is never changed.
     pub release_threshold: Option<u64>,
+    /// A virtual-memory arena for device memory (see [`ArenaConfig`]), or
+    /// `None` (the default) for memgov's stream-ordered pool. With an arena,
+    /// device allocations come from one address range reserved for the
+    /// context's life, backed by granules mapped as needed; page-locked host
+    /// memory is unchanged.
+    pub arena: Option<ArenaConfig>,
 }
 
 impl Default for CudaConfig {
@@ -25,6 +32,7 @@ impl Default for CudaConfig {
         Self {
             ordinal: 0,
             release_threshold: Some(u64::MAX),
+            arena: None,
         }
     }
 }

@@ -80,16 +80,20 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+pub mod arena;
 mod config;
 mod memory;
 mod result;
 mod retire;
 mod shared;
+mod sleep;
 mod stream;
 mod teardown;
 
+pub use arena::{ArenaConfig, ArenaSnapshot};
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
+pub use sleep::SleepReport;
 pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
@@ -155,6 +159,9 @@ fn require_driver() -> Result<(), BackendError> {
 /// one), its streams and allocations.
 pub struct CudaContext {
     shared: Arc<Shared>,
+    /// The virtual-memory arena device memory comes from, when
+    /// [`CudaConfig::arena`] asked for one.
+    arena: Option<Arc<arena::Arena>>,
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -321,14 +328,8 @@ impl CudaContext {
             e
         };
         let pool = Self::setup_pool(found.device, context, &config).map_err(release)?;
-        Ok(Self::from_parts(
-            found,
-            config.ordinal,
-            context,
-            true,
-            pool,
-            Vec::new(),
-        ))
+        Self::from_parts(found, config.ordinal, context, true, pool, Vec::new())
+            .with_arena(config.arena.as_ref())
     }
 
     /// Govern a context and streams that a runtime already owns.
@@ -355,14 +356,15 @@ impl CudaContext {
         }
         let found = find_device(adopted.ordinal)?;
         let pool = Self::setup_pool(found.device, adopted.context, &config)?;
-        Ok(Self::from_parts(
+        Self::from_parts(
             found,
             adopted.ordinal,
             adopted.context,
             false,
             pool,
             adopted.streams,
-        ))
+        )
+        .with_arena(config.arena.as_ref())
     }
 
     /// Create memgov's own pool on the device and set its release
@@ -460,6 +462,61 @@ impl CudaContext {
                 retired_streams: Mutex::default(),
                 watch: Arc::default(),
             }),
+            arena: None,
+        }
+    }
+
+    /// Create the arena `config` asks for; on failure tear the context down
+    /// again and return why.
+    fn with_arena(mut self, config: Option<&ArenaConfig>) -> Result<Self, BackendError> {
+        let Some(config) = config else {
+            return Ok(self);
+        };
+        match arena::Arena::create(&self.shared, config) {
+            Ok(a) => {
+                self.arena = Some(Arc::new(a));
+                Ok(self)
+            }
+            Err(e) => {
+                let _ = self.tear_down(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// What the arena holds (reserved, mapped, in use, cached, asleep,
+    /// quarantined), or `None` without an arena.
+    pub fn arena_snapshot(&self) -> Option<ArenaSnapshot> {
+        self.arena.as_ref().map(|a| a.snapshot())
+    }
+
+    /// Give back every cached granule of the arena (mapped, no allocation
+    /// in it), unmapped and released one by one; returns the bytes given
+    /// back (0 without an arena).
+    pub fn trim_arena(&self) -> Result<u64, BackendError> {
+        match &self.arena {
+            Some(a) => {
+                self.shared.check_usable("trim_arena")?;
+                a.trim(&self.shared, "trim_arena")
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// Set the most physical memory the arena maps (see
+    /// [`ArenaConfig::limit_bytes`]); nothing is unmapped by lowering it.
+    /// Without an arena, `Unsupported`.
+    pub fn set_arena_limit(&self, bytes: u64) -> Result<(), BackendError> {
+        match &self.arena {
+            Some(a) => {
+                a.set_limit(bytes);
+                Ok(())
+            }
+            None => Err(err(
+                "set_arena_limit",
+                BackendErrorKind::Unsupported,
+                "this context has no virtual-memory arena; create it with CudaConfig::arena set",
+            )),
         }
     }
 
@@ -542,7 +599,12 @@ impl DeviceContext for CudaContext {
         memory: CudaMemory,
         retired: RetireSignal,
     ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
-        self.free_async_impl(stream, memory, retired)
+        match &self.arena {
+            Some(a) if memory.host == 0 && a.contains(memory.ptr) => {
+                self.arena_free_async(a, stream, memory, retired)
+            }
+            _ => self.free_async_impl(stream, memory, retired),
+        }
     }
 
     fn write(
@@ -575,9 +637,17 @@ impl DeviceContext for CudaContext {
 
     fn device_lost(&self) {
         self.device_lost_impl();
+        if let Some(a) = &self.arena {
+            a.releases.abandon_all(self.shared.probe());
+        }
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
-        self.tear_down(lost)
+        let arena = match &self.arena {
+            Some(a) => self.arena_teardown(a, lost),
+            None => Ok(()),
+        };
+        let context = self.tear_down(lost);
+        arena.and(context)
     }
 }

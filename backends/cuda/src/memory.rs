@@ -112,6 +112,10 @@ impl CudaContext {
         let s = &*self.shared;
         let size = self.allocation_size(stream, bytes)?;
         let _current = s.make_current("allocate")?;
+        if let Some(arena) = &self.arena {
+            let ptr = arena.allocate(s, bytes)?;
+            return Ok(self.register(ptr, bytes, 0));
+        }
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out pointer; the stream is a live stream
         // of this context (checked above), which is current on this thread;
@@ -176,6 +180,7 @@ impl CudaContext {
         s.check_usable("write")?;
         s.check_stream("write", stream)?;
         s.check_memory("write", memory)?;
+        self.check_awake("write", memory)?;
         let at = range("write", memory, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -204,6 +209,7 @@ impl CudaContext {
         s.check_usable("read")?;
         s.check_stream("read", stream)?;
         s.check_memory("read", memory)?;
+        self.check_awake("read", memory)?;
         let at = range("read", memory, offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -219,6 +225,17 @@ impl CudaContext {
         // SAFETY: as above.
         let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
         s.checked("read", "cuStreamSynchronize", r)
+    }
+
+    /// Refuse a copy to or from arena memory while the arena sleeps (its
+    /// addresses are reserved but nothing is mapped behind them).
+    fn check_awake(&self, op: &'static str, memory: &CudaMemory) -> Result<(), BackendError> {
+        match &self.arena {
+            Some(a) if a.contains(memory.ptr) && memgov_backend::lock(&a.state).asleep => {
+                Err(crate::arena::asleep(op))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {

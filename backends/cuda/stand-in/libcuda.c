@@ -53,6 +53,7 @@
  */
 #define _GNU_SOURCE
 #include "standin.h"
+#include "vmm.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -850,7 +851,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
     uint64_t cap = g_total_bytes;
     if (g_knobs.oom_after_bytes != 0 && g_knobs.oom_after_bytes < cap) cap = g_knobs.oom_after_bytes;
-    uint64_t used = sq_mem_live_bytes(c->mem);
+    uint64_t used = sq_mem_live_bytes(c->mem) + (vmm_physical_bytes != NULL ? vmm_physical_bytes() : 0);
     *free_bytes = (size_t)(used > cap ? 0 : cap - used);
     *total = (size_t)g_total_bytes;
     return CUDA_SUCCESS;
@@ -1082,6 +1083,12 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (r != CUDA_SUCCESS) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
+    /* Memory mapped into a reservation (vmm.c) has its own checks. */
+    if (vmm_check_access != NULL && vmm_check_access(fn, dev, bytes)) {
+        sq_queue_copy(hStream->q, dst, src, bytes);
+        vmm_touch(dev, bytes, hStream->q);
+        return CUDA_SUCCESS;
+    }
     struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
     enum sq_mem_check c = sq_mem_check_on(mem, dev, bytes, hStream->q, fn);
     if (c != SQ_MEM_OK)
@@ -1226,3 +1233,20 @@ CUresult cuEventDestroy_v2(CUevent hEvent) {
     sq_event_destroy(hEvent);
     return sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
+
+/* ---- what vmm.c shares (vmm.h) ------------------------------------------------ */
+
+int cuda_standin_enter(const char *fn) {
+    if (enter(fn)) return 1;
+    return g_initialized ? 0 : -1;
+}
+
+int cuda_standin_devices(void) { return g_devices; }
+
+uint64_t cuda_standin_capacity(void) {
+    uint64_t cap = g_total_bytes;
+    if (g_knobs.oom_after_bytes != 0 && g_knobs.oom_after_bytes < cap) cap = g_knobs.oom_after_bytes;
+    return cap;
+}
+
+int cuda_standin_sticky(void) { return sticky_now(); }

@@ -1,0 +1,230 @@
+//! The arena's books: free address ranges, live blocks, and each granule's
+//! slot and users. Plain data under the arena's lock; no driver call.
+
+use cudarc::driver::sys::{CUdeviceptr, CUmemGenericAllocationHandle};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+/// What backs one granule of the reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Nothing mapped; the handle (if any) released.
+    Unmapped,
+    /// A thread is creating and mapping it.
+    Mapping,
+    /// Mapped, accessible read-write, backed by this handle.
+    Mapped(CUmemGenericAllocationHandle),
+    /// A thread is unmapping and releasing it.
+    Unmapping,
+    /// The driver refused to unmap (`mapped`) or to release it: kept out of
+    /// the allocator for the arena's life, retried at teardown.
+    Quarantined {
+        handle: Option<CUmemGenericAllocationHandle>,
+        mapped: bool,
+    },
+    /// Released while the arena sleeps; its contents wait in page-locked
+    /// host memory at `host` (0: not kept).
+    Asleep { host: usize },
+}
+
+impl Slot {
+    pub(crate) fn in_transition(&self) -> bool {
+        matches!(self, Slot::Mapping | Slot::Unmapping)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Granule {
+    pub slot: Slot,
+    /// Live blocks overlapping it (their release has not retired).
+    pub users: u32,
+}
+
+/// A granule the driver would not give back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// Its device address.
+    pub address: CUdeviceptr,
+    /// Whether it is still mapped (the unmap was refused) rather than only
+    /// unreleased.
+    pub mapped: bool,
+}
+
+/// What an arena holds, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaSnapshot {
+    /// Address space reserved for the arena's life.
+    pub reserved: u64,
+    /// Physical memory mapped (in use, cached and quarantined-mapped).
+    pub mapped: u64,
+    /// Bytes of live allocations (each rounded up to 256 B).
+    pub in_use: u64,
+    /// Mapped granules no allocation uses: what a trim gives back.
+    pub cached: u64,
+    /// Granules released while the arena sleeps, which a wake maps again.
+    pub asleep: u64,
+    /// The granule size (`cuMemGetAllocationGranularity`, recommended).
+    pub granule: u64,
+    /// Live allocations.
+    pub blocks: usize,
+    /// Granules the driver would not give back.
+    pub quarantined: Vec<Quarantined>,
+}
+
+pub(crate) struct State {
+    /// Free ranges: offset -> length, coalesced.
+    free: BTreeMap<u64, u64>,
+    /// Live blocks: offset -> length.
+    pub blocks: HashMap<u64, u64>,
+    pub slots: Vec<Granule>,
+    granule: u64,
+    pub mapped: u64,
+    /// Bytes being mapped (counted against the limit).
+    pub mapping: u64,
+    pub in_use: u64,
+    pub asleep: bool,
+}
+
+impl State {
+    pub(crate) fn new(size: u64, granule: u64) -> Self {
+        let n = (size / granule) as usize;
+        Self {
+            free: BTreeMap::from([(0, size)]),
+            blocks: HashMap::new(),
+            slots: vec![
+                Granule {
+                    slot: Slot::Unmapped,
+                    users: 0
+                };
+                n
+            ],
+            granule,
+            mapped: 0,
+            mapping: 0,
+            in_use: 0,
+            asleep: false,
+        }
+    }
+
+    /// The granules `[offset, offset + len)` overlaps.
+    pub(crate) fn granules_of(&self, offset: u64, len: u64) -> Range<usize> {
+        (offset / self.granule) as usize..(offset + len).div_ceil(self.granule) as usize
+    }
+
+    /// First fit, preferring a range inside granules already mapped: take
+    /// `len` bytes, or `None` when no free range is long enough.
+    pub(crate) fn take_range(&mut self, len: u64) -> Option<u64> {
+        let (&start, &flen) = self.free.iter().find(|(_, &l)| l >= len)?;
+        self.free.remove(&start);
+        if flen > len {
+            self.free.insert(start + len, flen - len);
+        }
+        Some(start)
+    }
+
+    /// Return a range to the free list, merged with its neighbours.
+    pub(crate) fn put_range(&mut self, mut offset: u64, mut len: u64) {
+        if let Some((&p, &plen)) = self.free.range(..offset).next_back() {
+            if p + plen == offset {
+                self.free.remove(&p);
+                offset = p;
+                len += plen;
+            }
+        }
+        if let Some(&nlen) = self.free.get(&(offset + len)) {
+            self.free.remove(&(offset + len));
+            len += nlen;
+        }
+        self.free.insert(offset, len);
+    }
+
+    /// Carve `[offset, offset + len)` out of the free list (it must be
+    /// free: no live block overlaps it).
+    fn carve(&mut self, offset: u64, len: u64) {
+        let end = offset + len;
+        let hits: Vec<(u64, u64)> = self
+            .free
+            .range(..end)
+            .filter(|(&s, &l)| s + l > offset)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for (s, l) in hits {
+            self.free.remove(&s);
+            if s < offset {
+                self.free.insert(s, offset - s);
+            }
+            if s + l > end {
+                self.free.insert(end, s + l - end);
+            }
+        }
+    }
+
+    /// Keep granule `g` out of use for the arena's life.
+    pub(crate) fn quarantine(&mut self, g: usize, slot: Slot, _base: u64, granule: u64) {
+        if let Slot::Quarantined { mapped: false, .. } = slot {
+            // Unmapped but unreleased: no longer counted as mapped.
+            self.mapped -= granule.min(self.mapped);
+        }
+        self.slots[g].slot = slot;
+        self.carve(g as u64 * granule, granule);
+    }
+
+    /// Bytes of mapped granules without users.
+    pub(crate) fn cached(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|g| g.users == 0 && matches!(g.slot, Slot::Mapped(_)))
+            .count() as u64
+            * self.granule
+    }
+
+    pub(crate) fn snapshot(&self, base: u64, reserved: u64, granule: u64) -> ArenaSnapshot {
+        let quarantined = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(g, s)| match s.slot {
+                Slot::Quarantined { mapped, .. } => Some(Quarantined {
+                    address: base + g as u64 * granule,
+                    mapped,
+                }),
+                _ => None,
+            })
+            .collect();
+        ArenaSnapshot {
+            reserved,
+            mapped: self.mapped,
+            in_use: self.in_use,
+            cached: self.cached(),
+            asleep: self
+                .slots
+                .iter()
+                .filter(|g| matches!(g.slot, Slot::Asleep { .. }))
+                .count() as u64
+                * granule,
+            granule,
+            blocks: self.blocks.len(),
+            quarantined,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_coalesce_and_carve() {
+        let mut s = State::new(8 << 20, 2 << 20);
+        let a = s.take_range(1 << 20).unwrap();
+        let b = s.take_range(3 << 20).unwrap();
+        assert_eq!((a, b), (0, 1 << 20));
+        assert_eq!(s.granules_of(b, 3 << 20), 0..2);
+        s.put_range(a, 1 << 20);
+        s.put_range(b, 3 << 20);
+        assert_eq!(s.free, BTreeMap::from([(0, 8 << 20)]));
+        s.carve(2 << 20, 2 << 20);
+        assert_eq!(s.free, BTreeMap::from([(0, 2 << 20), (4 << 20, 4 << 20)]));
+        assert_eq!(s.take_range(3 << 20), Some(4 << 20));
+    }
+}

@@ -1,0 +1,791 @@
+//! The CUDA backend's virtual-memory arena and sleep/wake, and the stand-in
+//! driver's virtual memory management rules, each with a planted violation.
+//!
+//! Every case runs in a child process (this binary re-executed with
+//! `MEMGOV_ARENA_CHILD` set): the stand-in reads its knobs once per process
+//! and aborts the process on a violation. Without the stand-in every test
+//! prints `skipped: ...` and passes.
+//!
+//! `MEMGOV_ARENA_SLEEP_MIB` sets the size of the sleep/wake set (default 32;
+//! the full check is 1024).
+
+#[path = "../../stand-ins/support/child.rs"]
+mod child_process;
+
+use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
+use memgov::{BackendErrorKind, DeviceContext, RetireSignal};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const CHILD: &str = "MEMGOV_ARENA_CHILD";
+const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
+const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
+const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+const BANNER: &str = "memgov libcuda stand-in: contract violation:";
+const MIB: u64 = 1 << 20;
+
+/// A context whose device memory comes from an arena of 1 GiB of address
+/// space and at most 512 MiB mapped: the whole conformance suite runs on it.
+fn arena_factory() -> Result<CudaContext, memgov::BackendError> {
+    CudaContext::new(CudaConfig {
+        arena: Some(ArenaConfig {
+            reserve_bytes: 1 << 30,
+            limit_bytes: 512 * MIB,
+        }),
+        ..CudaConfig::default()
+    })
+}
+
+memgov::conformance_tests!(conformance, super::arena_factory);
+
+fn arena_context(reserve: u64, limit: u64) -> CudaContext {
+    CudaContext::new(CudaConfig {
+        arena: Some(ArenaConfig {
+            reserve_bytes: reserve,
+            limit_bytes: limit,
+        }),
+        ..CudaConfig::default()
+    })
+    .expect("a context with an arena")
+}
+
+/// Whether the stand-in is what the loader finds (after printing why not).
+fn on_stand_in() -> bool {
+    match CudaContext::new(CudaConfig::default()) {
+        Ok(ctx) => {
+            let stand_in = ctx.is_stand_in();
+            ctx.teardown(false).expect("teardown");
+            if !stand_in {
+                println!("skipped: needs the stand-in libcuda (this is real hardware)");
+            }
+            stand_in
+        }
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            println!("skipped: {}", e.message);
+            false
+        }
+        Err(e) => panic!("CudaContext::new failed: {e}"),
+    }
+}
+
+fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+    if !on_stand_in() {
+        return None;
+    }
+    let mut env = env.to_vec();
+    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
+        env.push((SEED, ""));
+    }
+    Some(child_process::run(CHILD, case, &env))
+}
+
+fn passes(case: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(case, env) {
+        print!("{}", run.stdout);
+        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
+    }
+}
+
+fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(case, env) {
+        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
+    }
+}
+
+#[test]
+fn arena_grows_to_its_limit_and_shrinks_with_16_threads_on_4_streams() {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "grow_shrink",
+            &[(LATENCY, "300"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn sleep_and_wake_restore_every_byte_at_the_same_addresses() {
+    passes(
+        "sleep_wake",
+        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
+fn a_wake_over_the_limit_is_refused_before_any_map() {
+    passes("wake_refused", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_failed_wake_half_way_stays_asleep_and_wakes_later() {
+    // Calls 1-12 map the 4 granules (create, map, set access each); the
+    // wake's third granule fails at its map (call 12 + 8).
+    passes(
+        "wake_fails_half_way",
+        &[(EXIT_CHECK, "1"), ("MEMGOV_STANDIN_CUDA_FAIL_VMM_AT", "20")],
+    );
+}
+
+#[test]
+fn a_map_failing_half_way_leaves_no_granule_behind() {
+    // The 5-granule allocation's third granule fails at its set-access.
+    passes(
+        "map_fails_half_way",
+        &[(EXIT_CHECK, "1"), ("MEMGOV_STANDIN_CUDA_FAIL_VMM_AT", "9")],
+    );
+}
+
+#[test]
+fn a_refused_unmap_is_quarantined_and_reported() {
+    passes(
+        "unmap_refused",
+        &[
+            (EXIT_CHECK, "1"),
+            ("MEMGOV_STANDIN_CUDA_FAIL_UNMAP_AT", "1"),
+        ],
+    );
+}
+
+#[test]
+fn release_orders_the_unmap_after_every_stream_that_used_the_memory() {
+    passes(
+        "cross_stream_release",
+        &[(LATENCY, "20000"), (EXIT_CHECK, "1")],
+    );
+}
+
+// ---- the stand-in's rules, each planted --------------------------------
+
+#[test]
+fn stand_in_refuses_unaligned_and_stray_maps_with_the_drivers_code() {
+    passes("refused_codes", &[]);
+}
+
+#[test]
+fn negative_copy_before_access_is_set_aborts() {
+    aborts("no_access", &[], "whose access was not set read-write");
+}
+
+#[test]
+fn negative_copy_to_an_unmapped_reserved_address_aborts() {
+    aborts("unmapped_copy", &[], "that is not mapped");
+}
+
+#[test]
+fn negative_unmap_under_queued_work_aborts() {
+    aborts(
+        "unmap_under_work",
+        &[(LATENCY, "200000")],
+        "while work queued on stream",
+    );
+}
+
+#[test]
+fn unmap_after_the_stream_passed_is_fine() {
+    passes("unmap_after_sync", &[(LATENCY, "20000")]);
+}
+
+#[test]
+fn negative_address_free_with_live_mappings_aborts() {
+    aborts("free_mapped_range", &[], "with 1 live mapping(s)");
+}
+
+#[test]
+fn negative_double_release_aborts() {
+    aborts("double_release", &[], "already released");
+}
+
+#[test]
+fn negative_map_of_a_released_handle_aborts() {
+    aborts("map_released", &[], "which is not a live allocation handle");
+}
+
+#[test]
+fn negative_leftovers_at_exit_abort() {
+    // The case itself runs to its end; the exit check aborts after it.
+    if let Some(run) = child("leftovers", &[(EXIT_CHECK, "1")]) {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(run.status.signal(), Some(6), "{}", run.output());
+        assert!(
+            run.stdout.contains("child leftovers: ok"),
+            "{}",
+            run.output()
+        );
+        assert!(
+            run.stderr.contains(&format!(
+                "{BANNER} at exit: 1 address reservation(s) (8388608 bytes)"
+            )),
+            "{}",
+            run.output()
+        );
+    }
+}
+
+/// Entry point of the re-executed binary; does nothing in a normal run.
+#[test]
+#[ignore = "runs only as the child process of another test"]
+fn child_entry() {
+    let Ok(case) = std::env::var(CHILD) else {
+        return;
+    };
+    cases::run(&case);
+    println!("child {case}: ok");
+}
+
+mod cases {
+    use super::*;
+    use cudarc::driver::sys::{self, CUresult};
+    use memgov::cuda::{CudaMemory, CudaStream};
+
+    const G: usize = 2 << 20;
+
+    /// The stand-in's `memgov_standin_cuda_vmm`: {reservations, reserved
+    /// bytes, handles, physical bytes, mappings, mapped bytes}.
+    pub(super) fn vmm() -> [u64; 6] {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
+        // has the declared signature (`int (unsigned long long out[6])`).
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
+                lib.get(b"memgov_standin_cuda_vmm").expect("hook");
+            let mut out = [u64::MAX; 6];
+            assert_eq!(query(out.as_mut_ptr()), 0);
+            out
+        }
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Release `m` on `s` and count its retirement in `retired`.
+    fn release(ctx: &CudaContext, s: &CudaStream, m: CudaMemory, retired: &Arc<AtomicU64>) {
+        let r = retired.clone();
+        ctx.free_async(
+            s,
+            m,
+            RetireSignal::from_fn(move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    }
+
+    fn settle(ctx: &CudaContext, streams: &[CudaStream], retired: &AtomicU64, want: u64) {
+        for s in streams {
+            ctx.synchronize(s).expect("synchronize");
+        }
+        assert_eq!(
+            retired.load(Ordering::SeqCst),
+            want,
+            "every release retired"
+        );
+    }
+
+    fn finish(ctx: CudaContext, streams: Vec<CudaStream>) {
+        let probe = ctx.probe();
+        for s in streams {
+            ctx.destroy_stream(s).expect("destroy stream");
+        }
+        ctx.teardown(false).expect("teardown");
+        assert_eq!(probe.check_clean_teardown(), Ok(()));
+        assert_eq!(vmm(), [0; 6], "nothing of the arena left in the driver");
+    }
+
+    /// An allocation, its address when made, its stream's index and its
+    /// contents.
+    type Held = (CudaMemory, u64, usize, Vec<u8>);
+
+    fn grow_shrink() {
+        const LIMIT: u64 = 48 * MIB;
+        let ctx = Arc::new(arena_context(256 * MIB, LIMIT));
+        let streams: Arc<Vec<CudaStream>> = Arc::new(
+            (0..4)
+                .map(|_| ctx.create_stream().expect("stream"))
+                .collect(),
+        );
+        let retired = Arc::new(AtomicU64::new(0));
+        let mut released = 0;
+        for round in 0..2u64 {
+            let held: Vec<Vec<Held>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..16u64)
+                    .map(|t| {
+                        let (ctx, streams) = (ctx.clone(), streams.clone());
+                        sc.spawn(move || {
+                            let s = &streams[(t % 4) as usize];
+                            let mut mine = Vec::new();
+                            for i in 0u64.. {
+                                let bytes =
+                                    [4096, 100_000, MIB + 17, 3 * MIB][((t + i) % 4) as usize];
+                                match ctx.allocate(s, bytes) {
+                                    Ok(m) => {
+                                        let data = pattern(
+                                            round * 1_000_000 + t * 1000 + i,
+                                            bytes as usize,
+                                        );
+                                        ctx.write(s, &m, 0, &data).expect("write");
+                                        let at = m.device_ptr();
+                                        mine.push((m, at, (t % 4) as usize, data));
+                                    }
+                                    Err(e) if e.kind == BackendErrorKind::OutOfMemory => break,
+                                    Err(e) => panic!("allocate: {e}"),
+                                }
+                                let snap = ctx.arena_snapshot().expect("an arena");
+                                assert!(
+                                    snap.mapped <= LIMIT,
+                                    "mapped {} over {LIMIT}",
+                                    snap.mapped
+                                );
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("thread")).collect()
+            });
+            let snap = ctx.arena_snapshot().expect("an arena");
+            let count: usize = held.iter().map(Vec::len).sum();
+            println!(
+                "round {round}: {count} allocations, mapped {} B of {LIMIT} B, in use {} B, reserved {} B",
+                snap.mapped, snap.in_use, snap.reserved
+            );
+            assert!(
+                snap.mapped + 3 * MIB + 4 * snap.granule > LIMIT,
+                "grew to the limit"
+            );
+            // Every allocation kept its address and its bytes while the
+            // others mapped granules around it; each is released on the
+            // next stream, ordered after its own.
+            for (m, at, si, data) in held.into_iter().flatten() {
+                assert_eq!(m.device_ptr(), at);
+                let mut back = vec![0u8; data.len()];
+                ctx.read(&streams[si], &m, 0, &mut back).expect("read");
+                assert!(back == data, "the bytes at {at:#x} changed");
+                let other = &streams[(si + 1) % 4];
+                ctx.order_after(other, &streams[si]).expect("order_after");
+                release(&ctx, other, m, &retired);
+                released += 1;
+            }
+            settle(&ctx, &streams, &retired, released);
+            let given = ctx.trim_arena().expect("trim");
+            let snap = ctx.arena_snapshot().expect("an arena");
+            println!(
+                "round {round}: trim gave back {given} B; mapped now {} B",
+                snap.mapped
+            );
+            assert_eq!((snap.mapped, snap.in_use, snap.blocks), (0, 0, 0));
+            assert_eq!(vmm()[2..], [0; 4], "every handle released, nothing mapped");
+        }
+        let ctx = Arc::into_inner(ctx).expect("the only reference");
+        let streams = Arc::into_inner(streams).expect("the only reference");
+        assert_eq!(ctx.probe().violations(), 0);
+        finish(ctx, streams);
+    }
+
+    fn sleep_wake() {
+        let mib: u64 = std::env::var("MEMGOV_ARENA_SLEEP_MIB")
+            .ok()
+            .map_or(32, |v| v.parse().expect("MEMGOV_ARENA_SLEEP_MIB"));
+        let set = mib * MIB;
+        let ctx = arena_context(set + 64 * MIB, set + 16 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        // Allocations of several sizes, most not granule-sized, filling the
+        // set.
+        let sizes = [MIB / 2, 3 * MIB + 4096, 8 * MIB, 777_777];
+        let mut held = Vec::new();
+        let mut total = 0;
+        for i in 0.. {
+            let bytes = sizes[i % sizes.len()].min(set - total);
+            if bytes == 0 {
+                break;
+            }
+            let m = ctx.allocate(&s, bytes).expect("allocate");
+            let data = pattern(i as u64, bytes as usize);
+            ctx.write(&s, &m, 0, &data).expect("write");
+            held.push((m.device_ptr(), m, data));
+            total += bytes;
+        }
+        let awake = ctx.arena_snapshot().expect("an arena").mapped;
+        let started = std::time::Instant::now();
+        for cycle in 0..100 {
+            let report = ctx.sleep(true).expect("sleep");
+            assert_eq!(report.released, awake);
+            let snap = ctx.arena_snapshot().expect("an arena");
+            assert_eq!((snap.mapped, snap.asleep), (0, awake), "cycle {cycle}");
+            assert_eq!(vmm()[2..], [0; 4], "cycle {cycle}: asleep, nothing held");
+            let e = ctx
+                .write(&s, &held[0].1, 0, b"x")
+                .expect_err("a copy while asleep");
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+            assert_eq!(ctx.wake().expect("wake"), awake);
+            for (at, m, data) in &held {
+                assert_eq!(m.device_ptr(), *at);
+                let mut back = vec![0u8; data.len()];
+                ctx.read(&s, m, 0, &mut back).expect("read");
+                assert!(back == *data, "cycle {cycle}: the bytes at {at:#x} changed");
+            }
+        }
+        println!(
+            "sleep/wake: {total} B in {} allocations, 100 cycles in {:.2?}, same addresses, every byte restored",
+            held.len(),
+            started.elapsed()
+        );
+        let retired = Arc::new(AtomicU64::new(0));
+        let n = held.len() as u64;
+        for (_, m, _) in held {
+            release(&ctx, &s, m, &retired);
+        }
+        settle(&ctx, std::slice::from_ref(&s), &retired, n);
+        ctx.trim_arena().expect("trim");
+        finish(ctx, vec![s]);
+    }
+
+    fn wake_refused() {
+        let ctx = arena_context(64 * MIB, 16 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 5 * MIB).expect("allocate");
+        ctx.write(&s, &m, 0, &pattern(7, 5 * MIB as usize))
+            .expect("write");
+        ctx.sleep(true).expect("sleep");
+        ctx.set_arena_limit(4 * MIB).expect("limit");
+        let e = ctx.wake().expect_err("the wake does not fit");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(e.message.contains("waking needs 6291456 B"), "{e}");
+        let snap = ctx.arena_snapshot().expect("an arena");
+        assert_eq!((snap.mapped, snap.asleep), (0, 6 * MIB));
+        assert_eq!(vmm()[2..], [0; 4], "nothing mapped by the refused wake");
+        ctx.set_arena_limit(16 * MIB).expect("limit");
+        ctx.wake().expect("wake");
+        let mut back = vec![0u8; 5 * MIB as usize];
+        ctx.read(&s, &m, 0, &mut back).expect("read");
+        assert!(back == pattern(7, 5 * MIB as usize));
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        finish(ctx, vec![s]);
+    }
+
+    fn wake_fails_half_way() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
+        let data = pattern(3, 8 * MIB as usize);
+        ctx.write(&s, &m, 0, &data).expect("write");
+        ctx.sleep(true).expect("sleep");
+        let e = ctx.wake().expect_err("the injected failure");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+        let snap = ctx.arena_snapshot().expect("an arena");
+        assert_eq!(
+            (snap.mapped, snap.asleep),
+            (0, 8 * MIB),
+            "still asleep, all of it"
+        );
+        assert_eq!(
+            vmm()[2..],
+            [0; 4],
+            "the granules mapped before the failure were undone"
+        );
+        ctx.wake().expect("the second wake");
+        let mut back = vec![0u8; data.len()];
+        ctx.read(&s, &m, 0, &mut back).expect("read");
+        assert!(back == data, "the contents survived the failed wake");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        finish(ctx, vec![s]);
+    }
+
+    fn map_fails_half_way() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let e = ctx
+            .allocate(&s, 10 * MIB)
+            .expect_err("the injected failure");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+        assert!(e.message.contains("cuMemSetAccess"), "{e}");
+        let snap = ctx.arena_snapshot().expect("an arena");
+        assert_eq!((snap.mapped, snap.in_use, snap.blocks), (0, 0, 0));
+        assert!(snap.quarantined.is_empty());
+        assert_eq!(vmm()[2..], [0; 4], "no granule left mapped or unreleased");
+        let m = ctx
+            .allocate(&s, 10 * MIB)
+            .expect("the same allocation, no failure");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        finish(ctx, vec![s]);
+    }
+
+    fn unmap_refused() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx.allocate(&s, 3 * MIB).expect("allocate");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        let e = ctx.trim_arena().expect_err("the injected failure");
+        assert!(e.message.contains("quarantined"), "{e}");
+        let snap = ctx.arena_snapshot().expect("an arena");
+        assert_eq!(snap.quarantined.len(), 1, "{snap:?}");
+        assert!(snap.quarantined[0].mapped);
+        assert_eq!(
+            snap.mapped,
+            2 * MIB,
+            "the quarantined granule is still mapped"
+        );
+        // Allocation never lands in the quarantined granule.
+        let m = ctx.allocate(&s, MIB).expect("allocate");
+        let q = snap.quarantined[0].address;
+        assert!(m.device_ptr() + MIB <= q || m.device_ptr() >= q + 2 * MIB);
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 2);
+        // Teardown retries the quarantined granule (the knob failed once).
+        finish(ctx, vec![s]);
+    }
+
+    fn cross_stream_release() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let streams = vec![ctx.create_stream().unwrap(), ctx.create_stream().unwrap()];
+        let (a, b) = (&streams[0], &streams[1]);
+        let m = ctx.allocate(a, 2 * MIB).expect("allocate");
+        let ptr = m.device_ptr();
+        let src = pattern(1, 2 * MIB as usize);
+        // A copy queued on stream a (20 ms latency) that the backend does
+        // not wait for; the release goes on stream b, ordered after a.
+        // SAFETY: the arena's mapped, accessible memory; `src` outlives the
+        // copy (the streams are synchronized below).
+        unsafe {
+            let _g = Current::push(&ctx);
+            let r = sys::cuMemcpyHtoDAsync_v2(ptr, src.as_ptr().cast(), src.len(), a.cu_stream());
+            assert_eq!(r, CUresult::CUDA_SUCCESS);
+        }
+        ctx.order_after(b, a).expect("order_after");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, b, m, &retired);
+        // A trim now finds the granule still in use (the release has not
+        // retired): nothing is unmapped under the copy.
+        assert_eq!(ctx.trim_arena().expect("trim"), 0);
+        settle(&ctx, &streams, &retired, 1);
+        assert_eq!(ctx.trim_arena().expect("trim"), 2 * MIB);
+        finish(ctx, streams);
+    }
+
+    /// The context pushed current on this thread until dropped.
+    struct Current;
+    impl Current {
+        fn push(ctx: &CudaContext) -> Self {
+            // SAFETY: a live context; popped in drop.
+            let r = unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_context()) };
+            assert_eq!(r, CUresult::CUDA_SUCCESS);
+            Current
+        }
+    }
+    impl Drop for Current {
+        fn drop(&mut self) {
+            let mut c = std::ptr::null_mut();
+            // SAFETY: balances the push.
+            unsafe { sys::cuCtxPopCurrent_v2(&mut c) };
+        }
+    }
+
+    // ---- raw driver calls for the planted cases -----------------------
+
+    fn ok(r: CUresult, what: &str) {
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    fn prop() -> sys::CUmemAllocationProp {
+        // SAFETY: plain C struct, all-zero valid.
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = 0;
+        p
+    }
+
+    struct Raw {
+        ctx: CudaContext,
+        s: sys::CUstream,
+        base: u64,
+    }
+
+    /// A context current on this thread, a raw stream and a 4-granule
+    /// reservation.
+    fn raw() -> Raw {
+        let ctx = CudaContext::new(CudaConfig::default()).expect("context");
+        let mut s = std::ptr::null_mut();
+        let mut base = 0;
+        // SAFETY: raw calls on the stand-in with valid out pointers.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "current");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+            ok(
+                sys::cuMemAddressReserve(&mut base, 4 * G, 0, 0, 0),
+                "reserve",
+            );
+        }
+        Raw { ctx, s, base }
+    }
+
+    fn create(size: usize) -> (CUresult, sys::CUmemGenericAllocationHandle) {
+        let mut h = 0;
+        // SAFETY: valid out pointer and properties.
+        let r = unsafe { sys::cuMemCreate(&mut h, size, &prop(), 0) };
+        (r, h)
+    }
+
+    fn access(at: u64, size: usize) {
+        let desc = sys::CUmemAccessDesc {
+            location: prop().location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one valid descriptor.
+        ok(
+            unsafe { sys::cuMemSetAccess(at, size, &desc, 1) },
+            "set access",
+        );
+    }
+
+    fn mapped(r: &Raw) -> sys::CUmemGenericAllocationHandle {
+        let (c, h) = create(G);
+        ok(c, "create");
+        // SAFETY: the reservation's first granule, unmapped.
+        ok(unsafe { sys::cuMemMap(r.base, G, 0, h, 0) }, "map");
+        h
+    }
+
+    pub(super) fn run(case: &str) {
+        // SAFETY: raw driver calls on the stand-in, each valid or the
+        // violation the case plants on purpose; the stand-in aborts before
+        // anything undefined happens.
+        unsafe {
+            match case {
+                "grow_shrink" => grow_shrink(),
+                "sleep_wake" => sleep_wake(),
+                "wake_refused" => wake_refused(),
+                "wake_fails_half_way" => wake_fails_half_way(),
+                "map_fails_half_way" => map_fails_half_way(),
+                "unmap_refused" => unmap_refused(),
+                "cross_stream_release" => cross_stream_release(),
+                "refused_codes" => {
+                    let r = raw();
+                    let inval = CUresult::CUDA_ERROR_INVALID_VALUE;
+                    assert_eq!(create(G / 2).0, inval, "cuMemCreate of half a granule");
+                    let mut p = 0;
+                    assert_eq!(sys::cuMemAddressReserve(&mut p, G + 4096, 0, 0, 0), inval);
+                    let h = mapped(&r);
+                    let (c, h2) = create(G);
+                    ok(c, "create");
+                    assert_eq!(sys::cuMemMap(r.base, G, 0, h2, 0), inval, "over a mapping");
+                    assert_eq!(
+                        sys::cuMemMap(r.base + G as u64 + 4096, G, 0, h2, 0),
+                        inval,
+                        "unaligned"
+                    );
+                    assert_eq!(
+                        sys::cuMemMap(r.base + 3 * G as u64, 2 * G, 0, h2, 0),
+                        inval,
+                        "past the reservation"
+                    );
+                    assert_eq!(
+                        sys::cuMemMap(r.base + G as u64, G, G, h2, 0),
+                        inval,
+                        "past the handle"
+                    );
+                    let outside = r.base + 64 * G as u64;
+                    assert_eq!(
+                        sys::cuMemMap(outside, G, 0, h2, 0),
+                        inval,
+                        "outside any reservation"
+                    );
+                    assert_eq!(sys::cuMemUnmap(r.base, G / 2), inval, "part of a mapping");
+                    ok(sys::cuMemUnmap(r.base, G), "unmap");
+                    ok(sys::cuMemRelease(h), "release");
+                    ok(sys::cuMemRelease(h2), "release");
+                    ok(sys::cuMemAddressFree(r.base, 4 * G), "address free");
+                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                    r.ctx.teardown(false).expect("teardown");
+                    assert_eq!(vmm(), [0; 6]);
+                }
+                "no_access" => {
+                    let r = raw();
+                    mapped(&r);
+                    let src = [1u8; 64];
+                    let _ = sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 64, r.s);
+                }
+                "unmapped_copy" => {
+                    let r = raw();
+                    let src = [1u8; 64];
+                    let _ =
+                        sys::cuMemcpyHtoDAsync_v2(r.base + G as u64, src.as_ptr().cast(), 64, r.s);
+                }
+                "unmap_under_work" | "unmap_after_sync" => {
+                    let r = raw();
+                    let h = mapped(&r);
+                    access(r.base, G);
+                    let src = vec![1u8; 4096];
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 4096, r.s),
+                        "copy",
+                    );
+                    if case == "unmap_after_sync" {
+                        ok(sys::cuStreamSynchronize(r.s), "sync");
+                    }
+                    ok(sys::cuMemUnmap(r.base, G), "unmap");
+                    ok(sys::cuMemRelease(h), "release");
+                    ok(sys::cuMemAddressFree(r.base, 4 * G), "address free");
+                    ok(sys::cuStreamSynchronize(r.s), "sync");
+                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                    r.ctx.teardown(false).expect("teardown");
+                }
+                "free_mapped_range" => {
+                    let r = raw();
+                    mapped(&r);
+                    let _ = sys::cuMemAddressFree(r.base, 4 * G);
+                }
+                "double_release" => {
+                    let r = raw();
+                    let h = mapped(&r);
+                    access(r.base, G);
+                    // Released while mapped: legal, the memory stays.
+                    ok(sys::cuMemRelease(h), "release while mapped");
+                    let src = [9u8; 64];
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 64, r.s),
+                        "copy",
+                    );
+                    ok(sys::cuStreamSynchronize(r.s), "sync");
+                    let _ = sys::cuMemRelease(h);
+                }
+                "map_released" => {
+                    let r = raw();
+                    let (c, h) = create(G);
+                    ok(c, "create");
+                    ok(sys::cuMemRelease(h), "release");
+                    let _ = sys::cuMemMap(r.base, G, 0, h, 0);
+                }
+                "leftovers" => {
+                    let r = raw();
+                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                    r.ctx.teardown(false).expect("teardown");
+                    // The reservation is left on purpose.
+                }
+                other => panic!("unknown case {other}"),
+            }
+        }
+    }
+}
