@@ -80,7 +80,7 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
-pub mod arena;
+mod arena;
 mod config;
 mod memory;
 mod result;
@@ -90,7 +90,7 @@ mod sleep;
 mod stream;
 mod teardown;
 
-pub use arena::{ArenaConfig, ArenaSnapshot};
+pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
 pub use sleep::SleepReport;
@@ -484,40 +484,14 @@ impl CudaContext {
         }
     }
 
-    /// What the arena holds (reserved, mapped, in use, cached, asleep,
-    /// quarantined), or `None` without an arena.
-    pub fn arena_snapshot(&self) -> Option<ArenaSnapshot> {
-        self.arena.as_ref().map(|a| a.snapshot())
-    }
-
-    /// Give back every cached granule of the arena (mapped, no allocation
-    /// in it), unmapped and released one by one; returns the bytes given
-    /// back (0 without an arena).
-    pub fn trim_arena(&self) -> Result<u64, BackendError> {
-        match &self.arena {
-            Some(a) => {
-                self.shared.check_usable("trim_arena")?;
-                a.trim(&self.shared, "trim_arena")
-            }
-            None => Ok(0),
-        }
-    }
-
-    /// Set the most physical memory the arena maps (see
-    /// [`ArenaConfig::limit_bytes`]); nothing is unmapped by lowering it.
-    /// Without an arena, `Unsupported`.
-    pub fn set_arena_limit(&self, bytes: u64) -> Result<(), BackendError> {
-        match &self.arena {
-            Some(a) => {
-                a.set_limit(bytes);
-                Ok(())
-            }
-            None => Err(err(
-                "set_arena_limit",
-                BackendErrorKind::Unsupported,
-                "this context has no virtual-memory arena; create it with CudaConfig::arena set",
-            )),
-        }
+    /// A handle on the context's virtual-memory arena (snapshot, trim,
+    /// limit, sleep and wake), or `None` when [`CudaConfig::arena`] did not
+    /// ask for one.
+    pub fn arena(&self) -> Option<CudaArena> {
+        self.arena.as_ref().map(|a| CudaArena {
+            arena: a.clone(),
+            shared: self.shared.clone(),
+        })
     }
 
     /// The probe every backend reports through; it outlives teardown.

@@ -12,14 +12,12 @@
 //! (`InvalidArgument`), and releases retire as usual.
 
 use crate::arena::state::Slot;
-use crate::arena::{granule, Arena};
+use crate::arena::{closed, granule, CudaArena};
 use crate::result::err;
 use crate::shared::Shared;
-use crate::CudaContext;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// What a sleep gave back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,25 +62,14 @@ impl Drop for CopyStream<'_> {
     }
 }
 
-impl CudaContext {
-    fn arena_or_refuse(&self, op: &'static str) -> Result<&Arc<Arena>, BackendError> {
-        self.arena.as_ref().ok_or_else(|| {
-            err(
-                op,
-                BackendErrorKind::Unsupported,
-                "this context has no virtual-memory arena; create it with CudaConfig::arena set",
-            )
-        })
-    }
-
+impl CudaArena {
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.
     /// Addresses stay reserved and allocations stay live (but unusable until
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        let arena = self.arena_or_refuse("sleep")?;
-        let s = &*self.shared;
+        let (arena, s) = (&*self.arena, &*self.shared);
         s.check_usable("sleep")?;
         let _current = s.make_current("sleep")?;
         let streams: Vec<CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
@@ -93,6 +80,9 @@ impl CudaContext {
         }
         let taken: Vec<(usize, CUmemGenericAllocationHandle, bool)> = {
             let mut st = lock(&arena.state);
+            if st.closed {
+                return Err(closed("sleep"));
+            }
             if st.asleep {
                 return Err(err(
                     "sleep",
@@ -188,12 +178,14 @@ impl CudaContext {
     /// mapping when the granules do not fit the arena's limit. Returns the
     /// bytes mapped.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        let arena = self.arena_or_refuse("wake")?;
-        let s = &*self.shared;
+        let (arena, s) = (&*self.arena, &*self.shared);
         s.check_usable("wake")?;
         let _current = s.make_current("wake")?;
         let sleeping: Vec<(usize, usize)> = {
             let mut st = lock(&arena.state);
+            if st.closed {
+                return Err(closed("wake"));
+            }
             if !st.asleep {
                 return Ok(0);
             }

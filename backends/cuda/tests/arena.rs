@@ -6,13 +6,13 @@
 //! and aborts the process on a violation. Without the stand-in every test
 //! prints `skipped: ...` and passes.
 //!
-//! `MEMGOV_ARENA_SLEEP_MIB` sets the size of the sleep/wake set (default 32;
-//! the full check is 1024).
+//! `MEMGOV_ARENA_SLEEP_MIB` sets the size of the sleep/wake set (default 16,
+//! for CI time; the full check is 1024).
 
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 
-use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
+use memgov::cuda::{ArenaConfig, CudaArena, CudaConfig, CudaContext};
 use memgov::{BackendErrorKind, DeviceContext, RetireSignal};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +37,10 @@ fn arena_factory() -> Result<CudaContext, memgov::BackendError> {
 }
 
 memgov::conformance_tests!(conformance, super::arena_factory);
+
+fn arena(ctx: &CudaContext) -> CudaArena {
+    ctx.arena().expect("the context has an arena")
+}
 
 fn arena_context(reserve: u64, limit: u64) -> CudaContext {
     CudaContext::new(CudaConfig {
@@ -97,6 +101,16 @@ fn arena_grows_to_its_limit_and_shrinks_with_16_threads_on_4_streams() {
     for seed in ["1", "2", "3"] {
         passes(
             "grow_shrink",
+            &[(LATENCY, "300"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn governed_arena_grows_to_the_budget_and_shrinks_with_16_threads_on_4_streams() {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "governed_grow_shrink",
             &[(LATENCY, "300"), (SEED, seed), (EXIT_CHECK, "1")],
         );
     }
@@ -341,7 +355,7 @@ mod cases {
                                     Err(e) if e.kind == BackendErrorKind::OutOfMemory => break,
                                     Err(e) => panic!("allocate: {e}"),
                                 }
-                                let snap = ctx.arena_snapshot().expect("an arena");
+                                let snap = arena(&ctx).snapshot();
                                 assert!(
                                     snap.mapped <= LIMIT,
                                     "mapped {} over {LIMIT}",
@@ -354,7 +368,7 @@ mod cases {
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("thread")).collect()
             });
-            let snap = ctx.arena_snapshot().expect("an arena");
+            let snap = arena(&ctx).snapshot();
             let count: usize = held.iter().map(Vec::len).sum();
             println!(
                 "round {round}: {count} allocations, mapped {} B of {LIMIT} B, in use {} B, reserved {} B",
@@ -378,8 +392,8 @@ mod cases {
                 released += 1;
             }
             settle(&ctx, &streams, &retired, released);
-            let given = ctx.trim_arena().expect("trim");
-            let snap = ctx.arena_snapshot().expect("an arena");
+            let given = arena(&ctx).trim().expect("trim");
+            let snap = arena(&ctx).snapshot();
             println!(
                 "round {round}: trim gave back {given} B; mapped now {} B",
                 snap.mapped
@@ -393,10 +407,110 @@ mod cases {
         finish(ctx, streams);
     }
 
+    /// The same growth and shrinking through the governor: its budget is
+    /// the limit (the arena may map up to one granule per stream beyond
+    /// it, for rounding), a pressure responder trims the arena, releases
+    /// go through `release_on` on another stream than the buffer's.
+    fn governed_grow_shrink() {
+        use memgov::{ContextConfig, Governor, Role};
+        const BUDGET: u64 = 48 * MIB;
+        let ctx = arena_context(256 * MIB, BUDGET + 16 * MIB);
+        let a = arena(&ctx);
+        let probe = ctx.probe();
+        let gov = Governor::new();
+        let handle = gov.register(ctx, ContextConfig::new().label("arena").budget(BUDGET));
+        let responder = a.clone();
+        handle.add_pressure_responder(move |_| responder.trim().unwrap_or(0));
+        let streams: Vec<_> = (0..4)
+            .map(|i| handle.create_stream(format!("s{i}")).expect("stream"))
+            .collect();
+        let mut cycles = 0;
+        for round in 0..2u64 {
+            let held: Vec<_> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..16u64)
+                    .map(|t| {
+                        let (handle, streams, a) = (&handle, &streams, &a);
+                        sc.spawn(move || {
+                            let si = (t % 4) as usize;
+                            let mut mine = Vec::new();
+                            for i in 0u64.. {
+                                let bytes =
+                                    [4096, 100_000, MIB + 17, 3 * MIB][((t + i) % 4) as usize];
+                                match handle.allocate(&streams[si], bytes, Role::Activation) {
+                                    Ok(buf) => {
+                                        let data =
+                                            pattern(round << 32 | t << 16 | i, bytes as usize);
+                                        buf.write(0, &data).expect("write");
+                                        let at = buf.raw().expect("device memory").device_ptr();
+                                        mine.push((buf, at, si, data));
+                                    }
+                                    Err(e) => {
+                                        assert!(
+                                            e.to_string().contains("budget")
+                                                || e.to_string().contains("OutOfMemory"),
+                                            "a typed refusal, not {e}"
+                                        );
+                                        break;
+                                    }
+                                }
+                                assert!(a.snapshot().mapped <= BUDGET + 16 * MIB);
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .flat_map(|h| h.join().expect("thread"))
+                    .collect()
+            });
+            let snap = a.snapshot();
+            let charged = handle.snapshot().charged;
+            println!(
+                "governed round {round}: {} buffers, charged {charged} B of {BUDGET} B, mapped {} B, in use {} B",
+                held.len(),
+                snap.mapped,
+                snap.in_use
+            );
+            assert!(charged + 3 * MIB + 4096 > BUDGET, "grew to the budget");
+            for (buf, at, si, data) in held {
+                assert_eq!(buf.raw().expect("device memory").device_ptr(), at);
+                let mut back = vec![0u8; data.len()];
+                buf.read(0, &mut back).expect("read");
+                assert!(back == data, "the bytes at {at:#x} changed");
+                buf.release_on(&streams[(si + 1) % 4])
+                    .map_err(|e| e.error)
+                    .expect("release_on");
+                cycles += 1;
+            }
+            for s in &streams {
+                s.synchronize().expect("synchronize");
+            }
+            a.trim().expect("trim");
+            let snap = a.snapshot();
+            assert_eq!(
+                (snap.mapped, snap.in_use, snap.blocks),
+                (0, 0, 0),
+                "{snap:?}"
+            );
+            assert_eq!(handle.snapshot().charged, 0);
+            assert_eq!(vmm()[2..], [0; 4], "every handle released, nothing mapped");
+        }
+        drop(streams);
+        let report = handle
+            .retire()
+            .wait_timeout(std::time::Duration::from_secs(30))
+            .expect("retire");
+        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+        assert_eq!(report.retired_releases, cycles);
+        probe.check_clean_teardown().expect("clean teardown");
+        assert_eq!(vmm(), [0; 6], "nothing of the arena left in the driver");
+        assert!(a.trim().is_err(), "the arena refuses work after teardown");
+    }
+
     fn sleep_wake() {
         let mib: u64 = std::env::var("MEMGOV_ARENA_SLEEP_MIB")
             .ok()
-            .map_or(32, |v| v.parse().expect("MEMGOV_ARENA_SLEEP_MIB"));
+            .map_or(16, |v| v.parse().expect("MEMGOV_ARENA_SLEEP_MIB"));
         let set = mib * MIB;
         let ctx = arena_context(set + 64 * MIB, set + 16 * MIB);
         let s = ctx.create_stream().expect("stream");
@@ -416,19 +530,19 @@ mod cases {
             held.push((m.device_ptr(), m, data));
             total += bytes;
         }
-        let awake = ctx.arena_snapshot().expect("an arena").mapped;
+        let awake = arena(&ctx).snapshot().mapped;
         let started = std::time::Instant::now();
         for cycle in 0..100 {
-            let report = ctx.sleep(true).expect("sleep");
+            let report = arena(&ctx).sleep(true).expect("sleep");
             assert_eq!(report.released, awake);
-            let snap = ctx.arena_snapshot().expect("an arena");
+            let snap = arena(&ctx).snapshot();
             assert_eq!((snap.mapped, snap.asleep), (0, awake), "cycle {cycle}");
             assert_eq!(vmm()[2..], [0; 4], "cycle {cycle}: asleep, nothing held");
             let e = ctx
                 .write(&s, &held[0].1, 0, b"x")
                 .expect_err("a copy while asleep");
             assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
-            assert_eq!(ctx.wake().expect("wake"), awake);
+            assert_eq!(arena(&ctx).wake().expect("wake"), awake);
             for (at, m, data) in &held {
                 assert_eq!(m.device_ptr(), *at);
                 let mut back = vec![0u8; data.len()];
@@ -447,7 +561,7 @@ mod cases {
             release(&ctx, &s, m, &retired);
         }
         settle(&ctx, std::slice::from_ref(&s), &retired, n);
-        ctx.trim_arena().expect("trim");
+        arena(&ctx).trim().expect("trim");
         finish(ctx, vec![s]);
     }
 
@@ -457,16 +571,16 @@ mod cases {
         let m = ctx.allocate(&s, 5 * MIB).expect("allocate");
         ctx.write(&s, &m, 0, &pattern(7, 5 * MIB as usize))
             .expect("write");
-        ctx.sleep(true).expect("sleep");
-        ctx.set_arena_limit(4 * MIB).expect("limit");
-        let e = ctx.wake().expect_err("the wake does not fit");
+        arena(&ctx).sleep(true).expect("sleep");
+        arena(&ctx).set_limit(4 * MIB);
+        let e = arena(&ctx).wake().expect_err("the wake does not fit");
         assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
         assert!(e.message.contains("waking needs 6291456 B"), "{e}");
-        let snap = ctx.arena_snapshot().expect("an arena");
+        let snap = arena(&ctx).snapshot();
         assert_eq!((snap.mapped, snap.asleep), (0, 6 * MIB));
         assert_eq!(vmm()[2..], [0; 4], "nothing mapped by the refused wake");
-        ctx.set_arena_limit(16 * MIB).expect("limit");
-        ctx.wake().expect("wake");
+        arena(&ctx).set_limit(16 * MIB);
+        arena(&ctx).wake().expect("wake");
         let mut back = vec![0u8; 5 * MIB as usize];
         ctx.read(&s, &m, 0, &mut back).expect("read");
         assert!(back == pattern(7, 5 * MIB as usize));
@@ -482,10 +596,10 @@ mod cases {
         let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
         let data = pattern(3, 8 * MIB as usize);
         ctx.write(&s, &m, 0, &data).expect("write");
-        ctx.sleep(true).expect("sleep");
-        let e = ctx.wake().expect_err("the injected failure");
+        arena(&ctx).sleep(true).expect("sleep");
+        let e = arena(&ctx).wake().expect_err("the injected failure");
         assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
-        let snap = ctx.arena_snapshot().expect("an arena");
+        let snap = arena(&ctx).snapshot();
         assert_eq!(
             (snap.mapped, snap.asleep),
             (0, 8 * MIB),
@@ -496,7 +610,7 @@ mod cases {
             [0; 4],
             "the granules mapped before the failure were undone"
         );
-        ctx.wake().expect("the second wake");
+        arena(&ctx).wake().expect("the second wake");
         let mut back = vec![0u8; data.len()];
         ctx.read(&s, &m, 0, &mut back).expect("read");
         assert!(back == data, "the contents survived the failed wake");
@@ -514,7 +628,7 @@ mod cases {
             .expect_err("the injected failure");
         assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
         assert!(e.message.contains("cuMemSetAccess"), "{e}");
-        let snap = ctx.arena_snapshot().expect("an arena");
+        let snap = arena(&ctx).snapshot();
         assert_eq!((snap.mapped, snap.in_use, snap.blocks), (0, 0, 0));
         assert!(snap.quarantined.is_empty());
         assert_eq!(vmm()[2..], [0; 4], "no granule left mapped or unreleased");
@@ -534,9 +648,9 @@ mod cases {
         let retired = Arc::new(AtomicU64::new(0));
         release(&ctx, &s, m, &retired);
         settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        let e = ctx.trim_arena().expect_err("the injected failure");
+        let e = arena(&ctx).trim().expect_err("the injected failure");
         assert!(e.message.contains("quarantined"), "{e}");
-        let snap = ctx.arena_snapshot().expect("an arena");
+        let snap = arena(&ctx).snapshot();
         assert_eq!(snap.quarantined.len(), 1, "{snap:?}");
         assert!(snap.quarantined[0].mapped);
         assert_eq!(
@@ -575,9 +689,9 @@ mod cases {
         release(&ctx, b, m, &retired);
         // A trim now finds the granule still in use (the release has not
         // retired): nothing is unmapped under the copy.
-        assert_eq!(ctx.trim_arena().expect("trim"), 0);
+        assert_eq!(arena(&ctx).trim().expect("trim"), 0);
         settle(&ctx, &streams, &retired, 1);
-        assert_eq!(ctx.trim_arena().expect("trim"), 2 * MIB);
+        assert_eq!(arena(&ctx).trim().expect("trim"), 2 * MIB);
         finish(ctx, streams);
     }
 
@@ -672,6 +786,7 @@ mod cases {
         unsafe {
             match case {
                 "grow_shrink" => grow_shrink(),
+                "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),
                 "wake_refused" => wake_refused(),
                 "wake_fails_half_way" => wake_fails_half_way(),

@@ -2,7 +2,7 @@
 //! life (`cuMemAddressReserve`), backed granule by granule with physical
 //! memory (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) as allocations need
 //! it, and given back granule by granule (`cuMemUnmap`, `cuMemRelease`) by
-//! [`trim`](crate::CudaContext::trim_arena) or [`sleep`](crate::CudaContext::sleep).
+//! [`trim`](CudaArena::trim) or [`sleep`](CudaArena::sleep).
 //!
 //! Invariants, each enforced where it is written:
 //!
@@ -43,6 +43,7 @@ use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use state::{Slot, State};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 
 /// Settings of a context's virtual-memory arena (see [`CudaConfig::arena`]).
@@ -65,6 +66,66 @@ impl Default for ArenaConfig {
             reserve_bytes: 64 << 30,
             limit_bytes: u64::MAX,
         }
+    }
+}
+
+/// A handle on a context's arena ([`CudaContext::arena`]): its snapshot,
+/// trim, limit, sleep and wake. It stays usable after the context is handed
+/// to the governor (a pressure responder can hold one), and refuses work
+/// once the context is torn down.
+///
+/// ```no_run
+/// use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
+/// use memgov::{ContextConfig, Governor};
+/// let ctx = CudaContext::new(CudaConfig {
+///     arena: Some(ArenaConfig { reserve_bytes: 8 << 30, limit_bytes: 4 << 30 }),
+///     ..CudaConfig::default()
+/// })?;
+/// let arena = ctx.arena().expect("configured");
+/// let gov = Governor::new();
+/// let handle = gov.register(ctx, ContextConfig::new().budget(4 << 30));
+/// // Cached granules are what the arena can give back under pressure.
+/// let responder = arena.clone();
+/// handle.add_pressure_responder(move |_| responder.trim().unwrap_or(0));
+/// # Ok::<(), memgov::BackendError>(())
+/// ```
+///
+/// [`CudaContext::arena`]: crate::CudaContext::arena
+#[derive(Clone)]
+pub struct CudaArena {
+    pub(crate) arena: Arc<Arena>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CudaArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaArena")
+            .field("base", &format_args!("{:#x}", self.arena.base))
+            .field("reserved", &self.arena.size)
+            .field("granule", &self.arena.granule)
+            .finish()
+    }
+}
+
+impl CudaArena {
+    /// What the arena holds: reserved, mapped, in use, cached, asleep,
+    /// quarantined.
+    pub fn snapshot(&self) -> ArenaSnapshot {
+        self.arena.snapshot()
+    }
+
+    /// Give back every cached granule (mapped, no allocation in it),
+    /// unmapped and released one by one; returns the bytes given back.
+    pub fn trim(&self) -> Result<u64, BackendError> {
+        self.shared.check_usable("trim")?;
+        self.arena.trim(&self.shared, "trim")
+    }
+
+    /// Set the most physical memory the arena maps, rounded down to whole
+    /// granules. Lowering it unmaps nothing: later maps and wakes are
+    /// refused until enough is given back.
+    pub fn set_limit(&self, bytes: u64) {
+        self.arena.set_limit(bytes);
     }
 }
 
@@ -180,6 +241,9 @@ impl Arena {
         let mut trimmed = false;
         let (offset, mine) = loop {
             let mut st = lock(&self.state);
+            if st.closed {
+                return Err(closed("allocate"));
+            }
             if st.asleep {
                 return Err(asleep("allocate"));
             }
@@ -309,6 +373,9 @@ impl Arena {
     pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
         let victims: Vec<(usize, sys::CUmemGenericAllocationHandle)> = {
             let mut st = lock(&self.state);
+            if st.closed {
+                return Err(closed(op));
+            }
             let v: Vec<_> = (0..st.slots.len())
                 .filter_map(|g| match st.slots[g].slot {
                     Slot::Mapped(h) if st.slots[g].users == 0 => Some((g, h)),
@@ -360,6 +427,11 @@ impl Arena {
     pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
         let held: Vec<(usize, Slot)> = {
             let mut st = lock(&self.state);
+            st.closed = true;
+            // A trim, sleep or wake under way finishes its granules first.
+            while st.slots.iter().any(|g| g.slot.in_transition()) {
+                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
             st.blocks.clear();
             (0..st.slots.len())
                 .filter_map(|g| {
@@ -406,6 +478,14 @@ impl Arena {
         let r = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
         s.checked("teardown", "cuMemAddressFree", r)
     }
+}
+
+pub(crate) fn closed(op: &'static str) -> BackendError {
+    err(
+        op,
+        BackendErrorKind::InvalidArgument,
+        "the arena's context is torn down: its arena is gone",
+    )
 }
 
 pub(crate) fn asleep(op: &'static str) -> BackendError {

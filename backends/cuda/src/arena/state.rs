@@ -83,6 +83,8 @@ pub(crate) struct State {
     pub mapping: u64,
     pub in_use: u64,
     pub asleep: bool,
+    /// Set by teardown: nothing is mapped or unmapped after.
+    pub closed: bool,
 }
 
 impl State {
@@ -103,6 +105,7 @@ impl State {
             mapping: 0,
             in_use: 0,
             asleep: false,
+            closed: false,
         }
     }
 
