@@ -53,6 +53,11 @@ pub struct VulkanConfig {
     /// Host waits (write, read, synchronize, destroy_stream) give up after
     /// this long with an error naming the stream and timeline values.
     pub wait_timeout: Duration,
+    /// Usage flags added to every buffer memgov allocates, beyond the
+    /// `TRANSFER_SRC | TRANSFER_DST | STORAGE_BUFFER` it always sets: for a
+    /// runtime that binds governed buffers as uniform, vertex, index or
+    /// indirect buffers (a buffer may only be bound as what its usage says).
+    pub buffer_usage: vk::BufferUsageFlags,
 }
 
 impl Default for VulkanConfig {
@@ -67,6 +72,7 @@ impl Default for VulkanConfig {
             max_queues: 4,
             loader_path: None,
             wait_timeout: Duration::from_secs(120),
+            buffer_usage: vk::BufferUsageFlags::empty(),
         }
     }
 }
@@ -118,6 +124,17 @@ impl LoaderPath {
 
 /// A device that the runtime already created, handed to
 /// [`VulkanContext::adopt`](crate::VulkanContext::adopt).
+///
+/// With `queue_count` 0 the runtime keeps the device's queues to itself:
+/// memgov then submits nothing (a queue needs external synchronization that
+/// memgov cannot share with another runtime's own lock). Streams are
+/// timelines that no submission advances, so a free retires as soon as the
+/// retirement thread sees it: the runtime releases a buffer only once its
+/// own last submission using it has completed. `write` and `read` go through
+/// the mapping (host-visible memory, [`TransferPath::Auto`]) and are refused
+/// otherwise, as are [`VulkanStream::submit`](crate::VulkanStream::submit)
+/// and [`VulkanStream::gate`](crate::VulkanStream::gate); teardown does not
+/// wait for the device to go idle (nothing of memgov's can be pending).
 pub struct AdoptedDevice {
     /// The loader entry the instance was created with.
     pub entry: ash::Entry,
@@ -129,7 +146,8 @@ pub struct AdoptedDevice {
     pub device: ash::Device,
     /// A queue family with transfer (and compute) support.
     pub queue_family_index: u32,
-    /// How many queues of that family were created (memgov uses all).
+    /// How many queues of that family memgov may submit to (it uses all of
+    /// them, and nobody else may); 0: none, the runtime keeps the queues.
     pub queue_count: u32,
     /// Whether `bufferDeviceAddress` was enabled at device creation.
     pub buffer_device_address: bool,
@@ -138,4 +156,14 @@ pub struct AdoptedDevice {
     /// Whether teardown destroys the device and the instance. With `false`
     /// the runtime keeps them and destroys them after memgov's teardown.
     pub destroy_on_teardown: bool,
+    /// Called once when teardown has finished with the device: everything
+    /// memgov created on it is destroyed and no thread of memgov's touches
+    /// it any more (the device itself too, with `destroy_on_teardown`). A
+    /// runtime that shares the device keeps it alive until then. Not called
+    /// (and leaked, with what it holds) when teardown has to leak the device
+    /// to stay sound; dropped uncalled when adoption fails.
+    pub after_teardown: Option<AfterTeardown>,
 }
+
+/// The hook of [`AdoptedDevice::after_teardown`].
+pub type AfterTeardown = Box<dyn FnOnce() + Send>;

@@ -54,10 +54,12 @@ mod stream;
 mod teardown;
 mod validation;
 
-pub use config::{AdoptedDevice, DeviceSelector, LoaderPath, TransferPath, VulkanConfig};
+pub use config::{
+    AdoptedDevice, AfterTeardown, DeviceSelector, LoaderPath, TransferPath, VulkanConfig,
+};
 pub use memory::VulkanMemory;
 pub use stream::{StreamGate, VulkanStream};
-pub use validation::VulkanValidation;
+pub use validation::{ValidationMessenger, VulkanValidation};
 
 use access::DeviceAccess;
 use ash::vk;
@@ -88,6 +90,9 @@ pub struct VulkanContext {
     created: Option<CreatedInstance>,
     owns_device: bool,
     retire_thread: Mutex<Option<(JoinHandle<()>, Receiver<()>)>>,
+    /// [`AdoptedDevice::after_teardown`], run at the end of teardown.
+    /// (A mutex only to make the context `Sync`: teardown owns it.)
+    after_teardown: Mutex<Option<AfterTeardown>>,
 }
 
 impl fmt::Debug for VulkanContext {
@@ -139,7 +144,10 @@ impl VulkanContext {
     ///   `bufferDeviceAddress` / `VK_EXT_memory_budget` exactly as declared);
     /// * `queue_count` queues of `queue_family_index` exist, and nobody else
     ///   submits to them while this context lives (memgov locks them with
-    ///   its own mutexes, which other code cannot see);
+    ///   its own mutexes, which other code cannot see); with `queue_count`
+    ///   0, every buffer is released only after the runtime's last
+    ///   submission using it has completed (memgov cannot see the runtime's
+    ///   queue, so nothing else orders the free);
     /// * with `destroy_on_teardown == false`, the device and instance outlive
     ///   this context's teardown; with `true`, nobody else destroys them.
     pub unsafe fn adopt(
@@ -156,14 +164,8 @@ impl VulkanContext {
             buffer_device_address,
             memory_budget,
             destroy_on_teardown,
+            after_teardown,
         } = adopted;
-        if queue_count == 0 {
-            return Err(err(
-                "adopt",
-                BackendErrorKind::InvalidArgument,
-                "queue_count is 0; pass the number of queues created in the family",
-            ));
-        }
         // SAFETY: per this function's contract the queues exist.
         let queues = (0..queue_count)
             .map(|i| unsafe { device.get_device_queue(queue_family_index, i) })
@@ -190,7 +192,7 @@ impl VulkanContext {
         } else {
             None
         };
-        Self::assemble(
+        let mut ctx = Self::assemble(
             entry,
             instance,
             created,
@@ -199,7 +201,9 @@ impl VulkanContext {
             config,
             probe,
             destroy_on_teardown,
-        )
+        )?;
+        ctx.after_teardown = Mutex::new(after_teardown);
+        Ok(ctx)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -328,6 +332,7 @@ impl VulkanContext {
             created,
             owns_device,
             retire_thread: Mutex::new(Some(retire_thread)),
+            after_teardown: Mutex::new(None),
         })
     }
 
@@ -373,7 +378,8 @@ impl VulkanContext {
         self.shared.queue_family
     }
 
-    /// Number of queues the streams share.
+    /// Number of queues the streams share (0 for a device adopted without
+    /// queues: memgov submits nothing).
     pub fn queue_count(&self) -> usize {
         self.shared.queues.len()
     }

@@ -104,6 +104,7 @@ impl Shared {
         if self.info.buffer_device_address {
             usage |= vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
         }
+        usage |= self.config.buffer_usage;
         let info = vk::BufferCreateInfo::default()
             .size(bytes)
             .usage(usage)

@@ -109,7 +109,7 @@ impl StreamInner {
         Ok(Arc::new(Self {
             id,
             shared: shared.clone(),
-            queue: (id as usize) % shared.queues.len(),
+            queue: (id as usize).checked_rem(shared.queues.len()).unwrap_or(0),
             timeline,
             submit: Mutex::new(0),
             last: AtomicU64::new(0),
@@ -145,6 +145,13 @@ impl StreamInner {
                 format!("stream {} was destroyed", self.id),
             ));
         }
+        let Some(queue) = self.shared.queues.get(self.queue) else {
+            return Err(err(
+                op,
+                BackendErrorKind::Unsupported,
+                "this context was adopted without queues (AdoptedDevice::queue_count 0): the runtime that owns the device's queue submits, memgov does not; use host-visible memory with TransferPath::Auto for write and read",
+            ));
+        };
         let mut last = lock(&self.submit);
         let prev = *last;
         // The only place a stream's timeline value is chosen: strictly
@@ -175,7 +182,7 @@ impl StreamInner {
             .command_buffers(cmds)
             .signal_semaphores(&signal)
             .push_next(&mut timeline);
-        let queue = lock(&self.shared.queues[self.queue]);
+        let queue = lock(queue);
         // SAFETY: the queue is externally synchronized by its mutex; the
         // semaphores belong to this device; the caller vouches for `cmds`.
         let r = unsafe {

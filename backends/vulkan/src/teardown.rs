@@ -76,7 +76,10 @@ impl VulkanContext {
                 }
             }
         }
-        {
+        // Adopted without queues, memgov submitted nothing and cannot lock
+        // the runtime's queue (vkDeviceWaitIdle needs every queue
+        // externally synchronized): nothing of its own is pending.
+        if !shared.queues.is_empty() {
             // vkDeviceWaitIdle requires external sync of every queue: hold
             // their locks (no stream operation can run anyway: the governor
             // drained and `closing` refuses new ones).
@@ -110,6 +113,8 @@ impl VulkanContext {
                     // anything would be unsound. Leak the device instead.
                     probe.note("retirement thread did not return; device leaked".into());
                     self.created = None;
+                    // The runtime must not destroy the device either.
+                    std::mem::forget(lock(&self.after_teardown).take());
                     return Err(err(
                         "teardown",
                         BackendErrorKind::Other,
@@ -184,6 +189,10 @@ impl VulkanContext {
             }
         }
         probe.common.torn_down_now();
+        let done = lock(&self.after_teardown).take();
+        if let Some(done) = done {
+            done();
+        }
         match first_error {
             Some(e) if !e.is_device_lost() => Err(e),
             _ => Ok(()),

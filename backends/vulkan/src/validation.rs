@@ -137,6 +137,93 @@ impl VulkanValidation {
 /// # Safety
 ///
 /// `cstr` is null or points to a NUL-terminated string valid for the call.
+/// A debug messenger that memgov adds to an instance it did not create,
+/// counting what the validation layer says about everything done on that
+/// instance (a runtime's work and memgov's alike) into a
+/// [`VulkanValidation`] of its own, with the same rules as a context's:
+/// loader notices apart, every warning or error a violation.
+///
+/// It must be [`destroy`](Self::destroy)ed before the instance is: dropping
+/// it without that leaks the messenger (and the counts stay readable).
+pub struct ValidationMessenger {
+    debug_utils: ash::ext::debug_utils::Instance,
+    messenger: vk::DebugUtilsMessengerEXT,
+    probe: Arc<ProbeShared>,
+    destroyed: bool,
+}
+
+impl fmt::Debug for ValidationMessenger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ValidationMessenger")
+            .field("validation", &self.validation())
+            .finish()
+    }
+}
+
+impl ValidationMessenger {
+    /// Create the messenger on `instance`.
+    ///
+    /// # Safety
+    ///
+    /// `instance` was created from `entry` with `VK_EXT_debug_utils`
+    /// enabled, and outlives the messenger (see [`destroy`](Self::destroy)).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error from `vkCreateDebugUtilsMessengerEXT`.
+    pub unsafe fn attach(
+        entry: &ash::Entry,
+        instance: &ash::Instance,
+    ) -> Result<Self, memgov_backend::BackendError> {
+        let probe = Arc::new(ProbeShared::default());
+        let debug_utils = ash::ext::debug_utils::Instance::new(entry, instance);
+        let info = messenger_info(&probe);
+        // SAFETY: per this function's contract the instance has
+        // VK_EXT_debug_utils; the user data (`probe`) is kept by `Self` and
+        // outlives the messenger, which `destroy` destroys first (or which
+        // is leaked, together with a clone of `probe`, when never destroyed).
+        let messenger = unsafe { debug_utils.create_debug_utils_messenger(&info, None) }
+            .map_err(|r| crate::result::error("attach", "vkCreateDebugUtilsMessengerEXT", r))?;
+        Ok(Self {
+            debug_utils,
+            messenger,
+            probe,
+            destroyed: false,
+        })
+    }
+
+    /// What the messenger heard (a handle that stays readable after
+    /// [`destroy`](Self::destroy)).
+    pub fn validation(&self) -> VulkanValidation {
+        VulkanValidation(self.probe.clone())
+    }
+
+    /// Destroy the messenger.
+    ///
+    /// # Safety
+    ///
+    /// The instance it was attached to is still alive.
+    pub unsafe fn destroy(mut self) {
+        // SAFETY: per this function's contract the instance is alive; the
+        // messenger is destroyed once (`self` is consumed).
+        unsafe {
+            self.debug_utils
+                .destroy_debug_utils_messenger(self.messenger, None)
+        };
+        self.destroyed = true;
+    }
+}
+
+impl Drop for ValidationMessenger {
+    fn drop(&mut self) {
+        if !self.destroyed {
+            // Never destroyed: the messenger may still call back, so its
+            // user data must stay alive for good.
+            std::mem::forget(self.probe.clone());
+        }
+    }
+}
+
 unsafe fn lossy(cstr: *const std::ffi::c_char) -> String {
     if cstr.is_null() {
         String::new()

@@ -1,0 +1,482 @@
+//! memgov-wgpu on lavapipe with the validation layer on: buffers governed
+//! and charged, released only after wgpu's last submission using them,
+//! budget refusals as errors, teardown in both orders, the workload bit for
+//! bit against wgpu's own allocator, a budget sweep, and a live device swap.
+
+mod common;
+
+use common::{open, read_back, Alloc, Matmul};
+use memgov::vulkan::VulkanContext;
+use memgov::{Governor, GovernorError, Role};
+use memgov_wgpu::{Error, GovernedDevice, RetireMode};
+use std::time::{Duration, Instant};
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+/// Drop the device, then check what the Vulkan backend and the validation
+/// layer saw over its whole life (the messenger lives until the VkDevice is
+/// destroyed, so `vkDestroyDevice`'s own checks are counted too).
+fn finish(dev: GovernedDevice) {
+    let probe = dev.backend_probe();
+    let validation = dev.validation().expect("validation on");
+    drop(dev);
+    assert_eq!(
+        probe.check_clean_teardown(),
+        Ok(()),
+        "the Vulkan backend's books"
+    );
+    assert_eq!(
+        validation.validation_failures(),
+        0,
+        "validation messages: {:#?}",
+        validation.messages()
+    );
+    println!(
+        "vulkan on the software driver (lavapipe), validation layer on: 0 validation messages ({} loader notices)",
+        validation.loader_messages()
+    );
+}
+
+fn live_buffers(dev: &GovernedDevice) -> u64 {
+    dev.context().snapshot().pins.buffers
+}
+
+#[test]
+fn buffers_are_governed_charged_and_used_by_wgpu() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "charged", 64 << 20) else {
+        return;
+    };
+    let buf = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("kv"),
+                size: 1000,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+            Role::KvCache,
+        )
+        .expect("create");
+    let snap = dev.context().snapshot();
+    assert_eq!(snap.pins.buffers, 1);
+    assert!(snap.charged >= 1000, "charged {}", snap.charged);
+    let kv = snap.by_role.iter().map(|r| r.live_bytes).sum::<u64>();
+    assert!(kv >= 1000, "live bytes by role {:?}", snap.by_role);
+    // New buffers read as zero, like wgpu's.
+    assert_eq!(read_back(dev.device(), dev.queue(), &buf), vec![0u8; 1000]);
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+    dev.queue().write_buffer(&buf, 0, &data);
+    assert_eq!(read_back(dev.device(), dev.queue(), &buf), data);
+    drop(buf);
+    dev.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let report = dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    assert_eq!(report.reclaimed_buffers, 0, "{report:?}");
+    finish(dev);
+}
+
+#[test]
+fn mappable_and_empty_buffers_are_refused_with_a_reason() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "refused", 64 << 20) else {
+        return;
+    };
+    let e = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("staging"),
+                size: 64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+            Role::Other,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Mappable { .. }), "{e}");
+    assert!(e.to_string().contains("wgpu::Device::create_buffer"), "{e}");
+    let e = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("empty"),
+                size: 0,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            },
+            Role::Other,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::ZeroSized(_)), "{e}");
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// The memory of a buffer dropped while a long compute pass still uses it
+/// stays charged and alive until wgpu has seen that pass complete; the
+/// validation layer (which reports a buffer destroyed while in use) stays
+/// silent.
+#[test]
+fn release_waits_for_the_last_submission_using_the_buffer() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "ordered", 64 << 20) else {
+        return;
+    };
+    let (device, queue) = (dev.device(), dev.queue());
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let data = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("data"),
+                size: 4096,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::Activation,
+        )
+        .expect("data");
+    let iterations = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("iterations"),
+                size: 16,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+            Role::Other,
+        )
+        .expect("iterations");
+    queue.write_buffer(
+        &iterations,
+        0,
+        &[200_000u32, 0, 0, 0].map(u32::to_le_bytes).concat(),
+    );
+    let started = Instant::now();
+    common::long_pass(device, queue, &data, &iterations);
+    drop(data);
+    drop(iterations);
+    // Whatever wgpu has not seen complete is still charged: the release is
+    // tied to wgpu's completion, not to the drop.
+    let status = device.poll(wgpu::PollType::Poll).expect("poll");
+    if !status.is_queue_empty() {
+        assert_eq!(
+            live_buffers(&dev),
+            2,
+            "released while the pass may still run"
+        );
+    }
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let ran = started.elapsed();
+    assert_eq!(live_buffers(&dev), 0, "released once the pass completed");
+    println!(
+        "long pass ran {} ms; both buffers released after it",
+        ran.as_millis()
+    );
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// The planted violation: the governed memory released at the drop, while
+/// the long pass still runs, is what the validation layer reports.
+#[test]
+fn planted_release_before_completion_is_reported_by_validation() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "planted", 64 << 20) else {
+        return;
+    };
+    dev.validation().expect("on").set_print(false);
+    let (device, queue) = (dev.device(), dev.queue());
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let data = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("data"),
+                size: 4096,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::Activation,
+        )
+        .expect("data");
+    let iterations = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("iterations"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(
+        &iterations,
+        0,
+        &[200_000u32, 0, 0, 0].map(u32::to_le_bytes).concat(),
+    );
+    common::long_pass(device, queue, &data, &iterations);
+    // Wrong on purpose: free the memory now, while the pass reads it.
+    let memory = data.take_memory_for_test().expect("memory");
+    drop(memory);
+    // memgov's retirement thread destroys the buffer at once (no queue of its
+    // own orders it); wait until it has.
+    let until = Instant::now() + Duration::from_secs(30);
+    while dev.context().snapshot().pins.pending_releases > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let validation = dev.validation().expect("on");
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let messages = validation.messages();
+    assert!(
+        messages.iter().any(|m| m.contains("vkDestroyBuffer")),
+        "the validation layer did not report the buffer destroyed in use: {messages:#?}"
+    );
+    println!(
+        "planted: release before completion reported: {}",
+        messages[0]
+    );
+    // The wgpu buffer's handle is dangling now: leak it rather than let
+    // wgpu touch it again.
+    std::mem::forget(data);
+}
+
+#[test]
+fn budget_refusal_is_an_error_and_the_device_goes_on() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "tight", 1 << 20) else {
+        return;
+    };
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let keep = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("keep"),
+                size: 512 << 10,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::Weights,
+        )
+        .expect("fits");
+    let e = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("big"),
+                size: 768 << 10,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::Activation,
+        )
+        .unwrap_err();
+    match &e {
+        Error::Refused(GovernorError::BudgetExceeded(_)) => {}
+        other => panic!("expected a budget refusal, got {other}"),
+    }
+    assert!(e.to_string().contains("raise the budget"), "{e}");
+    // Nothing was created, the device and the other buffer are as they were.
+    dev.queue().write_buffer(&keep, 0, &[9u8; 16]);
+    assert_eq!(
+        &read_back(dev.device(), dev.queue(), &keep)[..16],
+        &[9u8; 16]
+    );
+    drop(keep);
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// Retiring while wgpu holds a buffer waits for it (the deadline passes and
+/// says who holds what); once dropped, the retire finishes.
+#[test]
+fn retire_waits_for_buffers_wgpu_holds() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "wait", 64 << 20) else {
+        return;
+    };
+    let buf = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("held"),
+                size: 4096,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+            Role::Weights,
+        )
+        .expect("create");
+    dev.queue().write_buffer(&buf, 0, &[1u8; 4096]);
+    let e = dev
+        .retire(
+            Instant::now() + Duration::from_millis(100),
+            RetireMode::Wait,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Retire(_)), "{e}");
+    assert!(e.to_string().contains("weights"), "names the holder: {e}");
+    assert!(matches!(
+        dev.create_buffer(
+            &wgpu::BufferDescriptor {
+                label: None,
+                size: 4,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false
+            },
+            Role::Other
+        ),
+        Err(Error::Retired)
+    ));
+    drop(buf);
+    let report = dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    assert_eq!(report.reclaimed_buffers, 0, "{report:?}");
+    finish(dev);
+}
+
+/// A forced retire destroys the buffers wgpu still holds through wgpu, after
+/// the submissions using them, and tears the context down; the wgpu device
+/// goes on with wgpu's own buffers.
+#[test]
+fn forced_retire_reclaims_through_wgpu() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "force", 64 << 20) else {
+        return;
+    };
+    let m = Matmul::new(dev.device(), dev.queue(), &Alloc::Governed(&dev), 64).expect("matmul");
+    m.dispatch(dev.device(), dev.queue());
+    let report = dev
+        .retire(deadline(), RetireMode::Force)
+        .expect("forced retire");
+    assert_eq!(
+        report.reclaimed_buffers, 0,
+        "released through wgpu, not reclaimed by memgov: {report:?}"
+    );
+    assert_eq!(dev.backend_probe().check_clean_teardown(), Ok(()));
+    // wgpu's own buffers still work on the same VkDevice.
+    let own = Matmul::new(dev.device(), dev.queue(), &Alloc::Wgpu, 16).expect("wgpu's own");
+    assert_eq!(own.run(dev.device(), dev.queue()).len(), 16 * 16 * 4);
+    drop((m, own));
+    finish(dev);
+}
+
+/// Dropping the wgpu side first: the buffers it held are released, and the
+/// VkDevice stays until the memgov context is torn down.
+#[test]
+fn dropping_the_wgpu_device_first_is_safe() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "wgpu-first", 64 << 20) else {
+        return;
+    };
+    let m = Matmul::new(dev.device(), dev.queue(), &Alloc::Governed(&dev), 64).expect("matmul");
+    m.dispatch(dev.device(), dev.queue());
+    let context = dev.context().clone();
+    let probe = dev.backend_probe();
+    let validation = dev.validation().expect("on");
+    drop(m);
+    drop(dev);
+    let report = context
+        .retire()
+        .wait(deadline())
+        .expect("retire after wgpu is gone");
+    assert_eq!(report.reclaimed_buffers, 0, "{report:?}");
+    assert_eq!(probe.check_clean_teardown(), Ok(()));
+    assert_eq!(
+        validation.validation_failures(),
+        0,
+        "{:#?}",
+        validation.messages()
+    );
+}
+
+/// The workload on governed buffers gives the same bits as on wgpu's own.
+#[test]
+fn workload_is_bit_identical_to_wgpus_allocator() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "bits", 64 << 20) else {
+        return;
+    };
+    let n = 128;
+    let own = Matmul::new(dev.device(), dev.queue(), &Alloc::Wgpu, n).expect("wgpu's");
+    let governed =
+        Matmul::new(dev.device(), dev.queue(), &Alloc::Governed(&dev), n).expect("governed");
+    let expected = own.run(dev.device(), dev.queue());
+    let got = governed.run(dev.device(), dev.queue());
+    assert_eq!(got.len(), (n * n * 4) as usize);
+    assert!(
+        expected.iter().any(|&b| b != 0),
+        "the workload computed something"
+    );
+    assert!(
+        got == expected,
+        "governed result differs from wgpu's allocator"
+    );
+    println!(
+        "matmul {n}x{n}: {} bytes bit-identical on governed buffers and wgpu's own",
+        got.len()
+    );
+    drop((own, governed));
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// Budgets from generous to below the working set: the workload runs and is
+/// bit-identical, or its allocation is refused cleanly; never a crash.
+#[test]
+fn budget_sweep_refuses_cleanly_below_the_working_set() {
+    let n = 64;
+    let need = common::working_set(n);
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(reference) = open(&gov, "reference", 64 << 20) else {
+        return;
+    };
+    let expected = Matmul::new(reference.device(), reference.queue(), &Alloc::Wgpu, n)
+        .expect("wgpu's")
+        .run(reference.device(), reference.queue());
+    reference
+        .retire(deadline(), RetireMode::Wait)
+        .expect("retire");
+    finish(reference);
+    let mut ran = 0;
+    let mut refused = 0;
+    for budget in [
+        need * 4,
+        need * 2,
+        need + need / 8,
+        need,
+        need - 1,
+        need / 2,
+        need / 4,
+        4096,
+        1,
+    ] {
+        let Some(dev) = open(&gov, &format!("budget {budget}"), budget) else {
+            return;
+        };
+        match Matmul::new(dev.device(), dev.queue(), &Alloc::Governed(&dev), n) {
+            Ok(m) => {
+                assert!(
+                    m.run(dev.device(), dev.queue()) == expected,
+                    "budget {budget}: result differs"
+                );
+                ran += 1;
+            }
+            Err(Error::Refused(GovernorError::BudgetExceeded(_))) => {
+                assert!(
+                    budget < need,
+                    "budget {budget} >= working set {need} was refused"
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("budget {budget}: {e}"),
+        }
+        dev.retire(deadline(), RetireMode::Wait).expect("retire");
+        finish(dev);
+    }
+    assert!(ran >= 3 && refused >= 4, "ran {ran}, refused {refused}");
+    println!(
+        "budget sweep (working set {need} B): {ran} ran bit-identical, {refused} refused cleanly"
+    );
+}
