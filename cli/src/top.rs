@@ -3,9 +3,12 @@
 //! cached, contexts, bytes given back through the doorbell, rings not
 //! answered) under the ledger's totals (limit, charged, outside memgov,
 //! available), redrawn in place every interval; `--once` prints it once,
-//! `--json` prints one snapshot as JSON. It opens the segment read-only in
-//! effect: it creates nothing and changes nothing unless `--sweep`,
-//! `--repair` or `--reset` asks it to.
+//! `--json` prints one snapshot as JSON. When the key names a device by
+//! UUID or PCI address and the vendor's management library (NVML) is
+//! there, the processes on the device that have no slot on the ledger are
+//! listed under the table, with what the library says each uses. It opens
+//! the segment read-only in effect: it creates nothing and changes nothing
+//! unless `--sweep`, `--repair` or `--reset` asks it to.
 
 use clap::Args;
 use std::path::PathBuf;
@@ -15,7 +18,7 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// The device key: the ledger at /dev/shm/memgov-<key> (the key as the
-    /// processes joined it: a CUDA device UUID, a PCI bus id, a name).
+    /// processes joined it: `gpu-<uuid>`, `pci-<address>`, a name).
     #[arg(long, default_value = "host:0")]
     device: String,
     /// The segment's file, when the processes were given one.
@@ -81,6 +84,21 @@ pub fn main(args: &TopArgs) -> ExitCode {
         let mut v = serde_json::to_value(&snap).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
             o.insert("available".into(), snap.available().into());
+            match outside_processes(&snap) {
+                Ok(list) => {
+                    let list: Vec<_> = list
+                        .iter()
+                        .map(|(p, name)| {
+                            serde_json::json!({"pid": p.pid, "name": name, "bytes": p.bytes})
+                        })
+                        .collect();
+                    o.insert("outside_process_list".into(), list.into());
+                }
+                Err(why) => {
+                    o.insert("outside_process_list".into(), serde_json::Value::Null);
+                    o.insert("outside_process_list_missing".into(), why.into());
+                }
+            }
             o.insert(
                 "consistent".into(),
                 ledger
@@ -92,16 +110,69 @@ pub fn main(args: &TopArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.once {
-        print!("{}", table(&ledger.snapshot()));
+        print!("{}", view(&ledger));
         return ExitCode::SUCCESS;
     }
     loop {
         // Home, clear to the end: the table redraws in place.
-        print!("\x1b[H\x1b[J{}", table(&ledger.snapshot()));
+        print!("\x1b[H\x1b[J{}", view(&ledger));
         use std::io::Write;
         let _ = std::io::stdout().flush();
         std::thread::sleep(Duration::from_millis(args.interval_ms.max(50)));
     }
+}
+
+/// The processes on the device without a slot on the ledger, with their
+/// names from `/proc`, as the management library reports them; or why
+/// there is no such list.
+fn outside_processes(
+    snap: &memgov::machine::MachineSnapshot,
+) -> Result<Vec<(memgov::machine::DeviceProcess, String)>, String> {
+    let id = memgov::DeviceIdentity::from_key(&snap.key).ok_or_else(|| {
+        format!(
+            "the key '{}' names no device by UUID or PCI address",
+            snap.key
+        )
+    })?;
+    let found = memgov::machine::device_processes(&id).map_err(|e| e.to_string())?;
+    let members: Vec<u32> = snap
+        .processes
+        .iter()
+        .filter(|p| p.live)
+        .map(|p| p.pid)
+        .collect();
+    Ok(found
+        .processes
+        .into_iter()
+        .filter(|p| !members.contains(&p.pid))
+        .map(|p| {
+            let name = std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                .map_or_else(|_| "?".to_owned(), |n| n.trim().to_owned());
+            (p, name)
+        })
+        .collect())
+}
+
+fn view(ledger: &memgov::machine::MachineLedger) -> String {
+    use std::fmt::Write;
+    let snap = ledger.snapshot();
+    let mut out = table(&snap);
+    match outside_processes(&snap) {
+        Ok(list) if list.is_empty() => {
+            out.push_str("no process outside memgov on the device\n");
+        }
+        Ok(list) => {
+            let _ = writeln!(out, "outside memgov on the device:");
+            for (p, name) in list {
+                let bytes = p.bytes.map_or_else(|| "unknown".to_owned(), short);
+                let _ = writeln!(out, "{:>8} {:<20} {:>9}", p.pid, name, bytes);
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(out, "processes outside memgov: not listed ({why})");
+        }
+    }
+    out
 }
 
 fn fail(json: bool, error: &str) -> ExitCode {
@@ -158,10 +229,11 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
     };
     let _ = writeln!(
         out,
-        "limit {}  charged {}  outside memgov {}  available {}  ({observed}; {} dead processes reclaimed)",
+        "limit {}  charged {}  outside memgov {} ({} by processes the management library named)  available {}  ({observed}; {} dead processes reclaimed)",
         short(s.limit),
         short(s.charged),
         short(s.outside),
+        short(s.outside_processes),
         short(s.available()),
         s.reclaims
     );

@@ -465,11 +465,70 @@ fn top_shows_the_machine_ledger() {
     assert_eq!(procs[0]["pid"], std::process::id());
     assert_eq!(procs[0]["floor"], 1 << 20);
 
+    // A name key names no device a management library could be asked
+    // about: said, not guessed.
+    assert_eq!(v["outside_process_list"], serde_json::Value::Null);
+    assert!(
+        v["outside_process_list_missing"]
+            .as_str()
+            .unwrap()
+            .contains("names no device by UUID or PCI address"),
+        "{v}"
+    );
+
     let missing = dir.join("none");
     let (code, out) = memgov(&["top", "--path", missing.to_str().unwrap(), "--json"]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("\"error\""), "{out}");
     assert!(!missing.exists(), "top created a segment");
     drop(me);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `memgov top` on a ledger keyed by a device UUID lists the processes on
+/// the device that have no slot, as NVML reports them: run with NVML's
+/// stand-in on the library path (scripts/ci/35-machine.sh), it must list
+/// them; without NVML it says why there is no list.
+#[cfg(target_os = "linux")]
+#[test]
+fn top_lists_the_processes_outside_memgov() {
+    use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    // The NVML stand-in's device 0.
+    let key = "gpu-6d656d67-6f76-2d73-7461-6e64696e0000";
+    let dir = std::env::temp_dir().join(format!("memgov-cli-top-nvml-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger");
+    let procs = dir.join("processes");
+    let me = std::process::id();
+    std::fs::write(&procs, format!("0 {me} 1048576\n0 4000001 209715200\n")).unwrap();
+    let ledger = MachineLedger::open(&LedgerOptions::new(key, 1 << 30).path(&path)).unwrap();
+    let member = ledger
+        .join(JoinOptions::new("top-nvml").lease_chunk(0))
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .args(["top", "--path", path.to_str().unwrap(), "--once"])
+        .env("MEMGOV_STANDIN_NVML_PROCESSES", &procs)
+        .output()
+        .expect("run memgov");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    if text.contains("skipped: no libnvidia-ml.so.1") {
+        println!("skipped: no libnvidia-ml.so.1 on the library path (NVML's stand-in lists the processes in CI)");
+    } else {
+        assert!(text.contains("outside memgov on the device:"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("4000001"))
+            .unwrap_or_else(|| panic!("no row for the outside process: {text}"));
+        assert!(row.contains("200.0 MiB"), "{row}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{me} ")) && l.contains("1.0 MiB")),
+            "this process has a slot, yet it is listed as outside: {text}"
+        );
+        println!("memgov top listed pid 4000001 (200.0 MiB) outside memgov, from NVML");
+    }
+    drop(member);
     let _ = std::fs::remove_dir_all(&dir);
 }

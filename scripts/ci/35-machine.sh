@@ -30,6 +30,11 @@ n=$(grep -c "the processes govern cuda (stand-in), on ledger 'gpu-6d656d67-6f76-
 [ "$n" -eq 3 ] || { echo "FAILED: $n of 3 CUDA runs governed the stand-in's device under its UUID"; exit 1; }
 n=$(grep -c "nvml: 3 of 4 processes outside the ledger" "$log" || true)
 [ "$n" -eq 3 ] || { echo "FAILED: NVML's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
+# `memgov top` lists the processes outside memgov that NVML names.
+LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked -p memgov-cli --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"
+grep -q "memgov top listed pid 4000001 (200.0 MiB) outside memgov, from NVML" "$log" ||
+    { echo "FAILED: memgov top did not list the process outside memgov from NVML's stand-in"; exit 1; }
 grep -q "skipped: no libnvidia-ml.so.1" "$log" ||
     { echo "FAILED: without NVML the host runs did not say they skipped it"; exit 1; }
 cargo bench --locked -p memgov --bench machine -- --test 2>&1 | tee -a "$log"
