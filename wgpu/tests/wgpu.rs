@@ -480,3 +480,119 @@ fn budget_sweep_refuses_cleanly_below_the_working_set() {
         "budget sweep (working set {need} B): {ran} ran bit-identical, {refused} refused cleanly"
     );
 }
+
+/// A live device swap: the workload runs on one device, its live buffers
+/// move to a second device's context with `ContextHandle::migrate`, the old
+/// context retires with their frees in flight, and the workload goes on on
+/// the new device with bit-identical results.
+#[test]
+fn live_device_swap_moves_the_workload_bit_for_bit() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(old) = open(&gov, "gpu0", 64 << 20) else {
+        return;
+    };
+    let Some(new) = open(&gov, "gpu1", 64 << 20) else {
+        return;
+    };
+    let n = 64;
+    let m = Matmul::new(old.device(), old.queue(), &Alloc::Governed(&old), n).expect("on gpu0");
+    let expected = m.run(old.device(), old.queue());
+    // Still running on the old device when the swap begins.
+    m.dispatch(old.device(), old.queue());
+    let live = m
+        .into_buffers()
+        .map(|b| match b {
+            common::Buf::Governed(g) => g,
+            common::Buf::Wgpu(_) => unreachable!("governed"),
+        })
+        .into_iter()
+        .collect::<Vec<_>>();
+    let charged: u64 = live.iter().map(|b| b.charged()).sum();
+    let moved = old
+        .migrate_to(&new, live)
+        .map_err(|(e, _)| e)
+        .expect("swap");
+    assert_eq!(moved.len(), 4);
+    assert_eq!(new.context().snapshot().pins.buffers, 4);
+    assert!(new.context().snapshot().charged >= charged);
+    // The old context retires with the frees of the moved-out buffers queued.
+    let report = old
+        .retire(deadline(), RetireMode::Wait)
+        .expect("old retires");
+    assert_eq!(report.reclaimed_buffers, 0, "{report:?}");
+    assert!(report.retired_releases >= 4, "{report:?}");
+    finish(old);
+    let [a, b, c, dims]: [memgov_wgpu::GovernedBuffer; 4] = moved.try_into().expect("four");
+    let buffers = [a, b, c, dims].map(common::Buf::Governed);
+    let m = Matmul::with_buffers(new.device(), n, buffers);
+    // C as the old device left it, then computed again on the new one.
+    assert!(
+        read_back(new.device(), new.queue(), &m.c) == expected,
+        "C moved bit for bit"
+    );
+    assert!(
+        m.run(new.device(), new.queue()) == expected,
+        "recomputed bit for bit"
+    );
+    println!("live swap: 4 buffers ({charged} B) moved gpu0 -> gpu1, old context retired with {} releases, results bit-identical", report.retired_releases);
+    drop(m);
+    new.retire(deadline(), RetireMode::Wait)
+        .expect("new retires");
+    finish(new);
+}
+
+/// A swap the target refuses (its budget is below the working set) leaves
+/// every buffer on the source, contents unchanged, and the workload runs on.
+#[test]
+fn refused_swap_leaves_the_workload_on_the_source() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(old) = open(&gov, "gpu0", 64 << 20) else {
+        return;
+    };
+    let Some(small) = open(&gov, "small", 16 << 10) else {
+        return;
+    };
+    let n = 64;
+    let m = Matmul::new(old.device(), old.queue(), &Alloc::Governed(&old), n).expect("on gpu0");
+    let expected = m.run(old.device(), old.queue());
+    let live: Vec<_> = m
+        .into_buffers()
+        .into_iter()
+        .map(|b| match b {
+            common::Buf::Governed(g) => g,
+            common::Buf::Wgpu(_) => unreachable!("governed"),
+        })
+        .collect();
+    let (e, back) = old.migrate_to(&small, live).expect_err("refused");
+    assert!(
+        matches!(
+            e,
+            Error::Migrate {
+                source: GovernorError::BudgetExceeded(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(back.len(), 4);
+    assert_eq!(
+        small.context().snapshot().pins.buffers,
+        0,
+        "nothing left on the target"
+    );
+    let [a, b, c, dims]: [memgov_wgpu::GovernedBuffer; 4] = back.try_into().expect("four");
+    let m = Matmul::with_buffers(old.device(), n, [a, b, c, dims].map(common::Buf::Governed));
+    assert!(
+        read_back(old.device(), old.queue(), &m.c) == expected,
+        "contents unchanged"
+    );
+    assert!(
+        m.run(old.device(), old.queue()) == expected,
+        "the workload runs on"
+    );
+    drop(m);
+    for dev in [old, small] {
+        dev.retire(deadline(), RetireMode::Wait).expect("retire");
+        finish(dev);
+    }
+}

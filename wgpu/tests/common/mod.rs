@@ -175,6 +175,12 @@ impl Matmul {
         queue.write_buffer(&a, 0, &bytes(&va));
         queue.write_buffer(&b, 0, &bytes(&vb));
         queue.write_buffer(&dims, 0, &n.to_le_bytes());
+        Ok(Self::with_buffers(device, n, [a, b, c, dims]))
+    }
+
+    /// The workload on buffers that already hold its inputs (moved from
+    /// another device, say).
+    pub fn with_buffers(device: &wgpu::Device, n: u32, [a, b, c, dims]: [Buf; 4]) -> Self {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("matmul"),
             source: wgpu::ShaderSource::Wgsl(MATMUL.into()),
@@ -210,7 +216,7 @@ impl Matmul {
                 },
             ],
         });
-        Ok(Self {
+        Self {
             n,
             a,
             b,
@@ -218,7 +224,12 @@ impl Matmul {
             dims,
             pipeline,
             bind_group,
-        })
+        }
+    }
+
+    /// The buffers, A, B, C, dims (the pipeline is dropped).
+    pub fn into_buffers(self) -> [Buf; 4] {
+        [self.a, self.b, self.c, self.dims]
     }
 
     /// Dispatch once and submit (does not wait).
