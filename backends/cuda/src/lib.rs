@@ -531,7 +531,9 @@ impl DeviceContext for CudaContext {
             total_bytes: s.total_bytes,
             driver: format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10),
             execution: s.execution,
-            stream_ordered_reuse: true,
+            // The arena reuses a range only once its release has retired
+            // (the stream passed it), not at once on the same stream.
+            stream_ordered_reuse: self.arena.is_none(),
         }
     }
 
