@@ -20,9 +20,9 @@
 //! * bad input: another layout version, a corrupt header, another device's
 //!   segment, another user's segment, a process asking more than the
 //!   device: each a clear error, the segment unchanged, and recoverable.
-//! * `outside_processes_from_the_management_library`: what NVML says
-//!   processes without a slot use is kept from admission (on NVML's
-//!   stand-in where the real library is absent).
+//! * `outside_processes_from_the_management_library`: what NVML and ROCm
+//!   SMI say processes without a slot use is kept from admission (on their
+//!   stand-ins where the real libraries are absent).
 //!
 //! The processes govern a host context, or, with
 //! `MEMGOV_MACHINE_BACKEND=cuda` (and the `cuda` feature), a CUDA context:
@@ -295,6 +295,7 @@ fn child_process_entry() {
         "churn" => child_churn(&path),
         "holder" => child_holder(&path),
         "nvml" => child_nvml(&path),
+        "rocm-smi" => child_rocm_smi(&path),
         other => panic!("unknown child scenario {other}"),
     }
 }
@@ -359,7 +360,10 @@ fn child_hammer(path: &Path) {
                             assert_eq!(m.outside, 0, "{e}");
                             assert_eq!(m.limit, HAMMER_LIMIT);
                             let text = e.to_string();
-                            assert!(text.contains(&format!("machine ledger '{}'", key())), "{text}");
+                            assert!(
+                                text.contains(&format!("machine ledger '{}'", key())),
+                                "{text}"
+                            );
                             refusals.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(other) => panic!("unexpected error: {other}"),
@@ -571,10 +575,7 @@ fn child_holder(path: &Path) {
     }
 }
 
-fn requester(
-    path: &Path,
-    timeout: Duration,
-) -> (Governor<AnyContext>, ContextHandle<AnyContext>) {
+fn requester(path: &Path, timeout: Duration) -> (Governor<AnyContext>, ContextHandle<AnyContext>) {
     let member = ledger(path, TRIM_LIMIT)
         .join(JoinOptions::new("requester").priority(200))
         .unwrap();
@@ -910,11 +911,19 @@ fn child_nvml(path: &Path) {
     );
     // By PCI address, the same device.
     let by_pci = memgov::DeviceIdentity::named("hip", "x").with_pci_bus_id("0000:10:00.0");
-    assert_eq!(device_processes(&by_pci).unwrap().processes, found.processes);
+    assert_eq!(
+        device_processes(&by_pci).unwrap().processes,
+        found.processes
+    );
     // A device NVML does not know: its error, named.
     let unknown = memgov::DeviceIdentity::named("cuda", "x").with_uuid([7; 16]);
     match device_processes(&unknown) {
-        Err(ManagementError::Call { code: 6, function, message, .. }) => {
+        Err(ManagementError::Call {
+            code: 6,
+            function,
+            message,
+            ..
+        }) => {
             assert_eq!(function, "nvmlDeviceGetHandleByUUID");
             assert_eq!(message, "Not Found");
         }
@@ -922,20 +931,31 @@ fn child_nvml(path: &Path) {
     }
 
     let ledger = ledger(path, 1 << 30);
-    let member = ledger.join(JoinOptions::new("watcher").lease_chunk(0)).unwrap();
+    let member = ledger
+        .join(JoinOptions::new("watcher").lease_chunk(0))
+        .unwrap();
     // This process has a slot: only the other three are outside.
     let outside = ledger.observe_processes(&found);
-    assert_eq!(outside.iter().map(|p| p.pid).collect::<Vec<_>>(), [4000001, 4000002, 4000003]);
+    assert_eq!(
+        outside.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        [4000001, 4000002, 4000003]
+    );
     let snap = ledger.snapshot();
     assert_eq!(snap.outside_processes, 250 * MIB);
-    assert_eq!(snap.outside, 250 * MIB, "the driver was never observed: NVML's figure counts");
+    assert_eq!(
+        snap.outside,
+        250 * MIB,
+        "the driver was never observed: NVML's figure counts"
+    );
     let e = member.charge(800 * MIB).unwrap_err();
     assert_eq!(e.outside, 250 * MIB, "{e}");
     member.charge(700 * MIB).unwrap();
     member.uncharge(700 * MIB);
 
     // More processes than the first query has room for: asked again.
-    let many: String = (0..40).map(|i| format!("0 {} 1048576\n", 5000000 + i)).collect();
+    let many: String = (0..40)
+        .map(|i| format!("0 {} 1048576\n", 5000000 + i))
+        .collect();
     std::fs::write(&file, many).unwrap();
     let found = device_processes(&id).unwrap();
     assert_eq!(found.processes.len(), 40);
@@ -963,7 +983,11 @@ fn outside_processes_from_the_management_library() {
         let from_key = memgov::DeviceIdentity::from_key(key()).unwrap();
         assert_eq!(from_key.uuid(), stand_in_device().uuid(), "{}", key());
     }
-    let mut child = spawn("nvml", &path, &[(NVML_FILE, dir.file("processes").display().to_string())]);
+    let mut child = spawn(
+        "nvml",
+        &path,
+        &[(NVML_FILE, dir.file("processes").display().to_string())],
+    );
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     let status = child.wait().unwrap();
@@ -971,6 +995,86 @@ fn outside_processes_from_the_management_library() {
     assert!(status.success(), "the nvml child failed: {out}");
     assert!(
         out.contains("nvml: 3 of 4 processes") || out.contains("skipped: "),
+        "the child neither passed nor said why it skipped: {out}"
+    );
+}
+
+const ROCM_SMI_FILE: &str = "MEMGOV_STANDIN_ROCM_SMI_PROCESSES";
+
+fn child_rocm_smi(path: &Path) {
+    use memgov::machine::{device_processes, DeviceProcess, ManagementError};
+    let file = PathBuf::from(env(ROCM_SMI_FILE));
+    let me = std::process::id();
+    std::fs::write(
+        &file,
+        format!("0 {me} 1048576\n0 4000001 104857600\n1 4000001 999\n1 4000002 5000\n"),
+    )
+    .unwrap();
+    // The HIP stand-in's devices 0 and 1 (device 1's BDFID carries
+    // partition bits, which a reader masks).
+    let dev0 = memgov::DeviceIdentity::named("hip", "stand-in").with_pci_bus_id("0000:20:00.0");
+    let dev1 = memgov::DeviceIdentity::named("hip", "stand-in").with_pci_bus_id("0000:21:00.0");
+    let found = match device_processes(&dev0) {
+        Ok(f) => f,
+        Err(e @ ManagementError::Unavailable { .. }) => {
+            println!("{e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let p = |pid, bytes| DeviceProcess {
+        pid,
+        bytes: Some(bytes),
+    };
+    assert_eq!(
+        found.library, "rocm-smi",
+        "a HIP device asks ROCm SMI first"
+    );
+    assert_eq!(
+        found.processes,
+        vec![p(me, MIB), p(4000001, 100 * MIB)],
+        "the figures on this device, not the process's total; device 1's process left out"
+    );
+    assert_eq!(
+        device_processes(&dev1).unwrap().processes,
+        vec![p(4000001, 999), p(4000002, 5000)]
+    );
+    let nowhere = memgov::DeviceIdentity::named("hip", "x").with_pci_bus_id("0000:99:00.0");
+    assert!(
+        matches!(
+            device_processes(&nowhere),
+            Err(ManagementError::Call { code: 6 | 10, .. })
+        ),
+        "a device no library knows is an error naming the call"
+    );
+    let ledger = ledger(path, 1 << 30);
+    let member = ledger.join(JoinOptions::new("amd").lease_chunk(0)).unwrap();
+    let outside = ledger.observe_processes(&found);
+    assert_eq!(outside, vec![p(4000001, 100 * MIB)]);
+    assert_eq!(ledger.snapshot().outside, 100 * MIB);
+    drop(member);
+    println!("rocm-smi: 1 of 2 processes on the device outside the ledger, 100 MiB kept from admission; per-device figures, partition bits masked");
+}
+
+#[test]
+fn outside_processes_from_rocm_smi() {
+    let dir = TempDir::new("rocm-smi");
+    let path = dir.file("ledger");
+    let mut child = spawn(
+        "rocm-smi",
+        &path,
+        &[
+            (ROCM_SMI_FILE, dir.file("processes").display().to_string()),
+            ("MEMGOV_STANDIN_HIP_DEVICES", "2".to_owned()),
+        ],
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let status = child.wait().unwrap();
+    print!("{out}");
+    assert!(status.success(), "the rocm-smi child failed: {out}");
+    assert!(
+        out.contains("rocm-smi: 1 of 2 processes") || out.contains("skipped: "),
         "the child neither passed nor said why it skipped: {out}"
     );
 }

@@ -15,9 +15,9 @@ for seed in 1 2 3; do
     MEMGOV_MACHINE_SEED=$seed cargo test --locked --release -p memgov --test machine -- --nocapture 2>&1 | tee -a "$log"
 done
 # The same processes governing CUDA contexts on the CUDA stand-in, the
-# ledger keyed by the device's UUID as the driver reports it, and NVML's
-# stand-in reporting the device's processes.
-standins="$(backends/stand-ins/build.sh cuda nvml)"
+# ledger keyed by the device's UUID as the driver reports it, and the NVML
+# and ROCm SMI stand-ins reporting the devices' processes.
+standins="$(backends/stand-ins/build.sh cuda nvml rocm-smi)"
 for seed in 1 2 3; do
     MEMGOV_MACHINE_SEED=$seed MEMGOV_MACHINE_BACKEND=cuda \
         LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -30,6 +30,8 @@ n=$(grep -c "the processes govern cuda (stand-in), on ledger 'gpu-6d656d67-6f76-
 [ "$n" -eq 3 ] || { echo "FAILED: $n of 3 CUDA runs governed the stand-in's device under its UUID"; exit 1; }
 n=$(grep -c "nvml: 3 of 4 processes outside the ledger" "$log" || true)
 [ "$n" -eq 3 ] || { echo "FAILED: NVML's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
+n=$(grep -c "rocm-smi: 1 of 2 processes on the device outside the ledger" "$log" || true)
+[ "$n" -eq 3 ] || { echo "FAILED: ROCm SMI's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
 # `memgov top` lists the processes outside memgov that NVML names.
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked -p memgov-cli --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"

@@ -29,6 +29,7 @@ expect_all_passed "$target/cuda-stand-in.log" "CUDA suite on the stand-in"
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" "$target/cuda-stand-in.log"
 grep -q "soak: cuda: " "$target/cuda-stand-in.log"
 echo "--- CUDA arena, sleep/wake and the stand-in's VMM rules"; on_stand_in cargo test --locked -p memgov-cuda --test arena -- --nocapture 2>&1 | tee "$target/cuda-arena.log"; grep -q "child sleep_wake: ok" "$target/cuda-arena.log"; on_stand_in cargo bench --locked -p memgov-cuda --bench arena -- --test
+grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e0000 (PCI 0000:10:00.0)" "$target/cuda-stand-in.log"
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).
 for latency in 300 2000; do

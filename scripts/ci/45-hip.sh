@@ -33,6 +33,7 @@ on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned -- --noca
 grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" "$target/hip-stand-in.log"
 grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" "$target/hip-stand-in.log"
 grep -q "soak: hip, " "$target/hip-stand-in.log"
+grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e6800 (PCI 0000:20:00.0)" "$target/hip-stand-in.log"
 grep -q "test pinned_tier_writes_and_reads_through_the_device_pointer_of_mapped_host_memory ... ok" "$target/hip-stand-in.log"
 grep -q "test planted_copies_of_the_wrong_kind_abort_the_stand_in ... ok" "$target/hip-stand-in.log"
 # The whole file again with every queued operation delayed, at several

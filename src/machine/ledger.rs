@@ -47,8 +47,8 @@
 
 use super::segment::{
     futex_wake, Segment, H_LEDGER, H_LIMIT, H_NEWS, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS,
-    H_WAITERS, S_ANSWERED, S_ASK, S_C, S_CACHED,
-    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED, S_W, UNIT,
+    H_WAITERS, S_ANSWERED, S_ASK, S_C, S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY,
+    S_RING, S_START, S_STATE, S_USED, S_W, UNIT,
 };
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 

@@ -1,5 +1,6 @@
 //! Per-process device memory from the vendor's management library, loaded
-//! at run time: NVML (`libnvidia-ml.so.1`, shipped with the NVIDIA driver).
+//! at run time: NVML (`libnvidia-ml.so.1`, shipped with the NVIDIA driver)
+//! and ROCm SMI (`librocm_smi64`, shipped with ROCm).
 //!
 //! The driver's free/total says *how much* of a device is used outside
 //! memgov; the management library says *by whom*. A process on the device
@@ -8,9 +9,12 @@
 //! [`MachineLedger::observe_processes`](super::MachineLedger::observe_processes))
 //! and named in `memgov top`.
 //!
-//! The library is opened once per process and stays loaded (NVML is
-//! initialised once, `nvmlInit_v2`, and never shut down: other code in the
-//! process may use it too, and NVML counts initialisations). Nothing here
+//! Each library is opened once per process and stays loaded (initialised
+//! once, `nvmlInit_v2` / `rsmi_init`, and never shut down: other code in
+//! the process may use it too, and both count initialisations). NVML finds
+//! a device by UUID or PCI address, ROCm SMI by PCI address; a HIP device
+//! is asked of ROCm SMI first, any other of NVML first, and the other
+//! library is asked when the first is missing or does not know the device. Nothing here
 //! is needed for the ledger to work: without the library, per-process
 //! figures are simply not there, and [`device_processes`] says why.
 
@@ -33,7 +37,7 @@ pub struct DeviceProcess {
 /// Every process on one device, from one query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceProcesses {
-    /// The library that answered (`"nvml"`).
+    /// The library that answered (`"nvml"`, `"rocm-smi"`).
     pub library: &'static str,
     /// The processes, one entry per pid (a process in both NVML's compute
     /// and graphics lists is counted once, with the larger figure).
@@ -45,7 +49,7 @@ pub struct DeviceProcesses {
 #[non_exhaustive]
 pub enum ManagementError {
     /// The library is not there, or lacks a function this needs.
-    #[error("skipped: no {library} ({why}); per-process figures need the vendor's management library (libnvidia-ml.so.1 comes with the NVIDIA driver); the ledger still sees outside memory through the driver's free/total")]
+    #[error("skipped: no {library} ({why}); per-process figures need the vendor's management library (libnvidia-ml.so.1 comes with the NVIDIA driver, librocm_smi64 with ROCm); the ledger still sees outside memory through the driver's free/total")]
     Unavailable {
         /// The library's file name.
         library: &'static str,
@@ -75,7 +79,7 @@ pub enum ManagementError {
     },
 }
 
-/// The processes on the device `identity` names, from NVML.
+/// The processes on the device `identity` names, from NVML or ROCm SMI.
 ///
 /// ```no_run
 /// use memgov::machine::{device_processes, ManagementError};
@@ -96,12 +100,100 @@ pub fn device_processes(identity: &DeviceIdentity) -> Result<DeviceProcesses, Ma
             key: identity.key(),
         });
     }
-    let nvml = nvml()?;
-    nvml.processes(identity)
+    let amd_first = identity.backend() == "hip";
+    let asks: [Ask; 2] = if amd_first {
+        [ask_rocm_smi, ask_nvml]
+    } else {
+        [ask_nvml, ask_rocm_smi]
+    };
+    let first = asks[0](identity);
+    match &first {
+        // The first library is missing, or does not know the device (or
+        // cannot look it up: ROCm SMI has no UUIDs): the other may.
+        Err(ManagementError::Unavailable { .. }) | Err(ManagementError::Unidentified { .. }) => {}
+        Err(ManagementError::Call { code, library, .. })
+            if (*library == "nvml" && *code == i64::from(NVML_ERROR_NOT_FOUND))
+                || (*library == "rocm-smi" && *code == RSMI_NOT_FOUND) => {}
+        _ => return first,
+    }
+    match asks[1](identity) {
+        Ok(found) => Ok(found),
+        // Neither library is there: say so for both.
+        Err(ManagementError::Unavailable { why, .. })
+            if matches!(first, Err(ManagementError::Unavailable { .. })) =>
+        {
+            let Err(ManagementError::Unavailable { why: first_why, .. }) = first else {
+                unreachable!()
+            };
+            Err(ManagementError::Unavailable {
+                library: if amd_first {
+                    "librocm_smi64 or libnvidia-ml.so.1"
+                } else {
+                    "libnvidia-ml.so.1 or librocm_smi64"
+                },
+                why: format!("{first_why}; {why}"),
+            })
+        }
+        Err(ManagementError::Unavailable { .. }) | Err(ManagementError::Unidentified { .. }) => {
+            first
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// One library's query.
+type Ask = fn(&DeviceIdentity) -> Result<DeviceProcesses, ManagementError>;
+
+fn ask_nvml(identity: &DeviceIdentity) -> Result<DeviceProcesses, ManagementError> {
+    nvml()?.processes(identity)
+}
+
+fn ask_rocm_smi(identity: &DeviceIdentity) -> Result<DeviceProcesses, ManagementError> {
+    let Some(bus) = identity.pci_bus_id() else {
+        return Err(ManagementError::Unidentified {
+            key: identity.key(),
+        });
+    };
+    rocm_smi()?.processes(bus, identity)
+}
+
+/// Open the first of `names` that loads; its handle is never closed.
+fn open_library(names: &[&str]) -> Result<*mut c_void, String> {
+    let mut whys = Vec::new();
+    for name in names {
+        let c = CString::new(*name).expect("no NUL in a library name");
+        // SAFETY: dlopen with a valid NUL-terminated name; the handle is
+        // never closed, so every symbol taken from it stays valid for the
+        // process's life.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if !handle.is_null() {
+            return Ok(handle);
+        }
+        // SAFETY: dlerror returns a NUL-terminated string owned by libc, or
+        // null; it is copied at once.
+        whys.push(unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                format!("{name}: dlopen failed")
+            } else {
+                CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        });
+    }
+    Err(whys.join("; "))
+}
+
+/// The symbol `name` of `handle`, or `None`.
+fn symbol(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
+    let c = CString::new(name).expect("no NUL in a symbol name");
+    // SAFETY: a live handle (never closed) and a valid NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
 }
 
 const NVML: &str = "libnvidia-ml.so.1";
 const NVML_SUCCESS: c_int = 0;
+const NVML_ERROR_NOT_FOUND: c_int = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
 /// `usedGpuMemory` when NVML cannot say.
 const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
@@ -133,38 +225,16 @@ struct Nvml {
 
 fn nvml() -> Result<&'static Nvml, ManagementError> {
     static NVML_LIB: OnceLock<Result<Nvml, ManagementError>> = OnceLock::new();
-    NVML_LIB.get_or_init(load_nvml).as_ref().map_err(Clone::clone)
+    NVML_LIB
+        .get_or_init(load_nvml)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 fn load_nvml() -> Result<Nvml, ManagementError> {
-    let unavailable = |why: String| ManagementError::Unavailable {
-        library: NVML,
-        why,
-    };
-    let name = CString::new(NVML).expect("no NUL in the library name");
-    // SAFETY: dlopen with a valid NUL-terminated name; the handle is never
-    // closed, so every symbol taken from it stays valid for the process's
-    // life.
-    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a NUL-terminated string owned by libc, or
-        // null; it is copied at once.
-        let why = unsafe {
-            let e = libc::dlerror();
-            if e.is_null() {
-                "dlopen failed".to_owned()
-            } else {
-                CStr::from_ptr(e).to_string_lossy().into_owned()
-            }
-        };
-        return Err(unavailable(why));
-    }
-    let sym = |s: &str| -> Option<*mut c_void> {
-        let c = CString::new(s).expect("no NUL in a symbol name");
-        // SAFETY: a live handle and a valid NUL-terminated name.
-        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
-        (!p.is_null()).then_some(p)
-    };
+    let unavailable = |why: String| ManagementError::Unavailable { library: NVML, why };
+    let handle = open_library(&[NVML]).map_err(unavailable)?;
+    let sym = |s: &str| symbol(handle, s);
     let need = |s: &str| sym(s).ok_or_else(|| unavailable(format!("{NVML} has no {s}")));
     let init = need("nvmlInit_v2")?;
     let by_uuid = need("nvmlDeviceGetHandleByUUID")?;
@@ -185,10 +255,10 @@ fn load_nvml() -> Result<Nvml, ManagementError> {
                 .map(|p| std::mem::transmute::<*mut c_void, ErrorString>(p)),
         }
     };
+    // SAFETY: the symbol is nvmlInit_v2, `nvmlReturn_t nvmlInit_v2(void)`.
+    let init: Init = unsafe { std::mem::transmute::<*mut c_void, Init>(init) };
     // SAFETY: nvmlInit_v2 takes no arguments and may be called from any
     // thread, any number of times (NVML counts them).
-    let init: Init = unsafe { std::mem::transmute::<*mut c_void, Init>(init) };
-    // SAFETY: as above.
     let r = unsafe { init() };
     if r != NVML_SUCCESS {
         return Err(unavailable(format!(
@@ -236,7 +306,11 @@ impl Nvml {
     fn device(&self, id: &DeviceIdentity) -> Result<NvmlDevice, ManagementError> {
         let (function, f, arg) = match (id.uuid_string(), id.pci_bus_id()) {
             (Some(u), _) => ("nvmlDeviceGetHandleByUUID", self.by_uuid, u),
-            (None, Some(p)) => ("nvmlDeviceGetHandleByPciBusId_v2", self.by_pci, p.to_owned()),
+            (None, Some(p)) => (
+                "nvmlDeviceGetHandleByPciBusId_v2",
+                self.by_pci,
+                p.to_owned(),
+            ),
             (None, None) => unreachable!("device_processes checked the identity"),
         };
         let arg = CString::new(arg).expect("a UUID or PCI address has no NUL");
@@ -280,7 +354,12 @@ impl Nvml {
 
     fn processes(&self, id: &DeviceIdentity) -> Result<DeviceProcesses, ManagementError> {
         let dev = self.device(id)?;
-        let mut all = self.list("nvmlDeviceGetComputeRunningProcesses_v3", self.compute, dev, id)?;
+        let mut all = self.list(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            self.compute,
+            dev,
+            id,
+        )?;
         if let Some(g) = self.graphics {
             all.extend(self.list("nvmlDeviceGetGraphicsRunningProcesses_v3", g, dev, id)?);
         }
@@ -299,6 +378,197 @@ impl Nvml {
         processes.sort_by_key(|p| p.pid);
         Ok(DeviceProcesses {
             library: "nvml",
+            processes,
+        })
+    }
+}
+
+// --- ROCm SMI ---
+
+/// The names ROCm SMI's library goes by: ROCm 6 and 5, Debian's package.
+const ROCM_SMI: [&str; 4] = [
+    "librocm_smi64.so.7",
+    "librocm_smi64.so.6",
+    "librocm_smi64.so.5",
+    "librocm_smi64.so.1",
+];
+/// `rsmi_status_t` values (rocm_smi.h).
+const RSMI_SUCCESS: u32 = 0;
+const RSMI_INVALID_ARGS: u32 = 1;
+const RSMI_NOT_FOUND: i64 = 10;
+const RSMI_INSUFFICIENT_SIZE: u32 = 11;
+
+/// `rsmi_process_info_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RsmiProcess {
+    process_id: u32,
+    pasid: u32,
+    vram_usage: u64,
+    sdma_usage: u64,
+    cu_occupancy: u32,
+}
+
+type RsmiInit = unsafe extern "C" fn(u64) -> u32;
+type RsmiCount = unsafe extern "C" fn(*mut u32) -> u32;
+type RsmiPciId = unsafe extern "C" fn(u32, *mut u64) -> u32;
+type RsmiProcesses = unsafe extern "C" fn(*mut RsmiProcess, *mut u32) -> u32;
+type RsmiByDevice = unsafe extern "C" fn(u32, u32, *mut RsmiProcess) -> u32;
+
+struct RocmSmi {
+    devices: RsmiCount,
+    pci_id: RsmiPciId,
+    processes: RsmiProcesses,
+    by_device: RsmiByDevice,
+}
+
+// SAFETY: plain function pointers into a library that is never unloaded;
+// ROCm SMI's functions are thread-safe (it serialises inside).
+unsafe impl Send for RocmSmi {}
+// SAFETY: as above.
+unsafe impl Sync for RocmSmi {}
+
+fn rocm_smi() -> Result<&'static RocmSmi, ManagementError> {
+    static LIB: OnceLock<Result<RocmSmi, ManagementError>> = OnceLock::new();
+    LIB.get_or_init(load_rocm_smi)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn load_rocm_smi() -> Result<RocmSmi, ManagementError> {
+    let unavailable = |why: String| ManagementError::Unavailable {
+        library: "librocm_smi64",
+        why,
+    };
+    let handle = open_library(&ROCM_SMI).map_err(unavailable)?;
+    let need =
+        |s: &str| symbol(handle, s).ok_or_else(|| unavailable(format!("librocm_smi64 has no {s}")));
+    let init = need("rsmi_init")?;
+    let devices = need("rsmi_num_monitor_devices")?;
+    let pci_id = need("rsmi_dev_pci_id_get")?;
+    let processes = need("rsmi_compute_process_info_get")?;
+    let by_device = need("rsmi_compute_process_info_by_device_get")?;
+    // SAFETY: each symbol is the ROCm SMI function of that name, whose C
+    // signature (rocm_smi.h) is the function type it is cast to.
+    let (init, lib) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, RsmiInit>(init),
+            RocmSmi {
+                devices: std::mem::transmute::<*mut c_void, RsmiCount>(devices),
+                pci_id: std::mem::transmute::<*mut c_void, RsmiPciId>(pci_id),
+                processes: std::mem::transmute::<*mut c_void, RsmiProcesses>(processes),
+                by_device: std::mem::transmute::<*mut c_void, RsmiByDevice>(by_device),
+            },
+        )
+    };
+    // SAFETY: rsmi_init(0) may be called from any thread; ROCm SMI counts
+    // initialisations.
+    let r = unsafe { init(0) };
+    if r != RSMI_SUCCESS {
+        return Err(unavailable(format!("rsmi_init returned {r}")));
+    }
+    Ok(lib)
+}
+
+impl RocmSmi {
+    fn fail(function: &'static str, code: u32, id: &DeviceIdentity) -> ManagementError {
+        ManagementError::Call {
+            library: "rocm-smi",
+            function,
+            code: i64::from(code),
+            message: match code {
+                1 => "invalid arguments",
+                8 => "initialisation error",
+                10 => "not found",
+                11 => "insufficient size",
+                _ => "see rsmi_status_t in rocm_smi.h",
+            }
+            .to_owned(),
+            key: id.key(),
+        }
+    }
+
+    /// The monitor index of the device at PCI address `bus`.
+    fn device(&self, bus: &str, id: &DeviceIdentity) -> Result<u32, ManagementError> {
+        let mut n = 0u32;
+        // SAFETY: a valid out pointer.
+        let r = unsafe { (self.devices)(&mut n) };
+        if r != RSMI_SUCCESS {
+            return Err(Self::fail("rsmi_num_monitor_devices", r, id));
+        }
+        for i in 0..n {
+            let mut bdf = 0u64;
+            // SAFETY: a valid out pointer; `i` below the count.
+            let r = unsafe { (self.pci_id)(i, &mut bdf) };
+            if r != RSMI_SUCCESS {
+                return Err(Self::fail("rsmi_dev_pci_id_get", r, id));
+            }
+            // BDFID: domain in the high 32 bits, a partition in bits 28..32,
+            // bus in 8..16, device in 3..8, function in 0..3.
+            let spelled = format!(
+                "{:04x}:{:02x}:{:02x}.{:x}",
+                bdf >> 32,
+                (bdf >> 8) & 0xff,
+                (bdf >> 3) & 0x1f,
+                bdf & 0x7
+            );
+            if spelled == bus {
+                return Ok(i);
+            }
+        }
+        Err(Self::fail("rsmi_dev_pci_id_get", RSMI_NOT_FOUND as u32, id))
+    }
+
+    fn processes(
+        &self,
+        bus: &str,
+        id: &DeviceIdentity,
+    ) -> Result<DeviceProcesses, ManagementError> {
+        let dev = self.device(bus, id)?;
+        // Every process using any GPU, then each one's figure on this one.
+        let mut all = Vec::new();
+        for _ in 0..8 {
+            let mut count = 0u32;
+            // SAFETY: a NULL array asks for the count only.
+            let r = unsafe { (self.processes)(std::ptr::null_mut(), &mut count) };
+            if r != RSMI_SUCCESS {
+                return Err(Self::fail("rsmi_compute_process_info_get", r, id));
+            }
+            let room = count.saturating_add(8);
+            all = vec![RsmiProcess::default(); room as usize];
+            let mut n = room;
+            // SAFETY: `all` has `n` elements of rocm_smi.h's layout.
+            let r = unsafe { (self.processes)(all.as_mut_ptr(), &mut n) };
+            match r {
+                RSMI_SUCCESS => {
+                    all.truncate((n as usize).min(room as usize));
+                    break;
+                }
+                // Processes started between the two calls: ask again.
+                RSMI_INSUFFICIENT_SIZE => all.clear(),
+                _ => return Err(Self::fail("rsmi_compute_process_info_get", r, id)),
+            }
+        }
+        let mut processes = Vec::new();
+        for p in all {
+            let mut info = RsmiProcess::default();
+            // SAFETY: a valid out pointer; `dev` a monitor index.
+            let r = unsafe { (self.by_device)(p.process_id, dev, &mut info) };
+            match r {
+                RSMI_SUCCESS => processes.push(DeviceProcess {
+                    pid: p.process_id,
+                    bytes: Some(info.vram_usage),
+                }),
+                // Not on this device (or gone since the list was read).
+                RSMI_INVALID_ARGS => {}
+                r if i64::from(r) == RSMI_NOT_FOUND => {}
+                _ => return Err(Self::fail("rsmi_compute_process_info_by_device_get", r, id)),
+            }
+        }
+        processes.sort_by_key(|p: &DeviceProcess| p.pid);
+        processes.dedup_by_key(|p| p.pid);
+        Ok(DeviceProcesses {
+            library: "rocm-smi",
             processes,
         })
     }

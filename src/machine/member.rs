@@ -16,8 +16,8 @@
 
 use super::ledger::{self, Seen};
 use super::segment::{
-    futex_wait, futex_wake, Segment, H_LIMIT, H_NEWS, H_WAITERS, S_ANSWERED, S_ASK, S_CACHED, S_CONTEXTS,
-    S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
+    futex_wait, futex_wake, Segment, H_LIMIT, H_NEWS, H_WAITERS, S_ANSWERED, S_ASK, S_CACHED,
+    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
 };
 use super::{Holder, MachineRefusal, RefusedBy};
 use crate::sync::lock;

@@ -32,9 +32,9 @@ pub use segment::{LAYOUT_VERSION, MAX_SLOTS, UNIT};
 use crate::Bytes;
 use crate::{DeviceIdentity, MemoryInfo};
 use segment::{
-    Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS, S_ANSWERED,
-    S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START, S_STATE, S_USED,
-    S_W,
+    Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS,
+    S_ANSWERED, S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START,
+    S_STATE, S_USED, S_W,
 };
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -572,7 +572,9 @@ fn observe_processes(seg: &Segment, found: &DeviceProcesses) -> Vec<DeviceProces
         .copied()
         .collect();
     let bytes: u64 = outside.iter().filter_map(|p| p.bytes).sum();
-    let before = seg.word(H_OUTSIDE_PROCS).swap(bytes.div_ceil(UNIT), Relaxed);
+    let before = seg
+        .word(H_OUTSIDE_PROCS)
+        .swap(bytes.div_ceil(UNIT), Relaxed);
     if before * UNIT > bytes {
         ledger::announce(seg);
     }

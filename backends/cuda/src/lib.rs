@@ -99,8 +99,8 @@ pub use stream::CudaStream;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
 use memgov_backend::shell::Shell;
 use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
+    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
+    Execution, MemoryInfo, RetireSignal, Tier,
 };
 use result::{check, err, BACKEND};
 use shared::{RawStream, Shared};

@@ -116,8 +116,14 @@ fn identity_is_the_drivers_uuid_and_pci_address() {
     let Some(ctx) = context() else { return };
     let id = ctx.identity();
     let uuid = id.uuid().expect("the driver reports a UUID");
-    let pci = id.pci_bus_id().expect("the driver reports a PCI address").to_owned();
-    assert_eq!(id.key(), memgov::DeviceIdentity::named("", "").with_uuid(uuid).key());
+    let pci = id
+        .pci_bus_id()
+        .expect("the driver reports a PCI address")
+        .to_owned();
+    assert_eq!(
+        id.key(),
+        memgov::DeviceIdentity::named("", "").with_uuid(uuid).key()
+    );
     if ctx.is_stand_in() {
         assert_eq!(&uuid[..14], b"memgov-standin");
         assert_eq!(uuid[15], 0, "device 0");

@@ -31,6 +31,14 @@ use std::sync::OnceLock;
 /// A HIP result as the C `int` it is.
 pub type HipResult = i32;
 
+/// `hipUUID`: a device's 16-byte UUID.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct hipUUID {
+    /// The UUID's bytes.
+    pub bytes: [c_char; 16],
+}
+
 /// The library names tried, newest ROCm first.
 pub const LIBRARY_NAMES: [&str; 2] = ["libamdhip64.so.6", "libamdhip64.so.5"];
 
@@ -253,6 +261,8 @@ hip_api! {
     fn hipGetDevice(device: *mut c_int) -> HipResult;
     fn hipSetDevice(device: c_int) -> HipResult;
     fn hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> HipResult;
+    fn hipDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int) -> HipResult;
+    fn hipDeviceGetUuid(uuid: *mut hipUUID, device: c_int) -> HipResult;
     fn hipDeviceTotalMem(bytes: *mut usize, device: c_int) -> HipResult;
     fn hipDriverGetVersion(version: *mut c_int) -> HipResult;
     fn hipRuntimeGetVersion(version: *mut c_int) -> HipResult;

@@ -81,13 +81,14 @@ pub use shared::contexts_alive;
 pub use stream::HipStream;
 
 use ffi::{
-    hipDeviceGetAttribute, hipDeviceGetName, hipDeviceTotalMem, hipDriverGetVersion, hipGetDevice,
-    hipGetDeviceCount, hipMemGetInfo, hipRuntimeGetVersion, hipSetDevice, SUCCESS,
+    hipDeviceGetAttribute, hipDeviceGetName, hipDeviceGetPCIBusId, hipDeviceGetUuid,
+    hipDeviceTotalMem, hipDriverGetVersion, hipGetDevice, hipGetDeviceCount, hipMemGetInfo,
+    hipRuntimeGetVersion, hipSetDevice, SUCCESS,
 };
 use memgov_backend::shell::{self, MakeCurrent};
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    Execution, MemoryInfo, RetireSignal, Tier,
+    DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
 use memory::Pool;
 use result::{check, err, error_name, hip_error};
@@ -135,6 +136,28 @@ fn device_name(ordinal: i32) -> Result<String, BackendError> {
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned())
+}
+
+/// The device's UUID and PCI address, as far as the runtime reports them:
+/// the identity is advisory (a ledger key), so a call that fails leaves
+/// that part out rather than failing the context.
+fn device_identity(ordinal: i32, name: &str) -> DeviceIdentity {
+    let mut identity = DeviceIdentity::named(result::BACKEND, name);
+    let mut uuid = ffi::hipUUID::default();
+    // SAFETY: valid out pointer to a hipUUID; the ordinal is in range.
+    if unsafe { hipDeviceGetUuid(&mut uuid, ordinal) } == SUCCESS {
+        identity = identity.with_uuid(uuid.bytes.map(|b| b as u8));
+    }
+    let mut bus = [0 as c_char; 32];
+    // SAFETY: the buffer holds `len` bytes; HIP writes at most `len` bytes,
+    // NUL included.
+    if unsafe { hipDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ordinal) } == SUCCESS {
+        bus[bus.len() - 1] = 0;
+        // SAFETY: NUL-terminated within the buffer (last byte set above).
+        let s = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy();
+        identity = identity.with_pci_bus_id(&s);
+    }
+    identity
 }
 
 fn int_out(call: &str, f: impl FnOnce(*mut i32) -> HipResult) -> Result<i32, BackendError> {
@@ -267,6 +290,7 @@ impl HipContext {
         let opening = Opening(ordinal);
         let _device = shell::make_current(&opening, "new")?;
         let name = device_name(ordinal)?;
+        let identity = device_identity(ordinal, &name);
         let mut total = 0usize;
         // SAFETY: valid out-pointer, ordinal in range.
         check("new", "hipDeviceTotalMem", unsafe {
@@ -291,6 +315,7 @@ impl HipContext {
             shared: Arc::new(Shared::new(Opened {
                 ordinal,
                 name,
+                identity,
                 total: total as u64,
                 driver: format!("HIP runtime {runtime}, driver {driver}"),
                 execution,
@@ -352,6 +377,10 @@ impl DeviceContext for HipContext {
             execution: shared.execution,
             stream_ordered_reuse: shared.allocator() == Allocator::StreamOrdered,
         }
+    }
+
+    fn identity(&self) -> DeviceIdentity {
+        self.shared.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {

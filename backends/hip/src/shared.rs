@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) ordinal: i32,
     pub(crate) name: String,
+    /// UUID and PCI address (`hipDeviceGetUuid`, `hipDeviceGetPCIBusId`).
+    pub(crate) identity: memgov_backend::DeviceIdentity,
     pub(crate) total: u64,
     pub(crate) driver: String,
     pub(crate) execution: Execution,
@@ -71,6 +73,7 @@ pub(crate) struct Shared {
 pub(crate) struct Opened {
     pub(crate) ordinal: i32,
     pub(crate) name: String,
+    pub(crate) identity: memgov_backend::DeviceIdentity,
     pub(crate) total: u64,
     pub(crate) driver: String,
     pub(crate) execution: Execution,
@@ -96,6 +99,7 @@ impl Shared {
             ),
             ordinal: opened.ordinal,
             name: opened.name,
+            identity: opened.identity,
             total: opened.total,
             driver: opened.driver,
             execution: opened.execution,

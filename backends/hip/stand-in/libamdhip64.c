@@ -86,6 +86,7 @@ typedef void *hipDeviceptr_t;
 typedef struct ihipStream_t *hipStream_t;
 typedef struct ihipEvent_t *hipEvent_t;
 typedef struct ihipMemPoolHandle_t *hipMemPool_t;
+typedef struct hipUUID_t { char bytes[16]; } hipUUID;
 typedef enum hipDeviceAttribute_t { hipDeviceAttributeMemoryPoolsSupported = 88 } hipDeviceAttribute_t;
 typedef enum hipMemPoolAttr { hipMemPoolAttrReleaseThreshold = 4 } hipMemPoolAttr;
 typedef enum hipMemcpyKind {
@@ -433,6 +434,30 @@ hipError_t hipDeviceGetName(char *name, int len, hipDevice_t d) {
     if (name == NULL || len <= 0) return hipErrorInvalidValue;
     if (!valid_device(d)) return hipErrorInvalidDevice;
     snprintf(name, (size_t)len, "memgov stand-in HIP device %d (libamdhip64.so.5 imitation)", d);
+    return hipSuccess;
+}
+
+/* The device's UUID: the same in every process for one ordinal, distinct
+ * between ordinals and from the CUDA stand-in's ("memgov-standin", 'h',
+ * ordinal). */
+hipError_t hipDeviceGetUuid(hipUUID *uuid, hipDevice_t d) {
+    ENTER("hipDeviceGetUuid");
+    if (uuid == NULL) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    static const char stem[14] = {'m', 'e', 'm', 'g', 'o', 'v', '-', 's', 't', 'a', 'n', 'd', 'i', 'n'};
+    memcpy(uuid->bytes, stem, sizeof stem);
+    uuid->bytes[14] = 'h';
+    uuid->bytes[15] = (char)d;
+    return hipSuccess;
+}
+
+/* "domain:bus:device.function", hex, NUL-terminated within `len` bytes:
+ * domain 0, bus 0x20 + ordinal. */
+hipError_t hipDeviceGetPCIBusId(char *pciBusId, int len, int d) {
+    ENTER("hipDeviceGetPCIBusId");
+    if (pciBusId == NULL || len <= 0) return hipErrorInvalidValue;
+    if (!valid_device(d)) return hipErrorInvalidDevice;
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x20 + d);
     return hipSuccess;
 }
 

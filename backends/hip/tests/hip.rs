@@ -75,6 +75,33 @@ fn stand_in() -> Option<HipContext> {
     Some(ctx)
 }
 
+/// The identity comes from the runtime's UUID and PCI address; on the
+/// stand-in, device 0 has the UUID "memgov-standin", 'h', 0 and the PCI
+/// address 0000:20:00.0, distinct from the CUDA stand-in's device.
+#[test]
+fn identity_is_the_runtimes_uuid_and_pci_address() {
+    let Some(ctx) = context(HipConfig::default()) else {
+        return;
+    };
+    let id = ctx.identity();
+    let uuid = id.uuid().expect("the runtime reports a UUID");
+    let pci = id
+        .pci_bus_id()
+        .expect("the runtime reports a PCI address")
+        .to_owned();
+    assert!(id.key().starts_with("gpu-"), "{id}");
+    if ctx.describe().execution == Execution::StandIn {
+        assert_eq!(&uuid[..15], b"memgov-standinh");
+        assert_eq!(uuid[15], 0, "device 0");
+        assert_eq!(pci, "0000:20:00.0");
+    }
+    let again = context(HipConfig::default()).expect("a second context");
+    assert_eq!(again.identity(), id);
+    println!("device identity: {id} (PCI {pci})");
+    again.teardown(false).expect("teardown");
+    ctx.teardown(false).expect("teardown");
+}
+
 #[test]
 fn whole_suite_report() {
     for (label, config) in [

@@ -108,7 +108,13 @@ impl DeviceIdentity {
         }
         let clean = |s: &str| -> String {
             s.chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' { c } else { '-' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
                 .collect()
         };
         format!("{}-{}", clean(&self.backend), clean(&self.name))
@@ -167,7 +173,12 @@ fn normalize_pci(s: &str) -> Option<String> {
         }
         u64::from_str_radix(p, 16).ok()
     };
-    let (d, b, dev, f) = (num(domain, 8)?, num(bus, 2)?, num(device, 2)?, num(function, 1)?);
+    let (d, b, dev, f) = (
+        num(domain, 8)?,
+        num(bus, 2)?,
+        num(device, 2)?,
+        num(function, 1)?,
+    );
     Some(format!("{d:04x}:{b:02x}:{dev:02x}.{f:x}"))
 }
 
@@ -187,7 +198,14 @@ mod tests {
 
     #[test]
     fn malformed_pci_addresses_are_ignored() {
-        for bad in ["", "65:00.0", "0000:65:00", "0000:6g:00.0", "0000:165:00.0", "x:y:z.w"] {
+        for bad in [
+            "",
+            "65:00.0",
+            "0000:65:00",
+            "0000:6g:00.0",
+            "0000:165:00.0",
+            "x:y:z.w",
+        ] {
             let id = DeviceIdentity::named("cuda", "dev 0").with_pci_bus_id(bad);
             assert_eq!(id.pci_bus_id(), None, "{bad:?} was accepted");
             assert_eq!(id.key(), "cuda-dev-0");
@@ -197,7 +215,9 @@ mod tests {
     #[test]
     fn keys_parse_back() {
         let u = [0xab; 16];
-        let id = DeviceIdentity::named("cuda", "x").with_uuid(u).with_pci_bus_id("0000:01:00.0");
+        let id = DeviceIdentity::named("cuda", "x")
+            .with_uuid(u)
+            .with_pci_bus_id("0000:01:00.0");
         assert_eq!(DeviceIdentity::from_key(&id.key()).unwrap().uuid(), Some(u));
         let p = DeviceIdentity::named("hip", "x").with_pci_bus_id("0000:01:00.0");
         let back = DeviceIdentity::from_key(&p.key()).unwrap();
@@ -210,6 +230,10 @@ mod tests {
     #[test]
     fn keys_hold_only_file_name_characters() {
         let k = DeviceIdentity::named("vulkan", "llvmpipe (LLVM 15.0.6, 256 bits)/x").key();
-        assert!(k.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)), "{k}");
+        assert!(
+            k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)),
+            "{k}"
+        );
     }
 }
