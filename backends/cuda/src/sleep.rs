@@ -220,7 +220,12 @@ impl CudaArena {
         for &(g, host) in &sleeping {
             match granule::map(s, arena, g, "wake") {
                 Ok(h) => mapped.push((g, host, h)),
-                Err(e) => {
+                Err((e, leftover)) => {
+                    if let Some(q) = leftover {
+                        let mut st = lock(&arena.state);
+                        st.mapped += arena.granule;
+                        st.quarantine(g, q, arena.base, arena.granule);
+                    }
                     failure = Some(e);
                     break;
                 }
@@ -264,10 +269,17 @@ impl CudaArena {
             arena.changed.notify_all();
             return Ok(sleeping.len() as u64 * arena.granule);
         };
+        let mut lost = Vec::new();
         for &(g, host) in &sleeping {
-            st.slots[g].slot = Slot::Asleep { host };
+            if matches!(st.slots[g].slot, Slot::Quarantined { .. }) {
+                // Its undo failed: quarantined; its contents cannot return.
+                lost.push(host);
+            } else {
+                st.slots[g].slot = Slot::Asleep { host };
+            }
         }
         drop(st);
+        lost.into_iter().for_each(|host| free_host(s, host));
         // Undo what this wake mapped, one granule at a time.
         for (g, host, h) in mapped {
             if let Err(q) = granule::unmap(s, arena, g, h, "wake") {

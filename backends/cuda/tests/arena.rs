@@ -149,6 +149,19 @@ fn a_map_failing_half_way_leaves_no_granule_behind() {
 }
 
 #[test]
+fn a_map_whose_undo_fails_quarantines_the_granule() {
+    // The first granule's set-access fails, then its undo's unmap.
+    passes(
+        "map_undo_fails",
+        &[
+            (EXIT_CHECK, "1"),
+            ("MEMGOV_STANDIN_CUDA_FAIL_VMM_AT", "3"),
+            ("MEMGOV_STANDIN_CUDA_FAIL_UNMAP_AT", "1"),
+        ],
+    );
+}
+
+#[test]
 fn a_refused_unmap_is_quarantined_and_reported() {
     passes(
         "unmap_refused",
@@ -641,6 +654,34 @@ mod cases {
         finish(ctx, vec![s]);
     }
 
+    fn map_undo_fails() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let e = ctx.allocate(&s, 3 * MIB).expect_err("the injected failure");
+        assert!(e.message.contains("cuMemSetAccess"), "{e}");
+        assert!(
+            e.message.contains("stays") && e.message.contains("quarantined"),
+            "{e}"
+        );
+        let snap = arena(&ctx).snapshot();
+        assert_eq!(snap.quarantined.len(), 1, "{snap:?}");
+        assert!(snap.quarantined[0].mapped);
+        assert_eq!((snap.mapped, snap.in_use), (2 * MIB, 0));
+        let m = ctx
+            .allocate(&s, 3 * MIB)
+            .expect("allocate past the quarantined granule");
+        let q = snap.quarantined[0].address;
+        assert!(
+            m.device_ptr() >= q + 2 * MIB,
+            "not in the quarantined granule"
+        );
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        // Teardown unmaps the quarantined granule (the knob failed once).
+        finish(ctx, vec![s]);
+    }
+
     fn unmap_refused() {
         let ctx = arena_context(64 * MIB, 64 * MIB);
         let s = ctx.create_stream().expect("stream");
@@ -792,6 +833,7 @@ mod cases {
                 "wake_fails_half_way" => wake_fails_half_way(),
                 "map_fails_half_way" => map_fails_half_way(),
                 "unmap_refused" => unmap_refused(),
+                "map_undo_fails" => map_undo_fails(),
                 "cross_stream_release" => cross_stream_release(),
                 "refused_codes" => {
                     let r = raw();

@@ -19,23 +19,27 @@ pub(crate) fn prop(ordinal: i32) -> sys::CUmemAllocationProp {
     p
 }
 
+/// Why a granule could not be mapped, and, when undoing its own steps
+/// failed too, the slot to quarantine it in (`None`: nothing of it is left).
+pub(crate) type MapError = (BackendError, Option<Slot>);
+
 /// Back granule `g` with fresh physical memory, accessible read-write from
-/// the arena's device. On failure nothing of this granule is left: the
-/// mapping (if made) is unmapped and the handle released; an undo the
-/// driver refuses is reported by the returned error's message.
+/// the arena's device. On failure the mapping (if made) is unmapped and the
+/// handle released; an undo the driver refuses is reported by the error's
+/// message and the slot returned with it.
 pub(crate) fn map(
     s: &Shared,
     arena: &Arena,
     g: usize,
     op: &'static str,
-) -> Result<CUmemGenericAllocationHandle, BackendError> {
+) -> Result<CUmemGenericAllocationHandle, MapError> {
     let at = arena.base + g as u64 * arena.granule;
     let size = arena.granule as usize;
     let mut h: CUmemGenericAllocationHandle = 0;
     let prop = prop(arena.ordinal);
     // SAFETY: valid out pointer and properties; the context is current.
     let r = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
-    s.checked(op, "cuMemCreate", r)?;
+    s.checked(op, "cuMemCreate", r).map_err(|e| (e, None))?;
     // SAFETY: `at` is a granule-aligned granule of the arena's reservation
     // that this thread owns (marked Mapping), so nothing is mapped there;
     // `h` is the handle just created, of exactly one granule.
@@ -64,32 +68,38 @@ fn undo(
     mapped: Option<(u64, usize)>,
     e: BackendError,
     op: &'static str,
-) -> BackendError {
-    let mut leftover = Vec::new();
+) -> MapError {
     if let Some((at, size)) = mapped {
         // SAFETY: the mapping made by the caller, unused (its access was
         // never granted), unmapped once.
         let r = unsafe { sys::cuMemUnmap(at, size) };
         if let Err(u) = s.checked(op, "cuMemUnmap", r) {
-            leftover.push(format!("its mapping at {at:#x} stays ({})", u.message));
-            return with(e, leftover);
+            let why = format!("its mapping at {at:#x} stays ({})", u.message);
+            let slot = Slot::Quarantined {
+                handle: Some(h),
+                mapped: true,
+            };
+            return (with(e, why), Some(slot));
         }
     }
-    if let Err(u) = release(s, h, op) {
-        leftover.push(format!("its handle stays unreleased ({})", u.message));
+    match release(s, h, op) {
+        Ok(()) => (e, None),
+        Err(u) => {
+            let why = format!("its handle stays unreleased ({})", u.message);
+            let slot = Slot::Quarantined {
+                handle: Some(h),
+                mapped: false,
+            };
+            (with(e, why), Some(slot))
+        }
     }
-    with(e, leftover)
 }
 
-fn with(e: BackendError, leftover: Vec<String>) -> BackendError {
-    if leftover.is_empty() {
-        return e;
-    }
+fn with(e: BackendError, why: String) -> BackendError {
     BackendError {
         message: format!(
-            "{}; undoing the granule failed: {}",
-            e.message,
-            leftover.join(", ")
+            "{}; undoing the granule failed: {why} (quarantined)",
+            e.message
         ),
         ..e
     }

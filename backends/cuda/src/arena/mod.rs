@@ -309,12 +309,12 @@ impl Arena {
             match granule::map(s, self, g, "allocate") {
                 Ok(h) => done.push((g, h)),
                 Err(e) => {
-                    failure = Some(e);
+                    failure = Some((g, e));
                     break;
                 }
             }
         }
-        let Some(e) = failure else {
+        let Some((failed, (e, leftover))) = failure else {
             let mut st = lock(&self.state);
             for (g, h) in done {
                 st.slots[g].slot = Slot::Mapped(h);
@@ -325,10 +325,11 @@ impl Arena {
             self.changed.notify_all();
             return Ok(self.base + offset);
         };
-        let undone: Vec<(usize, Result<(), Slot>)> = done
+        let mut undone: Vec<(usize, Result<(), Slot>)> = done
             .into_iter()
             .map(|(g, h)| (g, granule::unmap(s, self, g, h, "allocate")))
             .collect();
+        undone.push((failed, leftover.map_or(Ok(()), Err)));
         let mut st = lock(&self.state);
         st.blocks.remove(&offset);
         st.in_use -= len;
@@ -339,12 +340,15 @@ impl Arena {
             st.mapping -= self.granule;
             st.slots[g].slot = Slot::Unmapped;
         }
+        // Back to the free list first: a quarantine carves its granule out.
+        st.put_range(offset, len);
         for (g, r) in undone {
             if let Err(q) = r {
+                // Counted as mapped until the quarantine says otherwise.
+                st.mapped += self.granule;
                 st.quarantine(g, q, self.base, self.granule);
             }
         }
-        st.put_range(offset, len);
         drop(st);
         self.changed.notify_all();
         Err(e)
