@@ -72,12 +72,7 @@ impl CudaArena {
         let (arena, s) = (&*self.arena, &*self.shared);
         s.check_usable("sleep")?;
         let _current = s.make_current("sleep")?;
-        let streams: Vec<CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-        for raw in streams {
-            // SAFETY: a live stream of this context; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw) };
-            s.checked("sleep", "cuStreamSynchronize", r)?;
-        }
+        crate::arena::quiesce(s, "sleep", None)?;
         let taken: Vec<(usize, CUmemGenericAllocationHandle, bool)> = {
             let mut st = lock(&arena.state);
             if st.closed {

@@ -36,6 +36,7 @@ pub(crate) mod granule;
 mod release;
 pub(crate) mod state;
 
+pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
 use crate::result::err;
@@ -375,6 +376,9 @@ impl Arena {
     /// the bytes given back; granules the driver refused to give back are
     /// quarantined and named in the error.
     pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
+        // Current before any granule is marked: a failure here leaves none
+        // in transition.
+        let _current = s.make_current(op)?;
         let victims: Vec<(usize, sys::CUmemGenericAllocationHandle)> = {
             let mut st = lock(&self.state);
             if st.closed {
@@ -394,7 +398,6 @@ impl Arena {
         if victims.is_empty() {
             return Ok(0);
         }
-        let _current = s.make_current(op)?;
         let results: Vec<(usize, Result<(), Slot>)> = victims
             .into_iter()
             .map(|(g, h)| (g, granule::unmap(s, self, g, h, op)))

@@ -12,7 +12,7 @@
 
 use super::Arena;
 use crate::result::BACKEND;
-use crate::shared::RawStream;
+use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal};
@@ -61,6 +61,53 @@ unsafe extern "C" fn arena_retired(user: *mut c_void) {
 /// How long a teardown of a context declared lost (whose driver answers)
 /// waits for queued work before it leaves the arena mapped.
 const LOST_DRAIN: Duration = Duration::from_secs(5);
+
+/// Wait until the work queued on every stream of the context has run: the
+/// live streams and those destroyed with work still queued (taken out of
+/// the retired list while waited on, so that the watcher does not destroy
+/// one under the wait, and put back after). With `poll`, ask
+/// (`cuStreamQuery`) until that deadline passes instead of blocking: the
+/// error then says work is still running. The context must be current.
+pub(crate) fn quiesce(
+    s: &Shared,
+    op: &'static str,
+    poll: Option<Duration>,
+) -> Result<(), BackendError> {
+    let live: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
+    let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
+    let deadline = poll.map(|d| Instant::now() + d);
+    let mut result = Ok(());
+    for raw in live.iter().copied().chain(retired.iter().map(|r| r.0)) {
+        if result.is_err() {
+            break;
+        }
+        result = match deadline {
+            // SAFETY: a live stream of this context, or a retired one held
+            // out of the watcher's reach above; the context is current.
+            None => s.checked(op, "cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(raw)
+            }),
+            Some(deadline) => loop {
+                // SAFETY: as above.
+                let r = unsafe { sys::cuStreamQuery(raw) };
+                if r != CUresult::CUDA_ERROR_NOT_READY {
+                    break s.checked(op, "cuStreamQuery", r);
+                }
+                if Instant::now() >= deadline {
+                    break Err(crate::result::err(
+                        op,
+                        BackendErrorKind::DeviceLost,
+                        "work was still queued 5 s into a lost teardown: the arena's memory \
+                         stays mapped (unmapping it under running work is undefined)",
+                    ));
+                }
+                std::thread::sleep(crate::shared::WATCH_INTERVAL);
+            },
+        };
+    }
+    lock(&s.retired_streams).extend(retired);
+    result
+}
 
 impl CudaContext {
     /// `free_async` of memory in the arena.
@@ -179,35 +226,9 @@ impl CudaContext {
             return Ok(());
         }
         let current = s.make_current("teardown")?;
-        let mut streams: Vec<sys::CUstream> =
-            lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-        streams.extend(lock(&s.retired_streams).iter().map(|r: &RawStream| r.0));
-        let deadline = Instant::now() + LOST_DRAIN;
-        for raw in streams {
-            if lost {
-                loop {
-                    // SAFETY: a live (or retired, not yet destroyed) stream
-                    // of this context; the context is current.
-                    let r = unsafe { sys::cuStreamQuery(raw) };
-                    if r != CUresult::CUDA_ERROR_NOT_READY {
-                        break;
-                    }
-                    if Instant::now() >= deadline {
-                        arena.releases.abandon_all(s.probe());
-                        return Err(crate::result::err(
-                            "teardown",
-                            BackendErrorKind::DeviceLost,
-                            "work was still queued 5 s into a lost teardown: the arena's memory \
-                             stays mapped (unmapping it under running work is undefined)",
-                        ));
-                    }
-                    std::thread::sleep(crate::shared::WATCH_INTERVAL);
-                }
-            } else {
-                // SAFETY: as above.
-                let r = unsafe { sys::cuStreamSynchronize(raw) };
-                s.checked("teardown", "cuStreamSynchronize", r)?;
-            }
+        if let Err(e) = quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
+            arena.releases.abandon_all(s.probe());
+            return Err(e);
         }
         // Every host function queued before has run; any signal still here
         // was launched on no stream that exists (cannot happen) or lost.

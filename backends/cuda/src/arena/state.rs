@@ -114,8 +114,9 @@ impl State {
         (offset / self.granule) as usize..(offset + len).div_ceil(self.granule) as usize
     }
 
-    /// First fit, preferring a range inside granules already mapped: take
-    /// `len` bytes, or `None` when no free range is long enough.
+    /// First fit: take `len` bytes at the lowest free offset that has room
+    /// (packing allocations into the granules already mapped first), or
+    /// `None` when no free range is long enough.
     pub(crate) fn take_range(&mut self, len: u64) -> Option<u64> {
         let (&start, &flen) = self.free.iter().find(|(_, &l)| l >= len)?;
         self.free.remove(&start);
