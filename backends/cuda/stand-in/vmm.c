@@ -131,6 +131,9 @@ static struct reservation *g_res;
 static struct handle *g_handles;
 static struct mapping *g_maps;
 static uint64_t g_phys_bytes;
+/* Live reservations, read without the lock by vmm_check_access so that
+ * copies of ordinary allocations do not take it. */
+static uint64_t g_res_count;
 static uint64_t g_fail_vmm_at, g_fail_unmap_at, g_vmm_calls, g_unmap_calls;
 static int g_vmm_init;
 
@@ -237,6 +240,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
     vmm_init();
     *r = (struct reservation){.va = base, .size = size, .next = g_res};
     g_res = r;
+    __atomic_add_fetch(&g_res_count, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_vmm);
     *ptr = base;
     return CUDA_SUCCESS;
@@ -260,6 +264,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
                (unsigned long long)ptr, size, live, bytes);
     struct reservation *r = *p;
     *p = r->next;
+    __atomic_sub_fetch(&g_res_count, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_vmm);
     munmap((void *)(uintptr_t)r->va, r->size);
     free(r);
@@ -423,6 +428,9 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 
 int vmm_check_access(const char *fn, uint64_t addr, size_t bytes) {
+    /* No reservation: not VMM memory (a reservation made concurrently with
+     * this copy cannot contain its address). */
+    if (__atomic_load_n(&g_res_count, __ATOMIC_ACQUIRE) == 0) return 0;
     pthread_mutex_lock(&g_vmm);
     if (reservation_of(addr, 1) == NULL) {
         pthread_mutex_unlock(&g_vmm);
