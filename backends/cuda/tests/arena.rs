@@ -125,6 +125,14 @@ fn sleep_and_wake_restore_every_byte_at_the_same_addresses() {
 }
 
 #[test]
+fn a_release_while_asleep_retires_and_the_wake_leaves_its_granules_cached() {
+    passes(
+        "release_while_asleep",
+        &[(LATENCY, "2000"), (SEED, "2"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
 fn a_wake_over_the_limit_is_refused_before_any_map() {
     passes("wake_refused", &[(EXIT_CHECK, "1")]);
 }
@@ -578,6 +586,29 @@ mod cases {
         finish(ctx, vec![s]);
     }
 
+    fn release_while_asleep() {
+        let ctx = arena_context(64 * MIB, 64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let keep = ctx.allocate(&s, 3 * MIB).expect("allocate");
+        let gone = ctx.allocate(&s, 4 * MIB).expect("allocate");
+        let data = pattern(5, 3 * MIB as usize);
+        ctx.write(&s, &keep, 0, &data).expect("write");
+        assert_eq!(arena(&ctx).sleep(true).expect("sleep").released, 8 * MIB);
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, gone, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        assert_eq!(arena(&ctx).snapshot().in_use, 3 * MIB);
+        assert_eq!(arena(&ctx).wake().expect("wake"), 8 * MIB);
+        // The released allocation's granules came back without users.
+        assert_eq!(arena(&ctx).trim().expect("trim"), 4 * MIB);
+        let mut back = vec![0u8; data.len()];
+        ctx.read(&s, &keep, 0, &mut back).expect("read");
+        assert!(back == data);
+        release(&ctx, &s, keep, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 2);
+        finish(ctx, vec![s]);
+    }
+
     fn wake_refused() {
         let ctx = arena_context(64 * MIB, 16 * MIB);
         let s = ctx.create_stream().expect("stream");
@@ -830,6 +861,7 @@ mod cases {
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),
                 "wake_refused" => wake_refused(),
+                "release_while_asleep" => release_while_asleep(),
                 "wake_fails_half_way" => wake_fails_half_way(),
                 "map_fails_half_way" => map_fails_half_way(),
                 "unmap_refused" => unmap_refused(),
