@@ -127,10 +127,10 @@ impl LoaderPath {
 ///
 /// With `queue_count` 0 the runtime keeps the device's queues to itself:
 /// memgov then submits nothing (a queue needs external synchronization that
-/// memgov cannot share with another runtime's own lock). Streams are
-/// timelines that no submission advances, so a free retires as soon as the
-/// retirement thread sees it: the runtime releases a buffer only once its
-/// own last submission using it has completed. `write` and `read` go through
+/// memgov cannot share with another runtime's own lock). No stream has work
+/// of memgov's to wait behind, so a free executes at once, inside
+/// `free_async`: the runtime releases a buffer only once its own last
+/// submission using it has completed. `write` and `read` go through
 /// the mapping (host-visible memory, [`TransferPath::Auto`]) and are refused
 /// otherwise, as are [`VulkanStream::submit`](crate::VulkanStream::submit)
 /// and [`VulkanStream::gate`](crate::VulkanStream::gate); teardown does not

@@ -253,7 +253,37 @@ impl VulkanContext {
             );
             return Err((memory, retired, e));
         }
+        if self.shared.queues.is_empty() {
+            self.free_now(memory, retired);
+            return Ok(());
+        }
         stream.inner.park(memory.id, retired);
         Ok(())
+    }
+
+    /// A free on a context adopted without queues: memgov submitted nothing,
+    /// so no stream has work for it to wait behind, and the runtime releases
+    /// a buffer only once its own last submission using it has completed
+    /// (`adopt`'s contract). It executes at once, on the caller's thread,
+    /// with the signal fired after the lock is released: no parked queue for
+    /// the retirement thread to catch up on, whatever the release rate.
+    fn free_now(&self, memory: VulkanMemory, retired: RetireSignal) {
+        let shared = &self.shared;
+        let mut mem = lock(&shared.mem);
+        if let Some(live) = mem.live.remove(&memory.id) {
+            let bytes = live.allocation.size();
+            // SAFETY: no submission of memgov's uses the buffer (it makes
+            // none on this context), and per `adopt`'s contract none of the
+            // runtime's pending ones does; the governor gave up the handle.
+            unsafe { shared.destroy_live(&mut mem, live, true) };
+            shared.probe.common.free_retired(bytes);
+        } else {
+            shared.probe.common.violation(
+                crate::result::BACKEND,
+                format!("free of unknown allocation {} (double free?)", memory.id),
+            );
+        }
+        drop(mem);
+        retired.retire();
     }
 }

@@ -156,8 +156,8 @@ fn adopted_without_queues_submits_nothing_and_calls_the_hook_after_teardown() {
     )
     .map_err(|(_, _, e)| e)
     .expect("free");
-    rx.recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the free retires without any submission");
+    rx.try_recv()
+        .expect("the free executed inside free_async: no queue to wait behind");
     ctx.destroy_stream(s).expect("destroy stream");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "not before teardown");
     ctx.teardown(false).expect("teardown");

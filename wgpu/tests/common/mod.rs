@@ -12,14 +12,26 @@ use memgov_wgpu::{Error, GovernedDevice, WgpuConfig};
 /// `skipped: <why>` printed when this machine has no Vulkan driver or no
 /// validation layer.
 pub fn open(gov: &Governor<VulkanContext>, label: &str, budget: u64) -> Option<GovernedDevice> {
+    open_with(gov, label, budget, true)
+}
+
+/// As [`open`], with the validation layer on or off.
+pub fn open_with(
+    gov: &Governor<VulkanContext>,
+    label: &str,
+    budget: u64,
+    validation: bool,
+) -> Option<GovernedDevice> {
     let config = WgpuConfig {
-        validation: true,
+        validation,
         context: ContextConfig::new().label(label).budget(budget),
         ..WgpuConfig::default()
     };
     match GovernedDevice::open(gov, config) {
         Ok(d) => {
-            d.validation().expect("validation on").set_print(true);
+            if let Some(v) = d.validation() {
+                v.set_print(true);
+            }
             Some(d)
         }
         Err(e @ (Error::NoAdapter(_) | Error::Backend(_))) => {
