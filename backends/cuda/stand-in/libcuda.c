@@ -1084,11 +1084,7 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
     /* Memory mapped into a reservation (vmm.c) has its own checks. */
-    if (vmm_check_access != NULL && vmm_check_access(fn, dev, bytes)) {
-        sq_queue_copy(hStream->q, dst, src, bytes);
-        vmm_touch(dev, bytes, hStream->q);
-        return CUDA_SUCCESS;
-    }
+    if (vmm_copy != NULL && vmm_copy(fn, dev, bytes, hStream->q, dst, src)) return CUDA_SUCCESS;
     struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
     enum sq_mem_check c = sq_mem_check_on(mem, dev, bytes, hStream->q, fn);
     if (c != SQ_MEM_OK)

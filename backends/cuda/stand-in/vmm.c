@@ -131,7 +131,7 @@ static struct reservation *g_res;
 static struct handle *g_handles;
 static struct mapping *g_maps;
 static uint64_t g_phys_bytes;
-/* Live reservations, read without the lock by vmm_check_access so that
+/* Live reservations, read without the lock by vmm_copy so that
  * copies of ordinary allocations do not take it. */
 static uint64_t g_res_count;
 static uint64_t g_fail_vmm_at, g_fail_unmap_at, g_vmm_calls, g_unmap_calls;
@@ -427,15 +427,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
 }
 
-int vmm_check_access(const char *fn, uint64_t addr, size_t bytes) {
-    /* No reservation: not VMM memory (a reservation made concurrently with
-     * this copy cannot contain its address). */
-    if (__atomic_load_n(&g_res_count, __ATOMIC_ACQUIRE) == 0) return 0;
-    pthread_mutex_lock(&g_vmm);
-    if (reservation_of(addr, 1) == NULL) {
-        pthread_mutex_unlock(&g_vmm);
-        return 0;
-    }
+/* Under g_vmm: the copy's range is mapped read-write throughout. */
+static void check_access(const char *fn, uint64_t addr, size_t bytes) {
     for (uint64_t at = addr; at < addr + bytes;) {
         struct mapping *m = mapping_at(at);
         if (m == NULL)
@@ -448,23 +441,21 @@ int vmm_check_access(const char *fn, uint64_t addr, size_t bytes) {
                    fn, bytes, (unsigned long long)addr, (unsigned long long)m->va);
         at = m->va + m->size;
     }
-    pthread_mutex_unlock(&g_vmm);
-    return 1;
 }
 
-void vmm_touch(uint64_t addr, size_t bytes, struct sq_queue *q) {
+/* Under g_vmm: the mappings of [addr, addr + bytes) are used by q's work up
+ * to its last queued operation. */
+static void touch(uint64_t addr, size_t bytes, struct sq_queue *q) {
     uint64_t qid = sq_queue_id(q);
-    pthread_mutex_lock(&g_vmm);
     for (uint64_t at = addr; at < addr + bytes;) {
         struct mapping *m = mapping_at(at);
-        if (m == NULL) break; /* checked before the push */
         struct touch *t = NULL;
         for (int i = 0; i < m->ntouch && t == NULL; i++)
             if (m->touches[i].queue == qid) t = &m->touches[i];
         if (t == NULL) {
             if (m->ntouch == MAX_TOUCH) {
-                /* Keep the bound: the oldest queue's entry makes room once
-                 * its work is done (else the check would be lost). */
+                /* Keep the bound: an entry whose work is done makes room
+                 * (else the check would be lost). */
                 int freed = -1;
                 for (int i = 0; i < m->ntouch && freed < 0; i++)
                     if (sq_event_done(m->touches[i].event)) freed = i;
@@ -478,7 +469,23 @@ void vmm_touch(uint64_t addr, size_t bytes, struct sq_queue *q) {
         sq_event_record(t->event, q);
         at = m->va + m->size;
     }
+}
+
+int vmm_copy(const char *fn, uint64_t addr, size_t bytes, struct sq_queue *q, void *dst,
+             const void *src) {
+    /* No reservation: not VMM memory (a reservation made concurrently with
+     * this copy cannot contain its address). */
+    if (__atomic_load_n(&g_res_count, __ATOMIC_ACQUIRE) == 0) return 0;
+    pthread_mutex_lock(&g_vmm);
+    if (reservation_of(addr, 1) == NULL) {
+        pthread_mutex_unlock(&g_vmm);
+        return 0;
+    }
+    check_access(fn, addr, bytes);
+    sq_queue_copy(q, dst, src, bytes);
+    touch(addr, bytes, q);
     pthread_mutex_unlock(&g_vmm);
+    return 1;
 }
 
 uint64_t vmm_physical_bytes(void) {

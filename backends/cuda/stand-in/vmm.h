@@ -27,15 +27,17 @@ int cuda_standin_sticky(void);
  * CI's imitation of a driver lacking entry points); libcuda.c calls them
  * only when present. */
 
-/* vmm.c: whether [addr, addr + bytes) starts inside a virtual address
- * reservation (cuMemAddressReserve). When it does, the range is checked as
- * a device access by `fn`: every byte must be mapped (cuMemMap) with
- * read-write access set (cuMemSetAccess), else a contract violation. */
-int vmm_check_access(const char *fn, uint64_t addr, size_t bytes) __attribute__((weak));
-/* vmm.c: after pushing operation `seq` on q that uses [addr, addr + bytes)
- * (checked by vmm_check_access): the mappings it touches remember that q's
- * work up to that operation uses them, for cuMemUnmap's check. */
-void vmm_touch(uint64_t addr, size_t bytes, struct sq_queue *q) __attribute__((weak));
+/* vmm.c: a copy touching device memory at [addr, addr + bytes), about to be
+ * queued on q (dst and src are host addresses, one of them that range).
+ * Returns 0 when addr is not inside a virtual address reservation
+ * (cuMemAddressReserve): the caller checks and queues it as usual. Else the
+ * range is checked as a device access by `fn` (every byte mapped with
+ * read-write access set, else a contract violation), the copy is queued,
+ * and the mappings it touches remember that q's work up to it uses them
+ * (cuMemUnmap's check); all under the table's lock, so no unmap comes in
+ * between. Returns 1. */
+int vmm_copy(const char *fn, uint64_t addr, size_t bytes, struct sq_queue *q, void *dst,
+             const void *src) __attribute__((weak));
 /* vmm.c: physical memory of live allocation handles (cuMemCreate), bytes. */
 uint64_t vmm_physical_bytes(void) __attribute__((weak));
 
