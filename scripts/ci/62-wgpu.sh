@@ -5,9 +5,10 @@
 # submission using them (a long compute pass; the planted early release is
 # reported by the layer), budget refusals as errors, teardown in both
 # orders, wgpu-core's own timestamp-normalization kernel (unchanged) and a
-# tiled matmul bit for bit against wgpu's own allocator, budget sweeps; the live device swap 20 runs in a row; the bench once, in test mode
-# and in the test build (no optimized build: it checks that the bench runs
-# and both allocators agree; its ratios are measured with `cargo bench`).
+# tiled matmul bit for bit against wgpu's own allocator, budget sweeps; the
+# live device swap 20 runs in a row; the bench once, in test mode and in the
+# test build (no optimized build: it checks that the bench runs and both
+# allocators agree; its ratios are measured with `cargo bench`).
 #
 # Fails on a test that skips (lavapipe and the layer are installed here), on
 # any validation message, and when no test ran on the software driver.
