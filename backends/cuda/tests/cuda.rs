@@ -770,7 +770,7 @@ mod children {
     }
 
     pub(super) fn run(scenario: &str) {
-        // SAFETY (all blocks below): raw driver calls on the stand-in, each
+        // SAFETY: every call below is a raw driver call on the stand-in,
         // either valid or the violation the scenario plants on purpose; the
         // stand-in aborts before doing anything undefined.
         unsafe {
