@@ -96,6 +96,15 @@ r = json.load(open(path))
 assert r["backend"] == backend, r["backend"]
 assert r["swap"]["verified"] is True, ("swap not verified", r["swap"])
 assert r["leak"]["verdict"] == "clean" and r["leak"]["charged_bytes"] == 0, r["leak"]
+a = r["arena"]
+if backend == "cuda":
+    # The virtual-memory arena slept (every mapped byte released) and woke
+    # with every buffer at its address and every byte intact.
+    assert a["same_addresses"] and a["intact"], a
+    assert a["released_by_sleep"] == a["mapped_before_sleep"] > 0 and a["mapped_by_wake"] > 0, a
+    print(f"memgov run --backend cuda: arena of {a['bytes']} bytes slept and woke at the same addresses")
+else:
+    assert a is None, a
 print(f"memgov run --backend {backend}: {r['swap']['buffers']} buffers moved and verified, "
       f"allocation p50/p99 {r['allocation_latency']['p50_us']:.1f}/{r['allocation_latency']['p99_us']:.1f} us, leak verdict clean")
 PY

@@ -16,6 +16,9 @@ pub(crate) type Slot = Arc<Mutex<Option<DeviceBuffer<VulkanContext>>>>;
 pub(crate) struct Registry {
     next: AtomicU64,
     live: Mutex<HashMap<u64, wgpu::Buffer>>,
+    /// Bytes given back by wgpu's drop callbacks, ever (the pressure
+    /// responder reports its difference).
+    released: AtomicU64,
 }
 
 impl Registry {
@@ -27,6 +30,14 @@ impl Registry {
 
     fn remove(&self, id: u64) -> Option<wgpu::Buffer> {
         lock(&self.live).remove(&id)
+    }
+
+    pub(crate) fn count_released(&self, bytes: u64) {
+        self.released.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn released(&self) -> u64 {
+        self.released.load(Ordering::Relaxed)
     }
 
     pub(crate) fn live(&self) -> Vec<wgpu::Buffer> {

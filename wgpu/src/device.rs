@@ -31,6 +31,12 @@ pub struct WgpuConfig {
     pub limits: wgpu::Limits,
     /// The memgov context's settings: budget, label, admission.
     pub context: ContextConfig,
+    /// Register a pressure responder that lets wgpu give back what it still
+    /// holds: buffers dropped by the caller whose last submission wgpu has
+    /// not yet seen complete. Asked when an allocation does not fit, it
+    /// flushes wgpu's queue, waits for it, lets wgpu release those buffers,
+    /// and reports the bytes that came back.
+    pub poll_on_pressure: bool,
 }
 
 impl Default for WgpuConfig {
@@ -41,6 +47,7 @@ impl Default for WgpuConfig {
             features: wgpu::Features::empty(),
             limits: wgpu::Limits::default(),
             context: ContextConfig::new().label("wgpu"),
+            poll_on_pressure: true,
         }
     }
 }
@@ -99,9 +106,19 @@ pub struct GovernedDevice {
     context: ContextHandle<VulkanContext>,
     stream: Mutex<Option<GovernedStream<VulkanContext>>>,
     registry: Arc<Registry>,
+    /// What the pressure responder polls; emptied when this is dropped, so
+    /// that the memgov context (which keeps its responders until teardown)
+    /// does not keep the wgpu device alive.
+    polled: Arc<Mutex<Option<(wgpu::Device, wgpu::Queue)>>>,
     probe: BackendProbe,
     validation: Option<VulkanValidation>,
     name: String,
+}
+
+impl Drop for GovernedDevice {
+    fn drop(&mut self) {
+        drop(lock(&self.polled).take());
+    }
 }
 
 impl std::fmt::Debug for GovernedDevice {
@@ -288,12 +305,29 @@ impl GovernedDevice {
         let probe = backend.probe();
         let context = governor.register(backend, config.context);
         let stream = context.create_stream("wgpu").map_err(Error::Refused)?;
+        let registry = Arc::new(Registry::default());
+        let polled = Arc::new(Mutex::new(Some((device.clone(), queue.clone()))));
+        if config.poll_on_pressure {
+            let (polled, registry) = (polled.clone(), registry.clone());
+            context.add_pressure_responder(move |_| {
+                let Some((device, queue)) = lock(&polled).clone() else {
+                    return 0;
+                };
+                let before = registry.released();
+                queue.submit([]);
+                // A failed poll frees nothing: the allocation is refused
+                // with its numbers, as without the responder.
+                let _ = device.poll(wgpu::PollType::wait_indefinitely());
+                registry.released() - before
+            });
+        }
         Ok(Self {
             device,
             queue,
             context,
             stream: Mutex::new(Some(stream)),
-            registry: Arc::new(Registry::default()),
+            registry,
+            polled,
             probe,
             validation,
             name,
@@ -365,13 +399,14 @@ impl GovernedDevice {
             return Err(Error::ZeroSized(label));
         }
         let bytes = desc.size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        let memory = {
-            let stream = lock(&self.stream);
-            let stream = stream.as_ref().ok_or(Error::Retired)?;
-            self.context
-                .allocate(stream, bytes, role)
-                .map_err(Error::Refused)?
-        };
+        // Cloned out: the allocation may ask the pressure responder, which
+        // calls into wgpu, and no lock of ours is held across that.
+        let stream = lock(&self.stream).clone().ok_or(Error::Retired)?;
+        let memory = self
+            .context
+            .allocate(&stream, bytes, role)
+            .map_err(Error::Refused)?;
+        drop(stream);
         self.zero(&memory)?;
         Ok(self.wrap(memory, label, desc.size, desc.usage))
     }
@@ -413,6 +448,7 @@ impl GovernedDevice {
         let charged = memory.charged();
         let slot: Slot = Arc::new(Mutex::new(Some(memory)));
         let on_drop = slot.clone();
+        let registry = self.registry.clone();
         // SAFETY: `raw` is a VkBuffer of this device, alive until its
         // DeviceBuffer is released, which happens only when the callback runs
         // (wgpu-hal destroys the hal buffer only after wgpu-core saw its last
@@ -425,7 +461,13 @@ impl GovernedDevice {
         let hal = unsafe {
             wgpu::hal::vulkan::Buffer::from_raw_externally_owned(
                 raw,
-                Box::new(move || drop(lock(&on_drop).take())),
+                Box::new(move || {
+                    let memory = lock(&on_drop).take();
+                    if let Some(memory) = memory {
+                        registry.count_released(memory.charged());
+                        drop(memory);
+                    }
+                }),
             )
         };
         let desc = wgpu::BufferDescriptor {

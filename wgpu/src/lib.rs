@@ -40,11 +40,14 @@
 //! submits, or is dropped). The GPU never reads freed memory, and the
 //! validation layer sees no buffer destroyed in use.
 //!
-//! # Refusal and teardown
+//! # Refusal, pressure and teardown
 //!
 //! A budget refusal is [`Error::Refused`], returned before anything is
 //! created: no panic, no device loss, the device and its other buffers as
-//! they were. [`GovernedDevice::retire`] retires the memgov context while
+//! they were. Before refusing, memgov asks the pressure responder this crate
+//! registers ([`WgpuConfig::poll_on_pressure`]): it flushes wgpu's queue and
+//! waits for it, so that buffers the caller dropped but wgpu still held come
+//! back first. [`GovernedDevice::retire`] retires the memgov context while
 //! wgpu may still hold buffers: it waits for them, or with
 //! [`RetireMode::Force`] destroys them through wgpu first (a later use is a
 //! wgpu error, never a use of freed memory). Dropping the wgpu device first

@@ -617,3 +617,73 @@ fn refused_swap_leaves_the_workload_on_the_source() {
         finish(dev);
     }
 }
+
+/// A buffer the caller dropped with a queued write is still wgpu's until
+/// wgpu has submitted that write and seen it complete; an allocation that needs its bytes asks the
+/// pressure responder, which lets wgpu give it back, and fits. Without the
+/// responder the same allocation is refused.
+fn pressure_case(poll_on_pressure: bool) -> Option<Result<(), Error>> {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let config = memgov_wgpu::WgpuConfig {
+        validation: true,
+        poll_on_pressure,
+        context: memgov::ContextConfig::new()
+            .label("pressure")
+            .budget(1 << 20),
+        ..memgov_wgpu::WgpuConfig::default()
+    };
+    let dev = match GovernedDevice::open(&gov, config) {
+        Ok(d) => d,
+        Err(e @ (Error::NoAdapter(_) | Error::Backend(_))) => {
+            println!("skipped: {e}");
+            return None;
+        }
+        Err(e) => panic!("open: {e}"),
+    };
+    let queue = dev.queue();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let big = |label| {
+        dev.create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 768 << 10,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::Activation,
+        )
+    };
+    let first = big("first").expect("fits");
+    // Queued data for `first` that no submission has carried yet: wgpu
+    // holds the buffer until its next submission completes (no timing
+    // involved: nothing is submitted before the allocation below).
+    queue.write_buffer(&first, 0, &[7u8; 4096]);
+    drop(first);
+    // Dropped by the caller, still held by wgpu.
+    assert_eq!(live_buffers(&dev), 1);
+    let second = big("second").map(drop);
+    let snapshot = dev.context().snapshot();
+    if poll_on_pressure {
+        assert!(
+            snapshot.counters.pressure_calls >= 1,
+            "{:?}",
+            snapshot.counters
+        );
+    }
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+    Some(second)
+}
+
+#[test]
+fn pressure_lets_wgpu_give_back_what_it_still_holds() {
+    let Some(with) = pressure_case(true) else {
+        return;
+    };
+    with.expect("admitted once the responder let wgpu release the first buffer");
+    let without = pressure_case(false).expect("ran above");
+    match without {
+        Err(Error::Refused(GovernorError::BudgetExceeded(_))) => {}
+        other => panic!("without the responder the allocation must be refused, got {other:?}"),
+    }
+}
