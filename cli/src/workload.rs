@@ -961,6 +961,8 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     }
     print_snapshot(out, gov, "after serving on gpu1");
 
+    let (arena_json, arena_teardown) = arena_phase(out, gov, &mut session.checks, args)?;
+
     out.line("phase 5: retire everything");
     drop(emb_weights);
     drop(emb_stream);
@@ -978,6 +980,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     drop((load, decode));
     let mut teardowns = Vec::new();
     teardowns.extend(swap.teardown.clone());
+    teardowns.extend(arena_teardown);
     for ctx in [&embedder, &moved_ctx] {
         let r = ctx
             .retire()
@@ -1201,6 +1204,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
                 "peak_exact": c.peak_exact,
             })).collect::<Vec<_>>(),
         },
+        "arena": arena_json,
         "swap": {
             "buffers": swap.buffers,
             "bytes": swap.bytes,
@@ -1216,6 +1220,146 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         },
         "elapsed_us": start.elapsed().as_secs_f64() * 1e6,
     }))
+}
+
+/// Bytes the arena phase allocates, in buffers of `ARENA_BUFFER`.
+#[cfg(feature = "cuda")]
+const ARENA_BYTES: u64 = 24 * MIB;
+#[cfg(feature = "cuda")]
+const ARENA_BUFFER: u64 = 3 * MIB;
+
+/// On the CUDA backend, a context on a virtual-memory arena: buffers
+/// written, the arena put to sleep with its contents kept (every granule
+/// unmapped and released, addresses kept), woken, and every byte read back
+/// at the same address; then the context retired. Other backends have no
+/// arena: the phase says so and returns `null`.
+fn arena_phase(
+    out: &Out,
+    gov: &Governor<Ctx>,
+    checks: &mut Vec<(String, DeviceCheck)>,
+    args: &RunArgs,
+) -> Result<(Value, Option<TeardownReport>), String> {
+    if args.backend.to_string() != "cuda" {
+        out.line(format!(
+            "phase 4b: skipped: the {} backend has no virtual-memory arena (CUDA only)",
+            args.backend
+        ));
+        return Ok((Value::Null, None));
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (gov, checks);
+        Err("the cuda backend was chosen, but this memgov was built without it".to_owned())
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
+        out.line(format!(
+            "phase 4b: a CUDA virtual-memory arena: {} in {} buffers, asleep and awake at the same addresses",
+            Bytes(ARENA_BYTES),
+            ARENA_BYTES / ARENA_BUFFER
+        ));
+        let ctx = CudaContext::new(CudaConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 4 * ARENA_BYTES,
+                limit_bytes: 2 * ARENA_BYTES,
+            }),
+            ..CudaConfig::default()
+        })
+        .map_err(|e| format!("arena context: {e}"))?;
+        let arena = ctx.arena().ok_or("the arena context has no arena")?;
+        let probe = ctx.probe();
+        checks.push((
+            "cuda arena".to_owned(),
+            Box::new(move || {
+                probe
+                    .check_clean_teardown()
+                    .map_err(|why| format!("cuda arena: {why}"))
+            }),
+        ));
+        let handle = gov.register(
+            AnyContext::from(ctx),
+            ContextConfig::new()
+                .label("arena@cuda")
+                .budget(2 * ARENA_BYTES),
+        );
+        let stream = handle.create_stream("arena").map_err(|e| e.to_string())?;
+        let mut bufs = Vec::new();
+        for i in 0..ARENA_BYTES / ARENA_BUFFER {
+            let b = handle
+                .allocate(&stream, ARENA_BUFFER, Role::Weights)
+                .map_err(|e| format!("arena allocate: {e}"))?;
+            b.write(0, &fill(0xa7e0 + i, ARENA_BUFFER as usize))
+                .map_err(|e| format!("arena write: {e}"))?;
+            bufs.push(b);
+        }
+        stream.synchronize().map_err(|e| e.to_string())?;
+        let addr = |b: &DeviceBuffer<Ctx>| -> Result<u64, String> {
+            match b.raw().ok_or("a released arena buffer")? {
+                memgov::any::AnyMemory::Cuda(m) => Ok(m.device_ptr()),
+                _ => Err("an arena buffer of another backend".to_owned()),
+            }
+        };
+        let before: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
+        let mapped = arena.snapshot().mapped;
+        let t = Instant::now();
+        let slept = arena.sleep(true).map_err(|e| format!("arena sleep: {e}"))?;
+        let sleep_time = t.elapsed();
+        let asleep = arena.snapshot();
+        let t = Instant::now();
+        let woke = arena.wake().map_err(|e| format!("arena wake: {e}"))?;
+        let wake_time = t.elapsed();
+        let after: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
+        let mut intact = true;
+        for (i, b) in bufs.iter().enumerate() {
+            let mut back = vec![0u8; ARENA_BUFFER as usize];
+            b.read(0, &mut back)
+                .map_err(|e| format!("arena read: {e}"))?;
+            intact &= back == fill(0xa7e0 + i as u64, ARENA_BUFFER as usize);
+        }
+        if before != after || !intact || asleep.mapped != 0 {
+            return Err(format!(
+                "arena: after sleep and wake, addresses {} and contents {} ({} still mapped while asleep)",
+                if before == after { "kept" } else { "moved" },
+                if intact { "intact" } else { "changed" },
+                Bytes(asleep.mapped)
+            ));
+        }
+        out.line(format!(
+            "     arena: {} mapped; sleep released {} ({} kept in host memory) in {}, wake mapped {} back in {}; {} buffers at the same addresses, every byte intact",
+            Bytes(mapped),
+            Bytes(slept.released),
+            Bytes(slept.offloaded),
+            Elapsed(sleep_time),
+            Bytes(woke),
+            Elapsed(wake_time),
+            bufs.len()
+        ));
+        drop(bufs);
+        drop(stream);
+        let trimmed = arena.trim().map_err(|e| format!("arena trim: {e}"))?;
+        let report = handle
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(30))
+            .map_err(|e| e.to_string())?;
+        print_report(out, &report);
+        Ok((
+            json!({
+                "buffers": ARENA_BYTES / ARENA_BUFFER,
+                "bytes": ARENA_BYTES,
+                "mapped_before_sleep": mapped,
+                "released_by_sleep": slept.released,
+                "offloaded": slept.offloaded,
+                "mapped_by_wake": woke,
+                "sleep_us": sleep_time.as_secs_f64() * 1e6,
+                "wake_us": wake_time.as_secs_f64() * 1e6,
+                "same_addresses": true,
+                "intact": true,
+                "trimmed_after_release": trimmed,
+            }),
+            Some(report),
+        ))
+    }
 }
 
 /// Move the LLM's weights and resident KV blocks from `old` to `new` with
