@@ -1,4 +1,10 @@
 # Shared set-up for scripts/main.sh and scripts/test.sh. Sourced, not run.
+#
+# Installing is the CI's set-up, not the tests': `suite_setup` installs
+# everything the suite needs up front (scripts/test.sh calls it, as does
+# `cargo xtask setup`). With MEMGOV_INSTALL=0 (`cargo xtask test` sets it)
+# nothing is installed: a missing package is an error that names the command
+# that installs it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,6 +20,11 @@ apt_install() {
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "${MEMGOV_INSTALL:-1}" = 0 ]; then
+        echo "memgov setup: missing Debian package(s): ${missing[*]}; MEMGOV_INSTALL=0 installs nothing:" \
+            "run \`cargo xtask setup\` (or \`apt-get install ${missing[*]}\`) as root" >&2
+        return 1
+    fi
     echo "memgov setup: installing ${missing[*]}"
     if [ $apt_updated -eq 0 ]; then
         as_root apt-get update -qq
@@ -33,6 +44,26 @@ ensure_rust() {
     fi
     apt_install gcc libc6-dev pkg-config
     cargo --version
+}
+
+# Everything the whole suite installs, in one place: the cross-vendor matrix
+# (Mesa's lavapipe, the Vulkan loader and the Khronos validation layers;
+# ROCm's HIP header, which the HIP stand-in is compiled against, and Debian's
+# real runtime for the clean-skip runs), the C ABI's C++ and valgrind checks,
+# pip for the ONNX Runtime wheels, the headless browser of the timeline step,
+# and the nightly toolchain's Miri. The steps that use them find them
+# installed; on a machine prepared once, a run installs nothing.
+suite_setup() {
+    apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev g++
+    command -v valgrind >/dev/null || apt_install valgrind ||
+        echo "memgov setup: valgrind is not installable: its checks will print skipped"
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    command -v chromium-headless-shell >/dev/null || apt_install chromium-headless-shell
+    if ! cargo +nightly miri --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+        echo "memgov setup: installing the nightly toolchain's miri and rust-src components"
+        rustup toolchain install nightly --profile minimal --component miri,rust-src ||
+            echo "memgov setup: could not install Miri (no network to the toolchain server?): its step will print skipped"
+    fi
 }
 
 # The directory cargo builds into: CARGO_TARGET_DIR, a cargo config's

@@ -10,11 +10,18 @@
 # (header, layout, C tests, the example plugin under ASan and valgrind); and
 # the benches in smoke mode. Prints which backends ran on real hardware, on software
 # drivers, on stand-ins, or embedded.
+#
+# The installs are the set-up (`suite_setup` in scripts/common.sh), done once
+# before the first step; with MEMGOV_INSTALL=0 (`cargo xtask test`, on a
+# prepared machine) nothing is installed and a missing package is an error
+# naming the command that installs it.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_rust
-apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev
-# libamdhip64-dev: ROCm's header, which the HIP stand-in is compiled
-# against, and Debian's real runtime (no GPU here) for the clean-skip runs.
+if [ "${MEMGOV_INSTALL:-1}" = 0 ]; then
+    echo "memgov setup: MEMGOV_INSTALL=0: installing nothing"
+else
+    suite_setup
+fi
 
 export CARGO_TERM_COLOR=never
 target="$(cargo_target_dir)"
@@ -25,11 +32,15 @@ step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 step "build (every crate; the library alone)"
 cargo build --locked --workspace --all-targets
 cargo build --locked -p memgov --lib
-# The library without the tool: no clap in its tree.
-if cargo tree --locked -p memgov -e normal | grep -q clap; then
-    echo "FAILED: clap is in the library's dependency tree"
-    exit 1
-fi
+# The library without the tool or the development commands: no clap and no
+# xtask in its tree.
+lib_tree="$(cargo tree --locked -p memgov -e normal --prefix none)"
+for crate in clap xtask; do
+    if grep -q "^$crate v" <<<"$lib_tree"; then
+        echo "FAILED: $crate is in the library's dependency tree"
+        exit 1
+    fi
+done
 # The pin contract a plugin depends on has no dependencies at all.
 if [ "$(cargo tree --locked -p memgov-api -e normal --prefix none | wc -l)" -ne 1 ]; then
     cargo tree --locked -p memgov-api -e normal
@@ -54,10 +65,13 @@ step "examples: host, best backend, LLM serving, Vulkan on lavapipe, CUDA and HI
 cargo run --locked -p memgov --example host
 cargo run --locked -p memgov --example best_backend
 cargo run --locked -p memgov --example llm_serving
-cargo run --locked -p memgov --features vulkan --example vulkan
-LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features cuda --example cuda
-LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features hip --example hip
-cargo run --locked -p memgov --features cuda --example cuda | grep -q "skipped: no CUDA driver"
+# The three GPU examples build with one feature set, so that the library and
+# its backends are compiled once for the three, not once per example.
+gpu_features=vulkan,cuda,hip
+cargo run --locked -p memgov --features "$gpu_features" --example vulkan
+LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features "$gpu_features" --example cuda
+LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features "$gpu_features" --example hip
+cargo run --locked -p memgov --features "$gpu_features" --example cuda | grep -q "skipped: no CUDA driver"
 
 step "tests: Vulkan backend on lavapipe with validation layers"
 cargo test --locked -p memgov-vulkan --lib

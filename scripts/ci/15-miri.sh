@@ -14,6 +14,13 @@
 # soaks (thousands of cases or a million cycles: hours under Miri). Single
 # tests that cannot run under Miri carry `#[cfg_attr(miri, ignore = "why")]`.
 #
+# The two borrow models run side by side, one per core: the crates are built
+# once for Miri first (the aliasing model is an interpreter flag, read when a
+# test runs, not a build input, so both runs use the same artifacts and
+# neither rebuilds nor waits on the other's build lock), then each model's
+# runs go in order in a lane of its own, logged to its own file and printed
+# when the lane ends. With MEMGOV_INSTALL=0 the toolchain is not installed.
+#
 # Extra arguments go to every `cargo miri test`, before its `--`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,6 +31,8 @@ skip() {
 }
 
 if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    [ "${MEMGOV_INSTALL:-1}" != 0 ] ||
+        skip "Miri is not installed and MEMGOV_INSTALL=0 installs nothing (rustup toolchain install nightly --component miri,rust-src, or cargo xtask setup)"
     command -v rustup >/dev/null ||
         skip "Miri needs a nightly toolchain with the miri component, and rustup is not installed"
     echo "memgov miri: installing the nightly toolchain's miri and rust-src components"
@@ -58,14 +67,44 @@ run() {
 
 # The crates with unsafe code or lock-free bookkeeping, without a driver.
 LIBS=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-host -p memgov-null --lib)
-run "$STRICT" "${LIBS[@]}" "$@"
-run "$STRICT" -p memgov-null --test governed "$@"
-run "$STRICT" -p memgov --test bad_input "$@"
-run "$STRICT" -p memgov --test governor "$@"
-# Tree borrows checks the same code under the other aliasing model; the
-# governor's 16-second force race (a third of that file under Miri) has
-# already run under stacked borrows and adds no new borrow pattern.
-run "$TREE" "${LIBS[@]}" "$@"
-run "$TREE" -p memgov --test governor "$@" -- --skip force_races_with_allocations_and_releases_without_leaking_pins
 
+# Build every test binary of both lanes once, before either lane starts.
+t0=$(date +%s)
+echo "=== miri: building the crates and tests for Miri"
+cargo +nightly miri test --locked --no-run "${LIBS[@]}" "$@"
+cargo +nightly miri test --locked --no-run -p memgov-null --test governed "$@"
+cargo +nightly miri test --locked --no-run -p memgov --test bad_input --test governor "$@"
+echo "=== miri: built in $(($(date +%s) - t0))s"
+
+stacked() {
+    run "$STRICT" "${LIBS[@]}" "$@" &&
+        run "$STRICT" -p memgov-null --test governed "$@" &&
+        run "$STRICT" -p memgov --test bad_input "$@" &&
+        run "$STRICT" -p memgov --test governor "$@"
+}
+# Tree borrows checks the same code under the other aliasing model; the
+# governor's force race (its longest test under Miri) has already run under
+# stacked borrows and adds no new borrow pattern.
+tree() {
+    run "$TREE" "${LIBS[@]}" "$@" &&
+        run "$TREE" -p memgov --test governor "$@" -- --skip force_races_with_allocations_and_releases_without_leaking_pins
+}
+
+logs="$(mktemp -d "${TMPDIR:-/tmp}/memgov-miri.XXXXXX")"
+trap 'rm -rf "$logs"' EXIT
+stacked "$@" >"$logs/stacked.log" 2>&1 &
+sb=$!
+tree "$@" >"$logs/tree.log" 2>&1 &
+tb=$!
+failed=0
+wait "$sb" || failed=1
+echo "=== miri lane: stacked borrows"
+cat "$logs/stacked.log"
+wait "$tb" || failed=1
+echo "=== miri lane: tree borrows"
+cat "$logs/tree.log"
+if [ "$failed" -ne 0 ]; then
+    echo "memgov miri: FAILED after $(($(date +%s) - start))s (see the lane above with FAILED)"
+    exit 1
+fi
 echo "memgov miri: every run passed in $(($(date +%s) - start))s"

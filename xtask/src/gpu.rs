@@ -18,7 +18,7 @@
 //!
 //! The tier ends by saying which of these ran.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::step::{Failure, Steps};
 use crate::{cargo, script};
@@ -35,18 +35,20 @@ enum Found {
 
 impl Found {
     /// From the closing line of `memgov check`: "ran on real hardware: …;
-    /// on software drivers: …; on stand-ins: …; embedded: …".
-    fn from_check_output(out: &str, backend: &str) -> Self {
-        let Some(line) = out.lines().find(|l| l.starts_with("ran on real hardware:")) else {
-            return Self::Absent;
-        };
+    /// on software drivers: …; on stand-ins: …; embedded: …". `None` when
+    /// there is no such line: the check did not run (it failed to build, or
+    /// crashed), which says nothing about the machine.
+    fn from_check_output(out: &str, backend: &str) -> Option<Self> {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("ran on real hardware:"))?;
         let names = |label: &str| -> bool {
             line.split(';').map(str::trim).any(|part| {
                 part.strip_prefix(label)
                     .is_some_and(|rest| rest.split(',').any(|n| n.trim() == backend))
             })
         };
-        if names("ran on real hardware:") {
+        Some(if names("ran on real hardware:") {
             Self::RealHardware
         } else if names("on software drivers:") {
             Self::SoftwareDriver
@@ -54,7 +56,7 @@ impl Found {
             Self::Embedded
         } else {
             Self::Absent
-        }
+        })
     }
 }
 
@@ -73,10 +75,7 @@ pub fn run(steps: &mut Steps, root: &Path, backend: &str) -> Result<(), Failure>
     match (backend, found) {
         ("cuda", Found::RealHardware) => {
             steps.note("gpu cuda: an NVIDIA driver and device are present: real hardware".into());
-            let dir = root.join("target-gpu-check");
-            let dir = std::env::var_os("CARGO_TARGET_DIR")
-                .map(|t| Path::new(&t).join("gpu-check"))
-                .unwrap_or(dir);
+            let dir = target_dir(root)?.join("gpu-check");
             let mut prepare = script(root, "scripts/gpu-check.sh");
             prepare.arg("prepare").arg(&dir);
             steps.run("build the CUDA check's binaries", &mut prepare)?;
@@ -206,27 +205,52 @@ fn probe(
         );
     }
     println!("\n=== how {backend} runs here: memgov check --backend {backend}");
-    let out = cmd.output().map_err(|e| Failure::Step {
+    let failed = |status: String| Failure::Step {
         name: format!("memgov check --backend {backend}"),
         command: format!("cargo {}", args.join(" ")),
-        status: format!("could not start: {e}"),
-    })?;
+        status,
+    };
+    let out = cmd
+        .output()
+        .map_err(|e| failed(format!("could not start: {e}")))?;
     let text = String::from_utf8_lossy(&out.stdout);
     print!("{text}");
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    let found = Found::from_check_output(&text, backend);
+    let found = Found::from_check_output(&text, backend)
+        .ok_or_else(|| failed(format!("{}, without its closing line", out.status)))?;
     if found != Found::Absent && !out.status.success() {
         // The backend ran and a case failed: that is the finding.
-        return Err(Failure::Step {
-            name: format!("memgov check --backend {backend}"),
-            command: format!("cargo {}", args.join(" ")),
-            status: out.status.to_string(),
-        });
+        return Err(failed(out.status.to_string()));
     }
     steps.note(format!(
         "gpu {backend}: memgov check found it running: {found:?}"
     ));
     Ok(found)
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, a configured
+/// `build.target-dir`, or `target/`), from `cargo metadata`.
+fn target_dir(root: &Path) -> Result<PathBuf, Failure> {
+    let args = ["metadata", "--locked", "--format-version", "1", "--no-deps"];
+    let failed = |status: String| Failure::Step {
+        name: "find cargo's target directory".into(),
+        command: format!("cargo {}", args.join(" ")),
+        status,
+    };
+    let out = cargo(root, &args)
+        .output()
+        .map_err(|e| failed(format!("could not start: {e}")))?;
+    if !out.status.success() {
+        return Err(failed(out.status.to_string()));
+    }
+    let json = String::from_utf8_lossy(&out.stdout);
+    let key = "\"target_directory\":\"";
+    json.find(key)
+        .and_then(|at| {
+            let rest = &json[at + key.len()..];
+            rest.find('"').map(|end| PathBuf::from(&rest[..end]))
+        })
+        .ok_or_else(|| failed("no target_directory in its output".into()))
 }
 
 /// The backend's row of the fault matrix, in release as the suite runs it.
@@ -265,21 +289,18 @@ mod tests {
 
     #[test]
     fn the_closing_line_of_memgov_check_says_how_each_backend_ran() {
-        assert_eq!(Found::from_check_output(LINE, "cuda"), Found::RealHardware);
-        assert_eq!(
-            Found::from_check_output(LINE, "vulkan"),
-            Found::SoftwareDriver
-        );
-        assert_eq!(Found::from_check_output(LINE, "host"), Found::Embedded);
+        let found = |out, backend| Found::from_check_output(out, backend);
+        assert_eq!(found(LINE, "cuda"), Some(Found::RealHardware));
+        assert_eq!(found(LINE, "vulkan"), Some(Found::SoftwareDriver));
+        assert_eq!(found(LINE, "host"), Some(Found::Embedded));
         // A stand-in is not the device: the tier runs the stand-in's own
         // checks instead.
-        assert_eq!(Found::from_check_output(LINE, "hip"), Found::Absent);
-        assert_eq!(
-            Found::from_check_output("no closing line", "cuda"),
-            Found::Absent
-        );
+        assert_eq!(found(LINE, "hip"), Some(Found::Absent));
         let none = "ran on real hardware: none; on software drivers: none; \
                     on stand-ins: none; embedded: host";
-        assert_eq!(Found::from_check_output(none, "cuda"), Found::Absent);
+        assert_eq!(found(none, "cuda"), Some(Found::Absent));
+        // No closing line: `memgov check` did not run (a build error), which
+        // must not read as "no GPU here".
+        assert_eq!(found("error[E0599]: no variant", "cuda"), None);
     }
 }

@@ -1,7 +1,7 @@
 //! `cargo xtask`: memgov's development commands, one per tier of testing.
 //!
 //! ```text
-//! cargo xtask check          fmt, clippy (every crate, every backend), the default members' tests
+//! cargo xtask check          fmt, clippy (every crate, every backend), the driverless crates' tests
 //! cargo xtask test           the whole suite (scripts/test.sh) on a prepared machine; installs nothing
 //! cargo xtask loom           the loom models of the lifecycle primitives
 //! cargo xtask miri           the library and the driverless tests under Miri, both borrow models
@@ -29,8 +29,9 @@ const USAGE: &str = "\
 usage: cargo xtask <tier> [args]
 
 tiers, fastest first:
-  check            before every commit (a few minutes from a warm build): rustfmt, clippy with
-                   every backend compiled in and -D warnings, the default members' tests
+  check            before every commit (under 3 minutes from a warm build): rustfmt, clippy with
+                   every backend compiled in and -D warnings, the tests of the crates that need
+                   no GPU driver
   loom             after changing crates/sync or the lifecycle: every interleaving of the pin protocol
   miri             after changing unsafe code: the library and the driverless tests under Miri
                    (stacked and tree borrows); extra args go to every `cargo miri test`
@@ -95,7 +96,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// The inner loop: what to run before a commit.
+/// The inner loop: what to run before a commit. Under three minutes on two
+/// cores from a warm build: the slow tests (the C programs under the
+/// sanitizers, doc tests, the GPU backends' suites) are left to `test` and
+/// `gpu`, and the summary says so.
 fn check(steps: &mut Steps, root: &Path) -> Result<(), Failure> {
     if cargo(root, &["fmt", "--version"])
         .output()
@@ -135,10 +139,54 @@ fn check(steps: &mut Steps, root: &Path) -> Result<(), Failure> {
             "clippy is not installed (rustup component add clippy)",
         );
     }
+    // The unit and integration tests of every crate that needs no GPU
+    // driver: the governor, the sync primitives, the host and null backends,
+    // the conformance suite and fault matrix on them, the tool, xtask.
     steps.run(
-        "tests of the default members (governor, host, null, conformance, tool, C ABI)",
-        cargo(root, &["test", "--locked"]),
-    )
+        "tests of the crates that need no driver",
+        cargo(
+            root,
+            &[
+                "test",
+                "--locked",
+                "--workspace",
+                "--exclude",
+                "memgov-cuda",
+                "--exclude",
+                "memgov-hip",
+                "--exclude",
+                "memgov-vulkan",
+                "--exclude",
+                "memgov-capi",
+                "--tests",
+            ],
+        ),
+    )?;
+    // The C ABI from Rust and its header; its C programs under the
+    // sanitizers and valgrind take minutes (`cargo xtask test` runs them).
+    steps.run(
+        "tests of the C ABI from Rust",
+        cargo(
+            root,
+            &[
+                "test",
+                "--locked",
+                "-p",
+                "memgov-capi",
+                "--lib",
+                "--test",
+                "rust_api",
+                "--test",
+                "header",
+            ],
+        ),
+    )?;
+    steps.note(
+        "check: not run here: doc tests, the C ABI's C programs, the GPU backends \
+         (cargo xtask gpu <backend>), loom, Miri and the long suites (cargo xtask test)"
+            .into(),
+    );
+    Ok(())
 }
 
 /// Miri, when the nightly toolchain has it; the way to install it when not.
