@@ -94,6 +94,14 @@ LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 for row in "cuda .*stand-in" "hip .*stand-in" "vulkan .*software driver" "host .*embedded"; do
     grep -Eq "$row" "$target/check-stand-ins.log" || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
 done
+# The capabilities are probed: the CUDA stand-in offers an arena, the
+# others say why they do not.
+grep -q "^virtual-memory arena " "$target/check-stand-ins.log" || { echo "FAILED: memgov check printed no capabilities"; exit 1; }
+if grep -q "^cuda: virtual-memory arena: no" "$target/check-stand-ins.log"; then
+    echo "FAILED: the CUDA stand-in offers no virtual-memory arena"; exit 1
+fi
+grep -q "^host: virtual-memory arena: no: the host backend has no virtual-memory arena" "$target/check-stand-ins.log" ||
+    { echo "FAILED: memgov check did not say why the host has no arena"; exit 1; }
 step "memgov check without the stand-ins: CUDA and HIP skip cleanly"
 cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee "$target/check-no-stand-ins.log"
 grep -q "skipped: no CUDA driver" "$target/check-no-stand-ins.log"

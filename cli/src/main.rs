@@ -412,6 +412,34 @@ fn check(only: &[String], json: bool) -> ExitCode {
             }
         }
     }
+    // What each backend that ran offers beyond the contract: probed, not
+    // assumed, so a driver without virtual memory management says no.
+    let caps: Vec<(&str, Vec<Capability>)> = ran
+        .iter()
+        .map(|(name, _)| (*name, capabilities(name)))
+        .collect();
+    if let Some((_, first)) = caps.first() {
+        say("");
+        let mut header = format!("{:<40}", "capability");
+        for (n, _) in &caps {
+            header.push_str(&format!(" {n:<10}"));
+        }
+        say(header.trim_end());
+        for (i, cap) in first.iter().enumerate() {
+            let mut line = format!("{:<40}", cap.name);
+            for (name, list) in &caps {
+                let c = &list[i];
+                line.push_str(&format!(
+                    " {:<10}",
+                    if c.offered.is_ok() { "yes" } else { "no" }
+                ));
+                if let Err(why) = &c.offered {
+                    notes.push(format!("{name}: {}: no: {why}", c.name));
+                }
+            }
+            say(line.trim_end());
+        }
+    }
     if !notes.is_empty() {
         say("");
         for n in &notes {
@@ -488,6 +516,25 @@ fn check(only: &[String], json: bool) -> ExitCode {
         if let (Some(e), Some(o)) = (&error, report.as_object_mut()) {
             o.insert("error".into(), e.clone().into());
         }
+        if let Some(o) = report.as_object_mut() {
+            let caps: serde_json::Map<_, _> = caps
+                .iter()
+                .map(|(name, list)| {
+                    let row: serde_json::Map<_, _> = list
+                        .iter()
+                        .map(|c| {
+                            let v = match &c.offered {
+                                Ok(()) => serde_json::json!({"offered": true}),
+                                Err(why) => serde_json::json!({"offered": false, "why": why}),
+                            };
+                            (c.key.to_owned(), v)
+                        })
+                        .collect();
+                    ((*name).to_owned(), row.into())
+                })
+                .collect();
+            o.insert("capabilities".into(), caps.into());
+        }
         println!("{report:#}");
     }
     if error.is_some() {
@@ -495,6 +542,64 @@ fn check(only: &[String], json: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// A capability beyond the backend contract, and whether a backend offers
+/// it here (`Err`: why not).
+struct Capability {
+    name: &'static str,
+    key: &'static str,
+    offered: Result<(), String>,
+}
+
+/// What `backend` offers beyond the contract, probed on this machine: the
+/// CUDA backend's virtual-memory arena and sleep/wake (a context opened with
+/// a small arena, then torn down), and the graph-capture gate, which no
+/// backend has yet.
+fn capabilities(backend: &str) -> Vec<Capability> {
+    let arena: Result<(), String> = match backend {
+        "cuda" => probe_cuda_arena(),
+        other => Err(format!(
+            "the {other} backend has no virtual-memory arena (CUDA only: cuMemAddressReserve / cuMemMap)"
+        )),
+    };
+    vec![
+        Capability {
+            name: "virtual-memory arena",
+            key: "arena",
+            offered: arena.clone(),
+        },
+        Capability {
+            name: "sleep and wake at stable addresses",
+            key: "sleep_wake",
+            offered: arena.map_err(|why| format!("no arena: {why}")),
+        },
+        Capability {
+            name: "graph-capture gate",
+            key: "capture_gate",
+            offered: Err("no backend has a capture gate yet: allocations during stream capture are not governed".to_owned()),
+        },
+    ]
+}
+
+#[cfg(feature = "cuda")]
+fn probe_cuda_arena() -> Result<(), String> {
+    use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
+    use memgov::DeviceContext;
+    let ctx = CudaContext::new(CudaConfig {
+        arena: Some(ArenaConfig {
+            reserve_bytes: 64 << 20,
+            limit_bytes: 64 << 20,
+        }),
+        ..CudaConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    ctx.teardown(false).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn probe_cuda_arena() -> Result<(), String> {
+    Err("this memgov was built without the cuda feature".to_owned())
 }
 
 /// `memgov check --json`: every backend's row, every case's outcome, the

@@ -207,6 +207,16 @@ fn check_json_is_one_object_and_carries_the_error_on_failure() {
         host["cases"].as_array().unwrap().len(),
         memgov::conformance::cases::<memgov::host::HostContext>().len()
     );
+    // Capabilities beyond the contract, probed: the host has no arena, and
+    // says why.
+    let caps = &v["capabilities"]["host"];
+    for key in ["arena", "sleep_wake", "capture_gate"] {
+        assert_eq!(caps[key]["offered"], false, "{key}: {caps}");
+    }
+    assert!(
+        caps["arena"]["why"].as_str().unwrap().contains("CUDA only"),
+        "{caps}"
+    );
 
     // A named backend that runs nothing fails the check: still one object,
     // with the reason, and a non-zero status.
