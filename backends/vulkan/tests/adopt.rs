@@ -195,3 +195,63 @@ fn the_messenger_on_the_runtime_instance_hears_a_leaked_buffer() {
         "{messages:#?}"
     );
 }
+
+/// The conformance suite on contexts adopted without queues, each on a
+/// device of its own that the after-teardown hook destroys (with the
+/// runtime's messenger and instance), as a runtime sharing the device would.
+#[test]
+fn conformance_suite_on_devices_adopted_without_queues() {
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let destroyed = Arc::new(AtomicU32::new(0));
+    let (h, d) = (heard.clone(), destroyed.clone());
+    let report =
+        memgov::conformance::run_suite_with(&memgov::conformance::SuiteOptions::new(), move || {
+            let Some(rt) = runtime() else {
+                return Err(memgov::BackendError::new(
+                    "vulkan",
+                    "adopt",
+                    BackendErrorKind::Unavailable,
+                    "no Vulkan loader/ICD or validation layer",
+                ));
+            };
+            h.lock()
+                .unwrap()
+                .push(rt.messenger.as_ref().expect("on").validation());
+            let adopted = rt.adopted(None);
+            let d = d.clone();
+            let hook: memgov::vulkan::AfterTeardown = Box::new(move || {
+                drop(rt.destroy());
+                d.fetch_add(1, Ordering::SeqCst);
+            });
+            let adopted = AdoptedDevice {
+                after_teardown: Some(hook),
+                ..adopted
+            };
+            // SAFETY: as in the first test; the hook destroys the device only
+            // after memgov's teardown has finished with it.
+            unsafe { VulkanContext::adopt(adopted, VulkanConfig::default()) }
+        });
+    println!("{report}");
+    if report.execution.is_none() {
+        println!("skipped: {}", report.device);
+        return;
+    }
+    assert!(report.all_passed(), "{report}");
+    let heard = heard.lock().unwrap();
+    assert!(!heard.is_empty());
+    // Teardown may finish on a reaper thread after a case returns.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while (destroyed.load(Ordering::SeqCst) as usize) < heard.len()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        destroyed.load(Ordering::SeqCst) as usize,
+        heard.len(),
+        "every adopted device was handed back by its after-teardown hook"
+    );
+    for v in heard.iter() {
+        assert_eq!(v.validation_failures(), 0, "{:#?}", v.messages());
+    }
+}
