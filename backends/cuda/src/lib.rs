@@ -81,6 +81,7 @@
 //! ```
 
 mod arena;
+mod capture;
 mod config;
 mod memory;
 mod result;
@@ -91,6 +92,9 @@ mod stream;
 mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
+pub use capture::{
+    CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot, PoolExhausted,
+};
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
 pub use sleep::SleepReport;
@@ -162,6 +166,8 @@ pub struct CudaContext {
     /// The virtual-memory arena device memory comes from, when
     /// [`CudaConfig::arena`] asked for one.
     arena: Option<Arc<arena::Arena>>,
+    /// The executable graphs made by captures on the arena, still live.
+    pins: Arc<capture::Pins>,
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -463,6 +469,7 @@ impl CudaContext {
                 watch: Arc::default(),
             }),
             arena: None,
+            pins: Arc::default(),
         }
     }
 
@@ -619,9 +626,26 @@ impl DeviceContext for CudaContext {
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        let graphs = match &self.arena {
+            Some(a) if !lost => self.pins.teardown(&self.shared, a),
+            _ => Ok(0),
+        };
         let arena = match &self.arena {
             Some(a) => self.arena_teardown(a, lost),
             None => Ok(()),
+        };
+        let arena = match graphs {
+            Ok(0) => arena,
+            Ok(n) => arena.and(Err(result::err(
+                "teardown",
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "{n} executable graph(s) were still live at teardown: they were destroyed \
+                     after their launches finished and their capture pools given back; destroy \
+                     graphs with CudaGraph::destroy before teardown"
+                ),
+            ))),
+            Err(e) => arena.and(Err(e)),
         };
         let context = self.tear_down(lost);
         arena.and(context)

@@ -54,6 +54,7 @@
 #define _GNU_SOURCE
 #include "standin.h"
 #include "vmm.h"
+#include "graph.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -76,6 +77,7 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
@@ -416,6 +418,19 @@ static CUresult check_stream(CUstream s, const char *fn) {
 
 static const char *check_name(enum sq_mem_check c) { return sq_mem_check_str(c); }
 
+/* Whether hStream is capturing (graph.c). */
+static int capturing(CUstream s) { return graph_capturing != NULL && graph_capturing(s); }
+
+/* Work graph.c does not record on a capturing stream. */
+static void not_captured(CUstream s, const char *fn) {
+    if (capturing(s)) sq_die("%s on a capturing stream is not imitated by the stand-in libcuda", fn);
+}
+
+/* A potentially unsafe call during a capture (graph.c): 0 or the error. */
+static CUresult capture_unsafe(const char *fn, int alloc) {
+    return graph_unsafe != NULL ? graph_unsafe(fn, alloc) : CUDA_SUCCESS;
+}
+
 /* ---- errors ---------------------------------------------------------------- */
 
 struct code_name {
@@ -433,11 +448,15 @@ static const struct code_name g_codes[] = {
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {214, "CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -820,6 +839,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
 
 CUresult cuCtxSynchronize(void) {
     ENTER("cuCtxSynchronize");
+    if (capture_unsafe("cuCtxSynchronize", 0)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     CUcontext c = current("cuCtxSynchronize");
     if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&c->lock);
@@ -934,6 +954,7 @@ CUresult cuStreamSynchronize(CUstream hStream) {
     ENTER("cuStreamSynchronize");
     CUresult r = check_stream(hStream, "cuStreamSynchronize");
     if (r != CUDA_SUCCESS) return r;
+    if (capturing(hStream)) return graph_conflicting("cuStreamSynchronize", hStream);
     sq_queue_sync(hStream->q);
     return sticky_now() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
@@ -942,6 +963,7 @@ CUresult cuStreamQuery(CUstream hStream) {
     ENTER("cuStreamQuery");
     CUresult r = check_stream(hStream, "cuStreamQuery");
     if (r != CUDA_SUCCESS) return r;
+    if (capturing(hStream)) return graph_conflicting("cuStreamQuery", hStream);
     return sq_queue_pending(hStream->q) == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -1019,7 +1041,9 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 static CUresult alloc_async(const char *fn, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     CUresult r = check_stream(hStream, fn);
     if (r != CUDA_SUCCESS) return r;
+    not_captured(hStream, fn);
     if (dptr == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (graph_note_alloc != NULL) graph_note_alloc();
     /* Valid from a position on the stream: use on another stream must be
      * ordered after it. */
     uint64_t p = sq_mem_alloc_on(hStream->ctx->mem, bytesize, hStream->q);
@@ -1065,6 +1089,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER("cuMemFreeAsync");
     CUresult r = check_stream(hStream, "cuMemFreeAsync");
     if (r != CUDA_SUCCESS) return r;
+    not_captured(hStream, "cuMemFreeAsync");
     enum sq_mem_check c =
         sq_mem_begin_free_on(hStream->ctx->mem, dptr, hStream->q, "cuMemFreeAsync");
     if (c != SQ_MEM_OK)
@@ -1083,6 +1108,8 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (r != CUDA_SUCCESS) return r;
     if (bytes == 0) return CUDA_SUCCESS;
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
+    /* Recorded, checked when a graph of it is launched. */
+    if (capturing(hStream)) return graph_record_copy(fn, hStream, dev, dst, src, bytes);
     /* Memory mapped into a reservation (vmm.c) has its own checks. */
     if (vmm_copy != NULL && vmm_copy(fn, dev, bytes, hStream->q, dst, src)) return CUDA_SUCCESS;
     struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
@@ -1119,6 +1146,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     if (pp == NULL || bytesize == 0 || (Flags & ~CU_MEMHOSTALLOC_VALID_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (capture_unsafe("cuMemHostAlloc", 1)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     uint64_t p = sq_mem_alloc_tracked(c->host_mem, bytesize);
     if (p == 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *pp = (void *)(uintptr_t)p;
@@ -1140,6 +1168,7 @@ CUresult cuMemFreeHost(void *p) {
     ENTER("cuMemFreeHost");
     CUcontext c = current("cuMemFreeHost");
     if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    if (capture_unsafe("cuMemFreeHost", 0)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     enum sq_mem_check r = sq_mem_free_now(c->host_mem, (uint64_t)(uintptr_t)p, "cuMemFreeHost");
     if (r != SQ_MEM_OK)
         sq_die("cuMemFreeHost of %s page-locked pointer %p", check_name(r), p);
@@ -1164,6 +1193,7 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
     CUresult r = check_stream(hStream, "cuLaunchHostFunc");
     if (r != CUDA_SUCCESS) return r;
     if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (capturing(hStream)) return graph_record_host_fn(hStream, fn, userData);
     pthread_mutex_lock(&g_lock);
     uint64_t n = ++g_host_func_calls;
     pthread_mutex_unlock(&g_lock);
@@ -1191,6 +1221,7 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     sq_event_check(hEvent, "cuEventRecord");
     CUresult r = check_stream(hStream, "cuEventRecord");
     if (r != CUDA_SUCCESS) return r;
+    not_captured(hStream, "cuEventRecord");
     /* Captures the work queued on the stream so far; overwrites. */
     sq_event_record(hEvent, hStream->q);
     return CUDA_SUCCESS;
@@ -1201,6 +1232,7 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
     sq_event_check(hEvent, "cuStreamWaitEvent");
     CUresult r = check_stream(hStream, "cuStreamWaitEvent");
     if (r != CUDA_SUCCESS) return r;
+    not_captured(hStream, "cuStreamWaitEvent");
     if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
     /* Orders work queued on hStream after this call after the event's work. */
     sq_queue_wait_event(hStream->q, hEvent);
@@ -1238,6 +1270,19 @@ int cuda_standin_enter(const char *fn) {
 }
 
 int cuda_standin_devices(void) { return g_devices; }
+
+int cuda_standin_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
+                      const void *src, size_t bytes) {
+    return copy_async(fn, dev, dst, src, bytes, (CUstream)stream);
+}
+
+int cuda_standin_host_fn(const void *stream, void (*fn)(void *), void *user) {
+    return cuLaunchHostFunc((CUstream)stream, fn, user);
+}
+
+int cuda_standin_check_stream(const void *stream, const char *fn) {
+    return check_stream((CUstream)stream, fn);
+}
 
 uint64_t cuda_standin_capacity(void) {
     uint64_t cap = g_total_bytes;

@@ -42,6 +42,7 @@
  */
 #define _GNU_SOURCE
 #include "vmm.h"
+#include "graph.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -62,6 +63,7 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -159,6 +161,13 @@ static int vmm_fault(void) {
         int e_ = cuda_standin_enter(fn);                        \
         if (e_ < 0) return CUDA_ERROR_NOT_INITIALIZED;          \
         if (e_ > 0) return CUDA_ERROR_ILLEGAL_ADDRESS;          \
+    } while (0)
+
+/* A potentially unsafe call while a capture is under way (graph.c). */
+#define UNSAFE_DURING_CAPTURE(fn, alloc)                                     \
+    do {                                                                     \
+        if (graph_unsafe != NULL && graph_unsafe(fn, alloc))                 \
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;                    \
     } while (0)
 
 static int aligned(uint64_t v) { return v % GRANULE == 0; }
@@ -274,6 +283,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const struct CUmemAllocationProp_st *prop, unsigned long long flags) {
     VMM_ENTER("cuMemCreate");
+    UNSAFE_DURING_CAPTURE("cuMemCreate", 1);
     if (handle == NULL || size == 0 || !aligned(size) || flags != 0 || !valid_prop(prop))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_vmm);
@@ -298,6 +308,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     VMM_ENTER("cuMemRelease");
+    UNSAFE_DURING_CAPTURE("cuMemRelease", 0);
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemRelease");
     h->released = 1; /* the memory stays while mapped */
@@ -309,6 +320,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
     VMM_ENTER("cuMemMap");
+    UNSAFE_DURING_CAPTURE("cuMemMap", 0);
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemMap");
     CUresult r = CUDA_SUCCESS;
@@ -380,6 +392,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct CUmemAccessDe
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     VMM_ENTER("cuMemUnmap");
+    UNSAFE_DURING_CAPTURE("cuMemUnmap", 0);
     pthread_mutex_lock(&g_vmm);
     vmm_init();
     uint64_t at = ptr;

@@ -33,6 +33,10 @@ pub(crate) fn map(
     g: usize,
     op: &'static str,
 ) -> Result<CUmemGenericAllocationHandle, MapError> {
+    // Held until the granule is mapped: no capture begins in between.
+    let _call = crate::capture::gate()
+        .call(op, true)
+        .map_err(|e| (e, None))?;
     let at = arena.base + g as u64 * arena.granule;
     let size = arena.granule as usize;
     let mut h: CUmemGenericAllocationHandle = 0;
@@ -111,6 +115,7 @@ pub(crate) fn release(
     h: CUmemGenericAllocationHandle,
     op: &'static str,
 ) -> Result<(), BackendError> {
+    let _call = crate::capture::gate().call(op, false)?;
     // SAFETY: a handle of this arena, released once: every caller takes it
     // out of the granule's slot first.
     let r = unsafe { sys::cuMemRelease(h) };
@@ -126,6 +131,9 @@ pub(crate) fn unmap(
     h: CUmemGenericAllocationHandle,
     op: &'static str,
 ) -> Result<(), Slot> {
+    // Never refused (`refuse_own` is false): waits while a capture is under
+    // way on another thread.
+    let _call = crate::capture::gate().call(op, false);
     let at = arena.base + g as u64 * arena.granule;
     // SAFETY: granule `g` is mapped with `h` and owned by this thread
     // (Unmapping, or undone before anyone used it); no allocation overlaps

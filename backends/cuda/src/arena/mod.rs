@@ -117,8 +117,15 @@ impl CudaArena {
 
     /// Give back every cached granule (mapped, no allocation in it),
     /// unmapped and released one by one; returns the bytes given back.
+    ///
+    /// While a graph capture is under way anywhere in the process the trim
+    /// is deferred (unmapping would invalidate it): it returns 0 at once,
+    /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
         self.shared.check_usable("trim")?;
+        if crate::capture::gate().defer_trim(&self.arena, &self.shared) {
+            return Ok(0);
+        }
         self.arena.trim(&self.shared, "trim")
     }
 

@@ -1,0 +1,760 @@
+//! Graph capture on a context's arena: a capture pool mapped and reserved
+//! before `cuStreamBeginCapture_v2`, carved by the allocations made during
+//! capture, pinned by the graph until it is destroyed; and the process-wide
+//! gate that keeps memgov's own driver calls from invalidating a capture.
+//!
+//! Invariants, each enforced where it is written:
+//!
+//! * **No driver allocation during capture.** The pool is taken from the
+//!   arena (mapping its granules) in [`CudaContext::begin_capture`], before
+//!   the stream begins capturing; [`CudaCapture::allocate`] only carves it,
+//!   in Rust, and refuses with [`PoolExhausted`] (the capture stays valid)
+//!   when it runs out.
+//! * **The gate.** The driver prohibits "potentially unsafe" calls (those
+//!   that change memory outside any stream, like `cudaMalloc` in its
+//!   documentation) on every thread while a capture begun in
+//!   `CU_STREAM_CAPTURE_MODE_GLOBAL` is under way, and invalidates the
+//!   capture. The arena's map, unmap and release pass through [`Gate`]:
+//!   while a capture is under way they wait until the last capture ends (a
+//!   public [`CudaArena::trim`](crate::CudaArena::trim) is deferred instead:
+//!   it returns 0 at once and the last capture's end runs it). Captures are
+//!   keyed by their capture id (`cuStreamGetCaptureInfo_v2`), not by thread;
+//!   the thread that began one is remembered only so that a map it asks for
+//!   itself during its own capture is refused rather than waited on
+//!   forever. The gate is process-wide because the driver's rule is.
+//! * **Pins.** A [`CudaGraph`] owns its pool and the host buffers its
+//!   copies read and write. [`CudaGraph::destroy`] synchronizes the context
+//!   (so every launch finished), destroys the executable graph and the
+//!   graph, and only then returns the pool to the arena. Teardown destroys
+//!   the graphs still live and reports how many.
+
+use crate::arena::Arena;
+use crate::result::err;
+use crate::shared::Shared;
+use crate::{CudaContext, CudaStream};
+use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUstream};
+use memgov_backend::{lock, BackendError, BackendErrorKind};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::ThreadId;
+
+/// Allocations carved from a capture pool are aligned to this, as
+/// `cuMemAlloc` aligns its allocations.
+const ALIGN: u64 = 256;
+
+/// How a capture restricts other calls, as `CUstreamCaptureMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (the driver's default): potentially
+    /// unsafe calls are prohibited on every thread while it is under way.
+    #[default]
+    Global,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only on the capturing thread.
+    ThreadLocal,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: not prohibited; the capture may end
+    /// on another thread.
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn raw(self) -> sys::CUstreamCaptureMode {
+        match self {
+            Self::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            Self::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            Self::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// A capture's settings: the pool its allocations come from, and its mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// Bytes of device memory taken from the arena before capture begins;
+    /// every allocation during the capture is carved from them.
+    pub pool_bytes: u64,
+    /// The capture mode.
+    pub mode: CaptureMode,
+}
+
+/// An allocation during capture did not fit in what is left of the pool.
+/// The capture is still valid: end it, or carve less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolExhausted {
+    /// Bytes asked for (before alignment to 256 B).
+    pub requested: u64,
+    /// Bytes of the pool still free.
+    pub free: u64,
+    /// The pool's size.
+    pub pool: u64,
+}
+
+impl std::fmt::Display for PoolExhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the capture pool has {} B free of {} B, {} B asked; nothing was allocated and the \
+             capture is still valid: begin the capture with a larger CaptureConfig::pool_bytes",
+            self.free, self.pool, self.requested
+        )
+    }
+}
+
+impl std::error::Error for PoolExhausted {}
+
+impl From<PoolExhausted> for BackendError {
+    fn from(e: PoolExhausted) -> Self {
+        err(
+            "capture_allocate",
+            BackendErrorKind::OutOfMemory,
+            e.to_string(),
+        )
+    }
+}
+
+/// Device memory carved from a capture pool: valid while the graph made by
+/// the capture lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureBuffer {
+    ptr: CUdeviceptr,
+    bytes: u64,
+}
+
+impl CaptureBuffer {
+    /// Its device address.
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether it is zero bytes long.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+/// A host buffer a captured download writes into, read with
+/// [`CudaGraph::read_output`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputSlot(usize);
+
+// ---- the process-wide gate -----------------------------------------------
+
+#[derive(Default)]
+struct GateState {
+    /// Captures under way, by capture id, with the thread that began them.
+    active: HashMap<u64, ThreadId>,
+    /// Captures between the gate's admission and the driver's capture id.
+    beginning: usize,
+    /// Gated driver calls under way.
+    calls: usize,
+    /// Arenas whose trim was deferred, by base address.
+    deferred: HashMap<CUdeviceptr, (Weak<Arena>, Weak<Shared>)>,
+}
+
+impl GateState {
+    fn capturing(&self) -> bool {
+        !self.active.is_empty() || self.beginning > 0
+    }
+}
+
+/// The process-wide exclusion between captures and memgov's potentially
+/// unsafe driver calls.
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+/// One gated driver call under way; dropping it lets captures begin.
+pub(crate) struct GateCall;
+
+impl Drop for GateCall {
+    fn drop(&mut self) {
+        let g = gate();
+        lock(&g.state).calls -= 1;
+        g.changed.notify_all();
+    }
+}
+
+pub(crate) fn gate() -> &'static Gate {
+    static GATE: OnceLock<Gate> = OnceLock::new();
+    GATE.get_or_init(|| Gate {
+        state: Mutex::default(),
+        changed: Condvar::new(),
+    })
+}
+
+impl Gate {
+    /// Admit a map, unmap or release: waits while a capture is under way.
+    /// `refuse_own`: refuse (rather than wait forever) when the calling
+    /// thread began a capture still under way; otherwise such a call goes
+    /// ahead and the driver decides.
+    pub(crate) fn call(
+        &self,
+        op: &'static str,
+        refuse_own: bool,
+    ) -> Result<GateCall, BackendError> {
+        let me = std::thread::current().id();
+        let mut st = lock(&self.state);
+        loop {
+            let own = st.active.values().any(|t| *t == me);
+            if own && refuse_own {
+                return Err(err(
+                    op,
+                    BackendErrorKind::InvalidArgument,
+                    "this thread's own stream capture is under way, and mapping memory now \
+                     would invalidate it: allocate from the capture's pool \
+                     (CudaCapture::allocate) or before the capture begins",
+                ));
+            }
+            if own || !st.capturing() {
+                st.calls += 1;
+                return Ok(GateCall);
+            }
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Defer a trim of `arena` while a capture is under way; `false` when
+    /// none is (the caller trims now).
+    pub(crate) fn defer_trim(&self, arena: &Arc<Arena>, shared: &Arc<Shared>) -> bool {
+        let mut st = lock(&self.state);
+        if !st.capturing() {
+            return false;
+        }
+        st.deferred
+            .insert(arena.base, (Arc::downgrade(arena), Arc::downgrade(shared)));
+        true
+    }
+
+    /// Admit a capture: waits for gated calls under way to finish.
+    fn begin(&self) {
+        let mut st = lock(&self.state);
+        while st.calls > 0 {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.beginning += 1;
+    }
+
+    /// The capture admitted by `begin` has id `id` (or failed to begin).
+    fn begun(&self, id: Option<u64>) {
+        let mut st = lock(&self.state);
+        st.beginning -= 1;
+        if let Some(id) = id {
+            st.active.insert(id, std::thread::current().id());
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Capture `id` ended; when it was the last, run the deferred trims
+    /// (no lock held).
+    fn end(&self, id: u64) {
+        let deferred: Vec<_> = {
+            let mut st = lock(&self.state);
+            st.active.remove(&id);
+            if st.capturing() {
+                Vec::new()
+            } else {
+                st.deferred.drain().map(|(_, v)| v).collect()
+            }
+        };
+        self.changed.notify_all();
+        for (arena, shared) in deferred {
+            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
+                // A trim that fails leaves its granules quarantined and
+                // listed in the arena's snapshot; nobody waits on it here.
+                let _ = a.trim(&s, "trim");
+            }
+        }
+    }
+}
+
+// ---- pins ----------------------------------------------------------------
+
+/// The executable graphs of a context still live, destroyed by teardown if
+/// their owners did not.
+#[derive(Default)]
+pub(crate) struct Pins {
+    live: Mutex<PinState>,
+}
+
+#[derive(Default)]
+struct PinState {
+    next: u64,
+    graphs: HashMap<u64, (RawGraph, CUdeviceptr)>,
+    closed: bool,
+}
+
+#[derive(Clone, Copy)]
+struct RawGraph {
+    exec: CUgraphExec,
+    graph: CUgraph,
+}
+
+// SAFETY: driver handles, used only with the context current on the calling
+// thread; the struct holds no thread-bound state.
+unsafe impl Send for RawGraph {}
+
+impl Pins {
+    /// Destroy the graphs still live (after every stream was synchronized:
+    /// called first in teardown, which waits for queued work), returning
+    /// their pools to the arena; returns how many there were. Later
+    /// [`CudaGraph::destroy`] calls do nothing.
+    pub(crate) fn teardown(&self, s: &Shared, arena: &Arena) -> Result<usize, BackendError> {
+        let graphs: Vec<(RawGraph, CUdeviceptr)> = {
+            let mut st = lock(&self.live);
+            st.closed = true;
+            st.graphs.drain().map(|(_, v)| v).collect()
+        };
+        if graphs.is_empty() {
+            return Ok(0);
+        }
+        let _call = gate().call("teardown", false)?;
+        let _current = s.make_current("teardown")?;
+        // SAFETY: the context is current; waits for every launch.
+        let r = unsafe { sys::cuCtxSynchronize() };
+        s.checked("teardown", "cuCtxSynchronize", r)?;
+        let n = graphs.len();
+        for (raw, pool) in graphs {
+            destroy_raw(s, raw, "teardown")?;
+            arena.retire(pool);
+        }
+        Ok(n)
+    }
+}
+
+fn destroy_raw(s: &Shared, raw: RawGraph, op: &'static str) -> Result<(), BackendError> {
+    // SAFETY: handles made by end(), destroyed once (taken out of the pins
+    // first); the context is current.
+    let r = unsafe { sys::cuGraphExecDestroy(raw.exec) };
+    s.checked(op, "cuGraphExecDestroy", r)?;
+    // SAFETY: as above.
+    let r = unsafe { sys::cuGraphDestroy(raw.graph) };
+    s.checked(op, "cuGraphDestroy", r)
+}
+
+// ---- capture -------------------------------------------------------------
+
+/// A stream capture under way ([`CudaContext::begin_capture`]): allocations
+/// carved from its pool and copies recorded on its stream, then
+/// [`end`](Self::end) makes the graph.
+///
+/// ```no_run
+/// use memgov::cuda::{ArenaConfig, CaptureConfig, CaptureMode, CudaConfig, CudaContext};
+/// use memgov::DeviceContext;
+/// let ctx = CudaContext::new(CudaConfig { arena: Some(ArenaConfig::default()), ..CudaConfig::default() })?;
+/// let s = ctx.create_stream()?;
+/// let mut cap = ctx.begin_capture(&s, CaptureConfig { pool_bytes: 4 << 20, mode: CaptureMode::Global })?;
+/// let buf = cap.allocate(4096)?;
+/// cap.upload(&buf, 0, vec![7; 4096])?;
+/// let out = cap.download(&buf, 0, 4096)?;
+/// let graph = cap.end()?;
+/// for _ in 0..10 {
+///     graph.launch(&s)?;
+/// }
+/// assert_eq!(graph.read_output(&s, out)?, vec![7; 4096]);
+/// graph.destroy()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CudaCapture<'a> {
+    ctx: &'a CudaContext,
+    arena: Arc<Arena>,
+    stream: CUstream,
+    id: u64,
+    pool: CUdeviceptr,
+    pool_bytes: u64,
+    used: u64,
+    inputs: Vec<Box<[u8]>>,
+    outputs: Vec<Box<[u8]>>,
+    /// Set by end(): nothing left for Drop to undo.
+    done: bool,
+}
+
+impl std::fmt::Debug for CudaCapture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaCapture")
+            .field("id", &self.id)
+            .field("pool", &self.pool_bytes)
+            .field("used", &self.used)
+            .finish()
+    }
+}
+
+impl CudaContext {
+    /// Begin capturing `stream` into a graph, with a pool of
+    /// `config.pool_bytes` taken from the context's arena first (mapped
+    /// now, so nothing maps during the capture). Needs an arena
+    /// ([`CudaConfig::arena`](crate::CudaConfig::arena)).
+    ///
+    /// Waits for memgov's maps and unmaps under way to finish; while the
+    /// capture is under way, later ones wait for it to end.
+    pub fn begin_capture(
+        &self,
+        stream: &CudaStream,
+        config: CaptureConfig,
+    ) -> Result<CudaCapture<'_>, BackendError> {
+        const OP: &str = "begin_capture";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        s.check_stream(OP, stream)?;
+        let Some(arena) = self.arena.clone() else {
+            return Err(err(
+                OP,
+                BackendErrorKind::Unsupported,
+                "a capture pool comes from the context's arena, and this context has none: \
+                 create it with CudaConfig::arena",
+            ));
+        };
+        let pool_bytes = config.pool_bytes.max(1).next_multiple_of(ALIGN);
+        let current = s.make_current(OP)?;
+        let pool = arena.allocate(s, pool_bytes)?;
+        let g = gate();
+        g.begin();
+        // SAFETY: a live stream of this context (checked above), which is
+        // current.
+        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, config.mode.raw()) };
+        let begun = s.checked(OP, "cuStreamBeginCapture_v2", r).and_then(|()| {
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            let mut id: u64 = 0;
+            // SAFETY: valid out pointers; the optional ones are null.
+            let r = unsafe {
+                sys::cuStreamGetCaptureInfo_v2(
+                    stream.raw,
+                    &mut status,
+                    &mut id,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            s.checked(OP, "cuStreamGetCaptureInfo_v2", r).map(|()| id)
+        });
+        g.begun(begun.as_ref().ok().copied());
+        drop(current);
+        match begun {
+            Ok(id) => Ok(CudaCapture {
+                ctx: self,
+                arena,
+                stream: stream.raw,
+                id,
+                pool,
+                pool_bytes,
+                used: 0,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                done: false,
+            }),
+            Err(e) => {
+                // Nothing used the pool: back to the arena at once.
+                arena.retire(pool);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl CudaCapture<'_> {
+    /// The driver's id of this capture.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes of the pool not carved yet.
+    pub fn pool_free(&self) -> u64 {
+        self.pool_bytes - self.used
+    }
+
+    /// Carve `bytes` from the pool: no driver call. Refused with
+    /// [`PoolExhausted`] when they do not fit; the capture stays valid.
+    pub fn allocate(&mut self, bytes: u64) -> Result<CaptureBuffer, PoolExhausted> {
+        let len = bytes.max(1).checked_next_multiple_of(ALIGN);
+        match len {
+            Some(len) if len <= self.pool_free() => {
+                let ptr = self.pool + self.used;
+                self.used += len;
+                Ok(CaptureBuffer { ptr, bytes })
+            }
+            _ => Err(PoolExhausted {
+                requested: bytes,
+                free: self.pool_free(),
+                pool: self.pool_bytes,
+            }),
+        }
+    }
+
+    fn check_range(
+        &self,
+        op: &'static str,
+        buf: &CaptureBuffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), BackendError> {
+        let inside = buf.ptr >= self.pool
+            && buf.ptr + buf.bytes <= self.pool + self.used
+            && offset.checked_add(len).is_some_and(|end| end <= buf.bytes);
+        if inside {
+            Ok(())
+        } else {
+            Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "{len} B at offset {offset} of a {} B capture buffer at {:#x} is not inside \
+                     this capture's pool: use buffers this capture allocated, within their length",
+                    buf.bytes, buf.ptr
+                ),
+            ))
+        }
+    }
+
+    /// Record a copy of `data` into `buf` at `offset`; every launch of the
+    /// graph repeats it. The graph keeps `data`.
+    pub fn upload(
+        &mut self,
+        buf: &CaptureBuffer,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "capture_upload";
+        self.check_range(OP, buf, offset, data.len() as u64)?;
+        let data = data.into_boxed_slice();
+        let s = &*self.ctx.shared;
+        let _current = s.make_current(OP)?;
+        // SAFETY: the destination lies in the pool (checked above), which the
+        // graph pins; the source is owned by the graph from here on (a boxed
+        // slice does not move when the Vec holding it grows).
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                buf.ptr + offset,
+                data.as_ptr().cast(),
+                data.len(),
+                self.stream,
+            )
+        };
+        s.checked(OP, "cuMemcpyHtoDAsync_v2", r)?;
+        self.inputs.push(data);
+        Ok(())
+    }
+
+    /// Record a copy of `len` bytes of `buf` at `offset` into a host buffer
+    /// the graph owns; read it after a launch with
+    /// [`CudaGraph::read_output`].
+    pub fn download(
+        &mut self,
+        buf: &CaptureBuffer,
+        offset: u64,
+        len: usize,
+    ) -> Result<OutputSlot, BackendError> {
+        const OP: &str = "capture_download";
+        self.check_range(OP, buf, offset, len as u64)?;
+        let mut host = vec![0u8; len].into_boxed_slice();
+        let s = &*self.ctx.shared;
+        let _current = s.make_current(OP)?;
+        // SAFETY: the source lies in the pool (checked above); the
+        // destination is owned by the graph, which outlives every launch
+        // (destroy synchronizes first).
+        let r = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.ptr + offset, len, self.stream)
+        };
+        s.checked(OP, "cuMemcpyDtoHAsync_v2", r)?;
+        self.outputs.push(host);
+        Ok(OutputSlot(self.outputs.len() - 1))
+    }
+
+    /// End the capture and instantiate its graph. The pool is pinned by the
+    /// graph until [`CudaGraph::destroy`] (or teardown).
+    pub fn end(mut self) -> Result<CudaGraph, BackendError> {
+        const OP: &str = "end_capture";
+        self.done = true;
+        let s = self.ctx.shared.clone();
+        let ended = self.end_raw(&s);
+        let graph = match ended {
+            Ok(g) => g,
+            Err(e) => {
+                // The stream is out of capture and nothing was launched: the
+                // pool goes back at once.
+                self.arena.retire(self.pool);
+                return Err(e);
+            }
+        };
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let instantiated = s.make_current(OP).and_then(|_current| {
+            // SAFETY: a graph the driver just returned; valid out pointer;
+            // the context is current.
+            let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+            s.checked(OP, "cuGraphInstantiateWithFlags", r)
+        });
+        if let Err(e) = instantiated {
+            // SAFETY: the graph just made, destroyed once; never launched.
+            let _ = unsafe { sys::cuGraphDestroy(graph) };
+            self.arena.retire(self.pool);
+            return Err(e);
+        }
+        let raw = RawGraph { exec, graph };
+        let key = {
+            let mut st = lock(&self.ctx.pins.live);
+            st.next += 1;
+            let key = st.next;
+            st.graphs.insert(key, (raw, self.pool));
+            key
+        };
+        Ok(CudaGraph {
+            shared: s,
+            arena: self.arena.clone(),
+            pins: self.ctx.pins.clone(),
+            key,
+            pool_bytes: self.pool_bytes,
+            used: self.used,
+            _inputs: std::mem::take(&mut self.inputs),
+            outputs: std::mem::take(&mut self.outputs),
+        })
+    }
+
+    /// `cuStreamEndCapture`, then the gate learns the capture ended (which
+    /// runs deferred trims when it was the last).
+    fn end_raw(&self, s: &Shared) -> Result<CUgraph, BackendError> {
+        const OP: &str = "end_capture";
+        let current = s.make_current(OP);
+        let mut graph: CUgraph = std::ptr::null_mut();
+        let r = current.and_then(|_c| {
+            // SAFETY: the capturing stream, current context; valid out
+            // pointer.
+            let r = unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) };
+            s.checked(OP, "cuStreamEndCapture", r)
+        });
+        if !matches!(&r, Err(e) if e.code == Some(908)) {
+            // Out of capture (ended, or invalidated and ended): the gate
+            // lets gated calls run again.
+            gate().end(self.id);
+        }
+        r.map(|()| graph)
+    }
+}
+
+impl Drop for CudaCapture<'_> {
+    /// A capture dropped without `end` is ended and its graph discarded.
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let s = self.ctx.shared.clone();
+        if let Ok(graph) = self.end_raw(&s) {
+            if let Ok(_current) = s.make_current("end_capture") {
+                // SAFETY: the graph just made, never instantiated or launched.
+                let _ = unsafe { sys::cuGraphDestroy(graph) };
+            }
+        }
+        self.arena.retire(self.pool);
+    }
+}
+
+/// An instantiated graph made by a capture: launched any number of times on
+/// any stream of its context, then destroyed. It pins its pool and its host
+/// buffers until then.
+pub struct CudaGraph {
+    shared: Arc<Shared>,
+    arena: Arc<Arena>,
+    pins: Arc<Pins>,
+    key: u64,
+    pool_bytes: u64,
+    used: u64,
+    _inputs: Vec<Box<[u8]>>,
+    outputs: Vec<Box<[u8]>>,
+}
+
+impl std::fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaGraph")
+            .field("pool", &self.pool_bytes)
+            .field("used", &self.used)
+            .finish()
+    }
+}
+
+impl CudaGraph {
+    fn raw(&self, op: &'static str) -> Result<RawGraph, BackendError> {
+        let st = lock(&self.pins.live);
+        st.graphs.get(&self.key).map(|(r, _)| *r).ok_or_else(|| {
+            err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                "the graph was destroyed by its context's teardown",
+            )
+        })
+    }
+
+    /// Bytes of the pool the capture carved, and the pool's size.
+    pub fn pool_usage(&self) -> (u64, u64) {
+        (self.used, self.pool_bytes)
+    }
+
+    /// Queue one run of the graph on `stream` (`cuGraphLaunch`).
+    pub fn launch(&self, stream: &CudaStream) -> Result<(), BackendError> {
+        const OP: &str = "graph_launch";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        s.check_stream(OP, stream)?;
+        let raw = self.raw(OP)?;
+        let _current = s.make_current(OP)?;
+        // SAFETY: a live executable graph of this context (pinned until
+        // destroy); a live stream of it, current.
+        let r = unsafe { sys::cuGraphLaunch(raw.exec, stream.raw) };
+        s.checked(OP, "cuGraphLaunch", r)
+    }
+
+    /// Synchronize `stream` and copy out what the graph's download `slot`
+    /// holds after the launches queued on it.
+    pub fn read_output(
+        &self,
+        stream: &CudaStream,
+        slot: OutputSlot,
+    ) -> Result<Vec<u8>, BackendError> {
+        const OP: &str = "graph_read_output";
+        let s = &*self.shared;
+        s.check_stream(OP, stream)?;
+        let buf = self.outputs.get(slot.0).ok_or_else(|| {
+            err(
+                OP,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "output slot {} is not one of this graph's {}",
+                    slot.0,
+                    self.outputs.len()
+                ),
+            )
+        })?;
+        {
+            let _current = s.make_current(OP)?;
+            // SAFETY: a live stream of this context, current.
+            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
+            s.checked(OP, "cuStreamSynchronize", r)?;
+        }
+        Ok(buf.to_vec())
+    }
+
+    /// Wait for every launch (`cuCtxSynchronize`, admitted by the gate),
+    /// destroy the executable graph and the graph, and only then return the
+    /// pool to the arena.
+    pub fn destroy(self) -> Result<(), BackendError> {
+        const OP: &str = "graph_destroy";
+        let s = &*self.shared;
+        let Ok(raw) = self.raw(OP) else {
+            return Ok(()); // destroyed by teardown already
+        };
+        let _call = gate().call(OP, true)?;
+        let _current = s.make_current(OP)?;
+        // SAFETY: the context is current; waits for every launch.
+        let r = unsafe { sys::cuCtxSynchronize() };
+        s.checked(OP, "cuCtxSynchronize", r)?;
+        let taken = lock(&self.pins.live).graphs.remove(&self.key);
+        if let Some((_, pool)) = taken {
+            destroy_raw(s, raw, OP)?;
+            self.arena.retire(pool);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,685 @@
+//! Graph capture on the CUDA backend's arena (a pool reserved before
+//! capture, the process-wide gate, graphs pinning their pools), and the
+//! stand-in driver's stream capture rules, each with a planted violation.
+//!
+//! Every case runs in a child process (this binary re-executed with
+//! `MEMGOV_CAPTURE_CHILD` set): the stand-in reads its knobs once per
+//! process and aborts the process on a violation. Without the stand-in
+//! every test prints `skipped: ...` and passes.
+//!
+//! `MEMGOV_CAPTURE_REPLAYS` sets how many times the captured graph is
+//! launched under churn (default 1000).
+
+#[path = "../../stand-ins/support/child.rs"]
+mod child_process;
+
+use memgov::cuda::{CudaConfig, CudaContext};
+use memgov::BackendErrorKind;
+
+const CHILD: &str = "MEMGOV_CAPTURE_CHILD";
+const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
+const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
+const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+const BANNER: &str = "memgov libcuda stand-in: contract violation:";
+
+/// Whether the stand-in is what the loader finds (after printing why not).
+fn on_stand_in() -> bool {
+    match CudaContext::new(CudaConfig::default()) {
+        Ok(ctx) => {
+            let stand_in = ctx.is_stand_in();
+            memgov::DeviceContext::teardown(ctx, false).expect("teardown");
+            if !stand_in {
+                println!("skipped: needs the stand-in libcuda (this is real hardware)");
+            }
+            stand_in
+        }
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            println!("skipped: {}", e.message);
+            false
+        }
+        Err(e) => panic!("CudaContext::new failed: {e}"),
+    }
+}
+
+fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+    if !on_stand_in() {
+        return None;
+    }
+    let mut env = env.to_vec();
+    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
+        env.push((SEED, ""));
+    }
+    Some(child_process::run(CHILD, case, &env))
+}
+
+fn passes(case: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(case, env) {
+        print!("{}", run.stdout);
+        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
+    }
+}
+
+fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(case, env) {
+        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
+    }
+}
+
+#[test]
+fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_releases() {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "replay_under_churn",
+            &[(LATENCY, "200"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn a_capture_pool_running_out_is_a_typed_refusal_and_the_capture_stays_valid() {
+    passes("pool_exhausted", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_map_on_the_capturing_thread_is_refused_not_invalidating() {
+    passes("own_thread_map", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
+    passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn stand_in_records_a_capture_and_replays_it() {
+    passes("standin_records", &[]);
+}
+
+#[test]
+fn stand_in_synchronizing_a_capturing_stream_invalidates_the_capture() {
+    passes("standin_sync_invalidates", &[]);
+}
+
+#[test]
+fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
+    passes("standin_modes", &[]);
+}
+
+#[test]
+fn negative_launch_of_a_graph_copying_into_freed_memory_aborts() {
+    aborts(
+        "standin_launch_freed",
+        &[],
+        "cuGraphLaunch of 4096 bytes at already freed device pointer",
+    );
+}
+
+#[test]
+fn negative_launch_of_a_graph_copying_into_unmapped_memory_aborts() {
+    aborts("standin_launch_unmapped", &[], "that is not mapped");
+}
+
+/// Entry point of the re-executed binary; does nothing in a normal run.
+#[test]
+#[ignore = "runs only as the child process of another test"]
+fn child_entry() {
+    let Ok(case) = std::env::var(CHILD) else {
+        return;
+    };
+    cases::run(&case);
+    println!("child {case}: ok");
+}
+
+mod cases {
+    use super::*;
+    use cudarc::driver::sys::{self, CUresult};
+    use memgov::cuda::{
+        ArenaConfig, CaptureConfig, CaptureMode, CudaArena, CudaMemory, CudaStream, PoolExhausted,
+    };
+    use memgov::{DeviceContext, RetireSignal};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+    const G: usize = 2 << 20;
+
+    /// The stand-in's `memgov_standin_cuda_capture`: {captures begun,
+    /// invalidated, driver allocations made during a capture, launches}.
+    fn stats() -> [u64; 4] {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
+        // has the declared signature (`int (unsigned long long out[4])`).
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
+                lib.get(b"memgov_standin_cuda_capture").expect("hook");
+            let mut out = [u64::MAX; 4];
+            assert_eq!(query(out.as_mut_ptr()), 0);
+            out
+        }
+    }
+
+    fn arena_context(limit: u64) -> CudaContext {
+        CudaContext::new(CudaConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 1 << 30,
+                limit_bytes: limit,
+            }),
+            ..CudaConfig::default()
+        })
+        .expect("a context with an arena")
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
+            .collect()
+    }
+
+    fn release(ctx: &CudaContext, s: &CudaStream, m: CudaMemory, retired: &Arc<AtomicU64>) {
+        let r = retired.clone();
+        ctx.free_async(
+            s,
+            m,
+            RetireSignal::from_fn(move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .map_err(|(_, _, e)| e)
+        .expect("release");
+    }
+
+    /// A capture with three buffers from its pool, uploads and downloads,
+    /// while another thread allocates, releases and trims the same arena;
+    /// then the graph replays while the churn goes on.
+    fn replay_under_churn() {
+        let replays: u64 = std::env::var("MEMGOV_CAPTURE_REPLAYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let ctx = Arc::new(arena_context(256 * MIB));
+        let arena: CudaArena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let t = ctx.create_stream().expect("stream");
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicU64::new(0));
+        let churn = {
+            let (ctx, arena, stop, started) =
+                (ctx.clone(), arena.clone(), stop.clone(), started.clone());
+            std::thread::spawn(move || {
+                let retired = Arc::new(AtomicU64::new(0));
+                let mut released = 0;
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    // 3 granules and a bit: maps at least one granule each
+                    // time after the trim below.
+                    let m = ctx.allocate(&t, 6 * MIB + 4096).expect("churn allocate");
+                    ctx.write(&t, &m, 0, &pattern(i, 4096))
+                        .expect("churn write");
+                    release(&ctx, &t, m, &retired);
+                    released += 1;
+                    ctx.synchronize(&t).expect("churn sync");
+                    while retired.load(Ordering::SeqCst) < released {
+                        std::thread::yield_now();
+                    }
+                    arena.trim().expect("churn trim");
+                    i += 1;
+                }
+                t
+            })
+        };
+        while started.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        let before = stats();
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: 4 * MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin capture");
+        let at_begin = started.load(Ordering::SeqCst);
+        let a = cap.allocate(MIB).expect("a");
+        let b = cap.allocate(MIB + 100).expect("b");
+        let c = cap.allocate(4096).expect("c");
+        cap.upload(&a, 0, pattern(1, MIB as usize))
+            .expect("upload a");
+        cap.upload(&b, 100, pattern(2, MIB as usize))
+            .expect("upload b");
+        cap.upload(&c, 0, pattern(3, 4096)).expect("upload c");
+        let out_a = cap.download(&a, 0, MIB as usize).expect("download a");
+        let out_b = cap.download(&b, 100, MIB as usize).expect("download b");
+        let out_c = cap.download(&c, 0, 4096).expect("download c");
+        // Let the churn thread reach its next map during the capture: with
+        // the gate it waits for the end; without, the driver would refuse
+        // it and invalidate the capture.
+        while started.load(Ordering::SeqCst) < at_begin + 1 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let during = stats();
+        let graph = cap.end().expect("end capture: not invalidated");
+        assert_eq!(during[1], before[1], "no capture invalidated");
+        assert_eq!(
+            during[2], before[2],
+            "no driver allocation while the capture was under way"
+        );
+        for n in 0..replays {
+            graph.launch(&s).expect("launch");
+            if n % 100 == 0 || n + 1 == replays {
+                assert_eq!(
+                    graph.read_output(&s, out_a).expect("a"),
+                    pattern(1, MIB as usize)
+                );
+                assert_eq!(
+                    graph.read_output(&s, out_b).expect("b"),
+                    pattern(2, MIB as usize)
+                );
+                assert_eq!(graph.read_output(&s, out_c).expect("c"), pattern(3, 4096));
+            }
+        }
+        let after = stats();
+        assert_eq!(after[1], before[1], "no capture invalidated");
+        assert_eq!(after[3] - before[3], replays, "every launch ran");
+        stop.store(true, Ordering::SeqCst);
+        let t = churn.join().expect("churn thread");
+        let churned = started.load(Ordering::SeqCst);
+        graph.destroy().expect("destroy");
+        assert_eq!(
+            arena.snapshot().in_use,
+            0,
+            "the pool went back to the arena"
+        );
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.destroy_stream(t).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+        println!(
+            "{replays} replays, {churned} churn rounds (allocate, write, release, trim), \
+             0 invalidated, 0 driver allocations during the capture"
+        );
+    }
+
+    fn pool_exhausted() {
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(768 << 10).expect("fits");
+        let refused = cap.allocate(512 << 10).expect_err("does not fit");
+        assert_eq!(
+            refused,
+            PoolExhausted {
+                requested: 512 << 10,
+                free: 256 << 10,
+                pool: MIB
+            }
+        );
+        let e = memgov::BackendError::from(refused);
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(
+            e.message.contains("262144 B free of 1048576 B"),
+            "{}",
+            e.message
+        );
+        cap.upload(&a, 0, pattern(9, 4096))
+            .expect("still capturing");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let graph = cap.end().expect("the capture is still valid");
+        graph.launch(&s).expect("launch");
+        assert_eq!(graph.read_output(&s, out).expect("read"), pattern(9, 4096));
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    fn own_thread_map() {
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let before = stats();
+        let cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        // Needs granules beyond the pool's: refused by the gate, not by
+        // the driver.
+        let e = ctx.allocate(&s, 8 * MIB).expect_err("refused");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("stream capture is under way"), "{e}");
+        let graph = cap.end().expect("not invalidated");
+        assert_eq!(stats()[1], before[1]);
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    fn teardown_live_graph() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::ThreadLocal,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(4, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        for _ in 0..10 {
+            graph.launch(&s).expect("launch");
+        }
+        assert_eq!(arena.snapshot().in_use, MIB, "the graph pins its pool");
+        ctx.destroy_stream(s).expect("destroy stream");
+        let e = ctx.teardown(false).expect_err("a live graph is reported");
+        assert!(e.message.contains("1 executable graph(s)"), "{e}");
+        // Destroyed by teardown already: nothing left to do, no driver call.
+        graph.destroy().expect("destroy after teardown");
+    }
+
+    // ---- raw driver calls for the stand-in's rules ----------------------
+
+    fn ok(r: CUresult, what: &str) {
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    struct Raw {
+        _ctx: CudaContext,
+        s: sys::CUstream,
+    }
+
+    /// A context current on this thread and a raw stream.
+    fn raw() -> Raw {
+        let ctx = CudaContext::new(CudaConfig::default()).expect("context");
+        let mut s = std::ptr::null_mut();
+        // SAFETY: raw calls on the stand-in with valid out pointers.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "current");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+        }
+        Raw { _ctx: ctx, s }
+    }
+
+    fn alloc(r: &Raw, bytes: usize) -> u64 {
+        let mut p = 0;
+        // SAFETY: valid out pointer, live stream.
+        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, r.s) }, "alloc");
+        p
+    }
+
+    fn begin(s: sys::CUstream, mode: sys::CUstreamCaptureMode) {
+        // SAFETY: a live stream.
+        ok(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin");
+    }
+
+    fn end(s: sys::CUstream) -> (CUresult, sys::CUgraph) {
+        let mut g = std::ptr::null_mut();
+        // SAFETY: a live stream, valid out pointer.
+        let r = unsafe { sys::cuStreamEndCapture(s, &mut g) };
+        (r, g)
+    }
+
+    fn status(s: sys::CUstream) -> sys::CUstreamCaptureStatus {
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream, valid out pointer.
+        ok(
+            unsafe { sys::cuStreamIsCapturing(s, &mut st) },
+            "is capturing",
+        );
+        st
+    }
+
+    fn instantiate(g: sys::CUgraph) -> sys::CUgraphExec {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: a graph from cuStreamEndCapture, valid out pointer.
+        ok(
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g, 0) },
+            "instantiate",
+        );
+        e
+    }
+
+    fn create_handle() -> (CUresult, sys::CUmemGenericAllocationHandle) {
+        // SAFETY: plain C struct, all-zero valid.
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut h = 0;
+        // SAFETY: valid out pointer and properties.
+        let r = unsafe { sys::cuMemCreate(&mut h, G, &p, 0) };
+        (r, h)
+    }
+
+    const GLOBAL: sys::CUstreamCaptureMode =
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    const LOCAL: sys::CUstreamCaptureMode =
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    const RELAXED: sys::CUstreamCaptureMode =
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    const UNSUPPORTED: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+
+    /// A raw pointer the closure of another thread may carry.
+    #[derive(Clone, Copy)]
+    struct Send<T>(T);
+    // SAFETY: driver handles, used on the other thread only with the
+    // context made current there.
+    unsafe impl<T> std::marker::Send for Send<T> {}
+
+    fn on_other_thread<R: std::marker::Send + 'static>(
+        r: &Raw,
+        f: impl FnOnce(sys::CUstream) -> R + std::marker::Send + 'static,
+    ) -> R {
+        let c = Send(r._ctx.cu_context());
+        let s = Send(r.s);
+        std::thread::spawn(move || {
+            let (c, s) = (c, s);
+            // SAFETY: a live context.
+            ok(unsafe { sys::cuCtxSetCurrent(c.0) }, "current");
+            f(s.0)
+        })
+        .join()
+        .expect("thread")
+    }
+
+    pub(super) fn run(case: &str) {
+        // SAFETY: raw driver calls on the stand-in, each valid or the
+        // violation the case plants on purpose; the stand-in aborts before
+        // anything undefined happens.
+        unsafe {
+            match case {
+                "replay_under_churn" => replay_under_churn(),
+                "pool_exhausted" => pool_exhausted(),
+                "own_thread_map" => own_thread_map(),
+                "teardown_live_graph" => teardown_live_graph(),
+                "standin_records" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let mut src = vec![1u8; 4096];
+                    let mut dst = vec![0u8; 4096];
+                    begin(r.s, GLOBAL);
+                    assert_eq!(
+                        status(r.s),
+                        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+                    );
+                    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                    let mut id = 0;
+                    ok(
+                        sys::cuStreamGetCaptureInfo_v2(
+                            r.s,
+                            &mut st,
+                            &mut id,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        ),
+                        "info",
+                    );
+                    assert_ne!(id, 0, "a capture id");
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), 4096, r.s),
+                        "h2d",
+                    );
+                    ok(
+                        sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), d, 4096, r.s),
+                        "d2h",
+                    );
+                    // Recorded, not executed.
+                    assert_eq!(dst, vec![0u8; 4096]);
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    assert_eq!(
+                        status(r.s),
+                        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                    );
+                    let x = instantiate(g);
+                    ok(sys::cuGraphDestroy(g), "graph destroy");
+                    for v in [5u8, 6, 7] {
+                        src.fill(v);
+                        ok(sys::cuGraphLaunch(x, r.s), "launch");
+                        ok(sys::cuStreamSynchronize(r.s), "sync");
+                        assert_eq!(dst, vec![v; 4096], "launch replays the copies");
+                    }
+                    ok(sys::cuGraphExecDestroy(x), "exec destroy");
+                    ok(sys::cuMemFreeAsync(d, r.s), "free");
+                    ok(sys::cuStreamSynchronize(r.s), "sync");
+                }
+                "standin_sync_invalidates" => {
+                    let r = raw();
+                    for conflicting in [0, 1] {
+                        begin(r.s, RELAXED);
+                        let got = if conflicting == 0 {
+                            sys::cuStreamSynchronize(r.s)
+                        } else {
+                            sys::cuStreamQuery(r.s)
+                        };
+                        assert_eq!(got, UNSUPPORTED);
+                        assert_eq!(
+                            status(r.s),
+                            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                        );
+                        let (e, g) = end(r.s);
+                        assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+                        assert!(g.is_null());
+                        assert_eq!(
+                            status(r.s),
+                            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                        );
+                    }
+                    assert_eq!(stats()[1], 2);
+                }
+                "standin_modes" => {
+                    let r = raw();
+                    // GLOBAL: another thread's cuMemCreate is prohibited and
+                    // invalidates the capture.
+                    begin(r.s, GLOBAL);
+                    let (c, _) = on_other_thread(&r, |_| Send(create_handle()).0);
+                    assert_eq!(c, UNSUPPORTED, "GLOBAL, other thread");
+                    let (e, _) = end(r.s);
+                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+                    // THREAD_LOCAL: another thread's is allowed, this
+                    // thread's is not.
+                    begin(r.s, LOCAL);
+                    let (c, h) = on_other_thread(&r, |_| Send(create_handle()).0);
+                    ok(c, "THREAD_LOCAL, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(sys::cuGraphDestroy(g), "graph destroy");
+                    ok(sys::cuMemRelease(h), "release");
+                    begin(r.s, LOCAL);
+                    assert_eq!(create_handle().0, UNSUPPORTED, "THREAD_LOCAL, own thread");
+                    assert_eq!(end(r.s).0, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+                    // RELAXED: allowed on the capturing thread, and the
+                    // capture may end on another thread.
+                    begin(r.s, RELAXED);
+                    let (c, h) = create_handle();
+                    ok(c, "RELAXED, own thread");
+                    let g = on_other_thread(&r, |s| {
+                        let (e, g) = end(s);
+                        ok(e, "RELAXED ends on another thread");
+                        Send(g)
+                    });
+                    ok(sys::cuGraphDestroy(g.0), "graph destroy");
+                    ok(sys::cuMemRelease(h), "release");
+                    // GLOBAL ends only on its own thread.
+                    begin(r.s, GLOBAL);
+                    let e = on_other_thread(&r, |s| end(s).0);
+                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+                    let (e, g) = end(r.s);
+                    ok(e, "end on the capturing thread");
+                    ok(sys::cuGraphDestroy(g), "graph destroy");
+                    // Driver allocations made while a capture was under way:
+                    // the prohibited and the allowed ones.
+                    assert_eq!(stats()[2], 4);
+                }
+                "standin_launch_freed" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), 4096, r.s),
+                        "h2d",
+                    );
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(sys::cuMemFreeAsync(d, r.s), "free");
+                    ok(sys::cuStreamSynchronize(r.s), "sync");
+                    // Planted: the graph's copy targets freed memory.
+                    let _ = sys::cuGraphLaunch(x, r.s);
+                }
+                "standin_launch_unmapped" => {
+                    let r = raw();
+                    let mut base = 0;
+                    ok(sys::cuMemAddressReserve(&mut base, G, 0, 0, 0), "reserve");
+                    let (c, h) = create_handle();
+                    ok(c, "create");
+                    ok(sys::cuMemMap(base, G, 0, h, 0), "map");
+                    let desc = sys::CUmemAccessDesc {
+                        location: sys::CUmemLocation {
+                            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                            id: 0,
+                        },
+                        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                    };
+                    ok(sys::cuMemSetAccess(base, G, &desc, 1), "access");
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(
+                        sys::cuMemcpyHtoDAsync_v2(base, src.as_ptr().cast(), 4096, r.s),
+                        "h2d",
+                    );
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(sys::cuMemUnmap(base, G), "unmap");
+                    ok(sys::cuMemRelease(h), "release");
+                    // Planted: the graph's copy targets unmapped memory.
+                    let _ = sys::cuGraphLaunch(x, r.s);
+                }
+                other => panic!("unknown case {other}"),
+            }
+        }
+    }
+}
