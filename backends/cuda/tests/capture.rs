@@ -86,6 +86,11 @@ fn a_map_on_the_capturing_thread_is_refused_not_invalidating() {
 }
 
 #[test]
+fn a_trim_during_a_capture_is_deferred_to_its_end() {
+    passes("trim_deferred", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
     passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
 }
@@ -371,6 +376,44 @@ mod cases {
         ctx.teardown(false).expect("teardown");
     }
 
+    fn trim_deferred() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let retired = Arc::new(AtomicU64::new(0));
+        let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
+        release(&ctx, &s, m, &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        assert_eq!(retired.load(Ordering::SeqCst), 1, "the release retired");
+        assert_eq!(arena.snapshot().cached, 8 * MIB);
+        let before = stats();
+        let cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        // The pool took one cached granule; the other three stay mapped:
+        // the trim is deferred, not run.
+        assert_eq!(arena.trim().expect("trim"), 0);
+        assert_eq!(
+            arena.snapshot().cached,
+            6 * MIB,
+            "nothing unmapped during the capture"
+        );
+        let graph = cap.end().expect("not invalidated");
+        assert_eq!(stats()[1], before[1]);
+        // The end of the capture ran the deferred trim.
+        let snap = arena.snapshot();
+        assert_eq!((snap.cached, snap.mapped), (0, 2 * MIB), "{snap:?}");
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
     fn teardown_live_graph() {
         let ctx = arena_context(64 * MIB);
         let arena = ctx.arena().expect("arena");
@@ -512,6 +555,7 @@ mod cases {
                 "pool_exhausted" => pool_exhausted(),
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
+                "trim_deferred" => trim_deferred(),
                 "standin_records" => {
                     let r = raw();
                     let d = alloc(&r, 4096);
