@@ -102,3 +102,7 @@ if grep -q "skipped: no CUDA driver" "$target/cuda-absent.log"; then
 else
     echo "without the stand-in: an NVIDIA driver answered; the CUDA tests above ran on it"
 fi
+
+echo "--- CUDA graph capture on the arena, the gate, and the stand-in's capture rules"
+on_stand_in cargo test --locked -p memgov-cuda --test capture -- --nocapture 2>&1 | tee "$target/cuda-capture.log"
+grep -q "child replay_under_churn: ok" "$target/cuda-capture.log"
