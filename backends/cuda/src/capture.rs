@@ -145,8 +145,9 @@ pub struct OutputSlot(usize);
 
 #[derive(Default)]
 struct GateState {
-    /// Captures under way, by capture id, with the thread that began them.
-    active: HashMap<u64, ThreadId>,
+    /// Captures under way, by capture id, with the thread that began them
+    /// and the stream they capture.
+    active: HashMap<u64, (ThreadId, usize)>,
     /// Captures between the gate's admission and the driver's capture id.
     beginning: usize,
     /// Gated driver calls under way.
@@ -200,7 +201,7 @@ impl Gate {
         let me = std::thread::current().id();
         let mut st = lock(&self.state);
         loop {
-            let own = st.active.values().any(|t| *t == me);
+            let own = st.active.values().any(|(t, _)| *t == me);
             if own && refuse_own {
                 return Err(err(
                     op,
@@ -213,6 +214,32 @@ impl Gate {
             if own || !st.capturing() {
                 st.calls += 1;
                 return Ok(GateCall);
+            }
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Before synchronizing `stream` (which would invalidate its capture):
+    /// waits while another thread captures it; refused when the calling
+    /// thread does.
+    pub(crate) fn before_sync(
+        &self,
+        op: &'static str,
+        stream: CUstream,
+    ) -> Result<(), BackendError> {
+        let me = std::thread::current().id();
+        let mut st = lock(&self.state);
+        loop {
+            let Some((t, _)) = st.active.values().find(|(_, s)| *s == stream as usize) else {
+                return Ok(());
+            };
+            if *t == me {
+                return Err(err(
+                    op,
+                    BackendErrorKind::InvalidArgument,
+                    "the stream is being captured by this thread, and synchronizing it would \
+                     invalidate the capture: end the capture first (CudaCapture::end)",
+                ));
             }
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
@@ -240,11 +267,12 @@ impl Gate {
     }
 
     /// The capture admitted by `begin` has id `id` (or failed to begin).
-    fn begun(&self, id: Option<u64>) {
+    fn begun(&self, id: Option<u64>, stream: CUstream) {
         let mut st = lock(&self.state);
         st.beginning -= 1;
         if let Some(id) = id {
-            st.active.insert(id, std::thread::current().id());
+            st.active
+                .insert(id, (std::thread::current().id(), stream as usize));
         }
         drop(st);
         self.changed.notify_all();
@@ -433,7 +461,7 @@ impl CudaContext {
             };
             s.checked(OP, "cuStreamGetCaptureInfo_v2", r).map(|()| id)
         });
-        g.begun(begun.as_ref().ok().copied());
+        g.begun(begun.as_ref().ok().copied(), stream.raw);
         drop(current);
         match begun {
             Ok(id) => Ok(CudaCapture {

@@ -611,6 +611,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
+        capture::gate().before_sync("synchronize", stream.raw)?;
         self.synchronize_impl(stream)
     }
 

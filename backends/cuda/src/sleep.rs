@@ -71,6 +71,8 @@ impl CudaArena {
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
         let (arena, s) = (&*self.arena, &*self.shared);
         s.check_usable("sleep")?;
+        // No capture begins while the arena sleeps; one under way is waited for.
+        let _call = crate::capture::gate().call("sleep", true)?;
         let _current = s.make_current("sleep")?;
         crate::arena::quiesce(s, "sleep", None)?;
         let taken: Vec<(usize, CUmemGenericAllocationHandle, bool)> = {
@@ -175,6 +177,7 @@ impl CudaArena {
     pub fn wake(&self) -> Result<u64, BackendError> {
         let (arena, s) = (&*self.arena, &*self.shared);
         s.check_usable("wake")?;
+        let _call = crate::capture::gate().call("wake", true)?;
         let _current = s.make_current("wake")?;
         let sleeping: Vec<(usize, usize)> = {
             let mut st = lock(&arena.state);

@@ -91,6 +91,11 @@ fn a_trim_during_a_capture_is_deferred_to_its_end() {
 }
 
 #[test]
+fn a_sleep_during_a_capture_waits_for_its_end() {
+    passes("sleep_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
     passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
 }
@@ -369,6 +374,10 @@ mod cases {
         let e = ctx.allocate(&s, 8 * MIB).expect_err("refused");
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
         assert!(e.message.contains("stream capture is under way"), "{e}");
+        // Synchronizing the stream being captured: refused, not invalidating.
+        let e = ctx.synchronize(&s).expect_err("refused");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("end the capture first"), "{e}");
         let graph = cap.end().expect("not invalidated");
         assert_eq!(stats()[1], before[1]);
         graph.destroy().expect("destroy");
@@ -410,6 +419,44 @@ mod cases {
         let snap = arena.snapshot();
         assert_eq!((snap.cached, snap.mapped), (0, 2 * MIB), "{snap:?}");
         graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// Another thread puts the arena to sleep while a capture is under way:
+    /// the sleep (which synchronizes every stream, the captured one too, and
+    /// unmaps) waits for the capture's end.
+    fn sleep_waits() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let before = stats();
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        let sleeper = {
+            let arena = arena.clone();
+            std::thread::spawn(move || arena.sleep(true).expect("sleep"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        cap.upload(&a, 0, pattern(5, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let graph = cap.end().expect("not invalidated");
+        let report = sleeper.join().expect("sleeper");
+        assert_eq!(stats()[1], before[1], "no capture invalidated");
+        assert!(arena.snapshot().asleep > 0, "{report:?}");
+        arena.wake().expect("wake");
+        graph.launch(&s).expect("launch");
+        assert_eq!(graph.read_output(&s, out).expect("read"), pattern(5, 4096));
+        graph.destroy().expect("destroy");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
         ctx.destroy_stream(s).expect("destroy stream");
         ctx.teardown(false).expect("teardown");
     }
@@ -556,6 +603,7 @@ mod cases {
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
+                "sleep_waits" => sleep_waits(),
                 "standin_records" => {
                     let r = raw();
                     let d = alloc(&r, 4096);
