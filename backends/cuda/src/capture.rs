@@ -245,6 +245,25 @@ impl Gate {
         }
     }
 
+    /// Refuse to destroy a stream being captured (the capture must end on
+    /// it first).
+    pub(crate) fn before_destroy(
+        &self,
+        op: &'static str,
+        stream: CUstream,
+    ) -> Result<(), BackendError> {
+        let st = lock(&self.state);
+        if st.active.values().any(|(_, s)| *s == stream as usize) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                "the stream is being captured: end the capture (CudaCapture::end) before \
+                 destroying it",
+            ));
+        }
+        Ok(())
+    }
+
     /// Defer a trim of `arena` while a capture is under way; `false` when
     /// none is (the caller trims now).
     pub(crate) fn defer_trim(&self, arena: &Arc<Arena>, shared: &Arc<Shared>) -> bool {

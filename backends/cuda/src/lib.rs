@@ -557,6 +557,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
+        capture::gate().before_destroy("destroy_stream", stream.raw)?;
         self.destroy_stream_impl(stream)
     }
 

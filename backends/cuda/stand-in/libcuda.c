@@ -933,6 +933,11 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = check_stream(hStream, "cuStreamDestroy_v2");
     if (r != CUDA_SUCCESS) return r;
+    /* A capture sequence must be ended on its stream before the stream is
+     * used again; the driver defines no result for destroying it. */
+    if (capturing(hStream))
+        sq_die("cuStreamDestroy_v2 of stream %p in a capture sequence (end it with "
+               "cuStreamEndCapture first)", (void *)hStream);
     CUcontext c = hStream->ctx;
     pthread_mutex_lock(&c->lock);
     for (CUstream *p = &c->streams; *p != NULL; p = &(*p)->next) {

@@ -116,6 +116,11 @@ fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
 }
 
 #[test]
+fn negative_destroying_a_capturing_stream_aborts() {
+    aborts("standin_destroy_capturing", &[], "in a capture sequence");
+}
+
+#[test]
 fn negative_launch_of_a_graph_copying_into_freed_memory_aborts() {
     aborts(
         "standin_launch_freed",
@@ -378,6 +383,10 @@ mod cases {
         let e = ctx.synchronize(&s).expect_err("refused");
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
         assert!(e.message.contains("end the capture first"), "{e}");
+        // Destroying it: refused, the stream kept.
+        let e = ctx.destroy_stream(s).expect_err("refused");
+        assert!(e.message.contains("is being captured"), "{e}");
+        let s = ctx.create_stream().expect("the governed stream again");
         let graph = cap.end().expect("not invalidated");
         assert_eq!(stats()[1], before[1]);
         graph.destroy().expect("destroy");
@@ -723,6 +732,12 @@ mod cases {
                     // Driver allocations made while a capture was under way:
                     // the prohibited and the allowed ones.
                     assert_eq!(stats()[2], 4);
+                }
+                "standin_destroy_capturing" => {
+                    let r = raw();
+                    begin(r.s, GLOBAL);
+                    // Planted: destroyed before cuStreamEndCapture.
+                    let _ = sys::cuStreamDestroy_v2(r.s);
                 }
                 "standin_launch_freed" => {
                     let r = raw();
