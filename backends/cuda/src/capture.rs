@@ -334,6 +334,18 @@ struct PinState {
     next: u64,
     graphs: HashMap<u64, (RawGraph, CUdeviceptr)>,
     closed: bool,
+    /// Host buffers of graphs dropped without a successful destroy: a
+    /// launch may still read or write them, so they live as long as the
+    /// pins (past teardown, which waits for every launch).
+    orphans: Vec<HostBuffers>,
+}
+
+/// The host memory a graph's recorded copies read and write.
+#[derive(Default)]
+struct HostBuffers {
+    /// Read by the driver through the recorded copies, never by Rust.
+    _inputs: Vec<Box<[u8]>>,
+    outputs: Vec<Box<[u8]>>,
 }
 
 #[derive(Clone, Copy)]
@@ -347,6 +359,14 @@ struct RawGraph {
 unsafe impl Send for RawGraph {}
 
 impl Pins {
+    /// Teardown of a lost context: forget the graphs without driver calls
+    /// (they go with the context); later destroys do nothing.
+    pub(crate) fn close(&self) {
+        let mut st = lock(&self.live);
+        st.closed = true;
+        st.graphs.clear();
+    }
+
     /// Destroy the graphs still live (after every stream was synchronized:
     /// called first in teardown, which waits for queued work), returning
     /// their pools to the arena; returns how many there were. Later
@@ -399,11 +419,11 @@ fn destroy_raw(s: &Shared, raw: RawGraph, op: &'static str) -> Result<(), Backen
 /// let buf = cap.allocate(4096)?;
 /// cap.upload(&buf, 0, vec![7; 4096])?;
 /// let out = cap.download(&buf, 0, 4096)?;
-/// let graph = cap.end()?;
+/// let mut graph = cap.end()?;
 /// for _ in 0..10 {
 ///     graph.launch(&s)?;
 /// }
-/// assert_eq!(graph.read_output(&s, out)?, vec![7; 4096]);
+/// assert_eq!(graph.read_output(out)?, vec![7; 4096]);
 /// graph.destroy()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -656,8 +676,11 @@ impl CudaCapture<'_> {
             key,
             pool_bytes: self.pool_bytes,
             used: self.used,
-            _inputs: std::mem::take(&mut self.inputs),
-            outputs: std::mem::take(&mut self.outputs),
+            host: HostBuffers {
+                _inputs: std::mem::take(&mut self.inputs),
+                outputs: std::mem::take(&mut self.outputs),
+            },
+            destroyed: false,
         })
     }
 
@@ -702,6 +725,10 @@ impl Drop for CudaCapture<'_> {
 /// An instantiated graph made by a capture: launched any number of times on
 /// any stream of its context, then destroyed. It pins its pool and its host
 /// buffers until then.
+///
+/// Dropping it destroys it as [`destroy`](Self::destroy) does; when that is
+/// refused (on a thread whose own capture is under way) the graph stays
+/// pinned, its host buffers kept, until teardown.
 pub struct CudaGraph {
     shared: Arc<Shared>,
     arena: Arc<Arena>,
@@ -709,8 +736,10 @@ pub struct CudaGraph {
     key: u64,
     pool_bytes: u64,
     used: u64,
-    _inputs: Vec<Box<[u8]>>,
-    outputs: Vec<Box<[u8]>>,
+    host: HostBuffers,
+    /// Every launch finished and the graph is out of the pins: the host
+    /// buffers may go.
+    destroyed: bool,
 }
 
 impl std::fmt::Debug for CudaGraph {
@@ -753,55 +782,70 @@ impl CudaGraph {
         s.checked(OP, "cuGraphLaunch", r)
     }
 
-    /// Synchronize `stream` and copy out what the graph's download `slot`
-    /// holds after the launches queued on it.
-    pub fn read_output(
-        &self,
-        stream: &CudaStream,
-        slot: OutputSlot,
-    ) -> Result<Vec<u8>, BackendError> {
+    /// Wait for every launch of the context (`cuCtxSynchronize`, admitted
+    /// by the gate) and copy out what the graph's download `slot` holds.
+    /// `&mut self`: no launch of this graph can be queued meanwhile.
+    pub fn read_output(&mut self, slot: OutputSlot) -> Result<Vec<u8>, BackendError> {
         const OP: &str = "graph_read_output";
-        let s = &*self.shared;
-        s.check_stream(OP, stream)?;
-        let buf = self.outputs.get(slot.0).ok_or_else(|| {
-            err(
+        let n = self.host.outputs.len();
+        if slot.0 >= n {
+            return Err(err(
                 OP,
                 BackendErrorKind::InvalidArgument,
-                format!(
-                    "output slot {} is not one of this graph's {}",
-                    slot.0,
-                    self.outputs.len()
-                ),
-            )
-        })?;
-        {
-            let _current = s.make_current(OP)?;
-            // SAFETY: a live stream of this context, current.
-            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-            s.checked(OP, "cuStreamSynchronize", r)?;
+                format!("output slot {} is not one of this graph's {n}", slot.0),
+            ));
         }
-        Ok(buf.to_vec())
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        self.raw(OP)?;
+        {
+            let _call = gate().call(OP, true)?;
+            let _current = s.make_current(OP)?;
+            // SAFETY: the context is current; waits for every launch.
+            let r = unsafe { sys::cuCtxSynchronize() };
+            s.checked(OP, "cuCtxSynchronize", r)?;
+        }
+        Ok(self.host.outputs[slot.0].to_vec())
     }
 
     /// Wait for every launch (`cuCtxSynchronize`, admitted by the gate),
     /// destroy the executable graph and the graph, and only then return the
-    /// pool to the arena.
-    pub fn destroy(self) -> Result<(), BackendError> {
-        const OP: &str = "graph_destroy";
+    /// pool to the arena and free the host buffers.
+    pub fn destroy(mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {
+        if self.destroyed {
+            return Ok(());
+        }
         let s = &*self.shared;
-        let Ok(raw) = self.raw(OP) else {
-            return Ok(()); // destroyed by teardown already
+        let Ok(raw) = self.raw(op) else {
+            // Teardown destroyed it after every launch, or forgot it with a
+            // lost context.
+            self.destroyed = true;
+            return Ok(());
         };
-        let _call = gate().call(OP, true)?;
-        let _current = s.make_current(OP)?;
+        let _call = gate().call(op, true)?;
+        let _current = s.make_current(op)?;
         // SAFETY: the context is current; waits for every launch.
         let r = unsafe { sys::cuCtxSynchronize() };
-        s.checked(OP, "cuCtxSynchronize", r)?;
+        s.checked(op, "cuCtxSynchronize", r)?;
         let taken = lock(&self.pins.live).graphs.remove(&self.key);
+        self.destroyed = true;
         if let Some((_, pool)) = taken {
-            destroy_raw(s, raw, OP)?;
+            destroy_raw(s, raw, op)?;
             self.arena.retire(pool);
         }
         Ok(())
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        if self.destroy_now("graph_drop").is_err() && !self.destroyed {
+            let host = std::mem::take(&mut self.host);
+            lock(&self.pins.live).orphans.push(host);
+        }
     }
 }

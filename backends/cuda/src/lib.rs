@@ -630,7 +630,10 @@ impl DeviceContext for CudaContext {
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         let graphs = match &self.arena {
             Some(a) if !lost => self.pins.teardown(&self.shared, a),
-            _ => Ok(0),
+            _ => {
+                self.pins.close();
+                Ok(0)
+            }
         };
         let arena = match &self.arena {
             Some(a) => self.arena_teardown(a, lost),

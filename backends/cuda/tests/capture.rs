@@ -279,7 +279,7 @@ mod cases {
         }
         std::thread::sleep(std::time::Duration::from_millis(30));
         let during = stats();
-        let graph = cap.end().expect("end capture: not invalidated");
+        let mut graph = cap.end().expect("end capture: not invalidated");
         assert_eq!(during[1], before[1], "no capture invalidated");
         assert_eq!(
             during[2], before[2],
@@ -289,14 +289,14 @@ mod cases {
             graph.launch(&s).expect("launch");
             if n % 100 == 0 || n + 1 == replays {
                 assert_eq!(
-                    graph.read_output(&s, out_a).expect("a"),
+                    graph.read_output(out_a).expect("a"),
                     pattern(1, MIB as usize)
                 );
                 assert_eq!(
-                    graph.read_output(&s, out_b).expect("b"),
+                    graph.read_output(out_b).expect("b"),
                     pattern(2, MIB as usize)
                 );
-                assert_eq!(graph.read_output(&s, out_c).expect("c"), pattern(3, 4096));
+                assert_eq!(graph.read_output(out_c).expect("c"), pattern(3, 4096));
             }
         }
         let after = stats();
@@ -353,10 +353,14 @@ mod cases {
         cap.upload(&a, 0, pattern(9, 4096))
             .expect("still capturing");
         let out = cap.download(&a, 0, 4096).expect("download");
-        let graph = cap.end().expect("the capture is still valid");
+        let mut graph = cap.end().expect("the capture is still valid");
         graph.launch(&s).expect("launch");
-        assert_eq!(graph.read_output(&s, out).expect("read"), pattern(9, 4096));
-        graph.destroy().expect("destroy");
+        assert_eq!(graph.read_output(out).expect("read"), pattern(9, 4096));
+        graph.launch(&s).expect("launch");
+        // Dropped, not destroyed: the drop waits for the launch, then gives
+        // the pool back.
+        drop(graph);
+        assert_eq!(ctx.arena().expect("arena").snapshot().in_use, 0);
         ctx.destroy_stream(s).expect("destroy stream");
         ctx.teardown(false).expect("teardown");
     }
@@ -457,13 +461,13 @@ mod cases {
         std::thread::sleep(std::time::Duration::from_millis(50));
         cap.upload(&a, 0, pattern(5, 4096)).expect("upload");
         let out = cap.download(&a, 0, 4096).expect("download");
-        let graph = cap.end().expect("not invalidated");
+        let mut graph = cap.end().expect("not invalidated");
         let report = sleeper.join().expect("sleeper");
         assert_eq!(stats()[1], before[1], "no capture invalidated");
         assert!(arena.snapshot().asleep > 0, "{report:?}");
         arena.wake().expect("wake");
         graph.launch(&s).expect("launch");
-        assert_eq!(graph.read_output(&s, out).expect("read"), pattern(5, 4096));
+        assert_eq!(graph.read_output(out).expect("read"), pattern(5, 4096));
         graph.destroy().expect("destroy");
         let ctx = Arc::into_inner(ctx).expect("sole owner");
         ctx.destroy_stream(s).expect("destroy stream");
