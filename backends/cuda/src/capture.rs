@@ -189,7 +189,8 @@ pub(crate) fn gate() -> &'static Gate {
 }
 
 impl Gate {
-    /// Admit a map, unmap or release: waits while a capture is under way.
+    /// Admit a map, unmap, release or context synchronize: waits while a
+    /// capture is under way.
     /// `refuse_own`: refuse (rather than wait forever) when the calling
     /// thread began a capture still under way; otherwise such a call goes
     /// ahead and the driver decides.
@@ -206,9 +207,12 @@ impl Gate {
                 return Err(err(
                     op,
                     BackendErrorKind::InvalidArgument,
-                    "this thread's own stream capture is under way, and mapping memory now \
-                     would invalidate it: allocate from the capture's pool \
-                     (CudaCapture::allocate) or before the capture begins",
+                    format!(
+                        "this thread's own stream capture is under way, and {op} would map, \
+                         unmap or synchronize outside the stream, which invalidates it: \
+                         allocate from the capture's pool (CudaCapture::allocate), or end the \
+                         capture first (CudaCapture::end)"
+                    ),
                 ));
             }
             if own || !st.capturing() {
