@@ -97,8 +97,8 @@ done
 # The capabilities are probed: the CUDA stand-in offers an arena, the
 # others say why they do not.
 grep -q "^virtual-memory arena " "$target/check-stand-ins.log" || { echo "FAILED: memgov check printed no capabilities"; exit 1; }
-if grep -q "^cuda: virtual-memory arena: no" "$target/check-stand-ins.log"; then
-    echo "FAILED: the CUDA stand-in offers no virtual-memory arena"; exit 1
+if grep -Eq "^cuda: (virtual-memory arena|graph-capture gate): no" "$target/check-stand-ins.log"; then
+    echo "FAILED: the CUDA stand-in offers no virtual-memory arena or no capture gate"; exit 1
 fi
 grep -q "^host: virtual-memory arena: no: the host backend has no virtual-memory arena" "$target/check-stand-ins.log" ||
     { echo "FAILED: memgov check did not say why the host has no arena"; exit 1; }

@@ -553,14 +553,22 @@ struct Capability {
 }
 
 /// What `backend` offers beyond the contract, probed on this machine: the
-/// CUDA backend's virtual-memory arena and sleep/wake (a context opened with
-/// a small arena, then torn down), and the graph-capture gate, which no
-/// backend has yet.
+/// CUDA backend's virtual-memory arena, sleep/wake and graph-capture gate
+/// (the gate captures into a pool of the arena), probed by opening a
+/// context with a small arena and tearing it down.
 fn capabilities(backend: &str) -> Vec<Capability> {
     let arena: Result<(), String> = match backend {
         "cuda" => probe_cuda_arena(),
         other => Err(format!(
             "the {other} backend has no virtual-memory arena (CUDA only: cuMemAddressReserve / cuMemMap)"
+        )),
+    };
+    let gate = match backend {
+        "cuda" => arena.clone().map_err(|why| {
+            format!("the gate captures into an arena's pool, and there is none: {why}")
+        }),
+        other => Err(format!(
+            "the {other} backend has no graph-capture gate (CUDA only: cuStreamBeginCapture_v2)"
         )),
     };
     vec![
@@ -577,7 +585,7 @@ fn capabilities(backend: &str) -> Vec<Capability> {
         Capability {
             name: "graph-capture gate",
             key: "capture_gate",
-            offered: Err("no backend has a capture gate yet: allocations during stream capture are not governed".to_owned()),
+            offered: gate,
         },
     ]
 }
