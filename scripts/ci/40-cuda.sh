@@ -48,7 +48,7 @@ for latency in 0 300 300:1 300:2 300:3; do
     for cmd in "check --backend cuda" "run --backend cuda"; do
         # shellcheck disable=SC2086
         MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-            on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- $cmd
+            on_stand_in cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- $cmd
     done
 done
 # A run that fails half-way (the weights do not fit the LLM's budget) still
@@ -57,7 +57,7 @@ done
 for latency in 0 300; do
     status=0
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release -p memgov-cli --features cuda -- run --backend cuda --llm-budget-mib 64 \
+        on_stand_in cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend cuda --llm-budget-mib 64 \
         > "$target/cuda-failed-run.log" 2>&1 || status=$?
     cat "$target/cuda-failed-run.log"
     [ "$status" -eq 1 ] || { echo "FAILED: a failing memgov run exited $status, expected 1"; exit 1; }

@@ -51,7 +51,7 @@ for seed in 1 2 3; do
 done
 
 echo "--- memgov check / run on the stand-in"
-cargo build --locked --release -p memgov-cli --features hip
+cargo build --locked --release -p memgov-cli --features vulkan,cuda,hip
 for latency in 0 300 300:1 300:2 300:3; do
     seed=""
     case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
