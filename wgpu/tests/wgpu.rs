@@ -118,10 +118,10 @@ fn mappable_and_empty_buffers_are_refused_with_a_reason() {
     finish(dev);
 }
 
-/// The memory of a buffer dropped while a long compute pass still uses it
-/// stays charged and alive until wgpu has seen that pass complete; the
-/// validation layer (which reports a buffer destroyed while in use) stays
-/// silent.
+/// The memory of a buffer dropped while a compute pass still uses it (held
+/// in flight by a [`common::Gate`]) stays charged and alive until wgpu has
+/// seen that pass complete; the validation layer (which reports a buffer
+/// destroyed while in use) stays silent.
 #[test]
 fn release_waits_for_the_last_submission_using_the_buffer() {
     let gov: Governor<VulkanContext> = Governor::new();
@@ -158,41 +158,49 @@ fn release_waits_for_the_last_submission_using_the_buffer() {
         0,
         &[200_000u32, 0, 0, 0].map(u32::to_le_bytes).concat(),
     );
-    let started = Instant::now();
+    // The pass waits on a gate the test opens: it is still in flight at
+    // the drop and at the poll below, whatever the machine's load.
+    let mut gate = common::Gate::hold_next_submission(queue);
     common::long_pass(device, queue, &data, &iterations);
     drop(data);
     drop(iterations);
-    // Whatever wgpu has not seen complete is still charged: the release is
-    // tied to wgpu's completion, not to the drop.
+    // Not complete, so still charged: the release is tied to wgpu's
+    // completion, not to the drop.
     let status = device.poll(wgpu::PollType::Poll).expect("poll");
-    if !status.is_queue_empty() {
-        assert_eq!(
-            live_buffers(&dev),
-            2,
-            "released while the pass may still run"
-        );
-    }
+    assert!(
+        !status.is_queue_empty(),
+        "the gated pass completed: {status:?}"
+    );
+    assert_eq!(
+        live_buffers(&dev),
+        2,
+        "released while the pass is still in flight"
+    );
+    gate.open();
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("poll");
-    let ran = started.elapsed();
+    drop(gate);
     assert_eq!(live_buffers(&dev), 0, "released once the pass completed");
-    println!(
-        "long pass ran {} ms; both buffers released after it",
-        ran.as_millis()
-    );
+    println!("gated pass in flight: both buffers charged; completed: both released");
     dev.retire(deadline(), RetireMode::Wait).expect("retire");
     finish(dev);
 }
 
 /// The planted violation: the governed memory released at the drop, while
-/// the long pass still runs, is what the validation layer reports.
+/// the pass using it is still in flight, is what the validation layer
+/// reports.
 ///
-/// Freeing memory the device still writes is undefined behaviour, and on
-/// lavapipe device memory is the process's heap: the plant runs in a child
-/// process (this test binary again, this test alone, with
-/// `MEMGOV_WGPU_PLANT` set), which prints what the layer said and aborts
-/// before anything else can touch the freed memory.
+/// The pass waits on a [`common::Gate`] that is never opened, so it is in
+/// flight when the memory is freed whatever the machine's load (the pass
+/// lasts a few milliseconds on lavapipe, see [`common::LONG_PASS`]; once it
+/// has finished and wgpu has read its fence, the layer rightly says
+/// nothing). The
+/// device cannot be torn down with that pass waiting, and opening the gate
+/// would let it write freed memory (on lavapipe, the process's heap): the
+/// plant runs in a child process (this test binary again, this test alone,
+/// with `MEMGOV_WGPU_PLANT` set), which prints what the layer said and
+/// aborts.
 #[test]
 fn planted_release_before_completion_is_reported_by_validation() {
     const NAME: &str = "planted_release_before_completion_is_reported_by_validation";
@@ -252,6 +260,9 @@ fn planted_child() -> ! {
         0,
         &[2_000_000u32, 0, 0, 0].map(u32::to_le_bytes).concat(),
     );
+    // Held until the host opens the gate, which it never does: the pass is
+    // in flight, deterministically, when its memory is freed below.
+    let _gate = common::Gate::hold_next_submission(queue);
     common::long_pass(device, queue, &data, &iterations);
     // Wrong on purpose: free the memory now, while the pass uses it.
     drop(data.take_memory_for_test().expect("memory"));

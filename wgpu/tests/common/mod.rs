@@ -263,8 +263,13 @@ impl Matmul {
     }
 }
 
-/// A compute pass that runs for a long time: one invocation that iterates
-/// a hash `iterations` times over every word of the buffer.
+/// A compute pass that writes every word of its buffer: one invocation that
+/// iterates a hash `iterations` times per word.
+///
+/// It is not long on lavapipe whatever `iterations` says: llvmpipe ends a
+/// shader after 65,535 loop iterations in all (gallivm's loop limiter, shared
+/// by every loop of the shader), a few milliseconds. A test that needs it in
+/// flight holds it with a [`Gate`].
 pub const LONG_PASS: &str = r#"
 @group(0) @binding(0) var<storage, read_write> data: array<u32>;
 @group(0) @binding(1) var<uniform> iterations: vec4<u32>;
@@ -324,4 +329,70 @@ pub fn long_pass(
         pass.dispatch_workgroups(1, 1, 1);
     }
     queue.submit([encoder.finish()])
+}
+
+/// A host-controlled gate on wgpu's queue: the next submission waits on a
+/// timeline semaphore that only [`open`](Self::open) signals, so it stays in
+/// flight, deterministically, until the test says so (no timing involved: a
+/// pass that is merely long may finish before the host looks on a loaded
+/// machine, since lavapipe runs it on its own thread).
+pub struct Gate {
+    device: ash::Device,
+    semaphore: ash::vk::Semaphore,
+    opened: bool,
+}
+
+impl Gate {
+    /// A closed gate on `queue`'s device, holding `queue`'s next submission.
+    pub fn hold_next_submission(queue: &wgpu::Queue) -> Self {
+        use ash::vk;
+        // SAFETY: the hal queue is only used to read its device and to stage
+        // a wait on the next submission; nothing is destroyed through it.
+        let hal = unsafe { queue.as_hal::<wgpu::hal::api::Vulkan>() }.expect("a Vulkan queue");
+        let device = hal.raw_device().clone();
+        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut timeline);
+        // SAFETY: a valid device with timelineSemaphore enabled (wgpu-hal and
+        // memgov both need it); the create info lives for the call.
+        let semaphore =
+            unsafe { device.create_semaphore(&info, None) }.expect("timeline semaphore");
+        hal.add_wait_semaphore(semaphore, Some(1), vk::PipelineStageFlags::ALL_COMMANDS);
+        Self {
+            device,
+            semaphore,
+            opened: false,
+        }
+    }
+
+    /// Let the held submission run (a host signal of the semaphore).
+    pub fn open(&mut self) {
+        let info = ash::vk::SemaphoreSignalInfo::default()
+            .semaphore(self.semaphore)
+            .value(1);
+        // SAFETY: the semaphore is alive and at 0; signalled once.
+        unsafe { self.device.signal_semaphore(&info) }.expect("host signal");
+        self.opened = true;
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if self.opened {
+            // SAFETY: callers drop an opened gate only after waiting for the
+            // submission that waited on it: nothing refers to it any more.
+            unsafe { self.device.destroy_semaphore(self.semaphore, None) };
+        } else {
+            // Dropped closed: a test failed before opening it. Open it, so
+            // that the held submission runs and the device's teardown (wgpu
+            // waits for its queue) does not hang and hide the failure; the
+            // semaphore is leaked, as the submission may still refer to it.
+            let info = ash::vk::SemaphoreSignalInfo::default()
+                .semaphore(self.semaphore)
+                .value(1);
+            // SAFETY: the semaphore is alive and was never signalled.
+            let _ = unsafe { self.device.signal_semaphore(&info) };
+        }
+    }
 }
