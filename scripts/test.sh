@@ -32,10 +32,10 @@ step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 step "build (every crate; the library alone)"
 cargo build --locked --workspace --all-targets
 cargo build --locked -p memgov --lib
-# The library without the tool or the development commands: no clap and no
-# xtask in its tree.
+# The library without the tool, the development commands or the test kit:
+# no clap, no xtask and no memgov-conformance in its tree.
 lib_tree="$(cargo tree --locked -p memgov -e normal --prefix none)"
-for crate in clap xtask; do
+for crate in clap xtask memgov-conformance; do
     if grep -q "^$crate v" <<<"$lib_tree"; then
         echo "FAILED: $crate is in the library's dependency tree"
         exit 1

@@ -18,7 +18,10 @@
 //!   [`open_from_env`](any::AnyContext::open_from_env) honours
 //!   `MEMGOV_BACKEND`. The backend features only add candidates: code that
 //!   builds with one feature set builds with every other.
-//! * [`conformance`]: the backend contract suite, runnable by any backend.
+//!
+//! The backend contract suite, the fault matrix and the `Watched` observer
+//! are the test kit, `memgov-conformance`, a crate of their own that this
+//! library does not depend on.
 //!
 //! The crates under it: `memgov-api` (the pin contract, no dependencies),
 //! `memgov-backend` (what a backend implements, re-exported as [`backend`]),
@@ -58,7 +61,6 @@ pub struct ReadmeDoctests;
 mod backends;
 
 pub mod any;
-pub mod conformance;
 mod governor;
 #[cfg(target_os = "linux")]
 pub mod machine;

@@ -3,12 +3,12 @@
 //! charged but not live, pressure empties the cache before any responder is
 //! asked, and trim, retire, force, device loss and stream drop free it.
 
-use memgov::conformance::{WatchLog, Watched};
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
     Admission, BackendProbe, CacheConfig, ContextConfig, ContextHandle, ContextSnapshot, Governor,
     Role,
 };
+use memgov_conformance::{WatchLog, Watched};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -5,9 +5,9 @@
 use memgov::host::{HostConfig, HostContext};
 use std::time::Duration;
 
-memgov::conformance_tests!(host, || HostContext::new(HostConfig::default()));
+memgov_conformance::conformance_tests!(host, || HostContext::new(HostConfig::default()));
 
-memgov::conformance_tests!(host_slow, || HostContext::new(HostConfig {
+memgov_conformance::conformance_tests!(host_slow, || HostContext::new(HostConfig {
     op_delay: Duration::from_micros(200),
     ..HostConfig::default()
 }));
@@ -16,7 +16,7 @@ memgov::conformance_tests!(host_slow, || HostContext::new(HostConfig {
 fn whole_suite_report_passes() {
     // Probed: after every case the host backend's own bookkeeping must be
     // clean too (one teardown, nothing allocated or open, no violation).
-    let report = memgov::conformance::run_suite_probed(|| {
+    let report = memgov_conformance::run_suite_probed(|| {
         let c = HostContext::new(HostConfig::default())?;
         let probe = c.probe();
         Ok((c, probe))
@@ -64,7 +64,7 @@ fn probe_of_a_dirty_teardown() -> memgov::BackendProbe {
 fn a_backend_that_breaks_its_contract_fails_the_probed_suite() {
     // Each context the cases use is fine, but the probe the factory hands
     // out saw a violation: every case must fail on it, with the numbers.
-    let report = memgov::conformance::run_suite_probed(|| {
+    let report = memgov_conformance::run_suite_probed(|| {
         let c = HostContext::new(HostConfig::default())?;
         Ok((c, probe_of_a_dirty_teardown()))
     });
@@ -88,7 +88,7 @@ fn a_backend_that_breaks_its_contract_fails_the_probed_suite() {
 /// the backend's probe included.
 #[test]
 fn whole_suite_with_the_block_cache_passes() {
-    use memgov::conformance::{run_suite_probed_with, SuiteOptions};
+    use memgov_conformance::{run_suite_probed_with, SuiteOptions};
     let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
     for op_delay in [Duration::ZERO, Duration::from_micros(200)] {
         let report = run_suite_probed_with(&cached, || {

@@ -2,8 +2,8 @@
 //! the cases that read back what they wrote are not run on it (`memgov
 //! check` reports it unavailable for that reason); these need none.
 
-use memgov::conformance::{assert_outcome, run_case, run_case_with, SuiteOptions};
 use memgov::null::{NullConfig, NullContext};
+use memgov_conformance::{assert_outcome, run_case, run_case_with, SuiteOptions};
 
 /// Cases that read no data back.
 const CASES: &[&str] = &[

@@ -29,14 +29,14 @@
 //! The backends are every entry of `memgov::any::BACKENDS`, opened through
 //! `AnyContext`; one compiled out of this build prints why it was skipped.
 //!
-//! The matrix itself is library code, [`memgov::conformance::fault_matrix`],
+//! The matrix itself is library code, [`memgov_conformance::fault_matrix`],
 //! so a backend in another crate runs it too.
 //!
 //! `cargo test --release -p memgov --test fault_matrix -- --nocapture` prints
 //! the table that docs/reliability.md publishes.
 
 use memgov::any::{AnyContext, BACKENDS};
-use memgov::conformance::{fault_matrix_with, FaultMatrix, LeakCheck, SuiteOptions};
+use memgov_conformance::{fault_matrix_with, FaultMatrix, LeakCheck, SuiteOptions};
 
 fn report(m: &FaultMatrix) {
     println!("\n{m}");

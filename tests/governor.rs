@@ -192,7 +192,7 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     let gov = Governor::new();
     // The release's retirement is held until the end: the wait can only
     // time out, however the threads are scheduled.
-    let device = memgov::conformance::Watched::new(slow_host(Duration::ZERO).0);
+    let device = memgov_conformance::Watched::new(slow_host(Duration::ZERO).0);
     let log = device.log();
     log.hold_retirements(true);
     let ctx = gov.register(
@@ -228,7 +228,7 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     let gpu0 = SharedBudget::new("gpu0", 3 * MIB);
     // A release held pending for the whole test: an admission that waited
     // for it would wait out the full 10 s timeout.
-    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let device = memgov_conformance::Watched::new(host(8 * MIB).0);
     let log = device.log();
     log.hold_retirements(true);
     let ctx = gov.register(
@@ -2120,7 +2120,7 @@ fn a_process_refusal_waits_for_a_release_on_another_device() {
     let gpu1 = SharedBudget::with_parent("gpu1", 4 * MIB, &process);
     let gov = Governor::new();
     // a's frees retire only when the test says so.
-    let device = memgov::conformance::Watched::new(host(8 * MIB).0);
+    let device = memgov_conformance::Watched::new(host(8 * MIB).0);
     let log = device.log();
     log.hold_retirements(true);
     let a = gov.register(
@@ -2128,7 +2128,7 @@ fn a_process_refusal_waits_for_a_release_on_another_device() {
         ContextConfig::new().label("a").shared_budget(gpu0.clone()),
     );
     let b = gov.register(
-        memgov::conformance::Watched::new(host(8 * MIB).0),
+        memgov_conformance::Watched::new(host(8 * MIB).0),
         ContextConfig::new()
             .label("b")
             .shared_budget(gpu1.clone())
@@ -2282,8 +2282,8 @@ impl DeviceContext for DeviceOnly {
 
 #[test]
 fn a_backend_without_a_tier_refuses_it_and_nothing_leaks() {
-    use memgov::conformance::{run_case, Outcome};
     use memgov::{BackendErrorKind, Tier};
+    use memgov_conformance::{run_case, Outcome};
     let host = HostContext::new(HostConfig::default()).unwrap();
     let probe = host.probe();
     let gov = Governor::new();

@@ -2,13 +2,13 @@
 //! roles and budgets on both sides, the all-or-nothing failure path, and
 //! retiring the old context afterwards.
 
-use memgov::conformance::Watched;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
     ContextConfig, DeviceBuffer, DeviceContext, Governor, GovernorError, PinKind,
     ProviderContextPinError, RetireError, Role,
 };
+use memgov_conformance::Watched;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;

@@ -30,7 +30,6 @@
 //! minimal one. CI (`scripts/ci/20-properties.sh`): `PROPTEST_CASES=10000
 //! cargo test --release --test properties`.
 
-use memgov::conformance::{WatchLog, Watched};
 use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext};
 use memgov::BackendProbe;
@@ -39,6 +38,7 @@ use memgov::{
     GovernorError, Lifecycle, ProviderContextPin, ProviderContextPinError,
     ProviderContextPinSource, Reservation, RetireError, Role,
 };
+use memgov_conformance::{WatchLog, Watched};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

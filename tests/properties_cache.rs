@@ -27,13 +27,13 @@
 //! Cases: `PROPTEST_CASES` (default 256). CI (`scripts/ci/20-properties.sh`)
 //! runs more.
 
-use memgov::conformance::{WatchLog, Watched};
 use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
     size_class, BackendProbe, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer,
     GovernedStream, Governor, Role,
 };
+use memgov_conformance::{WatchLog, Watched};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;

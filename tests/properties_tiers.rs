@@ -24,12 +24,12 @@
 //! Cases: `PROPTEST_CASES` (default 256). CI (`scripts/ci/20-properties.sh`)
 //! runs 10 000 in release (10 to 25 s).
 
-use memgov::conformance::{WatchLog, Watched};
 use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::{
     BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     GovernorError, Role, SharedBudget, Tier,
 };
+use memgov_conformance::{WatchLog, Watched};
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

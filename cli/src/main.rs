@@ -15,8 +15,8 @@ mod workload;
 
 use clap::{Parser, Subcommand};
 use memgov::any::{AnyContext, BackendEntry, BACKENDS};
-use memgov::conformance::{self, Outcome, SuiteReport};
 use memgov::{Bytes, DeviceContext};
+use memgov_conformance::{self as conformance, Outcome, SuiteReport};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 

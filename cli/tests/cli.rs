@@ -20,7 +20,7 @@ fn check_prints_the_host_row_and_passes() {
         .lines()
         .find(|l| l.starts_with("host "))
         .expect("host row");
-    let cases = memgov::conformance::cases::<memgov::host::HostContext>().len();
+    let cases = memgov_conformance::cases::<memgov::host::HostContext>().len();
     assert!(
         row.contains("embedded") && row.contains(&format!("{cases} passed, 0 failed, 0 skipped")),
         "{row}"
@@ -80,7 +80,7 @@ fn check_fails_when_a_named_backend_runs_no_case() {
 fn check_names_match_in_any_case_and_as_a_comma_list() {
     let all_pass = format!(
         "{} passed, 0 failed, 0 skipped",
-        memgov::conformance::cases::<memgov::host::HostContext>().len()
+        memgov_conformance::cases::<memgov::host::HostContext>().len()
     );
     let (code, out) = memgov(&["check", "--backend", "HOST"]);
     assert_eq!(code, 0, "{out}");
@@ -205,7 +205,7 @@ fn check_json_is_one_object_and_carries_the_error_on_failure() {
     assert_eq!(host["failed"], 0);
     assert_eq!(
         host["cases"].as_array().unwrap().len(),
-        memgov::conformance::cases::<memgov::host::HostContext>().len()
+        memgov_conformance::cases::<memgov::host::HostContext>().len()
     );
     // Capabilities beyond the contract, probed: the host has no arena, and
     // says why.

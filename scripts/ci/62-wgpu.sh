@@ -4,7 +4,8 @@
 # First the Vulkan backend's tests of what the crate needs (adoption without
 # queues, with the conformance suite on such devices). Then the crate's
 # tests: buffers governed and charged, released only after wgpu's last
-# submission using them (a long compute pass; the planted early release is
+# submission using them (a compute pass held in flight by a semaphore only
+# the test signals; the planted early release is
 # reported by the layer), budget refusals as errors, teardown in both
 # orders, wgpu-core's own timestamp-normalization kernel (unchanged) and a
 # tiled matmul bit for bit against wgpu's own allocator, budget sweeps; the

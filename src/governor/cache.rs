@@ -112,6 +112,11 @@ impl CacheConfig {
         self.max_block = bytes;
         self
     }
+
+    /// The most freed bytes kept ([`new`](Self::new)).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
 }
 
 /// A cached block: the memory, and the role of the buffer it was.

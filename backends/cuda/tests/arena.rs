@@ -36,7 +36,7 @@ fn arena_factory() -> Result<CudaContext, memgov::BackendError> {
     })
 }
 
-memgov::conformance_tests!(conformance, super::arena_factory);
+memgov_conformance::conformance_tests!(conformance, super::arena_factory);
 
 fn arena(ctx: &CudaContext) -> CudaArena {
     ctx.arena().expect("the context has an arena")

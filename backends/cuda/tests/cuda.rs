@@ -28,7 +28,7 @@ fn factory() -> Result<CudaContext, memgov::BackendError> {
     CudaContext::new(CudaConfig::default())
 }
 
-memgov::conformance_tests!(conformance, super::factory);
+memgov_conformance::conformance_tests!(conformance, super::factory);
 
 /// A context, or `None` after printing why the test is skipped.
 fn context() -> Option<CudaContext> {
@@ -284,7 +284,7 @@ fn short_soak() {
 /// The whole suite, with the governor's block cache off and on.
 #[test]
 fn whole_suite_report() {
-    use memgov::conformance::{run_suite_with, SuiteOptions};
+    use memgov_conformance::{run_suite_with, SuiteOptions};
     let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
     for options in [SuiteOptions::new(), cached] {
         let report = run_suite_with(&options, factory);
@@ -1738,7 +1738,7 @@ mod children {
     }
 
     fn suite_alone() {
-        use memgov::conformance::{run_suite_with, SuiteOptions};
+        use memgov_conformance::{run_suite_with, SuiteOptions};
         let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
         for options in [SuiteOptions::new(), cached] {
             let report = run_suite_with(&options, factory);

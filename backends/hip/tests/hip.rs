@@ -31,9 +31,9 @@ use memgov::{
 use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
 
-memgov::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
+memgov_conformance::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
 
-memgov::conformance_tests!(hip_plain, || HipContext::new(HipConfig {
+memgov_conformance::conformance_tests!(hip_plain, || HipContext::new(HipConfig {
     allocator: AllocatorChoice::Plain,
     ..HipConfig::default()
 }));
@@ -116,10 +116,10 @@ fn whole_suite_report() {
     ] {
         // The block cache off, then on.
         let cached =
-            memgov::conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
-        for options in [memgov::conformance::SuiteOptions::new(), cached] {
+            memgov_conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+        for options in [memgov_conformance::SuiteOptions::new(), cached] {
             let report =
-                memgov::conformance::run_suite_with(&options, || HipContext::new(config.clone()));
+                memgov_conformance::run_suite_with(&options, || HipContext::new(config.clone()));
             println!("{label}: {report}");
             assert!(report.all_passed(), "{report}");
             match report.execution {
@@ -1560,7 +1560,7 @@ fn child_entry() {
             let oom = result::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
             assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
             assert!(hip::symbol(c"hipMalloc").is_none());
-            let report = memgov::conformance::run_suite(|| HipContext::new(HipConfig::default()));
+            let report = memgov_conformance::run_suite(|| HipContext::new(HipConfig::default()));
             assert!(report.all_passed());
             assert!(report
                 .cases
@@ -1572,7 +1572,7 @@ fn child_entry() {
             assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
             assert!(e.message.starts_with("no HIP device"), "{e}");
             assert!(e.message.contains("hipErrorNoDevice"), "{e}");
-            let report = memgov::conformance::run_suite(|| HipContext::new(HipConfig::default()));
+            let report = memgov_conformance::run_suite(|| HipContext::new(HipConfig::default()));
             assert!(report.all_passed());
             assert!(report
                 .cases

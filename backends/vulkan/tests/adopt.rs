@@ -205,7 +205,7 @@ fn conformance_suite_on_devices_adopted_without_queues() {
     let destroyed = Arc::new(AtomicU32::new(0));
     let (h, d) = (heard.clone(), destroyed.clone());
     let report =
-        memgov::conformance::run_suite_with(&memgov::conformance::SuiteOptions::new(), move || {
+        memgov_conformance::run_suite_with(&memgov_conformance::SuiteOptions::new(), move || {
             let Some(rt) = runtime() else {
                 return Err(memgov::BackendError::new(
                     "vulkan",

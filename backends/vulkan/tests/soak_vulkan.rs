@@ -30,7 +30,7 @@ fn soak_lavapipe() {
         Err(e) => {
             eprintln!(
                 "skipped: lavapipe soak: {}",
-                memgov::conformance::unavailable_reason(&e)
+                memgov_conformance::unavailable_reason(&e)
             );
             return;
         }

@@ -964,14 +964,14 @@ fn conformance_case(name: &str, transfer: TransferPath) {
         p.lock().unwrap().push((c.probe(), c.validation()));
         Ok(c)
     };
-    let outcome = memgov::conformance::run_case(name, &factory);
-    if let memgov::conformance::Outcome::Skipped(why) = &outcome {
+    let outcome = memgov_conformance::run_case(name, &factory);
+    if let memgov_conformance::Outcome::Skipped(why) = &outcome {
         if why.contains("no Vulkan loader/ICD") {
             eprintln!("skipped: no Vulkan loader/ICD ({why})");
             return;
         }
     }
-    memgov::conformance::assert_outcome("vulkan", name, outcome);
+    memgov_conformance::assert_outcome("vulkan", name, outcome);
     let probes = probes.lock().unwrap().clone();
     assert!(!probes.is_empty(), "the case created no context");
     let deadline = Instant::now() + LONG;
@@ -1000,11 +1000,11 @@ macro_rules! vulkan_conformance {
     };
 }
 
-memgov::for_each_conformance_case!([vulkan_conformance]);
+memgov_conformance::for_each_conformance_case!([vulkan_conformance]);
 
 #[test]
 fn whole_suite_report_on_vulkan() {
-    whole_suite_under_validation(&memgov::conformance::SuiteOptions::new());
+    whole_suite_under_validation(&memgov_conformance::SuiteOptions::new());
 }
 
 /// The whole suite again with the governor's block cache on: kept blocks
@@ -1013,14 +1013,14 @@ fn whole_suite_report_on_vulkan() {
 #[test]
 fn whole_suite_report_on_vulkan_with_the_block_cache() {
     whole_suite_under_validation(
-        &memgov::conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20)),
+        &memgov_conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20)),
     );
 }
 
-fn whole_suite_under_validation(options: &memgov::conformance::SuiteOptions) {
+fn whole_suite_under_validation(options: &memgov_conformance::SuiteOptions) {
     let probes: Arc<Mutex<Vec<VulkanValidation>>> = Arc::new(Mutex::new(Vec::new()));
     let p = probes.clone();
-    let report = memgov::conformance::run_suite_with(options, move || {
+    let report = memgov_conformance::run_suite_with(options, move || {
         let c = VulkanContext::new(validated())?;
         p.lock().unwrap().push(c.validation());
         Ok(c)

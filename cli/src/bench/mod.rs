@@ -228,7 +228,7 @@ impl BackendRow {
             }
             Err(e) => row.note(format!(
                 "skipped: {}",
-                memgov::conformance::unavailable_reason(&e)
+                memgov_conformance::unavailable_reason(&e)
             )),
         }
     }

@@ -19,9 +19,9 @@
 //!   makes any backend fail on purpose.
 //!
 //! The conformance suite that checks a backend against this contract drives
-//! it through the governor, so it lives in `memgov` (`memgov::conformance`):
-//! a backend crate runs it from its tests with `memgov` as a
-//! dev-dependency.
+//! it through the governor, so it lives in the test kit
+//! (`memgov-conformance`, above `memgov`): a backend crate runs it from its
+//! tests with `memgov-conformance` as a dev-dependency.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

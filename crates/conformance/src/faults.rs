@@ -17,7 +17,7 @@
 //! * accounting is consistent: nothing charged, no pins, every queued release
 //!   settled (retired or abandoned) exactly once;
 //! * the backend's own bookkeeping is clean: the factory's leak check (a
-//!   [`BackendProbe`](crate::BackendProbe)'s `check_clean_teardown`, say)
+//!   [`BackendProbe`](memgov::BackendProbe)'s `check_clean_teardown`, say)
 //!   passes after teardown.
 //!
 //! The operations on a buffer (allocate, write, read, free_async,
@@ -30,8 +30,8 @@
 //! caller of `allocate`, and nothing is left charged or pinned.
 
 use super::{SuiteOptions, Watched};
-use crate::fault::{Fault, FaultInjecting, FaultPlan, Operation};
-use crate::{
+use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+use memgov::{
     BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role, Tier,
 };
 use std::fmt;
@@ -141,7 +141,7 @@ impl fmt::Display for FaultMatrix {
 /// opens nothing here (the caller prints why it skipped).
 ///
 /// ```
-/// use memgov::conformance::fault_matrix;
+/// use memgov_conformance::fault_matrix;
 /// use memgov::host::{HostConfig, HostContext};
 ///
 /// let matrix = fault_matrix("host", || {
@@ -163,7 +163,7 @@ pub fn fault_matrix<C: DeviceContext>(
 ///
 /// With the block cache on, a buffer released on its own stream is kept
 /// rather than freed, so the cells empty the cache
-/// ([`trim_cache`](crate::ContextHandle::trim_cache)) once their buffers
+/// ([`trim_cache`](memgov::ContextHandle::trim_cache)) once their buffers
 /// are released: a fault armed on `free_async` then strikes a free the
 /// cache gives back, which has no caller to report to, and the cell checks
 /// that the block was quarantined (or the context lost) and that nothing

@@ -1,17 +1,20 @@
-//! The backend contract suite, as library code.
+//! memgov's test kit: the backend contract suite, the fault-injection
+//! matrix and the [`Watched`] observer, as library code for tests and tools.
+//! The `memgov` library does not depend on it (as wgpu keeps `wgpu-test`
+//! apart): backends and tools take it as a (dev-)dependency.
 //!
 //! Every backend runs the same cases: memgov's own tests, `memgov check`, and
 //! any third-party backend from its own tests, with one call or one macro:
 //!
 //! ```
 //! use memgov::host::{HostContext, HostConfig};
-//! let report = memgov::conformance::run_suite(|| HostContext::new(HostConfig::default()));
+//! let report = memgov_conformance::run_suite(|| HostContext::new(HostConfig::default()));
 //! assert!(report.all_passed(), "{report}");
 //! ```
 //!
 //! ```ignore
 //! // In a backend crate's tests: one #[test] per case.
-//! memgov::conformance_tests!(my_backend, || MyContext::new(MyConfig::default()));
+//! memgov_conformance::conformance_tests!(my_backend, || MyContext::new(MyConfig::default()));
 //! ```
 //!
 //! Each case builds fresh contexts from the factory, wraps them in
@@ -20,19 +23,19 @@
 //! with why (a factory that reports `Unavailable` skips every case).
 //!
 //! [`fault_matrix`] runs every backend operation under every injected fault
-//! ([`FaultInjecting`](crate::fault::FaultInjecting)) and checks that nothing
+//! ([`FaultInjecting`](memgov::fault::FaultInjecting)) and checks that nothing
 //! leaks, panics or tears down twice.
 //!
 //! Both run again with the governor's block cache on ([`SuiteOptions`],
 //! [`run_suite_probed_with`], [`fault_matrix_with`]): every case's contexts
 //! then keep freed blocks, and the same checks hold. Where a case counts
 //! the backend's frees, it first empties the cache
-//! ([`ContextHandle::trim_cache`](crate::ContextHandle::trim_cache)), so
+//! ([`ContextHandle::trim_cache`](memgov::ContextHandle::trim_cache)), so
 //! that a block the cache still holds is not mistaken for a free that
 //! never came.
 //!
 //! ```
-//! use memgov::conformance::{run_suite_probed_with, SuiteOptions};
+//! use memgov_conformance::{run_suite_probed_with, SuiteOptions};
 //! use memgov::host::{HostConfig, HostContext};
 //! use memgov::CacheConfig;
 //!
@@ -52,10 +55,10 @@ mod watch;
 pub use faults::{fault_matrix, fault_matrix_with, FaultCell, FaultMatrix, LeakCheck};
 pub use watch::{WatchLog, Watched};
 
-use crate::sync::lock;
-use crate::{
+use memgov::{
     BackendError, BackendErrorKind, BackendProbe, Bytes, CacheConfig, DeviceContext, Execution,
 };
+use memgov_backend::lock;
 use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -83,7 +86,7 @@ impl SuiteOptions {
     }
 
     /// `config` with these options applied.
-    pub(crate) fn apply(&self, config: crate::ContextConfig) -> crate::ContextConfig {
+    pub(crate) fn apply(&self, config: memgov::ContextConfig) -> memgov::ContextConfig {
         match self.cache {
             Some(cache) => config.cache(cache),
             None => config,
@@ -94,7 +97,7 @@ impl SuiteOptions {
 impl fmt::Display for SuiteOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.cache {
-            Some(c) => write!(f, "block cache of {:#}", Bytes(c.max_bytes)),
+            Some(c) => write!(f, "block cache of {:#}", Bytes(c.max_bytes())),
             None => f.write_str("no block cache"),
         }
     }
@@ -268,7 +271,7 @@ pub fn run_suite_with<C: DeviceContext>(
 ///
 /// ```
 /// use memgov::host::{HostConfig, HostContext};
-/// let report = memgov::conformance::run_suite_probed(|| {
+/// let report = memgov_conformance::run_suite_probed(|| {
 ///     let c = HostContext::new(HostConfig::default())?;
 ///     let probe = c.probe();
 ///     Ok((c, probe))
@@ -393,7 +396,7 @@ pub fn assert_outcome(backend: &str, case: &str, outcome: Outcome) {
 /// Generate one `#[test]` per conformance case for a backend.
 ///
 /// ```ignore
-/// memgov::conformance_tests!(host, || memgov::host::HostContext::new(Default::default()));
+/// memgov_conformance::conformance_tests!(host, || memgov::host::HostContext::new(Default::default()));
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
@@ -409,8 +412,8 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 let factory = $factory;
-                let outcome = $crate::conformance::run_case(stringify!($case), &factory);
-                $crate::conformance::assert_outcome(stringify!($module), stringify!($case), outcome);
+                let outcome = $crate::run_case(stringify!($case), &factory);
+                $crate::assert_outcome(stringify!($module), stringify!($case), outcome);
             }
         )*
     };
@@ -427,7 +430,7 @@ macro_rules! conformance_tests {
 /// macro_rules! my_cases {
 ///     ([] $($case:ident),*) => { $( #[test] fn $case() { /* run_case(stringify!($case), ..) */ } )* };
 /// }
-/// memgov::for_each_conformance_case!([my_cases]);
+/// memgov_conformance::for_each_conformance_case!([my_cases]);
 /// ```
 #[macro_export]
 macro_rules! for_each_conformance_case {

@@ -2,7 +2,7 @@
 //! numbers they saw.
 
 use super::{unavailable_reason, Case, Outcome, SuiteOptions, WatchLog, Watched};
-use crate::{
+use memgov::{
     Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
     Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, Tier,
 };
@@ -127,7 +127,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Retire and wait; check teardown happened once with nothing in flight.
-fn finish<C: DeviceContext>(s: &Setup<C>) -> Result<crate::TeardownReport, Outcome> {
+fn finish<C: DeviceContext>(s: &Setup<C>) -> Result<memgov::TeardownReport, Outcome> {
     let report = ok!(s.ctx.retire().wait(Instant::now() + LONG), "retire().wait");
     check_clean_teardown(&s.log)?;
     ok!(report.backend_result.clone(), "backend teardown");
@@ -337,9 +337,9 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
     for i in 0..16usize {
         let m = ok!(backend.allocate(&stream, 4096), "raw allocate");
         let fired = fired.clone();
-        let sig = crate::RetireSignal::from_fn(move |o| {
+        let sig = memgov::RetireSignal::from_fn(move |o| {
             fired[i].fetch_add(
-                if o == crate::RetireOutcome::Retired {
+                if o == memgov::RetireOutcome::Retired {
                     1
                 } else {
                     100
@@ -449,7 +449,7 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let handle = s.ctx.retire();
     let id = s.ctx.id();
     let unavailable = GovernorError::Pin {
-        context: crate::ContextName::new(id, s.ctx.label()),
+        context: memgov::ContextName::new(id, s.ctx.label()),
         refusal: ProviderContextPinError::ContextUnavailable(id),
     };
     let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
@@ -1058,8 +1058,8 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let clock = Arc::new(AtomicU64::new(1));
     let stamp = |slot: Arc<AtomicU64>| {
         let clock = clock.clone();
-        crate::RetireSignal::from_fn(move |o| {
-            if o == crate::RetireOutcome::Retired {
+        memgov::RetireSignal::from_fn(move |o| {
+            if o == memgov::RetireOutcome::Retired {
                 slot.store(clock.fetch_add(1, SeqCst), SeqCst);
             }
         })
@@ -1178,7 +1178,7 @@ fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let settled = Arc::new(AtomicU32::new(0));
     let signal = || {
         let settled = settled.clone();
-        crate::RetireSignal::from_fn(move |_| {
+        memgov::RetireSignal::from_fn(move |_| {
             settled.fetch_add(1, SeqCst);
         })
     };
@@ -1216,7 +1216,7 @@ fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
     ok!(one.write(&s1, &m1, 0, &[7; 16]), "write after the refusals");
     ok!(one.read(&s1, &m1, 0, &mut buf), "read after the refusals");
     for (ctx, st, m) in [(&one, &s1, m1), (&two, &s2, m2)] {
-        if let Err((_, _, e)) = ctx.free_async(st, m, crate::RetireSignal::from_fn(|_| {})) {
+        if let Err((_, _, e)) = ctx.free_async(st, m, memgov::RetireSignal::from_fn(|_| {})) {
             return Err(Outcome::Failed(format!(
                 "free_async on its own context after the refusals: {e}"
             )));
@@ -1233,9 +1233,9 @@ fn raw_misuse_is_refused<C: DeviceContext>(f: Factory<'_, C>) -> R {
 /// A pinned host allocation, or the skip of a backend without the tier.
 fn allocate_pinned<C: DeviceContext>(
     s: &Setup<C>,
-    stream: &crate::GovernedStream<W<C>>,
+    stream: &memgov::GovernedStream<W<C>>,
     bytes: u64,
-) -> Result<crate::DeviceBuffer<W<C>>, Outcome> {
+) -> Result<memgov::DeviceBuffer<W<C>>, Outcome> {
     match s
         .ctx
         .allocate_in(stream, bytes, Role::Other, Tier::PinnedHost)
@@ -1311,7 +1311,7 @@ fn pinned_host_tier<C: DeviceContext>(f: Factory<'_, C>) -> R {
         )));
     };
     check!(
-        b.scope == crate::BudgetScope::Tier(Tier::PinnedHost)
+        b.scope == memgov::BudgetScope::Tier(Tier::PinnedHost)
             && b.live == 2 * MIB
             && b.limit == 2 * MIB
             && b.available == 0,

@@ -6,7 +6,7 @@
 //! test lets it go. That makes "pending" real on any backend, including fast
 //! ones, without lying to the backend about anything.
 
-use crate::{
+use memgov::{
     BackendError, DeviceContext, DeviceDescription, MemoryInfo, RetireOutcome, RetireSignal, Tier,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -138,7 +138,7 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
     fn describe(&self) -> DeviceDescription {
         self.inner.describe()
     }
-    fn identity(&self) -> crate::DeviceIdentity {
+    fn identity(&self) -> memgov::DeviceIdentity {
         self.inner.identity()
     }
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
