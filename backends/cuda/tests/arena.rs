@@ -9,8 +9,9 @@
 //! `MEMGOV_ARENA_SLEEP_MIB` sets the size of the sleep/wake set (default 16,
 //! for CI time; the full check is 1024).
 
-#[path = "../../stand-ins/support/child.rs"]
-mod child_process;
+mod common;
+
+use common::{BANNER, EXIT_CHECK, LATENCY, SEED};
 
 use memgov::cuda::{ArenaConfig, CudaArena, CudaConfig, CudaContext};
 use memgov::{BackendErrorKind, DeviceContext, RetireSignal};
@@ -18,10 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const CHILD: &str = "MEMGOV_ARENA_CHILD";
-const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
-const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
-const BANNER: &str = "memgov libcuda stand-in: contract violation:";
 const MIB: u64 = 1 << 20;
 
 /// A context whose device memory comes from an arena of 1 GiB of address
@@ -53,47 +50,12 @@ fn arena_context(reserve: u64, limit: u64) -> CudaContext {
     .expect("a context with an arena")
 }
 
-/// Whether the stand-in is what the loader finds (after printing why not).
-fn on_stand_in() -> bool {
-    match CudaContext::new(CudaConfig::default()) {
-        Ok(ctx) => {
-            let stand_in = ctx.is_stand_in();
-            ctx.teardown(false).expect("teardown");
-            if !stand_in {
-                println!("skipped: needs the stand-in libcuda (this is real hardware)");
-            }
-            stand_in
-        }
-        Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            println!("skipped: {}", e.message);
-            false
-        }
-        Err(e) => panic!("CudaContext::new failed: {e}"),
-    }
-}
-
-fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
-    if !on_stand_in() {
-        return None;
-    }
-    let mut env = env.to_vec();
-    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
-        env.push((SEED, ""));
-    }
-    Some(child_process::run(CHILD, case, &env))
-}
-
 fn passes(case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(case, env) {
-        print!("{}", run.stdout);
-        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
-    }
+    common::passes(CHILD, case, env);
 }
 
 fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(case, env) {
-        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
-    }
+    common::aborts(CHILD, case, env, what);
 }
 
 #[test]
@@ -237,7 +199,7 @@ fn negative_map_of_a_released_handle_aborts() {
 #[test]
 fn negative_leftovers_at_exit_abort() {
     // The case itself runs to its end; the exit check aborts after it.
-    if let Some(run) = child("leftovers", &[(EXIT_CHECK, "1")]) {
+    if let Some(run) = common::child(CHILD, "leftovers", &[(EXIT_CHECK, "1")]) {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(run.status.signal(), Some(6), "{}", run.output());
         assert!(

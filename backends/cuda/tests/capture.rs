@@ -10,59 +10,21 @@
 //! `MEMGOV_CAPTURE_REPLAYS` sets how many times the captured graph is
 //! launched under churn (default 1000).
 
-#[path = "../../stand-ins/support/child.rs"]
-mod child_process;
+mod common;
+
+use common::{EXIT_CHECK, LATENCY, SEED};
 
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::BackendErrorKind;
 
 const CHILD: &str = "MEMGOV_CAPTURE_CHILD";
-const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
-const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
-const BANNER: &str = "memgov libcuda stand-in: contract violation:";
-
-/// Whether the stand-in is what the loader finds (after printing why not).
-fn on_stand_in() -> bool {
-    match CudaContext::new(CudaConfig::default()) {
-        Ok(ctx) => {
-            let stand_in = ctx.is_stand_in();
-            memgov::DeviceContext::teardown(ctx, false).expect("teardown");
-            if !stand_in {
-                println!("skipped: needs the stand-in libcuda (this is real hardware)");
-            }
-            stand_in
-        }
-        Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            println!("skipped: {}", e.message);
-            false
-        }
-        Err(e) => panic!("CudaContext::new failed: {e}"),
-    }
-}
-
-fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
-    if !on_stand_in() {
-        return None;
-    }
-    let mut env = env.to_vec();
-    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
-        env.push((SEED, ""));
-    }
-    Some(child_process::run(CHILD, case, &env))
-}
 
 fn passes(case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(case, env) {
-        print!("{}", run.stdout);
-        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
-    }
+    common::passes(CHILD, case, env);
 }
 
 fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(case, env) {
-        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
-    }
+    common::aborts(CHILD, case, env, what);
 }
 
 #[test]
