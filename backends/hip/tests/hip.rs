@@ -734,13 +734,13 @@ fn device_loss_abandons_pending_frees() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1..=21 open the context, a stream, an allocation and its free;
-    // call 22 (the next one) and all later fail as after an illegal address.
+    // Calls 1..=23 open the context, a stream, an allocation and its free;
+    // call 24 (the next one) and all later fail as after an illegal address.
     expect_pass(
         "device_loss",
         &[
             ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "24"),
         ],
     );
 }
@@ -918,13 +918,13 @@ fn dropped_callbacks_leak_no_context() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1-15 open the context, 16-17 a stream, 18-19 an allocation,
-    // 20-21 its free; 22 is sticky, and the queued callback is dropped.
+    // Calls 1-17 open the context, 18-19 a stream, 20-21 an allocation,
+    // 22-23 its free; 24 is sticky, and the queued callback is dropped.
     expect_pass(
         "dropped_callback",
         &[
             ("MEMGOV_STANDIN_HIP_LATENCY_US", "50000"),
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "22"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "24"),
             ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
         ],
     );
@@ -956,16 +956,16 @@ fn teardown_stops_calling_hip_at_a_sticky_error() {
     if !on_stand_in() {
         return;
     }
-    // Calls 1-15 open the context, 16-19 two streams, 20-23 an allocation
+    // Calls 1-17 open the context, 18-21 two streams, 22-25 an allocation
     // and its free (pending behind the latency); teardown's first call
-    // (hipGetDevice, 24) succeeds and its first synchronize (25) is sticky:
+    // (hipGetDevice, 26) succeeds and its first synchronize (27) is sticky:
     // nothing after it may reach HIP, and the pending free's signal, whose
     // callback the runtime drops, is settled as abandoned before teardown
     // returns.
     expect_pass(
         "sticky_mid_teardown",
         &[
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "25"),
+            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "27"),
             ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
             ("MEMGOV_STANDIN_HIP_DROP_CALLBACKS", "1"),
         ],
@@ -1462,15 +1462,15 @@ fn child_entry() {
             probe.check_clean_teardown().unwrap();
         }
         "device_loss" => {
-            // Calls 1-7 open the device, 8-9 create the context's pool,
-            // 10-15 try it once.
+            // Calls 1-9 open the device (its UUID and PCI address
+            // included), 10-11 create the context's pool, 12-17 try it once.
             let ctx = HipContext::new(HipConfig::default()).unwrap();
             let probe = ctx.probe();
-            let s = ctx.create_stream().unwrap(); // 16-17
-            let m = ctx.allocate(&s, 4096).unwrap(); // 18-19
+            let s = ctx.create_stream().unwrap(); // 18-19
+            let m = ctx.allocate(&s, 4096).unwrap(); // 20-21
             let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 20-21
-            let e = ctx.memory_info().expect_err("call 22 is sticky");
+            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap(); // 22-23
+            let e = ctx.memory_info().expect_err("call 24 is sticky");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
             assert!(e.message.contains("hipErrorIllegalAddress"), "{e}");
             assert!(probe.lost());
@@ -1952,7 +1952,7 @@ fn child_entry() {
             let m = ctx.allocate(&s, 4096).unwrap();
             let (sig, rx) = signal();
             ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-            assert!(ctx.memory_info().is_err(), "call 22 is sticky");
+            assert!(ctx.memory_info().is_err(), "call 24 is sticky");
             ctx.teardown(true).unwrap();
             assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Abandoned);
             // The runtime dropped (or will drop) the queued callback without
@@ -1992,7 +1992,7 @@ fn child_entry() {
             let m = ctx.allocate(&a, 4096).unwrap();
             let (sig, rx) = signal();
             ctx.free_async(&a, m, sig).map_err(|(_, _, e)| e).unwrap();
-            assert_eq!(hip_calls(), 23);
+            assert_eq!(hip_calls(), 25);
             let e = ctx.teardown(false).expect_err("the synchronize is sticky");
             assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
             assert_eq!(rx.try_recv().unwrap().0, RetireOutcome::Abandoned);
@@ -2000,7 +2000,7 @@ fn child_entry() {
             assert_eq!(probe.live_allocations(), 0);
             assert_eq!(
                 hip_calls(),
-                25,
+                27,
                 "teardown stopped at the sticky synchronize (no second synchronize, no \
                  hipStreamDestroy, no trim or pool destroy)"
             );
