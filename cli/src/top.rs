@@ -135,16 +135,9 @@ fn outside_processes(
         )
     })?;
     let found = memgov::machine::device_processes(&id).map_err(|e| e.to_string())?;
-    let members: Vec<u32> = snap
-        .processes
-        .iter()
-        .filter(|p| p.live)
-        .map(|p| p.pid)
-        .collect();
-    Ok(found
-        .processes
+    Ok(snap
+        .processes_outside(&found)
         .into_iter()
-        .filter(|p| !members.contains(&p.pid))
         .map(|p| {
             let name = std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
                 .map_or_else(|_| "?".to_owned(), |n| n.trim().to_owned());

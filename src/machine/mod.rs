@@ -560,17 +560,7 @@ impl MachineLedger {
 }
 
 fn observe_processes(seg: &Segment, found: &DeviceProcesses) -> Vec<DeviceProcess> {
-    let members: Vec<u32> = (0..seg.slots())
-        .map(|i| seg.slot(i, S_STATE).load(Acquire))
-        .filter(|&s| ledger::st_kind(s) == ledger::Kind::Live)
-        .map(ledger::st_pid)
-        .collect();
-    let outside: Vec<DeviceProcess> = found
-        .processes
-        .iter()
-        .filter(|p| !members.contains(&p.pid))
-        .copied()
-        .collect();
+    let outside = snapshot_of(seg).processes_outside(found);
     let bytes: u64 = outside.iter().filter_map(|p| p.bytes).sum();
     let before = seg
         .word(H_OUTSIDE_PROCS)
@@ -931,6 +921,17 @@ impl MachineSnapshot {
         self.limit
             .saturating_sub(self.charged)
             .saturating_sub(self.outside)
+    }
+
+    /// Of the processes the management library found on the device, those
+    /// with no live slot on this ledger: memory memgov does not govern.
+    pub fn processes_outside(&self, found: &DeviceProcesses) -> Vec<DeviceProcess> {
+        found
+            .processes
+            .iter()
+            .filter(|d| !self.processes.iter().any(|p| p.live && p.pid == d.pid))
+            .copied()
+            .collect()
     }
 }
 
