@@ -14,7 +14,8 @@ mod linux {
     use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
     use memgov::null::NullContext;
     use memgov::{
-        ContextConfig, ContextHandle, GovernedStream, Governor, ProcessBudget, Role, SharedBudget,
+        Alloc, ContextConfig, ContextHandle, GovernedStream, Governor, ProcessBudget, Role,
+        SharedBudget,
     };
     use std::hint::black_box;
     use std::time::{Duration, Instant};
@@ -45,8 +46,7 @@ mod linux {
         for _ in 0..n {
             drop(black_box(s.ctx.allocate(
                 &s.stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )));
         }
         t.elapsed()

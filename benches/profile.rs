@@ -11,7 +11,7 @@
 //! `null-cycle`, `pending` (allocate + release parked, then drained).
 
 use memgov::null::NullContext;
-use memgov::{ContextConfig, Governor, Role};
+use memgov::{Alloc, ContextConfig, Governor, Role};
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -47,11 +47,9 @@ fn main() {
             let ctx = gov.register(NullContext::new(), ContextConfig::new().budget(1 << 40));
             let s = ctx.create_stream("p").unwrap();
             for _ in 0..n {
-                drop(black_box(ctx.allocate(
-                    &s,
-                    black_box(4096),
-                    Role::Activation,
-                )));
+                drop(black_box(
+                    ctx.allocate(&s, Alloc::new(black_box(4096), Role::Activation)),
+                ));
             }
         }
         "pending" => {
@@ -60,11 +58,9 @@ fn main() {
             let ctx = gov.register(null, ContextConfig::new());
             let s = ctx.create_stream("p").unwrap();
             for _ in 0..n {
-                drop(black_box(ctx.allocate(
-                    &s,
-                    black_box(4096),
-                    Role::Activation,
-                )));
+                drop(black_box(
+                    ctx.allocate(&s, Alloc::new(black_box(4096), Role::Activation)),
+                ));
             }
             parked.retire_parked();
         }

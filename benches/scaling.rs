@@ -6,7 +6,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::null::NullContext;
-use memgov::{ContextConfig, GovernedStream, Governor, Role};
+use memgov::{Alloc, ContextConfig, GovernedStream, Governor, Role};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -15,8 +15,7 @@ fn run(ctx: &memgov::ContextHandle<NullContext>, stream: &GovernedStream<NullCon
     for _ in 0..n {
         drop(black_box(ctx.allocate(
             stream,
-            black_box(4096),
-            Role::Activation,
+            Alloc::new(black_box(4096), Role::Activation),
         )));
     }
 }

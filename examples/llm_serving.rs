@@ -18,8 +18,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, GovernorError,
-    Reservation, Role, SharedBudget, Tier,
+    Alloc, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, GovernorError,
+    Reservation, Reserve, Role, SharedBudget, Tier,
 };
 use std::collections::VecDeque;
 use std::error::Error;
@@ -109,7 +109,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let cache: Arc<Mutex<Vec<Buffer>>> = Arc::default();
     let evictable = cache.clone();
     let evict_stream = emb_stream.clone();
-    embedder.add_pressure_responder_with_priority(0, move |req| {
+    embedder.add_pressure_responder(0, move |req| {
         let mut freed = 0;
         let mut gone = Vec::new();
         {
@@ -126,7 +126,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         freed
     });
     for _ in 0..EMBEDDER_CACHE {
-        let b = embedder.allocate(&emb_stream, 2 * MIB, Role::Workspace)?;
+        let b = embedder.allocate(&emb_stream, Alloc::new(2 * MIB, Role::Workspace))?;
         cache.lock().unwrap_or_else(|e| e.into_inner()).push(b);
     }
 
@@ -144,7 +144,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     // Weights: the embedder's cache leaves the device too little room, so
     // the shared budget's refusal asks the responders of every context on
     // it, lowest priority first, and what they free goes to this request.
-    let weights = llm.allocate(&decode, WEIGHTS, Role::Weights)?;
+    let weights = llm.allocate(&decode, Alloc::new(WEIGHTS, Role::Weights))?;
     let emb_cached = cache.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
     println!(
         "weights: {} MiB loaded; the embedder's cache gave back {} MiB first ({emb_cached} of {EMBEDDER_CACHE} buffers left)",
@@ -196,7 +196,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             }
         }
         tally.grows += 1;
-        let block = reservation.allocate(&decode, BLOCK, Role::KvCache)?;
+        let block = reservation.allocate(&decode, Alloc::new(BLOCK, Role::KvCache))?;
         block.write(0, &header(r.id, r.decoded))?;
         blocks.push(block);
         r.decoded += 1;
@@ -257,7 +257,7 @@ fn reserve_or_offload(
     id: u32,
 ) -> Result<Reservation<HostContext>, Box<dyn Error>> {
     loop {
-        match llm.reserve(BLOCK, &format!("request-{id}")) {
+        match llm.reserve(Reserve::new(BLOCK, &format!("request-{id}"))) {
             Ok(r) => return Ok(r),
             Err(GovernorError::BudgetExceeded(_))
                 if offload_coldest(llm, decode, copy, active, tally)? => {}
@@ -286,16 +286,18 @@ fn offload_coldest(
     let Kv::Device { blocks, .. } = &r.kv else {
         unreachable!()
     };
-    let staging = llm.reserve_in(
-        Tier::PinnedHost,
-        blocks.len() as u64 * BLOCK,
-        &format!("request-{} offload", r.id),
+    let staging = llm.reserve(
+        Reserve::new(
+            blocks.len() as u64 * BLOCK,
+            &format!("request-{} offload", r.id),
+        )
+        .tier(Tier::PinnedHost),
     )?;
     let mut pinned = Vec::with_capacity(blocks.len());
     let mut bytes = vec![0u8; BLOCK as usize];
     for b in blocks {
         b.read(0, &mut bytes)?;
-        let p = staging.allocate(copy, BLOCK, Role::KvCache)?;
+        let p = staging.allocate(copy, Alloc::new(BLOCK, Role::KvCache))?;
         p.write(0, &bytes)?;
         pinned.push(p);
     }
@@ -323,7 +325,7 @@ fn restore(
     };
     let need = blocks.len() as u64 * BLOCK;
     let reservation = loop {
-        match llm.reserve(need, &format!("request-{}", r.id)) {
+        match llm.reserve(Reserve::new(need, &format!("request-{}", r.id))) {
             Ok(res) => break res,
             Err(GovernorError::BudgetExceeded(_))
                 if offload_coldest(llm, decode, copy, active, tally)? => {}
@@ -334,7 +336,7 @@ fn restore(
     let mut bytes = vec![0u8; BLOCK as usize];
     for p in blocks {
         p.read(0, &mut bytes)?;
-        let b = reservation.allocate(decode, BLOCK, Role::KvCache)?;
+        let b = reservation.allocate(decode, Alloc::new(BLOCK, Role::KvCache))?;
         b.write(0, &bytes)?;
         device.push(b);
     }

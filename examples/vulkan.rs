@@ -9,7 +9,7 @@
 
 use memgov::backend::BackendErrorKind;
 use memgov::vulkan::{VulkanConfig, VulkanContext};
-use memgov::{ContextConfig, DeviceContext, Governor, Role};
+use memgov::{Alloc, ContextConfig, DeviceContext, Governor, Role};
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn run<C: DeviceContext>(device: C) -> Result<(), Box<dyn Error>> {
     println!("{}: {} ({}, {})", d.backend, d.name, d.execution, d.driver);
 
     let stream = ctx.create_stream("main")?;
-    let buf = ctx.allocate(&stream, 1 << 20, Role::Activation)?;
+    let buf = ctx.allocate(&stream, Alloc::new(1 << 20, Role::Activation))?;
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     buf.write(0, &pattern)?;
     let mut back = vec![0u8; pattern.len()];

@@ -24,15 +24,15 @@
 //!
 //! ```
 //! use memgov::any::{AnyContext, BackendKind};
-//! use memgov::{ContextConfig, Governor, Role};
+//! use memgov::{Alloc, ContextConfig, Governor, Role};
 //! use std::time::{Duration, Instant};
 //!
 //! let gov: Governor<AnyContext> = Governor::new();
 //! let a = gov.register(AnyContext::open(BackendKind::Host)?, ContextConfig::new().label("a"));
 //! let b = gov.register(AnyContext::open("null".parse()?)?, ContextConfig::new().label("b"));
 //! let (sa, sb) = (a.create_stream("s")?, b.create_stream("s")?);
-//! drop(a.allocate(&sa, 4096, Role::Weights)?);
-//! drop(b.allocate(&sb, 4096, Role::Weights)?);
+//! drop(a.allocate(&sa, Alloc::new(4096, Role::Weights))?);
+//! drop(b.allocate(&sb, Alloc::new(4096, Role::Weights))?);
 //! drop((sa, sb));
 //! for ctx in [a, b] {
 //!     ctx.retire().wait(Instant::now() + Duration::from_secs(5))?;
@@ -554,7 +554,7 @@ fn mismatch(ctx: BackendKind, op: &'static str, what: &str) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ContextConfig, Governor, Role};
+    use crate::{Alloc, ContextConfig, Governor, Role};
 
     #[test]
     fn names_round_trip_and_unknown_names_list_the_known() {
@@ -767,7 +767,7 @@ mod tests {
             .collect();
         for c in &ctxs {
             let s = c.create_stream("s").unwrap();
-            let b = c.allocate(&s, 4096, Role::Weights).unwrap();
+            let b = c.allocate(&s, Alloc::new(4096, Role::Weights)).unwrap();
             b.write(0, b"abc").unwrap();
             drop(b);
             s.synchronize().unwrap();

@@ -31,13 +31,13 @@
 //!
 //! ```
 //! use memgov::host::{HostConfig, HostContext};
-//! use memgov::{ContextConfig, Governor, Role};
+//! use memgov::{Alloc, ContextConfig, Governor, Role};
 //! use std::time::{Duration, Instant};
 //!
 //! let gov: Governor<HostContext> = Governor::new();
 //! let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
 //! let stream = ctx.create_stream("main")?;
-//! let buf = ctx.allocate(&stream, 4096, Role::Workspace)?;
+//! let buf = ctx.allocate(&stream, Alloc::new(4096, Role::Workspace))?;
 //! buf.write(0, &[1, 2, 3])?;
 //! let mut back = [0u8; 3];
 //! buf.read(0, &mut back)?;

@@ -13,7 +13,7 @@
 //! ```
 //! use memgov::host::{HostConfig, HostContext};
 //! use memgov::trace::Trace;
-//! use memgov::{ContextConfig, Governor, Role};
+//! use memgov::{Alloc, ContextConfig, Governor, Role};
 //! use std::time::Duration;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,7 +24,7 @@
 //!     ContextConfig::new().label("model-a").budget(1 << 20).trace(&trace),
 //! );
 //! let stream = ctx.create_stream("main")?;
-//! drop(ctx.allocate(&stream, 4096, Role::Activation)?);
+//! drop(ctx.allocate(&stream, Alloc::new(4096, Role::Activation))?);
 //! drop(stream);
 //! ctx.retire().wait_timeout(Duration::from_secs(5))?;
 //!

@@ -3,8 +3,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, ContextName, ContextOperation, ForeignObject,
-    Governor, GovernorError, Lifecycle, ProviderContextPinError, RetireError, Role,
+    Alloc, BudgetScope, ContextConfig, ContextHandle, ContextName, ContextOperation, ContextState,
+    ForeignObject, Governor, GovernorError, ProviderContextPinError, Reserve, RetireError, Role,
 };
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ fn past() -> Instant {
 fn zero_byte_allocation_is_refused() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let e = ctx.allocate(&s, 0, Role::Weights).unwrap_err();
+    let e = ctx.allocate(&s, Alloc::new(0, Role::Weights)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -61,7 +61,9 @@ fn enormous_allocation_is_refused_with_numbers() {
     // Unlimited context budget: the device refuses, with its numbers.
     let (_g, ctx, _p) = ctx_with(ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let e = ctx.allocate(&s, u64::MAX, Role::KvCache).unwrap_err();
+    let e = ctx
+        .allocate(&s, Alloc::new(u64::MAX, Role::KvCache))
+        .unwrap_err();
     let b = e
         .budget()
         .unwrap_or_else(|| panic!("expected BudgetExceeded, got {e:?}"));
@@ -70,7 +72,9 @@ fn enormous_allocation_is_refused_with_numbers() {
     // With a budget: the budget refuses first, without touching the device.
     let (_g2, ctx2, _p2) = ctx_with(ContextConfig::new().budget(1 << 20));
     let s2 = ctx2.create_stream("s").unwrap();
-    let e = ctx2.allocate(&s2, u64::MAX, Role::KvCache).unwrap_err();
+    let e = ctx2
+        .allocate(&s2, Alloc::new(u64::MAX, Role::KvCache))
+        .unwrap_err();
     let b = e.budget().unwrap();
     assert_eq!(
         (b.scope.clone(), b.limit, b.available),
@@ -84,8 +88,10 @@ fn enormous_allocation_is_refused_with_numbers() {
 fn over_budget_reports_every_number() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new().label("llm").budget(10_000));
     let s = ctx.create_stream("s").unwrap();
-    let _a = ctx.allocate(&s, 6_000, Role::Weights).unwrap();
-    let e = ctx.allocate(&s, 5_000, Role::Activation).unwrap_err();
+    let _a = ctx.allocate(&s, Alloc::new(6_000, Role::Weights)).unwrap();
+    let e = ctx
+        .allocate(&s, Alloc::new(5_000, Role::Activation))
+        .unwrap_err();
     let b = e.budget().unwrap();
     assert_eq!(
         (b.requested, b.live, b.pending, b.limit, b.available),
@@ -107,7 +113,7 @@ fn over_budget_reports_every_number() {
 fn out_of_bounds_writes_and_reads() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let b = ctx.allocate(&s, 100, Role::Workspace).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(100, Role::Workspace)).unwrap();
     for (offset, len) in [
         (0u64, 101usize),
         (100, 1),
@@ -163,7 +169,7 @@ fn release_on_a_stream_of_another_context_returns_the_buffer() {
     );
     let sa = a.create_stream("a").unwrap();
     let sb = b.create_stream("b").unwrap();
-    let buf = a.allocate(&sa, 64, Role::Other).unwrap();
+    let buf = a.allocate(&sa, Alloc::new(64, Role::Other)).unwrap();
     let err = buf.release_on(&sb).unwrap_err();
     assert!(
         matches!(err.error, GovernorError::WrongContext { .. }),
@@ -174,7 +180,7 @@ fn release_on_a_stream_of_another_context_returns_the_buffer() {
     assert_eq!(a.snapshot().total().live_bytes, 64);
     // Allocating on another context's stream is refused the same way.
     assert!(matches!(
-        a.allocate(&sb, 64, Role::Other),
+        a.allocate(&sb, Alloc::new(64, Role::Other)),
         Err(GovernorError::WrongContext { .. })
     ));
     buf.release_on(&sa).unwrap();
@@ -202,7 +208,7 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
         passed_context: ib.clone(),
     };
 
-    let e = a.allocate(&sb, 64, Role::Other).unwrap_err();
+    let e = a.allocate(&sb, Alloc::new(64, Role::Other)).unwrap_err();
     assert_eq!(e, expect(ContextOperation::Allocate, &ia));
     assert_eq!(
         e.to_string(),
@@ -212,7 +218,7 @@ fn wrong_context_names_the_operation_and_what_was_passed() {
         )
     );
 
-    let mut buf = a.allocate(&sa, 64, Role::Other).unwrap();
+    let mut buf = a.allocate(&sa, Alloc::new(64, Role::Other)).unwrap();
     let e = buf.record_stream(&sb).unwrap_err();
     assert_eq!(e, expect(ContextOperation::RecordStream, &ia));
     assert_eq!(
@@ -268,14 +274,14 @@ fn release_on_a_stream_of_a_terminated_context() {
     );
     let sa = a.create_stream("a").unwrap();
     let sb = b.create_stream("b").unwrap();
-    let buf = a.allocate(&sa, 64, Role::Other).unwrap();
+    let buf = a.allocate(&sa, Alloc::new(64, Role::Other)).unwrap();
     // Context b is force-retired and terminated while its stream handle lives.
     let report = b
         .retire()
         .force(Instant::now() + Duration::from_secs(5))
         .unwrap();
     assert!(report.forced);
-    assert_eq!(b.lifecycle(), Lifecycle::Terminated);
+    assert_eq!(b.lifecycle(), ContextState::Terminated);
     let err = buf.release_on(&sb).unwrap_err();
     assert!(
         matches!(err.error, GovernorError::WrongContext { .. }),
@@ -288,7 +294,7 @@ fn release_on_a_stream_of_a_terminated_context() {
         Err(GovernorError::Reclaimed { .. })
     ));
     assert!(matches!(
-        b.allocate(&sb, 1, Role::Other),
+        b.allocate(&sb, Alloc::new(1, Role::Other)),
         Err(GovernorError::Pin {
             refusal: ProviderContextPinError::ContextUnavailable(_),
             ..
@@ -301,15 +307,17 @@ fn release_on_a_stream_of_a_terminated_context() {
 fn operations_on_a_lost_context() {
     let (_g, ctx, probe) = ctx_with(ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let b = ctx.allocate(&s, 4096, Role::Weights).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(4096, Role::Weights)).unwrap();
     assert!(ctx.mark_lost("ECC error (test)"));
     assert!(
         !ctx.mark_lost("again"),
         "marking lost twice reports it was already lost"
     );
-    assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+    assert_eq!(ctx.lifecycle(), ContextState::Lost);
     let lost = |e: &GovernorError| matches!(e, GovernorError::DeviceLost { reason, .. } if reason.contains("ECC"));
-    assert!(lost(&ctx.allocate(&s, 1, Role::Other).unwrap_err()));
+    assert!(lost(
+        &ctx.allocate(&s, Alloc::new(1, Role::Other)).unwrap_err()
+    ));
     assert!(lost(&ctx.create_stream("t").unwrap_err()));
     assert!(lost(&b.write(0, &[1]).unwrap_err()));
     assert!(lost(&b.read(0, &mut [0]).unwrap_err()));
@@ -336,7 +344,7 @@ fn operations_on_a_lost_context() {
 fn pin_count_at_its_maximum() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new().max_pins(3));
     let s = ctx.create_stream("s").unwrap(); // pin 1
-    let b = ctx.allocate(&s, 8, Role::Other).unwrap(); // pin 2
+    let b = ctx.allocate(&s, Alloc::new(8, Role::Other)).unwrap(); // pin 2
     let source = ctx.pin_source(Some("plugin"));
     let p = source.pin().unwrap(); // pin 3: at the maximum
     assert!(matches!(
@@ -348,7 +356,7 @@ fn pin_count_at_its_maximum() {
         Err(ProviderContextPinError::PinCountOverflow(_))
     ));
     assert!(matches!(
-        ctx.allocate(&s, 8, Role::Other),
+        ctx.allocate(&s, Alloc::new(8, Role::Other)),
         Err(GovernorError::Pin {
             refusal: ProviderContextPinError::PinCountOverflow(_),
             ..
@@ -388,7 +396,7 @@ fn maximum_pins_outside_1_to_2_pow_63_minus_1_is_refused_at_configuration() {
 fn deadline_in_the_past() {
     let (_g, ctx, _p) = ctx_with(ContextConfig::new().label("busy"));
     let s = ctx.create_stream("decode").unwrap();
-    let b = ctx.allocate(&s, 512, Role::KvCache).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(512, Role::KvCache)).unwrap();
     let h = ctx.retire();
     let t = Instant::now();
     let e = h.wait(past()).unwrap_err();
@@ -426,7 +434,10 @@ fn concurrent_retire_from_several_threads() {
         let (_g, ctx, probe) = ctx_with(ContextConfig::new());
         let s = ctx.create_stream("s").unwrap();
         let bufs: Vec<_> = (0..8)
-            .map(|_| ctx.allocate(&s, 1024, Role::Activation).unwrap())
+            .map(|_| {
+                ctx.allocate(&s, Alloc::new(1024, Role::Activation))
+                    .unwrap()
+            })
             .collect();
         let barrier = Arc::new(Barrier::new(5));
         let mut hs = Vec::new();
@@ -480,7 +491,7 @@ fn force_racing_allocate_release_and_streams() {
                             break;
                         };
                         for _ in 0..4 {
-                            match ctx.allocate(&s, 64, Role::Activation) {
+                            match ctx.allocate(&s, Alloc::new(64, Role::Activation)) {
                                 Ok(b) => drop(b),
                                 Err(_) => break,
                             }
@@ -550,27 +561,39 @@ fn every_error_names_its_context_label() {
     let name = a.name();
     assert_eq!(name.label(), "vision");
     let s = a.create_stream("main").unwrap();
-    names(&a.allocate(&s, 0, Role::Other).unwrap_err(), &name); // ZeroSized
-    names(&a.allocate(&s, 8192, Role::Other).unwrap_err(), &name); // BudgetExceeded
-    let b = a.allocate(&s, 64, Role::Other).unwrap();
+    names(
+        &a.allocate(&s, Alloc::new(0, Role::Other)).unwrap_err(),
+        &name,
+    ); // ZeroSized
+    names(
+        &a.allocate(&s, Alloc::new(8192, Role::Other)).unwrap_err(),
+        &name,
+    ); // BudgetExceeded
+    let b = a.allocate(&s, Alloc::new(64, Role::Other)).unwrap();
     names(&b.write(60, &[0; 8]).unwrap_err(), &name); // OutOfBounds
-    let r = a.reserve(128, "request-1").unwrap();
-    names(&r.allocate(&s, 256, Role::KvCache).unwrap_err(), &name); // ReservationExhausted
+    let r = a.reserve(Reserve::new(128, "request-1")).unwrap();
+    names(
+        &r.allocate(&s, Alloc::new(256, Role::KvCache)).unwrap_err(),
+        &name,
+    ); // ReservationExhausted
     let other = gov.register(host(), ContextConfig::new().label("other"));
     let so = other.create_stream("o").unwrap();
-    names(&a.allocate(&so, 64, Role::Other).unwrap_err(), &name); // WrongContext
+    names(
+        &a.allocate(&so, Alloc::new(64, Role::Other)).unwrap_err(),
+        &name,
+    ); // WrongContext
     drop((b, r, so, other));
 
     // Pin refusals: too many pins, then a retiring context.
     let p = gov.register(host(), ContextConfig::new().label("pinned").max_pins(2));
     let ps = p.create_stream("s").unwrap();
     let hold = p.pin().unwrap();
-    let err = p.allocate(&ps, 64, Role::Other).unwrap_err();
+    let err = p.allocate(&ps, Alloc::new(64, Role::Other)).unwrap_err();
     assert!(matches!(err, GovernorError::Pin { .. }), "{err}");
     names(&err, &p.name());
     drop(hold);
     let retiring = p.retire();
-    let err = p.allocate(&ps, 64, Role::Other).unwrap_err();
+    let err = p.allocate(&ps, Alloc::new(64, Role::Other)).unwrap_err();
     assert!(
         err.to_string().contains("no longer accepting work"),
         "{err}"
@@ -591,7 +614,7 @@ fn every_error_names_its_context_label() {
     let fgov = Governor::new();
     let f = fgov.register(backend, ContextConfig::new().label("faulty"));
     let fs = f.create_stream("s").unwrap();
-    let fb = f.allocate(&fs, 64, Role::Other).unwrap();
+    let fb = f.allocate(&fs, Alloc::new(64, Role::Other)).unwrap();
     let err = fb.write(0, b"x").unwrap_err();
     assert!(matches!(err, GovernorError::Backend { .. }), "{err}");
     names(&err, &f.name());
@@ -603,7 +626,7 @@ fn every_error_names_its_context_label() {
     // A buffer of a force-retired context: Reclaimed.
     let g = gov.register(host(), ContextConfig::new().label("forced"));
     let gs = g.create_stream("s").unwrap();
-    let gb = g.allocate(&gs, 64, Role::Other).unwrap();
+    let gb = g.allocate(&gs, Alloc::new(64, Role::Other)).unwrap();
     let handle = g.retire();
     handle.force(Instant::now()).unwrap();
     let err = gb.write(0, b"x").unwrap_err();

@@ -5,8 +5,8 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    Admission, BackendProbe, CacheConfig, ContextConfig, ContextHandle, ContextSnapshot, Governor,
-    Role,
+    Admission, Alloc, BackendProbe, CacheConfig, ContextConfig, ContextHandle, ContextSnapshot,
+    Governor, Role,
 };
 use memgov_conformance::{WatchLog, Watched};
 use std::sync::atomic::Ordering;
@@ -96,7 +96,7 @@ fn a_same_stream_hit_makes_no_backend_call() {
     let gov = Governor::new();
     let (ctx, log, probe) = context(&gov, cached(MIB));
     let s = ctx.create_stream("s").unwrap();
-    let a = ctx.allocate(&s, 1000, Role::Workspace).unwrap();
+    let a = ctx.allocate(&s, Alloc::new(1000, Role::Workspace)).unwrap();
     assert_eq!(
         (a.len(), a.charged()),
         (1000, 1024),
@@ -121,7 +121,7 @@ fn a_same_stream_hit_makes_no_backend_call() {
     assert_eq!(frees(&log), 0, "kept, not freed");
 
     let before = calls(&log);
-    let b = ctx.allocate(&s, 900, Role::KvCache).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(900, Role::KvCache)).unwrap();
     assert_eq!(calls(&log), before, "a hit calls nothing on the backend");
     assert_eq!(probe.live_allocations(), 1);
     let snap = ctx.snapshot();
@@ -132,7 +132,7 @@ fn a_same_stream_hit_makes_no_backend_call() {
     assert_books(&snap);
     // A request of another class is not served by it.
     drop(b);
-    let c = ctx.allocate(&s, 2048, Role::Workspace).unwrap();
+    let c = ctx.allocate(&s, Alloc::new(2048, Role::Workspace)).unwrap();
     assert_eq!(probe.live_allocations(), 2);
     drop(c);
     assert_eq!(ctx.snapshot().cache.cached_count, 2);
@@ -144,12 +144,17 @@ fn a_block_is_never_reused_on_another_stream() {
     let (ctx, log, probe) = context(&gov, cached(MIB));
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    drop(ctx.allocate(&a, 4 * KIB, Role::Workspace).unwrap());
+    drop(
+        ctx.allocate(&a, Alloc::new(4 * KIB, Role::Workspace))
+            .unwrap(),
+    );
     assert_eq!(ctx.snapshot().cache.cached_count, 1);
     // The same class on another stream: a fresh backend allocation, and the
     // block stays where it was freed.
     let before = calls(&log);
-    let on_b = ctx.allocate(&b, 4 * KIB, Role::Workspace).unwrap();
+    let on_b = ctx
+        .allocate(&b, Alloc::new(4 * KIB, Role::Workspace))
+        .unwrap();
     assert!(calls(&log) > before);
     assert_eq!(probe.live_allocations(), 2);
     assert_eq!(ctx.snapshot().cache.cached_count, 1);
@@ -158,7 +163,9 @@ fn a_block_is_never_reused_on_another_stream() {
     assert_eq!(frees(&log), 1);
     assert_eq!(ctx.snapshot().cache.cached_count, 1);
     // Used on another stream: an ordinary free, ordered after that stream.
-    let mut used = ctx.allocate(&a, 8 * KIB, Role::Workspace).unwrap();
+    let mut used = ctx
+        .allocate(&a, Alloc::new(8 * KIB, Role::Workspace))
+        .unwrap();
     used.record_stream(&b).unwrap();
     drop(used);
     assert_eq!(frees(&log), 2);
@@ -177,9 +184,9 @@ fn the_cache_keeps_no_more_than_its_limit() {
     let (ctx, log, _) = context(&gov, cached(8 * KIB));
     let s = ctx.create_stream("s").unwrap();
     let t = ctx.create_stream("t").unwrap();
-    let x = ctx.allocate(&s, 6 * KIB, Role::Other).unwrap();
-    let y = ctx.allocate(&s, 4 * KIB, Role::Other).unwrap();
-    let z = ctx.allocate(&t, 4 * KIB, Role::Other).unwrap();
+    let x = ctx.allocate(&s, Alloc::new(6 * KIB, Role::Other)).unwrap();
+    let y = ctx.allocate(&s, Alloc::new(4 * KIB, Role::Other)).unwrap();
+    let z = ctx.allocate(&t, Alloc::new(4 * KIB, Role::Other)).unwrap();
     drop(x);
     // 6 + 4 KiB would pass 8 KiB: the stream's oldest block makes room.
     drop(y);
@@ -190,7 +197,7 @@ fn the_cache_keeps_no_more_than_its_limit() {
     );
     assert_eq!(snap.cache.evicted, 6 * KIB);
     // Another stream's blocks are not evicted for this one: freed itself.
-    let w = ctx.allocate(&t, 6 * KIB, Role::Other).unwrap();
+    let w = ctx.allocate(&t, Alloc::new(6 * KIB, Role::Other)).unwrap();
     drop(w);
     drop(z);
     let snap = ctx.snapshot();
@@ -205,7 +212,9 @@ fn the_cache_keeps_no_more_than_its_limit() {
         ContextConfig::new().cache(CacheConfig::new(MIB).max_block(64 * KIB)),
     );
     let s2 = ctx2.create_stream("s").unwrap();
-    let big = ctx2.allocate(&s2, 100 * KIB + 1, Role::Other).unwrap();
+    let big = ctx2
+        .allocate(&s2, Alloc::new(100 * KIB + 1, Role::Other))
+        .unwrap();
     assert_eq!((big.len(), big.charged()), (100 * KIB + 1, 100 * KIB + 1));
     drop(big);
     assert_eq!((ctx2.snapshot().cache.cached_bytes, frees(&log2)), (0, 1));
@@ -218,7 +227,7 @@ fn pressure_empties_the_cache_before_any_responder_is_asked() {
     let order = Arc::new(Mutex::new(Vec::<String>::new()));
     let weak = ctx.clone();
     let seen = order.clone();
-    ctx.add_pressure_responder(move |req| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |req| {
         let snap = weak.snapshot();
         seen.lock().unwrap().push(format!(
             "responder: cached {} released {} shortfall {}",
@@ -228,12 +237,16 @@ fn pressure_empties_the_cache_before_any_responder_is_asked() {
     });
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    drop(ctx.allocate(&a, MIB, Role::Workspace).unwrap());
-    let held = ctx.allocate(&b, 3 * MIB, Role::Weights).unwrap();
+    drop(ctx.allocate(&a, Alloc::new(MIB, Role::Workspace)).unwrap());
+    let held = ctx
+        .allocate(&b, Alloc::new(3 * MIB, Role::Weights))
+        .unwrap();
     assert_eq!(ctx.snapshot().cache.cached_bytes, MIB);
     // 3 MiB live + 1 MiB cached: 2 MiB more cannot fit even with the cache
     // empty, so the responder is asked, and it must find the cache empty.
-    let err = ctx.allocate(&b, 2 * MIB, Role::Workspace).unwrap_err();
+    let err = ctx
+        .allocate(&b, Alloc::new(2 * MIB, Role::Workspace))
+        .unwrap_err();
     assert!(err.budget().is_some(), "{err}");
     // (The shortfall depends on whether the freed block has retired yet.)
     let order = order.lock().unwrap();
@@ -262,16 +275,21 @@ fn a_refusal_is_served_by_the_cache_without_asking_a_responder() {
     );
     let asked = Arc::new(Mutex::new(0u32));
     let n = asked.clone();
-    ctx.add_pressure_responder(move |_| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
         *n.lock().unwrap() += 1;
         0
     });
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    drop(ctx.allocate(&a, 3 * MIB, Role::Workspace).unwrap());
+    drop(
+        ctx.allocate(&a, Alloc::new(3 * MIB, Role::Workspace))
+            .unwrap(),
+    );
     assert_eq!(ctx.snapshot().cache.cached_bytes, 3 * MIB);
     // Only the cached block stands in the way: released, waited for, done.
-    let x = ctx.allocate(&b, 2 * MIB, Role::Workspace).unwrap();
+    let x = ctx
+        .allocate(&b, Alloc::new(2 * MIB, Role::Workspace))
+        .unwrap();
     assert_eq!(*asked.lock().unwrap(), 0);
     let snap = ctx.snapshot();
     assert_eq!(snap.cache.cached_bytes, 0);
@@ -286,9 +304,9 @@ fn trim_releases_largest_first_and_returns_the_bytes() {
     let s = ctx.create_stream("s").unwrap();
     let t = ctx.create_stream("t").unwrap();
     let bufs = [
-        ctx.allocate(&s, KIB, Role::Other).unwrap(),
-        ctx.allocate(&s, 2 * KIB, Role::Other).unwrap(),
-        ctx.allocate(&t, MIB, Role::Other).unwrap(),
+        ctx.allocate(&s, Alloc::new(KIB, Role::Other)).unwrap(),
+        ctx.allocate(&s, Alloc::new(2 * KIB, Role::Other)).unwrap(),
+        ctx.allocate(&t, Alloc::new(MIB, Role::Other)).unwrap(),
     ];
     drop(bufs);
     assert_eq!(ctx.snapshot().cache.cached_bytes, MIB + 3 * KIB);
@@ -322,8 +340,14 @@ fn with_cached_blocks(
     let (ctx, log, probe) = context(gov, cached(16 * MIB));
     let s = ctx.create_stream("s").unwrap();
     let t = ctx.create_stream("t").unwrap();
-    drop(ctx.allocate(&s, 64 * KIB, Role::Workspace).unwrap());
-    drop(ctx.allocate(&t, 2 * MIB, Role::KvCache).unwrap());
+    drop(
+        ctx.allocate(&s, Alloc::new(64 * KIB, Role::Workspace))
+            .unwrap(),
+    );
+    drop(
+        ctx.allocate(&t, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
+    );
     assert_eq!(ctx.snapshot().cache.cached_count, 2);
     (ctx, log, probe, [s, t])
 }
@@ -398,7 +422,7 @@ fn a_traced_context_does_not_cache() {
     let trace = memgov::trace::Trace::new();
     let (ctx, log, _) = context(&gov, cached(MIB).trace(&trace));
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, KIB, Role::Other).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(KIB, Role::Other)).unwrap());
     assert_eq!((ctx.snapshot().cache.cached_count, frees(&log)), (0, 1));
 }
 
@@ -419,10 +443,14 @@ fn varying_workload(config: ContextConfig) -> (u64, u64, u64, u64) {
         let mut carry = None;
         for _layer in 0..8 {
             let (a_bytes, b_bytes) = (seq * 4096 * 2, seq * 4096 * 8);
-            let a = ctx.allocate(&s, a_bytes, Role::Workspace).unwrap();
+            let a = ctx
+                .allocate(&s, Alloc::new(a_bytes, Role::Workspace))
+                .unwrap();
             asked += a_bytes;
             asked_peak = asked_peak.max(asked);
-            let b = ctx.allocate(&s, b_bytes, Role::Workspace).unwrap();
+            let b = ctx
+                .allocate(&s, Alloc::new(b_bytes, Role::Workspace))
+                .unwrap();
             asked += b_bytes;
             asked_peak = asked_peak.max(asked);
             drop(a);
@@ -500,7 +528,7 @@ fn a_refused_free_of_a_cached_block_is_quarantined_and_teardown_runs() {
     let gov = Governor::new();
     let ctx = gov.register(backend, cached(MIB));
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, 2 * KIB, Role::Other).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(2 * KIB, Role::Other)).unwrap());
     assert_eq!(ctx.snapshot().cache.cached_bytes, 2 * KIB);
     // The cache's free is refused: the block is quarantined, as a buffer's
     // would be, and stays charged until teardown.
@@ -531,14 +559,14 @@ fn a_device_refusal_takes_the_cache_before_the_responders() {
     let ctx = gov.register(backend, cached(16 * MIB));
     let asked = Arc::new(Mutex::new(0u32));
     let n = asked.clone();
-    ctx.add_pressure_responder(move |_| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
         *n.lock().unwrap() += 1;
         0
     });
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    drop(ctx.allocate(&a, MIB, Role::Other).unwrap());
-    let x = ctx.allocate(&b, MIB, Role::Other).unwrap();
+    drop(ctx.allocate(&a, Alloc::new(MIB, Role::Other)).unwrap());
+    let x = ctx.allocate(&b, Alloc::new(MIB, Role::Other)).unwrap();
     let snap = ctx.snapshot();
     assert_eq!(
         (snap.cache.pressure_released, snap.cache.cached_bytes),
@@ -557,7 +585,10 @@ fn pinned_host_buffers_are_never_cached() {
     let (ctx, log, _probe) = context(&gov, cached(MIB).tier_budget(memgov::Tier::PinnedHost, MIB));
     let s = ctx.create_stream("s").unwrap();
     let pinned = ctx
-        .allocate_in(&s, 4 * KIB, Role::KvCache, memgov::Tier::PinnedHost)
+        .allocate(
+            &s,
+            Alloc::new(4 * KIB, Role::KvCache).tier(memgov::Tier::PinnedHost),
+        )
         .unwrap();
     assert_eq!(
         pinned.len(),
@@ -574,7 +605,9 @@ fn pinned_host_buffers_are_never_cached() {
     s.synchronize().unwrap();
     assert_eq!(ctx.snapshot().cache.cached_count, 0);
     let before = calls(&log);
-    let device = ctx.allocate(&s, 4 * KIB, Role::KvCache).unwrap();
+    let device = ctx
+        .allocate(&s, Alloc::new(4 * KIB, Role::KvCache))
+        .unwrap();
     assert_eq!(device.tier(), memgov::Tier::Device);
     assert!(calls(&log) > before, "a miss: the backend allocated");
     drop(device);
@@ -605,19 +638,19 @@ fn a_shared_refusal_empties_other_contexts_caches_before_responders() {
     let asked = Arc::new(Mutex::new(Vec::new()));
     for (ctx, name) in [(&a, "a"), (&b, "b")] {
         let asked = asked.clone();
-        ctx.add_pressure_responder(move |_| {
+        ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
             asked.lock().unwrap().push(name);
             0
         });
     }
     let sa = a.create_stream("a").unwrap();
     let blocks: Vec<_> = (0..3)
-        .map(|_| a.allocate(&sa, MIB, Role::Activation).unwrap())
+        .map(|_| a.allocate(&sa, Alloc::new(MIB, Role::Activation)).unwrap())
         .collect();
     drop(blocks);
     assert_eq!(a.snapshot().cache.cached_bytes, 3 * MIB);
     let sb = b.create_stream("b").unwrap();
-    let big = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap();
+    let big = b.allocate(&sb, Alloc::new(2 * MIB, Role::Weights)).unwrap();
     assert!(
         asked.lock().unwrap().is_empty(),
         "responders asked: {:?}",

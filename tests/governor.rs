@@ -7,10 +7,10 @@ use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::null::NullContext;
 use memgov::{
-    Admission, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
-    ContextOperation, DeviceContext, DeviceDescription, ForeignObject, Governor, GovernorError,
-    Lifecycle, MemoryInfo, PinKind, ProviderContextPinError, ReservationUsage, RetireError,
-    RetireSignal, Role, SharedBudget, Tier,
+    Admission, Alloc, BackendError, BackendProbe, BudgetScope, ContextConfig, ContextHandle,
+    ContextOperation, ContextState, DeviceContext, DeviceDescription, ForeignObject, Governor,
+    GovernorError, MemoryInfo, PinKind, ProviderContextPinError, ReservationUsage, Reserve,
+    RetireError, RetireSignal, Role, SharedBudget, Tier, Tuning,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -94,9 +94,11 @@ fn shared_budget_limits_contexts_together() {
     );
     let sa = a.create_stream("s").unwrap();
     let sb = b.create_stream("s").unwrap();
-    let x = a.allocate(&sa, 2 * MIB, Role::Weights).unwrap();
+    let x = a.allocate(&sa, Alloc::new(2 * MIB, Role::Weights)).unwrap();
     // b's own budget has room, the device's does not.
-    let err = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap_err();
+    let err = b
+        .allocate(&sb, Alloc::new(2 * MIB, Role::Weights))
+        .unwrap_err();
     let e = err.budget().expect("budget refusal");
     assert_eq!(e.scope, BudgetScope::Shared("gpu0".into()));
     assert_eq!(
@@ -105,9 +107,9 @@ fn shared_budget_limits_contexts_together() {
     );
     assert!(err.to_string().contains("shared budget 'gpu0'"), "{err}");
     // The context budget refuses first when it is the tighter one.
-    let err = a.allocate(&sa, MIB, Role::Weights).unwrap_err();
+    let err = a.allocate(&sa, Alloc::new(MIB, Role::Weights)).unwrap_err();
     assert_eq!(err.budget().unwrap().scope, BudgetScope::Context);
-    let y = b.allocate(&sb, MIB, Role::Weights).unwrap();
+    let y = b.allocate(&sb, Alloc::new(MIB, Role::Weights)).unwrap();
     assert_eq!(gpu0.charged(), 3 * MIB);
     drop((x, y));
     sa.synchronize().unwrap();
@@ -121,13 +123,15 @@ fn pressure_responder_is_asked_once_then_retry() {
     let (ctx, _) = register(&gov, ContextConfig::new().label("p").budget(4 * MIB));
     let s = ctx.create_stream("s").unwrap();
     let cache = Arc::new(std::sync::Mutex::new(vec![
-        ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap(),
-        ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap(),
+        ctx.allocate(&s, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
+        ctx.allocate(&s, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
     ]));
     let calls = Arc::new(AtomicU64::new(0));
     let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (c2, calls2, s2, r2) = (cache.clone(), calls.clone(), s.clone(), requests.clone());
-    ctx.add_pressure_responder(move |req| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |req| {
         calls2.fetch_add(1, Ordering::SeqCst);
         r2.lock().unwrap().push(*req);
         let victim = c2.lock().unwrap().pop();
@@ -138,7 +142,7 @@ fn pressure_responder_is_asked_once_then_retry() {
         freed
     });
     let a = ctx
-        .allocate(&s, 2 * MIB, Role::Activation)
+        .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
         .expect("responder made room");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let first = requests.lock().unwrap()[0];
@@ -147,7 +151,9 @@ fn pressure_responder_is_asked_once_then_retry() {
         (2 * MIB, 2 * MIB, Role::Activation)
     );
     // A responder that cannot help: one call, one retry, then the error says so.
-    let err = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(3 * MIB, Role::Activation))
+        .unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     let second = requests.lock().unwrap()[1];
     assert_eq!(
@@ -171,11 +177,11 @@ fn retiring_drops_pressure_responders_and_what_they_hold() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().label("r"));
     let s = ctx.create_stream("s").unwrap();
-    let held = ctx.allocate(&s, MIB, Role::KvCache).unwrap();
+    let held = ctx.allocate(&s, Alloc::new(MIB, Role::KvCache)).unwrap();
     let stream = s.clone();
     // A responder that keeps a stream and a buffer of its own context: a
     // cycle through the context's record that only retiring can break.
-    ctx.add_pressure_responder(move |_| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
         let _ = (&held, &stream);
         0
     });
@@ -204,9 +210,11 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
             }),
     );
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap());
     let start = Instant::now();
-    let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(MIB, Role::Weights))
+        .unwrap_err();
     let waited = start.elapsed();
     let b = err.budget().unwrap();
     assert!(
@@ -219,7 +227,7 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     s.synchronize().unwrap();
     log.hold_retirements(false);
     assert_eq!(log.release_held(), 1);
-    assert!(ctx.allocate(&s, MIB, Role::Weights).is_ok());
+    assert!(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).is_ok());
 }
 
 #[test]
@@ -242,12 +250,12 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     );
     let asked = Arc::new(AtomicU64::new(0));
     let asked2 = asked.clone();
-    ctx.add_pressure_responder(move |_| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
         asked2.fetch_add(1, Ordering::Relaxed);
         0
     });
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap());
     // Over the context's limit, over the shared one, and over the device's
     // memory (both budgets raised past it).
     let cases = [
@@ -256,7 +264,9 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
         (3 * MIB + 1, BudgetScope::Shared("gpu0".into()), 3 * MIB),
     ];
     for (bytes, scope, limit) in cases {
-        let err = ctx.allocate(&s, bytes, Role::Weights).unwrap_err();
+        let err = ctx
+            .allocate(&s, Alloc::new(bytes, Role::Weights))
+            .unwrap_err();
         let b = err.budget().expect("budget refusal");
         assert_eq!((&b.scope, b.limit, b.requested), (&scope, limit, bytes));
         assert_eq!(b.waited, Duration::ZERO, "{err}");
@@ -269,9 +279,11 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
             "{msg}"
         );
     }
-    ctx.set_budget(u64::MAX);
+    ctx.set_budget(Tier::Device, u64::MAX);
     gpu0.set_limit(u64::MAX);
-    let err = ctx.allocate(&s, 8 * MIB + 1, Role::Weights).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(8 * MIB + 1, Role::Weights))
+        .unwrap_err();
     let b = err.budget().expect("budget refusal");
     assert_eq!(
         (&b.scope, b.limit, b.pending, b.waited),
@@ -300,8 +312,10 @@ fn quarantine_keeps_refused_memory_charged_until_termination() {
     let gov = Governor::new();
     let (ctx, probe) = register(&gov, ContextConfig::new().label("q").budget(8 * MIB));
     let s = ctx.create_stream("s").unwrap();
-    let a = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap();
-    let b = ctx.allocate(&s, MIB, Role::Workspace).unwrap();
+    let a = ctx
+        .allocate(&s, Alloc::new(3 * MIB, Role::Activation))
+        .unwrap();
+    let b = ctx.allocate(&s, Alloc::new(MIB, Role::Workspace)).unwrap();
     probe.controls.refuse_next_frees(1);
     let err = a.release_on(&s).unwrap_err();
     assert!(err.buffer.is_none());
@@ -344,15 +358,17 @@ fn backend_reported_loss_marks_the_context_lost() {
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().label("l"));
     let s = ctx.create_stream("s").unwrap();
-    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    let live = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap()); // parked: pending
     assert_eq!(parked.parked_count(), 1);
     let err = live.write(0, b"x").unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
     assert!(faults.is_lost());
-    assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+    assert_eq!(ctx.lifecycle(), ContextState::Lost);
     assert!(ctx.snapshot().lost_reason.unwrap().contains("lost"));
-    let err = ctx.allocate(&s, MIB, Role::Weights).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(MIB, Role::Weights))
+        .unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
     assert!(err.to_string().contains("register a new one"), "{err}");
     assert!(matches!(
@@ -395,12 +411,12 @@ fn a_loss_first_seen_by_the_backends_teardown_is_reported_as_lost() {
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().label("l"));
     let s = ctx.create_stream("s").unwrap();
-    ctx.allocate(&s, MIB, Role::Weights)
+    ctx.allocate(&s, Alloc::new(MIB, Role::Weights))
         .unwrap()
         .release_on(&s)
         .unwrap();
     drop(s);
-    assert_eq!(ctx.lifecycle(), Lifecycle::Active);
+    assert_eq!(ctx.lifecycle(), ContextState::Active);
     let report = ctx.retire().wait(soon()).unwrap();
     assert!(
         matches!(&report.backend_result, Err(e) if e.is_device_lost()),
@@ -437,7 +453,7 @@ fn pin_overflow_is_refused_not_wrapped() {
         src.pin().unwrap_err(),
         ProviderContextPinError::PinCountOverflow(ctx.id())
     );
-    let err = ctx.allocate(&s, 4096, Role::Other).unwrap_err();
+    let err = ctx.allocate(&s, Alloc::new(4096, Role::Other)).unwrap_err();
     assert_eq!(
         err.pin_refusal(),
         Some(ProviderContextPinError::PinCountOverflow(ctx.id()))
@@ -445,7 +461,7 @@ fn pin_overflow_is_refused_not_wrapped() {
     assert!(err.to_string().contains("too many outstanding pins"));
     assert_eq!(ctx.snapshot().pins.total(), 3);
     drop(p1);
-    let b = ctx.allocate(&s, 4096, Role::Other).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(4096, Role::Other)).unwrap();
     drop((b, p2));
     s.synchronize().unwrap();
     assert_eq!(ctx.snapshot().pins.total(), 1);
@@ -487,7 +503,7 @@ fn concurrent_retire_tears_down_once() {
     let ctx = gov.register(c, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
     for _ in 0..20 {
-        drop(ctx.allocate(&s, 4096, Role::Other).unwrap());
+        drop(ctx.allocate(&s, Alloc::new(4096, Role::Other)).unwrap());
     }
     drop(s);
     let reports: Vec<_> = std::thread::scope(|sc| {
@@ -512,7 +528,7 @@ fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
     let (b, _) = register(&gov, ContextConfig::new().label("b"));
     let sa = a.create_stream("sa").unwrap();
     let sb = b.create_stream("sb").unwrap();
-    let buf = a.allocate(&sa, 4096, Role::Other).unwrap();
+    let buf = a.allocate(&sa, Alloc::new(4096, Role::Other)).unwrap();
     let err = buf.release_on(&sb).unwrap_err();
     assert_eq!(
         err.error,
@@ -527,7 +543,7 @@ fn release_on_a_stream_of_another_context_gives_the_buffer_back() {
     buf.write(0, b"still mine").unwrap();
     assert_eq!(a.snapshot().total().live_count, 1);
     buf.release_on(&sa).unwrap();
-    let err = a.allocate(&sb, 4096, Role::Other).unwrap_err();
+    let err = a.allocate(&sb, Alloc::new(4096, Role::Other)).unwrap_err();
     assert!(matches!(err, GovernorError::WrongContext { .. }), "{err}");
 }
 
@@ -548,7 +564,7 @@ fn async_finished_completes_when_the_last_release_retires() {
     let (c, _) = slow_host(Duration::from_millis(30));
     let ctx = gov.register(c, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, 4096, Role::Other).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(4096, Role::Other)).unwrap());
     let h = ctx.retire();
     let flag = Arc::new(Flag(AtomicBool::new(false)));
     let waker = Waker::from(flag.clone());
@@ -577,9 +593,15 @@ fn snapshots_account_by_role_and_state() {
     let parked = null.controls();
     let ctx = gov.register(null, ContextConfig::new().label("snap").budget(64 * MIB));
     let s = ctx.create_stream("s").unwrap();
-    let w = ctx.allocate(&s, 8 * MIB, Role::Weights).unwrap();
-    let k1 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
-    let k2 = ctx.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
+    let w = ctx
+        .allocate(&s, Alloc::new(8 * MIB, Role::Weights))
+        .unwrap();
+    let k1 = ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::KvCache))
+        .unwrap();
+    let k2 = ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::KvCache))
+        .unwrap();
     drop(k1); // parked: pending until `synchronize`
     assert_eq!(parked.parked_count(), 1);
     let snap = ctx.snapshot();
@@ -592,7 +614,7 @@ fn snapshots_account_by_role_and_state() {
     assert_eq!(snap.pins.buffers, 2);
     assert_eq!(snap.pins.pending_releases, 1);
     assert_eq!(snap.counters.allocations, 3);
-    assert_eq!(snap.lifecycle, Lifecycle::Active);
+    assert_eq!(snap.lifecycle, ContextState::Active);
     assert_eq!(snap.budget_limit, 64 * MIB);
     let all = gov.snapshot();
     assert_eq!(all.contexts.len(), 1);
@@ -613,8 +635,12 @@ fn host_backend_reports_out_of_memory_like_a_driver() {
     let (c, _) = host(4 * MIB);
     let ctx = gov.register(c, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let a = ctx.allocate(&s, 3 * MIB, Role::Weights).unwrap();
-    let err = ctx.allocate(&s, 2 * MIB, Role::Weights).unwrap_err();
+    let a = ctx
+        .allocate(&s, Alloc::new(3 * MIB, Role::Weights))
+        .unwrap();
+    let err = ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::Weights))
+        .unwrap_err();
     let b = err
         .budget()
         .expect("device refusal is reported with numbers");
@@ -637,7 +663,7 @@ fn dropping_the_governor_and_every_holder_still_tears_down() {
     let gov = Governor::new();
     let ctx = gov.register(c, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, 64 * KIB, Role::Other).unwrap());
+    drop(ctx.allocate(&s, Alloc::new(64 * KIB, Role::Other)).unwrap());
     drop((s, ctx, gov));
     // The last pending release retires on the stream worker; teardown then
     // runs on a reaper thread, never on the worker itself.
@@ -655,7 +681,7 @@ fn zero_sized_allocations_are_refused() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
-    let err = ctx.allocate(&s, 0, Role::Weights).unwrap_err();
+    let err = ctx.allocate(&s, Alloc::new(0, Role::Weights)).unwrap_err();
     assert_eq!(
         err,
         GovernorError::ZeroSized {
@@ -676,7 +702,7 @@ fn snapshots_serialize() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().label("json"));
     let s = ctx.create_stream("s").unwrap();
-    let _b = ctx.allocate(&s, 4096, Role::KvCache).unwrap();
+    let _b = ctx.allocate(&s, Alloc::new(4096, Role::KvCache)).unwrap();
     let json = serde_json::to_value(gov.snapshot()).unwrap();
     let c = &json["contexts"][0];
     assert_eq!(c["label"], "json");
@@ -706,7 +732,7 @@ fn force_races_with_allocations_and_releases_without_leaking_pins() {
                     };
                     let mut live = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
-                        match ctx.allocate(&s, 4096, Role::Activation) {
+                        match ctx.allocate(&s, Alloc::new(4096, Role::Activation)) {
                             Ok(b) => {
                                 let _ = b.write(0, b"data");
                                 live.push(b);
@@ -728,7 +754,7 @@ fn force_races_with_allocations_and_releases_without_leaking_pins() {
             stop.store(true, Ordering::Relaxed);
         });
         let snap = ctx.snapshot();
-        assert_eq!(snap.lifecycle, Lifecycle::Terminated, "round {round}");
+        assert_eq!(snap.lifecycle, ContextState::Terminated, "round {round}");
         assert_eq!(
             (snap.charged, snap.total().live_count, snap.pins.total()),
             (0, 0, 0),
@@ -757,10 +783,12 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    drop(ctx.allocate(&a, MIB, Role::KvCache).unwrap()); // parked: pending on `a`
+    drop(ctx.allocate(&a, Alloc::new(MIB, Role::KvCache)).unwrap()); // parked: pending on `a`
     assert_eq!(ctx.snapshot().role(Role::KvCache).pending_bytes, MIB);
     // Another stream cannot reuse `a`'s pending free: refused with the numbers.
-    let err = ctx.allocate(&b, MIB, Role::KvCache).unwrap_err();
+    let err = ctx
+        .allocate(&b, Alloc::new(MIB, Role::KvCache))
+        .unwrap_err();
     assert_eq!(
         err.budget().map(|e| (e.pending, e.available)),
         Some((MIB, 0)),
@@ -768,7 +796,7 @@ fn pending_bytes_on_a_stream_are_credited_where_the_backend_reuses_them() {
     );
     // The same stream can: the pool hands the freed bytes to work ordered after the free.
     let again = ctx
-        .allocate(&a, MIB, Role::KvCache)
+        .allocate(&a, Alloc::new(MIB, Role::KvCache))
         .expect("credited on the same stream");
     assert_eq!(
         ctx.snapshot().charged,
@@ -798,9 +826,9 @@ fn a_pending_pinned_release_is_no_credit_for_device_memory() {
     let gov = Governor::new();
     let ctx = gov.register(backend, ContextConfig::new().budget(MIB));
     let a = ctx.create_stream("a").unwrap();
-    let device = ctx.allocate(&a, MIB, Role::Weights).unwrap();
+    let device = ctx.allocate(&a, Alloc::new(MIB, Role::Weights)).unwrap();
     let pinned = ctx
-        .allocate_in(&a, MIB, Role::Other, Tier::PinnedHost)
+        .allocate(&a, Alloc::new(MIB, Role::Other).tier(Tier::PinnedHost))
         .unwrap();
     assert_eq!(pinned.tier(), Tier::PinnedHost);
     drop(pinned); // parked: pending on `a`, in the pinned tier
@@ -809,7 +837,9 @@ fn a_pending_pinned_release_is_no_credit_for_device_memory() {
     assert_eq!((host.pending_bytes, snap.charged), (MIB, MIB), "{snap:?}");
     // The device budget is full; the pending pinned MiB on the same stream
     // is no room for device memory.
-    let err = ctx.allocate(&a, 4096, Role::Activation).unwrap_err();
+    let err = ctx
+        .allocate(&a, Alloc::new(4096, Role::Activation))
+        .unwrap_err();
     assert_eq!(
         err.budget().map(|e| (e.live, e.pending, e.available)),
         Some((MIB, 0, 0)),
@@ -870,7 +900,7 @@ fn tracing_events_for_retire_teardown_loss_and_quarantine() {
         let gov = Governor::new();
         let (ctx, probe) = register(&gov, ContextConfig::new());
         let s = ctx.create_stream("s").unwrap();
-        let b = ctx.allocate(&s, 4096, Role::Other).unwrap();
+        let b = ctx.allocate(&s, Alloc::new(4096, Role::Other)).unwrap();
         probe.controls.refuse_next_frees(1);
         drop(b);
         ctx.mark_lost("test");
@@ -998,9 +1028,13 @@ fn a_panicking_pressure_responder_reaches_the_caller_and_leaks_no_pin() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().label("panicky").budget(MIB));
     let s = ctx.create_stream("s").unwrap();
-    let held = ctx.allocate(&s, MIB, Role::Weights).unwrap();
-    ctx.add_pressure_responder(|_| panic!("responder failed"));
-    let caught = catch_unwind(AssertUnwindSafe(|| ctx.allocate(&s, MIB, Role::Weights)));
+    let held = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, |_| {
+        panic!("responder failed")
+    });
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        ctx.allocate(&s, Alloc::new(MIB, Role::Weights))
+    }));
     let payload = caught.expect_err("the responder's panic reaches the caller of allocate");
     assert_eq!(panic_message(&*payload), "responder failed");
     let snap = ctx.snapshot();
@@ -1028,11 +1062,14 @@ fn a_backend_panicking_mid_call_leaks_no_pin_and_no_charge() {
     assert_eq!(panic_message(&*p), "backend create_stream panicked");
     let s = ctx.create_stream("s").unwrap();
     arm.allocate.store(true, Ordering::SeqCst);
-    let p = catch_unwind(AssertUnwindSafe(|| ctx.allocate(&s, MIB, Role::Weights))).unwrap_err();
+    let p = catch_unwind(AssertUnwindSafe(|| {
+        ctx.allocate(&s, Alloc::new(MIB, Role::Weights))
+    }))
+    .unwrap_err();
     assert_eq!(panic_message(&*p), "backend allocate panicked");
     assert_eq!((gpu0.charged(), ctx.snapshot().charged), (0, 0));
     arm.free_async.store(true, Ordering::SeqCst);
-    let b = ctx.allocate(&s, MIB, Role::Weights).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
     let p = catch_unwind(AssertUnwindSafe(|| drop(b))).unwrap_err();
     assert_eq!(panic_message(&*p), "backend free_async panicked");
     arm.destroy_stream.store(true, Ordering::SeqCst);
@@ -1055,7 +1092,9 @@ fn background_teardown_returns_quarantined_bytes_to_the_shared_budget() {
     let gov = Governor::new();
     let ctx = gov.register(c, ContextConfig::new().shared_budget(gpu0.clone()));
     let s = ctx.create_stream("s").unwrap();
-    let a = ctx.allocate(&s, 3 * MIB, Role::Activation).unwrap();
+    let a = ctx
+        .allocate(&s, Alloc::new(3 * MIB, Role::Activation))
+        .unwrap();
     probe.controls.refuse_next_frees(1);
     assert!(a.release_on(&s).is_err());
     assert_eq!(
@@ -1089,7 +1128,7 @@ fn force_returns_charges_once_teardown_has_freed_the_memory() {
         ContextConfig::new().label("b").shared_budget(gpu0.clone()),
     );
     let sa = a.create_stream("sa").unwrap();
-    let live = a.allocate(&sa, MIB, Role::Weights).unwrap();
+    let live = a.allocate(&sa, Alloc::new(MIB, Role::Weights)).unwrap();
     let plugin = a.pin_source(Some("plugin")).pin().unwrap();
     let handle = a.retire();
     let err = handle
@@ -1100,7 +1139,9 @@ fn force_returns_charges_once_teardown_has_freed_the_memory() {
     // charged until teardown frees it.
     assert_eq!(gpu0.charged(), MIB);
     let sb = b.create_stream("sb").unwrap();
-    let refused = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap_err();
+    let refused = b
+        .allocate(&sb, Alloc::new(2 * MIB, Role::Weights))
+        .unwrap_err();
     assert!(
         matches!(
             refused.budget().map(|x| &x.scope),
@@ -1111,7 +1152,7 @@ fn force_returns_charges_once_teardown_has_freed_the_memory() {
     drop(plugin);
     handle.wait(soon()).unwrap();
     assert_eq!(gpu0.charged(), 0);
-    let fits = b.allocate(&sb, 2 * MIB, Role::Weights).unwrap();
+    let fits = b.allocate(&sb, Alloc::new(2 * MIB, Role::Weights)).unwrap();
     drop((fits, live, sa, sb));
     b_parked.retire_parked();
     b.retire().wait(soon()).unwrap();
@@ -1126,8 +1167,8 @@ fn a_lost_device_keeps_its_bytes_charged_until_teardown() {
     let probe = null.probe();
     let ctx = gov.register(null, ContextConfig::new().shared_budget(gpu0.clone()));
     let s = ctx.create_stream("s").unwrap();
-    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    let live = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap()); // parked: pending
     assert!(ctx.mark_lost("test: device fell off the bus"));
     drop(live); // settles at once, without calling the device
     assert_eq!(
@@ -1157,11 +1198,11 @@ fn retire_cuts_an_admission_wait_short() {
             }),
     );
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap()); // parked: pending
     let (tx, rx) = std::sync::mpsc::channel();
     let (c2, s2) = (ctx.clone(), s.clone());
     std::thread::spawn(move || {
-        let _ = tx.send(c2.allocate(&s2, MIB, Role::Weights).map(|_| ()));
+        let _ = tx.send(c2.allocate(&s2, Alloc::new(MIB, Role::Weights)).map(|_| ()));
     });
     eventually("the allocation waits", || {
         ctx.snapshot().counters.admission_waits == 1
@@ -1201,8 +1242,8 @@ fn governor_snapshot_total_saturates() {
     let a = gov.register(NullContext::new(), ContextConfig::new());
     let b = gov.register(NullContext::new(), ContextConfig::new());
     let (sa, sb) = (a.create_stream("a").unwrap(), b.create_stream("b").unwrap());
-    let x = a.allocate(&sa, 1 << 63, Role::Weights).unwrap();
-    let y = b.allocate(&sb, 1 << 63, Role::Weights).unwrap();
+    let x = a.allocate(&sa, Alloc::new(1 << 63, Role::Weights)).unwrap();
+    let y = b.allocate(&sb, Alloc::new(1 << 63, Role::Weights)).unwrap();
     let total = gov.snapshot().total();
     assert_eq!((total.live_bytes, total.live_count), (u64::MAX, 2));
     drop((x, y, sa, sb));
@@ -1226,7 +1267,7 @@ fn a_panicking_backend_teardown_terminates_and_wakes_every_waiter() {
         .unwrap();
     let err = report.backend_result.clone().unwrap_err();
     assert!(err.message.contains("backend teardown panicked"), "{err}");
-    assert_eq!(ctx.lifecycle(), Lifecycle::Terminated);
+    assert_eq!(ctx.lifecycle(), ContextState::Terminated);
     assert!(
         rx.recv_timeout(Duration::from_secs(5))
             .expect("the other waiter woke"),
@@ -1250,11 +1291,11 @@ fn a_governor_dropped_while_unwinding_still_retires_its_contexts() {
     }));
     assert_eq!(panic_message(&*run.unwrap_err()), "the runtime failed");
     let (first, second, stream) = slot.lock().unwrap().take().unwrap();
-    assert_eq!(first.lifecycle(), Lifecycle::Terminated);
-    assert_eq!(second.lifecycle(), Lifecycle::Retiring);
+    assert_eq!(first.lifecycle(), ContextState::Terminated);
+    assert_eq!(second.lifecycle(), ContextState::Retiring);
     drop(stream);
     eventually("the second context tears down", || {
-        second.lifecycle() == Lifecycle::Terminated
+        second.lifecycle() == ContextState::Terminated
     });
 }
 
@@ -1267,16 +1308,20 @@ fn background_teardown_keeps_its_report_on_the_record() {
     arm.teardown.store(true, Ordering::SeqCst);
     let ctx = gov.register(backend, ContextConfig::new().label("bg"));
     let s = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&s, MIB, Role::Weights).unwrap()); // parked: pending
+    drop(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap()); // parked: pending
     drop(ctx.retire()); // nobody waits
     drop(s);
-    assert_eq!(ctx.lifecycle(), Lifecycle::Retiring, "a release is pending");
+    assert_eq!(
+        ctx.lifecycle(),
+        ContextState::Retiring,
+        "a release is pending"
+    );
     assert!(ctx.teardown_report().is_none());
     // The device reaches the free on this thread (a driver thread, for a
     // GPU): the teardown starts on a reaper thread, not here.
     probe.retire_parked();
     eventually("background teardown", || {
-        ctx.lifecycle() == Lifecycle::Terminated
+        ctx.lifecycle() == ContextState::Terminated
     });
     let report = ctx.teardown_report().expect("kept on the record");
     assert_eq!(report.retired_releases, 1);
@@ -1304,17 +1349,17 @@ fn a_shared_budget_loses_every_context_on_its_device_at_once() {
         a.create_stream("sa").unwrap(),
         b.create_stream("sb").unwrap(),
     );
-    drop(a.allocate(&sa, MIB, Role::Weights).unwrap()); // parked on a
-    let live = b.allocate(&sb, 2 * MIB, Role::KvCache).unwrap();
+    drop(a.allocate(&sa, Alloc::new(MIB, Role::Weights)).unwrap()); // parked on a
+    let live = b.allocate(&sb, Alloc::new(2 * MIB, Role::KvCache)).unwrap();
     assert_eq!((gpu0.charged(), gpu0.pending()), (3 * MIB, MIB));
     assert!(gpu0.mark_lost("Xid 79: GPU has fallen off the bus"));
     assert!(!gpu0.mark_lost("again"), "once");
     assert!(gpu0.is_lost());
     for ctx in [&a, &b] {
-        assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+        assert_eq!(ctx.lifecycle(), ContextState::Lost);
         assert!(ctx.snapshot().lost_reason.unwrap().contains("Xid 79"));
     }
-    let err = b.allocate(&sb, MIB, Role::Weights).unwrap_err();
+    let err = b.allocate(&sb, Alloc::new(MIB, Role::Weights)).unwrap_err();
     assert!(matches!(err, GovernorError::DeviceLost { .. }), "{err}");
     // A context registered on the lost device is lost from the start.
     let late = gov.register(
@@ -1323,7 +1368,7 @@ fn a_shared_budget_loses_every_context_on_its_device_at_once() {
             .label("late")
             .shared_budget(gpu0.clone()),
     );
-    assert_eq!(late.lifecycle(), Lifecycle::Lost);
+    assert_eq!(late.lifecycle(), ContextState::Lost);
     drop((live, sa, sb));
     // Each settles its own releases as a context-level loss does.
     let ra = a.retire().wait(soon()).unwrap();
@@ -1345,8 +1390,11 @@ fn a_shared_budget_reports_what_its_charge_is_made_of() {
     let probe = null.controls();
     let ctx = gov.register(null, ContextConfig::new().shared_budget(gpu0.clone()));
     let s = ctx.create_stream("s").unwrap();
-    let live = ctx.allocate(&s, MIB, Role::Weights).unwrap();
-    drop(ctx.allocate(&s, 2 * MIB, Role::Weights).unwrap());
+    let live = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+    drop(
+        ctx.allocate(&s, Alloc::new(2 * MIB, Role::Weights))
+            .unwrap(),
+    );
     assert_eq!(
         (gpu0.charged(), gpu0.pending(), gpu0.quarantined()),
         (3 * MIB, 2 * MIB, 0)
@@ -1368,7 +1416,7 @@ fn a_buffer_names_its_stream_and_can_be_released_on_it() {
     let gov = Governor::new();
     let (ctx, probe) = register(&gov, ContextConfig::new());
     let s = ctx.create_stream("decode").unwrap();
-    let b = ctx.allocate(&s, MIB, Role::KvCache).unwrap();
+    let b = ctx.allocate(&s, Alloc::new(MIB, Role::KvCache)).unwrap();
     assert_eq!(b.stream_label(), "decode");
     let own = b.stream();
     assert_eq!(own.label(), "decode");
@@ -1398,7 +1446,7 @@ fn background_teardown_emits_its_report_as_a_tracing_event() {
     drop(ctx.retire());
     drop(s); // the last holder: a reaper tears down, nobody waits
     eventually("background teardown", || {
-        ctx.lifecycle() == Lifecycle::Terminated
+        ctx.lifecycle() == ContextState::Terminated
     });
     eventually("the teardown event", || {
         seen.lock().unwrap().iter().any(|m| {
@@ -1420,24 +1468,27 @@ fn leased_budget_is_reclaimed_before_a_refusal() {
             ContextConfig::new()
                 .label("leases")
                 .budget(10 * MIB)
-                .lease_chunk(chunk),
+                .tuning(Tuning::new().lease_chunk(chunk)),
         );
         let a = ctx.create_stream("a").unwrap();
         let b = ctx.create_stream("b").unwrap();
         // Stream a allocates and frees: its settled bytes go back into its
         // lease, idle.
         for _ in 0..3 {
-            drop(ctx.allocate(&a, 3 * MIB, Role::Activation).unwrap());
+            drop(
+                ctx.allocate(&a, Alloc::new(3 * MIB, Role::Activation))
+                    .unwrap(),
+            );
         }
-        let held = ctx.allocate(&a, MIB, Role::Weights).unwrap();
+        let held = ctx.allocate(&a, Alloc::new(MIB, Role::Weights)).unwrap();
         assert_eq!(ctx.snapshot().charged, MIB, "chunk {chunk}");
         // Stream b may take all the rest: a's idle lease is reclaimed.
         let big = ctx
-            .allocate(&b, 9 * MIB, Role::KvCache)
+            .allocate(&b, Alloc::new(9 * MIB, Role::KvCache))
             .unwrap_or_else(|e| panic!("chunk {chunk}: 9 MiB of the 9 MiB left refused: {e}"));
         assert_eq!(ctx.snapshot().charged, 10 * MIB, "chunk {chunk}");
         // And one byte more is refused, with the exact numbers.
-        match ctx.allocate(&a, 1, Role::Other) {
+        match ctx.allocate(&a, Alloc::new(1, Role::Other)) {
             Err(GovernorError::BudgetExceeded(e)) => {
                 assert_eq!(
                     (e.live, e.limit, e.available, e.requested),
@@ -1450,11 +1501,14 @@ fn leased_budget_is_reclaimed_before_a_refusal() {
         drop(big);
         // Lowering the limit takes effect on the next allocation even where
         // a stream holds a lease under the old one.
-        ctx.set_budget(2 * MIB);
-        assert!(ctx.allocate(&a, MIB, Role::Other).is_ok(), "chunk {chunk}");
+        ctx.set_budget(Tier::Device, 2 * MIB);
+        assert!(
+            ctx.allocate(&a, Alloc::new(MIB, Role::Other)).is_ok(),
+            "chunk {chunk}"
+        );
         assert!(
             matches!(
-                ctx.allocate(&b, MIB + 1, Role::Other),
+                ctx.allocate(&b, Alloc::new(MIB + 1, Role::Other)),
                 Err(GovernorError::BudgetExceeded(_))
             ),
             "chunk {chunk}: allocated past a lowered limit out of a lease"
@@ -1499,10 +1553,10 @@ fn concurrent_streams_are_never_refused_room_their_leases_hold() {
                     // refilled, kept and reclaimed in every combination.
                     let a = MIB + (i % 7) * 64 * KIB;
                     let first = ctx
-                        .allocate(&stream, a, Role::Activation)
+                        .allocate(&stream, Alloc::new(a, Role::Activation))
                         .unwrap_or_else(|e| panic!("thread {t}, cycle {i}: {e}"));
                     let second = ctx
-                        .allocate(&stream, EACH - a, Role::KvCache)
+                        .allocate(&stream, Alloc::new(EACH - a, Role::KvCache))
                         .unwrap_or_else(|e| panic!("thread {t}, cycle {i}: {e}"));
                     drop((first, second));
                 }
@@ -1539,7 +1593,7 @@ fn snapshot_debug_names_each_role() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().label("dbg"));
     let s = ctx.create_stream("s").unwrap();
-    let _kv = ctx.allocate(&s, 4096, Role::KvCache).unwrap();
+    let _kv = ctx.allocate(&s, Alloc::new(4096, Role::KvCache)).unwrap();
     let text = format!("{:?}", ctx.snapshot());
     let by_role = &text[text.find("by_role: ").expect("a by_role field")..];
     assert!(
@@ -1570,10 +1624,16 @@ fn a_trace_records_the_timeline_per_stream_and_role() {
     );
     let a = ctx.create_stream("a").unwrap();
     let b = ctx.create_stream("b").unwrap();
-    let w = ctx.allocate(&a, 32 << 10, Role::Weights).unwrap();
-    let act = ctx.allocate(&a, 16 << 10, Role::Activation).unwrap();
-    ctx.add_pressure_responder(|_| 0);
-    assert!(ctx.allocate(&b, 32 << 10, Role::KvCache).is_err());
+    let w = ctx
+        .allocate(&a, Alloc::new(32 << 10, Role::Weights))
+        .unwrap();
+    let act = ctx
+        .allocate(&a, Alloc::new(16 << 10, Role::Activation))
+        .unwrap();
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, |_| 0);
+    assert!(ctx
+        .allocate(&b, Alloc::new(32 << 10, Role::KvCache))
+        .is_err());
     act.release_on(&b).map_err(|e| e.error).unwrap();
     drop(w);
     drop((a, b));
@@ -1637,7 +1697,7 @@ fn an_untraced_context_records_nothing() {
     );
     let plain = gov.register(memgov::null::NullContext::new(), ContextConfig::new());
     let s = plain.create_stream("s").unwrap();
-    drop(plain.allocate(&s, 64, Role::Other).unwrap());
+    drop(plain.allocate(&s, Alloc::new(64, Role::Other)).unwrap());
     assert!(trace
         .events()
         .iter()
@@ -1647,16 +1707,25 @@ fn an_untraced_context_records_nothing() {
 #[test]
 fn a_reservation_is_charged_once_and_allocates_without_charging_again() {
     let gov = Governor::new();
-    let (ctx, _) = register(&gov, ContextConfig::new().budget(4 * MIB).lease_chunk(0));
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .tuning(Tuning::new().lease_chunk(0)),
+    );
     let s = ctx.create_stream("s").unwrap();
-    let r = ctx.reserve(3 * MIB, "request-17").unwrap();
+    let r = ctx.reserve(Reserve::new(3 * MIB, "request-17")).unwrap();
     assert_eq!((r.left(), ctx.snapshot().charged), (3 * MIB, 3 * MIB));
     // The reserved bytes are charged: a plain allocation finds only 1 MiB.
-    assert!(ctx.allocate(&s, 2 * MIB, Role::Weights).is_err());
-    let b = r.allocate(&s, 2 * MIB, Role::KvCache).unwrap();
+    assert!(ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::Weights))
+        .is_err());
+    let b = r.allocate(&s, Alloc::new(2 * MIB, Role::KvCache)).unwrap();
     assert_eq!((r.left(), ctx.snapshot().charged), (MIB, 3 * MIB));
     // More than is left: refused with the reservation's numbers, unchanged.
-    let err = r.allocate(&s, 2 * MIB, Role::KvCache).unwrap_err();
+    let err = r
+        .allocate(&s, Alloc::new(2 * MIB, Role::KvCache))
+        .unwrap_err();
     assert!(
         matches!(&err, GovernorError::ReservationExhausted { label, requested, left, .. }
             if label == "request-17" && *requested == 2 * MIB && *left == MIB),
@@ -1674,20 +1743,62 @@ fn a_reservation_is_charged_once_and_allocates_without_charging_again() {
     assert_eq!(ctx.snapshot().charged, MIB);
     drop(r);
     assert_eq!(ctx.snapshot().charged, 0);
-    let all = ctx.allocate(&s, 4 * MIB, Role::Weights).unwrap();
+    let all = ctx
+        .allocate(&s, Alloc::new(4 * MIB, Role::Weights))
+        .unwrap();
     drop(all);
     s.synchronize().unwrap();
     assert_eq!(ctx.snapshot().charged, 0);
 }
 
+/// An `Alloc` out of a reservation is made in the reservation's tier; one
+/// that names another tier is refused with both tiers named, and nothing
+/// leaves the reservation.
+#[test]
+fn an_alloc_naming_another_tier_than_its_reservation_is_refused() {
+    let gov = Governor::new();
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .budget(4 * MIB)
+            .tier_budget(Tier::PinnedHost, 4 * MIB),
+    );
+    let s = ctx.create_stream("s").unwrap();
+    let r = ctx.reserve(Reserve::new(2 * MIB, "kv")).unwrap();
+    let err = r
+        .allocate(&s, Alloc::new(MIB, Role::KvCache).tier(Tier::PinnedHost))
+        .unwrap_err();
+    assert!(
+        matches!(&err, GovernorError::WrongTier { label, reservation: Tier::Device, asked: Tier::PinnedHost, .. } if label == "kv"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reserve in"), "{err}");
+    assert_eq!(r.left(), 2 * MIB);
+    assert_eq!(ctx.snapshot().tier(Tier::PinnedHost).unwrap().charged, 0);
+    // Naming the reservation's own tier, or none, allocates out of it.
+    let a = r
+        .allocate(&s, Alloc::new(MIB, Role::KvCache).tier(Tier::Device))
+        .unwrap();
+    let b = r.allocate(&s, Alloc::new(MIB, Role::KvCache)).unwrap();
+    assert_eq!(
+        (a.tier(), b.tier(), r.left()),
+        (Tier::Device, Tier::Device, 0)
+    );
+}
+
 #[test]
 fn reservations_show_in_snapshots_and_refusals_by_label() {
     let gov = Governor::new();
-    let (ctx, _) = register(&gov, ContextConfig::new().budget(8 * MIB).lease_chunk(0));
+    let (ctx, _) = register(
+        &gov,
+        ContextConfig::new()
+            .budget(8 * MIB)
+            .tuning(Tuning::new().lease_chunk(0)),
+    );
     let s = ctx.create_stream("s").unwrap();
-    let big = ctx.reserve(3 * MIB, "request-17").unwrap();
-    let small = ctx.reserve(MIB, "request-18").unwrap();
-    let kv = big.allocate(&s, MIB, Role::KvCache).unwrap();
+    let big = ctx.reserve(Reserve::new(3 * MIB, "request-17")).unwrap();
+    let small = ctx.reserve(Reserve::new(MIB, "request-18")).unwrap();
+    let kv = big.allocate(&s, Alloc::new(MIB, Role::KvCache)).unwrap();
     let snap = ctx.snapshot();
     assert_eq!(snap.reserved, 3 * MIB);
     assert_eq!(
@@ -1707,7 +1818,9 @@ fn reservations_show_in_snapshots_and_refusals_by_label() {
     );
     // The refusal tells live from reserved, and names who holds the
     // reserved bytes.
-    let err = ctx.allocate(&s, 5 * MIB, Role::Weights).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(5 * MIB, Role::Weights))
+        .unwrap_err();
     let b = err.budget().expect("a budget refusal");
     assert_eq!((b.live, b.reserved), (MIB, 3 * MIB));
     assert!(
@@ -1738,7 +1851,7 @@ fn a_reservation_in_the_pinned_tier_charges_only_that_tier() {
     );
     let s = ctx.create_stream("offload").unwrap();
     let staging = ctx
-        .reserve_in(Tier::PinnedHost, MIB + MIB / 2, "request-3 offload")
+        .reserve(Reserve::new(MIB + MIB / 2, "request-3 offload").tier(Tier::PinnedHost))
         .unwrap();
     assert_eq!(staging.tier(), Tier::PinnedHost);
     let snap = ctx.snapshot();
@@ -1749,7 +1862,9 @@ fn a_reservation_in_the_pinned_tier_charges_only_that_tier() {
         (pinned.charged, pinned.reserved, pinned.live_bytes),
         (MIB + MIB / 2, MIB + MIB / 2, 0)
     );
-    let block = staging.allocate(&s, MIB, Role::KvCache).unwrap();
+    let block = staging
+        .allocate(&s, Alloc::new(MIB, Role::KvCache))
+        .unwrap();
     assert_eq!(block.tier(), Tier::PinnedHost);
     let pinned = ctx.snapshot().tier(Tier::PinnedHost).unwrap();
     assert_eq!(
@@ -1758,7 +1873,7 @@ fn a_reservation_in_the_pinned_tier_charges_only_that_tier() {
     );
     // The tier refuses what the reservation leaves no room for, naming it.
     let err = ctx
-        .allocate_in(&s, MIB, Role::KvCache, Tier::PinnedHost)
+        .allocate(&s, Alloc::new(MIB, Role::KvCache).tier(Tier::PinnedHost))
         .unwrap_err();
     let b = err.budget().expect("a budget refusal");
     assert_eq!(b.scope, BudgetScope::Tier(Tier::PinnedHost));
@@ -1787,7 +1902,7 @@ fn a_reservation_grows_transactionally_and_shrinks_unused_bytes() {
             .budget(4 * MIB)
             .shared_budget(gpu0.clone()),
     );
-    let r = ctx.reserve(MIB, "r").unwrap();
+    let r = ctx.reserve(Reserve::new(MIB, "r")).unwrap();
     r.grow(MIB).unwrap();
     assert_eq!((r.left(), gpu0.charged()), (2 * MIB, 2 * MIB));
     // The shared budget refuses: nothing changes anywhere.
@@ -1824,15 +1939,15 @@ fn reservations_and_plain_allocations_racing_never_over_admit() {
                 for i in 0..rounds {
                     let bytes = (i % 7 + 1) * 256 * KIB;
                     if t == 0 {
-                        if let Ok(r) = ctx.reserve(bytes, "r") {
-                            if let Ok(b) = r.allocate(&s, bytes / 2, Role::KvCache) {
+                        if let Ok(r) = ctx.reserve(Reserve::new(bytes, "r")) {
+                            if let Ok(b) = r.allocate(&s, Alloc::new(bytes / 2, Role::KvCache)) {
                                 held.push(b);
                             }
                             if i % 3 == 0 {
                                 let _ = r.grow(bytes);
                             }
                         }
-                    } else if let Ok(b) = ctx.allocate(&s, bytes, Role::Weights) {
+                    } else if let Ok(b) = ctx.allocate(&s, Alloc::new(bytes, Role::Weights)) {
                         held.push(b);
                     }
                     let charged = ctx.snapshot().charged;
@@ -1856,9 +1971,9 @@ fn reservations_and_plain_allocations_racing_never_over_admit() {
 fn retire_waits_for_a_live_reservation() {
     let gov = Governor::new();
     let (ctx, _) = register(&gov, ContextConfig::new().budget(4 * MIB));
-    let r = ctx.reserve(MIB, "held").unwrap();
+    let r = ctx.reserve(Reserve::new(MIB, "held")).unwrap();
     let retiring = ctx.retire();
-    assert!(ctx.reserve(MIB, "late").is_err());
+    assert!(ctx.reserve(Reserve::new(MIB, "late")).is_err());
     assert!(retiring.wait_timeout(Duration::from_millis(1)).is_err());
     drop(r);
     retiring.wait(soon()).unwrap();
@@ -1884,9 +1999,11 @@ fn victim(
             .shared_budget(device.clone()),
     );
     let s = ctx.create_stream("s").unwrap();
-    let buffer = std::sync::Mutex::new(Some(ctx.allocate(&s, held, Role::KvCache).unwrap()));
+    let buffer = std::sync::Mutex::new(Some(
+        ctx.allocate(&s, Alloc::new(held, Role::KvCache)).unwrap(),
+    ));
     let log = log.clone();
-    ctx.add_pressure_responder_with_priority(priority, move |req| {
+    ctx.add_pressure_responder(priority, move |req| {
         log.lock().unwrap().push((label, *req));
         let freed = buffer.lock().unwrap().take().map_or(0, |b| b.len());
         s.synchronize().unwrap();
@@ -1909,7 +2026,9 @@ fn a_device_refusal_asks_every_context_lowest_priority_first_and_stops_when_it_f
         ContextConfig::new().label("r").shared_budget(gpu0.clone()),
     );
     let s = r.create_stream("s").unwrap();
-    let a = r.allocate(&s, 2 * MIB, Role::Activation).unwrap();
+    let a = r
+        .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
+        .unwrap();
     let asked: Vec<_> = log.lock().unwrap().iter().map(|(l, _)| *l).collect();
     assert_eq!(asked, ["p0"], "the lowest priority was enough");
     let req = log.lock().unwrap()[0].1;
@@ -1918,7 +2037,9 @@ fn a_device_refusal_asks_every_context_lowest_priority_first_and_stops_when_it_f
         (r.id(), memgov::PressureLevel::Shared, 2 * MIB, 2 * MIB)
     );
     // 4 MiB more: p0 has nothing left, p1 frees 2 MiB (not enough), p2 the rest.
-    let b = r.allocate(&s, 4 * MIB, Role::Activation).unwrap();
+    let b = r
+        .allocate(&s, Alloc::new(4 * MIB, Role::Activation))
+        .unwrap();
     let asked: Vec<_> = log.lock().unwrap().iter().map(|(l, _)| *l).collect();
     assert_eq!(asked, ["p0", "p0", "p1", "p2"]);
     assert_eq!(r.snapshot().counters.pressure_calls, 4);
@@ -1946,14 +2067,18 @@ fn what_a_victim_frees_goes_to_the_requester_not_to_a_racing_allocation() {
     );
     let vs = victim.create_stream("s").unwrap();
     let held = std::sync::Mutex::new(vec![
-        victim.allocate(&vs, 2 * MIB, Role::KvCache).unwrap(),
-        victim.allocate(&vs, 2 * MIB, Role::KvCache).unwrap(),
+        victim
+            .allocate(&vs, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
+        victim
+            .allocate(&vs, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
     ]);
     let xs = racer.create_stream("s").unwrap();
     let raced = Arc::new(std::sync::Mutex::new(None));
     let raced2 = raced.clone();
     let busy = AtomicBool::new(false);
-    victim.add_pressure_responder(move |_| {
+    victim.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
         // The racer's own refusal asks this responder too, from inside it:
         // it gives nothing then.
         if busy.swap(true, Ordering::SeqCst) {
@@ -1963,13 +2088,13 @@ fn what_a_victim_frees_goes_to_the_requester_not_to_a_racing_allocation() {
         vs.synchronize().unwrap();
         // Another context's allocation lands between the free and the
         // requester's retry: the freed bytes are the requester's.
-        *raced2.lock().unwrap() = Some(racer.allocate(&xs, MIB, Role::Other));
+        *raced2.lock().unwrap() = Some(racer.allocate(&xs, Alloc::new(MIB, Role::Other)));
         busy.store(false, Ordering::SeqCst);
         freed
     });
     let s = r.create_stream("s").unwrap();
     let a = r
-        .allocate(&s, 2 * MIB, Role::Activation)
+        .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
         .expect("the freed bytes went to the requester");
     let err = raced
         .lock()
@@ -2000,10 +2125,12 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
         ContextConfig::new().label("b").shared_budget(gpu1.clone()),
     );
     let (sa, sb) = (a.create_stream("s").unwrap(), b.create_stream("s").unwrap());
-    let x = a.allocate(&sa, 3 * MIB, Role::Weights).unwrap();
+    let x = a.allocate(&sa, Alloc::new(3 * MIB, Role::Weights)).unwrap();
     assert_eq!((gpu0.charged(), process.charged()), (3 * MIB, 3 * MIB));
     // gpu1 has room for 3 MiB, the process has 2 MiB.
-    let err = b.allocate(&sb, 3 * MIB, Role::Weights).unwrap_err();
+    let err = b
+        .allocate(&sb, Alloc::new(3 * MIB, Role::Weights))
+        .unwrap_err();
     let e = err.budget().expect("budget refusal");
     assert_eq!(e.scope, BudgetScope::Process("worker".into()));
     assert_eq!(
@@ -2019,7 +2146,7 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
     let x = std::sync::Mutex::new(Some(x));
     let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let asked2 = asked.clone();
-    a.add_pressure_responder_with_priority(0, move |req| {
+    a.add_pressure_responder(0, move |req| {
         asked2.lock().unwrap().push(req.level);
         let freed = x.lock().unwrap().take().map_or(0, |b| b.len());
         sa.synchronize().unwrap();
@@ -2028,7 +2155,9 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
     // Over the process limit on its own: refused at once, named, and
     // nobody is asked.
     process.set_limit(3 * MIB);
-    let err = b.allocate(&sb, 3 * MIB + 1, Role::Weights).unwrap_err();
+    let err = b
+        .allocate(&sb, Alloc::new(3 * MIB + 1, Role::Weights))
+        .unwrap_err();
     assert_eq!(
         err.budget().unwrap().scope,
         BudgetScope::Process("worker".into())
@@ -2036,7 +2165,7 @@ fn the_process_level_refuses_with_its_numbers_and_reclaims_across_its_devices() 
     assert!(err.to_string().contains("can never fit"), "{err}");
     assert!(asked.lock().unwrap().is_empty());
     process.set_limit(5 * MIB);
-    let y = b.allocate(&sb, 3 * MIB, Role::Weights).unwrap();
+    let y = b.allocate(&sb, Alloc::new(3 * MIB, Role::Weights)).unwrap();
     assert_eq!(*asked.lock().unwrap(), [memgov::PressureLevel::Process]);
     assert_eq!(
         (gpu0.charged(), gpu1.charged(), process.charged()),
@@ -2072,7 +2201,9 @@ fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
         ),
         (3 * MIB, 3 * MIB, 3 * MIB)
     );
-    let err = ctx.allocate(&s, 2 * MIB, Role::Activation).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
+        .unwrap_err();
     let e = err.budget().unwrap();
     assert_eq!(
         (&e.scope, e.outside, e.live),
@@ -2088,7 +2219,9 @@ fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
     // Device: a 5 MiB workspace leaves 1 MiB of gpu0's 6.
     let workspace = gpu0.report_outside(5 * MIB);
     assert_eq!(levels(), (0, 5 * MIB, 5 * MIB));
-    let err = ctx.allocate(&s, 2 * MIB, Role::Activation).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
+        .unwrap_err();
     let e = err.budget().unwrap();
     assert_eq!(
         (&e.scope, e.outside),
@@ -2100,7 +2233,9 @@ fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
     // Process: recorded over the limit all the same (it exists already).
     let pool = process.report_outside(9 * MIB);
     assert_eq!((process.charged(), process.limit()), (9 * MIB, 8 * MIB));
-    let err = ctx.allocate(&s, MIB, Role::Activation).unwrap_err();
+    let err = ctx
+        .allocate(&s, Alloc::new(MIB, Role::Activation))
+        .unwrap_err();
     let e = err.budget().unwrap();
     assert_eq!(
         (&e.scope, e.outside, e.available),
@@ -2110,7 +2245,10 @@ fn outside_memory_at_each_level_is_charged_named_and_returned_once() {
     assert_eq!(pool.bytes(), 9 * MIB);
     drop(pool);
     assert_eq!(levels(), (0, 0, 0));
-    drop(ctx.allocate(&s, 4 * MIB, Role::Activation).unwrap());
+    drop(
+        ctx.allocate(&s, Alloc::new(4 * MIB, Role::Activation))
+            .unwrap(),
+    );
 }
 
 #[test]
@@ -2137,7 +2275,7 @@ fn a_process_refusal_waits_for_a_release_on_another_device() {
             }),
     );
     let sa = a.create_stream("s").unwrap();
-    drop(a.allocate(&sa, 3 * MIB, Role::Weights).unwrap());
+    drop(a.allocate(&sa, Alloc::new(3 * MIB, Role::Weights)).unwrap());
     eventually("a's release parked", || log.held() == 1);
     assert_eq!(
         (process.pending(), gpu0.pending(), gpu1.pending()),
@@ -2146,7 +2284,7 @@ fn a_process_refusal_waits_for_a_release_on_another_device() {
     let sb = b.create_stream("s").unwrap();
     let b2 = b.clone();
     let waiter = std::thread::spawn(move || {
-        let x = b2.allocate(&sb, 2 * MIB, Role::Weights)?;
+        let x = b2.allocate(&sb, Alloc::new(2 * MIB, Role::Weights))?;
         let n = x.len();
         drop(x);
         sb.synchronize()?;
@@ -2189,7 +2327,7 @@ fn reclaims_racing_on_one_device_never_over_admit() {
                 let cache: Arc<std::sync::Mutex<Vec<memgov::DeviceBuffer<HostContext>>>> =
                     Arc::default();
                 let (cache2, s2, live2) = (cache.clone(), s.clone(), live.clone());
-                ctx.add_pressure_responder_with_priority(t, move |_| {
+                ctx.add_pressure_responder(t, move |_| {
                     let freed: Vec<_> = cache2.lock().unwrap().drain(..).collect();
                     let bytes = freed.iter().map(|b| b.len()).sum();
                     live2.fetch_sub(bytes, Ordering::SeqCst);
@@ -2200,7 +2338,7 @@ fn reclaims_racing_on_one_device_never_over_admit() {
                 let rounds = if cfg!(miri) { 20 } else { 300u64 };
                 for i in 0..rounds {
                     let bytes = [MIB / 2, MIB, 2 * MIB][((i + u64::from(t)) % 3) as usize];
-                    if let Ok(b) = ctx.allocate(&s, bytes, Role::KvCache) {
+                    if let Ok(b) = ctx.allocate(&s, Alloc::new(bytes, Role::KvCache)) {
                         if live.fetch_add(bytes, Ordering::SeqCst) + bytes > limit {
                             over.store(true, Ordering::SeqCst);
                         }
@@ -2290,7 +2428,7 @@ fn a_backend_without_a_tier_refuses_it_and_nothing_leaks() {
     let ctx = gov.register(DeviceOnly(host), ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
     let err = ctx
-        .allocate_in(&s, 4096, Role::Other, Tier::PinnedHost)
+        .allocate(&s, Alloc::new(4096, Role::Other).tier(Tier::PinnedHost))
         .unwrap_err();
     match &err {
         GovernorError::Backend { source, .. } => {
@@ -2310,7 +2448,7 @@ fn a_backend_without_a_tier_refuses_it_and_nothing_leaks() {
     );
     // The device tier is the backend's own.
     drop(
-        ctx.allocate_in(&s, 4096, Role::Other, Tier::Device)
+        ctx.allocate(&s, Alloc::new(4096, Role::Other).tier(Tier::Device))
             .unwrap(),
     );
     drop(s);

@@ -34,8 +34,8 @@
 use memgov::host::{HostConfig, HostContext};
 use memgov::machine::{JoinOptions, LedgerOptions, MachineError, MachineLedger, MachineMember};
 use memgov::{
-    any::AnyContext, Admission, BudgetScope, ContextConfig, ContextHandle, DeviceContext, Governor,
-    GovernorError, ProcessBudget, Role, SharedBudget,
+    any::AnyContext, Admission, Alloc, BudgetScope, ContextConfig, ContextHandle, DeviceContext,
+    Governor, GovernorError, ProcessBudget, Role, SharedBudget,
 };
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -336,7 +336,7 @@ fn child_hammer(path: &Path) {
                         continue;
                     }
                     let bytes = (1 + rng.below(64)) * 16 * KIB;
-                    match ctx.allocate(&stream, bytes, Role::Workspace) {
+                    match ctx.allocate(&stream, Alloc::new(bytes, Role::Workspace)) {
                         Ok(buf) => {
                             let now = witness.get().fetch_add(bytes, Ordering::SeqCst) + bytes;
                             assert!(
@@ -470,8 +470,10 @@ fn child_churn(path: &Path) {
                         live.swap_remove(rng.below(live.len() as u64) as usize);
                         continue;
                     }
-                    if let Ok(b) = ctx.allocate(&stream, (1 + rng.below(32)) * 4 * KIB, Role::Other)
-                    {
+                    if let Ok(b) = ctx.allocate(
+                        &stream,
+                        Alloc::new((1 + rng.below(32)) * 4 * KIB, Role::Other),
+                    ) {
                         live.push(b);
                     }
                 }
@@ -555,12 +557,13 @@ fn child_holder(path: &Path) {
     let stream = ctx.create_stream("hold").unwrap();
     let held = Arc::new(Mutex::new(Vec::new()));
     for _ in 0..48 {
-        held.lock()
-            .unwrap()
-            .push(ctx.allocate(&stream, MIB, Role::KvCache).unwrap());
+        held.lock().unwrap().push(
+            ctx.allocate(&stream, Alloc::new(MIB, Role::KvCache))
+                .unwrap(),
+        );
     }
     let h = Arc::clone(&held);
-    ctx.add_pressure_responder(move |req| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |req| {
         let mut held = h.lock().unwrap();
         let mut freed = 0;
         while freed < req.shortfall && held.len() > 8 {
@@ -592,7 +595,7 @@ fn a_holder_trims_for_a_requester() {
     let (_gov, ctx) = requester(&path, Duration::from_secs(10));
     let stream = ctx.create_stream("ask").unwrap();
     let t = Instant::now();
-    let got = ctx.allocate(&stream, 32 * MIB, Role::Weights);
+    let got = ctx.allocate(&stream, Alloc::new(32 * MIB, Role::Weights));
     let waited = t.elapsed();
     holder.kill().unwrap();
     holder.wait().unwrap();
@@ -616,7 +619,7 @@ fn a_process_that_does_not_answer_is_named() {
     let (_gov, ctx) = requester(&path, deadline);
     let stream = ctx.create_stream("ask").unwrap();
     let t = Instant::now();
-    let got = ctx.allocate(&stream, 32 * MIB, Role::Weights);
+    let got = ctx.allocate(&stream, Alloc::new(32 * MIB, Role::Weights));
     let waited = t.elapsed();
     signal(&holder, libc::SIGCONT);
     let Err(GovernorError::BudgetExceeded(e)) = got else {
@@ -643,7 +646,9 @@ fn a_process_that_does_not_answer_is_named() {
     // Once the holder is gone its bytes come back, and the request fits.
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let buf = ctx.allocate(&stream, 32 * MIB, Role::Weights).unwrap();
+    let buf = ctx
+        .allocate(&stream, Alloc::new(32 * MIB, Role::Weights))
+        .unwrap();
     drop(buf);
     drop((stream, ctx, _gov));
     // The release settles on the host stream's worker; the membership

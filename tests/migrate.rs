@@ -5,8 +5,8 @@
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
-    ContextConfig, DeviceBuffer, DeviceContext, Governor, GovernorError, PinKind,
-    ProviderContextPinError, RetireError, Role,
+    Alloc, ContextConfig, DeviceBuffer, DeviceContext, Governor, GovernorError, PinKind,
+    ProviderContextPinError, RetireError, Role, Tier,
 };
 use memgov_conformance::Watched;
 use std::time::{Duration, Instant};
@@ -64,7 +64,7 @@ fn host_move_keeps_data_and_roles_and_moves_the_charge() {
     ];
     let mut sources = Vec::new();
     for (bytes, role, seed) in specs {
-        let b = old.allocate(&s0, bytes, role).unwrap();
+        let b = old.allocate(&s0, Alloc::new(bytes, role)).unwrap();
         b.write(0, &pattern(seed, bytes as usize)).unwrap();
         sources.push(b);
     }
@@ -143,7 +143,9 @@ fn a_refused_move_returns_every_source_and_leaves_nothing_on_the_target() {
     let s1 = new.create_stream("s").unwrap();
     let mut sources = Vec::new();
     for seed in 0..3u8 {
-        let b = old.allocate(&s0, MIB + 1, Role::Weights).unwrap();
+        let b = old
+            .allocate(&s0, Alloc::new(MIB + 1, Role::Weights))
+            .unwrap();
         b.write(0, &pattern(seed, (MIB + 1) as usize)).unwrap();
         sources.push(b);
     }
@@ -177,7 +179,7 @@ fn a_refused_move_returns_every_source_and_leaves_nothing_on_the_target() {
     assert_eq!(target.counters.retired, 2);
 
     // Make room and move again: it succeeds with the same buffers.
-    new.set_budget(8 * MIB);
+    new.set_budget(Tier::Device, 8 * MIB);
     let moved = new.migrate(&s1, e.buffers).unwrap();
     assert!(read_all(&moved[2]) == pattern(2, (MIB + 1) as usize));
     drop((moved, s0, s1));
@@ -192,7 +194,7 @@ fn a_stream_of_another_context_is_refused_before_anything_moves() {
     let a = gov.register(host(Duration::ZERO), ContextConfig::new().label("a"));
     let b = gov.register(host(Duration::ZERO), ContextConfig::new().label("b"));
     let sa = a.create_stream("s").unwrap();
-    let buf = a.allocate(&sa, 64, Role::Workspace).unwrap();
+    let buf = a.allocate(&sa, Alloc::new(64, Role::Workspace)).unwrap();
     let e = b.migrate(&sa, vec![buf]).unwrap_err();
     assert!(matches!(e.error, GovernorError::WrongContext { .. }), "{e}");
     assert_eq!(e.buffers.len(), 1);
@@ -215,7 +217,7 @@ fn null_move_carries_budgets_and_the_old_context_retires() {
     let s1 = new.create_stream("s").unwrap();
     let sources: Vec<_> = [(MIB, Role::Weights), (2 * MIB, Role::KvCache)]
         .into_iter()
-        .map(|(n, r)| old.allocate(&s0, n, r).unwrap())
+        .map(|(n, r)| old.allocate(&s0, Alloc::new(n, r)).unwrap())
         .collect();
     let moved = new.migrate(&s1, sources).unwrap();
     assert_eq!(new.snapshot().charged, 3 * MIB);

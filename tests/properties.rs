@@ -34,9 +34,9 @@ use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext};
 use memgov::BackendProbe;
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
-    GovernorError, Lifecycle, ProviderContextPin, ProviderContextPinError,
-    ProviderContextPinSource, Reservation, RetireError, Role,
+    Alloc, BudgetScope, ContextConfig, ContextHandle, ContextState, DeviceBuffer, GovernedStream,
+    Governor, GovernorError, ProviderContextPin, ProviderContextPinError, ProviderContextPinSource,
+    Reservation, Reserve, RetireError, Role,
 };
 use memgov_conformance::{WatchLog, Watched};
 use proptest::prelude::*;
@@ -507,7 +507,9 @@ impl World {
                 }
                 let h = stream % self.streams.len();
                 let role = role(*ri);
-                let r = self.ctx.allocate(&self.streams[h], *bytes, role);
+                let r = self
+                    .ctx
+                    .allocate(&self.streams[h], Alloc::new(*bytes, role));
                 let m = &mut self.m;
                 if *bytes == 0 {
                     prop_assert!(matches!(r, Err(GovernorError::ZeroSized { .. })), "{r:?}");
@@ -588,7 +590,7 @@ impl World {
                 }
             }
             Step::Reserve(bytes) => {
-                let r = self.ctx.reserve(*bytes, "r");
+                let r = self.ctx.reserve(Reserve::new(*bytes, "r"));
                 let m = &mut self.m;
                 if *bytes == 0 {
                     prop_assert!(matches!(r, Err(GovernorError::ZeroSized { .. })), "{r:?}");
@@ -646,7 +648,8 @@ impl World {
                 }
                 let k = res % self.reservations.len();
                 let h = stream % self.streams.len();
-                let r = self.reservations[k].allocate(&self.streams[h], *bytes, role(*ri));
+                let r =
+                    self.reservations[k].allocate(&self.streams[h], Alloc::new(*bytes, role(*ri)));
                 let m = &mut self.m;
                 let left = m.reserved[k];
                 if *bytes == 0 {
@@ -763,7 +766,7 @@ impl World {
             }
             Step::AllocateOnForeignStream => {
                 let other = self.second_stream.clone();
-                let r = self.ctx.allocate(&other, 64, Role::Other);
+                let r = self.ctx.allocate(&other, Alloc::new(64, Role::Other));
                 prop_assert!(
                     matches!(r, Err(GovernorError::WrongContext { .. })),
                     "{r:?}"
@@ -962,7 +965,7 @@ impl World {
             return Ok(());
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.ctx.lifecycle() != Lifecycle::Terminated {
+        while self.ctx.lifecycle() != ContextState::Terminated {
             prop_assert!(
                 Instant::now() < deadline,
                 "drained and unattended, yet no background teardown: {:?}",
@@ -1069,13 +1072,13 @@ impl World {
             "pending pins"
         );
         let expected = if self.m.terminated {
-            Lifecycle::Terminated
+            ContextState::Terminated
         } else if self.m.lost {
-            Lifecycle::Lost
+            ContextState::Lost
         } else if self.m.retiring {
-            Lifecycle::Retiring
+            ContextState::Retiring
         } else {
-            Lifecycle::Active
+            ContextState::Active
         };
         prop_assert_eq!(s.lifecycle, expected);
         // Destroy: at most once, and only once the model is drained.

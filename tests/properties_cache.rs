@@ -30,7 +30,7 @@
 use memgov::fault::{Fault, FaultControl, FaultInjecting, FaultPlan, Operation};
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    size_class, BackendProbe, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer,
+    size_class, Alloc, BackendProbe, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer,
     GovernedStream, Governor, Role,
 };
 use memgov_conformance::{WatchLog, Watched};
@@ -255,7 +255,10 @@ impl Harness {
                     .map(|(_, a)| a);
                 let before = self.calls();
                 let handle = self.streams[s].as_ref().unwrap().handle.clone().unwrap();
-                let buffer = self.ctx.allocate(&handle, bytes, role(r)).unwrap();
+                let buffer = self
+                    .ctx
+                    .allocate(&handle, Alloc::new(bytes, role(r)))
+                    .unwrap();
                 prop_assert_eq!((buffer.len(), buffer.charged()), (bytes, class));
                 let addr = buffer.raw().unwrap().as_ptr() as usize;
                 match predicted {

@@ -26,7 +26,7 @@
 
 use memgov::host::{HostConfig, HostContext, HostControls};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    Alloc, BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     GovernorError, Role, SharedBudget, Tier,
 };
 use memgov_conformance::{WatchLog, Watched};
@@ -207,9 +207,10 @@ impl World {
                 bytes,
             } => {
                 let fits = self.m.of(tier).charged() + bytes <= self.m.limit(tier);
-                let r = self
-                    .ctx
-                    .allocate_in(&self.streams[stream], bytes, Role::Other, tier);
+                let r = self.ctx.allocate(
+                    &self.streams[stream],
+                    Alloc::new(bytes, Role::Other).tier(tier),
+                );
                 match (r, fits) {
                     (Ok(b), true) => {
                         prop_assert_eq!(b.tier(), tier);
@@ -275,7 +276,7 @@ impl World {
                 }
             }
             Step::SetLimit { tier, bytes } => {
-                self.ctx.set_tier_budget(tier, bytes);
+                self.ctx.set_budget(tier, bytes);
                 match tier {
                     Tier::Device => self.m.device_limit = bytes,
                     _ => self.m.pinned_limit = bytes,

@@ -24,7 +24,7 @@
 
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    Alloc, BudgetScope, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     OutsideRecord, OutsideUsage, ProcessBudget, Role, SharedBudget,
 };
 use proptest::prelude::*;
@@ -319,7 +319,7 @@ impl World {
             let s = ctx.create_stream("s").unwrap();
             let cache: Cache = Arc::default();
             let (cache2, s2, asked2) = (cache.clone(), s.clone(), asked.clone());
-            ctx.add_pressure_responder_with_priority(limits.priority[c], move |_| {
+            ctx.add_pressure_responder(limits.priority[c], move |_| {
                 asked2.lock().unwrap().push(c);
                 let freed: Vec<_> = cache2.lock().unwrap().drain(..).collect();
                 let bytes = freed.iter().map(|b| b.len()).sum();
@@ -378,7 +378,8 @@ impl World {
             Step::Allocate { ctx, bytes, cache } => {
                 self.asked.lock().unwrap().clear();
                 let expected = self.m.allocate(ctx, bytes);
-                let got = self.contexts[ctx].allocate(&self.streams[ctx], bytes, Role::Other);
+                let got =
+                    self.contexts[ctx].allocate(&self.streams[ctx], Alloc::new(bytes, Role::Other));
                 let asked = std::mem::take(&mut *self.asked.lock().unwrap());
                 if !asked.is_empty() {
                     RECLAIMS.fetch_add(1, Ordering::Relaxed);

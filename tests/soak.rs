@@ -13,7 +13,9 @@
 
 use memgov::fault::SplitMix64 as Rng;
 use memgov::host::{HostConfig, HostContext};
-use memgov::{Admission, ContextConfig, Governor, GovernorError, ProviderContextPinError, Role};
+use memgov::{
+    Admission, Alloc, ContextConfig, Governor, GovernorError, ProviderContextPinError, Role,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -137,7 +139,7 @@ fn epoch(
                     let s = &streams[(rng.next_u64() % 2) as usize];
                     let bytes = 64 + rng.next_u64() % (64 << 10);
                     let role = Role::ALL[(rng.next_u64() % 5) as usize];
-                    match ctx.allocate(s, bytes, role) {
+                    match ctx.allocate(s, Alloc::new(bytes, role)) {
                         Ok(b) => {
                             if rng.next_u64() % 16 == 0 {
                                 b.write(0, &n.to_le_bytes()).unwrap();

@@ -17,8 +17,8 @@
 use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::null::{NullContext, NullControls};
 use memgov::{
-    Admission, ContextConfig, ContextHandle, GovernedStream, Governor, GovernorError,
-    ProviderContextPinError, Role, SharedBudget,
+    Admission, Alloc, ContextConfig, ContextHandle, GovernedStream, Governor, GovernorError,
+    ProviderContextPinError, Role, SharedBudget, Tier, Tuning,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -73,11 +73,14 @@ fn waiter_on_a_full_context(gov: &Governor<NullContext>) -> FullContext {
             .admission(waiting(Duration::from_secs(60))),
     );
     let stream = ctx.create_stream("s").unwrap();
-    drop(ctx.allocate(&stream, MIB, Role::Weights).unwrap()); // parked: pending
+    drop(
+        ctx.allocate(&stream, Alloc::new(MIB, Role::Weights))
+            .unwrap(),
+    ); // parked: pending
     let (tx, result) = std::sync::mpsc::channel();
     let (c2, s2) = (ctx.clone(), stream.clone());
     std::thread::spawn(move || {
-        let _ = tx.send(c2.allocate(&s2, MIB, Role::Weights).map(drop));
+        let _ = tx.send(c2.allocate(&s2, Alloc::new(MIB, Role::Weights)).map(drop));
     });
     eventually("the allocation waits", || {
         ctx.snapshot().counters.admission_waits == 1
@@ -101,7 +104,7 @@ fn a_wait_that_retire_ends_admits_nothing_even_where_it_would_fit() {
         parked,
         result: rx,
     } = waiter_on_a_full_context(&gov);
-    ctx.set_budget(2 * MIB);
+    ctx.set_budget(Tier::Device, 2 * MIB);
     let handle = ctx.retire();
     let result = rx.recv_timeout(Duration::from_secs(10)).expect("woken");
     assert!(is_unavailable(&result), "{result:?}");
@@ -151,12 +154,12 @@ fn an_allocation_after_force_is_refused_as_retiring() {
     let ctx = gov.register(NullContext::new(), ContextConfig::new().budget(MIB));
     let s = ctx.create_stream("s").unwrap();
     let held = Arc::new(Mutex::new(Some(
-        ctx.allocate(&s, MIB, Role::Weights).unwrap(),
+        ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap(),
     )));
     let forced = Arc::new(Mutex::new(None));
     {
         let (ctx2, held, forced) = (ctx.clone(), held.clone(), forced.clone());
-        ctx.add_pressure_responder(move |_| {
+        ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
             drop(held.lock().unwrap().take()); // room: the null device frees inline
             let handle = ctx2.retire();
             // This thread's allocation still holds its pin: force revokes
@@ -166,7 +169,7 @@ fn an_allocation_after_force_is_refused_as_retiring() {
             MIB
         });
     }
-    let result = ctx.allocate(&s, MIB, Role::Weights).map(drop);
+    let result = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).map(drop);
     assert!(is_unavailable(&result), "{result:?}");
     assert!(forced.lock().unwrap().is_some(), "the responder ran force");
     assert_eq!(ctx.snapshot().counters.allocations, 1);
@@ -202,8 +205,12 @@ fn swap(gov: &Governor<Faulty>, gpu: &SharedBudget, round: u32) {
             .shared_budget(gpu.clone()),
     );
     let s = old.create_stream("old").unwrap();
-    let quarantined = old.allocate(&s, 2 * MIB, Role::Weights).unwrap();
-    let pending = old.allocate(&s, 8 * MIB, Role::Weights).unwrap();
+    let quarantined = old
+        .allocate(&s, Alloc::new(2 * MIB, Role::Weights))
+        .unwrap();
+    let pending = old
+        .allocate(&s, Alloc::new(8 * MIB, Role::Weights))
+        .unwrap();
     drop(quarantined); // refused by the device: quarantined
     drop(pending); // parked: pending
     drop(s);
@@ -226,7 +233,7 @@ fn swap(gov: &Governor<Faulty>, gpu: &SharedBudget, round: u32) {
     let (tx, rx) = std::sync::mpsc::channel();
     let (n2, s2) = (new.clone(), s.clone());
     std::thread::spawn(move || {
-        let _ = tx.send(n2.allocate(&s2, 10 * MIB, Role::Weights));
+        let _ = tx.send(n2.allocate(&s2, Alloc::new(10 * MIB, Role::Weights)));
     });
     eventually("the new model waits", || {
         new.snapshot().counters.admission_waits >= 1
@@ -273,9 +280,17 @@ fn a_swap_waits_for_bytes_awaiting_the_old_teardown() {
         );
         let old = gov.register(old_dev, ContextConfig::new().shared_budget(gpu.clone()));
         let s = old.create_stream("old").unwrap();
-        drop(old.allocate(&s, 2 * MIB, Role::Weights).unwrap()); // quarantined
-        drop(old.allocate(&s, 6 * MIB, Role::Weights).unwrap()); // abandoned
-        let live = old.allocate(&s, 2 * MIB, Role::Activation).unwrap();
+        drop(
+            old.allocate(&s, Alloc::new(2 * MIB, Role::Weights))
+                .unwrap(),
+        ); // quarantined
+        drop(
+            old.allocate(&s, Alloc::new(6 * MIB, Role::Weights))
+                .unwrap(),
+        ); // abandoned
+        let live = old
+            .allocate(&s, Alloc::new(2 * MIB, Role::Activation))
+            .unwrap();
         drop(s);
         assert_eq!(
             (gpu.quarantined(), gpu.awaiting_teardown()),
@@ -294,7 +309,10 @@ fn a_swap_waits_for_bytes_awaiting_the_old_teardown() {
         let (tx, rx) = std::sync::mpsc::channel();
         let (n2, s2) = (new.clone(), s.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(n2.allocate(&s2, 10 * MIB, Role::Weights).map(drop));
+            let _ = tx.send(
+                n2.allocate(&s2, Alloc::new(10 * MIB, Role::Weights))
+                    .map(drop),
+            );
         });
         eventually("the new model waits", || {
             new.snapshot().counters.admission_waits >= 1
@@ -320,8 +338,8 @@ fn a_shared_budget_waiter_is_refused_at_once_when_nothing_will_come_back() {
     let (a_dev, a_parked) = faulty(FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error));
     let a = gov.register(a_dev, ContextConfig::new().shared_budget(gpu.clone()));
     let sa = a.create_stream("a").unwrap();
-    drop(a.allocate(&sa, 2 * MIB, Role::Weights).unwrap()); // quarantined
-    let live = a.allocate(&sa, 8 * MIB, Role::Weights).unwrap();
+    drop(a.allocate(&sa, Alloc::new(2 * MIB, Role::Weights)).unwrap()); // quarantined
+    let live = a.allocate(&sa, Alloc::new(8 * MIB, Role::Weights)).unwrap();
     let (b_dev, _) = faulty(FaultPlan::new());
     let b = gov.register(
         b_dev,
@@ -331,7 +349,9 @@ fn a_shared_budget_waiter_is_refused_at_once_when_nothing_will_come_back() {
     );
     let sb = b.create_stream("b").unwrap();
     let started = Instant::now();
-    let err = b.allocate(&sb, 10 * MIB, Role::Weights).unwrap_err();
+    let err = b
+        .allocate(&sb, Alloc::new(10 * MIB, Role::Weights))
+        .unwrap_err();
     let took = started.elapsed();
     let numbers = err.budget().unwrap_or_else(|| panic!("{err}"));
     assert_eq!(
@@ -401,8 +421,7 @@ mod peak {
             null,
             ContextConfig::new()
                 .budget(16 * MIB)
-                .lease_chunk(chunk)
-                .exact_peak(exact),
+                .tuning(Tuning::new().lease_chunk(chunk).exact_peak(exact)),
         );
         let streams: Vec<GovernedStream<NullContext>> = (0..3)
             .map(|i| ctx.create_stream(format!("s{i}")).unwrap())
@@ -415,7 +434,7 @@ mod peak {
             match *s {
                 Step::Alloc { stream, kib, role } => {
                     let bytes = kib * KIB;
-                    match ctx.allocate(&streams[stream], bytes, Role::ALL[role]) {
+                    match ctx.allocate(&streams[stream], Alloc::new(bytes, Role::ALL[role])) {
                         Ok(b) => {
                             live.push(b);
                             live_bytes += bytes;
@@ -543,7 +562,9 @@ mod peak {
         let gov = Governor::new();
         let ctx = gov.register(
             NullContext::new(),
-            ContextConfig::new().budget(64 * MIB).exact_peak(exact),
+            ContextConfig::new()
+                .budget(64 * MIB)
+                .tuning(Tuning::new().exact_peak(exact)),
         );
         let (held, freed) = (Barrier::new(THREADS), Barrier::new(THREADS));
         std::thread::scope(|scope| {
@@ -552,7 +573,9 @@ mod peak {
                 scope.spawn(move || {
                     let s = ctx.create_stream(format!("t{t}")).unwrap();
                     for r in 0..ROUNDS {
-                        let b = ctx.allocate(&s, size(t, r), Role::Activation).unwrap();
+                        let b = ctx
+                            .allocate(&s, Alloc::new(size(t, r), Role::Activation))
+                            .unwrap();
                         held.wait();
                         drop(b);
                         freed.wait();

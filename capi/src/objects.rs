@@ -12,8 +12,8 @@ use crate::{
 use memgov::any::{AnyContext, AnyMemory, BackendKind, BACKENDS};
 use memgov::host::{HostConfig, HostContext};
 use memgov::{
-    Admission, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, Lifecycle,
-    PressureRequest, ProviderContextPin, ProviderContextPinSource, Role, TeardownReport,
+    Admission, Alloc, ContextConfig, ContextHandle, ContextState, DeviceBuffer, GovernedStream,
+    Governor, PressureRequest, ProviderContextPin, ProviderContextPinSource, Role, TeardownReport,
 };
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
@@ -356,7 +356,9 @@ pub extern "C" fn memgov_context_close(ctx: *mut memgov_context) -> i32 {
 #[no_mangle]
 pub extern "C" fn memgov_context_set_budget(ctx: *mut memgov_context, bytes: u64) -> i32 {
     guard("memgov_context_set_budget", || {
-        get::<ContextObj, _>(ctx)?.ctx.set_budget(bytes);
+        get::<ContextObj, _>(ctx)?
+            .ctx
+            .set_budget(memgov::Tier::Device, bytes);
         Ok(())
     })
 }
@@ -393,10 +395,10 @@ pub(crate) fn snapshot_of(ctx: &Ctx) -> memgov_snapshot {
     memgov_snapshot {
         size: std::mem::size_of::<memgov_snapshot>() as u32,
         lifecycle: match s.lifecycle {
-            Lifecycle::Active => MEMGOV_LIFECYCLE_ACTIVE,
-            Lifecycle::Retiring => MEMGOV_LIFECYCLE_RETIRING,
-            Lifecycle::Lost => MEMGOV_LIFECYCLE_LOST,
-            Lifecycle::Terminated => MEMGOV_LIFECYCLE_TERMINATED,
+            ContextState::Active => MEMGOV_LIFECYCLE_ACTIVE,
+            ContextState::Retiring => MEMGOV_LIFECYCLE_RETIRING,
+            ContextState::Lost => MEMGOV_LIFECYCLE_LOST,
+            ContextState::Terminated => MEMGOV_LIFECYCLE_TERMINATED,
         },
         budget_limit: s.budget_limit,
         charged: s.charged,
@@ -539,8 +541,10 @@ pub unsafe extern "C" fn memgov_pressure_callback_add(
             p.add_slot(&slot)?;
         }
         let responder = slot.clone();
-        c.ctx
-            .add_pressure_responder(move |req: &PressureRequest| responder.call(req));
+        c.ctx.add_pressure_responder(
+            memgov::DEFAULT_PRESSURE_PRIORITY,
+            move |req: &PressureRequest| responder.call(req),
+        );
         let h = registry::insert(Arc::new(CallbackObj { slot }));
         created(plugin.as_ref(), h);
         // SAFETY: checked non-null; writable by contract.
@@ -679,7 +683,7 @@ pub(crate) fn allocate(
 ) -> Result<u64> {
     let charge = charge(plugin, What::Buffer(bytes))?;
     let ctx = stream.ctx.clone();
-    let buffer = ctx.allocate(&stream.stream, bytes, role)?;
+    let buffer = ctx.allocate(&stream.stream, Alloc::new(bytes, role))?;
     let h = registry::insert(Arc::new(BufferObj {
         buffer: Mutex::new(Some(buffer)),
         ctx,

@@ -7,7 +7,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
-use memgov::{ContextConfig, DeviceContext, Governor, RetireSignal, Role};
+use memgov::{Alloc, ContextConfig, DeviceContext, Governor, RetireSignal, Role};
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -53,8 +53,7 @@ fn null_cycle(c: &mut Criterion) {
         b.iter(|| {
             drop(black_box(ctx.allocate(
                 &stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )))
         })
     });
@@ -93,8 +92,7 @@ fn host_cycle(c: &mut Criterion) {
             for _ in 0..BATCH {
                 drop(black_box(ctx.allocate(
                     &stream,
-                    black_box(4096),
-                    Role::Activation,
+                    Alloc::new(black_box(4096), Role::Activation),
                 )));
             }
             stream.synchronize().unwrap();

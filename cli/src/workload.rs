@@ -29,9 +29,9 @@ use memgov::any::{AnyContext, BackendKind, BACKENDS};
 use memgov::host::{HostConfig, HostContext};
 use memgov::trace::Trace;
 use memgov::{
-    Admission, Bytes, CacheConfig, ContextConfig, ContextHandle, DeviceBuffer, DeviceContext,
-    Elapsed, GovernedStream, Governor, GovernorError, Lifecycle, ProviderContextPinSource,
-    Reservation, Role, SharedBudget, TeardownReport, Tier,
+    Admission, Alloc, Bytes, CacheConfig, ContextConfig, ContextHandle, ContextState, DeviceBuffer,
+    DeviceContext, Elapsed, GovernedStream, Governor, GovernorError, ProviderContextPinSource,
+    Reservation, Reserve, Role, SharedBudget, TeardownReport, Tier, Tuning,
 };
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -161,7 +161,7 @@ impl Session {
     fn retire_left(&self) -> Vec<Retired> {
         let mut retired = Vec::new();
         for ctx in self.gov.contexts() {
-            if ctx.lifecycle() == Lifecycle::Terminated {
+            if ctx.lifecycle() == ContextState::Terminated {
                 continue;
             }
             let handle = ctx.retire();
@@ -428,7 +428,7 @@ fn llm_on(
     // the context's streams (a workload, not a throughput measurement).
     let mut cfg = ContextConfig::new()
         .label(label)
-        .exact_peak(true)
+        .tuning(Tuning::new().exact_peak(true))
         .budget(args.llm_budget_mib * MIB)
         .tier_budget(Tier::PinnedHost, PINNED_BUDGET)
         .cache(CacheConfig::new(CACHE_LIMIT))
@@ -443,7 +443,7 @@ fn llm_on(
     // Evict least-recently-used KV blocks when an allocation does not fit.
     // Called with no governor lock held.
     let lru = kv.clone();
-    ctx.add_pressure_responder(move |req| {
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |req| {
         let freed = evict(&lru, req.shortfall);
         reclaimed.fetch_add(freed, Ordering::Relaxed);
         freed
@@ -496,10 +496,10 @@ fn offload(m: &mut Metrics, llm: &Llm, bytes: u64) -> Result<u64, String> {
         };
         block.read(0, &mut header).map_err(|e| e.to_string())?;
         let pinned = loop {
-            match llm
-                .ctx
-                .allocate_in(&llm.decode, block.len(), Role::KvCache, Tier::PinnedHost)
-            {
+            match llm.ctx.allocate(
+                &llm.decode,
+                Alloc::new(block.len(), Role::KvCache).tier(Tier::PinnedHost),
+            ) {
                 Ok(p) => break Some(p),
                 Err(GovernorError::BudgetExceeded(_)) => {
                     let oldest = llm
@@ -569,7 +569,7 @@ fn reserve_kv(
     let label = format!("request-{request}");
     let mut evicted = false;
     loop {
-        match llm.ctx.reserve(bytes, &label) {
+        match llm.ctx.reserve(Reserve::new(bytes, &label)) {
             Ok(r) => {
                 if evicted {
                     m.reserved_after_eviction += 1;
@@ -603,7 +603,7 @@ fn timed_alloc(
 ) -> Result<DeviceBuffer<Ctx>, String> {
     let t = Instant::now();
     let b = ctx
-        .allocate(stream, bytes, role)
+        .allocate(stream, Alloc::new(bytes, role))
         .map_err(|e| e.to_string())?;
     m.alloc.0.push(t.elapsed());
     Ok(b)
@@ -639,7 +639,7 @@ fn serve(
             Some(r) => {
                 let t = Instant::now();
                 let b = r
-                    .allocate(&llm.decode, KV_BLOCK, Role::KvCache)
+                    .allocate(&llm.decode, Alloc::new(KV_BLOCK, Role::KvCache))
                     .map_err(|e| e.to_string())?;
                 m.alloc.0.push(t.elapsed());
                 m.reserved_blocks += 1;
@@ -669,7 +669,7 @@ fn serve(
 fn stores_data(ctx: &ContextHandle<Ctx>) -> Result<bool, String> {
     let s = ctx.create_stream("probe").map_err(|e| e.to_string())?;
     let b = ctx
-        .allocate(&s, 64, Role::Other)
+        .allocate(&s, Alloc::new(64, Role::Other))
         .map_err(|e| e.to_string())?;
     let data = fill(7, 64);
     b.write(0, &data).map_err(|e| e.to_string())?;
@@ -889,7 +889,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         traced(
             ContextConfig::new()
                 .label("embedder@gpu0")
-                .exact_peak(true)
+                .tuning(Tuning::new().exact_peak(true))
                 .budget(64 * MIB)
                 .shared_budget(gpu0.clone())
                 .admission(Admission::WaitForPending {
@@ -1287,7 +1287,7 @@ fn arena_phase(
         let mut bufs = Vec::new();
         for i in 0..ARENA_BYTES / ARENA_BUFFER {
             let b = handle
-                .allocate(&stream, ARENA_BUFFER, Role::Weights)
+                .allocate(&stream, Alloc::new(ARENA_BUFFER, Role::Weights))
                 .map_err(|e| format!("arena allocate: {e}"))?;
             b.write(0, &fill(0xa7e0 + i, ARENA_BUFFER as usize))
                 .map_err(|e| format!("arena write: {e}"))?;
@@ -1450,7 +1450,7 @@ fn swap_devices(
     let mut expected_refusals = Vec::new();
     let retire = old_ctx.retire();
     let what = "allocation on the retiring context";
-    match old_ctx.allocate(&decode, MIB, Role::Activation) {
+    match old_ctx.allocate(&decode, Alloc::new(MIB, Role::Activation)) {
         Ok(_) => {
             return Err(format!(
                 "{what} was admitted; a retiring context must refuse new work"

@@ -333,7 +333,7 @@ pub(crate) struct ProcessBudgetInner {
 /// memory anywhere under it.
 ///
 /// ```
-/// use memgov::{Governor, ContextConfig, ProcessBudget, Role, SharedBudget, BudgetScope};
+/// use memgov::{Alloc, Governor, ContextConfig, ProcessBudget, Role, SharedBudget, BudgetScope};
 /// use memgov::host::{HostConfig, HostContext};
 /// let process = ProcessBudget::new("worker", 3 << 20);
 /// let gpu0 = SharedBudget::with_parent("gpu0", 2 << 20, &process);
@@ -342,9 +342,9 @@ pub(crate) struct ProcessBudgetInner {
 /// let a = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0));
 /// let b = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu1));
 /// let (sa, sb) = (a.create_stream("a")?, b.create_stream("b")?);
-/// let _x = a.allocate(&sa, 2 << 20, Role::Weights)?;
+/// let _x = a.allocate(&sa, Alloc::new(2 << 20, Role::Weights))?;
 /// // gpu1 has room, the process does not.
-/// let err = b.allocate(&sb, 2 << 20, Role::Weights).unwrap_err();
+/// let err = b.allocate(&sb, Alloc::new(2 << 20, Role::Weights)).unwrap_err();
 /// assert_eq!(err.budget().unwrap().scope, BudgetScope::Process("worker".into()));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -219,13 +219,13 @@ impl<C: DeviceContext> DeviceBuffer<C> {
     /// buffer is released.
     ///
     /// ```
-    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
     ///
     /// let gov = Governor::new();
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new());
     /// let compute = ctx.create_stream("compute")?;
     /// let copy = ctx.create_stream("copy")?;
-    /// let mut kv = ctx.allocate(&compute, 1 << 20, Role::KvCache)?;
+    /// let mut kv = ctx.allocate(&compute, Alloc::new(1 << 20, Role::KvCache))?;
     /// // ... a copy of your own on `copy.raw()` reads `kv` ...
     /// kv.record_stream(&copy)?;
     /// drop(kv); // freed on `compute`, after the work queued on `copy` so far

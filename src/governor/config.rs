@@ -152,9 +152,7 @@ pub struct ContextConfig {
     pub(crate) shared: Option<SharedBudget>,
     pub(crate) admission: Admission,
     pub(crate) max_pins: u64,
-    pub(crate) lease_chunk: u64,
-    pub(crate) pin_lease_chunk: u64,
-    pub(crate) exact_peak: bool,
+    pub(crate) tuning: Tuning,
     pub(crate) trace: Option<crate::trace::Trace>,
     pub(crate) cache: Option<super::cache::CacheConfig>,
 }
@@ -168,9 +166,7 @@ impl Default for ContextConfig {
             shared: None,
             admission: Admission::FailFast,
             max_pins: crate::sync::MAX_CLAIMS,
-            lease_chunk: super::lease::DEFAULT_CHUNK,
-            pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
-            exact_peak: false,
+            tuning: Tuning::new(),
             trace: None,
             cache: None,
         }
@@ -189,9 +185,7 @@ impl fmt::Debug for ContextConfig {
             )
             .field("admission", &self.admission)
             .field("max_pins", &self.max_pins)
-            .field("lease_chunk", &self.lease_chunk)
-            .field("pin_lease_chunk", &self.pin_lease_chunk)
-            .field("exact_peak", &self.exact_peak)
+            .field("tuning", &self.tuning)
             .field("traced", &self.trace.is_some())
             .field("cache", &self.cache)
             .finish()
@@ -253,15 +247,15 @@ impl ContextConfig {
     /// every allocation is fresh memory.
     ///
     /// ```
-    /// use memgov::{CacheConfig, ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
+    /// use memgov::{Alloc, CacheConfig, ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(
     ///     HostContext::new(HostConfig::default())?,
     ///     ContextConfig::new().budget(64 << 20).cache(CacheConfig::new(16 << 20)),
     /// );
     /// let stream = ctx.create_stream("main")?;
-    /// drop(ctx.allocate(&stream, 1000, Role::Workspace)?); // kept: 1024 B
-    /// let again = ctx.allocate(&stream, 900, Role::Workspace)?; // the same block
+    /// drop(ctx.allocate(&stream, Alloc::new(1000, Role::Workspace))?); // kept: 1024 B
+    /// let again = ctx.allocate(&stream, Alloc::new(900, Role::Workspace))?; // the same block
     /// assert_eq!((again.len(), again.charged()), (900, 1024)); // its class is charged
     /// assert_eq!(ctx.snapshot().cache.hits, 1);
     /// drop(again);
@@ -286,18 +280,18 @@ impl ContextConfig {
     /// bytes are never charged to the device budget or a shared one.
     ///
     /// ```
-    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
     /// let gov = Governor::new();
     /// let config = ContextConfig::new()
     ///     .budget(1 << 20)
     ///     .tier_budget(Tier::PinnedHost, 64 << 10);
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, config);
     /// let stream = ctx.create_stream("copy")?;
-    /// let staging = ctx.allocate_in(&stream, 64 << 10, Role::Other, Tier::PinnedHost)?;
+    /// let staging = ctx.allocate(&stream, Alloc::new(64 << 10, Role::Other).tier(Tier::PinnedHost))?;
     /// assert_eq!(staging.tier(), Tier::PinnedHost);
     /// // The pinned tier is full; the device tier is untouched.
-    /// assert!(ctx.allocate_in(&stream, 1, Role::Other, Tier::PinnedHost).is_err());
-    /// let weights = ctx.allocate(&stream, 1 << 20, Role::Weights)?;
+    /// assert!(ctx.allocate(&stream, Alloc::new(1, Role::Other).tier(Tier::PinnedHost)).is_err());
+    /// let weights = ctx.allocate(&stream, Alloc::new(1 << 20, Role::Weights))?;
     /// drop((staging, weights));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -321,52 +315,10 @@ impl ContextConfig {
         self
     }
 
-    /// Bytes of budget a stream leases beyond an allocation when it has to
-    /// charge the budget (default 2 MiB; 0 turns leases off).
-    ///
-    /// Streams charge allocations out of their lease and put settled frees
-    /// back into it (keeping at most two chunks), so that streams allocating
-    /// at the same time do not write the same budget word. Admission stays
-    /// exact: before refusing an allocation, the governor takes back every
-    /// idle lease. Snapshots report bytes charged to allocations, not leased
-    /// ones; while streams allocate, `charged` may be off by up to one chunk
-    /// per stream refilling or settling at that instant, and `peak` may miss
-    /// a short peak by as much. A context on a shared budget does not lease.
-    pub fn lease_chunk(mut self, bytes: u64) -> Self {
-        self.lease_chunk = bytes;
-        self
-    }
-
-    /// Pins a stream's shard leases from the context at a time (default 32;
-    /// 0 turns pin leases off).
-    ///
-    /// A buffer's pin is taken out of its stream's lease, so streams on
-    /// different threads do not write a common pin word. Leased pins count
-    /// against [`max_pins`](Self::max_pins) like held ones, but a refusal
-    /// takes every idle lease back before it reports `PinCountOverflow`, so
-    /// the maximum stays exact; snapshots count held pins only (a pin moving
-    /// in or out of a lease at that instant may be half-seen). Retire and
-    /// device loss close the leases before the pin count, so a pin is never
-    /// taken from a lease once the context is retiring.
-    pub fn pin_lease_chunk(mut self, pins: u64) -> Self {
-        self.pin_lease_chunk = pins;
-        self
-    }
-
-    /// Keep the snapshot's [`peak`](super::ContextSnapshot::peak) exact
-    /// across streams (default off).
-    ///
-    /// Off, each stream shard totals its own live bytes on its own cache
-    /// line, and the peak is the sum of the shards' peaks: exact on a context
-    /// whose live buffers were all on one stream (one session of a runtime),
-    /// an upper bound when several streams held buffers (their peaks need not
-    /// have coincided); [`ContextSnapshot::peak_exact`](super::ContextSnapshot::peak_exact)
-    /// says which. On, one context-wide total is kept instead, exact across
-    /// streams, and every stream writes its line twice per allocate and
-    /// release: streams of one context on several cores then slow each other
-    /// down (`memgov bench`'s `two-threads` row measures how much).
-    pub fn exact_peak(mut self, exact: bool) -> Self {
-        self.exact_peak = exact;
+    /// The fast path's tuning (leases, the exact peak): see [`Tuning`].
+    /// The defaults suit most runtimes; change them when a bench says so.
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
         self
     }
 
@@ -383,6 +335,89 @@ impl ContextConfig {
             "max_pins must be in 1..=2^63-1, got {max}"
         );
         self.max_pins = max;
+        self
+    }
+}
+
+/// How the governor's fast path trades exactness of what snapshots report
+/// for allocations that scale across streams. None of it changes what is
+/// admitted: admission is exact with every setting.
+///
+/// ```
+/// use memgov::{ContextConfig, Tuning};
+/// // One context per core-pinned stream, snapshots read rarely: bigger leases.
+/// let config = ContextConfig::new().budget(8 << 30).tuning(Tuning::new().lease_chunk(8 << 20));
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    pub(crate) lease_chunk: u64,
+    pub(crate) pin_lease_chunk: u64,
+    pub(crate) exact_peak: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tuning {
+    /// The defaults: 2 MiB budget leases, 32-pin leases, per-stream peaks.
+    pub const fn new() -> Self {
+        Self {
+            lease_chunk: super::lease::DEFAULT_CHUNK,
+            pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
+            exact_peak: false,
+        }
+    }
+
+    /// Bytes of budget a stream leases beyond an allocation when it has to
+    /// charge the budget (default 2 MiB; 0 turns leases off).
+    ///
+    /// Streams charge allocations out of their lease and put settled frees
+    /// back into it (keeping at most two chunks), so that streams allocating
+    /// at the same time do not write the same budget word. Admission stays
+    /// exact: before refusing an allocation, the governor takes back every
+    /// idle lease. Snapshots report bytes charged to allocations, not leased
+    /// ones; while streams allocate, `charged` may be off by up to one chunk
+    /// per stream refilling or settling at that instant, and `peak` may miss
+    /// a short peak by as much. A context on a shared budget does not lease.
+    pub const fn lease_chunk(mut self, bytes: u64) -> Self {
+        self.lease_chunk = bytes;
+        self
+    }
+
+    /// Pins a stream's shard leases from the context at a time (default 32;
+    /// 0 turns pin leases off).
+    ///
+    /// A buffer's pin is taken out of its stream's lease, so streams on
+    /// different threads do not write a common pin word. Leased pins count
+    /// against [`ContextConfig::max_pins`] like held ones, but a refusal
+    /// takes every idle lease back before it reports `PinCountOverflow`, so
+    /// the maximum stays exact; snapshots count held pins only (a pin moving
+    /// in or out of a lease at that instant may be half-seen). Retire and
+    /// device loss close the leases before the pin count, so a pin is never
+    /// taken from a lease once the context is retiring.
+    pub const fn pin_lease_chunk(mut self, pins: u64) -> Self {
+        self.pin_lease_chunk = pins;
+        self
+    }
+
+    /// Keep the snapshot's [`peak`](super::ContextSnapshot::peak) exact
+    /// across streams (default off).
+    ///
+    /// Off, each stream shard totals its own live bytes on its own cache
+    /// line, and the peak is the sum of the shards' peaks: exact on a context
+    /// whose live buffers were all on one stream (one session of a runtime),
+    /// an upper bound when several streams held buffers (their peaks need not
+    /// have coincided); [`ContextSnapshot::peak_exact`](super::ContextSnapshot::peak_exact)
+    /// says which. On, one context-wide total is kept instead, exact across
+    /// streams, and every stream writes its line twice per allocate and
+    /// release: streams of one context on several cores then slow each other
+    /// down (`memgov bench`'s `two-threads` row measures how much).
+    pub const fn exact_peak(mut self, exact: bool) -> Self {
+        self.exact_peak = exact;
         self
     }
 }

@@ -364,6 +364,20 @@ pub enum GovernorError {
         left: u64,
     },
 
+    /// An allocation out of a reservation named a tier other than the
+    /// reservation's; nothing changed.
+    #[error("context {context}: reservation '{label}' holds {reservation} bytes, cannot allocate in {asked} out of it; leave the tier out of the Alloc (the reservation's is used) or reserve in {asked}")]
+    WrongTier {
+        /// The reservation's context.
+        context: ContextName,
+        /// The reservation's label.
+        label: String,
+        /// The reservation's tier.
+        reservation: crate::Tier,
+        /// The tier the allocation asked for.
+        asked: crate::Tier,
+    },
+
     /// Zero-byte allocations are refused: no driver gives them a stable
     /// address, and they would hold a pin for nothing.
     #[error("context {context}: zero-byte allocation of {role} refused; ask for at least 1 byte")]
@@ -456,6 +470,7 @@ impl GovernorError {
         match self {
             Self::Pin { context, .. }
             | Self::ReservationExhausted { context, .. }
+            | Self::WrongTier { context, .. }
             | Self::ZeroSized { context, .. }
             | Self::OutOfBounds { context, .. }
             | Self::WrongContext { context, .. }

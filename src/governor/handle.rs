@@ -7,9 +7,10 @@ use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::record::ContextInner;
 use super::report::TeardownReport;
+use super::request::{Alloc, Reserve};
 use super::reservation::Reservation;
 use super::retire::RetireHandle;
-use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
+use super::snapshot::{lifecycle, snapshot, ContextSnapshot, ContextState};
 use super::stream::GovernedStream;
 use crate::sync::lock;
 use crate::trace::EventKind;
@@ -61,7 +62,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     }
 
     /// Where the context is in its life.
-    pub fn lifecycle(&self) -> Lifecycle {
+    pub fn lifecycle(&self) -> ContextState {
         lifecycle(&self.inner)
     }
 
@@ -91,53 +92,36 @@ impl<C: DeviceContext> ContextHandle<C> {
         GovernedStream::create(&self.inner, label.into())
     }
 
-    /// Allocate `bytes` for `role`, usable on `stream`, under the context's
-    /// budgets and admission policy.
+    /// Allocate what `alloc` asks for (its bytes, for its role, in its tier:
+    /// the device unless [`Alloc::tier`] says otherwise), usable on
+    /// `stream`, under the context's budgets and admission policy.
     ///
     /// ```
-    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
     /// let stream = ctx.create_stream("main")?;
-    /// let buf = ctx.allocate(&stream, 4096, Role::Activation)?;
+    /// let buf = ctx.allocate(&stream, Alloc::new(4096, Role::Activation))?;
     /// buf.write(0, b"hello")?;
     /// drop(buf); // queued stream-ordered; its pin retires with the free
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// # Errors
-    ///
-    /// [`GovernorError::ZeroSized`], [`GovernorError::WrongContext`],
-    /// [`GovernorError::Pin`] (retiring, or too many pins),
-    /// [`GovernorError::DeviceLost`], [`GovernorError::BudgetExceeded`] with
-    /// every number, or [`GovernorError::Backend`].
-    pub fn allocate(
-        &self,
-        stream: &GovernedStream<C>,
-        bytes: u64,
-        role: Role,
-    ) -> Result<DeviceBuffer<C>, GovernorError> {
-        self.allocate_tiered(stream, bytes, role, Tier::Device)
-    }
-
-    /// Allocate `bytes` in `tier`, usable on `stream`, charged to that
-    /// tier's budget ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)).
-    /// `Tier::Device` is [`allocate`](Self::allocate).
-    ///
     /// A buffer in any tier is governed the same way: born pinned, released
     /// stream-ordered on its stream (after every copy queued there before
     /// the release, and after the streams it was recorded on), its pin held
     /// until the free has executed, so teardown waits for it. Only the
-    /// budget differs: pinned host bytes are never charged to the device
-    /// budget or a shared one. A refusal names the tier
+    /// budget differs: pinned host bytes are charged to the tier's budget
+    /// ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)),
+    /// never to the device budget or a shared one. A refusal names the tier
     /// ([`BudgetScope::Tier`](super::BudgetScope::Tier)).
     ///
     /// ```
-    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new());
     /// let stream = ctx.create_stream("copy")?;
-    /// let staging = ctx.allocate_in(&stream, 4096, Role::Other, Tier::PinnedHost)?;
+    /// let staging = ctx.allocate(&stream, Alloc::new(4096, Role::Other).tier(Tier::PinnedHost))?;
     /// staging.write(0, b"batch")?;
     /// let mut back = [0u8; 5];
     /// staging.read(0, &mut back)?;
@@ -148,22 +132,28 @@ impl<C: DeviceContext> ContextHandle<C> {
     ///
     /// # Errors
     ///
-    /// Those of [`allocate`](Self::allocate); [`GovernorError::Backend`]
-    /// with [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
-    /// from a backend without the tier.
-    pub fn allocate_in(
+    /// [`GovernorError::ZeroSized`], [`GovernorError::WrongContext`],
+    /// [`GovernorError::Pin`] (retiring, or too many pins),
+    /// [`GovernorError::DeviceLost`], [`GovernorError::BudgetExceeded`] with
+    /// every number, or [`GovernorError::Backend`] (with
+    /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
+    /// from a backend without the tier).
+    #[inline]
+    pub fn allocate(
         &self,
         stream: &GovernedStream<C>,
-        bytes: u64,
-        role: Role,
-        tier: Tier,
+        alloc: Alloc,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
-        self.allocate_tiered(stream, bytes, role, tier)
+        match alloc.tier {
+            None | Some(Tier::Device) => {
+                self.allocate_tiered(stream, alloc.bytes, alloc.role, Tier::Device)
+            }
+            Some(tier) => self.allocate_tiered(stream, alloc.bytes, alloc.role, tier),
+        }
     }
 
-    /// The body of [`allocate`](Self::allocate) and
-    /// [`allocate_in`](Self::allocate_in): inlined into each, so that the
-    /// device path's tier test folds away.
+    /// The body of [`allocate`](Self::allocate): inlined into each arm of
+    /// its tier match, so that the device path's tier tests fold away.
     #[inline(always)]
     fn allocate_tiered(
         &self,
@@ -243,8 +233,9 @@ impl<C: DeviceContext> ContextHandle<C> {
         })
     }
 
-    /// Reserve `bytes` under the context's budgets (and its shared budget)
-    /// now, for allocations made later out of the reservation
+    /// Reserve what `reserve` asks for (its bytes, in its tier: the device
+    /// unless [`Reserve::tier`] says otherwise) under the context's budgets
+    /// (and its shared budget) now, for allocations made later out of the reservation
     /// ([`Reservation::allocate`]) without being charged again. The
     /// reservation holds only its unused bytes: an allocation moves its bytes
     /// to the buffer, whose release returns them to the budgets; dropping
@@ -256,42 +247,33 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// reservations by label, and a refusal names the largest ones.
     ///
     /// ```
-    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, Governor, ContextConfig, Reserve, Role, host::{HostContext, HostConfig}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
     /// let stream = ctx.create_stream("main")?;
-    /// let request = ctx.reserve(64 << 10, "request-17")?;
-    /// let kv = request.allocate(&stream, 16 << 10, Role::KvCache)?;
+    /// let request = ctx.reserve(Reserve::new(64 << 10, "request-17"))?;
+    /// let kv = request.allocate(&stream, Alloc::new(16 << 10, Role::KvCache))?;
     /// assert_eq!(request.left(), 48 << 10);
     /// // Over what is left: refused, the reservation unchanged.
-    /// assert!(request.allocate(&stream, 64 << 10, Role::KvCache).is_err());
+    /// assert!(request.allocate(&stream, Alloc::new(64 << 10, Role::KvCache)).is_err());
     /// drop((kv, request)); // the unused 48 KiB go back to the budget now
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// # Errors
-    ///
-    /// [`GovernorError::ZeroSized`], [`GovernorError::Pin`] (retiring, or
-    /// too many pins), [`GovernorError::BudgetExceeded`] with every number.
-    pub fn reserve(&self, bytes: u64, label: &str) -> Result<Reservation<C>, GovernorError> {
-        Reservation::new(&self.inner, Tier::Device, bytes, label)
-    }
-
-    /// [`reserve`](Self::reserve) in `tier`: the bytes are charged to the
-    /// tier's budget, and allocations out of the reservation are made in
-    /// that tier (pinned host staging for a request's offloaded KV cache,
-    /// say).
+    /// In a tier, the bytes are charged to the tier's budget, and
+    /// allocations out of the reservation are made in that tier (pinned
+    /// host staging for a request's offloaded KV cache, say):
     ///
     /// ```
-    /// use memgov::{ContextConfig, Governor, Role, Tier, host::{HostConfig, HostContext}};
+    /// use memgov::{Alloc, ContextConfig, Governor, Reserve, Role, Tier, host::{HostConfig, HostContext}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(
     ///     HostContext::new(HostConfig::default())?,
     ///     ContextConfig::new().tier_budget(Tier::PinnedHost, 1 << 20),
     /// );
     /// let stream = ctx.create_stream("offload")?;
-    /// let staging = ctx.reserve_in(Tier::PinnedHost, 256 << 10, "request-17 offload")?;
-    /// let block = staging.allocate(&stream, 64 << 10, Role::KvCache)?;
+    /// let staging = ctx.reserve(Reserve::new(256 << 10, "request-17 offload").tier(Tier::PinnedHost))?;
+    /// let block = staging.allocate(&stream, Alloc::new(64 << 10, Role::KvCache))?;
     /// assert_eq!(block.tier(), Tier::PinnedHost);
     /// assert_eq!(ctx.snapshot().tier(Tier::PinnedHost).unwrap().live_bytes, 64 << 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -299,15 +281,11 @@ impl<C: DeviceContext> ContextHandle<C> {
     ///
     /// # Errors
     ///
-    /// Those of [`reserve`](Self::reserve), with the tier's numbers when its
-    /// budget refuses.
-    pub fn reserve_in(
-        &self,
-        tier: Tier,
-        bytes: u64,
-        label: &str,
-    ) -> Result<Reservation<C>, GovernorError> {
-        Reservation::new(&self.inner, tier, bytes, label)
+    /// [`GovernorError::ZeroSized`], [`GovernorError::Pin`] (retiring, or
+    /// too many pins), [`GovernorError::BudgetExceeded`] with every number
+    /// (the tier's, when its budget refuses).
+    pub fn reserve(&self, reserve: Reserve<'_>) -> Result<Reservation<C>, GovernorError> {
+        Reservation::new(&self.inner, reserve.tier, reserve.bytes, reserve.label)
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of
@@ -328,23 +306,10 @@ impl<C: DeviceContext> ContextHandle<C> {
     }
 
     /// Register a callback asked to give memory back when an allocation does
-    /// not fit, with [`DEFAULT_PRESSURE_PRIORITY`]. Called with no lock held,
-    /// on the allocating thread. See
-    /// [`add_pressure_responder_with_priority`](Self::add_pressure_responder_with_priority).
-    ///
-    /// [`DEFAULT_PRESSURE_PRIORITY`]: super::DEFAULT_PRESSURE_PRIORITY
-    pub fn add_pressure_responder(
-        &self,
-        responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
-    ) {
-        self.add_pressure_responder_with_priority(
-            super::config::DEFAULT_PRESSURE_PRIORITY,
-            responder,
-        );
-    }
-
-    /// Register a callback asked to give memory back when an allocation does
-    /// not fit, asked in `priority` order: lowest first.
+    /// not fit, asked in `priority` order: lowest first
+    /// ([`DEFAULT_PRESSURE_PRIORITY`](super::DEFAULT_PRESSURE_PRIORITY) when
+    /// the order does not matter). Called with no lock held, on the
+    /// allocating thread.
     ///
     /// An allocation refused by this context's own budget asks this
     /// context's responders. One refused by a shared level (the device's
@@ -359,24 +324,24 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// while a round freed something.
     ///
     /// ```
-    /// use memgov::{Governor, ContextConfig, Role, SharedBudget, host::{HostConfig, HostContext}};
+    /// use memgov::{Alloc, Governor, ContextConfig, Role, SharedBudget, host::{HostConfig, HostContext}};
     /// let gpu0 = SharedBudget::new("gpu0", 2 << 20);
     /// let gov = Governor::new();
     /// let batch = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0.clone()));
     /// let online = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().shared_budget(gpu0));
     /// let s = batch.create_stream("s")?;
-    /// let cache = std::sync::Mutex::new(Some(batch.allocate(&s, 2 << 20, Role::KvCache)?));
+    /// let cache = std::sync::Mutex::new(Some(batch.allocate(&s, Alloc::new(2 << 20, Role::KvCache))?));
     /// // The batch context's cache goes first when the device is short.
-    /// batch.add_pressure_responder_with_priority(0, move |_| {
+    /// batch.add_pressure_responder(0, move |_| {
     ///     let freed = cache.lock().unwrap().take().map_or(0, |b| b.len());
     ///     s.synchronize().unwrap();
     ///     freed
     /// });
     /// let t = online.create_stream("t")?;
-    /// let _b = online.allocate(&t, 1 << 20, Role::Activation)?;
+    /// let _b = online.allocate(&t, Alloc::new(1 << 20, Role::Activation))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn add_pressure_responder_with_priority(
+    pub fn add_pressure_responder(
         &self,
         priority: u32,
         responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
@@ -387,15 +352,10 @@ impl<C: DeviceContext> ContextHandle<C> {
         });
     }
 
-    /// Change the context's budget. Allocations already charged stay.
-    pub fn set_budget(&self, bytes: u64) {
-        self.inner.charges.set_limit(bytes);
-    }
-
     /// Change the limit of `tier` (`Tier::Device`: the context's budget,
-    /// as [`set_budget`](Self::set_budget)). Allocations already charged
-    /// stay.
-    pub fn set_tier_budget(&self, tier: Tier, bytes: u64) {
+    /// [`ContextConfig::budget`](super::ContextConfig::budget)). Allocations
+    /// already charged stay.
+    pub fn set_budget(&self, tier: Tier, bytes: u64) {
         self.inner.charges.set_tier_limit(tier, bytes);
     }
 

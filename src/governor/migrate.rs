@@ -89,14 +89,14 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// their own streams. Returns the new buffers in the order given.
     ///
     /// ```
-    /// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+    /// use memgov::{Alloc, Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
     /// use std::time::{Duration, Instant};
     ///
     /// let gov = Governor::new();
     /// let old = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().label("gpu0"));
     /// let new = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().label("gpu1"));
     /// let (s0, s1) = (old.create_stream("load")?, new.create_stream("load")?);
-    /// let w = old.allocate(&s0, 4096, Role::Weights)?;
+    /// let w = old.allocate(&s0, Alloc::new(4096, Role::Weights))?;
     /// w.write(0, b"weights")?;
     /// let moved = new.migrate(&s1, vec![w])?;
     /// let mut back = [0u8; 7];
@@ -162,7 +162,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         source: &DeviceBuffer<C>,
         scratch: &mut Vec<u8>,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
-        let target = self.allocate(stream, source.len(), source.role())?;
+        let target = self.allocate(stream, super::Alloc::new(source.len(), source.role()))?;
         let mut offset = 0u64;
         while offset < source.len() {
             let n = (source.len() - offset).min(CHUNK as u64) as usize;

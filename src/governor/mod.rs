@@ -19,6 +19,7 @@ mod pin_source;
 mod record;
 mod release;
 mod report;
+mod request;
 mod reservation;
 mod retire;
 mod shards;
@@ -31,7 +32,7 @@ pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
 pub use cache::{size_class, CacheConfig, CacheUsage};
 pub use config::{
-    Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role,
+    Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role, Tuning,
     DEFAULT_PRESSURE_PRIORITY,
 };
 pub use error::{
@@ -43,10 +44,11 @@ pub use migrate::MigrateError;
 pub use outside::{OutsideRecord, OutsideUsage};
 pub use pin_source::ContextPin;
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
+pub use request::{Alloc, Reserve};
 pub use reservation::{Reservation, ReservationUsage};
 pub use retire::{Finished, RetireHandle};
 pub use snapshot::{
-    ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
+    ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, PinCounts, QuarantineEntry,
     RoleUsage, TierUsage,
 };
 pub use stream::GovernedStream;
@@ -65,13 +67,13 @@ static NEXT_GOVERNOR: AtomicU32 = AtomicU32::new(1);
 /// Governs the memory of every context registered with it.
 ///
 /// ```
-/// use memgov::{Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
+/// use memgov::{Alloc, Governor, ContextConfig, Role, host::{HostContext, HostConfig}};
 /// use std::time::{Duration, Instant};
 ///
 /// let gov = Governor::new();
 /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().label("llm").budget(64 << 20));
 /// let stream = ctx.create_stream("decode")?;
-/// let weights = ctx.allocate(&stream, 1 << 20, Role::Weights)?;
+/// let weights = ctx.allocate(&stream, Alloc::new(1 << 20, Role::Weights))?;
 /// drop(weights);
 /// drop(stream);
 /// let report = ctx.retire().wait(Instant::now() + Duration::from_secs(5))?;

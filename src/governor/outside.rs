@@ -91,16 +91,16 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// (the runtime frees its own memory).
     ///
     /// ```
-    /// use memgov::{ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
+    /// use memgov::{Alloc, ContextConfig, Governor, Role, host::{HostConfig, HostContext}};
     /// let gov = Governor::new();
     /// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(4 << 20));
     /// // ONNX Runtime kept 3 MiB of weights in its own heap.
     /// let weights = ctx.report_outside(3 << 20);
     /// let s = ctx.create_stream("s")?;
-    /// let err = ctx.allocate(&s, 2 << 20, Role::Activation).unwrap_err();
+    /// let err = ctx.allocate(&s, Alloc::new(2 << 20, Role::Activation)).unwrap_err();
     /// assert!(err.to_string().contains("outside memgov"), "{err}");
     /// drop(weights);
-    /// let _b = ctx.allocate(&s, 2 << 20, Role::Activation)?;
+    /// let _b = ctx.allocate(&s, Alloc::new(2 << 20, Role::Activation))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn report_outside(&self, bytes: u64) -> OutsideUsage<C> {
@@ -203,7 +203,7 @@ impl ProcessBudget {
 #[cfg(test)]
 mod tests {
     use crate::host::{HostConfig, HostContext};
-    use crate::{BudgetScope, ContextConfig, Governor, Role};
+    use crate::{Alloc, BudgetScope, ContextConfig, Governor, Role};
 
     #[test]
     fn outside_bytes_are_charged_while_recorded_even_over_the_limit() {
@@ -231,20 +231,24 @@ mod tests {
         let gov = Governor::new();
         let ctx = gov.register(
             HostContext::new(HostConfig::default()).unwrap(),
-            ContextConfig::new().budget(4 * MIB).lease_chunk(2 * MIB),
+            ContextConfig::new()
+                .budget(4 * MIB)
+                .tuning(crate::Tuning::new().lease_chunk(2 * MIB)),
         );
         let s = ctx.create_stream("s").unwrap();
         // The stream's shard keeps a lease of the budget after this.
-        drop(ctx.allocate(&s, MIB, Role::Other).unwrap());
+        drop(ctx.allocate(&s, Alloc::new(MIB, Role::Other)).unwrap());
         s.synchronize().unwrap();
         let _weights = ctx.report_outside(3 * MIB);
-        let err = ctx.allocate(&s, 2 * MIB, Role::Other).unwrap_err();
+        let err = ctx
+            .allocate(&s, Alloc::new(2 * MIB, Role::Other))
+            .unwrap_err();
         let e = err.budget().unwrap();
         assert_eq!(
             (&e.scope, e.outside),
             (&BudgetScope::Context, 3 * MIB),
             "{err}"
         );
-        drop(ctx.allocate(&s, MIB, Role::Other).unwrap());
+        drop(ctx.allocate(&s, Alloc::new(MIB, Role::Other)).unwrap());
     }
 }

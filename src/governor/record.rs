@@ -261,17 +261,17 @@ impl<C: DeviceContext> ContextInner<C> {
             // skips even the fence of `announce_settlement`.
             life: Lifecycle::new(
                 config.max_pins,
-                config.pin_lease_chunk,
+                config.tuning.pin_lease_chunk,
                 matches!(config.admission, Admission::WaitForPending { .. }),
                 Box::new(move || start_reaper(&this)),
             ),
             charges: Charges::new(
                 limit,
-                config.lease_chunk,
+                config.tuning.lease_chunk,
                 config.shared,
                 config.pinned_budget.unwrap_or(u64::MAX),
             ),
-            stats: Stats::new(config.exact_peak),
+            stats: Stats::new(config.tuning.exact_peak),
             cache: super::cache::ContextCache::new(config.cache),
             counters: Counters::default(),
             outside: Default::default(),

@@ -22,6 +22,7 @@ use super::config::Role;
 use super::error::{ContextOperation, GovernorError};
 use super::pin_source::ContextPin;
 use super::record::ContextInner;
+use super::request::Alloc;
 use super::shards::GLOBAL;
 use super::stream::GovernedStream;
 use crate::sync::{lock, Allowance};
@@ -169,14 +170,16 @@ impl<C: DeviceContext> Reservation<C> {
         self.state.left.left()
     }
 
-    /// Allocate `bytes` for `role` on `stream` out of the reservation: the
-    /// budgets are not charged again, the bytes leave the reservation, and
-    /// the buffer's release gives them back to the budgets.
+    /// Allocate what `alloc` asks for on `stream` out of the reservation, in
+    /// the reservation's tier: the budgets are not charged again, the bytes
+    /// leave the reservation, and the buffer's release gives them back to
+    /// the budgets.
     ///
     /// # Errors
     ///
-    /// [`GovernorError::ReservationExhausted`] when fewer than `bytes` are
-    /// left (nothing changes), [`GovernorError::ZeroSized`],
+    /// [`GovernorError::ReservationExhausted`] when fewer than the bytes
+    /// asked are left (nothing changes), [`GovernorError::WrongTier`] when
+    /// `alloc` names another tier, [`GovernorError::ZeroSized`],
     /// [`GovernorError::WrongContext`], [`GovernorError::Pin`] (retiring),
     /// [`GovernorError::BudgetExceeded`] when the device itself is out of
     /// memory, or [`GovernorError::Backend`]. On every error the bytes stay
@@ -184,16 +187,24 @@ impl<C: DeviceContext> Reservation<C> {
     pub fn allocate(
         &self,
         stream: &GovernedStream<C>,
-        bytes: u64,
-        role: Role,
+        alloc: Alloc,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
         let ctx = &self.ctx;
+        let (bytes, role) = (alloc.bytes, alloc.role);
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
             return Err(GovernorError::wrong_context(
                 ContextOperation::Allocate,
                 ctx.name(),
                 stream,
             ));
+        }
+        if let Some(asked) = alloc.tier.filter(|&t| t != self.tier) {
+            return Err(GovernorError::WrongTier {
+                context: ctx.name(),
+                label: self.label().to_owned(),
+                reservation: self.tier,
+                asked,
+            });
         }
         if bytes == 0 {
             return Err(GovernorError::ZeroSized {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
-pub enum Lifecycle {
+pub enum ContextState {
     /// Accepting work.
     Active,
     /// Refusing new work; waiting for outstanding work to drain.
@@ -176,8 +176,8 @@ pub struct ContextSnapshot {
     /// How the backend reaches the device.
     #[cfg_attr(feature = "serde", serde(serialize_with = "ser_display"))]
     pub execution: Execution,
-    /// Lifecycle state.
-    pub lifecycle: Lifecycle,
+    /// Where the context is in its life.
+    pub lifecycle: ContextState,
     /// Why the device was declared lost.
     pub lost_reason: Option<String>,
     /// The context's budget limit (`u64::MAX` when unlimited).
@@ -199,17 +199,17 @@ pub struct ContextSnapshot {
     ///
     /// Exact when [`peak_exact`](Self::peak_exact) is true; otherwise an upper
     /// bound: the sum of the peaks of the streams that held buffers
-    /// ([`ContextConfig::exact_peak`](super::ContextConfig::exact_peak)).
+    /// ([`Tuning::exact_peak`](super::Tuning::exact_peak)).
     pub peak: u64,
     /// Whether [`peak`](Self::peak) is exact: with
-    /// [`ContextConfig::exact_peak`](super::ContextConfig::exact_peak) on, or
+    /// [`Tuning::exact_peak`](super::Tuning::exact_peak) on, or
     /// when the context's live buffers were all on one stream shard (one
     /// stream, or up to eight streams when only one of them allocated).
     pub peak_exact: bool,
     /// The most the context's budget ever held at once: bytes charged to
     /// allocations (live, pending, quarantined, awaiting teardown, being
     /// allocated) plus, with budget leases on
-    /// ([`ContextConfig::lease_chunk`](super::ContextConfig::lease_chunk)),
+    /// ([`Tuning::lease_chunk`](super::Tuning::lease_chunk)),
     /// bytes leased to streams and idle. Exact. Leases are taken back before
     /// a refusal, so this is what the context kept from other use at its
     /// highest, not the budget it needs (with leases off it is that too).
@@ -412,12 +412,12 @@ fn ld(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> Lifecycle {
+pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState {
     match ctx.phase() {
-        Phase::Terminated => Lifecycle::Terminated,
-        _ if ctx.is_lost() => Lifecycle::Lost,
-        Phase::Active => Lifecycle::Active,
-        _ => Lifecycle::Retiring,
+        Phase::Terminated => ContextState::Terminated,
+        _ if ctx.is_lost() => ContextState::Lost,
+        Phase::Active => ContextState::Active,
+        _ => ContextState::Retiring,
     }
 }
 

@@ -27,7 +27,7 @@
 //!   sum of the shards' peaks: exact when one shard held every live buffer
 //!   (one stream, or streams sharing a shard), an upper bound otherwise
 //!   (their peaks need not coincide). With exact peaks on
-//!   ([`ContextConfig::exact_peak`](super::ContextConfig::exact_peak)) one
+//!   ([`Tuning::exact_peak`](super::Tuning::exact_peak)) one
 //!   context-wide total is kept instead, on a line of its own, and its
 //!   highest value is the peak, exact across streams, at the price of one
 //!   line that every stream writes twice per allocate and release.

@@ -210,7 +210,7 @@ impl LedgerOptions {
     /// use memgov::machine::{LedgerOptions, MachineLedger};
     /// use memgov::DeviceContext;
     ///
-    /// let ctx = CudaContext::new(CudaConfig::new(0))?;
+    /// let ctx = CudaContext::new(CudaConfig::default())?;
     /// let ledger = MachineLedger::open(&LedgerOptions::for_device(&ctx.identity(), 60 << 30))?;
     /// assert!(ledger.key().starts_with("gpu-"));
     /// # Ok(()) }

@@ -8,8 +8,8 @@ use memgov::vulkan::{
     AdoptedDevice, ValidationMessenger, VulkanConfig, VulkanContext, VulkanValidation,
 };
 use memgov::{
-    BackendProbe, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor, Role,
-    TeardownReport,
+    Alloc, BackendProbe, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
+    Role, TeardownReport,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -309,7 +309,7 @@ impl GovernedDevice {
         let polled = Arc::new(Mutex::new(Some((device.clone(), queue.clone()))));
         if config.poll_on_pressure {
             let (polled, registry) = (polled.clone(), registry.clone());
-            context.add_pressure_responder(move |_| {
+            context.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
                 let Some((device, queue)) = lock(&polled).clone() else {
                     return 0;
                 };
@@ -404,7 +404,7 @@ impl GovernedDevice {
         let stream = lock(&self.stream).clone().ok_or(Error::Retired)?;
         let memory = self
             .context
-            .allocate(&stream, bytes, role)
+            .allocate(&stream, Alloc::new(bytes, role))
             .map_err(Error::Refused)?;
         drop(stream);
         self.zero(&memory)?;

@@ -10,7 +10,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
-use memgov::{BackendErrorKind, ContextConfig, ContextHandle, GovernedStream, Governor, Role};
+use memgov::{
+    Alloc, BackendErrorKind, ContextConfig, ContextHandle, GovernedStream, Governor, Role,
+};
 use std::time::{Duration, Instant};
 
 const CYCLE_BYTES: u64 = 64 << 10;
@@ -46,7 +48,7 @@ impl Cycle {
     fn cycle(&mut self) {
         let buf = self
             .handle
-            .allocate(&self.stream, CYCLE_BYTES, Role::Activation)
+            .allocate(&self.stream, Alloc::new(CYCLE_BYTES, Role::Activation))
             .expect("allocate");
         drop(buf);
         self.n += 1;
@@ -104,7 +106,7 @@ fn sleep_wake(bytes: u64) -> (f64, f64) {
     let held: Vec<_> = (0..bytes / (64 << 20))
         .map(|_| {
             handle
-                .allocate(&s, 64 << 20, Role::Weights)
+                .allocate(&s, Alloc::new(64 << 20, Role::Weights))
                 .expect("allocate")
         })
         .collect();

@@ -19,8 +19,8 @@ use recorded::signal;
 
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
-    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
-    RetireOutcome, Role,
+    Alloc, BackendErrorKind, ContextConfig, ContextState, DeviceContext, Execution, Governor,
+    GovernorError, RetireOutcome, Role,
 };
 use std::time::{Duration, Instant};
 
@@ -146,7 +146,7 @@ fn raw_accessors_name_the_driver_objects() {
     let handle = gov.register(ctx, ContextConfig::new().label("raw"));
     let stream = handle.create_stream("main").expect("stream");
     let buf = handle
-        .allocate(&stream, 256, Role::Workspace)
+        .allocate(&stream, Alloc::new(256, Role::Workspace))
         .expect("allocate");
     buf.write(0, b"raw access").expect("write");
     let ptr = buf.raw().expect("live buffer").device_ptr();
@@ -243,7 +243,7 @@ fn short_soak() {
                         let s = &streams[(i % 2) as usize];
                         let bytes = 4096 * (1 + (i * 7 + t) % 64);
                         let buf = handle
-                            .allocate(s, bytes, Role::Activation)
+                            .allocate(s, Alloc::new(bytes, Role::Activation))
                             .expect("allocate");
                         if i % 10 == 0 {
                             let tag = (i as u8).to_le_bytes();
@@ -836,7 +836,10 @@ mod children {
                     let ctx = gov.register(backend, ContextConfig::new());
                     let stream = ctx.create_stream("copy").expect("stream");
                     let buf = ctx
-                        .allocate_in(&stream, 1 << 16, Role::Other, Tier::PinnedHost)
+                        .allocate(
+                            &stream,
+                            Alloc::new(1 << 16, Role::Other).tier(Tier::PinnedHost),
+                        )
                         .expect("pinned allocation");
                     let mem = buf.raw().expect("live buffer");
                     assert_eq!(mem.tier(), Tier::PinnedHost);
@@ -1070,7 +1073,7 @@ mod children {
                         let stream = handle.create_stream("s").expect("stream");
                         drop(
                             handle
-                                .allocate(&stream, 4096, Role::Activation)
+                                .allocate(&stream, Alloc::new(4096, Role::Activation))
                                 .expect("allocate"),
                         );
                         drop(stream);
@@ -1100,7 +1103,7 @@ mod children {
         for _ in 0..5 {
             drop(
                 handle
-                    .allocate(&stream, 65536, Role::Activation)
+                    .allocate(&stream, Alloc::new(65536, Role::Activation))
                     .expect("allocate"),
             );
         }
@@ -1174,7 +1177,7 @@ mod children {
         assert!(!second.raw().expect("live").is_adopted());
         for s in [&first, &second] {
             let buf = handle
-                .allocate(s, 4096, Role::Activation)
+                .allocate(s, Alloc::new(4096, Role::Activation))
                 .expect("allocate");
             buf.write(0, b"adopted").expect("write");
             drop(buf);
@@ -1231,7 +1234,7 @@ mod children {
         let mut kept = Vec::new();
         let mut lost = None;
         for i in 0..200 {
-            match handle.allocate(&stream, 4096, Role::KvCache) {
+            match handle.allocate(&stream, Alloc::new(4096, Role::KvCache)) {
                 Ok(b) if i % 2 == 0 => kept.push(b),
                 Ok(b) => drop(b),
                 Err(e) => {
@@ -1244,7 +1247,7 @@ mod children {
         assert!(matches!(e, GovernorError::DeviceLost { .. }), "{e:?}");
         let msg = e.to_string();
         assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"), "{msg}");
-        assert_eq!(handle.lifecycle(), Lifecycle::Lost);
+        assert_eq!(handle.lifecycle(), ContextState::Lost);
         drop((kept, stream));
         let report = handle
             .retire()
@@ -1453,7 +1456,7 @@ mod children {
         let stream = handle.create_stream("s").expect("stream");
         drop(
             handle
-                .allocate(&stream, 4096, Role::Activation)
+                .allocate(&stream, Alloc::new(4096, Role::Activation))
                 .expect("allocate"),
         );
         drop(stream);
@@ -1655,15 +1658,21 @@ mod children {
         let ctx = gov.register(backend, ContextConfig::new().label(label));
         let s = ctx.create_stream("s").expect("stream");
         let weights: Vec<_> = (0..4)
-            .map(|_| ctx.allocate(&s, 64 << 20, Role::Weights).expect("allocate"))
+            .map(|_| {
+                ctx.allocate(&s, Alloc::new(64 << 20, Role::Weights))
+                    .expect("allocate")
+            })
             .collect();
         let pinned = ctx
-            .allocate_in(&s, 1 << 20, Role::Other, Tier::PinnedHost)
+            .allocate(&s, Alloc::new(1 << 20, Role::Other).tier(Tier::PinnedHost))
             .expect("pinned allocation");
         weights[0].write(0, b"weights").expect("write");
         pinned.write(0, b"pinned").expect("write");
         // A release still queued when the loss is declared.
-        drop(ctx.allocate(&s, 4096, Role::Activation).expect("allocate"));
+        drop(
+            ctx.allocate(&s, Alloc::new(4096, Role::Activation))
+                .expect("allocate"),
+        );
         let before = stand_in_live(device);
         assert!(
             before[0] >= 4 && before[1] >= 4 * (64 << 20) && before[2] == 1,

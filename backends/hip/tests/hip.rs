@@ -25,7 +25,7 @@ use recorded::signal;
 use memgov::hip::ffi as hip;
 use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
-    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
+    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role, Tier,
 };
 use std::ffi::{c_void, CStr};
@@ -370,7 +370,9 @@ fn soak(first: HipContext) {
                         let mut n = 0u64;
                         for i in 0..200u32 {
                             let bytes = 4096 + u64::from(i % 7) * 1024;
-                            let buf = handle.allocate(&stream, bytes, Role::Workspace).unwrap();
+                            let buf = handle
+                                .allocate(&stream, Alloc::new(bytes, Role::Workspace))
+                                .unwrap();
                             let v = [(i % 251) as u8; 64];
                             buf.write(bytes - 64, &v).unwrap();
                             let mut back = [0u8; 64];
@@ -481,7 +483,10 @@ fn pinned_memory_hands_out_its_host_pointer_and_its_device_pointer() {
     let ctx = gov.register(backend, ContextConfig::new().label("pinned"));
     let stream = ctx.create_stream("s").expect("stream");
     let buf = ctx
-        .allocate_in(&stream, 1 << 20, Role::Other, Tier::PinnedHost)
+        .allocate(
+            &stream,
+            Alloc::new(1 << 20, Role::Other).tier(Tier::PinnedHost),
+        )
         .expect("pinned allocation");
     let (host, device) = {
         let mem = buf.raw().expect("live buffer");
@@ -1350,7 +1355,10 @@ fn child_entry() {
             let ctx = gov.register(backend, ContextConfig::new());
             let stream = ctx.create_stream("copy").expect("stream");
             let buf = ctx
-                .allocate_in(&stream, 1 << 16, Role::Other, Tier::PinnedHost)
+                .allocate(
+                    &stream,
+                    Alloc::new(1 << 16, Role::Other).tier(Tier::PinnedHost),
+                )
                 .expect("pinned allocation");
             let mem = buf.raw().expect("live buffer");
             assert_eq!(mem.tier(), Tier::PinnedHost);

@@ -27,7 +27,8 @@ mod child_process;
 
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{
-    BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution, Governor, Role, Tier,
+    Alloc, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution, Governor,
+    Role, Tier,
 };
 use std::time::{Duration, Instant};
 
@@ -133,7 +134,7 @@ fn write_read() {
         ctx.create_stream("other").expect("stream"),
     );
     let mut buf = ctx
-        .allocate_in(&s, LEN, Role::Other, Tier::PinnedHost)
+        .allocate(&s, Alloc::new(LEN, Role::Other).tier(Tier::PinnedHost))
         .expect("pinned allocation");
     assert_eq!(buf.tier(), Tier::PinnedHost);
     let whole = pattern(LEN as usize, 3);
@@ -177,7 +178,7 @@ fn migrate() {
         new.create_stream("load").expect("stream"),
     );
     let pinned = old
-        .allocate_in(&s0, LEN, Role::Weights, Tier::PinnedHost)
+        .allocate(&s0, Alloc::new(LEN, Role::Weights).tier(Tier::PinnedHost))
         .expect("pinned allocation");
     let data = pattern(LEN as usize, 17);
     pinned.write(0, &data).expect("write");
@@ -193,7 +194,7 @@ fn migrate() {
     );
     // And back into the pinned tier of the old context.
     let again = old
-        .allocate_in(&s0, LEN, Role::Other, Tier::PinnedHost)
+        .allocate(&s0, Alloc::new(LEN, Role::Other).tier(Tier::PinnedHost))
         .expect("pinned allocation");
     again.write(0, &back).expect("write");
     let mut check = vec![0u8; 4096];

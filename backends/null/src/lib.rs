@@ -31,13 +31,13 @@
 //!
 //! ```
 //! use memgov::null::NullContext;
-//! use memgov::{ContextConfig, Governor, Role};
+//! use memgov::{Alloc, ContextConfig, Governor, Role};
 //! use std::time::{Duration, Instant};
 //!
 //! let gov = Governor::new();
 //! let ctx = gov.register(NullContext::new(), ContextConfig::new());
 //! let stream = ctx.create_stream("s")?;
-//! drop(ctx.allocate(&stream, 4096, Role::Activation)?); // retired inline
+//! drop(ctx.allocate(&stream, Alloc::new(4096, Role::Activation))?); // retired inline
 //! drop(stream);
 //! let report = ctx.retire().wait(Instant::now() + Duration::from_secs(1))?;
 //! assert_eq!(report.retired_releases, 1);

@@ -1,7 +1,7 @@
 //! The null backend under the governor.
 
 use memgov::null::NullContext;
-use memgov::{ContextConfig, Governor, Role};
+use memgov::{Alloc, ContextConfig, Governor, Role};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -12,7 +12,7 @@ fn inline_release_retires_at_once() {
     let ctx = gov.register(null, ContextConfig::new().budget(1 << 20));
     let s = ctx.create_stream("s").unwrap();
     for _ in 0..10 {
-        drop(ctx.allocate(&s, 1 << 19, Role::Other).unwrap());
+        drop(ctx.allocate(&s, Alloc::new(1 << 19, Role::Other)).unwrap());
     }
     assert_eq!(probe.frees_retired(), 10);
     drop(s);
@@ -33,7 +33,7 @@ fn deferred_releases_pend_until_retired() {
     let ctx = gov.register(null, ContextConfig::new());
     let s = ctx.create_stream("s").unwrap();
     for _ in 0..4 {
-        drop(ctx.allocate(&s, 64, Role::Other).unwrap());
+        drop(ctx.allocate(&s, Alloc::new(64, Role::Other)).unwrap());
     }
     drop(s);
     let h = ctx.retire();
@@ -61,7 +61,7 @@ fn two_threads_on_two_governed_streams_sum_exactly() {
             let ctx = &ctx;
             sc.spawn(move || {
                 for _ in 0..N {
-                    drop(ctx.allocate(s, 4096, Role::Other).unwrap());
+                    drop(ctx.allocate(s, Alloc::new(4096, Role::Other)).unwrap());
                 }
             });
         }
@@ -70,7 +70,7 @@ fn two_threads_on_two_governed_streams_sum_exactly() {
     let [a, b] = streams;
     drop(a);
     assert_eq!(probe.frees_retired(), 2 * N);
-    drop(ctx.allocate(&b, 4096, Role::Other).unwrap());
+    drop(ctx.allocate(&b, Alloc::new(4096, Role::Other)).unwrap());
     assert_eq!(probe.frees_retired(), 2 * N + 1);
     drop(b);
     let r = ctx

@@ -1,7 +1,7 @@
 //! The governed block cache on a stand-in driver: the test the CUDA and HIP
 //! suites share.
 
-use memgov::{BackendProbe, CacheConfig, ContextConfig, DeviceContext, Governor, Role};
+use memgov::{Alloc, BackendProbe, CacheConfig, ContextConfig, DeviceContext, Governor, Role};
 use std::time::{Duration, Instant};
 
 /// 400 allocations of varying sizes alternating between two streams of a
@@ -29,7 +29,7 @@ pub fn reuses_blocks_only_on_their_stream<C: DeviceContext>(
         let s = &streams[(i % 2) as usize];
         let bytes = 4096 * (1 + i % 5);
         let buf = handle
-            .allocate(s, bytes, Role::Workspace)
+            .allocate(s, Alloc::new(bytes, Role::Workspace))
             .expect("allocate");
         let tag = [(i % 251) as u8; 64];
         buf.write(0, &tag).expect("write");

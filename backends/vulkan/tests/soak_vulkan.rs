@@ -12,7 +12,7 @@
 //! (`SOAK_VK_CYCLES`, default 100 000).
 
 use memgov::vulkan::{VulkanConfig, VulkanContext};
-use memgov::{Admission, ContextConfig, Governor, Role};
+use memgov::{Admission, Alloc, ContextConfig, Governor, Role};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -65,7 +65,7 @@ fn soak_lavapipe() {
                         let s = &streams[(i % 2) as usize];
                         let bytes = 256 + (i * 7919 + t * 104_729) % (256 << 10);
                         let b = ctx
-                            .allocate(s, bytes, Role::ALL[(i % 5) as usize])
+                            .allocate(s, Alloc::new(bytes, Role::ALL[(i % 5) as usize]))
                             .expect("allocate");
                         if i % 8 == 0 {
                             b.write(0, &i.to_le_bytes()).expect("write");

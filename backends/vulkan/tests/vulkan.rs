@@ -8,8 +8,8 @@
 use ash::vk::Handle;
 use memgov::vulkan::{LoaderPath, TransferPath, VulkanConfig, VulkanContext, VulkanValidation};
 use memgov::{
-    BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError, Lifecycle,
-    RetireOutcome, RetireSignal, Role,
+    Alloc, BackendErrorKind, ContextConfig, ContextState, DeviceContext, Execution, Governor,
+    GovernorError, RetireOutcome, RetireSignal, Role,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver};
@@ -491,7 +491,7 @@ fn governor_allocate_write_read_release_retire() {
     let mut bufs = Vec::new();
     for i in 0..8u8 {
         let b = ctx
-            .allocate(&stream, 1 << 20, Role::Activation)
+            .allocate(&stream, Alloc::new(1 << 20, Role::Activation))
             .expect("allocate");
         b.write(100, &[i; 1000]).expect("write");
         bufs.push(b);
@@ -502,7 +502,7 @@ fn governor_allocate_write_read_release_retire() {
         assert!(back.iter().all(|&x| x == i as u8));
     }
     let err = ctx
-        .allocate(&stream, 64 << 20, Role::Weights)
+        .allocate(&stream, Alloc::new(64 << 20, Role::Weights))
         .expect_err("over budget");
     assert!(matches!(err, GovernorError::BudgetExceeded(_)), "{err}");
     drop(bufs);
@@ -528,7 +528,7 @@ fn governor_force_retire_frees_abandoned_memory_and_streams() {
     let stream = ctx.create_stream("main").expect("stream");
     let live: Vec<_> = (0..3)
         .map(|_| {
-            ctx.allocate(&stream, 65536, Role::Weights)
+            ctx.allocate(&stream, Alloc::new(65536, Role::Weights))
                 .expect("allocate")
         })
         .collect();
@@ -662,7 +662,7 @@ fn governor_learns_device_loss_from_the_backend() {
     let ctx = gov.register(backend, ContextConfig::new().label("lost"));
     let stream = ctx.create_stream("main").expect("stream");
     let a = ctx
-        .allocate(&stream, 4096, Role::KvCache)
+        .allocate(&stream, Alloc::new(4096, Role::KvCache))
         .expect("allocate");
     a.write(0, b"x").expect("write");
     let raw = stream.raw().expect("raw stream");
@@ -670,7 +670,7 @@ fn governor_learns_device_loss_from_the_backend() {
     let gate = raw.gate().expect("gate");
     let pending = [raw.timeline_semaphore().as_raw(), gate.semaphore().as_raw()];
     let b = ctx
-        .allocate(&stream, 4096, Role::KvCache)
+        .allocate(&stream, Alloc::new(4096, Role::KvCache))
         .expect("allocate");
     drop(b); // parked behind the gate
              // SAFETY: invalid usage on purpose (see the test above).
@@ -679,7 +679,7 @@ fn governor_learns_device_loss_from_the_backend() {
     // the context lost by itself.
     let w = a.write(0, b"y").expect_err("write after loss");
     assert!(matches!(w, GovernorError::DeviceLost { .. }), "{w}");
-    assert_eq!(ctx.lifecycle(), Lifecycle::Lost);
+    assert_eq!(ctx.lifecycle(), ContextState::Lost);
     drop(gate);
     drop(a);
     drop(stream);

@@ -11,7 +11,7 @@
 use cudarc::driver::sys;
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
-    BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution,
+    Alloc, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, Execution,
     GovernedStream, Governor, Role,
 };
 
@@ -79,7 +79,7 @@ impl GovernedCycle {
         let s = self.stream.as_ref().expect("stream until finish");
         let buf = self
             .ctx
-            .allocate(s, CYCLE_BYTES, Role::Activation)
+            .allocate(s, Alloc::new(CYCLE_BYTES, Role::Activation))
             .map_err(gov_err)?;
         drop(buf); // stream-ordered free, retired by a host function
         self.n += 1;

@@ -14,7 +14,7 @@
 use memgov::hip::ffi::{hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
 use memgov::hip::{result, HipConfig, HipContext};
 use memgov::{
-    BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
+    Alloc, BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
 };
 use std::ffi::c_void;
 
@@ -68,7 +68,7 @@ impl Cycles {
         let stream = self.stream.as_ref().expect("stream until finish");
         let buf = self
             .ctx
-            .allocate(stream, CYCLE_BYTES, Role::Workspace)
+            .allocate(stream, Alloc::new(CYCLE_BYTES, Role::Workspace))
             .map_err(gov_err)?;
         drop(buf);
         Ok(())

@@ -10,8 +10,8 @@ use memgov::any::AnyContext;
 use memgov::host::{HostConfig, HostContext};
 use memgov::null::NullContext;
 use memgov::{
-    CacheConfig, ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor,
-    ProviderContextPinSource, RetireSignal, Role,
+    Alloc, CacheConfig, ContextConfig, ContextHandle, DeviceContext, GovernedStream, Governor,
+    ProviderContextPinSource, Reserve, RetireSignal, Role,
 };
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -115,8 +115,7 @@ pub fn null_cycle(plan: &Plan) -> Row {
         for _ in 0..n {
             drop(black_box(ctx.allocate(
                 &stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )));
         }
     };
@@ -153,8 +152,7 @@ pub fn host_cycle(plan: &Plan) -> Row {
         for _ in 0..n {
             drop(black_box(ctx.allocate(
                 &stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )));
         }
         stream.synchronize().expect("synchronize");
@@ -211,13 +209,12 @@ pub fn cached_cycle(plan: &Plan) -> Vec<Row> {
     };
     let stream = ctx.create_stream("bench").expect("host stream");
     // The first allocation fills the cache; every one after it is a hit.
-    drop(ctx.allocate(&stream, 4096, Role::Activation));
+    drop(ctx.allocate(&stream, Alloc::new(4096, Role::Activation)));
     let mut cached = |n: u64| {
         for _ in 0..n {
             drop(black_box(ctx.allocate(
                 &stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )));
         }
         stream.synchronize().expect("synchronize");
@@ -264,13 +261,14 @@ pub fn reserve_cycle(plan: &Plan) -> Row {
     let gov = Governor::new();
     let ctx = gov.register(NullContext::new(), ContextConfig::new());
     let stream = ctx.create_stream("bench").expect("null stream");
-    let reservation = ctx.reserve(1 << 60, "bench").expect("reserve");
+    let reservation = ctx
+        .reserve(Reserve::new(1 << 60, "bench"))
+        .expect("reserve");
     let mut out_of_reservation = |n: u64| {
         for _ in 0..n {
             drop(black_box(reservation.allocate(
                 &stream,
-                black_box(4096),
-                Role::KvCache,
+                Alloc::new(black_box(4096), Role::KvCache),
             )));
         }
     };
@@ -302,8 +300,7 @@ pub fn any_null_cycle(plan: &Plan) -> Row {
         for _ in 0..n {
             drop(black_box(any.allocate(
                 &any_stream,
-                black_box(4096),
-                Role::Activation,
+                Alloc::new(black_box(4096), Role::Activation),
             )));
         }
     };
@@ -428,8 +425,7 @@ fn null_cycles(ctx: &ContextHandle<NullContext>, stream: &GovernedStream<NullCon
     for _ in 0..n {
         drop(black_box(ctx.allocate(
             stream,
-            black_box(4096),
-            Role::Activation,
+            Alloc::new(black_box(4096), Role::Activation),
         )));
     }
 }
@@ -576,7 +572,7 @@ pub fn heap(_plan: &Plan) -> Vec<Row> {
     let mut held = Vec::with_capacity(N);
     // Warm up whatever is allocated once (thread-locals, lazy statics).
     drop(
-        ctx.allocate(&stream, 4096, Role::Activation)
+        ctx.allocate(&stream, Alloc::new(4096, Role::Activation))
             .expect("allocate"),
     );
     parked.retire_parked();
@@ -584,7 +580,7 @@ pub fn heap(_plan: &Plan) -> Vec<Row> {
     let counter = HeapCounter::start();
     for _ in 0..N {
         held.push(
-            ctx.allocate(&stream, 4096, Role::Activation)
+            ctx.allocate(&stream, Alloc::new(4096, Role::Activation))
                 .expect("allocate"),
         );
     }

@@ -2,7 +2,7 @@
 //! criterion bench `benches/teardown.rs` (which includes this file).
 
 use memgov::null::NullContext;
-use memgov::{ContextConfig, Governor, Role};
+use memgov::{Alloc, ContextConfig, Governor, Role};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,7 @@ fn teardown_after_parked(n: usize, patience: Duration) -> Duration {
     let stream = ctx.create_stream("s").expect("stream");
     for _ in 0..n {
         drop(
-            ctx.allocate(&stream, 4096, Role::Activation)
+            ctx.allocate(&stream, Alloc::new(4096, Role::Activation))
                 .expect("allocate"),
         );
     }

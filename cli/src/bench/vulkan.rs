@@ -17,8 +17,8 @@ use gpu_allocator::vulkan::{
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings, MemoryLocation};
 use memgov::vulkan::{TransferPath, VulkanConfig, VulkanContext};
 use memgov::{
-    BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext, GovernedStream,
-    Governor, Role,
+    Alloc, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
+    GovernedStream, Governor, Role,
 };
 use std::collections::VecDeque;
 
@@ -86,7 +86,7 @@ impl GovernedCycle {
         let stream = self.stream.as_ref().expect("stream until finish");
         let buf = self
             .ctx
-            .allocate(stream, CYCLE_BYTES, Role::Workspace)
+            .allocate(stream, Alloc::new(CYCLE_BYTES, Role::Workspace))
             .map_err(gov_err)?;
         buf.write(0, &self.data).map_err(gov_err)?;
         drop(buf);

@@ -34,7 +34,7 @@
 //! ```
 //! use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 //! use memgov::host::{HostConfig, HostContext};
-//! use memgov::{ContextConfig, Governor, GovernorError, Role};
+//! use memgov::{Alloc, ContextConfig, Governor, GovernorError, Role};
 //! use std::time::Duration;
 //!
 //! // The second allocation fails; every free is delayed by 1 ms.
@@ -46,8 +46,8 @@
 //! let gov = Governor::new();
 //! let ctx = gov.register(backend, ContextConfig::new());
 //! let stream = ctx.create_stream("s")?;
-//! let first = ctx.allocate(&stream, 4096, Role::Workspace)?;
-//! let second = ctx.allocate(&stream, 4096, Role::Workspace);
+//! let first = ctx.allocate(&stream, Alloc::new(4096, Role::Workspace))?;
+//! let second = ctx.allocate(&stream, Alloc::new(4096, Role::Workspace));
 //! assert!(matches!(second, Err(GovernorError::Backend { .. })));
 //! assert_eq!(control.injected(Operation::Allocate), 1);
 //! drop((first, stream));

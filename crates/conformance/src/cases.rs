@@ -3,8 +3,9 @@
 
 use super::{unavailable_reason, Case, Outcome, SuiteOptions, WatchLog, Watched};
 use memgov::{
-    Admission, BackendError, BackendErrorKind, ContextConfig, ContextHandle, DeviceContext,
-    Governor, GovernorError, Lifecycle, PinKind, ProviderContextPinError, RetireError, Role, Tier,
+    Admission, Alloc, BackendError, BackendErrorKind, ContextConfig, ContextHandle, ContextState,
+    DeviceContext, Governor, GovernorError, PinKind, ProviderContextPinError, RetireError, Role,
+    Tier,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -162,7 +163,8 @@ fn write_read_round_trip<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let len = (1 << 20) + 3;
     let buf = ok!(
-        s.ctx.allocate(&stream, len as u64, Role::Weights),
+        s.ctx
+            .allocate(&stream, Alloc::new(len as u64, Role::Weights)),
         "allocate 1 MiB + 3 B"
     );
     let data = pattern(7, len);
@@ -203,7 +205,8 @@ fn stream_order<C: DeviceContext>(f: Factory<'_, C>) -> R {
     for round in 0..8u8 {
         let len = 256 * 1024;
         let a = ok!(
-            s.ctx.allocate(&stream, len as u64, Role::Activation),
+            s.ctx
+                .allocate(&stream, Alloc::new(len as u64, Role::Activation)),
             "allocate"
         );
         let data = pattern(round, len);
@@ -274,7 +277,7 @@ fn every_signal_fires_once<C: DeviceContext>(f: Factory<'_, C>) -> R {
         let st = if i % 2 == 0 { &a } else { &b };
         bufs.push(ok!(
             s.ctx
-                .allocate(st, 512 + i * 97, Role::ALL[(i % 5) as usize]),
+                .allocate(st, Alloc::new(512 + i * 97, Role::ALL[(i % 5) as usize])),
             "allocate"
         ));
     }
@@ -376,7 +379,8 @@ fn teardown_once_after_drain<C: DeviceContext>(f: Factory<'_, C>) -> R {
     s.log.hold_retirements(true);
     for i in 0..8 {
         let b = ok!(
-            s.ctx.allocate(&stream, 4096 * (i + 1), Role::Workspace),
+            s.ctx
+                .allocate(&stream, Alloc::new(4096 * (i + 1), Role::Workspace)),
             "allocate"
         );
         drop(b);
@@ -389,7 +393,7 @@ fn teardown_once_after_drain<C: DeviceContext>(f: Factory<'_, C>) -> R {
     drop(stream);
     let handle = s.ctx.retire();
     check!(
-        s.ctx.lifecycle() == Lifecycle::Retiring,
+        s.ctx.lifecycle() == ContextState::Retiring,
         "lifecycle after retire: {:?}",
         s.ctx.lifecycle()
     );
@@ -425,7 +429,7 @@ fn teardown_once_after_drain<C: DeviceContext>(f: Factory<'_, C>) -> R {
         s.log.teardowns.load(SeqCst)
     );
     check!(
-        s.ctx.lifecycle() == Lifecycle::Terminated,
+        s.ctx.lifecycle() == ContextState::Terminated,
         "lifecycle after teardown: {:?}",
         s.ctx.lifecycle()
     );
@@ -436,11 +440,11 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("refuse"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let live = ok!(
-        s.ctx.allocate(&stream, 8192, Role::KvCache),
+        s.ctx.allocate(&stream, Alloc::new(8192, Role::KvCache)),
         "allocate live"
     );
     let pending = ok!(
-        s.ctx.allocate(&stream, 4096, Role::Activation),
+        s.ctx.allocate(&stream, Alloc::new(4096, Role::Activation)),
         "allocate pending"
     );
     let source = s.ctx.pin_source(Some("plugin"));
@@ -452,7 +456,7 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
         context: memgov::ContextName::new(id, s.ctx.label()),
         refusal: ProviderContextPinError::ContextUnavailable(id),
     };
-    let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
+    let alloc = s.ctx.allocate(&stream, Alloc::new(4096, Role::KvCache));
     check!(
         alloc.as_ref().err() == Some(&unavailable),
         "allocate on a retiring context gave {:?}",
@@ -505,7 +509,7 @@ fn retire_waits_for_pending<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let mut bufs = Vec::new();
     for _ in 0..4 {
         bufs.push(ok!(
-            s.ctx.allocate(&stream, 65536, Role::Activation),
+            s.ctx.allocate(&stream, Alloc::new(65536, Role::Activation)),
             "allocate"
         ));
     }
@@ -546,12 +550,15 @@ fn retire_waits_for_pending<C: DeviceContext>(f: Factory<'_, C>) -> R {
 fn deadline_error_names_outstanding<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("deadline"))?;
     let stream = ok!(s.ctx.create_stream("decode"), "create_stream");
-    let kv = ok!(s.ctx.allocate(&stream, 8192, Role::KvCache), "allocate kv");
+    let kv = ok!(
+        s.ctx.allocate(&stream, Alloc::new(8192, Role::KvCache)),
+        "allocate kv"
+    );
     let source = s.ctx.pin_source(Some("plugin-x"));
     let ext = ok!(source.pin(), "external pin");
     s.log.hold_retirements(true);
     drop(ok!(
-        s.ctx.allocate(&stream, 4096, Role::Weights),
+        s.ctx.allocate(&stream, Alloc::new(4096, Role::Weights)),
         "allocate weights"
     ));
     ok!(stream.synchronize(), "synchronize");
@@ -623,10 +630,13 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("budget").budget(MIB))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let a = ok!(
-        s.ctx.allocate(&stream, 768 * 1024, Role::Weights),
+        s.ctx
+            .allocate(&stream, Alloc::new(768 * 1024, Role::Weights)),
         "allocate 768 KiB"
     );
-    let refused = s.ctx.allocate(&stream, 512 * 1024, Role::Activation);
+    let refused = s
+        .ctx
+        .allocate(&stream, Alloc::new(512 * 1024, Role::Activation));
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
         return Err(Outcome::Failed(format!(
             "over-budget allocation gave {:?}",
@@ -666,7 +676,9 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     s.log.hold_retirements(true);
     drop(a);
     ok!(stream.synchronize(), "synchronize");
-    let refused = s.ctx.allocate(&other, 512 * 1024, Role::Activation);
+    let refused = s
+        .ctx
+        .allocate(&other, Alloc::new(512 * 1024, Role::Activation));
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
         return Err(Outcome::Failed(format!(
             "allocation while 768 KiB pend gave {:?}",
@@ -684,7 +696,8 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     s.log.hold_retirements(false);
     s.log.release_held();
     let c = ok!(
-        s.ctx.allocate(&stream, 512 * 1024, Role::Activation),
+        s.ctx
+            .allocate(&stream, Alloc::new(512 * 1024, Role::Activation)),
         "allocate after the release retired"
     );
     drop(c);
@@ -703,7 +716,7 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let other = ok!(s.ctx.create_stream("other"), "create_stream");
     s.log.hold_retirements(true);
     drop(ok!(
-        s.ctx.allocate(&other, MIB, Role::Weights),
+        s.ctx.allocate(&other, Alloc::new(MIB, Role::Weights)),
         "allocate 1 MiB"
     ));
     ok!(other.synchronize(), "synchronize");
@@ -714,7 +727,7 @@ fn budget_exhaustion_error<C: DeviceContext>(f: Factory<'_, C>) -> R {
     });
     let start = Instant::now();
     let b = ok!(
-        s.ctx.allocate(&stream, MIB, Role::Weights),
+        s.ctx.allocate(&stream, Alloc::new(MIB, Role::Weights)),
         "allocate that waits for the pending release"
     );
     let waited = start.elapsed();
@@ -740,7 +753,7 @@ fn device_loss_settles_without_device<C: DeviceContext>(f: Factory<'_, C>) -> R 
     let s = setup(f, ContextConfig::new().label("lost"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let bufs: Vec<_> = (0..3)
-        .map(|_| s.ctx.allocate(&stream, 4096, Role::KvCache))
+        .map(|_| s.ctx.allocate(&stream, Alloc::new(4096, Role::KvCache)))
         .collect::<Result<_, _>>()
         .map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
     s.log.hold_retirements(true);
@@ -755,12 +768,12 @@ fn device_loss_settles_without_device<C: DeviceContext>(f: Factory<'_, C>) -> R 
     );
     check!(!s.ctx.mark_lost("again"), "mark_lost returned true twice");
     check!(
-        s.ctx.lifecycle() == Lifecycle::Lost,
+        s.ctx.lifecycle() == ContextState::Lost,
         "lifecycle after loss: {:?}",
         s.ctx.lifecycle()
     );
     drop(last); // settles without calling the device
-    let alloc = s.ctx.allocate(&stream, 4096, Role::KvCache);
+    let alloc = s.ctx.allocate(&stream, Alloc::new(4096, Role::KvCache));
     check!(
         matches!(alloc, Err(GovernorError::DeviceLost { .. })),
         "allocate on a lost context gave {:?}",
@@ -812,11 +825,11 @@ fn force_reclaims_live<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let s = setup(f, ContextConfig::new().label("force"))?;
     let stream = ok!(s.ctx.create_stream("main"), "create_stream");
     let bufs: Vec<_> = (0..3)
-        .map(|_| s.ctx.allocate(&stream, 65536, Role::Weights))
+        .map(|_| s.ctx.allocate(&stream, Alloc::new(65536, Role::Weights)))
         .collect::<Result<_, _>>()
         .map_err(|e| Outcome::Failed(format!("allocate: {e}")))?;
     drop(ok!(
-        s.ctx.allocate(&stream, 4096, Role::Activation),
+        s.ctx.allocate(&stream, Alloc::new(4096, Role::Activation)),
         "allocate"
     ));
     let handle = s.ctx.retire();
@@ -853,7 +866,7 @@ fn force_reclaims_live<C: DeviceContext>(f: Factory<'_, C>) -> R {
         "dropping reclaimed buffers and streams called the backend"
     );
     check!(
-        s.ctx.lifecycle() == Lifecycle::Terminated,
+        s.ctx.lifecycle() == ContextState::Terminated,
         "lifecycle after force: {:?}",
         s.ctx.lifecycle()
     );
@@ -880,7 +893,7 @@ fn concurrent_streams<C: DeviceContext>(f: Factory<'_, C>) -> R {
                         let len = 64 + ((i * 7919 + t * 104729) % 65536);
                         let st = if i % 4 == 0 { &shared } else { &own };
                         let b = ctx
-                            .allocate(st, len as u64, Role::ALL[i % 5])
+                            .allocate(st, Alloc::new(len as u64, Role::ALL[i % 5]))
                             .map_err(|e| e.to_string())?;
                         n += 1;
                         let data = pattern((t * 31 + i) as u8, len.min(4096));
@@ -954,7 +967,10 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let orderings = || s.log.orderings.load(SeqCst);
 
     // Released on its own stream: nothing to order.
-    let own = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    let own = ok!(
+        s.ctx.allocate(&a, Alloc::new(4096, Role::Activation)),
+        "allocate on a"
+    );
     ok!(own.write(0, &pattern(1, 4096)), "write on a");
     drop(own);
     check!(
@@ -964,7 +980,10 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
     );
 
     // Released on another stream: ordered after its own.
-    let moved = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    let moved = ok!(
+        s.ctx.allocate(&a, Alloc::new(4096, Role::Activation)),
+        "allocate on a"
+    );
     ok!(moved.write(0, &pattern(2, 4096)), "write on a");
     if let Err(e) = moved.release_on(&b) {
         return Err(Outcome::Failed(format!("release_on b: {e}")));
@@ -977,7 +996,10 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
 
     // Recorded on b and c (twice, and its own stream once: no effect),
     // dropped on its own stream: ordered after b and c.
-    let mut shared = ok!(s.ctx.allocate(&a, 8192, Role::KvCache), "allocate on a");
+    let mut shared = ok!(
+        s.ctx.allocate(&a, Alloc::new(8192, Role::KvCache)),
+        "allocate on a"
+    );
     ok!(shared.record_stream(&b), "record_stream b");
     ok!(shared.record_stream(&c), "record_stream c");
     ok!(shared.record_stream(&b), "record_stream b again");
@@ -995,7 +1017,10 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
     );
 
     // Recorded on c, released on b: ordered after a and c.
-    let mut both = ok!(s.ctx.allocate(&a, 4096, Role::Workspace), "allocate on a");
+    let mut both = ok!(
+        s.ctx.allocate(&a, Alloc::new(4096, Role::Workspace)),
+        "allocate on a"
+    );
     ok!(both.record_stream(&c), "record_stream c");
     if let Err(e) = both.release_on(&b) {
         return Err(Outcome::Failed(format!(
@@ -1014,7 +1039,10 @@ fn cross_stream_release_is_ordered<C: DeviceContext>(f: Factory<'_, C>) -> R {
         other.ctx.create_stream("foreign"),
         "create_stream on the other context"
     );
-    let mut mine = ok!(s.ctx.allocate(&a, 4096, Role::Activation), "allocate on a");
+    let mut mine = ok!(
+        s.ctx.allocate(&a, Alloc::new(4096, Role::Activation)),
+        "allocate on a"
+    );
     let refused = mine.record_stream(&foreign);
     check!(
         matches!(refused, Err(GovernorError::WrongContext { .. })),
@@ -1236,10 +1264,10 @@ fn allocate_pinned<C: DeviceContext>(
     stream: &memgov::GovernedStream<W<C>>,
     bytes: u64,
 ) -> Result<memgov::DeviceBuffer<W<C>>, Outcome> {
-    match s
-        .ctx
-        .allocate_in(stream, bytes, Role::Other, Tier::PinnedHost)
-    {
+    match s.ctx.allocate(
+        stream,
+        Alloc::new(bytes, Role::Other).tier(Tier::PinnedHost),
+    ) {
         Ok(b) => Ok(b),
         Err(GovernorError::Backend { source, .. })
             if source.kind == BackendErrorKind::Unsupported =>
@@ -1301,9 +1329,10 @@ fn pinned_host_tier<C: DeviceContext>(f: Factory<'_, C>) -> R {
         snap.charged
     );
     // The pinned tier is full; its refusal names it, with its numbers.
-    let refused = s
-        .ctx
-        .allocate_in(&stream, 4096, Role::Other, Tier::PinnedHost);
+    let refused = s.ctx.allocate(
+        &stream,
+        Alloc::new(4096, Role::Other).tier(Tier::PinnedHost),
+    );
     let Err(GovernorError::BudgetExceeded(b)) = &refused else {
         return Err(Outcome::Failed(format!(
             "allocation over the pinned tier's limit gave {:?}",
@@ -1324,7 +1353,7 @@ fn pinned_host_tier<C: DeviceContext>(f: Factory<'_, C>) -> R {
     );
     // The device tier keeps all of its room.
     let device_buf = ok!(
-        s.ctx.allocate(&stream, MIB, Role::Weights),
+        s.ctx.allocate(&stream, Alloc::new(MIB, Role::Weights)),
         "allocate the whole device budget beside 2 MiB pinned"
     );
     drop((pinned, device_buf));
@@ -1380,7 +1409,7 @@ fn pinned_host_release_is_stream_ordered<C: DeviceContext>(f: Factory<'_, C>) ->
     // Its bytes count against the tier until the free has executed.
     let refused = s
         .ctx
-        .allocate_in(&stream, MIB, Role::Other, Tier::PinnedHost);
+        .allocate(&stream, Alloc::new(MIB, Role::Other).tier(Tier::PinnedHost));
     check!(
         matches!(&refused, Err(GovernorError::BudgetExceeded(b)) if b.pending == MIB),
         "allocation while 1 MiB pinned pends gave {:?}",

@@ -32,7 +32,8 @@
 use super::{SuiteOptions, Watched};
 use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
 use memgov::{
-    BudgetScope, ContextConfig, DeviceContext, Governor, GovernorError, Lifecycle, Role, Tier,
+    Alloc, BudgetScope, ContextConfig, ContextState, DeviceContext, Governor, GovernorError, Role,
+    Tier,
 };
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -286,11 +287,11 @@ fn cell<C: DeviceContext>(
         };
         let mut released = None;
         if let Some(s) = &stream {
-            let buf = match ctx.allocate_in(s, 4096, Role::Activation, tier) {
+            let buf = match ctx.allocate(s, Alloc::new(4096, Role::Activation).tier(tier)) {
                 Ok(b) => Some(b),
                 Err(e) => {
                     note(Operation::Allocate, Err(e));
-                    ctx.allocate_in(s, 4096, Role::Activation, tier)
+                    ctx.allocate(s, Alloc::new(4096, Role::Activation).tier(tier))
                         .map_err(|e| note(Operation::Allocate, Err(e)))
                         .ok()
                 }
@@ -304,12 +305,12 @@ fn cell<C: DeviceContext>(
                 note(Operation::FreeAsync, released.clone().unwrap());
             }
             // A second buffer, released by drop.
-            if let Ok(b2) = ctx.allocate(s, 8192, Role::Weights) {
+            if let Ok(b2) = ctx.allocate(s, Alloc::new(8192, Role::Weights)) {
                 drop(b2);
             }
             // A third, released on another stream: ordered after its own.
             if let Ok(other) = ctx.create_stream("b") {
-                if let Ok(b3) = ctx.allocate_in(s, 4096, Role::KvCache, tier) {
+                if let Ok(b3) = ctx.allocate(s, Alloc::new(4096, Role::KvCache).tier(tier)) {
                     note(
                         Operation::OrderAfter,
                         b3.release_on(&other).map_err(|e| e.error),
@@ -355,7 +356,7 @@ fn cell<C: DeviceContext>(
             log.teardowns.load(Ordering::SeqCst)
         ));
     }
-    if snap.lifecycle != Lifecycle::Terminated {
+    if snap.lifecycle != ContextState::Terminated {
         return Err(format!("lifecycle {:?} after teardown", snap.lifecycle));
     }
     if snap.charged != 0 || snap.pins.total() != 0 || snap.total() != Default::default() {
@@ -513,14 +514,16 @@ fn responder_panic_cell<C: DeviceContext>(
         .create_stream("a")
         .map_err(|e| format!("create_stream: {e}"))?;
     let held = ctx
-        .allocate(&stream, 48 << 10, Role::Weights)
+        .allocate(&stream, Alloc::new(48 << 10, Role::Weights))
         .map_err(|e| format!("allocate: {e}"))?;
-    ctx.add_pressure_responder(|_| panic!("pressure responder panicked"));
+    ctx.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, |_| {
+        panic!("pressure responder panicked")
+    });
     eprintln!(
         "fault matrix: a panic message 'pressure responder panicked' below is this cell's own, planted"
     );
     let caught = catch_unwind(AssertUnwindSafe(|| {
-        ctx.allocate(&stream, 32 << 10, Role::Activation)
+        ctx.allocate(&stream, Alloc::new(32 << 10, Role::Activation))
     }));
     match caught {
         Ok(r) => return Err(format!("the panic did not reach the caller: {r:?}")),
@@ -540,7 +543,7 @@ fn responder_panic_cell<C: DeviceContext>(
         .wait_timeout(Duration::from_secs(10))
         .map_err(|e| format!("retire after the panic: {e}"))?;
     let snap = ctx.snapshot();
-    if log.teardowns.load(Ordering::SeqCst) != 1 || snap.lifecycle != Lifecycle::Terminated {
+    if log.teardowns.load(Ordering::SeqCst) != 1 || snap.lifecycle != ContextState::Terminated {
         return Err(format!(
             "teardown ran {} times; lifecycle {:?}",
             log.teardowns.load(Ordering::SeqCst),

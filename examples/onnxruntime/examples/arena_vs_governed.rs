@@ -39,7 +39,7 @@
 //! (`ContextConfig::cache`; default 256 MiB, 0 turns it off).
 
 use memgov::host::{HostConfig, HostContext};
-use memgov::{Admission, CacheConfig, ContextConfig, ContextHandle, Governor, Role};
+use memgov::{Admission, Alloc, CacheConfig, ContextConfig, ContextHandle, Governor, Role};
 use memgov_onnxruntime::{environment, GovernedAllocator};
 use ort::session::builder::SessionBuilder;
 use ort::session::{Session, SessionOutputs};
@@ -508,7 +508,7 @@ fn cycle(ctx: &ContextHandle<HostContext>, bytes: u64, n: u32) -> Result<Duratio
         .create_stream("cycle")
         .map_err(|e| format!("a stream for the allocation cycle: {e}"))?;
     let once = || {
-        ctx.allocate(&stream, bytes, Role::Activation)
+        ctx.allocate(&stream, Alloc::new(bytes, Role::Activation))
             .map(drop)
             .map_err(|e| format!("allocating {bytes} B: {e}"))
     };

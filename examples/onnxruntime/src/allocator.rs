@@ -13,8 +13,8 @@
 use crate::error::Error;
 use memgov::host::HostContext;
 use memgov::{
-    ContextHandle, DeviceBuffer, DeviceContext, GovernedStream, GovernorError, ProviderContextPin,
-    Role,
+    Alloc, ContextHandle, DeviceBuffer, DeviceContext, GovernedStream, GovernorError,
+    ProviderContextPin, Role,
 };
 use ort::environment::Environment;
 use ort::sys as ffi;
@@ -203,7 +203,7 @@ impl<C: HostAddressable> State<C> {
     fn governed(&self, bytes: u64) -> Result<(NonNull<u8>, u64), Error> {
         let (ctx, stream) = lock(&self.governed).clone().ok_or(Error::Closed)?;
         let buffer = ctx
-            .allocate(&stream, bytes, self.role)
+            .allocate(&stream, Alloc::new(bytes, self.role))
             .map_err(|e: GovernorError| Error::Governor(e))?;
         let p = host_ptr(&ctx, &buffer)?;
         let len = buffer.len();

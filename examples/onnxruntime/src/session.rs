@@ -16,7 +16,7 @@
 use crate::allocator::{GovernedAllocator, HostAddressable, PAD};
 use crate::error::Error;
 use crate::model::{weights, Weight, WeightKind};
-use memgov::{DeviceBuffer, OutsideUsage, Role};
+use memgov::{Alloc, DeviceBuffer, OutsideUsage, Role};
 use ort::environment::Environment;
 use ort::memory::Allocator;
 use ort::session::builder::SessionBuilder;
@@ -161,7 +161,7 @@ impl<C: HostAddressable> GovernedAllocator<C> {
                 continue;
             };
             let bytes = w.bytes + PAD;
-            let buffer = ctx.allocate(&stream, bytes, Role::Weights)?;
+            let buffer = ctx.allocate(&stream, Alloc::new(bytes, Role::Weights))?;
             buffer.write(0, &model[raw])?;
             let p = buffer
                 .raw()

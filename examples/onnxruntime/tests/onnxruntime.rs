@@ -7,7 +7,9 @@
 //! it so that CI runs them for real.
 
 use memgov::host::{HostConfig, HostContext};
-use memgov::{ContextConfig, ContextHandle, Governor, GovernorError, PinKind, RetireError, Role};
+use memgov::{
+    Alloc, ContextConfig, ContextHandle, Governor, GovernorError, PinKind, RetireError, Role,
+};
 use memgov_onnxruntime::{
     environment, ConvTranspose, Error, GovernedAllocator, MatMulAdd, HOLDER, PAD,
 };
@@ -231,7 +233,10 @@ fn two_sessions_on_two_contexts_and_one_moves_to_a_third() {
     let x = model.input(rows);
     let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let batch = a
-        .allocate(&stream_a, x_bytes.len() as u64, Role::Activation)
+        .allocate(
+            &stream_a,
+            Alloc::new(x_bytes.len() as u64, Role::Activation),
+        )
         .unwrap();
     batch.write(0, &x_bytes).unwrap();
 

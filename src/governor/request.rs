@@ -1,0 +1,119 @@
+//! What a caller asks for: [`Alloc`] (one allocation) and [`Reserve`] (one
+//! reservation), the descriptors that [`ContextHandle::allocate`],
+//! [`ContextHandle::reserve`] and [`Reservation::allocate`] take.
+//!
+//! One descriptor per request instead of a method per combination of
+//! options: a new option is a builder method here, not a new `allocate_*`
+//! beside the others. Both are `Copy` and small; building one costs nothing
+//! on the allocation path.
+//!
+//! [`ContextHandle::allocate`]: super::ContextHandle::allocate
+//! [`ContextHandle::reserve`]: super::ContextHandle::reserve
+//! [`Reservation::allocate`]: super::Reservation::allocate
+
+use super::config::Role;
+use crate::Tier;
+
+/// One allocation: its size, the role its bytes are charged to, and the tier
+/// it lives in (the device unless [`tier`](Self::tier) says otherwise).
+///
+/// ```
+/// use memgov::{Alloc, ContextConfig, Governor, Role, Tier, host::{HostConfig, HostContext}};
+/// let gov = Governor::new();
+/// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new());
+/// let stream = ctx.create_stream("copy")?;
+/// let weights = ctx.allocate(&stream, Alloc::new(1 << 20, Role::Weights))?;
+/// let staging = ctx.allocate(&stream, Alloc::new(4096, Role::Other).tier(Tier::PinnedHost))?;
+/// assert_eq!((weights.tier(), staging.tier()), (Tier::Device, Tier::PinnedHost));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alloc {
+    pub(crate) bytes: u64,
+    pub(crate) role: Role,
+    /// `None`: the device, or the reservation's tier when allocated out of
+    /// one.
+    pub(crate) tier: Option<Tier>,
+}
+
+impl Alloc {
+    /// `bytes` for `role`, in the device tier.
+    #[inline]
+    pub const fn new(bytes: u64, role: Role) -> Self {
+        Self {
+            bytes,
+            role,
+            tier: None,
+        }
+    }
+
+    /// In `tier` instead, charged to that tier's budget
+    /// ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)).
+    /// Out of a reservation, the tier must be the reservation's.
+    #[inline]
+    pub const fn tier(mut self, tier: Tier) -> Self {
+        self.tier = Some(tier);
+        self
+    }
+
+    /// The bytes asked for.
+    #[inline]
+    pub const fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The role the bytes are charged to.
+    #[inline]
+    pub const fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The tier asked for, when one was.
+    #[inline]
+    pub const fn requested_tier(&self) -> Option<Tier> {
+        self.tier
+    }
+}
+
+/// One reservation: its size, the label snapshots and refusals name it by,
+/// and the tier its bytes are charged in (the device unless
+/// [`tier`](Self::tier) says otherwise).
+///
+/// ```
+/// use memgov::{Alloc, ContextConfig, Governor, Reserve, Role, host::{HostConfig, HostContext}};
+/// let gov = Governor::new();
+/// let ctx = gov.register(HostContext::new(HostConfig::default())?, ContextConfig::new().budget(1 << 20));
+/// let stream = ctx.create_stream("main")?;
+/// let request = ctx.reserve(Reserve::new(64 << 10, "request-17"))?;
+/// let kv = request.allocate(&stream, Alloc::new(16 << 10, Role::KvCache))?;
+/// assert_eq!(request.left(), 48 << 10);
+/// # drop(kv);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserve<'a> {
+    pub(crate) bytes: u64,
+    pub(crate) label: &'a str,
+    pub(crate) tier: Tier,
+}
+
+impl<'a> Reserve<'a> {
+    /// `bytes` under `label`, in the device tier.
+    #[inline]
+    pub const fn new(bytes: u64, label: &'a str) -> Self {
+        Self {
+            bytes,
+            label,
+            tier: Tier::Device,
+        }
+    }
+
+    /// In `tier` instead: its bytes are charged to the tier's budget and
+    /// allocations out of the reservation are made in that tier (pinned
+    /// host staging for a request's offloaded KV cache, say).
+    #[inline]
+    pub const fn tier(mut self, tier: Tier) -> Self {
+        self.tier = tier;
+        self
+    }
+}
