@@ -115,6 +115,7 @@ typedef struct hipMemPoolProps {
 #endif
 
 #include "standin.h"
+#include "vmm.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -295,6 +296,15 @@ static void leave(int *unused) {
     do {                                                \
         if (sticky_) return hipErrorIllegalAddress;     \
     } while (0)
+
+/* For vmm.c (vmm.h): the same entry and exit as every call here. */
+int hip_standin_enter(const char *fn) { return enter(fn); }
+void hip_standin_leave(void) { leave(NULL); }
+int hip_standin_devices(void) {
+    pthread_once(&g_once, init);
+    return g_devices;
+}
+int hip_standin_current_device(void) { return t_device; }
 
 /* Test hook (tests find it with dlsym): HIP calls made so far, by every
  * thread, this one included. */
@@ -484,6 +494,8 @@ static uint64_t cap_bytes(void) {
     return cap;
 }
 
+uint64_t hip_standin_capacity(void) { return cap_bytes(); }
+
 hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     ENTER("hipMemGetInfo");
     if (free_bytes == NULL || total == NULL) return hipErrorInvalidValue;
@@ -492,6 +504,7 @@ hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     uint64_t used = sq_mem_live_bytes(dev->mem) + dev->pool.reserve;
     for (struct ihipMemPoolHandle_t *p = dev->created; p != NULL; p = p->next) used += p->reserve;
     pthread_mutex_unlock(&dev->lock);
+    if (vmm_physical_bytes != NULL) used += vmm_physical_bytes();
     uint64_t cap = cap_bytes();
     *free_bytes = (size_t)(used > cap ? 0 : cap - used);
     *total = (size_t)g_total_bytes;
@@ -964,6 +977,10 @@ static hipError_t copy_async(const char *fn, int dst_device, int src_device, voi
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
+    /* Memory of a virtual address reservation: vmm.c checks and queues it. */
+    if (vmm_copy != NULL && (dst_device || src_device) &&
+        vmm_copy(fn, dst_device, src_device, dst, src, bytes, s->q))
+        return hipSuccess;
     uint64_t dst_addr = 0, src_addr = 0;
     struct sq_mem *dst_mem = NULL, *src_mem = NULL;
     if (dst_device)

@@ -1823,6 +1823,7 @@ fn child_entry() {
                 let ctx = HipContext::new(HipConfig {
                     device: 0,
                     allocator,
+                    ..HipConfig::default()
                 })
                 .unwrap();
                 check("HipContext::new");

@@ -47,28 +47,10 @@ use memgov_backend::{BackendError, BackendErrorKind};
 use state::Slot;
 use std::sync::Arc;
 
-/// Settings of a context's virtual-memory arena (see [`CudaConfig::arena`]).
-///
-/// [`CudaConfig::arena`]: crate::CudaConfig::arena
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArenaConfig {
-    /// Address space to reserve, rounded up to whole granules: the most the
-    /// arena's live allocations can span at once. Reserving costs no
-    /// physical memory.
-    pub reserve_bytes: u64,
-    /// The most physical memory the arena holds mapped, rounded down to whole
-    /// granules.
-    pub limit_bytes: u64,
-}
-
-impl Default for ArenaConfig {
-    fn default() -> Self {
-        Self {
-            reserve_bytes: 64 << 30,
-            limit_bytes: u64::MAX,
-        }
-    }
-}
+/// Settings of a context's virtual-memory arena (see
+/// [`CudaConfig::arena`](crate::CudaConfig::arena)); shared with the HIP
+/// backend.
+pub use memgov_backend::vmm::ArenaConfig;
 
 /// A handle on a context's arena ([`CudaContext::arena`]): its snapshot,
 /// trim, limit, sleep and wake. It stays usable after the context is handed

@@ -50,6 +50,30 @@ pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 use crate::{BackendError, BackendErrorKind};
 use std::fmt::Debug;
 
+/// Settings of a context's virtual-memory arena (`CudaConfig::arena`,
+/// `HipConfig::arena`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Address space to reserve, rounded up to whole granules: the most the
+    /// arena's live allocations can span at once. Reserving costs no
+    /// physical memory.
+    pub reserve_bytes: u64,
+    /// The most physical memory the arena holds mapped, rounded down to whole
+    /// granules.
+    pub limit_bytes: u64,
+}
+
+impl Default for ArenaConfig {
+    /// 64 GiB of address space, no limit of its own (the governor's budget
+    /// still bounds what is allocated).
+    fn default() -> Self {
+        Self {
+            reserve_bytes: 64 << 30,
+            limit_bytes: u64::MAX,
+        }
+    }
+}
+
 /// Why a granule could not be mapped, and, when undoing its own steps
 /// failed too, the slot to quarantine it in (`None`: nothing of it is left).
 pub type MapError<H> = (BackendError, Option<Slot<H>>);
