@@ -9,7 +9,8 @@
 //! `hipMemCreate`, ...), and this module holds everything else: the
 //! granule bookkeeping ([`State`]), the per-granule state machine
 //! ([`Slot`]), range carving, the transaction and its undo, the quarantine
-//! records, the limit on mapped bytes, sleep and wake.
+//! records, the limit on mapped bytes, sleep and wake, and the [`Gate`]
+//! between stream captures and the calls that would invalidate them.
 //!
 //! Invariants, each enforced where it is written:
 //!
@@ -40,10 +41,12 @@
 //!   thread that needs one waits on a condition variable.
 
 mod arena;
+pub mod gate;
 mod sleep;
 mod state;
 
 pub use arena::{Arena, ALIGN};
+pub use gate::{Gate, GateCall};
 pub use sleep::SleepReport;
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
