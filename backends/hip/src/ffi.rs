@@ -220,6 +220,36 @@ pub struct hipMemAccessDesc {
     pub flags: c_int,
 }
 
+/// An opaque graph (`struct ihipGraph`).
+#[repr(C)]
+pub struct ihipGraph {
+    _opaque: [u8; 0],
+}
+/// `hipGraph_t`.
+pub type hipGraph_t = *mut ihipGraph;
+/// An opaque executable graph (`struct hipGraphExec`).
+#[repr(C)]
+pub struct hipGraphExec {
+    _opaque: [u8; 0],
+}
+/// `hipGraphExec_t`.
+pub type hipGraphExec_t = *mut hipGraphExec;
+
+/// `hipStreamCaptureModeGlobal`.
+pub const hipStreamCaptureModeGlobal: c_int = 0;
+/// `hipStreamCaptureModeThreadLocal`.
+pub const hipStreamCaptureModeThreadLocal: c_int = 1;
+/// `hipStreamCaptureModeRelaxed`.
+pub const hipStreamCaptureModeRelaxed: c_int = 2;
+/// `hipStreamCaptureStatusActive`.
+pub const hipStreamCaptureStatusActive: c_int = 1;
+/// `hipErrorStreamCaptureUnsupported`: not permitted while the stream captures.
+pub const hipErrorStreamCaptureUnsupported: HipResult = 900;
+/// `hipErrorStreamCaptureInvalidated`: the capture was invalidated by an earlier error.
+pub const hipErrorStreamCaptureInvalidated: HipResult = 901;
+/// `hipErrorStreamCaptureWrongThread`: a non-relaxed capture ended on another thread.
+pub const hipErrorStreamCaptureWrongThread: HipResult = 908;
+
 /// `hipMemAccessFlagsProtReadWrite`.
 pub const hipMemAccessFlagsProtReadWrite: c_int = 3;
 /// `hipMemAllocationGranularityRecommended`.
@@ -589,7 +619,40 @@ hip_api_optional! {
         desc: *const hipMemAccessDesc,
         count: usize,
     ) -> HipResult;
+    /// Put `stream` in capture mode (`mode`: a `hipStreamCaptureMode`).
+    fn hipStreamBeginCapture(stream: hipStream_t, mode: c_int) -> HipResult;
+    /// End the capture of `stream`, returning its graph.
+    fn hipStreamEndCapture(stream: hipStream_t, graph: *mut hipGraph_t) -> HipResult;
+    /// Whether `stream` captures (`status`: a `hipStreamCaptureStatus`),
+    /// and the capture's id while it is active.
+    fn hipStreamGetCaptureInfo(stream: hipStream_t, status: *mut c_int, id: *mut u64)
+        -> HipResult;
+    /// An executable graph of `graph`; the error node and log are optional.
+    fn hipGraphInstantiate(
+        exec: *mut hipGraphExec_t,
+        graph: hipGraph_t,
+        error_node: *mut *mut c_void,
+        log: *mut c_char,
+        log_size: usize,
+    ) -> HipResult;
+    /// Queue one run of `exec` on `stream`.
+    fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> HipResult;
+    /// Destroy an executable graph (launches queued keep what they need).
+    fn hipGraphExecDestroy(exec: hipGraphExec_t) -> HipResult;
+    /// Destroy a graph.
+    fn hipGraphDestroy(graph: hipGraph_t) -> HipResult;
 }
+
+/// The stream capture and graph entry points a capture needs.
+pub const CAPTURE_SYMBOLS: [&str; 7] = [
+    "hipStreamBeginCapture",
+    "hipStreamEndCapture",
+    "hipStreamGetCaptureInfo",
+    "hipGraphInstantiate",
+    "hipGraphLaunch",
+    "hipGraphExecDestroy",
+    "hipGraphDestroy",
+];
 
 /// The virtual memory management entry points a virtual-memory arena needs.
 pub const VMM_SYMBOLS: [&str; 8] = [

@@ -45,6 +45,9 @@
 //!   the process on that device, other users' included. When teardown
 //!   returns, no thread of the context calls HIP again.
 //!
+//! * **Graph capture** ([`HipContext::begin_capture`]) into a pool of the
+//!   arena mapped before capture begins, behind a process-wide gate that
+//!   holds the arena's maps and unmaps while a capture is under way.
 //! * **Virtual-memory arena** ([`HipConfig::arena`]): device memory from
 //!   one address range reserved for the context's life and backed granule
 //!   by granule (`hipMemCreate`, `hipMemMap`, `hipMemSetAccess`), with
@@ -74,6 +77,7 @@
 //! ```
 
 mod arena;
+mod capture;
 mod config;
 pub mod ffi;
 mod memory;
@@ -85,6 +89,9 @@ mod stream;
 mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};
+pub use capture::{
+    CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot, PoolExhausted,
+};
 
 pub use config::{AllocatorChoice, HipConfig};
 pub use ffi::{runtime_present, HipResult};
@@ -118,6 +125,8 @@ pub struct HipContext {
     /// The virtual-memory arena device memory comes from, when
     /// [`HipConfig::arena`] asked for one.
     arena: Option<Arc<arena::Arena>>,
+    /// The executable graphs made by captures on the arena, still live.
+    pins: Arc<capture::Pins>,
 }
 
 impl std::fmt::Debug for HipContext {
@@ -338,6 +347,7 @@ impl HipContext {
                 fallback_reason,
             })),
             arena: None,
+            pins: Arc::default(),
         };
         if let Some(config) = &config.arena {
             // On failure `ctx` drops here, which tears it down.
@@ -481,6 +491,7 @@ impl DeviceContext for HipContext {
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
+        capture::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
         stream::destroy(&self.shared, stream)
     }
 
@@ -540,6 +551,7 @@ impl DeviceContext for HipContext {
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
+        capture::gate().before_sync("synchronize", stream.raw.0 as usize)?;
         stream::synchronize(&self.shared, stream)
     }
 

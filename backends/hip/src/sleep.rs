@@ -105,6 +105,8 @@ impl HipArena {
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
         self.shared.check_usable("sleep")?;
+        // No capture begins while the arena sleeps; one under way is waited for.
+        let _call = crate::capture::gate().call("sleep", true)?;
         self.arena
             .sleep(&self.arena.driver(&self.shared), keep_contents)
     }
@@ -115,6 +117,7 @@ impl HipArena {
     /// bytes mapped.
     pub fn wake(&self) -> Result<u64, BackendError> {
         self.shared.check_usable("wake")?;
+        let _call = crate::capture::gate().call("wake", true)?;
         self.arena.wake(&self.arena.driver(&self.shared))
     }
 }

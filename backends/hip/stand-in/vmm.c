@@ -48,6 +48,7 @@
 #define __HIP_PLATFORM_AMD__ 1
 #include <hip/hip_runtime_api.h>
 
+#include "graph.h"
 #include "vmm.h"
 
 #include <errno.h>
@@ -131,6 +132,13 @@ static void leave_call(int *unused) {
     __attribute__((cleanup(leave_call))) int in_call_ = 0;                          \
     (void)in_call_;                                                                 \
     if (hip_standin_enter(fn)) return hipErrorIllegalAddress
+
+/* A potentially unsafe call while a capture is under way (graph.c). */
+#define UNSAFE_DURING_CAPTURE(fn, alloc)                                        \
+    do {                                                                        \
+        if (graph_unsafe != NULL && graph_unsafe(fn, alloc))                    \
+            return hipErrorStreamCaptureUnsupported;                            \
+    } while (0)
 
 static int aligned(uint64_t v) { return v % GRANULE == 0; }
 
@@ -249,6 +257,7 @@ hipError_t hipMemAddressFree(void *devPtr, size_t size) {
 hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
                         const hipMemAllocationProp *prop, unsigned long long flags) {
     VMM_ENTER("hipMemCreate");
+    UNSAFE_DURING_CAPTURE("hipMemCreate", 1);
     if (handle == NULL || size == 0 || !aligned(size) || flags != 0 || !valid_prop(prop))
         return hipErrorInvalidValue;
     pthread_mutex_lock(&g_vmm);
@@ -274,6 +283,7 @@ hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
 
 hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
     VMM_ENTER("hipMemRelease");
+    UNSAFE_DURING_CAPTURE("hipMemRelease", 0);
     pthread_mutex_lock(&g_vmm);
     handle_t *h = find_handle(handle, "hipMemRelease");
     h->released = 1; /* the memory stays while mapped */
@@ -285,6 +295,7 @@ hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
 hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
                      unsigned long long flags) {
     VMM_ENTER("hipMemMap");
+    UNSAFE_DURING_CAPTURE("hipMemMap", 0);
     uint64_t ptr = (uint64_t)(uintptr_t)va;
     pthread_mutex_lock(&g_vmm);
     handle_t *h = find_handle(handle, "hipMemMap");
@@ -358,6 +369,7 @@ hipError_t hipMemSetAccess(void *va, size_t size, const hipMemAccessDesc *desc, 
 
 hipError_t hipMemUnmap(void *va, size_t size) {
     VMM_ENTER("hipMemUnmap");
+    UNSAFE_DURING_CAPTURE("hipMemUnmap", 0);
     uint64_t ptr = (uint64_t)(uintptr_t)va;
     pthread_mutex_lock(&g_vmm);
     vmm_init();

@@ -29,6 +29,10 @@ pub(crate) fn map(
     g: usize,
     op: &'static str,
 ) -> Result<Handle, MapError<Handle>> {
+    // Held until the granule is mapped: no capture begins in between.
+    let _call = crate::capture::gate()
+        .call(op, true)
+        .map_err(|e| (e, None))?;
     let at = (arena.base + g as u64 * arena.granule) as *mut c_void;
     let size = arena.granule as usize;
     let mut h: hipMemGenericAllocationHandle_t = std::ptr::null_mut();
@@ -105,6 +109,7 @@ fn with(e: BackendError, why: String) -> BackendError {
 
 /// Release a handle (its memory goes once no mapping uses it).
 pub(crate) fn release(s: &Shared, h: Handle, op: &'static str) -> Result<(), BackendError> {
+    let _call = crate::capture::gate().call(op, false)?;
     // SAFETY: a handle of this arena, released once: every caller takes it
     // out of the granule's slot first.
     let r = unsafe { ffi::hipMemRelease(h.0) };
@@ -120,6 +125,9 @@ pub(crate) fn unmap(
     h: Handle,
     op: &'static str,
 ) -> Result<(), Slot<Handle>> {
+    // Never refused (`refuse_own` is false): waits while a capture is under
+    // way on another thread.
+    let _call = crate::capture::gate().call(op, false);
     let at = (arena.base + g as u64 * arena.granule) as *mut c_void;
     // SAFETY: granule `g` is mapped with `h` and owned by this thread
     // (Unmapping, or undone before anyone used it); no allocation overlaps

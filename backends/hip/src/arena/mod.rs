@@ -80,8 +80,26 @@ impl HipArena {
 
     /// Give back every cached granule (mapped, no allocation in it),
     /// unmapped and released one by one; returns the bytes given back.
+    ///
+    /// While a graph capture is under way anywhere in the process the trim
+    /// is deferred (unmapping would invalidate it): it returns 0 at once,
+    /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
         self.shared.check_usable("trim")?;
+        let (arena, shared) = (Arc::downgrade(&self.arena), Arc::downgrade(&self.shared));
+        let deferred: vmm::gate::Deferred = Box::new(move || {
+            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
+                // A trim that fails leaves its granules quarantined and
+                // listed in the arena's snapshot; nobody waits on it here.
+                let _ = a.trim(&s, "trim");
+            }
+        });
+        if crate::capture::gate()
+            .defer(self.arena.base, deferred)
+            .is_none()
+        {
+            return Ok(0);
+        }
         self.arena.trim(&self.shared, "trim")
     }
 

@@ -225,6 +225,9 @@ impl HipContext {
         let Some(arena) = &self.arena else {
             return Ok(());
         };
+        // Live graphs first: their pools go back to the arena after their
+        // launches finished.
+        let graphs = self.graphs_teardown(arena, lost || self.shared.is_dead());
         let s = &*self.shared;
         let leftover: Vec<u64> = {
             let mut live = lock(&s.live);
@@ -256,6 +259,6 @@ impl HipContext {
         arena.releases.abandon_all(s.probe());
         let r = arena.teardown(s);
         drop(device);
-        r
+        graphs.and(r)
     }
 }
