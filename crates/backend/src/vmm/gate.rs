@@ -230,7 +230,10 @@ mod tests {
         gate.begin();
         gate.begun(Some(8), 0x20);
         assert!(gate.defer(1, work).is_none(), "deferred");
-        drop(gate.call("unmap", false).expect("own capture, not refused: goes ahead"));
+        drop(
+            gate.call("unmap", false)
+                .expect("own capture, not refused: goes ahead"),
+        );
         gate.end(7);
         assert_eq!(runs.load(Ordering::SeqCst), 0, "capture 8 still under way");
         assert!(gate.before_destroy("destroy_stream", 0x20).is_err());
