@@ -556,7 +556,8 @@ struct Capability {
 /// CUDA and HIP backends' virtual-memory arena and sleep/wake, probed by
 /// opening a context with a small arena and tearing it down (a ROCm
 /// lacking the virtual memory calls answers why, naming the symbol), and
-/// CUDA's graph-capture gate (which captures into a pool of the arena).
+/// their graph-capture gate (which captures into a pool of the arena; on
+/// HIP also the runtime's capture calls, each named if missing).
 fn capabilities(backend: &str) -> Vec<Capability> {
     let arena: Result<(), String> = match backend {
         "cuda" => probe_cuda_arena(),
@@ -567,11 +568,18 @@ fn capabilities(backend: &str) -> Vec<Capability> {
         )),
     };
     let gate = match backend {
-        "cuda" => arena.clone().map_err(|why| {
-            format!("the gate captures into an arena's pool, and there is none: {why}")
-        }),
+        "cuda" | "hip" => arena
+            .clone()
+            .map_err(|why| {
+                format!("the gate captures into an arena's pool, and there is none: {why}")
+            })
+            .and_then(|()| match backend {
+                "hip" => probe_hip_capture(),
+                _ => Ok(()),
+            }),
         other => Err(format!(
-            "the {other} backend has no graph-capture gate (CUDA only: cuStreamBeginCapture_v2)"
+            "the {other} backend has no graph-capture gate (CUDA and HIP only: \
+             cuStreamBeginCapture_v2 / hipStreamBeginCapture)"
         )),
     };
     vec![
@@ -630,6 +638,16 @@ fn probe_hip_arena() -> Result<(), String> {
 
 #[cfg(not(feature = "hip"))]
 fn probe_hip_arena() -> Result<(), String> {
+    Err("this memgov was built without the hip feature".to_owned())
+}
+
+#[cfg(feature = "hip")]
+fn probe_hip_capture() -> Result<(), String> {
+    memgov::hip::capture_supported().map_err(|e| e.message)
+}
+
+#[cfg(not(feature = "hip"))]
+fn probe_hip_capture() -> Result<(), String> {
     Err("this memgov was built without the hip feature".to_owned())
 }
 

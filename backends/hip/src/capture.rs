@@ -267,6 +267,26 @@ impl std::fmt::Debug for HipCapture<'_> {
     }
 }
 
+/// `Ok` when the loaded HIP runtime has every call a capture needs;
+/// otherwise `Unavailable` (no runtime) or `Unsupported`, naming the first
+/// call missing. A capture also needs a context with an arena.
+pub fn capture_supported() -> Result<(), BackendError> {
+    if let Some(why) = ffi::runtime_missing() {
+        return Err(err("begin_capture", BackendErrorKind::Unavailable, why));
+    }
+    match ffi::missing(&ffi::CAPTURE_SYMBOLS) {
+        None => Ok(()),
+        Some(symbol) => Err(err(
+            "begin_capture",
+            BackendErrorKind::Unsupported,
+            format!(
+                "a stream capture needs {symbol}, which the loaded HIP runtime does not export \
+                 (ROCm 4.3 or newer has HIP's graph calls)"
+            ),
+        )),
+    }
+}
+
 impl HipContext {
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
@@ -285,16 +305,7 @@ impl HipContext {
         let s = &*self.shared;
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        if let Some(symbol) = ffi::missing(&ffi::CAPTURE_SYMBOLS) {
-            return Err(err(
-                OP,
-                BackendErrorKind::Unsupported,
-                format!(
-                    "a stream capture needs {symbol}, which the loaded HIP runtime does not \
-                     export (ROCm 4.3 or newer has HIP's graph calls)"
-                ),
-            ));
-        }
+        capture_supported()?;
         let Some(arena) = self.arena.clone() else {
             return Err(err(
                 OP,

@@ -90,7 +90,8 @@ mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};
 pub use capture::{
-    CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot, PoolExhausted,
+    capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot,
+    PoolExhausted,
 };
 
 pub use config::{AllocatorChoice, HipConfig};
