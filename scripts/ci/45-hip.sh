@@ -3,8 +3,10 @@
 # the HIP tests (conformance on the pool and on the hipMalloc fallback,
 # retirement, cross-stream order, device loss, pool trim, planted
 # violations, soak) at several stand-in latencies, the virtual-memory arena
-# and sleep/wake with the stand-in's VMM rules planted (tests/arena.rs, one
-# run: its cases pick their own latencies and seeds), `memgov check` and
+# and sleep/wake with the stand-in's VMM rules planted (tests/arena.rs) and
+# graph capture with the gate and the stand-in's capture rules planted
+# (tests/capture.rs), one run each: their cases pick their own latencies
+# and seeds, `memgov check` and
 # `memgov run`, and the HIP row of the fault matrix on it, all with the
 # stand-in's exit check on; clippy with the feature; that the binary does
 # not link libamdhip64 and skips cleanly with no HIP runtime ("skipped: no
@@ -43,6 +45,10 @@ on_stand_in cargo test --locked -p memgov-hip --test arena -- --nocapture 2>&1 |
 grep -q "child grow_shrink: ok" "$target/hip-arena.log"
 grep -q "child sleep_wake: ok" "$target/hip-arena.log"
 grep -q "child no_vmm: ok" "$target/hip-arena.log"
+echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
+on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture 2>&1 | tee "$target/hip-capture.log"
+grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
+grep -q "child no_graphs: ok" "$target/hip-capture.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
@@ -64,8 +70,10 @@ for latency in 0 300 300:1 300:2 300:3; do
     case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" check --backend hip \
         | tee "$target/hip-check.log"
-    # The arena and sleep/wake are probed on the stand-in and offered.
+    # The arena, sleep/wake and the capture gate are probed on the stand-in
+    # and offered.
     grep -Eq "^sleep and wake at stable addresses +yes" "$target/hip-check.log"
+    grep -Eq "^graph-capture gate +yes" "$target/hip-check.log"
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip
 done
 
@@ -103,7 +111,7 @@ cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked -p memgov-hip --test hip --test pinned --test arena -- --nocapture 2>&1 | tee "$target/hip-real.log"
+cargo test --locked -p memgov-hip --test hip --test pinned --test arena --test capture -- --nocapture 2>&1 | tee "$target/hip-real.log"
 if grep -Eq "skipped: no HIP (device|runtime)" "$target/hip-real.log"; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else
