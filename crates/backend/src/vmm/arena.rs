@@ -351,3 +351,177 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::{MapError, SleepDriver};
+    use std::cell::{Cell, RefCell};
+
+    const G: u64 = 2 << 20;
+
+    /// A driver whose handles are numbers, which fails the `fail_map`th
+    /// map (counting from 1) and refuses unmaps listed in `refuse_unmap`.
+    #[derive(Default)]
+    struct Fake {
+        maps: Cell<u32>,
+        fail_map: u32,
+        refuse_unmap: RefCell<Vec<usize>>,
+        mapped: RefCell<Vec<usize>>,
+        host: RefCell<Vec<(u64, usize)>>,
+    }
+
+    impl GranuleDriver for Fake {
+        type Handle = u64;
+        type Current = ();
+
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+        fn make_current(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn map(&self, g: usize, op: &'static str) -> Result<u64, MapError<u64>> {
+            self.maps.set(self.maps.get() + 1);
+            if self.maps.get() == self.fail_map {
+                let e = BackendError::new("fake", op, BackendErrorKind::OutOfMemory, "planted");
+                return Err((e, None));
+            }
+            self.mapped.borrow_mut().push(g);
+            Ok(100 + g as u64)
+        }
+        fn unmap(&self, g: usize, h: u64, _: &'static str) -> Result<(), Slot<u64>> {
+            assert_eq!(h, 100 + g as u64, "the handle mapped at that granule");
+            let mut refuse = self.refuse_unmap.borrow_mut();
+            if let Some(i) = refuse.iter().position(|&r| r == g) {
+                refuse.remove(i);
+                return Err(Slot::Quarantined {
+                    handle: Some(h),
+                    mapped: true,
+                });
+            }
+            let mut mapped = self.mapped.borrow_mut();
+            let i = mapped
+                .iter()
+                .position(|&m| m == g)
+                .expect("unmap of a mapped granule");
+            mapped.remove(i);
+            Ok(())
+        }
+        fn release(&self, _: u64, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn free_host(&self, host: usize, _: &'static str) {
+            self.host.borrow_mut().retain(|&(_, h)| h != host);
+        }
+    }
+
+    impl SleepDriver for Fake {
+        fn quiesce(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn offload(&self, at: u64, _: u64) -> Result<usize, BackendError> {
+            let host = 0x1000 + self.host.borrow().len();
+            self.host.borrow_mut().push((at, host));
+            Ok(host)
+        }
+        fn restore(&self, at: u64, host: usize, _: u64) -> Result<(), BackendError> {
+            assert!(
+                self.host.borrow().contains(&(at, host)),
+                "restored where it was"
+            );
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_map_failing_half_way_undoes_the_granules_it_mapped() {
+        let d = Fake {
+            fail_map: 3,
+            ..Fake::default()
+        };
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "wake");
+        let e = a.allocate(&d, 4 * G).expect_err("the third granule fails");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(
+            d.mapped.borrow().is_empty(),
+            "granules 0 and 1 unmapped again"
+        );
+        let s = a.snapshot();
+        assert_eq!((s.mapped, s.in_use, s.blocks), (0, 0, 0));
+        // The whole range is free again: the same allocation lands at the base.
+        assert_eq!(a.allocate(&d, 4 * G).expect("no failure now"), a.base);
+    }
+
+    #[test]
+    fn the_limit_trims_cached_granules_then_refuses_with_the_numbers() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, 4 * G, "wake");
+        let p = a.allocate(&d, 2 * G).expect("granules 0 and 1");
+        let q = a.allocate(&d, G).expect("granule 2");
+        a.retire(p);
+        assert_eq!((a.snapshot().cached, a.snapshot().mapped), (2 * G, 3 * G));
+        // Three granules past granule 2: 3 + 3 mapped would pass the limit
+        // of 4, so the two cached ones are given back first.
+        let r = a.allocate(&d, 3 * G).expect("trimmed, then fits");
+        assert_eq!(r, a.base + 3 * G);
+        assert_eq!(*d.mapped.borrow(), vec![2, 3, 4, 5]);
+        let e = a
+            .allocate(&d, G)
+            .expect_err("over the limit, nothing cached");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(
+            e.message.contains("holds 8388608 B of its 8388608 B limit"),
+            "{e}"
+        );
+        a.retire(q);
+        a.retire(r);
+        assert_eq!(a.trim(&d, "trim").expect("trim"), 4 * G);
+        assert!(d.mapped.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_refused_unmap_is_quarantined_and_never_handed_out_again() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 4 * G, G, u64::MAX, "wake");
+        let p = a.allocate(&d, G).expect("one granule");
+        a.retire(p);
+        d.refuse_unmap.borrow_mut().push(0);
+        let e = a.trim(&d, "trim").expect_err("refused");
+        assert!(e.message.contains("quarantined"), "{e}");
+        let s = a.snapshot();
+        assert_eq!(s.quarantined.len(), 1);
+        assert_eq!(s.quarantined[0].address, a.base);
+        for _ in 0..3 {
+            let q = a.allocate(&d, G).expect("another granule");
+            assert_ne!(q, a.base, "never the quarantined granule");
+            a.retire(q);
+        }
+        // Teardown retries it (the refusal was once).
+        a.teardown(&d).expect("teardown");
+        assert!(d.mapped.borrow().is_empty());
+    }
+
+    #[test]
+    fn sleep_and_wake_keep_each_granule_s_state_and_refuse_a_wake_over_the_limit() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 8 * G, G, 8 * G, "Fake::wake");
+        let p = a.allocate(&d, 3 * G - 5).expect("three granules");
+        let r = a.sleep(&d, true).expect("sleep");
+        assert_eq!((r.released, r.offloaded), (3 * G, 3 * G));
+        assert!(d.mapped.borrow().is_empty());
+        let e = a.allocate(&d, 1).expect_err("asleep");
+        assert!(e.message.contains("Fake::wake"), "{e}");
+        a.set_limit(2 * G);
+        let e = a.wake(&d).expect_err("does not fit");
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(d.mapped.borrow().is_empty(), "refused before any map");
+        a.set_limit(8 * G);
+        assert_eq!(a.wake(&d).expect("wake"), 3 * G);
+        assert!(d.host.borrow().is_empty(), "every host copy freed once");
+        assert_eq!(a.snapshot().mapped, 3 * G);
+        a.retire(p);
+        a.teardown(&d).expect("teardown");
+        assert!(d.mapped.borrow().is_empty());
+    }
+}
