@@ -553,22 +553,33 @@ struct Capability {
 }
 
 /// What `backend` offers beyond the contract, probed on this machine: the
-/// CUDA backend's virtual-memory arena, sleep/wake and graph-capture gate
-/// (the gate captures into a pool of the arena), probed by opening a
-/// context with a small arena and tearing it down.
+/// CUDA and HIP backends' virtual-memory arena and sleep/wake, probed by
+/// opening a context with a small arena and tearing it down (a ROCm
+/// lacking the virtual memory calls answers why, naming the symbol), and
+/// their graph-capture gate (which captures into a pool of the arena; on
+/// HIP also the runtime's capture calls, each named if missing).
 fn capabilities(backend: &str) -> Vec<Capability> {
     let arena: Result<(), String> = match backend {
         "cuda" => probe_cuda_arena(),
+        "hip" => probe_hip_arena(),
         other => Err(format!(
-            "the {other} backend has no virtual-memory arena (CUDA only: cuMemAddressReserve / cuMemMap)"
+            "the {other} backend has no virtual-memory arena (CUDA and HIP only: \
+             cuMemAddressReserve / hipMemAddressReserve and their maps)"
         )),
     };
     let gate = match backend {
-        "cuda" => arena.clone().map_err(|why| {
-            format!("the gate captures into an arena's pool, and there is none: {why}")
-        }),
+        "cuda" | "hip" => arena
+            .clone()
+            .map_err(|why| {
+                format!("the gate captures into an arena's pool, and there is none: {why}")
+            })
+            .and_then(|()| match backend {
+                "hip" => probe_hip_capture(),
+                _ => Ok(()),
+            }),
         other => Err(format!(
-            "the {other} backend has no graph-capture gate (CUDA only: cuStreamBeginCapture_v2)"
+            "the {other} backend has no graph-capture gate (CUDA and HIP only: \
+             cuStreamBeginCapture_v2 / hipStreamBeginCapture)"
         )),
     };
     vec![
@@ -608,6 +619,36 @@ fn probe_cuda_arena() -> Result<(), String> {
 #[cfg(not(feature = "cuda"))]
 fn probe_cuda_arena() -> Result<(), String> {
     Err("this memgov was built without the cuda feature".to_owned())
+}
+
+#[cfg(feature = "hip")]
+fn probe_hip_arena() -> Result<(), String> {
+    use memgov::hip::{ArenaConfig, HipConfig, HipContext};
+    use memgov::DeviceContext;
+    let ctx = HipContext::new(HipConfig {
+        arena: Some(ArenaConfig {
+            reserve_bytes: 64 << 20,
+            limit_bytes: 64 << 20,
+        }),
+        ..HipConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    ctx.teardown(false).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "hip"))]
+fn probe_hip_arena() -> Result<(), String> {
+    Err("this memgov was built without the hip feature".to_owned())
+}
+
+#[cfg(feature = "hip")]
+fn probe_hip_capture() -> Result<(), String> {
+    memgov::hip::capture_supported().map_err(|e| e.message)
+}
+
+#[cfg(not(feature = "hip"))]
+fn probe_hip_capture() -> Result<(), String> {
+    Err("this memgov was built without the hip feature".to_owned())
 }
 
 /// `memgov check --json`: every backend's row, every case's outcome, the

@@ -214,7 +214,10 @@ fn check_json_is_one_object_and_carries_the_error_on_failure() {
         assert_eq!(caps[key]["offered"], false, "{key}: {caps}");
     }
     assert!(
-        caps["arena"]["why"].as_str().unwrap().contains("CUDA only"),
+        caps["arena"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA and HIP only"),
         "{caps}"
     );
 

@@ -2,7 +2,11 @@
 # The HIP backend (feature `hip`): build the stand-in libamdhip64.so.5, run
 # the HIP tests (conformance on the pool and on the hipMalloc fallback,
 # retirement, cross-stream order, device loss, pool trim, planted
-# violations, soak) at several stand-in latencies, `memgov check` and
+# violations, soak) at several stand-in latencies, the virtual-memory arena
+# and sleep/wake with the stand-in's VMM rules planted (tests/arena.rs) and
+# graph capture with the gate and the stand-in's capture rules planted
+# (tests/capture.rs), one run each: their cases pick their own latencies
+# and seeds, `memgov check` and
 # `memgov run`, and the HIP row of the fault matrix on it, all with the
 # stand-in's exit check on; clippy with the feature; that the binary does
 # not link libamdhip64 and skips cleanly with no HIP runtime ("skipped: no
@@ -36,6 +40,15 @@ grep -q "soak: hip, " "$target/hip-stand-in.log"
 grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e6800 (PCI 0000:20:00.0)" "$target/hip-stand-in.log"
 grep -q "test pinned_tier_writes_and_reads_through_the_device_pointer_of_mapped_host_memory ... ok" "$target/hip-stand-in.log"
 grep -q "test planted_copies_of_the_wrong_kind_abort_the_stand_in ... ok" "$target/hip-stand-in.log"
+echo "--- HIP arena, sleep/wake and the stand-in's VMM rules"
+on_stand_in cargo test --locked -p memgov-hip --test arena -- --nocapture 2>&1 | tee "$target/hip-arena.log"
+grep -q "child grow_shrink: ok" "$target/hip-arena.log"
+grep -q "child sleep_wake: ok" "$target/hip-arena.log"
+grep -q "child no_vmm: ok" "$target/hip-arena.log"
+echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
+on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture 2>&1 | tee "$target/hip-capture.log"
+grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
+grep -q "child no_graphs: ok" "$target/hip-capture.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
@@ -55,7 +68,12 @@ cargo build --locked --release -p memgov-cli --features vulkan,cuda,hip
 for latency in 0 300 300:1 300:2 300:3; do
     seed=""
     case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" check --backend hip
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" check --backend hip \
+        | tee "$target/hip-check.log"
+    # The arena, sleep/wake and the capture gate are probed on the stand-in
+    # and offered.
+    grep -Eq "^sleep and wake at stable addresses +yes" "$target/hip-check.log"
+    grep -Eq "^graph-capture gate +yes" "$target/hip-check.log"
     MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip
 done
 
@@ -93,7 +111,7 @@ cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all
 
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
 unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked -p memgov-hip --test hip --test pinned -- --nocapture 2>&1 | tee "$target/hip-real.log"
+cargo test --locked -p memgov-hip --test hip --test pinned --test arena --test capture -- --nocapture 2>&1 | tee "$target/hip-real.log"
 if grep -Eq "skipped: no HIP (device|runtime)" "$target/hip-real.log"; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else

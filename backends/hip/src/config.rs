@@ -1,5 +1,7 @@
 //! The settings of a HIP context: [`HipConfig`].
 
+use crate::arena::ArenaConfig;
+
 /// Which allocator the context uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllocatorChoice {
@@ -19,4 +21,12 @@ pub struct HipConfig {
     pub device: u32,
     /// Stream-ordered pool or the `hipMalloc` fallback.
     pub allocator: AllocatorChoice,
+    /// A virtual-memory arena for device memory (see [`ArenaConfig`]), or
+    /// `None` (the default) for the pool or fallback above. With an arena,
+    /// device allocations come from one address range reserved for the
+    /// context's life, backed by granules mapped as needed; page-locked
+    /// host memory is unchanged. Where the loaded ROCm lacks the virtual
+    /// memory calls, `HipContext::new` answers `Unsupported` naming the
+    /// first one missing.
+    pub arena: Option<ArenaConfig>,
 }

@@ -101,6 +101,160 @@ pub struct hipMemPoolProps {
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<hipMemPoolProps>() == 88);
 
+/// An opaque handle of physical memory (`struct ihipMemGenericAllocationHandle`).
+#[repr(C)]
+pub struct ihipMemGenericAllocationHandle {
+    _opaque: [u8; 0],
+}
+/// `hipMemGenericAllocationHandle_t`: physical memory made by `hipMemCreate`.
+pub type hipMemGenericAllocationHandle_t = *mut ihipMemGenericAllocationHandle;
+
+/// `hipMemAllocationProp` as ROCm 5 lays it out (`hip_runtime_api.h` of
+/// ROCm 5.x: the compression type first). ROCm 6 reordered the struct
+/// ([`hipMemAllocationProp_v6`]); [`allocation_prop`] builds the one the
+/// loaded runtime reads.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemAllocationProp_v5 {
+    /// Zero.
+    pub compressionType: u8,
+    /// Where the memory lives.
+    pub location: hipMemLocation,
+    /// `hipMemAllocationHandleType` (`hipMemHandleTypeNone`).
+    pub requestedHandleType: c_int,
+    /// `hipMemAllocationType` (`hipMemAllocationTypePinned`).
+    pub type_: c_int,
+    /// Zero.
+    pub usage: u16,
+    /// Windows only; null.
+    pub win32HandleMetaData: *mut c_void,
+}
+
+/// `hipMemAllocationProp` as ROCm 6 lays it out (the type first, the
+/// allocation flags last).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemAllocationProp_v6 {
+    /// `hipMemAllocationType` (`hipMemAllocationTypePinned`).
+    pub type_: c_int,
+    /// `hipMemAllocationHandleType` (`hipMemHandleTypeNone`).
+    pub requestedHandleTypes: c_int,
+    /// Where the memory lives.
+    pub location: hipMemLocation,
+    /// Windows only; null.
+    pub win32HandleMetaData: *mut c_void,
+    /// Compression type, RDMA capability (bytes) and usage (`u16`): zero.
+    pub allocFlags: [u8; 4],
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(
+    std::mem::size_of::<hipMemAllocationProp_v5>() == 32
+        && std::mem::size_of::<hipMemAllocationProp_v6>() == 32
+);
+
+/// Pinned device memory of device `ordinal`, no shareable handle, in the
+/// layout of the runtime that reports `runtime_version`
+/// (`hipRuntimeGetVersion`: ROCm 6 and later answer 60000000 and up).
+/// Pass [`AllocationProp::as_ptr`] where a call takes a
+/// `const hipMemAllocationProp*`.
+pub fn allocation_prop(ordinal: i32, runtime_version: i32) -> AllocationProp {
+    let location = hipMemLocation {
+        type_: hipMemLocationTypeDevice,
+        id: ordinal,
+    };
+    if runtime_version >= 60_000_000 {
+        AllocationProp::V6(hipMemAllocationProp_v6 {
+            type_: hipMemAllocationTypePinned,
+            requestedHandleTypes: hipMemHandleTypeNone,
+            location,
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: [0; 4],
+        })
+    } else {
+        AllocationProp::V5(hipMemAllocationProp_v5 {
+            compressionType: 0,
+            location,
+            requestedHandleType: hipMemHandleTypeNone,
+            type_: hipMemAllocationTypePinned,
+            usage: 0,
+            win32HandleMetaData: std::ptr::null_mut(),
+        })
+    }
+}
+
+/// A `hipMemAllocationProp` in the loaded runtime's layout.
+#[derive(Debug, Clone, Copy)]
+pub enum AllocationProp {
+    /// ROCm 5.x.
+    V5(hipMemAllocationProp_v5),
+    /// ROCm 6 and later.
+    V6(hipMemAllocationProp_v6),
+}
+
+impl AllocationProp {
+    /// The pointer a call takes; valid while `self` is.
+    pub fn as_ptr(&self) -> *const c_void {
+        match self {
+            Self::V5(p) => (p as *const hipMemAllocationProp_v5).cast(),
+            Self::V6(p) => (p as *const hipMemAllocationProp_v6).cast(),
+        }
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> hipMemLocation {
+        match self {
+            Self::V5(p) => p.location,
+            Self::V6(p) => p.location,
+        }
+    }
+}
+
+/// `hipMemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemAccessDesc {
+    /// The device the access is for.
+    pub location: hipMemLocation,
+    /// `hipMemAccessFlags` (`hipMemAccessFlagsProtReadWrite`).
+    pub flags: c_int,
+}
+
+/// An opaque graph (`struct ihipGraph`).
+#[repr(C)]
+pub struct ihipGraph {
+    _opaque: [u8; 0],
+}
+/// `hipGraph_t`.
+pub type hipGraph_t = *mut ihipGraph;
+/// An opaque executable graph (`struct hipGraphExec`).
+#[repr(C)]
+pub struct hipGraphExec {
+    _opaque: [u8; 0],
+}
+/// `hipGraphExec_t`.
+pub type hipGraphExec_t = *mut hipGraphExec;
+
+/// `hipStreamCaptureModeGlobal`.
+pub const hipStreamCaptureModeGlobal: c_int = 0;
+/// `hipStreamCaptureModeThreadLocal`.
+pub const hipStreamCaptureModeThreadLocal: c_int = 1;
+/// `hipStreamCaptureModeRelaxed`.
+pub const hipStreamCaptureModeRelaxed: c_int = 2;
+/// `hipStreamCaptureStatusActive`.
+pub const hipStreamCaptureStatusActive: c_int = 1;
+/// `hipErrorStreamCaptureUnsupported`: not permitted while the stream captures.
+pub const hipErrorStreamCaptureUnsupported: HipResult = 900;
+/// `hipErrorStreamCaptureInvalidated`: the capture was invalidated by an earlier error.
+pub const hipErrorStreamCaptureInvalidated: HipResult = 901;
+/// `hipErrorStreamCaptureWrongThread`: a non-relaxed capture ended on another thread.
+pub const hipErrorStreamCaptureWrongThread: HipResult = 908;
+
+/// `hipMemAccessFlagsProtReadWrite`.
+pub const hipMemAccessFlagsProtReadWrite: c_int = 3;
+/// `hipMemAllocationGranularityRecommended`.
+pub const hipMemAllocationGranularityRecommended: c_int = 1;
+
 /// The stream callback as memgov declares it: the status is an `i32` for
 /// the same reason as every result.
 pub type StreamCallback = unsafe extern "C" fn(hipStream_t, HipResult, *mut c_void);
@@ -203,6 +357,8 @@ macro_rules! hip_api {
         /// The HIP runtime's entry points, resolved from the library.
         pub struct Api {
             $($name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+            /// The entry points a runtime may lack.
+            optional: Optional,
             /// Keeps the library loaded for as long as the table lives (the
             /// table is a process-wide static: until exit).
             library: Library,
@@ -229,7 +385,9 @@ macro_rules! hip_api {
                     }
                     .map_err(|_| stringify!($name))?;
                 )*
-                Ok(Self { $($name,)* library })
+                // SAFETY: as above, for the optional entry points.
+                let optional = unsafe { Optional::resolve(&library) };
+                Ok(Self { $($name,)* optional, library })
             }
         }
 
@@ -344,6 +502,179 @@ hip_api! {
     /// `hipDeviceReset`: destroys every allocation and stream of the process
     /// on the current device. memgov never calls it.
     fn hipDeviceReset() -> HipResult;
+}
+
+/// Declares the entry points a runtime may lack (resolved when the library
+/// is opened, each `None` where it is missing): the [`Optional`] table, and
+/// a public wrapper per entry that calls through it and answers
+/// `hipErrorNotSupported` when the loaded runtime lacks it. What needs one
+/// asks [`missing`] first, to name the symbol in its error.
+macro_rules! hip_api_optional {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> HipResult;
+    )*) => {
+        /// The optional entry points, `None` where the runtime lacks one.
+        struct Optional {
+            $($name: Option<unsafe extern "C" fn($($ty),*) -> HipResult>,)*
+        }
+
+        impl Optional {
+            /// # Safety
+            ///
+            /// As for [`Api::resolve`].
+            unsafe fn resolve(library: &Library) -> Self {
+                Self {
+                    $(
+                        // SAFETY: the caller's contract: the symbol, where
+                        // present, has this signature; the library stays
+                        // loaded with the table.
+                        $name: unsafe {
+                            library.get::<unsafe extern "C" fn($($ty),*) -> HipResult>(
+                                concat!(stringify!($name), "\0").as_bytes(),
+                            )
+                        }
+                        .ok()
+                        .map(|f| *f),
+                    )*
+                }
+            }
+
+            fn has(&self, name: &str) -> Option<bool> {
+                match name {
+                    $(stringify!($name) => Some(self.$name.is_some()),)*
+                    _ => None,
+                }
+            }
+        }
+
+        $(
+            $(#[$doc])*
+            ///
+            /// Returns `hipErrorNotSupported` when the loaded runtime lacks
+            /// it (see [`missing`]).
+            ///
+            /// # Safety
+            ///
+            /// As for the C function: valid handles and pointers.
+            ///
+            /// # Panics
+            ///
+            /// When no HIP runtime can be loaded ([`runtime_present`] is
+            /// false).
+            pub unsafe fn $name($($arg: $ty),*) -> HipResult {
+                match api().optional.$name {
+                    // SAFETY: resolved from the loaded library with this
+                    // signature; the caller upholds the function's contract.
+                    Some(f) => unsafe { f($($arg),*) },
+                    None => hipErrorNotSupported,
+                }
+            }
+        )*
+    };
+}
+
+hip_api_optional! {
+    /// The allocation granularity (`option`: minimum 0, recommended 1);
+    /// `prop` is an [`AllocationProp`] pointer.
+    fn hipMemGetAllocationGranularity(
+        granularity: *mut usize,
+        prop: *const c_void,
+        option: c_int,
+    ) -> HipResult;
+    /// Reserve `size` bytes of device address space; `flags` must be 0.
+    fn hipMemAddressReserve(
+        ptr: *mut *mut c_void,
+        size: usize,
+        alignment: usize,
+        addr: *mut c_void,
+        flags: u64,
+    ) -> HipResult;
+    /// Free a reservation (nothing may be mapped in it).
+    fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> HipResult;
+    /// Physical memory of `size` bytes; `prop` is an [`AllocationProp`]
+    /// pointer; `flags` must be 0.
+    fn hipMemCreate(
+        handle: *mut hipMemGenericAllocationHandle_t,
+        size: usize,
+        prop: *const c_void,
+        flags: u64,
+    ) -> HipResult;
+    /// Release a handle (its memory goes once no mapping uses it).
+    fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> HipResult;
+    /// Map `handle` at `ptr` in a reservation; `offset` and `flags` must be 0.
+    fn hipMemMap(
+        ptr: *mut c_void,
+        size: usize,
+        offset: usize,
+        handle: hipMemGenericAllocationHandle_t,
+        flags: u64,
+    ) -> HipResult;
+    /// Unmap whole mappings.
+    fn hipMemUnmap(ptr: *mut c_void, size: usize) -> HipResult;
+    /// Grant access to mapped memory.
+    fn hipMemSetAccess(
+        ptr: *mut c_void,
+        size: usize,
+        desc: *const hipMemAccessDesc,
+        count: usize,
+    ) -> HipResult;
+    /// Put `stream` in capture mode (`mode`: a `hipStreamCaptureMode`).
+    fn hipStreamBeginCapture(stream: hipStream_t, mode: c_int) -> HipResult;
+    /// End the capture of `stream`, returning its graph.
+    fn hipStreamEndCapture(stream: hipStream_t, graph: *mut hipGraph_t) -> HipResult;
+    /// Whether `stream` captures (`status`: a `hipStreamCaptureStatus`),
+    /// and the capture's id while it is active.
+    fn hipStreamGetCaptureInfo(stream: hipStream_t, status: *mut c_int, id: *mut u64)
+        -> HipResult;
+    /// An executable graph of `graph`; the error node and log are optional.
+    fn hipGraphInstantiate(
+        exec: *mut hipGraphExec_t,
+        graph: hipGraph_t,
+        error_node: *mut *mut c_void,
+        log: *mut c_char,
+        log_size: usize,
+    ) -> HipResult;
+    /// Queue one run of `exec` on `stream`.
+    fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> HipResult;
+    /// Destroy an executable graph (launches queued keep what they need).
+    fn hipGraphExecDestroy(exec: hipGraphExec_t) -> HipResult;
+    /// Destroy a graph.
+    fn hipGraphDestroy(graph: hipGraph_t) -> HipResult;
+}
+
+/// The stream capture and graph entry points a capture needs.
+pub const CAPTURE_SYMBOLS: [&str; 7] = [
+    "hipStreamBeginCapture",
+    "hipStreamEndCapture",
+    "hipStreamGetCaptureInfo",
+    "hipGraphInstantiate",
+    "hipGraphLaunch",
+    "hipGraphExecDestroy",
+    "hipGraphDestroy",
+];
+
+/// The virtual memory management entry points a virtual-memory arena needs.
+pub const VMM_SYMBOLS: [&str; 8] = [
+    "hipMemGetAllocationGranularity",
+    "hipMemAddressReserve",
+    "hipMemAddressFree",
+    "hipMemCreate",
+    "hipMemRelease",
+    "hipMemMap",
+    "hipMemUnmap",
+    "hipMemSetAccess",
+];
+
+/// The first of `names` (optional entry points) the loaded runtime lacks;
+/// `None` when it has them all, or when no runtime is loaded (opening a
+/// context says why).
+pub fn missing(names: &[&'static str]) -> Option<&'static str> {
+    let api = runtime().as_ref().ok()?;
+    names
+        .iter()
+        .copied()
+        .find(|n| api.optional.has(n) != Some(true))
 }
 
 /// The table, or why there is none: loaded by the first caller, once per

@@ -45,6 +45,17 @@
 //!   the process on that device, other users' included. When teardown
 //!   returns, no thread of the context calls HIP again.
 //!
+//! * **Graph capture** ([`HipContext::begin_capture`]) into a pool of the
+//!   arena mapped before capture begins, behind a process-wide gate that
+//!   holds the arena's maps and unmaps while a capture is under way.
+//! * **Virtual-memory arena** ([`HipConfig::arena`]): device memory from
+//!   one address range reserved for the context's life and backed granule
+//!   by granule (`hipMemCreate`, `hipMemMap`, `hipMemSetAccess`), with
+//!   trim, a limit on mapped bytes, and sleep and wake at stable addresses
+//!   ([`HipArena`]); the books and transactions are the core the CUDA
+//!   backend shares ([`memgov_backend::vmm`]). A runtime lacking the calls
+//!   answers `Unsupported`, naming the first one missing.
+//!
 //! A stand-in `libamdhip64.so.5` (built from `backends/hip/stand-in/`) names
 //! its device `"memgov stand-in ..."`; the context then reports
 //! [`Execution::StandIn`].
@@ -65,14 +76,23 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+mod arena;
+mod capture;
 mod config;
 pub mod ffi;
 mod memory;
 pub mod result;
 mod retire;
 mod shared;
+mod sleep;
 mod stream;
 mod teardown;
+
+pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};
+pub use capture::{
+    capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot,
+    PoolExhausted,
+};
 
 pub use config::{AllocatorChoice, HipConfig};
 pub use ffi::{runtime_present, HipResult};
@@ -103,6 +123,11 @@ pub const STAND_IN_NAME_PREFIX: &str = "memgov stand-in";
 /// streams and allocations made through it.
 pub struct HipContext {
     shared: Arc<Shared>,
+    /// The virtual-memory arena device memory comes from, when
+    /// [`HipConfig::arena`] asked for one.
+    arena: Option<Arc<arena::Arena>>,
+    /// The executable graphs made by captures on the arena, still live.
+    pins: Arc<capture::Pins>,
 }
 
 impl std::fmt::Debug for HipContext {
@@ -311,7 +336,7 @@ impl HipContext {
         } else {
             Execution::RealHardware
         };
-        Ok(Self {
+        let mut ctx = Self {
             shared: Arc::new(Shared::new(Opened {
                 ordinal,
                 name,
@@ -322,7 +347,66 @@ impl HipContext {
                 pool,
                 fallback_reason,
             })),
+            arena: None,
+            pins: Arc::default(),
+        };
+        if let Some(config) = &config.arena {
+            // On failure `ctx` drops here, which tears it down.
+            ctx.arena = Some(Arc::new(arena::Arena::create(&ctx.shared, config)?));
+        }
+        Ok(ctx)
+    }
+
+    /// A handle on the context's virtual-memory arena (snapshot, trim,
+    /// limit, sleep and wake), or `None` when [`HipConfig::arena`] did not
+    /// ask for one.
+    pub fn arena(&self) -> Option<HipArena> {
+        self.arena.as_ref().map(|a| HipArena {
+            arena: a.clone(),
+            shared: self.shared.clone(),
         })
+    }
+
+    /// Device memory of the arena: the checks every allocation makes, then
+    /// the arena's transaction.
+    fn arena_allocate(
+        &self,
+        arena: &arena::Arena,
+        stream: &HipStream,
+        bytes: u64,
+    ) -> Result<HipMemory, BackendError> {
+        let s = &*self.shared;
+        s.check_stream("allocate", stream)?;
+        s.check_usable("allocate")?;
+        if bytes == 0 {
+            return Err(err(
+                "allocate",
+                BackendErrorKind::InvalidArgument,
+                "a 0-byte allocation was asked for; ask for at least 1 byte",
+            ));
+        }
+        let _device = s.make_current("allocate")?;
+        let ptr = arena.allocate(s, bytes)? as usize;
+        lock(&s.live).insert(ptr, (bytes, Origin::Arena));
+        s.probe().allocated(bytes);
+        Ok(HipMemory {
+            ptr,
+            device: ptr,
+            bytes,
+            context: s.id,
+            origin: Origin::Arena,
+        })
+    }
+
+    /// Refuse a copy to or from arena memory while the arena sleeps (its
+    /// addresses are reserved but nothing is mapped behind them).
+    fn check_awake(&self, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
+        match &self.arena {
+            Some(a) if memory.origin == Origin::Arena && a.is_asleep() => {
+                Err(a.asleep_error(result::BACKEND, op))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The backend's bookkeeping, readable after teardown.
@@ -363,9 +447,13 @@ impl DeviceContext for HipContext {
 
     fn describe(&self) -> DeviceDescription {
         let shared = &self.shared;
-        let allocator = match lock(&shared.fallback_reason).as_deref() {
-            None => "hipMallocFromPoolAsync from the context's own pool".to_owned(),
-            Some(why) => format!("hipMalloc/hipFree fallback after an event ({why})"),
+        let allocator = match (&self.arena, lock(&shared.fallback_reason).as_deref()) {
+            (Some(a), _) => format!(
+                "a virtual-memory arena of {} B in granules of {} B (hipMemCreate/hipMemMap)",
+                a.size, a.granule
+            ),
+            (None, None) => "hipMallocFromPoolAsync from the context's own pool".to_owned(),
+            (None, Some(why)) => format!("hipMalloc/hipFree fallback after an event ({why})"),
         };
         DeviceDescription {
             backend: result::BACKEND,
@@ -375,7 +463,10 @@ impl DeviceContext for HipContext {
             total_bytes: shared.total,
             driver: format!("{}; {allocator}", shared.driver),
             execution: shared.execution,
-            stream_ordered_reuse: shared.allocator() == Allocator::StreamOrdered,
+            // The arena reuses a range only once its release has retired
+            // (the stream passed it), not at once on the same stream.
+            stream_ordered_reuse: self.arena.is_none()
+                && shared.allocator() == Allocator::StreamOrdered,
         }
     }
 
@@ -401,11 +492,15 @@ impl DeviceContext for HipContext {
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
+        capture::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
         stream::destroy(&self.shared, stream)
     }
 
     fn allocate(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
-        memory::allocate(&self.shared, stream, bytes)
+        match &self.arena {
+            Some(a) => self.arena_allocate(a, stream, bytes),
+            None => memory::allocate(&self.shared, stream, bytes),
+        }
     }
 
     fn allocate_in(
@@ -415,7 +510,7 @@ impl DeviceContext for HipContext {
         tier: Tier,
     ) -> Result<HipMemory, BackendError> {
         match tier {
-            Tier::Device => memory::allocate(&self.shared, stream, bytes),
+            Tier::Device => self.allocate(stream, bytes),
             _ => memory::allocate_pinned(&self.shared, stream, bytes),
         }
     }
@@ -426,7 +521,12 @@ impl DeviceContext for HipContext {
         memory: HipMemory,
         retired: RetireSignal,
     ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
-        retire::free_async(&self.shared, stream, memory, retired)
+        match &self.arena {
+            Some(a) if memory.origin == Origin::Arena => {
+                self.arena_free_async(a, stream, memory, retired)
+            }
+            _ => retire::free_async(&self.shared, stream, memory, retired),
+        }
     }
 
     fn write(
@@ -436,6 +536,7 @@ impl DeviceContext for HipContext {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
+        self.check_awake("write", memory)?;
         memory::write(&self.shared, stream, memory, offset, src)
     }
 
@@ -446,10 +547,12 @@ impl DeviceContext for HipContext {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
+        self.check_awake("read", memory)?;
         memory::read(&self.shared, stream, memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
+        capture::gate().before_sync("synchronize", stream.raw.0 as usize)?;
         stream::synchronize(&self.shared, stream)
     }
 
@@ -459,6 +562,9 @@ impl DeviceContext for HipContext {
 
     fn device_lost(&self) {
         self.shared.mark_lost("declared lost by the governor");
+        if let Some(a) = &self.arena {
+            a.releases.abandon_all(self.shared.probe());
+        }
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {

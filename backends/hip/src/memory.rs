@@ -46,6 +46,10 @@ pub enum Origin {
     /// freed with `hipHostFree` once an event recorded on the releasing
     /// stream has completed.
     PinnedHost,
+    /// Carved from the context's virtual-memory arena
+    /// ([`HipConfig::arena`](crate::HipConfig::arena)); its range returns
+    /// to the arena once a stream callback queued behind its release ran.
+    Arena,
 }
 
 /// A raw device allocation of a [`HipContext`](super::HipContext).
@@ -104,7 +108,7 @@ impl HipMemory {
     pub fn tier(&self) -> Tier {
         match self.origin {
             Origin::PinnedHost => Tier::PinnedHost,
-            Origin::Pool | Origin::Plain => Tier::Device,
+            Origin::Pool | Origin::Plain | Origin::Arena => Tier::Device,
         }
     }
 }

@@ -200,6 +200,8 @@ pub(crate) fn free_async(
     match memory.origin {
         Origin::Pool => queue_pool_free(shared, stream, memory, signal),
         Origin::Plain | Origin::PinnedHost => queue_plain_free(shared, stream, memory, signal),
+        // Released through the arena by `HipContext::free_async`, never here.
+        Origin::Arena => refuse(shared, memory, signal, crate::arena::misrouted()),
     }
 }
 

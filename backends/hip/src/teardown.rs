@@ -21,6 +21,8 @@ impl HipContext {
     /// Teardown proper; the first call closes the context, and `Drop` does
     /// nothing after it.
     fn close(&self, lost: bool) -> Result<(), BackendError> {
+        // The arena first: its releases retire on the streams torn down below.
+        let arena = self.arena_teardown(lost);
         let shared = &self.shared;
         shared.shell.close();
         if lost {
@@ -50,7 +52,7 @@ impl HipContext {
         }
         retire::forget_routes(shared);
         shared.probe().torn_down_now();
-        result
+        arena.and(result)
     }
 
     /// Synchronize and destroy the streams left, free the memory left (and

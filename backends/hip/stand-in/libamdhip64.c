@@ -80,6 +80,10 @@ typedef enum hipError_t {
     hipErrorNotReady = 600,
     hipErrorIllegalAddress = 700,
     hipErrorNotSupported = 801,
+    hipErrorIllegalState = 401,
+    hipErrorStreamCaptureUnsupported = 900,
+    hipErrorStreamCaptureInvalidated = 901,
+    hipErrorStreamCaptureWrongThread = 908,
 } hipError_t;
 typedef int hipDevice_t;
 typedef void *hipDeviceptr_t;
@@ -114,7 +118,9 @@ typedef struct hipMemPoolProps {
 } hipMemPoolProps;
 #endif
 
+#include "graph.h"
 #include "standin.h"
+#include "vmm.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -296,6 +302,27 @@ static void leave(int *unused) {
         if (sticky_) return hipErrorIllegalAddress;     \
     } while (0)
 
+/* graph.c's hooks, where graph.c is linked in. */
+static int capturing(hipStream_t s) { return graph_capturing != NULL && graph_capturing(s); }
+static hipError_t unsafe_during_capture(const char *fn, int alloc) {
+    return graph_unsafe != NULL ? (hipError_t)graph_unsafe(fn, alloc) : hipSuccess;
+}
+static void not_during_capture(hipStream_t s, const char *fn) {
+    if (capturing(s))
+        sq_die("%s on capturing stream %p: stream-ordered allocation and free inside a capture "
+               "(memory nodes) are not imitated by the stand-in libamdhip64",
+               fn, (void *)s);
+}
+
+/* For vmm.c (vmm.h): the same entry and exit as every call here. */
+int hip_standin_enter(const char *fn) { return enter(fn); }
+void hip_standin_leave(void) { leave(NULL); }
+int hip_standin_devices(void) {
+    pthread_once(&g_once, init);
+    return g_devices;
+}
+int hip_standin_current_device(void) { return t_device; }
+
 /* Test hook (tests find it with dlsym): HIP calls made so far, by every
  * thread, this one included. */
 uint64_t memgov_standin_hip_calls(void);
@@ -356,6 +383,13 @@ static const struct code_name g_codes[] = {
     {hipErrorNotReady, "hipErrorNotReady", "device not ready"},
     {hipErrorIllegalAddress, "hipErrorIllegalAddress", "an illegal memory access was encountered"},
     {hipErrorNotSupported, "hipErrorNotSupported", "operation not supported"},
+    {hipErrorIllegalState, "hipErrorIllegalState", "the operation cannot be performed in the present state"},
+    {hipErrorStreamCaptureUnsupported, "hipErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {hipErrorStreamCaptureInvalidated, "hipErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {hipErrorStreamCaptureWrongThread, "hipErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
 };
 
 static const struct code_name *find_code(hipError_t e) {
@@ -484,6 +518,8 @@ static uint64_t cap_bytes(void) {
     return cap;
 }
 
+uint64_t hip_standin_capacity(void) { return cap_bytes(); }
+
 hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     ENTER("hipMemGetInfo");
     if (free_bytes == NULL || total == NULL) return hipErrorInvalidValue;
@@ -492,6 +528,7 @@ hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     uint64_t used = sq_mem_live_bytes(dev->mem) + dev->pool.reserve;
     for (struct ihipMemPoolHandle_t *p = dev->created; p != NULL; p = p->next) used += p->reserve;
     pthread_mutex_unlock(&dev->lock);
+    if (vmm_physical_bytes != NULL) used += vmm_physical_bytes();
     uint64_t cap = cap_bytes();
     *free_bytes = (size_t)(used > cap ? 0 : cap - used);
     *total = (size_t)g_total_bytes;
@@ -518,6 +555,10 @@ hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags) {
 hipError_t hipStreamDestroy(hipStream_t s) {
     CALL("hipStreamDestroy");
     check_stream(s, "hipStreamDestroy");
+    if (capturing(s))
+        sq_die("hipStreamDestroy of stream %p while it is capturing: end the capture first "
+               "(hipStreamEndCapture)",
+               (void *)s);
     uint64_t pending = sq_queue_pending(s->q);
     if (pending != 0 && !sticky_)
         sq_die("hipStreamDestroy of stream %p with %llu operations (frees, copies or callbacks) "
@@ -535,6 +576,7 @@ hipError_t hipStreamDestroy(hipStream_t s) {
 hipError_t hipStreamSynchronize(hipStream_t s) {
     ENTER("hipStreamSynchronize");
     check_stream(s, "hipStreamSynchronize");
+    if (capturing(s)) return (hipError_t)graph_conflicting("hipStreamSynchronize", s);
     sq_queue_sync(s->q);
     return sq_knobs_sticky() ? hipErrorIllegalAddress : hipSuccess;
 }
@@ -542,6 +584,7 @@ hipError_t hipStreamSynchronize(hipStream_t s) {
 hipError_t hipStreamQuery(hipStream_t s) {
     ENTER("hipStreamQuery");
     check_stream(s, "hipStreamQuery");
+    if (capturing(s)) return (hipError_t)graph_conflicting("hipStreamQuery", s);
     return sq_queue_pending(s->q) == 0 ? hipSuccess : hipErrorNotReady;
 }
 
@@ -571,12 +614,23 @@ hipError_t hipStreamAddCallback(hipStream_t s, hipStreamCallback_t fn, void *use
     uint64_t n = ++g_callbacks;
     pthread_mutex_unlock(&g_lock);
     if (g_fail_callback_at != 0 && n == g_fail_callback_at) return hipErrorNotSupported;
+    if (capturing(s)) return (hipError_t)graph_record_callback(s, (void *)fn, user);
+    return (hipError_t)hip_standin_callback(s, (void *)fn, user);
+}
+
+int hip_standin_callback(const void *stream, void *fn, void *user) {
+    hipStream_t s = (hipStream_t)stream;
     struct callback_op *op = malloc(sizeof *op);
     if (op == NULL) sq_fatal("out of host memory");
-    *op = (struct callback_op){.stream = s, .fn = fn, .user = user};
+    *op = (struct callback_op){.stream = s, .fn = (hipStreamCallback_t)fn, .user = user};
     sq_queue_push(s->q, run_callback, op, SQ_OP_HOST_FN);
     return hipSuccess;
 }
+
+void hip_standin_check_stream(const void *stream, const char *fn) {
+    check_stream((hipStream_t)stream, fn);
+}
+
 
 /* ---- events -------------------------------------------------------------------- */
 
@@ -677,6 +731,8 @@ static void finish_free_on(int d, uint64_t base) {
 hipError_t hipMalloc(void **ptr, size_t size) {
     ENTER("hipMalloc");
     if (ptr == NULL) return hipErrorInvalidValue;
+    hipError_t u = unsafe_during_capture("hipMalloc", 1);
+    if (u != hipSuccess) return u;
     if (size == 0) {
         *ptr = NULL;
         return hipSuccess;
@@ -690,6 +746,8 @@ hipError_t hipMalloc(void **ptr, size_t size) {
 hipError_t hipFree(void *ptr) {
     ENTER("hipFree");
     if (ptr == NULL) return hipSuccess;
+    hipError_t u = unsafe_during_capture("hipFree", 0);
+    if (u != hipSuccess) return u;
     uint64_t base = (uint64_t)(uintptr_t)ptr;
     /* The pointer may belong to any device; find the one that knows it. */
     for (int d = 0; d < g_devices; d++) {
@@ -708,6 +766,8 @@ hipError_t hipFree(void *ptr) {
 hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
     ENTER("hipHostMalloc");
     if (ptr == NULL || (flags & ~HIP_HOST_MALLOC_VALID_FLAGS) != 0) return hipErrorInvalidValue;
+    hipError_t u = unsafe_during_capture("hipHostMalloc", 1);
+    if (u != hipSuccess) return u;
     if (size == 0) {
         *ptr = NULL;
         return hipSuccess;
@@ -731,6 +791,8 @@ hipError_t hipHostGetDevicePointer(void **devPtr, void *hstPtr, unsigned int fla
 hipError_t hipHostFree(void *ptr) {
     ENTER("hipHostFree");
     if (ptr == NULL) return hipSuccess;
+    hipError_t u = unsafe_during_capture("hipHostFree", 0);
+    if (u != hipSuccess) return u;
     enum sq_mem_check c = sq_mem_free_now(g_host_mem, (uint64_t)(uintptr_t)ptr, "hipHostFree");
     if (c != SQ_MEM_OK) sq_die("hipHostFree of %s page-locked pointer %p", sq_mem_check_str(c), ptr);
     return hipSuccess;
@@ -843,11 +905,14 @@ static hipError_t malloc_from(const char *fn, void **ptr, size_t size, hipMemPoo
 hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t s) {
     ENTER("hipMallocAsync");
     check_stream(s, "hipMallocAsync");
+    not_during_capture(s, "hipMallocAsync");
     return malloc_from("hipMallocAsync", ptr, size, &g_dev[s->device].pool, s);
 }
 
 hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t s) {
     ENTER("hipMallocFromPoolAsync");
+    check_stream(s, "hipMallocFromPoolAsync");
+    not_during_capture(s, "hipMallocFromPoolAsync");
     return malloc_from("hipMallocFromPoolAsync", ptr, size, pool, s);
 }
 
@@ -866,6 +931,7 @@ static void run_free(void *arg) {
 hipError_t hipFreeAsync(void *ptr, hipStream_t s) {
     ENTER("hipFreeAsync");
     check_stream(s, "hipFreeAsync");
+    not_during_capture(s, "hipFreeAsync");
     if (g_no_mempool) return hipErrorNotSupported;
     uint64_t base = (uint64_t)(uintptr_t)ptr;
     enum sq_mem_check c = sq_mem_begin_free_on(g_dev[s->device].mem, base, s->q, "hipFreeAsync");
@@ -964,6 +1030,20 @@ static hipError_t copy_async(const char *fn, int dst_device, int src_device, voi
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
+    /* A capturing stream records the copy into its graph (graph.c); the
+     * launch checks it as it queues it. */
+    if (capturing(s))
+        return (hipError_t)graph_record_copy(fn, s, dst_device, src_device, dst, src, bytes);
+    return (hipError_t)hip_standin_copy(fn, s, dst_device, src_device, dst, src, bytes);
+}
+
+int hip_standin_copy(const char *fn, const void *stream, int dst_device, int src_device,
+                     void *dst, const void *src, size_t bytes) {
+    hipStream_t s = (hipStream_t)stream;
+    /* Memory of a virtual address reservation: vmm.c checks and queues it. */
+    if (vmm_copy != NULL && (dst_device || src_device) &&
+        vmm_copy(fn, dst_device, src_device, dst, src, bytes, s->q))
+        return hipSuccess;
     uint64_t dst_addr = 0, src_addr = 0;
     struct sq_mem *dst_mem = NULL, *src_mem = NULL;
     if (dst_device)

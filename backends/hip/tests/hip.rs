@@ -1831,6 +1831,7 @@ fn child_entry() {
                 let ctx = HipContext::new(HipConfig {
                     device: 0,
                     allocator,
+                    ..HipConfig::default()
                 })
                 .unwrap();
                 check("HipContext::new");

@@ -16,7 +16,11 @@
 //! * [`BackendProbe`]: the counters every backend records into, read by the
 //!   conformance suite, the fault matrix and `memgov check`;
 //! * [`fault`]: [`FaultInjecting`](fault::FaultInjecting), a wrapper that
-//!   makes any backend fail on purpose.
+//!   makes any backend fail on purpose;
+//! * [`vmm`]: the driver-agnostic core of a virtual-memory arena (granule
+//!   books, the per-granule state machine, transactional map and unmap,
+//!   quarantine, sleep and wake) that the CUDA and HIP backends drive
+//!   through their own driver calls.
 //!
 //! The conformance suite that checks a backend against this contract drives
 //! it through the governor, so it lives in the test kit
@@ -31,6 +35,7 @@ pub mod fault;
 mod identity;
 mod probe;
 pub mod shell;
+pub mod vmm;
 
 pub use context::{
     tier_unsupported, BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution,

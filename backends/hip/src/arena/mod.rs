@@ -1,0 +1,319 @@
+//! The virtual-memory arena on HIP: one address range reserved for the
+//! context's life (`hipMemAddressReserve`), backed granule by granule with
+//! physical memory (`hipMemCreate`, `hipMemMap`, `hipMemSetAccess`) as
+//! allocations need it, and given back granule by granule (`hipMemUnmap`,
+//! `hipMemRelease`) by [`trim`](HipArena::trim), [`sleep`](HipArena::sleep)
+//! and teardown.
+//!
+//! The books, the per-granule state machine, the transactions and their
+//! undo, quarantine, the limit, sleep and wake are the driver-agnostic core
+//! the CUDA backend uses too ([`memgov_backend::vmm`], whose documentation
+//! lists the invariants); this module gives it HIP's steps ([`granule`]),
+//! the device made current around them (and the thread's own set back), and
+//! the stream-ordered release ([`release`]).
+//!
+//! * **Where ROCm lacks the calls.** Every virtual memory entry point is
+//!   resolved optionally when the runtime is opened; [`Arena::create`]
+//!   answers `Unsupported` naming the first one missing, before any call.
+//! * **The properties' layout.** ROCm 6 reordered `hipMemAllocationProp`;
+//!   the arena asks `hipRuntimeGetVersion` once and passes the layout the
+//!   loaded runtime reads ([`ffi::allocation_prop`]).
+
+pub(crate) mod granule;
+pub(crate) mod release;
+
+use crate::ffi;
+use crate::result::err;
+use crate::shared::Shared;
+use granule::Handle;
+use memgov_backend::vmm::{self, Slot};
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
+
+/// A handle on a context's arena ([`HipContext::arena`]): its snapshot,
+/// trim, limit, sleep and wake. It stays usable after the context is handed
+/// to the governor (a pressure responder can hold one), and refuses work
+/// once the context is torn down.
+///
+/// ```no_run
+/// use memgov::hip::{ArenaConfig, HipConfig, HipContext};
+/// use memgov::{ContextConfig, Governor};
+/// let ctx = HipContext::new(HipConfig {
+///     arena: Some(ArenaConfig { reserve_bytes: 8 << 30, limit_bytes: 4 << 30 }),
+///     ..HipConfig::default()
+/// })?;
+/// let arena = ctx.arena().expect("configured");
+/// let gov = Governor::new();
+/// let handle = gov.register(ctx, ContextConfig::new().budget(4 << 30));
+/// // Cached granules are what the arena can give back under pressure.
+/// let responder = arena.clone();
+/// handle.add_pressure_responder(move |_| responder.trim().unwrap_or(0));
+/// # Ok::<(), memgov::BackendError>(())
+/// ```
+///
+/// [`HipContext::arena`]: crate::HipContext::arena
+#[derive(Clone)]
+pub struct HipArena {
+    pub(crate) arena: Arc<Arena>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for HipArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipArena")
+            .field("base", &format_args!("{:#x}", self.arena.base))
+            .field("reserved", &self.arena.size)
+            .field("granule", &self.arena.granule)
+            .finish()
+    }
+}
+
+impl HipArena {
+    /// What the arena holds: reserved, mapped, in use, cached, asleep,
+    /// quarantined.
+    pub fn snapshot(&self) -> ArenaSnapshot {
+        self.arena.snapshot()
+    }
+
+    /// Give back every cached granule (mapped, no allocation in it),
+    /// unmapped and released one by one; returns the bytes given back.
+    ///
+    /// While a graph capture is under way anywhere in the process the trim
+    /// is deferred (unmapping would invalidate it): it returns 0 at once,
+    /// and the end of the last capture runs it.
+    pub fn trim(&self) -> Result<u64, BackendError> {
+        self.shared.check_usable("trim")?;
+        let (arena, shared) = (Arc::downgrade(&self.arena), Arc::downgrade(&self.shared));
+        let deferred: vmm::gate::Deferred = Box::new(move || {
+            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
+                // A trim that fails leaves its granules quarantined and
+                // listed in the arena's snapshot; nobody waits on it here.
+                let _ = a.trim(&s, "trim");
+            }
+        });
+        if crate::capture::gate()
+            .defer(self.arena.base, deferred)
+            .is_none()
+        {
+            return Ok(0);
+        }
+        self.arena.trim(&self.shared, "trim")
+    }
+
+    /// Set the most physical memory the arena maps, rounded down to whole
+    /// granules. Lowering it unmaps nothing: later maps and wakes are
+    /// refused until enough is given back.
+    pub fn set_limit(&self, bytes: u64) {
+        self.arena.set_limit(bytes);
+    }
+}
+
+/// One context's arena: the driver-agnostic books and transactions
+/// ([`vmm::Arena`], reached through `Deref`), the device it maps on, and
+/// the releases queued on its streams. Lives in an `Arc` that the stream
+/// callbacks of its releases reach through a route table (`release.rs`).
+pub(crate) struct Arena {
+    core: vmm::Arena<Handle>,
+    pub(crate) ordinal: i32,
+    /// `hipRuntimeGetVersion`: which `hipMemAllocationProp` layout to pass.
+    runtime: i32,
+    pub(crate) probe: BackendProbe,
+    /// Releases queued whose callback has not run.
+    pub(crate) releases: release::Releases,
+}
+
+impl std::ops::Deref for Arena {
+    type Target = vmm::Arena<Handle>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.core
+    }
+}
+
+/// `Unsupported`, naming the entry point the loaded ROCm lacks.
+pub(crate) fn unsupported(op: &'static str, what: &str, symbol: &str) -> BackendError {
+    err(
+        op,
+        BackendErrorKind::Unsupported,
+        format!(
+            "{what} needs {symbol}, which the loaded HIP runtime does not export (ROCm 5.1 or \
+             newer has HIP's virtual memory management calls); use the context's pool \
+             (HipConfig::arena = None) on this runtime"
+        ),
+    )
+}
+
+impl Arena {
+    /// Ask the granularity and reserve the range on the context's device
+    /// (made current for the calls, the thread's own set back after).
+    pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Self, BackendError> {
+        if let Some(symbol) = ffi::missing(&ffi::VMM_SYMBOLS) {
+            return Err(unsupported("arena", "a virtual-memory arena", symbol));
+        }
+        let ordinal = s.ordinal;
+        let _device = s.make_current("arena")?;
+        let mut runtime = 0i32;
+        // SAFETY: valid out pointer.
+        let r = unsafe { ffi::hipRuntimeGetVersion(&mut runtime) };
+        s.checked("arena", "hipRuntimeGetVersion", r)?;
+        let prop = ffi::allocation_prop(ordinal, runtime);
+        let mut g: usize = 0;
+        // SAFETY: valid out pointer; the properties in the loaded runtime's
+        // layout, alive for the call; the device is current.
+        let r = unsafe {
+            ffi::hipMemGetAllocationGranularity(
+                &mut g,
+                prop.as_ptr(),
+                ffi::hipMemAllocationGranularityRecommended,
+            )
+        };
+        s.checked("arena", "hipMemGetAllocationGranularity", r)?;
+        let granule = g as u64;
+        if granule == 0 || !granule.is_power_of_two() {
+            return Err(err(
+                "arena",
+                BackendErrorKind::Other,
+                format!(
+                    "the runtime reports an allocation granularity of {granule} B, not a power \
+                     of two"
+                ),
+            ));
+        }
+        let size = config
+            .reserve_bytes
+            .max(1)
+            .checked_next_multiple_of(granule)
+            .ok_or_else(|| {
+                err(
+                    "arena",
+                    BackendErrorKind::InvalidArgument,
+                    format!("a reservation of {} B overflows", config.reserve_bytes),
+                )
+            })?;
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; no address asked for; flags 0; freed
+        // once in `teardown`.
+        let r = unsafe {
+            ffi::hipMemAddressReserve(
+                &mut base,
+                size as usize,
+                granule as usize,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        s.checked("arena", "hipMemAddressReserve", r)
+            .map_err(|e| BackendError {
+                message: format!(
+                    "{} (reserving {size} B of address space for the arena; ask for less with \
+                     ArenaConfig::reserve_bytes)",
+                    e.message
+                ),
+                ..e
+            })?;
+        Ok(Self {
+            core: vmm::Arena::new(
+                base as u64,
+                size,
+                granule,
+                config.limit_bytes,
+                "HipArena::wake",
+            ),
+            ordinal,
+            runtime,
+            probe: s.probe().clone(),
+            releases: release::Releases::default(),
+        })
+    }
+
+    /// The allocation properties in the loaded runtime's layout.
+    pub(crate) fn prop(&self) -> ffi::AllocationProp {
+        ffi::allocation_prop(self.ordinal, self.runtime)
+    }
+
+    pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
+        Driver {
+            s,
+            arena: self,
+            copies: std::cell::Cell::new(None),
+        }
+    }
+
+    /// Take `bytes` of the arena, mapping the granules it needs; returns its
+    /// device address. The device must be current on the calling thread.
+    pub(crate) fn allocate(&self, s: &Shared, bytes: u64) -> Result<u64, BackendError> {
+        self.core.allocate(&self.driver(s), bytes)
+    }
+
+    /// Unmap and release every cached granule; returns the bytes given
+    /// back (see [`vmm::Arena::trim`]).
+    pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
+        self.core.trim(&self.driver(s), op)
+    }
+
+    /// Give everything back at teardown (every stream synchronized first),
+    /// then free the reservation; a refused unmap keeps the reservation
+    /// (freeing it under a mapping is undefined), and both are reported.
+    pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
+        self.core.teardown(&self.driver(s))?;
+        // SAFETY: the range reserved in `create`, freed once; nothing is
+        // mapped in it any more.
+        let r = unsafe { ffi::hipMemAddressFree(self.base as *mut c_void, self.size as usize) };
+        s.checked("teardown", "hipMemAddressFree", r)
+    }
+}
+
+/// HIP's steps for the arena's core, made for one arena operation. The
+/// copies of a sleep or wake go on a stream of its own, made on first use
+/// and destroyed (after a synchronize) when the driver is dropped.
+pub(crate) struct Driver<'a> {
+    pub(crate) s: &'a Shared,
+    pub(crate) arena: &'a Arena,
+    pub(crate) copies: std::cell::Cell<Option<crate::stream::RawStream>>,
+}
+
+impl<'a> vmm::GranuleDriver for Driver<'a> {
+    type Handle = Handle;
+    type Current = memgov_backend::shell::Current<'a, Shared>;
+
+    fn backend(&self) -> &'static str {
+        crate::result::BACKEND
+    }
+
+    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
+        self.s.make_current(op)
+    }
+
+    fn map(&self, g: usize, op: &'static str) -> Result<Handle, vmm::MapError<Handle>> {
+        granule::map(self.s, self.arena, g, op)
+    }
+
+    fn unmap(&self, g: usize, h: Handle, op: &'static str) -> Result<(), Slot<Handle>> {
+        granule::unmap(self.s, self.arena, g, h, op)
+    }
+
+    fn release(&self, h: Handle, op: &'static str) -> Result<(), BackendError> {
+        granule::release(self.s, h, op)
+    }
+
+    fn free_host(&self, host: usize, op: &'static str) {
+        // SAFETY: page-locked memory this arena allocated (hipHostMalloc)
+        // for a sleeping granule's contents, freed once (the slot holding
+        // it was taken out of the state); no queued copy uses it (every
+        // copy was synchronized).
+        let r = unsafe { ffi::hipHostFree(host as *mut c_void) };
+        let _ = self.s.checked(op, "hipHostFree", r);
+    }
+}
+
+/// Arena memory handed to the pool's release path (a bug of this crate).
+pub(crate) fn misrouted() -> BackendError {
+    err(
+        "free_async",
+        BackendErrorKind::InvalidArgument,
+        "arena memory is released through its context's arena (HipContext::free_async)",
+    )
+}

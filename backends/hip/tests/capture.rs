@@ -1,0 +1,931 @@
+//! Graph capture on the HIP backend's arena (a pool reserved before
+//! capture, the process-wide gate, graphs pinning their pools), and the
+//! stand-in runtime's stream capture rules, each with a planted violation.
+//!
+//! Every case runs in a child process (this binary re-executed with
+//! `MEMGOV_HIP_CAPTURE_CHILD` set): the stand-in reads its knobs once per
+//! process and aborts the process on a violation. Without the stand-in
+//! every test prints `skipped: ...` and passes.
+//!
+//! `MEMGOV_CAPTURE_REPLAYS` sets how many times the captured graph is
+//! launched under churn (default 1000).
+
+#[path = "../../stand-ins/support/child.rs"]
+mod child_process;
+
+use memgov::hip::ffi as hip;
+use memgov::hip::{HipConfig, HipContext};
+use memgov::{BackendErrorKind, DeviceContext, Execution};
+
+const CHILD: &str = "MEMGOV_HIP_CAPTURE_CHILD";
+const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
+const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
+const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
+const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
+
+/// Whether the stand-in is what the backend opens (after printing why not).
+fn on_stand_in() -> bool {
+    match HipContext::new(HipConfig::default()) {
+        Ok(ctx) => {
+            let stand_in = ctx.describe().execution == Execution::StandIn;
+            ctx.teardown(false).expect("teardown");
+            if !stand_in {
+                println!("skipped: needs the stand-in libamdhip64 (this is real hardware)");
+            }
+            stand_in
+        }
+        Err(e) if e.kind == BackendErrorKind::Unavailable => {
+            println!("skipped: {}", e.message);
+            false
+        }
+        Err(e) => panic!("HipContext::new failed: {e}"),
+    }
+}
+
+fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+    if !on_stand_in() {
+        return None;
+    }
+    let mut env = env.to_vec();
+    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
+        env.push((SEED, ""));
+    }
+    Some(child_process::run(CHILD, case, &env))
+}
+
+fn passes(case: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(case, env) {
+        print!("{}", run.stdout);
+        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
+    }
+}
+
+fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(case, env) {
+        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
+    }
+}
+
+#[test]
+fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_releases() {
+    for seed in ["1", "2"] {
+        passes(
+            "replay_under_churn",
+            &[(LATENCY, "200"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn a_capture_pool_running_out_is_a_typed_refusal_and_the_capture_stays_valid() {
+    passes("pool_exhausted", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_map_on_the_capturing_thread_is_refused_not_invalidating() {
+    passes("own_thread_map", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_map_on_another_thread_waits_for_the_capture_to_end() {
+    passes("map_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_trim_during_a_capture_is_deferred_to_its_end() {
+    passes("trim_deferred", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_sleep_during_a_capture_waits_for_its_end() {
+    passes("sleep_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
+    passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
+}
+
+/// A ROCm with the virtual memory calls but without the graph calls: the
+/// stand-in built without its `graph.c`. A capture is `Unsupported`,
+/// naming the first missing symbol; the arena still works.
+#[test]
+fn a_runtime_lacking_the_capture_calls_makes_capture_unsupported() {
+    if !on_stand_in() {
+        return;
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-without-graphs");
+    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
+    let lib = out.join("libamdhip64.so.5");
+    let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
+        .arg(format!("-I{root}/stand-ins/common"))
+        .arg("-Wl,-soname,libamdhip64.so.5")
+        .arg("-o")
+        .arg(&lib)
+        .arg(format!("{root}/hip/stand-in/libamdhip64.c"))
+        .arg(format!("{root}/hip/stand-in/vmm.c"))
+        .arg(format!("{root}/stand-ins/common/standin.c"))
+        .status()
+        .expect("run the C compiler (the stand-in needs one)");
+    assert!(status.success(), "building the partial stand-in failed");
+    let run = child_process::run(
+        CHILD,
+        "no_graphs",
+        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
+    );
+    print!("{}", run.stdout);
+    child_process::assert_passed("no_graphs", &run, "child no_graphs: ok");
+}
+
+#[test]
+fn stand_in_records_a_capture_and_replays_it() {
+    passes("standin_records", &[]);
+}
+
+#[test]
+fn stand_in_synchronizing_a_capturing_stream_invalidates_the_capture() {
+    passes("standin_sync_invalidates", &[]);
+}
+
+#[test]
+fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
+    passes("standin_modes", &[]);
+}
+
+#[test]
+fn negative_destroying_a_capturing_stream_aborts() {
+    aborts("standin_destroy_capturing", &[], "while it is capturing");
+}
+
+#[test]
+fn negative_launch_of_a_graph_copying_into_freed_memory_aborts() {
+    aborts(
+        "standin_launch_freed",
+        &[],
+        "hipGraphLaunch of 4096 bytes at already freed device pointer",
+    );
+}
+
+#[test]
+fn negative_launch_of_a_graph_copying_into_unmapped_memory_aborts() {
+    aborts("standin_launch_unmapped", &[], "that is not mapped");
+}
+
+#[test]
+fn negative_graphs_left_at_exit_abort() {
+    // The case itself runs to its end; the exit check aborts after it.
+    if let Some(run) = child("standin_graph_leftovers", &[(EXIT_CHECK, "1")]) {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(run.status.signal(), Some(6), "{}", run.output());
+        assert!(
+            run.stdout.contains("child standin_graph_leftovers: ok"),
+            "{}",
+            run.output()
+        );
+        assert!(
+            run.stderr.contains(&format!(
+                "{BANNER} at exit: 1 graph(s) and 1 executable graph(s) never destroyed"
+            )),
+            "{}",
+            run.output()
+        );
+    }
+}
+
+/// Entry point of the re-executed binary; does nothing in a normal run.
+#[test]
+#[ignore = "runs only as the child process of another test"]
+fn child_entry() {
+    let Ok(case) = std::env::var(CHILD) else {
+        return;
+    };
+    cases::run(&case);
+    println!("child {case}: ok");
+}
+
+mod cases {
+    use super::*;
+    use memgov::hip::{
+        ArenaConfig, CaptureConfig, CaptureMode, HipArena, HipMemory, HipStream, PoolExhausted,
+    };
+    use memgov::RetireSignal;
+    use std::ffi::c_void;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+    const G: usize = 2 << 20;
+
+    /// The stand-in's `memgov_standin_hip_capture`: {captures begun,
+    /// invalidated, runtime allocations made during a capture, launches}.
+    fn stats() -> [u64; 4] {
+        let p = hip::symbol(c"memgov_standin_hip_capture").expect("the stand-in's hook");
+        // SAFETY: the stand-in's hook, `int (unsigned long long out[4])`.
+        let query: unsafe extern "C" fn(*mut u64) -> i32 = unsafe { std::mem::transmute(p) };
+        let mut out = [u64::MAX; 4];
+        // SAFETY: four writable slots.
+        assert_eq!(unsafe { query(out.as_mut_ptr()) }, 0);
+        out
+    }
+
+    fn arena_context(limit: u64) -> HipContext {
+        HipContext::new(HipConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 1 << 30,
+                limit_bytes: limit,
+            }),
+            ..HipConfig::default()
+        })
+        .expect("a context with an arena")
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
+            .collect()
+    }
+
+    fn release(ctx: &HipContext, s: &HipStream, m: HipMemory, retired: &Arc<AtomicU64>) {
+        let r = retired.clone();
+        ctx.free_async(
+            s,
+            m,
+            RetireSignal::from_fn(move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .map_err(|(_, _, e)| e)
+        .expect("release");
+    }
+
+    /// A capture with three buffers from its pool, uploads and downloads,
+    /// while another thread allocates, releases and trims the same arena;
+    /// then the graph replays while the churn goes on.
+    fn replay_under_churn() {
+        let replays: u64 = std::env::var("MEMGOV_CAPTURE_REPLAYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let ctx = Arc::new(arena_context(256 * MIB));
+        let arena: HipArena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let t = ctx.create_stream().expect("stream");
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicU64::new(0));
+        let churn = {
+            let (ctx, arena, stop, started) =
+                (ctx.clone(), arena.clone(), stop.clone(), started.clone());
+            std::thread::spawn(move || {
+                let retired = Arc::new(AtomicU64::new(0));
+                let mut released = 0;
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    // 3 granules and a bit: maps at least one granule each
+                    // time after the trim below.
+                    let m = ctx.allocate(&t, 6 * MIB + 4096).expect("churn allocate");
+                    ctx.write(&t, &m, 0, &pattern(i, 4096))
+                        .expect("churn write");
+                    release(&ctx, &t, m, &retired);
+                    released += 1;
+                    ctx.synchronize(&t).expect("churn sync");
+                    while retired.load(Ordering::SeqCst) < released {
+                        std::thread::yield_now();
+                    }
+                    arena.trim().expect("churn trim");
+                    i += 1;
+                }
+                t
+            })
+        };
+        while started.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        let before = stats();
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: 4 * MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin capture");
+        let at_begin = started.load(Ordering::SeqCst);
+        let a = cap.allocate(MIB).expect("a");
+        let b = cap.allocate(MIB + 100).expect("b");
+        let c = cap.allocate(4096).expect("c");
+        cap.upload(&a, 0, pattern(1, MIB as usize))
+            .expect("upload a");
+        cap.upload(&b, 100, pattern(2, MIB as usize))
+            .expect("upload b");
+        cap.upload(&c, 0, pattern(3, 4096)).expect("upload c");
+        let out_a = cap.download(&a, 0, MIB as usize).expect("download a");
+        let out_b = cap.download(&b, 100, MIB as usize).expect("download b");
+        let out_c = cap.download(&c, 0, 4096).expect("download c");
+        // Let the churn thread reach its next map during the capture: with
+        // the gate it waits for the end; without, the runtime would refuse
+        // it and invalidate the capture.
+        while started.load(Ordering::SeqCst) < at_begin + 1 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let during = stats();
+        let mut graph = cap.end().expect("end capture: not invalidated");
+        assert_eq!(during[1], before[1], "no capture invalidated");
+        assert_eq!(
+            during[2], before[2],
+            "no runtime allocation while the capture was under way"
+        );
+        for n in 0..replays {
+            graph.launch(&s).expect("launch");
+            if n % 100 == 0 || n + 1 == replays {
+                assert_eq!(
+                    graph.read_output(out_a).expect("a"),
+                    pattern(1, MIB as usize)
+                );
+                assert_eq!(
+                    graph.read_output(out_b).expect("b"),
+                    pattern(2, MIB as usize)
+                );
+                assert_eq!(graph.read_output(out_c).expect("c"), pattern(3, 4096));
+            }
+        }
+        let after = stats();
+        assert_eq!(after[1], before[1], "no capture invalidated");
+        assert_eq!(after[3] - before[3], replays, "every launch ran");
+        stop.store(true, Ordering::SeqCst);
+        let t = churn.join().expect("churn thread");
+        let churned = started.load(Ordering::SeqCst);
+        graph.destroy().expect("destroy");
+        assert_eq!(
+            arena.snapshot().in_use,
+            0,
+            "the pool went back to the arena"
+        );
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.destroy_stream(t).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+        println!(
+            "{replays} replays, {churned} churn rounds (allocate, write, release, trim), \
+             0 invalidated, 0 runtime allocations during the capture"
+        );
+    }
+
+    fn pool_exhausted() {
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(768 << 10).expect("fits");
+        let refused = cap.allocate(512 << 10).expect_err("does not fit");
+        assert_eq!(
+            refused,
+            PoolExhausted {
+                requested: 512 << 10,
+                free: 256 << 10,
+                pool: MIB
+            }
+        );
+        let e = memgov::BackendError::from(refused);
+        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
+        assert!(
+            e.message.contains("262144 B free of 1048576 B"),
+            "{}",
+            e.message
+        );
+        cap.upload(&a, 0, pattern(9, 4096))
+            .expect("still capturing");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let mut graph = cap.end().expect("the capture is still valid");
+        graph.launch(&s).expect("launch");
+        assert_eq!(graph.read_output(out).expect("read"), pattern(9, 4096));
+        graph.launch(&s).expect("launch");
+        // Dropped, not destroyed: the drop waits for the launch, then gives
+        // the pool back.
+        drop(graph);
+        assert_eq!(ctx.arena().expect("arena").snapshot().in_use, 0);
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    fn own_thread_map() {
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let before = stats();
+        let cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        // Needs granules beyond the pool's: refused by the gate, not by
+        // the runtime.
+        let e = ctx.allocate(&s, 8 * MIB).expect_err("refused");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("stream capture is under way"), "{e}");
+        // Synchronizing the stream being captured: refused, not invalidating.
+        let e = ctx.synchronize(&s).expect_err("refused");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("end the capture first"), "{e}");
+        // Destroying it: refused, the stream kept.
+        let e = ctx.destroy_stream(s).expect_err("refused");
+        assert!(e.message.contains("is being captured"), "{e}");
+        let s = ctx.create_stream().expect("the governed stream again");
+        let graph = cap.end().expect("not invalidated");
+        assert_eq!(stats()[1], before[1]);
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// Another thread's allocation needs a map while a global capture is
+    /// under way: the gate holds it until the capture ends, so the capture
+    /// is not invalidated and the runtime sees no allocation during it.
+    /// (A broken gate fails here: the stand-in would invalidate the
+    /// capture; a slow thread can only make the test pass vacuously.)
+    fn map_waits() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let s = ctx.create_stream().expect("stream");
+        let t = ctx.create_stream().expect("stream");
+        let before = stats();
+        let cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let asking = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let other = {
+            let (ctx, asking, done) = (ctx.clone(), asking.clone(), done.clone());
+            std::thread::spawn(move || {
+                asking.store(true, Ordering::SeqCst);
+                let m = ctx
+                    .allocate(&t, 8 * MIB)
+                    .expect("allocate after the capture");
+                done.store(true, Ordering::SeqCst);
+                (t, m)
+            })
+        };
+        while !asking.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "the map waited for the capture"
+        );
+        let graph = cap.end().expect("not invalidated");
+        let (t, m) = other.join().expect("the other thread");
+        let after = stats();
+        assert_eq!(after[1], before[1], "no capture invalidated");
+        assert_eq!(
+            after[2], before[2],
+            "no runtime allocation during the capture"
+        );
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &t, m, &retired);
+        ctx.synchronize(&t).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.destroy_stream(t).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    fn trim_deferred() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let retired = Arc::new(AtomicU64::new(0));
+        let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
+        release(&ctx, &s, m, &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        assert_eq!(retired.load(Ordering::SeqCst), 1, "the release retired");
+        assert_eq!(arena.snapshot().cached, 8 * MIB);
+        let before = stats();
+        let cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        // The pool took one cached granule; the other three stay mapped:
+        // the trim is deferred, not run.
+        assert_eq!(arena.trim().expect("trim"), 0);
+        assert_eq!(
+            arena.snapshot().cached,
+            6 * MIB,
+            "nothing unmapped during the capture"
+        );
+        let graph = cap.end().expect("not invalidated");
+        assert_eq!(stats()[1], before[1]);
+        // The end of the capture ran the deferred trim.
+        let snap = arena.snapshot();
+        assert_eq!((snap.cached, snap.mapped), (0, 2 * MIB), "{snap:?}");
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// Another thread puts the arena to sleep while a capture is under way:
+    /// the sleep (which synchronizes every stream, the captured one too, and
+    /// unmaps) waits for the capture's end.
+    fn sleep_waits() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let before = stats();
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        let sleeper = {
+            let arena = arena.clone();
+            std::thread::spawn(move || arena.sleep(true).expect("sleep"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        cap.upload(&a, 0, pattern(5, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let mut graph = cap.end().expect("not invalidated");
+        let report = sleeper.join().expect("sleeper");
+        assert_eq!(stats()[1], before[1], "no capture invalidated");
+        assert!(arena.snapshot().asleep > 0, "{report:?}");
+        arena.wake().expect("wake");
+        graph.launch(&s).expect("launch");
+        assert_eq!(graph.read_output(out).expect("read"), pattern(5, 4096));
+        graph.destroy().expect("destroy");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    fn teardown_live_graph() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::ThreadLocal,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(4, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        for _ in 0..10 {
+            graph.launch(&s).expect("launch");
+        }
+        assert_eq!(arena.snapshot().in_use, MIB, "the graph pins its pool");
+        ctx.destroy_stream(s).expect("destroy stream");
+        let e = ctx.teardown(false).expect_err("a live graph is reported");
+        assert!(e.message.contains("1 executable graph(s)"), "{e}");
+        // Destroyed by teardown already: nothing left to do, no runtime call.
+        graph.destroy().expect("destroy after teardown");
+    }
+
+    // ---- raw runtime calls for the stand-in's rules ----------------------
+
+    fn ok(r: i32, what: &str) {
+        assert_eq!(r, hip::SUCCESS, "{what}");
+    }
+
+    struct Raw {
+        _ctx: HipContext,
+        s: hip::hipStream_t,
+    }
+
+    /// A context and a raw stream (device 0 is current on every thread by
+    /// default).
+    fn raw() -> Raw {
+        let ctx = HipContext::new(HipConfig::default()).expect("context");
+        let mut s = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        ok(
+            unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) },
+            "stream",
+        );
+        Raw { _ctx: ctx, s }
+    }
+
+    fn alloc(r: &Raw, bytes: usize) -> *mut c_void {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out pointer, live stream.
+        ok(unsafe { hip::hipMallocAsync(&mut p, bytes, r.s) }, "alloc");
+        p
+    }
+
+    fn begin(s: hip::hipStream_t, mode: i32) {
+        // SAFETY: a live stream.
+        ok(unsafe { hip::hipStreamBeginCapture(s, mode) }, "begin");
+    }
+
+    fn end(s: hip::hipStream_t) -> (i32, hip::hipGraph_t) {
+        let mut g = std::ptr::null_mut();
+        // SAFETY: a live stream, valid out pointer.
+        let r = unsafe { hip::hipStreamEndCapture(s, &mut g) };
+        (r, g)
+    }
+
+    fn status(s: hip::hipStream_t) -> (i32, u64) {
+        let (mut st, mut id) = (-1, 0);
+        // SAFETY: a live stream, valid out pointers.
+        ok(
+            unsafe { hip::hipStreamGetCaptureInfo(s, &mut st, &mut id) },
+            "capture info",
+        );
+        (st, id)
+    }
+
+    fn instantiate(g: hip::hipGraph_t) -> hip::hipGraphExec_t {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: a graph from hipStreamEndCapture, valid out pointer.
+        ok(
+            unsafe {
+                hip::hipGraphInstantiate(&mut e, g, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+            },
+            "instantiate",
+        );
+        e
+    }
+
+    fn create_handle() -> (i32, hip::hipMemGenericAllocationHandle_t) {
+        let mut v = 0;
+        // SAFETY: valid out pointer.
+        ok(unsafe { hip::hipRuntimeGetVersion(&mut v) }, "version");
+        let p = hip::allocation_prop(0, v);
+        let mut h = std::ptr::null_mut();
+        // SAFETY: valid out pointer and properties.
+        let r = unsafe { hip::hipMemCreate(&mut h, G, p.as_ptr(), 0) };
+        (r, h)
+    }
+
+    const GLOBAL: i32 = hip::hipStreamCaptureModeGlobal;
+    const LOCAL: i32 = hip::hipStreamCaptureModeThreadLocal;
+    const RELAXED: i32 = hip::hipStreamCaptureModeRelaxed;
+    const UNSUPPORTED: i32 = hip::hipErrorStreamCaptureUnsupported;
+    const INVALIDATED: i32 = hip::hipErrorStreamCaptureInvalidated;
+    const NONE: i32 = 0;
+    const ACTIVE: i32 = hip::hipStreamCaptureStatusActive;
+    const STATUS_INVALIDATED: i32 = 2;
+
+    /// A raw pointer the closure of another thread may carry.
+    #[derive(Clone, Copy)]
+    struct Send<T>(T);
+    // SAFETY: runtime handles, usable from any host thread.
+    unsafe impl<T> std::marker::Send for Send<T> {}
+
+    fn on_other_thread<R: std::marker::Send + 'static>(
+        r: &Raw,
+        f: impl FnOnce(hip::hipStream_t) -> R + std::marker::Send + 'static,
+    ) -> R {
+        let s = Send(r.s);
+        std::thread::spawn(move || {
+            let s = s;
+            f(s.0)
+        })
+        .join()
+        .expect("thread")
+    }
+
+    pub(super) fn run(case: &str) {
+        // SAFETY: raw runtime calls on the stand-in, each valid or the
+        // violation the case plants on purpose; the stand-in aborts before
+        // anything undefined happens.
+        unsafe {
+            match case {
+                "replay_under_churn" => replay_under_churn(),
+                "pool_exhausted" => pool_exhausted(),
+                "own_thread_map" => own_thread_map(),
+                "teardown_live_graph" => teardown_live_graph(),
+                "trim_deferred" => trim_deferred(),
+                "sleep_waits" => sleep_waits(),
+                "map_waits" => map_waits(),
+                "no_graphs" => {
+                    let ctx = arena_context(64 * MIB);
+                    let s = ctx.create_stream().expect("stream");
+                    let e = ctx
+                        .begin_capture(
+                            &s,
+                            CaptureConfig {
+                                pool_bytes: MIB,
+                                mode: CaptureMode::Global,
+                            },
+                        )
+                        .expect_err("no capture without the graph calls");
+                    assert_eq!(e.kind, BackendErrorKind::Unsupported, "{e}");
+                    assert!(
+                        e.message.contains(
+                            "needs hipStreamBeginCapture, which the loaded HIP runtime does not \
+                             export"
+                        ),
+                        "names the missing symbol: {e}"
+                    );
+                    println!("no graph calls: {e}");
+                    assert_eq!(ctx.arena().expect("arena").snapshot().mapped, 0);
+                    // The arena still works on that runtime.
+                    let m = ctx.allocate(&s, 4096).expect("allocate");
+                    let retired = Arc::new(AtomicU64::new(0));
+                    release(&ctx, &s, m, &retired);
+                    ctx.synchronize(&s).expect("synchronize");
+                    assert_eq!(retired.load(Ordering::SeqCst), 1);
+                    ctx.destroy_stream(s).expect("destroy");
+                    ctx.teardown(false).expect("teardown");
+                }
+                "standin_records" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let mut src = vec![1u8; 4096];
+                    let mut dst = vec![0u8; 4096];
+                    begin(r.s, GLOBAL);
+                    let (st, id) = status(r.s);
+                    assert_eq!(st, ACTIVE);
+                    assert_ne!(id, 0, "a capture id");
+                    ok(
+                        hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, 4096, r.s),
+                        "h2d",
+                    );
+                    ok(
+                        hip::hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), d, 4096, r.s),
+                        "d2h",
+                    );
+                    // Recorded, not executed.
+                    assert_eq!(dst, vec![0u8; 4096]);
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    assert_eq!(status(r.s).0, NONE);
+                    let x = instantiate(g);
+                    ok(hip::hipGraphDestroy(g), "graph destroy");
+                    for v in [5u8, 6, 7] {
+                        src.fill(v);
+                        ok(hip::hipGraphLaunch(x, r.s), "launch");
+                        ok(hip::hipStreamSynchronize(r.s), "sync");
+                        assert_eq!(dst, vec![v; 4096], "launch replays the copies");
+                    }
+                    ok(hip::hipGraphExecDestroy(x), "exec destroy");
+                    ok(hip::hipFreeAsync(d, r.s), "free");
+                    ok(hip::hipStreamSynchronize(r.s), "sync");
+                    ok(hip::hipStreamDestroy(r.s), "destroy");
+                }
+                "standin_sync_invalidates" => {
+                    let r = raw();
+                    for conflicting in [0, 1] {
+                        begin(r.s, RELAXED);
+                        let got = if conflicting == 0 {
+                            hip::hipStreamSynchronize(r.s)
+                        } else {
+                            hip::hipStreamQuery(r.s)
+                        };
+                        assert_eq!(got, UNSUPPORTED);
+                        assert_eq!(status(r.s).0, STATUS_INVALIDATED);
+                        let (e, g) = end(r.s);
+                        assert_eq!(e, INVALIDATED);
+                        assert!(g.is_null());
+                        assert_eq!(status(r.s).0, NONE);
+                    }
+                    assert_eq!(stats()[1], 2);
+                    ok(hip::hipStreamDestroy(r.s), "destroy");
+                }
+                "standin_modes" => {
+                    let r = raw();
+                    // Global: another thread's hipMemCreate is prohibited and
+                    // invalidates the capture.
+                    begin(r.s, GLOBAL);
+                    let (c, _) = on_other_thread(&r, |_| Send(create_handle())).0;
+                    assert_eq!(c, UNSUPPORTED, "Global, other thread");
+                    let (e, _) = end(r.s);
+                    assert_eq!(e, INVALIDATED);
+                    // ThreadLocal: another thread's is allowed, this
+                    // thread's is not.
+                    begin(r.s, LOCAL);
+                    let (c, h) = on_other_thread(&r, |_| Send(create_handle())).0;
+                    ok(c, "ThreadLocal, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(hip::hipGraphDestroy(g), "graph destroy");
+                    ok(hip::hipMemRelease(h), "release");
+                    begin(r.s, LOCAL);
+                    assert_eq!(create_handle().0, UNSUPPORTED, "ThreadLocal, own thread");
+                    assert_eq!(end(r.s).0, INVALIDATED);
+                    // Relaxed: allowed on the capturing thread, and the
+                    // capture may end on another thread.
+                    begin(r.s, RELAXED);
+                    let (c, h) = create_handle();
+                    ok(c, "Relaxed, own thread");
+                    let g = on_other_thread(&r, |s| {
+                        let (e, g) = end(s);
+                        ok(e, "Relaxed ends on another thread");
+                        Send(g)
+                    });
+                    ok(hip::hipGraphDestroy(g.0), "graph destroy");
+                    ok(hip::hipMemRelease(h), "release");
+                    // Global ends only on its own thread.
+                    begin(r.s, GLOBAL);
+                    let e = on_other_thread(&r, |s| end(s).0);
+                    assert_eq!(e, hip::hipErrorStreamCaptureWrongThread);
+                    let (e, g) = end(r.s);
+                    ok(e, "end on the capturing thread");
+                    ok(hip::hipGraphDestroy(g), "graph destroy");
+                    // Runtime allocations made while a capture was under
+                    // way: the prohibited and the allowed ones.
+                    assert_eq!(stats()[2], 4);
+                    ok(hip::hipStreamDestroy(r.s), "destroy");
+                }
+                "standin_destroy_capturing" => {
+                    let r = raw();
+                    begin(r.s, GLOBAL);
+                    // Planted: destroyed before hipStreamEndCapture.
+                    let _ = hip::hipStreamDestroy(r.s);
+                }
+                "standin_launch_freed" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(
+                        hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, 4096, r.s),
+                        "h2d",
+                    );
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(hip::hipFreeAsync(d, r.s), "free");
+                    ok(hip::hipStreamSynchronize(r.s), "sync");
+                    // Planted: the graph's copy targets freed memory.
+                    let _ = hip::hipGraphLaunch(x, r.s);
+                }
+                "standin_launch_unmapped" => {
+                    let r = raw();
+                    let mut base = std::ptr::null_mut();
+                    ok(
+                        hip::hipMemAddressReserve(&mut base, G, 0, std::ptr::null_mut(), 0),
+                        "reserve",
+                    );
+                    let (c, h) = create_handle();
+                    ok(c, "create");
+                    ok(hip::hipMemMap(base, G, 0, h, 0), "map");
+                    let desc = hip::hipMemAccessDesc {
+                        location: hip::hipMemLocation {
+                            type_: hip::hipMemLocationTypeDevice,
+                            id: 0,
+                        },
+                        flags: hip::hipMemAccessFlagsProtReadWrite,
+                    };
+                    ok(hip::hipMemSetAccess(base, G, &desc, 1), "access");
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(
+                        hip::hipMemcpyHtoDAsync(base, src.as_ptr() as *mut c_void, 4096, r.s),
+                        "h2d",
+                    );
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(hip::hipMemUnmap(base, G), "unmap");
+                    ok(hip::hipMemRelease(h), "release");
+                    // Planted: the graph's copy targets unmapped memory.
+                    let _ = hip::hipGraphLaunch(x, r.s);
+                }
+                "standin_graph_leftovers" => {
+                    let r = raw();
+                    begin(r.s, GLOBAL);
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let _x = instantiate(g);
+                    ok(hip::hipStreamDestroy(r.s), "destroy");
+                    // The graph and its executable graph are left on purpose.
+                }
+                other => panic!("unknown case {other}"),
+            }
+        }
+    }
+}

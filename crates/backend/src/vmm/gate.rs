@@ -1,0 +1,257 @@
+//! [`Gate`]: the exclusion between stream captures and a backend's own
+//! "potentially unsafe" driver calls (maps, unmaps, releases, device
+//! synchronizes), which a capture in the driver's global mode forbids on
+//! every thread and which would invalidate it.
+//!
+//! * While a capture is under way, a gated call waits until the last
+//!   capture ends; a capture waits for gated calls under way to finish
+//!   before it begins. Captures are keyed by the driver's capture id, not by
+//!   thread; the thread that began one is remembered only so that a call it
+//!   makes itself during its own capture is refused rather than waited on
+//!   forever.
+//! * A trim asked for during a capture is deferred ([`Gate::defer`]): the
+//!   end of the last capture runs it, with no lock held.
+//! * One gate per driver: a CUDA capture is invalidated by CUDA calls, a HIP
+//!   capture by HIP calls, so each backend keeps its own process-wide
+//!   instance (the driver's rule is process-wide).
+
+use crate::{lock, BackendError, BackendErrorKind};
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex};
+use std::thread::ThreadId;
+
+/// A trim (or other work) to run when the last capture ends.
+pub type Deferred = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct GateState {
+    /// Captures under way, by capture id: the thread that began them and
+    /// the stream they capture.
+    active: HashMap<u64, (ThreadId, usize)>,
+    /// Captures between their admission and the driver's capture id.
+    beginning: usize,
+    /// Gated driver calls under way.
+    calls: usize,
+    /// Work deferred to the end of the last capture, by key (one per
+    /// arena: a second trim asked for replaces the first).
+    deferred: HashMap<u64, Deferred>,
+}
+
+impl GateState {
+    fn capturing(&self) -> bool {
+        !self.active.is_empty() || self.beginning > 0
+    }
+}
+
+/// The process-wide exclusion between one driver's captures and memgov's
+/// potentially unsafe calls into that driver.
+pub struct Gate {
+    backend: &'static str,
+    /// The capture type's name, for the errors' way out (`"HipCapture"`).
+    capture: &'static str,
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+/// One gated driver call under way; dropping it lets captures begin.
+pub struct GateCall<'a>(&'a Gate);
+
+impl Drop for GateCall<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).calls -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
+impl Gate {
+    /// A gate for `backend`'s driver, whose capture type is named `capture`.
+    pub fn new(backend: &'static str, capture: &'static str) -> Self {
+        Self {
+            backend,
+            capture,
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn err(&self, op: &'static str, msg: String) -> BackendError {
+        BackendError::new(self.backend, op, BackendErrorKind::InvalidArgument, msg)
+    }
+
+    /// Whether a capture is under way (or beginning) anywhere.
+    pub fn capturing(&self) -> bool {
+        lock(&self.state).capturing()
+    }
+
+    /// Admit a map, unmap, release or device synchronize: waits while a
+    /// capture is under way. `refuse_own`: refuse (rather than wait
+    /// forever) when the calling thread began a capture still under way;
+    /// otherwise such a call goes ahead and the driver decides.
+    pub fn call(&self, op: &'static str, refuse_own: bool) -> Result<GateCall<'_>, BackendError> {
+        let me = std::thread::current().id();
+        let mut st = lock(&self.state);
+        loop {
+            let own = st.active.values().any(|(t, _)| *t == me);
+            if own && refuse_own {
+                let t = self.capture;
+                return Err(self.err(
+                    op,
+                    format!(
+                        "this thread's own stream capture is under way, and {op} would map, \
+                         unmap or synchronize outside the stream, which invalidates it: \
+                         allocate from the capture's pool ({t}::allocate), or end the capture \
+                         first ({t}::end)"
+                    ),
+                ));
+            }
+            if own || !st.capturing() {
+                st.calls += 1;
+                return Ok(GateCall(self));
+            }
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Before synchronizing `stream` (which would invalidate its capture):
+    /// waits while another thread captures it; refused when the calling
+    /// thread does.
+    pub fn before_sync(&self, op: &'static str, stream: usize) -> Result<(), BackendError> {
+        let me = std::thread::current().id();
+        let mut st = lock(&self.state);
+        loop {
+            let Some((t, _)) = st.active.values().find(|(_, s)| *s == stream) else {
+                return Ok(());
+            };
+            if *t == me {
+                return Err(self.err(
+                    op,
+                    format!(
+                        "the stream is being captured by this thread, and synchronizing it \
+                         would invalidate the capture: end the capture first ({}::end)",
+                        self.capture
+                    ),
+                ));
+            }
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Refuse to destroy a stream being captured (the capture must end on
+    /// it first).
+    pub fn before_destroy(&self, op: &'static str, stream: usize) -> Result<(), BackendError> {
+        let st = lock(&self.state);
+        if st.active.values().any(|(_, s)| *s == stream) {
+            return Err(self.err(
+                op,
+                format!(
+                    "the stream is being captured: end the capture ({}::end) before destroying it",
+                    self.capture
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Defer `work` under `key` to the end of the last capture; `Some(work)`
+    /// back when no capture is under way (the caller runs it now).
+    pub fn defer(&self, key: u64, work: Deferred) -> Option<Deferred> {
+        let mut st = lock(&self.state);
+        if !st.capturing() {
+            return Some(work);
+        }
+        st.deferred.insert(key, work);
+        None
+    }
+
+    /// Admit a capture: waits for gated calls under way to finish. Follow
+    /// with [`begun`](Self::begun) in every case.
+    pub fn begin(&self) {
+        let mut st = lock(&self.state);
+        while st.calls > 0 {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.beginning += 1;
+    }
+
+    /// The capture admitted by [`begin`](Self::begin) on `stream` has id
+    /// `id` (or failed to begin: `None`).
+    pub fn begun(&self, id: Option<u64>, stream: usize) {
+        let mut st = lock(&self.state);
+        st.beginning -= 1;
+        if let Some(id) = id {
+            st.active.insert(id, (std::thread::current().id(), stream));
+        }
+        let idle = !st.capturing();
+        let deferred = if idle {
+            st.deferred.drain().map(|(_, v)| v).collect()
+        } else {
+            Vec::new()
+        };
+        drop(st);
+        self.changed.notify_all();
+        deferred.into_iter().for_each(|f| f());
+    }
+
+    /// Capture `id` ended; when it was the last, run the deferred work (no
+    /// lock held).
+    pub fn end(&self, id: u64) {
+        let deferred: Vec<Deferred> = {
+            let mut st = lock(&self.state);
+            st.active.remove(&id);
+            if st.capturing() {
+                Vec::new()
+            } else {
+                st.deferred.drain().map(|(_, v)| v).collect()
+            }
+        };
+        self.changed.notify_all();
+        deferred.into_iter().for_each(|f| f());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_deferred_trim_runs_at_the_end_of_the_last_capture() {
+        let gate = Gate::new("test", "TestCapture");
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let work: Deferred = Box::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        // No capture: handed back to run now.
+        let work = gate.defer(1, work).expect("not capturing");
+        gate.begin();
+        gate.begun(Some(7), 0x10);
+        gate.begin();
+        gate.begun(Some(8), 0x20);
+        assert!(gate.defer(1, work).is_none(), "deferred");
+        drop(
+            gate.call("unmap", false)
+                .expect("own capture, not refused: goes ahead"),
+        );
+        gate.end(7);
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "capture 8 still under way");
+        assert!(gate.before_destroy("destroy_stream", 0x20).is_err());
+        gate.end(8);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once, at the last end");
+        assert!(gate.before_destroy("destroy_stream", 0x20).is_ok());
+    }
+
+    #[test]
+    fn the_capturing_thread_is_refused_what_would_invalidate_its_capture() {
+        let gate = Gate::new("test", "TestCapture");
+        gate.begin();
+        gate.begun(Some(1), 0x10);
+        let e = gate.call("allocate", true).err().expect("refused");
+        assert!(e.message.contains("TestCapture::allocate"), "{e}");
+        let e = gate.before_sync("synchronize", 0x10).expect_err("refused");
+        assert!(e.message.contains("end the capture first"), "{e}");
+        gate.end(1);
+        assert!(gate.call("allocate", true).is_ok());
+    }
+}

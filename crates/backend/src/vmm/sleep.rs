@@ -1,0 +1,255 @@
+//! Sleep and wake of an arena: its physical memory unmapped and released
+//! (its contents kept in page-locked host memory when asked) while the
+//! addresses stay reserved, then mapped again at the same addresses with
+//! the contents restored.
+//!
+//! Each granule's slot is its mapped state: `Mapped` → `Asleep` on sleep,
+//! `Asleep` → `Mapped` on wake, each step taken once, so no handle is
+//! released twice and none is forgotten. A wake that would pass the arena's
+//! limit is refused (`OutOfMemory`, with the numbers) before any granule is
+//! mapped; one that fails half-way unmaps what it mapped and stays asleep.
+
+use super::state::Slot;
+use super::{closed, Arena, SleepDriver};
+use crate::{lock, BackendError, BackendErrorKind};
+use std::fmt::Debug;
+
+/// What a sleep gave back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SleepReport {
+    /// Physical bytes unmapped and released (granules in use and cached).
+    pub released: u64,
+    /// Bytes of contents kept in page-locked host memory for the wake.
+    pub offloaded: u64,
+}
+
+impl<H: Copy + Eq + Debug> Arena<H> {
+    /// Put the arena to sleep: wait for every stream of the context, then
+    /// unmap and release every granule, copying the contents of those in
+    /// use to page-locked host memory first when `keep_contents` is set.
+    /// Addresses stay reserved and allocations stay live (unusable until
+    /// [`wake`](Self::wake)).
+    pub fn sleep<D: SleepDriver<Handle = H>>(
+        &self,
+        d: &D,
+        keep_contents: bool,
+    ) -> Result<SleepReport, BackendError> {
+        let backend = d.backend();
+        let _current = d.make_current("sleep")?;
+        d.quiesce("sleep")?;
+        let taken: Vec<(usize, H, bool)> = {
+            let mut st = lock(&self.state);
+            if st.closed {
+                return Err(closed(backend, "sleep"));
+            }
+            if st.asleep {
+                return Err(BackendError::new(
+                    backend,
+                    "sleep",
+                    BackendErrorKind::InvalidArgument,
+                    "the arena is asleep already; wake it first",
+                ));
+            }
+            while st.slots.iter().any(|g| g.slot.in_transition()) {
+                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            st.asleep = true;
+            let v: Vec<_> = (0..st.slots.len())
+                .filter_map(|g| match st.slots[g].slot {
+                    Slot::Mapped(h) => Some((g, h, st.slots[g].users > 0)),
+                    _ => None,
+                })
+                .collect();
+            for &(g, _, _) in &v {
+                st.slots[g].slot = Slot::Unmapping;
+            }
+            v
+        };
+        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
+        let mut first_err = None;
+        let mut report = SleepReport {
+            released: 0,
+            offloaded: 0,
+        };
+        for (g, h, in_use) in taken {
+            let at = self.base + g as u64 * self.granule;
+            let mut host = 0usize;
+            if in_use && keep_contents && first_err.is_none() {
+                match d.offload(at, self.granule) {
+                    Ok(p) => host = p,
+                    Err(e) => first_err = Some(e),
+                }
+            }
+            if in_use && keep_contents && host == 0 {
+                // Contents that could not be kept stay mapped.
+                outcome.push((g, Slot::Mapped(h)));
+                continue;
+            }
+            match d.unmap(g, h, "sleep") {
+                Ok(()) => {
+                    report.released += self.granule;
+                    if host != 0 {
+                        report.offloaded += self.granule;
+                    }
+                    outcome.push((
+                        g,
+                        if in_use {
+                            Slot::Asleep { host }
+                        } else {
+                            Slot::Unmapped
+                        },
+                    ));
+                }
+                Err(q) => {
+                    if host != 0 {
+                        d.free_host(host, "sleep");
+                    }
+                    first_err.get_or_insert_with(|| {
+                        BackendError::new(
+                            backend,
+                            "sleep",
+                            BackendErrorKind::Other,
+                            format!(
+                                "the driver refused to give back the granule at {at:#x}; it is \
+                                 quarantined"
+                            ),
+                        )
+                    });
+                    outcome.push((g, q));
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        for (g, slot) in outcome {
+            match slot {
+                Slot::Mapped(_) => {}
+                Slot::Quarantined { .. } => st.quarantine(g, slot, self.base, self.granule),
+                _ => st.mapped -= self.granule,
+            }
+            if !matches!(slot, Slot::Quarantined { .. }) {
+                st.slots[g].slot = slot;
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// Wake the arena: map every sleeping granule again at its address and
+    /// copy back the contents kept. Refused with `OutOfMemory` before any
+    /// mapping when the granules do not fit the arena's limit. Returns the
+    /// bytes mapped.
+    pub fn wake<D: SleepDriver<Handle = H>>(&self, d: &D) -> Result<u64, BackendError> {
+        let backend = d.backend();
+        let _current = d.make_current("wake")?;
+        let sleeping: Vec<(usize, usize)> = {
+            let mut st = lock(&self.state);
+            if st.closed {
+                return Err(closed(backend, "wake"));
+            }
+            if !st.asleep {
+                return Ok(0);
+            }
+            let v: Vec<_> = (0..st.slots.len())
+                .filter_map(|g| match st.slots[g].slot {
+                    Slot::Asleep { host } => Some((g, host)),
+                    _ => None,
+                })
+                .collect();
+            let needed = v.len() as u64 * self.granule;
+            if st.mapped + st.mapping + needed > self.limit() {
+                return Err(BackendError::new(
+                    backend,
+                    "wake",
+                    BackendErrorKind::OutOfMemory,
+                    format!(
+                        "waking needs {needed} B mapped, but the arena holds {} B of its {} B \
+                         limit; nothing was mapped and the arena stays asleep (free memory or \
+                         raise ArenaConfig::limit_bytes)",
+                        st.mapped + st.mapping,
+                        self.limit()
+                    ),
+                ));
+            }
+            for &(g, _) in &v {
+                st.slots[g].slot = Slot::Mapping;
+            }
+            st.mapping += needed;
+            v
+        };
+        let mut mapped: Vec<(usize, usize, H)> = Vec::new();
+        let mut failure = None;
+        for &(g, host) in &sleeping {
+            match d.map(g, "wake") {
+                Ok(h) => mapped.push((g, host, h)),
+                Err((e, leftover)) => {
+                    if let Some(q) = leftover {
+                        let mut st = lock(&self.state);
+                        st.mapped += self.granule;
+                        st.quarantine(g, q, self.base, self.granule);
+                    }
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if failure.is_none() {
+            for &(g, host, _) in &mapped {
+                if host != 0 {
+                    let at = self.base + g as u64 * self.granule;
+                    if let Err(e) = d.restore(at, host, self.granule) {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        st.mapping -= sleeping.len() as u64 * self.granule;
+        let Some(e) = failure else {
+            let mut hosts = Vec::new();
+            for (g, host, h) in mapped {
+                hosts.push(host);
+                st.slots[g].slot = Slot::Mapped(h);
+                st.mapped += self.granule;
+            }
+            st.asleep = false;
+            drop(st);
+            self.changed.notify_all();
+            for host in hosts.into_iter().filter(|&h| h != 0) {
+                d.free_host(host, "wake");
+            }
+            return Ok(sleeping.len() as u64 * self.granule);
+        };
+        let mut lost = Vec::new();
+        for &(g, host) in &sleeping {
+            if matches!(st.slots[g].slot, Slot::Quarantined { .. }) {
+                // Its undo failed: quarantined; its contents cannot return.
+                lost.push(host);
+            } else {
+                st.slots[g].slot = Slot::Asleep { host };
+            }
+        }
+        drop(st);
+        for host in lost.into_iter().filter(|&h| h != 0) {
+            d.free_host(host, "wake");
+        }
+        // Undo what this wake mapped, one granule at a time.
+        for (g, host, h) in mapped {
+            if let Err(q) = d.unmap(g, h, "wake") {
+                let mut st = lock(&self.state);
+                // Counted as mapped until the quarantine says otherwise.
+                st.mapped += self.granule;
+                st.quarantine(g, q, self.base, self.granule);
+                if host != 0 {
+                    d.free_host(host, "wake");
+                }
+            }
+        }
+        self.changed.notify_all();
+        Err(e)
+    }
+}
