@@ -16,7 +16,7 @@ mod child_process;
 
 use memgov::hip::ffi as hip;
 use memgov::hip::{ArenaConfig, HipArena, HipConfig, HipContext};
-use memgov::{BackendErrorKind, DeviceContext, Execution, RetireSignal};
+use memgov::{Alloc, BackendErrorKind, DeviceContext, Execution, RetireSignal};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -476,7 +476,9 @@ mod cases {
         let gov = Governor::new();
         let handle = gov.register(ctx, ContextConfig::new().label("arena").budget(BUDGET));
         let responder = a.clone();
-        handle.add_pressure_responder(move |_| responder.trim().unwrap_or(0));
+        handle.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
+            responder.trim().unwrap_or(0)
+        });
         let streams: Vec<_> = (0..4)
             .map(|i| handle.create_stream(format!("s{i}")).expect("stream"))
             .collect();
@@ -492,7 +494,9 @@ mod cases {
                             for i in 0u64.. {
                                 let bytes =
                                     [4096, 100_000, MIB + 17, 3 * MIB][((t + i) % 4) as usize];
-                                match handle.allocate(&streams[si], bytes, Role::Activation) {
+                                match handle
+                                    .allocate(&streams[si], Alloc::new(bytes, Role::Activation))
+                                {
                                     Ok(buf) => {
                                         let data =
                                             pattern(round << 32 | t << 16 | i, bytes as usize);

@@ -50,7 +50,7 @@ pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepRepo
 /// let handle = gov.register(ctx, ContextConfig::new().budget(4 << 30));
 /// // Cached granules are what the arena can give back under pressure.
 /// let responder = arena.clone();
-/// handle.add_pressure_responder(move |_| responder.trim().unwrap_or(0));
+/// handle.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| responder.trim().unwrap_or(0));
 /// # Ok::<(), memgov::BackendError>(())
 /// ```
 ///
