@@ -16,7 +16,14 @@
 //! * [`BackendProbe`]: the counters every backend records into, read by the
 //!   conformance suite, the fault matrix and `memgov check`;
 //! * [`fault`]: [`FaultInjecting`](fault::FaultInjecting), a wrapper that
-//!   makes any backend fail on purpose.
+//!   makes any backend fail on purpose;
+//! * the deferred-free kit a backend over a C driver API builds its
+//!   stream-ordered frees from: [`Tickets`] (a signal parked under a ticket
+//!   and claimed exactly once, by the driver's callback or by device loss),
+//!   [`FreeThread`] (the one thread per context that makes the driver calls
+//!   a callback may not; the backend supplies them through [`FreeWork`]) and
+//!   [`Unsettled`] (frees per stream whose signal has not settled, for
+//!   `synchronize`).
 //!
 //! The conformance suite that checks a backend against this contract drives
 //! it through the governor, so it lives in the test kit
@@ -28,17 +35,23 @@
 
 mod context;
 pub mod fault;
+mod free_thread;
 mod identity;
 mod probe;
 pub mod shell;
+mod tickets;
+mod unsettled;
 
 pub use context::{
     tier_unsupported, BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireOutcome, RetireSignal, RetireSink, Tier, OUT_OF_MEMORY_HINT,
 };
+pub use free_thread::{FreeThread, FreeWork, Stop, Take};
 pub use identity::DeviceIdentity;
 pub use probe::{BackendProbe, ProbeShard};
 pub use shell::{LostState, Shell};
+pub use tickets::{Claim, Tickets};
+pub use unsettled::{Settling, Unsettled};
 
 /// Lock a bookkeeping mutex, recovering from poisoning (see
 /// [`memgov_sync::lock`]): a backend's state is left consistent between
