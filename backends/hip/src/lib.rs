@@ -35,7 +35,7 @@
 //!   HIP call that could block. A context the governor declares lost
 //!   ([`DeviceContext::device_lost`]) while the runtime still answers is
 //!   lost, not dead.
-//! * **Teardown**: stop and join the reaper thread, synchronize and destroy
+//! * **Teardown**: stop and join the free thread, synchronize and destroy
 //!   the streams the governor left, free memory it abandoned (force), trim
 //!   and destroy the context's pool. A lost teardown drops every pending
 //!   signal unfired, then releases the same way while the runtime answers;
@@ -344,9 +344,10 @@ impl HipContext {
         self.shared.execution == Execution::StandIn
     }
 
-    /// Frees queued and not yet retired (callbacks or reaper pending).
+    /// Frees queued and not yet retired (callbacks or the free thread's
+    /// queue pending).
     pub fn pending_frees(&self) -> usize {
-        self.shared.pending.len() + self.shared.reaper.len()
+        self.shared.pending.len() + self.shared.frees.len()
     }
 
     /// Things the backend noticed that had no caller to report to (a

@@ -212,7 +212,7 @@ fn plain_fallback_frees_after_the_event() {
     assert_eq!(back, [7; 16]);
     let (sig, rx) = signal();
     ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    let (outcome, thread) = rx.recv_timeout(LONG).expect("the reaper retired it");
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the free thread retired it");
     assert_eq!(outcome, RetireOutcome::Retired);
     assert_ne!(thread, std::thread::current().id());
     ctx.destroy_stream(s).unwrap();
@@ -863,7 +863,7 @@ fn raw_cross_stream_free_needs_order_after() {
 }
 
 #[test]
-fn lost_teardown_of_the_fallback_joins_the_reaper_and_frees() {
+fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
     if !on_stand_in() {
         return;
     }
@@ -1775,14 +1775,14 @@ fn child_entry() {
             .unwrap();
             let probe = ctx.probe();
             let s = ctx.create_stream().unwrap();
-            // One free the reaper settles, so that its thread runs, then one
+            // One free the free thread settles, so that its thread runs, then one
             // it is waiting for (or about to) when the context is lost.
             let m = ctx.allocate(&s, 4096).unwrap();
             let (sig, rx) = signal();
             ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
             assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
             // Each free's event is recorded behind a copy (pending for the
-            // latency), so the reaper holds the first inside
+            // latency), so the free thread holds the first inside
             // hipEventSynchronize while the second waits in its queue.
             let m = ctx.allocate(&s, 4096).unwrap();
             raw_write(s.hip_stream(), m.device_ptr(), &[6; 4096]);
@@ -1895,7 +1895,7 @@ fn child_entry() {
             quiesce();
             // Settled before teardown returned. The pool free is queued
             // behind the copy: its signal is dropped. The fallback free may
-            // already be in the reaper's hands, which completes it.
+            // already be in the free thread's hands, which completes it.
             let (outcome, _) = rx.try_recv().expect("settled before teardown returned");
             if !plain {
                 assert_eq!(outcome, RetireOutcome::Abandoned);

@@ -79,6 +79,7 @@ impl<T> Tickets<T> {
         let previous = lock(&self.parked).insert(
             ticket,
             Claim {
+                ticket,
                 signal,
                 bytes,
                 item,
@@ -128,12 +129,18 @@ impl<T> Tickets<T> {
 #[derive(Debug)]
 #[must_use = "settle a claim with retire or abandon"]
 pub struct Claim<T> {
+    ticket: u64,
     signal: RetireSignal,
     bytes: u64,
     item: T,
 }
 
 impl<T> Claim<T> {
+    /// The ticket it was parked under.
+    pub fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
     /// The bytes the queued free releases.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -86,7 +86,7 @@ fn claims_count_on_the_probe_and_hand_back_what_was_parked() {
     tickets.park(2, b, 30, "b");
     assert_eq!(tickets.len(), 2);
     let claim = tickets.claim(2).unwrap();
-    assert_eq!((claim.bytes(), *claim.item()), (30, "b"));
+    assert_eq!((claim.ticket(), claim.bytes(), *claim.item()), (2, 30, "b"));
     assert_eq!(claim.abandon(&probe), "b");
     assert_eq!(tickets.claim(1).unwrap().retire(&probe), "a");
     assert!(tickets.claim(1).is_none() && tickets.claim(2).is_none());
