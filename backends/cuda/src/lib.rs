@@ -314,6 +314,14 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
 }
 
 impl CudaContext {
+    /// The context `memgov check` runs the conformance suite on: device 0
+    /// with the default settings. No checking layer is switched on: the
+    /// driver has none, and the stand-in checks its rules (stream order, no
+    /// call from a host function, teardown order) on every call.
+    pub fn for_check() -> Result<Self, BackendError> {
+        Self::new(CudaConfig::default())
+    }
+
     /// Retain device `config.ordinal`'s primary context.
     ///
     /// Fails with `Unavailable` when no CUDA driver can be loaded ("no CUDA

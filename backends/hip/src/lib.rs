@@ -66,16 +66,17 @@
 //! ```
 
 mod config;
-pub mod ffi;
+mod ffi;
 mod memory;
-pub mod result;
+pub mod raw;
+mod result;
 mod retire;
 mod shared;
 mod stream;
 mod teardown;
 
 pub use config::{AllocatorChoice, HipConfig};
-pub use ffi::{runtime_present, HipResult};
+pub use ffi::{driver_present, HipResult};
 pub use memory::{HipMemory, Origin};
 pub use shared::contexts_alive;
 pub use stream::HipStream;
@@ -244,6 +245,14 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
 }
 
 impl HipContext {
+    /// The context `memgov check` runs the conformance suite on: device 0
+    /// with the default settings. No checking layer is switched on: the
+    /// runtime has none, and the stand-in checks its rules (stream order, no
+    /// call from a stream callback, teardown order) on every call.
+    pub fn for_check() -> Result<Self, BackendError> {
+        Self::new(HipConfig::default())
+    }
+
     /// Open device `config.device` through `libamdhip64`.
     ///
     /// Fails with [`BackendErrorKind::Unavailable`] when no HIP runtime can

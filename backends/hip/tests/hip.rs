@@ -22,8 +22,8 @@ mod recorded;
 
 use recorded::signal;
 
-use memgov::hip::ffi as hip;
-use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
+use memgov::hip::raw as hip;
+use memgov::hip::{AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role, Tier,
@@ -288,24 +288,24 @@ fn sticky_codes_classify_as_device_loss() {
         E::hipErrorECCNotCorrectable,
         E::hipErrorAssert,
     ] {
-        let e = result::hip_error("allocate", "hipMallocAsync", code);
+        let e = hip::hip_error("allocate", "hipMallocAsync", code);
         assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
         assert!(e.message.contains("retire this context"), "{e}");
         assert_eq!(e.code, Some(i64::from(code)));
     }
-    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
+    let oom = hip::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
     assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
     assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
     assert_eq!(
-        result::kind_of(E::hipErrorNoDevice),
+        hip::kind_of(E::hipErrorNoDevice),
         BackendErrorKind::Unavailable
     );
     // A code no binding lists (a newer runtime's) is read as the integer it
     // is: classified `Other`, its number kept, and never a Rust enum value.
-    let unknown = result::hip_error("allocate", "hipMallocAsync", 123_456);
+    let unknown = hip::hip_error("allocate", "hipMallocAsync", 123_456);
     assert_eq!(unknown.kind, BackendErrorKind::Other, "{unknown}");
     assert_eq!(unknown.code, Some(123_456));
-    assert!(!result::is_device_lost(123_456));
+    assert!(!hip::is_device_lost(123_456));
 }
 
 #[test]
@@ -1546,7 +1546,7 @@ fn child_entry() {
             ctx.teardown(false).unwrap();
         }
         "no_runtime" | "runtime_without_hip" => {
-            assert!(!memgov::hip::runtime_present());
+            assert!(!memgov::hip::driver_present());
             let e = HipContext::new(HipConfig::default()).expect_err("no HIP runtime");
             assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
             let expected = if case == "no_runtime" {
@@ -1557,7 +1557,7 @@ fn child_entry() {
             assert!(e.message.starts_with(expected), "{e}");
             // Codes still have names, and nothing calls into a runtime that
             // is not there.
-            let oom = result::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
+            let oom = hip::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
             assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
             assert!(hip::symbol(c"hipMalloc").is_none());
             let report = memgov_conformance::run_suite(|| HipContext::new(HipConfig::default()));
