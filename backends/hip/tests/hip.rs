@@ -15,6 +15,8 @@
 
 #[path = "../../stand-ins/support/cache.rs"]
 mod cache;
+#[path = "../../stand-ins/support/cases.rs"]
+mod cases;
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
@@ -30,6 +32,28 @@ use memgov::{
 };
 use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
+
+impl cases::StandInBackend for HipContext {
+    fn open() -> Option<Self> {
+        context(HipConfig::default())
+    }
+
+    fn probe(&self) -> memgov::BackendProbe {
+        HipContext::probe(self)
+    }
+
+    fn pending_frees(&self) -> usize {
+        HipContext::pending_frees(self)
+    }
+
+    const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standinh";
+    const STAND_IN_PCI: &'static str = "0000:20:00.0";
+
+    /// The default configuration allocates from memgov's own pool.
+    fn check_allocation(&self, memory: &memgov::hip::HipMemory) {
+        assert_eq!(memory.origin(), Origin::Pool);
+    }
+}
 
 memgov_conformance::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
 
@@ -79,27 +103,8 @@ fn stand_in() -> Option<HipContext> {
 /// stand-in, device 0 has the UUID "memgov-standin", 'h', 0 and the PCI
 /// address 0000:20:00.0, distinct from the CUDA stand-in's device.
 #[test]
-fn identity_is_the_runtimes_uuid_and_pci_address() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let id = ctx.identity();
-    let uuid = id.uuid().expect("the runtime reports a UUID");
-    let pci = id
-        .pci_bus_id()
-        .expect("the runtime reports a PCI address")
-        .to_owned();
-    assert!(id.key().starts_with("gpu-"), "{id}");
-    if ctx.describe().execution == Execution::StandIn {
-        assert_eq!(&uuid[..15], b"memgov-standinh");
-        assert_eq!(uuid[15], 0, "device 0");
-        assert_eq!(pci, "0000:20:00.0");
-    }
-    let again = context(HipConfig::default()).expect("a second context");
-    assert_eq!(again.identity(), id);
-    println!("device identity: {id} (PCI {pci})");
-    again.teardown(false).expect("teardown");
-    ctx.teardown(false).expect("teardown");
+fn identity_is_the_drivers_uuid_and_pci_address() {
+    cases::identity_is_the_drivers_uuid_and_pci_address::<HipContext>();
 }
 
 #[test]
@@ -162,30 +167,8 @@ fn describe_names_the_allocator_and_how_it_ran() {
 }
 
 #[test]
-fn free_retires_through_the_stream_callback() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let probe = ctx.probe();
-    let s = ctx.create_stream().unwrap();
-    let m = ctx.allocate(&s, 1 << 16).unwrap();
-    assert_eq!(m.origin(), Origin::Pool);
-    ctx.write(&s, &m, 100, b"retire me").unwrap();
-    let (sig, rx) = signal();
-    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    ctx.synchronize(&s).unwrap();
-    let (outcome, thread) = rx.recv_timeout(LONG).expect("the callback fired");
-    assert_eq!(outcome, RetireOutcome::Retired);
-    assert_ne!(
-        thread,
-        std::thread::current().id(),
-        "retirement is learnt on the runtime's callback thread"
-    );
-    assert_eq!(ctx.pending_frees(), 0);
-    ctx.destroy_stream(s).unwrap();
-    ctx.teardown(false).unwrap();
-    assert_eq!(probe.frees_retired(), 1);
-    probe.check_clean_teardown().unwrap();
+fn free_retires_on_a_driver_thread() {
+    cases::free_retires_on_a_driver_thread::<HipContext>();
 }
 
 #[test]
@@ -221,7 +204,7 @@ fn plain_fallback_frees_after_the_event() {
 }
 
 #[test]
-fn raw_accessors_reach_the_same_memory_and_stream() {
+fn raw_accessors_name_the_driver_objects() {
     let Some(ctx) = context(HipConfig::default()) else {
         return;
     };
@@ -454,7 +437,7 @@ fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
 /// machine: the child is pointed at a library that is not there, and at one
 /// that is not HIP.
 #[test]
-fn a_missing_runtime_is_unavailable() {
+fn a_missing_driver_is_unavailable_not_a_panic() {
     for (case, library) in [
         ("no_runtime", "/nonexistent/libamdhip64.so.5"),
         ("runtime_without_hip", "libm.so.6"),
@@ -719,7 +702,7 @@ fn refused_malloc_async_falls_back_at_creation() {
 }
 
 #[test]
-fn refused_callback_retires_by_synchronizing() {
+fn a_refused_callback_still_settles_the_free() {
     if !on_stand_in() {
         return;
     }
@@ -730,7 +713,7 @@ fn refused_callback_retires_by_synchronizing() {
 }
 
 #[test]
-fn device_loss_abandons_pending_frees() {
+fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
     if !on_stand_in() {
         return;
     }
@@ -746,7 +729,7 @@ fn device_loss_abandons_pending_frees() {
 }
 
 #[test]
-fn out_of_memory_is_reported_with_the_code() {
+fn out_of_memory_is_classified() {
     if !on_stand_in() {
         return;
     }
@@ -830,7 +813,7 @@ fn planted_stand_in_checks_abort() {
 /// stream's work is still pending when it returns, and a free on the
 /// ordered stream passes the stand-in's cross-stream check.
 #[test]
-fn order_after_orders_a_cross_stream_free_without_blocking() {
+fn order_after_orders_a_cross_stream_free_without_waiting() {
     if !on_stand_in() {
         return;
     }
@@ -876,7 +859,7 @@ fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
 }
 
 #[test]
-fn the_threads_current_device_is_restored() {
+fn the_callers_current_context_is_restored() {
     if !on_stand_in() {
         return;
     }
@@ -906,7 +889,7 @@ fn lost_teardown_of_a_healthy_device_releases_everything() {
 }
 
 #[test]
-fn the_default_pool_is_left_alone() {
+fn the_default_memory_pool_is_never_changed() {
     if !on_stand_in() {
         return;
     }
