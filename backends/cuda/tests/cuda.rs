@@ -573,6 +573,11 @@ fn order_after_orders_a_cross_stream_free_without_waiting() {
 }
 
 #[test]
+fn foreign_or_double_free_is_refused_and_counted() {
+    cases::foreign_or_double_free_is_refused_and_counted::<CudaContext>();
+}
+
+#[test]
 fn raw_misuse_is_refused_before_the_driver_sees_it() {
     assert_child_passed("raw_misuse", &[]);
 }

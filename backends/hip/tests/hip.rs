@@ -239,27 +239,7 @@ fn raw_accessors_name_the_driver_objects() {
 
 #[test]
 fn foreign_or_double_free_is_refused_and_counted() {
-    let Some(a) = context(HipConfig::default()) else {
-        return;
-    };
-    let b = HipContext::new(HipConfig::default()).unwrap();
-    let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
-    let m = a.allocate(&sa, 64).unwrap();
-    let (sig, rx) = signal();
-    let (m, sig, e) = b
-        .free_async(&sb, m, sig)
-        .expect_err("b does not own a's memory");
-    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-    assert!(e.message.contains("not live"), "{e}");
-    // Refused and reported to the caller; the probe counts second frees of
-    // the context's own allocations, not another context's memory.
-    assert_eq!(b.probe().violations(), 0);
-    a.free_async(&sa, m, sig).map_err(|(_, _, e)| e).unwrap();
-    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-    a.destroy_stream(sa).unwrap();
-    b.destroy_stream(sb).unwrap();
-    a.teardown(false).unwrap();
-    b.teardown(false).unwrap();
+    cases::foreign_or_double_free_is_refused_and_counted::<HipContext>();
 }
 
 #[test]

@@ -3,6 +3,11 @@
 //! case with its backend). What differs between the drivers (how a context
 //! is opened, the stand-in's device identity, what a backend checks of an
 //! allocation) is the [`StandInBackend`] a suite implements.
+//!
+//! Cases: [`free_retires_on_a_driver_thread`],
+//! [`identity_is_the_drivers_uuid_and_pci_address`],
+//! [`foreign_or_double_free_is_refused_and_counted`] (and, in `cache.rs`,
+//! the block cache's).
 
 use super::recorded::signal;
 use memgov::{BackendProbe, DeviceContext, DeviceIdentity, Execution, RetireOutcome};
@@ -93,4 +98,36 @@ pub fn identity_is_the_drivers_uuid_and_pci_address<B: StandInBackend>() {
     println!("device identity: {id} (PCI {pci})");
     again.teardown(false).expect("teardown");
     ctx.teardown(false).expect("teardown");
+}
+
+/// Another context's memory is refused before the driver sees it
+/// (`InvalidArgument`, "not live"), handed back with its signal, and not
+/// counted as a violation (that is the caller's mistake, not a second free
+/// of the context's own); its own context then frees it as usual.
+pub fn foreign_or_double_free_is_refused_and_counted<B: StandInBackend>() {
+    let Some(a) = B::open() else { return };
+    let b = B::open().expect("a second context");
+    let (sa, sb) = (
+        a.create_stream().expect("stream"),
+        b.create_stream().expect("stream"),
+    );
+    let m = a.allocate(&sa, 64).expect("allocate");
+    let (sig, rx) = signal();
+    let (m, sig, e) = b
+        .free_async(&sb, m, sig)
+        .expect_err("b does not own a's memory");
+    assert_eq!(e.kind, memgov::BackendErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("not live"), "{e}");
+    assert_eq!(b.probe().violations(), 0);
+    a.free_async(&sa, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async by its own context");
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("the signal fired").0,
+        RetireOutcome::Retired
+    );
+    a.destroy_stream(sa).expect("destroy_stream");
+    b.destroy_stream(sb).expect("destroy_stream");
+    a.teardown(false).expect("teardown");
+    b.teardown(false).expect("teardown");
 }
