@@ -136,6 +136,12 @@ impl Owner {
         (round_rx, go_tx)
     }
 
+    /// Open the gate for good and stop the thread at once.
+    fn ungate_and_stop(&self) {
+        *self.gate.lock().unwrap() = None;
+        self.frees.stop(Stop::Now);
+    }
+
     fn ran(&self) -> Vec<Vec<u32>> {
         self.ran.lock().unwrap().clone()
     }
@@ -196,18 +202,14 @@ fn taking_all_hands_the_queue_to_work_in_one_round() {
     FreeThread::start(&owner, "memgov-kit-test-free".into()).unwrap();
     owner.frees.push(1);
     // Hold the thread in its first round while three more are queued.
-    let first = rounds
-        .recv_timeout(HANG)
-        .expect("the free thread ran no round");
+    let first = next_round(&rounds);
     for job in 2..=4 {
         owner.frees.push(job);
     }
     go.send(()).unwrap();
     let mut seen = first;
     while seen.len() < 4 {
-        let round = rounds
-            .recv_timeout(HANG)
-            .expect("the free thread ran no round");
+        let round = next_round(&rounds);
         go.send(()).unwrap();
         seen.extend(round);
     }
@@ -215,8 +217,7 @@ fn taking_all_hands_the_queue_to_work_in_one_round() {
     assert!(owner.ran().len() <= 3, "{:?}", owner.ran());
     assert_eq!(owner.ran()[1..].concat(), [2, 3, 4]);
     drop(go);
-    *owner.gate.lock().unwrap() = None;
-    owner.frees.stop(Stop::Now);
+    owner.ungate_and_stop();
 }
 
 #[test]
@@ -228,12 +229,7 @@ fn stop_now_and_device_loss_leave_the_queue_to_the_caller() {
         owner.frees.push(job);
     }
     // The thread holds job 1; device loss takes 2 and 3 off the queue.
-    assert_eq!(
-        rounds
-            .recv_timeout(HANG)
-            .expect("the free thread ran no round"),
-        [1]
-    );
+    assert_eq!(next_round(&rounds), [1]);
     assert_eq!(owner.frees.stop_and_take(), [2, 3]);
     owner.frees.push(4);
     go.send(()).unwrap();
@@ -251,17 +247,11 @@ fn an_idle_wait_polls_with_rounds_of_no_jobs() {
     FreeThread::start(&owner, "memgov-kit-test-free".into()).unwrap();
     // Nothing is pushed: the rounds come from the idle wait running out.
     for _ in 0..3 {
-        assert_eq!(
-            rounds
-                .recv_timeout(HANG)
-                .expect("the free thread ran no round"),
-            Vec::<u32>::new()
-        );
+        assert_eq!(next_round(&rounds), Vec::<u32>::new());
         go.send(()).unwrap();
     }
-    *owner.gate.lock().unwrap() = None;
     drop(go);
-    owner.frees.stop(Stop::Now);
+    owner.ungate_and_stop();
 }
 
 #[test]
@@ -272,15 +262,16 @@ fn a_wake_with_nothing_queued_is_a_round_with_no_jobs() {
     // With no idle wait the thread sleeps until woken; each wake is one
     // round, so `work` can look at what the waker changed.
     owner.frees.wake();
-    assert_eq!(
-        rounds
-            .recv_timeout(HANG)
-            .expect("the free thread ran no round"),
-        Vec::<u32>::new()
-    );
+    assert_eq!(next_round(&rounds), Vec::<u32>::new());
     go.send(()).unwrap();
-    *owner.gate.lock().unwrap() = None;
-    owner.frees.stop(Stop::Now);
+    owner.ungate_and_stop();
+}
+
+/// The next round a gated owner reports.
+fn next_round(rounds: &Receiver<Vec<u32>>) -> Vec<u32> {
+    rounds
+        .recv_timeout(HANG)
+        .expect("the free thread ran no round")
 }
 
 /// An owner whose `work` stops its own free thread (a signal it fired tore
