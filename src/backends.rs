@@ -30,8 +30,8 @@ macro_rules! backend_list {
             // (Variant, module, crate, [cfg], "feature", "doc", Context, open, check)
             (Host, host, memgov_host, [all()], "", "The embedded simulated device (always built).", HostContext, crate::host::HostContext::new(Default::default()), crate::host::HostContext::new(Default::default())),
             (Null, null, memgov_null, [all()], "", "Every call returns at once: tests and benchmarks (always built).", NullContext, Ok(crate::null::NullContext::new()), crate::null::NullContext::for_check()),
-            (Cuda, cuda, memgov_cuda, [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::new(Default::default())),
-            (Hip, hip, memgov_hip, [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::new(Default::default())),
+            (Cuda, cuda, memgov_cuda, [feature = "cuda"], "cuda", "NVIDIA GPUs through the CUDA driver API (feature `cuda`).", CudaContext, crate::cuda::CudaContext::new(Default::default()), crate::cuda::CudaContext::for_check()),
+            (Hip, hip, memgov_hip, [feature = "hip"], "hip", "AMD GPUs through ROCm HIP (feature `hip`).", HipContext, crate::hip::HipContext::new(Default::default()), crate::hip::HipContext::for_check()),
             (Vulkan, vulkan, memgov_vulkan, [feature = "vulkan"], "vulkan", "Vulkan through ash (feature `vulkan`).", VulkanContext, crate::vulkan::VulkanContext::new(Default::default()), crate::vulkan::VulkanContext::for_check()),
         }
     };

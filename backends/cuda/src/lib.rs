@@ -38,13 +38,13 @@
 //!   the freeing stream (`cuStreamWaitEvent`) and destroyed at once (legal
 //!   while the wait is pending). No host wait.
 //! * **Retired streams.** A destroyed stream whose work is still queued is
-//!   kept until `cuStreamQuery` reports it complete. A watcher thread asks
+//!   kept until `cuStreamQuery` reports it complete. The free thread asks
 //!   every few milliseconds while there are such streams, and
 //!   `synchronize` asks too, so an asynchronous fault in that work (after
 //!   the last driver call) is observed: the context is marked lost and the
 //!   signals of queued frees, whose host functions will never run, are
 //!   dropped unfired, which lets retire and force finish. Teardown stops and
-//!   joins the watcher first: no thread of the backend calls the driver after
+//!   joins the free thread first: no thread of the backend calls the driver after
 //!   teardown returns.
 //! * **Device loss.** The sticky codes (illegal address, launch failure, ECC
 //!   uncorrectable, hardware stack error, illegal instruction, misaligned
@@ -314,6 +314,14 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
 }
 
 impl CudaContext {
+    /// The context `memgov check` runs the conformance suite on: device 0
+    /// with the default settings. No checking layer is switched on: the
+    /// driver has none, and the stand-in checks its rules (stream order, no
+    /// call from a host function, teardown order) on every call.
+    pub fn for_check() -> Result<Self, BackendError> {
+        Self::new(CudaConfig::default())
+    }
+
     /// Retain device `config.ordinal`'s primary context.
     ///
     /// Fails with `Unavailable` when no CUDA driver can be loaded ("no CUDA
@@ -466,7 +474,6 @@ impl CudaContext {
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
                 retired_streams: Mutex::default(),
-                watch: Arc::default(),
             }),
             arena: None,
             pins: Arc::default(),

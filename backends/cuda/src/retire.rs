@@ -6,16 +6,16 @@
 //! copy still queued on the stream. So its free is queued the same way, as a
 //! host function behind the stream's work, but that host function does not
 //! free (it may make no CUDA call): it hands the buffer to the context's
-//! watcher thread and wakes it, and the watcher calls `cuMemFreeHost` and
-//! then fires the signal. The free runs after every copy queued before it,
-//! the signal after the free, and teardown (which stops the watcher, waits
-//! for every stream, then frees what the watcher had not) never destroys the
-//! context under one.
+//! free thread ([`memgov_backend::FreeThread`]), which calls `cuMemFreeHost`
+//! and then fires the signal. The free runs after every copy queued before
+//! it, the signal after the free, and teardown (which stops the free thread,
+//! waits for every stream, then frees what the thread had not) never
+//! destroys the context under one.
 //!
 //! The signal does not travel through the driver: it waits in the context's
-//! [`PendingFrees`] under a ticket, and the host function carries only the
-//! ticket (and an `Arc` of the table). So a signal is reachable from both
-//! sides, and exactly one side takes it:
+//! [`PendingFrees`] under a ticket ([`memgov_backend::Tickets`]), and the
+//! host function carries only the ticket (and an `Arc` of the table). So a
+//! signal is reachable from both sides, and exactly one side takes it:
 //!
 //! * the host function, on the driver's callback thread, when the free has
 //!   executed: it takes the signal and fires it. It makes no CUDA call (the
@@ -33,111 +33,59 @@
 //! device. Either way `free_async` returns `Ok`.
 
 use crate::result::BACKEND;
-use crate::shared::{Shared, Watch};
+use crate::shared::{Live, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
-use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendProbe, RetireSignal};
-use std::collections::HashMap;
+use memgov_backend::shell::Current;
+use memgov_backend::{
+    lock, BackendError, BackendErrorKind, BackendProbe, FreeThread, RetireSignal, Take, Tickets,
+    Unsettled,
+};
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
-/// Signals of frees queued on the device whose host function has not run.
-#[derive(Default)]
+/// The context's stream-ordered frees in flight: the signals waiting for
+/// their host function, and the page-locked host frees on their way
+/// through the free thread. Shared (in an `Arc`) with the host functions.
 pub(crate) struct PendingFrees {
-    waiting: Mutex<HashMap<u64, (RetireSignal, u64)>>,
-    /// Page-locked host frees whose host function has run: (ticket, host
-    /// address, stream id), for the watcher (or teardown, or a
-    /// `synchronize`) to `cuMemFreeHost`.
-    host_ready: Mutex<Vec<(u64, usize, u64)>>,
+    /// Signals of frees queued on the device whose host function has not
+    /// run, claimed by that host function, by the free thread (page-locked
+    /// host frees) or by device loss.
+    pub(crate) waiting: Tickets<()>,
+    /// Page-locked host frees whose host function has run, for the free
+    /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
+    /// thread also polls retired streams (see `Shared`'s `FreeWork`).
+    pub(crate) host: FreeThread<HostFree>,
     /// Page-locked host frees queued per stream whose signal has not been
     /// settled: `synchronize` waits for its stream's to reach none, since
-    /// their free runs off the stream (on the watcher) after the stream has
-    /// passed it.
-    host_queued: Mutex<HashMap<u64, u64>>,
-    host_settled: Condvar,
+    /// their free runs off the stream (on the free thread) after the stream
+    /// has passed it.
+    pub(crate) host_unsettled: Unsettled,
+}
+
+impl Default for PendingFrees {
+    fn default() -> Self {
+        Self {
+            waiting: Tickets::default(),
+            // One make-current round-trip for every buffer that is ready.
+            host: FreeThread::new(Take::All),
+            host_unsettled: Unsettled::default(),
+        }
+    }
 }
 
 impl PendingFrees {
-    fn park(&self, ticket: u64, signal: RetireSignal, bytes: u64) {
-        lock(&self.waiting).insert(ticket, (signal, bytes));
-    }
-
-    fn take(&self, ticket: u64) -> Option<(RetireSignal, u64)> {
-        lock(&self.waiting).remove(&ticket)
-    }
-
-    /// Every waiting signal, removed (to drop after the lock is released).
-    pub(crate) fn take_all(&self) -> Vec<(RetireSignal, u64)> {
-        lock(&self.waiting).drain().map(|(_, v)| v).collect()
-    }
-
     pub(crate) fn len(&self) -> usize {
-        lock(&self.waiting).len()
-    }
-
-    /// Whether page-locked host frees wait for the watcher.
-    pub(crate) fn host_ready(&self) -> bool {
-        !lock(&self.host_ready).is_empty()
-    }
-
-    /// The page-locked host frees whose host function has run, removed.
-    pub(crate) fn take_host_ready(&self) -> Vec<(u64, usize, u64)> {
-        std::mem::take(&mut *lock(&self.host_ready))
-    }
-
-    /// A page-locked host free was queued on `stream`.
-    fn host_queued(&self, stream: u64) {
-        *lock(&self.host_queued).entry(stream).or_default() += 1;
-    }
-
-    /// A page-locked host free queued on `stream` settled (its signal fired
-    /// or was dropped).
-    fn host_settled(&self, stream: u64) {
-        let mut q = lock(&self.host_queued);
-        if let Some(n) = q.get_mut(&stream) {
-            *n -= 1;
-            if *n == 0 {
-                q.remove(&stream);
-            }
-        }
-        drop(q);
-        self.host_settled.notify_all();
-    }
-
-    /// Forget every queued page-locked host free (their signals were
-    /// abandoned) and wake the waiters.
-    pub(crate) fn clear_host_queued(&self) {
-        lock(&self.host_queued).clear();
-        self.host_settled.notify_all();
-    }
-
-    /// Block until every page-locked host free queued on `stream` so far has
-    /// settled, or `lost` holds (then nothing more settles: the signals are
-    /// abandoned). Looks at `lost` again at least every `WATCH_INTERVAL`.
-    pub(crate) fn wait_host(&self, stream: u64, lost: impl Fn() -> bool) {
-        let mut q = lock(&self.host_queued);
-        while q.contains_key(&stream) && !lost() {
-            q = self
-                .host_settled
-                .wait_timeout(q, crate::shared::WATCH_INTERVAL)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
+        self.waiting.len()
     }
 }
 
-/// A page-locked host free counted as queued on its stream until `free_async`
-/// hands it on (forgotten) or settles it itself (dropped).
-struct HostQueued<'a> {
-    pending: &'a PendingFrees,
+/// A page-locked host free whose host function has run: the free thread's
+/// job.
+pub(crate) struct HostFree {
+    ticket: u64,
+    host: usize,
     stream: u64,
-}
-
-impl Drop for HostQueued<'_> {
-    fn drop(&mut self) {
-        self.pending.host_settled(self.stream);
-    }
 }
 
 /// What one host function carries: boxed, handed to the driver as
@@ -147,9 +95,8 @@ struct HostFnData {
     pending: Arc<PendingFrees>,
     probe: BackendProbe,
     ticket: u64,
-    /// For a page-locked host free: the host address, the stream's id, and
-    /// the watcher that frees it.
-    host: Option<(usize, u64, Arc<Watch>)>,
+    /// For a page-locked host free: the host address and the stream's id.
+    host: Option<(usize, u64)>,
 }
 
 /// The host function. Runs on a driver thread once the free before it on
@@ -162,54 +109,201 @@ struct HostFnData {
 unsafe extern "C" fn free_retired(user: *mut c_void) {
     // SAFETY: see the function's contract; the box is reclaimed once.
     let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
-    if let Some((host, stream, watch)) = &data.host {
+    if let Some((host, stream)) = data.host {
         // The stream has passed the buffer's last use; the free itself is a
-        // driver call, which a host function may not make: the watcher's.
-        lock(&data.pending.host_ready).push((data.ticket, *host, *stream));
-        watch.wake();
+        // driver call, which a host function may not make: the free
+        // thread's.
+        data.pending.host.push(HostFree {
+            ticket: data.ticket,
+            host,
+            stream,
+        });
         return;
     }
-    if let Some((signal, bytes)) = data.pending.take(data.ticket) {
-        data.probe.free_retired(bytes);
+    if let Some(claim) = data.pending.waiting.claim(data.ticket) {
         // The governor's sink touches atomics and wakes waiters only.
-        signal.retire();
+        claim.retire(&data.probe);
     }
 }
 
 impl Shared {
     /// Free the page-locked host buffers whose host function has run (the
-    /// stream passed their last use), then fire their signals. Called by the
-    /// watcher, by `synchronize` after its stream drained, and by teardown
-    /// once every stream is synchronized. A context declared lost whose
-    /// driver still answers frees them too (their signals, abandoned, are
-    /// not fired); on a dead device nothing is freed: the buffers go with
-    /// the context.
+    /// stream passed their last use) and the free thread has not taken, then
+    /// fire their signals. Called by `synchronize` after its stream drained,
+    /// and by teardown once every stream is synchronized.
     pub(crate) fn free_ready_host(&self, op: &'static str) -> Result<(), BackendError> {
-        if !self.pending.host_ready() || self.shell.is_dead() {
+        if self.pending.host.is_empty() || self.shell.is_dead() {
             return Ok(());
         }
-        let _current = self.make_current(op)?;
+        self.free_host(op, self.pending.host.take_queued())
+    }
+
+    /// `cuMemFreeHost` each of `frees`, then settle its signal. A context
+    /// declared lost whose driver still answers frees them too (their
+    /// signals, abandoned, are not fired); on a dead device nothing is
+    /// freed: the buffers go with the context (and their signals were
+    /// abandoned when it died). When the context cannot be made current the
+    /// frees go back to the free thread's queue, for a later round or
+    /// teardown.
+    pub(crate) fn free_host(
+        &self,
+        op: &'static str,
+        frees: Vec<HostFree>,
+    ) -> Result<(), BackendError> {
+        if frees.is_empty() || self.shell.is_dead() {
+            return Ok(());
+        }
+        let _current = match self.make_current(op) {
+            Ok(c) => c,
+            Err(e) => {
+                self.pending.host.put_back(frees);
+                return Err(e);
+            }
+        };
         let mut result = Ok(());
-        for (ticket, host, stream) in self.pending.take_host_ready() {
+        for HostFree {
+            ticket,
+            host,
+            stream,
+        } in frees
+        {
             // SAFETY: a page-locked allocation of this context, taken out of
             // the live set by its `free_async` and handed here once; the host
             // function queued behind its last use has run; the context is
             // current.
             let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
             let freed = self.checked(op, "cuMemFreeHost", r);
-            if let Some((signal, bytes)) = self.pending.take(ticket) {
+            if let Some(claim) = self.pending.waiting.claim(ticket) {
                 if freed.is_ok() {
-                    self.probe().free_retired(bytes);
-                    signal.retire();
+                    claim.retire(self.probe());
                 } else {
-                    self.probe().free_abandoned(bytes);
-                    drop(signal);
+                    claim.abandon(self.probe());
                 }
             }
-            self.pending.host_settled(stream);
+            self.pending.host_unsettled.settle(stream);
             result = result.and(freed);
         }
         result
+    }
+}
+
+/// A refused free: the memory and the signal go back to the caller, as
+/// `DeviceContext::free_async` requires (hence the large `Err` variants,
+/// which clippy flags).
+pub(crate) type Refused = (CudaMemory, RetireSignal, BackendError);
+
+impl Shared {
+    /// The first steps of every `free_async` (pool, page-locked host,
+    /// arena): refuse on a lost context or a stream not of this context,
+    /// take `memory` out of the live set (so a second free, or another
+    /// context's memory, never reaches the driver), and make the context
+    /// current. On refusal the memory and the signal go back to the caller
+    /// and the live set is as it was. `what` names the memory in messages.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn begin_free(
+        &self,
+        stream: &CudaStream,
+        memory: CudaMemory,
+        signal: RetireSignal,
+        what: &str,
+    ) -> Result<(Live, Current<'_, Self>, CudaMemory, RetireSignal), Refused> {
+        if let Err(e) = self
+            .check_usable("free_async")
+            .and_then(|()| self.check_stream("free_async", stream))
+        {
+            return Err((memory, signal, e));
+        }
+        let live = (memory.context == self.id)
+            .then(|| lock(&self.live).remove(&memory.id))
+            .flatten();
+        let Some(live) = live else {
+            // Another context's memory is the caller's mistake, refused
+            // below and reported to the caller only; an allocation of this
+            // context that is no longer live is a second free, which the
+            // probe counts.
+            if memory.context == self.id {
+                self.probe().violation(
+                    BACKEND,
+                    format!(
+                        "free_async of {what} {} (context {}) that is not live in context {}",
+                        memory.id, memory.context, self.id
+                    ),
+                );
+            }
+            let e = crate::result::err(
+                "free_async",
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "{what} {} ({} B at {:#x}) is not live in CUDA context {} (freed \
+                     already, or another context's)",
+                    memory.id, memory.bytes, memory.ptr, self.id
+                ),
+            );
+            return Err((memory, signal, e));
+        };
+        match self.make_current("free_async") {
+            Ok(current) => Ok((live, current, memory, signal)),
+            Err(e) => {
+                lock(&self.live).insert(memory.id, live);
+                Err((memory, signal, e))
+            }
+        }
+    }
+
+    /// Queue the host function `settle(data)` on `stream` behind a free
+    /// whose signal is parked in `tickets` under `ticket`. Returns whether
+    /// it was queued. If the launch fails the free is queued already and
+    /// the memory is no longer the caller's, so nothing is refused: unless
+    /// the launch reported a lost device, the stream is synchronized (the
+    /// free has then executed), `finish` completes the release on this
+    /// thread (`false`: it failed) and the signal fires; otherwise it is
+    /// dropped unfired. A ticket device loss claimed already is left alone.
+    /// The context must be current.
+    ///
+    /// # Safety
+    ///
+    /// `settle` upholds the host-function rules (no CUDA call) and reclaims
+    /// `data` with `Box::from_raw` exactly once; `stream` is a live stream
+    /// of this context.
+    pub(crate) unsafe fn launch_settle<D, T>(
+        &self,
+        stream: sys::CUstream,
+        settle: unsafe extern "C" fn(*mut c_void),
+        data: D,
+        tickets: &Tickets<T>,
+        ticket: u64,
+        finish: impl FnOnce(&T) -> bool,
+    ) -> bool {
+        let data = Box::into_raw(Box::new(data));
+        // SAFETY: the caller's contract: `settle` makes no CUDA call and
+        // reclaims `data`, a fresh box handed to this launch only; the
+        // stream is live and the context current.
+        let r = unsafe { sys::cuLaunchHostFunc(stream, Some(settle), data.cast()) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return true;
+        }
+        // SAFETY: the launch failed, so the driver never took `data`.
+        drop(unsafe { Box::from_raw(data) });
+        let launch = self.checked("free_async", "cuLaunchHostFunc", r);
+        let Some(claim) = tickets.claim(ticket) else {
+            // `device_lost` took it already (and abandoned it).
+            return false;
+        };
+        if !launch.is_err_and(|e| e.is_device_lost()) {
+            // SAFETY: the stream is live; the context is current.
+            let r = unsafe { sys::cuStreamSynchronize(stream) };
+            if self.checked("free_async", "cuStreamSynchronize", r).is_ok() {
+                // The stream has passed the memory's last use.
+                if finish(claim.item()) {
+                    claim.retire(self.probe());
+                } else {
+                    claim.abandon(self.probe());
+                }
+                return false;
+            }
+        }
+        claim.abandon(self.probe());
+        false
     }
 }
 
@@ -222,54 +316,10 @@ impl CudaContext {
         stream: &CudaStream,
         memory: CudaMemory,
         signal: RetireSignal,
-    ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
+    ) -> Result<(), Refused> {
         let s = &*self.shared;
-        if let Err(e) = s.check_usable("free_async") {
-            return Err((memory, signal, e));
-        }
-        if let Err(e) = s.check_stream("free_async", stream) {
-            return Err((memory, signal, e));
-        }
-        // Taken out of the live set before the driver sees it: a second free
-        // of the same allocation, or another context's, is refused here and
-        // never reaches cuMemFreeAsync.
-        let live = if memory.context == s.id {
-            lock(&s.live).remove(&memory.id)
-        } else {
-            None
-        };
-        let Some(live) = live else {
-            // Another context's memory is the caller's mistake, refused
-            // below and reported to the caller only; an allocation of this
-            // context that is no longer live is a second free, which the
-            // probe counts.
-            if memory.context == s.id {
-                s.probe().violation(
-                    BACKEND,
-                    format!(
-                        "free_async of allocation {} (context {}) that is not live in context {}",
-                        memory.id, memory.context, s.id
-                    ),
-                );
-            }
-            let e = crate::result::err(
-                "free_async",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                format!(
-                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (freed \
-                     already, or another context's)",
-                    memory.id, memory.bytes, memory.ptr, s.id
-                ),
-            );
-            return Err((memory, signal, e));
-        };
-        let current = match s.make_current("free_async") {
-            Ok(c) => c,
-            Err(e) => {
-                lock(&s.live).insert(memory.id, live);
-                return Err((memory, signal, e));
-            }
-        };
+        let (live, _current, memory, signal) =
+            s.begin_free(stream, memory, signal, "allocation")?;
         let host = live.host;
         if host == 0 {
             // SAFETY: the memory is a live allocation of this context, taken
@@ -282,74 +332,49 @@ impl CudaContext {
             }
         }
         // From here the free is queued (or, for page-locked host memory,
-        // owned by the host function below and then the watcher): the
+        // owned by the host function below and then the free thread): the
         // memory is no longer the caller's.
         let ticket = s.next_id();
-        s.pending.park(ticket, signal, memory.bytes);
-        // Counted before the launch: the watcher may settle it before the
-        // launch has returned.
-        let queued = (host != 0).then(|| {
-            s.pending.host_queued(stream.id);
-            HostQueued {
-                pending: &s.pending,
-                stream: stream.id,
-            }
-        });
-        let data = Box::into_raw(Box::new(HostFnData {
+        s.pending.waiting.park(ticket, signal, memory.bytes, ());
+        // Counted before the launch: the free thread may settle it before
+        // the launch has returned; settled on return unless handed on.
+        let queued = (host != 0).then(|| s.pending.host_unsettled.add_guarded(stream.id));
+        let data = HostFnData {
             pending: s.pending.clone(),
             probe: s.probe().clone(),
             ticket,
-            host: (host != 0).then(|| (host, stream.id, s.watch.clone())),
-        }));
-        // SAFETY: `free_retired` upholds the host-function rules (no CUDA
-        // call); `data` is a fresh box handed to this launch only; the
-        // stream is live and the context current.
-        let r = unsafe { sys::cuLaunchHostFunc(stream.raw, Some(free_retired), data.cast()) };
-        if r == sys::CUresult::CUDA_SUCCESS {
-            if host != 0 {
-                // The watcher settles it (`free_ready_host`).
-                std::mem::forget(queued);
-                // Started once; the host function wakes it.
-                self.shared.watch_retired();
-            }
-            return Ok(());
-        }
-        // Settled below, one way or the other: counted until this returns.
-        let _queued = queued;
-        let _current = current;
-        // SAFETY: the launch failed, so the driver never took `data`.
-        drop(unsafe { Box::from_raw(data) });
-        let launch = s.checked("free_async", "cuLaunchHostFunc", r);
-        let Some((signal, bytes)) = s.pending.take(ticket) else {
-            // `device_lost` took it already (and abandoned it).
-            return Ok(());
+            host: (host != 0).then_some((host, stream.id)),
         };
-        if !launch.is_err_and(|e| e.is_device_lost()) {
-            // SAFETY: the stream is live; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-            if r == sys::CUresult::CUDA_SUCCESS {
-                // The stream has passed the memory's last use: a page-locked
-                // host buffer is freed now, on this (the caller's) thread.
-                if host != 0 {
-                    // SAFETY: a live page-locked allocation of this context,
-                    // taken out of the live set above so freed once; every
-                    // copy queued before has completed (synchronized).
-                    let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
-                    if s.checked("free_async", "cuMemFreeHost", r).is_err() {
-                        s.probe().free_abandoned(bytes);
-                        drop(signal);
-                        return Ok(());
-                    }
-                }
-                // The free has executed.
-                s.probe().free_retired(bytes);
-                signal.retire();
-                return Ok(());
+        let free_host_now = |_: &()| {
+            if host == 0 {
+                return true;
             }
-            let _ = s.checked("free_async", "cuStreamSynchronize", r);
+            // The stream was synchronized: a page-locked host buffer is
+            // freed now, on this (the caller's) thread.
+            // SAFETY: a live page-locked allocation of this context, taken
+            // out of the live set above so freed once; every copy queued
+            // before has completed (synchronized).
+            let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
+            s.checked("free_async", "cuMemFreeHost", r).is_ok()
+        };
+        // SAFETY: `free_retired` makes no CUDA call and reclaims its box
+        // once; the stream is a live stream of this context (checked).
+        let launched = unsafe {
+            s.launch_settle(
+                stream.raw,
+                free_retired,
+                data,
+                &s.pending.waiting,
+                ticket,
+                free_host_now,
+            )
+        };
+        if let Some(queued) = queued.filter(|_| launched) {
+            // The free thread settles it (`free_host`).
+            queued.hand_on();
+            // Started once; the host function wakes it.
+            self.shared.start_free_thread();
         }
-        s.probe().free_abandoned(bytes);
-        drop(signal);
         Ok(())
     }
 

@@ -1,22 +1,23 @@
 //! The state a context's threads share (the caller's, the host functions',
-//! the watcher's): [`Shared`].
+//! the free thread's): [`Shared`].
 
 use crate::result::{err, Cuda, BACKEND};
-use crate::retire::PendingFrees;
+use crate::retire::{HostFree, PendingFrees};
 use crate::{CudaMemory, CudaStream};
 use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
 };
 use memgov_backend::shell::{self, MakeCurrent, Shell};
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, Execution};
+use memgov_backend::{
+    lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, FreeWork, Stop,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How often the watcher asks the driver about destroyed streams whose work
-/// is still queued.
+/// How often the free thread asks the driver about destroyed streams whose
+/// work is still queued.
 pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(2);
 
 pub(crate) struct Live {
@@ -34,7 +35,7 @@ pub(crate) struct RawStream(pub CUstream);
 unsafe impl Send for RawStream {}
 
 /// The state a context's threads share: the caller's, the host functions'
-/// (through `pending`) and the watcher's. Dropping it calls no driver
+/// (through `pending`) and the free thread's. Dropping it calls no driver
 /// function: teardown destroys explicitly.
 pub(crate) struct Shared {
     /// This context's id (see `CONTEXT_IDS`).
@@ -70,40 +71,6 @@ pub(crate) struct Shared {
     /// synchronize: the context is never released under a running host
     /// function.
     pub(crate) retired_streams: Mutex<Vec<RawStream>>,
-    /// The watcher thread that asks the driver about retired streams and
-    /// frees page-locked host memory whose stream has passed its last use.
-    /// Shared with the host functions of those frees, which wake it.
-    pub(crate) watch: Arc<Watch>,
-}
-
-/// The watcher: started with the first retired stream or page-locked host
-/// free, it queries retired streams every `WATCH_INTERVAL` while there are
-/// any (so an asynchronous fault in their work is observed even when nobody
-/// calls the backend), frees page-locked host memory once the host function
-/// queued behind its last use has run and woken it (`cuMemFreeHost` is a
-/// driver call, which the host function itself may not make), and is
-/// stopped and joined by teardown before any other teardown step.
-#[derive(Default)]
-pub(crate) struct Watch {
-    state: Mutex<WatchState>,
-    wake: Condvar,
-}
-
-impl Watch {
-    /// Wake the watcher: something it waits for happened. Takes the state
-    /// lock, which the watcher holds from its look at the queues to its
-    /// wait, so the wake-up is not lost in between. No driver call is made
-    /// under that lock: a host function may call this.
-    pub(crate) fn wake(&self) {
-        drop(lock(&self.state));
-        self.wake.notify_all();
-    }
-}
-
-#[derive(Default)]
-struct WatchState {
-    stop: bool,
-    thread: Option<JoinHandle<()>>,
 }
 
 // SAFETY: the raw handles (context, pool, streams) are driver handles with no
@@ -164,12 +131,11 @@ impl Shared {
     /// Drop every waiting signal unfired (the governor settles them as
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
-        let taken = self.pending.take_all();
-        self.pending.clear_host_queued();
-        for (_, bytes) in &taken {
-            self.probe().free_abandoned(*bytes);
+        let taken = self.pending.waiting.claim_all();
+        self.pending.host_unsettled.clear();
+        for claim in taken {
+            claim.abandon(self.probe());
         }
-        drop(taken);
     }
 
     /// A stream handle of this context that is live, or `InvalidArgument`
@@ -251,44 +217,56 @@ impl Shared {
         result
     }
 
-    /// Start the watcher (once) and wake it: a stream was retired with work
-    /// still queued.
-    pub(crate) fn watch_retired(self: &Arc<Self>) {
-        let mut st = lock(&self.watch.state);
-        if st.stop {
-            return;
+    /// Start the free thread (once) and wake it: a stream was retired with
+    /// work still queued, or a page-locked host free was handed to it.
+    pub(crate) fn start_free_thread(self: &Arc<Self>) {
+        match FreeThread::start(self, "memgov-cuda-free".into()) {
+            Ok(_) => self.pending.host.wake(),
+            // Without the free thread, retired streams are still queried by
+            // later calls and by teardown, and page-locked host frees are
+            // done by `synchronize` and teardown.
+            Err(e) => self
+                .probe()
+                .violation(BACKEND, format!("could not start the free thread: {e}")),
         }
-        if st.thread.is_none() {
-            let weak = Arc::downgrade(self);
-            match std::thread::Builder::new()
-                .name("memgov-cuda-watch".into())
-                .spawn(move || watch_loop(weak))
-            {
-                Ok(t) => st.thread = Some(t),
-                // Without the watcher, retired streams are still queried by
-                // later calls and by teardown.
-                Err(e) => self.probe().violation(
-                    BACKEND,
-                    format!("could not start the retired-stream watcher: {e}"),
-                ),
-            }
-        }
-        drop(st);
-        self.watch.wake.notify_all();
     }
 
-    /// Stop the watcher and wait until it has returned: after this, no
-    /// thread of this backend calls the driver.
-    pub(crate) fn stop_watcher(&self) {
-        let thread = {
-            let mut st = lock(&self.watch.state);
-            st.stop = true;
-            st.thread.take()
-        };
-        self.watch.wake.notify_all();
-        if let Some(t) = thread {
-            let _ = t.join();
+    /// Stop the free thread and wait until it has returned: after this, no
+    /// thread of this backend calls the driver. What it had not taken stays
+    /// queued for teardown.
+    pub(crate) fn stop_free_thread(&self) {
+        self.pending.host.stop(Stop::Now);
+    }
+}
+
+/// The free thread: started with the first retired stream or page-locked
+/// host free, it frees page-locked host memory once the host function
+/// queued behind its last use has run and handed it over (`cuMemFreeHost`
+/// is a driver call, which the host function itself may not make), queries
+/// retired streams every `WATCH_INTERVAL` while there are any (so an
+/// asynchronous fault in their work is observed even when nobody calls the
+/// backend), and is stopped and joined by teardown before any other
+/// teardown step.
+impl FreeWork for Shared {
+    type Job = HostFree;
+
+    fn free_thread(&self) -> &FreeThread<HostFree> {
+        &self.pending.host
+    }
+
+    fn idle_wait(&self) -> Option<Duration> {
+        if lock(&self.retired_streams).is_empty() || self.is_lost() {
+            Some(WATCH_INTERVAL * 50)
+        } else {
+            Some(WATCH_INTERVAL)
         }
+    }
+
+    fn work(&self, frees: Vec<HostFree>) {
+        // An error is kept by the context (a sticky one marks it lost and
+        // abandons pending frees).
+        let _ = self.reap_retired("free thread");
+        let _ = self.free_host("free thread", frees);
     }
 }
 
@@ -326,44 +304,5 @@ impl MakeCurrent for Shared {
         // device call and restores the context the thread had before. A
         // failure leaves nothing to undo.
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-    }
-}
-
-/// The watcher thread's body: while retired streams exist, query them every
-/// `WATCH_INTERVAL`; otherwise sleep until woken. Returns when stopped, or
-/// when the context was dropped without teardown.
-fn watch_loop(weak: Weak<Shared>) {
-    loop {
-        let Some(shared) = weak.upgrade() else { return };
-        {
-            let st = lock(&shared.watch.state);
-            if st.stop {
-                return;
-            }
-            let idle = (lock(&shared.retired_streams).is_empty() && !shared.pending.host_ready())
-                || shared.is_lost();
-            let st = if idle {
-                shared
-                    .watch
-                    .wake
-                    .wait_timeout(st, WATCH_INTERVAL * 50)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|e| e.into_inner().0)
-            } else {
-                shared
-                    .watch
-                    .wake
-                    .wait_timeout(st, WATCH_INTERVAL)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|e| e.into_inner().0)
-            };
-            if st.stop {
-                return;
-            }
-        }
-        // No lock held across the driver calls; an error is kept by the
-        // context (a sticky one marks it lost and abandons pending frees).
-        let _ = shared.reap_retired("watch");
-        let _ = shared.free_ready_host("watch");
     }
 }

@@ -1,7 +1,7 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
 //! runtime already owns and lent to the context by [`CudaContext::adopt`].
 
-use crate::shared::RawStream;
+use crate::shared::{RawStream, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUevent, CUstream, CUstream_flags};
 use memgov_backend::lock;
@@ -115,10 +115,10 @@ impl CudaContext {
         drop(current);
         let result = s.reap_retired("destroy_stream");
         if !lock(&s.retired_streams).is_empty() {
-            // Work still queued on it: the watcher keeps asking, so that an
+            // Work still queued on it: the free thread keeps asking, so that an
             // asynchronous fault in that work is observed even if nothing
             // else calls the backend (retire waits without calling it).
-            self.shared.watch_retired();
+            self.shared.start_free_thread();
         }
         result
     }
@@ -136,10 +136,12 @@ impl CudaContext {
         }
         // The stream's page-locked host frees: their host functions have
         // run, and their frees (and signals) follow off the stream, on the
-        // watcher. Do those that are ready here and wait for the watcher's,
+        // free thread. Do those that are ready here and wait for the thread's,
         // so that the signals of the stream's frees have fired on return.
         s.free_ready_host("synchronize")?;
-        s.pending.wait_host(stream.id, || s.is_lost());
+        s.pending
+            .host_unsettled
+            .wait(stream.id, || s.is_lost(), Some(WATCH_INTERVAL));
         // Destroyed streams still holding work are asked too: a fault in
         // their work is observed when the governor synchronizes (force).
         s.reap_retired("synchronize")

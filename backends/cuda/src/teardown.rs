@@ -19,7 +19,7 @@ impl CudaContext {
         // calls the driver from here on but this one, and none after
         // teardown returns.
         s.shell.close();
-        s.stop_watcher();
+        s.stop_free_thread();
         let mut first: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {
@@ -82,7 +82,7 @@ impl CudaContext {
             keep(s.checked("teardown", "cuStreamDestroy_v2", r));
         }
         // Page-locked host frees whose host function ran (every stream was
-        // synchronized above) and that the stopped watcher had not done.
+        // synchronized above) and that the stopped free thread had not done.
         keep(s.free_ready_host("teardown"));
         // Memory a forced retire left live: free it on a stream of its own
         // and wait, so the pool gets it back before the context goes. Every
@@ -116,12 +116,8 @@ impl CudaContext {
                 keep(s.checked("teardown", "cuStreamDestroy_v2", r));
             }
         }
-        let stragglers = s.pending.take_all();
-        if !stragglers.is_empty() {
-            for (_, bytes) in &stragglers {
-                s.probe().free_abandoned(*bytes);
-            }
-            drop(stragglers);
+        for claim in s.pending.waiting.claim_all() {
+            claim.abandon(s.probe());
         }
         // SAFETY: memgov's own pool; every allocation from it was freed and
         // every free has executed (all streams synchronized).

@@ -10,6 +10,8 @@
 
 #[path = "../../stand-ins/support/cache.rs"]
 mod cache;
+#[path = "../../stand-ins/support/cases.rs"]
+mod cases;
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
@@ -29,6 +31,23 @@ fn factory() -> Result<CudaContext, memgov::BackendError> {
 }
 
 memgov_conformance::conformance_tests!(conformance, super::factory);
+
+impl cases::StandInBackend for CudaContext {
+    fn open() -> Option<Self> {
+        context()
+    }
+
+    fn probe(&self) -> memgov::BackendProbe {
+        CudaContext::probe(self)
+    }
+
+    fn pending_frees(&self) -> usize {
+        CudaContext::pending_frees(self)
+    }
+
+    const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standin";
+    const STAND_IN_PCI: &'static str = "0000:10:00.0";
+}
 
 /// A context, or `None` after printing why the test is skipped.
 fn context() -> Option<CudaContext> {
@@ -54,7 +73,7 @@ fn stand_in() -> Option<CudaContext> {
 }
 
 #[test]
-fn unavailable_driver_is_reported_not_panicked() {
+fn a_missing_driver_is_unavailable_not_a_panic() {
     match factory() {
         Ok(ctx) => {
             let d = ctx.describe();
@@ -81,31 +100,8 @@ fn unavailable_driver_is_reported_not_panicked() {
 }
 
 #[test]
-fn free_retires_through_a_host_function_on_a_driver_thread() {
-    let Some(ctx) = context() else { return };
-    let probe = ctx.probe();
-    let s = ctx.create_stream().expect("stream");
-    let m = ctx.allocate(&s, 1 << 20).expect("allocate");
-    ctx.write(&s, &m, 0, &[7u8; 4096]).expect("write");
-    let (sig, rx) = signal();
-    ctx.free_async(&s, m, sig)
-        .map_err(|(_, _, e)| e)
-        .expect("free_async");
-    ctx.synchronize(&s).expect("synchronize");
-    let (outcome, thread) = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("signal fired");
-    assert_eq!(outcome, RetireOutcome::Retired);
-    assert_ne!(
-        thread,
-        std::thread::current().id(),
-        "fired on the caller, not by the host function"
-    );
-    assert_eq!(ctx.pending_frees(), 0);
-    assert_eq!(probe.frees_retired(), 1);
-    ctx.destroy_stream(s).expect("destroy");
-    ctx.teardown(false).expect("teardown");
-    probe.check_clean_teardown().expect("clean teardown");
+fn free_retires_on_a_driver_thread() {
+    cases::free_retires_on_a_driver_thread::<CudaContext>();
 }
 
 /// The identity comes from the driver's UUID and PCI address, the same for
@@ -113,29 +109,15 @@ fn free_retires_through_a_host_function_on_a_driver_thread() {
 /// "memgov-standin\0\0" and the PCI address 0000:10:00.0.
 #[test]
 fn identity_is_the_drivers_uuid_and_pci_address() {
-    let Some(ctx) = context() else { return };
-    let id = ctx.identity();
-    let uuid = id.uuid().expect("the driver reports a UUID");
-    let pci = id
-        .pci_bus_id()
-        .expect("the driver reports a PCI address")
-        .to_owned();
-    assert_eq!(
-        id.key(),
-        memgov::DeviceIdentity::named("", "").with_uuid(uuid).key()
-    );
-    if ctx.is_stand_in() {
-        assert_eq!(&uuid[..14], b"memgov-standin");
-        assert_eq!(uuid[15], 0, "device 0");
-        assert_eq!(pci, "0000:10:00.0");
-        assert_eq!(id.key(), "gpu-6d656d67-6f76-2d73-7461-6e64696e0000");
+    cases::identity_is_the_drivers_uuid_and_pci_address::<CudaContext>();
+    // The stand-in's device 0 by its full key.
+    if let Some(ctx) = stand_in() {
+        assert_eq!(
+            ctx.identity().key(),
+            "gpu-6d656d67-6f76-2d73-7461-6e64696e0000"
+        );
+        ctx.teardown(false).expect("teardown");
     }
-    // A second context on the same device names the same device.
-    let again = factory().expect("a second context");
-    assert_eq!(again.identity(), id);
-    println!("device identity: {id} (PCI {pci})");
-    again.teardown(false).expect("teardown");
-    ctx.teardown(false).expect("teardown");
 }
 
 #[test]
@@ -591,6 +573,11 @@ fn order_after_orders_a_cross_stream_free_without_waiting() {
 }
 
 #[test]
+fn foreign_or_double_free_is_refused_and_counted() {
+    cases::foreign_or_double_free_is_refused_and_counted::<CudaContext>();
+}
+
+#[test]
 fn raw_misuse_is_refused_before_the_driver_sees_it() {
     assert_child_passed("raw_misuse", &[]);
 }
@@ -705,7 +692,7 @@ fn adopted_context_and_streams_are_used_but_never_destroyed() {
 }
 
 #[test]
-fn sticky_error_is_device_loss_and_settles_without_the_device() {
+fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
     assert_child_passed(
         "sticky",
         &[("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP", "40")],
@@ -718,7 +705,7 @@ fn out_of_memory_is_classified() {
 }
 
 #[test]
-fn host_function_launch_failing_after_the_free_still_settles_it() {
+fn a_refused_callback_still_settles_the_free() {
     assert_child_passed(
         "host_fn_fails",
         &[("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", "1")],

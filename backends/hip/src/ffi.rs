@@ -17,10 +17,11 @@
 //! struct; enum arguments are passed as the integers the header gives them
 //! (values from ROCm's `hip_runtime_api.h`, the same in ROCm 5 and 6).
 //!
-//! The functions below are public for raw work next to memgov's (tests,
-//! benches, a runtime's own calls on a stream memgov lent it). Each calls
-//! through the table and panics when no HIP runtime can be loaded: call
-//! [`runtime_present`] (or open a `HipContext`) first.
+//! The functions below are public to the crate's users through
+//! [`crate::raw`], for raw work next to memgov's (tests, benches, a
+//! runtime's own calls on a stream memgov lent it). Each calls through the
+//! table and panics when no HIP runtime can be loaded: call
+//! [`driver_present`] (or open a `HipContext`) first.
 
 #![allow(non_snake_case, non_camel_case_types, non_upper_case_globals)]
 
@@ -400,7 +401,7 @@ macro_rules! hip_api {
             ///
             /// # Panics
             ///
-            /// When no HIP runtime can be loaded ([`runtime_present`] is
+            /// When no HIP runtime can be loaded ([`driver_present`] is
             /// false).
             pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
                 // SAFETY: the pointer was resolved from the loaded library
@@ -560,7 +561,7 @@ macro_rules! hip_api_optional {
             ///
             /// # Panics
             ///
-            /// When no HIP runtime can be loaded ([`runtime_present`] is
+            /// When no HIP runtime can be loaded ([`driver_present`] is
             /// false).
             pub unsafe fn $name($($arg: $ty),*) -> HipResult {
                 match api().optional.$name {
@@ -747,14 +748,16 @@ fn api() -> &'static Api {
         Ok(api) => api,
         Err(why) => panic!(
             "a HIP function was called without a HIP runtime ({why}); \
-             check memgov_hip::ffi::runtime_present() or open a HipContext first"
+             check memgov_hip::driver_present() or open a HipContext first"
         ),
     }
 }
 
-/// Whether a HIP runtime memgov can use is loadable here (loading it, once
-/// per process, if not yet loaded). Never panics.
-pub fn runtime_present() -> bool {
+/// Whether a HIP runtime memgov can use (the driver library of this
+/// backend, named so in every backend: `memgov::cuda::driver_present`) is
+/// loadable here, loading it, once per process, if not yet loaded. Never
+/// panics.
+pub fn driver_present() -> bool {
     runtime().is_ok()
 }
 

@@ -35,7 +35,7 @@
 //!   HIP call that could block. A context the governor declares lost
 //!   ([`DeviceContext::device_lost`]) while the runtime still answers is
 //!   lost, not dead.
-//! * **Teardown**: stop and join the reaper thread, synchronize and destroy
+//! * **Teardown**: stop and join the free thread, synchronize and destroy
 //!   the streams the governor left, free memory it abandoned (force), trim
 //!   and destroy the context's pool. A lost teardown drops every pending
 //!   signal unfired, then releases the same way while the runtime answers;
@@ -79,9 +79,10 @@
 mod arena;
 mod capture;
 mod config;
-pub mod ffi;
+mod ffi;
 mod memory;
-pub mod result;
+pub mod raw;
+mod result;
 mod retire;
 mod shared;
 mod sleep;
@@ -95,7 +96,7 @@ pub use capture::{
 };
 
 pub use config::{AllocatorChoice, HipConfig};
-pub use ffi::{runtime_present, HipResult};
+pub use ffi::{driver_present, HipResult};
 pub use memory::{HipMemory, Origin};
 pub use shared::contexts_alive;
 pub use stream::HipStream;
@@ -269,6 +270,14 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
 }
 
 impl HipContext {
+    /// The context `memgov check` runs the conformance suite on: device 0
+    /// with the default settings. No checking layer is switched on: the
+    /// runtime has none, and the stand-in checks its rules (stream order, no
+    /// call from a stream callback, teardown order) on every call.
+    pub fn for_check() -> Result<Self, BackendError> {
+        Self::new(HipConfig::default())
+    }
+
     /// Open device `config.device` through `libamdhip64`.
     ///
     /// Fails with [`BackendErrorKind::Unavailable`] when no HIP runtime can
@@ -428,9 +437,10 @@ impl HipContext {
         self.shared.execution == Execution::StandIn
     }
 
-    /// Frees queued and not yet retired (callbacks or reaper pending).
+    /// Frees queued and not yet retired (callbacks or the free thread's
+    /// queue pending).
     pub fn pending_frees(&self) -> usize {
-        self.shared.pending.len() + self.shared.reaper.len()
+        self.shared.pending.len() + self.shared.frees.len()
     }
 
     /// Things the backend noticed that had no caller to report to (a

@@ -14,7 +14,7 @@
 //! `hipMemcpyDtoHAsync`) and [`HipMemory::device_ptr`] use. Its free,
 //! `hipHostFree`, is synchronous: it goes the way of the `hipMalloc`
 //! fallback's `hipFree` (an event recorded on the releasing stream, waited
-//! for by the reaper thread before the free), so it never runs under a copy
+//! for by the free thread before the free), so it never runs under a copy
 //! still queued (`retire.rs`).
 
 use super::ffi::{

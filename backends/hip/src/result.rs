@@ -121,7 +121,7 @@ pub fn kind_of(c: HipResult) -> BackendErrorKind {
 
 /// The runtime's name for a code (`"hipErrorOutOfMemory"`).
 pub fn error_name(code: HipResult) -> String {
-    if !ffi::runtime_present() {
+    if !ffi::driver_present() {
         // No runtime to ask (a code built by hand, as in a test): the
         // header's name where this crate knows it.
         return KNOWN_NAMES

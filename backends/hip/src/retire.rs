@@ -8,16 +8,17 @@
 //!   the stream reports an error (the free did not execute).
 //! * **Fallback memory** (`hipMalloc`) and **pinned host memory**
 //!   (`hipHostMalloc`): their frees are synchronous, so an event is recorded
-//!   on the stream and the free is handed to the reaper thread, which takes
-//!   it off its queue, waits for the event (`hipEventSynchronize`: every copy
-//!   queued before the release has run), calls `hipFree` / `hipHostFree`,
-//!   destroys the event and fires the signal. Teardown joins the reaper, so the free
-//!   it holds is settled, and no reaper call reaches HIP, once teardown
+//!   on the stream and the free is handed to the context's free thread
+//!   ([`memgov_backend::FreeThread`]), which takes it off its queue, waits
+//!   for the event (`hipEventSynchronize`: every copy queued before the
+//!   release has run), calls `hipFree` / `hipHostFree`, destroys the event
+//!   and fires the signal. Teardown joins the free thread, so the free it
+//!   holds is settled, and no call of that thread reaches HIP, once teardown
 //!   returns.
 //!
-//! Signals live in this module's tables, not inside the runtime's callback
-//! data, so that teardown of a lost device can drop every one of them even
-//! if the runtime never runs the callbacks. The callback's user data is a
+//! Signals of pool frees wait in the context's [`memgov_backend::Tickets`],
+//! not inside the runtime's callback data, so that teardown of a lost device
+//! can drop every one of them even if the runtime never runs the callbacks. The callback's user data is a
 //! number, not a pointer: the ticket, which a process-wide table routes to
 //! its context. A runtime that drops queued callbacks without running them
 //! (a lost device, a stream destroyed with callbacks pending) leaks
@@ -35,12 +36,13 @@ use super::result::{err, error_name};
 use super::stream::HipStream;
 use crate::shared::Shared;
 use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
-use std::collections::{HashMap, VecDeque};
+use memgov_backend::{
+    BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop, Tickets,
+};
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Tickets are unique in the process: a callback's user data names one.
 static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
@@ -58,74 +60,9 @@ pub(crate) fn forget_routes(shared: &Shared) {
     lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
 }
 
-/// A queued free whose signal has not fired.
-struct Ticket {
-    signal: RetireSignal,
-    bytes: u64,
-    stream: u64,
-}
-
-/// Frees queued with `hipFreeAsync` whose callback has not run yet.
-#[derive(Default)]
-pub(crate) struct PendingFrees {
-    tickets: Mutex<HashMap<u64, Ticket>>,
-}
-
-impl PendingFrees {
-    /// How many frees are queued and not yet retired.
-    pub(crate) fn len(&self) -> usize {
-        lock(&self.tickets).len()
-    }
-}
-
-/// Unsettled frees per stream, so that `synchronize` returns only after the
-/// signals of the frees queued on its stream have fired (the reaper runs
-/// after the stream, and a runtime may run a callback after the stream's
-/// own synchronize has returned).
-#[derive(Default)]
-pub(crate) struct Outstanding {
-    per_stream: Mutex<HashMap<u64, u64>>,
-    settled: Condvar,
-}
-
-impl Outstanding {
-    fn add(&self, stream: u64) {
-        *lock(&self.per_stream).entry(stream).or_default() += 1;
-    }
-
-    /// One free of `stream` settled (its signal fired or was dropped).
-    fn settle(&self, stream: u64) {
-        let mut m = lock(&self.per_stream);
-        if let Some(n) = m.get_mut(&stream) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&stream);
-            }
-        }
-        drop(m);
-        self.settled.notify_all();
-    }
-
-    fn clear(&self) {
-        lock(&self.per_stream).clear();
-        self.settled.notify_all();
-    }
-
-    /// Block until every free queued on `stream` so far has settled, or
-    /// the device is lost (then teardown settles them).
-    pub(crate) fn wait(&self, stream: u64, lost: &AtomicBool) {
-        let mut m = lock(&self.per_stream);
-        while m.contains_key(&stream) && !lost.load(Ordering::Acquire) {
-            m = self.settled.wait(m).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Wake every waiter to look at the lost flag again.
-    pub(crate) fn wake(&self) {
-        let _m = lock(&self.per_stream);
-        self.settled.notify_all();
-    }
-}
+/// Signals of frees queued with `hipFreeAsync` whose callback has not run,
+/// each with the id of the stream it was queued on.
+pub(crate) type PendingFrees = Tickets<u64>;
 
 /// Runs on a HIP runtime thread after the free before it executed. Makes no
 /// HIP call. The status is read as a plain integer (see `ffi.rs`); the user
@@ -137,22 +74,20 @@ unsafe extern "C" fn free_executed(_stream: hipStream_t, status: HipResult, user
         return;
     };
     // Teardown of a lost device may have taken the ticket already.
-    let Some(ticket) = lock(&shared.pending.tickets).remove(&key) else {
+    let Some(claim) = shared.pending.claim(key) else {
         return;
     };
-    if status == SUCCESS {
-        shared.probe().free_retired(ticket.bytes);
-        ticket.signal.retire();
+    let stream = if status == SUCCESS {
+        claim.retire(shared.probe())
     } else {
         // The stream failed: the free did not (visibly) execute. The
         // runtime reports only sticky errors here, so the device is lost.
         shared.mark_lost(&format!(
             "a stream callback reported status {status} after a queued free"
         ));
-        shared.probe().free_abandoned(ticket.bytes);
-        drop(ticket.signal);
-    }
-    shared.outstanding.settle(ticket.stream);
+        claim.abandon(shared.probe())
+    };
+    shared.outstanding.settle(stream);
 }
 
 /// A refused free: the memory and the signal go back to the caller, as
@@ -229,17 +164,9 @@ fn queue_pool_free(
         return refuse(shared, memory, signal, e);
     }
     let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
-    let bytes = memory.bytes;
     // The ticket is in the table before the callback can run.
     shared.outstanding.add(stream.id);
-    lock(&shared.pending.tickets).insert(
-        ticket,
-        Ticket {
-            signal,
-            bytes,
-            stream: stream.id,
-        },
-    );
+    shared.pending.park(ticket, signal, memory.bytes, stream.id);
     lock(routes()).insert(ticket, Arc::downgrade(shared));
     // SAFETY: the stream is alive; the callback has the ABI HIP expects
     // (an `int` status is what the C header's enum is passed as); the user
@@ -259,24 +186,22 @@ fn queue_pool_free(
     // already-queued free has executed by synchronizing the stream.
     lock(routes()).remove(&ticket);
     let add_failed = error_name(r);
-    let ticket = lock(&shared.pending.tickets).remove(&ticket);
-    let Some(ticket) = ticket else { return Ok(()) };
+    let Some(claim) = shared.pending.claim(ticket) else {
+        return Ok(());
+    };
     // SAFETY: the stream is alive.
     let s = unsafe { hipStreamSynchronize(stream.raw.0) };
-    match shared.checked("free_async", "hipStreamSynchronize", s) {
-        Ok(()) => {
-            shared.probe().free_retired(ticket.bytes);
-            ticket.signal.retire();
-        }
+    let stream = match shared.checked("free_async", "hipStreamSynchronize", s) {
+        Ok(()) => claim.retire(shared.probe()),
         Err(e) => {
-            shared.probe().free_abandoned(ticket.bytes);
-            drop(ticket.signal);
+            let stream = claim.abandon(shared.probe());
             shared.note(format!(
                 "hipStreamAddCallback returned {add_failed}, and the synchronize after the queued free failed: {e}; the release is abandoned"
             ));
+            stream
         }
-    }
-    shared.outstanding.settle(ticket.stream);
+    };
+    shared.outstanding.settle(stream);
     Ok(())
 }
 
@@ -294,26 +219,6 @@ pub(crate) struct PlainFree {
     bytes: u64,
     stream: u64,
     signal: RetireSignal,
-}
-
-/// The reaper's queue, in the order the frees were queued.
-#[derive(Default)]
-pub(crate) struct Reaper {
-    queue: Mutex<ReaperQueue>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct ReaperQueue {
-    frees: VecDeque<PlainFree>,
-    stop: bool,
-}
-
-impl Reaper {
-    /// Frees handed over and not yet done.
-    pub(crate) fn len(&self) -> usize {
-        lock(&self.queue).frees.len()
-    }
 }
 
 fn queue_plain_free(
@@ -340,15 +245,14 @@ fn queue_plain_free(
         unsafe { hipEventDestroy(event) };
         return refuse(shared, memory, signal, e);
     }
-    if let Err(e) = ensure_reaper(shared) {
+    if let Err(e) = start_free_thread(shared) {
         // SAFETY: recorded but nobody waits on it; destroying a recorded
         // event is allowed.
         unsafe { hipEventDestroy(event) };
         return refuse(shared, memory, signal, e);
     }
     shared.outstanding.add(stream.id);
-    let mut q = lock(&shared.reaper.queue);
-    q.frees.push_back(PlainFree {
+    shared.frees.push(PlainFree {
         event: Event(event),
         ptr: memory.ptr,
         origin: memory.origin,
@@ -356,59 +260,46 @@ fn queue_plain_free(
         stream: stream.id,
         signal,
     });
-    drop(q);
-    shared.reaper.wake.notify_one();
     Ok(())
 }
 
-fn ensure_reaper(shared: &Arc<Shared>) -> Result<(), BackendError> {
-    let mut slot = lock(&shared.reaper_thread);
-    if slot.is_some() {
-        return Ok(());
-    }
-    let owner = Arc::clone(shared);
-    let join = std::thread::Builder::new()
-        .name(format!("memgov-hip-reaper-{}", shared.id))
-        .spawn(move || reap(&owner))
+/// Start the context's free thread, unless it runs (or was stopped).
+fn start_free_thread(shared: &Arc<Shared>) -> Result<(), BackendError> {
+    FreeThread::start(shared, format!("memgov-hip-free-{}", shared.id))
+        .map(|_| ())
         .map_err(|e| {
             err(
                 "free_async",
                 BackendErrorKind::Other,
-                format!("could not spawn the HIP reaper thread: {e}"),
+                format!("could not spawn the HIP free thread: {e}"),
             )
-        })?;
-    *slot = Some(join);
-    Ok(())
+        })
 }
 
-/// The reaper thread: take each free in order, wait for its event, then
+/// The free thread: take each free in order, wait for its event, then
 /// `hipFree`. The free it holds is its own until settled, so teardown (which
-/// joins it) never returns while it is in flight. On a dead device it
-/// settles what it takes without a HIP call.
-fn reap(shared: &Shared) {
-    // The fallback allocations were made on this device; the thread is the
-    // reaper's own, so its current device is not restored.
-    // SAFETY: plain call with the ordinal validated at creation.
-    let r = unsafe { hipSetDevice(shared.ordinal) };
-    let _ = shared.checked("free_async", "hipSetDevice", r);
-    loop {
-        let free = {
-            let mut q = lock(&shared.reaper.queue);
-            loop {
-                if let Some(f) = q.frees.pop_front() {
-                    break f;
-                }
-                if q.stop {
-                    return;
-                }
-                q = shared
-                    .reaper
-                    .wake
-                    .wait(q)
-                    .unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        settle_plain(shared, free);
+/// joins it) never returns while it is in flight; the ones still queued can
+/// be taken by device loss. On a dead device it settles what it takes
+/// without a HIP call.
+impl FreeWork for Shared {
+    type Job = PlainFree;
+
+    fn free_thread(&self) -> &FreeThread<PlainFree> {
+        &self.frees
+    }
+
+    fn on_start(&self) {
+        // The fallback allocations were made on this device; the thread is
+        // the context's own, so its current device is not restored.
+        // SAFETY: plain call with the ordinal validated at creation.
+        let r = unsafe { hipSetDevice(self.ordinal) };
+        let _ = self.checked("free_async", "hipSetDevice", r);
+    }
+
+    fn work(&self, frees: Vec<PlainFree>) {
+        for free in frees {
+            settle_plain(self, free);
+        }
     }
 }
 
@@ -453,18 +344,11 @@ fn settle_plain(shared: &Shared, free: PlainFree) {
     shared.outstanding.settle(free.stream);
 }
 
-/// Stop the reaper after it has finished every queued free, and join it
-/// (unless the caller is the reaper itself, settling a signal whose owner
-/// tore the context down: it returns once the queue is empty).
-pub(crate) fn stop_reaper(shared: &Shared) {
-    lock(&shared.reaper.queue).stop = true;
-    shared.reaper.wake.notify_all();
-    let join = lock(&shared.reaper_thread).take();
-    if let Some(join) = join {
-        if join.thread().id() != std::thread::current().id() {
-            let _: Result<(), _> = join.join().map_err(|_| ());
-        }
-    }
+/// Stop the free thread after it has finished every queued free, and join
+/// it (unless the caller is the free thread itself, settling a signal whose
+/// owner tore the context down: it returns once the queue is empty).
+pub(crate) fn stop_free_thread(shared: &Shared) {
+    shared.frees.stop(Stop::AfterQueue);
 }
 
 /// `hipFree` or `hipHostFree` of `ptr`, as `origin` says.
@@ -491,8 +375,8 @@ pub(crate) unsafe fn free_synchronous(
     }
 }
 
-/// A fallback free a lost teardown took from the reaper's queue before the
-/// reaper started it: its signal is already dropped; the memory and the
+/// A fallback free a lost teardown took from the free thread's queue before
+/// the thread started it: its signal is already dropped; the memory and the
 /// event are released by teardown while the device answers.
 pub(crate) struct Taken {
     ptr: usize,
@@ -524,26 +408,20 @@ pub(crate) fn free_taken(shared: &Shared, t: &Taken) -> Result<(), BackendError>
 }
 
 /// Device lost: take every signal still held and drop it unfired, with no
-/// HIP call, and stop the reaper after the free it holds. Returns the
-/// fallback frees taken off the reaper's queue, for teardown to release
-/// while the device answers.
+/// HIP call, and stop the free thread after the free it holds. Returns the
+/// fallback frees taken off the free thread's queue, for teardown to
+/// release while the device answers.
 pub(crate) fn abandon_all(shared: &Shared) -> Vec<Taken> {
-    let tickets: Vec<(u64, Ticket)> = lock(&shared.pending.tickets).drain().collect();
+    let tickets = shared.pending.claim_all();
     {
         let mut r = lock(routes());
-        for (key, _) in &tickets {
-            r.remove(key);
+        for key in tickets.iter().map(|c| c.ticket()) {
+            r.remove(&key);
         }
     }
-    let frees: Vec<PlainFree> = {
-        let mut q = lock(&shared.reaper.queue);
-        q.stop = true;
-        q.frees.drain(..).collect()
-    };
-    shared.reaper.wake.notify_all();
-    for (_, t) in tickets {
-        shared.probe().free_abandoned(t.bytes);
-        drop(t.signal);
+    let frees = shared.frees.stop_and_take();
+    for claim in tickets {
+        claim.abandon(shared.probe());
     }
     let mut taken = Vec::with_capacity(frees.len());
     for f in frees {
@@ -558,6 +436,3 @@ pub(crate) fn abandon_all(shared: &Shared) -> Vec<Taken> {
     shared.outstanding.clear();
     taken
 }
-
-/// The reaper's join handle slot type.
-pub(crate) type ReaperThread = Mutex<Option<JoinHandle<()>>>;

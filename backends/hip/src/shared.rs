@@ -1,13 +1,15 @@
 //! The state a context's threads share (the caller's, the stream
-//! callbacks' through their routes, the reaper's): [`Shared`].
+//! callbacks' through their routes, the free thread's): [`Shared`].
 
 use crate::ffi::{self, hipGetDevice, hipSetDevice, HipResult};
 use crate::memory::{Origin, Pool};
 use crate::result::{err, error_name, Hip};
-use crate::retire::{Outstanding, PendingFrees, Reaper, ReaperThread};
+use crate::retire::{PendingFrees, PlainFree};
 use crate::stream::{self, HipStream};
 use memgov_backend::shell::{self, MakeCurrent, Shell};
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, Execution};
+use memgov_backend::{
+    lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, Take, Unsettled,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -31,13 +33,13 @@ static ALIVE: AtomicUsize = AtomicUsize::new(0);
 /// holds after that. memgov hands the runtime no reference to a context
 /// (a stream callback's user data is a number, see `retire.rs`), so once
 /// every [`HipContext`](crate::HipContext) is torn down or dropped and its
-/// reaper joined this reads 0 even when the runtime dropped queued callbacks
+/// free thread joined this reads 0 even when the runtime dropped queued callbacks
 /// without running them. For leak checks.
 pub fn contexts_alive() -> usize {
     ALIVE.load(Ordering::Acquire)
 }
 
-/// What the context, its callbacks and the reaper share. Dropping it calls
+/// What the context, its callbacks and its free thread share. Dropping it calls
 /// no HIP function: teardown releases explicitly.
 pub(crate) struct Shared {
     pub(crate) id: u64,
@@ -62,10 +64,16 @@ pub(crate) struct Shared {
     pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
     /// Streams not yet destroyed.
     pub(crate) streams: Mutex<HashMap<u64, stream::RawStream>>,
+    /// Signals of pool frees waiting for their stream callback.
     pub(crate) pending: PendingFrees,
-    pub(crate) outstanding: Outstanding,
-    pub(crate) reaper: Reaper,
-    pub(crate) reaper_thread: ReaperThread,
+    /// Frees per stream whose signal has not settled, for `synchronize`
+    /// (the free thread runs after the stream, and a runtime may run a
+    /// callback after the stream's own synchronize has returned).
+    pub(crate) outstanding: Unsettled,
+    /// The free thread and its queue of fallback (`hipMalloc`) and pinned
+    /// host frees, one at a time: the rest stay where device loss can take
+    /// them.
+    pub(crate) frees: FreeThread<PlainFree>,
     notes: Mutex<Vec<String>>,
 }
 
@@ -110,9 +118,8 @@ impl Shared {
             live: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             pending: PendingFrees::default(),
-            outstanding: Outstanding::default(),
-            reaper: Reaper::default(),
-            reaper_thread: Mutex::new(None),
+            outstanding: Unsettled::default(),
+            frees: FreeThread::new(Take::One),
             notes: Mutex::new(Vec::new()),
         }
     }
@@ -128,11 +135,6 @@ impl Shared {
     /// Whether a sticky code was seen: no HIP call that may block any more.
     pub(crate) fn is_dead(&self) -> bool {
         self.shell.is_dead()
-    }
-
-    /// The lost flag, for waits that end when the context is lost.
-    pub(crate) fn lost_flag(&self) -> &std::sync::atomic::AtomicBool {
-        self.shell.lost().flag()
     }
 
     /// Mark the context lost, keeping the first reason for later errors,

@@ -93,7 +93,9 @@ pub(crate) fn destroy(shared: &Shared, stream: HipStream) -> Result<(), BackendE
         if synced.is_err() && !shared.is_dead() {
             return synced;
         }
-        shared.outstanding.wait(stream.id, shared.lost_flag());
+        shared
+            .outstanding
+            .wait(stream.id, || shared.is_lost(), None);
     }
     if lock(&shared.streams).remove(&stream.id).is_none() {
         return Ok(());
@@ -126,7 +128,9 @@ pub(crate) fn synchronize(shared: &Shared, stream: &HipStream) -> Result<(), Bac
     // SAFETY: the stream belongs to this live context (checked above).
     let r = unsafe { hipStreamSynchronize(stream.raw.0) };
     shared.checked("synchronize", "hipStreamSynchronize", r)?;
-    shared.outstanding.wait(stream.id, shared.lost_flag());
+    shared
+        .outstanding
+        .wait(stream.id, || shared.is_lost(), None);
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use memgov_backend::{lock, BackendError};
 use std::ffi::c_void;
 
 impl HipContext {
-    /// Stop and join the reaper, synchronize and destroy the streams the
+    /// Stop and join the free thread, synchronize and destroy the streams the
     /// governor left, free what it abandoned, trim and destroy the pool
     /// (see the crate documentation for a lost or dead device).
     pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {
@@ -30,8 +30,8 @@ impl HipContext {
         }
         let result = if shared.is_lost() {
             // Every signal still held is dropped unfired; the fallback frees
-            // the reaper had not started come back to be freed here (their
-            // signals dropped too), and the reaper is joined below.
+            // the free thread had not started come back to be freed here
+            // (their signals dropped too), and the thread is joined below.
             let taken = retire::abandon_all(shared);
             self.release_everything(taken)
         } else {
@@ -56,7 +56,7 @@ impl HipContext {
     }
 
     /// Synchronize and destroy the streams left, free the memory left (and
-    /// the fallback frees a lost teardown took from the reaper), trim and
+    /// the fallback frees a lost teardown took from the free thread), trim and
     /// destroy the pool. Stops calling HIP at the first sticky code (or at
     /// once on a dead device): what is left then dies with the device, and
     /// is only counted.
@@ -92,10 +92,10 @@ impl HipContext {
                 keep(shared.checked("teardown", "hipStreamSynchronize", r));
             }
         }
-        // The reaper finishes what is queued (or, on a dead device, settles
-        // it without a call) and is joined: no thread of this context calls
-        // HIP after teardown.
-        retire::stop_reaper(shared);
+        // The free thread finishes what is queued (or, on a dead device,
+        // settles it without a call) and is joined: no thread of this
+        // context calls HIP after teardown.
+        retire::stop_free_thread(shared);
         for s in streams {
             if device.is_some() && !shared.is_dead() {
                 keep(stream::destroy_raw(shared, "teardown", s));
@@ -175,7 +175,7 @@ impl HipContext {
 /// A context dropped without `teardown` (a probe that only checked for a
 /// device, a panic unwinding past it) is torn down here, as by
 /// `teardown(false)` (or as lost, if it is): its pool, streams and memory are
-/// released, and its reaper joined. The result has no one to go to; the
+/// released, and its free thread joined. The result has no one to go to; the
 /// probe and `notes()` keep what went wrong.
 impl Drop for HipContext {
     fn drop(&mut self) {

@@ -337,7 +337,7 @@ uint64_t memgov_standin_hip_calls(void) {
 /* Test hook (tests find it with dlsym): from now on, only the calling thread
  * may call HIP, and no other thread may be inside a HIP call now. A test
  * calls it after a teardown returned, with every context torn down: a
- * backend thread (a reaper) still calling HIP is caught here or at its next
+ * backend thread (a free thread) still calling HIP is caught here or at its next
  * call. */
 void memgov_standin_hip_quiesce(void);
 void memgov_standin_hip_quiesce(void) {

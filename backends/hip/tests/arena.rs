@@ -14,7 +14,7 @@
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 
-use memgov::hip::ffi as hip;
+use memgov::hip::raw as hip;
 use memgov::hip::{ArenaConfig, HipArena, HipConfig, HipContext};
 use memgov::{Alloc, BackendErrorKind, DeviceContext, Execution, RetireSignal};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -13,7 +13,7 @@
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 
-use memgov::hip::ffi as hip;
+use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{BackendErrorKind, DeviceContext, Execution};
 

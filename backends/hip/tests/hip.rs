@@ -15,6 +15,8 @@
 
 #[path = "../../stand-ins/support/cache.rs"]
 mod cache;
+#[path = "../../stand-ins/support/cases.rs"]
+mod cases;
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
@@ -22,14 +24,36 @@ mod recorded;
 
 use recorded::signal;
 
-use memgov::hip::ffi as hip;
-use memgov::hip::{result, AllocatorChoice, HipConfig, HipContext, Origin};
+use memgov::hip::raw as hip;
+use memgov::hip::{AllocatorChoice, HipConfig, HipContext, Origin};
 use memgov::{
     Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role, Tier,
 };
 use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
+
+impl cases::StandInBackend for HipContext {
+    fn open() -> Option<Self> {
+        context(HipConfig::default())
+    }
+
+    fn probe(&self) -> memgov::BackendProbe {
+        HipContext::probe(self)
+    }
+
+    fn pending_frees(&self) -> usize {
+        HipContext::pending_frees(self)
+    }
+
+    const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standinh";
+    const STAND_IN_PCI: &'static str = "0000:20:00.0";
+
+    /// The default configuration allocates from memgov's own pool.
+    fn check_allocation(&self, memory: &memgov::hip::HipMemory) {
+        assert_eq!(memory.origin(), Origin::Pool);
+    }
+}
 
 memgov_conformance::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
 
@@ -79,27 +103,8 @@ fn stand_in() -> Option<HipContext> {
 /// stand-in, device 0 has the UUID "memgov-standin", 'h', 0 and the PCI
 /// address 0000:20:00.0, distinct from the CUDA stand-in's device.
 #[test]
-fn identity_is_the_runtimes_uuid_and_pci_address() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let id = ctx.identity();
-    let uuid = id.uuid().expect("the runtime reports a UUID");
-    let pci = id
-        .pci_bus_id()
-        .expect("the runtime reports a PCI address")
-        .to_owned();
-    assert!(id.key().starts_with("gpu-"), "{id}");
-    if ctx.describe().execution == Execution::StandIn {
-        assert_eq!(&uuid[..15], b"memgov-standinh");
-        assert_eq!(uuid[15], 0, "device 0");
-        assert_eq!(pci, "0000:20:00.0");
-    }
-    let again = context(HipConfig::default()).expect("a second context");
-    assert_eq!(again.identity(), id);
-    println!("device identity: {id} (PCI {pci})");
-    again.teardown(false).expect("teardown");
-    ctx.teardown(false).expect("teardown");
+fn identity_is_the_drivers_uuid_and_pci_address() {
+    cases::identity_is_the_drivers_uuid_and_pci_address::<HipContext>();
 }
 
 #[test]
@@ -162,30 +167,8 @@ fn describe_names_the_allocator_and_how_it_ran() {
 }
 
 #[test]
-fn free_retires_through_the_stream_callback() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let probe = ctx.probe();
-    let s = ctx.create_stream().unwrap();
-    let m = ctx.allocate(&s, 1 << 16).unwrap();
-    assert_eq!(m.origin(), Origin::Pool);
-    ctx.write(&s, &m, 100, b"retire me").unwrap();
-    let (sig, rx) = signal();
-    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    ctx.synchronize(&s).unwrap();
-    let (outcome, thread) = rx.recv_timeout(LONG).expect("the callback fired");
-    assert_eq!(outcome, RetireOutcome::Retired);
-    assert_ne!(
-        thread,
-        std::thread::current().id(),
-        "retirement is learnt on the runtime's callback thread"
-    );
-    assert_eq!(ctx.pending_frees(), 0);
-    ctx.destroy_stream(s).unwrap();
-    ctx.teardown(false).unwrap();
-    assert_eq!(probe.frees_retired(), 1);
-    probe.check_clean_teardown().unwrap();
+fn free_retires_on_a_driver_thread() {
+    cases::free_retires_on_a_driver_thread::<HipContext>();
 }
 
 #[test]
@@ -212,7 +195,7 @@ fn plain_fallback_frees_after_the_event() {
     assert_eq!(back, [7; 16]);
     let (sig, rx) = signal();
     ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    let (outcome, thread) = rx.recv_timeout(LONG).expect("the reaper retired it");
+    let (outcome, thread) = rx.recv_timeout(LONG).expect("the free thread retired it");
     assert_eq!(outcome, RetireOutcome::Retired);
     assert_ne!(thread, std::thread::current().id());
     ctx.destroy_stream(s).unwrap();
@@ -221,7 +204,7 @@ fn plain_fallback_frees_after_the_event() {
 }
 
 #[test]
-fn raw_accessors_reach_the_same_memory_and_stream() {
+fn raw_accessors_name_the_driver_objects() {
     let Some(ctx) = context(HipConfig::default()) else {
         return;
     };
@@ -256,27 +239,7 @@ fn raw_accessors_reach_the_same_memory_and_stream() {
 
 #[test]
 fn foreign_or_double_free_is_refused_and_counted() {
-    let Some(a) = context(HipConfig::default()) else {
-        return;
-    };
-    let b = HipContext::new(HipConfig::default()).unwrap();
-    let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
-    let m = a.allocate(&sa, 64).unwrap();
-    let (sig, rx) = signal();
-    let (m, sig, e) = b
-        .free_async(&sb, m, sig)
-        .expect_err("b does not own a's memory");
-    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-    assert!(e.message.contains("not live"), "{e}");
-    // Refused and reported to the caller; the probe counts second frees of
-    // the context's own allocations, not another context's memory.
-    assert_eq!(b.probe().violations(), 0);
-    a.free_async(&sa, m, sig).map_err(|(_, _, e)| e).unwrap();
-    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-    a.destroy_stream(sa).unwrap();
-    b.destroy_stream(sb).unwrap();
-    a.teardown(false).unwrap();
-    b.teardown(false).unwrap();
+    cases::foreign_or_double_free_is_refused_and_counted::<HipContext>();
 }
 
 #[test]
@@ -288,24 +251,24 @@ fn sticky_codes_classify_as_device_loss() {
         E::hipErrorECCNotCorrectable,
         E::hipErrorAssert,
     ] {
-        let e = result::hip_error("allocate", "hipMallocAsync", code);
+        let e = hip::hip_error("allocate", "hipMallocAsync", code);
         assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
         assert!(e.message.contains("retire this context"), "{e}");
         assert_eq!(e.code, Some(i64::from(code)));
     }
-    let oom = result::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
+    let oom = hip::hip_error("allocate", "hipMallocAsync", E::hipErrorOutOfMemory);
     assert_eq!(oom.kind, BackendErrorKind::OutOfMemory);
     assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
     assert_eq!(
-        result::kind_of(E::hipErrorNoDevice),
+        hip::kind_of(E::hipErrorNoDevice),
         BackendErrorKind::Unavailable
     );
     // A code no binding lists (a newer runtime's) is read as the integer it
     // is: classified `Other`, its number kept, and never a Rust enum value.
-    let unknown = result::hip_error("allocate", "hipMallocAsync", 123_456);
+    let unknown = hip::hip_error("allocate", "hipMallocAsync", 123_456);
     assert_eq!(unknown.kind, BackendErrorKind::Other, "{unknown}");
     assert_eq!(unknown.code, Some(123_456));
-    assert!(!result::is_device_lost(123_456));
+    assert!(!hip::is_device_lost(123_456));
 }
 
 #[test]
@@ -456,7 +419,7 @@ fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
 /// machine: the child is pointed at a library that is not there, and at one
 /// that is not HIP.
 #[test]
-fn a_missing_runtime_is_unavailable() {
+fn a_missing_driver_is_unavailable_not_a_panic() {
     for (case, library) in [
         ("no_runtime", "/nonexistent/libamdhip64.so.5"),
         ("runtime_without_hip", "libm.so.6"),
@@ -724,7 +687,7 @@ fn refused_malloc_async_falls_back_at_creation() {
 }
 
 #[test]
-fn refused_callback_retires_by_synchronizing() {
+fn a_refused_callback_still_settles_the_free() {
     if !on_stand_in() {
         return;
     }
@@ -735,7 +698,7 @@ fn refused_callback_retires_by_synchronizing() {
 }
 
 #[test]
-fn device_loss_abandons_pending_frees() {
+fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
     if !on_stand_in() {
         return;
     }
@@ -751,7 +714,7 @@ fn device_loss_abandons_pending_frees() {
 }
 
 #[test]
-fn out_of_memory_is_reported_with_the_code() {
+fn out_of_memory_is_classified() {
     if !on_stand_in() {
         return;
     }
@@ -835,7 +798,7 @@ fn planted_stand_in_checks_abort() {
 /// stream's work is still pending when it returns, and a free on the
 /// ordered stream passes the stand-in's cross-stream check.
 #[test]
-fn order_after_orders_a_cross_stream_free_without_blocking() {
+fn order_after_orders_a_cross_stream_free_without_waiting() {
     if !on_stand_in() {
         return;
     }
@@ -868,7 +831,7 @@ fn raw_cross_stream_free_needs_order_after() {
 }
 
 #[test]
-fn lost_teardown_of_the_fallback_joins_the_reaper_and_frees() {
+fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
     if !on_stand_in() {
         return;
     }
@@ -881,7 +844,7 @@ fn lost_teardown_of_the_fallback_joins_the_reaper_and_frees() {
 }
 
 #[test]
-fn the_threads_current_device_is_restored() {
+fn the_callers_current_context_is_restored() {
     if !on_stand_in() {
         return;
     }
@@ -911,7 +874,7 @@ fn lost_teardown_of_a_healthy_device_releases_everything() {
 }
 
 #[test]
-fn the_default_pool_is_left_alone() {
+fn the_default_memory_pool_is_never_changed() {
     if !on_stand_in() {
         return;
     }
@@ -1554,7 +1517,7 @@ fn child_entry() {
             ctx.teardown(false).unwrap();
         }
         "no_runtime" | "runtime_without_hip" => {
-            assert!(!memgov::hip::runtime_present());
+            assert!(!memgov::hip::driver_present());
             let e = HipContext::new(HipConfig::default()).expect_err("no HIP runtime");
             assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
             let expected = if case == "no_runtime" {
@@ -1565,7 +1528,7 @@ fn child_entry() {
             assert!(e.message.starts_with(expected), "{e}");
             // Codes still have names, and nothing calls into a runtime that
             // is not there.
-            let oom = result::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
+            let oom = hip::hip_error("allocate", "hipMallocAsync", hip::hipErrorOutOfMemory);
             assert!(oom.message.contains("hipErrorOutOfMemory (2)"), "{oom}");
             assert!(hip::symbol(c"hipMalloc").is_none());
             let report = memgov_conformance::run_suite(|| HipContext::new(HipConfig::default()));
@@ -1783,14 +1746,14 @@ fn child_entry() {
             .unwrap();
             let probe = ctx.probe();
             let s = ctx.create_stream().unwrap();
-            // One free the reaper settles, so that its thread runs, then one
+            // One free the free thread settles, so that its thread runs, then one
             // it is waiting for (or about to) when the context is lost.
             let m = ctx.allocate(&s, 4096).unwrap();
             let (sig, rx) = signal();
             ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
             assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
             // Each free's event is recorded behind a copy (pending for the
-            // latency), so the reaper holds the first inside
+            // latency), so the free thread holds the first inside
             // hipEventSynchronize while the second waits in its queue.
             let m = ctx.allocate(&s, 4096).unwrap();
             raw_write(s.hip_stream(), m.device_ptr(), &[6; 4096]);
@@ -1904,7 +1867,7 @@ fn child_entry() {
             quiesce();
             // Settled before teardown returned. The pool free is queued
             // behind the copy: its signal is dropped. The fallback free may
-            // already be in the reaper's hands, which completes it.
+            // already be in the free thread's hands, which completes it.
             let (outcome, _) = rx.try_recv().expect("settled before teardown returned");
             if !plain {
                 assert_eq!(outcome, RetireOutcome::Abandoned);

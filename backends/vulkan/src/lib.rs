@@ -14,7 +14,7 @@
 //!   stream ([`TransferPath::Staging`]), or through the mapping when the
 //!   memory is host-visible and [`TransferPath::Auto`] is chosen.
 //! * A **free** is parked at the timeline value of the last submission on its
-//!   stream. The retirement thread waits for the front value of every stream
+//!   stream. The free thread waits for the front value of every stream
 //!   that has parked frees (off the driver while there are none, so that an
 //!   idle context costs no CPU); when a value is reached it destroys the
 //!   buffer, frees the suballocation, and fires the [`RetireSignal`] with no
@@ -68,7 +68,7 @@ use gpu_allocator::AllocationSizes;
 use instance::CreatedInstance;
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    Execution, MemoryInfo, RetireSignal, Tier,
+    Execution, MemoryInfo, RetireSignal, Shell, Tier,
 };
 use memory::{quiet_debug_settings, MemState};
 use result::{err, error, BACKEND};
@@ -100,14 +100,14 @@ impl fmt::Debug for VulkanContext {
         f.debug_struct("VulkanContext")
             .field("device", &self.shared.info.name)
             .field("validation", &self.shared.config.validation)
-            .field("lost", &self.shared.lost.load(Ordering::Relaxed))
+            .field("lost", &self.shared.is_lost())
             .finish()
     }
 }
 
 impl VulkanContext {
     /// Open libvulkan, create an instance (with validation if asked) and a
-    /// device, and start the retirement thread.
+    /// device, and start the free thread.
     ///
     /// # Errors
     ///
@@ -282,6 +282,7 @@ impl VulkanContext {
             }
         };
         let has_memory_budget = info.memory_budget;
+        let shell = Shell::new(format!("Vulkan device {}", info.name), probe.common.clone());
         let shared = Arc::new(Shared {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
             entry,
@@ -292,8 +293,7 @@ impl VulkanContext {
             config,
             queue_family,
             queues: queues.into_iter().map(Mutex::new).collect(),
-            lost: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
+            shell,
             shutdown: AtomicBool::new(false),
             probe,
             mem: Mutex::new(MemState {
@@ -344,7 +344,7 @@ impl VulkanContext {
     }
 
     /// What only Vulkan observes: validation messages by severity, loader
-    /// messages, the retirement thread's waits, backend notes.
+    /// messages, the free thread's waits, backend notes.
     pub fn validation(&self) -> VulkanValidation {
         VulkanValidation(self.shared.probe.clone())
     }
@@ -509,7 +509,7 @@ impl DeviceContext for VulkanContext {
     ///
     /// (A batch on `stream` that waits on `after`'s timeline would order the
     /// device without blocking, but frees parked on `after` could then still
-    /// retire after the free on `stream`: the retirement thread fires each
+    /// retire after the free on `stream`: the free thread fires each
     /// stream's frees when that stream's timeline reaches them.)
     fn order_after(&self, stream: &VulkanStream, after: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("order_after")?;

@@ -3,12 +3,31 @@
 //! `VK_ERROR_DEVICE_LOST` is [`BackendErrorKind::DeviceLost`], so the
 //! governor marks the context lost and settles pending releases without
 //! further device calls; the context marks itself lost through
-//! `Shared::fail`.
+//! `Shared::fail`. [`Vk`] is the [`Driver`] of the context's
+//! [`Shell`](memgov_backend::Shell) (the lost and closing state and the
+//! usable check every GPU backend shares).
 
 use ash::vk;
+use memgov_backend::shell::Driver;
 use memgov_backend::{BackendError, BackendErrorKind, OUT_OF_MEMORY_HINT};
 
 pub(crate) const BACKEND: &str = "vulkan";
+
+/// Vulkan as the shell sees it: `VkResult`s, classified by [`error`].
+pub(crate) enum Vk {}
+
+impl Driver for Vk {
+    const BACKEND: &'static str = BACKEND;
+    type Code = vk::Result;
+
+    fn check(op: &'static str, call: &str, code: vk::Result) -> Result<(), BackendError> {
+        if code == vk::Result::SUCCESS {
+            Ok(())
+        } else {
+            Err(error(op, call, code))
+        }
+    }
+}
 
 pub(crate) fn err(
     op: &'static str,

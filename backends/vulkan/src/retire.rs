@@ -1,4 +1,4 @@
-//! The retirement thread. While no free is parked it sleeps on a condition
+//! The free thread. While no free is parked it sleeps on a condition
 //! variable; while one stream has parked frees it waits on that stream's
 //! timeline alone, 2 ms at a time (validation layer off); while several do,
 //! it waits in one `vkWaitSemaphores` (wait-any, infinite timeout) on the
@@ -29,9 +29,9 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(JoinHandle<()>, Receiver<()>
     let (tx, rx) = channel();
     let id = shared.id;
     let join = std::thread::Builder::new()
-        .name(format!("memgov-vk-retire-{id}"))
+        .name(format!("memgov-vk-free-{id}"))
         .spawn(move || {
-            // For `VulkanValidation::retirement_thread_cpu` (Linux only).
+            // For `VulkanValidation::free_thread_cpu` (Linux only).
             if let Some(tid) = std::fs::read_link("/proc/thread-self")
                 .ok()
                 .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok())
@@ -45,7 +45,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(JoinHandle<()>, Receiver<()>
             err(
                 "new",
                 BackendErrorKind::Other,
-                format!("could not spawn the retirement thread: {e}"),
+                format!("could not spawn the free thread: {e}"),
             )
         })?;
     Ok((join, rx))
@@ -59,7 +59,7 @@ fn run(shared: &Shared) {
     let mut sems: Vec<vk::Semaphore> = Vec::new();
     let mut vals: Vec<u64> = Vec::new();
     loop {
-        if shared.lost.load(Ordering::SeqCst) {
+        if shared.is_lost() {
             shared.drain_parked();
             return;
         }
@@ -86,7 +86,7 @@ fn run(shared: &Shared) {
             // free to find), so checking under the lock misses none.
             let mut v = lock(&shared.wake_value);
             while *v == seen
-                && !shared.lost.load(Ordering::SeqCst)
+                && !shared.is_lost()
                 && !shared.shutdown.load(Ordering::SeqCst)
                 && !any_parked(shared)
             {
@@ -124,7 +124,7 @@ fn run(shared: &Shared) {
             Err(vk::Result::TIMEOUT) => continue,
             Err(vk::Result::ERROR_DEVICE_LOST) => {
                 shared.on_lost(
-                    "vkWaitSemaphores returned VK_ERROR_DEVICE_LOST on the retirement thread",
+                    "vkWaitSemaphores returned VK_ERROR_DEVICE_LOST on the free thread",
                     false,
                 );
                 return;
@@ -132,7 +132,7 @@ fn run(shared: &Shared) {
             Err(r) => {
                 // Nothing to return the error to: record it and stop retiring
                 // (signals are abandoned, never fired early).
-                shared.on_lost(&format!("vkWaitSemaphores returned {r:?} on the retirement thread; treating the device as lost"), false);
+                shared.on_lost(&format!("vkWaitSemaphores returned {r:?} on the free thread; treating the device as lost"), false);
                 return;
             }
         }
@@ -146,7 +146,7 @@ fn run(shared: &Shared) {
     }
 }
 
-/// How long the retirement thread waits on a single stream's timeline
+/// How long the free thread waits on a single stream's timeline
 /// before it looks for wakes again: the most a wake can wait while one
 /// stream's free is in flight.
 const SINGLE_WAIT_NS: u64 = 2_000_000;
@@ -173,7 +173,7 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
             Err(r) => {
                 drop(p);
                 shared.on_lost(
-                    &format!("vkGetSemaphoreCounterValue returned {r:?} on the retirement thread"),
+                    &format!("vkGetSemaphoreCounterValue returned {r:?} on the free thread"),
                     false,
                 );
                 break;
@@ -266,7 +266,7 @@ impl VulkanContext {
     /// a buffer only once its own last submission using it has completed
     /// (`adopt`'s contract). It executes at once, on the caller's thread,
     /// with the signal fired after the lock is released: no parked queue for
-    /// the retirement thread to catch up on, whatever the release rate.
+    /// the free thread to catch up on, whatever the release rate.
     fn free_now(&self, memory: VulkanMemory, retired: RetireSignal) {
         let shared = &self.shared;
         let mut mem = lock(&shared.mem);

@@ -1,16 +1,16 @@
 //! The state a context's threads share (the caller's, stream and gate
-//! handles', the retirement thread's): [`Shared`].
+//! handles', the free thread's): [`Shared`].
 
 use crate::access::DeviceAccess;
 use crate::config::VulkanConfig;
 use crate::instance::DeviceInfo;
 use crate::memory::MemState;
-use crate::result::{err, error};
+use crate::result::{err, error, Vk};
 use crate::stream::StreamInner;
 use crate::validation::ProbeShared;
 use crate::VulkanStream;
 use ash::vk;
-use memgov_backend::{lock, BackendError, BackendErrorKind};
+use memgov_backend::{lock, BackendError, BackendErrorKind, Shell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -19,7 +19,7 @@ pub(crate) struct GateRecord {
     pub(crate) opened: Arc<AtomicBool>,
 }
 
-/// State shared by the context, its streams, gates and retirement thread.
+/// State shared by the context, its streams, gates and free thread.
 /// Dropping it calls no Vulkan function: teardown destroys explicitly.
 pub(crate) struct Shared {
     pub id: u64,
@@ -36,14 +36,16 @@ pub(crate) struct Shared {
     pub config: VulkanConfig,
     pub queue_family: u32,
     pub queues: Vec<Mutex<vk::Queue>>,
-    pub lost: AtomicBool,
-    pub closing: AtomicBool,
+    /// Lost (declared by the governor, or `VK_ERROR_DEVICE_LOST` from a
+    /// call, whose first reason is kept) and closing, reported to the
+    /// probe's common part: the state every GPU backend keeps.
+    pub shell: Shell<Vk>,
     pub shutdown: AtomicBool,
     pub probe: Arc<ProbeShared>,
     pub mem: Mutex<MemState>,
     pub streams: Mutex<Vec<Arc<StreamInner>>>,
     pub wake_semaphore: vk::Semaphore,
-    /// A timeline semaphore that is never signalled. The retirement thread
+    /// A timeline semaphore that is never signalled. The free thread
     /// always waits on at least two semaphores with WAIT_ANY: with a single
     /// semaphore, VK_LAYER_KHRONOS_validation 1.3.239 waits inside
     /// vkWaitSemaphores for the host signal's bookkeeping while holding a
@@ -53,7 +55,7 @@ pub(crate) struct Shared {
     /// signal: two concurrent wakers must not signal out of order (a lower
     /// host-signalled value loses the device on lavapipe).
     pub wake_value: Mutex<u64>,
-    /// Where the retirement thread sleeps while no stream has a parked free
+    /// Where the free thread sleeps while no stream has a parked free
     /// (paired with `wake_value`; `wake` notifies it). A `vkWaitSemaphores`
     /// with WAIT_ANY over several timelines is a busy poll in Mesa's common
     /// runtime wherever the timelines have no native wait-any (lavapipe's
@@ -69,23 +71,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Refuse work on a lost or closing context.
+    /// Refuse work on a lost (`DeviceLost`, with the first reason) or
+    /// closing (`InvalidArgument`) context, with no Vulkan call.
     pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(err(
-                op,
-                BackendErrorKind::DeviceLost,
-                "the Vulkan device was lost (VK_ERROR_DEVICE_LOST); retire this context and create a new one",
-            ));
-        }
-        if self.closing.load(Ordering::Acquire) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                "the context is being torn down; no new work is accepted",
-            ));
-        }
-        Ok(())
+        self.shell.check_usable(op)
+    }
+
+    /// Whether the context is lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.shell.is_lost()
     }
 
     /// Refuse a stream of another context: its device may already be
@@ -110,7 +104,7 @@ impl Shared {
     }
 
     /// Classify a failed call; `VK_ERROR_DEVICE_LOST` marks the context lost
-    /// (parked frees are dropped unfired) and wakes the retirement thread.
+    /// (parked frees are dropped unfired) and wakes the free thread.
     pub(crate) fn fail(&self, op: &'static str, r: vk::Result, call: &str) -> BackendError {
         let e = error(op, call, r);
         if r == vk::Result::ERROR_DEVICE_LOST {
@@ -123,12 +117,12 @@ impl Shared {
     }
 
     /// Mark lost; drop every parked signal unfired. With `wake`, also
-    /// host-signal the wake semaphore so that the retirement thread leaves
+    /// host-signal the wake semaphore so that the free thread leaves
     /// `vkWaitSemaphores` (on lavapipe a blocked wait does not return by
     /// itself when the device is lost; the host signal still succeeds).
     pub(crate) fn on_lost(&self, why: &str, wake: bool) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            self.probe.common.device_lost();
+        // The shell reports the loss to the probe once.
+        if self.shell.mark_lost(Some(why)) {
             self.probe.note(format!("device lost: {why}"));
         }
         self.drain_parked();
@@ -155,7 +149,7 @@ impl Shared {
         }
     }
 
-    /// Wake the retirement thread: host-signal the next wake value.
+    /// Wake the free thread: host-signal the next wake value.
     pub(crate) fn wake(&self) {
         let mut v = lock(&self.wake_value);
         let next = *v + 1;
@@ -163,7 +157,7 @@ impl Shared {
             .semaphore(self.wake_semaphore)
             .value(next);
         // SAFETY: the wake semaphore is a timeline semaphore of this device,
-        // destroyed only in teardown after the retirement thread has been
+        // destroyed only in teardown after the free thread has been
         // joined and no waker can run (teardown owns the context). The value
         // strictly increases because it is chosen and signalled under `v`.
         match unsafe { self.device.signal_semaphore(&info) } {
@@ -175,10 +169,10 @@ impl Shared {
             }
             Err(r) => {
                 drop(v);
-                // An idle retirement thread still looks for parked frees.
+                // An idle free thread still looks for parked frees.
                 self.idle.notify_all();
                 self.probe.note(format!(
-                    "waking the retirement thread: vkSignalSemaphore returned {r:?}"
+                    "waking the free thread: vkSignalSemaphore returned {r:?}"
                 ));
             }
         }

@@ -24,7 +24,7 @@ pub(crate) struct Parked {
 }
 
 /// Parked frees of one stream, in increasing `value` order, and how many
-/// the retirement thread has taken but not yet fired.
+/// the free thread has taken but not yet fired.
 #[derive(Default)]
 pub(crate) struct Park {
     pub queue: VecDeque<Parked>,
@@ -201,7 +201,7 @@ impl StreamInner {
     }
 
     /// Park a free at the value of the last submission on this stream.
-    /// Never blocks on the device; wakes the retirement thread only when the
+    /// Never blocks on the device; wakes the free thread only when the
     /// stream had nothing parked (otherwise it already waits on this stream).
     pub(crate) fn park(&self, memory_id: u64, signal: RetireSignal) {
         let mut p = lock(&self.park);
@@ -215,7 +215,7 @@ impl StreamInner {
             signal,
         });
         drop(p);
-        if self.shared.lost.load(Ordering::SeqCst) {
+        if self.shared.is_lost() {
             // Lost while parking: nothing will retire it.
             self.shared.drain_parked();
             return;
@@ -483,7 +483,7 @@ impl StreamInner {
         let deadline = Instant::now() + self.shared.config.wait_timeout;
         let mut p = lock(&self.park);
         loop {
-            if self.shared.lost.load(Ordering::SeqCst) {
+            if self.shared.is_lost() {
                 return Err(err(
                     op,
                     BackendErrorKind::DeviceLost,
@@ -500,7 +500,7 @@ impl StreamInner {
                     op,
                     BackendErrorKind::Other,
                     format!(
-                        "stream {} reached value {target} but {} parked free(s) did not retire within {} ms; the retirement thread is stuck",
+                        "stream {} reached value {target} but {} parked free(s) did not retire within {} ms; the free thread is stuck",
                         self.id,
                         p.queue.len() + p.firing,
                         self.shared.config.wait_timeout.as_millis()
@@ -774,7 +774,7 @@ impl StreamGate {
 
 impl Drop for StreamGate {
     fn drop(&mut self) {
-        if !self.shared.lost.load(Ordering::SeqCst) {
+        if !self.shared.is_lost() {
             let _ = self.open();
         }
     }
@@ -796,8 +796,8 @@ impl VulkanContext {
         if s.destroyed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        if shared.lost.load(Ordering::SeqCst) {
-            // The retirement thread may still be blocked on this stream's
+        if shared.is_lost() {
+            // The free thread may still be blocked on this stream's
             // semaphore: teardown destroys it after joining the thread.
             return Ok(());
         }
@@ -809,7 +809,7 @@ impl VulkanContext {
         shared.probe.common.stream_destroyed();
         // SAFETY: synchronize returned: every submission on the stream has
         // completed and its parked frees have fired, so neither the device nor
-        // the retirement thread uses its objects (the thread only waits on
+        // the free thread uses its objects (the thread only waits on
         // streams with parked frees); the stream is no longer registered.
         unsafe { s.destroy_objects(true) };
         Ok(())

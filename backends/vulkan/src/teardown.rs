@@ -31,9 +31,9 @@ impl VulkanContext {
         // 1. Refuse new work, and wait for the device calls that stream and
         // gate handles have in flight (they can outlive this context, and may
         // run on other threads): none can start from here on, so nothing but
-        // this function and the retirement thread touches the device.
+        // this function and the free thread touches the device.
         shared.access.close_and_drain();
-        shared.closing.store(true, Ordering::SeqCst);
+        shared.shell.close();
         let mut first_error: Option<BackendError> = None;
         if lost {
             // The device is gone: drop parked signals unfired.
@@ -93,8 +93,8 @@ impl VulkanContext {
                 }
             }
         }
-        let lost = lost || shared.lost.load(Ordering::SeqCst);
-        // 3. Stop the retirement thread. It retires what is parked (all of it
+        let lost = lost || shared.is_lost();
+        // 3. Stop the free thread. It retires what is parked (all of it
         // reached: the device is idle) and leaves. The wake is a host signal
         // of memgov's own semaphore: the one non-destroy call made on a lost
         // device, because a blocked vkWaitSemaphores does not return by
@@ -111,7 +111,7 @@ impl VulkanContext {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     // The thread may still be inside a Vulkan call: destroying
                     // anything would be unsound. Leak the device instead.
-                    probe.note("retirement thread did not return; device leaked".into());
+                    probe.note("free thread did not return; device leaked".into());
                     self.created = None;
                     // The runtime must not destroy the device either.
                     std::mem::forget(lock(&self.after_teardown).take());
@@ -119,7 +119,7 @@ impl VulkanContext {
                         "teardown",
                         BackendErrorKind::Other,
                         format!(
-                            "the retirement thread did not leave vkWaitSemaphores within {} ms; the device, instance and {} live allocation(s) were leaked to stay sound",
+                            "the free thread did not leave vkWaitSemaphores within {} ms; the device, instance and {} live allocation(s) were leaked to stay sound",
                             limit.as_millis(),
                             lock(&shared.mem).live.len()
                         ),
@@ -135,7 +135,7 @@ impl VulkanContext {
         let streams: Vec<_> = std::mem::take(&mut *lock(&shared.streams));
         let leftover_streams = streams.len();
         for s in streams {
-            // SAFETY: the device is idle (or lost) and the retirement thread
+            // SAFETY: the device is idle (or lost) and the free thread
             // has been joined: nothing uses the stream's objects.
             unsafe { s.destroy_objects(!lost) };
         }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 /// How many messages the probe keeps verbatim (counts are never capped).
 const KEPT_MESSAGES: usize = 256;
 
-/// What the context observed. Shared between the context, its retirement
+/// What the context observed. Shared between the context, its free
 /// thread, the debug callback, every [`VulkanValidation`] clone and (its
 /// `common` part) every [`BackendProbe`] clone.
 #[derive(Default)]
@@ -32,7 +32,7 @@ pub(crate) struct ProbeShared {
     pub print: AtomicBool,
     pub wakeups: AtomicU64,
     pub retire_waits: AtomicU64,
-    /// The retirement thread's kernel thread id (Linux; 0 elsewhere or
+    /// The free thread's kernel thread id (Linux; 0 elsewhere or
     /// before it started).
     pub retire_tid: AtomicU64,
     pub notes: Mutex<Vec<String>>,
@@ -50,7 +50,7 @@ impl ProbeShared {
 
 /// What only a Vulkan context observes, from outside, before and after its
 /// teardown: validation messages by severity, loader messages, the
-/// retirement thread's waits and wake-ups, backend notes. The bookkeeping
+/// free thread's waits and wake-ups, backend notes. The bookkeeping
 /// every backend reports is in [`VulkanContext::probe`](super::VulkanContext::probe).
 #[derive(Clone)]
 pub struct VulkanValidation(pub(crate) Arc<ProbeShared>);
@@ -100,21 +100,21 @@ impl VulkanValidation {
     pub fn set_print(&self, on: bool) {
         self.0.print.store(on, Ordering::SeqCst);
     }
-    /// Times the retirement thread returned from `vkWaitSemaphores`.
+    /// Times the free thread returned from `vkWaitSemaphores`.
     pub fn retire_waits(&self) -> u64 {
         self.0.retire_waits.load(Ordering::SeqCst)
     }
-    /// Times a caller woke the retirement thread (host signal of its wake
+    /// Times a caller woke the free thread (host signal of its wake
     /// semaphore).
     pub fn wakeups(&self) -> u64 {
         self.0.wakeups.load(Ordering::SeqCst)
     }
-    /// CPU time the retirement thread has used so far, read from
+    /// CPU time the free thread has used so far, read from
     /// `/proc/self/task/<tid>/stat` at the kernel's 10 ms tick: `None` off
     /// Linux, before the thread started or after it exited. A context with
     /// nothing in flight should cost none: a thread left in a driver's
     /// busy-polling wait shows here, not in [`retire_waits`](Self::retire_waits).
-    pub fn retirement_thread_cpu(&self) -> Option<std::time::Duration> {
+    pub fn free_thread_cpu(&self) -> Option<std::time::Duration> {
         let tid = self.0.retire_tid.load(Ordering::SeqCst);
         if tid == 0 {
             return None;
@@ -127,7 +127,7 @@ impl VulkanValidation {
         // USER_HZ is 100 on every Linux architecture memgov builds for.
         Some(std::time::Duration::from_millis(ticks * 10))
     }
-    /// Backend notes: device loss, teardown anomalies, errors the retirement
+    /// Backend notes: device loss, teardown anomalies, errors the free
     /// thread could not return to anyone.
     pub fn notes(&self) -> Vec<String> {
         self.0.notes.lock().map(|m| m.clone()).unwrap_or_default()

@@ -353,7 +353,7 @@ fn free_retires_only_when_the_timeline_reaches_its_value() {
 }
 
 #[test]
-fn retirement_thread_does_not_poll() {
+fn free_thread_does_not_poll() {
     let Some(ctx) = context(validated()) else {
         return;
     };
@@ -372,32 +372,32 @@ fn retirement_thread_does_not_poll() {
     let before = validation.retire_waits();
     // Nor does it spin inside the driver, which `retire_waits` cannot see
     // (a wait-any over several timelines is a busy poll on lavapipe).
-    assert_retirement_thread_sleeps(&validation, Duration::from_millis(500));
+    assert_free_thread_sleeps(&validation, Duration::from_millis(500));
     assert_eq!(
         validation.retire_waits(),
         before,
-        "the retirement thread woke with nothing to retire"
+        "the free thread woke with nothing to retire"
     );
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
     assert_clean(&validation);
 }
 
-/// With nothing in flight, the context's retirement thread uses at most a
+/// With nothing in flight, the context's free thread uses at most a
 /// tenth of `window` in CPU time: a sleeping thread uses no tick, a spinning
 /// one the whole window (or, on a loaded machine, still a large share).
 /// Prints why it checked nothing where the thread's CPU time cannot be read.
-fn assert_retirement_thread_sleeps(validation: &VulkanValidation, window: Duration) {
+fn assert_free_thread_sleeps(validation: &VulkanValidation, window: Duration) {
     std::thread::sleep(Duration::from_millis(50));
-    let Some(before) = validation.retirement_thread_cpu() else {
-        println!("skipped: the retirement thread's CPU time is read from /proc (Linux only)");
+    let Some(before) = validation.free_thread_cpu() else {
+        println!("skipped: the free thread's CPU time is read from /proc (Linux only)");
         return;
     };
     std::thread::sleep(window);
-    let used = validation.retirement_thread_cpu().expect("still running") - before;
+    let used = validation.free_thread_cpu().expect("still running") - before;
     assert!(
         used <= window / 10,
-        "the retirement thread of an idle context used {used:?} of CPU in {window:?}"
+        "the free thread of an idle context used {used:?} of CPU in {window:?}"
     );
 }
 
@@ -430,7 +430,7 @@ fn frees_on_one_stream_retire_with_the_layer_off() {
             "free {i}"
         );
     }
-    assert_retirement_thread_sleeps(&validation, Duration::from_millis(300));
+    assert_free_thread_sleeps(&validation, Duration::from_millis(300));
     ctx.destroy_stream(s).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
     probe.check_clean_teardown().expect("clean teardown");
@@ -621,6 +621,14 @@ fn device_loss_on_lavapipe_settles_parked_frees_unfired() {
     assert_eq!(probe.frees_abandoned(), 1);
     let again = ctx.allocate(&s, 4096).expect_err("allocate after loss");
     assert_eq!(again.kind, BackendErrorKind::DeviceLost);
+    // The refusal names the call that lost the device (the first reason,
+    // kept by the shell every GPU backend shares).
+    assert!(
+        again
+            .message
+            .contains("returned VK_ERROR_DEVICE_LOST during"),
+        "{again}"
+    );
     let (sig, rx) = signal();
     let refused = ctx
         .free_async(&s, m1, sig)
@@ -642,6 +650,36 @@ fn device_loss_on_lavapipe_settles_parked_frees_unfired() {
         validation.validation_errors() >= 1,
         "the layer should have reported the deliberate invalid signal"
     );
+}
+
+/// A context the governor declares lost refuses work with no Vulkan call,
+/// naming the reason, as every GPU backend's shell does.
+#[test]
+fn declared_loss_refuses_work_with_the_reason() {
+    let Some(ctx) = context(validated()) else {
+        return;
+    };
+    let (probe, validation) = (ctx.probe(), ctx.validation());
+    let s = ctx.create_stream().expect("create_stream");
+    ctx.device_lost();
+    ctx.device_lost();
+    let e = ctx
+        .allocate(&s, 4096)
+        .expect_err("allocate on a lost context");
+    assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+    assert!(
+        e.message.contains("Vulkan device") && e.message.contains("declared lost by the governor"),
+        "{e}"
+    );
+    let e = ctx
+        .create_stream()
+        .expect_err("create_stream on a lost context");
+    assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+    assert!(probe.lost());
+    drop(s);
+    ctx.teardown(true).expect("teardown(lost)");
+    assert!(probe.torn_down());
+    assert_clean(&validation);
 }
 
 #[test]

@@ -11,8 +11,8 @@
 
 #![allow(dead_code)]
 
-use memgov::hip::ffi::{hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
-use memgov::hip::{result, HipConfig, HipContext};
+use memgov::hip::raw::{self, hipFreeAsync, hipMallocAsync, hipStreamSynchronize, hipStream_t};
+use memgov::hip::{HipConfig, HipContext};
 use memgov::{
     Alloc, BackendError, ContextConfig, ContextHandle, Execution, GovernedStream, Governor, Role,
 };
@@ -80,17 +80,17 @@ impl Cycles {
         // SAFETY: valid out-pointer; the stream is the governed stream's,
         // alive until `finish` (the governed stream is dropped there).
         let r = unsafe { hipMallocAsync(&mut p, CYCLE_BYTES as usize, self.raw.0) };
-        result::check("bench", "hipMallocAsync", r)?;
+        raw::check("bench", "hipMallocAsync", r)?;
         // SAFETY: `p` came from hipMallocAsync just above; nothing uses it.
         let r = unsafe { hipFreeAsync(p, self.raw.0) };
-        result::check("bench", "hipFreeAsync", r)
+        raw::check("bench", "hipFreeAsync", r)
     }
 
     /// Synchronize, retire the context and tear it down.
     pub fn finish(mut self) -> Result<(), BackendError> {
         // SAFETY: the stream is alive (the governed stream still exists).
         let r = unsafe { hipStreamSynchronize(self.raw.0) };
-        result::check("bench", "hipStreamSynchronize", r)?;
+        raw::check("bench", "hipStreamSynchronize", r)?;
         super::cycle::retire("hip", &self.ctx, self.stream.take())
     }
 }

@@ -6,7 +6,7 @@
 //! settings, a staging copy submitted on a timeline semaphore for the write,
 //! and a free that waits for the timeline: the raw side retires its frees
 //! inline at the start of the next cycle, the governed side through the
-//! backend's retirement thread. The raw side borrows the device of an
+//! backend's free thread. The raw side borrows the device of an
 //! ungoverned `VulkanContext` (public accessors only) and does everything
 //! else by hand.
 

@@ -21,6 +21,13 @@
 //!   books, the per-granule state machine, transactional map and unmap,
 //!   quarantine, sleep and wake) that the CUDA and HIP backends drive
 //!   through their own driver calls.
+//! * the deferred-free kit a backend over a C driver API builds its
+//!   stream-ordered frees from: [`Tickets`] (a signal parked under a ticket
+//!   and claimed exactly once, by the driver's callback or by device loss),
+//!   [`FreeThread`] (the one thread per context that makes the driver calls
+//!   a callback may not; the backend supplies them through [`FreeWork`]) and
+//!   [`Unsettled`] (frees per stream whose signal has not settled, for
+//!   `synchronize`).
 //!
 //! The conformance suite that checks a backend against this contract drives
 //! it through the governor, so it lives in the test kit
@@ -32,18 +39,24 @@
 
 mod context;
 pub mod fault;
+mod free_thread;
 mod identity;
 mod probe;
 pub mod shell;
+mod tickets;
+mod unsettled;
 pub mod vmm;
 
 pub use context::{
     tier_unsupported, BackendError, BackendErrorKind, DeviceContext, DeviceDescription, Execution,
     MemoryInfo, RetireOutcome, RetireSignal, RetireSink, Tier, OUT_OF_MEMORY_HINT,
 };
+pub use free_thread::{FreeThread, FreeWork, Stop, Take};
 pub use identity::DeviceIdentity;
 pub use probe::{BackendProbe, ProbeShard};
 pub use shell::{LostState, Shell};
+pub use tickets::{Claim, Tickets};
+pub use unsettled::{Settling, Unsettled};
 
 /// Lock a bookkeeping mutex, recovering from poisoning (see
 /// [`memgov_sync::lock`]): a backend's state is left consistent between

@@ -6,36 +6,24 @@
 //! so has every other stream that used it), and the host function gives the
 //! range back to the arena and fires the [`RetireSignal`]. It makes no
 //! driver call: unmapping is left to trim, sleep and teardown, which run on
-//! a caller's thread. The signal waits in the arena's table under a ticket,
-//! so that `device_lost` can take it (unfired) instead, as for the pool's
-//! frees.
+//! a caller's thread. The signal waits in the arena's [`Tickets`] table, so
+//! that `device_lost` can take it (unfired) instead, as for the pool's
+//! frees; the first steps and a failed launch are the pool's too
+//! (`Shared::begin_free`, `Shared::launch_settle`).
 
 use super::Arena;
-use crate::result::BACKEND;
+use crate::retire::Refused;
 use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal};
-use std::collections::HashMap;
+use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal, Tickets};
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Releases queued whose host function has not run: ticket -> (signal,
-/// bytes, address).
-#[derive(Default)]
-pub(crate) struct Releases(Mutex<HashMap<u64, (RetireSignal, u64, CUdeviceptr)>>);
-
-impl Releases {
-    /// Drop every waiting signal unfired (the device is lost).
-    pub(crate) fn abandon_all(&self, probe: &BackendProbe) {
-        let all: Vec<_> = lock(&self.0).drain().map(|(_, v)| v).collect();
-        for (signal, bytes, _) in all {
-            probe.free_abandoned(bytes);
-            drop(signal);
-        }
-    }
-}
+/// Releases queued whose host function has not run: their signals by
+/// ticket, each with the address to give back to the arena.
+pub(crate) type Releases = Tickets<CUdeviceptr>;
 
 struct HostFnData {
     arena: Arc<Arena>,
@@ -50,11 +38,9 @@ struct HostFnData {
 unsafe extern "C" fn arena_retired(user: *mut c_void) {
     // SAFETY: see the function's contract; reclaimed once.
     let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
-    let taken = lock(&data.arena.releases.0).remove(&data.ticket);
-    if let Some((signal, bytes, ptr)) = taken {
-        data.arena.retire(ptr);
-        data.probe.free_retired(bytes);
-        signal.retire();
+    if let Some(claim) = data.arena.releases.claim(data.ticket) {
+        data.arena.retire(*claim.item());
+        claim.retire(&data.probe);
     }
 }
 
@@ -64,7 +50,7 @@ const LOST_DRAIN: Duration = Duration::from_secs(5);
 
 /// Wait until the work queued on every stream of the context has run: the
 /// live streams and those destroyed with work still queued (taken out of
-/// the retired list while waited on, so that the watcher does not destroy
+/// the retired list while waited on, so that the free thread does not destroy
 /// one under the wait, and put back after). With `poll`, ask
 /// (`cuStreamQuery`) until that deadline passes instead of blocking: the
 /// error then says work is still running. The context must be current.
@@ -83,7 +69,7 @@ pub(crate) fn quiesce(
         }
         result = match deadline {
             // SAFETY: a live stream of this context, or a retired one held
-            // out of the watcher's reach above; the context is current.
+            // out of the free thread's reach above; the context is current.
             None => s.checked(op, "cuStreamSynchronize", unsafe {
                 sys::cuStreamSynchronize(raw)
             }),
@@ -118,78 +104,34 @@ impl CudaContext {
         stream: &CudaStream,
         memory: CudaMemory,
         signal: RetireSignal,
-    ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
+    ) -> Result<(), Refused> {
         let s = &*self.shared;
-        if let Err(e) = s.check_usable("free_async") {
-            return Err((memory, signal, e));
-        }
-        if let Err(e) = s.check_stream("free_async", stream) {
-            return Err((memory, signal, e));
-        }
-        let live = (memory.context == s.id)
-            .then(|| lock(&s.live).remove(&memory.id))
-            .flatten();
-        let Some(live) = live else {
-            if memory.context == s.id {
-                s.probe().violation(
-                    BACKEND,
-                    format!(
-                        "free_async of arena allocation {} that is not live",
-                        memory.id
-                    ),
-                );
-            }
-            let e = crate::result::err(
-                "free_async",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "arena allocation {} ({} B at {:#x}) is not live in CUDA context {} (freed \
-                     already, or another context's)",
-                    memory.id, memory.bytes, memory.ptr, s.id
-                ),
-            );
-            return Err((memory, signal, e));
-        };
-        let current = match s.make_current("free_async") {
-            Ok(c) => c,
-            Err(e) => {
-                lock(&s.live).insert(memory.id, live);
-                return Err((memory, signal, e));
-            }
-        };
+        let (_live, _current, memory, signal) =
+            s.begin_free(stream, memory, signal, "arena allocation")?;
         let ticket = s.next_id();
-        lock(&arena.releases.0).insert(ticket, (signal, memory.bytes, memory.ptr));
-        let data = Box::into_raw(Box::new(HostFnData {
+        arena
+            .releases
+            .park(ticket, signal, memory.bytes, memory.ptr);
+        let data = HostFnData {
             arena: arena.clone(),
             probe: s.probe().clone(),
             ticket,
-        }));
-        // SAFETY: `arena_retired` makes no CUDA call; `data` is a fresh box
-        // for this launch only; the stream is live and the context current.
-        let r = unsafe { sys::cuLaunchHostFunc(stream.raw, Some(arena_retired), data.cast()) };
-        if r == CUresult::CUDA_SUCCESS {
-            return Ok(());
-        }
-        let _current = current;
-        // SAFETY: the launch failed, so the driver never took `data`.
-        drop(unsafe { Box::from_raw(data) });
-        let launch = s.checked("free_async", "cuLaunchHostFunc", r);
-        let Some((signal, bytes, ptr)) = lock(&arena.releases.0).remove(&ticket) else {
-            return Ok(());
         };
-        if !launch.is_err_and(|e| e.is_device_lost()) {
-            // SAFETY: the stream is live; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-            if s.checked("free_async", "cuStreamSynchronize", r).is_ok() {
-                // The stream has passed the memory's last use.
-                arena.retire(ptr);
-                s.probe().free_retired(bytes);
-                signal.retire();
-                return Ok(());
-            }
-        }
-        s.probe().free_abandoned(bytes);
-        drop(signal);
+        // SAFETY: `arena_retired` makes no CUDA call and reclaims its box
+        // once; the stream is a live stream of this context (checked).
+        unsafe {
+            s.launch_settle(
+                stream.raw,
+                arena_retired,
+                data,
+                &arena.releases,
+                ticket,
+                |&ptr| {
+                    arena.retire(ptr);
+                    true
+                },
+            )
+        };
         Ok(())
     }
 
