@@ -591,3 +591,395 @@ mod peak {
         }
     }
 }
+
+// --- Sleep and wake: suspended bytes leave every level and come back
+// through admission. ---
+
+mod sleep {
+    use super::MIB;
+    use memgov::host::{HostConfig, HostContext, HostControls};
+    use memgov::{
+        BackendError, BackendErrorKind, BudgetScope, CacheConfig, ContextConfig, ContextHandle,
+        Governor, GovernorError, ProcessBudget, ProviderContextPinError, Role, SharedBudget,
+        SleepState,
+    };
+    use std::time::Duration;
+
+    /// Two devices under one process budget: `a` on gpu0, `b` on gpu1.
+    struct Tree {
+        gov: Governor<HostContext>,
+        process: ProcessBudget,
+        gpu0: SharedBudget,
+        gpu1: SharedBudget,
+        a: ContextHandle<HostContext>,
+        b: ContextHandle<HostContext>,
+        a_controls: HostControls,
+    }
+
+    fn tree(process_limit: u64, config: impl Fn(ContextConfig) -> ContextConfig) -> Tree {
+        let process = ProcessBudget::new("proc", process_limit);
+        let gpu0 = SharedBudget::with_parent("gpu0", 100 * MIB, &process);
+        let gpu1 = SharedBudget::with_parent("gpu1", 100 * MIB, &process);
+        let gov = Governor::new();
+        let host_a = HostContext::new(HostConfig::default()).unwrap();
+        let a_controls = host_a.controls();
+        let a = gov.register(
+            host_a,
+            config(ContextConfig::new().label("a").shared_budget(gpu0.clone())),
+        );
+        let b = gov.register(
+            HostContext::new(HostConfig::default()).unwrap(),
+            ContextConfig::new().label("b").shared_budget(gpu1.clone()),
+        );
+        Tree {
+            gov,
+            process,
+            gpu0,
+            gpu1,
+            a,
+            b,
+            a_controls,
+        }
+    }
+
+    impl Tree {
+        /// Charged on a's context, gpu0, and the process.
+        fn charged(&self) -> (u64, u64, u64) {
+            (
+                self.a.snapshot().charged,
+                self.gpu0.charged(),
+                self.process.charged(),
+            )
+        }
+
+        /// Retire both contexts and check that every level holds nothing.
+        fn balance(self) {
+            for c in [&self.a, &self.b] {
+                let report = c.retire().wait_timeout(Duration::from_secs(10)).unwrap();
+                assert!(report.backend_result.is_ok(), "{report:?}");
+                let s = c.snapshot();
+                assert_eq!((s.charged, s.suspended), (0, 0), "{s:?}");
+            }
+            assert_eq!(
+                (
+                    self.gpu0.charged(),
+                    self.gpu1.charged(),
+                    self.process.charged()
+                ),
+                (0, 0, 0),
+                "every level back to 0 after teardown"
+            );
+            drop(self.gov);
+        }
+    }
+
+    fn no_op(_: &HostContext) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// The identity the books keep, read from a quiet context's snapshot.
+    fn identity_holds<C: memgov::DeviceContext>(c: &ContextHandle<C>) {
+        let s = c.snapshot();
+        let device = &s.by_tier[0];
+        assert_eq!(
+            s.charged,
+            device.live_bytes
+                + device.pending_bytes
+                + device.quarantined_bytes
+                + s.awaiting_teardown
+                + s.reserved
+                + s.outside_bytes
+                + s.cache.cached_bytes
+                - s.suspended,
+            "charged = live + pending + quarantined + awaiting + reserved + outside + cached - suspended: {s:?}"
+        );
+    }
+
+    #[test]
+    fn sleep_frees_every_level_and_wake_readmits_or_refuses_with_nothing_changed() {
+        let t = tree(100 * MIB, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let weights = t.a.allocate(&sa, 60 * MIB, Role::Weights).unwrap();
+        let kv = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
+        assert_eq!(t.charged(), (80 * MIB, 80 * MIB, 80 * MIB));
+
+        let slept = t.a.sleep_with(&[], no_op).unwrap();
+        assert_eq!(slept.suspended, 80 * MIB);
+        assert_eq!(slept.by_role[Role::Weights as usize], 60 * MIB);
+        assert_eq!(t.charged(), (0, 0, 0), "the sleeping bytes are on no level");
+        let s = t.a.snapshot();
+        assert_eq!((s.suspended, s.sleep), (80 * MIB, SleepState::Asleep));
+        assert_eq!(s.role(Role::KvCache).suspended_bytes, 20 * MIB);
+        assert_eq!(s.role(Role::KvCache).live_bytes, 20 * MIB, "still live");
+        identity_holds(&t.a);
+
+        // Another device under the same process uses the room.
+        let sb = t.b.create_stream("b").unwrap();
+        let big = t.b.allocate(&sb, 90 * MIB, Role::Activation).unwrap();
+        // The wake no longer fits under the process budget: refused, by that
+        // level, with nothing changed.
+        let err = t.a.wake_with(no_op).unwrap_err();
+        let b = err.budget().expect("a budget refusal");
+        assert_eq!(b.scope, BudgetScope::Process("proc".into()), "{err}");
+        assert_eq!(b.requested, 60 * MIB, "the first role's suspended bytes");
+        assert_eq!(t.a.sleep_state(), SleepState::Asleep);
+        assert_eq!(t.charged(), (0, 0, 90 * MIB));
+        assert_eq!(t.a.snapshot().suspended, 80 * MIB);
+
+        drop(big);
+        sb.synchronize().unwrap();
+        let woken = t.a.wake_with(no_op).unwrap();
+        assert_eq!(woken.resumed, 80 * MIB);
+        assert_eq!(t.a.sleep_state(), SleepState::Awake);
+        assert_eq!(t.charged(), (80 * MIB, 80 * MIB, 80 * MIB));
+        assert_eq!(t.a.snapshot().suspended, 0);
+        identity_holds(&t.a);
+        drop((weights, kv, sa, sb));
+        t.balance();
+    }
+
+    #[test]
+    fn sleeping_some_roles_suspends_only_their_device_bytes() {
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let weights = t.a.allocate(&sa, 30 * MIB, Role::Weights).unwrap();
+        let kv = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
+        let pinned =
+            t.a.allocate_in(&sa, 5 * MIB, Role::KvCache, memgov::Tier::PinnedHost)
+                .unwrap();
+        let slept = t.a.sleep_with(&[Role::KvCache], no_op).unwrap();
+        assert_eq!(slept.suspended, 20 * MIB, "pinned host bytes do not sleep");
+        assert_eq!(t.charged(), (30 * MIB, 30 * MIB, 30 * MIB));
+        identity_holds(&t.a);
+        // A weights buffer released while the cache sleeps gives back its own
+        // bytes, not the sleeping ones.
+        drop(weights);
+        sa.synchronize().unwrap();
+        assert_eq!(t.charged(), (0, 0, 0));
+        assert_eq!(t.a.snapshot().suspended, 20 * MIB);
+        t.a.wake_with(no_op).unwrap();
+        assert_eq!(t.charged(), (20 * MIB, 20 * MIB, 20 * MIB));
+        drop((kv, pinned, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn a_release_while_asleep_gives_back_nothing_twice() {
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let one = t.a.allocate(&sa, 10 * MIB, Role::KvCache).unwrap();
+        let two = t.a.allocate(&sa, 30 * MIB, Role::KvCache).unwrap();
+        t.a.sleep_with(&[], no_op).unwrap();
+        // Released and settled while asleep: nothing is given back (it was
+        // on no level), and it is no longer suspended.
+        drop(one);
+        sa.synchronize().unwrap();
+        assert_eq!(t.charged(), (0, 0, 0));
+        assert_eq!(t.a.snapshot().suspended, 30 * MIB);
+        identity_holds(&t.a);
+        // A buffer allocated while asleep is charged like any other.
+        let three = t.a.allocate(&sa, 5 * MIB, Role::Workspace).unwrap();
+        assert_eq!(t.charged(), (5 * MIB, 5 * MIB, 5 * MIB));
+        let woken = t.a.wake_with(no_op).unwrap();
+        assert_eq!(woken.resumed, 30 * MIB, "only what is still suspended");
+        assert_eq!(t.charged(), (35 * MIB, 35 * MIB, 35 * MIB));
+        identity_holds(&t.a);
+        drop((two, three, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn a_release_queued_asleep_is_pending_on_no_level_until_it_settles_or_is_abandoned() {
+        use memgov::null::NullContext;
+        let gpu = SharedBudget::new("gpu", 100 * MIB);
+        let gov = Governor::new();
+        let null = NullContext::deferred(8);
+        let parked = null.controls();
+        let c = gov.register(null, ContextConfig::new().shared_budget(gpu.clone()));
+        let s = c.create_stream("s").unwrap();
+        let settles = c.allocate(&s, 10 * MIB, Role::KvCache).unwrap();
+        let abandoned = c.allocate(&s, 20 * MIB, Role::KvCache).unwrap();
+        let kept = c.allocate(&s, 30 * MIB, Role::KvCache).unwrap();
+        // A release queued before the sleep stays charged until it settles.
+        let before = c.allocate(&s, 5 * MIB, Role::KvCache).unwrap();
+        drop(before);
+        c.sleep_with(&[], |_| Ok(())).unwrap();
+        assert_eq!(
+            gpu.charged(),
+            5 * MIB,
+            "the pending release is still charged"
+        );
+        drop(settles);
+        let snap = c.snapshot();
+        assert_eq!(snap.role(Role::KvCache).pending_bytes, 15 * MIB);
+        assert_eq!(
+            snap.suspended,
+            60 * MIB,
+            "50 MiB live asleep + 10 MiB released asleep"
+        );
+        assert_eq!((gpu.charged(), gpu.pending()), (5 * MIB, 5 * MIB));
+        identity_holds(&c);
+        // Both settle: only the release queued awake gives bytes back.
+        assert_eq!(parked.retire_parked(), 2);
+        assert_eq!((gpu.charged(), gpu.pending()), (0, 0));
+        assert_eq!(c.snapshot().suspended, 50 * MIB);
+        identity_holds(&c);
+        // One queued asleep that never runs: abandoned by the teardown of a
+        // lost device, and nothing is held for it.
+        drop(abandoned);
+        c.mark_lost("test");
+        drop((kept, s));
+        let report = c.retire().wait_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(report.abandoned_releases, 1, "{report:?}");
+        assert_eq!(report.awaiting_teardown_bytes, 0, "{report:?}");
+        let snap = c.snapshot();
+        assert_eq!((snap.charged, snap.suspended), (0, 0), "{snap:?}");
+        assert_eq!(
+            (gpu.charged(), gpu.pending(), gpu.awaiting_teardown()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn teardown_while_asleep_balances_every_level() {
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let kept = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
+        let refused = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
+        t.a.sleep_with(&[], no_op).unwrap();
+        // A release refused while asleep: quarantined, still suspended.
+        t.a_controls.refuse_next_frees(1);
+        drop(refused);
+        let s = t.a.snapshot();
+        assert_eq!(s.role(Role::KvCache).quarantined_bytes, 20 * MIB);
+        assert_eq!((s.charged, s.suspended), (0, 30 * MIB));
+        identity_holds(&t.a);
+        // Teardown while asleep, with a live buffer reclaimed by force.
+        let report =
+            t.a.retire()
+                .force(std::time::Instant::now() + Duration::from_secs(10))
+                .unwrap();
+        assert_eq!(report.reclaimed_buffers, 1);
+        drop((kept, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn a_lost_device_while_asleep_balances_every_level() {
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let buffer = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
+        t.a.sleep_with(&[], no_op).unwrap();
+        t.a.mark_lost("test");
+        drop(buffer);
+        assert!(matches!(
+            t.a.wake_with(no_op),
+            Err(GovernorError::DeviceLost { .. })
+        ));
+        drop(sa);
+        t.balance();
+    }
+
+    #[test]
+    fn sleep_empties_the_block_cache_first() {
+        let t = tree(u64::MAX, |c| c.cache(CacheConfig::new(64 * MIB)));
+        let sa = t.a.create_stream("a").unwrap();
+        let live = t.a.allocate(&sa, 4 * MIB, Role::KvCache).unwrap();
+        drop(t.a.allocate(&sa, 8 * MIB, Role::KvCache).unwrap());
+        assert!(
+            t.a.snapshot().cache.cached_bytes > 0,
+            "the block was cached"
+        );
+        let slept = t.a.sleep_with(&[], no_op).unwrap();
+        sa.synchronize().unwrap();
+        assert_eq!(t.a.snapshot().cache.cached_bytes, 0);
+        assert_eq!(
+            slept.suspended,
+            4 * MIB,
+            "the cached block is not suspended"
+        );
+        assert_eq!(t.charged(), (0, 0, 0));
+        t.a.wake_with(no_op).unwrap();
+        drop((live, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn sleep_and_wake_out_of_turn_are_typed_errors_with_nothing_changed() {
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let buffer = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
+        let not_asleep = t.a.wake_with(no_op).unwrap_err();
+        assert!(
+            matches!(
+                not_asleep,
+                GovernorError::Sleep {
+                    operation: "wake",
+                    state: SleepState::Awake,
+                    ..
+                }
+            ),
+            "{not_asleep}"
+        );
+        assert!(
+            not_asleep.to_string().contains("sleep_with"),
+            "{not_asleep}"
+        );
+
+        // The backend's sleep fails: nothing suspended, still awake.
+        let failed =
+            t.a.sleep_with(&[], |_| -> Result<(), _> {
+                Err(BackendError::new(
+                    "host",
+                    "sleep",
+                    BackendErrorKind::Other,
+                    "planted",
+                ))
+            })
+            .unwrap_err();
+        assert!(matches!(failed, GovernorError::Backend { .. }), "{failed}");
+        assert_eq!(t.a.sleep_state(), SleepState::Awake);
+        assert_eq!(t.charged(), (10 * MIB, 10 * MIB, 10 * MIB));
+
+        t.a.sleep_with(&[], no_op).unwrap();
+        let twice = t.a.sleep_with(&[], no_op).unwrap_err();
+        assert!(
+            matches!(
+                twice,
+                GovernorError::Sleep {
+                    state: SleepState::Asleep,
+                    ..
+                }
+            ),
+            "{twice}"
+        );
+        // The backend's wake fails: the admission is given back, still asleep.
+        let failed =
+            t.a.wake_with(|_| -> Result<(), _> {
+                Err(BackendError::new(
+                    "host",
+                    "wake",
+                    BackendErrorKind::Other,
+                    "planted",
+                ))
+            })
+            .unwrap_err();
+        assert!(matches!(failed, GovernorError::Backend { .. }), "{failed}");
+        assert_eq!(t.a.sleep_state(), SleepState::Asleep);
+        assert_eq!(t.charged(), (0, 0, 0));
+        assert_eq!(t.a.snapshot().suspended, 10 * MIB);
+
+        // A retiring context neither sleeps nor wakes.
+        let retire = t.a.retire();
+        assert!(matches!(
+            t.a.wake_with(no_op),
+            Err(GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                ..
+            })
+        ));
+        assert_eq!(t.a.sleep_state(), SleepState::Asleep);
+        drop((buffer, sa, retire));
+        t.balance();
+    }
+}

@@ -96,17 +96,107 @@ pub(crate) fn admit<C: DeviceContext>(
     }
 }
 
+/// What an admission makes once its bytes are charged: a buffer on a
+/// stream ([`admit`]), or nothing more than the charge (a wake taking its
+/// suspended bytes back, [`admit_resume`]). The refusal path is the same
+/// for both: caches, waits, responders, the typed refusal.
+trait Request<C: DeviceContext> {
+    type Made;
+    /// The trace tag of the stream asking (0: not traced).
+    fn trace_tag(&self) -> u32;
+    /// One attempt: charge every level, then make it.
+    #[allow(clippy::type_complexity)]
+    fn attempt(
+        &self,
+        ctx: &ContextInner<C>,
+        bytes: u64,
+        role: Role,
+    ) -> Result<Self::Made, Result<Refused, GovernorError>>;
+    /// Make it with its charge already held (a reclaim's claim).
+    fn make_charged(
+        &self,
+        ctx: &ContextInner<C>,
+        bytes: u64,
+        role: Role,
+    ) -> Result<Self::Made, GovernorError>;
+}
+
+impl<C: DeviceContext> Request<C> for StreamShared<C> {
+    type Made = C::Memory;
+    fn trace_tag(&self) -> u32 {
+        self.trace_tag
+    }
+    fn attempt(
+        &self,
+        ctx: &ContextInner<C>,
+        bytes: u64,
+        role: Role,
+    ) -> Result<C::Memory, Result<Refused, GovernorError>> {
+        attempt(ctx, self, bytes, role)
+    }
+    fn make_charged(
+        &self,
+        ctx: &ContextInner<C>,
+        bytes: u64,
+        role: Role,
+    ) -> Result<C::Memory, GovernorError> {
+        allocate_charged(ctx, self, bytes, role, Tier::Device)
+    }
+}
+
+/// A wake's admission of suspended bytes: the charge alone (the backend's
+/// wake runs after it, see `suspend.rs`).
+struct Resume;
+
+impl<C: DeviceContext> Request<C> for Resume {
+    type Made = ();
+    fn trace_tag(&self) -> u32 {
+        0
+    }
+    fn attempt(
+        &self,
+        ctx: &ContextInner<C>,
+        bytes: u64,
+        _role: Role,
+    ) -> Result<(), Result<Refused, GovernorError>> {
+        // Any shard's lease may carry it, as for a reservation.
+        ctx.charges
+            .charge(0, bytes, 0)
+            .map_err(|refused| Ok(refused.into()))
+    }
+    fn make_charged(&self, _: &ContextInner<C>, _: u64, _: Role) -> Result<(), GovernorError> {
+        Ok(())
+    }
+}
+
+/// Charge `bytes` of `role` to every level for a wake, with the context's
+/// admission policy, exactly as an allocation of that size would be
+/// admitted (block caches, waits for pending releases, pressure responders,
+/// the typed refusal), without calling the backend. On success the bytes
+/// are charged; the caller moves them off `suspended` or gives them back.
+pub(crate) fn admit_resume<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    bytes: u64,
+    role: Role,
+) -> Result<(), GovernorError> {
+    match Resume.attempt(ctx, bytes, role) {
+        Ok(()) => Ok(()),
+        Err(Ok(refused)) => admit_refused(ctx, &Resume, bytes, role, refused),
+        Err(Err(fatal)) => Err(fatal),
+    }
+}
+
 /// The rest of [`admit`] once the first attempt was refused: wait, ask the
 /// pressure responders, or report the refusal.
 #[cold]
 #[inline(never)]
-fn admit_refused<C: DeviceContext>(
+fn admit_refused<C: DeviceContext, R: Request<C>>(
     ctx: &ContextInner<C>,
-    stream: &StreamShared<C>,
+    stream: &R,
     bytes: u64,
     role: Role,
     refused: Refused,
-) -> Result<C::Memory, GovernorError> {
+) -> Result<R::Made, GovernorError> {
     let mut first = Some(refused);
     let start = Instant::now();
     let deadline = match ctx.admission {
@@ -127,7 +217,7 @@ fn admit_refused<C: DeviceContext>(
             // pressure responders: a context that stopped accepting work in
             // the meantime admits nothing, even if the wait made room.
             None if !ctx.accepting() => return Err(ctx.unavailable_error()),
-            None => attempt(ctx, stream, bytes, role),
+            None => stream.attempt(ctx, bytes, role),
         };
         let mut refused = match outcome {
             Ok(memory) => return Ok(memory),
@@ -204,7 +294,7 @@ fn admit_refused<C: DeviceContext>(
             if Instant::now() < d {
                 let waiter = SettlementWaiter::register(ctx, &refused);
                 let pending = pending_in_scope(ctx, &refused);
-                refused = match attempt(ctx, stream, bytes, role) {
+                refused = match stream.attempt(ctx, bytes, role) {
                     Ok(memory) => return Ok(memory),
                     Err(Ok(again)) => again,
                     Err(Err(fatal)) => return Err(fatal),
@@ -249,7 +339,7 @@ fn admit_refused<C: DeviceContext>(
                     };
                     if let Some(t) = &ctx.trace {
                         t.event(
-                            stream.trace_tag,
+                            stream.trace_tag(),
                             Some(role),
                             EventKind::Pressure,
                             req.shortfall,
@@ -378,10 +468,15 @@ fn attempt_in<C: DeviceContext>(
     tier: Tier,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
     ctx.charges
-        .charge_in(tier, stream.shard, bytes, 0)
+        .charge_in(tier, stream.shard, role, bytes, 0)
         .map_err(|refused| Ok(refused.into()))?;
     // Given back on every path that does not end in a live buffer.
-    let charge = TierCharge { ctx, bytes, tier };
+    let charge = TierCharge {
+        ctx,
+        bytes,
+        tier,
+        role,
+    };
     let Some(backend) = ctx.enter_on(stream.shard) else {
         return Err(Err(ctx.unavailable_error()));
     };
@@ -414,11 +509,14 @@ struct TierCharge<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
     bytes: u64,
     tier: Tier,
+    role: Role,
 }
 
 impl<C: DeviceContext> Drop for TierCharge<'_, C> {
     fn drop(&mut self) {
-        self.ctx.charges.uncharge_in(self.tier, self.bytes);
+        self.ctx
+            .charges
+            .uncharge_in(self.tier, self.role, self.bytes);
     }
 }
 
@@ -624,14 +722,14 @@ impl<C: DeviceContext> Drop for Claim<'_, C> {
 /// allocation is retried after each responder.
 #[cold]
 #[inline(never)]
-fn reclaim_across<C: DeviceContext>(
+fn reclaim_across<C: DeviceContext, R: Request<C>>(
     ctx: &ContextInner<C>,
-    stream: &StreamShared<C>,
+    stream: &R,
     bytes: u64,
     role: Role,
     refused: &Refused,
     reclaimed: &mut u64,
-) -> Reclaim<C::Memory> {
+) -> Reclaim<R::Made> {
     let level = refused.pressure_level();
     let victims = victims(ctx, level);
     if victims.is_empty() {
@@ -639,7 +737,7 @@ fn reclaim_across<C: DeviceContext>(
     }
     if let Some(t) = &ctx.trace {
         t.event(
-            stream.trace_tag,
+            stream.trace_tag(),
             Some(role),
             EventKind::Pressure,
             shortfall(ctx, refused, bytes),
@@ -661,7 +759,7 @@ fn reclaim_across<C: DeviceContext>(
         if let Some(claim) = claim {
             return claim.fits();
         }
-        match attempt(ctx, stream, bytes, role) {
+        match stream.attempt(ctx, bytes, role) {
             Ok(memory) => {
                 admitted = Some(Ok(memory));
                 true
@@ -716,7 +814,7 @@ fn reclaim_across<C: DeviceContext>(
     if !ctx.accepting() {
         return Reclaim::Failed(ctx.unavailable_error());
     }
-    match allocate_charged(ctx, stream, bytes, role, Tier::Device) {
+    match stream.make_charged(ctx, bytes, role) {
         Ok(memory) => {
             claim.keep();
             Reclaim::Admitted(memory)
@@ -745,7 +843,7 @@ pub(crate) fn allocate_charged<C: DeviceContext>(
     };
     if result.is_ok() {
         ctx.stats.admit(stream.shard, role, bytes);
-        ctx.charges.reserved_taken_in(tier, bytes);
+        ctx.charges.reserved_taken_in(tier, role, bytes);
     }
     drop(backend);
     result.map_err(|e| {

@@ -241,6 +241,8 @@ pub(crate) fn hit<C: DeviceContext>(
     if block.role != role {
         ctx.stats.leave(stream.shard, block.role, class);
         ctx.stats.admit(stream.shard, role, class);
+        // A block released while its role slept may carry suspended bytes.
+        ctx.charges.retag_suspended(block.role, role, class);
     }
     drop(gate);
     ctx.cache.hits.fetch_add(1, Ordering::Relaxed);

@@ -17,6 +17,8 @@
 //! | release refused, memory quarantined    | [`quarantined`](Charges::quarantined)      |
 //! | teardown returned the memory           | [`return_at_teardown`](Charges::return_at_teardown) |
 //! | bytes claimed while reclaiming         | [`claim`](Charges::claim) (given back with `uncharge`) |
+//! | live bytes whose memory sleeps / wakes | [`suspend`](Charges::suspend) / [`resumed`](Charges::resumed) (after an admission charged them) |
+//! | a live buffer leaves live (any way)    | [`leave_live`](Charges::leave_live) first: what of it slept goes on no level |
 //! | memory allocated outside memgov        | [`record_outside`](Charges::record_outside) / [`return_outside`](Charges::return_outside), [`record_outside_at`] / [`return_outside_at`] on a level alone |
 //!
 //! # Tiers
@@ -55,13 +57,34 @@
 //!   Bytes held after that step (a release the backend settles late, a
 //!   backend bug) are returned at once: see
 //!   [`hold_until_teardown`](Charges::hold_until_teardown).
+//! * Suspended bytes (see `suspend.rs`) are device-tier bytes of live
+//!   buffers whose memory the backend released while the buffers stay
+//!   live: they are on no level. A suspended buffer that leaves live takes
+//!   its bytes out of `suspended` as it goes ([`leave_live`](Charges::leave_live):
+//!   released, quarantined, lost, reclaimed by force), so that
+//!   `suspended <= live` role by role, and carries only the rest onward:
+//!   a release queued asleep is pending with its bytes counted
+//!   `released_asleep` (taken out again when a release of its role settles
+//!   or is abandoned: [`uncharge_settled`](Charges::uncharge_settled),
+//!   [`abandoned`](Charges::abandoned)), a quarantined one
+//!   `quarantined_asleep` (taken out by teardown), a lost or reclaimed one
+//!   nowhere (it is held until teardown without them). No byte is given
+//!   back twice and none is left charged: for the device tier of a quiet
+//!   context, charged = live + pending + quarantined + awaiting teardown +
+//!   reserved + outside + cached - [`off_books`](Charges::off_books)
+//!   (suspended + released asleep + quarantined asleep). Teardown ends with
+//!   nothing suspended, and, unless the device is lost (a release may never
+//!   settle), nothing released or quarantined asleep (asserted in debug
+//!   builds).
 //! * Leases are off for a context on a shared budget (a refusal there would
 //!   have to reclaim the leases of every context on the device), so a
 //!   leased byte is only ever on the context's own budget.
 //!
-//! Imports nothing from its neighbours but the budgets it keeps.
+//! Imports nothing from its neighbours but the budgets it keeps and the
+//! roles it counts suspended bytes by.
 
 use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
+use super::config::Role;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::machine::MachineMember as Machine;
 #[cfg(target_os = "linux")]
@@ -103,6 +126,36 @@ pub(crate) struct ReturnedAtTeardown {
     pub awaiting_teardown: u64,
 }
 
+/// Where a live buffer's bytes go when it leaves live
+/// ([`Charges::leave_live`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// Into a pending release.
+    Queued,
+    /// Into quarantine.
+    Quarantined,
+    /// Nowhere the books follow (lost with the device, reclaimed by force,
+    /// handed out under another role).
+    Gone,
+}
+
+/// Take up to `bytes` out of `word`; returns how many were there. One load
+/// when it holds nothing.
+#[inline]
+fn take_some(word: &AtomicU64, bytes: u64) -> u64 {
+    let mut now = word.load(Ordering::Acquire);
+    loop {
+        let take = now.min(bytes);
+        if take == 0 {
+            return 0;
+        }
+        match word.compare_exchange_weak(now, now - take, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return take,
+            Err(seen) => now = seen,
+        }
+    }
+}
+
 /// A tier's amounts, as snapshots and refusals report them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TierAmounts {
@@ -122,6 +175,8 @@ pub(crate) struct TierAmounts {
 pub(crate) struct TierCharges {
     budget: Budget,
     live: AtomicU64,
+    /// `live` by role: what a sleep of some roles leaves on the device tier.
+    live_by_role: [AtomicU64; 5],
     pending: AtomicU64,
     quarantined: AtomicU64,
     awaiting_teardown: AtomicU64,
@@ -132,6 +187,7 @@ impl TierCharges {
         Self {
             budget: Budget::new(limit),
             live: AtomicU64::new(0),
+            live_by_role: Default::default(),
             pending: AtomicU64::new(0),
             quarantined: AtomicU64::new(0),
             awaiting_teardown: AtomicU64::new(0),
@@ -146,6 +202,18 @@ impl TierCharges {
         }
         if let Some(from) = from {
             from.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    /// `role`'s live bytes rise or fall with `live` (called beside each
+    /// shift into or out of `live`).
+    #[inline]
+    fn live_role(&self, role: Role, up: bool, bytes: u64) {
+        let r = &self.live_by_role[role.index()];
+        if up {
+            r.fetch_add(bytes, Ordering::AcqRel);
+        } else {
+            r.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 
@@ -179,6 +247,15 @@ pub(crate) struct Charges {
     returned: AtomicBool,
     /// The pinned host tier.
     pinned: TierCharges,
+    /// Device-tier bytes of live buffers whose memory sleeps, by role: on
+    /// no level (see the module docs).
+    suspended: [AtomicU64; 5],
+    /// Bytes of releases queued while their buffer slept, by role: pending
+    /// in the statistics, on no level.
+    released_asleep: [AtomicU64; 5],
+    /// Bytes of quarantined buffers that slept: quarantined in the
+    /// statistics, on no level.
+    quarantined_asleep: AtomicU64,
 }
 
 /// The machine ledger membership above the process level, if any.
@@ -249,6 +326,9 @@ impl Charges {
             shared,
             awaiting_teardown: AtomicU64::new(0),
             returned: AtomicBool::new(false),
+            suspended: Default::default(),
+            released_asleep: Default::default(),
+            quarantined_asleep: AtomicU64::new(0),
         }
     }
 
@@ -360,28 +440,35 @@ impl Charges {
     /// An executed free of `bytes`, queued on a stream of `shard`, settled:
     /// the device has the bytes back. They go back to that shard's lease
     /// (the rest to the budget), or to every level when leases are off.
+    ///
+    /// Bytes of `role` released asleep are taken first: they are on no
+    /// level, so only the rest is given back.
     #[inline]
-    pub(crate) fn uncharge_settled(&self, shard: usize, bytes: u64) {
+    pub(crate) fn uncharge_settled(&self, shard: usize, role: Role, bytes: u64) {
+        let charged = bytes - take_some(&self.released_asleep[role.index()], bytes);
         if self.leases.enabled() {
             // Leases are off on a shared budget: only the context's own
             // budget holds these bytes.
-            self.leases.settled(&self.budget, shard, bytes);
+            self.leases.settled(&self.budget, shard, charged);
         } else {
-            self.budget.uncharge(bytes);
+            self.budget.uncharge(charged);
             each_above(self.shared.as_ref(), |l| {
-                l.budget.uncharge(bytes);
-                l.pending.fetch_sub(bytes, Ordering::Relaxed);
+                l.budget.uncharge(charged);
+                l.pending.fetch_sub(charged, Ordering::Relaxed);
             });
-            on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
+            on_machine(self.shared.as_ref(), |m| m.uncharge(charged));
         }
     }
 
     /// A queued free of `bytes` was abandoned: it never ran, so the memory
     /// is the backend's to free at teardown, and charged until then.
+    /// Bytes of `role` released asleep are taken first, as in
+    /// [`uncharge_settled`](Self::uncharge_settled).
     #[inline]
-    pub(crate) fn abandoned(&self, bytes: u64) {
-        self.unqueued(bytes);
-        self.hold_until_teardown(bytes);
+    pub(crate) fn abandoned(&self, role: Role, bytes: u64) {
+        let charged = bytes - take_some(&self.released_asleep[role.index()], bytes);
+        self.unqueued(charged);
+        self.hold_until_teardown(charged);
     }
 
     /// Keep `bytes` charged until teardown: their free never ran, so the
@@ -418,10 +505,14 @@ impl Charges {
     /// report counts both tiers. Bytes recorded outside memgov stay charged
     /// until their record is dropped: the runtime that allocated them frees
     /// them, not the teardown.
+    /// `quarantined_asleep` is the part of the device quarantine that slept
+    /// (on no level: see the module docs), not in `quarantined`. Afterwards
+    /// the books are [`closed`](Self::closed).
     pub(crate) fn return_at_teardown(
         &self,
         quarantined: u64,
         pinned_quarantined: u64,
+        quarantined_asleep: u64,
     ) -> ReturnedAtTeardown {
         self.leases.close(&self.budget);
         if quarantined > 0 {
@@ -430,13 +521,34 @@ impl Charges {
                 l.quarantined.fetch_sub(quarantined, Ordering::Relaxed);
             });
         }
+        self.quarantined_asleep
+            .fetch_sub(quarantined_asleep, Ordering::AcqRel);
         // Pairs with `hold_until_teardown`: see there.
         self.returned.store(true, Ordering::SeqCst);
         let pinned_awaiting = Self::return_tier(&self.pinned, pinned_quarantined);
         ReturnedAtTeardown {
-            quarantined: quarantined + pinned_quarantined,
+            quarantined: quarantined + quarantined_asleep + pinned_quarantined,
             awaiting_teardown: self.return_awaiting_teardown() + pinned_awaiting,
         }
+    }
+
+    /// Whether the books closed after teardown returned the charges: every
+    /// live buffer is gone (each took its suspended bytes out), and unless
+    /// the device is lost (a release may never settle) every release
+    /// settled and every quarantined byte was returned, so nothing is off
+    /// the books. `Err` says what is left. Checked in debug builds once the
+    /// context is terminated (never inside the teardown, whose waiters a
+    /// panic there would leave waiting).
+    pub(crate) fn closed(&self, lost: bool) -> Result<(), String> {
+        let suspended = self.suspended_bytes();
+        let off = self.off_books();
+        if suspended > 0 || (!lost && off > 0) {
+            return Err(format!(
+                "{suspended} B suspended and {off} B off the books after teardown: the books \
+                 gave back fewer bytes than they took off"
+            ));
+        }
+        Ok(())
     }
 
     fn return_awaiting_teardown(&self) -> u64 {
@@ -450,6 +562,108 @@ impl Charges {
             on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
         }
         bytes
+    }
+
+    // --- Suspended bytes: live buffers whose memory sleeps. ---
+
+    /// `bytes` of live device-tier buffers of `role` lost their memory to
+    /// a sleep (the buffers stay live): off every level, counted as
+    /// suspended, and the admissions waiting above are woken (there is
+    /// room now).
+    pub(crate) fn suspend(&self, role: Role, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        // Suspended first: a reader never sees the bytes on no amount.
+        self.suspended[role.index()].fetch_add(bytes, Ordering::SeqCst);
+        self.uncharge(bytes);
+        self.announce_returned();
+    }
+
+    /// A wake admitted (charged, through the admission an allocation takes)
+    /// `admitted` bytes for the suspended bytes of `role`: they are no
+    /// longer suspended. Any of them whose buffer left live meanwhile (and
+    /// took them out of `suspended`) are given back here. Returns the bytes
+    /// no longer suspended.
+    pub(crate) fn resumed(&self, role: Role, admitted: u64) -> u64 {
+        let taken = take_some(&self.suspended[role.index()], admitted);
+        if taken < admitted {
+            self.uncharge(admitted - taken);
+            self.announce_returned();
+        }
+        taken
+    }
+
+    /// A live device-tier buffer of `role` and `bytes` leaves live, `to`
+    /// where its bytes go: the part of them that was suspended is taken out
+    /// of `suspended` (and counted where they go, until given back) and
+    /// returned; the caller carries only the rest onward, as charged bytes.
+    /// One load when nothing of `role` sleeps.
+    #[inline]
+    pub(crate) fn leave_live(&self, role: Role, bytes: u64, to: Left) -> u64 {
+        let s = &self.suspended[role.index()];
+        if s.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let asleep = take_some(s, bytes);
+        match to {
+            Left::Queued => self.released_asleep[role.index()].fetch_add(asleep, Ordering::AcqRel),
+            Left::Quarantined => self.quarantined_asleep.fetch_add(asleep, Ordering::AcqRel),
+            Left::Gone => 0,
+        };
+        asleep
+    }
+
+    /// Undo [`leave_live`](Self::leave_live)`(.., Left::Queued)`, which
+    /// returned `asleep`: the backend refused the free, the buffer is live
+    /// again.
+    pub(crate) fn rejoin_live(&self, role: Role, asleep: u64) {
+        if asleep > 0 {
+            let back = take_some(&self.released_asleep[role.index()], asleep);
+            self.suspended[role.index()].fetch_add(back, Ordering::AcqRel);
+        }
+    }
+
+    /// `force` reclaimed every live buffer: nothing is suspended any more.
+    /// Returns the bytes that were (the caller holds only the rest until
+    /// teardown).
+    pub(crate) fn reclaim_suspended(&self) -> u64 {
+        self.suspended
+            .iter()
+            .map(|s| s.swap(0, Ordering::AcqRel))
+            .sum()
+    }
+
+    /// A block cached as `from` was handed out as `to` (the cache keeps
+    /// blocks live in the books): whatever of it was suspended follows it,
+    /// so that `suspended <= live` stays true role by role.
+    pub(crate) fn retag_suspended(&self, from: Role, to: Role, bytes: u64) {
+        let moved = self.leave_live(from, bytes, Left::Gone);
+        if moved > 0 {
+            self.suspended[to.index()].fetch_add(moved, Ordering::AcqRel);
+        }
+    }
+
+    /// Suspended bytes of `role` now.
+    #[inline]
+    pub(crate) fn suspended(&self, role: Role) -> u64 {
+        self.suspended[role.index()].load(Ordering::Acquire)
+    }
+
+    /// Suspended bytes of every role now.
+    pub(crate) fn suspended_bytes(&self) -> u64 {
+        Role::ALL.iter().map(|&r| self.suspended(r)).sum()
+    }
+
+    /// Device-tier bytes of the statistics on no level: suspended, released
+    /// asleep and quarantined asleep (see the module docs).
+    pub(crate) fn off_books(&self) -> u64 {
+        let released: u64 = self
+            .released_asleep
+            .iter()
+            .map(|r| r.load(Ordering::Acquire))
+            .sum();
+        self.suspended_bytes() + released + self.quarantined_asleep.load(Ordering::Acquire)
     }
 
     /// Claim `bytes` for an allocation about to ask pressure responders on
@@ -610,9 +824,10 @@ impl Charges {
     /// now counted live (the device tier counts live bytes in the context's
     /// statistics instead).
     #[inline]
-    pub(crate) fn reserved_taken_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn reserved_taken_in(&self, tier: Tier, role: Role, bytes: u64) {
         if let Some(t) = self.tier(tier) {
             t.shift(None, Some(&t.live), bytes);
+            t.live_role(role, true, bytes);
         }
     }
 
@@ -632,6 +847,7 @@ impl Charges {
         &self,
         tier: Tier,
         shard: usize,
+        role: Role,
         bytes: u64,
         credit: u64,
     ) -> Result<(), ChargeRefused> {
@@ -643,40 +859,48 @@ impl Charges {
             .try_charge(bytes, 0)
             .map_err(|r| ChargeRefused::Tier(tier, r))?;
         t.shift(None, Some(&t.live), bytes);
+        t.live_role(role, true, bytes);
         Ok(())
     }
 
     /// [`uncharge`](Self::uncharge) in `tier`.
-    pub(crate) fn uncharge_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn uncharge_in(&self, tier: Tier, role: Role, bytes: u64) {
         let Some(t) = self.tier(tier) else {
             return self.uncharge(bytes);
         };
+        t.live_role(role, false, bytes);
         t.shift(Some(&t.live), None, bytes);
         t.budget.uncharge(bytes);
     }
 
     /// [`queued`](Self::queued) in `tier`.
     #[inline]
-    pub(crate) fn queued_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn queued_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.queued(bytes),
-            Some(t) => t.shift(Some(&t.live), Some(&t.pending), bytes),
+            Some(t) => {
+                t.live_role(role, false, bytes);
+                t.shift(Some(&t.live), Some(&t.pending), bytes)
+            }
         }
     }
 
     /// [`unqueued`](Self::unqueued) in `tier`.
-    pub(crate) fn unqueued_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn unqueued_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.unqueued(bytes),
-            Some(t) => t.shift(Some(&t.pending), Some(&t.live), bytes),
+            Some(t) => {
+                t.shift(Some(&t.pending), Some(&t.live), bytes);
+                t.live_role(role, true, bytes);
+            }
         }
     }
 
     /// [`uncharge_settled`](Self::uncharge_settled) in `tier`.
     #[inline]
-    pub(crate) fn uncharge_settled_in(&self, tier: Tier, shard: usize, bytes: u64) {
+    pub(crate) fn uncharge_settled_in(&self, tier: Tier, shard: usize, role: Role, bytes: u64) {
         match self.tier(tier) {
-            None => self.uncharge_settled(shard, bytes),
+            None => self.uncharge_settled(shard, role, bytes),
             Some(t) => {
                 t.shift(Some(&t.pending), None, bytes);
                 t.budget.uncharge(bytes);
@@ -685,9 +909,9 @@ impl Charges {
     }
 
     /// [`abandoned`](Self::abandoned) in `tier`.
-    pub(crate) fn abandoned_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn abandoned_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
-            None => self.abandoned(bytes),
+            None => self.abandoned(role, bytes),
             Some(t) => self.hold_in(t, Some(&t.pending), bytes),
         }
     }
@@ -695,19 +919,31 @@ impl Charges {
     /// Live bytes in `tier` whose free will never run (released on a lost
     /// device): charged until teardown, as
     /// [`hold_until_teardown`](Self::hold_until_teardown).
-    pub(crate) fn hold_live_until_teardown_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn hold_live_until_teardown_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.hold_until_teardown(bytes),
-            Some(t) => self.hold_in(t, Some(&t.live), bytes),
+            Some(t) => {
+                t.live_role(role, false, bytes);
+                self.hold_in(t, Some(&t.live), bytes)
+            }
         }
     }
 
     /// [`quarantined`](Self::quarantined) in `tier`.
-    pub(crate) fn quarantined_in(&self, tier: Tier, bytes: u64) {
+    pub(crate) fn quarantined_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.quarantined(bytes),
-            Some(t) => t.shift(Some(&t.live), Some(&t.quarantined), bytes),
+            Some(t) => {
+                t.live_role(role, false, bytes);
+                t.shift(Some(&t.live), Some(&t.quarantined), bytes)
+            }
         }
+    }
+
+    /// Live bytes of `role` in the tiers other than the device's: what a
+    /// sleep leaves out of the role's live total.
+    pub(crate) fn other_tiers_live(&self, role: Role) -> u64 {
+        self.pinned.live_by_role[role.index()].load(Ordering::Acquire)
     }
 
     /// Force reclaimed every live buffer: the live bytes of the tiers other
@@ -717,6 +953,9 @@ impl Charges {
     pub(crate) fn reclaim_tiers_live(&self) -> u64 {
         let t = &self.pinned;
         let live = t.live.load(Ordering::Acquire);
+        for r in &t.live_by_role {
+            r.store(0, Ordering::Release);
+        }
         if live > 0 {
             self.hold_in(t, Some(&t.live), live);
         }
@@ -887,6 +1126,7 @@ pub(crate) fn return_outside_at(
 #[cfg(test)]
 mod tests {
     use super::{ChargeRefused, Charges};
+    use crate::Role;
     use crate::{ProcessBudget, SharedBudget};
 
     #[test]
@@ -960,15 +1200,15 @@ mod tests {
         c.queued(100);
         c.queued(100);
         assert_eq!(device.pending(), 300);
-        c.uncharge_settled(0, 100);
-        c.abandoned(100);
+        c.uncharge_settled(0, Role::Other, 100);
+        c.abandoned(Role::Other, 100);
         c.unqueued(100);
         c.quarantined(100);
         assert_eq!(device.pending(), 0);
         assert_eq!(device.awaiting_teardown(), 100);
         assert_eq!(device.quarantined(), 100);
         assert_eq!((c.charged(), device.charged()), (200, 200));
-        let returned = c.return_at_teardown(100, 0);
+        let returned = c.return_at_teardown(100, 0, 0);
         assert_eq!(
             (returned.quarantined, returned.awaiting_teardown),
             (100, 100)
@@ -983,9 +1223,9 @@ mod tests {
         let c = Charges::new(1000, 0, Some(device.clone()), u64::MAX);
         c.charge(0, 64, 0).unwrap();
         c.queued(64);
-        c.return_at_teardown(0, 0);
+        c.return_at_teardown(0, 0, 0);
         // A release the backend abandons after teardown (a backend bug).
-        c.abandoned(64);
+        c.abandoned(Role::Other, 64);
         assert_eq!(c.awaiting_teardown(), 0);
         assert_eq!((c.charged(), device.charged()), (0, 0));
         assert_eq!((device.pending(), device.awaiting_teardown()), (0, 0));
@@ -996,19 +1236,20 @@ mod tests {
         use crate::Tier::PinnedHost;
         let device = SharedBudget::new("gpu0", 100);
         let c = Charges::new(100, 0, Some(device.clone()), 300);
-        c.charge_in(PinnedHost, 0, 200, 0).unwrap();
+        c.charge_in(PinnedHost, 0, Role::Other, 200, 0).unwrap();
         assert_eq!((c.charged(), device.charged()), (0, 0));
-        match c.charge_in(PinnedHost, 0, 101, 0) {
+        match c.charge_in(PinnedHost, 0, Role::Other, 101, 0) {
             Err(ChargeRefused::Tier(PinnedHost, r)) => assert_eq!((r.charged, r.limit), (200, 300)),
             other => panic!("expected the pinned tier to refuse: {other:?}"),
         }
         // The device tier still has all its room.
-        c.charge_in(crate::Tier::Device, 0, 100, 0).unwrap();
+        c.charge_in(crate::Tier::Device, 0, Role::Other, 100, 0)
+            .unwrap();
         // Every step of the tier keeps its budget the sum of its amounts.
-        c.queued_in(PinnedHost, 120);
-        c.uncharge_settled_in(PinnedHost, 0, 100);
-        c.abandoned_in(PinnedHost, 20);
-        c.quarantined_in(PinnedHost, 30);
+        c.queued_in(PinnedHost, Role::Other, 120);
+        c.uncharge_settled_in(PinnedHost, 0, Role::Other, 100);
+        c.abandoned_in(PinnedHost, Role::Other, 20);
+        c.quarantined_in(PinnedHost, Role::Other, 30);
         let a = c.tier_amounts(PinnedHost).unwrap();
         assert_eq!(
             (
@@ -1021,7 +1262,7 @@ mod tests {
             (100, 50, 0, 30, 20)
         );
         assert_eq!(c.reclaim_tiers_live(), 50);
-        let returned = c.return_at_teardown(0, 30);
+        let returned = c.return_at_teardown(0, 30, 0);
         assert_eq!((returned.quarantined, returned.awaiting_teardown), (30, 70));
         assert_eq!(c.tier_amounts(PinnedHost).unwrap().charged, 0);
         assert_eq!(device.charged(), 100, "only the device bytes are on it");
@@ -1034,7 +1275,7 @@ mod tests {
         assert_eq!(c.charged(), 4096, "leased, idle bytes are not charged");
         let held = c.peak_held();
         assert!(held >= 4096 + (1 << 20), "the lease was refilled: {held}");
-        c.uncharge_settled(3, 4096);
+        c.uncharge_settled(3, Role::Other, 4096);
         assert_eq!(c.charged(), 0);
         c.set_limit(4096);
         c.charge(3, 4096, 0).unwrap();

@@ -332,6 +332,20 @@ fn pin_refusal(refusal: &ProviderContextPinError) -> &'static str {
     }
 }
 
+/// The way out of a [`GovernorError::Sleep`], by the state found.
+fn sleep_way_out(state: super::SleepState) -> &'static str {
+    use super::SleepState::*;
+    match state {
+        Awake => {
+            "it has nothing suspended to wake; put it to sleep first (ContextHandle::sleep_with)"
+        }
+        Asleep => "it sleeps already; wake it first (ContextHandle::wake_with)",
+        FallingAsleep | Waking => {
+            "another sleep or wake of it is running on another thread; retry once that returns"
+        }
+    }
+}
+
 /// Errors of governed operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -437,6 +451,20 @@ pub enum GovernorError {
         context: ContextName,
     },
 
+    /// A sleep or wake the context's [`SleepState`](super::SleepState)
+    /// does not allow
+    /// ([`ContextHandle::sleep_with`](crate::ContextHandle::sleep_with),
+    /// [`wake_with`](crate::ContextHandle::wake_with)); nothing was done.
+    #[error("context {context}: cannot {operation} a context that is {state}; {}", sleep_way_out(*.state))]
+    Sleep {
+        /// The context.
+        context: ContextName,
+        /// `"sleep"` or `"wake"`.
+        operation: &'static str,
+        /// The state it was found in.
+        state: super::SleepState,
+    },
+
     /// The backend reported an error.
     #[error("context {context}: {source}")]
     Backend {
@@ -476,6 +504,7 @@ impl GovernorError {
             | Self::WrongContext { context, .. }
             | Self::DeviceLost { context, .. }
             | Self::Reclaimed { context }
+            | Self::Sleep { context, .. }
             | Self::Backend { context, .. } => context,
             Self::BudgetExceeded(b) => &b.context,
         }

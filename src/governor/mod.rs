@@ -26,6 +26,7 @@ mod shards;
 mod snapshot;
 mod stats;
 mod stream;
+mod suspend;
 mod units;
 
 pub use budget::{ProcessBudget, SharedBudget};
@@ -52,6 +53,7 @@ pub use snapshot::{
     RoleUsage, TierUsage,
 };
 pub use stream::GovernedStream;
+pub use suspend::{SleepState, Slept, Woken};
 pub use units::{Bytes, Elapsed};
 
 use crate::sync::lock;

@@ -47,7 +47,7 @@
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
-use super::charges::{Charges, ReturnedAtTeardown};
+use super::charges::{Charges, Left, ReturnedAtTeardown};
 use super::config::{Admission, ContextConfig, RegisteredResponder, Role};
 use super::error::{ContextName, GovernorError};
 use super::pin_source::PinSourceInner;
@@ -95,6 +95,8 @@ struct Quarantined<M> {
     role: Role,
     tier: Tier,
     bytes: u64,
+    /// The part of `bytes` that slept: on no level (see `charges.rs`).
+    asleep: u64,
     reason: String,
     _memory: M,
 }
@@ -152,6 +154,8 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Where this context records its memory timeline, when it was given a
     /// [`Trace`](crate::trace::Trace).
     pub trace: Option<Box<ContextTrace>>,
+    /// Whether its memory sleeps (see `suspend.rs`).
+    pub sleep: super::suspend::SleepWord,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
     reaper: Mutex<Option<JoinHandle<()>>>,
@@ -285,6 +289,7 @@ impl<C: DeviceContext> ContextInner<C> {
             report: Mutex::new(None),
             retire_started: Mutex::new(None),
             spares: Spares::new(),
+            sleep: Default::default(),
             reaper: Mutex::new(None),
         }
     }
@@ -465,7 +470,12 @@ impl<C: DeviceContext> ContextInner<C> {
     ) {
         self.stats.leave(live_shard, role, bytes);
         self.stats.quarantine(role, bytes);
-        self.charges.quarantined_in(tier, bytes);
+        // What of it slept is on no level: only the rest is quarantined there.
+        let asleep = match tier {
+            Tier::Device => self.charges.leave_live(role, bytes, Left::Quarantined),
+            _ => 0,
+        };
+        self.charges.quarantined_in(tier, role, bytes - asleep);
         add(&self.counters.quarantined, 1);
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %self.id, label = %self.label(), bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
@@ -473,6 +483,7 @@ impl<C: DeviceContext> ContextInner<C> {
             role,
             tier,
             bytes,
+            asleep,
             reason: err.to_string(),
             _memory: memory,
         });
@@ -735,8 +746,14 @@ impl<C: DeviceContext> ContextInner<C> {
         // until then, so that no other context is admitted into it. Each
         // tier's bytes stay on its own budget.
         let other_tiers = self.charges.reclaim_tiers_live();
-        self.charges
-            .hold_until_teardown(reclaimed.bytes.saturating_sub(other_tiers));
+        // Bytes that slept are on no level: held without them.
+        let asleep = self.charges.reclaim_suspended();
+        self.charges.hold_until_teardown(
+            reclaimed
+                .bytes
+                .saturating_sub(other_tiers)
+                .saturating_sub(asleep),
+        );
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
         forcing.revoke(reclaimed.count + streams);
         #[cfg(feature = "tracing")]
@@ -761,6 +778,14 @@ impl<C: DeviceContext> ContextInner<C> {
         let report = self.tear_down(&destroyer);
         *lock(&self.report) = Some(report.clone());
         destroyer.terminated();
+        // After Terminated: a failed check fails the caller, not every waiter.
+        let closed = self.charges.closed(self.is_lost());
+        debug_assert!(
+            closed.is_ok(),
+            "context {}: {}",
+            self.name(),
+            closed.clone().unwrap_err()
+        );
         // Admissions on the shared budget may be waiting for what this
         // teardown gave back (see `DeviceMember::returning_at_teardown`):
         // after the Terminated store, so that a waiter that reads the new
@@ -843,15 +868,16 @@ impl<C: DeviceContext> ContextInner<C> {
     /// released on a lost device). See [`Charges::return_at_teardown`].
     fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
-        let (mut device, mut pinned) = (0u64, 0u64);
+        let (mut device, mut pinned, mut asleep) = (0u64, 0u64, 0u64);
         for q in &quarantined {
             self.stats.unquarantine(q.role, q.bytes);
             match q.tier {
-                Tier::Device => device += q.bytes,
+                Tier::Device => device += q.bytes - q.asleep,
                 _ => pinned += q.bytes,
             }
+            asleep += q.asleep;
         }
-        let returned = self.charges.return_at_teardown(device, pinned);
+        let returned = self.charges.return_at_teardown(device, pinned, asleep);
         drop(quarantined);
         returned
     }
@@ -963,7 +989,11 @@ impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
                 self.stats
                     .quarantined_bytes()
                     .saturating_sub(other.quarantined),
-            );
+            )
+            // Bytes released or quarantined asleep are on no level: their
+            // return gives nothing back.
+            .saturating_sub(self.charges.off_books())
+            .saturating_add(self.charges.suspended_bytes());
         match self.phase() {
             Phase::Retiring => held,
             Phase::Terminating => held.max(1),

@@ -26,6 +26,7 @@
 //!   `prune_terminated`, which needs a finished retire), and closes the
 //!   slots for good.
 
+use super::charges::Left;
 use super::config::Role;
 use super::pin_source::ContextPin;
 use super::record::{add, sub, ContextInner, Phase};
@@ -106,16 +107,20 @@ pub(crate) fn release<C: DeviceContext>(
     // queued in the other one (as if allocated there).
     ctx.stats.transfer(live_shard, stream.shard, role, bytes);
     ctx.stats.queue(stream.shard, role, bytes);
+    // What of the buffer slept is on no level: only the rest is pending
+    // there (see `charges.rs`).
+    let asleep = match tier {
+        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Queued),
+        _ => 0,
+    };
     // Stream-ordered reuse credits device memory freed on the stream to the
-    // device allocations after it: a free of another tier returns none.
-    let reuse = stream
-        .pending_bytes
-        .as_ref()
-        .filter(|_| tier == Tier::Device);
+    // device allocations after it: a free of another tier returns none, nor
+    // does a free of memory that sleeps.
+    let reuse = reuse_credit(stream, tier, asleep);
     if let Some(p) = reuse {
         add(p, bytes);
     }
-    ctx.charges.queued_in(tier, bytes);
+    ctx.charges.queued_in(tier, role, bytes - asleep);
     let pending = boxed(ctx, reuse.cloned(), bytes, role, tier, stream.shard);
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
@@ -139,7 +144,7 @@ pub(crate) fn release<C: DeviceContext>(
             pin.transfer();
             // Undo the move without settling: the release never happened.
             signal.defuse();
-            undo_pending(ctx, live_shard, stream, bytes, role, tier);
+            undo_pending(ctx, live_shard, stream, bytes, role, tier, asleep);
             ctx.pending_left(stream.shard);
             ctx.note_backend_error(&err);
             let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
@@ -193,7 +198,22 @@ fn refused<C: DeviceContext>(
     }
 }
 
-/// Undo the queueing of a release whose free the backend refused.
+/// The stream's reuse credit, when a release of `tier` with `asleep` of its
+/// bytes asleep earns one: device memory the free gives back.
+#[inline]
+fn reuse_credit<C: DeviceContext>(
+    stream: &StreamShared<C>,
+    tier: Tier,
+    asleep: u64,
+) -> Option<&Arc<AtomicU64>> {
+    stream
+        .pending_bytes
+        .as_ref()
+        .filter(|_| tier == Tier::Device && asleep == 0)
+}
+
+/// Undo the queueing of a release whose free the backend refused (`asleep`:
+/// what [`Charges::leave_live`](super::charges::Charges::leave_live) took).
 fn undo_pending<C: DeviceContext>(
     ctx: &ContextInner<C>,
     live_shard: usize,
@@ -201,16 +221,14 @@ fn undo_pending<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
+    asleep: u64,
 ) {
     ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
-    if let Some(p) = stream
-        .pending_bytes
-        .as_ref()
-        .filter(|_| tier == Tier::Device)
-    {
+    if let Some(p) = reuse_credit(stream, tier, asleep) {
         sub(p, bytes);
     }
-    ctx.charges.unqueued_in(tier, bytes);
+    ctx.charges.unqueued_in(tier, role, bytes - asleep);
+    ctx.charges.rejoin_live(role, asleep);
 }
 
 /// A live buffer of a lost context goes away with the device.
@@ -224,7 +242,13 @@ fn settle_live_as_lost<C: DeviceContext>(
     ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
-    ctx.charges.hold_live_until_teardown_in(tier, bytes);
+    // What of it slept is on no level.
+    let asleep = match tier {
+        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Gone),
+        _ => 0,
+    };
+    ctx.charges
+        .hold_live_until_teardown_in(tier, role, bytes - asleep);
     add(&ctx.counters.settled_lost, 1);
     ctx.announce_settlement();
     ctx.release_pin();
@@ -262,12 +286,12 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             // is derived: settled minus abandoned.)
             RetireOutcome::Retired => ctx
                 .charges
-                .uncharge_settled_in(this.tier, shard, this.bytes),
+                .uncharge_settled_in(this.tier, shard, this.role, this.bytes),
             // The free never ran: the memory is the backend's to free at
             // teardown, and charged until then.
             RetireOutcome::Abandoned => {
                 ctx.counters.abandoned.fetch_add(1, Ordering::Release);
-                ctx.charges.abandoned_in(this.tier, this.bytes);
+                ctx.charges.abandoned_in(this.tier, this.role, this.bytes);
             }
         }
         ctx.stats.settle(shard, this.role, this.bytes);

@@ -70,6 +70,10 @@ pub struct RoleUsage {
     pub quarantined_bytes: u64,
     /// Releases the backend refused.
     pub quarantined_count: u64,
+    /// Device-tier bytes of live buffers whose memory sleeps
+    /// ([`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)):
+    /// part of `live_bytes`, on no budget.
+    pub suspended_bytes: u64,
 }
 
 /// Saturating: sums over contexts can pass `u64::MAX` (the unbounded null
@@ -85,6 +89,7 @@ impl std::ops::Add for RoleUsage {
             pending_count: self.pending_count.saturating_add(r.pending_count),
             quarantined_bytes: self.quarantined_bytes.saturating_add(r.quarantined_bytes),
             quarantined_count: self.quarantined_count.saturating_add(r.quarantined_count),
+            suspended_bytes: self.suspended_bytes.saturating_add(r.suspended_bytes),
         }
     }
 }
@@ -183,8 +188,17 @@ pub struct ContextSnapshot {
     /// The context's budget limit (`u64::MAX` when unlimited).
     pub budget_limit: u64,
     /// Bytes charged: live + pending + quarantined + awaiting teardown +
-    /// outside memgov (`outside_bytes`).
+    /// reserved + outside memgov (`outside_bytes`) - suspended.
     pub charged: u64,
+    /// Device-tier bytes on no budget level because their memory slept
+    /// ([`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)):
+    /// those of live buffers, until a wake admits them again (by role in
+    /// [`by_role`](Self::by_role)), and those of buffers released or
+    /// quarantined while asleep, until their release settles or teardown
+    /// returns them. Part of the live, pending and quarantined bytes.
+    pub suspended: u64,
+    /// Whether the context's memory sleeps.
+    pub sleep: super::SleepState,
     /// Bytes whose free never ran on the device (releases abandoned, buffers
     /// reclaimed by force or released on a lost device): still charged,
     /// until the context's teardown returns them.
@@ -271,6 +285,8 @@ impl std::fmt::Debug for ContextSnapshot {
             lost_reason,
             budget_limit,
             charged,
+            suspended,
+            sleep,
             awaiting_teardown,
             shared_budget,
             peak,
@@ -297,6 +313,8 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("lost_reason", lost_reason)
             .field("budget_limit", budget_limit)
             .field("charged", charged)
+            .field("suspended", suspended)
+            .field("sleep", sleep)
             .field("awaiting_teardown", awaiting_teardown)
             .field("shared_budget", shared_budget)
             .field("peak", peak)
@@ -435,6 +453,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             pending_count: usage.pending.count,
             quarantined_bytes: quarantined.bytes,
             quarantined_count: quarantined.count,
+            suspended_bytes: ctx.charges.suspended(role),
         };
     }
     let outstanding = Outstanding::collect(ctx);
@@ -469,6 +488,8 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         lost_reason: ctx.lost_reason_if_lost(),
         budget_limit: ctx.charges.limit(),
         charged: ctx.charges.charged(),
+        suspended: ctx.charges.off_books(),
+        sleep: ctx.sleep.get(),
         awaiting_teardown: ctx.charges.awaiting_teardown(),
         shared_budget: ctx.charges.shared().map(|s| s.label().to_owned()),
         peak,
