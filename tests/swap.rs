@@ -599,9 +599,9 @@ mod sleep {
     use super::MIB;
     use memgov::host::{HostConfig, HostContext, HostControls};
     use memgov::{
-        BackendError, BackendErrorKind, BudgetScope, CacheConfig, ContextConfig, ContextHandle,
-        Governor, GovernorError, ProcessBudget, ProviderContextPinError, Role, SharedBudget,
-        SleepState,
+        Alloc, BackendError, BackendErrorKind, BudgetScope, CacheConfig, ContextConfig,
+        ContextHandle, Governor, GovernorError, ProcessBudget, ProviderContextPinError, Role,
+        SharedBudget, SleepState,
     };
     use std::time::Duration;
 
@@ -699,8 +699,12 @@ mod sleep {
     fn sleep_frees_every_level_and_wake_readmits_or_refuses_with_nothing_changed() {
         let t = tree(100 * MIB, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let weights = t.a.allocate(&sa, 60 * MIB, Role::Weights).unwrap();
-        let kv = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
+        let weights =
+            t.a.allocate(&sa, Alloc::new(60 * MIB, Role::Weights))
+                .unwrap();
+        let kv =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
         assert_eq!(t.charged(), (80 * MIB, 80 * MIB, 80 * MIB));
 
         let slept = t.a.sleep_with(&[], no_op).unwrap();
@@ -715,7 +719,9 @@ mod sleep {
 
         // Another device under the same process uses the room.
         let sb = t.b.create_stream("b").unwrap();
-        let big = t.b.allocate(&sb, 90 * MIB, Role::Activation).unwrap();
+        let big =
+            t.b.allocate(&sb, Alloc::new(90 * MIB, Role::Activation))
+                .unwrap();
         // The wake no longer fits under the process budget: refused, by that
         // level, with nothing changed.
         let err = t.a.wake_with(no_op).unwrap_err();
@@ -742,11 +748,18 @@ mod sleep {
     fn sleeping_some_roles_suspends_only_their_device_bytes() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let weights = t.a.allocate(&sa, 30 * MIB, Role::Weights).unwrap();
-        let kv = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
-        let pinned =
-            t.a.allocate_in(&sa, 5 * MIB, Role::KvCache, memgov::Tier::PinnedHost)
+        let weights =
+            t.a.allocate(&sa, Alloc::new(30 * MIB, Role::Weights))
                 .unwrap();
+        let kv =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
+        let pinned =
+            t.a.allocate(
+                &sa,
+                Alloc::new(5 * MIB, Role::KvCache).tier(memgov::Tier::PinnedHost),
+            )
+            .unwrap();
         let slept = t.a.sleep_with(&[Role::KvCache], no_op).unwrap();
         assert_eq!(slept.suspended, 20 * MIB, "pinned host bytes do not sleep");
         assert_eq!(t.charged(), (30 * MIB, 30 * MIB, 30 * MIB));
@@ -767,8 +780,12 @@ mod sleep {
     fn a_release_while_asleep_gives_back_nothing_twice() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let one = t.a.allocate(&sa, 10 * MIB, Role::KvCache).unwrap();
-        let two = t.a.allocate(&sa, 30 * MIB, Role::KvCache).unwrap();
+        let one =
+            t.a.allocate(&sa, Alloc::new(10 * MIB, Role::KvCache))
+                .unwrap();
+        let two =
+            t.a.allocate(&sa, Alloc::new(30 * MIB, Role::KvCache))
+                .unwrap();
         t.a.sleep_with(&[], no_op).unwrap();
         // Released and settled while asleep: nothing is given back (it was
         // on no level), and it is no longer suspended.
@@ -778,7 +795,9 @@ mod sleep {
         assert_eq!(t.a.snapshot().suspended, 30 * MIB);
         identity_holds(&t.a);
         // A buffer allocated while asleep is charged like any other.
-        let three = t.a.allocate(&sa, 5 * MIB, Role::Workspace).unwrap();
+        let three =
+            t.a.allocate(&sa, Alloc::new(5 * MIB, Role::Workspace))
+                .unwrap();
         assert_eq!(t.charged(), (5 * MIB, 5 * MIB, 5 * MIB));
         let woken = t.a.wake_with(no_op).unwrap();
         assert_eq!(woken.resumed, 30 * MIB, "only what is still suspended");
@@ -797,11 +816,11 @@ mod sleep {
         let parked = null.controls();
         let c = gov.register(null, ContextConfig::new().shared_budget(gpu.clone()));
         let s = c.create_stream("s").unwrap();
-        let settles = c.allocate(&s, 10 * MIB, Role::KvCache).unwrap();
-        let abandoned = c.allocate(&s, 20 * MIB, Role::KvCache).unwrap();
-        let kept = c.allocate(&s, 30 * MIB, Role::KvCache).unwrap();
+        let settles = c.allocate(&s, Alloc::new(10 * MIB, Role::KvCache)).unwrap();
+        let abandoned = c.allocate(&s, Alloc::new(20 * MIB, Role::KvCache)).unwrap();
+        let kept = c.allocate(&s, Alloc::new(30 * MIB, Role::KvCache)).unwrap();
         // A release queued before the sleep stays charged until it settles.
-        let before = c.allocate(&s, 5 * MIB, Role::KvCache).unwrap();
+        let before = c.allocate(&s, Alloc::new(5 * MIB, Role::KvCache)).unwrap();
         drop(before);
         c.sleep_with(&[], |_| Ok(())).unwrap();
         assert_eq!(
@@ -844,8 +863,12 @@ mod sleep {
     fn teardown_while_asleep_balances_every_level() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let kept = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
-        let refused = t.a.allocate(&sa, 20 * MIB, Role::KvCache).unwrap();
+        let kept =
+            t.a.allocate(&sa, Alloc::new(10 * MIB, Role::Weights))
+                .unwrap();
+        let refused =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
         t.a.sleep_with(&[], no_op).unwrap();
         // A release refused while asleep: quarantined, still suspended.
         t.a_controls.refuse_next_frees(1);
@@ -868,7 +891,9 @@ mod sleep {
     fn a_lost_device_while_asleep_balances_every_level() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let buffer = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
+        let buffer =
+            t.a.allocate(&sa, Alloc::new(10 * MIB, Role::Weights))
+                .unwrap();
         t.a.sleep_with(&[], no_op).unwrap();
         t.a.mark_lost("test");
         drop(buffer);
@@ -884,8 +909,13 @@ mod sleep {
     fn sleep_empties_the_block_cache_first() {
         let t = tree(u64::MAX, |c| c.cache(CacheConfig::new(64 * MIB)));
         let sa = t.a.create_stream("a").unwrap();
-        let live = t.a.allocate(&sa, 4 * MIB, Role::KvCache).unwrap();
-        drop(t.a.allocate(&sa, 8 * MIB, Role::KvCache).unwrap());
+        let live =
+            t.a.allocate(&sa, Alloc::new(4 * MIB, Role::KvCache))
+                .unwrap();
+        drop(
+            t.a.allocate(&sa, Alloc::new(8 * MIB, Role::KvCache))
+                .unwrap(),
+        );
         assert!(
             t.a.snapshot().cache.cached_bytes > 0,
             "the block was cached"
@@ -908,7 +938,9 @@ mod sleep {
     fn sleep_and_wake_out_of_turn_are_typed_errors_with_nothing_changed() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
-        let buffer = t.a.allocate(&sa, 10 * MIB, Role::Weights).unwrap();
+        let buffer =
+            t.a.allocate(&sa, Alloc::new(10 * MIB, Role::Weights))
+                .unwrap();
         let not_asleep = t.a.wake_with(no_op).unwrap_err();
         assert!(
             matches!(

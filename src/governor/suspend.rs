@@ -219,7 +219,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// arena, `f` is `|cuda| cuda.arena().expect("arena").sleep(true)`.)
     ///
     /// ```
-    /// use memgov::{ContextConfig, Governor, Role, SharedBudget, SleepState};
+    /// use memgov::{Alloc, ContextConfig, Governor, Role, SharedBudget, SleepState};
     /// use memgov::host::{HostConfig, HostContext};
     ///
     /// let device = SharedBudget::new("gpu0", 64 << 20);
@@ -228,7 +228,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// let llm = gov.register(host()?, ContextConfig::new().label("llm").shared_budget(device.clone()));
     /// let other = gov.register(host()?, ContextConfig::new().label("embed").shared_budget(device.clone()));
     /// let stream = llm.create_stream("decode")?;
-    /// let weights = llm.allocate(&stream, 48 << 20, Role::Weights)?;
+    /// let weights = llm.allocate(&stream, Alloc::new(48 << 20, Role::Weights))?;
     ///
     /// let slept = llm.sleep_with(&[], |_host| Ok(()))?;
     /// assert_eq!(slept.suspended, 48 << 20);
@@ -237,7 +237,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     ///
     /// // Another context uses the room while the model sleeps.
     /// let ostream = other.create_stream("embed")?;
-    /// let scratch = other.allocate(&ostream, 32 << 20, Role::Workspace)?;
+    /// let scratch = other.allocate(&ostream, Alloc::new(32 << 20, Role::Workspace))?;
     /// // Waking needs the room back: refused, with nothing changed.
     /// let refused = llm.wake_with(|_host| Ok(())).unwrap_err();
     /// assert!(refused.budget().is_some());
