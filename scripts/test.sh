@@ -127,6 +127,10 @@ if backend == "cuda":
     # with every buffer at its address and every byte intact.
     assert a["same_addresses"] and a["intact"], a
     assert a["released_by_sleep"] == a["mapped_before_sleep"] > 0 and a["mapped_by_wake"] > 0, a
+    # The governor took the sleeping buffers' bytes off the budget and
+    # admitted them back on wake.
+    assert a["suspended"] == a["bytes"] == a["resumed_by_wake"], a
+    assert a["charged_asleep"] == a["charged_before_sleep"] - a["bytes"], a
     print(f"memgov run --backend cuda: arena of {a['bytes']} bytes slept and woke at the same addresses")
 else:
     assert a is None, a

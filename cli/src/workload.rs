@@ -1302,13 +1302,25 @@ fn arena_phase(
         };
         let before: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
         let mapped = arena.snapshot().mapped;
+        let charged_before = handle.snapshot().charged;
+        // Through the governor: the sleeping buffers' bytes leave the
+        // budget while the arena's memory is released, and the wake admits
+        // them back before the arena maps anything.
         let t = Instant::now();
-        let slept = arena.sleep(true).map_err(|e| format!("arena sleep: {e}"))?;
+        let slept = handle
+            .sleep_with(&[], |_| arena.sleep(true))
+            .map_err(|e| format!("arena sleep: {e}"))?;
         let sleep_time = t.elapsed();
+        let (suspended, slept) = (slept.suspended, slept.backend);
         let asleep = arena.snapshot();
+        let charged_asleep = handle.snapshot().charged;
         let t = Instant::now();
-        let woke = arena.wake().map_err(|e| format!("arena wake: {e}"))?;
+        let woken = handle
+            .wake_with(|_| arena.wake())
+            .map_err(|e| format!("arena wake: {e}"))?;
         let wake_time = t.elapsed();
+        let (resumed, woke) = (woken.resumed, woken.backend);
+        let charged_awake = handle.snapshot().charged;
         let after: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
         let mut intact = true;
         for (i, b) in bufs.iter().enumerate() {
@@ -1316,6 +1328,24 @@ fn arena_phase(
             b.read(0, &mut back)
                 .map_err(|e| format!("arena read: {e}"))?;
             intact &= back == fill(0xa7e0 + i as u64, ARENA_BUFFER as usize);
+        }
+        if suspended != ARENA_BYTES || charged_asleep + suspended != charged_before {
+            return Err(format!(
+                "arena: the governor suspended {} of {} live while asleep, and charged {} before, {} asleep",
+                Bytes(suspended),
+                Bytes(ARENA_BYTES),
+                Bytes(charged_before),
+                Bytes(charged_asleep)
+            ));
+        }
+        if resumed != suspended || charged_awake != charged_before {
+            return Err(format!(
+                "arena: the wake admitted {} of {} suspended, and charged {} after it ({} before the sleep)",
+                Bytes(resumed),
+                Bytes(suspended),
+                Bytes(charged_awake),
+                Bytes(charged_before)
+            ));
         }
         if before != after || !intact || asleep.mapped != 0 {
             return Err(format!(
@@ -1326,11 +1356,14 @@ fn arena_phase(
             ));
         }
         out.line(format!(
-            "     arena: {} mapped; sleep released {} ({} kept in host memory) in {}, wake mapped {} back in {}; {} buffers at the same addresses, every byte intact",
+            "     arena: {} mapped; sleep released {} ({} kept in host memory) in {} and took {} off the budget ({} charged asleep), wake admitted {} and mapped {} back in {}; {} buffers at the same addresses, every byte intact",
             Bytes(mapped),
             Bytes(slept.released),
             Bytes(slept.offloaded),
             Elapsed(sleep_time),
+            Bytes(suspended),
+            Bytes(charged_asleep),
+            Bytes(resumed),
             Bytes(woke),
             Elapsed(wake_time),
             bufs.len()
@@ -1351,6 +1384,10 @@ fn arena_phase(
                 "released_by_sleep": slept.released,
                 "offloaded": slept.offloaded,
                 "mapped_by_wake": woke,
+                "charged_before_sleep": charged_before,
+                "suspended": suspended,
+                "charged_asleep": charged_asleep,
+                "resumed_by_wake": resumed,
                 "sleep_us": sleep_time.as_secs_f64() * 1e6,
                 "wake_us": wake_time.as_secs_f64() * 1e6,
                 "same_addresses": true,
