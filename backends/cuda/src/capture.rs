@@ -38,9 +38,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::ThreadId;
 
-/// Allocations carved from a capture pool are aligned to this, as
-/// `cuMemAlloc` aligns its allocations.
-const ALIGN: u64 = 256;
+/// Allocations carved from a capture pool, and the pool itself, are
+/// aligned to this, as `cuMemAlloc` aligns its allocations.
+pub const CAPTURE_ALIGN: u64 = 256;
+const ALIGN: u64 = CAPTURE_ALIGN;
 
 /// How a capture restricts other calls, as `CUstreamCaptureMode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -772,6 +773,54 @@ impl CudaGraph {
         (self.used, self.pool_bytes)
     }
 
+    /// Bytes of device memory the graph's own allocation nodes take: the
+    /// sum of `bytesize` over its `CU_GRAPH_NODE_TYPE_MEM_ALLOC` nodes
+    /// (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+    /// `cuGraphMemAllocNodeGetParams`). Such nodes come from stream-ordered
+    /// allocations (`cuMemAllocAsync`) a runtime queued on the capturing
+    /// stream itself; memgov's capture makes none (its allocations carve
+    /// the pool). The driver keeps that memory for the graph while it may
+    /// launch, so the sum is what the graph holds at most (the driver may
+    /// reuse memory between allocations whose lifetimes do not overlap).
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        const OP: &str = "graph_memory";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        let raw = self.raw(OP)?;
+        let _current = s.make_current(OP)?;
+        let mut n: usize = 0;
+        // SAFETY: a live graph of this context (pinned until destroy);
+        // a null node array asks for the count only; the context is current.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, std::ptr::null_mut(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` holds `n` entries, the count passed in.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, nodes.as_mut_ptr(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        let mut bytes = 0u64;
+        for &node in &nodes[..n.min(nodes.len())] {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node the driver just listed; valid out pointer.
+            let r = unsafe { sys::cuGraphNodeGetType(node, &mut kind) };
+            s.checked(OP, "cuGraphNodeGetType", r)?;
+            if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                continue;
+            }
+            // SAFETY: all-zero is a valid value of this plain-data struct
+            // (null pointers, zero sizes, the first enum variants).
+            let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: an allocation node (its type checked above); valid out
+            // pointer.
+            let r = unsafe { sys::cuGraphMemAllocNodeGetParams(node, &mut params) };
+            s.checked(OP, "cuGraphMemAllocNodeGetParams", r)?;
+            bytes = bytes.saturating_add(params.bytesize as u64);
+        }
+        Ok(bytes)
+    }
+
     /// Queue one run of the graph on `stream` (`cuGraphLaunch`).
     pub fn launch(&self, stream: &CudaStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
@@ -817,6 +866,19 @@ impl CudaGraph {
     /// pool to the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
         self.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed || self.raw("graph_destroyed").is_err()
     }
 
     fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {
