@@ -43,72 +43,14 @@ use std::thread::ThreadId;
 pub const CAPTURE_ALIGN: u64 = 256;
 const ALIGN: u64 = CAPTURE_ALIGN;
 
-/// How a capture restricts other calls, as `CUstreamCaptureMode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureMode {
-    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (the driver's default): potentially
-    /// unsafe calls are prohibited on every thread while it is under way.
-    #[default]
-    Global,
-    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only on the capturing thread.
-    ThreadLocal,
-    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: not prohibited; the capture may end
-    /// on another thread.
-    Relaxed,
-}
+pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
-impl CaptureMode {
-    fn raw(self) -> sys::CUstreamCaptureMode {
-        match self {
-            Self::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            Self::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            Self::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        }
-    }
-}
-
-/// A capture's settings: the pool its allocations come from, and its mode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureConfig {
-    /// Bytes of device memory taken from the arena before capture begins;
-    /// every allocation during the capture is carved from them.
-    pub pool_bytes: u64,
-    /// The capture mode.
-    pub mode: CaptureMode,
-}
-
-/// An allocation during capture did not fit in what is left of the pool.
-/// The capture is still valid: end it, or carve less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolExhausted {
-    /// Bytes asked for (before alignment to 256 B).
-    pub requested: u64,
-    /// Bytes of the pool still free.
-    pub free: u64,
-    /// The pool's size.
-    pub pool: u64,
-}
-
-impl std::fmt::Display for PoolExhausted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the capture pool has {} B free of {} B, {} B asked; nothing was allocated and the \
-             capture is still valid: begin the capture with a larger CaptureConfig::pool_bytes",
-            self.free, self.pool, self.requested
-        )
-    }
-}
-
-impl std::error::Error for PoolExhausted {}
-
-impl From<PoolExhausted> for BackendError {
-    fn from(e: PoolExhausted) -> Self {
-        err(
-            "capture_allocate",
-            BackendErrorKind::OutOfMemory,
-            e.to_string(),
-        )
+/// `CUstreamCaptureMode` of a [`CaptureMode`].
+fn raw_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
     }
 }
 
@@ -488,7 +430,7 @@ impl CudaContext {
         g.begin();
         // SAFETY: a live stream of this context (checked above), which is
         // current.
-        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, config.mode.raw()) };
+        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, raw_mode(config.mode)) };
         let begun = s.checked(OP, "cuStreamBeginCapture_v2", r).and_then(|()| {
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             let mut id: u64 = 0;
@@ -551,6 +493,7 @@ impl CudaCapture<'_> {
                 Ok(CaptureBuffer { ptr, bytes })
             }
             _ => Err(PoolExhausted {
+                backend: "cuda",
                 requested: bytes,
                 free: self.pool_free(),
                 pool: self.pool_bytes,

@@ -81,6 +81,7 @@
 //! ```
 
 mod arena;
+mod capability;
 mod capture;
 mod config;
 mod memory;

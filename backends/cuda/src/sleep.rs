@@ -19,14 +19,7 @@ use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::ffi::c_void;
 
-/// What a sleep gave back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SleepReport {
-    /// Physical bytes unmapped and released (granules in use and cached).
-    pub released: u64,
-    /// Bytes of contents kept in page-locked host memory for the wake.
-    pub offloaded: u64,
-}
+pub use memgov_backend::capability::SleepReport;
 
 /// A stream of the arena's own for the copies of sleep and wake, destroyed
 /// (after a synchronize) when dropped.

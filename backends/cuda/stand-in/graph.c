@@ -46,12 +46,11 @@
  *   back); cuGraphNodeGetType names them (memcpy, host, mem alloc, mem
  *   free); cuGraphMemAllocNodeGetParams returns an allocation node's size
  *   and address, CUDA_ERROR_INVALID_VALUE for any other node.
- * - Fault knobs: MEMGOV_STANDIN_CUDA_FAIL_BEGIN_CAPTURE_AT=N and
- *   MEMGOV_STANDIN_CUDA_FAIL_END_CAPTURE_AT=N: the Nth cuStreamBeginCapture_v2
- *   fails with CUDA_ERROR_OUT_OF_MEMORY and begins nothing; the Nth
- *   cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, the
- *   stream leaving capture mode with no graph (as an invalidated capture
- *   ends).
+ * - Fault knob (vmm.c's MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>):
+ *   the Nth cuStreamBeginCapture_v2 fails with CUDA_ERROR_OUT_OF_MEMORY and
+ *   begins nothing; the Nth cuStreamEndCapture ends the capture as an
+ *   invalidated one (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, no graph, the
+ *   stream out of capture mode).
  *
  * Not imitated (a contract violation naming the call): event record and
  * event wait on a capturing stream (fork/join nodes), and launching a
@@ -149,16 +148,9 @@ static uint64_t g_next_id = 1;
  * memgov_standin_cuda_graph_mem). */
 static uint64_t g_begun, g_invalidated, g_allocs_during, g_launches;
 static uint64_t g_alloc_nodes, g_free_nodes, g_gmem_live;
-/* Fault knobs, read once. */
-static uint64_t g_fail_begin_at, g_fail_end_at, g_begin_calls, g_end_calls;
-static int g_knobs_read;
 
-/* Under g_lock. */
-static void read_knobs(void) {
-    if (g_knobs_read) return;
-    g_knobs_read = 1;
-    g_fail_begin_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_BEGIN_CAPTURE_AT", 0);
-    g_fail_end_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_END_CAPTURE_AT", 0);
+static int entry_fault(const char *fn) {
+    return standin_entry_fault != NULL && standin_entry_fault(fn);
 }
 
 #define ENTER(fn)                                                  \
@@ -353,8 +345,7 @@ CUresult cuStreamBeginCapture_v2(void *hStream, int mode) {
     if (c == NULL || g == NULL) sq_fatal("out of host memory");
     g->magic = GRAPH_MAGIC;
     pthread_mutex_lock(&g_lock);
-    read_knobs();
-    if (g_fail_begin_at != 0 && ++g_begin_calls == g_fail_begin_at) {
+    if (entry_fault("cuStreamBeginCapture_v2")) {
         pthread_mutex_unlock(&g_lock);
         free(c);
         free(g);
@@ -392,8 +383,7 @@ CUresult cuStreamEndCapture(void *hStream, struct CUgraph_st **phGraph) {
         return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     }
     *p = c->next;
-    read_knobs();
-    if (g_fail_end_at != 0 && ++g_end_calls == g_fail_end_at) invalidate(c);
+    if (entry_fault("cuStreamEndCapture")) invalidate(c);
     if (c->invalidated) ops_drop(&c->graph->ops);
     pthread_mutex_unlock(&g_lock);
     if (c->invalidated) {

@@ -59,6 +59,28 @@ fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
 }
 
 #[test]
+fn capability_arena_cases_pass_on_the_cuda_arena() {
+    passes(
+        "capability_arena",
+        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
+fn fault_matrix_cells_map_unmap_set_access_create_release_at_each_position() {
+    common::fault_cells(
+        CHILD,
+        &[
+            ("cuMemCreate", 8),
+            ("cuMemMap", 8),
+            ("cuMemSetAccess", 8),
+            ("cuMemUnmap", 8),
+            ("cuMemRelease", 8),
+        ],
+    );
+}
+
+#[test]
 fn arena_grows_to_its_limit_and_shrinks_with_16_threads_on_4_streams() {
     for seed in ["1", "2", "3"] {
         passes(
@@ -820,6 +842,10 @@ mod cases {
         unsafe {
             match case {
                 "grow_shrink" => grow_shrink(),
+                "capability_arena" => common::report_cases(
+                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
+                ),
+                "fault_cells" => common::fault_cells_child(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),
                 "wake_refused" => wake_refused(),

@@ -65,6 +65,19 @@ fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
 }
 
 #[test]
+fn capability_capture_cases_pass_on_the_cuda_backend() {
+    passes("capability_capture", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn fault_matrix_cells_begin_and_end_capture_at_each_position() {
+    common::fault_cells(
+        CHILD,
+        &[("cuStreamBeginCapture_v2", 2), ("cuStreamEndCapture", 2)],
+    );
+}
+
+#[test]
 fn a_governed_capture_charges_its_pool_from_before_begin_until_destroy() {
     passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
 }
@@ -317,6 +330,7 @@ mod cases {
         assert_eq!(
             refused,
             PoolExhausted {
+                backend: "cuda",
                 requested: 512 << 10,
                 free: 256 << 10,
                 pool: MIB
@@ -596,6 +610,13 @@ mod cases {
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
                 "sleep_waits" => sleep_waits(),
+                "capability_capture" => {
+                    common::report_cases(memgov_conformance::capability::run_capture_cases(
+                        common::capability_factory,
+                        || stats()[2],
+                    ))
+                }
+                "fault_cells" => common::fault_cells_child(),
                 "governed_pool_charged" => crate::governed::pool_charged(),
                 "governed_pool_over_budget" => crate::governed::pool_over_budget(),
                 "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),

@@ -48,6 +48,7 @@
 //! assert!(report.all_passed(), "{report}");
 //! ```
 
+pub mod capability;
 mod cases;
 mod faults;
 mod watch;
