@@ -93,6 +93,16 @@ fn a_live_governed_graph_holds_teardown_until_destroyed() {
 }
 
 #[test]
+fn a_governed_capture_with_allocations_makes_no_graph_memory_node_and_no_driver_allocation() {
+    passes("governed_no_graph_memory", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
+    passes("governed_graph_memory", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn stand_in_records_a_capture_and_replays_it() {
     passes("standin_records", &[]);
 }
@@ -620,6 +630,8 @@ mod cases {
                 "governed_pool_charged" => crate::governed::pool_charged(),
                 "governed_pool_over_budget" => crate::governed::pool_over_budget(),
                 "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),
+                "governed_no_graph_memory" => crate::governed::no_graph_memory_nodes(),
+                "governed_graph_memory" => crate::governed::graph_memory_charged(),
                 "standin_records" => {
                     let r = raw();
                     let d = alloc(&r, 4096);

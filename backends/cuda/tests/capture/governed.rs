@@ -172,3 +172,179 @@ pub fn teardown_waits_for_live_graph() {
     report.backend_result.expect("clean teardown");
     println!("governed capture: teardown waited for the live graph ({text})");
 }
+
+/// The stand-in's `memgov_standin_cuda_graph_mem`: {allocation nodes
+/// recorded, free nodes recorded, bytes of allocation nodes a graph holds}.
+fn graph_mem() -> [u64; 3] {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    const RTLD_NOLOAD: std::os::raw::c_int = 4;
+    // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
+    // has the declared signature (`int (unsigned long long out[3])`).
+    unsafe {
+        let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+            .expect("the stand-in libcuda is loaded");
+        let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
+            lib.get(b"memgov_standin_cuda_graph_mem").expect("hook");
+        let mut out = [u64::MAX; 3];
+        assert_eq!(query(out.as_mut_ptr()), 0);
+        out
+    }
+}
+
+/// memgov's capture makes no graph memory: across a capture with
+/// allocations, no stream-ordered allocation or free is recorded and no
+/// driver allocation is made.
+pub fn no_graph_memory_nodes() {
+    let (_gov, ctx) = governed(64 * MIB);
+    let s = ctx.create_stream("s").expect("stream");
+    let (nodes, driver) = (graph_mem(), stats());
+    let (mut graph, out) = ctx
+        .capture(&s, config(4 * MIB), |cap| {
+            let mut last = None;
+            for i in 0..8 {
+                let b = cap.allocate(256 << 10)?;
+                cap.upload(&b, 0, pattern(70 + i, 4096))?;
+                last = Some(cap.download(&b, 0, 4096)?);
+            }
+            Ok(last.expect("eight allocations"))
+        })
+        .expect("capture");
+    let (nodes_after, driver_after) = (graph_mem(), stats());
+    assert_eq!(
+        nodes_after, nodes,
+        "no graph memory node: {nodes:?} -> {nodes_after:?}"
+    );
+    assert_eq!(
+        driver_after[2], driver[2],
+        "no driver allocation during the capture"
+    );
+    assert_eq!(graph.graph_memory_bytes(), 0);
+    graph.launch(&s).expect("launch");
+    assert_eq!(graph.read_output(out).expect("read"), pattern(77, 4096));
+    graph.destroy().expect("destroy");
+    drop(s);
+    ctx.retire()
+        .wait(Instant::now() + Duration::from_secs(10))
+        .expect("retire")
+        .backend_result
+        .expect("clean teardown");
+    println!("governed capture: 8 allocations carved, 0 graph memory nodes, 0 driver allocations");
+}
+
+/// A runtime's own stream-ordered allocation on the capturing stream makes
+/// a graph memory node: it is seen, and charged to the context (as memory
+/// outside memgov) while the graph lives; one on another stream during the
+/// capture is seen as a driver allocation during capture.
+pub fn graph_memory_charged() {
+    use cudarc::driver::sys;
+    let (_gov, ctx) = governed(64 * MIB);
+    let s = ctx.create_stream("s").expect("stream");
+    let other = ctx.create_stream("other").expect("stream");
+    let raw = s.raw().expect("live").cu_stream();
+    let raw_other = other.raw().expect("live").cu_stream();
+    let (nodes, driver) = (graph_mem(), stats());
+    let (mut graph, ()) = ctx
+        .capture(&s, config(MIB), |cap| {
+            let b = cap.allocate(4096)?;
+            cap.upload(&b, 0, pattern(80, 4096))?;
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: the capturing stream of a context current through
+            // the capture (the stand-in records a node); valid out pointer.
+            unsafe {
+                let _current = CurrentContext::push();
+                assert_eq!(
+                    sys::cuMemAllocAsync(&mut p, 3 * MIB as usize, raw),
+                    sys::CUresult::CUDA_SUCCESS
+                );
+                assert_eq!(sys::cuMemFreeAsync(p, raw), sys::CUresult::CUDA_SUCCESS);
+                // The planted violation of the other kind: a driver
+                // allocation on a stream that is not capturing.
+                let mut q: sys::CUdeviceptr = 0;
+                assert_eq!(
+                    sys::cuMemAllocAsync(&mut q, 4096, raw_other),
+                    sys::CUresult::CUDA_SUCCESS
+                );
+                assert_eq!(
+                    sys::cuMemFreeAsync(q, raw_other),
+                    sys::CUresult::CUDA_SUCCESS
+                );
+            }
+            Ok(())
+        })
+        .expect("capture");
+    let (nodes_after, driver_after) = (graph_mem(), stats());
+    assert_eq!(
+        (
+            nodes_after[0] - nodes[0],
+            nodes_after[1] - nodes[1],
+            nodes_after[2]
+        ),
+        (1, 1, 3 * MIB),
+        "one allocation node and one free node recorded, 3 MiB held"
+    );
+    assert_eq!(
+        driver_after[2] - driver[2],
+        1,
+        "the other stream's allocation is seen"
+    );
+    assert_eq!(graph.graph_memory_bytes(), 3 * MIB);
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.outside_bytes, snap.charged),
+        (3 * MIB, 4 * MIB),
+        "graph memory and the pool charged while the graph lives"
+    );
+    graph.launch(&s).expect("launch");
+    graph.destroy().expect("destroy");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.outside_bytes, snap.charged),
+        (0, 0),
+        "all returned at destroy"
+    );
+    assert_eq!(graph_mem()[2], 0, "the driver freed the graph's memory");
+    other.synchronize().expect("sync");
+    drop((s, other));
+    ctx.retire()
+        .wait(Instant::now() + Duration::from_secs(10))
+        .expect("retire")
+        .backend_result
+        .expect("clean teardown");
+    println!("governed capture: a 3 MiB graph memory node charged while its graph lived");
+}
+
+/// The stand-in's primary context pushed current on this thread, popped on
+/// drop (the raw calls above need a current context).
+struct CurrentContext;
+
+impl CurrentContext {
+    /// # Safety
+    /// On the stand-in, device 0, whose primary context a live CudaContext
+    /// retains.
+    unsafe fn push() -> Self {
+        use cudarc::driver::sys;
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: device 0 exists on the stand-in; valid out pointer; the
+        // retain is released in drop.
+        unsafe {
+            assert_eq!(
+                sys::cuDevicePrimaryCtxRetain(&mut c, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            assert_eq!(sys::cuCtxPushCurrent_v2(c), sys::CUresult::CUDA_SUCCESS);
+        }
+        Self
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        use cudarc::driver::sys;
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pushed and retained in `push`, undone once here.
+        unsafe {
+            sys::cuCtxPopCurrent_v2(&mut popped);
+            sys::cuDevicePrimaryCtxRelease_v2(0);
+        }
+    }
+}
