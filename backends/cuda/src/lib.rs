@@ -89,6 +89,7 @@ mod result;
 mod retire;
 mod shared;
 mod sleep;
+mod sleep_set;
 mod stream;
 mod teardown;
 

@@ -231,8 +231,8 @@ impl CudaContext {
     /// addresses are reserved but nothing is mapped behind them).
     fn check_awake(&self, op: &'static str, memory: &CudaMemory) -> Result<(), BackendError> {
         match &self.arena {
-            Some(a) if a.contains(memory.ptr) && memgov_backend::lock(&a.state).asleep => {
-                Err(crate::arena::asleep(op))
+            Some(a) if a.contains(memory.ptr) => {
+                crate::sleep_set::check_awake(a, op, memory.ptr, memory.bytes)
             }
             _ => Ok(()),
         }

@@ -23,13 +23,13 @@ pub use memgov_backend::capability::SleepReport;
 
 /// A stream of the arena's own for the copies of sleep and wake, destroyed
 /// (after a synchronize) when dropped.
-struct CopyStream<'a> {
+pub(crate) struct CopyStream<'a> {
     s: &'a Shared,
-    raw: CUstream,
+    pub(crate) raw: CUstream,
 }
 
 impl<'a> CopyStream<'a> {
-    fn new(s: &'a Shared, op: &'static str) -> Result<Self, BackendError> {
+    pub(crate) fn new(s: &'a Shared, op: &'static str) -> Result<Self, BackendError> {
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: valid out pointer; the context is current (caller).
         let r = unsafe { sys::cuStreamCreate(&mut raw, 1) };
@@ -37,7 +37,7 @@ impl<'a> CopyStream<'a> {
         Ok(Self { s, raw })
     }
 
-    fn sync(&self, op: &'static str) -> Result<(), BackendError> {
+    pub(crate) fn sync(&self, op: &'static str) -> Result<(), BackendError> {
         // SAFETY: the stream made in `new`; the context is current.
         let r = unsafe { sys::cuStreamSynchronize(self.raw) };
         self.s.checked(op, "cuStreamSynchronize", r)
@@ -78,6 +78,14 @@ impl CudaArena {
                     "sleep",
                     BackendErrorKind::InvalidArgument,
                     "the arena is asleep already; wake it first",
+                ));
+            }
+            if crate::sleep_set::set_asleep(&st) {
+                return Err(err(
+                    "sleep",
+                    BackendErrorKind::InvalidArgument,
+                    "a set of the arena's allocations is asleep (CudaArena::sleep_ranges); wake \
+                     it first (CudaArena::wake_ranges or CudaArena::wake)",
                 ));
             }
             while st.slots.iter().any(|g| g.slot.in_transition()) {
@@ -166,9 +174,13 @@ impl CudaArena {
     /// Wake the arena: map every sleeping granule again at its address and
     /// copy back the contents kept. Refused with `OutOfMemory` before any
     /// mapping when the granules do not fit the arena's limit. Returns the
-    /// bytes mapped.
+    /// bytes mapped. Also wakes a set put to sleep with
+    /// [`sleep_ranges`](Self::sleep_ranges), whole.
     pub fn wake(&self) -> Result<u64, BackendError> {
         let (arena, s) = (&*self.arena, &*self.shared);
+        if crate::sleep_set::set_asleep(&lock(&arena.state)) {
+            return self.wake_granules("wake", None);
+        }
         s.check_usable("wake")?;
         let _call = crate::capture::gate().call("wake", true)?;
         let _current = s.make_current("wake")?;
@@ -288,7 +300,7 @@ impl CudaArena {
 
 /// Copy one granule at `at` to fresh page-locked host memory; returns its
 /// address.
-fn offload(
+pub(crate) fn offload(
     s: &Shared,
     copies: &Result<CopyStream<'_>, BackendError>,
     at: u64,
@@ -313,7 +325,7 @@ fn offload(
     Ok(host as usize)
 }
 
-fn free_host(s: &Shared, host: usize) {
+pub(crate) fn free_host(s: &Shared, host: usize) {
     if host != 0 {
         // SAFETY: page-locked memory from `offload`, freed once (its slot
         // is being replaced); no queued copy uses it (synchronized).

@@ -374,6 +374,7 @@ impl Arena {
             }
             st.in_use -= len;
             st.put_range(offset, len);
+            crate::sleep_set::keep_asleep_out(&mut st, offset, len, self.granule);
         }
         drop(st);
         self.changed.notify_all();
