@@ -265,23 +265,7 @@ mod cases {
 
     const G: usize = 2 << 20;
 
-    /// The stand-in's `memgov_standin_cuda_vmm`: {reservations, reserved
-    /// bytes, handles, physical bytes, mappings, mapped bytes}.
-    pub(super) fn vmm() -> [u64; 6] {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
-        // has the declared signature (`int (unsigned long long out[6])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
-                lib.get(b"memgov_standin_cuda_vmm").expect("hook");
-            let mut out = [u64::MAX; 6];
-            assert_eq!(query(out.as_mut_ptr()), 0);
-            out
-        }
-    }
+    pub(super) use crate::common::vmm;
 
     fn pattern(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
