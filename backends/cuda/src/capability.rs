@@ -42,6 +42,14 @@ impl SleepWake for CudaArena {
     fn wake(&self) -> Result<u64, BackendError> {
         CudaArena::wake(self)
     }
+
+    fn sleep_ranges(&self, ptrs: &[u64], keep_contents: bool) -> Result<SleepReport, BackendError> {
+        CudaArena::sleep_ranges(self, ptrs, keep_contents)
+    }
+
+    fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
+        CudaArena::wake_ranges(self, ptrs)
+    }
 }
 
 impl ArenaBackend for CudaContext {

@@ -77,6 +77,16 @@ pub trait SleepWake: VirtualArena {
     /// contents kept. A wake that does not fit the limit is refused before
     /// anything is mapped. Returns the bytes mapped.
     fn wake(&self) -> Result<u64, BackendError>;
+
+    /// Put the allocations at the device addresses `ptrs` to sleep: every
+    /// granule only they use is released (its contents kept when
+    /// `keep_contents` is set); the other allocations stay mapped and
+    /// usable. A granule already asleep is not released again.
+    fn sleep_ranges(&self, ptrs: &[u64], keep_contents: bool) -> Result<SleepReport, BackendError>;
+
+    /// Wake the allocations at `ptrs`: their sleeping granules mapped again
+    /// at the same addresses, contents restored. Returns the bytes mapped.
+    fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError>;
 }
 
 /// A backend whose contexts can carry a [`VirtualArena`].

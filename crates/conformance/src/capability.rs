@@ -120,6 +120,10 @@ pub fn arena_cases<C: ArenaBackend>() -> Vec<(&'static str, ArenaCase<C>)> {
             "sleep_wake_restores_bytes_at_the_same_addresses",
             sleep_wake_restores::<C>,
         ),
+        (
+            "sleep_wake_of_a_set_leaves_the_others_usable",
+            sleep_wake_set::<C>,
+        ),
     ]
 }
 
@@ -345,6 +349,67 @@ fn sleep_wake_restores<C: ArenaBackend>(
     close(ctx, vec![s])?;
     Ok(format!(
         "{} B released and restored at the same addresses",
+        report.released
+    ))
+}
+
+/// A set of allocations sleeps alone: its granules are released, another
+/// allocation stays usable, a copy to the set is refused, a second sleep
+/// releases nothing, and the wake restores every byte at the same address.
+fn sleep_wake_set<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
+    let (ctx, arena) = open(factory)?;
+    let s = ctx.create_stream().map_err(be("create_stream"))?;
+    let g = arena.usage().granule;
+    // First fit: `set` takes granules 0 and 1 whole, `other` starts at 2.
+    let set = ctx.allocate(&s, 2 * g).map_err(be("allocate"))?;
+    let other = ctx.allocate(&s, g).map_err(be("allocate"))?;
+    let (ps, po) = (pattern(90, 2 * g as usize), pattern(91, g as usize));
+    ctx.write(&s, &set, 0, &ps).map_err(be("write"))?;
+    ctx.write(&s, &other, 0, &po).map_err(be("write"))?;
+    let at = ctx.device_address(&set);
+    let mapped = arena.usage().mapped;
+    let report = arena
+        .sleep_ranges(&[at], true)
+        .map_err(be("sleep_ranges"))?;
+    ensure!(
+        report.released == 2 * g,
+        "sleep_ranges released {} B of the set's 2 granules",
+        report.released
+    );
+    ensure!(
+        arena.usage().mapped == mapped - 2 * g,
+        "the set's granules are still counted mapped"
+    );
+    let mut back = vec![0u8; g as usize];
+    ctx.read(&s, &other, 0, &mut back)
+        .map_err(be("read the awake allocation"))?;
+    ensure!(back == po, "the awake allocation's bytes changed");
+    ctx.write(&s, &other, 0, &po)
+        .map_err(be("write the awake allocation"))?;
+    match ctx.write(&s, &set, 0, &[0; 16]) {
+        Err(e) if e.kind == BackendErrorKind::InvalidArgument => {}
+        Err(e) => return Err(format!("a copy to a sleeping set: {e}")),
+        Ok(()) => return Err("a copy to a sleeping set was accepted".into()),
+    }
+    let again = arena
+        .sleep_ranges(&[at], true)
+        .map_err(be("sleep_ranges again"))?;
+    ensure!(
+        again.released == 0,
+        "a second sleep released {} B",
+        again.released
+    );
+    let woke = arena.wake_ranges(&[at]).map_err(be("wake_ranges"))?;
+    ensure!(woke == 2 * g, "wake_ranges mapped {woke} B");
+    ensure!(ctx.device_address(&set) == at, "the set moved");
+    let mut back = vec![0u8; 2 * g as usize];
+    ctx.read(&s, &set, 0, &mut back).map_err(be("read"))?;
+    ensure!(back == ps, "the set's bytes were not restored");
+    release(&ctx, &s, set)?;
+    release(&ctx, &s, other)?;
+    close(ctx, vec![s])?;
+    Ok(format!(
+        "{} B of a set slept and woke, the other allocation untouched",
         report.released
     ))
 }
