@@ -313,6 +313,15 @@ impl CudaArena {
             if st.closed {
                 return Err(closed(op));
             }
+            if st.asleep {
+                // Its granules' free space was never carved: only the
+                // whole-arena wake may map them.
+                return Err(err(
+                    op,
+                    BackendErrorKind::InvalidArgument,
+                    "the whole arena is asleep (CudaArena::sleep); wake it whole (CudaArena::wake)",
+                ));
+            }
             while st.slots.iter().any(|g| g.slot.in_transition()) {
                 st = arena.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }

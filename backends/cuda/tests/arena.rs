@@ -942,6 +942,16 @@ mod cases {
         let f = ctx.allocate(&s, 2 * g).expect("f");
         assert_eq!(f.device_ptr(), at_b, "b's range is free again");
         check_bytes(&ctx, &s, &c, &pc2, "c at the end");
+        // The whole arena asleep: a set's wake is refused, the whole wake
+        // restores everything.
+        arena.sleep(true).expect("sleep the whole arena");
+        let e = arena
+            .wake_ranges(&[at_a])
+            .expect_err("the whole arena sleeps");
+        assert!(e.message.contains("wake it whole"), "{e}");
+        arena.wake().expect("wake the whole arena");
+        check_bytes(&ctx, &s, &a, &pa, "a after the whole arena's wake");
+        check_bytes(&ctx, &s, &c, &pc2, "c after the whole arena's wake");
         for m in [a, c, d, e2, f] {
             release(&ctx, &s, m, &retired);
         }
