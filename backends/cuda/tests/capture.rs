@@ -88,6 +88,17 @@ fn a_governed_capture_pool_over_budget_is_refused_before_any_driver_call() {
 }
 
 #[test]
+fn a_governed_capture_replays_while_another_thread_allocates_releases_and_trims_through_the_governor(
+) {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "governed_churn",
+            &[(LATENCY, "200"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
 fn a_live_governed_graph_holds_teardown_until_destroyed() {
     passes("governed_teardown_waits", &[(EXIT_CHECK, "1")]);
 }
@@ -632,6 +643,7 @@ mod cases {
                 "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),
                 "governed_no_graph_memory" => crate::governed::no_graph_memory_nodes(),
                 "governed_graph_memory" => crate::governed::graph_memory_charged(),
+                "governed_churn" => crate::governed::governed_churn(),
                 "standin_records" => {
                     let r = raw();
                     let d = alloc(&r, 4096);
