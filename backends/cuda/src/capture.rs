@@ -38,76 +38,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::ThreadId;
 
-/// Allocations carved from a capture pool are aligned to this, as
-/// `cuMemAlloc` aligns its allocations.
-const ALIGN: u64 = 256;
+/// Allocations carved from a capture pool, and the pool itself, are
+/// aligned to this, as `cuMemAlloc` aligns its allocations.
+pub const CAPTURE_ALIGN: u64 = 256;
+const ALIGN: u64 = CAPTURE_ALIGN;
 
-/// How a capture restricts other calls, as `CUstreamCaptureMode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureMode {
-    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (the driver's default): potentially
-    /// unsafe calls are prohibited on every thread while it is under way.
-    #[default]
-    Global,
-    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only on the capturing thread.
-    ThreadLocal,
-    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: not prohibited; the capture may end
-    /// on another thread.
-    Relaxed,
-}
+pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
-impl CaptureMode {
-    fn raw(self) -> sys::CUstreamCaptureMode {
-        match self {
-            Self::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            Self::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            Self::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        }
-    }
-}
-
-/// A capture's settings: the pool its allocations come from, and its mode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureConfig {
-    /// Bytes of device memory taken from the arena before capture begins;
-    /// every allocation during the capture is carved from them.
-    pub pool_bytes: u64,
-    /// The capture mode.
-    pub mode: CaptureMode,
-}
-
-/// An allocation during capture did not fit in what is left of the pool.
-/// The capture is still valid: end it, or carve less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolExhausted {
-    /// Bytes asked for (before alignment to 256 B).
-    pub requested: u64,
-    /// Bytes of the pool still free.
-    pub free: u64,
-    /// The pool's size.
-    pub pool: u64,
-}
-
-impl std::fmt::Display for PoolExhausted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the capture pool has {} B free of {} B, {} B asked; nothing was allocated and the \
-             capture is still valid: begin the capture with a larger CaptureConfig::pool_bytes",
-            self.free, self.pool, self.requested
-        )
-    }
-}
-
-impl std::error::Error for PoolExhausted {}
-
-impl From<PoolExhausted> for BackendError {
-    fn from(e: PoolExhausted) -> Self {
-        err(
-            "capture_allocate",
-            BackendErrorKind::OutOfMemory,
-            e.to_string(),
-        )
+/// `CUstreamCaptureMode` of a [`CaptureMode`].
+fn raw_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
     }
 }
 
@@ -487,7 +430,7 @@ impl CudaContext {
         g.begin();
         // SAFETY: a live stream of this context (checked above), which is
         // current.
-        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, config.mode.raw()) };
+        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, raw_mode(config.mode)) };
         let begun = s.checked(OP, "cuStreamBeginCapture_v2", r).and_then(|()| {
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             let mut id: u64 = 0;
@@ -550,6 +493,7 @@ impl CudaCapture<'_> {
                 Ok(CaptureBuffer { ptr, bytes })
             }
             _ => Err(PoolExhausted {
+                backend: "cuda",
                 requested: bytes,
                 free: self.pool_free(),
                 pool: self.pool_bytes,
@@ -772,6 +716,54 @@ impl CudaGraph {
         (self.used, self.pool_bytes)
     }
 
+    /// Bytes of device memory the graph's own allocation nodes take: the
+    /// sum of `bytesize` over its `CU_GRAPH_NODE_TYPE_MEM_ALLOC` nodes
+    /// (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+    /// `cuGraphMemAllocNodeGetParams`). Such nodes come from stream-ordered
+    /// allocations (`cuMemAllocAsync`) a runtime queued on the capturing
+    /// stream itself; memgov's capture makes none (its allocations carve
+    /// the pool). The driver keeps that memory for the graph while it may
+    /// launch, so the sum is what the graph holds at most (the driver may
+    /// reuse memory between allocations whose lifetimes do not overlap).
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        const OP: &str = "graph_memory";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        let raw = self.raw(OP)?;
+        let _current = s.make_current(OP)?;
+        let mut n: usize = 0;
+        // SAFETY: a live graph of this context (pinned until destroy);
+        // a null node array asks for the count only; the context is current.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, std::ptr::null_mut(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` holds `n` entries, the count passed in.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, nodes.as_mut_ptr(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        let mut bytes = 0u64;
+        for &node in &nodes[..n.min(nodes.len())] {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node the driver just listed; valid out pointer.
+            let r = unsafe { sys::cuGraphNodeGetType(node, &mut kind) };
+            s.checked(OP, "cuGraphNodeGetType", r)?;
+            if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                continue;
+            }
+            // SAFETY: all-zero is a valid value of this plain-data struct
+            // (null pointers, zero sizes, the first enum variants).
+            let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: an allocation node (its type checked above); valid out
+            // pointer.
+            let r = unsafe { sys::cuGraphMemAllocNodeGetParams(node, &mut params) };
+            s.checked(OP, "cuGraphMemAllocNodeGetParams", r)?;
+            bytes = bytes.saturating_add(params.bytesize as u64);
+        }
+        Ok(bytes)
+    }
+
     /// Queue one run of the graph on `stream` (`cuGraphLaunch`).
     pub fn launch(&self, stream: &CudaStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
@@ -817,6 +809,19 @@ impl CudaGraph {
     /// pool to the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
         self.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed || self.raw("graph_destroyed").is_err()
     }
 
     fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {

@@ -81,6 +81,7 @@
 //! ```
 
 mod arena;
+mod capability;
 mod capture;
 mod config;
 mod memory;
@@ -94,6 +95,7 @@ mod teardown;
 pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
 pub use capture::{
     CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot, PoolExhausted,
+    CAPTURE_ALIGN,
 };
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;

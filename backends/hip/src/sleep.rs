@@ -1,7 +1,8 @@
 //! Sleep and wake of a context's arena on HIP: its physical memory unmapped
 //! and released (its contents kept in page-locked host memory,
 //! `hipHostMalloc`, when asked) while the addresses stay reserved, then
-//! mapped again at the same addresses with the contents restored.
+//! mapped again at the same addresses with the contents restored; the whole
+//! arena or a chosen set of its allocations.
 //!
 //! The state machine is the shared core's ([`memgov_backend::vmm`]): each
 //! granule's slot is its mapped state, `Mapped` → `Asleep` on sleep,
@@ -9,7 +10,7 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
-//! While asleep, allocation and copies to and from arena memory are refused
+//! While asleep, allocation and copies to and from sleeping memory are refused
 //! (`InvalidArgument`), and releases retire as usual. This module gives the
 //! core HIP's copies: on a stream of the sleep's own, synchronized after
 //! each granule.
@@ -119,5 +120,36 @@ impl HipArena {
         self.shared.check_usable("wake")?;
         let _call = crate::capture::gate().call("wake", true)?;
         self.arena.wake(&self.arena.driver(&self.shared))
+    }
+
+    /// Put the allocations at `ptrs` (device pointers of live allocations of
+    /// this arena) to sleep: wait for every stream of the device, then
+    /// unmap and release each granule that only they use, copying its
+    /// contents to page-locked host memory first when `keep_contents` is
+    /// set. Granules shared with other allocations stay mapped; the other
+    /// allocations stay usable. Copies to and from the set are refused
+    /// until [`wake_ranges`](Self::wake_ranges). The rules are the shared
+    /// core's (`memgov_backend::vmm`, its `sleep_set` module).
+    pub fn sleep_ranges(
+        &self,
+        ptrs: &[u64],
+        keep_contents: bool,
+    ) -> Result<SleepReport, BackendError> {
+        self.shared.check_usable("sleep_ranges")?;
+        let _call = crate::capture::gate().call("sleep_ranges", true)?;
+        self.arena
+            .sleep_ranges(&self.arena.driver(&self.shared), ptrs, keep_contents)
+    }
+
+    /// Wake the allocations at `ptrs`: map every sleeping granule under them
+    /// again at its address and copy back the contents kept. Refused with
+    /// `OutOfMemory` before any mapping when they do not fit the arena's
+    /// limit; one that fails half-way unmaps what it mapped and leaves the
+    /// set asleep. Returns the bytes mapped.
+    pub fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
+        self.shared.check_usable("wake_ranges")?;
+        let _call = crate::capture::gate().call("wake_ranges", true)?;
+        self.arena
+            .wake_ranges(&self.arena.driver(&self.shared), ptrs)
     }
 }

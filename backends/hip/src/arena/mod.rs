@@ -215,13 +215,7 @@ impl Arena {
                 ..e
             })?;
         Ok(Self {
-            core: vmm::Arena::new(
-                base as u64,
-                size,
-                granule,
-                config.limit_bytes,
-                "HipArena::wake",
-            ),
+            core: vmm::Arena::new(base as u64, size, granule, config.limit_bytes, "HipArena"),
             ordinal,
             runtime,
             probe: s.probe().clone(),

@@ -8,20 +8,14 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
+//! The whole arena sleeps only while no set of its allocations sleeps
+//! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
 
 use super::state::Slot;
 use super::{closed, Arena, SleepDriver};
+use crate::capability::SleepReport;
 use crate::{lock, BackendError, BackendErrorKind};
 use std::fmt::Debug;
-
-/// What a sleep gave back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SleepReport {
-    /// Physical bytes unmapped and released (granules in use and cached).
-    pub released: u64,
-    /// Bytes of contents kept in page-locked host memory for the wake.
-    pub offloaded: u64,
-}
 
 impl<H: Copy + Eq + Debug> Arena<H> {
     /// Put the arena to sleep: wait for every stream of the context, then
@@ -48,6 +42,18 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     "sleep",
                     BackendErrorKind::InvalidArgument,
                     "the arena is asleep already; wake it first",
+                ));
+            }
+            if st.set_asleep() {
+                let h = self.handle;
+                return Err(BackendError::new(
+                    backend,
+                    "sleep",
+                    BackendErrorKind::InvalidArgument,
+                    format!(
+                        "a set of the arena's allocations is asleep ({h}::sleep_ranges); wake it \
+                         first ({h}::wake_ranges or {h}::wake)"
+                    ),
                 ));
             }
             while st.slots.iter().any(|g| g.slot.in_transition()) {
@@ -141,8 +147,12 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// Wake the arena: map every sleeping granule again at its address and
     /// copy back the contents kept. Refused with `OutOfMemory` before any
     /// mapping when the granules do not fit the arena's limit. Returns the
-    /// bytes mapped.
+    /// bytes mapped. Also wakes a set put to sleep with
+    /// [`sleep_ranges`](Self::sleep_ranges), whole.
     pub fn wake<D: SleepDriver<Handle = H>>(&self, d: &D) -> Result<u64, BackendError> {
+        if lock(&self.state).set_asleep() {
+            return self.wake_granules(d, "wake", None);
+        }
         let backend = d.backend();
         let _current = d.make_current("wake")?;
         let sleeping: Vec<(usize, usize)> = {
