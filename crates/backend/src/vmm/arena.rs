@@ -528,4 +528,54 @@ mod tests {
         a.teardown(&d).expect("teardown");
         assert!(d.mapped.borrow().is_empty());
     }
+
+    #[test]
+    fn a_set_sleeps_granule_by_granule_and_keeps_its_space_out_of_the_allocator() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        // p: granules 0 and 1; q: granule 2 and the start of 3; r shares 3.
+        let p = a.allocate(&d, 2 * G).expect("p");
+        let q = a.allocate(&d, G + 4096).expect("q");
+        let r = a.allocate(&d, 4096).expect("r");
+        let rep = a.sleep_ranges(&d, &[p, q], true).expect("sleep p and q");
+        assert_eq!(
+            (rep.released, rep.offloaded),
+            (3 * G, 3 * G),
+            "granules 0-2 released; 3, shared with r, kept"
+        );
+        assert_eq!(*d.mapped.borrow(), vec![3]);
+        assert_eq!(a.snapshot().asleep, 3 * G);
+        // A second sleep of the set releases nothing.
+        assert_eq!(
+            a.sleep_ranges(&d, &[p, q], true).expect("again").released,
+            0
+        );
+        // Copies: the set refused, r allowed.
+        let e = a.check_awake("fake", "write", q, 16).expect_err("q sleeps");
+        assert!(e.message.contains("Fake::wake_ranges"), "{e}");
+        a.check_awake("fake", "write", r, 16).expect("r is awake");
+        // The whole arena and a set refuse each other.
+        let e = a.sleep(&d, false).expect_err("a set sleeps");
+        assert!(e.message.contains("Fake::sleep_ranges"), "{e}");
+        // q retires while asleep: its space in granule 2 stays out.
+        a.retire(q);
+        let s = a.allocate(&d, G).expect("s");
+        assert_eq!(s, r + 4096, "after r, past the sleeping granules");
+        assert_eq!(a.wake_ranges(&d, &[p]).expect("wake p"), 2 * G);
+        assert_eq!(a.snapshot().asleep, G, "q's granule still asleep");
+        assert_eq!(a.wake(&d).expect("wake the rest"), G);
+        assert!(d.host.borrow().is_empty(), "every host copy freed once");
+        // q's range is free again: the next allocation of its size lands there.
+        let t = a.allocate(&d, G).expect("t");
+        assert_eq!(t, a.base + 2 * G);
+        a.sleep(&d, false).expect("the whole arena");
+        let e = a.wake_ranges(&d, &[p]).expect_err("the whole arena sleeps");
+        assert!(e.message.contains("wake it whole"), "{e}");
+        a.wake(&d).expect("wake");
+        for x in [p, r, s, t] {
+            a.retire(x);
+        }
+        a.teardown(&d).expect("teardown");
+        assert!(d.mapped.borrow().is_empty());
+    }
 }
