@@ -14,7 +14,8 @@
 //!   that change memory outside any stream, like `cudaMalloc` in its
 //!   documentation) on every thread while a capture begun in
 //!   `CU_STREAM_CAPTURE_MODE_GLOBAL` is under way, and invalidates the
-//!   capture. The arena's map, unmap and release pass through [`Gate`]:
+//!   capture. The arena's map, unmap and release pass through the gate
+//!   ([`memgov_backend::vmm::Gate`], one for CUDA, shared in shape with HIP):
 //!   while a capture is under way they wait until the last capture ends (a
 //!   public [`CudaArena::trim`](crate::CudaArena::trim) is deferred instead:
 //!   it returns 0 at once and the last capture's end runs it). Captures are
@@ -33,10 +34,10 @@ use crate::result::err;
 use crate::shared::Shared;
 use crate::{CudaContext, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUstream};
+use memgov_backend::vmm::Gate;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::thread::ThreadId;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Allocations carved from a capture pool, and the pool itself, are
 /// aligned to this, as `cuMemAlloc` aligns its allocations.
@@ -86,185 +87,11 @@ pub struct OutputSlot(usize);
 
 // ---- the process-wide gate -----------------------------------------------
 
-#[derive(Default)]
-struct GateState {
-    /// Captures under way, by capture id, with the thread that began them
-    /// and the stream they capture.
-    active: HashMap<u64, (ThreadId, usize)>,
-    /// Captures between the gate's admission and the driver's capture id.
-    beginning: usize,
-    /// Gated driver calls under way.
-    calls: usize,
-    /// Arenas whose trim was deferred, by base address.
-    deferred: HashMap<CUdeviceptr, (Weak<Arena>, Weak<Shared>)>,
-}
-
-impl GateState {
-    fn capturing(&self) -> bool {
-        !self.active.is_empty() || self.beginning > 0
-    }
-}
-
-/// The process-wide exclusion between captures and memgov's potentially
-/// unsafe driver calls.
-pub(crate) struct Gate {
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-/// One gated driver call under way; dropping it lets captures begin.
-pub(crate) struct GateCall;
-
-impl Drop for GateCall {
-    fn drop(&mut self) {
-        let g = gate();
-        lock(&g.state).calls -= 1;
-        g.changed.notify_all();
-    }
-}
-
+/// The CUDA driver's gate ([`memgov_backend::vmm::Gate`]): process-wide, as
+/// the driver's rule is.
 pub(crate) fn gate() -> &'static Gate {
     static GATE: OnceLock<Gate> = OnceLock::new();
-    GATE.get_or_init(|| Gate {
-        state: Mutex::default(),
-        changed: Condvar::new(),
-    })
-}
-
-impl Gate {
-    /// Admit a map, unmap, release or context synchronize: waits while a
-    /// capture is under way.
-    /// `refuse_own`: refuse (rather than wait forever) when the calling
-    /// thread began a capture still under way; otherwise such a call goes
-    /// ahead and the driver decides.
-    pub(crate) fn call(
-        &self,
-        op: &'static str,
-        refuse_own: bool,
-    ) -> Result<GateCall, BackendError> {
-        let me = std::thread::current().id();
-        let mut st = lock(&self.state);
-        loop {
-            let own = st.active.values().any(|(t, _)| *t == me);
-            if own && refuse_own {
-                return Err(err(
-                    op,
-                    BackendErrorKind::InvalidArgument,
-                    format!(
-                        "this thread's own stream capture is under way, and {op} would map, \
-                         unmap or synchronize outside the stream, which invalidates it: \
-                         allocate from the capture's pool (CudaCapture::allocate), or end the \
-                         capture first (CudaCapture::end)"
-                    ),
-                ));
-            }
-            if own || !st.capturing() {
-                st.calls += 1;
-                return Ok(GateCall);
-            }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Before synchronizing `stream` (which would invalidate its capture):
-    /// waits while another thread captures it; refused when the calling
-    /// thread does.
-    pub(crate) fn before_sync(
-        &self,
-        op: &'static str,
-        stream: CUstream,
-    ) -> Result<(), BackendError> {
-        let me = std::thread::current().id();
-        let mut st = lock(&self.state);
-        loop {
-            let Some((t, _)) = st.active.values().find(|(_, s)| *s == stream as usize) else {
-                return Ok(());
-            };
-            if *t == me {
-                return Err(err(
-                    op,
-                    BackendErrorKind::InvalidArgument,
-                    "the stream is being captured by this thread, and synchronizing it would \
-                     invalidate the capture: end the capture first (CudaCapture::end)",
-                ));
-            }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Refuse to destroy a stream being captured (the capture must end on
-    /// it first).
-    pub(crate) fn before_destroy(
-        &self,
-        op: &'static str,
-        stream: CUstream,
-    ) -> Result<(), BackendError> {
-        let st = lock(&self.state);
-        if st.active.values().any(|(_, s)| *s == stream as usize) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                "the stream is being captured: end the capture (CudaCapture::end) before \
-                 destroying it",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Defer a trim of `arena` while a capture is under way; `false` when
-    /// none is (the caller trims now).
-    pub(crate) fn defer_trim(&self, arena: &Arc<Arena>, shared: &Arc<Shared>) -> bool {
-        let mut st = lock(&self.state);
-        if !st.capturing() {
-            return false;
-        }
-        st.deferred
-            .insert(arena.base, (Arc::downgrade(arena), Arc::downgrade(shared)));
-        true
-    }
-
-    /// Admit a capture: waits for gated calls under way to finish.
-    fn begin(&self) {
-        let mut st = lock(&self.state);
-        while st.calls > 0 {
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        st.beginning += 1;
-    }
-
-    /// The capture admitted by `begin` has id `id` (or failed to begin).
-    fn begun(&self, id: Option<u64>, stream: CUstream) {
-        let mut st = lock(&self.state);
-        st.beginning -= 1;
-        if let Some(id) = id {
-            st.active
-                .insert(id, (std::thread::current().id(), stream as usize));
-        }
-        drop(st);
-        self.changed.notify_all();
-    }
-
-    /// Capture `id` ended; when it was the last, run the deferred trims
-    /// (no lock held).
-    fn end(&self, id: u64) {
-        let deferred: Vec<_> = {
-            let mut st = lock(&self.state);
-            st.active.remove(&id);
-            if st.capturing() {
-                Vec::new()
-            } else {
-                st.deferred.drain().map(|(_, v)| v).collect()
-            }
-        };
-        self.changed.notify_all();
-        for (arena, shared) in deferred {
-            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
-                // A trim that fails leaves its granules quarantined and
-                // listed in the arena's snapshot; nobody waits on it here.
-                let _ = a.trim(&s, "trim");
-            }
-        }
-    }
+    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
 }
 
 // ---- pins ----------------------------------------------------------------
@@ -447,7 +274,7 @@ impl CudaContext {
             };
             s.checked(OP, "cuStreamGetCaptureInfo_v2", r).map(|()| id)
         });
-        g.begun(begun.as_ref().ok().copied(), stream.raw);
+        g.begun(begun.as_ref().ok().copied(), stream.raw as usize);
         drop(current);
         match begun {
             Ok(id) => Ok(CudaCapture {
@@ -493,7 +320,7 @@ impl CudaCapture<'_> {
                 Ok(CaptureBuffer { ptr, bytes })
             }
             _ => Err(PoolExhausted {
-                backend: "cuda",
+                backend: crate::result::BACKEND,
                 requested: bytes,
                 free: self.pool_free(),
                 pool: self.pool_bytes,

@@ -559,7 +559,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw)?;
+        capture::gate().before_destroy("destroy_stream", stream.raw as usize)?;
         self.destroy_stream_impl(stream)
     }
 
@@ -614,7 +614,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw)?;
+        capture::gate().before_sync("synchronize", stream.raw as usize)?;
         self.synchronize_impl(stream)
     }
 

@@ -392,6 +392,7 @@ mod cases {
         assert_eq!(
             refused,
             PoolExhausted {
+                backend: "hip",
                 requested: 512 << 10,
                 free: 256 << 10,
                 pool: MIB
