@@ -972,7 +972,7 @@ mod cases {
             match case {
                 "grow_shrink" => grow_shrink(),
                 "sleep_set" => sleep_set(),
-                "capability_arena" => common::report_cases(
+                "capability_arena" => memgov_conformance::capability::report_cases(
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),

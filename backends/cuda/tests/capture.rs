@@ -631,12 +631,12 @@ mod cases {
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
                 "sleep_waits" => sleep_waits(),
-                "capability_capture" => {
-                    common::report_cases(memgov_conformance::capability::run_capture_cases(
+                "capability_capture" => memgov_conformance::capability::report_cases(
+                    memgov_conformance::capability::run_capture_cases(
                         common::capability_factory,
                         || stats()[2],
-                    ))
-                }
+                    ),
+                ),
                 "fault_cells" => common::fault_cells_child(),
                 "governed_pool_charged" => crate::governed::pool_charged(),
                 "governed_pool_over_budget" => crate::governed::pool_over_budget(),

@@ -77,6 +77,7 @@
 //! ```
 
 mod arena;
+mod capability;
 mod capture;
 mod config;
 pub mod ffi;

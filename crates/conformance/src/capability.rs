@@ -590,6 +590,73 @@ fn trims_deferred<C: CaptureBackend>(
     ))
 }
 
+/// Print each capability case's outcome (`capability case NAME: ok: ...`,
+/// the line CI greps for); panic on the first that failed.
+pub fn report_cases(results: Vec<(&'static str, CaseResult)>) {
+    for (name, outcome) in results {
+        match outcome {
+            Ok(line) => println!("capability case {name}: ok: {line}"),
+            Err(e) => panic!("capability case {name}: {e}"),
+        }
+    }
+}
+
+/// What [`fault_cell`] answers when the injected fault was never hit: its
+/// position is past the workload's last call of the entry point.
+pub const NEVER_HIT: &str = "the injected fault was never hit";
+
+/// The fault cells of every entry point in `list` (`name:min,name:min`),
+/// failing it at every position from the first until the workload makes
+/// fewer calls than that; at least `min` positions must exist. `fail` sets
+/// the driver's fault (the `n`th call of the entry point from now on;
+/// `None`: no fault), e.g. through a stand-in's run-time hook. Each cell
+/// opens and tears down its own context and checks the driver holds
+/// nothing after. Returns a line per cell and per entry point.
+pub fn run_fault_cells<C: CaptureBackend>(
+    list: &str,
+    fail: &dyn Fn(Option<(&str, u64)>),
+    factory: &dyn Fn() -> Result<C, BackendError>,
+    held: &dyn Fn() -> DriverHeld,
+) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    let mut cells = 0;
+    for item in list.split(',') {
+        let (entry, min) = item
+            .split_once(':')
+            .ok_or_else(|| format!("{item}: expected <entry point>:<positions>"))?;
+        let min: u64 = min
+            .parse()
+            .map_err(|_| format!("{item}: the positions are not a number"))?;
+        let mut n = 1;
+        loop {
+            fail(Some((entry, n)));
+            let outcome = fault_cell(factory, held);
+            fail(None);
+            match outcome {
+                Ok(line) => lines.push(format!("fault cell {entry}:{n}: {line}")),
+                Err(e) if e.contains(NEVER_HIT) => {
+                    ensure!(
+                        n > min,
+                        "{entry} is called only {} time(s) by the fault cell's workload, fewer \
+                         than {min}",
+                        n - 1
+                    );
+                    lines.push(format!(
+                        "fault cells {entry}: positions 1 to {} all survived",
+                        n - 1
+                    ));
+                    break;
+                }
+                Err(e) => return Err(format!("fault cell {entry}:{n}: {e}")),
+            }
+            cells += 1;
+            n += 1;
+        }
+    }
+    lines.push(format!("{cells} fault cells survived"));
+    Ok(lines)
+}
+
 /// What the driver holds for the process, as a stand-in driver counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DriverHeld {
@@ -755,7 +822,7 @@ pub fn fault_cell<C: CaptureBackend>(
         left == DriverHeld::default(),
         "after a clean teardown the driver still holds {left:?}"
     );
-    ensure!(!failed.is_empty(), "the injected fault was never hit");
+    ensure!(!failed.is_empty(), "{NEVER_HIT}");
     Ok(format!(
         "failed: {}; {quarantined} granule(s) quarantined until teardown; torn down clean, nothing held",
         failed.join(", ")

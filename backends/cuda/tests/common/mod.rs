@@ -107,10 +107,6 @@ pub fn capability_factory() -> Result<CudaContext, memgov::BackendError> {
 /// child runs.
 pub const FAULT_ENTRIES: &str = "MEMGOV_FAULT_CELL_ENTRIES";
 
-/// What a fault cell says when its position is past the workload's last
-/// call of the entry point.
-const NEVER_HIT: &str = "the injected fault was never hit";
-
 /// The stand-in's `memgov_standin_cuda_fail_entry`: the `n`th call of
 /// `entry` from now on fails (`None`: no fault).
 fn fail_entry(entry: Option<(&str, u64)>) {
@@ -133,44 +129,20 @@ fn fail_entry(entry: Option<(&str, u64)>) {
 }
 
 /// In a child: the capability fault cells of every entry point listed in
-/// `MEMGOV_FAULT_CELL_ENTRIES` (`name:min,name:min`), failing at every
-/// position from the first until the workload makes fewer calls than that
-/// (at least `min` positions must exist). Each cell opens and tears down
-/// its own context and checks the driver holds nothing after; the exit
-/// check covers the process.
+/// `MEMGOV_FAULT_CELL_ENTRIES` (`name:min,name:min`), set through the
+/// stand-in's hook; the exit check covers the process.
 pub fn fault_cells_child() {
     let list = std::env::var(FAULT_ENTRIES).expect("the entry points");
     // Loads the stand-in, whose hook sets the faults.
     assert!(on_stand_in(), "fault cells run on the stand-in");
-    let mut cells = 0;
-    for item in list.split(',') {
-        let (entry, min) = item.split_once(':').expect("name:min");
-        let min: u64 = min.parse().expect("a number");
-        let mut n = 1;
-        loop {
-            fail_entry(Some((entry, n)));
-            let outcome =
-                memgov_conformance::capability::fault_cell(&capability_factory, &driver_held);
-            fail_entry(None);
-            match outcome {
-                Ok(line) => println!("fault cell {entry}:{n}: {line}"),
-                Err(e) if e.contains(NEVER_HIT) => {
-                    assert!(
-                        n > min,
-                        "{entry} is called only {} time(s) by the fault cell's workload, fewer \
-                         than {min}",
-                        n - 1
-                    );
-                    println!("fault cells {entry}: positions 1 to {} all survived", n - 1);
-                    break;
-                }
-                Err(e) => panic!("fault cell {entry}:{n}: {e}"),
-            }
-            cells += 1;
-            n += 1;
-        }
-    }
-    println!("{cells} fault cells survived");
+    let lines = memgov_conformance::capability::run_fault_cells(
+        &list,
+        &fail_entry,
+        &capability_factory,
+        &driver_held,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    lines.iter().for_each(|l| println!("{l}"));
 }
 
 /// In the parent: the fault cells of `entries` (entry point, the fewest
@@ -182,15 +154,4 @@ pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
         "fault_cells",
         &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
     );
-}
-
-/// In a child: the capability cases `results` ran; print each, panic on
-/// the first that failed.
-pub fn report_cases(results: Vec<(&'static str, Result<String, String>)>) {
-    for (name, outcome) in results {
-        match outcome {
-            Ok(line) => println!("capability case {name}: ok: {line}"),
-            Err(e) => panic!("capability case {name}: {e}"),
-        }
-    }
 }
