@@ -605,6 +605,10 @@ pub fn report_cases(results: Vec<(&'static str, CaseResult)>) {
 /// position is past the workload's last call of the entry point.
 pub const NEVER_HIT: &str = "the injected fault was never hit";
 
+/// Sets the driver's injected fault: the `n`th call of the named entry
+/// point from now on fails (`None`: no fault).
+pub type SetFault = dyn Fn(Option<(&str, u64)>);
+
 /// The fault cells of every entry point in `list` (`name:min,name:min`),
 /// failing it at every position from the first until the workload makes
 /// fewer calls than that; at least `min` positions must exist. `fail` sets
@@ -614,7 +618,7 @@ pub const NEVER_HIT: &str = "the injected fault was never hit";
 /// nothing after. Returns a line per cell and per entry point.
 pub fn run_fault_cells<C: CaptureBackend>(
     list: &str,
-    fail: &dyn Fn(Option<(&str, u64)>),
+    fail: &SetFault,
     factory: &dyn Fn() -> Result<C, BackendError>,
     held: &dyn Fn() -> DriverHeld,
 ) -> Result<Vec<String>, String> {
