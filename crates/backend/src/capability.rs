@@ -234,3 +234,170 @@ pub trait CapturedGraph {
     /// Wait for the launches, destroy the graph, give its pool back.
     fn destroy(self) -> Result<(), BackendError>;
 }
+
+/// Implement every capability trait for a backend whose types have the
+/// inherent methods of the same names (`snapshot`, `trim`, `set_limit`,
+/// `sleep`, `wake`, `sleep_ranges`, `wake_ranges`, `arena`,
+/// `begin_capture`, ...): each trait method calls the inherent one, so the
+/// conformance cases written over the traits test exactly what a caller of
+/// the backend's own types gets. The arena's `snapshot` must return a value
+/// with the fields of `vmm::ArenaSnapshot`.
+///
+/// ```text
+/// memgov_backend::impl_capabilities! {
+///     arena: CudaArena,
+///     context: CudaContext,
+///     memory: CudaMemory => |m| m.device_ptr(),
+///     capture: CudaCapture,
+///     graph: CudaGraph,
+///     stream: CudaStream,
+///     buffer: CaptureBuffer,
+///     slot: OutputSlot,
+/// }
+/// ```
+#[macro_export]
+macro_rules! impl_capabilities {
+    (
+        arena: $arena:ty,
+        context: $ctx:ty,
+        memory: $mem:ty => |$m:ident| $addr:expr,
+        capture: $cap:ident,
+        graph: $graph:ty,
+        stream: $stream:ty,
+        buffer: $buf:ty,
+        slot: $slot:ty $(,)?
+    ) => {
+        impl $crate::capability::VirtualArena for $arena {
+            fn usage(&self) -> $crate::capability::ArenaUsage {
+                let s = <$arena>::snapshot(self);
+                $crate::capability::ArenaUsage {
+                    reserved: s.reserved,
+                    mapped: s.mapped,
+                    in_use: s.in_use,
+                    cached: s.cached,
+                    asleep: s.asleep,
+                    granule: s.granule,
+                    quarantined: s.quarantined.len(),
+                }
+            }
+
+            fn trim(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::trim(self)
+            }
+
+            fn set_limit(&self, bytes: u64) {
+                <$arena>::set_limit(self, bytes);
+            }
+        }
+
+        impl $crate::capability::SleepWake for $arena {
+            fn sleep(
+                &self,
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep(self, keep_contents)
+            }
+
+            fn wake(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake(self)
+            }
+
+            fn sleep_ranges(
+                &self,
+                ptrs: &[u64],
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep_ranges(self, ptrs, keep_contents)
+            }
+
+            fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake_ranges(self, ptrs)
+            }
+        }
+
+        impl $crate::capability::ArenaBackend for $ctx {
+            type Arena = $arena;
+
+            fn arena(&self) -> Option<$arena> {
+                <$ctx>::arena(self)
+            }
+
+            fn device_address(&self, $m: &$mem) -> u64 {
+                $addr
+            }
+        }
+
+        impl $crate::capability::CaptureBackend for $ctx {
+            type Capture<'a> = $cap<'a>;
+            type Graph = $graph;
+
+            fn begin_capture<'a>(
+                &'a self,
+                stream: &$stream,
+                config: $crate::capability::CaptureConfig,
+            ) -> Result<$cap<'a>, $crate::BackendError> {
+                <$ctx>::begin_capture(self, stream, config)
+            }
+        }
+
+        impl $crate::capability::PoolCapture for $cap<'_> {
+            type Buffer = $buf;
+            type Graph = $graph;
+
+            fn id(&self) -> u64 {
+                $cap::id(self)
+            }
+
+            fn pool_free(&self) -> u64 {
+                $cap::pool_free(self)
+            }
+
+            fn allocate(&mut self, bytes: u64) -> Result<$buf, $crate::capability::PoolExhausted> {
+                $cap::allocate(self, bytes)
+            }
+
+            fn upload(
+                &mut self,
+                buf: &$buf,
+                offset: u64,
+                data: Vec<u8>,
+            ) -> Result<(), $crate::BackendError> {
+                $cap::upload(self, buf, offset, data)
+            }
+
+            fn download(
+                &mut self,
+                buf: &$buf,
+                offset: u64,
+                len: usize,
+            ) -> Result<$slot, $crate::BackendError> {
+                $cap::download(self, buf, offset, len)
+            }
+
+            fn end(self) -> Result<$graph, $crate::BackendError> {
+                $cap::end(self)
+            }
+        }
+
+        impl $crate::capability::CapturedGraph for $graph {
+            type Stream = $stream;
+            type Slot = $slot;
+
+            fn launch(&self, stream: &$stream) -> Result<(), $crate::BackendError> {
+                <$graph>::launch(self, stream)
+            }
+
+            fn read_output(&mut self, slot: $slot) -> Result<Vec<u8>, $crate::BackendError> {
+                <$graph>::read_output(self, slot)
+            }
+
+            fn pool_usage(&self) -> (u64, u64) {
+                <$graph>::pool_usage(self)
+            }
+
+            fn destroy(self) -> Result<(), $crate::BackendError> {
+                <$graph>::destroy(self)
+            }
+        }
+    };
+}
