@@ -158,44 +158,16 @@ static void vmm_init(void) {
     if (sq_env_u64("MEMGOV_STANDIN_CUDA_EXIT_CHECK", 0) != 0) atexit(exit_check);
 }
 
-static pthread_mutex_t g_entry_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_fail_entry[64];
-static uint64_t g_fail_entry_at, g_entry_calls;
-static int g_entry_init;
-
 /* For tests: from now on the Nth call of `fn` fails (counting from this
  * call; N = 0 or fn = NULL: none), as MEMGOV_STANDIN_CUDA_FAIL_ENTRY says at
  * process start. Lets one process run many fault cells. */
 __attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const char *fn,
                                                                           unsigned long long n) {
-    if (fn != NULL && strlen(fn) >= sizeof g_fail_entry) return 1;
-    pthread_mutex_lock(&g_entry_lock);
-    g_entry_init = 1;
-    memset(g_fail_entry, 0, sizeof g_fail_entry);
-    if (fn != NULL) memcpy(g_fail_entry, fn, strlen(fn));
-    g_fail_entry_at = fn != NULL ? n : 0;
-    g_entry_calls = 0;
-    pthread_mutex_unlock(&g_entry_lock);
-    return 0;
+    return sq_entry_fault_set(fn, n);
 }
 
 int standin_entry_fault(const char *fn) {
-    pthread_mutex_lock(&g_entry_lock);
-    if (!g_entry_init) {
-        g_entry_init = 1;
-        const char *v = getenv("MEMGOV_STANDIN_CUDA_FAIL_ENTRY");
-        const char *colon = v != NULL ? strrchr(v, ':') : NULL;
-        if (colon != NULL && (size_t)(colon - v) < sizeof g_fail_entry) {
-            memcpy(g_fail_entry, v, (size_t)(colon - v));
-            g_fail_entry_at = strtoull(colon + 1, NULL, 10);
-        } else if (v != NULL && *v != '\0') {
-            sq_fatal("MEMGOV_STANDIN_CUDA_FAIL_ENTRY=%s: expected <entry point>:<N>", v);
-        }
-    }
-    int fail = g_fail_entry_at != 0 && strcmp(fn, g_fail_entry) == 0 &&
-               ++g_entry_calls == g_fail_entry_at;
-    pthread_mutex_unlock(&g_entry_lock);
-    return fail;
+    return sq_entry_fault("MEMGOV_STANDIN_CUDA_FAIL_ENTRY", fn);
 }
 
 /* Under g_vmm: count a create / map / set-access call; 1 when the fault
