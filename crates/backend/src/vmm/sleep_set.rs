@@ -307,16 +307,20 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             gs.dedup();
             gs
         };
-        self.wake_granules(d, OP, Some(&chosen))
+        self.wake_granules(d, OP, Some(&chosen), false)
     }
 
-    /// Wake the granules `chosen` (every sleeping one when `None`) of a set
-    /// asleep; see [`wake_ranges`](Self::wake_ranges).
+    /// Wake the granules `chosen` (every sleeping one when `None`): of the
+    /// whole arena asleep when `whole` (which then is awake again; nothing
+    /// to do when it does not sleep), else of a set asleep (whose carved
+    /// free space comes back). See [`wake_ranges`](Self::wake_ranges) and
+    /// [`wake`](Self::wake).
     pub(super) fn wake_granules<D: SleepDriver<Handle = H>>(
         &self,
         d: &D,
         op: &'static str,
         chosen: Option<&[usize]>,
+        whole: bool,
     ) -> Result<u64, BackendError> {
         let backend = d.backend();
         let _current = d.make_current(op)?;
@@ -325,7 +329,10 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             if st.closed {
                 return Err(closed(backend, op));
             }
-            if st.asleep {
+            if whole && !st.asleep {
+                return Ok(0);
+            }
+            if !whole && st.asleep {
                 // Its granules' free space was never carved: only the
                 // whole-arena wake may map them.
                 return Err(self.whole_asleep(backend, op));
@@ -350,10 +357,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     BackendErrorKind::OutOfMemory,
                     format!(
                         "waking needs {needed} B mapped, but the arena holds {} B of its {} B \
-                         limit; nothing was mapped and the set stays asleep (free memory or \
-                         raise the limit with {}::set_limit)",
+                         limit; nothing was mapped and the {} stays asleep (free memory or \
+                         raise the limit: {}::set_limit, ArenaConfig::limit_bytes)",
                         st.mapped + st.mapping,
                         self.limit(),
+                        if whole { "arena" } else { "set" },
                         self.handle
                     ),
                 ));
@@ -398,10 +406,15 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 hosts.push(host);
                 st.slots[g].slot = Slot::Mapped(h);
                 st.mapped += self.granule;
-                // The free space carved while it slept comes back.
-                for (o, l) in st.gaps(g) {
-                    st.put_range(o, l);
+                if !whole {
+                    // The free space carved while it slept comes back.
+                    for (o, l) in st.gaps(g) {
+                        st.put_range(o, l);
+                    }
                 }
+            }
+            if whole {
+                st.asleep = false;
             }
             drop(st);
             self.changed.notify_all();
