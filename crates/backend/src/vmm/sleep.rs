@@ -17,6 +17,10 @@ use crate::capability::SleepReport;
 use crate::{lock, BackendError, BackendErrorKind};
 use std::fmt::Debug;
 
+/// What [`Arena::release_granules`] did: each granule's next slot, what
+/// was given back, and the first error.
+type Released<H> = (Vec<(usize, Slot<H>)>, SleepReport, Option<BackendError>);
+
 impl<H: Copy + Eq + Debug> Arena<H> {
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
@@ -71,60 +75,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             v
         };
-        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
-        let mut first_err = None;
-        let mut report = SleepReport {
-            released: 0,
-            offloaded: 0,
-        };
-        for (g, h, in_use) in taken {
-            let at = self.base + g as u64 * self.granule;
-            let mut host = 0usize;
-            if in_use && keep_contents && first_err.is_none() {
-                match d.offload(at, self.granule) {
-                    Ok(p) => host = p,
-                    Err(e) => first_err = Some(e),
-                }
-            }
-            if in_use && keep_contents && host == 0 {
-                // Contents that could not be kept stay mapped.
-                outcome.push((g, Slot::Mapped(h)));
-                continue;
-            }
-            match d.unmap(g, h, "sleep") {
-                Ok(()) => {
-                    report.released += self.granule;
-                    if host != 0 {
-                        report.offloaded += self.granule;
-                    }
-                    outcome.push((
-                        g,
-                        if in_use {
-                            Slot::Asleep { host }
-                        } else {
-                            Slot::Unmapped
-                        },
-                    ));
-                }
-                Err(q) => {
-                    if host != 0 {
-                        d.free_host(host, "sleep");
-                    }
-                    first_err.get_or_insert_with(|| {
-                        BackendError::new(
-                            backend,
-                            "sleep",
-                            BackendErrorKind::Other,
-                            format!(
-                                "the driver refused to give back the granule at {at:#x}; it is \
-                                 quarantined"
-                            ),
-                        )
-                    });
-                    outcome.push((g, q));
-                }
-            }
-        }
+        let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
         for (g, slot) in outcome {
             match slot {
@@ -152,5 +103,76 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     pub fn wake<D: SleepDriver<Handle = H>>(&self, d: &D) -> Result<u64, BackendError> {
         let whole = !lock(&self.state).set_asleep();
         self.wake_granules(d, "wake", None, whole)
+    }
+
+    /// Unmap and release the granules `taken` (each marked `Unmapping`, with
+    /// its handle and whether an allocation uses it), copying the contents
+    /// of those in use to page-locked host memory first when
+    /// `keep_contents` is set. Returns each granule's next slot (`Asleep`
+    /// when in use, `Unmapped` when cached, `Mapped` when its contents
+    /// could not be kept, the quarantine the driver's refusal left), what
+    /// was given back, and the first error. No lock is held.
+    pub(super) fn release_granules<D: SleepDriver<Handle = H>>(
+        &self,
+        d: &D,
+        op: &'static str,
+        taken: Vec<(usize, H, bool)>,
+        keep_contents: bool,
+    ) -> Released<H> {
+        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
+        let mut first_err = None;
+        let mut report = SleepReport {
+            released: 0,
+            offloaded: 0,
+        };
+        for (g, h, in_use) in taken {
+            let at = self.base + g as u64 * self.granule;
+            let mut host = 0usize;
+            if in_use && keep_contents && first_err.is_none() {
+                match d.offload(at, self.granule) {
+                    Ok(p) => host = p,
+                    Err(e) => first_err = Some(e),
+                }
+            }
+            if in_use && keep_contents && host == 0 {
+                // Contents that could not be kept stay mapped.
+                outcome.push((g, Slot::Mapped(h)));
+                continue;
+            }
+            match d.unmap(g, h, op) {
+                Ok(()) => {
+                    report.released += self.granule;
+                    if host != 0 {
+                        report.offloaded += self.granule;
+                    }
+                    outcome.push((
+                        g,
+                        if in_use {
+                            Slot::Asleep { host }
+                        } else {
+                            Slot::Unmapped
+                        },
+                    ));
+                }
+                Err(q) => {
+                    if host != 0 {
+                        d.free_host(host, op);
+                    }
+                    first_err.get_or_insert_with(|| {
+                        BackendError::new(
+                            d.backend(),
+                            op,
+                            BackendErrorKind::Other,
+                            format!(
+                                "the driver refused to give back the granule at {at:#x}; it is \
+                                 quarantined"
+                            ),
+                        )
+                    });
+                    outcome.push((g, q));
+                }
+            }
+        }
+        (outcome, report, first_err)
     }
 }

@@ -215,55 +215,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             v
         };
-        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
-        let mut first_err = None;
-        let mut report = SleepReport {
-            released: 0,
-            offloaded: 0,
-        };
-        for (g, h) in taken {
-            let at = self.base + g as u64 * self.granule;
-            let mut host = 0usize;
-            if keep_contents {
-                if first_err.is_none() {
-                    match d.offload(at, self.granule) {
-                        Ok(p) => host = p,
-                        Err(e) => first_err = Some(e),
-                    }
-                }
-                if host == 0 {
-                    // Contents that could not be kept stay mapped.
-                    outcome.push((g, Slot::Mapped(h)));
-                    continue;
-                }
-            }
-            match d.unmap(g, h, OP) {
-                Ok(()) => {
-                    report.released += self.granule;
-                    if host != 0 {
-                        report.offloaded += self.granule;
-                    }
-                    outcome.push((g, Slot::Asleep { host }));
-                }
-                Err(q) => {
-                    if host != 0 {
-                        d.free_host(host, OP);
-                    }
-                    first_err.get_or_insert_with(|| {
-                        BackendError::new(
-                            backend,
-                            OP,
-                            BackendErrorKind::Other,
-                            format!(
-                                "the driver refused to give back the granule at {at:#x}; it is \
-                                 quarantined"
-                            ),
-                        )
-                    });
-                    outcome.push((g, q));
-                }
-            }
-        }
+        let taken = taken.into_iter().map(|(g, h)| (g, h, true)).collect();
+        let (outcome, report, first_err) = self.release_granules(d, OP, taken, keep_contents);
         let mut st = lock(&self.state);
         for (g, slot) in outcome {
             match slot {
