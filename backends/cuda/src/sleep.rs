@@ -103,6 +103,20 @@ impl vmm::SleepDriver for Driver<'_> {
 }
 
 impl CudaArena {
+    /// Run `f` on the arena with this backend's driver, once the context is
+    /// usable and the capture gate admits `op`: no capture begins while it
+    /// runs, and one under way is waited for (sleep and wake synchronize
+    /// every stream of the context, the captured one included).
+    fn gated<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&crate::arena::Arena, &Driver<'_>) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        self.shared.check_usable(op)?;
+        let _call = crate::capture::gate().call(op, true)?;
+        f(&self.arena, &self.arena.driver(&self.shared))
+    }
+
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.
@@ -110,11 +124,7 @@ impl CudaArena {
     /// [`wake`](Self::wake)). Refused while a set sleeps
     /// ([`sleep_ranges`](Self::sleep_ranges)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.shared.check_usable("sleep")?;
-        // No capture begins while the arena sleeps; one under way is waited for.
-        let _call = crate::capture::gate().call("sleep", true)?;
-        self.arena
-            .sleep(&self.arena.driver(&self.shared), keep_contents)
+        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -123,9 +133,7 @@ impl CudaArena {
     /// bytes mapped. Also wakes a set put to sleep with
     /// [`sleep_ranges`](Self::sleep_ranges), whole.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("wake")?;
-        let _call = crate::capture::gate().call("wake", true)?;
-        self.arena.wake(&self.arena.driver(&self.shared))
+        self.gated("wake", |a, d| a.wake(d))
     }
 
     /// Put the allocations at `ptrs` (device pointers of live allocations of
@@ -155,10 +163,9 @@ impl CudaArena {
         ptrs: &[CUdeviceptr],
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
-        self.shared.check_usable("sleep_ranges")?;
-        let _call = crate::capture::gate().call("sleep_ranges", true)?;
-        self.arena
-            .sleep_ranges(&self.arena.driver(&self.shared), ptrs, keep_contents)
+        self.gated("sleep_ranges", |a, d| {
+            a.sleep_ranges(d, ptrs, keep_contents)
+        })
     }
 
     /// Wake the allocations at `ptrs`: map every sleeping granule under them
@@ -167,9 +174,6 @@ impl CudaArena {
     /// limit; one that fails half-way unmaps what it mapped and leaves the
     /// set asleep. Returns the bytes mapped.
     pub fn wake_ranges(&self, ptrs: &[CUdeviceptr]) -> Result<u64, BackendError> {
-        self.shared.check_usable("wake_ranges")?;
-        let _call = crate::capture::gate().call("wake_ranges", true)?;
-        self.arena
-            .wake_ranges(&self.arena.driver(&self.shared), ptrs)
+        self.gated("wake_ranges", |a, d| a.wake_ranges(d, ptrs))
     }
 }

@@ -99,17 +99,27 @@ impl vmm::SleepDriver for Driver<'_> {
 }
 
 impl HipArena {
+    /// Run `f` on the arena with this backend's driver, once the context is
+    /// usable and the capture gate admits `op`: no capture begins while it
+    /// runs, and one under way is waited for (sleep and wake synchronize
+    /// every stream of the context, the captured one included).
+    fn gated<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&crate::arena::Arena, &Driver<'_>) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        self.shared.check_usable(op)?;
+        let _call = crate::capture::gate().call(op, true)?;
+        f(&self.arena, &self.arena.driver(&self.shared))
+    }
+
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.
     /// Addresses stay reserved and allocations stay live (but unusable until
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.shared.check_usable("sleep")?;
-        // No capture begins while the arena sleeps; one under way is waited for.
-        let _call = crate::capture::gate().call("sleep", true)?;
-        self.arena
-            .sleep(&self.arena.driver(&self.shared), keep_contents)
+        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -117,9 +127,7 @@ impl HipArena {
     /// mapping when the granules do not fit the arena's limit. Returns the
     /// bytes mapped.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("wake")?;
-        let _call = crate::capture::gate().call("wake", true)?;
-        self.arena.wake(&self.arena.driver(&self.shared))
+        self.gated("wake", |a, d| a.wake(d))
     }
 
     /// Put the allocations at `ptrs` (device pointers of live allocations of
@@ -135,10 +143,9 @@ impl HipArena {
         ptrs: &[u64],
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
-        self.shared.check_usable("sleep_ranges")?;
-        let _call = crate::capture::gate().call("sleep_ranges", true)?;
-        self.arena
-            .sleep_ranges(&self.arena.driver(&self.shared), ptrs, keep_contents)
+        self.gated("sleep_ranges", |a, d| {
+            a.sleep_ranges(d, ptrs, keep_contents)
+        })
     }
 
     /// Wake the allocations at `ptrs`: map every sleeping granule under them
@@ -147,9 +154,6 @@ impl HipArena {
     /// limit; one that fails half-way unmaps what it mapped and leaves the
     /// set asleep. Returns the bytes mapped.
     pub fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
-        self.shared.check_usable("wake_ranges")?;
-        let _call = crate::capture::gate().call("wake_ranges", true)?;
-        self.arena
-            .wake_ranges(&self.arena.driver(&self.shared), ptrs)
+        self.gated("wake_ranges", |a, d| a.wake_ranges(d, ptrs))
     }
 }
