@@ -61,6 +61,9 @@ pub struct ReadmeDoctests;
 mod backends;
 
 pub mod any;
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda_capture;
 mod governor;
 #[cfg(target_os = "linux")]
 pub mod machine;

@@ -5,7 +5,8 @@
 # violations, soak) at several stand-in latencies, the virtual-memory arena
 # and sleep/wake with the stand-in's VMM rules planted (tests/arena.rs) and
 # graph capture with the gate and the stand-in's capture rules planted
-# (tests/capture.rs), one run each: their cases pick their own latencies
+# (tests/capture.rs), with the capability cases and fault cells of
+# memgov-conformance on both, one run each: their cases pick their own latencies
 # and seeds, `memgov check` and
 # `memgov run`, and the HIP row of the fault matrix on it, all with the
 # stand-in's exit check on; clippy with the feature; that the binary does
@@ -45,10 +46,15 @@ on_stand_in cargo test --locked -p memgov-hip --test arena -- --nocapture 2>&1 |
 grep -q "child grow_shrink: ok" "$target/hip-arena.log"
 grep -q "child sleep_wake: ok" "$target/hip-arena.log"
 grep -q "child no_vmm: ok" "$target/hip-arena.log"
+grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/hip-arena.log"
+grep -q "capability case sleep_wake_of_a_set_leaves_the_others_usable: ok" "$target/hip-arena.log"
+grep -q "fault cells hipMemRelease: positions 1 to" "$target/hip-arena.log"
 echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
 on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture 2>&1 | tee "$target/hip-capture.log"
 grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
 grep -q "child no_graphs: ok" "$target/hip-capture.log"
+grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/hip-capture.log"
+grep -q "fault cells hipStreamEndCapture: positions 1 to" "$target/hip-capture.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.

@@ -5,6 +5,7 @@
 //! for the lifecycle state machine.
 
 mod admission;
+mod backend_access;
 mod budget;
 mod buffer;
 mod cache;

@@ -14,7 +14,8 @@
 //!   that change memory outside any stream, like `cudaMalloc` in its
 //!   documentation) on every thread while a capture begun in
 //!   `CU_STREAM_CAPTURE_MODE_GLOBAL` is under way, and invalidates the
-//!   capture. The arena's map, unmap and release pass through [`Gate`]:
+//!   capture. The arena's map, unmap and release pass through the gate
+//!   ([`memgov_backend::vmm::Gate`], one for CUDA, shared in shape with HIP):
 //!   while a capture is under way they wait until the last capture ends (a
 //!   public [`CudaArena::trim`](crate::CudaArena::trim) is deferred instead:
 //!   it returns 0 at once and the last capture's end runs it). Captures are
@@ -33,81 +34,24 @@ use crate::result::err;
 use crate::shared::Shared;
 use crate::{CudaContext, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUstream};
+use memgov_backend::vmm::Gate;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::thread::ThreadId;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// Allocations carved from a capture pool are aligned to this, as
-/// `cuMemAlloc` aligns its allocations.
-const ALIGN: u64 = 256;
+/// Allocations carved from a capture pool, and the pool itself, are
+/// aligned to this, as `cuMemAlloc` aligns its allocations.
+pub const CAPTURE_ALIGN: u64 = 256;
+const ALIGN: u64 = CAPTURE_ALIGN;
 
-/// How a capture restricts other calls, as `CUstreamCaptureMode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureMode {
-    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (the driver's default): potentially
-    /// unsafe calls are prohibited on every thread while it is under way.
-    #[default]
-    Global,
-    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only on the capturing thread.
-    ThreadLocal,
-    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: not prohibited; the capture may end
-    /// on another thread.
-    Relaxed,
-}
+pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
-impl CaptureMode {
-    fn raw(self) -> sys::CUstreamCaptureMode {
-        match self {
-            Self::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            Self::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            Self::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        }
-    }
-}
-
-/// A capture's settings: the pool its allocations come from, and its mode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureConfig {
-    /// Bytes of device memory taken from the arena before capture begins;
-    /// every allocation during the capture is carved from them.
-    pub pool_bytes: u64,
-    /// The capture mode.
-    pub mode: CaptureMode,
-}
-
-/// An allocation during capture did not fit in what is left of the pool.
-/// The capture is still valid: end it, or carve less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolExhausted {
-    /// Bytes asked for (before alignment to 256 B).
-    pub requested: u64,
-    /// Bytes of the pool still free.
-    pub free: u64,
-    /// The pool's size.
-    pub pool: u64,
-}
-
-impl std::fmt::Display for PoolExhausted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the capture pool has {} B free of {} B, {} B asked; nothing was allocated and the \
-             capture is still valid: begin the capture with a larger CaptureConfig::pool_bytes",
-            self.free, self.pool, self.requested
-        )
-    }
-}
-
-impl std::error::Error for PoolExhausted {}
-
-impl From<PoolExhausted> for BackendError {
-    fn from(e: PoolExhausted) -> Self {
-        err(
-            "capture_allocate",
-            BackendErrorKind::OutOfMemory,
-            e.to_string(),
-        )
+/// `CUstreamCaptureMode` of a [`CaptureMode`].
+fn raw_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
     }
 }
 
@@ -143,185 +87,11 @@ pub struct OutputSlot(usize);
 
 // ---- the process-wide gate -----------------------------------------------
 
-#[derive(Default)]
-struct GateState {
-    /// Captures under way, by capture id, with the thread that began them
-    /// and the stream they capture.
-    active: HashMap<u64, (ThreadId, usize)>,
-    /// Captures between the gate's admission and the driver's capture id.
-    beginning: usize,
-    /// Gated driver calls under way.
-    calls: usize,
-    /// Arenas whose trim was deferred, by base address.
-    deferred: HashMap<CUdeviceptr, (Weak<Arena>, Weak<Shared>)>,
-}
-
-impl GateState {
-    fn capturing(&self) -> bool {
-        !self.active.is_empty() || self.beginning > 0
-    }
-}
-
-/// The process-wide exclusion between captures and memgov's potentially
-/// unsafe driver calls.
-pub(crate) struct Gate {
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-/// One gated driver call under way; dropping it lets captures begin.
-pub(crate) struct GateCall;
-
-impl Drop for GateCall {
-    fn drop(&mut self) {
-        let g = gate();
-        lock(&g.state).calls -= 1;
-        g.changed.notify_all();
-    }
-}
-
+/// The CUDA driver's gate ([`memgov_backend::vmm::Gate`]): process-wide, as
+/// the driver's rule is.
 pub(crate) fn gate() -> &'static Gate {
     static GATE: OnceLock<Gate> = OnceLock::new();
-    GATE.get_or_init(|| Gate {
-        state: Mutex::default(),
-        changed: Condvar::new(),
-    })
-}
-
-impl Gate {
-    /// Admit a map, unmap, release or context synchronize: waits while a
-    /// capture is under way.
-    /// `refuse_own`: refuse (rather than wait forever) when the calling
-    /// thread began a capture still under way; otherwise such a call goes
-    /// ahead and the driver decides.
-    pub(crate) fn call(
-        &self,
-        op: &'static str,
-        refuse_own: bool,
-    ) -> Result<GateCall, BackendError> {
-        let me = std::thread::current().id();
-        let mut st = lock(&self.state);
-        loop {
-            let own = st.active.values().any(|(t, _)| *t == me);
-            if own && refuse_own {
-                return Err(err(
-                    op,
-                    BackendErrorKind::InvalidArgument,
-                    format!(
-                        "this thread's own stream capture is under way, and {op} would map, \
-                         unmap or synchronize outside the stream, which invalidates it: \
-                         allocate from the capture's pool (CudaCapture::allocate), or end the \
-                         capture first (CudaCapture::end)"
-                    ),
-                ));
-            }
-            if own || !st.capturing() {
-                st.calls += 1;
-                return Ok(GateCall);
-            }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Before synchronizing `stream` (which would invalidate its capture):
-    /// waits while another thread captures it; refused when the calling
-    /// thread does.
-    pub(crate) fn before_sync(
-        &self,
-        op: &'static str,
-        stream: CUstream,
-    ) -> Result<(), BackendError> {
-        let me = std::thread::current().id();
-        let mut st = lock(&self.state);
-        loop {
-            let Some((t, _)) = st.active.values().find(|(_, s)| *s == stream as usize) else {
-                return Ok(());
-            };
-            if *t == me {
-                return Err(err(
-                    op,
-                    BackendErrorKind::InvalidArgument,
-                    "the stream is being captured by this thread, and synchronizing it would \
-                     invalidate the capture: end the capture first (CudaCapture::end)",
-                ));
-            }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Refuse to destroy a stream being captured (the capture must end on
-    /// it first).
-    pub(crate) fn before_destroy(
-        &self,
-        op: &'static str,
-        stream: CUstream,
-    ) -> Result<(), BackendError> {
-        let st = lock(&self.state);
-        if st.active.values().any(|(_, s)| *s == stream as usize) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                "the stream is being captured: end the capture (CudaCapture::end) before \
-                 destroying it",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Defer a trim of `arena` while a capture is under way; `false` when
-    /// none is (the caller trims now).
-    pub(crate) fn defer_trim(&self, arena: &Arc<Arena>, shared: &Arc<Shared>) -> bool {
-        let mut st = lock(&self.state);
-        if !st.capturing() {
-            return false;
-        }
-        st.deferred
-            .insert(arena.base, (Arc::downgrade(arena), Arc::downgrade(shared)));
-        true
-    }
-
-    /// Admit a capture: waits for gated calls under way to finish.
-    fn begin(&self) {
-        let mut st = lock(&self.state);
-        while st.calls > 0 {
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        st.beginning += 1;
-    }
-
-    /// The capture admitted by `begin` has id `id` (or failed to begin).
-    fn begun(&self, id: Option<u64>, stream: CUstream) {
-        let mut st = lock(&self.state);
-        st.beginning -= 1;
-        if let Some(id) = id {
-            st.active
-                .insert(id, (std::thread::current().id(), stream as usize));
-        }
-        drop(st);
-        self.changed.notify_all();
-    }
-
-    /// Capture `id` ended; when it was the last, run the deferred trims
-    /// (no lock held).
-    fn end(&self, id: u64) {
-        let deferred: Vec<_> = {
-            let mut st = lock(&self.state);
-            st.active.remove(&id);
-            if st.capturing() {
-                Vec::new()
-            } else {
-                st.deferred.drain().map(|(_, v)| v).collect()
-            }
-        };
-        self.changed.notify_all();
-        for (arena, shared) in deferred {
-            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
-                // A trim that fails leaves its granules quarantined and
-                // listed in the arena's snapshot; nobody waits on it here.
-                let _ = a.trim(&s, "trim");
-            }
-        }
-    }
+    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
 }
 
 // ---- pins ----------------------------------------------------------------
@@ -487,7 +257,7 @@ impl CudaContext {
         g.begin();
         // SAFETY: a live stream of this context (checked above), which is
         // current.
-        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, config.mode.raw()) };
+        let r = unsafe { sys::cuStreamBeginCapture_v2(stream.raw, raw_mode(config.mode)) };
         let begun = s.checked(OP, "cuStreamBeginCapture_v2", r).and_then(|()| {
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             let mut id: u64 = 0;
@@ -504,7 +274,7 @@ impl CudaContext {
             };
             s.checked(OP, "cuStreamGetCaptureInfo_v2", r).map(|()| id)
         });
-        g.begun(begun.as_ref().ok().copied(), stream.raw);
+        g.begun(begun.as_ref().ok().copied(), stream.raw as usize);
         drop(current);
         match begun {
             Ok(id) => Ok(CudaCapture {
@@ -550,6 +320,7 @@ impl CudaCapture<'_> {
                 Ok(CaptureBuffer { ptr, bytes })
             }
             _ => Err(PoolExhausted {
+                backend: crate::result::BACKEND,
                 requested: bytes,
                 free: self.pool_free(),
                 pool: self.pool_bytes,
@@ -772,6 +543,54 @@ impl CudaGraph {
         (self.used, self.pool_bytes)
     }
 
+    /// Bytes of device memory the graph's own allocation nodes take: the
+    /// sum of `bytesize` over its `CU_GRAPH_NODE_TYPE_MEM_ALLOC` nodes
+    /// (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+    /// `cuGraphMemAllocNodeGetParams`). Such nodes come from stream-ordered
+    /// allocations (`cuMemAllocAsync`) a runtime queued on the capturing
+    /// stream itself; memgov's capture makes none (its allocations carve
+    /// the pool). The driver keeps that memory for the graph while it may
+    /// launch, so the sum is what the graph holds at most (the driver may
+    /// reuse memory between allocations whose lifetimes do not overlap).
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        const OP: &str = "graph_memory";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        let raw = self.raw(OP)?;
+        let _current = s.make_current(OP)?;
+        let mut n: usize = 0;
+        // SAFETY: a live graph of this context (pinned until destroy);
+        // a null node array asks for the count only; the context is current.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, std::ptr::null_mut(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` holds `n` entries, the count passed in.
+        let r = unsafe { sys::cuGraphGetNodes(raw.graph, nodes.as_mut_ptr(), &mut n) };
+        s.checked(OP, "cuGraphGetNodes", r)?;
+        let mut bytes = 0u64;
+        for &node in &nodes[..n.min(nodes.len())] {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node the driver just listed; valid out pointer.
+            let r = unsafe { sys::cuGraphNodeGetType(node, &mut kind) };
+            s.checked(OP, "cuGraphNodeGetType", r)?;
+            if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                continue;
+            }
+            // SAFETY: all-zero is a valid value of this plain-data struct
+            // (null pointers, zero sizes, the first enum variants).
+            let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: an allocation node (its type checked above); valid out
+            // pointer.
+            let r = unsafe { sys::cuGraphMemAllocNodeGetParams(node, &mut params) };
+            s.checked(OP, "cuGraphMemAllocNodeGetParams", r)?;
+            bytes = bytes.saturating_add(params.bytesize as u64);
+        }
+        Ok(bytes)
+    }
+
     /// Queue one run of the graph on `stream` (`cuGraphLaunch`).
     pub fn launch(&self, stream: &CudaStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
@@ -817,6 +636,19 @@ impl CudaGraph {
     /// pool to the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
         self.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed || self.raw("graph_destroyed").is_err()
     }
 
     fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {

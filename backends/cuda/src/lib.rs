@@ -81,6 +81,7 @@
 //! ```
 
 mod arena;
+mod capability;
 mod capture;
 mod config;
 mod memory;
@@ -94,6 +95,7 @@ mod teardown;
 pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
 pub use capture::{
     CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot, PoolExhausted,
+    CAPTURE_ALIGN,
 };
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
@@ -564,7 +566,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw)?;
+        capture::gate().before_destroy("destroy_stream", stream.raw as usize)?;
         self.destroy_stream_impl(stream)
     }
 
@@ -619,7 +621,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw)?;
+        capture::gate().before_sync("synchronize", stream.raw as usize)?;
         self.synchronize_impl(stream)
     }
 

@@ -227,12 +227,13 @@ impl CudaContext {
         s.checked("read", "cuStreamSynchronize", r)
     }
 
-    /// Refuse a copy to or from arena memory while the arena sleeps (its
-    /// addresses are reserved but nothing is mapped behind them).
+    /// Refuse a copy to or from arena memory while the arena, or a set the
+    /// memory is in, sleeps (its addresses are reserved but nothing is
+    /// mapped behind them).
     fn check_awake(&self, op: &'static str, memory: &CudaMemory) -> Result<(), BackendError> {
         match &self.arena {
-            Some(a) if a.contains(memory.ptr) && memgov_backend::lock(&a.state).asleep => {
-                Err(crate::arena::asleep(op))
+            Some(a) if a.contains(memory.ptr) => {
+                a.check_awake(crate::result::BACKEND, op, memory.ptr, memory.bytes)
             }
             _ => Ok(()),
         }

@@ -36,6 +36,15 @@ int graph_conflicting(const char *fn, const void *stream) __attribute__((weak));
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. `alloc` counts it as a driver
  * allocation made while a capture was under way. */
 int graph_unsafe(const char *fn, int alloc) __attribute__((weak));
+/* graph.c: a stream-ordered allocation of `bytes` on capturing `stream`:
+ * records a memory allocation node whose memory (allocated now from `mem`,
+ * held until the graph and its executable graphs are destroyed) is
+ * returned in `dptr`. Returns the call's result. */
+int graph_record_alloc(const char *fn, const void *stream, struct sq_mem *mem, size_t bytes,
+                       unsigned long long *dptr) __attribute__((weak));
+/* graph.c: a stream-ordered free of `dptr` on capturing `stream`: records a
+ * memory free node. */
+int graph_record_free(const char *fn, const void *stream, uint64_t dptr) __attribute__((weak));
 /* graph.c: a stream-ordered allocation on a stream that is not capturing;
  * counted when a capture is under way elsewhere. */
 void graph_note_alloc(void) __attribute__((weak));

@@ -1046,8 +1046,9 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 static CUresult alloc_async(const char *fn, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     CUresult r = check_stream(hStream, fn);
     if (r != CUDA_SUCCESS) return r;
-    not_captured(hStream, fn);
     if (dptr == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    /* A memory allocation node of the capture (graph.c). */
+    if (capturing(hStream)) return graph_record_alloc(fn, hStream, hStream->ctx->mem, bytesize, dptr);
     if (graph_note_alloc != NULL) graph_note_alloc();
     /* Valid from a position on the stream: use on another stream must be
      * ordered after it. */
@@ -1070,7 +1071,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
         hStream->ctx->device != pool->device)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream);
-    if (r == CUDA_SUCCESS && !pool->is_default) pool_alloc_track(pool, *dptr, bytesize);
+    if (r == CUDA_SUCCESS && !pool->is_default && !capturing(hStream))
+        pool_alloc_track(pool, *dptr, bytesize);
     return r;
 }
 
@@ -1094,7 +1096,8 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER("cuMemFreeAsync");
     CUresult r = check_stream(hStream, "cuMemFreeAsync");
     if (r != CUDA_SUCCESS) return r;
-    not_captured(hStream, "cuMemFreeAsync");
+    /* A memory free node of the capture (graph.c). */
+    if (capturing(hStream)) return graph_record_free("cuMemFreeAsync", hStream, dptr);
     enum sq_mem_check c =
         sq_mem_begin_free_on(hStream->ctx->mem, dptr, hStream->q, "cuMemFreeAsync");
     if (c != SQ_MEM_OK)

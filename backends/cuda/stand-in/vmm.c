@@ -38,6 +38,14 @@
  *   CUDA_ERROR_OUT_OF_MEMORY and changes nothing; MEMGOV_STANDIN_CUDA_
  *   FAIL_UNMAP_AT=N, the Nth cuMemUnmap fails with CUDA_ERROR_UNKNOWN and
  *   leaves the mapping as it was (every later unmap of it succeeds).
+ * - MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
+ *   entry point (counting the calls that pass its argument checks) fails:
+ *   cuMemCreate, cuMemMap and cuMemSetAccess with CUDA_ERROR_OUT_OF_MEMORY,
+ *   changing nothing; cuMemUnmap and cuMemRelease with CUDA_ERROR_UNKNOWN,
+ *   leaving the mapping or handle as it was (a later call on it succeeds);
+ *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says.
+ *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
+ *   count starts again), so that one process runs many fault cells.
  * - memgov_standin_cuda_vmm() reports what is held, for tests.
  */
 #define _GNU_SOURCE
@@ -148,6 +156,18 @@ static void vmm_init(void) {
     g_fail_vmm_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_VMM_AT", 0);
     g_fail_unmap_at = sq_env_u64("MEMGOV_STANDIN_CUDA_FAIL_UNMAP_AT", 0);
     if (sq_env_u64("MEMGOV_STANDIN_CUDA_EXIT_CHECK", 0) != 0) atexit(exit_check);
+}
+
+/* For tests: from now on the Nth call of `fn` fails (counting from this
+ * call; N = 0 or fn = NULL: none), as MEMGOV_STANDIN_CUDA_FAIL_ENTRY says at
+ * process start. Lets one process run many fault cells. */
+__attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const char *fn,
+                                                                          unsigned long long n) {
+    return sq_entry_fault_set(fn, n);
+}
+
+int standin_entry_fault(const char *fn) {
+    return sq_entry_fault("MEMGOV_STANDIN_CUDA_FAIL_ENTRY", fn);
 }
 
 /* Under g_vmm: count a create / map / set-access call; 1 when the fault
@@ -288,7 +308,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_vmm);
     vmm_init();
-    if (vmm_fault() || g_phys_bytes + size > cuda_standin_capacity()) {
+    if (vmm_fault() || standin_entry_fault("cuMemCreate") ||
+        g_phys_bytes + size > cuda_standin_capacity()) {
         pthread_mutex_unlock(&g_vmm);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -311,6 +332,10 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     UNSAFE_DURING_CAPTURE("cuMemRelease", 0);
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemRelease");
+    if (standin_entry_fault("cuMemRelease")) {
+        pthread_mutex_unlock(&g_vmm);
+        return CUDA_ERROR_UNKNOWN;
+    }
     h->released = 1; /* the memory stays while mapped */
     handle_maybe_free(h);
     pthread_mutex_unlock(&g_vmm);
@@ -331,7 +356,8 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
         for (struct mapping *m = g_maps; m != NULL; m = m->next)
             if (m->va < ptr + size && ptr < m->va + m->size) r = CUDA_ERROR_INVALID_VALUE;
     }
-    if (r == CUDA_SUCCESS && vmm_fault()) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS && (vmm_fault() || standin_entry_fault("cuMemMap")))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r != CUDA_SUCCESS) {
         pthread_mutex_unlock(&g_vmm);
         return r;
@@ -373,7 +399,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct CUmemAccessDe
         }
         at += m->size;
     }
-    if (vmm_fault()) {
+    if (vmm_fault() || standin_entry_fault("cuMemSetAccess")) {
         pthread_mutex_unlock(&g_vmm);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -415,7 +441,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         pthread_mutex_unlock(&g_vmm);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (g_fail_unmap_at != 0 && ++g_unmap_calls == g_fail_unmap_at) {
+    if ((g_fail_unmap_at != 0 && ++g_unmap_calls == g_fail_unmap_at) ||
+        standin_entry_fault("cuMemUnmap")) {
         pthread_mutex_unlock(&g_vmm);
         return CUDA_ERROR_UNKNOWN;
     }

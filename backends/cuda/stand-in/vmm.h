@@ -38,6 +38,9 @@ int cuda_standin_sticky(void);
  * between. Returns 1. */
 int vmm_copy(const char *fn, uint64_t addr, size_t bytes, struct sq_queue *q, void *dst,
              const void *src) __attribute__((weak));
+/* vmm.c: whether this call of entry point `fn` is the one the
+ * MEMGOV_STANDIN_CUDA_FAIL_ENTRY knob says fails (counted per process). */
+int standin_entry_fault(const char *fn) __attribute__((weak));
 /* vmm.c: physical memory of live allocation handles (cuMemCreate), bytes. */
 uint64_t vmm_physical_bytes(void) __attribute__((weak));
 

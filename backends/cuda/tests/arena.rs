@@ -59,6 +59,28 @@ fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
 }
 
 #[test]
+fn capability_arena_cases_pass_on_the_cuda_arena() {
+    passes(
+        "capability_arena",
+        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
+fn fault_matrix_cells_map_unmap_set_access_create_release_at_each_position() {
+    common::fault_cells(
+        CHILD,
+        &[
+            ("cuMemCreate", 8),
+            ("cuMemMap", 8),
+            ("cuMemSetAccess", 8),
+            ("cuMemUnmap", 8),
+            ("cuMemRelease", 8),
+        ],
+    );
+}
+
+#[test]
 fn arena_grows_to_its_limit_and_shrinks_with_16_threads_on_4_streams() {
     for seed in ["1", "2", "3"] {
         passes(
@@ -83,6 +105,14 @@ fn sleep_and_wake_restore_every_byte_at_the_same_addresses() {
     passes(
         "sleep_wake",
         &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
+fn a_set_of_allocations_sleeps_and_wakes_leaving_the_others_mapped_and_usable() {
+    passes(
+        "sleep_set",
+        &[(LATENCY, "300"), (SEED, "3"), (EXIT_CHECK, "1")],
     );
 }
 
@@ -235,23 +265,7 @@ mod cases {
 
     const G: usize = 2 << 20;
 
-    /// The stand-in's `memgov_standin_cuda_vmm`: {reservations, reserved
-    /// bytes, handles, physical bytes, mappings, mapped bytes}.
-    pub(super) fn vmm() -> [u64; 6] {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
-        // has the declared signature (`int (unsigned long long out[6])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
-                lib.get(b"memgov_standin_cuda_vmm").expect("hook");
-            let mut out = [u64::MAX; 6];
-            assert_eq!(query(out.as_mut_ptr()), 0);
-            out
-        }
-    }
+    pub(super) use crate::common::vmm;
 
     fn pattern(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -817,6 +831,139 @@ mod cases {
         h
     }
 
+    /// Read all of `m` and compare it with `want`.
+    fn check_bytes(ctx: &CudaContext, s: &CudaStream, m: &CudaMemory, want: &[u8], what: &str) {
+        let mut back = vec![0u8; want.len()];
+        ctx.read(s, m, 0, &mut back).expect("read");
+        assert!(back == want, "{what}: bytes differ");
+    }
+
+    /// Sleep and wake of a set of allocations: the granules only the set
+    /// uses are released, a granule it shares stays mapped, the others stay
+    /// usable and untouched, nothing lands in a sleeping granule, nothing is
+    /// released twice, every byte comes back at the same address.
+    fn sleep_set() {
+        let ctx = arena_context(1 << 30, 256 * MIB);
+        let arena = arena(&ctx);
+        let s = ctx.create_stream().expect("stream");
+        let g = 2 * MIB;
+        let retired = Arc::new(AtomicU64::new(0));
+        // A: granules 0-2; B: granules 3, 4 and the start of 5; C shares
+        // granule 5 with B.
+        let (la, lb, lc) = (3 * g, 2 * g + 4096, 8192);
+        let a = ctx.allocate(&s, la).expect("a");
+        let b = ctx.allocate(&s, lb).expect("b");
+        let c = ctx.allocate(&s, lc).expect("c");
+        let base = arena.snapshot().mapped;
+        assert_eq!(base, 6 * g);
+        let (pa, pb, pc) = (
+            pattern(1, la as usize),
+            pattern(2, lb as usize),
+            pattern(3, lc as usize),
+        );
+        ctx.write(&s, &a, 0, &pa).expect("write a");
+        ctx.write(&s, &b, 0, &pb).expect("write b");
+        ctx.write(&s, &c, 0, &pc).expect("write c");
+        let (at_a, at_b) = (a.device_ptr(), b.device_ptr());
+        let before = vmm();
+
+        let report = arena
+            .sleep_ranges(&[at_a, at_b], true)
+            .expect("sleep the set");
+        assert_eq!(
+            (report.released, report.offloaded),
+            (5 * g, 5 * g),
+            "granules 0-4 released, granule 5 (shared with c) kept"
+        );
+        let snap = arena.snapshot();
+        assert_eq!((snap.mapped, snap.asleep), (g, 5 * g), "{snap:?}");
+        let held = vmm();
+        assert_eq!(
+            (before[2] - held[2], before[4] - held[4]),
+            (5, 5),
+            "5 handles released and 5 mappings gone in the driver"
+        );
+        // The awake set is untouched and usable.
+        check_bytes(&ctx, &s, &c, &pc, "c after the sleep");
+        let pc2 = pattern(4, lc as usize);
+        ctx.write(&s, &c, 0, &pc2).expect("c is usable");
+        check_bytes(&ctx, &s, &c, &pc2, "c rewritten");
+        // A new allocation lands outside the sleeping granules.
+        let d = ctx.allocate(&s, g).expect("d");
+        assert!(
+            d.device_ptr() >= at_a + 5 * g,
+            "d landed in a sleeping granule"
+        );
+        let pd = pattern(5, g as usize);
+        ctx.write(&s, &d, 0, &pd).expect("write d");
+        check_bytes(&ctx, &s, &d, &pd, "d");
+        // The sleeping set is refused, not touched.
+        for m in [&a, &b] {
+            let e = ctx.write(&s, m, 0, &[0; 16]).expect_err("asleep");
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+            assert!(e.message.contains("wake_ranges"), "{e}");
+        }
+        // Nothing is released twice: a second sleep of the set finds nothing.
+        let again = arena.sleep_ranges(&[at_a, at_b], true).expect("again");
+        assert_eq!(again.released, 0);
+        assert_eq!(vmm()[2], held[2] + 1, "only d's granule was added");
+        let e = arena
+            .sleep(true)
+            .expect_err("the whole arena while a set sleeps");
+        assert!(e.message.contains("sleep_ranges"), "{e}");
+        let e = arena
+            .sleep_ranges(&[at_a + 256], true)
+            .expect_err("not a block");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+
+        // Wake the set: same addresses, every byte back.
+        assert_eq!(arena.wake_ranges(&[at_a, at_b]).expect("wake"), 5 * g);
+        assert_eq!((a.device_ptr(), b.device_ptr()), (at_a, at_b));
+        check_bytes(&ctx, &s, &a, &pa, "a after the wake");
+        check_bytes(&ctx, &s, &b, &pb, "b after the wake");
+        check_bytes(&ctx, &s, &c, &pc2, "c after the wake");
+        check_bytes(&ctx, &s, &d, &pd, "d after the wake");
+        assert_eq!(arena.snapshot().asleep, 0);
+
+        // Round two: b released while asleep, its granules kept out of the
+        // allocator; a woken alone, then the rest by wake().
+        arena
+            .sleep_ranges(&[at_a, at_b], true)
+            .expect("sleep again");
+        release(&ctx, &s, b, &retired);
+        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
+        let e2 = ctx.allocate(&s, 2 * g).expect("e");
+        assert!(
+            e2.device_ptr() >= at_a + 5 * g,
+            "e landed in a granule that sleeps"
+        );
+        assert_eq!(arena.wake_ranges(&[at_a]).expect("wake a"), 3 * g);
+        check_bytes(&ctx, &s, &a, &pa, "a after the second wake");
+        assert_eq!(arena.snapshot().asleep, 2 * g, "b's granules still asleep");
+        assert_eq!(arena.wake().expect("wake the rest"), 2 * g);
+        assert_eq!(arena.snapshot().asleep, 0);
+        // The gaps came back: a 4 MiB allocation fits where b was.
+        let f = ctx.allocate(&s, 2 * g).expect("f");
+        assert_eq!(f.device_ptr(), at_b, "b's range is free again");
+        check_bytes(&ctx, &s, &c, &pc2, "c at the end");
+        // The whole arena asleep: a set's wake is refused, the whole wake
+        // restores everything.
+        arena.sleep(true).expect("sleep the whole arena");
+        let e = arena
+            .wake_ranges(&[at_a])
+            .expect_err("the whole arena sleeps");
+        assert!(e.message.contains("wake it whole"), "{e}");
+        arena.wake().expect("wake the whole arena");
+        check_bytes(&ctx, &s, &a, &pa, "a after the whole arena's wake");
+        check_bytes(&ctx, &s, &c, &pc2, "c after the whole arena's wake");
+        for m in [a, c, d, e2, f] {
+            release(&ctx, &s, m, &retired);
+        }
+        settle(&ctx, std::slice::from_ref(&s), &retired, 6);
+        finish(ctx, vec![s]);
+        println!("sleep_set: 5 granules slept and woke twice, the shared granule kept, c and d untouched");
+    }
+
     pub(super) fn run(case: &str) {
         // SAFETY: raw driver calls on the stand-in, each valid or the
         // violation the case plants on purpose; the stand-in aborts before
@@ -824,6 +971,11 @@ mod cases {
         unsafe {
             match case {
                 "grow_shrink" => grow_shrink(),
+                "sleep_set" => sleep_set(),
+                "capability_arena" => memgov_conformance::capability::report_cases(
+                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
+                ),
+                "fault_cells" => common::fault_cells_child(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),
                 "wake_refused" => wake_refused(),

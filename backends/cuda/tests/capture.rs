@@ -11,6 +11,8 @@
 //! launched under churn (default 1000).
 
 mod common;
+#[path = "capture/governed.rs"]
+mod governed;
 
 use common::{EXIT_CHECK, LATENCY, SEED};
 
@@ -60,6 +62,55 @@ fn a_sleep_during_a_capture_waits_for_its_end() {
 #[test]
 fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
     passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn capability_capture_cases_pass_on_the_cuda_backend() {
+    passes("capability_capture", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn fault_matrix_cells_begin_and_end_capture_at_each_position() {
+    common::fault_cells(
+        CHILD,
+        &[("cuStreamBeginCapture_v2", 2), ("cuStreamEndCapture", 2)],
+    );
+}
+
+#[test]
+fn a_governed_capture_charges_its_pool_from_before_begin_until_destroy() {
+    passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_governed_capture_pool_over_budget_is_refused_before_any_driver_call() {
+    passes("governed_pool_over_budget", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_governed_capture_replays_while_another_thread_allocates_releases_and_trims_through_the_governor(
+) {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "governed_churn",
+            &[(LATENCY, "200"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn a_live_governed_graph_holds_teardown_until_destroyed() {
+    passes("governed_teardown_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_governed_capture_with_allocations_makes_no_graph_memory_node_and_no_driver_allocation() {
+    passes("governed_no_graph_memory", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
+    passes("governed_graph_memory", &[(EXIT_CHECK, "1")]);
 }
 
 #[test]
@@ -117,12 +168,12 @@ mod cases {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
-    const MIB: u64 = 1 << 20;
+    pub(crate) const MIB: u64 = 1 << 20;
     const G: usize = 2 << 20;
 
     /// The stand-in's `memgov_standin_cuda_capture`: {captures begun,
     /// invalidated, driver allocations made during a capture, launches}.
-    fn stats() -> [u64; 4] {
+    pub(crate) fn stats() -> [u64; 4] {
         use libloading::os::unix::{Library, RTLD_LAZY};
         const RTLD_NOLOAD: std::os::raw::c_int = 4;
         // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
@@ -138,7 +189,7 @@ mod cases {
         }
     }
 
-    fn arena_context(limit: u64) -> CudaContext {
+    pub(crate) fn arena_context(limit: u64) -> CudaContext {
         CudaContext::new(CudaConfig {
             arena: Some(ArenaConfig {
                 reserve_bytes: 1 << 30,
@@ -149,7 +200,7 @@ mod cases {
         .expect("a context with an arena")
     }
 
-    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
         (0..len)
             .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
             .collect()
@@ -300,6 +351,7 @@ mod cases {
         assert_eq!(
             refused,
             PoolExhausted {
+                backend: "cuda",
                 requested: 512 << 10,
                 free: 256 << 10,
                 pool: MIB
@@ -579,6 +631,19 @@ mod cases {
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
                 "sleep_waits" => sleep_waits(),
+                "capability_capture" => memgov_conformance::capability::report_cases(
+                    memgov_conformance::capability::run_capture_cases(
+                        common::capability_factory,
+                        || stats()[2],
+                    ),
+                ),
+                "fault_cells" => common::fault_cells_child(),
+                "governed_pool_charged" => crate::governed::pool_charged(),
+                "governed_pool_over_budget" => crate::governed::pool_over_budget(),
+                "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),
+                "governed_no_graph_memory" => crate::governed::no_graph_memory_nodes(),
+                "governed_graph_memory" => crate::governed::graph_memory_charged(),
+                "governed_churn" => crate::governed::governed_churn(),
                 "standin_records" => {
                     let r = raw();
                     let d = alloc(&r, 4096);

@@ -46,72 +46,14 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
 }
 
-/// How a capture restricts other calls, as `hipStreamCaptureMode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureMode {
-    /// `hipStreamCaptureModeGlobal` (the default): potentially unsafe
-    /// calls are prohibited on every thread while it is under way.
-    #[default]
-    Global,
-    /// `hipStreamCaptureModeThreadLocal`: only on the capturing thread.
-    ThreadLocal,
-    /// `hipStreamCaptureModeRelaxed`: not prohibited; the capture may end
-    /// on another thread.
-    Relaxed,
-}
+pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
-impl CaptureMode {
-    fn raw(self) -> i32 {
-        match self {
-            Self::Global => ffi::hipStreamCaptureModeGlobal,
-            Self::ThreadLocal => ffi::hipStreamCaptureModeThreadLocal,
-            Self::Relaxed => ffi::hipStreamCaptureModeRelaxed,
-        }
-    }
-}
-
-/// A capture's settings: the pool its allocations come from, and its mode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureConfig {
-    /// Bytes of device memory taken from the arena before capture begins;
-    /// every allocation during the capture is carved from them.
-    pub pool_bytes: u64,
-    /// The capture mode.
-    pub mode: CaptureMode,
-}
-
-/// An allocation during capture did not fit in what is left of the pool.
-/// The capture is still valid: end it, or carve less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolExhausted {
-    /// Bytes asked for (before alignment to 256 B).
-    pub requested: u64,
-    /// Bytes of the pool still free.
-    pub free: u64,
-    /// The pool's size.
-    pub pool: u64,
-}
-
-impl std::fmt::Display for PoolExhausted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the capture pool has {} B free of {} B, {} B asked; nothing was allocated and the \
-             capture is still valid: begin the capture with a larger CaptureConfig::pool_bytes",
-            self.free, self.pool, self.requested
-        )
-    }
-}
-
-impl std::error::Error for PoolExhausted {}
-
-impl From<PoolExhausted> for BackendError {
-    fn from(e: PoolExhausted) -> Self {
-        err(
-            "capture_allocate",
-            BackendErrorKind::OutOfMemory,
-            e.to_string(),
-        )
+/// `hipStreamCaptureMode` of a [`CaptureMode`].
+fn raw_mode(mode: CaptureMode) -> i32 {
+    match mode {
+        CaptureMode::Global => ffi::hipStreamCaptureModeGlobal,
+        CaptureMode::ThreadLocal => ffi::hipStreamCaptureModeThreadLocal,
+        CaptureMode::Relaxed => ffi::hipStreamCaptureModeRelaxed,
     }
 }
 
@@ -322,7 +264,7 @@ impl HipContext {
         let raw = stream.raw.0;
         // SAFETY: a live stream of this context (checked above); its device
         // is current.
-        let r = unsafe { ffi::hipStreamBeginCapture(raw, config.mode.raw()) };
+        let r = unsafe { ffi::hipStreamBeginCapture(raw, raw_mode(config.mode)) };
         let begun = s.checked(OP, "hipStreamBeginCapture", r).and_then(|()| {
             let (mut status, mut id) = (0i32, 0u64);
             // SAFETY: valid out pointers; the stream is live.
@@ -397,6 +339,7 @@ impl HipCapture<'_> {
                 Ok(CaptureBuffer { ptr, bytes })
             }
             _ => Err(PoolExhausted {
+                backend: crate::result::BACKEND,
                 requested: bytes,
                 free: self.pool_free(),
                 pool: self.pool_bytes,

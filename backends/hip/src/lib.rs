@@ -77,6 +77,7 @@
 //! ```
 
 mod arena;
+mod capability;
 mod capture;
 mod config;
 mod ffi;
@@ -407,12 +408,13 @@ impl HipContext {
         })
     }
 
-    /// Refuse a copy to or from arena memory while the arena sleeps (its
-    /// addresses are reserved but nothing is mapped behind them).
+    /// Refuse a copy to or from arena memory while the arena, or a set the
+    /// memory is in, sleeps (its addresses are reserved but nothing is
+    /// mapped behind them).
     fn check_awake(&self, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
         match &self.arena {
-            Some(a) if memory.origin == Origin::Arena && a.is_asleep() => {
-                Err(a.asleep_error(result::BACKEND, op))
+            Some(a) if memory.origin == Origin::Arena => {
+                a.check_awake(result::BACKEND, op, memory.ptr as u64, memory.bytes)
             }
             _ => Ok(()),
         }

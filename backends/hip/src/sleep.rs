@@ -1,7 +1,8 @@
 //! Sleep and wake of a context's arena on HIP: its physical memory unmapped
 //! and released (its contents kept in page-locked host memory,
 //! `hipHostMalloc`, when asked) while the addresses stay reserved, then
-//! mapped again at the same addresses with the contents restored.
+//! mapped again at the same addresses with the contents restored; the whole
+//! arena or a chosen set of its allocations.
 //!
 //! The state machine is the shared core's ([`memgov_backend::vmm`]): each
 //! granule's slot is its mapped state, `Mapped` → `Asleep` on sleep,
@@ -9,7 +10,7 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
-//! While asleep, allocation and copies to and from arena memory are refused
+//! While asleep, allocation and copies to and from sleeping memory are refused
 //! (`InvalidArgument`), and releases retire as usual. This module gives the
 //! core HIP's copies: on a stream of the sleep's own, synchronized after
 //! each granule.
@@ -98,17 +99,27 @@ impl vmm::SleepDriver for Driver<'_> {
 }
 
 impl HipArena {
+    /// Run `f` on the arena with this backend's driver, once the context is
+    /// usable and the capture gate admits `op`: no capture begins while it
+    /// runs, and one under way is waited for (sleep and wake synchronize
+    /// every stream of the context, the captured one included).
+    fn gated<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&crate::arena::Arena, &Driver<'_>) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        self.shared.check_usable(op)?;
+        let _call = crate::capture::gate().call(op, true)?;
+        f(&self.arena, &self.arena.driver(&self.shared))
+    }
+
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.
     /// Addresses stay reserved and allocations stay live (but unusable until
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.shared.check_usable("sleep")?;
-        // No capture begins while the arena sleeps; one under way is waited for.
-        let _call = crate::capture::gate().call("sleep", true)?;
-        self.arena
-            .sleep(&self.arena.driver(&self.shared), keep_contents)
+        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -116,8 +127,33 @@ impl HipArena {
     /// mapping when the granules do not fit the arena's limit. Returns the
     /// bytes mapped.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("wake")?;
-        let _call = crate::capture::gate().call("wake", true)?;
-        self.arena.wake(&self.arena.driver(&self.shared))
+        self.gated("wake", |a, d| a.wake(d))
+    }
+
+    /// Put the allocations at `ptrs` (device pointers of live allocations of
+    /// this arena) to sleep: wait for every stream of the device, then
+    /// unmap and release each granule that only they use, copying its
+    /// contents to page-locked host memory first when `keep_contents` is
+    /// set. Granules shared with other allocations stay mapped; the other
+    /// allocations stay usable. Copies to and from the set are refused
+    /// until [`wake_ranges`](Self::wake_ranges). The rules are the shared
+    /// core's (`memgov_backend::vmm`, its `sleep_set` module).
+    pub fn sleep_ranges(
+        &self,
+        ptrs: &[u64],
+        keep_contents: bool,
+    ) -> Result<SleepReport, BackendError> {
+        self.gated("sleep_ranges", |a, d| {
+            a.sleep_ranges(d, ptrs, keep_contents)
+        })
+    }
+
+    /// Wake the allocations at `ptrs`: map every sleeping granule under them
+    /// again at its address and copy back the contents kept. Refused with
+    /// `OutOfMemory` before any mapping when they do not fit the arena's
+    /// limit; one that fails half-way unmaps what it mapped and leaves the
+    /// set asleep. Returns the bytes mapped.
+    pub fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
+        self.gated("wake_ranges", |a, d| a.wake_ranges(d, ptrs))
     }
 }

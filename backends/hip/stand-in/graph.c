@@ -41,6 +41,12 @@
  *   destroying a capturing stream (hipStreamDestroy); with
  *   MEMGOV_STANDIN_HIP_EXIT_CHECK=1, graphs or executable graphs never
  *   destroyed at exit.
+ * - Fault knob (vmm.c's MEMGOV_STANDIN_HIP_FAIL_ENTRY=<entry point>:<N>):
+ *   the Nth hipStreamBeginCapture fails with hipErrorInvalidValue (the
+ *   reference's failure code) and begins nothing; the Nth
+ *   hipStreamEndCapture ends the capture as an invalidated one
+ *   (hipErrorStreamCaptureInvalidated, no graph, the stream out of
+ *   capture mode).
  *
  * Not imitated (a contract violation naming the call): stream-ordered
  * allocation and free (hipMallocAsync, hipMallocFromPoolAsync,
@@ -236,6 +242,10 @@ int graph_unsafe(const char *fn, int alloc) {
     return prohibited ? hipErrorStreamCaptureUnsupported : 0;
 }
 
+static int entry_fault(const char *fn) {
+    return hip_standin_entry_fault != NULL && hip_standin_entry_fault(fn);
+}
+
 /* ---- capture ------------------------------------------------------------------ */
 
 hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) {
@@ -250,6 +260,12 @@ hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) 
     g->magic = GRAPH_MAGIC;
     pthread_mutex_lock(&g_lock);
     arm_exit_check();
+    if (entry_fault("hipStreamBeginCapture")) {
+        pthread_mutex_unlock(&g_lock);
+        free(c);
+        free(g);
+        return hipErrorInvalidValue;
+    }
     if (find(stream) != NULL) {
         pthread_mutex_unlock(&g_lock);
         free(c);
@@ -282,6 +298,7 @@ hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *pGraph) {
     }
     *p = c->next;
     hipError_t r = hipSuccess;
+    if (entry_fault("hipStreamEndCapture")) c->invalidated = 1;
     if (c->invalidated) {
         free(c->graph->ops.v);
         free(c->graph);

@@ -42,6 +42,16 @@
  *   hipErrorOutOfMemory and changes nothing; MEMGOV_STANDIN_HIP_
  *   FAIL_UNMAP_AT=N, the Nth hipMemUnmap fails with hipErrorInvalidValue and
  *   leaves the mapping as it was (every later unmap of it succeeds).
+ * - MEMGOV_STANDIN_HIP_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
+ *   entry point (counting the calls that pass its argument checks) fails
+ *   and changes nothing: hipMemCreate, hipMemMap and hipMemSetAccess with
+ *   hipErrorOutOfMemory (as FAIL_VMM_AT: the physical memory could not be
+ *   had), hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
+ *   reference's failure code for both), leaving the mapping or handle as
+ *   it was (a later call on it succeeds); graph.c's hipStreamBeginCapture
+ *   and hipStreamEndCapture as it says. memgov_standin_hip_fail_entry(fn,
+ *   N) sets the same at run time (the count starts again), so that one
+ *   process runs many fault cells.
  * - memgov_standin_hip_vmm() reports what is held, for tests.
  */
 #define _GNU_SOURCE
@@ -115,6 +125,18 @@ static void vmm_init(void) {
     g_fail_vmm_at = sq_env_u64("MEMGOV_STANDIN_HIP_FAIL_VMM_AT", 0);
     g_fail_unmap_at = sq_env_u64("MEMGOV_STANDIN_HIP_FAIL_UNMAP_AT", 0);
     if (sq_env_u64("MEMGOV_STANDIN_HIP_EXIT_CHECK", 0) != 0) atexit(exit_check);
+}
+
+/* For tests: from now on the Nth call of `fn` fails (counting from this
+ * call; N = 0 or fn = NULL: none), as MEMGOV_STANDIN_HIP_FAIL_ENTRY says at
+ * process start. Returns 1 for a name too long, else 0. */
+int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n);
+int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n) {
+    return sq_entry_fault_set(fn, n);
+}
+
+int hip_standin_entry_fault(const char *fn) {
+    return sq_entry_fault("MEMGOV_STANDIN_HIP_FAIL_ENTRY", fn);
 }
 
 /* Under g_vmm: count a create / map / set-access call; 1 when the fault
@@ -262,7 +284,8 @@ hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
         return hipErrorInvalidValue;
     pthread_mutex_lock(&g_vmm);
     vmm_init();
-    if (vmm_fault() || g_phys_bytes + size > hip_standin_capacity()) {
+    if (vmm_fault() || hip_standin_entry_fault("hipMemCreate") ||
+        g_phys_bytes + size > hip_standin_capacity()) {
         pthread_mutex_unlock(&g_vmm);
         return hipErrorOutOfMemory;
     }
@@ -286,6 +309,10 @@ hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
     UNSAFE_DURING_CAPTURE("hipMemRelease", 0);
     pthread_mutex_lock(&g_vmm);
     handle_t *h = find_handle(handle, "hipMemRelease");
+    if (hip_standin_entry_fault("hipMemRelease")) {
+        pthread_mutex_unlock(&g_vmm);
+        return hipErrorInvalidValue;
+    }
     h->released = 1; /* the memory stays while mapped */
     handle_maybe_free(h);
     pthread_mutex_unlock(&g_vmm);
@@ -307,7 +334,8 @@ hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocati
         for (struct mapping *m = g_maps; m != NULL; m = m->next)
             if (m->va < ptr + size && ptr < m->va + m->size) r = hipErrorInvalidValue;
     }
-    if (r == hipSuccess && vmm_fault()) r = hipErrorOutOfMemory;
+    if (r == hipSuccess && (vmm_fault() || hip_standin_entry_fault("hipMemMap")))
+        r = hipErrorOutOfMemory;
     if (r != hipSuccess) {
         pthread_mutex_unlock(&g_vmm);
         return r;
@@ -349,7 +377,7 @@ hipError_t hipMemSetAccess(void *va, size_t size, const hipMemAccessDesc *desc, 
         }
         at += m->size;
     }
-    if (vmm_fault()) {
+    if (vmm_fault() || hip_standin_entry_fault("hipMemSetAccess")) {
         pthread_mutex_unlock(&g_vmm);
         return hipErrorOutOfMemory;
     }
@@ -393,7 +421,8 @@ hipError_t hipMemUnmap(void *va, size_t size) {
         pthread_mutex_unlock(&g_vmm);
         return hipErrorInvalidValue;
     }
-    if (g_fail_unmap_at != 0 && ++g_unmap_calls == g_fail_unmap_at) {
+    if ((g_fail_unmap_at != 0 && ++g_unmap_calls == g_fail_unmap_at) ||
+        hip_standin_entry_fault("hipMemUnmap")) {
         pthread_mutex_unlock(&g_vmm);
         return hipErrorInvalidValue;
     }

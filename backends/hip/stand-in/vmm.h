@@ -38,6 +38,9 @@ uint64_t hip_standin_capacity(void);
  * table's lock, so that no unmap comes in between. Returns 1. */
 int vmm_copy(const char *fn, int dst_device, int src_device, void *dst, const void *src,
              size_t bytes, struct sq_queue *q) __attribute__((weak));
+/* vmm.c: 1 when this call of `fn` is the one the MEMGOV_STANDIN_HIP_
+ * FAIL_ENTRY knob says fails (counted per process). */
+int hip_standin_entry_fault(const char *fn) __attribute__((weak));
 /* vmm.c: physical memory of live allocation handles (hipMemCreate), bytes. */
 uint64_t vmm_physical_bytes(void) __attribute__((weak));
 

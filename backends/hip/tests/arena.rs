@@ -13,6 +13,7 @@
 
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
+mod common;
 
 use memgov::hip::raw as hip;
 use memgov::hip::{ArenaConfig, HipArena, HipConfig, HipContext};
@@ -294,6 +295,28 @@ fn negative_leftovers_at_exit_abort() {
             run.output()
         );
     }
+}
+
+#[test]
+fn capability_arena_cases_pass_on_the_hip_arena() {
+    passes(
+        "capability_arena",
+        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
+}
+
+#[test]
+fn fault_matrix_cells_map_unmap_set_access_create_release_at_each_position() {
+    passes(
+        "fault_cells",
+        &[
+            (
+                common::FAULT_ENTRIES,
+                "hipMemCreate:8,hipMemMap:8,hipMemSetAccess:8,hipMemUnmap:8,hipMemRelease:8",
+            ),
+            (EXIT_CHECK, "1"),
+        ],
+    );
 }
 
 /// Entry point of the re-executed binary; does nothing in a normal run.
@@ -976,6 +999,10 @@ mod cases {
         // anything undefined happens.
         unsafe {
             match case {
+                "capability_arena" => memgov_conformance::capability::report_cases(
+                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
+                ),
+                "fault_cells" => common::fault_cells_child(),
                 "grow_shrink" => grow_shrink(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),

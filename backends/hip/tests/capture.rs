@@ -12,6 +12,7 @@
 
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
+mod common;
 
 use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
@@ -79,6 +80,25 @@ fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_rel
 #[test]
 fn a_capture_pool_running_out_is_a_typed_refusal_and_the_capture_stays_valid() {
     passes("pool_exhausted", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn capability_capture_cases_pass_on_the_hip_backend() {
+    passes("capability_capture", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn fault_matrix_cells_begin_and_end_capture_at_each_position() {
+    passes(
+        "fault_cells",
+        &[
+            (
+                common::FAULT_ENTRIES,
+                "hipStreamBeginCapture:2,hipStreamEndCapture:2",
+            ),
+            (EXIT_CHECK, "1"),
+        ],
+    );
 }
 
 #[test]
@@ -392,6 +412,7 @@ mod cases {
         assert_eq!(
             refused,
             PoolExhausted {
+                backend: "hip",
                 requested: 512 << 10,
                 free: 256 << 10,
                 pool: MIB
@@ -723,6 +744,13 @@ mod cases {
         // anything undefined happens.
         unsafe {
             match case {
+                "capability_capture" => memgov_conformance::capability::report_cases(
+                    memgov_conformance::capability::run_capture_cases(
+                        common::capability_factory,
+                        || common::capture_stats()[2],
+                    ),
+                ),
+                "fault_cells" => common::fault_cells_child(),
                 "replay_under_churn" => replay_under_churn(),
                 "pool_exhausted" => pool_exhausted(),
                 "own_thread_map" => own_thread_map(),

@@ -71,6 +71,42 @@ uint64_t sq_env_u64(const char *name, uint64_t dflt) {
     return (uint64_t)n;
 }
 
+static pthread_mutex_t g_entry_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_fail_entry[64];
+static uint64_t g_fail_entry_at, g_entry_calls;
+static int g_entry_init;
+
+int sq_entry_fault_set(const char *fn, unsigned long long n) {
+    if (fn != NULL && strlen(fn) >= sizeof g_fail_entry) return 1;
+    pthread_mutex_lock(&g_entry_lock);
+    g_entry_init = 1;
+    memset(g_fail_entry, 0, sizeof g_fail_entry);
+    if (fn != NULL) memcpy(g_fail_entry, fn, strlen(fn));
+    g_fail_entry_at = fn != NULL ? n : 0;
+    g_entry_calls = 0;
+    pthread_mutex_unlock(&g_entry_lock);
+    return 0;
+}
+
+int sq_entry_fault(const char *env, const char *fn) {
+    pthread_mutex_lock(&g_entry_lock);
+    if (!g_entry_init) {
+        g_entry_init = 1;
+        const char *v = getenv(env);
+        const char *colon = v != NULL ? strrchr(v, ':') : NULL;
+        if (colon != NULL && (size_t)(colon - v) < sizeof g_fail_entry) {
+            memcpy(g_fail_entry, v, (size_t)(colon - v));
+            g_fail_entry_at = strtoull(colon + 1, NULL, 10);
+        } else if (v != NULL && *v != '\0') {
+            sq_fatal("%s=%s: expected <entry point>:<N>", env, v);
+        }
+    }
+    int fail = g_fail_entry_at != 0 && strcmp(fn, g_fail_entry) == 0 &&
+               ++g_entry_calls == g_fail_entry_at;
+    pthread_mutex_unlock(&g_entry_lock);
+    return fail;
+}
+
 static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
     char name[128];
     snprintf(name, sizeof name, "%s_%s", prefix, suffix);

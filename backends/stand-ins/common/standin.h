@@ -80,6 +80,16 @@ struct sq_knobs {
  * when it is unset or empty. A malformed value is a contract violation. */
 uint64_t sq_env_u64(const char *name, uint64_t dflt);
 
+/* The entry-point fault knob: the environment variable `env` set to
+ * "<entry point>:<N>" makes the Nth call of that entry point (counted by
+ * sq_entry_fault, per process) fail. sq_entry_fault(env, fn) counts a call
+ * of `fn` and returns 1 when it is the one to fail; the variable is read at
+ * the first call. sq_entry_fault_set(fn, n) sets the same at run time (fn =
+ * NULL or n = 0: none; the count starts again) and returns 1 when the name
+ * is too long, else 0. Thread-safe. */
+int sq_entry_fault(const char *env, const char *fn);
+int sq_entry_fault_set(const char *fn, unsigned long long n);
+
 /* Read <prefix>_LATENCY_US, <prefix>_LATENCY_SEED, <prefix>_OOM_AFTER_BYTES
  * and <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract
  * violation. Queues made after this draw their delays from the seed, if one

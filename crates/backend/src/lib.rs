@@ -37,6 +37,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod capability;
 mod context;
 pub mod fault;
 mod free_thread;

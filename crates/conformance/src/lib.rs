@@ -26,6 +26,11 @@
 //! ([`FaultInjecting`](memgov::fault::FaultInjecting)) and checks that nothing
 //! leaks, panics or tears down twice.
 //!
+//! [`capability`] holds the cases and the fault cell of the capabilities a
+//! backend may declare beyond the contract (a virtual-memory arena, sleep
+//! and wake, graph capture: `memgov::backend::capability`), written over
+//! their traits.
+//!
 //! Both run again with the governor's block cache on ([`SuiteOptions`],
 //! [`run_suite_probed_with`], [`fault_matrix_with`]): every case's contexts
 //! then keep freed blocks, and the same checks hold. Where a case counts
@@ -48,6 +53,7 @@
 //! assert!(report.all_passed(), "{report}");
 //! ```
 
+pub mod capability;
 mod cases;
 mod faults;
 mod watch;

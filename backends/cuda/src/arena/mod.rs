@@ -105,7 +105,13 @@ impl CudaArena {
     /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
         self.shared.check_usable("trim")?;
-        if crate::capture::gate().defer_trim(&self.arena, &self.shared) {
+        let deferred = crate::capture::gate().defer_trim(
+            self.arena.base,
+            &self.arena,
+            &self.shared,
+            |a, s| drop(a.trim(s, "trim")),
+        );
+        if deferred {
             return Ok(0);
         }
         self.arena.trim(&self.shared, "trim")
@@ -138,10 +144,14 @@ impl std::ops::Deref for Arena {
     }
 }
 
-/// CUDA's granule steps ([`granule`]) for the arena's core.
-struct Driver<'a> {
-    s: &'a Shared,
-    arena: &'a Arena,
+/// CUDA's granule steps ([`granule`]) for the arena's core, and (in
+/// [`crate::sleep`]) its copies for sleep and wake.
+pub(crate) struct Driver<'a> {
+    pub(crate) s: &'a Shared,
+    pub(crate) arena: &'a Arena,
+    /// The sleep's or wake's own copy stream, made on first use and
+    /// destroyed when the driver drops.
+    pub(crate) copies: std::cell::Cell<sys::CUstream>,
 }
 
 impl<'a> vmm::GranuleDriver for Driver<'a> {
@@ -229,14 +239,18 @@ impl Arena {
                 ..e
             })?;
         Ok(Self {
-            core: vmm::Arena::new(base, size, granule, config.limit_bytes, "CudaContext::wake"),
+            core: vmm::Arena::new(base, size, granule, config.limit_bytes, "CudaArena"),
             ordinal,
             releases: release::Releases::default(),
         })
     }
 
-    fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver { s, arena: self }
+    pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
+        Driver {
+            s,
+            arena: self,
+            copies: std::cell::Cell::new(std::ptr::null_mut()),
+        }
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
@@ -263,12 +277,4 @@ impl Arena {
         let r = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
         s.checked("teardown", "cuMemAddressFree", r)
     }
-}
-
-pub(crate) fn closed(op: &'static str) -> BackendError {
-    vmm::closed(crate::result::BACKEND, op)
-}
-
-pub(crate) fn asleep(op: &'static str) -> BackendError {
-    vmm::asleep(crate::result::BACKEND, op, "CudaContext::wake")
 }

@@ -62,3 +62,96 @@ pub fn aborts(child_var: &str, case: &str, env: &[(&str, &str)], what: &str) {
         child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
     }
 }
+
+/// The stand-in's `memgov_standin_cuda_vmm`: {reservations, reserved
+/// bytes, handles, physical bytes, mappings, mapped bytes}.
+pub fn vmm() -> [u64; 6] {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    const RTLD_NOLOAD: std::os::raw::c_int = 4;
+    // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
+    // has the declared signature (`int (unsigned long long out[6])`).
+    unsafe {
+        let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+            .expect("the stand-in libcuda is loaded");
+        let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
+            lib.get(b"memgov_standin_cuda_vmm").expect("hook");
+        let mut out = [u64::MAX; 6];
+        assert_eq!(query(out.as_mut_ptr()), 0);
+        out
+    }
+}
+
+/// What the stand-in holds, as the capability fault cells read it.
+pub fn driver_held() -> memgov_conformance::capability::DriverHeld {
+    let v = vmm();
+    memgov_conformance::capability::DriverHeld {
+        reservations: v[0],
+        handles: v[2],
+        mapped_bytes: v[5],
+    }
+}
+
+/// A context with an arena of 256 MiB of address space, 128 MiB mapped at
+/// most: what the capability cases and fault cells run on.
+pub fn capability_factory() -> Result<CudaContext, memgov::BackendError> {
+    CudaContext::new(CudaConfig {
+        arena: Some(memgov::cuda::ArenaConfig {
+            reserve_bytes: 256 << 20,
+            limit_bytes: 128 << 20,
+        }),
+        ..CudaConfig::default()
+    })
+}
+
+/// The environment variable listing the entry points whose fault cells a
+/// child runs.
+pub const FAULT_ENTRIES: &str = "MEMGOV_FAULT_CELL_ENTRIES";
+
+/// The stand-in's `memgov_standin_cuda_fail_entry`: the `n`th call of
+/// `entry` from now on fails (`None`: no fault).
+fn fail_entry(entry: Option<(&str, u64)>) {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    const RTLD_NOLOAD: std::os::raw::c_int = 4;
+    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
+    let n = entry.map_or(0, |(_, n)| n);
+    // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
+    // has the declared signature (`int (const char *, unsigned long long)`)
+    // and copies the name.
+    unsafe {
+        let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+            .expect("the stand-in libcuda is loaded");
+        let set: libloading::os::unix::Symbol<
+            unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32,
+        > = lib.get(b"memgov_standin_cuda_fail_entry").expect("hook");
+        let p = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        assert_eq!(set(p, n), 0);
+    }
+}
+
+/// In a child: the capability fault cells of every entry point listed in
+/// `MEMGOV_FAULT_CELL_ENTRIES` (`name:min,name:min`), set through the
+/// stand-in's hook; the exit check covers the process.
+pub fn fault_cells_child() {
+    let list = std::env::var(FAULT_ENTRIES).expect("the entry points");
+    // Loads the stand-in, whose hook sets the faults.
+    assert!(on_stand_in(), "fault cells run on the stand-in");
+    let lines = memgov_conformance::capability::run_fault_cells(
+        &list,
+        &fail_entry,
+        &capability_factory,
+        &driver_held,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    lines.iter().for_each(|l| println!("{l}"));
+}
+
+/// In the parent: the fault cells of `entries` (entry point, the fewest
+/// positions it must have) in one child with the exit check on.
+pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
+    let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
+    passes(
+        child_var,
+        "fault_cells",
+        &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
+    );
+}

@@ -86,18 +86,13 @@ impl HipArena {
     /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
         self.shared.check_usable("trim")?;
-        let (arena, shared) = (Arc::downgrade(&self.arena), Arc::downgrade(&self.shared));
-        let deferred: vmm::gate::Deferred = Box::new(move || {
-            if let (Some(a), Some(s)) = (arena.upgrade(), shared.upgrade()) {
-                // A trim that fails leaves its granules quarantined and
-                // listed in the arena's snapshot; nobody waits on it here.
-                let _ = a.trim(&s, "trim");
-            }
-        });
-        if crate::capture::gate()
-            .defer(self.arena.base, deferred)
-            .is_none()
-        {
+        let deferred = crate::capture::gate().defer_trim(
+            self.arena.base,
+            &self.arena,
+            &self.shared,
+            |a, s| drop(a.trim(s, "trim")),
+        );
+        if deferred {
             return Ok(0);
         }
         self.arena.trim(&self.shared, "trim")
@@ -215,13 +210,7 @@ impl Arena {
                 ..e
             })?;
         Ok(Self {
-            core: vmm::Arena::new(
-                base as u64,
-                size,
-                granule,
-                config.limit_bytes,
-                "HipArena::wake",
-            ),
+            core: vmm::Arena::new(base as u64, size, granule, config.limit_bytes, "HipArena"),
             ordinal,
             runtime,
             probe: s.probe().clone(),

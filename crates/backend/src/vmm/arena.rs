@@ -28,16 +28,18 @@ pub struct Arena<H> {
     pub state: Mutex<State<H>>,
     /// Signalled when a granule leaves a transition or a range is freed.
     pub changed: Condvar,
-    /// The call a caller makes to wake the arena, for errors.
-    wake_hint: &'static str,
+    /// The name of the backend's arena handle, for the way out errors name
+    /// (`"CudaArena"`: `CudaArena::wake`).
+    pub(super) handle: &'static str,
 }
 
 impl<H: Copy + Eq + Debug> Arena<H> {
     /// The books of a reservation just made: `size` bytes at `base` in
     /// granules of `granule` (a power of two dividing `size`), at most
-    /// `limit` bytes mapped (rounded down to whole granules). `wake_hint`
-    /// names the call that wakes the arena (`"CudaArena::wake"`).
-    pub fn new(base: u64, size: u64, granule: u64, limit: u64, wake_hint: &'static str) -> Self {
+    /// `limit` bytes mapped (rounded down to whole granules). `handle`
+    /// names the backend's arena handle, whose methods errors point to
+    /// (`"CudaArena"`: `CudaArena::wake`).
+    pub fn new(base: u64, size: u64, granule: u64, limit: u64, handle: &'static str) -> Self {
         debug_assert!(granule.is_power_of_two() && size % granule == 0);
         Self {
             base,
@@ -46,7 +48,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             limit: (limit / granule * granule).into(),
             state: Mutex::new(State::new(size, granule)),
             changed: Condvar::new(),
-            wake_hint,
+            handle,
         }
     }
 
@@ -80,7 +82,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
 
     /// The error an operation refused while the arena sleeps returns.
     pub fn asleep_error(&self, backend: &'static str, op: &'static str) -> BackendError {
-        asleep(backend, op, self.wake_hint)
+        asleep(backend, op, &format!("{}::wake", self.handle))
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
@@ -220,6 +222,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             st.in_use -= len;
             st.put_range(offset, len);
+            // Inside a granule that sleeps with a set, the space stays out.
+            st.keep_asleep_out(offset, len);
         }
         drop(st);
         self.changed.notify_all();
@@ -440,7 +444,7 @@ mod tests {
             fail_map: 3,
             ..Fake::default()
         };
-        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "wake");
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
         let e = a.allocate(&d, 4 * G).expect_err("the third granule fails");
         assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
         assert!(
@@ -456,7 +460,7 @@ mod tests {
     #[test]
     fn the_limit_trims_cached_granules_then_refuses_with_the_numbers() {
         let d = Fake::default();
-        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, 4 * G, "wake");
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, 4 * G, "Fake");
         let p = a.allocate(&d, 2 * G).expect("granules 0 and 1");
         let q = a.allocate(&d, G).expect("granule 2");
         a.retire(p);
@@ -483,7 +487,7 @@ mod tests {
     #[test]
     fn a_refused_unmap_is_quarantined_and_never_handed_out_again() {
         let d = Fake::default();
-        let a = Arena::<u64>::new(0x10_0000_0000, 4 * G, G, u64::MAX, "wake");
+        let a = Arena::<u64>::new(0x10_0000_0000, 4 * G, G, u64::MAX, "Fake");
         let p = a.allocate(&d, G).expect("one granule");
         a.retire(p);
         d.refuse_unmap.borrow_mut().push(0);
@@ -505,7 +509,7 @@ mod tests {
     #[test]
     fn sleep_and_wake_keep_each_granule_s_state_and_refuse_a_wake_over_the_limit() {
         let d = Fake::default();
-        let a = Arena::<u64>::new(0x10_0000_0000, 8 * G, G, 8 * G, "Fake::wake");
+        let a = Arena::<u64>::new(0x10_0000_0000, 8 * G, G, 8 * G, "Fake");
         let p = a.allocate(&d, 3 * G - 5).expect("three granules");
         let r = a.sleep(&d, true).expect("sleep");
         assert_eq!((r.released, r.offloaded), (3 * G, 3 * G));
@@ -521,6 +525,56 @@ mod tests {
         assert!(d.host.borrow().is_empty(), "every host copy freed once");
         assert_eq!(a.snapshot().mapped, 3 * G);
         a.retire(p);
+        a.teardown(&d).expect("teardown");
+        assert!(d.mapped.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_set_sleeps_granule_by_granule_and_keeps_its_space_out_of_the_allocator() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        // p: granules 0 and 1; q: granule 2 and the start of 3; r shares 3.
+        let p = a.allocate(&d, 2 * G).expect("p");
+        let q = a.allocate(&d, G + 4096).expect("q");
+        let r = a.allocate(&d, 4096).expect("r");
+        let rep = a.sleep_ranges(&d, &[p, q], true).expect("sleep p and q");
+        assert_eq!(
+            (rep.released, rep.offloaded),
+            (3 * G, 3 * G),
+            "granules 0-2 released; 3, shared with r, kept"
+        );
+        assert_eq!(*d.mapped.borrow(), vec![3]);
+        assert_eq!(a.snapshot().asleep, 3 * G);
+        // A second sleep of the set releases nothing.
+        assert_eq!(
+            a.sleep_ranges(&d, &[p, q], true).expect("again").released,
+            0
+        );
+        // Copies: the set refused, r allowed.
+        let e = a.check_awake("fake", "write", q, 16).expect_err("q sleeps");
+        assert!(e.message.contains("Fake::wake_ranges"), "{e}");
+        a.check_awake("fake", "write", r, 16).expect("r is awake");
+        // The whole arena and a set refuse each other.
+        let e = a.sleep(&d, false).expect_err("a set sleeps");
+        assert!(e.message.contains("Fake::sleep_ranges"), "{e}");
+        // q retires while asleep: its space in granule 2 stays out.
+        a.retire(q);
+        let s = a.allocate(&d, G).expect("s");
+        assert_eq!(s, r + 4096, "after r, past the sleeping granules");
+        assert_eq!(a.wake_ranges(&d, &[p]).expect("wake p"), 2 * G);
+        assert_eq!(a.snapshot().asleep, G, "q's granule still asleep");
+        assert_eq!(a.wake(&d).expect("wake the rest"), G);
+        assert!(d.host.borrow().is_empty(), "every host copy freed once");
+        // q's range is free again: the next allocation of its size lands there.
+        let t = a.allocate(&d, G).expect("t");
+        assert_eq!(t, a.base + 2 * G);
+        a.sleep(&d, false).expect("the whole arena");
+        let e = a.wake_ranges(&d, &[p]).expect_err("the whole arena sleeps");
+        assert!(e.message.contains("wake it whole"), "{e}");
+        a.wake(&d).expect("wake");
+        for x in [p, r, s, t] {
+            a.retire(x);
+        }
         a.teardown(&d).expect("teardown");
         assert!(d.mapped.borrow().is_empty());
     }

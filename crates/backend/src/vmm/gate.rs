@@ -163,6 +163,36 @@ impl Gate {
         None
     }
 
+    /// Defer a trim of `arena` (a backend's arena, trimmed by `trim` with
+    /// its shared context state) to the end of the last capture, keyed by
+    /// `key` (the arena's base: one per arena); `false` when no capture is
+    /// under way (the caller trims now). The deferred trim holds neither
+    /// alive: it runs only when both still exist, and a trim that fails
+    /// leaves its granules quarantined and listed in the arena's snapshot,
+    /// with nobody waiting on it.
+    pub fn defer_trim<A, S>(
+        &self,
+        key: u64,
+        arena: &std::sync::Arc<A>,
+        shared: &std::sync::Arc<S>,
+        trim: fn(&A, &S),
+    ) -> bool
+    where
+        A: Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        let (a, s) = (
+            std::sync::Arc::downgrade(arena),
+            std::sync::Arc::downgrade(shared),
+        );
+        let work: Deferred = Box::new(move || {
+            if let (Some(a), Some(s)) = (a.upgrade(), s.upgrade()) {
+                trim(&a, &s);
+            }
+        });
+        self.defer(key, work).is_none()
+    }
+
     /// Admit a capture: waits for gated calls under way to finish. Follow
     /// with [`begun`](Self::begun) in every case.
     pub fn begin(&self) {

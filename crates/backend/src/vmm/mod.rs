@@ -43,11 +43,12 @@
 mod arena;
 pub mod gate;
 mod sleep;
+mod sleep_set;
 mod state;
 
+pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
 pub use gate::{Gate, GateCall};
-pub use sleep::SleepReport;
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
 use crate::{BackendError, BackendErrorKind};

@@ -8,20 +8,18 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
+//! The whole arena sleeps only while no set of its allocations sleeps
+//! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
 
 use super::state::Slot;
 use super::{closed, Arena, SleepDriver};
+use crate::capability::SleepReport;
 use crate::{lock, BackendError, BackendErrorKind};
 use std::fmt::Debug;
 
-/// What a sleep gave back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SleepReport {
-    /// Physical bytes unmapped and released (granules in use and cached).
-    pub released: u64,
-    /// Bytes of contents kept in page-locked host memory for the wake.
-    pub offloaded: u64,
-}
+/// What [`Arena::release_granules`] did: each granule's next slot, what
+/// was given back, and the first error.
+type Released<H> = (Vec<(usize, Slot<H>)>, SleepReport, Option<BackendError>);
 
 impl<H: Copy + Eq + Debug> Arena<H> {
     /// Put the arena to sleep: wait for every stream of the context, then
@@ -50,6 +48,18 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     "the arena is asleep already; wake it first",
                 ));
             }
+            if st.set_asleep() {
+                let h = self.handle;
+                return Err(BackendError::new(
+                    backend,
+                    "sleep",
+                    BackendErrorKind::InvalidArgument,
+                    format!(
+                        "a set of the arena's allocations is asleep ({h}::sleep_ranges); wake it \
+                         first ({h}::wake_ranges or {h}::wake)"
+                    ),
+                ));
+            }
             while st.slots.iter().any(|g| g.slot.in_transition()) {
                 st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
@@ -65,60 +75,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             v
         };
-        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
-        let mut first_err = None;
-        let mut report = SleepReport {
-            released: 0,
-            offloaded: 0,
-        };
-        for (g, h, in_use) in taken {
-            let at = self.base + g as u64 * self.granule;
-            let mut host = 0usize;
-            if in_use && keep_contents && first_err.is_none() {
-                match d.offload(at, self.granule) {
-                    Ok(p) => host = p,
-                    Err(e) => first_err = Some(e),
-                }
-            }
-            if in_use && keep_contents && host == 0 {
-                // Contents that could not be kept stay mapped.
-                outcome.push((g, Slot::Mapped(h)));
-                continue;
-            }
-            match d.unmap(g, h, "sleep") {
-                Ok(()) => {
-                    report.released += self.granule;
-                    if host != 0 {
-                        report.offloaded += self.granule;
-                    }
-                    outcome.push((
-                        g,
-                        if in_use {
-                            Slot::Asleep { host }
-                        } else {
-                            Slot::Unmapped
-                        },
-                    ));
-                }
-                Err(q) => {
-                    if host != 0 {
-                        d.free_host(host, "sleep");
-                    }
-                    first_err.get_or_insert_with(|| {
-                        BackendError::new(
-                            backend,
-                            "sleep",
-                            BackendErrorKind::Other,
-                            format!(
-                                "the driver refused to give back the granule at {at:#x}; it is \
-                                 quarantined"
-                            ),
-                        )
-                    });
-                    outcome.push((g, q));
-                }
-            }
-        }
+        let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
         for (g, slot) in outcome {
             match slot {
@@ -141,115 +98,81 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// Wake the arena: map every sleeping granule again at its address and
     /// copy back the contents kept. Refused with `OutOfMemory` before any
     /// mapping when the granules do not fit the arena's limit. Returns the
-    /// bytes mapped.
+    /// bytes mapped. Also wakes a set put to sleep with
+    /// [`sleep_ranges`](Self::sleep_ranges), whole.
     pub fn wake<D: SleepDriver<Handle = H>>(&self, d: &D) -> Result<u64, BackendError> {
-        let backend = d.backend();
-        let _current = d.make_current("wake")?;
-        let sleeping: Vec<(usize, usize)> = {
-            let mut st = lock(&self.state);
-            if st.closed {
-                return Err(closed(backend, "wake"));
-            }
-            if !st.asleep {
-                return Ok(0);
-            }
-            let v: Vec<_> = (0..st.slots.len())
-                .filter_map(|g| match st.slots[g].slot {
-                    Slot::Asleep { host } => Some((g, host)),
-                    _ => None,
-                })
-                .collect();
-            let needed = v.len() as u64 * self.granule;
-            if st.mapped + st.mapping + needed > self.limit() {
-                return Err(BackendError::new(
-                    backend,
-                    "wake",
-                    BackendErrorKind::OutOfMemory,
-                    format!(
-                        "waking needs {needed} B mapped, but the arena holds {} B of its {} B \
-                         limit; nothing was mapped and the arena stays asleep (free memory or \
-                         raise ArenaConfig::limit_bytes)",
-                        st.mapped + st.mapping,
-                        self.limit()
-                    ),
-                ));
-            }
-            for &(g, _) in &v {
-                st.slots[g].slot = Slot::Mapping;
-            }
-            st.mapping += needed;
-            v
+        let whole = !lock(&self.state).set_asleep();
+        self.wake_granules(d, "wake", None, whole)
+    }
+
+    /// Unmap and release the granules `taken` (each marked `Unmapping`, with
+    /// its handle and whether an allocation uses it), copying the contents
+    /// of those in use to page-locked host memory first when
+    /// `keep_contents` is set. Returns each granule's next slot (`Asleep`
+    /// when in use, `Unmapped` when cached, `Mapped` when its contents
+    /// could not be kept, the quarantine the driver's refusal left), what
+    /// was given back, and the first error. No lock is held.
+    pub(super) fn release_granules<D: SleepDriver<Handle = H>>(
+        &self,
+        d: &D,
+        op: &'static str,
+        taken: Vec<(usize, H, bool)>,
+        keep_contents: bool,
+    ) -> Released<H> {
+        let mut outcome: Vec<(usize, Slot<H>)> = Vec::new();
+        let mut first_err = None;
+        let mut report = SleepReport {
+            released: 0,
+            offloaded: 0,
         };
-        let mut mapped: Vec<(usize, usize, H)> = Vec::new();
-        let mut failure = None;
-        for &(g, host) in &sleeping {
-            match d.map(g, "wake") {
-                Ok(h) => mapped.push((g, host, h)),
-                Err((e, leftover)) => {
-                    if let Some(q) = leftover {
-                        let mut st = lock(&self.state);
-                        st.mapped += self.granule;
-                        st.quarantine(g, q, self.base, self.granule);
+        for (g, h, in_use) in taken {
+            let at = self.base + g as u64 * self.granule;
+            let mut host = 0usize;
+            if in_use && keep_contents && first_err.is_none() {
+                match d.offload(at, self.granule) {
+                    Ok(p) => host = p,
+                    Err(e) => first_err = Some(e),
+                }
+            }
+            if in_use && keep_contents && host == 0 {
+                // Contents that could not be kept stay mapped.
+                outcome.push((g, Slot::Mapped(h)));
+                continue;
+            }
+            match d.unmap(g, h, op) {
+                Ok(()) => {
+                    report.released += self.granule;
+                    if host != 0 {
+                        report.offloaded += self.granule;
                     }
-                    failure = Some(e);
-                    break;
+                    outcome.push((
+                        g,
+                        if in_use {
+                            Slot::Asleep { host }
+                        } else {
+                            Slot::Unmapped
+                        },
+                    ));
                 }
-            }
-        }
-        if failure.is_none() {
-            for &(g, host, _) in &mapped {
-                if host != 0 {
-                    let at = self.base + g as u64 * self.granule;
-                    if let Err(e) = d.restore(at, host, self.granule) {
-                        failure = Some(e);
-                        break;
+                Err(q) => {
+                    if host != 0 {
+                        d.free_host(host, op);
                     }
+                    first_err.get_or_insert_with(|| {
+                        BackendError::new(
+                            d.backend(),
+                            op,
+                            BackendErrorKind::Other,
+                            format!(
+                                "the driver refused to give back the granule at {at:#x}; it is \
+                                 quarantined"
+                            ),
+                        )
+                    });
+                    outcome.push((g, q));
                 }
             }
         }
-        let mut st = lock(&self.state);
-        st.mapping -= sleeping.len() as u64 * self.granule;
-        let Some(e) = failure else {
-            let mut hosts = Vec::new();
-            for (g, host, h) in mapped {
-                hosts.push(host);
-                st.slots[g].slot = Slot::Mapped(h);
-                st.mapped += self.granule;
-            }
-            st.asleep = false;
-            drop(st);
-            self.changed.notify_all();
-            for host in hosts.into_iter().filter(|&h| h != 0) {
-                d.free_host(host, "wake");
-            }
-            return Ok(sleeping.len() as u64 * self.granule);
-        };
-        let mut lost = Vec::new();
-        for &(g, host) in &sleeping {
-            if matches!(st.slots[g].slot, Slot::Quarantined { .. }) {
-                // Its undo failed: quarantined; its contents cannot return.
-                lost.push(host);
-            } else {
-                st.slots[g].slot = Slot::Asleep { host };
-            }
-        }
-        drop(st);
-        for host in lost.into_iter().filter(|&h| h != 0) {
-            d.free_host(host, "wake");
-        }
-        // Undo what this wake mapped, one granule at a time.
-        for (g, host, h) in mapped {
-            if let Err(q) = d.unmap(g, h, "wake") {
-                let mut st = lock(&self.state);
-                // Counted as mapped until the quarantine says otherwise.
-                st.mapped += self.granule;
-                st.quarantine(g, q, self.base, self.granule);
-                if host != 0 {
-                    d.free_host(host, "wake");
-                }
-            }
-        }
-        self.changed.notify_all();
-        Err(e)
+        (outcome, report, first_err)
     }
 }

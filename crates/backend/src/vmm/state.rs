@@ -163,6 +163,17 @@ impl<H: Copy> State<H> {
         self.free.insert(offset, len);
     }
 
+    /// The granule size.
+    pub fn granule(&self) -> u64 {
+        self.granule
+    }
+
+    /// Carve granule `g`'s free space out of the free list (its live blocks
+    /// stay).
+    pub fn carve_granule(&mut self, g: usize) {
+        self.carve(g as u64 * self.granule, self.granule);
+    }
+
     /// Carve `[offset, offset + len)` out of the free list (it must be
     /// free: no live block overlaps it).
     fn carve(&mut self, offset: u64, len: u64) {

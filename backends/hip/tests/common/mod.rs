@@ -1,0 +1,87 @@
+//! What the HIP test files share for the capability cases and fault cells
+//! (memgov-conformance's `capability` module) on the stand-in: the context
+//! they run on, what the stand-in holds, and its fault hook.
+
+#![allow(dead_code)]
+
+use memgov::hip::raw as hip;
+use memgov::hip::{ArenaConfig, HipConfig, HipContext};
+
+/// The environment variable listing the entry points whose fault cells a
+/// child runs (`name:min,name:min`).
+pub const FAULT_ENTRIES: &str = "MEMGOV_FAULT_CELL_ENTRIES";
+
+/// A context with an arena of 256 MiB of address space, 128 MiB mapped at
+/// most: what the capability cases and fault cells run on.
+pub fn capability_factory() -> Result<HipContext, memgov::BackendError> {
+    HipContext::new(HipConfig {
+        arena: Some(ArenaConfig {
+            reserve_bytes: 256 << 20,
+            limit_bytes: 128 << 20,
+        }),
+        ..HipConfig::default()
+    })
+}
+
+/// A stand-in hook `int (unsigned long long out[N])`, called.
+fn counters<const N: usize>(name: &std::ffi::CStr) -> [u64; N] {
+    let p = hip::symbol(name).expect("the stand-in's hook");
+    // SAFETY: the stand-in's hook, `int (unsigned long long out[N])`.
+    let query: unsafe extern "C" fn(*mut u64) -> i32 = unsafe { std::mem::transmute(p) };
+    let mut out = [u64::MAX; N];
+    // SAFETY: N writable slots.
+    assert_eq!(unsafe { query(out.as_mut_ptr()) }, 0);
+    out
+}
+
+/// The stand-in's `memgov_standin_hip_vmm`: {reservations, reserved
+/// bytes, handles, physical bytes, mappings, mapped bytes}.
+pub fn vmm() -> [u64; 6] {
+    counters(c"memgov_standin_hip_vmm")
+}
+
+/// The stand-in's `memgov_standin_hip_capture`: {captures begun,
+/// invalidated, runtime allocations made during a capture, launches}.
+pub fn capture_stats() -> [u64; 4] {
+    counters(c"memgov_standin_hip_capture")
+}
+
+/// What the stand-in holds, as the capability fault cells read it.
+pub fn driver_held() -> memgov_conformance::capability::DriverHeld {
+    let v = vmm();
+    memgov_conformance::capability::DriverHeld {
+        reservations: v[0],
+        handles: v[2],
+        mapped_bytes: v[5],
+    }
+}
+
+/// The stand-in's `memgov_standin_hip_fail_entry`: the `n`th call of
+/// `entry` from now on fails (`None`: no fault).
+pub fn fail_entry(entry: Option<(&str, u64)>) {
+    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
+    let n = entry.map_or(0, |(_, n)| n);
+    let p = hip::symbol(c"memgov_standin_hip_fail_entry").expect("the stand-in's hook");
+    // SAFETY: the stand-in's hook, `int (const char *, unsigned long long)`;
+    // it copies the name.
+    let set: unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32 =
+        unsafe { std::mem::transmute(p) };
+    let ptr = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: a NUL-terminated name (or null) and a count.
+    assert_eq!(unsafe { set(ptr, n) }, 0);
+}
+
+/// In a child on the stand-in: the capability fault cells of every entry
+/// point listed in `MEMGOV_FAULT_CELL_ENTRIES`; the exit check covers the
+/// process.
+pub fn fault_cells_child() {
+    let list = std::env::var(FAULT_ENTRIES).expect("the entry points");
+    let lines = memgov_conformance::capability::run_fault_cells(
+        &list,
+        &fail_entry,
+        &capability_factory,
+        &driver_held,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    lines.iter().for_each(|l| println!("{l}"));
+}
