@@ -1,8 +1,8 @@
 //! Governed device buffers: born pinned, released stream-ordered.
 
-use super::config::Role;
 use super::error::{ContextOperation, GovernorError};
 use super::release::{release, Released};
+use super::role::Role;
 use super::stream::{GovernedStream, StreamShared};
 use crate::trace::EventKind;
 use crate::{DeviceContext, ProviderContextIdentity, Tier};

@@ -84,7 +84,7 @@
 //! roles it counts suspended bytes by.
 
 use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
-use super::config::Role;
+use super::role::Role;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::machine::MachineMember as Machine;
 #[cfg(target_os = "linux")]

@@ -2,15 +2,17 @@
 
 use super::admission::{admit, admit_in};
 use super::buffer::DeviceBuffer;
-use super::config::{PressureRequest, Role};
 use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
+use super::pressure::PressureRequest;
 use super::record::ContextInner;
 use super::report::TeardownReport;
 use super::reservation::Reservation;
 use super::retire::RetireHandle;
-use super::snapshot::{lifecycle, snapshot, ContextSnapshot, Lifecycle};
+use super::role::Role;
+use super::snapshot::{ContextSnapshot, Lifecycle};
 use super::stream::GovernedStream;
+use super::view::{lifecycle, snapshot};
 use crate::sync::lock;
 use crate::trace::EventKind;
 use crate::{
@@ -338,7 +340,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
     ) {
         self.add_pressure_responder_with_priority(
-            super::config::DEFAULT_PRESSURE_PRIORITY,
+            super::pressure::DEFAULT_PRESSURE_PRIORITY,
             responder,
         );
     }
@@ -381,7 +383,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         priority: u32,
         responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
     ) {
-        lock(&self.inner.responders).push(super::config::RegisteredResponder {
+        lock(&self.inner.responders).push(super::pressure::RegisteredResponder {
             priority,
             responder: Arc::new(responder),
         });

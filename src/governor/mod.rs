@@ -16,25 +16,25 @@ mod lease;
 mod migrate;
 mod outside;
 mod pin_source;
+mod pressure;
 mod record;
 mod release;
 mod report;
 mod reservation;
 mod retire;
+mod role;
 mod shards;
 mod snapshot;
 mod stats;
 mod stream;
 mod suspend;
 mod units;
+mod view;
 
 pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
-pub use cache::{size_class, CacheConfig, CacheUsage};
-pub use config::{
-    Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role,
-    DEFAULT_PRESSURE_PRIORITY,
-};
+pub use cache::size_class;
+pub use config::{Admission, CacheConfig, ContextConfig};
 pub use error::{
     BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
     RetireError,
@@ -43,15 +43,17 @@ pub use handle::ContextHandle;
 pub use migrate::MigrateError;
 pub use outside::{OutsideRecord, OutsideUsage};
 pub use pin_source::ContextPin;
+pub use pressure::{PressureLevel, PressureRequest, PressureResponder, DEFAULT_PRESSURE_PRIORITY};
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
-pub use reservation::{Reservation, ReservationUsage};
+pub use reservation::Reservation;
 pub use retire::{Finished, RetireHandle};
+pub use role::Role;
 pub use snapshot::{
-    ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts, QuarantineEntry,
-    RoleUsage, TierUsage,
+    CacheUsage, ContextSnapshot, CounterSnapshot, GovernorSnapshot, Lifecycle, PinCounts,
+    QuarantineEntry, ReservationUsage, RoleUsage, SleepState, TierUsage,
 };
 pub use stream::GovernedStream;
-pub use suspend::{SleepState, Slept, Woken};
+pub use suspend::{Slept, Woken};
 pub use units::{Bytes, Elapsed};
 
 use crate::sync::lock;
@@ -170,7 +172,7 @@ impl<C: DeviceContext> Governor<C> {
     pub fn snapshot(&self) -> GovernorSnapshot {
         let contexts: Vec<_> = lock(&self.contexts).clone();
         GovernorSnapshot {
-            contexts: contexts.iter().map(|c| snapshot::snapshot(c)).collect(),
+            contexts: contexts.iter().map(|c| view::snapshot(c)).collect(),
         }
     }
 }

@@ -27,9 +27,9 @@
 //!   slots for good.
 
 use super::charges::Left;
-use super::config::Role;
 use super::pin_source::ContextPin;
 use super::record::{add, sub, ContextInner, Phase};
+use super::role::Role;
 use super::shards::SHARDS;
 use super::stream::StreamShared;
 use crate::sync::{slot_index, Slot};
