@@ -206,10 +206,10 @@ fn reuse_credit<C: DeviceContext>(
     tier: Tier,
     asleep: u64,
 ) -> Option<&Arc<AtomicU64>> {
-    stream
-        .pending_bytes
-        .as_ref()
-        .filter(|_| tier == Tier::Device && asleep == 0)
+    if asleep != 0 || tier != Tier::Device {
+        return None;
+    }
+    stream.pending_bytes.as_ref()
 }
 
 /// Undo the queueing of a release whose free the backend refused (`asleep`:
