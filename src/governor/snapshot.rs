@@ -441,7 +441,7 @@ pub struct CacheUsage {
     /// Bytes given back by [`trim_cache`](super::ContextHandle::trim_cache).
     pub trimmed: u64,
     /// Bytes freed to make room for newer blocks when the cache was at its
-    /// limit ([`CacheConfig::new`]): the oldest blocks of the releasing
+    /// limit ([`CacheConfig::new`](super::CacheConfig::new)): the oldest blocks of the releasing
     /// stream go first.
     pub evicted: u64,
 }
