@@ -4,9 +4,11 @@
 
 use super::budget::Refusal;
 use super::charges::{Above, ChargeRefused};
-use super::config::{Admission, PressureLevel, PressureRequest, RegisteredResponder, Role};
+use super::config::Admission;
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
+use super::pressure::{PressureLevel, PressureRequest, RegisteredResponder};
 use super::record::{add, ContextInner};
+use super::role::Role;
 use super::stream::StreamShared;
 use crate::sync::lock;
 use crate::trace::EventKind;

@@ -36,7 +36,7 @@ pub(crate) trait DeviceMember: Send + Sync {
 
     /// The context's pressure responders now (clones: the caller asks them
     /// with no lock held). Empty once the context stopped accepting work.
-    fn pressure_responders(&self) -> Vec<super::config::RegisteredResponder>;
+    fn pressure_responders(&self) -> Vec<super::pressure::RegisteredResponder>;
 
     /// Free up to `bytes` of the context's block cache (at least that many
     /// when it holds them; everything when `bytes` is 0), stream-ordered, for
@@ -434,10 +434,10 @@ impl ProcessBudget {
             if released >= bytes {
                 break;
             }
-            let req = super::PressureRequest {
+            let req = super::pressure::PressureRequest {
                 context: id,
-                level: super::PressureLevel::Machine,
-                role: super::Role::Other,
+                level: super::pressure::PressureLevel::Machine,
+                role: super::role::Role::Other,
                 requested: bytes,
                 shortfall: bytes - released,
             };

@@ -1,8 +1,8 @@
 //! Governed device buffers: born pinned, released stream-ordered.
 
-use super::config::Role;
 use super::error::{ContextOperation, GovernorError};
 use super::release::{release, Released};
+use super::role::Role;
 use super::stream::{GovernedStream, StreamShared};
 use crate::trace::EventKind;
 use crate::{DeviceContext, ProviderContextIdentity, Tier};
@@ -125,8 +125,8 @@ impl<C: DeviceContext> DeviceBuffer<C> {
         self.role
     }
 
-    /// The tier it was allocated in ([`Tier::Device`] unless it came from
-    /// [`ContextHandle::allocate_in`](super::ContextHandle::allocate_in)).
+    /// The tier it was allocated in ([`Tier::Device`] unless its
+    /// [`Alloc`](super::Alloc) named another, or its reservation is in another).
     /// Its release is stream-ordered in every tier, and returns its bytes to
     /// that tier's budget.
     pub fn tier(&self) -> Tier {

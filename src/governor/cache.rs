@@ -49,9 +49,11 @@
 //!   what they held, so that a cached block never keeps a retire from
 //!   draining; dropping a stream does the same for its own.
 
-use super::config::Role;
+use super::config::CacheConfig;
 use super::record::ContextInner;
 use super::release::release;
+use super::role::Role;
+use super::snapshot::CacheUsage;
 use super::stream::StreamShared;
 use crate::sync::{lock, Bins};
 use crate::DeviceContext;
@@ -77,46 +79,6 @@ pub fn size_class(bytes: u64) -> u64 {
     bytes
         .checked_add(step - 1)
         .map_or(bytes, |b| b & !(step - 1))
-}
-
-/// The limits of a context's block cache.
-///
-/// ```
-/// use memgov::{CacheConfig, ContextConfig};
-/// // Keep up to 256 MiB of freed blocks, none larger than 64 MiB.
-/// let config = ContextConfig::new().cache(CacheConfig::new(256 << 20).max_block(64 << 20));
-/// # let _ = config;
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheConfig {
-    pub(crate) max_bytes: u64,
-    pub(crate) max_block: u64,
-}
-
-impl CacheConfig {
-    /// Keep at most `max_bytes` of freed blocks, over all the context's
-    /// streams. A block that would pass it makes room by freeing the oldest
-    /// blocks of its own stream, when they are enough; otherwise it is
-    /// freed itself. Blocks of any size up to that are
-    /// cached until [`max_block`](Self::max_block) says otherwise.
-    pub fn new(max_bytes: u64) -> Self {
-        Self {
-            max_bytes,
-            max_block: max_bytes,
-        }
-    }
-
-    /// Requests larger than `bytes` are neither rounded to a class nor
-    /// cached: allocated and freed as they are.
-    pub fn max_block(mut self, bytes: u64) -> Self {
-        self.max_block = bytes;
-        self
-    }
-
-    /// The most freed bytes kept ([`new`](Self::new)).
-    pub fn max_bytes(&self) -> u64 {
-        self.max_bytes
-    }
 }
 
 /// A cached block: the memory, and the role of the buffer it was.
@@ -400,37 +362,6 @@ pub(crate) fn trim_on_demand<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64
     let released = trim(ctx, bytes);
     ctx.cache.trimmed.fetch_add(released, Ordering::Relaxed);
     released
-}
-
-/// What a context's block cache holds, in a
-/// [`ContextSnapshot`](super::ContextSnapshot).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct CacheUsage {
-    /// Whether the context caches freed blocks.
-    pub enabled: bool,
-    /// Bytes held in freed blocks, ready for reuse: charged, not live.
-    pub cached_bytes: u64,
-    /// Blocks held.
-    pub cached_count: u64,
-    /// Cached bytes and blocks by the role of the buffer each block was,
-    /// indexed like [`Role::ALL`](super::Role::ALL).
-    pub by_role: [(u64, u64); 5],
-    /// `(class bytes, blocks)` for every class with a block cached, smallest
-    /// first. A block is reused only by a request of its own class on its
-    /// own stream: bytes in classes no one asks for are the cache's
-    /// fragmentation, and pressure frees them first when they are largest.
-    pub by_class: Vec<(u64, u64)>,
-    /// Allocations served from the cache (no backend call).
-    pub hits: u64,
-    /// Bytes the cache gave back to admissions under pressure.
-    pub pressure_released: u64,
-    /// Bytes given back by [`trim_cache`](super::ContextHandle::trim_cache).
-    pub trimmed: u64,
-    /// Bytes freed to make room for newer blocks when the cache was at its
-    /// limit ([`CacheConfig::new`]): the oldest blocks of the releasing
-    /// stream go first.
-    pub evicted: u64,
 }
 
 pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>) -> CacheUsage {

@@ -84,7 +84,7 @@
 //! roles it counts suspended bytes by.
 
 use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
-use super::config::Role;
+use super::role::Role;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::machine::MachineMember as Machine;
 #[cfg(target_os = "linux")]
@@ -140,9 +140,18 @@ pub(crate) enum Left {
 }
 
 /// Take up to `bytes` out of `word`; returns how many were there. One load
-/// when it holds nothing.
-#[inline]
+/// when it holds nothing (the hot paths while nothing sleeps).
+#[inline(always)]
 fn take_some(word: &AtomicU64, bytes: u64) -> u64 {
+    if word.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    take_some_slow(word, bytes)
+}
+
+#[cold]
+#[inline(never)]
+fn take_some_slow(word: &AtomicU64, bytes: u64) -> u64 {
     let mut now = word.load(Ordering::Acquire);
     loop {
         let take = now.min(bytes);
@@ -605,7 +614,13 @@ impl Charges {
         if s.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        let asleep = take_some(s, bytes);
+        self.leave_live_slow(role, bytes, to)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn leave_live_slow(&self, role: Role, bytes: u64, to: Left) -> u64 {
+        let asleep = take_some_slow(&self.suspended[role.index()], bytes);
         match to {
             Left::Queued => self.released_asleep[role.index()].fetch_add(asleep, Ordering::AcqRel),
             Left::Quarantined => self.quarantined_asleep.fetch_add(asleep, Ordering::AcqRel),

@@ -1,60 +1,14 @@
-//! What a caller chooses when registering a context.
+//! What a caller chooses when registering a context: the admission
+//! policy, the block cache's limits, the lease chunks and the rest of
+//! [`ContextConfig`].
+//!
+//! Imports nothing from its neighbours but the budgets a context is
+//! charged to and the words it is configured in (roles, pressure).
 
 use super::budget::SharedBudget;
 use crate::Tier;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// What memory is for. Accounting is kept per role so that snapshots and
-/// errors say whether weights, KV cache or scratch space is taking the room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
-pub enum Role {
-    /// Model parameters: long-lived, loaded once.
-    Weights,
-    /// Attention key/value cache: grows with sequence length.
-    KvCache,
-    /// Activations of a forward or backward pass.
-    Activation,
-    /// Scratch space for kernels (GEMM workspaces, reductions).
-    Workspace,
-    /// Anything else.
-    Other,
-}
-
-impl Role {
-    /// Every role, in accounting order.
-    pub const ALL: [Role; 5] = [
-        Role::Weights,
-        Role::KvCache,
-        Role::Activation,
-        Role::Workspace,
-        Role::Other,
-    ];
-
-    pub(crate) const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Short name used in messages and reports.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Role::Weights => "weights",
-            Role::KvCache => "kv-cache",
-            Role::Activation => "activation",
-            Role::Workspace => "workspace",
-            Role::Other => "other",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// What the governor does when an allocation does not fit its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,69 +32,52 @@ pub enum Admission {
     },
 }
 
-/// What a pressure responder is asked for.
+/// The default lease chunk: 2 MiB, the size of the smallest large-page
+/// allocation most GPU drivers make.
+pub(crate) const DEFAULT_CHUNK: u64 = 2 << 20;
+
+/// The default pin lease chunk: enough claims that a stream allocating
+/// and releasing a few dozen buffers at a time stays on its own lease.
+pub(crate) const DEFAULT_PIN_CHUNK: u64 = 32;
+
+/// The limits of a context's block cache.
+///
+/// ```
+/// use memgov::{CacheConfig, ContextConfig};
+/// // Keep up to 256 MiB of freed blocks, none larger than 64 MiB.
+/// let config = ContextConfig::new().cache(CacheConfig::new(256 << 20).max_block(64 << 20));
+/// # let _ = config;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PressureRequest {
-    /// The context whose allocation did not fit. On a shared level (a
-    /// device's [`SharedBudget`](super::SharedBudget), a
-    /// [`ProcessBudget`](super::ProcessBudget), the device's memory) it may
-    /// be another context than the responder's: see [`level`](Self::level).
-    pub context: crate::ProviderContextIdentity,
-    /// The level of the budget tree that refused the allocation.
-    pub level: PressureLevel,
-    /// The role of the allocation that did not fit.
-    pub role: Role,
-    /// The size of that allocation.
-    pub requested: u64,
-    /// How many bytes would have to be given back for it to fit.
-    pub shortfall: u64,
+pub struct CacheConfig {
+    pub(crate) max_bytes: u64,
+    pub(crate) max_block: u64,
 }
 
-/// Which level of the budget tree refused the allocation a
-/// [`PressureRequest`] is for, and so whose responders are asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum PressureLevel {
-    /// The requesting context's own budget: only its responders are asked.
-    Context,
-    /// The device's [`SharedBudget`](super::SharedBudget): the responders of
-    /// every context on it are asked, lowest priority first.
-    Shared,
-    /// The [`ProcessBudget`](super::ProcessBudget): the responders of every
-    /// context under it are asked, lowest priority first.
-    Process,
-    /// The device itself (the backend is out of memory): the responders of
-    /// every context on the requester's shared budget (only its own without
-    /// one), lowest priority first.
-    Device,
-    /// The machine ledger shared by every process on the device: the
-    /// responders of every context under the requester's process budget,
-    /// lowest priority first; and, in another process asked to trim through
-    /// the ledger's doorbell, that process's (then `context` is the
-    /// responder's own context: the requester is in another process).
-    Machine,
-}
+impl CacheConfig {
+    /// Keep at most `max_bytes` of freed blocks, over all the context's
+    /// streams. A block that would pass it makes room by freeing the oldest
+    /// blocks of its own stream, when they are enough; otherwise it is
+    /// freed itself. Blocks of any size up to that are
+    /// cached until [`max_block`](Self::max_block) says otherwise.
+    pub fn new(max_bytes: u64) -> Self {
+        Self {
+            max_bytes,
+            max_block: max_bytes,
+        }
+    }
 
-/// A callback asked to give memory back when an allocation does not fit.
-///
-/// It is called with no lock held, on the allocating thread (which may be
-/// another context's: see [`PressureLevel`]), and returns how many bytes it
-/// released (an estimate is fine; it is reported, and a round in which every
-/// responder says 0 ends the asking).
-pub type PressureResponder = Arc<dyn Fn(&PressureRequest) -> u64 + Send + Sync>;
+    /// Requests larger than `bytes` are neither rounded to a class nor
+    /// cached: allocated and freed as they are.
+    pub fn max_block(mut self, bytes: u64) -> Self {
+        self.max_block = bytes;
+        self
+    }
 
-/// The priority [`ContextHandle::add_pressure_responder`] gives: a
-/// responder with a lower priority is asked first, one with a higher
-/// priority only if the lower ones did not free enough.
-///
-/// [`ContextHandle::add_pressure_responder`]: super::ContextHandle::add_pressure_responder
-pub const DEFAULT_PRESSURE_PRIORITY: u32 = 100;
-
-/// A responder with the priority it was registered with.
-#[derive(Clone)]
-pub(crate) struct RegisteredResponder {
-    pub priority: u32,
-    pub responder: PressureResponder,
+    /// The most freed bytes kept ([`new`](Self::new)).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
 }
 
 /// Registration options for one context.
@@ -154,7 +91,7 @@ pub struct ContextConfig {
     pub(crate) max_pins: u64,
     pub(crate) tuning: Tuning,
     pub(crate) trace: Option<crate::trace::Trace>,
-    pub(crate) cache: Option<super::cache::CacheConfig>,
+    pub(crate) cache: Option<CacheConfig>,
 }
 
 impl Default for ContextConfig {
@@ -262,7 +199,7 @@ impl ContextConfig {
     /// assert_eq!(ctx.trim_cache(u64::MAX), 1024); // freed stream-ordered
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn cache(mut self, limits: super::cache::CacheConfig) -> Self {
+    pub fn cache(mut self, limits: CacheConfig) -> Self {
         self.cache = Some(limits);
         self
     }
@@ -366,8 +303,8 @@ impl Tuning {
     /// The defaults: 2 MiB budget leases, 32-pin leases, per-stream peaks.
     pub const fn new() -> Self {
         Self {
-            lease_chunk: super::lease::DEFAULT_CHUNK,
-            pin_lease_chunk: super::lease::DEFAULT_PIN_CHUNK,
+            lease_chunk: DEFAULT_CHUNK,
+            pin_lease_chunk: DEFAULT_PIN_CHUNK,
             exact_peak: false,
         }
     }

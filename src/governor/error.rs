@@ -1,7 +1,7 @@
 //! What the governor reports. Every message carries the numbers and the way out.
 
-use super::config::Role;
 use super::report::Outstanding;
+use super::role::Role;
 use super::units::{Bytes, Elapsed};
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
 use std::fmt;
@@ -110,7 +110,7 @@ pub struct BudgetExceeded {
     /// budget the reservations of other contexts count as their `live`.)
     pub reserved: u64,
     /// This context's reservations with bytes left, largest first.
-    pub reserved_by: Vec<super::reservation::ReservationUsage>,
+    pub reserved_by: Vec<super::snapshot::ReservationUsage>,
     /// Bytes whose release is queued but has not retired.
     pub pending: u64,
     /// Bytes held in quarantine.
@@ -333,8 +333,8 @@ fn pin_refusal(refusal: &ProviderContextPinError) -> &'static str {
 }
 
 /// The way out of a [`GovernorError::Sleep`], by the state found.
-fn sleep_way_out(state: super::SleepState) -> &'static str {
-    use super::SleepState::*;
+fn sleep_way_out(state: super::snapshot::SleepState) -> &'static str {
+    use super::snapshot::SleepState::*;
     match state {
         Awake => {
             "it has nothing suspended to wake; put it to sleep first (ContextHandle::sleep_with)"
@@ -451,7 +451,7 @@ pub enum GovernorError {
         context: ContextName,
     },
 
-    /// A sleep or wake the context's [`SleepState`](super::SleepState)
+    /// A sleep or wake the context's [`SleepState`](super::snapshot::SleepState)
     /// does not allow
     /// ([`ContextHandle::sleep_with`](crate::ContextHandle::sleep_with),
     /// [`wake_with`](crate::ContextHandle::wake_with)); nothing was done.
@@ -462,7 +462,7 @@ pub enum GovernorError {
         /// `"sleep"` or `"wake"`.
         operation: &'static str,
         /// The state it was found in.
-        state: super::SleepState,
+        state: super::snapshot::SleepState,
     },
 
     /// The backend reported an error.

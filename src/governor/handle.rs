@@ -2,16 +2,18 @@
 
 use super::admission::{admit, admit_in};
 use super::buffer::DeviceBuffer;
-use super::config::{PressureRequest, Role};
 use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
+use super::pressure::PressureRequest;
 use super::record::ContextInner;
 use super::report::TeardownReport;
 use super::request::{Alloc, Reserve};
 use super::reservation::Reservation;
 use super::retire::RetireHandle;
-use super::snapshot::{lifecycle, snapshot, ContextSnapshot, ContextState};
+use super::role::Role;
+use super::snapshot::{ContextSnapshot, ContextState};
 use super::stream::GovernedStream;
+use super::view::{lifecycle, snapshot};
 use crate::sync::lock;
 use crate::trace::EventKind;
 use crate::{
@@ -346,7 +348,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         priority: u32,
         responder: impl Fn(&PressureRequest) -> u64 + Send + Sync + 'static,
     ) {
-        lock(&self.inner.responders).push(super::config::RegisteredResponder {
+        lock(&self.inner.responders).push(super::pressure::RegisteredResponder {
             priority,
             responder: Arc::new(responder),
         });

@@ -36,14 +36,6 @@ use super::budget::{Budget, Refusal};
 use super::shards::SHARDS;
 use crate::sync::Leases as Slots;
 
-/// The default lease chunk: 2 MiB, the size of the smallest large-page
-/// allocation most GPU drivers make.
-pub(crate) const DEFAULT_CHUNK: u64 = 2 << 20;
-
-/// The default pin lease chunk: enough claims that a stream allocating
-/// and releasing a few dozen buffers at a time stays on its own lease.
-pub(crate) const DEFAULT_PIN_CHUNK: u64 = 32;
-
 /// The budget leases of one context: the shared lease protocol
 /// (`sync::Leases`) over the context's [`Budget`].
 #[derive(Debug)]

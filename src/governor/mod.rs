@@ -17,26 +17,26 @@ mod lease;
 mod migrate;
 mod outside;
 mod pin_source;
+mod pressure;
 mod record;
 mod release;
 mod report;
 mod request;
 mod reservation;
 mod retire;
+mod role;
 mod shards;
 mod snapshot;
 mod stats;
 mod stream;
 mod suspend;
 mod units;
+mod view;
 
 pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
-pub use cache::{size_class, CacheConfig, CacheUsage};
-pub use config::{
-    Admission, ContextConfig, PressureLevel, PressureRequest, PressureResponder, Role, Tuning,
-    DEFAULT_PRESSURE_PRIORITY,
-};
+pub use cache::size_class;
+pub use config::{Admission, CacheConfig, ContextConfig, Tuning};
 pub use error::{
     BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
     RetireError,
@@ -45,16 +45,18 @@ pub use handle::ContextHandle;
 pub use migrate::MigrateError;
 pub use outside::{OutsideRecord, OutsideUsage};
 pub use pin_source::ContextPin;
+pub use pressure::{PressureLevel, PressureRequest, PressureResponder, DEFAULT_PRESSURE_PRIORITY};
 pub use report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
 pub use request::{Alloc, Reserve};
-pub use reservation::{Reservation, ReservationUsage};
+pub use reservation::Reservation;
 pub use retire::{Finished, RetireHandle};
+pub use role::Role;
 pub use snapshot::{
-    ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, PinCounts, QuarantineEntry,
-    RoleUsage, TierUsage,
+    CacheUsage, ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, PinCounts,
+    QuarantineEntry, ReservationUsage, RoleUsage, SleepState, TierUsage,
 };
 pub use stream::GovernedStream;
-pub use suspend::{SleepState, Slept, Woken};
+pub use suspend::{Slept, Woken};
 pub use units::{Bytes, Elapsed};
 
 use crate::sync::lock;
@@ -173,7 +175,7 @@ impl<C: DeviceContext> Governor<C> {
     pub fn snapshot(&self) -> GovernorSnapshot {
         let contexts: Vec<_> = lock(&self.contexts).clone();
         GovernorSnapshot {
-            contexts: contexts.iter().map(|c| snapshot::snapshot(c)).collect(),
+            contexts: contexts.iter().map(|c| view::snapshot(c)).collect(),
         }
     }
 }

@@ -48,11 +48,13 @@
 //!   responder or user code.
 
 use super::charges::{Charges, Left, ReturnedAtTeardown};
-use super::config::{Admission, ContextConfig, RegisteredResponder, Role};
+use super::config::{Admission, ContextConfig};
 use super::error::{ContextName, GovernorError};
 use super::pin_source::PinSourceInner;
+use super::pressure::RegisteredResponder;
 use super::release::Spares;
 use super::report::TeardownReport;
+use super::role::Role;
 use super::shards::{GLOBAL, SHARDS};
 use super::stats::Stats;
 use super::stream::StreamShared;

@@ -27,9 +27,9 @@
 //!   slots for good.
 
 use super::charges::Left;
-use super::config::Role;
 use super::pin_source::ContextPin;
 use super::record::{add, sub, ContextInner, Phase};
+use super::role::Role;
 use super::shards::SHARDS;
 use super::stream::StreamShared;
 use crate::sync::{slot_index, Slot};
@@ -206,10 +206,10 @@ fn reuse_credit<C: DeviceContext>(
     tier: Tier,
     asleep: u64,
 ) -> Option<&Arc<AtomicU64>> {
-    stream
-        .pending_bytes
-        .as_ref()
-        .filter(|_| tier == Tier::Device && asleep == 0)
+    if asleep != 0 || tier != Tier::Device {
+        return None;
+    }
+    stream.pending_bytes.as_ref()
 }
 
 /// Undo the queueing of a release whose free the backend refused (`asleep`:

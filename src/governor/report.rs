@@ -4,7 +4,7 @@
 //! carries a report (retire, the record, errors, snapshots) can name these
 //! without naming each other.
 
-use super::config::Role;
+use super::role::Role;
 use crate::{BackendError, ProviderContextIdentity};
 use std::fmt;
 use std::time::Duration;

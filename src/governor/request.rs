@@ -11,7 +11,7 @@
 //! [`ContextHandle::reserve`]: super::ContextHandle::reserve
 //! [`Reservation::allocate`]: super::Reservation::allocate
 
-use super::config::Role;
+use super::role::Role;
 use crate::Tier;
 
 /// One allocation: its size, the role its bytes are charged to, and the tier

@@ -18,12 +18,13 @@
 
 use super::admission::{allocate_charged, reserve_refused};
 use super::buffer::DeviceBuffer;
-use super::config::Role;
 use super::error::{ContextOperation, GovernorError};
 use super::pin_source::ContextPin;
 use super::record::ContextInner;
 use super::request::Alloc;
+use super::role::Role;
 use super::shards::GLOBAL;
+use super::snapshot::ReservationUsage;
 use super::stream::GovernedStream;
 use crate::sync::{lock, Allowance};
 use crate::{DeviceContext, Tier};
@@ -38,22 +39,6 @@ pub(crate) struct Reserved {
     tier: Tier,
     /// Bytes reserved and not yet allocated: charged to the budgets.
     left: Allowance,
-}
-
-/// One live reservation as snapshots and refusals list it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct ReservationUsage {
-    /// The label given at [`reserve`](crate::ContextHandle::reserve).
-    pub label: String,
-    /// The tier its bytes are charged in.
-    #[cfg_attr(
-        feature = "serde",
-        serde(serialize_with = "crate::governor::snapshot::ser_display")
-    )]
-    pub tier: Tier,
-    /// Bytes reserved and not yet allocated.
-    pub left: u64,
 }
 
 /// The live reservations of one context, keyed by the order they were made.

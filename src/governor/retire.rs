@@ -1,11 +1,11 @@
 //! Retiring a context: refuse new work, wait (without polling) for every
 //! outstanding pin, and tear the backend down exactly once.
 
-use super::config::Role;
 use super::error::RetireError;
 use super::pin_source::PinSourceInner;
 use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
+use super::role::Role;
 use crate::sync::lock;
 use crate::{DeviceContext, ProviderContextIdentity};
 use std::fmt;

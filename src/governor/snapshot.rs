@@ -1,14 +1,13 @@
-//! Point-in-time views of a context and of the whole governor.
+//! Point-in-time views of a context and of the whole governor: plain data
+//! (built by `view.rs`). Imports nothing from its neighbours but the
+//! roles and the teardown report it shows.
 //!
 //! Built from relaxed atomic reads: each number is exact when read, but a
 //! snapshot taken while other threads allocate is not one atomic cut.
 
-use super::config::Role;
-use super::record::{ContextInner, Phase};
-use super::report::{Outstanding, PinKind, TeardownReport};
-use super::reservation::ReservationUsage;
-use crate::{DeviceContext, Execution, ProviderContextIdentity, Tier};
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::report::TeardownReport;
+use super::role::Role;
+use crate::{Execution, ProviderContextIdentity, Tier};
 
 /// Where a context is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,7 +197,7 @@ pub struct ContextSnapshot {
     /// returns them. Part of the live, pending and quarantined bytes.
     pub suspended: u64,
     /// Whether the context's memory sleeps.
-    pub sleep: super::SleepState,
+    pub sleep: SleepState,
     /// Bytes whose free never ran on the device (releases abandoned, buffers
     /// reclaimed by force or released on a lost device): still charged,
     /// until the context's teardown returns them.
@@ -247,7 +246,7 @@ pub struct ContextSnapshot {
     pub by_tier: Vec<TierUsage>,
     /// What the block cache holds ([`ContextConfig::cache`](super::ContextConfig::cache)):
     /// charged, neither live nor pending.
-    pub cache: super::cache::CacheUsage,
+    pub cache: CacheUsage,
     /// Quarantined releases with reasons.
     pub quarantine: Vec<QuarantineEntry>,
     /// Pins by kind.
@@ -374,157 +373,88 @@ impl GovernorSnapshot {
     }
 }
 
-/// Every tier's usage: the tiers other than the device's from their own
-/// charges, the device tier's as what is left of the roles' totals.
-fn by_tier<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    by_role: &[RoleUsage; 5],
-    reservations: &[ReservationUsage],
-) -> Vec<TierUsage> {
-    let total: RoleUsage = by_role.iter().copied().sum();
-    let reserved = |tier| {
-        reservations
-            .iter()
-            .filter(|r| r.tier == tier)
-            .map(|r| r.left)
-            .sum()
-    };
-    // Live, pending and quarantined bytes of the tiers other than the
-    // device's.
-    let mut others = (0u64, 0u64, 0u64);
-    let mut tiers = Vec::with_capacity(Tier::ALL.len());
-    for tier in Tier::ALL.into_iter().skip(1) {
-        let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
-        let usage = TierUsage {
-            tier,
-            limit: a.limit,
-            charged: a.charged,
-            reserved: reserved(tier),
-            live_bytes: a.live,
-            pending_bytes: a.pending,
-            quarantined_bytes: a.quarantined,
-            awaiting_teardown: a.awaiting_teardown,
-        };
-        others.0 += usage.live_bytes;
-        others.1 += usage.pending_bytes;
-        others.2 += usage.quarantined_bytes;
-        tiers.push(usage);
-    }
-    tiers.insert(
-        0,
-        TierUsage {
-            tier: Tier::Device,
-            limit: ctx.charges.limit(),
-            charged: ctx.charges.charged(),
-            reserved: reserved(Tier::Device),
-            live_bytes: total.live_bytes.saturating_sub(others.0),
-            pending_bytes: total.pending_bytes.saturating_sub(others.1),
-            quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
-            awaiting_teardown: ctx.charges.awaiting_teardown(),
-        },
-    );
-    tiers
+/// Whether a context's memory sleeps
+/// ([`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum SleepState {
+    /// Its buffers' memory is the device's; nothing is suspended.
+    Awake,
+    /// A [`sleep_with`](super::ContextHandle::sleep_with) is running.
+    FallingAsleep,
+    /// Asleep: the live buffers of the roles put to sleep have no device
+    /// memory, and their bytes are suspended (on no budget).
+    Asleep,
+    /// A [`wake_with`](super::ContextHandle::wake_with) is running.
+    Waking,
 }
 
-fn ld(a: &AtomicU64) -> u64 {
-    a.load(Ordering::Relaxed)
-}
+impl SleepState {
+    pub(crate) const ALL: [SleepState; 4] = [
+        SleepState::Awake,
+        SleepState::FallingAsleep,
+        SleepState::Asleep,
+        SleepState::Waking,
+    ];
 
-pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState {
-    match ctx.phase() {
-        Phase::Terminated => ContextState::Terminated,
-        _ if ctx.is_lost() => ContextState::Lost,
-        Phase::Active => ContextState::Active,
-        _ => ContextState::Retiring,
+    /// Short name used in messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SleepState::Awake => "awake",
+            SleepState::FallingAsleep => "falling asleep",
+            SleepState::Asleep => "asleep",
+            SleepState::Waking => "waking",
+        }
     }
 }
 
-pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
-    let mut by_role = [RoleUsage::default(); 5];
-    for role in Role::ALL {
-        let usage = ctx.stats.usage(role);
-        let quarantined = ctx.stats.quarantined(role);
-        // The books count a cached block as the live buffer it was.
-        let (cached_bytes, cached_count) = ctx.cache.of_role(role);
-        by_role[role.index()] = RoleUsage {
-            live_bytes: usage.live.bytes.saturating_sub(cached_bytes),
-            live_count: usage.live.count.saturating_sub(cached_count),
-            pending_bytes: usage.pending.bytes,
-            pending_count: usage.pending.count,
-            quarantined_bytes: quarantined.bytes,
-            quarantined_count: quarantined.count,
-            suspended_bytes: ctx.charges.suspended(role),
-        };
+impl std::fmt::Display for SleepState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
-    let outstanding = Outstanding::collect(ctx);
-    let count = |k: PinKind| {
-        outstanding
-            .items
-            .iter()
-            .filter(|i| i.kind == k)
-            .map(|i| i.count)
-            .sum::<u64>()
-    };
-    let pins = PinCounts {
-        streams: ctx.streams_live(),
-        buffers: count(PinKind::Buffer),
-        pending_releases: ctx.pending_count(),
-        external: count(PinKind::External),
-        other: count(PinKind::Other),
-    };
-    let c = &ctx.counters;
-    let (peak, peak_exact) = ctx.stats.peak_live();
-    let reservations = ctx.reservations.usage();
-    let by_tier = by_tier(ctx, &by_role, &reservations);
-    let reserved = by_tier[0].reserved;
+}
 
-    ContextSnapshot {
-        context: ctx.id,
-        label: ctx.label().to_owned(),
-        backend: ctx.description.backend,
-        device: ctx.description.name.clone(),
-        execution: ctx.description.execution,
-        lifecycle: lifecycle(ctx),
-        lost_reason: ctx.lost_reason_if_lost(),
-        budget_limit: ctx.charges.limit(),
-        charged: ctx.charges.charged(),
-        suspended: ctx.charges.off_books(),
-        sleep: ctx.sleep.get(),
-        awaiting_teardown: ctx.charges.awaiting_teardown(),
-        shared_budget: ctx.charges.shared().map(|s| s.label().to_owned()),
-        peak,
-        peak_exact,
-        peak_budget_held: ctx.charges.peak_held(),
-        outside_bytes: ctx.outside.bytes(),
-        reserved,
-        reservations,
-        by_role,
-        by_tier,
-        cache: super::cache::usage(ctx),
-        quarantine: ctx
-            .quarantine_entries()
-            .into_iter()
-            .map(|(role, bytes, reason)| QuarantineEntry {
-                role,
-                bytes,
-                reason,
-            })
-            .collect(),
-        pins,
-        counters: CounterSnapshot {
-            allocations: ctx.allocations(),
-            releases_queued: ctx.releases_queued(),
-            retired: ctx.retired(),
-            abandoned: ld(&c.abandoned),
-            settled_lost: ld(&c.settled_lost),
-            quarantined: ld(&c.quarantined),
-            reclaimed: ld(&c.reclaimed),
-            admission_refusals: ld(&c.admission_refusals),
-            admission_waits: ld(&c.admission_waits),
-            pressure_calls: ld(&c.pressure_calls),
-            backend_errors: ld(&c.backend_errors),
-            late_settlements: ld(&c.late_settlements),
-        },
-        teardown: ctx.teardown_report(),
-    }
+/// What a context's block cache holds, in a
+/// [`ContextSnapshot`](super::ContextSnapshot).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CacheUsage {
+    /// Whether the context caches freed blocks.
+    pub enabled: bool,
+    /// Bytes held in freed blocks, ready for reuse: charged, not live.
+    pub cached_bytes: u64,
+    /// Blocks held.
+    pub cached_count: u64,
+    /// Cached bytes and blocks by the role of the buffer each block was,
+    /// indexed like [`Role::ALL`](super::Role::ALL).
+    pub by_role: [(u64, u64); 5],
+    /// `(class bytes, blocks)` for every class with a block cached, smallest
+    /// first. A block is reused only by a request of its own class on its
+    /// own stream: bytes in classes no one asks for are the cache's
+    /// fragmentation, and pressure frees them first when they are largest.
+    pub by_class: Vec<(u64, u64)>,
+    /// Allocations served from the cache (no backend call).
+    pub hits: u64,
+    /// Bytes the cache gave back to admissions under pressure.
+    pub pressure_released: u64,
+    /// Bytes given back by [`trim_cache`](super::ContextHandle::trim_cache).
+    pub trimmed: u64,
+    /// Bytes freed to make room for newer blocks when the cache was at its
+    /// limit ([`CacheConfig::new`](super::CacheConfig::new)): the oldest blocks of the releasing
+    /// stream go first.
+    pub evicted: u64,
+}
+
+/// One live reservation as snapshots and refusals list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ReservationUsage {
+    /// The label given at [`reserve`](crate::ContextHandle::reserve).
+    pub label: String,
+    /// The tier its bytes are charged in.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "ser_display"))]
+    pub tier: Tier,
+    /// Bytes reserved and not yet allocated.
+    pub left: u64,
 }

@@ -32,7 +32,7 @@
 //!   highest value is the peak, exact across streams, at the price of one
 //!   line that every stream writes twice per allocate and release.
 
-use super::config::Role;
+use super::role::Role;
 use super::shards::SHARDS;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

@@ -49,54 +49,13 @@
 //! admits only what is still suspended.
 
 use super::admission::admit_resume;
-use super::config::Role;
 use super::error::GovernorError;
 use super::handle::ContextHandle;
 use super::record::ContextInner;
+use super::role::Role;
+use super::snapshot::SleepState;
 use crate::{BackendError, DeviceContext};
-use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
-
-/// Whether a context's memory sleeps ([`ContextHandle::sleep_with`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
-pub enum SleepState {
-    /// Its buffers' memory is the device's; nothing is suspended.
-    Awake,
-    /// A [`sleep_with`](ContextHandle::sleep_with) is running.
-    FallingAsleep,
-    /// Asleep: the live buffers of the roles put to sleep have no device
-    /// memory, and their bytes are suspended (on no budget).
-    Asleep,
-    /// A [`wake_with`](ContextHandle::wake_with) is running.
-    Waking,
-}
-
-impl SleepState {
-    const ALL: [SleepState; 4] = [
-        SleepState::Awake,
-        SleepState::FallingAsleep,
-        SleepState::Asleep,
-        SleepState::Waking,
-    ];
-
-    /// Short name used in messages.
-    pub const fn name(self) -> &'static str {
-        match self {
-            SleepState::Awake => "awake",
-            SleepState::FallingAsleep => "falling asleep",
-            SleepState::Asleep => "asleep",
-            SleepState::Waking => "waking",
-        }
-    }
-}
-
-impl fmt::Display for SleepState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// What a [`sleep_with`](ContextHandle::sleep_with) did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,166 @@
+//! Building the snapshots of `snapshot.rs` from a context's record.
+
+use super::record::{ContextInner, Phase};
+use super::report::{Outstanding, PinKind};
+use super::role::Role;
+use super::snapshot::{
+    ContextSnapshot, ContextState, CounterSnapshot, PinCounts, QuarantineEntry, ReservationUsage,
+    RoleUsage, TierUsage,
+};
+use crate::{DeviceContext, Tier};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every tier's usage: the tiers other than the device's from their own
+/// charges, the device tier's as what is left of the roles' totals.
+fn by_tier<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    by_role: &[RoleUsage; 5],
+    reservations: &[ReservationUsage],
+) -> Vec<TierUsage> {
+    let total: RoleUsage = by_role.iter().copied().sum();
+    let reserved = |tier| {
+        reservations
+            .iter()
+            .filter(|r| r.tier == tier)
+            .map(|r| r.left)
+            .sum()
+    };
+    // Live, pending and quarantined bytes of the tiers other than the
+    // device's.
+    let mut others = (0u64, 0u64, 0u64);
+    let mut tiers = Vec::with_capacity(Tier::ALL.len());
+    for tier in Tier::ALL.into_iter().skip(1) {
+        let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+        let usage = TierUsage {
+            tier,
+            limit: a.limit,
+            charged: a.charged,
+            reserved: reserved(tier),
+            live_bytes: a.live,
+            pending_bytes: a.pending,
+            quarantined_bytes: a.quarantined,
+            awaiting_teardown: a.awaiting_teardown,
+        };
+        others.0 += usage.live_bytes;
+        others.1 += usage.pending_bytes;
+        others.2 += usage.quarantined_bytes;
+        tiers.push(usage);
+    }
+    tiers.insert(
+        0,
+        TierUsage {
+            tier: Tier::Device,
+            limit: ctx.charges.limit(),
+            charged: ctx.charges.charged(),
+            reserved: reserved(Tier::Device),
+            live_bytes: total.live_bytes.saturating_sub(others.0),
+            pending_bytes: total.pending_bytes.saturating_sub(others.1),
+            quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
+            awaiting_teardown: ctx.charges.awaiting_teardown(),
+        },
+    );
+    tiers
+}
+
+fn ld(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState {
+    match ctx.phase() {
+        Phase::Terminated => ContextState::Terminated,
+        _ if ctx.is_lost() => ContextState::Lost,
+        Phase::Active => ContextState::Active,
+        _ => ContextState::Retiring,
+    }
+}
+
+pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
+    let mut by_role = [RoleUsage::default(); 5];
+    for role in Role::ALL {
+        let usage = ctx.stats.usage(role);
+        let quarantined = ctx.stats.quarantined(role);
+        // The books count a cached block as the live buffer it was.
+        let (cached_bytes, cached_count) = ctx.cache.of_role(role);
+        by_role[role.index()] = RoleUsage {
+            live_bytes: usage.live.bytes.saturating_sub(cached_bytes),
+            live_count: usage.live.count.saturating_sub(cached_count),
+            pending_bytes: usage.pending.bytes,
+            pending_count: usage.pending.count,
+            quarantined_bytes: quarantined.bytes,
+            quarantined_count: quarantined.count,
+            suspended_bytes: ctx.charges.suspended(role),
+        };
+    }
+    let outstanding = Outstanding::collect(ctx);
+    let count = |k: PinKind| {
+        outstanding
+            .items
+            .iter()
+            .filter(|i| i.kind == k)
+            .map(|i| i.count)
+            .sum::<u64>()
+    };
+    let pins = PinCounts {
+        streams: ctx.streams_live(),
+        buffers: count(PinKind::Buffer),
+        pending_releases: ctx.pending_count(),
+        external: count(PinKind::External),
+        other: count(PinKind::Other),
+    };
+    let c = &ctx.counters;
+    let (peak, peak_exact) = ctx.stats.peak_live();
+    let reservations = ctx.reservations.usage();
+    let by_tier = by_tier(ctx, &by_role, &reservations);
+    let reserved = by_tier[0].reserved;
+
+    ContextSnapshot {
+        context: ctx.id,
+        label: ctx.label().to_owned(),
+        backend: ctx.description.backend,
+        device: ctx.description.name.clone(),
+        execution: ctx.description.execution,
+        lifecycle: lifecycle(ctx),
+        lost_reason: ctx.lost_reason_if_lost(),
+        budget_limit: ctx.charges.limit(),
+        charged: ctx.charges.charged(),
+        suspended: ctx.charges.off_books(),
+        sleep: ctx.sleep.get(),
+        awaiting_teardown: ctx.charges.awaiting_teardown(),
+        shared_budget: ctx.charges.shared().map(|s| s.label().to_owned()),
+        peak,
+        peak_exact,
+        peak_budget_held: ctx.charges.peak_held(),
+        outside_bytes: ctx.outside.bytes(),
+        reserved,
+        reservations,
+        by_role,
+        by_tier,
+        cache: super::cache::usage(ctx),
+        quarantine: ctx
+            .quarantine_entries()
+            .into_iter()
+            .map(|(role, bytes, reason)| QuarantineEntry {
+                role,
+                bytes,
+                reason,
+            })
+            .collect(),
+        pins,
+        counters: CounterSnapshot {
+            allocations: ctx.allocations(),
+            releases_queued: ctx.releases_queued(),
+            retired: ctx.retired(),
+            abandoned: ld(&c.abandoned),
+            settled_lost: ld(&c.settled_lost),
+            quarantined: ld(&c.quarantined),
+            reclaimed: ld(&c.reclaimed),
+            admission_refusals: ld(&c.admission_refusals),
+            admission_waits: ld(&c.admission_waits),
+            pressure_calls: ld(&c.pressure_calls),
+            backend_errors: ld(&c.backend_errors),
+            late_settlements: ld(&c.late_settlements),
+        },
+        teardown: ctx.teardown_report(),
+    }
+}
