@@ -132,8 +132,17 @@ if backend == "cuda":
     assert a["suspended"] == a["bytes"] == a["resumed_by_wake"], a
     assert a["charged_asleep"] == a["charged_before_sleep"] - a["bytes"], a
     print(f"memgov run --backend cuda: arena of {a['bytes']} bytes slept and woke at the same addresses")
+    # A graph captured on a governed stream: its pool charged before the
+    # capture and while the graph lived, given back at destroy; every
+    # replay's output intact.
+    c = r["capture"]
+    assert c["verified"] == c["replays"] > 0, c
+    assert c["charged_while_graph_lives"] >= c["charged_before"] + c["pool_bytes"] > 0, c
+    assert c["charged_after_destroy"] == c["charged_before"], c
+    print(f"memgov run --backend cuda: a graph with a {c['pool_bytes']}-byte governed pool replayed {c['replays']} times")
 else:
     assert a is None, a
+    assert r["capture"] is None, r["capture"]
 print(f"memgov run --backend {backend}: {r['swap']['buffers']} buffers moved and verified, "
       f"allocation p50/p99 {r['allocation_latency']['p50_us']:.1f}/{r['allocation_latency']['p99_us']:.1f} us, leak verdict clean")
 PY

@@ -962,6 +962,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     print_snapshot(out, gov, "after serving on gpu1");
 
     let (arena_json, arena_teardown) = arena_phase(out, gov, &mut session.checks, args)?;
+    let (capture_json, capture_teardown) = capture_phase(out, &mut session.checks, args)?;
 
     out.line("phase 5: retire everything");
     drop(emb_weights);
@@ -981,6 +982,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     let mut teardowns = Vec::new();
     teardowns.extend(swap.teardown.clone());
     teardowns.extend(arena_teardown);
+    teardowns.extend(capture_teardown);
     for ctx in [&embedder, &moved_ctx] {
         let r = ctx
             .retire()
@@ -1205,6 +1207,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
             })).collect::<Vec<_>>(),
         },
         "arena": arena_json,
+        "capture": capture_json,
         "swap": {
             "buffers": swap.buffers,
             "bytes": swap.bytes,
@@ -1533,4 +1536,141 @@ fn swap_devices(
             expected_refusals,
         },
     ))
+}
+
+/// The graph's pool in phase 4c, the bytes it records per replay, and the
+/// replays.
+#[cfg(feature = "cuda")]
+const CAPTURE_POOL: u64 = 8 * MIB;
+#[cfg(feature = "cuda")]
+const CAPTURE_BYTES: u64 = MIB;
+#[cfg(feature = "cuda")]
+const CAPTURE_REPLAYS: u64 = 100;
+
+/// Phase 4c (CUDA only): a graph captured on a governed stream of an arena
+/// context (`memgov::cuda_capture`): the pool charged to the context's
+/// budget before the capture begins and held until the graph is destroyed,
+/// copies recorded into pool memory and replayed, every replay's output
+/// read back and verified.
+fn capture_phase(
+    out: &Out,
+    checks: &mut Vec<(String, DeviceCheck)>,
+    args: &RunArgs,
+) -> Result<(Value, Option<TeardownReport>), String> {
+    if args.backend.to_string() != "cuda" {
+        out.line(format!(
+            "phase 4c: skipped: the {} backend has no graph-capture gate (CUDA and HIP only; memgov run captures on CUDA)",
+            args.backend
+        ));
+        return Ok((Value::Null, None));
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = checks;
+        Err("the cuda backend was chosen, but this memgov was built without it".to_owned())
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use memgov::cuda::{ArenaConfig, CaptureConfig, CaptureMode, CudaConfig, CudaContext};
+        use memgov::cuda_capture::CaptureExt;
+        out.line(format!(
+            "phase 4c: a CUDA graph captured on a governed stream: a {} pool charged before the capture, {} replays verified",
+            Bytes(CAPTURE_POOL),
+            CAPTURE_REPLAYS
+        ));
+        let ctx = CudaContext::new(CudaConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 4 * CAPTURE_POOL,
+                limit_bytes: 2 * CAPTURE_POOL,
+            }),
+            ..CudaConfig::default()
+        })
+        .map_err(|e| format!("capture context: {e}"))?;
+        let probe = ctx.probe();
+        checks.push((
+            "cuda capture".to_owned(),
+            Box::new(move || {
+                probe
+                    .check_clean_teardown()
+                    .map_err(|why| format!("cuda capture: {why}"))
+            }),
+        ));
+        // A governor of CUDA contexts: the capture extension is CUDA's.
+        let gov: Governor<CudaContext> = Governor::new();
+        let handle = gov.register(
+            ctx,
+            ContextConfig::new()
+                .label("capture@cuda")
+                .budget(2 * CAPTURE_POOL),
+        );
+        let stream = handle.create_stream("capture").map_err(|e| e.to_string())?;
+        let charged_before = handle.snapshot().charged;
+        let input = fill(0xc0de, CAPTURE_BYTES as usize);
+        let config = CaptureConfig {
+            pool_bytes: CAPTURE_POOL,
+            mode: CaptureMode::Global,
+        };
+        let (mut graph, slot) = handle
+            .capture(&stream, config, |cap| {
+                let scratch = cap.allocate(CAPTURE_BYTES)?;
+                let staged = cap.allocate(CAPTURE_BYTES)?;
+                cap.upload(&scratch, 0, vec![0; CAPTURE_BYTES as usize])?;
+                cap.upload(&staged, 0, input.clone())?;
+                cap.download(&staged, 0, CAPTURE_BYTES as usize)
+            })
+            .map_err(|e| format!("capture: {e}"))?;
+        let charged_live = handle.snapshot().charged;
+        let mut verified = 0u64;
+        for _ in 0..CAPTURE_REPLAYS {
+            graph
+                .launch(&stream)
+                .map_err(|e| format!("graph launch: {e}"))?;
+            let back = graph
+                .read_output(slot)
+                .map_err(|e| format!("graph output: {e}"))?;
+            if back == input {
+                verified += 1;
+            }
+        }
+        let (used, pool) = graph.pool_usage();
+        graph.destroy().map_err(|e| format!("graph destroy: {e}"))?;
+        let charged_after = handle.snapshot().charged;
+        if verified != CAPTURE_REPLAYS
+            || charged_live < charged_before + CAPTURE_POOL
+            || charged_after != charged_before
+        {
+            return Err(format!(
+                "capture: {verified} of {CAPTURE_REPLAYS} replays verified; charged {} before, {} while the graph lived, {} after destroy",
+                Bytes(charged_before),
+                Bytes(charged_live),
+                Bytes(charged_after)
+            ));
+        }
+        out.line(format!(
+            "     capture: a {} pool ({} used) charged before the capture ({} charged while the graph lived, {} after destroy); {} replays, every output intact",
+            Bytes(pool),
+            Bytes(used),
+            Bytes(charged_live),
+            Bytes(charged_after),
+            verified
+        ));
+        drop(stream);
+        let report = handle
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(30))
+            .map_err(|e| e.to_string())?;
+        print_report(out, &report);
+        Ok((
+            json!({
+                "pool_bytes": pool,
+                "pool_used": used,
+                "charged_before": charged_before,
+                "charged_while_graph_lives": charged_live,
+                "charged_after_destroy": charged_after,
+                "replays": CAPTURE_REPLAYS,
+                "verified": verified,
+            }),
+            Some(report),
+        ))
+    }
 }
