@@ -34,7 +34,7 @@ use crate::result::err;
 use crate::shared::Shared;
 use crate::{CudaContext, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUstream};
-use memgov_backend::vmm::Gate;
+use memgov_backend::vmm::{CapturePool, Gate};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -206,9 +206,7 @@ pub struct CudaCapture<'a> {
     arena: Arc<Arena>,
     stream: CUstream,
     id: u64,
-    pool: CUdeviceptr,
-    pool_bytes: u64,
-    used: u64,
+    pool: CapturePool,
     inputs: Vec<Box<[u8]>>,
     outputs: Vec<Box<[u8]>>,
     /// Set by end(): nothing left for Drop to undo.
@@ -219,8 +217,8 @@ impl std::fmt::Debug for CudaCapture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaCapture")
             .field("id", &self.id)
-            .field("pool", &self.pool_bytes)
-            .field("used", &self.used)
+            .field("pool", &self.pool.bytes())
+            .field("used", &self.pool.used())
             .finish()
     }
 }
@@ -282,9 +280,7 @@ impl CudaContext {
                 arena,
                 stream: stream.raw,
                 id,
-                pool,
-                pool_bytes,
-                used: 0,
+                pool: CapturePool::new(pool, pool_bytes),
                 inputs: Vec::new(),
                 outputs: Vec::new(),
                 done: false,
@@ -306,26 +302,14 @@ impl CudaCapture<'_> {
 
     /// Bytes of the pool not carved yet.
     pub fn pool_free(&self) -> u64 {
-        self.pool_bytes - self.used
+        self.pool.free()
     }
 
     /// Carve `bytes` from the pool: no driver call. Refused with
     /// [`PoolExhausted`] when they do not fit; the capture stays valid.
     pub fn allocate(&mut self, bytes: u64) -> Result<CaptureBuffer, PoolExhausted> {
-        let len = bytes.max(1).checked_next_multiple_of(ALIGN);
-        match len {
-            Some(len) if len <= self.pool_free() => {
-                let ptr = self.pool + self.used;
-                self.used += len;
-                Ok(CaptureBuffer { ptr, bytes })
-            }
-            _ => Err(PoolExhausted {
-                backend: crate::result::BACKEND,
-                requested: bytes,
-                free: self.pool_free(),
-                pool: self.pool_bytes,
-            }),
-        }
+        let ptr = self.pool.carve(crate::result::BACKEND, bytes, ALIGN)?;
+        Ok(CaptureBuffer { ptr, bytes })
     }
 
     fn check_range(
@@ -335,10 +319,7 @@ impl CudaCapture<'_> {
         offset: u64,
         len: u64,
     ) -> Result<(), BackendError> {
-        let inside = buf.ptr >= self.pool
-            && buf.ptr + buf.bytes <= self.pool + self.used
-            && offset.checked_add(len).is_some_and(|end| end <= buf.bytes);
-        if inside {
+        if self.pool.holds(buf.ptr, buf.bytes, offset, len) {
             Ok(())
         } else {
             Err(err(
@@ -419,7 +400,7 @@ impl CudaCapture<'_> {
             Err(e) => {
                 // The stream is out of capture and nothing was launched: the
                 // pool goes back at once.
-                self.arena.retire(self.pool);
+                self.arena.retire(self.pool.base());
                 return Err(e);
             }
         };
@@ -433,7 +414,7 @@ impl CudaCapture<'_> {
         if let Err(e) = instantiated {
             // SAFETY: the graph just made, destroyed once; never launched.
             let _ = unsafe { sys::cuGraphDestroy(graph) };
-            self.arena.retire(self.pool);
+            self.arena.retire(self.pool.base());
             return Err(e);
         }
         let raw = RawGraph { exec, graph };
@@ -441,7 +422,7 @@ impl CudaCapture<'_> {
             let mut st = lock(&self.ctx.pins.live);
             st.next += 1;
             let key = st.next;
-            st.graphs.insert(key, (raw, self.pool));
+            st.graphs.insert(key, (raw, self.pool.base()));
             key
         };
         Ok(CudaGraph {
@@ -449,8 +430,8 @@ impl CudaCapture<'_> {
             arena: self.arena.clone(),
             pins: self.ctx.pins.clone(),
             key,
-            pool_bytes: self.pool_bytes,
-            used: self.used,
+            pool_bytes: self.pool.bytes(),
+            used: self.pool.used(),
             host: HostBuffers {
                 _inputs: std::mem::take(&mut self.inputs),
                 outputs: std::mem::take(&mut self.outputs),
@@ -493,7 +474,7 @@ impl Drop for CudaCapture<'_> {
                 let _ = unsafe { sys::cuGraphDestroy(graph) };
             }
         }
-        self.arena.retire(self.pool);
+        self.arena.retire(self.pool.base());
     }
 }
 

@@ -34,7 +34,7 @@ use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t};
 use crate::result::err;
 use crate::shared::Shared;
 use crate::{HipContext, HipStream};
-use memgov_backend::vmm::{Gate, ALIGN};
+use memgov_backend::vmm::{CapturePool, Gate, ALIGN};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -190,9 +190,7 @@ pub struct HipCapture<'a> {
     arena: Arc<Arena>,
     stream: hipStream_t,
     id: u64,
-    pool: u64,
-    pool_bytes: u64,
-    used: u64,
+    pool: CapturePool,
     inputs: Vec<Box<[u8]>>,
     outputs: Vec<Box<[u8]>>,
     /// Set by end(): nothing left for Drop to undo.
@@ -203,8 +201,8 @@ impl std::fmt::Debug for HipCapture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HipCapture")
             .field("id", &self.id)
-            .field("pool", &self.pool_bytes)
-            .field("used", &self.used)
+            .field("pool", &self.pool.bytes())
+            .field("used", &self.pool.used())
             .finish()
     }
 }
@@ -279,9 +277,7 @@ impl HipContext {
                 arena,
                 stream: raw,
                 id,
-                pool,
-                pool_bytes,
-                used: 0,
+                pool: CapturePool::new(pool, pool_bytes),
                 inputs: Vec::new(),
                 outputs: Vec::new(),
                 done: false,
@@ -325,26 +321,14 @@ impl HipCapture<'_> {
 
     /// Bytes of the pool not carved yet.
     pub fn pool_free(&self) -> u64 {
-        self.pool_bytes - self.used
+        self.pool.free()
     }
 
     /// Carve `bytes` from the pool: no runtime call. Refused with
     /// [`PoolExhausted`] when they do not fit; the capture stays valid.
     pub fn allocate(&mut self, bytes: u64) -> Result<CaptureBuffer, PoolExhausted> {
-        let len = bytes.max(1).checked_next_multiple_of(ALIGN);
-        match len {
-            Some(len) if len <= self.pool_free() => {
-                let ptr = self.pool + self.used;
-                self.used += len;
-                Ok(CaptureBuffer { ptr, bytes })
-            }
-            _ => Err(PoolExhausted {
-                backend: crate::result::BACKEND,
-                requested: bytes,
-                free: self.pool_free(),
-                pool: self.pool_bytes,
-            }),
-        }
+        let ptr = self.pool.carve(crate::result::BACKEND, bytes, ALIGN)?;
+        Ok(CaptureBuffer { ptr, bytes })
     }
 
     fn check_range(
@@ -354,10 +338,7 @@ impl HipCapture<'_> {
         offset: u64,
         len: u64,
     ) -> Result<(), BackendError> {
-        let inside = buf.ptr >= self.pool
-            && buf.ptr + buf.bytes <= self.pool + self.used
-            && offset.checked_add(len).is_some_and(|end| end <= buf.bytes);
-        if inside {
+        if self.pool.holds(buf.ptr, buf.bytes, offset, len) {
             Ok(())
         } else {
             Err(err(
@@ -443,7 +424,7 @@ impl HipCapture<'_> {
             Err(e) => {
                 // The stream is out of capture and nothing was launched: the
                 // pool goes back at once.
-                self.arena.retire(self.pool);
+                self.arena.retire(self.pool.base());
                 return Err(e);
             }
         };
@@ -465,7 +446,7 @@ impl HipCapture<'_> {
         if let Err(e) = instantiated {
             // SAFETY: the graph just made, destroyed once; never launched.
             let _ = unsafe { ffi::hipGraphDestroy(graph) };
-            self.arena.retire(self.pool);
+            self.arena.retire(self.pool.base());
             return Err(e);
         }
         let raw = RawGraph { exec, graph };
@@ -473,7 +454,7 @@ impl HipCapture<'_> {
             let mut st = lock(&self.ctx.pins.live);
             st.next += 1;
             let key = st.next;
-            st.graphs.insert(key, (raw, self.pool));
+            st.graphs.insert(key, (raw, self.pool.base()));
             key
         };
         Ok(HipGraph {
@@ -481,8 +462,8 @@ impl HipCapture<'_> {
             arena: self.arena.clone(),
             pins: self.ctx.pins.clone(),
             key,
-            pool_bytes: self.pool_bytes,
-            used: self.used,
+            pool_bytes: self.pool.bytes(),
+            used: self.pool.used(),
             host: HostBuffers {
                 _inputs: std::mem::take(&mut self.inputs),
                 outputs: std::mem::take(&mut self.outputs),
@@ -525,7 +506,7 @@ impl Drop for HipCapture<'_> {
                 let _ = unsafe { ffi::hipGraphDestroy(graph) };
             }
         }
-        self.arena.retire(self.pool);
+        self.arena.retire(self.pool.base());
     }
 }
 

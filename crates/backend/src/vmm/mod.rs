@@ -42,6 +42,7 @@
 
 mod arena;
 pub mod gate;
+mod pool;
 mod sleep;
 mod sleep_set;
 mod state;
@@ -49,6 +50,7 @@ mod state;
 pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
 pub use gate::{Gate, GateCall};
+pub use pool::CapturePool;
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
 use crate::{BackendError, BackendErrorKind};
