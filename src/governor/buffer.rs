@@ -1,9 +1,10 @@
 //! Governed device buffers: born pinned, released stream-ordered.
 
 use super::error::{ContextOperation, GovernorError};
+use super::record::stream::StreamShared;
 use super::release::{release, Released};
 use super::role::Role;
-use super::stream::{GovernedStream, StreamShared};
+use super::stream::GovernedStream;
 use crate::trace::EventKind;
 use crate::{DeviceContext, ProviderContextIdentity, Tier};
 use std::fmt;

@@ -49,15 +49,15 @@
 //!   what they held, so that a cached block never keeps a retire from
 //!   draining; dropping a stream does the same for its own.
 
-use super::config::CacheConfig;
+use super::record::cache::{Block, ContextCache};
+use super::record::stream::StreamShared;
 use super::record::ContextInner;
 use super::release::release;
 use super::role::Role;
 use super::snapshot::CacheUsage;
-use super::stream::StreamShared;
-use crate::sync::{lock, Bins};
+use crate::sync::lock;
 use crate::DeviceContext;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Requests up to this size are rounded to multiples of [`SMALL_STEP`].
@@ -81,53 +81,7 @@ pub fn size_class(bytes: u64) -> u64 {
         .map_or(bytes, |b| b & !(step - 1))
 }
 
-/// A cached block: the memory, and the role of the buffer it was.
-pub(crate) struct Block<M> {
-    memory: M,
-    role: Role,
-    /// When it was cached (the context's put count then): the oldest
-    /// blocks make room for newer ones.
-    stamp: u64,
-}
-
-/// A stream's bins.
-pub(crate) type StreamBins<C> = Bins<Block<<C as DeviceContext>::Memory>>;
-
-/// The context-wide side of the cache: its limits and its totals by role.
-#[derive(Default)]
-pub(crate) struct ContextCache {
-    config: Option<CacheConfig>,
-    /// Cached bytes and blocks by role (the role of the buffer each was),
-    /// so that snapshots can take them out of each role's live figures.
-    bytes: [AtomicU64; 5],
-    count: [AtomicU64; 5],
-    /// Bytes cached over every role and stream: the figure held to
-    /// `max_bytes`.
-    total: AtomicU64,
-    hits: AtomicU64,
-    /// Puts so far: the next block's stamp.
-    clock: AtomicU64,
-    /// Bytes freed to make room for newer blocks.
-    evicted: AtomicU64,
-    /// Bytes the cache gave back under admission pressure.
-    pressure_released: AtomicU64,
-    /// Bytes given back by `trim_cache`.
-    trimmed: AtomicU64,
-}
-
 impl ContextCache {
-    pub(crate) fn new(config: Option<CacheConfig>) -> Self {
-        Self {
-            config,
-            ..Self::default()
-        }
-    }
-
-    /// Whether the context caches (a stream creates its bins then).
-    pub(crate) fn enabled(&self) -> bool {
-        self.config.is_some()
-    }
-
     /// The size a request of `bytes` is allocated at: its class when the
     /// cache would keep it, `bytes` otherwise.
     #[inline]
@@ -136,11 +90,6 @@ impl ContextCache {
             Some(c) if bytes <= c.max_block => size_class(bytes),
             _ => bytes,
         }
-    }
-
-    /// Bytes cached now, over every stream.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
     }
 
     /// Count `bytes` of `role` in, unless the cache would then hold more
@@ -164,14 +113,6 @@ impl ContextCache {
         self.total.fetch_sub(bytes, Ordering::Relaxed);
         self.bytes[role.index()].fetch_sub(bytes, Ordering::Relaxed);
         self.count[role.index()].fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Cached bytes and blocks of `role`.
-    pub(crate) fn of_role(&self, role: Role) -> (u64, u64) {
-        (
-            self.bytes[role.index()].load(Ordering::Relaxed),
-            self.count[role.index()].load(Ordering::Relaxed),
-        )
     }
 }
 

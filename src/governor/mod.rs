@@ -14,6 +14,7 @@ mod config;
 mod error;
 mod handle;
 mod lease;
+mod member;
 mod migrate;
 mod outside;
 mod pin_source;
@@ -132,7 +133,9 @@ impl<C: DeviceContext> Governor<C> {
         );
         let id = ProviderContextIdentity::new(self.id, index);
         // `describe()` runs in `new`, with no lock held.
-        let inner = Arc::new_cyclic(|this| ContextInner::new(id, backend, config, this.clone()));
+        let inner = Arc::new_cyclic(|this| {
+            ContextInner::new(id, backend, config, this.clone(), cache::flush_all)
+        });
         lock(&self.contexts).push(inner.clone());
         if let Some(shared) = inner.charges.shared() {
             // After the push: a device lost already marks this context lost

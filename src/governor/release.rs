@@ -28,11 +28,11 @@
 
 use super::charges::Left;
 use super::pin_source::ContextPin;
+use super::record::pending::PendingRelease;
+use super::record::stream::StreamShared;
 use super::record::{add, sub, ContextInner, Phase};
 use super::role::Role;
-use super::shards::SHARDS;
-use super::stream::StreamShared;
-use crate::sync::{slot_index, Slot};
+use crate::sync::Slot;
 use crate::trace::EventKind;
 use crate::{BackendError, DeviceContext, Tier};
 use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
@@ -254,22 +254,6 @@ fn settle_live_as_lost<C: DeviceContext>(
     ctx.release_pin();
 }
 
-/// The governor's side of one pending release. Boxed once per release; the
-/// box is recycled, *with its `Arc` of the context*, through its shard's
-/// spare [`Slot`], so that in the steady state a release neither allocates
-/// nor touches the context's reference count.
-pub(crate) struct PendingRelease<C: DeviceContext> {
-    ctx: Arc<ContextInner<C>>,
-    stream_pending: Option<Arc<AtomicU64>>,
-    bytes: u64,
-    role: Role,
-    /// The tier whose budget the bytes return to.
-    tier: Tier,
-    /// Shard of the stream the release was queued on: its pending counts.
-    /// (`u8`: keeps the box at 32 bytes.)
-    shard: u8,
-}
-
 impl<C: DeviceContext> RetireSink for PendingRelease<C> {
     /// The settlement. Runs on whatever thread fires the signal (possibly a
     /// driver thread): atomics and wake-ups only.
@@ -321,31 +305,6 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             // Slot full or closed: drop the box (and its Arc) normally.
             drop(refused);
         }
-    }
-}
-
-/// The spare slots of one context: one cached [`PendingRelease`] box per
-/// shard, each slot on a cache line of its own.
-pub(crate) struct Spares<C: DeviceContext>([Spare<C>; SHARDS]);
-
-#[repr(align(128))]
-struct Spare<C: DeviceContext>(Slot<PendingRelease<C>>);
-
-impl<C: DeviceContext> Spares<C> {
-    pub(crate) fn new() -> Self {
-        Self(std::array::from_fn(|_| Spare(Slot::new())))
-    }
-
-    /// The slot of `shard`.
-    #[inline]
-    fn of(&self, shard: usize) -> &Slot<PendingRelease<C>> {
-        &self.0[slot_index::<SHARDS>(shard)].0
-    }
-
-    /// Whether any slot holds a box (none can once the record is dropped:
-    /// the box would hold an `Arc` of it).
-    pub(crate) fn any_filled(&self) -> bool {
-        self.0.iter().any(|s| s.0.is_filled())
     }
 }
 
@@ -419,9 +378,7 @@ impl<C: DeviceContext> RetireSink for TracedRelease<C> {
 /// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
 /// own `Arc` of `ctx`, so none of these is the last.
 pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
-    for spare in &ctx.spares.0 {
-        drop(spare.0.close());
-    }
+    ctx.spares.close();
 }
 
 #[cfg(test)]
@@ -430,7 +387,9 @@ mod tests {
     fn a_pending_release_box_stays_32_bytes() {
         // The heap-bytes row's budget per pending release.
         assert_eq!(
-            std::mem::size_of::<super::PendingRelease<crate::null::NullContext>>(),
+            std::mem::size_of::<
+                crate::governor::record::pending::PendingRelease<crate::null::NullContext>,
+            >(),
             32
         );
     }

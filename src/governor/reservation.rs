@@ -11,7 +11,7 @@
 //! A reservation holds a pin, like a buffer: `retire().wait` waits for it to
 //! be dropped.
 //!
-//! The context's record lists its live reservations ([`Reservations`]), so
+//! The context's record lists its live reservations ([`Reservations`](super::record::reservations::Reservations)), so
 //! that snapshots and refusals say who holds the reserved bytes ("3.0 MiB
 //! reserved by 'request-17'"). The list is touched when a reservation is made
 //! and dropped, never when an allocation is made out of one.
@@ -20,67 +20,16 @@ use super::admission::{allocate_charged, reserve_refused};
 use super::buffer::DeviceBuffer;
 use super::error::{ContextOperation, GovernorError};
 use super::pin_source::ContextPin;
+use super::record::reservations::Reserved;
 use super::record::ContextInner;
 use super::request::Alloc;
 use super::role::Role;
 use super::shards::GLOBAL;
-use super::snapshot::ReservationUsage;
 use super::stream::GovernedStream;
-use crate::sync::{lock, Allowance};
+use crate::sync::Allowance;
 use crate::{DeviceContext, Tier};
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
-
-/// What the context's record sees of one reservation: its label and the
-/// bytes it has left.
-pub(crate) struct Reserved {
-    label: Box<str>,
-    tier: Tier,
-    /// Bytes reserved and not yet allocated: charged to the budgets.
-    left: Allowance,
-}
-
-/// The live reservations of one context, keyed by the order they were made.
-#[derive(Default)]
-pub(crate) struct Reservations(Mutex<RegistryInner>);
-
-#[derive(Default)]
-struct RegistryInner {
-    next: u64,
-    live: HashMap<u64, Arc<Reserved>>,
-}
-
-impl Reservations {
-    fn insert(&self, reserved: Arc<Reserved>) -> u64 {
-        let mut inner = lock(&self.0);
-        let key = inner.next;
-        inner.next += 1;
-        inner.live.insert(key, reserved);
-        key
-    }
-
-    fn remove(&self, key: u64) {
-        lock(&self.0).live.remove(&key);
-    }
-
-    /// The live reservations with bytes left, largest first (ties by
-    /// label).
-    pub(crate) fn usage(&self) -> Vec<ReservationUsage> {
-        let mut list: Vec<ReservationUsage> = lock(&self.0)
-            .live
-            .values()
-            .map(|r| ReservationUsage {
-                label: r.label.to_string(),
-                tier: r.tier,
-                left: r.left.left(),
-            })
-            .filter(|r| r.left > 0)
-            .collect();
-        list.sort_by(|a, b| b.left.cmp(&a.left).then_with(|| a.label.cmp(&b.label)));
-        list
-    }
-}
+use std::sync::Arc;
 
 /// Bytes charged to a context's budget (and its shared budget) ahead of the
 /// allocations that will use them: see

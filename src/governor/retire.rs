@@ -1,12 +1,15 @@
 //! Retiring a context: refuse new work, wait (without polling) for every
 //! outstanding pin, and tear the backend down exactly once.
 
+use super::cache::flush_all;
 use super::error::RetireError;
-use super::pin_source::PinSourceInner;
+use super::record::pin_source::PinSourceInner;
 use super::record::{ContextInner, Phase};
+use super::release::close_spares;
 use super::report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
 use super::role::Role;
 use crate::sync::lock;
+use crate::trace::EventKind;
 use crate::{DeviceContext, ProviderContextIdentity};
 use std::fmt;
 use std::future::Future;
@@ -14,6 +17,35 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+impl<C: DeviceContext> ContextInner<C> {
+    /// Stop accepting work: new pins fail from now on, and allocations
+    /// waiting for room give up.
+    pub(crate) fn begin_retire(&self) {
+        // Break the reference cycle of cached PendingRelease boxes before the
+        // record can lose its last outside reference (before any reaper can
+        // start, too).
+        close_spares(self);
+        lock(&self.retire_started).get_or_insert_with(Instant::now);
+        self.life.begin_retire();
+        // Cached blocks hold pins: close every stream's cache and free its
+        // blocks now, so that the retire can drain.
+        flush_all(self);
+        if let Some(t) = &self.trace {
+            t.event(0, None, EventKind::RetireBegun, 0, None);
+        }
+        // Nothing can be admitted any more: drop the pressure responders and
+        // whatever they captured (a responder that holds a stream or buffers
+        // of this context would otherwise keep it from ever draining). Their
+        // destructors are user code: they run after the lock is released.
+        let responders = std::mem::take(&mut *lock(&self.responders));
+        drop(responders);
+        // Admissions on the shared budget check `accepting()` too.
+        self.charges.wake_shared_waiters();
+        #[cfg(feature = "tracing")]
+        tracing::info!(context = %self.id, label = %self.label(), pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
+    }
+}
 
 impl Outstanding {
     /// Everything that still holds `ctx` now, grouped by kind, role and

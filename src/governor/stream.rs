@@ -4,43 +4,13 @@
 
 use super::error::{ContextName, GovernorError};
 use super::pin_source::ContextPin;
+use super::record::stream::StreamShared;
 use super::record::ContextInner;
 use crate::sync::lock;
 use crate::DeviceContext;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-
-pub(crate) struct StreamShared<C: DeviceContext> {
-    pub ctx: Arc<ContextInner<C>>,
-    /// `None` only after destroy (in Drop) or for reclaimed streams.
-    raw: Option<C::Stream>,
-    pub label: String,
-    /// This stream's statistics shard in `ctx.shards`.
-    pub shard: usize,
-    /// This stream's tag in its context's trace (0 when not traced).
-    pub trace_tag: u32,
-    /// Bytes pending release on this stream, for stream-ordered reuse credit.
-    /// Present only where the backend reuses stream-ordered frees.
-    pub pending_bytes: Option<Arc<AtomicU64>>,
-    /// Blocks freed on this stream and kept for reuse on it (see
-    /// `cache.rs`). Present only on a caching, untraced context.
-    pub cache: Option<super::cache::StreamBins<C>>,
-}
-
-impl<C: DeviceContext> StreamShared<C> {
-    #[inline]
-    pub(crate) fn raw(&self) -> &C::Stream {
-        self.raw.as_ref().expect("stream present until drop")
-    }
-
-    #[inline]
-    pub(crate) fn credit(&self) -> u64 {
-        self.pending_bytes
-            .as_ref()
-            .map_or(0, |p| p.load(Ordering::Relaxed))
-    }
-}
 
 impl<C: DeviceContext> Drop for StreamShared<C> {
     fn drop(&mut self) {

@@ -51,11 +51,11 @@
 use super::admission::admit_resume;
 use super::error::GovernorError;
 use super::handle::ContextHandle;
+use super::record::sleep::SleepWord;
 use super::record::ContextInner;
 use super::role::Role;
 use super::snapshot::SleepState;
 use crate::{BackendError, DeviceContext};
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// What a [`sleep_with`](ContextHandle::sleep_with) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,28 +76,6 @@ pub struct Woken<R> {
     pub resumed: u64,
     /// What the backend's wake returned.
     pub backend: R,
-}
-
-/// A context's sleep state word (see the module docs).
-#[derive(Debug, Default)]
-pub(crate) struct SleepWord(AtomicU8);
-
-impl SleepWord {
-    pub(crate) fn get(&self) -> SleepState {
-        SleepState::ALL[usize::from(self.0.load(Ordering::Acquire))]
-    }
-
-    /// Move from `from` to `to`, or say which state was found instead.
-    fn step(&self, from: SleepState, to: SleepState) -> Result<(), SleepState> {
-        self.0
-            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
-            .map(drop)
-            .map_err(|found| SleepState::ALL[usize::from(found)])
-    }
-
-    fn set(&self, to: SleepState) {
-        self.0.store(to as u8, Ordering::Release);
-    }
 }
 
 /// A step in progress: puts the state back to `back` when dropped (an

@@ -47,23 +47,29 @@
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
 
+pub(crate) mod cache;
+pub(crate) mod pending;
+pub(crate) mod pin_source;
+pub(crate) mod reservations;
+pub(crate) mod sleep;
+pub(crate) mod stream;
+
 use super::charges::{Charges, Left, ReturnedAtTeardown};
 use super::config::{Admission, ContextConfig};
 use super::error::{ContextName, GovernorError};
-use super::pin_source::PinSourceInner;
 use super::pressure::RegisteredResponder;
-use super::release::Spares;
 use super::report::TeardownReport;
 use super::role::Role;
 use super::shards::{GLOBAL, SHARDS};
 use super::stats::Stats;
-use super::stream::StreamShared;
 use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
 use crate::trace::{ContextTrace, EventKind};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
     ProviderContextPinError, Tier,
 };
+use pending::Spares;
+use pin_source::PinSourceInner;
 use std::cell::UnsafeCell;
 use std::ops::Deref;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -71,6 +77,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
+use stream::StreamShared;
 
 /// Where a context is in its life (see [`Lifecycle`]).
 pub(crate) use crate::sync::Phase;
@@ -134,7 +141,7 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Bytes reported as used outside memgov's allocations (see `outside.rs`).
     pub outside: super::outside::Outside,
     /// The live reservations, for snapshots and refusals.
-    pub reservations: super::reservation::Reservations,
+    pub reservations: reservations::Reservations,
     /// Live streams. Changed only under a gate claim (`stream_created`,
     /// `stream_left`), so that `force` reads a stable count once the gate
     /// has drained.
@@ -146,10 +153,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
     pub responders: Mutex<Vec<RegisteredResponder>>,
     report: Mutex<Option<TeardownReport>>,
-    retire_started: Mutex<Option<Instant>>,
+    pub retire_started: Mutex<Option<Instant>>,
 
     /// The block cache's limits and totals (its bins are the streams').
-    pub cache: super::cache::ContextCache,
+    pub cache: cache::ContextCache,
     /// The cached `PendingRelease` boxes, one slot per shard (see
     /// `release.rs`).
     pub spares: Spares<C>,
@@ -157,10 +164,15 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// [`Trace`](crate::trace::Trace).
     pub trace: Option<Box<ContextTrace>>,
     /// Whether its memory sleeps (see `suspend.rs`).
-    pub sleep: super::suspend::SleepWord,
+    pub sleep: sleep::SleepWord,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
     reaper: Mutex<Option<JoinHandle<()>>>,
+    /// Closes every stream's bins and frees their blocks (`cache::flush_all`,
+    /// given by the governor at registration): device loss runs it from
+    /// here, below the release path that the flush itself runs on. Cold:
+    /// no allocation or release calls it.
+    flush_cache: fn(&ContextInner<C>) -> u64,
 }
 
 // SAFETY: `backend` is only reached through `BackendGuard` (shared `&C`, and
@@ -247,6 +259,7 @@ impl<C: DeviceContext> ContextInner<C> {
         backend: C,
         config: ContextConfig,
         this: Weak<Self>,
+        flush_cache: fn(&Self) -> u64,
     ) -> Self {
         let description = backend.describe();
         let limit = config.budget.unwrap_or(u64::MAX);
@@ -278,7 +291,7 @@ impl<C: DeviceContext> ContextInner<C> {
                 config.pinned_budget.unwrap_or(u64::MAX),
             ),
             stats: Stats::new(config.tuning.exact_peak),
-            cache: super::cache::ContextCache::new(config.cache),
+            cache: cache::ContextCache::new(config.cache),
             counters: Counters::default(),
             outside: Default::default(),
             reservations: Default::default(),
@@ -293,6 +306,7 @@ impl<C: DeviceContext> ContextInner<C> {
             spares: Spares::new(),
             sleep: Default::default(),
             reaper: Mutex::new(None),
+            flush_cache,
         }
     }
 
@@ -594,33 +608,6 @@ impl<C: DeviceContext> ContextInner<C> {
         self.life.drained()
     }
 
-    /// Stop accepting work: new pins fail from now on, and allocations
-    /// waiting for room give up.
-    pub(crate) fn begin_retire(&self) {
-        // Break the reference cycle of cached PendingRelease boxes before the
-        // record can lose its last outside reference (before any reaper can
-        // start, too).
-        super::release::close_spares(self);
-        lock(&self.retire_started).get_or_insert_with(Instant::now);
-        self.life.begin_retire();
-        // Cached blocks hold pins: close every stream's cache and free its
-        // blocks now, so that the retire can drain.
-        super::cache::flush_all(self);
-        if let Some(t) = &self.trace {
-            t.event(0, None, EventKind::RetireBegun, 0, None);
-        }
-        // Nothing can be admitted any more: drop the pressure responders and
-        // whatever they captured (a responder that holds a stream or buffers
-        // of this context would otherwise keep it from ever draining). Their
-        // destructors are user code: they run after the lock is released.
-        let responders = std::mem::take(&mut *lock(&self.responders));
-        drop(responders);
-        // Admissions on the shared budget check `accepting()` too.
-        self.charges.wake_shared_waiters();
-        #[cfg(feature = "tracing")]
-        tracing::info!(context = %self.id, label = %self.label(), pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
-    }
-
     /// A [`RetireHandle`](super::RetireHandle) begins: its owner finishes
     /// the teardown (see [`Lifecycle::attend`]).
     #[inline]
@@ -651,7 +638,7 @@ impl<C: DeviceContext> ContextInner<C> {
             backend.device_lost();
         }
         // Cached blocks go with the device, like live buffers.
-        super::cache::flush_all(self);
+        (self.flush_cache)(self);
         // Pending releases no longer hold a lost context.
         self.life.reap_if_unattended();
         true
@@ -960,65 +947,4 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_else(|| "a panic without a message".into())
-}
-
-impl<C: DeviceContext> super::budget::DeviceMember for ContextInner<C> {
-    fn device_lost(&self, reason: &str) {
-        self.mark_lost(reason);
-    }
-
-    /// The amounts first, the phase last. Pending first, then awaiting
-    /// teardown: an abandoned release adds its bytes to the latter before it
-    /// leaves the former, so it is counted in one or both. Teardown changes
-    /// the amounts only after its Retiring -> Terminating step, with Release
-    /// writes that these Acquire reads pair with: amounts that show anything
-    /// teardown did come with a phase of Terminating or later. A phase of
-    /// Terminating counts at least 1: the bytes may be half given back, and
-    /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
-    /// what ends the wait; a phase of Terminated means every byte is back.
-    fn returning_at_teardown(&self) -> u64 {
-        // The shared budget holds device bytes only: other tiers' pending
-        // and quarantined bytes return nothing to it.
-        let other = self
-            .charges
-            .tier_amounts(Tier::PinnedHost)
-            .unwrap_or_default();
-        let held = self
-            .pending_bytes()
-            .saturating_sub(other.pending)
-            .saturating_add(self.charges.awaiting_teardown())
-            .saturating_add(
-                self.stats
-                    .quarantined_bytes()
-                    .saturating_sub(other.quarantined),
-            )
-            // Bytes released or quarantined asleep are on no level: their
-            // return gives nothing back.
-            .saturating_sub(self.charges.off_books())
-            .saturating_add(self.charges.suspended_bytes());
-        match self.phase() {
-            Phase::Retiring => held,
-            Phase::Terminating => held.max(1),
-            Phase::Active | Phase::Terminated => 0,
-        }
-    }
-
-    fn identity(&self) -> crate::ProviderContextIdentity {
-        self.id
-    }
-
-    fn pressure_responders(&self) -> Vec<RegisteredResponder> {
-        lock(&self.responders).clone()
-    }
-
-    fn release_cache_for_pressure(&self, bytes: u64) -> u64 {
-        if self.cache.bytes() == 0 {
-            return 0;
-        }
-        super::cache::release_for_pressure(self, bytes)
-    }
-
-    fn cached_bytes(&self) -> u64 {
-        self.cache.bytes()
-    }
 }

@@ -1,0 +1,72 @@
+//! The context as a member of its [`SharedBudget`](super::SharedBudget):
+//! what the shared budget asks of each context on it (device loss, the bytes
+//! a teardown in progress will give back, its pressure responders and its
+//! cache).
+
+use super::budget::DeviceMember;
+use super::cache::release_for_pressure;
+use super::pressure::RegisteredResponder;
+use super::record::{ContextInner, Phase};
+use crate::sync::lock;
+use crate::{DeviceContext, Tier};
+
+impl<C: DeviceContext> DeviceMember for ContextInner<C> {
+    fn device_lost(&self, reason: &str) {
+        self.mark_lost(reason);
+    }
+
+    /// The amounts first, the phase last. Pending first, then awaiting
+    /// teardown: an abandoned release adds its bytes to the latter before it
+    /// leaves the former, so it is counted in one or both. Teardown changes
+    /// the amounts only after its Retiring -> Terminating step, with Release
+    /// writes that these Acquire reads pair with: amounts that show anything
+    /// teardown did come with a phase of Terminating or later. A phase of
+    /// Terminating counts at least 1: the bytes may be half given back, and
+    /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
+    /// what ends the wait; a phase of Terminated means every byte is back.
+    fn returning_at_teardown(&self) -> u64 {
+        // The shared budget holds device bytes only: other tiers' pending
+        // and quarantined bytes return nothing to it.
+        let other = self
+            .charges
+            .tier_amounts(Tier::PinnedHost)
+            .unwrap_or_default();
+        let held = self
+            .pending_bytes()
+            .saturating_sub(other.pending)
+            .saturating_add(self.charges.awaiting_teardown())
+            .saturating_add(
+                self.stats
+                    .quarantined_bytes()
+                    .saturating_sub(other.quarantined),
+            )
+            // Bytes released or quarantined asleep are on no level: their
+            // return gives nothing back.
+            .saturating_sub(self.charges.off_books())
+            .saturating_add(self.charges.suspended_bytes());
+        match self.phase() {
+            Phase::Retiring => held,
+            Phase::Terminating => held.max(1),
+            Phase::Active | Phase::Terminated => 0,
+        }
+    }
+
+    fn identity(&self) -> crate::ProviderContextIdentity {
+        self.id
+    }
+
+    fn pressure_responders(&self) -> Vec<RegisteredResponder> {
+        lock(&self.responders).clone()
+    }
+
+    fn release_cache_for_pressure(&self, bytes: u64) -> u64 {
+        if self.cache.bytes() == 0 {
+            return 0;
+        }
+        release_for_pressure(self, bytes)
+    }
+
+    fn cached_bytes(&self) -> u64 {
+        self.cache.bytes()
+    }
+}
