@@ -3,7 +3,7 @@
 //! stream's work (`free_async`), and either settles later (the backend fires
 //! or abandons its signal: [`PendingRelease::settle`]) or is refused (the
 //! memory goes with a lost device, or into quarantine). The charges move
-//! with each step through [`Charges`](super::charges::Charges); the boxes of
+//! with each step through the [`Ledger`](super::ledger::Ledger); the boxes of
 //! pending releases are recycled through one [`Slot`] per shard.
 //!
 //! # Invariants
@@ -26,9 +26,9 @@
 //!   `prune_terminated`, which needs a finished retire), and closes the
 //!   slots for good.
 
-use super::charges::Left;
+use super::ledger::Entry;
 use super::pin_source::ContextPin;
-use super::record::{add, sub, ContextInner, Phase};
+use super::record::{ContextInner, Phase};
 use super::role::Role;
 use super::shards::SHARDS;
 use super::stream::StreamShared;
@@ -36,7 +36,7 @@ use crate::sync::{slot_index, Slot};
 use crate::trace::EventKind;
 use crate::{BackendError, DeviceContext, Tier};
 use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// How a release ended, for the caller that asked for it explicitly.
@@ -104,23 +104,14 @@ pub(crate) fn release<C: DeviceContext>(
     // sum of the two counters never touches zero in between.
     ctx.pending_queued(stream.shard);
     // `release_on` another stream: the buffer leaves its own shard and is
-    // queued in the other one (as if allocated there).
-    ctx.stats.transfer(live_shard, stream.shard, role, bytes);
-    ctx.stats.queue(stream.shard, role, bytes);
-    // What of the buffer slept is on no level: only the rest is pending
-    // there (see `charges.rs`).
-    let asleep = match tier {
-        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Queued),
-        _ => 0,
-    };
-    // Stream-ordered reuse credits device memory freed on the stream to the
-    // device allocations after it: a free of another tier returns none, nor
-    // does a free of memory that sleeps.
-    let reuse = reuse_credit(stream, tier, asleep);
-    if let Some(p) = reuse {
-        add(p, bytes);
-    }
-    ctx.charges.queued_in(tier, role, bytes - asleep);
+    // queued in the other one (as if allocated there). Stream-ordered reuse
+    // credits device memory freed on the stream to the device allocations
+    // after it: the ledger says whether this free earned the credit.
+    let entry = Entry::new(bytes, role, tier, live_shard);
+    let queued = ctx
+        .ledger
+        .queue(entry, stream.shard, stream.pending_bytes.as_deref());
+    let reuse = stream.pending_bytes.as_ref().filter(|_| queued.credited);
     let pending = boxed(ctx, reuse.cloned(), bytes, role, tier, stream.shard);
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
@@ -144,7 +135,8 @@ pub(crate) fn release<C: DeviceContext>(
             pin.transfer();
             // Undo the move without settling: the release never happened.
             signal.defuse();
-            undo_pending(ctx, live_shard, stream, bytes, role, tier, asleep);
+            ctx.ledger
+                .unqueue(entry, stream.shard, queued, stream.pending_bytes.as_deref());
             ctx.pending_left(stream.shard);
             ctx.note_backend_error(&err);
             let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
@@ -198,39 +190,6 @@ fn refused<C: DeviceContext>(
     }
 }
 
-/// The stream's reuse credit, when a release of `tier` with `asleep` of its
-/// bytes asleep earns one: device memory the free gives back.
-#[inline]
-fn reuse_credit<C: DeviceContext>(
-    stream: &StreamShared<C>,
-    tier: Tier,
-    asleep: u64,
-) -> Option<&Arc<AtomicU64>> {
-    if asleep != 0 || tier != Tier::Device {
-        return None;
-    }
-    stream.pending_bytes.as_ref()
-}
-
-/// Undo the queueing of a release whose free the backend refused (`asleep`:
-/// what [`Charges::leave_live`](super::charges::Charges::leave_live) took).
-fn undo_pending<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    live_shard: usize,
-    stream: &StreamShared<C>,
-    bytes: u64,
-    role: Role,
-    tier: Tier,
-    asleep: u64,
-) {
-    ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
-    if let Some(p) = reuse_credit(stream, tier, asleep) {
-        sub(p, bytes);
-    }
-    ctx.charges.unqueued_in(tier, role, bytes - asleep);
-    ctx.charges.rejoin_live(role, asleep);
-}
-
 /// A live buffer of a lost context goes away with the device.
 fn settle_live_as_lost<C: DeviceContext>(
     ctx: &ContextInner<C>,
@@ -239,17 +198,10 @@ fn settle_live_as_lost<C: DeviceContext>(
     role: Role,
     tier: Tier,
 ) {
-    ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
-    // What of it slept is on no level.
-    let asleep = match tier {
-        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Gone),
-        _ => 0,
-    };
-    ctx.charges
-        .hold_live_until_teardown_in(tier, role, bytes - asleep);
-    add(&ctx.counters.settled_lost, 1);
+    ctx.ledger
+        .lose_live(Entry::new(bytes, role, tier, live_shard));
     ctx.announce_settlement();
     ctx.release_pin();
 }
@@ -278,29 +230,17 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         let ctx = &*this.ctx;
         let shard = usize::from(this.shard);
         // Credit, charge, statistics: in that order (see the module docs).
-        if let Some(p) = &this.stream_pending {
-            sub(p, this.bytes);
-        }
-        match outcome {
-            // The free executed: the device has the bytes back. (`retired`
-            // is derived: settled minus abandoned.)
-            RetireOutcome::Retired => ctx
-                .charges
-                .uncharge_settled_in(this.tier, shard, this.role, this.bytes),
-            // The free never ran: the memory is the backend's to free at
-            // teardown, and charged until then.
-            RetireOutcome::Abandoned => {
-                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
-                ctx.charges.abandoned_in(this.tier, this.role, this.bytes);
-            }
-        }
-        ctx.stats.settle(shard, this.role, this.bytes);
-        if ctx.phase() == Phase::Terminated {
-            add(&ctx.counters.late_settlements, 1);
-        }
+        // Retired: the device has the bytes back (`retired` is derived:
+        // settled minus abandoned). Abandoned: the free never ran, the
+        // memory is the backend's to free at teardown, charged until then.
+        ctx.ledger.settle(
+            Entry::new(this.bytes, this.role, this.tier, shard),
+            outcome,
+            this.stream_pending.as_deref(),
+            ctx.phase() == Phase::Terminated,
+        );
         // Admission waiters: woken only if one is registered.
         ctx.announce_settlement();
-        ctx.charges.announce_settled();
         // The pin this release carried leaves with it. Lifecycle waiters wait
         // for `drained()` (or the gate, or termination); a settlement can
         // only make that true by taking `pending` to zero, so only that one

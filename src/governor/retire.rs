@@ -36,7 +36,7 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let usage = ctx.stats.usage(role);
+            let usage = ctx.ledger.stats().usage(role);
             if usage.live.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,

@@ -19,7 +19,7 @@
 //!   no byte stays leased after teardown, even from a release the backend
 //!   settles late.
 //! * Leases are off (`chunk == 0`) for a context on a
-//!   [`SharedBudget`](super::SharedBudget): a refusal there would have to reclaim the
+//!   [`SharedBudget`](crate::SharedBudget): a refusal there would have to reclaim the
 //!   leases of every context on the device.
 //!
 //! # How far a snapshot lags
@@ -33,7 +33,7 @@
 //! (`stats.rs`), which see every allocation, leased or not.
 
 use super::budget::{Budget, Refusal};
-use super::shards::SHARDS;
+use crate::governor::shards::SHARDS;
 use crate::sync::Leases as Slots;
 
 /// The budget leases of one context: the shared lease protocol

@@ -30,13 +30,13 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// teardown bumps [`SharedBudgetInner::epoch`] once it ends.
     fn returning_at_teardown(&self) -> u64;
 
-    /// The context's identity, as a [`PressureRequest`](super::PressureRequest)
+    /// The context's identity, as a [`PressureRequest`](crate::PressureRequest)
     /// names it.
     fn identity(&self) -> crate::ProviderContextIdentity;
 
     /// The context's pressure responders now (clones: the caller asks them
     /// with no lock held). Empty once the context stopped accepting work.
-    fn pressure_responders(&self) -> Vec<super::pressure::RegisteredResponder>;
+    fn pressure_responders(&self) -> Vec<crate::governor::pressure::RegisteredResponder>;
 
     /// Free up to `bytes` of the context's block cache (at least that many
     /// when it holds them; everything when `bytes` is 0), stream-ordered, for
@@ -434,10 +434,10 @@ impl ProcessBudget {
             if released >= bytes {
                 break;
             }
-            let req = super::pressure::PressureRequest {
+            let req = crate::governor::pressure::PressureRequest {
                 context: id,
-                level: super::pressure::PressureLevel::Machine,
-                role: super::role::Role::Other,
+                level: crate::governor::pressure::PressureLevel::Machine,
+                role: crate::governor::role::Role::Other,
                 requested: bytes,
                 shortfall: bytes - released,
             };
