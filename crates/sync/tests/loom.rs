@@ -37,6 +37,10 @@
 //!   sees one registered (`announce_settlement`), and learning whether a
 //!   teardown waiter waits from its own read-modify-write of the pending
 //!   count (`ShardedCount` over `CountWord`);
+//! * a pin moving into a pending release (`Deferral`), the last one of a
+//!   retiring context included, never lets the teardown start between the
+//!   two steps, and a refused release taken back (`Deferral::undo`) never
+//!   holds the teardown;
 //! * pending releases are counted per shard (`ShardedCount`) and backend
 //!   calls pass through per-shard gate words (`ClaimShards`): teardown still
 //!   waits for every one of them;
@@ -424,6 +428,34 @@ mod model {
                 d1.join().unwrap();
                 d2.join().unwrap();
                 assert_eq!(ctx.abandoned.load(Relaxed), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 1);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// The last pin of a context moves into a pending release while it
+    /// retires: a holder releases its only buffer (nothing else pins the
+    /// context), and a foreign "driver" fires the signal. The deferral
+    /// counts the release pending before the pin goes, so the teardown never
+    /// starts in between: destroy runs once, after the settlement, at zero.
+    /// With the pin given up first, loom finds the teardown in that gap.
+    #[test]
+    fn the_last_pin_moves_into_a_pending_release_while_retire_waits() {
+        run(
+            "last pin deferred into a pending release + foreign RetireSignal + retire (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire_on(1).unwrap(); // the only buffer
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    let signal = Ctx::queue_release(&c, 1);
+                    thread::spawn(move || signal.retire())
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                holder.join().unwrap().join().unwrap();
                 assert_eq!(ctx.retired.load(Relaxed), 1);
                 assert_eq!(ctx.destroys.load(Acquire), 1);
             },
