@@ -57,7 +57,9 @@ use super::report::TeardownReport;
 use super::role::Role;
 use super::shards::{GLOBAL, SHARDS};
 use super::stream::StreamShared;
-use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
+use crate::sync::{
+    lock, AcquireError, Deferral, Destroyer, Forcing, GateClaim, Lifecycle, Teardown,
+};
 use crate::trace::{ContextTrace, EventKind};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
@@ -155,8 +157,18 @@ unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
 /// claim, so teardown cannot move the backend out from under it.
 pub(crate) struct BackendGuard<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
-    /// The gate shard whose claim this guard holds (`Lifecycle::enter_gate`).
-    shard: usize,
+    /// The claim of one gate shard, given back when the guard drops.
+    claim: GateClaim<'a, SHARDS>,
+}
+
+impl<'a, C: DeviceContext> BackendGuard<'a, C> {
+    /// Move a live buffer's pin into a release queued on this guard's
+    /// shard (see [`GateClaim::defer_pin`]): counted pending now, the pin
+    /// given up when the returned deferral drops.
+    #[inline]
+    pub(crate) fn defer_pin(&self) -> Deferral<'a, SHARDS> {
+        self.claim.defer_pin()
+    }
 }
 
 impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
@@ -172,13 +184,6 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
                 .as_ref()
                 .expect("backend present while the gate is open")
         }
-    }
-}
-
-impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
-    #[inline]
-    fn drop(&mut self) {
-        self.ctx.life.leave_gate(self.shard);
     }
 }
 
@@ -286,13 +291,8 @@ impl<C: DeviceContext> ContextInner<C> {
     /// stream pass through their own shard.
     #[inline]
     pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
-        // Not `then_some`: it would make (and drop, giving back a claim
-        // never taken) a guard when the gate is closed.
-        if self.life.enter_gate(shard) {
-            Some(BackendGuard { ctx: self, shard })
-        } else {
-            None
-        }
+        let claim = self.life.enter(shard)?;
+        Some(BackendGuard { ctx: self, claim })
     }
 
     /// Reach the backend while the gate is closed, for `force` only: the
@@ -358,19 +358,12 @@ impl<C: DeviceContext> ContextInner<C> {
         self.life.gate_closed()
     }
 
-    /// A live buffer's pin is about to move into a pending release queued
-    /// on a stream of `shard` (see [`Lifecycle::pending_queued`]). Call under
-    /// a gate claim, before the buffer's pin goes.
+    /// A pending release queued on a stream of `shard` settled: wake the
+    /// admission waiters, then take it out of pending (see
+    /// [`Lifecycle::settle`]).
     #[inline]
-    pub(crate) fn pending_queued(&self, shard: usize) {
-        self.life.pending_queued(shard);
-    }
-
-    /// A pending release queued on a stream of `shard` left: settled, or its
-    /// free refused (undone) (see [`Lifecycle::pending_left`]).
-    #[inline]
-    pub(crate) fn pending_left(&self, shard: usize) {
-        self.life.pending_left(shard);
+    pub(crate) fn settle_pending(&self, shard: usize) {
+        self.life.settle(shard);
     }
 
     /// A release settled (or a live buffer went with a lost device): wake

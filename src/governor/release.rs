@@ -12,9 +12,10 @@
 //!   reads the shards' live totals only once the gate has drained, so a
 //!   buffer is either still counted live (and force revokes its pin) or has
 //!   moved on (and released or transferred its pin itself), never both.
-//! * The buffer's pin moves into the pending release: the release is
-//!   counted pending first, so pins + pending never touches zero in
-//!   between; the pin leaves with the settlement.
+//! * The buffer's pin moves into the pending release through the
+//!   lifecycle's `Deferral`, taken under the release's gate claim: the
+//!   release is counted pending first, so pins + pending never touches zero
+//!   in between; the pin leaves with the settlement (`Lifecycle::settle`).
 //! * A settlement gives the reuse credit back first, then the charge, then
 //!   the statistics: whoever reads "no longer pending" (an admission
 //!   deciding whether a wait could help) also sees the bytes back in the
@@ -27,7 +28,6 @@
 //!   slots for good.
 
 use super::ledger::Entry;
-use super::pin_source::ContextPin;
 use super::record::{ContextInner, Phase};
 use super::role::Role;
 use super::shards::SHARDS;
@@ -100,9 +100,10 @@ pub(crate) fn release<C: DeviceContext>(
             return released;
         }
     }
-    // Move the buffer's pin into the pending release: pending first, so the
-    // sum of the two counters never touches zero in between.
-    ctx.pending_queued(stream.shard);
+    // Move the buffer's pin into the pending release: counted pending now,
+    // the pin given up once the free is queued (the deferral keeps that
+    // order), so the sum of the two counters never touches zero in between.
+    let deferral = backend.defer_pin();
     // `release_on` another stream: the buffer leaves its own shard and is
     // queued in the other one (as if allocated there). Stream-ordered reuse
     // credits device memory freed on the stream to the device allocations
@@ -119,25 +120,23 @@ pub(crate) fn release<C: DeviceContext>(
     } else {
         traced_signal(ctx, stream.trace_tag, pending)
     };
-    // The buffer's pin now belongs to the pending release. The guard drops it
-    // once the backend has queued the free, and also if `free_async` panics:
-    // the signal, dropped or kept by the backend, settles the release on its
-    // own, and the pin must not outlive the call.
-    let pin = ContextPin::adopt(ctx, stream.shard);
+    // The deferral gives the buffer's pin up once the backend has queued the
+    // free, and also if `free_async` panics: the signal, dropped or kept by
+    // the backend, settles the release on its own, and the pin must not
+    // outlive the call.
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
-            drop(pin);
+            deferral.queued();
             drop(backend);
             Released::Queued
         }
         Err((memory, signal, err)) => {
-            // The paths below release the pin themselves.
-            pin.transfer();
             // Undo the move without settling: the release never happened.
+            // The pin stays here; the paths below release it themselves.
             signal.defuse();
             ctx.ledger
                 .unqueue(entry, stream.shard, queued, stream.pending_bytes.as_deref());
-            ctx.pending_left(stream.shard);
+            deferral.undo();
             ctx.note_backend_error(&err);
             let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
             drop(backend);
@@ -239,16 +238,16 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             this.stream_pending.as_deref(),
             ctx.phase() == Phase::Terminated,
         );
-        // Admission waiters: woken only if one is registered.
-        ctx.announce_settlement();
-        // The pin this release carried leaves with it. Lifecycle waiters wait
-        // for `drained()` (or the gate, or termination); a settlement can
-        // only make that true by taking `pending` to zero, so only that one
-        // wakes them, and only if one registered in `pending`: a teardown
-        // waiter is not woken once per release. Last of the wake-ups: a task
-        // waker registered by `finished()` runs executor code, which must not
-        // keep the others from happening.
-        ctx.pending_left(shard);
+        // The context's own admission waiters (woken only if one is
+        // registered), then the pin this release carried leaves with it.
+        // Lifecycle waiters wait for `drained()` (or the gate, or
+        // termination); a settlement can only make that true by taking
+        // `pending` to zero, so only that one wakes them, and only if one
+        // registered in `pending`: a teardown waiter is not woken once per
+        // release. Last of the wake-ups: a task waker registered by
+        // `finished()` runs executor code, which must not keep the others
+        // from happening.
+        ctx.settle_pending(shard);
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful offer this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.
