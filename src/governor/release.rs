@@ -49,7 +49,7 @@ pub(crate) enum Released {
     /// The context was force-retired: teardown reclaims the memory.
     Reclaimed,
     /// The backend refused: the memory is quarantined.
-    Quarantined(BackendError),
+    Quarantined(Box<BackendError>),
 }
 
 /// Release `memory` (holding one pin of `ctx`, charged `bytes` live in
@@ -112,8 +112,12 @@ pub(crate) fn release<C: DeviceContext>(
     let queued = ctx
         .ledger
         .queue(entry, stream.shard, stream.pending_bytes.as_deref());
-    let reuse = stream.pending_bytes.as_ref().filter(|_| queued.credited);
-    let pending = boxed(ctx, reuse.cloned(), bytes, role, tier, stream.shard);
+    let reuse = if queued.credited {
+        stream.pending_bytes.clone()
+    } else {
+        None
+    };
+    let pending = boxed(ctx, reuse, bytes, role, tier, stream.shard);
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
         RetireSignal::from_sink(pending)
@@ -185,7 +189,7 @@ fn refused<C: DeviceContext>(
         Released::SettledLost
     } else {
         ctx.quarantine(live_shard, memory, bytes, role, tier, &err);
-        Released::Quarantined(err)
+        Released::Quarantined(Box::new(err))
     }
 }
 

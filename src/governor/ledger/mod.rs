@@ -278,15 +278,15 @@ impl Ledger {
             Tier::Device => self.charges.leave_live(e.role, e.bytes, Left::Queued),
             _ => 0,
         };
-        let credit = credit.filter(|_| asleep == 0 && e.tier == Tier::Device);
-        if let Some(c) = credit {
-            c.fetch_add(e.bytes, Ordering::Relaxed);
-        }
+        let credited = match credit {
+            Some(c) if asleep == 0 && e.tier == Tier::Device => {
+                c.fetch_add(e.bytes, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        };
         self.charges.queued_in(e.tier, e.role, e.bytes - asleep);
-        Queued {
-            asleep,
-            credited: credit.is_some(),
-        }
+        Queued { asleep, credited }
     }
 
     /// The backend refused the free [`queue`](Self::queue) (`q`) was for:
