@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Weak};
 /// bytes whose stream-ordered release has not retired yet, quarantined
 /// bytes, reserved bytes, and bytes awaiting teardown (whose free never ran
 /// on the device).
-pub(crate) use crate::sync::{BudgetWord as Budget, Refusal};
+pub(crate) use crate::sync::{BudgetWord, Refusal};
 
 /// A context charged to a [`SharedBudget`], as the budget sees it: something
 /// that can be declared lost with its device. Type-erased so that one budget
@@ -55,7 +55,7 @@ pub(crate) trait DeviceMember: Send + Sync {
 /// fields.
 pub(crate) struct Level {
     pub(super) label: String,
-    pub(super) budget: Budget,
+    pub(super) budget: BudgetWord,
     /// Pending-release bytes of every context under this level.
     pub(super) pending: AtomicU64,
     /// Quarantined bytes of every context under this level.
@@ -79,7 +79,7 @@ impl Level {
     fn new(label: String, limit: u64) -> Self {
         Self {
             label,
-            budget: Budget::new(limit),
+            budget: BudgetWord::new(limit),
             pending: AtomicU64::new(0),
             quarantined: AtomicU64::new(0),
             awaiting_teardown: AtomicU64::new(0),

@@ -83,13 +83,13 @@
 //! Imports nothing from its neighbours but the budgets it keeps and the
 //! roles it counts suspended bytes by.
 
-use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
+use super::budget::{BudgetWord, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
 use crate::governor::role::Role;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::machine::MachineMember as Machine;
 #[cfg(target_os = "linux")]
 pub(crate) type MachineRefused = Box<crate::machine::MachineRefusal>;
-use super::lease::Leases;
+use super::lease::BudgetLeases;
 use crate::Tier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -182,7 +182,7 @@ pub(crate) struct TierAmounts {
 /// step. The budget's charge is live + pending + quarantined + awaiting
 /// teardown, plus an allocation being made.
 pub(crate) struct TierCharges {
-    budget: Budget,
+    budget: BudgetWord,
     live: AtomicU64,
     /// `live` by role: what a sleep of some roles leaves on the device tier.
     live_by_role: [AtomicU64; 5],
@@ -194,7 +194,7 @@ pub(crate) struct TierCharges {
 impl TierCharges {
     fn new(limit: u64) -> Self {
         Self {
-            budget: Budget::new(limit),
+            budget: BudgetWord::new(limit),
             live: AtomicU64::new(0),
             live_by_role: Default::default(),
             pending: AtomicU64::new(0),
@@ -242,9 +242,9 @@ impl TierCharges {
 /// The charges of one context (see the module docs).
 pub(crate) struct Charges {
     /// The context's own budget.
-    budget: Budget,
+    budget: BudgetWord,
     /// Chunks of `budget` leased to shards of streams (see `lease.rs`).
-    leases: Leases,
+    leases: BudgetLeases,
     /// The device's budget, when the context is charged to one.
     shared: Option<SharedBudget>,
     /// Bytes whose free never ran on the device (abandoned releases, buffers
@@ -330,8 +330,8 @@ impl Charges {
     ) -> Self {
         Self {
             pinned: TierCharges::new(pinned_limit),
-            budget: Budget::new(limit),
-            leases: Leases::new(if shared.is_some() { 0 } else { lease_chunk }),
+            budget: BudgetWord::new(limit),
+            leases: BudgetLeases::new(if shared.is_some() { 0 } else { lease_chunk }),
             shared,
             awaiting_teardown: AtomicU64::new(0),
             returned: AtomicBool::new(false),
@@ -371,7 +371,7 @@ impl Charges {
 
     /// Charge `bytes` for an allocation on a stream of `shard` to the
     /// context's budget and to every level above it: all, or none. `credit`
-    /// lowers the bar (see [`Budget::try_charge`]).
+    /// lowers the bar (see [`BudgetWord::try_charge`]).
     ///
     /// With leases on, the charge comes out of the shard's lease, refilled
     /// from the budget when short; the budget's refusal is final only after
