@@ -422,6 +422,9 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_books(&self) -> Result<(), super::Imbalance> {
-        self.inner.ledger.audit(&self.inner.name().to_string())
+        self.inner
+            .ledger
+            .audit()
+            .map_err(|e| e.of(self.inner.name().to_string()))
     }
 }

@@ -738,8 +738,8 @@ impl<C: DeviceContext> ContextInner<C> {
         // A lost device may settle a release at any time, teardown included:
         // its books are not quiet.
         if !self.is_lost() {
-            if let Err(imbalance) = &balanced {
-                debug_assert!(false, "{imbalance}");
+            if let Err(imbalance) = balanced {
+                debug_assert!(false, "{}", imbalance.of(self.name().to_string()));
             }
         }
         let closed = self.ledger.charges().closed(self.is_lost());
@@ -836,7 +836,6 @@ impl<C: DeviceContext> ContextInner<C> {
     fn return_charges_at_teardown(&self) -> (ReturnedAtTeardown, Result<(), Imbalance>) {
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
         let returned = self.ledger.return_at_teardown(
-            &self.name().to_string(),
             quarantined
                 .iter()
                 .map(|q| (Entry::new(q.bytes, q.role, q.tier, GLOBAL), q.asleep)),

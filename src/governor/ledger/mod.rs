@@ -45,10 +45,12 @@
 //! where live includes the block cache's blocks, and "off the books" is
 //! the device-tier bytes of buffers whose memory sleeps (see
 //! `charges.rs`). [`audit`](Ledger::audit) checks it and names every term
-//! when it does not hold; teardown runs it inside
+//! when it does not hold. In debug builds teardown runs it inside
 //! [`return_at_teardown`](Ledger::return_at_teardown), where the context is
 //! quiet by construction (the gate is closed and drained), and the record
-//! asserts it in debug builds once the context is terminated.
+//! asserts it once the context is terminated; release builds leave that
+//! pass over every shard out of the teardown, and run it on demand
+//! (`ContextHandle::check_books`).
 //!
 //! # Invariants
 //!
@@ -99,7 +101,7 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// `bytes` of `role` in `tier`, counted in `shard`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(bytes: u64, role: Role, tier: Tier, shard: usize) -> Self {
         Self {
             bytes,
@@ -156,6 +158,14 @@ pub struct Imbalance {
     pub off_books: u64,
     /// The right-hand side: what the parts add up to.
     pub accounted: u64,
+}
+
+impl Imbalance {
+    /// The same imbalance, naming `context`.
+    pub(crate) fn of(mut self, context: String) -> Self {
+        self.context = context;
+        self
+    }
 }
 
 /// The books of one context (see the module docs).
@@ -229,7 +239,7 @@ impl Ledger {
     /// Charge `e` for an allocation about to be made, to its tier's budget
     /// (and, for the device tier, to every level above): all or none.
     /// `credit` is the stream's reuse credit (device tier only).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn charge(&self, e: Entry, credit: u64) -> Result<(), ChargeRefused> {
         match e.tier {
             Tier::Device => self.charges.charge(e.shard, e.bytes, credit),
@@ -240,7 +250,7 @@ impl Ledger {
     }
 
     /// The allocation [`charge`](Self::charge)d for was not made.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn uncharge(&self, e: Entry) {
         match e.tier {
             Tier::Device => self.charges.uncharge(e.bytes),
@@ -249,7 +259,7 @@ impl Ledger {
     }
 
     /// The allocation [`charge`](Self::charge)d for was made: live.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn admit(&self, e: Entry) {
         self.stats.admit(e.shard, e.role, e.bytes);
     }
@@ -268,7 +278,7 @@ impl Ledger {
     /// memory back (not a pinned buffer's, nor a sleeping one's).
     ///
     /// Statistics first, then the credit, then the levels' pending bytes.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn queue(&self, e: Entry, to_shard: usize, credit: Option<&AtomicU64>) -> Queued {
         self.stats.transfer(e.shard, to_shard, e.role, e.bytes);
         self.stats.queue(to_shard, e.role, e.bytes);
@@ -303,19 +313,14 @@ impl Ledger {
     /// A release queued on a stream of `e.shard` settled with `outcome`:
     /// retired (the device has the bytes back) or abandoned (the free never
     /// ran: charged until teardown). `credit` is the reuse credit
-    /// [`queue`](Self::queue) raised, if it did; `late` says the context
-    /// had terminated already (a backend bug, counted).
+    /// [`queue`](Self::queue) raised, if it did. A settlement after the
+    /// context terminated (a backend bug) is counted by the caller, which
+    /// knows the phase, with [`Note::LateSettlement`].
     ///
     /// Credit, charge, statistics: in that order (see the module docs);
     /// the levels above are woken last.
-    #[inline]
-    pub(crate) fn settle(
-        &self,
-        e: Entry,
-        outcome: RetireOutcome,
-        credit: Option<&AtomicU64>,
-        late: bool,
-    ) {
+    #[inline(always)]
+    pub(crate) fn settle(&self, e: Entry, outcome: RetireOutcome, credit: Option<&AtomicU64>) {
         if let Some(c) = credit {
             c.fetch_sub(e.bytes, Ordering::Relaxed);
         }
@@ -329,9 +334,6 @@ impl Ledger {
             }
         }
         self.stats.settle(e.shard, e.role, e.bytes);
-        if late {
-            self.counters.note(Note::LateSettlement);
-        }
         self.charges.announce_settled();
     }
 
@@ -401,16 +403,22 @@ impl Ledger {
     /// charge an executed free did not return goes back (see
     /// [`Charges::return_at_teardown`]).
     ///
-    /// The books are audited first, while the context is quiet and before
-    /// anything moves: the result is returned for the record to assert
-    /// once the context is terminated (a panic here would leave the
-    /// teardown's waiters waiting).
+    /// In debug builds the books are audited first, while the context is
+    /// quiet and before anything moves: the result is returned for the
+    /// record to assert once the context is terminated (a panic here would
+    /// leave the teardown's waiters waiting). Release builds skip the
+    /// audit, which would add a pass over every shard to each teardown;
+    /// [`ContextHandle::check_books`](crate::ContextHandle::check_books)
+    /// runs it on demand there.
     pub(crate) fn return_at_teardown(
         &self,
-        context: &str,
         quarantined: impl Iterator<Item = (Entry, u64)>,
     ) -> (ReturnedAtTeardown, Result<(), Imbalance>) {
-        let audit = self.audit(context);
+        let audit = if cfg!(debug_assertions) {
+            self.audit()
+        } else {
+            Ok(())
+        };
         let (mut device, mut pinned, mut asleep) = (0u64, 0u64, 0u64);
         for (e, slept) in quarantined {
             self.stats.unquarantine(e.role, e.bytes);
@@ -530,9 +538,10 @@ impl Ledger {
     // --- The identity. ---
 
     /// Check the identity of the module docs for every tier. Exact only on a
-    /// quiet context: a step running meanwhile may be half-seen. `context`
-    /// names the context in the error.
-    pub(crate) fn audit(&self, context: &str) -> Result<(), Imbalance> {
+    /// quiet context: a step running meanwhile may be half-seen. The error's
+    /// `context` is left empty for the caller, which knows the name, to
+    /// fill in ([`Imbalance::of`]).
+    pub(crate) fn audit(&self) -> Result<(), Imbalance> {
         let pinned = self
             .charges
             .tier_amounts(Tier::PinnedHost)
@@ -540,7 +549,7 @@ impl Ledger {
         let all = self.stats.usage_all();
         let quarantined = self.stats.quarantined_bytes();
         let device = Imbalance {
-            context: context.to_owned(),
+            context: String::new(),
             tier: Tier::Device,
             charged: self.charges.charged(),
             live: all.live.bytes.saturating_sub(pinned.live),
@@ -553,7 +562,7 @@ impl Ledger {
             accounted: 0,
         };
         let pinned = Imbalance {
-            context: context.to_owned(),
+            context: String::new(),
             tier: Tier::PinnedHost,
             charged: pinned.charged,
             live: pinned.live,
@@ -600,25 +609,25 @@ mod tests {
         let credit = AtomicU64::new(0);
         l.charge(e(100), 0).unwrap();
         l.admit(e(100));
-        l.audit("t").unwrap();
+        l.audit().unwrap();
         let q = l.queue(e(100), 1, Some(&credit));
         assert!(q.credited);
-        l.audit("t").unwrap();
+        l.audit().unwrap();
         let settled = Entry { shard: 1, ..e(100) };
-        l.settle(settled, RetireOutcome::Retired, Some(&credit), false);
+        l.settle(settled, RetireOutcome::Retired, Some(&credit));
         assert_eq!(credit.load(Ordering::Relaxed), 0);
-        l.audit("t").unwrap();
+        l.audit().unwrap();
         l.reserve(Tier::PinnedHost, 64).unwrap();
         l.admit_reserved(Entry::new(32, Role::Other, Tier::PinnedHost, 0));
-        l.audit("t").unwrap();
+        l.audit().unwrap();
         l.record_outside(7);
-        l.audit("t").unwrap();
+        l.audit().unwrap();
         l.return_outside(7);
         l.charge(e(10), 0).unwrap();
         l.admit(e(10));
         let slept = l.quarantine(e(10));
         assert_eq!(slept, 0);
-        l.audit("t").unwrap();
+        l.audit().unwrap();
     }
 
     #[test]
@@ -628,8 +637,10 @@ mod tests {
         // Live in the statistics, never charged: the audit names both.
         l.admit(e(100));
         l.admit(e(5));
-        let err = l.audit("ctx").unwrap_err();
+        let err = l.audit().unwrap_err();
         assert_eq!((err.tier, err.charged, err.live), (Tier::Device, 100, 105));
+        let err = err.of("ctx".into());
+        assert!(err.to_string().contains("context ctx"), "{err}");
         assert!(err.to_string().contains("100 B charged"), "{err}");
     }
 }
