@@ -241,10 +241,8 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
             outcome,
             this.stream_pending.as_deref(),
         );
-        // Read after the books moved, not before: the phase shares its word
-        // with the lifecycle's counts, and reading it ahead of the
-        // settlement's atomic writes holds every one of them up (about 6 ns
-        // of a 53 ns cycle on the null backend).
+        // A settlement after teardown is a backend bug: counted, after the
+        // books moved (a reader that sees it counted sees them moved).
         if ctx.phase() == Phase::Terminated {
             ctx.ledger.note(Note::LateSettlement);
         }
