@@ -1032,6 +1032,10 @@ impl World {
     }
 
     fn check(&mut self) -> Result<(), TestCaseError> {
+        // The model is quiet between steps: the books balance exactly.
+        if let Err(e) = self.ctx.check_books() {
+            prop_assert!(false, "{}", e);
+        }
         let s = self.ctx.snapshot();
         for i in 0..5 {
             let u = s.by_role[i];

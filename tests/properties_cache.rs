@@ -445,6 +445,10 @@ impl Harness {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
+        // The model is quiet between steps: the books balance exactly.
+        if let Err(e) = self.ctx.check_books() {
+            prop_assert!(false, "{}", e);
+        }
         let snap = self.ctx.snapshot();
         let total = snap.total();
         prop_assert_eq!(total.live_bytes, self.live, "live");

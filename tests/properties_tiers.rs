@@ -288,6 +288,10 @@ impl World {
 
     /// The governor agrees with the model, tier by tier.
     fn check(&self) -> Result<(), TestCaseError> {
+        // The model is quiet between steps: the books balance exactly.
+        if let Err(e) = self.ctx.check_books() {
+            prop_assert!(false, "{}", e);
+        }
         let snap = self.ctx.snapshot();
         for (tier, want, limit) in [
             (Tier::Device, self.m.device, self.m.device_limit),

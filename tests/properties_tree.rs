@@ -460,6 +460,10 @@ impl World {
     fn check(&self) -> Result<(), TestCaseError> {
         let mut levels = Vec::new();
         for (c, ctx) in self.contexts.iter().enumerate() {
+            // The model is quiet between steps: the books balance exactly.
+            if let Err(e) = ctx.check_books() {
+                prop_assert!(false, "{}", e);
+            }
             let s = ctx.snapshot();
             levels.push((
                 format!("c{c}"),

@@ -2,13 +2,13 @@
 //! release the block cache's bytes, wait for pending releases and ask
 //! pressure responders before giving up.
 
-use super::budget::Refusal;
-use super::charges::{Above, ChargeRefused};
 use super::config::Admission;
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
+use super::ledger::Refusal;
+use super::ledger::{Above, ChargeRefused, Entry, Note};
 use super::pressure::{PressureLevel, PressureRequest, RegisteredResponder};
 use super::record::stream::StreamShared;
-use super::record::{add, ContextInner};
+use super::record::ContextInner;
 use super::role::Role;
 use crate::sync::lock;
 use crate::trace::EventKind;
@@ -23,7 +23,7 @@ enum Refused {
     Device(crate::BackendError),
     /// The machine ledger, with every process's figures.
     #[cfg(target_os = "linux")]
-    Machine(super::charges::MachineRefused),
+    Machine(super::ledger::MachineRefused),
 }
 
 impl From<ChargeRefused> for Refused {
@@ -142,7 +142,7 @@ impl<C: DeviceContext> Request<C> for StreamShared<C> {
         bytes: u64,
         role: Role,
     ) -> Result<C::Memory, GovernorError> {
-        allocate_charged(ctx, self, bytes, role, Tier::Device)
+        allocate_charged(ctx, self, bytes, role, Tier::Device, Held::Claimed)
     }
 }
 
@@ -159,11 +159,11 @@ impl<C: DeviceContext> Request<C> for Resume {
         &self,
         ctx: &ContextInner<C>,
         bytes: u64,
-        _role: Role,
+        role: Role,
     ) -> Result<(), Result<Refused, GovernorError>> {
         // Any shard's lease may carry it, as for a reservation.
-        ctx.charges
-            .charge(0, bytes, 0)
+        ctx.ledger
+            .charge(Entry::new(bytes, role, Tier::Device, 0), 0)
             .map_err(|refused| Ok(refused.into()))
     }
     fn make_charged(&self, _: &ContextInner<C>, _: u64, _: Role) -> Result<(), GovernorError> {
@@ -231,7 +231,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
         // waiting or asking a responder. Checked after every refusal, since
         // a limit may be lowered while this allocation waits.
         if let Some(never) = never_fits(ctx, bytes) {
-            add(&ctx.counters.admission_refusals, 1);
+            ctx.ledger.note(Note::Refusal);
             let waited = if waited {
                 start.elapsed()
             } else {
@@ -256,7 +256,12 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
             if again {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            if let Some(m) = ctx.charges.machine().filter(|_| !asked_machine || again) {
+            if let Some(m) = ctx
+                .ledger
+                .charges()
+                .machine()
+                .filter(|_| !asked_machine || again)
+            {
                 asked_machine = true;
                 release_caches(ctx, &refused, shortfall(ctx, &refused, bytes));
                 // Only a physical device's figures are the machine's: an
@@ -306,7 +311,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
                 }
                 if pending > 0 || pending_in_scope(ctx, &refused) > 0 {
                     if waiter.covers(&refused) {
-                        add(&ctx.counters.admission_waits, 1);
+                        ctx.ledger.note(Note::Wait);
                         waited = true;
                         waiter.wait(d);
                     }
@@ -321,7 +326,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
         if !asked_responders {
             asked_responders = true;
             let level = refused.pressure_level();
-            if level != PressureLevel::Context && ctx.charges.shared().is_some() {
+            if level != PressureLevel::Context && ctx.ledger.charges().shared().is_some() {
                 match reclaim_across(ctx, stream, bytes, role, &refused, &mut reclaimed) {
                     Reclaim::Admitted(memory) => return Ok(memory),
                     Reclaim::Failed(e) => return Err(e),
@@ -349,14 +354,14 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
                         );
                     }
                     for r in &responders {
-                        add(&ctx.counters.pressure_calls, 1);
+                        ctx.ledger.note(Note::PressureCall);
                         reclaimed = reclaimed.saturating_add((r.responder)(&req));
                     }
                     continue;
                 }
             }
         }
-        add(&ctx.counters.admission_refusals, 1);
+        ctx.ledger.note(Note::Refusal);
         #[cfg(target_os = "linux")]
         if let Refused::Machine(m) = &mut refused {
             m.unanswered = std::mem::take(&mut unanswered);
@@ -376,13 +381,15 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
 /// (the statistics count all tiers) less those of the other tiers.
 fn device_tier<C: DeviceContext>(ctx: &ContextInner<C>) -> (u64, u64, u64) {
     let other = ctx
-        .charges
+        .ledger
+        .charges()
         .tier_amounts(Tier::PinnedHost)
         .unwrap_or_default();
     (
         ctx.live_bytes().saturating_sub(other.live),
         ctx.pending_bytes().saturating_sub(other.pending),
-        ctx.stats
+        ctx.ledger
+            .stats()
             .quarantined_bytes()
             .saturating_sub(other.quarantined),
     )
@@ -419,7 +426,11 @@ pub(crate) fn admit_in<C: DeviceContext>(
             Err(Ok(refused)) => refused,
             Err(Err(fatal)) => return Err(fatal),
         };
-        let limit = ctx.charges.tier_amounts(tier).map_or(0, |a| a.limit);
+        let limit = ctx
+            .ledger
+            .charges()
+            .tier_amounts(tier)
+            .map_or(0, |a| a.limit);
         let never = bytes > limit;
         if !never && !ctx.accepting() {
             return Err(ctx.unavailable_error());
@@ -438,7 +449,7 @@ pub(crate) fn admit_in<C: DeviceContext>(
                 if matches!(refused, Refused::Budget(..))
                     && (pending > 0 || pending_in_scope(ctx, &refused) > 0)
                 {
-                    add(&ctx.counters.admission_waits, 1);
+                    ctx.ledger.note(Note::Wait);
                     waited = true;
                     waiter.wait(d);
                     drop(waiter);
@@ -450,7 +461,7 @@ pub(crate) fn admit_in<C: DeviceContext>(
                 }
             }
         }
-        add(&ctx.counters.admission_refusals, 1);
+        ctx.ledger.note(Note::Refusal);
         let waited = if waited {
             start.elapsed()
         } else {
@@ -469,23 +480,18 @@ fn attempt_in<C: DeviceContext>(
     role: Role,
     tier: Tier,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    ctx.charges
-        .charge_in(tier, stream.shard, role, bytes, 0)
+    let entry = Entry::new(bytes, role, tier, stream.shard);
+    ctx.ledger
+        .charge(entry, 0)
         .map_err(|refused| Ok(refused.into()))?;
     // Given back on every path that does not end in a live buffer.
-    let charge = TierCharge {
-        ctx,
-        bytes,
-        tier,
-        role,
-    };
+    let charge = Charge { ctx, entry };
     let Some(backend) = ctx.enter_on(stream.shard) else {
         return Err(Err(ctx.unavailable_error()));
     };
     let result = backend.allocate_in(stream.raw(), bytes, tier);
     if result.is_ok() {
-        ctx.stats.admit(stream.shard, role, bytes);
-        std::mem::forget(charge);
+        charge.admit();
     }
     drop(backend);
     result.map_err(|e| backend_refusal(ctx, e))
@@ -506,22 +512,6 @@ fn backend_refusal<C: DeviceContext>(
     }
 }
 
-/// [`Charge`] in a tier other than the device's.
-struct TierCharge<'a, C: DeviceContext> {
-    ctx: &'a ContextInner<C>,
-    bytes: u64,
-    tier: Tier,
-    role: Role,
-}
-
-impl<C: DeviceContext> Drop for TierCharge<'_, C> {
-    fn drop(&mut self) {
-        self.ctx
-            .charges
-            .uncharge_in(self.tier, self.role, self.bytes);
-    }
-}
-
 /// The refusal of an allocation in `tier`, with the tier's numbers (the
 /// driver's error, when the driver itself was out of the tier's memory).
 fn exceeded_in<C: DeviceContext>(
@@ -532,7 +522,7 @@ fn exceeded_in<C: DeviceContext>(
     role: Role,
     waited: Duration,
 ) -> GovernorError {
-    let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+    let a = ctx.ledger.charges().tier_amounts(tier).unwrap_or_default();
     let reserved_by: Vec<_> = ctx
         .reservations
         .usage()
@@ -586,14 +576,15 @@ enum Reclaim<M> {
 fn members_under<C: DeviceContext>(
     ctx: &ContextInner<C>,
     level: PressureLevel,
-) -> Vec<std::sync::Arc<dyn super::budget::DeviceMember>> {
-    match (level, ctx.charges.process()) {
+) -> Vec<std::sync::Arc<dyn super::ledger::DeviceMember>> {
+    match (level, ctx.ledger.charges().process()) {
         (PressureLevel::Context, _) => Vec::new(),
         (PressureLevel::Process | PressureLevel::Machine, Some(p)) => {
             p.devices().iter().flat_map(|d| d.members()).collect()
         }
         _ => ctx
-            .charges
+            .ledger
+            .charges()
             .shared()
             .map_or_else(Vec::new, |s| s.0.members()),
     }
@@ -653,7 +644,8 @@ fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec
         // Called for levels above the context only; the own budget's
         // responders are the context's, asked in `admit_refused`.
         PressureLevel::Context => ctx
-            .charges
+            .ledger
+            .charges()
             .shared()
             .map_or_else(Vec::new, |s| s.0.members()),
         _ => members_under(ctx, level),
@@ -677,7 +669,7 @@ fn victims<C: DeviceContext>(ctx: &ContextInner<C>, level: PressureLevel) -> Vec
 }
 
 /// Bytes an allocation asking responders holds for itself on every level
-/// (see [`Charges::claim`](super::charges::Charges::claim)): given back when
+/// (see [`Charges::claim`](super::ledger::Charges::claim)): given back when
 /// dropped unless [`keep`](Self::keep) hands them to the allocation.
 struct Claim<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
@@ -686,13 +678,13 @@ struct Claim<'a, C: DeviceContext> {
 
 impl<'a, C: DeviceContext> Claim<'a, C> {
     fn new(ctx: &'a ContextInner<C>, bytes: u64) -> Self {
-        ctx.charges.claim(bytes);
+        ctx.ledger.claim(bytes);
         Self { ctx, bytes }
     }
 
     /// Whether the claim is admissible now: every level within its limit.
     fn fits(&self) -> bool {
-        self.ctx.charges.claim_fits()
+        self.ctx.ledger.claim_fits()
     }
 
     fn keep(self) {
@@ -702,10 +694,9 @@ impl<'a, C: DeviceContext> Claim<'a, C> {
 
 impl<C: DeviceContext> Drop for Claim<'_, C> {
     fn drop(&mut self) {
-        self.ctx.charges.uncharge(self.bytes);
         // Room came back on the levels above: whoever waits there looks
         // again.
-        self.ctx.charges.announce_returned();
+        self.ctx.ledger.give_back(self.bytes);
     }
 }
 
@@ -715,7 +706,7 @@ impl<C: DeviceContext> Drop for Claim<'_, C> {
 /// while a round freed something, at most [`RECLAIM_ROUNDS`].
 ///
 /// On a budget level the requester first claims its bytes on every level,
-/// over the limits (see [`Charges::claim`](super::charges::Charges::claim)):
+/// over the limits (see [`Charges::claim`](super::ledger::Charges::claim)):
 /// a byte a responder frees there pays the claim off, and an allocation
 /// racing it is refused until the claim is paid in full; the claim is the
 /// allocation's charge once every level is within its limit, and is given
@@ -787,10 +778,10 @@ fn reclaim_across<C: DeviceContext, R: Request<C>>(
                 requested: bytes,
                 shortfall: claim.as_ref().map_or_else(
                     || shortfall(ctx, refused, bytes),
-                    |_| ctx.charges.claim_shortfall(),
+                    |_| ctx.ledger.charges().claim_shortfall(),
                 ),
             };
-            add(&ctx.counters.pressure_calls, 1);
+            ctx.ledger.note(Note::PressureCall);
             let gave = (v.responder.responder)(&req);
             freed = freed.saturating_add(gave);
             *reclaimed = reclaimed.saturating_add(gave);
@@ -825,16 +816,25 @@ fn reclaim_across<C: DeviceContext, R: Request<C>>(
     }
 }
 
-/// Allocate `bytes` in `tier` whose charge is already held (taken out of a
-/// reservation, or a reclaim's claim): the backend call and the live count
-/// of [`attempt`], without
-/// charging. The caller holds a pin and puts the bytes back on error.
+/// Where the charge of [`allocate_charged`] is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Taken out of a reservation.
+    Reserved,
+    /// A reclaim's claim.
+    Claimed,
+}
+
+/// Allocate `bytes` in `tier` whose charge is already held (`held`): the
+/// backend call and the live count of [`attempt`], without charging. The
+/// caller holds a pin and puts the bytes back on error.
 pub(crate) fn allocate_charged<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
     tier: Tier,
+    held: Held,
 ) -> Result<C::Memory, GovernorError> {
     let Some(backend) = ctx.enter_on(stream.shard) else {
         return Err(ctx.unavailable_error());
@@ -844,14 +844,17 @@ pub(crate) fn allocate_charged<C: DeviceContext>(
         _ => backend.allocate_in(stream.raw(), bytes, tier),
     };
     if result.is_ok() {
-        ctx.stats.admit(stream.shard, role, bytes);
-        ctx.charges.reserved_taken_in(tier, role, bytes);
+        let entry = Entry::new(bytes, role, tier, stream.shard);
+        match held {
+            Held::Reserved => ctx.ledger.admit_reserved(entry),
+            Held::Claimed => ctx.ledger.admit(entry),
+        }
     }
     drop(backend);
     result.map_err(|e| {
         if e.kind == BackendErrorKind::OutOfMemory {
             ctx.note_backend_error(&e);
-            add(&ctx.counters.admission_refusals, 1);
+            ctx.ledger.note(Note::Refusal);
             match tier {
                 Tier::Device => exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0),
                 _ => exceeded_in(ctx, tier, Refused::Device(e), bytes, role, Duration::ZERO),
@@ -870,7 +873,7 @@ pub(crate) fn reserve_refused<C: DeviceContext>(
     refused: ChargeRefused,
     bytes: u64,
 ) -> GovernorError {
-    add(&ctx.counters.admission_refusals, 1);
+    ctx.ledger.note(Note::Refusal);
     if let ChargeRefused::Tier(tier, r) = refused {
         let refused = Refused::Budget(BudgetScope::Tier(tier), r);
         return exceeded_in(ctx, tier, refused, bytes, Role::Other, Duration::ZERO);
@@ -887,12 +890,13 @@ fn attempt<C: DeviceContext>(
     bytes: u64,
     role: Role,
 ) -> Result<C::Memory, Result<Refused, GovernorError>> {
-    ctx.charges
-        .charge(stream.shard, bytes, stream.credit())
+    let entry = Entry::new(bytes, role, Tier::Device, stream.shard);
+    ctx.ledger
+        .charge(entry, stream.credit())
         .map_err(|refused| Ok(refused.into()))?;
     // Charged to every level now: returned on every path below that does
     // not end in a live buffer, unwinding out of the backend included.
-    let charge = Charge { ctx, bytes };
+    let charge = Charge { ctx, entry };
     // The gate closes only once retire has begun (force, teardown): this
     // allocation was not admitted, and says so with the error a retiring
     // context gives (`Reclaimed` is for buffers and streams that existed).
@@ -901,32 +905,32 @@ fn attempt<C: DeviceContext>(
     };
     let result = backend.allocate(stream.raw(), bytes);
     if result.is_ok() {
-        ctx.stats.admit(stream.shard, role, bytes);
-        charge.keep();
+        charge.admit();
     }
     drop(backend);
     result.map_err(|e| backend_refusal(ctx, e))
 }
 
-/// Bytes charged to the context's budget and its shared one for an
-/// allocation being made: given back when dropped, unless [`keep`](Self::keep)
-/// says the allocation is live.
+/// Bytes charged (to the tier's budget, and for the device tier to every
+/// level above) for an allocation being made: given back when dropped,
+/// unless [`admit`](Self::admit) says the allocation is live.
 struct Charge<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
-    bytes: u64,
+    entry: Entry,
 }
 
 impl<C: DeviceContext> Charge<'_, C> {
-    /// The allocation succeeded: the charge stays with its buffer.
+    /// The allocation succeeded: live, and the charge stays with its buffer.
     #[inline]
-    fn keep(self) {
+    fn admit(self) {
+        self.ctx.ledger.admit(self.entry);
         std::mem::forget(self);
     }
 }
 
 impl<C: DeviceContext> Drop for Charge<'_, C> {
     fn drop(&mut self) {
-        self.ctx.charges.uncharge(self.bytes);
+        self.ctx.ledger.uncharge(self.entry);
     }
 }
 
@@ -939,10 +943,12 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 /// guards: a byte counted here as no longer on its way is back in the budget.
 fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
     match (refused, refused.above()) {
-        (Refused::Budget(BudgetScope::Tier(tier), _), _) => {
-            ctx.charges.tier_amounts(*tier).map_or(0, |a| a.pending)
-        }
-        (_, Some(which)) => ctx.charges.on_the_way(which),
+        (Refused::Budget(BudgetScope::Tier(tier), _), _) => ctx
+            .ledger
+            .charges()
+            .tier_amounts(*tier)
+            .map_or(0, |a| a.pending),
+        (_, Some(which)) => ctx.ledger.charges().on_the_way(which),
         // The device tier's: pending releases of other tiers give back
         // nothing here.
         (_, None) => device_tier(ctx).1,
@@ -970,7 +976,7 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
         match refused
             .above()
-            .and_then(|which| Some((which, ctx.charges.epoch(which)?)))
+            .and_then(|which| Some((which, ctx.ledger.charges().epoch(which)?)))
         {
             Some((which, seen)) => Self::Above { ctx, which, seen },
             None => {
@@ -1003,7 +1009,8 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     fn wait(&self, deadline: Instant) {
         match *self {
             Self::Above { ctx, which, seen } => {
-                ctx.charges
+                ctx.ledger
+                    .charges()
                     .wait_above(which, seen, deadline, || !ctx.accepting());
             }
             Self::Context { ctx, seen } => {
@@ -1028,9 +1035,9 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
 /// budget, its shared budget, the process budget above that, or the device's
 /// total memory (when the backend reports one). `None` when the request could fit once enough is released.
 fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
-    let context = ctx.charges.limit();
+    let context = ctx.ledger.charges().limit();
     if bytes > context {
-        let charged = ctx.charges.charged();
+        let charged = ctx.ledger.charges().charged();
         return Some(Refused::Budget(
             BudgetScope::Context,
             Refusal {
@@ -1039,7 +1046,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
             },
         ));
     }
-    if let Some(s) = ctx.charges.shared() {
+    if let Some(s) = ctx.ledger.charges().shared() {
         if bytes > s.limit() {
             return Some(Refused::Budget(
                 BudgetScope::Shared(s.label().to_owned()),
@@ -1050,7 +1057,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
             ));
         }
     }
-    if let Some(p) = ctx.charges.process() {
+    if let Some(p) = ctx.ledger.charges().process() {
         if bytes > p.limit() {
             return Some(Refused::Budget(
                 BudgetScope::Process(p.label().to_owned()),
@@ -1062,7 +1069,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
         }
     }
     #[cfg(target_os = "linux")]
-    if let Some(m) = ctx.charges.machine() {
+    if let Some(m) = ctx.ledger.charges().machine() {
         let m = m.inner();
         if bytes > m.ledger_limit() {
             let r = m.refusal(bytes, crate::machine::RefusedBy::Ledger, None);
@@ -1075,7 +1082,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
         let charged = live
             .saturating_add(pending)
             .saturating_add(quarantined)
-            .saturating_add(ctx.charges.awaiting_teardown());
+            .saturating_add(ctx.ledger.charges().awaiting_teardown());
         return Some(Refused::Budget(
             BudgetScope::Device,
             Refusal {
@@ -1133,7 +1140,8 @@ fn exceeded<C: DeviceContext>(
         #[cfg(target_os = "linux")]
         Refused::Machine(m) => {
             let a = ctx
-                .charges
+                .ledger
+                .charges()
                 .amounts(Above::Process)
                 .expect("a machine refusal implies a process level");
             let (limit, charged, available) = match m.by {
@@ -1160,7 +1168,7 @@ fn exceeded<C: DeviceContext>(
         }
         Refused::Budget(scope, r) if above.is_some() => {
             let a = above
-                .and_then(|which| ctx.charges.amounts(which))
+                .and_then(|which| ctx.ledger.charges().amounts(which))
                 .expect("a refusal above the context implies that level");
             (
                 scope,
@@ -1181,8 +1189,8 @@ fn exceeded<C: DeviceContext>(
                 r.charged,
                 pending,
                 quarantined,
-                ctx.charges.awaiting_teardown(),
-                ctx.outside.bytes(),
+                ctx.ledger.charges().awaiting_teardown(),
+                ctx.ledger.outside_bytes(),
                 r.limit,
                 r.limit.saturating_sub(r.charged),
                 None,
@@ -1193,8 +1201,8 @@ fn exceeded<C: DeviceContext>(
             let (free, total) =
                 info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));
             let (live, pending, quarantined) = device_tier(ctx);
-            let awaiting = ctx.charges.awaiting_teardown();
-            let outside = ctx.outside.bytes();
+            let awaiting = ctx.ledger.charges().awaiting_teardown();
+            let outside = ctx.ledger.outside_bytes();
             (
                 BudgetScope::Device,
                 live.saturating_add(pending)

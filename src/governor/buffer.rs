@@ -364,7 +364,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 buffer: None,
                 error: GovernorError::Backend {
                     context: stream.shared.ctx.name(),
-                    source: e,
+                    source: *e,
                 },
             }),
         }

@@ -142,10 +142,10 @@ pub(crate) fn hit<C: DeviceContext>(
     let block = bins.take(class)?;
     ctx.cache.left(block.role, class);
     if block.role != role {
-        ctx.stats.leave(stream.shard, block.role, class);
-        ctx.stats.admit(stream.shard, role, class);
-        // A block released while its role slept may carry suspended bytes.
-        ctx.charges.retag_suspended(block.role, role, class);
+        // A block released while its role slept may carry suspended bytes:
+        // they follow it.
+        let entry = super::ledger::Entry::new(class, role, crate::Tier::Device, stream.shard);
+        ctx.ledger.retag(entry, block.role);
     }
     drop(gate);
     ctx.cache.hits.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,7 @@
 //! Imports nothing from its neighbours but the budgets a context is
 //! charged to and the words it is configured in (roles, pressure).
 
-use super::budget::SharedBudget;
+use super::ledger::SharedBudget;
 use crate::Tier;
 use std::fmt;
 use std::time::Duration;

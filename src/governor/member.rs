@@ -3,12 +3,12 @@
 //! a teardown in progress will give back, its pressure responders and its
 //! cache).
 
-use super::budget::DeviceMember;
 use super::cache::release_for_pressure;
+use super::ledger::DeviceMember;
 use super::pressure::RegisteredResponder;
 use super::record::{ContextInner, Phase};
 use crate::sync::lock;
-use crate::{DeviceContext, Tier};
+use crate::DeviceContext;
 
 impl<C: DeviceContext> DeviceMember for ContextInner<C> {
     fn device_lost(&self, reason: &str) {
@@ -25,25 +25,7 @@ impl<C: DeviceContext> DeviceMember for ContextInner<C> {
     /// the epoch bump at Terminated ([`finish`](ContextInner::finish)) is
     /// what ends the wait; a phase of Terminated means every byte is back.
     fn returning_at_teardown(&self) -> u64 {
-        // The shared budget holds device bytes only: other tiers' pending
-        // and quarantined bytes return nothing to it.
-        let other = self
-            .charges
-            .tier_amounts(Tier::PinnedHost)
-            .unwrap_or_default();
-        let held = self
-            .pending_bytes()
-            .saturating_sub(other.pending)
-            .saturating_add(self.charges.awaiting_teardown())
-            .saturating_add(
-                self.stats
-                    .quarantined_bytes()
-                    .saturating_sub(other.quarantined),
-            )
-            // Bytes released or quarantined asleep are on no level: their
-            // return gives nothing back.
-            .saturating_sub(self.charges.off_books())
-            .saturating_add(self.charges.suspended_bytes());
+        let held = self.ledger.returned_by_teardown();
         match self.phase() {
             Phase::Retiring => held,
             Phase::Terminating => held.max(1),

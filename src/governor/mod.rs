@@ -6,14 +6,12 @@
 
 mod admission;
 mod backend_access;
-mod budget;
 mod buffer;
 mod cache;
-mod charges;
 mod config;
 mod error;
 mod handle;
-mod lease;
+mod ledger;
 mod member;
 mod migrate;
 mod outside;
@@ -28,13 +26,11 @@ mod retire;
 mod role;
 mod shards;
 mod snapshot;
-mod stats;
 mod stream;
 mod suspend;
 mod units;
 mod view;
 
-pub use budget::{ProcessBudget, SharedBudget};
 pub use buffer::{DeviceBuffer, ReleaseError};
 pub use cache::size_class;
 pub use config::{Admission, CacheConfig, ContextConfig, Tuning};
@@ -43,6 +39,7 @@ pub use error::{
     RetireError,
 };
 pub use handle::ContextHandle;
+pub use ledger::{Imbalance, ProcessBudget, SharedBudget};
 pub use migrate::MigrateError;
 pub use outside::{OutsideRecord, OutsideUsage};
 pub use pin_source::ContextPin;
@@ -137,10 +134,10 @@ impl<C: DeviceContext> Governor<C> {
             ContextInner::new(id, backend, config, this.clone(), cache::flush_all)
         });
         lock(&self.contexts).push(inner.clone());
-        if let Some(shared) = inner.charges.shared() {
+        if let Some(shared) = inner.ledger.charges().shared() {
             // After the push: a device lost already marks this context lost
             // at once, with the registry holding it like any other.
-            let member: Arc<dyn budget::DeviceMember> = inner.clone();
+            let member: Arc<dyn ledger::DeviceMember> = inner.clone();
             shared.join(Arc::downgrade(&member));
         }
         ContextHandle { inner }

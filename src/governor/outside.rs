@@ -22,24 +22,13 @@
 //!
 //! [`ContextSnapshot::outside_bytes`]: super::ContextSnapshot::outside_bytes
 
-use super::budget::{ProcessBudget, SharedBudget};
-use super::charges;
+use super::ledger::{self, ProcessBudget, SharedBudget};
+
 use super::handle::ContextHandle;
 use super::record::ContextInner;
 use crate::DeviceContext;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The sum of the live [`OutsideUsage`] records of one context.
-#[derive(Debug, Default)]
-pub(crate) struct Outside(AtomicU64);
-
-impl Outside {
-    pub(crate) fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// Bytes allocated outside memgov for a context, charged to it (and to the
 /// levels above it) until this record is dropped. Made by
@@ -60,11 +49,7 @@ impl<C: DeviceContext> OutsideUsage<C> {
 
 impl<C: DeviceContext> Drop for OutsideUsage<C> {
     fn drop(&mut self) {
-        self.inner
-            .outside
-            .0
-            .fetch_sub(self.bytes, Ordering::Relaxed);
-        self.inner.charges.return_outside(self.bytes);
+        self.inner.ledger.return_outside(self.bytes);
         // Allocations of this context waiting for room look again.
         self.inner.announce_settlement();
     }
@@ -104,8 +89,7 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn report_outside(&self, bytes: u64) -> OutsideUsage<C> {
-        self.inner.outside.0.fetch_add(bytes, Ordering::Relaxed);
-        self.inner.charges.record_outside(bytes);
+        self.inner.ledger.record_outside(bytes);
         OutsideUsage {
             inner: self.inner.clone(),
             bytes,
@@ -146,7 +130,7 @@ impl OutsideRecord {
 impl Drop for OutsideRecord {
     fn drop(&mut self) {
         let (shared, process) = self.levels();
-        charges::return_outside_at(shared, process, self.bytes);
+        ledger::return_outside_at(shared, process, self.bytes);
     }
 }
 
@@ -179,7 +163,7 @@ impl SharedBudget {
     /// assert_eq!(gpu0.charged(), 0);
     /// ```
     pub fn report_outside(&self, bytes: u64) -> OutsideRecord {
-        charges::record_outside_at(Some(self), None, bytes);
+        ledger::record_outside_at(Some(self), None, bytes);
         OutsideRecord {
             at: At::Shared(self.clone()),
             bytes,
@@ -192,7 +176,7 @@ impl ProcessBudget {
     /// on no one device it tracks): charged here until the returned record
     /// is dropped. Never refused: see [`ContextHandle::report_outside`].
     pub fn report_outside(&self, bytes: u64) -> OutsideRecord {
-        charges::record_outside_at(None, Some(self), bytes);
+        ledger::record_outside_at(None, Some(self), bytes);
         OutsideRecord {
             at: At::Process(self.clone()),
             bytes,

@@ -3,7 +3,7 @@
 //! stream's work (`free_async`), and either settles later (the backend fires
 //! or abandons its signal: [`PendingRelease::settle`]) or is refused (the
 //! memory goes with a lost device, or into quarantine). The charges move
-//! with each step through [`Charges`](super::charges::Charges); the boxes of
+//! with each step through the [`Ledger`](super::ledger::Ledger); the boxes of
 //! pending releases are recycled through one [`Slot`] per shard.
 //!
 //! # Invariants
@@ -12,9 +12,10 @@
 //!   reads the shards' live totals only once the gate has drained, so a
 //!   buffer is either still counted live (and force revokes its pin) or has
 //!   moved on (and released or transferred its pin itself), never both.
-//! * The buffer's pin moves into the pending release: the release is
-//!   counted pending first, so pins + pending never touches zero in
-//!   between; the pin leaves with the settlement.
+//! * The buffer's pin moves into the pending release through the
+//!   lifecycle's `Deferral`, taken under the release's gate claim: the
+//!   release is counted pending first, so pins + pending never touches zero
+//!   in between; the pin leaves with the settlement (`Lifecycle::settle`).
 //! * A settlement gives the reuse credit back first, then the charge, then
 //!   the statistics: whoever reads "no longer pending" (an admission
 //!   deciding whether a wait could help) also sees the bytes back in the
@@ -26,17 +27,16 @@
 //!   `prune_terminated`, which needs a finished retire), and closes the
 //!   slots for good.
 
-use super::charges::Left;
-use super::pin_source::ContextPin;
+use super::ledger::{Entry, Note};
 use super::record::pending::PendingRelease;
 use super::record::stream::StreamShared;
-use super::record::{add, sub, ContextInner, Phase};
+use super::record::{ContextInner, Phase};
 use super::role::Role;
 use crate::sync::Slot;
 use crate::trace::EventKind;
 use crate::{BackendError, DeviceContext, Tier};
 use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// How a release ended, for the caller that asked for it explicitly.
@@ -49,7 +49,7 @@ pub(crate) enum Released {
     /// The context was force-retired: teardown reclaims the memory.
     Reclaimed,
     /// The backend refused: the memory is quarantined.
-    Quarantined(BackendError),
+    Quarantined(Box<BackendError>),
 }
 
 /// Release `memory` (holding one pin of `ctx`, charged `bytes` live in
@@ -100,52 +100,47 @@ pub(crate) fn release<C: DeviceContext>(
             return released;
         }
     }
-    // Move the buffer's pin into the pending release: pending first, so the
-    // sum of the two counters never touches zero in between.
-    ctx.pending_queued(stream.shard);
+    // Move the buffer's pin into the pending release: counted pending now,
+    // the pin given up once the free is queued (the deferral keeps that
+    // order), so the sum of the two counters never touches zero in between.
+    let deferral = backend.defer_pin();
     // `release_on` another stream: the buffer leaves its own shard and is
-    // queued in the other one (as if allocated there).
-    ctx.stats.transfer(live_shard, stream.shard, role, bytes);
-    ctx.stats.queue(stream.shard, role, bytes);
-    // What of the buffer slept is on no level: only the rest is pending
-    // there (see `charges.rs`).
-    let asleep = match tier {
-        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Queued),
-        _ => 0,
+    // queued in the other one (as if allocated there). Stream-ordered reuse
+    // credits device memory freed on the stream to the device allocations
+    // after it: the ledger says whether this free earned the credit.
+    let entry = Entry::new(bytes, role, tier, live_shard);
+    let queued = ctx
+        .ledger
+        .queue(entry, stream.shard, stream.pending_bytes.as_deref());
+    let reuse = if queued.credited {
+        stream.pending_bytes.clone()
+    } else {
+        None
     };
-    // Stream-ordered reuse credits device memory freed on the stream to the
-    // device allocations after it: a free of another tier returns none, nor
-    // does a free of memory that sleeps.
-    let reuse = reuse_credit(stream, tier, asleep);
-    if let Some(p) = reuse {
-        add(p, bytes);
-    }
-    ctx.charges.queued_in(tier, role, bytes - asleep);
-    let pending = boxed(ctx, reuse.cloned(), bytes, role, tier, stream.shard);
+    let pending = boxed(ctx, reuse, bytes, role, tier, stream.shard);
     // A stream's trace tag is set only on a traced context.
     let signal = if stream.trace_tag == 0 {
         RetireSignal::from_sink(pending)
     } else {
         traced_signal(ctx, stream.trace_tag, pending)
     };
-    // The buffer's pin now belongs to the pending release. The guard drops it
-    // once the backend has queued the free, and also if `free_async` panics:
-    // the signal, dropped or kept by the backend, settles the release on its
-    // own, and the pin must not outlive the call.
-    let pin = ContextPin::adopt(ctx, stream.shard);
+    // The deferral gives the buffer's pin up once the backend has queued the
+    // free, and also if `free_async` panics: the signal, dropped or kept by
+    // the backend, settles the release on its own, and the pin must not
+    // outlive the call.
     match backend.free_async(stream.raw(), memory, signal) {
         Ok(()) => {
-            drop(pin);
+            deferral.queued();
             drop(backend);
             Released::Queued
         }
         Err((memory, signal, err)) => {
-            // The paths below release the pin themselves.
-            pin.transfer();
             // Undo the move without settling: the release never happened.
+            // The pin stays here; the paths below release it themselves.
             signal.defuse();
-            undo_pending(ctx, live_shard, stream, bytes, role, tier, asleep);
-            ctx.pending_left(stream.shard);
+            ctx.ledger
+                .unqueue(entry, stream.shard, queued, stream.pending_bytes.as_deref());
+            deferral.undo();
             ctx.note_backend_error(&err);
             let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
             drop(backend);
@@ -194,41 +189,8 @@ fn refused<C: DeviceContext>(
         Released::SettledLost
     } else {
         ctx.quarantine(live_shard, memory, bytes, role, tier, &err);
-        Released::Quarantined(err)
+        Released::Quarantined(Box::new(err))
     }
-}
-
-/// The stream's reuse credit, when a release of `tier` with `asleep` of its
-/// bytes asleep earns one: device memory the free gives back.
-#[inline]
-fn reuse_credit<C: DeviceContext>(
-    stream: &StreamShared<C>,
-    tier: Tier,
-    asleep: u64,
-) -> Option<&Arc<AtomicU64>> {
-    if asleep != 0 || tier != Tier::Device {
-        return None;
-    }
-    stream.pending_bytes.as_ref()
-}
-
-/// Undo the queueing of a release whose free the backend refused (`asleep`:
-/// what [`Charges::leave_live`](super::charges::Charges::leave_live) took).
-fn undo_pending<C: DeviceContext>(
-    ctx: &ContextInner<C>,
-    live_shard: usize,
-    stream: &StreamShared<C>,
-    bytes: u64,
-    role: Role,
-    tier: Tier,
-    asleep: u64,
-) {
-    ctx.stats.unqueue(live_shard, stream.shard, role, bytes);
-    if let Some(p) = reuse_credit(stream, tier, asleep) {
-        sub(p, bytes);
-    }
-    ctx.charges.unqueued_in(tier, role, bytes - asleep);
-    ctx.charges.rejoin_live(role, asleep);
 }
 
 /// A live buffer of a lost context goes away with the device.
@@ -239,17 +201,10 @@ fn settle_live_as_lost<C: DeviceContext>(
     role: Role,
     tier: Tier,
 ) {
-    ctx.stats.leave(live_shard, role, bytes);
     // The device does not get the memory back before the context is
     // destroyed (a lost context's allocations are freed by its teardown).
-    // What of it slept is on no level.
-    let asleep = match tier {
-        Tier::Device => ctx.charges.leave_live(role, bytes, Left::Gone),
-        _ => 0,
-    };
-    ctx.charges
-        .hold_live_until_teardown_in(tier, role, bytes - asleep);
-    add(&ctx.counters.settled_lost, 1);
+    ctx.ledger
+        .lose_live(Entry::new(bytes, role, tier, live_shard));
     ctx.announce_settlement();
     ctx.release_pin();
 }
@@ -262,37 +217,29 @@ impl<C: DeviceContext> RetireSink for PendingRelease<C> {
         let ctx = &*this.ctx;
         let shard = usize::from(this.shard);
         // Credit, charge, statistics: in that order (see the module docs).
-        if let Some(p) = &this.stream_pending {
-            sub(p, this.bytes);
-        }
-        match outcome {
-            // The free executed: the device has the bytes back. (`retired`
-            // is derived: settled minus abandoned.)
-            RetireOutcome::Retired => ctx
-                .charges
-                .uncharge_settled_in(this.tier, shard, this.role, this.bytes),
-            // The free never ran: the memory is the backend's to free at
-            // teardown, and charged until then.
-            RetireOutcome::Abandoned => {
-                ctx.counters.abandoned.fetch_add(1, Ordering::Release);
-                ctx.charges.abandoned_in(this.tier, this.role, this.bytes);
-            }
-        }
-        ctx.stats.settle(shard, this.role, this.bytes);
+        // Retired: the device has the bytes back (`retired` is derived:
+        // settled minus abandoned). Abandoned: the free never ran, the
+        // memory is the backend's to free at teardown, charged until then.
+        ctx.ledger.settle(
+            Entry::new(this.bytes, this.role, this.tier, shard),
+            outcome,
+            this.stream_pending.as_deref(),
+        );
+        // A settlement after teardown is a backend bug: counted, after the
+        // books moved (a reader that sees it counted sees them moved).
         if ctx.phase() == Phase::Terminated {
-            add(&ctx.counters.late_settlements, 1);
+            ctx.ledger.note(Note::LateSettlement);
         }
-        // Admission waiters: woken only if one is registered.
-        ctx.announce_settlement();
-        ctx.charges.announce_settled();
-        // The pin this release carried leaves with it. Lifecycle waiters wait
-        // for `drained()` (or the gate, or termination); a settlement can
-        // only make that true by taking `pending` to zero, so only that one
-        // wakes them, and only if one registered in `pending`: a teardown
-        // waiter is not woken once per release. Last of the wake-ups: a task
-        // waker registered by `finished()` runs executor code, which must not
-        // keep the others from happening.
-        ctx.pending_left(shard);
+        // The context's own admission waiters (woken only if one is
+        // registered), then the pin this release carried leaves with it.
+        // Lifecycle waiters wait for `drained()` (or the gate, or
+        // termination); a settlement can only make that true by taking
+        // `pending` to zero, so only that one wakes them, and only if one
+        // registered in `pending`: a teardown waiter is not woken once per
+        // release. Last of the wake-ups: a task waker registered by
+        // `finished()` runs executor code, which must not keep the others
+        // from happening.
+        ctx.settle_pending(shard);
         // Last: offer the box, with its Arc of the context, to the shard.
         // After a successful offer this thread touches nothing: the box (and
         // the Arc that keeps the record alive) belongs to the slot.

@@ -16,7 +16,7 @@
 //! reserved by 'request-17'"). The list is touched when a reservation is made
 //! and dropped, never when an allocation is made out of one.
 
-use super::admission::{allocate_charged, reserve_refused};
+use super::admission::{allocate_charged, reserve_refused, Held};
 use super::buffer::DeviceBuffer;
 use super::error::{ContextOperation, GovernorError};
 use super::pin_source::ContextPin;
@@ -70,8 +70,8 @@ impl<C: DeviceContext> Reservation<C> {
             });
         }
         let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
-        ctx.charges
-            .reserve_in(tier, bytes)
+        ctx.ledger
+            .reserve(tier, bytes)
             .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
         // The pin is the reservation's until it is dropped.
         pin.transfer();
@@ -159,7 +159,7 @@ impl<C: DeviceContext> Reservation<C> {
         // Back into the reservation on every way out but a live buffer,
         // unwinding out of the backend included.
         let taken = Taken { from: self, bytes };
-        let memory = allocate_charged(ctx, &stream.shared, bytes, role, self.tier)?;
+        let memory = allocate_charged(ctx, &stream.shared, bytes, role, self.tier, Held::Reserved)?;
         std::mem::forget(taken);
         pin.transfer();
         Ok(DeviceBuffer {
@@ -181,8 +181,8 @@ impl<C: DeviceContext> Reservation<C> {
     /// [`GovernorError::BudgetExceeded`] with every number.
     pub fn grow(&self, bytes: u64) -> Result<(), GovernorError> {
         self.ctx
-            .charges
-            .reserve_in(self.tier, bytes)
+            .ledger
+            .reserve(self.tier, bytes)
             .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
         self.state.left.add(bytes);
         Ok(())
@@ -192,7 +192,7 @@ impl<C: DeviceContext> Reservation<C> {
     /// what is left). Returns how many were given back.
     pub fn shrink(&self, bytes: u64) -> u64 {
         let given = self.state.left.shrink(bytes);
-        self.ctx.charges.unreserve_in(self.tier, given);
+        self.ctx.ledger.unreserve(self.tier, given);
         given
     }
 }
@@ -203,7 +203,7 @@ impl<C: DeviceContext> Drop for Reservation<C> {
         // is left goes back exactly once (`close` leaves 0 for the list,
         // which may still read the state until it is removed).
         let left = self.state.left.close();
-        self.ctx.charges.unreserve_in(self.tier, left);
+        self.ctx.ledger.unreserve(self.tier, left);
         self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
     }

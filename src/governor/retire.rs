@@ -41,7 +41,7 @@ impl<C: DeviceContext> ContextInner<C> {
         let responders = std::mem::take(&mut *lock(&self.responders));
         drop(responders);
         // Admissions on the shared budget check `accepting()` too.
-        self.charges.wake_shared_waiters();
+        self.ledger.charges().wake_shared_waiters();
         #[cfg(feature = "tracing")]
         tracing::info!(context = %self.id, label = %self.label(), pins = self.life.pin_claims(), pending = self.life.pending_count(), "memgov: retiring context");
     }
@@ -68,7 +68,7 @@ impl Outstanding {
             });
         }
         for role in Role::ALL {
-            let usage = ctx.stats.usage(role);
+            let usage = ctx.ledger.stats().usage(role);
             if usage.live.count > 0 {
                 items.push(OutstandingItem {
                     kind: PinKind::Buffer,

@@ -105,7 +105,7 @@ impl<C: DeviceContext> GovernedStream<C> {
             raw: Some(raw),
             trace_tag: ctx.trace.as_ref().map_or(0, |t| t.stream_created(&label)),
             label,
-            shard: ctx.stats.pick_shard(),
+            shard: ctx.ledger.stats().pick_shard(),
             pending_bytes: ctx
                 .description
                 .stream_ordered_reuse

@@ -32,7 +32,7 @@
 //! * The backend call and the suspension (or the resumption) happen under
 //!   one gate claim: `force` and teardown, which close the gate, see the
 //!   buffers either before or after their bytes moved, never half-way.
-//! * The books' side is kept in `charges.rs`: the suspended amounts, and
+//! * The books' side is kept in `ledger/charges.rs`: the suspended amounts, and
 //!   the identity that charged is live, pending, quarantined, awaiting
 //!   teardown, reserved, cached and outside bytes less those on no level.
 //!   A buffer that leaves live while asleep (released, quarantined, lost,
@@ -109,8 +109,7 @@ impl<C: DeviceContext> Drop for Admitted<'_, C> {
     fn drop(&mut self) {
         let bytes: u64 = self.by_role.iter().sum();
         if bytes > 0 {
-            self.ctx.charges.uncharge(bytes);
-            self.ctx.charges.announce_returned();
+            self.ctx.ledger.give_back(bytes);
         }
     }
 }
@@ -224,11 +223,11 @@ impl<C: DeviceContext> ContextHandle<C> {
         // after they were suspended.
         let mut by_role = [0u64; 5];
         for role in roles_or_all(roles) {
-            let live = ctx.stats.usage(role).live.bytes;
+            let live = ctx.ledger.stats().usage(role).live.bytes;
             let device = live
                 .saturating_sub(ctx.cache.of_role(role).0)
-                .saturating_sub(ctx.charges.other_tiers_live(role));
-            ctx.charges.suspend(role, device);
+                .saturating_sub(ctx.ledger.charges().other_tiers_live(role));
+            ctx.ledger.suspend(role, device);
             by_role[role.index()] = device;
         }
         drop(backend);
@@ -280,7 +279,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             by_role: [0; 5],
         };
         for role in Role::ALL {
-            let bytes = ctx.charges.suspended(role);
+            let bytes = ctx.ledger.charges().suspended(role);
             if bytes > 0 {
                 admit_resume(ctx, bytes, role)?;
                 admitted.by_role[role.index()] = bytes;
@@ -300,7 +299,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         let by_role = std::mem::take(&mut admitted.by_role);
         let mut resumed = 0;
         for role in Role::ALL {
-            resumed += ctx.charges.resumed(role, by_role[role.index()]);
+            resumed += ctx.ledger.resume(role, by_role[role.index()]);
         }
         drop(backend);
         step.done(SleepState::Awake);

@@ -30,7 +30,7 @@ fn by_tier<C: DeviceContext>(
     let mut others = (0u64, 0u64, 0u64);
     let mut tiers = Vec::with_capacity(Tier::ALL.len());
     for tier in Tier::ALL.into_iter().skip(1) {
-        let a = ctx.charges.tier_amounts(tier).unwrap_or_default();
+        let a = ctx.ledger.charges().tier_amounts(tier).unwrap_or_default();
         let usage = TierUsage {
             tier,
             limit: a.limit,
@@ -50,13 +50,13 @@ fn by_tier<C: DeviceContext>(
         0,
         TierUsage {
             tier: Tier::Device,
-            limit: ctx.charges.limit(),
-            charged: ctx.charges.charged(),
+            limit: ctx.ledger.charges().limit(),
+            charged: ctx.ledger.charges().charged(),
             reserved: reserved(Tier::Device),
             live_bytes: total.live_bytes.saturating_sub(others.0),
             pending_bytes: total.pending_bytes.saturating_sub(others.1),
             quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
-            awaiting_teardown: ctx.charges.awaiting_teardown(),
+            awaiting_teardown: ctx.ledger.charges().awaiting_teardown(),
         },
     );
     tiers
@@ -78,8 +78,8 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
     for role in Role::ALL {
-        let usage = ctx.stats.usage(role);
-        let quarantined = ctx.stats.quarantined(role);
+        let usage = ctx.ledger.stats().usage(role);
+        let quarantined = ctx.ledger.stats().quarantined(role);
         // The books count a cached block as the live buffer it was.
         let (cached_bytes, cached_count) = ctx.cache.of_role(role);
         by_role[role.index()] = RoleUsage {
@@ -89,7 +89,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             pending_count: usage.pending.count,
             quarantined_bytes: quarantined.bytes,
             quarantined_count: quarantined.count,
-            suspended_bytes: ctx.charges.suspended(role),
+            suspended_bytes: ctx.ledger.charges().suspended(role),
         };
     }
     let outstanding = Outstanding::collect(ctx);
@@ -108,8 +108,8 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         external: count(PinKind::External),
         other: count(PinKind::Other),
     };
-    let c = &ctx.counters;
-    let (peak, peak_exact) = ctx.stats.peak_live();
+    let c = &ctx.ledger.counters();
+    let (peak, peak_exact) = ctx.ledger.stats().peak_live();
     let reservations = ctx.reservations.usage();
     let by_tier = by_tier(ctx, &by_role, &reservations);
     let reserved = by_tier[0].reserved;
@@ -122,16 +122,16 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         execution: ctx.description.execution,
         lifecycle: lifecycle(ctx),
         lost_reason: ctx.lost_reason_if_lost(),
-        budget_limit: ctx.charges.limit(),
-        charged: ctx.charges.charged(),
-        suspended: ctx.charges.off_books(),
+        budget_limit: ctx.ledger.charges().limit(),
+        charged: ctx.ledger.charges().charged(),
+        suspended: ctx.ledger.charges().off_books(),
         sleep: ctx.sleep.get(),
-        awaiting_teardown: ctx.charges.awaiting_teardown(),
-        shared_budget: ctx.charges.shared().map(|s| s.label().to_owned()),
+        awaiting_teardown: ctx.ledger.charges().awaiting_teardown(),
+        shared_budget: ctx.ledger.charges().shared().map(|s| s.label().to_owned()),
         peak,
         peak_exact,
-        peak_budget_held: ctx.charges.peak_held(),
-        outside_bytes: ctx.outside.bytes(),
+        peak_budget_held: ctx.ledger.charges().peak_held(),
+        outside_bytes: ctx.ledger.outside_bytes(),
         reserved,
         reservations,
         by_role,

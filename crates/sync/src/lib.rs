@@ -38,9 +38,11 @@
 //! * [`Bins`]: blocks kept by size class under one lock, closed for good
 //!   by retire (the governor's block cache keeps one per stream).
 //! * [`Lifecycle`]: one context's phase, pins, pending releases, gate and
-//!   waiters built from the above, and the transitions (retire, loss, force,
-//!   teardown, the background reap) that the governor drives and the loom
-//!   models check.
+//!   waiters built from the above, the transitions (retire, loss, force,
+//!   teardown, the background reap), and the sequences the governor runs
+//!   between them (a backend call under a [`GateClaim`], a pin moved into a
+//!   pending release by a [`Deferral`], its settlement), all of which the
+//!   governor drives and the loom models check.
 
 mod bins;
 mod budget;
@@ -59,7 +61,7 @@ pub use claim::{AcquireError, ClaimCounter, ClaimShards, Entry, MAX_CLAIMS};
 // `ShardedCount`.
 #[allow(unused_imports)]
 pub use lease::{LeaseSlots, Leases, Pool, Take};
-pub use lifecycle::{Destroyer, Forcing, GateClaim, Lifecycle, Phase, Reaper, Teardown};
+pub use lifecycle::{Deferral, Destroyer, Forcing, GateClaim, Lifecycle, Phase, Reaper, Teardown};
 pub use notify::Notifier;
 pub use slot::Slot;
 #[allow(unused_imports)]

@@ -9,8 +9,31 @@
 //! gate closed and drained; [`Lifecycle::begin_force`] hands one caller a
 //! [`Forcing`]; and the reaper hook is called once, when a retiring context
 //! that nobody attends has drained. The governor then calls the backend (or
-//! starts the reaper) with no lock held. The loom models in `tests/loom.rs`
-//! drive this type, not a copy of it.
+//! starts the reaper) with no lock held.
+//!
+//! The sequences the governor runs between two transitions live here too,
+//! so that the order of their steps is written once: a backend call holds a
+//! [`GateClaim`] ([`Lifecycle::enter`]); a buffer's pin moves into a pending
+//! release through a [`Deferral`] taken under that claim
+//! ([`GateClaim::defer_pin`]: counted pending first, the pin given up
+//! second); the release leaves pending by [`Lifecycle::settle`] (on whatever
+//! thread fires its signal) or [`Deferral::undo`]. The loom models in
+//! `tests/loom.rs` drive these, not a copy of them.
+//!
+//! ```
+//! use memgov_sync::Lifecycle;
+//! let life = Lifecycle::<2>::new(8, 0, false, Box::new(|| true));
+//! life.acquire_pin_on(1).unwrap(); // a buffer's pin
+//! // Its release, queued on a stream of shard 1:
+//! let claim = life.enter(1).expect("the gate is open");
+//! let deferral = claim.defer_pin(); // counted pending; the pin is still held
+//! // ... the backend queues the free here ...
+//! deferral.queued(); // the pin goes
+//! drop(claim);
+//! assert_eq!((life.pin_count(), life.pending_count()), (0, 1));
+//! life.settle(1); // the free executed: its signal settles the release
+//! assert_eq!(life.pending_count(), 0);
+//! ```
 //!
 //! # Invariants
 //!
@@ -20,19 +43,23 @@
 //!   close the leases before the word ([`close_pins`](Lifecycle::close_pins)),
 //!   so that no pin is taken once either has run, and the idle claims are
 //!   back on the word by the time it closes. A pin that moves into a pending
-//!   release is counted in `pending` *before* it leaves `pins`
-//!   ([`pending_queued`](Lifecycle::pending_queued) then the release), so the
-//!   two never read zero together early.
+//!   release is counted in `pending` *before* it leaves `pins`: one
+//!   [`Deferral`] does both, in that order ([`GateClaim::defer_pin`] counts,
+//!   the deferral's drop gives the pin up), so the two never read zero
+//!   together early. Nothing else counts a release pending.
 //! * `pending` is counted per shard (`ShardedCount`): a release is counted on
 //!   the shard of the stream it was queued on, and leaves it there. Only
 //!   after [`begin_retire`](Lifecycle::begin_retire) closes the shards can
 //!   the total reach zero. It carries the drain waiters in its total: a
 //!   waiter registers there before its first check, and the settlement's own
-//!   read-modify-write tells it whether to wake.
+//!   read-modify-write tells it whether to wake. A release leaves it by its
+//!   settlement ([`Lifecycle::settle`]) or by the undo of a refused queueing
+//!   ([`Deferral::undo`], with the pin still held).
 //! * `gate` counts backend calls in flight, one claim word per shard. A
-//!   [`GateClaim`] holds one; teardown and force close every shard and wait
-//!   for all of them to drain, so a [`Destroyer`] or a [`Forcing`] proves
-//!   that no call is in flight and none can start.
+//!   [`GateClaim`] holds one, and is the only way to take one; teardown and
+//!   force close every shard and wait for all of them to drain, so a
+//!   [`Destroyer`] or a [`Forcing`] proves that no call is in flight and
+//!   none can start.
 //! * The phase only moves forward: Active -> Retiring ([`begin_retire`](Lifecycle::begin_retire)),
 //!   Retiring -> Terminating by compare-and-swap ([`begin_teardown`](Lifecycle::begin_teardown),
 //!   whose winner alone gets the `Destroyer`), Terminating -> Terminated
@@ -150,10 +177,69 @@ pub struct GateClaim<'a, const N: usize> {
     shard: usize,
 }
 
+impl<'a, const N: usize> GateClaim<'a, N> {
+    /// The holder of a pin releases it into a pending release queued on a
+    /// stream of this claim's shard: count the release pending now, and
+    /// keep the pin in the returned [`Deferral`] until the backend has
+    /// queued the free. Pending first, pin second: in between, the pin
+    /// keeps `pins` + `pending` above zero (which is also what
+    /// `ShardedCount` needs of an increment on a closed shard). Under a gate
+    /// claim, so that `force`, which reads the live counts once the gate has
+    /// drained, sees the buffer either live or released.
+    #[inline]
+    pub fn defer_pin(&self) -> Deferral<'a, N> {
+        self.life.pending.increment(self.shard);
+        Deferral {
+            life: self.life,
+            shard: self.shard,
+        }
+    }
+}
+
 impl<const N: usize> Drop for GateClaim<'_, N> {
     #[inline]
     fn drop(&mut self) {
         self.life.leave_gate(self.shard);
+    }
+}
+
+/// A pin on its way into a pending release, from [`GateClaim::defer_pin`]:
+/// the release is counted pending, and the pin is still held. Dropped (or
+/// [`queued`](Self::queued)), it gives the pin up into its shard's lease,
+/// also when the call that queues the free unwinds: the signal, fired or
+/// dropped, settles the release on its own ([`Lifecycle::settle`]), and the
+/// pin must not outlive the call. [`undo`](Self::undo) takes the release
+/// back instead, and leaves the pin with the caller.
+#[must_use = "the pin is given up when the deferral drops"]
+pub struct Deferral<'a, const N: usize> {
+    life: &'a Lifecycle<N>,
+    shard: usize,
+}
+
+impl<const N: usize> Deferral<'_, N> {
+    /// The backend queued the free, whose signal will settle the release:
+    /// the pin goes now.
+    #[inline]
+    pub fn queued(self) {
+        drop(self);
+    }
+
+    /// The backend refused the free, so no signal will settle the release:
+    /// it leaves pending again (waking the drain waiters if it was the last
+    /// one), and the pin stays with the caller, who gives it back (or moves
+    /// it on) itself. The pin is still held while the release leaves, so
+    /// the two never read zero together here either.
+    #[inline]
+    pub fn undo(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.life.pending_left(this.shard);
+    }
+}
+
+impl<const N: usize> Drop for Deferral<'_, N> {
+    #[inline]
+    fn drop(&mut self) {
+        self.life.release_pin_on(self.shard);
     }
 }
 
@@ -272,7 +358,8 @@ impl<const N: usize> Lifecycle<N> {
     // ---- the gate -------------------------------------------------------
 
     /// Enter the gate for one backend call through `shard`'s claim word;
-    /// `None` once teardown or force has closed it.
+    /// `None` once teardown or force has closed it. The call runs while the
+    /// returned claim lives.
     #[inline]
     pub fn enter(&self, shard: usize) -> Option<GateClaim<'_, N>> {
         if self.enter_gate(shard) {
@@ -282,12 +369,11 @@ impl<const N: usize> Lifecycle<N> {
         }
     }
 
-    /// [`enter`](Self::enter) for a guard that keeps its own way back to
-    /// this lifecycle (the governor's `BackendGuard`, which holds the record
-    /// and the shard): true if the caller now holds a claim of `shard`,
-    /// which it gives back with exactly one [`leave_gate`](Self::leave_gate).
+    /// True if the caller now holds a claim of `shard`, which the
+    /// [`GateClaim`] made of it gives back with exactly one
+    /// [`leave_gate`](Self::leave_gate).
     #[inline]
-    pub fn enter_gate(&self, shard: usize) -> bool {
+    fn enter_gate(&self, shard: usize) -> bool {
         match self.gate.enter(shard) {
             Entry::Entered => true,
             Entry::Closed => false,
@@ -301,7 +387,7 @@ impl<const N: usize> Lifecycle<N> {
     /// Give back a claim of `shard` taken by [`enter_gate`](Self::enter_gate);
     /// the last one of a closed gate wakes teardown or force.
     #[inline]
-    pub fn leave_gate(&self, shard: usize) {
+    fn leave_gate(&self, shard: usize) {
         if self.gate.release(shard) {
             self.waiters.notify();
         }
@@ -425,20 +511,25 @@ impl<const N: usize> Lifecycle<N> {
 
     // ---- pending releases and settlements -------------------------------
 
-    /// A pin is about to move into a release queued on a stream of `shard`:
-    /// count the release first, so that pins and pending never read zero
-    /// together in between (which is also what `ShardedCount` needs of its
-    /// caller). Call under a gate claim, before the pin is given back.
+    /// A release queued on a stream of `shard` (by a [`Deferral`]) settled:
+    /// its free executed, or will never run. Call once the books of the
+    /// release are settled: wakes the admission waiters, if one is
+    /// registered ([`announce_settlement`](Self::announce_settlement)), then
+    /// takes the release out of pending, which wakes the drain waiters if it
+    /// was the last one and may start the background teardown. That step
+    /// is last: from there the context may be torn down, and a drain waiter
+    /// woken there may be a task's waker, running executor code.
     #[inline]
-    pub fn pending_queued(&self, shard: usize) {
-        self.pending.increment(shard);
+    pub fn settle(&self, shard: usize) {
+        self.announce_settlement();
+        self.pending_left(shard);
     }
 
     /// A release queued on a stream of `shard` left: settled, or undone.
     /// Wakes the drain waiters if it was the last one they waited for, and
     /// may start the background teardown.
     #[inline]
-    pub fn pending_left(&self, shard: usize) {
+    fn pending_left(&self, shard: usize) {
         if self.pending.decrement(shard) {
             self.waiters.wake_all();
             self.reap_if_unattended();
@@ -708,14 +799,15 @@ mod tests {
     fn the_last_event_of_an_unattended_context_reaps_it_once() {
         let reaps = Arc::new(StdUsize::new(0));
         let life = Lifecycle::<2>::new(4, 0, false, counting(&reaps));
-        life.acquire_pin().unwrap();
-        life.pending_queued(0);
-        life.release_pin();
+        life.acquire_pin_on(0).unwrap();
+        let claim = life.enter(0).unwrap();
+        claim.defer_pin().queued();
+        drop(claim);
         life.attend();
         life.begin_retire();
         life.unattend();
         assert_eq!(reaps.load(Ordering::SeqCst), 0, "a release is pending");
-        life.pending_left(0);
+        life.settle(0);
         assert_eq!(reaps.load(Ordering::SeqCst), 1);
         life.reap_if_unattended();
         assert_eq!(reaps.load(Ordering::SeqCst), 1, "reaped twice");
@@ -743,9 +835,8 @@ mod tests {
     #[test]
     fn loss_refuses_pins_and_drains_without_pending() {
         let life = Lifecycle::<2>::new(4, 0, false, Box::new(|| true));
-        life.acquire_pin().unwrap();
-        life.pending_queued(1);
-        life.release_pin();
+        life.acquire_pin_on(1).unwrap();
+        life.enter(1).unwrap().defer_pin().queued();
         assert!(life.mark_lost("gone"));
         assert!(!life.mark_lost("again"));
         assert_eq!(life.lost_reason().as_deref(), Some("gone"));
@@ -756,6 +847,61 @@ mod tests {
             "a lost device's pending releases are given up"
         );
         assert_eq!(life.pending_count(), 1);
+    }
+
+    #[test]
+    fn a_deferral_counts_pending_before_the_pin_goes() {
+        let life = Lifecycle::<2>::new(4, 1, true, Box::new(|| true));
+        life.acquire_pin_on(1).unwrap();
+        let claim = life.enter(1).unwrap();
+        let deferral = claim.defer_pin();
+        assert_eq!(
+            (life.pin_count(), life.pending_count()),
+            (1, 1),
+            "counted pending while the pin is still held"
+        );
+        deferral.queued();
+        drop(claim);
+        assert_eq!((life.pin_count(), life.pending_count()), (0, 1));
+        assert_eq!(life.leased_pins(), 2, "the pin went into the shard's lease");
+        life.settle(1);
+        assert_eq!(life.pending_count(), 0);
+    }
+
+    #[test]
+    fn an_undone_deferral_leaves_the_pin_with_its_holder() {
+        let life = Lifecycle::<2>::new(4, 0, false, Box::new(|| true));
+        life.acquire_pin_on(0).unwrap();
+        let claim = life.enter(0).unwrap();
+        claim.defer_pin().undo();
+        drop(claim);
+        assert_eq!((life.pin_count(), life.pending_count()), (1, 0));
+        life.begin_retire();
+        assert!(!life.drained(), "the holder still has its pin");
+        life.release_pin_on(0);
+        assert!(life.drained());
+    }
+
+    #[test]
+    fn a_deferral_dropped_by_an_unwinding_call_gives_the_pin_up() {
+        let life = Lifecycle::<2>::new(4, 0, false, Box::new(|| true));
+        life.acquire_pin_on(0).unwrap();
+        let claim = life.enter(0).unwrap();
+        let deferral = claim.defer_pin();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = deferral;
+            panic!("the backend's free unwound");
+        }));
+        assert!(unwound.is_err());
+        drop(claim);
+        assert_eq!(
+            (life.pin_count(), life.pending_count()),
+            (0, 1),
+            "the pin went; the dropped signal settles the release"
+        );
+        life.settle(0);
+        life.begin_retire();
+        assert!(life.drained());
     }
 
     #[test]

@@ -14,12 +14,16 @@
 //! `wait_drained`, `begin_teardown` and its `Destroyer`, `attend` /
 //! `unattend` and the reaper hook), `Leases`
 //! over a budget, and `Notifier`. What the governor does between two
-//! transitions is the model's `Ctx`, with the same calls in the same order
-//! as `src/governor/record.rs` and `release.rs`: a backend call under a
-//! `GateClaim`; a buffer's pin moved into a pending release (pending first,
-//! pin second) and a real [`memgov_backend::RetireSignal`] fired (or
-//! dropped) on a foreign thread; the destroy done under the `Destroyer`,
-//! where the model checks that nothing is outstanding.
+//! transitions is shipped there too, and the models call it as the governor
+//! does (`src/governor/record.rs`, `release.rs`): a backend call under a
+//! `GateClaim` (`Lifecycle::enter`); a buffer's pin moved into a pending
+//! release by a `Deferral` taken under that claim (`GateClaim::defer_pin`
+//! counts the release pending, then `Deferral::queued` gives the pin up, or
+//! `Deferral::undo` takes a refused release back) and a real
+//! [`memgov_backend::RetireSignal`] fired (or dropped) on a foreign thread,
+//! whose settlement is `Lifecycle::settle`. The model's `Ctx` adds only its
+//! observations and checks around them, and the destroy done under the
+//! `Destroyer`, where it checks that nothing is outstanding.
 //!
 //! Checked in every explored interleaving:
 //! * no acquire succeeds after retire has been observed (by any thread that
@@ -33,6 +37,10 @@
 //!   sees one registered (`announce_settlement`), and learning whether a
 //!   teardown waiter waits from its own read-modify-write of the pending
 //!   count (`ShardedCount` over `CountWord`);
+//! * a pin moving into a pending release (`Deferral`), the last one of a
+//!   retiring context included, never lets the teardown start between the
+//!   two steps, and a refused release taken back (`Deferral::undo`) never
+//!   holds the teardown;
 //! * pending releases are counted per shard (`ShardedCount`) and backend
 //!   calls pass through per-shard gate words (`ClaimShards`): teardown still
 //!   waits for every one of them;
@@ -85,10 +93,11 @@ mod model {
     static TOTAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
     /// A context as the governor drives it: the shipped [`Lifecycle`] (two
-    /// stream shards) and, around it, what the governor does between its
-    /// transitions (a backend call under a gate claim, a release queued and
+    /// stream shards), driven through the same calls as the governor (a
+    /// backend call under a gate claim, a release deferred, queued and
     /// settled, the destroy under the `Destroyer`), with the model's
-    /// observations and checks. Every transition is the lifecycle's own.
+    /// observations and checks around them. Every transition and every
+    /// sequence of steps is the lifecycle's own.
     struct Ctx {
         life: Lifecycle<2>,
         /// Set by a holder while it holds a pin taken from a lease.
@@ -214,27 +223,47 @@ mod model {
         }
 
         /// `release()` in release.rs, on a stream of `shard`: under a gate
-        /// claim, move the buffer's pin into a pending release (pending
-        /// first), hand the signal to the "driver", then drop the buffer's
-        /// pin into the shard's lease.
+        /// claim, defer the buffer's pin into a pending release
+        /// (`GateClaim::defer_pin`), make the signal the "driver" fires,
+        /// then, the free queued, let the deferral give the pin up into the
+        /// shard's lease (`Deferral::queued`) and leave the gate.
         fn queue_release(this: &Arc<Self>, shard: usize) -> RetireSignal {
             let claim = this
                 .life
                 .enter(shard)
                 .expect("the gate is open while a buffer lives");
-            this.life.pending_queued(shard);
+            let deferral = claim.defer_pin();
             let ctx = this.clone();
             let signal = RetireSignal::from_fn(move |outcome| ctx.settle(shard, outcome));
+            assert!(
+                !this.destroyed.load(Acquire),
+                "a pin was released after destroy"
+            );
+            deferral.queued();
             drop(claim);
-            this.release_pin_on(shard);
             signal
         }
 
-        /// `PendingRelease::settle`: atomics and wake-ups only; admission
-        /// waiters are woken only if one is registered
-        /// (`announce_settlement`), teardown waiters only by the settlement
-        /// that takes `pending` to zero with one registered in it
-        /// (`pending_left`).
+        /// `release()` in release.rs when the backend refuses the free, on a
+        /// stream of `shard`: under a gate claim, the pin is deferred, then
+        /// the release is taken back (`Deferral::undo`), and the buffer's
+        /// pin, still held, goes back on its own path (here: into the
+        /// shard's lease) after the gate is left.
+        fn refused_release(&self, shard: usize) {
+            let claim = self
+                .life
+                .enter(shard)
+                .expect("the gate is open while a buffer lives");
+            claim.defer_pin().undo();
+            drop(claim);
+            self.release_pin_on(shard);
+        }
+
+        /// `PendingRelease::settle`: the books (here: the outcome counted),
+        /// then `Lifecycle::settle`: atomics and wake-ups only; admission
+        /// waiters are woken only if one is registered, teardown waiters
+        /// only by the settlement that takes `pending` to zero with one
+        /// registered in it.
         fn settle(&self, shard: usize, outcome: RetireOutcome) {
             assert!(
                 !self.destroyed.load(Acquire),
@@ -244,8 +273,7 @@ mod model {
                 RetireOutcome::Retired => self.retired.fetch_add(1, Relaxed),
                 RetireOutcome::Abandoned => self.abandoned.fetch_add(1, Relaxed),
             };
-            self.life.announce_settlement();
-            self.life.pending_left(shard);
+            self.life.settle(shard);
         }
 
         /// `Lifecycle::begin_retire`, then the observation of it.
@@ -400,6 +428,63 @@ mod model {
                 d1.join().unwrap();
                 d2.join().unwrap();
                 assert_eq!(ctx.abandoned.load(Relaxed), 1);
+                assert_eq!(ctx.retired.load(Relaxed), 1);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// The last pin of a context moves into a pending release while it
+    /// retires: a holder releases its only buffer (nothing else pins the
+    /// context), and a foreign "driver" fires the signal. The deferral
+    /// counts the release pending before the pin goes, so the teardown never
+    /// starts in between: destroy runs once, after the settlement, at zero.
+    /// With the pin given up first, loom finds the teardown in that gap.
+    #[test]
+    fn the_last_pin_moves_into_a_pending_release_while_retire_waits() {
+        run(
+            "last pin deferred into a pending release + foreign RetireSignal + retire (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire_on(1).unwrap(); // the only buffer
+                let c = ctx.clone();
+                let holder = thread::spawn(move || {
+                    let signal = Ctx::queue_release(&c, 1);
+                    thread::spawn(move || signal.retire())
+                });
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                holder.join().unwrap().join().unwrap();
+                assert_eq!(ctx.retired.load(Relaxed), 1);
+                assert_eq!(ctx.destroys.load(Acquire), 1);
+            },
+        );
+    }
+
+    /// A release whose free the backend refuses (`Deferral::undo`) on one
+    /// thread, a release settling on a foreign thread, and retire with its
+    /// teardown waiter: the undone release never holds the teardown, the
+    /// buffer's pin (kept through the undo) does until it goes, and destroy
+    /// runs once, at zero (loom reports a deadlock if an undo leaves its
+    /// release counted).
+    #[test]
+    fn a_refused_release_is_undone_while_retire_waits() {
+        run(
+            "refused release undone + foreign RetireSignal + retire (3 threads)",
+            Some(3),
+            || {
+                let ctx = Arc::new(Ctx::new(4));
+                ctx.acquire().unwrap();
+                let queued = Ctx::queue_release(&ctx, 0);
+                ctx.acquire().unwrap(); // the buffer whose free is refused
+                let driver = thread::spawn(move || queued.retire());
+                let c = ctx.clone();
+                let holder = thread::spawn(move || c.refused_release(1));
+                ctx.begin_retire();
+                ctx.wait_and_finish();
+                driver.join().unwrap();
+                holder.join().unwrap();
                 assert_eq!(ctx.retired.load(Relaxed), 1);
                 assert_eq!(ctx.destroys.load(Acquire), 1);
             },

@@ -54,15 +54,16 @@ pub(crate) mod reservations;
 pub(crate) mod sleep;
 pub(crate) mod stream;
 
-use super::charges::{Charges, Left, ReturnedAtTeardown};
 use super::config::{Admission, ContextConfig};
 use super::error::{ContextName, GovernorError};
+use super::ledger::{Charges, Entry, Imbalance, Ledger, Note, ReturnedAtTeardown};
 use super::pressure::RegisteredResponder;
 use super::report::TeardownReport;
 use super::role::Role;
 use super::shards::{GLOBAL, SHARDS};
-use super::stats::Stats;
-use crate::sync::{lock, AcquireError, Destroyer, Forcing, Lifecycle, Teardown};
+use crate::sync::{
+    lock, AcquireError, Deferral, Destroyer, Forcing, GateClaim, Lifecycle, Teardown,
+};
 use crate::trace::{ContextTrace, EventKind};
 use crate::{
     BackendError, BackendErrorKind, DeviceContext, DeviceDescription, ProviderContextIdentity,
@@ -82,29 +83,13 @@ use stream::StreamShared;
 /// Where a context is in its life (see [`Lifecycle`]).
 pub(crate) use crate::sync::Phase;
 
-/// Monotonic event counters. `allocations`, `releases_queued` and `retired`
-/// are derived from the statistics (see [`ContextInner::allocations`]).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub abandoned: AtomicU64,
-    pub settled_lost: AtomicU64,
-    pub quarantined: AtomicU64,
-    pub reclaimed: AtomicU64,
-    pub admission_refusals: AtomicU64,
-    pub admission_waits: AtomicU64,
-    pub pressure_calls: AtomicU64,
-    pub backend_errors: AtomicU64,
-    /// Releases that settled after teardown: must stay zero (a backend bug).
-    pub late_settlements: AtomicU64,
-}
-
 /// A release the backend refused: the memory stays owned and charged until
 /// the context terminates.
 struct Quarantined<M> {
     role: Role,
     tier: Tier,
     bytes: u64,
-    /// The part of `bytes` that slept: on no level (see `charges.rs`).
+    /// The part of `bytes` that slept: on no level (see `ledger/charges.rs`).
     asleep: u64,
     reason: String,
     _memory: M,
@@ -131,15 +116,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// are the admission waiters'.
     pub life: Lifecycle<SHARDS>,
 
-    /// The context's budget, its leases, its shared budget and the bytes
-    /// held until teardown (see `charges.rs`).
-    pub charges: Charges,
-
-    /// Live, pending and quarantined amounts (see `stats.rs`).
-    pub stats: Stats,
-    pub counters: Counters,
-    /// Bytes reported as used outside memgov's allocations (see `outside.rs`).
-    pub outside: super::outside::Outside,
+    /// The books: charges on every level of the budget tree, statistics,
+    /// counters and outside usage, changed one step at a time (see
+    /// `ledger/`).
+    pub ledger: Ledger,
     /// The live reservations, for snapshots and refusals.
     pub reservations: reservations::Reservations,
     /// Live streams. Changed only under a gate claim (`stream_created`,
@@ -189,8 +169,18 @@ unsafe impl<C: DeviceContext> Send for ContextInner<C> {}
 /// claim, so teardown cannot move the backend out from under it.
 pub(crate) struct BackendGuard<'a, C: DeviceContext> {
     ctx: &'a ContextInner<C>,
-    /// The gate shard whose claim this guard holds (`Lifecycle::enter_gate`).
-    shard: usize,
+    /// The claim of one gate shard, given back when the guard drops.
+    claim: GateClaim<'a, SHARDS>,
+}
+
+impl<'a, C: DeviceContext> BackendGuard<'a, C> {
+    /// Move a live buffer's pin into a release queued on this guard's
+    /// shard (see [`GateClaim::defer_pin`]): counted pending now, the pin
+    /// given up when the returned deferral drops.
+    #[inline]
+    pub(crate) fn defer_pin(&self) -> Deferral<'a, SHARDS> {
+        self.claim.defer_pin()
+    }
 }
 
 impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
@@ -206,13 +196,6 @@ impl<C: DeviceContext> Deref for BackendGuard<'_, C> {
                 .as_ref()
                 .expect("backend present while the gate is open")
         }
-    }
-}
-
-impl<C: DeviceContext> Drop for BackendGuard<'_, C> {
-    #[inline]
-    fn drop(&mut self) {
-        self.ctx.life.leave_gate(self.shard);
     }
 }
 
@@ -284,16 +267,16 @@ impl<C: DeviceContext> ContextInner<C> {
                 matches!(config.admission, Admission::WaitForPending { .. }),
                 Box::new(move || start_reaper(&this)),
             ),
-            charges: Charges::new(
-                limit,
-                config.tuning.lease_chunk,
-                config.shared,
-                config.pinned_budget.unwrap_or(u64::MAX),
+            ledger: Ledger::new(
+                Charges::new(
+                    limit,
+                    config.tuning.lease_chunk,
+                    config.shared,
+                    config.pinned_budget.unwrap_or(u64::MAX),
+                ),
+                config.tuning.exact_peak,
             ),
-            stats: Stats::new(config.tuning.exact_peak),
             cache: cache::ContextCache::new(config.cache),
-            counters: Counters::default(),
-            outside: Default::default(),
             reservations: Default::default(),
             streams_live: AtomicU64::new(0),
             backend: UnsafeCell::new(Some(backend)),
@@ -322,13 +305,8 @@ impl<C: DeviceContext> ContextInner<C> {
     /// stream pass through their own shard.
     #[inline]
     pub(crate) fn enter_on(&self, shard: usize) -> Option<BackendGuard<'_, C>> {
-        // Not `then_some`: it would make (and drop, giving back a claim
-        // never taken) a guard when the gate is closed.
-        if self.life.enter_gate(shard) {
-            Some(BackendGuard { ctx: self, shard })
-        } else {
-            None
-        }
+        let claim = self.life.enter(shard)?;
+        Some(BackendGuard { ctx: self, claim })
     }
 
     /// Reach the backend while the gate is closed, for `force` only: the
@@ -394,19 +372,12 @@ impl<C: DeviceContext> ContextInner<C> {
         self.life.gate_closed()
     }
 
-    /// A live buffer's pin is about to move into a pending release queued
-    /// on a stream of `shard` (see [`Lifecycle::pending_queued`]). Call under
-    /// a gate claim, before the buffer's pin goes.
+    /// A pending release queued on a stream of `shard` settled: wake the
+    /// admission waiters, then take it out of pending (see
+    /// [`Lifecycle::settle`]).
     #[inline]
-    pub(crate) fn pending_queued(&self, shard: usize) {
-        self.life.pending_queued(shard);
-    }
-
-    /// A pending release queued on a stream of `shard` left: settled, or its
-    /// free refused (undone) (see [`Lifecycle::pending_left`]).
-    #[inline]
-    pub(crate) fn pending_left(&self, shard: usize) {
-        self.life.pending_left(shard);
+    pub(crate) fn settle_pending(&self, shard: usize) {
+        self.life.settle(shard);
     }
 
     /// A release settled (or a live buffer went with a lost device): wake
@@ -484,15 +455,9 @@ impl<C: DeviceContext> ContextInner<C> {
         tier: Tier,
         err: &BackendError,
     ) {
-        self.stats.leave(live_shard, role, bytes);
-        self.stats.quarantine(role, bytes);
-        // What of it slept is on no level: only the rest is quarantined there.
-        let asleep = match tier {
-            Tier::Device => self.charges.leave_live(role, bytes, Left::Quarantined),
-            _ => 0,
-        };
-        self.charges.quarantined_in(tier, role, bytes - asleep);
-        add(&self.counters.quarantined, 1);
+        let asleep = self
+            .ledger
+            .quarantine(Entry::new(bytes, role, tier, live_shard));
         #[cfg(feature = "tracing")]
         tracing::warn!(context = %self.id, label = %self.label(), bytes, role = %role, error = %err, "memgov: release refused; memory quarantined");
         lock(&self.quarantine).push(Quarantined {
@@ -633,7 +598,7 @@ impl<C: DeviceContext> ContextInner<C> {
         }
         #[cfg(feature = "tracing")]
         tracing::error!(context = %self.id, label = %self.label(), reason, pending = self.life.pending_count(), "memgov: device lost");
-        self.charges.wake_shared_waiters();
+        self.ledger.charges().wake_shared_waiters();
         if let Some(backend) = self.enter() {
             backend.device_lost();
         }
@@ -646,7 +611,7 @@ impl<C: DeviceContext> ContextInner<C> {
 
     /// Record a backend error; a lost device marks the context lost.
     pub(crate) fn note_backend_error(&self, err: &BackendError) {
-        add(&self.counters.backend_errors, 1);
+        self.ledger.note(Note::BackendError);
         if err.is_device_lost() {
             self.mark_lost(&err.to_string());
         }
@@ -729,20 +694,9 @@ impl<C: DeviceContext> ContextInner<C> {
         }
         // Every live transition happens under a gate claim, and the gate is
         // closed and drained: the live totals of every shard are stable.
-        let reclaimed = self.stats.reclaim_live();
-        add(&self.counters.reclaimed, reclaimed.count);
         // Still allocated on the device until teardown frees it: charged
-        // until then, so that no other context is admitted into it. Each
-        // tier's bytes stay on its own budget.
-        let other_tiers = self.charges.reclaim_tiers_live();
-        // Bytes that slept are on no level: held without them.
-        let asleep = self.charges.reclaim_suspended();
-        self.charges.hold_until_teardown(
-            reclaimed
-                .bytes
-                .saturating_sub(other_tiers)
-                .saturating_sub(asleep),
-        );
+        // until then, so that no other context is admitted into it.
+        let reclaimed = self.ledger.reclaim_live();
         let streams = self.streams_live.swap(0, Ordering::AcqRel);
         forcing.revoke(reclaimed.count + streams);
         #[cfg(feature = "tracing")]
@@ -764,11 +718,18 @@ impl<C: DeviceContext> ContextInner<C> {
                     .expect("report stored before TERMINATED");
             }
         };
-        let report = self.tear_down(&destroyer);
+        let (report, balanced) = self.tear_down(&destroyer);
         *lock(&self.report) = Some(report.clone());
         destroyer.terminated();
         // After Terminated: a failed check fails the caller, not every waiter.
-        let closed = self.charges.closed(self.is_lost());
+        // A lost device may settle a release at any time, teardown included:
+        // its books are not quiet.
+        if !self.is_lost() {
+            if let Err(imbalance) = balanced {
+                debug_assert!(false, "{}", imbalance.of(self.name().to_string()));
+            }
+        }
+        let closed = self.ledger.charges().closed(self.is_lost());
         debug_assert!(
             closed.is_ok(),
             "context {}: {}",
@@ -779,13 +740,16 @@ impl<C: DeviceContext> ContextInner<C> {
         // teardown gave back (see `DeviceMember::returning_at_teardown`):
         // after the Terminated store, so that a waiter that reads the new
         // epoch also reads Terminated and sees every byte back.
-        self.charges.announce_returned();
+        self.ledger.charges().announce_returned();
         report
     }
 
     /// The backend's teardown, under the lifecycle's `Destroyer`, and the
     /// report of it.
-    fn tear_down(&self, _destroyer: &Destroyer<'_, SHARDS>) -> TeardownReport {
+    fn tear_down(
+        &self,
+        _destroyer: &Destroyer<'_, SHARDS>,
+    ) -> (TeardownReport, Result<(), Imbalance>) {
         // SAFETY: the `Destroyer` is handed out once (the winner of
         // Retiring -> Terminating), with the gate closed and drained: no
         // BackendGuard (and no `&C`) exists and none can be created, and no
@@ -810,7 +774,8 @@ impl<C: DeviceContext> ContextInner<C> {
         // own calls with a device-lost error: the report says it was lost.
         let lost_in_teardown = !lost && matches!(&result, Err(e) if e.is_device_lost());
         let lost = lost || lost_in_teardown;
-        let returned = self.return_charges_at_teardown();
+        let (returned, balanced) = self.return_charges_at_teardown();
+        let counters = self.ledger.counters();
         let report = TeardownReport {
             context: self.id,
             label: self.label().to_owned(),
@@ -818,9 +783,9 @@ impl<C: DeviceContext> ContextInner<C> {
             lost_in_teardown,
             forced: self.is_forced(),
             retired_releases: self.retired(),
-            abandoned_releases: self.counters.abandoned.load(Ordering::Relaxed),
-            settled_lost: self.counters.settled_lost.load(Ordering::Relaxed),
-            reclaimed_buffers: self.counters.reclaimed.load(Ordering::Relaxed),
+            abandoned_releases: counters.abandoned.load(Ordering::Relaxed),
+            settled_lost: counters.settled_lost.load(Ordering::Relaxed),
+            reclaimed_buffers: counters.reclaimed.load(Ordering::Relaxed),
             quarantined_bytes: returned.quarantined,
             awaiting_teardown_bytes: returned.awaiting_teardown,
             unsettled_releases: if lost { self.life.pending_count() } else { 0 },
@@ -845,7 +810,7 @@ impl<C: DeviceContext> ContextInner<C> {
                 tracing::error!(context = %self.id, label = %self.label(), lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
             }
         }
-        report
+        (report, balanced)
     }
 
     /// The accounting of every teardown path (waited, background, forced,
@@ -855,51 +820,50 @@ impl<C: DeviceContext> ContextInner<C> {
     /// context's budget and the shared one: quarantined memory, and bytes
     /// awaiting teardown (abandoned releases, buffers reclaimed by force or
     /// released on a lost device). See [`Charges::return_at_teardown`].
-    fn return_charges_at_teardown(&self) -> ReturnedAtTeardown {
+    fn return_charges_at_teardown(&self) -> (ReturnedAtTeardown, Result<(), Imbalance>) {
         let quarantined: Vec<_> = std::mem::take(&mut *lock(&self.quarantine));
-        let (mut device, mut pinned, mut asleep) = (0u64, 0u64, 0u64);
-        for q in &quarantined {
-            self.stats.unquarantine(q.role, q.bytes);
-            match q.tier {
-                Tier::Device => device += q.bytes - q.asleep,
-                _ => pinned += q.bytes,
-            }
-            asleep += q.asleep;
-        }
-        let returned = self.charges.return_at_teardown(device, pinned, asleep);
+        let returned = self.ledger.return_at_teardown(
+            quarantined
+                .iter()
+                .map(|q| (Entry::new(q.bytes, q.role, q.tier, GLOBAL), q.asleep)),
+        );
         drop(quarantined);
         returned
     }
 
     /// Live bytes of every role.
     pub(crate) fn live_bytes(&self) -> u64 {
-        self.stats.usage_all().live.bytes
+        self.ledger.stats().usage_all().live.bytes
     }
 
     /// Pending-release bytes of every role.
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.stats.usage_all().pending.bytes
+        self.ledger.stats().usage_all().pending.bytes
     }
 
     /// Releases whose free executed: settled ones that were not abandoned.
     pub(crate) fn retired(&self) -> u64 {
-        let abandoned = self.counters.abandoned.load(Ordering::Acquire);
-        self.stats.settled_count().saturating_sub(abandoned)
+        let abandoned = self.ledger.counters().abandoned.load(Ordering::Acquire);
+        self.ledger
+            .stats()
+            .settled_count()
+            .saturating_sub(abandoned)
     }
 
     /// Releases queued on a stream (and not undone because the backend
     /// refused them). Derived rather than counted, so the cycle does not pay
     /// for it.
     pub(crate) fn releases_queued(&self) -> u64 {
-        self.stats.queued_count()
+        self.ledger.stats().queued_count()
     }
 
     /// Allocations admitted: each is live, queued (see `releases_queued`),
     /// settled because the device was lost, quarantined or reclaimed by
     /// force. Derived rather than counted.
     pub(crate) fn allocations(&self) -> u64 {
-        let c = &self.counters;
-        self.stats
+        let c = self.ledger.counters();
+        self.ledger
+            .stats()
             .usage_all()
             .live
             .count

@@ -1,6 +1,6 @@
 //! What a context has charged: its own budget, the budget leases of its
 //! shards, the device's [`SharedBudget`] it is charged to and the
-//! [`ProcessBudget`](super::ProcessBudget) above that (the levels of the
+//! [`ProcessBudget`](crate::ProcessBudget) above that (the levels of the
 //! budget tree), and the bytes held until teardown. Every change to any of them is one named operation
 //! here, one per step of an allocation's bytes:
 //!
@@ -83,13 +83,13 @@
 //! Imports nothing from its neighbours but the budgets it keeps and the
 //! roles it counts suspended bytes by.
 
-use super::budget::{Budget, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
-use super::role::Role;
+use super::budget::{BudgetWord, Level, LevelAmounts, ProcessBudget, Refusal, SharedBudget};
+use crate::governor::role::Role;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::machine::MachineMember as Machine;
 #[cfg(target_os = "linux")]
 pub(crate) type MachineRefused = Box<crate::machine::MachineRefusal>;
-use super::lease::Leases;
+use super::lease::BudgetLeases;
 use crate::Tier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -182,7 +182,7 @@ pub(crate) struct TierAmounts {
 /// step. The budget's charge is live + pending + quarantined + awaiting
 /// teardown, plus an allocation being made.
 pub(crate) struct TierCharges {
-    budget: Budget,
+    budget: BudgetWord,
     live: AtomicU64,
     /// `live` by role: what a sleep of some roles leaves on the device tier.
     live_by_role: [AtomicU64; 5],
@@ -194,7 +194,7 @@ pub(crate) struct TierCharges {
 impl TierCharges {
     fn new(limit: u64) -> Self {
         Self {
-            budget: Budget::new(limit),
+            budget: BudgetWord::new(limit),
             live: AtomicU64::new(0),
             live_by_role: Default::default(),
             pending: AtomicU64::new(0),
@@ -242,9 +242,9 @@ impl TierCharges {
 /// The charges of one context (see the module docs).
 pub(crate) struct Charges {
     /// The context's own budget.
-    budget: Budget,
+    budget: BudgetWord,
     /// Chunks of `budget` leased to shards of streams (see `lease.rs`).
-    leases: Leases,
+    leases: BudgetLeases,
     /// The device's budget, when the context is charged to one.
     shared: Option<SharedBudget>,
     /// Bytes whose free never ran on the device (abandoned releases, buffers
@@ -330,8 +330,8 @@ impl Charges {
     ) -> Self {
         Self {
             pinned: TierCharges::new(pinned_limit),
-            budget: Budget::new(limit),
-            leases: Leases::new(if shared.is_some() { 0 } else { lease_chunk }),
+            budget: BudgetWord::new(limit),
+            leases: BudgetLeases::new(if shared.is_some() { 0 } else { lease_chunk }),
             shared,
             awaiting_teardown: AtomicU64::new(0),
             returned: AtomicBool::new(false),
@@ -371,13 +371,13 @@ impl Charges {
 
     /// Charge `bytes` for an allocation on a stream of `shard` to the
     /// context's budget and to every level above it: all, or none. `credit`
-    /// lowers the bar (see [`Budget::try_charge`]).
+    /// lowers the bar (see [`BudgetWord::try_charge`]).
     ///
     /// With leases on, the charge comes out of the shard's lease, refilled
     /// from the budget when short; the budget's refusal is final only after
     /// every idle lease was taken back and the budget refused again.
     #[inline]
-    pub(crate) fn charge(
+    pub(super) fn charge(
         &self,
         shard: usize,
         bytes: u64,
@@ -422,7 +422,7 @@ impl Charges {
     /// The allocation [`charge`](Self::charge)d for was not made: give the
     /// bytes back to every level.
     #[inline]
-    pub(crate) fn uncharge(&self, bytes: u64) {
+    pub(super) fn uncharge(&self, bytes: u64) {
         self.budget.uncharge(bytes);
         each_above(self.shared.as_ref(), |l| l.budget.uncharge(bytes));
         on_machine(self.shared.as_ref(), |m| m.uncharge(bytes));
@@ -430,7 +430,7 @@ impl Charges {
 
     /// A release of `bytes` was queued: pending on the levels above.
     #[inline]
-    pub(crate) fn queued(&self, bytes: u64) {
+    pub(super) fn queued(&self, bytes: u64) {
         each_above(self.shared.as_ref(), |l| {
             l.pending.fetch_add(bytes, Ordering::Relaxed);
         });
@@ -440,7 +440,7 @@ impl Charges {
     /// longer pending (the caller quarantines the memory or settles it as
     /// lost).
     #[inline]
-    pub(crate) fn unqueued(&self, bytes: u64) {
+    pub(super) fn unqueued(&self, bytes: u64) {
         each_above(self.shared.as_ref(), |l| {
             l.pending.fetch_sub(bytes, Ordering::Relaxed);
         });
@@ -453,7 +453,7 @@ impl Charges {
     /// Bytes of `role` released asleep are taken first: they are on no
     /// level, so only the rest is given back.
     #[inline]
-    pub(crate) fn uncharge_settled(&self, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn uncharge_settled(&self, shard: usize, role: Role, bytes: u64) {
         let charged = bytes - take_some(&self.released_asleep[role.index()], bytes);
         if self.leases.enabled() {
             // Leases are off on a shared budget: only the context's own
@@ -474,7 +474,7 @@ impl Charges {
     /// Bytes of `role` released asleep are taken first, as in
     /// [`uncharge_settled`](Self::uncharge_settled).
     #[inline]
-    pub(crate) fn abandoned(&self, role: Role, bytes: u64) {
+    pub(super) fn abandoned(&self, role: Role, bytes: u64) {
         let charged = bytes - take_some(&self.released_asleep[role.index()], bytes);
         self.unqueued(charged);
         self.hold_until_teardown(charged);
@@ -484,7 +484,7 @@ impl Charges {
     /// device does not have them back before the context is destroyed.
     /// After teardown returned the charges (a release the backend settled
     /// late) they are returned at once.
-    pub(crate) fn hold_until_teardown(&self, bytes: u64) {
+    pub(super) fn hold_until_teardown(&self, bytes: u64) {
         self.awaiting_teardown.fetch_add(bytes, Ordering::SeqCst);
         each_above(self.shared.as_ref(), |l| {
             l.awaiting_teardown.fetch_add(bytes, Ordering::Relaxed);
@@ -498,7 +498,7 @@ impl Charges {
 
     /// A release of `bytes` was refused and its memory quarantined: charged
     /// until teardown returns it.
-    pub(crate) fn quarantined(&self, bytes: u64) {
+    pub(super) fn quarantined(&self, bytes: u64) {
         each_above(self.shared.as_ref(), |l| {
             l.quarantined.fetch_add(bytes, Ordering::Relaxed);
         });
@@ -517,7 +517,7 @@ impl Charges {
     /// `quarantined_asleep` is the part of the device quarantine that slept
     /// (on no level: see the module docs), not in `quarantined`. Afterwards
     /// the books are [`closed`](Self::closed).
-    pub(crate) fn return_at_teardown(
+    pub(super) fn return_at_teardown(
         &self,
         quarantined: u64,
         pinned_quarantined: u64,
@@ -579,7 +579,7 @@ impl Charges {
     /// a sleep (the buffers stay live): off every level, counted as
     /// suspended, and the admissions waiting above are woken (there is
     /// room now).
-    pub(crate) fn suspend(&self, role: Role, bytes: u64) {
+    pub(super) fn suspend(&self, role: Role, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -594,7 +594,7 @@ impl Charges {
     /// longer suspended. Any of them whose buffer left live meanwhile (and
     /// took them out of `suspended`) are given back here. Returns the bytes
     /// no longer suspended.
-    pub(crate) fn resumed(&self, role: Role, admitted: u64) -> u64 {
+    pub(super) fn resumed(&self, role: Role, admitted: u64) -> u64 {
         let taken = take_some(&self.suspended[role.index()], admitted);
         if taken < admitted {
             self.uncharge(admitted - taken);
@@ -609,7 +609,7 @@ impl Charges {
     /// returned; the caller carries only the rest onward, as charged bytes.
     /// One load when nothing of `role` sleeps.
     #[inline]
-    pub(crate) fn leave_live(&self, role: Role, bytes: u64, to: Left) -> u64 {
+    pub(super) fn leave_live(&self, role: Role, bytes: u64, to: Left) -> u64 {
         let s = &self.suspended[role.index()];
         if s.load(Ordering::Acquire) == 0 {
             return 0;
@@ -632,7 +632,7 @@ impl Charges {
     /// Undo [`leave_live`](Self::leave_live)`(.., Left::Queued)`, which
     /// returned `asleep`: the backend refused the free, the buffer is live
     /// again.
-    pub(crate) fn rejoin_live(&self, role: Role, asleep: u64) {
+    pub(super) fn rejoin_live(&self, role: Role, asleep: u64) {
         if asleep > 0 {
             let back = take_some(&self.released_asleep[role.index()], asleep);
             self.suspended[role.index()].fetch_add(back, Ordering::AcqRel);
@@ -642,7 +642,7 @@ impl Charges {
     /// `force` reclaimed every live buffer: nothing is suspended any more.
     /// Returns the bytes that were (the caller holds only the rest until
     /// teardown).
-    pub(crate) fn reclaim_suspended(&self) -> u64 {
+    pub(super) fn reclaim_suspended(&self) -> u64 {
         self.suspended
             .iter()
             .map(|s| s.swap(0, Ordering::AcqRel))
@@ -652,7 +652,7 @@ impl Charges {
     /// A block cached as `from` was handed out as `to` (the cache keeps
     /// blocks live in the books): whatever of it was suspended follows it,
     /// so that `suspended <= live` stays true role by role.
-    pub(crate) fn retag_suspended(&self, from: Role, to: Role, bytes: u64) {
+    pub(super) fn retag_suspended(&self, from: Role, to: Role, bytes: u64) {
         let moved = self.leave_live(from, bytes, Left::Gone);
         if moved > 0 {
             self.suspended[to.index()].fetch_add(moved, Ordering::AcqRel);
@@ -688,7 +688,7 @@ impl Charges {
     /// limit by what the claim still lacks). The claim is the allocation's
     /// once [`claim_fits`](Self::claim_fits); given back with
     /// [`uncharge`](Self::uncharge) otherwise.
-    pub(crate) fn claim(&self, bytes: u64) {
+    pub(super) fn claim(&self, bytes: u64) {
         self.budget.force_charge(bytes);
         each_above(self.shared.as_ref(), |l| l.budget.force_charge(bytes));
         on_machine(self.shared.as_ref(), |m| m.force_charge(bytes));
@@ -720,7 +720,7 @@ impl Charges {
     /// to every level, whatever the limits (it exists already), and counted
     /// as outside at every level above. Given back by
     /// [`return_outside`](Self::return_outside).
-    pub(crate) fn record_outside(&self, bytes: u64) {
+    pub(super) fn record_outside(&self, bytes: u64) {
         self.budget.force_charge(bytes);
         // Idle leased bytes were admitted without these: take them back, so
         // that allocations from now on are held to the budget with them
@@ -736,7 +736,7 @@ impl Charges {
     /// The runtime freed memory [`record_outside`](Self::record_outside)
     /// charged: give it back to every level and wake the admissions waiting
     /// above.
-    pub(crate) fn return_outside(&self, bytes: u64) {
+    pub(super) fn return_outside(&self, bytes: u64) {
         self.budget.uncharge(bytes);
         each_above(self.shared.as_ref(), |l| {
             l.budget.uncharge(bytes);
@@ -801,14 +801,14 @@ impl Charges {
     /// Charge `bytes` for a reservation (see `reservation.rs`): to every
     /// level, or to none. An allocation out of the reservation is not
     /// charged again; its release gives its bytes back as usual.
-    pub(crate) fn reserve(&self, bytes: u64) -> Result<(), ChargeRefused> {
+    pub(super) fn reserve(&self, bytes: u64) -> Result<(), ChargeRefused> {
         // Any shard's lease may carry the charge: it comes off the budget
         // through `unreserve`, or through the buffers' settled releases.
         self.charge(0, bytes, 0)
     }
 
     /// Unused reserved bytes given back (shrink, or the reservation dropped).
-    pub(crate) fn unreserve(&self, bytes: u64) {
+    pub(super) fn unreserve(&self, bytes: u64) {
         if bytes > 0 {
             self.uncharge(bytes);
         }
@@ -817,7 +817,7 @@ impl Charges {
     /// [`reserve`](Self::reserve) in `tier`: charged to the tier's budget,
     /// counted in none of its amounts until an allocation takes the bytes
     /// ([`reserved_taken_in`](Self::reserved_taken_in)).
-    pub(crate) fn reserve_in(&self, tier: Tier, bytes: u64) -> Result<(), ChargeRefused> {
+    pub(super) fn reserve_in(&self, tier: Tier, bytes: u64) -> Result<(), ChargeRefused> {
         let Some(t) = self.tier(tier) else {
             return self.reserve(bytes);
         };
@@ -827,7 +827,7 @@ impl Charges {
     }
 
     /// [`unreserve`](Self::unreserve) in `tier`.
-    pub(crate) fn unreserve_in(&self, tier: Tier, bytes: u64) {
+    pub(super) fn unreserve_in(&self, tier: Tier, bytes: u64) {
         match self.tier(tier) {
             None => self.unreserve(bytes),
             Some(t) if bytes > 0 => t.budget.uncharge(bytes),
@@ -839,7 +839,7 @@ impl Charges {
     /// now counted live (the device tier counts live bytes in the context's
     /// statistics instead).
     #[inline]
-    pub(crate) fn reserved_taken_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn reserved_taken_in(&self, tier: Tier, role: Role, bytes: u64) {
         if let Some(t) = self.tier(tier) {
             t.shift(None, Some(&t.live), bytes);
             t.live_role(role, true, bytes);
@@ -858,7 +858,7 @@ impl Charges {
     }
 
     /// [`charge`](Self::charge) in `tier`: to its own budget, counted live.
-    pub(crate) fn charge_in(
+    pub(super) fn charge_in(
         &self,
         tier: Tier,
         shard: usize,
@@ -879,7 +879,7 @@ impl Charges {
     }
 
     /// [`uncharge`](Self::uncharge) in `tier`.
-    pub(crate) fn uncharge_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn uncharge_in(&self, tier: Tier, role: Role, bytes: u64) {
         let Some(t) = self.tier(tier) else {
             return self.uncharge(bytes);
         };
@@ -890,7 +890,7 @@ impl Charges {
 
     /// [`queued`](Self::queued) in `tier`.
     #[inline]
-    pub(crate) fn queued_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn queued_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.queued(bytes),
             Some(t) => {
@@ -901,7 +901,7 @@ impl Charges {
     }
 
     /// [`unqueued`](Self::unqueued) in `tier`.
-    pub(crate) fn unqueued_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn unqueued_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.unqueued(bytes),
             Some(t) => {
@@ -913,7 +913,7 @@ impl Charges {
 
     /// [`uncharge_settled`](Self::uncharge_settled) in `tier`.
     #[inline]
-    pub(crate) fn uncharge_settled_in(&self, tier: Tier, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn uncharge_settled_in(&self, tier: Tier, shard: usize, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.uncharge_settled(shard, role, bytes),
             Some(t) => {
@@ -924,7 +924,7 @@ impl Charges {
     }
 
     /// [`abandoned`](Self::abandoned) in `tier`.
-    pub(crate) fn abandoned_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn abandoned_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.abandoned(role, bytes),
             Some(t) => self.hold_in(t, Some(&t.pending), bytes),
@@ -934,7 +934,7 @@ impl Charges {
     /// Live bytes in `tier` whose free will never run (released on a lost
     /// device): charged until teardown, as
     /// [`hold_until_teardown`](Self::hold_until_teardown).
-    pub(crate) fn hold_live_until_teardown_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn hold_live_until_teardown_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.hold_until_teardown(bytes),
             Some(t) => {
@@ -945,7 +945,7 @@ impl Charges {
     }
 
     /// [`quarantined`](Self::quarantined) in `tier`.
-    pub(crate) fn quarantined_in(&self, tier: Tier, role: Role, bytes: u64) {
+    pub(super) fn quarantined_in(&self, tier: Tier, role: Role, bytes: u64) {
         match self.tier(tier) {
             None => self.quarantined(bytes),
             Some(t) => {
@@ -965,7 +965,7 @@ impl Charges {
     /// than the device's are held until teardown. Returns them, so that the
     /// caller holds the rest on the device tier. Called with the gate closed
     /// and drained: nothing moves the live amounts meanwhile.
-    pub(crate) fn reclaim_tiers_live(&self) -> u64 {
+    pub(super) fn reclaim_tiers_live(&self) -> u64 {
         let t = &self.pinned;
         let live = t.live.load(Ordering::Acquire);
         for r in &t.live_by_role {

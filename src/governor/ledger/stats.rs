@@ -27,13 +27,13 @@
 //!   sum of the shards' peaks: exact when one shard held every live buffer
 //!   (one stream, or streams sharing a shard), an upper bound otherwise
 //!   (their peaks need not coincide). With exact peaks on
-//!   ([`Tuning::exact_peak`](super::Tuning::exact_peak)) one
+//!   ([`Tuning::exact_peak`](crate::Tuning::exact_peak)) one
 //!   context-wide total is kept instead, on a line of its own, and its
 //!   highest value is the peak, exact across streams, at the price of one
 //!   line that every stream writes twice per allocate and release.
 
-use super::role::Role;
-use super::shards::SHARDS;
+use crate::governor::role::Role;
+use crate::governor::shards::SHARDS;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes and a count of objects, moved together.
@@ -223,7 +223,7 @@ impl Stats {
 
     /// An allocation was admitted on a stream of `shard`.
     #[inline]
-    pub(crate) fn admit(&self, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn admit(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).admitted.add(bytes, 1);
         self.live_of(shard).up(bytes);
     }
@@ -233,7 +233,7 @@ impl Stats {
     /// there. No-op when they are the same shard; a context-wide live total
     /// does not change either way.
     #[inline]
-    pub(crate) fn transfer(&self, from: usize, to: usize, role: Role, bytes: u64) {
+    pub(super) fn transfer(&self, from: usize, to: usize, role: Role, bytes: u64) {
         if from != to {
             self.at(from, role).gone.add(bytes, 1);
             self.at(to, role).admitted.add(bytes, 1);
@@ -247,7 +247,7 @@ impl Stats {
 
     /// A live buffer's release was queued on a stream of `shard`.
     #[inline]
-    pub(crate) fn queue(&self, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn queue(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).queued.add(bytes, 1);
         self.live_of(shard).down(bytes);
     }
@@ -255,7 +255,7 @@ impl Stats {
     /// The backend refused the free just queued: undo [`queue`](Self::queue)
     /// (and the [`transfer`](Self::transfer) before it). The buffer is live
     /// again (until its caller quarantines it or hands it back).
-    pub(crate) fn unqueue(&self, live_shard: usize, queued_shard: usize, role: Role, bytes: u64) {
+    pub(super) fn unqueue(&self, live_shard: usize, queued_shard: usize, role: Role, bytes: u64) {
         self.at(queued_shard, role).queued.sub(bytes);
         if live_shard != queued_shard {
             self.at(queued_shard, role).admitted.sub(bytes);
@@ -267,21 +267,21 @@ impl Stats {
     /// A release queued on a stream of `shard` settled (retired or
     /// abandoned).
     #[inline]
-    pub(crate) fn settle(&self, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn settle(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).settled.add(bytes, 1);
     }
 
     /// A live buffer of `shard` left without a release queued here (device
     /// lost, quarantined).
     #[inline]
-    pub(crate) fn leave(&self, shard: usize, role: Role, bytes: u64) {
+    pub(super) fn leave(&self, shard: usize, role: Role, bytes: u64) {
         self.at(shard, role).gone.add(bytes, 1);
         self.live_of(shard).down(bytes);
     }
 
     /// `force`: every live buffer leaves at once. Precondition: the gate is
     /// closed and drained, so the live totals are stable. Returns what left.
-    pub(crate) fn reclaim_live(&self) -> Amount {
+    pub(super) fn reclaim_live(&self) -> Amount {
         let mut total = Amount::default();
         for (i, shard) in self.shards.iter().enumerate() {
             let mut left = Amount::default();
@@ -315,7 +315,7 @@ impl Stats {
     }
 
     /// A release of `role` was refused and quarantined.
-    pub(crate) fn quarantine(&self, role: Role, bytes: u64) {
+    pub(super) fn quarantine(&self, role: Role, bytes: u64) {
         let q = &self.quarantine[role.index()];
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
         q.count.fetch_add(1, Ordering::Relaxed);
@@ -325,7 +325,7 @@ impl Stats {
     /// sees the bytes gone (Acquire, [`quarantined`](Self::quarantined)) also
     /// sees the teardown step before it (see
     /// `DeviceMember::returning_at_teardown` in `record.rs`).
-    pub(crate) fn unquarantine(&self, role: Role, bytes: u64) {
+    pub(super) fn unquarantine(&self, role: Role, bytes: u64) {
         let q = &self.quarantine[role.index()];
         q.bytes.fetch_sub(bytes, Ordering::Release);
         q.count.fetch_sub(1, Ordering::Relaxed);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Weak};
 /// bytes whose stream-ordered release has not retired yet, quarantined
 /// bytes, reserved bytes, and bytes awaiting teardown (whose free never ran
 /// on the device).
-pub(crate) use crate::sync::{BudgetWord as Budget, Refusal};
+pub(crate) use crate::sync::{BudgetWord, Refusal};
 
 /// A context charged to a [`SharedBudget`], as the budget sees it: something
 /// that can be declared lost with its device. Type-erased so that one budget
@@ -30,13 +30,13 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// teardown bumps [`SharedBudgetInner::epoch`] once it ends.
     fn returning_at_teardown(&self) -> u64;
 
-    /// The context's identity, as a [`PressureRequest`](super::PressureRequest)
+    /// The context's identity, as a [`PressureRequest`](crate::PressureRequest)
     /// names it.
     fn identity(&self) -> crate::ProviderContextIdentity;
 
     /// The context's pressure responders now (clones: the caller asks them
     /// with no lock held). Empty once the context stopped accepting work.
-    fn pressure_responders(&self) -> Vec<super::pressure::RegisteredResponder>;
+    fn pressure_responders(&self) -> Vec<crate::governor::pressure::RegisteredResponder>;
 
     /// Free up to `bytes` of the context's block cache (at least that many
     /// when it holds them; everything when `bytes` is 0), stream-ordered, for
@@ -55,7 +55,7 @@ pub(crate) trait DeviceMember: Send + Sync {
 /// fields.
 pub(crate) struct Level {
     pub(super) label: String,
-    pub(super) budget: Budget,
+    pub(super) budget: BudgetWord,
     /// Pending-release bytes of every context under this level.
     pub(super) pending: AtomicU64,
     /// Quarantined bytes of every context under this level.
@@ -79,7 +79,7 @@ impl Level {
     fn new(label: String, limit: u64) -> Self {
         Self {
             label,
-            budget: Budget::new(limit),
+            budget: BudgetWord::new(limit),
             pending: AtomicU64::new(0),
             quarantined: AtomicU64::new(0),
             awaiting_teardown: AtomicU64::new(0),
@@ -434,10 +434,10 @@ impl ProcessBudget {
             if released >= bytes {
                 break;
             }
-            let req = super::pressure::PressureRequest {
+            let req = crate::governor::pressure::PressureRequest {
                 context: id,
-                level: super::pressure::PressureLevel::Machine,
-                role: super::role::Role::Other,
+                level: crate::governor::pressure::PressureLevel::Machine,
+                role: crate::governor::role::Role::Other,
                 requested: bytes,
                 shortfall: bytes - released,
             };

@@ -19,7 +19,7 @@
 //!   no byte stays leased after teardown, even from a release the backend
 //!   settles late.
 //! * Leases are off (`chunk == 0`) for a context on a
-//!   [`SharedBudget`](super::SharedBudget): a refusal there would have to reclaim the
+//!   [`SharedBudget`](crate::SharedBudget): a refusal there would have to reclaim the
 //!   leases of every context on the device.
 //!
 //! # How far a snapshot lags
@@ -32,21 +32,21 @@
 //! held), and the peak of live bytes is kept exactly by the statistics
 //! (`stats.rs`), which see every allocation, leased or not.
 
-use super::budget::{Budget, Refusal};
-use super::shards::SHARDS;
-use crate::sync::Leases as Slots;
+use super::budget::{BudgetWord, Refusal};
+use crate::governor::shards::SHARDS;
+use crate::sync::Leases;
 
 /// The budget leases of one context: the shared lease protocol
-/// (`sync::Leases`) over the context's [`Budget`].
+/// (`sync::Leases`) over the context's [`BudgetWord`].
 #[derive(Debug)]
-pub(crate) struct Leases {
-    slots: Slots<SHARDS>,
+pub(crate) struct BudgetLeases {
+    slots: Leases<SHARDS>,
 }
 
-impl Leases {
+impl BudgetLeases {
     pub(crate) fn new(chunk: u64) -> Self {
         Self {
-            slots: Slots::new(chunk),
+            slots: Leases::new(chunk),
         }
     }
 
@@ -62,7 +62,7 @@ impl Leases {
     #[inline]
     pub(crate) fn charge(
         &self,
-        budget: &Budget,
+        budget: &BudgetWord,
         shard: usize,
         bytes: u64,
         credit: u64,
@@ -81,25 +81,25 @@ impl Leases {
 
     /// Take back every idle lease and uncharge it from `budget`; returns the
     /// bytes taken.
-    pub(crate) fn reclaim(&self, budget: &Budget) -> u64 {
+    pub(crate) fn reclaim(&self, budget: &BudgetWord) -> u64 {
         self.slots.reclaim(budget)
     }
 
     /// A release of `bytes` on `shard` settled: keep up to two chunks leased,
     /// uncharge the rest from `budget`.
     #[inline]
-    pub(crate) fn settled(&self, budget: &Budget, shard: usize, bytes: u64) {
+    pub(crate) fn settled(&self, budget: &BudgetWord, shard: usize, bytes: u64) {
         self.slots.give(budget, shard, bytes);
     }
 
     /// Teardown: close the leases for good and uncharge what they held.
-    pub(crate) fn close(&self, budget: &Budget) {
+    pub(crate) fn close(&self, budget: &BudgetWord) {
         self.slots.close(budget);
     }
 
     /// Bytes charged to allocations (and pending, quarantined or awaiting
     /// teardown): the budget's charge less the idle leases.
-    pub(crate) fn charged(&self, budget: &Budget) -> u64 {
+    pub(crate) fn charged(&self, budget: &BudgetWord) -> u64 {
         budget.charged().saturating_sub(self.slots.idle())
     }
 }
