@@ -154,7 +154,7 @@ struct ExternalPin<C: DeviceContext> {
 
 // SAFETY: `ctx` is a shared reference in all but name: it points at the
 // record that `source` keeps alive (through its `Arc`), and is only read as
-// `&ContextInner<C>`, which is `Send + Sync` (see `record.rs`). So the pin
+// `&ContextInner<C>`, which is `Send + Sync` (see `record/mod.rs`). So the pin
 // is `Send`/`Sync` exactly when `Arc<PinSourceInner<C>>` and
 // `&ContextInner<C>` are, which they are.
 unsafe impl<C: DeviceContext> Send for ExternalPin<C> {}

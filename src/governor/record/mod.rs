@@ -46,6 +46,13 @@
 //!   held in a guard across the call, so a panic there releases it.
 //! * No lock in this record is held while calling the backend, a pressure
 //!   responder or user code.
+//! * The record imports no module that acts on it: the types that hold an
+//!   `Arc` of it or that it holds (streams, pin sources, pending releases,
+//!   the cache's blocks, reservations, the sleep word) are defined in its
+//!   submodules, and the behaviour lives above it. The one call back up,
+//!   the cache flush of device loss (`mark_lost`, reached from any backend
+//!   error), goes through `flush_cache`, the function the governor hands in
+//!   at registration (`cache::flush_all`); no hot path calls it.
 
 pub(crate) mod cache;
 pub(crate) mod pending;
