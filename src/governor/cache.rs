@@ -6,9 +6,9 @@
 //!
 //! Each stream of a context with the cache on
 //! ([`ContextConfig::cache`](super::ContextConfig::cache)) owns one
-//! [`Bins`]. A buffer released on its own stream, with no other stream
-//! recorded on it, is [`put`](Bins::put) there instead of being freed; an
-//! allocation on that stream first [`take`](Bins::take)s a block of its size
+//! [`Bins`](crate::sync::Bins). A buffer released on its own stream, with no other stream
+//! recorded on it, is [`put`](crate::sync::Bins::put) there instead of being freed; an
+//! allocation on that stream first [`take`](crate::sync::Bins::take)s a block of its size
 //! class. Sizes are rounded up to a class ([`size_class`]) so that a block
 //! fits every later request of its class exactly: no splitting, no
 //! coalescing (a split block would have to track its neighbours and their

@@ -21,7 +21,7 @@
 //!   reads those counts only under the `Forcing`, so each live buffer and
 //!   stream has its pin either revoked by `force` or released by its own
 //!   path, never both and never neither.
-//! * Statistics of live and pending buffers live in [`Stats`] (its own
+//! * Statistics of live and pending buffers live in [`Stats`](super::ledger::Stats) (its own
 //!   module, with its own invariants); every change of the admitted, queued
 //!   and gone totals happens under a gate claim, so `force` reads stable live
 //!   totals once the gate has drained.
