@@ -2,7 +2,7 @@
 //! and charges allocations out of it, so that the allocate → release → settle
 //! cycle of one stream writes its own lease line, not the budget's. The
 //! protocol (refill, reclaim before refusal, close) is `sync::Leases`, shared
-//! with the pin leases of `record.rs`; this module holds what is the
+//! with the pin leases of `record/mod.rs`; this module holds what is the
 //! budget's own: what a snapshot reports as charged.
 //!
 //! # Invariants

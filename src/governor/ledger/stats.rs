@@ -16,7 +16,7 @@
 //!   free the backend refused, which the saturation of the differences
 //!   covers.
 //! * Every change of the admitted, queued and gone totals happens under a
-//!   gate claim (the callers' invariant, see `record.rs`), so that
+//!   gate claim (the callers' invariant, see `record/mod.rs`), so that
 //!   [`reclaim_live`](Stats::reclaim_live), called by `force` once the gate
 //!   has drained, reads stable live totals.
 //! * Live bytes are also kept as running totals ([`LiveTotal`]) with the
@@ -324,7 +324,7 @@ impl Stats {
     /// A quarantined release died with its context. Release: a reader that
     /// sees the bytes gone (Acquire, [`quarantined`](Self::quarantined)) also
     /// sees the teardown step before it (see
-    /// `DeviceMember::returning_at_teardown` in `record.rs`).
+    /// `DeviceMember::returning_at_teardown` in `member.rs`).
     pub(super) fn unquarantine(&self, role: Role, bytes: u64) {
         let q = &self.quarantine[role.index()];
         q.bytes.fetch_sub(bytes, Ordering::Release);
