@@ -1,6 +1,6 @@
 //! The one list of backends.
 //!
-//! Every place that names backends is generated from [`backend_list!`]: the
+//! Every place that names backends is generated from `backend_list!`: the
 //! backend modules in `lib.rs`, [`BackendKind`](crate::any::BackendKind),
 //! [`AnyContext`](crate::any::AnyContext) and its dispatch, and
 //! [`any::BACKENDS`](crate::any::BACKENDS), which the `memgov` tool reads for

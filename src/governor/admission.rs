@@ -5,7 +5,7 @@
 use super::config::Admission;
 use super::error::{BudgetExceeded, BudgetScope, GovernorError};
 use super::ledger::Refusal;
-use super::ledger::{Above, ChargeRefused, Entry, Note};
+use super::ledger::{Above, Entry, Note, RefusedAt};
 use super::pressure::{PressureLevel, PressureRequest, RegisteredResponder};
 use super::record::stream::StreamShared;
 use super::record::ContextInner;
@@ -16,8 +16,13 @@ use crate::{BackendErrorKind, DeviceContext, Tier};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// One attempt's refusal.
-enum Refused {
+/// Why one attempt at an allocation was not admitted: a budget level of
+/// the tree (with the word's [`Refusal`]: what it held and its limit), the
+/// backend out of memory, or the machine ledger. Named apart from the
+/// ledger's [`RefusedAt`] (which level of the tree refused a charge) and the
+/// word's [`Refusal`], which it carries.
+enum Denial {
+    /// A budget of the tree, or a tier's own budget.
     Budget(BudgetScope, Refusal),
     /// The backend itself is out of memory.
     Device(crate::BackendError),
@@ -26,21 +31,21 @@ enum Refused {
     Machine(super::ledger::MachineRefused),
 }
 
-impl From<ChargeRefused> for Refused {
+impl From<RefusedAt> for Denial {
     #[inline]
-    fn from(refused: ChargeRefused) -> Self {
+    fn from(refused: RefusedAt) -> Self {
         match refused {
-            ChargeRefused::Context(r) => Self::Budget(BudgetScope::Context, r),
-            ChargeRefused::Shared(label, r) => Self::Budget(BudgetScope::Shared(label), r),
-            ChargeRefused::Process(label, r) => Self::Budget(BudgetScope::Process(label), r),
-            ChargeRefused::Tier(tier, r) => Self::Budget(BudgetScope::Tier(tier), r),
+            RefusedAt::Context(r) => Self::Budget(BudgetScope::Context, r),
+            RefusedAt::Shared(label, r) => Self::Budget(BudgetScope::Shared(label), r),
+            RefusedAt::Process(label, r) => Self::Budget(BudgetScope::Process(label), r),
+            RefusedAt::Tier(tier, r) => Self::Budget(BudgetScope::Tier(tier), r),
             #[cfg(target_os = "linux")]
-            ChargeRefused::Machine(m) => Self::Machine(m),
+            RefusedAt::Machine(m) => Self::Machine(m),
         }
     }
 }
 
-impl Refused {
+impl Denial {
     /// The level above the context that refused, if one did.
     fn above(&self) -> Option<Above> {
         match self {
@@ -113,7 +118,7 @@ trait Request<C: DeviceContext> {
         ctx: &ContextInner<C>,
         bytes: u64,
         role: Role,
-    ) -> Result<Self::Made, Result<Refused, GovernorError>>;
+    ) -> Result<Self::Made, Result<Denial, GovernorError>>;
     /// Make it with its charge already held (a reclaim's claim).
     fn make_charged(
         &self,
@@ -133,7 +138,7 @@ impl<C: DeviceContext> Request<C> for StreamShared<C> {
         ctx: &ContextInner<C>,
         bytes: u64,
         role: Role,
-    ) -> Result<C::Memory, Result<Refused, GovernorError>> {
+    ) -> Result<C::Memory, Result<Denial, GovernorError>> {
         attempt(ctx, self, bytes, role)
     }
     fn make_charged(
@@ -160,7 +165,7 @@ impl<C: DeviceContext> Request<C> for Resume {
         ctx: &ContextInner<C>,
         bytes: u64,
         role: Role,
-    ) -> Result<(), Result<Refused, GovernorError>> {
+    ) -> Result<(), Result<Denial, GovernorError>> {
         // Any shard's lease may carry it, as for a reservation.
         ctx.ledger
             .charge(Entry::new(bytes, role, Tier::Device, 0), 0)
@@ -197,7 +202,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
     stream: &R,
     bytes: u64,
     role: Role,
-    refused: Refused,
+    refused: Denial,
 ) -> Result<R::Made, GovernorError> {
     let mut first = Some(refused);
     let start = Instant::now();
@@ -251,7 +256,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
         // With `WaitForPending` this repeats until the deadline: the room
         // may come from another process at any time.
         #[cfg(target_os = "linux")]
-        if let Refused::Machine(_) = &refused {
+        if let Denial::Machine(_) = &refused {
             let again = asked_machine && deadline.is_some_and(|d| Instant::now() < d);
             if again {
                 std::thread::sleep(Duration::from_millis(2));
@@ -363,7 +368,7 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
         }
         ctx.ledger.note(Note::Refusal);
         #[cfg(target_os = "linux")]
-        if let Refused::Machine(m) = &mut refused {
+        if let Denial::Machine(m) = &mut refused {
             m.unanswered = std::mem::take(&mut unanswered);
         }
         return Err(exceeded(
@@ -437,7 +442,7 @@ pub(crate) fn admit_in<C: DeviceContext>(
         }
         // Wait as `admit_refused` does: register, read what is pending, try
         // again, and sleep only if a settlement could still make room.
-        if let (false, Some(d), Refused::Budget(..)) = (never, deadline, &refused) {
+        if let (false, Some(d), Denial::Budget(..)) = (never, deadline, &refused) {
             if Instant::now() < d {
                 let waiter = SettlementWaiter::register(ctx, &refused);
                 let pending = pending_in_scope(ctx, &refused);
@@ -446,7 +451,7 @@ pub(crate) fn admit_in<C: DeviceContext>(
                     Err(Ok(again)) => again,
                     Err(Err(fatal)) => return Err(fatal),
                 };
-                if matches!(refused, Refused::Budget(..))
+                if matches!(refused, Denial::Budget(..))
                     && (pending > 0 || pending_in_scope(ctx, &refused) > 0)
                 {
                     ctx.ledger.note(Note::Wait);
@@ -479,7 +484,7 @@ fn attempt_in<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
-) -> Result<C::Memory, Result<Refused, GovernorError>> {
+) -> Result<C::Memory, Result<Denial, GovernorError>> {
     let entry = Entry::new(bytes, role, tier, stream.shard);
     ctx.ledger
         .charge(entry, 0)
@@ -503,10 +508,10 @@ fn attempt_in<C: DeviceContext>(
 fn backend_refusal<C: DeviceContext>(
     ctx: &ContextInner<C>,
     e: crate::BackendError,
-) -> Result<Refused, GovernorError> {
+) -> Result<Denial, GovernorError> {
     if e.kind == BackendErrorKind::OutOfMemory {
         ctx.note_backend_error(&e);
-        Ok(Refused::Device(e))
+        Ok(Denial::Device(e))
     } else {
         Err(ctx.backend_failure(e))
     }
@@ -517,7 +522,7 @@ fn backend_refusal<C: DeviceContext>(
 fn exceeded_in<C: DeviceContext>(
     ctx: &ContextInner<C>,
     tier: Tier,
-    refused: Refused,
+    refused: Denial,
     bytes: u64,
     role: Role,
     waited: Duration,
@@ -530,11 +535,11 @@ fn exceeded_in<C: DeviceContext>(
         .filter(|r| r.tier == tier)
         .collect();
     let (limit, charged, driver) = match refused {
-        Refused::Budget(_, r) => (r.limit, r.charged, None),
-        Refused::Device(e) => (a.limit, a.charged, Some(e)),
+        Denial::Budget(_, r) => (r.limit, r.charged, None),
+        Denial::Device(e) => (a.limit, a.charged, Some(e)),
         // A tier other than the device's is never charged on the ledger.
         #[cfg(target_os = "linux")]
-        Refused::Machine(_) => (a.limit, a.charged, None),
+        Denial::Machine(_) => (a.limit, a.charged, None),
     };
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.name(),
@@ -599,7 +604,7 @@ fn members_under<C: DeviceContext>(
 #[cold]
 fn release_caches<C: DeviceContext>(
     ctx: &ContextInner<C>,
-    refused: &Refused,
+    refused: &Denial,
     shortfall: u64,
 ) -> u64 {
     let mut released = 0u64;
@@ -720,7 +725,7 @@ fn reclaim_across<C: DeviceContext, R: Request<C>>(
     stream: &R,
     bytes: u64,
     role: Role,
-    refused: &Refused,
+    refused: &Denial,
     reclaimed: &mut u64,
 ) -> Reclaim<R::Made> {
     let level = refused.pressure_level();
@@ -856,8 +861,8 @@ pub(crate) fn allocate_charged<C: DeviceContext>(
             ctx.note_backend_error(&e);
             ctx.ledger.note(Note::Refusal);
             match tier {
-                Tier::Device => exceeded(ctx, Refused::Device(e), bytes, role, Duration::ZERO, 0),
-                _ => exceeded_in(ctx, tier, Refused::Device(e), bytes, role, Duration::ZERO),
+                Tier::Device => exceeded(ctx, Denial::Device(e), bytes, role, Duration::ZERO, 0),
+                _ => exceeded_in(ctx, tier, Denial::Device(e), bytes, role, Duration::ZERO),
             }
         } else {
             ctx.backend_failure(e)
@@ -870,12 +875,12 @@ pub(crate) fn allocate_charged<C: DeviceContext>(
 /// responders), counted as a refusal.
 pub(crate) fn reserve_refused<C: DeviceContext>(
     ctx: &ContextInner<C>,
-    refused: ChargeRefused,
+    refused: RefusedAt,
     bytes: u64,
 ) -> GovernorError {
     ctx.ledger.note(Note::Refusal);
-    if let ChargeRefused::Tier(tier, r) = refused {
-        let refused = Refused::Budget(BudgetScope::Tier(tier), r);
+    if let RefusedAt::Tier(tier, r) = refused {
+        let refused = Denial::Budget(BudgetScope::Tier(tier), r);
         return exceeded_in(ctx, tier, refused, bytes, Role::Other, Duration::ZERO);
     }
     exceeded(ctx, refused.into(), bytes, Role::Other, Duration::ZERO, 0)
@@ -889,7 +894,7 @@ fn attempt<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
-) -> Result<C::Memory, Result<Refused, GovernorError>> {
+) -> Result<C::Memory, Result<Denial, GovernorError>> {
     let entry = Entry::new(bytes, role, Tier::Device, stream.shard);
     ctx.ledger
         .charge(entry, stream.credit())
@@ -941,9 +946,9 @@ impl<C: DeviceContext> Drop for Charge<'_, C> {
 /// abandoned bytes return only when it is torn down, which bumps the shared
 /// epoch). Read after the waiter registered and before the attempt it
 /// guards: a byte counted here as no longer on its way is back in the budget.
-fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused) -> u64 {
+fn pending_in_scope<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Denial) -> u64 {
     match (refused, refused.above()) {
-        (Refused::Budget(BudgetScope::Tier(tier), _), _) => ctx
+        (Denial::Budget(BudgetScope::Tier(tier), _), _) => ctx
             .ledger
             .charges()
             .tier_amounts(*tier)
@@ -973,7 +978,7 @@ enum SettlementWaiter<'a, C: DeviceContext> {
 }
 
 impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
-    fn register(ctx: &'a ContextInner<C>, refused: &Refused) -> Self {
+    fn register(ctx: &'a ContextInner<C>, refused: &Denial) -> Self {
         match refused
             .above()
             .and_then(|which| Some((which, ctx.ledger.charges().epoch(which)?)))
@@ -995,7 +1000,7 @@ impl<'a, C: DeviceContext> SettlementWaiter<'a, C> {
     }
 
     /// Whether this registration is for the scope of `refused`.
-    fn covers(&self, refused: &Refused) -> bool {
+    fn covers(&self, refused: &Denial) -> bool {
         match self {
             Self::Above { which, .. } => refused.above() == Some(*which),
             Self::Context { .. } => refused.above().is_none(),
@@ -1034,11 +1039,11 @@ impl<C: DeviceContext> Drop for SettlementWaiter<'_, C> {
 /// The refusal of the first limit `bytes` exceeds on its own: the context's
 /// budget, its shared budget, the process budget above that, or the device's
 /// total memory (when the backend reports one). `None` when the request could fit once enough is released.
-fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Refused> {
+fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Denial> {
     let context = ctx.ledger.charges().limit();
     if bytes > context {
         let charged = ctx.ledger.charges().charged();
-        return Some(Refused::Budget(
+        return Some(Denial::Budget(
             BudgetScope::Context,
             Refusal {
                 charged,
@@ -1048,7 +1053,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
     }
     if let Some(s) = ctx.ledger.charges().shared() {
         if bytes > s.limit() {
-            return Some(Refused::Budget(
+            return Some(Denial::Budget(
                 BudgetScope::Shared(s.label().to_owned()),
                 Refusal {
                     charged: s.charged(),
@@ -1059,7 +1064,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
     }
     if let Some(p) = ctx.ledger.charges().process() {
         if bytes > p.limit() {
-            return Some(Refused::Budget(
+            return Some(Denial::Budget(
                 BudgetScope::Process(p.label().to_owned()),
                 Refusal {
                     charged: p.charged(),
@@ -1073,7 +1078,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
         let m = m.inner();
         if bytes > m.ledger_limit() {
             let r = m.refusal(bytes, crate::machine::RefusedBy::Ledger, None);
-            return Some(Refused::Machine(Box::new(r)));
+            return Some(Denial::Machine(Box::new(r)));
         }
     }
     let total = ctx.description.total_bytes;
@@ -1083,7 +1088,7 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
             .saturating_add(pending)
             .saturating_add(quarantined)
             .saturating_add(ctx.ledger.charges().awaiting_teardown());
-        return Some(Refused::Budget(
+        return Some(Denial::Budget(
             BudgetScope::Device,
             Refusal {
                 charged,
@@ -1094,18 +1099,18 @@ fn never_fits<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> Option<Ref
     None
 }
 
-fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: u64) -> u64 {
+fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Denial, bytes: u64) -> u64 {
     match refused {
-        Refused::Budget(_, r) => r.charged.saturating_add(bytes).saturating_sub(r.limit),
+        Denial::Budget(_, r) => r.charged.saturating_add(bytes).saturating_sub(r.limit),
         #[cfg(target_os = "linux")]
-        Refused::Machine(m) => match m.by {
+        Denial::Machine(m) => match m.by {
             crate::machine::RefusedBy::Ledger => bytes.saturating_sub(m.available()),
             crate::machine::RefusedBy::ProcessLimit => m
                 .process_charged
                 .saturating_add(bytes)
                 .saturating_sub(m.process_limit),
         },
-        Refused::Device(_) => {
+        Denial::Device(_) => {
             let free = ctx
                 .enter()
                 .and_then(|b| b.memory_info().ok())
@@ -1117,7 +1122,7 @@ fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Refused, bytes: 
 
 fn exceeded<C: DeviceContext>(
     ctx: &ContextInner<C>,
-    refused: Refused,
+    refused: Denial,
     bytes: u64,
     role: Role,
     waited: Duration,
@@ -1138,7 +1143,7 @@ fn exceeded<C: DeviceContext>(
         driver,
     ) = match refused {
         #[cfg(target_os = "linux")]
-        Refused::Machine(m) => {
+        Denial::Machine(m) => {
             let a = ctx
                 .ledger
                 .charges()
@@ -1166,7 +1171,7 @@ fn exceeded<C: DeviceContext>(
             machine = Some(m);
             out
         }
-        Refused::Budget(scope, r) if above.is_some() => {
+        Denial::Budget(scope, r) if above.is_some() => {
             let a = above
                 .and_then(|which| ctx.ledger.charges().amounts(which))
                 .expect("a refusal above the context implies that level");
@@ -1182,7 +1187,7 @@ fn exceeded<C: DeviceContext>(
                 None,
             )
         }
-        Refused::Budget(scope, r) => {
+        Denial::Budget(scope, r) => {
             let (_, pending, quarantined) = device_tier(ctx);
             (
                 scope,
@@ -1196,7 +1201,7 @@ fn exceeded<C: DeviceContext>(
                 None,
             )
         }
-        Refused::Device(e) => {
+        Denial::Device(e) => {
             let info = ctx.enter().and_then(|b| b.memory_info().ok());
             let (free, total) =
                 info.map_or((0, ctx.description.total_bytes), |m| (m.free, m.total));

@@ -19,7 +19,7 @@ pub enum Admission {
     FailFast,
     /// Wait up to `timeout` for pending stream-ordered releases to retire (and
     /// for pressure responders' releases), then fail. A refusal by a
-    /// [`SharedBudget`](super::SharedBudget) also waits for what a retiring
+    /// [`SharedBudget`] also waits for what a retiring
     /// context on it will give back at its teardown (quarantined bytes and
     /// bytes awaiting teardown): a model swap waits for the old model's
     /// teardown. If this context stops accepting work meanwhile (retire,

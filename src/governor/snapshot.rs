@@ -416,7 +416,7 @@ impl std::fmt::Display for SleepState {
 }
 
 /// What a context's block cache holds, in a
-/// [`ContextSnapshot`](super::ContextSnapshot).
+/// [`ContextSnapshot`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CacheUsage {

@@ -27,7 +27,7 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// still holds before it ends). Zero for a context that is not retiring
     /// (nothing says it will ever go) or that has terminated (it gave them
     /// back). A shared-budget admission waits while this is nonzero; the
-    /// teardown bumps [`SharedBudgetInner::epoch`] once it ends.
+    /// teardown bumps the level's `epoch` once it ends.
     fn returning_at_teardown(&self) -> u64;
 
     /// The context's identity, as a [`PressureRequest`](crate::PressureRequest)

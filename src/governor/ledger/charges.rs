@@ -1,6 +1,6 @@
 //! What a context has charged: its own budget, the budget leases of its
 //! shards, the device's [`SharedBudget`] it is charged to and the
-//! [`ProcessBudget`](crate::ProcessBudget) above that (the levels of the
+//! [`ProcessBudget`] above that (the levels of the
 //! budget tree), and the bytes held until teardown. Every change to any of them is one named operation
 //! here, one per step of an allocation's bytes:
 //!
@@ -96,7 +96,7 @@ use std::time::Instant;
 
 /// Which budget refused a charge, and what it saw.
 #[derive(Debug)]
-pub(crate) enum ChargeRefused {
+pub(crate) enum RefusedAt {
     /// The context's own budget.
     Context(Refusal),
     /// The shared budget, by label.
@@ -377,31 +377,26 @@ impl Charges {
     /// from the budget when short; the budget's refusal is final only after
     /// every idle lease was taken back and the budget refused again.
     #[inline]
-    pub(super) fn charge(
-        &self,
-        shard: usize,
-        bytes: u64,
-        credit: u64,
-    ) -> Result<(), ChargeRefused> {
+    pub(super) fn charge(&self, shard: usize, bytes: u64, credit: u64) -> Result<(), RefusedAt> {
         if self.leases.enabled() {
             return self
                 .leases
                 .charge(&self.budget, shard, bytes, credit)
-                .map_err(ChargeRefused::Context);
+                .map_err(RefusedAt::Context);
         }
         self.budget
             .try_charge(bytes, credit)
-            .map_err(ChargeRefused::Context)?;
+            .map_err(RefusedAt::Context)?;
         if let Some(s) = &self.shared {
             if let Err(r) = s.0.level.budget.try_charge(bytes, credit) {
                 self.budget.uncharge(bytes);
-                return Err(ChargeRefused::Shared(s.0.level.label.clone(), r));
+                return Err(RefusedAt::Shared(s.0.level.label.clone(), r));
             }
             if let Some(p) = &s.0.parent {
                 if let Err(r) = p.0.level.budget.try_charge(bytes, credit) {
                     s.0.level.budget.uncharge(bytes);
                     self.budget.uncharge(bytes);
-                    return Err(ChargeRefused::Process(p.0.level.label.clone(), r));
+                    return Err(RefusedAt::Process(p.0.level.label.clone(), r));
                 }
                 // The machine ledger last: the levels below are process
                 // memory, cheap to give back; the ledger is shared.
@@ -411,7 +406,7 @@ impl Charges {
                         p.0.level.budget.uncharge(bytes);
                         s.0.level.budget.uncharge(bytes);
                         self.budget.uncharge(bytes);
-                        return Err(ChargeRefused::Machine(r));
+                        return Err(RefusedAt::Machine(r));
                     }
                 }
             }
@@ -801,7 +796,7 @@ impl Charges {
     /// Charge `bytes` for a reservation (see `reservation.rs`): to every
     /// level, or to none. An allocation out of the reservation is not
     /// charged again; its release gives its bytes back as usual.
-    pub(super) fn reserve(&self, bytes: u64) -> Result<(), ChargeRefused> {
+    pub(super) fn reserve(&self, bytes: u64) -> Result<(), RefusedAt> {
         // Any shard's lease may carry the charge: it comes off the budget
         // through `unreserve`, or through the buffers' settled releases.
         self.charge(0, bytes, 0)
@@ -817,13 +812,13 @@ impl Charges {
     /// [`reserve`](Self::reserve) in `tier`: charged to the tier's budget,
     /// counted in none of its amounts until an allocation takes the bytes
     /// ([`reserved_taken_in`](Self::reserved_taken_in)).
-    pub(super) fn reserve_in(&self, tier: Tier, bytes: u64) -> Result<(), ChargeRefused> {
+    pub(super) fn reserve_in(&self, tier: Tier, bytes: u64) -> Result<(), RefusedAt> {
         let Some(t) = self.tier(tier) else {
             return self.reserve(bytes);
         };
         t.budget
             .try_charge(bytes, 0)
-            .map_err(|r| ChargeRefused::Tier(tier, r))
+            .map_err(|r| RefusedAt::Tier(tier, r))
     }
 
     /// [`unreserve`](Self::unreserve) in `tier`.
@@ -865,14 +860,14 @@ impl Charges {
         role: Role,
         bytes: u64,
         credit: u64,
-    ) -> Result<(), ChargeRefused> {
+    ) -> Result<(), RefusedAt> {
         let Some(t) = self.tier(tier) else {
             return self.charge(shard, bytes, credit);
         };
         // Stream-ordered reuse is a device pool's: no credit.
         t.budget
             .try_charge(bytes, 0)
-            .map_err(|r| ChargeRefused::Tier(tier, r))?;
+            .map_err(|r| RefusedAt::Tier(tier, r))?;
         t.shift(None, Some(&t.live), bytes);
         t.live_role(role, true, bytes);
         Ok(())
@@ -1140,7 +1135,7 @@ pub(crate) fn return_outside_at(
 
 #[cfg(test)]
 mod tests {
-    use super::{ChargeRefused, Charges};
+    use super::{Charges, RefusedAt};
     use crate::Role;
     use crate::{ProcessBudget, SharedBudget};
 
@@ -1151,7 +1146,7 @@ mod tests {
         c.charge(0, 80, 0).unwrap();
         assert_eq!((c.charged(), device.charged()), (80, 80));
         match c.charge(0, 30, 0) {
-            Err(ChargeRefused::Shared(label, r)) => {
+            Err(RefusedAt::Shared(label, r)) => {
                 assert_eq!((label.as_str(), r.charged, r.limit), ("gpu0", 80, 100))
             }
             other => panic!("expected the shared budget to refuse: {other:?}"),
@@ -1174,7 +1169,7 @@ mod tests {
             (80, 80, 80)
         );
         match d.charge(0, 90, 0) {
-            Err(ChargeRefused::Process(label, r)) => {
+            Err(RefusedAt::Process(label, r)) => {
                 assert_eq!((label.as_str(), r.charged, r.limit), ("proc", 80, 150))
             }
             other => panic!("expected the process budget to refuse: {other:?}"),
@@ -1254,7 +1249,7 @@ mod tests {
         c.charge_in(PinnedHost, 0, Role::Other, 200, 0).unwrap();
         assert_eq!((c.charged(), device.charged()), (0, 0));
         match c.charge_in(PinnedHost, 0, Role::Other, 101, 0) {
-            Err(ChargeRefused::Tier(PinnedHost, r)) => assert_eq!((r.charged, r.limit), (200, 300)),
+            Err(RefusedAt::Tier(PinnedHost, r)) => assert_eq!((r.charged, r.limit), (200, 300)),
             other => panic!("expected the pinned tier to refuse: {other:?}"),
         }
         // The device tier still has all its room.

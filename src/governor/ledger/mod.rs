@@ -77,7 +77,7 @@ pub use budget::{ProcessBudget, SharedBudget};
 #[cfg(target_os = "linux")]
 pub(crate) use charges::MachineRefused;
 pub(crate) use charges::{
-    record_outside_at, return_outside_at, Above, ChargeRefused, Charges, ReturnedAtTeardown,
+    record_outside_at, return_outside_at, Above, Charges, RefusedAt, ReturnedAtTeardown,
 };
 pub(crate) use counters::{Counters, Note};
 pub(crate) use stats::{Amount, Stats};
@@ -240,7 +240,7 @@ impl Ledger {
     /// (and, for the device tier, to every level above): all or none.
     /// `credit` is the stream's reuse credit (device tier only).
     #[inline(always)]
-    pub(crate) fn charge(&self, e: Entry, credit: u64) -> Result<(), ChargeRefused> {
+    pub(crate) fn charge(&self, e: Entry, credit: u64) -> Result<(), RefusedAt> {
         match e.tier {
             Tier::Device => self.charges.charge(e.shard, e.bytes, credit),
             tier => self
@@ -480,7 +480,7 @@ impl Ledger {
     // --- Outside an allocation's life. ---
 
     /// Reserve `bytes` of `tier` ahead of need.
-    pub(crate) fn reserve(&self, tier: Tier, bytes: u64) -> Result<(), ChargeRefused> {
+    pub(crate) fn reserve(&self, tier: Tier, bytes: u64) -> Result<(), RefusedAt> {
         self.charges.reserve_in(tier, bytes)?;
         self.reserved[tier_index(tier)].fetch_add(bytes, Ordering::AcqRel);
         Ok(())
