@@ -266,3 +266,18 @@ fn the_matrix_of_a_device_only_backend_has_no_pinned_rows() {
     assert!(m.expected_cells_here() < memgov_conformance::FaultMatrix::expected_cells());
     assert_eq!(m.cells.len(), m.expected_cells_here());
 }
+
+#[test]
+fn the_cached_suite_and_matrix_run_through_the_kit_alone() {
+    let cached = memgov_conformance::SuiteOptions::new()
+        .cache(memgov_conformance::CacheConfig::new(8 << 20));
+    let report = memgov_conformance::run_suite_with(&cached, || BumpContext::new(64 << 20));
+    assert!(report.all_passed(), "{report}");
+    let m = memgov_conformance::fault_matrix_with("bump", &cached, || {
+        let c = BumpContext::new(64 << 20).ok()?;
+        let leak: memgov_conformance::LeakCheck = Box::new(c.leak_check());
+        Some((c, leak))
+    })
+    .expect("bump is always available");
+    assert!(m.all_survived(), "{m}");
+}
