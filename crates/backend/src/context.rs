@@ -455,6 +455,10 @@ pub trait DeviceContext: Send + Sync + Sized + 'static {
     /// The default blocks until `after` has drained ([`synchronize`](Self::synchronize)),
     /// which is correct for every backend and slow; backends with events or
     /// semaphores override it. Called with `stream` and `after` distinct.
+    /// The default never looks at `stream`, so a backend that keeps it
+    /// accepts another context's `stream` here, which the contract's misuse rule (and the
+    /// suite's `raw_misuse_is_refused`) forbids. Override it to refuse both
+    /// streams with [`BackendErrorKind::InvalidArgument`] before ordering.
     fn order_after(&self, stream: &Self::Stream, after: &Self::Stream) -> Result<(), BackendError> {
         let _ = stream;
         self.synchronize(after)

@@ -35,6 +35,7 @@ use memgov::{
     Alloc, BudgetScope, ContextConfig, ContextState, DeviceContext, Governor, GovernorError, Role,
     Tier,
 };
+use memgov_backend::{BackendErrorKind, RetireSignal};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -66,6 +67,11 @@ pub struct FaultMatrix {
     pub backend: String,
     /// How the cells configured their contexts.
     pub options: SuiteOptions,
+    /// Whether the backend has a pinned host tier. A backend that refuses
+    /// [`Tier::PinnedHost`] with [`BackendErrorKind::Unsupported`] (the
+    /// default [`DeviceContext::allocate_in`]) runs no `[pinned-host]` rows,
+    /// as the suite skips its pinned-host cases.
+    pub pinned_host_tier: bool,
     /// Every cell, in operation order.
     pub cells: Vec<FaultCell>,
 }
@@ -102,9 +108,23 @@ impl FaultMatrix {
             .collect()
     }
 
+    /// How many cells this backend's matrix has: [`expected_cells`](Self::expected_cells)
+    /// less the `[pinned-host]` rows when the backend has no pinned host tier.
+    pub fn expected_cells_here(&self) -> usize {
+        if self.pinned_host_tier {
+            return Self::expected_cells();
+        }
+        let faults = |op: Operation| Fault::ALL.iter().filter(|f| f.applies_to(op)).count();
+        Self::expected_cells()
+            - PINNED_OPERATIONS
+                .iter()
+                .map(|&op| faults(op))
+                .sum::<usize>()
+    }
+
     /// Whether every cell survived and the matrix is complete.
     pub fn all_survived(&self) -> bool {
-        self.cells.len() == Self::expected_cells() && self.survived() == self.cells.len()
+        self.cells.len() == self.expected_cells_here() && self.survived() == self.cells.len()
     }
 }
 
@@ -180,6 +200,7 @@ pub fn fault_matrix_with<C: DeviceContext>(
     // so it would keep its driver objects (a CUDA context reference, a
     // memory pool) until the process exits.
     let (ctx, _) = factory()?;
+    let pinned_host_tier = has_pinned_host_tier(&ctx);
     if let Err(e) = ctx.teardown(false) {
         eprintln!("fault matrix: {backend}: the availability probe's teardown failed: {e}");
     }
@@ -190,6 +211,7 @@ pub fn fault_matrix_with<C: DeviceContext>(
         .chain(
             PINNED_OPERATIONS
                 .into_iter()
+                .filter(|_| pinned_host_tier)
                 .map(|op| (op, Tier::PinnedHost)),
         );
     for (op, tier) in rows {
@@ -215,8 +237,30 @@ pub fn fault_matrix_with<C: DeviceContext>(
     Some(FaultMatrix {
         backend: backend.to_owned(),
         options: *options,
+        pinned_host_tier,
         cells,
     })
+}
+
+/// Whether `ctx` allocates in [`Tier::PinnedHost`]: anything but
+/// [`BackendErrorKind::Unsupported`] counts as having the tier, so that a
+/// tier that fails for another reason still runs (and fails) its rows.
+fn has_pinned_host_tier<C: DeviceContext>(ctx: &C) -> bool {
+    let Ok(stream) = ctx.create_stream() else {
+        return true;
+    };
+    let has = match ctx.allocate_in(&stream, 4096, Tier::PinnedHost) {
+        Ok(memory) => {
+            if let Err((_, _, e)) = ctx.free_async(&stream, memory, RetireSignal::from_fn(|_| {})) {
+                eprintln!("fault matrix: the pinned-host probe's free failed: {e}");
+            }
+            let _ = ctx.synchronize(&stream);
+            true
+        }
+        Err(e) => e.kind != BackendErrorKind::Unsupported,
+    };
+    let _ = ctx.destroy_stream(stream);
+    has
 }
 
 /// The operations whose cells run again with pinned host buffers: those

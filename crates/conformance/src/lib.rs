@@ -61,9 +61,12 @@ mod watch;
 pub use faults::{fault_matrix, fault_matrix_with, FaultCell, FaultMatrix, LeakCheck};
 pub use watch::{WatchLog, Watched};
 
-use memgov::{
-    BackendError, BackendErrorKind, BackendProbe, Bytes, CacheConfig, DeviceContext, Execution,
-};
+/// The block cache's limits, for [`SuiteOptions::cache`]: re-exported so a
+/// backend crate runs the cached suite and matrix without depending on
+/// `memgov` itself.
+pub use memgov::CacheConfig;
+
+use memgov::{BackendError, BackendErrorKind, BackendProbe, Bytes, DeviceContext, Execution};
 use memgov_backend::lock;
 use std::fmt;
 use std::sync::Mutex;
