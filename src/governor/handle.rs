@@ -422,9 +422,10 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_books(&self) -> Result<(), super::Imbalance> {
+        let reservations = &self.inner.reservations;
         self.inner
             .ledger
-            .audit()
+            .audit(|tier| reservations.left_in(tier))
             .map_err(|e| e.of(self.inner.name().to_string()))
     }
 }

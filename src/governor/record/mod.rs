@@ -833,6 +833,7 @@ impl<C: DeviceContext> ContextInner<C> {
             quarantined
                 .iter()
                 .map(|q| (Entry::new(q.bytes, q.role, q.tier, GLOBAL), q.asleep)),
+            |tier| self.reservations.left_in(tier),
         );
         drop(quarantined);
         returned

@@ -40,6 +40,17 @@ impl Reservations {
         lock(&self.0).live.remove(&key);
     }
 
+    /// Bytes the live reservations of `tier` have left: charged, allocated
+    /// to nothing yet (what the ledger's audit counts as reserved).
+    pub(crate) fn left_in(&self, tier: Tier) -> u64 {
+        lock(&self.0)
+            .live
+            .values()
+            .filter(|r| r.tier == tier)
+            .map(|r| r.left.left())
+            .sum()
+    }
+
     /// The live reservations with bytes left, largest first (ties by
     /// label).
     pub(crate) fn usage(&self) -> Vec<ReservationUsage> {
