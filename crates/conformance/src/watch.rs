@@ -43,8 +43,17 @@ pub struct WatchLog {
     /// Backend calls of any kind.
     pub calls: AtomicU64,
     torn_down: AtomicBool,
-    hold: AtomicBool,
-    held: Mutex<Vec<RetireSignal>>,
+    parked: Mutex<Parked>,
+}
+
+/// Whether retirements are held, and the signals parked while they are:
+/// one lock, so that a signal firing while the test lets go is either
+/// parked before the let-go (and fired by `release_held`) or passed
+/// through after it, never parked after `release_held` has looked.
+#[derive(Debug, Default)]
+struct Parked {
+    hold: bool,
+    signals: Vec<RetireSignal>,
 }
 
 fn ld(a: &AtomicU64) -> u64 {
@@ -60,22 +69,41 @@ impl WatchLog {
     /// Park governor signals from now on (the backend's firing is recorded,
     /// the governor is told later, by [`release_held`](Self::release_held)).
     pub fn hold_retirements(&self, hold: bool) {
-        self.hold.store(hold, Ordering::SeqCst);
+        self.parked().hold = hold;
     }
 
     /// How many governor signals are parked.
     pub fn held(&self) -> usize {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.parked().signals.len()
     }
 
-    /// Fire every parked governor signal. Returns how many.
+    /// Fire every parked governor signal. Returns how many. (Fired with no
+    /// lock held: a signal runs the governor's settlement.)
     pub fn release_held(&self) -> usize {
-        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        let held = std::mem::take(&mut self.parked().signals);
         let n = held.len();
         for s in held {
             s.retire();
         }
         n
+    }
+
+    fn parked(&self) -> std::sync::MutexGuard<'_, Parked> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Park `signal` if retirements are held (the decision and the parking
+    /// under one lock, see [`Parked`]); hands it back otherwise.
+    fn park_if_held(&self, signal: RetireSignal) -> Option<RetireSignal> {
+        let mut parked = self.parked();
+        if parked.hold {
+            #[cfg(test)]
+            tests::PARKING.with(|f| (f.borrow())());
+            parked.signals.push(signal);
+            None
+        } else {
+            Some(signal)
+        }
     }
 
     /// A one-line summary for failure messages.
@@ -188,24 +216,19 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
             }
             let original = inner_slot.lock().unwrap_or_else(|e| e.into_inner()).take();
             match outcome {
-                RetireOutcome::Retired => match original {
+                RetireOutcome::Retired => {
                     // Park first, count second: whoever sees `retired` reach
                     // n must find all n signals parked, or a `release_held`
                     // right after the count can miss the last one.
-                    Some(o) if log.hold.load(Ordering::SeqCst) => {
-                        log.held.lock().unwrap_or_else(|e| e.into_inner()).push(o);
-                        log.retired.fetch_add(1, Ordering::SeqCst);
-                    }
+                    let passed = original.and_then(|o| log.park_if_held(o));
                     // Count first, settle second: the governor may tear down
                     // inside `retire()`, and teardown must not find this
                     // signal in flight.
-                    original => {
-                        log.retired.fetch_add(1, Ordering::SeqCst);
-                        if let Some(o) = original {
-                            o.retire();
-                        }
+                    log.retired.fetch_add(1, Ordering::SeqCst);
+                    if let Some(o) = passed {
+                        o.retire();
                     }
-                },
+                }
                 RetireOutcome::Abandoned => {
                     log.abandoned.fetch_add(1, Ordering::SeqCst);
                     drop(original);
@@ -269,11 +292,94 @@ impl<C: DeviceContext> DeviceContext for Watched<C> {
         let r = self.inner.teardown(lost);
         log.torn_down.store(true, Ordering::SeqCst);
         // Parked governor signals of a lost device will never be retired.
+        // (Dropped with no lock held: a dropped signal runs the governor's
+        // settlement as abandoned.)
         if lost {
-            drop(std::mem::take(
-                &mut *log.held.lock().unwrap_or_else(|e| e.into_inner()),
-            ));
+            let parked = std::mem::take(&mut log.parked().signals);
+            drop(parked);
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgov::null::NullContext;
+    use memgov::{Alloc, ContextConfig, Governor, Role};
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    thread_local! {
+        /// Runs on the firing thread when it parks a signal (under the
+        /// parking lock): lets a test stop a signal half-way.
+        pub(super) static PARKING: RefCell<Box<dyn Fn()>> = RefCell::new(Box::new(|| {}));
+    }
+
+    /// A signal fired by a backend thread just as the test lets the holds
+    /// go (`hold_retirements(false)`, then `release_held`) is either parked
+    /// before `release_held` looks, and fired by it, or passed through:
+    /// never parked after it, to be stranded with the release pending
+    /// forever. The firing thread is stopped while parking; the let-go runs
+    /// on another thread meanwhile (given up to 200 ms to finish first,
+    /// which a let-go that does not wait for the parking does).
+    #[test]
+    fn a_signal_firing_while_the_holds_are_let_go_is_never_stranded() {
+        let null = NullContext::deferred(8);
+        let controls = null.controls();
+        let watched = Watched::new(null);
+        let log = watched.log();
+        let gov = Governor::new();
+        let ctx = gov.register(watched, ContextConfig::new().label("watched"));
+        let stream = ctx.create_stream("s").unwrap();
+        log.hold_retirements(true);
+        drop(
+            ctx.allocate(&stream, Alloc::new(4096, Role::Weights))
+                .unwrap(),
+        );
+        assert_eq!(
+            controls.parked_count(),
+            1,
+            "the null backend parks the free"
+        );
+
+        let (stopped_tx, stopped) = mpsc::channel::<()>();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let firing = std::thread::spawn(move || {
+            PARKING.with(|f| {
+                *f.borrow_mut() = Box::new(move || {
+                    stopped_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                })
+            });
+            controls.retire_parked()
+        });
+        stopped.recv().unwrap();
+        let letting_go = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                log.hold_retirements(false);
+                log.release_held()
+            })
+        };
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while !letting_go.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        go.send(()).unwrap();
+        assert_eq!(firing.join().unwrap(), 1);
+        let released = letting_go.join().unwrap();
+        assert_eq!(
+            (released, log.held()),
+            (1, 0),
+            "the signal was parked after the let-go looked (released {released})"
+        );
+        drop(stream);
+        let report = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(5))
+            .expect("the release settled");
+        assert_eq!(report.retired_releases, 1);
     }
 }
