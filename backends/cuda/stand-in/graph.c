@@ -47,7 +47,8 @@
  *   free); cuGraphMemAllocNodeGetParams returns an allocation node's size
  *   and address, CUDA_ERROR_INVALID_VALUE for any other node.
  * - Fault knob (vmm.c's MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>):
- *   the Nth cuStreamBeginCapture_v2 fails with CUDA_ERROR_OUT_OF_MEMORY and
+ *   the Nth cuStreamBeginCapture_v2 fails with CUDA_ERROR_INVALID_VALUE (of
+ *   the codes its reference lists, the one a valid call can meet) and
  *   begins nothing; the Nth cuStreamEndCapture ends the capture as an
  *   invalidated one (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, no graph, the
  *   stream out of capture mode).
@@ -349,7 +350,7 @@ CUresult cuStreamBeginCapture_v2(void *hStream, int mode) {
         pthread_mutex_unlock(&g_lock);
         free(c);
         free(g);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_ERROR_INVALID_VALUE; /* the reference lists no other failure */
     }
     if (find(hStream) != NULL) {
         pthread_mutex_unlock(&g_lock);

@@ -34,14 +34,17 @@
  *   handle or mapping left at exit is a contract violation (unless the
  *   device is in the sticky error state).
  * - Fault knobs: MEMGOV_STANDIN_CUDA_FAIL_VMM_AT=N, the Nth call of
- *   cuMemCreate, cuMemMap or cuMemSetAccess (counted together) fails with
- *   CUDA_ERROR_OUT_OF_MEMORY and changes nothing; MEMGOV_STANDIN_CUDA_
+ *   cuMemCreate, cuMemMap or cuMemSetAccess (counted together) fails and
+ *   changes nothing, with a code the driver API reference lists for that
+ *   call: cuMemCreate with CUDA_ERROR_OUT_OF_MEMORY, cuMemMap and
+ *   cuMemSetAccess with CUDA_ERROR_INVALID_VALUE (their references list no
+ *   out-of-memory code); MEMGOV_STANDIN_CUDA_
  *   FAIL_UNMAP_AT=N, the Nth cuMemUnmap fails with CUDA_ERROR_UNKNOWN and
  *   leaves the mapping as it was (every later unmap of it succeeds).
  * - MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
  *   entry point (counting the calls that pass its argument checks) fails:
- *   cuMemCreate, cuMemMap and cuMemSetAccess with CUDA_ERROR_OUT_OF_MEMORY,
- *   changing nothing; cuMemUnmap and cuMemRelease with CUDA_ERROR_UNKNOWN,
+ *   cuMemCreate, cuMemMap and cuMemSetAccess with the codes FAIL_VMM_AT
+ *   uses, changing nothing; cuMemUnmap and cuMemRelease with CUDA_ERROR_UNKNOWN,
  *   leaving the mapping or handle as it was (a later call on it succeeds);
  *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says.
  *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
@@ -357,7 +360,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
             if (m->va < ptr + size && ptr < m->va + m->size) r = CUDA_ERROR_INVALID_VALUE;
     }
     if (r == CUDA_SUCCESS && (vmm_fault() || standin_entry_fault("cuMemMap")))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+        r = CUDA_ERROR_INVALID_VALUE; /* the reference's failure code for valid arguments */
     if (r != CUDA_SUCCESS) {
         pthread_mutex_unlock(&g_vmm);
         return r;
@@ -401,7 +404,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct CUmemAccessDe
     }
     if (vmm_fault() || standin_entry_fault("cuMemSetAccess")) {
         pthread_mutex_unlock(&g_vmm);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_ERROR_INVALID_VALUE; /* the reference's failure code for valid arguments */
     }
     int prot = access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                : access == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ

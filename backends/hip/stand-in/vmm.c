@@ -38,15 +38,18 @@
  *   or mapping left at exit is a contract violation (unless the device is
  *   in the sticky error state).
  * - Fault knobs: MEMGOV_STANDIN_HIP_FAIL_VMM_AT=N, the Nth call of
- *   hipMemCreate, hipMemMap or hipMemSetAccess (counted together) fails with
- *   hipErrorOutOfMemory and changes nothing; MEMGOV_STANDIN_HIP_
+ *   hipMemCreate, hipMemMap or hipMemSetAccess (counted together) fails and
+ *   changes nothing, with a code AMD's reference lists for that call:
+ *   hipMemCreate with hipErrorOutOfMemory, hipMemMap and hipMemSetAccess
+ *   with hipErrorInvalidValue (their references list no out-of-memory
+ *   code); MEMGOV_STANDIN_HIP_
  *   FAIL_UNMAP_AT=N, the Nth hipMemUnmap fails with hipErrorInvalidValue and
  *   leaves the mapping as it was (every later unmap of it succeeds).
  * - MEMGOV_STANDIN_HIP_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
  *   entry point (counting the calls that pass its argument checks) fails
- *   and changes nothing: hipMemCreate, hipMemMap and hipMemSetAccess with
- *   hipErrorOutOfMemory (as FAIL_VMM_AT: the physical memory could not be
- *   had), hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
+ *   and changes nothing, with the codes FAIL_VMM_AT uses (hipMemCreate
+ *   hipErrorOutOfMemory, hipMemMap and hipMemSetAccess hipErrorInvalidValue);
+ *   hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
  *   reference's failure code for both), leaving the mapping or handle as
  *   it was (a later call on it succeeds); graph.c's hipStreamBeginCapture
  *   and hipStreamEndCapture as it says. memgov_standin_hip_fail_entry(fn,
@@ -335,7 +338,7 @@ hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocati
             if (m->va < ptr + size && ptr < m->va + m->size) r = hipErrorInvalidValue;
     }
     if (r == hipSuccess && (vmm_fault() || hip_standin_entry_fault("hipMemMap")))
-        r = hipErrorOutOfMemory;
+        r = hipErrorInvalidValue; /* the reference's failure code for valid arguments */
     if (r != hipSuccess) {
         pthread_mutex_unlock(&g_vmm);
         return r;
@@ -379,7 +382,7 @@ hipError_t hipMemSetAccess(void *va, size_t size, const hipMemAccessDesc *desc, 
     }
     if (vmm_fault() || hip_standin_entry_fault("hipMemSetAccess")) {
         pthread_mutex_unlock(&g_vmm);
-        return hipErrorOutOfMemory;
+        return hipErrorInvalidValue; /* the reference's failure code for valid arguments */
     }
     int prot = access == hipMemAccessFlagsProtReadWrite ? PROT_READ | PROT_WRITE
                : access == hipMemAccessFlagsProtRead    ? PROT_READ

@@ -634,7 +634,7 @@ pub fn run_fault_cells<C: CaptureBackend>(
         let mut n = 1;
         loop {
             fail(Some((entry, n)));
-            let outcome = fault_cell(factory, held);
+            let outcome = fault_cell(factory, held, entry);
             fail(None);
             match outcome {
                 Ok(line) => lines.push(format!("fault cell {entry}:{n}: {line}")),
@@ -682,7 +682,11 @@ pub struct DriverHeld {
 ///   bytes are the arena's) or released, or quarantined: the driver's
 ///   handles are the mapped granules plus at most the quarantined ones;
 /// * every failure is a typed error to its caller, and one that left
-///   memory behind says "quarantined" and shows in the arena's usage;
+///   memory behind says "quarantined" and shows in the arena's usage; a
+///   failed allocation is `OutOfMemory` (the arena's own limit, or the
+///   driver's code for a failed physical allocation) or names the failing
+///   `entry` point, whose own code it carries (a driver's reference may
+///   list no out-of-memory code for a map);
 /// * the context tears down clean, and the driver holds nothing after;
 /// * the fault was hit (some step failed).
 ///
@@ -691,6 +695,7 @@ pub struct DriverHeld {
 pub fn fault_cell<C: CaptureBackend>(
     factory: &dyn Fn() -> Result<C, BackendError>,
     held: &dyn Fn() -> DriverHeld,
+    entry: &str,
 ) -> CaseResult {
     let (ctx, arena) = open(factory)?;
     let s = ctx.create_stream().map_err(be("create_stream"))?;
@@ -737,8 +742,8 @@ pub fn fault_cell<C: CaptureBackend>(
             }
             Err(e) => {
                 ensure!(
-                    e.kind == BackendErrorKind::OutOfMemory,
-                    "a failed map is not OutOfMemory: {e}"
+                    e.kind == BackendErrorKind::OutOfMemory || e.message.contains(entry),
+                    "a failed allocation is neither OutOfMemory nor names the failing {entry}: {e}"
                 );
                 note("allocate", &e, &mut failed)?;
             }
