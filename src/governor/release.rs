@@ -21,7 +21,7 @@
 //!   deciding whether a wait could help) also sees the bytes back in the
 //!   budget.
 //! * A cached box holds an `Arc` of the context it is cached in: a reference
-//!   cycle, which [`close_spares`] breaks. It runs in `begin_retire`, which
+//!   cycle, which [`Spares::close`](super::record::pending::Spares::close) breaks. It runs in `begin_retire`, which
 //!   precedes every way the record can lose its last outside reference (the
 //!   governor's registry holds one until `Governor::drop`, which retires, or
 //!   `prune_terminated`, which needs a finished retire), and closes the
@@ -319,13 +319,6 @@ impl<C: DeviceContext> RetireSink for TracedRelease<C> {
         };
         ctx.trace_event(stream, Some(role), kind, bytes, None);
     }
-}
-
-/// Close every spare slot of `ctx` for good and drop the boxes cached there
-/// (and their `Arc`s of `ctx`). Called by `begin_retire`; the caller holds its
-/// own `Arc` of `ctx`, so none of these is the last.
-pub(crate) fn close_spares<C: DeviceContext>(ctx: &ContextInner<C>) {
-    ctx.spares.close();
 }
 
 #[cfg(test)]

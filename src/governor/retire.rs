@@ -5,7 +5,6 @@ use super::cache::flush_all;
 use super::error::RetireError;
 use super::record::pin_source::PinSourceInner;
 use super::record::{ContextInner, Phase};
-use super::release::close_spares;
 use super::report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
 use super::role::Role;
 use crate::sync::lock;
@@ -25,7 +24,7 @@ impl<C: DeviceContext> ContextInner<C> {
         // Break the reference cycle of cached PendingRelease boxes before the
         // record can lose its last outside reference (before any reaper can
         // start, too).
-        close_spares(self);
+        self.spares.close();
         lock(&self.retire_started).get_or_insert_with(Instant::now);
         self.life.begin_retire();
         // Cached blocks hold pins: close every stream's cache and free its

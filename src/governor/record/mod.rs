@@ -885,7 +885,7 @@ impl<C: DeviceContext> ContextInner<C> {
 impl<C: DeviceContext> Drop for ContextInner<C> {
     fn drop(&mut self) {
         // No `spare` slot can hold a cached PendingRelease here: it would hold
-        // an Arc of this record (see `release::close_spares`).
+        // an Arc of this record (see `Spares::close`).
         debug_assert!(!self.spares.any_filled());
         // Every teardown runs while something holds the record: a
         // `RetireHandle`, `Governor::drop`, or the reaper the last holder's

@@ -51,7 +51,9 @@ impl<C: DeviceContext> Spares<C> {
     }
 
     /// Close every slot for good and drop the boxes cached there (and their
-    /// `Arc`s of the context): see `release::close_spares`.
+    /// `Arc`s of the context), breaking the reference cycle a cached box
+    /// makes. Called by `begin_retire`, whose caller holds its own `Arc` of
+    /// the context, so none of these is the last.
     pub(crate) fn close(&self) {
         for spare in &self.0 {
             drop(spare.0.close());
