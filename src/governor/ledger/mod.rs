@@ -275,10 +275,7 @@ impl Ledger {
         self.stats.queue(to_shard, e.role, e.bytes);
         // What of the buffer slept is on no level: only the rest is pending
         // there (see `charges.rs`).
-        let asleep = match e.tier {
-            Tier::Device => self.charges.leave_live(e.role, e.bytes, Left::Queued),
-            _ => 0,
-        };
+        let asleep = self.leave_live(e, Left::Queued);
         let credited = match credit {
             Some(c) if asleep == 0 && e.tier == Tier::Device => {
                 c.fetch_add(e.bytes, Ordering::Relaxed);
@@ -328,6 +325,17 @@ impl Ledger {
         self.charges.announce_settled();
     }
 
+    /// A live buffer leaves live, `to` where its bytes go: returns the part
+    /// of them that slept (only device-tier memory sleeps), which the caller
+    /// moves on no level.
+    #[inline(always)]
+    fn leave_live(&self, e: Entry, to: Left) -> u64 {
+        match e.tier {
+            Tier::Device => self.charges.leave_live(e.role, e.bytes, to),
+            _ => 0,
+        }
+    }
+
     /// A live buffer's release was refused and its memory quarantined:
     /// charged until teardown returns it. Returns the part of it that
     /// slept, which teardown returns to no level.
@@ -335,10 +343,7 @@ impl Ledger {
         self.stats.leave(e.shard, e.role, e.bytes);
         self.stats.quarantine(e.role, e.bytes);
         // What of it slept is on no level: only the rest is quarantined there.
-        let asleep = match e.tier {
-            Tier::Device => self.charges.leave_live(e.role, e.bytes, Left::Quarantined),
-            _ => 0,
-        };
+        let asleep = self.leave_live(e, Left::Quarantined);
         self.charges
             .quarantined_in(e.tier, e.role, e.bytes - asleep);
         self.counters.note(Note::Quarantined);
@@ -350,10 +355,7 @@ impl Ledger {
     /// teardown (what of it slept is on no level).
     pub(crate) fn lose_live(&self, e: Entry) {
         self.stats.leave(e.shard, e.role, e.bytes);
-        let asleep = match e.tier {
-            Tier::Device => self.charges.leave_live(e.role, e.bytes, Left::Gone),
-            _ => 0,
-        };
+        let asleep = self.leave_live(e, Left::Gone);
         self.charges
             .hold_live_until_teardown_in(e.tier, e.role, e.bytes - asleep);
         self.counters.note(Note::SettledLost);
