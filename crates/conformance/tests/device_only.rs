@@ -238,26 +238,21 @@ fn suite_report() {
     assert!(report.all_passed(), "{report}");
 }
 
-#[test]
-fn fault_matrix() {
-    let m = memgov_conformance::fault_matrix("bump", || {
-        let c = BumpContext::new(64 << 20).ok()?;
-        let leak: memgov_conformance::LeakCheck = Box::new(c.leak_check());
-        Some((c, leak))
-    })
-    .expect("bump is always available");
-    println!("{m}");
-    assert!(m.all_survived(), "{m}");
+/// A fault-matrix factory: a fresh bump context and its leak check.
+fn with_leak_check() -> Option<(BumpContext, memgov_conformance::LeakCheck)> {
+    let c = BumpContext::new(64 << 20).ok()?;
+    let leak: memgov_conformance::LeakCheck = Box::new(c.leak_check());
+    Some((c, leak))
 }
 
+/// Every cell survives, and the matrix of a device-only backend has no
+/// `[pinned-host]` rows (fewer cells than a backend with the tier).
 #[test]
-fn the_matrix_of_a_device_only_backend_has_no_pinned_rows() {
-    let m = memgov_conformance::fault_matrix("bump", || {
-        let c = BumpContext::new(64 << 20).ok()?;
-        let leak: memgov_conformance::LeakCheck = Box::new(c.leak_check());
-        Some((c, leak))
-    })
-    .expect("bump is always available");
+fn fault_matrix_without_pinned_rows() {
+    let m = memgov_conformance::fault_matrix("bump", with_leak_check)
+        .expect("bump is always available");
+    println!("{m}");
+    assert!(m.all_survived(), "{m}");
     assert!(!m.pinned_host_tier);
     assert!(m
         .cells
@@ -273,11 +268,7 @@ fn the_cached_suite_and_matrix_run_through_the_kit_alone() {
         .cache(memgov_conformance::CacheConfig::new(8 << 20));
     let report = memgov_conformance::run_suite_with(&cached, || BumpContext::new(64 << 20));
     assert!(report.all_passed(), "{report}");
-    let m = memgov_conformance::fault_matrix_with("bump", &cached, || {
-        let c = BumpContext::new(64 << 20).ok()?;
-        let leak: memgov_conformance::LeakCheck = Box::new(c.leak_check());
-        Some((c, leak))
-    })
-    .expect("bump is always available");
+    let m = memgov_conformance::fault_matrix_with("bump", &cached, with_leak_check)
+        .expect("bump is always available");
     assert!(m.all_survived(), "{m}");
 }
