@@ -30,7 +30,9 @@
 //! wgpu owns the device's queue; memgov adopts the device without queues and
 //! submits nothing (a queue needs external synchronization, and wgpu's lock
 //! is its own). Transfers go through wgpu (`Queue::write_buffer`, copies),
-//! or through memgov's mapping on host-visible memory.
+//! or through memgov's mapping on host-visible memory. A new buffer whose
+//! memory is not host-visible is zeroed on wgpu's queue, by a fill recorded
+//! on a wgpu command buffer that wgpu tracks as using the buffer.
 //!
 //! # When memory goes back
 //!
