@@ -9,12 +9,13 @@
 # reported by the layer), new buffers zero-filled on both paths (the
 # device-local one, a fill on wgpu's queue, forced on lavapipe with odd
 # sizes and STORAGE-only usage: the previous holder's bytes never show),
-# budget refusals as errors, teardown in both orders, wgpu-core's own
-# timestamp-normalization kernel (unchanged) and a tiled matmul bit for bit
-# against wgpu's own allocator, budget sweeps; the live device swap 20 runs
-# in a row; the bench once, in test mode and in the test build (no
-# optimized build: it checks that the bench runs and both allocators agree;
-# its ratios are measured with `cargo bench`).
+# budget refusals as errors (mapped to wgpu's error scopes), teardown in
+# both orders, wgpu-core's own timestamp-normalization kernel (unchanged)
+# and a tiled matmul bit for bit against wgpu's own allocator, budget
+# sweeps; the live device swap 20 runs in a row; the bench once, in test
+# mode and in the test build (no optimized build: it checks that the bench
+# runs and both allocators agree; its ratios are measured with `cargo
+# bench`).
 #
 # Fails on a test that skips (lavapipe and the layer are installed here), on
 # any validation message, and when no test ran on the software driver.

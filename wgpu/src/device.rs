@@ -404,7 +404,8 @@ impl GovernedDevice {
     ///
     /// [`Error::Refused`] when memgov refuses the bytes (the budget's
     /// numbers are in the message; nothing was created, the device is
-    /// untouched), [`Error::Mappable`] for `MAP_READ`, `MAP_WRITE` or
+    /// untouched; returned, not reported to wgpu's error scopes:
+    /// [`Error::wgpu_error_filter`] says which scope would have caught it), [`Error::Mappable`] for `MAP_READ`, `MAP_WRITE` or
     /// `mapped_at_creation`, [`Error::ZeroSized`], [`Error::Retired`].
     pub fn create_buffer(
         &self,

@@ -952,3 +952,80 @@ fn moved_buffers_are_not_zeroed_on_the_target() {
         .expect("new retires");
     finish(new);
 }
+
+/// Code written the wgpu way (an `OutOfMemory` error scope around buffer
+/// creation, as in wgpu's own out-of-memory test and WebGPU's
+/// `createBuffer`, which raises a `GPUOutOfMemoryError`) pops nothing for a
+/// budget refusal: the refusal is returned instead, and
+/// `Error::wgpu_error_filter` names the scope that would have caught it,
+/// `Error::into_wgpu_error` the error it would have popped. What wgpu would
+/// not have refused maps to no scope.
+#[test]
+fn refusals_map_to_wgpus_error_scopes() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "scoped", 1 << 20) else {
+        return;
+    };
+    let desc = |label, size, usage| wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage,
+        mapped_at_creation: false,
+    };
+    let scope = dev
+        .device()
+        .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let refused = dev
+        .create_buffer(
+            &desc("too big", 2 << 20, wgpu::BufferUsages::STORAGE),
+            Role::Activation,
+        )
+        .unwrap_err();
+    assert!(
+        pollster::block_on(scope.pop()).is_none(),
+        "wgpu's scope saw the refusal"
+    );
+    assert!(
+        matches!(refused, Error::Refused(GovernorError::BudgetExceeded(_))),
+        "{refused}"
+    );
+    assert_eq!(
+        refused.wgpu_error_filter(),
+        Some(wgpu::ErrorFilter::OutOfMemory)
+    );
+    let message = refused.to_string();
+    match refused.into_wgpu_error() {
+        Ok(wgpu::Error::OutOfMemory { source }) => {
+            assert_eq!(source.to_string(), message, "the refusal, numbers and all");
+            assert!(message.contains("raise the budget"), "{message}");
+        }
+        other => panic!("expected wgpu's out-of-memory error, got {other:?}"),
+    }
+    // Refused only because the buffer is governed: wgpu would have made it.
+    let mappable = dev
+        .create_buffer(
+            &desc(
+                "staging",
+                64,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            ),
+            Role::Other,
+        )
+        .unwrap_err();
+    assert_eq!(mappable.wgpu_error_filter(), None, "{mappable}");
+    assert!(matches!(
+        mappable.into_wgpu_error(),
+        Err(Error::Mappable { .. })
+    ));
+    let empty = dev
+        .create_buffer(&desc("empty", 0, wgpu::BufferUsages::STORAGE), Role::Other)
+        .unwrap_err();
+    assert_eq!(empty.wgpu_error_filter(), None, "{empty}");
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    let retired = dev
+        .create_buffer(&desc("late", 64, wgpu::BufferUsages::STORAGE), Role::Other)
+        .unwrap_err();
+    assert!(matches!(retired, Error::Retired), "{retired}");
+    assert_eq!(retired.wgpu_error_filter(), None);
+    finish(dev);
+}
