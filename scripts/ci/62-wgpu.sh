@@ -6,12 +6,16 @@
 # tests: buffers governed and charged, released only after wgpu's last
 # submission using them (a compute pass held in flight by a semaphore only
 # the test signals; the planted early release is
-# reported by the layer), budget refusals as errors, teardown in both
-# orders, wgpu-core's own timestamp-normalization kernel (unchanged) and a
-# tiled matmul bit for bit against wgpu's own allocator, budget sweeps; the
-# live device swap 20 runs in a row; the bench once, in test mode and in the
-# test build (no optimized build: it checks that the bench runs and both
-# allocators agree; its ratios are measured with `cargo bench`).
+# reported by the layer), new buffers zero-filled on both paths (the
+# device-local one, a fill on wgpu's queue, forced on lavapipe with odd
+# sizes and STORAGE-only usage: the previous holder's bytes never show),
+# budget refusals as errors (mapped to wgpu's error scopes), teardown in
+# both orders, wgpu-core's own timestamp-normalization kernel (unchanged)
+# and a tiled matmul bit for bit against wgpu's own allocator, budget
+# sweeps; the live device swap 20 runs in a row; the bench once, in test
+# mode and in the test build (no optimized build: it checks that the bench
+# runs and both allocators agree; its ratios are measured with `cargo
+# bench`).
 #
 # Fails on a test that skips (lavapipe and the layer are installed here), on
 # any validation message, and when no test ran on the software driver.

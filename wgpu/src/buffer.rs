@@ -119,6 +119,22 @@ impl GovernedBuffer {
         lock(&self.slot).take()
     }
 
+    /// Test-only: copy bytes of the governed memory through memgov's
+    /// mapping (host-visible memory only; wait for wgpu's submissions
+    /// first). Never use it otherwise.
+    #[doc(hidden)]
+    pub fn read_memory_for_test(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), memgov::GovernorError> {
+        let slot = lock(&self.slot);
+        let memory = slot
+            .as_ref()
+            .expect("a live governed buffer has its memory");
+        memory.read(offset, dst)
+    }
+
     pub(crate) fn into_parts(self) -> (wgpu::Buffer, String, Slot) {
         (self.buffer.clone(), self.label.clone(), self.slot.clone())
     }

@@ -11,6 +11,7 @@ use memgov::{
     Alloc, BackendProbe, ContextConfig, ContextHandle, DeviceBuffer, GovernedStream, Governor,
     Role, TeardownReport,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use wgpu::hal::api::Vulkan;
@@ -113,6 +114,12 @@ pub struct GovernedDevice {
     probe: BackendProbe,
     validation: Option<VulkanValidation>,
     name: String,
+    /// The shared `VkDevice`, for the zero-fill recorded on wgpu's command
+    /// buffers (kept alive by `device`, whose drop callback holds the Keeper).
+    raw: ash::Device,
+    /// Test-only: zero new buffers on the GPU even where the memory is
+    /// host-visible (the path every device-local memory takes).
+    zero_on_gpu: AtomicBool,
 }
 
 impl Drop for GovernedDevice {
@@ -238,6 +245,7 @@ impl GovernedDevice {
         let raw_device = unsafe { raw_instance.create_device(physical, &info, None) }
             .map_err(|r| wgpu_err("vkCreateDevice", r))?;
         let memory_budget = extensions.contains(&ash::ext::memory_budget::NAME);
+        let raw = raw_device.clone();
         let keeper = Arc::new(Keeper {
             device: raw_device.clone(),
             messenger: Mutex::new(messenger),
@@ -331,6 +339,8 @@ impl GovernedDevice {
             probe,
             validation,
             name,
+            raw,
+            zero_on_gpu: AtomicBool::new(false),
         })
     }
 
@@ -368,8 +378,22 @@ impl GovernedDevice {
         self.validation.clone()
     }
 
+    /// Test-only: from now on, zero new buffers on the GPU, the path taken
+    /// where the memory is not host-visible (a discrete GPU's device-local
+    /// memory), even where it is (lavapipe has host-visible memory only).
+    /// Never use it otherwise.
+    #[doc(hidden)]
+    pub fn zero_on_gpu_for_test(&self) {
+        self.zero_on_gpu.store(true, Ordering::Relaxed);
+    }
+
     /// A buffer in memgov-governed memory that wgpu uses as its own,
-    /// charged to the context with `role`, zero-filled like wgpu's.
+    /// charged to the context with `role`, zero-filled like wgpu's: through
+    /// memgov's mapping where the memory is host-visible, else on the GPU
+    /// (`vkCmdFillBuffer` over the whole `VkBuffer`, submitted on wgpu's
+    /// queue before this returns, so before any submission of the caller's),
+    /// whatever the size and usage. The bytes a previous holder left in the
+    /// memory never show.
     ///
     /// The memory is released when wgpu lets go of the buffer: after every
     /// handle is dropped (or [`wgpu::Buffer::destroy`] is called) and wgpu's
@@ -380,7 +404,8 @@ impl GovernedDevice {
     ///
     /// [`Error::Refused`] when memgov refuses the bytes (the budget's
     /// numbers are in the message; nothing was created, the device is
-    /// untouched), [`Error::Mappable`] for `MAP_READ`, `MAP_WRITE` or
+    /// untouched; returned, not reported to wgpu's error scopes:
+    /// [`Error::wgpu_error_filter`] says which scope would have caught it), [`Error::Mappable`] for `MAP_READ`, `MAP_WRITE` or
     /// `mapped_at_creation`, [`Error::ZeroSized`], [`Error::Retired`].
     pub fn create_buffer(
         &self,
@@ -407,19 +432,25 @@ impl GovernedDevice {
             .allocate(&stream, Alloc::new(bytes, role))
             .map_err(Error::Refused)?;
         drop(stream);
-        self.zero(&memory)?;
-        Ok(self.wrap(memory, label, desc.size, desc.usage))
+        let mapped = memory.raw().is_some_and(|m| m.is_mapped())
+            && !self.zero_on_gpu.load(Ordering::Relaxed);
+        if mapped {
+            self.zero_mapped(&memory)?;
+            return Ok(self.wrap(memory, label, desc.size, desc.usage));
+        }
+        let raw = memory
+            .raw()
+            .map(|m| m.buffer())
+            .expect("a live governed buffer has its memory");
+        let buffer = self.wrap(memory, label, desc.size, desc.usage);
+        self.zero_on_device(&buffer, raw)?;
+        Ok(buffer)
     }
 
-    /// Fill a new allocation with zeros (wgpu's buffers read as zero):
-    /// through the mapping where the memory is host-visible, else with a
-    /// `clear_buffer` on wgpu's queue once wrapped.
-    fn zero(&self, memory: &DeviceBuffer<VulkanContext>) -> Result<(), Error> {
+    /// Fill a new host-visible allocation with zeros through memgov's
+    /// mapping (wgpu's buffers read as zero).
+    fn zero_mapped(&self, memory: &DeviceBuffer<VulkanContext>) -> Result<(), Error> {
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-        let mapped = memory.raw().is_some_and(|m| m.is_mapped());
-        if !mapped {
-            return Ok(());
-        }
         let mut offset = 0;
         while offset < memory.len() {
             let n = (memory.len() - offset).min(ZEROS.len() as u64);
@@ -439,7 +470,6 @@ impl GovernedDevice {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> GovernedBuffer {
-        let mapped = memory.raw().is_some_and(|m| m.is_mapped());
         let raw = memory
             .raw()
             .map(|m| m.buffer())
@@ -477,16 +507,93 @@ impl GovernedDevice {
             mapped_at_creation: false,
         };
         // SAFETY: the hal buffer is a Vulkan buffer of this device, of at
-        // least `size` bytes, initialized (zeroed above or copied by a move).
+        // least `size` bytes, initialized: zeroed through the mapping before
+        // this call, zeroed on the GPU by `zero_on_device` in a submission
+        // before any the caller can make, or copied by a move.
         let buffer = unsafe { self.device.create_buffer_from_hal::<Vulkan>(hal, &desc) };
-        if !mapped {
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            encoder.clear_buffer(&buffer, 0, None);
-            self.queue.submit([encoder.finish()]);
-        }
         GovernedBuffer::new(buffer, label, role, charged, slot, self.registry.clone())
+    }
+
+    /// Fill a new buffer whose memory is not host-visible with zeros on the
+    /// GPU, in a submission on wgpu's queue made before the caller has the
+    /// buffer (so before any submission of the caller's that uses it).
+    ///
+    /// The fill is `vkCmdFillBuffer` over the whole `VkBuffer` (offset 0,
+    /// `VK_WHOLE_SIZE`), recorded on a wgpu command buffer through
+    /// `CommandEncoder::as_hal_mut`: unlike wgpu's `clear_buffer` it needs
+    /// neither a size that is a multiple of `COPY_BUFFER_ALIGNMENT` nor
+    /// `COPY_DST` in the wgpu usage. The Vulkan rules it meets: the offset
+    /// is 0; `VK_WHOLE_SIZE` fills to the end of the buffer rounded down to
+    /// a multiple of 4, which is its end (the `VkBuffer` is created with the
+    /// wgpu size rounded up to 4); memgov's Vulkan backend creates every
+    /// buffer with `TRANSFER_DST`; the command buffer is outside any render
+    /// pass and its pool is of wgpu's queue family, which runs wgpu's
+    /// compute passes (the rule asks for transfer, graphics or compute).
+    /// Bytes of the allocation past the `VkBuffer` (alignment
+    /// padding) are reachable through no binding of this buffer.
+    ///
+    /// A global memory barrier after the fill makes its writes available
+    /// to every later command on the queue and to the host. A second
+    /// command buffer in the same submission tells wgpu (with
+    /// `transition_resources`) that the buffer was last written as a copy
+    /// destination: wgpu then keeps the buffer, and so its memory, until
+    /// that submission has completed, even if the caller drops it at once,
+    /// and its barrier before the buffer's next use starts from that write.
+    fn zero_on_device(&self, buffer: &GovernedBuffer, raw: vk::Buffer) -> Result<(), Error> {
+        let mut fill = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("memgov-wgpu zero-fill"),
+            });
+        // SAFETY: the callback records into the open command buffer wgpu
+        // hands it (outside any render pass) and neither ends nor destroys
+        // it, and the wgpu encoder is not touched meanwhile. `raw` is a
+        // VkBuffer of `self.raw`'s device bound to memory that stays alive
+        // until wgpu lets go of `buffer` (see `transition_resources` below);
+        // the fill's offset, size and the buffer's TRANSFER_DST usage are
+        // as the doc comment above states.
+        let recorded = unsafe {
+            fill.as_hal_mut::<Vulkan, _, _>(|encoder| {
+                let cmd = encoder?.raw_handle();
+                self.raw.cmd_fill_buffer(cmd, raw, 0, vk::WHOLE_SIZE, 0);
+                let barrier = vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                    .dst_access_mask(
+                        vk::AccessFlags::MEMORY_READ
+                            | vk::AccessFlags::MEMORY_WRITE
+                            | vk::AccessFlags::HOST_READ,
+                    );
+                self.raw.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::ALL_COMMANDS | vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &[barrier],
+                    &[],
+                    &[],
+                );
+                Some(())
+            })
+        };
+        if recorded.is_none() {
+            return Err(Error::Wgpu(
+                "zero-filling a new buffer: wgpu's command encoder is not a Vulkan one".into(),
+            ));
+        }
+        let mut track = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("memgov-wgpu zero-fill tracking"),
+            });
+        track.transition_resources(
+            std::iter::once(wgpu::BufferTransition {
+                buffer: buffer.buffer(),
+                state: wgpu::BufferUses::COPY_DST,
+            }),
+            std::iter::empty(),
+        );
+        self.queue.submit([fill.finish(), track.finish()]);
+        Ok(())
     }
 
     /// Submit what wgpu still holds back (`Queue::write_buffer` data waits

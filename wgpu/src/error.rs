@@ -1,7 +1,7 @@
 //! [`Error`]: what opening a device, creating a buffer, moving buffers and
 //! retiring can fail with.
 
-use memgov::{BackendError, GovernorError, RetireError};
+use memgov::{BackendError, BackendErrorKind, GovernorError, RetireError};
 
 /// Why an operation of this crate failed. Nothing here is a device loss or a
 /// panic: a refused allocation leaves the device and every other buffer as
@@ -50,4 +50,60 @@ pub enum Error {
         #[source]
         source: GovernorError,
     },
+}
+
+impl Error {
+    /// The wgpu error scope that would have caught this failure had wgpu
+    /// allocated the buffer itself: [`wgpu::ErrorFilter::OutOfMemory`] for
+    /// a refusal for lack of memory (a budget of memgov's, a reservation
+    /// used up, or the driver's allocator out of memory), where wgpu's
+    /// `create_buffer` reports an out-of-memory error to the innermost
+    /// `push_error_scope(ErrorFilter::OutOfMemory)`. `None` where wgpu would
+    /// not have failed this way: a restriction of governed buffers
+    /// ([`Mappable`](Self::Mappable), [`ZeroSized`](Self::ZeroSized)), a
+    /// retired device or lost context, or an operation wgpu does not have.
+    ///
+    /// A refusal is returned, never reported to wgpu's error scopes or its
+    /// uncaptured-error handler (wgpu has no way to raise an error into
+    /// them): code written the wgpu way matches on this instead of popping
+    /// a scope.
+    ///
+    /// ```
+    /// # fn demo(e: memgov_wgpu::Error) {
+    /// if e.wgpu_error_filter() == Some(wgpu::ErrorFilter::OutOfMemory) {
+    ///     // what the code did when its OutOfMemory scope popped an error:
+    ///     // free something, use a smaller buffer, or give up
+    /// }
+    /// # }
+    /// ```
+    pub fn wgpu_error_filter(&self) -> Option<wgpu::ErrorFilter> {
+        let refusal = match self {
+            Self::Refused(e) | Self::Migrate { source: e, .. } => e,
+            _ => return None,
+        };
+        match refusal {
+            GovernorError::BudgetExceeded(_) | GovernorError::ReservationExhausted { .. } => {
+                Some(wgpu::ErrorFilter::OutOfMemory)
+            }
+            GovernorError::Backend { source, .. }
+                if source.kind == BackendErrorKind::OutOfMemory =>
+            {
+                Some(wgpu::ErrorFilter::OutOfMemory)
+            }
+            _ => None,
+        }
+    }
+
+    /// This error as the [`wgpu::Error`] wgpu would have reported (its
+    /// source is this error, message and numbers included), for code that
+    /// hands wgpu's errors to one handler; `Err(self)` where
+    /// [`wgpu_error_filter`](Self::wgpu_error_filter) is `None`.
+    pub fn into_wgpu_error(self) -> Result<wgpu::Error, Self> {
+        match self.wgpu_error_filter() {
+            Some(wgpu::ErrorFilter::OutOfMemory) => Ok(wgpu::Error::OutOfMemory {
+                source: Box::new(self),
+            }),
+            _ => Err(self),
+        }
+    }
 }

@@ -30,7 +30,9 @@
 //! wgpu owns the device's queue; memgov adopts the device without queues and
 //! submits nothing (a queue needs external synchronization, and wgpu's lock
 //! is its own). Transfers go through wgpu (`Queue::write_buffer`, copies),
-//! or through memgov's mapping on host-visible memory.
+//! or through memgov's mapping on host-visible memory. A new buffer whose
+//! memory is not host-visible is zeroed on wgpu's queue, by a fill recorded
+//! on a wgpu command buffer that wgpu tracks as using the buffer.
 //!
 //! # When memory goes back
 //!
@@ -44,15 +46,20 @@
 //!
 //! A budget refusal is [`Error::Refused`], returned before anything is
 //! created: no panic, no device loss, the device and its other buffers as
-//! they were. Before refusing, memgov asks the pressure responder this crate
-//! registers ([`WgpuConfig::poll_on_pressure`]): it flushes wgpu's queue and
-//! waits for it, so that buffers the caller dropped but wgpu still held come
-//! back first. [`GovernedDevice::retire`] retires the memgov context while
-//! wgpu may still hold buffers: it waits for them, or with
-//! [`RetireMode::Force`] destroys them through wgpu first (a later use is a
-//! wgpu error, never a use of freed memory). Dropping the wgpu device first
-//! releases the buffers it held; the `VkDevice` stays until the memgov
-//! context is torn down.
+//! they were. It is not reported to wgpu's error scopes (wgpu has no way
+//! to raise an error into them): where wgpu code pops an
+//! `ErrorFilter::OutOfMemory` scope, match on
+//! [`Error::wgpu_error_filter`] instead, or turn the refusal into the
+//! `wgpu::Error::OutOfMemory` wgpu would have reported with
+//! [`Error::into_wgpu_error`]. Before refusing, memgov asks the pressure
+//! responder this crate registers ([`WgpuConfig::poll_on_pressure`]): it
+//! flushes wgpu's queue and waits for it, so that buffers the caller
+//! dropped but wgpu still held come back first. [`GovernedDevice::retire`]
+//! retires the memgov context while wgpu may still hold buffers: it waits
+//! for them, or with [`RetireMode::Force`] destroys them through wgpu first
+//! (a later use is a wgpu error, never a use of freed memory). Dropping the
+//! wgpu device first releases the buffers it held; the `VkDevice` stays
+//! until the memgov context is torn down.
 //!
 //! ```no_run
 //! use memgov::{Governor, Role};

@@ -698,3 +698,334 @@ fn pressure_lets_wgpu_give_back_what_it_still_holds() {
         other => panic!("without the responder the allocation must be refused, got {other:?}"),
     }
 }
+
+/// What a buffer's memory held before: a pattern with no zero byte.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| 0x80 | (i * 37 % 127) as u8).collect()
+}
+
+/// Store `value` in the first word of `buffer` from a compute shader (its
+/// first use where it has `STORAGE` and no `COPY_DST`).
+fn store_first_word(device: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::Buffer, value: u32) {
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("store first word"),
+        source: wgpu::ShaderSource::Wgsl(
+            format!(
+                "@group(0) @binding(0) var<storage, read_write> b: array<u32>;\n\
+                 @compute @workgroup_size(1) fn main() {{ b[0] = {value}u; }}"
+            )
+            .into(),
+        ),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("store first word"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: std::num::NonZeroU64::new(4),
+            }),
+        }],
+    });
+    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    queue.submit([encoder.finish()]);
+}
+
+/// The zero-fill of the device-local path (forced on lavapipe, whose memory
+/// is all host-visible): wgpu's sizes that are not a multiple of
+/// `COPY_BUFFER_ALIGNMENT` and usages without `COPY_DST` (`STORAGE` alone,
+/// as in wgpu's out-of-memory test) are created, and never show the bytes
+/// the memory's previous holder left. Each case first shows that the memory
+/// comes back to a new allocation with those bytes in it (memgov does not
+/// clear it), then that the governed buffer made on it reads zero, every
+/// byte up to the 4-byte boundary, through memgov's mapping.
+#[test]
+fn gpu_zero_fill_hides_the_previous_holders_bytes() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "zero-on-gpu", 64 << 20) else {
+        return;
+    };
+    dev.zero_on_gpu_for_test();
+    let (device, queue) = (dev.device(), dev.queue());
+    let rw =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let cases: [(u64, wgpu::BufferUsages); 4] = [
+        (1234, rw),
+        (1234, wgpu::BufferUsages::STORAGE),
+        (1000, wgpu::BufferUsages::STORAGE),
+        (5, wgpu::BufferUsages::UNIFORM),
+    ];
+    for (size, usage) in cases {
+        let whole = size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let old = pattern(whole as usize);
+        let previous = dev
+            .create_buffer(
+                &wgpu::BufferDescriptor {
+                    label: Some("previous holder"),
+                    size: whole,
+                    usage: rw,
+                    mapped_at_creation: false,
+                },
+                Role::KvCache,
+            )
+            .expect("previous holder");
+        queue.write_buffer(&previous, 0, &old);
+        assert!(
+            read_back(device, queue, &previous) == old,
+            "pattern written"
+        );
+        drop(previous);
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("poll");
+        assert_eq!(live_buffers(&dev), 0, "the previous holder released");
+        // The same request straight from memgov lands on the same memory,
+        // with the previous holder's bytes.
+        let stream = dev.context().create_stream("probe").expect("stream");
+        let probe = dev
+            .context()
+            .allocate(&stream, memgov::Alloc::new(whole, Role::Activation))
+            .expect("probe");
+        let mut seen = vec![0u8; whole as usize];
+        probe.read(0, &mut seen).expect("read the probe");
+        assert!(
+            seen == old,
+            "the probe did not land on the previous holder's bytes: {:?}",
+            &seen[..16]
+        );
+        drop(probe);
+        drop(stream);
+        assert_eq!(live_buffers(&dev), 0, "the probe released");
+        // A governed buffer on that memory reads zero.
+        let desc = wgpu::BufferDescriptor {
+            label: Some("new holder"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        };
+        let buffer = dev.create_buffer(&desc, Role::Activation).expect("create");
+        // The caller's first use comes after the fill: a write queued now
+        // (a copy, or a shader's store where the buffer has STORAGE only)
+        // is not overwritten by it.
+        let first = [7u8; 4];
+        let written = if usage.contains(wgpu::BufferUsages::COPY_DST) {
+            queue.write_buffer(&buffer, 0, &first);
+            true
+        } else if usage.contains(wgpu::BufferUsages::STORAGE) {
+            store_first_word(device, queue, &buffer, u32::from_le_bytes(first));
+            true
+        } else {
+            false
+        };
+        queue.submit([]);
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("poll");
+        let mut now = vec![0xffu8; whole as usize];
+        buffer
+            .read_memory_for_test(0, &mut now)
+            .expect("read through the mapping");
+        let mut expected = vec![0u8; whole as usize];
+        if written {
+            expected[..4].copy_from_slice(&first);
+        }
+        let wrong = now.iter().zip(&expected).position(|(a, b)| a != b);
+        assert_eq!(
+            wrong,
+            None,
+            "{size} B, {usage:?}: byte {wrong:?} of {whole} is not as expected: {:?}",
+            wrong.map(|i| &now[i..(i + 8).min(now.len())])
+        );
+        drop(buffer);
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("poll");
+        println!(
+            "zero-fill on the GPU: {size} B, {usage:?}: the previous holder's {whole} B never show"
+        );
+    }
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// A buffer dropped while its zero-fill is still in flight (held by a
+/// [`common::Gate`]) keeps its memory until the fill has completed: wgpu
+/// knows the fill uses the buffer.
+#[test]
+fn gpu_zero_fill_in_flight_keeps_the_memory() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "zero-in-flight", 64 << 20) else {
+        return;
+    };
+    dev.zero_on_gpu_for_test();
+    let (device, queue) = (dev.device(), dev.queue());
+    let mut gate = common::Gate::hold_next_submission(queue);
+    let buffer = dev
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("dropped at once"),
+                size: 1234,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            },
+            Role::Activation,
+        )
+        .expect("create");
+    drop(buffer);
+    let status = device.poll(wgpu::PollType::Poll).expect("poll");
+    assert!(
+        !status.is_queue_empty(),
+        "the gated fill completed: {status:?}"
+    );
+    assert_eq!(
+        live_buffers(&dev),
+        1,
+        "released while its zero-fill is still in flight"
+    );
+    gate.open();
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    drop(gate);
+    assert_eq!(live_buffers(&dev), 0, "released once the fill completed");
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    finish(dev);
+}
+
+/// Buffers moved to a device whose buffers are zeroed on the GPU keep their
+/// contents: only new buffers are zeroed.
+#[test]
+fn moved_buffers_are_not_zeroed_on_the_target() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(old) = open(&gov, "gpu0", 64 << 20) else {
+        return;
+    };
+    let Some(new) = open(&gov, "gpu1", 64 << 20) else {
+        return;
+    };
+    old.zero_on_gpu_for_test();
+    new.zero_on_gpu_for_test();
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let buffer = old
+        .create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some("moved"),
+                size: 4096,
+                usage,
+                mapped_at_creation: false,
+            },
+            Role::KvCache,
+        )
+        .expect("create");
+    let data = pattern(4096);
+    old.queue().write_buffer(&buffer, 0, &data);
+    let moved = old
+        .migrate_to(&new, vec![buffer])
+        .map_err(|(e, _)| e)
+        .expect("move");
+    old.retire(deadline(), RetireMode::Wait)
+        .expect("old retires");
+    finish(old);
+    assert!(
+        read_back(new.device(), new.queue(), &moved[0]) == data,
+        "moved with its contents"
+    );
+    drop(moved);
+    new.retire(deadline(), RetireMode::Wait)
+        .expect("new retires");
+    finish(new);
+}
+
+/// Code written the wgpu way (an `OutOfMemory` error scope around buffer
+/// creation, as in wgpu's own out-of-memory test and WebGPU's
+/// `createBuffer`, which raises a `GPUOutOfMemoryError`) pops nothing for a
+/// budget refusal: the refusal is returned instead, and
+/// `Error::wgpu_error_filter` names the scope that would have caught it,
+/// `Error::into_wgpu_error` the error it would have popped. What wgpu would
+/// not have refused maps to no scope.
+#[test]
+fn refusals_map_to_wgpus_error_scopes() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let Some(dev) = open(&gov, "scoped", 1 << 20) else {
+        return;
+    };
+    let desc = |label, size, usage| wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage,
+        mapped_at_creation: false,
+    };
+    let scope = dev
+        .device()
+        .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let refused = dev
+        .create_buffer(
+            &desc("too big", 2 << 20, wgpu::BufferUsages::STORAGE),
+            Role::Activation,
+        )
+        .unwrap_err();
+    assert!(
+        pollster::block_on(scope.pop()).is_none(),
+        "wgpu's scope saw the refusal"
+    );
+    assert!(
+        matches!(refused, Error::Refused(GovernorError::BudgetExceeded(_))),
+        "{refused}"
+    );
+    assert_eq!(
+        refused.wgpu_error_filter(),
+        Some(wgpu::ErrorFilter::OutOfMemory)
+    );
+    let message = refused.to_string();
+    match refused.into_wgpu_error() {
+        Ok(wgpu::Error::OutOfMemory { source }) => {
+            assert_eq!(source.to_string(), message, "the refusal, numbers and all");
+            assert!(message.contains("raise the budget"), "{message}");
+        }
+        other => panic!("expected wgpu's out-of-memory error, got {other:?}"),
+    }
+    // Refused only because the buffer is governed: wgpu would have made it.
+    let mappable = dev
+        .create_buffer(
+            &desc(
+                "staging",
+                64,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            ),
+            Role::Other,
+        )
+        .unwrap_err();
+    assert_eq!(mappable.wgpu_error_filter(), None, "{mappable}");
+    assert!(matches!(
+        mappable.into_wgpu_error(),
+        Err(Error::Mappable { .. })
+    ));
+    let empty = dev
+        .create_buffer(&desc("empty", 0, wgpu::BufferUsages::STORAGE), Role::Other)
+        .unwrap_err();
+    assert_eq!(empty.wgpu_error_filter(), None, "{empty}");
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
+    let retired = dev
+        .create_buffer(&desc("late", 64, wgpu::BufferUsages::STORAGE), Role::Other)
+        .unwrap_err();
+    assert!(matches!(retired, Error::Retired), "{retired}");
+    assert_eq!(retired.wgpu_error_filter(), None);
+    finish(dev);
+}
