@@ -77,6 +77,7 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState
 
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
+    let asleep = ctx.sleep.asleep();
     for role in Role::ALL {
         let usage = ctx.ledger.stats().usage(role);
         let quarantined = ctx.ledger.stats().quarantined(role);
@@ -90,6 +91,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             quarantined_bytes: quarantined.bytes,
             quarantined_count: quarantined.count,
             suspended_bytes: ctx.ledger.charges().suspended(role),
+            asleep: asleep.contains(role),
         };
     }
     let outstanding = Outstanding::collect(ctx);
