@@ -124,6 +124,10 @@ pub fn arena_cases<C: ArenaBackend>() -> Vec<(&'static str, ArenaCase<C>)> {
             "sleep_wake_of_a_set_leaves_the_others_usable",
             sleep_wake_set::<C>,
         ),
+        (
+            "governed_partial_wake_leaves_the_kv_cache_asleep",
+            governed_partial_wake::<C>,
+        ),
     ]
 }
 
@@ -411,6 +415,180 @@ fn sleep_wake_set<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
     Ok(format!(
         "{} B of a set slept and woke, the other allocation untouched",
         report.released
+    ))
+}
+
+/// A governor (kept while the context is used: dropping it retires its
+/// contexts), a context registered with it, its arena's handle and a
+/// stream.
+type Governed<C> = (
+    Governor<C>,
+    memgov::ContextHandle<C>,
+    <C as ArenaBackend>::Arena,
+    memgov::GovernedStream<C>,
+);
+
+fn governed<C: ArenaBackend>(
+    factory: Factory<'_, C>,
+    config: ContextConfig,
+) -> Result<Governed<C>, String> {
+    let (ctx, arena) = open(factory)?;
+    let gov = Governor::new();
+    let h = gov.register(ctx, config);
+    let s = h.create_stream("s").map_err(|e| e.to_string())?;
+    Ok((gov, h, arena, s))
+}
+
+fn address<C: ArenaBackend>(
+    h: &memgov::ContextHandle<C>,
+    b: &memgov::DeviceBuffer<C>,
+) -> Result<u64, String> {
+    let m = b.raw().ok_or("a buffer with no memory")?;
+    h.with_backend(|c| c.device_address(m))
+        .map_err(|e| e.to_string())
+}
+
+/// Retire a governed context and check its teardown.
+fn retire_governed<C: ArenaBackend>(h: memgov::ContextHandle<C>) -> Result<(), String> {
+    h.retire()
+        .wait(Instant::now() + Duration::from_secs(10))
+        .map_err(|e| e.to_string())?
+        .backend_result
+        .map_err(be("teardown"))
+}
+
+/// A copy the arena must refuse because the memory sleeps.
+fn refused_asleep(what: &str, r: Result<(), memgov::GovernorError>) -> Result<(), String> {
+    match r {
+        Err(memgov::GovernorError::Backend { source, .. })
+            if source.kind == BackendErrorKind::InvalidArgument =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!("{what}: refused, but not as asleep: {e}")),
+        Ok(()) => Err(format!("{what}: accepted while its memory sleeps")),
+    }
+}
+
+/// vLLM's sleep and wake through the governor: the weights (their contents
+/// kept) and the KV cache (discarded) put to sleep together, the weights
+/// woken alone, the KV cache later. In between the books and the snapshot
+/// say the KV cache sleeps, with its bytes suspended; copies to and from
+/// it are refused as asleep; a new KV allocation lands outside its
+/// sleeping range; then its own wake succeeds and it is usable.
+fn governed_partial_wake<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
+    use memgov::SleepState;
+    let (_gov, h, arena, s) = governed(factory, ContextConfig::new().label("llm"))?;
+    let g = arena.usage().granule;
+    let ge = |what: &'static str| move |e: memgov::GovernorError| format!("{what}: {e}");
+    // First fit: the weights take granules 0 and 1, the KV cache 2 and 3.
+    let weights = h
+        .allocate(&s, Alloc::new(2 * g, Role::Weights))
+        .map_err(ge("allocate the weights"))?;
+    let kv = h
+        .allocate(&s, Alloc::new(2 * g, Role::KvCache))
+        .map_err(ge("allocate the KV cache"))?;
+    let (pw, pk) = (pattern(60, 2 * g as usize), pattern(61, 2 * g as usize));
+    weights.write(0, &pw).map_err(ge("write the weights"))?;
+    kv.write(0, &pk).map_err(ge("write the KV cache"))?;
+    let (at_w, at_k) = (address(&h, &weights)?, address(&h, &kv)?);
+    let slept = h
+        .sleep_with(&[Role::Weights, Role::KvCache], |_| {
+            let kept = arena.sleep_ranges(&[at_w], true)?;
+            let discarded = arena.sleep_ranges(&[at_k], false)?;
+            Ok((kept, discarded))
+        })
+        .map_err(ge("sleep the weights and the KV cache"))?;
+    ensure!(
+        slept.suspended == 4 * g && slept.backend.0.offloaded == 2 * g,
+        "slept {slept:?}"
+    );
+    ensure!(
+        slept.backend.1.offloaded == 0 && slept.backend.1.released == 2 * g,
+        "the KV cache's sleep {:?}",
+        slept.backend.1
+    );
+
+    let woken = h
+        .wake_with(&[Role::Weights], |_| arena.wake_ranges(&[at_w]))
+        .map_err(ge("wake the weights"))?;
+    ensure!(
+        woken.resumed == 2 * g && woken.backend == 2 * g,
+        "the weights' wake: {woken:?}"
+    );
+    let snap = h.snapshot();
+    ensure!(
+        snap.sleep == SleepState::Asleep
+            && snap.role(Role::KvCache).asleep
+            && !snap.role(Role::Weights).asleep,
+        "after waking the weights the snapshot says sleep {}, weights asleep {}, KV cache asleep {}",
+        snap.sleep,
+        snap.role(Role::Weights).asleep,
+        snap.role(Role::KvCache).asleep
+    );
+    ensure!(
+        snap.role(Role::KvCache).suspended_bytes == 2 * g && snap.charged == 2 * g,
+        "the KV cache's bytes are not suspended alone: {} B suspended, {} B charged",
+        snap.role(Role::KvCache).suspended_bytes,
+        snap.charged
+    );
+    ensure!(
+        h.sleeping_roles() == [Role::KvCache],
+        "sleeping roles {:?}",
+        h.sleeping_roles()
+    );
+    ensure!(
+        arena.usage().asleep == 2 * g,
+        "the arena has {} B asleep, not the KV cache's 2 granules",
+        arena.usage().asleep
+    );
+    // The weights are back, at the same address, and usable.
+    let mut back = vec![0u8; 2 * g as usize];
+    weights.read(0, &mut back).map_err(ge("read the weights"))?;
+    ensure!(back == pw, "the weights' bytes were not restored");
+    ensure!(address(&h, &weights)? == at_w, "the weights moved");
+    weights.write(0, &pk).map_err(ge("reload the weights"))?;
+    // The KV cache still sleeps: copies are refused as asleep.
+    refused_asleep("a write to the sleeping KV cache", kv.write(0, &[1; 64]))?;
+    refused_asleep("a read of the sleeping KV cache", kv.read(0, &mut [0; 64]))?;
+    // A new KV block never lands in the sleeping range.
+    let block = h
+        .allocate(&s, Alloc::new(g, Role::KvCache))
+        .map_err(ge("a KV block while the KV cache sleeps"))?;
+    let at_b = address(&h, &block)?;
+    ensure!(
+        at_b + g <= at_k || at_b >= at_k + 2 * g,
+        "a KV block at {at_b:#x} overlaps the sleeping KV cache at {at_k:#x}"
+    );
+    block
+        .write(0, &[7; 64])
+        .map_err(ge("write the new block"))?;
+
+    let woken = h
+        .wake_with(&[Role::KvCache], |_| arena.wake_ranges(&[at_k]))
+        .map_err(ge("wake the KV cache"))?;
+    ensure!(woken.resumed == 2 * g, "the KV cache's wake: {woken:?}");
+    ensure!(
+        h.sleep_state() == SleepState::Awake && arena.usage().asleep == 0,
+        "after both wakes: {}, {} B asleep",
+        h.sleep_state(),
+        arena.usage().asleep
+    );
+    kv.write(0, &pk).map_err(ge("write the woken KV cache"))?;
+    kv.read(0, &mut back)
+        .map_err(ge("read the woken KV cache"))?;
+    ensure!(
+        back == pk,
+        "the woken KV cache does not hold what was written"
+    );
+    ensure!(address(&h, &kv)? == at_k, "the KV cache moved");
+    h.check_books().map_err(|e| e.to_string())?;
+    drop((weights, kv, block, s));
+    retire_governed(h)?;
+    Ok(format!(
+        "{} B of weights woke alone, the KV cache's {} B slept on, refused copies, then woke",
+        2 * g,
+        2 * g
     ))
 }
 
