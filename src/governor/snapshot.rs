@@ -37,8 +37,8 @@ pub struct TierUsage {
     /// Its limit (`u64::MAX`: none); the device tier's is the context
     /// budget.
     pub limit: u64,
-    /// Bytes charged to its limit: live, reserved, pending, quarantined and
-    /// awaiting teardown (the device tier's as in
+    /// Bytes charged to its limit: live, reserved, pending, quarantined,
+    /// awaiting teardown and sleep's host copies (the device tier's as in
     /// `ContextSnapshot::charged`).
     pub charged: u64,
     /// Bytes held by reservations in this tier and not allocated yet.
@@ -51,6 +51,12 @@ pub struct TierUsage {
     pub quarantined_bytes: u64,
     /// Bytes whose free never ran, charged until teardown.
     pub awaiting_teardown: u64,
+    /// Page-locked host memory holding the contents of sleeping device
+    /// memory (a sleep that keeps contents, through
+    /// [`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)):
+    /// charged to this tier until the wake frees it. The pinned host tier
+    /// only; 0 on the others.
+    pub sleep_copies: u64,
 }
 
 /// Bytes and objects of one role.

@@ -59,14 +59,20 @@
 //! refuse (the arenas refuse them as asleep). A wake admits only what is
 //! still suspended.
 
-use super::admission::admit_resume;
+use super::admission::{admit_resume, reserve_refused};
 use super::error::GovernorError;
 use super::handle::ContextHandle;
+use super::ledger::RefusedAt;
 use super::record::sleep::{Refused, RoleSet, SleepWord};
 use super::record::ContextInner;
 use super::role::Role;
 use super::snapshot::SleepState;
-use crate::{BackendError, DeviceContext};
+use super::units::Bytes;
+use crate::backend::vmm::{with_host_copy_budget, HostCopyBudget};
+use crate::{BackendError, BackendErrorKind, DeviceContext, Tier};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
 
 /// What a [`sleep_with`](ContextHandle::sleep_with) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +135,68 @@ impl<C: DeviceContext> Drop for Admitted<'_, C> {
     }
 }
 
+/// The context's pinned host tier as the budget of the page-locked host
+/// copies a backend's sleep makes (and its wake frees) on the thread
+/// running the sleep or wake (see `memgov_backend::vmm::HostCopyBudget`).
+struct HostCopies<C: DeviceContext> {
+    ctx: Arc<ContextInner<C>>,
+    /// A charge the tier refused, and its size: the sleep's error.
+    refused: Cell<Option<(RefusedAt, u64)>>,
+}
+
+impl<C: DeviceContext> HostCopies<C> {
+    fn new(ctx: &Arc<ContextInner<C>>) -> Rc<Self> {
+        Rc::new(Self {
+            ctx: ctx.clone(),
+            refused: Cell::new(None),
+        })
+    }
+
+    /// Run the backend's call `f` with the copies charged here.
+    fn around<R>(self: &Rc<Self>, f: impl FnOnce() -> R) -> R {
+        with_host_copy_budget(self.clone(), f)
+    }
+
+    /// The typed refusal of a charge the tier refused while `f` ran.
+    fn refusal(&self) -> Option<super::GovernorError> {
+        let (refused, bytes) = self.refused.take()?;
+        Some(reserve_refused(&self.ctx, refused, bytes))
+    }
+}
+
+impl<C: DeviceContext> HostCopyBudget for HostCopies<C> {
+    fn charge(&self, bytes: u64) -> Result<(), BackendError> {
+        let refused = match self.ctx.ledger.charge_sleep_copies(bytes) {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        let (charged, limit) = match &refused {
+            RefusedAt::Tier(_, r) => (r.charged, r.limit),
+            _ => (0, 0),
+        };
+        self.refused.set(Some((refused, bytes)));
+        Err(BackendError::new(
+            self.ctx.description.backend,
+            "sleep",
+            BackendErrorKind::OutOfMemory,
+            format!(
+                "keeping the contents needs {} of page-locked host memory, but the context's {} \
+                 tier holds {} of its {} limit; nothing was put to sleep (raise \
+                 ContextConfig::tier_budget(Tier::PinnedHost, ..), free pinned host buffers, or \
+                 sleep without keeping the contents)",
+                Bytes(bytes),
+                Tier::PinnedHost,
+                Bytes(charged),
+                Bytes(limit)
+            ),
+        ))
+    }
+
+    fn give_back(&self, bytes: u64) {
+        self.ctx.ledger.return_sleep_copies(bytes);
+    }
+}
+
 impl<C: DeviceContext> ContextHandle<C> {
     /// Put the live buffers of `roles` (every role when empty) to sleep:
     /// empty the block cache ([`trim_cache`](Self::trim_cache)), run the
@@ -140,14 +208,29 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// room. Pinned host buffers are not suspended (their memory is not the
     /// device's).
     ///
+    /// The page-locked host memory the backend's sleep fills with the
+    /// contents it keeps (the CUDA and HIP arenas' `sleep(true)`,
+    /// `sleep_ranges(.., true)`) is charged to the context's pinned host
+    /// tier ([`ContextConfig::tier_budget`](super::ContextConfig::tier_budget)),
+    /// before the first copy is made; snapshots show it
+    /// ([`TierUsage::sleep_copies`](super::TierUsage::sleep_copies)) until
+    /// the wake ([`wake_with`](Self::wake_with)) that frees it gives it
+    /// back. A sleep whose copies the tier cannot hold is refused with
+    /// nothing released. Only copies made on the thread running `f` are
+    /// charged (the arenas' sleep and wake run there); a wake made outside
+    /// [`wake_with`](Self::wake_with) leaves the charge until teardown.
+    ///
     /// Call it with no allocation or release of those roles in flight on
     /// other threads: the bytes suspended are the roles' live bytes once the
     /// backend's sleep returned.
     ///
     /// # Errors
     ///
-    /// [`GovernorError::Sleep`] when a role named sleeps already (the error
-    /// names it) or another sleep or wake is running; the error a retiring
+    /// [`GovernorError::BudgetExceeded`] (of the pinned host tier) when the
+    /// host copies of the contents kept do not fit, with nothing put to
+    /// sleep; [`GovernorError::Sleep`] when a role named sleeps already
+    /// (the error names it) or another sleep or wake is running; the error
+    /// a retiring
     /// or lost context gives ([`GovernorError::Pin`],
     /// [`GovernorError::DeviceLost`]); [`GovernorError::Backend`] when `f`
     /// fails. In every case nothing is suspended and the roles named stay
@@ -216,13 +299,17 @@ impl<C: DeviceContext> ContextHandle<C> {
         let Some(backend) = ctx.enter() else {
             return Err(ctx.unavailable_error());
         };
-        let out = match f(&backend) {
+        let copies = HostCopies::new(&self.inner);
+        let out = match copies.around(|| f(&backend)) {
             Ok(out) => out,
             Err(e) => {
                 // The claim first: a device-lost error marks the context
                 // lost, which calls the backend's hook under a claim of its
                 // own.
                 drop(backend);
+                if let Some(refused) = copies.refusal() {
+                    return Err(refused);
+                }
                 return Err(ctx.backend_failure(e));
             }
         };
@@ -305,7 +392,8 @@ impl<C: DeviceContext> ContextHandle<C> {
         let Some(backend) = ctx.enter() else {
             return Err(ctx.unavailable_error());
         };
-        let out = match f(&backend) {
+        // The copies the wake frees go back to the pinned host tier.
+        let out = match HostCopies::new(&self.inner).around(|| f(&backend)) {
             Ok(out) => out,
             Err(e) => {
                 drop(backend);

@@ -40,6 +40,7 @@ fn by_tier<C: DeviceContext>(
             pending_bytes: a.pending,
             quarantined_bytes: a.quarantined,
             awaiting_teardown: a.awaiting_teardown,
+            sleep_copies: a.sleep_copies,
         };
         others.0 += usage.live_bytes;
         others.1 += usage.pending_bytes;
@@ -57,6 +58,7 @@ fn by_tier<C: DeviceContext>(
             pending_bytes: total.pending_bytes.saturating_sub(others.1),
             quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
             awaiting_teardown: ctx.ledger.charges().awaiting_teardown(),
+            sleep_copies: 0,
         },
     );
     tiers

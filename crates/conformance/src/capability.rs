@@ -128,6 +128,10 @@ pub fn arena_cases<C: ArenaBackend>() -> Vec<(&'static str, ArenaCase<C>)> {
             "governed_partial_wake_leaves_the_kv_cache_asleep",
             governed_partial_wake::<C>,
         ),
+        (
+            "governed_sleep_charges_host_copies_to_the_pinned_tier",
+            governed_host_copies::<C>,
+        ),
     ]
 }
 
@@ -509,9 +513,20 @@ fn governed_partial_wake<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult
         slept.backend.1
     );
 
+    ensure!(
+        sleep_copies(&h).0 == 2 * g,
+        "the weights' host copies: {:?} charged to the pinned host tier, not {} B",
+        sleep_copies(&h),
+        2 * g
+    );
     let woken = h
         .wake_with(&[Role::Weights], |_| arena.wake_ranges(&[at_w]))
         .map_err(ge("wake the weights"))?;
+    ensure!(
+        sleep_copies(&h) == (0, 0),
+        "the weights' wake left {:?} of host copies charged",
+        sleep_copies(&h)
+    );
     ensure!(
         woken.resumed == 2 * g && woken.backend == 2 * g,
         "the weights' wake: {woken:?}"
@@ -589,6 +604,115 @@ fn governed_partial_wake<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult
         "{} B of weights woke alone, the KV cache's {} B slept on, refused copies, then woke",
         2 * g,
         2 * g
+    ))
+}
+
+/// The bytes of sleep's host copies charged to the pinned host tier.
+fn sleep_copies<C: ArenaBackend>(h: &memgov::ContextHandle<C>) -> (u64, u64) {
+    let t = h
+        .snapshot()
+        .tier(memgov::Tier::PinnedHost)
+        .expect("a pinned host tier");
+    (t.sleep_copies, t.charged)
+}
+
+/// The page-locked host copies a governed sleep keeps are charged to the
+/// context's pinned host tier: refused, with nothing slept, when the tier
+/// cannot hold them; shown in the snapshot while asleep; given back by the
+/// wake.
+fn governed_host_copies<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
+    use memgov::{GovernorError, SleepState, Tier};
+    let g = open(factory).and_then(|(ctx, arena)| {
+        let g = arena.usage().granule;
+        close(ctx, vec![])?;
+        Ok(g)
+    })?;
+    let set = 4 * g;
+    // One granule short of the copies.
+    let config = ContextConfig::new()
+        .label("llm")
+        .tier_budget(Tier::PinnedHost, set - g);
+    let (_gov, h, arena, s) = governed(factory, config)?;
+    let ge = |what: &'static str| move |e: GovernorError| format!("{what}: {e}");
+    let weights = h
+        .allocate(&s, Alloc::new(set, Role::Weights))
+        .map_err(ge("allocate the weights"))?;
+    let data = pattern(70, set as usize);
+    weights.write(0, &data).map_err(ge("write the weights"))?;
+    let at = address(&h, &weights)?;
+    let (mapped, charged) = (arena.usage().mapped, h.snapshot().charged);
+
+    let refused = h.sleep_with(&[], |_| arena.sleep(true));
+    match &refused {
+        Err(e) => match e.budget() {
+            Some(b) if b.scope == memgov::BudgetScope::Tier(Tier::PinnedHost) => ensure!(
+                b.requested == set && b.limit == set - g,
+                "the refusal's numbers: {e}"
+            ),
+            _ => return Err(format!("refused, but not by the pinned host tier: {e}")),
+        },
+        Ok(slept) => {
+            return Err(format!(
+                "a sleep keeping {set} B under a pinned host tier of {} B was admitted: {slept:?}",
+                set - g
+            ))
+        }
+    }
+    let usage = arena.usage();
+    ensure!(
+        h.sleep_state() == SleepState::Awake && usage.asleep == 0 && usage.mapped == mapped,
+        "after the refusal: {}, {} B asleep, {} B mapped of {mapped} B",
+        h.sleep_state(),
+        usage.asleep,
+        usage.mapped
+    );
+    ensure!(
+        sleep_copies(&h) == (0, 0) && h.snapshot().charged == charged,
+        "after the refusal the books hold {:?} of host copies and {} B charged",
+        sleep_copies(&h),
+        h.snapshot().charged
+    );
+    let mut back = vec![0u8; set as usize];
+    weights
+        .read(0, &mut back)
+        .map_err(ge("read the weights after the refused sleep"))?;
+    ensure!(
+        back == data && address(&h, &weights)? == at,
+        "the weights changed or moved after the refused sleep"
+    );
+
+    // With room for them, the copies are charged while asleep.
+    h.set_budget(Tier::PinnedHost, set);
+    let slept = h
+        .sleep_with(&[], |_| arena.sleep(true))
+        .map_err(ge("sleep with room for the copies"))?;
+    ensure!(
+        slept.backend.offloaded == set,
+        "the sleep kept {} B",
+        slept.backend.offloaded
+    );
+    ensure!(
+        sleep_copies(&h) == (set, set),
+        "asleep, the pinned host tier holds {:?} (host copies, charged), not {set} B",
+        sleep_copies(&h)
+    );
+    h.check_books().map_err(|e| e.to_string())?;
+    h.wake_with(&[], |_| arena.wake()).map_err(ge("wake"))?;
+    ensure!(
+        sleep_copies(&h) == (0, 0),
+        "after the wake the pinned host tier holds {:?}",
+        sleep_copies(&h)
+    );
+    weights
+        .read(0, &mut back)
+        .map_err(ge("read the woken weights"))?;
+    ensure!(back == data, "the woken weights' bytes were not restored");
+    h.check_books().map_err(|e| e.to_string())?;
+    drop((weights, s));
+    retire_governed(h)?;
+    Ok(format!(
+        "{set} B of host copies refused under a {} B pinned host tier with nothing slept, then charged while asleep and given back by the wake",
+        set - g
     ))
 }
 

@@ -10,12 +10,62 @@
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
 //! The whole arena sleeps only while no set of its allocations sleeps
 //! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
+//!
+//! # Governed host copies
+//!
+//! The page-locked host memory that keeps sleeping contents is charged to
+//! the [`HostCopyBudget`] installed on the calling thread, if any (the
+//! governor's `ContextHandle::sleep_with` and `wake_with` install the
+//! context's pinned host tier around their backend call): a sleep charges
+//! every copy it will make before it makes the first, and is refused with
+//! nothing released when the budget cannot hold them; each copy freed (by
+//! a wake, or by a sleep that could not release its granule) is given
+//! back. Teardown frees the copies left with no budget installed: their
+//! owner returns their charge at its own teardown.
 
 use super::state::Slot;
-use super::{closed, Arena, SleepDriver};
+use super::{closed, Arena, GranuleDriver, SleepDriver};
 use crate::capability::SleepReport;
 use crate::{lock, BackendError, BackendErrorKind};
+use std::cell::RefCell;
 use std::fmt::Debug;
+use std::rc::Rc;
+
+/// Where the page-locked host copies of a sleep are charged: the
+/// governor's pinned host tier of the context sleeping.
+pub trait HostCopyBudget {
+    /// Charge `bytes` of page-locked host memory about to hold sleeping
+    /// contents. `Err` (kind `OutOfMemory`, naming the numbers and the way
+    /// out): refused, nothing charged.
+    fn charge(&self, bytes: u64) -> Result<(), BackendError>;
+
+    /// `bytes` of host copies were freed (or not made after all).
+    fn give_back(&self, bytes: u64);
+}
+
+thread_local! {
+    static HOST_COPIES: RefCell<Option<Rc<dyn HostCopyBudget>>> = const { RefCell::new(None) };
+}
+
+/// Run `f` with `budget` charged for the host copies every sleep and wake
+/// of an arena on this thread makes or frees; the budget installed before
+/// is back when `f` returns or unwinds.
+pub fn with_host_copy_budget<R>(budget: Rc<dyn HostCopyBudget>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<dyn HostCopyBudget>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            HOST_COPIES.with(|b| *b.borrow_mut() = before);
+        }
+    }
+    let _restore = Restore(HOST_COPIES.with(|b| b.borrow_mut().replace(budget)));
+    f()
+}
+
+/// The budget installed on this thread, if any.
+fn host_copy_budget() -> Option<Rc<dyn HostCopyBudget>> {
+    HOST_COPIES.with(|b| b.borrow().clone())
+}
 
 /// What [`Arena::release_granules`] did: each granule's next slot, what
 /// was given back, and the first error.
@@ -77,6 +127,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         };
         let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
+        if first_err.is_some() && report.released == 0 {
+            // Nothing was released (the host copies were refused, or the
+            // first copy failed): the arena is awake, every granule mapped.
+            st.asleep = false;
+        }
         for (g, slot) in outcome {
             match slot {
                 Slot::Mapped(_) => {}
@@ -125,6 +180,20 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             released: 0,
             offloaded: 0,
         };
+        // Every copy is charged before the first is made: a refusal leaves
+        // every granule mapped.
+        let copies = if keep_contents {
+            taken.iter().filter(|t| t.2).count() as u64 * self.granule
+        } else {
+            0
+        };
+        let budget = host_copy_budget().filter(|_| copies > 0);
+        if let Some(b) = &budget {
+            if let Err(e) = b.charge(copies) {
+                let kept = taken.into_iter().map(|(g, h, _)| (g, Slot::Mapped(h)));
+                return (kept.collect(), report, Some(e));
+            }
+        }
         for (g, h, in_use) in taken {
             let at = self.base + g as u64 * self.granule;
             let mut host = 0usize;
@@ -173,6 +242,28 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 }
             }
         }
+        // The copies not kept (not made, or freed with a granule the driver
+        // would not give back) are given back.
+        if let Some(b) = budget {
+            if copies > report.offloaded {
+                b.give_back(copies - report.offloaded);
+            }
+        }
         (outcome, report, first_err)
+    }
+
+    /// Free the host copies at `hosts` (0: none kept), one granule each,
+    /// and give their charge back to the budget installed, if any.
+    pub(super) fn free_copies<D: GranuleDriver>(&self, d: &D, hosts: Vec<usize>, op: &'static str) {
+        let mut freed = 0;
+        for host in hosts.into_iter().filter(|&h| h != 0) {
+            d.free_host(host, op);
+            freed += self.granule;
+        }
+        if freed > 0 {
+            if let Some(b) = host_copy_budget() {
+                b.give_back(freed);
+            }
+        }
     }
 }
