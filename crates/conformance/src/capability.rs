@@ -708,10 +708,25 @@ fn governed_host_copies<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult 
         .map_err(ge("read the woken weights"))?;
     ensure!(back == data, "the woken weights' bytes were not restored");
     h.check_books().map_err(|e| e.to_string())?;
+    // Torn down asleep: the backend frees the copies, the tier gets their
+    // charge back.
+    h.sleep_with(&[], |_| arena.sleep(true))
+        .map_err(ge("sleep before the teardown"))?;
+    ensure!(
+        sleep_copies(&h).0 == set,
+        "asleep again: {:?}",
+        sleep_copies(&h)
+    );
     drop((weights, s));
+    let probe = h.clone();
     retire_governed(h)?;
+    ensure!(
+        sleep_copies(&probe) == (0, 0),
+        "after a teardown while asleep the pinned host tier holds {:?}",
+        sleep_copies(&probe)
+    );
     Ok(format!(
-        "{set} B of host copies refused under a {} B pinned host tier with nothing slept, then charged while asleep and given back by the wake",
+        "{set} B of host copies refused under a {} B pinned host tier with nothing slept, then charged while asleep and given back by the wake and by a teardown while asleep",
         set - g
     ))
 }
