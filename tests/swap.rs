@@ -858,6 +858,62 @@ mod sleep {
     }
 
     #[test]
+    fn a_wake_of_one_role_while_another_wakes_is_refused_and_neither_loses_its_state() {
+        use std::sync::Barrier;
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let weights =
+            t.a.allocate(&sa, Alloc::new(30 * MIB, Role::Weights))
+                .unwrap();
+        let kv =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
+        t.a.sleep_with(&[Role::Weights, Role::KvCache], no_op)
+            .unwrap();
+        // The weights' wake is held inside its backend call while another
+        // thread wakes the KV cache.
+        let (inside, tried) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            let a = &t.a;
+            let waking = scope.spawn(|| {
+                a.wake_with(&[Role::Weights], |_| {
+                    inside.wait();
+                    tried.wait();
+                    Ok(())
+                })
+            });
+            inside.wait();
+            assert_eq!(t.a.sleep_state(), SleepState::Waking);
+            let refused = t.a.wake_with(&[Role::KvCache], no_op).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    GovernorError::Sleep {
+                        state: SleepState::Waking,
+                        role: None,
+                        ..
+                    }
+                ),
+                "{refused}"
+            );
+            tried.wait();
+            assert_eq!(waking.join().unwrap().unwrap().resumed, 30 * MIB);
+        });
+        // The weights' wake ended with the KV cache still asleep; its own
+        // wake, retried, admits its bytes.
+        assert_eq!(t.a.sleeping_roles(), [Role::KvCache]);
+        assert_eq!(t.a.snapshot().suspended, 20 * MIB);
+        assert_eq!(
+            t.a.wake_with(&[Role::KvCache], no_op).unwrap().resumed,
+            20 * MIB
+        );
+        assert_eq!(t.charged(), (50 * MIB, 50 * MIB, 50 * MIB));
+        identity_holds(&t.a);
+        drop((weights, kv, sa));
+        t.balance();
+    }
+
+    #[test]
     fn a_release_while_asleep_gives_back_nothing_twice() {
         let t = tree(u64::MAX, |c| c);
         let sa = t.a.create_stream("a").unwrap();
