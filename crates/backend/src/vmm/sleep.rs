@@ -39,7 +39,9 @@ pub trait HostCopyBudget {
     /// out): refused, nothing charged.
     fn charge(&self, bytes: u64) -> Result<(), BackendError>;
 
-    /// `bytes` of host copies were freed (or not made after all).
+    /// `bytes` of host copies were freed (or not made after all). Copies
+    /// made while no budget was installed are given back too: a budget
+    /// gives back at most what it holds.
     fn give_back(&self, bytes: u64);
 }
 
@@ -265,5 +267,162 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 b.give_back(freed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::{GranuleDriver, MapError};
+    use std::cell::Cell;
+
+    const G: u64 = 2 << 20;
+
+    /// A driver whose handles are granule numbers, whose host copies are
+    /// counted, and whose `fail_offload`th offload fails (from 1; 0: none).
+    #[derive(Default)]
+    struct Fake {
+        mapped: Cell<u32>,
+        hosts: Cell<u32>,
+        offloads: Cell<u32>,
+        fail_offload: u32,
+    }
+
+    impl GranuleDriver for Fake {
+        type Handle = u64;
+        type Current = ();
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+        fn make_current(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn map(&self, g: usize, _: &'static str) -> Result<u64, MapError<u64>> {
+            self.mapped.set(self.mapped.get() + 1);
+            Ok(g as u64)
+        }
+        fn unmap(&self, _: usize, _: u64, _: &'static str) -> Result<(), Slot<u64>> {
+            self.mapped.set(self.mapped.get() - 1);
+            Ok(())
+        }
+        fn release(&self, _: u64, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn free_host(&self, _: usize, _: &'static str) {
+            self.hosts.set(self.hosts.get() - 1);
+        }
+    }
+
+    impl SleepDriver for Fake {
+        fn quiesce(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn offload(&self, _: u64, _: u64) -> Result<usize, BackendError> {
+            self.offloads.set(self.offloads.get() + 1);
+            if self.offloads.get() == self.fail_offload {
+                return Err(BackendError::new(
+                    "fake",
+                    "sleep",
+                    BackendErrorKind::OutOfMemory,
+                    "planted",
+                ));
+            }
+            self.hosts.set(self.hosts.get() + 1);
+            Ok(0x1000 * self.hosts.get() as usize)
+        }
+        fn restore(&self, _: u64, _: usize, _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    /// A budget of `limit` bytes that counts what it holds.
+    struct Budget {
+        limit: u64,
+        held: Cell<u64>,
+    }
+
+    impl HostCopyBudget for Budget {
+        fn charge(&self, bytes: u64) -> Result<(), BackendError> {
+            if self.held.get() + bytes > self.limit {
+                return Err(BackendError::new(
+                    "fake",
+                    "sleep",
+                    BackendErrorKind::OutOfMemory,
+                    "over the budget",
+                ));
+            }
+            self.held.set(self.held.get() + bytes);
+            Ok(())
+        }
+        fn give_back(&self, bytes: u64) {
+            // Copies made with no budget installed were never charged.
+            self.held.set(self.held.get().saturating_sub(bytes));
+        }
+    }
+
+    fn budget(limit: u64) -> Rc<Budget> {
+        Rc::new(Budget {
+            limit,
+            held: Cell::new(0),
+        })
+    }
+
+    #[test]
+    fn copies_the_budget_cannot_hold_leave_everything_mapped_and_awake() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(3 * G);
+        let e = with_host_copy_budget(b.clone(), || a.sleep(&d, true))
+            .expect_err("4 granules of copies under a budget of 3");
+        assert_eq!(e.message, "over the budget");
+        assert_eq!((b.held.get(), d.offloads.get(), d.mapped.get()), (0, 0, 4));
+        assert!(!a.is_asleep(), "nothing was put to sleep");
+        assert_eq!(a.snapshot().mapped, 4 * G);
+        a.check_awake("fake", "read", p, 4 * G)
+            .expect("still readable");
+        // The same for a set.
+        with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[p], true)).expect_err("refused");
+        assert_eq!((b.held.get(), a.snapshot().asleep), (0, 0));
+    }
+
+    #[test]
+    fn copies_are_charged_while_asleep_and_given_back_by_the_wake() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(4 * G);
+        with_host_copy_budget(b.clone(), || a.sleep(&d, true)).expect("fits");
+        assert_eq!((b.held.get(), d.hosts.get()), (4 * G, 4));
+        with_host_copy_budget(b.clone(), || a.wake(&d)).expect("wake");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
+        // Discarded contents cost nothing.
+        let q = a.allocate(&d, G).expect("another");
+        with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[q], false)).expect("discard");
+        assert_eq!(b.held.get(), 0);
+        with_host_copy_budget(b.clone(), || a.wake_ranges(&d, &[q])).expect("wake");
+        // Without a budget installed nothing is charged.
+        a.sleep_ranges(&d, &[p], true).expect("ungoverned");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 4));
+        with_host_copy_budget(b.clone(), || a.wake_ranges(&d, &[p])).expect("wake");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
+    }
+
+    #[test]
+    fn a_copy_failing_part_way_gives_back_the_copies_not_kept() {
+        let d = Fake {
+            fail_offload: 3,
+            ..Fake::default()
+        };
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(u64::MAX);
+        let e = with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[p], true))
+            .expect_err("the third copy fails");
+        assert_eq!(e.message, "planted");
+        // Two granules were kept and released; the charge is theirs.
+        assert_eq!((b.held.get(), d.hosts.get()), (2 * G, 2));
+        with_host_copy_budget(b.clone(), || a.wake(&d)).expect("wake the two");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
     }
 }
