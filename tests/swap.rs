@@ -724,7 +724,7 @@ mod sleep {
                 .unwrap();
         // The wake no longer fits under the process budget: refused, by that
         // level, with nothing changed.
-        let err = t.a.wake_with(no_op).unwrap_err();
+        let err = t.a.wake_with(&[], no_op).unwrap_err();
         let b = err.budget().expect("a budget refusal");
         assert_eq!(b.scope, BudgetScope::Process("proc".into()), "{err}");
         assert_eq!(b.requested, 60 * MIB, "the first role's suspended bytes");
@@ -734,7 +734,7 @@ mod sleep {
 
         drop(big);
         sb.synchronize().unwrap();
-        let woken = t.a.wake_with(no_op).unwrap();
+        let woken = t.a.wake_with(&[], no_op).unwrap();
         assert_eq!(woken.resumed, 80 * MIB);
         assert_eq!(t.a.sleep_state(), SleepState::Awake);
         assert_eq!(t.charged(), (80 * MIB, 80 * MIB, 80 * MIB));
@@ -770,9 +770,146 @@ mod sleep {
         sa.synchronize().unwrap();
         assert_eq!(t.charged(), (0, 0, 0));
         assert_eq!(t.a.snapshot().suspended, 20 * MIB);
-        t.a.wake_with(no_op).unwrap();
+        t.a.wake_with(&[], no_op).unwrap();
         assert_eq!(t.charged(), (20 * MIB, 20 * MIB, 20 * MIB));
         drop((kv, pinned, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn roles_put_to_sleep_together_wake_apart_and_the_books_follow_each() {
+        let t = tree(100 * MIB, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let weights =
+            t.a.allocate(&sa, Alloc::new(30 * MIB, Role::Weights))
+                .unwrap();
+        let kv =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
+        let slept =
+            t.a.sleep_with(&[Role::Weights, Role::KvCache], no_op)
+                .unwrap();
+        assert_eq!(slept.suspended, 50 * MIB);
+        assert_eq!(t.a.sleeping_roles(), [Role::Weights, Role::KvCache]);
+
+        // vLLM's level-2 wake: the weights first (to reload them), the KV
+        // cache later.
+        let woken = t.a.wake_with(&[Role::Weights], no_op).unwrap();
+        assert_eq!(woken.resumed, 30 * MIB, "only the weights' bytes");
+        assert_eq!(woken.by_role[Role::Weights as usize], 30 * MIB);
+        assert_eq!(woken.by_role[Role::KvCache as usize], 0);
+        assert_eq!(t.charged(), (30 * MIB, 30 * MIB, 30 * MIB));
+        let s = t.a.snapshot();
+        assert_eq!(s.sleep, SleepState::Asleep, "the KV cache still sleeps");
+        assert!(s.role(Role::KvCache).asleep, "{s:?}");
+        assert!(!s.role(Role::Weights).asleep, "{s:?}");
+        assert_eq!(s.role(Role::KvCache).suspended_bytes, 20 * MIB);
+        assert_eq!(s.suspended, 20 * MIB);
+        assert_eq!(t.a.sleeping_roles(), [Role::KvCache]);
+        identity_holds(&t.a);
+
+        // The weights are awake: waking them again is refused by name, with
+        // nothing changed; so is putting the KV cache to sleep again.
+        let again = t.a.wake_with(&[Role::Weights], no_op).unwrap_err();
+        assert!(
+            matches!(
+                again,
+                GovernorError::Sleep {
+                    operation: "wake",
+                    state: SleepState::Awake,
+                    role: Some(Role::Weights),
+                    ..
+                }
+            ),
+            "{again}"
+        );
+        assert!(again.to_string().contains("weights role"), "{again}");
+        let twice = t.a.sleep_with(&[Role::KvCache], no_op).unwrap_err();
+        assert!(
+            matches!(
+                twice,
+                GovernorError::Sleep {
+                    state: SleepState::Asleep,
+                    role: Some(Role::KvCache),
+                    ..
+                }
+            ),
+            "{twice}"
+        );
+        assert_eq!(t.a.snapshot().suspended, 20 * MIB);
+
+        // The KV cache wakes later, on its own.
+        let woken = t.a.wake_with(&[Role::KvCache], no_op).unwrap();
+        assert_eq!(woken.resumed, 20 * MIB);
+        assert_eq!(t.a.sleep_state(), SleepState::Awake);
+        assert!(t.a.sleeping_roles().is_empty());
+        assert_eq!(t.charged(), (50 * MIB, 50 * MIB, 50 * MIB));
+        identity_holds(&t.a);
+
+        // A role sleeps while another sleeps already, and a wake naming none
+        // wakes both.
+        t.a.sleep_with(&[Role::KvCache], no_op).unwrap();
+        t.a.sleep_with(&[Role::Weights], no_op).unwrap();
+        assert_eq!(t.charged(), (0, 0, 0));
+        assert_eq!(t.a.wake_with(&[], no_op).unwrap().resumed, 50 * MIB);
+        assert_eq!(t.a.sleep_state(), SleepState::Awake);
+        drop((weights, kv, sa));
+        t.balance();
+    }
+
+    #[test]
+    fn a_wake_of_one_role_while_another_wakes_is_refused_and_neither_loses_its_state() {
+        use std::sync::Barrier;
+        let t = tree(u64::MAX, |c| c);
+        let sa = t.a.create_stream("a").unwrap();
+        let weights =
+            t.a.allocate(&sa, Alloc::new(30 * MIB, Role::Weights))
+                .unwrap();
+        let kv =
+            t.a.allocate(&sa, Alloc::new(20 * MIB, Role::KvCache))
+                .unwrap();
+        t.a.sleep_with(&[Role::Weights, Role::KvCache], no_op)
+            .unwrap();
+        // The weights' wake is held inside its backend call while another
+        // thread wakes the KV cache.
+        let (inside, tried) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            let a = &t.a;
+            let waking = scope.spawn(|| {
+                a.wake_with(&[Role::Weights], |_| {
+                    inside.wait();
+                    tried.wait();
+                    Ok(())
+                })
+            });
+            inside.wait();
+            assert_eq!(t.a.sleep_state(), SleepState::Waking);
+            let refused = t.a.wake_with(&[Role::KvCache], no_op).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    GovernorError::Sleep {
+                        state: SleepState::Waking,
+                        role: None,
+                        ..
+                    }
+                ),
+                "{refused}"
+            );
+            tried.wait();
+            assert_eq!(waking.join().unwrap().unwrap().resumed, 30 * MIB);
+        });
+        // The weights' wake ended with the KV cache still asleep; its own
+        // wake, retried, admits its bytes.
+        assert_eq!(t.a.sleeping_roles(), [Role::KvCache]);
+        assert_eq!(t.a.snapshot().suspended, 20 * MIB);
+        assert_eq!(
+            t.a.wake_with(&[Role::KvCache], no_op).unwrap().resumed,
+            20 * MIB
+        );
+        assert_eq!(t.charged(), (50 * MIB, 50 * MIB, 50 * MIB));
+        identity_holds(&t.a);
+        drop((weights, kv, sa));
         t.balance();
     }
 
@@ -799,7 +936,7 @@ mod sleep {
             t.a.allocate(&sa, Alloc::new(5 * MIB, Role::Workspace))
                 .unwrap();
         assert_eq!(t.charged(), (5 * MIB, 5 * MIB, 5 * MIB));
-        let woken = t.a.wake_with(no_op).unwrap();
+        let woken = t.a.wake_with(&[], no_op).unwrap();
         assert_eq!(woken.resumed, 30 * MIB, "only what is still suspended");
         assert_eq!(t.charged(), (35 * MIB, 35 * MIB, 35 * MIB));
         identity_holds(&t.a);
@@ -898,7 +1035,7 @@ mod sleep {
         t.a.mark_lost("test");
         drop(buffer);
         assert!(matches!(
-            t.a.wake_with(no_op),
+            t.a.wake_with(&[], no_op),
             Err(GovernorError::DeviceLost { .. })
         ));
         drop(sa);
@@ -929,7 +1066,7 @@ mod sleep {
             "the cached block is not suspended"
         );
         assert_eq!(t.charged(), (0, 0, 0));
-        t.a.wake_with(no_op).unwrap();
+        t.a.wake_with(&[], no_op).unwrap();
         drop((live, sa));
         t.balance();
     }
@@ -941,7 +1078,7 @@ mod sleep {
         let buffer =
             t.a.allocate(&sa, Alloc::new(10 * MIB, Role::Weights))
                 .unwrap();
-        let not_asleep = t.a.wake_with(no_op).unwrap_err();
+        let not_asleep = t.a.wake_with(&[], no_op).unwrap_err();
         assert!(
             matches!(
                 not_asleep,
@@ -987,7 +1124,7 @@ mod sleep {
         );
         // The backend's wake fails: the admission is given back, still asleep.
         let failed =
-            t.a.wake_with(|_| -> Result<(), _> {
+            t.a.wake_with(&[], |_| -> Result<(), _> {
                 Err(BackendError::new(
                     "host",
                     "wake",
@@ -1004,7 +1141,7 @@ mod sleep {
         // A retiring context neither sleeps nor wakes.
         let retire = t.a.retire();
         assert!(matches!(
-            t.a.wake_with(no_op),
+            t.a.wake_with(&[], no_op),
             Err(GovernorError::Pin {
                 refusal: ProviderContextPinError::ContextUnavailable(_),
                 ..

@@ -1319,7 +1319,7 @@ fn arena_phase(
         let charged_asleep = handle.snapshot().charged;
         let t = Instant::now();
         let woken = handle
-            .wake_with(|_| arena.wake())
+            .wake_with(&[], |_| arena.wake())
             .map_err(|e| format!("arena wake: {e}"))?;
         let wake_time = t.elapsed();
         let (resumed, woke) = (woken.resumed, woken.backend);

@@ -214,7 +214,10 @@ impl ContextConfig {
     /// pending release + quarantined), each tier under its own limit. The
     /// device tier's is [`budget`](Self::budget); pinned host memory has
     /// none by default (the OS's page-locking limit is the bound), and its
-    /// bytes are never charged to the device budget or a shared one.
+    /// bytes are never charged to the device budget or a shared one. The
+    /// pinned host tier also holds the page-locked copies a governed sleep
+    /// keeps of device memory
+    /// ([`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)).
     ///
     /// ```
     /// use memgov::{Alloc, ContextConfig, Governor, Role, Tier, host::{HostContext, HostConfig}};

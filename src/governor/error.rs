@@ -332,15 +332,31 @@ fn pin_refusal(refusal: &ProviderContextPinError) -> &'static str {
     }
 }
 
+/// What a [`GovernorError::Sleep`] could not sleep or wake.
+fn sleep_subject(role: Option<Role>) -> String {
+    match role {
+        Some(r) => format!("its {r} role, which is "),
+        None => "a context that is ".to_owned(),
+    }
+}
+
 /// The way out of a [`GovernorError::Sleep`], by the state found.
-fn sleep_way_out(state: super::snapshot::SleepState) -> &'static str {
+fn sleep_way_out(state: super::snapshot::SleepState, role: Option<Role>) -> &'static str {
     use super::snapshot::SleepState::*;
-    match state {
-        Awake => {
+    match (state, role) {
+        (Awake, Some(_)) => {
+            "its memory is the device's already; wake only roles put to sleep \
+             (ContextHandle::sleeping_roles lists them)"
+        }
+        (Asleep, Some(_)) => {
+            "it sleeps already; leave it out of the sleep, or wake it first \
+             (ContextHandle::wake_with)"
+        }
+        (Awake, None) => {
             "it has nothing suspended to wake; put it to sleep first (ContextHandle::sleep_with)"
         }
-        Asleep => "it sleeps already; wake it first (ContextHandle::wake_with)",
-        FallingAsleep | Waking => {
+        (Asleep, None) => "it sleeps already; wake it first (ContextHandle::wake_with)",
+        (FallingAsleep | Waking, _) => {
             "another sleep or wake of it is running on another thread; retry once that returns"
         }
     }
@@ -455,14 +471,19 @@ pub enum GovernorError {
     /// does not allow
     /// ([`ContextHandle::sleep_with`](crate::ContextHandle::sleep_with),
     /// [`wake_with`](crate::ContextHandle::wake_with)); nothing was done.
-    #[error("context {context}: cannot {operation} a context that is {state}; {}", sleep_way_out(*.state))]
+    #[error("context {context}: cannot {operation} {}{state}; {}", sleep_subject(*.role), sleep_way_out(*.state, *.role))]
     Sleep {
         /// The context.
         context: ContextName,
         /// `"sleep"` or `"wake"`.
         operation: &'static str,
-        /// The state it was found in.
+        /// The state it was found in: the context's, or the role's when
+        /// `role` is set.
         state: super::snapshot::SleepState,
+        /// The role named in the call that was in the wrong state (a sleep
+        /// of a role asleep already, a wake of a role awake); `None` when
+        /// the context's state refused it.
+        role: Option<Role>,
     },
 
     /// The backend reported an error.

@@ -37,8 +37,8 @@ pub struct TierUsage {
     /// Its limit (`u64::MAX`: none); the device tier's is the context
     /// budget.
     pub limit: u64,
-    /// Bytes charged to its limit: live, reserved, pending, quarantined and
-    /// awaiting teardown (the device tier's as in
+    /// Bytes charged to its limit: live, reserved, pending, quarantined,
+    /// awaiting teardown and sleep's host copies (the device tier's as in
     /// `ContextSnapshot::charged`).
     pub charged: u64,
     /// Bytes held by reservations in this tier and not allocated yet.
@@ -51,6 +51,12 @@ pub struct TierUsage {
     pub quarantined_bytes: u64,
     /// Bytes whose free never ran, charged until teardown.
     pub awaiting_teardown: u64,
+    /// Page-locked host memory holding the contents of sleeping device
+    /// memory (a sleep that keeps contents, through
+    /// [`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)):
+    /// charged to this tier until the wake frees it. The pinned host tier
+    /// only; 0 on the others.
+    pub sleep_copies: u64,
 }
 
 /// Bytes and objects of one role.
@@ -73,6 +79,12 @@ pub struct RoleUsage {
     /// ([`ContextHandle::sleep_with`](super::ContextHandle::sleep_with)):
     /// part of `live_bytes`, on no budget.
     pub suspended_bytes: u64,
+    /// Whether the role's memory sleeps: put to sleep by
+    /// [`ContextHandle::sleep_with`](super::ContextHandle::sleep_with) and
+    /// not woken since by
+    /// [`wake_with`](super::ContextHandle::wake_with). In a sum over
+    /// roles or contexts: whether any sleeps.
+    pub asleep: bool,
 }
 
 /// Saturating: sums over contexts can pass `u64::MAX` (the unbounded null
@@ -89,6 +101,7 @@ impl std::ops::Add for RoleUsage {
             quarantined_bytes: self.quarantined_bytes.saturating_add(r.quarantined_bytes),
             quarantined_count: self.quarantined_count.saturating_add(r.quarantined_count),
             suspended_bytes: self.suspended_bytes.saturating_add(r.suspended_bytes),
+            asleep: self.asleep || r.asleep,
         }
     }
 }
@@ -196,7 +209,8 @@ pub struct ContextSnapshot {
     /// quarantined while asleep, until their release settles or teardown
     /// returns them. Part of the live, pending and quarantined bytes.
     pub suspended: u64,
-    /// Whether the context's memory sleeps.
+    /// Whether the context's memory sleeps: asleep while any role does
+    /// (each role's [`RoleUsage::asleep`] says which).
     pub sleep: SleepState,
     /// Bytes whose free never ran on the device (releases abandoned, buffers
     /// reclaimed by force or released on a lost device): still charged,
@@ -383,21 +397,15 @@ pub enum SleepState {
     Awake,
     /// A [`sleep_with`](super::ContextHandle::sleep_with) is running.
     FallingAsleep,
-    /// Asleep: the live buffers of the roles put to sleep have no device
-    /// memory, and their bytes are suspended (on no budget).
+    /// Asleep: the live buffers of the roles put to sleep (some or all)
+    /// have no device memory, and their bytes are suspended (on no
+    /// budget).
     Asleep,
     /// A [`wake_with`](super::ContextHandle::wake_with) is running.
     Waking,
 }
 
 impl SleepState {
-    pub(crate) const ALL: [SleepState; 4] = [
-        SleepState::Awake,
-        SleepState::FallingAsleep,
-        SleepState::Asleep,
-        SleepState::Waking,
-    ];
-
     /// Short name used in messages.
     pub const fn name(self) -> &'static str {
         match self {

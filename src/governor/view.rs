@@ -40,6 +40,7 @@ fn by_tier<C: DeviceContext>(
             pending_bytes: a.pending,
             quarantined_bytes: a.quarantined,
             awaiting_teardown: a.awaiting_teardown,
+            sleep_copies: a.sleep_copies,
         };
         others.0 += usage.live_bytes;
         others.1 += usage.pending_bytes;
@@ -57,6 +58,7 @@ fn by_tier<C: DeviceContext>(
             pending_bytes: total.pending_bytes.saturating_sub(others.1),
             quarantined_bytes: total.quarantined_bytes.saturating_sub(others.2),
             awaiting_teardown: ctx.ledger.charges().awaiting_teardown(),
+            sleep_copies: 0,
         },
     );
     tiers
@@ -77,6 +79,7 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState
 
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
+    let asleep = ctx.sleep.asleep();
     for role in Role::ALL {
         let usage = ctx.ledger.stats().usage(role);
         let quarantined = ctx.ledger.stats().quarantined(role);
@@ -90,6 +93,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
             quarantined_bytes: quarantined.bytes,
             quarantined_count: quarantined.count,
             suspended_bytes: ctx.ledger.charges().suspended(role),
+            asleep: asleep.contains(role),
         };
     }
     let outstanding = Outstanding::collect(ctx);

@@ -124,6 +124,14 @@ pub fn arena_cases<C: ArenaBackend>() -> Vec<(&'static str, ArenaCase<C>)> {
             "sleep_wake_of_a_set_leaves_the_others_usable",
             sleep_wake_set::<C>,
         ),
+        (
+            "governed_partial_wake_leaves_the_kv_cache_asleep",
+            governed_partial_wake::<C>,
+        ),
+        (
+            "governed_sleep_charges_host_copies_to_the_pinned_tier",
+            governed_host_copies::<C>,
+        ),
     ]
 }
 
@@ -411,6 +419,315 @@ fn sleep_wake_set<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
     Ok(format!(
         "{} B of a set slept and woke, the other allocation untouched",
         report.released
+    ))
+}
+
+/// A governor (kept while the context is used: dropping it retires its
+/// contexts), a context registered with it, its arena's handle and a
+/// stream.
+type Governed<C> = (
+    Governor<C>,
+    memgov::ContextHandle<C>,
+    <C as ArenaBackend>::Arena,
+    memgov::GovernedStream<C>,
+);
+
+fn governed<C: ArenaBackend>(
+    factory: Factory<'_, C>,
+    config: ContextConfig,
+) -> Result<Governed<C>, String> {
+    let (ctx, arena) = open(factory)?;
+    let gov = Governor::new();
+    let h = gov.register(ctx, config);
+    let s = h.create_stream("s").map_err(|e| e.to_string())?;
+    Ok((gov, h, arena, s))
+}
+
+fn address<C: ArenaBackend>(
+    h: &memgov::ContextHandle<C>,
+    b: &memgov::DeviceBuffer<C>,
+) -> Result<u64, String> {
+    let m = b.raw().ok_or("a buffer with no memory")?;
+    h.with_backend(|c| c.device_address(m))
+        .map_err(|e| e.to_string())
+}
+
+/// Retire a governed context and check its teardown.
+fn retire_governed<C: ArenaBackend>(h: memgov::ContextHandle<C>) -> Result<(), String> {
+    h.retire()
+        .wait(Instant::now() + Duration::from_secs(10))
+        .map_err(|e| e.to_string())?
+        .backend_result
+        .map_err(be("teardown"))
+}
+
+/// A copy the arena must refuse because the memory sleeps.
+fn refused_asleep(what: &str, r: Result<(), memgov::GovernorError>) -> Result<(), String> {
+    match r {
+        Err(memgov::GovernorError::Backend { source, .. })
+            if source.kind == BackendErrorKind::InvalidArgument =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!("{what}: refused, but not as asleep: {e}")),
+        Ok(()) => Err(format!("{what}: accepted while its memory sleeps")),
+    }
+}
+
+/// vLLM's sleep and wake through the governor: the weights (their contents
+/// kept) and the KV cache (discarded) put to sleep together, the weights
+/// woken alone, the KV cache later. In between the books and the snapshot
+/// say the KV cache sleeps, with its bytes suspended; copies to and from
+/// it are refused as asleep; a new KV allocation lands outside its
+/// sleeping range; then its own wake succeeds and it is usable.
+fn governed_partial_wake<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
+    use memgov::SleepState;
+    let (_gov, h, arena, s) = governed(factory, ContextConfig::new().label("llm"))?;
+    let g = arena.usage().granule;
+    let ge = |what: &'static str| move |e: memgov::GovernorError| format!("{what}: {e}");
+    // First fit: the weights take granules 0 and 1, the KV cache 2 and 3.
+    let weights = h
+        .allocate(&s, Alloc::new(2 * g, Role::Weights))
+        .map_err(ge("allocate the weights"))?;
+    let kv = h
+        .allocate(&s, Alloc::new(2 * g, Role::KvCache))
+        .map_err(ge("allocate the KV cache"))?;
+    let (pw, pk) = (pattern(60, 2 * g as usize), pattern(61, 2 * g as usize));
+    weights.write(0, &pw).map_err(ge("write the weights"))?;
+    kv.write(0, &pk).map_err(ge("write the KV cache"))?;
+    let (at_w, at_k) = (address(&h, &weights)?, address(&h, &kv)?);
+    let slept = h
+        .sleep_with(&[Role::Weights, Role::KvCache], |_| {
+            let kept = arena.sleep_ranges(&[at_w], true)?;
+            let discarded = arena.sleep_ranges(&[at_k], false)?;
+            Ok((kept, discarded))
+        })
+        .map_err(ge("sleep the weights and the KV cache"))?;
+    ensure!(
+        slept.suspended == 4 * g && slept.backend.0.offloaded == 2 * g,
+        "slept {slept:?}"
+    );
+    ensure!(
+        slept.backend.1.offloaded == 0 && slept.backend.1.released == 2 * g,
+        "the KV cache's sleep {:?}",
+        slept.backend.1
+    );
+
+    ensure!(
+        sleep_copies(&h).0 == 2 * g,
+        "the weights' host copies: {:?} charged to the pinned host tier, not {} B",
+        sleep_copies(&h),
+        2 * g
+    );
+    let woken = h
+        .wake_with(&[Role::Weights], |_| arena.wake_ranges(&[at_w]))
+        .map_err(ge("wake the weights"))?;
+    ensure!(
+        sleep_copies(&h) == (0, 0),
+        "the weights' wake left {:?} of host copies charged",
+        sleep_copies(&h)
+    );
+    ensure!(
+        woken.resumed == 2 * g && woken.backend == 2 * g,
+        "the weights' wake: {woken:?}"
+    );
+    let snap = h.snapshot();
+    ensure!(
+        snap.sleep == SleepState::Asleep
+            && snap.role(Role::KvCache).asleep
+            && !snap.role(Role::Weights).asleep,
+        "after waking the weights the snapshot says sleep {}, weights asleep {}, KV cache asleep {}",
+        snap.sleep,
+        snap.role(Role::Weights).asleep,
+        snap.role(Role::KvCache).asleep
+    );
+    ensure!(
+        snap.role(Role::KvCache).suspended_bytes == 2 * g && snap.charged == 2 * g,
+        "the KV cache's bytes are not suspended alone: {} B suspended, {} B charged",
+        snap.role(Role::KvCache).suspended_bytes,
+        snap.charged
+    );
+    ensure!(
+        h.sleeping_roles() == [Role::KvCache],
+        "sleeping roles {:?}",
+        h.sleeping_roles()
+    );
+    ensure!(
+        arena.usage().asleep == 2 * g,
+        "the arena has {} B asleep, not the KV cache's 2 granules",
+        arena.usage().asleep
+    );
+    // The weights are back, at the same address, and usable.
+    let mut back = vec![0u8; 2 * g as usize];
+    weights.read(0, &mut back).map_err(ge("read the weights"))?;
+    ensure!(back == pw, "the weights' bytes were not restored");
+    ensure!(address(&h, &weights)? == at_w, "the weights moved");
+    weights.write(0, &pk).map_err(ge("reload the weights"))?;
+    // The KV cache still sleeps: copies are refused as asleep.
+    refused_asleep("a write to the sleeping KV cache", kv.write(0, &[1; 64]))?;
+    refused_asleep("a read of the sleeping KV cache", kv.read(0, &mut [0; 64]))?;
+    // A new KV block never lands in the sleeping range.
+    let block = h
+        .allocate(&s, Alloc::new(g, Role::KvCache))
+        .map_err(ge("a KV block while the KV cache sleeps"))?;
+    let at_b = address(&h, &block)?;
+    ensure!(
+        at_b + g <= at_k || at_b >= at_k + 2 * g,
+        "a KV block at {at_b:#x} overlaps the sleeping KV cache at {at_k:#x}"
+    );
+    block
+        .write(0, &[7; 64])
+        .map_err(ge("write the new block"))?;
+
+    let woken = h
+        .wake_with(&[Role::KvCache], |_| arena.wake_ranges(&[at_k]))
+        .map_err(ge("wake the KV cache"))?;
+    ensure!(woken.resumed == 2 * g, "the KV cache's wake: {woken:?}");
+    ensure!(
+        h.sleep_state() == SleepState::Awake && arena.usage().asleep == 0,
+        "after both wakes: {}, {} B asleep",
+        h.sleep_state(),
+        arena.usage().asleep
+    );
+    kv.write(0, &pk).map_err(ge("write the woken KV cache"))?;
+    kv.read(0, &mut back)
+        .map_err(ge("read the woken KV cache"))?;
+    ensure!(
+        back == pk,
+        "the woken KV cache does not hold what was written"
+    );
+    ensure!(address(&h, &kv)? == at_k, "the KV cache moved");
+    h.check_books().map_err(|e| e.to_string())?;
+    drop((weights, kv, block, s));
+    retire_governed(h)?;
+    Ok(format!(
+        "{} B of weights woke alone, the KV cache's {} B slept on, refused copies, then woke",
+        2 * g,
+        2 * g
+    ))
+}
+
+/// The bytes of sleep's host copies charged to the pinned host tier.
+fn sleep_copies<C: ArenaBackend>(h: &memgov::ContextHandle<C>) -> (u64, u64) {
+    let t = h
+        .snapshot()
+        .tier(memgov::Tier::PinnedHost)
+        .expect("a pinned host tier");
+    (t.sleep_copies, t.charged)
+}
+
+/// The page-locked host copies a governed sleep keeps are charged to the
+/// context's pinned host tier: refused, with nothing slept, when the tier
+/// cannot hold them; shown in the snapshot while asleep; given back by the
+/// wake.
+fn governed_host_copies<C: ArenaBackend>(factory: Factory<'_, C>) -> CaseResult {
+    use memgov::{GovernorError, SleepState, Tier};
+    let g = open(factory).and_then(|(ctx, arena)| {
+        let g = arena.usage().granule;
+        close(ctx, vec![])?;
+        Ok(g)
+    })?;
+    let set = 4 * g;
+    // One granule short of the copies.
+    let config = ContextConfig::new()
+        .label("llm")
+        .tier_budget(Tier::PinnedHost, set - g);
+    let (_gov, h, arena, s) = governed(factory, config)?;
+    let ge = |what: &'static str| move |e: GovernorError| format!("{what}: {e}");
+    let weights = h
+        .allocate(&s, Alloc::new(set, Role::Weights))
+        .map_err(ge("allocate the weights"))?;
+    let data = pattern(70, set as usize);
+    weights.write(0, &data).map_err(ge("write the weights"))?;
+    let at = address(&h, &weights)?;
+    let (mapped, charged) = (arena.usage().mapped, h.snapshot().charged);
+
+    let refused = h.sleep_with(&[], |_| arena.sleep(true));
+    match &refused {
+        Err(e) => match e.budget() {
+            Some(b) if b.scope == memgov::BudgetScope::Tier(Tier::PinnedHost) => ensure!(
+                b.requested == set && b.limit == set - g,
+                "the refusal's numbers: {e}"
+            ),
+            _ => return Err(format!("refused, but not by the pinned host tier: {e}")),
+        },
+        Ok(slept) => {
+            return Err(format!(
+                "a sleep keeping {set} B under a pinned host tier of {} B was admitted: {slept:?}",
+                set - g
+            ))
+        }
+    }
+    let usage = arena.usage();
+    ensure!(
+        h.sleep_state() == SleepState::Awake && usage.asleep == 0 && usage.mapped == mapped,
+        "after the refusal: {}, {} B asleep, {} B mapped of {mapped} B",
+        h.sleep_state(),
+        usage.asleep,
+        usage.mapped
+    );
+    ensure!(
+        sleep_copies(&h) == (0, 0) && h.snapshot().charged == charged,
+        "after the refusal the books hold {:?} of host copies and {} B charged",
+        sleep_copies(&h),
+        h.snapshot().charged
+    );
+    let mut back = vec![0u8; set as usize];
+    weights
+        .read(0, &mut back)
+        .map_err(ge("read the weights after the refused sleep"))?;
+    ensure!(
+        back == data && address(&h, &weights)? == at,
+        "the weights changed or moved after the refused sleep"
+    );
+
+    // With room for them, the copies are charged while asleep.
+    h.set_budget(Tier::PinnedHost, set);
+    let slept = h
+        .sleep_with(&[], |_| arena.sleep(true))
+        .map_err(ge("sleep with room for the copies"))?;
+    ensure!(
+        slept.backend.offloaded == set,
+        "the sleep kept {} B",
+        slept.backend.offloaded
+    );
+    ensure!(
+        sleep_copies(&h) == (set, set),
+        "asleep, the pinned host tier holds {:?} (host copies, charged), not {set} B",
+        sleep_copies(&h)
+    );
+    h.check_books().map_err(|e| e.to_string())?;
+    h.wake_with(&[], |_| arena.wake()).map_err(ge("wake"))?;
+    ensure!(
+        sleep_copies(&h) == (0, 0),
+        "after the wake the pinned host tier holds {:?}",
+        sleep_copies(&h)
+    );
+    weights
+        .read(0, &mut back)
+        .map_err(ge("read the woken weights"))?;
+    ensure!(back == data, "the woken weights' bytes were not restored");
+    h.check_books().map_err(|e| e.to_string())?;
+    // Torn down asleep: the backend frees the copies, the tier gets their
+    // charge back.
+    h.sleep_with(&[], |_| arena.sleep(true))
+        .map_err(ge("sleep before the teardown"))?;
+    ensure!(
+        sleep_copies(&h).0 == set,
+        "asleep again: {:?}",
+        sleep_copies(&h)
+    );
+    drop((weights, s));
+    let probe = h.clone();
+    retire_governed(h)?;
+    ensure!(
+        sleep_copies(&probe) == (0, 0),
+        "after a teardown while asleep the pinned host tier holds {:?}",
+        sleep_copies(&probe)
+    );
+    Ok(format!(
+        "{set} B of host copies refused under a {} B pinned host tier with nothing slept, then charged while asleep and given back by the wake and by a teardown while asleep",
+        set - g
     ))
 }
 

@@ -174,6 +174,9 @@ pub(crate) struct TierAmounts {
     pub pending: u64,
     pub quarantined: u64,
     pub awaiting_teardown: u64,
+    /// Page-locked host memory holding the contents of sleeping device
+    /// memory (see [`Charges::charge_sleep_copies`]).
+    pub sleep_copies: u64,
     pub peak: u64,
 }
 
@@ -189,6 +192,9 @@ pub(crate) struct TierCharges {
     pending: AtomicU64,
     quarantined: AtomicU64,
     awaiting_teardown: AtomicU64,
+    /// Page-locked host copies of sleeping device memory: charged to the
+    /// budget, no buffer's.
+    sleep_copies: AtomicU64,
 }
 
 impl TierCharges {
@@ -200,6 +206,7 @@ impl TierCharges {
             pending: AtomicU64::new(0),
             quarantined: AtomicU64::new(0),
             awaiting_teardown: AtomicU64::new(0),
+            sleep_copies: AtomicU64::new(0),
         }
     }
 
@@ -234,6 +241,7 @@ impl TierCharges {
             pending: self.pending.load(Ordering::Acquire),
             quarantined: self.quarantined.load(Ordering::Acquire),
             awaiting_teardown: self.awaiting_teardown.load(Ordering::Acquire),
+            sleep_copies: self.sleep_copies.load(Ordering::Acquire),
             peak: self.budget.peak(),
         }
     }
@@ -530,6 +538,12 @@ impl Charges {
         // Pairs with `hold_until_teardown`: see there.
         self.returned.store(true, Ordering::SeqCst);
         let pinned_awaiting = Self::return_tier(&self.pinned, pinned_quarantined);
+        // The backend's teardown freed whatever host copies still held
+        // sleeping contents.
+        let copies = self.pinned.sleep_copies.swap(0, Ordering::AcqRel);
+        if copies > 0 {
+            self.pinned.budget.uncharge(copies);
+        }
         ReturnedAtTeardown {
             quarantined: quarantined + quarantined_asleep + pinned_quarantined,
             awaiting_teardown: self.return_awaiting_teardown() + pinned_awaiting,
@@ -652,6 +666,34 @@ impl Charges {
         if moved > 0 {
             self.suspended[to.index()].fetch_add(moved, Ordering::AcqRel);
         }
+    }
+
+    // --- Sleep's page-locked host copies, on the pinned host tier. ---
+
+    /// Charge `bytes` to the pinned host tier for the page-locked host
+    /// memory a sleep is about to fill with device contents; refused, with
+    /// nothing charged, when the tier cannot hold them.
+    pub(super) fn charge_sleep_copies(&self, bytes: u64) -> Result<(), RefusedAt> {
+        let t = &self.pinned;
+        t.budget
+            .try_charge(bytes, 0)
+            .map_err(|r| RefusedAt::Tier(Tier::PinnedHost, r))?;
+        t.sleep_copies.fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Host copies of sleeping contents freed (woken, or not made after
+    /// all): up to `bytes` of what
+    /// [`charge_sleep_copies`](Self::charge_sleep_copies) charged goes back
+    /// to the tier. Returns how many were charged (a copy made outside a
+    /// governed sleep was never charged).
+    pub(super) fn return_sleep_copies(&self, bytes: u64) -> u64 {
+        let t = &self.pinned;
+        let taken = take_some(&t.sleep_copies, bytes);
+        if taken > 0 {
+            t.budget.uncharge(taken);
+        }
+        taken
     }
 
     /// Suspended bytes of `role` now.

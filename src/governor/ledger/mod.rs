@@ -25,6 +25,7 @@
 //! | every live buffer reclaimed by force      | [`reclaim_live`](Ledger::reclaim_live)   |
 //! | a cached block handed out as another role | [`retag`](Ledger::retag)                 |
 //! | live memory sleeps / wakes                | [`suspend`](Ledger::suspend) / [`resume`](Ledger::resume) |
+//! | sleep's host copies made / freed           | [`charge_sleep_copies`](Ledger::charge_sleep_copies) / [`return_sleep_copies`](Ledger::return_sleep_copies) |
 //! | the backend's teardown returned           | [`return_at_teardown`](Ledger::return_at_teardown) |
 //!
 //! and, outside an allocation's life: [`reserve`](Ledger::reserve) /
@@ -39,12 +40,14 @@
 //!
 //! ```text
 //! charged = live + pending + quarantined + awaiting teardown
-//!         + reserved + outside - off the books
+//!         + reserved + outside + sleep's host copies - off the books
 //! ```
 //!
 //! where live includes the block cache's blocks, and "off the books" is
 //! the device-tier bytes of buffers whose memory sleeps (see
-//! `charges.rs`). [`audit`](Ledger::audit) checks it and names every term
+//! `charges.rs`); "sleep's host copies" is the pinned host tier's
+//! page-locked memory holding sleeping contents (0 on the device tier,
+//! as outside is on the pinned one). [`audit`](Ledger::audit) checks it and names every term
 //! when it does not hold. In debug builds teardown runs it inside
 //! [`return_at_teardown`](Ledger::return_at_teardown), where the context is
 //! quiet by construction (the gate is closed and drained), and the record
@@ -130,8 +133,8 @@ pub(crate) struct Queued {
 #[error(
     "the {tier} books of context {context} do not balance: {charged} B charged, but live \
      {live} + pending {pending} + quarantined {quarantined} + awaiting teardown \
-     {awaiting_teardown} + reserved {reserved} + outside {outside} - off the books \
-     {off_books} = {accounted} B; audit a quiet context (nothing being allocated, released \
+     {awaiting_teardown} + reserved {reserved} + outside {outside} + sleep's host copies \
+     {sleep_copies} - off the books {off_books} = {accounted} B; audit a quiet context (nothing being allocated, released \
      or settled), and if it was quiet, report this as a memgov bug"
 )]
 pub struct Imbalance {
@@ -153,6 +156,9 @@ pub struct Imbalance {
     pub reserved: u64,
     /// Bytes recorded as allocated outside memgov (device tier only).
     pub outside: u64,
+    /// Page-locked host memory holding the contents of sleeping device
+    /// memory (pinned host tier only).
+    pub sleep_copies: u64,
     /// Bytes of live, pending or quarantined buffers whose memory slept:
     /// on no level (device tier only).
     pub off_books: u64,
@@ -473,6 +479,18 @@ impl Ledger {
         self.charges.resumed(role, admitted)
     }
 
+    /// Charge `bytes` of the pinned host tier for the page-locked host
+    /// copies a sleep is about to make of device memory.
+    pub(crate) fn charge_sleep_copies(&self, bytes: u64) -> Result<(), RefusedAt> {
+        self.charges.charge_sleep_copies(bytes)
+    }
+
+    /// Host copies of sleeping memory freed: up to `bytes` of their charge
+    /// back to the pinned host tier; returns the bytes given back.
+    pub(crate) fn return_sleep_copies(&self, bytes: u64) -> u64 {
+        self.charges.return_sleep_copies(bytes)
+    }
+
     // --- Outside an allocation's life. ---
 
     /// Reserve `bytes` of `tier` ahead of need.
@@ -551,6 +569,7 @@ impl Ledger {
             awaiting_teardown: self.charges.awaiting_teardown(),
             reserved: reserved(Tier::Device),
             outside: self.outside_bytes(),
+            sleep_copies: 0,
             off_books: self.charges.off_books(),
             accounted: 0,
         };
@@ -564,6 +583,7 @@ impl Ledger {
             awaiting_teardown: pinned.awaiting_teardown,
             reserved: reserved(Tier::PinnedHost),
             outside: 0,
+            sleep_copies: pinned.sleep_copies,
             off_books: 0,
             accounted: 0,
         };
@@ -574,6 +594,7 @@ impl Ledger {
                 + books.awaiting_teardown as i128
                 + books.reserved as i128
                 + books.outside as i128
+                + books.sleep_copies as i128
                 - books.off_books as i128)
                 .clamp(0, u64::MAX as i128) as u64;
             if books.accounted != books.charged {
@@ -594,6 +615,35 @@ mod tests {
 
     fn e(bytes: u64) -> Entry {
         Entry::new(bytes, Role::Weights, Tier::Device, 0)
+    }
+
+    #[test]
+    fn sleep_copies_are_charged_to_the_pinned_tier_and_returned() {
+        let l = ledger();
+        let pinned = || l.charges.tier_amounts(Tier::PinnedHost).unwrap();
+        // The tier holds 1 MiB: 2 MiB of copies are refused, nothing charged.
+        let refused = l.charge_sleep_copies(2 << 20);
+        assert!(
+            matches!(refused, Err(RefusedAt::Tier(Tier::PinnedHost, r)) if r.limit == 1 << 20),
+            "{refused:?}"
+        );
+        assert_eq!((pinned().charged, pinned().sleep_copies), (0, 0));
+        l.charge_sleep_copies(768 << 10).unwrap();
+        assert_eq!(
+            (pinned().charged, pinned().sleep_copies),
+            (768 << 10, 768 << 10)
+        );
+        assert_eq!(l.audit(|_| 0), Ok(()));
+        // A wake frees half; more than was charged gives back only that.
+        assert_eq!(l.return_sleep_copies(384 << 10), 384 << 10);
+        assert_eq!(l.return_sleep_copies(1 << 20), 384 << 10);
+        assert_eq!((pinned().charged, pinned().sleep_copies), (0, 0));
+        assert_eq!(l.audit(|_| 0), Ok(()));
+        // Teardown returns what a sleep still held.
+        l.charge_sleep_copies(512 << 10).unwrap();
+        let (_, audit) = l.return_at_teardown(std::iter::empty(), |_| 0);
+        audit.unwrap();
+        assert_eq!((pinned().charged, pinned().sleep_copies), (0, 0));
     }
 
     #[test]

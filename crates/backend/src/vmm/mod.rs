@@ -51,6 +51,7 @@ pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
 pub use gate::{Gate, GateCall};
 pub use pool::CapturePool;
+pub use sleep::{with_host_copy_budget, HostCopyBudget};
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
 use crate::{BackendError, BackendErrorKind};

@@ -10,12 +10,64 @@
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
 //! The whole arena sleeps only while no set of its allocations sleeps
 //! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
+//!
+//! # Governed host copies
+//!
+//! The page-locked host memory that keeps sleeping contents is charged to
+//! the [`HostCopyBudget`] installed on the calling thread, if any (the
+//! governor's `ContextHandle::sleep_with` and `wake_with` install the
+//! context's pinned host tier around their backend call): a sleep charges
+//! every copy it will make before it makes the first, and is refused with
+//! nothing released when the budget cannot hold them; each copy freed (by
+//! a wake, or by a sleep that could not release its granule) is given
+//! back. Teardown frees the copies left with no budget installed: their
+//! owner returns their charge at its own teardown.
 
 use super::state::Slot;
-use super::{closed, Arena, SleepDriver};
+use super::{closed, Arena, GranuleDriver, SleepDriver};
 use crate::capability::SleepReport;
 use crate::{lock, BackendError, BackendErrorKind};
+use std::cell::RefCell;
 use std::fmt::Debug;
+use std::rc::Rc;
+
+/// Where the page-locked host copies of a sleep are charged: the
+/// governor's pinned host tier of the context sleeping.
+pub trait HostCopyBudget {
+    /// Charge `bytes` of page-locked host memory about to hold sleeping
+    /// contents. `Err` (kind `OutOfMemory`, naming the numbers and the way
+    /// out): refused, nothing charged.
+    fn charge(&self, bytes: u64) -> Result<(), BackendError>;
+
+    /// `bytes` of host copies were freed (or not made after all). Copies
+    /// made while no budget was installed are given back too: a budget
+    /// gives back at most what it holds.
+    fn give_back(&self, bytes: u64);
+}
+
+thread_local! {
+    static HOST_COPIES: RefCell<Option<Rc<dyn HostCopyBudget>>> = const { RefCell::new(None) };
+}
+
+/// Run `f` with `budget` charged for the host copies every sleep and wake
+/// of an arena on this thread makes or frees; the budget installed before
+/// is back when `f` returns or unwinds.
+pub fn with_host_copy_budget<R>(budget: Rc<dyn HostCopyBudget>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<dyn HostCopyBudget>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            HOST_COPIES.with(|b| *b.borrow_mut() = before);
+        }
+    }
+    let _restore = Restore(HOST_COPIES.with(|b| b.borrow_mut().replace(budget)));
+    f()
+}
+
+/// The budget installed on this thread, if any.
+fn host_copy_budget() -> Option<Rc<dyn HostCopyBudget>> {
+    HOST_COPIES.with(|b| b.borrow().clone())
+}
 
 /// What [`Arena::release_granules`] did: each granule's next slot, what
 /// was given back, and the first error.
@@ -77,6 +129,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         };
         let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
+        if first_err.is_some() && report.released == 0 {
+            // Nothing was released (the host copies were refused, or the
+            // first copy failed): the arena is awake, every granule mapped.
+            st.asleep = false;
+        }
         for (g, slot) in outcome {
             match slot {
                 Slot::Mapped(_) => {}
@@ -125,6 +182,20 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             released: 0,
             offloaded: 0,
         };
+        // Every copy is charged before the first is made: a refusal leaves
+        // every granule mapped.
+        let copies = if keep_contents {
+            taken.iter().filter(|t| t.2).count() as u64 * self.granule
+        } else {
+            0
+        };
+        let budget = host_copy_budget().filter(|_| copies > 0);
+        if let Some(b) = &budget {
+            if let Err(e) = b.charge(copies) {
+                let kept = taken.into_iter().map(|(g, h, _)| (g, Slot::Mapped(h)));
+                return (kept.collect(), report, Some(e));
+            }
+        }
         for (g, h, in_use) in taken {
             let at = self.base + g as u64 * self.granule;
             let mut host = 0usize;
@@ -173,6 +244,185 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 }
             }
         }
+        // The copies not kept (not made, or freed with a granule the driver
+        // would not give back) are given back.
+        if let Some(b) = budget {
+            if copies > report.offloaded {
+                b.give_back(copies - report.offloaded);
+            }
+        }
         (outcome, report, first_err)
+    }
+
+    /// Free the host copies at `hosts` (0: none kept), one granule each,
+    /// and give their charge back to the budget installed, if any.
+    pub(super) fn free_copies<D: GranuleDriver>(&self, d: &D, hosts: Vec<usize>, op: &'static str) {
+        let mut freed = 0;
+        for host in hosts.into_iter().filter(|&h| h != 0) {
+            d.free_host(host, op);
+            freed += self.granule;
+        }
+        if freed > 0 {
+            if let Some(b) = host_copy_budget() {
+                b.give_back(freed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::{GranuleDriver, MapError};
+    use std::cell::Cell;
+
+    const G: u64 = 2 << 20;
+
+    /// A driver whose handles are granule numbers, whose host copies are
+    /// counted, and whose `fail_offload`th offload fails (from 1; 0: none).
+    #[derive(Default)]
+    struct Fake {
+        mapped: Cell<u32>,
+        hosts: Cell<u32>,
+        offloads: Cell<u32>,
+        fail_offload: u32,
+    }
+
+    impl GranuleDriver for Fake {
+        type Handle = u64;
+        type Current = ();
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+        fn make_current(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn map(&self, g: usize, _: &'static str) -> Result<u64, MapError<u64>> {
+            self.mapped.set(self.mapped.get() + 1);
+            Ok(g as u64)
+        }
+        fn unmap(&self, _: usize, _: u64, _: &'static str) -> Result<(), Slot<u64>> {
+            self.mapped.set(self.mapped.get() - 1);
+            Ok(())
+        }
+        fn release(&self, _: u64, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn free_host(&self, _: usize, _: &'static str) {
+            self.hosts.set(self.hosts.get() - 1);
+        }
+    }
+
+    impl SleepDriver for Fake {
+        fn quiesce(&self, _: &'static str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn offload(&self, _: u64, _: u64) -> Result<usize, BackendError> {
+            self.offloads.set(self.offloads.get() + 1);
+            if self.offloads.get() == self.fail_offload {
+                return Err(BackendError::new(
+                    "fake",
+                    "sleep",
+                    BackendErrorKind::OutOfMemory,
+                    "planted",
+                ));
+            }
+            self.hosts.set(self.hosts.get() + 1);
+            Ok(0x1000 * self.hosts.get() as usize)
+        }
+        fn restore(&self, _: u64, _: usize, _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    /// A budget of `limit` bytes that counts what it holds.
+    struct Budget {
+        limit: u64,
+        held: Cell<u64>,
+    }
+
+    impl HostCopyBudget for Budget {
+        fn charge(&self, bytes: u64) -> Result<(), BackendError> {
+            if self.held.get() + bytes > self.limit {
+                return Err(BackendError::new(
+                    "fake",
+                    "sleep",
+                    BackendErrorKind::OutOfMemory,
+                    "over the budget",
+                ));
+            }
+            self.held.set(self.held.get() + bytes);
+            Ok(())
+        }
+        fn give_back(&self, bytes: u64) {
+            // Copies made with no budget installed were never charged.
+            self.held.set(self.held.get().saturating_sub(bytes));
+        }
+    }
+
+    fn budget(limit: u64) -> Rc<Budget> {
+        Rc::new(Budget {
+            limit,
+            held: Cell::new(0),
+        })
+    }
+
+    #[test]
+    fn copies_the_budget_cannot_hold_leave_everything_mapped_and_awake() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(3 * G);
+        let e = with_host_copy_budget(b.clone(), || a.sleep(&d, true))
+            .expect_err("4 granules of copies under a budget of 3");
+        assert_eq!(e.message, "over the budget");
+        assert_eq!((b.held.get(), d.offloads.get(), d.mapped.get()), (0, 0, 4));
+        assert!(!a.is_asleep(), "nothing was put to sleep");
+        assert_eq!(a.snapshot().mapped, 4 * G);
+        a.check_awake("fake", "read", p, 4 * G)
+            .expect("still readable");
+        // The same for a set.
+        with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[p], true)).expect_err("refused");
+        assert_eq!((b.held.get(), a.snapshot().asleep), (0, 0));
+    }
+
+    #[test]
+    fn copies_are_charged_while_asleep_and_given_back_by_the_wake() {
+        let d = Fake::default();
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(4 * G);
+        with_host_copy_budget(b.clone(), || a.sleep(&d, true)).expect("fits");
+        assert_eq!((b.held.get(), d.hosts.get()), (4 * G, 4));
+        with_host_copy_budget(b.clone(), || a.wake(&d)).expect("wake");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
+        // Discarded contents cost nothing.
+        let q = a.allocate(&d, G).expect("another");
+        with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[q], false)).expect("discard");
+        assert_eq!(b.held.get(), 0);
+        with_host_copy_budget(b.clone(), || a.wake_ranges(&d, &[q])).expect("wake");
+        // Without a budget installed nothing is charged.
+        a.sleep_ranges(&d, &[p], true).expect("ungoverned");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 4));
+        with_host_copy_budget(b.clone(), || a.wake_ranges(&d, &[p])).expect("wake");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
+    }
+
+    #[test]
+    fn a_copy_failing_part_way_gives_back_the_copies_not_kept() {
+        let d = Fake {
+            fail_offload: 3,
+            ..Fake::default()
+        };
+        let a = Arena::<u64>::new(0x10_0000_0000, 16 * G, G, u64::MAX, "Fake");
+        let p = a.allocate(&d, 4 * G).expect("4 granules");
+        let b = budget(u64::MAX);
+        let e = with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[p], true))
+            .expect_err("the third copy fails");
+        assert_eq!(e.message, "planted");
+        // Two granules were kept and released; the charge is theirs.
+        assert_eq!((b.held.get(), d.hosts.get()), (2 * G, 2));
+        with_host_copy_budget(b.clone(), || a.wake(&d)).expect("wake the two");
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
     }
 }

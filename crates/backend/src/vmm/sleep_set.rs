@@ -371,9 +371,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             drop(st);
             self.changed.notify_all();
-            for host in hosts.into_iter().filter(|&h| h != 0) {
-                d.free_host(host, op);
-            }
+            self.free_copies(d, hosts, op);
             return Ok(sleeping.len() as u64 * self.granule);
         };
         // Undo what this wake mapped, one granule at a time.
@@ -402,9 +400,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         }
         drop(st);
         self.changed.notify_all();
-        for host in hosts.into_iter().filter(|&h| h != 0) {
-            d.free_host(host, op);
-        }
+        self.free_copies(d, hosts, op);
         Err(e)
     }
 }
