@@ -260,6 +260,8 @@ int32_t memgov_buffer_record_stream(memgov_buffer* buffer, memgov_stream* stream
  * address (vulkan); MEMGOV_ERR_UNSUPPORTED elsewhere. */
 int32_t memgov_buffer_device_ptr(memgov_buffer* buffer, void** out);
 int32_t memgov_buffer_size(memgov_buffer* buffer, uint64_t* out);
+/* MEMGOV_ERR_INVALID_ARGUMENT unless offset + len (without wrapping) is at
+ * most the buffer's size; checked before src/dst is touched. */
 int32_t memgov_buffer_write(memgov_buffer* buffer, uint64_t offset, const void* src, size_t len);
 int32_t memgov_buffer_read(memgov_buffer* buffer, uint64_t offset, void* dst, size_t len);
 

@@ -12,6 +12,7 @@
 #include "memgov.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -243,6 +244,17 @@ static void budgets_streams_and_data(memgov_governor* gov) {
     OK(memgov_buffer_read(a, 100, back, sizeof back));
     EXPECT(memcmp(msg, back, sizeof msg) == 0);
     FAILS(memgov_buffer_write(a, 8190, msg, sizeof msg), MEMGOV_ERR_INVALID_ARGUMENT);
+    /* Lengths no buffer can have: refused before the pointer and length are
+     * used (offset + SIZE_MAX wraps; UINT64_MAX - 1 + 2 wraps; a length past
+     * PTRDIFF_MAX with offset 0). */
+    FAILS(memgov_buffer_write(a, 2, msg, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 2, back, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_write(a, 0, msg, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 0, back, (size_t)PTRDIFF_MAX + 1), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_write(a, UINT64_MAX - 1, msg, 2), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, UINT64_MAX - 1, back, 2), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 8190, back, sizeof back), MEMGOV_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(memgov_last_error_message(), "8192") != NULL);
     void* pa = NULL;
     OK(memgov_buffer_device_ptr(a, &pa));
     EXPECT(memcmp((char*)pa + 100, msg, sizeof msg) == 0);
