@@ -57,11 +57,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 12)]
     steps: u32,
     /// Capacity of each simulated device (host backend), and the shared
-    /// budget of the first device, MiB.
-    #[arg(long, default_value_t = 512)]
+    /// budget of the first device, MiB (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = parse_mib)]
     device_mib: u64,
-    /// Budget of the LLM context, MiB.
-    #[arg(long, default_value_t = 256)]
+    /// Budget of the LLM context, MiB (at least 1).
+    #[arg(long, default_value_t = 256, value_parser = parse_mib)]
     llm_budget_mib: u64,
     /// Simulated time per queued device operation (host backend),
     /// microseconds.
@@ -73,8 +73,9 @@ pub struct RunArgs {
     /// Record the memory timeline of every context (allocations, releases,
     /// retirements, refusals, pressure, teardown, per stream and role) into
     /// FILE, in the Chrome trace format: open it in Perfetto, or turn it into
-    /// a page with `memgov report FILE`.
-    #[arg(long, value_name = "FILE")]
+    /// a page with `memgov report FILE`. Its directory must exist and be
+    /// writable (checked before the run starts).
+    #[arg(long, value_name = "FILE", value_parser = parse_trace_path)]
     trace: Option<std::path::PathBuf>,
     /// The recorder `--trace` writes out.
     #[arg(skip)]
@@ -86,6 +87,53 @@ fn traced(cfg: ContextConfig, args: &RunArgs) -> ContextConfig {
     match &args.recorder {
         Some(t) => cfg.trace(t),
         None => cfg,
+    }
+}
+
+/// A size in MiB: at least 1 (a device or budget of 0 MiB holds nothing).
+fn parse_mib(value: &str) -> Result<u64, String> {
+    match value.trim().parse::<u64>() {
+        Ok(0) => Err("0 MiB holds nothing; give at least 1".to_owned()),
+        Ok(mib) if mib.checked_mul(1 << 20).is_some() => Ok(mib),
+        Ok(mib) => Err(format!("{mib} MiB does not fit in 64 bits of bytes")),
+        Err(e) => Err(format!("not a whole number of MiB: {e}")),
+    }
+}
+
+/// `--trace FILE`: refused before the run unless FILE's directory exists
+/// and a file can be created in it (a probe file, removed again), so that a
+/// long run does not end in a trace it cannot write.
+fn parse_trace_path(value: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(value);
+    if value.is_empty() || path.file_name().is_none() {
+        return Err(format!(
+            "'{value}' names no file; give a file path such as t.json"
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "the directory {} does not exist; create it or write the trace elsewhere",
+            dir.display()
+        ));
+    }
+    let probe = dir.join(format!(".memgov-trace-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(path)
+        }
+        Err(e) => Err(format!(
+            "cannot create a file in {}: {e}; give a path in a writable directory",
+            dir.display()
+        )),
     }
 }
 

@@ -545,3 +545,19 @@ fn top_lists_the_processes_outside_memgov() {
     drop(member);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_refuses_an_empty_backend_name_naming_the_flag() {
+    for args in [
+        &["check", "--backend", ""][..],
+        &["check", "--backend", "host,"],
+        &["check", "--backend", " "],
+    ] {
+        let (code, out) = memgov(args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(out.contains("--backend"), "{args:?}: {out}");
+        assert!(out.contains("empty"), "{args:?}: {out}");
+        assert!(out.contains("host"), "known names listed: {out}");
+        assert!(!out.contains("[\""), "no debug quoting: {out}");
+    }
+}

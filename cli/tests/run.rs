@@ -351,3 +351,53 @@ fn a_run_that_fails_half_way_retires_every_context_it_registered() {
         "{v:#}"
     );
 }
+
+/// A bad flag value is refused before any work: the message names the flag,
+/// the status is 2 (bad usage), and nothing of the workload ran (no phase
+/// line, no trace written).
+fn refused_before_work(args: &[&str], flag: &str) {
+    let (code, stdout, stderr) = run(args);
+    assert_eq!(code, 2, "{args:?}: stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains(flag), "{args:?} must name {flag}: {stderr}");
+    assert!(
+        !stdout.contains("phase") && !stderr.contains("phase"),
+        "{args:?} ran the workload before refusing: {stdout}{stderr}"
+    );
+}
+
+#[test]
+fn zero_device_or_budget_mib_is_refused_naming_the_flag() {
+    refused_before_work(&["--device-mib", "0"], "--device-mib");
+    refused_before_work(&["--llm-budget-mib", "0"], "--llm-budget-mib");
+}
+
+#[test]
+fn a_trace_in_a_missing_directory_is_refused_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("memgov-no-such-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let file = dir.join("t.json");
+    refused_before_work(&["--trace", file.to_str().unwrap()], "--trace");
+    let (_, _, stderr) = run(&["--trace", file.to_str().unwrap()]);
+    assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
+    assert!(!file.exists());
+}
+
+#[test]
+fn a_trace_in_a_read_only_directory_is_refused_before_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("memgov-read-only-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::File::create(dir.join("probe")).is_ok() {
+        // root writes anywhere: the directory is not read-only to us.
+        let _ = std::fs::remove_file(dir.join("probe"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        println!("skipped: this user writes into a mode 0555 directory (root)");
+        return;
+    }
+    let file = dir.join("t.json");
+    refused_before_work(&["--trace", file.to_str().unwrap()], "--trace");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
