@@ -265,9 +265,7 @@ unsafe extern "C" fn self_removing_callback(
     // callback has returned.
     let me = unsafe { &*(user as *const SelfRemoving) };
     let cb = *me.callback.lock().unwrap();
-    *me.removed.lock().unwrap() = Some(memgov_pressure_callback_remove(
-        cb as *mut memgov_callback,
-    ));
+    *me.removed.lock().unwrap() = Some(memgov_pressure_callback_remove(cb as *mut memgov_callback));
     let mut st = me.gate.state.lock().unwrap();
     st.0 = true;
     me.gate.cv.notify_all();
