@@ -304,7 +304,9 @@ fn open_context(gov: &GovernorObj, opts: &memgov_context_options) -> Result<Ctx>
     if let Some(l) = label {
         config = config.label(l);
     }
-    if opts.budget > 0 {
+    // One meaning with Rust's `ContextConfig::budget`: 0 admits nothing;
+    // MEMGOV_UNLIMITED is no budget (the same as none set).
+    if opts.budget != MEMGOV_UNLIMITED {
         config = config.budget(opts.budget);
     }
     if opts.wait_for_pending_ms > 0 {
@@ -352,7 +354,8 @@ pub extern "C" fn memgov_context_close(ctx: *mut memgov_context) -> i32 {
     })
 }
 
-/// Change the context's budget (bytes; allocations already charged stay).
+/// Change the context's budget (bytes; allocations already charged stay):
+/// 0 admits nothing more, `MEMGOV_UNLIMITED` lifts the limit.
 #[no_mangle]
 pub extern "C" fn memgov_context_set_budget(ctx: *mut memgov_context, bytes: u64) -> i32 {
     guard("memgov_context_set_budget", || {

@@ -58,7 +58,7 @@ fn bad_handles_double_releases_and_calls_after_retire() {
     let mut gov = null_mut();
     // SAFETY: a valid out-pointer.
     ok(unsafe { memgov_governor_create(&mut gov) });
-    let ctx = open(gov, 0);
+    let ctx = open(gov, MEMGOV_UNLIMITED);
     let s = stream(ctx);
 
     for bogus in [0usize, 1, 0xdead_beef, usize::MAX, s as usize, ctx as usize] {
@@ -118,7 +118,7 @@ fn racing_releases_of_one_buffer_succeed_exactly_once() {
     let mut gov = null_mut();
     // SAFETY: a valid out-pointer.
     ok(unsafe { memgov_governor_create(&mut gov) });
-    let ctx = open(gov, 0);
+    let ctx = open(gov, MEMGOV_UNLIMITED);
     let s = stream(ctx);
     for _ in 0..50 {
         let b = alloc(s, 64, null_mut()).unwrap() as usize;
