@@ -329,17 +329,13 @@ fn a_running_callback_that_removed_itself_is_counted_until_it_returns() {
     let mut o = fresh();
     // SAFETY: `plugin` is registered and `o` is a sized struct with its
     // size set, live for the call.
-    assert_eq!(
-        unsafe { memgov_plugin_may_unload(plugin, &mut o) },
-        MEMGOV_ERR_BUSY
-    );
+    let may_unload = unsafe { memgov_plugin_may_unload(plugin, &mut o) };
+    assert_eq!(may_unload, MEMGOV_ERR_BUSY);
     assert_eq!((o.callbacks, o.total()), (1, 1), "{o:?}");
     let mut o = fresh();
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { memgov_plugin_unregister(plugin, &mut o) },
-        MEMGOV_ERR_BUSY
-    );
+    let unregistered = unsafe { memgov_plugin_unregister(plugin, &mut o) };
+    assert_eq!(unregistered, MEMGOV_ERR_BUSY);
     assert_eq!((o.callbacks, o.total()), (1, 1), "{o:?}");
     assert!(
         message().contains("1 pressure callback(s)"),
