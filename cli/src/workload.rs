@@ -105,7 +105,7 @@ fn parse_mib(value: &str) -> Result<u64, String> {
 /// long run does not end in a trace it cannot write.
 fn parse_trace_path(value: &str) -> Result<std::path::PathBuf, String> {
     let path = std::path::PathBuf::from(value);
-    if value.is_empty() || path.file_name().is_none() {
+    if value.is_empty() || path.file_name().is_none() || path.is_dir() {
         return Err(format!(
             "'{value}' names no file; give a file path such as t.json"
         ));

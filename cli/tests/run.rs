@@ -380,6 +380,9 @@ fn a_trace_in_a_missing_directory_is_refused_before_the_run() {
     let (_, _, stderr) = run(&["--trace", file.to_str().unwrap()]);
     assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
     assert!(!file.exists());
+    // A directory is not a file to write the trace into.
+    let tmp = std::env::temp_dir();
+    refused_before_work(&["--trace", tmp.to_str().unwrap()], "--trace");
 }
 
 #[test]
