@@ -34,7 +34,12 @@
 extern "C" {
 #endif
 
-#define MEMGOV_ABI_VERSION 1u
+#define MEMGOV_ABI_VERSION 2u
+
+/* A budget of no limit beyond the device (memgov_context_options.budget,
+ * memgov_context_set_budget, memgov_snapshot.budget_limit). A budget of 0
+ * admits nothing, as in Rust's ContextConfig::budget(0). */
+#define MEMGOV_UNLIMITED UINT64_MAX
 
 /* ------------------------------------------------------------- statuses */
 
@@ -65,7 +70,7 @@ extern "C" {
 #define MEMGOV_CAP_PLUGIN_LOADER (1ull << 10)
 #define MEMGOV_CAP_TORCH_ALLOCATOR (1ull << 11)
 #define MEMGOV_CAP_ORT_ALLOCATOR (1ull << 12)
-#define MEMGOV_CAP_RESERVATIONS (1ull << 13) /* not in this version: never set */
+#define MEMGOV_CAP_RESERVATIONS (1ull << 13) /* not in the C ABI yet (Rust has ContextHandle::reserve): never set */
 
 /* ---------------------------------------------------- roles, lifecycles */
 
@@ -99,7 +104,7 @@ typedef struct memgov_context_options {
     uint32_t reserved;         /* 0 */
     const char* backend;       /* "host", "null", "cuda", "hip", "vulkan" */
     const char* label;         /* NULL: "backend:ordinal" */
-    uint64_t budget;           /* bytes; 0: no budget beyond the device */
+    uint64_t budget;           /* bytes; 0 admits nothing; MEMGOV_UNLIMITED: no budget */
     uint64_t wait_for_pending_ms; /* 0: fail fast; else wait for pending releases */
     uint64_t host_op_delay_us; /* host backend: simulated time per queued op */
 } memgov_context_options;
@@ -147,7 +152,7 @@ typedef struct memgov_role_usage {
 typedef struct memgov_snapshot {
     uint32_t size;      /* sizeof(memgov_snapshot) */
     uint32_t lifecycle; /* MEMGOV_LIFECYCLE_* */
-    uint64_t budget_limit;
+    uint64_t budget_limit; /* MEMGOV_UNLIMITED: no budget beyond the device */
     uint64_t charged;
     uint64_t peak;      /* most bytes live at once: exact on one stream, else an upper bound (ContextSnapshot::peak) */
     uint64_t awaiting_teardown;
@@ -219,6 +224,7 @@ int32_t memgov_context_open(memgov_governor* governor, const memgov_context_opti
                             memgov_context** out);
 /* Drops the handle only; the context stays governed until retired. */
 int32_t memgov_context_close(memgov_context* context);
+/* 0 admits nothing more; MEMGOV_UNLIMITED lifts the limit. */
 int32_t memgov_context_set_budget(memgov_context* context, uint64_t bytes);
 int32_t memgov_context_mark_lost(memgov_context* context, const char* reason);
 int32_t memgov_context_snapshot(memgov_context* context, memgov_snapshot* out);
@@ -260,6 +266,8 @@ int32_t memgov_buffer_record_stream(memgov_buffer* buffer, memgov_stream* stream
  * address (vulkan); MEMGOV_ERR_UNSUPPORTED elsewhere. */
 int32_t memgov_buffer_device_ptr(memgov_buffer* buffer, void** out);
 int32_t memgov_buffer_size(memgov_buffer* buffer, uint64_t* out);
+/* MEMGOV_ERR_INVALID_ARGUMENT unless offset + len (without wrapping) is at
+ * most the buffer's size; checked before src/dst is touched. */
 int32_t memgov_buffer_write(memgov_buffer* buffer, uint64_t offset, const void* src, size_t len);
 int32_t memgov_buffer_read(memgov_buffer* buffer, uint64_t offset, void* dst, size_t len);
 

@@ -8,7 +8,13 @@ use std::ffi::{c_char, c_void};
 
 /// The ABI version `memgov_abi_version()` returns: raised on every change
 /// that is not an addition at the end of a sized struct or a new function.
-pub const MEMGOV_ABI_VERSION: u32 = 1;
+pub const MEMGOV_ABI_VERSION: u32 = 2;
+
+/// A budget of no limit beyond the device (`memgov_context_options.budget`,
+/// `memgov_context_set_budget`; `memgov_snapshot.budget_limit` of such a
+/// context). A budget of 0 admits nothing, as in Rust's
+/// `ContextConfig::budget(0)`.
+pub const MEMGOV_UNLIMITED: u64 = u64::MAX;
 
 /// Capability bit: the host backend is compiled in.
 pub const MEMGOV_CAP_BACKEND_HOST: u64 = 1 << 0;
@@ -30,7 +36,8 @@ pub const MEMGOV_CAP_PLUGIN_LOADER: u64 = 1 << 10;
 pub const MEMGOV_CAP_TORCH_ALLOCATOR: u64 = 1 << 11;
 /// Capability bit: `memgov_ort_allocator_create`.
 pub const MEMGOV_CAP_ORT_ALLOCATOR: u64 = 1 << 12;
-/// Capability bit: capacity reservations (not in this version; never set).
+/// Capability bit: capacity reservations (not in the C ABI yet, though the
+/// Rust API has `ContextHandle::reserve`; never set).
 pub const MEMGOV_CAP_RESERVATIONS: u64 = 1 << 13;
 
 /// Roles, as `uint32_t` in C.
@@ -67,7 +74,8 @@ pub struct memgov_context_options {
     pub backend: *const c_char,
     /// Label in messages and snapshots; NULL: `backend:ordinal`.
     pub label: *const c_char,
-    /// Bytes the context may hold; 0: no budget beyond the device.
+    /// Bytes the context may hold: 0 admits nothing; [`MEMGOV_UNLIMITED`]:
+    /// no budget beyond the device.
     pub budget: u64,
     /// 0: an allocation that does not fit fails at once; otherwise it waits
     /// up to this long for pending releases to retire.
@@ -83,7 +91,7 @@ impl Default for memgov_context_options {
             reserved: 0,
             backend: std::ptr::null(),
             label: std::ptr::null(),
-            budget: 0,
+            budget: MEMGOV_UNLIMITED,
             wait_for_pending_ms: 0,
             host_op_delay_us: 0,
         }
@@ -169,7 +177,7 @@ pub struct memgov_snapshot {
     pub size: u32,
     /// `MEMGOV_LIFECYCLE_*`.
     pub lifecycle: u32,
-    /// The context's budget.
+    /// The context's budget ([`MEMGOV_UNLIMITED`]: none beyond the device).
     pub budget_limit: u64,
     /// Bytes charged (live + pending + quarantined + awaiting teardown).
     pub charged: u64,

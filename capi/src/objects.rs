@@ -304,7 +304,9 @@ fn open_context(gov: &GovernorObj, opts: &memgov_context_options) -> Result<Ctx>
     if let Some(l) = label {
         config = config.label(l);
     }
-    if opts.budget > 0 {
+    // One meaning with Rust's `ContextConfig::budget`: 0 admits nothing;
+    // MEMGOV_UNLIMITED is no budget (the same as none set).
+    if opts.budget != MEMGOV_UNLIMITED {
         config = config.budget(opts.budget);
     }
     if opts.wait_for_pending_ms > 0 {
@@ -352,7 +354,8 @@ pub extern "C" fn memgov_context_close(ctx: *mut memgov_context) -> i32 {
     })
 }
 
-/// Change the context's budget (bytes; allocations already charged stay).
+/// Change the context's budget (bytes; allocations already charged stay):
+/// 0 admits nothing more, `MEMGOV_UNLIMITED` lifts the limit.
 #[no_mangle]
 pub extern "C" fn memgov_context_set_budget(ctx: *mut memgov_context, bytes: u64) -> i32 {
     guard("memgov_context_set_budget", || {
@@ -899,8 +902,30 @@ pub unsafe extern "C" fn memgov_buffer_size(buffer: *mut memgov_buffer, out: *mu
     })
 }
 
+/// `MEMGOV_ERR_INVALID_ARGUMENT` unless `offset .. offset + len` lies inside
+/// the buffer. Checked before a slice is formed from the caller's pointer
+/// and length: a length past `isize::MAX`, or one whose end wraps, never
+/// becomes a slice.
+fn check_range(buffer: *const memgov_buffer, op: &str, offset: u64, len: usize) -> Result<()> {
+    let bytes = get::<BufferObj, _>(buffer)?.bytes;
+    let inside = u64::try_from(len)
+        .ok()
+        .filter(|_| isize::try_from(len).is_ok())
+        .and_then(|len| offset.checked_add(len))
+        .is_some_and(|end| end <= bytes);
+    if inside {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{op} of {len} bytes at offset {offset} does not fit the buffer of {bytes} bytes \
+             (offset + len must be at most the buffer's size)"
+        )))
+    }
+}
+
 /// Copy `len` bytes from `src` into the buffer at `offset`, ordered on its
-/// stream.
+/// stream. `MEMGOV_ERR_INVALID_ARGUMENT` unless `offset + len` is at most the
+/// buffer's size.
 #[no_mangle]
 pub unsafe extern "C" fn memgov_buffer_write(
     buffer: *mut memgov_buffer,
@@ -909,13 +934,16 @@ pub unsafe extern "C" fn memgov_buffer_write(
     len: usize,
 ) -> i32 {
     guard("memgov_buffer_write", || {
+        check_range(buffer, "write", offset, len)?;
         if src.is_null() && len > 0 {
             return Err(Error::invalid("src is NULL"));
         }
         let data: &[u8] = if len == 0 {
             &[]
         } else {
-            // SAFETY: non-null, and `len` readable bytes by contract.
+            // SAFETY: non-null, `len` readable bytes by contract, and `len`
+            // is at most the buffer's size (checked above), so within
+            // `isize::MAX`.
             unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) }
         };
         with_buffer(buffer, |b| Ok(b.write(offset, data)?))
@@ -923,7 +951,8 @@ pub unsafe extern "C" fn memgov_buffer_write(
 }
 
 /// Copy `len` bytes of the buffer at `offset` into `dst`, ordered on its
-/// stream (returns once the copy is done).
+/// stream (returns once the copy is done). `MEMGOV_ERR_INVALID_ARGUMENT`
+/// unless `offset + len` is at most the buffer's size.
 #[no_mangle]
 pub unsafe extern "C" fn memgov_buffer_read(
     buffer: *mut memgov_buffer,
@@ -932,13 +961,16 @@ pub unsafe extern "C" fn memgov_buffer_read(
     len: usize,
 ) -> i32 {
     guard("memgov_buffer_read", || {
+        check_range(buffer, "read", offset, len)?;
         if dst.is_null() && len > 0 {
             return Err(Error::invalid("dst is NULL"));
         }
         let data: &mut [u8] = if len == 0 {
             &mut []
         } else {
-            // SAFETY: non-null, and `len` writable bytes by contract.
+            // SAFETY: non-null, `len` writable bytes by contract, and `len`
+            // is at most the buffer's size (checked above), so within
+            // `isize::MAX`.
             unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) }
         };
         with_buffer(buffer, |b| Ok(b.read(offset, data)?))

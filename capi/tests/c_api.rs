@@ -46,6 +46,7 @@ fn api(mode: Mode) {
             "allocation inside a pressure callback: depth 1, inner allocation MEMGOV_ERR_OUT_OF_MEMORY",
             "remove from inside a callback: itself MEMGOV_OK, another MEMGOV_OK, neither called again",
             "last error copy: truncated and NUL-terminated, full length returned",
+            "budget 0 admits nothing, MEMGOV_UNLIMITED sets no limit: ok",
             "budget, pressure callback, record_stream, release_on, data: ok",
             "torch: alloc/free by (size, device, stream): ok",
             "ort: OrtAllocator Alloc/Free/Info/Reserve: ok",

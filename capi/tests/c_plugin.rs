@@ -30,6 +30,8 @@ fn check_output(out: &std::process::Output) -> String {
         "close after run: MEMGOV_ERR_BUSY: streams 1, buffers 2 (8192 B), pending releases 1, pin sources 1, pins 1, callbacks 1",
         "close after synchronize: MEMGOV_ERR_BUSY: streams 1, buffers 0 (0 B), pending releases 0, pin sources 1, pins 1, callbacks 1",
         "close after releasing the rest: MEMGOV_OK",
+        "close while a removed callback runs: MEMGOV_ERR_BUSY: streams 0, buffers 0 (0 B), pending releases 0, pin sources 0, pins 0, callbacks 1",
+        "close after the callback returned: MEMGOV_OK",
         "failed init holding a stream, buffers, a pin and a callback: cleaned up and unloaded (pins 0)",
         "close from inside init: MEMGOV_ERR_BUSY, unregister: MEMGOV_ERR_BUSY",
         "teardown: 5 releases retired, backend MEMGOV_OK",

@@ -60,6 +60,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         .collect();
     v.extend([
         ("MEMGOV_ABI_VERSION", u64::from(MEMGOV_ABI_VERSION)),
+        ("MEMGOV_UNLIMITED", MEMGOV_UNLIMITED),
         ("MEMGOV_CAP_BACKEND_HOST", MEMGOV_CAP_BACKEND_HOST),
         ("MEMGOV_CAP_BACKEND_NULL", MEMGOV_CAP_BACKEND_NULL),
         ("MEMGOV_CAP_BACKEND_CUDA", MEMGOV_CAP_BACKEND_CUDA),

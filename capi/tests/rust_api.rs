@@ -58,7 +58,7 @@ fn bad_handles_double_releases_and_calls_after_retire() {
     let mut gov = null_mut();
     // SAFETY: a valid out-pointer.
     ok(unsafe { memgov_governor_create(&mut gov) });
-    let ctx = open(gov, 0);
+    let ctx = open(gov, MEMGOV_UNLIMITED);
     let s = stream(ctx);
 
     for bogus in [0usize, 1, 0xdead_beef, usize::MAX, s as usize, ctx as usize] {
@@ -118,7 +118,7 @@ fn racing_releases_of_one_buffer_succeed_exactly_once() {
     let mut gov = null_mut();
     // SAFETY: a valid out-pointer.
     ok(unsafe { memgov_governor_create(&mut gov) });
-    let ctx = open(gov, 0);
+    let ctx = open(gov, MEMGOV_UNLIMITED);
     let s = stream(ctx);
     for _ in 0..50 {
         let b = alloc(s, 64, null_mut()).unwrap() as usize;
@@ -242,6 +242,116 @@ fn a_removed_callback_still_running_keeps_the_plugin_loaded() {
     // SAFETY: as above.
     ok(unsafe { memgov_plugin_unregister(plugin, &mut o) });
     assert_eq!(o.total(), 0);
+    ok(memgov_buffer_release(held));
+    ok(memgov_stream_destroy(s));
+    // SAFETY: a NULL report is allowed.
+    ok(unsafe { memgov_context_retire(ctx, 5000, null_mut()) });
+    ok(memgov_governor_destroy(gov));
+}
+
+/// A callback that removes itself, says so, and then blocks in its code
+/// until told to return.
+struct SelfRemoving {
+    callback: Mutex<usize>,
+    removed: Mutex<Option<i32>>,
+    gate: Gate,
+}
+
+unsafe extern "C" fn self_removing_callback(
+    _r: *const memgov_pressure_request,
+    user: *mut c_void,
+) -> u64 {
+    // SAFETY: `user` is the `SelfRemoving` the test keeps alive until the
+    // callback has returned.
+    let me = unsafe { &*(user as *const SelfRemoving) };
+    let cb = *me.callback.lock().unwrap();
+    *me.removed.lock().unwrap() = Some(memgov_pressure_callback_remove(cb as *mut memgov_callback));
+    let mut st = me.gate.state.lock().unwrap();
+    st.0 = true;
+    me.gate.cv.notify_all();
+    while !st.1 {
+        st = me.gate.cv.wait(st).unwrap();
+    }
+    0
+}
+
+/// A pressure callback that removed itself is still running in the
+/// plugin's code: every refusal of the unload gate (may_unload, unregister)
+/// counts it in `callbacks` and names it, until it returns; then the gate
+/// opens. The callback's progress is driven by the test (no timing).
+#[test]
+fn a_running_callback_that_removed_itself_is_counted_until_it_returns() {
+    let mut gov = null_mut();
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { memgov_governor_create(&mut gov) });
+    let ctx = open(gov, 4096);
+    let s = stream(ctx);
+    let held = alloc(s, 4096, null_mut()).unwrap();
+    let mut plugin = null_mut();
+    // SAFETY: valid name and out-pointer.
+    ok(unsafe { memgov_plugin_register(c"self-removing".as_ptr(), &mut plugin) });
+    let me = Arc::new(SelfRemoving {
+        callback: Mutex::new(0),
+        removed: Mutex::new(None),
+        gate: Gate {
+            state: Mutex::new((false, false)),
+            cv: Condvar::new(),
+        },
+    });
+    let mut cb = null_mut();
+    // SAFETY: the callback and its user data outlive every call.
+    ok(unsafe {
+        memgov_pressure_callback_add(
+            ctx,
+            plugin,
+            Some(self_removing_callback),
+            Arc::as_ptr(&me) as *mut c_void,
+            &mut cb,
+        )
+    });
+    *me.callback.lock().unwrap() = cb as usize;
+    let s_addr = s as usize;
+    let allocating = std::thread::spawn(move || {
+        alloc(s_addr as *mut memgov_stream, 4096, null_mut()).map(|b| b as usize)
+    });
+    {
+        let mut st = me.gate.state.lock().unwrap();
+        while !st.0 {
+            st = me.gate.cv.wait(st).unwrap();
+        }
+    }
+    // Removed (its own call is not waited for), and still running.
+    assert_eq!(*me.removed.lock().unwrap(), Some(MEMGOV_OK));
+    let fresh = || memgov_plugin_outstanding {
+        size: std::mem::size_of::<memgov_plugin_outstanding>() as u32,
+        ..Default::default()
+    };
+    let mut o = fresh();
+    // SAFETY: `plugin` is registered and `o` is a sized struct with its
+    // size set, live for the call.
+    let may_unload = unsafe { memgov_plugin_may_unload(plugin, &mut o) };
+    assert_eq!(may_unload, MEMGOV_ERR_BUSY);
+    assert_eq!((o.callbacks, o.total()), (1, 1), "{o:?}");
+    let mut o = fresh();
+    // SAFETY: as above.
+    let unregistered = unsafe { memgov_plugin_unregister(plugin, &mut o) };
+    assert_eq!(unregistered, MEMGOV_ERR_BUSY);
+    assert_eq!((o.callbacks, o.total()), (1, 1), "{o:?}");
+    assert!(
+        message().contains("1 pressure callback(s)"),
+        "{}",
+        message()
+    );
+    {
+        let mut st = me.gate.state.lock().unwrap();
+        st.1 = true;
+        me.gate.cv.notify_all();
+    }
+    assert_eq!(allocating.join().unwrap(), Err(MEMGOV_ERR_OUT_OF_MEMORY));
+    let mut o = fresh();
+    // SAFETY: as above.
+    ok(unsafe { memgov_plugin_unregister(plugin, &mut o) });
+    assert_eq!(o.total(), 0, "{o:?}");
     ok(memgov_buffer_release(held));
     ok(memgov_stream_destroy(s));
     // SAFETY: a NULL report is allowed.

@@ -49,7 +49,12 @@ enum Command {
         /// Names as `memgov info` lists them, in any case; repeat the flag or
         /// give a comma list (`--backend host,null`). Default: every backend,
         /// and one that cannot run is reported as skipped.
-        #[arg(long = "backend", value_name = "NAME[,NAME]", value_delimiter = ',')]
+        #[arg(
+            long = "backend",
+            value_name = "NAME[,NAME]",
+            value_delimiter = ',',
+            value_parser = backend_name
+        )]
         backends: Vec<String>,
         /// Print one JSON object on stdout instead of the matrix; on failure
         /// it carries `"error"`.
@@ -240,6 +245,19 @@ fn info() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// One `--backend` name of `check`: refused when empty (an empty flag, or a
+/// comma list with an empty item), listing the names there are.
+fn backend_name(name: &str) -> Result<String, String> {
+    if name.trim().is_empty() {
+        let known: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+        return Err(format!(
+            "an empty backend name; give one of: {}",
+            known.join(", ")
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// The backends `--backend` names, in `BACKENDS` order, each once; names

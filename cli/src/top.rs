@@ -60,9 +60,12 @@ pub fn main(args: &TopArgs) -> ExitCode {
             Err(e) => fail(args.json, &e.to_string()),
         };
     }
+    if matches!(path.try_exists(), Ok(false)) {
+        return no_ledger(args, &path);
+    }
     let ledger = match memgov::machine::MachineLedger::open_existing(&path) {
         Ok(l) => l,
-        Err(e) => return fail(args.json, &e.to_string()),
+        Err(e) => return fail(args.json, &for_the_command_line(&e.to_string())),
     };
     if args.sweep {
         for r in ledger.sweep() {
@@ -166,6 +169,95 @@ fn view(ledger: &memgov::machine::MachineLedger) -> String {
         }
     }
     out
+}
+
+/// A ledger found in a directory: its key (read from the segment, or from
+/// the file's name when it cannot be opened) and the flag that shows it.
+struct Found {
+    key: String,
+    path: PathBuf,
+    /// `--device KEY` for a segment at its default path, `--path FILE`
+    /// otherwise.
+    show: String,
+}
+
+/// The ledgers (`memgov-*` segments) in `dir`, sorted by file name.
+fn ledgers_in(dir: &std::path::Path) -> Vec<Found> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<Found> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            let from_name = name.strip_prefix("memgov-")?.to_owned();
+            let path = e.path();
+            let key = memgov::machine::MachineLedger::open_existing(&path)
+                .map_or(from_name, |l| l.key().to_owned());
+            let show = if memgov::machine::default_path(&key) == path {
+                format!("--device {key}")
+            } else {
+                format!("--path {}", path.display())
+            };
+            Some(Found { key, path, show })
+        })
+        .collect();
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    found
+}
+
+/// No segment at `path`: no process has joined that key (or path). Say so,
+/// list the ledgers that exist in the same directory, and how to show one.
+fn no_ledger(args: &TopArgs, path: &std::path::Path) -> ExitCode {
+    use std::fmt::Write;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let found = ledgers_in(dir);
+    let mut error = match &args.path {
+        None => format!(
+            "no process has joined key '{}' (there is no ledger at {})",
+            args.device,
+            path.display()
+        ),
+        Some(p) => format!(
+            "no process has joined a ledger at {} (there is no file there)",
+            p.display()
+        ),
+    };
+    if found.is_empty() {
+        let _ = write!(
+            error,
+            "; ledgers on this machine in {}: none (a ledger appears when a process joins it)",
+            dir.display()
+        );
+    } else {
+        let _ = write!(error, "; ledgers on this machine in {}:", dir.display());
+        for f in &found {
+            let _ = write!(error, "\n  '{}': memgov top {}", f.key, f.show);
+        }
+    }
+    let _ = write!(
+        error,
+        "\nshow a device's ledger with --device KEY (the key its processes joined, e.g. gpu-<uuid>), or a segment elsewhere with --path FILE"
+    );
+    if args.json {
+        let ledgers: Vec<_> = found
+            .iter()
+            .map(|f| serde_json::json!({"key": f.key, "path": f.path, "show": f.show}))
+            .collect();
+        crate::print_json_error(&error, serde_json::json!({ "ledgers": ledgers }));
+    }
+    eprintln!("memgov top: {error}");
+    ExitCode::from(1)
+}
+
+/// A ledger error worded for the command line: where the library's message
+/// points at its options (`LedgerOptions::path`), the flag says it.
+fn for_the_command_line(message: &str) -> String {
+    message.replace("(LedgerOptions::path)", "(memgov top --path FILE)")
 }
 
 fn fail(json: bool, error: &str) -> ExitCode {

@@ -57,11 +57,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 12)]
     steps: u32,
     /// Capacity of each simulated device (host backend), and the shared
-    /// budget of the first device, MiB.
-    #[arg(long, default_value_t = 512)]
+    /// budget of the first device, MiB (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = parse_mib)]
     device_mib: u64,
-    /// Budget of the LLM context, MiB.
-    #[arg(long, default_value_t = 256)]
+    /// Budget of the LLM context, MiB (at least 1).
+    #[arg(long, default_value_t = 256, value_parser = parse_mib)]
     llm_budget_mib: u64,
     /// Simulated time per queued device operation (host backend),
     /// microseconds.
@@ -73,8 +73,9 @@ pub struct RunArgs {
     /// Record the memory timeline of every context (allocations, releases,
     /// retirements, refusals, pressure, teardown, per stream and role) into
     /// FILE, in the Chrome trace format: open it in Perfetto, or turn it into
-    /// a page with `memgov report FILE`.
-    #[arg(long, value_name = "FILE")]
+    /// a page with `memgov report FILE`. Its directory must exist and be
+    /// writable (checked before the run starts).
+    #[arg(long, value_name = "FILE", value_parser = parse_trace_path)]
     trace: Option<std::path::PathBuf>,
     /// The recorder `--trace` writes out.
     #[arg(skip)]
@@ -86,6 +87,53 @@ fn traced(cfg: ContextConfig, args: &RunArgs) -> ContextConfig {
     match &args.recorder {
         Some(t) => cfg.trace(t),
         None => cfg,
+    }
+}
+
+/// A size in MiB: at least 1 (a device or budget of 0 MiB holds nothing).
+fn parse_mib(value: &str) -> Result<u64, String> {
+    match value.trim().parse::<u64>() {
+        Ok(0) => Err("0 MiB holds nothing; give at least 1".to_owned()),
+        Ok(mib) if mib.checked_mul(1 << 20).is_some() => Ok(mib),
+        Ok(mib) => Err(format!("{mib} MiB does not fit in 64 bits of bytes")),
+        Err(e) => Err(format!("not a whole number of MiB: {e}")),
+    }
+}
+
+/// `--trace FILE`: refused before the run unless FILE's directory exists
+/// and a file can be created in it (a probe file, removed again), so that a
+/// long run does not end in a trace it cannot write.
+fn parse_trace_path(value: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(value);
+    if value.is_empty() || path.file_name().is_none() || path.is_dir() {
+        return Err(format!(
+            "'{value}' names no file; give a file path such as t.json"
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "the directory {} does not exist; create it or write the trace elsewhere",
+            dir.display()
+        ));
+    }
+    let probe = dir.join(format!(".memgov-trace-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(path)
+        }
+        Err(e) => Err(format!(
+            "cannot create a file in {}: {e}; give a path in a writable directory",
+            dir.display()
+        )),
     }
 }
 
@@ -248,15 +296,27 @@ impl Out {
     }
 }
 
-fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
-    // Role columns count live buffers of every tier; `pinned` is the pinned
-    // host tier's share of them, `reserved` the device reservations' unused
-    // bytes, `cached` the block cache's (charged, not live).
+/// The snapshot table. The tiers are apart: the columns under "device tier"
+/// are the bytes the context's budget holds (its weights, KV blocks and
+/// activations on the device, reservations' unused bytes, the block cache,
+/// releases pending), `kv-cache` under "pinned host" the KV blocks
+/// offloaded to the pinned host tier, under that tier's own limit. `pins`
+/// counts what keeps the context from tearing down, and `refused` the
+/// allocations and reservations its budgets turned down (see
+/// [`explain_table`]). With `explain`, a legend follows the table.
+fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str, explain: bool) {
     out.line(format!("  -- {title}"));
     // Sizes in the short form of `Bytes` (no exact count): the columns
     // have no room for it.
+    out.line(
+        format!(
+            "     {:<14} {:<11} {:-^65} {:-^11}",
+            "", "", " device tier (the context's budget) ", " pinned host"
+        )
+        .trim_end(),
+    );
     out.line(format!(
-        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+        "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>8} {:>8}",
         "context",
         "state",
         "weights",
@@ -264,33 +324,65 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str) {
         "activ.",
         "reserved",
         "cached",
-        "pinned",
         "pending",
+        "kv-cache",
         "pins",
         "retired",
         "refused"
     ));
-    for c in gov.snapshot().contexts {
-        let t = c.total();
+    let snap = gov.snapshot();
+    for c in &snap.contexts {
+        let pinned = c.tier(Tier::PinnedHost).map_or(0, |t| t.live_bytes);
+        // Only KV blocks are offloaded to the pinned host tier: the KV
+        // role's live bytes less the pinned tier's are the device's.
+        let kv_device = c.role(Role::KvCache).live_bytes.saturating_sub(pinned);
         out.line(format!(
-            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>8} {:>8}",
+            "     {:<14} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>8} {:>8}",
             c.label,
             format!("{:?}", c.lifecycle),
             format!("{:#}", Bytes(c.role(Role::Weights).live_bytes)),
-            format!("{:#}", Bytes(c.role(Role::KvCache).live_bytes)),
+            format!("{:#}", Bytes(kv_device)),
             format!("{:#}", Bytes(c.role(Role::Activation).live_bytes)),
             format!("{:#}", Bytes(c.reserved)),
             format!("{:#}", Bytes(c.cache.cached_bytes)),
-            format!(
-                "{:#}",
-                Bytes(c.tier(Tier::PinnedHost).map_or(0, |t| t.live_bytes))
-            ),
-            format!("{:#}", Bytes(t.pending_bytes)),
+            format!("{:#}", Bytes(c.total().pending_bytes)),
+            format!("{:#}", Bytes(pinned)),
             c.pins.total(),
             c.counters.retired,
             c.counters.admission_refusals,
         ));
     }
+    if explain {
+        explain_table(out, &snap);
+    }
+}
+
+/// What the table's `pins` and `refused` columns count, with each
+/// context's pins broken down.
+fn explain_table(out: &Out, snap: &memgov::GovernorSnapshot) {
+    let pins: Vec<String> = snap
+        .contexts
+        .iter()
+        .map(|c| {
+            format!(
+                "'{}' {} = {} buffers + {} streams + {} pending releases + {} external + {} other",
+                c.label,
+                c.pins.total(),
+                c.pins.buffers,
+                c.pins.streams,
+                c.pins.pending_releases,
+                c.pins.external,
+                c.pins.other
+            )
+        })
+        .collect();
+    out.line(format!(
+        "     pins: what keeps a context from tearing down (live buffers, streams, releases not yet retired, holders outside memgov such as the tokenizer plugin); {}",
+        pins.join("; ")
+    ));
+    out.line(
+        "     refused: allocations and reservations a budget turned down, each answered by making room (pressure responders, trimming the block cache, offloading KV blocks to the pinned host tier, waiting for releases) and trying again; see \"budget refusals\" in the report",
+    );
 }
 
 fn print_report(out: &Out, r: &TeardownReport) {
@@ -923,7 +1015,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         llm.weights.push((w, checksum(&sample)));
     }
     let emb_weights = timed_alloc(&mut m, &embedder, &emb_stream, 32 * MIB, Role::Weights)?;
-    print_snapshot(out, gov, "after loading");
+    print_snapshot(out, gov, "after loading", true);
 
     let half = args.requests / 2;
     out.line(format!(
@@ -942,7 +1034,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         "     KV blocks resident: {}",
         llm.kv.lock().unwrap_or_else(|e| e.into_inner()).len()
     ));
-    print_snapshot(out, gov, "after serving on gpu0");
+    print_snapshot(out, gov, "after serving on gpu0", false);
 
     out.line("phase 3: move the LLM's live buffers to gpu1 and retire llm@gpu0");
     let dev1 = open("sim-gpu1 (llm)", 1, args)?;
@@ -959,7 +1051,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         serve(&mut m, &moved, r, args.steps, data_kept)?;
         out.bar.inc(1);
     }
-    print_snapshot(out, gov, "after serving on gpu1");
+    print_snapshot(out, gov, "after serving on gpu1", false);
 
     let (arena_json, arena_teardown) = arena_phase(out, gov, &mut session.checks, args)?;
     let (capture_json, capture_teardown) = capture_phase(out, &mut session.checks, args)?;
@@ -991,7 +1083,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         print_report(out, &r);
         teardowns.push(r);
     }
-    print_snapshot(out, gov, "final");
+    print_snapshot(out, gov, "final", false);
 
     // The leak verdict: the governor's accounting, the shared budget, and
     // each device's own bookkeeping where the backend keeps one.
@@ -1102,6 +1194,15 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         Bytes(m.pinned_peak),
         Bytes(PINNED_BUDGET)
     ));
+    let refusals: u64 = final_snap
+        .contexts
+        .iter()
+        .map(|c| c.counters.admission_refusals)
+        .sum();
+    out.line(format!(
+        "     budget refusals: {refusals} over the run ({}), the tables' `refused` column: allocations and reservations that did not fit a budget (the context's, the device's shared one, or the pinned host tier's), each answered by making room and trying again: back-pressure the workload handles, not errors",
+        per_context(|c| c.counters.admission_refusals)
+    ));
     out.line(format!(
         "     expected refusals: {} provoked on purpose and seen ({}); none unexpected",
         swap.expected_refusals.len(),
@@ -1120,13 +1221,18 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     }
     for c in &final_snap.contexts {
         out.line(format!(
-            "     peak '{}': {}{}",
+            "     peak '{}': {}{}{}",
             c.label,
             Bytes(c.peak),
             if c.peak_exact {
                 ""
             } else {
                 " at most (buffers on several streams: the sum of their peaks)"
+            },
+            if c.by_tier.len() > 1 {
+                ", live bytes of the device and pinned host tiers together (each under its own limit)"
+            } else {
+                ""
             }
         ));
     }

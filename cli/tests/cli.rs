@@ -545,3 +545,78 @@ fn top_lists_the_processes_outside_memgov() {
     drop(member);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_refuses_an_empty_backend_name_naming_the_flag() {
+    for args in [
+        &["check", "--backend", ""][..],
+        &["check", "--backend", "host,"],
+        &["check", "--backend", " "],
+    ] {
+        let (code, out) = memgov(args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(out.contains("--backend"), "{args:?}: {out}");
+        assert!(out.contains("empty"), "{args:?}: {out}");
+        assert!(out.contains("host"), "known names listed: {out}");
+        assert!(!out.contains("[\""), "no debug quoting: {out}");
+    }
+}
+
+/// `memgov top` for a key no process has joined: it says so, names the
+/// key, lists the ledgers that exist (each with the flag that shows it),
+/// names `--device KEY`, names no Rust API, and creates nothing.
+#[cfg(target_os = "linux")]
+#[test]
+fn top_without_a_ledger_says_no_process_joined_and_lists_the_ledgers() {
+    use memgov::machine::{LedgerOptions, MachineLedger};
+    let key = format!("cli-nobody-{}", std::process::id());
+    let (code, out) = memgov(&["top", "--device", &key, "--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("no process has joined key '{key}'")),
+        "{out}"
+    );
+    assert!(out.contains("--device KEY"), "{out}");
+    assert!(out.contains("ledgers on this machine"), "{out}");
+    assert!(!out.contains("LedgerOptions"), "a Rust API named: {out}");
+    assert!(!memgov::machine::default_path(&key).exists());
+
+    // With --path: the ledgers in that directory are listed by key, with
+    // the --path that shows each.
+    let dir = std::env::temp_dir().join(format!("memgov-cli-top-list-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let there = dir.join("memgov-cli-listed");
+    let _ledger =
+        MachineLedger::open(&LedgerOptions::new("cli-listed", 64 << 20).path(&there)).unwrap();
+    let absent = dir.join("memgov-absent");
+    let (code, out) = memgov(&["top", "--path", absent.to_str().unwrap(), "--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no process has joined"), "{out}");
+    assert!(out.contains("'cli-listed'"), "{out}");
+    assert!(
+        out.contains(&format!("--path {}", there.display())),
+        "{out}"
+    );
+    assert!(!out.contains("LedgerOptions"), "a Rust API named: {out}");
+    assert!(!absent.exists(), "top created a segment");
+
+    let (code, out) = memgov(&["top", "--path", absent.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(
+        out.lines()
+            .take_while(|l| !l.starts_with("memgov top:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .as_str(),
+    )
+    .unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("no process has joined"),
+        "{v}"
+    );
+    assert_eq!(v["ledgers"][0]["key"], "cli-listed", "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -351,3 +351,172 @@ fn a_run_that_fails_half_way_retires_every_context_it_registered() {
         "{v:#}"
     );
 }
+
+/// A bad flag value is refused before any work: the message names the flag,
+/// the status is 2 (bad usage), and nothing of the workload ran (no phase
+/// line, no trace written).
+fn refused_before_work(args: &[&str], flag: &str) {
+    let (code, stdout, stderr) = run(args);
+    assert_eq!(code, 2, "{args:?}: stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains(flag), "{args:?} must name {flag}: {stderr}");
+    assert!(
+        !stdout.contains("phase") && !stderr.contains("phase"),
+        "{args:?} ran the workload before refusing: {stdout}{stderr}"
+    );
+}
+
+#[test]
+fn zero_device_or_budget_mib_is_refused_naming_the_flag() {
+    refused_before_work(&["--device-mib", "0"], "--device-mib");
+    refused_before_work(&["--llm-budget-mib", "0"], "--llm-budget-mib");
+}
+
+#[test]
+fn a_trace_in_a_missing_directory_is_refused_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("memgov-no-such-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let file = dir.join("t.json");
+    refused_before_work(&["--trace", file.to_str().unwrap()], "--trace");
+    let (_, _, stderr) = run(&["--trace", file.to_str().unwrap()]);
+    assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
+    assert!(!file.exists());
+    // A directory is not a file to write the trace into.
+    let tmp = std::env::temp_dir();
+    refused_before_work(&["--trace", tmp.to_str().unwrap()], "--trace");
+}
+
+#[test]
+fn a_trace_in_a_read_only_directory_is_refused_before_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("memgov-read-only-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::File::create(dir.join("probe")).is_ok() {
+        // root writes anywhere: the directory is not read-only to us.
+        let _ = std::fs::remove_file(dir.join("probe"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        println!("skipped: this user writes into a mode 0555 directory (root)");
+        return;
+    }
+    let file = dir.join("t.json");
+    refused_before_work(&["--trace", file.to_str().unwrap()], "--trace");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bytes of the table's short form: `0 bytes`, `512 B`, `1.5 KiB`,
+/// `188.0 MiB`, `2.0 GiB`.
+fn short_bytes(s: &str) -> f64 {
+    let (n, unit) = s.trim().split_once(' ').unwrap_or_else(|| panic!("{s:?}"));
+    let n: f64 = n.parse().unwrap_or_else(|_| panic!("{s:?}"));
+    n * match unit {
+        "bytes" | "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => panic!("unit of {s:?}"),
+    }
+}
+
+/// The snapshot table keeps the tiers apart: the device-tier columns of
+/// the LLM context never add up past its budget (the KV blocks offloaded to
+/// the pinned host tier have a column of their own); a legend explains the
+/// `pins` column, broken down to its total, and the `refused` column; the
+/// report's budget-refusal line, next to the expected refusals, adds the
+/// column up.
+#[test]
+fn the_table_keeps_the_tiers_apart_and_explains_pins_and_refusals() {
+    let budget_mib = 150u64;
+    let (code, out, err) = run(&[
+        "--backend",
+        "host",
+        "--llm-budget-mib",
+        &budget_mib.to_string(),
+        "--requests",
+        "12",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("device tier (the context's budget)") && l.contains("pinned host")),
+        "{out}"
+    );
+    // Columns after the state: weights, kv-cache, activ., reserved, cached,
+    // pending (device tier), kv-cache (pinned host), pins, retired, refused.
+    let rows = |label: &str| -> Vec<Vec<String>> {
+        lines
+            .iter()
+            .filter(|l| l.trim_start().starts_with(&format!("{label} ")))
+            .map(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                // Sizes are two words ("188.0 MiB"); counts one.
+                let mut out = vec![cells[0].to_owned(), cells[1].to_owned()];
+                let mut i = 2;
+                while i < cells.len() {
+                    if cells
+                        .get(i + 1)
+                        .is_some_and(|u| ["bytes", "B", "KiB", "MiB", "GiB"].contains(u))
+                    {
+                        out.push(format!("{} {}", cells[i], cells[i + 1]));
+                        i += 2;
+                    } else {
+                        out.push(cells[i].to_owned());
+                        i += 1;
+                    }
+                }
+                out
+            })
+            .collect()
+    };
+    let llm = rows("llm@gpu0");
+    assert!(llm.len() >= 2, "{out}");
+    let mut saw_pinned = false;
+    for row in &llm {
+        assert_eq!(row.len(), 12, "{row:?}");
+        let device: f64 = row[2..8].iter().map(|c| short_bytes(c)).sum();
+        assert!(
+            device <= (budget_mib << 20) as f64,
+            "device-tier columns {device} B past the {budget_mib} MiB budget: {row:?}"
+        );
+        saw_pinned |= short_bytes(&row[8]) > 0.0;
+    }
+    assert!(
+        saw_pinned,
+        "no KV block reached the pinned host tier: {out}"
+    );
+
+    let pins = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("pins: "))
+        .unwrap_or_else(|| panic!("no pins legend: {out}"));
+    let first_pins: u64 = llm[0][9].parse().unwrap();
+    assert!(
+        pins.contains(&format!("'llm@gpu0' {first_pins} = 8 buffers + ")),
+        "{pins}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.trim_start().starts_with("refused: ")),
+        "no refused legend: {out}"
+    );
+
+    let at = lines
+        .iter()
+        .position(|l| l.contains("expected refusals: 2 provoked on purpose"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let budget = lines[at - 1];
+    let last_refused: u64 = ["llm@gpu0", "embedder@gpu0", "llm@gpu1"]
+        .iter()
+        .map(|l| rows(l).last().unwrap()[11].parse::<u64>().unwrap())
+        .sum();
+    assert!(last_refused > 0, "{out}");
+    assert!(
+        budget.contains(&format!("budget refusals: {last_refused} over the run"))
+            && budget.contains("`refused` column"),
+        "{budget}"
+    );
+}

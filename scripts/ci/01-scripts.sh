@@ -11,6 +11,10 @@
 # * every Cargo.lock in the repository (the workspace's and each example
 #   workspace's) is current, so that the steps that build with `--locked`
 #   do not fail half an hour in on a dependency added to memgov.
+# * the README's install lines: its path dependency lines resolve in a new
+#   project next to the repository, its git lines name the same packages at
+#   the repository Cargo.toml names, and its tool lines say how the tool is
+#   installed and where a build leaves it.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 
@@ -45,9 +49,49 @@ for lock in $(git ls-files -- 'Cargo.lock' '*/Cargo.lock'); do
     echo "$lock: current"
 done
 
-echo "--- scripts/main.sh and the timeline step in a copy of the tree with CARGO_TARGET_DIR elsewhere"
 work="$(mktemp -d "${TMPDIR:-/tmp}/memgov-scripts.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+
+echo "--- the README's install lines"
+# Until the crates are published, the README gives path and git dependency
+# lines and installs the tool from the clone. The path lines resolve as
+# written in a new project next to the repository (reached there as
+# ../memgov); the git lines name the packages the path lines do, at the
+# repository Cargo.toml names; the tool's lines name the package and where
+# the built tool lands (scripts/main.sh, run below, builds it there).
+repository=$(cargo metadata --locked --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(next(p["repository"] for p in json.load(sys.stdin)["packages"] if p["name"] == "memgov"))')
+mkdir -p "$work/readme/app/src"
+ln -s "$PWD" "$work/readme/memgov"
+python3 - README.md "$work/readme/app" "$repository" <<'PY'
+import re, sys
+readme, app, repository = sys.argv[1], sys.argv[2], sys.argv[3]
+text = open(readme).read()
+def block(marker, lang):
+    at = text.index("<!-- readme-install: " + marker)
+    return re.compile(r"```" + lang + r"\n(.*?)```", re.S).search(text, at).group(1)
+def deps(toml):
+    return {m.group(1): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_-]+) = \{(.*)\}$", toml, re.M)}
+path, git, tool = block("path", "toml"), block("git", "toml"), block("tool", "sh")
+wanted = {"memgov", "memgov-wgpu"}
+assert set(deps(path)) == wanted, f"the README's path lines name {sorted(deps(path))}, not {sorted(wanted)}"
+assert set(deps(git)) == wanted, f"the README's git lines name {sorted(deps(git))}, not {sorted(wanted)}"
+for name, spec in deps(git).items():
+    url = re.search(r'git = "([^"]+)"', spec)
+    assert url and url.group(1) == repository, f"{name}: git line {spec!r} does not name {repository}"
+assert f"cargo install --git {repository} memgov-cli" in tool, tool
+assert "cargo install --path ../memgov/cli" in tool, tool
+assert "cargo build --release -p memgov-cli" in tool and "target/release/memgov" in tool, tool
+open(f"{app}/Cargo.toml", "w").write(
+    '[package]\nname = "readme-app"\nversion = "0.1.0"\nedition = "2021"\n\n[workspace]\n\n' + path)
+open(f"{app}/src/main.rs", "w").write("fn main() {}\n")
+PY
+(cd "$work/readme/app" && { cargo metadata --offline --format-version 1 >/dev/null 2>&1 ||
+    cargo metadata --format-version 1 >/dev/null; }) ||
+    { echo "FAILED: the README's path dependency lines do not resolve in a project next to the repository"; exit 1; }
+echo "README install lines: the path lines resolve next to the repository; the git lines name $repository"
+
+echo "--- scripts/main.sh and the timeline step in a copy of the tree with CARGO_TARGET_DIR elsewhere"
 mkdir -p "$work/tree"
 # The tracked files and the new ones git does not ignore, as they are now (a
 # file deleted in the work tree is still listed: copy what exists).

@@ -12,7 +12,8 @@
 # (cargo_target_dir: CARGO_TARGET_DIR honoured). Then the allocator entry
 # points, a plugin and a teardown from C, and the example plugin again, with
 # the CUDA and the HIP backend compiled in, on their stand-in drivers and
-# (skipping) without; and clippy.
+# (skipping) without; the first program of docs/c-api.md, built and run
+# with the page's own commands; and clippy.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 # A C++ compiler for the C++17 header check; valgrind for the plugin test.
@@ -45,6 +46,31 @@ grep -Eq "^valgrind: clean|skipped: valgrind" "$log"
 grep -q "copies: each of two copies refuses the other's handles of every kind" "$log"
 grep -q "stress: 16 threads x .* calls, 0 calls after remove returned" "$log"
 grep -q "close from inside init: MEMGOV_ERR_BUSY, unregister: MEMGOV_ERR_BUSY" "$log"
+
+echo "--- docs/c-api.md: the first program, built and run as the page says"
+# The program, its build commands and what it prints are taken from the
+# page; the commands run as written, from a scratch directory inside the
+# repository (so that cargo finds the workspace) where `capi` and `target`
+# lead to the real ones.
+first="$(mktemp -d "$PWD/.c-api-first.XXXXXX")"
+trap 'rm -rf "$first"' EXIT
+python3 - docs/c-api.md "$first" <<'PY'
+import re, sys
+page, out = sys.argv[1], sys.argv[2]
+text = open(page).read()
+def block(marker, lang):
+    at = text.index(marker)
+    return re.compile(r"```" + lang + r"\n(.*?)```", re.S).search(text, at).group(1)
+for name, marker, lang in [("first.c", "<!-- first-program:", "c"),
+                           ("build.sh", "<!-- first-program-build -->", "sh"),
+                           ("expected.txt", "It prints:", "text")]:
+    open(f"{out}/{name}", "w").write(block(marker, lang))
+PY
+ln -s "$PWD/capi" "$first/capi"
+ln -s "$target_dir" "$first/target"
+(cd "$first" && bash -euo pipefail build.sh) >"$first/printed.txt"
+diff -u "$first/expected.txt" "$first/printed.txt" || { echo "FAILED: the first program of docs/c-api.md printed something else"; exit 1; }
+echo "c-api.md first program: built and run with the page's commands, printed what the page says"
 
 echo "--- memgov-capi with the CUDA backend on the stand-in libcuda"
 standins="$(backends/stand-ins/build.sh cuda)"

@@ -12,6 +12,7 @@
 #include "memgov.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,7 +73,7 @@ static uint64_t give_back(const memgov_pressure_request* r, void* user) {
 }
 
 static void bad_handles(memgov_governor* gov) {
-    memgov_context* ctx = open_ctx(gov, "host", 0);
+    memgov_context* ctx = open_ctx(gov, "host", MEMGOV_UNLIMITED);
     memgov_stream* s = NULL;
     OK(memgov_stream_create(ctx, "s", NULL, &s));
 
@@ -154,7 +155,7 @@ static void bad_handles(memgov_governor* gov) {
 }
 
 static void after_retire(memgov_governor* gov) {
-    memgov_context* ctx = open_ctx(gov, "host", 0);
+    memgov_context* ctx = open_ctx(gov, "host", MEMGOV_UNLIMITED);
     memgov_stream* s = NULL;
     memgov_pin_source* src = NULL;
     OK(memgov_stream_create(ctx, "s", NULL, &s));
@@ -188,7 +189,7 @@ static void after_retire(memgov_governor* gov) {
     OK(memgov_context_retire(ctx, 0, &r));
 
     /* Device loss. */
-    memgov_context* lost = open_ctx(gov, "host", 0);
+    memgov_context* lost = open_ctx(gov, "host", MEMGOV_UNLIMITED);
     OK(memgov_context_mark_lost(lost, "test"));
     FAILS(memgov_stream_create(lost, "s", NULL, &s2), MEMGOV_ERR_DEVICE_LOST);
     memset(&r, 0, sizeof r);
@@ -200,9 +201,40 @@ static void after_retire(memgov_governor* gov) {
     printf("calls after retire and after device loss: refused\n");
 }
 
+/* One meaning of a budget, as in Rust's ContextConfig::budget: 0 bytes
+ * admits nothing; MEMGOV_UNLIMITED sets no budget beyond the device. At
+ * open and through memgov_context_set_budget alike. */
+static void budget_zero_and_unlimited(memgov_governor* gov) {
+    memgov_context* none = open_ctx(gov, "host", 0);
+    memgov_context* all = open_ctx(gov, "host", MEMGOV_UNLIMITED);
+    memgov_stream *sn = NULL, *sa = NULL;
+    OK(memgov_stream_create(none, "zero", NULL, &sn));
+    OK(memgov_stream_create(all, "unlimited", NULL, &sa));
+    memgov_buffer *b = NULL, *c = NULL;
+    FAILS(memgov_buffer_allocate(sn, 1, MEMGOV_ROLE_OTHER, NULL, &b), MEMGOV_ERR_OUT_OF_MEMORY);
+    EXPECT(b == NULL);
+    EXPECT(snapshot(none).budget_limit == 0);
+    OK(memgov_buffer_allocate(sa, 1 << 20, MEMGOV_ROLE_OTHER, NULL, &c));
+    EXPECT(snapshot(all).budget_limit == MEMGOV_UNLIMITED);
+    /* set_budget agrees: 0 refuses, MEMGOV_UNLIMITED lifts the limit. */
+    OK(memgov_context_set_budget(all, 0));
+    FAILS(memgov_buffer_allocate(sa, 1, MEMGOV_ROLE_OTHER, NULL, &b), MEMGOV_ERR_OUT_OF_MEMORY);
+    OK(memgov_context_set_budget(none, MEMGOV_UNLIMITED));
+    OK(memgov_buffer_allocate(sn, 1 << 20, MEMGOV_ROLE_OTHER, NULL, &b));
+    OK(memgov_buffer_release(b));
+    OK(memgov_buffer_release(c));
+    OK(memgov_stream_destroy(sn));
+    OK(memgov_stream_destroy(sa));
+    OK(memgov_context_retire(none, 5000, NULL));
+    OK(memgov_context_retire(all, 5000, NULL));
+    OK(memgov_context_close(none));
+    OK(memgov_context_close(all));
+    printf("budget 0 admits nothing, MEMGOV_UNLIMITED sets no limit: ok\n");
+}
+
 static void budgets_streams_and_data(memgov_governor* gov) {
     memgov_context* ctx = open_ctx(gov, "host", 16384);
-    memgov_context* other = open_ctx(gov, "host", 0);
+    memgov_context* other = open_ctx(gov, "host", MEMGOV_UNLIMITED);
     memgov_stream *s1 = NULL, *s2 = NULL, *foreign = NULL;
     OK(memgov_stream_create(ctx, "compute", NULL, &s1));
     OK(memgov_stream_create(ctx, "copy", NULL, &s2));
@@ -243,6 +275,17 @@ static void budgets_streams_and_data(memgov_governor* gov) {
     OK(memgov_buffer_read(a, 100, back, sizeof back));
     EXPECT(memcmp(msg, back, sizeof msg) == 0);
     FAILS(memgov_buffer_write(a, 8190, msg, sizeof msg), MEMGOV_ERR_INVALID_ARGUMENT);
+    /* Lengths no buffer can have: refused before the pointer and length are
+     * used (offset + SIZE_MAX wraps; UINT64_MAX - 1 + 2 wraps; a length past
+     * PTRDIFF_MAX with offset 0). */
+    FAILS(memgov_buffer_write(a, 2, msg, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 2, back, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_write(a, 0, msg, SIZE_MAX), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 0, back, (size_t)PTRDIFF_MAX + 1), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_write(a, UINT64_MAX - 1, msg, 2), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, UINT64_MAX - 1, back, 2), MEMGOV_ERR_INVALID_ARGUMENT);
+    FAILS(memgov_buffer_read(a, 8190, back, sizeof back), MEMGOV_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(memgov_last_error_message(), "8192") != NULL);
     void* pa = NULL;
     OK(memgov_buffer_device_ptr(a, &pa));
     EXPECT(memcmp((char*)pa + 100, msg, sizeof msg) == 0);
@@ -264,7 +307,7 @@ static void budgets_streams_and_data(memgov_governor* gov) {
     EXPECT(s.total.live_count == 0 && s.total.pending_count == 0 && s.retired == 3);
 
     /* The null backend has no addresses. */
-    memgov_context* null_ctx = open_ctx(gov, "null", 0);
+    memgov_context* null_ctx = open_ctx(gov, "null", MEMGOV_UNLIMITED);
     memgov_stream* ns = NULL;
     memgov_buffer* nb = NULL;
     OK(memgov_stream_create(null_ctx, "n", NULL, &ns));
@@ -286,7 +329,7 @@ static void budgets_streams_and_data(memgov_governor* gov) {
  * handles fail with MEMGOV_ERR_RETIRING, also the calls that release them
  * (which still take the handle out). */
 static void after_force_retire(memgov_governor* gov) {
-    memgov_context* ctx = open_ctx(gov, "host", 0);
+    memgov_context* ctx = open_ctx(gov, "host", MEMGOV_UNLIMITED);
     memgov_stream* s = NULL;
     memgov_buffer *b = NULL, *b2 = NULL;
     OK(memgov_stream_create(ctx, "reclaimed", NULL, &s));
@@ -592,6 +635,7 @@ int main(void) {
     allocation_inside_a_callback(gov);
     remove_from_inside(gov);
     last_error_copy();
+    budget_zero_and_unlimited(gov);
     budgets_streams_and_data(gov);
     torch(gov);
     ort(gov);

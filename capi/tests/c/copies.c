@@ -128,6 +128,7 @@ static objects create(const api* a) {
     memset(&opts, 0, sizeof opts);
     opts.size = sizeof opts;
     opts.backend = "host";
+    opts.budget = MEMGOV_UNLIMITED;
     CHECK(a, a->governor_create(&o.gov), MEMGOV_OK);
     CHECK(a, a->context_open(o.gov, &opts, &o.ctx), MEMGOV_OK);
     CHECK(a, a->plugin_register("copy", &o.plugin), MEMGOV_OK);

@@ -10,8 +10,10 @@
  * Usage: host PLUGIN.so [BACKEND] (default "host"; "cuda" and "hip" only on
  * their stand-ins). Exit status 0 when every check passed.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "memgov.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,16 @@ static memgov_plugin_outstanding outstanding(memgov_plugin* plugin, int32_t* rc)
     o.size = sizeof o;
     *rc = memgov_plugin_close(plugin, &o);
     return o;
+}
+
+/* Allocates on a full context, so that its pressure callbacks are called;
+ * returns the status. */
+static void* allocate_on_full(void* stream) {
+    memgov_buffer* b = NULL;
+    int32_t rc = memgov_buffer_allocate((memgov_stream*)stream, 4096, MEMGOV_ROLE_OTHER, NULL, &b);
+    if (rc == MEMGOV_OK)
+        memgov_buffer_release(b);
+    return (void*)(intptr_t)rc;
 }
 
 static void print(const char* when, int32_t rc, const memgov_plugin_outstanding* o) {
@@ -186,6 +198,44 @@ int main(int argc, char** argv) {
     printf("failed init holding a stream, buffers, a pin and a callback: cleaned up and unloaded (pins %llu)\n",
            (unsigned long long)(snap.pins_streams + snap.pins_buffers + snap.pins_external +
                                 snap.pins_pending_releases));
+
+    /* A callback of the plugin that removed itself and is still running in
+     * the plugin's code: close is refused, and what it fills counts the
+     * callback until it returns; then the plugin unloads. */
+    memgov_context_options tight_opts = opts;
+    tight_opts.backend = "host";
+    tight_opts.label = "tight";
+    tight_opts.budget = 4096;
+    tight_opts.host_op_delay_us = 0;
+    memgov_context* tight = NULL;
+    memgov_stream* ts = NULL;
+    memgov_buffer* held = NULL;
+    OK(memgov_context_open(gov, &tight_opts, &tight));
+    OK(memgov_stream_create(tight, "tight", NULL, &ts));
+    OK(memgov_buffer_allocate(ts, 4096, MEMGOV_ROLE_OTHER, NULL, &held));
+    plugin = NULL;
+    OK(memgov_plugin_open(argv[1], "plugin_init_self_removing", tight, &plugin));
+    pthread_t allocating;
+    EXPECT(pthread_create(&allocating, NULL, allocate_on_full, ts) == 0);
+    EXPECT(symbol(plugin, "plugin_wait_until_removed")() == MEMGOV_OK);
+    step_fn let_return = symbol(plugin, "plugin_let_the_callback_return");
+    o = outstanding(plugin, &rc);
+    print("while a removed callback runs", rc, &o);
+    EXPECT(rc == MEMGOV_ERR_BUSY);
+    EXPECT(o.callbacks == 1);
+    EXPECT(o.streams + o.buffers + o.pending_releases + o.pin_sources + o.pins + o.allocators == 0);
+    EXPECT(strstr(memgov_last_error_message(), "1 pressure callback(s)") != NULL);
+    OK(let_return());
+    void* allocated = NULL;
+    EXPECT(pthread_join(allocating, &allocated) == 0);
+    EXPECT((int32_t)(intptr_t)allocated == MEMGOV_ERR_OUT_OF_MEMORY);
+    o = outstanding(plugin, &rc);
+    print("after the callback returned", rc, &o);
+    EXPECT(rc == MEMGOV_OK);
+    OK(memgov_buffer_release(held));
+    OK(memgov_stream_destroy(ts));
+    OK(memgov_context_retire(tight, 10000, NULL));
+    OK(memgov_context_close(tight));
 
     memgov_teardown_report report;
     memset(&report, 0, sizeof report);

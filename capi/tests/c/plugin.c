@@ -4,8 +4,10 @@
  * all counted against its plugin handle, and lets everything go when asked.
  * The host (host.c) checks that memgov refuses to unload it until then.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "memgov.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -137,4 +139,55 @@ int32_t plugin_self_unregister_rc(void) {
 
 const char* plugin_self_close_message(void) {
     return self_close_message;
+}
+
+/* An init that registers a pressure callback on the host's context
+ * (host_data) which, when called, removes itself and then stays in the
+ * plugin's code until the host lets it return: while it runs, memgov must
+ * count it against the plugin and refuse to unload it. */
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_changed = PTHREAD_COND_INITIALIZER;
+static int gate_entered, gate_go;
+static memgov_callback* self_removing;
+static int32_t self_remove_rc = -1;
+
+static uint64_t remove_self_then_wait(const memgov_pressure_request* request, void* user_data) {
+    (void)request;
+    (void)user_data;
+    self_remove_rc = memgov_pressure_callback_remove(self_removing);
+    pthread_mutex_lock(&gate_lock);
+    gate_entered = 1;
+    pthread_cond_broadcast(&gate_changed);
+    while (!gate_go)
+        pthread_cond_wait(&gate_changed, &gate_lock);
+    pthread_mutex_unlock(&gate_lock);
+    return 0;
+}
+
+int32_t plugin_init_self_removing(memgov_plugin* plugin, void* host_data) {
+    gate_entered = 0;
+    gate_go = 0;
+    self_remove_rc = -1;
+    CHECK(memgov_pressure_callback_add((memgov_context*)host_data, plugin, remove_self_then_wait,
+                                       NULL, &self_removing));
+    return MEMGOV_OK;
+}
+
+/* Wait until the callback has removed itself and is waiting; its remove's
+ * status. */
+int32_t plugin_wait_until_removed(void) {
+    pthread_mutex_lock(&gate_lock);
+    while (!gate_entered)
+        pthread_cond_wait(&gate_changed, &gate_lock);
+    pthread_mutex_unlock(&gate_lock);
+    return self_remove_rc;
+}
+
+/* Let the callback return. */
+int32_t plugin_let_the_callback_return(void) {
+    pthread_mutex_lock(&gate_lock);
+    gate_go = 1;
+    pthread_cond_broadcast(&gate_changed);
+    pthread_mutex_unlock(&gate_lock);
+    return MEMGOV_OK;
 }

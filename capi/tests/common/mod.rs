@@ -258,7 +258,7 @@ fn sanitizers_build() -> bool {
 pub fn build_plugin(source: &Path, out: &Path, extra: &[&str]) {
     let mut cmd = Command::new(cc());
     cmd.args([
-        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-fPIC", "-shared",
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-fPIC", "-shared", "-pthread",
     ])
     .arg("-I")
     .arg(include_dir())
