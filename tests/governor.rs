@@ -230,6 +230,55 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     assert!(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).is_ok());
 }
 
+/// A refusal speaks of waiting only when the allocation waited: never
+/// under `FailFast`, not under `WaitForPending` when nothing was pending to
+/// wait for, and with the time waited when it did wait.
+#[test]
+fn a_refusal_says_it_waited_only_when_it_did_under_each_admission_mode() {
+    let refuse = |admission: Admission, pending: bool| {
+        let gov = Governor::new();
+        let device = memgov_conformance::Watched::new(slow_host(Duration::ZERO).0);
+        let log = device.log();
+        log.hold_retirements(true);
+        let ctx = gov.register(device, ContextConfig::new().budget(MIB).admission(admission));
+        let s = ctx.create_stream("s").unwrap();
+        let held = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+        // Either the budget is held live (nothing pending to wait for) or
+        // by a release whose retirement is held until the refusal.
+        let live = if pending {
+            drop(held);
+            None
+        } else {
+            Some(held)
+        };
+        let err = ctx
+            .allocate(&s, Alloc::new(MIB, Role::Weights))
+            .unwrap_err();
+        let b = err.budget().unwrap().clone();
+        drop(live);
+        s.synchronize().unwrap();
+        log.hold_retirements(false);
+        log.release_held();
+        (b, err.to_string())
+    };
+    let wait = Admission::WaitForPending {
+        timeout: Duration::from_millis(30),
+    };
+    for (mode, admission, pending) in [
+        ("FailFast, held live", Admission::FailFast, false),
+        ("FailFast, held pending", Admission::FailFast, true),
+        ("WaitForPending, held live", wait, false),
+    ] {
+        let (b, msg) = refuse(admission, pending);
+        assert_eq!(b.waited, Duration::ZERO, "{mode}: {b:?}");
+        assert!(!msg.contains("waiting"), "{mode}: {msg}");
+        assert!(msg.contains("cannot admit 1.0 MiB"), "{mode}: {msg}");
+    }
+    let (b, msg) = refuse(wait, true);
+    assert!(b.waited >= Duration::from_millis(30), "{b:?}");
+    assert!(msg.contains("after waiting"), "{msg}");
+}
+
 #[test]
 fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     let gov = Governor::new();
@@ -1684,6 +1733,154 @@ fn a_trace_records_the_timeline_per_stream_and_role() {
         "{last_live}"
     );
     assert!(json.contains(r#""name":"refused""#));
+}
+
+/// Every way a buffer is made and let go records one `Allocated` and one
+/// `Released` event per buffer on the timeline (a buffer released without a
+/// free that will retire is then `Abandoned`), so the timeline's live bytes
+/// follow the books: plain allocations and allocations out of a
+/// reservation, in each tier, released on their own stream or another, on a
+/// lost device, reclaimed by force, and on a context configured with a
+/// block cache (which a traced context does not keep: every allocation is
+/// the device's, and on the timeline).
+#[test]
+fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer() {
+    use memgov::trace::{EventKind, Trace};
+    use memgov::CacheConfig;
+    type Scenario = fn(&ContextHandle<HostContext>) -> Vec<memgov::DeviceBuffer<HostContext>>;
+    let scenarios: [(&str, ContextConfig, Scenario, u64); 8] = [
+        (
+            "ContextHandle::allocate",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                (1..=3)
+                    .map(|i| ctx.allocate(&s, Alloc::new(i * KIB, Role::Weights)).unwrap())
+                    .collect()
+            },
+            6 * KIB,
+        ),
+        (
+            "ContextHandle::allocate in the pinned tier",
+            ContextConfig::new().tier_budget(Tier::PinnedHost, MIB),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                (1..=2)
+                    .map(|i| {
+                        ctx.allocate(
+                            &s,
+                            Alloc::new(i * KIB, Role::KvCache).tier(Tier::PinnedHost),
+                        )
+                        .unwrap()
+                    })
+                    .collect()
+            },
+            3 * KIB,
+        ),
+        (
+            "Reservation::allocate",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                (1..=3)
+                    .map(|i| r.allocate(&s, Alloc::new(i * KIB, Role::KvCache)).unwrap())
+                    .collect()
+            },
+            6 * KIB,
+        ),
+        (
+            "Reservation::allocate in the pinned tier",
+            ContextConfig::new().tier_budget(Tier::PinnedHost, MIB),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx
+                    .reserve(Reserve::new(16 * KIB, "offload").tier(Tier::PinnedHost))
+                    .unwrap();
+                (1..=2)
+                    .map(|i| r.allocate(&s, Alloc::new(i * KIB, Role::KvCache)).unwrap())
+                    .collect()
+            },
+            3 * KIB,
+        ),
+        (
+            "released on another stream",
+            ContextConfig::new(),
+            |ctx| {
+                let (a, b) = (ctx.create_stream("a").unwrap(), ctx.create_stream("b").unwrap());
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let x = ctx.allocate(&a, Alloc::new(KIB, Role::Activation)).unwrap();
+                let y = r.allocate(&a, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                x.release_on(&b).map_err(|e| e.error).unwrap();
+                y.release_on(&b).map_err(|e| e.error).unwrap();
+                Vec::new()
+            },
+            3 * KIB,
+        ),
+        (
+            "released on a lost device",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let x = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+                let y = r.allocate(&s, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                assert!(ctx.mark_lost("planted"));
+                vec![x, y]
+            },
+            3 * KIB,
+        ),
+        (
+            "reclaimed by force",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let x = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let y = r.allocate(&s, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                drop(r);
+                ctx.retire().force(soon()).unwrap();
+                vec![x, y]
+            },
+            3 * KIB,
+        ),
+        (
+            "with a block cache configured",
+            ContextConfig::new().cache(CacheConfig::new(MIB)),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                for _ in 0..3 {
+                    drop(ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation)).unwrap());
+                }
+                vec![ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation)).unwrap()]
+            },
+            16 * KIB,
+        ),
+    ];
+    for (path, config, make, bytes) in scenarios {
+        let trace = Trace::new();
+        let gov = Governor::new();
+        let (ctx, _) = register(&gov, config.label(path).trace(&trace));
+        drop(make(&ctx));
+        ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+        let events = trace.events();
+        let of = |k: EventKind| events.iter().filter(move |e| e.kind == k);
+        let made = of(EventKind::Allocated).count();
+        assert!(made > 0, "{path}: nothing allocated");
+        assert_eq!(
+            of(EventKind::Released).count(),
+            made,
+            "{path}: {events:#?}"
+        );
+        let sum = |k| of(k).map(|e| e.bytes).sum::<u64>();
+        assert_eq!(sum(EventKind::Allocated), bytes, "{path}: {events:#?}");
+        assert_eq!(sum(EventKind::Released), bytes, "{path}: {events:#?}");
+        assert_eq!(
+            sum(EventKind::Retired) + sum(EventKind::Abandoned),
+            bytes,
+            "{path}: {events:#?}"
+        );
+    }
 }
 
 #[test]

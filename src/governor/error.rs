@@ -127,7 +127,11 @@ pub struct BudgetExceeded {
     pub limit: u64,
     /// `limit` minus everything charged.
     pub available: u64,
-    /// How long the allocation waited for pending releases.
+    /// How long the allocation waited for pending releases (or, on the
+    /// machine ledger, for other processes to make room): zero when it did
+    /// not wait, as under [`Admission::FailFast`](super::config::Admission::FailFast)
+    /// or when nothing was pending, and then the message does not speak of
+    /// waiting.
     pub waited: Duration,
     /// Bytes pressure responders said they gave back.
     pub reclaimed_by_responders: u64,
