@@ -240,7 +240,10 @@ fn a_refusal_says_it_waited_only_when_it_did_under_each_admission_mode() {
         let device = memgov_conformance::Watched::new(slow_host(Duration::ZERO).0);
         let log = device.log();
         log.hold_retirements(true);
-        let ctx = gov.register(device, ContextConfig::new().budget(MIB).admission(admission));
+        let ctx = gov.register(
+            device,
+            ContextConfig::new().budget(MIB).admission(admission),
+        );
         let s = ctx.create_stream("s").unwrap();
         let held = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
         // Either the budget is held live (nothing pending to wait for) or
@@ -534,7 +537,10 @@ fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
         outstanding,
         waited,
         ..
-    } = &err;
+    } = &err
+    else {
+        panic!("{err}")
+    };
     assert_eq!(*waited, Duration::ZERO);
     assert_eq!(outstanding.items.len(), 1);
     assert_eq!(outstanding.items[0].kind, PinKind::External);
@@ -543,6 +549,124 @@ fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
     drop(held);
     h.try_finish().unwrap();
     assert_eq!(probe.teardowns(), 1);
+}
+
+/// A refusal because the context retired says what retired it: the drop
+/// of its `Governor` (which a caller may not know retires every context)
+/// or `ContextHandle::retire`.
+#[test]
+fn a_refusal_after_retire_names_what_retired_the_context() {
+    use memgov::RetiredBy;
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("outlived"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(gov);
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                retired_by: Some(RetiredBy::GovernorDropped),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("'outlived'") && text.contains("its Governor was dropped"),
+        "{text}"
+    );
+    let err = ctx.create_stream("late").unwrap_err();
+    assert!(
+        err.to_string().contains("its Governor was dropped"),
+        "{err}"
+    );
+    drop(s);
+
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("retired"));
+    let s = ctx.create_stream("s").unwrap();
+    let retire = ctx.retire();
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GovernorError::Pin {
+                retired_by: Some(RetiredBy::Retire),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("retired by ContextHandle::retire"),
+        "{err}"
+    );
+    // A governor dropped after the retire does not rename it.
+    drop(gov);
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("retired by ContextHandle::retire"),
+        "{err}"
+    );
+    drop(s);
+    retire.wait(soon()).unwrap();
+}
+
+/// A teardown report reads as one line for a log: what retired, what was
+/// abandoned or reclaimed, what the backend said.
+#[test]
+fn a_teardown_report_displays_what_the_teardown_did() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("shown"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap());
+    drop(s);
+    let report = ctx.retire().wait(soon()).unwrap();
+    let text = report.to_string();
+    assert!(
+        text.starts_with(&format!("context {} 'shown' torn down in ", ctx.id()))
+            && text.contains(": 1 release retired; the backend's teardown returned Ok"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("forced") && !text.contains("abandoned"),
+        "{text}"
+    );
+
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    let ctx = gov.register(backend, ContextConfig::new().label("forced"));
+    let s = ctx.create_stream("s").unwrap();
+    let held = [
+        ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap(),
+        ctx.allocate(&s, Alloc::new(KIB, Role::KvCache)).unwrap(),
+    ];
+    arm.teardown.store(true, Ordering::SeqCst);
+    let err = ctx.retire().force(soon()).unwrap_err();
+    let RetireError::TeardownPanicked { report, .. } = &err else {
+        panic!("{err}")
+    };
+    let text = report.as_deref().unwrap().to_string();
+    assert!(
+        text.contains("'forced' torn down in ")
+            && text.contains(", forced: 0 releases retired, 2 live buffers reclaimed by force")
+            && text.contains(
+                "returned at teardown: 0 bytes quarantined, 2.0 KiB (2048 bytes) awaiting teardown"
+            )
+            && text.contains("the backend's teardown failed:")
+            && text.contains("backend teardown panicked"),
+        "{text}"
+    );
+    drop(held);
 }
 
 #[test]
@@ -628,7 +752,7 @@ fn async_finished_completes_when_the_last_release_retires() {
         std::thread::sleep(Duration::from_millis(1));
     }
     match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => assert_eq!(r.retired_releases, 1),
+        Poll::Ready(r) => assert_eq!(r.unwrap().retired_releases, 1),
         Poll::Pending => panic!("woken but not ready"),
     }
 }
@@ -1298,30 +1422,118 @@ fn governor_snapshot_total_saturates() {
     drop((x, y, sa, sb));
 }
 
+/// Block on `f` on this thread, parked between polls: no polling loop.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// Every way of waiting for a teardown, each on a thread of its own with a
+/// handle of its own, released together by a barrier once the context has
+/// drained (so they race for the teardown): what each got, or `None` for a
+/// waiter that did not answer (hung) or panicked.
+fn race_every_waiter<C: DeviceContext>(
+    ctx: &ContextHandle<C>,
+) -> Vec<(
+    &'static str,
+    Option<Result<memgov::TeardownReport, RetireError>>,
+)>
+where
+    C::Memory: Send,
+{
+    type Wait<C> = fn(&memgov::RetireHandle<C>) -> Result<memgov::TeardownReport, RetireError>;
+    let waits: [(&str, Wait<C>); 6] = [
+        ("wait(deadline)", |h| h.wait(soon())),
+        ("wait(past deadline)", |h| h.wait(Instant::now())),
+        ("wait_timeout", |h| h.wait_timeout(Duration::from_secs(20))),
+        ("try_finish", |h| h.try_finish()),
+        ("finished().await", |h| block_on(h.finished())),
+        ("force", |h| h.force(soon())),
+    ];
+    let barrier = Arc::new(std::sync::Barrier::new(waits.len()));
+    let mut answers = Vec::new();
+    for (name, wait) in waits {
+        let (handle, barrier) = (ctx.retire(), barrier.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            barrier.wait();
+            let _ = tx.send(catch_unwind(AssertUnwindSafe(|| wait(&handle))).ok());
+        });
+        answers.push((name, rx));
+    }
+    answers
+        .into_iter()
+        .map(|(name, rx)| {
+            (
+                name,
+                rx.recv_timeout(Duration::from_secs(10)).ok().flatten(),
+            )
+        })
+        .collect()
+}
+
+/// A backend whose teardown panics: the context still terminates, and
+/// every waiter, however it waits, is released with the same error naming
+/// the backend's teardown; the report (kept on the record) says so too.
 #[test]
-fn a_panicking_backend_teardown_terminates_and_wakes_every_waiter() {
-    let gov = Governor::new();
-    let (backend, arm) = Panicky::new(NullContext::new());
-    arm.teardown.store(true, Ordering::SeqCst);
-    let ctx = gov.register(backend, ContextConfig::new().label("t"));
-    let s = ctx.create_stream("s").unwrap();
-    let (first, second) = (ctx.retire(), ctx.retire());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(catch_unwind(AssertUnwindSafe(|| second.wait(soon()))).is_ok());
-    });
-    drop(s);
-    let report = catch_unwind(AssertUnwindSafe(|| first.wait(soon())))
-        .expect("the panic is reported, not re-raised")
-        .unwrap();
-    let err = report.backend_result.clone().unwrap_err();
-    assert!(err.message.contains("backend teardown panicked"), "{err}");
-    assert_eq!(ctx.lifecycle(), ContextState::Terminated);
-    assert!(
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("the other waiter woke"),
-        "and got the same report"
-    );
+fn a_panicking_backend_teardown_terminates_and_fails_every_waiter_alike() {
+    for round in 0..25 {
+        let gov = Governor::new();
+        let (backend, arm) = Panicky::new(NullContext::new());
+        arm.teardown.store(true, Ordering::SeqCst);
+        let ctx = gov.register(backend, ContextConfig::new().label("t"));
+        drop(ctx.create_stream("s").unwrap());
+        let answers = race_every_waiter(&ctx);
+        let mut seen = None;
+        for (how, answer) in answers {
+            let answer = answer.unwrap_or_else(|| panic!("round {round}: {how} never answered"));
+            let err = answer.expect_err("a panicking teardown is an error");
+            let RetireError::TeardownPanicked {
+                step,
+                message,
+                report,
+                ..
+            } = &err
+            else {
+                panic!("round {round}: {how}: {err}");
+            };
+            assert_eq!(*step, memgov::TeardownStep::Backend, "{how}: {err}");
+            assert!(
+                message.contains("backend teardown panicked"),
+                "{how}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("context #")
+                    && text.contains("'t'")
+                    && text.contains("the backend's teardown (DeviceContext::teardown) panicked"),
+                "{how}: {text}"
+            );
+            let report = report.as_deref().expect("the accounting ran: a report");
+            assert!(report.backend_result.is_err(), "{report:?}");
+            assert_eq!(seen.get_or_insert_with(|| err.clone()), &err, "{how}");
+        }
+        assert_eq!(ctx.lifecycle(), ContextState::Terminated);
+        let kept = ctx.teardown_report().expect("the report is kept");
+        let err = kept.backend_result.unwrap_err();
+        assert!(err.message.contains("teardown panicked"), "{err}");
+        // A retire after the fact gets the same answer, at once.
+        assert_eq!(ctx.retire().try_finish(), Err(seen.unwrap()));
+    }
 }
 
 #[test]
@@ -1755,7 +1967,10 @@ fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer
             |ctx| {
                 let s = ctx.create_stream("s").unwrap();
                 (1..=3)
-                    .map(|i| ctx.allocate(&s, Alloc::new(i * KIB, Role::Weights)).unwrap())
+                    .map(|i| {
+                        ctx.allocate(&s, Alloc::new(i * KIB, Role::Weights))
+                            .unwrap()
+                    })
                     .collect()
             },
             6 * KIB,
@@ -1807,7 +2022,10 @@ fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer
             "released on another stream",
             ContextConfig::new(),
             |ctx| {
-                let (a, b) = (ctx.create_stream("a").unwrap(), ctx.create_stream("b").unwrap());
+                let (a, b) = (
+                    ctx.create_stream("a").unwrap(),
+                    ctx.create_stream("b").unwrap(),
+                );
                 let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
                 let x = ctx.allocate(&a, Alloc::new(KIB, Role::Activation)).unwrap();
                 let y = r.allocate(&a, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
@@ -1850,9 +2068,14 @@ fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer
             |ctx| {
                 let s = ctx.create_stream("s").unwrap();
                 for _ in 0..3 {
-                    drop(ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation)).unwrap());
+                    drop(
+                        ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation))
+                            .unwrap(),
+                    );
                 }
-                vec![ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation)).unwrap()]
+                vec![ctx
+                    .allocate(&s, Alloc::new(4 * KIB, Role::Activation))
+                    .unwrap()]
             },
             16 * KIB,
         ),
@@ -1867,11 +2090,7 @@ fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer
         let of = |k: EventKind| events.iter().filter(move |e| e.kind == k);
         let made = of(EventKind::Allocated).count();
         assert!(made > 0, "{path}: nothing allocated");
-        assert_eq!(
-            of(EventKind::Released).count(),
-            made,
-            "{path}: {events:#?}"
-        );
+        assert_eq!(of(EventKind::Released).count(), made, "{path}: {events:#?}");
         let sum = |k| of(k).map(|e| e.bytes).sum::<u64>();
         assert_eq!(sum(EventKind::Allocated), bytes, "{path}: {events:#?}");
         assert_eq!(sum(EventKind::Released), bytes, "{path}: {events:#?}");
