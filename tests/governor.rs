@@ -359,6 +359,41 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     assert_eq!(log.release_held(), 1);
 }
 
+/// `ReleaseError::buffer` is `Some` exactly when nothing happened (another
+/// context's stream): the buffer comes back live and charged. Once the
+/// buffer was let go (the context forced) it is `None`, and the error says
+/// where the memory went.
+#[test]
+fn a_release_error_hands_the_buffer_back_only_when_nothing_happened() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("mine"));
+    let (other, _) = register(&gov, ContextConfig::new().label("other"));
+    let (s, t) = (
+        ctx.create_stream("s").unwrap(),
+        other.create_stream("t").unwrap(),
+    );
+    let b = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+    let err = b.release_on(&t).unwrap_err();
+    assert!(
+        matches!(err.error, GovernorError::WrongContext { .. }),
+        "{err}"
+    );
+    let b = err.buffer.expect("nothing happened: the buffer comes back");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.role(Role::Weights).live_bytes, snap.charged),
+        (KIB, KIB),
+        "still live and charged"
+    );
+    ctx.retire().force(soon()).unwrap();
+    let err = b.release_on(&s).unwrap_err();
+    assert!(
+        matches!(err.error, GovernorError::Reclaimed { .. }),
+        "{err}"
+    );
+    assert!(err.buffer.is_none(), "reclaimed with the context: gone");
+}
+
 #[test]
 fn quarantine_keeps_refused_memory_charged_until_termination() {
     let gov = Governor::new();
