@@ -50,10 +50,14 @@ pub enum EventKind {
     Registered,
     /// A stream was created.
     StreamCreated,
-    /// An allocation was admitted: `bytes` became live.
+    /// An allocation was admitted: `bytes` became live. Recorded once per
+    /// buffer, however it was made (`ContextHandle::allocate`, in any tier,
+    /// or `Reservation::allocate`).
     Allocated,
-    /// A buffer was released stream-ordered: `bytes` went from live to
-    /// pending.
+    /// A buffer was released: `bytes` went from live to pending. Recorded
+    /// once per buffer; one whose free will never retire (refused, on a
+    /// lost device, reclaimed by force) is followed by
+    /// [`Abandoned`](Self::Abandoned).
     Released,
     /// A pending release's free executed on the device: `bytes` are back.
     Retired,

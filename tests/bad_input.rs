@@ -408,7 +408,10 @@ fn deadline_in_the_past() {
         outstanding,
         context,
         ..
-    } = &e;
+    } = &e
+    else {
+        panic!("{e}")
+    };
     assert_eq!(context.label(), "busy");
     let text = e.to_string();
     assert!(

@@ -230,6 +230,58 @@ fn wait_for_pending_gives_up_at_its_timeout_with_numbers() {
     assert!(ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).is_ok());
 }
 
+/// A refusal speaks of waiting only when the allocation waited: never
+/// under `FailFast`, not under `WaitForPending` when nothing was pending to
+/// wait for, and with the time waited when it did wait.
+#[test]
+fn a_refusal_says_it_waited_only_when_it_did_under_each_admission_mode() {
+    let refuse = |admission: Admission, pending: bool| {
+        let gov = Governor::new();
+        let device = memgov_conformance::Watched::new(slow_host(Duration::ZERO).0);
+        let log = device.log();
+        log.hold_retirements(true);
+        let ctx = gov.register(
+            device,
+            ContextConfig::new().budget(MIB).admission(admission),
+        );
+        let s = ctx.create_stream("s").unwrap();
+        let held = ctx.allocate(&s, Alloc::new(MIB, Role::Weights)).unwrap();
+        // Either the budget is held live (nothing pending to wait for) or
+        // by a release whose retirement is held until the refusal.
+        let live = if pending {
+            drop(held);
+            None
+        } else {
+            Some(held)
+        };
+        let err = ctx
+            .allocate(&s, Alloc::new(MIB, Role::Weights))
+            .unwrap_err();
+        let b = err.budget().unwrap().clone();
+        drop(live);
+        s.synchronize().unwrap();
+        log.hold_retirements(false);
+        log.release_held();
+        (b, err.to_string())
+    };
+    let wait = Admission::WaitForPending {
+        timeout: Duration::from_millis(30),
+    };
+    for (mode, admission, pending) in [
+        ("FailFast, held live", Admission::FailFast, false),
+        ("FailFast, held pending", Admission::FailFast, true),
+        ("WaitForPending, held live", wait, false),
+    ] {
+        let (b, msg) = refuse(admission, pending);
+        assert_eq!(b.waited, Duration::ZERO, "{mode}: {b:?}");
+        assert!(!msg.contains("waiting"), "{mode}: {msg}");
+        assert!(msg.contains("cannot admit 1.0 MiB"), "{mode}: {msg}");
+    }
+    let (b, msg) = refuse(wait, true);
+    assert!(b.waited >= Duration::from_millis(30), "{b:?}");
+    assert!(msg.contains("after waiting"), "{msg}");
+}
+
 #[test]
 fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     let gov = Governor::new();
@@ -305,6 +357,41 @@ fn a_request_over_a_limit_is_refused_at_once_without_waiting_or_asking() {
     eventually("the release's retirement parked", || log.held() == 1);
     log.hold_retirements(false);
     assert_eq!(log.release_held(), 1);
+}
+
+/// `ReleaseError::buffer` is `Some` exactly when nothing happened (another
+/// context's stream): the buffer comes back live and charged. Once the
+/// buffer was let go (the context forced) it is `None`, and the error says
+/// where the memory went.
+#[test]
+fn a_release_error_hands_the_buffer_back_only_when_nothing_happened() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("mine"));
+    let (other, _) = register(&gov, ContextConfig::new().label("other"));
+    let (s, t) = (
+        ctx.create_stream("s").unwrap(),
+        other.create_stream("t").unwrap(),
+    );
+    let b = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+    let err = b.release_on(&t).unwrap_err();
+    assert!(
+        matches!(err.error, GovernorError::WrongContext { .. }),
+        "{err}"
+    );
+    let b = err.buffer.expect("nothing happened: the buffer comes back");
+    let snap = ctx.snapshot();
+    assert_eq!(
+        (snap.role(Role::Weights).live_bytes, snap.charged),
+        (KIB, KIB),
+        "still live and charged"
+    );
+    ctx.retire().force(soon()).unwrap();
+    let err = b.release_on(&s).unwrap_err();
+    assert!(
+        matches!(err.error, GovernorError::Reclaimed { .. }),
+        "{err}"
+    );
+    assert!(err.buffer.is_none(), "reclaimed with the context: gone");
 }
 
 #[test]
@@ -485,7 +572,10 @@ fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
         outstanding,
         waited,
         ..
-    } = &err;
+    } = &err
+    else {
+        panic!("{err}")
+    };
     assert_eq!(*waited, Duration::ZERO);
     assert_eq!(outstanding.items.len(), 1);
     assert_eq!(outstanding.items[0].kind, PinKind::External);
@@ -494,6 +584,124 @@ fn pins_refused_after_retire_and_existing_pins_hold_teardown() {
     drop(held);
     h.try_finish().unwrap();
     assert_eq!(probe.teardowns(), 1);
+}
+
+/// A refusal because the context retired says what retired it: the drop
+/// of its `Governor` (which a caller may not know retires every context)
+/// or `ContextHandle::retire`.
+#[test]
+fn a_refusal_after_retire_names_what_retired_the_context() {
+    use memgov::RetiredBy;
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("outlived"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(gov);
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GovernorError::Pin {
+                refusal: ProviderContextPinError::ContextUnavailable(_),
+                retired_by: Some(RetiredBy::GovernorDropped),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("'outlived'") && text.contains("its Governor was dropped"),
+        "{text}"
+    );
+    let err = ctx.create_stream("late").unwrap_err();
+    assert!(
+        err.to_string().contains("its Governor was dropped"),
+        "{err}"
+    );
+    drop(s);
+
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("retired"));
+    let s = ctx.create_stream("s").unwrap();
+    let retire = ctx.retire();
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GovernorError::Pin {
+                retired_by: Some(RetiredBy::Retire),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("retired by ContextHandle::retire"),
+        "{err}"
+    );
+    // A governor dropped after the retire does not rename it.
+    drop(gov);
+    let err = ctx
+        .allocate(&s, Alloc::new(KIB, Role::Weights))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("retired by ContextHandle::retire"),
+        "{err}"
+    );
+    drop(s);
+    retire.wait(soon()).unwrap();
+}
+
+/// A teardown report reads as one line for a log: what retired, what was
+/// abandoned or reclaimed, what the backend said.
+#[test]
+fn a_teardown_report_displays_what_the_teardown_did() {
+    let gov = Governor::new();
+    let (ctx, _) = register(&gov, ContextConfig::new().label("shown"));
+    let s = ctx.create_stream("s").unwrap();
+    drop(ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap());
+    drop(s);
+    let report = ctx.retire().wait(soon()).unwrap();
+    let text = report.to_string();
+    assert!(
+        text.starts_with(&format!("context {} 'shown' torn down in ", ctx.id()))
+            && text.contains(": 1 release retired; the backend's teardown returned Ok"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("forced") && !text.contains("abandoned"),
+        "{text}"
+    );
+
+    let gov = Governor::new();
+    let (backend, arm) = Panicky::new(NullContext::new());
+    let ctx = gov.register(backend, ContextConfig::new().label("forced"));
+    let s = ctx.create_stream("s").unwrap();
+    let held = [
+        ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap(),
+        ctx.allocate(&s, Alloc::new(KIB, Role::KvCache)).unwrap(),
+    ];
+    arm.teardown.store(true, Ordering::SeqCst);
+    let err = ctx.retire().force(soon()).unwrap_err();
+    let RetireError::TeardownPanicked { report, .. } = &err else {
+        panic!("{err}")
+    };
+    let text = report.as_deref().unwrap().to_string();
+    assert!(
+        text.contains("'forced' torn down in ")
+            && text.contains(", forced: 0 releases retired, 2 live buffers reclaimed by force")
+            && text.contains(
+                "returned at teardown: 0 bytes quarantined, 2.0 KiB (2048 bytes) awaiting teardown"
+            )
+            && text.contains("the backend's teardown failed:")
+            && text.contains("backend teardown panicked"),
+        "{text}"
+    );
+    drop(held);
 }
 
 #[test]
@@ -579,7 +787,7 @@ fn async_finished_completes_when_the_last_release_retires() {
         std::thread::sleep(Duration::from_millis(1));
     }
     match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => assert_eq!(r.retired_releases, 1),
+        Poll::Ready(r) => assert_eq!(r.unwrap().retired_releases, 1),
         Poll::Pending => panic!("woken but not ready"),
     }
 }
@@ -1249,30 +1457,118 @@ fn governor_snapshot_total_saturates() {
     drop((x, y, sa, sb));
 }
 
+/// Block on `f` on this thread, parked between polls: no polling loop.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// Every way of waiting for a teardown, each on a thread of its own with a
+/// handle of its own, released together by a barrier once the context has
+/// drained (so they race for the teardown): what each got, or `None` for a
+/// waiter that did not answer (hung) or panicked.
+fn race_every_waiter<C: DeviceContext>(
+    ctx: &ContextHandle<C>,
+) -> Vec<(
+    &'static str,
+    Option<Result<memgov::TeardownReport, RetireError>>,
+)>
+where
+    C::Memory: Send,
+{
+    type Wait<C> = fn(&memgov::RetireHandle<C>) -> Result<memgov::TeardownReport, RetireError>;
+    let waits: [(&str, Wait<C>); 6] = [
+        ("wait(deadline)", |h| h.wait(soon())),
+        ("wait(past deadline)", |h| h.wait(Instant::now())),
+        ("wait_timeout", |h| h.wait_timeout(Duration::from_secs(20))),
+        ("try_finish", |h| h.try_finish()),
+        ("finished().await", |h| block_on(h.finished())),
+        ("force", |h| h.force(soon())),
+    ];
+    let barrier = Arc::new(std::sync::Barrier::new(waits.len()));
+    let mut answers = Vec::new();
+    for (name, wait) in waits {
+        let (handle, barrier) = (ctx.retire(), barrier.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            barrier.wait();
+            let _ = tx.send(catch_unwind(AssertUnwindSafe(|| wait(&handle))).ok());
+        });
+        answers.push((name, rx));
+    }
+    answers
+        .into_iter()
+        .map(|(name, rx)| {
+            (
+                name,
+                rx.recv_timeout(Duration::from_secs(10)).ok().flatten(),
+            )
+        })
+        .collect()
+}
+
+/// A backend whose teardown panics: the context still terminates, and
+/// every waiter, however it waits, is released with the same error naming
+/// the backend's teardown; the report (kept on the record) says so too.
 #[test]
-fn a_panicking_backend_teardown_terminates_and_wakes_every_waiter() {
-    let gov = Governor::new();
-    let (backend, arm) = Panicky::new(NullContext::new());
-    arm.teardown.store(true, Ordering::SeqCst);
-    let ctx = gov.register(backend, ContextConfig::new().label("t"));
-    let s = ctx.create_stream("s").unwrap();
-    let (first, second) = (ctx.retire(), ctx.retire());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(catch_unwind(AssertUnwindSafe(|| second.wait(soon()))).is_ok());
-    });
-    drop(s);
-    let report = catch_unwind(AssertUnwindSafe(|| first.wait(soon())))
-        .expect("the panic is reported, not re-raised")
-        .unwrap();
-    let err = report.backend_result.clone().unwrap_err();
-    assert!(err.message.contains("backend teardown panicked"), "{err}");
-    assert_eq!(ctx.lifecycle(), ContextState::Terminated);
-    assert!(
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("the other waiter woke"),
-        "and got the same report"
-    );
+fn a_panicking_backend_teardown_terminates_and_fails_every_waiter_alike() {
+    for round in 0..25 {
+        let gov = Governor::new();
+        let (backend, arm) = Panicky::new(NullContext::new());
+        arm.teardown.store(true, Ordering::SeqCst);
+        let ctx = gov.register(backend, ContextConfig::new().label("t"));
+        drop(ctx.create_stream("s").unwrap());
+        let answers = race_every_waiter(&ctx);
+        let mut seen = None;
+        for (how, answer) in answers {
+            let answer = answer.unwrap_or_else(|| panic!("round {round}: {how} never answered"));
+            let err = answer.expect_err("a panicking teardown is an error");
+            let RetireError::TeardownPanicked {
+                step,
+                message,
+                report,
+                ..
+            } = &err
+            else {
+                panic!("round {round}: {how}: {err}");
+            };
+            assert_eq!(*step, memgov::TeardownStep::Backend, "{how}: {err}");
+            assert!(
+                message.contains("backend teardown panicked"),
+                "{how}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("context #")
+                    && text.contains("'t'")
+                    && text.contains("the backend's teardown (DeviceContext::teardown) panicked"),
+                "{how}: {text}"
+            );
+            let report = report.as_deref().expect("the accounting ran: a report");
+            assert!(report.backend_result.is_err(), "{report:?}");
+            assert_eq!(seen.get_or_insert_with(|| err.clone()), &err, "{how}");
+        }
+        assert_eq!(ctx.lifecycle(), ContextState::Terminated);
+        let kept = ctx.teardown_report().expect("the report is kept");
+        let err = kept.backend_result.unwrap_err();
+        assert!(err.message.contains("teardown panicked"), "{err}");
+        // A retire after the fact gets the same answer, at once.
+        assert_eq!(ctx.retire().try_finish(), Err(seen.unwrap()));
+    }
 }
 
 #[test]
@@ -1684,6 +1980,161 @@ fn a_trace_records_the_timeline_per_stream_and_role() {
         "{last_live}"
     );
     assert!(json.contains(r#""name":"refused""#));
+}
+
+/// Every way a buffer is made and let go records one `Allocated` and one
+/// `Released` event per buffer on the timeline (a buffer released without a
+/// free that will retire is then `Abandoned`), so the timeline's live bytes
+/// follow the books: plain allocations and allocations out of a
+/// reservation, in each tier, released on their own stream or another, on a
+/// lost device, reclaimed by force, and on a context configured with a
+/// block cache (which a traced context does not keep: every allocation is
+/// the device's, and on the timeline).
+#[test]
+fn every_allocation_path_records_one_allocated_and_one_released_event_per_buffer() {
+    use memgov::trace::{EventKind, Trace};
+    use memgov::CacheConfig;
+    type Scenario = fn(&ContextHandle<HostContext>) -> Vec<memgov::DeviceBuffer<HostContext>>;
+    let scenarios: [(&str, ContextConfig, Scenario, u64); 8] = [
+        (
+            "ContextHandle::allocate",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                (1..=3)
+                    .map(|i| {
+                        ctx.allocate(&s, Alloc::new(i * KIB, Role::Weights))
+                            .unwrap()
+                    })
+                    .collect()
+            },
+            6 * KIB,
+        ),
+        (
+            "ContextHandle::allocate in the pinned tier",
+            ContextConfig::new().tier_budget(Tier::PinnedHost, MIB),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                (1..=2)
+                    .map(|i| {
+                        ctx.allocate(
+                            &s,
+                            Alloc::new(i * KIB, Role::KvCache).tier(Tier::PinnedHost),
+                        )
+                        .unwrap()
+                    })
+                    .collect()
+            },
+            3 * KIB,
+        ),
+        (
+            "Reservation::allocate",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                (1..=3)
+                    .map(|i| r.allocate(&s, Alloc::new(i * KIB, Role::KvCache)).unwrap())
+                    .collect()
+            },
+            6 * KIB,
+        ),
+        (
+            "Reservation::allocate in the pinned tier",
+            ContextConfig::new().tier_budget(Tier::PinnedHost, MIB),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx
+                    .reserve(Reserve::new(16 * KIB, "offload").tier(Tier::PinnedHost))
+                    .unwrap();
+                (1..=2)
+                    .map(|i| r.allocate(&s, Alloc::new(i * KIB, Role::KvCache)).unwrap())
+                    .collect()
+            },
+            3 * KIB,
+        ),
+        (
+            "released on another stream",
+            ContextConfig::new(),
+            |ctx| {
+                let (a, b) = (
+                    ctx.create_stream("a").unwrap(),
+                    ctx.create_stream("b").unwrap(),
+                );
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let x = ctx.allocate(&a, Alloc::new(KIB, Role::Activation)).unwrap();
+                let y = r.allocate(&a, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                x.release_on(&b).map_err(|e| e.error).unwrap();
+                y.release_on(&b).map_err(|e| e.error).unwrap();
+                Vec::new()
+            },
+            3 * KIB,
+        ),
+        (
+            "released on a lost device",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let x = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+                let y = r.allocate(&s, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                assert!(ctx.mark_lost("planted"));
+                vec![x, y]
+            },
+            3 * KIB,
+        ),
+        (
+            "reclaimed by force",
+            ContextConfig::new(),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                let x = ctx.allocate(&s, Alloc::new(KIB, Role::Weights)).unwrap();
+                let r = ctx.reserve(Reserve::new(16 * KIB, "request")).unwrap();
+                let y = r.allocate(&s, Alloc::new(2 * KIB, Role::KvCache)).unwrap();
+                drop(r);
+                ctx.retire().force(soon()).unwrap();
+                vec![x, y]
+            },
+            3 * KIB,
+        ),
+        (
+            "with a block cache configured",
+            ContextConfig::new().cache(CacheConfig::new(MIB)),
+            |ctx| {
+                let s = ctx.create_stream("s").unwrap();
+                for _ in 0..3 {
+                    drop(
+                        ctx.allocate(&s, Alloc::new(4 * KIB, Role::Activation))
+                            .unwrap(),
+                    );
+                }
+                vec![ctx
+                    .allocate(&s, Alloc::new(4 * KIB, Role::Activation))
+                    .unwrap()]
+            },
+            16 * KIB,
+        ),
+    ];
+    for (path, config, make, bytes) in scenarios {
+        let trace = Trace::new();
+        let gov = Governor::new();
+        let (ctx, _) = register(&gov, config.label(path).trace(&trace));
+        drop(make(&ctx));
+        ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+        let events = trace.events();
+        let of = |k: EventKind| events.iter().filter(move |e| e.kind == k);
+        let made = of(EventKind::Allocated).count();
+        assert!(made > 0, "{path}: nothing allocated");
+        assert_eq!(of(EventKind::Released).count(), made, "{path}: {events:#?}");
+        let sum = |k| of(k).map(|e| e.bytes).sum::<u64>();
+        assert_eq!(sum(EventKind::Allocated), bytes, "{path}: {events:#?}");
+        assert_eq!(sum(EventKind::Released), bytes, "{path}: {events:#?}");
+        assert_eq!(
+            sum(EventKind::Retired) + sum(EventKind::Abandoned),
+            bytes,
+            "{path}: {events:#?}"
+        );
+    }
 }
 
 #[test]

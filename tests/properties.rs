@@ -1026,6 +1026,7 @@ impl World {
                     "teardown with work outstanding: {rep:?}; model {:?}",
                     self.m
                 ),
+                Err(e) => prop_assert!(false, "{e}; model {:?}", self.m),
             }
         }
         Ok(())

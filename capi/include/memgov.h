@@ -229,7 +229,10 @@ int32_t memgov_context_set_budget(memgov_context* context, uint64_t bytes);
 int32_t memgov_context_mark_lost(memgov_context* context, const char* reason);
 int32_t memgov_context_snapshot(memgov_context* context, memgov_snapshot* out);
 /* Refuse new work, wait up to timeout_ms for everything outstanding, tear
- * down. out may be NULL. MEMGOV_ERR_TIMEOUT names what is outstanding. */
+ * down. out may be NULL. MEMGOV_ERR_TIMEOUT names what is outstanding.
+ * MEMGOV_ERR_BACKEND (the backend's teardown) or MEMGOV_ERR_PANIC (memgov's
+ * own teardown step) when a teardown step panicked: the context is torn down
+ * all the same, and the message names the step. */
 int32_t memgov_context_retire(memgov_context* context, uint64_t timeout_ms,
                               memgov_teardown_report* out);
 int32_t memgov_context_force_retire(memgov_context* context, uint64_t timeout_ms,

@@ -483,7 +483,18 @@ fn retire(
     } else {
         h.wait(deadline)
     };
-    let r = result.map_err(|e| Error::new(MEMGOV_ERR_TIMEOUT, e.to_string()))?;
+    let r = result.map_err(|e| {
+        // A teardown step that panicked ended the context all the same.
+        let status = match &e {
+            memgov::RetireError::Outstanding { .. } => MEMGOV_ERR_TIMEOUT,
+            memgov::RetireError::TeardownPanicked {
+                step: memgov::TeardownStep::Backend,
+                ..
+            } => MEMGOV_ERR_BACKEND,
+            _ => MEMGOV_ERR_PANIC,
+        };
+        Error::new(status, e.to_string())
+    })?;
     if out.is_null() {
         return Ok(());
     }

@@ -376,7 +376,7 @@ fn run_writes_a_trace_that_report_turns_into_one_page() {
     let (code, out) = memgov(&[
         "run",
         "--requests",
-        "4",
+        "8",
         "--steps",
         "2",
         "--trace",
@@ -397,6 +397,38 @@ fn run_writes_a_trace_that_report_turns_into_one_page() {
     ] {
         assert!(text.contains(kind), "no {kind} event in the trace");
     }
+    // Every buffer is on the timeline from its allocation to its release,
+    // whichever way it was made (the kv-cache comes out of per-request
+    // reservations): per context and role, as many allocations as
+    // releases, with the same bytes.
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    let mut books = std::collections::BTreeMap::<(String, String), [(u64, u64); 2]>::new();
+    for e in v["memgovEvents"].as_array().expect("memgovEvents") {
+        let side = match e["kind"].as_str() {
+            Some("allocated") => 0,
+            Some("released") => 1,
+            _ => continue,
+        };
+        let key = (
+            e["context"].as_str().unwrap().to_owned(),
+            e["role"].as_str().unwrap().to_owned(),
+        );
+        let entry = &mut books.entry(key).or_default()[side];
+        entry.0 += 1;
+        entry.1 += e["bytes"].as_u64().unwrap();
+    }
+    for ((context, role), [allocated, released]) in &books {
+        assert_eq!(
+            allocated, released,
+            "{context} {role}: (allocations, bytes) vs (releases, bytes)"
+        );
+    }
+    assert!(
+        books
+            .iter()
+            .any(|((c, r), [a, _])| c.starts_with("llm") && r == "kv-cache" && a.0 > 0),
+        "no kv-cache allocation of the llm context on the timeline: {books:?}"
+    );
     let (code, out) = memgov(&[
         "report",
         trace.to_str().unwrap(),

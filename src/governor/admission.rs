@@ -371,14 +371,14 @@ fn admit_refused<C: DeviceContext, R: Request<C>>(
         if let Denial::Machine(m) = &mut refused {
             m.unanswered = std::mem::take(&mut unanswered);
         }
-        return Err(exceeded(
-            ctx,
-            refused,
-            bytes,
-            role,
-            start.elapsed(),
-            reclaimed,
-        ));
+        // `waited` only when this allocation did wait: a refusal under
+        // `FailFast`, or with nothing pending to wait for, says so.
+        let waited = if waited {
+            start.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        return Err(exceeded(ctx, refused, bytes, role, waited, reclaimed));
     }
 }
 

@@ -59,12 +59,22 @@ pub struct DeviceBuffer<C: DeviceContext> {
 /// The streams a buffer was recorded on, behind one thin pointer.
 pub(crate) struct Recorded<C: DeviceContext>(Vec<Arc<StreamShared<C>>>);
 
-/// A release that could not be queued. The buffer comes back where it is
-/// still owned (wrong stream); otherwise it is gone and `error` says where its
-/// memory went.
+/// A release that could not be queued.
+///
+/// Whether the buffer comes back depends on how far the release got:
+///
+/// * refused before anything happened ([`GovernorError::WrongContext`]: the
+///   stream is another context's): `buffer` is `Some`, the buffer untouched,
+///   still live and charged, yours to release again;
+/// * refused after the buffer was let go ([`GovernorError::Backend`]: the
+///   backend refused the free and the memory is quarantined;
+///   [`GovernorError::Reclaimed`]: the context was force-retired and the
+///   memory goes with it): `buffer` is `None`, and `error` says where its
+///   memory went.
 pub struct ReleaseError<C: DeviceContext> {
-    /// The buffer, still live and charged, when the release was refused
-    /// before anything happened.
+    /// The buffer, when the release was refused before anything happened
+    /// (`Some` exactly for [`GovernorError::WrongContext`]); `None` when it
+    /// is gone (see the type's docs).
     pub buffer: Option<DeviceBuffer<C>>,
     /// What went wrong.
     pub error: GovernorError,

@@ -1,6 +1,6 @@
 //! What the governor reports. Every message carries the numbers and the way out.
 
-use super::report::Outstanding;
+use super::report::{Outstanding, TeardownReport};
 use super::role::Role;
 use super::units::{Bytes, Elapsed};
 use crate::{BackendError, ProviderContextIdentity, ProviderContextPinError};
@@ -127,7 +127,11 @@ pub struct BudgetExceeded {
     pub limit: u64,
     /// `limit` minus everything charged.
     pub available: u64,
-    /// How long the allocation waited for pending releases.
+    /// How long the allocation waited for pending releases (or, on the
+    /// machine ledger, for other processes to make room): zero when it did
+    /// not wait, as under [`Admission::FailFast`](super::config::Admission::FailFast)
+    /// or when nothing was pending, and then the message does not speak of
+    /// waiting.
     pub waited: Duration,
     /// Bytes pressure responders said they gave back.
     pub reclaimed_by_responders: u64,
@@ -319,14 +323,43 @@ fn wrong_context(
     format!("{operation} {on} was passed {passed} of context {passed_context}; {way_out}")
 }
 
+/// What stopped a context accepting work, named in the refusals that
+/// follow ([`GovernorError::Pin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetiredBy {
+    /// [`ContextHandle::retire`](crate::ContextHandle::retire) (and
+    /// [`RetireHandle::force`](crate::RetireHandle::force) after it).
+    Retire,
+    /// The [`Governor`](crate::Governor) it was registered with was dropped,
+    /// which retires every context still registered.
+    GovernorDropped,
+}
+
+impl fmt::Display for RetiredBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Retire => "ContextHandle::retire",
+            Self::GovernorDropped => "the drop of its Governor",
+        })
+    }
+}
+
 /// The governor's words for a pin refusal: the contract's own message names
-/// the context by identity only, which the variant already does with its label.
-fn pin_refusal(refusal: &ProviderContextPinError) -> &'static str {
-    match refusal {
-        ProviderContextPinError::ContextUnavailable(_) => {
+/// the context by identity only, which the variant already does with its
+/// label; a refusal because the context retired says what retired it.
+fn pin_refusal(refusal: &ProviderContextPinError, retired_by: &Option<RetiredBy>) -> &'static str {
+    match (refusal, retired_by) {
+        (ProviderContextPinError::ContextUnavailable(_), Some(RetiredBy::GovernorDropped)) => {
+            "no longer accepting work: its Governor was dropped, which retires every context registered with it; keep the Governor alive while its contexts are in use, or register a new context with a live Governor"
+        }
+        (ProviderContextPinError::ContextUnavailable(_), Some(RetiredBy::Retire)) => {
+            "no longer accepting work: retired by ContextHandle::retire (retiring or torn down); keep what was to be released, and register a new context for new work"
+        }
+        (ProviderContextPinError::ContextUnavailable(_), None) => {
             "no longer accepting work (retiring or torn down); keep what was to be released, and register a new context for new work"
         }
-        ProviderContextPinError::PinCountOverflow(_) => {
+        (ProviderContextPinError::PinCountOverflow(_), _) => {
             "too many outstanding pins (ContextConfig::max_pins); drop pins, buffers or streams you no longer need"
         }
     }
@@ -368,12 +401,16 @@ fn sleep_way_out(state: super::snapshot::SleepState, role: Option<Role>) -> &'st
 pub enum GovernorError {
     /// The context is retiring or torn down, or has too many pins; the
     /// pin contract's refusal is in `refusal`.
-    #[error("context {context}: {}", pin_refusal(refusal))]
+    #[error("context {context}: {}", pin_refusal(refusal, retired_by))]
     Pin {
         /// The context.
         context: ContextName,
         /// Why the pin was refused.
         refusal: ProviderContextPinError,
+        /// What retired the context, when the refusal is
+        /// [`ContextUnavailable`](ProviderContextPinError::ContextUnavailable)
+        /// because it did (`None` otherwise).
+        retired_by: Option<RetiredBy>,
     },
 
     /// The allocation does not fit; every number is in the payload.
@@ -548,8 +585,52 @@ impl GovernorError {
     }
 }
 
+/// The step of a teardown that failed ([`RetireError::TeardownPanicked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TeardownStep {
+    /// The backend's [`DeviceContext::teardown`](crate::DeviceContext::teardown).
+    Backend,
+    /// The governor's teardown accounting: returning to the context's
+    /// budgets (and every level above it) the charges no executed free
+    /// returned.
+    Accounting,
+    /// Recording the teardown: the context's trace, the `tracing` event
+    /// (a subscriber is user code).
+    Reporting,
+}
+
+impl fmt::Display for TeardownStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Backend => "the backend's teardown (DeviceContext::teardown)",
+            Self::Accounting => {
+                "the governor's teardown accounting (returning the context's charges to its budgets)"
+            }
+            Self::Reporting => "recording the teardown (its trace or tracing event)",
+        })
+    }
+}
+
+/// The way out of a [`RetireError::TeardownPanicked`], by the step that
+/// panicked.
+fn teardown_way_out(step: TeardownStep) -> &'static str {
+    match step {
+        TeardownStep::Backend => {
+            "the context is terminated and its charges returned (the report is in RetireError::TeardownPanicked::report and ContextHandle::teardown_report); the backend's teardown has a bug"
+        }
+        TeardownStep::Accounting => {
+            "the context is terminated, but charges it held may not have been returned to its budgets (Governor::snapshot shows what each level holds); this is a bug in memgov: please report it with this message"
+        }
+        TeardownStep::Reporting => {
+            "the context is terminated and its charges returned (the report is in RetireError::TeardownPanicked::report and ContextHandle::teardown_report); look at the tracing subscriber that panicked"
+        }
+    }
+}
+
 /// Why a retire did not finish.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RetireError {
     /// Work is still outstanding. Wait again, release what is listed, or
     /// call `force`.
@@ -561,5 +642,24 @@ pub enum RetireError {
         waited: Duration,
         /// What still holds the context.
         outstanding: Outstanding,
+    },
+
+    /// A step of the teardown panicked. The panic was caught: the context
+    /// is terminated all the same (its backend is gone, nothing waits on it
+    /// any more), and every waiter, whichever way it waits, gets this
+    /// error.
+    #[error("context {context}: teardown failed: {step} panicked: {message}; {}", teardown_way_out(*step))]
+    TeardownPanicked {
+        /// The context.
+        context: ContextName,
+        /// The step that panicked (the last one, when several did).
+        step: TeardownStep,
+        /// The panic's message (and that of an earlier step's panic).
+        message: String,
+        /// The teardown's report, when its accounting ran to the end (every
+        /// step but [`TeardownStep::Accounting`]): the same one
+        /// [`ContextHandle::teardown_report`](crate::ContextHandle::teardown_report)
+        /// returns.
+        report: Option<Box<TeardownReport>>,
     },
 }

@@ -36,7 +36,7 @@ pub use cache::size_class;
 pub use config::{Admission, CacheConfig, ContextConfig, Tuning};
 pub use error::{
     BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
-    RetireError,
+    RetireError, RetiredBy, TeardownStep,
 };
 pub use handle::ContextHandle;
 pub use ledger::{Imbalance, ProcessBudget, SharedBudget};
@@ -192,11 +192,13 @@ impl<C: DeviceContext> Drop for Governor<C> {
     fn drop(&mut self) {
         let contexts = std::mem::take(&mut *lock(&self.contexts));
         for c in &contexts {
-            c.begin_retire();
+            c.begin_retire(RetiredBy::GovernorDropped);
         }
         for c in &contexts {
             if c.phase() != record::Phase::Terminated && c.drained() {
-                c.finish();
+                // Kept on the record for its handles (a failure also goes
+                // to the tracing subscriber): nobody waits here.
+                let _ = c.finish();
             }
         }
         for c in &contexts {

@@ -78,11 +78,17 @@ pub(crate) fn release<C: DeviceContext>(
         // this buffer's pin and holds its charge until teardown frees the
         // memory.
         drop(memory);
+        if stream.trace_tag != 0 {
+            never_settles(ctx, stream, bytes, role, "reclaimed by force".into());
+        }
         return Released::Reclaimed;
     };
     // Everything below runs with the gate claim held (see the module docs).
     if ctx.is_lost() {
         drop(memory);
+        if stream.trace_tag != 0 {
+            never_settles(ctx, stream, bytes, role, "the device is lost".into());
+        }
         settle_live_as_lost(ctx, live_shard, bytes, role, tier);
         drop(backend);
         return Released::SettledLost;
@@ -164,24 +170,8 @@ fn refused<C: DeviceContext>(
     tier: Tier,
     err: BackendError,
 ) -> Released {
-    if let Some(t) = &ctx.trace {
-        // The buffer is gone from the live bytes without a free that will
-        // retire: a release that never settles.
-        let note = Some(format!("release refused: {err}"));
-        t.event(
-            stream.trace_tag,
-            Some(role),
-            EventKind::Released,
-            bytes,
-            None,
-        );
-        t.event(
-            stream.trace_tag,
-            Some(role),
-            EventKind::Abandoned,
-            bytes,
-            note,
-        );
+    if stream.trace_tag != 0 {
+        never_settles(ctx, stream, bytes, role, format!("release refused: {err}"));
     }
     if err.is_device_lost() {
         drop(memory);
@@ -191,6 +181,23 @@ fn refused<C: DeviceContext>(
         ctx.quarantine(live_shard, memory, bytes, role, tier, &err);
         Released::Quarantined(Box::new(err))
     }
+}
+
+/// On a traced context, the timeline of a live buffer released without a
+/// free that will retire (refused, on a lost device, reclaimed by force):
+/// released, then abandoned, `why` noted.
+#[cold]
+#[inline(never)]
+fn never_settles<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: &StreamShared<C>,
+    bytes: u64,
+    role: Role,
+    why: String,
+) {
+    let tag = stream.trace_tag;
+    ctx.trace_event(tag, Some(role), EventKind::Released, bytes, None);
+    ctx.trace_event(tag, Some(role), EventKind::Abandoned, bytes, Some(why));
 }
 
 /// A live buffer of a lost context goes away with the device.

@@ -53,6 +53,71 @@ pub struct TeardownReport {
     pub backend_result: Result<(), BackendError>,
 }
 
+/// `n thing` or `n things`.
+fn count(f: &mut fmt::Formatter<'_>, n: u64, thing: &str) -> fmt::Result {
+    write!(f, "{n} {thing}{}", if n == 1 { "" } else { "s" })
+}
+
+/// One paragraph for a log: what the teardown did, in the report's order,
+/// leaving out what did not happen (nothing abandoned, nothing forced, ...).
+///
+/// ```text
+/// context #1.0 'llm' torn down in 1.2 ms: 12 releases retired; the backend's teardown returned Ok
+/// context #2.0 'vision' torn down in 48.0 ms, forced: 3 releases retired, 1 abandoned, 2 live buffers reclaimed by force; returned at teardown: 0 B quarantined, 6.0 MiB awaiting teardown; the backend's teardown failed: ...
+/// ```
+impl fmt::Display for TeardownReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "context {} '{}' torn down in {}",
+            self.context,
+            self.label,
+            super::Elapsed(self.elapsed)
+        )?;
+        if self.lost_in_teardown {
+            f.write_str(", device lost (first seen by the backend's teardown)")?;
+        } else if self.lost {
+            f.write_str(", device lost")?;
+        }
+        if self.forced {
+            f.write_str(", forced")?;
+        }
+        f.write_str(": ")?;
+        count(f, self.retired_releases, "release")?;
+        f.write_str(" retired")?;
+        if self.abandoned_releases > 0 {
+            write!(f, ", {} abandoned", self.abandoned_releases)?;
+        }
+        if self.settled_lost > 0 {
+            f.write_str(", ")?;
+            count(f, self.settled_lost, "live buffer")?;
+            f.write_str(" released on the lost device")?;
+        }
+        if self.reclaimed_buffers > 0 {
+            f.write_str(", ")?;
+            count(f, self.reclaimed_buffers, "live buffer")?;
+            f.write_str(" reclaimed by force")?;
+        }
+        if self.quarantined_bytes > 0 || self.awaiting_teardown_bytes > 0 {
+            write!(
+                f,
+                "; returned at teardown: {} quarantined, {} awaiting teardown",
+                super::Bytes(self.quarantined_bytes),
+                super::Bytes(self.awaiting_teardown_bytes)
+            )?;
+        }
+        if self.unsettled_releases > 0 {
+            f.write_str("; ")?;
+            count(f, self.unsettled_releases, "release")?;
+            f.write_str(" the backend still held after teardown (a backend bug)")?;
+        }
+        match &self.backend_result {
+            Ok(()) => f.write_str("; the backend's teardown returned Ok"),
+            Err(e) => write!(f, "; the backend's teardown failed: {e}"),
+        }
+    }
+}
+
 /// The kind of holder keeping a context from tearing down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]

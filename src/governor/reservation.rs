@@ -27,6 +27,7 @@ use super::role::Role;
 use super::shards::GLOBAL;
 use super::stream::GovernedStream;
 use crate::sync::Allowance;
+use crate::trace::EventKind;
 use crate::{DeviceContext, Tier};
 use std::fmt;
 use std::sync::Arc;
@@ -161,6 +162,12 @@ impl<C: DeviceContext> Reservation<C> {
         let taken = Taken { from: self, bytes };
         let memory = allocate_charged(ctx, &stream.shared, bytes, role, self.tier, Held::Reserved)?;
         std::mem::forget(taken);
+        // On the timeline as on the books: the bytes became live (the
+        // stream's tag is set only on a traced context).
+        if stream.shared.trace_tag != 0 {
+            let tag = stream.shared.trace_tag;
+            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, None);
+        }
         pin.transfer();
         Ok(DeviceBuffer {
             stream: stream.shared.clone(),

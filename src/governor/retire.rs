@@ -2,7 +2,7 @@
 //! outstanding pin, and tear the backend down exactly once.
 
 use super::cache::flush_all;
-use super::error::RetireError;
+use super::error::{RetireError, RetiredBy};
 use super::record::pin_source::PinSourceInner;
 use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, OutstandingItem, PinKind, TeardownReport};
@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 impl<C: DeviceContext> ContextInner<C> {
     /// Stop accepting work: new pins fail from now on, and allocations
     /// waiting for room give up.
-    pub(crate) fn begin_retire(&self) {
+    pub(crate) fn begin_retire(&self, by: RetiredBy) {
         // Break the reference cycle of cached PendingRelease boxes before the
         // record can lose its last outside reference (before any reaper can
         // start, too).
         self.spares.close();
-        lock(&self.retire_started).get_or_insert_with(Instant::now);
+        // The first retire names itself: later ones find the context retired.
+        lock(&self.retire_started).get_or_insert_with(|| (Instant::now(), by));
         self.life.begin_retire();
         // Cached blocks hold pins: close every stream's cache and free its
         // blocks now, so that the retire can drain.
@@ -154,7 +155,7 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// Retire `ctx` (if it is not already) and attend to its teardown.
     pub(crate) fn new(ctx: &Arc<ContextInner<C>>) -> Self {
         ctx.attend();
-        ctx.begin_retire();
+        ctx.begin_retire(RetiredBy::Retire);
         Self { ctx: ctx.clone() }
     }
 
@@ -180,12 +181,21 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// give up at `deadline` with the list of what is outstanding. A deadline
     /// in the past checks once without blocking. Waiting again after a
     /// timeout is allowed.
+    ///
+    /// # Errors
+    ///
+    /// [`RetireError::Outstanding`] at the deadline;
+    /// [`RetireError::TeardownPanicked`] when a step of the teardown (the
+    /// backend's, the governor's accounting, the reporting) panicked: the
+    /// context is terminated all the same, and every waiter (this method,
+    /// [`try_finish`](Self::try_finish), [`finished`](Self::finished),
+    /// [`force`](Self::force), on any handle) gets the same error.
     pub fn wait(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let start = Instant::now();
         let ctx = &*self.ctx;
         let ready = ctx.life.wait_drained(Some(deadline));
         if ready {
-            Ok(ctx.finish())
+            ctx.finish()
         } else {
             Err(self.outstanding_error(start.elapsed()))
         }
@@ -200,13 +210,14 @@ impl<C: DeviceContext> RetireHandle<C> {
     /// what is outstanding.
     pub fn try_finish(&self) -> Result<TeardownReport, RetireError> {
         if self.ctx.drained() || self.ctx.phase() == Phase::Terminated {
-            Ok(self.ctx.finish())
+            self.ctx.finish()
         } else {
             Err(self.outstanding_error(Duration::ZERO))
         }
     }
 
-    /// A future that completes with the report once everything has drained.
+    /// A future that completes with the report once everything has drained
+    /// (or with [`RetireError::TeardownPanicked`], as [`wait`](Self::wait)).
     /// Woken by the last retirement, never by polling. Teardown runs on the
     /// thread that polls it to completion.
     pub fn finished(&self) -> Finished<'_, C> {
@@ -235,7 +246,7 @@ impl<C: DeviceContext> RetireHandle<C> {
     pub fn force(&self, deadline: Instant) -> Result<TeardownReport, RetireError> {
         let ctx = &*self.ctx;
         if ctx.phase() == Phase::Terminated {
-            return Ok(ctx.finish());
+            return ctx.finish();
         }
         ctx.force();
         self.wait(deadline)
@@ -249,9 +260,12 @@ pub struct Finished<'a, C: DeviceContext> {
 }
 
 impl<C: DeviceContext> Future for Finished<'_, C> {
-    type Output = TeardownReport;
+    type Output = Result<TeardownReport, RetireError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TeardownReport> {
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<TeardownReport, RetireError>> {
         let ctx = self.handle.ctx.clone();
         let mut registered = self.registered;
         let ready = ctx.life.poll_drained(cx.waker(), &mut registered);
@@ -274,5 +288,139 @@ impl<C: DeviceContext> Finished<'_, C> {
 impl<C: DeviceContext> Drop for Finished<'_, C> {
     fn drop(&mut self) {
         self.forget();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A panic planted in the governor's own teardown accounting (which no
+    //! backend can reach): every waiter still gets an answer naming it.
+    use super::*;
+    use crate::null::NullContext;
+    use crate::{ContextConfig, ContextHandle, ContextState, Governor, TeardownStep};
+    use std::sync::atomic::Ordering;
+    use std::sync::{mpsc, Barrier};
+    use std::task::{Wake, Waker};
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(20)
+    }
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
+    }
+
+    /// A context whose teardown accounting panics. Its governor is leaked:
+    /// dropped while a failing test unwinds, it would wait for that
+    /// teardown too.
+    fn planted(label: &str) -> ContextHandle<NullContext> {
+        let gov = Governor::new();
+        let ctx = gov.register(NullContext::new(), ContextConfig::new().label(label));
+        std::mem::forget(gov);
+        ctx.inner
+            .planted_accounting_panic
+            .store(true, Ordering::SeqCst);
+        ctx
+    }
+
+    fn check(how: &str, answer: Option<Result<TeardownReport, RetireError>>) -> RetireError {
+        let answer = answer.unwrap_or_else(|| panic!("{how} never answered (hung or panicked)"));
+        let err = answer.expect_err("a panicking teardown is an error");
+        let RetireError::TeardownPanicked {
+            step,
+            message,
+            report,
+            ..
+        } = &err
+        else {
+            panic!("{how}: {err}");
+        };
+        assert_eq!(*step, TeardownStep::Accounting, "{how}: {err}");
+        assert!(
+            message.contains("planted in the teardown accounting"),
+            "{how}: {err}"
+        );
+        assert!(report.is_none(), "{how}: the accounting did not finish");
+        let text = err.to_string();
+        assert!(
+            text.contains("the governor's teardown accounting") && text.contains("bug in memgov"),
+            "{how}: {text}"
+        );
+        err
+    }
+
+    #[test]
+    fn a_panic_in_the_teardown_accounting_fails_every_racing_waiter_alike() {
+        type Wait = fn(&RetireHandle<NullContext>) -> Result<TeardownReport, RetireError>;
+        let waits: [(&str, Wait); 6] = [
+            ("wait(deadline)", |h| h.wait(soon())),
+            ("wait(past deadline)", |h| h.wait(Instant::now())),
+            ("wait_timeout", |h| h.wait_timeout(Duration::from_secs(20))),
+            ("try_finish", |h| h.try_finish()),
+            ("finished().await", |h| block_on(h.finished())),
+            ("force", |h| h.force(soon())),
+        ];
+        for round in 0..25 {
+            let ctx = planted("acct");
+            drop(ctx.create_stream("s").unwrap());
+            let barrier = Arc::new(Barrier::new(waits.len()));
+            let mut answers = Vec::new();
+            for (how, wait) in waits {
+                let (handle, barrier) = (ctx.retire(), barrier.clone());
+                let (tx, rx) = mpsc::channel();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let answer =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait(&handle)));
+                    let _ = tx.send(answer.ok());
+                });
+                answers.push((how, rx));
+            }
+            let mut seen = None;
+            for (how, rx) in answers {
+                let answer = rx.recv_timeout(Duration::from_secs(10)).ok().flatten();
+                let err = check(&format!("round {round}: {how}"), answer);
+                assert_eq!(seen.get_or_insert_with(|| err.clone()), &err, "{how}");
+            }
+            assert_eq!(ctx.lifecycle(), ContextState::Terminated);
+            assert!(ctx.teardown_report().is_none());
+            assert_eq!(ctx.retire().try_finish(), Err(seen.unwrap()));
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_background_teardown_accounting_is_kept_for_later_waiters() {
+        let ctx = planted("bg-acct");
+        let s = ctx.create_stream("s").unwrap();
+        drop(ctx.retire()); // nobody attends: the last holder's drop reaps it
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ctx.lifecycle() != ContextState::Terminated {
+            assert!(Instant::now() < deadline, "the reaper never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (tx, rx) = mpsc::channel();
+        let late = ctx.retire();
+        std::thread::spawn(move || {
+            let _ = tx.send(Some(late.wait(soon())));
+        });
+        check(
+            "a later wait",
+            rx.recv_timeout(Duration::from_secs(10)).ok().flatten(),
+        );
     }
 }

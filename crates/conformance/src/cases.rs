@@ -455,6 +455,7 @@ fn retiring_refuses_new_work<C: DeviceContext>(f: Factory<'_, C>) -> R {
     let unavailable = GovernorError::Pin {
         context: memgov::ContextName::new(id, s.ctx.label()),
         refusal: ProviderContextPinError::ContextUnavailable(id),
+        retired_by: Some(memgov::RetiredBy::Retire),
     };
     let alloc = s.ctx.allocate(&stream, Alloc::new(4096, Role::KvCache));
     check!(
@@ -578,7 +579,11 @@ fn deadline_error_names_outstanding<C: DeviceContext>(f: Factory<'_, C>) -> R {
         "wait gave up after {:?}, before its deadline",
         start.elapsed()
     );
-    let RetireError::Outstanding { outstanding, .. } = &err;
+    let RetireError::Outstanding { outstanding, .. } = &err else {
+        return Err(Outcome::Failed(format!(
+            "wait before the deadline failed otherwise: {err}"
+        )));
+    };
     let has = |kind: PinKind, role: Option<Role>, count: u64, bytes: u64, holder: Option<&str>| {
         outstanding.items.iter().any(|i| {
             i.kind == kind

@@ -115,7 +115,9 @@ fn retire_waits_for_a_live_output_and_names_onnxruntime() {
     let e = retire
         .wait(Instant::now() + Duration::from_millis(20))
         .unwrap_err();
-    let RetireError::Outstanding { outstanding, .. } = &e;
+    let RetireError::Outstanding { outstanding, .. } = &e else {
+        panic!("{e}")
+    };
     assert!(
         outstanding
             .items
@@ -130,7 +132,9 @@ fn retire_waits_for_a_live_output_and_names_onnxruntime() {
     let e = retire
         .wait(Instant::now() + Duration::from_millis(20))
         .unwrap_err();
-    let RetireError::Outstanding { outstanding, .. } = &e;
+    let RetireError::Outstanding { outstanding, .. } = &e else {
+        panic!("{e}")
+    };
     assert!(
         outstanding.items.iter().any(|i| i.kind == PinKind::Buffer),
         "{e}"

@@ -29,8 +29,10 @@
 //!   this record (a cycle): `begin_retire` closes every slot for good, and the
 //!   registry keeps the record alive until a retire has begun, so the cycle
 //!   never outlives the last outside reference.
-//! * Teardown runs once (the `Destroyer`); a panicking `teardown` is caught,
-//!   so Terminated is always reached.
+//! * Teardown runs once (the `Destroyer`); a panic in any of its steps (the
+//!   backend's `teardown`, the accounting, the reporting) is caught, so
+//!   Terminated is always reached, and every waiter gets the same outcome
+//!   (`RetireError::TeardownPanicked` naming the step).
 //! * Charges: `charge` puts an allocation's bytes on the context's budget
 //!   (through its stream's lease, see `lease.rs`) and the shared one
 //!   together; they come off when an executed free settles
@@ -62,7 +64,7 @@ pub(crate) mod sleep;
 pub(crate) mod stream;
 
 use super::config::{Admission, ContextConfig};
-use super::error::{ContextName, GovernorError};
+use super::error::{ContextName, GovernorError, RetireError, RetiredBy, TeardownStep};
 use super::ledger::{Charges, Entry, Imbalance, Ledger, Note, ReturnedAtTeardown};
 use super::pressure::RegisteredResponder;
 use super::report::TeardownReport;
@@ -139,8 +141,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     pub sources: Mutex<Vec<Weak<PinSourceInner<C>>>>,
     quarantine: Mutex<Vec<Quarantined<C::Memory>>>,
     pub responders: Mutex<Vec<RegisteredResponder>>,
-    report: Mutex<Option<TeardownReport>>,
-    pub retire_started: Mutex<Option<Instant>>,
+    /// The teardown's outcome, once it ran: every waiter gets a clone.
+    report: Mutex<Option<Result<TeardownReport, RetireError>>>,
+    /// When retiring began, and what began it.
+    pub retire_started: Mutex<Option<(Instant, RetiredBy)>>,
 
     /// The block cache's limits and totals (its bins are the streams').
     pub cache: cache::ContextCache,
@@ -155,6 +159,10 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// The reaper thread, joined by `Governor::drop` when it still owns the
     /// record.
     reaper: Mutex<Option<JoinHandle<()>>>,
+    /// A bug planted in the teardown's accounting step, for the tests that
+    /// show every waiter still gets an answer.
+    #[cfg(test)]
+    pub planted_accounting_panic: std::sync::atomic::AtomicBool,
     /// Closes every stream's bins and frees their blocks (`cache::flush_all`,
     /// given by the governor at registration): device loss runs it from
     /// here, below the release path that the flush itself runs on. Cold:
@@ -228,7 +236,9 @@ fn start_reaper<C: DeviceContext>(this: &Weak<ContextInner<C>>) -> bool {
     let spawned = std::thread::Builder::new()
         .name(format!("memgov-reaper-{}", this.id))
         .spawn(move || {
-            record.finish();
+            // Nobody waits: the outcome stays on the record (and a failure
+            // went to the tracing subscriber, if there is one).
+            let _ = record.finish();
         });
     match spawned {
         Ok(handle) => {
@@ -296,6 +306,8 @@ impl<C: DeviceContext> ContextInner<C> {
             spares: Spares::new(),
             sleep: Default::default(),
             reaper: Mutex::new(None),
+            #[cfg(test)]
+            planted_accounting_panic: Default::default(),
             flush_cache,
         }
     }
@@ -435,9 +447,14 @@ impl<C: DeviceContext> ContextInner<C> {
         self.life.lost_reason()
     }
 
-    /// The stored teardown report, once the context terminated.
+    /// The stored teardown report, once the context terminated (also when
+    /// a step other than the accounting panicked).
     pub(crate) fn teardown_report(&self) -> Option<TeardownReport> {
-        lock(&self.report).clone()
+        match lock(&self.report).as_ref()? {
+            Ok(report) => Some(report.clone()),
+            Err(RetireError::TeardownPanicked { report, .. }) => report.as_deref().cloned(),
+            Err(_) => None,
+        }
     }
 
     /// Join the reaper thread, if one was started (`Governor::drop`).
@@ -507,8 +524,17 @@ impl<C: DeviceContext> ContextInner<C> {
             refusal => GovernorError::Pin {
                 context: self.name(),
                 refusal,
+                retired_by: match refusal {
+                    ProviderContextPinError::ContextUnavailable(_) => self.retired_by(),
+                    _ => None,
+                },
             },
         }
+    }
+
+    /// What retired the context, once something did.
+    pub(crate) fn retired_by(&self) -> Option<RetiredBy> {
+        lock(&self.retire_started).map(|(_, by)| by)
     }
 
     /// The error every operation on a lost context returns.
@@ -714,31 +740,45 @@ impl<C: DeviceContext> ContextInner<C> {
     }
 
     /// Tear down, once. Precondition: `drained()` was observed, or the caller
-    /// is `force` after revoking what it reclaimed. Returns the report; a
-    /// second caller waits for the first and gets the same report.
-    pub(crate) fn finish(&self) -> TeardownReport {
+    /// is `force` after revoking what it reclaimed. Returns the report, or
+    /// the error of a step that panicked; a second caller waits for the
+    /// first and gets the same outcome. Never panics before every waiter
+    /// has been given that outcome.
+    pub(crate) fn finish(&self) -> Result<TeardownReport, RetireError> {
         let destroyer = match self.life.begin_teardown() {
             Teardown::Destroy(destroyer) => destroyer,
             Teardown::Done => {
                 return lock(&self.report)
                     .clone()
-                    .expect("report stored before TERMINATED");
+                    .expect("outcome stored before TERMINATED");
             }
         };
-        let (report, balanced) = self.tear_down(&destroyer);
-        *lock(&self.report) = Some(report.clone());
+        let (outcome, balanced) = self.tear_down(&destroyer);
+        *lock(&self.report) = Some(outcome.clone());
         destroyer.terminated();
+        #[cfg(feature = "tracing")]
+        if let Err(e) = &outcome {
+            tracing::error!(context = %self.id, label = %self.label(), error = %e, "memgov: teardown failed");
+        }
         // After Terminated: a failed check fails the caller, not every waiter.
         // A lost device may settle a release at any time, teardown included:
-        // its books are not quiet.
-        if !self.is_lost() {
+        // its books are not quiet. An accounting step that panicked left
+        // them half done, and its error says so.
+        let accounted = !matches!(
+            &outcome,
+            Err(RetireError::TeardownPanicked {
+                step: TeardownStep::Accounting,
+                ..
+            })
+        );
+        if !self.is_lost() && accounted {
             if let Err(imbalance) = balanced {
                 debug_assert!(false, "{}", imbalance.of(self.name().to_string()));
             }
         }
         let closed = self.ledger.charges().closed(self.is_lost());
         debug_assert!(
-            closed.is_ok(),
+            closed.is_ok() || !accounted,
             "context {}: {}",
             self.name(),
             closed.clone().unwrap_err()
@@ -748,32 +788,47 @@ impl<C: DeviceContext> ContextInner<C> {
         // after the Terminated store, so that a waiter that reads the new
         // epoch also reads Terminated and sees every byte back.
         self.ledger.charges().announce_returned();
-        report
+        outcome
     }
 
-    /// The backend's teardown, under the lifecycle's `Destroyer`, and the
-    /// report of it.
+    /// The backend's teardown, under the lifecycle's `Destroyer`, the
+    /// accounting, and the report of it: each step's panic caught, so that
+    /// the caller always reaches `terminated` with an outcome for every
+    /// waiter.
     fn tear_down(
         &self,
         _destroyer: &Destroyer<'_, SHARDS>,
-    ) -> (TeardownReport, Result<(), Imbalance>) {
+    ) -> (Result<TeardownReport, RetireError>, Result<(), Imbalance>) {
         // SAFETY: the `Destroyer` is handed out once (the winner of
         // Retiring -> Terminating), with the gate closed and drained: no
         // BackendGuard (and no `&C`) exists and none can be created, and no
         // one else moves the backend out.
         let backend = unsafe { (*self.backend.get()).take() };
         let lost = self.is_lost();
-        let started = lock(&self.retire_started).unwrap_or_else(Instant::now);
+        let started = lock(&self.retire_started).map_or_else(Instant::now, |(at, _)| at);
+        // The step that panicked last, and what every panic said.
+        let mut panicked: Option<(TeardownStep, String)> = None;
+        let mut caught = |step: TeardownStep, p: Box<dyn std::any::Any + Send>| {
+            let message = match panicked.take() {
+                None => panic_message(&*p),
+                Some((earlier, said)) => {
+                    format!("{} (after {earlier} panicked: {said})", panic_message(&*p))
+                }
+            };
+            panicked = Some((step, message));
+        };
         let result = match backend {
             // A panicking teardown must still end in TERMINATED, with every
-            // waiter woken: the panic becomes the report's backend result.
+            // waiter woken: the panic is also the report's backend result.
             Some(b) => catch_unwind(AssertUnwindSafe(|| b.teardown(lost))).unwrap_or_else(|p| {
-                Err(BackendError::new(
+                let e = BackendError::new(
                     self.description.backend,
                     "teardown",
                     BackendErrorKind::Other,
                     format!("teardown panicked: {}", panic_message(&*p)),
-                ))
+                );
+                caught(TeardownStep::Backend, p);
+                Err(e)
             }),
             None => Ok(()),
         };
@@ -781,7 +836,24 @@ impl<C: DeviceContext> ContextInner<C> {
         // own calls with a device-lost error: the report says it was lost.
         let lost_in_teardown = !lost && matches!(&result, Err(e) if e.is_device_lost());
         let lost = lost || lost_in_teardown;
-        let (returned, balanced) = self.return_charges_at_teardown();
+        let accounting = catch_unwind(AssertUnwindSafe(|| {
+            #[cfg(test)]
+            if self.planted_accounting_panic.swap(false, Ordering::SeqCst) {
+                panic!("planted in the teardown accounting");
+            }
+            self.return_charges_at_teardown()
+        }));
+        let (returned, balanced) = match accounting {
+            Ok(done) => done,
+            Err(p) => {
+                caught(TeardownStep::Accounting, p);
+                let nothing = ReturnedAtTeardown {
+                    quarantined: 0,
+                    awaiting_teardown: 0,
+                };
+                (nothing, Ok(()))
+            }
+        };
         let counters = self.ledger.counters();
         let report = TeardownReport {
             context: self.id,
@@ -799,6 +871,27 @@ impl<C: DeviceContext> ContextInner<C> {
             elapsed: started.elapsed(),
             backend_result: result,
         };
+        // The trace and a tracing subscriber are the last steps; a
+        // subscriber is user code, and may panic too.
+        let reporting = catch_unwind(AssertUnwindSafe(|| self.report_teardown(&report, returned)));
+        if let Err(p) = reporting {
+            caught(TeardownStep::Reporting, p);
+        }
+        let outcome = match panicked {
+            None => Ok(report),
+            Some((step, message)) => Err(RetireError::TeardownPanicked {
+                context: self.name(),
+                step,
+                message,
+                report: (step != TeardownStep::Accounting).then(|| Box::new(report)),
+            }),
+        };
+        (outcome, balanced)
+    }
+
+    /// Record a teardown in the context's trace and as a `tracing` event.
+    fn report_teardown(&self, report: &TeardownReport, returned: ReturnedAtTeardown) {
+        let lost = report.lost;
         if let Some(t) = &self.trace {
             let note = match &report.backend_result {
                 Ok(()) if lost => "lost".to_owned(),
@@ -817,7 +910,8 @@ impl<C: DeviceContext> ContextInner<C> {
                 tracing::error!(context = %self.id, label = %self.label(), lost, forced = report.forced, quarantined_bytes = returned.quarantined, awaiting_teardown_bytes = returned.awaiting_teardown, elapsed = ?report.elapsed, error = %e, "memgov: context torn down; the backend's teardown failed")
             }
         }
-        (report, balanced)
+        #[cfg(not(feature = "tracing"))]
+        let _ = returned;
     }
 
     /// The accounting of every teardown path (waited, background, forced,
