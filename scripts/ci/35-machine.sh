@@ -61,6 +61,11 @@ grep -Eq "killed creators: nothing blocks the key|skipped: strace" "$log" ||
 grep -q "cut short: alive after touching the truncated segment" "$log" ||
     { echo "FAILED: a member of a segment cut short did not live on"; exit 1; }
 cargo test --locked -p memgov-cli --test top_trust 2>&1 | tee -a "$log"
+# A pressure responder that panics on the doorbell thread: caught, the
+# thread keeps serving.
+cargo test --locked -p memgov --test machine_doorbell -- --nocapture 2>&1 | tee -a "$log"
+grep -q "doorbell: a responder's panic caught (1 caught), the ring answered, the next ring served" "$log" ||
+    { echo "FAILED: the doorbell thread did not survive a panicking responder"; exit 1; }
 # `memgov top` lists the processes outside memgov that NVML names.
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked -p memgov-cli --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"

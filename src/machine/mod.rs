@@ -784,6 +784,15 @@ impl MachineMember {
         self.inner().uncharge(bytes)
     }
 
+    /// Panics caught on this membership's doorbell thread: in pressure
+    /// responders or block caches asked to trim for another process, or in
+    /// the census of its contexts. Each is printed by the panic hook (and,
+    /// with `tracing`, logged as a warning naming the slot); the thread
+    /// answers the ring anyway and keeps serving.
+    pub fn doorbell_panics(&self) -> u64 {
+        self.inner().host_panics()
+    }
+
     /// Ask the other processes for room for `bytes`, waiting until
     /// `deadline` at most; returns the processes that did not answer.
     pub fn make_room(&self, bytes: u64, deadline: Instant) -> Vec<Holder> {
