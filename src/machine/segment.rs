@@ -3,6 +3,13 @@
 //! atomic words are read or written in the mapping once it is set up; no
 //! lock lives in it, so a process that dies leaves nothing held.
 //!
+//! A segment is built whole in a private file (its pages reserved, its
+//! header written) and only then linked at its path, never over another;
+//! an opener follows no symbolic link, takes only a regular file whose
+//! owner and mode it trusts, and checks the header and the file's size,
+//! read from the file, before it maps anything (`Segment::open_or_create_with`).
+//! A file cut short under a mapping does not kill the process (`bus_guard`).
+//!
 //! # Layout (version 1, every field a little-endian `u64` word)
 //!
 //! ```text
@@ -12,7 +19,7 @@
 //!   16  slot count
 //!   24  slot size (256)
 //!   32  checksum of the words 0..32 and the device key (FNV-1a)
-//!   40  state: 0 being set up, 1 ready
+//!   40  state: 1 ready (what is linked at a path is always ready)
 //!   48  limit: the bytes the ledger may promise in all
 //!   56  the owner's uid
 //!   64  device key (64 bytes, NUL padded)
