@@ -140,7 +140,7 @@ pub enum MachineError {
     },
     /// The segment can be written by users other than its owner, and no
     /// shared mode was asked for.
-    #[error("machine ledger {}: mode {mode:04o} (owner uid {owner}) lets {} write it; a ledger others can write is refused unless shared is asked for (LedgerOptions::shared, for group write; other write is never accepted): remove it (memgov top --reset --force once no process uses it), or give this process its own path (LedgerOptions::path)", path.display(), if mode & 0o002 != 0 { "every user" } else { "its group" })]
+    #[error("machine ledger {}: mode {mode:04o} (owner uid {owner}) lets {} write it; a ledger others can write is refused unless shared is asked for (LedgerOptions::shared, memgov top --shared: group write; write by every user is never accepted): remove it (memgov top --reset --force once no process uses it), or give this process its own path (LedgerOptions::path)", path.display(), if mode & 0o002 != 0 { "every user" } else { "its group" })]
     OpenToOthers {
         /// The segment's path.
         path: PathBuf,
