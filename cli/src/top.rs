@@ -41,9 +41,19 @@ pub struct TopArgs {
     #[arg(long)]
     repair: bool,
     /// Remove the segment (corrupt, or of another layout version) and exit.
-    /// Stop the processes using it first: they keep the old one.
+    /// Refused while live processes use it (they are named): stop them
+    /// first, since they would keep the old one.
     #[arg(long)]
     reset: bool,
+    /// With --reset: remove it even though processes seem to use it (they
+    /// are gone but the ledger cannot tell: another pid namespace, a dead
+    /// machine).
+    #[arg(long, requires = "reset")]
+    force: bool,
+    /// The ledger is shared with a group (LedgerOptions::shared): accept a
+    /// segment of another owner, or writable by its group.
+    #[arg(long)]
+    shared: bool,
 }
 
 pub fn main(args: &TopArgs) -> ExitCode {
@@ -52,7 +62,12 @@ pub fn main(args: &TopArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| memgov::machine::default_path(&args.device));
     if args.reset {
-        return match memgov::machine::MachineLedger::reset(&path) {
+        let reset = if args.force {
+            memgov::machine::MachineLedger::force_reset(&path)
+        } else {
+            memgov::machine::MachineLedger::reset(&path)
+        };
+        return match reset {
             Ok(()) => {
                 println!("removed {}", path.display());
                 ExitCode::SUCCESS
@@ -63,7 +78,12 @@ pub fn main(args: &TopArgs) -> ExitCode {
     if matches!(path.try_exists(), Ok(false)) {
         return no_ledger(args, &path);
     }
-    let ledger = match memgov::machine::MachineLedger::open_existing(&path) {
+    let opened = if args.shared {
+        memgov::machine::MachineLedger::open_existing_shared(&path)
+    } else {
+        memgov::machine::MachineLedger::open_existing(&path)
+    };
+    let ledger = match opened {
         Ok(l) => l,
         Err(e) => return fail(args.json, &for_the_command_line(&e.to_string())),
     };
@@ -72,7 +92,7 @@ pub fn main(args: &TopArgs) -> ExitCode {
             eprintln!(
                 "reclaimed slot {} of '{}' (pid {}, dead): {} back",
                 r.slot,
-                r.name,
+                printable(&r.name),
                 r.pid,
                 short(r.bytes)
             );
@@ -149,10 +169,29 @@ fn outside_processes(
         .collect())
 }
 
+/// `text` with every control character (C0, DEL, C1: what a terminal
+/// could take for an escape sequence) written as a `\u{..}` escape: names
+/// come from other processes (slot names, `/proc/<pid>/comm` of any user).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn view(ledger: &memgov::machine::MachineLedger) -> String {
     use std::fmt::Write;
     let snap = ledger.snapshot();
-    let mut out = table(&snap);
+    let mut out = String::new();
+    if let Err(e) = ledger.verify() {
+        let _ = writeln!(out, "WARNING: {}", printable(&e.to_string()));
+    }
+    out.push_str(&table(&snap));
     match outside_processes(&snap) {
         Ok(list) if list.is_empty() => {
             out.push_str("no process outside memgov on the device\n");
@@ -161,7 +200,7 @@ fn view(ledger: &memgov::machine::MachineLedger) -> String {
             let _ = writeln!(out, "outside memgov on the device:");
             for (p, name) in list {
                 let bytes = p.bytes.map_or_else(|| "unknown".to_owned(), short);
-                let _ = writeln!(out, "{:>8} {:<20} {:>9}", p.pid, name, bytes);
+                let _ = writeln!(out, "{:>8} {:<20} {:>9}", p.pid, printable(&name), bytes);
             }
         }
         Err(why) => {
@@ -264,7 +303,7 @@ fn fail(json: bool, error: &str) -> ExitCode {
     if json {
         crate::print_json_error(error, serde_json::json!({}));
     }
-    eprintln!("memgov top: {error}");
+    eprintln!("memgov top: {}", printable(error));
     ExitCode::from(1)
 }
 
@@ -293,8 +332,8 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
     let _ = writeln!(
         out,
         "memgov top: ledger '{}' ({}), layout {}, {} of {} slots in use",
-        s.key,
-        s.path,
+        printable(&s.key),
+        printable(&s.path),
         s.layout_version,
         s.processes.len(),
         s.slots
@@ -345,7 +384,7 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
             (_, false) => "dead",
             (false, true) => "busy",
         };
-        let mut name = p.name.clone();
+        let mut name = printable(&p.name);
         if name.chars().count() > 20 {
             name = name.chars().take(19).collect::<String>() + "~";
         }
@@ -375,7 +414,17 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::short;
+    use super::{printable, short};
+
+    #[test]
+    fn control_characters_are_escaped() {
+        // A name that would clear the screen and retitle the terminal.
+        assert_eq!(
+            printable("ev\u{1b}[2J\u{1b}]0;x\u{7}il\u{9b}1m\u{7f}"),
+            "ev\\u{1b}[2J\\u{1b}]0;x\\u{7}il\\u{9b}1m\\u{7f}"
+        );
+        assert_eq!(printable("trainer-é"), "trainer-é");
+    }
 
     #[test]
     fn bytes_fit_the_columns() {

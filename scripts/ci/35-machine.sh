@@ -32,6 +32,40 @@ n=$(grep -c "nvml: 3 of 4 processes outside the ledger" "$log" || true)
 [ "$n" -eq 3 ] || { echo "FAILED: NVML's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
 n=$(grep -c "rocm-smi: 1 of 2 processes on the device outside the ledger" "$log" || true)
 [ "$n" -eq 3 ] || { echo "FAILED: ROCm SMI's stand-in was read in $n of the 3 CUDA runs"; exit 1; }
+# NVML's lists in each entry layout (16, 24 and 32 bytes) with up to 64
+# processes, the 32-byte one under valgrind, and hostile answers of NVML
+# and ROCm SMI, on their stand-ins.
+command -v valgrind >/dev/null || apt_install valgrind || echo "valgrind not installable: its NVML test will print skipped"
+LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked -p memgov --test machine_management -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
+for layout in 16 24 32; do
+    grep -q "nvml layout $layout: 1, 2, 28 and 64 processes read exactly" "$log" ||
+        { echo "FAILED: NVML's $layout-byte layout was not read exactly"; exit 1; }
+done
+grep -Eq "valgrind: clean, the 32-byte layout|skipped: valgrind" "$log" ||
+    { echo "FAILED: the NVML lists did not run under valgrind"; exit 1; }
+for answer in "nvml huge-count" "nvml over-count" "nvml null-names" "nvml pid0" \
+    "rocm-smi huge-count" "rocm-smi over-count" "rocm-smi pid0"; do
+    grep -q "$answer: " "$log" || { echo "FAILED: no result for the hostile answer $answer"; exit 1; }
+done
+# The segment's edges: a tmpfs too small (mounted by the test as root), a
+# creator killed half-way (strace's fault injection), a segment cut short
+# under its member, what is accepted as a segment, reset while members live;
+# and `memgov top`'s escaping and --reset.
+command -v strace >/dev/null || apt_install strace || echo "strace not installable: the killed-creator test will print skipped"
+cargo test --locked -p memgov --test machine_segment -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
+grep -Eq "full tmpfs: refused with the numbers|skipped: mount" "$log" ||
+    { echo "FAILED: the full-tmpfs test neither ran nor said why it skipped"; exit 1; }
+grep -Eq "killed creators: nothing blocks the key|skipped: strace" "$log" ||
+    { echo "FAILED: the killed-creator test neither ran nor said why it skipped"; exit 1; }
+grep -q "cut short: alive after touching the truncated segment" "$log" ||
+    { echo "FAILED: a member of a segment cut short did not live on"; exit 1; }
+cargo test --locked -p memgov-cli --test top_trust 2>&1 | tee -a "$log"
+# A pressure responder that panics on the doorbell thread: caught, the
+# thread keeps serving.
+cargo test --locked -p memgov --test machine_doorbell -- --nocapture 2>&1 | tee -a "$log"
+grep -q "doorbell: a responder's panic caught (1 caught), the ring answered, the next ring served" "$log" ||
+    { echo "FAILED: the doorbell thread did not survive a panicking responder"; exit 1; }
 # `memgov top` lists the processes outside memgov that NVML names.
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked -p memgov-cli --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"

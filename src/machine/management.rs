@@ -14,7 +14,12 @@
 //! the process may use it too, and both count initialisations). NVML finds
 //! a device by UUID or PCI address, ROCm SMI by PCI address; a HIP device
 //! is asked of ROCm SMI first, any other of NVML first, and the other
-//! library is asked when the first is missing or does not know the device. Nothing here
+//! library is asked when the first is missing or does not know the device.
+//! NVML's process lists are read in the entry layout the driver writes (16,
+//! 24 or 32 bytes: [`v3_entry`] says how it is chosen) from a buffer with
+//! room for the largest, and a count, a pid or bytes written that cannot be
+//! true make the whole answer an error ([`ManagementError::Implausible`]),
+//! never an allocation size or a process. Nothing here
 //! is needed for the ledger to work: without the library, per-process
 //! figures are simply not there, and [`device_processes`] says why.
 
@@ -74,6 +79,21 @@ pub enum ManagementError {
         code: i64,
         /// The library's own text for the code.
         message: String,
+        /// The device asked about.
+        key: String,
+    },
+    /// The library answered something that cannot be true (a count beyond
+    /// the room it was given or beyond any machine's processes, bytes
+    /// written past the entries it counted, a pid no process has): nothing
+    /// of that answer is used.
+    #[error("{library}: {function} {what} for device {key}; its answer was not used: the library and the driver may be of different versions (reinstall the driver), or this memgov does not know this driver's layout (per-process figures stay off; the driver's free/total still counts)")]
+    Implausible {
+        /// The library.
+        library: &'static str,
+        /// The function.
+        function: &'static str,
+        /// What it answered.
+        what: String,
         /// The device asked about.
         key: String,
     },
@@ -195,32 +215,90 @@ const NVML: &str = "libnvidia-ml.so.1";
 const NVML_SUCCESS: c_int = 0;
 const NVML_ERROR_NOT_FOUND: c_int = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
+const NVML_ERROR_FUNCTION_NOT_FOUND: c_int = 13;
 /// `usedGpuMemory` when NVML cannot say.
 const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+/// `NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE` (nvml.h).
+const DRIVER_VERSION_BYTES: usize = 80;
+/// The largest entry any NVML writes in a running-process list: every
+/// buffer handed to NVML has this much room per entry, whichever layout it
+/// is read with, so a wrong guess of the layout cannot make it write past
+/// the buffer.
+const LARGEST_ENTRY: usize = 32;
+/// The most processes a list is read with. A count above it is not
+/// believed (and never becomes an allocation size).
+const MOST_PROCESSES: u32 = 4096;
+/// The largest pid (`pid_t` is a signed 32-bit int): a pid above it, or
+/// pid 0, is not a process.
+const PID_MAX: u32 = i32::MAX as u32;
 
 type NvmlDevice = *mut c_void;
 
-/// `nvmlProcessInfo_t` as the `_v3` queries fill it (NVML 11.x and later).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessInfo {
-    pid: c_uint,
-    used_gpu_memory: u64,
-    gpu_instance_id: c_uint,
-    compute_instance_id: c_uint,
-}
-
 type Init = unsafe extern "C" fn() -> c_int;
 type ByString = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int;
-type Running = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo) -> c_int;
+/// Every running-process list, whatever its entry layout: the entries are
+/// written to the untyped buffer.
+type Running = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut c_void) -> c_int;
 type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+type DriverVersion = unsafe extern "C" fn(*mut c_char, c_uint) -> c_int;
+
+/// One running-process list function and the size of the entries it
+/// writes. Every layout starts `pid: u32` at 0 and `usedGpuMemory: u64` at
+/// 8: `nvmlProcessInfo_v1_t` (16 bytes) stops there, `nvmlProcessInfo_v2_t`
+/// (24) adds the MIG instance ids, and the R535 branch's `_v3` entry (32)
+/// adds `usedGpuCcProtectedMemory`.
+#[derive(Clone, Copy)]
+struct List {
+    name: &'static str,
+    f: Running,
+    entry: usize,
+}
+
+/// The entry size the `_v3` lists of this NVML write.
+///
+/// nvml.h of the R535 branch declared the `_v3` entry with an 8-byte
+/// `usedGpuCcProtectedMemory` after the MIG ids (32 bytes); the branches
+/// before and after it write 24. The R535 branch is also the first NVML
+/// with the confidential-computing calls (`nvmlDeviceGetConfComputeMemSizeInfo`)
+/// and precedes `nvmlDeviceGetRunningProcessDetailList` (R550), which is
+/// how nvitop's `libnvml` tells these drivers apart: 32-byte entries where
+/// the first symbol is there and the second is not. Here the driver
+/// version NVML reports (`nvmlSystemGetDriverVersion`) decides when it can
+/// be read, branches 535 to 549 writing 32 bytes; the symbols decide when
+/// it cannot. Whatever is chosen, the buffer has room for 32-byte entries
+/// and what NVML wrote past the entries it counted is checked
+/// (`Nvml::list`).
+fn v3_entry(driver_major: Option<u32>, conf_compute: bool, detail_list: bool) -> usize {
+    let r535 = match driver_major {
+        Some(major) => (535..550).contains(&major),
+        None => conf_compute && !detail_list,
+    };
+    if r535 {
+        32
+    } else {
+        24
+    }
+}
+
+/// The major number of a driver version string (`"535.54.03"`: 535).
+fn driver_major(version: &str) -> Option<u32> {
+    let major = version.split('.').next()?;
+    if major.is_empty() || major.len() > 4 || !major.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    major.parse().ok()
+}
 
 struct Nvml {
     by_uuid: ByString,
     by_pci: ByString,
-    compute: Running,
-    graphics: Option<Running>,
+    /// The compute lists, newest first: each is asked in turn while the
+    /// one before answers `NVML_ERROR_FUNCTION_NOT_FOUND`.
+    compute: Vec<List>,
+    graphics: Vec<List>,
     error_string: Option<ErrorString>,
+    /// The driver version NVML reported at load (`None`: unreadable).
+    driver: Option<String>,
 }
 
 fn nvml() -> Result<&'static Nvml, ManagementError> {
@@ -239,34 +317,91 @@ fn load_nvml() -> Result<Nvml, ManagementError> {
     let init = need("nvmlInit_v2")?;
     let by_uuid = need("nvmlDeviceGetHandleByUUID")?;
     let by_pci = need("nvmlDeviceGetHandleByPciBusId_v2")?;
-    let compute = need("nvmlDeviceGetComputeRunningProcesses_v3")?;
-    // SAFETY: each symbol is the NVML function of that name, whose C
-    // signature is the function type it is cast to (NVML's nvml.h); a data
-    // pointer and a function pointer have one size on every target memgov
-    // builds for.
-    let nvml = unsafe {
-        Nvml {
-            by_uuid: std::mem::transmute::<*mut c_void, ByString>(by_uuid),
-            by_pci: std::mem::transmute::<*mut c_void, ByString>(by_pci),
-            compute: std::mem::transmute::<*mut c_void, Running>(compute),
-            graphics: sym("nvmlDeviceGetGraphicsRunningProcesses_v3")
-                .map(|p| std::mem::transmute::<*mut c_void, Running>(p)),
-            error_string: sym("nvmlErrorString")
-                .map(|p| std::mem::transmute::<*mut c_void, ErrorString>(p)),
-        }
-    };
     // SAFETY: the symbol is nvmlInit_v2, `nvmlReturn_t nvmlInit_v2(void)`.
     let init: Init = unsafe { std::mem::transmute::<*mut c_void, Init>(init) };
     // SAFETY: nvmlInit_v2 takes no arguments and may be called from any
     // thread, any number of times (NVML counts them).
     let r = unsafe { init() };
+    // SAFETY: nvmlErrorString is `const char *nvmlErrorString(nvmlReturn_t)`.
+    let error_string = sym("nvmlErrorString")
+        .map(|p| unsafe { std::mem::transmute::<*mut c_void, ErrorString>(p) });
     if r != NVML_SUCCESS {
         return Err(unavailable(format!(
             "nvmlInit_v2 returned {r} ({})",
-            nvml.message(r)
+            message(error_string, r)
         )));
     }
-    Ok(nvml)
+    let driver = sym("nvmlSystemGetDriverVersion").and_then(|p| {
+        // SAFETY: the symbol is `nvmlReturn_t
+        // nvmlSystemGetDriverVersion(char *version, unsigned int length)`.
+        let f = unsafe { std::mem::transmute::<*mut c_void, DriverVersion>(p) };
+        let mut buf = [0u8; DRIVER_VERSION_BYTES];
+        // SAFETY: `buf` has `DRIVER_VERSION_BYTES` writable bytes and NVML
+        // is told so; it writes at most that many.
+        let r = unsafe { f(buf.as_mut_ptr().cast(), DRIVER_VERSION_BYTES as c_uint) };
+        // Only what ends in a NUL inside the buffer is a string.
+        (r == NVML_SUCCESS)
+            .then(|| CStr::from_bytes_until_nul(&buf).ok())
+            .flatten()
+            .and_then(|c| c.to_str().ok())
+            .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_graphic()))
+            .map(str::to_owned)
+    });
+    let entry_v3 = v3_entry(
+        driver.as_deref().and_then(driver_major),
+        sym("nvmlDeviceGetConfComputeMemSizeInfo").is_some(),
+        sym("nvmlDeviceGetRunningProcessDetailList").is_some(),
+    );
+    let lists = |base: &'static [&'static str; 3]| -> Vec<List> {
+        [(base[0], entry_v3), (base[1], 24), (base[2], 16)]
+            .into_iter()
+            .filter_map(|(name, entry)| {
+                sym(name).map(|p| List {
+                    name,
+                    // SAFETY: every running-process list is `nvmlReturn_t
+                    // f(nvmlDevice_t, unsigned int *infoCount, <entry> *infos)`;
+                    // the entries are written through the untyped pointer,
+                    // whose buffer always has room for LARGEST_ENTRY bytes
+                    // per entry counted.
+                    f: unsafe { std::mem::transmute::<*mut c_void, Running>(p) },
+                    entry,
+                })
+            })
+            .collect()
+    };
+    let compute = lists(&[
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ]);
+    if compute.is_empty() {
+        return Err(unavailable(format!(
+            "{NVML} has no nvmlDeviceGetComputeRunningProcesses (_v3, _v2 or unversioned)"
+        )));
+    }
+    let graphics = lists(&[
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ]);
+    // SAFETY: each symbol is the NVML function of that name, whose C
+    // signature is the function type it is cast to (NVML's nvml.h); a data
+    // pointer and a function pointer have one size on every target memgov
+    // builds for.
+    let (by_uuid, by_pci) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, ByString>(by_uuid),
+            std::mem::transmute::<*mut c_void, ByString>(by_pci),
+        )
+    };
+    Ok(Nvml {
+        by_uuid,
+        by_pci,
+        compute,
+        graphics,
+        error_string,
+        driver,
+    })
 }
 
 // SAFETY: the struct holds plain function pointers into a library that is
@@ -275,22 +410,27 @@ unsafe impl Send for Nvml {}
 // SAFETY: as above.
 unsafe impl Sync for Nvml {}
 
+/// NVML's own text for `code` (`nvmlErrorString`), or a placeholder when
+/// there is none or it answers NULL.
+fn message(error_string: Option<ErrorString>, code: c_int) -> String {
+    let Some(f) = error_string else {
+        return "no description".to_owned();
+    };
+    // SAFETY: nvmlErrorString returns a static NUL-terminated string for
+    // any code, or null (handled).
+    let p = unsafe { f(code) };
+    if p.is_null() {
+        "no description".to_owned()
+    } else {
+        // SAFETY: non-null, NUL-terminated, static.
+        let text = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+        text.chars().take(200).collect()
+    }
+}
+
 impl Nvml {
     fn message(&self, code: c_int) -> String {
-        match self.error_string {
-            Some(f) => {
-                // SAFETY: nvmlErrorString returns a static NUL-terminated
-                // string for any code (or null, handled).
-                let p = unsafe { f(code) };
-                if p.is_null() {
-                    "no description".to_owned()
-                } else {
-                    // SAFETY: non-null, NUL-terminated, static.
-                    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-                }
-            }
-            None => "no description".to_owned(),
-        }
+        message(self.error_string, code)
     }
 
     fn fail(&self, function: &'static str, code: c_int, id: &DeviceIdentity) -> ManagementError {
@@ -299,6 +439,23 @@ impl Nvml {
             function,
             code: i64::from(code),
             message: self.message(code),
+            key: id.key(),
+        }
+    }
+
+    fn implausible(
+        &self,
+        function: &'static str,
+        what: String,
+        id: &DeviceIdentity,
+    ) -> ManagementError {
+        ManagementError::Implausible {
+            library: "nvml",
+            function,
+            what: match &self.driver {
+                Some(v) => format!("{what} (driver {v})"),
+                None => format!("{what} (driver version unknown)"),
+            },
             key: id.key(),
         }
     }
@@ -323,56 +480,134 @@ impl Nvml {
         Ok(dev)
     }
 
-    /// One of the `_v3` running-process lists: ask with room for what was
-    /// there last time plus some, grow on `NVML_ERROR_INSUFFICIENT_SIZE`
-    /// (processes come and go between calls), at most a few times.
-    fn list(
+    /// One kind of running-process list: the newest function this NVML
+    /// implements (an older one where it answers
+    /// `NVML_ERROR_FUNCTION_NOT_FOUND`).
+    fn list_any(
         &self,
-        function: &'static str,
-        f: Running,
+        lists: &[List],
         dev: NvmlDevice,
         id: &DeviceIdentity,
-    ) -> Result<Vec<ProcessInfo>, ManagementError> {
-        let mut room: c_uint = 32;
-        for _ in 0..8 {
-            let mut infos = vec![ProcessInfo::default(); room as usize];
-            let mut count = room;
-            // SAFETY: `infos` has `count` elements of NVML's
-            // nvmlProcessInfo_t layout; `dev` came from NVML.
-            let r = unsafe { f(dev, &mut count, infos.as_mut_ptr()) };
-            match r {
-                NVML_SUCCESS => {
-                    infos.truncate((count as usize).min(room as usize));
-                    return Ok(infos);
+    ) -> Result<Vec<DeviceProcess>, ManagementError> {
+        let mut last = None;
+        for list in lists {
+            match self.list(*list, dev, id) {
+                Err(ManagementError::Call { code, .. })
+                    if code == i64::from(NVML_ERROR_FUNCTION_NOT_FOUND) =>
+                {
+                    last = Some(list.name);
                 }
-                NVML_ERROR_INSUFFICIENT_SIZE => room = count.max(room).saturating_mul(2),
-                _ => return Err(self.fail(function, r, id)),
+                other => return other,
             }
         }
-        Err(self.fail(function, NVML_ERROR_INSUFFICIENT_SIZE, id))
+        Err(self.fail(
+            last.unwrap_or("nvmlDeviceGetComputeRunningProcesses"),
+            NVML_ERROR_FUNCTION_NOT_FOUND,
+            id,
+        ))
+    }
+
+    /// One running-process list: ask with room for some, grow on
+    /// `NVML_ERROR_INSUFFICIENT_SIZE` (processes come and go between
+    /// calls), at most a few times. The buffer has `LARGEST_ENTRY` bytes
+    /// per entry of room whatever `list.entry` is, and is filled with a
+    /// pattern first: a byte changed past the entries NVML counted means
+    /// its entries are larger than thought, an error rather than a list
+    /// read wrong. Counts above `MOST_PROCESSES`, or above the room on
+    /// success, and pids that are no process's are errors too.
+    fn list(
+        &self,
+        list: List,
+        dev: NvmlDevice,
+        id: &DeviceIdentity,
+    ) -> Result<Vec<DeviceProcess>, ManagementError> {
+        const PATTERN: u8 = 0xA5;
+        let mut room: c_uint = 32;
+        for _ in 0..8 {
+            // u64 words: 8-aligned, as every entry layout needs.
+            let words = room as usize * LARGEST_ENTRY / 8;
+            let mut buf = vec![u64::from_ne_bytes([PATTERN; 8]); words];
+            let mut count = room;
+            // SAFETY: `buf` has room for `count` entries of the largest
+            // layout any NVML writes (LARGEST_ENTRY bytes each), which the
+            // function is told; `dev` came from NVML; `count` is a valid
+            // out pointer.
+            let r = unsafe { (list.f)(dev, &mut count, buf.as_mut_ptr().cast()) };
+            match r {
+                NVML_SUCCESS => {
+                    if count > room {
+                        return Err(self.implausible(
+                            list.name,
+                            format!("answered success with {count} processes in room for {room}"),
+                            id,
+                        ));
+                    }
+                    // SAFETY: plain bytes of the buffer NVML wrote into; the
+                    // slice lives no longer than `buf`.
+                    let bytes: &[u8] =
+                        unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), words * 8) };
+                    let used = count as usize * list.entry;
+                    if let Some(at) = bytes[used..].iter().position(|&b| b != PATTERN) {
+                        return Err(self.implausible(
+                            list.name,
+                            format!(
+                                "wrote byte {} of a list it said holds {count} entries of {} bytes: its entries are larger",
+                                used + at,
+                                list.entry
+                            ),
+                            id,
+                        ));
+                    }
+                    return bytes[..used]
+                        .chunks_exact(list.entry)
+                        .map(|e| {
+                            let pid = u32::from_ne_bytes(e[0..4].try_into().expect("4 bytes"));
+                            let used_gpu_memory =
+                                u64::from_ne_bytes(e[8..16].try_into().expect("8 bytes"));
+                            if pid == 0 || pid > PID_MAX {
+                                return Err(self.implausible(
+                                    list.name,
+                                    format!("listed pid {pid}, which no process has (entries read as {} bytes)", list.entry),
+                                    id,
+                                ));
+                            }
+                            Ok(DeviceProcess {
+                                pid,
+                                bytes: (used_gpu_memory != NVML_VALUE_NOT_AVAILABLE)
+                                    .then_some(used_gpu_memory),
+                            })
+                        })
+                        .collect();
+                }
+                NVML_ERROR_INSUFFICIENT_SIZE => {
+                    if count > MOST_PROCESSES {
+                        return Err(self.implausible(
+                            list.name,
+                            format!("asked for room for {count} processes (at most {MOST_PROCESSES} are read)"),
+                            id,
+                        ));
+                    }
+                    // Room for what is there now and some that start
+                    // before the next call.
+                    room = count.max(room).saturating_add(16).min(MOST_PROCESSES);
+                }
+                _ => return Err(self.fail(list.name, r, id)),
+            }
+        }
+        Err(self.fail(list.name, NVML_ERROR_INSUFFICIENT_SIZE, id))
     }
 
     fn processes(&self, id: &DeviceIdentity) -> Result<DeviceProcesses, ManagementError> {
         let dev = self.device(id)?;
-        let mut all = self.list(
-            "nvmlDeviceGetComputeRunningProcesses_v3",
-            self.compute,
-            dev,
-            id,
-        )?;
-        if let Some(g) = self.graphics {
-            all.extend(self.list("nvmlDeviceGetGraphicsRunningProcesses_v3", g, dev, id)?);
+        let mut all = self.list_any(&self.compute, dev, id)?;
+        if !self.graphics.is_empty() {
+            all.extend(self.list_any(&self.graphics, dev, id)?);
         }
         let mut processes: Vec<DeviceProcess> = Vec::new();
         for info in all {
-            let bytes =
-                (info.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE).then_some(info.used_gpu_memory);
             match processes.iter_mut().find(|p| p.pid == info.pid) {
-                Some(p) => p.bytes = p.bytes.max(bytes),
-                None => processes.push(DeviceProcess {
-                    pid: info.pid,
-                    bytes,
-                }),
+                Some(p) => p.bytes = p.bytes.max(info.bytes),
+                None => processes.push(info),
             }
         }
         processes.sort_by_key(|p| p.pid);
@@ -526,6 +761,12 @@ impl RocmSmi {
     ) -> Result<DeviceProcesses, ManagementError> {
         let dev = self.device(bus, id)?;
         // Every process using any GPU, then each one's figure on this one.
+        let implausible = |function, what: String| ManagementError::Implausible {
+            library: "rocm-smi",
+            function,
+            what,
+            key: id.key(),
+        };
         let mut all = Vec::new();
         for _ in 0..8 {
             let mut count = 0u32;
@@ -534,20 +775,41 @@ impl RocmSmi {
             if r != RSMI_SUCCESS {
                 return Err(Self::fail("rsmi_compute_process_info_get", r, id));
             }
-            let room = count.saturating_add(8);
+            if count > MOST_PROCESSES {
+                return Err(implausible(
+                    "rsmi_compute_process_info_get",
+                    format!("counted {count} processes (at most {MOST_PROCESSES} are read)"),
+                ));
+            }
+            let room = count + 8;
             all = vec![RsmiProcess::default(); room as usize];
             let mut n = room;
             // SAFETY: `all` has `n` elements of rocm_smi.h's layout.
             let r = unsafe { (self.processes)(all.as_mut_ptr(), &mut n) };
             match r {
+                RSMI_SUCCESS if n > room => {
+                    return Err(implausible(
+                        "rsmi_compute_process_info_get",
+                        format!("answered success with {n} processes in room for {room}"),
+                    ));
+                }
                 RSMI_SUCCESS => {
-                    all.truncate((n as usize).min(room as usize));
+                    all.truncate(n as usize);
                     break;
                 }
                 // Processes started between the two calls: ask again.
                 RSMI_INSUFFICIENT_SIZE => all.clear(),
                 _ => return Err(Self::fail("rsmi_compute_process_info_get", r, id)),
             }
+        }
+        if let Some(p) = all
+            .iter()
+            .find(|p| p.process_id == 0 || p.process_id > PID_MAX)
+        {
+            return Err(implausible(
+                "rsmi_compute_process_info_get",
+                format!("listed pid {}, which no process has", p.process_id),
+            ));
         }
         let mut processes = Vec::new();
         for p in all {

@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     left: AtomicBool,
+    /// Panics caught on the doorbell thread in calls into the host (its
+    /// block caches, pressure responders and census).
+    host_panics: AtomicU64,
 }
 
 /// This process counted among the ledger's waiters (`H_WAITERS`) while it
@@ -111,7 +114,37 @@ impl Inner {
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
             left: AtomicBool::new(false),
+            host_panics: AtomicU64::new(0),
         }
+    }
+
+    /// Call into the host (user code: pressure responders) from the
+    /// doorbell thread; a panic there is caught, counted and reported (the
+    /// panic hook has printed it; with `tracing`, a warning names the slot),
+    /// so the thread keeps answering rings, sweeping and publishing.
+    /// `None` when it panicked.
+    fn host_call<T>(&self, what: &'static str, f: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(payload) => {
+                let n = self.host_panics.fetch_add(1, Relaxed) + 1;
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                #[cfg(feature = "tracing")]
+                tracing::warn!(slot = self.slot, name = %self.name, what, panics = n, message = %message, "memgov: a panic on the machine ledger's doorbell thread was caught; the thread keeps serving");
+                #[cfg(not(feature = "tracing"))]
+                let _ = (what, n, message);
+                None
+            }
+        }
+    }
+
+    /// Panics caught on the doorbell thread so far.
+    pub(crate) fn host_panics(&self) -> u64 {
+        self.host_panics.load(Relaxed)
     }
 
     pub(crate) fn set_host(&self, host: Arc<dyn Host>) {
@@ -394,7 +427,11 @@ impl Inner {
         if ask > gave {
             let host = lock(&self.host).clone();
             if let Some(host) = host {
-                let freed = host.trim(ask - gave);
+                // A responder that panicked freed nothing it could say:
+                // what did come back is still given below.
+                let freed = self
+                    .host_call("trim", || host.trim(ask - gave))
+                    .unwrap_or(0);
                 // The trim queued stream-ordered frees: their bytes come
                 // back into the lease as they settle. Wait for them (a
                 // bounded while) before answering, so that the requester's
@@ -415,8 +452,8 @@ impl Inner {
 
     fn census(&self) {
         let host = lock(&self.host).clone();
-        if let Some(host) = host {
-            let (contexts, cached) = host.census();
+        if let Some((contexts, cached)) = host.and_then(|h| self.host_call("census", || h.census()))
+        {
             self.seg
                 .slot(self.slot, S_CONTEXTS)
                 .store(contexts, Relaxed);

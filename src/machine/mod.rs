@@ -110,11 +110,52 @@ pub enum MachineError {
         /// The key asked for.
         expected: String,
     },
-    /// Its creator did not finish setting it up (it died while creating it).
-    #[error("machine ledger {}: never became ready (its creator stopped while setting it up); remove it with MachineLedger::reset (memgov top --reset)", path.display())]
+    /// Its header is not marked ready. memgov links a segment at its path
+    /// only once it is ready, so this file was made otherwise (by hand, or
+    /// by a memgov that built segments in place).
+    #[error("machine ledger {}: not marked ready (it was not made whole by memgov: a file made by hand, or a creator of an older memgov that stopped while setting it up); remove it with MachineLedger::reset (memgov top --reset)", path.display())]
     NeverReady {
         /// The segment's path.
         path: PathBuf,
+    },
+    /// The file system holding the segment has no room for it.
+    #[error("machine ledger {}: the segment needs {} and {} has {} free; give the directory more room (a container's /dev/shm: docker run --shm-size=256m, or a Kubernetes emptyDir with medium: Memory mounted at /dev/shm; data-loader workers may be filling it), or put the ledger in another directory (LedgerOptions::path) that every process sharing the device can reach", path.display(), Bytes(*needed), dir.display(), Bytes(*free))]
+    NoSpace {
+        /// The segment's path.
+        path: PathBuf,
+        /// Bytes the segment needs.
+        needed: u64,
+        /// The directory it was to be made in.
+        dir: PathBuf,
+        /// Bytes free there.
+        free: u64,
+    },
+    /// Something other than a regular file is at the segment's path.
+    #[error("machine ledger {}: {found} is there, not a segment file (memgov opens no symbolic link and nothing but a regular file); remove it if it is not yours to keep, or give this process another path (LedgerOptions::path)", path.display())]
+    NotRegular {
+        /// The segment's path.
+        path: PathBuf,
+        /// What is there.
+        found: String,
+    },
+    /// The segment can be written by users other than its owner, and no
+    /// shared mode was asked for.
+    #[error("machine ledger {}: mode {mode:04o} (owner uid {owner}) lets {} write it; a ledger others can write is refused unless shared is asked for (LedgerOptions::shared, memgov top --shared: group write; write by every user is never accepted): remove it (memgov top --reset --force once no process uses it), or give this process its own path (LedgerOptions::path)", path.display(), if mode & 0o002 != 0 { "every user" } else { "its group" })]
+    OpenToOthers {
+        /// The segment's path.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+    },
+    /// [`MachineLedger::reset`] refused: processes still use the ledger.
+    #[error("machine ledger {}: not removed, {} live process(es) use it: {}; stop them first (they would keep the old ledger while new processes make another, and the device would be promised twice), or, when they are gone but the ledger cannot tell (another pid namespace, a dead machine), remove it anyway (MachineLedger::force_reset, memgov top --reset --force)", path.display(), holders.len(), holders.iter().map(|h| format!("'{}' (pid {})", h.name, h.pid)).collect::<Vec<_>>().join(", "))]
+    InUse {
+        /// The segment's path.
+        path: PathBuf,
+        /// The live processes on it.
+        holders: Vec<Holder>,
     },
     /// The device key is empty or longer than 64 bytes.
     #[error("machine ledger key '{key}' must be 1 to 64 bytes")]
@@ -181,7 +222,8 @@ pub struct LedgerOptions {
     path: Option<PathBuf>,
     limit: u64,
     slots: usize,
-    mode: u32,
+    mode: Option<u32>,
+    shared: bool,
 }
 
 impl LedgerOptions {
@@ -194,7 +236,8 @@ impl LedgerOptions {
             path: None,
             limit,
             slots: 64,
-            mode: 0o600,
+            mode: None,
+            shared: false,
         }
     }
 
@@ -234,9 +277,27 @@ impl LedgerOptions {
     }
 
     /// Permission bits of a segment this process creates (default 0600:
-    /// the owner alone).
+    /// the owner alone; 0660 when [`shared`](Self::shared)), applied
+    /// whatever the umask.
     pub fn mode(mut self, mode: u32) -> Self {
-        self.mode = mode;
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Share the ledger with the other users of a group: a segment this
+    /// process creates is made group-writable (0660, unless
+    /// [`mode`](Self::mode) says otherwise; give the file the group with
+    /// `chgrp`, or create it in a setgid directory), and an existing one is
+    /// accepted whoever owns it and with group write. Without this, a
+    /// segment owned by another user ([`MachineError::ForeignOwner`]) or
+    /// writable by its group or others ([`MachineError::OpenToOthers`]) is
+    /// refused. A segment writable by every user is refused either way.
+    /// Every process that can write the segment can change every number in
+    /// it: what it is admitted, others' charges, limits and floors, and it
+    /// can ring anyone's doorbell; share only with users you would let stop
+    /// your processes' allocations (`docs/sharing-a-gpu.md`, "Trust").
+    pub fn shared(mut self) -> Self {
+        self.shared = true;
         self
     }
 }
@@ -339,6 +400,16 @@ impl fmt::Debug for MachineLedger {
 /// The default segment of device `key`: `/dev/shm/memgov-<key>`, every
 /// character of the key other than letters, digits, `-`, `_` and `.`
 /// written as `_`.
+///
+/// The name is predictable (that is how the processes of a machine find
+/// one another), so any local user can make a file there first. What is
+/// found there is opened only if it is a regular file (no symbolic link is
+/// followed), owned by this user and writable by nobody else (unless
+/// [`LedgerOptions::shared`]); otherwise opening fails and says so, and
+/// nothing is written to it. A user who does not want to depend on that
+/// gives a private path, the same in every process, in a directory others
+/// cannot enter: e.g. `$XDG_RUNTIME_DIR/memgov-<key>` (`/run/user/<uid>`, a
+/// per-user tmpfs of mode 0700) through [`LedgerOptions::path`].
 pub fn default_path(key: &str) -> PathBuf {
     let clean: String = key
         .chars()
@@ -359,7 +430,13 @@ impl MachineLedger {
     /// geometry, device key, owner) before anything is written to it.
     pub fn open(opts: &LedgerOptions) -> Result<Self, MachineError> {
         let path = opts.path.clone().unwrap_or_else(|| default_path(&opts.key));
-        let seg = Segment::open_or_create(&path, &opts.key, opts.slots, opts.limit, opts.mode)?;
+        let (trust, mode) = if opts.shared {
+            (segment::Trust::Group, opts.mode.unwrap_or(0o660))
+        } else {
+            (segment::Trust::Owner, opts.mode.unwrap_or(0o600))
+        };
+        let seg =
+            Segment::open_or_create_with(&path, &opts.key, opts.slots, opts.limit, mode, trust)?;
         let ledger = Self { seg: Arc::new(seg) };
         ledger.sweep();
         Ok(ledger)
@@ -370,14 +447,59 @@ impl MachineLedger {
     /// [`open`](Self::open) checks; sweeps nothing.
     pub fn open_existing(path: &Path) -> Result<Self, MachineError> {
         Ok(Self {
-            seg: Arc::new(Segment::attach(path, None)?),
+            seg: Arc::new(Segment::attach(path, None, segment::Trust::Owner)?),
         })
     }
 
+    /// [`open_existing`](Self::open_existing) for a ledger shared with a
+    /// group ([`LedgerOptions::shared`]).
+    pub fn open_existing_shared(path: &Path) -> Result<Self, MachineError> {
+        Ok(Self {
+            seg: Arc::new(Segment::attach(path, None, segment::Trust::Group)?),
+        })
+    }
+
+    /// Whether the segment's file is still whole and still the one at its
+    /// path: cut short or extended under its processes, removed or
+    /// replaced, it is a [`MachineError::Corrupt`] naming what happened. A
+    /// file cut short never kills this process with SIGBUS: the pages past
+    /// its end are replaced by blank ones in this process, and this says so.
+    pub fn verify(&self) -> Result<(), MachineError> {
+        self.seg.verify()
+    }
+
     /// Remove the segment at `path`: for a corrupt segment, or one of
-    /// another layout. Processes still attached keep the old one mapped
-    /// (their charges there are lost to the new one): stop them first.
+    /// another layout. Refused ([`MachineError::InUse`], naming them) while
+    /// the ledger has live processes that are alive; a segment that cannot
+    /// be read (corrupt, another layout, another owner's) is removed, since
+    /// nobody can join it. Processes still attached keep the old one
+    /// mapped (their charges there are lost to the new one).
     pub fn reset(path: &Path) -> Result<(), MachineError> {
+        if let Ok(ledger) = Self::open_existing_shared(path) {
+            let holders: Vec<Holder> = ledger
+                .snapshot()
+                .processes
+                .iter()
+                .filter(|p| p.alive)
+                .map(Holder::from)
+                .collect();
+            if !holders.is_empty() {
+                return Err(MachineError::InUse {
+                    path: path.to_owned(),
+                    holders,
+                });
+            }
+        }
+        Self::force_reset(path)
+    }
+
+    /// Remove the segment at `path` whoever uses it: for a machine whose
+    /// processes are gone but the ledger cannot tell (they ran in another
+    /// pid namespace, or the ledger outlived them on a tmpfs that was not
+    /// cleared). A process still using it keeps its mapping, and new
+    /// processes make another ledger beside it: the device is then promised
+    /// twice.
+    pub fn force_reset(path: &Path) -> Result<(), MachineError> {
         match std::fs::remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -660,6 +782,15 @@ impl MachineMember {
     /// Give back bytes [`charge`](Self::charge) took.
     pub fn uncharge(&self, bytes: u64) {
         self.inner().uncharge(bytes)
+    }
+
+    /// Panics caught on this membership's doorbell thread: in pressure
+    /// responders or block caches asked to trim for another process, or in
+    /// the census of its contexts. Each is printed by the panic hook (and,
+    /// with `tracing`, logged as a warning naming the slot); the thread
+    /// answers the ring anyway and keeps serving.
+    pub fn doorbell_panics(&self) -> u64 {
+        self.inner().host_panics()
     }
 
     /// Ask the other processes for room for `bytes`, waiting until

@@ -3,6 +3,13 @@
 //! atomic words are read or written in the mapping once it is set up; no
 //! lock lives in it, so a process that dies leaves nothing held.
 //!
+//! A segment is built whole in a private file (its pages reserved, its
+//! header written) and only then linked at its path, never over another;
+//! an opener follows no symbolic link, takes only a regular file whose
+//! owner and mode it trusts, and checks the header and the file's size,
+//! read from the file, before it maps anything (`Segment::open_or_create_with`).
+//! A file cut short under a mapping does not kill the process (`bus_guard`).
+//!
 //! # Layout (version 1, every field a little-endian `u64` word)
 //!
 //! ```text
@@ -12,7 +19,7 @@
 //!   16  slot count
 //!   24  slot size (256)
 //!   32  checksum of the words 0..32 and the device key (FNV-1a)
-//!   40  state: 0 being set up, 1 ready
+//!   40  state: 1 ready (what is linked at a path is always ready)
 //!   48  limit: the bytes the ledger may promise in all
 //!   56  the owner's uid
 //!   64  device key (64 bytes, NUL padded)
@@ -43,7 +50,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"MEMGOVML");
 /// The layout this build reads and writes.
@@ -109,6 +116,8 @@ pub(crate) struct Segment {
     slots: usize,
     path: PathBuf,
     key: String,
+    /// This mapping's entry in the SIGBUS guard's table.
+    guard: usize,
     _file: File,
 }
 
@@ -145,15 +154,56 @@ fn size_for(slots: usize) -> usize {
     HEADER + slots * SLOT
 }
 
+/// Whom an opener trusts with the segment (`LedgerOptions::shared`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Trust {
+    /// The segment must belong to this process's effective uid and be
+    /// writable by its owner alone (no group or other write bit).
+    #[default]
+    Owner,
+    /// Any owner, and group write, are accepted (a ledger shared by the
+    /// users of a group); other (world) write still is not.
+    Group,
+}
+
+/// What an open found at the path.
+enum Found {
+    Segment(Segment),
+    Nothing,
+}
+
 impl Segment {
     /// Open the segment at `path`, creating it (with `slots` slots, `limit`
-    /// bytes to promise and permission bits `mode`) when there is none.
+    /// bytes to promise and permission bits `mode`) when there is none;
+    /// owner-only trust.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn open_or_create(
         path: &Path,
         key: &str,
         slots: usize,
         limit: u64,
         mode: u32,
+    ) -> Result<Self, MachineError> {
+        Self::open_or_create_with(path, key, slots, limit, mode, Trust::Owner)
+    }
+
+    /// [`open_or_create`](Self::open_or_create) with the trust given.
+    ///
+    /// A segment is built whole in a file of its own (an unnamed
+    /// `O_TMPFILE` in the target's directory, or a uniquely named hidden
+    /// file where the file system has none), its pages reserved
+    /// (`posix_fallocate`) and its header written, and only then linked at
+    /// `path`, failing if something is there: a creator killed half-way
+    /// leaves nothing at `path`, and an opener never sees a segment that is
+    /// not ready. Two creators racing: one links, the other attaches to
+    /// what it linked.
+    pub(crate) fn open_or_create_with(
+        path: &Path,
+        key: &str,
+        slots: usize,
+        limit: u64,
+        mode: u32,
+        trust: Trust,
     ) -> Result<Self, MachineError> {
         if key.is_empty() || key.len() > KEY_BYTES {
             return Err(MachineError::BadKey {
@@ -163,37 +213,26 @@ impl Segment {
         if slots == 0 || slots > MAX_SLOTS {
             return Err(MachineError::BadSlots { slots });
         }
-        let io = |e: std::io::Error| MachineError::Io {
-            path: path.to_owned(),
-            source: e,
-        };
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(path)
-        {
-            Ok(file) => {
-                let created = Self::create(file, path, key, slots, limit);
-                if created.is_err() {
-                    // Nothing else can have attached: it was never ready.
-                    let _ = std::fs::remove_file(path);
-                }
-                created
+        // Attach, else create; a creator that lost the race to link
+        // attaches to the winner's. Removed between the two: again.
+        for _ in 0..16 {
+            if let Found::Segment(seg) = Self::attach_found(path, Some(key), trust)? {
+                return Ok(seg);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Self::attach(path, Some(key))
+            if let Some(seg) = Self::create(path, key, slots, limit, mode)? {
+                return Ok(seg);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                Err(Self::permission(path, e))
-            }
-            Err(e) => Err(io(e)),
         }
+        Err(MachineError::Io {
+            path: path.to_owned(),
+            source: std::io::Error::other(
+                "created and removed by others 16 times while this process opened it",
+            ),
+        })
     }
 
     fn permission(path: &Path, e: std::io::Error) -> MachineError {
-        let owner = std::fs::metadata(path).map(|m| m.uid()).ok();
+        let owner = std::fs::symlink_metadata(path).map(|m| m.uid()).ok();
         MachineError::Permission {
             path: path.to_owned(),
             owner,
@@ -202,22 +241,62 @@ impl Segment {
         }
     }
 
+    /// Build a segment in a private file and link it at `path`. `None`:
+    /// something was linked there first.
     fn create(
-        file: File,
         path: &Path,
         key: &str,
         slots: usize,
         limit: u64,
-    ) -> Result<Self, MachineError> {
-        let len = size_for(slots);
-        file.set_len(len as u64).map_err(|e| MachineError::Io {
+        mode: u32,
+    ) -> Result<Option<Self>, MachineError> {
+        use std::os::fd::AsRawFd;
+        let io = |e: std::io::Error| MachineError::Io {
             path: path.to_owned(),
             source: e,
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = path.file_name().ok_or_else(|| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the path names no file",
+            ))
         })?;
+        let private = Private::new(&dir, name).map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => Self::permission(path, e),
+            _ => io(e),
+        })?;
+        let file = private.file.try_clone().map_err(io)?;
+        // The mode asked for, whatever the umask: a shared ledger's group
+        // must be able to write it.
+        // SAFETY: fchmod on an open descriptor this function owns.
+        if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        let len = size_for(slots);
+        // Every page the mapping will touch, reserved now: a full tmpfs is
+        // an error here, never a SIGBUS later.
+        // SAFETY: posix_fallocate on an open descriptor; it returns an
+        // error number, it does not set errno.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if r == libc::ENOSPC {
+            return Err(MachineError::NoSpace {
+                path: path.to_owned(),
+                needed: len as u64,
+                free: free_bytes(&file),
+                dir,
+            });
+        }
+        if r != 0 {
+            return Err(io(std::io::Error::from_raw_os_error(r)));
+        }
         let seg = Self::map(file, path, key.to_owned(), len, slots)?;
         let kb = key_bytes(key);
-        // The file is new and empty (zeroed by ftruncate); the state word
-        // stays 0 until the header is written, so an opener waits for it.
+        // The file is new and zeroed, and nobody else can reach it until
+        // it is linked below.
         seg.word(H_MAGIC).store(MAGIC, Ordering::Relaxed);
         seg.word(H_VERSION).store(LAYOUT_VERSION, Ordering::Relaxed);
         seg.word(H_SLOTS).store(slots as u64, Ordering::Relaxed);
@@ -231,72 +310,129 @@ impl Segment {
         seg.word(H_LEDGER)
             .store(super::ledger::G::EMPTY, Ordering::Relaxed);
         seg.word(H_STATE).store(READY, Ordering::Release);
-        Ok(seg)
+        if private.link_at(path).map_err(io)? {
+            Ok(Some(seg))
+        } else {
+            Ok(None)
+        }
     }
 
     /// Open an existing segment; `key`, when given, must be its device's.
-    pub(crate) fn attach(path: &Path, key: Option<&str>) -> Result<Self, MachineError> {
-        let file = match OpenOptions::new().read(true).write(true).open(path) {
+    pub(crate) fn attach(
+        path: &Path,
+        key: Option<&str>,
+        trust: Trust,
+    ) -> Result<Self, MachineError> {
+        match Self::attach_found(path, key, trust)? {
+            Found::Segment(seg) => Ok(seg),
+            Found::Nothing => Err(MachineError::Io {
+                path: path.to_owned(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            }),
+        }
+    }
+
+    /// Open the segment at `path`: not following a symbolic link, a
+    /// regular file, its owner and mode as `trust` allows, its header read
+    /// from the file (not the mapping) and checked, and its size the one
+    /// its geometry needs, all before the file is mapped; after, the path
+    /// must still name the file mapped.
+    fn attach_found(path: &Path, key: Option<&str>, trust: Trust) -> Result<Found, MachineError> {
+        use std::os::unix::fs::{FileExt, FileTypeExt};
+        let io = |e: std::io::Error| MachineError::Io {
+            path: path.to_owned(),
+            source: e,
+        };
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        {
             Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Nothing),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(MachineError::NotRegular {
+                    path: path.to_owned(),
+                    found: "a symbolic link".to_owned(),
+                })
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EISDIR) => {
+                return Err(MachineError::NotRegular {
+                    path: path.to_owned(),
+                    found: "a directory".to_owned(),
+                })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 return Err(Self::permission(path, e))
             }
-            Err(e) => {
-                return Err(MachineError::Io {
-                    path: path.to_owned(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(io(e)),
         };
-        let meta = file.metadata().map_err(|e| MachineError::Io {
-            path: path.to_owned(),
-            source: e,
-        })?;
-        if meta.uid() != current_uid() {
+        let meta = file.metadata().map_err(io)?;
+        let ft = meta.file_type();
+        if !ft.is_file() {
+            let found = if ft.is_dir() {
+                "a directory"
+            } else if ft.is_fifo() {
+                "a named pipe"
+            } else if ft.is_socket() {
+                "a socket"
+            } else if ft.is_char_device() || ft.is_block_device() {
+                "a device"
+            } else {
+                "not a regular file"
+            };
+            return Err(MachineError::NotRegular {
+                path: path.to_owned(),
+                found: found.to_owned(),
+            });
+        }
+        let uid = current_uid();
+        if trust == Trust::Owner && meta.uid() != uid {
             return Err(MachineError::ForeignOwner {
                 path: path.to_owned(),
                 owner: meta.uid(),
-                uid: current_uid(),
+                uid,
             });
         }
-        // A creator sets the size first and the header after: wait (briefly)
-        // for both. One that died in between leaves a segment never ready.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let len = loop {
-            let len = file
-                .metadata()
-                .map_err(|e| MachineError::Io {
-                    path: path.to_owned(),
-                    source: e,
-                })?
-                .len() as usize;
-            if len >= HEADER {
-                break len;
-            }
-            if Instant::now() >= deadline {
-                return Err(MachineError::NeverReady {
-                    path: path.to_owned(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        let mode = meta.mode() & 0o7777;
+        let refused = match trust {
+            Trust::Owner => 0o022,
+            Trust::Group => 0o002,
         };
-        let mut seg = Self::map(file, path, key.unwrap_or_default().to_owned(), len, 0)?;
-        while seg.word(H_STATE).load(Ordering::Acquire) != READY {
-            if Instant::now() >= deadline {
-                return Err(MachineError::NeverReady {
-                    path: path.to_owned(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        if mode & refused != 0 {
+            return Err(MachineError::OpenToOthers {
+                path: path.to_owned(),
+                mode,
+                owner: meta.uid(),
+            });
         }
-        let magic = seg.word(H_MAGIC).load(Ordering::Relaxed);
+        let len = meta.len();
+        if len < HEADER as u64 {
+            return Err(MachineError::Corrupt {
+                path: path.to_owned(),
+                what: format!("{len} B long, shorter than the {HEADER} B header (truncated)"),
+            });
+        }
+        let mut header = [0u8; HEADER];
+        file.read_exact_at(&mut header, 0).map_err(io)?;
+        let word =
+            |off: usize| u64::from_le_bytes(header[off..off + 8].try_into().expect("8 bytes"));
+        if word(H_STATE) != READY {
+            // A segment is linked only once ready: this one was made by
+            // something else (or a memgov that built it in place).
+            return Err(MachineError::NeverReady {
+                path: path.to_owned(),
+            });
+        }
+        let magic = word(H_MAGIC);
         if magic != MAGIC {
             return Err(MachineError::Corrupt {
                 path: path.to_owned(),
                 what: format!("magic {magic:#018x}, expected {MAGIC:#018x}"),
             });
         }
-        let version = seg.word(H_VERSION).load(Ordering::Relaxed);
+        let version = word(H_VERSION);
         if version != LAYOUT_VERSION {
             return Err(MachineError::LayoutVersion {
                 path: path.to_owned(),
@@ -304,11 +440,11 @@ impl Segment {
                 expected: LAYOUT_VERSION,
             });
         }
-        let slots = seg.word(H_SLOTS).load(Ordering::Relaxed);
-        let slot_size = seg.word(H_SLOT_SIZE).load(Ordering::Relaxed);
+        let slots = word(H_SLOTS);
+        let slot_size = word(H_SLOT_SIZE);
         let mut kb = [0u8; KEY_BYTES];
-        seg.read_bytes(H_KEY, &mut kb);
-        let sum = seg.word(H_CHECKSUM).load(Ordering::Relaxed);
+        kb.copy_from_slice(&header[H_KEY..H_KEY + KEY_BYTES]);
+        let sum = word(H_CHECKSUM);
         if sum != checksum(slots, &kb) || slot_size != SLOT as u64 {
             return Err(MachineError::Corrupt {
                 path: path.to_owned(),
@@ -317,27 +453,32 @@ impl Segment {
                 ),
             });
         }
-        if slots == 0 || slots as usize > MAX_SLOTS || size_for(slots as usize) != len {
+        if slots == 0 || slots as usize > MAX_SLOTS || size_for(slots as usize) as u64 != len {
             return Err(MachineError::Corrupt {
                 path: path.to_owned(),
-                what: format!("{len} B long for {slots} slots of {SLOT} B"),
+                what: format!("{len} B long for {slots} slots of {SLOT} B (truncated or extended)"),
             });
         }
         let found = String::from_utf8_lossy(&kb)
             .trim_end_matches('\0')
             .to_owned();
-        match key {
-            Some(key) if kb != key_bytes(key) => {
+        if let Some(key) = key {
+            if kb != key_bytes(key) {
                 return Err(MachineError::WrongDevice {
                     path: path.to_owned(),
                     found,
                     expected: key.to_owned(),
                 });
             }
-            _ => seg.key = found,
         }
-        seg.slots = slots as usize;
-        Ok(seg)
+        let (dev, ino) = (meta.dev(), meta.ino());
+        let seg = Self::map(file, path, found, len as usize, slots as usize)?;
+        // Replaced since it was opened (removed and made anew): the mapping
+        // is sound, but of a file nobody else will open. Open again.
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.dev() == dev && m.ino() == ino => Ok(Found::Segment(seg)),
+            Ok(_) | Err(_) => Ok(Found::Nothing),
+        }
     }
 
     fn map(
@@ -366,14 +507,53 @@ impl Segment {
                 source: std::io::Error::last_os_error(),
             });
         }
+        let guard = bus_guard::register(p.cast(), len);
         Ok(Self {
             base: p.cast(),
             len,
             slots,
             path: path.to_owned(),
             key,
+            guard,
             _file: file,
         })
+    }
+
+    /// Whether the mapped file is still whole and still the one at the
+    /// path: its size (`fstat`) the segment's, the path naming the same
+    /// file, and no access to it having faulted (a file cut short under the
+    /// mapping: the pages past its end were replaced by blank ones in this
+    /// process, see `bus_guard`).
+    pub(crate) fn verify(&self) -> Result<(), MachineError> {
+        let corrupt = |what: String| {
+            Err(MachineError::Corrupt {
+                path: self.path.clone(),
+                what,
+            })
+        };
+        let meta = self._file.metadata().map_err(|e| MachineError::Io {
+            path: self.path.clone(),
+            source: e,
+        })?;
+        if bus_guard::faulted(self.guard) {
+            return corrupt(format!(
+                "the file was cut short to {} B under this process's mapping of {} B; what this process sees of the ledger past that is its own blank copy",
+                meta.len(),
+                self.len
+            ));
+        }
+        if meta.len() != self.len as u64 {
+            return corrupt(format!(
+                "the file is {} B long, the segment mapped {} B (truncated or extended under its processes)",
+                meta.len(),
+                self.len
+            ));
+        }
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.dev() == meta.dev() && m.ino() == meta.ino() => Ok(()),
+            Ok(_) => corrupt("the path names another file than the one mapped (replaced: its processes and new ones are on different ledgers)".to_owned()),
+            Err(e) => corrupt(format!("the path no longer names the file mapped ({e}): removed under its processes")),
+        }
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -460,6 +640,9 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        // Out of the guard's table first: the range may be mapped anew by
+        // anything once unmapped.
+        bus_guard::unregister(self.guard);
         // SAFETY: `base`/`len` are the mapping `map` made; no reference into
         // it outlives `self` (they borrow it).
         unsafe {
@@ -499,5 +682,268 @@ pub(crate) fn futex_wake(w: &AtomicU32) {
     // touch it.
     unsafe {
         libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// Bytes free to this user in the file system holding `file`.
+fn free_bytes(file: &File) -> u64 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero statvfs is a valid value of the plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs on an open descriptor, into a valid out pointer.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return 0;
+    }
+    (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
+}
+
+/// A file a segment is built in before it is linked at its path: unnamed
+/// (`O_TMPFILE`, linked through `/proc/self/fd`), or, where the file
+/// system or `/proc` lacks that, a hidden uniquely named file beside the
+/// path (`.<name>.<pid>.<n>.building`), removed once linked or when
+/// dropped. A creator killed while building leaves nothing at the path
+/// (the unnamed file vanishes with it; a named one stays, under its own
+/// name, never opened by anyone).
+struct Private {
+    file: File,
+    named: Option<PathBuf>,
+}
+
+impl Private {
+    fn new(dir: &Path, name: &std::ffi::OsStr) -> std::io::Result<Self> {
+        if Path::new("/proc/self/fd").is_dir() {
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(dir)
+            {
+                Ok(file) => return Ok(Self { file, named: None }),
+                // No O_TMPFILE on this file system (or kernel): a name.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let tmp = dir.join(format!(
+                ".{}.{}.{n}.building",
+                name.to_string_lossy(),
+                std::process::id()
+            ));
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)
+            {
+                Ok(file) => {
+                    return Ok(Self {
+                        file,
+                        named: Some(tmp),
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1 << 20 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Link the file at `path` unless something is there: `Ok(false)`
+    /// then.
+    fn link_at(&self, path: &Path) -> std::io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let from = match &self.named {
+            Some(tmp) => tmp.clone(),
+            None => PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd())),
+        };
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        let (from, to) = (c(&from)?, c(path)?);
+        // SAFETY: two valid NUL-terminated paths. linkat never replaces
+        // what is at `to` (EEXIST); AT_SYMLINK_FOLLOW makes the
+        // /proc/self/fd link name the unnamed file itself, as open(2)
+        // documents for O_TMPFILE.
+        let r = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                if self.named.is_some() {
+                    0
+                } else {
+                    libc::AT_SYMLINK_FOLLOW
+                },
+            )
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        if let Some(tmp) = &self.named {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// No SIGBUS from a segment cut short under its mapping. A file truncated
+/// while mapped makes every access past its new end fault with SIGBUS,
+/// which kills the process; another process of the same user (or a
+/// mistaken `truncate`) can do that to every member at once. This
+/// process's handler (installed once, chaining to the one before it for
+/// every fault outside a segment) replaces the faulting page of a segment
+/// by a blank private page and marks the segment, so the access is retried
+/// and the process lives; `Segment::verify` (`MachineLedger::verify`,
+/// `memgov top`) then says the ledger is broken. Only ranges of live
+/// segment mappings are in the table (taken out before they are unmapped).
+mod bus_guard {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Once;
+
+    const ENTRIES: usize = 64;
+    /// Each entry's mapping: its base (0: free) and length.
+    static BASE: [AtomicUsize; ENTRIES] = [const { AtomicUsize::new(0) }; ENTRIES];
+    static LEN: [AtomicUsize; ENTRIES] = [const { AtomicUsize::new(0) }; ENTRIES];
+    static FAULTED: [AtomicBool; ENTRIES] = [const { AtomicBool::new(false) }; ENTRIES];
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
+    /// The SIGBUS action before this one, for the handler: a leaked box,
+    /// set once before the handler is installed, never freed.
+    static CHAIN: AtomicUsize = AtomicUsize::new(0);
+
+    fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if page > 0 {
+                PAGE.store(page as usize, Ordering::Relaxed);
+            }
+            // SAFETY: an all-zero sigaction is a valid value; the first
+            // call only reads the current action into `prev`; the second
+            // installs `handler`, an `extern "C" fn(c_int, *mut siginfo_t,
+            // *mut c_void)` as SA_SIGINFO requires, which does only
+            // async-signal-safe work (atomic loads and stores, mmap,
+            // sigaction, the previous handler).
+            unsafe {
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut prev);
+                CHAIN.store(Box::into_raw(Box::new(prev)) as usize, Ordering::Release);
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = handler as *const () as usize;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+                libc::sigemptyset(&mut act.sa_mask);
+                libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut());
+            }
+        });
+    }
+
+    /// Guard `len` bytes at `base`; the entry's index (`usize::MAX`: the
+    /// table is full, the mapping is not guarded).
+    pub(super) fn register(base: *mut u8, len: usize) -> usize {
+        install();
+        for i in 0..ENTRIES {
+            if BASE[i]
+                .compare_exchange(0, base as usize, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                FAULTED[i].store(false, Ordering::Relaxed);
+                LEN[i].store(len, Ordering::Release);
+                return i;
+            }
+        }
+        usize::MAX
+    }
+
+    pub(super) fn unregister(i: usize) {
+        if i < ENTRIES {
+            LEN[i].store(0, Ordering::Release);
+            BASE[i].store(0, Ordering::Release);
+        }
+    }
+
+    pub(super) fn faulted(i: usize) -> bool {
+        i < ENTRIES && FAULTED[i].load(Ordering::Acquire)
+    }
+
+    extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo_t for SA_SIGINFO.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let page = PAGE.load(Ordering::Relaxed);
+        for i in 0..ENTRIES {
+            let base = BASE[i].load(Ordering::Acquire);
+            let len = LEN[i].load(Ordering::Acquire);
+            if base == 0 || addr < base || addr >= base + len {
+                continue;
+            }
+            let at = addr & !(page - 1);
+            // SAFETY: replaces one page inside a live segment mapping of
+            // this process (the table holds only those) with a blank
+            // private one; mmap is async-signal-safe in practice (a system
+            // call), and nothing else of the process is touched.
+            let r = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if r != libc::MAP_FAILED {
+                FAULTED[i].store(true, Ordering::Release);
+                return;
+            }
+        }
+        // Not a segment's: whatever handled SIGBUS before.
+        let prev = CHAIN.load(Ordering::Acquire) as *const libc::sigaction;
+        // SAFETY: set once, before this handler was installed, to a leaked
+        // box that is never freed.
+        let prev = unsafe { &*prev };
+        let h = prev.sa_sigaction;
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            // The default action: restored, and the faulting access, run
+            // again on return, kills the process as it would have.
+            // SAFETY: an all-zero sigaction with SIG_DFL (0) is the default
+            // action; sigaction is async-signal-safe.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            // SAFETY: the previous handler was installed with SA_SIGINFO,
+            // so it has this signature; it is called as the kernel would.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        } else {
+            // SAFETY: a handler installed without SA_SIGINFO takes the
+            // signal number alone.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
     }
 }

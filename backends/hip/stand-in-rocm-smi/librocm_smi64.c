@@ -26,6 +26,12 @@
  * Processes: read on every query from the file MEMGOV_STANDIN_ROCM_SMI_PROCESSES
  * names (unset: none), one line per process and device, "<ordinal> <pid>
  * <bytes>"; so a test changes what the library reports by rewriting it.
+ *
+ * Hostile answers: MEMGOV_STANDIN_ROCM_SMI_HOSTILE, a comma-separated list:
+ *   huge-count  rsmi_compute_process_info_get with `procs` NULL answers
+ *               0xFFFFFFFF processes;
+ *   over-count  with `procs` given, *num_items becomes 7 more than the room
+ *               (what it wrote is right) and the answer is success.
  */
 #include "standin.h"
 
@@ -100,6 +106,21 @@ rsmi_status_t rsmi_dev_pci_id_get(uint32_t dv_ind, uint64_t *bdfid) {
     return RSMI_STATUS_SUCCESS;
 }
 
+/* Whether MEMGOV_STANDIN_ROCM_SMI_HOSTILE lists `what`. */
+static int hostile(const char *what) {
+    const char *v = getenv("MEMGOV_STANDIN_ROCM_SMI_HOSTILE");
+    if (v == NULL) return 0;
+    size_t n = strlen(what);
+    for (const char *p = v; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, what, n) == 0) return 1;
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 struct line { int dev; uint32_t pid; uint64_t bytes; };
 
 static int read_lines(struct line *out, int room) {
@@ -141,13 +162,14 @@ rsmi_status_t rsmi_compute_process_info_get(rsmi_process_info_t *procs, uint32_t
     }
     rsmi_status_t r = RSMI_STATUS_SUCCESS;
     if (procs == NULL) {
-        *num_items = unique;
+        *num_items = hostile("huge-count") ? 0xFFFFFFFFu : unique;
     } else {
         uint32_t room = *num_items;
         uint32_t w = unique < room ? unique : room;
         memcpy(procs, found, w * sizeof *procs);
         *num_items = w;
         if (unique > room) r = RSMI_STATUS_INSUFFICIENT_SIZE;
+        else if (hostile("over-count")) *num_items = room + 7;
     }
     pthread_mutex_unlock(&g_lock);
     return r;
