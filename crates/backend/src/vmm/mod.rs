@@ -39,10 +39,18 @@
 //! * **No lock across the driver.** The state lock is held only to choose
 //!   and to commit; granules being mapped or unmapped are marked so, and a
 //!   thread that needs one waits on a condition variable.
+//! * **Nothing that breaks the caller's own capture.** On a thread whose own
+//!   stream capture is under way, an allocation that would wait for a
+//!   granule in transition or trim, and a trim, are refused at once with
+//!   the gate's typed error ([`GranuleDriver::refuse_own_capture`]): the
+//!   wait could be on a thread that waits for that capture to end, and an
+//!   unmap would invalidate it.
 
 mod arena;
 pub mod gate;
 mod pool;
+#[cfg(test)]
+mod races;
 mod sleep;
 mod sleep_set;
 mod state;
@@ -99,6 +107,16 @@ pub trait GranuleDriver {
 
     /// Make the arena's device current until the guard drops.
     fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError>;
+
+    /// Refuse, with the gate's typed error, when the calling thread's own
+    /// stream capture is under way (see [`Gate::refuse_own`]): asked before
+    /// the arena would wait for a granule in transition (whose owner may be
+    /// waiting for that capture to end) or unmap one (which would
+    /// invalidate the capture). `Ok` for a driver without captures.
+    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
+        let _ = op;
+        Ok(())
+    }
 
     /// Back granule `g` with fresh physical memory, accessible read-write
     /// from the arena's device (create, map, set access). On failure the

@@ -8,8 +8,11 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
-//! The whole arena sleeps only while no set of its allocations sleeps
-//! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
+//! A sleep copies every granule in use to host memory before it unmaps
+//! any: a copy that fails refuses the sleep with nothing released and the
+//! arena awake. The whole arena sleeps only while no set of its allocations
+//! sleeps ([`sleep_set`](super::sleep_set)); its wake also wakes such a
+//! set.
 
 use super::state::Slot;
 use super::{closed, Arena, SleepDriver};
@@ -36,7 +39,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         let _current = d.make_current("sleep")?;
         d.quiesce("sleep")?;
         let taken: Vec<(usize, H, bool)> = {
-            let mut st = lock(&self.state);
+            // Checked after the wait: a set's sleep may finish meanwhile.
+            let mut st = self.wait_settled(lock(&self.state));
             if st.closed {
                 return Err(closed(backend, "sleep"));
             }
@@ -60,9 +64,6 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     ),
                 ));
             }
-            while st.slots.iter().any(|g| g.slot.in_transition()) {
-                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
             st.asleep = true;
             let v: Vec<_> = (0..st.slots.len())
                 .filter_map(|g| match st.slots[g].slot {
@@ -77,6 +78,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         };
         let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
+        if first_err.is_some() && outcome.iter().all(|(_, s)| matches!(s, Slot::Mapped(_))) {
+            // Refused before anything was released (a copy failed): the
+            // arena stays awake, as the caller is told.
+            st.asleep = false;
+        }
         for (g, slot) in outcome {
             match slot {
                 Slot::Mapped(_) => {}
@@ -108,10 +114,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// Unmap and release the granules `taken` (each marked `Unmapping`, with
     /// its handle and whether an allocation uses it), copying the contents
     /// of those in use to page-locked host memory first when
-    /// `keep_contents` is set. Returns each granule's next slot (`Asleep`
-    /// when in use, `Unmapped` when cached, `Mapped` when its contents
-    /// could not be kept, the quarantine the driver's refusal left), what
-    /// was given back, and the first error. No lock is held.
+    /// `keep_contents` is set (every copy before any unmap). Returns each
+    /// granule's next slot (`Asleep` when in use, `Unmapped` when cached,
+    /// the quarantine the driver's refusal left; every one `Mapped`, nothing
+    /// released, when a copy failed), what was given back, and the first
+    /// error. No lock is held.
     pub(super) fn release_granules<D: SleepDriver<Handle = H>>(
         &self,
         d: &D,
@@ -125,20 +132,35 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             released: 0,
             offloaded: 0,
         };
-        for (g, h, in_use) in taken {
-            let at = self.base + g as u64 * self.granule;
-            let mut host = 0usize;
-            if in_use && keep_contents && first_err.is_none() {
-                match d.offload(at, self.granule) {
-                    Ok(p) => host = p,
-                    Err(e) => first_err = Some(e),
+        // Copies first, all of them: one that fails leaves every granule
+        // mapped and nothing released, so the sleep is refused cleanly.
+        let mut hosts = vec![0usize; taken.len()];
+        if keep_contents {
+            for (i, &(g, _, in_use)) in taken.iter().enumerate() {
+                if !in_use {
+                    continue;
+                }
+                match d.offload(self.base + g as u64 * self.granule, self.granule) {
+                    Ok(p) => hosts[i] = p,
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
                 }
             }
-            if in_use && keep_contents && host == 0 {
-                // Contents that could not be kept stay mapped.
-                outcome.push((g, Slot::Mapped(h)));
-                continue;
+            if first_err.is_some() {
+                for &host in hosts.iter().filter(|&&h| h != 0) {
+                    d.free_host(host, op);
+                }
+                let outcome = taken
+                    .into_iter()
+                    .map(|(g, h, _)| (g, Slot::Mapped(h)))
+                    .collect();
+                return (outcome, report, first_err);
             }
+        }
+        for ((g, h, in_use), host) in taken.into_iter().zip(hosts) {
+            let at = self.base + g as u64 * self.granule;
             match d.unmap(g, h, op) {
                 Ok(()) => {
                     report.released += self.granule;

@@ -52,6 +52,11 @@ pub struct Granule<H> {
     pub slot: Slot<H>,
     /// Live blocks overlapping it (their release has not retired).
     pub users: u32,
+    /// Its free space is kept out of the free list: it sleeps with a set
+    /// (until the wake that maps it commits), or it is quarantined (for the
+    /// arena's life). A block inside it that retires is carved out again
+    /// ([`State::keep_out`]).
+    pub held_out: bool,
 }
 
 /// A granule the driver would not give back.
@@ -69,7 +74,9 @@ pub struct Quarantined {
 pub struct ArenaSnapshot {
     /// Address space reserved for the arena's life.
     pub reserved: u64,
-    /// Physical memory mapped (in use, cached and quarantined-mapped).
+    /// Physical memory the driver holds for the arena: mapped (in use,
+    /// cached) and quarantined (still mapped, or unmapped with its handle
+    /// unreleased), bounded by the arena's limit.
     pub mapped: u64,
     /// Bytes of live allocations (each rounded up to 256 B).
     pub in_use: u64,
@@ -94,7 +101,8 @@ pub struct State<H> {
     /// Every granule of the reservation, by index.
     pub slots: Vec<Granule<H>>,
     granule: u64,
-    /// Bytes mapped (in use, cached, quarantined-mapped).
+    /// Bytes the driver holds for the arena: mapped (in use, cached) and
+    /// quarantined (mapped, or unmapped with the handle unreleased).
     pub mapped: u64,
     /// Bytes being mapped (counted against the limit).
     pub mapping: u64,
@@ -104,6 +112,9 @@ pub struct State<H> {
     pub asleep: bool,
     /// Set by teardown: nothing is mapped or unmapped after.
     pub closed: bool,
+    /// Threads waiting for a granule to leave its transition (for tests
+    /// that force an interleaving: they wait until a thread is parked).
+    pub waiting: usize,
 }
 
 impl<H: Copy> State<H> {
@@ -117,7 +128,8 @@ impl<H: Copy> State<H> {
             slots: vec![
                 Granule {
                     slot: Slot::Unmapped,
-                    users: 0
+                    users: 0,
+                    held_out: false,
                 };
                 n
             ],
@@ -127,6 +139,7 @@ impl<H: Copy> State<H> {
             in_use: 0,
             asleep: false,
             closed: false,
+            waiting: 0,
         }
     }
 
@@ -195,15 +208,26 @@ impl<H: Copy> State<H> {
         }
     }
 
-    /// Keep granule `g` out of use for the arena's life (its range carved
-    /// out of the free list; `_base` is kept for callers' symmetry).
+    /// Keep granule `g` out of use for the arena's life: its free space
+    /// carved out of the free list now and whenever a block inside it
+    /// retires. Its bytes stay counted in `mapped` (the driver still holds
+    /// them, mapped or as an unreleased handle) until teardown gives them
+    /// back. `_base` is kept for callers' symmetry.
     pub fn quarantine(&mut self, g: usize, slot: Slot<H>, _base: u64, granule: u64) {
-        if let Slot::Quarantined { mapped: false, .. } = slot {
-            // Unmapped but unreleased: no longer counted as mapped.
-            self.mapped -= granule.min(self.mapped);
-        }
         self.slots[g].slot = slot;
+        self.slots[g].held_out = true;
         self.carve(g as u64 * granule, granule);
+    }
+
+    /// After the block `[offset, offset + len)` went back to the free list:
+    /// carve out again what it gave back inside granules held out (asleep
+    /// with a set, or quarantined).
+    pub fn keep_out(&mut self, offset: u64, len: u64) {
+        for g in self.granules_of(offset, len) {
+            if self.slots[g].held_out {
+                self.carve_granule(g);
+            }
+        }
     }
 
     /// Bytes of mapped granules without users: what a trim gives back.
