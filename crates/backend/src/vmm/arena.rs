@@ -159,7 +159,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 .filter(|&g| matches!(st.slots[g].slot, Slot::Unmapped))
                 .collect();
             let adding = need.len() as u64 * self.granule;
-            if st.mapped + st.mapping + adding > self.limit() {
+            if st.held() + adding > self.limit() {
                 st.put_range(offset, len);
                 let cached = st.cached();
                 drop(st);
@@ -176,7 +176,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     format!(
                         "{bytes} B needs {adding} B more mapped, but the arena holds {} B of its \
                          {} B limit ({} B in use); release memory or raise ArenaConfig::limit_bytes",
-                        st.mapped + st.mapping,
+                        st.held(),
                         self.limit(),
                         st.in_use
                     ),

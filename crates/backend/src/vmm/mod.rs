@@ -19,8 +19,9 @@
 //!   allocation's address never changes, and a large allocation is one
 //!   contiguous range whatever the granules behind it.
 //! * **Physical bytes are the budget.** [`Arena::limit`] bounds the bytes
-//!   mapped (granules held, whether in use, cached or being mapped), never
-//!   the reserved address space. A map that would pass the limit first
+//!   the driver holds for the arena (granules in use, cached, being mapped,
+//!   or quarantined: still mapped, or unmapped with a handle the driver
+//!   would not release), never the reserved address space. A map that would pass the limit first
 //!   trims cached granules, then is refused with `OutOfMemory` naming the
 //!   numbers.
 //! * **Granule by granule, transactional.** Each granule is mapped on its
@@ -29,7 +30,10 @@
 //!   one by one. Every granule is therefore either mapped and accessible, or
 //!   unmapped and released, or (when the driver refuses an unmap or a
 //!   release) quarantined: kept out of the allocator for the arena's life
-//!   and listed in the [`ArenaSnapshot`].
+//!   (also when the allocations on it retire), counted against the limit
+//!   until teardown gives it back, and listed in the [`ArenaSnapshot`];
+//!   copies to an allocation on a granule quarantined unmapped are refused
+//!   (its memory is gone).
 //! * **Unmapped only after the streams passed.** A granule's users are the
 //!   allocations that overlap it; an allocation stops being a user only at
 //!   [`Arena::retire`], which the backend calls once the stream released on

@@ -319,7 +319,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 })
                 .partition(|&(g, _)| st.slots[g].users > 0);
             let needed = v.len() as u64 * self.granule;
-            if st.mapped + st.mapping + needed > self.limit() {
+            if st.held() + needed > self.limit() {
                 return Err(BackendError::new(
                     backend,
                     op,
@@ -328,7 +328,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                         "waking needs {needed} B mapped, but the arena holds {} B of its {} B \
                          limit; nothing was mapped and the {} stays asleep (free memory or \
                          raise the limit: {}::set_limit, ArenaConfig::limit_bytes)",
-                        st.mapped + st.mapping,
+                        st.held(),
                         self.limit(),
                         if whole { "arena" } else { "set" },
                         self.handle

@@ -74,10 +74,12 @@ pub struct Quarantined {
 pub struct ArenaSnapshot {
     /// Address space reserved for the arena's life.
     pub reserved: u64,
-    /// Physical memory the driver holds for the arena: mapped (in use,
-    /// cached) and quarantined (still mapped, or unmapped with its handle
-    /// unreleased), bounded by the arena's limit.
+    /// Physical memory mapped (in use, cached and quarantined-mapped).
     pub mapped: u64,
+    /// Physical memory of quarantined granules unmapped but not released:
+    /// the driver still holds it, and it counts against the arena's limit
+    /// with `mapped` until teardown gives it back.
+    pub unreleased: u64,
     /// Bytes of live allocations (each rounded up to 256 B).
     pub in_use: u64,
     /// Mapped granules no allocation uses: what a trim gives back.
@@ -101,9 +103,12 @@ pub struct State<H> {
     /// Every granule of the reservation, by index.
     pub slots: Vec<Granule<H>>,
     granule: u64,
-    /// Bytes the driver holds for the arena: mapped (in use, cached) and
-    /// quarantined (mapped, or unmapped with the handle unreleased).
+    /// Bytes mapped (in use, cached, quarantined-mapped).
     pub mapped: u64,
+    /// Bytes of quarantined granules unmapped whose handle the driver would
+    /// not release: the driver still holds them, so they count against the
+    /// limit until teardown gives them back.
+    pub unreleased: u64,
     /// Bytes being mapped (counted against the limit).
     pub mapping: u64,
     /// Bytes of live blocks.
@@ -135,6 +140,7 @@ impl<H: Copy> State<H> {
             ],
             granule,
             mapped: 0,
+            unreleased: 0,
             mapping: 0,
             in_use: 0,
             asleep: false,
@@ -210,10 +216,15 @@ impl<H: Copy> State<H> {
 
     /// Keep granule `g` out of use for the arena's life: its free space
     /// carved out of the free list now and whenever a block inside it
-    /// retires. Its bytes stay counted in `mapped` (the driver still holds
-    /// them, mapped or as an unreleased handle) until teardown gives them
-    /// back. `_base` is kept for callers' symmetry.
+    /// retires. Its bytes stay counted against the limit until teardown
+    /// gives them back: in `mapped` while mapped, in `unreleased` once
+    /// unmapped with the handle unreleased. `_base` is kept for callers'
+    /// symmetry.
     pub fn quarantine(&mut self, g: usize, slot: Slot<H>, _base: u64, granule: u64) {
+        if let Slot::Quarantined { mapped: false, .. } = slot {
+            self.mapped -= granule.min(self.mapped);
+            self.unreleased += granule;
+        }
         self.slots[g].slot = slot;
         self.slots[g].held_out = true;
         self.carve(g as u64 * granule, granule);
@@ -228,6 +239,12 @@ impl<H: Copy> State<H> {
                 self.carve_granule(g);
             }
         }
+    }
+
+    /// Bytes the driver holds for the arena, bounded by its limit: mapped,
+    /// being mapped, and quarantined unreleased.
+    pub fn held(&self) -> u64 {
+        self.mapped + self.mapping + self.unreleased
     }
 
     /// Bytes of mapped granules without users: what a trim gives back.
@@ -256,6 +273,7 @@ impl<H: Copy> State<H> {
         ArenaSnapshot {
             reserved,
             mapped: self.mapped,
+            unreleased: self.unreleased,
             in_use: self.in_use,
             cached: self.cached(),
             asleep: self
