@@ -46,7 +46,9 @@
  *   cuMemCreate, cuMemMap and cuMemSetAccess with the codes FAIL_VMM_AT
  *   uses, changing nothing; cuMemUnmap and cuMemRelease with CUDA_ERROR_UNKNOWN,
  *   leaving the mapping or handle as it was (a later call on it succeeds);
- *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says.
+ *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says;
+ *   libcuda.c's cuMemHostAlloc with CUDA_ERROR_OUT_OF_MEMORY, nothing
+ *   allocated.
  *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
  *   count starts again), so that one process runs many fault cells.
  * - memgov_standin_cuda_vmm() reports what is held, for tests.

@@ -59,6 +59,15 @@ fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
 }
 
 #[test]
+fn arena_cases_under_a_refused_release_or_host_allocation_and_on_a_capturing_thread() {
+    // A quarantined granule with a sleeping user stays out of the
+    // allocator; a refused release counts against the limit; a sleep whose
+    // copy fails leaves the arena awake; the capturing thread's allocation
+    // over the limit is refused, not trimmed.
+    passes("arena_faults", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn capability_arena_cases_pass_on_the_cuda_arena() {
     passes(
         "capability_arena",
@@ -117,7 +126,7 @@ fn a_set_of_allocations_sleeps_and_wakes_leaving_the_others_mapped_and_usable() 
 }
 
 #[test]
-fn a_release_while_asleep_retires_and_the_wake_leaves_its_granules_cached() {
+fn a_release_while_asleep_retires_and_the_wake_maps_only_the_granules_in_use() {
     passes(
         "release_while_asleep",
         &[(LATENCY, "2000"), (SEED, "2"), (EXIT_CHECK, "1")],
@@ -578,9 +587,11 @@ mod cases {
         release(&ctx, &s, gone, &retired);
         settle(&ctx, std::slice::from_ref(&s), &retired, 1);
         assert_eq!(arena(&ctx).snapshot().in_use, 3 * MIB);
-        assert_eq!(arena(&ctx).wake().expect("wake"), 8 * MIB);
-        // The released allocation's granules came back without users.
-        assert_eq!(arena(&ctx).trim().expect("trim"), 4 * MIB);
+        // Only the granules the kept allocation overlaps are mapped again
+        // (0 and 1); the released one's own (2 and 3) are dropped.
+        assert_eq!(arena(&ctx).wake().expect("wake"), 4 * MIB);
+        assert_eq!(vmm()[2..4], [2, 4 * MIB], "two handles, 4 MiB mapped");
+        assert_eq!(arena(&ctx).trim().expect("trim"), 0, "nothing cached");
         let mut back = vec![0u8; data.len()];
         ctx.read(&s, &keep, 0, &mut back).expect("read");
         assert!(back == data);
@@ -942,7 +953,8 @@ mod cases {
         assert_eq!(arena.wake_ranges(&[at_a]).expect("wake a"), 3 * g);
         check_bytes(&ctx, &s, &a, &pa, "a after the second wake");
         assert_eq!(arena.snapshot().asleep, 2 * g, "b's granules still asleep");
-        assert_eq!(arena.wake().expect("wake the rest"), 2 * g);
+        // b's granules have no users left: dropped, not mapped.
+        assert_eq!(arena.wake().expect("wake the rest"), 0);
         assert_eq!(arena.snapshot().asleep, 0);
         // The gaps came back: a 4 MiB allocation fits where b was.
         let f = ctx.allocate(&s, 2 * g).expect("f");
@@ -978,6 +990,7 @@ mod cases {
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),
+                "arena_faults" => common::arena_faults_child(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),
                 "wake_refused" => wake_refused(),

@@ -52,7 +52,9 @@
  *   hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
  *   reference's failure code for both), leaving the mapping or handle as
  *   it was (a later call on it succeeds); graph.c's hipStreamBeginCapture
- *   and hipStreamEndCapture as it says. memgov_standin_hip_fail_entry(fn,
+ *   and hipStreamEndCapture as it says; libamdhip64.c's hipHostMalloc
+ *   with hipErrorOutOfMemory, nothing allocated.
+ *   memgov_standin_hip_fail_entry(fn,
  *   N) sets the same at run time (the count starts again), so that one
  *   process runs many fault cells.
  * - memgov_standin_hip_vmm() reports what is held, for tests.

@@ -155,3 +155,23 @@ pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
         &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
     );
 }
+
+/// In a child on the stand-in: the arena's cases under a refused
+/// `cuMemRelease` or `cuMemHostAlloc` and on a capturing thread
+/// (`memgov_conformance::arena_faults`), each printed as `arena fault case
+/// NAME: ok: ...`; panics on the first that failed.
+pub fn arena_faults_child() {
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "cuMemRelease",
+        host_alloc: "cuMemHostAlloc",
+    };
+    for (name, outcome) in memgov_conformance::arena_faults::run(&d) {
+        match outcome {
+            Ok(line) => println!("arena fault case {name}: ok: {line}"),
+            Err(e) => panic!("arena fault case {name}: {e}"),
+        }
+    }
+}

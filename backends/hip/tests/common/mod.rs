@@ -85,3 +85,23 @@ pub fn fault_cells_child() {
     .unwrap_or_else(|e| panic!("{e}"));
     lines.iter().for_each(|l| println!("{l}"));
 }
+
+/// In a child on the stand-in: the arena's cases under a refused
+/// `hipMemRelease` or `hipHostMalloc` and on a capturing thread
+/// (`memgov_conformance::arena_faults`), each printed as `arena fault case
+/// NAME: ok: ...`; panics on the first that failed.
+pub fn arena_faults_child() {
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "hipMemRelease",
+        host_alloc: "hipHostMalloc",
+    };
+    for (name, outcome) in memgov_conformance::arena_faults::run(&d) {
+        match outcome {
+            Ok(line) => println!("arena fault case {name}: ok: {line}"),
+            Err(e) => panic!("arena fault case {name}: {e}"),
+        }
+    }
+}
