@@ -297,13 +297,31 @@ fn negative_leftovers_at_exit_abort() {
     }
 }
 
+/// One case of `memgov_conformance::arena_faults` in a child of its own.
+fn arena_fault(case: &str) {
+    passes(&format!("arena_fault:{case}"), &[(EXIT_CHECK, "1")]);
+}
+
 #[test]
-fn arena_cases_under_a_refused_release_or_host_allocation_and_on_a_capturing_thread() {
-    // A quarantined granule with a sleeping user stays out of the
-    // allocator; a refused release counts against the limit; a sleep whose
-    // copy fails leaves the arena awake; the capturing thread's allocation
-    // over the limit is refused, not trimmed.
-    passes("arena_faults", &[(EXIT_CHECK, "1")]);
+fn a_granule_quarantined_under_a_sleeping_allocation_stays_out_of_the_allocator() {
+    // hipMemRelease refused during a set's sleep.
+    arena_fault("quarantined_granule_in_use_stays_out_of_the_allocator");
+}
+
+#[test]
+fn a_refused_release_counts_against_the_arena_s_limit() {
+    arena_fault("refused_release_counts_against_the_limit");
+}
+
+#[test]
+fn a_sleep_whose_page_locked_copy_fails_leaves_the_arena_awake() {
+    // hipHostMalloc refused for the second granule's copy.
+    arena_fault("sleep_whose_copy_fails_leaves_the_arena_awake");
+}
+
+#[test]
+fn the_capturing_thread_s_allocation_over_the_limit_is_refused_not_trimmed() {
+    arena_fault("capturing_thread_over_the_limit_is_refused_not_trimmed");
 }
 
 #[test]
@@ -1016,7 +1034,9 @@ mod cases {
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),
-                "arena_faults" => common::arena_faults_child(),
+                c if c.starts_with("arena_fault:") => {
+                    common::arena_fault_child(&c["arena_fault:".len()..])
+                }
                 "grow_shrink" => grow_shrink(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),

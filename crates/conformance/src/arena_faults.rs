@@ -126,16 +126,17 @@ pub fn cases<C: CaptureBackend>() -> Vec<(&'static str, Case<C>)> {
     ]
 }
 
-/// Run every case.
-pub fn run<C: CaptureBackend>(d: &Driver<'_, C>) -> Vec<(&'static str, CaseResult)> {
-    cases::<C>()
+/// Run the case `name` (each in a process of its own: a case whose check
+/// fails may leave the driver's fault set, or the stand-in may stop the
+/// process on a contract violation).
+pub fn run<C: CaptureBackend>(d: &Driver<'_, C>, name: &str) -> CaseResult {
+    let (_, case) = cases::<C>()
         .into_iter()
-        .map(|(name, case)| {
-            let r = case(d);
-            (d.fail)(None);
-            (name, r)
-        })
-        .collect()
+        .find(|(n, _)| *n == name)
+        .ok_or_else(|| format!("no arena fault case {name}"))?;
+    let r = case(d);
+    (d.fail)(None);
+    r
 }
 
 fn quarantined_in_use<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {

@@ -86,11 +86,11 @@ pub fn fault_cells_child() {
     lines.iter().for_each(|l| println!("{l}"));
 }
 
-/// In a child on the stand-in: the arena's cases under a refused
+/// In a child on the stand-in: the arena's case `name` under a refused
 /// `hipMemRelease` or `hipHostMalloc` and on a capturing thread
-/// (`memgov_conformance::arena_faults`), each printed as `arena fault case
-/// NAME: ok: ...`; panics on the first that failed.
-pub fn arena_faults_child() {
+/// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
+/// ok: ...`; panics when it failed.
+pub fn arena_fault_child(name: &str) {
     let d = memgov_conformance::arena_faults::Driver {
         factory: &capability_factory,
         fail: &fail_entry,
@@ -98,10 +98,8 @@ pub fn arena_faults_child() {
         release: "hipMemRelease",
         host_alloc: "hipHostMalloc",
     };
-    for (name, outcome) in memgov_conformance::arena_faults::run(&d) {
-        match outcome {
-            Ok(line) => println!("arena fault case {name}: ok: {line}"),
-            Err(e) => panic!("arena fault case {name}: {e}"),
-        }
+    match memgov_conformance::arena_faults::run(&d, name) {
+        Ok(line) => println!("arena fault case {name}: ok: {line}"),
+        Err(e) => panic!("arena fault case {name}: {e}"),
     }
 }
