@@ -171,6 +171,23 @@ __attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const 
     return sq_entry_fault_set(fn, n);
 }
 
+/* For tests that force an interleaving: from now on the Nth call of `fn`
+ * (only cuMemMap pauses) blocks before it changes anything, until
+ * memgov_standin_cuda_resume_entry(); memgov_standin_cuda_entry_paused()
+ * says whether one is held. See sq_entry_pause_set. */
+__attribute__((visibility("default"))) int memgov_standin_cuda_pause_entry(const char *fn,
+                                                                           unsigned long long n) {
+    return sq_entry_pause_set(fn, n);
+}
+
+__attribute__((visibility("default"))) int memgov_standin_cuda_entry_paused(void) {
+    return sq_entry_paused();
+}
+
+__attribute__((visibility("default"))) void memgov_standin_cuda_resume_entry(void) {
+    sq_entry_resume();
+}
+
 int standin_entry_fault(const char *fn) {
     return sq_entry_fault("MEMGOV_STANDIN_CUDA_FAIL_ENTRY", fn);
 }
@@ -351,6 +368,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags) {
     VMM_ENTER("cuMemMap");
     UNSAFE_DURING_CAPTURE("cuMemMap", 0);
+    sq_entry_pause("cuMemMap");
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemMap");
     CUresult r = CUDA_SUCCESS;

@@ -86,6 +86,17 @@ fn the_capturing_thread_s_allocation_over_the_limit_is_refused_not_trimmed() {
 }
 
 #[test]
+fn a_release_retiring_during_its_set_s_wake_frees_its_range_once() {
+    // The wake is held inside the driver's map while the release retires.
+    arena_fault("release_retiring_during_its_set_s_wake_frees_its_range_once");
+}
+
+#[test]
+fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped() {
+    arena_fault("capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped");
+}
+
+#[test]
 fn capability_arena_cases_pass_on_the_cuda_arena() {
     passes(
         "capability_arena",

@@ -11,7 +11,14 @@
 //!   nothing released, and the arena stays awake and usable;
 //! * the capturing thread's own allocation over the limit is refused rather
 //!   than unmapping (which would invalidate its capture), and the capture
-//!   ends valid.
+//!   ends valid;
+//! * a release that retires while its set's wake maps the granule frees its
+//!   range once: no two allocations overlap after, none is lost (the wake
+//!   is held inside the driver's map by the stand-in's pause knob, the
+//!   interleaving forced);
+//! * the capturing thread's allocation landing in a granule another thread
+//!   is mapping (held at the gate by that capture) is refused at once
+//!   instead of waiting for it (which would never end).
 //!
 //! Each case opens its context from the factory (an arena of at least 64
 //! granules of address space), tears it down, and checks the driver holds
@@ -19,7 +26,8 @@
 
 use crate::capability::{DriverHeld, SetFault};
 use memgov::backend::capability::{
-    CaptureBackend, CaptureConfig, CaptureMode, CapturedGraph, PoolCapture, SleepWake, VirtualArena,
+    ArenaBackend, CaptureBackend, CaptureConfig, CaptureMode, CapturedGraph, PoolCapture,
+    SleepWake, VirtualArena,
 };
 use memgov::{BackendError, BackendErrorKind, DeviceContext, RetireSignal};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,9 +59,9 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// What the cases need of the backend besides the traits: its context
-/// factory, the stand-in's fault knob, what the driver holds, and the names
-/// of its entry points.
-pub struct Driver<'a, C> {
+/// factory, the stand-in's fault knob, what the driver holds, the names of
+/// its entry points, and the bytes its arena is mapping now.
+pub struct Driver<'a, C: ArenaBackend> {
     /// Makes a context with an arena.
     pub factory: &'a dyn Fn() -> Result<C, BackendError>,
     /// Fails the `n`th call of an entry point from now on (`None`: none).
@@ -64,6 +72,18 @@ pub struct Driver<'a, C> {
     pub release: &'a str,
     /// The entry point allocating page-locked host memory (`cuMemHostAlloc`).
     pub host_alloc: &'a str,
+    /// Hold the `n`th call of an entry point from now on (the map entry
+    /// point only) until [`resume`](Self::resume) (`None`: none).
+    pub pause: &'a SetFault,
+    /// Whether a call is held by [`pause`](Self::pause).
+    pub paused: &'a dyn Fn() -> bool,
+    /// Let the held call go on.
+    pub resume: &'a dyn Fn(),
+    /// The entry point mapping a handle (`cuMemMap`).
+    pub map: &'a str,
+    /// The bytes `arena` is mapping now (granules a thread marked and is
+    /// creating and mapping: its snapshot's `mapping`).
+    pub mapping: &'a (dyn Fn(&C::Arena) -> u64 + Sync),
 }
 
 /// Free `memory` stream-ordered and wait until its release has retired.
@@ -122,6 +142,14 @@ pub fn cases<C: CaptureBackend>() -> Vec<(&'static str, Case<C>)> {
         (
             "capturing_thread_over_the_limit_is_refused_not_trimmed",
             own_capture_over_limit::<C>,
+        ),
+        (
+            "release_retiring_during_its_set_s_wake_frees_its_range_once",
+            release_during_wake::<C>,
+        ),
+        (
+            "capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped",
+            own_capture_never_waits::<C>,
         ),
     ]
 }
@@ -350,4 +378,174 @@ fn own_capture_over_limit<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {
     release(&ctx, &s, a)?;
     close(ctx, s, d.held)?;
     Ok("refused at once; the capture ended valid and its graph ran".into())
+}
+
+/// Spin (yielding) until `what` holds: a forced interleaving's wait for a
+/// thread to reach its point.
+fn until(what: impl Fn() -> bool) {
+    while !what() {
+        std::thread::yield_now();
+    }
+}
+
+fn global(pool_bytes: u64) -> CaptureConfig {
+    CaptureConfig {
+        pool_bytes,
+        mode: CaptureMode::Global,
+    }
+}
+
+/// Allocate `bytes` until the arena refuses (`OutOfMemory`), each checked
+/// against `live` for overlap and written; returns how many fit.
+fn fill<C: ArenaBackend>(
+    ctx: &C,
+    s: &C::Stream,
+    bytes: u64,
+    live: &mut Vec<(u64, u64, C::Memory)>,
+) -> Result<usize, String> {
+    let mut n = 0;
+    loop {
+        let m = match ctx.allocate(s, bytes) {
+            Ok(m) => m,
+            Err(e) if e.kind == BackendErrorKind::OutOfMemory => return Ok(n),
+            Err(e) => return Err(format!("allocate: {e}")),
+        };
+        let at = ctx.device_address(&m);
+        let len = bytes.next_multiple_of(256);
+        for (q, l, _) in live.iter() {
+            ensure!(
+                at + len <= *q || q + l <= at,
+                "{at:#x}+{len:#x} overlaps the live allocation {q:#x}+{l:#x}"
+            );
+        }
+        ctx.write(s, &m, 0, &pattern(at, 16)).map_err(be("write"))?;
+        live.push((at, len, m));
+        n += 1;
+    }
+}
+
+fn release_during_wake<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {
+    let ctx = Arc::new((d.factory)().map_err(be("open"))?);
+    let arena = ctx.arena().ok_or("no arena")?;
+    let s = ctx.create_stream().map_err(be("create_stream"))?;
+    let u = arena.usage();
+    let g = u.granule;
+    // The reservation, not the limit, bounds the fill below.
+    arena.set_limit(u.reserved);
+    let p = ctx.allocate(&s, g / 2).map_err(be("allocate p"))?;
+    let q = ctx.allocate(&s, g / 2).map_err(be("allocate q"))?;
+    let (at_p, at_q) = (ctx.device_address(&p), ctx.device_address(&q));
+    ensure!(
+        at_q == at_p + g / 2 && at_p % g == 0,
+        "p at {at_p:#x} and q at {at_q:#x} do not share a granule"
+    );
+    ctx.write(&s, &p, 0, &pattern(3, 4096))
+        .map_err(be("write p"))?;
+    arena
+        .sleep_ranges(&[at_p, at_q], true)
+        .map_err(be("sleep p and q"))?;
+    // The wake's map of the granule is held inside the driver.
+    (d.pause)(Some((d.map, 1)));
+    let waker = {
+        let arena = arena.clone();
+        std::thread::spawn(move || arena.wake_ranges(&[at_p]))
+    };
+    until(d.paused);
+    (d.pause)(None);
+    // q's release retires now, while the wake maps its granule.
+    let retired = Arc::new(AtomicU64::new(0));
+    let r = retired.clone();
+    ctx.free_async(
+        &s,
+        q,
+        RetireSignal::from_fn(move |_| {
+            r.store(1, Ordering::SeqCst);
+        }),
+    )
+    .map_err(|(_, _, e)| format!("free_async: {e}"))?;
+    until(|| retired.load(Ordering::SeqCst) == 1);
+    (d.resume)();
+    let woke = waker
+        .join()
+        .map_err(|_| "the waking thread panicked")?
+        .map_err(be("wake p"))?;
+    ensure!(woke == g, "the wake mapped {woke} B, not one granule");
+    let mut back = vec![0u8; 4096];
+    ctx.read(&s, &p, 0, &mut back).map_err(be("read p"))?;
+    ensure!(back == pattern(3, 4096), "p lost its bytes");
+    // Every half granule of the reservation but p's, once.
+    let mut live = vec![(at_p, g / 2, p)];
+    let n = fill(&*ctx, &s, g / 2, &mut live)?;
+    let want = (u.reserved / (g / 2) - 1) as usize;
+    ensure!(n == want, "{n} half granules fit beside p, not {want}");
+    for (_, _, m) in live {
+        release(&*ctx, &s, m)?;
+    }
+    let ctx = Arc::into_inner(ctx).ok_or("the context is still shared")?;
+    close(ctx, s, d.held)?;
+    Ok(format!(
+        "q's range freed once: {n} half granules fit beside p"
+    ))
+}
+
+fn own_capture_never_waits<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {
+    let ctx = Arc::new((d.factory)().map_err(be("open"))?);
+    let arena = ctx.arena().ok_or("no arena")?;
+    let s = Arc::new(ctx.create_stream().map_err(be("create_stream"))?);
+    let t = ctx.create_stream().map_err(be("create_stream"))?;
+    let g = arena.usage().granule;
+    // The capture's pool takes granule 0 before the capture begins.
+    let cap = ctx
+        .begin_capture(&t, global(256))
+        .map_err(be("begin_capture"))?;
+    // Another thread's allocation maps granule 1 and waits at the gate for
+    // this capture to end.
+    let other = {
+        let (ctx, s) = (ctx.clone(), s.clone());
+        std::thread::spawn(move || ctx.allocate(&s, g))
+    };
+    until(|| (d.mapping)(&arena) > 0);
+    // This thread's allocation lands in granule 1, being mapped: refused at
+    // once. Waiting would never end (the other thread waits for this
+    // capture): a watchdog stops the process if it has not returned in 60 s
+    // (only a deadlock takes that long; no timing is asserted).
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+            eprintln!(
+                "deadlock: the capturing thread's allocation waited 60 s for a granule that \
+                 another thread maps once the capture ends"
+            );
+            std::process::exit(101);
+        }
+    });
+    let outcome = ctx.allocate(&s, 256);
+    let _ = tx.send(());
+    let _ = watchdog.join();
+    let e = match outcome {
+        Ok(m) => {
+            let at = ctx.device_address(&m);
+            return Err(format!(
+                "the capturing thread's allocation went ahead at {at:#x} while granule 1 was \
+                 being mapped"
+            ));
+        }
+        Err(e) => e,
+    };
+    ensure!(
+        e.kind == BackendErrorKind::InvalidArgument && e.message.contains("capture"),
+        "the refusal: {e}"
+    );
+    let graph = cap.end().map_err(be("end capture: invalidated"))?;
+    let m = other
+        .join()
+        .map_err(|_| "the other thread panicked")?
+        .map_err(be("the other thread's allocation"))?;
+    graph.destroy().map_err(be("destroy"))?;
+    release(&*ctx, &s, m)?;
+    ctx.destroy_stream(t).map_err(be("destroy_stream"))?;
+    let s = Arc::into_inner(s).ok_or("the stream is still shared")?;
+    let ctx = Arc::into_inner(ctx).ok_or("the context is still shared")?;
+    close(ctx, s, d.held)?;
+    Ok("refused at once; the other thread mapped after the capture ended".into())
 }

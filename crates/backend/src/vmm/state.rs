@@ -80,6 +80,9 @@ pub struct ArenaSnapshot {
     /// the driver still holds it, and it counts against the arena's limit
     /// with `mapped` until teardown gives it back.
     pub unreleased: u64,
+    /// Physical memory being mapped now (granules a thread is creating and
+    /// mapping, for an allocation or a wake), counted against the limit.
+    pub mapping: u64,
     /// Bytes of live allocations (each rounded up to 256 B).
     pub in_use: u64,
     /// Mapped granules no allocation uses: what a trim gives back.
@@ -274,6 +277,7 @@ impl<H: Copy> State<H> {
             reserved,
             mapped: self.mapped,
             unreleased: self.unreleased,
+            mapping: self.mapping,
             in_use: self.in_use,
             cached: self.cached(),
             asleep: self
