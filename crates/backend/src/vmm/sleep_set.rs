@@ -310,7 +310,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 return Err(self.whole_asleep(backend, op));
             }
             let all: Vec<usize> = (0..st.slots.len()).collect();
-            let (v, unused): (Vec<(usize, usize)>, Vec<(usize, usize)>) = chosen
+            // (granule, host copy) of each sleeping granule, used or not.
+            let (v, unused): (Vec<_>, Vec<_>) = chosen
                 .unwrap_or(&all)
                 .iter()
                 .filter_map(|&g| match st.slots[g].slot {
