@@ -331,6 +331,13 @@ fn a_release_retiring_during_its_set_s_wake_frees_its_range_once() {
 }
 
 #[test]
+fn a_release_retiring_during_a_failed_wake_stays_out_of_the_allocator() {
+    // Held inside the first map while the release retires; the second map
+    // fails.
+    arena_fault("release_retiring_during_a_failed_wake_stays_out_of_the_allocator");
+}
+
+#[test]
 fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped() {
     arena_fault("capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped");
 }

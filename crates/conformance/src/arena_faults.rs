@@ -15,7 +15,8 @@
 //! * a release that retires while its set's wake maps the granule frees its
 //!   range once: no two allocations overlap after, none is lost (the wake
 //!   is held inside the driver's map by the stand-in's pause knob, the
-//!   interleaving forced);
+//!   interleaving forced), and when that wake then fails, the range stays
+//!   out of the allocator until a wake succeeds;
 //! * the capturing thread's allocation landing in a granule another thread
 //!   is mapping (held at the gate by that capture) is refused at once
 //!   instead of waiting for it (which would never end).
@@ -146,6 +147,10 @@ pub fn cases<C: CaptureBackend>() -> Vec<(&'static str, Case<C>)> {
         (
             "release_retiring_during_its_set_s_wake_frees_its_range_once",
             release_during_wake::<C>,
+        ),
+        (
+            "release_retiring_during_a_failed_wake_stays_out_of_the_allocator",
+            release_during_failed_wake::<C>,
         ),
         (
             "capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped",
@@ -548,4 +553,104 @@ fn own_capture_never_waits<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {
     let ctx = Arc::into_inner(ctx).ok_or("the context is still shared")?;
     close(ctx, s, d.held)?;
     Ok("refused at once; the other thread mapped after the capture ended".into())
+}
+
+fn release_during_failed_wake<C: CaptureBackend>(d: &Driver<'_, C>) -> CaseResult {
+    let ctx = Arc::new((d.factory)().map_err(be("open"))?);
+    let arena = ctx.arena().ok_or("no arena")?;
+    let s = ctx.create_stream().map_err(be("create_stream"))?;
+    let u = arena.usage();
+    let g = u.granule;
+    arena.set_limit(u.reserved);
+    // p and q share granule 0; r is granule 1.
+    let p = ctx.allocate(&s, g / 2).map_err(be("allocate p"))?;
+    let q = ctx.allocate(&s, g / 2).map_err(be("allocate q"))?;
+    let r = ctx.allocate(&s, g).map_err(be("allocate r"))?;
+    let (at_p, at_q, at_r) = (
+        ctx.device_address(&p),
+        ctx.device_address(&q),
+        ctx.device_address(&r),
+    );
+    ensure!(
+        at_q == at_p + g / 2 && at_r == at_p + g && at_p % g == 0,
+        "p {at_p:#x}, q {at_q:#x}, r {at_r:#x}: not granules 0 and 1"
+    );
+    ctx.write(&s, &p, 0, &pattern(4, 4096))
+        .map_err(be("write p"))?;
+    arena
+        .sleep_ranges(&[at_p, at_q, at_r], true)
+        .map_err(be("sleep the set"))?;
+    // The wake maps granule 0 (held while q retires), then fails at
+    // granule 1's map.
+    (d.fail)(Some((d.map, 2)));
+    (d.pause)(Some((d.map, 1)));
+    let waker = {
+        let arena = arena.clone();
+        std::thread::spawn(move || arena.wake_ranges(&[at_p, at_r]))
+    };
+    until(d.paused);
+    (d.pause)(None);
+    let retired = Arc::new(AtomicU64::new(0));
+    let rt = retired.clone();
+    ctx.free_async(
+        &s,
+        q,
+        RetireSignal::from_fn(move |_| {
+            rt.store(1, Ordering::SeqCst);
+        }),
+    )
+    .map_err(|(_, _, e)| format!("free_async: {e}"))?;
+    until(|| retired.load(Ordering::SeqCst) == 1);
+    (d.resume)();
+    let failed = waker.join().map_err(|_| "the waking thread panicked")?;
+    (d.fail)(None);
+    let e = failed
+        .err()
+        .ok_or("the wake succeeded though granule 1's map failed")?;
+    ensure!(e.message.contains(d.map), "the wake's error: {e}");
+    ensure!(
+        arena.usage().asleep == 2 * g,
+        "the set sleeps still: {:?}",
+        arena.usage()
+    );
+    // Nothing lands in the sleeping granules (each allocation is written: a
+    // write to unmapped memory stops a stand-in): every half granule but
+    // granules 0 and 1.
+    let mut live = Vec::new();
+    let n = fill(&*ctx, &s, g / 2, &mut live)?;
+    let want = (u.reserved / (g / 2) - 4) as usize;
+    ensure!(
+        n == want,
+        "{n} half granules fit outside the set, not {want}"
+    );
+    for (_, _, m) in live.drain(..) {
+        release(&*ctx, &s, m)?;
+    }
+    ensure!(
+        arena
+            .wake_ranges(&[at_p, at_r])
+            .map_err(be("the second wake"))?
+            == 2 * g,
+        "the second wake mapped a different size"
+    );
+    let mut back = vec![0u8; 4096];
+    ctx.read(&s, &p, 0, &mut back).map_err(be("read p"))?;
+    ensure!(back == pattern(4, 4096), "p lost its bytes");
+    // q's half granule comes back once.
+    live.push((at_p, g / 2, p));
+    live.push((at_r, g, r));
+    let n = fill(&*ctx, &s, g / 2, &mut live)?;
+    ensure!(
+        n == want + 1,
+        "{n} half granules fit after the wake, not {}",
+        want + 1
+    );
+    for (_, _, m) in live {
+        release(&*ctx, &s, m)?;
+    }
+    let ctx = Arc::into_inner(ctx).ok_or("the context is still shared")?;
+    close(ctx, s, d.held)?;
+    Ok(format!(
+        "q's range stayed out through the failed wake; {n} half granules fit after the second"
+    ))
 }
