@@ -1155,6 +1155,8 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     if (pp == NULL || bytesize == 0 || (Flags & ~CU_MEMHOSTALLOC_VALID_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (capture_unsafe("cuMemHostAlloc", 1)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    /* FAIL_ENTRY (vmm.c): out of page-locked memory, nothing allocated. */
+    if (standin_entry_fault("cuMemHostAlloc")) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t p = sq_mem_alloc_tracked(c->host_mem, bytesize);
     if (p == 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *pp = (void *)(uintptr_t)p;

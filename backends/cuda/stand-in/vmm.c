@@ -46,7 +46,9 @@
  *   cuMemCreate, cuMemMap and cuMemSetAccess with the codes FAIL_VMM_AT
  *   uses, changing nothing; cuMemUnmap and cuMemRelease with CUDA_ERROR_UNKNOWN,
  *   leaving the mapping or handle as it was (a later call on it succeeds);
- *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says.
+ *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says;
+ *   libcuda.c's cuMemHostAlloc with CUDA_ERROR_OUT_OF_MEMORY, nothing
+ *   allocated.
  *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
  *   count starts again), so that one process runs many fault cells.
  * - memgov_standin_cuda_vmm() reports what is held, for tests.
@@ -167,6 +169,23 @@ static void vmm_init(void) {
 __attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const char *fn,
                                                                           unsigned long long n) {
     return sq_entry_fault_set(fn, n);
+}
+
+/* For tests that force an interleaving: from now on the Nth call of `fn`
+ * (only cuMemMap pauses) blocks before it changes anything, until
+ * memgov_standin_cuda_resume_entry(); memgov_standin_cuda_entry_paused()
+ * says whether one is held. See sq_entry_pause_set. */
+__attribute__((visibility("default"))) int memgov_standin_cuda_pause_entry(const char *fn,
+                                                                           unsigned long long n) {
+    return sq_entry_pause_set(fn, n);
+}
+
+__attribute__((visibility("default"))) int memgov_standin_cuda_entry_paused(void) {
+    return sq_entry_paused();
+}
+
+__attribute__((visibility("default"))) void memgov_standin_cuda_resume_entry(void) {
+    sq_entry_resume();
 }
 
 int standin_entry_fault(const char *fn) {
@@ -349,6 +368,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags) {
     VMM_ENTER("cuMemMap");
     UNSAFE_DURING_CAPTURE("cuMemMap", 0);
+    sq_entry_pause("cuMemMap");
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemMap");
     CUresult r = CUDA_SUCCESS;

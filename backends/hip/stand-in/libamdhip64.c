@@ -772,6 +772,8 @@ hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
         *ptr = NULL;
         return hipSuccess;
     }
+    /* FAIL_ENTRY (vmm.c): out of page-locked memory, nothing allocated. */
+    if (hip_standin_entry_fault("hipHostMalloc")) return hipErrorOutOfMemory;
     uint64_t p = sq_mem_alloc_tracked(g_host_mem, size);
     if (p == 0) return hipErrorOutOfMemory;
     *ptr = (void *)(uintptr_t)p;

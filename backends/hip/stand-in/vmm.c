@@ -52,7 +52,9 @@
  *   hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
  *   reference's failure code for both), leaving the mapping or handle as
  *   it was (a later call on it succeeds); graph.c's hipStreamBeginCapture
- *   and hipStreamEndCapture as it says. memgov_standin_hip_fail_entry(fn,
+ *   and hipStreamEndCapture as it says; libamdhip64.c's hipHostMalloc
+ *   with hipErrorOutOfMemory, nothing allocated.
+ *   memgov_standin_hip_fail_entry(fn,
  *   N) sets the same at run time (the count starts again), so that one
  *   process runs many fault cells.
  * - memgov_standin_hip_vmm() reports what is held, for tests.
@@ -136,6 +138,26 @@ static void vmm_init(void) {
 int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n);
 int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n) {
     return sq_entry_fault_set(fn, n);
+}
+
+/* For tests that force an interleaving: from now on the Nth call of `fn`
+ * (only hipMemMap pauses) blocks before it changes anything, until
+ * memgov_standin_hip_resume_entry(); memgov_standin_hip_entry_paused()
+ * says whether one is held (exported through libamdhip64.map). See
+ * sq_entry_pause_set. */
+int memgov_standin_hip_pause_entry(const char *fn, unsigned long long n);
+int memgov_standin_hip_pause_entry(const char *fn, unsigned long long n) {
+    return sq_entry_pause_set(fn, n);
+}
+
+int memgov_standin_hip_entry_paused(void);
+int memgov_standin_hip_entry_paused(void) {
+    return sq_entry_paused();
+}
+
+void memgov_standin_hip_resume_entry(void);
+void memgov_standin_hip_resume_entry(void) {
+    sq_entry_resume();
 }
 
 int hip_standin_entry_fault(const char *fn) {
@@ -326,6 +348,7 @@ hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocati
                      unsigned long long flags) {
     VMM_ENTER("hipMemMap");
     UNSAFE_DURING_CAPTURE("hipMemMap", 0);
+    sq_entry_pause("hipMemMap");
     uint64_t ptr = (uint64_t)(uintptr_t)va;
     pthread_mutex_lock(&g_vmm);
     handle_t *h = find_handle(handle, "hipMemMap");

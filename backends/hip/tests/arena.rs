@@ -131,7 +131,7 @@ fn sleep_and_wake_restore_every_byte_at_the_same_addresses() {
 }
 
 #[test]
-fn a_release_while_asleep_retires_and_the_wake_leaves_its_granules_cached() {
+fn a_release_while_asleep_retires_and_the_wake_maps_only_the_granules_in_use() {
     passes(
         "release_while_asleep",
         &[(LATENCY, "2000"), (SEED, "2"), (EXIT_CHECK, "1")],
@@ -295,6 +295,51 @@ fn negative_leftovers_at_exit_abort() {
             run.output()
         );
     }
+}
+
+/// One case of `memgov_conformance::arena_faults` in a child of its own.
+fn arena_fault(case: &str) {
+    passes(&format!("arena_fault:{case}"), &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_granule_quarantined_under_a_sleeping_allocation_stays_out_of_the_allocator() {
+    // hipMemRelease refused during a set's sleep.
+    arena_fault("quarantined_granule_in_use_stays_out_of_the_allocator");
+}
+
+#[test]
+fn a_refused_release_counts_against_the_arena_s_limit() {
+    arena_fault("refused_release_counts_against_the_limit");
+}
+
+#[test]
+fn a_sleep_whose_page_locked_copy_fails_leaves_the_arena_awake() {
+    // hipHostMalloc refused for the second granule's copy.
+    arena_fault("sleep_whose_copy_fails_leaves_the_arena_awake");
+}
+
+#[test]
+fn the_capturing_thread_s_allocation_over_the_limit_is_refused_not_trimmed() {
+    arena_fault("capturing_thread_over_the_limit_is_refused_not_trimmed");
+}
+
+#[test]
+fn a_release_retiring_during_its_set_s_wake_frees_its_range_once() {
+    // The wake is held inside the driver's map while the release retires.
+    arena_fault("release_retiring_during_its_set_s_wake_frees_its_range_once");
+}
+
+#[test]
+fn a_release_retiring_during_a_failed_wake_stays_out_of_the_allocator() {
+    // Held inside the first map while the release retires; the second map
+    // fails.
+    arena_fault("release_retiring_during_a_failed_wake_stays_out_of_the_allocator");
+}
+
+#[test]
+fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped() {
+    arena_fault("capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped");
 }
 
 #[test]
@@ -669,9 +714,11 @@ mod cases {
         release(&ctx, &s, gone, &retired);
         settle(&ctx, std::slice::from_ref(&s), &retired, 1);
         assert_eq!(arena(&ctx).snapshot().in_use, 3 * MIB);
-        assert_eq!(arena(&ctx).wake().expect("wake"), 8 * MIB);
-        // The released allocation's granules came back without users.
-        assert_eq!(arena(&ctx).trim().expect("trim"), 4 * MIB);
+        // Only the granules the kept allocation overlaps are mapped again
+        // (0 and 1); the released one's own (2 and 3) are dropped.
+        assert_eq!(arena(&ctx).wake().expect("wake"), 4 * MIB);
+        assert_eq!(vmm()[2..4], [2, 4 * MIB], "two handles, 4 MiB mapped");
+        assert_eq!(arena(&ctx).trim().expect("trim"), 0, "nothing cached");
         let mut back = vec![0u8; data.len()];
         ctx.read(&s, &keep, 0, &mut back).expect("read");
         assert!(back == data);
@@ -1005,6 +1052,9 @@ mod cases {
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),
+                c if c.starts_with("arena_fault:") => {
+                    common::arena_fault_child(&c["arena_fault:".len()..])
+                }
                 "grow_shrink" => grow_shrink(),
                 "governed_grow_shrink" => governed_grow_shrink(),
                 "sleep_wake" => sleep_wake(),

@@ -107,6 +107,49 @@ int sq_entry_fault(const char *env, const char *fn) {
     return fail;
 }
 
+static pthread_mutex_t g_pause_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_pause_cond = PTHREAD_COND_INITIALIZER;
+static char g_pause_entry[64];
+static uint64_t g_pause_at, g_pause_calls;
+static int g_paused, g_resumed;
+
+int sq_entry_pause_set(const char *fn, unsigned long long n) {
+    if (fn != NULL && strlen(fn) >= sizeof g_pause_entry) return 1;
+    pthread_mutex_lock(&g_pause_lock);
+    memset(g_pause_entry, 0, sizeof g_pause_entry);
+    if (fn != NULL) memcpy(g_pause_entry, fn, strlen(fn));
+    g_pause_at = fn != NULL ? n : 0;
+    g_pause_calls = 0;
+    pthread_mutex_unlock(&g_pause_lock);
+    return 0;
+}
+
+void sq_entry_pause(const char *fn) {
+    pthread_mutex_lock(&g_pause_lock);
+    if (g_pause_at != 0 && strcmp(fn, g_pause_entry) == 0 && ++g_pause_calls == g_pause_at) {
+        g_paused = 1;
+        g_resumed = 0;
+        pthread_cond_broadcast(&g_pause_cond);
+        while (!g_resumed) pthread_cond_wait(&g_pause_cond, &g_pause_lock);
+        g_paused = 0;
+    }
+    pthread_mutex_unlock(&g_pause_lock);
+}
+
+int sq_entry_paused(void) {
+    pthread_mutex_lock(&g_pause_lock);
+    int p = g_paused;
+    pthread_mutex_unlock(&g_pause_lock);
+    return p;
+}
+
+void sq_entry_resume(void) {
+    pthread_mutex_lock(&g_pause_lock);
+    g_resumed = 1;
+    pthread_cond_broadcast(&g_pause_cond);
+    pthread_mutex_unlock(&g_pause_lock);
+}
+
 static uint64_t env_u64(const char *prefix, const char *suffix, uint64_t dflt) {
     char name[128];
     snprintf(name, sizeof name, "%s_%s", prefix, suffix);

@@ -90,6 +90,17 @@ uint64_t sq_env_u64(const char *name, uint64_t dflt);
 int sq_entry_fault(const char *env, const char *fn);
 int sq_entry_fault_set(const char *fn, unsigned long long n);
 
+/* The entry-point pause, for tests that force an interleaving: after
+ * sq_entry_pause_set(fn, n) (fn = NULL or n = 0: none; the count starts
+ * again; returns 1 when the name is too long, else 0), the Nth call of `fn`
+ * that reaches sq_entry_pause(fn) blocks there, before it takes any of the
+ * library's locks or changes anything, until sq_entry_resume(); while it is
+ * held sq_entry_paused() returns 1. One pause at a time. Thread-safe. */
+int sq_entry_pause_set(const char *fn, unsigned long long n);
+void sq_entry_pause(const char *fn);
+int sq_entry_paused(void);
+void sq_entry_resume(void);
+
 /* Read <prefix>_LATENCY_US, <prefix>_LATENCY_SEED, <prefix>_OOM_AFTER_BYTES
  * and <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract
  * violation. Queues made after this draw their delays from the seed, if one

@@ -29,7 +29,9 @@
 //! [`capability`] holds the cases and the fault cell of the capabilities a
 //! backend may declare beyond the contract (a virtual-memory arena, sleep
 //! and wake, graph capture: `memgov::backend::capability`), written over
-//! their traits.
+//! their traits; [`arena_faults`] the arena's cases under a driver that
+//! refuses one call (a release, a page-locked allocation) and on a
+//! capturing thread, run on the stand-ins with their fault knob.
 //!
 //! Both run again with the governor's block cache on ([`SuiteOptions`],
 //! [`run_suite_probed_with`], [`fault_matrix_with`]): every case's contexts
@@ -53,6 +55,7 @@
 //! assert!(report.all_passed(), "{report}");
 //! ```
 
+pub mod arena_faults;
 pub mod capability;
 mod cases;
 mod faults;

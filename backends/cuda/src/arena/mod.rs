@@ -166,6 +166,10 @@ impl<'a> vmm::GranuleDriver for Driver<'a> {
         self.s.make_current(op)
     }
 
+    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
+        crate::capture::gate().refuse_own(op)
+    }
+
     fn map(&self, g: usize, op: &'static str) -> Result<Self::Handle, vmm::MapError<Self::Handle>> {
         granule::map(self.s, self.arena, g, op)
     }

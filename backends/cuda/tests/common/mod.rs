@@ -155,3 +155,67 @@ pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
         &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
     );
 }
+
+/// In a child on the stand-in: the arena's case `name` under a refused
+/// `cuMemRelease` or `cuMemHostAlloc` and on a capturing thread
+/// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
+/// ok: ...`; panics when it failed.
+pub fn arena_fault_child(name: &str) {
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "cuMemRelease",
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "cuMemMap",
+        mapping: &|a: &memgov::cuda::CudaArena| a.snapshot().mapping,
+        host_alloc: "cuMemHostAlloc",
+    };
+    match memgov_conformance::arena_faults::run(&d, name) {
+        Ok(line) => println!("arena fault case {name}: ok: {line}"),
+        Err(e) => panic!("arena fault case {name}: {e}"),
+    }
+}
+
+/// A symbol of the loaded stand-in libcuda.
+fn standin_symbol<T: Copy>(name: &[u8]) -> T {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    const RTLD_NOLOAD: std::os::raw::c_int = 4;
+    // SAFETY: the stand-in is loaded already (cudarc opened it); the caller
+    // names the symbol's declared type.
+    unsafe {
+        let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+            .expect("the stand-in libcuda is loaded");
+        let f: libloading::os::unix::Symbol<T> = lib.get(name).expect("the stand-in's hook");
+        *f
+    }
+}
+
+/// The stand-in's pause knob: the `n`th call of `entry` from now on blocks
+/// until [`resume_entry`] (`None`: none).
+pub fn pause_entry(entry: Option<(&str, u64)>) {
+    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
+    let n = entry.map_or(0, |(_, n)| n);
+    let set: unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32 =
+        standin_symbol(b"memgov_standin_cuda_pause_entry\0");
+    let ptr = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: the hook's declared signature; a NUL-terminated name (copied)
+    // or null, and a count.
+    assert_eq!(unsafe { set(ptr, n) }, 0);
+}
+
+/// Whether a call is held by the pause knob.
+pub fn entry_paused() -> bool {
+    let f: unsafe extern "C" fn() -> i32 = standin_symbol(b"memgov_standin_cuda_entry_paused\0");
+    // SAFETY: the hook's declared signature, no arguments.
+    unsafe { f() != 0 }
+}
+
+/// Let the call held by the pause knob go on.
+pub fn resume_entry() {
+    let f: unsafe extern "C" fn() = standin_symbol(b"memgov_standin_cuda_resume_entry\0");
+    // SAFETY: the hook's declared signature, no arguments.
+    unsafe { f() }
+}

@@ -85,3 +85,59 @@ pub fn fault_cells_child() {
     .unwrap_or_else(|e| panic!("{e}"));
     lines.iter().for_each(|l| println!("{l}"));
 }
+
+/// In a child on the stand-in: the arena's case `name` under a refused
+/// `hipMemRelease` or `hipHostMalloc` and on a capturing thread
+/// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
+/// ok: ...`; panics when it failed.
+pub fn arena_fault_child(name: &str) {
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "hipMemRelease",
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "hipMemMap",
+        mapping: &|a: &memgov::hip::HipArena| a.snapshot().mapping,
+        host_alloc: "hipHostMalloc",
+    };
+    match memgov_conformance::arena_faults::run(&d, name) {
+        Ok(line) => println!("arena fault case {name}: ok: {line}"),
+        Err(e) => panic!("arena fault case {name}: {e}"),
+    }
+}
+
+/// The stand-in's pause knob: the `n`th call of `entry` from now on blocks
+/// until [`resume_entry`] (`None`: none).
+pub fn pause_entry(entry: Option<(&str, u64)>) {
+    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
+    let n = entry.map_or(0, |(_, n)| n);
+    let p = hip::symbol(c"memgov_standin_hip_pause_entry").expect("the stand-in's hook");
+    // SAFETY: the stand-in's hook, `int (const char *, unsigned long long)`;
+    // it copies the name.
+    let set: unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32 =
+        unsafe { std::mem::transmute(p) };
+    let ptr = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: a NUL-terminated name (or null) and a count.
+    assert_eq!(unsafe { set(ptr, n) }, 0);
+}
+
+/// Whether a call is held by the pause knob.
+pub fn entry_paused() -> bool {
+    let p = hip::symbol(c"memgov_standin_hip_entry_paused").expect("the stand-in's hook");
+    // SAFETY: the stand-in's hook, `int (void)`.
+    let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(p) };
+    // SAFETY: no arguments.
+    unsafe { f() != 0 }
+}
+
+/// Let the call held by the pause knob go on.
+pub fn resume_entry() {
+    let p = hip::symbol(c"memgov_standin_hip_resume_entry").expect("the stand-in's hook");
+    // SAFETY: the stand-in's hook, `void (void)`.
+    let f: unsafe extern "C" fn() = unsafe { std::mem::transmute(p) };
+    // SAFETY: no arguments.
+    unsafe { f() }
+}

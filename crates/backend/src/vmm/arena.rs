@@ -80,6 +80,29 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         lock(&self.state).snapshot(self.base, self.size, self.granule)
     }
 
+    /// Wait (the lock released) until a granule leaves its transition or a
+    /// range is freed; counted in `State::waiting` while parked.
+    pub(super) fn wait_changed<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, State<H>>,
+    ) -> std::sync::MutexGuard<'a, State<H>> {
+        st.waiting += 1;
+        let mut st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        st.waiting -= 1;
+        st
+    }
+
+    /// Wait until no granule is in transition.
+    pub(super) fn wait_settled<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, State<H>>,
+    ) -> std::sync::MutexGuard<'a, State<H>> {
+        while st.slots.iter().any(|g| g.slot.in_transition()) {
+            st = self.wait_changed(st);
+        }
+        st
+    }
+
     /// The error an operation refused while the arena sleeps returns.
     pub fn asleep_error(&self, backend: &'static str, op: &'static str) -> BackendError {
         asleep(backend, op, &format!("{}::wake", self.handle))
@@ -118,7 +141,17 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             let granules = st.granules_of(offset, len);
             if granules.clone().any(|g| st.slots[g].slot.in_transition()) {
                 st.put_range(offset, len);
-                drop(self.changed.wait(st));
+                // The granule's owner may be waiting at the gate for this
+                // thread's own capture to end: refused, not waited on.
+                drop(st);
+                d.refuse_own_capture("allocate")?;
+                let st = lock(&self.state);
+                if st.slots[granules.clone()]
+                    .iter()
+                    .any(|g| g.slot.in_transition())
+                {
+                    drop(self.wait_changed(st));
+                }
                 continue;
             }
             let need: Vec<usize> = granules
@@ -126,12 +159,14 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 .filter(|&g| matches!(st.slots[g].slot, Slot::Unmapped))
                 .collect();
             let adding = need.len() as u64 * self.granule;
-            if st.mapped + st.mapping + adding > self.limit() {
+            if st.held() + adding > self.limit() {
                 st.put_range(offset, len);
                 let cached = st.cached();
                 drop(st);
                 if !trimmed && cached > 0 {
                     trimmed = true;
+                    // Unmapping would invalidate this thread's own capture.
+                    d.refuse_own_capture("allocate")?;
                     self.trim(d, "allocate")?;
                     continue;
                 }
@@ -141,7 +176,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     format!(
                         "{bytes} B needs {adding} B more mapped, but the arena holds {} B of its \
                          {} B limit ({} B in use); release memory or raise ArenaConfig::limit_bytes",
-                        st.mapped + st.mapping,
+                        st.held(),
                         self.limit(),
                         st.in_use
                     ),
@@ -222,8 +257,9 @@ impl<H: Copy + Eq + Debug> Arena<H> {
             }
             st.in_use -= len;
             st.put_range(offset, len);
-            // Inside a granule that sleeps with a set, the space stays out.
-            st.keep_asleep_out(offset, len);
+            // Inside a granule that sleeps with a set or is quarantined, the
+            // space stays out.
+            st.keep_out(offset, len);
         }
         drop(st);
         self.changed.notify_all();
@@ -237,6 +273,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         d: &D,
         op: &'static str,
     ) -> Result<u64, BackendError> {
+        // Unmapping would invalidate the calling thread's own capture.
+        d.refuse_own_capture(op)?;
         // Current before any granule is marked: a failure here leaves none
         // in transition.
         let _current = d.make_current(op)?;
@@ -302,13 +340,14 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// mapping is undefined), and the error says so. The arena is closed:
     /// nothing maps or unmaps after.
     pub fn teardown<D: GranuleDriver<Handle = H>>(&self, d: &D) -> Result<(), BackendError> {
+        // Current before the slots are taken: a failure here leaves every
+        // handle in the books for a later teardown.
+        let _current = d.make_current("teardown")?;
         let held: Vec<(usize, Slot<H>)> = {
             let mut st = lock(&self.state);
             st.closed = true;
             // A trim, sleep or wake under way finishes its granules first.
-            while st.slots.iter().any(|g| g.slot.in_transition()) {
-                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
+            let mut st = self.wait_settled(st);
             st.blocks.clear();
             (0..st.slots.len())
                 .filter_map(|g| {
@@ -317,7 +356,6 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 })
                 .collect()
         };
-        let _current = d.make_current("teardown")?;
         let mut refused = Vec::new();
         for (g, slot) in held {
             let r = match slot {
@@ -563,7 +601,9 @@ mod tests {
         assert_eq!(s, r + 4096, "after r, past the sleeping granules");
         assert_eq!(a.wake_ranges(&d, &[p]).expect("wake p"), 2 * G);
         assert_eq!(a.snapshot().asleep, G, "q's granule still asleep");
-        assert_eq!(a.wake(&d).expect("wake the rest"), G);
+        // Nobody uses q's granule any more: dropped, not mapped.
+        assert_eq!(a.wake(&d).expect("wake the rest"), 0);
+        assert_eq!(a.snapshot().asleep, 0);
         assert!(d.host.borrow().is_empty(), "every host copy freed once");
         // q's range is free again: the next allocation of its size lands there.
         let t = a.allocate(&d, G).expect("t");

@@ -93,16 +93,7 @@ impl Gate {
         loop {
             let own = st.active.values().any(|(t, _)| *t == me);
             if own && refuse_own {
-                let t = self.capture;
-                return Err(self.err(
-                    op,
-                    format!(
-                        "this thread's own stream capture is under way, and {op} would map, \
-                         unmap or synchronize outside the stream, which invalidates it: \
-                         allocate from the capture's pool ({t}::allocate), or end the capture \
-                         first ({t}::end)"
-                    ),
-                ));
+                return Err(self.own_error(op));
             }
             if own || !st.capturing() {
                 st.calls += 1;
@@ -110,6 +101,29 @@ impl Gate {
             }
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Refuse when the calling thread began a capture still under way
+    /// (the error [`call`](Self::call) returns with `refuse_own`); never
+    /// waits, admits nothing.
+    pub fn refuse_own(&self, op: &'static str) -> Result<(), BackendError> {
+        let me = std::thread::current().id();
+        if lock(&self.state).active.values().any(|(t, _)| *t == me) {
+            return Err(self.own_error(op));
+        }
+        Ok(())
+    }
+
+    fn own_error(&self, op: &'static str) -> BackendError {
+        let t = self.capture;
+        self.err(
+            op,
+            format!(
+                "this thread's own stream capture is under way, and {op} would map, unmap or \
+                 synchronize outside the stream, which invalidates it: allocate from the \
+                 capture's pool ({t}::allocate), or end the capture first ({t}::end)"
+            ),
+        )
     }
 
     /// Before synchronizing `stream` (which would invalidate its capture):

@@ -19,8 +19,9 @@
 //!   allocation's address never changes, and a large allocation is one
 //!   contiguous range whatever the granules behind it.
 //! * **Physical bytes are the budget.** [`Arena::limit`] bounds the bytes
-//!   mapped (granules held, whether in use, cached or being mapped), never
-//!   the reserved address space. A map that would pass the limit first
+//!   the driver holds for the arena (granules in use, cached, being mapped,
+//!   or quarantined: still mapped, or unmapped with a handle the driver
+//!   would not release), never the reserved address space. A map that would pass the limit first
 //!   trims cached granules, then is refused with `OutOfMemory` naming the
 //!   numbers.
 //! * **Granule by granule, transactional.** Each granule is mapped on its
@@ -29,7 +30,10 @@
 //!   one by one. Every granule is therefore either mapped and accessible, or
 //!   unmapped and released, or (when the driver refuses an unmap or a
 //!   release) quarantined: kept out of the allocator for the arena's life
-//!   and listed in the [`ArenaSnapshot`].
+//!   (also when the allocations on it retire), counted against the limit
+//!   until teardown gives it back, and listed in the [`ArenaSnapshot`];
+//!   copies to an allocation on a granule quarantined unmapped are refused
+//!   (its memory is gone).
 //! * **Unmapped only after the streams passed.** A granule's users are the
 //!   allocations that overlap it; an allocation stops being a user only at
 //!   [`Arena::retire`], which the backend calls once the stream released on
@@ -39,10 +43,18 @@
 //! * **No lock across the driver.** The state lock is held only to choose
 //!   and to commit; granules being mapped or unmapped are marked so, and a
 //!   thread that needs one waits on a condition variable.
+//! * **Nothing that breaks the caller's own capture.** On a thread whose own
+//!   stream capture is under way, an allocation that would wait for a
+//!   granule in transition or trim, and a trim, are refused at once with
+//!   the gate's typed error ([`GranuleDriver::refuse_own_capture`]): the
+//!   wait could be on a thread that waits for that capture to end, and an
+//!   unmap would invalidate it.
 
 mod arena;
 pub mod gate;
 mod pool;
+#[cfg(test)]
+mod races;
 mod sleep;
 mod sleep_set;
 mod state;
@@ -100,6 +112,16 @@ pub trait GranuleDriver {
 
     /// Make the arena's device current until the guard drops.
     fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError>;
+
+    /// Refuse, with the gate's typed error, when the calling thread's own
+    /// stream capture is under way (see [`Gate::refuse_own`]): asked before
+    /// the arena would wait for a granule in transition (whose owner may be
+    /// waiting for that capture to end) or unmap one (which would
+    /// invalidate the capture). `Ok` for a driver without captures.
+    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
+        let _ = op;
+        Ok(())
+    }
 
     /// Back granule `g` with fresh physical memory, accessible read-write
     /// from the arena's device (create, map, set access). On failure the

@@ -8,8 +8,11 @@
 //! released twice and none is forgotten. A wake that would pass the arena's
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
-//! The whole arena sleeps only while no set of its allocations sleeps
-//! ([`sleep_set`](super::sleep_set)); its wake also wakes such a set.
+//! A sleep copies every granule in use to host memory before it unmaps
+//! any: a copy that fails refuses the sleep with nothing released and the
+//! arena awake. The whole arena sleeps only while no set of its allocations
+//! sleeps ([`sleep_set`](super::sleep_set)); its wake also wakes such a
+//! set.
 //!
 //! # Governed host copies
 //!
@@ -88,7 +91,8 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         let _current = d.make_current("sleep")?;
         d.quiesce("sleep")?;
         let taken: Vec<(usize, H, bool)> = {
-            let mut st = lock(&self.state);
+            // Checked after the wait: a set's sleep may finish meanwhile.
+            let mut st = self.wait_settled(lock(&self.state));
             if st.closed {
                 return Err(closed(backend, "sleep"));
             }
@@ -112,9 +116,6 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     ),
                 ));
             }
-            while st.slots.iter().any(|g| g.slot.in_transition()) {
-                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
             st.asleep = true;
             let v: Vec<_> = (0..st.slots.len())
                 .filter_map(|g| match st.slots[g].slot {
@@ -129,9 +130,10 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         };
         let (outcome, report, first_err) = self.release_granules(d, "sleep", taken, keep_contents);
         let mut st = lock(&self.state);
-        if first_err.is_some() && report.released == 0 {
-            // Nothing was released (the host copies were refused, or the
-            // first copy failed): the arena is awake, every granule mapped.
+        if first_err.is_some() && outcome.iter().all(|(_, s)| matches!(s, Slot::Mapped(_))) {
+            // Refused before anything was released (the host copies were
+            // refused, or a copy failed): the arena stays awake, every
+            // granule mapped, as the caller is told.
             st.asleep = false;
         }
         for (g, slot) in outcome {
@@ -165,10 +167,11 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// Unmap and release the granules `taken` (each marked `Unmapping`, with
     /// its handle and whether an allocation uses it), copying the contents
     /// of those in use to page-locked host memory first when
-    /// `keep_contents` is set. Returns each granule's next slot (`Asleep`
-    /// when in use, `Unmapped` when cached, `Mapped` when its contents
-    /// could not be kept, the quarantine the driver's refusal left), what
-    /// was given back, and the first error. No lock is held.
+    /// `keep_contents` is set (every copy before any unmap). Returns each
+    /// granule's next slot (`Asleep` when in use, `Unmapped` when cached,
+    /// the quarantine the driver's refusal left; every one `Mapped`, nothing
+    /// released, when a copy failed), what was given back, and the first
+    /// error. No lock is held.
     pub(super) fn release_granules<D: SleepDriver<Handle = H>>(
         &self,
         d: &D,
@@ -196,20 +199,39 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 return (kept.collect(), report, Some(e));
             }
         }
-        for (g, h, in_use) in taken {
-            let at = self.base + g as u64 * self.granule;
-            let mut host = 0usize;
-            if in_use && keep_contents && first_err.is_none() {
-                match d.offload(at, self.granule) {
-                    Ok(p) => host = p,
-                    Err(e) => first_err = Some(e),
+        // Copies next, all of them: one that fails leaves every granule
+        // mapped and nothing released, so the sleep is refused cleanly.
+        let mut hosts = vec![0usize; taken.len()];
+        if keep_contents {
+            for (i, &(g, _, in_use)) in taken.iter().enumerate() {
+                if !in_use {
+                    continue;
+                }
+                match d.offload(self.base + g as u64 * self.granule, self.granule) {
+                    Ok(p) => hosts[i] = p,
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
                 }
             }
-            if in_use && keep_contents && host == 0 {
-                // Contents that could not be kept stay mapped.
-                outcome.push((g, Slot::Mapped(h)));
-                continue;
+            if first_err.is_some() {
+                for &host in hosts.iter().filter(|&&h| h != 0) {
+                    d.free_host(host, op);
+                }
+                // Nothing kept: the whole charge goes back.
+                if let Some(b) = &budget {
+                    b.give_back(copies);
+                }
+                let outcome = taken
+                    .into_iter()
+                    .map(|(g, h, _)| (g, Slot::Mapped(h)))
+                    .collect();
+                return (outcome, report, first_err);
             }
+        }
+        for ((g, h, in_use), host) in taken.into_iter().zip(hosts) {
+            let at = self.base + g as u64 * self.granule;
             match d.unmap(g, h, op) {
                 Ok(()) => {
                     report.released += self.granule;
@@ -409,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_failing_part_way_gives_back_the_copies_not_kept() {
+    fn a_copy_failing_part_way_keeps_nothing_and_gives_the_charge_back() {
         let d = Fake {
             fail_offload: 3,
             ..Fake::default()
@@ -420,9 +442,10 @@ mod tests {
         let e = with_host_copy_budget(b.clone(), || a.sleep_ranges(&d, &[p], true))
             .expect_err("the third copy fails");
         assert_eq!(e.message, "planted");
-        // Two granules were kept and released; the charge is theirs.
-        assert_eq!((b.held.get(), d.hosts.get()), (2 * G, 2));
-        with_host_copy_budget(b.clone(), || a.wake(&d)).expect("wake the two");
+        // Every copy comes before any unmap: the two made are freed, the
+        // whole charge given back, and every granule is still mapped.
+        assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
+        assert_eq!(d.mapped.get(), 4);
         assert_eq!((b.held.get(), d.hosts.get()), (0, 0));
     }
 }

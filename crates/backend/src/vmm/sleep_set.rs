@@ -15,14 +15,23 @@
 //!   none is forgotten; a second sleep of the same set releases nothing;
 //!   teardown frees what is still asleep.
 //! * **No allocation lands in a sleeping granule.** Its free space is
-//!   carved out of the free list while it sleeps, and a block that retires
-//!   meanwhile is carved out again ([`State::keep_asleep_out`], called by
-//!   [`Arena::retire`]); the wake gives the gaps back.
+//!   carved out of the free list while it sleeps and until the wake that
+//!   maps it commits (it is held out, `Granule::held_out`), and a block
+//!   that retires meanwhile, during that wake too, is carved out again
+//!   ([`State::keep_out`], called by [`Arena::retire`]); the wake's commit
+//!   gives the gaps back once, and a wake that fails leaves them out.
+//! * **Only what is used is mapped again.** A wake maps the sleeping
+//!   granules that live allocations overlap; one whose allocations were all
+//!   released while it slept is dropped (its host copy freed, its space
+//!   free again) instead of mapped.
 //! * **Sleeping memory is not touched.** Copies to or from an allocation
-//!   that overlaps a sleeping granule are refused ([`Arena::check_awake`]).
+//!   that overlaps a sleeping granule, or a granule quarantined unmapped
+//!   (its memory is gone), are refused ([`Arena::check_awake`]).
 //! * **The whole arena or a set, not both.** [`Arena::sleep`] is refused
 //!   while a set sleeps, and a set's sleep or wake while the arena sleeps
-//!   (the whole sleep never carved its granules' free space).
+//!   (the whole sleep never carved its granules' free space); each checks
+//!   after waiting for the granules in transition, so a sleep that finished
+//!   meanwhile is seen.
 
 use super::state::{Slot, State};
 use super::{closed, Arena, SleepDriver};
@@ -39,20 +48,6 @@ impl<H: Copy> State<H> {
                 .slots
                 .iter()
                 .any(|g| matches!(g.slot, Slot::Asleep { .. }))
-    }
-
-    /// After the block `[offset, offset + len)` went back to the free list
-    /// while a set sleeps: carve what it gave back inside sleeping granules
-    /// out again.
-    pub fn keep_asleep_out(&mut self, offset: u64, len: u64) {
-        if self.asleep {
-            return;
-        }
-        for g in self.granules_of(offset, len) {
-            if let Slot::Asleep { .. } = self.slots[g].slot {
-                self.carve_granule(g);
-            }
-        }
     }
 
     /// The free gaps of granule `g`: its range less the live blocks in it.
@@ -143,12 +138,16 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         }
         // Memory outside the reservation (another context's) is the
         // caller's to refuse.
-        let asleep = self.contains(ptr)
-            && st
-                .granules_of(ptr - self.base, len.max(1))
-                .any(|g| matches!(st.slots.get(g).map(|s| s.slot), Some(Slot::Asleep { .. })));
-        if asleep {
-            let h = self.handle;
+        if !self.contains(ptr) {
+            return Ok(());
+        }
+        let under = st.granules_of(ptr - self.base, len.max(1));
+        let slot_of = |g: usize| st.slots.get(g).map(|s| s.slot);
+        let h = self.handle;
+        if under
+            .clone()
+            .any(|g| matches!(slot_of(g), Some(Slot::Asleep { .. })))
+        {
             return Err(BackendError::new(
                 backend,
                 op,
@@ -157,6 +156,23 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                     "the allocation at {ptr:#x} ({len} B) was put to sleep with a set \
                      ({h}::sleep_ranges): its memory is released; wake it first \
                      ({h}::wake_ranges)"
+                ),
+            ));
+        }
+        if let Some(g) = under
+            .clone()
+            .find(|&g| matches!(slot_of(g), Some(Slot::Quarantined { mapped: false, .. })))
+        {
+            let at = self.base + g as u64 * self.granule;
+            return Err(BackendError::new(
+                backend,
+                op,
+                BackendErrorKind::Other,
+                format!(
+                    "the allocation at {ptr:#x} ({len} B) lies on the granule at {at:#x}, which \
+                     was unmapped and then quarantined when the driver refused to release it \
+                     (listed in {h}::snapshot): its memory is gone; release the allocation and \
+                     allocate anew"
                 ),
             ));
         }
@@ -181,15 +197,13 @@ impl<H: Copy + Eq + Debug> Arena<H> {
         let _current = d.make_current(OP)?;
         d.quiesce(OP)?;
         let taken: Vec<(usize, H)> = {
-            let mut st = lock(&self.state);
+            // Checked after the wait: a whole sleep may finish meanwhile.
+            let mut st = self.wait_settled(lock(&self.state));
             if st.closed {
                 return Err(closed(backend, OP));
             }
             if st.asleep {
                 return Err(self.whole_asleep(backend, OP));
-            }
-            while st.slots.iter().any(|g| g.slot.in_transition()) {
-                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
             let set = self.blocks_of(&st, backend, OP, ptrs)?;
             // A granule sleeps when every block overlapping it is in the set
@@ -224,6 +238,7 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 Slot::Asleep { .. } => {
                     st.mapped -= self.granule;
                     st.slots[g].slot = slot;
+                    st.slots[g].held_out = true;
                     st.carve_granule(g);
                 }
                 q => st.quarantine(g, q, self.base, self.granule),
@@ -266,7 +281,10 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     /// Wake the granules `chosen` (every sleeping one when `None`): of the
     /// whole arena asleep when `whole` (which then is awake again; nothing
     /// to do when it does not sleep), else of a set asleep (whose carved
-    /// free space comes back). See [`wake_ranges`](Self::wake_ranges) and
+    /// free space comes back). Only the granules live allocations overlap
+    /// are mapped and counted against the limit; one whose allocations were
+    /// all released while it slept is dropped (its host copy freed, its
+    /// space free again). See [`wake_ranges`](Self::wake_ranges) and
     /// [`wake`](Self::wake).
     pub(super) fn wake_granules<D: SleepDriver<Handle = H>>(
         &self,
@@ -277,8 +295,9 @@ impl<H: Copy + Eq + Debug> Arena<H> {
     ) -> Result<u64, BackendError> {
         let backend = d.backend();
         let _current = d.make_current(op)?;
-        let sleeping: Vec<(usize, usize)> = {
-            let mut st = lock(&self.state);
+        let (sleeping, dropped) = {
+            // Checked after the wait: a sleep or wake may finish meanwhile.
+            let mut st = self.wait_settled(lock(&self.state));
             if st.closed {
                 return Err(closed(backend, op));
             }
@@ -290,20 +309,18 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 // whole-arena wake may map them.
                 return Err(self.whole_asleep(backend, op));
             }
-            while st.slots.iter().any(|g| g.slot.in_transition()) {
-                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
             let all: Vec<usize> = (0..st.slots.len()).collect();
-            let v: Vec<_> = chosen
+            // (granule, host copy) of each sleeping granule, used or not.
+            let (v, unused): (Vec<_>, Vec<_>) = chosen
                 .unwrap_or(&all)
                 .iter()
                 .filter_map(|&g| match st.slots[g].slot {
                     Slot::Asleep { host } => Some((g, host)),
                     _ => None,
                 })
-                .collect();
+                .partition(|&(g, _)| st.slots[g].users > 0);
             let needed = v.len() as u64 * self.granule;
-            if st.mapped + st.mapping + needed > self.limit() {
+            if st.held() + needed > self.limit() {
                 return Err(BackendError::new(
                     backend,
                     op,
@@ -312,19 +329,33 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                         "waking needs {needed} B mapped, but the arena holds {} B of its {} B \
                          limit; nothing was mapped and the {} stays asleep (free memory or \
                          raise the limit: {}::set_limit, ArenaConfig::limit_bytes)",
-                        st.mapped + st.mapping,
+                        st.held(),
                         self.limit(),
                         if whole { "arena" } else { "set" },
                         self.handle
                     ),
                 ));
             }
+            // Nobody uses these any more: dropped, not mapped.
+            for &(g, _) in &unused {
+                st.slots[g].slot = Slot::Unmapped;
+                if std::mem::take(&mut st.slots[g].held_out) {
+                    for (o, l) in st.gaps(g) {
+                        st.put_range(o, l);
+                    }
+                }
+            }
             for &(g, _) in &v {
                 st.slots[g].slot = Slot::Mapping;
             }
             st.mapping += needed;
-            v
+            (v, unused)
         };
+        if !dropped.is_empty() {
+            self.changed.notify_all();
+        }
+        // Their copies are freed and their charge given back.
+        self.free_copies(d, dropped.into_iter().map(|(_, h)| h).collect(), op);
         let mut mapped: Vec<(usize, usize, H)> = Vec::new();
         let mut failure = None;
         let mut lost: Vec<(usize, Slot<H>)> = Vec::new();
@@ -359,8 +390,9 @@ impl<H: Copy + Eq + Debug> Arena<H> {
                 hosts.push(host);
                 st.slots[g].slot = Slot::Mapped(h);
                 st.mapped += self.granule;
-                if !whole {
-                    // The free space carved while it slept comes back.
+                if std::mem::take(&mut st.slots[g].held_out) {
+                    // The free space carved while it slept (including that
+                    // of blocks retired during this wake) comes back, once.
                     for (o, l) in st.gaps(g) {
                         st.put_range(o, l);
                     }

@@ -52,6 +52,11 @@ pub struct Granule<H> {
     pub slot: Slot<H>,
     /// Live blocks overlapping it (their release has not retired).
     pub users: u32,
+    /// Its free space is kept out of the free list: it sleeps with a set
+    /// (until the wake that maps it commits), or it is quarantined (for the
+    /// arena's life). A block inside it that retires is carved out again
+    /// ([`State::keep_out`]).
+    pub held_out: bool,
 }
 
 /// A granule the driver would not give back.
@@ -71,6 +76,13 @@ pub struct ArenaSnapshot {
     pub reserved: u64,
     /// Physical memory mapped (in use, cached and quarantined-mapped).
     pub mapped: u64,
+    /// Physical memory of quarantined granules unmapped but not released:
+    /// the driver still holds it, and it counts against the arena's limit
+    /// with `mapped` until teardown gives it back.
+    pub unreleased: u64,
+    /// Physical memory being mapped now (granules a thread is creating and
+    /// mapping, for an allocation or a wake), counted against the limit.
+    pub mapping: u64,
     /// Bytes of live allocations (each rounded up to 256 B).
     pub in_use: u64,
     /// Mapped granules no allocation uses: what a trim gives back.
@@ -96,6 +108,10 @@ pub struct State<H> {
     granule: u64,
     /// Bytes mapped (in use, cached, quarantined-mapped).
     pub mapped: u64,
+    /// Bytes of quarantined granules unmapped whose handle the driver would
+    /// not release: the driver still holds them, so they count against the
+    /// limit until teardown gives them back.
+    pub unreleased: u64,
     /// Bytes being mapped (counted against the limit).
     pub mapping: u64,
     /// Bytes of live blocks.
@@ -104,6 +120,9 @@ pub struct State<H> {
     pub asleep: bool,
     /// Set by teardown: nothing is mapped or unmapped after.
     pub closed: bool,
+    /// Threads waiting for a granule to leave its transition (for tests
+    /// that force an interleaving: they wait until a thread is parked).
+    pub waiting: usize,
 }
 
 impl<H: Copy> State<H> {
@@ -117,16 +136,19 @@ impl<H: Copy> State<H> {
             slots: vec![
                 Granule {
                     slot: Slot::Unmapped,
-                    users: 0
+                    users: 0,
+                    held_out: false,
                 };
                 n
             ],
             granule,
             mapped: 0,
+            unreleased: 0,
             mapping: 0,
             in_use: 0,
             asleep: false,
             closed: false,
+            waiting: 0,
         }
     }
 
@@ -195,15 +217,37 @@ impl<H: Copy> State<H> {
         }
     }
 
-    /// Keep granule `g` out of use for the arena's life (its range carved
-    /// out of the free list; `_base` is kept for callers' symmetry).
+    /// Keep granule `g` out of use for the arena's life: its free space
+    /// carved out of the free list now and whenever a block inside it
+    /// retires. Its bytes stay counted against the limit until teardown
+    /// gives them back: in `mapped` while mapped, in `unreleased` once
+    /// unmapped with the handle unreleased. `_base` is kept for callers'
+    /// symmetry.
     pub fn quarantine(&mut self, g: usize, slot: Slot<H>, _base: u64, granule: u64) {
         if let Slot::Quarantined { mapped: false, .. } = slot {
-            // Unmapped but unreleased: no longer counted as mapped.
             self.mapped -= granule.min(self.mapped);
+            self.unreleased += granule;
         }
         self.slots[g].slot = slot;
+        self.slots[g].held_out = true;
         self.carve(g as u64 * granule, granule);
+    }
+
+    /// After the block `[offset, offset + len)` went back to the free list:
+    /// carve out again what it gave back inside granules held out (asleep
+    /// with a set, or quarantined).
+    pub fn keep_out(&mut self, offset: u64, len: u64) {
+        for g in self.granules_of(offset, len) {
+            if self.slots[g].held_out {
+                self.carve_granule(g);
+            }
+        }
+    }
+
+    /// Bytes the driver holds for the arena, bounded by its limit: mapped,
+    /// being mapped, and quarantined unreleased.
+    pub fn held(&self) -> u64 {
+        self.mapped + self.mapping + self.unreleased
     }
 
     /// Bytes of mapped granules without users: what a trim gives back.
@@ -232,6 +276,8 @@ impl<H: Copy> State<H> {
         ArenaSnapshot {
             reserved,
             mapped: self.mapped,
+            unreleased: self.unreleased,
+            mapping: self.mapping,
             in_use: self.in_use,
             cached: self.cached(),
             asleep: self
