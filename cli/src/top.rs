@@ -232,7 +232,7 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+        "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}  {}",
         "SLOT",
         "PID",
         "NAME",
@@ -245,7 +245,8 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
         "CACHED",
         "CTX",
         "GAVE",
-        "RINGS"
+        "RINGS",
+        "LIMIT FROM"
     );
     for p in &s.processes {
         let state = match (p.live, p.alive) {
@@ -259,7 +260,7 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
         }
         let _ = writeln!(
             out,
-            "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+            "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}  {}",
             p.slot,
             p.pid,
             name,
@@ -272,7 +273,8 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
             short(p.cached),
             p.contexts,
             short(p.gave_back),
-            p.unanswered_rings
+            p.unanswered_rings,
+            p.limit_from.as_deref().unwrap_or("-")
         );
     }
     if s.processes.is_empty() {
