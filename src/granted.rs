@@ -46,6 +46,23 @@
 //! `CUDA_VISIBLE_DEVICES` was set for the control daemon). A container that
 //! sets `CUDA_VISIBLE_DEVICES` itself to reorder its GPUs must pass the
 //! ordinal it opens; memgov cannot tell the two orders apart.
+//!
+//! ```no_run
+//! use memgov::granted::granted_limit_from_env;
+//! use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+//! use memgov::{ProcessBudget, SharedBudget};
+//! # fn open(ordinal: u32, total: u64, identity: &memgov::DeviceIdentity) -> Result<(), Box<dyn std::error::Error>> {
+//! // The CUDA ordinal this process opens, and the device's total memory.
+//! let grant = granted_limit_from_env(ordinal, Some(total))?;
+//! let ledger = MachineLedger::open(&LedgerOptions::for_device(identity, total))?;
+//! let mut join = JoinOptions::new("llm-server");
+//! if let Some(g) = &grant {
+//!     join = join.granted(g);
+//! }
+//! let process = ProcessBudget::with_machine("llm-server", total, ledger.join(join)?);
+//! let gpu0 = SharedBudget::with_parent("gpu0", total, &process);
+//! # let _ = gpu0; Ok(()) }
+//! ```
 
 use crate::Bytes;
 use std::fmt;
