@@ -536,6 +536,12 @@ mod machine {
             .unwrap();
         assert_eq!((me.limit(), me.limit_from()), (4 * M, None));
         drop(me);
+        // A limit given after the grant replaces it, and names nothing.
+        let me = l
+            .join(JoinOptions::new("later").granted(&grant).limit(2 * M))
+            .unwrap();
+        assert_eq!((me.limit(), me.limit_from()), (2 * M, None));
+        drop(me);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

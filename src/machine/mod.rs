@@ -285,9 +285,12 @@ impl JoinOptions {
         self
     }
 
-    /// The most this process may hold on the ledger.
+    /// The most this process may hold on the ledger. It replaces a limit
+    /// taken from [`granted`](Self::granted) before it, which is then no
+    /// longer named.
     pub fn limit(mut self, bytes: u64) -> Self {
         self.limit = bytes;
+        self.limit_from = None;
         self
     }
 
