@@ -50,20 +50,46 @@ ensure_rust() {
 # (Mesa's lavapipe, the Vulkan loader and the Khronos validation layers;
 # ROCm's HIP header, which the HIP stand-in is compiled against, and Debian's
 # real runtime for the clean-skip runs), the C ABI's C++ and valgrind checks,
-# pip for the ONNX Runtime wheels, the headless browser of the timeline step,
-# and the nightly toolchain's Miri. The steps that use them find them
+# pip for the ONNX Runtime wheels, PyYAML and kubernetes-validate for the
+# Kubernetes manifests, the headless browser of the timeline step, and the
+# nightly toolchain's Miri. The steps that use them find them
 # installed; on a machine prepared once, a run installs nothing.
 suite_setup() {
     apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev g++
     command -v valgrind >/dev/null || apt_install valgrind ||
         echo "memgov setup: valgrind is not installable: its checks will print skipped"
     python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    kubernetes_validate_setup
     command -v chromium-headless-shell >/dev/null || apt_install chromium-headless-shell
     if ! cargo +nightly miri --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
         echo "memgov setup: installing the nightly toolchain's miri and rust-src components"
         rustup toolchain install nightly --profile minimal --component miri,rust-src ||
             echo "memgov setup: could not install Miri (no network to the toolchain server?): its step will print skipped"
     fi
+}
+
+# The Kubernetes manifests' checks (scripts/ci/68-kubernetes.sh): PyYAML
+# from Debian, and the schema validator `kubernetes-validate` from PyPI
+# (pinned; it carries Kubernetes' schemas, so validating needs no cluster
+# and no network) in a virtual environment under the build directory.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+kubernetes_validate_venv() {
+    echo "$(cargo_target_dir)/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+}
+kubernetes_validate_setup() {
+    python3 -c 'import yaml' 2>/dev/null || apt_install python3-yaml
+    local venv
+    venv="$(kubernetes_validate_venv)"
+    [ -x "$venv/bin/kubernetes-validate" ] && return 0
+    if [ "${MEMGOV_INSTALL:-1}" = 0 ]; then
+        echo "memgov setup: kubernetes-validate is not installed in $venv; MEMGOV_INSTALL=0 installs nothing:" \
+            "run \`cargo xtask setup\`" >&2
+        return 1
+    fi
+    python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    echo "memgov setup: installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION in $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 }
 
 # The directory cargo builds into: CARGO_TARGET_DIR, a cargo config's

@@ -65,6 +65,7 @@ pub mod any;
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod cuda_capture;
 mod governor;
+pub mod granted;
 #[cfg(target_os = "linux")]
 pub mod machine;
 pub mod trace;

@@ -1,8 +1,8 @@
 //! `memgov top`: the machine ledger of one device, live. A table of every
 //! process on it (name, pid, slot, priority, floor, limit, charged, used,
 //! cached, contexts, bytes given back through the doorbell, rings not
-//! answered) under the ledger's totals (limit, charged, outside memgov,
-//! available), redrawn in place every interval; `--once` prints it once,
+//! answered, and the variable a limit the cluster granted came from) under
+//! the ledger's totals (limit, charged, outside memgov, available), redrawn in place every interval; `--once` prints it once,
 //! `--json` prints one snapshot as JSON. When the key names a device by
 //! UUID or PCI address and the vendor's management library (NVML) is
 //! there, the processes on the device that have no slot on the ledger are
@@ -363,7 +363,7 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+        "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}  LIMIT FROM",
         "SLOT",
         "PID",
         "NAME",
@@ -390,7 +390,7 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
         }
         let _ = writeln!(
             out,
-            "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}",
+            "{:>4} {:>8} {:<20} {:<8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>9} {:>5}  {}",
             p.slot,
             p.pid,
             name,
@@ -403,7 +403,8 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
             short(p.cached),
             p.contexts,
             short(p.gave_back),
-            p.unanswered_rings
+            p.unanswered_rings,
+            p.limit_from.as_deref().unwrap_or("-")
         );
     }
     if s.processes.is_empty() {

@@ -650,5 +650,48 @@ fn top_without_a_ledger_says_no_process_joined_and_lists_the_ledgers() {
         "{v}"
     );
     assert_eq!(v["ledgers"][0]["key"], "cli-listed", "{v}");
+}
+
+/// `memgov top` names where a process's limit came from when the cluster
+/// granted it (`JoinOptions::granted`), in the table and in `--json`, and
+/// shows `-` for a limit that was not granted.
+#[cfg(target_os = "linux")]
+#[test]
+fn top_names_the_granted_limit() {
+    use memgov::granted::granted_limit;
+    use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    let dir = std::env::temp_dir().join(format!("memgov-cli-top-granted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger");
+    let ledger =
+        MachineLedger::open(&LedgerOptions::new("cli-granted", 64 << 20).path(&path)).unwrap();
+    let env = |name: &str| (name == "CUDA_DEVICE_MEMORY_LIMIT_0").then(|| "16m".to_owned());
+    let grant = granted_limit(0, None, env).unwrap().unwrap();
+    let granted = ledger
+        .join(JoinOptions::new("hami-pod").granted(&grant))
+        .unwrap();
+    let plain = ledger.join(JoinOptions::new("plain-pod")).unwrap();
+    let p = path.to_str().unwrap();
+
+    let (code, out) = memgov(&["top", "--path", p, "--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("LIMIT FROM"), "{out}");
+    let row = out.lines().find(|l| l.contains("hami-pod")).expect("row");
+    assert!(
+        row.contains("16.0 MiB") && row.ends_with("  CUDA_DEVICE_MEMORY_LIMIT_0"),
+        "{row}"
+    );
+    let row = out.lines().find(|l| l.contains("plain-pod")).expect("row");
+    assert!(row.ends_with("  -"), "{row}");
+
+    let (code, out) = memgov(&["top", "--path", p, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let procs = v["processes"].as_array().unwrap();
+    let by = |n: &str| procs.iter().find(|p| p["name"] == n).unwrap().clone();
+    assert_eq!(by("hami-pod")["limit_from"], "CUDA_DEVICE_MEMORY_LIMIT_0");
+    assert_eq!(by("hami-pod")["limit"], 16 << 20);
+    assert_eq!(by("plain-pod")["limit_from"], serde_json::Value::Null);
+    drop((granted, plain));
     let _ = std::fs::remove_dir_all(&dir);
 }

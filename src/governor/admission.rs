@@ -558,6 +558,7 @@ fn exceeded_in<C: DeviceContext>(
         waited,
         reclaimed_by_responders: 0,
         driver,
+        limit_from: None,
         #[cfg(target_os = "linux")]
         machine: None,
     }))
@@ -1243,6 +1244,11 @@ fn exceeded<C: DeviceContext>(
         .saturating_sub(quarantined)
         .saturating_sub(awaiting_teardown)
         .saturating_sub(outside);
+    let limit_from = match scope {
+        BudgetScope::Process(_) => ctx.ledger.charges().process(),
+        _ => None,
+    }
+    .and_then(|p| p.limit_from().map(str::to_owned));
     GovernorError::BudgetExceeded(Box::new(BudgetExceeded {
         context: ctx.name(),
         scope,
@@ -1260,6 +1266,7 @@ fn exceeded<C: DeviceContext>(
         waited,
         reclaimed_by_responders: reclaimed,
         driver,
+        limit_from,
         #[cfg(target_os = "linux")]
         machine,
     }))

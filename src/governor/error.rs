@@ -138,6 +138,11 @@ pub struct BudgetExceeded {
     /// What the driver said, when the device itself refused
     /// ([`BudgetScope::Device`]).
     pub driver: Option<BackendError>,
+    /// The variable the refusing level's limit came from, when the cluster
+    /// granted it ([`ProcessBudget::granted`](super::ProcessBudget::granted);
+    /// the machine ledger's own refusal carries it in
+    /// [`MachineRefusal::process_limit_from`](crate::machine::MachineRefusal::process_limit_from)).
+    pub limit_from: Option<String>,
     /// Every process's figures, when the machine ledger refused
     /// ([`BudgetScope::Machine`]).
     #[cfg(target_os = "linux")]
@@ -181,12 +186,11 @@ impl fmt::Display for BudgetExceeded {
         if self.outside > 0 {
             write!(f, " + {} outside memgov", Bytes(self.outside))?;
         }
-        write!(
-            f,
-            " of a {} limit leaves {} available",
-            Bytes(self.limit),
-            Bytes(self.available)
-        )?;
+        write!(f, " of a {} limit", Bytes(self.limit))?;
+        if let Some(from) = &self.limit_from {
+            write!(f, " (granted by {from})")?;
+        }
+        write!(f, " leaves {} available", Bytes(self.available))?;
         if let Some(e) = &self.driver {
             write!(f, " (the driver said: {e})")?;
         }
@@ -209,8 +213,9 @@ impl fmt::Display for BudgetExceeded {
             return write!(f, "; {m}");
         }
         if self.requested > self.limit {
-            let way_out = match self.scope {
-                BudgetScope::Device => "split the allocation or use a device with more memory",
+            let way_out = match (&self.scope, &self.limit_from) {
+                (BudgetScope::Device, _) => "split the allocation or use a device with more memory",
+                (_, Some(_)) => "ask the cluster for a larger grant or split the allocation",
                 _ => "raise the budget or split the allocation",
             };
             write!(
@@ -229,10 +234,19 @@ impl fmt::Display for BudgetExceeded {
                 f,
                 "; release {t} buffers{wait}, or raise the {t} limit (ContextConfig::tier_budget)"
             )
-        } else if self.pending > 0 {
-            f.write_str("; wait for pending releases to retire (Admission::WaitForPending), release buffers, or raise the budget")
         } else {
-            f.write_str("; release buffers, register a pressure responder, or raise the budget")
+            let raise = match &self.limit_from {
+                Some(_) => "ask the cluster for a larger grant",
+                None => "raise the budget",
+            };
+            if self.pending > 0 {
+                write!(f, "; wait for pending releases to retire (Admission::WaitForPending), release buffers, or {raise}")
+            } else {
+                write!(
+                    f,
+                    "; release buffers, register a pressure responder, or {raise}"
+                )
+            }
         }
     }
 }

@@ -332,6 +332,7 @@ impl Inner {
             pid: self.pid,
             process_charged: self.share(),
             process_limit: self.limit,
+            process_limit_from: self.seg.slot_limit_from(self.slot),
             holders: snap
                 .processes
                 .iter()

@@ -312,6 +312,7 @@ pub struct JoinOptions {
     pub(crate) lease_chunk: u64,
     pub(crate) answer_timeout: Duration,
     pub(crate) watch: Option<DeviceIdentity>,
+    pub(crate) limit_from: Option<String>,
 }
 
 impl JoinOptions {
@@ -327,6 +328,7 @@ impl JoinOptions {
             lease_chunk: 8 << 20,
             answer_timeout: Duration::from_millis(250),
             watch: None,
+            limit_from: None,
         }
     }
 
@@ -344,9 +346,30 @@ impl JoinOptions {
         self
     }
 
-    /// The most this process may hold on the ledger.
+    /// The most this process may hold on the ledger. It replaces a limit
+    /// taken from [`granted`](Self::granted) before it, which is then no
+    /// longer named.
     pub fn limit(mut self, bytes: u64) -> Self {
         self.limit = bytes;
+        self.limit_from = None;
+        self
+    }
+
+    /// Take the limit the cluster granted this process
+    /// ([`granted_limit_from_env`](crate::granted::granted_limit_from_env))
+    /// as its limit on the ledger, when it is below the limit given so
+    /// far: the slot records the variable it came from, which snapshots,
+    /// `memgov top` and refusals show. A grant above the ledger's own
+    /// limit is capped to it at [`join`](MachineLedger::join) (where a
+    /// plain [`limit`](Self::limit) above it is an error), and the slot says
+    /// so. Give the membership to
+    /// [`ProcessBudget::with_machine`](crate::ProcessBudget::with_machine),
+    /// whose process level then takes the same limit.
+    pub fn granted(mut self, granted: &crate::granted::GrantedLimit) -> Self {
+        if granted.bytes <= self.limit {
+            self.limit = granted.bytes;
+            self.limit_from = Some(granted.variable.clone());
+        }
         self
     }
 
@@ -598,8 +621,15 @@ impl MachineLedger {
     /// Join the ledger as this process: a slot of its own and a doorbell
     /// thread that answers other processes' trim requests. Dead processes'
     /// slots are reclaimed first.
-    pub fn join(&self, opts: JoinOptions) -> Result<MachineMember, MachineError> {
+    pub fn join(&self, mut opts: JoinOptions) -> Result<MachineMember, MachineError> {
         let limit = self.limit();
+        if opts.limit > limit {
+            if let Some(from) = opts.limit_from.as_mut() {
+                // A granted limit is never above what the ledger allows.
+                opts.limit = limit;
+                from.push_str(", capped to the ledger");
+            }
+        }
         if opts.limit != u64::MAX && opts.limit > limit {
             return Err(MachineError::AboveDevice {
                 ledger: self.key().to_owned(),
@@ -634,6 +664,7 @@ impl MachineLedger {
         seg.slot(slot, S_ANSWERED)
             .store(u64::from(seg.slot32(slot, S_RING).load(Acquire)), Release);
         seg.set_slot_name(slot, &opts.name);
+        seg.set_slot_limit_from(slot, opts.limit_from.as_deref().unwrap_or(""));
         let inner = Arc::new(member::Inner::new(
             Arc::clone(seg),
             slot,
@@ -771,6 +802,17 @@ impl MachineMember {
         snapshot_of(&self.inner().seg)
     }
 
+    /// This process's limit on the ledger (`u64::MAX`: none).
+    pub fn limit(&self) -> u64 {
+        self.inner().limit
+    }
+
+    /// Where that limit came from, when the cluster granted it
+    /// ([`JoinOptions::granted`]): the variable's name.
+    pub fn limit_from(&self) -> Option<String> {
+        self.inner().seg.slot_limit_from(self.slot())
+    }
+
     /// Charge `bytes` on the ledger directly (what an allocation under a
     /// [`ProcessBudget::with_machine`](crate::ProcessBudget::with_machine)
     /// does): for memory this process governs itself. Give them back with
@@ -891,6 +933,9 @@ pub struct MachineRefusal {
     pub process_charged: u64,
     /// This process's limit on the ledger.
     pub process_limit: u64,
+    /// Where that limit came from, when the cluster granted it
+    /// ([`JoinOptions::granted`]).
+    pub process_limit_from: Option<String>,
     /// The other processes on the ledger, as they were at the refusal.
     pub holders: Vec<Holder>,
     /// The processes asked to trim that did not answer in time.
@@ -916,14 +961,19 @@ impl fmt::Display for MachineRefusal {
             self.ledger
         )?;
         match self.by {
-            RefusedBy::ProcessLimit => write!(
-                f,
-                "'{}' (pid {}) holds {} of its {} limit on the machine",
-                self.process,
-                self.pid,
-                Bytes(self.process_charged),
-                Bytes(self.process_limit)
-            )?,
+            RefusedBy::ProcessLimit => {
+                write!(
+                    f,
+                    "'{}' (pid {}) holds {} of its {} limit on the machine",
+                    self.process,
+                    self.pid,
+                    Bytes(self.process_charged),
+                    Bytes(self.process_limit)
+                )?;
+                if let Some(from) = &self.process_limit_from {
+                    write!(f, " (granted by {from})")?;
+                }
+            }
             RefusedBy::Ledger => {
                 write!(
                     f,
@@ -1001,6 +1051,9 @@ pub struct ProcessSnapshot {
     pub contexts: u64,
     /// Its limit on the ledger (`u64::MAX`: none).
     pub limit: u64,
+    /// Where that limit came from, when the cluster granted it
+    /// ([`JoinOptions::granted`]): the variable's name.
+    pub limit_from: Option<String>,
     /// Its floor.
     pub floor: u64,
     /// Its priority.
@@ -1090,6 +1143,7 @@ pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
                 cached: seg.slot(i, S_CACHED).load(Relaxed),
                 contexts: seg.slot(i, S_CONTEXTS).load(Relaxed),
                 limit: seg.slot(i, S_LIMIT).load(Relaxed),
+                limit_from: seg.slot_limit_from(i),
                 floor: seg.slot(i, S_FLOOR).load(Relaxed),
                 priority: seg.slot(i, S_PRIORITY).load(Relaxed) as u32,
                 gave_back: seg.slot(i, S_GAVE).load(Relaxed),

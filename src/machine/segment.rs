@@ -108,6 +108,10 @@ pub(crate) const S_ASK: usize = 88;
 pub(crate) const S_ANSWERED: usize = 96;
 pub(crate) const S_GAVE: usize = 104;
 pub(crate) const S_NAME: usize = 128;
+/// Where the process's limit came from (`JoinOptions::granted`): the
+/// variable's name, NUL-padded; all zero when the limit was not granted.
+/// Older builds of this layout never write these bytes and read past them.
+pub(crate) const S_LIMIT_FROM: usize = 192;
 
 /// A mapped segment.
 pub(crate) struct Segment {
@@ -628,13 +632,33 @@ impl Segment {
     }
 
     pub(crate) fn set_slot_name(&self, i: usize, name: &str) {
+        self.set_slot_text(i, S_NAME, name);
+    }
+
+    /// Where slot `i`'s limit came from, if it was granted.
+    pub(crate) fn slot_limit_from(&self, i: usize) -> Option<String> {
         let mut b = [0u8; NAME_BYTES];
-        let mut n = name.len().min(NAME_BYTES);
-        while !name.is_char_boundary(n) {
+        self.read_bytes(HEADER + i * SLOT + S_LIMIT_FROM, &mut b);
+        let s = String::from_utf8_lossy(&b)
+            .trim_end_matches('\0')
+            .to_owned();
+        (!s.is_empty()).then_some(s)
+    }
+
+    pub(crate) fn set_slot_limit_from(&self, i: usize, from: &str) {
+        self.set_slot_text(i, S_LIMIT_FROM, from);
+    }
+
+    /// `text`, cut to `NAME_BYTES` on a character boundary and NUL-padded,
+    /// at `off` in slot `i`.
+    fn set_slot_text(&self, i: usize, off: usize, text: &str) {
+        let mut b = [0u8; NAME_BYTES];
+        let mut n = text.len().min(NAME_BYTES);
+        while !text.is_char_boundary(n) {
             n -= 1;
         }
-        b[..n].copy_from_slice(&name.as_bytes()[..n]);
-        self.write_bytes(HEADER + i * SLOT + S_NAME, &b);
+        b[..n].copy_from_slice(&text.as_bytes()[..n]);
+        self.write_bytes(HEADER + i * SLOT + off, &b);
     }
 }
 

@@ -320,6 +320,8 @@ pub(crate) struct ProcessBudgetInner {
     /// here is charged there too.
     #[cfg(target_os = "linux")]
     pub(super) machine: Option<crate::machine::MachineMember>,
+    /// Where the limit came from, when the cluster granted it.
+    limit_from: Option<String>,
 }
 
 /// The top of the budget tree: a byte budget for the whole process, over
@@ -357,12 +359,57 @@ pub struct ProcessBudget(pub(crate) Arc<ProcessBudgetInner>);
 impl ProcessBudget {
     /// A new process budget of `limit` bytes.
     pub fn new(label: impl Into<String>, limit: u64) -> Self {
+        Self::build(label.into(), limit, None)
+    }
+
+    fn build(label: String, limit: u64, limit_from: Option<String>) -> Self {
         Self(Arc::new(ProcessBudgetInner {
-            level: Level::new(label.into(), limit),
+            level: Level::new(label, limit),
             devices: Mutex::new(Vec::new()),
             #[cfg(target_os = "linux")]
             machine: None,
+            limit_from,
         }))
+    }
+
+    /// A new process budget of at most `limit` bytes, lowered to the limit
+    /// the cluster granted the process
+    /// ([`granted_limit_from_env`](crate::granted::granted_limit_from_env))
+    /// when that is smaller; [`limit_from`](Self::limit_from) then names
+    /// the variable it came from, and refusals at this level say so. Under
+    /// a machine ledger, give the grant to
+    /// [`JoinOptions::granted`](crate::machine::JoinOptions::granted)
+    /// instead and build the budget with [`with_machine`](Self::with_machine).
+    ///
+    /// ```
+    /// use memgov::granted::granted_limit;
+    /// use memgov::ProcessBudget;
+    /// let env = |name: &str| (name == "CUDA_DEVICE_MEMORY_LIMIT_0").then(|| "3000m".to_owned());
+    /// let grant = granted_limit(0, Some(16 << 30), env)?.expect("a grant");
+    /// let process = ProcessBudget::granted("worker", u64::MAX, &grant);
+    /// assert_eq!(process.limit(), 3000 << 20);
+    /// assert_eq!(process.limit_from(), Some("CUDA_DEVICE_MEMORY_LIMIT_0"));
+    /// # Ok::<(), memgov::granted::GrantedLimitError>(())
+    /// ```
+    pub fn granted(
+        label: impl Into<String>,
+        limit: u64,
+        granted: &crate::granted::GrantedLimit,
+    ) -> Self {
+        if granted.bytes <= limit {
+            Self::build(label.into(), granted.bytes, Some(granted.variable.clone()))
+        } else {
+            Self::build(label.into(), limit, None)
+        }
+    }
+
+    /// Where this level's limit came from, when the cluster granted it
+    /// ([`granted`](Self::granted), [`with_machine`](Self::with_machine)
+    /// on a membership joined with
+    /// [`JoinOptions::granted`](crate::machine::JoinOptions::granted)): the
+    /// variable's name.
+    pub fn limit_from(&self) -> Option<&str> {
+        self.0.limit_from.as_deref()
     }
 
     /// A new process budget of `limit` bytes under a machine ledger: every
@@ -371,7 +418,11 @@ impl ProcessBudget {
     /// what would take the machine over its limit
     /// ([`BudgetScope::Machine`](crate::BudgetScope::Machine)). Trim
     /// requests from other processes are answered with this budget's
-    /// contexts' block caches and pressure responders.
+    /// contexts' block caches and pressure responders. When the membership
+    /// took a granted limit
+    /// ([`JoinOptions::granted`](crate::machine::JoinOptions::granted)),
+    /// this level's limit is that one where it is smaller than `limit`, and
+    /// [`limit_from`](Self::limit_from) names its variable.
     ///
     /// ```no_run
     /// use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
@@ -389,10 +440,15 @@ impl ProcessBudget {
         limit: u64,
         member: crate::machine::MachineMember,
     ) -> Self {
+        let (limit, limit_from) = match member.limit_from() {
+            Some(from) if member.limit() <= limit => (member.limit(), Some(from)),
+            _ => (limit, None),
+        };
         let budget = Self(Arc::new(ProcessBudgetInner {
             level: Level::new(label.into(), limit),
             devices: Mutex::new(Vec::new()),
             machine: Some(member.clone()),
+            limit_from,
         }));
         member.set_host(Arc::new(MachineHost(Arc::downgrade(&budget.0))));
         budget
@@ -529,6 +585,7 @@ impl fmt::Debug for ProcessBudget {
         f.debug_struct("ProcessBudget")
             .field("label", &self.label())
             .field("limit", &self.limit())
+            .field("limit_from", &self.limit_from())
             .field("charged", &self.charged())
             .field("pending", &self.pending())
             .field("quarantined", &self.quarantined())
