@@ -94,6 +94,16 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
 }
 
+/// The process-wide gate between CUDA stream captures begun through memgov
+/// and memgov's own potentially unsafe driver calls (map, unmap, release,
+/// `cuCtxSynchronize`, `cuMemHostAlloc`, `cuMemFreeHost`). A runtime that
+/// makes such calls itself beside memgov's captures can pass them through
+/// it ([`Gate::call`]); [`Gate::waiting`] shows calls held back by a
+/// capture.
+pub fn capture_gate() -> &'static Gate {
+    gate()
+}
+
 // ---- pins ----------------------------------------------------------------
 
 /// The executable graphs of a context still live, destroyed by teardown if
@@ -248,7 +258,7 @@ impl CudaContext {
                  create it with CudaConfig::arena",
             ));
         };
-        let pool_bytes = config.pool_bytes.max(1).next_multiple_of(ALIGN);
+        let pool_bytes = CapturePool::size_for(crate::result::BACKEND, config.pool_bytes, ALIGN)?;
         let current = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();

@@ -46,6 +46,16 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
 }
 
+/// The process-wide gate between HIP stream captures begun through memgov
+/// and memgov's own potentially unsafe runtime calls (map, unmap, release,
+/// device synchronize, `hipHostMalloc`, `hipHostFree`, `hipFree`). A
+/// runtime that makes such calls itself beside memgov's captures can pass
+/// them through it ([`Gate::call`]); [`Gate::waiting`] shows calls held
+/// back by a capture.
+pub fn capture_gate() -> &'static Gate {
+    gate()
+}
+
 pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
 /// `hipStreamCaptureMode` of a [`CaptureMode`].
@@ -254,7 +264,7 @@ impl HipContext {
                  create it with HipConfig::arena",
             ));
         };
-        let pool_bytes = config.pool_bytes.max(1).next_multiple_of(ALIGN);
+        let pool_bytes = CapturePool::size_for(crate::result::BACKEND, config.pool_bytes, ALIGN)?;
         let device = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();

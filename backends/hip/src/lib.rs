@@ -92,8 +92,8 @@ mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};
 pub use capture::{
-    capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot,
-    PoolExhausted,
+    capture_gate, capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture,
+    HipGraph, OutputSlot, PoolExhausted,
 };
 
 pub use config::{AllocatorChoice, HipConfig};

@@ -112,6 +112,16 @@ fn a_map_on_another_thread_waits_for_the_capture_to_end() {
 }
 
 #[test]
+fn another_contexts_page_locked_allocation_and_free_wait_for_a_global_capture() {
+    passes("page_locked_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_capture_pool_too_large_to_round_is_a_typed_refusal() {
+    passes("huge_pool", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn a_trim_during_a_capture_is_deferred_to_its_end() {
     passes("trim_deferred", &[(EXIT_CHECK, "1")]);
 }
@@ -172,6 +182,11 @@ fn stand_in_synchronizing_a_capturing_stream_invalidates_the_capture() {
 #[test]
 fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
     passes("standin_modes", &[]);
+}
+
+#[test]
+fn stand_in_page_locked_allocation_and_free_on_another_thread_invalidate_a_global_capture() {
+    passes("standin_page_locked", &[]);
 }
 
 #[test]
@@ -531,6 +546,123 @@ mod cases {
         ctx.teardown(false).expect("teardown");
     }
 
+    /// A second context's page-locked allocation, and the free thread's
+    /// `hipHostFree` of its release, on other threads while a global-mode
+    /// capture is under way: both wait at the gate until the capture ends
+    /// (the runtime forbids them during the capture and would invalidate
+    /// it), then complete.
+    fn page_locked_waits() {
+        use memgov::Tier;
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let other = Arc::new(HipContext::new(HipConfig::default()).expect("a second context"));
+        let os = Arc::new(other.create_stream().expect("stream"));
+        let kept = other
+            .allocate_in(&os, 4096, Tier::PinnedHost)
+            .expect("page-locked, before the capture");
+        let gate = memgov::hip::capture_gate();
+        let before = stats();
+        let global = || CaptureConfig {
+            pool_bytes: MIB,
+            mode: CaptureMode::Global,
+        };
+        // The allocation: held back until the capture ends.
+        let cap = ctx.begin_capture(&s, global()).expect("begin");
+        let alloc = {
+            let (other, os) = (other.clone(), os.clone());
+            std::thread::spawn(move || other.allocate_in(&os, 4096, Tier::PinnedHost))
+        };
+        while gate.waiting() == 0 && !alloc.is_finished() {
+            std::thread::yield_now();
+        }
+        let graph = cap.end().expect("not invalidated by the other allocation");
+        let m = alloc
+            .join()
+            .expect("thread")
+            .expect("allocated after the end");
+        graph.destroy().expect("destroy");
+        // The free: the free thread's hipHostFree waits for the end.
+        let cap = ctx.begin_capture(&s, global()).expect("begin");
+        let retired = Arc::new(AtomicU64::new(0));
+        {
+            let (other, os, retired) = (other.clone(), os.clone(), retired.clone());
+            std::thread::spawn(move || {
+                release(&other, &os, kept, &retired);
+                release(&other, &os, m, &retired);
+            })
+            .join()
+            .expect("thread");
+        }
+        while gate.waiting() == 0 && stats()[1] == before[1] && retired.load(Ordering::SeqCst) < 2 {
+            std::thread::yield_now();
+        }
+        let graph = cap.end().expect("not invalidated by the other free");
+        assert_eq!(stats()[1], before[1], "no capture invalidated");
+        other.synchronize(&os).expect("synchronize");
+        assert_eq!(retired.load(Ordering::SeqCst), 2, "both frees retired");
+        graph.destroy().expect("destroy");
+        let other = Arc::into_inner(other).expect("sole owner");
+        other
+            .destroy_stream(Arc::into_inner(os).expect("sole owner"))
+            .expect("destroy stream");
+        other.teardown(false).expect("teardown");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// Pool sizes near and at `u64::MAX`: refused before anything is taken
+    /// (those whose rounding passes 64 bits with a typed error naming the
+    /// largest that rounds, the others by the arena), never wrapped to a
+    /// small pool; the arena is untouched and a capture works after.
+    fn huge_pool() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let max = u64::MAX / 256 * 256;
+        for pool_bytes in [u64::MAX, u64::MAX - 1, max + 1] {
+            let e = ctx
+                .begin_capture(
+                    &s,
+                    CaptureConfig {
+                        pool_bytes,
+                        mode: CaptureMode::Global,
+                    },
+                )
+                .expect_err("too large to round");
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+            assert!(e.message.contains(&format!("at most {max} B")), "{e}");
+        }
+        for pool_bytes in [max, 1 << 62] {
+            let e = ctx
+                .begin_capture(
+                    &s,
+                    CaptureConfig {
+                        pool_bytes,
+                        mode: CaptureMode::Global,
+                    },
+                )
+                .expect_err("larger than the arena");
+            assert_ne!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        }
+        let snap = arena.snapshot();
+        assert_eq!((snap.in_use, snap.mapped), (0, 0), "{snap:?}");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("a pool that fits");
+        let a = cap.allocate(4096).expect("carved");
+        cap.upload(&a, 0, pattern(8, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
     fn trim_deferred() {
         let ctx = arena_context(64 * MIB);
         let arena = ctx.arena().expect("arena");
@@ -756,6 +888,8 @@ mod cases {
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
+                "huge_pool" => huge_pool(),
+                "page_locked_waits" => page_locked_waits(),
                 "sleep_waits" => sleep_waits(),
                 "map_waits" => map_waits(),
                 "no_graphs" => {
@@ -887,6 +1021,52 @@ mod cases {
                     // way: the prohibited and the allowed ones.
                     assert_eq!(stats()[2], 4);
                     ok(hip::hipStreamDestroy(r.s), "destroy");
+                }
+                "standin_page_locked" => {
+                    // hipStreamCaptureModeGlobal, as CUDA's global mode:
+                    // potentially unsafe API calls (page-locked allocation
+                    // and free among them) are prohibited on every thread
+                    // while a global capture is under way; the call fails
+                    // and the capture is invalidated.
+                    let r = raw();
+                    let before = common::capture_stats();
+                    let mut kept: *mut c_void = std::ptr::null_mut();
+                    ok(
+                        hip::hipHostMalloc(&mut kept, 4096, hip::hipHostMallocDefault),
+                        "host alloc",
+                    );
+                    let kept = Send(kept);
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, |_| {
+                        let mut p: *mut c_void = std::ptr::null_mut();
+                        hip::hipHostMalloc(&mut p, 4096, hip::hipHostMallocDefault)
+                    });
+                    assert_eq!(c, UNSUPPORTED, "hipHostMalloc, Global, other thread");
+                    let (e, g) = end(r.s);
+                    assert_eq!(e, INVALIDATED);
+                    assert!(g.is_null());
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        hip::hipHostFree(kept.0)
+                    });
+                    assert_eq!(c, UNSUPPORTED, "hipHostFree, Global, other thread");
+                    assert_eq!(end(r.s).0, INVALIDATED);
+                    // ThreadLocal: another thread's are allowed.
+                    begin(r.s, LOCAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        hip::hipHostFree(kept.0)
+                    });
+                    ok(c, "hipHostFree, ThreadLocal, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(hip::hipGraphDestroy(g), "graph destroy");
+                    assert_eq!(
+                        common::capture_stats()[1] - before[1],
+                        2,
+                        "two captures invalidated"
+                    );
                 }
                 "standin_destroy_capturing" => {
                     let r = raw();

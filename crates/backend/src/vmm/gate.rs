@@ -1,7 +1,8 @@
 //! [`Gate`]: the exclusion between stream captures and a backend's own
 //! "potentially unsafe" driver calls (maps, unmaps, releases, device
-//! synchronizes), which a capture in the driver's global mode forbids on
-//! every thread and which would invalidate it.
+//! synchronizes, page-locked host allocations and frees), which a capture
+//! in the driver's global mode forbids on every thread and which would
+//! invalidate it.
 //!
 //! * While a capture is under way, a gated call waits until the last
 //!   capture ends; a capture waits for gated calls under way to finish
@@ -32,6 +33,8 @@ struct GateState {
     beginning: usize,
     /// Gated driver calls under way.
     calls: usize,
+    /// Gated calls waiting for the last capture to end.
+    waiting: usize,
     /// Work deferred to the end of the last capture, by key (one per
     /// arena: a second trim asked for replaces the first).
     deferred: HashMap<u64, Deferred>,
@@ -83,8 +86,8 @@ impl Gate {
         lock(&self.state).capturing()
     }
 
-    /// Admit a map, unmap, release or device synchronize: waits while a
-    /// capture is under way. `refuse_own`: refuse (rather than wait
+    /// Admit a map, unmap, release, device synchronize, page-locked host
+    /// allocation or free: waits while a capture is under way. `refuse_own`: refuse (rather than wait
     /// forever) when the calling thread began a capture still under way;
     /// otherwise such a call goes ahead and the driver decides.
     pub fn call(&self, op: &'static str, refuse_own: bool) -> Result<GateCall<'_>, BackendError> {
@@ -108,8 +111,16 @@ impl Gate {
                 st.calls += 1;
                 return Ok(GateCall(self));
             }
+            st.waiting += 1;
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
+    }
+
+    /// How many gated calls are waiting for a capture to end (for a test
+    /// or a tool that wants to see a call held back, not run).
+    pub fn waiting(&self) -> usize {
+        lock(&self.state).waiting
     }
 
     /// Before synchronizing `stream` (which would invalidate its capture):

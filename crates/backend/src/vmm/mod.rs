@@ -50,7 +50,7 @@ mod state;
 pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
 pub use gate::{Gate, GateCall};
-pub use pool::CapturePool;
+pub use pool::{CapturePool, PoolTooLarge};
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
 use crate::{BackendError, BackendErrorKind};
