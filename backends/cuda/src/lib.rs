@@ -476,6 +476,7 @@ impl CudaContext {
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
                 retired_streams: Mutex::default(),
+                sleep_gate: Default::default(),
             }),
             arena: None,
             pins: Arc::default(),

@@ -184,6 +184,9 @@ impl CudaContext {
         s.check_usable("write")?;
         s.check_stream("write", stream)?;
         s.check_memory("write", memory)?;
+        // Held until the copy is queued (and synchronized): no sleep unmaps
+        // between the awake check and the enqueue.
+        let _use = s.sleep_gate.enter();
         self.check_awake("write", memory)?;
         let at = range("write", memory, offset, src.len())?;
         if src.is_empty() {
@@ -213,6 +216,8 @@ impl CudaContext {
         s.check_usable("read")?;
         s.check_stream("read", stream)?;
         s.check_memory("read", memory)?;
+        // As in write.
+        let _use = s.sleep_gate.enter();
         self.check_awake("read", memory)?;
         let at = range("read", memory, offset, dst.len())?;
         if dst.is_empty() {

@@ -124,7 +124,10 @@ impl CudaArena {
     /// [`wake`](Self::wake)). Refused while a set sleeps
     /// ([`sleep_ranges`](Self::sleep_ranges)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
+        self.gated("sleep", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
+            a.sleep(d, keep_contents)
+        })
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -164,6 +167,7 @@ impl CudaArena {
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
         self.gated("sleep_ranges", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
             a.sleep_ranges(d, ptrs, keep_contents)
         })
     }

@@ -60,6 +60,21 @@ fn a_capture_pool_too_large_to_round_is_a_typed_refusal() {
 }
 
 #[test]
+fn a_graph_launch_while_its_arena_sleeps_is_refused() {
+    passes("launch_asleep", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "launch_sleep_race",
+            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
 fn a_trim_during_a_capture_is_deferred_to_its_end() {
     passes("trim_deferred", &[(EXIT_CHECK, "1")]);
 }
@@ -545,6 +560,116 @@ mod cases {
         ctx.teardown(false).expect("teardown");
     }
 
+    /// A captured graph whose pool sleeps with the arena: its launch is
+    /// refused (the driver would run its copies on reserved memory that is
+    /// not mapped), and after the wake it launches with the contents kept.
+    fn launch_asleep() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(6, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let mut graph = cap.end().expect("end");
+        graph.launch(&s).expect("launch");
+        arena.sleep(true).expect("sleep");
+        let e = graph.launch(&s).expect_err("refused while asleep");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("asleep"), "{e}");
+        arena.wake().expect("wake");
+        graph.launch(&s).expect("launch after the wake");
+        assert_eq!(graph.read_output(out).expect("read"), pattern(6, 4096));
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// One thread launches a graph and writes and reads an arena buffer in
+    /// a loop; another puts the arena to sleep and wakes it. Each launch and
+    /// copy is either refused as asleep or runs on mapped memory (the
+    /// stand-in aborts on a copy to reserved memory that is not mapped);
+    /// what was written is read back at the same address.
+    fn launch_sleep_race() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = Arc::new(ctx.create_stream().expect("stream"));
+        let m = ctx.allocate(&s, 4096).expect("buffer");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(7, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        let cycles = 50u64;
+        let done = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let sleeper = {
+            let (arena, done, rounds) = (arena.clone(), done.clone(), rounds.clone());
+            std::thread::spawn(move || {
+                for _ in 0..cycles {
+                    // Each sleep begins during a round of the other thread.
+                    let r = rounds.load(Ordering::SeqCst);
+                    while rounds.load(Ordering::SeqCst) == r {
+                        std::thread::yield_now();
+                    }
+                    arena.sleep(true).expect("sleep");
+                    arena.wake().expect("wake");
+                }
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        let (mut ran, mut refused) = (0u64, 0u64);
+        let mut i = 0u64;
+        while !done.load(Ordering::SeqCst) {
+            i += 1;
+            let data = pattern(i, 4096);
+            let launched = graph.launch(&s);
+            let written = ctx.write(&s, &m, 0, &data);
+            let mut back = vec![0u8; 4096];
+            let read = written.as_ref().map(|_| ctx.read(&s, &m, 0, &mut back));
+            for r in [&launched, &written] {
+                match r {
+                    Ok(()) => ran += 1,
+                    Err(e) => {
+                        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+                        assert!(e.message.contains("asleep"), "{e}");
+                        refused += 1;
+                    }
+                }
+            }
+            if let Ok(Ok(())) = read {
+                assert_eq!(back, data, "read back at the same address");
+            }
+            rounds.fetch_add(1, Ordering::SeqCst);
+        }
+        sleeper.join().expect("sleeper");
+        ctx.synchronize(&s).expect("synchronize");
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
+            .expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+        println!("launch/sleep race: {ran} ran, {refused} refused as asleep, {cycles} sleeps");
+    }
+
     fn trim_deferred() {
         let ctx = arena_context(64 * MIB);
         let arena = ctx.arena().expect("arena");
@@ -763,6 +888,8 @@ mod cases {
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
+                "launch_asleep" => launch_asleep(),
+                "launch_sleep_race" => launch_sleep_race(),
                 "huge_pool" => huge_pool(),
                 "page_locked_waits" => page_locked_waits(),
                 "sleep_waits" => sleep_waits(),

@@ -551,8 +551,13 @@ impl std::fmt::Debug for HipGraph {
 
 impl HipGraph {
     fn raw(&self, op: &'static str) -> Result<RawGraph, BackendError> {
+        self.raw_and_pool(op).map(|(r, _)| r)
+    }
+
+    /// The graph's handles and its pool's device address.
+    fn raw_and_pool(&self, op: &'static str) -> Result<(RawGraph, u64), BackendError> {
         let st = lock(&self.pins.live);
-        st.graphs.get(&self.key).map(|(r, _)| *r).ok_or_else(|| {
+        st.graphs.get(&self.key).copied().ok_or_else(|| {
             err(
                 op,
                 BackendErrorKind::InvalidArgument,
@@ -567,12 +572,20 @@ impl HipGraph {
     }
 
     /// Queue one run of the graph on `stream` (`hipGraphLaunch`).
+    ///
+    /// Refused with `InvalidArgument` while the arena sleeps (the pool's
+    /// memory is reserved, not mapped: the graph's copies would fault), as
+    /// copies to sleeping memory are; wake the arena first. A sleep asked
+    /// for meanwhile waits until the launch is queued, then waits for it.
     pub fn launch(&self, stream: &HipStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
         let s = &*self.shared;
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        let raw = self.raw(OP)?;
+        let (raw, pool) = self.raw_and_pool(OP)?;
+        let _use = s.sleep_gate.enter();
+        self.arena
+            .check_awake(crate::result::BACKEND, OP, pool, self.pool_bytes)?;
         let _device = s.make_current(OP)?;
         // SAFETY: a live executable graph of this context (pinned until
         // destroy); a live stream of it.

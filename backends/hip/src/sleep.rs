@@ -119,7 +119,10 @@ impl HipArena {
     /// Addresses stay reserved and allocations stay live (but unusable until
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
+        self.gated("sleep", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
+            a.sleep(d, keep_contents)
+        })
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -144,6 +147,7 @@ impl HipArena {
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
         self.gated("sleep_ranges", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
             a.sleep_ranges(d, ptrs, keep_contents)
         })
     }

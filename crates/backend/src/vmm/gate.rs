@@ -250,11 +250,95 @@ impl Gate {
     }
 }
 
+/// The exclusion between a context's sleeps and the work that checks its
+/// arena is awake and then queues on its memory (a copy, a graph launch):
+/// between that check and the enqueue, a sleep could wait for the streams
+/// (finding nothing queued yet) and unmap under the work about to be queued.
+///
+/// A use ([`enter`](Self::enter)) is held from before the awake check until
+/// the work is queued; a sleep ([`sleep`](Self::sleep)) is held from before
+/// it marks anything asleep until it returns. A sleep waits for the uses
+/// under way; a use waits while a sleep runs or waits (a stream of uses
+/// cannot starve a sleep), then makes its check, which refuses what the
+/// sleep left asleep. No lock is held while either runs, only while it is
+/// admitted; nothing here calls a driver.
+#[derive(Default)]
+pub struct SleepGate {
+    state: Mutex<SleepGateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct SleepGateState {
+    /// Uses between their awake check and their enqueue.
+    uses: usize,
+    /// A sleep runs.
+    sleeping: bool,
+    /// Sleeps waiting for the uses under way (uses wait behind them).
+    sleeps_waiting: usize,
+    /// Uses waiting for a sleep.
+    uses_waiting: usize,
+}
+
+/// A use under way ([`SleepGate::enter`]); dropping it lets a sleep begin.
+pub struct SleepGateUse<'a>(&'a SleepGate);
+
+impl Drop for SleepGateUse<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).uses -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
+/// A sleep under way ([`SleepGate::sleep`]); dropping it lets uses go on.
+pub struct SleepGateSleep<'a>(&'a SleepGate);
+
+impl Drop for SleepGateSleep<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).sleeping = false;
+        self.0.changed.notify_all();
+    }
+}
+
+impl SleepGate {
+    /// Admit a use: waits while a sleep runs or waits to run.
+    pub fn enter(&self) -> SleepGateUse<'_> {
+        let mut st = lock(&self.state);
+        while st.sleeping || st.sleeps_waiting > 0 {
+            st.uses_waiting += 1;
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.uses_waiting -= 1;
+        }
+        st.uses += 1;
+        SleepGateUse(self)
+    }
+
+    /// Admit a sleep: waits for the uses under way and for another sleep.
+    pub fn sleep(&self) -> SleepGateSleep<'_> {
+        let mut st = lock(&self.state);
+        st.sleeps_waiting += 1;
+        while st.sleeping || st.uses > 0 {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.sleeps_waiting -= 1;
+        st.sleeping = true;
+        SleepGateSleep(self)
+    }
+
+    /// Uses under way, sleeps waiting for them, uses waiting for a sleep
+    /// (for tests that force an interleaving).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let st = lock(&self.state);
+        (st.uses, st.sleeps_waiting, st.uses_waiting)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+    use std::sync::Mutex;
 
     #[test]
     fn a_deferred_trim_runs_at_the_end_of_the_last_capture() {
@@ -281,6 +365,54 @@ mod tests {
         gate.end(8);
         assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once, at the last end");
         assert!(gate.before_destroy("destroy_stream", 0x20).is_ok());
+    }
+
+    /// A sleep asked for while a use is between its check and its enqueue
+    /// waits for the use; a use asked for while the sleep waits or runs
+    /// waits for the sleep's end. Interleaving forced by the counts.
+    #[test]
+    fn a_sleep_waits_for_uses_under_way_and_uses_wait_for_the_sleep() {
+        let gate = Arc::new(SleepGate::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let used = gate.enter();
+        let sleeper = {
+            let (gate, order) = (gate.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _s = gate.sleep();
+                order.lock().unwrap().push("sleep");
+                // The late use below is waiting by now (forced before the
+                // first use ends): it runs after this sleep.
+                while gate.counts().2 == 0 {
+                    std::thread::yield_now();
+                }
+                order.lock().unwrap().push("sleep done");
+            })
+        };
+        while gate.counts().1 == 0 {
+            std::thread::yield_now();
+        }
+        let late = {
+            let (gate, order) = (gate.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _u = gate.enter();
+                order.lock().unwrap().push("late use");
+            })
+        };
+        // The sleep still waits for the first use, and the late use waits
+        // behind the sleep.
+        while gate.counts().2 == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(gate.counts(), (1, 1, 1));
+        order.lock().unwrap().push("use done");
+        drop(used);
+        sleeper.join().unwrap();
+        late.join().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["use done", "sleep", "sleep done", "late use"]
+        );
+        assert_eq!(gate.counts(), (0, 0, 0));
     }
 
     #[test]

@@ -49,7 +49,7 @@ mod state;
 
 pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
-pub use gate::{Gate, GateCall};
+pub use gate::{Gate, GateCall, SleepGate, SleepGateSleep, SleepGateUse};
 pub use pool::{CapturePool, PoolTooLarge};
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 
