@@ -234,6 +234,17 @@ impl std::fmt::Debug for CudaCapture<'_> {
 }
 
 impl CudaContext {
+    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
+    /// `pool_bytes`: at least 1, rounded up to [`CAPTURE_ALIGN`], checked
+    /// (`PoolTooLarge`, an `InvalidArgument`, when that passes `u64::MAX`).
+    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
+        Ok(CapturePool::size_for(
+            crate::result::BACKEND,
+            pool_bytes,
+            ALIGN,
+        )?)
+    }
+
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
     /// now, so nothing maps during the capture). Needs an arena
@@ -258,7 +269,7 @@ impl CudaContext {
                  create it with CudaConfig::arena",
             ));
         };
-        let pool_bytes = CapturePool::size_for(crate::result::BACKEND, config.pool_bytes, ALIGN)?;
+        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
         let current = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();

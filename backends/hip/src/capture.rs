@@ -238,6 +238,17 @@ pub fn capture_supported() -> Result<(), BackendError> {
 }
 
 impl HipContext {
+    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
+    /// `pool_bytes`: at least 1, rounded up to 256 bytes, checked
+    /// (`PoolTooLarge`, an `InvalidArgument`, when that passes `u64::MAX`).
+    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
+        Ok(CapturePool::size_for(
+            crate::result::BACKEND,
+            pool_bytes,
+            ALIGN,
+        )?)
+    }
+
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
     /// now, so nothing maps during the capture). Needs an arena
@@ -264,7 +275,7 @@ impl HipContext {
                  create it with HipConfig::arena",
             ));
         };
-        let pool_bytes = CapturePool::size_for(crate::result::BACKEND, config.pool_bytes, ALIGN)?;
+        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
         let device = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();
@@ -622,6 +633,28 @@ impl HipGraph {
     /// the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
         self.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed || self.raw("graph_destroyed").is_err()
+    }
+
+    /// Bytes of device memory the graph's own allocation nodes take. Always
+    /// 0 on HIP: memgov's capture makes no allocation nodes (its
+    /// allocations carve the pool), and memgov does not read a graph's
+    /// nodes on HIP, so graph memory a runtime's own `hipMallocAsync` on
+    /// the capturing stream makes is not charged.
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        Ok(0)
     }
 
     fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {

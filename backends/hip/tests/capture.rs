@@ -137,6 +137,11 @@ fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
 }
 
 #[test]
+fn a_governed_capture_charges_its_pool_until_the_graph_is_destroyed() {
+    passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn a_trim_during_a_capture_is_deferred_to_its_end() {
     passes("trim_deferred", &[(EXIT_CHECK, "1")]);
 }
@@ -788,6 +793,82 @@ mod cases {
         println!("launch/sleep race: {ran} ran, {refused} refused as asleep, {cycles} sleeps");
     }
 
+    /// A capture on a governed HIP context (`memgov::hip_capture`): a
+    /// 64 MiB pool charged to the budget from before the capture begins
+    /// (seen from inside the recording) while the graph lives, 0 after
+    /// destroy; a pool over budget refused with no capture begun; a pool
+    /// too large to round refused with nothing charged.
+    fn governed_pool_charged() {
+        use memgov::hip_capture::{CaptureExt, POOL_LABEL};
+        use memgov::{ContextConfig, Governor, GovernorError};
+        use std::time::{Duration, Instant};
+        let gov = Governor::new();
+        let ctx = gov.register(
+            arena_context(256 * MIB),
+            ContextConfig::new().label("captured").budget(96 * MIB),
+        );
+        let s = ctx.create_stream("s").expect("stream");
+        let watcher = ctx.clone();
+        let config = |pool_bytes| CaptureConfig {
+            pool_bytes,
+            mode: CaptureMode::Global,
+        };
+        let (mut graph, out) = ctx
+            .capture(&s, config(64 * MIB), |cap| {
+                let during = watcher.snapshot();
+                assert_eq!(during.charged, 64 * MIB, "charged before capture began");
+                assert_eq!(during.reservations[0].label, POOL_LABEL);
+                let a = cap.allocate(MIB)?;
+                cap.upload(&a, 0, pattern(5, MIB as usize))?;
+                cap.download(&a, 0, MIB as usize)
+            })
+            .expect("capture");
+        assert_eq!(
+            ctx.snapshot().charged,
+            64 * MIB,
+            "charged while the graph lives"
+        );
+        assert_eq!(graph.pool_usage(), (MIB, 64 * MIB));
+        graph.launch(&s).expect("launch");
+        assert_eq!(
+            graph.read_output(out).expect("read"),
+            pattern(5, MIB as usize)
+        );
+        // A second pool over what the first left of the budget: refused by
+        // the governor, no capture begun.
+        let before = stats();
+        let e = ctx
+            .capture(
+                &s,
+                config(64 * MIB),
+                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
+            )
+            .expect_err("over budget");
+        assert!(matches!(e, GovernorError::BudgetExceeded(_)), "{e}");
+        assert_eq!(stats()[0], before[0], "no hipStreamBeginCapture");
+        let e = ctx
+            .capture(
+                &s,
+                config(u64::MAX),
+                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
+            )
+            .expect_err("too large to round");
+        assert!(e.to_string().contains("64-bit limit"), "{e}");
+        assert_eq!(ctx.snapshot().charged, 64 * MIB, "nothing more charged");
+        graph.destroy().expect("destroy");
+        assert!(graph.is_destroyed());
+        assert_eq!(ctx.snapshot().charged, 0, "the pool's charge came back");
+        drop((graph, s));
+        let report = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(10))
+            .expect("retire");
+        report.backend_result.expect("clean teardown");
+        println!(
+            "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy"
+        );
+    }
+
     fn trim_deferred() {
         let ctx = arena_context(64 * MIB);
         let arena = ctx.arena().expect("arena");
@@ -1013,6 +1094,7 @@ mod cases {
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
+                "governed_pool_charged" => governed_pool_charged(),
                 "launch_asleep" => launch_asleep(),
                 "launch_sleep_race" => launch_sleep_race(),
                 "huge_pool" => huge_pool(),
