@@ -78,10 +78,26 @@ for latency in 0 300 300:1 300:2 300:3; do
         | tee "$target/hip-check.log"
     # The arena, sleep/wake and the capture gate are probed on the stand-in
     # and offered.
+    grep -Eq "^virtual-memory arena +yes" "$target/hip-check.log"
     grep -Eq "^sleep and wake at stable addresses +yes" "$target/hip-check.log"
     grep -Eq "^graph-capture gate +yes" "$target/hip-check.log"
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip
+    # And `memgov run` exercises what `check` said yes to: phases 4b and 4c.
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip \
+        | tee "$target/hip-run.log"
+    grep -q "^phase 4b: a HIP virtual-memory arena" "$target/hip-run.log"
+    grep -q "^phase 4c: a HIP graph captured on a governed stream" "$target/hip-run.log"
 done
+# A capability row says yes only once its probe ran: with the first
+# hipMemMap refused the arena (and what needs it) is no, with the first
+# hipStreamBeginCapture refused only the capture gate is.
+on_stand_in env MEMGOV_STANDIN_HIP_FAIL_ENTRY=hipMemMap:1 "$memgov" check --backend hip | tee "$target/hip-check-nomap.log"
+grep -Eq "^virtual-memory arena +no" "$target/hip-check-nomap.log"
+grep -Eq "^sleep and wake at stable addresses +no" "$target/hip-check-nomap.log"
+grep -q "^hip: virtual-memory arena: no: allocate: .*hipMemMap" "$target/hip-check-nomap.log"
+on_stand_in env MEMGOV_STANDIN_HIP_FAIL_ENTRY=hipStreamBeginCapture:1 "$memgov" check --backend hip | tee "$target/hip-check-nocapture.log"
+grep -Eq "^virtual-memory arena +yes" "$target/hip-check-nocapture.log"
+grep -Eq "^graph-capture gate +no" "$target/hip-check-nocapture.log"
+grep -q "^hip: graph-capture gate: no: begin_capture: .*hipStreamBeginCapture" "$target/hip-check-nocapture.log"
 
 # A run that fails half-way (the weights do not fit the LLM's budget) still
 # tears down every context before it exits: exit status 1, not the exit
