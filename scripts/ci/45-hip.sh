@@ -55,6 +55,10 @@ grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
 grep -q "child no_graphs: ok" "$target/hip-capture.log"
 grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/hip-capture.log"
 grep -q "fault cells hipStreamEndCapture: positions 1 to" "$target/hip-capture.log"
+grep -q "child page_locked_waits: ok" "$target/hip-capture.log"
+grep -q "child standin_page_locked: ok" "$target/hip-capture.log"
+grep -q "launch/sleep race: " "$target/hip-capture.log"
+grep -q "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy" "$target/hip-capture.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
