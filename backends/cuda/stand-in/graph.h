@@ -49,6 +49,10 @@ int graph_record_free(const char *fn, const void *stream, uint64_t dptr) __attri
  * counted when a capture is under way elsewhere. */
 void graph_note_alloc(void) __attribute__((weak));
 
+/* graph.c: the test hook memgov_standin_cuda_pause_entry arms: the call of
+ * `fn` it names blocks here, at its entry, until resumed. */
+void graph_pause_point(const char *fn) __attribute__((weak));
+
 /* libcuda.c: queue a recorded copy on `stream` with every check a copy
  * makes (a copy touching freed or unmapped memory aborts). */
 int cuda_standin_copy(const char *fn, const void *stream, uint64_t dev, void *dst,

@@ -65,6 +65,11 @@ fn a_graph_launch_while_its_arena_sleeps_is_refused() {
 }
 
 #[test]
+fn a_sleep_waits_for_a_copy_or_launch_between_its_awake_check_and_its_enqueue() {
+    passes("paused_enqueue_sleep", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
     for seed in ["1", "2", "3"] {
         passes(
@@ -597,6 +602,126 @@ mod cases {
         ctx.teardown(false).expect("teardown");
     }
 
+    /// The stand-in's pause hook: the next call of `entry` blocks at its
+    /// entry until resumed; whether one is blocked.
+    fn pause_entry(entry: &std::ffi::CStr) {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded; the hook is
+        // `int (const char *)`, the name NUL-terminated.
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let f: libloading::os::unix::Symbol<
+                unsafe extern "C" fn(*const std::os::raw::c_char) -> i32,
+            > = lib.get(b"memgov_standin_cuda_pause_entry").expect("hook");
+            assert_eq!(f(entry.as_ptr()), 0);
+        }
+    }
+
+    fn paused() -> bool {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in's hook, `int (void)`.
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let f: libloading::os::unix::Symbol<unsafe extern "C" fn() -> i32> =
+                lib.get(b"memgov_standin_cuda_paused").expect("hook");
+            f() != 0
+        }
+    }
+
+    fn resume() {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in's hook, `void (void)`.
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let f: libloading::os::unix::Symbol<unsafe extern "C" fn()> =
+                lib.get(b"memgov_standin_cuda_resume").expect("hook");
+            f();
+        }
+    }
+
+    /// A write and a graph launch each held by the stand-in at the entry of
+    /// their enqueue (`cuMemcpyHtoDAsync_v2`, `cuGraphLaunch`), after their
+    /// awake check; a sleep asked for then waits for them (seen waiting),
+    /// so the work lands on mapped memory; the sleep then runs, and after
+    /// the wake every byte is back.
+    fn paused_enqueue_sleep() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = Arc::new(ctx.create_stream().expect("stream"));
+        let m = Arc::new(ctx.allocate(&s, 4096).expect("buffer"));
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(9, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let graph = Arc::new(std::sync::Mutex::new(cap.end().expect("end")));
+        for entry in [c"cuMemcpyHtoDAsync_v2", c"cuGraphLaunch"] {
+            pause_entry(entry);
+            let work = {
+                let (ctx, s, m, graph) = (ctx.clone(), s.clone(), m.clone(), graph.clone());
+                let write = entry == c"cuMemcpyHtoDAsync_v2";
+                std::thread::spawn(move || {
+                    if write {
+                        ctx.write(&s, &m, 0, &pattern(10, 4096))
+                    } else {
+                        graph.lock().unwrap().launch(&s)
+                    }
+                })
+            };
+            while !paused() {
+                std::thread::yield_now();
+            }
+            let sleeper = {
+                let arena = arena.clone();
+                std::thread::spawn(move || arena.sleep(true))
+            };
+            // The sleep waits for the work held past its check (or, were
+            // it not excluded, would sleep under it).
+            while arena.sleeps_waiting() == 0 && arena.snapshot().asleep == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(
+                arena.snapshot().asleep,
+                0,
+                "{entry:?}: slept under queued work"
+            );
+            resume();
+            work.join().expect("work").expect("the held work ran awake");
+            sleeper.join().expect("sleeper").expect("sleep");
+            arena.wake().expect("wake");
+        }
+        let mut back = vec![0u8; 4096];
+        ctx.read(&s, &m, 0, &mut back).expect("read");
+        assert_eq!(
+            back,
+            pattern(10, 4096),
+            "written before the sleep, back after the wake"
+        );
+        let mut graph = Arc::into_inner(graph).unwrap().into_inner().unwrap();
+        assert_eq!(graph.read_output(out).expect("output"), pattern(9, 4096));
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, Arc::into_inner(m).expect("sole owner"), &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
+            .expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
     /// One thread launches a graph and writes and reads an arena buffer in
     /// a loop; another puts the arena to sleep and wakes it. Each launch and
     /// copy is either refused as asleep or runs on mapped memory (the
@@ -894,6 +1019,7 @@ mod cases {
                 "trim_deferred" => trim_deferred(),
                 "launch_asleep" => launch_asleep(),
                 "launch_sleep_race" => launch_sleep_race(),
+                "paused_enqueue_sleep" => paused_enqueue_sleep(),
                 "huge_pool" => huge_pool(),
                 "page_locked_waits" => page_locked_waits(),
                 "sleep_waits" => sleep_waits(),
