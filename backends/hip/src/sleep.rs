@@ -113,6 +113,13 @@ impl HipArena {
         f(&self.arena, &self.arena.driver(&self.shared))
     }
 
+    /// Sleeps of this arena waiting for copies or graph launches between
+    /// their awake check and their enqueue (for tests that force that
+    /// interleaving).
+    pub fn sleeps_waiting(&self) -> usize {
+        self.shared.sleep_gate.counts().1
+    }
+
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.

@@ -48,6 +48,11 @@
  *   (hipErrorStreamCaptureInvalidated, no graph, the stream out of
  *   capture mode).
  *
+ * Test hook (not a runtime rule): memgov_standin_hip_pause_entry(name)
+ * makes the next call of that entry point, on any thread, block at its
+ * entry before it does anything, until memgov_standin_hip_resume();
+ * memgov_standin_hip_paused() says whether one is blocked.
+ *
  * Not imitated (a contract violation naming the call): stream-ordered
  * allocation and free (hipMallocAsync, hipMallocFromPoolAsync,
  * hipFreeAsync), event record and event wait on a capturing stream (memory
@@ -63,6 +68,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define GRAPH_MAGIC 0x48475250u /* "HGRP" */
 #define EXEC_MAGIC 0x48475845u  /* "HGXE" */
@@ -176,6 +182,56 @@ int memgov_standin_hip_capture(unsigned long long out[4]) {
     out[3] = g_launches;
     pthread_mutex_unlock(&g_lock);
     return 0;
+}
+
+/* ---- a pause at an entry point, for tests that force an interleaving ------ */
+
+static pthread_mutex_t p_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t p_cond = PTHREAD_COND_INITIALIZER;
+static char p_name[64];
+static int p_armed, p_blocked, p_resume;
+
+/* The next call of entry point `name` (on any thread) blocks at its entry,
+ * before it does anything, until memgov_standin_hip_resume(). */
+int memgov_standin_hip_pause_entry(const char *name);
+int memgov_standin_hip_pause_entry(const char *name) {
+    if (name == NULL || strlen(name) >= sizeof p_name) return 1;
+    pthread_mutex_lock(&p_lock);
+    strcpy(p_name, name);
+    p_resume = 0;
+    __atomic_store_n(&p_armed, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&p_lock);
+    return 0;
+}
+
+/* Whether a call is blocked at the armed entry point. */
+int memgov_standin_hip_paused(void);
+int memgov_standin_hip_paused(void) {
+    pthread_mutex_lock(&p_lock);
+    int r = p_blocked;
+    pthread_mutex_unlock(&p_lock);
+    return r;
+}
+
+/* Let the blocked call go on. */
+void memgov_standin_hip_resume(void);
+void memgov_standin_hip_resume(void) {
+    pthread_mutex_lock(&p_lock);
+    p_resume = 1;
+    pthread_cond_broadcast(&p_cond);
+    pthread_mutex_unlock(&p_lock);
+}
+
+void graph_pause_point(const char *fn) {
+    if (!__atomic_load_n(&p_armed, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&p_lock);
+    if (p_armed && strcmp(fn, p_name) == 0) {
+        p_armed = 0;
+        p_blocked = 1;
+        while (!p_resume) pthread_cond_wait(&p_cond, &p_lock);
+        p_blocked = 0;
+    }
+    pthread_mutex_unlock(&p_lock);
 }
 
 /* ---- hooks libamdhip64.c and vmm.c call ------------------------------------ */

@@ -17,6 +17,9 @@
 
 /* graph.c: whether `stream` is in a capture sequence (active or
  * invalidated). */
+/* graph.c: the test hook memgov_standin_hip_pause_entry arms: the call of
+ * `fn` it names blocks here, at its entry, until resumed. */
+void graph_pause_point(const char *fn) __attribute__((weak));
 int graph_capturing(const void *stream) __attribute__((weak));
 /* graph.c: record a copy into the capture of `stream` instead of queueing
  * it (the arguments as copy_async takes them). Returns the call's result. */

@@ -127,6 +127,11 @@ fn a_graph_launch_while_its_arena_sleeps_is_refused() {
 }
 
 #[test]
+fn a_sleep_waits_for_a_copy_or_launch_between_its_awake_check_and_its_enqueue() {
+    passes("paused_enqueue_sleep", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
     for seed in ["1", "2", "3"] {
         passes(
@@ -720,6 +725,110 @@ mod cases {
         ctx.teardown(false).expect("teardown");
     }
 
+    /// The stand-in's pause hook: the next call of `entry` blocks at its
+    /// entry until resumed.
+    fn pause_entry(entry: &std::ffi::CStr) {
+        let p = hip::symbol(c"memgov_standin_hip_pause_entry").expect("the stand-in's hook");
+        // SAFETY: the stand-in's hook, `int (const char *)`.
+        let f: unsafe extern "C" fn(*const std::os::raw::c_char) -> i32 =
+            unsafe { std::mem::transmute(p) };
+        // SAFETY: a NUL-terminated name.
+        assert_eq!(unsafe { f(entry.as_ptr()) }, 0);
+    }
+
+    fn paused() -> bool {
+        let p = hip::symbol(c"memgov_standin_hip_paused").expect("the stand-in's hook");
+        // SAFETY: the stand-in's hook, `int (void)`.
+        let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(p) };
+        // SAFETY: no arguments.
+        unsafe { f() != 0 }
+    }
+
+    fn resume() {
+        let p = hip::symbol(c"memgov_standin_hip_resume").expect("the stand-in's hook");
+        // SAFETY: the stand-in's hook, `void (void)`.
+        let f: unsafe extern "C" fn() = unsafe { std::mem::transmute(p) };
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// A write and a graph launch each held by the stand-in at the entry of
+    /// their enqueue (`hipMemcpyHtoDAsync`, `hipGraphLaunch`), after their
+    /// awake check; a sleep asked for then waits for them (seen waiting),
+    /// so the work lands on mapped memory; the sleep then runs, and after
+    /// the wake every byte is back.
+    fn paused_enqueue_sleep() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = Arc::new(ctx.create_stream().expect("stream"));
+        let m = Arc::new(ctx.allocate(&s, 4096).expect("buffer"));
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(9, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let graph = Arc::new(std::sync::Mutex::new(cap.end().expect("end")));
+        for entry in [c"hipMemcpyHtoDAsync", c"hipGraphLaunch"] {
+            pause_entry(entry);
+            let work = {
+                let (ctx, s, m, graph) = (ctx.clone(), s.clone(), m.clone(), graph.clone());
+                let write = entry == c"hipMemcpyHtoDAsync";
+                std::thread::spawn(move || {
+                    if write {
+                        ctx.write(&s, &m, 0, &pattern(10, 4096))
+                    } else {
+                        graph.lock().unwrap().launch(&s)
+                    }
+                })
+            };
+            while !paused() {
+                std::thread::yield_now();
+            }
+            let sleeper = {
+                let arena = arena.clone();
+                std::thread::spawn(move || arena.sleep(true))
+            };
+            // The sleep waits for the work held past its check (or, were
+            // it not excluded, would sleep under it).
+            while arena.sleeps_waiting() == 0 && arena.snapshot().asleep == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(
+                arena.snapshot().asleep,
+                0,
+                "{entry:?}: slept under queued work"
+            );
+            resume();
+            work.join().expect("work").expect("the held work ran awake");
+            sleeper.join().expect("sleeper").expect("sleep");
+            arena.wake().expect("wake");
+        }
+        let mut back = vec![0u8; 4096];
+        ctx.read(&s, &m, 0, &mut back).expect("read");
+        assert_eq!(
+            back,
+            pattern(10, 4096),
+            "written before the sleep, back after the wake"
+        );
+        let mut graph = Arc::into_inner(graph).unwrap().into_inner().unwrap();
+        assert_eq!(graph.read_output(out).expect("output"), pattern(9, 4096));
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, Arc::into_inner(m).expect("sole owner"), &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
+            .expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
     /// One thread launches a graph and writes and reads an arena buffer in
     /// a loop; another puts the arena to sleep and wakes it. Each launch and
     /// copy is either refused as asleep or runs on mapped memory (the
@@ -1101,6 +1210,7 @@ mod cases {
                 "governed_pool_charged" => governed_pool_charged(),
                 "launch_asleep" => launch_asleep(),
                 "launch_sleep_race" => launch_sleep_race(),
+                "paused_enqueue_sleep" => paused_enqueue_sleep(),
                 "huge_pool" => huge_pool(),
                 "page_locked_waits" => page_locked_waits(),
                 "sleep_waits" => sleep_waits(),
