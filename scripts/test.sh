@@ -122,7 +122,7 @@ assert r["backend"] == backend, r["backend"]
 assert r["swap"]["verified"] is True, ("swap not verified", r["swap"])
 assert r["leak"]["verdict"] == "clean" and r["leak"]["charged_bytes"] == 0, r["leak"]
 a = r["arena"]
-if backend == "cuda":
+if backend in ("cuda", "hip"):
     # The virtual-memory arena slept (every mapped byte released) and woke
     # with every buffer at its address and every byte intact.
     assert a["same_addresses"] and a["intact"], a
@@ -131,7 +131,7 @@ if backend == "cuda":
     # admitted them back on wake.
     assert a["suspended"] == a["bytes"] == a["resumed_by_wake"], a
     assert a["charged_asleep"] == a["charged_before_sleep"] - a["bytes"], a
-    print(f"memgov run --backend cuda: arena of {a['bytes']} bytes slept and woke at the same addresses")
+    print(f"memgov run --backend {backend}: arena of {a['bytes']} bytes slept and woke at the same addresses")
     # A graph captured on a governed stream: its pool charged before the
     # capture and while the graph lived, given back at destroy; every
     # replay's output intact.
@@ -139,7 +139,7 @@ if backend == "cuda":
     assert c["verified"] == c["replays"] > 0, c
     assert c["charged_while_graph_lives"] >= c["charged_before"] + c["pool_bytes"] > 0, c
     assert c["charged_after_destroy"] == c["charged_before"], c
-    print(f"memgov run --backend cuda: a graph with a {c['pool_bytes']}-byte governed pool replayed {c['replays']} times")
+    print(f"memgov run --backend {backend}: a graph with a {c['pool_bytes']}-byte governed pool replayed {c['replays']} times")
 else:
     assert a is None, a
     assert r["capture"] is None, r["capture"]

@@ -61,9 +61,25 @@ pub struct ReadmeDoctests;
 mod backends;
 
 pub mod any;
+pub mod capture;
+/// Graph capture on a governed CUDA context ([`capture`] with CUDA's types):
+/// the pool charged to the budget until the graph is destroyed.
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub mod cuda_capture;
+pub mod cuda_capture {
+    pub use crate::capture::{CaptureExt, POOL_LABEL};
+    /// A graph made by [`CaptureExt::capture`] on a CUDA context.
+    pub type GovernedGraph = crate::capture::GovernedGraph<crate::cuda::CudaContext>;
+}
+/// Graph capture on a governed HIP context ([`capture`] with HIP's types):
+/// the pool charged to the budget until the graph is destroyed.
+#[cfg(feature = "hip")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
+pub mod hip_capture {
+    pub use crate::capture::{CaptureExt, POOL_LABEL};
+    /// A graph made by [`CaptureExt::capture`] on a HIP context.
+    pub type GovernedGraph = crate::capture::GovernedGraph<crate::hip::HipContext>;
+}
 mod governor;
 pub mod granted;
 #[cfg(target_os = "linux")]

@@ -570,102 +570,83 @@ struct Capability {
     offered: Result<(), String>,
 }
 
-/// What `backend` offers beyond the contract, probed on this machine: the
-/// CUDA and HIP backends' virtual-memory arena and sleep/wake, probed by
-/// opening a context with a small arena and tearing it down (a ROCm
-/// lacking the virtual memory calls answers why, naming the symbol), and
-/// their graph-capture gate (which captures into a pool of the arena; on
-/// HIP also the runtime's capture calls, each named if missing).
+/// What `backend` offers beyond the contract, shown on this machine, not
+/// claimed: on CUDA and HIP each row is "yes" only after its case ran on a
+/// context with an arena (`memgov_conformance::capability::
+/// probe_capabilities`, one code for both): the arena mapped granules as
+/// allocations grew, wrote and read back at the same addresses; sleep and
+/// wake released every granule and read every byte back at the same
+/// address; the capture gate captured copies into a pool, launched the
+/// graph and compared its output. A ROCm lacking the virtual memory or
+/// graph calls answers why, naming the symbol.
 fn capabilities(backend: &str) -> Vec<Capability> {
-    let arena: Result<(), String> = match backend {
-        "cuda" => probe_cuda_arena(),
-        "hip" => probe_hip_arena(),
+    const ROWS: [(&str, &str); 3] = [
+        ("virtual-memory arena", "arena"),
+        ("sleep and wake at stable addresses", "sleep_wake"),
+        ("graph-capture gate", "capture_gate"),
+    ];
+    let probed = match backend {
+        "cuda" => probe_cuda(),
+        "hip" => probe_hip(),
         other => Err(format!(
-            "the {other} backend has no virtual-memory arena (CUDA and HIP only: \
-             cuMemAddressReserve / hipMemAddressReserve and their maps)"
-        )),
-    };
-    let gate = match backend {
-        "cuda" | "hip" => arena
-            .clone()
-            .map_err(|why| {
-                format!("the gate captures into an arena's pool, and there is none: {why}")
-            })
-            .and_then(|()| match backend {
-                "hip" => probe_hip_capture(),
-                _ => Ok(()),
-            }),
-        other => Err(format!(
-            "the {other} backend has no graph-capture gate (CUDA and HIP only: \
+            "the {other} backend has no virtual-memory arena, sleep and wake or graph-capture \
+             gate (CUDA and HIP only: cuMemAddressReserve / hipMemAddressReserve and their maps, \
              cuStreamBeginCapture_v2 / hipStreamBeginCapture)"
         )),
     };
-    vec![
-        Capability {
-            name: "virtual-memory arena",
-            key: "arena",
-            offered: arena.clone(),
-        },
-        Capability {
-            name: "sleep and wake at stable addresses",
-            key: "sleep_wake",
-            offered: arena.map_err(|why| format!("no arena: {why}")),
-        },
-        Capability {
-            name: "graph-capture gate",
-            key: "capture_gate",
-            offered: gate,
-        },
-    ]
+    ROWS.iter()
+        .map(|&(name, key)| Capability {
+            name,
+            key,
+            offered: match &probed {
+                Ok(rows) => rows.iter().find(|(k, _)| *k == key).map_or_else(
+                    || Err(format!("{key} was not probed")),
+                    |(_, r)| r.clone().map(|_| ()),
+                ),
+                Err(why) => Err(why.clone()),
+            },
+        })
+        .collect()
 }
 
+/// The capability probe's outcomes, or why no context could be opened.
+type Probed = Result<Vec<(&'static str, memgov_conformance::capability::CaseResult)>, String>;
+
 #[cfg(feature = "cuda")]
-fn probe_cuda_arena() -> Result<(), String> {
+fn probe_cuda() -> Probed {
     use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
-    use memgov::DeviceContext;
-    let ctx = CudaContext::new(CudaConfig {
-        arena: Some(ArenaConfig {
-            reserve_bytes: 64 << 20,
-            limit_bytes: 64 << 20,
-        }),
-        ..CudaConfig::default()
-    })
-    .map_err(|e| e.to_string())?;
-    ctx.teardown(false).map_err(|e| e.to_string())
+    Ok(memgov_conformance::capability::probe_capabilities(|| {
+        CudaContext::new(CudaConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 256 << 20,
+                limit_bytes: 64 << 20,
+            }),
+            ..CudaConfig::default()
+        })
+    }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn probe_cuda_arena() -> Result<(), String> {
+fn probe_cuda() -> Probed {
     Err("this memgov was built without the cuda feature".to_owned())
 }
 
 #[cfg(feature = "hip")]
-fn probe_hip_arena() -> Result<(), String> {
+fn probe_hip() -> Probed {
     use memgov::hip::{ArenaConfig, HipConfig, HipContext};
-    use memgov::DeviceContext;
-    let ctx = HipContext::new(HipConfig {
-        arena: Some(ArenaConfig {
-            reserve_bytes: 64 << 20,
-            limit_bytes: 64 << 20,
-        }),
-        ..HipConfig::default()
-    })
-    .map_err(|e| e.to_string())?;
-    ctx.teardown(false).map_err(|e| e.to_string())
+    Ok(memgov_conformance::capability::probe_capabilities(|| {
+        HipContext::new(HipConfig {
+            arena: Some(ArenaConfig {
+                reserve_bytes: 256 << 20,
+                limit_bytes: 64 << 20,
+            }),
+            ..HipConfig::default()
+        })
+    }))
 }
 
 #[cfg(not(feature = "hip"))]
-fn probe_hip_arena() -> Result<(), String> {
-    Err("this memgov was built without the hip feature".to_owned())
-}
-
-#[cfg(feature = "hip")]
-fn probe_hip_capture() -> Result<(), String> {
-    memgov::hip::capture_supported().map_err(|e| e.message)
-}
-
-#[cfg(not(feature = "hip"))]
-fn probe_hip_capture() -> Result<(), String> {
+fn probe_hip() -> Probed {
     Err("this memgov was built without the hip feature".to_owned())
 }
 

@@ -1332,180 +1332,261 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
 }
 
 /// Bytes the arena phase allocates, in buffers of `ARENA_BUFFER`.
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 const ARENA_BYTES: u64 = 24 * MIB;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 const ARENA_BUFFER: u64 = 3 * MIB;
 
-/// On the CUDA backend, a context on a virtual-memory arena: buffers
-/// written, the arena put to sleep with its contents kept (every granule
-/// unmapped and released, addresses kept), woken, and every byte read back
-/// at the same address; then the context retired. Other backends have no
-/// arena: the phase says so and returns `null`.
+/// Phase 4b, on the CUDA and HIP backends (what `memgov check` calls the
+/// virtual-memory arena and sleep and wake at stable addresses): a context
+/// on a virtual-memory arena, buffers written, the arena put to sleep with
+/// its contents kept (every granule unmapped and released, addresses kept)
+/// through the governor, woken, and every byte read back at the same
+/// address; then the context retired. Other backends have no arena: the
+/// phase says so and returns `null`; so does a driver whose arena cannot be
+/// opened (as `memgov check` says no).
 fn arena_phase(
     out: &Out,
     gov: &Governor<Ctx>,
     checks: &mut Vec<(String, DeviceCheck)>,
     args: &RunArgs,
 ) -> Result<(Value, Option<TeardownReport>), String> {
-    if args.backend.to_string() != "cuda" {
+    let name = args.backend.to_string();
+    let skip = |why: String| {
         out.line(format!(
-            "phase 4b: skipped: the {} backend has no virtual-memory arena (CUDA only)",
-            args.backend
+            "phase 4b: skipped: virtual-memory arena: no: {why}"
         ));
-        return Ok((Value::Null, None));
+        Ok((Value::Null, None))
+    };
+    match name.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            use memgov::cuda::{CudaConfig, CudaContext};
+            let ctx = match CudaContext::new(CudaConfig {
+                arena: Some(arena_config()),
+                ..CudaConfig::default()
+            }) {
+                Ok(c) => c,
+                Err(e) if arena_absent(&e) => return skip(e.to_string()),
+                Err(e) => return Err(format!("arena context: {e}")),
+            };
+            let arena = ctx.arena().ok_or("the arena context has no arena")?;
+            let probe = ctx.probe();
+            arena_run(
+                out,
+                gov,
+                checks,
+                "cuda",
+                "CUDA",
+                AnyContext::from(ctx),
+                arena,
+                probe,
+            )
+        }
+        #[cfg(feature = "hip")]
+        "hip" => {
+            use memgov::hip::{HipConfig, HipContext};
+            let ctx = match HipContext::new(HipConfig {
+                arena: Some(arena_config()),
+                ..HipConfig::default()
+            }) {
+                Ok(c) => c,
+                Err(e) if arena_absent(&e) => return skip(e.to_string()),
+                Err(e) => return Err(format!("arena context: {e}")),
+            };
+            let arena = ctx.arena().ok_or("the arena context has no arena")?;
+            let probe = ctx.probe();
+            arena_run(
+                out,
+                gov,
+                checks,
+                "hip",
+                "HIP",
+                AnyContext::from(ctx),
+                arena,
+                probe,
+            )
+        }
+        #[allow(unreachable_patterns)]
+        "cuda" | "hip" => {
+            let _ = (gov, checks);
+            Err(format!(
+                "the {name} backend was chosen, but this memgov was built without it"
+            ))
+        }
+        other => skip(format!(
+            "the {other} backend has no virtual-memory arena (CUDA and HIP only)"
+        )),
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (gov, checks);
-        Err("the cuda backend was chosen, but this memgov was built without it".to_owned())
+}
+
+/// The arena phase's arena: reservation and limit.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn arena_config() -> memgov::backend::vmm::ArenaConfig {
+    memgov::backend::vmm::ArenaConfig {
+        reserve_bytes: 4 * ARENA_BYTES,
+        limit_bytes: 2 * ARENA_BYTES,
     }
-    #[cfg(feature = "cuda")]
-    {
-        use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
-        out.line(format!(
-            "phase 4b: a CUDA virtual-memory arena: {} in {} buffers, asleep and awake at the same addresses",
-            Bytes(ARENA_BYTES),
-            ARENA_BYTES / ARENA_BUFFER
-        ));
-        let ctx = CudaContext::new(CudaConfig {
-            arena: Some(ArenaConfig {
-                reserve_bytes: 4 * ARENA_BYTES,
-                limit_bytes: 2 * ARENA_BYTES,
-            }),
-            ..CudaConfig::default()
-        })
-        .map_err(|e| format!("arena context: {e}"))?;
-        let arena = ctx.arena().ok_or("the arena context has no arena")?;
-        let probe = ctx.probe();
-        checks.push((
-            "cuda arena".to_owned(),
-            Box::new(move || {
-                probe
-                    .check_clean_teardown()
-                    .map_err(|why| format!("cuda arena: {why}"))
-            }),
-        ));
-        let handle = gov.register(
-            AnyContext::from(ctx),
-            ContextConfig::new()
-                .label("arena@cuda")
-                .budget(2 * ARENA_BYTES),
-        );
-        let stream = handle.create_stream("arena").map_err(|e| e.to_string())?;
-        let mut bufs = Vec::new();
-        for i in 0..ARENA_BYTES / ARENA_BUFFER {
-            let b = handle
-                .allocate(&stream, Alloc::new(ARENA_BUFFER, Role::Weights))
-                .map_err(|e| format!("arena allocate: {e}"))?;
-            b.write(0, &fill(0xa7e0 + i, ARENA_BUFFER as usize))
-                .map_err(|e| format!("arena write: {e}"))?;
-            bufs.push(b);
+}
+
+/// Whether opening a context with an arena failed because the driver has
+/// no virtual memory management (a ROCm without the calls): the phase is
+/// skipped, as `memgov check` says no.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn arena_absent(e: &memgov::BackendError) -> bool {
+    e.kind == memgov::BackendErrorKind::Unsupported
+}
+
+/// Phase 4b on a context with an arena (`arena`, its handle), one code for
+/// CUDA and HIP over the capability traits.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[allow(clippy::too_many_arguments)]
+fn arena_run<A: memgov::backend::capability::SleepWake>(
+    out: &Out,
+    gov: &Governor<Ctx>,
+    checks: &mut Vec<(String, DeviceCheck)>,
+    name: &'static str,
+    vendor: &str,
+    ctx: AnyContext,
+    arena: A,
+    probe: memgov::BackendProbe,
+) -> Result<(Value, Option<TeardownReport>), String> {
+    out.line(format!(
+        "phase 4b: a {vendor} virtual-memory arena: {} in {} buffers, asleep and awake at the same addresses",
+        Bytes(ARENA_BYTES),
+        ARENA_BYTES / ARENA_BUFFER
+    ));
+    checks.push((
+        format!("{name} arena"),
+        Box::new(move || {
+            probe
+                .check_clean_teardown()
+                .map_err(|why| format!("{name} arena: {why}"))
+        }),
+    ));
+    let handle = gov.register(
+        ctx,
+        ContextConfig::new()
+            .label(format!("arena@{name}"))
+            .budget(2 * ARENA_BYTES),
+    );
+    let stream = handle.create_stream("arena").map_err(|e| e.to_string())?;
+    let mut bufs = Vec::new();
+    for i in 0..ARENA_BYTES / ARENA_BUFFER {
+        let b = handle
+            .allocate(&stream, Alloc::new(ARENA_BUFFER, Role::Weights))
+            .map_err(|e| format!("arena allocate: {e}"))?;
+        b.write(0, &fill(0xa7e0 + i, ARENA_BUFFER as usize))
+            .map_err(|e| format!("arena write: {e}"))?;
+        bufs.push(b);
+    }
+    stream.synchronize().map_err(|e| e.to_string())?;
+    let addr = |b: &DeviceBuffer<Ctx>| -> Result<u64, String> {
+        match b.raw().ok_or("a released arena buffer")? {
+            #[cfg(feature = "cuda")]
+            memgov::any::AnyMemory::Cuda(m) => Ok(m.device_ptr()),
+            #[cfg(feature = "hip")]
+            memgov::any::AnyMemory::Hip(m) => Ok(m.device_ptr() as u64),
+            #[allow(unreachable_patterns)]
+            _ => Err("an arena buffer of a backend without an arena".to_owned()),
         }
-        stream.synchronize().map_err(|e| e.to_string())?;
-        let addr = |b: &DeviceBuffer<Ctx>| -> Result<u64, String> {
-            match b.raw().ok_or("a released arena buffer")? {
-                memgov::any::AnyMemory::Cuda(m) => Ok(m.device_ptr()),
-                _ => Err("an arena buffer of another backend".to_owned()),
-            }
-        };
-        let before: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
-        let mapped = arena.snapshot().mapped;
-        let charged_before = handle.snapshot().charged;
-        // Through the governor: the sleeping buffers' bytes leave the
-        // budget while the arena's memory is released, and the wake admits
-        // them back before the arena maps anything.
-        let t = Instant::now();
-        let slept = handle
-            .sleep_with(&[], |_| arena.sleep(true))
-            .map_err(|e| format!("arena sleep: {e}"))?;
-        let sleep_time = t.elapsed();
-        let (suspended, slept) = (slept.suspended, slept.backend);
-        let asleep = arena.snapshot();
-        let charged_asleep = handle.snapshot().charged;
-        let t = Instant::now();
-        let woken = handle
-            .wake_with(&[], |_| arena.wake())
-            .map_err(|e| format!("arena wake: {e}"))?;
-        let wake_time = t.elapsed();
-        let (resumed, woke) = (woken.resumed, woken.backend);
-        let charged_awake = handle.snapshot().charged;
-        let after: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
-        let mut intact = true;
-        for (i, b) in bufs.iter().enumerate() {
-            let mut back = vec![0u8; ARENA_BUFFER as usize];
-            b.read(0, &mut back)
-                .map_err(|e| format!("arena read: {e}"))?;
-            intact &= back == fill(0xa7e0 + i as u64, ARENA_BUFFER as usize);
-        }
-        if suspended != ARENA_BYTES || charged_asleep + suspended != charged_before {
-            return Err(format!(
-                "arena: the governor suspended {} of {} live while asleep, and charged {} before, {} asleep",
-                Bytes(suspended),
-                Bytes(ARENA_BYTES),
-                Bytes(charged_before),
-                Bytes(charged_asleep)
-            ));
-        }
-        if resumed != suspended || charged_awake != charged_before {
-            return Err(format!(
-                "arena: the wake admitted {} of {} suspended, and charged {} after it ({} before the sleep)",
-                Bytes(resumed),
-                Bytes(suspended),
-                Bytes(charged_awake),
-                Bytes(charged_before)
-            ));
-        }
-        if before != after || !intact || asleep.mapped != 0 {
-            return Err(format!(
-                "arena: after sleep and wake, addresses {} and contents {} ({} still mapped while asleep)",
-                if before == after { "kept" } else { "moved" },
-                if intact { "intact" } else { "changed" },
-                Bytes(asleep.mapped)
-            ));
-        }
-        out.line(format!(
-            "     arena: {} mapped; sleep released {} ({} kept in host memory) in {} and took {} off the budget ({} charged asleep), wake admitted {} and mapped {} back in {}; {} buffers at the same addresses, every byte intact",
-            Bytes(mapped),
-            Bytes(slept.released),
-            Bytes(slept.offloaded),
-            Elapsed(sleep_time),
+    };
+    let before: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
+    let mapped = arena.usage().mapped;
+    let charged_before = handle.snapshot().charged;
+    // Through the governor: the sleeping buffers' bytes leave the
+    // budget while the arena's memory is released, and the wake admits
+    // them back before the arena maps anything.
+    let t = Instant::now();
+    let slept = handle
+        .sleep_with(&[], |_| arena.sleep(true))
+        .map_err(|e| format!("arena sleep: {e}"))?;
+    let sleep_time = t.elapsed();
+    let (suspended, slept) = (slept.suspended, slept.backend);
+    let asleep = arena.usage();
+    let charged_asleep = handle.snapshot().charged;
+    let t = Instant::now();
+    let woken = handle
+        .wake_with(&[], |_| arena.wake())
+        .map_err(|e| format!("arena wake: {e}"))?;
+    let wake_time = t.elapsed();
+    let (resumed, woke) = (woken.resumed, woken.backend);
+    let charged_awake = handle.snapshot().charged;
+    let after: Vec<u64> = bufs.iter().map(addr).collect::<Result<_, _>>()?;
+    let mut intact = true;
+    for (i, b) in bufs.iter().enumerate() {
+        let mut back = vec![0u8; ARENA_BUFFER as usize];
+        b.read(0, &mut back)
+            .map_err(|e| format!("arena read: {e}"))?;
+        intact &= back == fill(0xa7e0 + i as u64, ARENA_BUFFER as usize);
+    }
+    if suspended != ARENA_BYTES || charged_asleep + suspended != charged_before {
+        return Err(format!(
+            "arena: the governor suspended {} of {} live while asleep, and charged {} before, {} asleep",
             Bytes(suspended),
-            Bytes(charged_asleep),
-            Bytes(resumed),
-            Bytes(woke),
-            Elapsed(wake_time),
-            bufs.len()
+            Bytes(ARENA_BYTES),
+            Bytes(charged_before),
+            Bytes(charged_asleep)
         ));
-        drop(bufs);
-        drop(stream);
-        let trimmed = arena.trim().map_err(|e| format!("arena trim: {e}"))?;
-        let report = handle
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(30))
-            .map_err(|e| e.to_string())?;
-        print_report(out, &report);
-        Ok((
-            json!({
-                "buffers": ARENA_BYTES / ARENA_BUFFER,
-                "bytes": ARENA_BYTES,
-                "mapped_before_sleep": mapped,
-                "released_by_sleep": slept.released,
-                "offloaded": slept.offloaded,
-                "mapped_by_wake": woke,
-                "charged_before_sleep": charged_before,
-                "suspended": suspended,
-                "charged_asleep": charged_asleep,
-                "resumed_by_wake": resumed,
-                "sleep_us": sleep_time.as_secs_f64() * 1e6,
-                "wake_us": wake_time.as_secs_f64() * 1e6,
-                "same_addresses": true,
-                "intact": true,
-                "trimmed_after_release": trimmed,
-            }),
-            Some(report),
-        ))
     }
+    if resumed != suspended || charged_awake != charged_before {
+        return Err(format!(
+            "arena: the wake admitted {} of {} suspended, and charged {} after it ({} before the sleep)",
+            Bytes(resumed),
+            Bytes(suspended),
+            Bytes(charged_awake),
+            Bytes(charged_before)
+        ));
+    }
+    if before != after || !intact || asleep.mapped != 0 {
+        return Err(format!(
+            "arena: after sleep and wake, addresses {} and contents {} ({} still mapped while asleep)",
+            if before == after { "kept" } else { "moved" },
+            if intact { "intact" } else { "changed" },
+            Bytes(asleep.mapped)
+        ));
+    }
+    out.line(format!(
+        "     arena: {} mapped; sleep released {} ({} kept in host memory) in {} and took {} off the budget ({} charged asleep), wake admitted {} and mapped {} back in {}; {} buffers at the same addresses, every byte intact",
+        Bytes(mapped),
+        Bytes(slept.released),
+        Bytes(slept.offloaded),
+        Elapsed(sleep_time),
+        Bytes(suspended),
+        Bytes(charged_asleep),
+        Bytes(resumed),
+        Bytes(woke),
+        Elapsed(wake_time),
+        bufs.len()
+    ));
+    drop(bufs);
+    drop(stream);
+    let trimmed = arena.trim().map_err(|e| format!("arena trim: {e}"))?;
+    let report = handle
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    print_report(out, &report);
+    Ok((
+        json!({
+            "buffers": ARENA_BYTES / ARENA_BUFFER,
+            "bytes": ARENA_BYTES,
+            "mapped_before_sleep": mapped,
+            "released_by_sleep": slept.released,
+            "offloaded": slept.offloaded,
+            "mapped_by_wake": woke,
+            "charged_before_sleep": charged_before,
+            "suspended": suspended,
+            "charged_asleep": charged_asleep,
+            "resumed_by_wake": resumed,
+            "sleep_us": sleep_time.as_secs_f64() * 1e6,
+            "wake_us": wake_time.as_secs_f64() * 1e6,
+            "same_addresses": true,
+            "intact": true,
+            "trimmed_after_release": trimmed,
+        }),
+        Some(report),
+    ))
 }
 
 /// Move the LLM's weights and resident KV blocks from `old` to `new` with
@@ -1646,137 +1727,186 @@ fn swap_devices(
 
 /// The graph's pool in phase 4c, the bytes it records per replay, and the
 /// replays.
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 const CAPTURE_POOL: u64 = 8 * MIB;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 const CAPTURE_BYTES: u64 = MIB;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 const CAPTURE_REPLAYS: u64 = 100;
 
-/// Phase 4c (CUDA only): a graph captured on a governed stream of an arena
-/// context (`memgov::cuda_capture`): the pool charged to the context's
-/// budget before the capture begins and held until the graph is destroyed,
-/// copies recorded into pool memory and replayed, every replay's output
-/// read back and verified.
+/// Phase 4c, on the CUDA and HIP backends (what `memgov check` calls the
+/// graph-capture gate): a graph captured on a governed stream of an arena
+/// context (`memgov::capture`, one code for both): the pool charged to the
+/// context's budget before the capture begins and held until the graph is
+/// destroyed, copies recorded into pool memory and replayed, every replay's
+/// output read back and verified. Skipped, as `memgov check` says no, on
+/// other backends and on a driver without the arena or the capture calls.
 fn capture_phase(
     out: &Out,
     checks: &mut Vec<(String, DeviceCheck)>,
     args: &RunArgs,
 ) -> Result<(Value, Option<TeardownReport>), String> {
-    if args.backend.to_string() != "cuda" {
-        out.line(format!(
-            "phase 4c: skipped: the {} backend has no graph-capture gate (CUDA and HIP only; memgov run captures on CUDA)",
-            args.backend
-        ));
-        return Ok((Value::Null, None));
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = checks;
-        Err("the cuda backend was chosen, but this memgov was built without it".to_owned())
-    }
-    #[cfg(feature = "cuda")]
-    {
-        use memgov::cuda::{ArenaConfig, CaptureConfig, CaptureMode, CudaConfig, CudaContext};
-        use memgov::cuda_capture::CaptureExt;
-        out.line(format!(
-            "phase 4c: a CUDA graph captured on a governed stream: a {} pool charged before the capture, {} replays verified",
-            Bytes(CAPTURE_POOL),
-            CAPTURE_REPLAYS
-        ));
-        let ctx = CudaContext::new(CudaConfig {
-            arena: Some(ArenaConfig {
-                reserve_bytes: 4 * CAPTURE_POOL,
-                limit_bytes: 2 * CAPTURE_POOL,
-            }),
-            ..CudaConfig::default()
-        })
-        .map_err(|e| format!("capture context: {e}"))?;
-        let probe = ctx.probe();
-        checks.push((
-            "cuda capture".to_owned(),
-            Box::new(move || {
-                probe
-                    .check_clean_teardown()
-                    .map_err(|why| format!("cuda capture: {why}"))
-            }),
-        ));
-        // A governor of CUDA contexts: the capture extension is CUDA's.
-        let gov: Governor<CudaContext> = Governor::new();
-        let handle = gov.register(
-            ctx,
-            ContextConfig::new()
-                .label("capture@cuda")
-                .budget(2 * CAPTURE_POOL),
-        );
-        let stream = handle.create_stream("capture").map_err(|e| e.to_string())?;
-        let charged_before = handle.snapshot().charged;
-        let input = fill(0xc0de, CAPTURE_BYTES as usize);
-        let config = CaptureConfig {
-            pool_bytes: CAPTURE_POOL,
-            mode: CaptureMode::Global,
-        };
-        let (mut graph, slot) = handle
-            .capture(&stream, config, |cap| {
-                let scratch = cap.allocate(CAPTURE_BYTES)?;
-                let staged = cap.allocate(CAPTURE_BYTES)?;
-                cap.upload(&scratch, 0, vec![0; CAPTURE_BYTES as usize])?;
-                cap.upload(&staged, 0, input.clone())?;
-                cap.download(&staged, 0, CAPTURE_BYTES as usize)
-            })
-            .map_err(|e| format!("capture: {e}"))?;
-        let charged_live = handle.snapshot().charged;
-        let mut verified = 0u64;
-        for _ in 0..CAPTURE_REPLAYS {
-            graph
-                .launch(&stream)
-                .map_err(|e| format!("graph launch: {e}"))?;
-            let back = graph
-                .read_output(slot)
-                .map_err(|e| format!("graph output: {e}"))?;
-            if back == input {
-                verified += 1;
+    let name = args.backend.to_string();
+    let skip = |why: String| {
+        out.line(format!("phase 4c: skipped: graph-capture gate: no: {why}"));
+        Ok((Value::Null, None))
+    };
+    match name.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            use memgov::cuda::{CudaConfig, CudaContext};
+            let ctx = match CudaContext::new(CudaConfig {
+                arena: Some(capture_arena()),
+                ..CudaConfig::default()
+            }) {
+                Ok(c) => c,
+                Err(e) if arena_absent(&e) => return skip(format!("no arena: {e}")),
+                Err(e) => return Err(format!("capture context: {e}")),
+            };
+            let probe = ctx.probe();
+            capture_run(out, checks, "cuda", "CUDA", ctx, probe)
+        }
+        #[cfg(feature = "hip")]
+        "hip" => {
+            use memgov::hip::{HipConfig, HipContext};
+            if let Err(e) = memgov::hip::capture_supported() {
+                return skip(e.message);
             }
+            let ctx = match HipContext::new(HipConfig {
+                arena: Some(capture_arena()),
+                ..HipConfig::default()
+            }) {
+                Ok(c) => c,
+                Err(e) if arena_absent(&e) => return skip(format!("no arena: {e}")),
+                Err(e) => return Err(format!("capture context: {e}")),
+            };
+            let probe = ctx.probe();
+            capture_run(out, checks, "hip", "HIP", ctx, probe)
         }
-        let (used, pool) = graph.pool_usage();
-        graph.destroy().map_err(|e| format!("graph destroy: {e}"))?;
-        let charged_after = handle.snapshot().charged;
-        if verified != CAPTURE_REPLAYS
-            || charged_live < charged_before + CAPTURE_POOL
-            || charged_after != charged_before
-        {
-            return Err(format!(
-                "capture: {verified} of {CAPTURE_REPLAYS} replays verified; charged {} before, {} while the graph lived, {} after destroy",
-                Bytes(charged_before),
-                Bytes(charged_live),
-                Bytes(charged_after)
-            ));
+        #[allow(unreachable_patterns)]
+        "cuda" | "hip" => {
+            let _ = checks;
+            Err(format!(
+                "the {name} backend was chosen, but this memgov was built without it"
+            ))
         }
-        out.line(format!(
-            "     capture: a {} pool ({} used) charged before the capture ({} charged while the graph lived, {} after destroy); {} replays, every output intact",
-            Bytes(pool),
-            Bytes(used),
-            Bytes(charged_live),
-            Bytes(charged_after),
-            verified
-        ));
-        drop(stream);
-        let report = handle
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(30))
-            .map_err(|e| e.to_string())?;
-        print_report(out, &report);
-        Ok((
-            json!({
-                "pool_bytes": pool,
-                "pool_used": used,
-                "charged_before": charged_before,
-                "charged_while_graph_lives": charged_live,
-                "charged_after_destroy": charged_after,
-                "replays": CAPTURE_REPLAYS,
-                "verified": verified,
-            }),
-            Some(report),
-        ))
+        other => skip(format!(
+            "the {other} backend has no graph-capture gate (CUDA and HIP only)"
+        )),
     }
+}
+
+/// The capture phase's arena: reservation and limit.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn capture_arena() -> memgov::backend::vmm::ArenaConfig {
+    memgov::backend::vmm::ArenaConfig {
+        reserve_bytes: 4 * CAPTURE_POOL,
+        limit_bytes: 2 * CAPTURE_POOL,
+    }
+}
+
+/// Phase 4c on a context with an arena, one code for CUDA and HIP over the
+/// capture capability.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn capture_run<C: memgov::backend::capability::CaptureBackend>(
+    out: &Out,
+    checks: &mut Vec<(String, DeviceCheck)>,
+    name: &'static str,
+    vendor: &str,
+    ctx: C,
+    probe: memgov::BackendProbe,
+) -> Result<(Value, Option<TeardownReport>), String> {
+    use memgov::backend::capability::{CaptureConfig, CaptureMode, PoolCapture};
+    use memgov::capture::CaptureExt;
+    out.line(format!(
+        "phase 4c: a {vendor} graph captured on a governed stream: a {} pool charged before the capture, {} replays verified",
+        Bytes(CAPTURE_POOL),
+        CAPTURE_REPLAYS
+    ));
+    checks.push((
+        format!("{name} capture"),
+        Box::new(move || {
+            probe
+                .check_clean_teardown()
+                .map_err(|why| format!("{name} capture: {why}"))
+        }),
+    ));
+    // A governor of the backend's own contexts: the capture extension
+    // is generic over the capture capability.
+    let gov: Governor<C> = Governor::new();
+    let handle = gov.register(
+        ctx,
+        ContextConfig::new()
+            .label(format!("capture@{name}"))
+            .budget(2 * CAPTURE_POOL),
+    );
+    let stream = handle.create_stream("capture").map_err(|e| e.to_string())?;
+    let charged_before = handle.snapshot().charged;
+    let input = fill(0xc0de, CAPTURE_BYTES as usize);
+    let config = CaptureConfig {
+        pool_bytes: CAPTURE_POOL,
+        mode: CaptureMode::Global,
+    };
+    let (mut graph, slot) = handle
+        .capture(&stream, config, |cap| {
+            let scratch = cap.allocate(CAPTURE_BYTES)?;
+            let staged = cap.allocate(CAPTURE_BYTES)?;
+            cap.upload(&scratch, 0, vec![0; CAPTURE_BYTES as usize])?;
+            cap.upload(&staged, 0, input.clone())?;
+            cap.download(&staged, 0, CAPTURE_BYTES as usize)
+        })
+        .map_err(|e| format!("capture: {e}"))?;
+    let charged_live = handle.snapshot().charged;
+    let mut verified = 0u64;
+    for _ in 0..CAPTURE_REPLAYS {
+        graph
+            .launch(&stream)
+            .map_err(|e| format!("graph launch: {e}"))?;
+        let back = graph
+            .read_output(slot)
+            .map_err(|e| format!("graph output: {e}"))?;
+        if back == input {
+            verified += 1;
+        }
+    }
+    let (used, pool) = graph.pool_usage();
+    graph.destroy().map_err(|e| format!("graph destroy: {e}"))?;
+    let charged_after = handle.snapshot().charged;
+    if verified != CAPTURE_REPLAYS
+        || charged_live < charged_before + CAPTURE_POOL
+        || charged_after != charged_before
+    {
+        return Err(format!(
+            "capture: {verified} of {CAPTURE_REPLAYS} replays verified; charged {} before, {} while the graph lived, {} after destroy",
+            Bytes(charged_before),
+            Bytes(charged_live),
+            Bytes(charged_after)
+        ));
+    }
+    out.line(format!(
+        "     capture: a {} pool ({} used) charged before the capture ({} charged while the graph lived, {} after destroy); {} replays, every output intact",
+        Bytes(pool),
+        Bytes(used),
+        Bytes(charged_live),
+        Bytes(charged_after),
+        verified
+    ));
+    drop(stream);
+    let report = handle
+        .retire()
+        .wait(Instant::now() + Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    print_report(out, &report);
+    Ok((
+        json!({
+            "pool_bytes": pool,
+            "pool_used": used,
+            "charged_before": charged_before,
+            "charged_while_graph_lives": charged_live,
+            "charged_after_destroy": charged_after,
+            "replays": CAPTURE_REPLAYS,
+            "verified": verified,
+        }),
+        Some(report),
+    ))
 }

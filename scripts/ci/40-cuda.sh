@@ -109,3 +109,8 @@ grep -q "child replay_under_churn: ok" "$target/cuda-capture.log"
 grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/cuda-capture.log"
 grep -q "fault cells cuStreamEndCapture: positions 1 to" "$target/cuda-capture.log"
 grep -q "governed capture: teardown waited for the live graph" "$target/cuda-capture.log"
+# Page-locked allocation and free wait for a global capture; launches and
+# copies racing sleeps are refused as asleep or run on mapped memory.
+grep -q "child page_locked_waits: ok" "$target/cuda-capture.log"
+grep -q "child standin_page_locked: ok" "$target/cuda-capture.log"
+grep -q "launch/sleep race: " "$target/cuda-capture.log"

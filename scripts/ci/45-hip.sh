@@ -55,6 +55,10 @@ grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
 grep -q "child no_graphs: ok" "$target/hip-capture.log"
 grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/hip-capture.log"
 grep -q "fault cells hipStreamEndCapture: positions 1 to" "$target/hip-capture.log"
+grep -q "child page_locked_waits: ok" "$target/hip-capture.log"
+grep -q "child standin_page_locked: ok" "$target/hip-capture.log"
+grep -q "launch/sleep race: " "$target/hip-capture.log"
+grep -q "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy" "$target/hip-capture.log"
 # The whole file again with every queued operation delayed, at several
 # delays, so that releases really pend when the governor drains and tears
 # down and cross-stream work is really in flight when a free is queued.
@@ -78,10 +82,26 @@ for latency in 0 300 300:1 300:2 300:3; do
         | tee "$target/hip-check.log"
     # The arena, sleep/wake and the capture gate are probed on the stand-in
     # and offered.
+    grep -Eq "^virtual-memory arena +yes" "$target/hip-check.log"
     grep -Eq "^sleep and wake at stable addresses +yes" "$target/hip-check.log"
     grep -Eq "^graph-capture gate +yes" "$target/hip-check.log"
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip
+    # And `memgov run` exercises what `check` said yes to: phases 4b and 4c.
+    MEMGOV_STANDIN_HIP_LATENCY_US=$latency MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in "$memgov" run --backend hip \
+        | tee "$target/hip-run.log"
+    grep -q "^phase 4b: a HIP virtual-memory arena" "$target/hip-run.log"
+    grep -q "^phase 4c: a HIP graph captured on a governed stream" "$target/hip-run.log"
 done
+# A capability row says yes only once its probe ran: with the first
+# hipMemMap refused the arena (and what needs it) is no, with the first
+# hipStreamBeginCapture refused only the capture gate is.
+on_stand_in env MEMGOV_STANDIN_HIP_FAIL_ENTRY=hipMemMap:1 "$memgov" check --backend hip | tee "$target/hip-check-nomap.log"
+grep -Eq "^virtual-memory arena +no" "$target/hip-check-nomap.log"
+grep -Eq "^sleep and wake at stable addresses +no" "$target/hip-check-nomap.log"
+grep -q "^hip: virtual-memory arena: no: allocate: .*hipMemMap" "$target/hip-check-nomap.log"
+on_stand_in env MEMGOV_STANDIN_HIP_FAIL_ENTRY=hipStreamBeginCapture:1 "$memgov" check --backend hip | tee "$target/hip-check-nocapture.log"
+grep -Eq "^virtual-memory arena +yes" "$target/hip-check-nocapture.log"
+grep -Eq "^graph-capture gate +no" "$target/hip-check-nocapture.log"
+grep -q "^hip: graph-capture gate: no: begin_capture: .*hipStreamBeginCapture" "$target/hip-check-nocapture.log"
 
 # A run that fails half-way (the weights do not fit the LLM's budget) still
 # tears down every context before it exits: exit status 1, not the exit

@@ -94,6 +94,16 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
 }
 
+/// The process-wide gate between CUDA stream captures begun through memgov
+/// and memgov's own potentially unsafe driver calls (map, unmap, release,
+/// `cuCtxSynchronize`, `cuMemHostAlloc`, `cuMemFreeHost`). A runtime that
+/// makes such calls itself beside memgov's captures can pass them through
+/// it ([`Gate::call`]); [`Gate::waiting`] shows calls held back by a
+/// capture.
+pub fn capture_gate() -> &'static Gate {
+    gate()
+}
+
 // ---- pins ----------------------------------------------------------------
 
 /// The executable graphs of a context still live, destroyed by teardown if
@@ -224,6 +234,17 @@ impl std::fmt::Debug for CudaCapture<'_> {
 }
 
 impl CudaContext {
+    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
+    /// `pool_bytes`: at least 1, rounded up to [`CAPTURE_ALIGN`], checked
+    /// (`PoolTooLarge`, an `InvalidArgument`, when that passes `u64::MAX`).
+    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
+        Ok(CapturePool::size_for(
+            crate::result::BACKEND,
+            pool_bytes,
+            ALIGN,
+        )?)
+    }
+
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
     /// now, so nothing maps during the capture). Needs an arena
@@ -248,7 +269,7 @@ impl CudaContext {
                  create it with CudaConfig::arena",
             ));
         };
-        let pool_bytes = config.pool_bytes.max(1).next_multiple_of(ALIGN);
+        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
         let current = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();
@@ -509,8 +530,13 @@ impl std::fmt::Debug for CudaGraph {
 
 impl CudaGraph {
     fn raw(&self, op: &'static str) -> Result<RawGraph, BackendError> {
+        self.raw_and_pool(op).map(|(r, _)| r)
+    }
+
+    /// The graph's handles and its pool's device address.
+    fn raw_and_pool(&self, op: &'static str) -> Result<(RawGraph, CUdeviceptr), BackendError> {
         let st = lock(&self.pins.live);
-        st.graphs.get(&self.key).map(|(r, _)| *r).ok_or_else(|| {
+        st.graphs.get(&self.key).copied().ok_or_else(|| {
             err(
                 op,
                 BackendErrorKind::InvalidArgument,
@@ -573,12 +599,20 @@ impl CudaGraph {
     }
 
     /// Queue one run of the graph on `stream` (`cuGraphLaunch`).
+    ///
+    /// Refused with `InvalidArgument` while the arena sleeps (the pool's
+    /// memory is reserved, not mapped: the graph's copies would fault), as
+    /// copies to sleeping memory are; wake the arena first. A sleep asked
+    /// for meanwhile waits until the launch is queued, then waits for it.
     pub fn launch(&self, stream: &CudaStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
         let s = &*self.shared;
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        let raw = self.raw(OP)?;
+        let (raw, pool) = self.raw_and_pool(OP)?;
+        let _use = s.sleep_gate.enter();
+        self.arena
+            .check_awake(crate::result::BACKEND, OP, pool, self.pool_bytes)?;
         let _current = s.make_current(OP)?;
         // SAFETY: a live executable graph of this context (pinned until
         // destroy); a live stream of it, current.

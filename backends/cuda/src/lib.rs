@@ -94,8 +94,8 @@ mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
 pub use capture::{
-    CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot, PoolExhausted,
-    CAPTURE_ALIGN,
+    capture_gate, CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot,
+    PoolExhausted, CAPTURE_ALIGN,
 };
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
@@ -476,6 +476,7 @@ impl CudaContext {
                 streams: Mutex::default(),
                 lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
                 retired_streams: Mutex::default(),
+                sleep_gate: Default::default(),
             }),
             arena: None,
             pins: Arc::default(),

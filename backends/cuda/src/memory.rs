@@ -151,6 +151,10 @@ impl CudaContext {
     ) -> Result<CudaMemory, BackendError> {
         let s = &*self.shared;
         let size = self.allocation_size(stream, bytes)?;
+        // Page-locked allocation (and the free on failure below) is a
+        // potentially unsafe call: it waits for captures under way, and is
+        // refused on a thread whose own capture is under way.
+        let _call = crate::capture::gate().call("allocate", true)?;
         let _current = s.make_current("allocate")?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
@@ -180,6 +184,9 @@ impl CudaContext {
         s.check_usable("write")?;
         s.check_stream("write", stream)?;
         s.check_memory("write", memory)?;
+        // Held until the copy is queued (and synchronized): no sleep unmaps
+        // between the awake check and the enqueue.
+        let _use = s.sleep_gate.enter();
         self.check_awake("write", memory)?;
         let at = range("write", memory, offset, src.len())?;
         if src.is_empty() {
@@ -209,6 +216,8 @@ impl CudaContext {
         s.check_usable("read")?;
         s.check_stream("read", stream)?;
         s.check_memory("read", memory)?;
+        // As in write.
+        let _use = s.sleep_gate.enter();
         self.check_awake("read", memory)?;
         let at = range("read", memory, offset, dst.len())?;
         if dst.is_empty() {

@@ -145,6 +145,12 @@ impl Shared {
     /// abandoned when it died). When the context cannot be made current the
     /// frees go back to the free thread's queue, for a later round or
     /// teardown.
+    ///
+    /// `cuMemFreeHost` is a potentially unsafe call, which a global-mode
+    /// capture on any thread forbids: the frees pass through the capture
+    /// gate, waiting while a capture is under way (the free thread, and
+    /// teardown, wait; a `synchronize` on a thread whose own capture is
+    /// under way is refused, its frees back in the queue).
     pub(crate) fn free_host(
         &self,
         op: &'static str,
@@ -153,6 +159,15 @@ impl Shared {
         if frees.is_empty() || self.shell.is_dead() {
             return Ok(());
         }
+        // Teardown cannot be refused: on the capturing thread it goes ahead
+        // and the driver decides.
+        let _call = match crate::capture::gate().call(op, op != "teardown") {
+            Ok(c) => c,
+            Err(e) => {
+                self.pending.host.put_back(frees);
+                return Err(e);
+            }
+        };
         let _current = match self.make_current(op) {
             Ok(c) => c,
             Err(e) => {
@@ -350,7 +365,10 @@ impl CudaContext {
                 return true;
             }
             // The stream was synchronized: a page-locked host buffer is
-            // freed now, on this (the caller's) thread.
+            // freed now, on this (the caller's) thread, once no capture is
+            // under way (on the capturing thread itself it goes ahead: the
+            // memory is no longer the caller's to hand back).
+            let _call = crate::capture::gate().call("free_async", false);
             // SAFETY: a live page-locked allocation of this context, taken
             // out of the live set above so freed once; every copy queued
             // before has completed (synchronized).

@@ -71,6 +71,9 @@ pub(crate) struct Shared {
     /// synchronize: the context is never released under a running host
     /// function.
     pub(crate) retired_streams: Mutex<Vec<RawStream>>,
+    /// Sleeps of the arena against copies and launches between their
+    /// awake check and their enqueue.
+    pub(crate) sleep_gate: memgov_backend::vmm::SleepGate,
 }
 
 // SAFETY: the raw handles (context, pool, streams) are driver handles with no

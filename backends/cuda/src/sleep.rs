@@ -117,6 +117,13 @@ impl CudaArena {
         f(&self.arena, &self.arena.driver(&self.shared))
     }
 
+    /// Sleeps of this arena waiting for copies or graph launches between
+    /// their awake check and their enqueue (for tests that force that
+    /// interleaving).
+    pub fn sleeps_waiting(&self) -> usize {
+        self.shared.sleep_gate.counts().1
+    }
+
     /// Put the arena to sleep: wait for every stream of the context, then
     /// unmap and release every granule, copying the contents of those in
     /// use to page-locked host memory first when `keep_contents` is set.
@@ -124,7 +131,10 @@ impl CudaArena {
     /// [`wake`](Self::wake)). Refused while a set sleeps
     /// ([`sleep_ranges`](Self::sleep_ranges)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.gated("sleep", |a, d| a.sleep(d, keep_contents))
+        self.gated("sleep", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
+            a.sleep(d, keep_contents)
+        })
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -164,6 +174,7 @@ impl CudaArena {
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
         self.gated("sleep_ranges", |a, d| {
+            let _sleep = self.shared.sleep_gate.sleep();
             a.sleep_ranges(d, ptrs, keep_contents)
         })
     }

@@ -20,6 +20,12 @@ impl CudaContext {
         // teardown returns.
         s.shell.close();
         s.stop_free_thread();
+        // Teardown's synchronizes and frees (`cuMemFreeHost` among them)
+        // are potentially unsafe calls: they wait for the captures under
+        // way anywhere in the process to end. On a thread whose own capture
+        // is under way they go ahead (teardown cannot be refused) and the
+        // driver decides.
+        let _call = crate::capture::gate().call("teardown", false);
         let mut first: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {

@@ -53,6 +53,12 @@
  *   invalidated one (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, no graph, the
  *   stream out of capture mode).
  *
+ * - Test hook (not a driver rule): memgov_standin_cuda_pause_entry(name, n)
+ *   (vmm.c) makes the Nth call of that entry point, on any thread, block at
+ *   its entry before it does anything, until
+ *   memgov_standin_cuda_resume_entry(). A test holds a call there to force
+ *   an interleaving.
+ *
  * Not imitated (a contract violation naming the call): event record and
  * event wait on a capturing stream (fork/join nodes), and launching a
  * graph into a capture.
@@ -64,6 +70,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef int CUresult;
 typedef void (*CUhostFn)(void *);

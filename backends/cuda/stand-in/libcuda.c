@@ -381,6 +381,7 @@ int memgov_standin_cuda_reclaimed(int dev, unsigned long long out[4]) {
 static int enter(const char *fn) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN)
         sq_die("%s called from inside a host function (the driver forbids CUDA calls there)", fn);
+    sq_entry_pause(fn);
     if (!g_initialized) return 0;
     int sticky = sq_knobs_tick(&g_knobs);
     return sticky || sticky_now();

@@ -172,7 +172,7 @@ __attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const 
 }
 
 /* For tests that force an interleaving: from now on the Nth call of `fn`
- * (only cuMemMap pauses) blocks before it changes anything, until
+ * (any entry point, at its entry) blocks before it changes anything, until
  * memgov_standin_cuda_resume_entry(); memgov_standin_cuda_entry_paused()
  * says whether one is held. See sq_entry_pause_set. */
 __attribute__((visibility("default"))) int memgov_standin_cuda_pause_entry(const char *fn,
@@ -368,7 +368,6 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags) {
     VMM_ENTER("cuMemMap");
     UNSAFE_DURING_CAPTURE("cuMemMap", 0);
-    sq_entry_pause("cuMemMap");
     pthread_mutex_lock(&g_vmm);
     struct handle *h = find_handle(handle, "cuMemMap");
     CUresult r = CUDA_SUCCESS;

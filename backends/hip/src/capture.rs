@@ -46,6 +46,16 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
 }
 
+/// The process-wide gate between HIP stream captures begun through memgov
+/// and memgov's own potentially unsafe runtime calls (map, unmap, release,
+/// device synchronize, `hipHostMalloc`, `hipHostFree`, `hipFree`). A
+/// runtime that makes such calls itself beside memgov's captures can pass
+/// them through it ([`Gate::call`]); [`Gate::waiting`] shows calls held
+/// back by a capture.
+pub fn capture_gate() -> &'static Gate {
+    gate()
+}
+
 pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
 
 /// `hipStreamCaptureMode` of a [`CaptureMode`].
@@ -228,6 +238,17 @@ pub fn capture_supported() -> Result<(), BackendError> {
 }
 
 impl HipContext {
+    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
+    /// `pool_bytes`: at least 1, rounded up to 256 bytes, checked
+    /// (`PoolTooLarge`, an `InvalidArgument`, when that passes `u64::MAX`).
+    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
+        Ok(CapturePool::size_for(
+            crate::result::BACKEND,
+            pool_bytes,
+            ALIGN,
+        )?)
+    }
+
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
     /// now, so nothing maps during the capture). Needs an arena
@@ -254,7 +275,7 @@ impl HipContext {
                  create it with HipConfig::arena",
             ));
         };
-        let pool_bytes = config.pool_bytes.max(1).next_multiple_of(ALIGN);
+        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
         let device = s.make_current(OP)?;
         let pool = arena.allocate(s, pool_bytes)?;
         let g = gate();
@@ -541,8 +562,13 @@ impl std::fmt::Debug for HipGraph {
 
 impl HipGraph {
     fn raw(&self, op: &'static str) -> Result<RawGraph, BackendError> {
+        self.raw_and_pool(op).map(|(r, _)| r)
+    }
+
+    /// The graph's handles and its pool's device address.
+    fn raw_and_pool(&self, op: &'static str) -> Result<(RawGraph, u64), BackendError> {
         let st = lock(&self.pins.live);
-        st.graphs.get(&self.key).map(|(r, _)| *r).ok_or_else(|| {
+        st.graphs.get(&self.key).copied().ok_or_else(|| {
             err(
                 op,
                 BackendErrorKind::InvalidArgument,
@@ -557,12 +583,20 @@ impl HipGraph {
     }
 
     /// Queue one run of the graph on `stream` (`hipGraphLaunch`).
+    ///
+    /// Refused with `InvalidArgument` while the arena sleeps (the pool's
+    /// memory is reserved, not mapped: the graph's copies would fault), as
+    /// copies to sleeping memory are; wake the arena first. A sleep asked
+    /// for meanwhile waits until the launch is queued, then waits for it.
     pub fn launch(&self, stream: &HipStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
         let s = &*self.shared;
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        let raw = self.raw(OP)?;
+        let (raw, pool) = self.raw_and_pool(OP)?;
+        let _use = s.sleep_gate.enter();
+        self.arena
+            .check_awake(crate::result::BACKEND, OP, pool, self.pool_bytes)?;
         let _device = s.make_current(OP)?;
         // SAFETY: a live executable graph of this context (pinned until
         // destroy); a live stream of it.
@@ -599,6 +633,28 @@ impl HipGraph {
     /// the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
         self.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed || self.raw("graph_destroyed").is_err()
+    }
+
+    /// Bytes of device memory the graph's own allocation nodes take. Always
+    /// 0 on HIP: memgov's capture makes no allocation nodes (its
+    /// allocations carve the pool), and memgov does not read a graph's
+    /// nodes on HIP, so graph memory a runtime's own `hipMallocAsync` on
+    /// the capturing stream makes is not charged.
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        Ok(0)
     }
 
     fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {

@@ -92,8 +92,8 @@ mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};
 pub use capture::{
-    capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture, HipGraph, OutputSlot,
-    PoolExhausted,
+    capture_gate, capture_supported, CaptureBuffer, CaptureConfig, CaptureMode, HipCapture,
+    HipGraph, OutputSlot, PoolExhausted,
 };
 
 pub use config::{AllocatorChoice, HipConfig};
@@ -548,6 +548,9 @@ impl DeviceContext for HipContext {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
+        // Held until the copy is queued (and synchronized): no sleep unmaps
+        // between the awake check and the enqueue.
+        let _use = self.shared.sleep_gate.enter();
         self.check_awake("write", memory)?;
         memory::write(&self.shared, stream, memory, offset, src)
     }
@@ -559,6 +562,8 @@ impl DeviceContext for HipContext {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
+        // As in write.
+        let _use = self.shared.sleep_gate.enter();
         self.check_awake("read", memory)?;
         memory::read(&self.shared, stream, memory, offset, dst)
     }

@@ -196,6 +196,10 @@ pub(crate) fn allocate_pinned(
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
     let size = allocation_size(shared, stream, bytes)?;
+    // Page-locked allocation (and the free on failure below) is a
+    // potentially unsafe call: it waits for captures under way, and is
+    // refused on a thread whose own capture is under way.
+    let _call = crate::capture::gate().call("allocate", true)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     // SAFETY: `ptr` is a valid out-pointer; the flags are documented.

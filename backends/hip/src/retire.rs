@@ -364,6 +364,11 @@ pub(crate) unsafe fn free_synchronous(
     ptr: usize,
     origin: Origin,
 ) -> Result<(), BackendError> {
+    // `hipFree` and `hipHostFree` are potentially unsafe calls: they wait
+    // for the captures under way anywhere in the process to end (the free
+    // thread's and teardown's; on a capturing thread they go ahead and the
+    // runtime decides).
+    let _call = crate::capture::gate().call(op, false);
     if origin == Origin::PinnedHost {
         // SAFETY: the caller's contract.
         let r = unsafe { hipHostFree(ptr as *mut c_void) };

@@ -74,6 +74,9 @@ pub(crate) struct Shared {
     /// host frees, one at a time: the rest stay where device loss can take
     /// them.
     pub(crate) frees: FreeThread<PlainFree>,
+    /// Sleeps of the arena against copies and launches between their
+    /// awake check and their enqueue.
+    pub(crate) sleep_gate: memgov_backend::vmm::SleepGate,
     notes: Mutex<Vec<String>>,
 }
 
@@ -120,6 +123,7 @@ impl Shared {
             pending: PendingFrees::default(),
             outstanding: Unsettled::default(),
             frees: FreeThread::new(Take::One),
+            sleep_gate: Default::default(),
             notes: Mutex::new(Vec::new()),
         }
     }

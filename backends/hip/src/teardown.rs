@@ -62,6 +62,11 @@ impl HipContext {
     /// is only counted.
     fn release_everything(&self, taken: Vec<retire::Taken>) -> Result<(), BackendError> {
         let shared = &self.shared;
+        // Teardown's synchronizes and frees are potentially unsafe calls:
+        // they wait for the captures under way anywhere in the process to
+        // end (on a capturing thread they go ahead: teardown cannot be
+        // refused, and the runtime decides).
+        let _call = crate::capture::gate().call("teardown", false);
         let mut first_err: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {

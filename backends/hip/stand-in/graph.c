@@ -48,6 +48,10 @@
  *   (hipErrorStreamCaptureInvalidated, no graph, the stream out of
  *   capture mode).
  *
+ * Test hook (not a runtime rule): memgov_standin_hip_pause_entry(name, n)
+ * (vmm.c) makes the Nth call of that entry point, on any thread, block at
+ * its entry before it does anything, until memgov_standin_hip_resume_entry().
+ *
  * Not imitated (a contract violation naming the call): stream-ordered
  * allocation and free (hipMallocAsync, hipMallocFromPoolAsync,
  * hipFreeAsync), event record and event wait on a capturing stream (memory
@@ -63,6 +67,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define GRAPH_MAGIC 0x48475250u /* "HGRP" */
 #define EXEC_MAGIC 0x48475845u  /* "HGXE" */

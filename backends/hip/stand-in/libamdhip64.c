@@ -273,6 +273,7 @@ static void init(void) {
 static int enter(const char *fn) {
     if (sq_current_op_flags() & SQ_OP_HOST_FN)
         sq_die("%s called from inside a stream callback (HIP forbids HIP calls there)", fn);
+    sq_entry_pause(fn);
     pthread_once(&g_once, init);
     pthread_mutex_lock(&g_lock);
     int late = g_quiesced && !pthread_equal(g_quiesced_by, pthread_self());

@@ -141,7 +141,7 @@ int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n) {
 }
 
 /* For tests that force an interleaving: from now on the Nth call of `fn`
- * (only hipMemMap pauses) blocks before it changes anything, until
+ * (any entry point, at its entry) blocks before it changes anything, until
  * memgov_standin_hip_resume_entry(); memgov_standin_hip_entry_paused()
  * says whether one is held (exported through libamdhip64.map). See
  * sq_entry_pause_set. */
@@ -348,7 +348,6 @@ hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocati
                      unsigned long long flags) {
     VMM_ENTER("hipMemMap");
     UNSAFE_DURING_CAPTURE("hipMemMap", 0);
-    sq_entry_pause("hipMemMap");
     uint64_t ptr = (uint64_t)(uintptr_t)va;
     pthread_mutex_lock(&g_vmm);
     handle_t *h = find_handle(handle, "hipMemMap");

@@ -112,6 +112,41 @@ fn a_map_on_another_thread_waits_for_the_capture_to_end() {
 }
 
 #[test]
+fn another_contexts_page_locked_allocation_and_free_wait_for_a_global_capture() {
+    passes("page_locked_waits", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_capture_pool_too_large_to_round_is_a_typed_refusal() {
+    passes("huge_pool", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_graph_launch_while_its_arena_sleeps_is_refused() {
+    passes("launch_asleep", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn a_sleep_waits_for_a_copy_or_launch_between_its_awake_check_and_its_enqueue() {
+    passes("paused_enqueue_sleep", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
+fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
+    for seed in ["1", "2", "3"] {
+        passes(
+            "launch_sleep_race",
+            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
+fn a_governed_capture_charges_its_pool_until_the_graph_is_destroyed() {
+    passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn a_trim_during_a_capture_is_deferred_to_its_end() {
     passes("trim_deferred", &[(EXIT_CHECK, "1")]);
 }
@@ -172,6 +207,11 @@ fn stand_in_synchronizing_a_capturing_stream_invalidates_the_capture() {
 #[test]
 fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
     passes("standin_modes", &[]);
+}
+
+#[test]
+fn stand_in_page_locked_allocation_and_free_on_another_thread_invalidate_a_global_capture() {
+    passes("standin_page_locked", &[]);
 }
 
 #[test]
@@ -348,7 +388,11 @@ mod cases {
         // Let the churn thread reach its next map during the capture: with
         // the gate it waits for the end; without, the runtime would refuse
         // it and invalidate the capture.
-        while started.load(Ordering::SeqCst) < at_begin + 1 {
+        // (A churn thread already held at the gate, by a trim that found no
+        // capture and then a map or unmap that found this one, starts no
+        // round until the end: that counts too.)
+        let gate = memgov::hip::capture_gate();
+        while started.load(Ordering::SeqCst) < at_begin + 1 && gate.waiting() == 0 {
             std::thread::yield_now();
         }
         std::thread::sleep(std::time::Duration::from_millis(30));
@@ -529,6 +573,401 @@ mod cases {
         ctx.destroy_stream(s).expect("destroy stream");
         ctx.destroy_stream(t).expect("destroy stream");
         ctx.teardown(false).expect("teardown");
+    }
+
+    /// A second context's page-locked allocation, and the free thread's
+    /// `hipHostFree` of its release, on other threads while a global-mode
+    /// capture is under way: both wait at the gate until the capture ends
+    /// (the runtime forbids them during the capture and would invalidate
+    /// it), then complete.
+    fn page_locked_waits() {
+        use memgov::Tier;
+        let ctx = arena_context(64 * MIB);
+        let s = ctx.create_stream().expect("stream");
+        let other = Arc::new(HipContext::new(HipConfig::default()).expect("a second context"));
+        let os = Arc::new(other.create_stream().expect("stream"));
+        let kept = other
+            .allocate_in(&os, 4096, Tier::PinnedHost)
+            .expect("page-locked, before the capture");
+        let gate = memgov::hip::capture_gate();
+        let before = stats();
+        let global = || CaptureConfig {
+            pool_bytes: MIB,
+            mode: CaptureMode::Global,
+        };
+        // The allocation: held back until the capture ends.
+        let cap = ctx.begin_capture(&s, global()).expect("begin");
+        let alloc = {
+            let (other, os) = (other.clone(), os.clone());
+            std::thread::spawn(move || other.allocate_in(&os, 4096, Tier::PinnedHost))
+        };
+        while gate.waiting() == 0 && !alloc.is_finished() {
+            std::thread::yield_now();
+        }
+        let graph = cap.end().expect("not invalidated by the other allocation");
+        let m = alloc
+            .join()
+            .expect("thread")
+            .expect("allocated after the end");
+        graph.destroy().expect("destroy");
+        // The free: the free thread's hipHostFree waits for the end.
+        let cap = ctx.begin_capture(&s, global()).expect("begin");
+        let retired = Arc::new(AtomicU64::new(0));
+        {
+            let (other, os, retired) = (other.clone(), os.clone(), retired.clone());
+            std::thread::spawn(move || {
+                release(&other, &os, kept, &retired);
+                release(&other, &os, m, &retired);
+            })
+            .join()
+            .expect("thread");
+        }
+        while gate.waiting() == 0 && stats()[1] == before[1] && retired.load(Ordering::SeqCst) < 2 {
+            std::thread::yield_now();
+        }
+        let graph = cap.end().expect("not invalidated by the other free");
+        assert_eq!(stats()[1], before[1], "no capture invalidated");
+        other.synchronize(&os).expect("synchronize");
+        assert_eq!(retired.load(Ordering::SeqCst), 2, "both frees retired");
+        graph.destroy().expect("destroy");
+        let other = Arc::into_inner(other).expect("sole owner");
+        other
+            .destroy_stream(Arc::into_inner(os).expect("sole owner"))
+            .expect("destroy stream");
+        other.teardown(false).expect("teardown");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// Pool sizes near and at `u64::MAX`: refused before anything is taken
+    /// (those whose rounding passes 64 bits with a typed error naming the
+    /// largest that rounds, the others by the arena), never wrapped to a
+    /// small pool; the arena is untouched and a capture works after.
+    fn huge_pool() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let max = u64::MAX / 256 * 256;
+        for pool_bytes in [u64::MAX, u64::MAX - 1, max + 1] {
+            let e = ctx
+                .begin_capture(
+                    &s,
+                    CaptureConfig {
+                        pool_bytes,
+                        mode: CaptureMode::Global,
+                    },
+                )
+                .expect_err("too large to round");
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+            assert!(e.message.contains(&format!("at most {max} B")), "{e}");
+        }
+        for pool_bytes in [max, 1 << 62] {
+            let e = ctx
+                .begin_capture(
+                    &s,
+                    CaptureConfig {
+                        pool_bytes,
+                        mode: CaptureMode::Global,
+                    },
+                )
+                .expect_err("larger than the arena");
+            assert_ne!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        }
+        let snap = arena.snapshot();
+        assert_eq!((snap.in_use, snap.mapped), (0, 0), "{snap:?}");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("a pool that fits");
+        let a = cap.allocate(4096).expect("carved");
+        cap.upload(&a, 0, pattern(8, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// A captured graph whose pool sleeps with the arena: its launch is
+    /// refused (the driver would run its copies on reserved memory that is
+    /// not mapped), and after the wake it launches with the contents kept.
+    fn launch_asleep() {
+        let ctx = arena_context(64 * MIB);
+        let arena = ctx.arena().expect("arena");
+        let s = ctx.create_stream().expect("stream");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(6, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let mut graph = cap.end().expect("end");
+        graph.launch(&s).expect("launch");
+        arena.sleep(true).expect("sleep");
+        let e = graph.launch(&s).expect_err("refused while asleep");
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("asleep"), "{e}");
+        arena.wake().expect("wake");
+        graph.launch(&s).expect("launch after the wake");
+        assert_eq!(graph.read_output(out).expect("read"), pattern(6, 4096));
+        graph.destroy().expect("destroy");
+        ctx.destroy_stream(s).expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// The stand-in's pause hook (the tests' shared knob): the next call of
+    /// `entry` blocks at its entry until resumed.
+    fn pause_entry(entry: &std::ffi::CStr) {
+        crate::common::pause_entry(Some((entry.to_str().expect("an ASCII name"), 1)));
+    }
+
+    fn paused() -> bool {
+        crate::common::entry_paused()
+    }
+
+    fn resume() {
+        crate::common::resume_entry();
+        crate::common::pause_entry(None);
+    }
+
+    /// A write and a graph launch each held by the stand-in at the entry of
+    /// their enqueue (`hipMemcpyHtoDAsync`, `hipGraphLaunch`), after their
+    /// awake check; a sleep asked for then waits for them (seen waiting),
+    /// so the work lands on mapped memory; the sleep then runs, and after
+    /// the wake every byte is back.
+    fn paused_enqueue_sleep() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = Arc::new(ctx.create_stream().expect("stream"));
+        let m = Arc::new(ctx.allocate(&s, 4096).expect("buffer"));
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(9, 4096)).expect("upload");
+        let out = cap.download(&a, 0, 4096).expect("download");
+        let graph = Arc::new(std::sync::Mutex::new(cap.end().expect("end")));
+        for entry in [c"hipMemcpyHtoDAsync", c"hipGraphLaunch"] {
+            pause_entry(entry);
+            let work = {
+                let (ctx, s, m, graph) = (ctx.clone(), s.clone(), m.clone(), graph.clone());
+                let write = entry == c"hipMemcpyHtoDAsync";
+                std::thread::spawn(move || {
+                    if write {
+                        ctx.write(&s, &m, 0, &pattern(10, 4096))
+                    } else {
+                        graph.lock().unwrap().launch(&s)
+                    }
+                })
+            };
+            while !paused() {
+                std::thread::yield_now();
+            }
+            let sleeper = {
+                let arena = arena.clone();
+                std::thread::spawn(move || arena.sleep(true))
+            };
+            // The sleep waits for the work held past its check (or, were
+            // it not excluded, would sleep under it).
+            while arena.sleeps_waiting() == 0 && arena.snapshot().asleep == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(
+                arena.snapshot().asleep,
+                0,
+                "{entry:?}: slept under queued work"
+            );
+            resume();
+            work.join().expect("work").expect("the held work ran awake");
+            sleeper.join().expect("sleeper").expect("sleep");
+            arena.wake().expect("wake");
+        }
+        let mut back = vec![0u8; 4096];
+        ctx.read(&s, &m, 0, &mut back).expect("read");
+        assert_eq!(
+            back,
+            pattern(10, 4096),
+            "written before the sleep, back after the wake"
+        );
+        let mut graph = Arc::into_inner(graph).unwrap().into_inner().unwrap();
+        assert_eq!(graph.read_output(out).expect("output"), pattern(9, 4096));
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, Arc::into_inner(m).expect("sole owner"), &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
+            .expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+    }
+
+    /// One thread launches a graph and writes and reads an arena buffer in
+    /// a loop; another puts the arena to sleep and wakes it. Each launch and
+    /// copy is either refused as asleep or runs on mapped memory (the
+    /// stand-in aborts on a copy to reserved memory that is not mapped);
+    /// what was written is read back at the same address.
+    fn launch_sleep_race() {
+        let ctx = Arc::new(arena_context(64 * MIB));
+        let arena = ctx.arena().expect("arena");
+        let s = Arc::new(ctx.create_stream().expect("stream"));
+        let m = ctx.allocate(&s, 4096).expect("buffer");
+        let mut cap = ctx
+            .begin_capture(
+                &s,
+                CaptureConfig {
+                    pool_bytes: MIB,
+                    mode: CaptureMode::Global,
+                },
+            )
+            .expect("begin");
+        let a = cap.allocate(4096).expect("a");
+        cap.upload(&a, 0, pattern(7, 4096)).expect("upload");
+        let graph = cap.end().expect("end");
+        let cycles = 50u64;
+        let done = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let sleeper = {
+            let (arena, done, rounds) = (arena.clone(), done.clone(), rounds.clone());
+            std::thread::spawn(move || {
+                for _ in 0..cycles {
+                    // Each sleep begins during a round of the other thread.
+                    let r = rounds.load(Ordering::SeqCst);
+                    while rounds.load(Ordering::SeqCst) == r {
+                        std::thread::yield_now();
+                    }
+                    arena.sleep(true).expect("sleep");
+                    arena.wake().expect("wake");
+                }
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        let (mut ran, mut refused) = (0u64, 0u64);
+        let mut i = 0u64;
+        while !done.load(Ordering::SeqCst) {
+            i += 1;
+            let data = pattern(i, 4096);
+            let launched = graph.launch(&s);
+            let written = ctx.write(&s, &m, 0, &data);
+            let mut back = vec![0u8; 4096];
+            let read = written.as_ref().map(|_| ctx.read(&s, &m, 0, &mut back));
+            for r in [&launched, &written] {
+                match r {
+                    Ok(()) => ran += 1,
+                    Err(e) => {
+                        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+                        assert!(e.message.contains("asleep"), "{e}");
+                        refused += 1;
+                    }
+                }
+            }
+            if let Ok(Ok(())) = read {
+                assert_eq!(back, data, "read back at the same address");
+            }
+            rounds.fetch_add(1, Ordering::SeqCst);
+        }
+        sleeper.join().expect("sleeper");
+        ctx.synchronize(&s).expect("synchronize");
+        graph.destroy().expect("destroy");
+        let retired = Arc::new(AtomicU64::new(0));
+        release(&ctx, &s, m, &retired);
+        ctx.synchronize(&s).expect("synchronize");
+        let ctx = Arc::into_inner(ctx).expect("sole owner");
+        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
+            .expect("destroy stream");
+        ctx.teardown(false).expect("teardown");
+        println!("launch/sleep race: {ran} ran, {refused} refused as asleep, {cycles} sleeps");
+    }
+
+    /// A capture on a governed HIP context (`memgov::hip_capture`): a
+    /// 64 MiB pool charged to the budget from before the capture begins
+    /// (seen from inside the recording) while the graph lives, 0 after
+    /// destroy; a pool over budget refused with no capture begun; a pool
+    /// too large to round refused with nothing charged.
+    fn governed_pool_charged() {
+        use memgov::hip_capture::{CaptureExt, POOL_LABEL};
+        use memgov::{ContextConfig, Governor, GovernorError};
+        use std::time::{Duration, Instant};
+        let gov = Governor::new();
+        let ctx = gov.register(
+            arena_context(256 * MIB),
+            ContextConfig::new().label("captured").budget(96 * MIB),
+        );
+        let s = ctx.create_stream("s").expect("stream");
+        let watcher = ctx.clone();
+        let config = |pool_bytes| CaptureConfig {
+            pool_bytes,
+            mode: CaptureMode::Global,
+        };
+        let (mut graph, out) = ctx
+            .capture(&s, config(64 * MIB), |cap| {
+                let during = watcher.snapshot();
+                assert_eq!(during.charged, 64 * MIB, "charged before capture began");
+                assert_eq!(during.reservations[0].label, POOL_LABEL);
+                let a = cap.allocate(MIB)?;
+                cap.upload(&a, 0, pattern(5, MIB as usize))?;
+                cap.download(&a, 0, MIB as usize)
+            })
+            .expect("capture");
+        assert_eq!(
+            ctx.snapshot().charged,
+            64 * MIB,
+            "charged while the graph lives"
+        );
+        assert_eq!(graph.pool_usage(), (MIB, 64 * MIB));
+        graph.launch(&s).expect("launch");
+        assert_eq!(
+            graph.read_output(out).expect("read"),
+            pattern(5, MIB as usize)
+        );
+        // A second pool over what the first left of the budget: refused by
+        // the governor, no capture begun.
+        let before = stats();
+        let e = ctx
+            .capture(
+                &s,
+                config(64 * MIB),
+                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
+            )
+            .expect_err("over budget");
+        assert!(matches!(e, GovernorError::BudgetExceeded(_)), "{e}");
+        assert_eq!(stats()[0], before[0], "no hipStreamBeginCapture");
+        let e = ctx
+            .capture(
+                &s,
+                config(u64::MAX),
+                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
+            )
+            .expect_err("too large to round");
+        assert!(e.to_string().contains("64-bit limit"), "{e}");
+        assert_eq!(ctx.snapshot().charged, 64 * MIB, "nothing more charged");
+        graph.destroy().expect("destroy");
+        assert!(graph.is_destroyed());
+        assert_eq!(ctx.snapshot().charged, 0, "the pool's charge came back");
+        drop((graph, s));
+        let report = ctx
+            .retire()
+            .wait(Instant::now() + Duration::from_secs(10))
+            .expect("retire");
+        report.backend_result.expect("clean teardown");
+        println!(
+            "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy"
+        );
     }
 
     fn trim_deferred() {
@@ -756,6 +1195,12 @@ mod cases {
                 "own_thread_map" => own_thread_map(),
                 "teardown_live_graph" => teardown_live_graph(),
                 "trim_deferred" => trim_deferred(),
+                "governed_pool_charged" => governed_pool_charged(),
+                "launch_asleep" => launch_asleep(),
+                "launch_sleep_race" => launch_sleep_race(),
+                "paused_enqueue_sleep" => paused_enqueue_sleep(),
+                "huge_pool" => huge_pool(),
+                "page_locked_waits" => page_locked_waits(),
                 "sleep_waits" => sleep_waits(),
                 "map_waits" => map_waits(),
                 "no_graphs" => {
@@ -887,6 +1332,52 @@ mod cases {
                     // way: the prohibited and the allowed ones.
                     assert_eq!(stats()[2], 4);
                     ok(hip::hipStreamDestroy(r.s), "destroy");
+                }
+                "standin_page_locked" => {
+                    // hipStreamCaptureModeGlobal, as CUDA's global mode:
+                    // potentially unsafe API calls (page-locked allocation
+                    // and free among them) are prohibited on every thread
+                    // while a global capture is under way; the call fails
+                    // and the capture is invalidated.
+                    let r = raw();
+                    let before = common::capture_stats();
+                    let mut kept: *mut c_void = std::ptr::null_mut();
+                    ok(
+                        hip::hipHostMalloc(&mut kept, 4096, hip::hipHostMallocDefault),
+                        "host alloc",
+                    );
+                    let kept = Send(kept);
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, |_| {
+                        let mut p: *mut c_void = std::ptr::null_mut();
+                        hip::hipHostMalloc(&mut p, 4096, hip::hipHostMallocDefault)
+                    });
+                    assert_eq!(c, UNSUPPORTED, "hipHostMalloc, Global, other thread");
+                    let (e, g) = end(r.s);
+                    assert_eq!(e, INVALIDATED);
+                    assert!(g.is_null());
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        hip::hipHostFree(kept.0)
+                    });
+                    assert_eq!(c, UNSUPPORTED, "hipHostFree, Global, other thread");
+                    assert_eq!(end(r.s).0, INVALIDATED);
+                    // ThreadLocal: another thread's are allowed.
+                    begin(r.s, LOCAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        hip::hipHostFree(kept.0)
+                    });
+                    ok(c, "hipHostFree, ThreadLocal, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(hip::hipGraphDestroy(g), "graph destroy");
+                    assert_eq!(
+                        common::capture_stats()[1] - before[1],
+                        2,
+                        "two captures invalidated"
+                    );
                 }
                 "standin_destroy_capturing" => {
                     let r = raw();

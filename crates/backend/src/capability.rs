@@ -179,6 +179,12 @@ pub trait CaptureBackend: ArenaBackend {
     /// The instantiated graph a capture makes.
     type Graph: CapturedGraph<Stream = Self::Stream>;
 
+    /// The size of the pool [`begin_capture`](Self::begin_capture) takes
+    /// for `config.pool_bytes` (rounded as it rounds, checked), so that a
+    /// caller can charge it before anything begins; refused as
+    /// `begin_capture` would refuse it.
+    fn capture_pool_bytes(&self, config: &CaptureConfig) -> Result<u64, BackendError>;
+
     /// Take the pool from the arena, then begin capturing `stream`.
     fn begin_capture<'a>(
         &'a self,
@@ -231,8 +237,16 @@ pub trait CapturedGraph {
     fn read_output(&mut self, slot: Self::Slot) -> Result<Vec<u8>, BackendError>;
     /// Bytes of the pool the capture carved, and the pool's size.
     fn pool_usage(&self) -> (u64, u64);
+    /// Bytes of device memory the graph's own allocation nodes hold (made
+    /// by a runtime's stream-ordered allocations on the capturing stream;
+    /// memgov's captures make none).
+    fn graph_memory_bytes(&self) -> Result<u64, BackendError>;
     /// Wait for the launches, destroy the graph, give its pool back.
     fn destroy(self) -> Result<(), BackendError>;
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) and the call can be made again;
+    /// once it succeeded, later calls do nothing.
+    fn try_destroy(&mut self) -> Result<(), BackendError>;
 }
 
 /// Implement every capability trait for a backend whose types have the
@@ -331,6 +345,13 @@ macro_rules! impl_capabilities {
             type Capture<'a> = $cap<'a>;
             type Graph = $graph;
 
+            fn capture_pool_bytes(
+                &self,
+                config: &$crate::capability::CaptureConfig,
+            ) -> Result<u64, $crate::BackendError> {
+                <$ctx>::capture_pool_bytes(config.pool_bytes)
+            }
+
             fn begin_capture<'a>(
                 &'a self,
                 stream: &$stream,
@@ -395,8 +416,16 @@ macro_rules! impl_capabilities {
                 <$graph>::pool_usage(self)
             }
 
+            fn graph_memory_bytes(&self) -> Result<u64, $crate::BackendError> {
+                <$graph>::graph_memory_bytes(self)
+            }
+
             fn destroy(self) -> Result<(), $crate::BackendError> {
                 <$graph>::destroy(self)
+            }
+
+            fn try_destroy(&mut self) -> Result<(), $crate::BackendError> {
+                <$graph>::try_destroy(self)
             }
         }
     };

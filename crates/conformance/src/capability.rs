@@ -145,6 +145,44 @@ pub fn run_arena_cases<C: ArenaBackend>(
         .collect()
 }
 
+/// What a tool (`memgov check`) says a backend offers, shown rather than
+/// claimed: each capability is "yes" only once one of its cases ran here on
+/// a context from `factory` (an arena of at least 64 granules of address
+/// space and 16 of limit).
+///
+/// * `"arena"`: maps granules as allocations grow, writes and reads back,
+///   addresses kept (`arena_addresses_stable_across_growth`);
+/// * `"sleep_wake"`: writes, sleeps (every granule released), wakes, reads
+///   every byte back at the same address
+///   (`sleep_wake_restores_bytes_at_the_same_addresses`);
+/// * `"capture_gate"`: captures copies into a pool, launches the graph,
+///   compares what it read back, destroys it
+///   (`capture_allocates_without_driver_allocation`, without counting the
+///   driver's allocations).
+///
+/// A capability whose case fails is `Err` with what went wrong; the two
+/// that need an arena are `Err("no arena: ...")` when the arena's did.
+pub fn probe_capabilities<C: CaptureBackend>(
+    factory: impl Fn() -> Result<C, BackendError>,
+) -> Vec<(&'static str, CaseResult)> {
+    let arena = addresses_stable_across_growth(&factory);
+    let (sleep_wake, capture) = match &arena {
+        Ok(_) => (
+            sleep_wake_restores(&factory),
+            capture_without_driver_allocation(&factory, &|| 0),
+        ),
+        Err(why) => (
+            Err(format!("no arena: {why}")),
+            Err(format!("no arena: {why}")),
+        ),
+    };
+    vec![
+        ("arena", arena),
+        ("sleep_wake", sleep_wake),
+        ("capture_gate", capture),
+    ]
+}
+
 /// A small allocation keeps its address and its bytes while the arena
 /// grows by many granules around it; large allocations are contiguous and
 /// do not overlap.

@@ -183,6 +183,9 @@ impl<'a> vmm::GranuleDriver for Driver<'a> {
     }
 
     fn free_host(&self, host: usize, op: &'static str) {
+        // A potentially unsafe call: waits for captures under way (sleep and
+        // wake hold a gate call already; this is the arena teardown's).
+        let _call = crate::capture::gate().call(op, false);
         // SAFETY: page-locked memory this arena allocated for a sleeping
         // granule's contents, freed once (the slot holding it was taken out
         // of the state); no copy uses it (every stream was synchronized).

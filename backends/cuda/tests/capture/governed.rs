@@ -400,8 +400,11 @@ pub fn governed_churn() {
                 cap.upload(&b, 0, pattern(100 + i, MIB as usize))?;
                 outs.push(cap.download(&b, 0, MIB as usize)?);
             }
-            // Let the churn reach its next map during the capture.
-            while rounds.load(Ordering::SeqCst) < started + 1 {
+            // Let the churn reach its next map during the capture (or
+            // find it held at the gate already, which starts no round until
+            // the end).
+            let gate = memgov::cuda::capture_gate();
+            while rounds.load(Ordering::SeqCst) < started + 1 && gate.waiting() == 0 {
                 std::thread::yield_now();
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -1,7 +1,8 @@
 //! [`Gate`]: the exclusion between stream captures and a backend's own
 //! "potentially unsafe" driver calls (maps, unmaps, releases, device
-//! synchronizes), which a capture in the driver's global mode forbids on
-//! every thread and which would invalidate it.
+//! synchronizes, page-locked host allocations and frees), which a capture
+//! in the driver's global mode forbids on every thread and which would
+//! invalidate it.
 //!
 //! * While a capture is under way, a gated call waits until the last
 //!   capture ends; a capture waits for gated calls under way to finish
@@ -32,6 +33,8 @@ struct GateState {
     beginning: usize,
     /// Gated driver calls under way.
     calls: usize,
+    /// Gated calls waiting for the last capture to end.
+    waiting: usize,
     /// Work deferred to the end of the last capture, by key (one per
     /// arena: a second trim asked for replaces the first).
     deferred: HashMap<u64, Deferred>,
@@ -83,8 +86,8 @@ impl Gate {
         lock(&self.state).capturing()
     }
 
-    /// Admit a map, unmap, release or device synchronize: waits while a
-    /// capture is under way. `refuse_own`: refuse (rather than wait
+    /// Admit a map, unmap, release, device synchronize, page-locked host
+    /// allocation or free: waits while a capture is under way. `refuse_own`: refuse (rather than wait
     /// forever) when the calling thread began a capture still under way;
     /// otherwise such a call goes ahead and the driver decides.
     pub fn call(&self, op: &'static str, refuse_own: bool) -> Result<GateCall<'_>, BackendError> {
@@ -99,7 +102,9 @@ impl Gate {
                 st.calls += 1;
                 return Ok(GateCall(self));
             }
+            st.waiting += 1;
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
     }
 
@@ -124,6 +129,12 @@ impl Gate {
                  capture's pool ({t}::allocate), or end the capture first ({t}::end)"
             ),
         )
+    }
+
+    /// How many gated calls are waiting for a capture to end (for a test
+    /// or a tool that wants to see a call held back, not run).
+    pub fn waiting(&self) -> usize {
+        lock(&self.state).waiting
     }
 
     /// Before synchronizing `stream` (which would invalidate its capture):
@@ -253,11 +264,95 @@ impl Gate {
     }
 }
 
+/// The exclusion between a context's sleeps and the work that checks its
+/// arena is awake and then queues on its memory (a copy, a graph launch):
+/// between that check and the enqueue, a sleep could wait for the streams
+/// (finding nothing queued yet) and unmap under the work about to be queued.
+///
+/// A use ([`enter`](Self::enter)) is held from before the awake check until
+/// the work is queued; a sleep ([`sleep`](Self::sleep)) is held from before
+/// it marks anything asleep until it returns. A sleep waits for the uses
+/// under way; a use waits while a sleep runs or waits (a stream of uses
+/// cannot starve a sleep), then makes its check, which refuses what the
+/// sleep left asleep. No lock is held while either runs, only while it is
+/// admitted; nothing here calls a driver.
+#[derive(Default)]
+pub struct SleepGate {
+    state: Mutex<SleepGateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct SleepGateState {
+    /// Uses between their awake check and their enqueue.
+    uses: usize,
+    /// A sleep runs.
+    sleeping: bool,
+    /// Sleeps waiting for the uses under way (uses wait behind them).
+    sleeps_waiting: usize,
+    /// Uses waiting for a sleep.
+    uses_waiting: usize,
+}
+
+/// A use under way ([`SleepGate::enter`]); dropping it lets a sleep begin.
+pub struct SleepGateUse<'a>(&'a SleepGate);
+
+impl Drop for SleepGateUse<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).uses -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
+/// A sleep under way ([`SleepGate::sleep`]); dropping it lets uses go on.
+pub struct SleepGateSleep<'a>(&'a SleepGate);
+
+impl Drop for SleepGateSleep<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).sleeping = false;
+        self.0.changed.notify_all();
+    }
+}
+
+impl SleepGate {
+    /// Admit a use: waits while a sleep runs or waits to run.
+    pub fn enter(&self) -> SleepGateUse<'_> {
+        let mut st = lock(&self.state);
+        while st.sleeping || st.sleeps_waiting > 0 {
+            st.uses_waiting += 1;
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.uses_waiting -= 1;
+        }
+        st.uses += 1;
+        SleepGateUse(self)
+    }
+
+    /// Admit a sleep: waits for the uses under way and for another sleep.
+    pub fn sleep(&self) -> SleepGateSleep<'_> {
+        let mut st = lock(&self.state);
+        st.sleeps_waiting += 1;
+        while st.sleeping || st.uses > 0 {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.sleeps_waiting -= 1;
+        st.sleeping = true;
+        SleepGateSleep(self)
+    }
+
+    /// Uses under way, sleeps waiting for them, uses waiting for a sleep
+    /// (for tests that force an interleaving).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let st = lock(&self.state);
+        (st.uses, st.sleeps_waiting, st.uses_waiting)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+    use std::sync::Mutex;
 
     #[test]
     fn a_deferred_trim_runs_at_the_end_of_the_last_capture() {
@@ -284,6 +379,54 @@ mod tests {
         gate.end(8);
         assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once, at the last end");
         assert!(gate.before_destroy("destroy_stream", 0x20).is_ok());
+    }
+
+    /// A sleep asked for while a use is between its check and its enqueue
+    /// waits for the use; a use asked for while the sleep waits or runs
+    /// waits for the sleep's end. Interleaving forced by the counts.
+    #[test]
+    fn a_sleep_waits_for_uses_under_way_and_uses_wait_for_the_sleep() {
+        let gate = Arc::new(SleepGate::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let used = gate.enter();
+        let sleeper = {
+            let (gate, order) = (gate.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _s = gate.sleep();
+                order.lock().unwrap().push("sleep");
+                // The late use below is waiting by now (forced before the
+                // first use ends): it runs after this sleep.
+                while gate.counts().2 == 0 {
+                    std::thread::yield_now();
+                }
+                order.lock().unwrap().push("sleep done");
+            })
+        };
+        while gate.counts().1 == 0 {
+            std::thread::yield_now();
+        }
+        let late = {
+            let (gate, order) = (gate.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _u = gate.enter();
+                order.lock().unwrap().push("late use");
+            })
+        };
+        // The sleep still waits for the first use, and the late use waits
+        // behind the sleep.
+        while gate.counts().2 == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(gate.counts(), (1, 1, 1));
+        order.lock().unwrap().push("use done");
+        drop(used);
+        sleeper.join().unwrap();
+        late.join().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["use done", "sleep", "sleep done", "late use"]
+        );
+        assert_eq!(gate.counts(), (0, 0, 0));
     }
 
     #[test]

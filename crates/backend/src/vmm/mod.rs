@@ -61,8 +61,8 @@ mod state;
 
 pub use crate::capability::SleepReport;
 pub use arena::{Arena, ALIGN};
-pub use gate::{Gate, GateCall};
-pub use pool::CapturePool;
+pub use gate::{Gate, GateCall, SleepGate, SleepGateSleep, SleepGateUse};
+pub use pool::{CapturePool, PoolTooLarge};
 pub use sleep::{with_host_copy_budget, HostCopyBudget};
 pub use state::{ArenaSnapshot, Granule, Quarantined, Slot, State};
 

@@ -8,6 +8,38 @@
 //! memory its pool pins.
 
 use crate::capability::PoolExhausted;
+use crate::{BackendError, BackendErrorKind};
+
+/// A capture pool asked for that, rounded up to the alignment of capture
+/// allocations, does not fit in 64 bits. Nothing was taken from the arena
+/// and no capture began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a capture pool of {requested} B was asked for, which rounded up to the {align} B \
+     alignment of capture allocations passes the 64-bit limit: nothing was taken and no \
+     capture began; ask for at most {max} B (CaptureConfig::pool_bytes), or rather what the \
+     capture's allocations need",
+    max = u64::MAX / align * align
+)]
+pub struct PoolTooLarge {
+    /// The backend whose capture refused (`"cuda"`, ...).
+    pub backend: &'static str,
+    /// Bytes asked for (`CaptureConfig::pool_bytes`).
+    pub requested: u64,
+    /// The alignment the pool is rounded up to.
+    pub align: u64,
+}
+
+impl From<PoolTooLarge> for BackendError {
+    fn from(e: PoolTooLarge) -> Self {
+        BackendError::new(
+            e.backend,
+            "begin_capture",
+            BackendErrorKind::InvalidArgument,
+            e.to_string(),
+        )
+    }
+}
 
 /// The carved front of a capture's pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +57,24 @@ impl CapturePool {
             bytes,
             used: 0,
         }
+    }
+
+    /// The size of a pool of `requested` bytes: at least 1, rounded up to
+    /// `align` (a power of two, or any non-zero alignment), checked:
+    /// [`PoolTooLarge`], naming `backend`, when it passes `u64::MAX`.
+    pub fn size_for(
+        backend: &'static str,
+        requested: u64,
+        align: u64,
+    ) -> Result<u64, PoolTooLarge> {
+        requested
+            .max(1)
+            .checked_next_multiple_of(align)
+            .ok_or(PoolTooLarge {
+                backend,
+                requested,
+                align,
+            })
     }
 
     /// The pool's device address.
@@ -100,6 +150,21 @@ mod tests {
         assert_eq!(pool.used(), 512, "a refusal carves nothing");
         assert_eq!(pool.carve("test", 512, 256), Ok(0x1200));
         assert!(pool.carve("test", u64::MAX, 256).is_err());
+    }
+
+    #[test]
+    fn a_pool_size_is_rounded_up_and_checked() {
+        assert_eq!(CapturePool::size_for("test", 0, 256), Ok(256));
+        assert_eq!(CapturePool::size_for("test", 257, 256), Ok(512));
+        let max = u64::MAX / 256 * 256;
+        assert_eq!(CapturePool::size_for("test", max, 256), Ok(max));
+        for requested in [max + 1, u64::MAX - 1, u64::MAX] {
+            let e = CapturePool::size_for("test", requested, 256).unwrap_err();
+            assert_eq!(e.requested, requested);
+            let e = BackendError::from(e);
+            assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+            assert!(e.message.contains(&format!("at most {max} B")), "{e}");
+        }
     }
 
     #[test]

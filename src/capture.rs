@@ -1,16 +1,20 @@
-//! Graph capture on a governed CUDA context: the capture pool charged to the
-//! context's budget before the capture begins, and the graph holding that
-//! charge, and the context, until it is destroyed.
+//! Graph capture on a governed context, for every backend with the capture
+//! capability ([`CaptureBackend`]: CUDA, HIP): the capture pool charged to
+//! the context's budget before the capture begins, and the graph holding
+//! that charge, and the context, until it is destroyed.
 //!
-//! [`CudaContext::begin_capture`] takes its pool from the context's arena
+//! A backend's own `begin_capture` takes its pool from the context's arena
 //! and knows nothing of budgets. Once the context is registered with a
-//! [`Governor`](crate::Governor), [`CaptureExt::capture`] is the way in:
+//! [`Governor`](crate::Governor), [`CaptureExt::capture`] is the way in
+//! (`memgov::cuda_capture` and `memgov::hip_capture` name it with the
+//! vendor's types):
 //!
 //! * **Charged before capture.** The pool is a [`Reservation`] of the
 //!   context's budget (and the shared budgets above it), made before any
-//!   driver call. A pool that does not fit is the governor's
-//!   [`GovernorError::BudgetExceeded`], with every number, and nothing is
-//!   begun: no stream capture, no arena memory taken.
+//!   driver call, of the size the backend will take
+//!   ([`CaptureBackend::capture_pool_bytes`]). A pool that does not fit is
+//!   the governor's [`GovernorError::BudgetExceeded`], with every number,
+//!   and nothing is begun: no stream capture, no arena memory taken.
 //! * **Held while the graph lives.** The [`GovernedGraph`] owns the
 //!   reservation: the pool's bytes stay charged, and the reservation's pin
 //!   keeps the context from tearing down, until the graph is destroyed
@@ -21,14 +25,14 @@
 //!   own: memory-allocation nodes made by a runtime's stream-ordered
 //!   allocations on the capturing stream (memgov's capture makes none: its
 //!   allocations carve the pool). After instantiation the graph's
-//!   allocation nodes are summed and charged to the context as memory
-//!   outside memgov ([`ContextHandle::report_outside`]) while the graph
-//!   lives.
+//!   allocation nodes are summed ([`CapturedGraph::graph_memory_bytes`])
+//!   and charged to the context as memory outside memgov
+//!   ([`ContextHandle::report_outside`]) while the graph lives.
 //!
 //! The capture runs inside [`ContextHandle::with_backend`]: a `force` of the
 //! context waits for it to end.
 
-use crate::cuda::{CaptureConfig, CudaCapture, CudaContext, CudaGraph, OutputSlot};
+use crate::backend::capability::{CaptureBackend, CaptureConfig, CapturedGraph, PoolCapture};
 use crate::{
     BackendError, ContextHandle, ContextOperation, GovernedStream, GovernorError, OutsideUsage,
     Reservation, Reserve,
@@ -37,16 +41,26 @@ use crate::{
 /// The label of a capture pool's reservation in snapshots and refusals.
 pub const POOL_LABEL: &str = "capture pool";
 
-/// Graph capture on a governed CUDA context.
+/// The capture a backend begins (`CudaCapture`, `HipCapture`).
+pub type CaptureOf<'a, C> = <C as CaptureBackend>::Capture<'a>;
+
+/// A host buffer a recorded download of backend `C` writes into.
+pub type SlotOf<C> = <<C as CaptureBackend>::Graph as CapturedGraph>::Slot;
+
+/// Graph capture on a governed context whose backend captures.
 pub trait CaptureExt {
-    /// Capture `stream` into a graph: charge `config.pool_bytes` to the
-    /// context's budget, begin the capture with a pool of that size from
-    /// the context's arena, run `record` (allocations carved from the pool,
-    /// copies recorded on the stream, kernels of the caller's own queued on
-    /// [`CudaStream::cu_stream`](crate::cuda::CudaStream::cu_stream)), end
+    /// The context's backend.
+    type Backend: CaptureBackend;
+
+    /// Capture `stream` into a graph: charge the pool of
+    /// `config.pool_bytes` to the context's budget, begin the capture with
+    /// a pool of that size from the context's arena, run `record`
+    /// (allocations carved from the pool, copies recorded on the stream,
+    /// kernels of the caller's own queued on the backend's raw stream), end
     /// the capture and instantiate the graph.
     ///
     /// ```no_run
+    /// # #[cfg(feature = "cuda")] {
     /// use memgov::cuda::{ArenaConfig, CaptureConfig, CaptureMode, CudaConfig, CudaContext};
     /// use memgov::cuda_capture::CaptureExt;
     /// use memgov::{ContextConfig, Governor};
@@ -66,6 +80,7 @@ pub trait CaptureExt {
     /// graph.launch(&s)?;
     /// assert_eq!(graph.read_output(out)?, vec![7; 4096]);
     /// graph.destroy()?;
+    /// # }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -75,24 +90,27 @@ pub trait CaptureExt {
     /// begun); [`GovernorError::WrongContext`] for another context's
     /// stream; [`GovernorError::Pin`] or [`GovernorError::DeviceLost`] on a
     /// retiring or lost context; [`GovernorError::Reclaimed`] for a stream
-    /// reclaimed by `force`; [`GovernorError::Backend`] for what
+    /// reclaimed by `force`; [`GovernorError::Backend`] for a pool too
+    /// large to round (nothing charged or begun), and for what
     /// `begin_capture`, `record` or the end of the capture returned (the
     /// capture is ended and its pool given back, and the charge returned).
     fn capture<R>(
         &self,
-        stream: &GovernedStream<CudaContext>,
+        stream: &GovernedStream<Self::Backend>,
         config: CaptureConfig,
-        record: impl FnOnce(&mut CudaCapture<'_>) -> Result<R, BackendError>,
-    ) -> Result<(GovernedGraph, R), GovernorError>;
+        record: impl FnOnce(&mut CaptureOf<'_, Self::Backend>) -> Result<R, BackendError>,
+    ) -> Result<(GovernedGraph<Self::Backend>, R), GovernorError>;
 }
 
-impl CaptureExt for ContextHandle<CudaContext> {
+impl<C: CaptureBackend> CaptureExt for ContextHandle<C> {
+    type Backend = C;
+
     fn capture<R>(
         &self,
-        stream: &GovernedStream<CudaContext>,
+        stream: &GovernedStream<C>,
         config: CaptureConfig,
-        record: impl FnOnce(&mut CudaCapture<'_>) -> Result<R, BackendError>,
-    ) -> Result<(GovernedGraph, R), GovernorError> {
+        record: impl FnOnce(&mut CaptureOf<'_, C>) -> Result<R, BackendError>,
+    ) -> Result<(GovernedGraph<C>, R), GovernorError> {
         if stream.context() != self.id() {
             return Err(GovernorError::wrong_context(
                 ContextOperation::Allocate,
@@ -103,18 +121,17 @@ impl CaptureExt for ContextHandle<CudaContext> {
         let raw = stream.raw().ok_or_else(|| GovernorError::Reclaimed {
             context: self.name(),
         })?;
-        // The pool's size as the backend takes it from the arena.
-        let pool_bytes = config
-            .pool_bytes
-            .max(1)
-            .checked_next_multiple_of(crate::cuda::CAPTURE_ALIGN)
-            .unwrap_or(u64::MAX);
-        // Charged first: a refusal here has begun nothing.
-        let pool = self.reserve(Reserve::new(pool_bytes, POOL_LABEL))?;
         let backend_error = |source| GovernorError::Backend {
             context: self.name(),
             source,
         };
+        // The pool's size as the backend takes it from the arena (checked:
+        // a size too large to round is refused before any charge).
+        let pool_bytes = self
+            .with_backend(|ctx| ctx.capture_pool_bytes(&config))?
+            .map_err(backend_error)?;
+        // Charged first: a refusal here has begun nothing.
+        let pool = self.reserve(Reserve::new(pool_bytes, POOL_LABEL))?;
         let (graph, out, graph_bytes) = self
             .with_backend(|ctx| {
                 let mut cap = ctx.begin_capture(raw, config)?;
@@ -154,16 +171,19 @@ impl CaptureExt for ContextHandle<CudaContext> {
 /// driver refuses) keeps everything as it was, so it can be tried again;
 /// when a drop's destroy fails, the backend keeps the graph pinned until
 /// the context's teardown destroys it, and the charges are returned.
-pub struct GovernedGraph {
-    graph: CudaGraph,
+pub struct GovernedGraph<C: CaptureBackend> {
+    graph: C::Graph,
     /// Graph memory (allocation nodes) charged while the graph lives.
-    graph_memory: Option<OutsideUsage<CudaContext>>,
+    graph_memory: Option<OutsideUsage<C>>,
     /// The pool's charge and the context's pin; taken when the graph is
     /// destroyed.
-    pool: Option<Reservation<CudaContext>>,
+    pool: Option<Reservation<C>>,
 }
 
-impl std::fmt::Debug for GovernedGraph {
+impl<C: CaptureBackend> std::fmt::Debug for GovernedGraph<C>
+where
+    C::Graph: std::fmt::Debug,
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GovernedGraph")
             .field("graph", &self.graph)
@@ -173,15 +193,15 @@ impl std::fmt::Debug for GovernedGraph {
     }
 }
 
-impl GovernedGraph {
+impl<C: CaptureBackend> GovernedGraph<C> {
     /// Queue one run of the graph on `stream`.
     ///
     /// # Errors
     ///
     /// [`GovernorError::Reclaimed`] for a stream reclaimed by `force`;
     /// [`GovernorError::Backend`] for what the launch returned (also after
-    /// the graph was destroyed).
-    pub fn launch(&self, stream: &GovernedStream<CudaContext>) -> Result<(), GovernorError> {
+    /// the graph was destroyed, and while the context's arena sleeps).
+    pub fn launch(&self, stream: &GovernedStream<C>) -> Result<(), GovernorError> {
         let raw = stream.raw().ok_or_else(|| GovernorError::Reclaimed {
             context: stream.context_name(),
         })?;
@@ -195,7 +215,7 @@ impl GovernedGraph {
 
     /// Wait for every launch of the context and copy out what the graph's
     /// download `slot` holds.
-    pub fn read_output(&mut self, slot: OutputSlot) -> Result<Vec<u8>, BackendError> {
+    pub fn read_output(&mut self, slot: SlotOf<C>) -> Result<Vec<u8>, BackendError> {
         self.graph.read_output(slot)
     }
 
@@ -229,7 +249,7 @@ impl GovernedGraph {
     }
 }
 
-impl Drop for GovernedGraph {
+impl<C: CaptureBackend> Drop for GovernedGraph<C> {
     fn drop(&mut self) {
         // On failure the fields drop after this: the backend keeps the
         // graph pinned until teardown (see the type's docs).
