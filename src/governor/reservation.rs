@@ -73,7 +73,7 @@ impl<C: DeviceContext> Reservation<C> {
         let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
         ctx.ledger
             .reserve(tier, bytes)
-            .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
+            .map_err(|refused| traced_refusal(ctx, reserve_refused(ctx, refused, bytes), bytes))?;
         // The pin is the reservation's until it is dropped.
         pin.transfer();
         let state = Arc::new(Reserved {
@@ -195,7 +195,9 @@ impl<C: DeviceContext> Reservation<C> {
         self.ctx
             .ledger
             .reserve(self.tier, bytes)
-            .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
+            .map_err(|refused| {
+                traced_refusal(&self.ctx, reserve_refused(&self.ctx, refused, bytes), bytes)
+            })?;
         self.state.left.add(bytes);
         self.trace(EventKind::Reserved, bytes);
         Ok(())
@@ -234,6 +236,22 @@ impl<C: DeviceContext> Drop for Reservation<C> {
         self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
     }
+}
+
+/// `err`, the refusal of a reservation of `bytes`, after recording it on the
+/// context's timeline when the context is traced (on no stream, with no
+/// role: a reservation has neither).
+#[cold]
+fn traced_refusal<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    err: GovernorError,
+    bytes: u64,
+) -> GovernorError {
+    if ctx.trace.is_some() {
+        let note = Some(err.to_string());
+        ctx.trace_event(0, None, EventKind::Refused, bytes, note);
+    }
+    err
 }
 
 /// Bytes taken out of a reservation for an allocation being made: put back
