@@ -373,7 +373,7 @@ function main() {
     if (ctx.sites.size) {
       const rows = [...ctx.sites].sort((a, b) => b[1].peak - a[1].peak || b[1].live - a[1].live)
         .map(([s, v]) => [s, v.label, fmtBytes(v.live), String(v.count), fmtBytes(v.peak), String(v.allocations), String(v.refusals)]);
-      table(section, ["site", "label", "live", "count", "peak", "allocations", "refusals"], rows).className = "sites";
+      table(section, ["site", "label", "live at the end", "buffers at the end", "peak live", "allocations", "refusals"], rows).className = "sites";
     }
   }
   document.getElementById("status").textContent =
