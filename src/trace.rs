@@ -90,6 +90,12 @@ pub enum EventKind {
     /// The sleeping bytes of `role` woke (`ContextHandle::wake_with`):
     /// charged again. One event per role that had bytes.
     Woke,
+    /// A trim of the process budget (`ProcessBudget::trim`, which the
+    /// machine ledger calls when another process on the device asks for
+    /// room) asked this context's block cache and pressure responders:
+    /// `bytes` is what they gave back. The note says what the process was
+    /// asked for.
+    Trimmed,
     /// The context began retiring.
     RetireBegun,
     /// The backend's teardown ran.
@@ -114,6 +120,7 @@ impl EventKind {
             Self::Unreserved => "unreserved",
             Self::Slept => "slept",
             Self::Woke => "woke",
+            Self::Trimmed => "trimmed",
             Self::RetireBegun => "retire begun",
             Self::TornDown => "torn down",
         }
@@ -388,6 +395,7 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
                 | EventKind::Unreserved
                 | EventKind::Slept
                 | EventKind::Woke
+                | EventKind::Trimmed
         );
         if marked {
             let mut args = format!("\"bytes\":{}", e.bytes);

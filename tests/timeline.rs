@@ -141,3 +141,56 @@ fn reservations_sleeps_and_wakes_are_on_the_timeline_and_balance_with_the_snapsh
     }
     assert!(json.contains(r#""kind":"allocated","bytes":1048576,"note":"kv pool""#));
 }
+
+/// A trim of the process budget (what the machine ledger asks for another
+/// process) is on the timeline of each context it asked, with what that
+/// context's pressure responders gave back.
+#[test]
+fn a_trim_of_the_process_budget_is_on_the_timeline_of_each_context_it_asked() {
+    use memgov::ProcessBudget;
+    use std::sync::{Arc, Mutex};
+    const MIB: u64 = 1 << 20;
+    let trace = Trace::new();
+    let process = ProcessBudget::new("worker", 64 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 64 * MIB, &process);
+    let gov = Governor::new();
+    let register = |label: &str| {
+        gov.register(
+            HostContext::new(HostConfig::default()).unwrap(),
+            ContextConfig::new()
+                .label(label)
+                .shared_budget(gpu0.clone())
+                .trace(&trace),
+        )
+    };
+    let (a, quiet) = (register("a"), register("quiet"));
+    let stream = a.create_stream("s").unwrap();
+    let held = Arc::new(Mutex::new(Some(
+        a.allocate(&stream, Alloc::new(4 * MIB, Role::KvCache))
+            .unwrap(),
+    )));
+    let given = held.clone();
+    a.add_pressure_responder(0, move |_| {
+        given.lock().unwrap().take().map_or(0, |b| b.len() as u64)
+    });
+    assert_eq!(process.trim(3 * MIB), 4 * MIB);
+    let events = trace.events();
+    let trims: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Trimmed)
+        .map(|e| (&*e.context, e.bytes))
+        .collect();
+    // The context without responders or a cache was not asked.
+    assert_eq!(trims, [("a", 4 * MIB)], "{events:#?}");
+    let note = events
+        .iter()
+        .find(|e| e.kind == EventKind::Trimmed)
+        .and_then(|e| e.note.clone())
+        .unwrap();
+    assert!(note.contains(&(3 * MIB).to_string()), "{note}");
+    assert!(held.lock().unwrap().is_none());
+    drop(stream);
+    for ctx in [a, quiet] {
+        ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+    }
+}

@@ -2,7 +2,8 @@
 //! network, no external script) that plots a memgov trace on one time axis
 //! for every context: live bytes stacked by role, with pending and reserved
 //! bytes above them, per context and per stream; refusals, pressure, sleeps,
-//! wakes, abandoned releases, retire and teardown marked; a count of every
+//! wakes, trims for another process, abandoned releases, retire and
+//! teardown marked; a count of every
 //! event kind per context; and, when the trace's events name their call
 //! sites (a `site` field, an optional `label`), a table per site.
 //!
@@ -177,7 +178,7 @@ const DATA = /*MEMGOV_DATA*/null;
 const ROLES = ["weights", "kv-cache", "activation", "workspace", "other"];
 const COLORS = {"weights": "#1f77b4", "kv-cache": "#9467bd", "activation": "#2ca02c", "workspace": "#ff7f0e", "other": "#7f7f7f"};
 // Vertical lines; every other kind is counted in the context's table.
-const MARKS = {"refused": "#d62728", "pressure": "#ff9900", "abandoned": "#8c564b", "slept": "#e377c2", "woke": "#17becf", "retire begun": "#555555", "torn down": "#000000"};
+const MARKS = {"refused": "#d62728", "pressure": "#ff9900", "abandoned": "#8c564b", "slept": "#e377c2", "woke": "#17becf", "trimmed": "#bcbd22", "retire begun": "#555555", "torn down": "#000000"};
 
 function fmtBytes(b) {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -350,7 +351,7 @@ function main() {
     ((t1 - t0) / 1000).toFixed(1) + " ms; shaded: before a context's first event and after its last)" +
     (DATA.dropped ? "; " + DATA.dropped + " events were dropped past the trace's limit" : "") +
     ". Filled: live bytes stacked by role; dashed: live + pending (released, not yet retired); dotted: live + pending + reserved. " +
-    "Vertical lines: refusals (red), pressure (orange), sleeps (pink), wakes (cyan), abandoned releases (brown), retire and teardown (dashed grey, black).";
+    "Vertical lines: refusals (red), pressure (orange), sleeps (pink), wakes (cyan), trims for another process (olive), abandoned releases (brown), retire and teardown (dashed grey, black).";
   const legend = document.getElementById("legend");
   for (const r of ROLES) {
     const s = document.createElement("span");
