@@ -5,7 +5,10 @@
 //! wakes, trims for another process, abandoned releases, retire and
 //! teardown marked; a count of every
 //! event kind per context; and, when the trace's events name their call
-//! sites (a `site` field, an optional `label`), a table per site.
+//! sites (a `site` field, an optional `label`), a table per site, or the
+//! figures per site of a trace's `memgovSites` array (objects with
+//! `context`, `site`, `label`, `live_bytes`, `live_count`, `peak_bytes`,
+//! `allocations`, `refusals`) where it has them.
 //!
 //! Each chart's title states the peak of live bytes that chart plots; the
 //! page compares each context's with the peak computed here from the same
@@ -109,6 +112,7 @@ pub fn write_report(args: &ReportArgs) -> Result<usize, ReportError> {
         "events": events,
         "dropped": dropped,
         "peaks": live_peaks(events),
+        "sites": trace.get("memgovSites").cloned().unwrap_or(Value::Null),
     });
     // `</` never appears inside the script: a label cannot close it.
     let data = data.to_string().replace("</", "<\\/");
@@ -371,6 +375,12 @@ function main() {
     if (expected !== undefined && expected !== peak) disagree.push(ctx.name + ": drew " + peak + ", the trace's peak is " + expected);
     for (const [scope, tr] of ctx.tracks) if (scope !== "") chart(section, "h3", "stream " + scope, ctx, tr, axis, 140);
     table(section, ["event", "count"], Object.keys(ctx.counts).sort().map(k => [k, String(ctx.counts[k])])).className = "events";
+    // Figures per site a snapshot gave (`memgovSites`) win over those summed here.
+    const given = Array.isArray(DATA.sites) ? DATA.sites.filter(u => u.context === ctx.name) : [];
+    if (given.length) {
+      ctx.sites = new Map(given.map(u => [u.site, {label: u.label || "", live: u.live_bytes || 0, count: u.live_count || 0,
+        peak: u.peak_bytes || 0, allocations: u.allocations || 0, refusals: u.refusals || 0}]));
+    }
     if (ctx.sites.size) {
       const rows = [...ctx.sites].sort((a, b) => b[1].peak - a[1].peak || b[1].live - a[1].live)
         .map(([s, v]) => [s, v.label, fmtBytes(v.live), String(v.count), fmtBytes(v.peak), String(v.allocations), String(v.refusals)]);

@@ -67,7 +67,8 @@ for c, p, title in drawn:
 assert [c for c, _, _ in drawn][:1] == ["llm@gpu0"], drawn
 PY
 # The per-site table, on a copy of the trace whose allocations and releases
-# this step gives three call sites (the largest holder first on the page).
+# this step gives three call sites (the largest holder first on the page),
+# and whose `memgovSites` gives one context's figures per site.
 python3 - "$dir/trace.json" "$dir/sites.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
@@ -75,6 +76,9 @@ site_of = {"weights": "src/load.rs:10:5", "kv-cache": "src/kv.rs:42:9", "activat
 for e in t["memgovEvents"]:
     if e["kind"] in ("allocated", "released") and e["role"] in site_of:
         e["site"] = site_of[e["role"]]
+# Figures per site as a snapshot gives them, for one context.
+t["memgovSites"] = [{"context": "embedder@gpu0", "site": "src/embed.rs:3:1", "label": "embedder weights",
+                     "live_bytes": 0, "live_count": 0, "peak_bytes": 41943040, "allocations": 26, "refusals": 0}]
 json.dump(t, open(sys.argv[2], "w"))
 PY
 "$memgov" report "$dir/sites.json" -o "$dir/sites.html" >/dev/null
@@ -87,6 +91,8 @@ assert len(tables) == 3, f"{len(tables)} site tables, not one per context"
 first = re.findall(r'<tr><td>([^<]*)</td>', tables[0])
 print("page: sites of the first context, largest peak first:", first)
 assert first[0] == "src/kv.rs:42:9", first
+second = re.findall(r'<tr><td>([^<]*)</td><td>([^<]*)</td>', tables[1])
+assert second == [("src/embed.rs:3:1", "embedder weights")], second
 PY
 browse --screenshot="$dir/timeline.png" >/dev/null
 python3 - "$dir/timeline.png" <<'PY'
