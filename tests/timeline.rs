@@ -171,7 +171,7 @@ fn a_trim_of_the_process_budget_is_on_the_timeline_of_each_context_it_asked() {
     )));
     let given = held.clone();
     a.add_pressure_responder(0, move |_| {
-        given.lock().unwrap().take().map_or(0, |b| b.len() as u64)
+        given.lock().unwrap().take().map_or(0, |b| b.len())
     });
     assert_eq!(process.trim(3 * MIB), 4 * MIB);
     let events = trace.events();
