@@ -52,7 +52,9 @@ pub enum EventKind {
     StreamCreated,
     /// An allocation was admitted: `bytes` became live. Recorded once per
     /// buffer, however it was made (`ContextHandle::allocate`, in any tier,
-    /// or `Reservation::allocate`).
+    /// or `Reservation::allocate`); one made out of a reservation carries
+    /// the reservation's label as its note, and its bytes leave the
+    /// reservation's [`Reserved`](Self::Reserved) bytes.
     Allocated,
     /// A buffer was released: `bytes` went from live to pending. Recorded
     /// once per buffer; one whose free will never retire (refused, on a
@@ -73,6 +75,27 @@ pub enum EventKind {
     Refused,
     /// Pressure responders were asked to free `bytes`.
     Pressure,
+    /// A reservation was made or grown (`ContextHandle::reserve`,
+    /// `Reservation::grow`): `bytes` are charged to the budgets without
+    /// being live. The note is the reservation's label.
+    Reserved,
+    /// Unused bytes of a reservation went back to the budgets: given back
+    /// (`Reservation::shrink`) or the remainder at its drop. The note is the
+    /// reservation's label.
+    Unreserved,
+    /// The live device-tier bytes of `role` were put to sleep
+    /// (`ContextHandle::sleep_with`): taken off the budgets, still live.
+    /// One event per role that had bytes.
+    Slept,
+    /// The sleeping bytes of `role` woke (`ContextHandle::wake_with`):
+    /// charged again. One event per role that had bytes.
+    Woke,
+    /// A trim of the process budget (`ProcessBudget::trim`, which the
+    /// machine ledger calls when another process on the device asks for
+    /// room) asked this context's block cache and pressure responders:
+    /// `bytes` is what they gave back. The note says what the process was
+    /// asked for.
+    Trimmed,
     /// The context began retiring.
     RetireBegun,
     /// The backend's teardown ran.
@@ -93,6 +116,11 @@ impl EventKind {
             Self::MovedIn => "moved in",
             Self::Refused => "refused",
             Self::Pressure => "pressure",
+            Self::Reserved => "reserved",
+            Self::Unreserved => "unreserved",
+            Self::Slept => "slept",
+            Self::Woke => "woke",
+            Self::Trimmed => "trimmed",
             Self::RetireBegun => "retire begun",
             Self::TornDown => "torn down",
         }
@@ -202,8 +230,10 @@ impl Trace {
     /// The timeline in the Chrome trace event format (JSON): one process per
     /// context, one thread per stream; counter tracks of live and pending
     /// bytes per role for each stream and for each context; instant events
-    /// for refusals, pressure, retire and teardown; the memgov events
-    /// themselves under `memgovEvents`.
+    /// for refusals, pressure, reservations, sleeps and wakes, retire and
+    /// teardown; the memgov events themselves under `memgovEvents` (`t_us`,
+    /// `context`, `stream`, `role`, `kind`, `bytes`, and `note` when the
+    /// event has one).
     pub fn to_chrome_json(&self) -> String {
         let (events, dropped) = {
             let state = lock(&self.inner.state);
@@ -361,6 +391,11 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
                 | EventKind::RetireBegun
                 | EventKind::TornDown
                 | EventKind::Abandoned
+                | EventKind::Reserved
+                | EventKind::Unreserved
+                | EventKind::Slept
+                | EventKind::Woke
+                | EventKind::Trimmed
         );
         if marked {
             let mut args = format!("\"bytes\":{}", e.bytes);
@@ -394,6 +429,10 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
             json_str(e.kind.name()),
             e.bytes
         );
+        if let Some(note) = &e.note {
+            out.truncate(out.len() - 1);
+            let _ = write!(out, ",\"note\":{}}}", json_str(note));
+        }
     }
     let _ = write!(out, "],\"memgovDropped\":{dropped}}}");
     out

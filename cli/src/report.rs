@@ -1,14 +1,25 @@
 //! `memgov report TRACE -o timeline.html`: one self-contained HTML page (no
-//! network, no external script) that plots a memgov trace: live, pending and
-//! cached bytes over time per context, role and stream, with refusals,
-//! pressure, retire and teardown marked.
+//! network, no external script) that plots a memgov trace on one time axis
+//! for every context: live bytes stacked by role, with pending and reserved
+//! bytes above them, per context and per stream; refusals, pressure, sleeps,
+//! wakes, trims for another process, abandoned releases, retire and
+//! teardown marked; a count of every
+//! event kind per context; and, when the trace's events name their call
+//! sites (a `site` field, an optional `label`), a table per site, or the
+//! figures per site of a trace's `memgovSites` array (objects with
+//! `context`, `site`, `label`, `live_bytes`, `live_count`, `peak_bytes`,
+//! `allocations`, `refusals`) where it has them.
 //!
-//! The page draws on a canvas with a few hundred lines of inline script;
-//! once drawn it records what it drew in `#status` (`drew N series …`), which
-//! the suite reads back from headless Chromium along with a screenshot.
+//! Each chart's title states the peak of live bytes that chart plots; the
+//! page compares each context's with the peak computed here from the same
+//! events ([`live_peaks`], which the snapshot's `peak` equals) and says in
+//! `#status` whether they agree (`drew N series and M markers for K
+//! context(s); peaks agree`), which the suite reads back from headless
+//! Chromium along with a screenshot.
 
 use clap::Args;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -100,6 +111,8 @@ pub fn write_report(args: &ReportArgs) -> Result<usize, ReportError> {
         "source": args.trace.display().to_string(),
         "events": events,
         "dropped": dropped,
+        "peaks": live_peaks(events),
+        "sites": trace.get("memgovSites").cloned().unwrap_or(Value::Null),
     });
     // `</` never appears inside the script: a label cannot close it.
     let data = data.to_string().replace("</", "<\\/");
@@ -111,6 +124,32 @@ pub fn write_report(args: &ReportArgs) -> Result<usize, ReportError> {
     Ok(events.len())
 }
 
+/// Each context's highest total of live bytes over the trace's events
+/// (`allocated` adds, `released` takes away; a move between streams changes
+/// no context's total): what the context's snapshot reports as its `peak`
+/// when the trace holds every event (with `Tuning::exact_peak`, or one
+/// stream), and what the page's title for the context must show.
+pub fn live_peaks(events: &[Value]) -> BTreeMap<String, u64> {
+    let mut now: BTreeMap<String, (i128, u64)> = BTreeMap::new();
+    for e in events {
+        let (Some(context), Some(kind)) = (
+            e.get("context").and_then(Value::as_str),
+            e.get("kind").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        let bytes = i128::from(e.get("bytes").and_then(Value::as_u64).unwrap_or(0));
+        let entry = now.entry(context.to_owned()).or_default();
+        match kind {
+            "allocated" => entry.0 += bytes,
+            "released" => entry.0 -= bytes,
+            _ => continue,
+        }
+        entry.1 = entry.1.max(u64::try_from(entry.0).unwrap_or(0));
+    }
+    now.into_iter().map(|(c, (_, peak))| (c, peak)).collect()
+}
+
 const PAGE: &str = r##"<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -120,11 +159,12 @@ const PAGE: &str = r##"<!DOCTYPE html>
   body { font: 14px/1.4 system-ui, sans-serif; margin: 16px 24px; color: #1a1a1a; background: #fff; }
   h1 { font-size: 20px; margin: 0 0 4px; }
   h2 { font-size: 16px; margin: 20px 0 4px; }
+  h3 { font-size: 14px; margin: 10px 0 2px; }
   .meta { color: #555; margin: 0 0 8px; }
   canvas { border: 1px solid #ddd; display: block; margin: 4px 0; }
   .legend span { display: inline-block; margin-right: 14px; }
-  .legend i { display: inline-block; width: 18px; height: 3px; vertical-align: middle; margin-right: 4px; }
-  table { border-collapse: collapse; margin-top: 6px; }
+  .legend i { display: inline-block; width: 14px; height: 10px; vertical-align: middle; margin-right: 4px; }
+  table { border-collapse: collapse; margin: 6px 16px 6px 0; display: inline-table; vertical-align: top; }
   td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: right; }
   th { background: #f4f4f4; }
   td:first-child, th:first-child { text-align: left; }
@@ -141,8 +181,8 @@ const PAGE: &str = r##"<!DOCTYPE html>
 const DATA = /*MEMGOV_DATA*/null;
 const ROLES = ["weights", "kv-cache", "activation", "workspace", "other"];
 const COLORS = {"weights": "#1f77b4", "kv-cache": "#9467bd", "activation": "#2ca02c", "workspace": "#ff7f0e", "other": "#7f7f7f"};
-const MARKS = {"refused": "#d62728", "pressure": "#ff9900", "abandoned": "#8c564b", "retire begun": "#555555", "torn down": "#000000"};
-const KIND_LABEL = {"live": "live", "pending": "pending (released, not yet retired)", "cached": "cached"};
+// Vertical lines; every other kind is counted in the context's table.
+const MARKS = {"refused": "#d62728", "pressure": "#ff9900", "abandoned": "#8c564b", "slept": "#e377c2", "woke": "#17becf", "trimmed": "#bcbd22", "retire begun": "#555555", "torn down": "#000000"};
 
 function fmtBytes(b) {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -151,61 +191,82 @@ function fmtBytes(b) {
   return (i === 0 ? v.toFixed(0) : v.toFixed(1)) + " " + u[i];
 }
 
-// Series per (context, scope) where scope is "" (the context) or a stream:
-// points [t_us, {live: {role: bytes}, pending: {...}, cached: {...}}].
+// Per context: tracks by scope ("" the context, else a stream), each a list
+// of points [t_us, {live: {role: bytes}, pending, reserved}] after every
+// event that changed it; the marks; a count per event kind; per-site figures.
 function build(events) {
   const contexts = new Map();
+  let t0 = Infinity, t1 = -Infinity;
   const ctxOf = (name) => {
-    if (!contexts.has(name)) contexts.set(name, {name, tracks: new Map(), marks: [], t0: Infinity, t1: -Infinity});
+    if (!contexts.has(name)) contexts.set(name, {name, tracks: new Map(), marks: [], counts: {}, sites: new Map(), t0: Infinity, t1: -Infinity});
     return contexts.get(name);
   };
-  const zero = () => ({live: {}, pending: {}, cached: {}});
   for (const e of events) {
+    t0 = Math.min(t0, e.t_us); t1 = Math.max(t1, e.t_us);
     const c = ctxOf(e.context);
     c.t0 = Math.min(c.t0, e.t_us); c.t1 = Math.max(c.t1, e.t_us);
+    c.counts[e.kind] = (c.counts[e.kind] || 0) + 1;
     if (MARKS[e.kind]) c.marks.push(e);
-    let d = null;
+    if (e.site) site(c, e);
+    // [what, role, delta, streams too]
+    const d = [];
     if (e.role) {
-      if (e.kind === "allocated" || e.kind === "moved in") d = [["live", e.bytes]];
-      else if (e.kind === "moved out") d = [["live", -e.bytes]];
-      else if (e.kind === "released") d = [["live", -e.bytes], ["pending", e.bytes]];
-      else if (e.kind === "retired" || e.kind === "abandoned") d = [["pending", -e.bytes]];
-      else if (e.kind === "cached") d = [["cached", e.bytes]];
-      else if (e.kind === "uncached") d = [["cached", -e.bytes]];
+      if (e.kind === "allocated" || e.kind === "moved in") d.push(["live", e.role, e.bytes, true]);
+      else if (e.kind === "moved out") d.push(["live", e.role, -e.bytes, true]);
+      else if (e.kind === "released") d.push(["live", e.role, -e.bytes, true], ["pending", null, e.bytes, true]);
+      else if (e.kind === "retired" || e.kind === "abandoned") d.push(["pending", null, -e.bytes, true]);
     }
-    if (!d) continue;
+    // An allocation out of a reservation names it: its bytes leave the reserved ones.
+    if (e.kind === "allocated" && e.note != null) d.push(["reserved", null, -e.bytes, false]);
+    if (e.kind === "reserved") d.push(["reserved", null, e.bytes, false]);
+    if (e.kind === "unreserved") d.push(["reserved", null, -e.bytes, false]);
+    if (!d.length) continue;
     for (const scope of e.stream ? ["", e.stream] : [""]) {
-      if (!c.tracks.has(scope)) c.tracks.set(scope, {cur: zero(), points: [], peak: 0});
+      if (!c.tracks.has(scope)) c.tracks.set(scope, {cur: {live: {}, pending: 0, reserved: 0}, points: []});
       const tr = c.tracks.get(scope);
-      for (const [kind, delta] of d) {
-        tr.cur[kind][e.role] = Math.max(0, (tr.cur[kind][e.role] || 0) + delta);
+      for (const [what, role, delta, streams] of d) {
+        if (scope !== "" && !streams) continue;
+        if (role) tr.cur.live[role] = Math.max(0, (tr.cur.live[role] || 0) + delta);
+        else tr.cur[what] = Math.max(0, tr.cur[what] + delta);
       }
-      tr.points.push([e.t_us, JSON.parse(JSON.stringify(tr.cur))]);
-      let total = 0;
-      for (const k of ["live", "pending", "cached"]) for (const r of ROLES) total += tr.cur[k][r] || 0;
-      tr.peak = Math.max(tr.peak, total);
+      tr.points.push([e.t_us, {live: Object.assign({}, tr.cur.live), pending: tr.cur.pending, reserved: tr.cur.reserved}]);
     }
   }
-  return contexts;
+  return {contexts, t0, t1: Math.max(t1, t0 + 1)};
+}
+
+function site(c, e) {
+  if (!c.sites.has(e.site)) c.sites.set(e.site, {label: e.label || "", live: 0, count: 0, peak: 0, allocations: 0, refusals: 0});
+  const s = c.sites.get(e.site);
+  if (e.kind === "allocated") { s.allocations++; s.count++; s.live += e.bytes; s.peak = Math.max(s.peak, s.live); }
+  else if (e.kind === "released") { s.count = Math.max(0, s.count - 1); s.live = Math.max(0, s.live - e.bytes); }
+  else if (e.kind === "refused") s.refusals++;
 }
 
 let drawnSeries = 0, drawnMarks = 0;
 
-function chart(parent, title, ctx, track, height) {
-  const h = document.createElement(title.startsWith("context") ? "h2" : "h3");
-  h.textContent = title + " — peak " + fmtBytes(track.peak) + " (" + track.peak + " bytes)";
+// One chart on the page's time axis [t0, t1]: live bytes stacked by role
+// (filled), pending above them (dashed), reserved above those (dotted).
+// Returns the highest stack of live bytes it drew.
+function chart(parent, heading, title, ctx, track, axis, height) {
+  const h = document.createElement(heading);
   parent.appendChild(h);
   const cv = document.createElement("canvas");
   const W = 1100, H = height, L = 70, R = 10, T = 8, B = 24;
   cv.width = W; cv.height = H;
   parent.appendChild(cv);
   const g = cv.getContext("2d");
-  const t0 = ctx.t0, t1 = Math.max(ctx.t1, t0 + 1);
+  const {t0, t1} = axis;
+  const liveOf = (v) => ROLES.reduce((a, r) => a + (v.live[r] || 0), 0);
   let ymax = 1;
-  for (const [, v] of track.points) for (const k of ["live", "pending", "cached"]) for (const r of ROLES) ymax = Math.max(ymax, v[k][r] || 0);
+  for (const [, v] of track.points) ymax = Math.max(ymax, liveOf(v) + v.pending + v.reserved);
   const x = (t) => L + (t - t0) / (t1 - t0) * (W - L - R);
   const y = (b) => H - B - b / ymax * (H - T - B);
   g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
+  // Before the context's first event and after its last: shaded.
+  g.fillStyle = "#f3f3f3";
+  g.fillRect(L, T, x(ctx.t0) - L, H - T - B);
+  g.fillRect(x(ctx.t1), T, W - R - x(ctx.t1), H - T - B);
   g.strokeStyle = "#e6e6e6"; g.fillStyle = "#555"; g.font = "11px sans-serif";
   for (let i = 0; i <= 4; i++) {
     const b = ymax * i / 4;
@@ -216,40 +277,85 @@ function chart(parent, title, ctx, track, height) {
     const t = t0 + (t1 - t0) * i / 5;
     g.fillText(((t - t0) / 1000).toFixed(1) + " ms", x(t) - (i === 5 ? 44 : 14), H - 6);
   }
+  // A step function through the points: f(v) bytes from each point on.
+  const steps = (f) => {
+    const out = [[t0, 0]];
+    for (const [t, v] of track.points) out.push([t, f(v)]);
+    return out;
+  };
+  const below = (r, v) => ROLES.slice(0, ROLES.indexOf(r)).reduce((a, q) => a + (v.live[q] || 0), 0);
+  let peak = 0;
+  for (const r of ROLES) {
+    if (!track.points.some(([, v]) => (v.live[r] || 0) > 0)) continue;
+    const top = steps((v) => below(r, v) + (v.live[r] || 0));
+    const bottom = steps((v) => below(r, v));
+    g.beginPath();
+    let prev = 0;
+    g.moveTo(x(t0), y(0));
+    for (const [t, b] of top) { g.lineTo(x(t), y(prev)); g.lineTo(x(t), y(b)); prev = b; peak = Math.max(peak, b); }
+    g.lineTo(x(t1), y(prev));
+    // Back along the bottom: bottom[i]'s value holds from its time to the next one's.
+    g.lineTo(x(t1), y(bottom[bottom.length - 1][1]));
+    for (let i = bottom.length - 1; i > 0; i--) {
+      g.lineTo(x(bottom[i][0]), y(bottom[i][1]));
+      g.lineTo(x(bottom[i][0]), y(bottom[i - 1][1]));
+    }
+    g.lineTo(x(t0), y(0));
+    g.closePath();
+    g.fillStyle = COLORS[r]; g.fill();
+    drawnSeries++;
+  }
+  const lines = [["pending", (v) => liveOf(v) + v.pending, [6, 4]], ["reserved", (v) => liveOf(v) + v.pending + v.reserved, [2, 2]]];
+  for (const [what, f, dash] of lines) {
+    if (!track.points.some(([, v]) => v[what] > 0)) continue;
+    g.strokeStyle = "#222"; g.lineWidth = 1.5; g.setLineDash(dash);
+    g.beginPath();
+    let prev = 0;
+    g.moveTo(x(t0), y(0));
+    for (const [t, b] of steps(f)) { g.lineTo(x(t), y(prev)); g.lineTo(x(t), y(b)); prev = b; }
+    g.lineTo(x(t1), y(prev));
+    g.stroke();
+    drawnSeries++;
+  }
+  g.setLineDash([]);
   for (const m of ctx.marks) {
-    if (title.startsWith("stream") && m.stream && ("stream " + m.stream) !== title) continue;
+    if (heading === "h3" && m.stream && ("stream " + m.stream) !== title) continue;
     g.strokeStyle = MARKS[m.kind]; g.lineWidth = 1;
-    g.setLineDash(m.kind === "refused" || m.kind === "pressure" ? [] : [2, 3]);
+    g.setLineDash(m.kind === "retire begun" || m.kind === "torn down" ? [2, 3] : []);
     g.beginPath(); g.moveTo(x(m.t_us), T); g.lineTo(x(m.t_us), H - B); g.stroke();
     drawnMarks++;
   }
-  const dashes = {live: [], pending: [6, 4], cached: [2, 2]};
-  for (const k of ["live", "pending", "cached"]) {
-    for (const r of ROLES) {
-      if (!track.points.some(([, v]) => (v[k][r] || 0) > 0)) continue;
-      g.strokeStyle = COLORS[r]; g.lineWidth = k === "live" ? 2.5 : 1.5; g.setLineDash(dashes[k]);
-      g.beginPath();
-      let prev = 0;
-      g.moveTo(x(t0), y(0));
-      for (const [t, v] of track.points) {
-        const b = v[k][r] || 0;
-        g.lineTo(x(t), y(prev)); g.lineTo(x(t), y(b)); prev = b;
-      }
-      g.lineTo(x(t1), y(prev));
-      g.stroke();
-      drawnSeries++;
-    }
-  }
   g.setLineDash([]);
+  h.textContent = title + " — peak live " + fmtBytes(peak) + " (" + peak + " bytes)";
+  h.dataset.peak = String(peak);
+  return peak;
+}
+
+function table(parent, head, rows) {
+  const tbl = document.createElement("table");
+  const cell = (tag, s) => { const c = document.createElement(tag); c.textContent = s; return c; };
+  const tr = document.createElement("tr");
+  for (const s of head) tr.appendChild(cell("th", s));
+  tbl.appendChild(tr);
+  for (const row of rows) {
+    const r = document.createElement("tr");
+    for (const s of row) r.appendChild(cell("td", s));
+    tbl.appendChild(r);
+  }
+  parent.appendChild(tbl);
+  return tbl;
 }
 
 function main() {
   if (!DATA) { document.getElementById("status").textContent = "no data"; return; }
-  const contexts = build(DATA.events);
+  const {contexts, t0, t1} = build(DATA.events);
+  const axis = {t0, t1};
   const meta = document.getElementById("meta");
-  meta.textContent = DATA.events.length + " events from " + DATA.source + "; " + contexts.size + " context(s)" +
+  meta.textContent = DATA.events.length + " events from " + DATA.source + "; " + contexts.size + " context(s) on one time axis (" +
+    ((t1 - t0) / 1000).toFixed(1) + " ms; shaded: before a context's first event and after its last)" +
     (DATA.dropped ? "; " + DATA.dropped + " events were dropped past the trace's limit" : "") +
-    ". Solid: live; dashed: pending (released, not yet retired); dotted: cached. Vertical lines: refusals (red), pressure (orange), abandoned releases (brown), retire and teardown (dashed grey, black).";
+    ". Filled: live bytes stacked by role; dashed: live + pending (released, not yet retired); dotted: live + pending + reserved. " +
+    "Vertical lines: refusals (red), pressure (orange), sleeps (pink), wakes (cyan), trims for another process (olive), abandoned releases (brown), retire and teardown (dashed grey, black).";
   const legend = document.getElementById("legend");
   for (const r of ROLES) {
     const s = document.createElement("span");
@@ -257,22 +363,61 @@ function main() {
     legend.appendChild(s);
   }
   const charts = document.getElementById("charts");
+  const disagree = [];
   for (const ctx of contexts.values()) {
-    const whole = ctx.tracks.get("") || {points: [], peak: 0};
-    chart(charts, "context " + ctx.name, ctx, whole, 260);
-    for (const [scope, tr] of ctx.tracks) if (scope !== "") chart(charts, "stream " + scope, ctx, tr, 140);
-    const counts = {};
-    for (const m of ctx.marks) counts[m.kind] = (counts[m.kind] || 0) + 1;
-    const tbl = document.createElement("table");
-    tbl.innerHTML = "<tr><th>event</th><th>count</th></tr>" +
-      Object.keys(MARKS).map(k => "<tr><td>" + k + "</td><td>" + (counts[k] || 0) + "</td></tr>").join("");
-    charts.appendChild(tbl);
+    const section = document.createElement("section");
+    section.className = "context";
+    section.dataset.context = ctx.name;
+    charts.appendChild(section);
+    const whole = ctx.tracks.get("") || {points: []};
+    const peak = chart(section, "h2", "context " + ctx.name, ctx, whole, axis, 260);
+    const expected = DATA.peaks ? DATA.peaks[ctx.name] : undefined;
+    if (expected !== undefined && expected !== peak) disagree.push(ctx.name + ": drew " + peak + ", the trace's peak is " + expected);
+    for (const [scope, tr] of ctx.tracks) if (scope !== "") chart(section, "h3", "stream " + scope, ctx, tr, axis, 140);
+    table(section, ["event", "count"], Object.keys(ctx.counts).sort().map(k => [k, String(ctx.counts[k])])).className = "events";
+    // Figures per site a snapshot gave (`memgovSites`) win over those summed here.
+    const given = Array.isArray(DATA.sites) ? DATA.sites.filter(u => u.context === ctx.name) : [];
+    if (given.length) {
+      ctx.sites = new Map(given.map(u => [u.site, {label: u.label || "", live: u.live_bytes || 0, count: u.live_count || 0,
+        peak: u.peak_bytes || 0, allocations: u.allocations || 0, refusals: u.refusals || 0}]));
+    }
+    if (ctx.sites.size) {
+      const rows = [...ctx.sites].sort((a, b) => b[1].peak - a[1].peak || b[1].live - a[1].live)
+        .map(([s, v]) => [s, v.label, fmtBytes(v.live), String(v.count), fmtBytes(v.peak), String(v.allocations), String(v.refusals)]);
+      table(section, ["site", "label", "live at the end", "buffers at the end", "peak live", "allocations", "refusals"], rows).className = "sites";
+    }
   }
   document.getElementById("status").textContent =
-    "drew " + drawnSeries + " series and " + drawnMarks + " markers for " + contexts.size + " context(s)";
+    "drew " + drawnSeries + " series and " + drawnMarks + " markers for " + contexts.size + " context(s); " +
+    (disagree.length ? "peaks disagree: " + disagree.join("; ") : "peaks agree");
 }
 main();
 </script>
 </body>
 </html>
 "##;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_counts_live_bytes_only_per_context() {
+        let e = |context: &str, kind: &str, bytes: u64| serde_json::json!({"t_us": 0.0, "context": context, "stream": "s", "role": "weights", "kind": kind, "bytes": bytes});
+        // A release leaves its bytes pending, not live: allocating again
+        // before they retire does not raise the peak of live bytes.
+        let events = [
+            e("a", "allocated", 100),
+            e("b", "allocated", 7),
+            e("a", "released", 100),
+            e("a", "allocated", 100),
+            e("a", "moved out", 100),
+            e("a", "moved in", 100),
+            e("a", "retired", 100),
+            e("a", "allocated", 50),
+        ];
+        let peaks = live_peaks(&events);
+        assert_eq!(peaks.get("a"), Some(&150));
+        assert_eq!(peaks.get("b"), Some(&7));
+    }
+}

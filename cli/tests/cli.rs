@@ -695,3 +695,92 @@ fn top_names_the_granted_limit() {
     drop((granted, plain));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What `memgov run` counts, its trace counts too, context by context
+/// (allocations, releases retired or abandoned, budget refusals of
+/// allocations and of reservations, pressure, reservations made and the
+/// blocks allocated out of them), and the page `memgov report` makes of the
+/// trace titles each context with the peak its snapshot reports.
+#[test]
+fn the_trace_counts_what_the_run_counts_and_the_page_shows_the_snapshots_peaks() {
+    let dir = std::env::temp_dir().join(format!("memgov-counts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, page) = (dir.join("trace.json"), dir.join("timeline.html"));
+    let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .args(["run", "--json", "--requests", "12", "--steps", "3"])
+        .args(["--op-delay-us", "0", "--trace", trace.to_str().unwrap()])
+        .output()
+        .expect("run memgov");
+    assert!(out.status.success(), "{out:?}");
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let t: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    let events = t["memgovEvents"].as_array().expect("memgovEvents");
+    // The refusals the run provokes on purpose are not budget refusals.
+    let provoked: Vec<&str> = run["expected_refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["error"].as_str().unwrap())
+        .collect();
+    let count = |context: &str, kind: &str| {
+        events
+            .iter()
+            .filter(|e| e["context"] == context && e["kind"] == kind)
+            .filter(|e| !provoked.contains(&e["note"].as_str().unwrap_or("")))
+            .count() as u64
+    };
+    for c in run["per_context"].as_array().unwrap() {
+        let name = c["context"].as_str().unwrap();
+        for (kind, figure) in [
+            ("allocated", "allocations"),
+            ("pressure", "pressure_events"),
+            ("refused", "refusals"),
+            ("retired", "retired"),
+            ("abandoned", "abandoned"),
+        ] {
+            assert_eq!(
+                count(name, kind),
+                c[figure].as_u64().unwrap(),
+                "{name}: '{kind}' events against the run's {figure}"
+            );
+        }
+        assert_eq!(count(name, "released"), count(name, "allocated"), "{name}");
+    }
+    let total = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count() as u64;
+    let kv = &run["kv_reservations"];
+    assert_eq!(
+        total("reserved"),
+        kv["reserved"].as_u64().unwrap() + kv["reserved_after_eviction"].as_u64().unwrap(),
+        "{kv}"
+    );
+    assert!(total("reserved") > 0, "the run reserves KV capacity: {kv}");
+    let out_of_reservations = events
+        .iter()
+        .filter(|e| e["kind"] == "allocated" && e["note"].is_string())
+        .count() as u64;
+    assert_eq!(out_of_reservations, kv["blocks_out_of_reservations"]);
+
+    let (code, out) = memgov(&[
+        "report",
+        trace.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html
+        .split_once("const DATA = ")
+        .and_then(|(_, rest)| rest.split_once(";\n"))
+        .map(|(data, _)| data)
+        .expect("the page's data");
+    let data: serde_json::Value = serde_json::from_str(data).expect("the page's data is JSON");
+    let peaks = run["peak_bytes"]["per_context"].as_array().unwrap();
+    assert_eq!(peaks.len(), 3);
+    for c in peaks {
+        assert_eq!(c["peak_exact"], true, "{c}");
+        let name = c["context"].as_str().unwrap();
+        assert_eq!(data["peaks"][name], c["peak"], "{name}: the page's peak");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

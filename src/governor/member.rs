@@ -8,6 +8,7 @@ use super::ledger::DeviceMember;
 use super::pressure::RegisteredResponder;
 use super::record::{ContextInner, Phase};
 use crate::sync::lock;
+use crate::trace::EventKind;
 use crate::DeviceContext;
 
 impl<C: DeviceContext> DeviceMember for ContextInner<C> {
@@ -50,5 +51,12 @@ impl<C: DeviceContext> DeviceMember for ContextInner<C> {
 
     fn cached_bytes(&self) -> u64 {
         self.cache.bytes()
+    }
+
+    fn trimmed(&self, asked: u64, released: u64) {
+        if self.trace.is_some() {
+            let note = Some(format!("the process was asked for {asked} bytes"));
+            self.trace_event(0, None, EventKind::Trimmed, released, note);
+        }
     }
 }

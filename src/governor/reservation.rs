@@ -73,7 +73,7 @@ impl<C: DeviceContext> Reservation<C> {
         let pin = ContextPin::acquire(ctx).map_err(|e| ctx.pin_error(e))?;
         ctx.ledger
             .reserve(tier, bytes)
-            .map_err(|refused| reserve_refused(ctx, refused, bytes))?;
+            .map_err(|refused| traced_refusal(ctx, reserve_refused(ctx, refused, bytes), bytes))?;
         // The pin is the reservation's until it is dropped.
         pin.transfer();
         let state = Arc::new(Reserved {
@@ -82,6 +82,10 @@ impl<C: DeviceContext> Reservation<C> {
             left: Allowance::new(bytes),
         });
         let key = ctx.reservations.insert(state.clone());
+        if ctx.trace.is_some() {
+            let note = Some(label.to_owned());
+            ctx.trace_event(0, None, EventKind::Reserved, bytes, note);
+        }
         Ok(Self {
             ctx: ctx.clone(),
             tier,
@@ -166,7 +170,8 @@ impl<C: DeviceContext> Reservation<C> {
         // stream's tag is set only on a traced context).
         if stream.shared.trace_tag != 0 {
             let tag = stream.shared.trace_tag;
-            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, None);
+            let note = Some(self.label().to_owned());
+            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, note);
         }
         pin.transfer();
         Ok(DeviceBuffer {
@@ -190,8 +195,11 @@ impl<C: DeviceContext> Reservation<C> {
         self.ctx
             .ledger
             .reserve(self.tier, bytes)
-            .map_err(|refused| reserve_refused(&self.ctx, refused, bytes))?;
+            .map_err(|refused| {
+                traced_refusal(&self.ctx, reserve_refused(&self.ctx, refused, bytes), bytes)
+            })?;
         self.state.left.add(bytes);
+        self.trace(EventKind::Reserved, bytes);
         Ok(())
     }
 
@@ -200,7 +208,18 @@ impl<C: DeviceContext> Reservation<C> {
     pub fn shrink(&self, bytes: u64) -> u64 {
         let given = self.state.left.shrink(bytes);
         self.ctx.ledger.unreserve(self.tier, given);
+        if given > 0 {
+            self.trace(EventKind::Unreserved, given);
+        }
         given
+    }
+
+    /// Records `kind` of `bytes` on the context's timeline, when traced.
+    fn trace(&self, kind: EventKind, bytes: u64) {
+        if self.ctx.trace.is_some() {
+            let note = Some(self.label().to_owned());
+            self.ctx.trace_event(0, None, kind, bytes, note);
+        }
     }
 }
 
@@ -211,9 +230,28 @@ impl<C: DeviceContext> Drop for Reservation<C> {
         // which may still read the state until it is removed).
         let left = self.state.left.close();
         self.ctx.ledger.unreserve(self.tier, left);
+        if left > 0 {
+            self.trace(EventKind::Unreserved, left);
+        }
         self.ctx.reservations.remove(self.key);
         drop(ContextPin::adopt(&self.ctx, GLOBAL));
     }
+}
+
+/// `err`, the refusal of a reservation of `bytes`, after recording it on the
+/// context's timeline when the context is traced (on no stream, with no
+/// role: a reservation has neither).
+#[cold]
+fn traced_refusal<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    err: GovernorError,
+    bytes: u64,
+) -> GovernorError {
+    if ctx.trace.is_some() {
+        let note = Some(err.to_string());
+        ctx.trace_event(0, None, EventKind::Refused, bytes, note);
+    }
+    err
 }
 
 /// Bytes taken out of a reservation for an allocation being made: put back

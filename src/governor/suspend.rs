@@ -69,6 +69,7 @@ use super::role::Role;
 use super::snapshot::SleepState;
 use super::units::Bytes;
 use crate::backend::vmm::{with_host_copy_budget, HostCopyBudget};
+use crate::trace::EventKind;
 use crate::{BackendError, BackendErrorKind, DeviceContext, Tier};
 use std::cell::Cell;
 use std::rc::Rc;
@@ -326,6 +327,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         }
         drop(backend);
         step.done(before.or(named));
+        trace_roles(ctx, EventKind::Slept, &by_role);
         let suspended = by_role.iter().sum();
         #[cfg(feature = "tracing")]
         tracing::info!(context = %ctx.id, label = %ctx.label(), suspended, "memgov: context asleep; its live bytes are suspended");
@@ -409,6 +411,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         let resumed = by_role.iter().sum();
         drop(backend);
         step.done(before.minus(waking));
+        trace_roles(ctx, EventKind::Woke, &by_role);
         #[cfg(feature = "tracing")]
         tracing::info!(context = %ctx.id, label = %ctx.label(), resumed, "memgov: context awake; its suspended bytes are charged again");
         Ok(Woken {
@@ -429,6 +432,19 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// sleep by [`sleep_with`](Self::sleep_with) and not woken since.
     pub fn sleeping_roles(&self) -> Vec<Role> {
         self.inner.sleep.asleep().roles().collect()
+    }
+}
+
+/// Records `kind` for each role with bytes in `by_role` (in
+/// [`Role::ALL`]'s order), when the context is traced.
+fn trace_roles<C: DeviceContext>(ctx: &ContextInner<C>, kind: EventKind, by_role: &[u64; 5]) {
+    if ctx.trace.is_some() {
+        for role in Role::ALL {
+            let bytes = by_role[role.index()];
+            if bytes > 0 {
+                ctx.trace_event(0, Some(role), kind, bytes, None);
+            }
+        }
     }
 }
 

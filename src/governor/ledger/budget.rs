@@ -45,6 +45,11 @@ pub(crate) trait DeviceMember: Send + Sync {
 
     /// Bytes in the context's block cache now.
     fn cached_bytes(&self) -> u64;
+
+    /// A trim of the process budget for another process asked this
+    /// context's cache and responders for room (`asked` bytes for the whole
+    /// process): they gave back `released`. For the context's timeline.
+    fn trimmed(&self, asked: u64, released: u64);
 }
 
 /// One level of the budget tree above the contexts (a device's
@@ -471,22 +476,27 @@ impl ProcessBudget {
     /// `bytes` are on their way back. Returns the bytes released.
     pub fn trim(&self, bytes: u64) -> u64 {
         let contexts = self.contexts();
+        // What each context gave back, for its timeline.
+        let mut gave = vec![0u64; contexts.len()];
         let mut released = 0u64;
-        for c in &contexts {
+        for (i, c) in contexts.iter().enumerate() {
             if released >= bytes {
-                return released;
+                break;
             }
-            released = released.saturating_add(c.release_cache_for_pressure(bytes - released));
+            gave[i] = c.release_cache_for_pressure(bytes - released);
+            released = released.saturating_add(gave[i]);
         }
         let mut victims: Vec<_> = contexts
             .iter()
-            .flat_map(|c| {
+            .enumerate()
+            .flat_map(|(i, c)| {
                 let id = c.identity();
-                c.pressure_responders().into_iter().map(move |r| (id, r))
+                c.pressure_responders().into_iter().map(move |r| (i, id, r))
             })
             .collect();
-        victims.sort_by_key(|(_, r)| r.priority);
-        for (id, r) in victims {
+        victims.sort_by_key(|(_, _, r)| r.priority);
+        let mut asked = vec![false; contexts.len()];
+        for (i, id, r) in victims {
             if released >= bytes {
                 break;
             }
@@ -497,7 +507,15 @@ impl ProcessBudget {
                 requested: bytes,
                 shortfall: bytes - released,
             };
-            released = released.saturating_add((r.responder)(&req));
+            let freed = (r.responder)(&req);
+            asked[i] = true;
+            gave[i] = gave[i].saturating_add(freed);
+            released = released.saturating_add(freed);
+        }
+        for (i, c) in contexts.iter().enumerate() {
+            if asked[i] || gave[i] > 0 {
+                c.trimmed(bytes, gave[i]);
+            }
         }
         released
     }
