@@ -67,6 +67,9 @@ pub mod cuda_capture;
 mod governor;
 #[cfg(target_os = "linux")]
 pub mod machine;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod trace;
 
 /// The pin contract shared with plugins and execution providers (the
