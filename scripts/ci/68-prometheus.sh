@@ -25,6 +25,9 @@ command -v prometheus >/dev/null || {
     exit 1
 }
 target="$(cargo_target_dir)"
+# Every series documented, every documented one emitted, and the Grafana
+# dashboard naming only emitted series (tests/metrics.rs).
+cargo test --locked -p memgov --features metrics --test metrics
 cargo build --locked -p memgov-cli --bin memgov
 cargo build --locked -p memgov --features metrics --example metrics_worker
 memgov="$target/debug/memgov"
