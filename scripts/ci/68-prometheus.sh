@@ -94,12 +94,13 @@ pids+=($!)
 
 check() {
     python3 - "$prom_port" "$@" <<'PY'
-import json, sys, time, urllib.parse, urllib.request
+import json, os, sys, time, urllib.parse, urllib.request
 
 port, phase = sys.argv[1], sys.argv[2]
 args = sys.argv[3:]
 MIB = 1 << 20
-DEADLINE = time.monotonic() + 120
+WAIT = float(os.environ.get("MEMGOV_PROM_WAIT_S", "120"))
+DEADLINE = time.monotonic() + WAIT
 
 def query(q):
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
@@ -124,7 +125,7 @@ def wait(what, f):
             print(f"prometheus: {what}: {last}")
             return
         time.sleep(0.5)
-    sys.exit(f"FAILED: prometheus: {what}: still {last} after 120 s")
+    sys.exit(f"FAILED: prometheus: {what}: still {last} after {WAIT:.0f} s")
 
 L = 'device="prom-test"'
 if phase == "running":
