@@ -9,9 +9,10 @@
 //! * [`render_ledgers`]: the machine ledgers' processes, as `memgov
 //!   exporter` serves them and `memgov top --prometheus` writes them.
 //!
-//! Rendering reads snapshots only: the governor's [`Governor::snapshot`]
-//! and the ledger's atomics ([`MachineLedger::snapshot`]); nothing it does
-//! stands in the way of an allocation beyond what a snapshot does.
+//! Rendering reads snapshots only: the governor's (as
+//! [`Governor::snapshot`] takes it, less each cache's count by size class,
+//! which would take the per-stream cache lock a cached allocation takes)
+//! and the ledger's atomics ([`MachineLedger::snapshot`]).
 //!
 //! The text is OpenMetrics-compatible Prometheus text: a counter's
 //! `# TYPE` line names the family without `_total`, its samples end in
@@ -101,7 +102,7 @@ fn own_name() -> String {
 /// The contexts of `gov` in Prometheus's exposition format, labelled with
 /// this process's name and pid (see [`render_snapshot`]).
 pub fn render<C: DeviceContext>(gov: &Governor<C>) -> String {
-    render_snapshot(&gov.snapshot(), &own_name(), std::process::id())
+    render_snapshot(&gov.snapshot_for_metrics(), &own_name(), std::process::id())
 }
 
 /// The contexts of a governor snapshot in Prometheus's exposition format,
@@ -462,6 +463,68 @@ pub fn textfile(page: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::textfile;
+
+    /// A scrape while a stream's cache lock is held (as a cached allocation
+    /// or release holds it) completes: the page is rendered without that
+    /// lock. The holder blocks inside the lock until the scrape is done;
+    /// the bound on the wait only turns a scrape stuck behind the lock into
+    /// a failure instead of a hung test.
+    #[test]
+    fn a_scrape_takes_no_stream_cache_lock() {
+        use crate::null::NullContext;
+        use crate::{Alloc, CacheConfig, ContextConfig, Governor, Role};
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+
+        let gov = Governor::new();
+        let ctx = gov.register(
+            NullContext::new(),
+            ContextConfig::new()
+                .label("cached")
+                .cache(CacheConfig::new(1 << 20)),
+        );
+        let stream = ctx.create_stream("s").unwrap();
+        drop(
+            ctx.allocate(&stream, Alloc::new(4096, Role::Activation))
+                .unwrap(),
+        );
+        assert_eq!(
+            ctx.snapshot().cache.cached_count,
+            1,
+            "the block was not cached"
+        );
+        let shared = ctx
+            .inner
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find_map(|w| w.upgrade())
+            .unwrap();
+        let (entered_tx, entered) = channel();
+        let (release, release_rx) = channel::<()>();
+        let (done_tx, done) = channel();
+        std::thread::scope(|s| {
+            let bins = shared.cache.as_ref().unwrap();
+            s.spawn(move || {
+                // Holds the bins' lock while blocked (one block: f runs once).
+                bins.for_each(|_, _| {
+                    entered_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                });
+            });
+            entered.recv().unwrap();
+            let gov = &gov;
+            s.spawn(move || {
+                let _ = done_tx.send(super::render(gov));
+            });
+            let page = done.recv_timeout(Duration::from_secs(60));
+            release.send(()).unwrap();
+            let page = page.expect("the scrape waited on a stream's cache lock");
+            assert!(page.contains("memgov_context_cached_bytes{"), "{page}");
+            assert!(page.contains("context=\"cached\""), "{page}");
+        });
+    }
 
     #[test]
     fn textfile_names_counters_with_total_and_drops_openmetrics_lines() {
