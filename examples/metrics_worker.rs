@@ -11,8 +11,11 @@
 //! ```
 //!
 //! It prints `listening <addr>` (a port the system picked on 127.0.0.1)
-//! once its allocations and refusals are done.
+//! once its allocations and refusals are done. `MEMGOV_WORKER_BACKEND=cuda`
+//! (built with the `cuda` feature) governs a CUDA context instead of a host
+//! one.
 
+use memgov::any::AnyContext;
 use memgov::host::{HostConfig, HostContext};
 use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
 use memgov::{Alloc, ContextConfig, Governor, ProcessBudget, Role, SharedBudget};
@@ -20,6 +23,24 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
+
+fn device_context() -> AnyContext {
+    match std::env::var("MEMGOV_WORKER_BACKEND").as_deref() {
+        Err(_) | Ok("") | Ok("host") => HostContext::new(HostConfig {
+            capacity: 1 << 40,
+            ..HostConfig::default()
+        })
+        .expect("a host context")
+        .into(),
+        #[cfg(feature = "cuda")]
+        Ok("cuda") => memgov::cuda::CudaContext::new(memgov::cuda::CudaConfig::default())
+            .unwrap_or_else(|e| panic!("MEMGOV_WORKER_BACKEND=cuda: no CUDA context: {e}"))
+            .into(),
+        Ok(other) => panic!(
+            "MEMGOV_WORKER_BACKEND={other}: not a backend this build has (host, or cuda with --features cuda)"
+        ),
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,13 +63,9 @@ fn main() {
         .unwrap_or_else(|e| panic!("joining the ledger at {path}: {e}"));
     let process = ProcessBudget::with_machine(name.as_str(), limit_mib * MIB, member);
     let device = SharedBudget::with_parent("gpu", u64::MAX, &process);
-    let gov = Governor::new();
+    let gov: Governor<AnyContext> = Governor::new();
     let ctx = gov.register(
-        HostContext::new(HostConfig {
-            capacity: 1 << 40,
-            ..HostConfig::default()
-        })
-        .expect("a host context"),
+        device_context(),
         ContextConfig::new()
             .label(name.as_str())
             .shared_budget(device),

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The metrics (docs/metrics.md) stored by a real Prometheus (Debian's
 # `prometheus`, installed by suite_setup): three worker processes
-# (examples/metrics_worker.rs) join one machine ledger on the host backend,
+# (examples/metrics_worker.rs) join one machine ledger on the host backend
+# and two more one ledger on the CUDA stand-in (with NVML's stand-in),
 # allocate, have allocations refused and serve their governors' metrics
 # (memgov::metrics::render); `memgov exporter` serves the ledger. Prometheus
-# runs on the loopback, scraping all four every second, and every check
+# runs on the loopback, scraping all six every second, and every check
 # reads what it stored through its HTTP API (/api/v1/query), never the
 # exporter's text:
 # * per-process charged bytes on the ledger sum to the ledger's total, and
 #   each process's ledger charge equals its contexts' charges as its own page
-#   reports them;
+#   reports them, on both ledgers;
+# * the process NVML reports on the device outside the ledger is stored with
+#   its bytes, and the process on the ledger is not listed as outside;
 # * the refusals the workers had are counted;
 # * a worker killed with SIGKILL: its own target goes down, and once the
 #   survivors' sweep reclaims its slot its ledger series are gone (stale in
@@ -29,7 +32,10 @@ target="$(cargo_target_dir)"
 # dashboard naming only emitted series (tests/metrics.rs).
 cargo test --locked -p memgov --features metrics --test metrics
 cargo build --locked -p memgov-cli --bin memgov
-cargo build --locked -p memgov --features metrics --example metrics_worker
+# The worker governs a host context, or a CUDA one on the CUDA stand-in
+# (MEMGOV_WORKER_BACKEND=cuda).
+cargo build --locked -p memgov --features metrics,cuda --example metrics_worker
+standins="$(backends/stand-ins/build.sh cuda nvml)"
 memgov="$target/debug/memgov"
 worker="$target/debug/examples/metrics_worker"
 
@@ -71,7 +77,24 @@ beta_addr="$(address_of "$tmp/beta.out")"
 victim=$!
 pids+=($victim)
 victim_addr="$(address_of "$tmp/victim.out")"
-"$memgov" exporter --listen 127.0.0.1:0 --dir "$tmp/shm" >"$tmp/exporter.out" 2>&1 &
+# Two workers on the CUDA stand-in, on the ledger keyed by the stand-in
+# device's UUID (as the CUDA driver reports it).
+cuda_key=gpu-6d656d67-6f76-2d73-7461-6e64696e0000
+MEMGOV_WORKER_BACKEND=cuda LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$worker" "$tmp/shm/memgov-$cuda_key" $cuda_key cuda-a 3 16 1 >"$tmp/cuda-a.out" 2>&1 &
+cuda_a=$!
+pids+=($cuda_a)
+cuda_a_addr="$(address_of "$tmp/cuda-a.out")"
+MEMGOV_WORKER_BACKEND=cuda LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$worker" "$tmp/shm/memgov-$cuda_key" $cuda_key cuda-b 2 16 0 >"$tmp/cuda-b.out" 2>&1 &
+pids+=($!)
+cuda_b_addr="$(address_of "$tmp/cuda-b.out")"
+# What NVML's stand-in reports on the device: cuda-a (on the ledger) and a
+# process outside memgov with 200 MiB.
+printf '0 %s 3145728\n0 4000001 209715200\n' "$cuda_a" >"$tmp/nvml-processes"
+MEMGOV_STANDIN_NVML_PROCESSES="$tmp/nvml-processes" \
+    LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$memgov" exporter --listen 127.0.0.1:0 --dir "$tmp/shm" >"$tmp/exporter.out" 2>&1 &
 pids+=($!)
 exporter_addr="$(address_of "$tmp/exporter.out")"
 
@@ -86,7 +109,7 @@ scrape_configs:
       - targets: ['$exporter_addr']
   - job_name: memgov-workers
     static_configs:
-      - targets: ['$alpha_addr', '$beta_addr', '$victim_addr']
+      - targets: ['$alpha_addr', '$beta_addr', '$victim_addr', '$cuda_a_addr', '$cuda_b_addr']
 EOF
 prometheus --config.file="$tmp/prometheus.yml" --storage.tsdb.path="$tmp/data" \
     --web.listen-address="127.0.0.1:$prom_port" >"$tmp/prometheus.log" 2>&1 &
@@ -131,8 +154,8 @@ L = 'device="prom-test"'
 if phase == "running":
     def all_scraped():
         up = query('up')
-        return len(up) == 4 and all(v == 1 for _, v in up), up
-    wait("the exporter and the three workers are up", all_scraped)
+        return len(up) == 6 and all(v == 1 for _, v in up), up
+    wait("the exporter and the five workers are up", all_scraped)
 
     def sums():
         total = one(f'memgov_ledger_charged_bytes{{{L}}}')
@@ -144,13 +167,28 @@ if phase == "running":
     def joined():
         ledger = {m["pid"]: v for m, v in query(f'memgov_process_charged_bytes{{{L}}}')}
         own = {m["pid"]: v for m, v in query('sum by (pid) (memgov_context_charged_bytes{job="memgov-workers"})')}
-        return (len(ledger) == 3 and ledger == own), (ledger, own)
+        ledger.update({m["pid"]: v for m, v in query('memgov_process_charged_bytes{device="gpu-6d656d67-6f76-2d73-7461-6e64696e0000"}')})
+        return (len(ledger) == 5 and ledger == own), (ledger, own)
     wait("each process's ledger charge equals its contexts' charge on its own page", joined)
 
     def refusals():
         by = {m["context"]: v for m, v in query('memgov_context_refusals_total')}
-        return by == {"alpha": 2.0, "beta": 0.0, "victim": 1.0}, by
-    wait("the refusals are counted (alpha 2, beta 0, victim 1)", refusals)
+        return by == {"alpha": 2.0, "beta": 0.0, "victim": 1.0, "cuda-a": 1.0, "cuda-b": 0.0}, by
+    wait("the refusals are counted (alpha 2, beta 0, victim 1, cuda-a 1, cuda-b 0)", refusals)
+
+    K = 'device="gpu-6d656d67-6f76-2d73-7461-6e64696e0000"'
+    def cuda_sums():
+        total = one(f'memgov_ledger_charged_bytes{{{K}}}')
+        procs = query(f'memgov_process_charged_bytes{{{K}}}')
+        s = sum(v for _, v in procs)
+        backends = {m["backend"] for m, _ in query('memgov_context_charged_bytes{job="memgov-workers"}')}
+        return (len(procs) == 2 and total == s == 5 * MIB and backends == {"host", "cuda"}), (total, s, len(procs), backends)
+    wait("on the CUDA stand-in's ledger the processes' charged bytes sum to its total (5 MiB, 2 processes)", cuda_sums)
+    def nvml():
+        r = query(f'memgov_device_outside_process_bytes{{{K}}}')
+        got = [(m["pid"], m["library"], v) for m, v in r]
+        return got == [("4000001", "nvml", 200.0 * MIB)], got
+    wait("NVML's process outside the ledger is stored, the one on the ledger is not", nvml)
 elif phase == "killed":
     pid = args[0]
     def down():
@@ -177,7 +215,7 @@ elif phase == "appeared":
 elif phase == "removed":
     def gone():
         r = query('memgov_ledger_limit_bytes')
-        return sorted(m["device"] for m, _ in r) == ["prom-test"], r
+        return sorted(m["device"] for m, _ in r) == ["gpu-6d656d67-6f76-2d73-7461-6e64696e0000", "prom-test"], r
     wait("a ledger whose segment was removed is no longer served", gone)
 PY
 }
@@ -200,3 +238,8 @@ wait "$late" 2>/dev/null || true
 "$memgov" top --path "$tmp/shm/memgov-prom-late" --reset >/dev/null
 check removed
 echo "prometheus: every check passed against the series Prometheus stored"
+# The bench rows in smoke mode: rendering 64 processes x 8 contexts, and
+# the two-thread row beside scrapes (benches/metrics.rs).
+cargo bench --locked -p memgov --features metrics --bench metrics -- --test 2>&1 | tee "$tmp/bench.log"
+grep -q "^metrics: two threads, one context: .* scrape ratio" "$tmp/bench.log" ||
+    { echo "FAILED: the metrics bench printed no scrape ratio"; exit 1; }
