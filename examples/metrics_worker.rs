@@ -98,7 +98,7 @@ fn main() {
         // Read the request head; every path answers with the metrics.
         let mut reader = BufReader::new(&conn);
         let mut line = String::new();
-        while reader.read_line(&mut line).map_or(false, |n| n > 0) {
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
             if line == "\r\n" || line == "\n" {
                 break;
             }

@@ -77,16 +77,12 @@ fn the_page_names_the_contexts_and_is_copied_as_snprintf_copies() {
 
     // Nothing to write into: an error that says so; a bad handle: an error.
     // SAFETY: both NULL is a checked argument error.
-    assert_eq!(
-        unsafe { memgov_metrics_render(gov, null_mut(), 0, null_mut()) },
-        MEMGOV_ERR_INVALID_ARGUMENT
-    );
+    let rc = unsafe { memgov_metrics_render(gov, null_mut(), 0, null_mut()) };
+    assert_eq!(rc, MEMGOV_ERR_INVALID_ARGUMENT);
     assert!(message().contains("out_len"), "{}", message());
     // SAFETY: a NULL handle is a checked error.
-    assert_eq!(
-        unsafe { memgov_metrics_render(null_mut(), null_mut(), 0, &mut n) },
-        MEMGOV_ERR_INVALID_HANDLE
-    );
+    let rc = unsafe { memgov_metrics_render(null_mut(), null_mut(), 0, &mut n) };
+    assert_eq!(rc, MEMGOV_ERR_INVALID_HANDLE);
 
     ok(memgov_buffer_release(b));
     ok(memgov_stream_destroy(s));
