@@ -55,7 +55,7 @@ ensure_rust() {
 # nightly toolchain's Miri. The steps that use them find them
 # installed; on a machine prepared once, a run installs nothing.
 suite_setup() {
-    apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev g++
+    apt_install mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libamdhip64-dev g++ prometheus
     command -v valgrind >/dev/null || apt_install valgrind ||
         echo "memgov setup: valgrind is not installable: its checks will print skipped"
     python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip

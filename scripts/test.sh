@@ -51,7 +51,7 @@ fi
 step "lints: rustfmt and clippy (every feature)"
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "skipped: rustfmt is not installed"; fi
 if cargo clippy --version >/dev/null 2>&1; then
-    cargo clippy --locked --workspace --all-targets --features serde,tracing,vulkan,cuda,hip -- -D warnings
+    cargo clippy --locked --workspace --all-targets --features serde,tracing,vulkan,cuda,hip,metrics -- -D warnings
     cargo clippy --locked -p memgov --lib -- -D warnings
 else
     echo "skipped: clippy is not installed"

@@ -84,6 +84,9 @@ mod governor;
 pub mod granted;
 #[cfg(target_os = "linux")]
 pub mod machine;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod trace;
 
 /// The pin contract shared with plugins and execution providers (the

@@ -316,6 +316,17 @@ int32_t memgov_ort_allocator_create(memgov_stream* stream, uint32_t role,
                                     memgov_ort_allocator** out);
 int32_t memgov_ort_allocator_destroy(memgov_ort_allocator* allocator);
 
+/* ---------------------------------------------------- Prometheus metrics */
+
+/* The governor's contexts in Prometheus's exposition format (docs/metrics.md),
+ * written into buf (len bytes) as snprintf does: truncated to len - 1 bytes
+ * and NUL-terminated when len > 0, nothing written when buf is NULL or len is
+ * 0. *out_len (when not NULL) receives the page's full length without the
+ * NUL: the page is whole when that is below len. buf and out_len both NULL is
+ * MEMGOV_ERR_INVALID_ARGUMENT. Serve it as
+ * "application/openmetrics-text; version=1.0.0; charset=utf-8". */
+int32_t memgov_metrics_render(memgov_governor* governor, char* buf, size_t len, size_t* out_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 compile_error!("memgov-capi encodes its handles in pointers: 64-bit targets only");
 
 pub mod ffi;
+mod metrics;
 mod objects;
 mod plugin;
 mod registry;
@@ -25,6 +26,7 @@ mod runtimes;
 pub mod status;
 
 pub use ffi::*;
+pub use metrics::*;
 pub use objects::*;
 pub use plugin::*;
 pub use runtimes::*;

@@ -29,6 +29,11 @@ impl Kind for GovernorObj {
     const TAG: u8 = 1;
     const NAME: &'static str = "governor";
 }
+impl GovernorObj {
+    pub(crate) fn governor(&self) -> &Governor<AnyContext> {
+        &self.gov
+    }
+}
 
 pub(crate) struct ContextObj {
     pub(crate) ctx: Ctx,

@@ -8,6 +8,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bench;
+#[cfg(target_os = "linux")]
+mod exporter;
 mod report;
 #[cfg(target_os = "linux")]
 mod top;
@@ -75,6 +77,12 @@ enum Command {
     /// snapshot).
     #[cfg(target_os = "linux")]
     Top(top::TopArgs),
+    /// Serve every machine ledger on the machine (the `memgov-*` segments
+    /// in /dev/shm and those named with --ledger) as a Prometheus /metrics
+    /// page, with the device figures NVML / ROCm SMI give
+    /// (docs/metrics.md).
+    #[cfg(target_os = "linux")]
+    Exporter(exporter::ExporterArgs),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +98,8 @@ fn main() -> ExitCode {
         Command::Report(args) => report::main(&args),
         #[cfg(target_os = "linux")]
         Command::Top(args) => top::main(&args),
+        #[cfg(target_os = "linux")]
+        Command::Exporter(args) => exporter::main(&args),
     }
 }
 

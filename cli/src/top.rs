@@ -2,8 +2,10 @@
 //! process on it (name, pid, slot, priority, floor, limit, charged, used,
 //! cached, contexts, bytes given back through the doorbell, rings not
 //! answered, and the variable a limit the cluster granted came from) under
-//! the ledger's totals (limit, charged, outside memgov, available), redrawn in place every interval; `--once` prints it once,
-//! `--json` prints one snapshot as JSON. When the key names a device by
+//! the ledger's totals (limit, charged, outside memgov, available), redrawn
+//! in place every interval; `--once` prints it once, `--json` prints one
+//! snapshot as JSON, `--prometheus` prints it in Prometheus's text format
+//! (node-exporter's textfile form). When the key names a device by
 //! UUID or PCI address and the vendor's management library (NVML) is
 //! there, the processes on the device that have no slot on the ledger are
 //! listed under the table, with what the library says each uses. It opens
@@ -27,6 +29,11 @@ pub struct TopArgs {
     /// Print one snapshot as JSON and exit.
     #[arg(long)]
     json: bool,
+    /// Print the ledger once in Prometheus's text format and exit: the
+    /// form node-exporter's textfile collector reads
+    /// (`memgov top --prometheus > memgov.prom`; docs/metrics.md).
+    #[arg(long)]
+    prometheus: bool,
     /// Print the table once and exit.
     #[arg(long)]
     once: bool,
@@ -130,6 +137,14 @@ pub fn main(args: &TopArgs) -> ExitCode {
             );
         }
         println!("{v:#}");
+        return ExitCode::SUCCESS;
+    }
+    if args.prometheus {
+        let figures = memgov::metrics::LedgerFigures::read(&ledger);
+        print!(
+            "{}",
+            memgov::metrics::textfile(&memgov::metrics::render_ledgers(&[figures], 0))
+        );
         return ExitCode::SUCCESS;
     }
     if args.once {

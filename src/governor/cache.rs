@@ -305,10 +305,17 @@ pub(crate) fn trim_on_demand<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64
     released
 }
 
-pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>) -> CacheUsage {
+pub(crate) fn usage<C: DeviceContext>(ctx: &ContextInner<C>, classes: bool) -> CacheUsage {
     let c = &ctx.cache;
     let mut by_class = std::collections::BTreeMap::<u64, u64>::new();
-    for s in cached_streams(ctx) {
+    // The classes are counted under each stream's bins lock; the totals
+    // are read without it.
+    let streams = if classes {
+        cached_streams(ctx)
+    } else {
+        Vec::new()
+    };
+    for s in streams {
         if let Some(bins) = &s.cache {
             for (class, n) in bins.classes() {
                 *by_class.entry(class).or_default() += n;

@@ -178,6 +178,20 @@ impl<C: DeviceContext> Governor<C> {
             contexts: contexts.iter().map(|c| view::snapshot(c)).collect(),
         }
     }
+
+    /// The snapshot the metrics render: [`snapshot`](Self::snapshot) less
+    /// each cache's count by size class (`CacheUsage::by_class` empty), so
+    /// that it takes no lock an allocation takes.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn snapshot_for_metrics(&self) -> GovernorSnapshot {
+        let contexts: Vec<_> = lock(&self.contexts).clone();
+        GovernorSnapshot {
+            contexts: contexts
+                .iter()
+                .map(|c| view::snapshot_with(c, false))
+                .collect(),
+        }
+    }
 }
 
 impl<C: DeviceContext> Drop for Governor<C> {

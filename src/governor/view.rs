@@ -78,6 +78,16 @@ pub(crate) fn lifecycle<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextState
 }
 
 pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapshot {
+    snapshot_with(ctx, true)
+}
+
+/// The snapshot; without `cache_classes`, `CacheUsage::by_class` is left
+/// empty, so that no stream's cache lock (which a cached allocation takes)
+/// is taken: what the metrics render.
+pub(crate) fn snapshot_with<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    cache_classes: bool,
+) -> ContextSnapshot {
     let mut by_role = [RoleUsage::default(); 5];
     let asleep = ctx.sleep.asleep();
     for role in Role::ALL {
@@ -140,7 +150,7 @@ pub(crate) fn snapshot<C: DeviceContext>(ctx: &ContextInner<C>) -> ContextSnapsh
         reservations,
         by_role,
         by_tier,
-        cache: super::cache::usage(ctx),
+        cache: super::cache::usage(ctx, cache_classes),
         quarantine: ctx
             .quarantine_entries()
             .into_iter()

@@ -126,7 +126,7 @@ fn check(steps: &mut Steps, root: &Path) -> Result<(), Failure> {
                     "--workspace",
                     "--all-targets",
                     "--features",
-                    "serde,tracing,vulkan,cuda,hip",
+                    "serde,tracing,vulkan,cuda,hip,metrics",
                     "--",
                     "-D",
                     "warnings",
