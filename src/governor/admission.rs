@@ -560,6 +560,7 @@ fn exceeded_in<C: DeviceContext>(
         driver,
         #[cfg(target_os = "linux")]
         machine: None,
+        holders: Default::default(),
     }))
 }
 
@@ -1262,5 +1263,6 @@ fn exceeded<C: DeviceContext>(
         driver,
         #[cfg(target_os = "linux")]
         machine,
+        holders: Default::default(),
     }))
 }

@@ -34,6 +34,8 @@ pub struct Alloc {
     /// `None`: the device, or the reservation's tier when allocated out of
     /// one.
     pub(crate) tier: Option<Tier>,
+    /// What the caller named the allocation, for attribution.
+    pub(crate) label: Option<&'static str>,
 }
 
 impl Alloc {
@@ -44,7 +46,20 @@ impl Alloc {
             bytes,
             role,
             tier: None,
+            label: None,
         }
+    }
+
+    /// Name the allocation (`"kv-cache layer 12"`): with attribution on
+    /// ([`ContextConfig::attribution`](super::ContextConfig::attribution)),
+    /// snapshots and refusals count it under its call site *and* this
+    /// label, one row per pair, so that allocations made at one line for
+    /// different purposes can be told apart. Off, the label costs nothing
+    /// and is not kept.
+    #[inline]
+    pub const fn label(mut self, label: &'static str) -> Self {
+        self.label = Some(label);
+        self
     }
 
     /// In `tier` instead, charged to that tier's budget
@@ -72,6 +87,12 @@ impl Alloc {
     #[inline]
     pub const fn requested_tier(&self) -> Option<Tier> {
         self.tier
+    }
+
+    /// The label given with [`label`](Self::label), if any.
+    #[inline]
+    pub const fn name(&self) -> Option<&'static str> {
+        self.label
     }
 }
 
