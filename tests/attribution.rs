@@ -329,3 +329,52 @@ fn the_snapshot_serialises_its_sites() {
         assert_eq!(site[k], want, "{k} in {site}");
     }
 }
+
+/// A layer that allocates for others names their site
+/// ([`Alloc::site`]): the row shows that name instead of the layer's line,
+/// one row per name.
+#[test]
+fn a_named_site_is_shown_instead_of_the_line() {
+    let gov = Governor::new();
+    let ctx = context(&gov, ContextConfig::new().attribution(true));
+    let s = ctx.create_stream("main").unwrap();
+    // One line of glue, two callers it allocates for.
+    let glue =
+        |site: &'static str, bytes| ctx.allocate(&s, Alloc::new(bytes, Role::Other).site(site));
+    let a = glue("model.c:42", 4096).unwrap();
+    let b = glue("model.c:77", 8192).unwrap();
+    let snap = ctx.snapshot();
+    let rows: Vec<(&str, u64)> = snap
+        .sites
+        .iter()
+        .map(|r| (r.site.as_str(), r.live_bytes))
+        .collect();
+    assert_eq!(rows, vec![("model.c:77", 8192), ("model.c:42", 4096)]);
+    drop((a, b));
+}
+
+/// A refused reservation names the holders too, and runs the hook.
+#[test]
+fn a_refused_reservation_names_the_holders_and_runs_the_hook() {
+    let calls = Arc::new(Mutex::new(0));
+    let count = calls.clone();
+    let gov = Governor::new();
+    let ctx = context(
+        &gov,
+        ContextConfig::new()
+            .budget(1 << 20)
+            .attribution(true)
+            .on_refusal(move |_, _| *count.lock().unwrap() += 1),
+    );
+    let s = ctx.create_stream("main").unwrap();
+    let (held, site) = allocate_here(&ctx, &s, Alloc::new(768 << 10, Role::KvCache));
+    let e = match ctx.reserve(Reserve::new(512 << 10, "request-3")) {
+        Err(e) => e,
+        Ok(_) => panic!("a reservation over the budget was admitted"),
+    };
+    let b = refusal(e);
+    assert_eq!(b.holders.by_site[0].site, site);
+    assert_eq!(b.holders.by_site[0].live_bytes, 768 << 10);
+    assert_eq!(*calls.lock().unwrap(), 1);
+    drop(held);
+}

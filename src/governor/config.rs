@@ -195,8 +195,9 @@ impl ContextConfig {
 
     /// Call `hook` with the context's snapshot when a budget refuses one of
     /// its allocations ([`GovernorError::BudgetExceeded`](super::GovernorError::BudgetExceeded),
-    /// through [`ContextHandle::allocate`](super::ContextHandle::allocate)
-    /// or [`Reservation::allocate`](super::Reservation::allocate)), before
+    /// through [`ContextHandle::allocate`](super::ContextHandle::allocate),
+    /// [`Reservation::allocate`](super::Reservation::allocate) or
+    /// [`ContextHandle::reserve`](super::ContextHandle::reserve)), before
     /// the error is returned: the place to write the snapshot to a file
     /// (with the `serde` feature, `serde_json::to_writer`), as PyTorch users
     /// dump a memory snapshot on out-of-memory. Called on the allocating

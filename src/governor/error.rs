@@ -144,9 +144,10 @@ pub struct BudgetExceeded {
 }
 
 /// Who holds the memory at a refusal, as the refusing context sees it
-/// ([`BudgetExceeded::holders`]). Filled in for allocations refused
-/// through [`ContextHandle::allocate`](crate::ContextHandle::allocate) and
-/// [`Reservation::allocate`](crate::Reservation::allocate).
+/// ([`BudgetExceeded::holders`]). Filled in for refusals of
+/// [`ContextHandle::allocate`](crate::ContextHandle::allocate),
+/// [`Reservation::allocate`](crate::Reservation::allocate) and
+/// [`ContextHandle::reserve`](crate::ContextHandle::reserve).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Holders {
     /// The context's call sites holding the most live bytes, largest first,

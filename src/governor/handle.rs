@@ -5,6 +5,7 @@ use super::buffer::DeviceBuffer;
 use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::pressure::PressureRequest;
+use super::record::sites::Names;
 use super::record::ContextInner;
 use super::report::TeardownReport;
 use super::request::{Alloc, Reserve};
@@ -213,7 +214,7 @@ impl<C: DeviceContext> ContextHandle<C> {
                     site: ctx
                         .sites
                         .as_ref()
-                        .map_or(0, |s| s.admit(site, alloc.label, bytes)),
+                        .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
                 });
             }
             bytes
@@ -229,7 +230,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             Ok(pin) => pin,
             Err(e) => {
                 let e = ctx.pin_error(e);
-                return Err(refused(ctx, tag, role, bytes, e, site, alloc.label));
+                return Err(refused(ctx, tag, role, bytes, e, site, alloc.names()));
             }
         };
         // Counted live inside `admit`; `allocations` is derived.
@@ -240,7 +241,7 @@ impl<C: DeviceContext> ContextHandle<C> {
         };
         let memory = match admitted {
             Ok(memory) => memory,
-            Err(e) => return Err(refused(ctx, tag, role, bytes, e, site, alloc.label)),
+            Err(e) => return Err(refused(ctx, tag, role, bytes, e, site, alloc.names())),
         };
         // The stream's tag is set only on a traced context.
         if stream.shared.trace_tag != 0 {
@@ -259,7 +260,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             site: ctx
                 .sites
                 .as_ref()
-                .map_or(0, |s| s.admit(site, alloc.label, bytes)),
+                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
         })
     }
 
@@ -315,7 +316,14 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// too many pins), [`GovernorError::BudgetExceeded`] with every number
     /// (the tier's, when its budget refuses).
     pub fn reserve(&self, reserve: Reserve<'_>) -> Result<Reservation<C>, GovernorError> {
-        Reservation::new(&self.inner, reserve.tier, reserve.bytes, reserve.label)
+        Reservation::new(&self.inner, reserve.tier, reserve.bytes, reserve.label).map_err(
+            |mut e| {
+                if let GovernorError::BudgetExceeded(refusal) = &mut e {
+                    super::view::explain(&self.inner, refusal);
+                }
+                e
+            },
+        )
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of
@@ -470,10 +478,10 @@ pub(crate) fn refused<C: DeviceContext>(
     bytes: u64,
     e: GovernorError,
     site: &'static Location<'static>,
-    label: Option<&'static str>,
+    names: Names,
 ) -> GovernorError {
     if let Some(sites) = &ctx.sites {
-        sites.refused(site, label);
+        sites.refused(site, names);
     }
     let mut e = ctx.trace_refused(tag, role, bytes, e);
     if let GovernorError::BudgetExceeded(refusal) = &mut e {

@@ -171,8 +171,9 @@ impl<C: DeviceContext> ContextHandle<C> {
             .sites
             .as_ref()
             .and_then(|s| s.key(source.site));
-        if let Some((_, Some(label))) = origin {
-            alloc = alloc.label(label);
+        if let Some((_, names)) = origin {
+            alloc.label = names.label;
+            alloc.site = names.site;
         }
         let site = origin.map_or(std::panic::Location::caller(), |(site, _)| site);
         let target = self.allocate_at(stream, alloc, site)?;

@@ -36,9 +36,20 @@ pub struct Alloc {
     pub(crate) tier: Option<Tier>,
     /// What the caller named the allocation, for attribution.
     pub(crate) label: Option<&'static str>,
+    /// The site the caller named, shown instead of its line.
+    pub(crate) site: Option<&'static str>,
 }
 
 impl Alloc {
+    /// What attribution counts the allocation under besides its line.
+    #[inline]
+    pub(crate) fn names(&self) -> super::record::sites::Names {
+        super::record::sites::Names {
+            label: self.label,
+            site: self.site,
+        }
+    }
+
     /// `bytes` for `role`, in the device tier.
     #[inline]
     pub const fn new(bytes: u64, role: Role) -> Self {
@@ -47,6 +58,7 @@ impl Alloc {
             role,
             tier: None,
             label: None,
+            site: None,
         }
     }
 
@@ -87,6 +99,22 @@ impl Alloc {
     #[inline]
     pub const fn requested_tier(&self) -> Option<Tier> {
         self.tier
+    }
+
+    /// Count the allocation at `site` instead of the caller's line, with
+    /// attribution on: for a layer that allocates for others and knows
+    /// where they are (a C caller's `"model.c:42"`, a runtime's
+    /// `"onnxruntime arena"`). Off, it costs nothing and is not kept.
+    #[inline]
+    pub const fn site(mut self, site: &'static str) -> Self {
+        self.site = Some(site);
+        self
+    }
+
+    /// The site given with [`site`](Self::site), if any.
+    #[inline]
+    pub const fn named_site(&self) -> Option<&'static str> {
+        self.site
     }
 
     /// The label given with [`label`](Self::label), if any.

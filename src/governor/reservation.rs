@@ -147,7 +147,7 @@ impl<C: DeviceContext> Reservation<C> {
         alloc: Alloc,
     ) -> GovernorError {
         if let Some(sites) = &self.ctx.sites {
-            sites.refused(site, alloc.label);
+            sites.refused(site, alloc.names());
         }
         if let GovernorError::BudgetExceeded(refusal) = &mut e {
             super::view::explain(&self.ctx, refusal);
@@ -211,7 +211,7 @@ impl<C: DeviceContext> Reservation<C> {
             site: ctx
                 .sites
                 .as_ref()
-                .map_or(0, |s| s.admit(site, alloc.label, bytes)),
+                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
         })
     }
 

@@ -186,7 +186,7 @@ pub(crate) fn explain<C: DeviceContext>(ctx: &ContextInner<C>, refusal: &mut Bud
         })
         .filter(|&(_, bytes)| bytes > 0)
         .collect();
-    by_role.sort_by(|a, b| b.1.cmp(&a.1));
+    by_role.sort_by_key(|r| std::cmp::Reverse(r.1));
     let mut by_site = ctx.sites.as_ref().map_or_else(Vec::new, |s| s.usage());
     by_site.retain(|s| s.live_bytes > 0);
     by_site.truncate(Holders::NAMED);

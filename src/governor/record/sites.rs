@@ -25,12 +25,15 @@ use std::sync::{Mutex, OnceLock};
 /// not attributed.
 pub(crate) type SiteId = u32;
 
-/// Slots per context: distinct (site, label) pairs past this many share the
-/// last slot, labelled [`OVERFLOW_LABEL`].
+/// Slots per context, a power of two: distinct (site, label) pairs past
+/// this many share one more slot, labelled [`OVERFLOW_LABEL`].
 const SLOTS: usize = 1024;
 
+/// The slot the sites beyond the table's size share.
+const OVERFLOW: usize = SLOTS;
+
 /// The label of the slot that the sites beyond the table's size share.
-pub(crate) const OVERFLOW_LABEL: &str = "(sites beyond the table's 1023)";
+pub(crate) const OVERFLOW_LABEL: &str = "(sites beyond the table's 1024)";
 
 /// Whether `MEMGOV_ATTRIBUTION` asks for attribution (`1`, `true`, `on`,
 /// `yes`). Read once per context registration.
@@ -43,20 +46,34 @@ pub(crate) fn from_env() -> bool {
     })
 }
 
+/// What an allocation names besides its caller's line: a label, and a
+/// site of its own (a C caller's `file:line`, a runtime glue's name) shown
+/// instead of the line.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Names {
+    pub label: Option<&'static str>,
+    pub site: Option<&'static str>,
+}
+
+fn same(a: Option<&'static str>, b: Option<&'static str>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        _ => false,
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Key {
     location: &'static Location<'static>,
-    label: Option<&'static str>,
+    names: Names,
 }
 
 impl Key {
-    fn is(&self, location: &'static Location<'static>, label: Option<&'static str>) -> bool {
+    fn is(&self, location: &'static Location<'static>, names: Names) -> bool {
         std::ptr::eq(self.location, location)
-            && match (self.label, label) {
-                (None, None) => true,
-                (Some(a), Some(b)) => std::ptr::eq(a, b),
-                _ => false,
-            }
+            && same(self.names.label, names.label)
+            && same(self.names.site, names.site)
     }
 }
 
@@ -72,17 +89,22 @@ struct Slot {
 
 /// One context's table of call sites.
 pub(crate) struct Sites {
-    slots: Box<[Slot]>,
+    /// `SLOTS` found by hashing, then the overflow slot.
+    slots: Box<[Slot; SLOTS + 1]>,
     /// Held only to claim a slot.
     claim: Mutex<()>,
 }
 
 impl Sites {
     pub(crate) fn new() -> Self {
-        let slots: Box<[Slot]> = (0..SLOTS).map(|_| Slot::default()).collect();
-        let _ = slots[SLOTS - 1].key.set(Key {
+        let slots: Box<[Slot]> = (0..=SLOTS).map(|_| Slot::default()).collect();
+        let slots: Box<[Slot; SLOTS + 1]> = slots.try_into().ok().expect("SLOTS + 1 slots");
+        let _ = slots[OVERFLOW].key.set(Key {
             location: Location::caller(),
-            label: Some(OVERFLOW_LABEL),
+            names: Names {
+                label: Some(OVERFLOW_LABEL),
+                site: None,
+            },
         });
         Self {
             slots,
@@ -90,49 +112,57 @@ impl Sites {
         }
     }
 
-    fn start(location: &'static Location<'static>, label: Option<&'static str>) -> usize {
+    fn start(location: &'static Location<'static>, names: Names) -> usize {
         let l = location as *const Location<'static> as usize;
-        let t = label.map_or(0, |s| s.as_ptr() as usize ^ s.len());
-        let h = (l ^ t.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 40) as usize % (SLOTS - 1)
+        let t = names.label.map_or(0, |s| s.as_ptr() as usize ^ s.len());
+        let n = names.site.map_or(0, |s| s.as_ptr() as usize ^ s.len());
+        let h = (l ^ t.rotate_left(29) ^ n.rotate_left(43)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> (usize::BITS - SLOTS.trailing_zeros())) & (SLOTS - 1)
     }
 
-    /// The slot of `location` and `label`, claimed when first seen.
+    /// The slot of `location` and `names`, claimed when first seen.
     #[inline]
-    fn find(&self, location: &'static Location<'static>, label: Option<&'static str>) -> usize {
-        let start = Self::start(location, label);
-        for i in 0..SLOTS - 1 {
-            let at = (start + i) % (SLOTS - 1);
+    fn find(&self, location: &'static Location<'static>, names: Names) -> usize {
+        let start = Self::start(location, names);
+        // The first probe finds a site seen before, unless another hashed
+        // to the same slot first.
+        match self.slots[start].key.get() {
+            Some(k) if k.is(location, names) => start,
+            _ => self.probe(start, location, names),
+        }
+    }
+
+    /// The rest of [`find`](Self::find): linear probing from `start`,
+    /// claiming the first free slot.
+    #[inline(never)]
+    fn probe(&self, start: usize, location: &'static Location<'static>, names: Names) -> usize {
+        for i in 1..SLOTS {
+            let at = (start + i) & (SLOTS - 1);
             match self.slots[at].key.get() {
-                Some(k) if k.is(location, label) => return at,
+                Some(k) if k.is(location, names) => return at,
                 Some(_) => continue,
-                None => return self.claim(start, location, label),
+                None => return self.claim(start, location, names),
             }
         }
-        SLOTS - 1
+        OVERFLOW
     }
 
     #[cold]
-    fn claim(
-        &self,
-        start: usize,
-        location: &'static Location<'static>,
-        label: Option<&'static str>,
-    ) -> usize {
+    fn claim(&self, start: usize, location: &'static Location<'static>, names: Names) -> usize {
         let _claim = lock(&self.claim);
-        for i in 0..SLOTS - 1 {
-            let at = (start + i) % (SLOTS - 1);
+        for i in 0..SLOTS {
+            let at = (start + i) & (SLOTS - 1);
             let slot = &self.slots[at];
             match slot.key.get() {
-                Some(k) if k.is(location, label) => return at,
+                Some(k) if k.is(location, names) => return at,
                 Some(_) => continue,
                 None => {
-                    let _ = slot.key.set(Key { location, label });
+                    let _ = slot.key.set(Key { location, names });
                     return at;
                 }
             }
         }
-        SLOTS - 1
+        OVERFLOW
     }
 
     /// Count a live buffer of `bytes` made at `location`; its id, for
@@ -141,10 +171,10 @@ impl Sites {
     pub(crate) fn admit(
         &self,
         location: &'static Location<'static>,
-        label: Option<&'static str>,
+        names: Names,
         bytes: u64,
     ) -> SiteId {
-        let at = self.find(location, label);
+        let at = self.find(location, names);
         let slot = &self.slots[at];
         let live = slot
             .live_bytes
@@ -172,22 +202,15 @@ impl Sites {
 
     /// An allocation at `location` was refused.
     #[cold]
-    pub(crate) fn refused(
-        &self,
-        location: &'static Location<'static>,
-        label: Option<&'static str>,
-    ) {
-        let at = self.find(location, label);
+    pub(crate) fn refused(&self, location: &'static Location<'static>, names: Names) {
+        let at = self.find(location, names);
         self.slots[at].refusals.fetch_add(1, Relaxed);
     }
 
-    /// Where the buffer counted as `site` was made, and its label.
-    pub(crate) fn key(
-        &self,
-        site: SiteId,
-    ) -> Option<(&'static Location<'static>, Option<&'static str>)> {
+    /// Where the buffer counted as `site` was made, and its names.
+    pub(crate) fn key(&self, site: SiteId) -> Option<(&'static Location<'static>, Names)> {
         let slot = self.slots.get((site as usize).checked_sub(1)?)?;
-        slot.key.get().map(|k| (k.location, k.label))
+        slot.key.get().map(|k| (k.location, k.names))
     }
 
     /// Every site's figures, merged by `file:line:col` and label, most live
@@ -202,17 +225,20 @@ impl Sites {
                 continue;
             }
             let releases = slot.releases.load(Relaxed);
-            let site = format!(
-                "{}:{}:{}",
-                key.location.file(),
-                key.location.line(),
-                key.location.column()
-            );
+            let site = match key.names.site {
+                Some(named) => named.to_owned(),
+                None => format!(
+                    "{}:{}:{}",
+                    key.location.file(),
+                    key.location.line(),
+                    key.location.column()
+                ),
+            };
             let row = merged
-                .entry((site.clone(), key.label))
+                .entry((site.clone(), key.names.label))
                 .or_insert_with(|| SiteUsage {
                     site,
-                    label: key.label.map(str::to_owned),
+                    label: key.names.label.map(str::to_owned),
                     ..SiteUsage::default()
                 });
             row.live_bytes += slot.live_bytes.load(Relaxed);
