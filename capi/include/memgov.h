@@ -257,6 +257,11 @@ int32_t memgov_stream_raw(memgov_stream* stream, void** out);
 
 int32_t memgov_buffer_allocate(memgov_stream* stream, uint64_t bytes, uint32_t role,
                                memgov_plugin* plugin, memgov_buffer** out);
+/* As memgov_buffer_allocate, counted at `site` ("model.c:42"; NULL: the
+ * library's own line) when the context attributes allocations to call sites
+ * (MEMGOV_ATTRIBUTION=1 in the environment). The string is copied. */
+int32_t memgov_buffer_allocate_at(memgov_stream* stream, uint64_t bytes, uint32_t role,
+                                  memgov_plugin* plugin, const char* site, memgov_buffer** out);
 /* Stream-ordered on its own stream; the handle is gone afterwards. */
 int32_t memgov_buffer_release(memgov_buffer* buffer);
 /* Stream-ordered on another stream of its context. */

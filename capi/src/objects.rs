@@ -683,10 +683,15 @@ pub(crate) fn allocate(
     bytes: u64,
     role: Role,
     plugin: Option<&Arc<PluginObj>>,
+    site: Option<&'static str>,
 ) -> Result<u64> {
     let charge = charge(plugin, What::Buffer(bytes))?;
     let ctx = stream.ctx.clone();
-    let buffer = ctx.allocate(&stream.stream, Alloc::new(bytes, role))?;
+    let alloc = match site {
+        Some(site) => Alloc::new(bytes, role).site(site),
+        None => Alloc::new(bytes, role),
+    };
+    let buffer = ctx.allocate(&stream.stream, alloc)?;
     let h = registry::insert(Arc::new(BufferObj {
         buffer: Mutex::new(Some(buffer)),
         ctx,
@@ -771,10 +776,56 @@ pub unsafe extern "C" fn memgov_buffer_allocate(
         if out.is_null() {
             return Err(Error::invalid("the out-pointer is NULL"));
         }
-        let h = allocate(&s, bytes, role, plugin.as_ref())?;
+        let h = allocate(&s, bytes, role, plugin.as_ref(), None)?;
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })
+}
+
+/// [`memgov_buffer_allocate`], counted at `site` (a NUL-terminated string
+/// such as `"model.c:42"`, or NULL for the C ABI's own line) when the
+/// context attributes allocations (`MEMGOV_ATTRIBUTION=1`).
+///
+/// # Safety
+///
+/// As [`memgov_buffer_allocate`]; `site` is NULL or a NUL-terminated
+/// string valid for the call (copied: the caller may free it after).
+#[no_mangle]
+pub unsafe extern "C" fn memgov_buffer_allocate_at(
+    stream: *mut memgov_stream,
+    bytes: u64,
+    role: u32,
+    plugin: *mut memgov_plugin,
+    site: *const c_char,
+    out: *mut *mut memgov_buffer,
+) -> i32 {
+    guard("memgov_buffer_allocate_at", || {
+        let s = get::<StreamObj, _>(stream)?;
+        let role = role_from(role)?;
+        let plugin = plugin_arg(plugin)?;
+        if out.is_null() {
+            return Err(Error::invalid("the out-pointer is NULL"));
+        }
+        // SAFETY: NULL or a NUL-terminated string (contract).
+        let site = unsafe { opt_str(site, "site") }?.map(intern_site);
+        let h = allocate(&s, bytes, role, plugin.as_ref(), site)?;
+        // SAFETY: checked non-null; writable by contract.
+        unsafe { put(out, handle(h)) }
+    })
+}
+
+/// A C caller's site name as the `&'static str` attribution keeps: each
+/// distinct name is copied once and kept for the life of the process (a
+/// program has as many as it has allocation sites).
+fn intern_site(site: &str) -> &'static str {
+    static SITES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut sites = lock(&SITES);
+    if let Some(known) = sites.iter().find(|s| **s == site) {
+        return known;
+    }
+    let kept: &'static str = Box::leak(site.to_owned().into_boxed_str());
+    sites.push(kept);
+    kept
 }
 
 /// Release the buffer stream-ordered on its own stream. The handle is gone
