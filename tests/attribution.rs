@@ -378,3 +378,103 @@ fn a_refused_reservation_names_the_holders_and_runs_the_hook() {
     assert_eq!(*calls.lock().unwrap(), 1);
     drop(held);
 }
+
+/// A refusal by the machine ledger ends by naming the other process
+/// furthest above its floor, with what it could trim. (The refusal is built
+/// from its parts: its figures are the ledger's, `tests/machine.rs` makes
+/// real ones across processes.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_machine_refusal_ends_with_the_process_furthest_above_its_floor() {
+    use memgov::machine::{Holder, MachineRefusal, RefusedBy};
+    use memgov::{BudgetScope, ContextName, ProviderContextIdentity};
+    const GIB: u64 = 1 << 30;
+    let holder = |name: &str, pid, charged, floor, cached| Holder {
+        name: name.into(),
+        pid,
+        charged,
+        cached,
+        floor,
+        priority: 0,
+    };
+    let machine = MachineRefusal {
+        ledger: "gpu-0".into(),
+        by: RefusedBy::Ledger,
+        requested: 2 * GIB,
+        charged: 15 * GIB,
+        limit: 16 * GIB,
+        outside: 0,
+        floors_reserved: 0,
+        process: "me".into(),
+        pid: 10,
+        process_charged: 3 * GIB,
+        process_limit: u64::MAX,
+        holders: vec![
+            // Holds the most, but most of it is its floor.
+            holder("trainer", 11, 8 * GIB, 7 * GIB, 0),
+            // Holds less, all of it above its floor.
+            holder("batch", 12, 4 * GIB, 0, GIB),
+        ],
+        unanswered: Vec::new(),
+    };
+    let refusal = BudgetExceeded {
+        context: ContextName::new(
+            ProviderContextIdentity::new(1.try_into().unwrap(), 0),
+            "llm",
+        ),
+        scope: BudgetScope::Machine("gpu-0".into()),
+        role: Role::Activation,
+        requested: 2 * GIB,
+        live: 3 * GIB,
+        reserved: 0,
+        reserved_by: Vec::new(),
+        pending: 0,
+        quarantined: 0,
+        awaiting_teardown: 0,
+        outside: 0,
+        limit: 16 * GIB,
+        available: GIB,
+        waited: std::time::Duration::ZERO,
+        reclaimed_by_responders: 0,
+        driver: None,
+        machine: Some(Box::new(machine)),
+        holders: Default::default(),
+    };
+    let text = refusal.to_string();
+    assert!(
+        text.ends_with("; first: 'batch' (pid 12) holds 4.0 GiB above its 0 bytes floor, 1.0 GiB of it in block caches it can trim"),
+        "{text}"
+    );
+}
+
+/// With the block cache on, a block kept by the cache is no site's: the
+/// site that released it holds nothing, and the allocation the cache
+/// serves again is counted where it was made.
+#[test]
+fn a_cached_block_is_counted_at_the_site_that_takes_it_again() {
+    let gov = Governor::new();
+    let ctx = context(
+        &gov,
+        ContextConfig::new()
+            .attribution(true)
+            .cache(memgov::CacheConfig::new(1 << 20)),
+    );
+    let s = ctx.create_stream("main").unwrap();
+    let (first, first_site) = allocate_here(&ctx, &s, Alloc::new(4096, Role::Activation));
+    drop(first.unwrap());
+    let (again, again_site) = allocate_here(&ctx, &s, Alloc::new(4096, Role::Activation));
+    let again = again.unwrap();
+    let snap = ctx.snapshot();
+    assert_eq!(snap.cache.hits, 1, "served by the cache");
+    let row = |site: &str| snap.sites.iter().find(|r| r.site == site).cloned().unwrap();
+    assert_eq!(
+        (row(&first_site).live_bytes, row(&first_site).allocations),
+        (0, 1)
+    );
+    assert_eq!(
+        (row(&again_site).live_bytes, row(&again_site).allocations),
+        (4096, 1)
+    );
+    drop(again);
+    assert!(ctx.snapshot().sites.iter().all(|r| r.live_bytes == 0));
+}

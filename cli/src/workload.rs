@@ -384,9 +384,11 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str, explain: bool) {
 fn print_sites(out: &Out, gov: &Governor<Ctx>) {
     const SITES: usize = 8;
     out.line("  -- by call site (attribution on)");
+    // The context after the figures: a row starts with a size, never with
+    // a context's label (which starts the rows of the snapshot table).
     out.line(format!(
-        "     {:<14} {:>10} {:>6} {:>10} {:>7} {:>7}  site",
-        "context", "live", "count", "peak", "allocs", "refused"
+        "     {:>10} {:>6} {:>10} {:>7} {:>7}  {:<14} site",
+        "live", "count", "peak", "allocs", "refused", "context"
     ));
     for c in gov.snapshot().contexts {
         for s in c
@@ -400,13 +402,13 @@ fn print_sites(out: &Out, gov: &Governor<Ctx>) {
                 .as_ref()
                 .map_or(String::new(), |l| format!(" '{l}'"));
             out.line(format!(
-                "     {:<14} {:>10} {:>6} {:>10} {:>7} {:>7}  {}{label}",
-                c.label,
+                "     {:>10} {:>6} {:>10} {:>7} {:>7}  {:<14} {}{label}",
                 format!("{:#}", Bytes(s.live_bytes)),
                 s.live_count,
                 format!("{:#}", Bytes(s.peak_bytes)),
                 s.allocations,
                 s.refusals,
+                c.label,
                 s.site,
             ));
         }

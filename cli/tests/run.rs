@@ -549,16 +549,15 @@ fn the_run_shows_a_per_site_table_and_writes_snapshots_the_report_reads() {
         .take_while(|l| l.contains("cli/src/workload.rs:"))
         .collect();
     assert!(table.len() >= 2, "no per-site table in:\n{out}");
-    // Largest first, within each context.
-    // Columns: context, live (a number and a unit), count, ...
-    let live = |l: &str| {
-        let t: Vec<&str> = l.split_whitespace().collect();
-        short_bytes(&format!("{} {}", t[1], t[2]))
-    };
+    // Largest first, within each context. Columns: live (a number and a
+    // unit), count, peak (two words), allocs, refused, context, site.
+    let cells = |l: &str| -> Vec<String> { l.split_whitespace().map(str::to_owned).collect() };
+    let live = |l: &str| short_bytes(&format!("{} {}", cells(l)[0], cells(l)[1]));
     for pair in table.windows(2) {
-        let same_context = pair[0].split_whitespace().next() == pair[1].split_whitespace().next();
+        let same_context = cells(pair[0])[7] == cells(pair[1])[7];
         assert!(!same_context || live(pair[0]) >= live(pair[1]), "{pair:?}");
     }
+    assert!(table.iter().any(|l| cells(l)[7] == "llm@gpu0"), "{table:?}");
     // The snapshot file lists the same sites, and the report prints them.
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();

@@ -290,7 +290,32 @@ impl fmt::Display for BudgetExceeded {
         }
         #[cfg(target_os = "linux")]
         if let Some(m) = &self.machine {
-            return write!(f, "; {m}");
+            write!(f, "; {m}")?;
+            // The way out with the most to gain: the other process furthest
+            // above its floor (what it holds beyond what it was promised).
+            let above = m
+                .holders
+                .iter()
+                .filter(|h| h.charged > h.floor)
+                .max_by_key(|h| h.charged - h.floor);
+            if let (crate::machine::RefusedBy::Ledger, Some(h)) = (m.by, above) {
+                write!(
+                    f,
+                    "; first: '{}' (pid {}) holds {:#} above its {:#} floor",
+                    h.name,
+                    h.pid,
+                    Bytes(h.charged - h.floor),
+                    Bytes(h.floor)
+                )?;
+                if h.cached > 0 {
+                    write!(
+                        f,
+                        ", {:#} of it in block caches it can trim",
+                        Bytes(h.cached)
+                    )?;
+                }
+            }
+            return Ok(());
         }
         let shortfall = self.shortfall();
         let unused = self
