@@ -478,3 +478,66 @@ fn a_cached_block_is_counted_at_the_site_that_takes_it_again() {
     drop(again);
     assert!(ctx.snapshot().sites.iter().all(|r| r.live_bytes == 0));
 }
+
+/// Threads allocating at once at sites the table has not seen yet: each
+/// site gets one row (a slot is claimed once, whoever comes first), and
+/// every allocation and release is counted. Run 20 times over, all threads
+/// released together by a barrier at each site's first allocation.
+#[test]
+fn threads_racing_to_a_new_site_share_one_row_and_lose_no_count() {
+    const THREADS: usize = 4;
+    const CYCLES: u64 = if cfg!(miri) { 4 } else { 200 };
+    for _ in 0..20 {
+        let gov = Governor::new();
+        let ctx = context(&gov, ContextConfig::new().attribution(true));
+        let barrier = std::sync::Barrier::new(THREADS);
+        let sites: Vec<(String, String)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let s = ctx.create_stream("t").unwrap();
+                        let mut kept = Vec::new();
+                        barrier.wait();
+                        let (a, site_a) = allocate_here(&ctx, &s, Alloc::new(512, Role::Other));
+                        kept.push(a.unwrap());
+                        barrier.wait();
+                        let (b, site_b) =
+                            allocate_here(&ctx, &s, Alloc::new(1024, Role::Other).label("racing"));
+                        drop(b.unwrap());
+                        for _ in 1..CYCLES {
+                            let (a, _) = allocate_here(&ctx, &s, Alloc::new(512, Role::Other));
+                            drop(a.unwrap());
+                        }
+                        drop(kept);
+                        (site_a, site_b)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let snap = ctx.snapshot();
+        assert_eq!(snap.sites.len(), 3, "{:#?}", snap.sites);
+        // The first allocation and the loop's are two lines.
+        let row = |site: &str, label: Option<&str>| {
+            snap.sites
+                .iter()
+                .find(|r| r.site == site && r.label.as_deref() == label)
+                .cloned()
+                .unwrap_or_else(|| panic!("no row {site} {label:?}: {:#?}", snap.sites))
+        };
+        let first = row(&sites[0].0, None);
+        assert_eq!(
+            (first.allocations, first.live_bytes, first.live_count),
+            (THREADS as u64, 0, 0)
+        );
+        assert!(first.peak_bytes >= 512 && first.peak_bytes <= 512 * THREADS as u64);
+        let racing = row(&sites[0].1, Some("racing"));
+        assert_eq!((racing.allocations, racing.live_bytes), (THREADS as u64, 0));
+        let total: u64 = snap.sites.iter().map(|r| r.allocations).sum();
+        assert_eq!(total, THREADS as u64 * (CYCLES + 1));
+        assert!(
+            sites.iter().all(|s| *s == sites[0]),
+            "one line per call: {sites:?}"
+        );
+    }
+}
