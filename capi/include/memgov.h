@@ -228,6 +228,14 @@ int32_t memgov_context_close(memgov_context* context);
 int32_t memgov_context_set_budget(memgov_context* context, uint64_t bytes);
 int32_t memgov_context_mark_lost(memgov_context* context, const char* reason);
 int32_t memgov_context_snapshot(memgov_context* context, memgov_snapshot* out);
+/* The context's call sites as JSON, most live bytes first: [{"site":
+ * "model.c:42", "label": null, "live_bytes": 4096, "live_count": 1,
+ * "peak_bytes": 4096, "allocations": 1, "refusals": 0}, ...]; [] unless the
+ * context attributes allocations (MEMGOV_ATTRIBUTION=1). Written as snprintf
+ * does (at most len - 1 bytes and a NUL when len > 0; nothing when buf is
+ * NULL or len is 0); *needed (may be NULL) gets the full length without the
+ * NUL. */
+int32_t memgov_context_sites_json(memgov_context* context, char* buf, size_t len, size_t* needed);
 /* Refuse new work, wait up to timeout_ms for everything outstanding, tear
  * down. out may be NULL. MEMGOV_ERR_TIMEOUT names what is outstanding. */
 int32_t memgov_context_retire(memgov_context* context, uint64_t timeout_ms,

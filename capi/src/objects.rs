@@ -438,6 +438,83 @@ pub unsafe extern "C" fn memgov_context_snapshot(
     })
 }
 
+/// The context's call sites as JSON, as `ContextSnapshot::sites`
+/// serialises: `[{"site": "model.c:42", "label": null, "live_bytes": 4096,
+/// "live_count": 1, "peak_bytes": 4096, "allocations": 1, "refusals": 0}, ...]`,
+/// most live bytes first; `[]` unless the context attributes allocations
+/// (`MEMGOV_ATTRIBUTION=1`). Written into `buf` as `snprintf` does: at most
+/// `len - 1` bytes and a NUL when `len > 0`, nothing when `buf` is NULL or
+/// `len` is 0; `*needed` (may be NULL) gets the whole text's length without
+/// the NUL, so a call with `len` 0 sizes the buffer for the next.
+///
+/// # Safety
+///
+/// `ctx` is a context handle; `buf` is NULL or valid for `len` bytes;
+/// `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memgov_context_sites_json(
+    ctx: *mut memgov_context,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    guard("memgov_context_sites_json", || {
+        let c = get::<ContextObj, _>(ctx)?;
+        let text = sites_json(&c.ctx.snapshot().sites);
+        let bytes = text.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: `buf` is valid for `len` bytes (contract) and `n <
+            // len`: `n` bytes and the NUL after them fit; the text is ours,
+            // so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        if !needed.is_null() {
+            // SAFETY: non-null and writable (contract).
+            unsafe { needed.write(bytes.len()) };
+        }
+        Ok(())
+    })
+}
+
+/// `sites` as a JSON array (the shape of `SiteUsage`'s serialisation).
+fn sites_json(sites: &[memgov::SiteUsage]) -> String {
+    fn string(out: &mut String, s: &str) {
+        out.push('"');
+        for ch in s.chars() {
+            match ch {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    let mut out = String::from("[");
+    for (i, s) in sites.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"site\":");
+        string(&mut out, &s.site);
+        out.push_str(",\"label\":");
+        match &s.label {
+            Some(l) => string(&mut out, l),
+            None => out.push_str("null"),
+        }
+        out.push_str(&format!(
+            ",\"live_bytes\":{},\"live_count\":{},\"peak_bytes\":{},\"allocations\":{},\"refusals\":{}}}",
+            s.live_bytes, s.live_count, s.peak_bytes, s.allocations, s.refusals
+        ));
+    }
+    out.push(']');
+    out
+}
+
 fn report(r: &TeardownReport) -> memgov_teardown_report {
     memgov_teardown_report {
         size: std::mem::size_of::<memgov_teardown_report>() as u32,

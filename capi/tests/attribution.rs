@@ -91,6 +91,37 @@ fn a_refusal_names_the_sites_c_callers_gave() {
         held.starts_with("held at model.c:42 512.0 KiB (1 buffer), model.c:17 128.0 KiB (1 buffer), capi/src/objects.rs:"),
         "{m}"
     );
+    // The same figures as JSON: sized by a first call, then whole.
+    let mut needed = 0usize;
+    // SAFETY: a live context; NULL buffer of length 0; a writable size.
+    ok(unsafe { memgov_context_sites_json(ctx, null_mut(), 0, &mut needed) });
+    let mut buf = vec![0 as std::ffi::c_char; needed + 1];
+    let mut again = 0usize;
+    // SAFETY: `buf` is valid for its length.
+    ok(unsafe { memgov_context_sites_json(ctx, buf.as_mut_ptr(), buf.len(), &mut again) });
+    assert_eq!(again, needed);
+    // SAFETY: NUL-terminated by the call.
+    let json = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(json.len(), needed);
+    assert!(
+        json.starts_with(r#"[{"site":"model.c:42","label":null,"live_bytes":524288,"live_count":1,"peak_bytes":524288,"allocations":1,"refusals":0},{"site":"model.c:17","#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#"{"site":"model.c:99","label":null,"live_bytes":0,"live_count":0,"peak_bytes":0,"allocations":0,"refusals":1}"#),
+        "{json}"
+    );
+    // Too short a buffer: truncated and NUL-terminated, the length whole.
+    let mut short = [1 as std::ffi::c_char; 8];
+    // SAFETY: `short` is valid for 8 bytes.
+    ok(unsafe { memgov_context_sites_json(ctx, short.as_mut_ptr(), 8, &mut again) });
+    assert_eq!(again, needed);
+    // SAFETY: NUL-terminated by the call.
+    let truncated = unsafe { CStr::from_ptr(short.as_ptr()) };
+    assert_eq!(truncated.to_bytes(), &json.as_bytes()[..7]);
     for b in [small, big, unnamed] {
         ok(memgov_buffer_release(b));
     }
