@@ -541,3 +541,25 @@ fn threads_racing_to_a_new_site_share_one_row_and_lose_no_count() {
         );
     }
 }
+
+/// The refusal hook runs after the refused allocation let go of its pin:
+/// the snapshot it gets counts the stream and the live buffer, nothing in
+/// flight (so a hook may retire the context and wait for it).
+#[test]
+fn the_refusal_hook_runs_with_no_pin_of_the_refused_allocation() {
+    let pins = Arc::new(Mutex::new(Vec::new()));
+    let seen = pins.clone();
+    let gov = Governor::new();
+    let ctx = context(
+        &gov,
+        ContextConfig::new()
+            .budget(8192)
+            .on_refusal(move |snap, _| seen.lock().unwrap().push(snap.pins.total())),
+    );
+    let s = ctx.create_stream("main").unwrap();
+    let held = ctx.allocate(&s, Alloc::new(8192, Role::Weights)).unwrap();
+    let quiet = ctx.snapshot().pins.total();
+    assert!(ctx.allocate(&s, Alloc::new(1, Role::Weights)).is_err());
+    assert_eq!(*pins.lock().unwrap(), vec![quiet]);
+    drop(held);
+}

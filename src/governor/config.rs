@@ -201,7 +201,8 @@ impl ContextConfig {
     /// the error is returned: the place to write the snapshot to a file
     /// (with the `serde` feature, `serde_json::to_writer`), as PyTorch users
     /// dump a memory snapshot on out-of-memory. Called on the allocating
-    /// thread with no lock held; the snapshot lists the sites
+    /// thread with no lock held and the refused allocation's pin given back
+    /// (the hook may retire the context); the snapshot lists the sites
     /// ([`attribution`](Self::attribution)) when attribution is on.
     ///
     /// ```

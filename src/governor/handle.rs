@@ -241,7 +241,12 @@ impl<C: DeviceContext> ContextHandle<C> {
         };
         let memory = match admitted {
             Ok(memory) => memory,
-            Err(e) => return Err(refused(ctx, tag, role, bytes, e, site, alloc.names())),
+            Err(e) => {
+                // The pin goes first: the refusal hook may retire the
+                // context and wait for it.
+                drop(pin);
+                return Err(refused(ctx, tag, role, bytes, e, site, alloc.names()));
+            }
         };
         // The stream's tag is set only on a traced context.
         if stream.shared.trace_tag != 0 {
