@@ -8,7 +8,8 @@
 //!
 //! Run it with two iteration counts and subtract to get instructions per
 //! iteration without the set-up. Workloads: `arc`, `pin`, `boxed-pin`,
-//! `null-cycle`, `pending` (allocate + release parked, then drained).
+//! `null-cycle`, `null-cycle-attributed` (the same with call-site
+//! attribution on), `pending` (allocate + release parked, then drained).
 
 use memgov::null::NullContext;
 use memgov::{Alloc, ContextConfig, Governor, Role};
@@ -45,6 +46,18 @@ fn main() {
         }
         "null-cycle" => {
             let ctx = gov.register(NullContext::new(), ContextConfig::new().budget(1 << 40));
+            let s = ctx.create_stream("p").unwrap();
+            for _ in 0..n {
+                drop(black_box(
+                    ctx.allocate(&s, Alloc::new(black_box(4096), Role::Activation)),
+                ));
+            }
+        }
+        "null-cycle-attributed" => {
+            let ctx = gov.register(
+                NullContext::new(),
+                ContextConfig::new().budget(1 << 40).attribution(true),
+            );
             let s = ctx.create_stream("p").unwrap();
             for _ in 0..n {
                 drop(black_box(

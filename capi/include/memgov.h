@@ -228,6 +228,14 @@ int32_t memgov_context_close(memgov_context* context);
 int32_t memgov_context_set_budget(memgov_context* context, uint64_t bytes);
 int32_t memgov_context_mark_lost(memgov_context* context, const char* reason);
 int32_t memgov_context_snapshot(memgov_context* context, memgov_snapshot* out);
+/* The context's call sites as JSON, most live bytes first: [{"site":
+ * "model.c:42", "label": null, "live_bytes": 4096, "live_count": 1,
+ * "peak_bytes": 4096, "allocations": 1, "refusals": 0}, ...]; [] unless the
+ * context attributes allocations (MEMGOV_ATTRIBUTION=1). Written as snprintf
+ * does (at most len - 1 bytes and a NUL when len > 0; nothing when buf is
+ * NULL or len is 0); *needed (may be NULL) gets the full length without the
+ * NUL. */
+int32_t memgov_context_sites_json(memgov_context* context, char* buf, size_t len, size_t* needed);
 /* Refuse new work, wait up to timeout_ms for everything outstanding, tear
  * down. out may be NULL. MEMGOV_ERR_TIMEOUT names what is outstanding.
  * MEMGOV_ERR_BACKEND (the backend's teardown) or MEMGOV_ERR_PANIC (memgov's
@@ -260,6 +268,11 @@ int32_t memgov_stream_raw(memgov_stream* stream, void** out);
 
 int32_t memgov_buffer_allocate(memgov_stream* stream, uint64_t bytes, uint32_t role,
                                memgov_plugin* plugin, memgov_buffer** out);
+/* As memgov_buffer_allocate, counted at `site` ("model.c:42"; NULL: the
+ * library's own line) when the context attributes allocations to call sites
+ * (MEMGOV_ATTRIBUTION=1 in the environment). The string is copied. */
+int32_t memgov_buffer_allocate_at(memgov_stream* stream, uint64_t bytes, uint32_t role,
+                                  memgov_plugin* plugin, const char* site, memgov_buffer** out);
 /* Stream-ordered on its own stream; the handle is gone afterwards. */
 int32_t memgov_buffer_release(memgov_buffer* buffer);
 /* Stream-ordered on another stream of its context. */

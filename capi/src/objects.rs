@@ -443,6 +443,83 @@ pub unsafe extern "C" fn memgov_context_snapshot(
     })
 }
 
+/// The context's call sites as JSON, as `ContextSnapshot::sites`
+/// serialises: `[{"site": "model.c:42", "label": null, "live_bytes": 4096,
+/// "live_count": 1, "peak_bytes": 4096, "allocations": 1, "refusals": 0}, ...]`,
+/// most live bytes first; `[]` unless the context attributes allocations
+/// (`MEMGOV_ATTRIBUTION=1`). Written into `buf` as `snprintf` does: at most
+/// `len - 1` bytes and a NUL when `len > 0`, nothing when `buf` is NULL or
+/// `len` is 0; `*needed` (may be NULL) gets the whole text's length without
+/// the NUL, so a call with `len` 0 sizes the buffer for the next.
+///
+/// # Safety
+///
+/// `ctx` is a context handle; `buf` is NULL or valid for `len` bytes;
+/// `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memgov_context_sites_json(
+    ctx: *mut memgov_context,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    guard("memgov_context_sites_json", || {
+        let c = get::<ContextObj, _>(ctx)?;
+        let text = sites_json(&c.ctx.snapshot().sites);
+        let bytes = text.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: `buf` is valid for `len` bytes (contract) and `n <
+            // len`: `n` bytes and the NUL after them fit; the text is ours,
+            // so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        if !needed.is_null() {
+            // SAFETY: non-null and writable (contract).
+            unsafe { needed.write(bytes.len()) };
+        }
+        Ok(())
+    })
+}
+
+/// `sites` as a JSON array (the shape of `SiteUsage`'s serialisation).
+fn sites_json(sites: &[memgov::SiteUsage]) -> String {
+    fn string(out: &mut String, s: &str) {
+        out.push('"');
+        for ch in s.chars() {
+            match ch {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    let mut out = String::from("[");
+    for (i, s) in sites.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"site\":");
+        string(&mut out, &s.site);
+        out.push_str(",\"label\":");
+        match &s.label {
+            Some(l) => string(&mut out, l),
+            None => out.push_str("null"),
+        }
+        out.push_str(&format!(
+            ",\"live_bytes\":{},\"live_count\":{},\"peak_bytes\":{},\"allocations\":{},\"refusals\":{}}}",
+            s.live_bytes, s.live_count, s.peak_bytes, s.allocations, s.refusals
+        ));
+    }
+    out.push(']');
+    out
+}
+
 fn report(r: &TeardownReport) -> memgov_teardown_report {
     memgov_teardown_report {
         size: std::mem::size_of::<memgov_teardown_report>() as u32,
@@ -699,10 +776,15 @@ pub(crate) fn allocate(
     bytes: u64,
     role: Role,
     plugin: Option<&Arc<PluginObj>>,
+    site: Option<&'static str>,
 ) -> Result<u64> {
     let charge = charge(plugin, What::Buffer(bytes))?;
     let ctx = stream.ctx.clone();
-    let buffer = ctx.allocate(&stream.stream, Alloc::new(bytes, role))?;
+    let alloc = match site {
+        Some(site) => Alloc::new(bytes, role).site(site),
+        None => Alloc::new(bytes, role),
+    };
+    let buffer = ctx.allocate(&stream.stream, alloc)?;
     let h = registry::insert(Arc::new(BufferObj {
         buffer: Mutex::new(Some(buffer)),
         ctx,
@@ -787,10 +869,56 @@ pub unsafe extern "C" fn memgov_buffer_allocate(
         if out.is_null() {
             return Err(Error::invalid("the out-pointer is NULL"));
         }
-        let h = allocate(&s, bytes, role, plugin.as_ref())?;
+        let h = allocate(&s, bytes, role, plugin.as_ref(), None)?;
         // SAFETY: checked non-null; writable by contract.
         unsafe { put(out, handle(h)) }
     })
+}
+
+/// [`memgov_buffer_allocate`], counted at `site` (a NUL-terminated string
+/// such as `"model.c:42"`, or NULL for the C ABI's own line) when the
+/// context attributes allocations (`MEMGOV_ATTRIBUTION=1`).
+///
+/// # Safety
+///
+/// As [`memgov_buffer_allocate`]; `site` is NULL or a NUL-terminated
+/// string valid for the call (copied: the caller may free it after).
+#[no_mangle]
+pub unsafe extern "C" fn memgov_buffer_allocate_at(
+    stream: *mut memgov_stream,
+    bytes: u64,
+    role: u32,
+    plugin: *mut memgov_plugin,
+    site: *const c_char,
+    out: *mut *mut memgov_buffer,
+) -> i32 {
+    guard("memgov_buffer_allocate_at", || {
+        let s = get::<StreamObj, _>(stream)?;
+        let role = role_from(role)?;
+        let plugin = plugin_arg(plugin)?;
+        if out.is_null() {
+            return Err(Error::invalid("the out-pointer is NULL"));
+        }
+        // SAFETY: NULL or a NUL-terminated string (contract).
+        let site = unsafe { opt_str(site, "site") }?.map(intern_site);
+        let h = allocate(&s, bytes, role, plugin.as_ref(), site)?;
+        // SAFETY: checked non-null; writable by contract.
+        unsafe { put(out, handle(h)) }
+    })
+}
+
+/// A C caller's site name as the `&'static str` attribution keeps: each
+/// distinct name is copied once and kept for the life of the process (a
+/// program has as many as it has allocation sites).
+fn intern_site(site: &str) -> &'static str {
+    static SITES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut sites = lock(&SITES);
+    if let Some(known) = sites.iter().find(|s| **s == site) {
+        return known;
+    }
+    let kept: &'static str = Box::leak(site.to_owned().into_boxed_str());
+    sites.push(kept);
+    kept
 }
 
 /// Release the buffer stream-ordered on its own stream. The handle is gone

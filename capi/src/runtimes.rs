@@ -149,7 +149,8 @@ pub extern "C" fn memgov_torch_alloc(size: isize, device: i32, stream: *mut c_vo
             .filter(|b| *b > 0)
             .ok_or_else(|| Error::invalid(format!("size {size} is not positive")))?;
         let (s, role, _) = pick(device, stream)?;
-        let h = allocate(&s, bytes, role, None)?;
+        // Named for attribution: every PyTorch tensor comes through here.
+        let h = allocate(&s, bytes, role, None, Some("pytorch (memgov_torch_alloc)"))?;
         let p = match device_ptr_of(h) {
             Ok(p) => p,
             Err(e) => {
@@ -232,11 +233,14 @@ fn ort_alloc_role(
         .ok()
         .filter(|b| *b > 0)
         .ok_or_else(|| Error::invalid("size 0"))?;
+    // Named for attribution: every ONNX Runtime allocation comes through
+    // here.
     let h = allocate(
         &st.stream,
         bytes,
         role.unwrap_or(st.role),
         st.plugin.as_ref(),
+        Some("onnxruntime (memgov OrtAllocator)"),
     )?;
     let p = match device_ptr_of(h) {
         Ok(p) => p,

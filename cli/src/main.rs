@@ -11,6 +11,7 @@ mod bench;
 #[cfg(target_os = "linux")]
 mod exporter;
 mod report;
+mod snapshots;
 #[cfg(target_os = "linux")]
 mod top;
 mod workload;
@@ -69,7 +70,9 @@ enum Command {
     /// Measure the governor against its baselines (see docs/performance.md).
     Bench(bench::BenchArgs),
     /// Turn a trace (`memgov run --trace FILE`) into one self-contained HTML
-    /// page plotting live, pending and cached bytes over time.
+    /// page plotting live, pending and cached bytes over time; print a
+    /// snapshot (`memgov run --snapshot FILE`) as who holds what, by role
+    /// and call site, or two snapshots as what grew between them.
     Report(report::ReportArgs),
     /// The machine ledger a device's processes share: every process, its
     /// limit, floor, charges and caches, and the bytes in use outside

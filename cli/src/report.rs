@@ -27,8 +27,13 @@ use std::process::ExitCode;
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A trace written by `memgov run --trace FILE` or
-    /// `memgov::trace::Trace::write_chrome_json`.
+    /// `memgov::trace::Trace::write_chrome_json`; or a snapshot (`memgov run
+    /// --snapshot FILE`, a `ContextSnapshot` or `GovernorSnapshot` as JSON),
+    /// printed as a page of text: who holds what, by role and call site.
     pub trace: PathBuf,
+    /// With a snapshot first: a later snapshot, and what grew between the
+    /// two is printed, by call site, most growth first.
+    pub newer: Option<PathBuf>,
     /// The HTML file to write.
     #[arg(short, long, default_value = "timeline.html")]
     pub output: PathBuf,
@@ -59,6 +64,12 @@ pub enum ReportError {
         /// The file.
         path: PathBuf,
     },
+    /// Two files were given and one is not a snapshot.
+    #[error("{path} is not a memgov snapshot: comparing needs two (write them with `memgov run --snapshot FILE` or serde_json of ContextHandle::snapshot())")]
+    NotSnapshot {
+        /// The file.
+        path: PathBuf,
+    },
     /// The page could not be written.
     #[error("cannot write {path}: {source}")]
     Write {
@@ -71,6 +82,17 @@ pub enum ReportError {
 
 /// Runs `memgov report`.
 pub fn main(args: &ReportArgs) -> ExitCode {
+    match snapshot_report(args) {
+        Ok(Some(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("memgov report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     match write_report(args) {
         Ok(n) => {
             println!(
@@ -86,6 +108,47 @@ pub fn main(args: &ReportArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn read_json(path: &std::path::Path) -> Result<Value, ReportError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ReportError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// When the first file is a snapshot: its page, or with a second snapshot
+/// the difference. `None` when it is not a snapshot (a trace).
+pub fn snapshot_report(args: &ReportArgs) -> Result<Option<String>, ReportError> {
+    let first = read_json(&args.trace)?;
+    if !crate::snapshots::is_snapshot(&first) {
+        return match &args.newer {
+            Some(_) => Err(ReportError::NotSnapshot {
+                path: args.trace.clone(),
+            }),
+            None => Ok(None),
+        };
+    }
+    let name = args.trace.display().to_string();
+    let Some(newer) = &args.newer else {
+        return Ok(Some(crate::snapshots::render(&name, &first)));
+    };
+    let second = read_json(newer)?;
+    if !crate::snapshots::is_snapshot(&second) {
+        return Err(ReportError::NotSnapshot {
+            path: newer.clone(),
+        });
+    }
+    Ok(Some(crate::snapshots::diff(
+        &name,
+        &first,
+        &newer.display().to_string(),
+        &second,
+    )))
 }
 
 /// Writes the page; returns how many memgov events it plots.

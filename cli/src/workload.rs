@@ -80,10 +80,32 @@ pub struct RunArgs {
     /// The recorder `--trace` writes out.
     #[arg(skip)]
     recorder: Option<Trace>,
+    /// Write the governor's snapshot after serving on gpu0 (every context,
+    /// with what each call site holds) to FILE as JSON: render it with
+    /// `memgov report FILE`, or compare two with `memgov report OLD NEW`.
+    #[arg(long, value_name = "FILE", value_parser = parse_trace_path)]
+    snapshot: Option<std::path::PathBuf>,
+    /// On every budget refusal, write the refusing context's snapshot to
+    /// FILE as JSON (the last refusal's is what stays), as PyTorch users
+    /// dump a memory snapshot on out-of-memory.
+    #[arg(long, value_name = "FILE", value_parser = parse_trace_path)]
+    snapshot_on_refusal: Option<std::path::PathBuf>,
 }
 
-/// `cfg`, recording into the run's trace when there is one.
+/// `cfg`, recording into the run's trace when there is one, attributing
+/// every allocation to its call site (the per-site table), and writing the
+/// snapshot on refusal when `--snapshot-on-refusal` asks.
 fn traced(cfg: ContextConfig, args: &RunArgs) -> ContextConfig {
+    let mut cfg = cfg.attribution(true);
+    if let Some(path) = args.snapshot_on_refusal.clone() {
+        cfg = cfg.on_refusal(move |snapshot, _| {
+            // Best effort: a refusal is answered whether the file is
+            // written or not.
+            if let Ok(text) = serde_json::to_string_pretty(snapshot) {
+                let _ = std::fs::write(&path, text);
+            }
+        });
+    }
     match &args.recorder {
         Some(t) => cfg.trace(t),
         None => cfg,
@@ -354,6 +376,42 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str, explain: bool) {
     }
     if explain {
         explain_table(out, &snap);
+    }
+}
+
+/// Who holds what, by call site: every context's sites with live bytes or
+/// refusals, most live bytes first (at most `SITES` a context).
+fn print_sites(out: &Out, gov: &Governor<Ctx>) {
+    const SITES: usize = 8;
+    out.line("  -- by call site (attribution on)");
+    // The context after the figures: a row starts with a size, never with
+    // a context's label (which starts the rows of the snapshot table).
+    out.line(format!(
+        "     {:>10} {:>6} {:>10} {:>7} {:>7}  {:<14} site",
+        "live", "count", "peak", "allocs", "refused", "context"
+    ));
+    for c in gov.snapshot().contexts {
+        for s in c
+            .sites
+            .iter()
+            .filter(|s| s.live_bytes > 0 || s.refusals > 0)
+            .take(SITES)
+        {
+            let label = s
+                .label
+                .as_ref()
+                .map_or(String::new(), |l| format!(" '{l}'"));
+            out.line(format!(
+                "     {:>10} {:>6} {:>10} {:>7} {:>7}  {:<14} {}{label}",
+                format!("{:#}", Bytes(s.live_bytes)),
+                s.live_count,
+                format!("{:#}", Bytes(s.peak_bytes)),
+                s.allocations,
+                s.refusals,
+                c.label,
+                s.site,
+            ));
+        }
     }
 }
 
@@ -686,6 +744,9 @@ fn reserve_kv(
     }
 }
 
+/// Counted at its caller's line (`#[track_caller]`), so that the run's
+/// per-site table tells its allocations apart.
+#[track_caller]
 fn timed_alloc(
     m: &mut Metrics,
     ctx: &ContextHandle<Ctx>,
@@ -1035,6 +1096,17 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         llm.kv.lock().unwrap_or_else(|e| e.into_inner()).len()
     ));
     print_snapshot(out, gov, "after serving on gpu0", false);
+    print_sites(out, gov);
+    if let Some(path) = &args.snapshot {
+        let text = serde_json::to_string_pretty(&gov.snapshot()).map_err(|e| e.to_string())?;
+        std::fs::write(path, text)
+            .map_err(|e| format!("cannot write the snapshot to {}: {e}", path.display()))?;
+        out.line(format!(
+            "     snapshot written to {} (`memgov report {}`)",
+            path.display(),
+            path.display()
+        ));
+    }
 
     out.line("phase 3: move the LLM's live buffers to gpu1 and retire llm@gpu0");
     let dev1 = open("sim-gpu1 (llm)", 1, args)?;

@@ -520,3 +520,137 @@ fn the_table_keeps_the_tiers_apart_and_explains_pins_and_refusals() {
         "{budget}"
     );
 }
+
+/// `memgov run` prints who holds what by call site: every row names a line
+/// of the workload's source, the largest first; `--snapshot` writes the
+/// same figures, which `memgov report` prints as a page, and
+/// `--snapshot-on-refusal` the refusing context's.
+#[test]
+fn the_run_shows_a_per_site_table_and_writes_snapshots_the_report_reads() {
+    let dir = std::env::temp_dir().join(format!("memgov-sites-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (snap, on_refusal) = (dir.join("after.json"), dir.join("refused.json"));
+    // A budget the workload outgrows: refusals, answered by making room.
+    let (code, out, err) = run(&[
+        "--backend",
+        "host",
+        "--llm-budget-mib",
+        "150",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--snapshot-on-refusal",
+        on_refusal.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let table: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.contains("-- by call site"))
+        .skip(2)
+        .take_while(|l| l.contains("cli/src/workload.rs:"))
+        .collect();
+    assert!(table.len() >= 2, "no per-site table in:\n{out}");
+    // Largest first, within each context. Columns: live (a number and a
+    // unit), count, peak (two words), allocs, refused, context, site.
+    let cells = |l: &str| -> Vec<String> { l.split_whitespace().map(str::to_owned).collect() };
+    let live = |l: &str| short_bytes(&format!("{} {}", cells(l)[0], cells(l)[1]));
+    for pair in table.windows(2) {
+        let same_context = cells(pair[0])[7] == cells(pair[1])[7];
+        assert!(!same_context || live(pair[0]) >= live(pair[1]), "{pair:?}");
+    }
+    assert!(table.iter().any(|l| cells(l)[7] == "llm@gpu0"), "{table:?}");
+    // The snapshot file lists the same sites, and the report prints them.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let llm = v["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["label"] == "llm@gpu0")
+        .expect("llm@gpu0 in the snapshot");
+    let top = &llm["sites"][0];
+    assert!(
+        top["site"]
+            .as_str()
+            .unwrap()
+            .starts_with("cli/src/workload.rs:"),
+        "{top}"
+    );
+    assert!(top["live_bytes"].as_u64().unwrap() > 0, "{top}");
+    let page = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .arg("report")
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let page = String::from_utf8_lossy(&page.stdout);
+    assert!(page.contains("context 'llm@gpu0'"), "{page}");
+    assert!(page.contains(top["site"].as_str().unwrap()), "{page}");
+    // The run's budget refuses reservations (it makes room and tries
+    // again): the hook wrote the refusing context's snapshot, with sites.
+    let refused: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&on_refusal).unwrap()).unwrap();
+    assert!(
+        refused["label"].as_str().unwrap().starts_with("llm@"),
+        "{refused:#}"
+    );
+    let held: u64 = refused["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["live_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(held > 0, "{refused:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `memgov report OLD NEW`: the site that grew, first, with both figures.
+#[test]
+fn the_report_of_two_snapshots_names_what_grew_first() {
+    let dir = std::env::temp_dir().join(format!("memgov-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let site = |name: &str, live: u64, count: u64| {
+        serde_json::json!({"site": name, "label": null, "live_bytes": live, "live_count": count,
+            "peak_bytes": live, "allocations": count, "refusals": 0})
+    };
+    let snap = |sites: Vec<serde_json::Value>| serde_json::json!({"contexts": [{"label": "llm", "by_role": [], "sites": sites}]});
+    let old = snap(vec![
+        site("src/kv.rs:10:5", 4096, 1),
+        site("src/w.rs:3:9", 1 << 20, 1),
+    ]);
+    let new = snap(vec![
+        site("src/kv.rs:10:5", 40960, 10),
+        site("src/w.rs:3:9", 1 << 20, 1),
+    ]);
+    let (a, b) = (dir.join("old.json"), dir.join("new.json"));
+    std::fs::write(&a, old.to_string()).unwrap();
+    std::fs::write(&b, new.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .arg("report")
+        .args([&a, &b])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let first = text
+        .lines()
+        .find(|l| l.contains("src/"))
+        .unwrap_or_else(|| panic!("no site in:\n{text}"));
+    assert_eq!(
+        first.split_whitespace().collect::<Vec<_>>(),
+        [
+            "+36.0",
+            "KiB",
+            "4.0",
+            "KiB",
+            "40.0",
+            "KiB",
+            "1->10",
+            "src/kv.rs:10:5"
+        ],
+        "{text}"
+    );
+    assert!(
+        !text.contains("src/w.rs"),
+        "an unchanged site is not listed:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

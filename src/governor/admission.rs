@@ -561,6 +561,7 @@ fn exceeded_in<C: DeviceContext>(
         limit_from: None,
         #[cfg(target_os = "linux")]
         machine: None,
+        holders: Default::default(),
     }))
 }
 
@@ -1269,5 +1270,6 @@ fn exceeded<C: DeviceContext>(
         limit_from,
         #[cfg(target_os = "linux")]
         machine,
+        holders: Default::default(),
     }))
 }

@@ -1,6 +1,7 @@
 //! Governed device buffers: born pinned, released stream-ordered.
 
 use super::error::{ContextOperation, GovernorError};
+use super::record::sites::SiteId;
 use super::record::stream::StreamShared;
 use super::release::{release, Released};
 use super::role::Role;
@@ -54,6 +55,9 @@ pub struct DeviceBuffer<C: DeviceContext> {
     /// [`DeviceBuffer::record_stream`] was called; one thin pointer, so
     /// that the buffer (and a `ReleaseError` carrying it) stays small.
     pub(crate) recorded: Option<Box<Recorded<C>>>,
+    /// Its slot in its context's table of call sites, 0 when not
+    /// attributed (attribution off).
+    pub(crate) site: SiteId,
 }
 
 /// The streams a buffer was recorded on, behind one thin pointer.
@@ -290,6 +294,11 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             self.role,
             self.tier,
         );
+        if self.site != 0 {
+            if let Some(sites) = &ctx.sites {
+                sites.release(self.site, bytes);
+            }
+        }
         // A stream's trace tag is set only on a traced context.
         if own.trace_tag != 0 && !std::ptr::eq(own, target) {
             ctx.trace_event(own.trace_tag, Some(role), EventKind::MovedOut, bytes, None);

@@ -147,6 +147,90 @@ pub struct BudgetExceeded {
     /// ([`BudgetScope::Machine`]).
     #[cfg(target_os = "linux")]
     pub machine: Option<Box<crate::machine::MachineRefusal>>,
+    /// Who holds the memory, as the refusing context sees it: its largest
+    /// call sites and roles, its block cache, its sleeping memory.
+    pub holders: Holders,
+}
+
+/// Who holds the memory at a refusal, as the refusing context sees it
+/// ([`BudgetExceeded::holders`]). Filled in for refusals of
+/// [`ContextHandle::allocate`](crate::ContextHandle::allocate),
+/// [`Reservation::allocate`](crate::Reservation::allocate) and
+/// [`ContextHandle::reserve`](crate::ContextHandle::reserve).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holders {
+    /// The context's call sites holding the most live bytes, largest first,
+    /// at most [`Holders::NAMED`]; empty with attribution off
+    /// ([`ContextConfig::attribution`](super::ContextConfig::attribution)).
+    pub by_site: Vec<super::snapshot::SiteUsage>,
+    /// The context's roles holding live bytes, largest first.
+    pub by_role: Vec<(Role, u64)>,
+    /// Bytes the context's block cache keeps: charged, given back by
+    /// [`ContextHandle::trim_cache`](crate::ContextHandle::trim_cache).
+    pub cached: u64,
+    /// Bytes of the context's memory asleep: off every budget until a wake
+    /// admits them again.
+    pub asleep: u64,
+    /// Whether the context attributes allocations to call sites.
+    pub attributed: bool,
+}
+
+impl Holders {
+    /// How many sites a refusal names.
+    pub const NAMED: usize = 5;
+}
+
+impl fmt::Display for Holders {
+    /// `held at src/a.rs:10:5 1.0 GiB (4 buffers), ...; by role: ...;
+    /// cache keeps ...; asleep ...`, the parts with something to say.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        if !self.by_site.is_empty() {
+            f.write_str("held at ")?;
+            for (i, s) in self.by_site.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{} {:#}", s.site, Bytes(s.live_bytes))?;
+                if let Some(label) = &s.label {
+                    write!(f, " '{label}'")?;
+                }
+                write!(
+                    f,
+                    " ({} buffer{})",
+                    s.live_count,
+                    if s.live_count == 1 { "" } else { "s" }
+                )?;
+            }
+            sep = "; ";
+        }
+        if !self.by_role.is_empty() {
+            write!(f, "{sep}by role: ")?;
+            for (i, (role, bytes)) in self.by_role.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{:#} {role}", Bytes(*bytes))?;
+            }
+            sep = "; ";
+        }
+        if self.cached > 0 {
+            write!(f, "{sep}the block cache keeps {:#}", Bytes(self.cached))?;
+            sep = "; ";
+        }
+        if self.asleep > 0 {
+            write!(f, "{sep}{:#} asleep", Bytes(self.asleep))?;
+        }
+        Ok(())
+    }
+}
+
+impl BudgetExceeded {
+    /// Bytes the request is short of: what it asked for less what is
+    /// available.
+    pub fn shortfall(&self) -> u64 {
+        self.requested.saturating_sub(self.available)
+    }
 }
 
 impl fmt::Display for BudgetExceeded {
@@ -208,10 +292,45 @@ impl fmt::Display for BudgetExceeded {
                 Bytes(self.reclaimed_by_responders)
             )?;
         }
+        let holders = self.holders.to_string();
+        if !holders.is_empty() {
+            write!(f, "; {holders}")?;
+        }
         #[cfg(target_os = "linux")]
         if let Some(m) = &self.machine {
-            return write!(f, "; {m}");
+            write!(f, "; {m}")?;
+            // The way out with the most to gain: the other process furthest
+            // above its floor (what it holds beyond what it was promised).
+            let above = m
+                .holders
+                .iter()
+                .filter(|h| h.charged > h.floor)
+                .max_by_key(|h| h.charged - h.floor);
+            if let (crate::machine::RefusedBy::Ledger, Some(h)) = (m.by, above) {
+                write!(
+                    f,
+                    "; first: '{}' (pid {}) holds {:#} above its {:#} floor",
+                    h.name,
+                    h.pid,
+                    Bytes(h.charged - h.floor),
+                    Bytes(h.floor)
+                )?;
+                if h.cached > 0 {
+                    write!(
+                        f,
+                        ", {:#} of it in block caches it can trim",
+                        Bytes(h.cached)
+                    )?;
+                }
+            }
+            return Ok(());
         }
+        let shortfall = self.shortfall();
+        let unused = self
+            .reserved_by
+            .iter()
+            .filter(|r| r.left >= shortfall)
+            .min_by_key(|r| r.left);
         if self.requested > self.limit {
             let way_out = match (&self.scope, &self.limit_from) {
                 (BudgetScope::Device, _) => "split the allocation or use a device with more memory",
@@ -234,6 +353,21 @@ impl fmt::Display for BudgetExceeded {
                 f,
                 "; release {t} buffers{wait}, or raise the {t} limit (ContextConfig::tier_budget)"
             )
+        } else if self.holders.cached >= shortfall && self.holders.cached > 0 {
+            write!(
+                f,
+                "; trim the block cache (ContextHandle::trim_cache): it keeps {:#}, the request is {:#} short",
+                Bytes(self.holders.cached),
+                Bytes(shortfall)
+            )
+        } else if let Some(r) = unused {
+            write!(
+                f,
+                "; drop or shrink the reservation '{}': {:#} of it is unused, the request is {:#} short",
+                r.label,
+                Bytes(r.left),
+                Bytes(shortfall)
+            )
         } else {
             let raise = match &self.limit_from {
                 Some(_) => "ask the cluster for a larger grant",
@@ -241,6 +375,13 @@ impl fmt::Display for BudgetExceeded {
             };
             if self.pending > 0 {
                 write!(f, "; wait for pending releases to retire (Admission::WaitForPending), release buffers, or {raise}")
+            } else if let Some(top) = self.holders.by_site.first() {
+                write!(
+                    f,
+                    "; release buffers made at {} (it holds {:#}), register a pressure responder, or {raise}",
+                    top.site,
+                    Bytes(top.live_bytes)
+                )
             } else {
                 write!(
                     f,

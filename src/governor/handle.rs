@@ -5,6 +5,7 @@ use super::buffer::DeviceBuffer;
 use super::error::{ContextName, ContextOperation, GovernorError};
 use super::pin_source::{ContextPin, PinSource};
 use super::pressure::PressureRequest;
+use super::record::sites::Names;
 use super::record::ContextInner;
 use super::report::TeardownReport;
 use super::request::{Alloc, Reserve};
@@ -21,6 +22,7 @@ use crate::{
     ProviderContextPinSource, Tier,
 };
 use std::fmt;
+use std::panic::Location;
 use std::sync::Arc;
 
 /// A registered context. Cheap to clone; holding one does **not** pin the
@@ -140,17 +142,32 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// every number, or [`GovernorError::Backend`] (with
     /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
     /// from a backend without the tier).
+    ///
+    /// With attribution on ([`ContextConfig::attribution`](super::ContextConfig::attribution)),
+    /// the buffer is counted at the caller's line (`#[track_caller]`) and
+    /// under [`Alloc::label`].
     #[inline]
+    #[track_caller]
     pub fn allocate(
         &self,
         stream: &GovernedStream<C>,
         alloc: Alloc,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
+        self.allocate_at(stream, alloc, Location::caller())
+    }
+
+    /// [`allocate`](Self::allocate), counted at `site` instead of the
+    /// caller's line (for a layer that names its own callers' sites).
+    #[inline]
+    pub(crate) fn allocate_at(
+        &self,
+        stream: &GovernedStream<C>,
+        alloc: Alloc,
+        site: &'static Location<'static>,
+    ) -> Result<DeviceBuffer<C>, GovernorError> {
         match alloc.tier {
-            None | Some(Tier::Device) => {
-                self.allocate_tiered(stream, alloc.bytes, alloc.role, Tier::Device)
-            }
-            Some(tier) => self.allocate_tiered(stream, alloc.bytes, alloc.role, tier),
+            None | Some(Tier::Device) => self.allocate_tiered(stream, alloc, Tier::Device, site),
+            Some(tier) => self.allocate_tiered(stream, alloc, tier, site),
         }
     }
 
@@ -160,10 +177,11 @@ impl<C: DeviceContext> ContextHandle<C> {
     fn allocate_tiered(
         &self,
         stream: &GovernedStream<C>,
-        bytes: u64,
-        role: Role,
+        alloc: Alloc,
         tier: Tier,
+        site: &'static Location<'static>,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
+        let (bytes, role) = (alloc.bytes, alloc.role);
         let ctx = &self.inner;
         if !Arc::ptr_eq(&stream.shared.ctx, ctx) {
             return Err(GovernorError::wrong_context(
@@ -193,6 +211,10 @@ impl<C: DeviceContext> ContextHandle<C> {
                     role,
                     tier,
                     recorded: None,
+                    site: ctx
+                        .sites
+                        .as_ref()
+                        .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
                 });
             }
             bytes
@@ -206,7 +228,10 @@ impl<C: DeviceContext> ContextHandle<C> {
         let tag = stream.shared.trace_tag;
         let pin = match ContextPin::acquire_on(ctx, stream.shared.shard) {
             Ok(pin) => pin,
-            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, ctx.pin_error(e))),
+            Err(e) => {
+                let e = ctx.pin_error(e);
+                return Err(refused(ctx, tag, role, bytes, e, site, alloc.names()));
+            }
         };
         // Counted live inside `admit`; `allocations` is derived.
         let admitted = if tier == Tier::Device {
@@ -216,7 +241,12 @@ impl<C: DeviceContext> ContextHandle<C> {
         };
         let memory = match admitted {
             Ok(memory) => memory,
-            Err(e) => return Err(ctx.trace_refused(tag, role, bytes, e)),
+            Err(e) => {
+                // The pin goes first: the refusal hook may retire the
+                // context and wait for it.
+                drop(pin);
+                return Err(refused(ctx, tag, role, bytes, e, site, alloc.names()));
+            }
         };
         // The stream's tag is set only on a traced context.
         if stream.shared.trace_tag != 0 {
@@ -232,6 +262,10 @@ impl<C: DeviceContext> ContextHandle<C> {
             role,
             tier,
             recorded: None,
+            site: ctx
+                .sites
+                .as_ref()
+                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
         })
     }
 
@@ -287,7 +321,14 @@ impl<C: DeviceContext> ContextHandle<C> {
     /// too many pins), [`GovernorError::BudgetExceeded`] with every number
     /// (the tier's, when its budget refuses).
     pub fn reserve(&self, reserve: Reserve<'_>) -> Result<Reservation<C>, GovernorError> {
-        Reservation::new(&self.inner, reserve.tier, reserve.bytes, reserve.label)
+        Reservation::new(&self.inner, reserve.tier, reserve.bytes, reserve.label).map_err(
+            |mut e| {
+                if let GovernorError::BudgetExceeded(refusal) = &mut e {
+                    super::view::explain(&self.inner, refusal);
+                }
+                e
+            },
+        )
     }
 
     /// A borrowed pin: the cheapest way to hold the context across a piece of
@@ -428,4 +469,28 @@ impl<C: DeviceContext> ContextHandle<C> {
             .audit(|tier| reservations.left_in(tier))
             .map_err(|e| e.of(self.inner.name().to_string()))
     }
+}
+
+/// A refused allocation: traced, counted at its site, and, when a budget
+/// refused, told who holds the memory
+/// ([`BudgetExceeded::holders`](super::BudgetExceeded::holders)).
+#[cold]
+#[inline(never)]
+pub(crate) fn refused<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    tag: u32,
+    role: Role,
+    bytes: u64,
+    e: GovernorError,
+    site: &'static Location<'static>,
+    names: Names,
+) -> GovernorError {
+    if let Some(sites) = &ctx.sites {
+        sites.refused(site, names);
+    }
+    let mut e = ctx.trace_refused(tag, role, bytes, e);
+    if let GovernorError::BudgetExceeded(refusal) = &mut e {
+        super::view::explain(ctx, refusal);
+    }
+    e
 }

@@ -162,7 +162,21 @@ impl<C: DeviceContext> ContextHandle<C> {
         source: &DeviceBuffer<C>,
         scratch: &mut Vec<u8>,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
-        let target = self.allocate(stream, super::Alloc::new(source.len(), source.role()))?;
+        // The copy is counted where the original was made, under its label,
+        // when both contexts attribute.
+        let mut alloc = super::Alloc::new(source.len(), source.role());
+        let origin = source
+            .stream
+            .ctx
+            .sites
+            .as_ref()
+            .and_then(|s| s.key(source.site));
+        if let Some((_, names)) = origin {
+            alloc.label = names.label;
+            alloc.site = names.site;
+        }
+        let site = origin.map_or(std::panic::Location::caller(), |(site, _)| site);
+        let target = self.allocate_at(stream, alloc, site)?;
         let mut offset = 0u64;
         while offset < source.len() {
             let n = (source.len() - offset).min(CHUNK as u64) as usize;

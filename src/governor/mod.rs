@@ -36,7 +36,7 @@ pub use cache::size_class;
 pub use config::{Admission, CacheConfig, ContextConfig, Tuning};
 pub use error::{
     BudgetExceeded, BudgetScope, ContextName, ContextOperation, ForeignObject, GovernorError,
-    RetireError, RetiredBy, TeardownStep,
+    Holders, RetireError, RetiredBy, TeardownStep,
 };
 pub use handle::ContextHandle;
 pub use ledger::{Imbalance, ProcessBudget, SharedBudget};
@@ -51,7 +51,7 @@ pub use retire::{Finished, RetireHandle};
 pub use role::Role;
 pub use snapshot::{
     CacheUsage, ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, PinCounts,
-    QuarantineEntry, ReservationUsage, RoleUsage, SleepState, TierUsage,
+    QuarantineEntry, ReservationUsage, RoleUsage, SiteGrowth, SiteUsage, SleepState, TierUsage,
 };
 pub use stream::GovernedStream;
 pub use suspend::{Slept, Woken};

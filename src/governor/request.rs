@@ -34,9 +34,22 @@ pub struct Alloc {
     /// `None`: the device, or the reservation's tier when allocated out of
     /// one.
     pub(crate) tier: Option<Tier>,
+    /// What the caller named the allocation, for attribution.
+    pub(crate) label: Option<&'static str>,
+    /// The site the caller named, shown instead of its line.
+    pub(crate) site: Option<&'static str>,
 }
 
 impl Alloc {
+    /// What attribution counts the allocation under besides its line.
+    #[inline]
+    pub(crate) fn names(&self) -> super::record::sites::Names {
+        super::record::sites::Names {
+            label: self.label,
+            site: self.site,
+        }
+    }
+
     /// `bytes` for `role`, in the device tier.
     #[inline]
     pub const fn new(bytes: u64, role: Role) -> Self {
@@ -44,7 +57,21 @@ impl Alloc {
             bytes,
             role,
             tier: None,
+            label: None,
+            site: None,
         }
+    }
+
+    /// Name the allocation (`"kv-cache layer 12"`): with attribution on
+    /// ([`ContextConfig::attribution`](super::ContextConfig::attribution)),
+    /// snapshots and refusals count it under its call site *and* this
+    /// label, one row per pair, so that allocations made at one line for
+    /// different purposes can be told apart. Off, the label costs nothing
+    /// and is not kept.
+    #[inline]
+    pub const fn label(mut self, label: &'static str) -> Self {
+        self.label = Some(label);
+        self
     }
 
     /// In `tier` instead, charged to that tier's budget
@@ -72,6 +99,28 @@ impl Alloc {
     #[inline]
     pub const fn requested_tier(&self) -> Option<Tier> {
         self.tier
+    }
+
+    /// Count the allocation at `site` instead of the caller's line, with
+    /// attribution on: for a layer that allocates for others and knows
+    /// where they are (a C caller's `"model.c:42"`, a runtime's
+    /// `"onnxruntime arena"`). Off, it costs nothing and is not kept.
+    #[inline]
+    pub const fn site(mut self, site: &'static str) -> Self {
+        self.site = Some(site);
+        self
+    }
+
+    /// The site given with [`site`](Self::site), if any.
+    #[inline]
+    pub const fn named_site(&self) -> Option<&'static str> {
+        self.site
+    }
+
+    /// The label given with [`label`](Self::label), if any.
+    #[inline]
+    pub const fn name(&self) -> Option<&'static str> {
+        self.label
     }
 }
 

@@ -30,6 +30,7 @@ use crate::sync::Allowance;
 use crate::trace::EventKind;
 use crate::{DeviceContext, Tier};
 use std::fmt;
+use std::panic::Location;
 use std::sync::Arc;
 
 /// Bytes charged to a context's budget (and its shared budget) ahead of the
@@ -123,10 +124,47 @@ impl<C: DeviceContext> Reservation<C> {
     /// [`GovernorError::BudgetExceeded`] when the device itself is out of
     /// memory, or [`GovernorError::Backend`]. On every error the bytes stay
     /// in the reservation.
+    ///
+    /// With attribution on ([`ContextConfig::attribution`](super::ContextConfig::attribution)),
+    /// the buffer is counted at the caller's line (`#[track_caller]`) and
+    /// under [`Alloc::label`].
+    #[track_caller]
     pub fn allocate(
         &self,
         stream: &GovernedStream<C>,
         alloc: Alloc,
+    ) -> Result<DeviceBuffer<C>, GovernorError> {
+        let site = Location::caller();
+        match self.allocate_at(stream, alloc, site) {
+            Err(
+                e @ (GovernorError::ReservationExhausted { .. } | GovernorError::BudgetExceeded(_)),
+            ) => Err(self.refused(e, site, alloc)),
+            made => made,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refused(
+        &self,
+        mut e: GovernorError,
+        site: &'static Location<'static>,
+        alloc: Alloc,
+    ) -> GovernorError {
+        if let Some(sites) = &self.ctx.sites {
+            sites.refused(site, alloc.names());
+        }
+        if let GovernorError::BudgetExceeded(refusal) = &mut e {
+            super::view::explain(&self.ctx, refusal);
+        }
+        e
+    }
+
+    fn allocate_at(
+        &self,
+        stream: &GovernedStream<C>,
+        alloc: Alloc,
+        site: &'static Location<'static>,
     ) -> Result<DeviceBuffer<C>, GovernorError> {
         let ctx = &self.ctx;
         let (bytes, role) = (alloc.bytes, alloc.role);
@@ -182,6 +220,10 @@ impl<C: DeviceContext> Reservation<C> {
             role,
             tier: self.tier,
             recorded: None,
+            site: ctx
+                .sites
+                .as_ref()
+                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
         })
     }
 

@@ -177,6 +177,60 @@ pub struct CounterSnapshot {
     pub late_settlements: u64,
 }
 
+/// What the allocations made at one call site (and under one label) hold,
+/// with attribution on ([`ContextConfig::attribution`](super::ContextConfig::attribution),
+/// or `MEMGOV_ATTRIBUTION=1`). A label
+/// ([`Alloc::label`](super::Alloc::label)) aggregates like a site: one row
+/// per site and label.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SiteUsage {
+    /// Where the allocations were made: `file:line:col` of the caller of
+    /// [`ContextHandle::allocate`](super::ContextHandle::allocate) or
+    /// [`Reservation::allocate`](super::Reservation::allocate) (or the site
+    /// a C caller or a runtime's glue named).
+    pub site: String,
+    /// The label the allocations were given, if any.
+    pub label: Option<String>,
+    /// Bytes in live buffers made there (charged bytes: with the block
+    /// cache on, the size class).
+    pub live_bytes: u64,
+    /// Live buffers made there.
+    pub live_count: u64,
+    /// The most bytes live from there at once.
+    pub peak_bytes: u64,
+    /// Allocations made there since registration.
+    pub allocations: u64,
+    /// Allocations refused there since registration.
+    pub refusals: u64,
+}
+
+/// A call site whose live bytes grew between two snapshots
+/// ([`ContextSnapshot::sites_grown_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SiteGrowth {
+    /// `file:line:col`.
+    pub site: String,
+    /// The allocations' label, if any.
+    pub label: Option<String>,
+    /// Live bytes there in the earlier snapshot (0 when it was not listed).
+    pub before: u64,
+    /// Live bytes there in the later one.
+    pub after: u64,
+    /// Live buffers there in the earlier snapshot.
+    pub count_before: u64,
+    /// Live buffers there in the later one.
+    pub count_after: u64,
+}
+
+impl SiteGrowth {
+    /// Bytes the site grew by.
+    pub fn grown(&self) -> u64 {
+        self.after - self.before
+    }
+}
+
 /// One context at one moment.
 #[derive(Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -267,6 +321,10 @@ pub struct ContextSnapshot {
     pub pins: PinCounts,
     /// Event counters.
     pub counters: CounterSnapshot,
+    /// What each call site holds, most live bytes first (then most
+    /// allocations); empty unless attribution is on
+    /// ([`ContextConfig::attribution`](super::ContextConfig::attribution)).
+    pub sites: Vec<SiteUsage>,
     /// How the teardown ended, once it has (also when it ran in the
     /// background, with nobody waiting).
     #[cfg_attr(feature = "serde", serde(skip))]
@@ -314,6 +372,7 @@ impl std::fmt::Debug for ContextSnapshot {
             quarantine,
             pins,
             counters,
+            sites,
             teardown,
         } = self;
         f.debug_struct("ContextSnapshot")
@@ -342,6 +401,7 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("quarantine", quarantine)
             .field("pins", pins)
             .field("counters", counters)
+            .field("sites", sites)
             .field("teardown", teardown)
             .finish()
     }
@@ -356,6 +416,44 @@ pub(crate) fn ser_display<T: std::fmt::Display, S: serde::Serializer>(
 }
 
 impl ContextSnapshot {
+    /// The row of the call site `file:line` (any column), with no label or
+    /// the first label found there, when attribution recorded one.
+    pub fn site(&self, file_line: &str) -> Option<&SiteUsage> {
+        self.sites.iter().find(|s| {
+            s.site
+                .strip_prefix(file_line)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
+    }
+
+    /// The sites holding more live bytes now than in `earlier` (a snapshot
+    /// of the same context), most growth first: the leak hunt. Empty unless
+    /// attribution is on
+    /// ([`ContextConfig::attribution`](super::ContextConfig::attribution)).
+    pub fn sites_grown_since(&self, earlier: &ContextSnapshot) -> Vec<SiteGrowth> {
+        let mut grown: Vec<SiteGrowth> = self
+            .sites
+            .iter()
+            .filter_map(|now| {
+                let then = earlier
+                    .sites
+                    .iter()
+                    .find(|s| s.site == now.site && s.label == now.label);
+                let (before, count_before) = then.map_or((0, 0), |s| (s.live_bytes, s.live_count));
+                (now.live_bytes > before).then(|| SiteGrowth {
+                    site: now.site.clone(),
+                    label: now.label.clone(),
+                    before,
+                    after: now.live_bytes,
+                    count_before,
+                    count_after: now.live_count,
+                })
+            })
+            .collect();
+        grown.sort_by(|a, b| b.grown().cmp(&a.grown()).then_with(|| a.site.cmp(&b.site)));
+        grown
+    }
+
     /// Usage of one role.
     pub fn role(&self, role: Role) -> RoleUsage {
         self.by_role[role.index()]

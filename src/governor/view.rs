@@ -1,5 +1,6 @@
 //! Building the snapshots of `snapshot.rs` from a context's record.
 
+use super::error::{BudgetExceeded, Holders};
 use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, PinKind};
 use super::role::Role;
@@ -127,6 +128,7 @@ pub(crate) fn snapshot_with<C: DeviceContext>(
     let reservations = ctx.reservations.usage();
     let by_tier = by_tier(ctx, &by_role, &reservations);
     let reserved = by_tier[0].reserved;
+    let sites = ctx.sites.as_ref().map_or_else(Vec::new, |s| s.usage());
 
     ContextSnapshot {
         context: ctx.id,
@@ -175,6 +177,37 @@ pub(crate) fn snapshot_with<C: DeviceContext>(
             backend_errors: ld(&c.backend_errors),
             late_settlements: ld(&c.late_settlements),
         },
+        sites,
         teardown: ctx.teardown_report(),
+    }
+}
+
+/// Fill in who holds the memory of a refusal of `ctx`'s: its largest call
+/// sites (with attribution on) and roles, its cache, its sleeping bytes;
+/// then call the context's refusal hook, if it has one, with its snapshot
+/// (no lock held). Cold: only a refusal calls it.
+#[cold]
+pub(crate) fn explain<C: DeviceContext>(ctx: &ContextInner<C>, refusal: &mut BudgetExceeded) {
+    let mut by_role: Vec<(Role, u64)> = Role::ALL
+        .into_iter()
+        .map(|role| {
+            let live = ctx.ledger.stats().usage(role).live.bytes;
+            (role, live.saturating_sub(ctx.cache.of_role(role).0))
+        })
+        .filter(|&(_, bytes)| bytes > 0)
+        .collect();
+    by_role.sort_by_key(|r| std::cmp::Reverse(r.1));
+    let mut by_site = ctx.sites.as_ref().map_or_else(Vec::new, |s| s.usage());
+    by_site.retain(|s| s.live_bytes > 0);
+    by_site.truncate(Holders::NAMED);
+    refusal.holders = Holders {
+        by_site,
+        by_role,
+        cached: ctx.cache.bytes(),
+        asleep: ctx.ledger.charges().suspended_bytes(),
+        attributed: ctx.sites.is_some(),
+    };
+    if let Some(hook) = &ctx.on_refusal {
+        hook(&snapshot(ctx), refusal);
     }
 }

@@ -146,6 +146,10 @@ pub const ROWS: &[RowSpec] = &[
         measure: |p| vec![rows::null_cycle(p)],
     },
     RowSpec {
+        key: "attributed-null-cycle",
+        measure: |p| vec![rows::attributed_null_cycle(p)],
+    },
+    RowSpec {
         key: "any-null-cycle",
         measure: |p| vec![rows::any_null_cycle(p)],
     },

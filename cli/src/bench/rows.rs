@@ -284,6 +284,33 @@ pub fn reserve_cycle(plan: &Plan) -> Row {
     .with(v, Some(b), Some(v / b))
 }
 
+/// The null cycle with call-site attribution on against the same cycle
+/// with it off, in the same run.
+pub fn attributed_null_cycle(plan: &Plan) -> Row {
+    let gov = Governor::new();
+    let on = gov.register(
+        NullContext::new(),
+        ContextConfig::new().budget(1 << 40).attribution(true),
+    );
+    let on_stream = on.create_stream("bench").expect("null stream");
+    let off = gov.register(
+        NullContext::new(),
+        ContextConfig::new().budget(1 << 40).attribution(false),
+    );
+    let off_stream = off.create_stream("bench").expect("null stream");
+    let mut attributed = |n: u64| null_cycles(&on, &on_stream, n);
+    let mut plain = |n: u64| null_cycles(&off, &off_stream, n);
+    let (v, b) = compare(plan, &mut attributed, &mut plain);
+    Row::new(
+        "attributed-null-cycle",
+        "allocate + release with call-site attribution on, null backend",
+        "the same with attribution off",
+        "ns",
+        Target::AtMost(1.15),
+    )
+    .with(v, Some(b), Some(v / b))
+}
+
 /// The null cycle through `AnyContext` (one `match` per backend call)
 /// against the same cycle on `NullContext` directly.
 pub fn any_null_cycle(plan: &Plan) -> Row {

@@ -60,6 +60,7 @@ pub(crate) mod cache;
 pub(crate) mod pending;
 pub(crate) mod pin_source;
 pub(crate) mod reservations;
+pub(crate) mod sites;
 pub(crate) mod sleep;
 pub(crate) mod stream;
 
@@ -154,6 +155,12 @@ pub(crate) struct ContextInner<C: DeviceContext> {
     /// Where this context records its memory timeline, when it was given a
     /// [`Trace`](crate::trace::Trace).
     pub trace: Option<Box<ContextTrace>>,
+    /// What each call site holds, with attribution on
+    /// ([`ContextConfig::attribution`], `MEMGOV_ATTRIBUTION`).
+    pub sites: Option<Box<sites::Sites>>,
+    /// Called with the snapshot when a budget refuses an allocation
+    /// ([`ContextConfig::on_refusal`]).
+    pub on_refusal: Option<super::config::RefusalHook>,
     /// Whether its memory sleeps (see `suspend.rs`).
     pub sleep: sleep::SleepWord,
     /// The reaper thread, joined by `Governor::drop` when it still owns the
@@ -268,8 +275,14 @@ impl<C: DeviceContext> ContextInner<C> {
         } else {
             config.label
         };
+        let sites = config
+            .attribution
+            .unwrap_or_else(sites::from_env)
+            .then(|| Box::new(sites::Sites::new()));
         Self {
             id,
+            sites,
+            on_refusal: config.on_refusal,
             trace: config
                 .trace
                 .map(|t| Box::new(ContextTrace::new(t, label.clone()))),
