@@ -33,22 +33,46 @@
 //! `G` is then exactly `W_i` once the tag is helped: if its last claim was
 //! committed, the tag names it (it is applied by helping) or someone
 //! replaced the tag (and applied it first); otherwise `G` never saw it.
-//! Reclaiming a dead slot is therefore: take the slot (a compare-and-swap
-//! of its state word from the dead owner's to "reclaiming by me": two
-//! sweepers cannot both win), help `G`'s tag, and run one operation of
-//! `-W_i` on the slot's behalf through the same three steps. A reclaimer
-//! that dies meanwhile is itself dead to the next sweeper, which takes the
-//! slot over and finds the same consistent state.
+//! Reclaiming a dead slot is therefore: take the slot (its lock, then a
+//! compare-and-swap of its state word from the dead owner's to
+//! "reclaiming by me": two sweepers cannot both win), help `G`'s tag, and
+//! run one operation of `-W_i` on the slot's behalf through the same three
+//! steps. A reclaimer that dies meanwhile drops the lock and is itself
+//! dead to the next sweeper, which takes the slot over and finds the same
+//! consistent state.
+//!
+//! # Who is dead
+//!
+//! A slot's holder keeps the slot's lock (an open-file-description lock on
+//! the slot's byte of the segment file, `segment.rs`) from before it claims
+//! the slot until after the slot is free again, and so does a reclaimer.
+//! The kernel drops the lock when the process dies, however it dies. A
+//! slot whose state word is not free while its lock can be taken has no
+//! living holder: that, and nothing about pids, `/proc` or thread states,
+//! is what [`sweep`] acts on. See `docs/sharing-a-gpu.md`, "Liveness".
+//!
+//! # Nothing is clamped
+//!
+//! An operation's owner checks that its share covers a give-back before it
+//! claims it, and the commit checks the total does (and that a charge
+//! stays within the total's 40 bits): an impossible change is refused,
+//! counted in the audit word, and changes nothing. A share a helper would
+//! apply below 0 exists only in a segment written by something else; it is
+//! counted too.
+//!
+//! # The sequence
 //!
 //! The sequence is 16 bits: helping re-reads `G` after reading the claim,
 //! so a helper is misled only if `G` returned to the very same value
 //! (total and tag) across 65,536 operations of one slot between two of its
-//! loads.
+//! loads. That is a bound on how long a helper may be preempted at that
+//! point (tens of milliseconds of a slot charging without a lease), not a
+//! proof; see `docs/sharing-a-gpu.md`, "The sequence".
 
 use super::segment::{
     futex_wake, Segment, H_AUDIT, H_LEDGER, H_LIMIT, H_NEWS, H_OUTSIDE, H_OUTSIDE_PROCS,
     H_RECLAIMS, H_WAITERS, S_ANSWERED, S_ASK, S_C, S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT,
-    S_PRIORITY, S_RING, S_START, S_STATE, S_USED, S_W, UNIT,
+    S_PRIORITY, S_RING, S_START, S_STATE, S_USED, S_W, S_WAITING, UNIT,
 };
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
@@ -398,6 +422,12 @@ pub(crate) fn reclaim(
         seg.slot(i, off).store(0, Relaxed);
     }
     seg.slot(i, S_PRIORITY).store(0, Relaxed);
+    // A holder that died waiting for room left its waiters counted: take
+    // them off, so that returns stop waking nobody.
+    let waiting = seg.slot32(i, S_WAITING).swap(0, SeqCst);
+    if waiting > 0 {
+        seg.word32(H_WAITERS).fetch_sub(waiting, SeqCst);
+    }
     seg.slot(i, S_ANSWERED)
         .store(u64::from(seg.slot32(i, S_RING).load(Relaxed)), Relaxed);
     seg.set_slot_name(i, "");
@@ -752,6 +782,25 @@ mod tests {
         operate(&seg, 2, 3, None).unwrap();
         operate(&seg, 2, -3, None).unwrap();
         assert_eq!(total_units(&seg), 17);
+        let _ = std::fs::remove_file(p);
+    }
+
+    /// A holder killed while it waited for room left the ledger's waiter
+    /// count up (every return would then pay a futex wake): the sweep that
+    /// reclaims its slot takes its waiters off.
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_dead_waiters_count_is_repaired_by_the_sweep() {
+        let (seg, p, _lock) = crashed("waiter", |seg| {
+            // Slot 0 died inside make_room; slot 1 waits too.
+            seg.word32(H_WAITERS).store(2, SeqCst);
+            seg.slot32(0, S_WAITING).store(1, SeqCst);
+            seg.slot32(1, S_WAITING).store(1, SeqCst);
+        });
+        sweep(&seg);
+        assert_eq!(seg.word32(H_WAITERS).load(SeqCst), 1, "slot 1 still waits");
+        assert_eq!(seg.slot32(0, S_WAITING).load(SeqCst), 0);
         let _ = std::fs::remove_file(p);
     }
 

@@ -17,7 +17,8 @@
 use super::ledger::{self, Refused};
 use super::segment::{
     futex_wait, futex_wake, Segment, H_LIMIT, H_NEWS, H_WAITERS, S_ANSWERED, S_ASK, S_CACHED,
-    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
+    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, S_WAITING,
+    UNIT,
 };
 use super::{Holder, MachineRefusal, RefusedBy};
 use crate::sync::lock;
@@ -125,18 +126,23 @@ impl Lost {
 }
 
 /// This process counted among the ledger's waiters (`H_WAITERS`) while it
-/// lives.
-struct Waiting<'a>(&'a Segment);
+/// lives, and in its slot's own count (`S_WAITING`): the ledger's count
+/// first, the slot's after (and back in the other order), so that what a
+/// dead process left in the ledger's count is at least its slot's, which a
+/// reclaim takes off (`ledger::reclaim`).
+struct Waiting<'a>(&'a Segment, usize);
 
 impl<'a> Waiting<'a> {
-    fn new(seg: &'a Segment) -> Self {
+    fn new(seg: &'a Segment, slot: usize) -> Self {
         seg.word32(H_WAITERS).fetch_add(1, SeqCst);
-        Self(seg)
+        seg.slot32(slot, S_WAITING).fetch_add(1, SeqCst);
+        Self(seg, slot)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        self.0.slot32(self.1, S_WAITING).fetch_sub(1, SeqCst);
         self.0.word32(H_WAITERS).fetch_sub(1, SeqCst);
     }
 }
@@ -510,7 +516,7 @@ impl Inner {
         // The wait is capped, so a change nobody announces (another
         // process's outside memory going away, a holder of an older build)
         // is still seen within 50 ms.
-        let _waiting = Waiting::new(&self.seg);
+        let _waiting = Waiting::new(&self.seg, self.slot);
         let news = self.seg.word32(H_NEWS);
         loop {
             let seen = news.load(SeqCst);

@@ -36,6 +36,7 @@
 //!   88  bytes asked for by the last ring
 //!   96  the last ring answered
 //!   104 bytes given back through the doorbell, in all
+//!   112 threads of the holder waiting for room (low 32 bits)
 //!   128 name (64 bytes, NUL padded)
 //! ```
 //!
@@ -505,6 +506,11 @@ pub(crate) fn futex_wake(w: &AtomicU32) {
         libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
+
+/// Threads of the slot's holder waiting on `H_NEWS` (a 32-bit count,
+/// part of `H_WAITERS`): what a reclaim takes off `H_WAITERS` for a holder
+/// that died waiting.
+pub(crate) const S_WAITING: usize = 112;
 
 /// Impossible changes the protocol refused or found (a give-back beyond
 /// what a slot held, a total that does not cover a share): an audit
