@@ -27,7 +27,9 @@
 //!   processes charge are consistent; `check` never calls the busy ledger
 //!   inconsistent.
 //! * `a_forked_childs_membership_is_inert`: the child's copy of a
-//!   membership charges nothing into the parent's slot and does not panic.
+//!   membership charges nothing into the parent's slot and does not panic;
+//!   `a_forked_child_does_not_keep_a_dead_parents_slot`: nor does it keep
+//!   the parent's slot lock.
 //! * `extreme_outside_figures_do_not_overflow`.
 
 #![cfg(target_os = "linux")]
@@ -201,6 +203,7 @@ fn child_process_entry() {
         "leader-exits" => child_member(&path, true),
         "charger" => child_charger(&path),
         "forker" => child_forker(&path),
+        "forker-lingers" => child_forker_lingers(&path),
         other => panic!("unknown child scenario {other}"),
     }
 }
@@ -655,6 +658,57 @@ fn a_forked_childs_membership_is_inert() {
     );
     p.expect("parent:");
     p.finish();
+    assert_eq!(here.snapshot().charged, 0);
+    here.check().unwrap();
+}
+
+/// Join, charge 4 MiB, fork a child that only sleeps (it prints its pid),
+/// then print READY and wait to be killed.
+fn child_forker_lingers(path: &Path) {
+    let ledger = MachineLedger::open(&LedgerOptions::new(KEY, 100 * MIB).path(path)).unwrap();
+    let me = ledger
+        .join(JoinOptions::new("parent").lease_chunk(0))
+        .unwrap();
+    me.charge(4 * MIB).unwrap();
+    // SAFETY: the child makes only async-signal-safe calls (pause, _exit).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        loop {
+            // SAFETY: sleeps until a signal (the test's SIGKILL).
+            unsafe { libc::pause() };
+        }
+    }
+    println!("{READY}");
+    println!("forked: {pid}");
+    std::thread::sleep(Duration::from_secs(3600));
+    drop(me);
+}
+
+/// A parent killed while a child it forked lives on: the child's copy of
+/// the parent's slot lock went at the fork, so the parent's slot is
+/// reclaimed at once, not when the child exits.
+#[test]
+fn a_forked_child_does_not_keep_a_dead_parents_slot() {
+    let dir = TempDir::new("fork-lingers");
+    let path = dir.file("ledger");
+    let here = ledger(&path, 100 * MIB);
+    let mut p = Driven::spawn("forker-lingers", &path, "", false);
+    let child: libc::pid_t = p.expect("forked:").parse().unwrap();
+    assert_eq!(here.snapshot().charged, 4 * MIB);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    let reclaimed = here.sweep();
+    // SAFETY: signals the forked child (reparented, still alive: it only
+    // sleeps) before any assertion can end the test.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert_eq!(
+        reclaimed.len(),
+        1,
+        "the dead parent's slot was not reclaimed while its forked child lived: {:?}",
+        here.snapshot()
+    );
+    assert_eq!(reclaimed[0].bytes, 4 * MIB);
     assert_eq!(here.snapshot().charged, 0);
     here.check().unwrap();
 }

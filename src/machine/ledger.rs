@@ -486,7 +486,7 @@ pub(crate) fn claim_slot(
     seg: &Segment,
     pid: u32,
     start: u64,
-) -> Option<(usize, u32, std::fs::File)> {
+) -> Option<(usize, u32, super::segment::SlotLock)> {
     for i in 0..seg.slots() {
         let state = seg.slot(i, S_STATE);
         if st_kind(state.load(SeqCst)) != Kind::Free {
@@ -624,7 +624,11 @@ mod tests {
     fn crashed(
         name: &str,
         set: impl FnOnce(&Segment),
-    ) -> (Segment, std::path::PathBuf, std::fs::File) {
+    ) -> (
+        Segment,
+        std::path::PathBuf,
+        crate::machine::segment::SlotLock,
+    ) {
         let path =
             std::env::temp_dir().join(format!("memgov-ledger-unit-{name}-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);

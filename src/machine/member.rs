@@ -66,7 +66,7 @@ pub(crate) struct Inner {
     /// The slot's lock (see `segment.rs`), held from before the slot was
     /// claimed until after it is free again: while it is held, no sweeper
     /// judges the slot dead.
-    lock: Mutex<Option<std::fs::File>>,
+    lock: Mutex<Option<super::segment::SlotLock>>,
     /// [`FORK_GENERATION`] when this process joined: a forked child's copy
     /// of the membership sees another and is inert.
     fork_generation: u64,
@@ -158,7 +158,7 @@ impl Inner {
         epoch: u32,
         name: String,
         opts: &super::JoinOptions,
-        lock: std::fs::File,
+        lock: super::segment::SlotLock,
     ) -> Self {
         watch_forks();
         Self {

@@ -587,13 +587,13 @@ impl Segment {
 
     /// Take slot `i`'s lock on a new open file description: `Ok(None)`
     /// when another description holds it. The lock is held until the
-    /// returned file is dropped (or the process dies).
-    pub(crate) fn lock_slot(&self, i: usize) -> std::io::Result<Option<File>> {
+    /// returned [`SlotLock`] is dropped (or the process dies).
+    pub(crate) fn lock_slot(&self, i: usize) -> std::io::Result<Option<SlotLock>> {
         use std::os::fd::AsRawFd;
         assert!(i < self.slots);
         let f = self.reopen()?;
         match ofd_fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, i) {
-            Ok(_) => Ok(Some(f)),
+            Ok(_) => Ok(Some(SlotLock::new(f))),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
                 Ok(None)
             }
@@ -608,5 +608,81 @@ impl Segment {
         assert!(i < self.slots);
         let fl = ofd_fcntl(self._file.as_raw_fd(), libc::F_OFD_GETLK, libc::F_WRLCK, i).ok()?;
         Some(i32::from(fl.l_type) != libc::F_UNLCK)
+    }
+}
+
+/// A slot's lock, held while this value lives: the open file description
+/// that holds it. Its descriptor is listed in [`LOCK_FDS`] so that a child
+/// `fork` makes lets go of its copy at once (the lock would otherwise live
+/// on in the child, keeping a dead parent's slot from being reclaimed).
+pub(crate) struct SlotLock {
+    file: File,
+    at: Option<usize>,
+}
+
+/// Descriptors of the slot locks this process holds (-1: none), which the
+/// child handler of `pthread_atfork` points at `/dev/null` in a forked
+/// child.
+static LOCK_FDS: [std::sync::atomic::AtomicI32; 256] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 256];
+/// `/dev/null`, opened once, close-on-exec.
+static DEV_NULL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn forked_child_drops_locks() {
+    let null = DEV_NULL.load(Ordering::SeqCst);
+    if null < 0 {
+        return;
+    }
+    for fd in &LOCK_FDS {
+        let fd = fd.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: async-signal-safe (as a handler run in the child
+            // after fork must be); atomically makes `fd` another
+            // descriptor of /dev/null, dropping the child's reference to
+            // the lock's description. The `File` owning `fd` in the child
+            // now closes /dev/null instead.
+            unsafe {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+            }
+        }
+    }
+}
+
+fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use std::os::fd::IntoRawFd;
+        if let Ok(null) = OpenOptions::new().read(true).open("/dev/null") {
+            DEV_NULL.store(null.into_raw_fd(), Ordering::SeqCst);
+            // SAFETY: registers a child handler that only loads atomics and
+            // calls dup3 (async-signal-safe).
+            unsafe {
+                libc::pthread_atfork(None, None, Some(forked_child_drops_locks));
+            }
+        }
+    });
+}
+
+impl SlotLock {
+    fn new(file: File) -> Self {
+        use std::os::fd::AsRawFd;
+        watch_forks();
+        let fd = file.as_raw_fd();
+        let at = LOCK_FDS.iter().position(|w| {
+            w.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+        Self { file, at }
+    }
+}
+
+impl Drop for SlotLock {
+    fn drop(&mut self) {
+        // Off the list before the descriptor closes (and its number can be
+        // reused): a fork in between finds it listed only while it is ours.
+        if let Some(at) = self.at {
+            LOCK_FDS[at].store(-1, Ordering::SeqCst);
+        }
+        let _ = &self.file;
     }
 }
