@@ -204,6 +204,7 @@ fn child_process_entry() {
         "charger" => child_charger(&path),
         "forker" => child_forker(&path),
         "forker-lingers" => child_forker_lingers(&path),
+        "idle-twice" => child_idle_twice(&path),
         other => panic!("unknown child scenario {other}"),
     }
 }
@@ -434,9 +435,21 @@ fn child_charger(path: &Path) {
 /// idle lease goes back once: the total is b's 40 MiB, not 36.
 #[test]
 fn an_idle_lease_is_given_back_once() {
+    // In a process of its own: it counts the process's doorbell threads.
     let dir = TempDir::new("idle-twice");
     let path = dir.file("ledger");
-    let here = ledger(&path, 100 * MIB);
+    let mut c = Driven::spawn("idle-twice", &path, "", false);
+    assert_eq!(
+        c.expect("result:"),
+        format!("total {} b {} check Ok(())", 40 * MIB, 40 * MIB),
+        "the total and the one remaining slot after a left inside its doorbell's trim"
+    );
+    c.finish();
+}
+
+fn child_idle_twice(path: &Path) {
+    println!("{READY}");
+    let here = ledger(path, 100 * MIB);
     let b = here
         .join(JoinOptions::new("b").lease_chunk(0).priority(100))
         .unwrap();
@@ -450,6 +463,7 @@ fn an_idle_lease_is_given_back_once() {
         )
         .unwrap();
     let a_slot = a.slot();
+    eventually("both doorbell threads named", || doorbell_threads() == 2);
     let process = ProcessBudget::with_machine("a", u64::MAX, a);
     let device = SharedBudget::with_parent("gpu", u64::MAX, &process);
     let gov = Governor::new();
@@ -496,15 +510,26 @@ fn an_idle_lease_is_given_back_once() {
     eventually("a left the ledger", || {
         !here.snapshot().processes.iter().any(|p| p.slot == a_slot)
     });
-    // The doorbell thread has nothing left to give back twice; let it run.
-    std::thread::sleep(Duration::from_millis(50));
-    let snap = here.snapshot();
-    assert_eq!(
-        (snap.charged, b.charged()),
-        (40 * MIB, 40 * MIB),
-        "the total and the one remaining slot: {snap:?}"
+    // a's doorbell thread (which left, inside its serve) has ended: all
+    // it would give back, it has.
+    eventually("a's doorbell thread ended", || doorbell_threads() == 1);
+    println!(
+        "result: total {} b {} check {:?}",
+        here.snapshot().charged,
+        b.charged(),
+        here.check().map_err(|e| e.to_string())
     );
-    here.check().unwrap();
+}
+
+/// The doorbell threads of this process now (one per membership).
+fn doorbell_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).unwrap_or_default().trim() == "memgov-machine"
+        })
+        .count()
 }
 
 /// The numbers: b holds 68 MiB; a, with nothing charged, gives
@@ -670,15 +695,28 @@ fn child_forker_lingers(path: &Path) {
         .join(JoinOptions::new("parent").lease_chunk(0))
         .unwrap();
     me.charge(4 * MIB).unwrap();
-    // SAFETY: the child makes only async-signal-safe calls (pause, _exit).
+    let mut up = [0 as libc::c_int; 2];
+    // SAFETY: a pipe into a valid two-int array.
+    assert_eq!(unsafe { libc::pipe(up.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only async-signal-safe calls (write, pause).
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
+        // The fork's child handlers have run once fork returns here: say
+        // so, then sleep until the test's SIGKILL.
+        // SAFETY: writes one byte from a live buffer to the pipe.
+        unsafe { libc::write(up[1], b"u".as_ptr().cast(), 1) };
         loop {
-            // SAFETY: sleeps until a signal (the test's SIGKILL).
+            // SAFETY: sleeps until a signal.
             unsafe { libc::pause() };
         }
     }
+    let mut b = 0u8;
+    // SAFETY: reads one byte into a live buffer from the pipe.
+    assert_eq!(
+        unsafe { libc::read(up[0], (&mut b as *mut u8).cast(), 1) },
+        1
+    );
     println!("{READY}");
     println!("forked: {pid}");
     std::thread::sleep(Duration::from_secs(3600));
