@@ -713,10 +713,8 @@ fn child_forker_lingers(path: &Path) {
     }
     let mut b = 0u8;
     // SAFETY: reads one byte into a live buffer from the pipe.
-    assert_eq!(
-        unsafe { libc::read(up[0], (&mut b as *mut u8).cast(), 1) },
-        1
-    );
+    let n = unsafe { libc::read(up[0], (&mut b as *mut u8).cast(), 1) };
+    assert_eq!(n, 1);
     println!("{READY}");
     println!("forked: {pid}");
     std::thread::sleep(Duration::from_secs(3600));
