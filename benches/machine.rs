@@ -4,7 +4,9 @@
 //! machine ledger (`machine`; a ledger in a temporary directory, the
 //! default 8 MiB lease). One cycle is allocate 4 KiB + release. Before the
 //! criterion rows it prints the ratio of the two from interleaved batches
-//! (the figure docs/sharing-a-gpu.md quotes; target at most 1.3x).
+//! (the figure docs/sharing-a-gpu.md quotes; target at most 1.3x), then
+//! what liveness by slot locks costs: a join + leave, and a sweep of nine
+//! live slots (rows too).
 //!
 //! Smoke run (CI): `cargo bench --bench machine -- --test`.
 
@@ -80,6 +82,36 @@ mod linux {
             m / p
         );
 
+        // What liveness by slot locks costs: a join takes a slot's lock
+        // on a description of its own (an open and an fcntl), a leave lets
+        // it go; a sweep asks the kernel about each occupied slot (one
+        // fcntl F_OFD_GETLK each). Eight other members hold slots here.
+        let others: Vec<_> = (0..8)
+            .map(|i| ledger.join(JoinOptions::new(format!("other-{i}"))).unwrap())
+            .collect();
+        let join_leave = |n: u64| {
+            let t = Instant::now();
+            for _ in 0..n {
+                drop(black_box(
+                    ledger.join(JoinOptions::new("bench-join")).unwrap(),
+                ));
+            }
+            t.elapsed()
+        };
+        let sweeps = |n: u64| {
+            let t = Instant::now();
+            for _ in 0..n {
+                black_box(ledger.sweep());
+            }
+            t.elapsed()
+        };
+        println!(
+            "machine ledger: join + leave {:.1} us, sweep of {} live slots {:.1} us",
+            join_leave(200).as_nanos() as f64 / 200e3,
+            others.len() + 1,
+            sweeps(2000).as_nanos() as f64 / 2000e3,
+        );
+
         let mut g = c.benchmark_group("machine");
         g.bench_function("process level, allocate + release", |b| {
             b.iter_custom(|n| cycles(&process, n))
@@ -87,7 +119,14 @@ mod linux {
         g.bench_function("machine ledger, allocate + release", |b| {
             b.iter_custom(|n| cycles(&machine, n))
         });
+        g.bench_function("machine ledger, join + leave", |b| {
+            b.iter_custom(join_leave)
+        });
+        g.bench_function("machine ledger, sweep of 9 live slots", |b| {
+            b.iter_custom(sweeps)
+        });
         g.finish();
+        drop(others);
         drop((process, machine, ledger));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -409,6 +409,8 @@ fn a_machine_refusal_ends_with_the_process_furthest_above_its_floor() {
         pid: 10,
         process_charged: 3 * GIB,
         process_limit: u64::MAX,
+        process_limit_from: None,
+        lost: None,
         holders: vec![
             // Holds the most, but most of it is its floor.
             holder("trainer", 11, 8 * GIB, 7 * GIB, 0),
@@ -433,6 +435,7 @@ fn a_machine_refusal_ends_with_the_process_furthest_above_its_floor() {
         awaiting_teardown: 0,
         outside: 0,
         limit: 16 * GIB,
+        limit_from: None,
         available: GIB,
         waited: std::time::Duration::ZERO,
         reclaimed_by_responders: 0,

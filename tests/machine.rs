@@ -682,8 +682,8 @@ fn refusals_are_exact_and_floors_are_kept() {
     a.charge(4 * MIB).unwrap();
     let r = a.charge(1).unwrap_err();
     assert_eq!(r.available(), 0, "{r}");
-    a.uncharge(4 * MIB);
-    b.uncharge(12 * MIB);
+    a.uncharge(4 * MIB).unwrap();
+    b.uncharge(12 * MIB).unwrap();
     assert_eq!(a.charged(), 0, "no lease: everything went back");
     assert!(
         b.charged() <= 2 * MIB + 4096,
@@ -725,7 +725,7 @@ fn outside_bytes_are_kept_from_admission() {
         "{r}"
     );
     a.charge(8 * MIB).unwrap();
-    a.uncharge(10 * MIB);
+    a.uncharge(10 * MIB).unwrap();
     assert_eq!(ledger.snapshot().outside, 6 * MIB);
 }
 
@@ -955,7 +955,7 @@ fn child_nvml(path: &Path) {
     let e = member.charge(800 * MIB).unwrap_err();
     assert_eq!(e.outside, 250 * MIB, "{e}");
     member.charge(700 * MIB).unwrap();
-    member.uncharge(700 * MIB);
+    member.uncharge(700 * MIB).unwrap();
 
     // More processes than the first query has room for: asked again.
     let many: String = (0..40)

@@ -121,6 +121,8 @@ fn a_panicking_responder_does_not_stop_the_doorbell() {
         holder.doorbell_panics(),
         row.charged / MIB
     );
-    requester.uncharge(32 * MIB);
+    requester
+        .uncharge(32 * MIB)
+        .expect("gives back what it charged");
     drop((stream, ctx, gov, process, holder, requester));
 }

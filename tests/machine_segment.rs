@@ -171,7 +171,7 @@ fn child_cut_short(path: &Path) {
     let _ = m.charge(MIB);
     let snap = l.snapshot();
     let _ = l.check();
-    m.uncharge(MIB);
+    let _ = m.uncharge(MIB);
     drop(m);
     let e = l.verify().unwrap_err();
     assert!(matches!(e, MachineError::Corrupt { .. }), "{e}");

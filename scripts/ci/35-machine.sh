@@ -14,6 +14,13 @@ log="$target/machine.log"
 for seed in 1 2 3; do
     MEMGOV_MACHINE_SEED=$seed cargo test --locked --release -p memgov --test machine -- --nocapture 2>&1 | tee -a "$log"
 done
+# Liveness and books (tests/machine_liveness.rs): pid namespaces (as root;
+# each namespaced test prints "skipped: <why>" where unshare is refused), a
+# process whose main thread exited, concurrent joins with floors, a forked
+# child, consistent snapshots under charging processes.
+cargo test --locked --release -p memgov --test machine_liveness -- --nocapture 2>&1 | tee -a "$log"
+n=$(grep -c "two pid namespaces: neither reclaimed the other\|skipped: .*unshare" "$log" || true)
+[ "$n" -ge 1 ] || { echo "FAILED: the pid-namespace test neither ran nor said why it skipped"; exit 1; }
 # The same processes governing CUDA contexts on the CUDA stand-in, the
 # ledger keyed by the device's UUID as the driver reports it, and the NVML
 # and ROCm SMI stand-ins reporting the devices' processes.

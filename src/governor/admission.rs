@@ -1111,6 +1111,8 @@ fn shortfall<C: DeviceContext>(ctx: &ContextInner<C>, refused: &Denial, bytes: u
                 .process_charged
                 .saturating_add(bytes)
                 .saturating_sub(m.process_limit),
+            // No room made here can admit into a slot that is not its own.
+            crate::machine::RefusedBy::SlotLost => bytes,
         },
         Denial::Device(_) => {
             let free = ctx
@@ -1158,6 +1160,7 @@ fn exceeded<C: DeviceContext>(
                     m.process_charged,
                     m.process_limit.saturating_sub(m.process_charged),
                 ),
+                crate::machine::RefusedBy::SlotLost => (m.limit, m.charged, 0),
             };
             let out = (
                 BudgetScope::Machine(m.ledger.clone()),

@@ -14,10 +14,11 @@
 //! request takes back, so a refusal that counts another process's idle
 //! lease happens only when that process did not answer.
 
-use super::ledger::{self, Seen};
+use super::ledger::{self, Refused};
 use super::segment::{
     futex_wait, futex_wake, Segment, H_LIMIT, H_NEWS, H_WAITERS, S_ANSWERED, S_ASK, S_CACHED,
-    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, UNIT,
+    S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE, S_USED, S_W, S_WAITING,
+    UNIT,
 };
 use super::{Holder, MachineRefusal, RefusedBy};
 use crate::sync::lock;
@@ -65,21 +66,86 @@ pub(crate) struct Inner {
     /// Panics caught on the doorbell thread in calls into the host (its
     /// block caches, pressure responders and census).
     host_panics: AtomicU64,
+    /// The slot's lock (see `segment.rs`), held from before the slot was
+    /// claimed until after it is free again: while it is held, no sweeper
+    /// judges the slot dead.
+    lock: Mutex<Option<super::segment::SlotLock>>,
+    /// [`FORK_GENERATION`] when this process joined: a forked child's copy
+    /// of the membership sees another and is inert.
+    fork_generation: u64,
+    /// Bytes charged through the public `MachineMember::charge` and not
+    /// given back yet: what `MachineMember::uncharge` may give back.
+    pub(crate) direct: AtomicU64,
+}
+
+/// Bumped in every child a `fork` makes (a `pthread_atfork` handler,
+/// registered at the first join): memberships carried into the child by
+/// the fork see a generation other than their own and do nothing.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forked_child() {
+    // Async-signal-safe: one atomic add.
+    FORK_GENERATION.fetch_add(1, SeqCst);
+}
+
+fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a child handler that only bumps an atomic
+        // (async-signal-safe, as a handler run after fork must be); no
+        // prepare or parent handler.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(forked_child));
+        }
+    });
+}
+
+/// Why a membership no longer operates on its slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Lost {
+    /// It left the ledger.
+    Left,
+    /// This is a forked child's copy of the parent's membership.
+    Forked { parent: u32 },
+    /// The slot's state word is not the one this membership wrote.
+    Taken { found: u64 },
+}
+
+impl Lost {
+    pub(crate) fn describe(&self, slot: usize, epoch: u32) -> String {
+        match self {
+            Lost::Left => format!("it left slot {slot} of the ledger"),
+            Lost::Forked { parent } => format!(
+                "this process is a fork of pid {parent}, whose membership (slot {slot}) it carries; a forked child joins the ledger itself"
+            ),
+            Lost::Taken { found } => format!(
+                "slot {slot} (epoch {epoch}) was taken from it: the slot is now {:?}, epoch {}, pid {}",
+                ledger::st_kind(*found),
+                ledger::st_epoch(*found),
+                ledger::st_pid(*found)
+            ),
+        }
+    }
 }
 
 /// This process counted among the ledger's waiters (`H_WAITERS`) while it
-/// lives.
-struct Waiting<'a>(&'a Segment);
+/// lives, and in its slot's own count (`S_WAITING`): the ledger's count
+/// first, the slot's after (and back in the other order), so that what a
+/// dead process left in the ledger's count is at least its slot's, which a
+/// reclaim takes off (`ledger::reclaim`).
+struct Waiting<'a>(&'a Segment, usize);
 
 impl<'a> Waiting<'a> {
-    fn new(seg: &'a Segment) -> Self {
+    fn new(seg: &'a Segment, slot: usize) -> Self {
         seg.word32(H_WAITERS).fetch_add(1, SeqCst);
-        Self(seg)
+        seg.slot32(slot, S_WAITING).fetch_add(1, SeqCst);
+        Self(seg, slot)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        self.0.slot32(self.1, S_WAITING).fetch_sub(1, SeqCst);
         self.0.word32(H_WAITERS).fetch_sub(1, SeqCst);
     }
 }
@@ -95,7 +161,9 @@ impl Inner {
         epoch: u32,
         name: String,
         opts: &super::JoinOptions,
+        lock: super::segment::SlotLock,
     ) -> Self {
+        watch_forks();
         Self {
             seg,
             slot,
@@ -115,7 +183,37 @@ impl Inner {
             thread: Mutex::new(None),
             left: AtomicBool::new(false),
             host_panics: AtomicU64::new(0),
+            lock: Mutex::new(Some(lock)),
+            fork_generation: FORK_GENERATION.load(SeqCst),
+            direct: AtomicU64::new(0),
         }
+    }
+
+    /// Whether this is the membership of the process that joined (not a
+    /// forked child's copy).
+    #[inline]
+    fn in_joiner(&self) -> bool {
+        FORK_GENERATION.load(Relaxed) == self.fork_generation
+    }
+
+    /// Whether this membership still holds its slot: it has not left, this
+    /// is the process that joined, and the slot's state word is still the
+    /// one it wrote. Checked before every operation on the segment (under
+    /// `op`, so no operation of this membership runs between the check
+    /// and its commit).
+    pub(crate) fn holds_slot(&self) -> Result<(), Lost> {
+        if !self.in_joiner() {
+            return Err(Lost::Forked { parent: self.pid });
+        }
+        if self.left.load(Acquire) {
+            return Err(Lost::Left);
+        }
+        let live = ledger::st_pack(ledger::Kind::Live, self.epoch, self.pid);
+        let found = self.seg.slot(self.slot, S_STATE).load(SeqCst);
+        if found != live {
+            return Err(Lost::Taken { found });
+        }
+        Ok(())
     }
 
     /// Call into the host (user code: pressure responders) from the
@@ -171,25 +269,31 @@ impl Inner {
     }
 
     /// Units the other slots' floors keep from this slot: for each live
-    /// slot, what its floor has not used yet.
+    /// or joining slot, what its floor has not used yet.
     fn others_unmet_floors(&self) -> u64 {
         let seg = &self.seg;
         (0..seg.slots())
             .filter(|&i| i != self.slot)
-            .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) == ledger::Kind::Live)
+            .filter(|&i| {
+                matches!(
+                    ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)),
+                    ledger::Kind::Live | ledger::Kind::Claiming
+                )
+            })
             .map(|i| {
                 let floor = seg.slot(i, S_FLOOR).load(Relaxed) / UNIT;
                 floor.saturating_sub(ledger::w_units(seg.slot(i, S_W).load(Acquire)))
             })
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// One ledger operation of `+units`, held to the ledger's limit (less
     /// what the device uses outside memgov and the others' unmet floors)
     /// and to this process's own limit. The caller holds `op`.
     fn grow(&self, units: u64) -> Result<(), (RefusedBy, Option<u64>)> {
+        self.holds_slot().map_err(|_| (RefusedBy::SlotLost, None))?;
         let mine = ledger::w_units(self.seg.slot(self.slot, S_W).load(SeqCst));
-        if (mine + units).saturating_mul(UNIT) > self.limit {
+        if mine.saturating_add(units).saturating_mul(UNIT) > self.limit {
             return Err((RefusedBy::ProcessLimit, None));
         }
         let limit_units = ledger::limit(&self.seg) / UNIT;
@@ -198,10 +302,13 @@ impl Inner {
         // is kept against refills that read the table after its holder
         // joined.
         let floors = self.others_unmet_floors();
-        let fits = |after: u64| after + outside + floors <= limit_units;
+        let fits = |after: u64| after.saturating_add(outside).saturating_add(floors) <= limit_units;
         match ledger::operate(&self.seg, self.slot, units as i64, Some(&fits)) {
             Ok(_) => Ok(()),
-            Err(Seen { total_units }) => Err((RefusedBy::Ledger, Some(total_units * UNIT))),
+            Err(Refused::Limit { total_units }) => {
+                Err((RefusedBy::Ledger, Some(total_units * UNIT)))
+            }
+            Err(Refused::Impossible { total, .. }) => Err((RefusedBy::Ledger, Some(total * UNIT))),
         }
     }
 
@@ -210,7 +317,9 @@ impl Inner {
     #[inline]
     pub(crate) fn charge(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
         let mut idle = self.idle.load(Relaxed);
-        while idle >= bytes {
+        // A forked child's copy charges nothing out of the parent's lease:
+        // the slow path refuses it.
+        while idle >= bytes && self.in_joiner() {
             match self
                 .idle
                 .compare_exchange_weak(idle, idle - bytes, AcqRel, Relaxed)
@@ -224,6 +333,10 @@ impl Inner {
 
     #[cold]
     fn charge_slow(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
+        if !self.in_joiner() {
+            // `op` may have been held by a thread the fork left behind.
+            return Err(Box::new(self.refusal(bytes, RefusedBy::SlotLost, None)));
+        }
         let _op = lock(&self.op);
         let have = self.idle.swap(0, AcqRel);
         if have >= bytes {
@@ -243,7 +356,12 @@ impl Inner {
                     self.publish();
                     return Ok(());
                 }
-                Err(b) => by = b,
+                Err(b) => {
+                    by = b;
+                    if by.0 == RefusedBy::SlotLost {
+                        break;
+                    }
+                }
             }
         }
         self.idle.fetch_add(have, AcqRel);
@@ -253,7 +371,14 @@ impl Inner {
     /// Charge `bytes` whatever the limits (memory that exists already, or a
     /// reclaim's claim).
     pub(crate) fn force_charge(&self, bytes: u64) {
+        if !self.in_joiner() {
+            return;
+        }
         let _op = lock(&self.op);
+        if self.holds_slot().is_err() {
+            // Nothing to charge on: the next refill is refused, naming why.
+            return;
+        }
         let have = self.idle.swap(0, AcqRel);
         if have >= bytes {
             self.idle.fetch_add(have - bytes, AcqRel);
@@ -279,7 +404,16 @@ impl Inner {
     /// Give the idle lease beyond `keep` back to the ledger, in whole
     /// units. Returns the bytes given back.
     pub(crate) fn return_idle(&self, keep: u64) -> u64 {
+        if !self.in_joiner() {
+            return 0;
+        }
         let _op = lock(&self.op);
+        if self.holds_slot().is_err() {
+            // The lease went with the slot (or is the parent's): nothing
+            // of it is this membership's to give back.
+            self.idle.store(0, Release);
+            return 0;
+        }
         let mut idle = self.idle.load(Acquire);
         loop {
             let units = idle.saturating_sub(keep) / UNIT;
@@ -292,7 +426,12 @@ impl Inner {
                 .compare_exchange(idle, idle - units * UNIT, AcqRel, Acquire)
             {
                 Ok(_) => {
-                    let _ = ledger::operate(&self.seg, self.slot, -(units as i64), None);
+                    // The share covers the idle lease (it is `used +
+                    // idle`): an impossible give-back is refused, counted,
+                    // and changes nothing.
+                    if ledger::operate(&self.seg, self.slot, -(units as i64), None).is_err() {
+                        return 0;
+                    }
                     self.publish();
                     return units * UNIT;
                 }
@@ -309,6 +448,9 @@ impl Inner {
 
     /// How far the ledger is over its limit, in bytes.
     pub(crate) fn over(&self) -> u64 {
+        if !self.in_joiner() {
+            return 0;
+        }
         let total = ledger::total_units(&self.seg) * UNIT;
         total
             .saturating_add(ledger::outside_bytes(&self.seg))
@@ -340,6 +482,13 @@ impl Inner {
                 .map(Holder::from)
                 .collect(),
             unanswered: Vec::new(),
+            lost: match by {
+                RefusedBy::SlotLost => self
+                    .holds_slot()
+                    .err()
+                    .map(|l| l.describe(self.slot, self.epoch)),
+                _ => None,
+            },
         }
     }
 
@@ -349,12 +498,19 @@ impl Inner {
     /// first, and wait until the room is there, every one asked answered,
     /// or `deadline`. Returns those that did not answer in time.
     pub(crate) fn make_room(&self, bytes: u64, deadline: Instant) -> Vec<Holder> {
+        if self.holds_slot().is_err() {
+            return Vec::new();
+        }
         ledger::sweep(&self.seg);
         if self.room_for(bytes) {
             return Vec::new();
         }
         let snap = super::snapshot_of(&self.seg);
-        let mut shortfall = (snap.charged + snap.outside + bytes).saturating_sub(snap.limit);
+        let mut shortfall = snap
+            .charged
+            .saturating_add(snap.outside)
+            .saturating_add(bytes)
+            .saturating_sub(snap.limit);
         let mut cands: Vec<_> = snap
             .processes
             .iter()
@@ -394,7 +550,7 @@ impl Inner {
         // The wait is capped, so a change nobody announces (another
         // process's outside memory going away, a holder of an older build)
         // is still seen within 50 ms.
-        let _waiting = Waiting::new(&self.seg);
+        let _waiting = Waiting::new(&self.seg, self.slot);
         let news = self.seg.word32(H_NEWS);
         loop {
             let seen = news.load(SeqCst);
@@ -415,8 +571,12 @@ impl Inner {
 
     fn room_for(&self, bytes: u64) -> bool {
         let limit = ledger::limit(&self.seg);
-        let total = ledger::total_units(&self.seg) * UNIT + ledger::outside_bytes(&self.seg);
-        total + self.others_unmet_floors() * UNIT + bytes.saturating_sub(self.idle()) <= limit
+        let total = (ledger::total_units(&self.seg) * UNIT)
+            .saturating_add(ledger::outside_bytes(&self.seg));
+        total
+            .saturating_add(self.others_unmet_floors().saturating_mul(UNIT))
+            .saturating_add(bytes.saturating_sub(self.idle()))
+            <= limit
     }
 
     /// Serve one ring of the doorbell: idle leases first, then the host's
@@ -482,6 +642,11 @@ impl Inner {
                     let answered = m.seg.slot(m.slot, S_ANSWERED).load(Acquire) as u32;
                     if r != answered {
                         m.serve();
+                        if m.stop.load(Acquire) {
+                            // It left while serving (the trim dropped the
+                            // last membership): the slot is no longer its.
+                            return;
+                        }
                         m.seg.slot(m.slot, S_ANSWERED).store(u64::from(r), Release);
                         ledger::announce(&m.seg);
                         continue;
@@ -516,6 +681,11 @@ impl Inner {
     /// Leave the ledger: stop the doorbell thread, give every byte back,
     /// free the slot.
     pub(crate) fn leave(&self) {
+        if !self.in_joiner() {
+            // A forked child's copy: the slot is the parent's, and the
+            // doorbell thread did not survive the fork.
+            return;
+        }
         if self.left.swap(true, SeqCst) {
             return;
         }
@@ -528,15 +698,33 @@ impl Inner {
                 let _ = t.join();
             }
         }
+        // No operation of this membership runs past here (each checks
+        // `left` under `op`), and the idle lease goes back with the whole
+        // share: none of it is this membership's to give back again.
+        let _op = lock(&self.op);
+        self.idle.store(0, Release);
         let live = ledger::st_pack(ledger::Kind::Live, self.epoch, self.pid);
-        // Take the slot as its own reclaimer: the same path a sweeper takes
-        // for a dead process, so what it gives back is exact.
+        // Take the slot as its own reclaimer, holding its lock: the same
+        // path a sweeper takes for a dead process, so what it gives back is
+        // exact.
         let _ = ledger::reclaim(&self.seg, self.slot, live, self.pid, false);
+        // Free: let the lock go (a sweeper finding it free now finds the
+        // slot free too).
+        drop(lock(&self.lock).take());
+    }
+
+    /// A membership whose join failed (its slot already given back, or
+    /// taken): let the slot's lock go; it never operates.
+    pub(crate) fn abandon(&self) {
+        self.left.store(true, SeqCst);
+        drop(lock(&self.lock).take());
     }
 
     pub(crate) fn set_limit_word(&self) {
         self.seg.slot(self.slot, S_LIMIT).store(self.limit, Relaxed);
-        self.seg.slot(self.slot, S_FLOOR).store(self.floor, Relaxed);
+        // Sequentially consistent: the join's floors check reads the
+        // others' floors after this (see `floors_of_others`).
+        self.seg.slot(self.slot, S_FLOOR).store(self.floor, SeqCst);
         self.seg
             .slot(self.slot, S_PRIORITY)
             .store(u64::from(self.priority), Relaxed);
@@ -548,3 +736,14 @@ impl Inner {
 }
 
 use std::sync::atomic::Ordering::Release;
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.in_joiner() {
+            // The doorbell thread's handle names a thread of the parent:
+            // neither join nor detach it here.
+            let t = self.thread.get_mut().unwrap_or_else(|e| e.into_inner());
+            std::mem::forget(t.take());
+        }
+    }
+}

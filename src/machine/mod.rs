@@ -33,8 +33,8 @@ use crate::Bytes;
 use crate::{DeviceIdentity, MemoryInfo};
 use segment::{
     Segment, H_DEV_AT, H_DEV_FREE, H_DEV_TOTAL, H_LIMIT, H_OUTSIDE, H_OUTSIDE_PROCS, H_RECLAIMS,
-    S_ANSWERED, S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_START,
-    S_STATE, S_USED, S_W,
+    S_ANSWERED, S_CACHED, S_CONTEXTS, S_FLOOR, S_GAVE, S_LIMIT, S_PRIORITY, S_RING, S_STATE,
+    S_USED, S_W,
 };
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -212,6 +212,40 @@ pub enum MachineError {
         ledger: String,
         /// What does not add up.
         what: String,
+    },
+    /// [`MachineLedger::check`] could not judge: the ledger changed during
+    /// every one of its reads.
+    #[error("machine ledger '{ledger}': changed during each of {tries} reads, so whether it adds up cannot be judged now (a busy ledger, not an inconsistent one); check again, or when fewer processes charge")]
+    Unsettled {
+        /// The ledger's key.
+        ledger: String,
+        /// The reads tried.
+        tries: u32,
+    },
+    /// The membership no longer holds its slot: it left, this process is
+    /// a forked child of the one that joined, or the slot was taken from
+    /// it. Nothing was charged or given back.
+    #[error("machine ledger '{ledger}': '{name}' no longer holds its slot: {why}; join the ledger again (MachineLedger::join)")]
+    SlotLost {
+        /// The ledger's key.
+        ledger: String,
+        /// The membership's name.
+        name: String,
+        /// What happened to the slot.
+        why: String,
+    },
+    /// [`MachineMember::uncharge`] was asked to give back more than
+    /// [`MachineMember::charge`] took.
+    #[error("machine ledger '{ledger}': '{name}' asked to give back {} but holds {} charged through MachineMember::charge; give back only what charge took", Bytes(*asked), Bytes(*held))]
+    Overdrawn {
+        /// The ledger's key.
+        ledger: String,
+        /// The membership's name.
+        name: String,
+        /// Bytes asked to give back.
+        asked: u64,
+        /// Bytes charged through `charge` and not given back.
+        held: u64,
     },
 }
 
@@ -581,18 +615,28 @@ impl MachineLedger {
     }
 
     /// Check the ledger adds up: the total is the sum of the slots' shares,
-    /// no free slot holds bytes, no process holds more than the limit.
-    /// Exact only while no process is changing its charges.
+    /// no process holds more than the limit, and no impossible change was
+    /// refused or found (an audit finding). Judged on a consistent
+    /// snapshot (the pending operation applied first, the rows read against
+    /// one unchanged total); when the ledger changed during every read, it
+    /// says it cannot judge ([`MachineError::Unsettled`]) rather than
+    /// calling a busy ledger inconsistent.
     pub fn check(&self) -> Result<(), MachineError> {
         let snap = self.snapshot();
-        let sum: u64 = snap.processes.iter().map(|p| p.charged).sum();
+        if !snap.consistent {
+            return Err(MachineError::Unsettled {
+                ledger: self.key().to_owned(),
+                tries: SNAPSHOT_TRIES,
+            });
+        }
+        let sum: u128 = snap.processes.iter().map(|p| u128::from(p.charged)).sum();
         let bad = |what: String| {
             Err(MachineError::Inconsistent {
                 ledger: self.key().to_owned(),
                 what,
             })
         };
-        if sum != snap.charged {
+        if sum != u128::from(snap.charged) {
             return bad(format!(
                 "the total is {} and the slots hold {}",
                 snap.charged, sum
@@ -607,6 +651,12 @@ impl MachineLedger {
                 Bytes(snap.limit)
             ));
         }
+        if snap.audit > 0 {
+            return bad(format!(
+                "{} impossible change(s) refused or found (a give-back beyond a slot's share or the total: a segment written by something other than memgov)",
+                snap.audit
+            ));
+        }
         Ok(())
     }
 
@@ -615,6 +665,7 @@ impl MachineLedger {
     /// Returns the total before and after, in bytes.
     pub fn repair(&self) -> (u64, u64) {
         let (b, a) = ledger::repair(&self.seg);
+        self.seg.word(segment::H_AUDIT).store(0, Relaxed);
         (b * UNIT, a * UNIT)
     }
 
@@ -651,7 +702,10 @@ impl MachineLedger {
         self.sweep();
         let pid = std::process::id();
         let start = ledger::proc_stat(pid).map_or(0, |(_, s)| s);
-        let (slot, epoch) =
+        // The slot's lock first, then a compare-and-swap from free: held
+        // from here for the membership's life (dropped, with the slot,
+        // on every error below).
+        let (slot, epoch, lock) =
             ledger::claim_slot(&self.seg, pid, start).ok_or_else(|| MachineError::Full {
                 path: self.path().to_owned(),
                 slots: self.seg.slots(),
@@ -671,17 +725,20 @@ impl MachineLedger {
             epoch,
             opts.name.clone(),
             &opts,
+            lock,
         ));
         inner.set_limit_word();
-        let others: u64 = (0..seg.slots())
-            .filter(|&i| i != slot)
-            .filter(|&i| ledger::st_kind(seg.slot(i, S_STATE).load(Acquire)) == ledger::Kind::Live)
-            .map(|i| seg.slot(i, S_FLOOR).load(Relaxed))
-            .sum();
-        if opts.floor > 0 && others.saturating_add(opts.floor) > limit {
-            // Give the slot back as it was taken.
-            let claiming = ledger::st_pack(ledger::Kind::Claiming, epoch, pid);
+        // Floors of claiming slots count as live ones: two processes joining
+        // at once each publish their floor (above, sequentially consistent)
+        // before reading the others', so at least one sees the other's.
+        let claiming = ledger::st_pack(ledger::Kind::Claiming, epoch, pid);
+        let give_back = |inner: &member::Inner| {
             ledger::reclaim(seg, slot, claiming, pid, false);
+            inner.abandon();
+        };
+        let others = floors_of_others(seg, slot);
+        if opts.floor > 0 && others.saturating_add(opts.floor) > limit {
+            give_back(&inner);
             return Err(MachineError::Floors {
                 ledger: self.key().to_owned(),
                 name: opts.name,
@@ -690,8 +747,18 @@ impl MachineLedger {
                 limit,
             });
         }
-        seg.slot(slot, S_STATE)
-            .store(ledger::st_pack(ledger::Kind::Live, epoch, pid), SeqCst);
+        let live = ledger::st_pack(ledger::Kind::Live, epoch, pid);
+        if let Err(found) = seg
+            .slot(slot, S_STATE)
+            .compare_exchange(claiming, live, SeqCst, SeqCst)
+        {
+            inner.abandon();
+            return Err(MachineError::SlotLost {
+                ledger: self.key().to_owned(),
+                name: opts.name,
+                why: member::Lost::Taken { found }.describe(slot, epoch),
+            });
+        }
         inner.start();
         Ok(MachineMember(Arc::new(MemberHandle(inner))))
     }
@@ -712,13 +779,39 @@ impl MachineLedger {
     }
 }
 
+/// The floors of the slots other than `slot` that are live or being
+/// claimed, in bytes. Each floor is read before its slot's state: a floor
+/// is published after its slot is claimed, so a floor seen belongs to a
+/// slot whose state is read as claiming or later.
+fn floors_of_others(seg: &Segment, slot: usize) -> u64 {
+    (0..seg.slots())
+        .filter(|&i| i != slot)
+        .map(|i| {
+            (
+                seg.slot(i, S_FLOOR).load(SeqCst),
+                seg.slot(i, S_STATE).load(SeqCst),
+            )
+        })
+        .filter(|&(_, s)| {
+            matches!(
+                ledger::st_kind(s),
+                ledger::Kind::Live | ledger::Kind::Claiming
+            )
+        })
+        .map(|(f, _)| f)
+        .fold(0, u64::saturating_add)
+}
+
 fn observe_processes(seg: &Segment, found: &DeviceProcesses) -> Vec<DeviceProcess> {
     let outside = snapshot_of(seg).processes_outside(found);
-    let bytes: u64 = outside.iter().filter_map(|p| p.bytes).sum();
+    let bytes: u64 = outside
+        .iter()
+        .filter_map(|p| p.bytes)
+        .fold(0, u64::saturating_add);
     let before = seg
         .word(H_OUTSIDE_PROCS)
         .swap(bytes.div_ceil(UNIT), Relaxed);
-    if before * UNIT > bytes {
+    if before.saturating_mul(UNIT) > bytes {
         ledger::announce(seg);
     }
     outside
@@ -818,12 +911,35 @@ impl MachineMember {
     /// does): for memory this process governs itself. Give them back with
     /// [`uncharge`](Self::uncharge).
     pub fn charge(&self, bytes: u64) -> Result<(), Box<MachineRefusal>> {
-        self.inner().charge(bytes)
+        self.inner().charge(bytes)?;
+        self.inner().direct.fetch_add(bytes, SeqCst);
+        Ok(())
     }
 
-    /// Give back bytes [`charge`](Self::charge) took.
-    pub fn uncharge(&self, bytes: u64) {
-        self.inner().uncharge(bytes)
+    /// Give back bytes [`charge`](Self::charge) took: never more than it
+    /// took and has not had back ([`MachineError::Overdrawn`], nothing
+    /// changed), and nothing once the membership no longer holds its slot
+    /// ([`MachineError::SlotLost`]).
+    pub fn uncharge(&self, bytes: u64) -> Result<(), MachineError> {
+        let inner = self.inner();
+        if let Err(lost) = inner.holds_slot() {
+            return Err(MachineError::SlotLost {
+                ledger: self.ledger_key().to_owned(),
+                name: inner.name.clone(),
+                why: lost.describe(inner.slot, inner.epoch),
+            });
+        }
+        inner
+            .direct
+            .fetch_update(SeqCst, SeqCst, |held| held.checked_sub(bytes))
+            .map_err(|held| MachineError::Overdrawn {
+                ledger: self.ledger_key().to_owned(),
+                name: inner.name.clone(),
+                asked: bytes,
+                held,
+            })?;
+        inner.uncharge(bytes);
+        Ok(())
     }
 
     /// Panics caught on this membership's doorbell thread: in pressure
@@ -874,6 +990,11 @@ pub enum RefusedBy {
     Ledger,
     /// This process's limit on the ledger ([`JoinOptions::limit`]).
     ProcessLimit,
+    /// The membership no longer holds its slot (it left, this process is
+    /// a forked child of the one that joined, or the slot was taken from
+    /// it): nothing is charged into a slot that is not its own
+    /// ([`MachineRefusal::lost`] says which).
+    SlotLost,
 }
 
 /// A process on the ledger, as a refusal names it.
@@ -940,6 +1061,9 @@ pub struct MachineRefusal {
     pub holders: Vec<Holder>,
     /// The processes asked to trim that did not answer in time.
     pub unanswered: Vec<Holder>,
+    /// Why the membership no longer holds its slot
+    /// ([`RefusedBy::SlotLost`]).
+    pub lost: Option<String>,
 }
 
 impl MachineRefusal {
@@ -961,6 +1085,15 @@ impl fmt::Display for MachineRefusal {
             self.ledger
         )?;
         match self.by {
+            RefusedBy::SlotLost => {
+                return write!(
+                    f,
+                    "'{}' (pid {}) no longer holds its slot on the machine ledger: {}; nothing was charged; join the ledger again (MachineLedger::join)",
+                    self.process,
+                    self.pid,
+                    self.lost.as_deref().unwrap_or("it left the ledger")
+                )
+            }
             RefusedBy::ProcessLimit => {
                 write!(
                     f,
@@ -1036,8 +1169,8 @@ pub struct ProcessSnapshot {
     /// Whether the slot is in use by a live process (false: being set up
     /// or reclaimed).
     pub live: bool,
-    /// Whether the process is alive now (a dead one is reclaimed by the
-    /// next sweep).
+    /// Whether a living process holds the slot now, as the kernel says:
+    /// the slot's lock is held (a dead one is reclaimed by the next sweep).
     pub alive: bool,
     /// Its lease epoch.
     pub epoch: u32,
@@ -1097,6 +1230,15 @@ pub struct MachineSnapshot {
     pub slots: usize,
     /// The occupied slots.
     pub processes: Vec<ProcessSnapshot>,
+    /// Whether the rows were read against one unchanged total (the
+    /// pending operation applied first): then `charged` is the sum of the
+    /// rows' `charged`. False only when the ledger changed during each of
+    /// several reads.
+    pub consistent: bool,
+    /// Impossible changes refused or found so far (an audit finding:
+    /// [`MachineLedger::check`] reports it, [`MachineLedger::repair`]
+    /// clears it).
+    pub audit: u64,
 }
 
 impl MachineSnapshot {
@@ -1119,12 +1261,60 @@ impl MachineSnapshot {
     }
 }
 
+/// How many times a snapshot reads the slots before it gives up on a
+/// consistent read.
+const SNAPSHOT_TRIES: u32 = 64;
+
 pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
-    let processes = (0..seg.slots())
+    // A sequence-checked read: every commit changes the ledger word (its
+    // tag names the committing slot and sequence), and a share changes
+    // only by applying a committed operation. So rows read between two
+    // equal loads of the word, after its pending operation was applied,
+    // add up to its total.
+    // Only the shares are read inside the checked window (one load per
+    // slot), so that a busy ledger still gives a consistent read.
+    let g_word = seg.word(segment::H_LEDGER);
+    let mut shares = vec![0u64; seg.slots()];
+    let mut tries = 0;
+    let (g, consistent) = loop {
+        tries += 1;
+        let g = g_word.load(SeqCst);
+        ledger::help_pending(seg, g);
+        for (i, w) in shares.iter_mut().enumerate() {
+            *w = seg.slot(i, S_W).load(SeqCst);
+        }
+        let again = g_word.load(SeqCst);
+        if again == g || tries >= SNAPSHOT_TRIES {
+            break (again, again == g);
+        }
+    };
+    let processes = rows_of(seg, &shares);
+    MachineSnapshot {
+        key: seg.key().to_owned(),
+        path: seg.path().display().to_string(),
+        layout_version: LAYOUT_VERSION,
+        limit: ledger::limit(seg),
+        charged: ledger::G::total(g) * UNIT,
+        outside: ledger::outside_bytes(seg),
+        outside_processes: seg.word(H_OUTSIDE_PROCS).load(Relaxed).saturating_mul(UNIT),
+        device_total: seg.word(H_DEV_TOTAL).load(Relaxed),
+        device_free: seg.word(H_DEV_FREE).load(Relaxed),
+        observed_at_ms: seg.word(H_DEV_AT).load(Relaxed),
+        reclaims: seg.word(H_RECLAIMS).load(Relaxed),
+        slots: seg.slots(),
+        processes,
+        consistent,
+        audit: seg.word(segment::H_AUDIT).load(Relaxed),
+    }
+}
+
+/// The occupied slots, their shares as read in `shares`.
+fn rows_of(seg: &Segment, shares: &[u64]) -> Vec<ProcessSnapshot> {
+    (0..seg.slots())
         .filter_map(|i| {
             let s = seg.slot(i, S_STATE).load(Acquire);
             let kind = ledger::st_kind(s);
-            let w = seg.slot(i, S_W).load(Acquire);
+            let w = shares[i];
             if kind == ledger::Kind::Free && ledger::w_units(w) == 0 {
                 return None;
             }
@@ -1136,7 +1326,7 @@ pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
                 pid,
                 name: seg.slot_name(i),
                 live: kind == ledger::Kind::Live,
-                alive: ledger::alive(pid, seg.slot(i, S_START).load(Relaxed)),
+                alive: kind != ledger::Kind::Free && ledger::held(seg, i),
                 epoch: ledger::st_epoch(s),
                 charged: ledger::w_units(w) * UNIT,
                 used: seg.slot(i, S_USED).load(Relaxed),
@@ -1150,20 +1340,46 @@ pub(crate) fn snapshot_of(seg: &Segment) -> MachineSnapshot {
                 unanswered_rings: ring.wrapping_sub(answered),
             })
         })
-        .collect();
-    MachineSnapshot {
-        key: seg.key().to_owned(),
-        path: seg.path().display().to_string(),
-        layout_version: LAYOUT_VERSION,
-        limit: ledger::limit(seg),
-        charged: ledger::total_units(seg) * UNIT,
-        outside: ledger::outside_bytes(seg),
-        outside_processes: seg.word(H_OUTSIDE_PROCS).load(Relaxed) * UNIT,
-        device_total: seg.word(H_DEV_TOTAL).load(Relaxed),
-        device_free: seg.word(H_DEV_FREE).load(Relaxed),
-        observed_at_ms: seg.word(H_DEV_AT).load(Relaxed),
-        reclaims: seg.word(H_RECLAIMS).load(Relaxed),
-        slots: seg.slots(),
-        processes,
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process half-way through its join (slot claimed, floor
+    /// published, not live yet) keeps its floor from the next joiner: the
+    /// interleaving two joins at once can take, forced.
+    #[test]
+    // Maps a file and takes file locks: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_claiming_slots_floor_counts_at_join() {
+        const MIB: u64 = 1 << 20;
+        let path =
+            std::env::temp_dir().join(format!("memgov-machine-unit-floors-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let ledger =
+            MachineLedger::open(&LedgerOptions::new("unit", 100 * MIB).path(&path)).unwrap();
+        let seg = &ledger.seg;
+        let pid = std::process::id();
+        let (slot, epoch, lock) = ledger::claim_slot(seg, pid, 0).unwrap();
+        seg.slot(slot, S_FLOOR).store(60 * MIB, SeqCst);
+        let e = ledger
+            .join(JoinOptions::new("second").floor(60 * MIB))
+            .unwrap_err();
+        assert!(
+            matches!(e, MachineError::Floors { others, .. } if others == 60 * MIB),
+            "{e}"
+        );
+        // The first joiner gives up: the second's floor fits.
+        let claiming = ledger::st_pack(ledger::Kind::Claiming, epoch, pid);
+        ledger::reclaim(seg, slot, claiming, pid, false).unwrap();
+        drop(lock);
+        let m = ledger
+            .join(JoinOptions::new("second").floor(60 * MIB))
+            .unwrap();
+        drop(m);
+        drop(ledger);
+        let _ = std::fs::remove_file(&path);
     }
 }

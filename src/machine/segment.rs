@@ -10,7 +10,7 @@
 //! read from the file, before it maps anything (`Segment::open_or_create_with`).
 //! A file cut short under a mapping does not kill the process (`bus_guard`).
 //!
-//! # Layout (version 1, every field a little-endian `u64` word)
+//! # Layout (version 3, every field a little-endian `u64` word)
 //!
 //! ```text
 //! header (512 B)
@@ -29,6 +29,7 @@
 //!   208 outside units: device bytes in use that no slot has charged
 //!   216 when the device was observed (ms since the Unix epoch)
 //!   224 reclaims: dead slots reclaimed so far
+//!   248 audit: impossible changes refused (a give-back beyond a share)
 //! slots (slot count x 256 B), from offset 512
 //!   0   state: kind (2 bits) | epoch (30 bits) | pid (32 bits)
 //!   8   the owner's start time (clock ticks since boot, /proc/<pid>/stat field 22)
@@ -42,8 +43,12 @@
 //!   88  bytes asked for by the last ring
 //!   96  the last ring answered
 //!   104 bytes given back through the doorbell, in all
+//!   112 threads of the holder waiting for room (low 32 bits)
 //!   128 name (64 bytes, NUL padded)
 //! ```
+//!
+//! The first byte of each slot is also its lock byte: its holder keeps an
+//! open-file-description lock on it (see "Slot locks" below).
 
 use super::MachineError;
 use std::fs::{File, OpenOptions};
@@ -54,7 +59,7 @@ use std::time::Duration;
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"MEMGOVML");
 /// The layout this build reads and writes.
-pub const LAYOUT_VERSION: u64 = 2;
+pub const LAYOUT_VERSION: u64 = 3;
 pub(crate) const HEADER: usize = 512;
 pub(crate) const SLOT: usize = 256;
 pub(crate) const KEY_BYTES: usize = 64;
@@ -969,5 +974,185 @@ mod bus_guard {
             let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
             f(sig);
         }
+    }
+}
+
+/// Threads of the slot's holder waiting on `H_NEWS` (a 32-bit count,
+/// part of `H_WAITERS`): what a reclaim takes off `H_WAITERS` for a holder
+/// that died waiting.
+pub(crate) const S_WAITING: usize = 112;
+
+/// Impossible changes the protocol refused or found (a give-back beyond
+/// what a slot held, a total that does not cover a share): an audit
+/// finding `MachineLedger::check` reports.
+pub(crate) const H_AUDIT: usize = 248;
+
+// --- Slot locks: liveness the kernel vouches for ---
+//
+// Each slot's holder keeps an open-file-description lock (`F_OFD_SETLK`)
+// on one byte of the segment file, the slot's first, for as long as it
+// holds the slot. The kernel drops such a lock when the last descriptor of
+// its open file description closes, which a dying process's exit does
+// whatever killed it: so a slot whose lock can be taken has no living
+// holder, in any pid namespace and whatever state its threads are in.
+// Locks of one open file description never conflict with each other, so
+// every holder takes its lock on a description of its own
+// ([`Segment::lock_slot`]) and the probe ([`Segment::slot_held`]) asks
+// through the segment's own description, which never locks.
+
+/// Slot `i`'s lock byte.
+fn slot_lock_byte(i: usize) -> libc::off_t {
+    (HEADER + i * SLOT) as libc::off_t
+}
+
+/// `fcntl(fd, cmd, &flock)` on slot `i`'s lock byte, for an OFD lock
+/// command; returns the `flock` the kernel filled in.
+fn ofd_fcntl(
+    fd: std::os::fd::RawFd,
+    cmd: libc::c_int,
+    kind: libc::c_int,
+    i: usize,
+) -> std::io::Result<libc::flock> {
+    // SAFETY: a plain-old-data struct; all-zero is a valid value (and OFD
+    // lock commands require `l_pid` to be 0).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = slot_lock_byte(i);
+    fl.l_len = 1;
+    // SAFETY: `fd` is an open descriptor owned by the caller for the
+    // call's length; `fl` is a valid `flock` that lives across the call.
+    let r = unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) };
+    if r == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(fl)
+    }
+}
+
+impl Segment {
+    /// A new open file description of the segment's file (not a `dup`,
+    /// which shares the description), checked to be the very file mapped.
+    fn reopen(&self) -> std::io::Result<File> {
+        use std::os::fd::AsRawFd;
+        let mine = self._file.metadata()?;
+        let same = |f: &File| {
+            f.metadata()
+                .map(|m| m.dev() == mine.dev() && m.ino() == mine.ino())
+                .unwrap_or(false)
+        };
+        let fd_path = format!("/proc/self/fd/{}", self._file.as_raw_fd());
+        for p in [Path::new(&fd_path), self.path.as_path()] {
+            if let Ok(f) = OpenOptions::new().read(true).write(true).open(p) {
+                if same(&f) {
+                    return Ok(f);
+                }
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the segment's file cannot be opened again (no /proc/self/fd, and its path names another file)",
+        ))
+    }
+
+    /// Take slot `i`'s lock on a new open file description: `Ok(None)`
+    /// when another description holds it. The lock is held until the
+    /// returned [`SlotLock`] is dropped (or the process dies).
+    pub(crate) fn lock_slot(&self, i: usize) -> std::io::Result<Option<SlotLock>> {
+        use std::os::fd::AsRawFd;
+        assert!(i < self.slots);
+        let f = self.reopen()?;
+        match ofd_fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK, i) {
+            Ok(_) => Ok(Some(SlotLock::new(f))),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether some open file description holds slot `i`'s lock: `None`
+    /// when the kernel cannot say (then nothing may be judged dead).
+    pub(crate) fn slot_held(&self, i: usize) -> Option<bool> {
+        use std::os::fd::AsRawFd;
+        assert!(i < self.slots);
+        let fl = ofd_fcntl(self._file.as_raw_fd(), libc::F_OFD_GETLK, libc::F_WRLCK, i).ok()?;
+        Some(i32::from(fl.l_type) != libc::F_UNLCK)
+    }
+}
+
+/// A slot's lock, held while this value lives: the open file description
+/// that holds it. Its descriptor is listed in [`LOCK_FDS`] so that a child
+/// `fork` makes lets go of its copy at once (the lock would otherwise live
+/// on in the child, keeping a dead parent's slot from being reclaimed).
+pub(crate) struct SlotLock {
+    file: File,
+    at: Option<usize>,
+}
+
+/// Descriptors of the slot locks this process holds (-1: none), which the
+/// child handler of `pthread_atfork` points at `/dev/null` in a forked
+/// child.
+static LOCK_FDS: [std::sync::atomic::AtomicI32; 256] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 256];
+/// `/dev/null`, opened once, close-on-exec.
+static DEV_NULL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn forked_child_drops_locks() {
+    let null = DEV_NULL.load(Ordering::SeqCst);
+    if null < 0 {
+        return;
+    }
+    for fd in &LOCK_FDS {
+        let fd = fd.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: async-signal-safe (as a handler run in the child
+            // after fork must be); atomically makes `fd` another
+            // descriptor of /dev/null, dropping the child's reference to
+            // the lock's description. The `File` owning `fd` in the child
+            // now closes /dev/null instead.
+            unsafe {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+            }
+        }
+    }
+}
+
+fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use std::os::fd::IntoRawFd;
+        if let Ok(null) = OpenOptions::new().read(true).open("/dev/null") {
+            DEV_NULL.store(null.into_raw_fd(), Ordering::SeqCst);
+            // SAFETY: registers a child handler that only loads atomics and
+            // calls dup3 (async-signal-safe).
+            unsafe {
+                libc::pthread_atfork(None, None, Some(forked_child_drops_locks));
+            }
+        }
+    });
+}
+
+impl SlotLock {
+    fn new(file: File) -> Self {
+        use std::os::fd::AsRawFd;
+        watch_forks();
+        let fd = file.as_raw_fd();
+        let at = LOCK_FDS.iter().position(|w| {
+            w.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+        Self { file, at }
+    }
+}
+
+impl Drop for SlotLock {
+    fn drop(&mut self) {
+        // Off the list before the descriptor closes (and its number can be
+        // reused): a fork in between finds it listed only while it is ours.
+        if let Some(at) = self.at {
+            LOCK_FDS[at].store(-1, Ordering::SeqCst);
+        }
+        let _ = &self.file;
     }
 }
