@@ -14,7 +14,7 @@ Every file is parsed with PyYAML; then, beyond what a schema can say:
 * the Service selects the exporter's pods, and a ServiceMonitor selects the
   Service and scrapes a port it has;
 * every pod that mounts the host's /dev/shm (a shared machine ledger) runs
-  in the host's pid namespace (slots are checked alive by pid) and as one
+  in the host's pid namespace (NVML's pids are the slots' pids) and as one
   uid (memgov opens no other user's segment); the exporter takes no GPU;
 * every environment variable of the granted-limit family is one memgov
   reads (a misspelt one would be ignored).
@@ -213,7 +213,7 @@ def main():
     uids = set()
     for d, spec, c in shm_pods:
         where = f"{d['__file']}: {name_of(d)} container {c['name']}"
-        check(spec.get("hostPID") is True, f"{where}: mounts the host's /dev/shm and runs in the host's pid namespace (hostPID)")
+        check(spec.get("hostPID") is True, f"{where}: mounts the host's /dev/shm and runs in the host's pid namespace, where NVML's pids are the slots' (hostPID)")
         uid = ((c.get("securityContext") or {}).get("runAsUser")) or ((spec.get("securityContext") or {}).get("runAsUser"))
         check(uid is not None, f"{where}: sets runAsUser ({uid})")
         uids.add(uid)
