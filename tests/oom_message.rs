@@ -61,7 +61,8 @@ fn the_page_quotes_the_refusal_this_workload_gets() {
     .expect("docs/diagnosing-oom.md");
     // The page wraps nothing: the message is one line in a text block,
     // quoted whole (the one test of this file registers the process's
-    // first context, and FailFast waits for nothing: no timing in it).
+    // first context, and with nothing pending the refusal waited for
+    // nothing: no timing in it).
     assert!(
         page.lines().any(|l| l == text),
         "docs/diagnosing-oom.md does not quote the refusal as it reads now:\n{text}"
