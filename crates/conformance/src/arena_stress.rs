@@ -46,7 +46,7 @@ use memgov::backend::capability::{
     ArenaUsage, CaptureBackend, CaptureConfig, CaptureMode, CapturedGraph, PoolCapture, SleepWake,
     VirtualArena,
 };
-use memgov::{BackendError, RetireSignal};
+use memgov::{BackendError, BackendErrorKind, RetireSignal};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -58,7 +58,7 @@ pub const ROUNDS: u64 = 12;
 /// Operations per KV thread per round.
 pub const KV_OPS: u64 = 16;
 /// Sleeps or wakes per round of the sleeping thread.
-pub const SLEEP_OPS: u64 = 6;
+pub const SLEEP_OPS: u64 = 10;
 /// Captures per round of the capturing thread.
 pub const CAPTURES: u64 = 4;
 
@@ -79,6 +79,15 @@ pub struct StressEntries<'a> {
     pub set_access: &'a str,
     /// Unmapping (`cuMemUnmap`).
     pub unmap: &'a str,
+    /// The pause knob on the map entry point, callable from the sleeping
+    /// thread ([`Driver::pause`]).
+    pub pause: &'a (dyn Fn(Option<(&str, u64)>) + Sync),
+    /// Whether a call is held ([`Driver::paused`]).
+    pub paused: &'a (dyn Fn() -> bool + Sync),
+    /// Let the held call go on ([`Driver::resume`]).
+    pub resume: &'a (dyn Fn() + Sync),
+    /// The map entry point ([`Driver::map`]).
+    pub map: &'a str,
 }
 
 /// xorshift64*: the threads' choices, from the seed.
@@ -114,34 +123,48 @@ fn pattern(tag: u64, len: usize) -> Vec<u8> {
 
 /// Outcomes counted by name (refusals, faults, checks made).
 #[derive(Default)]
-struct Tally(Mutex<BTreeMap<String, u64>>);
+struct Tally(Mutex<BTreeMap<String, (u64, Option<String>)>>);
 
 impl Tally {
     fn add(&self, what: impl Into<String>) {
-        *self
-            .0
+        self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(what.into())
-            .or_default() += 1;
+            .or_default()
+            .0 += 1;
     }
+    /// A typed refusal, counted by operation and kind; the first of each
+    /// kept as an example.
     fn refused(&self, op: &str, e: &BackendError) {
-        self.add(format!("{op} refused {:?}", e.kind));
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // The refusals of a sleeping arena apart from the others of the kind.
+        let asleep = if e.message.contains("asleep") {
+            " (asleep)"
+        } else {
+            ""
+        };
+        let entry = m
+            .entry(format!("{op} refused {:?}{asleep}", e.kind))
+            .or_default();
+        entry.0 += 1;
+        entry.1.get_or_insert_with(|| e.to_string());
     }
     fn get(&self, what: &str) -> u64 {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(what)
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |(n, _)| *n)
     }
     fn line(&self) -> String {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        let counts: Vec<String> = m.iter().map(|(k, (n, _))| format!("{k}: {n}")).collect();
+        let examples: Vec<String> = m
+            .iter()
+            .filter_map(|(k, (_, e))| e.as_ref().map(|e| format!("\n  first {k}: {e}")))
+            .collect();
+        format!("{}{}", counts.join(", "), examples.concat())
     }
 }
 
@@ -189,6 +212,10 @@ struct Shared<'s, C: CaptureBackend> {
     /// Held for reading by graph launches, for writing from a whole-arena
     /// sleep to its wake (see the module's docs).
     launches: RwLock<()>,
+    /// Held for reading by allocations and captures' beginnings (which may
+    /// map), for writing by the sleeper from arming the pause knob until a
+    /// map is held: the map held is its set's wake's.
+    maps: RwLock<()>,
     granule: u64,
 }
 
@@ -212,7 +239,10 @@ fn alloc<C: CaptureBackend>(
     bytes: u64,
     who: &'static str,
 ) -> Result<Option<(C::Memory, u64, u64)>, String> {
-    match sh.ctx.allocate(s, bytes) {
+    let maps = sh.maps.read().unwrap_or_else(|e| e.into_inner());
+    let outcome = sh.ctx.allocate(s, bytes);
+    drop(maps);
+    match outcome {
         Ok(m) => {
             let at = sh.ctx.device_address(&m);
             let len = bytes.next_multiple_of(256);
@@ -235,6 +265,20 @@ fn free<C: CaptureBackend>(
     b: Block<C::Memory>,
     who: &str,
 ) -> Result<Option<Block<C::Memory>>, String> {
+    match free_start(sh, s, b, who) {
+        Ok(retired) => free_finish(sh, s, &retired, who).map(|()| None),
+        Err(kept) => Ok(Some(kept)),
+    }
+}
+
+/// Free `b` stream-ordered: its retire flag, or `b` back when the free was
+/// refused (kept live).
+fn free_start<C: CaptureBackend>(
+    sh: &Shared<'_, C>,
+    s: &C::Stream,
+    b: Block<C::Memory>,
+    who: &str,
+) -> Result<Arc<AtomicBool>, Block<C::Memory>> {
     let retired = Arc::new(AtomicBool::new(false));
     let r = retired.clone();
     sh.live.remove(b.at);
@@ -243,15 +287,24 @@ fn free<C: CaptureBackend>(
         b.memory,
         RetireSignal::from_fn(move |_| r.store(true, Ordering::SeqCst)),
     ) {
-        Ok(()) => {}
+        Ok(()) => Ok(retired),
         Err((memory, _, e)) => {
             sh.tally.refused(&format!("{who} free_async"), &e);
             let kept = Block { memory, ..b };
             let m = &mut *sh.live.0.lock().unwrap_or_else(|e| e.into_inner());
             m.insert(kept.at, (kept.len, "kept"));
-            return Ok(Some(kept));
+            Err(kept)
         }
     }
+}
+
+/// Wait until a release begun on `s` retired.
+fn free_finish<C: CaptureBackend>(
+    sh: &Shared<'_, C>,
+    s: &C::Stream,
+    retired: &AtomicBool,
+    who: &str,
+) -> Result<(), String> {
     // A synchronize refused by a fault is tried again: the release retires
     // with its stream whatever the wait reports.
     for _ in 0..8 {
@@ -264,7 +317,7 @@ fn free<C: CaptureBackend>(
         retired.load(Ordering::SeqCst),
         "{who}: a release had not retired once its stream was synchronized"
     );
-    Ok(None)
+    Ok(())
 }
 
 /// Write `b`'s probes (its start and end) and read them back at once. `Ok(false)`:
@@ -368,22 +421,152 @@ struct Sleeper<M> {
     spare: Vec<(Block<M>, bool)>,
 }
 
+/// Wake the set at `ptrs` on another thread, hold the wake's first map in
+/// the driver (no other thread maps meanwhile), release `b` and wait
+/// until its release retired, then let the map go on. Returns the wake's
+/// outcome.
+fn release_during_wake<C: CaptureBackend>(
+    sh: &Shared<'_, C>,
+    d: &StressEntries<'_>,
+    s: &C::Stream,
+    gone: Vec<Block<C::Memory>>,
+    ptrs: &[u64],
+    spare: &mut Vec<(Block<C::Memory>, bool)>,
+) -> Result<Result<u64, BackendError>, String> {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let maps = sh.maps.write().unwrap_or_else(|e| e.into_inner());
+        (d.pause)(Some((d.map, 1)));
+        let waker = scope.spawn(|| {
+            let r = sh.arena.wake_ranges(ptrs);
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        until(|| (d.paused)() || done.load(Ordering::SeqCst));
+        // Disarmed: a map not held by now is not held later.
+        (d.pause)(None);
+        drop(maps);
+        let held = (d.paused)();
+        let mut retiring = Vec::new();
+        for b in gone {
+            match free_start(sh, s, b, "the sleeper") {
+                Ok(retired) => retiring.push(retired),
+                Err(kept) => spare.push((kept, false)),
+            }
+        }
+        let mut outcome: Result<(), String> = Ok(());
+        if held {
+            // The releases retire on their stream's thread, which waits for
+            // nothing the held map holds; only a deadlock takes 60 s (no
+            // timing is asserted).
+            let since = std::time::Instant::now();
+            let all = || retiring.iter().all(|r| r.load(Ordering::SeqCst));
+            until(|| all() || since.elapsed().as_secs() >= 60);
+            if all() {
+                sh.tally
+                    .add("set members retired while the wake's map was held");
+            } else {
+                outcome = Err("a release did not retire in 60 s while a map was held".into());
+            }
+            (d.resume)();
+        }
+        let woke = waker
+            .join()
+            .map_err(|_| "the waking thread panicked".to_string())?;
+        outcome?;
+        for retired in retiring {
+            free_finish(sh, s, &retired, "the sleeper")?;
+            sh.tally.add("set members released during the set's wake");
+        }
+        Ok(woke)
+    })
+}
+
+/// Spin (yielding) until `what` holds.
+fn until(what: impl Fn() -> bool) {
+    while !what() {
+        std::thread::yield_now();
+    }
+}
+
+/// A new set for the sleeping thread, made between rounds (no other thread
+/// allocating): six half granules side by side, so that the granules
+/// between its ends are the set's alone, each shared by two of it.
+fn new_set<C: CaptureBackend>(
+    sh: &Shared<'_, C>,
+    s: &C::Stream,
+    me: &mut Sleeper<C::Memory>,
+    next_tag: &AtomicU64,
+) -> Result<(), String> {
+    for _ in 0..6 {
+        if let Some((memory, at, len)) = alloc(sh, s, sh.granule / 2, "the sleeper")? {
+            let b = Block {
+                memory,
+                at,
+                len,
+                tag: next_tag.fetch_add(1, Ordering::Relaxed),
+            };
+            if write_block(sh, s, &b, "the sleeper")? {
+                me.set.push((b, true));
+            } else if let Some(kept) = free(sh, s, b, "the sleeper")? {
+                me.spare.push((kept, false));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The sleeping thread's round: a set of its own put to sleep and woken,
 /// the whole arena put to sleep and woken, each wake checked.
 fn sleeper_round<C: CaptureBackend>(
     sh: &Shared<'_, C>,
+    d: &StressEntries<'_>,
     s: &C::Stream,
     rng: &mut Rng,
     me: &mut Sleeper<C::Memory>,
-    next_tag: &AtomicU64,
 ) -> Result<(), String> {
-    let g = sh.granule;
     // Held from a whole-arena sleep to its wake.
     let mut asleep = None;
     for _ in 0..SLEEP_OPS {
         if me.set_asleep {
-            let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
-            match sh.arena.wake_ranges(&ptrs) {
+            // Half the time one of the set is released as the rest wakes:
+            // the wake held inside its first map (the stand-in's pause
+            // knob) while the release retires, sharing a granule with the
+            // others.
+            let woke = if me.set.len() > 1 && rng.below(2) == 0 {
+                // Two side by side when the set has them (their retires
+                // meet in the free list), else one.
+                me.set.sort_by_key(|(b, _)| b.at);
+                let side_by_side =
+                    |i: usize| me.set[i - 1].0.at + me.set[i - 1].0.len == me.set[i].0.at;
+                // Best: a pair across a granule boundary whose granules both
+                // keep a member, so that the wake maps both as they retire.
+                let g = sh.granule;
+                let gran = |i: usize| me.set[i].0.at / g;
+                let across: Vec<usize> = (2..me.set.len().saturating_sub(1))
+                    .filter(|&i| side_by_side(i) && me.set[i].0.at % g == 0)
+                    .filter(|&i| gran(i - 2) == gran(i - 1) && gran(i + 1) == gran(i))
+                    .collect();
+                let pairs: Vec<usize> = if across.is_empty() {
+                    (1..me.set.len()).filter(|&i| side_by_side(i)).collect()
+                } else {
+                    across
+                };
+                let gone: Vec<Block<C::Memory>> = if pairs.is_empty() {
+                    let i = rng.below(me.set.len() as u64) as usize;
+                    vec![me.set.remove(i).0]
+                } else {
+                    let i = pairs[rng.below(pairs.len() as u64) as usize];
+                    let second = me.set.remove(i).0;
+                    vec![me.set.remove(i - 1).0, second]
+                };
+                let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
+                release_during_wake(sh, d, s, gone, &ptrs, &mut me.spare)?
+            } else {
+                let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
+                sh.arena.wake_ranges(&ptrs)
+            };
+            match woke {
                 Ok(_) => {
                     sh.tally.add("set wakes");
                     me.set_asleep = false;
@@ -393,7 +576,7 @@ fn sleeper_round<C: CaptureBackend>(
                 }
                 Err(e) => sh.tally.refused("wake_ranges", &e),
             }
-        } else if sh.arena.usage().asleep > 0 {
+        } else if asleep.is_some() || sh.arena.usage().asleep > 0 {
             match sh.arena.wake() {
                 Ok(_) => {
                     asleep = None;
@@ -404,27 +587,14 @@ fn sleeper_round<C: CaptureBackend>(
                 }
                 Err(e) => sh.tally.refused("wake", &e),
             }
-        } else if me.set.is_empty() {
-            for bytes in [g, 2 * g] {
-                if let Some((memory, at, len)) = alloc(sh, s, bytes, "the sleeper")? {
-                    let b = Block {
-                        memory,
-                        at,
-                        len,
-                        tag: next_tag.fetch_add(1, Ordering::Relaxed),
-                    };
-                    if write_block(sh, s, &b, "the sleeper")? {
-                        me.set.push((b, true));
-                    } else if let Some(kept) = free(sh, s, b, "the sleeper")? {
-                        me.spare.push((kept, false));
-                    }
-                }
-            }
-        } else if rng.below(2) == 0 {
+        } else if !me.set.is_empty() && rng.below(2) == 0 {
             let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
             match sh.arena.sleep_ranges(&ptrs, true) {
-                Ok(_) => {
+                Ok(r) => {
                     sh.tally.add("set sleeps");
+                    if r.released > 0 {
+                        sh.tally.add("set sleeps releasing granules");
+                    }
                     me.set_asleep = true;
                 }
                 Err(e) => {
@@ -436,14 +606,16 @@ fn sleeper_round<C: CaptureBackend>(
         } else {
             let launches = sh.launches.write().unwrap_or_else(|e| e.into_inner());
             let copies = sh.copies.write().unwrap_or_else(|e| e.into_inner());
+            // A sleep refused part-way may leave the arena asleep with no
+            // granule counted asleep (those in use quarantined): the
+            // launches stay held until a wake (which is `Ok(0)` on an awake
+            // arena) goes ahead.
             match sh.arena.sleep(true) {
                 Ok(_) => sh.tally.add("arena sleeps"),
                 Err(e) => sh.tally.refused("sleep", &e),
             }
             drop(copies);
-            if sh.arena.usage().asleep > 0 {
-                asleep = Some(launches);
-            }
+            asleep = Some(launches);
         }
     }
     // The round ends with the arena awake (its set may sleep): the fault
@@ -482,7 +654,10 @@ fn capture_round<C: CaptureBackend>(
             mode: CaptureMode::Global,
         };
         let quarantined = sh.arena.usage().quarantined;
-        let mut cap = match sh.ctx.begin_capture(s, config) {
+        let maps = sh.maps.read().unwrap_or_else(|e| e.into_inner());
+        let began = sh.ctx.begin_capture(s, config);
+        drop(maps);
+        let mut cap = match began {
             Ok(c) => c,
             Err(e) => {
                 sh.tally.refused("begin_capture", &e);
@@ -535,23 +710,41 @@ fn capture_round<C: CaptureBackend>(
 }
 
 /// Wake whatever sleeps (the fault disarmed): a wake refused then is a
-/// failure.
+/// failure, but one that does not fit the limit (the KV threads filled the
+/// arena while the set slept), which makes room: a trim, then KV blocks
+/// read back and released one by one.
 fn settle<C: CaptureBackend>(
     sh: &Shared<'_, C>,
+    s: &C::Stream,
     me: &mut Sleeper<C::Memory>,
+    kv: &mut [Vec<(Block<C::Memory>, bool)>],
 ) -> Result<(), String> {
-    if me.set_asleep {
+    while me.set_asleep {
         let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
-        sh.arena
-            .wake_ranges(&ptrs)
-            .map_err(|e| format!("waking the set after the round: {e}"))?;
-        me.set_asleep = false;
+        match sh.arena.wake_ranges(&ptrs) {
+            Ok(_) => me.set_asleep = false,
+            Err(e) if e.kind == BackendErrorKind::OutOfMemory => {
+                sh.tally.add("set wakes after the round making room");
+                if sh.arena.trim().map_err(|e| format!("trim: {e}"))? > 0 {
+                    continue;
+                }
+                let (b, written) = kv.iter_mut().find_map(|h| h.pop()).ok_or_else(|| {
+                    format!("waking the set after the round: {e}; nothing left to release")
+                })?;
+                if written {
+                    check_block(sh, s, &b, "the round's check")?;
+                }
+                if free(sh, s, b, "the round's check")?.is_some() {
+                    return Err("a release refused with no fault armed".into());
+                }
+            }
+            Err(e) => return Err(format!("waking the set after the round: {e}")),
+        }
     }
-    if sh.arena.usage().asleep > 0 {
-        sh.arena
-            .wake()
-            .map_err(|e| format!("waking the arena after the round: {e}"))?;
-    }
+    // `Ok(0)` on an awake arena.
+    sh.arena
+        .wake()
+        .map_err(|e| format!("waking the arena after the round: {e}"))?;
     Ok(())
 }
 
@@ -600,6 +793,7 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
         tally: Tally::default(),
         copies: RwLock::new(()),
         launches: RwLock::new(()),
+        maps: RwLock::new(()),
         granule: g,
     };
     let entries = [
@@ -630,6 +824,9 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
         let entry = entries[((seed + round) % entries.len() as u64) as usize];
         let position = 1 + (seed * 7 + round * 3) % 5;
         *faults.entry(entry).or_default() += 1;
+        if me.set.is_empty() {
+            new_set(&sh, &streams[KV_THREADS], &mut me, &next_tag)?;
+        }
         (d.fail)(Some((entry, position)));
         let (kv_rngs, rest) = rngs.split_at_mut(KV_THREADS);
         let (sleeper_rng, capture_rng) = rest.split_at_mut(1);
@@ -643,7 +840,7 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
             let me = &mut me;
             let (ss, cs) = (&streams[KV_THREADS], &streams[KV_THREADS + 1]);
             let rng = &mut sleeper_rng[0];
-            joins.push(scope.spawn(move || sleeper_round(sh, ss, rng, me, next_tag)));
+            joins.push(scope.spawn(move || sleeper_round(sh, e, ss, rng, me)));
             let rng = &mut capture_rng[0];
             joins.push(scope.spawn(move || capture_round(sh, cs, rng, round)));
             joins
@@ -657,7 +854,8 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
                 format!("seed {seed}, round {round} ({entry} call {position} failing): {e}")
             })?;
         }
-        settle(&sh, &mut me).map_err(|e| format!("seed {seed}, round {round}: {e}"))?;
+        settle(&sh, &streams[0], &mut me, &mut kv_held)
+            .map_err(|e| format!("seed {seed}, round {round}: {e}"))?;
         // Every block the threads hold, read back; one whose write was
         // refused is written now; one on a quarantined granule is let go.
         let checker = &streams[0];
@@ -717,6 +915,52 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
         u.in_use == 0 && u.cached == 0 && u.asleep == 0 && sh.live.bytes() == 0,
         "after every release and a trim: {u:?}"
     );
+    // No address space lost or handed out twice: with the limit at the
+    // reservation, every half granule of it but the quarantined granules'
+    // is allocated once (each checked for overlap and written: a write to
+    // memory that is not mapped stops the stand-in).
+    arena.set_limit(u.reserved);
+    let mut fill = Vec::new();
+    let half = g / 2;
+    loop {
+        match alloc(&sh, s, half, "the last fill")? {
+            Some((memory, at, len)) => {
+                let b = Block {
+                    memory,
+                    at,
+                    len,
+                    tag: next_tag.fetch_add(1, Ordering::Relaxed),
+                };
+                ensure!(
+                    write_block(&sh, s, &b, "the last fill")?,
+                    "a write to the last fill's allocation at {at:#x} was refused"
+                );
+                fill.push((b, true));
+            }
+            None => break,
+        }
+        ensure!(
+            fill.len() as u64 <= u.reserved / half,
+            "more half granules allocated than the reservation holds"
+        );
+    }
+    let want = (u.reserved - u.quarantined as u64 * g) / half;
+    ensure!(
+        fill.len() as u64 == want,
+        "{} half granules fit in the emptied arena, not {want} (its reservation less the {} \
+         quarantined granule(s)): {}",
+        fill.len(),
+        u.quarantined,
+        sh.tally.line()
+    );
+    for (b, _) in fill {
+        if free(&sh, s, b, "the end")?.is_some() {
+            return Err("a release refused at the end with no fault armed".into());
+        }
+    }
+    arena
+        .trim()
+        .map_err(|e| format!("the trim after the fill: {e}"))?;
     ensure!(
         sh.tally.get("allocations checked for overlap") > 0
             && sh.tally.get("blocks read back intact") > 0,

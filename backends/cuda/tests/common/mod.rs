@@ -177,6 +177,10 @@ pub fn arena_stress_child(seed: u64) {
         host_alloc: "cuMemHostAlloc",
     };
     let e = memgov_conformance::arena_stress::StressEntries {
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "cuMemMap",
         create: "cuMemCreate",
         set_access: "cuMemSetAccess",
         unmap: "cuMemUnmap",

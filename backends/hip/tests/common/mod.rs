@@ -106,6 +106,10 @@ pub fn arena_stress_child(seed: u64) {
         host_alloc: "hipHostMalloc",
     };
     let e = memgov_conformance::arena_stress::StressEntries {
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "hipMemMap",
         create: "hipMemCreate",
         set_access: "hipMemSetAccess",
         unmap: "hipMemUnmap",
