@@ -70,6 +70,13 @@ macro_rules! ensure {
     };
 }
 
+/// The stand-in's pause knob: hold the `n`th call of an entry point from
+/// now on (`None`: none).
+pub type PauseKnob = dyn Fn(Option<(&str, u64)>) + Sync;
+
+/// Blocks a thread holds, each with whether its probes are written.
+type Held<M> = Vec<(Block<M>, bool)>;
+
 /// The entry points whose faults the stress cycles through, besides the
 /// release, map and page-locked allocation [`Driver`] names.
 pub struct StressEntries<'a> {
@@ -81,7 +88,7 @@ pub struct StressEntries<'a> {
     pub unmap: &'a str,
     /// The pause knob on the map entry point, callable from the sleeping
     /// thread ([`Driver::pause`]).
-    pub pause: &'a (dyn Fn(Option<(&str, u64)>) + Sync),
+    pub pause: &'a PauseKnob,
     /// Whether a call is held ([`Driver::paused`]).
     pub paused: &'a (dyn Fn() -> bool + Sync),
     /// Let the held call go on ([`Driver::resume`]).
@@ -380,7 +387,7 @@ fn kv_round<C: CaptureBackend>(
     sh: &Shared<'_, C>,
     s: &C::Stream,
     rng: &mut Rng,
-    held: &mut Vec<(Block<C::Memory>, bool)>,
+    held: &mut Held<C::Memory>,
     next_tag: &AtomicU64,
 ) -> Result<(), String> {
     let g = sh.granule;
@@ -416,9 +423,9 @@ fn kv_round<C: CaptureBackend>(
 /// and wakes, and blocks whose write or release was refused (`spare`,
 /// written when checked, released at the end).
 struct Sleeper<M> {
-    set: Vec<(Block<M>, bool)>,
+    set: Held<M>,
     set_asleep: bool,
-    spare: Vec<(Block<M>, bool)>,
+    spare: Held<M>,
 }
 
 /// Wake the set at `ptrs` on another thread, hold the wake's first map in
@@ -431,7 +438,7 @@ fn release_during_wake<C: CaptureBackend>(
     s: &C::Stream,
     gone: Vec<Block<C::Memory>>,
     ptrs: &[u64],
-    spare: &mut Vec<(Block<C::Memory>, bool)>,
+    spare: &mut Held<C::Memory>,
 ) -> Result<Result<u64, BackendError>, String> {
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -717,7 +724,7 @@ fn settle<C: CaptureBackend>(
     sh: &Shared<'_, C>,
     s: &C::Stream,
     me: &mut Sleeper<C::Memory>,
-    kv: &mut [Vec<(Block<C::Memory>, bool)>],
+    kv: &mut [Held<C::Memory>],
 ) -> Result<(), String> {
     while me.set_asleep {
         let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
@@ -809,8 +816,7 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
         .collect::<Result<_, _>>()
         .map_err(|e| format!("create_stream: {e}"))?;
     let next_tag = AtomicU64::new(seed << 32);
-    let mut kv_held: Vec<Vec<(Block<C::Memory>, bool)>> =
-        (0..KV_THREADS).map(|_| Vec::new()).collect();
+    let mut kv_held: Vec<Held<C::Memory>> = (0..KV_THREADS).map(|_| Vec::new()).collect();
     let mut me: Sleeper<C::Memory> = Sleeper {
         set: Vec::new(),
         set_asleep: false,
