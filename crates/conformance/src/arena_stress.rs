@@ -224,6 +224,9 @@ struct Shared<'s, C: CaptureBackend> {
     /// map is held: the map held is its set's wake's.
     maps: RwLock<()>,
     granule: u64,
+    /// The entry point allocating page-locked host memory
+    /// ([`Driver::host_alloc`]).
+    host_alloc: &'s str,
 }
 
 /// A live allocation with the bytes written at its start and end.
@@ -541,32 +544,35 @@ fn sleeper_round<C: CaptureBackend>(
             // knob) while the release retires, sharing a granule with the
             // others.
             let woke = if me.set.len() > 1 && rng.below(2) == 0 {
-                // Two side by side when the set has them (their retires
-                // meet in the free list), else one.
+                // One whose granule keeps another member (so the wake maps
+                // that granule as it retires), at an end of the set when
+                // there is one (its range meets free space or a KV block's
+                // in the free list).
                 me.set.sort_by_key(|(b, _)| b.at);
-                let side_by_side =
-                    |i: usize| me.set[i - 1].0.at + me.set[i - 1].0.len == me.set[i].0.at;
-                // Best: a pair across a granule boundary whose granules both
-                // keep a member, so that the wake maps both as they retire.
                 let g = sh.granule;
-                let gran = |i: usize| me.set[i].0.at / g;
-                let across: Vec<usize> = (2..me.set.len().saturating_sub(1))
-                    .filter(|&i| side_by_side(i) && me.set[i].0.at % g == 0)
-                    .filter(|&i| gran(i - 2) == gran(i - 1) && gran(i + 1) == gran(i))
-                    .collect();
-                let pairs: Vec<usize> = if across.is_empty() {
-                    (1..me.set.len()).filter(|&i| side_by_side(i)).collect()
-                } else {
-                    across
+                let shares = |i: usize| {
+                    let (lo, hi) = (
+                        me.set[i].0.at / g,
+                        (me.set[i].0.at + me.set[i].0.len - 1) / g,
+                    );
+                    me.set
+                        .iter()
+                        .enumerate()
+                        .any(|(j, (b, _))| j != i && b.at / g <= hi && (b.at + b.len - 1) / g >= lo)
                 };
-                let gone: Vec<Block<C::Memory>> = if pairs.is_empty() {
-                    let i = rng.below(me.set.len() as u64) as usize;
-                    vec![me.set.remove(i).0]
+                let last = me.set.len() - 1;
+                let ends: Vec<usize> = [0, last].into_iter().filter(|&i| shares(i)).collect();
+                let any: Vec<usize> = (0..me.set.len()).filter(|&i| shares(i)).collect();
+                let pick = |v: &[usize], r: u64| v[(r % v.len() as u64) as usize];
+                let r = rng.next();
+                let i = if !ends.is_empty() {
+                    pick(&ends, r)
+                } else if !any.is_empty() {
+                    pick(&any, r)
                 } else {
-                    let i = pairs[rng.below(pairs.len() as u64) as usize];
-                    let second = me.set.remove(i).0;
-                    vec![me.set.remove(i - 1).0, second]
+                    (r % me.set.len() as u64) as usize
                 };
+                let gone = vec![me.set.remove(i).0];
                 let ptrs: Vec<u64> = me.set.iter().map(|(b, _)| b.at).collect();
                 release_during_wake(sh, d, s, gone, &ptrs, &mut me.spare)?
             } else {
@@ -617,11 +623,30 @@ fn sleeper_round<C: CaptureBackend>(
             // granule counted asleep (those in use quarantined): the
             // launches stay held until a wake (which is `Ok(0)` on an awake
             // arena) goes ahead.
-            match sh.arena.sleep(true) {
-                Ok(_) => sh.tally.add("arena sleeps"),
-                Err(e) => sh.tally.refused("sleep", &e),
-            }
+            let refused_copies = match sh.arena.sleep(true) {
+                Ok(_) => {
+                    sh.tally.add("arena sleeps");
+                    false
+                }
+                Err(e) => {
+                    sh.tally.refused("sleep", &e);
+                    e.message.contains(sh.host_alloc)
+                }
+            };
             drop(copies);
+            if refused_copies {
+                // Refused for its page-locked copies: nothing released, the
+                // arena awake and its memory usable at once.
+                for (b, _) in me.set.iter() {
+                    ensure!(
+                        check_block(sh, s, b, "the sleeper's set")?,
+                        "a copy refused after a sleep refused for its page-locked copies, which \
+                         leaves the arena awake"
+                    );
+                }
+                sh.tally
+                    .add("sleeps refused for their copies, arena awake after");
+            }
             asleep = Some(launches);
         }
     }
@@ -802,6 +827,7 @@ fn stress<C: CaptureBackend>(d: &Driver<'_, C>, e: &StressEntries<'_>, seed: u64
         launches: RwLock::new(()),
         maps: RwLock::new(()),
         granule: g,
+        host_alloc: d.host_alloc,
     };
     let entries = [
         e.create,
