@@ -862,6 +862,9 @@ CUresult cuCtxSynchronize(void) {
     }
     c->syncing++;
     pthread_mutex_unlock(&c->lock);
+    /* The pause knob holds a synchronize here, between its snapshot and its
+     * waits, so a test can destroy and reap streams meanwhile. */
+    sq_entry_pause("cuCtxSynchronize");
     for (size_t i = 0; i < n; i++) sq_queue_wait(qs[i], last[i]);
     pthread_mutex_lock(&c->lock);
     c->syncing--;

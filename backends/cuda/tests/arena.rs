@@ -274,6 +274,13 @@ fn negative_address_free_with_live_mappings_aborts() {
 }
 
 #[test]
+fn a_context_synchronize_outlives_a_stream_reaped_while_it_waits() {
+    // The synchronize held by the pause knob between its snapshot of the
+    // queues and its waits while a drained stream is reaped.
+    passes("sync_during_reap", &[]);
+}
+
+#[test]
 fn negative_double_release_aborts() {
     aborts("double_release", &[], "already released");
 }
@@ -1130,6 +1137,45 @@ mod cases {
                     let r = raw();
                     mapped(&r);
                     let _ = sys::cuMemAddressFree(r.base, 4 * G);
+                }
+                "sync_during_reap" => {
+                    let r = raw();
+                    let mut drained = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut drained, 1), "stream");
+                    // Destroyed with nothing queued: drained, reaped by the
+                    // next stream creation.
+                    ok(sys::cuStreamDestroy_v2(drained), "destroy");
+                    common::pause_entry(Some(("cuCtxSynchronize", 1)));
+                    let ctx = r.ctx.cu_context() as usize;
+                    let syncing = std::thread::spawn(move || {
+                        // SAFETY: a live context (the parent keeps it) made
+                        // current on this thread, then a synchronize.
+                        unsafe {
+                            ok(sys::cuCtxSetCurrent(ctx as sys::CUcontext), "current");
+                            let r = sys::cuCtxSynchronize();
+                            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                            r
+                        }
+                    });
+                    while !common::entry_paused() {
+                        std::thread::yield_now();
+                    }
+                    common::pause_entry(None);
+                    // Reaps the drained stream, whose queue the held
+                    // synchronize is about to wait on.
+                    let mut another = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut another, 1), "stream");
+                    common::resume_entry();
+                    ok(
+                        syncing.join().expect("the synchronizing thread"),
+                        "synchronize",
+                    );
+                    ok(sys::cuStreamDestroy_v2(another), "destroy");
+                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+                    ok(sys::cuMemAddressFree(r.base, 4 * G), "address free");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                    r.ctx.teardown(false).expect("teardown");
+                    println!("sync_during_reap: the synchronize waited on every queue it took");
                 }
                 "double_release" => {
                     let r = raw();
