@@ -1147,15 +1147,14 @@ mod cases {
                     ok(sys::cuStreamDestroy_v2(drained), "destroy");
                     common::pause_entry(Some(("cuCtxSynchronize", 1)));
                     let ctx = r.ctx.cu_context() as usize;
+                    // The closure's raw calls are under the case's unsafe
+                    // block: a live context (the parent keeps it) made
+                    // current on this thread, then a synchronize.
                     let syncing = std::thread::spawn(move || {
-                        // SAFETY: a live context (the parent keeps it) made
-                        // current on this thread, then a synchronize.
-                        unsafe {
-                            ok(sys::cuCtxSetCurrent(ctx as sys::CUcontext), "current");
-                            let r = sys::cuCtxSynchronize();
-                            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-                            r
-                        }
+                        ok(sys::cuCtxSetCurrent(ctx as sys::CUcontext), "current");
+                        let r = sys::cuCtxSynchronize();
+                        ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                        r
                     });
                     while !common::entry_paused() {
                         std::thread::yield_now();
