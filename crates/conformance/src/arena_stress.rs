@@ -5,6 +5,10 @@
 //! launching them, and a driver call failing in every round (the stand-in's
 //! fault knob armed at the start of each round for one entry point at one
 //! position, cycled over the entry points and positions by the seed).
+//! The sleeper's set is six half granules side by side, made between
+//! rounds; half its wakes release a member sharing a granule with another
+//! while the wake is held inside its first map (the stand-in's pause knob),
+//! so that the release retires into a granule being mapped.
 //!
 //! What is checked:
 //!
@@ -19,8 +23,12 @@
 //!   `PoolExhausted`), counted by kind; nothing panics;
 //! * the books balance after every round (the arena's bytes in use are the
 //!   live allocations', nothing asleep, mapped within the limit and whole
-//!   granules) and at the end (nothing in use or cached, and after teardown
-//!   the driver holds nothing; the child's exit check covers the process).
+//!   granules) and at the end (nothing in use or cached, every half granule
+//!   of the reservation but the quarantined granules' allocated once, and
+//!   after teardown the driver holds nothing; the child's exit check covers
+//!   the process);
+//! * a whole-arena sleep refused for its page-locked copies leaves the arena
+//!   awake: the sleeper's set is read back at once.
 //!
 //! Bounded by counts (rounds, operations per thread), never by wall-clock
 //! time. A copy or launch that was checked awake can still be queued after a
