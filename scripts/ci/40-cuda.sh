@@ -28,7 +28,7 @@ grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" "$target/cuda-stand-i
 expect_all_passed "$target/cuda-stand-in.log" "CUDA suite on the stand-in"
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" "$target/cuda-stand-in.log"
 grep -q "soak: cuda: " "$target/cuda-stand-in.log"
-echo "--- CUDA arena, sleep/wake and the stand-in's VMM rules"; on_stand_in cargo test --locked -p memgov-cuda --test arena -- --nocapture 2>&1 | tee "$target/cuda-arena.log"; grep -q "child sleep_wake: ok" "$target/cuda-arena.log"; grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/cuda-arena.log"; grep -q "fault cells cuMemRelease: positions 1 to" "$target/cuda-arena.log"; on_stand_in cargo bench --locked -p memgov-cuda --bench arena -- --test
+echo "--- CUDA arena, sleep/wake and the stand-in's VMM rules"; on_stand_in cargo test --locked -p memgov-cuda --test arena -- --nocapture 2>&1 | tee "$target/cuda-arena.log"; grep -q "child sleep_wake: ok" "$target/cuda-arena.log"; grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/cuda-arena.log"; grep -q "fault cells cuMemRelease: positions 1 to" "$target/cuda-arena.log"; for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/cuda-arena.log"; done; grep -q "child sync_during_reap: ok" "$target/cuda-arena.log"; on_stand_in cargo bench --locked -p memgov-cuda --bench arena -- --test
 grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e0000 (PCI 0000:10:00.0)" "$target/cuda-stand-in.log"
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).

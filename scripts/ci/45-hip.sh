@@ -49,6 +49,7 @@ grep -q "child no_vmm: ok" "$target/hip-arena.log"
 grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/hip-arena.log"
 grep -q "capability case sleep_wake_of_a_set_leaves_the_others_usable: ok" "$target/hip-arena.log"
 grep -q "fault cells hipMemRelease: positions 1 to" "$target/hip-arena.log"
+for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/hip-arena.log"; done
 echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
 on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture 2>&1 | tee "$target/hip-capture.log"
 grep -q "child replay_under_churn: ok" "$target/hip-capture.log"

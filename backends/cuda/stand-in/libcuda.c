@@ -143,6 +143,9 @@ struct CUctx_st {
     /* Destroyed streams whose queued work may still be running: like the
      * driver, cuStreamDestroy returns at once. Joined at context release. */
     struct CUstream_st *draining;
+    /* cuCtxSynchronize calls waiting on queues they snapshotted: while
+     * non-zero, drained streams are not reaped (their queues stay valid). */
+    int syncing;
 };
 
 typedef struct CUctx_st *CUcontext;
@@ -858,8 +861,16 @@ CUresult cuCtxSynchronize(void) {
             last[n] = sq_queue_last(s->q);
         }
     }
+    c->syncing++;
     pthread_mutex_unlock(&c->lock);
+    /* The pause knob holds a synchronize here, between its snapshot and its
+     * waits, so a test can destroy and reap streams meanwhile (a point of
+     * its own name: the entry point's own pause is at its entry). */
+    sq_entry_pause("cuCtxSynchronize:waits");
     for (size_t i = 0; i < n; i++) sq_queue_wait(qs[i], last[i]);
+    pthread_mutex_lock(&c->lock);
+    c->syncing--;
+    pthread_mutex_unlock(&c->lock);
     free(qs);
     free(last);
     return sticky_now() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
@@ -885,7 +896,8 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 static void reap_drained(CUcontext c) {
     CUstream done = NULL;
     pthread_mutex_lock(&c->lock);
-    for (CUstream *p = &c->draining; *p != NULL;) {
+    /* A cuCtxSynchronize waits on these queues: reaped by a later call. */
+    for (CUstream *p = c->syncing > 0 ? &done : &c->draining; *p != NULL;) {
         CUstream s = *p;
         if (sq_queue_pending(s->q) == 0) {
             *p = s->next;

@@ -172,7 +172,10 @@ __attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const 
 }
 
 /* For tests that force an interleaving: from now on the Nth call of `fn`
- * (any entry point, at its entry) blocks before it changes anything, until
+ * (any entry point, at its entry; and the point named
+ * "cuCtxSynchronize:waits", after a context synchronize took its snapshot
+ * of the queues and before it waits on them) blocks before it changes
+ * anything, until
  * memgov_standin_cuda_resume_entry(); memgov_standin_cuda_entry_paused()
  * says whether one is held. See sq_entry_pause_set. */
 __attribute__((visibility("default"))) int memgov_standin_cuda_pause_entry(const char *fn,

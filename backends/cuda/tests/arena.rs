@@ -104,6 +104,18 @@ fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped()
 }
 
 #[test]
+fn arena_stress_kv_threads_sleeper_and_capture_under_a_fault_each_round() {
+    // Eight KV threads, a sleeper, a capturing thread; a driver call fails
+    // in every round. Three seeds, each in a child with the exit check on.
+    for seed in ["1", "2", "3"] {
+        passes(
+            &format!("arena_stress:{seed}"),
+            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
 fn capability_arena_cases_pass_on_the_cuda_arena() {
     passes(
         "capability_arena",
@@ -259,6 +271,13 @@ fn unmap_after_the_stream_passed_is_fine() {
 #[test]
 fn negative_address_free_with_live_mappings_aborts() {
     aborts("free_mapped_range", &[], "with 1 live mapping(s)");
+}
+
+#[test]
+fn a_context_synchronize_outlives_a_stream_reaped_while_it_waits() {
+    // The synchronize held by the pause knob between its snapshot of the
+    // queues and its waits while a drained stream is reaped.
+    passes("sync_during_reap", &[]);
 }
 
 #[test]
@@ -1026,6 +1045,9 @@ mod cases {
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),
+                c if c.starts_with("arena_stress:") => {
+                    common::arena_stress_child(c["arena_stress:".len()..].parse().expect("a seed"))
+                }
                 c if c.starts_with("arena_fault:") => {
                     common::arena_fault_child(&c["arena_fault:".len()..])
                 }
@@ -1115,6 +1137,44 @@ mod cases {
                     let r = raw();
                     mapped(&r);
                     let _ = sys::cuMemAddressFree(r.base, 4 * G);
+                }
+                "sync_during_reap" => {
+                    let r = raw();
+                    let mut drained = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut drained, 1), "stream");
+                    // Destroyed with nothing queued: drained, reaped by the
+                    // next stream creation.
+                    ok(sys::cuStreamDestroy_v2(drained), "destroy");
+                    common::pause_entry(Some(("cuCtxSynchronize:waits", 1)));
+                    let ctx = r.ctx.cu_context() as usize;
+                    // The closure's raw calls are under the case's unsafe
+                    // block: a live context (the parent keeps it) made
+                    // current on this thread, then a synchronize.
+                    let syncing = std::thread::spawn(move || {
+                        ok(sys::cuCtxSetCurrent(ctx as sys::CUcontext), "current");
+                        let r = sys::cuCtxSynchronize();
+                        ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                        r
+                    });
+                    while !common::entry_paused() {
+                        std::thread::yield_now();
+                    }
+                    common::pause_entry(None);
+                    // Reaps the drained stream, whose queue the held
+                    // synchronize is about to wait on.
+                    let mut another = std::ptr::null_mut();
+                    ok(sys::cuStreamCreate(&mut another, 1), "stream");
+                    common::resume_entry();
+                    ok(
+                        syncing.join().expect("the synchronizing thread"),
+                        "synchronize",
+                    );
+                    ok(sys::cuStreamDestroy_v2(another), "destroy");
+                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+                    ok(sys::cuMemAddressFree(r.base, 4 * G), "address free");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                    r.ctx.teardown(false).expect("teardown");
+                    println!("sync_during_reap: the synchronize waited on every queue it took");
                 }
                 "double_release" => {
                     let r = raw();

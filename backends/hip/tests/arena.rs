@@ -343,6 +343,18 @@ fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped()
 }
 
 #[test]
+fn arena_stress_kv_threads_sleeper_and_capture_under_a_fault_each_round() {
+    // Eight KV threads, a sleeper, a capturing thread; a driver call fails
+    // in every round. Three seeds, each in a child with the exit check on.
+    for seed in ["1", "2", "3"] {
+        passes(
+            &format!("arena_stress:{seed}"),
+            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
+        );
+    }
+}
+
+#[test]
 fn capability_arena_cases_pass_on_the_hip_arena() {
     passes(
         "capability_arena",
@@ -1052,6 +1064,9 @@ mod cases {
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
                 "fault_cells" => common::fault_cells_child(),
+                c if c.starts_with("arena_stress:") => {
+                    common::arena_stress_child(c["arena_stress:".len()..].parse().expect("a seed"))
+                }
                 c if c.starts_with("arena_fault:") => {
                     common::arena_fault_child(&c["arena_fault:".len()..])
                 }

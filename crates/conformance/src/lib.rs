@@ -56,6 +56,7 @@
 //! ```
 
 pub mod arena_faults;
+pub mod arena_stress;
 pub mod capability;
 mod cases;
 mod faults;

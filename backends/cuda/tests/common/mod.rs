@@ -159,6 +159,38 @@ pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
 /// In a child on the stand-in: the arena's case `name` under a refused
 /// `cuMemRelease` or `cuMemHostAlloc` and on a capturing thread
 /// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
+/// In a child on the stand-in: the arena stress with `seed`
+/// (`memgov_conformance::arena_stress`), printed as `arena stress seed N:
+/// ok: ...`; panics when it failed.
+pub fn arena_stress_child(seed: u64) {
+    assert!(on_stand_in(), "the arena stress runs on the stand-in");
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "cuMemRelease",
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "cuMemMap",
+        mapping: &|a: &memgov::cuda::CudaArena| a.snapshot().mapping,
+        host_alloc: "cuMemHostAlloc",
+    };
+    let e = memgov_conformance::arena_stress::StressEntries {
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "cuMemMap",
+        create: "cuMemCreate",
+        set_access: "cuMemSetAccess",
+        unmap: "cuMemUnmap",
+    };
+    match memgov_conformance::arena_stress::run(&d, &e, seed) {
+        Ok(line) => println!("arena stress seed {seed}: ok: {line}"),
+        Err(e) => panic!("arena stress seed {seed}: {e}"),
+    }
+}
+
 /// ok: ...`; panics when it failed.
 pub fn arena_fault_child(name: &str) {
     let d = memgov_conformance::arena_faults::Driver {

@@ -89,6 +89,37 @@ pub fn fault_cells_child() {
 /// In a child on the stand-in: the arena's case `name` under a refused
 /// `hipMemRelease` or `hipHostMalloc` and on a capturing thread
 /// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
+/// In a child on the stand-in: the arena stress with `seed`
+/// (`memgov_conformance::arena_stress`), printed as `arena stress seed N:
+/// ok: ...`; panics when it failed.
+pub fn arena_stress_child(seed: u64) {
+    let d = memgov_conformance::arena_faults::Driver {
+        factory: &capability_factory,
+        fail: &fail_entry,
+        held: &driver_held,
+        release: "hipMemRelease",
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "hipMemMap",
+        mapping: &|a: &memgov::hip::HipArena| a.snapshot().mapping,
+        host_alloc: "hipHostMalloc",
+    };
+    let e = memgov_conformance::arena_stress::StressEntries {
+        pause: &pause_entry,
+        paused: &entry_paused,
+        resume: &resume_entry,
+        map: "hipMemMap",
+        create: "hipMemCreate",
+        set_access: "hipMemSetAccess",
+        unmap: "hipMemUnmap",
+    };
+    match memgov_conformance::arena_stress::run(&d, &e, seed) {
+        Ok(line) => println!("arena stress seed {seed}: ok: {line}"),
+        Err(e) => panic!("arena stress seed {seed}: {e}"),
+    }
+}
+
 /// ok: ...`; panics when it failed.
 pub fn arena_fault_child(name: &str) {
     let d = memgov_conformance::arena_faults::Driver {
