@@ -581,7 +581,6 @@ mod cases {
             release(&other, &os, m, &retired);
             other.synchronize(&os).expect("synchronize");
             assert_eq!(retired.load(Ordering::SeqCst), 1, "the free retired");
-            drop(s);
             let other = Arc::into_inner(other).expect("sole owner");
             other
                 .destroy_stream(Arc::into_inner(os).expect("sole owner"))
