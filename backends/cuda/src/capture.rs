@@ -22,7 +22,11 @@
 //!   keyed by their capture id (`cuStreamGetCaptureInfo_v2`), not by thread;
 //!   the thread that began one is remembered only so that a map it asks for
 //!   itself during its own capture is refused rather than waited on
-//!   forever. The gate is process-wide because the driver's rule is.
+//!   forever. The gate is process-wide because the driver's rule is. A
+//!   capture leaves the gate when the driver's capture is over, not when
+//!   `end` is called: an end that fails with the stream still capturing (or
+//!   before it reached the driver) keeps it there, and the context's
+//!   teardown ends it.
 //! * **Pins.** A [`CudaGraph`] owns its pool and the host buffers its
 //!   copies read and write. [`CudaGraph::destroy`] synchronizes the context
 //!   (so every launch finished), destroys the executable graph and the

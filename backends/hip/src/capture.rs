@@ -20,7 +20,10 @@
 //!   deferred instead (it returns 0 at once and the last capture's end runs
 //!   it); synchronizing or destroying a capturing stream is refused to its
 //!   own thread and waited for on others. Captures are keyed by their id
-//!   (`hipStreamGetCaptureInfo`), not by thread.
+//!   (`hipStreamGetCaptureInfo`), not by thread. A capture leaves the gate
+//!   when the runtime's capture is over, not when `end` is called: an end
+//!   that fails with the stream still capturing (or before it reached the
+//!   runtime) keeps it there, and the context's teardown ends it.
 //! * **Pins.** A [`HipGraph`] owns its pool and the host buffers its copies
 //!   read and write. [`HipGraph::destroy`] waits for every stream of the
 //!   context (so every launch finished), destroys the executable graph and
