@@ -22,7 +22,11 @@
 //!   keyed by their capture id (`cuStreamGetCaptureInfo_v2`), not by thread;
 //!   the thread that began one is remembered only so that a map it asks for
 //!   itself during its own capture is refused rather than waited on
-//!   forever. The gate is process-wide because the driver's rule is.
+//!   forever. The gate is process-wide because the driver's rule is. A
+//!   capture leaves the gate when the driver's capture is over, not when
+//!   `end` is called: an end that fails with the stream still capturing (or
+//!   before it reached the driver) keeps it there, and the context's
+//!   teardown ends it.
 //! * **Pins.** A [`CudaGraph`] owns its pool and the host buffers its
 //!   copies read and write. [`CudaGraph::destroy`] synchronizes the context
 //!   (so every launch finished), destroys the executable graph and the
@@ -111,6 +115,11 @@ pub fn capture_gate() -> &'static Gate {
 #[derive(Default)]
 pub(crate) struct Pins {
     live: Mutex<PinState>,
+    /// Captures whose end failed while the driver still captured (or could
+    /// not be asked): their id and stream. The gate keeps them under way
+    /// until a later end reaches the driver or teardown destroys them with
+    /// the context.
+    stranded: Mutex<Vec<(u64, usize)>>,
 }
 
 #[derive(Default)]
@@ -143,6 +152,32 @@ struct RawGraph {
 unsafe impl Send for RawGraph {}
 
 impl Pins {
+    /// First in teardown: the captures a failed end left live are ended in
+    /// the driver (unless the context is lost) and their graphs discarded;
+    /// then the gate forgets them, whatever the driver answered, since the
+    /// context's release destroys its streams and their captures with it
+    /// (a capture the driver still holds here, one begun in global or
+    /// thread-local mode on another thread, is abandoned with the context).
+    pub(crate) fn end_stranded(&self, s: &Shared, lost: bool) {
+        let stranded = std::mem::take(&mut *lock(&self.stranded));
+        for (id, stream) in stranded {
+            if !lost {
+                if let Ok(_current) = s.make_current("teardown") {
+                    let mut graph: CUgraph = std::ptr::null_mut();
+                    // SAFETY: a stream of this context still captured (its
+                    // streams are destroyed later in teardown); the context
+                    // is current; valid out pointer.
+                    let r = unsafe { sys::cuStreamEndCapture(stream as CUstream, &mut graph) };
+                    if r == sys::CUresult::CUDA_SUCCESS && !graph.is_null() {
+                        // SAFETY: the graph just made, never instantiated.
+                        let _ = unsafe { sys::cuGraphDestroy(graph) };
+                    }
+                }
+            }
+            gate().end(id);
+        }
+    }
+
     /// Teardown of a lost context: forget the graphs without driver calls
     /// (they go with the context); later destroys do nothing.
     pub(crate) fn close(&self) {
@@ -419,8 +454,9 @@ impl CudaCapture<'_> {
         let graph = match ended {
             Ok(g) => g,
             Err(e) => {
-                // The stream is out of capture and nothing was launched: the
-                // pool goes back at once.
+                // Nothing was or will be launched: the pool goes back at
+                // once (a capture the driver still holds records no more
+                // work, and its graph is discarded when it ends).
                 self.arena.retire(self.pool.base());
                 return Err(e);
             }
@@ -461,24 +497,48 @@ impl CudaCapture<'_> {
         })
     }
 
-    /// `cuStreamEndCapture`, then the gate learns the capture ended (which
-    /// runs deferred trims when it was the last).
+    /// `cuStreamEndCapture`, then, once the driver's capture is over, the
+    /// gate learns it ended (which runs deferred trims when it was the
+    /// last). After a failed end the driver is asked
+    /// (`cuStreamIsCapturing`): a stream still capturing (active, or
+    /// invalidated and still to be ended), or a context that could not be
+    /// made current, keeps the gate's record, so that no other thread's
+    /// gated call invalidates the capture; the context's teardown ends it.
     fn end_raw(&self, s: &Shared) -> Result<CUgraph, BackendError> {
         const OP: &str = "end_capture";
-        let current = s.make_current(OP);
         let mut graph: CUgraph = std::ptr::null_mut();
-        let r = current.and_then(|_c| {
+        let mut over = false;
+        let r = s.make_current(OP).and_then(|_c| {
             // SAFETY: the capturing stream, current context; valid out
             // pointer.
             let r = unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) };
-            s.checked(OP, "cuStreamEndCapture", r)
+            let r = s.checked(OP, "cuStreamEndCapture", r);
+            over = r.is_ok() || !self.still_capturing();
+            r
         });
-        if !matches!(&r, Err(e) if e.code == Some(908)) {
+        if over {
             // Out of capture (ended, or invalidated and ended): the gate
             // lets gated calls run again.
+            lock(&self.ctx.pins.stranded).retain(|&(id, _)| id != self.id);
             gate().end(self.id);
+        } else {
+            let mut stranded = lock(&self.ctx.pins.stranded);
+            if !stranded.iter().any(|&(id, _)| id == self.id) {
+                stranded.push((self.id, self.stream as usize));
+            }
         }
         r.map(|()| graph)
+    }
+
+    /// Whether the driver still captures the stream (`cuStreamIsCapturing`:
+    /// active, or invalidated and not yet ended); also when it cannot say.
+    /// The context is current.
+    fn still_capturing(&self) -> bool {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream of the current context; valid out pointer.
+        let r = unsafe { sys::cuStreamIsCapturing(self.stream, &mut status) };
+        r != sys::CUresult::CUDA_SUCCESS
+            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
     }
 }
 

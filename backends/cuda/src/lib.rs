@@ -638,6 +638,10 @@ impl DeviceContext for CudaContext {
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
+        // Captures a failed end left live: ended (or abandoned) before
+        // anything here waits at the gate they hold closed.
+        self.pins
+            .end_stranded(&self.shared, lost || self.shared.is_lost());
         let graphs = match &self.arena {
             Some(a) if !lost => self.pins.teardown(&self.shared, a),
             _ => {

@@ -803,6 +803,8 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     check_ctx_handle(ctx, "cuCtxPushCurrent_v2");
+    /* FAIL_ENTRY (vmm.c): CUDA_ERROR_INVALID_CONTEXT, nothing pushed. */
+    if (standin_entry_fault("cuCtxPushCurrent_v2")) return CUDA_ERROR_INVALID_CONTEXT;
     struct thread_slot *t = slot();
     pthread_mutex_lock(&g_slots_lock);
     if (t->depth == STACK_MAX) {

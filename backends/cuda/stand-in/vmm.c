@@ -48,7 +48,8 @@
  *   leaving the mapping or handle as it was (a later call on it succeeds);
  *   graph.c's cuStreamBeginCapture_v2 and cuStreamEndCapture as it says;
  *   libcuda.c's cuMemHostAlloc with CUDA_ERROR_OUT_OF_MEMORY, nothing
- *   allocated.
+ *   allocated, and cuCtxPushCurrent_v2 with CUDA_ERROR_INVALID_CONTEXT,
+ *   nothing pushed.
  *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
  *   count starts again), so that one process runs many fault cells.
  * - memgov_standin_cuda_vmm() reports what is held, for tests.

@@ -55,6 +55,11 @@ fn another_contexts_page_locked_allocation_and_free_wait_for_a_global_capture() 
 }
 
 #[test]
+fn an_end_that_leaves_the_capture_live_keeps_the_gate_closed_until_teardown() {
+    passes("end_fails_live", &[(EXIT_CHECK, "1")]);
+}
+
+#[test]
 fn a_capture_pool_too_large_to_round_is_a_typed_refusal() {
     passes("huge_pool", &[(EXIT_CHECK, "1")]);
 }
@@ -514,6 +519,74 @@ mod cases {
         other.teardown(false).expect("teardown");
         ctx.destroy_stream(s).expect("destroy stream");
         ctx.teardown(false).expect("teardown");
+    }
+
+    /// An end (or a drop) whose context cannot be made current
+    /// (`cuCtxPushCurrent_v2` refused) never reaches `cuStreamEndCapture`:
+    /// the driver still captures, so the gate keeps another context's
+    /// page-locked allocation waiting (it would invalidate the global
+    /// capture). The context's teardown ends the capture and opens the
+    /// gate; the allocation then runs and nothing was invalidated.
+    fn end_fails_live() {
+        use memgov::Tier;
+        let gate = memgov::cuda::capture_gate();
+        for via_drop in [false, true] {
+            let ctx = arena_context(64 * MIB);
+            let s = ctx.create_stream().expect("stream");
+            let other =
+                Arc::new(CudaContext::new(CudaConfig::default()).expect("a second context"));
+            let os = Arc::new(other.create_stream().expect("stream"));
+            let before = stats();
+            let global = CaptureConfig {
+                pool_bytes: MIB,
+                mode: CaptureMode::Global,
+            };
+            let mut cap = ctx.begin_capture(&s, global).expect("begin");
+            let buf = cap.allocate(4096).expect("carve");
+            cap.upload(&buf, 0, vec![7; 4096]).expect("upload");
+            let alloc = {
+                let (other, os) = (other.clone(), os.clone());
+                std::thread::spawn(move || other.allocate_in(&os, 4096, Tier::PinnedHost))
+            };
+            while gate.waiting() == 0 {
+                assert!(!alloc.is_finished(), "the allocation waits for the capture");
+                std::thread::yield_now();
+            }
+            common::fail_entry(Some(("cuCtxPushCurrent_v2", 1)));
+            if via_drop {
+                drop(cap);
+            } else {
+                let e = cap
+                    .end()
+                    .expect_err("the context could not be made current");
+                assert!(e.message.contains("cuCtxPushCurrent_v2"), "{e}");
+            }
+            common::fail_entry(None);
+            assert!(
+                gate.capturing(),
+                "the driver still captures (drop: {via_drop}): the gate keeps it"
+            );
+            assert_eq!(gate.waiting(), 1, "the allocation still waits");
+            assert!(!alloc.is_finished(), "the allocation still waits");
+            assert_eq!(stats()[1], before[1], "nothing invalidated yet");
+            ctx.teardown(false).expect("teardown ends the capture");
+            assert!(!gate.capturing(), "teardown opened the gate");
+            let m = alloc
+                .join()
+                .expect("thread")
+                .expect("allocated after the capture ended");
+            assert_eq!(m.tier(), Tier::PinnedHost);
+            assert_eq!(stats()[1], before[1], "no capture invalidated");
+            let retired = Arc::new(AtomicU64::new(0));
+            release(&other, &os, m, &retired);
+            other.synchronize(&os).expect("synchronize");
+            assert_eq!(retired.load(Ordering::SeqCst), 1, "the free retired");
+            let other = Arc::into_inner(other).expect("sole owner");
+            other
+                .destroy_stream(Arc::into_inner(os).expect("sole owner"))
+                .expect("destroy stream");
+            other.teardown(false).expect("teardown");
+        }
     }
 
     /// Pool sizes near and at `u64::MAX`: refused before anything is taken
@@ -994,6 +1067,7 @@ mod cases {
                 "paused_enqueue_sleep" => paused_enqueue_sleep(),
                 "huge_pool" => huge_pool(),
                 "page_locked_waits" => page_locked_waits(),
+                "end_fails_live" => end_fails_live(),
                 "sleep_waits" => sleep_waits(),
                 "capability_capture" => memgov_conformance::capability::report_cases(
                     memgov_conformance::capability::run_capture_cases(

@@ -20,7 +20,10 @@
 //!   deferred instead (it returns 0 at once and the last capture's end runs
 //!   it); synchronizing or destroying a capturing stream is refused to its
 //!   own thread and waited for on others. Captures are keyed by their id
-//!   (`hipStreamGetCaptureInfo`), not by thread.
+//!   (`hipStreamGetCaptureInfo`), not by thread. A capture leaves the gate
+//!   when the runtime's capture is over, not when `end` is called: an end
+//!   that fails with the stream still capturing (or before it reached the
+//!   runtime) keeps it there, and the context's teardown ends it.
 //! * **Pins.** A [`HipGraph`] owns its pool and the host buffers its copies
 //!   read and write. [`HipGraph::destroy`] waits for every stream of the
 //!   context (so every launch finished), destroys the executable graph and
@@ -104,6 +107,11 @@ pub struct OutputSlot(usize);
 #[derive(Default)]
 pub(crate) struct Pins {
     live: Mutex<PinState>,
+    /// Captures whose end failed while the runtime still captured (or
+    /// could not be asked): their id and stream. The gate keeps them under
+    /// way until a later end reaches the runtime or teardown destroys them
+    /// with the context's streams.
+    stranded: Mutex<Vec<(u64, usize)>>,
 }
 
 #[derive(Default)]
@@ -135,6 +143,32 @@ struct RawGraph {
 unsafe impl Send for RawGraph {}
 
 impl Pins {
+    /// First in teardown: the captures a failed end left live are ended in
+    /// the runtime (unless the context is lost) and their graphs discarded;
+    /// then the gate forgets them, whatever the runtime answered, since
+    /// teardown destroys the context's streams and their captures with them
+    /// (a capture the runtime still holds here, one begun in global or
+    /// thread-local mode on another thread, is abandoned with its stream).
+    pub(crate) fn end_stranded(&self, s: &Shared, lost: bool) {
+        let stranded = std::mem::take(&mut *lock(&self.stranded));
+        for (id, stream) in stranded {
+            if !lost {
+                if let Ok(_device) = s.make_current("teardown") {
+                    let mut graph: hipGraph_t = std::ptr::null_mut();
+                    // SAFETY: a stream of this context still captured (its
+                    // streams are destroyed later in teardown); valid out
+                    // pointer.
+                    let r = unsafe { ffi::hipStreamEndCapture(stream as hipStream_t, &mut graph) };
+                    if r == ffi::SUCCESS && !graph.is_null() {
+                        // SAFETY: the graph just made, never instantiated.
+                        let _ = unsafe { ffi::hipGraphDestroy(graph) };
+                    }
+                }
+            }
+            gate().end(id);
+        }
+    }
+
     /// Teardown of a lost context: forget the graphs without runtime calls
     /// (they go with the device); later destroys do nothing.
     pub(crate) fn close(&self) {
@@ -443,8 +477,9 @@ impl HipCapture<'_> {
         let graph = match self.end_raw(&s) {
             Ok(g) => g,
             Err(e) => {
-                // The stream is out of capture and nothing was launched: the
-                // pool goes back at once.
+                // Nothing was or will be launched: the pool goes back at
+                // once (a capture the runtime still holds records no more
+                // work, and its graph is discarded when it ends).
                 self.arena.retire(self.pool.base());
                 return Err(e);
             }
@@ -493,24 +528,47 @@ impl HipCapture<'_> {
         })
     }
 
-    /// `hipStreamEndCapture`, then the gate learns the capture ended (which
-    /// runs deferred trims when it was the last).
+    /// `hipStreamEndCapture`, then, once the runtime's capture is over, the
+    /// gate learns it ended (which runs deferred trims when it was the
+    /// last). After a failed end the runtime is asked
+    /// (`hipStreamGetCaptureInfo`'s status): a stream still capturing
+    /// (active, or invalidated and still to be ended), or a device that
+    /// could not be made current, keeps the gate's record, so that no other
+    /// thread's gated call invalidates the capture; the context's teardown
+    /// ends it.
     fn end_raw(&self, s: &Shared) -> Result<hipGraph_t, BackendError> {
         const OP: &str = "end_capture";
         let mut graph: hipGraph_t = std::ptr::null_mut();
+        let mut over = false;
         let r = s.make_current(OP).and_then(|_device| {
             // SAFETY: the capturing stream; valid out pointer.
             let r = unsafe { ffi::hipStreamEndCapture(self.stream, &mut graph) };
-            s.checked(OP, "hipStreamEndCapture", r)
+            let r = s.checked(OP, "hipStreamEndCapture", r);
+            over = r.is_ok() || !self.still_capturing();
+            r
         });
-        let wrong_thread =
-            matches!(&r, Err(e) if e.code == Some(ffi::hipErrorStreamCaptureWrongThread as i64));
-        if !wrong_thread {
+        if over {
             // Out of capture (ended, or invalidated and ended): the gate
             // lets gated calls run again.
+            lock(&self.ctx.pins.stranded).retain(|&(id, _)| id != self.id);
             gate().end(self.id);
+        } else {
+            let mut stranded = lock(&self.ctx.pins.stranded);
+            if !stranded.iter().any(|&(id, _)| id == self.id) {
+                stranded.push((self.id, self.stream as usize));
+            }
         }
         r.map(|()| graph)
+    }
+
+    /// Whether the runtime still captures the stream (status active, or
+    /// invalidated and not yet ended); also when it cannot say. The device
+    /// is current.
+    fn still_capturing(&self) -> bool {
+        let (mut status, mut id) = (0, 0u64);
+        // SAFETY: a live stream of this context; valid out pointers.
+        let r = unsafe { ffi::hipStreamGetCaptureInfo(self.stream, &mut status, &mut id) };
+        r != ffi::SUCCESS || status != ffi::hipStreamCaptureStatusNone
     }
 }
 

@@ -242,6 +242,8 @@ pub const hipStreamCaptureModeGlobal: c_int = 0;
 pub const hipStreamCaptureModeThreadLocal: c_int = 1;
 /// `hipStreamCaptureModeRelaxed`.
 pub const hipStreamCaptureModeRelaxed: c_int = 2;
+/// `hipStreamCaptureStatusNone`: the stream is not capturing.
+pub const hipStreamCaptureStatusNone: c_int = 0;
 /// `hipStreamCaptureStatusActive`.
 pub const hipStreamCaptureStatusActive: c_int = 1;
 /// `hipErrorStreamCaptureUnsupported`: not permitted while the stream captures.

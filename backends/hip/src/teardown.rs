@@ -21,6 +21,10 @@ impl HipContext {
     /// Teardown proper; the first call closes the context, and `Drop` does
     /// nothing after it.
     fn close(&self, lost: bool) -> Result<(), BackendError> {
+        // Captures a failed end left live: ended (or abandoned) before
+        // anything here waits at the gate they hold closed.
+        self.pins
+            .end_stranded(&self.shared, lost || self.shared.is_dead());
         // The arena first: its releases retire on the streams torn down below.
         let arena = self.arena_teardown(lost);
         let shared = &self.shared;

@@ -451,6 +451,9 @@ hipError_t hipSetDevice(int d) {
 hipError_t hipGetDevice(int *d) {
     ENTER("hipGetDevice");
     if (d == NULL) return hipErrorInvalidValue;
+    /* FAIL_ENTRY (vmm.c): hipErrorInvalidDevice, one of the reference's
+     * codes; nothing read. */
+    if (hip_standin_entry_fault("hipGetDevice")) return hipErrorInvalidDevice;
     *d = t_device;
     return hipSuccess;
 }

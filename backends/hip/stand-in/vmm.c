@@ -53,7 +53,8 @@
  *   reference's failure code for both), leaving the mapping or handle as
  *   it was (a later call on it succeeds); graph.c's hipStreamBeginCapture
  *   and hipStreamEndCapture as it says; libamdhip64.c's hipHostMalloc
- *   with hipErrorOutOfMemory, nothing allocated.
+ *   with hipErrorOutOfMemory, nothing allocated, and hipGetDevice with
+ *   hipErrorInvalidDevice, nothing read.
  *   memgov_standin_hip_fail_entry(fn,
  *   N) sets the same at run time (the count starts again), so that one
  *   process runs many fault cells.

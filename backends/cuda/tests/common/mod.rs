@@ -109,7 +109,7 @@ pub const FAULT_ENTRIES: &str = "MEMGOV_FAULT_CELL_ENTRIES";
 
 /// The stand-in's `memgov_standin_cuda_fail_entry`: the `n`th call of
 /// `entry` from now on fails (`None`: no fault).
-fn fail_entry(entry: Option<(&str, u64)>) {
+pub fn fail_entry(entry: Option<(&str, u64)>) {
     use libloading::os::unix::{Library, RTLD_LAZY};
     const RTLD_NOLOAD: std::os::raw::c_int = 4;
     let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
