@@ -129,7 +129,7 @@ pub struct BudgetExceeded {
     pub available: u64,
     /// How long the allocation waited for pending releases (or, on the
     /// machine ledger, for other processes to make room): zero when it did
-    /// not wait, as under [`Admission::FailFast`](super::config::Admission::FailFast)
+    /// not wait, as under [`Admission::FailFast`](super::Admission::FailFast)
     /// or when nothing was pending, and then the message does not speak of
     /// waiting.
     pub waited: Duration,
