@@ -71,11 +71,11 @@
 //! `seq_prev`): helping re-reads `G` after reading the claim, so a helper
 //! is misled only if `G` returned to the very same value (total and tag)
 //! across 16,777,216 operations of one slot between two of its loads, a
-//! few instructions apart. At the fastest rate one slot can run operations
-//! (see `docs/sharing-a-gpu.md`, "The sequence"), that is seconds of the
-//! helper preempted at exactly that point while the other process does
-//! nothing but charge and return without a lease: a bound, measured, not
-//! a proof.
+//! few instructions apart. At the fastest rate measured for one slot
+//! (about 26 ns an operation, `docs/sharing-a-gpu.md`, "The sequence"),
+//! that is the helper preempted at exactly that point for 0.43 s or more
+//! while the other process does nothing but charge and return without a
+//! lease: a bound, measured, not a proof.
 
 use super::segment::{
     futex_wake, Segment, H_AUDIT, H_LEDGER, H_LIMIT, H_NEWS, H_OUTSIDE, H_OUTSIDE_PROCS,
