@@ -19,6 +19,10 @@
 //!   owner, never world write.
 //! * `reset_refuses_while_members_live`: `MachineLedger::reset` names the
 //!   live processes and removes nothing; `force_reset` removes.
+//! * `a_limit_the_total_cannot_count_is_refused`: a ledger asked to
+//!   promise more than its total counts (2^32 - 1 units of 4 KiB, 16 TiB
+//!   less one unit) is refused with an error naming the maximum, and
+//!   nothing is made; at the maximum it opens and charges it whole.
 //!
 //! Scenarios that could kill their process on a wrong answer run in a
 //! child process (this test binary again, with `MEMGOV_SEG_CHILD` naming
@@ -26,7 +30,9 @@
 
 #![cfg(target_os = "linux")]
 
-use memgov::machine::{JoinOptions, LedgerOptions, MachineError, MachineLedger};
+use memgov::machine::{
+    JoinOptions, LedgerOptions, MachineError, MachineLedger, MAX_TOTAL_BYTES, UNIT,
+};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -414,4 +420,43 @@ fn reset_refuses_while_members_live() {
     drop(MachineLedger::open(&opts(&path)).unwrap());
     MachineLedger::reset(&path).unwrap();
     assert!(!path.exists());
+}
+
+#[test]
+fn a_limit_the_total_cannot_count_is_refused() {
+    assert_eq!(MAX_TOTAL_BYTES, ((1u64 << 32) - 1) * UNIT);
+    let dir = TempDir::new("wide-limit");
+    let path = dir.file("ledger");
+    for limit in [MAX_TOTAL_BYTES + 1, 16 << 40, 1 << 50, u64::MAX] {
+        let e = MachineLedger::open(&LedgerOptions::new("seg-test", limit).path(&path))
+            .err()
+            .unwrap_or_else(|| panic!("a limit of {limit} bytes was accepted"));
+        let MachineError::BadLimit {
+            limit: asked, max, ..
+        } = &e
+        else {
+            panic!("a limit of {limit} bytes gave {e}");
+        };
+        assert_eq!((*asked, *max), (limit, MAX_TOTAL_BYTES));
+        let text = e.to_string();
+        assert!(
+            text.contains(&MAX_TOTAL_BYTES.to_string()) && text.contains(&limit.to_string()),
+            "{text}"
+        );
+        assert!(!path.exists(), "a refused ledger was made");
+    }
+    let l =
+        MachineLedger::open(&LedgerOptions::new("seg-test", MAX_TOTAL_BYTES).path(&path)).unwrap();
+    assert_eq!(l.limit(), MAX_TOTAL_BYTES);
+    let m = l.join(JoinOptions::new("whole").lease_chunk(0)).unwrap();
+    m.charge(MAX_TOTAL_BYTES).unwrap();
+    assert_eq!(l.charged(), MAX_TOTAL_BYTES);
+    assert!(m.charge(UNIT).is_err(), "past the limit");
+    // A limit set above what the total counts is the most it counts.
+    l.set_limit(u64::MAX);
+    assert_eq!(l.limit(), MAX_TOTAL_BYTES);
+    assert!(m.charge(UNIT).is_err(), "past what the total counts");
+    assert_eq!(l.charged(), MAX_TOTAL_BYTES);
+    m.uncharge(MAX_TOTAL_BYTES).unwrap();
+    assert_eq!(l.charged(), 0);
 }

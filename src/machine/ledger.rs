@@ -6,13 +6,18 @@
 //! # The protocol
 //!
 //! ```text
-//! G = total units (40 bits) | tag slot (8 bits) | tag sequence (16 bits)
-//! W = units (48 bits) | applied sequence (16 bits)        one per slot
-//! C = sequence (16 bits) | delta in units (48 bits, signed) one per slot
+//! G = total units (32 bits) | tag slot (8 bits) | tag sequence (24 bits)
+//! W = units (40 bits) | applied sequence (24 bits)        one per slot
+//! C = sequence (24 bits) | delta in units (40 bits, signed) one per slot
 //! ```
 //!
+//! The total's 32 bits of [`UNIT`]s hold 16 TiB less one unit
+//! ([`MAX_TOTAL_BYTES`]): a ledger is never created with a larger limit.
+//! A share and a delta are wider than the total, so every change the
+//! total can take fits them.
+//!
 //! An operation of slot `i` with sequence `q` (the slot's last applied
-//! sequence plus one):
+//! sequence plus one, modulo 2^24):
 //!
 //! 1. writes its claim `C_i = (q, delta)`;
 //! 2. *commits*: a compare-and-swap of `G` from `(T, t, p)` to
@@ -55,19 +60,22 @@
 //!
 //! An operation's owner checks that its share covers a give-back before it
 //! claims it, and the commit checks the total does (and that a charge
-//! stays within the total's 40 bits): an impossible change is refused,
+//! stays within the total's 32 bits): an impossible change is refused,
 //! counted in the audit word, and changes nothing. A share a helper would
 //! apply below 0 exists only in a segment written by something else; it is
 //! counted too.
 //!
 //! # The sequence
 //!
-//! The sequence is 16 bits: helping re-reads `G` after reading the claim,
-//! so a helper is misled only if `G` returned to the very same value
-//! (total and tag) across 65,536 operations of one slot between two of its
-//! loads. That is a bound on how long a helper may be preempted at that
-//! point (tens of milliseconds of a slot charging without a lease), not a
-//! proof; see `docs/sharing-a-gpu.md`, "The sequence".
+//! The sequence is 24 bits, counted modulo 2^24 (`seq_next`,
+//! `seq_prev`): helping re-reads `G` after reading the claim, so a helper
+//! is misled only if `G` returned to the very same value (total and tag)
+//! across 16,777,216 operations of one slot between two of its loads, a
+//! few instructions apart. At the fastest rate measured for one slot
+//! (about 26 ns an operation, `docs/sharing-a-gpu.md`, "The sequence"),
+//! that is the helper preempted at exactly that point for 0.43 s or more
+//! while the other process does nothing but charge and return without a
+//! lease: a bound, measured, not a proof.
 
 use super::segment::{
     futex_wake, Segment, H_AUDIT, H_LEDGER, H_LIMIT, H_NEWS, H_OUTSIDE, H_OUTSIDE_PROCS,
@@ -79,17 +87,38 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 /// The ledger word.
 pub(crate) struct G;
 
-const TOTAL_BITS: u32 = 40;
+const TOTAL_BITS: u32 = 32;
 const TOTAL_MASK: u64 = (1 << TOTAL_BITS) - 1;
+/// The most bytes the ledger's total can hold: its 32 bits of units.
+pub const MAX_TOTAL_BYTES: u64 = TOTAL_MASK * UNIT;
 pub(crate) const NO_TAG: u64 = 0xff;
+/// The width of a sequence, in `G`'s tag, `W` and `C` alike.
+const SEQ_BITS: u32 = 24;
+const SEQ_MASK: u32 = (1 << SEQ_BITS) - 1;
+/// Where a sequence starts in `G` (above the total and the tag slot).
+const G_SEQ_SHIFT: u32 = TOTAL_BITS + 8;
+/// The width of a share in `W` and of a delta in `C`.
+const UNITS_BITS: u32 = 64 - SEQ_BITS;
+
+/// The sequence after `q`, modulo 2^24.
+#[inline]
+fn seq_next(q: u32) -> u32 {
+    q.wrapping_add(1) & SEQ_MASK
+}
+
+/// The sequence before `q`, modulo 2^24.
+#[inline]
+fn seq_prev(q: u32) -> u32 {
+    q.wrapping_sub(1) & SEQ_MASK
+}
 
 impl G {
     pub(crate) const EMPTY: u64 = NO_TAG << TOTAL_BITS;
 
     #[inline]
-    pub(crate) fn pack(total: u64, slot: u64, seq: u16) -> u64 {
-        debug_assert!(total <= TOTAL_MASK && slot <= NO_TAG);
-        total | (slot << TOTAL_BITS) | (u64::from(seq) << 48)
+    pub(crate) fn pack(total: u64, slot: u64, seq: u32) -> u64 {
+        debug_assert!(total <= TOTAL_MASK && slot <= NO_TAG && seq <= SEQ_MASK);
+        total | (slot << TOTAL_BITS) | (u64::from(seq & SEQ_MASK) << G_SEQ_SHIFT)
     }
 
     #[inline]
@@ -98,12 +127,15 @@ impl G {
     }
 
     #[inline]
-    fn tag(g: u64) -> (u64, u16) {
-        ((g >> TOTAL_BITS) & 0xff, (g >> 48) as u16)
+    fn tag(g: u64) -> (u64, u32) {
+        (
+            (g >> TOTAL_BITS) & 0xff,
+            (g >> G_SEQ_SHIFT) as u32 & SEQ_MASK,
+        )
     }
 }
 
-const UNITS_MASK: u64 = (1 << 48) - 1;
+const UNITS_MASK: u64 = (1 << UNITS_BITS) - 1;
 
 #[inline]
 pub(crate) fn w_units(w: u64) -> u64 {
@@ -111,29 +143,29 @@ pub(crate) fn w_units(w: u64) -> u64 {
 }
 
 #[inline]
-pub(crate) fn w_applied(w: u64) -> u16 {
-    (w >> 48) as u16
+pub(crate) fn w_applied(w: u64) -> u32 {
+    (w >> UNITS_BITS) as u32 & SEQ_MASK
 }
 
 #[inline]
-fn w_pack(units: u64, applied: u16) -> u64 {
-    (units & UNITS_MASK) | (u64::from(applied) << 48)
+fn w_pack(units: u64, applied: u32) -> u64 {
+    (units & UNITS_MASK) | (u64::from(applied & SEQ_MASK) << UNITS_BITS)
 }
 
 #[inline]
-fn c_pack(seq: u16, delta: i64) -> u64 {
-    ((delta as u64) & UNITS_MASK) | (u64::from(seq) << 48)
+fn c_pack(seq: u32, delta: i64) -> u64 {
+    ((delta as u64) & UNITS_MASK) | (u64::from(seq & SEQ_MASK) << UNITS_BITS)
 }
 
 #[inline]
-fn c_seq(c: u64) -> u16 {
-    (c >> 48) as u16
+fn c_seq(c: u64) -> u32 {
+    (c >> UNITS_BITS) as u32 & SEQ_MASK
 }
 
 #[inline]
 fn c_delta(c: u64) -> i64 {
-    // Sign-extend the low 48 bits.
-    (((c & UNITS_MASK) << 16) as i64) >> 16
+    // Sign-extend the low 40 bits.
+    (((c & UNITS_MASK) << SEQ_BITS) as i64) >> SEQ_BITS
 }
 
 /// The state word of a slot.
@@ -183,11 +215,11 @@ pub(crate) fn st_pid(s: u64) -> u32 {
 /// written by something else: it is applied clamped, so that the slot's
 /// sequence moves on, and counted as an audit finding
 /// ([`H_AUDIT`], reported by `MachineLedger::check`).
-fn apply(seg: &Segment, t: usize, q: u16, delta: i64) {
+fn apply(seg: &Segment, t: usize, q: u32, delta: i64) {
     let w = seg.slot(t, S_W);
     let mut cur = w.load(SeqCst);
     loop {
-        if w_applied(cur) != q.wrapping_sub(1) {
+        if w_applied(cur) != seq_prev(q) {
             // Applied already (by the owner or another helper).
             return;
         }
@@ -218,7 +250,7 @@ fn help(seg: &Segment, g: u64) {
         // The owner started another operation: it applied this one first.
         return;
     }
-    if w_applied(seg.slot(t, S_W).load(SeqCst)) != q.wrapping_sub(1) {
+    if w_applied(seg.slot(t, S_W).load(SeqCst)) != seq_prev(q) {
         return;
     }
     // The claim read belongs to the commit `g` names only if `G` still
@@ -271,7 +303,7 @@ pub(crate) fn operate(
     // Our own previous operation is applied (we applied it, or it was
     // refused and left nothing): the sequence follows it.
     let w = seg.slot(i, S_W).load(SeqCst);
-    let q = w_applied(w).wrapping_add(1);
+    let q = seq_next(w_applied(w));
     if delta == 0 {
         return Ok(G::total(g_word.load(SeqCst)));
     }
@@ -286,7 +318,9 @@ pub(crate) fn operate(
     // Only this operator changes `W_i` (helpers apply only what it
     // committed, and it committed nothing unapplied): the share read above
     // is the share the claim applies to.
-    if delta < 0 && delta.unsigned_abs() > w_units(w) {
+    // A change wider than the total can never be committed (and would
+    // not fit the claim's delta): refused before anything is written.
+    if (delta < 0 && delta.unsigned_abs() > w_units(w)) || delta.unsigned_abs() > TOTAL_MASK {
         return impossible(G::total(g_word.load(SeqCst)));
     }
     seg.slot(i, S_C).store(c_pack(q, delta), SeqCst);
@@ -575,12 +609,26 @@ mod tests {
 
     #[test]
     fn words_pack_and_unpack() {
-        for d in [0i64, 1, -1, 12345, -(1 << 46), (1 << 46) - 1] {
-            let c = c_pack(65535, d);
-            assert_eq!((c_seq(c), c_delta(c)), (65535, d));
+        let whole = TOTAL_MASK as i64;
+        for d in [0i64, 1, -1, 12345, whole, -whole, -(1 << 39), (1 << 39) - 1] {
+            for q in [0, 1, 0xffff, 0x1_0000, SEQ_MASK] {
+                let c = c_pack(q, d);
+                assert_eq!((c_seq(c), c_delta(c)), (q, d));
+            }
         }
-        let g = G::pack(TOTAL_MASK, 17, 9);
-        assert_eq!((G::total(g), G::tag(g)), (TOTAL_MASK, (17, 9)));
+        for (total, slot, q) in [(TOTAL_MASK, 17, 9), (0, NO_TAG, SEQ_MASK), (1, 0, 0x1_0000)] {
+            let g = G::pack(total, slot, q);
+            assert_eq!((G::total(g), G::tag(g)), (total, (slot, q)));
+        }
+        let w = w_pack(UNITS_MASK, SEQ_MASK);
+        assert_eq!((w_units(w), w_applied(w)), (UNITS_MASK, SEQ_MASK));
+        assert_eq!(
+            UNITS_MASK >> TOTAL_BITS,
+            0xff,
+            "a share is wider than the total"
+        );
+        assert_eq!(MAX_TOTAL_BYTES, (16 << 40) - UNIT, "16 TiB less one unit");
+        assert_eq!((seq_next(SEQ_MASK), seq_prev(0)), (0, SEQ_MASK));
         let s = st_pack(Kind::Reclaiming, 0x3fff_ffff, u32::MAX);
         assert_eq!(
             (st_kind(s), st_epoch(s), st_pid(s)),
@@ -690,7 +738,7 @@ mod tests {
         let _ = std::fs::remove_file(p);
         // A reclaimer died after writing the return of slot 0's 10 units:
         // the ledger word it left is `total` units tagged with `seq`.
-        let reclaimer_died = |name: &str, total: u64, seq: u16| {
+        let reclaimer_died = |name: &str, total: u64, seq: u32| {
             crashed(name, |seg| {
                 let dead = st_pid(seg.slot(0, S_STATE).load(SeqCst));
                 seg.slot(0, S_STATE)
@@ -726,6 +774,96 @@ mod tests {
         assert_eq!(operate(&seg, 1, 2, Some(&fits)).unwrap(), 8);
         assert_eq!(w_applied(seg.slot(1, S_W).load(SeqCst)), 2);
         assert_eq!(operate(&seg, 1, -8, None).unwrap(), 0);
+        let _ = std::fs::remove_file(p);
+    }
+
+    /// A helper that read `G` is misled only if `G` comes back to the very
+    /// same value (total and tag) before it looks again: a slot's
+    /// operations that leave the total where it was must not bring the
+    /// tag back within 65,536 of them (all a 16-bit sequence could tell
+    /// apart), only after 2^24.
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn the_ledger_word_does_not_repeat_within_65536_operations_of_a_slot() {
+        let (seg, p, _lock) = crashed("no-repeat", |_| {});
+        operate(&seg, 1, 1, None).unwrap();
+        let before = seg.word(H_LEDGER).load(SeqCst);
+        for k in 0..(1u32 << 16) {
+            let delta = if k % 2 == 0 { -1 } else { 1 };
+            operate(&seg, 1, delta, None).unwrap();
+        }
+        let after = seg.word(H_LEDGER).load(SeqCst);
+        assert_eq!(G::total(after), G::total(before), "the total is back");
+        assert_ne!(
+            after, before,
+            "G repeated after 65,536 operations: a preempted helper could apply a stale claim"
+        );
+        assert_eq!(G::tag(after), (1, 1 + (1 << 16)));
+        let _ = std::fs::remove_file(p);
+    }
+
+    /// The sequence wraps from 2^24 - 1 to 0: operations across it commit
+    /// and apply, and a claim of sequence 0 committed but not applied by a
+    /// process that died (its share still at 2^24 - 1) is applied by
+    /// helping and reclaimed exactly.
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_sequence_crossing_its_width_wraps_to_0_and_applies() {
+        let (seg, p, _lock) = crashed("wrap", |seg| {
+            // Slot 1 (live) has run 2^24 - 2 operations and holds 5 units.
+            seg.slot(1, S_W).store(w_pack(5, SEQ_MASK - 1), SeqCst);
+            seg.word(H_LEDGER)
+                .store(G::pack(5, 1, SEQ_MASK - 1), SeqCst);
+        });
+        assert_eq!(operate(&seg, 1, 3, None).unwrap(), 8);
+        assert_eq!(w_applied(seg.slot(1, S_W).load(SeqCst)), SEQ_MASK);
+        assert_eq!(operate(&seg, 1, -2, None).unwrap(), 6);
+        let w = seg.slot(1, S_W).load(SeqCst);
+        assert_eq!((w_units(w), w_applied(w)), (6, 0), "wrapped to 0");
+        assert_eq!(G::tag(seg.word(H_LEDGER).load(SeqCst)), (1, 0));
+        assert_eq!(operate(&seg, 1, 4, None).unwrap(), 10);
+        assert_eq!(w_applied(seg.slot(1, S_W).load(SeqCst)), 1);
+        let _ = std::fs::remove_file(p);
+
+        // Slot 0 died after committing its operation of sequence 0 (7
+        // units), before applying it; its share was 2 units at 2^24 - 1.
+        let (seg, p, _lock) = crashed("wrap-crash", |seg| {
+            seg.slot(0, S_W).store(w_pack(2, SEQ_MASK), SeqCst);
+            seg.slot(0, S_C).store(c_pack(0, 7), SeqCst);
+            seg.word(H_LEDGER).store(G::pack(9, 0, 0), SeqCst);
+        });
+        help_pending(&seg, seg.word(H_LEDGER).load(SeqCst));
+        let w = seg.slot(0, S_W).load(SeqCst);
+        assert_eq!((w_units(w), w_applied(w)), (9, 0), "helping applies it");
+        assert_eq!(after_sweep(&seg), (0, 0, Kind::Free));
+        assert_eq!(seg.word(H_AUDIT).load(SeqCst), 0);
+        let _ = std::fs::remove_file(p);
+    }
+
+    /// A change wider than the total is refused before its claim is
+    /// written, whatever the delta's sign: it could never be committed.
+    #[test]
+    // Maps a file and spawns a process: outside what Miri's isolation allows.
+    #[cfg_attr(miri, ignore)]
+    fn a_change_wider_than_the_total_is_refused() {
+        let (seg, p, _lock) = crashed("wide", |_| {});
+        operate(&seg, 1, 1, None).unwrap();
+        let too_wide = (TOTAL_MASK + 1) as i64;
+        for delta in [too_wide, TOTAL_MASK as i64, 1 << 40, i64::MAX] {
+            assert!(
+                matches!(
+                    operate(&seg, 1, delta, None),
+                    Err(Refused::Impossible { .. })
+                ),
+                "{delta}"
+            );
+        }
+        assert_eq!(total_units(&seg), 1);
+        assert_eq!(c_delta(seg.slot(1, S_C).load(SeqCst)), 0, "claim voided");
+        operate(&seg, 1, -1, None).unwrap();
+        assert_eq!(total_units(&seg), 0);
         let _ = std::fs::remove_file(p);
     }
 

@@ -25,7 +25,7 @@ mod management;
 mod member;
 mod segment;
 
-pub use ledger::Reclaimed;
+pub use ledger::{Reclaimed, MAX_TOTAL_BYTES};
 pub use management::{device_processes, DeviceProcess, DeviceProcesses, ManagementError};
 pub use segment::{LAYOUT_VERSION, MAX_SLOTS, UNIT};
 
@@ -169,6 +169,17 @@ pub enum MachineError {
         /// The count given.
         slots: usize,
     },
+    /// The limit asked for is above what the ledger's total can count
+    /// ([`MAX_TOTAL_BYTES`]).
+    #[error("machine ledger '{key}': a limit of {} ({limit} bytes) asked for; the ledger counts at most {} ({max} bytes, 2^32 - 1 units of {UNIT} bytes); give a limit no larger", Bytes(*limit), Bytes(*max))]
+    BadLimit {
+        /// The device key.
+        key: String,
+        /// The limit given, in bytes.
+        limit: u64,
+        /// The most a ledger can promise, in bytes ([`MAX_TOTAL_BYTES`]).
+        max: u64,
+    },
     /// Every slot is held by a live process.
     #[error("machine ledger {}: all {slots} process slots are taken by live processes; create the ledger with more (LedgerOptions::slots) or stop a process", path.display())]
     Full {
@@ -263,7 +274,9 @@ pub struct LedgerOptions {
 impl LedgerOptions {
     /// The ledger of the device `key` (a CUDA device UUID, a PCI bus id, a
     /// name for the host backend), promising at most `limit` bytes when
-    /// this process creates it (an existing ledger keeps its own).
+    /// this process creates it (an existing ledger keeps its own). A limit
+    /// above [`MAX_TOTAL_BYTES`] (16 TiB) is refused when the ledger is
+    /// opened ([`MachineError::BadLimit`]).
     pub fn new(key: impl Into<String>, limit: u64) -> Self {
         Self {
             key: key.into(),
@@ -582,9 +595,13 @@ impl MachineLedger {
         ledger::limit(&self.seg)
     }
 
-    /// Change the limit (every process sees it at its next refill).
+    /// Change the limit (every process sees it at its next refill). A
+    /// limit above [`MAX_TOTAL_BYTES`], which the total cannot count, is
+    /// stored as [`MAX_TOTAL_BYTES`].
     pub fn set_limit(&self, bytes: u64) {
-        self.seg.word(H_LIMIT).store(bytes, Relaxed);
+        self.seg
+            .word(H_LIMIT)
+            .store(bytes.min(MAX_TOTAL_BYTES), Relaxed);
     }
 
     /// Bytes charged on the ledger by every process (idle leases included).

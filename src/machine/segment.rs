@@ -10,7 +10,7 @@
 //! read from the file, before it maps anything (`Segment::open_or_create_with`).
 //! A file cut short under a mapping does not kill the process (`bus_guard`).
 //!
-//! # Layout (version 3, every field a little-endian `u64` word)
+//! # Layout (version 4, every field a little-endian `u64` word)
 //!
 //! ```text
 //! header (512 B)
@@ -23,7 +23,7 @@
 //!   48  limit: the bytes the ledger may promise in all
 //!   56  the owner's uid
 //!   64  device key (64 bytes, NUL padded)
-//!   128 the ledger word G (its own cache line): total units, tag slot, tag sequence
+//!   128 the ledger word G (its own cache line): total units (32 bits) | tag slot (8) | tag sequence (24)
 //!   192 device total bytes, as last observed
 //!   200 device free bytes, as last observed
 //!   208 outside units: device bytes in use that no slot has charged
@@ -33,8 +33,8 @@
 //! slots (slot count x 256 B), from offset 512
 //!   0   state: kind (2 bits) | epoch (30 bits) | pid (32 bits)
 //!   8   the owner's start time (clock ticks since boot, /proc/<pid>/stat field 22)
-//!   16  W: charged units (48 bits) | applied sequence (16 bits)
-//!   24  C: claim sequence (16 bits) | signed delta in units (48 bits)
+//!   16  W: charged units (40 bits) | applied sequence (24 bits)
+//!   24  C: claim sequence (24 bits) | signed delta in units (40 bits)
 //!   32  limit (bytes)           40  floor (bytes)        48  priority
 //!   56  used (bytes charged to allocations, as last published)
 //!   64  cached (bytes in block caches, as last published)
@@ -59,7 +59,7 @@ use std::time::Duration;
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"MEMGOVML");
 /// The layout this build reads and writes.
-pub const LAYOUT_VERSION: u64 = 3;
+pub const LAYOUT_VERSION: u64 = 4;
 pub(crate) const HEADER: usize = 512;
 pub(crate) const SLOT: usize = 256;
 pub(crate) const KEY_BYTES: usize = 64;
@@ -221,6 +221,13 @@ impl Segment {
         }
         if slots == 0 || slots > MAX_SLOTS {
             return Err(MachineError::BadSlots { slots });
+        }
+        if limit > super::ledger::MAX_TOTAL_BYTES {
+            return Err(MachineError::BadLimit {
+                key: key.to_owned(),
+                limit,
+                max: super::ledger::MAX_TOTAL_BYTES,
+            });
         }
         // Attach, else create; a creator that lost the race to link
         // attaches to the winner's. Removed between the two: again.
