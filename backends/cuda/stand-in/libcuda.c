@@ -804,7 +804,8 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     check_ctx_handle(ctx, "cuCtxPushCurrent_v2");
     /* FAIL_ENTRY (vmm.c): CUDA_ERROR_INVALID_CONTEXT, nothing pushed. */
-    if (standin_entry_fault("cuCtxPushCurrent_v2")) return CUDA_ERROR_INVALID_CONTEXT;
+    if (standin_entry_fault != NULL && standin_entry_fault("cuCtxPushCurrent_v2"))
+        return CUDA_ERROR_INVALID_CONTEXT;
     struct thread_slot *t = slot();
     pthread_mutex_lock(&g_slots_lock);
     if (t->depth == STACK_MAX) {
@@ -1171,7 +1172,8 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
         return CUDA_ERROR_INVALID_VALUE;
     if (capture_unsafe("cuMemHostAlloc", 1)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     /* FAIL_ENTRY (vmm.c): out of page-locked memory, nothing allocated. */
-    if (standin_entry_fault("cuMemHostAlloc")) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (standin_entry_fault != NULL && standin_entry_fault("cuMemHostAlloc"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t p = sq_mem_alloc_tracked(c->host_mem, bytesize);
     if (p == 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *pp = (void *)(uintptr_t)p;
