@@ -1449,6 +1449,7 @@ mod cases {
                         2,
                         "two captures invalidated"
                     );
+                    ok(hip::hipStreamDestroy(r.s), "destroy");
                 }
                 "standin_destroy_capturing" => {
                     let r = raw();
