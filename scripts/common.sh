@@ -100,6 +100,46 @@ cargo_target_dir() {
         python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
 }
 
+# Every release-mode step (tests, benches, the tool with every backend)
+# builds the same packages with the same features, so cargo compiles memgov,
+# its backends and their dependencies in release mode once for the whole
+# suite: each other package set or feature set is a full recompile of the
+# library and its backends (minutes on a 2-core machine). The plain tool of
+# the README (`cargo build --release -p memgov-cli`) is the one other set.
+# Selecting a test or bench by name picks it from whichever of these
+# packages has it.
+MEMGOV_RELEASE_PACKAGES=(-p memgov -p memgov-cli -p memgov-cuda -p memgov-vulkan)
+MEMGOV_RELEASE_FEATURES="memgov/serde,memgov/metrics,memgov-cli/vulkan,memgov-cli/cuda,memgov-cli/hip"
+release_test() {
+    cargo test --locked --release "${MEMGOV_RELEASE_PACKAGES[@]}" --features "$MEMGOV_RELEASE_FEATURES" "$@"
+}
+release_bench() {
+    cargo bench --locked "${MEMGOV_RELEASE_PACKAGES[@]}" --features "$MEMGOV_RELEASE_FEATURES" "$@"
+}
+# The path of the memgov tool of that build (Vulkan, CUDA and HIP compiled
+# in), built if needed: the binary cargo builds for the tool's own
+# integration tests, found in cargo's JSON messages, copied beside the
+# build.
+release_memgov() {
+    local exe
+    exe="$(release_test --no-run --test cli --message-format=json |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("name") == "memgov" and "bin" in t.get("kind", []):
+        print(m["executable"])')"
+    [ -n "$exe" ] && [ -x "$exe" ] || { echo "FAILED: cargo reported no memgov binary for the release build" >&2; return 1; }
+    # Cargo reports target/release/memgov, which the README's plain build
+    # replaces: the steps run a copy of their own.
+    local copy
+    copy="$(cargo_target_dir)/memgov-every-backend"
+    cp "$exe" "$copy.tmp" && mv "$copy.tmp" "$copy"
+    echo "$copy"
+}
+
 # Each suite run prints "N passed, F failed, S skipped": in LOG, a line where
 # every case ran and passed (N > 0). The Rust test asserts N is the number of
 # cases the suite has; this proves the run reached a device.

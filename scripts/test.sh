@@ -29,8 +29,14 @@ export RUST_BACKTRACE=1
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 
-step "build (every crate; the library alone)"
-cargo build --locked --workspace --all-targets
+step "build (the tests of the next steps; the library alone)"
+# The packages the test step runs, built once with the same selection, so
+# that step compiles nothing again (another selection unifies other features
+# and recompiles the library). Every target of every crate is compiled by
+# clippy below with every feature, and built by the step that runs it.
+test_packages=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend
+    -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli)
+cargo test --locked --no-run "${test_packages[@]}"
 cargo build --locked -p memgov --lib
 # The library without the tool, the development commands or the test kit:
 # no clap, no xtask and no memgov-conformance in its tree.
@@ -54,14 +60,14 @@ if cargo clippy --version >/dev/null 2>&1; then
     cargo clippy --locked --workspace --all-targets --features serde,tracing,vulkan,cuda,hip,metrics -- -D warnings
     cargo clippy --locked -p memgov --lib -- -D warnings
 else
-    echo "skipped: clippy is not installed"
+    echo "skipped: clippy is not installed; compiling every target without it"
+    cargo check --locked --workspace --all-targets --features serde,tracing,vulkan,cuda,hip,metrics
 fi
 
 step "tests: host backend, governor, conformance, doc tests"
 # Every default member but the C ABI, whose tests (the C programs, plain,
 # under ASan+UBSan and under valgrind) run once, in scripts/ci/55-capi.sh.
-cargo test --locked -p memgov -p memgov-api -p memgov-sync -p memgov-backend \
-    -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli
+cargo test --locked "${test_packages[@]}"
 cargo test --locked -p memgov --features serde,tracing --test governor
 
 step "examples: host, best backend, LLM serving, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
@@ -80,9 +86,9 @@ step "tests: Vulkan backend on lavapipe with validation layers"
 cargo test --locked -p memgov-vulkan --lib
 cargo test --locked -p memgov-vulkan --test vulkan
 cargo test --locked -p memgov-vulkan --test vulkan_layers_env
-cargo test --locked --release -p memgov --features vulkan --test fault_matrix -- --nocapture --test-threads=1
-cargo test --locked --release -p memgov-vulkan --test soak_vulkan -- --nocapture
-cargo bench --locked -p memgov-cli --features vulkan --bench vulkan_cycle -- --test
+MEMGOV_FAULT_MATRIX_BACKENDS=vulkan release_test --test fault_matrix -- --nocapture --test-threads=1
+release_test --test soak_vulkan -- --nocapture
+release_bench --bench vulkan_cycle -- --test
 
 for s in scripts/ci/*.sh; do
     [ -e "$s" ] || continue
@@ -92,8 +98,9 @@ done
 
 step "memgov check: every backend compiled in, CUDA and HIP on their stand-ins"
 standins="$(backends/stand-ins/build.sh)"
+memgov="$(release_memgov)"
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee "$target/check-stand-ins.log"
+    "$memgov" check 2>&1 | tee "$target/check-stand-ins.log"
 for row in "cuda .*stand-in" "hip .*stand-in" "vulkan .*software driver" "host .*embedded"; do
     grep -Eq "$row" "$target/check-stand-ins.log" || { echo "FAILED: memgov check has no row matching '$row'"; exit 1; }
 done
@@ -106,14 +113,14 @@ fi
 grep -q "^host: virtual-memory arena: no: the host backend has no virtual-memory arena" "$target/check-stand-ins.log" ||
     { echo "FAILED: memgov check did not say why the host has no arena"; exit 1; }
 step "memgov check without the stand-ins: CUDA and HIP skip cleanly"
-cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- check 2>&1 | tee "$target/check-no-stand-ins.log"
+"$memgov" check 2>&1 | tee "$target/check-no-stand-ins.log"
 grep -q "skipped: no CUDA driver" "$target/check-no-stand-ins.log"
 grep -Eq "skipped: no HIP (device|runtime)" "$target/check-no-stand-ins.log"
 
 step "memgov run on every backend present: device swap with verified data, JSON report"
 for b in host vulkan cuda hip; do
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend "$b" --json > "$target/run-$b.json"
+        "$memgov" run --backend "$b" --json > "$target/run-$b.json"
     python3 - "$b" "$target/run-$b.json" <<'PY'
 import json, sys
 backend, path = sys.argv[1:]

@@ -28,6 +28,10 @@
 //!
 //! The backends are every entry of `memgov::any::BACKENDS`, opened through
 //! `AnyContext`; one compiled out of this build prints why it was skipped.
+//! `MEMGOV_FAULT_MATRIX_BACKENDS=cuda` (a comma-separated list of backend
+//! names) runs the named backends only, and fails when one of them is not
+//! compiled in or cannot be opened: the suite builds one binary with every
+//! backend and runs each backend's rows in its own step.
 //!
 //! The matrix itself is library code, [`memgov_conformance::fault_matrix`],
 //! so a backend in another crate runs it too.
@@ -89,9 +93,34 @@ fn fault_matrix_every_backend_with_the_block_cache() {
     every_backend(&SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20)));
 }
 
+/// The backends `MEMGOV_FAULT_MATRIX_BACKENDS` names, or `None` (every one).
+fn selected() -> Option<Vec<String>> {
+    let list = std::env::var("MEMGOV_FAULT_MATRIX_BACKENDS").ok()?;
+    let names: Vec<String> = list
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for name in &names {
+        assert!(
+            BACKENDS.iter().any(|e| e.name == name.as_str()),
+            "MEMGOV_FAULT_MATRIX_BACKENDS names {name:?}, which is not a memgov backend \
+             (one of {:?})",
+            BACKENDS.iter().map(|e| e.name).collect::<Vec<_>>()
+        );
+    }
+    Some(names)
+}
+
 fn every_backend(options: &SuiteOptions) {
+    let only = selected();
     let mut ran = Vec::new();
     for entry in BACKENDS {
+        if let Some(only) = &only {
+            if !only.iter().any(|n| n == entry.name) {
+                continue;
+            }
+        }
         let Some(kind) = entry.kind else {
             println!(
                 "skipped: {}: {}",
@@ -108,43 +137,15 @@ fn every_backend(options: &SuiteOptions) {
             None => println!("skipped: {}: no device could be opened here", entry.name),
         }
     }
-    assert!(
-        ran.contains(&"host") && ran.contains(&"null"),
-        "the host and null backends are always present; ran {ran:?}"
-    );
-}
-
-#[cfg(feature = "hip")]
-#[test]
-fn fault_matrix_hip() {
-    use memgov::hip::{HipConfig, HipContext};
-    let factory = || -> Option<(HipContext, LeakCheck)> {
-        let ctx = match HipContext::new(HipConfig::default()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("hip unavailable: {e}");
-                return None;
-            }
-        };
-        let probe = ctx.probe();
-        Some((ctx, Box::new(move || probe.check_clean_teardown())))
-    };
-    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
-    for options in [SuiteOptions::new(), cached] {
-        match fault_matrix_with("hip", &options, factory) {
-            Some(m) => report(&m),
-            None => {
-                println!("skipped: no HIP runtime or device (see above)");
-                return;
-            }
-        }
+    match only {
+        // A backend named on purpose that did not run is a failure, not a skip.
+        Some(only) => assert!(
+            only.iter().all(|n| ran.contains(&n.as_str())),
+            "MEMGOV_FAULT_MATRIX_BACKENDS={only:?}, but only {ran:?} ran (see the lines above)"
+        ),
+        None => assert!(
+            ran.contains(&"host") && ran.contains(&"null"),
+            "the host and null backends are always present; ran {ran:?}"
+        ),
     }
-}
-
-#[cfg(not(feature = "hip"))]
-#[test]
-fn fault_matrix_hip() {
-    println!(
-        "skipped: built without the `hip` feature (cargo test --features hip --test fault_matrix)"
-    );
 }

@@ -12,13 +12,13 @@ target="$(cargo_target_dir)"
 log="$target/machine.log"
 : >"$log"
 for seed in 1 2 3; do
-    MEMGOV_MACHINE_SEED=$seed cargo test --locked --release -p memgov --test machine -- --nocapture 2>&1 | tee -a "$log"
+    MEMGOV_MACHINE_SEED=$seed release_test --test machine -- --nocapture 2>&1 | tee -a "$log"
 done
 # Liveness and books (tests/machine_liveness.rs): pid namespaces (as root;
 # each namespaced test prints "skipped: <why>" where unshare is refused), a
 # process whose main thread exited, concurrent joins with floors, a forked
 # child, consistent snapshots under charging processes.
-cargo test --locked --release -p memgov --test machine_liveness -- --nocapture 2>&1 | tee -a "$log"
+release_test --test machine_liveness -- --nocapture 2>&1 | tee -a "$log"
 n=$(grep -c "two pid namespaces: neither reclaimed the other\|skipped: .*unshare" "$log" || true)
 [ "$n" -ge 1 ] || { echo "FAILED: the pid-namespace test neither ran nor said why it skipped"; exit 1; }
 # The same processes governing CUDA contexts on the CUDA stand-in, the
@@ -28,7 +28,7 @@ standins="$(backends/stand-ins/build.sh cuda nvml rocm-smi)"
 for seed in 1 2 3; do
     MEMGOV_MACHINE_SEED=$seed MEMGOV_MACHINE_BACKEND=cuda \
         LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        cargo test --locked --release -p memgov --features cuda --test machine -- --nocapture 2>&1 | tee -a "$log"
+        release_test --test machine -- --nocapture 2>&1 | tee -a "$log"
 done
 # Every seed ran the kill test to its end with the ledger exact, on both.
 n=$(grep -c "1000 kills in .* ledger exact after each" "$log" || true)
@@ -80,5 +80,5 @@ grep -q "memgov top listed pid 4000001 (200.0 MiB) outside memgov, from NVML" "$
     { echo "FAILED: memgov top did not list the process outside memgov from NVML's stand-in"; exit 1; }
 grep -q "skipped: no libnvidia-ml.so.1" "$log" ||
     { echo "FAILED: without NVML the host runs did not say they skipped it"; exit 1; }
-cargo bench --locked -p memgov --bench machine -- --test 2>&1 | tee -a "$log"
+release_bench --bench machine -- --test 2>&1 | tee -a "$log"
 grep -q "machine ledger: .* ratio" "$log" || { echo "FAILED: the bench printed no ratio"; exit 1; }

@@ -18,6 +18,7 @@ backends/stand-ins/common/selftest.sh
 
 target="$(cargo_target_dir)"
 standins="$(backends/stand-ins/build.sh cuda)"
+memgov="$(release_memgov)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
@@ -28,7 +29,7 @@ grep -q "cuda on memgov stand-in CUDA device 0 (stand-in)" "$target/cuda-stand-i
 expect_all_passed "$target/cuda-stand-in.log" "CUDA suite on the stand-in"
 grep -q "cuda on memgov stand-in CUDA device 0 (stand-in), block cache of 64.0 MiB" "$target/cuda-stand-in.log"
 grep -q "soak: cuda: " "$target/cuda-stand-in.log"
-echo "--- CUDA arena, sleep/wake and the stand-in's VMM rules"; on_stand_in cargo test --locked -p memgov-cuda --test arena -- --nocapture 2>&1 | tee "$target/cuda-arena.log"; grep -q "child sleep_wake: ok" "$target/cuda-arena.log"; grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/cuda-arena.log"; grep -q "fault cells cuMemRelease: positions 1 to" "$target/cuda-arena.log"; for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/cuda-arena.log"; done; grep -q "child sync_during_reap: ok" "$target/cuda-arena.log"; on_stand_in cargo bench --locked -p memgov-cuda --bench arena -- --test
+echo "--- CUDA arena, sleep/wake and the stand-in's VMM rules"; on_stand_in cargo test --locked -p memgov-cuda --test arena -- --nocapture 2>&1 | tee "$target/cuda-arena.log"; grep -q "child sleep_wake: ok" "$target/cuda-arena.log"; grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/cuda-arena.log"; grep -q "fault cells cuMemRelease: positions 1 to" "$target/cuda-arena.log"; for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/cuda-arena.log"; done; grep -q "child sync_during_reap: ok" "$target/cuda-arena.log"; on_stand_in release_bench --bench arena -- --test
 grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e0000 (PCI 0000:10:00.0)" "$target/cuda-stand-in.log"
 # Releases really pend when the governor drains and tears down (children that
 # set their own latency keep it).
@@ -48,7 +49,7 @@ for latency in 0 300 300:1 300:2 300:3; do
     for cmd in "check --backend cuda" "run --backend cuda"; do
         # shellcheck disable=SC2086
         MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-            on_stand_in cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- $cmd
+            on_stand_in "$memgov" $cmd
     done
 done
 # A run that fails half-way (the weights do not fit the LLM's budget) still
@@ -57,13 +58,13 @@ done
 for latency in 0 300; do
     status=0
     MEMGOV_STANDIN_CUDA_LATENCY_US=$latency MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 \
-        on_stand_in cargo run --locked --release -p memgov-cli --features vulkan,cuda,hip -- run --backend cuda --llm-budget-mib 64 \
+        on_stand_in "$memgov" run --backend cuda --llm-budget-mib 64 \
         > "$target/cuda-failed-run.log" 2>&1 || status=$?
     cat "$target/cuda-failed-run.log"
     [ "$status" -eq 1 ] || { echo "FAILED: a failing memgov run exited $status, expected 1"; exit 1; }
     grep -q "memgov run: retired the 2 contexts the run left, every teardown clean" "$target/cuda-failed-run.log"
 done
-on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/cuda-fault-matrix.log"
+MEMGOV_FAULT_MATRIX_BACKENDS=cuda on_stand_in release_test --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/cuda-fault-matrix.log"
 # The matrix runs as is and with the block cache on in every cell.
 expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (no block cache)"
 expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (block cache of 64.0 MiB)"
@@ -72,7 +73,7 @@ expect_matrix_survived "$target/cuda-fault-matrix.log" "cuda (block cache of 64.
 for spec in 0 300 300:1; do
     seed=""; case "$spec" in *:*) seed=${spec#*:}; spec=${spec%%:*} ;; esac
     MEMGOV_STANDIN_CUDA_EXIT_CHECK=1 MEMGOV_STANDIN_CUDA_LATENCY_US=$spec MEMGOV_STANDIN_CUDA_LATENCY_SEED=$seed \
-        on_stand_in cargo test --locked --release -p memgov --features cuda --test fault_matrix -- --test-threads=1
+        MEMGOV_FAULT_MATRIX_BACKENDS=cuda on_stand_in release_test --test fault_matrix -- --test-threads=1
 done
 # The lost-teardown and last-release tests, repeated with latency on and
 # five seeds.
@@ -80,7 +81,7 @@ for i in 1 2 3 4 5; do
     MEMGOV_STANDIN_CUDA_LATENCY_US=2000 MEMGOV_STANDIN_CUDA_LATENCY_SEED=$i \
         on_stand_in cargo test --locked -p memgov-cuda --test cuda -- lost_teardown last_reference conformance_suite_alone
 done
-on_stand_in cargo bench --locked -p memgov-cli --features cuda --bench cuda_cycle -- --test
+on_stand_in release_bench --bench cuda_cycle -- --test
 
 echo "--- a libcuda lacking entry points (a pre-12.0 driver): Unavailable, not a panic"
 partial="$target/stand-ins-partial"

@@ -22,7 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
 
 target="$(cargo_target_dir)"
-memgov="$target/release/memgov"
+memgov="$(release_memgov)"
 standins="$(backends/stand-ins/build.sh hip)"
 on_stand_in() {
     LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
@@ -75,7 +75,6 @@ for seed in 1 2 3; do
 done
 
 echo "--- memgov check / run on the stand-in"
-cargo build --locked --release -p memgov-cli --features vulkan,cuda,hip
 for latency in 0 300 300:1 300:2 300:3; do
     seed=""
     case "$latency" in *:*) seed=${latency#*:}; latency=${latency%%:*} ;; esac
@@ -128,7 +127,7 @@ MEMGOV_HIP_RUNTIME=/nonexistent/libamdhip64.so.5 "$memgov" info 2>&1 | tee -a "$
 grep -q "hip      skipped: no HIP runtime" "$target/hip-absent.log"
 
 echo "--- the fault matrix on the stand-in"
-on_stand_in cargo test --locked --release -p memgov --features hip --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/hip-fault-matrix.log"
+MEMGOV_FAULT_MATRIX_BACKENDS=hip on_stand_in release_test --test fault_matrix -- --nocapture --test-threads=1 2>&1 | tee "$target/hip-fault-matrix.log"
 # The matrix runs as is and with the block cache on in every cell.
 expect_matrix_survived "$target/hip-fault-matrix.log" "hip (no block cache)"
 expect_matrix_survived "$target/hip-fault-matrix.log" "hip (block cache of 64.0 MiB)"

@@ -240,6 +240,6 @@ check removed
 echo "prometheus: every check passed against the series Prometheus stored"
 # The bench rows in smoke mode: rendering 64 processes x 8 contexts, and
 # the two-thread row beside scrapes (benches/metrics.rs).
-cargo bench --locked -p memgov --features metrics --bench metrics -- --test 2>&1 | tee "$tmp/bench.log"
+release_bench --bench metrics -- --test 2>&1 | tee "$tmp/bench.log"
 grep -q "^metrics: two threads, one context: .* scrape ratio" "$tmp/bench.log" ||
     { echo "FAILED: the metrics bench printed no scrape ratio"; exit 1; }

@@ -68,8 +68,7 @@ else
 fi
 
 echo "--- memgov with every backend, on a machine with no GPU runtime"
-cargo build --locked --release -p memgov-cli --features cuda,hip,vulkan
-bin="$target_dir/release/memgov"
+bin="$(release_memgov)"
 if ldd "$bin" | grep -Ei 'libcuda|libamdhip|libhsa|libvulkan|libnvidia'; then
     echo "FAILED: memgov links a GPU runtime at load time"; exit 1
 fi
