@@ -79,30 +79,20 @@ static int replay(const void *stream, const struct sq_graph_op *op) {
 }
 
 static const struct sq_graph_vendor CUDA_GRAPH = {
-    .lib = "libcuda",
-    .begin_capture = "cuStreamBeginCapture_v2",
-    .end_capture = "cuStreamEndCapture",
-    .launch = "cuGraphLaunch",
-    .graph_destroy = "cuGraphDestroy",
+    .lib = "libcuda", .prefix = "MEMGOV_STANDIN_CUDA",
+    .begin_capture = "cuStreamBeginCapture_v2", .end_capture = "cuStreamEndCapture",
+    .launch = "cuGraphLaunch", .graph_destroy = "cuGraphDestroy",
     .exec_destroy = "cuGraphExecDestroy",
-    .prefix = "MEMGOV_STANDIN_CUDA",
-    .success = CUDA_SUCCESS,
-    .invalid_value = CUDA_ERROR_INVALID_VALUE,
-    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY,
-    .illegal_state = CUDA_ERROR_ILLEGAL_STATE,
+    .success = CUDA_SUCCESS, .invalid_value = CUDA_ERROR_INVALID_VALUE,
+    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY, .illegal_state = CUDA_ERROR_ILLEGAL_STATE,
     .capture_unsupported = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
     .capture_invalidated = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
     .capture_wrong_thread = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
-    .mode_global = MODE_GLOBAL,
-    .mode_thread_local = MODE_THREAD_LOCAL,
-    .mode_relaxed = MODE_RELAXED,
-    .status_none = STATUS_NONE,
-    .status_active = STATUS_ACTIVE,
+    .mode_global = MODE_GLOBAL, .mode_thread_local = MODE_THREAD_LOCAL,
+    .mode_relaxed = MODE_RELAXED, .status_none = STATUS_NONE, .status_active = STATUS_ACTIVE,
     .status_invalidated = STATUS_INVALIDATED,
     .graphs_checked_at_exit = 0,
-    .sticky = cuda_standin_sticky,
-    .entry_fault = entry_fault,
-    .replay = replay,
+    .sticky = cuda_standin_sticky, .entry_fault = entry_fault, .replay = replay,
 };
 
 #include "sq_graph.c"

@@ -90,26 +90,17 @@ static struct sq_vmm_access access_of(const void *desc, size_t i) {
 }
 
 static const struct sq_vmm_vendor CUDA_VMM = {
-    .create = "cuMemCreate",
-    .release = "cuMemRelease",
-    .map = "cuMemMap",
-    .set_access = "cuMemSetAccess",
-    .unmap = "cuMemUnmap",
-    .address_free = "cuMemAddressFree",
-    .prefix = "MEMGOV_STANDIN_CUDA",
-    .memfd_name = "memgov-standin-vmm",
-    .success = CUDA_SUCCESS,
-    .invalid_value = CUDA_ERROR_INVALID_VALUE,
-    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY,
-    .invalid_device = CUDA_ERROR_INVALID_DEVICE,
-    .unmap_failure = CUDA_ERROR_UNKNOWN,
-    .release_failure = CUDA_ERROR_UNKNOWN,
+    .create = "cuMemCreate", .release = "cuMemRelease", .map = "cuMemMap",
+    .set_access = "cuMemSetAccess", .unmap = "cuMemUnmap", .address_free = "cuMemAddressFree",
+    .prefix = "MEMGOV_STANDIN_CUDA", .memfd_name = "memgov-standin-vmm",
+    .success = CUDA_SUCCESS, .invalid_value = CUDA_ERROR_INVALID_VALUE,
+    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY, .invalid_device = CUDA_ERROR_INVALID_DEVICE,
+    /* cuMemUnmap's and cuMemRelease's references list CUDA_ERROR_UNKNOWN. */
+    .unmap_failure = CUDA_ERROR_UNKNOWN, .release_failure = CUDA_ERROR_UNKNOWN,
+    /* cuMemMap: "offset - Offset into the memory represented by handle". */
     .map_offset_must_be_zero = 0,
-    .devices = cuda_standin_devices,
-    .capacity = cuda_standin_capacity,
-    .sticky = cuda_standin_sticky,
-    .entry_fault = standin_entry_fault,
-    .access_of = access_of,
+    .devices = cuda_standin_devices, .capacity = cuda_standin_capacity,
+    .sticky = cuda_standin_sticky, .entry_fault = standin_entry_fault, .access_of = access_of,
 };
 
 #include "sq_vmm.c"

@@ -59,30 +59,22 @@ static int replay(const void *stream, const struct sq_graph_op *op) {
 }
 
 static const struct sq_graph_vendor HIP_GRAPH = {
-    .lib = "libamdhip64",
-    .begin_capture = "hipStreamBeginCapture",
-    .end_capture = "hipStreamEndCapture",
-    .launch = "hipGraphLaunch",
-    .graph_destroy = "hipGraphDestroy",
+    .lib = "libamdhip64", .prefix = "MEMGOV_STANDIN_HIP",
+    .begin_capture = "hipStreamBeginCapture", .end_capture = "hipStreamEndCapture",
+    .launch = "hipGraphLaunch", .graph_destroy = "hipGraphDestroy",
     .exec_destroy = "hipGraphExecDestroy",
-    .prefix = "MEMGOV_STANDIN_HIP",
-    .success = hipSuccess,
-    .invalid_value = hipErrorInvalidValue,
-    .out_of_memory = hipErrorOutOfMemory,
-    .illegal_state = hipErrorIllegalState,
+    .success = hipSuccess, .invalid_value = hipErrorInvalidValue,
+    .out_of_memory = hipErrorOutOfMemory, .illegal_state = hipErrorIllegalState,
     .capture_unsupported = hipErrorStreamCaptureUnsupported,
     .capture_invalidated = hipErrorStreamCaptureInvalidated,
     .capture_wrong_thread = hipErrorStreamCaptureWrongThread,
-    .mode_global = hipStreamCaptureModeGlobal,
-    .mode_thread_local = hipStreamCaptureModeThreadLocal,
-    .mode_relaxed = hipStreamCaptureModeRelaxed,
-    .status_none = hipStreamCaptureStatusNone,
+    .mode_global = hipStreamCaptureModeGlobal, .mode_thread_local = hipStreamCaptureModeThreadLocal,
+    .mode_relaxed = hipStreamCaptureModeRelaxed, .status_none = hipStreamCaptureStatusNone,
     .status_active = hipStreamCaptureStatusActive,
     .status_invalidated = hipStreamCaptureStatusInvalidated,
+    /* The stand-in's own strictness (ROCm's documentation says nothing). */
     .graphs_checked_at_exit = 1,
-    .sticky = sq_knobs_sticky,
-    .entry_fault = entry_fault,
-    .replay = replay,
+    .sticky = sq_knobs_sticky, .entry_fault = entry_fault, .replay = replay,
 };
 
 #include "sq_graph.c"

@@ -69,26 +69,17 @@ _Static_assert(hipMemAllocationGranularityMinimum == 0 &&
                "hipMemAllocationGranularity_flags numbered as sq_vmm.c reads them");
 
 static const struct sq_vmm_vendor HIP_VMM = {
-    .create = "hipMemCreate",
-    .release = "hipMemRelease",
-    .map = "hipMemMap",
-    .set_access = "hipMemSetAccess",
-    .unmap = "hipMemUnmap",
-    .address_free = "hipMemAddressFree",
-    .prefix = "MEMGOV_STANDIN_HIP",
-    .memfd_name = "memgov-standin-hip-vmm",
-    .success = hipSuccess,
-    .invalid_value = hipErrorInvalidValue,
-    .out_of_memory = hipErrorOutOfMemory,
-    .invalid_device = hipErrorInvalidDevice,
-    .unmap_failure = hipErrorInvalidValue,
-    .release_failure = hipErrorInvalidValue,
+    .create = "hipMemCreate", .release = "hipMemRelease", .map = "hipMemMap",
+    .set_access = "hipMemSetAccess", .unmap = "hipMemUnmap", .address_free = "hipMemAddressFree",
+    .prefix = "MEMGOV_STANDIN_HIP", .memfd_name = "memgov-standin-hip-vmm",
+    .success = hipSuccess, .invalid_value = hipErrorInvalidValue,
+    .out_of_memory = hipErrorOutOfMemory, .invalid_device = hipErrorInvalidDevice,
+    /* hipMemUnmap's and hipMemRelease's references list hipErrorInvalidValue. */
+    .unmap_failure = hipErrorInvalidValue, .release_failure = hipErrorInvalidValue,
+    /* hipMemMap: "offset - offset into the memory, currently must be zero". */
     .map_offset_must_be_zero = 1,
-    .devices = hip_standin_devices,
-    .capacity = hip_standin_capacity,
-    .sticky = sq_knobs_sticky,
-    .entry_fault = hip_standin_entry_fault,
-    .access_of = access_of,
+    .devices = hip_standin_devices, .capacity = hip_standin_capacity,
+    .sticky = sq_knobs_sticky, .entry_fault = hip_standin_entry_fault, .access_of = access_of,
 };
 
 #include "sq_vmm.c"
