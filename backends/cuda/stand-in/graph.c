@@ -97,12 +97,7 @@ static const struct sq_graph_vendor CUDA_GRAPH = {
 
 #include "sq_graph.c"
 
-#define ENTER(fn)                                                  \
-    do {                                                           \
-        int e_ = cuda_standin_enter(fn);                           \
-        if (e_ > 0) return CUDA_ERROR_ILLEGAL_ADDRESS;             \
-        if (e_ < 0) return CUDA_ERROR_NOT_INITIALIZED;             \
-    } while (0)
+#define ENTER(fn) CUDA_STANDIN_CALL(fn)
 
 #define CHECK_STREAM(s, fn)                                        \
     do {                                                           \

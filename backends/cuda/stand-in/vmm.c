@@ -133,12 +133,7 @@ __attribute__((visibility("default"))) void memgov_standin_cuda_resume_entry(voi
     sq_entry_resume();
 }
 
-#define VMM_ENTER(fn)                                           \
-    do {                                                        \
-        int e_ = cuda_standin_enter(fn);                        \
-        if (e_ < 0) return CUDA_ERROR_NOT_INITIALIZED;          \
-        if (e_ > 0) return CUDA_ERROR_ILLEGAL_ADDRESS;          \
-    } while (0)
+#define VMM_ENTER(fn) CUDA_STANDIN_CALL(fn)
 
 /* A potentially unsafe call while a capture is under way (graph.c). */
 #define UNSAFE_DURING_CAPTURE(fn, alloc)                                     \

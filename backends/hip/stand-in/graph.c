@@ -84,15 +84,7 @@ static const struct sq_graph_vendor HIP_GRAPH = {
 static struct sq_graph *graph_of(hipGraph_t g) { return (struct sq_graph *)(void *)g; }
 static struct sq_graph_exec *exec_of(hipGraphExec_t e) { return (struct sq_graph_exec *)(void *)e; }
 
-static void leave_call(int *unused) {
-    (void)unused;
-    hip_standin_leave();
-}
-
-#define GRAPH_ENTER(fn)                                                             \
-    __attribute__((cleanup(leave_call))) int in_call_ = 0;                          \
-    (void)in_call_;                                                                 \
-    if (hip_standin_enter(fn)) return hipErrorIllegalAddress
+#define GRAPH_ENTER(fn) HIP_STANDIN_CALL(fn)
 
 /* Counters: {captures begun, captures invalidated, runtime allocations made
  * while a capture was under way, graph launches}. */

@@ -108,17 +108,7 @@ int memgov_standin_hip_entry_paused(void) { return sq_entry_paused(); }
 void memgov_standin_hip_resume_entry(void);
 void memgov_standin_hip_resume_entry(void) { sq_entry_resume(); }
 
-static void leave_call(int *unused) {
-    (void)unused;
-    hip_standin_leave();
-}
-
-/* Declares the HIP call in flight until the enclosing function returns; a
- * sticky device answers hipErrorIllegalAddress. */
-#define VMM_ENTER(fn)                                                               \
-    __attribute__((cleanup(leave_call))) int in_call_ = 0;                          \
-    (void)in_call_;                                                                 \
-    if (hip_standin_enter(fn)) return hipErrorIllegalAddress
+#define VMM_ENTER(fn) HIP_STANDIN_CALL(fn)
 
 /* A potentially unsafe call while a capture is under way (graph.c). */
 #define UNSAFE_DURING_CAPTURE(fn, alloc)                                        \
