@@ -111,17 +111,7 @@ static int layout(void) {
 
 /* Whether MEMGOV_STANDIN_NVML_HOSTILE lists `what`. */
 static int hostile(const char *what) {
-    const char *v = getenv("MEMGOV_STANDIN_NVML_HOSTILE");
-    if (v == NULL) return 0;
-    size_t n = strlen(what);
-    for (const char *p = v; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, what, n) == 0) return 1;
-        if (end == NULL) break;
-        p = end + 1;
-    }
-    return 0;
+    return sq_env_lists("MEMGOV_STANDIN_NVML_HOSTILE", what);
 }
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;

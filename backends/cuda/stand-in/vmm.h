@@ -16,6 +16,15 @@
  * function; the sticky error knob counts it). Returns 1 when the device is
  * in the sticky error state, -1 before cuInit, else 0. */
 int cuda_standin_enter(const char *fn);
+/* vmm.c and graph.c: the entry of driver call `fn` (cuda_standin_enter):
+ * CUDA_ERROR_NOT_INITIALIZED before cuInit, CUDA_ERROR_ILLEGAL_ADDRESS on a
+ * sticky device (the file defines both names). */
+#define CUDA_STANDIN_CALL(fn)                                   \
+    do {                                                        \
+        int e_ = cuda_standin_enter(fn);                        \
+        if (e_ < 0) return CUDA_ERROR_NOT_INITIALIZED;          \
+        if (e_ > 0) return CUDA_ERROR_ILLEGAL_ADDRESS;          \
+    } while (0)
 /* libcuda.c: the number of devices, and the bytes of device memory the
  * stand-in may hand out (its size, or the OOM knob when lower). */
 int cuda_standin_devices(void);

@@ -108,17 +108,7 @@ rsmi_status_t rsmi_dev_pci_id_get(uint32_t dv_ind, uint64_t *bdfid) {
 
 /* Whether MEMGOV_STANDIN_ROCM_SMI_HOSTILE lists `what`. */
 static int hostile(const char *what) {
-    const char *v = getenv("MEMGOV_STANDIN_ROCM_SMI_HOSTILE");
-    if (v == NULL) return 0;
-    size_t n = strlen(what);
-    for (const char *p = v; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, what, n) == 0) return 1;
-        if (end == NULL) break;
-        p = end + 1;
-    }
-    return 0;
+    return sq_env_lists("MEMGOV_STANDIN_ROCM_SMI_HOSTILE", what);
 }
 
 struct line { int dev; uint32_t pid; uint64_t bytes; };

@@ -17,6 +17,18 @@
  * knob ticked; returns 1 when the device is sticky) and its exit. */
 int hip_standin_enter(const char *fn);
 void hip_standin_leave(void);
+
+/* vmm.c and graph.c: declares the HIP call `fn` in flight until the
+ * enclosing function returns (hip_standin_enter, hip_standin_leave); a
+ * sticky device answers hipErrorIllegalAddress. */
+static inline void hip_standin_leave_scope(int *unused) {
+    (void)unused;
+    hip_standin_leave();
+}
+#define HIP_STANDIN_CALL(fn)                                                        \
+    __attribute__((cleanup(hip_standin_leave_scope))) int in_call_ = 0;             \
+    (void)in_call_;                                                                 \
+    if (hip_standin_enter(fn)) return hipErrorIllegalAddress
 /* libamdhip64.c: the number of devices, the calling thread's current one,
  * and the bytes of device memory the stand-in may hand out. */
 int hip_standin_devices(void);

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds common/selftest.c against common/standin.c and runs every case:
 # the passing ones must print "ok", the planted violations must abort with
-# "contract violation". Exits non-zero on the first case that does not.
+# "contract violation". Then builds the CUDA and HIP stand-ins and runs
+# common/differences.c on each: the documented differences their tables
+# give the shared virtual memory imitation (common/sq_vmm.c). Exits
+# non-zero on the first case that does not pass.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -31,3 +34,21 @@ for c in unordered-free early-event event-after-destroy host-free-during-copy se
     esac
 done
 echo "stand-in common self-test: 10 cases passed" >&2
+
+# The vendors' documented differences, on the built stand-ins.
+hip_header="${HIP_PATH:-/usr}/include/hip/hip_runtime_api.h"
+with_hip=()
+[ -f "$hip_header" ] && with_hip=(-DWITH_HIP "-I${HIP_PATH:-/usr}/include")
+"${CC:-cc}" -std=gnu11 -Wall -Wextra -Werror -O2 -g "${with_hip[@]}" \
+    -o "$out/differences" "$here/differences.c" -ldl
+libs="$(MEMGOV_STANDIN_DIR="$out" "$here/../build.sh" cuda)"
+got="$("$out/differences" cuda "$libs/libcuda.so.1")"
+[ "$got" = ok ] || { echo "stand-in differences cuda: expected ok, got '$got'" >&2; exit 1; }
+if [ ${#with_hip[@]} -eq 0 ]; then
+    echo "skipped: the HIP stand-in's differences: $hip_header not found (install libamdhip64-dev or set HIP_PATH)" >&2
+else
+    libs="$(MEMGOV_STANDIN_DIR="$out" "$here/../build.sh" hip)"
+    got="$("$out/differences" hip "$libs/libamdhip64.so.5")"
+    [ "$got" = ok ] || { echo "stand-in differences hip: expected ok, got '$got'" >&2; exit 1; }
+fi
+echo "stand-in vendor differences: passed" >&2

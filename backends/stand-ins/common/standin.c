@@ -71,6 +71,20 @@ uint64_t sq_env_u64(const char *name, uint64_t dflt) {
     return (uint64_t)n;
 }
 
+int sq_env_lists(const char *name, const char *item) {
+    const char *v = getenv(name);
+    if (v == NULL) return 0;
+    size_t n = strlen(item);
+    for (const char *p = v; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, item, n) == 0) return 1;
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 static pthread_mutex_t g_entry_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_fail_entry[64];
 static uint64_t g_fail_entry_at, g_entry_calls;

@@ -80,6 +80,10 @@ struct sq_knobs {
  * when it is unset or empty. A malformed value is a contract violation. */
 uint64_t sq_env_u64(const char *name, uint64_t dflt);
 
+/* Whether the environment variable `name`, a comma-separated list, names
+ * `item` (a whole entry; unset or empty: no). */
+int sq_env_lists(const char *name, const char *item);
+
 /* The entry-point fault knob: the environment variable `env` set to
  * "<entry point>:<N>" makes the Nth call of that entry point (counted by
  * sq_entry_fault, per process) fail. sq_entry_fault(env, fn) counts a call
