@@ -187,7 +187,13 @@ pub fn render_snapshot(snap: &GovernorSnapshot, process: &str, pid: u32) -> Stri
         "Errors the backend returned to the governor",
         None,
     );
+    let process_limit = p.gauge(
+        "memgov_process_budget_limit",
+        "The limit of the process level above the contexts' device budgets (absent: unlimited); limit_from names the variable the cluster set it with, or program",
+        Some(Unit::Bytes),
+    );
     let mut seen: Vec<String> = Vec::with_capacity(snap.contexts.len());
+    let mut levels: Vec<&crate::ProcessLimit> = Vec::new();
     let pid = pid.to_string();
     for (i, c) in snap.contexts.iter().enumerate() {
         let mut name = if c.label.is_empty() {
@@ -228,6 +234,22 @@ pub fn render_snapshot(snap: &GovernorSnapshot, process: &str, pid: u32) -> Stri
         count(&waits, &labels, c.counters.admission_waits);
         count(&pressure, &labels, c.counters.pressure_calls);
         count(&backend_errors, &labels, c.counters.backend_errors);
+        if let Some(level) = c.process_limit.as_ref() {
+            if level.limit != u64::MAX && !levels.contains(&level) {
+                levels.push(level);
+                let from = match &level.from {
+                    crate::LimitSource::Program => "program".to_owned(),
+                    crate::LimitSource::Granted(v) => v.clone(),
+                };
+                let labels: Labels = vec![
+                    ("process", process.to_owned()),
+                    ("pid", pid.clone()),
+                    ("budget", level.label.clone()),
+                    ("limit_from", from),
+                ];
+                set(&process_limit, &labels, level.limit);
+            }
+        }
     }
     p.text()
 }

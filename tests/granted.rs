@@ -422,6 +422,72 @@ fn a_grant_is_the_process_level_and_refusals_name_it() {
     assert_eq!(ProcessBudget::new("plain", M).limit_from(), None);
 }
 
+/// A context's snapshot says where its process level's limit came from:
+/// the variable the cluster set, or the program; in its JSON too.
+#[test]
+fn the_snapshot_names_where_the_process_limit_came_from() {
+    use memgov::{LimitSource, ProcessLimit};
+    let grant = read(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "3m")], 0, Some(16 * M))
+        .unwrap()
+        .unwrap();
+    let gov = Governor::new();
+    let snap_of = |shared: Option<SharedBudget>| {
+        let mut config = ContextConfig::new();
+        if let Some(s) = shared {
+            config = config.shared_budget(s);
+        }
+        let ctx = gov.register(HostContext::new(HostConfig::default()).unwrap(), config);
+        ctx.snapshot()
+    };
+    let granted = ProcessBudget::granted("worker", u64::MAX, &grant);
+    let snap = snap_of(Some(SharedBudget::with_parent("gpu0", 8 * M, &granted)));
+    assert_eq!(
+        snap.process_limit,
+        Some(ProcessLimit {
+            label: "worker".into(),
+            limit: 3 * M,
+            from: LimitSource::Granted("CUDA_DEVICE_MEMORY_LIMIT_0".into()),
+        })
+    );
+    assert_eq!(
+        snap.process_limit.as_ref().unwrap().from.to_string(),
+        "CUDA_DEVICE_MEMORY_LIMIT_0"
+    );
+    let program = ProcessBudget::new("trainer", 5 * M);
+    let snap = snap_of(Some(SharedBudget::with_parent("gpu0", 8 * M, &program)));
+    let limit = snap.process_limit.clone().unwrap();
+    assert_eq!(
+        (limit.label.as_str(), limit.limit, &limit.from),
+        ("trainer", 5 * M, &LimitSource::Program)
+    );
+    assert_eq!(limit.from.to_string(), "set by the program");
+    #[cfg(feature = "serde")]
+    {
+        let v = serde_json::to_value(&snap).unwrap();
+        assert_eq!(
+            v["process_limit"],
+            serde_json::json!({"label": "trainer", "limit": 5 * M, "from": {"kind": "program"}})
+        );
+        let v = serde_json::to_value(&snap_of(Some(SharedBudget::with_parent(
+            "gpu0",
+            8 * M,
+            &granted,
+        ))))
+        .unwrap();
+        assert_eq!(
+            v["process_limit"]["from"],
+            serde_json::json!({"kind": "granted", "variable": "CUDA_DEVICE_MEMORY_LIMIT_0"})
+        );
+    }
+    // A shared budget with no process level above, or none at all: no
+    // process limit.
+    assert_eq!(
+        snap_of(Some(SharedBudget::new("alone", 8 * M))).process_limit,
+        None
+    );
+    assert_eq!(snap_of(None).process_limit, None);
+}
+
 #[cfg(target_os = "linux")]
 mod machine {
     use super::*;
