@@ -189,7 +189,12 @@ impl<C: DeviceContext> Governor<C> {
         GovernorSnapshot {
             contexts: contexts
                 .iter()
-                .map(|c| view::snapshot_with(c, false))
+                .enumerate()
+                .map(|(_i, c)| {
+                    #[cfg(all(test, feature = "metrics"))]
+                    crate::metrics::between_contexts(_i);
+                    view::snapshot_with(c, false)
+                })
                 .collect(),
         }
     }
