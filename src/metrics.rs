@@ -482,20 +482,24 @@ pub fn textfile(page: &str) -> String {
     out
 }
 
+/// What a test runs at the scrape's pause point.
+#[cfg(test)]
+type PauseHook = Box<dyn FnMut(&str)>;
+
 #[cfg(test)]
 thread_local! {
     /// Called by a scrape on this thread before each context's snapshot,
-    /// with the context's index: a test holds the scrape there.
-    static BETWEEN_CONTEXTS: std::cell::RefCell<Option<Box<dyn FnMut(usize)>>> =
+    /// with the context's label: a test holds the scrape there.
+    static BEFORE_CONTEXT: std::cell::RefCell<Option<PauseHook>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// The scrape's pause point (tests only): see [`BETWEEN_CONTEXTS`].
+/// The scrape's pause point (tests only): see [`BEFORE_CONTEXT`].
 #[cfg(test)]
-pub(crate) fn between_contexts(i: usize) {
-    BETWEEN_CONTEXTS.with(|h| {
+pub(crate) fn before_context(label: &str) {
+    BEFORE_CONTEXT.with(|h| {
         if let Some(f) = h.borrow_mut().as_mut() {
-            f(i);
+            f(label);
         }
     });
 }
@@ -551,9 +555,9 @@ mod tests {
             let gov = &gov;
             let (hold, go) = (Arc::clone(&held), Arc::clone(&resume));
             let scrape = sc.spawn(move || {
-                super::BETWEEN_CONTEXTS.with(|h| {
-                    *h.borrow_mut() = Some(Box::new(move |i| {
-                        if i == 1 {
+                super::BEFORE_CONTEXT.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move |label| {
+                        if label == "second" {
                             hold.wait();
                             go.wait();
                         }

@@ -468,7 +468,7 @@ fn the_snapshot_names_where_the_process_limit_came_from() {
             v["process_limit"],
             serde_json::json!({"label": "trainer", "limit": 5 * M, "from": {"kind": "program"}})
         );
-        let v = serde_json::to_value(&snap_of(Some(SharedBudget::with_parent(
+        let v = serde_json::to_value(snap_of(Some(SharedBudget::with_parent(
             "gpu0",
             8 * M,
             &granted,
@@ -736,6 +736,15 @@ mod from_env {
         line
     }
 
+    /// A case: its name, what the child does, the variables set, and what
+    /// is expected.
+    type Case<T> = (
+        &'static str,
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        T,
+    );
+
     /// A membership's limit when it has none.
     const NONE: u64 = u64::MAX;
 
@@ -748,7 +757,7 @@ mod from_env {
     /// wins; a grant above the ledger is capped to it.
     #[test]
     fn join_takes_the_grant_from_the_environment() {
-        let cases: &[(&str, &str, &[(&str, &str)], String)] = &[
+        let cases: &[Case<String>] = &[
             ("none", "join", &[], ok(NONE, None)),
             (
                 "hami-indexed",
@@ -842,7 +851,7 @@ mod from_env {
     /// device, and a grant above the device's memory.
     #[test]
     fn a_bad_value_fails_the_join_naming_the_variable() {
-        let cases: &[(&str, &str, &[(&str, &str)], &[&str])] = &[
+        let cases: &[Case<&[&str]>] = &[
             (
                 "bad-unit",
                 "join device=0",

@@ -189,10 +189,9 @@ impl<C: DeviceContext> Governor<C> {
         GovernorSnapshot {
             contexts: contexts
                 .iter()
-                .enumerate()
-                .map(|(_i, c)| {
+                .map(|c| {
                     #[cfg(all(test, feature = "metrics"))]
-                    crate::metrics::between_contexts(_i);
+                    crate::metrics::before_context(c.label());
                     view::snapshot_with(c, false)
                 })
                 .collect(),

@@ -212,7 +212,7 @@ pub enum MachineError {
         /// The process's name.
         name: String,
         /// What is wrong with the variable (it names it).
-        source: crate::granted::GrantedLimitError,
+        source: Box<crate::granted::GrantedLimitError>,
     },
     /// The floors of the processes on the ledger would exceed its limit.
     #[error("machine ledger '{ledger}': a floor of {} for '{name}' with {} guaranteed to others exceeds the limit {}; lower a floor or raise the limit", Bytes(*asked), Bytes(*others), Bytes(*limit))]
@@ -767,7 +767,7 @@ impl MachineLedger {
             .map_err(|source| MachineError::Granted {
                 ledger: self.key().to_owned(),
                 name: opts.name.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let limit = self.limit();
         if opts.limit > limit {
