@@ -24,8 +24,9 @@
 //!
 //! Instruction counts, where the wall clock is too noisy (a loaded
 //! machine): `MEMGOV_METRICS_CALLGRIND=alone|scraping|copies` runs the
-//! two-thread row once (2 x 20000 cycles), alone or beside the third
-//! thread, and exits; under `valgrind --tool=callgrind
+//! two-thread row once (2 x 20000 cycles, or 2 x
+//! `MEMGOV_METRICS_CALLGRIND_CYCLES`), alone or beside the third thread,
+//! and exits; under `valgrind --tool=callgrind
 //! --toggle-collect='*linux::run'` the count is the allocation path's
 //! alone, whatever the third thread does:
 //!
@@ -198,17 +199,21 @@ mod linux {
             let snap = gov.snapshot();
             let live = || scrape(&ledger, &gov, 1);
             let copy = || scrape_copy(&figures, &snap);
-            const CYCLES: u64 = 20_000;
+            let cycles: u64 =
+                std::env::var("MEMGOV_METRICS_CALLGRIND_CYCLES").map_or(20_000, |v| {
+                    v.parse()
+                        .expect("MEMGOV_METRICS_CALLGRIND_CYCLES: a number")
+                });
             let scrapes = match mode.as_str() {
                 "alone" => {
-                    two_threads(ctx, &streams, CYCLES);
+                    two_threads(ctx, &streams, cycles);
                     0
                 }
-                "scraping" => with_beside(ctx, &streams, CYCLES, &live).1,
-                "copies" => with_beside(ctx, &streams, CYCLES, &copy).1,
+                "scraping" => with_beside(ctx, &streams, cycles, &live).1,
+                "copies" => with_beside(ctx, &streams, cycles, &copy).1,
                 other => panic!("MEMGOV_METRICS_CALLGRIND={other}: give alone, scraping or copies"),
             };
-            println!("metrics callgrind {mode}: 2 x {CYCLES} cycles, {scrapes} pages beside");
+            println!("metrics callgrind {mode}: 2 x {cycles} cycles, {scrapes} pages beside");
             drop((held, streams, ctxs, gov, others, ledger));
             let _ = std::fs::remove_dir_all(&dir);
             return;
