@@ -18,6 +18,25 @@
 //!   the two either way: the live-against-copy ratio is the scrape's own
 //!   effect.
 //!
+//! The criterion rows time the pages, and the two-thread row alone, beside
+//! a thread scraping and beside a thread rendering copies (each a row of
+//! its own, in the same run).
+//!
+//! Instruction counts, where the wall clock is too noisy (a loaded
+//! machine): `MEMGOV_METRICS_CALLGRIND=alone|scraping|copies` runs the
+//! two-thread row once (2 x 20000 cycles, or 2 x
+//! `MEMGOV_METRICS_CALLGRIND_CYCLES`), alone or beside the third thread,
+//! and exits; under `valgrind --tool=callgrind
+//! --toggle-collect='*linux::run'` the count is the allocation path's
+//! alone, whatever the third thread does:
+//!
+//! ```text
+//! for m in alone scraping copies; do
+//!   MEMGOV_METRICS_CALLGRIND=$m valgrind --tool=callgrind --toggle-collect='*linux::run' \
+//!     --callgrind-out-file=cg.$m target/release/deps/metrics-<hash> --bench
+//! done
+//! ```
+//!
 //! Smoke run (CI): `cargo bench --bench metrics --features metrics -- --test`.
 
 #[cfg(target_os = "linux")]
@@ -38,6 +57,10 @@ mod linux {
     const PROCESSES: usize = 64;
     const CONTEXTS: usize = 8;
 
+    /// The allocation path: `n` cycles of one stream. Never inlined, so that
+    /// callgrind can count the instructions in it alone
+    /// (`--toggle-collect='*linux::run'`).
+    #[inline(never)]
     fn run(ctx: &ContextHandle<NullContext>, stream: &GovernedStream<NullContext>, n: u64) {
         for _ in 0..n {
             drop(black_box(ctx.allocate(
@@ -168,6 +191,34 @@ mod linux {
             ctx.create_stream("b").unwrap(),
         ];
 
+        // Under callgrind: one two-thread row, alone or beside a thread
+        // scraping or rendering copies, and nothing else (see the module's
+        // docs).
+        if let Ok(mode) = std::env::var("MEMGOV_METRICS_CALLGRIND") {
+            let figures = [LedgerFigures::read(&ledger)];
+            let snap = gov.snapshot();
+            let live = || scrape(&ledger, &gov, 1);
+            let copy = || scrape_copy(&figures, &snap);
+            let cycles: u64 =
+                std::env::var("MEMGOV_METRICS_CALLGRIND_CYCLES").map_or(20_000, |v| {
+                    v.parse()
+                        .expect("MEMGOV_METRICS_CALLGRIND_CYCLES: a number")
+                });
+            let scrapes = match mode.as_str() {
+                "alone" => {
+                    two_threads(ctx, &streams, cycles);
+                    0
+                }
+                "scraping" => with_beside(ctx, &streams, cycles, &live).1,
+                "copies" => with_beside(ctx, &streams, cycles, &copy).1,
+                other => panic!("MEMGOV_METRICS_CALLGRIND={other}: give alone, scraping or copies"),
+            };
+            println!("metrics callgrind {mode}: 2 x {cycles} cycles, {scrapes} pages beside");
+            drop((held, streams, ctxs, gov, others, ledger));
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+
         // The two-thread row alone, beside live scrapes, beside renders of
         // copies; interleaved batches, the median of each.
         const N: u64 = 20_000;
@@ -208,6 +259,12 @@ mod linux {
         );
         g.bench_function("two threads, one context, no scrapes", |b| {
             b.iter_custom(|n| two_threads(ctx, &streams, n))
+        });
+        g.bench_function("two threads, one context, a thread scraping", |b| {
+            b.iter_custom(|n| with_beside(ctx, &streams, n, &live).0)
+        });
+        g.bench_function("two threads, one context, a thread rendering copies", |b| {
+            b.iter_custom(|n| with_beside(ctx, &streams, n, &copy).0)
         });
         g.finish();
         drop((held, streams, ctxs, gov, others, ledger));

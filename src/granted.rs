@@ -1,8 +1,14 @@
 //! Budgets the cluster granted: the device-memory limit a container was
 //! given, read where the scheduler or the sharing layer puts it, so that it
-//! becomes the process level of the budget tree
-//! ([`ProcessBudget::granted`](crate::ProcessBudget::granted),
-//! [`JoinOptions::granted`](crate::machine::JoinOptions::granted)).
+//! becomes the process level of the budget tree. A machine ledger's
+//! [`join`](crate::machine::MachineLedger::join) reads it by default
+//! (for the device given with
+//! [`JoinOptions::device`](crate::machine::JoinOptions::device); off with
+//! [`JoinOptions::ignore_granted_env`](crate::machine::JoinOptions::ignore_granted_env)),
+//! as does [`ProcessBudget::from_env`](crate::ProcessBudget::from_env)
+//! without a ledger; [`ProcessBudget::granted`](crate::ProcessBudget::granted)
+//! and [`JoinOptions::granted`](crate::machine::JoinOptions::granted) take
+//! a grant read here by the program.
 //!
 //! | variable | set by | format |
 //! |---|---|---|
@@ -48,20 +54,25 @@
 //! ordinal it opens; memgov cannot tell the two orders apart.
 //!
 //! ```no_run
-//! use memgov::granted::granted_limit_from_env;
 //! use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
 //! use memgov::{ProcessBudget, SharedBudget};
 //! # fn open(ordinal: u32, total: u64, identity: &memgov::DeviceIdentity) -> Result<(), Box<dyn std::error::Error>> {
-//! // The CUDA ordinal this process opens, and the device's total memory.
-//! let grant = granted_limit_from_env(ordinal, Some(total))?;
 //! let ledger = MachineLedger::open(&LedgerOptions::for_device(identity, total))?;
-//! let mut join = JoinOptions::new("llm-server");
-//! if let Some(g) = &grant {
-//!     join = join.granted(g);
-//! }
-//! let process = ProcessBudget::with_machine("llm-server", total, ledger.join(join)?);
+//! // The join reads the grant for the CUDA ordinal this process opens, and
+//! // fails naming the variable when one does not read.
+//! let me = ledger.join(JoinOptions::new("llm-server").device(ordinal).device_total(total))?;
+//! // The process level takes the grant; `limit_from` names its variable.
+//! let process = ProcessBudget::with_machine("llm-server", total, me);
 //! let gpu0 = SharedBudget::with_parent("gpu0", total, &process);
 //! # let _ = gpu0; Ok(()) }
+//! ```
+//!
+//! Without a machine ledger:
+//!
+//! ```no_run
+//! # fn open(ordinal: u32, total: u64) -> Result<(), memgov::granted::GrantedLimitError> {
+//! let process = memgov::ProcessBudget::from_env("llm-server", total, Some(ordinal), Some(total))?;
+//! # let _ = process; Ok(()) }
 //! ```
 
 use crate::Bytes;
@@ -188,6 +199,15 @@ pub enum GrantedLimitError {
     NotUnicode {
         /// The variable.
         variable: String,
+    },
+    /// The variable grants a limit per device, and the process did not say
+    /// which device it opens.
+    #[error("{variable}={value:?} grants a limit per device, and this process did not say which device it opens: give the CUDA ordinal it opens (JoinOptions::device, ProcessBudget::from_env's device), or join with JoinOptions::ignore_granted_env() to take no grant")]
+    DeviceNotGiven {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
     },
 }
 
@@ -418,18 +438,99 @@ pub fn granted_limit_from_env(
     device: u32,
     device_total: Option<u64>,
 ) -> Result<Option<GrantedLimit>, GrantedLimitError> {
-    let bad = std::cell::RefCell::new(None);
-    let found = granted_limit(device, device_total, |name| {
-        match std::env::var_os(name)?.into_string() {
-            Ok(v) => Some(v),
-            Err(_) => {
-                bad.borrow_mut().get_or_insert_with(|| name.to_owned());
-                None
-            }
+    with_process_env(|env| granted_limit(device, device_total, env))
+}
+
+/// The limit the cluster granted this process on a device it did not
+/// name, read through `env` as [`granted_limit`] reads it: only a limit for
+/// every device counts (`MEMGOV_DEVICE_LIMIT=<size>`,
+/// `CUDA_DEVICE_MEMORY_LIMIT`), and a variable that grants limits per
+/// device is an error ([`GrantedLimitError::DeviceNotGiven`]) rather than
+/// read for a device guessed. `indexed` lists the `CUDA_DEVICE_MEMORY_LIMIT_<i>`
+/// variables set (their names). The device in the result is 0 (the limit
+/// holds on every device).
+///
+/// What [`MachineLedger::join`](crate::machine::MachineLedger::join) reads
+/// when [`JoinOptions::device`](crate::machine::JoinOptions::device) was
+/// not given.
+pub fn granted_limit_any_device(
+    device_total: Option<u64>,
+    indexed: &[String],
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<GrantedLimit>, GrantedLimitError> {
+    let read = |name: &str| env(name).filter(|v| !v.is_empty());
+    let per_device = |variable: &str, value: String| GrantedLimitError::DeviceNotGiven {
+        variable: variable.to_owned(),
+        value,
+    };
+    // Every variable is checked before any limit is taken, as for a
+    // device named.
+    if let Some(v) = read(MEMGOV_DEVICE_LIMIT).filter(|v| v.contains('=')) {
+        // Still parsed, so that a list that does not parse says so.
+        parse_list(MEMGOV_DEVICE_LIMIT, &v, Format::Memgov, 0)?;
+        return Err(per_device(MEMGOV_DEVICE_LIMIT, v));
+    }
+    let mut indexed: Vec<&String> = indexed.iter().collect();
+    indexed.sort();
+    for name in indexed {
+        if let Some(v) = read(name) {
+            parse_size(name, &v, &v, Format::Hami)?;
+            return Err(per_device(name, v));
         }
-    });
+    }
+    if let Some(v) = read(MPS_PINNED_DEVICE_MEM_LIMIT) {
+        parse_list(MPS_PINNED_DEVICE_MEM_LIMIT, &v, Format::Mps, 0)?;
+        return Err(per_device(MPS_PINNED_DEVICE_MEM_LIMIT, v));
+    }
+    // What is left gives every device the same limit: device 0 reads it.
+    granted_limit(0, device_total, env)
+}
+
+/// [`granted_limit_any_device`] on this process's environment.
+pub fn granted_limit_from_env_any_device(
+    device_total: Option<u64>,
+) -> Result<Option<GrantedLimit>, GrantedLimitError> {
+    let prefix = format!("{HAMI_DEVICE_MEMORY_LIMIT}_");
+    let indexed: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| {
+            k.strip_prefix(&prefix)
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    with_process_env(|env| granted_limit_any_device(device_total, &indexed, env))
+}
+
+/// Run `read` on this process's environment; a variable it asks for whose
+/// value is not UTF-8 is an error naming it.
+fn with_process_env(
+    read: impl FnOnce(
+        &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<GrantedLimit>, GrantedLimitError>,
+) -> Result<Option<GrantedLimit>, GrantedLimitError> {
+    let bad = std::cell::RefCell::new(None);
+    let env = |name: &str| match std::env::var_os(name)?.into_string() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            bad.borrow_mut().get_or_insert_with(|| name.to_owned());
+            None
+        }
+    };
+    let found = read(&env);
     match bad.into_inner() {
         Some(variable) => Err(GrantedLimitError::NotUnicode { variable }),
         None => found,
+    }
+}
+
+/// Where a process reads its grant from: the device it opens, when it
+/// said, and that device's memory, when known.
+pub(crate) fn read_grant(
+    device: Option<u32>,
+    device_total: Option<u64>,
+) -> Result<Option<GrantedLimit>, GrantedLimitError> {
+    match device {
+        Some(d) => granted_limit_from_env(d, device_total),
+        None => granted_limit_from_env_any_device(device_total),
     }
 }

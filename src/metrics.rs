@@ -187,7 +187,13 @@ pub fn render_snapshot(snap: &GovernorSnapshot, process: &str, pid: u32) -> Stri
         "Errors the backend returned to the governor",
         None,
     );
+    let process_limit = p.gauge(
+        "memgov_process_budget_limit",
+        "The limit of the process level above the contexts' device budgets (absent: unlimited); limit_from names the variable the cluster set it with, or program",
+        Some(Unit::Bytes),
+    );
     let mut seen: Vec<String> = Vec::with_capacity(snap.contexts.len());
+    let mut levels: Vec<&crate::ProcessLimit> = Vec::new();
     let pid = pid.to_string();
     for (i, c) in snap.contexts.iter().enumerate() {
         let mut name = if c.label.is_empty() {
@@ -228,6 +234,22 @@ pub fn render_snapshot(snap: &GovernorSnapshot, process: &str, pid: u32) -> Stri
         count(&waits, &labels, c.counters.admission_waits);
         count(&pressure, &labels, c.counters.pressure_calls);
         count(&backend_errors, &labels, c.counters.backend_errors);
+        if let Some(level) = c.process_limit.as_ref() {
+            if level.limit != u64::MAX && !levels.contains(&level) {
+                levels.push(level);
+                let from = match &level.from {
+                    crate::LimitSource::Program => "program".to_owned(),
+                    crate::LimitSource::Granted(v) => v.clone(),
+                };
+                let labels: Labels = vec![
+                    ("process", process.to_owned()),
+                    ("pid", pid.clone()),
+                    ("budget", level.label.clone()),
+                    ("limit_from", from),
+                ];
+                set(&process_limit, &labels, level.limit);
+            }
+        }
     }
     p.text()
 }
@@ -460,9 +482,124 @@ pub fn textfile(page: &str) -> String {
     out
 }
 
+/// What a test runs at the scrape's pause point.
+#[cfg(test)]
+type PauseHook = Box<dyn FnMut(&str)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Called by a scrape on this thread before each context's snapshot,
+    /// with the context's label: a test holds the scrape there.
+    static BEFORE_CONTEXT: std::cell::RefCell<Option<PauseHook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The scrape's pause point (tests only): see [`BEFORE_CONTEXT`].
+#[cfg(test)]
+pub(crate) fn before_context(label: &str) {
+    BEFORE_CONTEXT.with(|h| {
+        if let Some(f) = h.borrow_mut().as_mut() {
+            f(label);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::textfile;
+
+    /// While a scrape is held inside its render (its snapshot of the
+    /// first context taken, the second's not begun), allocations complete
+    /// on both contexts: from a stream's block cache, from the backend, a
+    /// release into the cache, a new stream, a new context registered and
+    /// allocating. The scrape holds no lock across its walk that these
+    /// take. Each step runs on a thread of its own; the bound on the wait
+    /// only turns a step stuck behind the scrape into a failure instead of
+    /// a hung test. The scrape then completes and shows both contexts.
+    #[test]
+    fn allocations_complete_while_a_scrape_is_held_inside_its_render() {
+        use crate::null::NullContext;
+        use crate::{Alloc, CacheConfig, ContextConfig, Governor, ProcessBudget, Role};
+        use crate::{DeviceBuffer, SharedBudget};
+        use std::sync::mpsc::channel;
+        use std::sync::{Arc, Barrier};
+        use std::time::Duration;
+
+        let process = ProcessBudget::new("worker", 1 << 30);
+        let device = SharedBudget::with_parent("gpu0", 1 << 30, &process);
+        let gov = Governor::new();
+        let config = |label: &str| {
+            ContextConfig::new()
+                .label(label)
+                .budget(1 << 30)
+                .shared_budget(device.clone())
+                .cache(CacheConfig::new(1 << 20))
+                .attribution(true)
+        };
+        let ctxs = [
+            gov.register(NullContext::new(), config("first")),
+            gov.register(NullContext::new(), config("second")),
+        ];
+        let streams: Vec<_> = ctxs.iter().map(|c| c.create_stream("s").unwrap()).collect();
+        for (c, s) in ctxs.iter().zip(&streams) {
+            drop(c.allocate(s, Alloc::new(4096, Role::Activation)).unwrap());
+            assert_eq!(
+                c.snapshot().cache.cached_count,
+                1,
+                "the block was not cached"
+            );
+        }
+        let held = Arc::new(Barrier::new(2));
+        let resume = Arc::new(Barrier::new(2));
+        std::thread::scope(|sc| {
+            let gov = &gov;
+            let (hold, go) = (Arc::clone(&held), Arc::clone(&resume));
+            let scrape = sc.spawn(move || {
+                super::BEFORE_CONTEXT.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move |label| {
+                        if label == "second" {
+                            hold.wait();
+                            go.wait();
+                        }
+                    }));
+                });
+                super::render(gov)
+            });
+            held.wait();
+            // The scrape is inside its render now, until `resume`.
+            let (done_tx, done) = channel();
+            let (ctxs, streams, gov) = (&ctxs, &streams, gov);
+            sc.spawn(move || {
+                let mut kept: Vec<DeviceBuffer<NullContext>> = Vec::new();
+                for (c, s) in ctxs.iter().zip(streams) {
+                    // From the cache, from the backend, a release.
+                    kept.push(c.allocate(s, Alloc::new(4096, Role::Activation)).unwrap());
+                    kept.push(c.allocate(s, Alloc::new(1 << 16, Role::KvCache)).unwrap());
+                    drop(c.allocate(s, Alloc::new(8192, Role::Activation)).unwrap());
+                    let t = c.create_stream("t").unwrap();
+                    kept.push(c.allocate(&t, Alloc::new(4096, Role::Weights)).unwrap());
+                }
+                let third = gov.register(NullContext::new(), config("third"));
+                let t = third.create_stream("t").unwrap();
+                kept.push(third.allocate(&t, Alloc::new(4096, Role::Weights)).unwrap());
+                let _ = done_tx.send(kept.len());
+                drop(kept);
+            });
+            let finished = done.recv_timeout(Duration::from_secs(60));
+            resume.wait();
+            assert_eq!(
+                finished.expect("an allocation waited on the held scrape"),
+                7
+            );
+            let page = scrape.join().unwrap();
+            for label in ["first", "second"] {
+                assert!(
+                    page.contains(&format!("context=\"{label}\"")),
+                    "{label} missing from:\n{page}"
+                );
+            }
+        });
+    }
 
     /// A scrape while a stream's cache lock is held (as a cached allocation
     /// or release holds it) completes: the page is rendered without that

@@ -422,6 +422,72 @@ fn a_grant_is_the_process_level_and_refusals_name_it() {
     assert_eq!(ProcessBudget::new("plain", M).limit_from(), None);
 }
 
+/// A context's snapshot says where its process level's limit came from:
+/// the variable the cluster set, or the program; in its JSON too.
+#[test]
+fn the_snapshot_names_where_the_process_limit_came_from() {
+    use memgov::{LimitSource, ProcessLimit};
+    let grant = read(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "3m")], 0, Some(16 * M))
+        .unwrap()
+        .unwrap();
+    let gov = Governor::new();
+    let snap_of = |shared: Option<SharedBudget>| {
+        let mut config = ContextConfig::new();
+        if let Some(s) = shared {
+            config = config.shared_budget(s);
+        }
+        let ctx = gov.register(HostContext::new(HostConfig::default()).unwrap(), config);
+        ctx.snapshot()
+    };
+    let granted = ProcessBudget::granted("worker", u64::MAX, &grant);
+    let snap = snap_of(Some(SharedBudget::with_parent("gpu0", 8 * M, &granted)));
+    assert_eq!(
+        snap.process_limit,
+        Some(ProcessLimit {
+            label: "worker".into(),
+            limit: 3 * M,
+            from: LimitSource::Granted("CUDA_DEVICE_MEMORY_LIMIT_0".into()),
+        })
+    );
+    assert_eq!(
+        snap.process_limit.as_ref().unwrap().from.to_string(),
+        "CUDA_DEVICE_MEMORY_LIMIT_0"
+    );
+    let program = ProcessBudget::new("trainer", 5 * M);
+    let snap = snap_of(Some(SharedBudget::with_parent("gpu0", 8 * M, &program)));
+    let limit = snap.process_limit.clone().unwrap();
+    assert_eq!(
+        (limit.label.as_str(), limit.limit, &limit.from),
+        ("trainer", 5 * M, &LimitSource::Program)
+    );
+    assert_eq!(limit.from.to_string(), "set by the program");
+    #[cfg(feature = "serde")]
+    {
+        let v = serde_json::to_value(&snap).unwrap();
+        assert_eq!(
+            v["process_limit"],
+            serde_json::json!({"label": "trainer", "limit": 5 * M, "from": {"kind": "program"}})
+        );
+        let v = serde_json::to_value(snap_of(Some(SharedBudget::with_parent(
+            "gpu0",
+            8 * M,
+            &granted,
+        ))))
+        .unwrap();
+        assert_eq!(
+            v["process_limit"]["from"],
+            serde_json::json!({"kind": "granted", "variable": "CUDA_DEVICE_MEMORY_LIMIT_0"})
+        );
+    }
+    // A shared budget with no process level above, or none at all: no
+    // process limit.
+    assert_eq!(
+        snap_of(Some(SharedBudget::new("alone", 8 * M))).process_limit,
+        None
+    );
+    assert_eq!(snap_of(None).process_limit, None);
+}
+
 #[cfg(target_os = "linux")]
 mod machine {
     use super::*;
@@ -543,5 +609,314 @@ mod machine {
         assert_eq!((me.limit(), me.limit_from()), (2 * M, None));
         drop(me);
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// The grant read from the environment at join, in child processes of this
+/// test binary (each with the variables of the family set as the case
+/// says and every other one removed): the process environment is the
+/// input, so no test in this process sets it. The child joins a ledger of
+/// the parent's (`MEMGOV_GRANTED_PATH`) as `MEMGOV_GRANTED_CHILD` says and
+/// prints one `result:` line.
+#[cfg(target_os = "linux")]
+mod from_env {
+    use super::*;
+    use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    use std::process::Command;
+
+    const CHILD: &str = "MEMGOV_GRANTED_CHILD";
+    const PATH: &str = "MEMGOV_GRANTED_PATH";
+    const FAMILY: [&str; 3] = [
+        "MEMGOV_DEVICE_LIMIT",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ];
+
+    /// The entry point of every child; in the test run itself (no
+    /// `MEMGOV_GRANTED_CHILD`) it returns at once.
+    #[test]
+    fn child_process_entry() {
+        let Ok(what) = std::env::var(CHILD) else {
+            return;
+        };
+        let path = std::env::var(PATH).unwrap();
+        let words: Vec<&str> = what.split(' ').collect();
+        let number = |key: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(key))
+                .map(|v| v.parse::<u64>().unwrap())
+        };
+        let device = number("device=").map(|d| u32::try_from(d).unwrap());
+        let total = number("total=");
+        let result = if words[0] == "budget" {
+            ProcessBudget::from_env("worker", 64 * M, device, total)
+                .map(|p| format!("ok limit={} from={:?}", p.limit(), p.limit_from()))
+                .map_err(|e| e.to_string())
+        } else {
+            let ledger_limit = number("ledger=").unwrap_or(64 * M);
+            let l =
+                MachineLedger::open(&LedgerOptions::new("granted-env", ledger_limit).path(path))
+                    .unwrap();
+            let mut opts = JoinOptions::new("child").lease_chunk(0);
+            if let Some(d) = device {
+                opts = opts.device(d);
+            }
+            if let Some(t) = total {
+                opts = opts.device_total(t);
+            }
+            if let Some(limit) = number("limit=") {
+                opts = opts.limit(limit);
+            }
+            if words.contains(&"ignore") {
+                opts = opts.ignore_granted_env();
+            }
+            l.join(opts)
+                .map(|me| {
+                    // The slot says the same as the membership.
+                    let snap = l.snapshot();
+                    let p = snap.processes.iter().find(|p| p.slot == me.slot()).unwrap();
+                    assert_eq!(p.limit_from, me.limit_from());
+                    if me.limit() != u64::MAX {
+                        assert_eq!(p.limit, me.limit());
+                    }
+                    // The process level under the membership takes a
+                    // granted limit (a limit of the program's own stays the
+                    // ledger's).
+                    let process = ProcessBudget::with_machine("child", u64::MAX, me.clone());
+                    assert_eq!(process.limit_from(), me.limit_from().as_deref());
+                    if me.limit_from().is_some() {
+                        assert_eq!(process.limit(), me.limit());
+                    }
+                    format!("ok limit={} from={:?}", me.limit(), me.limit_from())
+                })
+                .map_err(|e| e.to_string())
+        };
+        match result {
+            Ok(r) => println!("result: {r}"),
+            Err(e) => println!("result: error {e}"),
+        }
+    }
+
+    /// Run a child doing `what` with `vars` set (and no other variable of
+    /// the family); its `result:` line, less the prefix.
+    fn child(name: &str, what: &str, vars: &[(&str, &str)]) -> String {
+        let dir =
+            std::env::temp_dir().join(format!("memgov-granted-env-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "from_env::child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, what)
+        .env(PATH, dir.join("ledger"));
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if FAMILY.iter().any(|f| k.starts_with(f)) {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(vars.iter().copied());
+        let out = cmd.output().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the child failed: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find_map(|l| l.split_once("result: ").map(|(_, r)| r.to_owned()))
+            .unwrap_or_else(|| panic!("no result line:\n{stdout}"));
+        line
+    }
+
+    /// A case: its name, what the child does, the variables set, and what
+    /// is expected.
+    type Case<T> = (
+        &'static str,
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        T,
+    );
+
+    /// A membership's limit when it has none.
+    const NONE: u64 = u64::MAX;
+
+    fn ok(limit: u64, from: Option<&str>) -> String {
+        format!("ok limit={limit} from={from:?}")
+    }
+
+    /// Each variable of the family, set in the container's environment,
+    /// is the joined process's limit, named on its slot; the smallest
+    /// wins; a grant above the ledger is capped to it.
+    #[test]
+    fn join_takes_the_grant_from_the_environment() {
+        let cases: &[Case<String>] = &[
+            ("none", "join", &[], ok(NONE, None)),
+            (
+                "hami-indexed",
+                "join device=0",
+                &[("CUDA_DEVICE_MEMORY_LIMIT_0", "8m")],
+                ok(8 * M, Some("CUDA_DEVICE_MEMORY_LIMIT_0")),
+            ),
+            (
+                "hami-indexed-1",
+                "join device=1",
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "8m"),
+                    ("CUDA_DEVICE_MEMORY_LIMIT_1", "6m"),
+                ],
+                ok(6 * M, Some("CUDA_DEVICE_MEMORY_LIMIT_1")),
+            ),
+            (
+                "hami-all",
+                "join",
+                &[("CUDA_DEVICE_MEMORY_LIMIT", "6144k")],
+                ok(6 * M, Some("CUDA_DEVICE_MEMORY_LIMIT")),
+            ),
+            (
+                "mps",
+                "join device=1",
+                &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4M,1=2M")],
+                ok(2 * M, Some("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")),
+            ),
+            (
+                "mps-other-device",
+                "join device=2",
+                &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4M,1=2M")],
+                ok(NONE, None),
+            ),
+            (
+                "memgov",
+                "join",
+                &[("MEMGOV_DEVICE_LIMIT", "5MiB")],
+                ok(5 * M, Some("MEMGOV_DEVICE_LIMIT")),
+            ),
+            (
+                "smallest",
+                "join device=0",
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "8m"),
+                    ("MEMGOV_DEVICE_LIMIT", "0=3MiB"),
+                ],
+                ok(3 * M, Some("MEMGOV_DEVICE_LIMIT")),
+            ),
+            (
+                "capped",
+                "join ledger=16777216",
+                &[("MEMGOV_DEVICE_LIMIT", "32MiB")],
+                ok(16 * M, Some("MEMGOV_DEVICE_LIMIT, capped to the ledger")),
+            ),
+            (
+                "own-limit-smaller",
+                "join limit=2097152",
+                &[("MEMGOV_DEVICE_LIMIT", "5MiB")],
+                ok(2 * M, None),
+            ),
+            (
+                "budget",
+                "budget device=0",
+                &[("CUDA_DEVICE_MEMORY_LIMIT_0", "7m")],
+                ok(7 * M, Some("CUDA_DEVICE_MEMORY_LIMIT_0")),
+            ),
+            ("budget-none", "budget", &[], ok(64 * M, None)),
+        ];
+        for (name, what, vars, want) in cases {
+            let got = child(name, what, vars);
+            assert_eq!(&got, want, "{name}: {what} with {vars:?}");
+        }
+    }
+
+    /// `ignore_granted_env` joins without reading the grant, even one that
+    /// would not read.
+    #[test]
+    fn the_opt_out_ignores_the_environment() {
+        for (name, vars) in [
+            ("ignore", &[("MEMGOV_DEVICE_LIMIT", "5MiB")][..]),
+            ("ignore-bad", &[("CUDA_DEVICE_MEMORY_LIMIT_0", "4gb")][..]),
+        ] {
+            let got = child(name, "join device=0 ignore", vars);
+            assert_eq!(got, ok(NONE, None), "{vars:?}");
+        }
+    }
+
+    /// A value that is no limit fails the join, the error naming the
+    /// variable; so does a per-device variable when the join named no
+    /// device, and a grant above the device's memory.
+    #[test]
+    fn a_bad_value_fails_the_join_naming_the_variable() {
+        let cases: &[Case<&[&str]>] = &[
+            (
+                "bad-unit",
+                "join device=0",
+                &[("CUDA_DEVICE_MEMORY_LIMIT_0", "4gb")],
+                &[
+                    "not joined",
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=\"4gb\"",
+                    "unknown unit",
+                ],
+            ),
+            (
+                "bad-other",
+                "join device=0",
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT_0", "8m"),
+                    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1T"),
+                ],
+                &["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=\"0=1T\"", "unknown unit"],
+            ),
+            (
+                "zero",
+                "join",
+                &[("MEMGOV_DEVICE_LIMIT", "0")],
+                &["MEMGOV_DEVICE_LIMIT=\"0\"", "a limit of 0 bytes"],
+            ),
+            (
+                "no-device-hami",
+                "join",
+                &[("CUDA_DEVICE_MEMORY_LIMIT_0", "8m")],
+                &[
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=\"8m\" grants a limit per device",
+                    "JoinOptions::device",
+                ],
+            ),
+            (
+                "no-device-mps",
+                "join",
+                &[("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G")],
+                &["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=\"0=1G\" grants a limit per device"],
+            ),
+            (
+                "no-device-bad-list",
+                "join",
+                &[("MEMGOV_DEVICE_LIMIT", "0=1G,0=2G")],
+                &["MEMGOV_DEVICE_LIMIT", "the device is named twice"],
+            ),
+            (
+                "above-device",
+                "join device=0 total=8388608",
+                &[("CUDA_DEVICE_MEMORY_LIMIT_0", "16m")],
+                &["CUDA_DEVICE_MEMORY_LIMIT_0=\"16m\"", "above the device's"],
+            ),
+            (
+                "budget-bad",
+                "budget device=0",
+                &[("CUDA_DEVICE_MEMORY_LIMIT", "1.5g")],
+                &["CUDA_DEVICE_MEMORY_LIMIT=\"1.5g\""],
+            ),
+        ];
+        for (name, what, vars, want) in cases {
+            let got = child(name, what, vars);
+            assert!(got.starts_with("error "), "{name}: joined: {got}");
+            for w in *want {
+                assert!(got.contains(w), "{name}: {w:?} not in: {got}");
+            }
+        }
     }
 }

@@ -56,7 +56,7 @@ fn pages() -> (String, String) {
         .join(JoinOptions::new("a").lease_chunk(0).limit(64 * MIB))
         .unwrap();
     let _b = ledger.join(JoinOptions::new("b").lease_chunk(0)).unwrap();
-    let process = ProcessBudget::with_machine("a", u64::MAX, a);
+    let process = ProcessBudget::with_machine("a", 512 * MIB, a);
     let device = SharedBudget::with_parent("gpu", u64::MAX, &process);
     let gov = Governor::new();
     let ctx = gov.register(
@@ -180,6 +180,47 @@ fn the_pages_carry_the_figures() {
         .find(|l| l.starts_with("memgov_context_live_bytes{") && l.contains("role=\"weights\""))
         .unwrap();
     assert!(live.ends_with(" 1048576"), "{live}");
+    // The process level's limit, set by the program.
+    let level = gov_page
+        .lines()
+        .find(|l| l.starts_with("memgov_process_budget_limit_bytes{"))
+        .unwrap();
+    assert!(
+        level.ends_with(",budget=\"a\",limit_from=\"program\"} 536870912"),
+        "{level}"
+    );
+}
+
+/// A process level the cluster granted names the variable on the page.
+#[test]
+fn the_page_names_the_variable_a_process_limit_came_from() {
+    let env = |name: &str| (name == "CUDA_DEVICE_MEMORY_LIMIT_0").then(|| "3000m".to_owned());
+    let grant = memgov::granted::granted_limit(0, None, env)
+        .unwrap()
+        .unwrap();
+    let process = ProcessBudget::granted("worker", u64::MAX, &grant);
+    let gov = Governor::new();
+    let _a = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new().shared_budget(SharedBudget::with_parent("gpu0", u64::MAX, &process)),
+    );
+    let _b = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new().shared_budget(SharedBudget::with_parent("gpu0b", u64::MAX, &process)),
+    );
+    let page = render(&gov);
+    let levels: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("memgov_process_budget_limit_bytes{"))
+        .collect();
+    // One series for the level, however many contexts are under it.
+    assert_eq!(levels.len(), 1, "{page}");
+    assert!(
+        levels[0]
+            .ends_with(",budget=\"worker\",limit_from=\"CUDA_DEVICE_MEMORY_LIMIT_0\"} 3145728000"),
+        "{}",
+        levels[0]
+    );
 }
 
 #[test]

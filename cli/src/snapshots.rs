@@ -45,6 +45,28 @@ fn site_name(site: &Value) -> String {
 }
 
 /// One snapshot as a page of text.
+/// The context's process level, where its snapshot has one: "process
+/// level 'worker': 3.0 GiB limit, granted by CUDA_DEVICE_MEMORY_LIMIT_0"
+/// (or "set by the program").
+fn process_level(c: &Value) -> Option<String> {
+    let p = c.get("process_limit").filter(|p| !p.is_null())?;
+    let limit = if u(p, "limit") == u64::MAX {
+        "no limit".to_owned()
+    } else {
+        format!("{} limit", b(u(p, "limit")))
+    };
+    let from = &p["from"];
+    let from = match from["kind"].as_str() {
+        Some("granted") => format!("granted by {}", s(from, "variable")),
+        Some("program") => "set by the program".to_owned(),
+        _ => "from an unknown source".to_owned(),
+    };
+    Some(format!(
+        "process level '{}': {limit}, {from}",
+        s(p, "label")
+    ))
+}
+
 pub fn render(name: &str, v: &Value) -> String {
     let mut out = String::new();
     let all = contexts(v);
@@ -64,6 +86,9 @@ pub fn render(name: &str, v: &Value) -> String {
             },
             b(u(c, "peak")),
         );
+        if let Some(level) = process_level(c) {
+            let _ = writeln!(out, "  {level}");
+        }
         let _ = writeln!(out, "  by role:");
         let _ = writeln!(
             out,

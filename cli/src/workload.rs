@@ -30,8 +30,9 @@ use memgov::host::{HostConfig, HostContext};
 use memgov::trace::Trace;
 use memgov::{
     Admission, Alloc, Bytes, CacheConfig, ContextConfig, ContextHandle, ContextState, DeviceBuffer,
-    DeviceContext, Elapsed, GovernedStream, Governor, GovernorError, ProviderContextPinSource,
-    Reservation, Reserve, Role, SharedBudget, TeardownReport, Tier, Tuning,
+    DeviceContext, Elapsed, GovernedStream, Governor, GovernorError, LimitSource, ProcessBudget,
+    ProcessLimit, ProviderContextPinSource, Reservation, Reserve, Role, SharedBudget,
+    TeardownReport, Tier, Tuning,
 };
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -374,9 +375,37 @@ fn print_snapshot(out: &Out, gov: &Governor<Ctx>, title: &str, explain: bool) {
             c.counters.admission_refusals,
         ));
     }
+    // The process level above the contexts' shared budgets, once each.
+    let mut levels: Vec<&ProcessLimit> = Vec::new();
+    for p in snap
+        .contexts
+        .iter()
+        .filter_map(|c| c.process_limit.as_ref())
+    {
+        if !levels.contains(&p) {
+            levels.push(p);
+        }
+    }
+    for p in levels {
+        out.line(format!("     {}", process_level(p)));
+    }
     if explain {
         explain_table(out, &snap);
     }
+}
+
+/// "process level 'memgov run': 6.0 GiB, granted by MEMGOV_DEVICE_LIMIT".
+fn process_level(p: &ProcessLimit) -> String {
+    let limit = if p.limit == u64::MAX {
+        "no limit".to_owned()
+    } else {
+        format!("{:#}", Bytes(p.limit))
+    };
+    let from = match &p.from {
+        LimitSource::Program => p.from.to_string(),
+        LimitSource::Granted(v) => format!("granted by {v}"),
+    };
+    format!("process level '{}': {limit}, {from}", p.label)
 }
 
 /// Who holds what, by call site: every context's sites with live bytes or
@@ -1023,8 +1052,12 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
             String::new()
         }
     ));
-    // Both contexts live on "gpu0": one budget for the physical device.
-    let gpu0 = SharedBudget::new("gpu0", args.device_mib * MIB);
+    // Both contexts live on "gpu0": one budget for the physical device,
+    // under the process level, which takes the limit the cluster granted
+    // the process on device 0 where the environment gives one.
+    let process = ProcessBudget::from_env("memgov run", u64::MAX, Some(0), None)
+        .map_err(|e| format!("the limit granted to the process: {e}"))?;
+    let gpu0 = SharedBudget::with_parent("gpu0", args.device_mib * MIB, &process);
     let Device { ctx: c0, check } = dev0;
     session.checks.push(("gpu0 llm".to_owned(), check));
     let llm = llm_on(
@@ -1345,6 +1378,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
             "refusals": c.counters.admission_refusals,
             "retired": c.counters.retired,
             "abandoned": c.counters.abandoned,
+            "process_limit": c.process_limit,
         })).collect::<Vec<_>>(),
         "expected_refusals": swap.expected_refusals.iter().map(|r| json!({
             "what": r.what,

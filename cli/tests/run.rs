@@ -6,12 +6,33 @@ use std::process::Command;
 /// `memgov run` with a small workload (6 requests of 4 steps, no simulated
 /// delay), each of those settings overridden where `args` gives it.
 fn run(args: &[&str]) -> (i32, String, String) {
+    run_env(args, &[])
+}
+
+/// The variables of the granted-limit family (`memgov::granted`).
+const GRANTED: [&str; 3] = [
+    "MEMGOV_DEVICE_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+];
+
+/// [`run`] with `vars` set, and no other variable of the granted-limit
+/// family.
+fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memgov"));
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if GRANTED.iter().any(|g| k.starts_with(g)) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(vars.iter().copied());
     let defaults = [
         ("--requests", "6"),
         ("--steps", "4"),
         ("--op-delay-us", "0"),
     ];
-    let out = Command::new(env!("CARGO_BIN_EXE_memgov"))
+    let out = cmd
         .arg("run")
         .args(
             defaults
@@ -651,6 +672,92 @@ fn the_report_of_two_snapshots_names_what_grew_first() {
     assert!(
         !text.contains("src/w.rs"),
         "an unchanged site is not listed:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The process level above the run's device budget says where its limit
+/// came from: the table, the JSON and the report of a snapshot name the
+/// variable the cluster set, or "set by the program"; a variable that does
+/// not read stops the run naming it.
+#[test]
+fn the_process_limit_names_where_it_came_from() {
+    let dir = std::env::temp_dir().join(format!("memgov-limit-from-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("after.json");
+    let (code, out, err) = run_env(
+        &["--backend", "host", "--snapshot", snap.to_str().unwrap()],
+        &[("MEMGOV_DEVICE_LIMIT", "0=64GiB")],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim()
+                == "process level 'memgov run': 64.0 GiB, granted by MEMGOV_DEVICE_LIMIT"),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let llm = v["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["label"] == "llm@gpu0")
+        .expect("llm@gpu0 in the snapshot");
+    assert_eq!(
+        llm["process_limit"],
+        serde_json::json!({
+            "label": "memgov run",
+            "limit": 64u64 << 30,
+            "from": {"kind": "granted", "variable": "MEMGOV_DEVICE_LIMIT"},
+        })
+    );
+    let page = Command::new(env!("CARGO_BIN_EXE_memgov"))
+        .arg("report")
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let page = String::from_utf8_lossy(&page.stdout);
+    assert!(
+        page.contains(
+            "  process level 'memgov run': 64.0 GiB limit, granted by MEMGOV_DEVICE_LIMIT\n"
+        ),
+        "{page}"
+    );
+
+    // Nothing set: the program's own (no) limit, in the JSON report too.
+    let (code, out, err) = run_env(&["--backend", "host", "--json"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // The contexts on gpu0 are under the process level; gpu1's budget is
+    // its context's own.
+    let per = v["per_context"].as_array().unwrap();
+    assert!(per.iter().any(|c| c["context"] == "llm@gpu0"), "{v:#}");
+    for c in per {
+        let want = if c["context"].as_str().unwrap().ends_with("@gpu0") {
+            serde_json::json!({"kind": "program"})
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(c["process_limit"]["from"], want, "{c}");
+    }
+    let (code, out, err) = run_env(&["--backend", "host"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim() == "process level 'memgov run': no limit, set by the program"),
+        "{out}"
+    );
+
+    // A value that is no limit: the run stops, naming the variable.
+    let (code, out, err) = run_env(
+        &["--backend", "host"],
+        &[("CUDA_DEVICE_MEMORY_LIMIT_0", "4gb")],
+    );
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("CUDA_DEVICE_MEMORY_LIMIT_0=\"4gb\""),
+        "{out}{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

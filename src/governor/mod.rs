@@ -50,8 +50,9 @@ pub use reservation::Reservation;
 pub use retire::{Finished, RetireHandle};
 pub use role::Role;
 pub use snapshot::{
-    CacheUsage, ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, PinCounts,
-    QuarantineEntry, ReservationUsage, RoleUsage, SiteGrowth, SiteUsage, SleepState, TierUsage,
+    CacheUsage, ContextSnapshot, ContextState, CounterSnapshot, GovernorSnapshot, LimitSource,
+    PinCounts, ProcessLimit, QuarantineEntry, ReservationUsage, RoleUsage, SiteGrowth, SiteUsage,
+    SleepState, TierUsage,
 };
 pub use stream::GovernedStream;
 pub use suspend::{Slept, Woken};
@@ -188,7 +189,11 @@ impl<C: DeviceContext> Governor<C> {
         GovernorSnapshot {
             contexts: contexts
                 .iter()
-                .map(|c| view::snapshot_with(c, false))
+                .map(|c| {
+                    #[cfg(all(test, feature = "metrics"))]
+                    crate::metrics::before_context(c.label());
+                    view::snapshot_with(c, false)
+                })
                 .collect(),
         }
     }

@@ -231,6 +231,47 @@ impl SiteGrowth {
     }
 }
 
+/// Where a process level's limit came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(tag = "kind", content = "variable", rename_all = "kebab-case")
+)]
+pub enum LimitSource {
+    /// The program gave it
+    /// ([`ProcessBudget::new`](crate::ProcessBudget::new), a limit of its
+    /// own), or no variable lowered it.
+    Program,
+    /// The cluster granted it: the variable it was read from
+    /// ([`crate::granted`]), as the process level records it (with
+    /// `", capped to the ledger"` when a machine ledger capped the grant).
+    Granted(String),
+}
+
+impl std::fmt::Display for LimitSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Program => f.write_str("set by the program"),
+            Self::Granted(variable) => f.write_str(variable),
+        }
+    }
+}
+
+/// The process level of the budget tree above a context
+/// ([`ProcessBudget`](crate::ProcessBudget)): its limit and where that
+/// came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ProcessLimit {
+    /// The process budget's label.
+    pub label: String,
+    /// Its limit (`u64::MAX`: none).
+    pub limit: u64,
+    /// Where the limit came from.
+    pub from: LimitSource,
+}
+
 /// One context at one moment.
 #[derive(Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -272,6 +313,9 @@ pub struct ContextSnapshot {
     pub awaiting_teardown: u64,
     /// The shared budget's label, if any.
     pub shared_budget: Option<String>,
+    /// The process level above the shared budget, if any: its limit and
+    /// where that came from (a variable the cluster set, or the program).
+    pub process_limit: Option<ProcessLimit>,
     /// The most bytes in live buffers at once since registration (the
     /// quantity [`total`](Self::total)`().live_bytes` reads now), kept by
     /// every allocation and release whether it was served from a lease or
@@ -360,6 +404,7 @@ impl std::fmt::Debug for ContextSnapshot {
             sleep,
             awaiting_teardown,
             shared_budget,
+            process_limit,
             peak,
             peak_exact,
             peak_budget_held,
@@ -389,6 +434,7 @@ impl std::fmt::Debug for ContextSnapshot {
             .field("sleep", sleep)
             .field("awaiting_teardown", awaiting_teardown)
             .field("shared_budget", shared_budget)
+            .field("process_limit", process_limit)
             .field("peak", peak)
             .field("peak_exact", peak_exact)
             .field("peak_budget_held", peak_budget_held)

@@ -5,8 +5,8 @@ use super::record::{ContextInner, Phase};
 use super::report::{Outstanding, PinKind};
 use super::role::Role;
 use super::snapshot::{
-    ContextSnapshot, ContextState, CounterSnapshot, PinCounts, QuarantineEntry, ReservationUsage,
-    RoleUsage, TierUsage,
+    ContextSnapshot, ContextState, CounterSnapshot, LimitSource, PinCounts, ProcessLimit,
+    QuarantineEntry, ReservationUsage, RoleUsage, TierUsage,
 };
 use crate::{DeviceContext, Tier};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,6 +144,18 @@ pub(crate) fn snapshot_with<C: DeviceContext>(
         sleep: ctx.sleep.get(),
         awaiting_teardown: ctx.ledger.charges().awaiting_teardown(),
         shared_budget: ctx.ledger.charges().shared().map(|s| s.label().to_owned()),
+        process_limit: ctx
+            .ledger
+            .charges()
+            .shared()
+            .and_then(|s| s.parent())
+            .map(|p| ProcessLimit {
+                label: p.label().to_owned(),
+                limit: p.limit(),
+                from: p
+                    .limit_from()
+                    .map_or(LimitSource::Program, |v| LimitSource::Granted(v.to_owned())),
+            }),
         peak,
         peak_exact,
         peak_budget_held: ctx.ledger.charges().peak_held(),

@@ -202,6 +202,18 @@ pub enum MachineError {
         /// The ledger's limit.
         limit: u64,
     },
+    /// The limit the cluster granted the process does not read: a variable
+    /// of [`crate::granted`]'s family is set to a value that is no limit,
+    /// or grants limits per device and the join named none.
+    #[error("machine ledger '{ledger}': process '{name}' not joined: {source}")]
+    Granted {
+        /// The ledger's key.
+        ledger: String,
+        /// The process's name.
+        name: String,
+        /// What is wrong with the variable (it names it).
+        source: Box<crate::granted::GrantedLimitError>,
+    },
     /// The floors of the processes on the ledger would exceed its limit.
     #[error("machine ledger '{ledger}': a floor of {} for '{name}' with {} guaranteed to others exceeds the limit {}; lower a floor or raise the limit", Bytes(*asked), Bytes(*others), Bytes(*limit))]
     Floors {
@@ -360,12 +372,29 @@ pub struct JoinOptions {
     pub(crate) answer_timeout: Duration,
     pub(crate) watch: Option<DeviceIdentity>,
     pub(crate) limit_from: Option<String>,
+    /// Read the cluster's grant at join (`None`: ignore it), for this
+    /// device ordinal (`None`: not given) and total.
+    granted_env: Option<(Option<u32>, Option<u64>)>,
 }
 
 impl JoinOptions {
     /// Join as `name` (shown by `memgov top` and in refusals), with no
     /// limit of its own, no floor, priority 100, leases of 8 MiB and 250 ms
-    /// to answer a trim request.
+    /// to answer a trim request, and the limit the cluster granted the
+    /// process read from its environment at [`join`](MachineLedger::join)
+    /// ([`crate::granted`]: HAMi's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]`, MPS's
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `MEMGOV_DEVICE_LIMIT`).
+    ///
+    /// The grant is read for the device given with
+    /// [`device`](Self::device); without it only a limit for every device
+    /// counts, and a variable that grants limits per device fails the join
+    /// ([`GrantedLimitError::DeviceNotGiven`](crate::granted::GrantedLimitError::DeviceNotGiven)).
+    /// A grant found is taken as by [`granted`](Self::granted): the smaller
+    /// of it and the limit given wins, it is capped to the ledger's limit,
+    /// and the slot names its variable. A variable that does not read fails
+    /// the join ([`MachineError::Granted`], naming the variable); nothing
+    /// falls back to a default. [`ignore_granted_env`](Self::ignore_granted_env)
+    /// turns the reading off.
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -376,7 +405,51 @@ impl JoinOptions {
             answer_timeout: Duration::from_millis(250),
             watch: None,
             limit_from: None,
+            granted_env: Some((None, None)),
         }
+    }
+
+    /// The CUDA ordinal of the device this ledger is for, as this process
+    /// opens it (after `CUDA_VISIBLE_DEVICES`): the grant read at join is
+    /// this device's (`CUDA_DEVICE_MEMORY_LIMIT_<ordinal>`, the MPS and
+    /// `MEMGOV_DEVICE_LIMIT` lists' entry for it).
+    pub fn device(mut self, ordinal: u32) -> Self {
+        if let Some((device, _)) = self.granted_env.as_mut() {
+            *device = Some(ordinal);
+        }
+        self
+    }
+
+    /// The device's total memory, when known: a grant above it fails the
+    /// join ([`GrantedLimitError::AboveDevice`](crate::granted::GrantedLimitError::AboveDevice)).
+    pub fn device_total(mut self, bytes: u64) -> Self {
+        if let Some((_, total)) = self.granted_env.as_mut() {
+            *total = Some(bytes);
+        }
+        self
+    }
+
+    /// Do not read the cluster's grant from the environment at join: the
+    /// limit is what [`limit`](Self::limit) and [`granted`](Self::granted)
+    /// give, nothing else.
+    pub fn ignore_granted_env(mut self) -> Self {
+        self.granted_env = None;
+        self
+    }
+
+    /// Read the grant from the environment, as [`new`](Self::new) says,
+    /// and take it.
+    fn take_granted_env(&mut self) -> Result<(), crate::granted::GrantedLimitError> {
+        if let Some((device, total)) = self.granted_env {
+            if let Some(grant) = crate::granted::read_grant(device, total)? {
+                // As `granted`: the smaller wins.
+                if grant.bytes <= self.limit {
+                    self.limit = grant.bytes;
+                    self.limit_from = Some(grant.variable);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Ask the vendor's management library (NVML), about every two
@@ -690,6 +763,12 @@ impl MachineLedger {
     /// thread that answers other processes' trim requests. Dead processes'
     /// slots are reclaimed first.
     pub fn join(&self, mut opts: JoinOptions) -> Result<MachineMember, MachineError> {
+        opts.take_granted_env()
+            .map_err(|source| MachineError::Granted {
+                ledger: self.key().to_owned(),
+                name: opts.name.clone(),
+                source: Box::new(source),
+            })?;
         let limit = self.limit();
         if opts.limit > limit {
             if let Some(from) = opts.limit_from.as_mut() {

@@ -408,11 +408,33 @@ impl ProcessBudget {
         }
     }
 
+    /// A new process budget of at most `limit` bytes, lowered to the limit
+    /// the cluster granted this process, read from its environment as a
+    /// machine ledger's join reads it
+    /// ([`JoinOptions::new`](crate::machine::JoinOptions::new)): the entry
+    /// point of a process with no machine ledger. `device` is the CUDA
+    /// ordinal the process opens (`None`: only a limit for every device
+    /// counts, and a variable that grants limits per device is an error),
+    /// `device_total` that device's memory when known. A variable that does
+    /// not read is an error naming it; nothing falls back to a default.
+    /// Under a machine ledger, the join reads the grant and
+    /// [`with_machine`](Self::with_machine) takes it.
+    pub fn from_env(
+        label: impl Into<String>,
+        limit: u64,
+        device: Option<u32>,
+        device_total: Option<u64>,
+    ) -> Result<Self, crate::granted::GrantedLimitError> {
+        Ok(match crate::granted::read_grant(device, device_total)? {
+            Some(grant) => Self::granted(label, limit, &grant),
+            None => Self::new(label, limit),
+        })
+    }
+
     /// Where this level's limit came from, when the cluster granted it
-    /// ([`granted`](Self::granted), [`with_machine`](Self::with_machine)
-    /// on a membership joined with
-    /// [`JoinOptions::granted`](crate::machine::JoinOptions::granted)): the
-    /// variable's name.
+    /// ([`granted`](Self::granted), [`from_env`](Self::from_env),
+    /// [`with_machine`](Self::with_machine) on a membership whose join took
+    /// a grant): the variable's name. `None`: the program set the limit.
     pub fn limit_from(&self) -> Option<&str> {
         self.0.limit_from.as_deref()
     }
