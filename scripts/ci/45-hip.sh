@@ -20,6 +20,10 @@
 # compiled against and the real runtime the last step runs on.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
+# The stand-ins' self-test again, now that the HIP header is installed: its
+# HIP half (the documented differences from CUDA) needs it.
+backends/stand-ins/common/selftest.sh | tee "$(cargo_target_dir)/stand-ins-selftest.log"
+grep -q "^stand-in vendor differences: passed" "$(cargo_target_dir)/stand-ins-selftest.log"
 
 target="$(cargo_target_dir)"
 memgov="$(release_memgov)"
