@@ -22,8 +22,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 apt_install libamdhip64-dev
 # The stand-ins' self-test again, now that the HIP header is installed: its
 # HIP half (the documented differences from CUDA) needs it.
-backends/stand-ins/common/selftest.sh | tee "$(cargo_target_dir)/stand-ins-selftest.log"
+backends/stand-ins/common/selftest.sh 2>&1 | tee "$(cargo_target_dir)/stand-ins-selftest.log"
 grep -q "^stand-in vendor differences: passed" "$(cargo_target_dir)/stand-ins-selftest.log"
+if grep -q "skipped: the HIP stand-in's differences" "$(cargo_target_dir)/stand-ins-selftest.log"; then
+    echo "FAILED: the HIP stand-in's differences were not checked with the HIP header installed"; exit 1
+fi
 
 target="$(cargo_target_dir)"
 memgov="$(release_memgov)"
