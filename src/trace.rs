@@ -94,7 +94,10 @@ pub enum EventKind {
     /// machine ledger calls when another process on the device asks for
     /// room) asked this context's block cache and pressure responders:
     /// `bytes` is what they gave back. The note says what the process was
-    /// asked for.
+    /// asked for. A traced context keeps no block cache (its timeline
+    /// records every backend allocation and free), so its bytes come from
+    /// its responders, and `ContextHandle::trim_cache` finds nothing to
+    /// give back.
     Trimmed,
     /// The context began retiring.
     RetireBegun,
