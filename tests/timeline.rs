@@ -383,3 +383,44 @@ fn a_trim_answered_for_the_machine_ledger_is_on_the_timeline() {
     drop((ctx, gov, process, requester, ledger));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A buffer whose free the backend refuses is released once on the
+/// timeline, then abandoned: the events balance with the allocation.
+#[test]
+fn a_refused_free_is_released_once_then_abandoned_on_the_timeline() {
+    use memgov::fault::{Fault, FaultInjecting, FaultPlan, Operation};
+    let backend = FaultInjecting::new(
+        HostContext::new(HostConfig::default()).unwrap(),
+        FaultPlan::new().nth(Operation::FreeAsync, 1, Fault::Error),
+    );
+    let trace = Trace::new();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        backend,
+        ContextConfig::new()
+            .label("refused-free")
+            .attribution(true)
+            .trace(&trace),
+    );
+    let stream = ctx.create_stream("s").unwrap();
+    drop(
+        ctx.allocate(&stream, Alloc::new(4096, Role::Other))
+            .unwrap(),
+    );
+    assert_eq!(ctx.snapshot().total().quarantined_bytes, 4096);
+    let events = trace.events();
+    let count = |kind| events.iter().filter(|e| e.kind == kind).count();
+    assert_eq!(
+        (
+            count(EventKind::Allocated),
+            count(EventKind::Released),
+            count(EventKind::Abandoned)
+        ),
+        (1, 1, 1),
+        "{events:#?}"
+    );
+    let released = events.iter().find(|e| e.kind == EventKind::Released);
+    assert!(released.and_then(|e| e.site.as_deref()).is_some());
+    drop(stream);
+    ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+}

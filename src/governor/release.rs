@@ -81,7 +81,14 @@ pub(crate) fn release<C: DeviceContext>(
         // memory.
         drop(memory);
         if stream.trace_tag != 0 {
-            never_settles(ctx, stream, bytes, role, site, "reclaimed by force".into());
+            never_settles(
+                ctx,
+                stream,
+                bytes,
+                role,
+                Some(site),
+                "reclaimed by force".into(),
+            );
         }
         return Released::Reclaimed;
     };
@@ -89,7 +96,14 @@ pub(crate) fn release<C: DeviceContext>(
     if ctx.is_lost() {
         drop(memory);
         if stream.trace_tag != 0 {
-            never_settles(ctx, stream, bytes, role, site, "the device is lost".into());
+            never_settles(
+                ctx,
+                stream,
+                bytes,
+                role,
+                Some(site),
+                "the device is lost".into(),
+            );
         }
         settle_live_as_lost(ctx, live_shard, bytes, role, tier);
         drop(backend);
@@ -104,7 +118,15 @@ pub(crate) fn release<C: DeviceContext>(
         if let Err(err) = backend.order_after(stream.raw(), other.raw()) {
             ctx.note_backend_error(&err);
             let released = refused(
-                ctx, live_shard, stream, memory, bytes, role, tier, site, err,
+                ctx,
+                live_shard,
+                stream,
+                memory,
+                bytes,
+                role,
+                tier,
+                Some(site),
+                err,
             );
             drop(backend);
             return released;
@@ -152,8 +174,10 @@ pub(crate) fn release<C: DeviceContext>(
                 .unqueue(entry, stream.shard, queued, stream.pending_bytes.as_deref());
             deferral.undo();
             ctx.note_backend_error(&err);
+            // The signal put the release on the timeline already: only
+            // its abandonment is left to record.
             let released = refused(
-                ctx, live_shard, stream, memory, bytes, role, tier, site, err,
+                ctx, live_shard, stream, memory, bytes, role, tier, None, err,
             );
             drop(backend);
             released
@@ -174,7 +198,7 @@ fn refused<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
-    site: SiteId,
+    site: Option<SiteId>,
     err: BackendError,
 ) -> Released {
     if stream.trace_tag != 0 {
@@ -199,7 +223,9 @@ fn refused<C: DeviceContext>(
 
 /// On a traced context, the timeline of a live buffer released without a
 /// free that will retire (refused, on a lost device, reclaimed by force):
-/// released, then abandoned, `why` noted.
+/// released (at `site`; `None` when the release is on the timeline
+/// already: a refused free's signal recorded it), then abandoned, `why`
+/// noted.
 #[cold]
 #[inline(never)]
 fn never_settles<C: DeviceContext>(
@@ -207,11 +233,13 @@ fn never_settles<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
-    site: SiteId,
+    site: Option<SiteId>,
     why: String,
 ) {
     let tag = stream.trace_tag;
-    ctx.trace_event_at(tag, Some(role), EventKind::Released, bytes, None, site);
+    if let Some(site) = site {
+        ctx.trace_event_at(tag, Some(role), EventKind::Released, bytes, None, site);
+    }
     ctx.trace_event(tag, Some(role), EventKind::Abandoned, bytes, Some(why));
 }
 
