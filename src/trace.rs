@@ -94,7 +94,10 @@ pub enum EventKind {
     /// machine ledger calls when another process on the device asks for
     /// room) asked this context's block cache and pressure responders:
     /// `bytes` is what they gave back. The note says what the process was
-    /// asked for.
+    /// asked for. A traced context keeps no block cache (its timeline
+    /// records every backend allocation and free), so its bytes come from
+    /// its responders, and `ContextHandle::trim_cache` finds nothing to
+    /// give back.
     Trimmed,
     /// The context began retiring.
     RetireBegun,
@@ -144,6 +147,26 @@ pub struct Event {
     pub bytes: u64,
     /// A short explanation (a refusal's message), when there is one.
     pub note: Option<String>,
+    /// The call site of the allocation the event is about (`file:line:col`,
+    /// or the name given with [`Alloc::site`](crate::Alloc::site)), on a
+    /// context with attribution on
+    /// ([`ContextConfig::attribution`](crate::ContextConfig::attribution)):
+    /// set on [`Allocated`](EventKind::Allocated),
+    /// [`Released`](EventKind::Released) and [`Refused`](EventKind::Refused)
+    /// events of allocations, the site their
+    /// [`ContextSnapshot::sites`](crate::ContextSnapshot::sites) row names.
+    pub site: Option<Arc<str>>,
+    /// The label the allocation was given with
+    /// [`Alloc::label`](crate::Alloc::label), beside its [`site`](Self::site).
+    pub label: Option<Arc<str>>,
+}
+
+/// Where an event's allocation was made, on a context with attribution on:
+/// its site and label, as its snapshot's row names them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SiteNames {
+    pub site: Option<Arc<str>>,
+    pub label: Option<Arc<str>>,
 }
 
 /// A recorder shared by the contexts it traces. Cloning it is cheap and
@@ -200,7 +223,7 @@ impl Trace {
         bytes: u64,
         note: Option<String>,
     ) {
-        let event = Event {
+        self.push(Event {
             at: self.inner.start.elapsed(),
             context: context.clone(),
             stream: stream.cloned(),
@@ -208,7 +231,19 @@ impl Trace {
             kind,
             bytes,
             note,
-        };
+            site: None,
+            label: None,
+        });
+    }
+
+    /// Time since the trace was created: what an event recorded now
+    /// carries as [`Event::at`] (for lining up something taken outside the
+    /// trace, such as a snapshot, with its events).
+    pub fn elapsed(&self) -> Duration {
+        self.inner.start.elapsed()
+    }
+
+    fn push(&self, event: Event) {
         let mut state = lock(&self.inner.state);
         if state.events.len() < self.inner.limit {
             state.events.push(event);
@@ -232,8 +267,8 @@ impl Trace {
     /// bytes per role for each stream and for each context; instant events
     /// for refusals, pressure, reservations, sleeps and wakes, retire and
     /// teardown; the memgov events themselves under `memgovEvents` (`t_us`,
-    /// `context`, `stream`, `role`, `kind`, `bytes`, and `note` when the
-    /// event has one).
+    /// `context`, `stream`, `role`, `kind`, `bytes`, and `note`, `site` and
+    /// `label` when the event has them).
     pub fn to_chrome_json(&self) -> String {
         let (events, dropped) = {
             let state = lock(&self.inner.state);
@@ -255,6 +290,9 @@ pub(crate) struct ContextTrace {
     trace: Trace,
     context: Arc<str>,
     streams: Mutex<Vec<Arc<str>>>,
+    /// The names of the context's sites seen so far, by their id in its
+    /// table of sites.
+    sites: Mutex<std::collections::HashMap<u32, SiteNames>>,
 }
 
 impl ContextTrace {
@@ -263,6 +301,7 @@ impl ContextTrace {
             trace,
             context: Arc::from(context),
             streams: Mutex::new(Vec::new()),
+            sites: Mutex::new(std::collections::HashMap::new()),
         };
         this.event(0, None, EventKind::Registered, 0, None);
         this
@@ -288,12 +327,59 @@ impl ContextTrace {
         bytes: u64,
         note: Option<String>,
     ) {
+        self.event_at(stream, role, kind, bytes, note, SiteNames::default());
+    }
+
+    /// [`event`](Self::event) of an allocation made at `site`.
+    pub(crate) fn event_at(
+        &self,
+        stream: u32,
+        role: Option<Role>,
+        kind: EventKind,
+        bytes: u64,
+        note: Option<String>,
+        site: SiteNames,
+    ) {
         let label = match stream {
             0 => None,
             tag => lock(&self.streams).get(tag as usize - 1).cloned(),
         };
-        self.trace
-            .record(&self.context, label.as_ref(), role, kind, bytes, note);
+        self.trace.push(Event {
+            at: self.trace.inner.start.elapsed(),
+            context: self.context.clone(),
+            stream: label,
+            role,
+            kind,
+            bytes,
+            note,
+            site: site.site,
+            label: site.label,
+        });
+    }
+
+    /// The names of the site counted as `id` in the context's table,
+    /// formatted once per site and shared by its events.
+    pub(crate) fn site_names(
+        &self,
+        id: u32,
+        name: impl FnOnce() -> Option<(String, Option<&'static str>)>,
+    ) -> SiteNames {
+        if id == 0 {
+            return SiteNames::default();
+        }
+        let mut sites = lock(&self.sites);
+        if let Some(known) = sites.get(&id) {
+            return known.clone();
+        }
+        let Some((site, label)) = name() else {
+            return SiteNames::default();
+        };
+        let names = SiteNames {
+            site: Some(Arc::from(site)),
+            label: label.map(Arc::from),
+        };
+        sites.insert(id, names.clone());
+        names
     }
 }
 
@@ -405,6 +491,9 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
             if let Some(note) = &e.note {
                 let _ = write!(args, ",\"note\":{}", json_str(note));
             }
+            if let Some(site) = &e.site {
+                let _ = write!(args, ",\"site\":{}", json_str(site));
+            }
             push(
                 &mut out,
                 format!(
@@ -429,10 +518,17 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
             json_str(e.kind.name()),
             e.bytes
         );
-        if let Some(note) = &e.note {
-            out.truncate(out.len() - 1);
-            let _ = write!(out, ",\"note\":{}}}", json_str(note));
+        out.truncate(out.len() - 1);
+        for (name, value) in [
+            ("note", e.note.as_deref()),
+            ("site", e.site.as_deref()),
+            ("label", e.label.as_deref()),
+        ] {
+            if let Some(value) = value {
+                let _ = write!(out, ",\"{name}\":{}", json_str(value));
+            }
         }
+        out.push('}');
     }
     let _ = write!(out, "],\"memgovDropped\":{dropped}}}");
     out

@@ -817,7 +817,7 @@ fn bad_segments_are_refused_unchanged_and_recoverable() {
     // check says so, the repair rebuilds the total, and the ledger works.
     let path = dir.file("hostile");
     let l = open(&path, key()).unwrap();
-    write_word(&path, 512 + 5 * 256 + 16, 1 << 20);
+    write_word(&path, 512 + 5 * 512 + 16, 1 << 20);
     let e = l.check().unwrap_err();
     assert!(matches!(e, MachineError::Inconsistent { .. }), "{e}");
     let (before, after) = l.repair();
@@ -1082,4 +1082,100 @@ fn outside_processes_from_rocm_smi() {
         out.contains("rocm-smi: 1 of 2 processes") || out.contains("skipped: "),
         "the child neither passed nor said why it skipped: {out}"
     );
+}
+
+/// With attribution on, each process publishes its largest call sites by
+/// live bytes in its slot (summed over its contexts, the top
+/// `SITE_ENTRIES`, each cut to `SITE_TEXT` bytes on a character boundary):
+/// what `memgov top` shows under it. They follow the process's buffers.
+#[test]
+fn a_process_publishes_its_largest_sites_in_its_slot() {
+    use memgov::machine::{SITE_ENTRIES, SITE_TEXT};
+    const LONG: &str = "sssssssssssssssssssssssssssssssssssssssssssssssé and more";
+    let dir = TempDir::new("sites");
+    let l = MachineLedger::open(&LedgerOptions::new("sites", 256 * MIB).path(dir.file("ledger")))
+        .unwrap();
+    let member = l.join(JoinOptions::new("attributed")).unwrap();
+    let process = ProcessBudget::with_machine("attributed", u64::MAX, member);
+    let device = SharedBudget::with_parent("gpu", u64::MAX, &process);
+    let gov = Governor::new();
+    let register = |label: &str, on: bool| {
+        gov.register(
+            HostContext::new(HostConfig::default()).unwrap(),
+            ContextConfig::new()
+                .label(label)
+                .shared_budget(device.clone())
+                .attribution(on),
+        )
+    };
+    let (a, b, off) = (
+        register("a", true),
+        register("b", true),
+        register("off", false),
+    );
+    let (sa, sb, so) = (
+        a.create_stream("s").unwrap(),
+        b.create_stream("s").unwrap(),
+        off.create_stream("s").unwrap(),
+    );
+    let mut held = Vec::new();
+    let kv = Alloc::new(3 * MIB, Role::KvCache).label("kv");
+    let kv_line = line!() + 1;
+    held.push(a.allocate(&sa, kv).unwrap());
+    // One site over two contexts: 1 MiB in each.
+    for (ctx, s) in [(&a, &sa), (&b, &sb)] {
+        let named = Alloc::new(MIB, Role::Weights).site("model.c:42");
+        held.push(ctx.allocate(s, named).unwrap());
+    }
+    let long = Alloc::new(MIB + MIB / 2, Role::Weights).site(LONG);
+    held.push(b.allocate(&sb, long).unwrap());
+    for _ in 0..5 {
+        let small = Alloc::new(64 << 10, Role::Activation).site("small.c:1");
+        held.push(b.allocate(&sb, small).unwrap());
+    }
+    let least = Alloc::new(4 << 10, Role::Activation).site("least.c:1");
+    held.push(a.allocate(&sa, least).unwrap());
+    // Not attributed: in no row.
+    held.push(
+        off.allocate(&so, Alloc::new(8 * MIB, Role::Weights))
+            .unwrap(),
+    );
+
+    let sites = || -> Vec<(String, u64)> {
+        l.snapshot()
+            .processes
+            .into_iter()
+            .find(|p| p.name == "attributed")
+            .unwrap()
+            .sites
+            .into_iter()
+            .map(|s| (s.site, s.live_bytes))
+            .collect()
+    };
+    eventually("the process's sites published", || {
+        sites().len() == SITE_ENTRIES
+    });
+    let rows = sites();
+    let kv_site = &rows[0].0;
+    assert!(
+        kv_site.starts_with(&format!("tests/machine.rs:{kv_line}:")) && kv_site.ends_with(" 'kv'"),
+        "{rows:?}"
+    );
+    let cut = &LONG[..SITE_TEXT - 1];
+    assert_eq!(
+        rows[1..],
+        [
+            ("model.c:42".to_owned(), 2 * MIB),
+            (cut.to_owned(), MIB + MIB / 2),
+            ("small.c:1".to_owned(), 5 * (64 << 10)),
+        ],
+        "largest first, the long name cut before its two-byte character"
+    );
+    assert_eq!(rows[0].1, 3 * MIB);
+    drop(held);
+    eventually("the sites follow the buffers", || sites().is_empty());
+    drop((sa, sb, so));
+    for ctx in [a, b, off] {
+        ctx.retire().wait_timeout(Duration::from_secs(10)).unwrap();
+    }
 }

@@ -137,7 +137,7 @@ fn child_open(path: &Path) {
     println!("opened {}", path.display());
 }
 
-/// Open a 64-slot ledger (16,896 B) on a tmpfs with less room.
+/// Open a 64-slot ledger (33,280 B) on a tmpfs with less room.
 fn child_full(path: &Path) {
     let e = MachineLedger::open(&opts(path).slots(64)).unwrap_err();
     let MachineError::NoSpace {
@@ -146,12 +146,12 @@ fn child_full(path: &Path) {
     else {
         panic!("a full tmpfs gave {e}");
     };
-    assert_eq!(*needed, 512 + 64 * 256);
+    assert_eq!(*needed, 512 + 64 * 512);
     assert!(*free < *needed, "{e}");
     assert_eq!(dir, path.parent().unwrap());
     let text = e.to_string();
     for part in [
-        "16.5 KiB",
+        "32.5 KiB",
         &dir.display().to_string(),
         "--shm-size",
         "LedgerOptions::path",

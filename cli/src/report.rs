@@ -5,7 +5,9 @@
 //! wakes, trims for another process, abandoned releases, retire and
 //! teardown marked; a count of every
 //! event kind per context; and, when the trace's events name their call
-//! sites (a `site` field, an optional `label`), a table per site, or the
+//! sites (a `site` field, an optional `label`: `memgov run --trace`, and a
+//! trace of contexts with attribution on), a table per site and label (each
+//! row's exact live and peak bytes in its `data-live` and `data-peak`), or the
 //! figures per site of a trace's `memgovSites` array (objects with
 //! `context`, `site`, `label`, `live_bytes`, `live_count`, `peak_bytes`,
 //! `allocations`, `refusals`) where it has them.
@@ -298,9 +300,11 @@ function build(events) {
   return {contexts, t0, t1: Math.max(t1, t0 + 1)};
 }
 
+// One row per (site, label), as a snapshot's `sites` has them.
 function site(c, e) {
-  if (!c.sites.has(e.site)) c.sites.set(e.site, {label: e.label || "", live: 0, count: 0, peak: 0, allocations: 0, refusals: 0});
-  const s = c.sites.get(e.site);
+  const key = e.site + "\n" + (e.label || "");
+  if (!c.sites.has(key)) c.sites.set(key, {site: e.site, label: e.label || "", live: 0, count: 0, peak: 0, allocations: 0, refusals: 0});
+  const s = c.sites.get(key);
   if (e.kind === "allocated") { s.allocations++; s.count++; s.live += e.bytes; s.peak = Math.max(s.peak, s.live); }
   else if (e.kind === "released") { s.count = Math.max(0, s.count - 1); s.live = Math.max(0, s.live - e.bytes); }
   else if (e.kind === "refused") s.refusals++;
@@ -441,13 +445,16 @@ function main() {
     // Figures per site a snapshot gave (`memgovSites`) win over those summed here.
     const given = Array.isArray(DATA.sites) ? DATA.sites.filter(u => u.context === ctx.name) : [];
     if (given.length) {
-      ctx.sites = new Map(given.map(u => [u.site, {label: u.label || "", live: u.live_bytes || 0, count: u.live_count || 0,
-        peak: u.peak_bytes || 0, allocations: u.allocations || 0, refusals: u.refusals || 0}]));
+      ctx.sites = new Map(given.map(u => [u.site + "\n" + (u.label || ""), {site: u.site, label: u.label || "", live: u.live_bytes || 0,
+        count: u.live_count || 0, peak: u.peak_bytes || 0, allocations: u.allocations || 0, refusals: u.refusals || 0}]));
     }
     if (ctx.sites.size) {
-      const rows = [...ctx.sites].sort((a, b) => b[1].peak - a[1].peak || b[1].live - a[1].live)
-        .map(([s, v]) => [s, v.label, fmtBytes(v.live), String(v.count), fmtBytes(v.peak), String(v.allocations), String(v.refusals)]);
-      table(section, ["site", "label", "live at the end", "buffers at the end", "peak live", "allocations", "refusals"], rows).className = "sites";
+      const sites = [...ctx.sites.values()].sort((a, b) => b.peak - a.peak || b.live - a.live);
+      const rows = sites.map(v => [v.site, v.label, fmtBytes(v.live), String(v.count), fmtBytes(v.peak), String(v.allocations), String(v.refusals)]);
+      const tbl = table(section, ["site", "label", "live at the end", "buffers at the end", "peak live", "allocations", "refusals"], rows);
+      tbl.className = "sites";
+      // The exact bytes behind each row's rounded figures.
+      sites.forEach((v, i) => { tbl.rows[i + 1].dataset.live = v.live; tbl.rows[i + 1].dataset.peak = v.peak; });
     }
   }
   document.getElementById("status").textContent =

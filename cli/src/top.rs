@@ -1,7 +1,9 @@
 //! `memgov top`: the machine ledger of one device, live. A table of every
 //! process on it (name, pid, slot, priority, floor, limit, charged, used,
 //! cached, contexts, bytes given back through the doorbell, rings not
-//! answered, and the variable a limit the cluster granted came from) under
+//! answered, and the variable a limit the cluster granted came from; under
+//! each process, its largest call sites by live bytes, from its contexts
+//! with attribution on), under
 //! the ledger's totals (limit, charged, outside memgov, available), redrawn
 //! in place every interval; `--once` prints it once, `--json` prints one
 //! snapshot as JSON, `--prometheus` prints it in Prometheus's text format
@@ -421,6 +423,16 @@ fn table(s: &memgov::machine::MachineSnapshot) -> String {
             p.unanswered_rings,
             p.limit_from.as_deref().unwrap_or("-")
         );
+        // Its largest call sites (contexts with attribution on), under it.
+        for site in &p.sites {
+            let _ = writeln!(
+                out,
+                "{:>14} {:>9}  {}",
+                "site",
+                short(site.live_bytes),
+                printable(&site.site)
+            );
+        }
     }
     if s.processes.is_empty() {
         out.push_str("(no process on the ledger)\n");

@@ -72,7 +72,8 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Record the memory timeline of every context (allocations, releases,
-    /// retirements, refusals, pressure, teardown, per stream and role) into
+    /// retirements, refusals, pressure, teardown, per stream and role; each
+    /// allocation, release and refusal with its call site) into
     /// FILE, in the Chrome trace format: open it in Perfetto, or turn it into
     /// a page with `memgov report FILE`. Its directory must exist and be
     /// writable (checked before the run starts).
@@ -84,6 +85,8 @@ pub struct RunArgs {
     /// Write the governor's snapshot after serving on gpu0 (every context,
     /// with what each call site holds) to FILE as JSON: render it with
     /// `memgov report FILE`, or compare two with `memgov report OLD NEW`.
+    /// With `--trace`, the JSON report's `snapshot.trace_t_us` is when it
+    /// was taken on the trace's clock.
     #[arg(long, value_name = "FILE", value_parser = parse_trace_path)]
     snapshot: Option<std::path::PathBuf>,
     /// On every budget refusal, write the refusing context's snapshot to
@@ -1130,8 +1133,17 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
     ));
     print_snapshot(out, gov, "after serving on gpu0", false);
     print_sites(out, gov);
+    let mut snapshot_json = Value::Null;
     if let Some(path) = &args.snapshot {
-        let text = serde_json::to_string_pretty(&gov.snapshot()).map_err(|e| e.to_string())?;
+        let snapshot = gov.snapshot();
+        // When it was taken on the trace's clock: the trace's events up to
+        // then are what the snapshot counts.
+        let at = args.recorder.as_ref().map(Trace::elapsed);
+        snapshot_json = json!({
+            "file": path.display().to_string(),
+            "trace_t_us": at.map(|t| t.as_nanos() as f64 / 1000.0),
+        });
+        let text = serde_json::to_string_pretty(&snapshot).map_err(|e| e.to_string())?;
         std::fs::write(path, text)
             .map_err(|e| format!("cannot write the snapshot to {}: {e}", path.display()))?;
         out.line(format!(
@@ -1423,6 +1435,7 @@ fn run_inner(args: &RunArgs, out: &Out, session: &mut Session) -> Result<Value, 
         },
         "arena": arena_json,
         "capture": capture_json,
+        "snapshot": snapshot_json,
         "swap": {
             "buffers": swap.buffers,
             "bytes": swap.bytes,

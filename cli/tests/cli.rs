@@ -472,6 +472,68 @@ fn report_refuses_a_file_that_is_not_a_memgov_trace() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `memgov top` lists a process's largest call sites under its row (its
+/// contexts with attribution on, published by its doorbell thread), `--json`
+/// carries them, and the Prometheus page has no series per site.
+#[cfg(target_os = "linux")]
+#[test]
+fn top_shows_a_processs_largest_sites() {
+    use memgov::host::{HostConfig, HostContext};
+    use memgov::machine::{JoinOptions, LedgerOptions, MachineLedger};
+    use memgov::{Alloc, ContextConfig, Governor, ProcessBudget, Role, SharedBudget};
+    use std::time::{Duration, Instant};
+    let dir = std::env::temp_dir().join(format!("memgov-cli-top-sites-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger");
+    let ledger =
+        MachineLedger::open(&LedgerOptions::new("cli-sites", 64 << 20).path(&path)).unwrap();
+    let me = ledger.join(JoinOptions::new("sites-test")).unwrap();
+    let process = ProcessBudget::with_machine("sites-test", u64::MAX, me);
+    let gov = Governor::new();
+    let ctx = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new()
+            .shared_budget(SharedBudget::with_parent("gpu", u64::MAX, &process))
+            .attribution(true),
+    );
+    let stream = ctx.create_stream("s").unwrap();
+    let kv = Alloc::new(3 << 20, Role::KvCache).site("kv_cache.py:88");
+    let buffer = ctx.allocate(&stream, kv).unwrap();
+    // Published with the process's figures (a state; 10 s bounds a broken run).
+    let until = Instant::now() + Duration::from_secs(10);
+    while ledger.snapshot().processes[0].sites.is_empty() {
+        assert!(Instant::now() < until, "the sites were never published");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let p = path.to_str().unwrap();
+    let (code, out) = memgov(&["top", "--path", p, "--once"]);
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let row = lines
+        .iter()
+        .position(|l| l.contains("sites-test"))
+        .expect("our row");
+    let site = lines[row + 1];
+    assert!(
+        site.contains("site") && site.contains("3.0 MiB") && site.ends_with("kv_cache.py:88"),
+        "{out}"
+    );
+    let (code, out) = memgov(&["top", "--path", p, "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["processes"][0]["sites"],
+        serde_json::json!([{"site": "kv_cache.py:88", "live_bytes": 3 << 20}])
+    );
+    let (code, out) = memgov(&["top", "--path", p, "--prometheus"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("kv_cache.py"), "{out}");
+    drop((buffer, stream));
+    ctx.retire().wait_timeout(Duration::from_secs(10)).unwrap();
+    drop((ctx, gov, process, ledger));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `memgov top` on a ledger this test joined: the table names the
 /// process, `--json` carries its figures, and a path with no ledger is an
 /// error that creates nothing.

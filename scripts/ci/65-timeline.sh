@@ -3,8 +3,9 @@
 # report` turns it into one HTML page, and headless Chromium draws that page
 # with the network off: the trace must count what the run counts, the page
 # must say what it drew with each context's peak the snapshot's, list the
-# call sites a trace names, and its screenshot must hold the plot (pixels of
-# the role colours inside the chart).
+# call sites the trace names with the figures the run's snapshot gives them,
+# and its screenshot must hold the plot (pixels of the role colours inside
+# the chart).
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 command -v chromium-headless-shell >/dev/null || apt_install chromium-headless-shell
@@ -14,7 +15,7 @@ dir="$target/timeline"
 rm -rf "$dir" && mkdir -p "$dir"
 cargo build --locked --release -p memgov-cli
 memgov="$target/release/memgov"
-"$memgov" run --json --trace "$dir/trace.json" > "$dir/run.json"
+"$memgov" run --json --trace "$dir/trace.json" --snapshot "$dir/snapshot.json" > "$dir/run.json"
 # What the run counts, per context, its trace counts too.
 python3 - "$dir/trace.json" "$dir/run.json" <<'PY'
 import json, sys
@@ -66,33 +67,45 @@ for c, p, title in drawn:
     assert f"({p} bytes)" in title, title
 assert [c for c, _, _ in drawn][:1] == ["llm@gpu0"], drawn
 PY
-# The per-site table, on a copy of the trace whose allocations and releases
-# this step gives three call sites (the largest holder first on the page),
-# and whose `memgovSites` gives one context's figures per site.
-python3 - "$dir/trace.json" "$dir/sites.json" <<'PY'
+# The per-site table, from the run's own trace: the page drawn from the
+# trace's events up to the moment the run took its snapshot lists, per
+# context, the snapshot's sites (site and label) with the same live bytes,
+# buffers, peak, allocations and refusals.
+python3 - "$dir/trace.json" "$dir/run.json" "$dir/at-snapshot.json" <<'PY'
 import json, sys
-t = json.load(open(sys.argv[1]))
-site_of = {"weights": "src/load.rs:10:5", "kv-cache": "src/kv.rs:42:9", "activation": "src/step.rs:7:13"}
-for e in t["memgovEvents"]:
-    if e["kind"] in ("allocated", "released") and e["role"] in site_of:
-        e["site"] = site_of[e["role"]]
-# Figures per site as a snapshot gives them, for one context.
-t["memgovSites"] = [{"context": "embedder@gpu0", "site": "src/embed.rs:3:1", "label": "embedder weights",
-                     "live_bytes": 0, "live_count": 0, "peak_bytes": 41943040, "allocations": 26, "refusals": 0}]
-json.dump(t, open(sys.argv[2], "w"))
+t, run = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+at = run["snapshot"]["trace_t_us"]
+assert at is not None, run["snapshot"]
+events = t["memgovEvents"]
+sited = {e["kind"] for e in events if e.get("site")}
+print("trace: event kinds that name their site:", sorted(sited))
+assert {"allocated", "released"} <= sited, "the run's trace does not name its sites"
+t["memgovEvents"] = [e for e in events if e["t_us"] <= at]
+print(f"trace: {len(t['memgovEvents'])} of {len(events)} events up to the snapshot at {at:.0f} us")
+json.dump(t, open(sys.argv[3], "w"))
 PY
-"$memgov" report "$dir/sites.json" -o "$dir/sites.html" >/dev/null
+"$memgov" report "$dir/at-snapshot.json" -o "$dir/sites.html" >/dev/null
 chromium-headless-shell --no-sandbox --disable-gpu --proxy-server='127.0.0.1:9' --dump-dom "file://$dir/sites.html" 2>/dev/null > "$dir/sites-dom.html"
-python3 - "$dir/sites-dom.html" <<'PY'
-import re, sys
-dom = open(sys.argv[1]).read()
-tables = re.findall(r'<table class="sites">(.*?)</table>', dom)
-assert len(tables) == 3, f"{len(tables)} site tables, not one per context"
-first = re.findall(r'<tr><td>([^<]*)</td>', tables[0])
-print("page: sites of the first context, largest peak first:", first)
-assert first[0] == "src/kv.rs:42:9", first
-second = re.findall(r'<tr><td>([^<]*)</td><td>([^<]*)</td>', tables[1])
-assert second == [("src/embed.rs:3:1", "embedder weights")], second
+python3 - "$dir/sites-dom.html" "$dir/snapshot.json" <<'PY'
+import html, json, re, sys
+dom, snap = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+row = re.compile(r'<tr data-live="(\d+)" data-peak="(\d+)"><td>([^<]*)</td><td>([^<]*)</td><td>[^<]*</td>'
+                 r'<td>(\d+)</td><td>[^<]*</td><td>(\d+)</td><td>(\d+)</td></tr>')
+page = {}
+for ctx, body in re.findall(r'<section class="context" data-context="([^"]*)">(.*?)</section>', dom, re.S):
+    tables = re.findall(r'<table class="sites">(.*?)</table>', body, re.S)
+    assert len(tables) <= 1, tables
+    page[html.unescape(ctx)] = sorted(
+        (html.unescape(site), html.unescape(label), int(live), int(n), int(peak), int(a), int(r))
+        for live, peak, site, label, n, a, r in row.findall(tables[0] if tables else ""))
+want = {c["label"]: sorted((s["site"], s["label"] or "", s["live_bytes"], s["live_count"], s["peak_bytes"],
+                            s["allocations"], s["refusals"]) for s in c["sites"])
+        for c in snap["contexts"]}
+for name in sorted(set(page) | set(want)):
+    print(f"page: {name}: {len(page.get(name, []))} sites, {sum(r[2] for r in page.get(name, []))} bytes live;",
+          f"snapshot: {len(want.get(name, []))} sites, {sum(r[2] for r in want.get(name, []))} bytes live")
+    assert page.get(name, []) == want.get(name, []), f"{name}: the page's sites {page.get(name)} are not the snapshot's {want.get(name)}"
+assert any(r[2] > 0 for rows in page.values() for r in rows), "no site holds live bytes at the snapshot"
 PY
 browse --screenshot="$dir/timeline.png" >/dev/null
 python3 - "$dir/timeline.png" <<'PY'

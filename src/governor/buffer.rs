@@ -294,9 +294,10 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             self.role,
             self.tier,
         );
-        if self.site != 0 {
+        let site = self.site;
+        if site != 0 {
             if let Some(sites) = &ctx.sites {
-                sites.release(self.site, bytes);
+                sites.release(site, bytes);
             }
         }
         // A stream's trace tag is set only on a traced context.
@@ -329,7 +330,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             } else {
                 &[own]
             };
-            return release(ctx, shard, target, after, memory, bytes, role, tier);
+            return release(ctx, shard, target, after, memory, bytes, role, tier, site);
         };
         let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.0.len());
         for s in std::iter::once(own).chain(recorded.0.iter().map(|s| &**s)) {
@@ -337,7 +338,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 after.push(s);
             }
         }
-        release(ctx, shard, target, &after, memory, bytes, role, tier)
+        release(ctx, shard, target, &after, memory, bytes, role, tier, site)
     }
 
     /// Queue the free on `stream` instead of the buffer's own stream.

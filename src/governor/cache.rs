@@ -232,6 +232,7 @@ fn release_blocks<C: DeviceContext>(
             class,
             block.role,
             crate::Tier::Device,
+            0,
         );
     }
     released

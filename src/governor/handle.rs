@@ -248,10 +248,14 @@ impl<C: DeviceContext> ContextHandle<C> {
                 return Err(refused(ctx, tag, role, bytes, e, site, alloc.names()));
             }
         };
+        let site = ctx
+            .sites
+            .as_ref()
+            .map_or(0, |s| s.admit(site, alloc.names(), bytes));
         // The stream's tag is set only on a traced context.
         if stream.shared.trace_tag != 0 {
             let tag = stream.shared.trace_tag;
-            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, None);
+            ctx.trace_event_at(tag, Some(role), EventKind::Allocated, bytes, None, site);
         }
         pin.transfer();
         Ok(DeviceBuffer {
@@ -262,10 +266,7 @@ impl<C: DeviceContext> ContextHandle<C> {
             role,
             tier,
             recorded: None,
-            site: ctx
-                .sites
-                .as_ref()
-                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
+            site,
         })
     }
 
@@ -485,10 +486,8 @@ pub(crate) fn refused<C: DeviceContext>(
     site: &'static Location<'static>,
     names: Names,
 ) -> GovernorError {
-    if let Some(sites) = &ctx.sites {
-        sites.refused(site, names);
-    }
-    let mut e = ctx.trace_refused(tag, role, bytes, e);
+    let site = ctx.sites.as_ref().map_or(0, |s| s.refused(site, names));
+    let mut e = ctx.trace_refused(tag, role, bytes, e, site);
     if let GovernorError::BudgetExceeded(refusal) = &mut e {
         super::view::explain(ctx, refusal);
     }

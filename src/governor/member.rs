@@ -53,6 +53,24 @@ impl<C: DeviceContext> DeviceMember for ContextInner<C> {
         self.cache.bytes()
     }
 
+    fn live_sites(&self) -> Vec<(String, u64)> {
+        let Some(sites) = &self.sites else {
+            return Vec::new();
+        };
+        sites
+            .usage()
+            .into_iter()
+            .filter(|s| s.live_bytes > 0)
+            .map(|s| {
+                let text = match &s.label {
+                    Some(label) => format!("{} '{label}'", s.site),
+                    None => s.site,
+                };
+                (text, s.live_bytes)
+            })
+            .collect()
+    }
+
     fn trimmed(&self, asked: u64, released: u64) {
         if self.trace.is_some() {
             let note = Some(format!("the process was asked for {asked} bytes"));

@@ -29,6 +29,7 @@
 
 use super::ledger::{Entry, Note};
 use super::record::pending::PendingRelease;
+use super::record::sites::SiteId;
 use super::record::stream::StreamShared;
 use super::record::{ContextInner, Phase};
 use super::role::Role;
@@ -72,6 +73,7 @@ pub(crate) fn release<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
+    site: SiteId,
 ) -> Released {
     let Some(backend) = ctx.enter_on(stream.shard) else {
         // Only force closes the gate while buffers live: it already revoked
@@ -79,7 +81,14 @@ pub(crate) fn release<C: DeviceContext>(
         // memory.
         drop(memory);
         if stream.trace_tag != 0 {
-            never_settles(ctx, stream, bytes, role, "reclaimed by force".into());
+            never_settles(
+                ctx,
+                stream,
+                bytes,
+                role,
+                Some(site),
+                "reclaimed by force".into(),
+            );
         }
         return Released::Reclaimed;
     };
@@ -87,7 +96,14 @@ pub(crate) fn release<C: DeviceContext>(
     if ctx.is_lost() {
         drop(memory);
         if stream.trace_tag != 0 {
-            never_settles(ctx, stream, bytes, role, "the device is lost".into());
+            never_settles(
+                ctx,
+                stream,
+                bytes,
+                role,
+                Some(site),
+                "the device is lost".into(),
+            );
         }
         settle_live_as_lost(ctx, live_shard, bytes, role, tier);
         drop(backend);
@@ -101,7 +117,17 @@ pub(crate) fn release<C: DeviceContext>(
         debug_assert!(!std::ptr::eq(*other, stream));
         if let Err(err) = backend.order_after(stream.raw(), other.raw()) {
             ctx.note_backend_error(&err);
-            let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
+            let released = refused(
+                ctx,
+                live_shard,
+                stream,
+                memory,
+                bytes,
+                role,
+                tier,
+                Some(site),
+                err,
+            );
             drop(backend);
             return released;
         }
@@ -128,7 +154,7 @@ pub(crate) fn release<C: DeviceContext>(
     let signal = if stream.trace_tag == 0 {
         RetireSignal::from_sink(pending)
     } else {
-        traced_signal(ctx, stream.trace_tag, pending)
+        traced_signal(ctx, stream.trace_tag, pending, site)
     };
     // The deferral gives the buffer's pin up once the backend has queued the
     // free, and also if `free_async` panics: the signal, dropped or kept by
@@ -148,7 +174,11 @@ pub(crate) fn release<C: DeviceContext>(
                 .unqueue(entry, stream.shard, queued, stream.pending_bytes.as_deref());
             deferral.undo();
             ctx.note_backend_error(&err);
-            let released = refused(ctx, live_shard, stream, memory, bytes, role, tier, err);
+            // The signal put the release on the timeline already: only
+            // its abandonment is left to record.
+            let released = refused(
+                ctx, live_shard, stream, memory, bytes, role, tier, None, err,
+            );
             drop(backend);
             released
         }
@@ -168,10 +198,18 @@ fn refused<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
+    site: Option<SiteId>,
     err: BackendError,
 ) -> Released {
     if stream.trace_tag != 0 {
-        never_settles(ctx, stream, bytes, role, format!("release refused: {err}"));
+        never_settles(
+            ctx,
+            stream,
+            bytes,
+            role,
+            site,
+            format!("release refused: {err}"),
+        );
     }
     if err.is_device_lost() {
         drop(memory);
@@ -185,7 +223,9 @@ fn refused<C: DeviceContext>(
 
 /// On a traced context, the timeline of a live buffer released without a
 /// free that will retire (refused, on a lost device, reclaimed by force):
-/// released, then abandoned, `why` noted.
+/// released (at `site`; `None` when the release is on the timeline
+/// already: a refused free's signal recorded it), then abandoned, `why`
+/// noted.
 #[cold]
 #[inline(never)]
 fn never_settles<C: DeviceContext>(
@@ -193,10 +233,13 @@ fn never_settles<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
+    site: Option<SiteId>,
     why: String,
 ) {
     let tag = stream.trace_tag;
-    ctx.trace_event(tag, Some(role), EventKind::Released, bytes, None);
+    if let Some(site) = site {
+        ctx.trace_event_at(tag, Some(role), EventKind::Released, bytes, None, site);
+    }
     ctx.trace_event(tag, Some(role), EventKind::Abandoned, bytes, Some(why));
 }
 
@@ -302,9 +345,10 @@ fn traced_signal<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: u32,
     pending: Box<PendingRelease<C>>,
+    site: SiteId,
 ) -> RetireSignal {
     let (role, bytes) = (pending.role, pending.bytes);
-    ctx.trace_event(stream, Some(role), EventKind::Released, bytes, None);
+    ctx.trace_event_at(stream, Some(role), EventKind::Released, bytes, None, site);
     RetireSignal::from_sink(Box::new(TracedRelease { pending, stream }))
 }
 

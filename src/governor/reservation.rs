@@ -204,12 +204,16 @@ impl<C: DeviceContext> Reservation<C> {
         let taken = Taken { from: self, bytes };
         let memory = allocate_charged(ctx, &stream.shared, bytes, role, self.tier, Held::Reserved)?;
         std::mem::forget(taken);
+        let site = ctx
+            .sites
+            .as_ref()
+            .map_or(0, |s| s.admit(site, alloc.names(), bytes));
         // On the timeline as on the books: the bytes became live (the
         // stream's tag is set only on a traced context).
         if stream.shared.trace_tag != 0 {
             let tag = stream.shared.trace_tag;
             let note = Some(self.label().to_owned());
-            ctx.trace_event(tag, Some(role), EventKind::Allocated, bytes, note);
+            ctx.trace_event_at(tag, Some(role), EventKind::Allocated, bytes, note, site);
         }
         pin.transfer();
         Ok(DeviceBuffer {
@@ -220,10 +224,7 @@ impl<C: DeviceContext> Reservation<C> {
             role,
             tier: self.tier,
             recorded: None,
-            site: ctx
-                .sites
-                .as_ref()
-                .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
+            site,
         })
     }
 

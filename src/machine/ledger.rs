@@ -465,6 +465,7 @@ pub(crate) fn reclaim(
     seg.slot(i, S_ANSWERED)
         .store(u64::from(seg.slot32(i, S_RING).load(Relaxed)), Relaxed);
     seg.set_slot_name(i, "");
+    seg.set_slot_sites(i, &[]);
     let _ = state.compare_exchange(mine, st_pack(Kind::Free, st_epoch(seen), 0), SeqCst, SeqCst);
     if dead {
         seg.word(H_RECLAIMS).fetch_add(1, Relaxed);
@@ -965,5 +966,55 @@ mod tests {
         assert_eq!(st_kind(seg.slot(0, S_STATE).load(SeqCst)), Kind::Free);
         assert!(seg.word(H_AUDIT).load(SeqCst) >= 1);
         let _ = std::fs::remove_file(p);
+    }
+
+    /// A reader of a slot's top sites sees one whole table a writer
+    /// published, never parts of two: a writer alternates two tables whose
+    /// every entry says which table it belongs to, and a reader on another
+    /// thread checks each table it reads is all of one (or empty, before
+    /// the first).
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_slots_sites_are_read_whole() {
+        use super::super::segment::SITE_ENTRIES;
+        let path =
+            std::env::temp_dir().join(format!("memgov-ledger-unit-sites-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let seg =
+            std::sync::Arc::new(Segment::open_or_create(&path, "unit", 4, 1 << 30, 0o600).unwrap());
+        let table = |t: u64| -> Vec<(String, u64)> {
+            (0..SITE_ENTRIES as u64)
+                .map(|k| (format!("table {t} entry {k}"), t))
+                .collect()
+        };
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (seg, stop) = (seg.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(SeqCst) {
+                    seg.set_slot_sites(1, &table(1 + n % 2));
+                    n += 1;
+                }
+                n
+            })
+        };
+        let mut whole = 0;
+        for _ in 0..20_000 {
+            let read = seg.slot_sites(1);
+            if read.is_empty() {
+                continue;
+            }
+            let t = read[0].1;
+            assert_eq!(read, table(t), "a table read half rewritten");
+            whole += 1;
+        }
+        stop.store(true, SeqCst);
+        let written = writer.join().unwrap();
+        assert!(written > 0 && whole > 0, "{written} written, {whole} read");
+        seg.set_slot_sites(1, &[]);
+        assert!(seg.slot_sites(1).is_empty());
+        drop(seg);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -36,6 +36,9 @@ pub(crate) trait Host: Send + Sync {
     fn trim(&self, bytes: u64) -> u64;
     /// (contexts, bytes in block caches) under the process now.
     fn census(&self) -> (u64, u64);
+    /// The process's call sites holding live bytes now (contexts with
+    /// attribution on), largest first: what `memgov top` shows per process.
+    fn top_sites(&self) -> Vec<(String, u64)>;
 }
 
 pub(crate) struct Inner {
@@ -613,12 +616,17 @@ impl Inner {
 
     fn census(&self) {
         let host = lock(&self.host).clone();
-        if let Some((contexts, cached)) = host.and_then(|h| self.host_call("census", || h.census()))
+        if let Some((contexts, cached)) = host
+            .as_ref()
+            .and_then(|h| self.host_call("census", || h.census()))
         {
             self.seg
                 .slot(self.slot, S_CONTEXTS)
                 .store(contexts, Relaxed);
             self.seg.slot(self.slot, S_CACHED).store(cached, Relaxed);
+        }
+        if let Some(sites) = host.and_then(|h| self.host_call("top_sites", || h.top_sites())) {
+            self.seg.set_slot_sites(self.slot, &sites);
         }
         self.publish();
     }

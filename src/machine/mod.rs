@@ -27,7 +27,7 @@ mod segment;
 
 pub use ledger::{Reclaimed, MAX_TOTAL_BYTES};
 pub use management::{device_processes, DeviceProcess, DeviceProcesses, ManagementError};
-pub use segment::{LAYOUT_VERSION, MAX_SLOTS, UNIT};
+pub use segment::{LAYOUT_VERSION, MAX_SLOTS, SITE_ENTRIES, SITE_TEXT, UNIT};
 
 use crate::Bytes;
 use crate::{DeviceIdentity, MemoryInfo};
@@ -815,6 +815,7 @@ impl MachineLedger {
             .store(u64::from(seg.slot32(slot, S_RING).load(Acquire)), Release);
         seg.set_slot_name(slot, &opts.name);
         seg.set_slot_limit_from(slot, opts.limit_from.as_deref().unwrap_or(""));
+        seg.set_slot_sites(slot, &[]);
         let inner = Arc::new(member::Inner::new(
             Arc::clone(seg),
             slot,
@@ -1291,6 +1292,25 @@ pub struct ProcessSnapshot {
     pub gave_back: u64,
     /// Trim requests rung and not answered yet.
     pub unanswered_rings: u32,
+    /// The process's largest call sites by live bytes, largest first (at
+    /// most [`SITE_ENTRIES`], each site's text cut to [`SITE_TEXT`] bytes),
+    /// as its doorbell thread last published them (about every 250 ms):
+    /// the sites of its contexts with attribution on, summed over them.
+    /// Empty when none has attribution on.
+    pub sites: Vec<ProcessSite>,
+}
+
+/// One of a process's largest call sites, as the machine ledger publishes
+/// it ([`ProcessSnapshot::sites`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ProcessSite {
+    /// The site (`file:line:col` or a name given with `Alloc::site`; its
+    /// label after it in quotes when it has one), cut to [`SITE_TEXT`]
+    /// bytes.
+    pub site: String,
+    /// Its live bytes, over the process's contexts.
+    pub live_bytes: u64,
 }
 
 /// The ledger and every process on it.
@@ -1434,6 +1454,11 @@ fn rows_of(seg: &Segment, shares: &[u64]) -> Vec<ProcessSnapshot> {
                 priority: seg.slot(i, S_PRIORITY).load(Relaxed) as u32,
                 gave_back: seg.slot(i, S_GAVE).load(Relaxed),
                 unanswered_rings: ring.wrapping_sub(answered),
+                sites: seg
+                    .slot_sites(i)
+                    .into_iter()
+                    .map(|(site, live_bytes)| ProcessSite { site, live_bytes })
+                    .collect(),
             })
         })
         .collect()

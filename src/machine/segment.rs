@@ -10,14 +10,14 @@
 //! read from the file, before it maps anything (`Segment::open_or_create_with`).
 //! A file cut short under a mapping does not kill the process (`bus_guard`).
 //!
-//! # Layout (version 4, every field a little-endian `u64` word)
+//! # Layout (version 5, every field a little-endian `u64` word)
 //!
 //! ```text
 //! header (512 B)
 //!   0   magic "MEMGOVML"            set once by the creator, checked by every opener
 //!   8   layout version (1)
 //!   16  slot count
-//!   24  slot size (256)
+//!   24  slot size (512)
 //!   32  checksum of the words 0..32 and the device key (FNV-1a)
 //!   40  state: 1 ready (what is linked at a path is always ready)
 //!   48  limit: the bytes the ledger may promise in all
@@ -30,7 +30,7 @@
 //!   216 when the device was observed (ms since the Unix epoch)
 //!   224 reclaims: dead slots reclaimed so far
 //!   248 audit: impossible changes refused (a give-back beyond a share)
-//! slots (slot count x 256 B), from offset 512
+//! slots (slot count x 512 B), from offset 512
 //!   0   state: kind (2 bits) | epoch (30 bits) | pid (32 bits)
 //!   8   the owner's start time (clock ticks since boot, /proc/<pid>/stat field 22)
 //!   16  W: charged units (40 bits) | applied sequence (24 bits)
@@ -45,6 +45,9 @@
 //!   104 bytes given back through the doorbell, in all
 //!   112 threads of the holder waiting for room (low 32 bits)
 //!   128 name (64 bytes, NUL padded)
+//!   192 where the limit came from (64 bytes, NUL padded)
+//!   256 top sites' sequence: odd while the holder rewrites them
+//!   264 top sites: 4 x (site text, 48 bytes NUL padded; live bytes)
 //! ```
 //!
 //! The first byte of each slot is also its lock byte: its holder keeps an
@@ -59,9 +62,9 @@ use std::time::Duration;
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"MEMGOVML");
 /// The layout this build reads and writes.
-pub const LAYOUT_VERSION: u64 = 4;
+pub const LAYOUT_VERSION: u64 = 5;
 pub(crate) const HEADER: usize = 512;
-pub(crate) const SLOT: usize = 256;
+pub(crate) const SLOT: usize = 512;
 pub(crate) const KEY_BYTES: usize = 64;
 pub(crate) const NAME_BYTES: usize = 64;
 /// The ledger's unit: every charge on it is a whole number of 4 KiB pages.
@@ -117,6 +120,21 @@ pub(crate) const S_NAME: usize = 128;
 /// variable's name, NUL-padded; all zero when the limit was not granted.
 /// Older builds of this layout never write these bytes and read past them.
 pub(crate) const S_LIMIT_FROM: usize = 192;
+/// A sequence word guarding the slot's top sites: odd while its process
+/// rewrites them (a reader retries until it reads the same even value
+/// before and after).
+pub(crate) const S_SITES_SEQ: usize = 256;
+/// The process's largest call sites by live bytes (contexts with
+/// attribution on), largest first: [`SITE_ENTRIES`] entries of
+/// [`SITE_TEXT`] bytes of text (NUL-padded, cut on a character boundary)
+/// then a word of live bytes; an entry of empty text is unused.
+pub(crate) const S_SITES: usize = 264;
+/// How many sites a slot publishes.
+pub const SITE_ENTRIES: usize = 4;
+/// The bytes of one published site's text (longer ones are cut).
+pub const SITE_TEXT: usize = 48;
+const SITE_ENTRY: usize = SITE_TEXT + 8;
+const _: () = assert!(S_SITES + SITE_ENTRIES * SITE_ENTRY <= SLOT);
 
 /// A mapped segment.
 pub(crate) struct Segment {
@@ -665,13 +683,77 @@ impl Segment {
     /// at `off` in slot `i`.
     fn set_slot_text(&self, i: usize, off: usize, text: &str) {
         let mut b = [0u8; NAME_BYTES];
-        let mut n = text.len().min(NAME_BYTES);
-        while !text.is_char_boundary(n) {
-            n -= 1;
-        }
+        let n = cut(text, NAME_BYTES);
         b[..n].copy_from_slice(&text.as_bytes()[..n]);
         self.write_bytes(HEADER + i * SLOT + off, &b);
     }
+
+    /// Publish slot `i`'s top sites (site text, live bytes), largest first;
+    /// the first [`SITE_ENTRIES`] are kept, the rest of the table emptied.
+    /// One writer per slot at a time: its process's doorbell thread, or
+    /// whoever claims or reclaims the slot.
+    pub(crate) fn set_slot_sites(&self, i: usize, sites: &[(String, u64)]) {
+        let seq = self.slot(i, S_SITES_SEQ);
+        // Odd first, and no entry's store before it.
+        seq.fetch_add(1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for k in 0..SITE_ENTRIES {
+            let off = HEADER + i * SLOT + S_SITES + k * SITE_ENTRY;
+            let (text, live) = sites.get(k).map_or(("", 0), |(t, l)| (t.as_str(), *l));
+            let mut b = [0u8; SITE_TEXT];
+            let n = cut(text, SITE_TEXT);
+            b[..n].copy_from_slice(&text.as_bytes()[..n]);
+            self.write_bytes(off, &b);
+            self.word(off + SITE_TEXT).store(live, Ordering::Relaxed);
+        }
+        // Even again, after every entry's store.
+        seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// Slot `i`'s top sites as its process last published them; empty when
+    /// none were, or when a rewrite kept overlapping the read.
+    pub(crate) fn slot_sites(&self, i: usize) -> Vec<(String, u64)> {
+        let seq = self.slot(i, S_SITES_SEQ);
+        for _ in 0..64 {
+            let before = seq.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::thread::yield_now();
+                continue;
+            }
+            let mut read = Vec::with_capacity(SITE_ENTRIES);
+            for k in 0..SITE_ENTRIES {
+                let off = HEADER + i * SLOT + S_SITES + k * SITE_ENTRY;
+                let mut b = [0u8; SITE_TEXT];
+                self.read_bytes(off, &mut b);
+                read.push((b, self.word(off + SITE_TEXT).load(Ordering::Relaxed)));
+            }
+            std::sync::atomic::fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            return read
+                .into_iter()
+                .map(|(b, live)| {
+                    let text = String::from_utf8_lossy(&b)
+                        .trim_end_matches('\0')
+                        .to_owned();
+                    (text, live)
+                })
+                .filter(|(text, _)| !text.is_empty())
+                .collect();
+        }
+        Vec::new()
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a
+/// character boundary.
+fn cut(text: &str, max: usize) -> usize {
+    let mut n = text.len().min(max);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
 }
 
 impl Drop for Segment {

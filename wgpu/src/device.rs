@@ -16,6 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use wgpu::hal::api::Vulkan;
 
+/// The label a buffer of [`GovernedDevice::create_buffer`] is counted
+/// under, beside its caller's line, with call-site attribution on.
+pub const BUFFER_LABEL: &str = "wgpu buffer";
+
 /// Settings of a [`GovernedDevice`].
 #[derive(Debug, Clone)]
 pub struct WgpuConfig {
@@ -400,6 +404,14 @@ impl GovernedDevice {
     /// last submission using it has completed (wgpu finds that out when it
     /// polls, submits or is dropped).
     ///
+    /// With call-site attribution on
+    /// ([`ContextConfig::attribution`](memgov::ContextConfig::attribution),
+    /// or `MEMGOV_ATTRIBUTION=1`), the buffer is counted at the line that
+    /// called this (it is `#[track_caller]`: through a helper of your own
+    /// marked `#[track_caller]`, that helper's caller) under the label
+    /// [`BUFFER_LABEL`], so that a snapshot's `sites` and a refusal name the
+    /// caller's code, not this crate's.
+    ///
     /// # Errors
     ///
     /// [`Error::Refused`] when memgov refuses the bytes (the budget's
@@ -407,6 +419,7 @@ impl GovernedDevice {
     /// untouched; returned, not reported to wgpu's error scopes:
     /// [`Error::wgpu_error_filter`] says which scope would have caught it), [`Error::Mappable`] for `MAP_READ`, `MAP_WRITE` or
     /// `mapped_at_creation`, [`Error::ZeroSized`], [`Error::Retired`].
+    #[track_caller]
     pub fn create_buffer(
         &self,
         desc: &wgpu::BufferDescriptor<'_>,
@@ -429,7 +442,7 @@ impl GovernedDevice {
         let stream = lock(&self.stream).clone().ok_or(Error::Retired)?;
         let memory = self
             .context
-            .allocate(&stream, Alloc::new(bytes, role))
+            .allocate(&stream, Alloc::new(bytes, role).label(BUFFER_LABEL))
             .map_err(Error::Refused)?;
         drop(stream);
         let mapped = memory.raw().is_some_and(|m| m.is_mapped())

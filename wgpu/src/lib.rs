@@ -90,5 +90,5 @@ mod device;
 mod error;
 
 pub use buffer::GovernedBuffer;
-pub use device::{GovernedDevice, RetireMode, WgpuConfig};
+pub use device::{GovernedDevice, RetireMode, WgpuConfig, BUFFER_LABEL};
 pub use error::Error;

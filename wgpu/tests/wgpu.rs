@@ -7,8 +7,8 @@ mod common;
 
 use common::{open, read_back, Alloc, Matmul};
 use memgov::vulkan::VulkanContext;
-use memgov::{Governor, GovernorError, Role};
-use memgov_wgpu::{Error, GovernedDevice, RetireMode};
+use memgov::{ContextConfig, Governor, GovernorError, Role};
+use memgov_wgpu::{Error, GovernedDevice, RetireMode, WgpuConfig};
 use std::time::{Duration, Instant};
 
 fn deadline() -> Instant {
@@ -80,6 +80,67 @@ fn buffers_are_governed_charged_and_used_by_wgpu() {
         .expect("poll");
     let report = dev.retire(deadline(), RetireMode::Wait).expect("retire");
     assert_eq!(report.reclaimed_buffers, 0, "{report:?}");
+    finish(dev);
+}
+
+/// With call-site attribution on, a buffer is counted at the line that
+/// called `create_buffer` (the caller's code, not the glue's) under the
+/// label "wgpu buffer", and a refused one is counted there too.
+#[test]
+fn buffers_are_attributed_to_the_callers_line() {
+    let gov: Governor<VulkanContext> = Governor::new();
+    let config = WgpuConfig {
+        validation: true,
+        context: ContextConfig::new()
+            .label("sites")
+            .budget(1 << 20)
+            .attribution(true),
+        ..WgpuConfig::default()
+    };
+    let dev = match GovernedDevice::open(&gov, config) {
+        Ok(d) => d,
+        Err(e @ (Error::NoAdapter(_) | Error::Backend(_))) => {
+            println!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("opening the governed device: {e}"),
+    };
+    let desc = |size| wgpu::BufferDescriptor {
+        label: Some("kv"),
+        size,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    };
+    let (small, big) = (desc(4096), desc(4 << 20));
+    let line = line!() + 1;
+    let buf = dev.create_buffer(&small, Role::KvCache).expect("create");
+    let refused_line = line!() + 1;
+    let refused = dev.create_buffer(&big, Role::KvCache);
+    assert!(matches!(refused, Err(Error::Refused(_))), "{refused:?}");
+    let sites = dev.context().snapshot().sites;
+    let at = |l: u32| format!("{}:{l}:", file!());
+    let row = sites
+        .iter()
+        .find(|s| s.site.starts_with(&at(line)))
+        .unwrap_or_else(|| panic!("no row at {}: {sites:#?}", at(line)));
+    assert_eq!(row.label.as_deref(), Some(memgov_wgpu::BUFFER_LABEL));
+    assert_eq!(memgov_wgpu::BUFFER_LABEL, "wgpu buffer");
+    assert_eq!((row.live_count, row.allocations), (1, 1));
+    assert!(row.live_bytes >= 4096, "{row:?}");
+    let refused_row = sites
+        .iter()
+        .find(|s| s.site.starts_with(&at(refused_line)))
+        .unwrap_or_else(|| panic!("no row at {}: {sites:#?}", at(refused_line)));
+    assert_eq!((refused_row.refusals, refused_row.live_bytes), (1, 0));
+    assert!(
+        sites.iter().all(|s| !s.site.starts_with("src/")),
+        "a row names the glue's own line: {sites:#?}"
+    );
+    drop(buf);
+    dev.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    dev.retire(deadline(), RetireMode::Wait).expect("retire");
     finish(dev);
 }
 

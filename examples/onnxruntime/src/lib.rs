@@ -56,10 +56,12 @@ mod error;
 mod model;
 mod session;
 
-pub use allocator::{AllocatorStats, GovernedAllocator, HostAddressable, ALIGN, HOLDER, PAD};
+pub use allocator::{
+    AllocatorStats, GovernedAllocator, HostAddressable, ALIGN, ALLOCATOR_SITE, HOLDER, PAD,
+};
 pub use error::Error;
 pub use model::{weights, ConvTranspose, MatMulAdd, Weight, WeightKind};
-pub use session::GovernedSession;
+pub use session::{GovernedSession, WEIGHTS_SITE};
 
 /// Load the ONNX Runtime library named by `ORT_DYLIB_PATH` and build the
 /// process's environment, or say why not (for tests and examples that skip

@@ -26,6 +26,10 @@ use ort::value::DynValue;
 use std::ops::{Deref, DerefMut};
 use std::ptr::{self, NonNull};
 
+/// The site the governed buffers holding a session's initializers are
+/// counted at, with call-site attribution on.
+pub const WEIGHTS_SITE: &str = "onnxruntime weights";
+
 /// A session made by [`GovernedAllocator::session`], with the governed
 /// buffers that hold its initializers. Use it as a [`Session`] (it derefs to
 /// one). Dropping it drops the session first, then the weights.
@@ -161,7 +165,8 @@ impl<C: HostAddressable> GovernedAllocator<C> {
                 continue;
             };
             let bytes = w.bytes + PAD;
-            let buffer = ctx.allocate(&stream, Alloc::new(bytes, Role::Weights))?;
+            let weights = Alloc::new(bytes, Role::Weights).site(WEIGHTS_SITE);
+            let buffer = ctx.allocate(&stream, weights)?;
             buffer.write(0, &model[raw])?;
             let p = buffer
                 .raw()

@@ -366,6 +366,53 @@ fn weights_live_in_governed_memory_and_onnx_runtime_reads_them_in_place() {
     assert_eq!(ctx.snapshot().charged, 0);
 }
 
+/// With attribution on, a session's governed initializers are counted at
+/// `onnxruntime weights` and what ONNX Runtime allocates through the
+/// allocator while running at `onnxruntime allocator`: no row names this
+/// crate's own lines.
+#[test]
+fn a_sessions_memory_is_counted_at_the_glues_sites() {
+    let Some((env, _turn)) = env() else { return };
+    let gov = Governor::new();
+    let ctx = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new()
+            .label("sites")
+            .budget(64 << 20)
+            .attribution(true),
+    );
+    let alloc = GovernedAllocator::register(env, &ctx, Role::Activation).unwrap();
+    let model = MatMulAdd::new(16, 8);
+    let mut s = alloc
+        .session(env, &model.to_onnx(), |b| {
+            Ok(b.with_env_allocators()?
+                .with_intra_threads(1)?
+                .with_prepacking(false)?)
+        })
+        .unwrap();
+    let (_, y) = run(&mut s, &model, 3);
+    let sites = ctx.snapshot().sites;
+    let row = |name: &str| sites.iter().find(|r| r.site == name);
+    let weights = row(memgov_onnxruntime::WEIGHTS_SITE)
+        .unwrap_or_else(|| panic!("no weights row: {sites:#?}"));
+    assert_eq!(weights.live_count, 2, "{weights:?}");
+    assert_eq!(weights.live_bytes, (16 * 8 * 4 + 8 * 4) as u64 + 2 * PAD);
+    let allocator = row(memgov_onnxruntime::ALLOCATOR_SITE)
+        .unwrap_or_else(|| panic!("no allocator row: {sites:#?}"));
+    assert!(allocator.allocations > 0, "{allocator:?}");
+    assert_eq!(
+        (
+            memgov_onnxruntime::WEIGHTS_SITE,
+            memgov_onnxruntime::ALLOCATOR_SITE
+        ),
+        ("onnxruntime weights", "onnxruntime allocator")
+    );
+    assert_eq!(sites.len(), 2, "{sites:#?}");
+    drop((y, s));
+    drop(alloc);
+    ctx.retire().wait(soon()).unwrap();
+}
+
 #[test]
 fn six_mib_of_weights_do_not_load_under_a_one_mib_budget() {
     let Some((env, _turn)) = env() else { return };

@@ -46,6 +46,11 @@ pub(crate) trait DeviceMember: Send + Sync {
     /// Bytes in the context's block cache now.
     fn cached_bytes(&self) -> u64;
 
+    /// The context's call sites with live bytes now (site, then its label
+    /// in quotes when it has one; live bytes), with attribution on; empty
+    /// with it off.
+    fn live_sites(&self) -> Vec<(String, u64)>;
+
     /// A trim of the process budget for another process asked this
     /// context's cache and responders for room (`asked` bytes for the whole
     /// process): they gave back `released`. For the context's timeline.
@@ -617,6 +622,23 @@ impl crate::machine::Host for MachineHost {
             let cached = contexts.iter().map(|c| c.cached_bytes()).sum();
             (contexts.len() as u64, cached)
         })
+    }
+
+    fn top_sites(&self) -> Vec<(String, u64)> {
+        let Some(p) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        // One row per site over every context of the process.
+        let mut by_site: std::collections::HashMap<String, u64> = Default::default();
+        for c in ProcessBudget(p).contexts() {
+            for (site, live) in c.live_sites() {
+                *by_site.entry(site).or_default() += live;
+            }
+        }
+        let mut sites: Vec<(String, u64)> = by_site.into_iter().collect();
+        sites.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        sites.truncate(crate::machine::SITE_ENTRIES);
+        sites
     }
 }
 

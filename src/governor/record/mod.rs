@@ -81,6 +81,7 @@ use crate::{
 };
 use pending::Spares;
 use pin_source::PinSourceInner;
+use sites::SiteId;
 use std::cell::UnsafeCell;
 use std::ops::Deref;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -594,8 +595,29 @@ impl<C: DeviceContext> ContextInner<C> {
         }
     }
 
-    /// `err`, after recording the refusal of `bytes` of `role` on the stream
-    /// tagged `stream` (0: not traced) in the context's timeline.
+    /// [`trace_event`](Self::trace_event) of an allocation counted as
+    /// `site` in the context's table of sites (0: none, or attribution
+    /// off): the event names the site and its label.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn trace_event_at(
+        &self,
+        stream: u32,
+        role: Option<Role>,
+        kind: EventKind,
+        bytes: u64,
+        note: Option<String>,
+        site: SiteId,
+    ) {
+        if let Some(t) = &self.trace {
+            let names = t.site_names(site, || self.sites.as_ref()?.name(site));
+            t.event_at(stream, role, kind, bytes, note, names);
+        }
+    }
+
+    /// `err`, after recording the refusal of `bytes` of `role` made at
+    /// `site` on the stream tagged `stream` (0: not traced) in the
+    /// context's timeline.
     #[cold]
     #[inline(never)]
     pub(crate) fn trace_refused(
@@ -604,10 +626,11 @@ impl<C: DeviceContext> ContextInner<C> {
         role: Role,
         bytes: u64,
         err: GovernorError,
+        site: SiteId,
     ) -> GovernorError {
         if stream != 0 {
             let note = Some(err.to_string());
-            self.trace_event(stream, Some(role), EventKind::Refused, bytes, note);
+            self.trace_event_at(stream, Some(role), EventKind::Refused, bytes, note, site);
         }
         err
     }

@@ -87,6 +87,20 @@ struct Slot {
     refusals: AtomicU64,
 }
 
+/// A site as snapshots and traces name it: the name the allocation gave,
+/// or its caller's `file:line:col`.
+fn site_name(location: &'static Location<'static>, names: Names) -> String {
+    match names.site {
+        Some(named) => named.to_owned(),
+        None => format!(
+            "{}:{}:{}",
+            location.file(),
+            location.line(),
+            location.column()
+        ),
+    }
+}
+
 /// One context's table of call sites.
 pub(crate) struct Sites {
     /// `SLOTS` found by hashing, then the overflow slot.
@@ -200,11 +214,19 @@ impl Sites {
         }
     }
 
-    /// An allocation at `location` was refused.
+    /// An allocation at `location` was refused: the site's id.
     #[cold]
-    pub(crate) fn refused(&self, location: &'static Location<'static>, names: Names) {
+    pub(crate) fn refused(&self, location: &'static Location<'static>, names: Names) -> SiteId {
         let at = self.find(location, names);
         self.slots[at].refusals.fetch_add(1, Relaxed);
+        at as SiteId + 1
+    }
+
+    /// The site counted as `site` as snapshots name it (`file:line:col`,
+    /// or the name the allocation gave), and its label.
+    pub(crate) fn name(&self, site: SiteId) -> Option<(String, Option<&'static str>)> {
+        let (location, names) = self.key(site)?;
+        Some((site_name(location, names), names.label))
     }
 
     /// Where the buffer counted as `site` was made, and its names.
@@ -225,15 +247,7 @@ impl Sites {
                 continue;
             }
             let releases = slot.releases.load(Relaxed);
-            let site = match key.names.site {
-                Some(named) => named.to_owned(),
-                None => format!(
-                    "{}:{}:{}",
-                    key.location.file(),
-                    key.location.line(),
-                    key.location.column()
-                ),
-            };
+            let site = site_name(key.location, key.names);
             let row = merged
                 .entry((site.clone(), key.names.label))
                 .or_insert_with(|| SiteUsage {
