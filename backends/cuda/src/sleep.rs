@@ -11,96 +11,16 @@
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
 //! While asleep, allocation and copies to and from sleeping memory are
-//! refused (`InvalidArgument`), and releases retire as usual. This module
-//! gives the core CUDA's copies: on a stream of the sleep's own,
-//! synchronized after each granule.
+//! refused (`InvalidArgument`), and releases retire as usual. The copies
+//! (on a stream of the sleep's own, synchronized after each granule) are the
+//! stream-ordered core's ([`memgov_stream_ordered::arena`]), over CUDA's
+//! table; this module is the public face on [`CudaArena`].
 
 use crate::arena::{CudaArena, Driver};
-use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
-use memgov_backend::vmm::{self, GranuleDriver};
+use cudarc::driver::sys::CUdeviceptr;
 use memgov_backend::BackendError;
-use std::ffi::c_void;
 
 pub use memgov_backend::capability::SleepReport;
-
-impl Driver<'_> {
-    /// The copy stream, made on first use.
-    fn copies(&self, op: &'static str) -> Result<CUstream, BackendError> {
-        let raw = self.copies.get();
-        if !raw.is_null() {
-            return Ok(raw);
-        }
-        let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current (the core made
-        // it current before any copy).
-        let r = unsafe { sys::cuStreamCreate(&mut raw, 1) };
-        self.s.checked(op, "cuStreamCreate", r)?;
-        self.copies.set(raw);
-        Ok(raw)
-    }
-
-    fn sync(&self, op: &'static str, raw: CUstream) -> Result<(), BackendError> {
-        // SAFETY: the driver's own copy stream, alive until the driver drops.
-        let r = unsafe { sys::cuStreamSynchronize(raw) };
-        self.s.checked(op, "cuStreamSynchronize", r)
-    }
-}
-
-impl Drop for Driver<'_> {
-    fn drop(&mut self) {
-        let raw = self.copies.replace(std::ptr::null_mut());
-        if raw.is_null() {
-            return;
-        }
-        if let Ok(_current) = self.s.make_current("sleep") {
-            // SAFETY: the copy stream made by `copies`, destroyed once,
-            // after its copies completed (synchronized here as well).
-            unsafe {
-                let _ = sys::cuStreamSynchronize(raw);
-                let _ = sys::cuStreamDestroy_v2(raw);
-            }
-        }
-    }
-}
-
-impl vmm::SleepDriver for Driver<'_> {
-    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::arena::quiesce(self.s, op, None)
-    }
-
-    fn offload(&self, at: u64, bytes: u64) -> Result<usize, BackendError> {
-        let raw = self.copies("sleep")?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current.
-        let r = unsafe {
-            sys::cuMemHostAlloc(&mut host, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE)
-        };
-        self.s.checked("sleep", "cuMemHostAlloc", r)?;
-        // SAFETY: the granule at `at` is mapped read-write; `host` holds
-        // `bytes` and outlives the copy (synchronized below).
-        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(host, at, bytes as usize, raw) };
-        let copied = self
-            .s
-            .checked("sleep", "cuMemcpyDtoHAsync_v2", r)
-            .and_then(|()| self.sync("sleep", raw));
-        if let Err(e) = copied {
-            self.free_host(host as usize, "sleep");
-            return Err(e);
-        }
-        Ok(host as usize)
-    }
-
-    fn restore(&self, at: u64, host: usize, bytes: u64) -> Result<(), BackendError> {
-        let raw = self.copies("wake")?;
-        // SAFETY: `host` holds one granule of contents; the granule at `at`
-        // was just mapped read-write; the host memory outlives the copy
-        // (synchronized below).
-        let r =
-            unsafe { sys::cuMemcpyHtoDAsync_v2(at, host as *const c_void, bytes as usize, raw) };
-        self.s.checked("wake", "cuMemcpyHtoDAsync_v2", r)?;
-        self.sync("wake", raw)
-    }
-}
 
 impl CudaArena {
     /// Run `f` on the arena with this backend's driver, once the context is

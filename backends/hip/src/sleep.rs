@@ -11,92 +11,13 @@
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
 //! While asleep, allocation and copies to and from sleeping memory are refused
-//! (`InvalidArgument`), and releases retire as usual. This module gives the
-//! core HIP's copies: on a stream of the sleep's own, synchronized after
-//! each granule.
+//! (`InvalidArgument`), and releases retire as usual. The copies (on a
+//! stream of the sleep's own, synchronized after each granule) are the
+//! stream-ordered core's ([`memgov_stream_ordered::arena`]), over HIP's
+//! table; this module is the public face on [`HipArena`].
 
-use crate::arena::{release, Driver, HipArena, SleepReport};
-use crate::ffi;
-use crate::stream::RawStream;
-use memgov_backend::vmm::{self, GranuleDriver};
+use crate::arena::{Driver, HipArena, SleepReport};
 use memgov_backend::BackendError;
-use std::ffi::c_void;
-
-impl Driver<'_> {
-    /// The copy stream, made on first use.
-    fn copies(&self, op: &'static str) -> Result<RawStream, BackendError> {
-        if let Some(raw) = self.copies.get() {
-            return Ok(raw);
-        }
-        let raw = crate::stream::create_raw(self.s, op)?;
-        self.copies.set(Some(raw));
-        Ok(raw)
-    }
-
-    fn sync(&self, op: &'static str, raw: RawStream) -> Result<(), BackendError> {
-        // SAFETY: the driver's own copy stream, alive until the driver drops.
-        let r = unsafe { ffi::hipStreamSynchronize(raw.0) };
-        self.s.checked(op, "hipStreamSynchronize", r)
-    }
-}
-
-impl Drop for Driver<'_> {
-    fn drop(&mut self) {
-        if let Some(raw) = self.copies.take() {
-            if let Ok(_device) = self.s.make_current("sleep") {
-                // SAFETY: the copy stream made by `copies`, destroyed once,
-                // after its copies completed (synchronized here as well).
-                unsafe {
-                    let _ = ffi::hipStreamSynchronize(raw.0);
-                    let _ = ffi::hipStreamDestroy(raw.0);
-                }
-            }
-        }
-    }
-}
-
-impl vmm::SleepDriver for Driver<'_> {
-    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
-        release::quiesce(self.s, op, None)
-    }
-
-    fn offload(&self, at: u64, bytes: u64) -> Result<usize, BackendError> {
-        let raw = self.copies("sleep")?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the device is current.
-        let r = unsafe { ffi::hipHostMalloc(&mut host, bytes as usize, ffi::hipHostMallocDefault) };
-        self.s.checked("sleep", "hipHostMalloc", r)?;
-        // SAFETY: the granule at `at` is mapped read-write; `host` holds
-        // `bytes` and outlives the copy (synchronized below).
-        let r = unsafe { ffi::hipMemcpyDtoHAsync(host, at as *mut c_void, bytes as usize, raw.0) };
-        let copied = self
-            .s
-            .checked("sleep", "hipMemcpyDtoHAsync", r)
-            .and_then(|()| self.sync("sleep", raw));
-        if let Err(e) = copied {
-            self.free_host(host as usize, "sleep");
-            return Err(e);
-        }
-        Ok(host as usize)
-    }
-
-    fn restore(&self, at: u64, host: usize, bytes: u64) -> Result<(), BackendError> {
-        let raw = self.copies("wake")?;
-        // SAFETY: `host` holds one granule of contents; the granule at `at`
-        // was just mapped read-write; the host memory outlives the copy
-        // (synchronized below).
-        let r = unsafe {
-            ffi::hipMemcpyHtoDAsync(
-                at as *mut c_void,
-                host as *mut c_void,
-                bytes as usize,
-                raw.0,
-            )
-        };
-        self.s.checked("wake", "hipMemcpyHtoDAsync", r)?;
-        self.sync("wake", raw)
-    }
-}
 
 impl HipArena {
     /// Run `f` on the arena with this backend's driver, once the context is

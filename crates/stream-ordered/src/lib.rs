@@ -13,7 +13,12 @@
 //!
 //! * [`result`]: a driver result becoming a [`BackendError`] (kind, code,
 //!   the driver's name for it, the way out), and [`Checked`], the
-//!   [`shell::Driver`] of any vendor.
+//!   [`shell::Driver`] of any vendor;
+//! * [`arena`]: the virtual-memory arena's driver glue: one granule's
+//!   create / map / set-access (each step undone on failure) and unmap /
+//!   release, the sleep's page-locked copies on a stream of its own, the
+//!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
+//!   arena core in `memgov_backend::vmm`.
 //!
 //! What really differs between the vendors stays in the vendor crates,
 //! written beside their table: CUDA's primary context pushed and popped
@@ -29,15 +34,19 @@
 //! the drivers of CUDA's shape share. It depends on `memgov-backend` alone,
 //! and a third vendor of that shape plugs in by implementing its tables.
 //!
-//! Layers: [`result`] (the table and the classification) is the bottom;
-//! no module imports one above it.
+//! Layers: [`result`] (the table and the classification) is below
+//! [`arena`] (which moves memory through it); no module imports one above
+//! it.
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
+//! [`vmm::GranuleDriver`]: memgov_backend::vmm::GranuleDriver
+//! [`vmm::SleepDriver`]: memgov_backend::vmm::SleepDriver
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod result;
 
 pub use result::{Checked, Class, Hints, Vendor};

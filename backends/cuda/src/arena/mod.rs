@@ -44,7 +44,6 @@ use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::vmm;
 use memgov_backend::{BackendError, BackendErrorKind};
-use state::Slot;
 use std::sync::Arc;
 
 /// Settings of a context's virtual-memory arena (see
@@ -144,55 +143,9 @@ impl std::ops::Deref for Arena {
     }
 }
 
-/// CUDA's granule steps ([`granule`]) for the arena's core, and (in
-/// [`crate::sleep`]) its copies for sleep and wake.
-pub(crate) struct Driver<'a> {
-    pub(crate) s: &'a Shared,
-    pub(crate) arena: &'a Arena,
-    /// The sleep's or wake's own copy stream, made on first use and
-    /// destroyed when the driver drops.
-    pub(crate) copies: std::cell::Cell<sys::CUstream>,
-}
-
-impl<'a> vmm::GranuleDriver for Driver<'a> {
-    type Handle = sys::CUmemGenericAllocationHandle;
-    type Current = memgov_backend::shell::Current<'a, Shared>;
-
-    fn backend(&self) -> &'static str {
-        crate::result::BACKEND
-    }
-
-    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
-        self.s.make_current(op)
-    }
-
-    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::capture::gate().refuse_own(op)
-    }
-
-    fn map(&self, g: usize, op: &'static str) -> Result<Self::Handle, vmm::MapError<Self::Handle>> {
-        granule::map(self.s, self.arena, g, op)
-    }
-
-    fn unmap(&self, g: usize, h: Self::Handle, op: &'static str) -> Result<(), Slot> {
-        granule::unmap(self.s, self.arena, g, h, op)
-    }
-
-    fn release(&self, h: Self::Handle, op: &'static str) -> Result<(), BackendError> {
-        granule::release(self.s, h, op)
-    }
-
-    fn free_host(&self, host: usize, op: &'static str) {
-        // A potentially unsafe call: waits for captures under way (sleep and
-        // wake hold a gate call already; this is the arena teardown's).
-        let _call = crate::capture::gate().call(op, false);
-        // SAFETY: page-locked memory this arena allocated for a sleeping
-        // granule's contents, freed once (the slot holding it was taken out
-        // of the state); no copy uses it (every stream was synchronized).
-        let r = unsafe { sys::cuMemFreeHost(host as *mut std::ffi::c_void) };
-        let _ = self.s.checked(op, "cuMemFreeHost", r);
-    }
-}
+/// One arena operation's driver: the core's granule steps and sleep copies
+/// ([`memgov_stream_ordered::arena`]) over CUDA's table ([`granule`]).
+pub(crate) type Driver<'a> = memgov_stream_ordered::arena::Driver<'a, Shared>;
 
 impl Arena {
     /// Ask the granularity and reserve the range, on the context (current on
@@ -253,11 +206,7 @@ impl Arena {
     }
 
     pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver {
-            s,
-            arena: self,
-            copies: std::cell::Cell::new(std::ptr::null_mut()),
-        }
+        Driver::new(s, &self.core, granule::prop(self.ordinal))
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its

@@ -26,7 +26,7 @@ use crate::ffi;
 use crate::result::err;
 use crate::shared::Shared;
 use granule::Handle;
-use memgov_backend::vmm::{self, Slot};
+use memgov_backend::vmm;
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -224,11 +224,7 @@ impl Arena {
     }
 
     pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver {
-            s,
-            arena: self,
-            copies: std::cell::Cell::new(None),
-        }
+        Driver::new(s, &self.core, self.prop())
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
@@ -255,55 +251,9 @@ impl Arena {
     }
 }
 
-/// HIP's steps for the arena's core, made for one arena operation. The
-/// copies of a sleep or wake go on a stream of its own, made on first use
-/// and destroyed (after a synchronize) when the driver is dropped.
-pub(crate) struct Driver<'a> {
-    pub(crate) s: &'a Shared,
-    pub(crate) arena: &'a Arena,
-    pub(crate) copies: std::cell::Cell<Option<crate::stream::RawStream>>,
-}
-
-impl<'a> vmm::GranuleDriver for Driver<'a> {
-    type Handle = Handle;
-    type Current = memgov_backend::shell::Current<'a, Shared>;
-
-    fn backend(&self) -> &'static str {
-        crate::result::BACKEND
-    }
-
-    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
-        self.s.make_current(op)
-    }
-
-    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::capture::gate().refuse_own(op)
-    }
-
-    fn map(&self, g: usize, op: &'static str) -> Result<Handle, vmm::MapError<Handle>> {
-        granule::map(self.s, self.arena, g, op)
-    }
-
-    fn unmap(&self, g: usize, h: Handle, op: &'static str) -> Result<(), Slot<Handle>> {
-        granule::unmap(self.s, self.arena, g, h, op)
-    }
-
-    fn release(&self, h: Handle, op: &'static str) -> Result<(), BackendError> {
-        granule::release(self.s, h, op)
-    }
-
-    fn free_host(&self, host: usize, op: &'static str) {
-        // A potentially unsafe call: waits for captures under way (sleep and
-        // wake hold a gate call already; this is the arena teardown's).
-        let _call = crate::capture::gate().call(op, false);
-        // SAFETY: page-locked memory this arena allocated (hipHostMalloc)
-        // for a sleeping granule's contents, freed once (the slot holding
-        // it was taken out of the state); no queued copy uses it (every
-        // copy was synchronized).
-        let r = unsafe { ffi::hipHostFree(host as *mut c_void) };
-        let _ = self.s.checked(op, "hipHostFree", r);
-    }
-}
+/// One arena operation's driver: the core's granule steps and sleep copies
+/// ([`memgov_stream_ordered::arena`]) over HIP's table ([`granule`]).
+pub(crate) type Driver<'a> = memgov_stream_ordered::arena::Driver<'a, Shared>;
 
 /// Arena memory handed to the pool's release path (a bug of this crate).
 pub(crate) fn misrouted() -> BackendError {

@@ -1,0 +1,429 @@
+//! The virtual-memory arena's driver glue, written once over the vendor's
+//! table: one granule's steps (create, map, set access, each undone on
+//! failure; unmap, release), the page-locked copies of a sleep and a wake on
+//! a stream of their own, and the two as the [`vmm::GranuleDriver`] and
+//! [`vmm::SleepDriver`] the arena core (`memgov_backend::vmm`) drives.
+//!
+//! A vendor provides its entry points ([`VmmTable`], on its vendor type)
+//! and a context to run them in ([`ArenaContext`], on its shared state: the
+//! checked call that marks a context lost on a sticky code, the device
+//! made current, the capture gate, the streams drained). Every message
+//! names the vendor's own call ([`VmmNames`]).
+
+use crate::result::Vendor;
+use memgov_backend::shell::{self, Current, MakeCurrent};
+use memgov_backend::vmm::{self, Gate, Slot};
+use memgov_backend::BackendError;
+use std::cell::Cell;
+use std::fmt::Debug;
+
+/// The vendor's names of its virtual-memory, copy and stream calls, for
+/// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
+#[derive(Debug, Clone, Copy)]
+pub struct VmmNames {
+    /// [`VmmTable::mem_create`] (`cuMemCreate`).
+    pub mem_create: &'static str,
+    /// [`VmmTable::mem_map`] (`cuMemMap`).
+    pub mem_map: &'static str,
+    /// [`VmmTable::mem_set_access`] (`cuMemSetAccess`).
+    pub mem_set_access: &'static str,
+    /// [`VmmTable::mem_unmap`] (`cuMemUnmap`).
+    pub mem_unmap: &'static str,
+    /// [`VmmTable::mem_release`] (`cuMemRelease`).
+    pub mem_release: &'static str,
+    /// [`VmmTable::host_alloc`] (`cuMemHostAlloc`).
+    pub host_alloc: &'static str,
+    /// [`VmmTable::host_free`] (`cuMemFreeHost`).
+    pub host_free: &'static str,
+    /// [`VmmTable::stream_create`] (`cuStreamCreate`).
+    pub stream_create: &'static str,
+    /// [`VmmTable::stream_sync`] (`cuStreamSynchronize`).
+    pub stream_sync: &'static str,
+    /// [`VmmTable::copy_dtoh_async`] (`cuMemcpyDtoHAsync_v2`).
+    pub copy_dtoh_async: &'static str,
+    /// [`VmmTable::copy_htod_async`] (`cuMemcpyHtoDAsync_v2`).
+    pub copy_htod_async: &'static str,
+}
+
+/// A vendor's entry points for the arena: physical memory, its mapping into
+/// a reserved range, page-locked host memory, and the copy stream. Each
+/// returns the driver's code (and, for a constructor, the value written to
+/// its out parameter, meaningful only on success). The caller has the
+/// arena's device current.
+pub trait VmmTable: Vendor {
+    /// A handle of physical memory (`CUmemGenericAllocationHandle`).
+    type Handle: Copy + Eq + Debug + Send + Sync + 'static;
+    /// A raw stream handle (`CUstream`, `hipStream_t`).
+    type Stream: Copy;
+    /// What a granule is created with: the allocation properties, which name
+    /// the device (and, on HIP, are in the loaded runtime's layout).
+    type Prop;
+
+    /// The calls' names, for messages.
+    const NAMES: VmmNames;
+
+    /// Create `bytes` of pinned device memory with `prop`.
+    ///
+    /// # Safety
+    ///
+    /// The device is current; `bytes` is a multiple of the granularity.
+    unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (Self::Code, Self::Handle);
+
+    /// Map handle `h` (of exactly `bytes`) at `at`.
+    ///
+    /// # Safety
+    ///
+    /// `[at, at + bytes)` lies in a reservation and nothing is mapped there.
+    unsafe fn mem_map(at: u64, bytes: usize, h: Self::Handle) -> Self::Code;
+
+    /// Make `[at, at + bytes)` readable and writable from the device
+    /// `prop` names.
+    ///
+    /// # Safety
+    ///
+    /// The range is exactly one mapping made by [`mem_map`](Self::mem_map).
+    unsafe fn mem_set_access(at: u64, bytes: usize, prop: &Self::Prop) -> Self::Code;
+
+    /// Unmap `[at, at + bytes)`.
+    ///
+    /// # Safety
+    ///
+    /// The range is one mapping no allocation or queued work uses.
+    unsafe fn mem_unmap(at: u64, bytes: usize) -> Self::Code;
+
+    /// Release handle `h`.
+    ///
+    /// # Safety
+    ///
+    /// `h` was created by [`mem_create`](Self::mem_create) and is released
+    /// once.
+    unsafe fn mem_release(h: Self::Handle) -> Self::Code;
+
+    /// Allocate `bytes` of page-locked host memory usable from any context;
+    /// returns its address.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn host_alloc(bytes: usize) -> (Self::Code, usize);
+
+    /// Free page-locked host memory.
+    ///
+    /// # Safety
+    ///
+    /// `host` came from [`host_alloc`](Self::host_alloc), is freed once,
+    /// and no queued copy uses it.
+    unsafe fn host_free(host: usize) -> Self::Code;
+
+    /// Create a non-blocking stream on the current device.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn stream_create() -> (Self::Code, Self::Stream);
+
+    /// Wait for everything queued on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn stream_sync(stream: Self::Stream) -> Self::Code;
+
+    /// Destroy `stream` (its queued work runs first).
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live and destroyed once.
+    unsafe fn stream_destroy(stream: Self::Stream) -> Self::Code;
+
+    /// Queue a copy of `bytes` from device address `at` to host address
+    /// `host` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are valid for `bytes` until the copy completes; the
+    /// stream is live.
+    unsafe fn copy_dtoh_async(host: usize, at: u64, bytes: usize, stream: Self::Stream)
+        -> Self::Code;
+
+    /// Queue a copy of `bytes` from host address `host` to device address
+    /// `at` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy_dtoh_async`](Self::copy_dtoh_async).
+    unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: Self::Stream)
+        -> Self::Code;
+}
+
+/// The code type of a context's table.
+pub type CodeOf<C> = <<C as ArenaContext>::Table as Vendor>::Code;
+/// The physical-memory handle of a context's table.
+pub type HandleOf<C> = <<C as ArenaContext>::Table as VmmTable>::Handle;
+
+/// A context the arena's calls run in: implemented by the vendor's shared
+/// state, which makes its device current ([`MakeCurrent`]: CUDA pushes its
+/// context, HIP sets the thread's device) and keeps its lost state.
+pub trait ArenaContext: MakeCurrent + Sized {
+    /// The vendor's table.
+    type Table: VmmTable;
+
+    /// `Ok` for success; else the classified error, after marking the
+    /// context lost on a sticky code.
+    fn checked(&self, op: &'static str, call: &str, code: CodeOf<Self>)
+        -> Result<(), BackendError>;
+
+    /// The process's capture gate for this vendor: a call that would break
+    /// a capture under way waits (or is refused on the capturing thread).
+    fn capture_gate(&self) -> &'static Gate;
+
+    /// Wait until every stream of the context ran what is queued on it.
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError>;
+}
+
+/// One arena operation's driver: the context, the arena's books, the
+/// properties its granules are created with, and the sleep's or wake's own
+/// copy stream (made on first use, synchronized and destroyed on drop).
+pub struct Driver<'a, C: ArenaContext> {
+    s: &'a C,
+    books: &'a vmm::Arena<HandleOf<C>>,
+    prop: <C::Table as VmmTable>::Prop,
+    copies: Cell<Option<<C::Table as VmmTable>::Stream>>,
+}
+
+impl<'a, C: ArenaContext> Driver<'a, C> {
+    /// A driver for one operation on `books`, run in context `s`.
+    pub fn new(
+        s: &'a C,
+        books: &'a vmm::Arena<HandleOf<C>>,
+        prop: <C::Table as VmmTable>::Prop,
+    ) -> Self {
+        Self {
+            s,
+            books,
+            prop,
+            copies: Cell::new(None),
+        }
+    }
+
+    fn names() -> &'static VmmNames {
+        &<C::Table as VmmTable>::NAMES
+    }
+
+    /// The address of granule `g`.
+    fn at(&self, g: usize) -> u64 {
+        self.books.base + g as u64 * self.books.granule
+    }
+
+    /// Undo a half-made granule: unmap (when mapped) and release. The error
+    /// says what could not be undone.
+    fn undo(
+        &self,
+        h: HandleOf<C>,
+        mapped: Option<(u64, usize)>,
+        e: BackendError,
+        op: &'static str,
+    ) -> vmm::MapError<HandleOf<C>> {
+        if let Some((at, size)) = mapped {
+            // SAFETY: the mapping made by `map`, unused (its access was
+            // never granted), unmapped once.
+            let r = unsafe { C::Table::mem_unmap(at, size) };
+            if let Err(u) = self.s.checked(op, Self::names().mem_unmap, r) {
+                let why = format!("its mapping at {at:#x} stays ({})", u.message);
+                let slot = Slot::Quarantined {
+                    handle: Some(h),
+                    mapped: true,
+                };
+                return (with(e, why), Some(slot));
+            }
+        }
+        match vmm::GranuleDriver::release(self, h, op) {
+            Ok(()) => (e, None),
+            Err(u) => {
+                let why = format!("its handle stays unreleased ({})", u.message);
+                let slot = Slot::Quarantined {
+                    handle: Some(h),
+                    mapped: false,
+                };
+                (with(e, why), Some(slot))
+            }
+        }
+    }
+
+    /// The copy stream, made on first use.
+    fn copies(&self, op: &'static str) -> Result<<C::Table as VmmTable>::Stream, BackendError> {
+        if let Some(raw) = self.copies.get() {
+            return Ok(raw);
+        }
+        // SAFETY: the core made the device current before any copy.
+        let (r, raw) = unsafe { C::Table::stream_create() };
+        self.s.checked(op, Self::names().stream_create, r)?;
+        self.copies.set(Some(raw));
+        Ok(raw)
+    }
+
+    fn sync(&self, op: &'static str, raw: <C::Table as VmmTable>::Stream) -> Result<(), BackendError> {
+        // SAFETY: the driver's own copy stream, alive until the driver drops.
+        let r = unsafe { C::Table::stream_sync(raw) };
+        self.s.checked(op, Self::names().stream_sync, r)
+    }
+}
+
+fn with(e: BackendError, why: String) -> BackendError {
+    BackendError {
+        message: format!(
+            "{}; undoing the granule failed: {why} (quarantined)",
+            e.message
+        ),
+        ..e
+    }
+}
+
+impl<C: ArenaContext> Drop for Driver<'_, C> {
+    fn drop(&mut self) {
+        let Some(raw) = self.copies.take() else {
+            return;
+        };
+        if let Ok(_current) = shell::make_current(self.s, "sleep") {
+            // SAFETY: the copy stream made by `copies`, destroyed once,
+            // after its copies completed (synchronized here as well).
+            unsafe {
+                let _ = C::Table::stream_sync(raw);
+                let _ = C::Table::stream_destroy(raw);
+            }
+        }
+    }
+}
+
+impl<'a, C: ArenaContext> vmm::GranuleDriver for Driver<'a, C> {
+    type Handle = HandleOf<C>;
+    type Current = Current<'a, C>;
+
+    fn backend(&self) -> &'static str {
+        <C::Table as Vendor>::BACKEND
+    }
+
+    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
+        shell::make_current(self.s, op)
+    }
+
+    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
+        self.s.capture_gate().refuse_own(op)
+    }
+
+    /// Back granule `g` with fresh physical memory, accessible read-write
+    /// from the arena's device: create, map, set access, each undone on
+    /// failure; an undo the driver refuses is reported by the error's
+    /// message and the slot returned with it.
+    fn map(&self, g: usize, op: &'static str) -> Result<HandleOf<C>, vmm::MapError<HandleOf<C>>> {
+        let n = Self::names();
+        // Held until the granule is mapped: no capture begins in between.
+        let _call = self
+            .s
+            .capture_gate()
+            .call(op, true)
+            .map_err(|e| (e, None))?;
+        let at = self.at(g);
+        let size = self.books.granule as usize;
+        // SAFETY: one granule (a multiple of the granularity); the device is
+        // current.
+        let (r, h) = unsafe { C::Table::mem_create(size, &self.prop) };
+        self.s.checked(op, n.mem_create, r).map_err(|e| (e, None))?;
+        // SAFETY: `at` is a granule-aligned granule of the arena's
+        // reservation that this thread owns (marked Mapping), so nothing is
+        // mapped there; `h` is the handle just created, of exactly one
+        // granule.
+        let r = unsafe { C::Table::mem_map(at, size, h) };
+        if let Err(e) = self.s.checked(op, n.mem_map, r) {
+            return Err(self.undo(h, None, e, op));
+        }
+        // SAFETY: [at, at + size) is exactly the mapping made above.
+        let r = unsafe { C::Table::mem_set_access(at, size, &self.prop) };
+        if let Err(e) = self.s.checked(op, n.mem_set_access, r) {
+            return Err(self.undo(h, Some((at, size)), e, op));
+        }
+        Ok(h)
+    }
+
+    /// Unmap granule `g` (backed by `h`) and release `h`. `Err` carries the
+    /// slot to quarantine it in: still mapped, or unmapped but unreleased.
+    fn unmap(&self, g: usize, h: HandleOf<C>, op: &'static str) -> Result<(), Slot<HandleOf<C>>> {
+        // Never refused (`refuse_own` is false): waits while a capture is
+        // under way on another thread.
+        let _call = self.s.capture_gate().call(op, false);
+        let at = self.at(g);
+        // SAFETY: granule `g` is mapped with `h` and owned by this thread
+        // (Unmapping, or undone before anyone used it); no allocation
+        // overlaps it, and every stream passed the release of the last that
+        // did.
+        let r = unsafe { C::Table::mem_unmap(at, self.books.granule as usize) };
+        if self.s.checked(op, Self::names().mem_unmap, r).is_err() {
+            return Err(Slot::Quarantined {
+                handle: Some(h),
+                mapped: true,
+            });
+        }
+        self.release(h, op).map_err(|_| Slot::Quarantined {
+            handle: Some(h),
+            mapped: false,
+        })
+    }
+
+    /// Release a handle (its memory goes once no mapping uses it).
+    fn release(&self, h: HandleOf<C>, op: &'static str) -> Result<(), BackendError> {
+        let _call = self.s.capture_gate().call(op, false)?;
+        // SAFETY: a handle of this arena, released once: every caller takes
+        // it out of the granule's slot first.
+        let r = unsafe { C::Table::mem_release(h) };
+        self.s.checked(op, Self::names().mem_release, r)
+    }
+
+    fn free_host(&self, host: usize, op: &'static str) {
+        // A potentially unsafe call: waits for captures under way (sleep and
+        // wake hold a gate call already; this is the arena teardown's).
+        let _call = self.s.capture_gate().call(op, false);
+        // SAFETY: page-locked memory this arena allocated for a sleeping
+        // granule's contents, freed once (the slot holding it was taken out
+        // of the state); no copy uses it (every stream was synchronized).
+        let r = unsafe { C::Table::host_free(host) };
+        let _ = self.s.checked(op, Self::names().host_free, r);
+    }
+}
+
+/// Sleep and wake: the copies go on the driver's own stream, synchronized
+/// after each granule.
+impl<C: ArenaContext> vmm::SleepDriver for Driver<'_, C> {
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        self.s.quiesce(op)
+    }
+
+    fn offload(&self, at: u64, bytes: u64) -> Result<usize, BackendError> {
+        let n = Self::names();
+        let raw = self.copies("sleep")?;
+        // SAFETY: the device is current.
+        let (r, host) = unsafe { C::Table::host_alloc(bytes as usize) };
+        self.s.checked("sleep", n.host_alloc, r)?;
+        // SAFETY: the granule at `at` is mapped read-write; `host` holds
+        // `bytes` and outlives the copy (synchronized below).
+        let r = unsafe { C::Table::copy_dtoh_async(host, at, bytes as usize, raw) };
+        let copied = self
+            .s
+            .checked("sleep", n.copy_dtoh_async, r)
+            .and_then(|()| self.sync("sleep", raw));
+        if let Err(e) = copied {
+            vmm::GranuleDriver::free_host(self, host, "sleep");
+            return Err(e);
+        }
+        Ok(host)
+    }
+
+    fn restore(&self, at: u64, host: usize, bytes: u64) -> Result<(), BackendError> {
+        let raw = self.copies("wake")?;
+        // SAFETY: `host` holds one granule of contents; the granule at `at`
+        // was just mapped read-write; the host memory outlives the copy
+        // (synchronized below).
+        let r = unsafe { C::Table::copy_htod_async(at, host, bytes as usize, raw) };
+        self.s.checked("wake", Self::names().copy_htod_async, r)?;
+        self.sync("wake", raw)
+    }
+}
