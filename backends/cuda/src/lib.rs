@@ -641,9 +641,9 @@ impl DeviceContext for CudaContext {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed.
         self.pins
-            .end_stranded(&self.shared, lost || self.shared.is_lost());
+            .end_stranded(&*self.shared, lost || self.shared.is_lost());
         let graphs = match &self.arena {
-            Some(a) if !lost => self.pins.teardown(&self.shared, a),
+            Some(a) if !lost => self.pins.teardown(&*self.shared, a),
             _ => {
                 self.pins.close();
                 Ok(0)

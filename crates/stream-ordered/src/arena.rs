@@ -5,193 +5,29 @@
 //! [`vmm::SleepDriver`] the arena core (`memgov_backend::vmm`) drives.
 //!
 //! A vendor provides its entry points ([`VmmTable`], on its vendor type)
-//! and a context to run them in ([`ArenaContext`], on its shared state: the
+//! and a context to run them in ([`Context`], on its shared state: the
 //! checked call that marks a context lost on a sticky code, the device
 //! made current, the capture gate, the streams drained). Every message
 //! names the vendor's own call ([`VmmNames`]).
 
 use crate::result::Vendor;
-use memgov_backend::shell::{self, Current, MakeCurrent};
-use memgov_backend::vmm::{self, Gate, Slot};
+use crate::table::{Context, HandleOf, VmmNames, VmmTable};
+use memgov_backend::shell::{self, Current};
+use memgov_backend::vmm::{self, Slot};
 use memgov_backend::BackendError;
 use std::cell::Cell;
-use std::fmt::Debug;
-
-/// The vendor's names of its virtual-memory, copy and stream calls, for
-/// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
-#[derive(Debug, Clone, Copy)]
-pub struct VmmNames {
-    /// [`VmmTable::mem_create`] (`cuMemCreate`).
-    pub mem_create: &'static str,
-    /// [`VmmTable::mem_map`] (`cuMemMap`).
-    pub mem_map: &'static str,
-    /// [`VmmTable::mem_set_access`] (`cuMemSetAccess`).
-    pub mem_set_access: &'static str,
-    /// [`VmmTable::mem_unmap`] (`cuMemUnmap`).
-    pub mem_unmap: &'static str,
-    /// [`VmmTable::mem_release`] (`cuMemRelease`).
-    pub mem_release: &'static str,
-    /// [`VmmTable::host_alloc`] (`cuMemHostAlloc`).
-    pub host_alloc: &'static str,
-    /// [`VmmTable::host_free`] (`cuMemFreeHost`).
-    pub host_free: &'static str,
-    /// [`VmmTable::stream_create`] (`cuStreamCreate`).
-    pub stream_create: &'static str,
-    /// [`VmmTable::stream_sync`] (`cuStreamSynchronize`).
-    pub stream_sync: &'static str,
-    /// [`VmmTable::copy_dtoh_async`] (`cuMemcpyDtoHAsync_v2`).
-    pub copy_dtoh_async: &'static str,
-    /// [`VmmTable::copy_htod_async`] (`cuMemcpyHtoDAsync_v2`).
-    pub copy_htod_async: &'static str,
-}
-
-/// A vendor's entry points for the arena: physical memory, its mapping into
-/// a reserved range, page-locked host memory, and the copy stream. Each
-/// returns the driver's code (and, for a constructor, the value written to
-/// its out parameter, meaningful only on success). The caller has the
-/// arena's device current.
-pub trait VmmTable: Vendor {
-    /// A handle of physical memory (`CUmemGenericAllocationHandle`).
-    type Handle: Copy + Eq + Debug + Send + Sync + 'static;
-    /// A raw stream handle (`CUstream`, `hipStream_t`).
-    type Stream: Copy;
-    /// What a granule is created with: the allocation properties, which name
-    /// the device (and, on HIP, are in the loaded runtime's layout).
-    type Prop;
-
-    /// The calls' names, for messages.
-    const NAMES: VmmNames;
-
-    /// Create `bytes` of pinned device memory with `prop`.
-    ///
-    /// # Safety
-    ///
-    /// The device is current; `bytes` is a multiple of the granularity.
-    unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (Self::Code, Self::Handle);
-
-    /// Map handle `h` (of exactly `bytes`) at `at`.
-    ///
-    /// # Safety
-    ///
-    /// `[at, at + bytes)` lies in a reservation and nothing is mapped there.
-    unsafe fn mem_map(at: u64, bytes: usize, h: Self::Handle) -> Self::Code;
-
-    /// Make `[at, at + bytes)` readable and writable from the device
-    /// `prop` names.
-    ///
-    /// # Safety
-    ///
-    /// The range is exactly one mapping made by [`mem_map`](Self::mem_map).
-    unsafe fn mem_set_access(at: u64, bytes: usize, prop: &Self::Prop) -> Self::Code;
-
-    /// Unmap `[at, at + bytes)`.
-    ///
-    /// # Safety
-    ///
-    /// The range is one mapping no allocation or queued work uses.
-    unsafe fn mem_unmap(at: u64, bytes: usize) -> Self::Code;
-
-    /// Release handle `h`.
-    ///
-    /// # Safety
-    ///
-    /// `h` was created by [`mem_create`](Self::mem_create) and is released
-    /// once.
-    unsafe fn mem_release(h: Self::Handle) -> Self::Code;
-
-    /// Allocate `bytes` of page-locked host memory usable from any context;
-    /// returns its address.
-    ///
-    /// # Safety
-    ///
-    /// The device is current.
-    unsafe fn host_alloc(bytes: usize) -> (Self::Code, usize);
-
-    /// Free page-locked host memory.
-    ///
-    /// # Safety
-    ///
-    /// `host` came from [`host_alloc`](Self::host_alloc), is freed once,
-    /// and no queued copy uses it.
-    unsafe fn host_free(host: usize) -> Self::Code;
-
-    /// Create a non-blocking stream on the current device.
-    ///
-    /// # Safety
-    ///
-    /// The device is current.
-    unsafe fn stream_create() -> (Self::Code, Self::Stream);
-
-    /// Wait for everything queued on `stream`.
-    ///
-    /// # Safety
-    ///
-    /// `stream` is live.
-    unsafe fn stream_sync(stream: Self::Stream) -> Self::Code;
-
-    /// Destroy `stream` (its queued work runs first).
-    ///
-    /// # Safety
-    ///
-    /// `stream` is live and destroyed once.
-    unsafe fn stream_destroy(stream: Self::Stream) -> Self::Code;
-
-    /// Queue a copy of `bytes` from device address `at` to host address
-    /// `host` on `stream`.
-    ///
-    /// # Safety
-    ///
-    /// Both ranges are valid for `bytes` until the copy completes; the
-    /// stream is live.
-    unsafe fn copy_dtoh_async(host: usize, at: u64, bytes: usize, stream: Self::Stream)
-        -> Self::Code;
-
-    /// Queue a copy of `bytes` from host address `host` to device address
-    /// `at` on `stream`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`copy_dtoh_async`](Self::copy_dtoh_async).
-    unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: Self::Stream)
-        -> Self::Code;
-}
-
-/// The code type of a context's table.
-pub type CodeOf<C> = <<C as ArenaContext>::Table as Vendor>::Code;
-/// The physical-memory handle of a context's table.
-pub type HandleOf<C> = <<C as ArenaContext>::Table as VmmTable>::Handle;
-
-/// A context the arena's calls run in: implemented by the vendor's shared
-/// state, which makes its device current ([`MakeCurrent`]: CUDA pushes its
-/// context, HIP sets the thread's device) and keeps its lost state.
-pub trait ArenaContext: MakeCurrent + Sized {
-    /// The vendor's table.
-    type Table: VmmTable;
-
-    /// `Ok` for success; else the classified error, after marking the
-    /// context lost on a sticky code.
-    fn checked(&self, op: &'static str, call: &str, code: CodeOf<Self>)
-        -> Result<(), BackendError>;
-
-    /// The process's capture gate for this vendor: a call that would break
-    /// a capture under way waits (or is refused on the capturing thread).
-    fn capture_gate(&self) -> &'static Gate;
-
-    /// Wait until every stream of the context ran what is queued on it.
-    fn quiesce(&self, op: &'static str) -> Result<(), BackendError>;
-}
 
 /// One arena operation's driver: the context, the arena's books, the
 /// properties its granules are created with, and the sleep's or wake's own
 /// copy stream (made on first use, synchronized and destroyed on drop).
-pub struct Driver<'a, C: ArenaContext> {
+pub struct Driver<'a, C: Context> {
     s: &'a C,
     books: &'a vmm::Arena<HandleOf<C>>,
     prop: <C::Table as VmmTable>::Prop,
     copies: Cell<Option<<C::Table as VmmTable>::Stream>>,
 }
 
-impl<'a, C: ArenaContext> Driver<'a, C> {
+impl<'a, C: Context> Driver<'a, C> {
     /// A driver for one operation on `books`, run in context `s`.
     pub fn new(
         s: &'a C,
@@ -279,7 +115,7 @@ fn with(e: BackendError, why: String) -> BackendError {
     }
 }
 
-impl<C: ArenaContext> Drop for Driver<'_, C> {
+impl<C: Context> Drop for Driver<'_, C> {
     fn drop(&mut self) {
         let Some(raw) = self.copies.take() else {
             return;
@@ -295,7 +131,7 @@ impl<C: ArenaContext> Drop for Driver<'_, C> {
     }
 }
 
-impl<'a, C: ArenaContext> vmm::GranuleDriver for Driver<'a, C> {
+impl<'a, C: Context> vmm::GranuleDriver for Driver<'a, C> {
     type Handle = HandleOf<C>;
     type Current = Current<'a, C>;
 
@@ -392,7 +228,7 @@ impl<'a, C: ArenaContext> vmm::GranuleDriver for Driver<'a, C> {
 
 /// Sleep and wake: the copies go on the driver's own stream, synchronized
 /// after each granule.
-impl<C: ArenaContext> vmm::SleepDriver for Driver<'_, C> {
+impl<C: Context> vmm::SleepDriver for Driver<'_, C> {
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
         self.s.quiesce(op)
     }

@@ -11,6 +11,9 @@
 //! entry points under neutral names. The logic written over that table
 //! lives here once:
 //!
+//! * [`table`]: the rest of the table, the vendor's entry points under
+//!   neutral names ([`table::VmmTable`], [`table::CaptureTable`]) and the
+//!   context they run in ([`table::Context`]);
 //! * [`result`]: a driver result becoming a [`BackendError`] (kind, code,
 //!   the driver's name for it, the way out), and [`Checked`], the
 //!   [`shell::Driver`] of any vendor;
@@ -18,7 +21,12 @@
 //!   create / map / set-access (each step undone on failure) and unmap /
 //!   release, the sleep's page-locked copies on a stream of its own, the
 //!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
-//!   arena core in `memgov_backend::vmm`.
+//!   arena core in `memgov_backend::vmm`;
+//! * [`capture`]: the graph half of stream capture: a capture under way
+//!   carving its pool and recording copies, its end (the gate told only
+//!   once the driver's capture is over), the graph it makes (launched, read,
+//!   destroyed after every launch), and the context's pins, which teardown
+//!   empties.
 //!
 //! What really differs between the vendors stays in the vendor crates,
 //! written beside their table: CUDA's primary context pushed and popped
@@ -34,9 +42,9 @@
 //! the drivers of CUDA's shape share. It depends on `memgov-backend` alone,
 //! and a third vendor of that shape plugs in by implementing its tables.
 //!
-//! Layers: [`result`] (the table and the classification) is below
-//! [`arena`] (which moves memory through it); no module imports one above
-//! it.
+//! Layers, each importing only those below it: [`result`] (the vendor and
+//! its codes), then [`table`] (the entry points and the context), then
+//! [`arena`] and [`capture`] side by side (neither imports the other).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -47,6 +55,8 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+pub mod capture;
 pub mod result;
+pub mod table;
 
 pub use result::{Checked, Class, Hints, Vendor};

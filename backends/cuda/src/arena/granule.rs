@@ -1,6 +1,6 @@
 //! CUDA's half of the arena's vendor table: the virtual-memory, page-locked
 //! host memory and stream calls under the core's neutral names
-//! ([`VmmTable`]), and the context they run in ([`ArenaContext`]). The
+//! ([`VmmTable`]), and the context they run in ([`Context`]). The
 //! steps themselves (create, map, set access, each undone on failure;
 //! unmap, release; the sleep's copies) are the core's
 //! ([`memgov_stream_ordered::arena`]).
@@ -10,7 +10,7 @@ use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUresult, CUstream};
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
-use memgov_stream_ordered::arena::{ArenaContext, VmmNames, VmmTable};
+use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
 use std::ffi::c_void;
 
 /// Pinned device memory of device `ordinal`, no shareable handle.
@@ -123,8 +123,9 @@ impl VmmTable for Cuda {
 
 /// The arena's calls run with the context's primary context pushed (the
 /// shell's [`MakeCurrent`](memgov_backend::shell::MakeCurrent) for CUDA).
-impl ArenaContext for Shared {
+impl Context for Shared {
     type Table = Cuda;
+    type Arena = super::Arena;
 
     fn checked(&self, op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
         Shared::checked(self, op, call, code)
@@ -134,7 +135,29 @@ impl ArenaContext for Shared {
         crate::capture::gate()
     }
 
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::check_usable(self, op)
+    }
+
+    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
+        &self.sleep_gate
+    }
+
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
         super::quiesce(self, op, None)
+    }
+
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::wait_launches(self, op)
+    }
+}
+
+impl Shared {
+    /// `cuCtxSynchronize`: every launch of the context finished (the
+    /// context current, the call admitted by the capture gate).
+    pub(crate) fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        // SAFETY: the context is current (the caller's guard).
+        let r = unsafe { sys::cuCtxSynchronize() };
+        self.checked(op, "cuCtxSynchronize", r)
     }
 }

@@ -1,7 +1,7 @@
 //! HIP's half of the arena's vendor table: the virtual-memory, page-locked
 //! host memory and stream calls of the loaded runtime (`ffi::Api`) under
 //! the core's neutral names ([`VmmTable`]), and the context they run in
-//! ([`ArenaContext`]). The steps themselves (create, map, set access, each
+//! ([`Context`]). The steps themselves (create, map, set access, each
 //! undone on failure; unmap, release; the sleep's copies) are the core's
 //! ([`memgov_stream_ordered::arena`]).
 
@@ -10,7 +10,7 @@ use crate::result::Hip;
 use crate::shared::Shared;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
-use memgov_stream_ordered::arena::{ArenaContext, VmmNames, VmmTable};
+use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
 use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t` that may cross threads.
@@ -125,8 +125,9 @@ impl VmmTable for Hip {
 /// The arena's calls run with the context's device set on the calling
 /// thread (the shell's [`MakeCurrent`](memgov_backend::shell::MakeCurrent)
 /// for HIP: the thread's own device set back after).
-impl ArenaContext for Shared {
+impl Context for Shared {
     type Table = Hip;
+    type Arena = super::Arena;
 
     fn checked(&self, op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
         Shared::checked(self, op, call, code)
@@ -136,7 +137,20 @@ impl ArenaContext for Shared {
         crate::capture::gate()
     }
 
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::check_usable(self, op)
+    }
+
+    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
+        &self.sleep_gate
+    }
+
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        super::release::quiesce(self, op, None)
+    }
+
+    /// HIP has no per-context synchronize: every stream of the context is.
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
         super::release::quiesce(self, op, None)
     }
 }
