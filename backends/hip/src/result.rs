@@ -23,6 +23,7 @@ pub(crate) struct Hip;
 
 impl Vendor for Hip {
     const BACKEND: &'static str = BACKEND;
+    const DRIVER: &'static str = "runtime";
     type Code = HipResult;
     const SUCCESS: HipResult = SUCCESS;
     const HINTS: Hints = Hints {

@@ -10,12 +10,126 @@
 //! made current, the capture gate, the streams drained). Every message
 //! names the vendor's own call ([`VmmNames`]).
 
-use crate::result::Vendor;
+use crate::result::{err, Class, Vendor};
 use crate::table::{Context, HandleOf, VmmNames, VmmTable};
 use memgov_backend::shell::{self, Current};
-use memgov_backend::vmm::{self, Slot};
-use memgov_backend::BackendError;
+use memgov_backend::vmm::{self, ArenaConfig, Slot};
+use memgov_backend::{BackendError, BackendErrorKind};
 use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+type TableOf<C> = <C as Context>::Table;
+type PropOf<C> = <TableOf<C> as VmmTable>::Prop;
+
+/// The books of a new arena: ask the granularity of granules made with
+/// `prop`, reserve `config.reserve_bytes` (at least one granule, rounded up
+/// to whole granules) of address space once for the arena's life, and
+/// bound the bytes mapped by `config.limit_bytes`. `handle` names the
+/// arena in messages (`"CudaArena"`). The device is current; the
+/// reservation is freed by [`free_reservation`].
+pub fn reserve<C: Context>(
+    s: &C,
+    config: &ArenaConfig,
+    prop: &PropOf<C>,
+    handle: &'static str,
+) -> Result<vmm::Arena<HandleOf<C>>, BackendError> {
+    let n = &TableOf::<C>::NAMES;
+    // SAFETY: the device is current (the caller's guard).
+    let (r, g) = unsafe { TableOf::<C>::mem_granularity(prop) };
+    s.checked("arena", n.mem_granularity, r)?;
+    let granule = g as u64;
+    if granule == 0 || !granule.is_power_of_two() {
+        return Err(err::<TableOf<C>>(
+            "arena",
+            BackendErrorKind::Other,
+            format!(
+                "the {} reports an allocation granularity of {granule} B, not a power of two",
+                TableOf::<C>::DRIVER
+            ),
+        ));
+    }
+    let size = config
+        .reserve_bytes
+        .max(1)
+        .checked_next_multiple_of(granule)
+        .ok_or_else(|| {
+            err::<TableOf<C>>(
+                "arena",
+                BackendErrorKind::InvalidArgument,
+                format!("a reservation of {} B overflows", config.reserve_bytes),
+            )
+        })?;
+    // SAFETY: the device is current; freed once, in `free_reservation`.
+    let (r, base) = unsafe { TableOf::<C>::mem_address_reserve(size as usize, granule as usize) };
+    s.checked("arena", n.mem_address_reserve, r)
+        .map_err(|e| BackendError {
+            message: format!(
+                "{} (reserving {size} B of address space for the arena; ask for less with \
+                 ArenaConfig::reserve_bytes)",
+                e.message
+            ),
+            ..e
+        })?;
+    Ok(vmm::Arena::new(base, size, granule, config.limit_bytes, handle))
+}
+
+/// Free the arena's reservation at teardown, once nothing is mapped in it
+/// (its granules were given back by `vmm::Arena::teardown`).
+pub fn free_reservation<C: Context>(
+    s: &C,
+    books: &vmm::Arena<HandleOf<C>>,
+) -> Result<(), BackendError> {
+    // SAFETY: the range reserved in `reserve`, freed once; nothing is
+    // mapped in it any more.
+    let r = unsafe { TableOf::<C>::mem_address_free(books.base, books.size as usize) };
+    s.checked("teardown", TableOf::<C>::NAMES.mem_address_free, r)
+}
+
+/// Wait until the work queued on each of `streams` has run, in order,
+/// stopping at the first error. With `poll`, ask (the vendor's stream
+/// query, every `interval`) until that deadline passes instead of
+/// blocking: the error then says work is still running, and that the
+/// arena's memory stays mapped (a teardown of a context declared lost).
+/// The device is current; every stream is live (or kept alive by the
+/// caller for the wait).
+pub fn drain<C: Context>(
+    s: &C,
+    streams: &[<TableOf<C> as VmmTable>::Stream],
+    op: &'static str,
+    poll: Option<Duration>,
+    interval: Duration,
+) -> Result<(), BackendError> {
+    let n = &TableOf::<C>::NAMES;
+    let deadline = poll.map(|d| Instant::now() + d);
+    for &raw in streams {
+        match deadline {
+            // SAFETY: the caller's contract (a live stream, the device
+            // current).
+            None => s.checked(op, n.stream_sync, unsafe { TableOf::<C>::stream_sync(raw) })?,
+            Some(deadline) => loop {
+                // SAFETY: as above.
+                let r = unsafe { TableOf::<C>::stream_query(raw) };
+                if TableOf::<C>::classify(r) != Class::NotReady {
+                    s.checked(op, n.stream_query, r)?;
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(err::<TableOf<C>>(
+                        op,
+                        BackendErrorKind::DeviceLost,
+                        format!(
+                            "work was still queued {} s into a lost teardown: the arena's \
+                             memory stays mapped (unmapping it under running work is undefined)",
+                            poll.unwrap_or_default().as_secs()
+                        ),
+                    ));
+                }
+                std::thread::sleep(interval);
+            },
+        }
+    }
+    Ok(())
+}
 
 /// One arena operation's driver: the context, the arena's books, the
 /// properties its granules are created with, and the sleep's or wake's own

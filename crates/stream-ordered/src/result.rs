@@ -78,6 +78,10 @@ pub trait Vendor: 'static {
     /// The backend's name in errors (`"cuda"`, `"hip"`).
     const BACKEND: &'static str;
 
+    /// What the vendor's documentation calls the library memgov calls
+    /// (`"driver"`, `"runtime"`), in messages.
+    const DRIVER: &'static str;
+
     /// What a driver call returns (`CUresult`, `hipError_t`).
     type Code: Copy + PartialEq + Send + Sync + 'static;
 
@@ -167,6 +171,7 @@ mod tests {
 
     impl Vendor for Toy {
         const BACKEND: &'static str = "toy";
+        const DRIVER: &'static str = "toy driver";
         type Code = i32;
         const SUCCESS: i32 = 0;
         const HINTS: Hints = Hints {

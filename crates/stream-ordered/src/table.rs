@@ -21,6 +21,14 @@ use std::ops::Deref;
 /// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
 #[derive(Debug, Clone, Copy)]
 pub struct VmmNames {
+    /// [`VmmTable::mem_granularity`] (`cuMemGetAllocationGranularity`).
+    pub mem_granularity: &'static str,
+    /// [`VmmTable::mem_address_reserve`] (`cuMemAddressReserve`).
+    pub mem_address_reserve: &'static str,
+    /// [`VmmTable::mem_address_free`] (`cuMemAddressFree`).
+    pub mem_address_free: &'static str,
+    /// [`VmmTable::stream_query`] (`cuStreamQuery`).
+    pub stream_query: &'static str,
     /// [`VmmTable::mem_create`] (`cuMemCreate`).
     pub mem_create: &'static str,
     /// [`VmmTable::mem_map`] (`cuMemMap`).
@@ -61,6 +69,37 @@ pub trait VmmTable: Vendor {
 
     /// The calls' names, for messages.
     const NAMES: VmmNames;
+
+    /// The recommended granularity of memory created with `prop`.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (Self::Code, usize);
+
+    /// Reserve `bytes` of device address space aligned to `align`; returns
+    /// its base.
+    ///
+    /// # Safety
+    ///
+    /// The device is current; the reservation is freed once, with
+    /// [`mem_address_free`](Self::mem_address_free).
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (Self::Code, u64);
+
+    /// Free the reservation at `at` of `bytes`.
+    ///
+    /// # Safety
+    ///
+    /// Nothing is mapped in it; freed once.
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> Self::Code;
+
+    /// Whether everything queued on `stream` ran (the vendor's success), is
+    /// still running ([`Class::NotReady`](crate::Class::NotReady)), or failed.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn stream_query(stream: Self::Stream) -> Self::Code;
 
     /// Create `bytes` of pinned device memory with `prop`.
     ///

@@ -32,6 +32,10 @@ impl VmmTable for Cuda {
     type Prop = sys::CUmemAllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        mem_granularity: "cuMemGetAllocationGranularity",
+        mem_address_reserve: "cuMemAddressReserve",
+        mem_address_free: "cuMemAddressFree",
+        stream_query: "cuStreamQuery",
         mem_create: "cuMemCreate",
         mem_map: "cuMemMap",
         mem_set_access: "cuMemSetAccess",
@@ -44,6 +48,38 @@ impl VmmTable for Cuda {
         copy_dtoh_async: "cuMemcpyDtoHAsync_v2",
         copy_htod_async: "cuMemcpyHtoDAsync_v2",
     };
+
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (CUresult, usize) {
+        let mut g: usize = 0;
+        // SAFETY: valid out pointer and property struct; the caller has the
+        // context current.
+        let r = unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+        };
+        (r, g)
+    }
+
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (CUresult, u64) {
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: valid out pointer; no address asked for; flags 0; the
+        // caller frees it once.
+        let r = unsafe { sys::cuMemAddressReserve(&mut base, bytes, align, 0, 0) };
+        (r, base)
+    }
+
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> CUresult {
+        // SAFETY: the caller's contract (nothing mapped, freed once).
+        unsafe { sys::cuMemAddressFree(at, bytes) }
+    }
+
+    unsafe fn stream_query(stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { sys::cuStreamQuery(stream) }
+    }
 
     unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (CUresult, Self::Handle) {
         let mut h: CUmemGenericAllocationHandle = 0;

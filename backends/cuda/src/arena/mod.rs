@@ -39,11 +39,10 @@ pub(crate) mod state;
 pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
-use crate::result::err;
 use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::vmm;
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::BackendError;
 use std::sync::Arc;
 
 /// Settings of a context's virtual-memory arena (see
@@ -154,52 +153,9 @@ impl Arena {
         let ordinal = s.ordinal as i32;
         let prop = granule::prop(ordinal);
         let _current = s.make_current("arena")?;
-        let mut g: usize = 0;
-        // SAFETY: valid out pointer and property struct; the context is
-        // current.
-        let r = unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut g,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-            )
-        };
-        s.checked("arena", "cuMemGetAllocationGranularity", r)?;
-        let granule = g as u64;
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(err(
-                "arena",
-                BackendErrorKind::Other,
-                format!("the driver reports an allocation granularity of {granule} B, not a power of two"),
-            ));
-        }
-        let size = config
-            .reserve_bytes
-            .max(1)
-            .checked_next_multiple_of(granule)
-            .ok_or_else(|| {
-                err(
-                    "arena",
-                    BackendErrorKind::InvalidArgument,
-                    format!("a reservation of {} B overflows", config.reserve_bytes),
-                )
-            })?;
-        let mut base: CUdeviceptr = 0;
-        // SAFETY: valid out pointer; the context is current; freed once in
-        // `teardown`.
-        let r =
-            unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) };
-        s.checked("arena", "cuMemAddressReserve", r)
-            .map_err(|e| BackendError {
-                message: format!(
-                    "{} (reserving {size} B of address space for the arena; ask for less with \
-                     ArenaConfig::reserve_bytes)",
-                    e.message
-                ),
-                ..e
-            })?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "CudaArena")?;
         Ok(Self {
-            core: vmm::Arena::new(base, size, granule, config.limit_bytes, "CudaArena"),
+            core,
             ordinal,
             releases: release::Releases::default(),
         })
@@ -228,9 +184,6 @@ impl Arena {
     /// a mapping is undefined); both are reported.
     pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
         self.core.teardown(&self.driver(s))?;
-        // SAFETY: the range reserved in `create`, freed once; nothing is
-        // mapped in it any more.
-        let r = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
-        s.checked("teardown", "cuMemAddressFree", r)
+        memgov_stream_ordered::arena::free_reservation(s, &self.core)
     }
 }

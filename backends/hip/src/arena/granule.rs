@@ -32,6 +32,10 @@ impl VmmTable for Hip {
     type Prop = ffi::AllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        mem_granularity: "hipMemGetAllocationGranularity",
+        mem_address_reserve: "hipMemAddressReserve",
+        mem_address_free: "hipMemAddressFree",
+        stream_query: "hipStreamQuery",
         mem_create: "hipMemCreate",
         mem_map: "hipMemMap",
         mem_set_access: "hipMemSetAccess",
@@ -44,6 +48,40 @@ impl VmmTable for Hip {
         copy_dtoh_async: "hipMemcpyDtoHAsync",
         copy_htod_async: "hipMemcpyHtoDAsync",
     };
+
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (HipResult, usize) {
+        let mut g: usize = 0;
+        // SAFETY: valid out pointer; the properties in the loaded runtime's
+        // layout, alive for the call; the caller has the device current.
+        let r = unsafe {
+            ffi::hipMemGetAllocationGranularity(
+                &mut g,
+                prop.as_ptr(),
+                ffi::hipMemAllocationGranularityRecommended,
+            )
+        };
+        (r, g)
+    }
+
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (HipResult, u64) {
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; no address asked for; flags 0; the
+        // caller frees it once.
+        let r = unsafe {
+            ffi::hipMemAddressReserve(&mut base, bytes, align, std::ptr::null_mut(), 0)
+        };
+        (r, base as u64)
+    }
+
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> HipResult {
+        // SAFETY: the caller's contract (nothing mapped, freed once).
+        unsafe { ffi::hipMemAddressFree(at as *mut c_void, bytes) }
+    }
+
+    unsafe fn stream_query(stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { ffi::hipStreamQuery(stream) }
+    }
 
     unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (HipResult, Handle) {
         let mut h: hipMemGenericAllocationHandle_t = std::ptr::null_mut();

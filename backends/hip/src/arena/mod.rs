@@ -28,7 +28,6 @@ use crate::shared::Shared;
 use granule::Handle;
 use memgov_backend::vmm;
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
@@ -155,62 +154,9 @@ impl Arena {
         let r = unsafe { ffi::hipRuntimeGetVersion(&mut runtime) };
         s.checked("arena", "hipRuntimeGetVersion", r)?;
         let prop = ffi::allocation_prop(ordinal, runtime);
-        let mut g: usize = 0;
-        // SAFETY: valid out pointer; the properties in the loaded runtime's
-        // layout, alive for the call; the device is current.
-        let r = unsafe {
-            ffi::hipMemGetAllocationGranularity(
-                &mut g,
-                prop.as_ptr(),
-                ffi::hipMemAllocationGranularityRecommended,
-            )
-        };
-        s.checked("arena", "hipMemGetAllocationGranularity", r)?;
-        let granule = g as u64;
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(err(
-                "arena",
-                BackendErrorKind::Other,
-                format!(
-                    "the runtime reports an allocation granularity of {granule} B, not a power \
-                     of two"
-                ),
-            ));
-        }
-        let size = config
-            .reserve_bytes
-            .max(1)
-            .checked_next_multiple_of(granule)
-            .ok_or_else(|| {
-                err(
-                    "arena",
-                    BackendErrorKind::InvalidArgument,
-                    format!("a reservation of {} B overflows", config.reserve_bytes),
-                )
-            })?;
-        let mut base: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; no address asked for; flags 0; freed
-        // once in `teardown`.
-        let r = unsafe {
-            ffi::hipMemAddressReserve(
-                &mut base,
-                size as usize,
-                granule as usize,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        s.checked("arena", "hipMemAddressReserve", r)
-            .map_err(|e| BackendError {
-                message: format!(
-                    "{} (reserving {size} B of address space for the arena; ask for less with \
-                     ArenaConfig::reserve_bytes)",
-                    e.message
-                ),
-                ..e
-            })?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "HipArena")?;
         Ok(Self {
-            core: vmm::Arena::new(base as u64, size, granule, config.limit_bytes, "HipArena"),
+            core,
             ordinal,
             runtime,
             probe: s.probe().clone(),
@@ -244,10 +190,7 @@ impl Arena {
     /// (freeing it under a mapping is undefined), and both are reported.
     pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
         self.core.teardown(&self.driver(s))?;
-        // SAFETY: the range reserved in `create`, freed once; nothing is
-        // mapped in it any more.
-        let r = unsafe { ffi::hipMemAddressFree(self.base as *mut c_void, self.size as usize) };
-        s.checked("teardown", "hipMemAddressFree", r)
+        memgov_stream_ordered::arena::free_reservation(s, &self.core)
     }
 }
 
