@@ -60,7 +60,7 @@ fi
 step "tests: host backend, governor, conformance, doc tests"
 # Every default member but the C ABI, whose tests (the C programs, plain,
 # under ASan+UBSan and under valgrind) run once, in scripts/ci/55-capi.sh.
-cargo test --locked -p memgov -p memgov-api -p memgov-sync -p memgov-backend \
+cargo test --locked -p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-stream-ordered \
     -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli
 cargo test --locked -p memgov --features serde,tracing --test governor
 
