@@ -70,7 +70,13 @@ pub fn reserve<C: Context>(
             ),
             ..e
         })?;
-    Ok(vmm::Arena::new(base, size, granule, config.limit_bytes, handle))
+    Ok(vmm::Arena::new(
+        base,
+        size,
+        granule,
+        config.limit_bytes,
+        handle,
+    ))
 }
 
 /// Free the arena's reservation at teardown, once nothing is mapped in it
@@ -212,7 +218,11 @@ impl<'a, C: Context> Driver<'a, C> {
         Ok(raw)
     }
 
-    fn sync(&self, op: &'static str, raw: <C::Table as VmmTable>::Stream) -> Result<(), BackendError> {
+    fn sync(
+        &self,
+        op: &'static str,
+        raw: <C::Table as VmmTable>::Stream,
+    ) -> Result<(), BackendError> {
         // SAFETY: the driver's own copy stream, alive until the driver drops.
         let r = unsafe { C::Table::stream_sync(raw) };
         self.s.checked(op, Self::names().stream_sync, r)

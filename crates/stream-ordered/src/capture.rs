@@ -283,7 +283,12 @@ impl<C: Context> CaptureCore<C> {
     /// Record a copy of `data` into the buffer `buf` (address, bytes) at
     /// `offset`; every launch of the graph repeats it. The graph keeps
     /// `data`.
-    pub fn upload(&mut self, buf: (u64, u64), offset: u64, data: Vec<u8>) -> Result<(), BackendError> {
+    pub fn upload(
+        &mut self,
+        buf: (u64, u64),
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), BackendError> {
         const OP: &str = "capture_upload";
         self.check_range(OP, buf, offset, data.len() as u64)?;
         let data = data.into_boxed_slice();
@@ -309,7 +314,12 @@ impl<C: Context> CaptureCore<C> {
     /// Record a copy of `len` bytes of the buffer `buf` at `offset` into a
     /// host buffer the graph owns; returns its index, read after a launch
     /// with [`GraphCore::read_output`].
-    pub fn download(&mut self, buf: (u64, u64), offset: u64, len: usize) -> Result<usize, BackendError> {
+    pub fn download(
+        &mut self,
+        buf: (u64, u64),
+        offset: u64,
+        len: usize,
+    ) -> Result<usize, BackendError> {
         const OP: &str = "capture_download";
         self.check_range(OP, buf, offset, len as u64)?;
         let mut host = vec![0u8; len].into_boxed_slice();
@@ -319,7 +329,12 @@ impl<C: Context> CaptureCore<C> {
         // destination is owned by the graph, which outlives every launch
         // (destroy waits for them first).
         let r = unsafe {
-            TableOf::<C>::copy_dtoh_async(host.as_mut_ptr() as usize, buf.0 + offset, len, self.stream.0)
+            TableOf::<C>::copy_dtoh_async(
+                host.as_mut_ptr() as usize,
+                buf.0 + offset,
+                len,
+                self.stream.0,
+            )
         };
         s.checked(OP, TableOf::<C>::NAMES.copy_dtoh_async, r)?;
         self.outputs.push(host);

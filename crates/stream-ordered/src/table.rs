@@ -182,8 +182,12 @@ pub trait VmmTable: Vendor {
     ///
     /// Both ranges are valid for `bytes` until the copy completes; the
     /// stream is live.
-    unsafe fn copy_dtoh_async(host: usize, at: u64, bytes: usize, stream: Self::Stream)
-        -> Self::Code;
+    unsafe fn copy_dtoh_async(
+        host: usize,
+        at: u64,
+        bytes: usize,
+        stream: Self::Stream,
+    ) -> Self::Code;
 
     /// Queue a copy of `bytes` from host address `host` to device address
     /// `at` on `stream`.
@@ -191,8 +195,12 @@ pub trait VmmTable: Vendor {
     /// # Safety
     ///
     /// As for [`copy_dtoh_async`](Self::copy_dtoh_async).
-    unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: Self::Stream)
-        -> Self::Code;
+    unsafe fn copy_htod_async(
+        at: u64,
+        host: usize,
+        bytes: usize,
+        stream: Self::Stream,
+    ) -> Self::Code;
 }
 
 /// The code type of a context's table.
@@ -234,7 +242,6 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// per context: [`quiesce`](Self::quiesce)).
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError>;
 }
-
 
 /// The vendor's names of its capture and graph calls, for messages.
 #[derive(Debug, Clone, Copy)]

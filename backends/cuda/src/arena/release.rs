@@ -59,8 +59,7 @@ pub(crate) fn quiesce(
     op: &'static str,
     poll: Option<Duration>,
 ) -> Result<(), BackendError> {
-    let mut streams: Vec<sys::CUstream> =
-        lock(&s.streams).values().map(|&(raw, _)| raw).collect();
+    let mut streams: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
     let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
     streams.extend(retired.iter().map(|r| r.0));
     // The live streams, and the retired ones held out of the free thread's

@@ -67,9 +67,8 @@ impl VmmTable for Hip {
         let mut base: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer; no address asked for; flags 0; the
         // caller frees it once.
-        let r = unsafe {
-            ffi::hipMemAddressReserve(&mut base, bytes, align, std::ptr::null_mut(), 0)
-        };
+        let r =
+            unsafe { ffi::hipMemAddressReserve(&mut base, bytes, align, std::ptr::null_mut(), 0) };
         (r, base as u64)
     }
 
@@ -148,13 +147,23 @@ impl VmmTable for Hip {
         unsafe { ffi::hipStreamDestroy(stream) }
     }
 
-    unsafe fn copy_dtoh_async(host: usize, at: u64, bytes: usize, stream: hipStream_t) -> HipResult {
+    unsafe fn copy_dtoh_async(
+        host: usize,
+        at: u64,
+        bytes: usize,
+        stream: hipStream_t,
+    ) -> HipResult {
         // SAFETY: the caller's contract (both ranges valid until the copy
         // completes; a live stream).
         unsafe { ffi::hipMemcpyDtoHAsync(host as *mut c_void, at as *mut c_void, bytes, stream) }
     }
 
-    unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: hipStream_t) -> HipResult {
+    unsafe fn copy_htod_async(
+        at: u64,
+        host: usize,
+        bytes: usize,
+        stream: hipStream_t,
+    ) -> HipResult {
         // SAFETY: as for `copy_dtoh_async`.
         unsafe { ffi::hipMemcpyHtoDAsync(at as *mut c_void, host as *mut c_void, bytes, stream) }
     }
