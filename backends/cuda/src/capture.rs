@@ -37,12 +37,12 @@
 //!   graph, and only then returns the pool to the arena. Teardown destroys
 //!   the graphs still live and reports how many.
 
-use crate::result::{err, Cuda};
+use crate::result::Cuda;
 use crate::shared::Shared;
 use crate::{CudaContext, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUresult, CUstream};
 use memgov_backend::vmm::{CapturePool, Gate};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::BackendError;
 use memgov_stream_ordered::capture::{CaptureCore, GraphCore};
 use memgov_stream_ordered::table::{CaptureNames, CaptureTable};
 use std::marker::PhantomData;
@@ -265,26 +265,15 @@ impl CudaContext {
         let s = &*self.shared;
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        let Some(arena) = self.arena.clone() else {
-            return Err(err(
-                OP,
-                BackendErrorKind::Unsupported,
-                "a capture pool comes from the context's arena, and this context has none: \
-                 create it with CudaConfig::arena",
-            ));
-        };
-        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
-        let _current = s.make_current(OP)?;
-        let pool = arena.allocate(s, pool_bytes)?;
         let core = CaptureCore::begin(
             self.shared.clone(),
-            arena,
+            self.arena.clone(),
             self.pins.clone(),
             stream.raw,
-            config.mode,
-            pool,
-            pool_bytes,
-            OP,
+            config,
+            ALIGN,
+            "CudaConfig::arena",
+            |arena, s, bytes| arena.allocate(s, bytes),
         )?;
         Ok(CudaCapture {
             core,

@@ -273,26 +273,15 @@ impl HipContext {
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
         capture_supported()?;
-        let Some(arena) = self.arena.clone() else {
-            return Err(err(
-                OP,
-                BackendErrorKind::Unsupported,
-                "a capture pool comes from the context's arena, and this context has none: \
-                 create it with HipConfig::arena",
-            ));
-        };
-        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
-        let _device = s.make_current(OP)?;
-        let pool = arena.allocate(s, pool_bytes)?;
         let core = CaptureCore::begin(
             self.shared.clone(),
-            arena,
+            self.arena.clone(),
             self.pins.clone(),
             stream.raw.0,
-            config.mode,
-            pool,
-            pool_bytes,
-            OP,
+            config,
+            ALIGN,
+            "HipConfig::arena",
+            |arena, s, bytes| arena.allocate(s, bytes),
         )?;
         Ok(HipCapture {
             core,
@@ -304,22 +293,12 @@ impl HipContext {
     /// destroy the live ones after their launches, and say how many there
     /// were; on a lost context forget them.
     pub(crate) fn graphs_teardown(&self, arena: &Arena, lost: bool) -> Result<(), BackendError> {
-        if lost || self.shared.is_lost() {
-            self.pins.close();
-            return Ok(());
-        }
-        match self.pins.teardown(&*self.shared, arena)? {
-            0 => Ok(()),
-            n => Err(err(
-                "teardown",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "{n} executable graph(s) were still live at teardown: they were destroyed \
-                     after their launches finished and their capture pools given back; destroy \
-                     graphs with HipGraph::destroy before teardown"
-                ),
-            )),
-        }
+        self.pins.finish(
+            &*self.shared,
+            Some(arena),
+            lost || self.shared.is_lost(),
+            "HipGraph::destroy",
+        )
     }
 }
 

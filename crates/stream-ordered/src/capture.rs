@@ -17,7 +17,7 @@
 
 use crate::result::err;
 use crate::table::{CaptureTable, Context, Raw, VmmTable};
-use memgov_backend::capability::{CaptureMode, PoolExhausted};
+use memgov_backend::capability::{CaptureConfig, PoolExhausted};
 use memgov_backend::vmm::CapturePool;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
@@ -138,6 +138,37 @@ impl<T: CaptureTable> Pins<T> {
         Ok(n)
     }
 
+    /// The graphs' part of a context's teardown, before the arena's: on a
+    /// lost context (or one without an arena, which has no graphs) forget
+    /// them ([`close`](Self::close)); otherwise destroy the live ones after
+    /// their launches ([`teardown`](Self::teardown)) and refuse, naming
+    /// how many there were and `destroy_with` (`"CudaGraph::destroy"`),
+    /// when any was.
+    pub fn finish<C: Context<Table = T>>(
+        &self,
+        s: &C,
+        arena: Option<&C::Arena>,
+        lost: bool,
+        destroy_with: &'static str,
+    ) -> Result<(), BackendError> {
+        let Some(arena) = arena.filter(|_| !lost) else {
+            self.close();
+            return Ok(());
+        };
+        match self.teardown(s, arena)? {
+            0 => Ok(()),
+            n => Err(err::<T>(
+                "teardown",
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "{n} executable graph(s) were still live at teardown: they were destroyed \
+                     after their launches finished and their capture pools given back; destroy \
+                     graphs with {destroy_with} before teardown"
+                ),
+            )),
+        }
+    }
+
     fn insert(&self, raw: RawGraph<T>, pool: u64) -> u64 {
         let mut st = lock(&self.live);
         st.next += 1;
@@ -184,37 +215,59 @@ pub struct CaptureCore<C: Context> {
 }
 
 impl<C: Context> CaptureCore<C> {
-    /// Begin capturing `stream` in `mode` with the pool at `pool` (`bytes`,
-    /// just taken from the arena, so nothing maps during the capture),
-    /// through the capture gate (which learns the capture's id). The
-    /// context's device is current. On failure the pool goes back to the
+    /// Begin capturing `stream` (a live stream of the context, checked by
+    /// the caller) with a pool of `config.pool_bytes` (rounded up to
+    /// `align`) taken from the context's arena first with `allocate`
+    /// (mapped now, so nothing maps during the capture), through the
+    /// capture gate, which learns the capture's id. A context without an
+    /// arena is refused (`Unsupported`, naming `arena_setting`, the
+    /// vendor's `CudaConfig::arena`). On failure the pool goes back to the
     /// arena at once (nothing used it).
     #[allow(clippy::too_many_arguments)]
     pub fn begin(
         shared: Arc<C>,
-        arena: Arc<C::Arena>,
+        arena: Option<Arc<C::Arena>>,
         pins: Arc<Pins<C::Table>>,
         stream: StreamOf<C>,
-        mode: CaptureMode,
-        pool: u64,
-        bytes: u64,
-        op: &'static str,
+        config: CaptureConfig,
+        align: u64,
+        arena_setting: &'static str,
+        allocate: impl FnOnce(&C::Arena, &C, u64) -> Result<u64, BackendError>,
     ) -> Result<Self, BackendError> {
+        const OP: &str = "begin_capture";
+        let Some(arena) = arena else {
+            return Err(err::<TableOf<C>>(
+                OP,
+                BackendErrorKind::Unsupported,
+                format!(
+                    "a capture pool comes from the context's arena, and this context has none: \
+                     create it with {arena_setting}"
+                ),
+            ));
+        };
+        let bytes = CapturePool::size_for(
+            <TableOf<C> as crate::Vendor>::BACKEND,
+            config.pool_bytes,
+            align,
+        )?;
+        let current = memgov_backend::shell::make_current(&*shared, OP)?;
+        let pool = allocate(&arena, &shared, bytes)?;
         let n = &TableOf::<C>::CAPTURE_NAMES;
         let g = shared.capture_gate();
         g.begin();
         // SAFETY: a live stream of this context (checked by the caller),
         // whose device is current.
-        let r = unsafe { TableOf::<C>::begin_capture(stream, mode) };
-        let begun = shared.checked(op, n.begin_capture, r).and_then(|()| {
+        let r = unsafe { TableOf::<C>::begin_capture(stream, config.mode) };
+        let begun = shared.checked(OP, n.begin_capture, r).and_then(|()| {
             // SAFETY: the stream is live.
             let (r, id) = unsafe { TableOf::<C>::capture_id(stream) };
-            shared.checked(op, n.capture_id, r).map(|()| id)
+            shared.checked(OP, n.capture_id, r).map(|()| id)
         });
         g.begun(
             begun.as_ref().ok().copied(),
             TableOf::<C>::stream_key(stream),
         );
+        drop(current);
         match begun {
             Ok(id) => Ok(Self {
                 shared,
