@@ -16,24 +16,10 @@
 //! stream-ordered core's ([`memgov_stream_ordered::arena`]), over HIP's
 //! table; this module is the public face on [`HipArena`].
 
-use crate::arena::{Driver, HipArena, SleepReport};
+use crate::arena::{HipArena, SleepReport};
 use memgov_backend::BackendError;
 
 impl HipArena {
-    /// Run `f` on the arena with this backend's driver, once the context is
-    /// usable and the capture gate admits `op`: no capture begins while it
-    /// runs, and one under way is waited for (sleep and wake synchronize
-    /// every stream of the context, the captured one included).
-    fn gated<R>(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(&crate::arena::Arena, &Driver<'_>) -> Result<R, BackendError>,
-    ) -> Result<R, BackendError> {
-        self.shared.check_usable(op)?;
-        let _call = crate::capture::gate().call(op, true)?;
-        f(&self.arena, &self.arena.driver(&self.shared))
-    }
-
     /// Sleeps of this arena waiting for copies or graph launches between
     /// their awake check and their enqueue (for tests that force that
     /// interleaving).
@@ -47,10 +33,7 @@ impl HipArena {
     /// Addresses stay reserved and allocations stay live (but unusable until
     /// [`wake`](Self::wake)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.gated("sleep", |a, d| {
-            let _sleep = self.shared.sleep_gate.sleep();
-            a.sleep(d, keep_contents)
-        })
+        memgov_stream_ordered::arena::sleep(&*self.shared, &self.arena, keep_contents)
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -58,7 +41,7 @@ impl HipArena {
     /// mapping when the granules do not fit the arena's limit. Returns the
     /// bytes mapped.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        self.gated("wake", |a, d| a.wake(d))
+        memgov_stream_ordered::arena::wake(&*self.shared, &self.arena)
     }
 
     /// Put the allocations at `ptrs` (device pointers of live allocations of
@@ -74,10 +57,7 @@ impl HipArena {
         ptrs: &[u64],
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
-        self.gated("sleep_ranges", |a, d| {
-            let _sleep = self.shared.sleep_gate.sleep();
-            a.sleep_ranges(d, ptrs, keep_contents)
-        })
+        memgov_stream_ordered::arena::sleep_ranges(&*self.shared, &self.arena, ptrs, keep_contents)
     }
 
     /// Wake the allocations at `ptrs`: map every sleeping granule under them
@@ -86,6 +66,6 @@ impl HipArena {
     /// limit; one that fails half-way unmaps what it mapped and leaves the
     /// set asleep. Returns the bytes mapped.
     pub fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
-        self.gated("wake_ranges", |a, d| a.wake_ranges(d, ptrs))
+        memgov_stream_ordered::arena::wake_ranges(&*self.shared, &self.arena, ptrs)
     }
 }

@@ -18,6 +18,9 @@ use memgov_backend::{BackendError, BackendErrorKind};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use memgov_backend::capability::SleepReport;
+use std::sync::Arc;
+
 type TableOf<C> = <C as Context>::Table;
 type PropOf<C> = <TableOf<C> as VmmTable>::Prop;
 
@@ -135,6 +138,85 @@ pub fn drain<C: Context>(
         }
     }
     Ok(())
+}
+
+/// The driver for one operation on `arena`, run in context `s`.
+pub fn driver<'a, C: Context>(s: &'a C, arena: &'a C::Arena) -> Driver<'a, C> {
+    Driver::new(s, arena, C::granule_prop(arena))
+}
+
+/// A trim the end of the last capture runs.
+fn trim_deferred<C: Context>(arena: &C::Arena, s: &C) {
+    let _ = arena.trim(&driver(s, arena), "trim");
+}
+
+/// The public handle's trim: every cached granule unmapped and released,
+/// the bytes given back returned. Refused on a lost or closing context;
+/// while a graph capture is under way anywhere in the process it is
+/// deferred (unmapping would invalidate the capture): it returns 0 at once,
+/// and the end of the last capture runs it.
+pub fn trim<C: Context>(s: &Arc<C>, arena: &Arc<C::Arena>) -> Result<u64, BackendError> {
+    s.check_usable("trim")?;
+    let deferred = s
+        .capture_gate()
+        .defer_trim(arena.base, arena, s, trim_deferred::<C>);
+    if deferred {
+        return Ok(0);
+    }
+    arena.trim(&driver(&**s, &**arena), "trim")
+}
+
+/// Run `f` on the arena's books with a driver, once the context is usable
+/// and the capture gate admits `op`: no capture begins while it runs, and
+/// one under way is waited for (sleep and wake synchronize every stream of
+/// the context, the captured one included).
+fn gated<C: Context, R>(
+    s: &C,
+    arena: &C::Arena,
+    op: &'static str,
+    f: impl FnOnce(&vmm::Arena<HandleOf<C>>, &Driver<'_, C>) -> Result<R, BackendError>,
+) -> Result<R, BackendError> {
+    s.check_usable(op)?;
+    let _call = s.capture_gate().call(op, true)?;
+    f(arena, &driver(s, arena))
+}
+
+/// The public handle's sleep of the whole arena (`vmm::Arena::sleep`),
+/// gated, holding the context's sleep gate against copies and launches.
+pub fn sleep<C: Context>(
+    s: &C,
+    arena: &C::Arena,
+    keep_contents: bool,
+) -> Result<SleepReport, BackendError> {
+    gated(s, arena, "sleep", |a, d| {
+        let _sleep = s.sleep_gate().sleep();
+        a.sleep(d, keep_contents)
+    })
+}
+
+/// The public handle's wake of the whole arena (`vmm::Arena::wake`), gated.
+pub fn wake<C: Context>(s: &C, arena: &C::Arena) -> Result<u64, BackendError> {
+    gated(s, arena, "wake", |a, d| a.wake(d))
+}
+
+/// The public handle's sleep of the allocations at `ptrs`
+/// (`vmm::Arena::sleep_ranges`), gated, holding the sleep gate.
+pub fn sleep_ranges<C: Context>(
+    s: &C,
+    arena: &C::Arena,
+    ptrs: &[u64],
+    keep_contents: bool,
+) -> Result<SleepReport, BackendError> {
+    gated(s, arena, "sleep_ranges", |a, d| {
+        let _sleep = s.sleep_gate().sleep();
+        a.sleep_ranges(d, ptrs, keep_contents)
+    })
+}
+
+/// The public handle's wake of the allocations at `ptrs`
+/// (`vmm::Arena::wake_ranges`), gated.
+pub fn wake_ranges<C: Context>(s: &C, arena: &C::Arena, ptrs: &[u64]) -> Result<u64, BackendError> {
+    gated(s, arena, "wake_ranges", |a, d| a.wake_ranges(d, ptrs))
 }
 
 /// One arena operation's driver: the context, the arena's books, the

@@ -230,6 +230,9 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// Wait until every stream of the context ran what is queued on it.
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError>;
 
+    /// The properties the granules of `arena` are created with.
+    fn granule_prop(arena: &Self::Arena) -> <Self::Table as VmmTable>::Prop;
+
     /// Refuse work on a lost or closing context, with no driver call.
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError>;
 

@@ -171,6 +171,10 @@ impl Context for Shared {
         crate::capture::gate()
     }
 
+    fn granule_prop(arena: &super::Arena) -> sys::CUmemAllocationProp {
+        prop(arena.ordinal)
+    }
+
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
         Shared::check_usable(self, op)
     }

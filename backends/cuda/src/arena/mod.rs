@@ -102,17 +102,7 @@ impl CudaArena {
     /// is deferred (unmapping would invalidate it): it returns 0 at once,
     /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("trim")?;
-        let deferred = crate::capture::gate().defer_trim(
-            self.arena.base,
-            &self.arena,
-            &self.shared,
-            |a, s| drop(a.trim(s, "trim")),
-        );
-        if deferred {
-            return Ok(0);
-        }
-        self.arena.trim(&self.shared, "trim")
+        memgov_stream_ordered::arena::trim(&self.shared, &self.arena)
     }
 
     /// Set the most physical memory the arena maps, rounded down to whole
@@ -162,20 +152,13 @@ impl Arena {
     }
 
     pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver::new(s, &self.core, granule::prop(self.ordinal))
+        memgov_stream_ordered::arena::driver(s, self)
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
     /// device address. The context must be current on the calling thread.
     pub(crate) fn allocate(&self, s: &Shared, bytes: u64) -> Result<CUdeviceptr, BackendError> {
         self.core.allocate(&self.driver(s), bytes)
-    }
-
-    /// Unmap and release every cached granule (mapped, no users). Returns
-    /// the bytes given back; granules the driver refused to give back are
-    /// quarantined and named in the error.
-    pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
-        self.core.trim(&self.driver(s), op)
     }
 
     /// Give everything back at teardown: every mapped granule (in use or

@@ -184,6 +184,10 @@ impl Context for Shared {
         crate::capture::gate()
     }
 
+    fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
+        arena.prop()
+    }
+
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
         Shared::check_usable(self, op)
     }
