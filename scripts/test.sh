@@ -34,7 +34,7 @@ step "build (the tests of the next steps; the library alone)"
 # that step compiles nothing again (another selection unifies other features
 # and recompiles the library). Every target of every crate is compiled by
 # clippy below with every feature, and built by the step that runs it.
-test_packages=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend
+test_packages=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-stream-ordered
     -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli)
 cargo test --locked --no-run "${test_packages[@]}"
 cargo build --locked -p memgov --lib

@@ -35,7 +35,7 @@ set -e
 find "$cargo_home/registry/src" -mindepth 1 -maxdepth 1 -name '-*' -newer "$started" \
     -exec rm -rf {} + 2>/dev/null || true
 [ "$publish_rc" -eq 0 ] || { echo "FAILED: cargo publish --workspace --dry-run exited with $publish_rc"; exit 1; }
-crates=(memgov-api memgov-sync memgov-backend memgov-host memgov-null memgov-cuda memgov-hip memgov-vulkan memgov memgov-conformance memgov-cli)
+crates=(memgov-api memgov-sync memgov-backend memgov-stream-ordered memgov-host memgov-null memgov-cuda memgov-hip memgov-vulkan memgov memgov-conformance memgov-cli)
 for c in "${crates[@]}"; do
     grep -Eq "Packaging $c v" "$target_dir/publish.log" || { echo "FAILED: $c was not packaged"; exit 1; }
 done

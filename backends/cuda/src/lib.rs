@@ -641,31 +641,18 @@ impl DeviceContext for CudaContext {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed.
         self.pins
-            .end_stranded(&self.shared, lost || self.shared.is_lost());
-        let graphs = match &self.arena {
-            Some(a) if !lost => self.pins.teardown(&self.shared, a),
-            _ => {
-                self.pins.close();
-                Ok(0)
-            }
-        };
+            .end_stranded(&*self.shared, lost || self.shared.is_lost());
+        let graphs = self.pins.finish(
+            &*self.shared,
+            self.arena.as_deref(),
+            lost,
+            "CudaGraph::destroy",
+        );
         let arena = match &self.arena {
             Some(a) => self.arena_teardown(a, lost),
             None => Ok(()),
         };
-        let arena = match graphs {
-            Ok(0) => arena,
-            Ok(n) => arena.and(Err(result::err(
-                "teardown",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "{n} executable graph(s) were still live at teardown: they were destroyed \
-                     after their launches finished and their capture pools given back; destroy \
-                     graphs with CudaGraph::destroy before teardown"
-                ),
-            ))),
-            Err(e) => arena.and(Err(e)),
-        };
+        let arena = arena.and(graphs);
         let context = self.tear_down(lost);
         arena.and(context)
     }

@@ -7,27 +7,20 @@
 //! further driver calls.
 //!
 //! Names come from cudarc's `CUresult` enum (no driver call, so an error path
-//! never calls into a driver that may be broken).
+//! never calls into a driver that may be broken). The message and the way
+//! out are built by the core ([`memgov_stream_ordered::result`]); this file
+//! is CUDA's half of the vendor table's results.
 
 use cudarc::driver::sys::CUresult;
-use memgov_backend::shell::Driver;
-use memgov_backend::OUT_OF_MEMORY_HINT;
 use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::{result, Class, Hints, Vendor};
 
 pub(crate) const BACKEND: &str = "cuda";
 
-/// The CUDA driver as the driver shell sees it: [`check`] is how its
-/// results are classified.
+/// The CUDA driver API as the core sees it: its codes, classified below,
+/// named by cudarc's `CUresult` enum. The driver shell sees it as
+/// [`Checked<Cuda>`](memgov_stream_ordered::Checked).
 pub(crate) struct Cuda;
-
-impl Driver for Cuda {
-    const BACKEND: &'static str = BACKEND;
-    type Code = CUresult;
-
-    fn check(op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
-        check(op, call, code)
-    }
-}
 
 /// Sticky errors: the context is corrupted and must be destroyed. The CUDA
 /// driver documentation marks each of these as leaving the process in an
@@ -47,62 +40,76 @@ pub(crate) const DEVICE_LOST: &[CUresult] = &[
     CUresult::CUDA_ERROR_LAUNCH_FAILED,
 ];
 
+impl Vendor for Cuda {
+    const BACKEND: &'static str = BACKEND;
+    const DRIVER: &'static str = "driver";
+    type Code = CUresult;
+    const SUCCESS: CUresult = CUresult::CUDA_SUCCESS;
+    const HINTS: Hints = Hints {
+        device_lost: "; the CUDA context is in a sticky error state and nothing queued on it \
+                      will run: retire this context (teardown does not wait on the device) and \
+                      restart the process to use the GPU again",
+        unavailable: "; check the NVIDIA driver installation and the device ordinal",
+    };
+
+    fn classify(r: CUresult) -> Class {
+        use CUresult as R;
+        if DEVICE_LOST.contains(&r) {
+            return Class::DeviceLost;
+        }
+        match r {
+            R::CUDA_SUCCESS => Class::Success,
+            R::CUDA_ERROR_NOT_READY => Class::NotReady,
+            R::CUDA_ERROR_OUT_OF_MEMORY => Class::OutOfMemory,
+            R::CUDA_ERROR_NOT_INITIALIZED
+            | R::CUDA_ERROR_DEINITIALIZED
+            | R::CUDA_ERROR_STUB_LIBRARY
+            | R::CUDA_ERROR_DEVICE_UNAVAILABLE
+            | R::CUDA_ERROR_NO_DEVICE
+            | R::CUDA_ERROR_INVALID_DEVICE
+            | R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+            | R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
+            | R::CUDA_ERROR_SYSTEM_NOT_READY => Class::Unavailable,
+            R::CUDA_ERROR_INVALID_VALUE
+            | R::CUDA_ERROR_INVALID_HANDLE
+            | R::CUDA_ERROR_INVALID_CONTEXT => Class::InvalidArgument,
+            R::CUDA_ERROR_NOT_SUPPORTED => Class::NotSupported,
+            R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => Class::CaptureInvalidated,
+            _ => Class::Other,
+        }
+    }
+
+    /// The enum's own name (no driver call, so an error path never calls
+    /// into a driver that may be broken).
+    fn name(r: CUresult) -> String {
+        format!("{r:?}")
+    }
+
+    fn number(r: CUresult) -> i64 {
+        i64::from(r as i32)
+    }
+}
+
 /// How a result code is classified.
+#[cfg(test)]
 pub(crate) fn kind_of(r: CUresult) -> BackendErrorKind {
-    use CUresult as R;
-    if DEVICE_LOST.contains(&r) {
-        return BackendErrorKind::DeviceLost;
-    }
-    match r {
-        R::CUDA_ERROR_OUT_OF_MEMORY => BackendErrorKind::OutOfMemory,
-        R::CUDA_ERROR_NOT_INITIALIZED
-        | R::CUDA_ERROR_DEINITIALIZED
-        | R::CUDA_ERROR_STUB_LIBRARY
-        | R::CUDA_ERROR_DEVICE_UNAVAILABLE
-        | R::CUDA_ERROR_NO_DEVICE
-        | R::CUDA_ERROR_INVALID_DEVICE
-        | R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
-        | R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
-        | R::CUDA_ERROR_SYSTEM_NOT_READY => BackendErrorKind::Unavailable,
-        R::CUDA_ERROR_INVALID_VALUE
-        | R::CUDA_ERROR_INVALID_HANDLE
-        | R::CUDA_ERROR_INVALID_CONTEXT => BackendErrorKind::InvalidArgument,
-        R::CUDA_ERROR_NOT_SUPPORTED => BackendErrorKind::Unsupported,
-        _ => BackendErrorKind::Other,
-    }
+    result::kind_of::<Cuda>(r)
 }
 
 /// The driver's name for a code (`CUDA_ERROR_ILLEGAL_ADDRESS`).
 pub(crate) fn name(r: CUresult) -> String {
-    format!("{r:?}")
+    Cuda::name(r)
 }
 
 /// An error for `op` from driver call `call` returning `r`, with the code,
 /// its name and the way out.
 pub(crate) fn error(op: &'static str, call: &str, r: CUresult) -> BackendError {
-    let kind = kind_of(r);
-    let hint = match kind {
-        BackendErrorKind::DeviceLost => {
-            "; the CUDA context is in a sticky error state and nothing queued on it will run: \
-             retire this context (teardown does not wait on the device) and restart the process \
-             to use the GPU again"
-        }
-        BackendErrorKind::OutOfMemory => OUT_OF_MEMORY_HINT,
-        BackendErrorKind::Unavailable => {
-            "; check the NVIDIA driver installation and the device ordinal"
-        }
-        _ => "",
-    };
-    BackendError::from_driver_call(BACKEND, op, kind, call, &name(r), i64::from(r as i32), hint)
+    result::error::<Cuda>(op, call, r)
 }
 
 /// `Ok(())` for `CUDA_SUCCESS`, else [`error`].
 pub(crate) fn check(op: &'static str, call: &str, r: CUresult) -> Result<(), BackendError> {
-    if r == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(error(op, call, r))
-    }
+    result::check::<Cuda>(op, call, r)
 }
 
 /// A backend error without a driver code.
@@ -111,7 +118,7 @@ pub(crate) fn err(
     kind: BackendErrorKind,
     msg: impl Into<String>,
 ) -> BackendError {
-    BackendError::new(BACKEND, op, kind, msg)
+    result::err::<Cuda>(op, kind, msg)
 }
 
 #[cfg(test)]

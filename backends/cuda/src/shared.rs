@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     /// Lost (declared by the governor, or a sticky code from the driver,
     /// whose message is the reason kept), dead (the driver's own sticky
     /// code), and the probe the loss is reported to.
-    pub(crate) shell: Shell<Cuda>,
+    pub(crate) shell: Shell<memgov_stream_ordered::Checked<Cuda>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) pending: Arc<PendingFrees>,
     pub(crate) live: Mutex<HashMap<u64, Live>>,

@@ -11,112 +11,18 @@
 //! limit is refused (`OutOfMemory`, with the numbers) before any granule is
 //! mapped; one that fails half-way unmaps what it mapped and stays asleep.
 //! While asleep, allocation and copies to and from sleeping memory are
-//! refused (`InvalidArgument`), and releases retire as usual. This module
-//! gives the core CUDA's copies: on a stream of the sleep's own,
-//! synchronized after each granule.
+//! refused (`InvalidArgument`), and releases retire as usual. The copies
+//! (on a stream of the sleep's own, synchronized after each granule) are the
+//! stream-ordered core's ([`memgov_stream_ordered::arena`]), over CUDA's
+//! table; this module is the public face on [`CudaArena`].
 
-use crate::arena::{CudaArena, Driver};
-use cudarc::driver::sys::{self, CUdeviceptr, CUstream};
-use memgov_backend::vmm::{self, GranuleDriver};
+use crate::arena::CudaArena;
+use cudarc::driver::sys::CUdeviceptr;
 use memgov_backend::BackendError;
-use std::ffi::c_void;
 
 pub use memgov_backend::capability::SleepReport;
 
-impl Driver<'_> {
-    /// The copy stream, made on first use.
-    fn copies(&self, op: &'static str) -> Result<CUstream, BackendError> {
-        let raw = self.copies.get();
-        if !raw.is_null() {
-            return Ok(raw);
-        }
-        let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current (the core made
-        // it current before any copy).
-        let r = unsafe { sys::cuStreamCreate(&mut raw, 1) };
-        self.s.checked(op, "cuStreamCreate", r)?;
-        self.copies.set(raw);
-        Ok(raw)
-    }
-
-    fn sync(&self, op: &'static str, raw: CUstream) -> Result<(), BackendError> {
-        // SAFETY: the driver's own copy stream, alive until the driver drops.
-        let r = unsafe { sys::cuStreamSynchronize(raw) };
-        self.s.checked(op, "cuStreamSynchronize", r)
-    }
-}
-
-impl Drop for Driver<'_> {
-    fn drop(&mut self) {
-        let raw = self.copies.replace(std::ptr::null_mut());
-        if raw.is_null() {
-            return;
-        }
-        if let Ok(_current) = self.s.make_current("sleep") {
-            // SAFETY: the copy stream made by `copies`, destroyed once,
-            // after its copies completed (synchronized here as well).
-            unsafe {
-                let _ = sys::cuStreamSynchronize(raw);
-                let _ = sys::cuStreamDestroy_v2(raw);
-            }
-        }
-    }
-}
-
-impl vmm::SleepDriver for Driver<'_> {
-    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::arena::quiesce(self.s, op, None)
-    }
-
-    fn offload(&self, at: u64, bytes: u64) -> Result<usize, BackendError> {
-        let raw = self.copies("sleep")?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current.
-        let r = unsafe {
-            sys::cuMemHostAlloc(&mut host, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE)
-        };
-        self.s.checked("sleep", "cuMemHostAlloc", r)?;
-        // SAFETY: the granule at `at` is mapped read-write; `host` holds
-        // `bytes` and outlives the copy (synchronized below).
-        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(host, at, bytes as usize, raw) };
-        let copied = self
-            .s
-            .checked("sleep", "cuMemcpyDtoHAsync_v2", r)
-            .and_then(|()| self.sync("sleep", raw));
-        if let Err(e) = copied {
-            self.free_host(host as usize, "sleep");
-            return Err(e);
-        }
-        Ok(host as usize)
-    }
-
-    fn restore(&self, at: u64, host: usize, bytes: u64) -> Result<(), BackendError> {
-        let raw = self.copies("wake")?;
-        // SAFETY: `host` holds one granule of contents; the granule at `at`
-        // was just mapped read-write; the host memory outlives the copy
-        // (synchronized below).
-        let r =
-            unsafe { sys::cuMemcpyHtoDAsync_v2(at, host as *const c_void, bytes as usize, raw) };
-        self.s.checked("wake", "cuMemcpyHtoDAsync_v2", r)?;
-        self.sync("wake", raw)
-    }
-}
-
 impl CudaArena {
-    /// Run `f` on the arena with this backend's driver, once the context is
-    /// usable and the capture gate admits `op`: no capture begins while it
-    /// runs, and one under way is waited for (sleep and wake synchronize
-    /// every stream of the context, the captured one included).
-    fn gated<R>(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(&crate::arena::Arena, &Driver<'_>) -> Result<R, BackendError>,
-    ) -> Result<R, BackendError> {
-        self.shared.check_usable(op)?;
-        let _call = crate::capture::gate().call(op, true)?;
-        f(&self.arena, &self.arena.driver(&self.shared))
-    }
-
     /// Sleeps of this arena waiting for copies or graph launches between
     /// their awake check and their enqueue (for tests that force that
     /// interleaving).
@@ -131,10 +37,7 @@ impl CudaArena {
     /// [`wake`](Self::wake)). Refused while a set sleeps
     /// ([`sleep_ranges`](Self::sleep_ranges)).
     pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
-        self.gated("sleep", |a, d| {
-            let _sleep = self.shared.sleep_gate.sleep();
-            a.sleep(d, keep_contents)
-        })
+        memgov_stream_ordered::arena::sleep(&*self.shared, &self.arena, keep_contents)
     }
 
     /// Wake the arena: map every sleeping granule again at its address and
@@ -143,7 +46,7 @@ impl CudaArena {
     /// bytes mapped. Also wakes a set put to sleep with
     /// [`sleep_ranges`](Self::sleep_ranges), whole.
     pub fn wake(&self) -> Result<u64, BackendError> {
-        self.gated("wake", |a, d| a.wake(d))
+        memgov_stream_ordered::arena::wake(&*self.shared, &self.arena)
     }
 
     /// Put the allocations at `ptrs` (device pointers of live allocations of
@@ -173,10 +76,7 @@ impl CudaArena {
         ptrs: &[CUdeviceptr],
         keep_contents: bool,
     ) -> Result<SleepReport, BackendError> {
-        self.gated("sleep_ranges", |a, d| {
-            let _sleep = self.shared.sleep_gate.sleep();
-            a.sleep_ranges(d, ptrs, keep_contents)
-        })
+        memgov_stream_ordered::arena::sleep_ranges(&*self.shared, &self.arena, ptrs, keep_contents)
     }
 
     /// Wake the allocations at `ptrs`: map every sleeping granule under them
@@ -185,6 +85,6 @@ impl CudaArena {
     /// limit; one that fails half-way unmaps what it mapped and leaves the
     /// set asleep. Returns the bytes mapped.
     pub fn wake_ranges(&self, ptrs: &[CUdeviceptr]) -> Result<u64, BackendError> {
-        self.gated("wake_ranges", |a, d| a.wake_ranges(d, ptrs))
+        memgov_stream_ordered::arena::wake_ranges(&*self.shared, &self.arena, ptrs)
     }
 }

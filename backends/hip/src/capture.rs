@@ -3,6 +3,10 @@
 //! pinned by the graph until it is destroyed; and the process-wide gate
 //! that keeps memgov's own HIP calls from invalidating a capture.
 //!
+//! The capture's and the graph's logic is the stream-ordered core's
+//! ([`memgov_stream_ordered::capture`], over HIP's [`CaptureTable`] below);
+//! this module is HIP's table of capture calls, its public types wrapping
+//! the core's, and the check that the loaded runtime has the calls.
 //! Invariants, each enforced where it is written:
 //!
 //! * **No runtime allocation during capture.** The pool is taken from the
@@ -32,16 +36,17 @@
 //! * **Where ROCm lacks the calls**, [`HipContext::begin_capture`] answers
 //!   `Unsupported`, naming the first one missing.
 
-use crate::arena::{release::quiesce, Arena};
-use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t};
-use crate::result::err;
+use crate::arena::Arena;
+use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t, HipResult};
+use crate::result::{err, Hip};
 use crate::shared::Shared;
 use crate::{HipContext, HipStream};
 use memgov_backend::vmm::{CapturePool, Gate, ALIGN};
-use memgov_backend::{lock, BackendError, BackendErrorKind};
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::capture::{CaptureCore, GraphCore};
+use memgov_stream_ordered::table::{CaptureNames, CaptureTable};
+use std::marker::PhantomData;
+use std::sync::OnceLock;
 
 /// The HIP runtime's gate: process-wide, as the runtime's rule is.
 pub(crate) fn gate() -> &'static Gate {
@@ -60,15 +65,6 @@ pub fn capture_gate() -> &'static Gate {
 }
 
 pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
-
-/// `hipStreamCaptureMode` of a [`CaptureMode`].
-fn raw_mode(mode: CaptureMode) -> i32 {
-    match mode {
-        CaptureMode::Global => ffi::hipStreamCaptureModeGlobal,
-        CaptureMode::ThreadLocal => ffi::hipStreamCaptureModeThreadLocal,
-        CaptureMode::Relaxed => ffi::hipStreamCaptureModeRelaxed,
-    }
-}
 
 /// Device memory carved from a capture pool: valid while the graph made by
 /// the capture lives.
@@ -100,111 +96,93 @@ impl CaptureBuffer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutputSlot(usize);
 
-// ---- pins ----------------------------------------------------------------
+// ---- HIP's table of capture calls ----------------------------------------
 
-/// The executable graphs of a context still live, destroyed by teardown if
-/// their owners did not.
-#[derive(Default)]
-pub(crate) struct Pins {
-    live: Mutex<PinState>,
-    /// Captures whose end failed while the runtime still captured (or
-    /// could not be asked): their id and stream. The gate keeps them under
-    /// way until a later end reaches the runtime or teardown destroys them
-    /// with the context's streams.
-    stranded: Mutex<Vec<(u64, usize)>>,
-}
+/// The loaded runtime's functions under the core's names.
+impl CaptureTable for Hip {
+    type Graph = hipGraph_t;
+    type Exec = hipGraphExec_t;
 
-#[derive(Default)]
-struct PinState {
-    next: u64,
-    graphs: HashMap<u64, (RawGraph, u64)>,
-    /// Host buffers of graphs dropped without a successful destroy: a
-    /// launch may still read or write them, so they live as long as the
-    /// pins (past teardown, which waits for every launch).
-    orphans: Vec<HostBuffers>,
-}
+    const CAPTURE_NAMES: CaptureNames = CaptureNames {
+        begin_capture: "hipStreamBeginCapture",
+        capture_id: "hipStreamGetCaptureInfo",
+        end_capture: "hipStreamEndCapture",
+        instantiate: "hipGraphInstantiate",
+        exec_destroy: "hipGraphExecDestroy",
+        graph_destroy: "hipGraphDestroy",
+        launch: "hipGraphLaunch",
+    };
 
-/// The host memory a graph's recorded copies read and write.
-#[derive(Default)]
-struct HostBuffers {
-    /// Read by the runtime through the recorded copies, never by Rust.
-    _inputs: Vec<Box<[u8]>>,
-    outputs: Vec<Box<[u8]>>,
-}
-
-#[derive(Clone, Copy)]
-struct RawGraph {
-    exec: hipGraphExec_t,
-    graph: hipGraph_t,
-}
-
-// SAFETY: runtime handles, usable from any host thread; the struct holds no
-// thread-bound state.
-unsafe impl Send for RawGraph {}
-
-impl Pins {
-    /// First in teardown: the captures a failed end left live are ended in
-    /// the runtime (unless the context is lost) and their graphs discarded;
-    /// then the gate forgets them, whatever the runtime answered, since
-    /// teardown destroys the context's streams and their captures with them
-    /// (a capture the runtime still holds here, one begun in global or
-    /// thread-local mode on another thread, is abandoned with its stream).
-    pub(crate) fn end_stranded(&self, s: &Shared, lost: bool) {
-        let stranded = std::mem::take(&mut *lock(&self.stranded));
-        for (id, stream) in stranded {
-            if !lost {
-                if let Ok(_device) = s.make_current("teardown") {
-                    let mut graph: hipGraph_t = std::ptr::null_mut();
-                    // SAFETY: a stream of this context still captured (its
-                    // streams are destroyed later in teardown); valid out
-                    // pointer.
-                    let r = unsafe { ffi::hipStreamEndCapture(stream as hipStream_t, &mut graph) };
-                    if r == ffi::SUCCESS && !graph.is_null() {
-                        // SAFETY: the graph just made, never instantiated.
-                        let _ = unsafe { ffi::hipGraphDestroy(graph) };
-                    }
-                }
-            }
-            gate().end(id);
-        }
+    unsafe fn begin_capture(stream: hipStream_t, mode: CaptureMode) -> HipResult {
+        let mode = match mode {
+            CaptureMode::Global => ffi::hipStreamCaptureModeGlobal,
+            CaptureMode::ThreadLocal => ffi::hipStreamCaptureModeThreadLocal,
+            CaptureMode::Relaxed => ffi::hipStreamCaptureModeRelaxed,
+        };
+        // SAFETY: the caller's contract (a live stream, its device current).
+        unsafe { ffi::hipStreamBeginCapture(stream, mode) }
     }
 
-    /// Teardown of a lost context: forget the graphs without runtime calls
-    /// (they go with the device); later destroys do nothing.
-    pub(crate) fn close(&self) {
-        lock(&self.live).graphs.clear();
+    unsafe fn capture_id(stream: hipStream_t) -> (HipResult, u64) {
+        let (mut status, mut id) = (0i32, 0u64);
+        // SAFETY: valid out pointers; a live stream (the caller's contract).
+        let r = unsafe { ffi::hipStreamGetCaptureInfo(stream, &mut status, &mut id) };
+        (r, id)
     }
 
-    /// Destroy the graphs still live after waiting for every stream,
-    /// returning their pools to the arena; returns how many there were.
-    /// Later [`HipGraph::destroy`] calls do nothing.
-    pub(crate) fn teardown(&self, s: &Shared, arena: &Arena) -> Result<usize, BackendError> {
-        let graphs: Vec<(RawGraph, u64)> =
-            lock(&self.live).graphs.drain().map(|(_, v)| v).collect();
-        if graphs.is_empty() {
-            return Ok(0);
-        }
-        let _call = gate().call("teardown", false)?;
-        let _device = s.make_current("teardown")?;
-        quiesce(s, "teardown", None)?;
-        let n = graphs.len();
-        for (raw, pool) in graphs {
-            destroy_raw(s, raw, "teardown")?;
-            arena.retire(pool);
-        }
-        Ok(n)
+    unsafe fn end_capture(stream: hipStream_t) -> (HipResult, Option<hipGraph_t>) {
+        let mut graph: hipGraph_t = std::ptr::null_mut();
+        // SAFETY: valid out pointer; a live stream (the caller's contract).
+        let r = unsafe { ffi::hipStreamEndCapture(stream, &mut graph) };
+        (r, (!graph.is_null()).then_some(graph))
+    }
+
+    unsafe fn still_capturing(stream: hipStream_t) -> bool {
+        let (mut status, mut id) = (0, 0u64);
+        // SAFETY: a live stream of this context; valid out pointers.
+        let r = unsafe { ffi::hipStreamGetCaptureInfo(stream, &mut status, &mut id) };
+        r != ffi::SUCCESS || status != ffi::hipStreamCaptureStatusNone
+    }
+
+    unsafe fn instantiate(graph: hipGraph_t) -> (HipResult, hipGraphExec_t) {
+        let mut exec: hipGraphExec_t = std::ptr::null_mut();
+        // SAFETY: a live graph (the caller's contract); valid out pointer;
+        // no error node or log asked for.
+        let r = unsafe {
+            ffi::hipGraphInstantiate(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (r, exec)
+    }
+
+    unsafe fn exec_destroy(exec: hipGraphExec_t) -> HipResult {
+        // SAFETY: the caller's contract (destroyed once, after its launches).
+        unsafe { ffi::hipGraphExecDestroy(exec) }
+    }
+
+    unsafe fn graph_destroy(graph: hipGraph_t) -> HipResult {
+        // SAFETY: the caller's contract (destroyed once).
+        unsafe { ffi::hipGraphDestroy(graph) }
+    }
+
+    unsafe fn launch(exec: hipGraphExec_t, stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (both live).
+        unsafe { ffi::hipGraphLaunch(exec, stream) }
+    }
+
+    fn stream_key(stream: hipStream_t) -> usize {
+        stream as usize
     }
 }
 
-fn destroy_raw(s: &Shared, raw: RawGraph, op: &'static str) -> Result<(), BackendError> {
-    // SAFETY: handles made by end(), destroyed once (taken out of the pins
-    // first); every launch has finished (the caller waited).
-    let r = unsafe { ffi::hipGraphExecDestroy(raw.exec) };
-    s.checked(op, "hipGraphExecDestroy", r)?;
-    // SAFETY: as above.
-    let r = unsafe { ffi::hipGraphDestroy(raw.graph) };
-    s.checked(op, "hipGraphDestroy", r)
-}
+/// The executable graphs of a context still live, and the captures a
+/// failed end left under way (the core's).
+pub(crate) type Pins = memgov_stream_ordered::capture::Pins<Hip>;
 
 // ---- capture -------------------------------------------------------------
 
@@ -230,23 +208,17 @@ fn destroy_raw(s: &Shared, raw: RawGraph, op: &'static str) -> Result<(), Backen
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct HipCapture<'a> {
-    ctx: &'a HipContext,
-    arena: Arc<Arena>,
-    stream: hipStream_t,
-    id: u64,
-    pool: CapturePool,
-    inputs: Vec<Box<[u8]>>,
-    outputs: Vec<Box<[u8]>>,
-    /// Set by end(): nothing left for Drop to undo.
-    done: bool,
+    core: CaptureCore<Shared>,
+    _ctx: PhantomData<&'a HipContext>,
 }
 
 impl std::fmt::Debug for HipCapture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (pool, used) = self.core.pool_usage();
         f.debug_struct("HipCapture")
-            .field("id", &self.id)
-            .field("pool", &self.pool.bytes())
-            .field("used", &self.pool.used())
+            .field("id", &self.core.id())
+            .field("pool", &pool)
+            .field("used", &used)
             .finish()
     }
 }
@@ -301,111 +273,51 @@ impl HipContext {
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
         capture_supported()?;
-        let Some(arena) = self.arena.clone() else {
-            return Err(err(
-                OP,
-                BackendErrorKind::Unsupported,
-                "a capture pool comes from the context's arena, and this context has none: \
-                 create it with HipConfig::arena",
-            ));
-        };
-        let pool_bytes = Self::capture_pool_bytes(config.pool_bytes)?;
-        let device = s.make_current(OP)?;
-        let pool = arena.allocate(s, pool_bytes)?;
-        let g = gate();
-        g.begin();
-        let raw = stream.raw.0;
-        // SAFETY: a live stream of this context (checked above); its device
-        // is current.
-        let r = unsafe { ffi::hipStreamBeginCapture(raw, raw_mode(config.mode)) };
-        let begun = s.checked(OP, "hipStreamBeginCapture", r).and_then(|()| {
-            let (mut status, mut id) = (0i32, 0u64);
-            // SAFETY: valid out pointers; the stream is live.
-            let r = unsafe { ffi::hipStreamGetCaptureInfo(raw, &mut status, &mut id) };
-            s.checked(OP, "hipStreamGetCaptureInfo", r).map(|()| id)
-        });
-        g.begun(begun.as_ref().ok().copied(), raw as usize);
-        drop(device);
-        match begun {
-            Ok(id) => Ok(HipCapture {
-                ctx: self,
-                arena,
-                stream: raw,
-                id,
-                pool: CapturePool::new(pool, pool_bytes),
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                done: false,
-            }),
-            Err(e) => {
-                // Nothing used the pool: back to the arena at once.
-                arena.retire(pool);
-                Err(e)
-            }
-        }
+        let core = CaptureCore::begin(
+            self.shared.clone(),
+            self.arena.clone(),
+            self.pins.clone(),
+            stream.raw.0,
+            config,
+            ALIGN,
+            "HipConfig::arena",
+            |arena, s, bytes| arena.allocate(s, bytes),
+        )?;
+        Ok(HipCapture {
+            core,
+            _ctx: PhantomData,
+        })
     }
 
     /// The context's part of teardown for its graphs (before the arena's):
     /// destroy the live ones after their launches, and say how many there
     /// were; on a lost context forget them.
     pub(crate) fn graphs_teardown(&self, arena: &Arena, lost: bool) -> Result<(), BackendError> {
-        if lost || self.shared.is_lost() {
-            self.pins.close();
-            return Ok(());
-        }
-        match self.pins.teardown(&self.shared, arena)? {
-            0 => Ok(()),
-            n => Err(err(
-                "teardown",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "{n} executable graph(s) were still live at teardown: they were destroyed \
-                     after their launches finished and their capture pools given back; destroy \
-                     graphs with HipGraph::destroy before teardown"
-                ),
-            )),
-        }
+        self.pins.finish(
+            &*self.shared,
+            Some(arena),
+            lost || self.shared.is_lost(),
+            "HipGraph::destroy",
+        )
     }
 }
 
 impl HipCapture<'_> {
     /// The runtime's id of this capture.
     pub fn id(&self) -> u64 {
-        self.id
+        self.core.id()
     }
 
     /// Bytes of the pool not carved yet.
     pub fn pool_free(&self) -> u64 {
-        self.pool.free()
+        self.core.pool_free()
     }
 
     /// Carve `bytes` from the pool: no runtime call. Refused with
     /// [`PoolExhausted`] when they do not fit; the capture stays valid.
     pub fn allocate(&mut self, bytes: u64) -> Result<CaptureBuffer, PoolExhausted> {
-        let ptr = self.pool.carve(crate::result::BACKEND, bytes, ALIGN)?;
+        let ptr = self.core.allocate(bytes, ALIGN)?;
         Ok(CaptureBuffer { ptr, bytes })
-    }
-
-    fn check_range(
-        &self,
-        op: &'static str,
-        buf: &CaptureBuffer,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), BackendError> {
-        if self.pool.holds(buf.ptr, buf.bytes, offset, len) {
-            Ok(())
-        } else {
-            Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "{len} B at offset {offset} of a {} B capture buffer at {:#x} is not inside \
-                     this capture's pool: use buffers this capture allocated, within their length",
-                    buf.bytes, buf.ptr
-                ),
-            ))
-        }
     }
 
     /// Record a copy of `data` into `buf` at `offset`; every launch of the
@@ -416,26 +328,7 @@ impl HipCapture<'_> {
         offset: u64,
         data: Vec<u8>,
     ) -> Result<(), BackendError> {
-        const OP: &str = "capture_upload";
-        self.check_range(OP, buf, offset, data.len() as u64)?;
-        let data = data.into_boxed_slice();
-        let s = &*self.ctx.shared;
-        let _device = s.make_current(OP)?;
-        // SAFETY: the destination lies in the pool (checked above), which
-        // the graph pins; the source is owned by the graph from here on (a
-        // boxed slice does not move when the Vec holding it grows); HIP
-        // does not write through the source pointer.
-        let r = unsafe {
-            ffi::hipMemcpyHtoDAsync(
-                (buf.ptr + offset) as *mut c_void,
-                data.as_ptr() as *mut c_void,
-                data.len(),
-                self.stream,
-            )
-        };
-        s.checked(OP, "hipMemcpyHtoDAsync", r)?;
-        self.inputs.push(data);
-        Ok(())
+        self.core.upload((buf.ptr, buf.bytes), offset, data)
     }
 
     /// Record a copy of `len` bytes of `buf` at `offset` into a host buffer
@@ -447,145 +340,16 @@ impl HipCapture<'_> {
         offset: u64,
         len: usize,
     ) -> Result<OutputSlot, BackendError> {
-        const OP: &str = "capture_download";
-        self.check_range(OP, buf, offset, len as u64)?;
-        let mut host = vec![0u8; len].into_boxed_slice();
-        let s = &*self.ctx.shared;
-        let _device = s.make_current(OP)?;
-        // SAFETY: the source lies in the pool (checked above); the
-        // destination is owned by the graph, which outlives every launch
-        // (destroy waits for every stream first).
-        let r = unsafe {
-            ffi::hipMemcpyDtoHAsync(
-                host.as_mut_ptr().cast(),
-                (buf.ptr + offset) as *mut c_void,
-                len,
-                self.stream,
-            )
-        };
-        s.checked(OP, "hipMemcpyDtoHAsync", r)?;
-        self.outputs.push(host);
-        Ok(OutputSlot(self.outputs.len() - 1))
+        self.core
+            .download((buf.ptr, buf.bytes), offset, len)
+            .map(OutputSlot)
     }
 
     /// End the capture and instantiate its graph. The pool is pinned by the
-    /// graph until [`HipGraph::destroy`] (or teardown).
-    pub fn end(mut self) -> Result<HipGraph, BackendError> {
-        const OP: &str = "end_capture";
-        self.done = true;
-        let s = self.ctx.shared.clone();
-        let graph = match self.end_raw(&s) {
-            Ok(g) => g,
-            Err(e) => {
-                // Nothing was or will be launched: the pool goes back at
-                // once (a capture the runtime still holds records no more
-                // work, and its graph is discarded when it ends).
-                self.arena.retire(self.pool.base());
-                return Err(e);
-            }
-        };
-        let mut exec: hipGraphExec_t = std::ptr::null_mut();
-        let instantiated = s.make_current(OP).and_then(|_device| {
-            // SAFETY: a graph the runtime just returned; valid out pointer;
-            // no error node or log asked for.
-            let r = unsafe {
-                ffi::hipGraphInstantiate(
-                    &mut exec,
-                    graph,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    0,
-                )
-            };
-            s.checked(OP, "hipGraphInstantiate", r)
-        });
-        if let Err(e) = instantiated {
-            // SAFETY: the graph just made, destroyed once; never launched.
-            let _ = unsafe { ffi::hipGraphDestroy(graph) };
-            self.arena.retire(self.pool.base());
-            return Err(e);
-        }
-        let raw = RawGraph { exec, graph };
-        let key = {
-            let mut st = lock(&self.ctx.pins.live);
-            st.next += 1;
-            let key = st.next;
-            st.graphs.insert(key, (raw, self.pool.base()));
-            key
-        };
-        Ok(HipGraph {
-            shared: s,
-            arena: self.arena.clone(),
-            pins: self.ctx.pins.clone(),
-            key,
-            pool_bytes: self.pool.bytes(),
-            used: self.pool.used(),
-            host: HostBuffers {
-                _inputs: std::mem::take(&mut self.inputs),
-                outputs: std::mem::take(&mut self.outputs),
-            },
-            destroyed: false,
-        })
-    }
-
-    /// `hipStreamEndCapture`, then, once the runtime's capture is over, the
-    /// gate learns it ended (which runs deferred trims when it was the
-    /// last). After a failed end the runtime is asked
-    /// (`hipStreamGetCaptureInfo`'s status): a stream still capturing
-    /// (active, or invalidated and still to be ended), or a device that
-    /// could not be made current, keeps the gate's record, so that no other
-    /// thread's gated call invalidates the capture; the context's teardown
-    /// ends it.
-    fn end_raw(&self, s: &Shared) -> Result<hipGraph_t, BackendError> {
-        const OP: &str = "end_capture";
-        let mut graph: hipGraph_t = std::ptr::null_mut();
-        let mut over = false;
-        let r = s.make_current(OP).and_then(|_device| {
-            // SAFETY: the capturing stream; valid out pointer.
-            let r = unsafe { ffi::hipStreamEndCapture(self.stream, &mut graph) };
-            let r = s.checked(OP, "hipStreamEndCapture", r);
-            over = r.is_ok() || !self.still_capturing();
-            r
-        });
-        if over {
-            // Out of capture (ended, or invalidated and ended): the gate
-            // lets gated calls run again.
-            lock(&self.ctx.pins.stranded).retain(|&(id, _)| id != self.id);
-            gate().end(self.id);
-        } else {
-            let mut stranded = lock(&self.ctx.pins.stranded);
-            if !stranded.iter().any(|&(id, _)| id == self.id) {
-                stranded.push((self.id, self.stream as usize));
-            }
-        }
-        r.map(|()| graph)
-    }
-
-    /// Whether the runtime still captures the stream (status active, or
-    /// invalidated and not yet ended); also when it cannot say. The device
-    /// is current.
-    fn still_capturing(&self) -> bool {
-        let (mut status, mut id) = (0, 0u64);
-        // SAFETY: a live stream of this context; valid out pointers.
-        let r = unsafe { ffi::hipStreamGetCaptureInfo(self.stream, &mut status, &mut id) };
-        r != ffi::SUCCESS || status != ffi::hipStreamCaptureStatusNone
-    }
-}
-
-impl Drop for HipCapture<'_> {
-    /// A capture dropped without `end` is ended and its graph discarded.
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let s = self.ctx.shared.clone();
-        if let Ok(graph) = self.end_raw(&s) {
-            if let Ok(_device) = s.make_current("end_capture") {
-                // SAFETY: the graph just made, never instantiated or launched.
-                let _ = unsafe { ffi::hipGraphDestroy(graph) };
-            }
-        }
-        self.arena.retire(self.pool.base());
+    /// graph until [`HipGraph::destroy`] (or teardown). A capture dropped
+    /// without `end` is ended and its graph discarded.
+    pub fn end(self) -> Result<HipGraph, BackendError> {
+        self.core.end().map(|core| HipGraph { core })
     }
 }
 
@@ -597,47 +361,23 @@ impl Drop for HipCapture<'_> {
 /// refused (on a thread whose own capture is under way) the graph stays
 /// pinned, its host buffers kept, until teardown.
 pub struct HipGraph {
-    shared: Arc<Shared>,
-    arena: Arc<Arena>,
-    pins: Arc<Pins>,
-    key: u64,
-    pool_bytes: u64,
-    used: u64,
-    host: HostBuffers,
-    /// Every launch finished and the graph is out of the pins: the host
-    /// buffers may go.
-    destroyed: bool,
+    core: GraphCore<Shared>,
 }
 
 impl std::fmt::Debug for HipGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (used, pool) = self.core.pool_usage();
         f.debug_struct("HipGraph")
-            .field("pool", &self.pool_bytes)
-            .field("used", &self.used)
+            .field("pool", &pool)
+            .field("used", &used)
             .finish()
     }
 }
 
 impl HipGraph {
-    fn raw(&self, op: &'static str) -> Result<RawGraph, BackendError> {
-        self.raw_and_pool(op).map(|(r, _)| r)
-    }
-
-    /// The graph's handles and its pool's device address.
-    fn raw_and_pool(&self, op: &'static str) -> Result<(RawGraph, u64), BackendError> {
-        let st = lock(&self.pins.live);
-        st.graphs.get(&self.key).copied().ok_or_else(|| {
-            err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                "the graph was destroyed by its context's teardown",
-            )
-        })
-    }
-
     /// Bytes of the pool the capture carved, and the pool's size.
     pub fn pool_usage(&self) -> (u64, u64) {
-        (self.used, self.pool_bytes)
+        self.core.pool_usage()
     }
 
     /// Queue one run of the graph on `stream` (`hipGraphLaunch`).
@@ -648,49 +388,24 @@ impl HipGraph {
     /// for meanwhile waits until the launch is queued, then waits for it.
     pub fn launch(&self, stream: &HipStream) -> Result<(), BackendError> {
         const OP: &str = "graph_launch";
-        let s = &*self.shared;
+        let s = self.core.shared();
         s.check_usable(OP)?;
         s.check_stream(OP, stream)?;
-        let (raw, pool) = self.raw_and_pool(OP)?;
-        let _use = s.sleep_gate.enter();
-        self.arena
-            .check_awake(crate::result::BACKEND, OP, pool, self.pool_bytes)?;
-        let _device = s.make_current(OP)?;
-        // SAFETY: a live executable graph of this context (pinned until
-        // destroy); a live stream of it.
-        let r = unsafe { ffi::hipGraphLaunch(raw.exec, stream.raw.0) };
-        s.checked(OP, "hipGraphLaunch", r)
+        self.core.launch(stream.raw.0)
     }
 
     /// Wait for every stream of the context (admitted by the gate) and
     /// copy out what the graph's download `slot` holds. `&mut self`: no
     /// launch of this graph can be queued meanwhile.
     pub fn read_output(&mut self, slot: OutputSlot) -> Result<Vec<u8>, BackendError> {
-        const OP: &str = "graph_read_output";
-        let n = self.host.outputs.len();
-        if slot.0 >= n {
-            return Err(err(
-                OP,
-                BackendErrorKind::InvalidArgument,
-                format!("output slot {} is not one of this graph's {n}", slot.0),
-            ));
-        }
-        let s = &*self.shared;
-        s.check_usable(OP)?;
-        self.raw(OP)?;
-        {
-            let _call = gate().call(OP, true)?;
-            let _device = s.make_current(OP)?;
-            quiesce(s, OP, None)?;
-        }
-        Ok(self.host.outputs[slot.0].to_vec())
+        self.core.read_output(slot.0)
     }
 
     /// Wait for every stream of the context (admitted by the gate), destroy
     /// the executable graph and the graph, and only then return the pool to
     /// the arena and free the host buffers.
     pub fn destroy(mut self) -> Result<(), BackendError> {
-        self.destroy_now("graph_destroy")
+        self.core.destroy_now("graph_destroy")
     }
 
     /// [`destroy`](Self::destroy) in place: on failure the graph is kept
@@ -698,12 +413,12 @@ impl HipGraph {
     /// again; once it succeeded, later calls do nothing and
     /// [`launch`](Self::launch) is refused.
     pub fn try_destroy(&mut self) -> Result<(), BackendError> {
-        self.destroy_now("graph_destroy")
+        self.core.destroy_now("graph_destroy")
     }
 
     /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
     pub fn is_destroyed(&self) -> bool {
-        self.destroyed || self.raw("graph_destroyed").is_err()
+        self.core.is_destroyed()
     }
 
     /// Bytes of device memory the graph's own allocation nodes take. Always
@@ -713,37 +428,5 @@ impl HipGraph {
     /// the capturing stream makes is not charged.
     pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
         Ok(0)
-    }
-
-    fn destroy_now(&mut self, op: &'static str) -> Result<(), BackendError> {
-        if self.destroyed {
-            return Ok(());
-        }
-        let s = &*self.shared;
-        let Ok(raw) = self.raw(op) else {
-            // Teardown destroyed it after every launch, or forgot it with a
-            // lost context.
-            self.destroyed = true;
-            return Ok(());
-        };
-        let _call = gate().call(op, true)?;
-        let _device = s.make_current(op)?;
-        quiesce(s, op, None)?;
-        let taken = lock(&self.pins.live).graphs.remove(&self.key);
-        self.destroyed = true;
-        if let Some((_, pool)) = taken {
-            destroy_raw(s, raw, op)?;
-            self.arena.retire(pool);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for HipGraph {
-    fn drop(&mut self) {
-        if self.destroy_now("graph_drop").is_err() && !self.destroyed {
-            let host = std::mem::take(&mut self.host);
-            lock(&self.pins.live).orphans.push(host);
-        }
     }
 }

@@ -5,26 +5,74 @@
 //! Codes are plain `i32`s (see `ffi.rs`, which names the known ones with
 //! the header's values): a code this crate does not know, from a newer
 //! runtime, classifies as [`BackendErrorKind::Other`] and keeps its number.
+//! This file is HIP's half of the vendor table's results; the message and
+//! the way out are built by the core ([`memgov_stream_ordered::result`]).
 
 use super::ffi::{self, HipResult, SUCCESS};
-use memgov_backend::shell::Driver;
-use memgov_backend::OUT_OF_MEMORY_HINT;
 use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::{result, Class, Hints, Vendor};
 use std::ffi::CStr;
 
 /// Backend name in every error and description.
 pub(crate) const BACKEND: &str = "hip";
 
-/// The HIP runtime as the driver shell sees it: its results are `i32`s,
-/// classified by [`check`].
+/// The HIP runtime as the core sees it: its results are `i32`s, classified
+/// below. The driver shell sees it as
+/// [`Checked<Hip>`](memgov_stream_ordered::Checked).
 pub(crate) struct Hip;
 
-impl Driver for Hip {
+impl Vendor for Hip {
     const BACKEND: &'static str = BACKEND;
+    const DRIVER: &'static str = "runtime";
     type Code = HipResult;
+    const SUCCESS: HipResult = SUCCESS;
+    const HINTS: Hints = Hints {
+        device_lost: "; the device is lost: nothing queued on it will run; retire this context \
+                      (the process must restart to use the device again)",
+        unavailable: "; no usable AMD GPU through libamdhip64 on this machine",
+    };
 
-    fn check(op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
-        check(op, call, code)
+    fn classify(c: HipResult) -> Class {
+        use ffi as E;
+        if is_device_lost(c) {
+            return Class::DeviceLost;
+        }
+        let is = |list: &[HipResult]| list.contains(&c);
+        if c == SUCCESS {
+            Class::Success
+        } else if c == E::hipErrorNotReady {
+            Class::NotReady
+        } else if c == E::hipErrorOutOfMemory {
+            Class::OutOfMemory
+        } else if is(&[
+            E::hipErrorNoDevice,
+            E::hipErrorInsufficientDriver,
+            E::hipErrorNotInitialized,
+            E::hipErrorNoBinaryForGpu,
+        ]) {
+            Class::Unavailable
+        } else if c == E::hipErrorNotSupported {
+            Class::NotSupported
+        } else if is(&[
+            E::hipErrorInvalidValue,
+            E::hipErrorInvalidDevicePointer,
+            E::hipErrorInvalidDevice,
+            E::hipErrorInvalidHandle,
+            E::hipErrorInvalidMemcpyDirection,
+            E::hipErrorInvalidContext,
+        ]) {
+            Class::InvalidArgument
+        } else {
+            Class::Other
+        }
+    }
+
+    fn name(code: HipResult) -> String {
+        error_name(code)
+    }
+
+    fn number(code: HipResult) -> i64 {
+        i64::from(code)
     }
 }
 
@@ -89,34 +137,7 @@ pub fn is_device_lost(c: HipResult) -> bool {
 
 /// The classification of a HIP result code; an unknown code is `Other`.
 pub fn kind_of(c: HipResult) -> BackendErrorKind {
-    use ffi as E;
-    if is_device_lost(c) {
-        return BackendErrorKind::DeviceLost;
-    }
-    let is = |list: &[HipResult]| list.contains(&c);
-    if c == E::hipErrorOutOfMemory {
-        BackendErrorKind::OutOfMemory
-    } else if is(&[
-        E::hipErrorNoDevice,
-        E::hipErrorInsufficientDriver,
-        E::hipErrorNotInitialized,
-        E::hipErrorNoBinaryForGpu,
-    ]) {
-        BackendErrorKind::Unavailable
-    } else if c == E::hipErrorNotSupported {
-        BackendErrorKind::Unsupported
-    } else if is(&[
-        E::hipErrorInvalidValue,
-        E::hipErrorInvalidDevicePointer,
-        E::hipErrorInvalidDevice,
-        E::hipErrorInvalidHandle,
-        E::hipErrorInvalidMemcpyDirection,
-        E::hipErrorInvalidContext,
-    ]) {
-        BackendErrorKind::InvalidArgument
-    } else {
-        BackendErrorKind::Other
-    }
+    result::kind_of::<Hip>(c)
 }
 
 /// The runtime's name for a code (`"hipErrorOutOfMemory"`).
@@ -145,33 +166,12 @@ pub fn error_name(code: HipResult) -> String {
 /// A [`BackendError`] for `call` returning `code` during `op`, carrying the
 /// code, its name, and what to do next.
 pub fn hip_error(op: &'static str, call: &str, code: HipResult) -> BackendError {
-    let kind = kind_of(code);
-    let hint = match kind {
-        BackendErrorKind::DeviceLost => {
-            "; the device is lost: nothing queued on it will run; retire this context (the process must restart to use the device again)"
-        }
-        BackendErrorKind::OutOfMemory => OUT_OF_MEMORY_HINT,
-        BackendErrorKind::Unavailable => "; no usable AMD GPU through libamdhip64 on this machine",
-        _ => "",
-    };
-    BackendError::from_driver_call(
-        BACKEND,
-        op,
-        kind,
-        call,
-        &error_name(code),
-        i64::from(code),
-        hint,
-    )
+    result::error::<Hip>(op, call, code)
 }
 
 /// `Ok` on `hipSuccess`, else the classified error.
 pub fn check(op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
-    if code == SUCCESS {
-        Ok(())
-    } else {
-        Err(hip_error(op, call, code))
-    }
+    result::check::<Hip>(op, call, code)
 }
 
 /// An error that did not come from a HIP call.
@@ -180,7 +180,7 @@ pub(crate) fn err(
     kind: BackendErrorKind,
     msg: impl Into<String>,
 ) -> BackendError {
-    BackendError::new(BACKEND, op, kind, msg)
+    result::err::<Hip>(op, kind, msg)
 }
 
 #[cfg(test)]

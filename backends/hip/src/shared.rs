@@ -58,7 +58,7 @@ pub(crate) struct Shared {
     /// whose message is the reason kept), dead (the runtime's own sticky
     /// code: no HIP call that could block is made any more), closing, and
     /// the probe the loss is reported to.
-    pub(crate) shell: Shell<Hip>,
+    pub(crate) shell: Shell<memgov_stream_ordered::Checked<Hip>>,
     pub(crate) next_id: AtomicU64,
     /// Allocations not yet handed to a free: pointer -> (bytes, origin).
     pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,

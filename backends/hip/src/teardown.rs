@@ -24,7 +24,7 @@ impl HipContext {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed.
         self.pins
-            .end_stranded(&self.shared, lost || self.shared.is_dead());
+            .end_stranded(&*self.shared, lost || self.shared.is_dead());
         // The arena first: its releases retire on the streams torn down below.
         let arena = self.arena_teardown(lost);
         let shared = &self.shared;

@@ -1,12 +1,17 @@
-//! One granule's driver steps, each undone on failure: map is
-//! `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`; unmap is `cuMemUnmap`,
-//! `cuMemRelease`. The caller has the context current.
+//! CUDA's half of the arena's vendor table: the virtual-memory, page-locked
+//! host memory and stream calls under the core's neutral names
+//! ([`VmmTable`]), and the context they run in ([`Context`]). The
+//! steps themselves (create, map, set access, each undone on failure;
+//! unmap, release; the sleep's copies) are the core's
+//! ([`memgov_stream_ordered::arena`]).
 
-use super::state::Slot;
-use super::Arena;
+use crate::result::Cuda;
 use crate::shared::Shared;
-use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
+use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUresult, CUstream};
+use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
+use std::ffi::c_void;
 
 /// Pinned device memory of device `ordinal`, no shareable handle.
 pub(crate) fn prop(ordinal: i32) -> sys::CUmemAllocationProp {
@@ -19,134 +24,180 @@ pub(crate) fn prop(ordinal: i32) -> sys::CUmemAllocationProp {
     p
 }
 
-/// Why a granule could not be mapped, and, when undoing its own steps
-/// failed too, the slot to quarantine it in (`None`: nothing of it is left).
-pub(crate) type MapError = (BackendError, Option<Slot>);
+/// cudarc's `sys` functions, with thin shims where the core's neutral
+/// signature differs (out parameters returned, host addresses as `usize`).
+impl VmmTable for Cuda {
+    type Handle = CUmemGenericAllocationHandle;
+    type Stream = CUstream;
+    type Prop = sys::CUmemAllocationProp;
 
-/// Back granule `g` with fresh physical memory, accessible read-write from
-/// the arena's device. On failure the mapping (if made) is unmapped and the
-/// handle released; an undo the driver refuses is reported by the error's
-/// message and the slot returned with it.
-pub(crate) fn map(
-    s: &Shared,
-    arena: &Arena,
-    g: usize,
-    op: &'static str,
-) -> Result<CUmemGenericAllocationHandle, MapError> {
-    // Held until the granule is mapped: no capture begins in between.
-    let _call = crate::capture::gate()
-        .call(op, true)
-        .map_err(|e| (e, None))?;
-    let at = arena.base + g as u64 * arena.granule;
-    let size = arena.granule as usize;
-    let mut h: CUmemGenericAllocationHandle = 0;
-    let prop = prop(arena.ordinal);
-    // SAFETY: valid out pointer and properties; the context is current.
-    let r = unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) };
-    s.checked(op, "cuMemCreate", r).map_err(|e| (e, None))?;
-    // SAFETY: `at` is a granule-aligned granule of the arena's reservation
-    // that this thread owns (marked Mapping), so nothing is mapped there;
-    // `h` is the handle just created, of exactly one granule.
-    let r = unsafe { sys::cuMemMap(at, size, 0, h, 0) };
-    if let Err(e) = s.checked(op, "cuMemMap", r) {
-        return Err(undo(s, h, None, e, op));
-    }
-    let desc = sys::CUmemAccessDesc {
-        location: prop.location,
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    const NAMES: VmmNames = VmmNames {
+        mem_granularity: "cuMemGetAllocationGranularity",
+        mem_address_reserve: "cuMemAddressReserve",
+        mem_address_free: "cuMemAddressFree",
+        stream_query: "cuStreamQuery",
+        mem_create: "cuMemCreate",
+        mem_map: "cuMemMap",
+        mem_set_access: "cuMemSetAccess",
+        mem_unmap: "cuMemUnmap",
+        mem_release: "cuMemRelease",
+        host_alloc: "cuMemHostAlloc",
+        host_free: "cuMemFreeHost",
+        stream_create: "cuStreamCreate",
+        stream_sync: "cuStreamSynchronize",
+        copy_dtoh_async: "cuMemcpyDtoHAsync_v2",
+        copy_htod_async: "cuMemcpyHtoDAsync_v2",
     };
-    // SAFETY: [at, at + size) is exactly the mapping made above; one
-    // descriptor.
-    let r = unsafe { sys::cuMemSetAccess(at, size, &desc, 1) };
-    if let Err(e) = s.checked(op, "cuMemSetAccess", r) {
-        return Err(undo(s, h, Some((at, size)), e, op));
+
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (CUresult, usize) {
+        let mut g: usize = 0;
+        // SAFETY: valid out pointer and property struct; the caller has the
+        // context current.
+        let r = unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+        };
+        (r, g)
     }
-    Ok(h)
+
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (CUresult, u64) {
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: valid out pointer; no address asked for; flags 0; the
+        // caller frees it once.
+        let r = unsafe { sys::cuMemAddressReserve(&mut base, bytes, align, 0, 0) };
+        (r, base)
+    }
+
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> CUresult {
+        // SAFETY: the caller's contract (nothing mapped, freed once).
+        unsafe { sys::cuMemAddressFree(at, bytes) }
+    }
+
+    unsafe fn stream_query(stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { sys::cuStreamQuery(stream) }
+    }
+
+    unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (CUresult, Self::Handle) {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out pointer and properties; the caller has the
+        // context current.
+        let r = unsafe { sys::cuMemCreate(&mut h, bytes, prop, 0) };
+        (r, h)
+    }
+
+    unsafe fn mem_map(at: u64, bytes: usize, h: Self::Handle) -> CUresult {
+        // SAFETY: the caller's contract (a free range of a reservation, a
+        // handle of exactly `bytes`).
+        unsafe { sys::cuMemMap(at, bytes, 0, h, 0) }
+    }
+
+    unsafe fn mem_set_access(at: u64, bytes: usize, prop: &Self::Prop) -> CUresult {
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the caller's contract (exactly one mapping); one
+        // descriptor, alive for the call.
+        unsafe { sys::cuMemSetAccess(at, bytes, &desc, 1) }
+    }
+
+    unsafe fn mem_unmap(at: u64, bytes: usize) -> CUresult {
+        // SAFETY: the caller's contract (one unused mapping).
+        unsafe { sys::cuMemUnmap(at, bytes) }
+    }
+
+    unsafe fn mem_release(h: Self::Handle) -> CUresult {
+        // SAFETY: the caller's contract (released once).
+        unsafe { sys::cuMemRelease(h) }
+    }
+
+    unsafe fn host_alloc(bytes: usize) -> (CUresult, usize) {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the caller has the context current.
+        let r = unsafe { sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) };
+        (r, host as usize)
+    }
+
+    unsafe fn host_free(host: usize) -> CUresult {
+        // SAFETY: the caller's contract (from `host_alloc`, freed once).
+        unsafe { sys::cuMemFreeHost(host as *mut c_void) }
+    }
+
+    unsafe fn stream_create() -> (CUresult, CUstream) {
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer; flag 1 is CU_STREAM_NON_BLOCKING; the
+        // caller has the context current.
+        let r = unsafe { sys::cuStreamCreate(&mut raw, 1) };
+        (r, raw)
+    }
+
+    unsafe fn stream_sync(stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { sys::cuStreamSynchronize(stream) }
+    }
+
+    unsafe fn stream_destroy(stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (live, destroyed once).
+        unsafe { sys::cuStreamDestroy_v2(stream) }
+    }
+
+    unsafe fn copy_dtoh_async(host: usize, at: u64, bytes: usize, stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (both ranges valid until the copy
+        // completes; a live stream).
+        unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, at, bytes, stream) }
+    }
+
+    unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: CUstream) -> CUresult {
+        // SAFETY: as for `copy_dtoh_async`.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(at, host as *const c_void, bytes, stream) }
+    }
 }
 
-/// Undo a half-made granule: unmap (when mapped) and release. The error
-/// says what could not be undone.
-fn undo(
-    s: &Shared,
-    h: CUmemGenericAllocationHandle,
-    mapped: Option<(u64, usize)>,
-    e: BackendError,
-    op: &'static str,
-) -> MapError {
-    if let Some((at, size)) = mapped {
-        // SAFETY: the mapping made by the caller, unused (its access was
-        // never granted), unmapped once.
-        let r = unsafe { sys::cuMemUnmap(at, size) };
-        if let Err(u) = s.checked(op, "cuMemUnmap", r) {
-            let why = format!("its mapping at {at:#x} stays ({})", u.message);
-            let slot = Slot::Quarantined {
-                handle: Some(h),
-                mapped: true,
-            };
-            return (with(e, why), Some(slot));
-        }
+/// The arena's calls run with the context's primary context pushed (the
+/// shell's [`MakeCurrent`](memgov_backend::shell::MakeCurrent) for CUDA).
+impl Context for Shared {
+    type Table = Cuda;
+    type Arena = super::Arena;
+
+    fn checked(&self, op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
+        Shared::checked(self, op, call, code)
     }
-    match release(s, h, op) {
-        Ok(()) => (e, None),
-        Err(u) => {
-            let why = format!("its handle stays unreleased ({})", u.message);
-            let slot = Slot::Quarantined {
-                handle: Some(h),
-                mapped: false,
-            };
-            (with(e, why), Some(slot))
-        }
+
+    fn capture_gate(&self) -> &'static Gate {
+        crate::capture::gate()
+    }
+
+    fn granule_prop(arena: &super::Arena) -> sys::CUmemAllocationProp {
+        prop(arena.ordinal)
+    }
+
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::check_usable(self, op)
+    }
+
+    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
+        &self.sleep_gate
+    }
+
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        super::quiesce(self, op, None)
+    }
+
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::wait_launches(self, op)
     }
 }
 
-fn with(e: BackendError, why: String) -> BackendError {
-    BackendError {
-        message: format!(
-            "{}; undoing the granule failed: {why} (quarantined)",
-            e.message
-        ),
-        ..e
+impl Shared {
+    /// `cuCtxSynchronize`: every launch of the context finished (the
+    /// context current, the call admitted by the capture gate).
+    pub(crate) fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        // SAFETY: the context is current (the caller's guard).
+        let r = unsafe { sys::cuCtxSynchronize() };
+        self.checked(op, "cuCtxSynchronize", r)
     }
-}
-
-/// Release a handle (its memory goes once no mapping uses it).
-pub(crate) fn release(
-    s: &Shared,
-    h: CUmemGenericAllocationHandle,
-    op: &'static str,
-) -> Result<(), BackendError> {
-    let _call = crate::capture::gate().call(op, false)?;
-    // SAFETY: a handle of this arena, released once: every caller takes it
-    // out of the granule's slot first.
-    let r = unsafe { sys::cuMemRelease(h) };
-    s.checked(op, "cuMemRelease", r)
-}
-
-/// Unmap granule `g` (backed by `h`) and release `h`. `Err` carries the
-/// slot to quarantine it in: still mapped, or unmapped but unreleased.
-pub(crate) fn unmap(
-    s: &Shared,
-    arena: &Arena,
-    g: usize,
-    h: CUmemGenericAllocationHandle,
-    op: &'static str,
-) -> Result<(), Slot> {
-    // Never refused (`refuse_own` is false): waits while a capture is under
-    // way on another thread.
-    let _call = crate::capture::gate().call(op, false);
-    let at = arena.base + g as u64 * arena.granule;
-    // SAFETY: granule `g` is mapped with `h` and owned by this thread
-    // (Unmapping, or undone before anyone used it); no allocation overlaps
-    // it, and every stream passed the release of the last that did.
-    let r = unsafe { sys::cuMemUnmap(at, arena.granule as usize) };
-    if s.checked(op, "cuMemUnmap", r).is_err() {
-        return Err(Slot::Quarantined {
-            handle: Some(h),
-            mapped: true,
-        });
-    }
-    release(s, h, op).map_err(|_| Slot::Quarantined {
-        handle: Some(h),
-        mapped: false,
-    })
 }

@@ -39,12 +39,10 @@ pub(crate) mod state;
 pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
-use crate::result::err;
 use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::vmm;
-use memgov_backend::{BackendError, BackendErrorKind};
-use state::Slot;
+use memgov_backend::BackendError;
 use std::sync::Arc;
 
 /// Settings of a context's virtual-memory arena (see
@@ -104,17 +102,7 @@ impl CudaArena {
     /// is deferred (unmapping would invalidate it): it returns 0 at once,
     /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("trim")?;
-        let deferred = crate::capture::gate().defer_trim(
-            self.arena.base,
-            &self.arena,
-            &self.shared,
-            |a, s| drop(a.trim(s, "trim")),
-        );
-        if deferred {
-            return Ok(0);
-        }
-        self.arena.trim(&self.shared, "trim")
+        memgov_stream_ordered::arena::trim(&self.shared, &self.arena)
     }
 
     /// Set the most physical memory the arena maps, rounded down to whole
@@ -144,55 +132,9 @@ impl std::ops::Deref for Arena {
     }
 }
 
-/// CUDA's granule steps ([`granule`]) for the arena's core, and (in
-/// [`crate::sleep`]) its copies for sleep and wake.
-pub(crate) struct Driver<'a> {
-    pub(crate) s: &'a Shared,
-    pub(crate) arena: &'a Arena,
-    /// The sleep's or wake's own copy stream, made on first use and
-    /// destroyed when the driver drops.
-    pub(crate) copies: std::cell::Cell<sys::CUstream>,
-}
-
-impl<'a> vmm::GranuleDriver for Driver<'a> {
-    type Handle = sys::CUmemGenericAllocationHandle;
-    type Current = memgov_backend::shell::Current<'a, Shared>;
-
-    fn backend(&self) -> &'static str {
-        crate::result::BACKEND
-    }
-
-    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
-        self.s.make_current(op)
-    }
-
-    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::capture::gate().refuse_own(op)
-    }
-
-    fn map(&self, g: usize, op: &'static str) -> Result<Self::Handle, vmm::MapError<Self::Handle>> {
-        granule::map(self.s, self.arena, g, op)
-    }
-
-    fn unmap(&self, g: usize, h: Self::Handle, op: &'static str) -> Result<(), Slot> {
-        granule::unmap(self.s, self.arena, g, h, op)
-    }
-
-    fn release(&self, h: Self::Handle, op: &'static str) -> Result<(), BackendError> {
-        granule::release(self.s, h, op)
-    }
-
-    fn free_host(&self, host: usize, op: &'static str) {
-        // A potentially unsafe call: waits for captures under way (sleep and
-        // wake hold a gate call already; this is the arena teardown's).
-        let _call = crate::capture::gate().call(op, false);
-        // SAFETY: page-locked memory this arena allocated for a sleeping
-        // granule's contents, freed once (the slot holding it was taken out
-        // of the state); no copy uses it (every stream was synchronized).
-        let r = unsafe { sys::cuMemFreeHost(host as *mut std::ffi::c_void) };
-        let _ = self.s.checked(op, "cuMemFreeHost", r);
-    }
-}
+/// One arena operation's driver: the core's granule steps and sleep copies
+/// ([`memgov_stream_ordered::arena`]) over CUDA's table ([`granule`]).
+pub(crate) type Driver<'a> = memgov_stream_ordered::arena::Driver<'a, Shared>;
 
 impl Arena {
     /// Ask the granularity and reserve the range, on the context (current on
@@ -201,63 +143,16 @@ impl Arena {
         let ordinal = s.ordinal as i32;
         let prop = granule::prop(ordinal);
         let _current = s.make_current("arena")?;
-        let mut g: usize = 0;
-        // SAFETY: valid out pointer and property struct; the context is
-        // current.
-        let r = unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut g,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-            )
-        };
-        s.checked("arena", "cuMemGetAllocationGranularity", r)?;
-        let granule = g as u64;
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(err(
-                "arena",
-                BackendErrorKind::Other,
-                format!("the driver reports an allocation granularity of {granule} B, not a power of two"),
-            ));
-        }
-        let size = config
-            .reserve_bytes
-            .max(1)
-            .checked_next_multiple_of(granule)
-            .ok_or_else(|| {
-                err(
-                    "arena",
-                    BackendErrorKind::InvalidArgument,
-                    format!("a reservation of {} B overflows", config.reserve_bytes),
-                )
-            })?;
-        let mut base: CUdeviceptr = 0;
-        // SAFETY: valid out pointer; the context is current; freed once in
-        // `teardown`.
-        let r =
-            unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) };
-        s.checked("arena", "cuMemAddressReserve", r)
-            .map_err(|e| BackendError {
-                message: format!(
-                    "{} (reserving {size} B of address space for the arena; ask for less with \
-                     ArenaConfig::reserve_bytes)",
-                    e.message
-                ),
-                ..e
-            })?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "CudaArena")?;
         Ok(Self {
-            core: vmm::Arena::new(base, size, granule, config.limit_bytes, "CudaArena"),
+            core,
             ordinal,
             releases: release::Releases::default(),
         })
     }
 
     pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver {
-            s,
-            arena: self,
-            copies: std::cell::Cell::new(std::ptr::null_mut()),
-        }
+        memgov_stream_ordered::arena::driver(s, self)
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
@@ -266,22 +161,12 @@ impl Arena {
         self.core.allocate(&self.driver(s), bytes)
     }
 
-    /// Unmap and release every cached granule (mapped, no users). Returns
-    /// the bytes given back; granules the driver refused to give back are
-    /// quarantined and named in the error.
-    pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
-        self.core.trim(&self.driver(s), op)
-    }
-
     /// Give everything back at teardown: every mapped granule (in use or
     /// not: every stream was synchronized), then the reservation. A granule
     /// whose unmap is refused keeps the reservation alive (freeing it under
     /// a mapping is undefined); both are reported.
     pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
         self.core.teardown(&self.driver(s))?;
-        // SAFETY: the range reserved in `create`, freed once; nothing is
-        // mapped in it any more.
-        let r = unsafe { sys::cuMemAddressFree(self.base, self.size as usize) };
-        s.checked("teardown", "cuMemAddressFree", r)
+        memgov_stream_ordered::arena::free_reservation(s, &self.core)
     }
 }

@@ -15,11 +15,11 @@ use super::Arena;
 use crate::retire::Refused;
 use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
-use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal, Tickets};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Releases queued whose host function has not run: their signals by
 /// ticket, each with the address to give back to the arena.
@@ -59,38 +59,13 @@ pub(crate) fn quiesce(
     op: &'static str,
     poll: Option<Duration>,
 ) -> Result<(), BackendError> {
-    let live: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
+    let mut streams: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
     let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-    let deadline = poll.map(|d| Instant::now() + d);
-    let mut result = Ok(());
-    for raw in live.iter().copied().chain(retired.iter().map(|r| r.0)) {
-        if result.is_err() {
-            break;
-        }
-        result = match deadline {
-            // SAFETY: a live stream of this context, or a retired one held
-            // out of the free thread's reach above; the context is current.
-            None => s.checked(op, "cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(raw)
-            }),
-            Some(deadline) => loop {
-                // SAFETY: as above.
-                let r = unsafe { sys::cuStreamQuery(raw) };
-                if r != CUresult::CUDA_ERROR_NOT_READY {
-                    break s.checked(op, "cuStreamQuery", r);
-                }
-                if Instant::now() >= deadline {
-                    break Err(crate::result::err(
-                        op,
-                        BackendErrorKind::DeviceLost,
-                        "work was still queued 5 s into a lost teardown: the arena's memory \
-                         stays mapped (unmapping it under running work is undefined)",
-                    ));
-                }
-                std::thread::sleep(crate::shared::WATCH_INTERVAL);
-            },
-        };
-    }
+    streams.extend(retired.iter().map(|r| r.0));
+    // The live streams, and the retired ones held out of the free thread's
+    // reach above; the context is current.
+    let result =
+        memgov_stream_ordered::arena::drain(s, &streams, op, poll, crate::shared::WATCH_INTERVAL);
     lock(&s.retired_streams).extend(retired);
     result
 }

@@ -1,12 +1,16 @@
-//! One granule's HIP steps, each undone on failure: map is `hipMemCreate`,
-//! `hipMemMap`, `hipMemSetAccess`; unmap is `hipMemUnmap`, `hipMemRelease`.
-//! The caller has the arena's device current.
+//! HIP's half of the arena's vendor table: the virtual-memory, page-locked
+//! host memory and stream calls of the loaded runtime (`ffi::Api`) under
+//! the core's neutral names ([`VmmTable`]), and the context they run in
+//! ([`Context`]). The steps themselves (create, map, set access, each
+//! undone on failure; unmap, release; the sleep's copies) are the core's
+//! ([`memgov_stream_ordered::arena`]).
 
-use super::Arena;
-use crate::ffi::{self, hipMemGenericAllocationHandle_t};
+use crate::ffi::{self, hipMemGenericAllocationHandle_t, hipStream_t, HipResult};
+use crate::result::Hip;
 use crate::shared::Shared;
-use memgov_backend::vmm::{MapError, Slot};
+use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
 use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t` that may cross threads.
@@ -19,128 +23,185 @@ unsafe impl Send for Handle {}
 // SAFETY: as above; shared references only copy the handle.
 unsafe impl Sync for Handle {}
 
-/// Back granule `g` with fresh physical memory, accessible read-write from
-/// the arena's device. On failure the mapping (if made) is unmapped and the
-/// handle released; an undo the runtime refuses is reported by the error's
-/// message and the slot returned with it.
-pub(crate) fn map(
-    s: &Shared,
-    arena: &Arena,
-    g: usize,
-    op: &'static str,
-) -> Result<Handle, MapError<Handle>> {
-    // Held until the granule is mapped: no capture begins in between.
-    let _call = crate::capture::gate()
-        .call(op, true)
-        .map_err(|e| (e, None))?;
-    let at = (arena.base + g as u64 * arena.granule) as *mut c_void;
-    let size = arena.granule as usize;
-    let mut h: hipMemGenericAllocationHandle_t = std::ptr::null_mut();
-    let prop = arena.prop();
-    // SAFETY: valid out pointer; the properties live until the call
-    // returns, in the loaded runtime's layout; the device is current.
-    let r = unsafe { ffi::hipMemCreate(&mut h, size, prop.as_ptr(), 0) };
-    s.checked(op, "hipMemCreate", r).map_err(|e| (e, None))?;
-    let h = Handle(h);
-    // SAFETY: `at` is a granule-aligned granule of the arena's reservation
-    // that this thread owns (marked Mapping), so nothing is mapped there;
-    // `h` is the handle just created, of exactly one granule.
-    let r = unsafe { ffi::hipMemMap(at, size, 0, h.0, 0) };
-    if let Err(e) = s.checked(op, "hipMemMap", r) {
-        return Err(undo(s, h, None, e, op));
-    }
-    let desc = ffi::hipMemAccessDesc {
-        location: prop.location(),
-        flags: ffi::hipMemAccessFlagsProtReadWrite,
+/// The runtime's functions, with thin shims where the core's neutral
+/// signature differs (device addresses as `u64`, host addresses as `usize`,
+/// the properties in the loaded runtime's layout passed as a pointer).
+impl VmmTable for Hip {
+    type Handle = Handle;
+    type Stream = hipStream_t;
+    type Prop = ffi::AllocationProp;
+
+    const NAMES: VmmNames = VmmNames {
+        mem_granularity: "hipMemGetAllocationGranularity",
+        mem_address_reserve: "hipMemAddressReserve",
+        mem_address_free: "hipMemAddressFree",
+        stream_query: "hipStreamQuery",
+        mem_create: "hipMemCreate",
+        mem_map: "hipMemMap",
+        mem_set_access: "hipMemSetAccess",
+        mem_unmap: "hipMemUnmap",
+        mem_release: "hipMemRelease",
+        host_alloc: "hipHostMalloc",
+        host_free: "hipHostFree",
+        stream_create: "hipStreamCreateWithFlags",
+        stream_sync: "hipStreamSynchronize",
+        copy_dtoh_async: "hipMemcpyDtoHAsync",
+        copy_htod_async: "hipMemcpyHtoDAsync",
     };
-    // SAFETY: [at, at + size) is exactly the mapping made above; one
-    // descriptor.
-    let r = unsafe { ffi::hipMemSetAccess(at, size, &desc, 1) };
-    if let Err(e) = s.checked(op, "hipMemSetAccess", r) {
-        return Err(undo(s, h, Some((at, size)), e, op));
+
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (HipResult, usize) {
+        let mut g: usize = 0;
+        // SAFETY: valid out pointer; the properties in the loaded runtime's
+        // layout, alive for the call; the caller has the device current.
+        let r = unsafe {
+            ffi::hipMemGetAllocationGranularity(
+                &mut g,
+                prop.as_ptr(),
+                ffi::hipMemAllocationGranularityRecommended,
+            )
+        };
+        (r, g)
     }
-    Ok(h)
+
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (HipResult, u64) {
+        let mut base: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; no address asked for; flags 0; the
+        // caller frees it once.
+        let r =
+            unsafe { ffi::hipMemAddressReserve(&mut base, bytes, align, std::ptr::null_mut(), 0) };
+        (r, base as u64)
+    }
+
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> HipResult {
+        // SAFETY: the caller's contract (nothing mapped, freed once).
+        unsafe { ffi::hipMemAddressFree(at as *mut c_void, bytes) }
+    }
+
+    unsafe fn stream_query(stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { ffi::hipStreamQuery(stream) }
+    }
+
+    unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (HipResult, Handle) {
+        let mut h: hipMemGenericAllocationHandle_t = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the properties live until the call
+        // returns, in the loaded runtime's layout; the caller has the device
+        // current.
+        let r = unsafe { ffi::hipMemCreate(&mut h, bytes, prop.as_ptr(), 0) };
+        (r, Handle(h))
+    }
+
+    unsafe fn mem_map(at: u64, bytes: usize, h: Handle) -> HipResult {
+        // SAFETY: the caller's contract (a free range of a reservation, a
+        // handle of exactly `bytes`).
+        unsafe { ffi::hipMemMap(at as *mut c_void, bytes, 0, h.0, 0) }
+    }
+
+    unsafe fn mem_set_access(at: u64, bytes: usize, prop: &Self::Prop) -> HipResult {
+        let desc = ffi::hipMemAccessDesc {
+            location: prop.location(),
+            flags: ffi::hipMemAccessFlagsProtReadWrite,
+        };
+        // SAFETY: the caller's contract (exactly one mapping); one
+        // descriptor, alive for the call.
+        unsafe { ffi::hipMemSetAccess(at as *mut c_void, bytes, &desc, 1) }
+    }
+
+    unsafe fn mem_unmap(at: u64, bytes: usize) -> HipResult {
+        // SAFETY: the caller's contract (one unused mapping).
+        unsafe { ffi::hipMemUnmap(at as *mut c_void, bytes) }
+    }
+
+    unsafe fn mem_release(h: Handle) -> HipResult {
+        // SAFETY: the caller's contract (released once).
+        unsafe { ffi::hipMemRelease(h.0) }
+    }
+
+    unsafe fn host_alloc(bytes: usize) -> (HipResult, usize) {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the caller has the device current.
+        let r = unsafe { ffi::hipHostMalloc(&mut host, bytes, ffi::hipHostMallocDefault) };
+        (r, host as usize)
+    }
+
+    unsafe fn host_free(host: usize) -> HipResult {
+        // SAFETY: the caller's contract (from `host_alloc`, freed once).
+        unsafe { ffi::hipHostFree(host as *mut c_void) }
+    }
+
+    unsafe fn stream_create() -> (HipResult, hipStream_t) {
+        let mut raw: hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the flag is a documented value; the
+        // caller has the device current.
+        let r = unsafe { ffi::hipStreamCreateWithFlags(&mut raw, ffi::hipStreamNonBlocking) };
+        (r, raw)
+    }
+
+    unsafe fn stream_sync(stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (a live stream).
+        unsafe { ffi::hipStreamSynchronize(stream) }
+    }
+
+    unsafe fn stream_destroy(stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (live, destroyed once).
+        unsafe { ffi::hipStreamDestroy(stream) }
+    }
+
+    unsafe fn copy_dtoh_async(
+        host: usize,
+        at: u64,
+        bytes: usize,
+        stream: hipStream_t,
+    ) -> HipResult {
+        // SAFETY: the caller's contract (both ranges valid until the copy
+        // completes; a live stream).
+        unsafe { ffi::hipMemcpyDtoHAsync(host as *mut c_void, at as *mut c_void, bytes, stream) }
+    }
+
+    unsafe fn copy_htod_async(
+        at: u64,
+        host: usize,
+        bytes: usize,
+        stream: hipStream_t,
+    ) -> HipResult {
+        // SAFETY: as for `copy_dtoh_async`.
+        unsafe { ffi::hipMemcpyHtoDAsync(at as *mut c_void, host as *mut c_void, bytes, stream) }
+    }
 }
 
-/// Undo a half-made granule: unmap (when mapped) and release. The error
-/// says what could not be undone.
-fn undo(
-    s: &Shared,
-    h: Handle,
-    mapped: Option<(*mut c_void, usize)>,
-    e: BackendError,
-    op: &'static str,
-) -> MapError<Handle> {
-    if let Some((at, size)) = mapped {
-        // SAFETY: the mapping made by the caller, unused (its access was
-        // never granted), unmapped once.
-        let r = unsafe { ffi::hipMemUnmap(at, size) };
-        if let Err(u) = s.checked(op, "hipMemUnmap", r) {
-            let why = format!("its mapping at {at:p} stays ({})", u.message);
-            let slot = Slot::Quarantined {
-                handle: Some(h),
-                mapped: true,
-            };
-            return (with(e, why), Some(slot));
-        }
-    }
-    match release(s, h, op) {
-        Ok(()) => (e, None),
-        Err(u) => {
-            let why = format!("its handle stays unreleased ({})", u.message);
-            let slot = Slot::Quarantined {
-                handle: Some(h),
-                mapped: false,
-            };
-            (with(e, why), Some(slot))
-        }
-    }
-}
+/// The arena's calls run with the context's device set on the calling
+/// thread (the shell's [`MakeCurrent`](memgov_backend::shell::MakeCurrent)
+/// for HIP: the thread's own device set back after).
+impl Context for Shared {
+    type Table = Hip;
+    type Arena = super::Arena;
 
-fn with(e: BackendError, why: String) -> BackendError {
-    BackendError {
-        message: format!(
-            "{}; undoing the granule failed: {why} (quarantined)",
-            e.message
-        ),
-        ..e
+    fn checked(&self, op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
+        Shared::checked(self, op, call, code)
     }
-}
 
-/// Release a handle (its memory goes once no mapping uses it).
-pub(crate) fn release(s: &Shared, h: Handle, op: &'static str) -> Result<(), BackendError> {
-    let _call = crate::capture::gate().call(op, false)?;
-    // SAFETY: a handle of this arena, released once: every caller takes it
-    // out of the granule's slot first.
-    let r = unsafe { ffi::hipMemRelease(h.0) };
-    s.checked(op, "hipMemRelease", r)
-}
-
-/// Unmap granule `g` (backed by `h`) and release `h`. `Err` carries the
-/// slot to quarantine it in: still mapped, or unmapped but unreleased.
-pub(crate) fn unmap(
-    s: &Shared,
-    arena: &Arena,
-    g: usize,
-    h: Handle,
-    op: &'static str,
-) -> Result<(), Slot<Handle>> {
-    // Never refused (`refuse_own` is false): waits while a capture is under
-    // way on another thread.
-    let _call = crate::capture::gate().call(op, false);
-    let at = (arena.base + g as u64 * arena.granule) as *mut c_void;
-    // SAFETY: granule `g` is mapped with `h` and owned by this thread
-    // (Unmapping, or undone before anyone used it); no allocation overlaps
-    // it, and every stream passed the release of the last that did.
-    let r = unsafe { ffi::hipMemUnmap(at, arena.granule as usize) };
-    if s.checked(op, "hipMemUnmap", r).is_err() {
-        return Err(Slot::Quarantined {
-            handle: Some(h),
-            mapped: true,
-        });
+    fn capture_gate(&self) -> &'static Gate {
+        crate::capture::gate()
     }
-    release(s, h, op).map_err(|_| Slot::Quarantined {
-        handle: Some(h),
-        mapped: false,
-    })
+
+    fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
+        arena.prop()
+    }
+
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        Shared::check_usable(self, op)
+    }
+
+    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
+        &self.sleep_gate
+    }
+
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        super::release::quiesce(self, op, None)
+    }
+
+    /// HIP has no per-context synchronize: every stream of the context is.
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        super::release::quiesce(self, op, None)
+    }
 }

@@ -26,9 +26,8 @@ use crate::ffi;
 use crate::result::err;
 use crate::shared::Shared;
 use granule::Handle;
-use memgov_backend::vmm::{self, Slot};
+use memgov_backend::vmm;
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
@@ -85,17 +84,7 @@ impl HipArena {
     /// is deferred (unmapping would invalidate it): it returns 0 at once,
     /// and the end of the last capture runs it.
     pub fn trim(&self) -> Result<u64, BackendError> {
-        self.shared.check_usable("trim")?;
-        let deferred = crate::capture::gate().defer_trim(
-            self.arena.base,
-            &self.arena,
-            &self.shared,
-            |a, s| drop(a.trim(s, "trim")),
-        );
-        if deferred {
-            return Ok(0);
-        }
-        self.arena.trim(&self.shared, "trim")
+        memgov_stream_ordered::arena::trim(&self.shared, &self.arena)
     }
 
     /// Set the most physical memory the arena maps, rounded down to whole
@@ -155,62 +144,9 @@ impl Arena {
         let r = unsafe { ffi::hipRuntimeGetVersion(&mut runtime) };
         s.checked("arena", "hipRuntimeGetVersion", r)?;
         let prop = ffi::allocation_prop(ordinal, runtime);
-        let mut g: usize = 0;
-        // SAFETY: valid out pointer; the properties in the loaded runtime's
-        // layout, alive for the call; the device is current.
-        let r = unsafe {
-            ffi::hipMemGetAllocationGranularity(
-                &mut g,
-                prop.as_ptr(),
-                ffi::hipMemAllocationGranularityRecommended,
-            )
-        };
-        s.checked("arena", "hipMemGetAllocationGranularity", r)?;
-        let granule = g as u64;
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(err(
-                "arena",
-                BackendErrorKind::Other,
-                format!(
-                    "the runtime reports an allocation granularity of {granule} B, not a power \
-                     of two"
-                ),
-            ));
-        }
-        let size = config
-            .reserve_bytes
-            .max(1)
-            .checked_next_multiple_of(granule)
-            .ok_or_else(|| {
-                err(
-                    "arena",
-                    BackendErrorKind::InvalidArgument,
-                    format!("a reservation of {} B overflows", config.reserve_bytes),
-                )
-            })?;
-        let mut base: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; no address asked for; flags 0; freed
-        // once in `teardown`.
-        let r = unsafe {
-            ffi::hipMemAddressReserve(
-                &mut base,
-                size as usize,
-                granule as usize,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        s.checked("arena", "hipMemAddressReserve", r)
-            .map_err(|e| BackendError {
-                message: format!(
-                    "{} (reserving {size} B of address space for the arena; ask for less with \
-                     ArenaConfig::reserve_bytes)",
-                    e.message
-                ),
-                ..e
-            })?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "HipArena")?;
         Ok(Self {
-            core: vmm::Arena::new(base as u64, size, granule, config.limit_bytes, "HipArena"),
+            core,
             ordinal,
             runtime,
             probe: s.probe().clone(),
@@ -224,11 +160,7 @@ impl Arena {
     }
 
     pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        Driver {
-            s,
-            arena: self,
-            copies: std::cell::Cell::new(None),
-        }
+        memgov_stream_ordered::arena::driver(s, self)
     }
 
     /// Take `bytes` of the arena, mapping the granules it needs; returns its
@@ -237,73 +169,18 @@ impl Arena {
         self.core.allocate(&self.driver(s), bytes)
     }
 
-    /// Unmap and release every cached granule; returns the bytes given
-    /// back (see [`vmm::Arena::trim`]).
-    pub(crate) fn trim(&self, s: &Shared, op: &'static str) -> Result<u64, BackendError> {
-        self.core.trim(&self.driver(s), op)
-    }
-
     /// Give everything back at teardown (every stream synchronized first),
     /// then free the reservation; a refused unmap keeps the reservation
     /// (freeing it under a mapping is undefined), and both are reported.
     pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
         self.core.teardown(&self.driver(s))?;
-        // SAFETY: the range reserved in `create`, freed once; nothing is
-        // mapped in it any more.
-        let r = unsafe { ffi::hipMemAddressFree(self.base as *mut c_void, self.size as usize) };
-        s.checked("teardown", "hipMemAddressFree", r)
+        memgov_stream_ordered::arena::free_reservation(s, &self.core)
     }
 }
 
-/// HIP's steps for the arena's core, made for one arena operation. The
-/// copies of a sleep or wake go on a stream of its own, made on first use
-/// and destroyed (after a synchronize) when the driver is dropped.
-pub(crate) struct Driver<'a> {
-    pub(crate) s: &'a Shared,
-    pub(crate) arena: &'a Arena,
-    pub(crate) copies: std::cell::Cell<Option<crate::stream::RawStream>>,
-}
-
-impl<'a> vmm::GranuleDriver for Driver<'a> {
-    type Handle = Handle;
-    type Current = memgov_backend::shell::Current<'a, Shared>;
-
-    fn backend(&self) -> &'static str {
-        crate::result::BACKEND
-    }
-
-    fn make_current(&self, op: &'static str) -> Result<Self::Current, BackendError> {
-        self.s.make_current(op)
-    }
-
-    fn refuse_own_capture(&self, op: &'static str) -> Result<(), BackendError> {
-        crate::capture::gate().refuse_own(op)
-    }
-
-    fn map(&self, g: usize, op: &'static str) -> Result<Handle, vmm::MapError<Handle>> {
-        granule::map(self.s, self.arena, g, op)
-    }
-
-    fn unmap(&self, g: usize, h: Handle, op: &'static str) -> Result<(), Slot<Handle>> {
-        granule::unmap(self.s, self.arena, g, h, op)
-    }
-
-    fn release(&self, h: Handle, op: &'static str) -> Result<(), BackendError> {
-        granule::release(self.s, h, op)
-    }
-
-    fn free_host(&self, host: usize, op: &'static str) {
-        // A potentially unsafe call: waits for captures under way (sleep and
-        // wake hold a gate call already; this is the arena teardown's).
-        let _call = crate::capture::gate().call(op, false);
-        // SAFETY: page-locked memory this arena allocated (hipHostMalloc)
-        // for a sleeping granule's contents, freed once (the slot holding
-        // it was taken out of the state); no queued copy uses it (every
-        // copy was synchronized).
-        let r = unsafe { ffi::hipHostFree(host as *mut c_void) };
-        let _ = self.s.checked(op, "hipHostFree", r);
-    }
-}
+/// One arena operation's driver: the core's granule steps and sleep copies
+/// ([`memgov_stream_ordered::arena`]) over HIP's table ([`granule`]).
+pub(crate) type Driver<'a> = memgov_stream_ordered::arena::Driver<'a, Shared>;
 
 /// Arena memory handed to the pool's release path (a bug of this crate).
 pub(crate) fn misrouted() -> BackendError {

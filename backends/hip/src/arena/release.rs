@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Tickets are unique in the process: a callback's user data names one.
 static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
@@ -95,36 +95,10 @@ pub(crate) fn quiesce(
     op: &'static str,
     poll: Option<Duration>,
 ) -> Result<(), BackendError> {
-    let live: Vec<crate::stream::RawStream> = lock(&s.streams).values().copied().collect();
-    let deadline = poll.map(|d| Instant::now() + d);
-    for raw in live {
-        match deadline {
-            // SAFETY: a live stream of this context; destroying one
-            // synchronizes it first, so a stream destroyed meanwhile had no
-            // work left.
-            None => s.checked(op, "hipStreamSynchronize", unsafe {
-                ffi::hipStreamSynchronize(raw.0)
-            })?,
-            Some(deadline) => loop {
-                // SAFETY: as above.
-                let r = unsafe { ffi::hipStreamQuery(raw.0) };
-                if r != ffi::hipErrorNotReady {
-                    s.checked(op, "hipStreamQuery", r)?;
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(err(
-                        op,
-                        BackendErrorKind::DeviceLost,
-                        "work was still queued 5 s into a lost teardown: the arena's memory \
-                         stays mapped (unmapping it under running work is undefined)",
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            },
-        }
-    }
-    Ok(())
+    let live: Vec<ffi::hipStream_t> = lock(&s.streams).values().map(|r| r.0).collect();
+    // Live streams of this context; destroying one synchronizes it first,
+    // so a stream destroyed meanwhile had no work left.
+    memgov_stream_ordered::arena::drain(s, &live, op, poll, Duration::from_millis(1))
 }
 
 impl HipContext {

@@ -1,0 +1,62 @@
+//! # memgov-stream-ordered
+//!
+//! The driver-agnostic core of memgov's backends over a stream-ordered GPU
+//! driver API: CUDA's driver API and ROCm's HIP runtime have the same shape
+//! (stream-ordered allocation from a pool, host callbacks on a stream,
+//! events, a virtual-memory API of reserve / create / map / set access /
+//! unmap / release, graph capture), and memgov drives both the same way.
+//! What a vendor provides is a table ([`Vendor`]): its result codes
+//! classified into the core's [`Class`], its names for messages (so an
+//! error still names `cuMemMap` on CUDA and `hipMemMap` on HIP), and its
+//! entry points under neutral names. The logic written over that table
+//! lives here once:
+//!
+//! * [`table`]: the rest of the table, the vendor's entry points under
+//!   neutral names ([`table::VmmTable`], [`table::CaptureTable`]) and the
+//!   context they run in ([`table::Context`]);
+//! * [`result`]: a driver result becoming a [`BackendError`] (kind, code,
+//!   the driver's name for it, the way out), and [`Checked`], the
+//!   [`shell::Driver`] of any vendor;
+//! * [`arena`]: the virtual-memory arena's driver glue: one granule's
+//!   create / map / set-access (each step undone on failure) and unmap /
+//!   release, the sleep's page-locked copies on a stream of its own, the
+//!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
+//!   arena core in `memgov_backend::vmm`;
+//! * [`capture`]: the graph half of stream capture: a capture under way
+//!   carving its pool and recording copies, its end (the gate told only
+//!   once the driver's capture is over), the graph it makes (launched, read,
+//!   destroyed after every launch), and the context's pins, which teardown
+//!   empties.
+//!
+//! What really differs between the vendors stays in the vendor crates,
+//! written beside their table: CUDA's primary context pushed and popped
+//! around each call against HIP's per-thread current device; HIP's
+//! `hipMalloc` fallback where the runtime has no memory pools and its
+//! mapped host pointers; CUDA's adopted contexts; ROCm's two layouts of
+//! `hipMemAllocationProp`.
+//!
+//! Why a crate of its own rather than modules of `memgov-backend`: that
+//! crate is what *every* backend implements and uses (Vulkan and the
+//! embedded host backend included), and knows nothing of streams that run
+//! host callbacks or of a driver's result codes; this crate holds what only
+//! the drivers of CUDA's shape share. It depends on `memgov-backend` alone,
+//! and a third vendor of that shape plugs in by implementing its tables.
+//!
+//! Layers, each importing only those below it: [`result`] (the vendor and
+//! its codes), then [`table`] (the entry points and the context), then
+//! [`arena`] and [`capture`] side by side (neither imports the other).
+//!
+//! [`BackendError`]: memgov_backend::BackendError
+//! [`shell::Driver`]: memgov_backend::shell::Driver
+//! [`vmm::GranuleDriver`]: memgov_backend::vmm::GranuleDriver
+//! [`vmm::SleepDriver`]: memgov_backend::vmm::SleepDriver
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod arena;
+pub mod capture;
+pub mod result;
+pub mod table;
+
+pub use result::{Checked, Class, Hints, Vendor};

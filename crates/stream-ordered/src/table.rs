@@ -1,0 +1,353 @@
+//! The vendor table: a vendor's entry points under the core's neutral
+//! names, each part in a trait of its own ([`VmmTable`] for the
+//! virtual-memory arena and its copies, [`CaptureTable`] for stream capture
+//! and graphs, both on the vendor type beside its [`Vendor`] results), the
+//! names its messages use ([`VmmNames`], [`CaptureNames`]), and the context
+//! the calls run in ([`Context`], on the vendor's shared state).
+//!
+//! Handles cross the table as the vendor's own types (`CUstream`,
+//! `hipStream_t`, ...), device addresses as `u64` and host addresses as
+//! `usize`; [`Raw`] carries a handle across threads.
+
+use crate::result::Vendor;
+use memgov_backend::capability::CaptureMode;
+use memgov_backend::shell::MakeCurrent;
+use memgov_backend::vmm::{self, Gate};
+use memgov_backend::BackendError;
+use std::fmt::Debug;
+use std::ops::Deref;
+
+/// The vendor's names of its virtual-memory, copy and stream calls, for
+/// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
+#[derive(Debug, Clone, Copy)]
+pub struct VmmNames {
+    /// [`VmmTable::mem_granularity`] (`cuMemGetAllocationGranularity`).
+    pub mem_granularity: &'static str,
+    /// [`VmmTable::mem_address_reserve`] (`cuMemAddressReserve`).
+    pub mem_address_reserve: &'static str,
+    /// [`VmmTable::mem_address_free`] (`cuMemAddressFree`).
+    pub mem_address_free: &'static str,
+    /// [`VmmTable::stream_query`] (`cuStreamQuery`).
+    pub stream_query: &'static str,
+    /// [`VmmTable::mem_create`] (`cuMemCreate`).
+    pub mem_create: &'static str,
+    /// [`VmmTable::mem_map`] (`cuMemMap`).
+    pub mem_map: &'static str,
+    /// [`VmmTable::mem_set_access`] (`cuMemSetAccess`).
+    pub mem_set_access: &'static str,
+    /// [`VmmTable::mem_unmap`] (`cuMemUnmap`).
+    pub mem_unmap: &'static str,
+    /// [`VmmTable::mem_release`] (`cuMemRelease`).
+    pub mem_release: &'static str,
+    /// [`VmmTable::host_alloc`] (`cuMemHostAlloc`).
+    pub host_alloc: &'static str,
+    /// [`VmmTable::host_free`] (`cuMemFreeHost`).
+    pub host_free: &'static str,
+    /// [`VmmTable::stream_create`] (`cuStreamCreate`).
+    pub stream_create: &'static str,
+    /// [`VmmTable::stream_sync`] (`cuStreamSynchronize`).
+    pub stream_sync: &'static str,
+    /// [`VmmTable::copy_dtoh_async`] (`cuMemcpyDtoHAsync_v2`).
+    pub copy_dtoh_async: &'static str,
+    /// [`VmmTable::copy_htod_async`] (`cuMemcpyHtoDAsync_v2`).
+    pub copy_htod_async: &'static str,
+}
+
+/// A vendor's entry points for the arena: physical memory, its mapping into
+/// a reserved range, page-locked host memory, and the copy stream. Each
+/// returns the driver's code (and, for a constructor, the value written to
+/// its out parameter, meaningful only on success). The caller has the
+/// arena's device current.
+pub trait VmmTable: Vendor {
+    /// A handle of physical memory (`CUmemGenericAllocationHandle`).
+    type Handle: Copy + Eq + Debug + Send + Sync + 'static;
+    /// A raw stream handle (`CUstream`, `hipStream_t`).
+    type Stream: Copy;
+    /// What a granule is created with: the allocation properties, which name
+    /// the device (and, on HIP, are in the loaded runtime's layout).
+    type Prop;
+
+    /// The calls' names, for messages.
+    const NAMES: VmmNames;
+
+    /// The recommended granularity of memory created with `prop`.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn mem_granularity(prop: &Self::Prop) -> (Self::Code, usize);
+
+    /// Reserve `bytes` of device address space aligned to `align`; returns
+    /// its base.
+    ///
+    /// # Safety
+    ///
+    /// The device is current; the reservation is freed once, with
+    /// [`mem_address_free`](Self::mem_address_free).
+    unsafe fn mem_address_reserve(bytes: usize, align: usize) -> (Self::Code, u64);
+
+    /// Free the reservation at `at` of `bytes`.
+    ///
+    /// # Safety
+    ///
+    /// Nothing is mapped in it; freed once.
+    unsafe fn mem_address_free(at: u64, bytes: usize) -> Self::Code;
+
+    /// Whether everything queued on `stream` ran (the vendor's success), is
+    /// still running ([`Class::NotReady`](crate::Class::NotReady)), or failed.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn stream_query(stream: Self::Stream) -> Self::Code;
+
+    /// Create `bytes` of pinned device memory with `prop`.
+    ///
+    /// # Safety
+    ///
+    /// The device is current; `bytes` is a multiple of the granularity.
+    unsafe fn mem_create(bytes: usize, prop: &Self::Prop) -> (Self::Code, Self::Handle);
+
+    /// Map handle `h` (of exactly `bytes`) at `at`.
+    ///
+    /// # Safety
+    ///
+    /// `[at, at + bytes)` lies in a reservation and nothing is mapped there.
+    unsafe fn mem_map(at: u64, bytes: usize, h: Self::Handle) -> Self::Code;
+
+    /// Make `[at, at + bytes)` readable and writable from the device
+    /// `prop` names.
+    ///
+    /// # Safety
+    ///
+    /// The range is exactly one mapping made by [`mem_map`](Self::mem_map).
+    unsafe fn mem_set_access(at: u64, bytes: usize, prop: &Self::Prop) -> Self::Code;
+
+    /// Unmap `[at, at + bytes)`.
+    ///
+    /// # Safety
+    ///
+    /// The range is one mapping no allocation or queued work uses.
+    unsafe fn mem_unmap(at: u64, bytes: usize) -> Self::Code;
+
+    /// Release handle `h`.
+    ///
+    /// # Safety
+    ///
+    /// `h` was created by [`mem_create`](Self::mem_create) and is released
+    /// once.
+    unsafe fn mem_release(h: Self::Handle) -> Self::Code;
+
+    /// Allocate `bytes` of page-locked host memory usable from any context;
+    /// returns its address.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn host_alloc(bytes: usize) -> (Self::Code, usize);
+
+    /// Free page-locked host memory.
+    ///
+    /// # Safety
+    ///
+    /// `host` came from [`host_alloc`](Self::host_alloc), is freed once,
+    /// and no queued copy uses it.
+    unsafe fn host_free(host: usize) -> Self::Code;
+
+    /// Create a non-blocking stream on the current device.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn stream_create() -> (Self::Code, Self::Stream);
+
+    /// Wait for everything queued on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn stream_sync(stream: Self::Stream) -> Self::Code;
+
+    /// Destroy `stream` (its queued work runs first).
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live and destroyed once.
+    unsafe fn stream_destroy(stream: Self::Stream) -> Self::Code;
+
+    /// Queue a copy of `bytes` from device address `at` to host address
+    /// `host` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are valid for `bytes` until the copy completes; the
+    /// stream is live.
+    unsafe fn copy_dtoh_async(
+        host: usize,
+        at: u64,
+        bytes: usize,
+        stream: Self::Stream,
+    ) -> Self::Code;
+
+    /// Queue a copy of `bytes` from host address `host` to device address
+    /// `at` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy_dtoh_async`](Self::copy_dtoh_async).
+    unsafe fn copy_htod_async(
+        at: u64,
+        host: usize,
+        bytes: usize,
+        stream: Self::Stream,
+    ) -> Self::Code;
+}
+
+/// The code type of a context's table.
+pub type CodeOf<C> = <<C as Context>::Table as Vendor>::Code;
+/// The physical-memory handle of a context's table.
+pub type HandleOf<C> = <<C as Context>::Table as VmmTable>::Handle;
+
+/// A context the core's calls run in: implemented by the vendor's shared
+/// state, which makes its device current ([`MakeCurrent`]: CUDA pushes its
+/// context, HIP sets the thread's device) and keeps its lost state.
+pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
+    /// The vendor's table.
+    type Table: CaptureTable;
+    /// The vendor's arena: the books ([`vmm::Arena`], reached through
+    /// `Deref`) and what the vendor keeps beside them.
+    type Arena: Deref<Target = vmm::Arena<HandleOf<Self>>> + Send + Sync + 'static;
+
+    /// `Ok` for success; else the classified error, after marking the
+    /// context lost on a sticky code.
+    fn checked(&self, op: &'static str, call: &str, code: CodeOf<Self>)
+        -> Result<(), BackendError>;
+
+    /// The process's capture gate for this vendor: a call that would break
+    /// a capture under way waits (or is refused on the capturing thread).
+    fn capture_gate(&self) -> &'static Gate;
+
+    /// Wait until every stream of the context ran what is queued on it.
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError>;
+
+    /// The properties the granules of `arena` are created with.
+    fn granule_prop(arena: &Self::Arena) -> <Self::Table as VmmTable>::Prop;
+
+    /// Refuse work on a lost or closing context, with no driver call.
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError>;
+
+    /// Sleeps of the arena against copies and launches between their awake
+    /// check and their enqueue.
+    fn sleep_gate(&self) -> &vmm::SleepGate;
+
+    /// Wait until every graph launch of the context finished, the device
+    /// current (CUDA: `cuCtxSynchronize`; HIP, which has no such call
+    /// per context: [`quiesce`](Self::quiesce)).
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError>;
+}
+
+/// The vendor's names of its capture and graph calls, for messages.
+#[derive(Debug, Clone, Copy)]
+pub struct CaptureNames {
+    /// [`CaptureTable::begin_capture`] (`cuStreamBeginCapture_v2`).
+    pub begin_capture: &'static str,
+    /// [`CaptureTable::capture_id`] (`cuStreamGetCaptureInfo_v2`).
+    pub capture_id: &'static str,
+    /// [`CaptureTable::end_capture`] (`cuStreamEndCapture`).
+    pub end_capture: &'static str,
+    /// [`CaptureTable::instantiate`] (`cuGraphInstantiateWithFlags`).
+    pub instantiate: &'static str,
+    /// [`CaptureTable::exec_destroy`] (`cuGraphExecDestroy`).
+    pub exec_destroy: &'static str,
+    /// [`CaptureTable::graph_destroy`] (`cuGraphDestroy`).
+    pub graph_destroy: &'static str,
+    /// [`CaptureTable::launch`] (`cuGraphLaunch`).
+    pub launch: &'static str,
+}
+
+/// A vendor's stream-capture and graph entry points. The caller has the
+/// context's device current.
+pub trait CaptureTable: VmmTable {
+    /// A graph (`CUgraph`, `hipGraph_t`).
+    type Graph: Copy;
+    /// An executable graph (`CUgraphExec`, `hipGraphExec_t`).
+    type Exec: Copy;
+
+    /// The calls' names, for messages.
+    const CAPTURE_NAMES: CaptureNames;
+
+    /// Begin capturing `stream` in `mode`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of the current context.
+    unsafe fn begin_capture(stream: Self::Stream, mode: CaptureMode) -> Self::Code;
+
+    /// The id of the capture under way on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn capture_id(stream: Self::Stream) -> (Self::Code, u64);
+
+    /// End the capture of `stream`; the graph made, if any.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn end_capture(stream: Self::Stream) -> (Self::Code, Option<Self::Graph>);
+
+    /// Whether the driver still captures `stream` (active, or invalidated
+    /// and not yet ended); also when it cannot say.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live.
+    unsafe fn still_capturing(stream: Self::Stream) -> bool;
+
+    /// Instantiate `graph`.
+    ///
+    /// # Safety
+    ///
+    /// `graph` is live.
+    unsafe fn instantiate(graph: Self::Graph) -> (Self::Code, Self::Exec);
+
+    /// Destroy an executable graph.
+    ///
+    /// # Safety
+    ///
+    /// Destroyed once, after its launches finished.
+    unsafe fn exec_destroy(exec: Self::Exec) -> Self::Code;
+
+    /// Destroy a graph.
+    ///
+    /// # Safety
+    ///
+    /// Destroyed once; no executable graph made from it is launched after.
+    unsafe fn graph_destroy(graph: Self::Graph) -> Self::Code;
+
+    /// Queue one run of `exec` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Both live, of the current context.
+    unsafe fn launch(exec: Self::Exec, stream: Self::Stream) -> Self::Code;
+
+    /// The stream's key in the capture gate (its handle's address).
+    fn stream_key(stream: Self::Stream) -> usize;
+}
+
+/// A driver handle carried across threads (in a context's pins, shared by
+/// its threads). CUDA's and HIP's handles have no thread affinity: any host
+/// thread may pass one to the driver with its context current; a `Raw`
+/// only carries the value, and is made only from a vendor table's handle
+/// types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<T>(pub T);
+
+// SAFETY: see the type's documentation: the handles a table names are
+// plain values the driver accepts from any thread; `Raw` never
+// dereferences them.
+unsafe impl<T: Copy> Send for Raw<T> {}
+// SAFETY: as above; a shared reference only copies the value.
+unsafe impl<T: Copy> Sync for Raw<T> {}

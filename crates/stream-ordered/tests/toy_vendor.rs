@@ -1,0 +1,346 @@
+//! A third vendor plugged into the core with its tables alone: a toy driver
+//! whose calls are logged and whose results a test scripts. It checks the
+//! core's own logic against what the tables promise (the granule's undo,
+//! the reservation's checks, the lost-teardown drain), with no stand-in.
+
+use memgov_backend::capability::CaptureMode;
+use memgov_backend::shell::MakeCurrent;
+use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
+use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context, VmmNames, VmmTable};
+use memgov_stream_ordered::{arena, Class, Hints, Vendor};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const OK: i32 = 0;
+const NOT_READY: i32 = 1;
+const REFUSED: i32 = 2;
+
+thread_local! {
+    /// Calls made on this test's thread, in order.
+    static LOG: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+    /// Results a call returns instead of success, by name.
+    static SCRIPT: RefCell<HashMap<&'static str, i32>> = RefCell::new(HashMap::new());
+    /// What `toyMemGetGranularity` answers.
+    static GRANULE: RefCell<usize> = const { RefCell::new(4096) };
+}
+
+fn call(name: &'static str) -> i32 {
+    LOG.with(|l| l.borrow_mut().push(name));
+    SCRIPT.with(|s| s.borrow().get(name).copied().unwrap_or(OK))
+}
+
+fn script(name: &'static str, code: i32) {
+    SCRIPT.with(|s| s.borrow_mut().insert(name, code));
+}
+
+fn log() -> Vec<&'static str> {
+    LOG.with(|l| l.borrow().clone())
+}
+
+struct Toy;
+
+impl Vendor for Toy {
+    const BACKEND: &'static str = "toy";
+    const DRIVER: &'static str = "toy driver";
+    type Code = i32;
+    const SUCCESS: i32 = OK;
+    const HINTS: Hints = Hints {
+        device_lost: "; restart the toy",
+        unavailable: "; plug the toy in",
+    };
+
+    fn classify(code: i32) -> Class {
+        match code {
+            OK => Class::Success,
+            NOT_READY => Class::NotReady,
+            _ => Class::Other,
+        }
+    }
+
+    fn name(code: i32) -> String {
+        format!("TOY_{code}")
+    }
+
+    fn number(code: i32) -> i64 {
+        i64::from(code)
+    }
+}
+
+impl VmmTable for Toy {
+    type Handle = u64;
+    type Stream = u64;
+    type Prop = ();
+
+    const NAMES: VmmNames = VmmNames {
+        mem_granularity: "toyMemGetGranularity",
+        mem_address_reserve: "toyMemAddressReserve",
+        mem_address_free: "toyMemAddressFree",
+        stream_query: "toyStreamQuery",
+        mem_create: "toyMemCreate",
+        mem_map: "toyMemMap",
+        mem_set_access: "toyMemSetAccess",
+        mem_unmap: "toyMemUnmap",
+        mem_release: "toyMemRelease",
+        host_alloc: "toyHostAlloc",
+        host_free: "toyHostFree",
+        stream_create: "toyStreamCreate",
+        stream_sync: "toyStreamSynchronize",
+        copy_dtoh_async: "toyMemcpyDtoHAsync",
+        copy_htod_async: "toyMemcpyHtoDAsync",
+    };
+
+    unsafe fn mem_granularity(_: &()) -> (i32, usize) {
+        (call("toyMemGetGranularity"), GRANULE.with(|g| *g.borrow()))
+    }
+    unsafe fn mem_address_reserve(_: usize, _: usize) -> (i32, u64) {
+        (call("toyMemAddressReserve"), 0x10_0000)
+    }
+    unsafe fn mem_address_free(_: u64, _: usize) -> i32 {
+        call("toyMemAddressFree")
+    }
+    unsafe fn stream_query(_: u64) -> i32 {
+        call("toyStreamQuery")
+    }
+    unsafe fn mem_create(_: usize, _: &()) -> (i32, u64) {
+        (call("toyMemCreate"), 7)
+    }
+    unsafe fn mem_map(_: u64, _: usize, _: u64) -> i32 {
+        call("toyMemMap")
+    }
+    unsafe fn mem_set_access(_: u64, _: usize, _: &()) -> i32 {
+        call("toyMemSetAccess")
+    }
+    unsafe fn mem_unmap(_: u64, _: usize) -> i32 {
+        call("toyMemUnmap")
+    }
+    unsafe fn mem_release(_: u64) -> i32 {
+        call("toyMemRelease")
+    }
+    unsafe fn host_alloc(_: usize) -> (i32, usize) {
+        (call("toyHostAlloc"), 0)
+    }
+    unsafe fn host_free(_: usize) -> i32 {
+        call("toyHostFree")
+    }
+    unsafe fn stream_create() -> (i32, u64) {
+        (call("toyStreamCreate"), 1)
+    }
+    unsafe fn stream_sync(_: u64) -> i32 {
+        call("toyStreamSynchronize")
+    }
+    unsafe fn stream_destroy(_: u64) -> i32 {
+        call("toyStreamDestroy")
+    }
+    unsafe fn copy_dtoh_async(_: usize, _: u64, _: usize, _: u64) -> i32 {
+        call("toyMemcpyDtoHAsync")
+    }
+    unsafe fn copy_htod_async(_: u64, _: usize, _: usize, _: u64) -> i32 {
+        call("toyMemcpyHtoDAsync")
+    }
+}
+
+impl CaptureTable for Toy {
+    type Graph = u64;
+    type Exec = u64;
+
+    const CAPTURE_NAMES: CaptureNames = CaptureNames {
+        begin_capture: "toyBeginCapture",
+        capture_id: "toyCaptureId",
+        end_capture: "toyEndCapture",
+        instantiate: "toyInstantiate",
+        exec_destroy: "toyExecDestroy",
+        graph_destroy: "toyGraphDestroy",
+        launch: "toyLaunch",
+    };
+
+    unsafe fn begin_capture(_: u64, _: CaptureMode) -> i32 {
+        call("toyBeginCapture")
+    }
+    unsafe fn capture_id(_: u64) -> (i32, u64) {
+        (call("toyCaptureId"), 1)
+    }
+    unsafe fn end_capture(_: u64) -> (i32, Option<u64>) {
+        (call("toyEndCapture"), Some(1))
+    }
+    unsafe fn still_capturing(_: u64) -> bool {
+        false
+    }
+    unsafe fn instantiate(_: u64) -> (i32, u64) {
+        (call("toyInstantiate"), 1)
+    }
+    unsafe fn exec_destroy(_: u64) -> i32 {
+        call("toyExecDestroy")
+    }
+    unsafe fn graph_destroy(_: u64) -> i32 {
+        call("toyGraphDestroy")
+    }
+    unsafe fn launch(_: u64, _: u64) -> i32 {
+        call("toyLaunch")
+    }
+    fn stream_key(stream: u64) -> usize {
+        stream as usize
+    }
+}
+
+/// The toy's context: always current, never lost.
+#[derive(Default)]
+struct ToyContext {
+    sleep_gate: SleepGate,
+}
+
+struct ToyArena(vmm::Arena<u64>);
+
+impl std::ops::Deref for ToyArena {
+    type Target = vmm::Arena<u64>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl MakeCurrent for ToyContext {
+    type Handle = u8;
+    fn ours(&self) -> u8 {
+        1
+    }
+    fn current(&self, _: &'static str) -> Result<u8, BackendError> {
+        Ok(1)
+    }
+    fn enter(&self, _: &'static str, _: u8) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn leave(&self, _: u8) {}
+}
+
+impl Context for ToyContext {
+    type Table = Toy;
+    type Arena = ToyArena;
+
+    fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
+        memgov_stream_ordered::result::check::<Toy>(op, call, code)
+    }
+    fn capture_gate(&self) -> &'static Gate {
+        static GATE: OnceLock<Gate> = OnceLock::new();
+        GATE.get_or_init(|| Gate::new("toy", "ToyCapture"))
+    }
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        arena::drain(self, &[1], op, None, Duration::ZERO)
+    }
+    fn granule_prop(_: &ToyArena) {}
+    fn check_usable(&self, _: &'static str) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn sleep_gate(&self) -> &SleepGate {
+        &self.sleep_gate
+    }
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        self.quiesce(op)
+    }
+}
+
+fn toy_arena(s: &ToyContext) -> ToyArena {
+    let config = ArenaConfig {
+        reserve_bytes: 1 << 20,
+        limit_bytes: 1 << 20,
+    };
+    ToyArena(arena::reserve(s, &config, &(), "ToyArena").expect("reserve"))
+}
+
+#[test]
+fn a_granule_whose_access_and_unmap_are_refused_is_quarantined_mapped_naming_both() {
+    let s = ToyContext::default();
+    let a = toy_arena(&s);
+    script("toyMemSetAccess", REFUSED);
+    script("toyMemUnmap", REFUSED);
+    let d = arena::driver(&s, &a);
+    let (e, slot) = d.map(0, "allocate").expect_err("set access refused");
+    assert!(
+        matches!(
+            slot,
+            Some(Slot::Quarantined {
+                handle: Some(7),
+                mapped: true
+            })
+        ),
+        "{slot:?}"
+    );
+    assert!(
+        e.message.contains("toyMemSetAccess returned TOY_2 (2)"),
+        "{e}"
+    );
+    assert!(e.message.contains("its mapping at 0x100000 stays"), "{e}");
+    assert!(e.message.contains("toyMemUnmap returned TOY_2"), "{e}");
+    assert!(e.message.ends_with("(quarantined)"), "{e}");
+    // Created, mapped, refused access, refused unmap; never released (the
+    // handle is still mapped).
+    let calls: Vec<_> = log().into_iter().skip(2).collect();
+    assert_eq!(
+        calls,
+        [
+            "toyMemCreate",
+            "toyMemMap",
+            "toyMemSetAccess",
+            "toyMemUnmap"
+        ]
+    );
+}
+
+#[test]
+fn a_granule_whose_map_is_refused_is_released_and_nothing_is_left() {
+    let s = ToyContext::default();
+    let a = toy_arena(&s);
+    script("toyMemMap", REFUSED);
+    let (e, slot) = arena::driver(&s, &a)
+        .map(1, "allocate")
+        .expect_err("map refused");
+    assert!(slot.is_none(), "{slot:?}");
+    assert!(e.message.contains("toyMemMap returned TOY_2"), "{e}");
+    assert!(!e.message.contains("quarantined"), "{e}");
+    let calls: Vec<_> = log().into_iter().skip(2).collect();
+    assert_eq!(calls, ["toyMemCreate", "toyMemMap", "toyMemRelease"]);
+}
+
+#[test]
+fn a_granularity_that_is_not_a_power_of_two_is_refused_before_reserving() {
+    let s = ToyContext::default();
+    GRANULE.with(|g| *g.borrow_mut() = 3000);
+    let e = arena::reserve(&s, &ArenaConfig::default(), &(), "ToyArena")
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind, BackendErrorKind::Other);
+    assert!(
+        e.message
+            .contains("the toy driver reports an allocation granularity of 3000 B"),
+        "{e}"
+    );
+    assert_eq!(log(), ["toyMemGetGranularity"]);
+}
+
+#[test]
+fn a_lost_teardowns_drain_refuses_as_device_lost_once_its_deadline_passed() {
+    let s = ToyContext::default();
+    script("toyStreamQuery", NOT_READY);
+    // A deadline of zero: the first answer "not ready" is already past it.
+    let e = arena::drain(
+        &s,
+        &[1, 2],
+        "teardown",
+        Some(Duration::ZERO),
+        Duration::ZERO,
+    )
+    .expect_err("still running");
+    assert!(e.is_device_lost(), "{e}");
+    assert!(
+        e.message.contains("still queued 0 s into a lost teardown"),
+        "{e}"
+    );
+    assert!(e.message.contains("stays mapped"), "{e}");
+    // The first stream was asked once; the second never.
+    assert_eq!(log(), ["toyStreamQuery"]);
+    // Without a deadline each stream is synchronized, in order.
+    LOG.with(|l| l.borrow_mut().clear());
+    arena::drain(&s, &[1, 2], "teardown", None, Duration::ZERO).expect("drained");
+    assert_eq!(log(), ["toyStreamSynchronize", "toyStreamSynchronize"]);
+}
