@@ -63,23 +63,8 @@ mod vendor {
         crate::common::fault_cells(crate::CHILD, entries);
     }
 
-    /// The stand-in's `memgov_standin_cuda_capture`: {captures begun,
-    /// invalidated, driver allocations made during a capture, launches}.
-    pub fn stats() -> [u64; 4] {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
-        // has the declared signature (`int (unsigned long long out[4])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
-                lib.get(b"memgov_standin_cuda_capture").expect("hook");
-            let mut out = [u64::MAX; 4];
-            assert_eq!(query(out.as_mut_ptr()), 0);
-            out
-        }
-    }
+    /// The stand-in's capture counters.
+    pub use crate::common::capture_stats as stats;
 }
 
 fn passes(case: &str, env: &[(&str, &str)]) {

@@ -17,19 +17,15 @@
 
 #[path = "../../cases/arena.rs"]
 mod cases;
-#[path = "../../stand-ins/support/child.rs"]
-mod child_process;
 mod common;
 
 use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
-use memgov::{BackendErrorKind, DeviceContext, Execution};
+use memgov::{BackendErrorKind, DeviceContext};
+
+pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
-const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
-const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
-const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
 
 /// What the shared cases (`backends/cases/arena.rs`) need of HIP.
 mod vendor {
@@ -102,49 +98,16 @@ mod vendor {
     }
 }
 
-/// Whether the stand-in is what the backend opens (after printing why not).
-fn on_stand_in() -> bool {
-    match HipContext::new(HipConfig::default()) {
-        Ok(ctx) => {
-            let stand_in = ctx.describe().execution == Execution::StandIn;
-            ctx.teardown(false).expect("teardown");
-            if !stand_in {
-                println!("skipped: needs the stand-in libamdhip64 (this is real hardware)");
-            }
-            stand_in
-        }
-        Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            println!("skipped: {}", e.message);
-            false
-        }
-        Err(e) => panic!("HipContext::new failed: {e}"),
-    }
-}
-
-/// Case `case` in a child, on the stand-in only. A latency without a seed
-/// gets an empty seed, so that the parent's seed does not leak into it.
-pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
-    if !on_stand_in() {
-        return None;
-    }
-    let mut env = env.to_vec();
-    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
-        env.push((SEED, ""));
-    }
-    Some(child_process::run(CHILD, case, &env))
+pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
+    common::child(CHILD, case, env)
 }
 
 pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(case, env) {
-        print!("{}", run.stdout);
-        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
-    }
+    common::passes(CHILD, case, env);
 }
 
 pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(case, env) {
-        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
-    }
+    common::aborts(CHILD, case, env, what);
 }
 
 #[test]
