@@ -7,9 +7,8 @@
 //! Every case runs in a child process (the test binary re-executed with the
 //! vendor's child variable set): the stand-in reads its knobs once per
 //! process and aborts the process on a violation. Without the stand-in
-//! every test prints `skipped: ...` and passes. The raw stand-in cases
-//! (`standin_*`) are the vendor's: their tests are here, their bodies in the
-//! vendor's file.
+//! every test prints `skipped: ...` and passes. The stand-in cases
+//! (`standin_*`) call the driver raw, through the vendor's `raw` module.
 //!
 //! `MEMGOV_CAPTURE_REPLAYS` sets how many times the captured graph is
 //! launched under churn (default 1000).
@@ -152,7 +151,7 @@ pub(crate) fn run(case: &str) -> bool {
         "trim_deferred" => trim_deferred(),
         "sleep_waits" => sleep_waits(),
         "teardown_live_graph" => teardown_live_graph(),
-        _ => return false,
+        other => return standin::run(other),
     }
     true
 }
@@ -872,4 +871,213 @@ fn teardown_live_graph() {
     assert!(e.message.contains("1 executable graph(s)"), "{e}");
     // Destroyed by teardown already: nothing left to do, no driver call.
     graph.destroy().expect("destroy after teardown");
+}
+
+/// The stand-in's stream capture rules, driven by raw driver calls (the
+/// vendor's `raw` module): each case checks a rule or plants a violation
+/// the stand-in must abort on.
+mod standin {
+    use crate::vendor::raw::{
+        alloc, begin, capture_info, create_handle, dtoh, end, exec_destroy, free_async,
+        graph_destroy, host_alloc, host_free, htod, instantiate, launch, map, mem_release,
+        on_other_thread, query, raw, reserve, set_access, stream_destroy, sync, unmap, ACTIVE, G,
+        GLOBAL, INVALIDATED, LOCAL, NONE, RELAXED, STATUS_INVALIDATED, UNSUPPORTED, WRONG_THREAD,
+    };
+    use crate::vendor::{raw::ok, stats};
+
+    /// A raw handle the closure of another thread may carry.
+    #[derive(Clone, Copy)]
+    struct Carry<T>(T);
+    // SAFETY: driver handles, used on the other thread only with the
+    // vendor's `on_other_thread` (which makes the context current there).
+    unsafe impl<T> Send for Carry<T> {}
+
+    /// In the child: runs the raw case `case`; false when it is not one of
+    /// these.
+    pub(super) fn run(case: &str) -> bool {
+        // SAFETY: raw driver calls on the stand-in, each valid or the
+        // violation the case plants on purpose; the stand-in aborts before
+        // anything undefined happens.
+        unsafe {
+            match case {
+                "standin_records" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let mut src = vec![1u8; 4096];
+                    let mut dst = vec![0u8; 4096];
+                    begin(r.s, GLOBAL);
+                    let (st, id) = capture_info(r.s);
+                    assert_eq!(st, ACTIVE);
+                    assert_ne!(id, 0, "a capture id");
+                    ok(htod(d, &src, r.s), "h2d");
+                    ok(dtoh(&mut dst, d, r.s), "d2h");
+                    // Recorded, not executed.
+                    assert_eq!(dst, vec![0u8; 4096]);
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    assert_eq!(capture_info(r.s).0, NONE);
+                    let x = instantiate(g);
+                    ok(graph_destroy(g), "graph destroy");
+                    for v in [5u8, 6, 7] {
+                        src.fill(v);
+                        ok(launch(x, r.s), "launch");
+                        ok(sync(r.s), "sync");
+                        assert_eq!(dst, vec![v; 4096], "launch replays the copies");
+                    }
+                    ok(exec_destroy(x), "exec destroy");
+                    ok(free_async(d, r.s), "free");
+                    ok(sync(r.s), "sync");
+                    ok(stream_destroy(r.s), "destroy");
+                }
+                "standin_sync_invalidates" => {
+                    let r = raw();
+                    for conflicting in [0, 1] {
+                        begin(r.s, RELAXED);
+                        let got = if conflicting == 0 {
+                            sync(r.s)
+                        } else {
+                            query(r.s)
+                        };
+                        assert_eq!(got, UNSUPPORTED);
+                        assert_eq!(capture_info(r.s).0, STATUS_INVALIDATED);
+                        let (e, g) = end(r.s);
+                        assert_eq!(e, INVALIDATED);
+                        assert!(g.is_null());
+                        assert_eq!(capture_info(r.s).0, NONE);
+                    }
+                    assert_eq!(stats()[1], 2);
+                    ok(stream_destroy(r.s), "destroy");
+                }
+                "standin_modes" => {
+                    let r = raw();
+                    // Global: another thread's physical allocation is
+                    // prohibited and invalidates the capture.
+                    begin(r.s, GLOBAL);
+                    let (c, _) = on_other_thread(&r, |_| Carry(create_handle())).0;
+                    assert_eq!(c, UNSUPPORTED, "global, other thread");
+                    let (e, _) = end(r.s);
+                    assert_eq!(e, INVALIDATED);
+                    // Thread-local: another thread's is allowed, this
+                    // thread's is not.
+                    begin(r.s, LOCAL);
+                    let (c, h) = on_other_thread(&r, |_| Carry(create_handle())).0;
+                    ok(c, "thread-local, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(graph_destroy(g), "graph destroy");
+                    ok(mem_release(h), "release");
+                    begin(r.s, LOCAL);
+                    assert_eq!(create_handle().0, UNSUPPORTED, "thread-local, own thread");
+                    assert_eq!(end(r.s).0, INVALIDATED);
+                    // Relaxed: allowed on the capturing thread, and the
+                    // capture may end on another thread.
+                    begin(r.s, RELAXED);
+                    let (c, h) = create_handle();
+                    ok(c, "relaxed, own thread");
+                    let g = on_other_thread(&r, |s| {
+                        let (e, g) = end(s);
+                        ok(e, "relaxed ends on another thread");
+                        Carry(g)
+                    });
+                    ok(graph_destroy(g.0), "graph destroy");
+                    ok(mem_release(h), "release");
+                    // Global ends only on its own thread.
+                    begin(r.s, GLOBAL);
+                    let e = on_other_thread(&r, |s| end(s).0);
+                    assert_eq!(e, WRONG_THREAD);
+                    let (e, g) = end(r.s);
+                    ok(e, "end on the capturing thread");
+                    ok(graph_destroy(g), "graph destroy");
+                    // Driver allocations made while a capture was under way:
+                    // the prohibited and the allowed ones.
+                    assert_eq!(stats()[2], 4);
+                    ok(stream_destroy(r.s), "destroy");
+                }
+                "standin_page_locked" => {
+                    // CUDA's documentation of CU_STREAM_CAPTURE_MODE_GLOBAL
+                    // (and HIP's hipStreamCaptureModeGlobal, the same):
+                    // potentially unsafe API calls (page-locked allocation
+                    // and free among them) are prohibited on every thread
+                    // while a global capture is under way; the call fails
+                    // and the capture is invalidated.
+                    let r = raw();
+                    let before = stats();
+                    let mut kept = std::ptr::null_mut();
+                    ok(host_alloc(&mut kept, 4096), "host alloc");
+                    let kept = Carry(kept);
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, |_| {
+                        let mut p = std::ptr::null_mut();
+                        host_alloc(&mut p, 4096)
+                    });
+                    assert_eq!(
+                        c, UNSUPPORTED,
+                        "page-locked allocation, global, other thread"
+                    );
+                    let (e, g) = end(r.s);
+                    assert_eq!(e, INVALIDATED);
+                    assert!(g.is_null());
+                    begin(r.s, GLOBAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        host_free(kept.0)
+                    });
+                    assert_eq!(c, UNSUPPORTED, "page-locked free, global, other thread");
+                    assert_eq!(end(r.s).0, INVALIDATED);
+                    // Thread-local: another thread's are allowed.
+                    begin(r.s, LOCAL);
+                    let c = on_other_thread(&r, move |_| {
+                        let kept = kept;
+                        host_free(kept.0)
+                    });
+                    ok(c, "page-locked free, thread-local, other thread");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    ok(graph_destroy(g), "graph destroy");
+                    assert_eq!(stats()[1] - before[1], 2, "two captures invalidated");
+                    ok(stream_destroy(r.s), "destroy");
+                }
+                "standin_destroy_capturing" => {
+                    let r = raw();
+                    begin(r.s, GLOBAL);
+                    // Planted: destroyed before the capture ended.
+                    let _ = stream_destroy(r.s);
+                }
+                "standin_launch_freed" => {
+                    let r = raw();
+                    let d = alloc(&r, 4096);
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(htod(d, &src, r.s), "h2d");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(free_async(d, r.s), "free");
+                    ok(sync(r.s), "sync");
+                    // Planted: the graph's copy targets freed memory.
+                    let _ = launch(x, r.s);
+                }
+                "standin_launch_unmapped" => {
+                    let r = raw();
+                    let base = reserve(G);
+                    let (c, h) = create_handle();
+                    ok(c, "create");
+                    ok(map(base, G, h), "map");
+                    ok(set_access(base, G), "access");
+                    let src = vec![1u8; 4096];
+                    begin(r.s, GLOBAL);
+                    ok(htod(base, &src, r.s), "h2d");
+                    let (e, g) = end(r.s);
+                    ok(e, "end");
+                    let x = instantiate(g);
+                    ok(unmap(base, G), "unmap");
+                    ok(mem_release(h), "release");
+                    // Planted: the graph's copy targets unmapped memory.
+                    let _ = launch(x, r.s);
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
 }

@@ -18,8 +18,6 @@
 mod cases;
 mod common;
 
-use memgov::hip::raw as hip;
-use memgov::hip::{HipConfig, HipContext};
 use memgov::{BackendErrorKind, DeviceContext};
 
 pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
@@ -66,6 +64,248 @@ mod vendor {
                 (EXIT_CHECK, "1"),
             ],
         );
+    }
+
+    /// The raw runtime calls the stand-in capture cases make.
+    pub mod raw {
+        use super::Context;
+        use memgov::hip::raw as hip;
+        use std::ffi::c_void;
+
+        pub type Code = i32;
+        pub type Status = i32;
+        pub type RawStream = hip::hipStream_t;
+
+        /// A granule.
+        pub const G: usize = 2 << 20;
+        pub const GLOBAL: i32 = hip::hipStreamCaptureModeGlobal;
+        pub const LOCAL: i32 = hip::hipStreamCaptureModeThreadLocal;
+        pub const RELAXED: i32 = hip::hipStreamCaptureModeRelaxed;
+        pub const UNSUPPORTED: Code = hip::hipErrorStreamCaptureUnsupported;
+        pub const INVALIDATED: Code = hip::hipErrorStreamCaptureInvalidated;
+        pub const WRONG_THREAD: Code = hip::hipErrorStreamCaptureWrongThread;
+        pub const NONE: Status = 0;
+        pub const ACTIVE: Status = hip::hipStreamCaptureStatusActive;
+        pub const STATUS_INVALIDATED: Status = 2;
+
+        pub fn ok(r: Code, what: &str) {
+            assert_eq!(r, hip::SUCCESS, "{what}");
+        }
+
+        pub struct Raw {
+            _ctx: Context,
+            pub s: RawStream,
+        }
+
+        /// A context and a raw stream (device 0 is current on every thread
+        /// by default).
+        pub fn raw() -> Raw {
+            let ctx = Context::new(Default::default()).expect("context");
+            let mut s = std::ptr::null_mut();
+            // SAFETY: valid out pointer.
+            ok(
+                unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) },
+                "stream",
+            );
+            Raw { _ctx: ctx, s }
+        }
+
+        pub fn alloc(r: &Raw, bytes: usize) -> *mut c_void {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: valid out pointer, live stream.
+            ok(unsafe { hip::hipMallocAsync(&mut p, bytes, r.s) }, "alloc");
+            p
+        }
+
+        pub fn begin(s: RawStream, mode: i32) {
+            // SAFETY: a live stream.
+            ok(unsafe { hip::hipStreamBeginCapture(s, mode) }, "begin");
+        }
+
+        pub fn end(s: RawStream) -> (Code, hip::hipGraph_t) {
+            let mut g = std::ptr::null_mut();
+            // SAFETY: a live stream, valid out pointer.
+            let r = unsafe { hip::hipStreamEndCapture(s, &mut g) };
+            (r, g)
+        }
+
+        /// The stream's capture status and, while it captures, the
+        /// capture's id.
+        pub fn capture_info(s: RawStream) -> (Status, u64) {
+            let (mut st, mut id) = (-1, 0);
+            // SAFETY: a live stream, valid out pointers.
+            ok(
+                unsafe { hip::hipStreamGetCaptureInfo(s, &mut st, &mut id) },
+                "capture info",
+            );
+            (st, id)
+        }
+
+        pub fn instantiate(g: hip::hipGraph_t) -> hip::hipGraphExec_t {
+            let mut e = std::ptr::null_mut();
+            // SAFETY: a graph from hipStreamEndCapture, valid out pointer.
+            ok(
+                unsafe {
+                    hip::hipGraphInstantiate(
+                        &mut e,
+                        g,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        0,
+                    )
+                },
+                "instantiate",
+            );
+            e
+        }
+
+        /// A physical allocation of a granule on device 0.
+        pub fn create_handle() -> (Code, hip::hipMemGenericAllocationHandle_t) {
+            let mut v = 0;
+            // SAFETY: valid out pointer.
+            ok(unsafe { hip::hipRuntimeGetVersion(&mut v) }, "version");
+            let p = hip::allocation_prop(0, v);
+            let mut h = std::ptr::null_mut();
+            // SAFETY: valid out pointer and properties.
+            let r = unsafe { hip::hipMemCreate(&mut h, G, p.as_ptr(), 0) };
+            (r, h)
+        }
+
+        /// A raw handle the closure of another thread may carry.
+        #[derive(Clone, Copy)]
+        struct Carry<T>(T);
+        // SAFETY: runtime handles, usable from any host thread.
+        unsafe impl<T> Send for Carry<T> {}
+
+        /// `f` run on another thread (device 0 is current there too).
+        pub fn on_other_thread<R: Send + 'static>(
+            r: &Raw,
+            f: impl FnOnce(RawStream) -> R + Send + 'static,
+        ) -> R {
+            let s = Carry(r.s);
+            std::thread::spawn(move || {
+                let s = s;
+                f(s.0)
+            })
+            .join()
+            .expect("thread")
+        }
+
+        // The calls below are the runtime's, unchanged: the caller passes
+        // what the runtime needs (live handles; `src` and `dst` alive until
+        // the stream ran the copy), or plants a violation on purpose.
+
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn htod(d: *mut c_void, src: &[u8], s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, src.len(), s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn dtoh(dst: &mut [u8], d: *mut c_void, s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), d, dst.len(), s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn graph_destroy(g: hip::hipGraph_t) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipGraphDestroy(g) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn exec_destroy(x: hip::hipGraphExec_t) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipGraphExecDestroy(x) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn launch(x: hip::hipGraphExec_t, s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipGraphLaunch(x, s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn sync(s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipStreamSynchronize(s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn query(s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipStreamQuery(s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn free_async(d: *mut c_void, s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipFreeAsync(d, s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn stream_destroy(s: RawStream) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipStreamDestroy(s) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn host_alloc(p: &mut *mut c_void, bytes: usize) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipHostMalloc(p, bytes, hip::hipHostMallocDefault) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn host_free(p: *mut c_void) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipHostFree(p) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn mem_release(h: hip::hipMemGenericAllocationHandle_t) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipMemRelease(h) }
+        }
+        /// An address range of `size` bytes reserved.
+        pub fn reserve(size: usize) -> *mut c_void {
+            let mut base = std::ptr::null_mut();
+            // SAFETY: valid out pointer.
+            ok(
+                unsafe { hip::hipMemAddressReserve(&mut base, size, 0, std::ptr::null_mut(), 0) },
+                "reserve",
+            );
+            base
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn map(
+            base: *mut c_void,
+            size: usize,
+            h: hip::hipMemGenericAllocationHandle_t,
+        ) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipMemMap(base, size, 0, h, 0) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn set_access(base: *mut c_void, size: usize) -> Code {
+            let desc = hip::hipMemAccessDesc {
+                location: hip::hipMemLocation {
+                    type_: hip::hipMemLocationTypeDevice,
+                    id: 0,
+                },
+                flags: hip::hipMemAccessFlagsProtReadWrite,
+            };
+            // SAFETY: the caller's; one valid descriptor.
+            unsafe { hip::hipMemSetAccess(base, size, &desc, 1) }
+        }
+        /// # Safety
+        /// The runtime's.
+        pub unsafe fn unmap(base: *mut c_void, size: usize) -> Code {
+            // SAFETY: the caller's.
+            unsafe { hip::hipMemUnmap(base, size) }
+        }
     }
 }
 
@@ -160,18 +400,16 @@ fn child_entry() {
 }
 
 /// HIP's own cases: the capability cases, a map on another thread, the
-/// governed capture, a runtime without the graph calls, and the stand-in
-/// runtime's capture rules called raw.
+/// governed capture, a runtime without the graph calls, and graphs left at
+/// exit.
 mod own {
     use super::*;
     use crate::cases::{arena_context, pattern, release, MIB};
+    use crate::vendor::raw::{begin, end, instantiate, ok, raw, stream_destroy, GLOBAL};
     use crate::vendor::stats;
     use memgov::hip::{CaptureConfig, CaptureMode};
-    use std::ffi::c_void;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
-
-    const G: usize = 2 << 20;
 
     /// Another thread's allocation needs a map while a global capture is
     /// under way: the gate holds it until the capture ends, so the capture
@@ -307,110 +545,6 @@ mod own {
         );
     }
 
-    // ---- raw runtime calls for the stand-in's rules ----------------------
-
-    fn ok(r: i32, what: &str) {
-        assert_eq!(r, hip::SUCCESS, "{what}");
-    }
-
-    struct Raw {
-        _ctx: HipContext,
-        s: hip::hipStream_t,
-    }
-
-    /// A context and a raw stream (device 0 is current on every thread by
-    /// default).
-    fn raw() -> Raw {
-        let ctx = HipContext::new(HipConfig::default()).expect("context");
-        let mut s = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        ok(
-            unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) },
-            "stream",
-        );
-        Raw { _ctx: ctx, s }
-    }
-
-    fn alloc(r: &Raw, bytes: usize) -> *mut c_void {
-        let mut p = std::ptr::null_mut();
-        // SAFETY: valid out pointer, live stream.
-        ok(unsafe { hip::hipMallocAsync(&mut p, bytes, r.s) }, "alloc");
-        p
-    }
-
-    fn begin(s: hip::hipStream_t, mode: i32) {
-        // SAFETY: a live stream.
-        ok(unsafe { hip::hipStreamBeginCapture(s, mode) }, "begin");
-    }
-
-    fn end(s: hip::hipStream_t) -> (i32, hip::hipGraph_t) {
-        let mut g = std::ptr::null_mut();
-        // SAFETY: a live stream, valid out pointer.
-        let r = unsafe { hip::hipStreamEndCapture(s, &mut g) };
-        (r, g)
-    }
-
-    fn status(s: hip::hipStream_t) -> (i32, u64) {
-        let (mut st, mut id) = (-1, 0);
-        // SAFETY: a live stream, valid out pointers.
-        ok(
-            unsafe { hip::hipStreamGetCaptureInfo(s, &mut st, &mut id) },
-            "capture info",
-        );
-        (st, id)
-    }
-
-    fn instantiate(g: hip::hipGraph_t) -> hip::hipGraphExec_t {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: a graph from hipStreamEndCapture, valid out pointer.
-        ok(
-            unsafe {
-                hip::hipGraphInstantiate(&mut e, g, std::ptr::null_mut(), std::ptr::null_mut(), 0)
-            },
-            "instantiate",
-        );
-        e
-    }
-
-    fn create_handle() -> (i32, hip::hipMemGenericAllocationHandle_t) {
-        let mut v = 0;
-        // SAFETY: valid out pointer.
-        ok(unsafe { hip::hipRuntimeGetVersion(&mut v) }, "version");
-        let p = hip::allocation_prop(0, v);
-        let mut h = std::ptr::null_mut();
-        // SAFETY: valid out pointer and properties.
-        let r = unsafe { hip::hipMemCreate(&mut h, G, p.as_ptr(), 0) };
-        (r, h)
-    }
-
-    const GLOBAL: i32 = hip::hipStreamCaptureModeGlobal;
-    const LOCAL: i32 = hip::hipStreamCaptureModeThreadLocal;
-    const RELAXED: i32 = hip::hipStreamCaptureModeRelaxed;
-    const UNSUPPORTED: i32 = hip::hipErrorStreamCaptureUnsupported;
-    const INVALIDATED: i32 = hip::hipErrorStreamCaptureInvalidated;
-    const NONE: i32 = 0;
-    const ACTIVE: i32 = hip::hipStreamCaptureStatusActive;
-    const STATUS_INVALIDATED: i32 = 2;
-
-    /// A raw pointer the closure of another thread may carry.
-    #[derive(Clone, Copy)]
-    struct Send<T>(T);
-    // SAFETY: runtime handles, usable from any host thread.
-    unsafe impl<T> std::marker::Send for Send<T> {}
-
-    fn on_other_thread<R: std::marker::Send + 'static>(
-        r: &Raw,
-        f: impl FnOnce(hip::hipStream_t) -> R + std::marker::Send + 'static,
-    ) -> R {
-        let s = Send(r.s);
-        std::thread::spawn(move || {
-            let s = s;
-            f(s.0)
-        })
-        .join()
-        .expect("thread")
-    }
-
     pub(super) fn run(case: &str) {
         // SAFETY: raw runtime calls on the stand-in, each valid or the
         // violation the case plants on purpose; the stand-in aborts before
@@ -457,214 +591,13 @@ mod own {
                     ctx.destroy_stream(s).expect("destroy");
                     ctx.teardown(false).expect("teardown");
                 }
-                "standin_records" => {
-                    let r = raw();
-                    let d = alloc(&r, 4096);
-                    let mut src = vec![1u8; 4096];
-                    let mut dst = vec![0u8; 4096];
-                    begin(r.s, GLOBAL);
-                    let (st, id) = status(r.s);
-                    assert_eq!(st, ACTIVE);
-                    assert_ne!(id, 0, "a capture id");
-                    ok(
-                        hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, 4096, r.s),
-                        "h2d",
-                    );
-                    ok(
-                        hip::hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), d, 4096, r.s),
-                        "d2h",
-                    );
-                    // Recorded, not executed.
-                    assert_eq!(dst, vec![0u8; 4096]);
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    assert_eq!(status(r.s).0, NONE);
-                    let x = instantiate(g);
-                    ok(hip::hipGraphDestroy(g), "graph destroy");
-                    for v in [5u8, 6, 7] {
-                        src.fill(v);
-                        ok(hip::hipGraphLaunch(x, r.s), "launch");
-                        ok(hip::hipStreamSynchronize(r.s), "sync");
-                        assert_eq!(dst, vec![v; 4096], "launch replays the copies");
-                    }
-                    ok(hip::hipGraphExecDestroy(x), "exec destroy");
-                    ok(hip::hipFreeAsync(d, r.s), "free");
-                    ok(hip::hipStreamSynchronize(r.s), "sync");
-                    ok(hip::hipStreamDestroy(r.s), "destroy");
-                }
-                "standin_sync_invalidates" => {
-                    let r = raw();
-                    for conflicting in [0, 1] {
-                        begin(r.s, RELAXED);
-                        let got = if conflicting == 0 {
-                            hip::hipStreamSynchronize(r.s)
-                        } else {
-                            hip::hipStreamQuery(r.s)
-                        };
-                        assert_eq!(got, UNSUPPORTED);
-                        assert_eq!(status(r.s).0, STATUS_INVALIDATED);
-                        let (e, g) = end(r.s);
-                        assert_eq!(e, INVALIDATED);
-                        assert!(g.is_null());
-                        assert_eq!(status(r.s).0, NONE);
-                    }
-                    assert_eq!(stats()[1], 2);
-                    ok(hip::hipStreamDestroy(r.s), "destroy");
-                }
-                "standin_modes" => {
-                    let r = raw();
-                    // Global: another thread's hipMemCreate is prohibited and
-                    // invalidates the capture.
-                    begin(r.s, GLOBAL);
-                    let (c, _) = on_other_thread(&r, |_| Send(create_handle())).0;
-                    assert_eq!(c, UNSUPPORTED, "Global, other thread");
-                    let (e, _) = end(r.s);
-                    assert_eq!(e, INVALIDATED);
-                    // ThreadLocal: another thread's is allowed, this
-                    // thread's is not.
-                    begin(r.s, LOCAL);
-                    let (c, h) = on_other_thread(&r, |_| Send(create_handle())).0;
-                    ok(c, "ThreadLocal, other thread");
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    ok(hip::hipGraphDestroy(g), "graph destroy");
-                    ok(hip::hipMemRelease(h), "release");
-                    begin(r.s, LOCAL);
-                    assert_eq!(create_handle().0, UNSUPPORTED, "ThreadLocal, own thread");
-                    assert_eq!(end(r.s).0, INVALIDATED);
-                    // Relaxed: allowed on the capturing thread, and the
-                    // capture may end on another thread.
-                    begin(r.s, RELAXED);
-                    let (c, h) = create_handle();
-                    ok(c, "Relaxed, own thread");
-                    let g = on_other_thread(&r, |s| {
-                        let (e, g) = end(s);
-                        ok(e, "Relaxed ends on another thread");
-                        Send(g)
-                    });
-                    ok(hip::hipGraphDestroy(g.0), "graph destroy");
-                    ok(hip::hipMemRelease(h), "release");
-                    // Global ends only on its own thread.
-                    begin(r.s, GLOBAL);
-                    let e = on_other_thread(&r, |s| end(s).0);
-                    assert_eq!(e, hip::hipErrorStreamCaptureWrongThread);
-                    let (e, g) = end(r.s);
-                    ok(e, "end on the capturing thread");
-                    ok(hip::hipGraphDestroy(g), "graph destroy");
-                    // Runtime allocations made while a capture was under
-                    // way: the prohibited and the allowed ones.
-                    assert_eq!(stats()[2], 4);
-                    ok(hip::hipStreamDestroy(r.s), "destroy");
-                }
-                "standin_page_locked" => {
-                    // hipStreamCaptureModeGlobal, as CUDA's global mode:
-                    // potentially unsafe API calls (page-locked allocation
-                    // and free among them) are prohibited on every thread
-                    // while a global capture is under way; the call fails
-                    // and the capture is invalidated.
-                    let r = raw();
-                    let before = common::capture_stats();
-                    let mut kept: *mut c_void = std::ptr::null_mut();
-                    ok(
-                        hip::hipHostMalloc(&mut kept, 4096, hip::hipHostMallocDefault),
-                        "host alloc",
-                    );
-                    let kept = Send(kept);
-                    begin(r.s, GLOBAL);
-                    let c = on_other_thread(&r, |_| {
-                        let mut p: *mut c_void = std::ptr::null_mut();
-                        hip::hipHostMalloc(&mut p, 4096, hip::hipHostMallocDefault)
-                    });
-                    assert_eq!(c, UNSUPPORTED, "hipHostMalloc, Global, other thread");
-                    let (e, g) = end(r.s);
-                    assert_eq!(e, INVALIDATED);
-                    assert!(g.is_null());
-                    begin(r.s, GLOBAL);
-                    let c = on_other_thread(&r, move |_| {
-                        let kept = kept;
-                        hip::hipHostFree(kept.0)
-                    });
-                    assert_eq!(c, UNSUPPORTED, "hipHostFree, Global, other thread");
-                    assert_eq!(end(r.s).0, INVALIDATED);
-                    // ThreadLocal: another thread's are allowed.
-                    begin(r.s, LOCAL);
-                    let c = on_other_thread(&r, move |_| {
-                        let kept = kept;
-                        hip::hipHostFree(kept.0)
-                    });
-                    ok(c, "hipHostFree, ThreadLocal, other thread");
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    ok(hip::hipGraphDestroy(g), "graph destroy");
-                    assert_eq!(
-                        common::capture_stats()[1] - before[1],
-                        2,
-                        "two captures invalidated"
-                    );
-                    ok(hip::hipStreamDestroy(r.s), "destroy");
-                }
-                "standin_destroy_capturing" => {
-                    let r = raw();
-                    begin(r.s, GLOBAL);
-                    // Planted: destroyed before hipStreamEndCapture.
-                    let _ = hip::hipStreamDestroy(r.s);
-                }
-                "standin_launch_freed" => {
-                    let r = raw();
-                    let d = alloc(&r, 4096);
-                    let src = vec![1u8; 4096];
-                    begin(r.s, GLOBAL);
-                    ok(
-                        hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, 4096, r.s),
-                        "h2d",
-                    );
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    let x = instantiate(g);
-                    ok(hip::hipFreeAsync(d, r.s), "free");
-                    ok(hip::hipStreamSynchronize(r.s), "sync");
-                    // Planted: the graph's copy targets freed memory.
-                    let _ = hip::hipGraphLaunch(x, r.s);
-                }
-                "standin_launch_unmapped" => {
-                    let r = raw();
-                    let mut base = std::ptr::null_mut();
-                    ok(
-                        hip::hipMemAddressReserve(&mut base, G, 0, std::ptr::null_mut(), 0),
-                        "reserve",
-                    );
-                    let (c, h) = create_handle();
-                    ok(c, "create");
-                    ok(hip::hipMemMap(base, G, 0, h, 0), "map");
-                    let desc = hip::hipMemAccessDesc {
-                        location: hip::hipMemLocation {
-                            type_: hip::hipMemLocationTypeDevice,
-                            id: 0,
-                        },
-                        flags: hip::hipMemAccessFlagsProtReadWrite,
-                    };
-                    ok(hip::hipMemSetAccess(base, G, &desc, 1), "access");
-                    let src = vec![1u8; 4096];
-                    begin(r.s, GLOBAL);
-                    ok(
-                        hip::hipMemcpyHtoDAsync(base, src.as_ptr() as *mut c_void, 4096, r.s),
-                        "h2d",
-                    );
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    let x = instantiate(g);
-                    ok(hip::hipMemUnmap(base, G), "unmap");
-                    ok(hip::hipMemRelease(h), "release");
-                    // Planted: the graph's copy targets unmapped memory.
-                    let _ = hip::hipGraphLaunch(x, r.s);
-                }
                 "standin_graph_leftovers" => {
                     let r = raw();
                     begin(r.s, GLOBAL);
                     let (e, g) = end(r.s);
                     ok(e, "end");
                     let _x = instantiate(g);
-                    ok(hip::hipStreamDestroy(r.s), "destroy");
+                    ok(stream_destroy(r.s), "destroy");
                     // The graph and its executable graph are left on purpose.
                 }
                 other => panic!("unknown case {other}"),
