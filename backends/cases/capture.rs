@@ -384,10 +384,10 @@ fn own_thread_map() {
 }
 
 /// A second context's page-locked allocation, and the free thread's
-/// page-locked free (`cuMemFreeHost`, `hipHostFree`) of its release, on other threads while a global-mode
-/// capture is under way: both wait at the gate until the capture ends
-/// (the driver forbids them during the capture and would invalidate
-/// it), then complete.
+/// page-locked free (`cuMemFreeHost`, `hipHostFree`) of its release, on
+/// other threads while a global-mode capture is under way: both wait at
+/// the gate until the capture ends (the driver forbids them during the
+/// capture and would invalidate it), then complete.
 fn page_locked_waits() {
     use memgov::Tier;
     let ctx = arena_context(64 * MIB);

@@ -210,82 +210,28 @@ mod vendor {
             .expect("thread")
         }
 
-        // The calls below are the driver's, unchanged: the caller passes
-        // what the driver needs (live handles; `src` and `dst` alive until
-        // the stream ran the copy), or plants a violation on purpose.
+        include!("../../cases/forward.rs");
 
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn htod(d: u64, src: &[u8], s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), src.len(), s) }
+        forward! {
+            htod(d: u64, src: &[u8], s: RawStream) =>
+                sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), src.len(), s);
+            dtoh(dst: &mut [u8], d: u64, s: RawStream) =>
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), d, dst.len(), s);
+            graph_destroy(g: sys::CUgraph) => sys::cuGraphDestroy(g);
+            exec_destroy(x: sys::CUgraphExec) => sys::cuGraphExecDestroy(x);
+            launch(x: sys::CUgraphExec, s: RawStream) => sys::cuGraphLaunch(x, s);
+            sync(s: RawStream) => sys::cuStreamSynchronize(s);
+            query(s: RawStream) => sys::cuStreamQuery(s);
+            free_async(d: u64, s: RawStream) => sys::cuMemFreeAsync(d, s);
+            stream_destroy(s: RawStream) => sys::cuStreamDestroy_v2(s);
+            host_alloc(p: &mut *mut c_void, bytes: usize) => sys::cuMemHostAlloc(p, bytes, 0);
+            host_free(p: *mut c_void) => sys::cuMemFreeHost(p);
+            mem_release(h: sys::CUmemGenericAllocationHandle) => sys::cuMemRelease(h);
+            map(base: u64, size: usize, h: sys::CUmemGenericAllocationHandle) =>
+                sys::cuMemMap(base, size, 0, h, 0);
+            unmap(base: u64, size: usize) => sys::cuMemUnmap(base, size);
         }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn dtoh(dst: &mut [u8], d: u64, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), d, dst.len(), s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn graph_destroy(g: sys::CUgraph) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuGraphDestroy(g) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn exec_destroy(x: sys::CUgraphExec) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuGraphExecDestroy(x) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn launch(x: sys::CUgraphExec, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuGraphLaunch(x, s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn sync(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuStreamSynchronize(s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn query(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuStreamQuery(s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn free_async(d: u64, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemFreeAsync(d, s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn stream_destroy(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuStreamDestroy_v2(s) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn host_alloc(p: &mut *mut c_void, bytes: usize) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemHostAlloc(p, bytes, 0) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn host_free(p: *mut c_void) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemFreeHost(p) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn mem_release(h: sys::CUmemGenericAllocationHandle) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemRelease(h) }
-        }
+
         /// An address range of `size` bytes reserved.
         pub fn reserve(size: usize) -> u64 {
             let mut base = 0;
@@ -296,14 +242,12 @@ mod vendor {
             );
             base
         }
+
+        /// Read-write access to `size` bytes at `base` for device 0.
+        ///
         /// # Safety
-        /// The driver's.
-        pub unsafe fn map(base: u64, size: usize, h: sys::CUmemGenericAllocationHandle) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemMap(base, size, 0, h, 0) }
-        }
-        /// # Safety
-        /// The driver's.
+        ///
+        /// The driver's: a mapped range.
         pub unsafe fn set_access(base: u64, size: usize) -> Code {
             let desc = sys::CUmemAccessDesc {
                 location: sys::CUmemLocation {
@@ -314,12 +258,6 @@ mod vendor {
             };
             // SAFETY: the caller's; one valid descriptor.
             unsafe { sys::cuMemSetAccess(base, size, &desc, 1) }
-        }
-        /// # Safety
-        /// The driver's.
-        pub unsafe fn unmap(base: u64, size: usize) -> Code {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemUnmap(base, size) }
         }
     }
 }

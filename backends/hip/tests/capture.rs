@@ -191,82 +191,29 @@ mod vendor {
             .expect("thread")
         }
 
-        // The calls below are the runtime's, unchanged: the caller passes
-        // what the runtime needs (live handles; `src` and `dst` alive until
-        // the stream ran the copy), or plants a violation on purpose.
+        include!("../../cases/forward.rs");
 
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn htod(d: *mut c_void, src: &[u8], s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, src.len(), s) }
+        forward! {
+            htod(d: *mut c_void, src: &[u8], s: RawStream) =>
+                hip::hipMemcpyHtoDAsync(d, src.as_ptr() as *mut c_void, src.len(), s);
+            dtoh(dst: &mut [u8], d: *mut c_void, s: RawStream) =>
+                hip::hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), d, dst.len(), s);
+            graph_destroy(g: hip::hipGraph_t) => hip::hipGraphDestroy(g);
+            exec_destroy(x: hip::hipGraphExec_t) => hip::hipGraphExecDestroy(x);
+            launch(x: hip::hipGraphExec_t, s: RawStream) => hip::hipGraphLaunch(x, s);
+            sync(s: RawStream) => hip::hipStreamSynchronize(s);
+            query(s: RawStream) => hip::hipStreamQuery(s);
+            free_async(d: *mut c_void, s: RawStream) => hip::hipFreeAsync(d, s);
+            stream_destroy(s: RawStream) => hip::hipStreamDestroy(s);
+            host_alloc(p: &mut *mut c_void, bytes: usize) =>
+                hip::hipHostMalloc(p, bytes, hip::hipHostMallocDefault);
+            host_free(p: *mut c_void) => hip::hipHostFree(p);
+            mem_release(h: hip::hipMemGenericAllocationHandle_t) => hip::hipMemRelease(h);
+            map(base: *mut c_void, size: usize, h: hip::hipMemGenericAllocationHandle_t) =>
+                hip::hipMemMap(base, size, 0, h, 0);
+            unmap(base: *mut c_void, size: usize) => hip::hipMemUnmap(base, size);
         }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn dtoh(dst: &mut [u8], d: *mut c_void, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), d, dst.len(), s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn graph_destroy(g: hip::hipGraph_t) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipGraphDestroy(g) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn exec_destroy(x: hip::hipGraphExec_t) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipGraphExecDestroy(x) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn launch(x: hip::hipGraphExec_t, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipGraphLaunch(x, s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn sync(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipStreamSynchronize(s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn query(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipStreamQuery(s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn free_async(d: *mut c_void, s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipFreeAsync(d, s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn stream_destroy(s: RawStream) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipStreamDestroy(s) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn host_alloc(p: &mut *mut c_void, bytes: usize) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipHostMalloc(p, bytes, hip::hipHostMallocDefault) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn host_free(p: *mut c_void) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipHostFree(p) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn mem_release(h: hip::hipMemGenericAllocationHandle_t) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipMemRelease(h) }
-        }
+
         /// An address range of `size` bytes reserved.
         pub fn reserve(size: usize) -> *mut c_void {
             let mut base = std::ptr::null_mut();
@@ -277,18 +224,12 @@ mod vendor {
             );
             base
         }
+
+        /// Read-write access to `size` bytes at `base` for device 0.
+        ///
         /// # Safety
-        /// The runtime's.
-        pub unsafe fn map(
-            base: *mut c_void,
-            size: usize,
-            h: hip::hipMemGenericAllocationHandle_t,
-        ) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipMemMap(base, size, 0, h, 0) }
-        }
-        /// # Safety
-        /// The runtime's.
+        ///
+        /// The runtime's: a mapped range.
         pub unsafe fn set_access(base: *mut c_void, size: usize) -> Code {
             let desc = hip::hipMemAccessDesc {
                 location: hip::hipMemLocation {
@@ -299,12 +240,6 @@ mod vendor {
             };
             // SAFETY: the caller's; one valid descriptor.
             unsafe { hip::hipMemSetAccess(base, size, &desc, 1) }
-        }
-        /// # Safety
-        /// The runtime's.
-        pub unsafe fn unmap(base: *mut c_void, size: usize) -> Code {
-            // SAFETY: the caller's.
-            unsafe { hip::hipMemUnmap(base, size) }
         }
     }
 }
