@@ -7,9 +7,8 @@
 //! Every case runs in a child process (the test binary re-executed with
 //! the vendor's child variable set): the stand-in reads its knobs once per
 //! process and aborts the process on a violation. Without the stand-in
-//! every test prints `skipped: ...` and passes. The raw stand-in cases
-//! (`refused_codes`, `no_access`, ...) are the vendor's: their tests are
-//! here, their bodies in the vendor's file.
+//! every test prints `skipped: ...` and passes. The stand-in cases call
+//! the driver raw, through the vendor's `raw` module.
 //!
 //! `MEMGOV_ARENA_SLEEP_MIB` sets the size of the sleep/wake set (default
 //! 16, for CI time; the full check is 1024) and `MEMGOV_ARENA_SLEEP_CYCLES`
@@ -294,7 +293,7 @@ pub(crate) fn run(case: &str) -> bool {
         "map_undo_fails" => map_undo_fails(),
         "cross_stream_release" => cross_stream_release(),
         "forced_teardown" => forced_teardown(),
-        _ => return false,
+        other => return standin::run(other),
     }
     true
 }
@@ -806,4 +805,79 @@ pub(crate) fn forced_teardown() {
     );
     assert_eq!(probe.live_allocations(), 0);
     assert_eq!(vmm(), [0; 6], "nothing of the arena left in the driver");
+}
+
+/// The stand-in's virtual memory rules, driven by raw driver calls (the
+/// vendor's `raw` module): each case plants a violation the stand-in must
+/// abort on, or checks what it must let through.
+mod standin {
+    use crate::vendor::raw::{
+        access, address_free, copy_in, create, map, mapped, mem_release, ok, raw, raw_finish, sync,
+        unmap, G,
+    };
+
+    /// In the child: runs the raw case `case`; false when it is not one of
+    /// these.
+    pub(super) fn run(case: &str) -> bool {
+        // SAFETY: raw driver calls on the stand-in, each valid or the
+        // violation the case plants on purpose; the stand-in aborts before
+        // anything undefined happens.
+        unsafe {
+            match case {
+                "no_access" => {
+                    let r = raw();
+                    mapped(&r);
+                    let _ = copy_in(&r, r.base, &[1u8; 64]);
+                }
+                "unmapped_copy" => {
+                    let r = raw();
+                    let _ = copy_in(&r, r.base + G as u64, &[1u8; 64]);
+                }
+                "unmap_under_work" | "unmap_after_sync" => {
+                    let r = raw();
+                    let h = mapped(&r);
+                    access(r.base, G);
+                    let src = vec![1u8; 4096];
+                    ok(copy_in(&r, r.base, &src), "copy");
+                    if case == "unmap_after_sync" {
+                        ok(sync(&r), "sync");
+                    }
+                    ok(unmap(r.base, G), "unmap");
+                    ok(mem_release(h), "release");
+                    ok(address_free(r.base, 4 * G), "address free");
+                    raw_finish(r);
+                }
+                "free_mapped_range" => {
+                    let r = raw();
+                    mapped(&r);
+                    let _ = address_free(r.base, 4 * G);
+                }
+                "double_release" => {
+                    let r = raw();
+                    let h = mapped(&r);
+                    access(r.base, G);
+                    // Released while mapped: legal, the memory stays.
+                    ok(mem_release(h), "release while mapped");
+                    let src = [9u8; 64];
+                    ok(copy_in(&r, r.base, &src), "copy");
+                    ok(sync(&r), "sync");
+                    let _ = mem_release(h);
+                }
+                "map_released" => {
+                    let r = raw();
+                    let (c, h) = create(G);
+                    ok(c, "create");
+                    ok(mem_release(h), "release");
+                    let _ = map(r.base, h);
+                }
+                "leftovers" => {
+                    let r = raw();
+                    raw_finish(r);
+                    // The reservation is left on purpose.
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
 }

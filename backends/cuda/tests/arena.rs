@@ -50,6 +50,9 @@ mod vendor {
     /// Whether `destroy_stream` returns only once the stream's queued work
     /// ran and its signals fired (the trait allows either).
     pub const DESTROY_STREAM_FINISHES_ITS_WORK: bool = false;
+    /// The raw driver calls the stand-in's virtual memory cases make.
+    pub(crate) use crate::own as raw;
+
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 100;
 
@@ -161,11 +164,12 @@ mod own {
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
-    const G: usize = 2 << 20;
+    /// A granule.
+    pub(crate) const G: usize = 2 << 20;
 
     // ---- raw driver calls for the planted cases -----------------------
 
-    fn ok(r: CUresult, what: &str) {
+    pub(crate) fn ok(r: CUresult, what: &str) {
         assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
     }
 
@@ -178,15 +182,15 @@ mod own {
         p
     }
 
-    struct Raw {
+    pub(crate) struct Raw {
         ctx: CudaContext,
         s: sys::CUstream,
-        base: u64,
+        pub(crate) base: u64,
     }
 
     /// A context current on this thread, a raw stream and a 4-granule
     /// reservation.
-    fn raw() -> Raw {
+    pub(crate) fn raw() -> Raw {
         let ctx = CudaContext::new(CudaConfig::default()).expect("context");
         let mut s = std::ptr::null_mut();
         let mut base = 0;
@@ -202,14 +206,14 @@ mod own {
         Raw { ctx, s, base }
     }
 
-    fn create(size: usize) -> (CUresult, sys::CUmemGenericAllocationHandle) {
+    pub(crate) fn create(size: usize) -> (CUresult, sys::CUmemGenericAllocationHandle) {
         let mut h = 0;
         // SAFETY: valid out pointer and properties.
         let r = unsafe { sys::cuMemCreate(&mut h, size, &prop(), 0) };
         (r, h)
     }
 
-    fn access(at: u64, size: usize) {
+    pub(crate) fn access(at: u64, size: usize) {
         let desc = sys::CUmemAccessDesc {
             location: prop().location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
@@ -221,12 +225,38 @@ mod own {
         );
     }
 
-    fn mapped(r: &Raw) -> sys::CUmemGenericAllocationHandle {
+    pub(crate) fn mapped(r: &Raw) -> sys::CUmemGenericAllocationHandle {
         let (c, h) = create(G);
         ok(c, "create");
         // SAFETY: the reservation's first granule, unmapped.
         ok(unsafe { sys::cuMemMap(r.base, G, 0, h, 0) }, "map");
         h
+    }
+
+    include!("../../cases/forward.rs");
+
+    pub(crate) type Code = CUresult;
+
+    forward! {
+        sync(r: &Raw) => sys::cuStreamSynchronize(r.s);
+        unmap(at: u64, size: usize) => sys::cuMemUnmap(at, size);
+        mem_release(h: sys::CUmemGenericAllocationHandle) => sys::cuMemRelease(h);
+        map(at: u64, h: sys::CUmemGenericAllocationHandle) => sys::cuMemMap(at, G, 0, h, 0);
+        address_free(at: u64, size: usize) => sys::cuMemAddressFree(at, size);
+        copy_in(r: &Raw, at: u64, src: &[u8]) =>
+            sys::cuMemcpyHtoDAsync_v2(at, src.as_ptr().cast(), src.len(), r.s);
+    }
+
+    /// The case's end: its stream synchronized and destroyed, the context
+    /// no longer current, then torn down.
+    pub(crate) fn raw_finish(r: Raw) {
+        // SAFETY: the case's own stream, synchronized before its destroy.
+        unsafe {
+            ok(sys::cuStreamSynchronize(r.s), "sync");
+            ok(sys::cuStreamDestroy_v2(r.s), "destroy");
+            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+        }
+        r.ctx.teardown(false).expect("teardown");
     }
 
     /// Read all of `m` and compare it with `want`.
@@ -414,43 +444,6 @@ mod own {
                     r.ctx.teardown(false).expect("teardown");
                     assert_eq!(vmm(), [0; 6]);
                 }
-                "no_access" => {
-                    let r = raw();
-                    mapped(&r);
-                    let src = [1u8; 64];
-                    let _ = sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 64, r.s);
-                }
-                "unmapped_copy" => {
-                    let r = raw();
-                    let src = [1u8; 64];
-                    let _ =
-                        sys::cuMemcpyHtoDAsync_v2(r.base + G as u64, src.as_ptr().cast(), 64, r.s);
-                }
-                "unmap_under_work" | "unmap_after_sync" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    let src = vec![1u8; 4096];
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 4096, r.s),
-                        "copy",
-                    );
-                    if case == "unmap_after_sync" {
-                        ok(sys::cuStreamSynchronize(r.s), "sync");
-                    }
-                    ok(sys::cuMemUnmap(r.base, G), "unmap");
-                    ok(sys::cuMemRelease(h), "release");
-                    ok(sys::cuMemAddressFree(r.base, 4 * G), "address free");
-                    ok(sys::cuStreamSynchronize(r.s), "sync");
-                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
-                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-                    r.ctx.teardown(false).expect("teardown");
-                }
-                "free_mapped_range" => {
-                    let r = raw();
-                    mapped(&r);
-                    let _ = sys::cuMemAddressFree(r.base, 4 * G);
-                }
                 "sync_during_reap" => {
                     let r = raw();
                     let mut drained = std::ptr::null_mut();
@@ -488,34 +481,6 @@ mod own {
                     ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
                     r.ctx.teardown(false).expect("teardown");
                     println!("sync_during_reap: the synchronize waited on every queue it took");
-                }
-                "double_release" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    // Released while mapped: legal, the memory stays.
-                    ok(sys::cuMemRelease(h), "release while mapped");
-                    let src = [9u8; 64];
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(r.base, src.as_ptr().cast(), 64, r.s),
-                        "copy",
-                    );
-                    ok(sys::cuStreamSynchronize(r.s), "sync");
-                    let _ = sys::cuMemRelease(h);
-                }
-                "map_released" => {
-                    let r = raw();
-                    let (c, h) = create(G);
-                    ok(c, "create");
-                    ok(sys::cuMemRelease(h), "release");
-                    let _ = sys::cuMemMap(r.base, G, 0, h, 0);
-                }
-                "leftovers" => {
-                    let r = raw();
-                    ok(sys::cuStreamDestroy_v2(r.s), "destroy");
-                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-                    r.ctx.teardown(false).expect("teardown");
-                    // The reservation is left on purpose.
                 }
                 other => panic!("unknown case {other}"),
             }

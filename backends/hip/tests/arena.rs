@@ -55,6 +55,9 @@ mod vendor {
     /// Whether `destroy_stream` returns only once the stream's queued work
     /// ran and its signals fired (the trait allows either).
     pub const DESTROY_STREAM_FINISHES_ITS_WORK: bool = true;
+    /// The raw runtime calls the stand-in's virtual memory cases make.
+    pub(crate) use crate::own as raw;
+
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 20;
 
@@ -189,7 +192,8 @@ mod own {
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
-    const G: usize = 2 << 20;
+    /// A granule.
+    pub(crate) const G: usize = 2 << 20;
 
     fn current_device() -> i32 {
         let mut d = -1;
@@ -232,7 +236,7 @@ mod own {
 
     // ---- raw runtime calls for the planted cases ----------------------
 
-    fn ok(r: i32, what: &str) {
+    pub(crate) fn ok(r: i32, what: &str) {
         assert_eq!(r, hip::SUCCESS, "{what}");
     }
 
@@ -243,10 +247,10 @@ mod own {
         hip::allocation_prop(0, v)
     }
 
-    struct Raw {
+    pub(crate) struct Raw {
         ctx: HipContext,
         s: hip::hipStream_t,
-        base: u64,
+        pub(crate) base: u64,
     }
 
     fn va(a: u64) -> *mut c_void {
@@ -255,7 +259,7 @@ mod own {
 
     /// A context, a raw stream and a 4-granule reservation (device 0 is
     /// current on every thread by default).
-    fn raw() -> Raw {
+    pub(crate) fn raw() -> Raw {
         let ctx = HipContext::new(HipConfig::default()).expect("context");
         let mut s = std::ptr::null_mut();
         let mut base = std::ptr::null_mut();
@@ -277,7 +281,7 @@ mod own {
         }
     }
 
-    fn create(size: usize) -> (i32, hip::hipMemGenericAllocationHandle_t) {
+    pub(crate) fn create(size: usize) -> (i32, hip::hipMemGenericAllocationHandle_t) {
         let mut h = std::ptr::null_mut();
         let p = prop();
         // SAFETY: valid out pointer and properties.
@@ -285,7 +289,7 @@ mod own {
         (r, h)
     }
 
-    fn access(a: u64, size: usize) {
+    pub(crate) fn access(a: u64, size: usize) {
         let desc = hip::hipMemAccessDesc {
             location: prop().location(),
             flags: hip::hipMemAccessFlagsProtReadWrite,
@@ -297,7 +301,7 @@ mod own {
         );
     }
 
-    fn mapped(r: &Raw) -> hip::hipMemGenericAllocationHandle_t {
+    pub(crate) fn mapped(r: &Raw) -> hip::hipMemGenericAllocationHandle_t {
         let (c, h) = create(G);
         ok(c, "create");
         // SAFETY: the reservation's first granule, unmapped.
@@ -305,14 +309,23 @@ mod own {
         h
     }
 
-    fn copy_in(r: &Raw, a: u64, src: &[u8]) -> i32 {
-        // SAFETY: the planted cases' copies: the stand-in checks the
-        // destination (and aborts where the case plants a violation);
-        // `src` outlives the copy (synchronized, or the process aborts).
-        unsafe { hip::hipMemcpyHtoDAsync(va(a), src.as_ptr() as *mut c_void, src.len(), r.s) }
+    include!("../../cases/forward.rs");
+
+    pub(crate) type Code = i32;
+
+    // The planted cases' copies: the stand-in checks the destination (and
+    // aborts where the case plants a violation).
+    forward! {
+        sync(r: &Raw) => hip::hipStreamSynchronize(r.s);
+        unmap(a: u64, size: usize) => hip::hipMemUnmap(va(a), size);
+        mem_release(h: hip::hipMemGenericAllocationHandle_t) => hip::hipMemRelease(h);
+        map(a: u64, h: hip::hipMemGenericAllocationHandle_t) => hip::hipMemMap(va(a), G, 0, h, 0);
+        address_free(a: u64, size: usize) => hip::hipMemAddressFree(va(a), size);
+        copy_in(r: &Raw, a: u64, src: &[u8]) =>
+            hip::hipMemcpyHtoDAsync(va(a), src.as_ptr() as *mut c_void, src.len(), r.s);
     }
 
-    fn raw_finish(r: Raw) {
+    pub(crate) fn raw_finish(r: Raw) {
         // SAFETY: the case's own stream, synchronized before its destroy.
         unsafe {
             ok(hip::hipStreamSynchronize(r.s), "sync");
@@ -415,57 +428,6 @@ mod own {
                     ok(hip::hipMemAddressFree(va(r.base), 4 * G), "address free");
                     raw_finish(r);
                     assert_eq!(vmm(), [0; 6]);
-                }
-                "no_access" => {
-                    let r = raw();
-                    mapped(&r);
-                    let _ = copy_in(&r, r.base, &[1u8; 64]);
-                }
-                "unmapped_copy" => {
-                    let r = raw();
-                    let _ = copy_in(&r, r.base + G as u64, &[1u8; 64]);
-                }
-                "unmap_under_work" | "unmap_after_sync" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    let src = vec![1u8; 4096];
-                    ok(copy_in(&r, r.base, &src), "copy");
-                    if case == "unmap_after_sync" {
-                        ok(hip::hipStreamSynchronize(r.s), "sync");
-                    }
-                    ok(hip::hipMemUnmap(va(r.base), G), "unmap");
-                    ok(hip::hipMemRelease(h), "release");
-                    ok(hip::hipMemAddressFree(va(r.base), 4 * G), "address free");
-                    raw_finish(r);
-                }
-                "free_mapped_range" => {
-                    let r = raw();
-                    mapped(&r);
-                    let _ = hip::hipMemAddressFree(va(r.base), 4 * G);
-                }
-                "double_release" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    // Released while mapped: legal, the memory stays.
-                    ok(hip::hipMemRelease(h), "release while mapped");
-                    let src = [9u8; 64];
-                    ok(copy_in(&r, r.base, &src), "copy");
-                    ok(hip::hipStreamSynchronize(r.s), "sync");
-                    let _ = hip::hipMemRelease(h);
-                }
-                "map_released" => {
-                    let r = raw();
-                    let (c, h) = create(G);
-                    ok(c, "create");
-                    ok(hip::hipMemRelease(h), "release");
-                    let _ = hip::hipMemMap(va(r.base), G, 0, h, 0);
-                }
-                "leftovers" => {
-                    let r = raw();
-                    raw_finish(r);
-                    // The reservation is left on purpose.
                 }
                 other => panic!("unknown case {other}"),
             }
