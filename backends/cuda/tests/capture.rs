@@ -1,6 +1,9 @@
-//! Graph capture on the CUDA backend's arena (a pool reserved before
-//! capture, the process-wide gate, graphs pinning their pools), and the
-//! stand-in driver's stream capture rules, each with a planted violation.
+//! Graph capture on the CUDA backend's arena: the cases CUDA shares with
+//! HIP (`backends/cases/capture.rs`, instantiated here through the
+//! `vendor` module), and CUDA's own: the capability cases, graph capture on
+//! a governed context (`capture/governed.rs`), and the stand-in driver's
+//! stream capture rules called raw (`cudarc`'s `sys`), each with a planted
+//! violation.
 //!
 //! Every case runs in a child process (this binary re-executed with
 //! `MEMGOV_CAPTURE_CHILD` set): the stand-in reads its knobs once per
@@ -10,106 +13,262 @@
 //! `MEMGOV_CAPTURE_REPLAYS` sets how many times the captured graph is
 //! launched under churn (default 1000).
 
+#[path = "../../cases/capture.rs"]
+mod cases;
 mod common;
 #[path = "capture/governed.rs"]
 mod governed;
 
 use common::{EXIT_CHECK, LATENCY, SEED};
 
-use memgov::cuda::{CudaConfig, CudaContext};
-use memgov::BackendErrorKind;
-
 const CHILD: &str = "MEMGOV_CAPTURE_CHILD";
 
+/// What the shared cases (`backends/cases/capture.rs`) need of CUDA.
+mod vendor {
+    pub use crate::common::{
+        entry_paused, fail_entry, pause_entry, resume_entry, EXIT_CHECK, LATENCY, SEED,
+    };
+    pub use memgov::cuda::{
+        capture_gate, ArenaConfig, CaptureConfig, CaptureMode, CudaArena as Arena,
+        CudaConfig as Config, CudaContext as Context, CudaMemory as Memory, CudaStream as Stream,
+        PoolExhausted,
+    };
+
+    /// The backend name a typed refusal carries.
+    pub const BACKEND: &str = "cuda";
+    /// The call that makes the context current before a capture ends.
+    pub const MAKE_CURRENT_ENTRY: &str = "cuCtxPushCurrent_v2";
+    /// The enqueue of a write and of a graph launch.
+    pub const HTOD_ENTRY: &std::ffi::CStr = c"cuMemcpyHtoDAsync_v2";
+    pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = c"cuGraphLaunch";
+    /// The entry points whose fault cells the capture runs.
+    pub const BEGIN_CAPTURE_ENTRY: &str = "cuStreamBeginCapture_v2";
+    pub const END_CAPTURE_ENTRY: &str = "cuStreamEndCapture";
+    /// The stand-in's abort messages for the planted violations.
+    pub const DESTROY_CAPTURING_ABORT: &str = "in a capture sequence";
+    pub const LAUNCH_FREED_ABORT: &str =
+        "cuGraphLaunch of 4096 bytes at already freed device pointer";
+    /// The latency seeds the replay under churn runs with.
+    pub const CHURN_SEEDS: &[&str] = &["1", "2", "3"];
+
+    pub fn passes(case: &str, env: &[(&str, &str)]) {
+        crate::common::passes(crate::CHILD, case, env);
+    }
+
+    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+        crate::common::aborts(crate::CHILD, case, env, what);
+    }
+
+    pub fn fault_cells(entries: &[(&str, u32)]) {
+        crate::common::fault_cells(crate::CHILD, entries);
+    }
+
+    /// The stand-in's capture counters.
+    pub use crate::common::capture_stats as stats;
+
+    /// The raw driver calls the stand-in capture cases make.
+    pub mod raw {
+        use super::Context;
+        use cudarc::driver::sys::{self, CUresult};
+        use std::ffi::c_void;
+
+        pub type Code = CUresult;
+        pub type Status = sys::CUstreamCaptureStatus;
+        pub type RawStream = sys::CUstream;
+
+        /// A granule.
+        pub const G: usize = 2 << 20;
+        pub const GLOBAL: sys::CUstreamCaptureMode =
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        pub const LOCAL: sys::CUstreamCaptureMode =
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        pub const RELAXED: sys::CUstreamCaptureMode =
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        pub const UNSUPPORTED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        pub const INVALIDATED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        pub const WRONG_THREAD: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+        pub const NONE: Status = Status::CU_STREAM_CAPTURE_STATUS_NONE;
+        pub const ACTIVE: Status = Status::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        pub const STATUS_INVALIDATED: Status = Status::CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+
+        pub fn ok(r: Code, what: &str) {
+            assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+        }
+
+        pub struct Raw {
+            ctx: Context,
+            pub s: RawStream,
+        }
+
+        /// A context current on this thread and a raw stream.
+        pub fn raw() -> Raw {
+            let ctx = Context::new(Default::default()).expect("context");
+            let mut s = std::ptr::null_mut();
+            // SAFETY: raw calls on the stand-in with valid out pointers.
+            unsafe {
+                ok(sys::cuCtxSetCurrent(ctx.cu_context()), "current");
+                ok(sys::cuStreamCreate(&mut s, 1), "stream");
+            }
+            Raw { ctx, s }
+        }
+
+        pub fn alloc(r: &Raw, bytes: usize) -> u64 {
+            let mut p = 0;
+            // SAFETY: valid out pointer, live stream.
+            ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, r.s) }, "alloc");
+            p
+        }
+
+        pub fn begin(s: RawStream, mode: sys::CUstreamCaptureMode) {
+            // SAFETY: a live stream.
+            ok(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin");
+        }
+
+        pub fn end(s: RawStream) -> (Code, sys::CUgraph) {
+            let mut g = std::ptr::null_mut();
+            // SAFETY: a live stream, valid out pointer.
+            let r = unsafe { sys::cuStreamEndCapture(s, &mut g) };
+            (r, g)
+        }
+
+        /// The stream's capture status (`cuStreamIsCapturing`) and, while
+        /// it captures, the capture's id (`cuStreamGetCaptureInfo_v2`,
+        /// which must report the same status).
+        pub fn capture_info(s: RawStream) -> (Status, u64) {
+            let mut st = NONE;
+            // SAFETY: a live stream, valid out pointer.
+            ok(
+                unsafe { sys::cuStreamIsCapturing(s, &mut st) },
+                "is capturing",
+            );
+            if st != ACTIVE {
+                return (st, 0);
+            }
+            let (mut info, mut id) = (NONE, 0);
+            // SAFETY: a live stream, valid out pointers, the optional ones
+            // null.
+            ok(
+                unsafe {
+                    sys::cuStreamGetCaptureInfo_v2(
+                        s,
+                        &mut info,
+                        &mut id,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                },
+                "info",
+            );
+            assert_eq!(info, st, "both calls report the same status");
+            (st, id)
+        }
+
+        pub fn instantiate(g: sys::CUgraph) -> sys::CUgraphExec {
+            let mut e = std::ptr::null_mut();
+            // SAFETY: a graph from cuStreamEndCapture, valid out pointer.
+            ok(
+                unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g, 0) },
+                "instantiate",
+            );
+            e
+        }
+
+        /// A physical allocation of a granule on device 0.
+        pub fn create_handle() -> (Code, sys::CUmemGenericAllocationHandle) {
+            // SAFETY: plain C struct, all-zero valid.
+            let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+            p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            let mut h = 0;
+            // SAFETY: valid out pointer and properties.
+            let r = unsafe { sys::cuMemCreate(&mut h, G, &p, 0) };
+            (r, h)
+        }
+
+        /// A raw handle the closure of another thread may carry.
+        #[derive(Clone, Copy)]
+        struct Carry<T>(T);
+        // SAFETY: driver handles, used on the other thread only with the
+        // context made current there.
+        unsafe impl<T> Send for Carry<T> {}
+
+        /// `f` run on another thread, with the context current there.
+        pub fn on_other_thread<R: Send + 'static>(
+            r: &Raw,
+            f: impl FnOnce(RawStream) -> R + Send + 'static,
+        ) -> R {
+            let c = Carry(r.ctx.cu_context());
+            let s = Carry(r.s);
+            std::thread::spawn(move || {
+                let (c, s) = (c, s);
+                // SAFETY: a live context.
+                ok(unsafe { sys::cuCtxSetCurrent(c.0) }, "current");
+                f(s.0)
+            })
+            .join()
+            .expect("thread")
+        }
+
+        include!("../../cases/forward.rs");
+
+        forward! {
+            htod(d: u64, src: &[u8], s: RawStream) =>
+                sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), src.len(), s);
+            dtoh(dst: &mut [u8], d: u64, s: RawStream) =>
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), d, dst.len(), s);
+            graph_destroy(g: sys::CUgraph) => sys::cuGraphDestroy(g);
+            exec_destroy(x: sys::CUgraphExec) => sys::cuGraphExecDestroy(x);
+            launch(x: sys::CUgraphExec, s: RawStream) => sys::cuGraphLaunch(x, s);
+            sync(s: RawStream) => sys::cuStreamSynchronize(s);
+            query(s: RawStream) => sys::cuStreamQuery(s);
+            free_async(d: u64, s: RawStream) => sys::cuMemFreeAsync(d, s);
+            stream_destroy(s: RawStream) => sys::cuStreamDestroy_v2(s);
+            host_alloc(p: &mut *mut c_void, bytes: usize) => sys::cuMemHostAlloc(p, bytes, 0);
+            host_free(p: *mut c_void) => sys::cuMemFreeHost(p);
+            mem_release(h: sys::CUmemGenericAllocationHandle) => sys::cuMemRelease(h);
+            map(base: u64, size: usize, h: sys::CUmemGenericAllocationHandle) =>
+                sys::cuMemMap(base, size, 0, h, 0);
+            unmap(base: u64, size: usize) => sys::cuMemUnmap(base, size);
+        }
+
+        /// An address range of `size` bytes reserved.
+        pub fn reserve(size: usize) -> u64 {
+            let mut base = 0;
+            // SAFETY: valid out pointer.
+            ok(
+                unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) },
+                "reserve",
+            );
+            base
+        }
+
+        /// Read-write access to `size` bytes at `base` for device 0.
+        ///
+        /// # Safety
+        ///
+        /// The driver's: a mapped range.
+        pub unsafe fn set_access(base: u64, size: usize) -> Code {
+            let desc = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: 0,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: the caller's; one valid descriptor.
+            unsafe { sys::cuMemSetAccess(base, size, &desc, 1) }
+        }
+    }
+}
+
 fn passes(case: &str, env: &[(&str, &str)]) {
-    common::passes(CHILD, case, env);
-}
-
-fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    common::aborts(CHILD, case, env, what);
-}
-
-#[test]
-fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_releases() {
-    for seed in ["1", "2", "3"] {
-        passes(
-            "replay_under_churn",
-            &[(LATENCY, "200"), (SEED, seed), (EXIT_CHECK, "1")],
-        );
-    }
-}
-
-#[test]
-fn a_capture_pool_running_out_is_a_typed_refusal_and_the_capture_stays_valid() {
-    passes("pool_exhausted", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_map_on_the_capturing_thread_is_refused_not_invalidating() {
-    passes("own_thread_map", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn another_contexts_page_locked_allocation_and_free_wait_for_a_global_capture() {
-    passes("page_locked_waits", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn an_end_that_leaves_the_capture_live_keeps_the_gate_closed_until_teardown() {
-    passes("end_fails_live", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_capture_pool_too_large_to_round_is_a_typed_refusal() {
-    passes("huge_pool", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_graph_launch_while_its_arena_sleeps_is_refused() {
-    passes("launch_asleep", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_sleep_waits_for_a_copy_or_launch_between_its_awake_check_and_its_enqueue() {
-    passes("paused_enqueue_sleep", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn graph_launches_and_copies_racing_sleeps_never_touch_released_memory() {
-    for seed in ["1", "2", "3"] {
-        passes(
-            "launch_sleep_race",
-            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
-        );
-    }
-}
-
-#[test]
-fn a_trim_during_a_capture_is_deferred_to_its_end() {
-    passes("trim_deferred", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_sleep_during_a_capture_waits_for_its_end() {
-    passes("sleep_waits", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn teardown_destroys_live_graphs_after_their_launches_and_reports_them() {
-    passes("teardown_live_graph", &[(EXIT_CHECK, "1")]);
+    vendor::passes(case, env);
 }
 
 #[test]
 fn capability_capture_cases_pass_on_the_cuda_backend() {
     passes("capability_capture", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn fault_matrix_cells_begin_and_end_capture_at_each_position() {
-    common::fault_cells(
-        CHILD,
-        &[("cuStreamBeginCapture_v2", 2), ("cuStreamEndCapture", 2)],
-    );
 }
 
 #[test]
@@ -148,45 +307,6 @@ fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
     passes("governed_graph_memory", &[(EXIT_CHECK, "1")]);
 }
 
-#[test]
-fn stand_in_records_a_capture_and_replays_it() {
-    passes("standin_records", &[]);
-}
-
-#[test]
-fn stand_in_synchronizing_a_capturing_stream_invalidates_the_capture() {
-    passes("standin_sync_invalidates", &[]);
-}
-
-#[test]
-fn stand_in_prohibits_unsafe_calls_per_capture_mode() {
-    passes("standin_modes", &[]);
-}
-
-#[test]
-fn stand_in_page_locked_allocation_and_free_on_another_thread_invalidate_a_global_capture() {
-    passes("standin_page_locked", &[]);
-}
-
-#[test]
-fn negative_destroying_a_capturing_stream_aborts() {
-    aborts("standin_destroy_capturing", &[], "in a capture sequence");
-}
-
-#[test]
-fn negative_launch_of_a_graph_copying_into_freed_memory_aborts() {
-    aborts(
-        "standin_launch_freed",
-        &[],
-        "cuGraphLaunch of 4096 bytes at already freed device pointer",
-    );
-}
-
-#[test]
-fn negative_launch_of_a_graph_copying_into_unmapped_memory_aborts() {
-    aborts("standin_launch_unmapped", &[], "that is not mapped");
-}
-
 /// Entry point of the re-executed binary; does nothing in a normal run.
 #[test]
 #[ignore = "runs only as the child process of another test"]
@@ -194,1108 +314,33 @@ fn child_entry() {
     let Ok(case) = std::env::var(CHILD) else {
         return;
     };
-    cases::run(&case);
+    if !cases::run(&case) {
+        own::run(&case);
+    }
     println!("child {case}: ok");
 }
 
-mod cases {
-    use super::*;
-    use cudarc::driver::sys::{self, CUresult};
-    use memgov::cuda::{
-        ArenaConfig, CaptureConfig, CaptureMode, CudaArena, CudaMemory, CudaStream, PoolExhausted,
-    };
-    use memgov::{DeviceContext, RetireSignal};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-
-    pub(crate) const MIB: u64 = 1 << 20;
-    const G: usize = 2 << 20;
-
-    /// The stand-in's `memgov_standin_cuda_capture`: {captures begun,
-    /// invalidated, driver allocations made during a capture, launches}.
-    pub(crate) fn stats() -> [u64; 4] {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); the hook
-        // has the declared signature (`int (unsigned long long out[4])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(*mut u64) -> i32> =
-                lib.get(b"memgov_standin_cuda_capture").expect("hook");
-            let mut out = [u64::MAX; 4];
-            assert_eq!(query(out.as_mut_ptr()), 0);
-            out
-        }
-    }
-
-    pub(crate) fn arena_context(limit: u64) -> CudaContext {
-        CudaContext::new(CudaConfig {
-            arena: Some(ArenaConfig {
-                reserve_bytes: 1 << 30,
-                limit_bytes: limit,
-            }),
-            ..CudaConfig::default()
-        })
-        .expect("a context with an arena")
-    }
-
-    pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
-            .collect()
-    }
-
-    fn release(ctx: &CudaContext, s: &CudaStream, m: CudaMemory, retired: &Arc<AtomicU64>) {
-        let r = retired.clone();
-        ctx.free_async(
-            s,
-            m,
-            RetireSignal::from_fn(move |_| {
-                r.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
-        .map_err(|(_, _, e)| e)
-        .expect("release");
-    }
-
-    /// A capture with three buffers from its pool, uploads and downloads,
-    /// while another thread allocates, releases and trims the same arena;
-    /// then the graph replays while the churn goes on.
-    fn replay_under_churn() {
-        let replays: u64 = std::env::var("MEMGOV_CAPTURE_REPLAYS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1000);
-        let ctx = Arc::new(arena_context(256 * MIB));
-        let arena: CudaArena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let t = ctx.create_stream().expect("stream");
-        let stop = Arc::new(AtomicBool::new(false));
-        let started = Arc::new(AtomicU64::new(0));
-        let churn = {
-            let (ctx, arena, stop, started) =
-                (ctx.clone(), arena.clone(), stop.clone(), started.clone());
-            std::thread::spawn(move || {
-                let retired = Arc::new(AtomicU64::new(0));
-                let mut released = 0;
-                let mut i = 0u64;
-                while !stop.load(Ordering::SeqCst) {
-                    started.fetch_add(1, Ordering::SeqCst);
-                    // 3 granules and a bit: maps at least one granule each
-                    // time after the trim below.
-                    let m = ctx.allocate(&t, 6 * MIB + 4096).expect("churn allocate");
-                    ctx.write(&t, &m, 0, &pattern(i, 4096))
-                        .expect("churn write");
-                    release(&ctx, &t, m, &retired);
-                    released += 1;
-                    ctx.synchronize(&t).expect("churn sync");
-                    while retired.load(Ordering::SeqCst) < released {
-                        std::thread::yield_now();
-                    }
-                    arena.trim().expect("churn trim");
-                    i += 1;
-                }
-                t
-            })
-        };
-        while started.load(Ordering::SeqCst) < 3 {
-            std::thread::yield_now();
-        }
-        let before = stats();
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: 4 * MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin capture");
-        let at_begin = started.load(Ordering::SeqCst);
-        let a = cap.allocate(MIB).expect("a");
-        let b = cap.allocate(MIB + 100).expect("b");
-        let c = cap.allocate(4096).expect("c");
-        cap.upload(&a, 0, pattern(1, MIB as usize))
-            .expect("upload a");
-        cap.upload(&b, 100, pattern(2, MIB as usize))
-            .expect("upload b");
-        cap.upload(&c, 0, pattern(3, 4096)).expect("upload c");
-        let out_a = cap.download(&a, 0, MIB as usize).expect("download a");
-        let out_b = cap.download(&b, 100, MIB as usize).expect("download b");
-        let out_c = cap.download(&c, 0, 4096).expect("download c");
-        // Let the churn thread reach its next map during the capture: with
-        // the gate it waits for the end; without, the driver would refuse
-        // it and invalidate the capture.
-        // (A churn thread already held at the gate, by a trim that found no
-        // capture and then a map or unmap that found this one, starts no
-        // round until the end: that counts too.)
-        let gate = memgov::cuda::capture_gate();
-        while started.load(Ordering::SeqCst) < at_begin + 1 && gate.waiting() == 0 {
-            std::thread::yield_now();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        let during = stats();
-        let mut graph = cap.end().expect("end capture: not invalidated");
-        assert_eq!(during[1], before[1], "no capture invalidated");
-        assert_eq!(
-            during[2], before[2],
-            "no driver allocation while the capture was under way"
-        );
-        for n in 0..replays {
-            graph.launch(&s).expect("launch");
-            if n % 100 == 0 || n + 1 == replays {
-                assert_eq!(
-                    graph.read_output(out_a).expect("a"),
-                    pattern(1, MIB as usize)
-                );
-                assert_eq!(
-                    graph.read_output(out_b).expect("b"),
-                    pattern(2, MIB as usize)
-                );
-                assert_eq!(graph.read_output(out_c).expect("c"), pattern(3, 4096));
-            }
-        }
-        let after = stats();
-        assert_eq!(after[1], before[1], "no capture invalidated");
-        assert_eq!(after[3] - before[3], replays, "every launch ran");
-        stop.store(true, Ordering::SeqCst);
-        let t = churn.join().expect("churn thread");
-        let churned = started.load(Ordering::SeqCst);
-        graph.destroy().expect("destroy");
-        assert_eq!(
-            arena.snapshot().in_use,
-            0,
-            "the pool went back to the arena"
-        );
-        let ctx = Arc::into_inner(ctx).expect("sole owner");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.destroy_stream(t).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-        println!(
-            "{replays} replays, {churned} churn rounds (allocate, write, release, trim), \
-             0 invalidated, 0 driver allocations during the capture"
-        );
-    }
-
-    fn pool_exhausted() {
-        let ctx = arena_context(64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(768 << 10).expect("fits");
-        let refused = cap.allocate(512 << 10).expect_err("does not fit");
-        assert_eq!(
-            refused,
-            PoolExhausted {
-                backend: "cuda",
-                requested: 512 << 10,
-                free: 256 << 10,
-                pool: MIB
-            }
-        );
-        let e = memgov::BackendError::from(refused);
-        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
-        assert!(
-            e.message.contains("262144 B free of 1048576 B"),
-            "{}",
-            e.message
-        );
-        cap.upload(&a, 0, pattern(9, 4096))
-            .expect("still capturing");
-        let out = cap.download(&a, 0, 4096).expect("download");
-        let mut graph = cap.end().expect("the capture is still valid");
-        graph.launch(&s).expect("launch");
-        assert_eq!(graph.read_output(out).expect("read"), pattern(9, 4096));
-        graph.launch(&s).expect("launch");
-        // Dropped, not destroyed: the drop waits for the launch, then gives
-        // the pool back.
-        drop(graph);
-        assert_eq!(ctx.arena().expect("arena").snapshot().in_use, 0);
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    fn own_thread_map() {
-        let ctx = arena_context(64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let before = stats();
-        let cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        // Needs granules beyond the pool's: refused by the gate, not by
-        // the driver.
-        let e = ctx.allocate(&s, 8 * MIB).expect_err("refused");
-        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains("stream capture is under way"), "{e}");
-        // Synchronizing the stream being captured: refused, not invalidating.
-        let e = ctx.synchronize(&s).expect_err("refused");
-        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains("end the capture first"), "{e}");
-        // Destroying it: refused, the stream kept.
-        let e = ctx.destroy_stream(s).expect_err("refused");
-        assert!(e.message.contains("is being captured"), "{e}");
-        let s = ctx.create_stream().expect("the governed stream again");
-        let graph = cap.end().expect("not invalidated");
-        assert_eq!(stats()[1], before[1]);
-        graph.destroy().expect("destroy");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// A second context's page-locked allocation, and the free thread's
-    /// `cuMemFreeHost` of its release, on other threads while a global-mode
-    /// capture is under way: both wait at the gate until the capture ends
-    /// (the driver forbids them during the capture and would invalidate
-    /// it), then complete.
-    fn page_locked_waits() {
-        use memgov::Tier;
-        let ctx = arena_context(64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let other = Arc::new(CudaContext::new(CudaConfig::default()).expect("a second context"));
-        let os = Arc::new(other.create_stream().expect("stream"));
-        let kept = other
-            .allocate_in(&os, 4096, Tier::PinnedHost)
-            .expect("page-locked, before the capture");
-        let gate = memgov::cuda::capture_gate();
-        let before = stats();
-        let global = CaptureConfig {
-            pool_bytes: MIB,
-            mode: CaptureMode::Global,
-        };
-        // The allocation: held back until the capture ends.
-        let cap = ctx.begin_capture(&s, global.clone()).expect("begin");
-        let alloc = {
-            let (other, os) = (other.clone(), os.clone());
-            std::thread::spawn(move || other.allocate_in(&os, 4096, Tier::PinnedHost))
-        };
-        while gate.waiting() == 0 && !alloc.is_finished() {
-            std::thread::yield_now();
-        }
-        let graph = cap.end().expect("not invalidated by the other allocation");
-        let m = alloc
-            .join()
-            .expect("thread")
-            .expect("allocated after the end");
-        assert_eq!(m.tier(), Tier::PinnedHost);
-        graph.destroy().expect("destroy");
-        // The free: the free thread's cuMemFreeHost waits for the end.
-        let cap = ctx.begin_capture(&s, global).expect("begin");
-        let retired = Arc::new(AtomicU64::new(0));
-        {
-            let (other, os, retired) = (other.clone(), os.clone(), retired.clone());
-            std::thread::spawn(move || {
-                release(&other, &os, kept, &retired);
-                release(&other, &os, m, &retired);
-            })
-            .join()
-            .expect("thread");
-        }
-        while gate.waiting() == 0 && stats()[1] == before[1] && retired.load(Ordering::SeqCst) < 2 {
-            std::thread::yield_now();
-        }
-        let graph = cap.end().expect("not invalidated by the other free");
-        assert_eq!(stats()[1], before[1], "no capture invalidated");
-        other.synchronize(&os).expect("synchronize");
-        assert_eq!(retired.load(Ordering::SeqCst), 2, "both frees retired");
-        graph.destroy().expect("destroy");
-        let other = Arc::into_inner(other).expect("sole owner");
-        other
-            .destroy_stream(Arc::into_inner(os).expect("sole owner"))
-            .expect("destroy stream");
-        other.teardown(false).expect("teardown");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// An end (or a drop) whose context cannot be made current
-    /// (`cuCtxPushCurrent_v2` refused) never reaches `cuStreamEndCapture`:
-    /// the driver still captures, so the gate keeps another context's
-    /// page-locked allocation waiting (it would invalidate the global
-    /// capture). The context's teardown ends the capture and opens the
-    /// gate; the allocation then runs and nothing was invalidated.
-    fn end_fails_live() {
-        use memgov::Tier;
-        let gate = memgov::cuda::capture_gate();
-        for via_drop in [false, true] {
-            let ctx = arena_context(64 * MIB);
-            let s = ctx.create_stream().expect("stream");
-            let other =
-                Arc::new(CudaContext::new(CudaConfig::default()).expect("a second context"));
-            let os = Arc::new(other.create_stream().expect("stream"));
-            let before = stats();
-            let global = CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            };
-            let mut cap = ctx.begin_capture(&s, global).expect("begin");
-            let buf = cap.allocate(4096).expect("carve");
-            cap.upload(&buf, 0, vec![7; 4096]).expect("upload");
-            let alloc = {
-                let (other, os) = (other.clone(), os.clone());
-                std::thread::spawn(move || other.allocate_in(&os, 4096, Tier::PinnedHost))
-            };
-            while gate.waiting() == 0 {
-                assert!(!alloc.is_finished(), "the allocation waits for the capture");
-                std::thread::yield_now();
-            }
-            common::fail_entry(Some(("cuCtxPushCurrent_v2", 1)));
-            if via_drop {
-                drop(cap);
-            } else {
-                let e = cap
-                    .end()
-                    .expect_err("the context could not be made current");
-                assert!(e.message.contains("cuCtxPushCurrent_v2"), "{e}");
-            }
-            common::fail_entry(None);
-            assert!(
-                gate.capturing(),
-                "the driver still captures (drop: {via_drop}): the gate keeps it"
-            );
-            assert_eq!(gate.waiting(), 1, "the allocation still waits");
-            assert!(!alloc.is_finished(), "the allocation still waits");
-            assert_eq!(stats()[1], before[1], "nothing invalidated yet");
-            ctx.teardown(false).expect("teardown ends the capture");
-            assert!(!gate.capturing(), "teardown opened the gate");
-            let m = alloc
-                .join()
-                .expect("thread")
-                .expect("allocated after the capture ended");
-            assert_eq!(m.tier(), Tier::PinnedHost);
-            assert_eq!(stats()[1], before[1], "no capture invalidated");
-            let retired = Arc::new(AtomicU64::new(0));
-            release(&other, &os, m, &retired);
-            other.synchronize(&os).expect("synchronize");
-            assert_eq!(retired.load(Ordering::SeqCst), 1, "the free retired");
-            let other = Arc::into_inner(other).expect("sole owner");
-            other
-                .destroy_stream(Arc::into_inner(os).expect("sole owner"))
-                .expect("destroy stream");
-            other.teardown(false).expect("teardown");
-        }
-    }
-
-    /// Pool sizes near and at `u64::MAX`: refused before anything is taken
-    /// (those whose rounding passes 64 bits with a typed error naming the
-    /// largest that rounds, the others by the arena), never wrapped to a
-    /// small pool; the arena is untouched and a capture works after.
-    fn huge_pool() {
-        let ctx = arena_context(64 * MIB);
-        let arena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let max = u64::MAX / 256 * 256;
-        for pool_bytes in [u64::MAX, u64::MAX - 1, max + 1] {
-            let e = ctx
-                .begin_capture(
-                    &s,
-                    CaptureConfig {
-                        pool_bytes,
-                        mode: CaptureMode::Global,
-                    },
-                )
-                .expect_err("too large to round");
-            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-            assert!(e.message.contains(&format!("at most {max} B")), "{e}");
-        }
-        for pool_bytes in [max, 1 << 62] {
-            let e = ctx
-                .begin_capture(
-                    &s,
-                    CaptureConfig {
-                        pool_bytes,
-                        mode: CaptureMode::Global,
-                    },
-                )
-                .expect_err("larger than the arena");
-            assert_ne!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        }
-        let snap = arena.snapshot();
-        assert_eq!((snap.in_use, snap.mapped), (0, 0), "{snap:?}");
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("a pool that fits");
-        let a = cap.allocate(4096).expect("carved");
-        cap.upload(&a, 0, pattern(8, 4096)).expect("upload");
-        let graph = cap.end().expect("end");
-        graph.destroy().expect("destroy");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// A captured graph whose pool sleeps with the arena: its launch is
-    /// refused (the driver would run its copies on reserved memory that is
-    /// not mapped), and after the wake it launches with the contents kept.
-    fn launch_asleep() {
-        let ctx = arena_context(64 * MIB);
-        let arena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(4096).expect("a");
-        cap.upload(&a, 0, pattern(6, 4096)).expect("upload");
-        let out = cap.download(&a, 0, 4096).expect("download");
-        let mut graph = cap.end().expect("end");
-        graph.launch(&s).expect("launch");
-        arena.sleep(true).expect("sleep");
-        let e = graph.launch(&s).expect_err("refused while asleep");
-        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains("asleep"), "{e}");
-        arena.wake().expect("wake");
-        graph.launch(&s).expect("launch after the wake");
-        assert_eq!(graph.read_output(out).expect("read"), pattern(6, 4096));
-        graph.destroy().expect("destroy");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// The stand-in's pause hook (the tests' shared knob): the next call of
-    /// `entry` blocks at its entry until resumed.
-    fn pause_entry(entry: &std::ffi::CStr) {
-        crate::common::pause_entry(Some((entry.to_str().expect("an ASCII name"), 1)));
-    }
-
-    fn paused() -> bool {
-        crate::common::entry_paused()
-    }
-
-    fn resume() {
-        crate::common::resume_entry();
-        crate::common::pause_entry(None);
-    }
-
-    /// A write and a graph launch each held by the stand-in at the entry of
-    /// their enqueue (`cuMemcpyHtoDAsync_v2`, `cuGraphLaunch`), after their
-    /// awake check; a sleep asked for then waits for them (seen waiting),
-    /// so the work lands on mapped memory; the sleep then runs, and after
-    /// the wake every byte is back.
-    fn paused_enqueue_sleep() {
-        let ctx = Arc::new(arena_context(64 * MIB));
-        let arena = ctx.arena().expect("arena");
-        let s = Arc::new(ctx.create_stream().expect("stream"));
-        let m = Arc::new(ctx.allocate(&s, 4096).expect("buffer"));
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(4096).expect("a");
-        cap.upload(&a, 0, pattern(9, 4096)).expect("upload");
-        let out = cap.download(&a, 0, 4096).expect("download");
-        let graph = Arc::new(std::sync::Mutex::new(cap.end().expect("end")));
-        for entry in [c"cuMemcpyHtoDAsync_v2", c"cuGraphLaunch"] {
-            pause_entry(entry);
-            let work = {
-                let (ctx, s, m, graph) = (ctx.clone(), s.clone(), m.clone(), graph.clone());
-                let write = entry == c"cuMemcpyHtoDAsync_v2";
-                std::thread::spawn(move || {
-                    if write {
-                        ctx.write(&s, &m, 0, &pattern(10, 4096))
-                    } else {
-                        graph.lock().unwrap().launch(&s)
-                    }
-                })
-            };
-            while !paused() {
-                std::thread::yield_now();
-            }
-            let sleeper = {
-                let arena = arena.clone();
-                std::thread::spawn(move || arena.sleep(true))
-            };
-            // The sleep waits for the work held past its check (or, were
-            // it not excluded, would sleep under it).
-            while arena.sleeps_waiting() == 0 && arena.snapshot().asleep == 0 {
-                std::thread::yield_now();
-            }
-            assert_eq!(
-                arena.snapshot().asleep,
-                0,
-                "{entry:?}: slept under queued work"
-            );
-            resume();
-            work.join().expect("work").expect("the held work ran awake");
-            sleeper.join().expect("sleeper").expect("sleep");
-            arena.wake().expect("wake");
-        }
-        let mut back = vec![0u8; 4096];
-        ctx.read(&s, &m, 0, &mut back).expect("read");
-        assert_eq!(
-            back,
-            pattern(10, 4096),
-            "written before the sleep, back after the wake"
-        );
-        let mut graph = Arc::into_inner(graph).unwrap().into_inner().unwrap();
-        assert_eq!(graph.read_output(out).expect("output"), pattern(9, 4096));
-        graph.destroy().expect("destroy");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, Arc::into_inner(m).expect("sole owner"), &retired);
-        ctx.synchronize(&s).expect("synchronize");
-        let ctx = Arc::into_inner(ctx).expect("sole owner");
-        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
-            .expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// One thread launches a graph and writes and reads an arena buffer in
-    /// a loop; another puts the arena to sleep and wakes it. Each launch and
-    /// copy is either refused as asleep or runs on mapped memory (the
-    /// stand-in aborts on a copy to reserved memory that is not mapped);
-    /// what was written is read back at the same address.
-    fn launch_sleep_race() {
-        let ctx = Arc::new(arena_context(64 * MIB));
-        let arena = ctx.arena().expect("arena");
-        let s = Arc::new(ctx.create_stream().expect("stream"));
-        let m = ctx.allocate(&s, 4096).expect("buffer");
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(4096).expect("a");
-        cap.upload(&a, 0, pattern(7, 4096)).expect("upload");
-        let graph = cap.end().expect("end");
-        let cycles = 50u64;
-        let done = Arc::new(AtomicBool::new(false));
-        let rounds = Arc::new(AtomicU64::new(0));
-        let sleeper = {
-            let (arena, done, rounds) = (arena.clone(), done.clone(), rounds.clone());
-            std::thread::spawn(move || {
-                for _ in 0..cycles {
-                    // Each sleep begins during a round of the other thread.
-                    let r = rounds.load(Ordering::SeqCst);
-                    while rounds.load(Ordering::SeqCst) == r {
-                        std::thread::yield_now();
-                    }
-                    arena.sleep(true).expect("sleep");
-                    arena.wake().expect("wake");
-                }
-                done.store(true, Ordering::SeqCst);
-            })
-        };
-        let (mut ran, mut refused) = (0u64, 0u64);
-        let mut i = 0u64;
-        while !done.load(Ordering::SeqCst) {
-            i += 1;
-            let data = pattern(i, 4096);
-            let launched = graph.launch(&s);
-            let written = ctx.write(&s, &m, 0, &data);
-            let mut back = vec![0u8; 4096];
-            let read = written.as_ref().map(|_| ctx.read(&s, &m, 0, &mut back));
-            for r in [&launched, &written] {
-                match r {
-                    Ok(()) => ran += 1,
-                    Err(e) => {
-                        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-                        assert!(e.message.contains("asleep"), "{e}");
-                        refused += 1;
-                    }
-                }
-            }
-            if let Ok(Ok(())) = read {
-                assert_eq!(back, data, "read back at the same address");
-            }
-            rounds.fetch_add(1, Ordering::SeqCst);
-        }
-        sleeper.join().expect("sleeper");
-        ctx.synchronize(&s).expect("synchronize");
-        graph.destroy().expect("destroy");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        ctx.synchronize(&s).expect("synchronize");
-        let ctx = Arc::into_inner(ctx).expect("sole owner");
-        ctx.destroy_stream(Arc::into_inner(s).expect("sole owner"))
-            .expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-        println!("launch/sleep race: {ran} ran, {refused} refused as asleep, {cycles} sleeps");
-    }
-
-    fn trim_deferred() {
-        let ctx = arena_context(64 * MIB);
-        let arena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let retired = Arc::new(AtomicU64::new(0));
-        let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
-        release(&ctx, &s, m, &retired);
-        ctx.synchronize(&s).expect("synchronize");
-        assert_eq!(retired.load(Ordering::SeqCst), 1, "the release retired");
-        assert_eq!(arena.snapshot().cached, 8 * MIB);
-        let before = stats();
-        let cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        // The pool took one cached granule; the other three stay mapped:
-        // the trim is deferred, not run.
-        assert_eq!(arena.trim().expect("trim"), 0);
-        assert_eq!(
-            arena.snapshot().cached,
-            6 * MIB,
-            "nothing unmapped during the capture"
-        );
-        let graph = cap.end().expect("not invalidated");
-        assert_eq!(stats()[1], before[1]);
-        // The end of the capture ran the deferred trim.
-        let snap = arena.snapshot();
-        assert_eq!((snap.cached, snap.mapped), (0, 2 * MIB), "{snap:?}");
-        graph.destroy().expect("destroy");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    /// Another thread puts the arena to sleep while a capture is under way:
-    /// the sleep (which synchronizes every stream, the captured one too, and
-    /// unmaps) waits for the capture's end.
-    fn sleep_waits() {
-        let ctx = Arc::new(arena_context(64 * MIB));
-        let arena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let before = stats();
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::Global,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(4096).expect("a");
-        let sleeper = {
-            let arena = arena.clone();
-            std::thread::spawn(move || arena.sleep(true).expect("sleep"))
-        };
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        cap.upload(&a, 0, pattern(5, 4096)).expect("upload");
-        let out = cap.download(&a, 0, 4096).expect("download");
-        let mut graph = cap.end().expect("not invalidated");
-        let report = sleeper.join().expect("sleeper");
-        assert_eq!(stats()[1], before[1], "no capture invalidated");
-        assert!(arena.snapshot().asleep > 0, "{report:?}");
-        arena.wake().expect("wake");
-        graph.launch(&s).expect("launch");
-        assert_eq!(graph.read_output(out).expect("read"), pattern(5, 4096));
-        graph.destroy().expect("destroy");
-        let ctx = Arc::into_inner(ctx).expect("sole owner");
-        ctx.destroy_stream(s).expect("destroy stream");
-        ctx.teardown(false).expect("teardown");
-    }
-
-    fn teardown_live_graph() {
-        let ctx = arena_context(64 * MIB);
-        let arena = ctx.arena().expect("arena");
-        let s = ctx.create_stream().expect("stream");
-        let mut cap = ctx
-            .begin_capture(
-                &s,
-                CaptureConfig {
-                    pool_bytes: MIB,
-                    mode: CaptureMode::ThreadLocal,
-                },
-            )
-            .expect("begin");
-        let a = cap.allocate(4096).expect("a");
-        cap.upload(&a, 0, pattern(4, 4096)).expect("upload");
-        let graph = cap.end().expect("end");
-        for _ in 0..10 {
-            graph.launch(&s).expect("launch");
-        }
-        assert_eq!(arena.snapshot().in_use, MIB, "the graph pins its pool");
-        ctx.destroy_stream(s).expect("destroy stream");
-        let e = ctx.teardown(false).expect_err("a live graph is reported");
-        assert!(e.message.contains("1 executable graph(s)"), "{e}");
-        // Destroyed by teardown already: nothing left to do, no driver call.
-        graph.destroy().expect("destroy after teardown");
-    }
-
-    // ---- raw driver calls for the stand-in's rules ----------------------
-
-    fn ok(r: CUresult, what: &str) {
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
-    }
-
-    struct Raw {
-        _ctx: CudaContext,
-        s: sys::CUstream,
-    }
-
-    /// A context current on this thread and a raw stream.
-    fn raw() -> Raw {
-        let ctx = CudaContext::new(CudaConfig::default()).expect("context");
-        let mut s = std::ptr::null_mut();
-        // SAFETY: raw calls on the stand-in with valid out pointers.
-        unsafe {
-            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "current");
-            ok(sys::cuStreamCreate(&mut s, 1), "stream");
-        }
-        Raw { _ctx: ctx, s }
-    }
-
-    fn alloc(r: &Raw, bytes: usize) -> u64 {
-        let mut p = 0;
-        // SAFETY: valid out pointer, live stream.
-        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, r.s) }, "alloc");
-        p
-    }
-
-    fn begin(s: sys::CUstream, mode: sys::CUstreamCaptureMode) {
-        // SAFETY: a live stream.
-        ok(unsafe { sys::cuStreamBeginCapture_v2(s, mode) }, "begin");
-    }
-
-    fn end(s: sys::CUstream) -> (CUresult, sys::CUgraph) {
-        let mut g = std::ptr::null_mut();
-        // SAFETY: a live stream, valid out pointer.
-        let r = unsafe { sys::cuStreamEndCapture(s, &mut g) };
-        (r, g)
-    }
-
-    fn status(s: sys::CUstream) -> sys::CUstreamCaptureStatus {
-        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a live stream, valid out pointer.
-        ok(
-            unsafe { sys::cuStreamIsCapturing(s, &mut st) },
-            "is capturing",
-        );
-        st
-    }
-
-    fn instantiate(g: sys::CUgraph) -> sys::CUgraphExec {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: a graph from cuStreamEndCapture, valid out pointer.
-        ok(
-            unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g, 0) },
-            "instantiate",
-        );
-        e
-    }
-
-    fn create_handle() -> (CUresult, sys::CUmemGenericAllocationHandle) {
-        // SAFETY: plain C struct, all-zero valid.
-        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        let mut h = 0;
-        // SAFETY: valid out pointer and properties.
-        let r = unsafe { sys::cuMemCreate(&mut h, G, &p, 0) };
-        (r, h)
-    }
-
-    const GLOBAL: sys::CUstreamCaptureMode =
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-    const LOCAL: sys::CUstreamCaptureMode =
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    const RELAXED: sys::CUstreamCaptureMode =
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    const UNSUPPORTED: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-
-    /// A raw pointer the closure of another thread may carry.
-    #[derive(Clone, Copy)]
-    struct Send<T>(T);
-    // SAFETY: driver handles, used on the other thread only with the
-    // context made current there.
-    unsafe impl<T> std::marker::Send for Send<T> {}
-
-    fn on_other_thread<R: std::marker::Send + 'static>(
-        r: &Raw,
-        f: impl FnOnce(sys::CUstream) -> R + std::marker::Send + 'static,
-    ) -> R {
-        let c = Send(r._ctx.cu_context());
-        let s = Send(r.s);
-        std::thread::spawn(move || {
-            let (c, s) = (c, s);
-            // SAFETY: a live context.
-            ok(unsafe { sys::cuCtxSetCurrent(c.0) }, "current");
-            f(s.0)
-        })
-        .join()
-        .expect("thread")
-    }
+/// CUDA's own cases: the capability cases and the governed capture.
+mod own {
+    use crate::common;
+    use crate::vendor::stats;
 
     pub(super) fn run(case: &str) {
-        // SAFETY: raw driver calls on the stand-in, each valid or the
-        // violation the case plants on purpose; the stand-in aborts before
-        // anything undefined happens.
-        unsafe {
-            match case {
-                "replay_under_churn" => replay_under_churn(),
-                "pool_exhausted" => pool_exhausted(),
-                "own_thread_map" => own_thread_map(),
-                "teardown_live_graph" => teardown_live_graph(),
-                "trim_deferred" => trim_deferred(),
-                "launch_asleep" => launch_asleep(),
-                "launch_sleep_race" => launch_sleep_race(),
-                "paused_enqueue_sleep" => paused_enqueue_sleep(),
-                "huge_pool" => huge_pool(),
-                "page_locked_waits" => page_locked_waits(),
-                "end_fails_live" => end_fails_live(),
-                "sleep_waits" => sleep_waits(),
-                "capability_capture" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_capture_cases(
-                        common::capability_factory,
-                        || stats()[2],
-                    ),
+        match case {
+            "capability_capture" => memgov_conformance::capability::report_cases(
+                memgov_conformance::capability::run_capture_cases(
+                    common::capability_factory,
+                    || stats()[2],
                 ),
-                "fault_cells" => common::fault_cells_child(),
-                "governed_pool_charged" => crate::governed::pool_charged(),
-                "governed_pool_over_budget" => crate::governed::pool_over_budget(),
-                "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),
-                "governed_no_graph_memory" => crate::governed::no_graph_memory_nodes(),
-                "governed_graph_memory" => crate::governed::graph_memory_charged(),
-                "governed_churn" => crate::governed::governed_churn(),
-                "standin_records" => {
-                    let r = raw();
-                    let d = alloc(&r, 4096);
-                    let mut src = vec![1u8; 4096];
-                    let mut dst = vec![0u8; 4096];
-                    begin(r.s, GLOBAL);
-                    assert_eq!(
-                        status(r.s),
-                        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
-                    );
-                    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-                    let mut id = 0;
-                    ok(
-                        sys::cuStreamGetCaptureInfo_v2(
-                            r.s,
-                            &mut st,
-                            &mut id,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                        ),
-                        "info",
-                    );
-                    assert_ne!(id, 0, "a capture id");
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), 4096, r.s),
-                        "h2d",
-                    );
-                    ok(
-                        sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), d, 4096, r.s),
-                        "d2h",
-                    );
-                    // Recorded, not executed.
-                    assert_eq!(dst, vec![0u8; 4096]);
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    assert_eq!(
-                        status(r.s),
-                        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-                    );
-                    let x = instantiate(g);
-                    ok(sys::cuGraphDestroy(g), "graph destroy");
-                    for v in [5u8, 6, 7] {
-                        src.fill(v);
-                        ok(sys::cuGraphLaunch(x, r.s), "launch");
-                        ok(sys::cuStreamSynchronize(r.s), "sync");
-                        assert_eq!(dst, vec![v; 4096], "launch replays the copies");
-                    }
-                    ok(sys::cuGraphExecDestroy(x), "exec destroy");
-                    ok(sys::cuMemFreeAsync(d, r.s), "free");
-                    ok(sys::cuStreamSynchronize(r.s), "sync");
-                }
-                "standin_sync_invalidates" => {
-                    let r = raw();
-                    for conflicting in [0, 1] {
-                        begin(r.s, RELAXED);
-                        let got = if conflicting == 0 {
-                            sys::cuStreamSynchronize(r.s)
-                        } else {
-                            sys::cuStreamQuery(r.s)
-                        };
-                        assert_eq!(got, UNSUPPORTED);
-                        assert_eq!(
-                            status(r.s),
-                            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                        );
-                        let (e, g) = end(r.s);
-                        assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-                        assert!(g.is_null());
-                        assert_eq!(
-                            status(r.s),
-                            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-                        );
-                    }
-                    assert_eq!(stats()[1], 2);
-                }
-                "standin_modes" => {
-                    let r = raw();
-                    // GLOBAL: another thread's cuMemCreate is prohibited and
-                    // invalidates the capture.
-                    begin(r.s, GLOBAL);
-                    let (c, _) = on_other_thread(&r, |_| Send(create_handle()).0);
-                    assert_eq!(c, UNSUPPORTED, "GLOBAL, other thread");
-                    let (e, _) = end(r.s);
-                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-                    // THREAD_LOCAL: another thread's is allowed, this
-                    // thread's is not.
-                    begin(r.s, LOCAL);
-                    let (c, h) = on_other_thread(&r, |_| Send(create_handle()).0);
-                    ok(c, "THREAD_LOCAL, other thread");
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    ok(sys::cuGraphDestroy(g), "graph destroy");
-                    ok(sys::cuMemRelease(h), "release");
-                    begin(r.s, LOCAL);
-                    assert_eq!(create_handle().0, UNSUPPORTED, "THREAD_LOCAL, own thread");
-                    assert_eq!(end(r.s).0, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-                    // RELAXED: allowed on the capturing thread, and the
-                    // capture may end on another thread.
-                    begin(r.s, RELAXED);
-                    let (c, h) = create_handle();
-                    ok(c, "RELAXED, own thread");
-                    let g = on_other_thread(&r, |s| {
-                        let (e, g) = end(s);
-                        ok(e, "RELAXED ends on another thread");
-                        Send(g)
-                    });
-                    ok(sys::cuGraphDestroy(g.0), "graph destroy");
-                    ok(sys::cuMemRelease(h), "release");
-                    // GLOBAL ends only on its own thread.
-                    begin(r.s, GLOBAL);
-                    let e = on_other_thread(&r, |s| end(s).0);
-                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-                    let (e, g) = end(r.s);
-                    ok(e, "end on the capturing thread");
-                    ok(sys::cuGraphDestroy(g), "graph destroy");
-                    // Driver allocations made while a capture was under way:
-                    // the prohibited and the allowed ones.
-                    assert_eq!(stats()[2], 4);
-                }
-                "standin_page_locked" => {
-                    // CUDA's documentation of CU_STREAM_CAPTURE_MODE_GLOBAL:
-                    // potentially unsafe API calls (page-locked allocation
-                    // and free among them) are prohibited on every thread
-                    // while a global capture is under way; the call fails
-                    // and the capture is invalidated.
-                    let r = raw();
-                    let before = stats();
-                    let mut kept: *mut std::ffi::c_void = std::ptr::null_mut();
-                    ok(sys::cuMemHostAlloc(&mut kept, 4096, 0), "host alloc");
-                    let kept = Send(kept);
-                    begin(r.s, GLOBAL);
-                    let c = on_other_thread(&r, |_| {
-                        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-                        sys::cuMemHostAlloc(&mut p, 4096, 0)
-                    });
-                    assert_eq!(c, UNSUPPORTED, "cuMemHostAlloc, GLOBAL, other thread");
-                    let (e, g) = end(r.s);
-                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-                    assert!(g.is_null());
-                    begin(r.s, GLOBAL);
-                    let c = on_other_thread(&r, move |_| {
-                        let kept = kept;
-                        sys::cuMemFreeHost(kept.0)
-                    });
-                    assert_eq!(c, UNSUPPORTED, "cuMemFreeHost, GLOBAL, other thread");
-                    let (e, _) = end(r.s);
-                    assert_eq!(e, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-                    // THREAD_LOCAL: another thread's are allowed.
-                    begin(r.s, LOCAL);
-                    let c = on_other_thread(&r, move |_| {
-                        let kept = kept;
-                        sys::cuMemFreeHost(kept.0)
-                    });
-                    ok(c, "cuMemFreeHost, THREAD_LOCAL, other thread");
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    ok(sys::cuGraphDestroy(g), "graph destroy");
-                    assert_eq!(stats()[1] - before[1], 2, "two captures invalidated");
-                }
-                "standin_destroy_capturing" => {
-                    let r = raw();
-                    begin(r.s, GLOBAL);
-                    // Planted: destroyed before cuStreamEndCapture.
-                    let _ = sys::cuStreamDestroy_v2(r.s);
-                }
-                "standin_launch_freed" => {
-                    let r = raw();
-                    let d = alloc(&r, 4096);
-                    let src = vec![1u8; 4096];
-                    begin(r.s, GLOBAL);
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(d, src.as_ptr().cast(), 4096, r.s),
-                        "h2d",
-                    );
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    let x = instantiate(g);
-                    ok(sys::cuMemFreeAsync(d, r.s), "free");
-                    ok(sys::cuStreamSynchronize(r.s), "sync");
-                    // Planted: the graph's copy targets freed memory.
-                    let _ = sys::cuGraphLaunch(x, r.s);
-                }
-                "standin_launch_unmapped" => {
-                    let r = raw();
-                    let mut base = 0;
-                    ok(sys::cuMemAddressReserve(&mut base, G, 0, 0, 0), "reserve");
-                    let (c, h) = create_handle();
-                    ok(c, "create");
-                    ok(sys::cuMemMap(base, G, 0, h, 0), "map");
-                    let desc = sys::CUmemAccessDesc {
-                        location: sys::CUmemLocation {
-                            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                            id: 0,
-                        },
-                        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                    };
-                    ok(sys::cuMemSetAccess(base, G, &desc, 1), "access");
-                    let src = vec![1u8; 4096];
-                    begin(r.s, GLOBAL);
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(base, src.as_ptr().cast(), 4096, r.s),
-                        "h2d",
-                    );
-                    let (e, g) = end(r.s);
-                    ok(e, "end");
-                    let x = instantiate(g);
-                    ok(sys::cuMemUnmap(base, G), "unmap");
-                    ok(sys::cuMemRelease(h), "release");
-                    // Planted: the graph's copy targets unmapped memory.
-                    let _ = sys::cuGraphLaunch(x, r.s);
-                }
-                other => panic!("unknown case {other}"),
-            }
+            ),
+            "fault_cells" => common::fault_cells_child(),
+            "governed_pool_charged" => crate::governed::pool_charged(),
+            "governed_pool_over_budget" => crate::governed::pool_over_budget(),
+            "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),
+            "governed_no_graph_memory" => crate::governed::no_graph_memory_nodes(),
+            "governed_graph_memory" => crate::governed::graph_memory_charged(),
+            "governed_churn" => crate::governed::governed_churn(),
+            other => panic!("unknown case {other}"),
         }
     }
 }

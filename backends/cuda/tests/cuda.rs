@@ -16,6 +16,8 @@ mod cases;
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
 mod recorded;
+#[path = "../../cases/core.rs"]
+mod shared;
 
 use recorded::signal;
 
@@ -391,17 +393,6 @@ fn negative_pinned_host_free_under_a_queued_copy_aborts() {
 }
 
 #[test]
-fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
-    // A runtime's own copy into a pinned staging buffer, queued on the
-    // buffer's stream (slow), then the buffer dropped: the backend must
-    // free it only once the copy has run, or the stand-in aborts.
-    assert_child_passed(
-        "governed_pinned_behind_raw_copy",
-        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
-    );
-}
-
-#[test]
 fn negative_release_with_frees_pending_aborts() {
     assert_stand_in_aborts(
         "release_pending",
@@ -712,6 +703,58 @@ fn a_refused_callback_still_settles_the_free() {
     );
 }
 
+/// What the shared cases (`backends/cases/core.rs`) need of CUDA.
+mod vendor {
+    use cudarc::driver::sys::{self, CUresult};
+    use memgov::cuda::{CudaContext, CudaMemory, CudaStream};
+
+    pub(crate) use crate::LATENCY;
+
+    /// The child ran `scenario` to its end.
+    pub fn passes(scenario: &str, env: &[(&str, &str)]) {
+        crate::assert_child_passed(scenario, env);
+    }
+
+    /// A context on the driver found.
+    pub fn context() -> CudaContext {
+        crate::factory().expect("context")
+    }
+
+    /// What a raw call on `ctx`'s memory needs current on the thread.
+    pub struct Current(sys::CUcontext);
+
+    pub fn current(ctx: &CudaContext) -> Current {
+        Current(ctx.cu_context())
+    }
+
+    /// Queues a copy of `src` into `m` on `s` (a raw
+    /// `cuMemcpyHtoDAsync_v2`, the context pushed current around it) that
+    /// the backend does not wait for.
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `src` outlives the copy.
+    pub unsafe fn copy_in_unwaited(c: &Current, s: &CudaStream, m: &CudaMemory, src: &[u8]) {
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live context, popped below.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
+        // SAFETY: the caller's.
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                m.device_ptr(),
+                src.as_ptr().cast(),
+                src.len(),
+                s.cu_stream(),
+            )
+        };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "raw copy into the pinned buffer");
+        // SAFETY: balances the push.
+        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
+    }
+}
+
 /// Entry point of the re-executed binary; does nothing in a normal run.
 #[test]
 #[ignore = "runs only as the child process of another test"]
@@ -719,7 +762,9 @@ fn child_entry() {
     let Ok(scenario) = std::env::var(CHILD) else {
         return;
     };
-    children::run(&scenario);
+    if !shared::run(&scenario) {
+        children::run(&scenario);
+    }
     println!("child {scenario}: ok");
 }
 
@@ -814,43 +859,6 @@ mod children {
                     ok(sys::cuStreamDestroy_v2(s), "destroy");
                     ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
                     ctx.teardown(false).expect("teardown");
-                }
-                "governed_pinned_behind_raw_copy" => {
-                    use memgov::{ContextConfig, Governor, Role, Tier};
-                    let gov = Governor::new();
-                    let backend = factory().expect("context");
-                    let c = backend.cu_context();
-                    let ctx = gov.register(backend, ContextConfig::new());
-                    let stream = ctx.create_stream("copy").expect("stream");
-                    let buf = ctx
-                        .allocate(
-                            &stream,
-                            Alloc::new(1 << 16, Role::Other).tier(Tier::PinnedHost),
-                        )
-                        .expect("pinned allocation");
-                    let mem = buf.raw().expect("live buffer");
-                    assert_eq!(mem.tier(), Tier::PinnedHost);
-                    let raw = stream.raw().expect("live stream").cu_stream();
-                    let src = vec![9u8; 1 << 16];
-                    let mut prev: sys::CUcontext = std::ptr::null_mut();
-                    ok(sys::cuCtxPushCurrent_v2(c), "push");
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(
-                            mem.device_ptr(),
-                            src.as_ptr().cast(),
-                            1 << 16,
-                            raw,
-                        ),
-                        "raw copy into the pinned buffer",
-                    );
-                    ok(sys::cuCtxPopCurrent_v2(&mut prev), "pop");
-                    // Queued behind the slow copy; the backend frees after it.
-                    drop(buf);
-                    drop(stream);
-                    ctx.retire()
-                        .wait(Instant::now() + Duration::from_secs(30))
-                        .expect("retire");
-                    drop(src);
                 }
                 "copy_after_free" => {
                     let (_ctx, s) = raw_setup();

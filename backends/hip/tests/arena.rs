@@ -1,6 +1,10 @@
-//! The HIP backend's virtual-memory arena and sleep/wake, and the stand-in
-//! runtime's virtual memory management rules, each with a planted
-//! violation.
+//! The HIP backend's virtual-memory arena and sleep/wake: the cases HIP
+//! shares with CUDA (`backends/cases/arena.rs`, the conformance suite on an
+//! arena among them, instantiated here through the `vendor` module), and
+//! HIP's own: the capability cases, the arena's device made current and the
+//! thread's restored, a runtime without the virtual memory calls, and the
+//! stand-in runtime's virtual memory management rules called raw
+//! (`memgov::hip::raw`), each with a planted violation.
 //!
 //! Every case runs in a child process (this binary re-executed with
 //! `MEMGOV_HIP_ARENA_CHILD` set): the stand-in reads its knobs once per
@@ -11,176 +15,109 @@
 //! for CI time; the full check is 1024) and `MEMGOV_ARENA_SLEEP_CYCLES` the
 //! cycles (default 20; the full check is 100).
 
-#[path = "../../stand-ins/support/child.rs"]
-mod child_process;
+#[path = "../../cases/arena.rs"]
+mod cases;
 mod common;
 
 use memgov::hip::raw as hip;
-use memgov::hip::{ArenaConfig, HipArena, HipConfig, HipContext};
-use memgov::{Alloc, BackendErrorKind, DeviceContext, Execution, RetireSignal};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use memgov::hip::{HipConfig, HipContext};
+use memgov::{BackendErrorKind, DeviceContext};
+
+pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
-const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
-const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
-const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_VMM_AT";
-const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_UNMAP_AT";
-const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
-const MIB: u64 = 1 << 20;
 
-/// A context whose device memory comes from an arena of 1 GiB of address
-/// space and at most 512 MiB mapped: the whole conformance suite runs on it.
-fn arena_factory() -> Result<HipContext, memgov::BackendError> {
-    HipContext::new(HipConfig {
-        arena: Some(ArenaConfig {
-            reserve_bytes: 1 << 30,
-            limit_bytes: 512 * MIB,
-        }),
-        ..HipConfig::default()
-    })
-}
+/// What the shared cases (`backends/cases/arena.rs`) need of HIP.
+mod vendor {
+    pub use crate::common::vmm;
+    pub(crate) use crate::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
+    pub use memgov::hip::{
+        ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
+        HipMemory as Memory, HipStream as Stream,
+    };
 
-memgov_conformance::conformance_tests!(conformance, super::arena_factory);
+    /// The arena's name in its messages.
+    pub const ARENA_NAME: &str = "HipArena";
+    /// The runtime's virtual memory calls, as their fault cells and
+    /// messages name them.
+    pub const CREATE_ENTRY: &str = "hipMemCreate";
+    pub const MAP_ENTRY: &str = "hipMemMap";
+    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
+    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
+    pub const RELEASE_ENTRY: &str = "hipMemRelease";
+    /// The stand-in's knobs failing the `n`th virtual memory call, and the
+    /// `n`th unmap.
+    pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_VMM_AT";
+    pub const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_UNMAP_AT";
+    /// The latency seeds of the growth and shrinking, plain and governed.
+    pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2"];
+    pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["3"];
+    /// Whether `destroy_stream` returns only once the stream's queued work
+    /// ran and its signals fired (the trait allows either).
+    pub const DESTROY_STREAM_FINISHES_ITS_WORK: bool = true;
+    /// The raw runtime calls the stand-in's virtual memory cases make.
+    pub(crate) use crate::own as raw;
 
-fn arena(ctx: &HipContext) -> HipArena {
-    ctx.arena().expect("the context has an arena")
-}
+    /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
+    pub const SLEEP_CYCLES: u64 = 20;
 
-fn arena_context(reserve: u64, limit: u64) -> HipContext {
-    HipContext::new(HipConfig {
-        arena: Some(ArenaConfig {
-            reserve_bytes: reserve,
-            limit_bytes: limit,
-        }),
-        ..HipConfig::default()
-    })
-    .expect("a context with an arena")
-}
-
-/// Whether the stand-in is what the backend opens (after printing why not).
-fn on_stand_in() -> bool {
-    match HipContext::new(HipConfig::default()) {
-        Ok(ctx) => {
-            let stand_in = ctx.describe().execution == Execution::StandIn;
-            ctx.teardown(false).expect("teardown");
-            if !stand_in {
-                println!("skipped: needs the stand-in libamdhip64 (this is real hardware)");
-            }
-            stand_in
-        }
-        Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            println!("skipped: {}", e.message);
-            false
-        }
-        Err(e) => panic!("HipContext::new failed: {e}"),
-    }
-}
-
-/// Case `case` in a child, on the stand-in only. A latency without a seed
-/// gets an empty seed, so that the parent's seed does not leak into it.
-fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
-    if !on_stand_in() {
-        return None;
-    }
-    let mut env = env.to_vec();
-    if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
-        env.push((SEED, ""));
-    }
-    Some(child_process::run(CHILD, case, &env))
-}
-
-fn passes(case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(case, env) {
-        print!("{}", run.stdout);
-        child_process::assert_passed(case, &run, &format!("child {case}: ok"));
-    }
-}
-
-fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(case, env) {
-        child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
-    }
-}
-
-#[test]
-fn arena_grows_to_its_limit_and_shrinks_with_16_threads_on_4_streams() {
-    for seed in ["1", "2"] {
+    /// The fault cells of `entries` (entry point, the fewest positions it
+    /// must have) in one child with the exit check on.
+    pub fn fault_cells(entries: &[(&str, u32)]) {
+        let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
         passes(
-            "grow_shrink",
-            &[(LATENCY, "300"), (SEED, seed), (EXIT_CHECK, "1")],
+            "fault_cells",
+            &[
+                (crate::common::FAULT_ENTRIES, list.join(",").as_str()),
+                (EXIT_CHECK, "1"),
+            ],
         );
     }
+
+    /// The device address of `m`.
+    pub fn at(m: &Memory) -> u64 {
+        m.device_ptr() as u64
+    }
+
+    /// Queues a copy of `src` into `m` on `s` that the backend does not
+    /// wait for (a raw `hipMemcpyHtoDAsync`; device 0 is current).
+    ///
+    /// # Safety
+    ///
+    /// `m` is mapped and accessible; `src` outlives the copy.
+    pub unsafe fn copy_in_unwaited(_ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
+        use memgov::hip::raw as hip;
+        // SAFETY: the caller's: `m` mapped and accessible, `src` alive
+        // until the copy ran; device 0 is current.
+        let r = unsafe {
+            hip::hipMemcpyHtoDAsync(
+                m.device_ptr(),
+                src.as_ptr() as *mut std::ffi::c_void,
+                src.len(),
+                s.hip_stream(),
+            )
+        };
+        assert_eq!(r, hip::SUCCESS);
+    }
+}
+
+pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
+    common::child(CHILD, case, env)
+}
+
+pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
+    common::passes(CHILD, case, env);
+}
+
+pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    common::aborts(CHILD, case, env, what);
 }
 
 #[test]
-fn governed_arena_grows_to_the_budget_and_shrinks_with_16_threads_on_4_streams() {
+fn capability_arena_cases_pass_on_the_hip_arena() {
     passes(
-        "governed_grow_shrink",
-        &[(LATENCY, "300"), (SEED, "3"), (EXIT_CHECK, "1")],
-    );
-}
-
-#[test]
-fn sleep_and_wake_restore_every_byte_at_the_same_addresses() {
-    passes(
-        "sleep_wake",
+        "capability_arena",
         &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
-}
-
-#[test]
-fn a_release_while_asleep_retires_and_the_wake_maps_only_the_granules_in_use() {
-    passes(
-        "release_while_asleep",
-        &[(LATENCY, "2000"), (SEED, "2"), (EXIT_CHECK, "1")],
-    );
-}
-
-#[test]
-fn a_wake_over_the_limit_is_refused_before_any_map() {
-    passes("wake_refused", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_failed_wake_half_way_stays_asleep_and_wakes_later() {
-    // Calls 1-12 map the 4 granules (create, map, set access each); the
-    // wake's third granule fails at its map (call 12 + 8).
-    passes(
-        "wake_fails_half_way",
-        &[(EXIT_CHECK, "1"), (FAIL_VMM_AT, "20")],
-    );
-}
-
-#[test]
-fn a_map_failing_half_way_leaves_no_granule_behind() {
-    // The 5-granule allocation's third granule fails at its set-access.
-    passes(
-        "map_fails_half_way",
-        &[(EXIT_CHECK, "1"), (FAIL_VMM_AT, "9")],
-    );
-}
-
-#[test]
-fn a_map_whose_undo_fails_quarantines_the_granule() {
-    // The first granule's set-access fails, then its undo's unmap.
-    passes(
-        "map_undo_fails",
-        &[(EXIT_CHECK, "1"), (FAIL_VMM_AT, "3"), (FAIL_UNMAP_AT, "1")],
-    );
-}
-
-#[test]
-fn a_refused_unmap_is_quarantined_and_reported() {
-    passes("unmap_refused", &[(EXIT_CHECK, "1"), (FAIL_UNMAP_AT, "1")]);
-}
-
-#[test]
-fn release_orders_the_unmap_after_every_stream_that_used_the_memory() {
-    passes(
-        "cross_stream_release",
-        &[(LATENCY, "20000"), (EXIT_CHECK, "1")],
     );
 }
 
@@ -190,11 +127,6 @@ fn every_arena_call_runs_on_the_arena_device_and_restores_the_threads() {
         "current_device_restored",
         &[("MEMGOV_STANDIN_HIP_DEVICES", "2"), (EXIT_CHECK, "1")],
     );
-}
-
-#[test]
-fn teardown_with_live_arena_memory_gives_everything_back() {
-    passes("forced_teardown", &[(LATENCY, "2000"), (EXIT_CHECK, "1")]);
 }
 
 /// A ROCm without the virtual memory calls: the stand-in built without its
@@ -230,150 +162,9 @@ fn a_runtime_lacking_the_vmm_calls_makes_the_arena_unsupported() {
     child_process::assert_passed("no_vmm", &run, "child no_vmm: ok");
 }
 
-// ---- the stand-in's rules, each planted --------------------------------
-
 #[test]
 fn stand_in_refuses_unaligned_and_stray_maps_with_the_runtimes_code() {
     passes("refused_codes", &[]);
-}
-
-#[test]
-fn negative_copy_before_access_is_set_aborts() {
-    aborts("no_access", &[], "whose access was not set read-write");
-}
-
-#[test]
-fn negative_copy_to_an_unmapped_reserved_address_aborts() {
-    aborts("unmapped_copy", &[], "that is not mapped");
-}
-
-#[test]
-fn negative_unmap_under_queued_work_aborts() {
-    aborts(
-        "unmap_under_work",
-        &[(LATENCY, "200000")],
-        "while work queued on stream",
-    );
-}
-
-#[test]
-fn unmap_after_the_stream_passed_is_fine() {
-    passes("unmap_after_sync", &[(LATENCY, "20000")]);
-}
-
-#[test]
-fn negative_address_free_with_live_mappings_aborts() {
-    aborts("free_mapped_range", &[], "with 1 live mapping(s)");
-}
-
-#[test]
-fn negative_double_release_aborts() {
-    aborts("double_release", &[], "already released");
-}
-
-#[test]
-fn negative_map_of_a_released_handle_aborts() {
-    aborts("map_released", &[], "which is not a live allocation handle");
-}
-
-#[test]
-fn negative_leftovers_at_exit_abort() {
-    // The case itself runs to its end; the exit check aborts after it.
-    if let Some(run) = child("leftovers", &[(EXIT_CHECK, "1")]) {
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(run.status.signal(), Some(6), "{}", run.output());
-        assert!(
-            run.stdout.contains("child leftovers: ok"),
-            "{}",
-            run.output()
-        );
-        assert!(
-            run.stderr.contains(&format!(
-                "{BANNER} at exit: 1 address reservation(s) (8388608 bytes)"
-            )),
-            "{}",
-            run.output()
-        );
-    }
-}
-
-/// One case of `memgov_conformance::arena_faults` in a child of its own.
-fn arena_fault(case: &str) {
-    passes(&format!("arena_fault:{case}"), &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
-fn a_granule_quarantined_under_a_sleeping_allocation_stays_out_of_the_allocator() {
-    // hipMemRelease refused during a set's sleep.
-    arena_fault("quarantined_granule_in_use_stays_out_of_the_allocator");
-}
-
-#[test]
-fn a_refused_release_counts_against_the_arena_s_limit() {
-    arena_fault("refused_release_counts_against_the_limit");
-}
-
-#[test]
-fn a_sleep_whose_page_locked_copy_fails_leaves_the_arena_awake() {
-    // hipHostMalloc refused for the second granule's copy.
-    arena_fault("sleep_whose_copy_fails_leaves_the_arena_awake");
-}
-
-#[test]
-fn the_capturing_thread_s_allocation_over_the_limit_is_refused_not_trimmed() {
-    arena_fault("capturing_thread_over_the_limit_is_refused_not_trimmed");
-}
-
-#[test]
-fn a_release_retiring_during_its_set_s_wake_frees_its_range_once() {
-    // The wake is held inside the driver's map while the release retires.
-    arena_fault("release_retiring_during_its_set_s_wake_frees_its_range_once");
-}
-
-#[test]
-fn a_release_retiring_during_a_failed_wake_stays_out_of_the_allocator() {
-    // Held inside the first map while the release retires; the second map
-    // fails.
-    arena_fault("release_retiring_during_a_failed_wake_stays_out_of_the_allocator");
-}
-
-#[test]
-fn the_capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped() {
-    arena_fault("capturing_thread_is_refused_not_left_waiting_for_a_granule_being_mapped");
-}
-
-#[test]
-fn arena_stress_kv_threads_sleeper_and_capture_under_a_fault_each_round() {
-    // Eight KV threads, a sleeper, a capturing thread; a driver call fails
-    // in every round. Three seeds, each in a child with the exit check on.
-    for seed in ["1", "2", "3"] {
-        passes(
-            &format!("arena_stress:{seed}"),
-            &[(LATENCY, "100"), (SEED, seed), (EXIT_CHECK, "1")],
-        );
-    }
-}
-
-#[test]
-fn capability_arena_cases_pass_on_the_hip_arena() {
-    passes(
-        "capability_arena",
-        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
-}
-
-#[test]
-fn fault_matrix_cells_map_unmap_set_access_create_release_at_each_position() {
-    passes(
-        "fault_cells",
-        &[
-            (
-                common::FAULT_ENTRIES,
-                "hipMemCreate:8,hipMemMap:8,hipMemSetAccess:8,hipMemUnmap:8,hipMemRelease:8",
-            ),
-            (EXIT_CHECK, "1"),
-        ],
-    );
 }
 
 /// Entry point of the re-executed binary; does nothing in a normal run.
@@ -383,546 +174,26 @@ fn child_entry() {
     let Ok(case) = std::env::var(CHILD) else {
         return;
     };
-    cases::run(&case);
+    if !cases::run(&case) {
+        own::run(&case);
+    }
     println!("child {case}: ok");
 }
 
-mod cases {
+/// HIP's own cases: the capability cases, the thread's device restored, a
+/// runtime without the virtual memory calls, and the stand-in runtime's
+/// rules called raw.
+mod own {
     use super::*;
-    use memgov::hip::{HipMemory, HipStream};
+    use crate::cases::{arena, arena_context, finish, pattern, release, settle, MIB};
+    use crate::common::vmm;
+    use memgov::hip::ArenaConfig;
     use std::ffi::c_void;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
 
-    const G: usize = 2 << 20;
-
-    /// The stand-in's `memgov_standin_hip_vmm`: {reservations, reserved
-    /// bytes, handles, physical bytes, mappings, mapped bytes}.
-    pub(super) fn vmm() -> [u64; 6] {
-        let p = hip::symbol(c"memgov_standin_hip_vmm").expect("the stand-in's hook");
-        // SAFETY: the stand-in's hook, `int (unsigned long long out[6])`.
-        let query: unsafe extern "C" fn(*mut u64) -> i32 = unsafe { std::mem::transmute(p) };
-        let mut out = [u64::MAX; 6];
-        // SAFETY: six writable slots.
-        assert_eq!(unsafe { query(out.as_mut_ptr()) }, 0);
-        out
-    }
-
-    fn pattern(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    fn at(m: &HipMemory) -> u64 {
-        m.device_ptr() as u64
-    }
-
-    /// Release `m` on `s` and count its retirement in `retired`.
-    fn release(ctx: &HipContext, s: &HipStream, m: HipMemory, retired: &Arc<AtomicU64>) {
-        let r = retired.clone();
-        ctx.free_async(
-            s,
-            m,
-            RetireSignal::from_fn(move |_| {
-                r.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
-        .map_err(|(_, _, e)| e)
-        .expect("free_async");
-    }
-
-    fn settle(ctx: &HipContext, streams: &[HipStream], retired: &AtomicU64, want: u64) {
-        for s in streams {
-            ctx.synchronize(s).expect("synchronize");
-        }
-        assert_eq!(
-            retired.load(Ordering::SeqCst),
-            want,
-            "every release retired"
-        );
-    }
-
-    fn finish(ctx: HipContext, streams: Vec<HipStream>) {
-        let probe = ctx.probe();
-        for s in streams {
-            ctx.destroy_stream(s).expect("destroy stream");
-        }
-        ctx.teardown(false).expect("teardown");
-        assert_eq!(probe.check_clean_teardown(), Ok(()));
-        assert_eq!(vmm(), [0; 6], "nothing of the arena left in the runtime");
-    }
-
-    /// An allocation, its address when made, its stream's index and its
-    /// contents.
-    type Held = (HipMemory, u64, usize, Vec<u8>);
-
-    fn grow_shrink() {
-        const LIMIT: u64 = 48 * MIB;
-        let ctx = Arc::new(arena_context(256 * MIB, LIMIT));
-        let streams: Arc<Vec<HipStream>> = Arc::new(
-            (0..4)
-                .map(|_| ctx.create_stream().expect("stream"))
-                .collect(),
-        );
-        let retired = Arc::new(AtomicU64::new(0));
-        let mut released = 0;
-        for round in 0..2u64 {
-            let held: Vec<Vec<Held>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..16u64)
-                    .map(|t| {
-                        let (ctx, streams) = (ctx.clone(), streams.clone());
-                        sc.spawn(move || {
-                            let s = &streams[(t % 4) as usize];
-                            let mut mine = Vec::new();
-                            for i in 0u64.. {
-                                let bytes =
-                                    [4096, 100_000, MIB + 17, 3 * MIB][((t + i) % 4) as usize];
-                                match ctx.allocate(s, bytes) {
-                                    Ok(m) => {
-                                        let data = pattern(
-                                            round * 1_000_000 + t * 1000 + i,
-                                            bytes as usize,
-                                        );
-                                        ctx.write(s, &m, 0, &data).expect("write");
-                                        let a = at(&m);
-                                        mine.push((m, a, (t % 4) as usize, data));
-                                    }
-                                    Err(e) if e.kind == BackendErrorKind::OutOfMemory => break,
-                                    Err(e) => panic!("allocate: {e}"),
-                                }
-                                let snap = arena(&ctx).snapshot();
-                                assert!(
-                                    snap.mapped <= LIMIT,
-                                    "mapped {} over {LIMIT}",
-                                    snap.mapped
-                                );
-                            }
-                            mine
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("thread")).collect()
-            });
-            let snap = arena(&ctx).snapshot();
-            let count: usize = held.iter().map(Vec::len).sum();
-            println!(
-                "round {round}: {count} allocations, mapped {} B of {LIMIT} B, in use {} B, reserved {} B",
-                snap.mapped, snap.in_use, snap.reserved
-            );
-            assert!(
-                snap.mapped + 3 * MIB + 4 * snap.granule > LIMIT,
-                "grew to the limit"
-            );
-            for (m, a, si, data) in held.into_iter().flatten() {
-                assert_eq!(at(&m), a);
-                let mut back = vec![0u8; data.len()];
-                ctx.read(&streams[si], &m, 0, &mut back).expect("read");
-                assert!(back == data, "the bytes at {a:#x} changed");
-                let other = &streams[(si + 1) % 4];
-                ctx.order_after(other, &streams[si]).expect("order_after");
-                release(&ctx, other, m, &retired);
-                released += 1;
-            }
-            settle(&ctx, &streams, &retired, released);
-            let given = arena(&ctx).trim().expect("trim");
-            let snap = arena(&ctx).snapshot();
-            println!(
-                "round {round}: trim gave back {given} B; mapped now {} B",
-                snap.mapped
-            );
-            assert_eq!((snap.mapped, snap.in_use, snap.blocks), (0, 0, 0));
-            assert_eq!(vmm()[2..], [0; 4], "every handle released, nothing mapped");
-        }
-        let ctx = Arc::into_inner(ctx).expect("the only reference");
-        let streams = Arc::into_inner(streams).expect("the only reference");
-        assert_eq!(ctx.probe().violations(), 0);
-        finish(ctx, streams);
-    }
-
-    /// The same growth and shrinking through the governor: its budget is
-    /// the limit, a pressure responder trims the arena, releases go through
-    /// `release_on` on another stream than the buffer's.
-    fn governed_grow_shrink() {
-        use memgov::{ContextConfig, Governor, Role};
-        const BUDGET: u64 = 48 * MIB;
-        let ctx = arena_context(256 * MIB, BUDGET + 16 * MIB);
-        let a = arena(&ctx);
-        let probe = ctx.probe();
-        let gov = Governor::new();
-        let handle = gov.register(ctx, ContextConfig::new().label("arena").budget(BUDGET));
-        let responder = a.clone();
-        handle.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| {
-            responder.trim().unwrap_or(0)
-        });
-        let streams: Vec<_> = (0..4)
-            .map(|i| handle.create_stream(format!("s{i}")).expect("stream"))
-            .collect();
-        let mut cycles = 0;
-        for round in 0..2u64 {
-            let held: Vec<_> = std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..16u64)
-                    .map(|t| {
-                        let (handle, streams, a) = (&handle, &streams, &a);
-                        sc.spawn(move || {
-                            let si = (t % 4) as usize;
-                            let mut mine = Vec::new();
-                            for i in 0u64.. {
-                                let bytes =
-                                    [4096, 100_000, MIB + 17, 3 * MIB][((t + i) % 4) as usize];
-                                match handle
-                                    .allocate(&streams[si], Alloc::new(bytes, Role::Activation))
-                                {
-                                    Ok(buf) => {
-                                        let data =
-                                            pattern(round << 32 | t << 16 | i, bytes as usize);
-                                        buf.write(0, &data).expect("write");
-                                        let p = at(buf.raw().expect("device memory"));
-                                        mine.push((buf, p, si, data));
-                                    }
-                                    Err(e) => {
-                                        assert!(
-                                            e.to_string().contains("budget")
-                                                || e.to_string().contains("OutOfMemory"),
-                                            "a typed refusal, not {e}"
-                                        );
-                                        break;
-                                    }
-                                }
-                                assert!(a.snapshot().mapped <= BUDGET + 16 * MIB);
-                            }
-                            mine
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .flat_map(|h| h.join().expect("thread"))
-                    .collect()
-            });
-            let snap = a.snapshot();
-            let charged = handle.snapshot().charged;
-            println!(
-                "governed round {round}: {} buffers, charged {charged} B of {BUDGET} B, mapped {} B, in use {} B",
-                held.len(),
-                snap.mapped,
-                snap.in_use
-            );
-            assert!(charged + 3 * MIB + 4096 > BUDGET, "grew to the budget");
-            for (buf, p, si, data) in held {
-                assert_eq!(at(buf.raw().expect("device memory")), p);
-                let mut back = vec![0u8; data.len()];
-                buf.read(0, &mut back).expect("read");
-                assert!(back == data, "the bytes at {p:#x} changed");
-                buf.release_on(&streams[(si + 1) % 4])
-                    .map_err(|e| e.error)
-                    .expect("release_on");
-                cycles += 1;
-            }
-            for s in &streams {
-                s.synchronize().expect("synchronize");
-            }
-            a.trim().expect("trim");
-            let snap = a.snapshot();
-            assert_eq!(
-                (snap.mapped, snap.in_use, snap.blocks),
-                (0, 0, 0),
-                "{snap:?}"
-            );
-            assert_eq!(handle.snapshot().charged, 0);
-            assert_eq!(vmm()[2..], [0; 4], "every handle released, nothing mapped");
-        }
-        drop(streams);
-        let report = handle
-            .retire()
-            .wait_timeout(std::time::Duration::from_secs(30))
-            .expect("retire");
-        assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
-        assert_eq!(report.retired_releases, cycles);
-        probe.check_clean_teardown().expect("clean teardown");
-        assert_eq!(vmm(), [0; 6], "nothing of the arena left in the runtime");
-        assert!(a.trim().is_err(), "the arena refuses work after teardown");
-    }
-
-    fn env_u64(name: &str, default: u64) -> u64 {
-        std::env::var(name)
-            .ok()
-            .map_or(default, |v| v.parse().expect(name))
-    }
-
-    fn sleep_wake() {
-        let set = env_u64("MEMGOV_ARENA_SLEEP_MIB", 16) * MIB;
-        let cycles = env_u64("MEMGOV_ARENA_SLEEP_CYCLES", 20);
-        let ctx = arena_context(set + 64 * MIB, set + 16 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        // Allocations of several sizes, most not granule-sized, filling the
-        // set.
-        let sizes = [MIB / 2, 3 * MIB + 4096, 8 * MIB, 777_777];
-        let mut held = Vec::new();
-        let mut total = 0;
-        for i in 0.. {
-            let bytes = sizes[i % sizes.len()].min(set - total);
-            if bytes == 0 {
-                break;
-            }
-            let m = ctx.allocate(&s, bytes).expect("allocate");
-            let data = pattern(i as u64, bytes as usize);
-            ctx.write(&s, &m, 0, &data).expect("write");
-            held.push((at(&m), m, data));
-            total += bytes;
-        }
-        let awake = arena(&ctx).snapshot().mapped;
-        let started = std::time::Instant::now();
-        for cycle in 0..cycles {
-            let report = arena(&ctx).sleep(true).expect("sleep");
-            assert_eq!(report.released, awake);
-            let snap = arena(&ctx).snapshot();
-            assert_eq!((snap.mapped, snap.asleep), (0, awake), "cycle {cycle}");
-            assert_eq!(vmm()[2..], [0; 4], "cycle {cycle}: asleep, nothing held");
-            let e = ctx
-                .write(&s, &held[0].1, 0, b"x")
-                .expect_err("a copy while asleep");
-            assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
-            assert!(e.message.contains("HipArena::wake"), "{e}");
-            let e = ctx
-                .allocate(&s, 4096)
-                .expect_err("an allocation while asleep");
-            assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
-            assert_eq!(arena(&ctx).wake().expect("wake"), awake);
-            for (a, m, data) in &held {
-                assert_eq!(at(m), *a);
-                let mut back = vec![0u8; data.len()];
-                ctx.read(&s, m, 0, &mut back).expect("read");
-                assert!(back == *data, "cycle {cycle}: the bytes at {a:#x} changed");
-            }
-        }
-        println!(
-            "sleep/wake: {total} B in {} allocations, {cycles} cycles in {:.2?}, same addresses, every byte restored",
-            held.len(),
-            started.elapsed()
-        );
-        let retired = Arc::new(AtomicU64::new(0));
-        let n = held.len() as u64;
-        for (_, m, _) in held {
-            release(&ctx, &s, m, &retired);
-        }
-        settle(&ctx, std::slice::from_ref(&s), &retired, n);
-        arena(&ctx).trim().expect("trim");
-        finish(ctx, vec![s]);
-    }
-
-    fn release_while_asleep() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let keep = ctx.allocate(&s, 3 * MIB).expect("allocate");
-        let gone = ctx.allocate(&s, 4 * MIB).expect("allocate");
-        let data = pattern(5, 3 * MIB as usize);
-        ctx.write(&s, &keep, 0, &data).expect("write");
-        assert_eq!(arena(&ctx).sleep(true).expect("sleep").released, 8 * MIB);
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, gone, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        assert_eq!(arena(&ctx).snapshot().in_use, 3 * MIB);
-        // Only the granules the kept allocation overlaps are mapped again
-        // (0 and 1); the released one's own (2 and 3) are dropped.
-        assert_eq!(arena(&ctx).wake().expect("wake"), 4 * MIB);
-        assert_eq!(vmm()[2..4], [2, 4 * MIB], "two handles, 4 MiB mapped");
-        assert_eq!(arena(&ctx).trim().expect("trim"), 0, "nothing cached");
-        let mut back = vec![0u8; data.len()];
-        ctx.read(&s, &keep, 0, &mut back).expect("read");
-        assert!(back == data);
-        release(&ctx, &s, keep, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 2);
-        finish(ctx, vec![s]);
-    }
-
-    fn wake_refused() {
-        let ctx = arena_context(64 * MIB, 16 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let m = ctx.allocate(&s, 5 * MIB).expect("allocate");
-        ctx.write(&s, &m, 0, &pattern(7, 5 * MIB as usize))
-            .expect("write");
-        arena(&ctx).sleep(true).expect("sleep");
-        arena(&ctx).set_limit(4 * MIB);
-        let e = arena(&ctx).wake().expect_err("the wake does not fit");
-        assert_eq!(e.kind, BackendErrorKind::OutOfMemory);
-        assert!(e.message.contains("waking needs 6291456 B"), "{e}");
-        let snap = arena(&ctx).snapshot();
-        assert_eq!((snap.mapped, snap.asleep), (0, 6 * MIB));
-        assert_eq!(vmm()[2..], [0; 4], "nothing mapped by the refused wake");
-        arena(&ctx).set_limit(16 * MIB);
-        arena(&ctx).wake().expect("wake");
-        let mut back = vec![0u8; 5 * MIB as usize];
-        ctx.read(&s, &m, 0, &mut back).expect("read");
-        assert!(back == pattern(7, 5 * MIB as usize));
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        finish(ctx, vec![s]);
-    }
-
-    fn wake_fails_half_way() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let m = ctx.allocate(&s, 8 * MIB).expect("allocate");
-        let data = pattern(3, 8 * MIB as usize);
-        ctx.write(&s, &m, 0, &data).expect("write");
-        arena(&ctx).sleep(true).expect("sleep");
-        let e = arena(&ctx).wake().expect_err("the injected failure");
-        // The driver's own code for a failed map, passed up.
-        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains("hipMemMap"), "{e}");
-        let snap = arena(&ctx).snapshot();
-        assert_eq!(
-            (snap.mapped, snap.asleep),
-            (0, 8 * MIB),
-            "still asleep, all of it"
-        );
-        assert_eq!(
-            vmm()[2..],
-            [0; 4],
-            "the granules mapped before the failure were undone"
-        );
-        arena(&ctx).wake().expect("the second wake");
-        let mut back = vec![0u8; data.len()];
-        ctx.read(&s, &m, 0, &mut back).expect("read");
-        assert!(back == data, "the contents survived the failed wake");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        finish(ctx, vec![s]);
-    }
-
-    fn map_fails_half_way() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let e = ctx
-            .allocate(&s, 10 * MIB)
-            .expect_err("the injected failure");
-        assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains("hipMemSetAccess"), "{e}");
-        let snap = arena(&ctx).snapshot();
-        assert_eq!((snap.mapped, snap.in_use, snap.blocks), (0, 0, 0));
-        assert!(snap.quarantined.is_empty());
-        assert_eq!(vmm()[2..], [0; 4], "no granule left mapped or unreleased");
-        let m = ctx
-            .allocate(&s, 10 * MIB)
-            .expect("the same allocation, no failure");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        finish(ctx, vec![s]);
-    }
-
-    fn map_undo_fails() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let e = ctx.allocate(&s, 3 * MIB).expect_err("the injected failure");
-        assert!(e.message.contains("hipMemSetAccess"), "{e}");
-        assert!(
-            e.message.contains("stays") && e.message.contains("quarantined"),
-            "{e}"
-        );
-        let snap = arena(&ctx).snapshot();
-        assert_eq!(snap.quarantined.len(), 1, "{snap:?}");
-        assert!(snap.quarantined[0].mapped);
-        assert_eq!((snap.mapped, snap.in_use), (2 * MIB, 0));
-        let m = ctx
-            .allocate(&s, 3 * MIB)
-            .expect("allocate past the quarantined granule");
-        let q = snap.quarantined[0].address;
-        assert!(at(&m) >= q + 2 * MIB, "not in the quarantined granule");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        // Teardown unmaps the quarantined granule (the knob failed once).
-        finish(ctx, vec![s]);
-    }
-
-    fn unmap_refused() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let m = ctx.allocate(&s, 3 * MIB).expect("allocate");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 1);
-        let e = arena(&ctx).trim().expect_err("the injected failure");
-        assert!(e.message.contains("quarantined"), "{e}");
-        let snap = arena(&ctx).snapshot();
-        assert_eq!(snap.quarantined.len(), 1, "{snap:?}");
-        assert!(snap.quarantined[0].mapped);
-        assert_eq!(
-            snap.mapped,
-            2 * MIB,
-            "the quarantined granule is still mapped"
-        );
-        // Allocation never lands in the quarantined granule.
-        let m = ctx.allocate(&s, MIB).expect("allocate");
-        let q = snap.quarantined[0].address;
-        assert!(at(&m) + MIB <= q || at(&m) >= q + 2 * MIB);
-        release(&ctx, &s, m, &retired);
-        settle(&ctx, std::slice::from_ref(&s), &retired, 2);
-        // Teardown retries the quarantined granule (the knob failed once).
-        finish(ctx, vec![s]);
-    }
-
-    fn cross_stream_release() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let streams = vec![ctx.create_stream().unwrap(), ctx.create_stream().unwrap()];
-        let (a, b) = (&streams[0], &streams[1]);
-        let m = ctx.allocate(a, 2 * MIB).expect("allocate");
-        let src = pattern(1, 2 * MIB as usize);
-        // A copy queued on stream a (20 ms latency) that the backend does
-        // not wait for; the release goes on stream b, ordered after a.
-        // SAFETY: the arena's mapped, accessible memory; `src` outlives the
-        // copy (the streams are synchronized below); device 0 is current.
-        let r = unsafe {
-            hip::hipMemcpyHtoDAsync(
-                m.device_ptr(),
-                src.as_ptr() as *mut c_void,
-                src.len(),
-                a.hip_stream(),
-            )
-        };
-        assert_eq!(r, hip::SUCCESS);
-        ctx.order_after(b, a).expect("order_after");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, b, m, &retired);
-        // A trim now finds the granule still in use (the release has not
-        // retired): nothing is unmapped under the copy.
-        assert_eq!(arena(&ctx).trim().expect("trim"), 0);
-        settle(&ctx, &streams, &retired, 1);
-        assert_eq!(arena(&ctx).trim().expect("trim"), 2 * MIB);
-        finish(ctx, streams);
-    }
-
-    /// Teardown with allocations never released (as `force` leaves them)
-    /// and a release still queued: every granule unmapped and released,
-    /// the reservation freed (the exit check would abort otherwise).
-    fn forced_teardown() {
-        let ctx = arena_context(64 * MIB, 64 * MIB);
-        let s = ctx.create_stream().expect("stream");
-        let kept = ctx.allocate(&s, 5 * MIB).expect("allocate");
-        let queued = ctx.allocate(&s, 3 * MIB).expect("allocate");
-        ctx.write(&s, &kept, 0, &pattern(9, 4096)).expect("write");
-        let retired = Arc::new(AtomicU64::new(0));
-        release(&ctx, &s, queued, &retired);
-        // `kept` is never released: a plain handle, left for teardown.
-        let _ = kept;
-        let probe = ctx.probe();
-        ctx.destroy_stream(s).expect("destroy stream");
-        assert_eq!(
-            retired.load(Ordering::SeqCst),
-            1,
-            "retired by the stream's end"
-        );
-        ctx.teardown(false).expect("teardown");
-        assert_eq!(probe.live_allocations(), 0);
-        assert_eq!(vmm(), [0; 6], "nothing of the arena left in the runtime");
-    }
+    /// A granule.
+    pub(crate) const G: usize = 2 << 20;
 
     fn current_device() -> i32 {
         let mut d = -1;
@@ -965,7 +236,7 @@ mod cases {
 
     // ---- raw runtime calls for the planted cases ----------------------
 
-    fn ok(r: i32, what: &str) {
+    pub(crate) fn ok(r: i32, what: &str) {
         assert_eq!(r, hip::SUCCESS, "{what}");
     }
 
@@ -976,10 +247,10 @@ mod cases {
         hip::allocation_prop(0, v)
     }
 
-    struct Raw {
+    pub(crate) struct Raw {
         ctx: HipContext,
         s: hip::hipStream_t,
-        base: u64,
+        pub(crate) base: u64,
     }
 
     fn va(a: u64) -> *mut c_void {
@@ -988,7 +259,7 @@ mod cases {
 
     /// A context, a raw stream and a 4-granule reservation (device 0 is
     /// current on every thread by default).
-    fn raw() -> Raw {
+    pub(crate) fn raw() -> Raw {
         let ctx = HipContext::new(HipConfig::default()).expect("context");
         let mut s = std::ptr::null_mut();
         let mut base = std::ptr::null_mut();
@@ -1010,7 +281,7 @@ mod cases {
         }
     }
 
-    fn create(size: usize) -> (i32, hip::hipMemGenericAllocationHandle_t) {
+    pub(crate) fn create(size: usize) -> (i32, hip::hipMemGenericAllocationHandle_t) {
         let mut h = std::ptr::null_mut();
         let p = prop();
         // SAFETY: valid out pointer and properties.
@@ -1018,7 +289,7 @@ mod cases {
         (r, h)
     }
 
-    fn access(a: u64, size: usize) {
+    pub(crate) fn access(a: u64, size: usize) {
         let desc = hip::hipMemAccessDesc {
             location: prop().location(),
             flags: hip::hipMemAccessFlagsProtReadWrite,
@@ -1030,7 +301,7 @@ mod cases {
         );
     }
 
-    fn mapped(r: &Raw) -> hip::hipMemGenericAllocationHandle_t {
+    pub(crate) fn mapped(r: &Raw) -> hip::hipMemGenericAllocationHandle_t {
         let (c, h) = create(G);
         ok(c, "create");
         // SAFETY: the reservation's first granule, unmapped.
@@ -1038,14 +309,23 @@ mod cases {
         h
     }
 
-    fn copy_in(r: &Raw, a: u64, src: &[u8]) -> i32 {
-        // SAFETY: the planted cases' copies: the stand-in checks the
-        // destination (and aborts where the case plants a violation);
-        // `src` outlives the copy (synchronized, or the process aborts).
-        unsafe { hip::hipMemcpyHtoDAsync(va(a), src.as_ptr() as *mut c_void, src.len(), r.s) }
+    include!("../../cases/forward.rs");
+
+    pub(crate) type Code = i32;
+
+    // The planted cases' copies: the stand-in checks the destination (and
+    // aborts where the case plants a violation).
+    forward! {
+        sync(r: &Raw) => hip::hipStreamSynchronize(r.s);
+        unmap(a: u64, size: usize) => hip::hipMemUnmap(va(a), size);
+        mem_release(h: hip::hipMemGenericAllocationHandle_t) => hip::hipMemRelease(h);
+        map(a: u64, h: hip::hipMemGenericAllocationHandle_t) => hip::hipMemMap(va(a), G, 0, h, 0);
+        address_free(a: u64, size: usize) => hip::hipMemAddressFree(va(a), size);
+        copy_in(r: &Raw, a: u64, src: &[u8]) =>
+            hip::hipMemcpyHtoDAsync(va(a), src.as_ptr() as *mut c_void, src.len(), r.s);
     }
 
-    fn raw_finish(r: Raw) {
+    pub(crate) fn raw_finish(r: Raw) {
         // SAFETY: the case's own stream, synchronized before its destroy.
         unsafe {
             ok(hip::hipStreamSynchronize(r.s), "sync");
@@ -1063,24 +343,6 @@ mod cases {
                 "capability_arena" => memgov_conformance::capability::report_cases(
                     memgov_conformance::capability::run_arena_cases(common::capability_factory),
                 ),
-                "fault_cells" => common::fault_cells_child(),
-                c if c.starts_with("arena_stress:") => {
-                    common::arena_stress_child(c["arena_stress:".len()..].parse().expect("a seed"))
-                }
-                c if c.starts_with("arena_fault:") => {
-                    common::arena_fault_child(&c["arena_fault:".len()..])
-                }
-                "grow_shrink" => grow_shrink(),
-                "governed_grow_shrink" => governed_grow_shrink(),
-                "sleep_wake" => sleep_wake(),
-                "wake_refused" => wake_refused(),
-                "release_while_asleep" => release_while_asleep(),
-                "wake_fails_half_way" => wake_fails_half_way(),
-                "map_fails_half_way" => map_fails_half_way(),
-                "unmap_refused" => unmap_refused(),
-                "map_undo_fails" => map_undo_fails(),
-                "cross_stream_release" => cross_stream_release(),
-                "forced_teardown" => forced_teardown(),
                 "current_device_restored" => current_device_restored(),
                 "no_vmm" => {
                     let e = HipContext::new(HipConfig {
@@ -1166,57 +428,6 @@ mod cases {
                     ok(hip::hipMemAddressFree(va(r.base), 4 * G), "address free");
                     raw_finish(r);
                     assert_eq!(vmm(), [0; 6]);
-                }
-                "no_access" => {
-                    let r = raw();
-                    mapped(&r);
-                    let _ = copy_in(&r, r.base, &[1u8; 64]);
-                }
-                "unmapped_copy" => {
-                    let r = raw();
-                    let _ = copy_in(&r, r.base + G as u64, &[1u8; 64]);
-                }
-                "unmap_under_work" | "unmap_after_sync" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    let src = vec![1u8; 4096];
-                    ok(copy_in(&r, r.base, &src), "copy");
-                    if case == "unmap_after_sync" {
-                        ok(hip::hipStreamSynchronize(r.s), "sync");
-                    }
-                    ok(hip::hipMemUnmap(va(r.base), G), "unmap");
-                    ok(hip::hipMemRelease(h), "release");
-                    ok(hip::hipMemAddressFree(va(r.base), 4 * G), "address free");
-                    raw_finish(r);
-                }
-                "free_mapped_range" => {
-                    let r = raw();
-                    mapped(&r);
-                    let _ = hip::hipMemAddressFree(va(r.base), 4 * G);
-                }
-                "double_release" => {
-                    let r = raw();
-                    let h = mapped(&r);
-                    access(r.base, G);
-                    // Released while mapped: legal, the memory stays.
-                    ok(hip::hipMemRelease(h), "release while mapped");
-                    let src = [9u8; 64];
-                    ok(copy_in(&r, r.base, &src), "copy");
-                    ok(hip::hipStreamSynchronize(r.s), "sync");
-                    let _ = hip::hipMemRelease(h);
-                }
-                "map_released" => {
-                    let r = raw();
-                    let (c, h) = create(G);
-                    ok(c, "create");
-                    ok(hip::hipMemRelease(h), "release");
-                    let _ = hip::hipMemMap(va(r.base), G, 0, h, 0);
-                }
-                "leftovers" => {
-                    let r = raw();
-                    raw_finish(r);
-                    // The reservation is left on purpose.
                 }
                 other => panic!("unknown case {other}"),
             }

@@ -21,6 +21,8 @@ mod cases;
 mod child_process;
 #[path = "../../stand-ins/support/recorded.rs"]
 mod recorded;
+#[path = "../../cases/core.rs"]
+mod shared;
 
 use recorded::signal;
 
@@ -643,20 +645,6 @@ fn planted_copies_of_the_wrong_kind_abort_the_stand_in() {
 }
 
 #[test]
-fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
-    // A runtime's own copy into a pinned staging buffer, queued on the
-    // buffer's stream (slow), then the buffer dropped: the backend must
-    // free it only once the copy has run, or the stand-in aborts.
-    if !on_stand_in() {
-        return;
-    }
-    expect_pass(
-        "governed_pinned_behind_raw_copy",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
-    );
-}
-
-#[test]
 fn releases_really_pend_with_latency() {
     if !on_stand_in() {
         return;
@@ -1196,11 +1184,62 @@ unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u
     let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
 }
 
+/// What the shared cases (`backends/cases/core.rs`) need of HIP.
+mod vendor {
+    use memgov::hip::raw as hip;
+    use memgov::hip::{HipConfig, HipContext, HipMemory, HipStream};
+
+    pub(crate) use crate::LATENCY;
+
+    /// The child ran `case` to its end, with the stand-in's exit check on
+    /// (on the stand-in only).
+    pub fn passes(case: &str, env: &[(&str, &str)]) {
+        if crate::on_stand_in() {
+            crate::expect_pass(case, env);
+        }
+    }
+
+    /// A context on the runtime found.
+    pub fn context() -> HipContext {
+        HipContext::new(HipConfig::default()).expect("context")
+    }
+
+    /// Nothing: device 0 is current on every thread by default.
+    pub struct Current;
+
+    pub fn current(_: &HipContext) -> Current {
+        Current
+    }
+
+    /// Queues a copy of `src` into `m` on `s` (a raw `hipMemcpyHtoDAsync`)
+    /// that the backend does not wait for.
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `src` outlives the copy.
+    pub unsafe fn copy_in_unwaited(_: &Current, s: &HipStream, m: &HipMemory, src: &[u8]) {
+        // SAFETY: the caller's.
+        let r = unsafe {
+            hip::hipMemcpyHtoDAsync(
+                m.device_ptr(),
+                src.as_ptr() as *mut std::ffi::c_void,
+                src.len(),
+                s.hip_stream(),
+            )
+        };
+        assert_eq!(r, hip::SUCCESS, "raw copy into the pinned buffer");
+    }
+}
+
 /// One planted case per child process. Ignored: only `child()` runs it.
 #[test]
 #[ignore = "the child-process entry of the planted-violation and knob tests"]
 fn child_entry() {
     let case = std::env::var(CHILD).expect("run by child() with MEMGOV_HIP_TEST_CHILD set");
+    if shared::run(&case) {
+        println!("{CHILD_END}");
+        return;
+    }
     // The raw HIP calls below are on handles each arm creates; a planted
     // case breaks the runtime's contract on purpose, which the stand-in
     // turns into an abort before anything unsound happens. Each unsafe arm
@@ -1308,38 +1347,6 @@ fn child_entry() {
             ok(hip::hipHostFree(host));
             ok(hip::hipStreamSynchronize(s));
             ok(hip::hipStreamDestroy(s));
-        },
-        // SAFETY: the pointer and stream come from live governed handles (`buf`, `stream`), and
-        // `src` outlives the copy: the retire below waits for it
-        "governed_pinned_behind_raw_copy" => unsafe {
-            use memgov::Tier;
-            let gov = Governor::new();
-            let backend = HipContext::new(HipConfig::default()).expect("context");
-            let ctx = gov.register(backend, ContextConfig::new());
-            let stream = ctx.create_stream("copy").expect("stream");
-            let buf = ctx
-                .allocate(
-                    &stream,
-                    Alloc::new(1 << 16, Role::Other).tier(Tier::PinnedHost),
-                )
-                .expect("pinned allocation");
-            let mem = buf.raw().expect("live buffer");
-            assert_eq!(mem.tier(), Tier::PinnedHost);
-            let raw = stream.raw().expect("live stream").hip_stream();
-            let src = vec![9u8; 1 << 16];
-            ok(hip::hipMemcpyHtoDAsync(
-                mem.device_ptr(),
-                src.as_ptr() as *mut c_void,
-                1 << 16,
-                raw,
-            ));
-            // Queued behind the slow copy; the backend frees after it.
-            drop(buf);
-            drop(stream);
-            ctx.retire()
-                .wait(Instant::now() + Duration::from_secs(30))
-                .expect("retire");
-            drop(src);
         },
         // SAFETY: handles created in this arm, each used while live and in order: the control case
         // plants nothing

@@ -3,7 +3,8 @@
 //! destroyed, a pool over budget refused with nothing begun, teardown held
 //! by a live graph. Run as children of `capture.rs`'s tests.
 
-use super::cases::{arena_context, pattern, stats, MIB};
+use crate::cases::{arena_context, pattern, MIB};
+use crate::vendor::stats;
 use memgov::cuda::{CaptureConfig, CaptureMode, CudaContext};
 use memgov::cuda_capture::{CaptureExt, POOL_LABEL};
 use memgov::{Alloc, BudgetScope, ContextConfig, ContextHandle, Governor, GovernorError, Role};

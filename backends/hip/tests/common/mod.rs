@@ -1,174 +1,61 @@
-//! What the HIP test files share for the capability cases and fault cells
-//! (memgov-conformance's `capability` module) on the stand-in: the context
-//! they run on, what the stand-in holds, and its fault hook.
+//! What the HIP test files that run their cases in child processes on the
+//! stand-in share: the part every vendor shares (`backends/cases/common.rs`:
+//! whether the stand-in is loaded, children that must pass or must be
+//! stopped by the stand-in, the stand-in's hooks, the conformance fault
+//! cells, arena fault cases and stress), instantiated for HIP through the
+//! `vendor` module below.
 
 #![allow(dead_code)]
 
-use memgov::hip::raw as hip;
-use memgov::hip::{ArenaConfig, HipConfig, HipContext};
+#[path = "../../../stand-ins/support/child.rs"]
+pub mod child_process;
+#[path = "../../../cases/common.rs"]
+mod shared;
 
-/// The environment variable listing the entry points whose fault cells a
-/// child runs (`name:min,name:min`).
-pub const FAULT_ENTRIES: &str = "MEMGOV_FAULT_CELL_ENTRIES";
+pub use shared::*;
 
-/// A context with an arena of 256 MiB of address space, 128 MiB mapped at
-/// most: what the capability cases and fault cells run on.
-pub fn capability_factory() -> Result<HipContext, memgov::BackendError> {
-    HipContext::new(HipConfig {
-        arena: Some(ArenaConfig {
-            reserve_bytes: 256 << 20,
-            limit_bytes: 128 << 20,
-        }),
-        ..HipConfig::default()
-    })
-}
+/// What the shared part needs of HIP.
+mod vendor {
+    use std::ffi::CStr;
 
-/// A stand-in hook `int (unsigned long long out[N])`, called.
-fn counters<const N: usize>(name: &std::ffi::CStr) -> [u64; N] {
-    let p = hip::symbol(name).expect("the stand-in's hook");
-    // SAFETY: the stand-in's hook, `int (unsigned long long out[N])`.
-    let query: unsafe extern "C" fn(*mut u64) -> i32 = unsafe { std::mem::transmute(p) };
-    let mut out = [u64::MAX; N];
-    // SAFETY: N writable slots.
-    assert_eq!(unsafe { query(out.as_mut_ptr()) }, 0);
-    out
-}
-
-/// The stand-in's `memgov_standin_hip_vmm`: {reservations, reserved
-/// bytes, handles, physical bytes, mappings, mapped bytes}.
-pub fn vmm() -> [u64; 6] {
-    counters(c"memgov_standin_hip_vmm")
-}
-
-/// The stand-in's `memgov_standin_hip_capture`: {captures begun,
-/// invalidated, runtime allocations made during a capture, launches}.
-pub fn capture_stats() -> [u64; 4] {
-    counters(c"memgov_standin_hip_capture")
-}
-
-/// What the stand-in holds, as the capability fault cells read it.
-pub fn driver_held() -> memgov_conformance::capability::DriverHeld {
-    let v = vmm();
-    memgov_conformance::capability::DriverHeld {
-        reservations: v[0],
-        handles: v[2],
-        mapped_bytes: v[5],
-    }
-}
-
-/// The stand-in's `memgov_standin_hip_fail_entry`: the `n`th call of
-/// `entry` from now on fails (`None`: no fault).
-pub fn fail_entry(entry: Option<(&str, u64)>) {
-    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
-    let n = entry.map_or(0, |(_, n)| n);
-    let p = hip::symbol(c"memgov_standin_hip_fail_entry").expect("the stand-in's hook");
-    // SAFETY: the stand-in's hook, `int (const char *, unsigned long long)`;
-    // it copies the name.
-    let set: unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32 =
-        unsafe { std::mem::transmute(p) };
-    let ptr = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: a NUL-terminated name (or null) and a count.
-    assert_eq!(unsafe { set(ptr, n) }, 0);
-}
-
-/// In a child on the stand-in: the capability fault cells of every entry
-/// point listed in `MEMGOV_FAULT_CELL_ENTRIES`; the exit check covers the
-/// process.
-pub fn fault_cells_child() {
-    let list = std::env::var(FAULT_ENTRIES).expect("the entry points");
-    let lines = memgov_conformance::capability::run_fault_cells(
-        &list,
-        &fail_entry,
-        &capability_factory,
-        &driver_held,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    lines.iter().for_each(|l| println!("{l}"));
-}
-
-/// In a child on the stand-in: the arena's case `name` under a refused
-/// `hipMemRelease` or `hipHostMalloc` and on a capturing thread
-/// (`memgov_conformance::arena_faults`), printed as `arena fault case NAME:
-/// In a child on the stand-in: the arena stress with `seed`
-/// (`memgov_conformance::arena_stress`), printed as `arena stress seed N:
-/// ok: ...`; panics when it failed.
-pub fn arena_stress_child(seed: u64) {
-    let d = memgov_conformance::arena_faults::Driver {
-        factory: &capability_factory,
-        fail: &fail_entry,
-        held: &driver_held,
-        release: "hipMemRelease",
-        pause: &pause_entry,
-        paused: &entry_paused,
-        resume: &resume_entry,
-        map: "hipMemMap",
-        mapping: &|a: &memgov::hip::HipArena| a.snapshot().mapping,
-        host_alloc: "hipHostMalloc",
+    pub use memgov::hip::{
+        ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
     };
-    let e = memgov_conformance::arena_stress::StressEntries {
-        pause: &pause_entry,
-        paused: &entry_paused,
-        resume: &resume_entry,
-        map: "hipMemMap",
-        create: "hipMemCreate",
-        set_access: "hipMemSetAccess",
-        unmap: "hipMemUnmap",
-    };
-    match memgov_conformance::arena_stress::run(&d, &e, seed) {
-        Ok(line) => println!("arena stress seed {seed}: ok: {line}"),
-        Err(e) => panic!("arena stress seed {seed}: {e}"),
+
+    pub const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
+    pub const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
+    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
+    pub const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
+
+    /// The library the stand-in stands in for, and the context's name.
+    pub const LIBRARY: &str = "libamdhip64";
+    pub const CONTEXT_NAME: &str = "HipContext";
+
+    /// The stand-in's hooks.
+    pub const VMM_HOOK: &CStr = c"memgov_standin_hip_vmm";
+    pub const CAPTURE_HOOK: &CStr = c"memgov_standin_hip_capture";
+    pub const FAIL_ENTRY_HOOK: &CStr = c"memgov_standin_hip_fail_entry";
+    pub const PAUSE_ENTRY_HOOK: &CStr = c"memgov_standin_hip_pause_entry";
+    pub const ENTRY_PAUSED_HOOK: &CStr = c"memgov_standin_hip_entry_paused";
+    pub const RESUME_ENTRY_HOOK: &CStr = c"memgov_standin_hip_resume_entry";
+
+    /// The runtime's entry points the arena fault cases and stress fail or
+    /// hold.
+    pub const RELEASE_ENTRY: &str = "hipMemRelease";
+    pub const MAP_ENTRY: &str = "hipMemMap";
+    pub const HOST_ALLOC_ENTRY: &str = "hipHostMalloc";
+    pub const CREATE_ENTRY: &str = "hipMemCreate";
+    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
+    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
+
+    /// Whether `ctx` runs on the stand-in.
+    pub fn is_stand_in(ctx: &Context) -> bool {
+        use memgov::DeviceContext;
+        ctx.describe().execution == memgov::Execution::StandIn
     }
-}
 
-/// ok: ...`; panics when it failed.
-pub fn arena_fault_child(name: &str) {
-    let d = memgov_conformance::arena_faults::Driver {
-        factory: &capability_factory,
-        fail: &fail_entry,
-        held: &driver_held,
-        release: "hipMemRelease",
-        pause: &pause_entry,
-        paused: &entry_paused,
-        resume: &resume_entry,
-        map: "hipMemMap",
-        mapping: &|a: &memgov::hip::HipArena| a.snapshot().mapping,
-        host_alloc: "hipHostMalloc",
-    };
-    match memgov_conformance::arena_faults::run(&d, name) {
-        Ok(line) => println!("arena fault case {name}: ok: {line}"),
-        Err(e) => panic!("arena fault case {name}: {e}"),
+    /// A symbol of the loaded stand-in runtime.
+    pub fn standin_symbol(name: &CStr) -> *mut std::ffi::c_void {
+        memgov::hip::raw::symbol(name).expect("the stand-in's hook")
     }
-}
-
-/// The stand-in's pause knob: the `n`th call of `entry` from now on blocks
-/// until [`resume_entry`] (`None`: none).
-pub fn pause_entry(entry: Option<(&str, u64)>) {
-    let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
-    let n = entry.map_or(0, |(_, n)| n);
-    let p = hip::symbol(c"memgov_standin_hip_pause_entry").expect("the stand-in's hook");
-    // SAFETY: the stand-in's hook, `int (const char *, unsigned long long)`;
-    // it copies the name.
-    let set: unsafe extern "C" fn(*const std::os::raw::c_char, u64) -> i32 =
-        unsafe { std::mem::transmute(p) };
-    let ptr = name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: a NUL-terminated name (or null) and a count.
-    assert_eq!(unsafe { set(ptr, n) }, 0);
-}
-
-/// Whether a call is held by the pause knob.
-pub fn entry_paused() -> bool {
-    let p = hip::symbol(c"memgov_standin_hip_entry_paused").expect("the stand-in's hook");
-    // SAFETY: the stand-in's hook, `int (void)`.
-    let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(p) };
-    // SAFETY: no arguments.
-    unsafe { f() != 0 }
-}
-
-/// Let the call held by the pause knob go on.
-pub fn resume_entry() {
-    let p = hip::symbol(c"memgov_standin_hip_resume_entry").expect("the stand-in's hook");
-    // SAFETY: the stand-in's hook, `void (void)`.
-    let f: unsafe extern "C" fn() = unsafe { std::mem::transmute(p) };
-    // SAFETY: no arguments.
-    unsafe { f() }
 }
