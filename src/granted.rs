@@ -1,14 +1,12 @@
 //! Budgets the cluster granted: the device-memory limit a container was
 //! given, read where the scheduler or the sharing layer puts it, so that it
 //! becomes the process level of the budget tree. A machine ledger's
-//! [`join`](crate::machine::MachineLedger::join) reads it by default
-//! (for the device given with
-//! [`JoinOptions::device`](crate::machine::JoinOptions::device); off with
-//! [`JoinOptions::ignore_granted_env`](crate::machine::JoinOptions::ignore_granted_env)),
-//! as does [`ProcessBudget::from_env`](crate::ProcessBudget::from_env)
-//! without a ledger; [`ProcessBudget::granted`](crate::ProcessBudget::granted)
-//! and [`JoinOptions::granted`](crate::machine::JoinOptions::granted) take
-//! a grant read here by the program.
+//! `MachineLedger::join` reads it by default (for the device given with
+//! `JoinOptions::device`; off with `JoinOptions::ignore_granted_env`), as
+//! does [`ProcessBudget::from_env`](crate::ProcessBudget::from_env) without
+//! a ledger; [`ProcessBudget::granted`](crate::ProcessBudget::granted) and
+//! `JoinOptions::granted` take a grant read here by the program. (The
+//! machine ledger is above this module, which names none of it.)
 //!
 //! | variable | set by | format |
 //! |---|---|---|
@@ -450,9 +448,8 @@ pub fn granted_limit_from_env(
 /// variables set (their names). The device in the result is 0 (the limit
 /// holds on every device).
 ///
-/// What [`MachineLedger::join`](crate::machine::MachineLedger::join) reads
-/// when [`JoinOptions::device`](crate::machine::JoinOptions::device) was
-/// not given.
+/// What `MachineLedger::join` reads when `JoinOptions::device` was not
+/// given.
 pub fn granted_limit_any_device(
     device_total: Option<u64>,
     indexed: &[String],

@@ -1,6 +1,9 @@
 //! The governor's structure, checked from its sources: its modules import
 //! each other in layers (no import circle), and the file map in
 //! `docs/architecture.md` lists exactly the files under `src/governor/`.
+//! The same holds for the library's own top modules and for every backend
+//! crate and the kit they share: no two of a crate's modules import each
+//! other, directly or around a circle (`CRATES` below).
 //!
 //! A module's dependencies are the governor modules its source names
 //! through `super::x` or `crate::governor::x` (in `use` lines, paths and
@@ -203,6 +206,122 @@ fn a_circle_is_found_when_there_is_one() {
         circles.iter().any(|c| c.contains(&"role".to_owned())),
         "{circles:?}"
     );
+}
+
+/// The crates whose top modules must form layers, as directories under
+/// the workspace root: the library's own top modules, the backend kit, the
+/// stream-ordered core CUDA and HIP share, and every backend.
+const CRATES: &[&str] = &[
+    "src",
+    "crates/backend/src",
+    "crates/stream-ordered/src",
+    "crates/conformance/src",
+    "crates/sync/src",
+    "backends/host/src",
+    "backends/null/src",
+];
+
+/// The module graph of the crate whose sources are in `dir`: each top
+/// module (a file or a directory under `dir`, `lib.rs` the façade left out)
+/// and the top modules it names through `crate::x`, or `super::x` where
+/// that is the crate root (a top-level file, a directory's `mod.rs`), or
+/// `super::super::x` from a file inside a directory. Doc links count.
+fn crate_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = files(dir);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|f| top_module(f))
+        .filter(|m| m != "lib" && m != "main" && m != "mod")
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for rel in &files {
+        let module = top_module(rel);
+        if !modules.contains(&module) {
+            continue;
+        }
+        let text = fs::read_to_string(dir.join(rel)).expect("read a source");
+        let text = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        let depth = rel.components().count();
+        let is_mod = rel.file_name().is_some_and(|n| n == "mod.rs");
+        let mut named = BTreeSet::new();
+        named_after(text, "crate::", &modules, &mut named);
+        match (depth, is_mod) {
+            (1, _) | (2, true) => named_after(text, "super::", &modules, &mut named),
+            (2, false) => named_after(text, "super::super::", &modules, &mut named),
+            _ => {}
+        }
+        named.remove(&module);
+        graph.entry(module).or_default().extend(named);
+    }
+    graph
+}
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut failures = Vec::new();
+    for dir in CRATES {
+        let graph = crate_graph(&root.join(dir));
+        let circles = circles(&graph);
+        for circle in &circles {
+            let edges: Vec<String> = circle
+                .iter()
+                .map(|m| {
+                    let inside: Vec<&String> =
+                        graph[m].iter().filter(|d| circle.contains(d)).collect();
+                    format!("    {m} -> {inside:?}")
+                })
+                .collect();
+            failures.push(format!("{dir}: {circle:?}\n{}", edges.join("\n")));
+        }
+        println!(
+            "{dir}: {} modules, {} imports, no circle",
+            graph.len(),
+            graph.values().map(BTreeSet::len).sum::<usize>()
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "modules import each other in a circle:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_crate_circle_is_found_when_there_is_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut planted = Vec::new();
+    for dir in CRATES {
+        let mut graph = crate_graph(&root.join(dir));
+        // A crate whose modules import nothing of each other (their
+        // imports go through the crate root's re-exports) has no edge to
+        // turn around.
+        let Some((from, to)) = graph
+            .iter()
+            .find_map(|(m, deps)| deps.iter().next().map(|d| (m.clone(), d.clone())))
+        else {
+            continue;
+        };
+        // Plant the back edge: the module imported names its importer.
+        graph.entry(to.clone()).or_default().insert(from.clone());
+        let found = circles(&graph);
+        assert!(
+            found.iter().any(|c| c.contains(&from) && c.contains(&to)),
+            "{dir}: the planted edge {to} -> {from} made no circle: {found:?}"
+        );
+        planted.push(*dir);
+    }
+    // The graphs were read: the core and the library's own modules import
+    // each other.
+    for dir in ["src", "crates/stream-ordered/src"] {
+        assert!(
+            planted.contains(&dir),
+            "no import read in {dir}: {planted:?}"
+        );
+    }
 }
 
 /// The paths the architecture doc's file map lists under `governor/`.
