@@ -465,7 +465,7 @@ fn charged_peak(events: &[Event]) -> u64 {
 /// snapshot's live, cached and charged bytes.
 #[test]
 fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
-    use memgov::CacheConfig;
+    use memgov::{Admission, CacheConfig};
     const KIB: u64 = 1 << 10;
     let trace = Trace::new();
     let gov = Governor::new();
@@ -474,6 +474,11 @@ fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
         ContextConfig::new()
             .label("cached")
             .budget(64 * KIB)
+            // The cache's blocks given back under pressure are stream-ordered
+            // frees: the refused allocation waits for them to retire.
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            })
             .cache(CacheConfig::new(64 * KIB))
             .tuning(Tuning::new().exact_peak(true))
             .attribution(true)
@@ -482,21 +487,26 @@ fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
     let stream = ctx.create_stream("main").unwrap();
     // Each step: the stream drained (so nothing is left pending), then the
     // timeline against the snapshot.
-    let check = |step: &str, live: u64, cached: u64| {
-        stream.synchronize().unwrap();
-        let events = trace.events();
-        let snap = ctx.snapshot();
-        let total = snap.total();
-        assert_eq!(
+    let check =
+        |step: &str, live: u64, cached: u64| {
+            stream.synchronize().unwrap();
+            let events = trace.events();
+            let snap = ctx.snapshot();
+            let total = snap.total();
+            assert_eq!(
             cache_figures(&events),
             (total.live_bytes, snap.cache.cached_bytes, total.pending_bytes),
             "{step}: the timeline's (live, cached, pending) against the snapshot's\n{events:#?}"
         );
-        assert_eq!((total.live_bytes, snap.cache.cached_bytes), (live, cached), "{step}");
-        assert_eq!(snap.charged, live + cached, "{step}: charged");
-        assert_eq!(charged_peak(&events), snap.peak, "{step}: peak");
-        events
-    };
+            assert_eq!(
+                (total.live_bytes, snap.cache.cached_bytes),
+                (live, cached),
+                "{step}"
+            );
+            assert_eq!(snap.charged, live + cached, "{step}: charged");
+            assert_eq!(charged_peak(&events), snap.peak, "{step}: peak");
+            events
+        };
     let last = |events: &[Event], kind: EventKind| {
         events
             .iter()
@@ -515,7 +525,11 @@ fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
     let cached = last(&events, EventKind::Cached);
     assert_eq!((cached.bytes, cached.role), (KIB, Some(Role::Workspace)));
     assert!(cached.site.is_some(), "{cached:?}");
-    assert_eq!(sum(&events, EventKind::Released, |_| true), 0, "{events:#?}");
+    assert_eq!(
+        sum(&events, EventKind::Released, |_| true),
+        0,
+        "{events:#?}"
+    );
 
     let b = ctx
         .allocate(&stream, Alloc::new(900, Role::Workspace))
@@ -525,7 +539,11 @@ fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
     let reused = last(&events, EventKind::Reused);
     assert_eq!((reused.bytes, reused.role), (KIB, Some(Role::Workspace)));
     assert!(reused.site.is_some(), "{reused:?}");
-    assert_eq!(sum(&events, EventKind::Allocated, |_| true), KIB, "no backend allocation");
+    assert_eq!(
+        sum(&events, EventKind::Allocated, |_| true),
+        KIB,
+        "no backend allocation"
+    );
 
     // Two blocks cached; trim_cache gives the largest back.
     let c = ctx
@@ -570,7 +588,11 @@ fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
         .collect();
     assert_eq!(
         flushed,
-        [(4 * KIB, "trim_cache"), (KIB, "pressure"), (64 * KIB - 512, "retire")],
+        [
+            (4 * KIB, "trim_cache"),
+            (KIB, "pressure"),
+            (64 * KIB - 512, "retire")
+        ],
         "{events:#?}"
     );
     assert_eq!(cache_figures(&events), (0, 0, 0), "{events:#?}");

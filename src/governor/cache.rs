@@ -50,9 +50,9 @@
 //!   draining; dropping a stream does the same for its own.
 
 use super::record::cache::{Block, ContextCache};
+use super::record::sites::SiteId;
 use super::record::stream::StreamShared;
 use super::record::ContextInner;
-use super::record::sites::SiteId;
 use super::release::{release, Freed};
 use super::role::Role;
 use super::snapshot::CacheUsage;
@@ -290,7 +290,10 @@ pub(crate) fn flush_all<C: DeviceContext>(ctx: &ContextInner<C>) -> u64 {
     } else {
         "retire"
     };
-    cached_streams(ctx).iter().map(|s| flush_stream(s, why)).sum()
+    cached_streams(ctx)
+        .iter()
+        .map(|s| flush_stream(s, why))
+        .sum()
 }
 
 /// Free cached blocks, largest first over every stream, until at least
