@@ -648,6 +648,41 @@ mod tests {
     }
 
     #[test]
+    fn cached_bytes_have_a_counter_track_of_their_own() {
+        let t = Trace::new();
+        let c = ctx();
+        let s: Arc<str> = Arc::from("s0");
+        let w = Some(Role::Workspace);
+        for kind in [
+            EventKind::Allocated,
+            EventKind::Cached,
+            EventKind::Reused,
+            EventKind::Cached,
+            EventKind::Trimmed,
+            EventKind::Retired,
+        ] {
+            t.record(&c, Some(&s), w, kind, 512, None);
+        }
+        let json = t.to_chrome_json();
+        // The context's cached track after each event that moved it: in,
+        // out (reused), in, out (trimmed); live 0 once the block is cached.
+        let cached: Vec<&str> = json
+            .match_indices(r#""name":"cached bytes (context)""#)
+            .map(|(i, _)| {
+                let rest = &json[i..];
+                let at = rest.find(r#""workspace":"#).unwrap() + 12;
+                let end = rest[at..].find(|ch: char| !ch.is_ascii_digit()).unwrap();
+                &rest[at..at + end]
+            })
+            .collect();
+        assert_eq!(cached, ["512", "0", "512", "0"], "{json}");
+        // A context that never cached has no cached track.
+        let plain = Trace::new();
+        plain.record(&c, Some(&s), w, EventKind::Allocated, 512, None);
+        assert!(!plain.to_chrome_json().contains("cached bytes"));
+    }
+
+    #[test]
     fn a_full_trace_counts_what_it_drops() {
         let t = Trace::with_limit(2);
         let c = ctx();

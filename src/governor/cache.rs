@@ -48,6 +48,16 @@
 //! * `begin_retire` and device loss close every stream's bins and release
 //!   what they held, so that a cached block never keeps a retire from
 //!   draining; dropping a stream does the same for its own.
+//!
+//! # On the timeline
+//!
+//! A traced context caches like any other. `put` records a kept block as
+//! [`EventKind::Cached`] before another allocation can take it, a hit is
+//! recorded by its caller as [`EventKind::Reused`] at the allocation's
+//! site, and every block given back (each of the paths above, and eviction)
+//! is released as [`Freed::Cached`], which its release records as a
+//! role-bearing [`EventKind::Trimmed`] naming the path, in place of
+//! `Released`: the timeline's cached bytes are the snapshot's.
 
 use super::record::cache::{Block, ContextCache};
 use super::record::sites::SiteId;
