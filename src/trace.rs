@@ -71,8 +71,9 @@ pub enum EventKind {
     /// freed. Carries the buffer's site, like [`Released`](Self::Released).
     Cached,
     /// An allocation was served from the block cache: `bytes` went from
-    /// cached to live, with no backend allocation. Carries the
-    /// allocation's site, like [`Allocated`](Self::Allocated).
+    /// cached to live, with no backend allocation. Its role is the
+    /// allocation's (the block may have been cached as another's). Carries
+    /// the allocation's site, like [`Allocated`](Self::Allocated).
     Reused,
     /// A pending release's free executed on the device: `bytes` are back.
     Retired,
@@ -294,8 +295,9 @@ impl Trace {
     }
 
     /// The timeline in the Chrome trace event format (JSON): one process per
-    /// context, one thread per stream; counter tracks of live, cached (kept
-    /// by the block cache) and pending bytes per role for each stream and
+    /// context, one thread per stream; counter tracks of live and pending
+    /// bytes per role and of cached bytes (kept by the block cache, one
+    /// figure: a block may be reused by another role) for each stream and
     /// for each context; instant events
     /// for refusals, pressure, reservations, sleeps and wakes, retire and
     /// teardown; the memgov events themselves under `memgovEvents` (`t_us`,
@@ -419,7 +421,9 @@ impl ContextTrace {
 #[derive(Default, Clone, Copy)]
 struct Totals {
     live: [u64; Role::ALL.len()],
-    cached: [u64; Role::ALL.len()],
+    /// One figure, not per role: a block may be reused by another role
+    /// than the one it was cached as.
+    cached: u64,
     pending: [u64; Role::ALL.len()],
 }
 
@@ -485,16 +489,10 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
                 let tot = totals.entry((pid, t)).or_default();
                 let i = role.index();
                 tot.live[i] = (tot.live[i] as i128 + live).max(0) as u64;
-                tot.cached[i] = (tot.cached[i] as i128 + cached).max(0) as u64;
+                tot.cached = (tot.cached as i128 + cached).max(0) as u64;
                 tot.pending[i] = (tot.pending[i] as i128 + pending).max(0) as u64;
                 let scope = if t == 0 { "context" } else { "stream" };
-                let mut tracks = vec![("live", tot.live)];
-                // The cached track only on a context that caches.
-                if cached != 0 || tot.cached.iter().any(|&c| c > 0) {
-                    tracks.push(("cached", tot.cached));
-                }
-                tracks.push(("pending", tot.pending));
-                for (name, values) in tracks {
+                let by_role = |values: [u64; Role::ALL.len()]| {
                     let mut args = String::new();
                     for r in Role::ALL {
                         if !args.is_empty() {
@@ -502,6 +500,15 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
                         }
                         let _ = write!(args, "{}:{}", json_str(r.name()), values[r.index()]);
                     }
+                    args
+                };
+                let mut tracks = vec![("live", by_role(tot.live))];
+                // The cached track only on a context that caches.
+                if cached != 0 || tot.cached > 0 {
+                    tracks.push(("cached", format!("\"bytes\":{}", tot.cached)));
+                }
+                tracks.push(("pending", by_role(tot.pending)));
+                for (name, args) in tracks {
                     push(
                         &mut out,
                         format!(
@@ -652,16 +659,18 @@ mod tests {
         let t = Trace::new();
         let c = ctx();
         let s: Arc<str> = Arc::from("s0");
-        let w = Some(Role::Workspace);
-        for kind in [
-            EventKind::Allocated,
-            EventKind::Cached,
-            EventKind::Reused,
-            EventKind::Cached,
-            EventKind::Trimmed,
-            EventKind::Retired,
+        // A workspace block reused as an activation: the cached figure is
+        // one, whatever role the block was cached as.
+        let (w, a) = (Role::Workspace, Role::Activation);
+        for (role, kind) in [
+            (w, EventKind::Allocated),
+            (w, EventKind::Cached),
+            (a, EventKind::Reused),
+            (a, EventKind::Cached),
+            (a, EventKind::Trimmed),
+            (a, EventKind::Retired),
         ] {
-            t.record(&c, Some(&s), w, kind, 512, None);
+            t.record(&c, Some(&s), Some(role), kind, 512, None);
         }
         let json = t.to_chrome_json();
         // The context's cached track after each event that moved it: in,
@@ -670,7 +679,7 @@ mod tests {
             .match_indices(r#""name":"cached bytes (context)""#)
             .map(|(i, _)| {
                 let rest = &json[i..];
-                let at = rest.find(r#""workspace":"#).unwrap() + 12;
+                let at = rest.find(r#""bytes":"#).unwrap() + 8;
                 let end = rest[at..].find(|ch: char| !ch.is_ascii_digit()).unwrap();
                 &rest[at..at + end]
             })
@@ -678,7 +687,7 @@ mod tests {
         assert_eq!(cached, ["512", "0", "512", "0"], "{json}");
         // A context that never cached has no cached track.
         let plain = Trace::new();
-        plain.record(&c, Some(&s), w, EventKind::Allocated, 512, None);
+        plain.record(&c, Some(&s), Some(w), EventKind::Allocated, 512, None);
         assert!(!plain.to_chrome_json().contains("cached bytes"));
     }
 
