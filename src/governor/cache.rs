@@ -161,8 +161,7 @@ pub(crate) fn hit<C: DeviceContext>(
     }
     drop(gate);
     ctx.cache.hits.fetch_add(1, Ordering::Relaxed);
-    // A stream's trace tag is set only on a traced context: the caller
-    // records the reuse at its site.
+    // On a traced context the caller records the reuse, at its site.
     Some(block.memory)
 }
 
