@@ -50,17 +50,31 @@ pub enum EventKind {
     Registered,
     /// A stream was created.
     StreamCreated,
-    /// An allocation was admitted: `bytes` became live. Recorded once per
-    /// buffer, however it was made (`ContextHandle::allocate`, in any tier,
-    /// or `Reservation::allocate`); one made out of a reservation carries
-    /// the reservation's label as its note, and its bytes leave the
+    /// An allocation was admitted with a backend allocation: `bytes`
+    /// became live. Recorded once per buffer, however it was made
+    /// (`ContextHandle::allocate`, in any tier, or `Reservation::allocate`),
+    /// except one served from the block cache, which is
+    /// [`Reused`](Self::Reused); one made out of a reservation carries the
+    /// reservation's label as its note, and its bytes leave the
     /// reservation's [`Reserved`](Self::Reserved) bytes.
     Allocated,
-    /// A buffer was released: `bytes` went from live to pending. Recorded
-    /// once per buffer; one whose free will never retire (refused, on a
-    /// lost device, reclaimed by force) is followed by
-    /// [`Abandoned`](Self::Abandoned).
+    /// A buffer was released with a stream-ordered free: `bytes` went from
+    /// live to pending. Recorded once per buffer not kept by the block
+    /// cache (that one is [`Cached`](Self::Cached)); one whose free will
+    /// never retire (refused, on a lost device, reclaimed by force) is
+    /// followed by [`Abandoned`](Self::Abandoned).
     Released,
+    /// A released buffer was kept by the block cache
+    /// ([`ContextConfig::cache`](crate::ContextConfig::cache)) instead of
+    /// being freed: `bytes` (its size class) went from live to cached.
+    /// They stay charged to the context and its budgets; nothing was
+    /// freed. Carries the buffer's site, like [`Released`](Self::Released).
+    Cached,
+    /// An allocation was served from the block cache: `bytes` went from
+    /// cached to live, with no backend allocation. Its role is the
+    /// allocation's (the block may have been cached as another's). Carries
+    /// the allocation's site, like [`Allocated`](Self::Allocated).
+    Reused,
     /// A pending release's free executed on the device: `bytes` are back.
     Retired,
     /// A pending release will never execute (device lost, or the free was
@@ -90,14 +104,29 @@ pub enum EventKind {
     /// The sleeping bytes of `role` woke (`ContextHandle::wake_with`):
     /// charged again. One event per role that had bytes.
     Woke,
-    /// A trim of the process budget (`ProcessBudget::trim`, which the
-    /// machine ledger calls when another process on the device asks for
-    /// room) asked this context's block cache and pressure responders:
-    /// `bytes` is what they gave back. The note says what the process was
-    /// asked for. A traced context keeps no block cache (its timeline
-    /// records every backend allocation and free), so its bytes come from
-    /// its responders, and `ContextHandle::trim_cache` finds nothing to
-    /// give back.
+    /// Cached bytes given back, or a trim of the process budget. Two shapes:
+    ///
+    /// * With a stream and a role: one block of the block cache given back
+    ///   to the backend with a stream-ordered free: `bytes` went from
+    ///   cached to pending ([`Retired`](Self::Retired) or
+    ///   [`Abandoned`](Self::Abandoned) follows, as after
+    ///   [`Released`](Self::Released)). The note says which path gave it
+    ///   back: `trim_cache` (`ContextHandle::trim_cache`), `pressure` (a
+    ///   refused admission, a shared budget's member asked for room, or a
+    ///   process-budget trim), `evicted for a newer block` (the cache at
+    ///   its limit), `retire`, `the device is lost`, `stream dropped` or
+    ///   `flushed` (the bins closed as the block arrived).
+    /// * With neither: a trim of the process budget (`ProcessBudget::trim`,
+    ///   which the machine ledger calls when another process on the device
+    ///   asks for room) asked this context's block cache and pressure
+    ///   responders: `bytes` is what they gave back, the cache's blocks
+    ///   among them (each also recorded as its own event of the first
+    ///   shape, just before). The note says what the process was asked for.
+    ///
+    /// So the cached bytes of a context at any point of its timeline are
+    /// [`Cached`](Self::Cached) − [`Reused`](Self::Reused) − the
+    /// role-bearing `Trimmed`, which is what its snapshot's
+    /// [`CacheUsage::cached_bytes`](crate::CacheUsage::cached_bytes) reads.
     Trimmed,
     /// The context began retiring.
     RetireBegun,
@@ -113,6 +142,8 @@ impl EventKind {
             Self::StreamCreated => "stream created",
             Self::Allocated => "allocated",
             Self::Released => "released",
+            Self::Cached => "cached",
+            Self::Reused => "reused",
             Self::Retired => "retired",
             Self::Abandoned => "abandoned",
             Self::MovedOut => "moved out",
@@ -152,7 +183,8 @@ pub struct Event {
     /// context with attribution on
     /// ([`ContextConfig::attribution`](crate::ContextConfig::attribution)):
     /// set on [`Allocated`](EventKind::Allocated),
-    /// [`Released`](EventKind::Released) and [`Refused`](EventKind::Refused)
+    /// [`Released`](EventKind::Released), [`Cached`](EventKind::Cached),
+    /// [`Reused`](EventKind::Reused) and [`Refused`](EventKind::Refused)
     /// events of allocations, the site their
     /// [`ContextSnapshot::sites`](crate::ContextSnapshot::sites) row names.
     pub site: Option<Arc<str>>,
@@ -264,7 +296,9 @@ impl Trace {
 
     /// The timeline in the Chrome trace event format (JSON): one process per
     /// context, one thread per stream; counter tracks of live and pending
-    /// bytes per role for each stream and for each context; instant events
+    /// bytes per role and of cached bytes (kept by the block cache, one
+    /// figure: a block may be reused by another role) for each stream and
+    /// for each context; instant events
     /// for refusals, pressure, reservations, sleeps and wakes, retire and
     /// teardown; the memgov events themselves under `memgovEvents` (`t_us`,
     /// `context`, `stream`, `role`, `kind`, `bytes`, and `note`, `site` and
@@ -387,6 +421,9 @@ impl ContextTrace {
 #[derive(Default, Clone, Copy)]
 struct Totals {
     live: [u64; Role::ALL.len()],
+    /// One figure, not per role: a block may be reused by another role
+    /// than the one it was cached as.
+    cached: u64,
     pending: [u64; Role::ALL.len()],
 }
 
@@ -433,27 +470,29 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
             }
         };
         let ts = e.at.as_nanos() as f64 / 1000.0;
+        // (role, live, cached, pending) deltas.
+        let b = e.bytes as i128;
         let moved = match (e.kind, e.role) {
-            (EventKind::Allocated | EventKind::MovedIn, Some(r)) => {
-                Some((r, e.bytes as i128, 0i128))
-            }
-            (EventKind::MovedOut, Some(r)) => Some((r, -(e.bytes as i128), 0)),
-            (EventKind::Released, Some(r)) => Some((r, -(e.bytes as i128), e.bytes as i128)),
-            (EventKind::Retired | EventKind::Abandoned, Some(r)) => {
-                Some((r, 0, -(e.bytes as i128)))
-            }
+            (EventKind::Allocated | EventKind::MovedIn, Some(r)) => Some((r, b, 0, 0i128)),
+            (EventKind::MovedOut, Some(r)) => Some((r, -b, 0, 0)),
+            (EventKind::Released, Some(r)) => Some((r, -b, 0, b)),
+            (EventKind::Cached, Some(r)) => Some((r, -b, b, 0)),
+            (EventKind::Reused, Some(r)) => Some((r, b, -b, 0)),
+            (EventKind::Trimmed, Some(r)) => Some((r, 0, -b, b)),
+            (EventKind::Retired | EventKind::Abandoned, Some(r)) => Some((r, 0, 0, -b)),
             _ => None,
         };
-        if let Some((role, live, pending)) = moved {
+        if let Some((role, live, cached, pending)) = moved {
             // The stream's track and the context's (tid 0) track.
             let tracks: &[usize] = if tid == 0 { &[0] } else { &[tid, 0] };
             for &t in tracks {
                 let tot = totals.entry((pid, t)).or_default();
                 let i = role.index();
                 tot.live[i] = (tot.live[i] as i128 + live).max(0) as u64;
+                tot.cached = (tot.cached as i128 + cached).max(0) as u64;
                 tot.pending[i] = (tot.pending[i] as i128 + pending).max(0) as u64;
                 let scope = if t == 0 { "context" } else { "stream" };
-                for (name, values) in [("live", tot.live), ("pending", tot.pending)] {
+                let by_role = |values: [u64; Role::ALL.len()]| {
                     let mut args = String::new();
                     for r in Role::ALL {
                         if !args.is_empty() {
@@ -461,6 +500,15 @@ fn chrome_json(events: &[Event], dropped: u64) -> String {
                         }
                         let _ = write!(args, "{}:{}", json_str(r.name()), values[r.index()]);
                     }
+                    args
+                };
+                let mut tracks = vec![("live", by_role(tot.live))];
+                // The cached track only on a context that caches.
+                if cached != 0 || tot.cached > 0 {
+                    tracks.push(("cached", format!("\"bytes\":{}", tot.cached)));
+                }
+                tracks.push(("pending", by_role(tot.pending)));
+                for (name, args) in tracks {
                     push(
                         &mut out,
                         format!(
@@ -604,6 +652,43 @@ mod tests {
             .map(|(i, _)| &json[i..])
             .unwrap();
         assert!(last_pending.contains(r#""weights":0"#), "{last_pending}");
+    }
+
+    #[test]
+    fn cached_bytes_have_a_counter_track_of_their_own() {
+        let t = Trace::new();
+        let c = ctx();
+        let s: Arc<str> = Arc::from("s0");
+        // A workspace block reused as an activation: the cached figure is
+        // one, whatever role the block was cached as.
+        let (w, a) = (Role::Workspace, Role::Activation);
+        for (role, kind) in [
+            (w, EventKind::Allocated),
+            (w, EventKind::Cached),
+            (a, EventKind::Reused),
+            (a, EventKind::Cached),
+            (a, EventKind::Trimmed),
+            (a, EventKind::Retired),
+        ] {
+            t.record(&c, Some(&s), Some(role), kind, 512, None);
+        }
+        let json = t.to_chrome_json();
+        // The context's cached track after each event that moved it: in,
+        // out (reused), in, out (trimmed); live 0 once the block is cached.
+        let cached: Vec<&str> = json
+            .match_indices(r#""name":"cached bytes (context)""#)
+            .map(|(i, _)| {
+                let rest = &json[i..];
+                let at = rest.find(r#""bytes":"#).unwrap() + 8;
+                let end = rest[at..].find(|ch: char| !ch.is_ascii_digit()).unwrap();
+                &rest[at..at + end]
+            })
+            .collect();
+        assert_eq!(cached, ["512", "0", "512", "0"], "{json}");
+        // A context that never cached has no cached track.
+        let plain = Trace::new();
+        plain.record(&c, Some(&s), Some(w), EventKind::Allocated, 512, None);
+        assert!(!plain.to_chrome_json().contains("cached bytes"));
     }
 
     #[test]

@@ -424,3 +424,220 @@ fn a_refused_free_is_released_once_then_abandoned_on_the_timeline() {
     drop(stream);
     ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
 }
+
+/// The timeline's figures of a context with a block cache, by role summed:
+/// live (allocated + reused − released − cached), cached (cached − reused −
+/// the role-bearing trimmed) and pending (released + trimmed − retired −
+/// abandoned).
+fn cache_figures(events: &[Event]) -> (u64, u64, u64) {
+    let of = |e: &Event| e.role.is_some();
+    let s = |kind| sum(events, kind, of);
+    let live = s(EventKind::Allocated) + s(EventKind::Reused)
+        - s(EventKind::Released)
+        - s(EventKind::Cached);
+    let cached = s(EventKind::Cached) - s(EventKind::Reused) - s(EventKind::Trimmed);
+    let pending = s(EventKind::Released) + s(EventKind::Trimmed)
+        - s(EventKind::Retired)
+        - s(EventKind::Abandoned);
+    (live, cached, pending)
+}
+
+/// The highest total of live and cached bytes the timeline reached: what
+/// the books count as live (a cached block keeps its charge and its place
+/// in the live statistics), so what the snapshot's `peak` reads.
+fn charged_peak(events: &[Event]) -> u64 {
+    let (mut now, mut peak) = (0i128, 0i128);
+    for e in events.iter().filter(|e| e.role.is_some()) {
+        match e.kind {
+            EventKind::Allocated => now += i128::from(e.bytes),
+            EventKind::Released | EventKind::Trimmed => now -= i128::from(e.bytes),
+            _ => {}
+        }
+        peak = peak.max(now);
+    }
+    peak as u64
+}
+
+/// A traced context keeps its block cache, and its timeline shows every
+/// step of a block: cached at its release, reused by the next allocation of
+/// its class, trimmed by `trim_cache`, by a refused admission and by retire,
+/// each with its bytes; at every step the events balance with the
+/// snapshot's live, cached and charged bytes.
+#[test]
+fn a_traced_context_keeps_its_cache_and_its_timeline_shows_every_block() {
+    use memgov::{Admission, CacheConfig};
+    const KIB: u64 = 1 << 10;
+    let trace = Trace::new();
+    let gov = Governor::new();
+    let ctx = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new()
+            .label("cached")
+            .budget(64 * KIB)
+            // The cache's blocks given back under pressure are stream-ordered
+            // frees: the refused allocation waits for them to retire.
+            .admission(Admission::WaitForPending {
+                timeout: Duration::from_secs(10),
+            })
+            .cache(CacheConfig::new(64 * KIB))
+            .tuning(Tuning::new().exact_peak(true))
+            .attribution(true)
+            .trace(&trace),
+    );
+    let stream = ctx.create_stream("main").unwrap();
+    // Each step: the stream drained (so nothing is left pending), then the
+    // timeline against the snapshot.
+    let check =
+        |step: &str, live: u64, cached: u64| {
+            stream.synchronize().unwrap();
+            let events = trace.events();
+            let snap = ctx.snapshot();
+            let total = snap.total();
+            assert_eq!(
+            cache_figures(&events),
+            (total.live_bytes, snap.cache.cached_bytes, total.pending_bytes),
+            "{step}: the timeline's (live, cached, pending) against the snapshot's\n{events:#?}"
+        );
+            assert_eq!(
+                (total.live_bytes, snap.cache.cached_bytes),
+                (live, cached),
+                "{step}"
+            );
+            assert_eq!(snap.charged, live + cached, "{step}: charged");
+            assert_eq!(charged_peak(&events), snap.peak, "{step}: peak");
+            events
+        };
+    let last = |events: &[Event], kind: EventKind| {
+        events
+            .iter()
+            .rev()
+            .find(|e| e.kind == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind:?} event: {events:#?}"))
+    };
+
+    let a = ctx
+        .allocate(&stream, Alloc::new(1000, Role::Workspace))
+        .unwrap();
+    check("allocated", KIB, 0);
+    drop(a);
+    let events = check("released into the cache", 0, KIB);
+    let cached = last(&events, EventKind::Cached);
+    assert_eq!((cached.bytes, cached.role), (KIB, Some(Role::Workspace)));
+    assert!(cached.site.is_some(), "{cached:?}");
+    assert_eq!(
+        sum(&events, EventKind::Released, |_| true),
+        0,
+        "{events:#?}"
+    );
+
+    let b = ctx
+        .allocate(&stream, Alloc::new(900, Role::Workspace))
+        .unwrap();
+    let events = check("reused", KIB, 0);
+    assert_eq!(ctx.snapshot().cache.hits, 1);
+    let reused = last(&events, EventKind::Reused);
+    assert_eq!((reused.bytes, reused.role), (KIB, Some(Role::Workspace)));
+    assert!(reused.site.is_some(), "{reused:?}");
+    assert_eq!(
+        sum(&events, EventKind::Allocated, |_| true),
+        KIB,
+        "no backend allocation"
+    );
+
+    // Two blocks cached; trim_cache gives the largest back.
+    let c = ctx
+        .allocate(&stream, Alloc::new(4 * KIB, Role::Activation))
+        .unwrap();
+    drop(b);
+    drop(c);
+    check("two blocks cached", 0, 5 * KIB);
+    assert_eq!(ctx.trim_cache(1), 4 * KIB);
+    let events = check("trim_cache", 0, KIB);
+    let trimmed = last(&events, EventKind::Trimmed);
+    assert_eq!(
+        (trimmed.bytes, trimmed.role, trimmed.note.as_deref()),
+        (4 * KIB, Some(Role::Activation), Some("trim_cache"))
+    );
+    assert_eq!(last(&events, EventKind::Retired).bytes, 4 * KIB);
+
+    // An allocation the budget refuses while the cache holds 1 KiB: the
+    // cache gives it back before anything else.
+    let big = ctx
+        .allocate(&stream, Alloc::new(64 * KIB - 512, Role::Activation))
+        .unwrap();
+    let events = check("pressure", 64 * KIB - 512, 0);
+    let trimmed = last(&events, EventKind::Trimmed);
+    assert_eq!(
+        (trimmed.bytes, trimmed.role, trimmed.note.as_deref()),
+        (KIB, Some(Role::Workspace), Some("pressure"))
+    );
+    assert_eq!(ctx.snapshot().cache.pressure_released, KIB);
+    drop(big);
+    check("cached again", 0, 64 * KIB - 512);
+
+    // Retire empties the cache (the stream still open when it begins).
+    let retiring = ctx.retire();
+    drop(stream);
+    retiring.wait_timeout(Duration::from_secs(5)).unwrap();
+    let events = trace.events();
+    let flushed: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Trimmed && e.role.is_some())
+        .map(|e| (e.bytes, e.note.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        flushed,
+        [
+            (4 * KIB, "trim_cache"),
+            (KIB, "pressure"),
+            (64 * KIB - 512, "retire")
+        ],
+        "{events:#?}"
+    );
+    assert_eq!(cache_figures(&events), (0, 0, 0), "{events:#?}");
+}
+
+/// A trim of the process budget reaches a traced context's cache: each
+/// block it gives back is on the timeline with its role, before the trim's
+/// own event, and the bytes agree.
+#[test]
+fn a_process_trim_of_a_traced_cache_is_on_the_timeline() {
+    use memgov::{CacheConfig, ProcessBudget};
+    const MIB: u64 = 1 << 20;
+    let trace = Trace::new();
+    let process = ProcessBudget::new("worker", 64 * MIB);
+    let gpu0 = SharedBudget::with_parent("gpu0", 64 * MIB, &process);
+    let gov = Governor::new();
+    let ctx = gov.register(
+        HostContext::new(HostConfig::default()).unwrap(),
+        ContextConfig::new()
+            .label("a")
+            .shared_budget(gpu0.clone())
+            .cache(CacheConfig::new(16 * MIB))
+            .trace(&trace),
+    );
+    let stream = ctx.create_stream("s").unwrap();
+    drop(
+        ctx.allocate(&stream, Alloc::new(2 * MIB, Role::KvCache))
+            .unwrap(),
+    );
+    assert_eq!(ctx.snapshot().cache.cached_bytes, 2 * MIB);
+    assert_eq!(process.trim(MIB), 2 * MIB);
+    stream.synchronize().unwrap();
+    let events = trace.events();
+    let trims: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Trimmed)
+        .map(|e| (e.role, e.bytes, e.note.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(trims.len(), 2, "{events:#?}");
+    assert_eq!((trims[0].0, trims[0].1), (Some(Role::KvCache), 2 * MIB));
+    assert_eq!((trims[1].0, trims[1].1), (None, 2 * MIB));
+    assert!(trims[1].2.contains(&MIB.to_string()), "{trims:?}");
+    let snap = ctx.snapshot();
+    assert_eq!(cache_figures(&events), (0, 0, 0), "{events:#?}");
+    assert_eq!((snap.cache.cached_bytes, snap.charged), (0, 0));
+    drop(stream);
+    ctx.retire().wait_timeout(Duration::from_secs(5)).unwrap();
+}

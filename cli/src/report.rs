@@ -1,18 +1,25 @@
 //! `memgov report TRACE -o timeline.html`: one self-contained HTML page (no
 //! network, no external script) that plots a memgov trace on one time axis
-//! for every context: live bytes stacked by role, with pending and reserved
-//! bytes above them, per context and per stream; refusals, pressure, sleeps,
-//! wakes, trims for another process, abandoned releases, retire and
-//! teardown marked; a count of every
+//! for every context: live bytes stacked by role, the bytes its block cache
+//! keeps (`cached` events in, `reused` and role-bearing `trimmed` out) as a
+//! band of their own above them, with pending and reserved bytes above
+//! those, per context and per stream; refusals, pressure, sleeps, wakes,
+//! trims (of the cache, and for another process), abandoned releases,
+//! retire and teardown marked; a count of every
 //! event kind per context; and, when the trace's events name their call
 //! sites (a `site` field, an optional `label`: `memgov run --trace`, and a
 //! trace of contexts with attribution on), a table per site and label (each
 //! row's exact live and peak bytes in its `data-live` and `data-peak`), or the
 //! figures per site of a trace's `memgovSites` array (objects with
 //! `context`, `site`, `label`, `live_bytes`, `live_count`, `peak_bytes`,
-//! `allocations`, `refusals`) where it has them.
+//! `allocations`, `refusals`) where it has them. A site's row counts its
+//! buffers while they are live: a `reused` block is an allocation at the
+//! site that asked for it, a `cached` one a release at the site that held
+//! it; a block in the cache belongs to no site (as in the snapshot's
+//! `sites`, which the cache's own figures sit beside).
 //!
-//! Each chart's title states the peak of live bytes that chart plots; the
+//! Each chart's title states the peak of live and cached bytes that chart
+//! plots (the books count a cached block as live: it keeps its charge); the
 //! page compares each context's with the peak computed here from the same
 //! events ([`live_peaks`], which the snapshot's `peak` equals) and says in
 //! `#status` whether they agree (`drew N series and M markers for K
@@ -189,9 +196,11 @@ pub fn write_report(args: &ReportArgs) -> Result<usize, ReportError> {
     Ok(events.len())
 }
 
-/// Each context's highest total of live bytes over the trace's events
-/// (`allocated` adds, `released` takes away; a move between streams changes
-/// no context's total): what the context's snapshot reports as its `peak`
+/// Each context's highest total of live and cached bytes over the trace's
+/// events (`allocated` adds, `released` and a block's `trimmed` take away;
+/// `cached` and `reused` move bytes between live and cached, and a move
+/// between streams changes no context's total): what the context's
+/// snapshot reports as its `peak`
 /// when the trace holds every event (with `Tuning::exact_peak`, or one
 /// stream), and what the page's title for the context must show.
 pub fn live_peaks(events: &[Value]) -> BTreeMap<String, u64> {
@@ -205,9 +214,13 @@ pub fn live_peaks(events: &[Value]) -> BTreeMap<String, u64> {
         };
         let bytes = i128::from(e.get("bytes").and_then(Value::as_u64).unwrap_or(0));
         let entry = now.entry(context.to_owned()).or_default();
+        // A trim with no role is a process trim's summary: its blocks are
+        // role-bearing trims of their own.
+        let has_role = e.get("role").is_some_and(|r| !r.is_null());
         match kind {
             "allocated" => entry.0 += bytes,
             "released" => entry.0 -= bytes,
+            "trimmed" if has_role => entry.0 -= bytes,
             _ => continue,
         }
         entry.1 = entry.1.max(u64::try_from(entry.0).unwrap_or(0));
@@ -247,6 +260,7 @@ const DATA = /*MEMGOV_DATA*/null;
 const ROLES = ["weights", "kv-cache", "activation", "workspace", "other"];
 const COLORS = {"weights": "#1f77b4", "kv-cache": "#9467bd", "activation": "#2ca02c", "workspace": "#ff7f0e", "other": "#7f7f7f"};
 // Vertical lines; every other kind is counted in the context's table.
+const CACHED = "#c5b0d5";
 const MARKS = {"refused": "#d62728", "pressure": "#ff9900", "abandoned": "#8c564b", "slept": "#e377c2", "woke": "#17becf", "trimmed": "#bcbd22", "retire begun": "#555555", "torn down": "#000000"};
 
 function fmtBytes(b) {
@@ -257,7 +271,7 @@ function fmtBytes(b) {
 }
 
 // Per context: tracks by scope ("" the context, else a stream), each a list
-// of points [t_us, {live: {role: bytes}, pending, reserved}] after every
+// of points [t_us, {live: {role: bytes}, cached, pending, reserved}] after every
 // event that changed it; the marks; a count per event kind; per-site figures.
 function build(events) {
   const contexts = new Map();
@@ -279,6 +293,9 @@ function build(events) {
       if (e.kind === "allocated" || e.kind === "moved in") d.push(["live", e.role, e.bytes, true]);
       else if (e.kind === "moved out") d.push(["live", e.role, -e.bytes, true]);
       else if (e.kind === "released") d.push(["live", e.role, -e.bytes, true], ["pending", null, e.bytes, true]);
+      else if (e.kind === "cached") d.push(["live", e.role, -e.bytes, true], ["cached", null, e.bytes, true]);
+      else if (e.kind === "reused") d.push(["cached", null, -e.bytes, true], ["live", e.role, e.bytes, true]);
+      else if (e.kind === "trimmed") d.push(["cached", null, -e.bytes, true], ["pending", null, e.bytes, true]);
       else if (e.kind === "retired" || e.kind === "abandoned") d.push(["pending", null, -e.bytes, true]);
     }
     // An allocation out of a reservation names it: its bytes leave the reserved ones.
@@ -287,14 +304,14 @@ function build(events) {
     if (e.kind === "unreserved") d.push(["reserved", null, -e.bytes, false]);
     if (!d.length) continue;
     for (const scope of e.stream ? ["", e.stream] : [""]) {
-      if (!c.tracks.has(scope)) c.tracks.set(scope, {cur: {live: {}, pending: 0, reserved: 0}, points: []});
+      if (!c.tracks.has(scope)) c.tracks.set(scope, {cur: {live: {}, cached: 0, pending: 0, reserved: 0}, points: []});
       const tr = c.tracks.get(scope);
       for (const [what, role, delta, streams] of d) {
         if (scope !== "" && !streams) continue;
         if (role) tr.cur.live[role] = Math.max(0, (tr.cur.live[role] || 0) + delta);
         else tr.cur[what] = Math.max(0, tr.cur[what] + delta);
       }
-      tr.points.push([e.t_us, {live: Object.assign({}, tr.cur.live), pending: tr.cur.pending, reserved: tr.cur.reserved}]);
+      tr.points.push([e.t_us, {live: Object.assign({}, tr.cur.live), cached: tr.cur.cached, pending: tr.cur.pending, reserved: tr.cur.reserved}]);
     }
   }
   return {contexts, t0, t1: Math.max(t1, t0 + 1)};
@@ -305,16 +322,17 @@ function site(c, e) {
   const key = e.site + "\n" + (e.label || "");
   if (!c.sites.has(key)) c.sites.set(key, {site: e.site, label: e.label || "", live: 0, count: 0, peak: 0, allocations: 0, refusals: 0});
   const s = c.sites.get(key);
-  if (e.kind === "allocated") { s.allocations++; s.count++; s.live += e.bytes; s.peak = Math.max(s.peak, s.live); }
-  else if (e.kind === "released") { s.count = Math.max(0, s.count - 1); s.live = Math.max(0, s.live - e.bytes); }
+  if (e.kind === "allocated" || e.kind === "reused") { s.allocations++; s.count++; s.live += e.bytes; s.peak = Math.max(s.peak, s.live); }
+  else if (e.kind === "released" || e.kind === "cached") { s.count = Math.max(0, s.count - 1); s.live = Math.max(0, s.live - e.bytes); }
   else if (e.kind === "refused") s.refusals++;
 }
 
 let drawnSeries = 0, drawnMarks = 0;
 
 // One chart on the page's time axis [t0, t1]: live bytes stacked by role
-// (filled), pending above them (dashed), reserved above those (dotted).
-// Returns the highest stack of live bytes it drew.
+// (filled), cached bytes above them (filled, hatched), pending above those
+// (dashed), reserved above those (dotted). Returns the highest stack of live
+// and cached bytes it drew.
 function chart(parent, heading, title, ctx, track, axis, height) {
   const h = document.createElement(heading);
   parent.appendChild(h);
@@ -325,8 +343,9 @@ function chart(parent, heading, title, ctx, track, axis, height) {
   const g = cv.getContext("2d");
   const {t0, t1} = axis;
   const liveOf = (v) => ROLES.reduce((a, r) => a + (v.live[r] || 0), 0);
+  const heldOf = (v) => liveOf(v) + v.cached;
   let ymax = 1;
-  for (const [, v] of track.points) ymax = Math.max(ymax, liveOf(v) + v.pending + v.reserved);
+  for (const [, v] of track.points) ymax = Math.max(ymax, heldOf(v) + v.pending + v.reserved);
   const x = (t) => L + (t - t0) / (t1 - t0) * (W - L - R);
   const y = (b) => H - B - b / ymax * (H - T - B);
   g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
@@ -350,11 +369,14 @@ function chart(parent, heading, title, ctx, track, axis, height) {
     for (const [t, v] of track.points) out.push([t, f(v)]);
     return out;
   };
-  const below = (r, v) => ROLES.slice(0, ROLES.indexOf(r)).reduce((a, q) => a + (v.live[q] || 0), 0);
+  // The bands bottom up: each role's live bytes, then the cached bytes.
+  const BANDS = [...ROLES, "cached"];
+  const amount = (r, v) => (r === "cached" ? v.cached : v.live[r]) || 0;
+  const below = (r, v) => BANDS.slice(0, BANDS.indexOf(r)).reduce((a, q) => a + amount(q, v), 0);
   let peak = 0;
-  for (const r of ROLES) {
-    if (!track.points.some(([, v]) => (v.live[r] || 0) > 0)) continue;
-    const top = steps((v) => below(r, v) + (v.live[r] || 0));
+  for (const r of BANDS) {
+    if (!track.points.some(([, v]) => amount(r, v) > 0)) continue;
+    const top = steps((v) => below(r, v) + amount(r, v));
     const bottom = steps((v) => below(r, v));
     g.beginPath();
     let prev = 0;
@@ -369,10 +391,17 @@ function chart(parent, heading, title, ctx, track, axis, height) {
     }
     g.lineTo(x(t0), y(0));
     g.closePath();
-    g.fillStyle = COLORS[r]; g.fill();
+    g.fillStyle = r === "cached" ? CACHED : COLORS[r]; g.fill();
+    if (r === "cached") {
+      // Hatched: bytes still charged, held by no buffer.
+      g.save(); g.clip();
+      g.strokeStyle = "#ffffff"; g.lineWidth = 1;
+      for (let hx = L - H; hx < W; hx += 8) { g.beginPath(); g.moveTo(hx, H); g.lineTo(hx + H, 0); g.stroke(); }
+      g.restore();
+    }
     drawnSeries++;
   }
-  const lines = [["pending", (v) => liveOf(v) + v.pending, [6, 4]], ["reserved", (v) => liveOf(v) + v.pending + v.reserved, [2, 2]]];
+  const lines = [["pending", (v) => heldOf(v) + v.pending, [6, 4]], ["reserved", (v) => heldOf(v) + v.pending + v.reserved, [2, 2]]];
   for (const [what, f, dash] of lines) {
     if (!track.points.some(([, v]) => v[what] > 0)) continue;
     g.strokeStyle = "#222"; g.lineWidth = 1.5; g.setLineDash(dash);
@@ -393,7 +422,8 @@ function chart(parent, heading, title, ctx, track, axis, height) {
     drawnMarks++;
   }
   g.setLineDash([]);
-  h.textContent = title + " — peak live " + fmtBytes(peak) + " (" + peak + " bytes)";
+  const cached = track.points.some(([, v]) => v.cached > 0);
+  h.textContent = title + " — peak " + (cached ? "live + cached " : "live ") + fmtBytes(peak) + " (" + peak + " bytes)";
   h.dataset.peak = String(peak);
   return peak;
 }
@@ -421,14 +451,18 @@ function main() {
   meta.textContent = DATA.events.length + " events from " + DATA.source + "; " + contexts.size + " context(s) on one time axis (" +
     ((t1 - t0) / 1000).toFixed(1) + " ms; shaded: before a context's first event and after its last)" +
     (DATA.dropped ? "; " + DATA.dropped + " events were dropped past the trace's limit" : "") +
-    ". Filled: live bytes stacked by role; dashed: live + pending (released, not yet retired); dotted: live + pending + reserved. " +
-    "Vertical lines: refusals (red), pressure (orange), sleeps (pink), wakes (cyan), trims for another process (olive), abandoned releases (brown), retire and teardown (dashed grey, black).";
+    ". Filled: live bytes stacked by role, and above them (hatched) the bytes the block cache keeps: still charged, held by no buffer; " +
+    "dashed: live + cached + pending (released or trimmed, not yet retired); dotted: live + cached + pending + reserved. " +
+    "Vertical lines: refusals (red), pressure (orange), sleeps (pink), wakes (cyan), trims of the block cache or for another process (olive), abandoned releases (brown), retire and teardown (dashed grey, black).";
   const legend = document.getElementById("legend");
   for (const r of ROLES) {
     const s = document.createElement("span");
     s.innerHTML = '<i style="background:' + COLORS[r] + '"></i>' + r;
     legend.appendChild(s);
   }
+  const cachedKey = document.createElement("span");
+  cachedKey.innerHTML = '<i style="background:' + CACHED + '"></i>cached (block cache)';
+  legend.appendChild(cachedKey);
   const charts = document.getElementById("charts");
   const disagree = [];
   for (const ctx of contexts.values()) {
@@ -489,5 +523,26 @@ mod tests {
         let peaks = live_peaks(&events);
         assert_eq!(peaks.get("a"), Some(&150));
         assert_eq!(peaks.get("b"), Some(&7));
+    }
+
+    #[test]
+    fn a_peak_counts_cached_bytes_until_a_trim_gives_them_back() {
+        let e = |kind: &str, role: Option<&str>, bytes: u64| serde_json::json!({"t_us": 0.0, "context": "c", "stream": "s", "role": role, "kind": kind, "bytes": bytes});
+        let w = Some("workspace");
+        // Cached bytes stay charged: they count toward the peak as the
+        // snapshot's does; reuse changes nothing; a block's trim, and only
+        // it (a process trim's summary has no role), takes them away.
+        let events = [
+            e("allocated", w, 100),
+            e("cached", w, 100),
+            e("allocated", w, 50),
+            e("reused", w, 100),
+            e("cached", w, 100),
+            e("trimmed", w, 100),
+            e("trimmed", None, 100),
+            e("allocated", w, 90),
+            e("allocated", w, 20),
+        ];
+        assert_eq!(live_peaks(&events).get("c"), Some(&160));
     }
 }

@@ -399,14 +399,16 @@ fn run_writes_a_trace_that_report_turns_into_one_page() {
     }
     // Every buffer is on the timeline from its allocation to its release,
     // whichever way it was made (the kv-cache comes out of per-request
-    // reservations): per context and role, as many allocations as
-    // releases, with the same bytes.
+    // reservations), or, kept by the LLM's block cache, to the trim that
+    // gave its block back (a `trimmed` event with a role): per context and
+    // role, as many allocations as releases and trims, with the same bytes.
     let v: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
     let mut books = std::collections::BTreeMap::<(String, String), [(u64, u64); 2]>::new();
     for e in v["memgovEvents"].as_array().expect("memgovEvents") {
         let side = match e["kind"].as_str() {
             Some("allocated") => 0,
             Some("released") => 1,
+            Some("trimmed") if e["role"].is_string() => 1,
             _ => continue,
         };
         let key = (
@@ -807,9 +809,29 @@ fn the_trace_counts_what_the_run_counts_and_the_page_shows_the_snapshots_peaks()
                 "{name}: '{kind}' events against the run's {figure}"
             );
         }
-        assert_eq!(count(name, "released"), count(name, "allocated"), "{name}");
+        // A backend allocation ends in a release, or, kept by the block
+        // cache, in its block's trim; a cached block is reused or trimmed.
+        let blocks = events
+            .iter()
+            .filter(|e| e["context"] == name && e["kind"] == "trimmed" && e["role"].is_string())
+            .count() as u64;
+        let allocated = count(name, "allocated");
+        assert_eq!(count(name, "released") + blocks, allocated, "{name}");
+        assert_eq!(
+            count(name, "cached"),
+            count(name, "reused") + blocks,
+            "{name}"
+        );
     }
     let total = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count() as u64;
+    // The LLM's block cache is on the timeline: each hit a `reused` event.
+    let hits = run["cache"]["hits"].as_u64().unwrap();
+    assert_eq!(total("reused"), hits, "{}", run["cache"]);
+    assert!(
+        total("cached") > 0,
+        "the run's cache kept no block: {}",
+        run["cache"]
+    );
     let kv = &run["kv_reservations"];
     assert_eq!(
         total("reserved"),

@@ -5,7 +5,8 @@
 # must say what it drew with each context's peak the snapshot's, list the
 # call sites the trace names with the figures the run's snapshot gives them,
 # and its screenshot must hold the plot (pixels of the role colours inside
-# the chart).
+# the chart); and where the run's snapshot says a block cache was used, the
+# trace and the page must show it (cached blocks, and their reuse or trim).
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 command -v chromium-headless-shell >/dev/null || apt_install chromium-headless-shell
@@ -37,7 +38,16 @@ for c in run["per_context"]:
     for kind, figure in (("allocated", "allocations"), ("pressure", "pressure_events"), ("refused", "refusals"),
                          ("retired", "retired"), ("abandoned", "abandoned")):
         assert count(name, kind) == c[figure], f"{name}: {count(name, kind)} '{kind}' events, the run counts {c[figure]} {figure}"
-    assert count(name, "released") == count(name, "allocated"), f"{name}: allocated and released do not balance"
+    # Every backend allocation ends in a release, or, kept by the block
+    # cache, in a trim of its block (the run ends with every cache empty);
+    # every cached block was reused or trimmed.
+    blocks = sum(1 for e in events if e["context"] == name and e["kind"] == "trimmed" and e["role"] is not None)
+    assert count(name, "released") + blocks == count(name, "allocated"), \
+        f"{name}: {count(name, 'allocated')} allocated, {count(name, 'released')} released and {blocks} cached blocks trimmed do not balance"
+    assert count(name, "cached") == count(name, "reused") + blocks, \
+        f"{name}: {count(name, 'cached')} cached, {count(name, 'reused')} reused and {blocks} trimmed do not balance"
+reused = sum(1 for e in events if e["kind"] == "reused")
+assert reused == run["cache"]["hits"], f"the trace has {reused} 'reused' events, the run counts {run['cache']['hits']} cache hits"
 kv = run["kv_reservations"]
 assert kinds["reserved"] == kv["reserved"] + kv["reserved_after_eviction"], (kinds["reserved"], kv)
 print("trace: every figure of the run per context is in it")
@@ -66,6 +76,26 @@ assert sorted((c, int(p)) for c, p, _ in drawn) == sorted(want), f"the page's pe
 for c, p, title in drawn:
     assert f"({p} bytes)" in title, title
 assert [c for c, _, _ in drawn][:1] == ["llm@gpu0"], drawn
+PY
+# The block cache on the page: each context whose snapshot says its cache
+# kept or served a block has, in its table of events, 'cached' blocks and
+# their reuse or trim.
+python3 - "$dir/dom.html" "$dir/snapshot.json" <<'PY'
+import html, json, re, sys
+dom, snap = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+used = [c["label"] for c in snap["contexts"] if c["cache"]["hits"] or c["cache"]["cached_bytes"]]
+assert used, "the run's snapshot shows no block cache in use: the page's cache band is not checked"
+for ctx, body in re.findall(r'<section class="context" data-context="([^"]*)">(.*?)</section>', dom, re.S):
+    ctx = html.unescape(ctx)
+    if ctx not in used:
+        continue
+    table = re.search(r'<table class="events">(.*?)</table>', body, re.S)
+    counts = {k: int(n) for k, n in re.findall(r"<tr><td>([^<]*)</td><td>(\d+)</td></tr>", table.group(1) if table else "")}
+    print(f"page: {ctx}: the block cache: cached {counts.get('cached', 0)}, reused {counts.get('reused', 0)}, trimmed {counts.get('trimmed', 0)}")
+    assert counts.get("cached", 0) > 0, f"{ctx}: its snapshot shows the block cache in use, the page has no 'cached' event: {counts}"
+    assert counts.get("reused", 0) + counts.get("trimmed", 0) > 0, f"{ctx}: no 'reused' or 'trimmed' event on the page: {counts}"
+    used.remove(ctx)
+assert not used, f"no chart for the contexts whose cache was used: {used}"
 PY
 # The per-site table, from the run's own trace: the page drawn from the
 # trace's events up to the moment the run took its snapshot lists, per

@@ -3,7 +3,7 @@
 use super::error::{ContextOperation, GovernorError};
 use super::record::sites::SiteId;
 use super::record::stream::StreamShared;
-use super::release::{release, Released};
+use super::release::{release, Freed, Released};
 use super::role::Role;
 use super::stream::GovernedStream;
 use crate::trace::EventKind;
@@ -317,7 +317,7 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             // (device memory only: a hit is always a device allocation).
             let memory = if std::ptr::eq(own, target) && own.cache.is_some() && tier == Tier::Device
             {
-                match super::cache::put(ctx, own, memory, bytes, role) {
+                match super::cache::put(ctx, own, memory, bytes, role, site) {
                     Ok(()) => return Released::Queued,
                     Err(memory) => memory,
                 }
@@ -330,7 +330,8 @@ impl<C: DeviceContext> DeviceBuffer<C> {
             } else {
                 &[own]
             };
-            return release(ctx, shard, target, after, memory, bytes, role, tier, site);
+            let freed = Freed::Live(site);
+            return release(ctx, shard, target, after, memory, bytes, role, tier, freed);
         };
         let mut after: Vec<&StreamShared<C>> = Vec::with_capacity(1 + recorded.0.len());
         for s in std::iter::once(own).chain(recorded.0.iter().map(|s| &**s)) {
@@ -338,7 +339,8 @@ impl<C: DeviceContext> DeviceBuffer<C> {
                 after.push(s);
             }
         }
-        release(ctx, shard, target, &after, memory, bytes, role, tier, site)
+        let freed = Freed::Live(site);
+        release(ctx, shard, target, &after, memory, bytes, role, tier, freed)
     }
 
     /// Queue the free on `stream` instead of the buffer's own stream.

@@ -48,14 +48,26 @@
 //! * `begin_retire` and device loss close every stream's bins and release
 //!   what they held, so that a cached block never keeps a retire from
 //!   draining; dropping a stream does the same for its own.
+//!
+//! # On the timeline
+//!
+//! A traced context caches like any other. `put` records a kept block as
+//! [`EventKind::Cached`] before another allocation can take it, a hit is
+//! recorded by its caller as [`EventKind::Reused`] at the allocation's
+//! site, and every block given back (each of the paths above, and eviction)
+//! is released as [`Freed::Cached`], which its release records as a
+//! role-bearing [`EventKind::Trimmed`] naming the path, in place of
+//! `Released`: the timeline's cached bytes are the snapshot's.
 
 use super::record::cache::{Block, ContextCache};
+use super::record::sites::SiteId;
 use super::record::stream::StreamShared;
 use super::record::ContextInner;
-use super::release::release;
+use super::release::{release, Freed};
 use super::role::Role;
 use super::snapshot::CacheUsage;
 use crate::sync::lock;
+use crate::trace::EventKind;
 use crate::DeviceContext;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -149,6 +161,7 @@ pub(crate) fn hit<C: DeviceContext>(
     }
     drop(gate);
     ctx.cache.hits.fetch_add(1, Ordering::Relaxed);
+    // On a traced context the caller records the reuse, at its site.
     Some(block.memory)
 }
 
@@ -156,7 +169,9 @@ pub(crate) fn hit<C: DeviceContext>(
 /// last used on `stream` only) in `stream`'s bins. Gives the memory back
 /// when the stream has no cache, `bytes` is not a class the cache keeps,
 /// the device is lost, the bins are closed or full: the caller then frees
-/// it stream-ordered.
+/// it stream-ordered. On a traced context the kept block is recorded as
+/// [`EventKind::Cached`] at the buffer's `site`, before another allocation
+/// can take it.
 #[inline]
 pub(crate) fn put<C: DeviceContext>(
     ctx: &ContextInner<C>,
@@ -164,6 +179,7 @@ pub(crate) fn put<C: DeviceContext>(
     memory: C::Memory,
     bytes: u64,
     role: Role,
+    site: SiteId,
 ) -> Result<(), C::Memory> {
     let (Some(bins), Some(config)) = (stream.cache.as_ref(), ctx.cache.config) else {
         return Err(memory);
@@ -185,13 +201,19 @@ pub(crate) fn put<C: DeviceContext>(
         if bytes > config.max_bytes || bins.bytes() < need {
             return Err(memory);
         }
-        let evicted = release_blocks(stream, bins.evict_oldest(need, |b| b.stamp));
+        let oldest = bins.evict_oldest(need, |b| b.stamp);
+        let evicted = release_blocks(stream, oldest, "evicted for a newer block");
         ctx.cache.evicted.fetch_add(evicted, Ordering::Relaxed);
         if !ctx.cache.arrived(role, bytes, config.max_bytes) {
             return Err(memory);
         }
     }
     let stamp = ctx.cache.clock.fetch_add(1, Ordering::Relaxed);
+    // A stream's trace tag is set only on a traced context.
+    if stream.trace_tag != 0 {
+        let tag = stream.trace_tag;
+        ctx.trace_event_at(tag, Some(role), EventKind::Cached, bytes, None, site);
+    }
     match bins.put(
         bytes,
         Block {
@@ -202,6 +224,12 @@ pub(crate) fn put<C: DeviceContext>(
         u64::MAX,
     ) {
         Ok(()) => Ok(()),
+        Err((block, _)) if stream.trace_tag != 0 => {
+            // Closed meanwhile (retire, device loss): on the timeline the
+            // block was cached, so it leaves the cache as a flushed one.
+            release_blocks(stream, vec![(bytes, block)], "flushed");
+            Ok(())
+        }
         Err((block, _)) => {
             ctx.cache.left(role, bytes);
             Err(block.memory)
@@ -210,10 +238,13 @@ pub(crate) fn put<C: DeviceContext>(
 }
 
 /// Release `blocks` of `stream` stream-ordered, as the live buffers the
-/// books still count them as. Returns the bytes released.
+/// books still count them as; on a traced context each is recorded as
+/// [`EventKind::Trimmed`] with `why` as its note. Returns the bytes
+/// released.
 fn release_blocks<C: DeviceContext>(
     stream: &StreamShared<C>,
     blocks: Vec<(u64, Block<C::Memory>)>,
+    why: &'static str,
 ) -> u64 {
     let ctx = &stream.ctx;
     let mut released = 0u64;
@@ -232,17 +263,17 @@ fn release_blocks<C: DeviceContext>(
             class,
             block.role,
             crate::Tier::Device,
-            0,
+            Freed::Cached(why),
         );
     }
     released
 }
 
 /// Close `stream`'s bins for good and free what they held (stream drop,
-/// retire, device loss).
-pub(crate) fn flush_stream<C: DeviceContext>(stream: &StreamShared<C>) -> u64 {
+/// retire, device loss), `why` the timeline's note.
+pub(crate) fn flush_stream<C: DeviceContext>(stream: &StreamShared<C>, why: &'static str) -> u64 {
     match &stream.cache {
-        Some(bins) => release_blocks(stream, bins.close()),
+        Some(bins) => release_blocks(stream, bins.close(), why),
         None => 0,
     }
 }
@@ -263,12 +294,21 @@ fn cached_streams<C: DeviceContext>(ctx: &ContextInner<C>) -> Vec<Arc<StreamShar
 /// device loss. A stream dropped here (its last handle gone meanwhile)
 /// flushes itself.
 pub(crate) fn flush_all<C: DeviceContext>(ctx: &ContextInner<C>) -> u64 {
-    cached_streams(ctx).iter().map(|s| flush_stream(s)).sum()
+    let why = if ctx.is_lost() {
+        "the device is lost"
+    } else {
+        "retire"
+    };
+    cached_streams(ctx)
+        .iter()
+        .map(|s| flush_stream(s, why))
+        .sum()
 }
 
 /// Free cached blocks, largest first over every stream, until at least
-/// `bytes` were released or the cache is empty. Returns the bytes released.
-pub(crate) fn trim<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
+/// `bytes` were released or the cache is empty, `why` the timeline's note.
+/// Returns the bytes released.
+pub(crate) fn trim<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64, why: &'static str) -> u64 {
     if ctx.cache.bytes() == 0 {
         return 0;
     }
@@ -282,7 +322,7 @@ pub(crate) fn trim<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
             .max_by_key(|(class, _)| *class);
         let Some((_, s)) = largest else { break };
         let Some(bins) = &s.cache else { break };
-        released = released.saturating_add(release_blocks(s, bins.drain(1)));
+        released = released.saturating_add(release_blocks(s, bins.drain(1), why));
     }
     released
 }
@@ -292,7 +332,7 @@ pub(crate) fn trim<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
 /// responder. Returns the bytes released.
 pub(crate) fn release_for_pressure<C: DeviceContext>(ctx: &ContextInner<C>, shortfall: u64) -> u64 {
     let want = if shortfall == 0 { u64::MAX } else { shortfall };
-    let released = trim(ctx, want);
+    let released = trim(ctx, want, "pressure");
     ctx.cache
         .pressure_released
         .fetch_add(released, Ordering::Relaxed);
@@ -301,7 +341,7 @@ pub(crate) fn release_for_pressure<C: DeviceContext>(ctx: &ContextInner<C>, shor
 
 /// `ContextHandle::trim_cache`.
 pub(crate) fn trim_on_demand<C: DeviceContext>(ctx: &ContextInner<C>, bytes: u64) -> u64 {
-    let released = trim(ctx, bytes);
+    let released = trim(ctx, bytes, "trim_cache");
     ctx.cache.trimmed.fetch_add(released, Ordering::Relaxed);
     released
 }

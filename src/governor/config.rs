@@ -255,8 +255,18 @@ impl ContextConfig {
     /// pressure responders. Allocations out of a
     /// [`Reservation`](super::Reservation) are not served from the cache
     /// (their size is what was asked for, not rounded); a released one is
-    /// kept when its size happens to be a size class. A traced context does not cache: its timeline
-    /// records every backend allocation and free.
+    /// kept when its size happens to be a size class.
+    ///
+    /// A traced context ([`trace`](Self::trace)) caches like any other, and
+    /// its timeline shows the cache: a release the cache keeps is
+    /// [`EventKind::Cached`](crate::trace::EventKind::Cached) (live to
+    /// cached), an allocation it serves is
+    /// [`EventKind::Reused`](crate::trace::EventKind::Reused) (cached to
+    /// live, no backend allocation), and every block it gives back (trim,
+    /// pressure, eviction, retire, device loss, a dropped stream) is
+    /// [`EventKind::Trimmed`](crate::trace::EventKind::Trimmed) with its
+    /// role (cached to pending, then retired); `Allocated` and `Released`
+    /// keep meaning a backend allocation and a stream-ordered free.
     ///
     /// Off by default: a cached block keeps its bytes charged to this
     /// context until pressure, a trim or retire reaches it, which a context

@@ -203,6 +203,15 @@ impl<C: DeviceContext> ContextHandle<C> {
         let bytes = if tier == Tier::Device {
             let bytes = ctx.cache.round(bytes);
             if let Some(memory) = super::cache::hit(ctx, &stream.shared, bytes, role) {
+                let site = ctx
+                    .sites
+                    .as_ref()
+                    .map_or(0, |s| s.admit(site, alloc.names(), bytes));
+                // The stream's tag is set only on a traced context.
+                if stream.shared.trace_tag != 0 {
+                    let tag = stream.shared.trace_tag;
+                    ctx.trace_event_at(tag, Some(role), EventKind::Reused, bytes, None, site);
+                }
                 return Ok(DeviceBuffer {
                     stream: stream.shared.clone(),
                     memory: Some(memory),
@@ -211,10 +220,7 @@ impl<C: DeviceContext> ContextHandle<C> {
                     role,
                     tier,
                     recorded: None,
-                    site: ctx
-                        .sites
-                        .as_ref()
-                        .map_or(0, |s| s.admit(site, alloc.names(), bytes)),
+                    site,
                 });
             }
             bytes

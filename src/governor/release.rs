@@ -40,6 +40,16 @@ use memgov_backend::{RetireOutcome, RetireSignal, RetireSink};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+/// What a release frees, for its context's timeline: a live buffer made at
+/// its call site (recorded as [`EventKind::Released`]), or a block the
+/// block cache kept, given back for the reason named (recorded as
+/// [`EventKind::Trimmed`]: the bytes leave the cache, not the live ones).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Freed {
+    Live(SiteId),
+    Cached(&'static str),
+}
+
 /// How a release ended, for the caller that asked for it explicitly.
 #[derive(Debug)]
 pub(crate) enum Released {
@@ -73,7 +83,7 @@ pub(crate) fn release<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
-    site: SiteId,
+    site: Freed,
 ) -> Released {
     let Some(backend) = ctx.enter_on(stream.shard) else {
         // Only force closes the gate while buffers live: it already revoked
@@ -198,7 +208,7 @@ fn refused<C: DeviceContext>(
     bytes: u64,
     role: Role,
     tier: Tier,
-    site: Option<SiteId>,
+    site: Option<Freed>,
     err: BackendError,
 ) -> Released {
     if stream.trace_tag != 0 {
@@ -223,9 +233,9 @@ fn refused<C: DeviceContext>(
 
 /// On a traced context, the timeline of a live buffer released without a
 /// free that will retire (refused, on a lost device, reclaimed by force):
-/// released (at `site`; `None` when the release is on the timeline
-/// already: a refused free's signal recorded it), then abandoned, `why`
-/// noted.
+/// released (at `site`; a cached block: trimmed; `None` when the release is
+/// on the timeline already: a refused free's signal recorded it), then
+/// abandoned, `why` noted.
 #[cold]
 #[inline(never)]
 fn never_settles<C: DeviceContext>(
@@ -233,12 +243,12 @@ fn never_settles<C: DeviceContext>(
     stream: &StreamShared<C>,
     bytes: u64,
     role: Role,
-    site: Option<SiteId>,
+    site: Option<Freed>,
     why: String,
 ) {
     let tag = stream.trace_tag;
-    if let Some(site) = site {
-        ctx.trace_event_at(tag, Some(role), EventKind::Released, bytes, None, site);
+    if let Some(freed) = site {
+        freed_event(ctx, tag, role, bytes, freed);
     }
     ctx.trace_event(tag, Some(role), EventKind::Abandoned, bytes, Some(why));
 }
@@ -345,11 +355,31 @@ fn traced_signal<C: DeviceContext>(
     ctx: &ContextInner<C>,
     stream: u32,
     pending: Box<PendingRelease<C>>,
-    site: SiteId,
+    site: Freed,
 ) -> RetireSignal {
     let (role, bytes) = (pending.role, pending.bytes);
-    ctx.trace_event_at(stream, Some(role), EventKind::Released, bytes, None, site);
+    freed_event(ctx, stream, role, bytes, site);
     RetireSignal::from_sink(Box::new(TracedRelease { pending, stream }))
+}
+
+/// The event of bytes going pending: a live buffer's release at its site,
+/// or a cached block's trim with its reason as the note.
+fn freed_event<C: DeviceContext>(
+    ctx: &ContextInner<C>,
+    stream: u32,
+    role: Role,
+    bytes: u64,
+    freed: Freed,
+) {
+    match freed {
+        Freed::Live(site) => {
+            ctx.trace_event_at(stream, Some(role), EventKind::Released, bytes, None, site);
+        }
+        Freed::Cached(why) => {
+            let note = Some(why.to_string());
+            ctx.trace_event(stream, Some(role), EventKind::Trimmed, bytes, note);
+        }
+    }
 }
 
 /// A pending release whose settlement is recorded in its context's trace.

@@ -16,7 +16,7 @@ impl<C: DeviceContext> Drop for StreamShared<C> {
     fn drop(&mut self) {
         // Free the blocks cached here first, stream-ordered, while the raw
         // stream still exists.
-        super::cache::flush_stream(self);
+        super::cache::flush_stream(self, "stream dropped");
         let ctx = &*self.ctx;
         let Some(backend) = ctx.enter_on(self.shard) else {
             // The gate is closed only by force (a stream's pin keeps ordinary
@@ -110,7 +110,7 @@ impl<C: DeviceContext> GovernedStream<C> {
                 .description
                 .stream_ordered_reuse
                 .then(|| Arc::new(AtomicU64::new(0))),
-            cache: (ctx.cache.enabled() && ctx.trace.is_none()).then(crate::sync::Bins::new),
+            cache: ctx.cache.enabled().then(crate::sync::Bins::new),
         });
         let mut streams = lock(&ctx.streams);
         streams.retain(|w| w.strong_count() > 0);

@@ -21,7 +21,7 @@ pub(crate) struct StreamShared<C: DeviceContext> {
     /// Present only where the backend reuses stream-ordered frees.
     pub pending_bytes: Option<Arc<AtomicU64>>,
     /// Blocks freed on this stream and kept for reuse on it (see
-    /// `cache.rs`). Present only on a caching, untraced context.
+    /// `cache.rs`). Present only on a caching context.
     pub cache: Option<StreamBins<C>>,
 }
 
