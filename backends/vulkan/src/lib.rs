@@ -43,7 +43,21 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+// The modules form layers: each names (in code and doc links, through
+// `crate::` or `super::`) only modules of the layers below its own, so none
+// imports another in a circle. Bottom to top:
+// 1. config, result, allocator: settings, the mapping of `VkResult`s to
+//    errors, the allocator and its live buffers
+// 2. access, validation, stream_state: the device-access gate, the debug
+//    messenger and its counts, a stream's state
+// 3. instance: loading Vulkan, creating the instance and the device
+// 4. shared: the state the context's threads share, and the calls on it
+// 5. memory: creating and destroying buffers; allocate, memory_info
+// 6. stream: the stream handles; submissions, transfers, parking frees
+// 7. retire: the free thread; free_async
+// 8. teardown: destroying everything, in order
 mod access;
+mod allocator;
 mod config;
 mod instance;
 mod memory;
@@ -51,6 +65,7 @@ mod result;
 mod retire;
 mod shared;
 mod stream;
+mod stream_state;
 mod teardown;
 mod validation;
 
@@ -62,6 +77,7 @@ pub use stream::{StreamGate, VulkanStream};
 pub use validation::{ValidationMessenger, VulkanValidation};
 
 use access::DeviceAccess;
+use allocator::{quiet_debug_settings, MemState};
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::AllocationSizes;
@@ -70,7 +86,6 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     Execution, MemoryInfo, RetireSignal, Shell, Tier,
 };
-use memory::{quiet_debug_settings, MemState};
 use result::{err, error, BACKEND};
 use shared::Shared;
 use std::collections::HashMap;
@@ -452,7 +467,7 @@ impl DeviceContext for VulkanContext {
     }
 
     fn allocate(&self, stream: &VulkanStream, bytes: u64) -> Result<VulkanMemory, BackendError> {
-        self.allocate_impl(stream, bytes, Tier::Device)
+        self.allocate_impl(&stream.inner, bytes, Tier::Device)
     }
 
     fn allocate_in(
@@ -461,7 +476,7 @@ impl DeviceContext for VulkanContext {
         bytes: u64,
         tier: Tier,
     ) -> Result<VulkanMemory, BackendError> {
-        self.allocate_impl(stream, bytes, tier)
+        self.allocate_impl(&stream.inner, bytes, tier)
     }
 
     fn free_async(
@@ -481,8 +496,8 @@ impl DeviceContext for VulkanContext {
         src: &[u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
-        self.shared.own_stream("write", stream)?;
-        stream.inner.transfer_in(memory, offset, src)
+        self.shared.own_stream("write", &stream.inner)?;
+        stream.transfer_in(memory, offset, src)
     }
 
     fn read(
@@ -493,14 +508,14 @@ impl DeviceContext for VulkanContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
-        self.shared.own_stream("read", stream)?;
-        stream.inner.transfer_out(memory, offset, dst)
+        self.shared.own_stream("read", &stream.inner)?;
+        stream.transfer_out(memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("synchronize")?;
-        self.shared.own_stream("synchronize", stream)?;
-        stream.inner.synchronize_inner("synchronize")
+        self.shared.own_stream("synchronize", &stream.inner)?;
+        stream.synchronize_inner("synchronize")
     }
 
     /// Blocks until `after`'s submissions have executed and the frees parked
@@ -513,9 +528,9 @@ impl DeviceContext for VulkanContext {
     /// stream's frees when that stream's timeline reaches them.)
     fn order_after(&self, stream: &VulkanStream, after: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("order_after")?;
-        self.shared.own_stream("order_after", stream)?;
-        self.shared.own_stream("order_after", after)?;
-        after.inner.synchronize_inner("order_after")
+        self.shared.own_stream("order_after", &stream.inner)?;
+        self.shared.own_stream("order_after", &after.inner)?;
+        after.synchronize_inner("order_after")
     }
 
     fn device_lost(&self) {
