@@ -1,7 +1,7 @@
 //! The device-access gate: what lets a stream or gate handle, which can
 //! outlive its context, call into the device only while the device exists.
 //!
-//! A [`VulkanStream`](super::VulkanStream) is a plain value the caller owns
+//! A `VulkanStream` is a plain value the caller owns
 //! (and the governor lends out by reference from `GovernedStream::raw`), so
 //! it can still be in reach when its context is torn down, even on another
 //! thread during a force-retire. Teardown destroys the device and, with the

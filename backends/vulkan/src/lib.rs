@@ -43,7 +43,22 @@
 //! # Ok::<(), memgov::BackendError>(())
 //! ```
 
+// The modules form layers: each names (in code and doc links, through
+// `crate::` or `super::`) only modules of the layers below its own, so none
+// imports another in a circle. Bottom to top (the test `layers` below
+// checks the list against the sources):
+// 1. config, result, allocator: settings, the mapping of `VkResult`s to
+//    errors, the allocator and its live buffers
+// 2. access, validation, stream_state: the device-access gate, the debug
+//    messenger and its counts, a stream's state
+// 3. instance: loading Vulkan, creating the instance and the device
+// 4. shared: the state the context's threads share, and the calls on it
+// 5. memory: creating and destroying buffers; allocate, memory_info
+// 6. stream: the stream handles; submissions, transfers, parking frees
+// 7. retire: the free thread; free_async
+// 8. teardown: destroying everything, in order
 mod access;
+mod allocator;
 mod config;
 mod instance;
 mod memory;
@@ -51,6 +66,7 @@ mod result;
 mod retire;
 mod shared;
 mod stream;
+mod stream_state;
 mod teardown;
 mod validation;
 
@@ -62,6 +78,7 @@ pub use stream::{StreamGate, VulkanStream};
 pub use validation::{ValidationMessenger, VulkanValidation};
 
 use access::DeviceAccess;
+use allocator::{quiet_debug_settings, MemState};
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::AllocationSizes;
@@ -70,7 +87,6 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     Execution, MemoryInfo, RetireSignal, Shell, Tier,
 };
-use memory::{quiet_debug_settings, MemState};
 use result::{err, error, BACKEND};
 use shared::Shared;
 use std::collections::HashMap;
@@ -452,7 +468,7 @@ impl DeviceContext for VulkanContext {
     }
 
     fn allocate(&self, stream: &VulkanStream, bytes: u64) -> Result<VulkanMemory, BackendError> {
-        self.allocate_impl(stream, bytes, Tier::Device)
+        self.allocate_impl(&stream.inner, bytes, Tier::Device)
     }
 
     fn allocate_in(
@@ -461,7 +477,7 @@ impl DeviceContext for VulkanContext {
         bytes: u64,
         tier: Tier,
     ) -> Result<VulkanMemory, BackendError> {
-        self.allocate_impl(stream, bytes, tier)
+        self.allocate_impl(&stream.inner, bytes, tier)
     }
 
     fn free_async(
@@ -481,8 +497,8 @@ impl DeviceContext for VulkanContext {
         src: &[u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("write")?;
-        self.shared.own_stream("write", stream)?;
-        stream.inner.transfer_in(memory, offset, src)
+        self.shared.own_stream("write", &stream.inner)?;
+        stream.transfer_in(memory, offset, src)
     }
 
     fn read(
@@ -493,14 +509,14 @@ impl DeviceContext for VulkanContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         self.shared.check_usable("read")?;
-        self.shared.own_stream("read", stream)?;
-        stream.inner.transfer_out(memory, offset, dst)
+        self.shared.own_stream("read", &stream.inner)?;
+        stream.transfer_out(memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("synchronize")?;
-        self.shared.own_stream("synchronize", stream)?;
-        stream.inner.synchronize_inner("synchronize")
+        self.shared.own_stream("synchronize", &stream.inner)?;
+        stream.synchronize_inner("synchronize")
     }
 
     /// Blocks until `after`'s submissions have executed and the frees parked
@@ -513,9 +529,9 @@ impl DeviceContext for VulkanContext {
     /// stream's frees when that stream's timeline reaches them.)
     fn order_after(&self, stream: &VulkanStream, after: &VulkanStream) -> Result<(), BackendError> {
         self.shared.check_usable("order_after")?;
-        self.shared.own_stream("order_after", stream)?;
-        self.shared.own_stream("order_after", after)?;
-        after.inner.synchronize_inner("order_after")
+        self.shared.own_stream("order_after", &stream.inner)?;
+        self.shared.own_stream("order_after", &after.inner)?;
+        after.synchronize_inner("order_after")
     }
 
     fn device_lost(&self) {
@@ -525,5 +541,185 @@ impl DeviceContext for VulkanContext {
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         self.tear_down(lost)
+    }
+}
+
+#[cfg(test)]
+mod layers {
+    //! The crate's modules, read from their sources, against the layers
+    //! listed above their `mod` lines. A module's dependencies are the
+    //! crate's modules its source names through `crate::x` or (in a file
+    //! directly under `src/`) `super::x`, in `use` lines, paths and doc
+    //! links alike, its own `#[cfg(test)] mod tests` left out; a directory
+    //! module counts as one.
+
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::fs;
+    use std::path::{Path, PathBuf};
+
+    fn src() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    }
+
+    /// Every `.rs` file under `src/`, relative to it.
+    fn files() -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![src()];
+        while let Some(d) = stack.pop() {
+            for entry in fs::read_dir(&d).expect("read src/") {
+                let path = entry.expect("directory entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path.strip_prefix(src()).expect("under src/").to_path_buf());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn top_module(rel: &Path) -> String {
+        let first = rel.components().next().expect("a file name");
+        let name = first.as_os_str().to_string_lossy();
+        name.strip_suffix(".rs").unwrap_or(&name).to_owned()
+    }
+
+    /// The modules `text` names after `prefix`, `{...}` groups included.
+    fn named_after(text: &str, prefix: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+        let word = |s: &str| -> String {
+            s.trim()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut out = BTreeSet::new();
+        let mut rest = text;
+        while let Some(i) = rest.find(prefix) {
+            rest = &rest[i + prefix.len()..];
+            let words: Vec<String> = match rest.strip_prefix('{') {
+                Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                    .split(',')
+                    .map(word)
+                    .collect(),
+                None => vec![word(rest)],
+            };
+            out.extend(words.into_iter().filter(|w| modules.contains(w)));
+        }
+        out
+    }
+
+    /// Each module (`lib` left out) and the modules it names.
+    fn graph() -> BTreeMap<String, BTreeSet<String>> {
+        let files = files();
+        let modules: BTreeSet<String> = files
+            .iter()
+            .map(|f| top_module(f))
+            .filter(|m| m != "lib")
+            .collect();
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for rel in &files {
+            let module = top_module(rel);
+            if module == "lib" {
+                continue;
+            }
+            let text = fs::read_to_string(src().join(rel)).expect("read a source");
+            let text = text
+                .split("#[cfg(test)]\nmod tests")
+                .next()
+                .unwrap_or_default();
+            let depth = rel.components().count();
+            let mut prefixes = vec!["crate::"];
+            if depth == 1 || (depth == 2 && rel.ends_with("mod.rs")) {
+                prefixes.push("super::");
+            } else if depth == 2 {
+                prefixes.push("super::super::");
+            }
+            let deps = graph.entry(module.clone()).or_default();
+            for p in prefixes {
+                deps.extend(named_after(text, p, &modules));
+            }
+            deps.remove(&module);
+        }
+        graph
+    }
+
+    /// The layers the comment above the `mod` lines lists, bottom first:
+    /// lines `// N. a, b, c: what they are`.
+    fn listed_layers() -> Vec<Vec<String>> {
+        let lib = fs::read_to_string(src().join("lib.rs")).expect("read lib.rs");
+        lib.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("// ")?;
+                let (n, rest) = rest.split_once(". ")?;
+                n.parse::<u32>().ok()?;
+                let (names, _) = rest.split_once(':')?;
+                Some(names.split(',').map(|m| m.trim().to_owned()).collect())
+            })
+            .collect()
+    }
+
+    /// Every edge from a module to one of its own layer or above.
+    fn upward(graph: &BTreeMap<String, BTreeSet<String>>, layers: &[Vec<String>]) -> Vec<String> {
+        let layer_of: BTreeMap<&str, usize> = layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.iter().map(move |m| (m.as_str(), i)))
+            .collect();
+        let layer = |m: &str| {
+            layer_of
+                .get(m)
+                .map_or("unlisted".to_owned(), |i| format!("layer {}", i + 1))
+        };
+        let mut out = Vec::new();
+        for (m, deps) in graph {
+            for d in deps {
+                // (A module missing from the list fails the check of the list.)
+                if layer_of.get(d.as_str()) >= layer_of.get(m.as_str()) {
+                    out.push(format!("{m} ({}) names {d} ({})", layer(m), layer(d)));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_module_names_only_layers_below_its_own() {
+        let graph = graph();
+        let layers = listed_layers();
+        // Both were read at all.
+        assert!(graph.len() >= 10, "only {} modules read", graph.len());
+        assert!(
+            graph["shared"].contains("stream_state"),
+            "{:?}",
+            graph["shared"]
+        );
+        assert!(layers.len() >= 5, "layers listed in lib.rs: {layers:?}");
+        let listed: Vec<&String> = layers.iter().flatten().collect();
+        let set: BTreeSet<&String> = listed.iter().copied().collect();
+        let modules: BTreeSet<&String> = graph.keys().collect();
+        assert!(
+            set == modules && set.len() == listed.len(),
+            "lib.rs lists the layers {layers:?}, the sources have the modules {modules:?}: \
+             list each module once"
+        );
+        let up = upward(&graph, &layers);
+        assert!(
+            up.is_empty(),
+            "modules that name one of their own layer or above (a possible circle):\n{}",
+            up.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_module_naming_one_above_it_is_found() {
+        let mut graph = graph();
+        // `result` is at the bottom; make it name `shared`, above it.
+        graph
+            .get_mut("result")
+            .expect("result.rs")
+            .insert("shared".into());
+        let up = upward(&graph, &listed_layers());
+        assert!(up.iter().any(|e| e.starts_with("result ")), "{up:?}");
     }
 }

@@ -1,6 +1,7 @@
 //! Memory: a `VkBuffer` bound to a gpu-allocator suballocation
 //! ([`VulkanMemory`]), its creation and destruction, and the context's
-//! `allocate`, `allocate_in` and `memory_info`.
+//! `allocate`, `allocate_in` and `memory_info`. The allocator and the books
+//! of live buffers these work on are `allocator.rs`'s.
 //!
 //! The device tier is `MemoryLocation::GpuOnly` (a `DEVICE_LOCAL` type).
 //! Pinned host memory ([`Tier::PinnedHost`]) is `MemoryLocation::GpuToCpu`:
@@ -11,14 +12,15 @@
 //! work has completed, and it is freed like every buffer: destroyed after
 //! the stream's timeline passes the release, never under queued work.
 
+use crate::allocator::{Live, MemState};
 use crate::result::err;
 use crate::shared::Shared;
-use crate::{VulkanContext, VulkanStream};
+use crate::stream_state::StreamState;
+use crate::VulkanContext;
 use ash::vk;
-use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator};
-use gpu_allocator::{AllocatorDebugSettings, MemoryLocation};
+use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme};
+use gpu_allocator::MemoryLocation;
 use memgov_backend::{lock, BackendError, BackendErrorKind, MemoryInfo, Tier};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
@@ -70,23 +72,6 @@ impl VulkanMemory {
     pub fn tier(&self) -> Tier {
         self.tier
     }
-}
-
-pub(crate) struct Live {
-    pub buffer: vk::Buffer,
-    pub allocation: gpu_allocator::vulkan::Allocation,
-}
-
-pub(crate) struct MemState {
-    /// `None` once dropped in teardown (before `vkDestroyDevice`).
-    pub allocator: Option<Allocator>,
-    pub live: HashMap<u64, Live>,
-}
-
-pub(crate) fn quiet_debug_settings() -> AllocatorDebugSettings {
-    let mut d = AllocatorDebugSettings::default();
-    d.log_leaks_on_shutdown = false;
-    d
 }
 
 impl Shared {
@@ -222,7 +207,7 @@ impl VulkanContext {
 
     pub(crate) fn allocate_impl(
         &self,
-        stream: &VulkanStream,
+        stream: &StreamState,
         bytes: u64,
         tier: Tier,
     ) -> Result<VulkanMemory, BackendError> {

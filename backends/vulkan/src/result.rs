@@ -56,9 +56,8 @@ pub(crate) fn kind_of(r: vk::Result) -> BackendErrorKind {
 }
 
 /// An error for `op` from Vulkan call `call` returning `r`, with the code,
-/// its name and the way out. Marks no context lost:
-/// [`Shared::fail`](crate::shared::Shared::fail) does that for calls on a
-/// context.
+/// its name and the way out. Marks no context lost: `Shared::fail` does that
+/// for calls on a context (the shared state is above this module).
 pub(crate) fn error(op: &'static str, call: &str, r: vk::Result) -> BackendError {
     let kind = kind_of(r);
     let hint = match kind {

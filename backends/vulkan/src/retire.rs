@@ -13,10 +13,12 @@
 //! blocks in every driver. With frees in flight on several streams at once
 //! a driver like that still polls until one of them retires.
 
-use crate::result::err;
+use crate::memory::VulkanMemory;
+use crate::result::{err, BACKEND};
 use crate::shared::Shared;
-use crate::stream::{Parked, StreamInner};
-use crate::{VulkanContext, VulkanMemory, VulkanStream};
+use crate::stream::VulkanStream;
+use crate::stream_state::{Parked, StreamState};
+use crate::VulkanContext;
 use ash::vk;
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
@@ -63,7 +65,7 @@ fn run(shared: &Shared) {
             shared.drain_parked();
             return;
         }
-        let streams: Vec<Arc<StreamInner>> = lock(&shared.streams).clone();
+        let streams: Vec<Arc<StreamState>> = lock(&shared.streams).clone();
         sems.clear();
         vals.clear();
         sems.push(shared.wake_semaphore);
@@ -159,8 +161,8 @@ fn any_parked(shared: &Shared) -> bool {
 }
 
 /// Free and signal every parked free whose value its stream has reached.
-fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
-    let mut ready: Vec<(&Arc<StreamInner>, Vec<Parked>)> = Vec::new();
+fn retire_reached(shared: &Shared, streams: &[Arc<StreamState>]) {
+    let mut ready: Vec<(&Arc<StreamState>, Vec<Parked>)> = Vec::new();
     for s in streams {
         let mut p = lock(&s.park);
         if p.queue.is_empty() {
@@ -205,7 +207,7 @@ fn retire_reached(shared: &Shared, streams: &[Arc<StreamInner>]) {
                     shared.probe.common.free_retired(bytes);
                 } else {
                     shared.probe.common.violation(
-                        crate::result::BACKEND,
+                        BACKEND,
                         format!(
                             "free of unknown allocation {} (double free?)",
                             parked.memory_id
@@ -239,7 +241,7 @@ impl VulkanContext {
         if let Err(e) = self.shared.check_usable("free_async") {
             return Err((memory, retired, e));
         }
-        if let Err(e) = self.shared.own_stream("free_async", stream) {
+        if let Err(e) = self.shared.own_stream("free_async", &stream.inner) {
             return Err((memory, retired, e));
         }
         if memory.context != self.shared.id {
@@ -257,7 +259,7 @@ impl VulkanContext {
             self.free_now(memory, retired);
             return Ok(());
         }
-        stream.inner.park(memory.id, retired);
+        stream.park(memory.id, retired);
         Ok(())
     }
 
@@ -279,7 +281,7 @@ impl VulkanContext {
             shared.probe.common.free_retired(bytes);
         } else {
             shared.probe.common.violation(
-                crate::result::BACKEND,
+                BACKEND,
                 format!("free of unknown allocation {} (double free?)", memory.id),
             );
         }

@@ -1,14 +1,20 @@
 //! The state a context's threads share (the caller's, stream and gate
 //! handles', the free thread's): [`Shared`].
+//!
+//! It holds data whose types come from the modules below it (the device's
+//! description, the allocator's books, each stream's state, the probe, the
+//! access gate) and the few calls every layer above makes on it: the usable
+//! check, the owner check, failure classification and loss, the free
+//! thread's wake-up, a host wait. What moves work (buffers, streams, the
+//! free thread, teardown) is above it and calls into it.
 
 use crate::access::DeviceAccess;
+use crate::allocator::MemState;
 use crate::config::VulkanConfig;
 use crate::instance::DeviceInfo;
-use crate::memory::MemState;
 use crate::result::{err, error, Vk};
-use crate::stream::StreamInner;
+use crate::stream_state::StreamState;
 use crate::validation::ProbeShared;
-use crate::VulkanStream;
 use ash::vk;
 use memgov_backend::{lock, BackendError, BackendErrorKind, Shell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +49,7 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     pub probe: Arc<ProbeShared>,
     pub mem: Mutex<MemState>,
-    pub streams: Mutex<Vec<Arc<StreamInner>>>,
+    pub streams: Mutex<Vec<Arc<StreamState>>>,
     pub wake_semaphore: vk::Semaphore,
     /// A timeline semaphore that is never signalled. The free thread
     /// always waits on at least two semaphores with WAIT_ANY: with a single
@@ -88,15 +94,15 @@ impl Shared {
     pub(crate) fn own_stream(
         &self,
         op: &'static str,
-        stream: &VulkanStream,
+        stream: &StreamState,
     ) -> Result<(), BackendError> {
-        if stream.inner.shared.id != self.id {
+        if stream.context != self.id {
             return Err(err(
                 op,
                 BackendErrorKind::InvalidArgument,
                 format!(
                     "stream {} belongs to Vulkan context {}, not to context {}; pass a stream of the context you call",
-                    stream.inner.id, stream.inner.shared.id, self.id
+                    stream.id, stream.context, self.id
                 ),
             ));
         }

@@ -1,71 +1,54 @@
-//! Streams: a timeline semaphore, a queue (possibly shared), a command buffer
-//! and a staging buffer for transfers, and the queue of parked frees.
+//! Streams: the handles ([`VulkanStream`], [`StreamGate`]) and what moves
+//! work on a stream: creating its objects, submitting batches in timeline
+//! order, transfers through the mapping or the staging buffer, parking
+//! frees, synchronizing, destroying. What a stream is (its timeline, parked
+//! frees and transfer objects, which the context's shared state keeps for
+//! the free thread and teardown) is `stream_state.rs`'s.
 
 use crate::config::TransferPath;
-use crate::memory::{Live, VulkanMemory};
+use crate::memory::VulkanMemory;
 use crate::result::err;
 use crate::shared::{GateRecord, Shared};
+use crate::stream_state::{Parked, Staging, StreamState, Xfer};
 use crate::VulkanContext;
 use ash::vk;
 use gpu_allocator::MemoryLocation;
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, RetireSignal};
-use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-/// A free waiting for its stream's timeline to reach `value`.
-pub(crate) struct Parked {
-    pub value: u64,
-    pub memory_id: u64,
-    pub signal: RetireSignal,
+/// A stream: a timeline semaphore on a (possibly shared) queue. A plain
+/// handle: dropping it does nothing; `destroy_stream` or teardown destroy it.
+///
+/// It can outlive its context (teardown destroys the device and unloads the
+/// driver): its own device calls ([`completed_value`](Self::completed_value),
+/// [`gate`](Self::gate), [`submit`](Self::submit)) are then refused with an
+/// error, and one in flight on another thread delays teardown until it
+/// returns, so none reaches a destroyed device.
+pub struct VulkanStream {
+    /// The context's shared state (kept alive by the handle).
+    pub(crate) shared: Arc<Shared>,
+    /// The stream's own, which the context also keeps while it is alive.
+    pub(crate) inner: Arc<StreamState>,
 }
 
-/// Parked frees of one stream, in increasing `value` order, and how many
-/// the free thread has taken but not yet fired.
-#[derive(Default)]
-pub(crate) struct Park {
-    pub queue: VecDeque<Parked>,
-    pub firing: usize,
+impl fmt::Debug for VulkanStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanStream")
+            .field("id", &self.inner.id)
+            .field("queue", &self.inner.queue)
+            .field("last_submitted", &self.last_submitted())
+            .finish()
+    }
 }
 
-struct Staging {
-    live: Live,
-    size: u64,
-    /// Host address of the (persistently mapped, coherent) staging memory.
-    ptr: usize,
-}
-
-struct Xfer {
-    pool: vk::CommandPool,
-    cmd: vk::CommandBuffer,
-    staging: Option<Staging>,
-    /// The timeline value of a submission of `cmd` whose wait gave up
-    /// (timeout or error): until it is reached, `cmd` may still be pending
-    /// and the staging buffer still in use by the device, so neither may be
-    /// touched. `None` when every submission of `cmd` has completed.
-    unsettled: Option<u64>,
-}
-
-pub(crate) struct StreamInner {
-    pub id: u64,
-    pub shared: Arc<Shared>,
-    queue: usize,
-    pub timeline: vk::Semaphore,
-    /// Last value submitted; the lock orders submissions by value.
-    submit: Mutex<u64>,
-    /// Mirror of `submit`, readable without the lock.
-    pub last: AtomicU64,
-    pub park: Mutex<Park>,
-    pub parked_cv: Condvar,
-    xfer: Mutex<Xfer>,
-    pub destroyed: AtomicBool,
-}
-
-impl StreamInner {
-    pub(crate) fn create(shared: &Arc<Shared>) -> Result<Arc<Self>, BackendError> {
+impl VulkanStream {
+    /// Create a stream's objects on `shared`'s device (not yet registered
+    /// with the context).
+    pub(crate) fn create(shared: &Arc<Shared>) -> Result<Self, BackendError> {
         let device = &shared.device;
         let mut timeline_info = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
@@ -106,23 +89,11 @@ impl StreamInner {
             }
         };
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(Self {
-            id,
+        let queue = (id as usize).checked_rem(shared.queues.len()).unwrap_or(0);
+        Ok(Self {
             shared: shared.clone(),
-            queue: (id as usize).checked_rem(shared.queues.len()).unwrap_or(0),
-            timeline,
-            submit: Mutex::new(0),
-            last: AtomicU64::new(0),
-            park: Mutex::new(Park::default()),
-            parked_cv: Condvar::new(),
-            xfer: Mutex::new(Xfer {
-                pool,
-                cmd,
-                staging: None,
-                unsettled: None,
-            }),
-            destroyed: AtomicBool::new(false),
-        }))
+            inner: Arc::new(StreamState::new(id, shared.id, queue, timeline, pool, cmd)),
+        })
     }
 
     /// Submit a batch ordered on this stream: it waits for the previous value
@@ -138,21 +109,21 @@ impl StreamInner {
         cmds: &[vk::CommandBuffer],
         extra_wait: Option<(vk::Semaphore, u64)>,
     ) -> Result<u64, BackendError> {
-        if self.destroyed.load(Ordering::Acquire) {
+        if self.inner.destroyed.load(Ordering::Acquire) {
             return Err(err(
                 op,
                 BackendErrorKind::InvalidArgument,
-                format!("stream {} was destroyed", self.id),
+                format!("stream {} was destroyed", self.inner.id),
             ));
         }
-        let Some(queue) = self.shared.queues.get(self.queue) else {
+        let Some(queue) = self.shared.queues.get(self.inner.queue) else {
             return Err(err(
                 op,
                 BackendErrorKind::Unsupported,
                 "this context was adopted without queues (AdoptedDevice::queue_count 0): the runtime that owns the device's queue submits, memgov does not; use host-visible memory with TransferPath::Auto for write and read",
             ));
         };
-        let mut last = lock(&self.submit);
+        let mut last = lock(&self.inner.submit);
         let prev = *last;
         // The only place a stream's timeline value is chosen: strictly
         // increasing, under the lock, submitted in this order.
@@ -162,7 +133,7 @@ impl StreamInner {
         let stages = [vk::PipelineStageFlags::ALL_COMMANDS; 2];
         let mut n = 0;
         if prev > 0 {
-            wait_sems[n] = self.timeline;
+            wait_sems[n] = self.inner.timeline;
             wait_vals[n] = prev;
             n += 1;
         }
@@ -171,7 +142,7 @@ impl StreamInner {
             wait_vals[n] = v;
             n += 1;
         }
-        let signal = [self.timeline];
+        let signal = [self.inner.timeline];
         let signal_vals = [value];
         let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
             .wait_semaphore_values(&wait_vals[..n])
@@ -196,7 +167,7 @@ impl StreamInner {
             return Err(self.shared.fail(op, r, "vkQueueSubmit"));
         }
         *last = value;
-        self.last.store(value, Ordering::SeqCst);
+        self.inner.last.store(value, Ordering::SeqCst);
         Ok(value)
     }
 
@@ -204,10 +175,10 @@ impl StreamInner {
     /// Never blocks on the device; wakes the free thread only when the
     /// stream had nothing parked (otherwise it already waits on this stream).
     pub(crate) fn park(&self, memory_id: u64, signal: RetireSignal) {
-        let mut p = lock(&self.park);
+        let mut p = lock(&self.inner.park);
         // Read under the park lock: `last` only grows, so the queue stays
         // sorted by value.
-        let value = self.last.load(Ordering::SeqCst);
+        let value = self.inner.last.load(Ordering::SeqCst);
         let wake = p.queue.is_empty() && p.firing == 0;
         p.queue.push_back(Parked {
             value,
@@ -276,10 +247,14 @@ impl StreamInner {
     }
 
     fn wait_last(&self, op: &'static str) -> Result<(), BackendError> {
-        let last = self.last.load(Ordering::SeqCst);
+        let last = self.inner.last.load(Ordering::SeqCst);
         if last > 0 {
-            self.shared
-                .host_wait(op, self.timeline, last, &format!("stream {}", self.id))?;
+            self.shared.host_wait(
+                op,
+                self.inner.timeline,
+                last,
+                &format!("stream {}", self.inner.id),
+            )?;
         }
         Ok(())
     }
@@ -294,9 +269,9 @@ impl StreamInner {
         if let Some(value) = x.unsettled {
             self.shared.host_wait(
                 op,
-                self.timeline,
+                self.inner.timeline,
                 value,
-                &format!("stream {} earlier transfer", self.id),
+                &format!("stream {} earlier transfer", self.inner.id),
             )?;
             x.unsettled = None;
         }
@@ -334,9 +309,9 @@ impl StreamInner {
         x.unsettled = Some(value);
         self.shared.host_wait(
             op,
-            self.timeline,
+            self.inner.timeline,
             value,
-            &format!("stream {} transfer", self.id),
+            &format!("stream {} transfer", self.inner.id),
         )?;
         x.unsettled = None;
         Ok(())
@@ -377,7 +352,7 @@ impl StreamInner {
             };
             return Ok(());
         }
-        let mut x = lock(&self.xfer);
+        let mut x = lock(&self.inner.xfer);
         self.settle(OP, &mut x)?;
         let (staging, size, ptr) = self.ensure_staging(OP, &mut x)?;
         let mut done = 0usize;
@@ -429,7 +404,7 @@ impl StreamInner {
             };
             return Ok(());
         }
-        let mut x = lock(&self.xfer);
+        let mut x = lock(&self.inner.xfer);
         self.settle(OP, &mut x)?;
         let (staging, size, ptr) = self.ensure_staging(OP, &mut x)?;
         let mut done = 0usize;
@@ -475,13 +450,17 @@ impl StreamInner {
     /// Wait until the last submission has executed and every free parked at
     /// or before it has fired its signal.
     pub(crate) fn synchronize_inner(&self, op: &'static str) -> Result<(), BackendError> {
-        let target = self.last.load(Ordering::SeqCst);
+        let target = self.inner.last.load(Ordering::SeqCst);
         if target > 0 {
-            self.shared
-                .host_wait(op, self.timeline, target, &format!("stream {}", self.id))?;
+            self.shared.host_wait(
+                op,
+                self.inner.timeline,
+                target,
+                &format!("stream {}", self.inner.id),
+            )?;
         }
         let deadline = Instant::now() + self.shared.config.wait_timeout;
-        let mut p = lock(&self.park);
+        let mut p = lock(&self.inner.park);
         loop {
             if self.shared.is_lost() {
                 return Err(err(
@@ -501,64 +480,19 @@ impl StreamInner {
                     BackendErrorKind::Other,
                     format!(
                         "stream {} reached value {target} but {} parked free(s) did not retire within {} ms; the free thread is stuck",
-                        self.id,
+                        self.inner.id,
                         p.queue.len() + p.firing,
                         self.shared.config.wait_timeout.as_millis()
                     ),
                 ));
             }
             p = self
+                .inner
                 .parked_cv
                 .wait_timeout(p, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-    }
-
-    /// Destroy the stream's Vulkan objects.
-    ///
-    /// # Safety
-    ///
-    /// No pending submission uses them and no thread waits on the timeline;
-    /// called once.
-    pub(crate) unsafe fn destroy_objects(&self, free_memory: bool) {
-        let mut x = lock(&self.xfer);
-        let device = &self.shared.device;
-        if let Some(st) = x.staging.take() {
-            let mut mem = lock(&self.shared.mem);
-            // SAFETY: per this function's contract.
-            unsafe { self.shared.destroy_live(&mut mem, st.live, free_memory) };
-        }
-        // SAFETY: per this function's contract; destroying the pool frees its
-        // command buffer.
-        unsafe {
-            device.destroy_command_pool(x.pool, None);
-            device.destroy_semaphore(self.timeline, None);
-        }
-        x.pool = vk::CommandPool::null();
-        x.cmd = vk::CommandBuffer::null();
-    }
-}
-
-/// A stream: a timeline semaphore on a (possibly shared) queue. A plain
-/// handle: dropping it does nothing; `destroy_stream` or teardown destroy it.
-///
-/// It can outlive its context (teardown destroys the device and unloads the
-/// driver): its own device calls ([`completed_value`](Self::completed_value),
-/// [`gate`](Self::gate), [`submit`](Self::submit)) are then refused with an
-/// error, and one in flight on another thread delays teardown until it
-/// returns, so none reaches a destroyed device.
-pub struct VulkanStream {
-    pub(crate) inner: Arc<StreamInner>,
-}
-
-impl fmt::Debug for VulkanStream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VulkanStream")
-            .field("id", &self.inner.id)
-            .field("queue", &self.inner.queue)
-            .field("last_submitted", &self.last_submitted())
-            .finish()
     }
 }
 
@@ -590,7 +524,7 @@ impl VulkanStream {
     /// handle can outlive it: the device, and the driver, are gone then);
     /// the driver's error otherwise.
     pub fn completed_value(&self) -> Result<u64, BackendError> {
-        let shared = &self.inner.shared;
+        let shared = &self.shared;
         let _use = shared.access.enter("completed_value")?;
         // SAFETY: the device and the semaphore are alive until `_use` drops:
         // teardown waits for it before destroying anything, and `enter`
@@ -608,12 +542,12 @@ impl VulkanStream {
     /// Valid until the context's teardown begins; every ash call through it
     /// is `unsafe`, and its caller vouches for that.
     pub fn device(&self) -> &ash::Device {
-        &self.inner.shared.device
+        &self.shared.device
     }
 
     /// The queue family to allocate command pools from.
     pub fn queue_family_index(&self) -> u32 {
-        self.inner.shared.queue_family
+        self.shared.queue_family
     }
 
     /// Submit command buffers of your own, ordered on this stream after
@@ -630,12 +564,12 @@ impl VulkanStream {
         &self,
         command_buffers: &[vk::CommandBuffer],
     ) -> Result<u64, BackendError> {
-        let shared = &self.inner.shared;
+        let shared = &self.shared;
         let _use = shared.access.enter("submit")?;
         shared.check_usable("submit")?;
         // SAFETY: forwarded from this function's contract; the device, queue
         // and timeline are alive until `_use` drops (see `completed_value`).
-        unsafe { self.inner.submit_batch("submit", command_buffers, None) }
+        unsafe { self.submit_batch("submit", command_buffers, None) }
     }
 
     /// Hold the stream: submit an empty batch that waits on a host-signalled
@@ -651,7 +585,7 @@ impl VulkanStream {
     /// `InvalidArgument` once the context is being torn down, `DeviceLost`
     /// on a lost device, the driver's error otherwise.
     pub fn gate(&self) -> Result<StreamGate, BackendError> {
-        let shared = &self.inner.shared;
+        let shared = &self.shared;
         // Held to the end: teardown opens every registered gate and then
         // waits for the device to go idle, so a gate must not be created or
         // submitted once it has begun (the closed gate would block
@@ -674,7 +608,7 @@ impl VulkanStream {
         });
         // SAFETY: no command buffers; the gate semaphore lives until teardown,
         // which opens it (registered above) before waiting for the device.
-        match unsafe { self.inner.submit_batch("gate", &[], Some((semaphore, 1))) } {
+        match unsafe { self.submit_batch("gate", &[], Some((semaphore, 1))) } {
             Ok(value) => Ok(StreamGate {
                 shared: shared.clone(),
                 semaphore,
@@ -702,7 +636,7 @@ impl VulkanStream {
     /// report it (lavapipe).
     #[doc(hidden)]
     pub unsafe fn host_signal_timeline_unchecked(&self, value: u64) -> Result<(), BackendError> {
-        let shared = &self.inner.shared;
+        let shared = &self.shared;
         let _use = shared.access.enter("host_signal")?;
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.inner.timeline)
@@ -780,18 +714,43 @@ impl Drop for StreamGate {
     }
 }
 
+/// Destroy a stream's Vulkan objects (its staging buffer, command pool and
+/// timeline semaphore).
+///
+/// # Safety
+///
+/// No pending submission uses them and no thread waits on the timeline;
+/// called once.
+pub(crate) unsafe fn destroy_objects(shared: &Shared, s: &StreamState, free_memory: bool) {
+    let mut x = lock(&s.xfer);
+    let device = &shared.device;
+    if let Some(st) = x.staging.take() {
+        let mut mem = lock(&shared.mem);
+        // SAFETY: per this function's contract.
+        unsafe { shared.destroy_live(&mut mem, st.live, free_memory) };
+    }
+    // SAFETY: per this function's contract; destroying the pool frees its
+    // command buffer.
+    unsafe {
+        device.destroy_command_pool(x.pool, None);
+        device.destroy_semaphore(s.timeline, None);
+    }
+    x.pool = vk::CommandPool::null();
+    x.cmd = vk::CommandBuffer::null();
+}
+
 impl VulkanContext {
     pub(crate) fn create_stream_impl(&self) -> Result<VulkanStream, BackendError> {
         self.shared.check_usable("create_stream")?;
-        let inner = StreamInner::create(&self.shared)?;
-        lock(&self.shared.streams).push(inner.clone());
+        let stream = VulkanStream::create(&self.shared)?;
+        lock(&self.shared.streams).push(stream.inner.clone());
         self.shared.probe.common.stream_created();
-        Ok(VulkanStream { inner })
+        Ok(stream)
     }
 
     pub(crate) fn destroy_stream_impl(&self, stream: VulkanStream) -> Result<(), BackendError> {
         let shared = &self.shared;
-        shared.own_stream("destroy_stream", &stream)?;
+        shared.own_stream("destroy_stream", &stream.inner)?;
         let s = &stream.inner;
         if s.destroyed.swap(true, Ordering::SeqCst) {
             return Ok(());
@@ -804,14 +763,14 @@ impl VulkanContext {
         // Work already queued executes first, frees and their signals too.
         // On error the stream stays registered: teardown destroys it once
         // the device is idle.
-        s.synchronize_inner("destroy_stream")?;
+        stream.synchronize_inner("destroy_stream")?;
         lock(&shared.streams).retain(|x| !Arc::ptr_eq(x, s));
         shared.probe.common.stream_destroyed();
         // SAFETY: synchronize returned: every submission on the stream has
         // completed and its parked frees have fired, so neither the device nor
         // the free thread uses its objects (the thread only waits on
         // streams with parked frees); the stream is no longer registered.
-        unsafe { s.destroy_objects(true) };
+        unsafe { destroy_objects(shared, s, true) };
         Ok(())
     }
 }

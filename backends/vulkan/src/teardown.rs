@@ -2,6 +2,7 @@
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
 
 use crate::result::{err, BACKEND};
+use crate::stream::destroy_objects;
 use crate::{instance, VulkanContext};
 use ash::vk;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
@@ -137,7 +138,7 @@ impl VulkanContext {
         for s in streams {
             // SAFETY: the device is idle (or lost) and the free thread
             // has been joined: nothing uses the stream's objects.
-            unsafe { s.destroy_objects(!lost) };
+            unsafe { destroy_objects(&shared, &s, !lost) };
         }
         let mut mem = lock(&shared.mem);
         let live: Vec<_> = mem.live.drain().collect();
