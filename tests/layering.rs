@@ -219,6 +219,7 @@ const CRATES: &[&str] = &[
     "crates/sync/src",
     "backends/host/src",
     "backends/null/src",
+    "backends/vulkan/src",
 ];
 
 /// The module graph of the crate whose sources are in `dir`: each top
