@@ -1,11 +1,96 @@
 //! Cases of the CUDA and HIP main suites (`tests/cuda.rs`, `tests/hip.rs`)
 //! written once against the `vendor` module of the test binary that
-//! includes this file (see `README.md` beside it). The cases every GPU
-//! backend runs through one trait are in `backends/stand-ins/support/`.
+//! includes this file (see `README.md` beside it). The bodies of the cases
+//! every GPU backend runs through one trait (`StandInBackend`) are in
+//! `backends/stand-ins/support/`; their tests are here.
 
-use crate::vendor::{self, LATENCY};
-use memgov::{Alloc, ContextConfig, Governor, Role, Tier};
+use crate::cases::{self as backend, StandInBackend};
+use crate::recorded::signal;
+use crate::vendor::{self, Context, LATENCY};
+use memgov::{
+    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Governor, RetireOutcome, Role, Tier,
+};
 use std::time::{Duration, Instant};
+
+/// How long a child waits for a signal that must fire.
+const SETTLE: Duration = Duration::from_secs(10);
+
+#[test]
+fn free_retires_on_a_driver_thread() {
+    backend::free_retires_on_a_driver_thread::<Context>();
+}
+
+/// The identity comes from the driver's UUID and PCI address, the same for
+/// one device in every process; on the stand-in, device 0 has the UUID and
+/// PCI address the vendor's stand-in documents (CUDA's "memgov-standin",
+/// 0, 0 at 0000:10:00.0; HIP's "memgov-standin", 'h', 0 at 0000:20:00.0),
+/// and that key.
+#[test]
+fn identity_is_the_drivers_uuid_and_pci_address() {
+    backend::identity_is_the_drivers_uuid_and_pci_address::<Context>();
+}
+
+#[test]
+fn foreign_or_double_free_is_refused_and_counted() {
+    backend::foreign_or_double_free_is_refused_and_counted::<Context>();
+}
+
+/// The governor's block cache on this backend: blocks reused on their own
+/// stream only (a block released on the other stream is freed there,
+/// ordered after its own), each reused block written and read back. The
+/// stand-in's stream-ordering checks must see nothing to report.
+#[test]
+fn block_cache_reuses_blocks_only_on_their_stream() {
+    let Some(ctx) = Context::open() else { return };
+    let probe = StandInBackend::probe(&ctx);
+    crate::cache::reuses_blocks_only_on_their_stream(ctx, probe, vendor::BACKEND);
+}
+
+/// The conformance suite on each of the vendor's configurations, with the
+/// governor's block cache off and on: every case passes on a device (none
+/// skips), every case skips without one. Prints `<label>: <report>`.
+#[test]
+fn whole_suite_report() {
+    use memgov_conformance::{run_suite_with, SuiteOptions};
+    for (label, factory) in vendor::SUITE_CONFIGS {
+        let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
+        for options in [SuiteOptions::new(), cached] {
+            let report = run_suite_with(&options, factory);
+            println!("{label}: {report}");
+            assert!(report.all_passed(), "{report}");
+            let (passed, failed, skipped) = report.counts();
+            if report.execution.is_none() {
+                assert_eq!(skipped, report.cases.len(), "{report}");
+                println!("{}", report.cases[0].outcome);
+            } else {
+                assert_eq!(
+                    (passed, failed, skipped),
+                    (report.cases.len(), 0, 0),
+                    "no case may fail or skip on a device: {report}"
+                );
+            }
+        }
+    }
+}
+
+/// With the stand-in's device limited to 1 MiB, an allocation past it is
+/// `OutOfMemory` with the driver's code and name, not device loss, and the
+/// context goes on: the memory freed makes room again, and work queued
+/// before a stream's destroy still runs, its free's signal included.
+#[test]
+fn out_of_memory_is_classified() {
+    vendor::passes("oom", &[(vendor::OOM_AFTER_BYTES, "1048576")]);
+}
+
+/// The driver refuses the completion callback queued behind a free (CUDA's
+/// host function, HIP's stream callback): the free is already queued and no
+/// longer the caller's, so `free_async` accepts it and settles its signal
+/// itself by waiting on the stream, before it returns, on the caller's
+/// thread. The next free goes through the callback again.
+#[test]
+fn a_refused_callback_still_settles_the_free() {
+    vendor::passes("refused_callback", &[(vendor::FAIL_CALLBACK_AT, "1")]);
+}
 
 #[test]
 fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
@@ -20,6 +105,8 @@ fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
 pub(crate) fn run(case: &str) -> bool {
     match case {
         "governed_pinned_behind_raw_copy" => governed_pinned_behind_raw_copy(),
+        "oom" => oom(),
+        "refused_callback" => refused_callback(),
         _ => return false,
     }
     true
@@ -50,4 +137,78 @@ fn governed_pinned_behind_raw_copy() {
         .wait(Instant::now() + Duration::from_secs(30))
         .expect("retire");
     drop(src);
+}
+
+fn oom() {
+    let ctx = vendor::context();
+    let probe = ctx.probe();
+    let s = ctx.create_stream().expect("stream");
+    let a = ctx.allocate(&s, 768 << 10).expect("768 KiB fits in 1 MiB");
+    let e = ctx
+        .allocate(&s, 512 << 10)
+        .expect_err("over the 1 MiB limit");
+    assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
+    assert_eq!(e.code, Some(2), "{e}");
+    assert!(e.message.contains(vendor::OUT_OF_MEMORY), "{e}");
+    assert!(!e.is_device_lost(), "{e}");
+    assert!(!probe.lost());
+    let (sig, rx) = signal();
+    ctx.free_async(&s, a, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free");
+    ctx.synchronize(&s).expect("synchronize");
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("fired").0,
+        RetireOutcome::Retired
+    );
+    let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, b, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free");
+    ctx.destroy_stream(s).expect("destroy_stream");
+    // Work queued before the destroy still runs, its callback included.
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("fired").0,
+        RetireOutcome::Retired
+    );
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
+}
+
+fn refused_callback() {
+    let ctx = vendor::context();
+    let probe = ctx.probe();
+    let s = ctx.create_stream().expect("stream");
+    let m = ctx.allocate(&s, 4096).expect("allocate");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async accepts");
+    let (outcome, thread) = rx.try_recv().expect("settled before free_async returned");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_eq!(
+        thread,
+        std::thread::current().id(),
+        "settled by the caller's wait"
+    );
+    assert_eq!(ctx.pending_frees(), 0);
+    // The next free goes through the callback again.
+    let m = ctx.allocate(&s, 4096).expect("allocate");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    ctx.synchronize(&s).expect("synchronize");
+    let (outcome, thread) = rx.recv_timeout(SETTLE).expect("fired");
+    assert_eq!(outcome, RetireOutcome::Retired);
+    assert_ne!(
+        thread,
+        std::thread::current().id(),
+        "fired by the driver's callback"
+    );
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
+    assert_eq!(probe.frees_retired(), 2);
 }

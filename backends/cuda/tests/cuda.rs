@@ -49,6 +49,7 @@ impl cases::StandInBackend for CudaContext {
 
     const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standin";
     const STAND_IN_PCI: &'static str = "0000:10:00.0";
+    const STAND_IN_KEY: &'static str = "gpu-6d656d67-6f76-2d73-7461-6e64696e0000";
 }
 
 /// A context, or `None` after printing why the test is skipped.
@@ -98,27 +99,6 @@ fn a_missing_driver_is_unavailable_not_a_panic() {
             );
             println!("skipped: {}", e.message);
         }
-    }
-}
-
-#[test]
-fn free_retires_on_a_driver_thread() {
-    cases::free_retires_on_a_driver_thread::<CudaContext>();
-}
-
-/// The identity comes from the driver's UUID and PCI address, the same for
-/// one device in every process; on the stand-in, device 0 has the UUID
-/// "memgov-standin\0\0" and the PCI address 0000:10:00.0.
-#[test]
-fn identity_is_the_drivers_uuid_and_pci_address() {
-    cases::identity_is_the_drivers_uuid_and_pci_address::<CudaContext>();
-    // The stand-in's device 0 by its full key.
-    if let Some(ctx) = stand_in() {
-        assert_eq!(
-            ctx.identity().key(),
-            "gpu-6d656d67-6f76-2d73-7461-6e64696e0000"
-        );
-        ctx.teardown(false).expect("teardown");
     }
 }
 
@@ -193,19 +173,6 @@ fn works_from_threads_without_a_current_context() {
     assert_eq!(probe.frees_retired(), 4);
 }
 
-/// The governor's block cache on this backend: blocks reused on their own
-/// stream only (a block released on the other stream is freed there,
-/// ordered after its own), each reused block written and read back. The
-/// stand-in's stream-ordering checks must see nothing to report.
-#[test]
-fn block_cache_reuses_blocks_only_on_their_stream() {
-    let Some(ctx) = context() else {
-        return;
-    };
-    let probe = ctx.probe();
-    cache::reuses_blocks_only_on_their_stream(ctx, probe, "cuda");
-}
-
 #[test]
 fn short_soak() {
     let Some(ctx) = context() else { return };
@@ -263,29 +230,6 @@ fn short_soak() {
         "soak: cuda: {cycles} allocate/release cycles, 2 threads x 2 streams, {:.2} s; after teardown 0 live allocations, 0 streams",
         start.elapsed().as_secs_f64()
     );
-}
-
-/// The whole suite, with the governor's block cache off and on.
-#[test]
-fn whole_suite_report() {
-    use memgov_conformance::{run_suite_with, SuiteOptions};
-    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
-    for options in [SuiteOptions::new(), cached] {
-        let report = run_suite_with(&options, factory);
-        println!("{report}");
-        assert!(report.all_passed(), "{report}");
-        let (passed, failed, skipped) = report.counts();
-        if report.execution.is_none() {
-            assert_eq!(skipped, report.cases.len());
-            println!("skipped: no CUDA driver");
-            return;
-        }
-        assert_eq!(
-            (passed, failed, skipped),
-            (report.cases.len(), 0, 0),
-            "{report}"
-        );
-    }
 }
 
 // ---- child-process tests: knobs and planted violations -----------------------
@@ -564,11 +508,6 @@ fn order_after_orders_a_cross_stream_free_without_waiting() {
 }
 
 #[test]
-fn foreign_or_double_free_is_refused_and_counted() {
-    cases::foreign_or_double_free_is_refused_and_counted::<CudaContext>();
-}
-
-#[test]
 fn raw_misuse_is_refused_before_the_driver_sees_it() {
     assert_child_passed("raw_misuse", &[]);
 }
@@ -690,25 +629,27 @@ fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
     );
 }
 
-#[test]
-fn out_of_memory_is_classified() {
-    assert_child_passed("oom", &[("MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES", "1048576")]);
-}
-
-#[test]
-fn a_refused_callback_still_settles_the_free() {
-    assert_child_passed(
-        "host_fn_fails",
-        &[("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", "1")],
-    );
-}
-
 /// What the shared cases (`backends/cases/core.rs`) need of CUDA.
 mod vendor {
     use cudarc::driver::sys::{self, CUresult};
     use memgov::cuda::{CudaContext, CudaMemory, CudaStream};
 
     pub(crate) use crate::LATENCY;
+    pub use memgov::cuda::CudaContext as Context;
+
+    /// The name a context's refusals and reports carry.
+    pub const BACKEND: &str = "cuda";
+
+    /// The configurations the conformance suite runs on, by label.
+    pub const SUITE_CONFIGS: &[(&str, fn() -> Result<Context, memgov::BackendError>)] =
+        &[("default", crate::factory)];
+
+    /// The stand-in's device memory limit in bytes.
+    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES";
+    /// The stand-in refuses the Nth `cuLaunchHostFunc`.
+    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT";
+    /// How an out-of-memory refusal names the driver's code.
+    pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
 
     /// The child ran `scenario` to its end.
     pub fn passes(scenario: &str, env: &[(&str, &str)]) {
@@ -1082,8 +1023,6 @@ mod children {
                 }
                 "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
                 "sticky" => sticky(),
-                "oom" => oom(),
-                "host_fn_fails" => host_fn_fails(),
                 other => panic!("unknown child scenario {other}"),
             }
         }
@@ -1258,76 +1197,6 @@ mod children {
         // allocations went with the context at memgov's (last) release.
         let gone = stand_in_query("memgov_standin_cuda_reclaimed", 0).expect("device 0");
         assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
-    }
-
-    fn oom() {
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let s = ctx.create_stream().expect("stream");
-        let a = ctx.allocate(&s, 768 << 10).expect("first fits");
-        let e = ctx
-            .allocate(&s, 512 << 10)
-            .expect_err("over the 1 MiB limit");
-        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
-        assert_eq!(e.code, Some(2));
-        assert!(!e.is_device_lost());
-        let (sig, rx) = signal();
-        ctx.free_async(&s, a, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        ctx.synchronize(&s).expect("sync");
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
-            RetireOutcome::Retired
-        );
-        let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
-        let (sig, rx) = signal();
-        ctx.free_async(&s, b, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        ctx.destroy_stream(s).expect("destroy");
-        // Work queued before the destroy still runs, host function included.
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
-            RetireOutcome::Retired
-        );
-        ctx.teardown(false).expect("teardown");
-        probe.check_clean_teardown().expect("clean");
-    }
-
-    fn host_fn_fails() {
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let s = ctx.create_stream().expect("stream");
-        let m = ctx.allocate(&s, 4096).expect("allocate");
-        let (sig, rx) = signal();
-        // The host-function launch fails after cuMemFreeAsync was queued: the
-        // free cannot be refused any more, so it is settled by a stream wait.
-        ctx.free_async(&s, m, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free_async accepts");
-        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("settled");
-        assert_eq!(outcome, RetireOutcome::Retired);
-        assert_eq!(
-            thread,
-            std::thread::current().id(),
-            "settled by the fallback wait"
-        );
-        assert_eq!(ctx.pending_frees(), 0);
-        // The next free goes through the host function again.
-        let m = ctx.allocate(&s, 4096).expect("allocate");
-        let (sig, rx) = signal();
-        ctx.free_async(&s, m, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free_async");
-        ctx.synchronize(&s).expect("sync");
-        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("fired");
-        assert_eq!(outcome, RetireOutcome::Retired);
-        assert_ne!(thread, std::thread::current().id());
-        ctx.destroy_stream(s).expect("destroy");
-        ctx.teardown(false).expect("teardown");
-        probe.check_clean_teardown().expect("clean");
-        assert_eq!(probe.frees_retired(), 2);
     }
 
     fn current() -> sys::CUcontext {
