@@ -100,6 +100,24 @@ fn pinned_host_release_waits_for_copies_queued_outside_the_governor() {
     vendor::passes("governed_pinned_behind_raw_copy", &[(LATENCY, "200000")]);
 }
 
+/// The governor declares a healthy device lost with memory live (64 MiB
+/// kept, a free queued behind a copy on another stream): the lost teardown
+/// settles the free's signal before it returns (abandoned where the free
+/// was stream-ordered: the pool's is queued behind the copy; the fallback's
+/// may already be in its free thread's hands, which completes it), frees
+/// every allocation and destroys every stream, and the stand-in finds
+/// nothing of memgov's left (its exit check on), on each of the vendor's
+/// configurations.
+#[test]
+fn lost_teardown_of_a_healthy_device_releases_everything() {
+    for (label, _) in vendor::SUITE_CONFIGS {
+        vendor::passes(
+            &format!("healthy_lost_teardown:{label}"),
+            &[(LATENCY, "20000"), (vendor::EXIT_CHECK, "1")],
+        );
+    }
+}
+
 /// In the child: runs the shared case `case`; false when it is not one of
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
@@ -107,7 +125,10 @@ pub(crate) fn run(case: &str) -> bool {
         "governed_pinned_behind_raw_copy" => governed_pinned_behind_raw_copy(),
         "oom" => oom(),
         "refused_callback" => refused_callback(),
-        _ => return false,
+        _ => match case.strip_prefix("healthy_lost_teardown:") {
+            Some(label) => healthy_lost_teardown(label),
+            None => return false,
+        },
     }
     true
 }
@@ -211,4 +232,46 @@ fn refused_callback() {
     ctx.teardown(false).expect("teardown");
     probe.check_clean_teardown().expect("clean teardown");
     assert_eq!(probe.frees_retired(), 2);
+}
+
+/// What a lost teardown's copy writes.
+static LOST_TEARDOWN_BYTES: [u8; 4096] = [4; 4096];
+
+fn healthy_lost_teardown(label: &str) {
+    let (_, factory) = vendor::SUITE_CONFIGS
+        .iter()
+        .find(|(l, _)| *l == label)
+        .expect("a configuration of this vendor's");
+    for round in 0..vendor::LOST_TEARDOWN_ROUNDS {
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let ordered = ctx.describe().stream_ordered_reuse;
+        let (a, b) = (
+            ctx.create_stream().expect("stream"),
+            ctx.create_stream().expect("stream"),
+        );
+        let _kept = ctx.allocate(&a, 64 << 20).expect("allocate");
+        let m = ctx.allocate(&b, 4096).expect("allocate");
+        let current = vendor::current(&ctx);
+        // SAFETY: `m` and `b` are live handles of `ctx`, and the source is
+        // static, so it outlives the copy.
+        unsafe { vendor::copy_in_unwaited(&current, &b, &m, &LOST_TEARDOWN_BYTES) };
+        let (sig, rx) = signal();
+        ctx.free_async(&b, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free, queued behind the copy");
+        // The governor declares the device lost; the driver still answers.
+        ctx.device_lost();
+        ctx.teardown(true).expect("lost teardown");
+        let (outcome, _) = rx
+            .try_recv()
+            .unwrap_or_else(|e| panic!("round {round}: settled before teardown returned: {e}"));
+        if ordered {
+            assert_eq!(outcome, RetireOutcome::Abandoned, "round {round}");
+        }
+        assert!(probe.lost());
+        assert_eq!(probe.live_allocations(), 0, "round {round}");
+        assert_eq!(probe.live_streams(), 0, "round {round}");
+        vendor::nothing_left_after_lost_teardown(round);
+    }
 }

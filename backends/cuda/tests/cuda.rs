@@ -531,17 +531,6 @@ fn the_callers_current_context_is_restored() {
 }
 
 #[test]
-fn lost_teardown_of_a_healthy_device_releases_everything() {
-    assert_child_passed(
-        "lost_teardown",
-        &[
-            ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
-            ("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000"),
-        ],
-    );
-}
-
-#[test]
 fn lost_teardown_of_a_healthy_device_frees_before_the_shared_context_reference_goes() {
     // A runtime shares the primary context. memgov's context is declared
     // lost while the driver still answers, with device and page-locked host
@@ -650,6 +639,28 @@ mod vendor {
     pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT";
     /// How an out-of-memory refusal names the driver's code.
     pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
+    /// The stand-in's exit check: anything left at exit aborts.
+    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+
+    /// Lost teardowns in a row (each releases the last reference to the
+    /// primary context, which the next context retains again).
+    pub const LOST_TEARDOWN_ROUNDS: usize = 3;
+
+    /// After a lost teardown on a healthy device: memgov freed its memory
+    /// before releasing the primary context (whose destruction took nothing
+    /// with it), and released that context (the last reference).
+    pub fn nothing_left_after_lost_teardown(round: usize) {
+        assert_eq!(
+            crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0),
+            Some([0, 0, 0, 0]),
+            "round {round}: memory went with the context"
+        );
+        assert_eq!(
+            crate::children::stand_in_query("memgov_standin_cuda_live", 0),
+            None,
+            "round {round}: the primary context is still retained"
+        );
+    }
 
     /// The child ran `scenario` to its end.
     pub fn passes(scenario: &str, env: &[(&str, &str)]) {
@@ -949,7 +960,6 @@ mod children {
                 "async_fault_retire" => async_fault(false),
                 "async_fault_force" => async_fault(true),
                 "current_restored" => current_restored(),
-                "lost_teardown" => lost_teardown(),
                 "lost_teardown_shared" => lost_teardown_shared(),
                 "pool_destroyed_with_allocations" => {
                     // The planted violation: an allocation from a created
@@ -1409,43 +1419,12 @@ mod children {
         }
     }
 
-    fn lost_teardown() {
-        // Declared lost on a healthy device, three times: each lost teardown
-        // frees memgov's memory and streams, then releases its context
-        // reference, the last one (the stand-in aborts on a last release
-        // over live allocations, and its exit check finds nothing left).
-        for round in 0..3 {
-            let ctx = factory().expect("context");
-            let probe = ctx.probe();
-            let s = ctx.create_stream().expect("stream");
-            let _kept = ctx.allocate(&s, 64 << 20).expect("allocate");
-            let m = ctx.allocate(&s, 4096).expect("allocate");
-            ctx.free_async(&s, m, signal().0)
-                .map_err(|(_, _, e)| e)
-                .expect("free, still queued");
-            ctx.device_lost();
-            ctx.teardown(true).expect("lost teardown");
-            assert!(probe.lost());
-            assert_eq!(probe.live_allocations(), 0);
-            assert_eq!(
-                stand_in_query("memgov_standin_cuda_reclaimed", 0),
-                Some([0, 0, 0, 0]),
-                "round {round}: memory went with the context"
-            );
-            assert_eq!(
-                stand_in_query("memgov_standin_cuda_live", 0),
-                None,
-                "round {round}: the primary context is still retained"
-            );
-        }
-    }
-
     /// One of the stand-in's test hooks that report {device allocations,
     /// device bytes, page-locked host allocations, host bytes} for device
     /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
     /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
     /// (what its destroyed primary contexts took with them).
-    fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
+    pub(crate) fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
         use libloading::os::unix::{Library, RTLD_LAZY};
         /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
         const RTLD_NOLOAD: std::os::raw::c_int = 4;
