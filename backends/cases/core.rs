@@ -119,6 +119,46 @@ fn lost_teardown_of_a_healthy_device_releases_everything() {
     }
 }
 
+/// A governed buffer's and stream's raw handles are the driver's: the
+/// device pointer and stream (neither null) serve a raw copy out of what
+/// the governor wrote, and on the stand-in, whose device memory is host
+/// memory, the pointer is the allocation itself.
+#[test]
+fn raw_accessors_name_the_driver_objects() {
+    const TEXT: &[u8; 23] = b"through the raw handles";
+    let Some(ctx) = Context::open() else { return };
+    let stand_in = ctx.describe().execution == Execution::StandIn;
+    let current = vendor::current(&ctx);
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("raw"));
+    let stream = handle.create_stream("main").expect("stream");
+    let buf = handle
+        .allocate(&stream, Alloc::new(256, Role::Workspace))
+        .expect("allocate");
+    buf.write(0, TEXT).expect("write");
+    let mem = buf.raw().expect("live buffer");
+    let raw_stream = stream.raw().expect("live stream");
+    let ptr = vendor::device_address(mem);
+    assert_ne!(ptr, 0);
+    assert!(!vendor::stream_handle(raw_stream).is_null());
+    assert_eq!(mem.len(), 256);
+    let mut back = [0u8; 23];
+    // SAFETY: the memory and stream come from live governed handles, the
+    // copy stays within the 256-byte allocation, and it is waited for.
+    unsafe { vendor::copy_out_waited(&current, raw_stream, mem, &mut back) };
+    assert_eq!(&back, TEXT);
+    if stand_in {
+        // SAFETY: the stand-in's device pointer is the host address of a
+        // live 256-byte allocation; the write above was synchronized.
+        let seen = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, TEXT.len()) };
+        assert_eq!(seen, TEXT);
+    }
+    drop((buf, stream));
+    let report = handle.retire().wait_timeout(SETTLE).expect("retire");
+    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
+    assert_eq!(report.retired_releases, 1);
+}
+
 /// A governed soak: on each of 3 contexts in turn, 2 threads allocate
 /// (various sizes, under a budget), write, read back and release on their 2
 /// streams, a third of the releases on the other stream; each retire

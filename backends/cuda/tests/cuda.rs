@@ -103,38 +103,6 @@ fn a_missing_driver_is_unavailable_not_a_panic() {
 }
 
 #[test]
-fn raw_accessors_name_the_driver_objects() {
-    let Some(ctx) = context() else { return };
-    let stand_in = ctx.is_stand_in();
-    let gov = Governor::new();
-    let handle = gov.register(ctx, ContextConfig::new().label("raw"));
-    let stream = handle.create_stream("main").expect("stream");
-    let buf = handle
-        .allocate(&stream, Alloc::new(256, Role::Workspace))
-        .expect("allocate");
-    buf.write(0, b"raw access").expect("write");
-    let ptr = buf.raw().expect("live buffer").device_ptr();
-    let cu_stream = stream.raw().expect("live stream").cu_stream();
-    assert_ne!(ptr, 0);
-    assert!(!cu_stream.is_null());
-    assert_eq!(buf.raw().expect("live").len(), 256);
-    if stand_in {
-        // On the stand-in device memory is host memory: the pointer really is
-        // the allocation the governor wrote.
-        // SAFETY: the stand-in maps a CUdeviceptr to the host address of a
-        // live 256-byte allocation; the write above was synchronized.
-        let seen = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, 10) };
-        assert_eq!(seen, b"raw access");
-    }
-    drop((buf, stream));
-    let report = handle
-        .retire()
-        .wait_timeout(Duration::from_secs(10))
-        .expect("retire");
-    assert!(report.backend_result.is_ok());
-}
-
-#[test]
 fn works_from_threads_without_a_current_context() {
     let Some(ctx) = context() else { return };
     let probe = ctx.probe();
@@ -622,6 +590,51 @@ mod vendor {
 
     pub fn current(ctx: &CudaContext) -> Current {
         Current(ctx.cu_context())
+    }
+
+    /// The memory's device pointer.
+    pub fn device_address(m: &CudaMemory) -> u64 {
+        m.device_ptr()
+    }
+
+    /// The stream's driver handle.
+    pub fn stream_handle(s: &CudaStream) -> *const std::ffi::c_void {
+        s.cu_stream().cast_const().cast()
+    }
+
+    /// Copies `m`'s first bytes into `dst` (a raw `cuMemcpyDtoHAsync_v2` on
+    /// `s`, then `cuStreamSynchronize`, the context pushed current around
+    /// them).
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
+    pub unsafe fn copy_out_waited(c: &Current, s: &CudaStream, m: &CudaMemory, dst: &mut [u8]) {
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live context, popped below.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
+        // SAFETY: the caller's; `dst` outlives the copy, which the
+        // synchronize completes.
+        let (copy, sync) = unsafe {
+            (
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.as_mut_ptr().cast(),
+                    m.device_ptr(),
+                    dst.len(),
+                    s.cu_stream(),
+                ),
+                sys::cuStreamSynchronize(s.cu_stream()),
+            )
+        };
+        assert_eq!(
+            (copy, sync),
+            (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS),
+            "raw copy out"
+        );
+        // SAFETY: balances the push.
+        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
     }
 
     /// Queues a copy of `src` into `m` on `s` (a raw

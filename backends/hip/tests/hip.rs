@@ -160,40 +160,6 @@ fn plain_fallback_frees_after_the_event() {
 }
 
 #[test]
-fn raw_accessors_name_the_driver_objects() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let s = ctx.create_stream().unwrap();
-    let m = ctx.allocate(&s, 256).unwrap();
-    assert!(!m.device_ptr().is_null());
-    assert!(!s.hip_stream().is_null());
-    ctx.write(&s, &m, 0, b"through the raw handles").unwrap();
-    let mut back = [0u8; 23];
-    // SAFETY: the pointer and stream are live handles of this context; the
-    // copy stays within the 256-byte allocation; `back` outlives the
-    // synchronize that completes the copy.
-    let (copy, sync) = unsafe {
-        (
-            hip::hipMemcpyDtoHAsync(
-                back.as_mut_ptr() as *mut c_void,
-                m.device_ptr(),
-                back.len(),
-                s.hip_stream(),
-            ),
-            hip::hipStreamSynchronize(s.hip_stream()),
-        )
-    };
-    assert_eq!((copy, sync), (hip::hipSuccess, hip::hipSuccess));
-    assert_eq!(&back, b"through the raw handles");
-    let (sig, rx) = signal();
-    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    ctx.destroy_stream(s).unwrap();
-    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-    ctx.teardown(false).unwrap();
-}
-
-#[test]
 fn sticky_codes_classify_as_device_loss() {
     use hip as E;
     for code in [
@@ -1068,6 +1034,39 @@ mod vendor {
 
     pub fn current(_: &HipContext) -> Current {
         Current
+    }
+
+    /// The memory's device pointer.
+    pub fn device_address(m: &HipMemory) -> u64 {
+        m.device_ptr() as u64
+    }
+
+    /// The stream's runtime handle.
+    pub fn stream_handle(s: &HipStream) -> *const std::ffi::c_void {
+        s.hip_stream().cast_const().cast()
+    }
+
+    /// Copies `m`'s first bytes into `dst` (a raw `hipMemcpyDtoHAsync` on
+    /// `s`, then `hipStreamSynchronize`).
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
+    pub unsafe fn copy_out_waited(_: &Current, s: &HipStream, m: &HipMemory, dst: &mut [u8]) {
+        // SAFETY: the caller's; `dst` outlives the copy, which the
+        // synchronize completes.
+        let (copy, sync) = unsafe {
+            (
+                hip::hipMemcpyDtoHAsync(
+                    dst.as_mut_ptr().cast(),
+                    m.device_ptr(),
+                    dst.len(),
+                    s.hip_stream(),
+                ),
+                hip::hipStreamSynchronize(s.hip_stream()),
+            )
+        };
+        assert_eq!((copy, sync), (hip::SUCCESS, hip::SUCCESS), "raw copy out");
     }
 
     /// Queues a copy of `src` into `m` on `s` (a raw `hipMemcpyHtoDAsync`)
