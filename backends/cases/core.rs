@@ -183,6 +183,19 @@ fn short_soak() {
     println!("{}", line.expect("the child prints its soak line"));
 }
 
+/// `order_after` queues a device-side wait instead of blocking: a slow copy
+/// on the other stream (500 ms per queued operation) is still running when
+/// it returns, and a free on the ordered stream passes the stand-in's
+/// cross-stream check and runs after the copy. Ordering a stream after
+/// itself is a no-op; after another context's stream, refused. On each of
+/// the vendor's configurations.
+#[test]
+fn order_after_orders_a_cross_stream_free_without_waiting() {
+    for (label, _) in vendor::SUITE_CONFIGS {
+        vendor::passes(&format!("order_after:{label}"), &[(LATENCY, "500000")]);
+    }
+}
+
 /// In the child: runs the shared case `case`; false when it is not one of
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
@@ -191,9 +204,10 @@ pub(crate) fn run(case: &str) -> bool {
         "oom" => oom(),
         "refused_callback" => refused_callback(),
         "soak" => soak(None),
-        _ => match case.strip_prefix("healthy_lost_teardown:") {
-            Some(label) => healthy_lost_teardown(label),
-            None => return false,
+        _ => match case.split_once(':') {
+            Some(("healthy_lost_teardown", label)) => healthy_lost_teardown(factory(label)),
+            Some(("order_after", label)) => order_after(factory(label)),
+            _ => return false,
         },
     }
     true
@@ -303,11 +317,16 @@ fn refused_callback() {
 /// What a lost teardown's copy writes.
 static LOST_TEARDOWN_BYTES: [u8; 4096] = [4; 4096];
 
-fn healthy_lost_teardown(label: &str) {
+/// The vendor's configuration `label`.
+fn factory(label: &str) -> fn() -> Result<Context, memgov::BackendError> {
     let (_, factory) = vendor::SUITE_CONFIGS
         .iter()
         .find(|(l, _)| *l == label)
         .expect("a configuration of this vendor's");
+    *factory
+}
+
+fn healthy_lost_teardown(factory: fn() -> Result<Context, memgov::BackendError>) {
     for round in 0..vendor::LOST_TEARDOWN_ROUNDS {
         let ctx = factory().expect("context");
         let probe = ctx.probe();
@@ -416,4 +435,57 @@ fn soak(first: Option<Context>) {
         vendor::BACKEND,
         start.elapsed().as_secs_f64()
     );
+}
+
+/// What `order_after`'s slow copy writes.
+static ORDER_AFTER_BYTES: [u8; 4096] = [9; 4096];
+
+fn order_after(factory: fn() -> Result<Context, memgov::BackendError>) {
+    let ctx = factory().expect("context");
+    let probe = ctx.probe();
+    let current = vendor::current(&ctx);
+    let (a, b) = (
+        ctx.create_stream().expect("stream a"),
+        ctx.create_stream().expect("stream b"),
+    );
+    let m = ctx.allocate(&a, 4096).expect("allocate");
+    // SAFETY: `m` and `a` are live handles of `ctx`, and the source is
+    // static, so it outlives the copy.
+    unsafe { vendor::copy_in_unwaited(&current, &a, &m, &ORDER_AFTER_BYTES) };
+    ctx.order_after(&b, &a).expect("order_after");
+    assert_eq!(
+        vendor::stream_done(&current, &a),
+        Ok(false),
+        "order_after waited for the other stream instead of ordering on the device"
+    );
+    // The stand-in aborts unless the free on b is ordered after a's copy.
+    let (sig, rx) = signal();
+    ctx.free_async(&b, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free on b");
+    ctx.synchronize(&b).expect("synchronize b");
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("fired").0,
+        RetireOutcome::Retired
+    );
+    assert_eq!(
+        vendor::stream_done(&current, &a),
+        Ok(true),
+        "the free on b ran after a's copy"
+    );
+    // Ordering a stream after itself is a no-op.
+    ctx.order_after(&a, &a).expect("the same stream");
+    // Refused: a stream of another context.
+    let other = vendor::context();
+    let foreign = other.create_stream().expect("stream");
+    let e = ctx
+        .order_after(&b, &foreign)
+        .expect_err("another context's stream");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    other.destroy_stream(foreign).expect("destroy_stream");
+    other.teardown(false).expect("teardown");
+    ctx.destroy_stream(a).expect("destroy_stream");
+    ctx.destroy_stream(b).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    probe.check_clean_teardown().expect("clean teardown");
 }
