@@ -8,8 +8,8 @@ use crate::cases::{self as backend, StandInBackend};
 use crate::recorded::signal;
 use crate::vendor::{self, Context, LATENCY};
 use memgov::{
-    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, RetireOutcome,
-    Role, Tier,
+    Alloc, BackendErrorKind, ContextConfig, ContextState, DeviceContext, Execution, Governor,
+    GovernorError, RetireOutcome, Role, Tier,
 };
 use std::time::{Duration, Instant};
 
@@ -196,6 +196,19 @@ fn order_after_orders_a_cross_stream_free_without_waiting() {
     }
 }
 
+/// A sticky error (every driver call from the 40th on fails as after an
+/// illegal address) surfaces through the governor as `DeviceLost` naming
+/// the driver's code: the context is marked lost, its retire abandons what
+/// is pending and tears down clean, with nothing charged or pending left;
+/// then the vendor's own checks of the lost device (CUDA: the kept
+/// allocations went with the context; HIP: a free queued before the error
+/// is abandoned, the first reason carried, counted at exact call numbers).
+#[test]
+fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
+    vendor::passes("sticky", &[(vendor::STICKY_ERROR_AT_OP, "40")]);
+    vendor::sticky_error_cases();
+}
+
 /// In the child: runs the shared case `case`; false when it is not one of
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
@@ -204,6 +217,7 @@ pub(crate) fn run(case: &str) -> bool {
         "oom" => oom(),
         "refused_callback" => refused_callback(),
         "soak" => soak(None),
+        "sticky" => sticky(),
         _ => match case.split_once(':') {
             Some(("healthy_lost_teardown", label)) => healthy_lost_teardown(factory(label)),
             Some(("order_after", label)) => order_after(factory(label)),
@@ -488,4 +502,41 @@ fn order_after(factory: fn() -> Result<Context, memgov::BackendError>) {
     ctx.destroy_stream(b).expect("destroy_stream");
     ctx.teardown(false).expect("teardown");
     probe.check_clean_teardown().expect("clean teardown");
+}
+
+fn sticky() {
+    let ctx = vendor::context();
+    let probe = ctx.probe();
+    let gov = Governor::new();
+    let handle = gov.register(ctx, ContextConfig::new().label("sticky"));
+    let stream = handle.create_stream("main").expect("stream");
+    let mut kept = Vec::new();
+    let mut lost = None;
+    for i in 0..200 {
+        match handle.allocate(&stream, Alloc::new(4096, Role::KvCache)) {
+            Ok(b) if i % 2 == 0 => kept.push(b),
+            Ok(b) => drop(b),
+            Err(e) => {
+                lost = Some(e);
+                break;
+            }
+        }
+    }
+    let e = lost.expect("the sticky error at driver call 40 surfaced");
+    assert!(matches!(e, GovernorError::DeviceLost { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(vendor::ILLEGAL_ADDRESS), "{msg}");
+    assert_eq!(handle.lifecycle(), ContextState::Lost);
+    drop((kept, stream));
+    let report = handle
+        .retire()
+        .wait_timeout(SETTLE)
+        .expect("retire a lost context");
+    assert!(report.lost);
+    assert!(probe.lost());
+    probe.check_clean_teardown().expect("clean teardown");
+    let snap = handle.snapshot();
+    assert_eq!(snap.charged, 0);
+    assert_eq!(snap.total().pending_count, 0);
+    vendor::after_sticky_retire();
 }
