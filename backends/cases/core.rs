@@ -16,6 +16,42 @@ use std::time::{Duration, Instant};
 /// How long a child waits for a signal that must fire.
 const SETTLE: Duration = Duration::from_secs(10);
 
+/// Without a usable driver a context is `Unavailable` with the vendor's
+/// reason (printed as `skipped: <reason>`), never a panic; with one, the
+/// context describes the backend, its memory and how it runs (the
+/// stand-in or real hardware). Then the vendor's own cases of a missing or
+/// unusable driver.
+#[test]
+fn a_missing_driver_is_unavailable_not_a_panic() {
+    match vendor::SUITE_CONFIGS[0].1() {
+        Ok(ctx) => {
+            let d = ctx.describe();
+            assert_eq!(d.backend, vendor::BACKEND);
+            assert!(d.total_bytes > 0);
+            if vendor::is_stand_in(&ctx) {
+                assert_eq!(d.execution, Execution::StandIn);
+                assert!(d.name.starts_with("memgov stand-in"), "{}", d.name);
+                assert!(d.stream_ordered_reuse, "the stand-in's default");
+            } else {
+                assert_eq!(d.execution, Execution::RealHardware);
+                assert!(d.stream_ordered_reuse || !vendor::ALWAYS_STREAM_ORDERED);
+            }
+            ctx.teardown(false).expect("teardown");
+        }
+        Err(e) => {
+            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
+            assert!(
+                vendor::UNAVAILABLE
+                    .iter()
+                    .any(|why| e.message.starts_with(why)),
+                "{e}"
+            );
+            println!("skipped: {}", e.message);
+        }
+    }
+    vendor::missing_driver_cases();
+}
+
 #[test]
 fn free_retires_on_a_driver_thread() {
     backend::free_retires_on_a_driver_thread::<Context>();

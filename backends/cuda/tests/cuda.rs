@@ -23,7 +23,7 @@ use recorded::signal;
 
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
-    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, RetireOutcome, Role,
+    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Governor, RetireOutcome, Role,
 };
 use std::time::{Duration, Instant};
 
@@ -72,33 +72,6 @@ fn stand_in() -> Option<CudaContext> {
         return None;
     }
     Some(ctx)
-}
-
-#[test]
-fn a_missing_driver_is_unavailable_not_a_panic() {
-    match factory() {
-        Ok(ctx) => {
-            let d = ctx.describe();
-            assert_eq!(d.backend, "cuda");
-            assert!(d.stream_ordered_reuse);
-            assert!(d.total_bytes > 0);
-            if ctx.is_stand_in() {
-                assert_eq!(d.execution, Execution::StandIn);
-                assert!(d.name.starts_with("memgov stand-in"), "{}", d.name);
-            } else {
-                assert_eq!(d.execution, Execution::RealHardware);
-            }
-            ctx.teardown(false).expect("teardown");
-        }
-        Err(e) => {
-            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
-            assert!(
-                e.message.starts_with("no CUDA driver") || e.message.starts_with("no CUDA device"),
-                "{e}"
-            );
-            println!("skipped: {}", e.message);
-        }
-    }
 }
 
 #[test]
@@ -533,6 +506,20 @@ mod vendor {
     pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
     /// The stand-in's exit check: anything left at exit aborts.
     pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+
+    /// How an unavailable context's reason starts.
+    pub const UNAVAILABLE: &[&str] = &["no CUDA driver", "no CUDA device"];
+    /// Every CUDA context frees stream-ordered (`cuMemFreeAsync`).
+    pub const ALWAYS_STREAM_ORDERED: bool = true;
+
+    /// Whether `ctx` runs on memgov's stand-in driver.
+    pub fn is_stand_in(ctx: &CudaContext) -> bool {
+        ctx.is_stand_in()
+    }
+
+    /// CUDA's own: none beyond the shared case (CI runs it on a libcuda
+    /// lacking entry points too).
+    pub fn missing_driver_cases() {}
 
     /// The stand-in fails driver call N and all later as after an illegal
     /// address.

@@ -243,21 +243,6 @@ fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
     run.output()
 }
 
-/// Without a loadable HIP runtime (or with a library that is not one) a
-/// context is `Unavailable`, and no HIP function is called. Runs on any
-/// machine: the child is pointed at a library that is not there, and at one
-/// that is not HIP.
-#[test]
-fn a_missing_driver_is_unavailable_not_a_panic() {
-    for (case, library) in [
-        ("no_runtime", "/nonexistent/libamdhip64.so.5"),
-        ("runtime_without_hip", "libm.so.6"),
-    ] {
-        let run = child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
-        child_process::assert_passed(case, &run, CHILD_END);
-    }
-}
-
 #[test]
 fn pinned_memory_hands_out_its_host_pointer_and_its_device_pointer() {
     // The stand-in gives mapped host memory a device pointer that differs
@@ -973,6 +958,32 @@ mod vendor {
     pub const OUT_OF_MEMORY: &str = "hipErrorOutOfMemory (2)";
     /// The stand-in's exit check: anything left at exit aborts.
     pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
+
+    /// How an unavailable context's reason starts.
+    pub const UNAVAILABLE: &[&str] = &["no HIP device", "no HIP runtime"];
+    /// A runtime without memory pools gets the hipMalloc/hipFree fallback.
+    pub const ALWAYS_STREAM_ORDERED: bool = false;
+
+    /// Whether `ctx` runs on memgov's stand-in runtime.
+    pub fn is_stand_in(ctx: &HipContext) -> bool {
+        use memgov::DeviceContext;
+        ctx.describe()
+            .name
+            .starts_with(memgov::hip::STAND_IN_NAME_PREFIX)
+    }
+
+    /// HIP's own, on any machine: a child pointed at a library that is not
+    /// there, and at one that is not HIP, finds no runtime and calls no HIP
+    /// function.
+    pub fn missing_driver_cases() {
+        for (case, library) in [
+            ("no_runtime", "/nonexistent/libamdhip64.so.5"),
+            ("runtime_without_hip", "libm.so.6"),
+        ] {
+            let run = crate::child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
+            crate::child_process::assert_passed(case, &run, crate::CHILD_END);
+        }
+    }
 
     /// The stand-in fails runtime call N and all later as after an illegal
     /// address.
