@@ -245,6 +245,21 @@ fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
     vendor::sticky_error_cases();
 }
 
+/// A runtime has another device current on its thread (CUDA: device 1's
+/// primary context; HIP: device 1); memgov works on device 0 and hands the
+/// thread back as it found it after every call, teardown of a stream and an
+/// allocation left to it included, on each of the vendor's configurations;
+/// threads that had nothing current are left with nothing. And the other
+/// way round: a context of device 1 on a thread where device 0's is
+/// current.
+#[test]
+fn the_callers_current_context_is_restored() {
+    vendor::passes(
+        "current_restored",
+        &[(vendor::DEVICES, "2"), (LATENCY, "1000")],
+    );
+}
+
 /// In the child: runs the shared case `case`; false when it is not one of
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
@@ -254,6 +269,7 @@ pub(crate) fn run(case: &str) -> bool {
         "refused_callback" => refused_callback(),
         "soak" => soak(None),
         "sticky" => sticky(),
+        "current_restored" => current_restored(),
         _ => match case.split_once(':') {
             Some(("healthy_lost_teardown", label)) => healthy_lost_teardown(factory(label)),
             Some(("order_after", label)) => order_after(factory(label)),
@@ -575,4 +591,90 @@ fn sticky() {
     assert_eq!(snap.charged, 0);
     assert_eq!(snap.total().pending_count, 0);
     vendor::after_sticky_retire();
+}
+
+fn current_restored() {
+    for (label, _) in vendor::SUITE_CONFIGS {
+        let caller = vendor::Caller::on_device(1);
+        let check = |after: &str| {
+            assert!(
+                caller.is_current(),
+                "{label}: the caller's current context changed by {after}"
+            );
+        };
+        let ctx = vendor::context_on(label, 0);
+        check("new");
+        ctx.memory_info().expect("memory_info");
+        check("memory_info");
+        let a = ctx.create_stream().expect("stream a");
+        check("create_stream");
+        let b = ctx.create_stream().expect("stream b");
+        let m = ctx.allocate(&a, 4096).expect("allocate");
+        check("allocate");
+        ctx.write(&a, &m, 0, &[1; 64]).expect("write");
+        check("write");
+        let mut back = [0u8; 64];
+        ctx.read(&a, &m, 0, &mut back).expect("read");
+        check("read");
+        assert_eq!(back, [1; 64]);
+        ctx.order_after(&b, &a).expect("order_after");
+        check("order_after");
+        let (sig, rx) = signal();
+        ctx.free_async(&b, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free_async");
+        check("free_async");
+        ctx.synchronize(&b).expect("synchronize");
+        check("synchronize");
+        assert_eq!(
+            rx.recv_timeout(SETTLE).expect("fired").0,
+            RetireOutcome::Retired
+        );
+        ctx.destroy_stream(a).expect("destroy_stream");
+        check("destroy_stream");
+        // Threads that had nothing current get nothing left behind.
+        let ctx = std::sync::Arc::new(ctx);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                let ctx = ctx.clone();
+                scope.spawn(move || {
+                    let s = ctx.create_stream().expect("stream");
+                    let m = ctx.allocate(&s, 64).expect("allocate");
+                    ctx.free_async(&s, m, signal().0)
+                        .map_err(|(_, _, e)| e)
+                        .expect("free_async");
+                    ctx.synchronize(&s).expect("synchronize");
+                    ctx.destroy_stream(s).expect("destroy_stream");
+                    assert!(
+                        vendor::Caller::fresh_thread_untouched(),
+                        "{label}: a worker left with something current"
+                    );
+                });
+            }
+        });
+        let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
+        // Left for teardown to release: a stream and an allocation.
+        let _left = ctx.allocate(&b, 4096).expect("allocate");
+        ctx.teardown(false).expect("teardown");
+        check("teardown");
+        caller.release();
+    }
+    // A context of device 1 on a thread where device 0's is current.
+    let caller = vendor::Caller::on_device(0);
+    let ctx = vendor::context_on(vendor::SUITE_CONFIGS[0].0, 1);
+    let s = ctx.create_stream().expect("stream");
+    let m = ctx.allocate(&s, 64).expect("allocate");
+    assert!(caller.is_current(), "device 1's context left current");
+    let (sig, rx) = signal();
+    ctx.free_async(&s, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free_async");
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("fired").0,
+        RetireOutcome::Retired
+    );
+    ctx.destroy_stream(s).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
+    assert!(caller.is_current(), "device 1's context left current");
+    caller.release();
 }

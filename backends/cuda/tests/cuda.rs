@@ -399,11 +399,6 @@ fn retire_and_force_finish_after_a_fault_in_a_destroyed_streams_work() {
 }
 
 #[test]
-fn the_callers_current_context_is_restored() {
-    assert_child_passed("current_restored", &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")]);
-}
-
-#[test]
 fn lost_teardown_of_a_healthy_device_frees_before_the_shared_context_reference_goes() {
     // A runtime shares the primary context. memgov's context is declared
     // lost while the driver still answers, with device and page-locked host
@@ -506,6 +501,75 @@ mod vendor {
     pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
     /// The stand-in's exit check: anything left at exit aborts.
     pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+
+    /// How many devices the stand-in has.
+    pub const DEVICES: &str = "MEMGOV_STANDIN_CUDA_DEVICES";
+
+    /// A context of configuration `label` on device `ordinal`.
+    pub fn context_on(label: &str, ordinal: u32) -> CudaContext {
+        assert_eq!(label, "default");
+        CudaContext::new(memgov::cuda::CudaConfig {
+            ordinal,
+            ..memgov::cuda::CudaConfig::default()
+        })
+        .expect("context")
+    }
+
+    /// What a runtime has current on its thread: a device's retained
+    /// primary context.
+    pub struct Caller {
+        device: sys::CUdevice,
+        context: sys::CUcontext,
+    }
+
+    fn ok(r: CUresult, what: &str) {
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    fn current_context() -> sys::CUcontext {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out pointer.
+        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
+        c
+    }
+
+    impl Caller {
+        /// Retains device `ordinal`'s primary context and makes it current.
+        pub fn on_device(ordinal: i32) -> Self {
+            let (mut device, mut context) = (0, std::ptr::null_mut());
+            // SAFETY: plain driver calls with valid out pointers.
+            unsafe {
+                ok(sys::cuInit(0), "init");
+                ok(sys::cuDeviceGet(&mut device, ordinal), "device");
+                ok(
+                    sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                    "retain",
+                );
+                ok(sys::cuCtxSetCurrent(context), "current");
+            }
+            Caller { device, context }
+        }
+
+        /// Its context is still the thread's current one.
+        pub fn is_current(&self) -> bool {
+            current_context() == self.context
+        }
+
+        /// A thread that never had a context has none.
+        pub fn fresh_thread_untouched() -> bool {
+            current_context().is_null()
+        }
+
+        /// Clears the thread's current context and releases the retained
+        /// one.
+        pub fn release(self) {
+            // SAFETY: the context retained in `on_device`, released once.
+            unsafe {
+                ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                ok(sys::cuDevicePrimaryCtxRelease_v2(self.device), "release");
+            }
+        }
+    }
 
     /// How an unavailable context's reason starts.
     pub const UNAVAILABLE: &[&str] = &["no CUDA driver", "no CUDA device"];
@@ -922,7 +986,6 @@ mod children {
                 "raw_misuse" => raw_misuse(),
                 "async_fault_retire" => async_fault(false),
                 "async_fault_force" => async_fault(true),
-                "current_restored" => current_restored(),
                 "lost_teardown_shared" => lost_teardown_shared(),
                 "pool_destroyed_with_allocations" => {
                     // The planted violation: an allocation from a created
@@ -1221,70 +1284,6 @@ mod children {
         let snap = handle.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
-    }
-
-    fn current_restored() {
-        // The runtime has device 1's primary context current; memgov works
-        // on device 0 and must hand the thread back as it found it.
-        let (mut dev1, mut mine) = (0, std::ptr::null_mut());
-        // SAFETY: plain driver calls with valid out pointers.
-        unsafe {
-            ok(sys::cuInit(0), "init");
-            ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
-            ok(sys::cuDevicePrimaryCtxRetain(&mut mine, dev1), "retain 1");
-            ok(sys::cuCtxSetCurrent(mine), "current");
-        }
-        let check = |after: &str| assert_eq!(current(), mine, "current context changed by {after}");
-        let ctx = factory().expect("context on device 0");
-        check("new");
-        let a = ctx.create_stream().expect("a");
-        check("create_stream");
-        let b = ctx.create_stream().expect("b");
-        let m = ctx.allocate(&a, 4096).expect("allocate");
-        check("allocate");
-        ctx.write(&a, &m, 0, b"abc").expect("write");
-        check("write");
-        let mut back = [0u8; 3];
-        ctx.read(&a, &m, 0, &mut back).expect("read");
-        check("read");
-        ctx.memory_info().expect("memory_info");
-        check("memory_info");
-        ctx.order_after(&b, &a).expect("order_after");
-        check("order_after");
-        ctx.free_async(&b, m, signal().0)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        check("free_async");
-        ctx.synchronize(&b).expect("sync");
-        check("synchronize");
-        ctx.destroy_stream(a).expect("destroy");
-        ctx.destroy_stream(b).expect("destroy");
-        check("destroy_stream");
-        // Threads that never had a context get none left behind.
-        let ctx = std::sync::Arc::new(ctx);
-        std::thread::scope(|scope| {
-            for _ in 0..2 {
-                let ctx = ctx.clone();
-                scope.spawn(move || {
-                    let s = ctx.create_stream().expect("stream");
-                    let m = ctx.allocate(&s, 64).expect("allocate");
-                    ctx.free_async(&s, m, signal().0)
-                        .map_err(|(_, _, e)| e)
-                        .expect("free");
-                    ctx.synchronize(&s).expect("sync");
-                    ctx.destroy_stream(s).expect("destroy");
-                    assert!(current().is_null(), "a context left current on a worker");
-                });
-            }
-        });
-        let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
-        ctx.teardown(false).expect("teardown");
-        check("teardown");
-        // SAFETY: the context retained above, released once, not current.
-        unsafe {
-            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-            ok(sys::cuDevicePrimaryCtxRelease_v2(dev1), "release 1");
-        }
     }
 
     /// One of the stand-in's test hooks that report {device allocations,
