@@ -260,6 +260,45 @@ fn the_callers_current_context_is_restored() {
     );
 }
 
+// ---- the stand-in's planted violations on raw driver calls -------------------
+
+/// A second free of the same stream-ordered allocation.
+#[test]
+fn negative_double_free_aborts() {
+    vendor::aborts("double_free", &[], vendor::DOUBLE_FREE);
+}
+
+/// A free of an address the driver never allocated.
+#[test]
+fn negative_free_of_unknown_pointer_aborts() {
+    vendor::aborts("free_unknown", &[], vendor::UNKNOWN_FREE);
+}
+
+/// A copy that runs past the end of its allocation: 64 bytes 50 bytes into
+/// a 100-byte block.
+#[test]
+fn negative_copy_out_of_bounds_aborts() {
+    vendor::aborts("copy_out_of_bounds", &[], vendor::OUT_OF_BOUNDS);
+}
+
+/// The control of the next test: the same copy into page-locked memory,
+/// synchronized before the memory is freed.
+#[test]
+fn pinned_host_free_after_its_copy_completed_passes() {
+    vendor::passes("host_free_synced", &[(LATENCY, "200000")]);
+}
+
+/// Freeing page-locked host memory is synchronous: called while a copy that
+/// uses it is still queued, it frees the memory under the copy.
+#[test]
+fn negative_pinned_host_free_under_a_queued_copy_aborts() {
+    vendor::aborts(
+        "host_free_during_copy",
+        &[(LATENCY, "200000")],
+        vendor::HOST_FREE_UNDER_COPY,
+    );
+}
+
 /// In the child: runs the shared case `case`; false when it is not one of
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
@@ -270,6 +309,9 @@ pub(crate) fn run(case: &str) -> bool {
         "soak" => soak(None),
         "sticky" => sticky(),
         "current_restored" => current_restored(),
+        "double_free" | "free_unknown" | "copy_out_of_bounds" => planted(case),
+        "host_free_synced" => host_free(true),
+        "host_free_during_copy" => host_free(false),
         _ => match case.split_once(':') {
             Some(("healthy_lost_teardown", label)) => healthy_lost_teardown(factory(label)),
             Some(("order_after", label)) => order_after(factory(label)),
@@ -677,4 +719,49 @@ fn current_restored() {
     ctx.teardown(false).expect("teardown");
     assert!(caller.is_current(), "device 1's context left current");
     caller.release();
+}
+
+/// A planted violation on raw calls; the stand-in aborts on the last call.
+fn planted(case: &str) {
+    let r = vendor::raw::Raw::open();
+    // SAFETY: raw calls on the stand-in, each on handles opened here, either
+    // valid or the violation the case plants, on which the stand-in aborts
+    // before anything undefined happens.
+    unsafe {
+        match case {
+            "double_free" => {
+                let p = r.alloc(64);
+                assert!(r.free(p), "the first free");
+                let _ = r.free(p);
+            }
+            "free_unknown" => r.free_unknown(),
+            "copy_out_of_bounds" => {
+                let p = r.alloc(100);
+                let src = [0u8; 64];
+                let _ = r.htod(vendor::raw::offset(p, 50), &src);
+            }
+            _ => unreachable!("{case}"),
+        }
+    }
+}
+
+/// A copy into page-locked host memory (through its device pointer), the
+/// memory freed after it (`synced`) or while it is queued.
+fn host_free(synced: bool) {
+    let r = vendor::raw::Raw::open();
+    let src = vec![7u8; 4096];
+    // SAFETY: raw calls on the stand-in on handles opened here; the copy
+    // reads `src`, which outlives it (the stream is synchronized below), and
+    // writes within the 4096-byte page-locked buffer. Freeing the buffer
+    // under the copy is the planted violation the stand-in aborts on.
+    unsafe {
+        let (host, device) = vendor::raw::host_alloc(4096);
+        assert!(r.htod(device, &src), "copy");
+        if synced {
+            assert!(r.sync(), "synchronize");
+        }
+        assert!(vendor::raw::host_free(host), "free page-locked memory");
+        assert!(r.sync(), "synchronize");
+    }
+    r.close();
 }

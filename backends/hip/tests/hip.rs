@@ -321,13 +321,6 @@ fn planted_violations_abort_the_stand_in() {
         &[],
         "hipFreeAsync on destroyed stream",
     );
-    expect_abort("double_free", &[], "hipFreeAsync of already freed pointer");
-    expect_abort("unknown_free", &[], "hipFree of unknown pointer");
-    expect_abort(
-        "copy_out_of_bounds",
-        &[],
-        "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
-    );
     expect_abort(
         "destroy_with_pending_work",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
@@ -347,17 +340,6 @@ fn planted_violations_abort_the_stand_in() {
         "call_inside_callback",
         &[],
         "called from inside a stream callback",
-    );
-    // hipHostFree is synchronous: called while a copy that uses the
-    // page-locked buffer is still queued, it frees it under the copy.
-    expect_abort(
-        "host_free_during_copy",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
-        "hipHostFree: page-locked host allocation",
-    );
-    expect_pass(
-        "host_free_synced",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
     );
     // The control: the same steps done right pass.
     expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
@@ -945,6 +927,116 @@ mod vendor {
     /// The stand-in's exit check: anything left at exit aborts.
     pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
 
+    /// The child was aborted by the stand-in with a contract violation
+    /// that names `what` (on the stand-in only).
+    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+        if crate::on_stand_in() {
+            crate::expect_abort(case, env, what);
+        }
+    }
+
+    /// How the stand-in names the planted violations.
+    pub const DOUBLE_FREE: &str = "hipFreeAsync of already freed pointer";
+    pub const UNKNOWN_FREE: &str = "hipFree of unknown pointer";
+    pub const OUT_OF_BOUNDS: &str = "hipMemcpyHtoDAsync of 64 bytes at out of bounds";
+    pub const HOST_FREE_UNDER_COPY: &str = "hipHostFree: page-locked host allocation";
+
+    /// Raw runtime calls for the planted cases, on device 0 (current by
+    /// default).
+    pub mod raw {
+        use memgov::hip::raw as hip;
+        use std::ffi::c_void;
+
+        /// One raw stream.
+        pub struct Raw {
+            s: hip::hipStream_t,
+        }
+
+        /// `p` moved `n` bytes on.
+        pub fn offset(p: *mut c_void, n: usize) -> *mut c_void {
+            p.cast::<u8>().wrapping_add(n).cast()
+        }
+
+        /// Page-locked host memory, mapped: its host and device pointers.
+        ///
+        /// # Safety
+        ///
+        /// None beyond the runtime's.
+        pub unsafe fn host_alloc(bytes: usize) -> (*mut c_void, *mut c_void) {
+            crate::mapped_host(bytes)
+        }
+
+        /// `hipHostFree`.
+        ///
+        /// # Safety
+        ///
+        /// The runtime's.
+        pub unsafe fn host_free(host: *mut c_void) -> bool {
+            // SAFETY: the caller's.
+            unsafe { hip::hipHostFree(host) == hip::hipSuccess }
+        }
+
+        impl Raw {
+            pub fn open() -> Self {
+                Raw {
+                    s: crate::raw_stream(),
+                }
+            }
+
+            /// `hipMallocAsync` of `bytes` on the stream.
+            pub fn alloc(&self, bytes: usize) -> *mut c_void {
+                crate::raw_alloc(bytes, self.s)
+            }
+
+            /// `hipFreeAsync` on the stream.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn free(&self, p: *mut c_void) -> bool {
+                // SAFETY: the caller's.
+                unsafe { hip::hipFreeAsync(p, self.s) == hip::hipSuccess }
+            }
+
+            /// `hipFree` of an address the runtime never allocated (a live
+            /// local).
+            ///
+            /// # Safety
+            ///
+            /// None on the stand-in, which aborts.
+            pub unsafe fn free_unknown(&self) {
+                let mut x = 0u64;
+                // SAFETY: the caller's.
+                let _ = unsafe { hip::hipFree(&mut x as *mut u64 as *mut c_void) };
+            }
+
+            /// `hipMemcpyHtoDAsync` of `src` to `p` on the stream.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's; `src` outlives the copy.
+            pub unsafe fn htod(&self, p: *mut c_void, src: &[u8]) -> bool {
+                // SAFETY: the caller's.
+                unsafe {
+                    hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), self.s)
+                        == hip::hipSuccess
+                }
+            }
+
+            /// `hipStreamSynchronize`.
+            pub fn sync(&self) -> bool {
+                // SAFETY: a live stream.
+                unsafe { hip::hipStreamSynchronize(self.s) == hip::hipSuccess }
+            }
+
+            /// Destroys the stream.
+            pub fn close(self) {
+                // SAFETY: the live stream, destroyed once.
+                crate::ok(unsafe { hip::hipStreamDestroy(self.s) });
+            }
+        }
+    }
+
     /// How many devices the stand-in has.
     pub const DEVICES: &str = "MEMGOV_STANDIN_HIP_DEVICES";
 
@@ -1148,34 +1240,7 @@ fn child_entry() {
             ok(hip::hipStreamDestroy(s));
             let _ = hip::hipFreeAsync(p, s);
         },
-        // SAFETY: a block allocated in this arm; the second free of it is the planted violation:
-        // the stand-in aborts on that violation before anything unsound happens
-        "double_free" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(64, s);
-            ok(hip::hipFreeAsync(p, s));
-            let _ = hip::hipFreeAsync(p, s);
-        },
-        // SAFETY: the freed address is a live local the runtime never allocated, the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "unknown_free" => unsafe {
-            let mut x = 0u64;
-            let _ = hip::hipFree(&mut x as *mut u64 as *mut c_void);
-        },
-        // SAFETY: a 100-byte block allocated here and a 64-byte local source; the copy 50 bytes in
-        // runs past the block, the planted violation: the stand-in aborts on that violation before
-        // anything unsound happens
-        "copy_out_of_bounds" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(100, s);
-            let src = [0u8; 64];
-            let _ = hip::hipMemcpyHtoDAsync(
-                (p as *mut u8).add(50) as *mut c_void,
-                src.as_ptr() as *mut c_void,
-                64,
-                s,
-            );
-        },
+
         // SAFETY: handles created in this arm; destroying the stream with its free still queued is
         // the planted violation: the stand-in aborts on that violation before anything unsound
         // happens
@@ -1222,26 +1287,7 @@ fn child_entry() {
         planted if planted.starts_with("kind:") => unsafe { planted_kind(planted) },
         // SAFETY: `kind_controls` makes only valid raw calls on handles it creates
         "kind_controls" => unsafe { kind_controls() },
-        // SAFETY: a stream and a mapped host buffer created here, a 4096-byte source that outlives
-        // the synchronize; every call is valid, and freeing the host buffer during the copy is the
-        // case the stand-in checks
-        "host_free_synced" | "host_free_during_copy" => unsafe {
-            let s = raw_stream();
-            let (host, device) = mapped_host(4096);
-            let src = vec![7u8; 4096];
-            ok(hip::hipMemcpyHtoDAsync(
-                device,
-                src.as_ptr() as *mut c_void,
-                4096,
-                s,
-            ));
-            if case == "host_free_synced" {
-                ok(hip::hipStreamSynchronize(s));
-            }
-            ok(hip::hipHostFree(host));
-            ok(hip::hipStreamSynchronize(s));
-            ok(hip::hipStreamDestroy(s));
-        },
+
         // SAFETY: handles created in this arm, each used while live and in order: the control case
         // plants nothing
         "control" => unsafe {
