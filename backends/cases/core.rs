@@ -281,6 +281,23 @@ fn negative_copy_out_of_bounds_aborts() {
     vendor::aborts("copy_out_of_bounds", &[], vendor::OUT_OF_BOUNDS);
 }
 
+/// A copy on another stream into memory whose allocation (and first write)
+/// is still queued on its own stream, with nothing ordering the two.
+#[test]
+fn negative_cross_stream_copy_without_ordering_aborts() {
+    vendor::aborts(
+        "cross_stream_copy_unordered",
+        &[(LATENCY, "100000")],
+        "missing stream ordering",
+    );
+}
+
+/// An event recorded after it was destroyed.
+#[test]
+fn negative_event_after_destroy_aborts() {
+    vendor::aborts("event_after_destroy", &[], vendor::EVENT_AFTER_DESTROY);
+}
+
 /// The control of the next test: the same copy into page-locked memory,
 /// synchronized before the memory is freed.
 #[test]
@@ -309,7 +326,11 @@ pub(crate) fn run(case: &str) -> bool {
         "soak" => soak(None),
         "sticky" => sticky(),
         "current_restored" => current_restored(),
-        "double_free" | "free_unknown" | "copy_out_of_bounds" => planted(case),
+        "double_free"
+        | "free_unknown"
+        | "copy_out_of_bounds"
+        | "cross_stream_copy_unordered"
+        | "event_after_destroy" => planted(case),
         "host_free_synced" => host_free(true),
         "host_free_during_copy" => host_free(false),
         _ => match case.split_once(':') {
@@ -739,6 +760,16 @@ fn planted(case: &str) {
                 let p = r.alloc(100);
                 let src = [0u8; 64];
                 let _ = r.htod(vendor::raw::offset(p, 50), &src);
+            }
+            "cross_stream_copy_unordered" => {
+                let p = r.alloc(64);
+                assert!(r.htod(p, &[1; 64]), "the write on its own stream");
+                let _ = r.htod_other(p, &[2; 64]);
+            }
+            "event_after_destroy" => {
+                let e = r.event_create();
+                r.event_destroy(e);
+                let _ = r.event_record(e);
             }
             _ => unreachable!("{case}"),
         }

@@ -487,16 +487,6 @@ fn planted_stand_in_checks_abort() {
         "missing stream ordering",
     );
     expect_abort(
-        "unordered_cross_stream_copy",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-        "missing stream ordering",
-    );
-    expect_abort(
-        "event_after_destroy",
-        &[],
-        "hipEventRecord on destroyed event",
-    );
-    expect_abort(
         "wait_on_destroyed_event",
         &[],
         "hipStreamWaitEvent on destroyed event",
@@ -940,6 +930,7 @@ mod vendor {
     pub const UNKNOWN_FREE: &str = "hipFree of unknown pointer";
     pub const OUT_OF_BOUNDS: &str = "hipMemcpyHtoDAsync of 64 bytes at out of bounds";
     pub const HOST_FREE_UNDER_COPY: &str = "hipHostFree: page-locked host allocation";
+    pub const EVENT_AFTER_DESTROY: &str = "hipEventRecord on destroyed event";
 
     /// Raw runtime calls for the planted cases, on device 0 (current by
     /// default).
@@ -947,9 +938,10 @@ mod vendor {
         use memgov::hip::raw as hip;
         use std::ffi::c_void;
 
-        /// One raw stream.
+        /// Two raw streams.
         pub struct Raw {
             s: hip::hipStream_t,
+            t: hip::hipStream_t,
         }
 
         /// `p` moved `n` bytes on.
@@ -980,6 +972,7 @@ mod vendor {
             pub fn open() -> Self {
                 Raw {
                     s: crate::raw_stream(),
+                    t: crate::raw_stream(),
                 }
             }
 
@@ -1023,16 +1016,60 @@ mod vendor {
                 }
             }
 
+            /// `hipMemcpyHtoDAsync` of `src` to `p` on the other stream.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's; `src` outlives the copy.
+            pub unsafe fn htod_other(&self, p: *mut c_void, src: &[u8]) -> bool {
+                // SAFETY: the caller's.
+                unsafe {
+                    hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), self.t)
+                        == hip::hipSuccess
+                }
+            }
+
+            /// `hipEventCreateWithFlags` (timing disabled).
+            pub fn event_create(&self) -> hip::hipEvent_t {
+                let mut e = std::ptr::null_mut();
+                // SAFETY: a valid out pointer.
+                crate::ok(unsafe { hip::hipEventCreateWithFlags(&mut e, 2) });
+                e
+            }
+
+            /// `hipEventDestroy`.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn event_destroy(&self, e: hip::hipEvent_t) {
+                // SAFETY: the caller's.
+                crate::ok(unsafe { hip::hipEventDestroy(e) });
+            }
+
+            /// `hipEventRecord` on the stream.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn event_record(&self, e: hip::hipEvent_t) -> bool {
+                // SAFETY: the caller's.
+                unsafe { hip::hipEventRecord(e, self.s) == hip::hipSuccess }
+            }
+
             /// `hipStreamSynchronize`.
             pub fn sync(&self) -> bool {
                 // SAFETY: a live stream.
                 unsafe { hip::hipStreamSynchronize(self.s) == hip::hipSuccess }
             }
 
-            /// Destroys the stream.
+            /// Destroys the streams.
             pub fn close(self) {
-                // SAFETY: the live stream, destroyed once.
-                crate::ok(unsafe { hip::hipStreamDestroy(self.s) });
+                // SAFETY: the live streams, each destroyed once.
+                unsafe {
+                    crate::ok(hip::hipStreamDestroy(self.s));
+                    crate::ok(hip::hipStreamDestroy(self.t));
+                }
             }
         }
     }
@@ -1475,12 +1512,6 @@ fn child_entry() {
             raw_write(a, p, &[1; 64]);
             let _ = hip::hipFreeAsync(p, b);
         },
-        "unordered_cross_stream_copy" => {
-            let (a, b) = (raw_stream(), raw_stream());
-            let p = raw_alloc(64, a);
-            raw_write(a, p, &[1; 64]);
-            raw_write(b, p, &[2; 64]);
-        }
         // SAFETY: handles created in this arm, each used while live; the event orders the two
         // streams, so nothing is planted
         "ordered_cross_stream_free" => unsafe {
@@ -1502,15 +1533,7 @@ fn child_entry() {
             ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
             ok(hip::hipMemPoolTrimTo(pool, 0));
         },
-        // SAFETY: an event created and destroyed here; recording it afterwards is the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "event_after_destroy" => unsafe {
-            let s = raw_stream();
-            let mut e: hip::hipEvent_t = std::ptr::null_mut();
-            ok(hip::hipEventCreateWithFlags(&mut e, 2));
-            ok(hip::hipEventDestroy(e));
-            let _ = hip::hipEventRecord(e, s);
-        },
+
         // SAFETY: an event created and destroyed here; waiting on it afterwards is the planted
         // violation: the stand-in aborts on that violation before anything unsound happens
         "wait_on_destroyed_event" => unsafe {
