@@ -262,6 +262,29 @@ fn the_callers_current_context_is_restored() {
 
 // ---- the stand-in's planted violations on raw driver calls -------------------
 
+/// A call on a destroyed stream: a synchronize, and a free of memory
+/// allocated on it before its destroy.
+#[test]
+fn negative_call_on_destroyed_stream_aborts() {
+    for (case, entry) in [
+        ("destroyed_stream_sync", vendor::raw::SYNC),
+        ("destroyed_stream_free", vendor::raw::FREE_ASYNC),
+    ] {
+        vendor::aborts(case, &[], &format!("{entry} on destroyed stream"));
+    }
+}
+
+/// A destroyed memory pool trimmed, and allocated from.
+#[test]
+fn negative_memory_pool_after_destroy_aborts() {
+    for (case, entry) in [
+        ("pool_trim_after_destroy", vendor::raw::POOL_TRIM),
+        ("pool_alloc_after_destroy", vendor::raw::POOL_ALLOC),
+    ] {
+        vendor::aborts(case, &[], &format!("{entry} on destroyed memory pool"));
+    }
+}
+
 /// A second free of the same stream-ordered allocation.
 #[test]
 fn negative_double_free_aborts() {
@@ -330,7 +353,11 @@ pub(crate) fn run(case: &str) -> bool {
         | "free_unknown"
         | "copy_out_of_bounds"
         | "cross_stream_copy_unordered"
-        | "event_after_destroy" => planted(case),
+        | "event_after_destroy"
+        | "destroyed_stream_sync"
+        | "destroyed_stream_free"
+        | "pool_trim_after_destroy"
+        | "pool_alloc_after_destroy" => planted(case),
         "host_free_synced" => host_free(true),
         "host_free_during_copy" => host_free(false),
         _ => match case.split_once(':') {
@@ -770,6 +797,25 @@ fn planted(case: &str) {
                 let e = r.event_create();
                 r.event_destroy(e);
                 let _ = r.event_record(e);
+            }
+            "destroyed_stream_sync" => {
+                r.destroy_stream();
+                let _ = r.sync();
+            }
+            "destroyed_stream_free" => {
+                let p = r.alloc(64);
+                assert!(r.sync(), "synchronize");
+                r.destroy_stream();
+                let _ = r.free(p);
+            }
+            "pool_trim_after_destroy" | "pool_alloc_after_destroy" => {
+                let pool = r.pool_create();
+                r.pool_destroy(pool);
+                if case == "pool_trim_after_destroy" {
+                    let _ = r.pool_trim(pool);
+                } else {
+                    let _ = r.pool_alloc(pool, 64);
+                }
             }
             _ => unreachable!("{case}"),
         }

@@ -317,11 +317,6 @@ fn planted_violations_abort_the_stand_in() {
         return;
     }
     expect_abort(
-        "free_after_destroy",
-        &[],
-        "hipFreeAsync on destroyed stream",
-    );
-    expect_abort(
         "destroy_with_pending_work",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
         "hipStreamDestroy of stream",
@@ -505,11 +500,6 @@ fn planted_stand_in_checks_abort() {
         "default_pool_threshold_changed",
         &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
         "release threshold of device 0's default memory pool",
-    );
-    expect_abort(
-        "pool_after_destroy",
-        &[],
-        "hipMallocFromPoolAsync on destroyed memory pool",
     );
     // The other thread is inside hipStreamSynchronize when the hook runs
     // (or, should it be slower than the sleep, calls it just after): both
@@ -944,6 +934,12 @@ mod vendor {
             t: hip::hipStream_t,
         }
 
+        /// The entry points whose names the stand-in's messages carry.
+        pub const SYNC: &str = "hipStreamSynchronize";
+        pub const FREE_ASYNC: &str = "hipFreeAsync";
+        pub const POOL_TRIM: &str = "hipMemPoolTrimTo";
+        pub const POOL_ALLOC: &str = "hipMallocFromPoolAsync";
+
         /// `p` moved `n` bytes on.
         pub fn offset(p: *mut c_void, n: usize) -> *mut c_void {
             p.cast::<u8>().wrapping_add(n).cast()
@@ -1055,6 +1051,63 @@ mod vendor {
             pub unsafe fn event_record(&self, e: hip::hipEvent_t) -> bool {
                 // SAFETY: the caller's.
                 unsafe { hip::hipEventRecord(e, self.s) == hip::hipSuccess }
+            }
+
+            /// `hipStreamDestroy` of the stream.
+            pub fn destroy_stream(&self) {
+                // SAFETY: the live stream; a planted case uses it after.
+                crate::ok(unsafe { hip::hipStreamDestroy(self.s) });
+            }
+
+            /// `hipMemPoolCreate` of a device pool on device 0.
+            pub fn pool_create(&self) -> hip::hipMemPool_t {
+                let props = hip::hipMemPoolProps {
+                    allocType: hip::hipMemAllocationTypePinned,
+                    handleTypes: hip::hipMemHandleTypeNone,
+                    location: hip::hipMemLocation {
+                        type_: hip::hipMemLocationTypeDevice,
+                        id: 0,
+                    },
+                    win32SecurityAttributes: std::ptr::null_mut(),
+                    reserved: [0; 64],
+                };
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: valid properties and out pointer.
+                crate::ok(unsafe { hip::hipMemPoolCreate(&mut pool, &props) });
+                pool
+            }
+
+            /// `hipMemPoolDestroy`.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn pool_destroy(&self, pool: hip::hipMemPool_t) {
+                // SAFETY: the caller's.
+                crate::ok(unsafe { hip::hipMemPoolDestroy(pool) });
+            }
+
+            /// `hipMemPoolTrimTo` 0.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn pool_trim(&self, pool: hip::hipMemPool_t) -> bool {
+                // SAFETY: the caller's.
+                unsafe { hip::hipMemPoolTrimTo(pool, 0) == hip::hipSuccess }
+            }
+
+            /// `hipMallocFromPoolAsync` of `bytes` on the stream.
+            ///
+            /// # Safety
+            ///
+            /// The runtime's.
+            pub unsafe fn pool_alloc(&self, pool: hip::hipMemPool_t, bytes: usize) -> bool {
+                let mut p: *mut c_void = std::ptr::null_mut();
+                // SAFETY: the caller's; a valid out pointer.
+                unsafe {
+                    hip::hipMallocFromPoolAsync(&mut p, bytes, pool, self.s) == hip::hipSuccess
+                }
             }
 
             /// `hipStreamSynchronize`.
@@ -1268,16 +1321,6 @@ fn child_entry() {
     // turns into an abort before anything unsound happens. Each unsafe arm
     // says which call that is.
     match case.as_str() {
-        // SAFETY: handles created in this arm; the free on the destroyed stream is the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "free_after_destroy" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(64, s);
-            ok(hip::hipStreamSynchronize(s));
-            ok(hip::hipStreamDestroy(s));
-            let _ = hip::hipFreeAsync(p, s);
-        },
-
         // SAFETY: handles created in this arm; destroying the stream with its free still queued is
         // the planted violation: the stand-in aborts on that violation before anything unsound
         // happens
@@ -1576,27 +1619,7 @@ fn child_entry() {
             // The exit check aborts the process after this returns.
             return;
         },
-        // SAFETY: pool properties and handles created here; allocating from the destroyed pool is
-        // the planted violation: the stand-in aborts on that violation before anything unsound
-        // happens
-        "pool_after_destroy" => unsafe {
-            let props = hip::hipMemPoolProps {
-                allocType: hip::hipMemAllocationTypePinned,
-                handleTypes: hip::hipMemHandleTypeNone,
-                location: hip::hipMemLocation {
-                    type_: hip::hipMemLocationTypeDevice,
-                    id: 0,
-                },
-                win32SecurityAttributes: std::ptr::null_mut(),
-                reserved: [0; 64],
-            };
-            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
-            ok(hip::hipMemPoolCreate(&mut pool, &props));
-            ok(hip::hipMemPoolDestroy(pool));
-            let s = raw_stream();
-            let mut p: *mut c_void = std::ptr::null_mut();
-            let _ = hip::hipMallocFromPoolAsync(&mut p, 64, pool, s);
-        },
+
         "call_in_flight_at_quiesce" => {
             let s = raw_stream() as usize;
             // The latency keeps the copy pending while the other thread
