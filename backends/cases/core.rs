@@ -771,7 +771,8 @@ fn current_restored() {
 
 /// A planted violation on raw calls; the stand-in aborts on the last call.
 fn planted(case: &str) {
-    let r = vendor::raw::Raw::open();
+    use vendor::raw::{self, SUCCESS};
+    let r = raw::Raw::open();
     // SAFETY: raw calls on the stand-in, each on handles opened here, either
     // valid or the violation the case plants, on which the stand-in aborts
     // before anything undefined happens.
@@ -779,42 +780,43 @@ fn planted(case: &str) {
         match case {
             "double_free" => {
                 let p = r.alloc(64);
-                assert!(r.free(p), "the first free");
-                let _ = r.free(p);
+                assert_eq!(raw::free(&r, p), SUCCESS, "the first free");
+                raw::free(&r, p);
             }
-            "free_unknown" => r.free_unknown(),
+            "free_unknown" => {
+                raw::free_unknown(&r);
+            }
             "copy_out_of_bounds" => {
                 let p = r.alloc(100);
-                let src = [0u8; 64];
-                let _ = r.htod(vendor::raw::offset(p, 50), &src);
+                raw::htod(&r, raw::offset(p, 50), &[0; 64]);
             }
             "cross_stream_copy_unordered" => {
                 let p = r.alloc(64);
-                assert!(r.htod(p, &[1; 64]), "the write on its own stream");
-                let _ = r.htod_other(p, &[2; 64]);
+                assert_eq!(raw::htod(&r, p, &[1; 64]), SUCCESS, "the first write");
+                raw::htod_other(&r, p, &[2; 64]);
             }
             "event_after_destroy" => {
                 let e = r.event_create();
-                r.event_destroy(e);
-                let _ = r.event_record(e);
+                assert_eq!(raw::event_destroy(e), SUCCESS, "destroy");
+                raw::event_record(&r, e);
             }
             "destroyed_stream_sync" => {
-                r.destroy_stream();
-                let _ = r.sync();
+                assert_eq!(raw::stream_destroy(&r), SUCCESS, "destroy");
+                raw::sync(&r);
             }
             "destroyed_stream_free" => {
                 let p = r.alloc(64);
-                assert!(r.sync(), "synchronize");
-                r.destroy_stream();
-                let _ = r.free(p);
+                assert_eq!(raw::sync(&r), SUCCESS, "synchronize");
+                assert_eq!(raw::stream_destroy(&r), SUCCESS, "destroy");
+                raw::free(&r, p);
             }
             "pool_trim_after_destroy" | "pool_alloc_after_destroy" => {
                 let pool = r.pool_create();
-                r.pool_destroy(pool);
+                assert_eq!(raw::pool_destroy(pool), SUCCESS, "destroy");
                 if case == "pool_trim_after_destroy" {
-                    let _ = r.pool_trim(pool);
+                    raw::pool_trim(pool);
                 } else {
-                    let _ = r.pool_alloc(pool, 64);
+                    raw::pool_alloc(&r, pool, 64);
                 }
             }
             _ => unreachable!("{case}"),
@@ -825,20 +827,21 @@ fn planted(case: &str) {
 /// A copy into page-locked host memory (through its device pointer), the
 /// memory freed after it (`synced`) or while it is queued.
 fn host_free(synced: bool) {
-    let r = vendor::raw::Raw::open();
+    use vendor::raw::{self, SUCCESS};
+    let r = raw::Raw::open();
     let src = vec![7u8; 4096];
     // SAFETY: raw calls on the stand-in on handles opened here; the copy
     // reads `src`, which outlives it (the stream is synchronized below), and
     // writes within the 4096-byte page-locked buffer. Freeing the buffer
     // under the copy is the planted violation the stand-in aborts on.
     unsafe {
-        let (host, device) = vendor::raw::host_alloc(4096);
-        assert!(r.htod(device, &src), "copy");
+        let (host, device) = raw::host_alloc(4096);
+        assert_eq!(raw::htod(&r, device, &src), SUCCESS, "copy");
         if synced {
-            assert!(r.sync(), "synchronize");
+            assert_eq!(raw::sync(&r), SUCCESS, "synchronize");
         }
-        assert!(vendor::raw::host_free(host), "free page-locked memory");
-        assert!(r.sync(), "synchronize");
+        assert_eq!(raw::host_free(host), SUCCESS, "free page-locked memory");
+        assert_eq!(raw::sync(&r), SUCCESS, "synchronize");
     }
     r.close();
 }

@@ -461,12 +461,10 @@ mod vendor {
         use memgov::DeviceContext;
         use std::ffi::c_void;
 
-        /// A context and two raw streams of it, current on this thread.
-        pub struct Raw {
-            ctx: CudaContext,
-            s: sys::CUstream,
-            t: sys::CUstream,
-        }
+        include!("../../cases/forward.rs");
+
+        pub(crate) type Code = CUresult;
+        pub const SUCCESS: Code = CUresult::CUDA_SUCCESS;
 
         /// The entry points whose names the stand-in's messages carry.
         pub const SYNC: &str = "cuStreamSynchronize";
@@ -474,20 +472,42 @@ mod vendor {
         pub const POOL_TRIM: &str = "cuMemPoolTrimTo";
         pub const POOL_ALLOC: &str = "cuMemAllocFromPoolAsync";
 
+        /// A context and two raw streams of it (`s`, and `t` for the other
+        /// stream), current on this thread.
+        pub struct Raw {
+            ctx: CudaContext,
+            s: sys::CUstream,
+            t: sys::CUstream,
+        }
+
+        forward! {
+            free(r: &Raw, p: sys::CUdeviceptr) => sys::cuMemFreeAsync(p, r.s);
+            free_unknown(r: &Raw) => sys::cuMemFreeAsync(0xdead_0000, r.s);
+            htod(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
+                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.s);
+            htod_other(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
+                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.t);
+            sync(r: &Raw) => sys::cuStreamSynchronize(r.s);
+            stream_destroy(r: &Raw) => sys::cuStreamDestroy_v2(r.s);
+            event_destroy(e: sys::CUevent) => sys::cuEventDestroy_v2(e);
+            event_record(r: &Raw, e: sys::CUevent) => sys::cuEventRecord(e, r.s);
+            pool_destroy(pool: sys::CUmemoryPool) => sys::cuMemPoolDestroy(pool);
+            pool_trim(pool: sys::CUmemoryPool) => sys::cuMemPoolTrimTo(pool, 0);
+            pool_alloc(r: &Raw, pool: sys::CUmemoryPool, bytes: usize) =>
+                sys::cuMemAllocFromPoolAsync(&mut 0, bytes, pool, r.s);
+            host_free(host: *mut c_void) => sys::cuMemFreeHost(host);
+        }
+
         /// `p` moved `n` bytes on.
         pub fn offset(p: sys::CUdeviceptr, n: u64) -> sys::CUdeviceptr {
             p + n
         }
 
         /// Page-locked host memory, mapped: its host and device pointers.
-        ///
-        /// # Safety
-        ///
-        /// A context is current.
-        pub unsafe fn host_alloc(bytes: usize) -> (*mut c_void, sys::CUdeviceptr) {
+        pub fn host_alloc(bytes: usize) -> (*mut c_void, sys::CUdeviceptr) {
             let (mut host, mut p) = (std::ptr::null_mut(), 0);
             // SAFETY: valid out pointers, the documented flags (portable,
-            // mapped).
+            // mapped); a context is current (`Raw::open`).
             unsafe {
                 ok(sys::cuMemHostAlloc(&mut host, bytes, 3), "cuMemHostAlloc");
                 ok(
@@ -496,16 +516,6 @@ mod vendor {
                 );
             }
             (host, p)
-        }
-
-        /// `cuMemFreeHost`.
-        ///
-        /// # Safety
-        ///
-        /// The driver's.
-        pub unsafe fn host_free(host: *mut c_void) -> bool {
-            // SAFETY: the caller's.
-            unsafe { sys::cuMemFreeHost(host) == CUresult::CUDA_SUCCESS }
         }
 
         impl Raw {
@@ -517,55 +527,9 @@ mod vendor {
                 Raw { ctx, s, t }
             }
 
-            /// `cuMemAllocAsync` of `bytes` on the stream.
+            /// `cuMemAllocAsync` of `bytes` on `s`.
             pub fn alloc(&self, bytes: usize) -> sys::CUdeviceptr {
                 crate::children::alloc(self.s, bytes)
-            }
-
-            /// `cuMemFreeAsync` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn free(&self, p: sys::CUdeviceptr) -> bool {
-                // SAFETY: the caller's.
-                unsafe { sys::cuMemFreeAsync(p, self.s) == CUresult::CUDA_SUCCESS }
-            }
-
-            /// `cuMemFreeAsync` of an address the driver never allocated.
-            ///
-            /// # Safety
-            ///
-            /// None on the stand-in, which aborts.
-            pub unsafe fn free_unknown(&self) {
-                // SAFETY: the caller's.
-                let _ = unsafe { sys::cuMemFreeAsync(0xdead_0000, self.s) };
-            }
-
-            /// `cuMemcpyHtoDAsync_v2` of `src` to `p` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The driver's; `src` outlives the copy.
-            pub unsafe fn htod(&self, p: sys::CUdeviceptr, src: &[u8]) -> bool {
-                // SAFETY: the caller's.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), self.s)
-                        == CUresult::CUDA_SUCCESS
-                }
-            }
-
-            /// `cuMemcpyHtoDAsync_v2` of `src` to `p` on the other stream.
-            ///
-            /// # Safety
-            ///
-            /// The driver's; `src` outlives the copy.
-            pub unsafe fn htod_other(&self, p: sys::CUdeviceptr, src: &[u8]) -> bool {
-                // SAFETY: the caller's.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), self.t)
-                        == CUresult::CUDA_SUCCESS
-                }
             }
 
             /// `cuEventCreate` (timing disabled).
@@ -574,32 +538,6 @@ mod vendor {
                 // SAFETY: a valid out pointer; the context is current.
                 ok(unsafe { sys::cuEventCreate(&mut e, 2) }, "event");
                 e
-            }
-
-            /// `cuEventDestroy_v2`.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn event_destroy(&self, e: sys::CUevent) {
-                // SAFETY: the caller's.
-                ok(unsafe { sys::cuEventDestroy_v2(e) }, "destroy event");
-            }
-
-            /// `cuEventRecord` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn event_record(&self, e: sys::CUevent) -> bool {
-                // SAFETY: the caller's.
-                unsafe { sys::cuEventRecord(e, self.s) == CUresult::CUDA_SUCCESS }
-            }
-
-            /// `cuStreamDestroy_v2` of the stream.
-            pub fn destroy_stream(&self) {
-                // SAFETY: the live stream; a planted case uses it after.
-                ok(unsafe { sys::cuStreamDestroy_v2(self.s) }, "destroy");
             }
 
             /// `cuMemPoolCreate` of a device pool on device 0.
@@ -616,50 +554,10 @@ mod vendor {
                 pool
             }
 
-            /// `cuMemPoolDestroy`.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn pool_destroy(&self, pool: sys::CUmemoryPool) {
-                // SAFETY: the caller's.
-                ok(unsafe { sys::cuMemPoolDestroy(pool) }, "destroy pool");
-            }
-
-            /// `cuMemPoolTrimTo` 0.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn pool_trim(&self, pool: sys::CUmemoryPool) -> bool {
-                // SAFETY: the caller's.
-                unsafe { sys::cuMemPoolTrimTo(pool, 0) == CUresult::CUDA_SUCCESS }
-            }
-
-            /// `cuMemAllocFromPoolAsync` of `bytes` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The driver's.
-            pub unsafe fn pool_alloc(&self, pool: sys::CUmemoryPool, bytes: usize) -> bool {
-                let mut p = 0;
-                // SAFETY: the caller's; a valid out pointer.
-                unsafe {
-                    sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool, self.s)
-                        == CUresult::CUDA_SUCCESS
-                }
-            }
-
-            /// `cuStreamSynchronize`.
-            pub fn sync(&self) -> bool {
-                // SAFETY: a live stream.
-                unsafe { sys::cuStreamSynchronize(self.s) == CUresult::CUDA_SUCCESS }
-            }
-
             /// Destroys the streams, clears the thread's current context and
             /// tears the context down.
             pub fn close(self) {
-                // SAFETY: the live stream, destroyed once; the current
+                // SAFETY: the live streams, each destroyed once; the current
                 // context cleared before the teardown releases it.
                 unsafe {
                     ok(sys::cuStreamDestroy_v2(self.s), "destroy");

@@ -928,11 +928,10 @@ mod vendor {
         use memgov::hip::raw as hip;
         use std::ffi::c_void;
 
-        /// Two raw streams.
-        pub struct Raw {
-            s: hip::hipStream_t,
-            t: hip::hipStream_t,
-        }
+        include!("../../cases/forward.rs");
+
+        pub(crate) type Code = hip::HipResult;
+        pub const SUCCESS: Code = hip::hipSuccess;
 
         /// The entry points whose names the stand-in's messages carry.
         pub const SYNC: &str = "hipStreamSynchronize";
@@ -940,28 +939,39 @@ mod vendor {
         pub const POOL_TRIM: &str = "hipMemPoolTrimTo";
         pub const POOL_ALLOC: &str = "hipMallocFromPoolAsync";
 
+        /// Two raw streams (`s`, and `t` for the other stream).
+        pub struct Raw {
+            s: hip::hipStream_t,
+            t: hip::hipStream_t,
+        }
+
+        forward! {
+            free(r: &Raw, p: *mut c_void) => hip::hipFreeAsync(p, r.s);
+            // A live local the runtime never allocated.
+            free_unknown(_r: &Raw) => hip::hipFree((&mut 0u64 as *mut u64).cast());
+            htod(r: &Raw, p: *mut c_void, src: &[u8]) =>
+                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.s);
+            htod_other(r: &Raw, p: *mut c_void, src: &[u8]) =>
+                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.t);
+            sync(r: &Raw) => hip::hipStreamSynchronize(r.s);
+            stream_destroy(r: &Raw) => hip::hipStreamDestroy(r.s);
+            event_destroy(e: hip::hipEvent_t) => hip::hipEventDestroy(e);
+            event_record(r: &Raw, e: hip::hipEvent_t) => hip::hipEventRecord(e, r.s);
+            pool_destroy(pool: hip::hipMemPool_t) => hip::hipMemPoolDestroy(pool);
+            pool_trim(pool: hip::hipMemPool_t) => hip::hipMemPoolTrimTo(pool, 0);
+            pool_alloc(r: &Raw, pool: hip::hipMemPool_t, bytes: usize) =>
+                hip::hipMallocFromPoolAsync(&mut std::ptr::null_mut(), bytes, pool, r.s);
+            host_free(host: *mut c_void) => hip::hipHostFree(host);
+        }
+
         /// `p` moved `n` bytes on.
         pub fn offset(p: *mut c_void, n: usize) -> *mut c_void {
             p.cast::<u8>().wrapping_add(n).cast()
         }
 
         /// Page-locked host memory, mapped: its host and device pointers.
-        ///
-        /// # Safety
-        ///
-        /// None beyond the runtime's.
-        pub unsafe fn host_alloc(bytes: usize) -> (*mut c_void, *mut c_void) {
+        pub fn host_alloc(bytes: usize) -> (*mut c_void, *mut c_void) {
             crate::mapped_host(bytes)
-        }
-
-        /// `hipHostFree`.
-        ///
-        /// # Safety
-        ///
-        /// The runtime's.
-        pub unsafe fn host_free(host: *mut c_void) -> bool {
-            // SAFETY: the caller's.
-            unsafe { hip::hipHostFree(host) == hip::hipSuccess }
         }
 
         impl Raw {
@@ -972,57 +982,9 @@ mod vendor {
                 }
             }
 
-            /// `hipMallocAsync` of `bytes` on the stream.
+            /// `hipMallocAsync` of `bytes` on `s`.
             pub fn alloc(&self, bytes: usize) -> *mut c_void {
                 crate::raw_alloc(bytes, self.s)
-            }
-
-            /// `hipFreeAsync` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn free(&self, p: *mut c_void) -> bool {
-                // SAFETY: the caller's.
-                unsafe { hip::hipFreeAsync(p, self.s) == hip::hipSuccess }
-            }
-
-            /// `hipFree` of an address the runtime never allocated (a live
-            /// local).
-            ///
-            /// # Safety
-            ///
-            /// None on the stand-in, which aborts.
-            pub unsafe fn free_unknown(&self) {
-                let mut x = 0u64;
-                // SAFETY: the caller's.
-                let _ = unsafe { hip::hipFree(&mut x as *mut u64 as *mut c_void) };
-            }
-
-            /// `hipMemcpyHtoDAsync` of `src` to `p` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's; `src` outlives the copy.
-            pub unsafe fn htod(&self, p: *mut c_void, src: &[u8]) -> bool {
-                // SAFETY: the caller's.
-                unsafe {
-                    hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), self.s)
-                        == hip::hipSuccess
-                }
-            }
-
-            /// `hipMemcpyHtoDAsync` of `src` to `p` on the other stream.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's; `src` outlives the copy.
-            pub unsafe fn htod_other(&self, p: *mut c_void, src: &[u8]) -> bool {
-                // SAFETY: the caller's.
-                unsafe {
-                    hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), self.t)
-                        == hip::hipSuccess
-                }
             }
 
             /// `hipEventCreateWithFlags` (timing disabled).
@@ -1031,32 +993,6 @@ mod vendor {
                 // SAFETY: a valid out pointer.
                 crate::ok(unsafe { hip::hipEventCreateWithFlags(&mut e, 2) });
                 e
-            }
-
-            /// `hipEventDestroy`.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn event_destroy(&self, e: hip::hipEvent_t) {
-                // SAFETY: the caller's.
-                crate::ok(unsafe { hip::hipEventDestroy(e) });
-            }
-
-            /// `hipEventRecord` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn event_record(&self, e: hip::hipEvent_t) -> bool {
-                // SAFETY: the caller's.
-                unsafe { hip::hipEventRecord(e, self.s) == hip::hipSuccess }
-            }
-
-            /// `hipStreamDestroy` of the stream.
-            pub fn destroy_stream(&self) {
-                // SAFETY: the live stream; a planted case uses it after.
-                crate::ok(unsafe { hip::hipStreamDestroy(self.s) });
             }
 
             /// `hipMemPoolCreate` of a device pool on device 0.
@@ -1075,45 +1011,6 @@ mod vendor {
                 // SAFETY: valid properties and out pointer.
                 crate::ok(unsafe { hip::hipMemPoolCreate(&mut pool, &props) });
                 pool
-            }
-
-            /// `hipMemPoolDestroy`.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn pool_destroy(&self, pool: hip::hipMemPool_t) {
-                // SAFETY: the caller's.
-                crate::ok(unsafe { hip::hipMemPoolDestroy(pool) });
-            }
-
-            /// `hipMemPoolTrimTo` 0.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn pool_trim(&self, pool: hip::hipMemPool_t) -> bool {
-                // SAFETY: the caller's.
-                unsafe { hip::hipMemPoolTrimTo(pool, 0) == hip::hipSuccess }
-            }
-
-            /// `hipMallocFromPoolAsync` of `bytes` on the stream.
-            ///
-            /// # Safety
-            ///
-            /// The runtime's.
-            pub unsafe fn pool_alloc(&self, pool: hip::hipMemPool_t, bytes: usize) -> bool {
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: the caller's; a valid out pointer.
-                unsafe {
-                    hip::hipMallocFromPoolAsync(&mut p, bytes, pool, self.s) == hip::hipSuccess
-                }
-            }
-
-            /// `hipStreamSynchronize`.
-            pub fn sync(&self) -> bool {
-                // SAFETY: a live stream.
-                unsafe { hip::hipStreamSynchronize(self.s) == hip::hipSuccess }
             }
 
             /// Destroys the streams.
