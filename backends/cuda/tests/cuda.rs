@@ -415,6 +415,13 @@ fn adopted_context_and_streams_are_used_but_never_destroyed() {
     assert_child_passed("adopt", &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000")]);
 }
 
+/// The conformance suite on every configuration (`shared`'s case, under
+/// its own name here).
+#[test]
+fn whole_suite_report() {
+    shared::whole_suite_report();
+}
+
 /// What the shared cases (`backends/cases/core.rs`) need of CUDA.
 mod vendor {
     use cudarc::driver::sys::{self, CUresult};

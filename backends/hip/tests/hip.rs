@@ -875,6 +875,13 @@ unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u
     let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
 }
 
+/// The conformance suite on every configuration (`shared`'s case, under
+/// its own name here).
+#[test]
+fn whole_suite_report() {
+    shared::whole_suite_report();
+}
+
 /// What the shared cases (`backends/cases/core.rs`) need of HIP.
 mod vendor {
     use memgov::hip::raw as hip;
