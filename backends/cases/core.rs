@@ -475,7 +475,7 @@ fn refused_callback() {
 static LOST_TEARDOWN_BYTES: [u8; 4096] = [4; 4096];
 
 /// The vendor's configuration `label`.
-fn factory(label: &str) -> fn() -> Result<Context, memgov::BackendError> {
+fn factory(label: &str) -> vendor::Factory {
     let (_, factory) = vendor::SUITE_CONFIGS
         .iter()
         .find(|(l, _)| *l == label)
@@ -483,7 +483,7 @@ fn factory(label: &str) -> fn() -> Result<Context, memgov::BackendError> {
     *factory
 }
 
-fn healthy_lost_teardown(factory: fn() -> Result<Context, memgov::BackendError>) {
+fn healthy_lost_teardown(factory: vendor::Factory) {
     for round in 0..vendor::LOST_TEARDOWN_ROUNDS {
         let ctx = factory().expect("context");
         let probe = ctx.probe();
@@ -597,7 +597,7 @@ fn soak(first: Option<Context>) {
 /// What `order_after`'s slow copy writes.
 static ORDER_AFTER_BYTES: [u8; 4096] = [9; 4096];
 
-fn order_after(factory: fn() -> Result<Context, memgov::BackendError>) {
+fn order_after(factory: vendor::Factory) {
     let ctx = factory().expect("context");
     let probe = ctx.probe();
     let current = vendor::current(&ctx);

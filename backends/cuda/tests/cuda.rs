@@ -433,9 +433,11 @@ mod vendor {
     /// The name a context's refusals and reports carry.
     pub const BACKEND: &str = "cuda";
 
+    /// A way to open a context.
+    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+
     /// The configurations the conformance suite runs on, by label.
-    pub const SUITE_CONFIGS: &[(&str, fn() -> Result<Context, memgov::BackendError>)] =
-        &[("default", crate::factory)];
+    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[("default", crate::factory)];
 
     /// The stand-in's device memory limit in bytes.
     pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES";

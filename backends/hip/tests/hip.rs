@@ -893,9 +893,12 @@ mod vendor {
     /// The name a context's refusals and reports carry.
     pub const BACKEND: &str = "hip";
 
+    /// A way to open a context.
+    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+
     /// The configurations the conformance suite runs on, by label: memgov's
     /// pool and the hipMalloc/hipFree fallback.
-    pub const SUITE_CONFIGS: &[(&str, fn() -> Result<Context, memgov::BackendError>)] = &[
+    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[
         ("pool", || HipContext::new(HipConfig::default())),
         ("plain", || {
             HipContext::new(HipConfig {
