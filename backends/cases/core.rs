@@ -305,6 +305,23 @@ fn negative_copy_out_of_bounds_aborts() {
     vendor::aborts("copy_out_of_bounds", &[], vendor::OUT_OF_BOUNDS);
 }
 
+/// A free queued through the backend on another stream than its
+/// allocation's, without `order_after` (100 ms per queued operation, so
+/// the allocation is still pending): the stand-in aborts, naming the
+/// stream and the missing ordering. The control: the same free after a
+/// copy on the allocation's stream and `order_after` retires.
+#[test]
+fn negative_cross_stream_free_without_ordering_aborts() {
+    let env = [(LATENCY, "100000")];
+    for what in [
+        "freed on stream #",
+        "before its stream-ordered allocation completed - missing stream ordering",
+    ] {
+        vendor::aborts("cross_stream_free_unordered", &env, what);
+    }
+    vendor::passes("cross_stream_free_ordered", &env);
+}
+
 /// A copy on another stream into memory whose allocation (and first write)
 /// is still queued on its own stream, with nothing ordering the two.
 #[test]
@@ -349,6 +366,8 @@ pub(crate) fn run(case: &str) -> bool {
         "refused_callback" => refused_callback(),
         "soak" => soak(None),
         "sticky" => sticky(),
+        "cross_stream_free_unordered" => cross_stream_free(false),
+        "cross_stream_free_ordered" => cross_stream_free(true),
         "current_restored" => current_restored(),
         "double_free"
         | "free_unknown"
@@ -768,6 +787,40 @@ fn current_restored() {
     ctx.teardown(false).expect("teardown");
     assert!(caller.is_current(), "device 1's context left current");
     caller.release();
+}
+
+/// What the ordered cross-stream free's copy writes.
+static CROSS_STREAM_BYTES: [u8; 4096] = [5; 4096];
+
+/// A free on stream b of memory allocated on a: after a copy on a and
+/// `order_after(b, a)` (`ordered`), or with nothing ordering the two, the
+/// planted violation.
+fn cross_stream_free(ordered: bool) {
+    let ctx = vendor::context();
+    let current = vendor::current(&ctx);
+    let (a, b) = (
+        ctx.create_stream().expect("stream a"),
+        ctx.create_stream().expect("stream b"),
+    );
+    let m = ctx.allocate(&a, 4096).expect("allocate");
+    if ordered {
+        // SAFETY: `m` and `a` are live handles of `ctx`, and the source is
+        // static, so it outlives the copy.
+        unsafe { vendor::copy_in_unwaited(&current, &a, &m, &CROSS_STREAM_BYTES) };
+        ctx.order_after(&b, &a).expect("order_after");
+    }
+    let (sig, rx) = signal();
+    ctx.free_async(&b, m, sig)
+        .map_err(|(_, _, e)| e)
+        .expect("free on b");
+    ctx.synchronize(&b).expect("synchronize b");
+    assert_eq!(
+        rx.recv_timeout(SETTLE).expect("fired").0,
+        RetireOutcome::Retired
+    );
+    ctx.destroy_stream(a).expect("destroy_stream");
+    ctx.destroy_stream(b).expect("destroy_stream");
+    ctx.teardown(false).expect("teardown");
 }
 
 /// A planted violation on raw calls; the stand-in aborts on the last call.

@@ -521,24 +521,6 @@ fn planted_stand_in_checks_abort() {
     );
 }
 
-/// The raw backend: `order_after` then `free_async` on another stream
-/// passes; the same free without it is the stand-in's violation.
-#[test]
-fn raw_cross_stream_free_needs_order_after() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_abort(
-        "raw_cross_stream_free_unordered",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-        "before its stream-ordered allocation completed - missing stream ordering",
-    );
-    expect_pass(
-        "raw_cross_stream_free_ordered",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-    );
-}
-
 #[test]
 fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
     if !on_stand_in() {
@@ -1550,22 +1532,6 @@ fn child_entry() {
             })
             .join()
             .unwrap();
-        }
-        "raw_cross_stream_free_unordered" | "raw_cross_stream_free_ordered" => {
-            let ctx = HipContext::new(HipConfig::default()).unwrap();
-            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
-            let m = ctx.allocate(&a, 4096).unwrap();
-            if case == "raw_cross_stream_free_ordered" {
-                raw_write(a.hip_stream(), m.device_ptr(), &[5; 4096]);
-                ctx.order_after(&b, &a).unwrap();
-            }
-            let (sig, rx) = signal();
-            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
-            ctx.synchronize(&b).unwrap();
-            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-            ctx.destroy_stream(a).unwrap();
-            ctx.destroy_stream(b).unwrap();
-            ctx.teardown(false).unwrap();
         }
         "lost_fallback_teardown" => {
             let ctx = HipContext::new(HipConfig {
