@@ -23,8 +23,7 @@ use recorded::signal;
 
 use memgov::cuda::{CudaConfig, CudaContext};
 use memgov::{
-    Alloc, BackendErrorKind, ContextConfig, ContextState, DeviceContext, Execution, Governor,
-    GovernorError, RetireOutcome, Role,
+    Alloc, BackendErrorKind, ContextConfig, DeviceContext, Governor, RetireOutcome, Role,
 };
 use std::time::{Duration, Instant};
 
@@ -49,6 +48,7 @@ impl cases::StandInBackend for CudaContext {
 
     const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standin";
     const STAND_IN_PCI: &'static str = "0000:10:00.0";
+    const STAND_IN_KEY: &'static str = "gpu-6d656d67-6f76-2d73-7461-6e64696e0000";
 }
 
 /// A context, or `None` after printing why the test is skipped.
@@ -72,86 +72,6 @@ fn stand_in() -> Option<CudaContext> {
         return None;
     }
     Some(ctx)
-}
-
-#[test]
-fn a_missing_driver_is_unavailable_not_a_panic() {
-    match factory() {
-        Ok(ctx) => {
-            let d = ctx.describe();
-            assert_eq!(d.backend, "cuda");
-            assert!(d.stream_ordered_reuse);
-            assert!(d.total_bytes > 0);
-            if ctx.is_stand_in() {
-                assert_eq!(d.execution, Execution::StandIn);
-                assert!(d.name.starts_with("memgov stand-in"), "{}", d.name);
-            } else {
-                assert_eq!(d.execution, Execution::RealHardware);
-            }
-            ctx.teardown(false).expect("teardown");
-        }
-        Err(e) => {
-            assert_eq!(e.kind, BackendErrorKind::Unavailable, "{e}");
-            assert!(
-                e.message.starts_with("no CUDA driver") || e.message.starts_with("no CUDA device"),
-                "{e}"
-            );
-            println!("skipped: {}", e.message);
-        }
-    }
-}
-
-#[test]
-fn free_retires_on_a_driver_thread() {
-    cases::free_retires_on_a_driver_thread::<CudaContext>();
-}
-
-/// The identity comes from the driver's UUID and PCI address, the same for
-/// one device in every process; on the stand-in, device 0 has the UUID
-/// "memgov-standin\0\0" and the PCI address 0000:10:00.0.
-#[test]
-fn identity_is_the_drivers_uuid_and_pci_address() {
-    cases::identity_is_the_drivers_uuid_and_pci_address::<CudaContext>();
-    // The stand-in's device 0 by its full key.
-    if let Some(ctx) = stand_in() {
-        assert_eq!(
-            ctx.identity().key(),
-            "gpu-6d656d67-6f76-2d73-7461-6e64696e0000"
-        );
-        ctx.teardown(false).expect("teardown");
-    }
-}
-
-#[test]
-fn raw_accessors_name_the_driver_objects() {
-    let Some(ctx) = context() else { return };
-    let stand_in = ctx.is_stand_in();
-    let gov = Governor::new();
-    let handle = gov.register(ctx, ContextConfig::new().label("raw"));
-    let stream = handle.create_stream("main").expect("stream");
-    let buf = handle
-        .allocate(&stream, Alloc::new(256, Role::Workspace))
-        .expect("allocate");
-    buf.write(0, b"raw access").expect("write");
-    let ptr = buf.raw().expect("live buffer").device_ptr();
-    let cu_stream = stream.raw().expect("live stream").cu_stream();
-    assert_ne!(ptr, 0);
-    assert!(!cu_stream.is_null());
-    assert_eq!(buf.raw().expect("live").len(), 256);
-    if stand_in {
-        // On the stand-in device memory is host memory: the pointer really is
-        // the allocation the governor wrote.
-        // SAFETY: the stand-in maps a CUdeviceptr to the host address of a
-        // live 256-byte allocation; the write above was synchronized.
-        let seen = unsafe { std::slice::from_raw_parts(ptr as usize as *const u8, 10) };
-        assert_eq!(seen, b"raw access");
-    }
-    drop((buf, stream));
-    let report = handle
-        .retire()
-        .wait_timeout(Duration::from_secs(10))
-        .expect("retire");
-    assert!(report.backend_result.is_ok());
 }
 
 #[test]
@@ -191,101 +111,6 @@ fn works_from_threads_without_a_current_context() {
     ctx.teardown(false).expect("teardown");
     probe.check_clean_teardown().expect("clean");
     assert_eq!(probe.frees_retired(), 4);
-}
-
-/// The governor's block cache on this backend: blocks reused on their own
-/// stream only (a block released on the other stream is freed there,
-/// ordered after its own), each reused block written and read back. The
-/// stand-in's stream-ordering checks must see nothing to report.
-#[test]
-fn block_cache_reuses_blocks_only_on_their_stream() {
-    let Some(ctx) = context() else {
-        return;
-    };
-    let probe = ctx.probe();
-    cache::reuses_blocks_only_on_their_stream(ctx, probe, "cuda");
-}
-
-#[test]
-fn short_soak() {
-    let Some(ctx) = context() else { return };
-    let probe = ctx.probe();
-    let gov = Governor::new();
-    let handle = gov.register(ctx, ContextConfig::new().label("soak").budget(8 << 20));
-    let start = Instant::now();
-    let cycles = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..2)
-            .map(|t| {
-                let handle = &handle;
-                scope.spawn(move || {
-                    let streams = [
-                        handle.create_stream("a").expect("stream"),
-                        handle.create_stream("b").expect("stream"),
-                    ];
-                    let mut n = 0u64;
-                    for i in 0..300u64 {
-                        let s = &streams[(i % 2) as usize];
-                        let bytes = 4096 * (1 + (i * 7 + t) % 64);
-                        let buf = handle
-                            .allocate(s, Alloc::new(bytes, Role::Activation))
-                            .expect("allocate");
-                        if i % 10 == 0 {
-                            let tag = (i as u8).to_le_bytes();
-                            buf.write(bytes - 1, &tag).expect("write");
-                            let mut back = [0u8; 1];
-                            buf.read(bytes - 1, &mut back).expect("read");
-                            assert_eq!(back, tag);
-                        }
-                        if i % 3 == 0 {
-                            buf.release_on(&streams[((i + 1) % 2) as usize])
-                                .map_err(|e| e.error)
-                                .expect("release_on");
-                        }
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("worker"))
-            .sum::<u64>()
-    });
-    let report = handle
-        .retire()
-        .wait_timeout(Duration::from_secs(30))
-        .expect("retire");
-    assert!(report.backend_result.is_ok(), "{:?}", report.backend_result);
-    assert_eq!(report.retired_releases, cycles);
-    probe.check_clean_teardown().expect("clean teardown");
-    println!(
-        "soak: cuda: {cycles} allocate/release cycles, 2 threads x 2 streams, {:.2} s; after teardown 0 live allocations, 0 streams",
-        start.elapsed().as_secs_f64()
-    );
-}
-
-/// The whole suite, with the governor's block cache off and on.
-#[test]
-fn whole_suite_report() {
-    use memgov_conformance::{run_suite_with, SuiteOptions};
-    let cached = SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
-    for options in [SuiteOptions::new(), cached] {
-        let report = run_suite_with(&options, factory);
-        println!("{report}");
-        assert!(report.all_passed(), "{report}");
-        let (passed, failed, skipped) = report.counts();
-        if report.execution.is_none() {
-            assert_eq!(skipped, report.cases.len());
-            println!("skipped: no CUDA driver");
-            return;
-        }
-        assert_eq!(
-            (passed, failed, skipped),
-            (report.cases.len(), 0, 0),
-            "{report}"
-        );
-    }
 }
 
 // ---- child-process tests: knobs and planted violations -----------------------
@@ -339,57 +164,13 @@ fn negative_harness_tells_a_clean_child_from_an_aborted_one() {
 }
 
 #[test]
-fn negative_call_on_destroyed_stream_aborts() {
-    assert_stand_in_aborts("destroyed_stream", &[], "on destroyed stream");
-}
-
-#[test]
 fn negative_call_on_destroyed_context_aborts() {
     assert_stand_in_aborts("destroyed_context", &[], "destroyed context");
 }
 
 #[test]
-fn negative_free_of_unknown_pointer_aborts() {
-    assert_stand_in_aborts("free_unknown", &[], "cuMemFreeAsync of unknown pointer");
-}
-
-#[test]
-fn negative_double_free_aborts() {
-    assert_stand_in_aborts(
-        "double_free",
-        &[],
-        "cuMemFreeAsync of already freed pointer",
-    );
-}
-
-#[test]
 fn negative_copy_of_freed_pointer_aborts() {
     assert_stand_in_aborts("copy_after_free", &[], "already freed device pointer");
-}
-
-#[test]
-fn negative_copy_out_of_bounds_aborts() {
-    assert_stand_in_aborts("copy_out_of_bounds", &[], "out of bounds device pointer");
-}
-
-#[test]
-fn pinned_host_free_after_its_copy_completed_passes() {
-    // The control of the next test: the same copy, synchronized first.
-    assert_child_passed(
-        "host_free_synced",
-        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
-    );
-}
-
-#[test]
-fn negative_pinned_host_free_under_a_queued_copy_aborts() {
-    // cuMemFreeHost is synchronous: called while a copy that uses the
-    // buffer is still queued, it frees the buffer under the copy.
-    assert_stand_in_aborts(
-        "host_free_during_copy",
-        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "200000")],
-        "cuMemFreeHost: page-locked host allocation",
-    );
 }
 
 #[test]
@@ -488,32 +269,8 @@ fn conformance_suite_alone_frees_everything_before_each_last_release() {
 }
 
 #[test]
-fn negative_cross_stream_free_without_ordering_aborts() {
-    assert_stand_in_aborts("cross_stream_free_unordered", &[], "freed on stream #");
-}
-
-#[test]
-fn negative_cross_stream_copy_without_ordering_aborts() {
-    assert_stand_in_aborts(
-        "cross_stream_copy_unordered",
-        &[],
-        "missing stream ordering",
-    );
-}
-
-#[test]
 fn negative_free_ordered_by_an_event_recorded_too_early_aborts() {
     assert_stand_in_aborts("event_recorded_too_early", &[], "missing stream ordering");
-}
-
-#[test]
-fn negative_event_after_destroy_aborts() {
-    assert_stand_in_aborts("event_after_destroy", &[], "on destroyed event");
-}
-
-#[test]
-fn negative_memory_pool_after_destroy_aborts() {
-    assert_stand_in_aborts("pool_after_destroy", &[], "on destroyed memory pool");
 }
 
 #[test]
@@ -556,19 +313,6 @@ fn negative_context_reference_left_at_exit_aborts() {
 // ---- regressions: the backend against the stricter stand-in --------------------
 
 #[test]
-fn order_after_orders_a_cross_stream_free_without_waiting() {
-    assert_child_passed(
-        "order_after",
-        &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "300000")],
-    );
-}
-
-#[test]
-fn foreign_or_double_free_is_refused_and_counted() {
-    cases::foreign_or_double_free_is_refused_and_counted::<CudaContext>();
-}
-
-#[test]
 fn raw_misuse_is_refused_before_the_driver_sees_it() {
     assert_child_passed("raw_misuse", &[]);
 }
@@ -584,22 +328,6 @@ fn retire_and_force_finish_after_a_fault_in_a_destroyed_streams_work() {
             ],
         );
     }
-}
-
-#[test]
-fn the_callers_current_context_is_restored() {
-    assert_child_passed("current_restored", &[("MEMGOV_STANDIN_CUDA_DEVICES", "2")]);
-}
-
-#[test]
-fn lost_teardown_of_a_healthy_device_releases_everything() {
-    assert_child_passed(
-        "lost_teardown",
-        &[
-            ("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1"),
-            ("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000"),
-        ],
-    );
 }
 
 #[test]
@@ -682,25 +410,11 @@ fn adopted_context_and_streams_are_used_but_never_destroyed() {
     assert_child_passed("adopt", &[("MEMGOV_STANDIN_CUDA_LATENCY_US", "2000")]);
 }
 
+/// The conformance suite on every configuration (`shared`'s case, under
+/// its own name here).
 #[test]
-fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
-    assert_child_passed(
-        "sticky",
-        &[("MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP", "40")],
-    );
-}
-
-#[test]
-fn out_of_memory_is_classified() {
-    assert_child_passed("oom", &[("MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES", "1048576")]);
-}
-
-#[test]
-fn a_refused_callback_still_settles_the_free() {
-    assert_child_passed(
-        "host_fn_fails",
-        &[("MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT", "1")],
-    );
+fn whole_suite_report() {
+    shared::whole_suite_report();
 }
 
 /// What the shared cases (`backends/cases/core.rs`) need of CUDA.
@@ -709,10 +423,284 @@ mod vendor {
     use memgov::cuda::{CudaContext, CudaMemory, CudaStream};
 
     pub(crate) use crate::LATENCY;
+    pub use memgov::cuda::CudaContext as Context;
 
-    /// The child ran `scenario` to its end.
-    pub fn passes(scenario: &str, env: &[(&str, &str)]) {
-        crate::assert_child_passed(scenario, env);
+    /// The name a context's refusals and reports carry.
+    pub const BACKEND: &str = "cuda";
+
+    /// A way to open a context.
+    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+
+    /// The configurations the conformance suite runs on, by label.
+    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[("default", crate::factory)];
+
+    /// The stand-in's device memory limit in bytes.
+    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES";
+    /// The stand-in refuses the Nth `cuLaunchHostFunc`.
+    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT";
+    /// How an out-of-memory refusal names the driver's code.
+    pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
+    /// The stand-in's exit check: anything left at exit aborts.
+    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+
+    /// The child was aborted by the stand-in with a contract violation
+    /// that names `what` (on the stand-in only).
+    pub fn aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
+        crate::assert_stand_in_aborts(scenario, env, what);
+    }
+
+    /// How the stand-in names the planted violations.
+    pub const DOUBLE_FREE: &str = "cuMemFreeAsync of already freed pointer";
+    pub const UNKNOWN_FREE: &str = "cuMemFreeAsync of unknown pointer";
+    pub const OUT_OF_BOUNDS: &str = "out of bounds device pointer";
+    pub const HOST_FREE_UNDER_COPY: &str = "cuMemFreeHost: page-locked host allocation";
+    pub const EVENT_AFTER_DESTROY: &str = "cuEventRecord on destroyed event";
+
+    /// Raw driver calls for the planted cases, on a context current on
+    /// this thread.
+    pub mod raw {
+        use super::{ok, CUresult};
+        use cudarc::driver::sys;
+        use memgov::cuda::CudaContext;
+        use memgov::DeviceContext;
+        use std::ffi::c_void;
+
+        include!("../../cases/forward.rs");
+
+        pub(crate) type Code = CUresult;
+        pub const SUCCESS: Code = CUresult::CUDA_SUCCESS;
+
+        /// The entry points whose names the stand-in's messages carry.
+        pub const SYNC: &str = "cuStreamSynchronize";
+        pub const FREE_ASYNC: &str = "cuMemFreeAsync";
+        pub const POOL_TRIM: &str = "cuMemPoolTrimTo";
+        pub const POOL_ALLOC: &str = "cuMemAllocFromPoolAsync";
+
+        /// A context and two raw streams of it (`s`, and `t` for the other
+        /// stream), current on this thread.
+        pub struct Raw {
+            ctx: CudaContext,
+            s: sys::CUstream,
+            t: sys::CUstream,
+        }
+
+        forward! {
+            free(r: &Raw, p: sys::CUdeviceptr) => sys::cuMemFreeAsync(p, r.s);
+            free_unknown(r: &Raw) => sys::cuMemFreeAsync(0xdead_0000, r.s);
+            htod(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
+                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.s);
+            htod_other(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
+                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.t);
+            sync(r: &Raw) => sys::cuStreamSynchronize(r.s);
+            stream_destroy(r: &Raw) => sys::cuStreamDestroy_v2(r.s);
+            event_destroy(e: sys::CUevent) => sys::cuEventDestroy_v2(e);
+            event_record(r: &Raw, e: sys::CUevent) => sys::cuEventRecord(e, r.s);
+            pool_destroy(pool: sys::CUmemoryPool) => sys::cuMemPoolDestroy(pool);
+            pool_trim(pool: sys::CUmemoryPool) => sys::cuMemPoolTrimTo(pool, 0);
+            pool_alloc(r: &Raw, pool: sys::CUmemoryPool, bytes: usize) =>
+                sys::cuMemAllocFromPoolAsync(&mut 0, bytes, pool, r.s);
+            host_free(host: *mut c_void) => sys::cuMemFreeHost(host);
+        }
+
+        /// `p` moved `n` bytes on.
+        pub fn offset(p: sys::CUdeviceptr, n: u64) -> sys::CUdeviceptr {
+            p + n
+        }
+
+        /// Page-locked host memory, mapped: its host and device pointers.
+        pub fn host_alloc(bytes: usize) -> (*mut c_void, sys::CUdeviceptr) {
+            let (mut host, mut p) = (std::ptr::null_mut(), 0);
+            // SAFETY: valid out pointers, the documented flags (portable,
+            // mapped); a context is current (`Raw::open`).
+            unsafe {
+                ok(sys::cuMemHostAlloc(&mut host, bytes, 3), "cuMemHostAlloc");
+                ok(
+                    sys::cuMemHostGetDevicePointer_v2(&mut p, host, 0),
+                    "device pointer",
+                );
+            }
+            (host, p)
+        }
+
+        impl Raw {
+            pub fn open() -> Self {
+                let (ctx, s) = crate::children::raw_setup();
+                let mut t = std::ptr::null_mut();
+                // SAFETY: a valid out pointer; the context is current.
+                ok(unsafe { sys::cuStreamCreate(&mut t, 1) }, "stream");
+                Raw { ctx, s, t }
+            }
+
+            /// `cuMemAllocAsync` of `bytes` on `s`.
+            pub fn alloc(&self, bytes: usize) -> sys::CUdeviceptr {
+                crate::children::alloc(self.s, bytes)
+            }
+
+            /// `cuEventCreate` (timing disabled).
+            pub fn event_create(&self) -> sys::CUevent {
+                let mut e = std::ptr::null_mut();
+                // SAFETY: a valid out pointer; the context is current.
+                ok(unsafe { sys::cuEventCreate(&mut e, 2) }, "event");
+                e
+            }
+
+            /// `cuMemPoolCreate` of a device pool on device 0.
+            pub fn pool_create(&self) -> sys::CUmemoryPool {
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: zeroed properties are valid before the two set;
+                // a valid out pointer.
+                unsafe {
+                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
+                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
+                }
+                pool
+            }
+
+            /// Destroys the streams, clears the thread's current context and
+            /// tears the context down.
+            pub fn close(self) {
+                // SAFETY: the live streams, each destroyed once; the current
+                // context cleared before the teardown releases it.
+                unsafe {
+                    ok(sys::cuStreamDestroy_v2(self.s), "destroy");
+                    ok(sys::cuStreamDestroy_v2(self.t), "destroy");
+                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
+                }
+                self.ctx.teardown(false).expect("teardown");
+            }
+        }
+    }
+
+    /// How many devices the stand-in has.
+    pub const DEVICES: &str = "MEMGOV_STANDIN_CUDA_DEVICES";
+
+    /// A context of configuration `label` on device `ordinal`.
+    pub fn context_on(label: &str, ordinal: u32) -> CudaContext {
+        assert_eq!(label, "default");
+        CudaContext::new(memgov::cuda::CudaConfig {
+            ordinal,
+            ..memgov::cuda::CudaConfig::default()
+        })
+        .expect("context")
+    }
+
+    /// What a runtime has current on its thread: a device's retained
+    /// primary context.
+    pub struct Caller {
+        device: sys::CUdevice,
+        context: sys::CUcontext,
+    }
+
+    fn ok(r: CUresult, what: &str) {
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    fn current_context() -> sys::CUcontext {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out pointer.
+        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
+        c
+    }
+
+    impl Caller {
+        /// Retains device `ordinal`'s primary context and makes it current.
+        pub fn on_device(ordinal: i32) -> Self {
+            let (mut device, mut context) = (0, std::ptr::null_mut());
+            // SAFETY: plain driver calls with valid out pointers.
+            unsafe {
+                ok(sys::cuInit(0), "init");
+                ok(sys::cuDeviceGet(&mut device, ordinal), "device");
+                ok(
+                    sys::cuDevicePrimaryCtxRetain(&mut context, device),
+                    "retain",
+                );
+                ok(sys::cuCtxSetCurrent(context), "current");
+            }
+            Caller { device, context }
+        }
+
+        /// Its context is still the thread's current one.
+        pub fn is_current(&self) -> bool {
+            current_context() == self.context
+        }
+
+        /// A thread that never had a context has none.
+        pub fn fresh_thread_untouched() -> bool {
+            current_context().is_null()
+        }
+
+        /// Clears the thread's current context and releases the retained
+        /// one.
+        pub fn release(self) {
+            // SAFETY: the context retained in `on_device`, released once.
+            unsafe {
+                ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
+                ok(sys::cuDevicePrimaryCtxRelease_v2(self.device), "release");
+            }
+        }
+    }
+
+    /// How an unavailable context's reason starts.
+    pub const UNAVAILABLE: &[&str] = &["no CUDA driver", "no CUDA device"];
+    /// Every CUDA context frees stream-ordered (`cuMemFreeAsync`).
+    pub const ALWAYS_STREAM_ORDERED: bool = true;
+
+    /// Whether `ctx` runs on memgov's stand-in driver.
+    pub fn is_stand_in(ctx: &CudaContext) -> bool {
+        ctx.is_stand_in()
+    }
+
+    /// CUDA's own: none beyond the shared case (CI runs it on a libcuda
+    /// lacking entry points too).
+    pub fn missing_driver_cases() {}
+
+    /// The stand-in fails driver call N and all later as after an illegal
+    /// address.
+    pub const STICKY_ERROR_AT_OP: &str = "MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP";
+    /// How a sticky error names the driver's code.
+    pub const ILLEGAL_ADDRESS: &str = "CUDA_ERROR_ILLEGAL_ADDRESS (700)";
+
+    /// CUDA's own sticky-error cases: none beyond the shared one.
+    pub fn sticky_error_cases() {}
+
+    /// After the lost context's retire: the driver answers no more, so
+    /// nothing was freed, and the kept allocations went with the context
+    /// at memgov's (last) release.
+    pub fn after_sticky_retire() {
+        let gone =
+            crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0).expect("device 0");
+        assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
+    }
+
+    /// Lost teardowns in a row (each releases the last reference to the
+    /// primary context, which the next context retains again).
+    pub const LOST_TEARDOWN_ROUNDS: usize = 3;
+
+    /// After a lost teardown on a healthy device: memgov freed its memory
+    /// before releasing the primary context (whose destruction took nothing
+    /// with it), and released that context (the last reference).
+    pub fn nothing_left_after_lost_teardown(round: usize) {
+        assert_eq!(
+            crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0),
+            Some([0, 0, 0, 0]),
+            "round {round}: memory went with the context"
+        );
+        assert_eq!(
+            crate::children::stand_in_query("memgov_standin_cuda_live", 0),
+            None,
+            "round {round}: the primary context is still retained"
+        );
+    }
+
+    /// The child ran `scenario` to its end: what it printed, `None` (after
+    /// printing why) off the stand-in.
+    pub fn passes(scenario: &str, env: &[(&str, &str)]) -> Option<String> {
+        let run = crate::child(scenario, env)?;
+        let end = format!("child {scenario}: ok");
+        crate::child_process::assert_passed(scenario, &run, &end);
+        Some(run.output())
     }
 
     /// A context on the driver found.
@@ -725,6 +713,69 @@ mod vendor {
 
     pub fn current(ctx: &CudaContext) -> Current {
         Current(ctx.cu_context())
+    }
+
+    /// The memory's device pointer.
+    pub fn device_address(m: &CudaMemory) -> u64 {
+        m.device_ptr()
+    }
+
+    /// The stream's driver handle.
+    pub fn stream_handle(s: &CudaStream) -> *const std::ffi::c_void {
+        s.cu_stream().cast_const().cast()
+    }
+
+    /// Copies `m`'s first bytes into `dst` (a raw `cuMemcpyDtoHAsync_v2` on
+    /// `s`, then `cuStreamSynchronize`, the context pushed current around
+    /// them).
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
+    pub unsafe fn copy_out_waited(c: &Current, s: &CudaStream, m: &CudaMemory, dst: &mut [u8]) {
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live context, popped below.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
+        // SAFETY: the caller's; `dst` outlives the copy, which the
+        // synchronize completes.
+        let (copy, sync) = unsafe {
+            (
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.as_mut_ptr().cast(),
+                    m.device_ptr(),
+                    dst.len(),
+                    s.cu_stream(),
+                ),
+                sys::cuStreamSynchronize(s.cu_stream()),
+            )
+        };
+        assert_eq!(
+            (copy, sync),
+            (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS),
+            "raw copy out"
+        );
+        // SAFETY: balances the push.
+        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
+    }
+
+    /// Whether `s`'s work has all run (`cuStreamQuery`: `CUDA_SUCCESS` or
+    /// `CUDA_ERROR_NOT_READY`; any other result is returned as it is).
+    pub fn stream_done(c: &Current, s: &CudaStream) -> Result<bool, CUresult> {
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live context, popped below; a query of a live stream.
+        let r = unsafe {
+            assert_eq!(sys::cuCtxPushCurrent_v2(c.0), CUresult::CUDA_SUCCESS);
+            let r = sys::cuStreamQuery(s.cu_stream());
+            assert_eq!(sys::cuCtxPopCurrent_v2(&mut prev), CUresult::CUDA_SUCCESS);
+            r
+        };
+        match r {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(r),
+        }
     }
 
     /// Queues a copy of `src` into `m` on `s` (a raw
@@ -777,7 +828,7 @@ mod children {
     }
 
     /// The stand-in context and one raw stream of it, current on this thread.
-    fn raw_setup() -> (CudaContext, sys::CUstream) {
+    pub(crate) fn raw_setup() -> (CudaContext, sys::CUstream) {
         let ctx = factory().expect("context");
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: the context was just retained; the stand-in checks the rest.
@@ -788,7 +839,7 @@ mod children {
         (ctx, s)
     }
 
-    fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
+    pub(crate) fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
         let mut p = 0;
         // SAFETY: the stand-in checks the stream; p is a valid out pointer.
         ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
@@ -816,49 +867,11 @@ mod children {
                     ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
                     ctx.teardown(false).expect("teardown");
                 }
-                "destroyed_stream" => {
-                    let (_ctx, s) = raw_setup();
-                    ok(sys::cuStreamDestroy_v2(s), "destroy");
-                    let _ = sys::cuStreamSynchronize(s);
-                }
                 "destroyed_context" => {
                     let ctx = factory().expect("context");
                     let old = ctx.cu_context();
                     ctx.teardown(false).expect("teardown");
                     let _ = sys::cuCtxSetCurrent(old);
-                }
-                "free_unknown" => {
-                    let (_ctx, s) = raw_setup();
-                    let _ = sys::cuMemFreeAsync(0xdead_0000, s);
-                }
-                "double_free" => {
-                    let (_ctx, s) = raw_setup();
-                    let p = alloc(s, 64);
-                    ok(sys::cuMemFreeAsync(p, s), "first free");
-                    let _ = sys::cuMemFreeAsync(p, s);
-                }
-                "host_free_synced" | "host_free_during_copy" => {
-                    let (ctx, s) = raw_setup();
-                    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-                    ok(sys::cuMemHostAlloc(&mut host, 4096, 3), "cuMemHostAlloc");
-                    let mut p = 0;
-                    ok(
-                        sys::cuMemHostGetDevicePointer_v2(&mut p, host, 0),
-                        "device pointer",
-                    );
-                    let src = vec![7u8; 4096];
-                    ok(
-                        sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 4096, s),
-                        "copy",
-                    );
-                    if scenario == "host_free_synced" {
-                        ok(sys::cuStreamSynchronize(s), "sync");
-                    }
-                    ok(sys::cuMemFreeHost(host), "cuMemFreeHost");
-                    ok(sys::cuStreamSynchronize(s), "sync");
-                    ok(sys::cuStreamDestroy_v2(s), "destroy");
-                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
-                    ctx.teardown(false).expect("teardown");
                 }
                 "copy_after_free" => {
                     let (_ctx, s) = raw_setup();
@@ -867,12 +880,6 @@ mod children {
                     ok(sys::cuStreamSynchronize(s), "sync");
                     let src = [0u8; 8];
                     let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, s);
-                }
-                "copy_out_of_bounds" => {
-                    let (_ctx, s) = raw_setup();
-                    let p = alloc(s, 64);
-                    let src = [0u8; 65];
-                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 65, s);
                 }
                 "release_pending" => {
                     let (ctx, s) = raw_setup();
@@ -906,24 +913,6 @@ mod children {
                 "lost_teardown_alone" => lost_teardown_alone(),
                 "lost_teardown_running" => lost_teardown_running(),
                 "suite_alone" => suite_alone(),
-                "cross_stream_free_unordered" => {
-                    let ctx = factory().expect("context");
-                    let (a, b) = (
-                        ctx.create_stream().expect("a"),
-                        ctx.create_stream().expect("b"),
-                    );
-                    let m = ctx.allocate(&a, 64).expect("allocate");
-                    // Planted: no order_after(b, a) before the free on b.
-                    let _ = ctx.free_async(&b, m, signal().0);
-                }
-                "cross_stream_copy_unordered" => {
-                    let (_ctx, s) = raw_setup();
-                    let mut other: sys::CUstream = std::ptr::null_mut();
-                    ok(sys::cuStreamCreate(&mut other, 1), "stream");
-                    let p = alloc(s, 64);
-                    let src = [0u8; 8];
-                    let _ = sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), 8, other);
-                }
                 "event_recorded_too_early" => {
                     let (_ctx, s) = raw_setup();
                     let mut other: sys::CUstream = std::ptr::null_mut();
@@ -936,23 +925,6 @@ mod children {
                     let p = alloc(s, 64);
                     ok(sys::cuStreamWaitEvent(other, ev, 0), "wait");
                     let _ = sys::cuMemFreeAsync(p, other);
-                }
-                "event_after_destroy" => {
-                    let (_ctx, s) = raw_setup();
-                    let mut ev: sys::CUevent = std::ptr::null_mut();
-                    ok(sys::cuEventCreate(&mut ev, 2), "event");
-                    ok(sys::cuEventDestroy_v2(ev), "destroy");
-                    let _ = sys::cuEventRecord(ev, s);
-                }
-                "pool_after_destroy" => {
-                    let (_ctx, _s) = raw_setup();
-                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
-                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-                    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
-                    ok(sys::cuMemPoolDestroy(pool), "destroy");
-                    let _ = sys::cuMemPoolTrimTo(pool, 0);
                 }
                 "foreign_context_memory" => {
                     let (_ctx, s) = raw_setup();
@@ -1003,12 +975,9 @@ mod children {
                         "retain, never released",
                     );
                 }
-                "order_after" => order_after(),
                 "raw_misuse" => raw_misuse(),
                 "async_fault_retire" => async_fault(false),
                 "async_fault_force" => async_fault(true),
-                "current_restored" => current_restored(),
-                "lost_teardown" => lost_teardown(),
                 "lost_teardown_shared" => lost_teardown_shared(),
                 "pool_destroyed_with_allocations" => {
                     // The planted violation: an allocation from a created
@@ -1081,9 +1050,6 @@ mod children {
                     }
                 }
                 "destroyed_with_frees_queued" => destroyed_with_frees_queued(),
-                "sticky" => sticky(),
-                "oom" => oom(),
-                "host_fn_fails" => host_fn_fails(),
                 other => panic!("unknown child scenario {other}"),
             }
         }
@@ -1220,175 +1186,11 @@ mod children {
         assert_eq!(probe.live_allocations(), 0);
     }
 
-    fn sticky() {
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let gov = Governor::new();
-        let handle = gov.register(ctx, ContextConfig::new().label("sticky"));
-        let stream = handle.create_stream("main").expect("stream");
-        let mut kept = Vec::new();
-        let mut lost = None;
-        for i in 0..200 {
-            match handle.allocate(&stream, Alloc::new(4096, Role::KvCache)) {
-                Ok(b) if i % 2 == 0 => kept.push(b),
-                Ok(b) => drop(b),
-                Err(e) => {
-                    lost = Some(e);
-                    break;
-                }
-            }
-        }
-        let e = lost.expect("the sticky error at driver call 40 surfaced");
-        assert!(matches!(e, GovernorError::DeviceLost { .. }), "{e:?}");
-        let msg = e.to_string();
-        assert!(msg.contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"), "{msg}");
-        assert_eq!(handle.lifecycle(), ContextState::Lost);
-        drop((kept, stream));
-        let report = handle
-            .retire()
-            .wait_timeout(Duration::from_secs(10))
-            .expect("retire a lost context");
-        assert!(report.lost);
-        assert!(probe.lost());
-        probe.check_clean_teardown().expect("clean");
-        let snap = handle.snapshot();
-        assert_eq!(snap.charged, 0);
-        assert_eq!(snap.total().pending_count, 0);
-        // The driver answers no more: nothing was freed, and the kept
-        // allocations went with the context at memgov's (last) release.
-        let gone = stand_in_query("memgov_standin_cuda_reclaimed", 0).expect("device 0");
-        assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
-    }
-
-    fn oom() {
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let s = ctx.create_stream().expect("stream");
-        let a = ctx.allocate(&s, 768 << 10).expect("first fits");
-        let e = ctx
-            .allocate(&s, 512 << 10)
-            .expect_err("over the 1 MiB limit");
-        assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
-        assert_eq!(e.code, Some(2));
-        assert!(!e.is_device_lost());
-        let (sig, rx) = signal();
-        ctx.free_async(&s, a, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        ctx.synchronize(&s).expect("sync");
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
-            RetireOutcome::Retired
-        );
-        let b = ctx.allocate(&s, 512 << 10).expect("fits after the free");
-        let (sig, rx) = signal();
-        ctx.free_async(&s, b, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        ctx.destroy_stream(s).expect("destroy");
-        // Work queued before the destroy still runs, host function included.
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(5)).expect("fired").0,
-            RetireOutcome::Retired
-        );
-        ctx.teardown(false).expect("teardown");
-        probe.check_clean_teardown().expect("clean");
-    }
-
-    fn host_fn_fails() {
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let s = ctx.create_stream().expect("stream");
-        let m = ctx.allocate(&s, 4096).expect("allocate");
-        let (sig, rx) = signal();
-        // The host-function launch fails after cuMemFreeAsync was queued: the
-        // free cannot be refused any more, so it is settled by a stream wait.
-        ctx.free_async(&s, m, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free_async accepts");
-        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("settled");
-        assert_eq!(outcome, RetireOutcome::Retired);
-        assert_eq!(
-            thread,
-            std::thread::current().id(),
-            "settled by the fallback wait"
-        );
-        assert_eq!(ctx.pending_frees(), 0);
-        // The next free goes through the host function again.
-        let m = ctx.allocate(&s, 4096).expect("allocate");
-        let (sig, rx) = signal();
-        ctx.free_async(&s, m, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free_async");
-        ctx.synchronize(&s).expect("sync");
-        let (outcome, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("fired");
-        assert_eq!(outcome, RetireOutcome::Retired);
-        assert_ne!(thread, std::thread::current().id());
-        ctx.destroy_stream(s).expect("destroy");
-        ctx.teardown(false).expect("teardown");
-        probe.check_clean_teardown().expect("clean");
-        assert_eq!(probe.frees_retired(), 2);
-    }
-
     fn current() -> sys::CUcontext {
         let mut c: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
         c
-    }
-
-    fn order_after() {
-        // 300 ms per queued operation: a copy queued on `a` is still running
-        // when order_after returns, unless order_after waited for it.
-        let ctx = factory().expect("context");
-        let probe = ctx.probe();
-        let a = ctx.create_stream().expect("a");
-        let b = ctx.create_stream().expect("b");
-        let m = ctx.allocate(&a, 64).expect("allocate");
-        let raw_a = a.cu_stream();
-        let src = [5u8; 64];
-        // SAFETY: the context is pushed for the calls and popped after; the
-        // copy targets the live 64-byte allocation on its own stream, and
-        // `src` outlives it (the stream is drained before this returns).
-        unsafe {
-            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
-            ok(
-                sys::cuMemcpyHtoDAsync_v2(m.device_ptr(), src.as_ptr().cast(), 64, raw_a),
-                "slow copy on a",
-            );
-            let mut popped = std::ptr::null_mut();
-            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-        }
-        ctx.order_after(&b, &a).expect("order_after");
-        // SAFETY: as above; a query only.
-        let still = unsafe {
-            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
-            let r = sys::cuStreamQuery(raw_a);
-            let mut popped = std::ptr::null_mut();
-            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-            r
-        };
-        assert_eq!(
-            still,
-            sys::CUresult::CUDA_ERROR_NOT_READY,
-            "order_after waited for the other stream instead of ordering on the device"
-        );
-        // The stand-in aborts unless the free on b is ordered after a's work.
-        let (sig, rx) = signal();
-        ctx.free_async(&b, m, sig)
-            .map_err(|(_, _, e)| e)
-            .expect("free on b");
-        ctx.synchronize(&b).expect("sync b");
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(10)).expect("fired").0,
-            RetireOutcome::Retired
-        );
-        // Ordering a stream after itself is a no-op.
-        ctx.order_after(&a, &a).expect("same stream");
-        ctx.destroy_stream(a).expect("destroy a");
-        ctx.destroy_stream(b).expect("destroy b");
-        ctx.teardown(false).expect("teardown");
-        probe.check_clean_teardown().expect("clean");
     }
 
     fn invalid<T: std::fmt::Debug>(r: Result<T, memgov::BackendError>, what: &str) {
@@ -1476,107 +1278,12 @@ mod children {
         assert_eq!(snap.total().pending_count, 0);
     }
 
-    fn current_restored() {
-        // The runtime has device 1's primary context current; memgov works
-        // on device 0 and must hand the thread back as it found it.
-        let (mut dev1, mut mine) = (0, std::ptr::null_mut());
-        // SAFETY: plain driver calls with valid out pointers.
-        unsafe {
-            ok(sys::cuInit(0), "init");
-            ok(sys::cuDeviceGet(&mut dev1, 1), "device 1");
-            ok(sys::cuDevicePrimaryCtxRetain(&mut mine, dev1), "retain 1");
-            ok(sys::cuCtxSetCurrent(mine), "current");
-        }
-        let check = |after: &str| assert_eq!(current(), mine, "current context changed by {after}");
-        let ctx = factory().expect("context on device 0");
-        check("new");
-        let a = ctx.create_stream().expect("a");
-        check("create_stream");
-        let b = ctx.create_stream().expect("b");
-        let m = ctx.allocate(&a, 4096).expect("allocate");
-        check("allocate");
-        ctx.write(&a, &m, 0, b"abc").expect("write");
-        check("write");
-        let mut back = [0u8; 3];
-        ctx.read(&a, &m, 0, &mut back).expect("read");
-        check("read");
-        ctx.memory_info().expect("memory_info");
-        check("memory_info");
-        ctx.order_after(&b, &a).expect("order_after");
-        check("order_after");
-        ctx.free_async(&b, m, signal().0)
-            .map_err(|(_, _, e)| e)
-            .expect("free");
-        check("free_async");
-        ctx.synchronize(&b).expect("sync");
-        check("synchronize");
-        ctx.destroy_stream(a).expect("destroy");
-        ctx.destroy_stream(b).expect("destroy");
-        check("destroy_stream");
-        // Threads that never had a context get none left behind.
-        let ctx = std::sync::Arc::new(ctx);
-        std::thread::scope(|scope| {
-            for _ in 0..2 {
-                let ctx = ctx.clone();
-                scope.spawn(move || {
-                    let s = ctx.create_stream().expect("stream");
-                    let m = ctx.allocate(&s, 64).expect("allocate");
-                    ctx.free_async(&s, m, signal().0)
-                        .map_err(|(_, _, e)| e)
-                        .expect("free");
-                    ctx.synchronize(&s).expect("sync");
-                    ctx.destroy_stream(s).expect("destroy");
-                    assert!(current().is_null(), "a context left current on a worker");
-                });
-            }
-        });
-        let ctx = std::sync::Arc::into_inner(ctx).expect("sole owner");
-        ctx.teardown(false).expect("teardown");
-        check("teardown");
-        // SAFETY: the context retained above, released once, not current.
-        unsafe {
-            ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-            ok(sys::cuDevicePrimaryCtxRelease_v2(dev1), "release 1");
-        }
-    }
-
-    fn lost_teardown() {
-        // Declared lost on a healthy device, three times: each lost teardown
-        // frees memgov's memory and streams, then releases its context
-        // reference, the last one (the stand-in aborts on a last release
-        // over live allocations, and its exit check finds nothing left).
-        for round in 0..3 {
-            let ctx = factory().expect("context");
-            let probe = ctx.probe();
-            let s = ctx.create_stream().expect("stream");
-            let _kept = ctx.allocate(&s, 64 << 20).expect("allocate");
-            let m = ctx.allocate(&s, 4096).expect("allocate");
-            ctx.free_async(&s, m, signal().0)
-                .map_err(|(_, _, e)| e)
-                .expect("free, still queued");
-            ctx.device_lost();
-            ctx.teardown(true).expect("lost teardown");
-            assert!(probe.lost());
-            assert_eq!(probe.live_allocations(), 0);
-            assert_eq!(
-                stand_in_query("memgov_standin_cuda_reclaimed", 0),
-                Some([0, 0, 0, 0]),
-                "round {round}: memory went with the context"
-            );
-            assert_eq!(
-                stand_in_query("memgov_standin_cuda_live", 0),
-                None,
-                "round {round}: the primary context is still retained"
-            );
-        }
-    }
-
     /// One of the stand-in's test hooks that report {device allocations,
     /// device bytes, page-locked host allocations, host bytes} for device
     /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
     /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
     /// (what its destroyed primary contexts took with them).
-    fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
+    pub(crate) fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
         use libloading::os::unix::{Library, RTLD_LAZY};
         /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
         const RTLD_NOLOAD: std::os::raw::c_int = 4;

@@ -50,6 +50,7 @@ impl cases::StandInBackend for HipContext {
 
     const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standinh";
     const STAND_IN_PCI: &'static str = "0000:20:00.0";
+    const STAND_IN_KEY: &'static str = "gpu-6d656d67-6f76-2d73-7461-6e64696e6800";
 
     /// The default configuration allocates from memgov's own pool.
     fn check_allocation(&self, memory: &memgov::hip::HipMemory) {
@@ -101,48 +102,6 @@ fn stand_in() -> Option<HipContext> {
     Some(ctx)
 }
 
-/// The identity comes from the runtime's UUID and PCI address; on the
-/// stand-in, device 0 has the UUID "memgov-standin", 'h', 0 and the PCI
-/// address 0000:20:00.0, distinct from the CUDA stand-in's device.
-#[test]
-fn identity_is_the_drivers_uuid_and_pci_address() {
-    cases::identity_is_the_drivers_uuid_and_pci_address::<HipContext>();
-}
-
-#[test]
-fn whole_suite_report() {
-    for (label, config) in [
-        ("pool", HipConfig::default()),
-        (
-            "plain",
-            HipConfig {
-                allocator: AllocatorChoice::Plain,
-                ..HipConfig::default()
-            },
-        ),
-    ] {
-        // The block cache off, then on.
-        let cached =
-            memgov_conformance::SuiteOptions::new().cache(memgov::CacheConfig::new(64 << 20));
-        for options in [memgov_conformance::SuiteOptions::new(), cached] {
-            let report =
-                memgov_conformance::run_suite_with(&options, || HipContext::new(config.clone()));
-            println!("{label}: {report}");
-            assert!(report.all_passed(), "{report}");
-            match report.execution {
-                None => {
-                    eprintln!("{}", report.cases[0].outcome);
-                }
-                Some(_) => assert_eq!(
-                    report.counts().2,
-                    0,
-                    "no case may skip on a device: {report}"
-                ),
-            }
-        }
-    }
-}
-
 #[test]
 fn describe_names_the_allocator_and_how_it_ran() {
     let Some(ctx) = context(HipConfig::default()) else {
@@ -166,11 +125,6 @@ fn describe_names_the_allocator_and_how_it_ran() {
         assert_eq!(d.execution, Execution::RealHardware);
     }
     ctx.teardown(false).unwrap();
-}
-
-#[test]
-fn free_retires_on_a_driver_thread() {
-    cases::free_retires_on_a_driver_thread::<HipContext>();
 }
 
 #[test]
@@ -203,45 +157,6 @@ fn plain_fallback_frees_after_the_event() {
     ctx.destroy_stream(s).unwrap();
     ctx.teardown(false).unwrap();
     probe.check_clean_teardown().unwrap();
-}
-
-#[test]
-fn raw_accessors_name_the_driver_objects() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let s = ctx.create_stream().unwrap();
-    let m = ctx.allocate(&s, 256).unwrap();
-    assert!(!m.device_ptr().is_null());
-    assert!(!s.hip_stream().is_null());
-    ctx.write(&s, &m, 0, b"through the raw handles").unwrap();
-    let mut back = [0u8; 23];
-    // SAFETY: the pointer and stream are live handles of this context; the
-    // copy stays within the 256-byte allocation; `back` outlives the
-    // synchronize that completes the copy.
-    let (copy, sync) = unsafe {
-        (
-            hip::hipMemcpyDtoHAsync(
-                back.as_mut_ptr() as *mut c_void,
-                m.device_ptr(),
-                back.len(),
-                s.hip_stream(),
-            ),
-            hip::hipStreamSynchronize(s.hip_stream()),
-        )
-    };
-    assert_eq!((copy, sync), (hip::hipSuccess, hip::hipSuccess));
-    assert_eq!(&back, b"through the raw handles");
-    let (sig, rx) = signal();
-    ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-    ctx.destroy_stream(s).unwrap();
-    assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-    ctx.teardown(false).unwrap();
-}
-
-#[test]
-fn foreign_or_double_free_is_refused_and_counted() {
-    cases::foreign_or_double_free_is_refused_and_counted::<HipContext>();
 }
 
 #[test]
@@ -280,94 +195,6 @@ fn teardown_trims_the_pool() {
     }
     // In a child: other tests' teardowns would trim the shared pool too.
     expect_pass("trim", &[]);
-}
-
-/// A governed soak: threads allocate, write, read back and release on their
-/// own streams while the pool reuses freed memory; the backend's books and
-/// the governor's charge end at zero. On the stand-in it runs in a child
-/// with the exit check on, so the runtime's books must end at zero too.
-/// The governor's block cache on this backend: blocks reused on their own
-/// stream only (a block released on the other stream is freed there,
-/// ordered after its own), each reused block written and read back. The
-/// stand-in's stream-ordering checks must see nothing to report.
-#[test]
-fn block_cache_reuses_blocks_only_on_their_stream() {
-    let Some(ctx) = context(HipConfig::default()) else {
-        return;
-    };
-    let probe = ctx.probe();
-    cache::reuses_blocks_only_on_their_stream(ctx, probe, "hip");
-}
-
-#[test]
-fn short_soak() {
-    let Some(first) = context(HipConfig::default()) else {
-        return;
-    };
-    if first.describe().execution == Execution::StandIn {
-        first.teardown(false).unwrap();
-        let out = expect_pass("soak", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "20")]);
-        let line = out.lines().find_map(|l| l.find("soak:").map(|i| &l[i..]));
-        println!("{}", line.expect("the child prints its soak line"));
-        return;
-    }
-    soak(first);
-}
-
-fn soak(first: HipContext) {
-    let start = Instant::now();
-    let gov = Governor::new();
-    let mut ctx = Some(first);
-    let mut cycles = 0u64;
-    for epoch in 0..3u8 {
-        let backend = match ctx.take() {
-            Some(c) => c,
-            None => HipContext::new(HipConfig::default()).unwrap(),
-        };
-        let probe = backend.probe();
-        let handle = gov.register(backend, ContextConfig::new().label(format!("soak-{epoch}")));
-        let n = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..2)
-                .map(|t| {
-                    let handle = &handle;
-                    scope.spawn(move || {
-                        let stream = handle.create_stream(format!("w{t}")).unwrap();
-                        let mut n = 0u64;
-                        for i in 0..200u32 {
-                            let bytes = 4096 + u64::from(i % 7) * 1024;
-                            let buf = handle
-                                .allocate(&stream, Alloc::new(bytes, Role::Workspace))
-                                .unwrap();
-                            let v = [(i % 251) as u8; 64];
-                            buf.write(bytes - 64, &v).unwrap();
-                            let mut back = [0u8; 64];
-                            buf.read(bytes - 64, &mut back).unwrap();
-                            assert_eq!(back, v);
-                            if i % 2 == 0 {
-                                buf.release_on(&stream).map_err(|e| e.error).unwrap();
-                            } else {
-                                drop(buf);
-                            }
-                            n += 1;
-                        }
-                        stream.synchronize().unwrap();
-                        n
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
-        });
-        cycles += n;
-        let report = handle.retire().wait(Instant::now() + LONG).unwrap();
-        report.backend_result.unwrap();
-        assert_eq!(report.abandoned_releases, 0);
-        assert_eq!(report.retired_releases, n);
-        probe.check_clean_teardown().unwrap();
-    }
-    println!(
-        "soak: hip, {cycles} governed allocate/write/read/release cycles, 2 threads, 3 contexts, {:.1?}; every teardown clean",
-        start.elapsed()
-    );
 }
 
 // ---- child processes: knobs and planted violations ---------------------
@@ -414,21 +241,6 @@ fn expect_pass(case: &str, env: &[(&str, &str)]) -> String {
     let run = child(case, &env);
     child_process::assert_passed(case, &run, CHILD_END);
     run.output()
-}
-
-/// Without a loadable HIP runtime (or with a library that is not one) a
-/// context is `Unavailable`, and no HIP function is called. Runs on any
-/// machine: the child is pointed at a library that is not there, and at one
-/// that is not HIP.
-#[test]
-fn a_missing_driver_is_unavailable_not_a_panic() {
-    for (case, library) in [
-        ("no_runtime", "/nonexistent/libamdhip64.so.5"),
-        ("runtime_without_hip", "libm.so.6"),
-    ] {
-        let run = child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
-        child_process::assert_passed(case, &run, CHILD_END);
-    }
 }
 
 #[test]
@@ -505,18 +317,6 @@ fn planted_violations_abort_the_stand_in() {
         return;
     }
     expect_abort(
-        "free_after_destroy",
-        &[],
-        "hipFreeAsync on destroyed stream",
-    );
-    expect_abort("double_free", &[], "hipFreeAsync of already freed pointer");
-    expect_abort("unknown_free", &[], "hipFree of unknown pointer");
-    expect_abort(
-        "copy_out_of_bounds",
-        &[],
-        "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
-    );
-    expect_abort(
         "destroy_with_pending_work",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
         "hipStreamDestroy of stream",
@@ -535,17 +335,6 @@ fn planted_violations_abort_the_stand_in() {
         "call_inside_callback",
         &[],
         "called from inside a stream callback",
-    );
-    // hipHostFree is synchronous: called while a copy that uses the
-    // page-locked buffer is still queued, it frees it under the copy.
-    expect_abort(
-        "host_free_during_copy",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
-        "hipHostFree: page-locked host allocation",
-    );
-    expect_pass(
-        "host_free_synced",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "200000")],
     );
     // The control: the same steps done right pass.
     expect_pass("control", &[("MEMGOV_STANDIN_HIP_LATENCY_US", "2000")]);
@@ -675,41 +464,6 @@ fn refused_malloc_async_falls_back_at_creation() {
 }
 
 #[test]
-fn a_refused_callback_still_settles_the_free() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_pass(
-        "refused_callback",
-        &[("MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT", "1")],
-    );
-}
-
-#[test]
-fn a_sticky_error_is_device_loss_and_abandons_pending_frees() {
-    if !on_stand_in() {
-        return;
-    }
-    // Calls 1..=23 open the context, a stream, an allocation and its free;
-    // call 24 (the next one) and all later fail as after an illegal address.
-    expect_pass(
-        "device_loss",
-        &[
-            ("MEMGOV_STANDIN_HIP_LATENCY_US", "100000"),
-            ("MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP", "24"),
-        ],
-    );
-}
-
-#[test]
-fn out_of_memory_is_classified() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_pass("oom", &[("MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES", "1048576")]);
-}
-
-#[test]
 fn no_device_is_unavailable_not_a_panic() {
     if !on_stand_in() {
         return;
@@ -726,16 +480,6 @@ fn planted_stand_in_checks_abort() {
         "unordered_cross_stream_free",
         &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
         "missing stream ordering",
-    );
-    expect_abort(
-        "unordered_cross_stream_copy",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-        "missing stream ordering",
-    );
-    expect_abort(
-        "event_after_destroy",
-        &[],
-        "hipEventRecord on destroyed event",
     );
     expect_abort(
         "wait_on_destroyed_event",
@@ -757,11 +501,6 @@ fn planted_stand_in_checks_abort() {
         &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")],
         "release threshold of device 0's default memory pool",
     );
-    expect_abort(
-        "pool_after_destroy",
-        &[],
-        "hipMallocFromPoolAsync on destroyed memory pool",
-    );
     // The other thread is inside hipStreamSynchronize when the hook runs
     // (or, should it be slower than the sleep, calls it just after): both
     // are the same violation.
@@ -782,42 +521,6 @@ fn planted_stand_in_checks_abort() {
     );
 }
 
-/// `order_after` queues an event wait instead of blocking: the other
-/// stream's work is still pending when it returns, and a free on the
-/// ordered stream passes the stand-in's cross-stream check.
-#[test]
-fn order_after_orders_a_cross_stream_free_without_waiting() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_pass(
-        "order_after_pool",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
-    );
-    expect_pass(
-        "order_after_plain",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "500000")],
-    );
-}
-
-/// The raw backend: `order_after` then `free_async` on another stream
-/// passes; the same free without it is the stand-in's violation.
-#[test]
-fn raw_cross_stream_free_needs_order_after() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_abort(
-        "raw_cross_stream_free_unordered",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-        "before its stream-ordered allocation completed - missing stream ordering",
-    );
-    expect_pass(
-        "raw_cross_stream_free_ordered",
-        &[("MEMGOV_STANDIN_HIP_LATENCY_US", "100000")],
-    );
-}
-
 #[test]
 fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
     if !on_stand_in() {
@@ -827,36 +530,6 @@ fn lost_teardown_of_the_fallback_joins_the_free_thread_and_frees() {
         expect_pass(
             "lost_fallback_teardown",
             &[("MEMGOV_STANDIN_HIP_LATENCY_US", latency)],
-        );
-    }
-}
-
-#[test]
-fn the_callers_current_context_is_restored() {
-    if !on_stand_in() {
-        return;
-    }
-    expect_pass(
-        "current_device_restored",
-        &[
-            ("MEMGOV_STANDIN_HIP_DEVICES", "2"),
-            ("MEMGOV_STANDIN_HIP_LATENCY_US", "1000"),
-        ],
-    );
-}
-
-#[test]
-fn lost_teardown_of_a_healthy_device_releases_everything() {
-    if !on_stand_in() {
-        return;
-    }
-    for allocator in ["pool", "plain"] {
-        expect_pass(
-            "healthy_lost_teardown",
-            &[
-                ("MEMGOV_STANDIN_HIP_LATENCY_US", "20000"),
-                ("MEMGOV_HIP_TEST_ALLOCATOR", allocator),
-            ],
         );
     }
 }
@@ -1184,19 +857,268 @@ unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u
     let _ = unsafe { hip::hipGetDeviceCount(&mut n) };
 }
 
+/// The conformance suite on every configuration (`shared`'s case, under
+/// its own name here).
+#[test]
+fn whole_suite_report() {
+    shared::whole_suite_report();
+}
+
 /// What the shared cases (`backends/cases/core.rs`) need of HIP.
 mod vendor {
     use memgov::hip::raw as hip;
     use memgov::hip::{HipConfig, HipContext, HipMemory, HipStream};
 
     pub(crate) use crate::LATENCY;
+    pub use memgov::hip::HipContext as Context;
 
-    /// The child ran `case` to its end, with the stand-in's exit check on
-    /// (on the stand-in only).
-    pub fn passes(case: &str, env: &[(&str, &str)]) {
+    /// The name a context's refusals and reports carry.
+    pub const BACKEND: &str = "hip";
+
+    /// A way to open a context.
+    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+
+    /// The configurations the conformance suite runs on, by label: memgov's
+    /// pool and the hipMalloc/hipFree fallback.
+    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[
+        ("pool", || HipContext::new(HipConfig::default())),
+        ("plain", || {
+            HipContext::new(HipConfig {
+                allocator: memgov::hip::AllocatorChoice::Plain,
+                ..HipConfig::default()
+            })
+        }),
+    ];
+
+    /// The stand-in's device memory limit in bytes.
+    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES";
+    /// The stand-in refuses the Nth `hipStreamAddCallback`.
+    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT";
+    /// How an out-of-memory refusal names the runtime's code.
+    pub const OUT_OF_MEMORY: &str = "hipErrorOutOfMemory (2)";
+    /// The stand-in's exit check: anything left at exit aborts.
+    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
+
+    /// The child was aborted by the stand-in with a contract violation
+    /// that names `what` (on the stand-in only).
+    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
         if crate::on_stand_in() {
-            crate::expect_pass(case, env);
+            crate::expect_abort(case, env, what);
         }
+    }
+
+    /// How the stand-in names the planted violations.
+    pub const DOUBLE_FREE: &str = "hipFreeAsync of already freed pointer";
+    pub const UNKNOWN_FREE: &str = "hipFree of unknown pointer";
+    pub const OUT_OF_BOUNDS: &str = "hipMemcpyHtoDAsync of 64 bytes at out of bounds";
+    pub const HOST_FREE_UNDER_COPY: &str = "hipHostFree: page-locked host allocation";
+    pub const EVENT_AFTER_DESTROY: &str = "hipEventRecord on destroyed event";
+
+    /// Raw runtime calls for the planted cases, on device 0 (current by
+    /// default).
+    pub mod raw {
+        use memgov::hip::raw as hip;
+        use std::ffi::c_void;
+
+        include!("../../cases/forward.rs");
+
+        pub(crate) type Code = hip::HipResult;
+        pub const SUCCESS: Code = hip::hipSuccess;
+
+        /// The entry points whose names the stand-in's messages carry.
+        pub const SYNC: &str = "hipStreamSynchronize";
+        pub const FREE_ASYNC: &str = "hipFreeAsync";
+        pub const POOL_TRIM: &str = "hipMemPoolTrimTo";
+        pub const POOL_ALLOC: &str = "hipMallocFromPoolAsync";
+
+        /// Two raw streams (`s`, and `t` for the other stream).
+        pub struct Raw {
+            s: hip::hipStream_t,
+            t: hip::hipStream_t,
+        }
+
+        forward! {
+            free(r: &Raw, p: *mut c_void) => hip::hipFreeAsync(p, r.s);
+            // A live local the runtime never allocated.
+            free_unknown(_r: &Raw) => hip::hipFree((&mut 0u64 as *mut u64).cast());
+            htod(r: &Raw, p: *mut c_void, src: &[u8]) =>
+                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.s);
+            htod_other(r: &Raw, p: *mut c_void, src: &[u8]) =>
+                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.t);
+            sync(r: &Raw) => hip::hipStreamSynchronize(r.s);
+            stream_destroy(r: &Raw) => hip::hipStreamDestroy(r.s);
+            event_destroy(e: hip::hipEvent_t) => hip::hipEventDestroy(e);
+            event_record(r: &Raw, e: hip::hipEvent_t) => hip::hipEventRecord(e, r.s);
+            pool_destroy(pool: hip::hipMemPool_t) => hip::hipMemPoolDestroy(pool);
+            pool_trim(pool: hip::hipMemPool_t) => hip::hipMemPoolTrimTo(pool, 0);
+            pool_alloc(r: &Raw, pool: hip::hipMemPool_t, bytes: usize) =>
+                hip::hipMallocFromPoolAsync(&mut std::ptr::null_mut(), bytes, pool, r.s);
+            host_free(host: *mut c_void) => hip::hipHostFree(host);
+        }
+
+        /// `p` moved `n` bytes on.
+        pub fn offset(p: *mut c_void, n: usize) -> *mut c_void {
+            p.cast::<u8>().wrapping_add(n).cast()
+        }
+
+        /// Page-locked host memory, mapped: its host and device pointers.
+        pub fn host_alloc(bytes: usize) -> (*mut c_void, *mut c_void) {
+            crate::mapped_host(bytes)
+        }
+
+        impl Raw {
+            pub fn open() -> Self {
+                Raw {
+                    s: crate::raw_stream(),
+                    t: crate::raw_stream(),
+                }
+            }
+
+            /// `hipMallocAsync` of `bytes` on `s`.
+            pub fn alloc(&self, bytes: usize) -> *mut c_void {
+                crate::raw_alloc(bytes, self.s)
+            }
+
+            /// `hipEventCreateWithFlags` (timing disabled).
+            pub fn event_create(&self) -> hip::hipEvent_t {
+                let mut e = std::ptr::null_mut();
+                // SAFETY: a valid out pointer.
+                crate::ok(unsafe { hip::hipEventCreateWithFlags(&mut e, 2) });
+                e
+            }
+
+            /// `hipMemPoolCreate` of a device pool on device 0.
+            pub fn pool_create(&self) -> hip::hipMemPool_t {
+                let props = hip::hipMemPoolProps {
+                    allocType: hip::hipMemAllocationTypePinned,
+                    handleTypes: hip::hipMemHandleTypeNone,
+                    location: hip::hipMemLocation {
+                        type_: hip::hipMemLocationTypeDevice,
+                        id: 0,
+                    },
+                    win32SecurityAttributes: std::ptr::null_mut(),
+                    reserved: [0; 64],
+                };
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: valid properties and out pointer.
+                crate::ok(unsafe { hip::hipMemPoolCreate(&mut pool, &props) });
+                pool
+            }
+
+            /// Destroys the streams.
+            pub fn close(self) {
+                // SAFETY: the live streams, each destroyed once.
+                unsafe {
+                    crate::ok(hip::hipStreamDestroy(self.s));
+                    crate::ok(hip::hipStreamDestroy(self.t));
+                }
+            }
+        }
+    }
+
+    /// How many devices the stand-in has.
+    pub const DEVICES: &str = "MEMGOV_STANDIN_HIP_DEVICES";
+
+    /// A context of configuration `label` on device `device`.
+    pub fn context_on(label: &str, device: u32) -> HipContext {
+        let allocator = match label {
+            "pool" => memgov::hip::AllocatorChoice::Auto,
+            "plain" => memgov::hip::AllocatorChoice::Plain,
+            other => panic!("no configuration {other}"),
+        };
+        HipContext::new(HipConfig {
+            device,
+            allocator,
+            ..HipConfig::default()
+        })
+        .expect("context")
+    }
+
+    /// What a runtime has current on its thread: a device.
+    pub struct Caller(i32);
+
+    impl Caller {
+        /// Makes device `device` the thread's.
+        pub fn on_device(device: i32) -> Self {
+            // SAFETY: a plain call with a valid ordinal.
+            crate::ok(unsafe { hip::hipSetDevice(device) });
+            Caller(device)
+        }
+
+        /// Its device is still the thread's.
+        pub fn is_current(&self) -> bool {
+            crate::current_device() == self.0
+        }
+
+        /// A thread that never set a device has device 0, the default.
+        pub fn fresh_thread_untouched() -> bool {
+            crate::current_device() == 0
+        }
+
+        /// Nothing to release.
+        pub fn release(self) {}
+    }
+
+    /// How an unavailable context's reason starts.
+    pub const UNAVAILABLE: &[&str] = &["no HIP device", "no HIP runtime"];
+    /// A runtime without memory pools gets the hipMalloc/hipFree fallback.
+    pub const ALWAYS_STREAM_ORDERED: bool = false;
+
+    /// Whether `ctx` runs on memgov's stand-in runtime.
+    pub fn is_stand_in(ctx: &HipContext) -> bool {
+        use memgov::DeviceContext;
+        ctx.describe()
+            .name
+            .starts_with(memgov::hip::STAND_IN_NAME_PREFIX)
+    }
+
+    /// HIP's own, on any machine: a child pointed at a library that is not
+    /// there, and at one that is not HIP, finds no runtime and calls no HIP
+    /// function.
+    pub fn missing_driver_cases() {
+        for (case, library) in [
+            ("no_runtime", "/nonexistent/libamdhip64.so.5"),
+            ("runtime_without_hip", "libm.so.6"),
+        ] {
+            let run = crate::child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
+            crate::child_process::assert_passed(case, &run, crate::CHILD_END);
+        }
+    }
+
+    /// The stand-in fails runtime call N and all later as after an illegal
+    /// address.
+    pub const STICKY_ERROR_AT_OP: &str = "MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP";
+    /// How a sticky error names the runtime's code.
+    pub const ILLEGAL_ADDRESS: &str = "hipErrorIllegalAddress (700)";
+
+    /// HIP's own sticky-error case, on the backend at exact call numbers:
+    /// calls 1..=23 open the context, a stream, an allocation and its free;
+    /// call 24 (the next one) and all later fail as after an illegal
+    /// address, with the free still queued behind the latency.
+    pub fn sticky_error_cases() {
+        passes(
+            "device_loss",
+            &[(LATENCY, "100000"), (STICKY_ERROR_AT_OP, "24")],
+        );
+    }
+
+    /// Nothing more: the exit check (on) sees what the lost context left.
+    pub fn after_sticky_retire() {}
+
+    /// One lost teardown: the stand-in is quiesced after it.
+    pub const LOST_TEARDOWN_ROUNDS: usize = 1;
+
+    /// After a lost teardown: no thread of memgov's calls HIP any more (the
+    /// stand-in aborts on a call from another thread after its quiesce
+    /// hook); its exit check finds no memory, stream or pool left.
+    pub fn nothing_left_after_lost_teardown(_round: usize) {
+        crate::quiesce();
+    }
+
+    /// The child ran `case` to its end, with the stand-in's exit check on:
+    /// what it printed, `None` (after printing why) off the stand-in.
+    pub fn passes(case: &str, env: &[(&str, &str)]) -> Option<String> {
+        crate::on_stand_in().then(|| crate::expect_pass(case, env))
     }
 
     /// A context on the runtime found.
@@ -1209,6 +1131,49 @@ mod vendor {
 
     pub fn current(_: &HipContext) -> Current {
         Current
+    }
+
+    /// The memory's device pointer.
+    pub fn device_address(m: &HipMemory) -> u64 {
+        m.device_ptr() as u64
+    }
+
+    /// The stream's runtime handle.
+    pub fn stream_handle(s: &HipStream) -> *const std::ffi::c_void {
+        s.hip_stream().cast_const().cast()
+    }
+
+    /// Copies `m`'s first bytes into `dst` (a raw `hipMemcpyDtoHAsync` on
+    /// `s`, then `hipStreamSynchronize`).
+    ///
+    /// # Safety
+    ///
+    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
+    pub unsafe fn copy_out_waited(_: &Current, s: &HipStream, m: &HipMemory, dst: &mut [u8]) {
+        // SAFETY: the caller's; `dst` outlives the copy, which the
+        // synchronize completes.
+        let (copy, sync) = unsafe {
+            (
+                hip::hipMemcpyDtoHAsync(
+                    dst.as_mut_ptr().cast(),
+                    m.device_ptr(),
+                    dst.len(),
+                    s.hip_stream(),
+                ),
+                hip::hipStreamSynchronize(s.hip_stream()),
+            )
+        };
+        assert_eq!((copy, sync), (hip::SUCCESS, hip::SUCCESS), "raw copy out");
+    }
+
+    /// Whether `s`'s work has all run (`hipStreamQuery`: `hipSuccess` or
+    /// `hipErrorNotReady`; any other result is returned as it is).
+    pub fn stream_done(_: &Current, s: &HipStream) -> Result<bool, hip::HipResult> {
+        match crate::stream_query(s.hip_stream()) {
+            hip::hipSuccess => Ok(true),
+            hip::hipErrorNotReady => Ok(false),
+            r => Err(r),
+        }
     }
 
     /// Queues a copy of `src` into `m` on `s` (a raw `hipMemcpyHtoDAsync`)
@@ -1245,43 +1210,6 @@ fn child_entry() {
     // turns into an abort before anything unsound happens. Each unsafe arm
     // says which call that is.
     match case.as_str() {
-        // SAFETY: handles created in this arm; the free on the destroyed stream is the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "free_after_destroy" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(64, s);
-            ok(hip::hipStreamSynchronize(s));
-            ok(hip::hipStreamDestroy(s));
-            let _ = hip::hipFreeAsync(p, s);
-        },
-        // SAFETY: a block allocated in this arm; the second free of it is the planted violation:
-        // the stand-in aborts on that violation before anything unsound happens
-        "double_free" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(64, s);
-            ok(hip::hipFreeAsync(p, s));
-            let _ = hip::hipFreeAsync(p, s);
-        },
-        // SAFETY: the freed address is a live local the runtime never allocated, the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "unknown_free" => unsafe {
-            let mut x = 0u64;
-            let _ = hip::hipFree(&mut x as *mut u64 as *mut c_void);
-        },
-        // SAFETY: a 100-byte block allocated here and a 64-byte local source; the copy 50 bytes in
-        // runs past the block, the planted violation: the stand-in aborts on that violation before
-        // anything unsound happens
-        "copy_out_of_bounds" => unsafe {
-            let s = raw_stream();
-            let p = raw_alloc(100, s);
-            let src = [0u8; 64];
-            let _ = hip::hipMemcpyHtoDAsync(
-                (p as *mut u8).add(50) as *mut c_void,
-                src.as_ptr() as *mut c_void,
-                64,
-                s,
-            );
-        },
         // SAFETY: handles created in this arm; destroying the stream with its free still queued is
         // the planted violation: the stand-in aborts on that violation before anything unsound
         // happens
@@ -1328,26 +1256,7 @@ fn child_entry() {
         planted if planted.starts_with("kind:") => unsafe { planted_kind(planted) },
         // SAFETY: `kind_controls` makes only valid raw calls on handles it creates
         "kind_controls" => unsafe { kind_controls() },
-        // SAFETY: a stream and a mapped host buffer created here, a 4096-byte source that outlives
-        // the synchronize; every call is valid, and freeing the host buffer during the copy is the
-        // case the stand-in checks
-        "host_free_synced" | "host_free_during_copy" => unsafe {
-            let s = raw_stream();
-            let (host, device) = mapped_host(4096);
-            let src = vec![7u8; 4096];
-            ok(hip::hipMemcpyHtoDAsync(
-                device,
-                src.as_ptr() as *mut c_void,
-                4096,
-                s,
-            ));
-            if case == "host_free_synced" {
-                ok(hip::hipStreamSynchronize(s));
-            }
-            ok(hip::hipHostFree(host));
-            ok(hip::hipStreamSynchronize(s));
-            ok(hip::hipStreamDestroy(s));
-        },
+
         // SAFETY: handles created in this arm, each used while live and in order: the control case
         // plants nothing
         "control" => unsafe {
@@ -1424,21 +1333,6 @@ fn child_entry() {
             ctx.teardown(false).unwrap();
             probe.check_clean_teardown().unwrap();
         }
-        "refused_callback" => {
-            let ctx = HipContext::new(HipConfig::default()).unwrap();
-            let s = ctx.create_stream().unwrap();
-            let m = ctx.allocate(&s, 4096).unwrap();
-            let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-            // Retired inline by the synchronize after the refusal.
-            let (outcome, thread) = rx.try_recv().expect("settled before free_async returned");
-            assert_eq!(outcome, RetireOutcome::Retired);
-            assert_eq!(thread, std::thread::current().id());
-            ctx.destroy_stream(s).unwrap();
-            let probe = ctx.probe();
-            ctx.teardown(false).unwrap();
-            probe.check_clean_teardown().unwrap();
-        }
         "device_loss" => {
             // Calls 1-9 open the device (its UUID and PCI address
             // included), 10-11 create the context's pool, 12-17 try it once.
@@ -1482,7 +1376,6 @@ fn child_entry() {
                 }
             }
         }
-        "soak" => soak(HipContext::new(HipConfig::default()).unwrap()),
         "trim" => {
             let ctx = HipContext::new(HipConfig::default()).unwrap();
             let total = ctx.memory_info().unwrap().total;
@@ -1508,20 +1401,6 @@ fn child_entry() {
                 "teardown trimmed the pool"
             );
             after.teardown(false).unwrap();
-        }
-        "oom" => {
-            let ctx = HipContext::new(HipConfig::default()).unwrap();
-            let s = ctx.create_stream().unwrap();
-            let m = ctx.allocate(&s, 1 << 19).unwrap();
-            let e = ctx.allocate(&s, 1 << 20).expect_err("over the 1 MiB knob");
-            assert_eq!(e.kind, BackendErrorKind::OutOfMemory, "{e}");
-            assert!(e.message.contains("hipErrorOutOfMemory (2)"), "{e}");
-            assert!(!ctx.probe().lost());
-            let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-            ctx.destroy_stream(s).unwrap();
-            ctx.teardown(false).unwrap();
         }
         "no_runtime" | "runtime_without_hip" => {
             assert!(!memgov::hip::driver_present());
@@ -1565,12 +1444,6 @@ fn child_entry() {
             raw_write(a, p, &[1; 64]);
             let _ = hip::hipFreeAsync(p, b);
         },
-        "unordered_cross_stream_copy" => {
-            let (a, b) = (raw_stream(), raw_stream());
-            let p = raw_alloc(64, a);
-            raw_write(a, p, &[1; 64]);
-            raw_write(b, p, &[2; 64]);
-        }
         // SAFETY: handles created in this arm, each used while live; the event orders the two
         // streams, so nothing is planted
         "ordered_cross_stream_free" => unsafe {
@@ -1592,15 +1465,7 @@ fn child_entry() {
             ok(hip::hipDeviceGetDefaultMemPool(&mut pool, 0));
             ok(hip::hipMemPoolTrimTo(pool, 0));
         },
-        // SAFETY: an event created and destroyed here; recording it afterwards is the planted
-        // violation: the stand-in aborts on that violation before anything unsound happens
-        "event_after_destroy" => unsafe {
-            let s = raw_stream();
-            let mut e: hip::hipEvent_t = std::ptr::null_mut();
-            ok(hip::hipEventCreateWithFlags(&mut e, 2));
-            ok(hip::hipEventDestroy(e));
-            let _ = hip::hipEventRecord(e, s);
-        },
+
         // SAFETY: an event created and destroyed here; waiting on it afterwards is the planted
         // violation: the stand-in aborts on that violation before anything unsound happens
         "wait_on_destroyed_event" => unsafe {
@@ -1643,27 +1508,7 @@ fn child_entry() {
             // The exit check aborts the process after this returns.
             return;
         },
-        // SAFETY: pool properties and handles created here; allocating from the destroyed pool is
-        // the planted violation: the stand-in aborts on that violation before anything unsound
-        // happens
-        "pool_after_destroy" => unsafe {
-            let props = hip::hipMemPoolProps {
-                allocType: hip::hipMemAllocationTypePinned,
-                handleTypes: hip::hipMemHandleTypeNone,
-                location: hip::hipMemLocation {
-                    type_: hip::hipMemLocationTypeDevice,
-                    id: 0,
-                },
-                win32SecurityAttributes: std::ptr::null_mut(),
-                reserved: [0; 64],
-            };
-            let mut pool: hip::hipMemPool_t = std::ptr::null_mut();
-            ok(hip::hipMemPoolCreate(&mut pool, &props));
-            ok(hip::hipMemPoolDestroy(pool));
-            let s = raw_stream();
-            let mut p: *mut c_void = std::ptr::null_mut();
-            let _ = hip::hipMallocFromPoolAsync(&mut p, 64, pool, s);
-        },
+
         "call_in_flight_at_quiesce" => {
             let s = raw_stream() as usize;
             // The latency keeps the copy pending while the other thread
@@ -1687,63 +1532,6 @@ fn child_entry() {
             })
             .join()
             .unwrap();
-        }
-        "order_after_pool" | "order_after_plain" => {
-            let config = HipConfig {
-                allocator: if case == "order_after_plain" {
-                    AllocatorChoice::Plain
-                } else {
-                    AllocatorChoice::Auto
-                },
-                ..HipConfig::default()
-            };
-            let ctx = HipContext::new(config).unwrap();
-            let probe = ctx.probe();
-            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
-            let m = ctx.allocate(&a, 4096).unwrap();
-            raw_write(a.hip_stream(), m.device_ptr(), &[9; 4096]);
-            ctx.order_after(&b, &a).unwrap();
-            assert_eq!(
-                stream_query(a.hip_stream()),
-                hip::hipErrorNotReady,
-                "order_after returned without waiting for the other stream"
-            );
-            let (sig, rx) = signal();
-            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
-            ctx.synchronize(&b).unwrap();
-            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-            assert_eq!(
-                stream_query(a.hip_stream()),
-                hip::hipSuccess,
-                "the free on b ran after a's copy"
-            );
-            // Refused: a stream of another context, and a destroyed one.
-            let other = HipContext::new(HipConfig::default()).unwrap();
-            let foreign = other.create_stream().unwrap();
-            let e = ctx.order_after(&b, &foreign).unwrap_err();
-            assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-            other.destroy_stream(foreign).unwrap();
-            other.teardown(false).unwrap();
-            ctx.destroy_stream(a).unwrap();
-            ctx.destroy_stream(b).unwrap();
-            ctx.teardown(false).unwrap();
-            probe.check_clean_teardown().unwrap();
-        }
-        "raw_cross_stream_free_unordered" | "raw_cross_stream_free_ordered" => {
-            let ctx = HipContext::new(HipConfig::default()).unwrap();
-            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
-            let m = ctx.allocate(&a, 4096).unwrap();
-            if case == "raw_cross_stream_free_ordered" {
-                raw_write(a.hip_stream(), m.device_ptr(), &[5; 4096]);
-                ctx.order_after(&b, &a).unwrap();
-            }
-            let (sig, rx) = signal();
-            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
-            ctx.synchronize(&b).unwrap();
-            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-            ctx.destroy_stream(a).unwrap();
-            ctx.destroy_stream(b).unwrap();
-            ctx.teardown(false).unwrap();
         }
         "lost_fallback_teardown" => {
             let ctx = HipContext::new(HipConfig {
@@ -1792,96 +1580,6 @@ fn child_entry() {
             );
             // The exit check (on) finds the memory freed: the device answers,
             // so a lost teardown still releases it.
-        }
-        "current_device_restored" => {
-            // SAFETY: plain call with a valid ordinal.
-            ok(unsafe { hip::hipSetDevice(1) });
-            let check = |what: &str| assert_eq!(current_device(), 1, "after {what}");
-            for allocator in [AllocatorChoice::Auto, AllocatorChoice::Plain] {
-                let ctx = HipContext::new(HipConfig {
-                    device: 0,
-                    allocator,
-                    ..HipConfig::default()
-                })
-                .unwrap();
-                check("HipContext::new");
-                ctx.memory_info().unwrap();
-                check("memory_info");
-                let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
-                check("create_stream");
-                let m = ctx.allocate(&a, 4096).unwrap();
-                check("allocate");
-                ctx.write(&a, &m, 0, &[1; 64]).unwrap();
-                check("write");
-                let mut back = [0u8; 64];
-                ctx.read(&a, &m, 0, &mut back).unwrap();
-                check("read");
-                ctx.order_after(&b, &a).unwrap();
-                check("order_after");
-                let (sig, rx) = signal();
-                ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
-                check("free_async");
-                ctx.synchronize(&b).unwrap();
-                check("synchronize");
-                assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-                ctx.destroy_stream(a).unwrap();
-                check("destroy_stream");
-                // Left for teardown to release: a stream and an allocation.
-                let _left = ctx.allocate(&b, 4096).unwrap();
-                ctx.teardown(false).unwrap();
-                check("teardown");
-            }
-            // A context of device 1 on a thread whose device is 0.
-            // SAFETY: plain call with a valid ordinal.
-            ok(unsafe { hip::hipSetDevice(0) });
-            let ctx = HipContext::new(HipConfig {
-                device: 1,
-                ..HipConfig::default()
-            })
-            .unwrap();
-            let s = ctx.create_stream().unwrap();
-            let m = ctx.allocate(&s, 64).unwrap();
-            assert_eq!(current_device(), 0);
-            let (sig, rx) = signal();
-            ctx.free_async(&s, m, sig).map_err(|(_, _, e)| e).unwrap();
-            assert_eq!(rx.recv_timeout(LONG).unwrap().0, RetireOutcome::Retired);
-            ctx.destroy_stream(s).unwrap();
-            ctx.teardown(false).unwrap();
-            assert_eq!(current_device(), 0);
-        }
-        "healthy_lost_teardown" => {
-            let plain = std::env::var("MEMGOV_HIP_TEST_ALLOCATOR").as_deref() == Ok("plain");
-            let ctx = HipContext::new(HipConfig {
-                allocator: if plain {
-                    AllocatorChoice::Plain
-                } else {
-                    AllocatorChoice::Auto
-                },
-                ..HipConfig::default()
-            })
-            .unwrap();
-            let probe = ctx.probe();
-            let (a, b) = (ctx.create_stream().unwrap(), ctx.create_stream().unwrap());
-            let _big = ctx.allocate(&a, 64 << 20).unwrap();
-            let m = ctx.allocate(&b, 4096).unwrap();
-            raw_write(b.hip_stream(), m.device_ptr(), &[4; 4096]);
-            let (sig, rx) = signal();
-            ctx.free_async(&b, m, sig).map_err(|(_, _, e)| e).unwrap();
-            // The governor declares the device lost; the runtime still
-            // answers. Teardown drops the signal and releases everything.
-            ctx.device_lost();
-            ctx.teardown(true).unwrap();
-            quiesce();
-            // Settled before teardown returned. The pool free is queued
-            // behind the copy: its signal is dropped. The fallback free may
-            // already be in the free thread's hands, which completes it.
-            let (outcome, _) = rx.try_recv().expect("settled before teardown returned");
-            if !plain {
-                assert_eq!(outcome, RetireOutcome::Abandoned);
-            }
-            assert_eq!(probe.live_allocations(), 0);
-            assert_eq!(probe.live_streams(), 0);
-            // The exit check (on) finds no memory, stream or pool left.
         }
         // SAFETY: handles created in this arm, each used while live; the pool attribute is read
         // into a local

@@ -34,6 +34,8 @@ pub trait StandInBackend: DeviceContext + Sized {
     const STAND_IN_UUID_PREFIX: &'static [u8];
     /// See [`STAND_IN_UUID_PREFIX`](Self::STAND_IN_UUID_PREFIX).
     const STAND_IN_PCI: &'static str;
+    /// The stand-in's device 0 by its whole key (`gpu-` and its UUID).
+    const STAND_IN_KEY: &'static str;
 
     /// What the suite checks of a fresh allocation (which allocator made
     /// it); nothing by default.
@@ -92,6 +94,7 @@ pub fn identity_is_the_drivers_uuid_and_pci_address<B: StandInBackend>() {
         assert_eq!(&uuid[..prefix.len()], prefix);
         assert_eq!(uuid[15], 0, "device 0");
         assert_eq!(pci, B::STAND_IN_PCI);
+        assert_eq!(id.key(), B::STAND_IN_KEY);
     }
     let again = B::open().expect("a second context");
     assert_eq!(again.identity(), id);
