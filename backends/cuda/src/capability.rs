@@ -7,7 +7,7 @@ use crate::capture::{CaptureBuffer, OutputSlot};
 use crate::{CudaArena, CudaCapture, CudaContext, CudaGraph, CudaMemory, CudaStream};
 
 memgov_backend::impl_capabilities! {
-    arena: CudaArena,
+    arena_implemented: CudaArena,
     context: CudaContext,
     memory: CudaMemory => |memory| memory.device_ptr(),
     capture: CudaCapture,

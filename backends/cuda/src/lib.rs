@@ -88,18 +88,16 @@ mod memory;
 mod result;
 mod retire;
 mod shared;
-mod sleep;
 mod stream;
 mod teardown;
 
-pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
+pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined, SleepReport};
 pub use capture::{
     capture_gate, CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot,
     PoolExhausted, CAPTURE_ALIGN,
 };
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
-pub use sleep::SleepReport;
 pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
@@ -505,10 +503,9 @@ impl CudaContext {
     /// limit, sleep and wake), or `None` when [`CudaConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<CudaArena> {
-        self.arena.as_ref().map(|a| CudaArena {
-            arena: a.clone(),
-            shared: self.shared.clone(),
-        })
+        self.arena
+            .as_ref()
+            .map(|a| CudaArena::new(a.clone(), self.shared.clone()))
     }
 
     /// The probe every backend reports through; it outlives teardown.

@@ -82,7 +82,7 @@ impl PendingFrees {
 
 /// A page-locked host free whose host function has run: the free thread's
 /// job.
-pub(crate) struct HostFree {
+pub struct HostFree {
     ticket: u64,
     host: usize,
     stream: u64,

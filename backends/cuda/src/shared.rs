@@ -37,7 +37,9 @@ unsafe impl Send for RawStream {}
 /// The state a context's threads share: the caller's, the host functions'
 /// (through `pending`) and the free thread's. Dropping it calls no driver
 /// function: teardown destroys explicitly.
-pub(crate) struct Shared {
+// `pub` in a private module: the public aliases over the core's generic
+// types (`CudaArena`) name it, and nothing outside the crate can.
+pub struct Shared {
     /// This context's id (see `CONTEXT_IDS`).
     pub(crate) id: u64,
     pub(crate) device: CUdevice,

@@ -7,7 +7,7 @@ use crate::capture::{CaptureBuffer, OutputSlot};
 use crate::{HipArena, HipCapture, HipContext, HipGraph, HipMemory, HipStream};
 
 memgov_backend::impl_capabilities! {
-    arena: HipArena,
+    arena_implemented: HipArena,
     context: HipContext,
     memory: HipMemory => |memory| memory.device_ptr() as u64,
     capture: HipCapture,

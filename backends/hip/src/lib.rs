@@ -86,7 +86,6 @@ pub mod raw;
 mod result;
 mod retire;
 mod shared;
-mod sleep;
 mod stream;
 mod teardown;
 
@@ -371,10 +370,9 @@ impl HipContext {
     /// limit, sleep and wake), or `None` when [`HipConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<HipArena> {
-        self.arena.as_ref().map(|a| HipArena {
-            arena: a.clone(),
-            shared: self.shared.clone(),
-        })
+        self.arena
+            .as_ref()
+            .map(|a| HipArena::new(a.clone(), self.shared.clone()))
     }
 
     /// Device memory of the arena: the checks every allocation makes, then

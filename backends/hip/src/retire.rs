@@ -212,7 +212,7 @@ unsafe impl Send for Event {}
 
 /// A `hipMalloc` (or `hipHostMalloc`) allocation waiting for its event
 /// before `hipFree` (or `hipHostFree`).
-pub(crate) struct PlainFree {
+pub struct PlainFree {
     event: Event,
     ptr: usize,
     origin: Origin,

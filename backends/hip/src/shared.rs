@@ -41,7 +41,9 @@ pub fn contexts_alive() -> usize {
 
 /// What the context, its callbacks and its free thread share. Dropping it calls
 /// no HIP function: teardown releases explicitly.
-pub(crate) struct Shared {
+// `pub` in a private module: the public aliases over the core's generic
+// types (`HipArena`) name it, and nothing outside the crate can.
+pub struct Shared {
     pub(crate) id: u64,
     pub(crate) ordinal: i32,
     pub(crate) name: String,

@@ -269,10 +269,19 @@ pub trait CapturedGraph {
 ///     slot: OutputSlot,
 /// }
 /// ```
+///
+/// An arena handle whose capability traits are implemented where the type
+/// is (a generic handle, as the stream-ordered core's) is named
+/// `arena_implemented:` instead of `arena:`; see
+/// [`impl_arena_capabilities!`](crate::impl_arena_capabilities).
 #[macro_export]
 macro_rules! impl_capabilities {
+    (arena: $arena:ty, $($rest:tt)*) => {
+        $crate::impl_arena_capabilities!(impl<> for $arena);
+        $crate::impl_capabilities!(arena_implemented: $arena, $($rest)*);
+    };
     (
-        arena: $arena:ty,
+        arena_implemented: $arena:ty,
         context: $ctx:ty,
         memory: $mem:ty => |$m:ident| $addr:expr,
         capture: $cap:ident,
@@ -281,54 +290,6 @@ macro_rules! impl_capabilities {
         buffer: $buf:ty,
         slot: $slot:ty $(,)?
     ) => {
-        impl $crate::capability::VirtualArena for $arena {
-            fn usage(&self) -> $crate::capability::ArenaUsage {
-                let s = <$arena>::snapshot(self);
-                $crate::capability::ArenaUsage {
-                    reserved: s.reserved,
-                    mapped: s.mapped,
-                    in_use: s.in_use,
-                    cached: s.cached,
-                    asleep: s.asleep,
-                    granule: s.granule,
-                    quarantined: s.quarantined.len(),
-                }
-            }
-
-            fn trim(&self) -> Result<u64, $crate::BackendError> {
-                <$arena>::trim(self)
-            }
-
-            fn set_limit(&self, bytes: u64) {
-                <$arena>::set_limit(self, bytes);
-            }
-        }
-
-        impl $crate::capability::SleepWake for $arena {
-            fn sleep(
-                &self,
-                keep_contents: bool,
-            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
-                <$arena>::sleep(self, keep_contents)
-            }
-
-            fn wake(&self) -> Result<u64, $crate::BackendError> {
-                <$arena>::wake(self)
-            }
-
-            fn sleep_ranges(
-                &self,
-                ptrs: &[u64],
-                keep_contents: bool,
-            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
-                <$arena>::sleep_ranges(self, ptrs, keep_contents)
-            }
-
-            fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
-                <$arena>::wake_ranges(self, ptrs)
-            }
-        }
-
         impl $crate::capability::ArenaBackend for $ctx {
             type Arena = $arena;
 
@@ -426,6 +387,63 @@ macro_rules! impl_capabilities {
 
             fn try_destroy(&mut self) -> Result<(), $crate::BackendError> {
                 <$graph>::try_destroy(self)
+            }
+        }
+    };
+}
+
+/// Implement [`VirtualArena`] and [`SleepWake`] for an arena handle with
+/// the inherent methods of the same names (`snapshot`, `trim`,
+/// `set_limit`, `sleep`, `wake`, `sleep_ranges`, `wake_ranges`), generic or
+/// not: `impl_arena_capabilities!(impl<C: Context> for ArenaHandle<C>)`.
+#[macro_export]
+macro_rules! impl_arena_capabilities {
+    (impl<$($g:ident: $b:path),*> for $arena:ty) => {
+        impl<$($g: $b),*> $crate::capability::VirtualArena for $arena {
+            fn usage(&self) -> $crate::capability::ArenaUsage {
+                let s = <$arena>::snapshot(self);
+                $crate::capability::ArenaUsage {
+                    reserved: s.reserved,
+                    mapped: s.mapped,
+                    in_use: s.in_use,
+                    cached: s.cached,
+                    asleep: s.asleep,
+                    granule: s.granule,
+                    quarantined: s.quarantined.len(),
+                }
+            }
+
+            fn trim(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::trim(self)
+            }
+
+            fn set_limit(&self, bytes: u64) {
+                <$arena>::set_limit(self, bytes);
+            }
+        }
+
+        impl<$($g: $b),*> $crate::capability::SleepWake for $arena {
+            fn sleep(
+                &self,
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep(self, keep_contents)
+            }
+
+            fn wake(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake(self)
+            }
+
+            fn sleep_ranges(
+                &self,
+                ptrs: &[u64],
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep_ranges(self, ptrs, keep_contents)
+            }
+
+            fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake_ranges(self, ptrs)
             }
         }
     };

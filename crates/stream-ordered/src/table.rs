@@ -21,6 +21,9 @@ use std::ops::Deref;
 /// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
 #[derive(Debug, Clone, Copy)]
 pub struct VmmNames {
+    /// The public arena handle ([`ArenaHandle`](crate::arena::ArenaHandle)
+    /// under the vendor's name, `CudaArena`), which errors point to.
+    pub arena: &'static str,
     /// [`VmmTable::mem_granularity`] (`cuMemGetAllocationGranularity`).
     pub mem_granularity: &'static str,
     /// [`VmmTable::mem_address_reserve`] (`cuMemAddressReserve`).

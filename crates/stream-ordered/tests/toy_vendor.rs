@@ -75,6 +75,7 @@ impl VmmTable for Toy {
     type Prop = ();
 
     const NAMES: VmmNames = VmmNames {
+        arena: "ToyArena",
         mem_granularity: "toyMemGetGranularity",
         mem_address_reserve: "toyMemAddressReserve",
         mem_address_free: "toyMemAddressFree",
@@ -245,7 +246,7 @@ fn toy_arena(s: &ToyContext) -> ToyArena {
         reserve_bytes: 1 << 20,
         limit_bytes: 1 << 20,
     };
-    ToyArena(arena::reserve(s, &config, &(), "ToyArena").expect("reserve"))
+    ToyArena(arena::reserve(s, &config, &()).expect("reserve"))
 }
 
 #[test]
@@ -306,7 +307,7 @@ fn a_granule_whose_map_is_refused_is_released_and_nothing_is_left() {
 fn a_granularity_that_is_not_a_power_of_two_is_refused_before_reserving() {
     let s = ToyContext::default();
     GRANULE.with(|g| *g.borrow_mut() = 3000);
-    let e = arena::reserve(&s, &ArenaConfig::default(), &(), "ToyArena")
+    let e = arena::reserve(&s, &ArenaConfig::default(), &())
         .err()
         .expect("refused");
     assert_eq!(e.kind, BackendErrorKind::Other);

@@ -32,6 +32,7 @@ impl VmmTable for Cuda {
     type Prop = sys::CUmemAllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        arena: "CudaArena",
         mem_granularity: "cuMemGetAllocationGranularity",
         mem_address_reserve: "cuMemAddressReserve",
         mem_address_free: "cuMemAddressFree",

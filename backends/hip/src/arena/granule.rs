@@ -15,7 +15,7 @@ use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t` that may cross threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Handle(pub(crate) hipMemGenericAllocationHandle_t);
+pub struct Handle(pub(crate) hipMemGenericAllocationHandle_t);
 
 // SAFETY: an opaque runtime handle that HIP accepts from any host thread;
 // this type only carries the value.
@@ -32,6 +32,7 @@ impl VmmTable for Hip {
     type Prop = ffi::AllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        arena: "HipArena",
         mem_granularity: "hipMemGetAllocationGranularity",
         mem_address_reserve: "hipMemAddressReserve",
         mem_address_free: "hipMemAddressFree",
