@@ -270,18 +270,15 @@ pub trait CapturedGraph {
 /// }
 /// ```
 ///
-/// An arena handle whose capability traits are implemented where the type
-/// is (a generic handle, as the stream-ordered core's) is named
-/// `arena_implemented:` instead of `arena:`; see
-/// [`impl_arena_capabilities!`](crate::impl_arena_capabilities).
+/// Handles whose capability traits are implemented where their types are
+/// (generic handles, as the stream-ordered core's) are named after
+/// `handles_implemented,`: only the context's traits are implemented; see
+/// [`impl_arena_capabilities!`](crate::impl_arena_capabilities) and
+/// [`impl_capture_capabilities!`](crate::impl_capture_capabilities).
 #[macro_export]
 macro_rules! impl_capabilities {
-    (arena: $arena:ty, $($rest:tt)*) => {
-        $crate::impl_arena_capabilities!(impl<> for $arena);
-        $crate::impl_capabilities!(arena_implemented: $arena, $($rest)*);
-    };
     (
-        arena_implemented: $arena:ty,
+        arena: $arena:ty,
         context: $ctx:ty,
         memory: $mem:ty => |$m:ident| $addr:expr,
         capture: $cap:ident,
@@ -289,6 +286,34 @@ macro_rules! impl_capabilities {
         stream: $stream:ty,
         buffer: $buf:ty,
         slot: $slot:ty $(,)?
+    ) => {
+        $crate::impl_arena_capabilities!(impl<> for $arena);
+        $crate::impl_capture_capabilities! {
+            impl<>
+            capture: $cap<'_>,
+            graph: $graph,
+            stream: $stream,
+            buffer: $buf,
+            slot: $slot,
+        }
+        $crate::impl_capabilities! {
+            handles_implemented,
+            arena: $arena,
+            context: $ctx,
+            memory: $mem => |$m| $addr,
+            capture: $cap,
+            graph: $graph,
+            stream: $stream,
+        }
+    };
+    (
+        handles_implemented,
+        arena: $arena:ty,
+        context: $ctx:ty,
+        memory: $mem:ty => |$m:ident| $addr:expr,
+        capture: $cap:ident,
+        graph: $graph:ty,
+        stream: $stream:ty $(,)?
     ) => {
         impl $crate::capability::ArenaBackend for $ctx {
             type Arena = $arena;
@@ -322,73 +347,6 @@ macro_rules! impl_capabilities {
             }
         }
 
-        impl $crate::capability::PoolCapture for $cap<'_> {
-            type Buffer = $buf;
-            type Graph = $graph;
-
-            fn id(&self) -> u64 {
-                $cap::id(self)
-            }
-
-            fn pool_free(&self) -> u64 {
-                $cap::pool_free(self)
-            }
-
-            fn allocate(&mut self, bytes: u64) -> Result<$buf, $crate::capability::PoolExhausted> {
-                $cap::allocate(self, bytes)
-            }
-
-            fn upload(
-                &mut self,
-                buf: &$buf,
-                offset: u64,
-                data: Vec<u8>,
-            ) -> Result<(), $crate::BackendError> {
-                $cap::upload(self, buf, offset, data)
-            }
-
-            fn download(
-                &mut self,
-                buf: &$buf,
-                offset: u64,
-                len: usize,
-            ) -> Result<$slot, $crate::BackendError> {
-                $cap::download(self, buf, offset, len)
-            }
-
-            fn end(self) -> Result<$graph, $crate::BackendError> {
-                $cap::end(self)
-            }
-        }
-
-        impl $crate::capability::CapturedGraph for $graph {
-            type Stream = $stream;
-            type Slot = $slot;
-
-            fn launch(&self, stream: &$stream) -> Result<(), $crate::BackendError> {
-                <$graph>::launch(self, stream)
-            }
-
-            fn read_output(&mut self, slot: $slot) -> Result<Vec<u8>, $crate::BackendError> {
-                <$graph>::read_output(self, slot)
-            }
-
-            fn pool_usage(&self) -> (u64, u64) {
-                <$graph>::pool_usage(self)
-            }
-
-            fn graph_memory_bytes(&self) -> Result<u64, $crate::BackendError> {
-                <$graph>::graph_memory_bytes(self)
-            }
-
-            fn destroy(self) -> Result<(), $crate::BackendError> {
-                <$graph>::destroy(self)
-            }
-
-            fn try_destroy(&mut self) -> Result<(), $crate::BackendError> {
-                <$graph>::try_destroy(self)
-            }
-        }
     };
 }
 
@@ -444,6 +402,90 @@ macro_rules! impl_arena_capabilities {
 
             fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
                 <$arena>::wake_ranges(self, ptrs)
+            }
+        }
+    };
+}
+
+/// Implement [`PoolCapture`] and [`CapturedGraph`] for a capture and its
+/// graph with the inherent methods of the same names, generic or not:
+/// `impl_capture_capabilities! { impl<C: Context> capture: Capture<'_, C>,
+/// graph: Graph<C>, stream: C::Stream, buffer: Buffer, slot: Slot }`.
+#[macro_export]
+macro_rules! impl_capture_capabilities {
+    (
+        impl<$($g:ident: $b:path),*>
+        capture: $cap:ty,
+        graph: $graph:ty,
+        stream: $stream:ty,
+        buffer: $buf:ty,
+        slot: $slot:ty $(,)?
+    ) => {
+        impl<$($g: $b),*> $crate::capability::PoolCapture for $cap {
+            type Buffer = $buf;
+            type Graph = $graph;
+
+            fn id(&self) -> u64 {
+                <$cap>::id(self)
+            }
+
+            fn pool_free(&self) -> u64 {
+                <$cap>::pool_free(self)
+            }
+
+            fn allocate(&mut self, bytes: u64) -> Result<$buf, $crate::capability::PoolExhausted> {
+                <$cap>::allocate(self, bytes)
+            }
+
+            fn upload(
+                &mut self,
+                buf: &$buf,
+                offset: u64,
+                data: Vec<u8>,
+            ) -> Result<(), $crate::BackendError> {
+                <$cap>::upload(self, buf, offset, data)
+            }
+
+            fn download(
+                &mut self,
+                buf: &$buf,
+                offset: u64,
+                len: usize,
+            ) -> Result<$slot, $crate::BackendError> {
+                <$cap>::download(self, buf, offset, len)
+            }
+
+            fn end(self) -> Result<$graph, $crate::BackendError> {
+                <$cap>::end(self)
+            }
+        }
+
+        impl<$($g: $b),*> $crate::capability::CapturedGraph for $graph {
+            type Stream = $stream;
+            type Slot = $slot;
+
+            fn launch(&self, stream: &$stream) -> Result<(), $crate::BackendError> {
+                <$graph>::launch(self, stream)
+            }
+
+            fn read_output(&mut self, slot: $slot) -> Result<Vec<u8>, $crate::BackendError> {
+                <$graph>::read_output(self, slot)
+            }
+
+            fn pool_usage(&self) -> (u64, u64) {
+                <$graph>::pool_usage(self)
+            }
+
+            fn graph_memory_bytes(&self) -> Result<u64, $crate::BackendError> {
+                <$graph>::graph_memory_bytes(self)
+            }
+
+            fn destroy(self) -> Result<(), $crate::BackendError> {
+                <$graph>::destroy(self)
+            }
+
+            fn try_destroy(&mut self) -> Result<(), $crate::BackendError> {
+                <$graph>::try_destroy(self)
             }
         }
     };

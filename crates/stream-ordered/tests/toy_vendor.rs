@@ -155,7 +155,17 @@ impl CaptureTable for Toy {
         exec_destroy: "toyExecDestroy",
         graph_destroy: "toyGraphDestroy",
         launch: "toyLaunch",
+        capture: "ToyCapture",
+        graph: "ToyGraph",
+        arena_setting: "ToyConfig::arena",
     };
+
+    type DevicePtr = u64;
+    const READS_GRAPH_NODES: bool = false;
+
+    unsafe fn graph_memory<C: Context<Table = Self>>(_: &C, _: u64) -> Result<u64, BackendError> {
+        Ok(0)
+    }
 
     unsafe fn begin_capture(_: u64, _: CaptureMode) -> i32 {
         call("toyBeginCapture")
@@ -217,6 +227,7 @@ impl MakeCurrent for ToyContext {
 
 impl Context for ToyContext {
     type Table = Toy;
+    type Stream = u64;
     type Arena = ToyArena;
 
     fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
@@ -232,6 +243,10 @@ impl Context for ToyContext {
     fn granule_prop(_: &ToyArena) {}
     fn check_usable(&self, _: &'static str) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    fn raw_stream(&self, _: &'static str, stream: &u64) -> Result<u64, BackendError> {
+        Ok(*stream)
     }
     fn sleep_gate(&self) -> &SleepGate {
         &self.sleep_gate

@@ -175,6 +175,7 @@ impl VmmTable for Hip {
 /// for HIP: the thread's own device set back after).
 impl Context for Shared {
     type Table = Hip;
+    type Stream = crate::HipStream;
     type Arena = super::Arena;
 
     fn checked(&self, op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
@@ -187,6 +188,14 @@ impl Context for Shared {
 
     fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
         arena.prop()
+    }
+
+    fn raw_stream(
+        &self,
+        op: &'static str,
+        stream: &crate::HipStream,
+    ) -> Result<<Hip as VmmTable>::Stream, BackendError> {
+        self.check_stream(op, stream).map(|()| stream.raw.0)
     }
 
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
