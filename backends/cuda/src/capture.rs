@@ -44,7 +44,6 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUgraph, CUgraphExec, CUresult, CUs
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context};
-use std::sync::OnceLock;
 
 /// Allocations carved from a capture pool, and the pool itself, are
 /// aligned to this, as `cuMemAlloc` aligns its allocations.
@@ -58,13 +57,6 @@ pub type CaptureBuffer = memgov_stream_ordered::capture::CaptureBuffer<CUdevicep
 
 // ---- the process-wide gate -----------------------------------------------
 
-/// The CUDA driver's gate ([`memgov_backend::vmm::Gate`]): process-wide, as
-/// the driver's rule is.
-pub(crate) fn gate() -> &'static Gate {
-    static GATE: OnceLock<Gate> = OnceLock::new();
-    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
-}
-
 /// The process-wide gate between CUDA stream captures begun through memgov
 /// and memgov's own potentially unsafe driver calls (map, unmap, release,
 /// `cuCtxSynchronize`, `cuMemHostAlloc`, `cuMemFreeHost`). A runtime that
@@ -72,7 +64,7 @@ pub(crate) fn gate() -> &'static Gate {
 /// it ([`Gate::call`]); [`Gate::waiting`] shows calls held back by a
 /// capture.
 pub fn capture_gate() -> &'static Gate {
-    gate()
+    crate::shared::gate()
 }
 
 // ---- CUDA's table of capture calls ---------------------------------------

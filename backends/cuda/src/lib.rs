@@ -564,7 +564,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw as usize)?;
         self.destroy_stream_impl(stream)
     }
 
@@ -619,7 +619,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw as usize)?;
         self.synchronize_impl(stream)
     }
 

@@ -36,7 +36,6 @@
 //! * **Where ROCm lacks the calls**, [`HipContext::begin_capture`] answers
 //!   `Unsupported`, naming the first one missing.
 
-use crate::arena::Arena;
 use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t, HipResult};
 use crate::result::{err, Hip};
 use crate::shared::Shared;
@@ -44,13 +43,6 @@ use crate::{HipContext, HipStream};
 use memgov_backend::vmm::Gate;
 use memgov_backend::{BackendError, BackendErrorKind};
 use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context};
-use std::sync::OnceLock;
-
-/// The HIP runtime's gate: process-wide, as the runtime's rule is.
-pub(crate) fn gate() -> &'static Gate {
-    static GATE: OnceLock<Gate> = OnceLock::new();
-    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
-}
 
 /// The process-wide gate between HIP stream captures begun through memgov
 /// and memgov's own potentially unsafe runtime calls (map, unmap, release,
@@ -59,7 +51,7 @@ pub(crate) fn gate() -> &'static Gate {
 /// them through it ([`Gate::call`]); [`Gate::waiting`] shows calls held
 /// back by a capture.
 pub fn capture_gate() -> &'static Gate {
-    gate()
+    crate::shared::gate()
 }
 
 pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
@@ -232,18 +224,6 @@ impl HipContext {
             stream,
             config,
             |arena, s, bytes| arena.allocate(s, bytes),
-        )
-    }
-
-    /// The context's part of teardown for its graphs (before the arena's):
-    /// destroy the live ones after their launches, and say how many there
-    /// were; on a lost context forget them.
-    pub(crate) fn graphs_teardown(&self, arena: &Arena, lost: bool) -> Result<(), BackendError> {
-        self.pins.finish(
-            &*self.shared,
-            Some(arena),
-            lost || self.shared.is_lost(),
-            "HipGraph::destroy",
         )
     }
 }

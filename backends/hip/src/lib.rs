@@ -111,8 +111,8 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
-use memory::Pool;
 use result::{check, err, error_name, hip_error};
+use shared::Pool;
 use shared::{Allocator, Opened, Shared};
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
@@ -502,7 +502,7 @@ impl DeviceContext for HipContext {
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
         stream::destroy(&self.shared, stream)
     }
 
@@ -567,7 +567,7 @@ impl DeviceContext for HipContext {
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw.0 as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw.0 as usize)?;
         stream::synchronize(&self.shared, stream)
     }
 

@@ -183,7 +183,7 @@ impl Context for Shared {
     }
 
     fn capture_gate(&self) -> &'static Gate {
-        crate::capture::gate()
+        crate::shared::gate()
     }
 
     fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
