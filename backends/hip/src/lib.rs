@@ -1,5 +1,5 @@
 //! The ROCm HIP backend (feature `hip`): ROCm's HIP runtime loaded at run
-//! time (see [`ffi`]), `hipMallocFromPoolAsync` from a memory pool the
+//! time (see the [`raw`] calls), `hipMallocFromPoolAsync` from a memory pool the
 //! context creates, and stream-ordered frees with `hipFreeAsync` retired by
 //! a stream callback.
 //!
@@ -30,7 +30,7 @@
 //! * **Current device**: every call that needs one reads the thread's
 //!   current device (`hipGetDevice`), sets the context's only if it differs,
 //!   and sets the old one back before returning, on every path.
-//! * **Device loss**: sticky `hipError_t` codes (see [`result`]) mark the
+//! * **Device loss**: sticky `hipError_t` codes (see [`HipResult`]) mark the
 //!   context lost and the device *dead*: from then on the context makes no
 //!   HIP call that could block. A context the governor declares lost
 //!   ([`DeviceContext::device_lost`]) while the runtime still answers is

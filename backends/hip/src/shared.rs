@@ -29,7 +29,8 @@ pub enum Origin {
     /// `hipMalloc`; freed with `hipFree` once an event recorded on the
     /// releasing stream has completed.
     Plain,
-    /// `hipHostMalloc` (page-locked host memory, [`Tier::PinnedHost`]);
+    /// `hipHostMalloc` (page-locked host memory,
+    /// [`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost));
     /// freed with `hipHostFree` once an event recorded on the releasing
     /// stream has completed.
     PinnedHost,
