@@ -3,16 +3,14 @@
 //! same name, so that the conformance cases written over the traits test
 //! exactly what a caller of the CUDA types gets.
 
-use crate::capture::{CaptureBuffer, OutputSlot};
 use crate::{CudaArena, CudaCapture, CudaContext, CudaGraph, CudaMemory, CudaStream};
 
 memgov_backend::impl_capabilities! {
+    handles_implemented,
     arena: CudaArena,
     context: CudaContext,
     memory: CudaMemory => |memory| memory.device_ptr(),
     capture: CudaCapture,
     graph: CudaGraph,
     stream: CudaStream,
-    buffer: CaptureBuffer,
-    slot: OutputSlot,
 }

@@ -88,18 +88,16 @@ mod memory;
 mod result;
 mod retire;
 mod shared;
-mod sleep;
 mod stream;
 mod teardown;
 
-pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined};
+pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined, SleepReport};
 pub use capture::{
     capture_gate, CaptureBuffer, CaptureConfig, CaptureMode, CudaCapture, CudaGraph, OutputSlot,
     PoolExhausted, CAPTURE_ALIGN,
 };
 pub use config::{AdoptedContext, CudaConfig};
 pub use memory::CudaMemory;
-pub use sleep::SleepReport;
 pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
@@ -505,10 +503,9 @@ impl CudaContext {
     /// limit, sleep and wake), or `None` when [`CudaConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<CudaArena> {
-        self.arena.as_ref().map(|a| CudaArena {
-            arena: a.clone(),
-            shared: self.shared.clone(),
-        })
+        self.arena
+            .as_ref()
+            .map(|a| CudaArena::new(a.clone(), self.shared.clone()))
     }
 
     /// The probe every backend reports through; it outlives teardown.
@@ -567,7 +564,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw as usize)?;
         self.destroy_stream_impl(stream)
     }
 
@@ -622,7 +619,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw as usize)?;
         self.synchronize_impl(stream)
     }
 

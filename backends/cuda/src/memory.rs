@@ -154,7 +154,7 @@ impl CudaContext {
         // Page-locked allocation (and the free on failure below) is a
         // potentially unsafe call: it waits for captures under way, and is
         // refused on a thread whose own capture is under way.
-        let _call = crate::capture::gate().call("allocate", true)?;
+        let _call = crate::shared::gate().call("allocate", true)?;
         let _current = s.make_current("allocate")?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;

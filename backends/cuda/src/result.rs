@@ -20,7 +20,7 @@ pub(crate) const BACKEND: &str = "cuda";
 /// The CUDA driver API as the core sees it: its codes, classified below,
 /// named by cudarc's `CUresult` enum. The driver shell sees it as
 /// [`Checked<Cuda>`](memgov_stream_ordered::Checked).
-pub(crate) struct Cuda;
+pub struct Cuda;
 
 /// Sticky errors: the context is corrupted and must be destroyed. The CUDA
 /// driver documentation marks each of these as leaving the process in an

@@ -33,60 +33,13 @@
 //! device. Either way `free_async` returns `Ok`.
 
 use crate::result::BACKEND;
-use crate::shared::{Live, Shared};
+use crate::shared::{HostFree, Live, PendingFrees, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
 use memgov_backend::shell::Current;
-use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, FreeThread, RetireSignal, Take, Tickets,
-    Unsettled,
-};
+use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal, Tickets};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// The context's stream-ordered frees in flight: the signals waiting for
-/// their host function, and the page-locked host frees on their way
-/// through the free thread. Shared (in an `Arc`) with the host functions.
-pub(crate) struct PendingFrees {
-    /// Signals of frees queued on the device whose host function has not
-    /// run, claimed by that host function, by the free thread (page-locked
-    /// host frees) or by device loss.
-    pub(crate) waiting: Tickets<()>,
-    /// Page-locked host frees whose host function has run, for the free
-    /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
-    /// thread also polls retired streams (see `Shared`'s `FreeWork`).
-    pub(crate) host: FreeThread<HostFree>,
-    /// Page-locked host frees queued per stream whose signal has not been
-    /// settled: `synchronize` waits for its stream's to reach none, since
-    /// their free runs off the stream (on the free thread) after the stream
-    /// has passed it.
-    pub(crate) host_unsettled: Unsettled,
-}
-
-impl Default for PendingFrees {
-    fn default() -> Self {
-        Self {
-            waiting: Tickets::default(),
-            // One make-current round-trip for every buffer that is ready.
-            host: FreeThread::new(Take::All),
-            host_unsettled: Unsettled::default(),
-        }
-    }
-}
-
-impl PendingFrees {
-    pub(crate) fn len(&self) -> usize {
-        self.waiting.len()
-    }
-}
-
-/// A page-locked host free whose host function has run: the free thread's
-/// job.
-pub(crate) struct HostFree {
-    ticket: u64,
-    host: usize,
-    stream: u64,
-}
 
 /// What one host function carries: boxed, handed to the driver as
 /// `userData`, and reclaimed by the callback (or by `free_async` when the
@@ -161,7 +114,7 @@ impl Shared {
         }
         // Teardown cannot be refused: on the capturing thread it goes ahead
         // and the driver decides.
-        let _call = match crate::capture::gate().call(op, op != "teardown") {
+        let _call = match crate::shared::gate().call(op, op != "teardown") {
             Ok(c) => c,
             Err(e) => {
                 self.pending.host.put_back(frees);
@@ -368,7 +321,7 @@ impl CudaContext {
             // freed now, on this (the caller's) thread, once no capture is
             // under way (on the capturing thread itself it goes ahead: the
             // memory is no longer the caller's to hand back).
-            let _call = crate::capture::gate().call("free_async", false);
+            let _call = crate::shared::gate().call("free_async", false);
             // SAFETY: a live page-locked allocation of this context, taken
             // out of the live set above so freed once; every copy queued
             // before has completed (synchronized).

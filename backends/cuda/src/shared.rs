@@ -2,23 +2,75 @@
 //! the free thread's): [`Shared`].
 
 use crate::result::{err, Cuda, BACKEND};
-use crate::retire::{HostFree, PendingFrees};
 use crate::{CudaMemory, CudaStream};
 use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
 };
 use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::vmm::Gate;
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, FreeWork, Stop,
+    Take, Tickets, Unsettled,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// How often the free thread asks the driver about destroyed streams whose
 /// work is still queued.
 pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(2);
+
+/// The CUDA driver's gate ([`memgov_backend::vmm::Gate`]): process-wide, as
+/// the driver's rule is.
+pub(crate) fn gate() -> &'static Gate {
+    static GATE: OnceLock<Gate> = OnceLock::new();
+    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "CudaCapture"))
+}
+
+/// The context's stream-ordered frees in flight: the signals waiting for
+/// their host function, and the page-locked host frees on their way
+/// through the free thread. Shared (in an `Arc`) with the host functions.
+pub(crate) struct PendingFrees {
+    /// Signals of frees queued on the device whose host function has not
+    /// run, claimed by that host function, by the free thread (page-locked
+    /// host frees) or by device loss.
+    pub(crate) waiting: Tickets<()>,
+    /// Page-locked host frees whose host function has run, for the free
+    /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
+    /// thread also polls retired streams (see `Shared`'s `FreeWork`).
+    pub(crate) host: FreeThread<HostFree>,
+    /// Page-locked host frees queued per stream whose signal has not been
+    /// settled: `synchronize` waits for its stream's to reach none, since
+    /// their free runs off the stream (on the free thread) after the stream
+    /// has passed it.
+    pub(crate) host_unsettled: Unsettled,
+}
+
+impl Default for PendingFrees {
+    fn default() -> Self {
+        Self {
+            waiting: Tickets::default(),
+            // One make-current round-trip for every buffer that is ready.
+            host: FreeThread::new(Take::All),
+            host_unsettled: Unsettled::default(),
+        }
+    }
+}
+
+impl PendingFrees {
+    pub(crate) fn len(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+/// A page-locked host free whose host function has run: the free thread's
+/// job.
+pub struct HostFree {
+    pub(crate) ticket: u64,
+    pub(crate) host: usize,
+    pub(crate) stream: u64,
+}
 
 pub(crate) struct Live {
     pub ptr: CUdeviceptr,
@@ -37,7 +89,9 @@ unsafe impl Send for RawStream {}
 /// The state a context's threads share: the caller's, the host functions'
 /// (through `pending`) and the free thread's. Dropping it calls no driver
 /// function: teardown destroys explicitly.
-pub(crate) struct Shared {
+// `pub` in a private module: the public aliases over the core's generic
+// types (`CudaArena`) name it, and nothing outside the crate can.
+pub struct Shared {
     /// This context's id (see `CONTEXT_IDS`).
     pub(crate) id: u64,
     pub(crate) device: CUdevice,

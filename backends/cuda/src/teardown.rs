@@ -25,7 +25,7 @@ impl CudaContext {
         // way anywhere in the process to end. On a thread whose own capture
         // is under way they go ahead (teardown cannot be refused) and the
         // driver decides.
-        let _call = crate::capture::gate().call("teardown", false);
+        let _call = crate::shared::gate().call("teardown", false);
         let mut first: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {

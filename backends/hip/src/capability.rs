@@ -3,16 +3,14 @@
 //! same name, so that the conformance cases written over the traits test
 //! exactly what a caller of the HIP types gets.
 
-use crate::capture::{CaptureBuffer, OutputSlot};
 use crate::{HipArena, HipCapture, HipContext, HipGraph, HipMemory, HipStream};
 
 memgov_backend::impl_capabilities! {
+    handles_implemented,
     arena: HipArena,
     context: HipContext,
     memory: HipMemory => |memory| memory.device_ptr() as u64,
     capture: HipCapture,
     graph: HipGraph,
     stream: HipStream,
-    buffer: CaptureBuffer,
-    slot: OutputSlot,
 }

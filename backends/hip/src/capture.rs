@@ -36,23 +36,13 @@
 //! * **Where ROCm lacks the calls**, [`HipContext::begin_capture`] answers
 //!   `Unsupported`, naming the first one missing.
 
-use crate::arena::Arena;
 use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t, HipResult};
 use crate::result::{err, Hip};
 use crate::shared::Shared;
 use crate::{HipContext, HipStream};
-use memgov_backend::vmm::{CapturePool, Gate, ALIGN};
+use memgov_backend::vmm::Gate;
 use memgov_backend::{BackendError, BackendErrorKind};
-use memgov_stream_ordered::capture::{CaptureCore, GraphCore};
-use memgov_stream_ordered::table::{CaptureNames, CaptureTable};
-use std::marker::PhantomData;
-use std::sync::OnceLock;
-
-/// The HIP runtime's gate: process-wide, as the runtime's rule is.
-pub(crate) fn gate() -> &'static Gate {
-    static GATE: OnceLock<Gate> = OnceLock::new();
-    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
-}
+use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context};
 
 /// The process-wide gate between HIP stream captures begun through memgov
 /// and memgov's own potentially unsafe runtime calls (map, unmap, release,
@@ -61,40 +51,15 @@ pub(crate) fn gate() -> &'static Gate {
 /// them through it ([`Gate::call`]); [`Gate::waiting`] shows calls held
 /// back by a capture.
 pub fn capture_gate() -> &'static Gate {
-    gate()
+    crate::shared::gate()
 }
 
 pub use memgov_backend::capability::{CaptureConfig, CaptureMode, PoolExhausted};
+pub use memgov_stream_ordered::capture::OutputSlot;
 
-/// Device memory carved from a capture pool: valid while the graph made by
-/// the capture lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CaptureBuffer {
-    ptr: u64,
-    bytes: u64,
-}
-
-impl CaptureBuffer {
-    /// Its device address.
-    pub fn device_ptr(&self) -> ffi::hipDeviceptr_t {
-        self.ptr as ffi::hipDeviceptr_t
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Whether it is zero bytes long.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-}
-
-/// A host buffer a captured download writes into, read with
-/// [`HipGraph::read_output`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutputSlot(usize);
+/// Device memory carved from a capture pool, its address a
+/// `hipDeviceptr_t`.
+pub type CaptureBuffer = memgov_stream_ordered::capture::CaptureBuffer<ffi::hipDeviceptr_t>;
 
 // ---- HIP's table of capture calls ----------------------------------------
 
@@ -111,7 +76,25 @@ impl CaptureTable for Hip {
         exec_destroy: "hipGraphExecDestroy",
         graph_destroy: "hipGraphDestroy",
         launch: "hipGraphLaunch",
+        capture: "HipCapture",
+        graph: "HipGraph",
+        arena_setting: "HipConfig::arena",
     };
+
+    type DevicePtr = ffi::hipDeviceptr_t;
+    /// memgov does not read a graph's nodes on HIP.
+    const READS_GRAPH_NODES: bool = false;
+
+    fn capture_supported() -> Result<(), BackendError> {
+        capture_calls()
+    }
+
+    unsafe fn graph_memory<C: Context<Table = Self>>(
+        _: &C,
+        _: hipGraph_t,
+    ) -> Result<u64, BackendError> {
+        Ok(0)
+    }
 
     unsafe fn begin_capture(stream: hipStream_t, mode: CaptureMode) -> HipResult {
         let mode = match mode {
@@ -186,47 +169,22 @@ pub(crate) type Pins = memgov_stream_ordered::capture::Pins<Hip>;
 
 // ---- capture -------------------------------------------------------------
 
-/// A stream capture under way ([`HipContext::begin_capture`]): allocations
-/// carved from its pool and copies recorded on its stream, then
-/// [`end`](Self::end) makes the graph.
-///
-/// ```no_run
-/// use memgov::hip::{ArenaConfig, CaptureConfig, CaptureMode, HipConfig, HipContext};
-/// use memgov::DeviceContext;
-/// let ctx = HipContext::new(HipConfig { arena: Some(ArenaConfig::default()), ..HipConfig::default() })?;
-/// let s = ctx.create_stream()?;
-/// let mut capture = ctx.begin_capture(&s, CaptureConfig { pool_bytes: 1 << 20, mode: CaptureMode::Global })?;
-/// let buf = capture.allocate(4096)?; // carved, no runtime call
-/// capture.upload(&buf, 0, vec![7; 4096])?;
-/// let out = capture.download(&buf, 0, 4096)?;
-/// let mut graph = capture.end()?;
-/// graph.launch(&s)?;
-/// assert_eq!(graph.read_output(out)?, vec![7; 4096]);
-/// graph.destroy()?;
-/// ctx.destroy_stream(s)?;
-/// ctx.teardown(false)?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct HipCapture<'a> {
-    core: CaptureCore<Shared>,
-    _ctx: PhantomData<&'a HipContext>,
-}
+/// A stream capture under way ([`HipContext::begin_capture`]): the core's
+/// [`Capture`](memgov_stream_ordered::capture::Capture) over HIP.
+pub type HipCapture<'a> = memgov_stream_ordered::capture::Capture<'a, Shared>;
 
-impl std::fmt::Debug for HipCapture<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (pool, used) = self.core.pool_usage();
-        f.debug_struct("HipCapture")
-            .field("id", &self.core.id())
-            .field("pool", &pool)
-            .field("used", &used)
-            .finish()
-    }
-}
+/// An instantiated graph made by a [`HipCapture`]: the core's
+/// [`Graph`](memgov_stream_ordered::capture::Graph) over HIP.
+pub type HipGraph = memgov_stream_ordered::capture::Graph<Shared>;
 
 /// `Ok` when the loaded HIP runtime has every call a capture needs;
 /// otherwise `Unavailable` (no runtime) or `Unsupported`, naming the first
 /// call missing. A capture also needs a context with an arena.
 pub fn capture_supported() -> Result<(), BackendError> {
+    <Hip as CaptureTable>::capture_supported()
+}
+
+fn capture_calls() -> Result<(), BackendError> {
     if let Some(why) = ffi::runtime_missing() {
         return Err(err("begin_capture", BackendErrorKind::Unavailable, why));
     }
@@ -245,188 +203,27 @@ pub fn capture_supported() -> Result<(), BackendError> {
 
 impl HipContext {
     /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
-    /// `pool_bytes`: at least 1, rounded up to 256 bytes, checked
-    /// (`PoolTooLarge`, an `InvalidArgument`, when that passes `u64::MAX`).
+    /// `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
     pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
-        Ok(CapturePool::size_for(
-            crate::result::BACKEND,
-            pool_bytes,
-            ALIGN,
-        )?)
+        memgov_stream_ordered::capture::pool_bytes::<Hip>(pool_bytes)
     }
 
-    /// Begin capturing `stream` into a graph, with a pool of
-    /// `config.pool_bytes` taken from the context's arena first (mapped
-    /// now, so nothing maps during the capture). Needs an arena
-    /// ([`HipConfig::arena`](crate::HipConfig::arena)) and a runtime with
-    /// the capture calls (`Unsupported` otherwise, naming what is missing).
-    ///
-    /// Waits for memgov's maps and unmaps under way to finish; while the
-    /// capture is under way, later ones wait for it to end.
+    /// Begin capturing `stream` into a graph
+    /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
+    /// Needs an arena ([`HipConfig::arena`](crate::HipConfig::arena)) and a
+    /// runtime with the capture calls ([`capture_supported`]).
     pub fn begin_capture(
         &self,
         stream: &HipStream,
         config: CaptureConfig,
     ) -> Result<HipCapture<'_>, BackendError> {
-        const OP: &str = "begin_capture";
-        let s = &*self.shared;
-        s.check_usable(OP)?;
-        s.check_stream(OP, stream)?;
-        capture_supported()?;
-        let core = CaptureCore::begin(
-            self.shared.clone(),
-            self.arena.clone(),
-            self.pins.clone(),
-            stream.raw.0,
+        HipCapture::begin(
+            &self.shared,
+            self.arena.as_ref(),
+            &self.pins,
+            stream,
             config,
-            ALIGN,
-            "HipConfig::arena",
             |arena, s, bytes| arena.allocate(s, bytes),
-        )?;
-        Ok(HipCapture {
-            core,
-            _ctx: PhantomData,
-        })
-    }
-
-    /// The context's part of teardown for its graphs (before the arena's):
-    /// destroy the live ones after their launches, and say how many there
-    /// were; on a lost context forget them.
-    pub(crate) fn graphs_teardown(&self, arena: &Arena, lost: bool) -> Result<(), BackendError> {
-        self.pins.finish(
-            &*self.shared,
-            Some(arena),
-            lost || self.shared.is_lost(),
-            "HipGraph::destroy",
         )
-    }
-}
-
-impl HipCapture<'_> {
-    /// The runtime's id of this capture.
-    pub fn id(&self) -> u64 {
-        self.core.id()
-    }
-
-    /// Bytes of the pool not carved yet.
-    pub fn pool_free(&self) -> u64 {
-        self.core.pool_free()
-    }
-
-    /// Carve `bytes` from the pool: no runtime call. Refused with
-    /// [`PoolExhausted`] when they do not fit; the capture stays valid.
-    pub fn allocate(&mut self, bytes: u64) -> Result<CaptureBuffer, PoolExhausted> {
-        let ptr = self.core.allocate(bytes, ALIGN)?;
-        Ok(CaptureBuffer { ptr, bytes })
-    }
-
-    /// Record a copy of `data` into `buf` at `offset`; every launch of the
-    /// graph repeats it. The graph keeps `data`.
-    pub fn upload(
-        &mut self,
-        buf: &CaptureBuffer,
-        offset: u64,
-        data: Vec<u8>,
-    ) -> Result<(), BackendError> {
-        self.core.upload((buf.ptr, buf.bytes), offset, data)
-    }
-
-    /// Record a copy of `len` bytes of `buf` at `offset` into a host buffer
-    /// the graph owns; read it after a launch with
-    /// [`HipGraph::read_output`].
-    pub fn download(
-        &mut self,
-        buf: &CaptureBuffer,
-        offset: u64,
-        len: usize,
-    ) -> Result<OutputSlot, BackendError> {
-        self.core
-            .download((buf.ptr, buf.bytes), offset, len)
-            .map(OutputSlot)
-    }
-
-    /// End the capture and instantiate its graph. The pool is pinned by the
-    /// graph until [`HipGraph::destroy`] (or teardown). A capture dropped
-    /// without `end` is ended and its graph discarded.
-    pub fn end(self) -> Result<HipGraph, BackendError> {
-        self.core.end().map(|core| HipGraph { core })
-    }
-}
-
-/// An instantiated graph made by a capture: launched any number of times on
-/// any stream of its context, then destroyed. It pins its pool and its host
-/// buffers until then.
-///
-/// Dropping it destroys it as [`destroy`](Self::destroy) does; when that is
-/// refused (on a thread whose own capture is under way) the graph stays
-/// pinned, its host buffers kept, until teardown.
-pub struct HipGraph {
-    core: GraphCore<Shared>,
-}
-
-impl std::fmt::Debug for HipGraph {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (used, pool) = self.core.pool_usage();
-        f.debug_struct("HipGraph")
-            .field("pool", &pool)
-            .field("used", &used)
-            .finish()
-    }
-}
-
-impl HipGraph {
-    /// Bytes of the pool the capture carved, and the pool's size.
-    pub fn pool_usage(&self) -> (u64, u64) {
-        self.core.pool_usage()
-    }
-
-    /// Queue one run of the graph on `stream` (`hipGraphLaunch`).
-    ///
-    /// Refused with `InvalidArgument` while the arena sleeps (the pool's
-    /// memory is reserved, not mapped: the graph's copies would fault), as
-    /// copies to sleeping memory are; wake the arena first. A sleep asked
-    /// for meanwhile waits until the launch is queued, then waits for it.
-    pub fn launch(&self, stream: &HipStream) -> Result<(), BackendError> {
-        const OP: &str = "graph_launch";
-        let s = self.core.shared();
-        s.check_usable(OP)?;
-        s.check_stream(OP, stream)?;
-        self.core.launch(stream.raw.0)
-    }
-
-    /// Wait for every stream of the context (admitted by the gate) and
-    /// copy out what the graph's download `slot` holds. `&mut self`: no
-    /// launch of this graph can be queued meanwhile.
-    pub fn read_output(&mut self, slot: OutputSlot) -> Result<Vec<u8>, BackendError> {
-        self.core.read_output(slot.0)
-    }
-
-    /// Wait for every stream of the context (admitted by the gate), destroy
-    /// the executable graph and the graph, and only then return the pool to
-    /// the arena and free the host buffers.
-    pub fn destroy(mut self) -> Result<(), BackendError> {
-        self.core.destroy_now("graph_destroy")
-    }
-
-    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
-    /// (still pinned, its pool still taken) so that the caller can try
-    /// again; once it succeeded, later calls do nothing and
-    /// [`launch`](Self::launch) is refused.
-    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
-        self.core.destroy_now("graph_destroy")
-    }
-
-    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
-    pub fn is_destroyed(&self) -> bool {
-        self.core.is_destroyed()
-    }
-
-    /// Bytes of device memory the graph's own allocation nodes take. Always
-    /// 0 on HIP: memgov's capture makes no allocation nodes (its
-    /// allocations carve the pool), and memgov does not read a graph's
-    /// nodes on HIP, so graph memory a runtime's own `hipMallocAsync` on
-    /// the capturing stream makes is not charged.
-    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
-        Ok(0)
     }
 }

@@ -12,13 +12,13 @@
 //! Every result is read as the C `int` it is ([`HipResult`]), never as a
 //! Rust enum: a runtime newer than these declarations may return a code no
 //! enum lists, and materialising such a value as an enum would be undefined
-//! behaviour. [`super::result`] classifies the integer. The handle types are
+//! behaviour. The `result` module classifies the integer. The handle types are
 //! opaque pointers and [`hipMemPoolProps`] is the header's `#[repr(C)]`
 //! struct; enum arguments are passed as the integers the header gives them
 //! (values from ROCm's `hip_runtime_api.h`, the same in ROCm 5 and 6).
 //!
-//! The functions below are public to the crate's users through
-//! [`crate::raw`], for raw work next to memgov's (tests, benches, a
+//! The functions below are public to the crate's users through the
+//! `raw` module, for raw work next to memgov's (tests, benches, a
 //! runtime's own calls on a stream memgov lent it). Each calls through the
 //! table and panics when no HIP runtime can be loaded: call
 //! [`driver_present`] (or open a `HipContext`) first.

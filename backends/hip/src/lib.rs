@@ -1,5 +1,5 @@
 //! The ROCm HIP backend (feature `hip`): ROCm's HIP runtime loaded at run
-//! time (see [`ffi`]), `hipMallocFromPoolAsync` from a memory pool the
+//! time (see the [`raw`] calls), `hipMallocFromPoolAsync` from a memory pool the
 //! context creates, and stream-ordered frees with `hipFreeAsync` retired by
 //! a stream callback.
 //!
@@ -30,7 +30,7 @@
 //! * **Current device**: every call that needs one reads the thread's
 //!   current device (`hipGetDevice`), sets the context's only if it differs,
 //!   and sets the old one back before returning, on every path.
-//! * **Device loss**: sticky `hipError_t` codes (see [`result`]) mark the
+//! * **Device loss**: sticky `hipError_t` codes (see [`HipResult`]) mark the
 //!   context lost and the device *dead*: from then on the context makes no
 //!   HIP call that could block. A context the governor declares lost
 //!   ([`DeviceContext::device_lost`]) while the runtime still answers is
@@ -86,7 +86,6 @@ pub mod raw;
 mod result;
 mod retire;
 mod shared;
-mod sleep;
 mod stream;
 mod teardown;
 
@@ -112,8 +111,8 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
-use memory::Pool;
 use result::{check, err, error_name, hip_error};
+use shared::Pool;
 use shared::{Allocator, Opened, Shared};
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
@@ -371,10 +370,9 @@ impl HipContext {
     /// limit, sleep and wake), or `None` when [`HipConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<HipArena> {
-        self.arena.as_ref().map(|a| HipArena {
-            arena: a.clone(),
-            shared: self.shared.clone(),
-        })
+        self.arena
+            .as_ref()
+            .map(|a| HipArena::new(a.clone(), self.shared.clone()))
     }
 
     /// Device memory of the arena: the checks every allocation makes, then
@@ -504,7 +502,7 @@ impl DeviceContext for HipContext {
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
-        capture::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
         stream::destroy(&self.shared, stream)
     }
 
@@ -569,7 +567,7 @@ impl DeviceContext for HipContext {
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
-        capture::gate().before_sync("synchronize", stream.raw.0 as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw.0 as usize)?;
         stream::synchronize(&self.shared, stream)
     }
 

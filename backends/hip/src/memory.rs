@@ -25,32 +25,14 @@ use super::ffi::{
 };
 use super::result::{check, err};
 use super::stream::HipStream;
-use crate::shared::{Allocator, Shared};
+pub use crate::shared::Origin;
+use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, Tier};
 use std::ffi::c_void;
 
 const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;
 const OUT_OF_MEMORY: HipResult = ffi::hipErrorOutOfMemory;
-
-/// Where an allocation came from, and so how it is freed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// `hipMallocFromPoolAsync` from the context's own pool; freed with
-    /// `hipFreeAsync` on a stream.
-    Pool,
-    /// `hipMalloc`; freed with `hipFree` once an event recorded on the
-    /// releasing stream has completed.
-    Plain,
-    /// `hipHostMalloc` (page-locked host memory, [`Tier::PinnedHost`]);
-    /// freed with `hipHostFree` once an event recorded on the releasing
-    /// stream has completed.
-    PinnedHost,
-    /// Carved from the context's virtual-memory arena
-    /// ([`HipConfig::arena`](crate::HipConfig::arena)); its range returns
-    /// to the arena once a stream callback queued behind its release ran.
-    Arena,
-}
 
 /// A raw device allocation of a [`HipContext`](super::HipContext).
 ///
@@ -112,16 +94,6 @@ impl HipMemory {
         }
     }
 }
-
-/// A `hipMemPool_t` that may cross threads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Pool(pub(crate) hipMemPool_t);
-
-// SAFETY: a hipMemPool_t is an opaque handle the HIP runtime accepts from any
-// host thread; this type only carries the value.
-unsafe impl Send for Pool {}
-// SAFETY: as above.
-unsafe impl Sync for Pool {}
 
 /// The checks every allocation makes before its driver call, in any tier:
 /// a stream of this context, a usable context, and a size above zero that
@@ -199,7 +171,7 @@ pub(crate) fn allocate_pinned(
     // Page-locked allocation (and the free on failure below) is a
     // potentially unsafe call: it waits for captures under way, and is
     // refused on a thread whose own capture is under way.
-    let _call = crate::capture::gate().call("allocate", true)?;
+    let _call = crate::shared::gate().call("allocate", true)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     // SAFETY: `ptr` is a valid out-pointer; the flags are documented.

@@ -3,7 +3,7 @@
 //!
 //! The entry points memgov resolved from the loaded `libamdhip64` (each
 //! calls through memgov's table and panics when no HIP runtime can be
-//! loaded: check [`driver_present`](crate::driver_present) or open a
+//! loaded: check [`crate::driver_present`] or open a
 //! [`HipContext`](crate::HipContext) first), their handle types and
 //! constants (the values of ROCm's `hip_runtime_api.h`), and how memgov
 //! classifies a result ([`check`], [`hip_error`], [`kind_of`],

@@ -19,7 +19,7 @@ pub(crate) const BACKEND: &str = "hip";
 /// The HIP runtime as the core sees it: its results are `i32`s, classified
 /// below. The driver shell sees it as
 /// [`Checked<Hip>`](memgov_stream_ordered::Checked).
-pub(crate) struct Hip;
+pub struct Hip;
 
 impl Vendor for Hip {
     const BACKEND: &'static str = BACKEND;

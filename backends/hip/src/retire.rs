@@ -34,11 +34,9 @@ use super::ffi::{
 use super::memory::{HipMemory, Origin};
 use super::result::{err, error_name};
 use super::stream::HipStream;
-use crate::shared::Shared;
+use crate::shared::{Event, PlainFree, Shared};
 use memgov_backend::lock;
-use memgov_backend::{
-    BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop, Tickets,
-};
+use memgov_backend::{BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,10 +57,6 @@ pub(crate) fn forget_routes(shared: &Shared) {
     let me: *const Shared = shared;
     lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
 }
-
-/// Signals of frees queued with `hipFreeAsync` whose callback has not run,
-/// each with the id of the stream it was queued on.
-pub(crate) type PendingFrees = Tickets<u64>;
 
 /// Runs on a HIP runtime thread after the free before it executed. Makes no
 /// HIP call. The status is read as a plain integer (see `ffi.rs`); the user
@@ -203,22 +197,6 @@ fn queue_pool_free(
     };
     shared.outstanding.settle(stream);
     Ok(())
-}
-
-/// An event that may cross threads.
-struct Event(hipEvent_t);
-// SAFETY: a hipEvent_t is an opaque runtime handle usable from any thread.
-unsafe impl Send for Event {}
-
-/// A `hipMalloc` (or `hipHostMalloc`) allocation waiting for its event
-/// before `hipFree` (or `hipHostFree`).
-pub(crate) struct PlainFree {
-    event: Event,
-    ptr: usize,
-    origin: Origin,
-    bytes: u64,
-    stream: u64,
-    signal: RetireSignal,
 }
 
 fn queue_plain_free(
@@ -368,7 +346,7 @@ pub(crate) unsafe fn free_synchronous(
     // for the captures under way anywhere in the process to end (the free
     // thread's and teardown's; on a capturing thread they go ahead and the
     // runtime decides).
-    let _call = crate::capture::gate().call(op, false);
+    let _call = crate::shared::gate().call(op, false);
     if origin == Origin::PinnedHost {
         // SAFETY: the caller's contract.
         let r = unsafe { hipHostFree(ptr as *mut c_void) };

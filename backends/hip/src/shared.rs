@@ -1,18 +1,84 @@
 //! The state a context's threads share (the caller's, the stream
 //! callbacks' through their routes, the free thread's): [`Shared`].
 
-use crate::ffi::{self, hipGetDevice, hipSetDevice, HipResult};
-use crate::memory::{Origin, Pool};
-use crate::result::{err, error_name, Hip};
-use crate::retire::{PendingFrees, PlainFree};
-use crate::stream::{self, HipStream};
+use crate::ffi::{
+    self, hipEvent_t, hipGetDevice, hipMemPool_t, hipSetDevice, hipStream_t, HipResult,
+};
+use crate::result::{error_name, Hip};
 use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::vmm::Gate;
 use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, Take, Unsettled,
+    lock, BackendError, BackendProbe, Execution, FreeThread, RetireSignal, Take, Tickets, Unsettled,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+/// The HIP runtime's gate: process-wide, as the runtime's rule is.
+pub(crate) fn gate() -> &'static Gate {
+    static GATE: OnceLock<Gate> = OnceLock::new();
+    GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
+}
+
+/// Where an allocation came from, and so how it is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `hipMallocFromPoolAsync` from the context's own pool; freed with
+    /// `hipFreeAsync` on a stream.
+    Pool,
+    /// `hipMalloc`; freed with `hipFree` once an event recorded on the
+    /// releasing stream has completed.
+    Plain,
+    /// `hipHostMalloc` (page-locked host memory,
+    /// [`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost));
+    /// freed with `hipHostFree` once an event recorded on the releasing
+    /// stream has completed.
+    PinnedHost,
+    /// Carved from the context's virtual-memory arena
+    /// ([`HipConfig::arena`](crate::HipConfig::arena)); its range returns
+    /// to the arena once a stream callback queued behind its release ran.
+    Arena,
+}
+
+/// A `hipMemPool_t` that may cross threads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pool(pub(crate) hipMemPool_t);
+
+// SAFETY: a hipMemPool_t is an opaque handle the HIP runtime accepts from any
+// host thread; this type only carries the value.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+/// A `hipStream_t` that may cross threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawStream(pub(crate) hipStream_t);
+
+// SAFETY: a hipStream_t is an opaque handle into the HIP runtime, which
+// accepts it from any host thread; this type only carries the value.
+unsafe impl Send for RawStream {}
+// SAFETY: as above; shared references only copy the handle.
+unsafe impl Sync for RawStream {}
+
+/// Signals of frees queued with `hipFreeAsync` whose callback has not run,
+/// each with the id of the stream it was queued on.
+pub(crate) type PendingFrees = Tickets<u64>;
+
+/// An event that may cross threads.
+pub(crate) struct Event(pub(crate) hipEvent_t);
+// SAFETY: a hipEvent_t is an opaque runtime handle usable from any thread.
+unsafe impl Send for Event {}
+
+/// A `hipMalloc` (or `hipHostMalloc`) allocation waiting for its event
+/// before `hipFree` (or `hipHostFree`).
+pub struct PlainFree {
+    pub(crate) event: Event,
+    pub(crate) ptr: usize,
+    pub(crate) origin: Origin,
+    pub(crate) bytes: u64,
+    pub(crate) stream: u64,
+    pub(crate) signal: RetireSignal,
+}
 
 /// The allocator in use (may switch from `StreamOrdered` to `Plain` once, at
 /// the first `hipErrorNotSupported`).
@@ -41,7 +107,9 @@ pub fn contexts_alive() -> usize {
 
 /// What the context, its callbacks and its free thread share. Dropping it calls
 /// no HIP function: teardown releases explicitly.
-pub(crate) struct Shared {
+// `pub` in a private module: the public aliases over the core's generic
+// types (`HipArena`) name it, and nothing outside the crate can.
+pub struct Shared {
     pub(crate) id: u64,
     pub(crate) ordinal: i32,
     pub(crate) name: String,
@@ -63,7 +131,7 @@ pub(crate) struct Shared {
     /// Allocations not yet handed to a free: pointer -> (bytes, origin).
     pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
     /// Streams not yet destroyed.
-    pub(crate) streams: Mutex<HashMap<u64, stream::RawStream>>,
+    pub(crate) streams: Mutex<HashMap<u64, RawStream>>,
     /// Signals of pool frees waiting for their stream callback.
     pub(crate) pending: PendingFrees,
     /// Frees per stream whose signal has not settled, for `synchronize`
@@ -201,20 +269,6 @@ impl Shared {
     /// Refuse work on a lost or closing context, with no HIP call.
     pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
         self.shell.check_usable(op)
-    }
-
-    pub(crate) fn check_stream(&self, op: &'static str, s: &HipStream) -> Result<(), BackendError> {
-        if s.context != self.id || !lock(&self.streams).contains_key(&s.id) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "stream {} is not a live stream of HIP context {} (it belongs to context {})",
-                    s.id, self.id, s.context
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Make this context's device current on the calling thread until the

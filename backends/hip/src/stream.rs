@@ -6,20 +6,11 @@ use super::ffi::{
     hipStreamCreateWithFlags, hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize,
     hipStreamWaitEvent, hipStream_t,
 };
-use crate::shared::Shared;
+use crate::result::err;
+use crate::shared::{RawStream, Shared};
 use memgov_backend::lock;
-use memgov_backend::BackendError;
+use memgov_backend::{BackendError, BackendErrorKind};
 use std::sync::atomic::Ordering;
-
-/// A `hipStream_t` that may cross threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RawStream(pub(crate) hipStream_t);
-
-// SAFETY: a hipStream_t is an opaque handle into the HIP runtime, which
-// accepts it from any host thread; this type only carries the value.
-unsafe impl Send for RawStream {}
-// SAFETY: as above; shared references only copy the handle.
-unsafe impl Sync for RawStream {}
 
 /// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
 ///
@@ -173,4 +164,21 @@ pub(crate) fn order_after(
         result = result.and(destroyed);
     }
     result
+}
+
+impl Shared {
+    /// Refuse a stream that is not a live stream of this context.
+    pub(crate) fn check_stream(&self, op: &'static str, s: &HipStream) -> Result<(), BackendError> {
+        if s.context != self.id || !lock(&self.streams).contains_key(&s.id) {
+            return Err(err(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "stream {} is not a live stream of HIP context {} (it belongs to context {})",
+                    s.id, self.id, s.context
+                ),
+            ));
+        }
+        Ok(())
+    }
 }

@@ -70,14 +70,14 @@ impl HipContext {
         // they wait for the captures under way anywhere in the process to
         // end (on a capturing thread they go ahead: teardown cannot be
         // refused, and the runtime decides).
-        let _call = crate::capture::gate().call("teardown", false);
+        let _call = crate::shared::gate().call("teardown", false);
         let mut first_err: Option<BackendError> = None;
         let mut keep = |r: Result<(), BackendError>| {
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
         };
-        let streams: Vec<stream::RawStream> =
+        let streams: Vec<crate::shared::RawStream> =
             lock(&shared.streams).drain().map(|(_, s)| s).collect();
         let left: Vec<(usize, (u64, Origin))> = lock(&shared.live).drain().collect();
         let device = if shared.is_dead() {

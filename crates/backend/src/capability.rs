@@ -269,6 +269,12 @@ pub trait CapturedGraph {
 ///     slot: OutputSlot,
 /// }
 /// ```
+///
+/// Handles whose capability traits are implemented where their types are
+/// (generic handles, as the stream-ordered core's) are named after
+/// `handles_implemented,`: only the context's traits are implemented; see
+/// [`impl_arena_capabilities!`](crate::impl_arena_capabilities) and
+/// [`impl_capture_capabilities!`](crate::impl_capture_capabilities).
 #[macro_export]
 macro_rules! impl_capabilities {
     (
@@ -281,54 +287,34 @@ macro_rules! impl_capabilities {
         buffer: $buf:ty,
         slot: $slot:ty $(,)?
     ) => {
-        impl $crate::capability::VirtualArena for $arena {
-            fn usage(&self) -> $crate::capability::ArenaUsage {
-                let s = <$arena>::snapshot(self);
-                $crate::capability::ArenaUsage {
-                    reserved: s.reserved,
-                    mapped: s.mapped,
-                    in_use: s.in_use,
-                    cached: s.cached,
-                    asleep: s.asleep,
-                    granule: s.granule,
-                    quarantined: s.quarantined.len(),
-                }
-            }
-
-            fn trim(&self) -> Result<u64, $crate::BackendError> {
-                <$arena>::trim(self)
-            }
-
-            fn set_limit(&self, bytes: u64) {
-                <$arena>::set_limit(self, bytes);
-            }
+        $crate::impl_arena_capabilities!(impl<> for $arena);
+        $crate::impl_capture_capabilities! {
+            impl<>
+            capture: $cap<'_>,
+            graph: $graph,
+            stream: $stream,
+            buffer: $buf,
+            slot: $slot,
         }
-
-        impl $crate::capability::SleepWake for $arena {
-            fn sleep(
-                &self,
-                keep_contents: bool,
-            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
-                <$arena>::sleep(self, keep_contents)
-            }
-
-            fn wake(&self) -> Result<u64, $crate::BackendError> {
-                <$arena>::wake(self)
-            }
-
-            fn sleep_ranges(
-                &self,
-                ptrs: &[u64],
-                keep_contents: bool,
-            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
-                <$arena>::sleep_ranges(self, ptrs, keep_contents)
-            }
-
-            fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
-                <$arena>::wake_ranges(self, ptrs)
-            }
+        $crate::impl_capabilities! {
+            handles_implemented,
+            arena: $arena,
+            context: $ctx,
+            memory: $mem => |$m| $addr,
+            capture: $cap,
+            graph: $graph,
+            stream: $stream,
         }
-
+    };
+    (
+        handles_implemented,
+        arena: $arena:ty,
+        context: $ctx:ty,
+        memory: $mem:ty => |$m:ident| $addr:expr,
+        capture: $cap:ident,
+        graph: $graph:ty,
+        stream: $stream:ty $(,)?
+    ) => {
         impl $crate::capability::ArenaBackend for $ctx {
             type Arena = $arena;
 
@@ -361,20 +347,94 @@ macro_rules! impl_capabilities {
             }
         }
 
-        impl $crate::capability::PoolCapture for $cap<'_> {
+    };
+}
+
+/// Implement [`VirtualArena`] and [`SleepWake`] for an arena handle with
+/// the inherent methods of the same names (`snapshot`, `trim`,
+/// `set_limit`, `sleep`, `wake`, `sleep_ranges`, `wake_ranges`), generic or
+/// not: `impl_arena_capabilities!(impl<C: Context> for ArenaHandle<C>)`.
+#[macro_export]
+macro_rules! impl_arena_capabilities {
+    (impl<$($g:ident: $b:path),*> for $arena:ty) => {
+        impl<$($g: $b),*> $crate::capability::VirtualArena for $arena {
+            fn usage(&self) -> $crate::capability::ArenaUsage {
+                let s = <$arena>::snapshot(self);
+                $crate::capability::ArenaUsage {
+                    reserved: s.reserved,
+                    mapped: s.mapped,
+                    in_use: s.in_use,
+                    cached: s.cached,
+                    asleep: s.asleep,
+                    granule: s.granule,
+                    quarantined: s.quarantined.len(),
+                }
+            }
+
+            fn trim(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::trim(self)
+            }
+
+            fn set_limit(&self, bytes: u64) {
+                <$arena>::set_limit(self, bytes);
+            }
+        }
+
+        impl<$($g: $b),*> $crate::capability::SleepWake for $arena {
+            fn sleep(
+                &self,
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep(self, keep_contents)
+            }
+
+            fn wake(&self) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake(self)
+            }
+
+            fn sleep_ranges(
+                &self,
+                ptrs: &[u64],
+                keep_contents: bool,
+            ) -> Result<$crate::capability::SleepReport, $crate::BackendError> {
+                <$arena>::sleep_ranges(self, ptrs, keep_contents)
+            }
+
+            fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, $crate::BackendError> {
+                <$arena>::wake_ranges(self, ptrs)
+            }
+        }
+    };
+}
+
+/// Implement [`PoolCapture`] and [`CapturedGraph`] for a capture and its
+/// graph with the inherent methods of the same names, generic or not:
+/// `impl_capture_capabilities! { impl<C: Context> capture: Capture<'_, C>,
+/// graph: Graph<C>, stream: C::Stream, buffer: Buffer, slot: Slot }`.
+#[macro_export]
+macro_rules! impl_capture_capabilities {
+    (
+        impl<$($g:ident: $b:path),*>
+        capture: $cap:ty,
+        graph: $graph:ty,
+        stream: $stream:ty,
+        buffer: $buf:ty,
+        slot: $slot:ty $(,)?
+    ) => {
+        impl<$($g: $b),*> $crate::capability::PoolCapture for $cap {
             type Buffer = $buf;
             type Graph = $graph;
 
             fn id(&self) -> u64 {
-                $cap::id(self)
+                <$cap>::id(self)
             }
 
             fn pool_free(&self) -> u64 {
-                $cap::pool_free(self)
+                <$cap>::pool_free(self)
             }
 
             fn allocate(&mut self, bytes: u64) -> Result<$buf, $crate::capability::PoolExhausted> {
-                $cap::allocate(self, bytes)
+                <$cap>::allocate(self, bytes)
             }
 
             fn upload(
@@ -383,7 +443,7 @@ macro_rules! impl_capabilities {
                 offset: u64,
                 data: Vec<u8>,
             ) -> Result<(), $crate::BackendError> {
-                $cap::upload(self, buf, offset, data)
+                <$cap>::upload(self, buf, offset, data)
             }
 
             fn download(
@@ -392,15 +452,15 @@ macro_rules! impl_capabilities {
                 offset: u64,
                 len: usize,
             ) -> Result<$slot, $crate::BackendError> {
-                $cap::download(self, buf, offset, len)
+                <$cap>::download(self, buf, offset, len)
             }
 
             fn end(self) -> Result<$graph, $crate::BackendError> {
-                $cap::end(self)
+                <$cap>::end(self)
             }
         }
 
-        impl $crate::capability::CapturedGraph for $graph {
+        impl<$($g: $b),*> $crate::capability::CapturedGraph for $graph {
             type Stream = $stream;
             type Slot = $slot;
 

@@ -27,14 +27,12 @@ type PropOf<C> = <TableOf<C> as VmmTable>::Prop;
 /// The books of a new arena: ask the granularity of granules made with
 /// `prop`, reserve `config.reserve_bytes` (at least one granule, rounded up
 /// to whole granules) of address space once for the arena's life, and
-/// bound the bytes mapped by `config.limit_bytes`. `handle` names the
-/// arena in messages (`"CudaArena"`). The device is current; the
-/// reservation is freed by [`free_reservation`].
+/// bound the bytes mapped by `config.limit_bytes`. The device is current;
+/// the reservation is freed by [`free_reservation`].
 pub fn reserve<C: Context>(
     s: &C,
     config: &ArenaConfig,
     prop: &PropOf<C>,
-    handle: &'static str,
 ) -> Result<vmm::Arena<HandleOf<C>>, BackendError> {
     let n = &TableOf::<C>::NAMES;
     // SAFETY: the device is current (the caller's guard).
@@ -78,7 +76,7 @@ pub fn reserve<C: Context>(
         size,
         granule,
         config.limit_bytes,
-        handle,
+        n.arena,
     ))
 }
 
@@ -150,74 +148,144 @@ fn trim_deferred<C: Context>(arena: &C::Arena, s: &C) {
     let _ = arena.trim(&driver(s, arena), "trim");
 }
 
-/// The public handle's trim: every cached granule unmapped and released,
-/// the bytes given back returned. Refused on a lost or closing context;
-/// while a graph capture is under way anywhere in the process it is
-/// deferred (unmapping would invalidate the capture): it returns 0 at once,
-/// and the end of the last capture runs it.
-pub fn trim<C: Context>(s: &Arc<C>, arena: &Arc<C::Arena>) -> Result<u64, BackendError> {
-    s.check_usable("trim")?;
-    let deferred = s
-        .capture_gate()
-        .defer_trim(arena.base, arena, s, trim_deferred::<C>);
-    if deferred {
-        return Ok(0);
+/// A handle on a context's arena (`CudaContext::arena`,
+/// `HipContext::arena`): its snapshot, trim, limit, sleep and wake. It
+/// stays usable after the context is handed to the governor (a pressure
+/// responder can hold one), and refuses work once the context is torn
+/// down. The vendors' `CudaArena` and `HipArena` are this type over their
+/// contexts.
+pub struct ArenaHandle<C: Context> {
+    arena: Arc<C::Arena>,
+    shared: Arc<C>,
+}
+
+impl<C: Context> ArenaHandle<C> {
+    /// The handle on `arena`, a context's arena, run in `shared`.
+    pub fn new(arena: Arc<C::Arena>, shared: Arc<C>) -> Self {
+        Self { arena, shared }
     }
-    arena.trim(&driver(&**s, &**arena), "trim")
+
+    /// What the arena holds: reserved, mapped, in use, cached, asleep,
+    /// quarantined.
+    pub fn snapshot(&self) -> vmm::ArenaSnapshot {
+        self.arena.snapshot()
+    }
+
+    /// Give back every cached granule (mapped, no allocation in it),
+    /// unmapped and released one by one; returns the bytes given back.
+    ///
+    /// While a graph capture is under way anywhere in the process the trim
+    /// is deferred (unmapping would invalidate it): it returns 0 at once,
+    /// and the end of the last capture runs it.
+    pub fn trim(&self) -> Result<u64, BackendError> {
+        let (s, arena) = (&self.shared, &self.arena);
+        s.check_usable("trim")?;
+        let deferred = s
+            .capture_gate()
+            .defer_trim(arena.base, arena, s, trim_deferred::<C>);
+        if deferred {
+            return Ok(0);
+        }
+        arena.trim(&driver(&**s, &**arena), "trim")
+    }
+
+    /// Set the most physical memory the arena maps, rounded down to whole
+    /// granules. Lowering it unmaps nothing: later maps and wakes are
+    /// refused until enough is given back.
+    pub fn set_limit(&self, bytes: u64) {
+        self.arena.set_limit(bytes);
+    }
+
+    /// Sleeps of this arena waiting for copies or graph launches between
+    /// their awake check and their enqueue (for tests that force that
+    /// interleaving).
+    pub fn sleeps_waiting(&self) -> usize {
+        self.shared.sleep_gate().counts().1
+    }
+
+    /// Run `f` on the arena's books with a driver, once the context is
+    /// usable and the capture gate admits `op`: no capture begins while it
+    /// runs, and one under way is waited for (sleep and wake synchronize
+    /// every stream of the context, the captured one included). A sleep
+    /// (`sleeping`) also holds the context's sleep gate against copies and
+    /// launches between their awake check and their enqueue.
+    fn gated<R>(
+        &self,
+        op: &'static str,
+        sleeping: bool,
+        f: impl FnOnce(&vmm::Arena<HandleOf<C>>, &Driver<'_, C>) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        let (s, arena) = (&*self.shared, &*self.arena);
+        s.check_usable(op)?;
+        let _call = s.capture_gate().call(op, true)?;
+        let _sleep = sleeping.then(|| s.sleep_gate().sleep());
+        f(arena, &driver(s, arena))
+    }
+
+    /// Put the arena to sleep: wait for every stream of the context, then
+    /// unmap and release every granule, copying the contents of those in
+    /// use to page-locked host memory first when `keep_contents` is set.
+    /// Addresses stay reserved and allocations stay live (but unusable
+    /// until [`wake`](Self::wake)). Refused while a set sleeps
+    /// ([`sleep_ranges`](Self::sleep_ranges)).
+    pub fn sleep(&self, keep_contents: bool) -> Result<SleepReport, BackendError> {
+        self.gated("sleep", true, |a, d| a.sleep(d, keep_contents))
+    }
+
+    /// Wake the arena: map every sleeping granule again at its address and
+    /// copy back the contents kept. Refused with `OutOfMemory` before any
+    /// mapping when the granules do not fit the arena's limit. Returns the
+    /// bytes mapped. Also wakes a set put to sleep with
+    /// [`sleep_ranges`](Self::sleep_ranges), whole.
+    pub fn wake(&self) -> Result<u64, BackendError> {
+        self.gated("wake", false, |a, d| a.wake(d))
+    }
+
+    /// Put the allocations at `ptrs` (device pointers of live allocations
+    /// of this arena) to sleep: wait for every stream of the context, then
+    /// unmap and release each granule that only they use, copying its
+    /// contents to page-locked host memory first when `keep_contents` is
+    /// set. Granules shared with other allocations stay mapped; the other
+    /// allocations stay usable. Copies to and from the set are refused
+    /// until [`wake_ranges`](Self::wake_ranges). The rules are the shared
+    /// core's (`memgov_backend::vmm`, its `sleep_set` module).
+    pub fn sleep_ranges(
+        &self,
+        ptrs: &[u64],
+        keep_contents: bool,
+    ) -> Result<SleepReport, BackendError> {
+        self.gated("sleep_ranges", true, |a, d| {
+            a.sleep_ranges(d, ptrs, keep_contents)
+        })
+    }
+
+    /// Wake the allocations at `ptrs`: map every sleeping granule under
+    /// them again at its address and copy back the contents kept. Refused
+    /// with `OutOfMemory` before any mapping when they do not fit the
+    /// arena's limit; one that fails half-way unmaps what it mapped and
+    /// leaves the set asleep. Returns the bytes mapped.
+    pub fn wake_ranges(&self, ptrs: &[u64]) -> Result<u64, BackendError> {
+        self.gated("wake_ranges", false, |a, d| a.wake_ranges(d, ptrs))
+    }
 }
 
-/// Run `f` on the arena's books with a driver, once the context is usable
-/// and the capture gate admits `op`: no capture begins while it runs, and
-/// one under way is waited for (sleep and wake synchronize every stream of
-/// the context, the captured one included).
-fn gated<C: Context, R>(
-    s: &C,
-    arena: &C::Arena,
-    op: &'static str,
-    f: impl FnOnce(&vmm::Arena<HandleOf<C>>, &Driver<'_, C>) -> Result<R, BackendError>,
-) -> Result<R, BackendError> {
-    s.check_usable(op)?;
-    let _call = s.capture_gate().call(op, true)?;
-    f(arena, &driver(s, arena))
+impl<C: Context> Clone for ArenaHandle<C> {
+    fn clone(&self) -> Self {
+        Self::new(self.arena.clone(), self.shared.clone())
+    }
 }
 
-/// The public handle's sleep of the whole arena (`vmm::Arena::sleep`),
-/// gated, holding the context's sleep gate against copies and launches.
-pub fn sleep<C: Context>(
-    s: &C,
-    arena: &C::Arena,
-    keep_contents: bool,
-) -> Result<SleepReport, BackendError> {
-    gated(s, arena, "sleep", |a, d| {
-        let _sleep = s.sleep_gate().sleep();
-        a.sleep(d, keep_contents)
-    })
+impl<C: Context> std::fmt::Debug for ArenaHandle<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(TableOf::<C>::NAMES.arena)
+            .field("base", &format_args!("{:#x}", self.arena.base))
+            .field("reserved", &self.arena.size)
+            .field("granule", &self.arena.granule)
+            .finish()
+    }
 }
 
-/// The public handle's wake of the whole arena (`vmm::Arena::wake`), gated.
-pub fn wake<C: Context>(s: &C, arena: &C::Arena) -> Result<u64, BackendError> {
-    gated(s, arena, "wake", |a, d| a.wake(d))
-}
-
-/// The public handle's sleep of the allocations at `ptrs`
-/// (`vmm::Arena::sleep_ranges`), gated, holding the sleep gate.
-pub fn sleep_ranges<C: Context>(
-    s: &C,
-    arena: &C::Arena,
-    ptrs: &[u64],
-    keep_contents: bool,
-) -> Result<SleepReport, BackendError> {
-    gated(s, arena, "sleep_ranges", |a, d| {
-        let _sleep = s.sleep_gate().sleep();
-        a.sleep_ranges(d, ptrs, keep_contents)
-    })
-}
-
-/// The public handle's wake of the allocations at `ptrs`
-/// (`vmm::Arena::wake_ranges`), gated.
-pub fn wake_ranges<C: Context>(s: &C, arena: &C::Arena, ptrs: &[u64]) -> Result<u64, BackendError> {
-    gated(s, arena, "wake_ranges", |a, d| a.wake_ranges(d, ptrs))
-}
+memgov_backend::impl_arena_capabilities!(impl<C: Context> for ArenaHandle<C>);
 
 /// One arena operation's driver: the context, the arena's books, the
 /// properties its granules are created with, and the sleep's or wake's own

@@ -6,9 +6,10 @@
 //! arena only then), and the context's [`Pins`] (the graphs still live,
 //! and the captures a failed end left under way), which teardown empties.
 //!
-//! The vendor's public `CudaCapture` / `HipCapture` and `CudaGraph` /
-//! `HipGraph` wrap these and add what is theirs (the begin's checks and
-//! pool, the buffer and slot types, CUDA's graph-memory count).
+//! The public [`Capture`] and [`Graph`] over them are the vendors'
+//! `CudaCapture` / `HipCapture` and `CudaGraph` / `HipGraph` (type
+//! aliases); a vendor adds what is its own (the begin's checks, CUDA's
+//! graph-memory count in its table).
 //!
 //! A capture leaves the process's capture gate when the driver's capture
 //! is over, not when `end` is called: an end that fails with the stream
@@ -16,11 +17,12 @@
 //! stranded in the pins), and the context's teardown ends it.
 
 use crate::result::err;
-use crate::table::{CaptureTable, Context, Raw, VmmTable};
+use crate::table::{CaptureTable, Context, DevicePtr, Raw, VmmTable};
 use memgov_backend::capability::{CaptureConfig, PoolExhausted};
-use memgov_backend::vmm::CapturePool;
+use memgov_backend::vmm::{CapturePool, ALIGN};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 type TableOf<C> = <C as Context>::Table;
@@ -647,4 +649,261 @@ impl<C: Context> Drop for GraphCore<C> {
             lock(&self.pins.live).orphans.push(host);
         }
     }
+}
+
+type BufferOf<C> = CaptureBuffer<<TableOf<C> as CaptureTable>::DevicePtr>;
+
+/// Device memory carved from a capture pool: valid while the graph made by
+/// the capture lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureBuffer<P: DevicePtr> {
+    ptr: u64,
+    bytes: u64,
+    _ptr: PhantomData<fn() -> P>,
+}
+
+impl<P: DevicePtr> CaptureBuffer<P> {
+    /// Its device address.
+    pub fn device_ptr(&self) -> P {
+        P::from_addr(self.ptr)
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether it is zero bytes long.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+/// A host buffer a captured download writes into, read with
+/// [`Graph::read_output`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputSlot(usize);
+
+/// A stream capture under way (`CudaContext::begin_capture`): allocations
+/// carved from its pool and copies recorded on its stream, then
+/// [`end`](Self::end) makes the graph. It borrows its context for `'a`.
+pub struct Capture<'a, C: Context> {
+    core: CaptureCore<C>,
+    _ctx: PhantomData<&'a C>,
+}
+
+impl<C: Context> std::fmt::Debug for Capture<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (pool, used) = self.core.pool_usage();
+        f.debug_struct(TableOf::<C>::CAPTURE_NAMES.capture)
+            .field("id", &self.core.id())
+            .field("pool", &pool)
+            .field("used", &used)
+            .finish()
+    }
+}
+
+/// The size of the pool a capture takes for `pool_bytes`: at least 1,
+/// rounded up to 256 bytes (as `cuMemAlloc` aligns its allocations),
+/// checked (`PoolTooLarge`, an `InvalidArgument`, when that passes
+/// `u64::MAX`).
+pub fn pool_bytes<T: CaptureTable>(pool_bytes: u64) -> Result<u64, BackendError> {
+    Ok(CapturePool::size_for(T::BACKEND, pool_bytes, ALIGN)?)
+}
+
+impl<C: Context> Capture<'_, C> {
+    /// Begin capturing `stream` into a graph, with a pool of
+    /// `config.pool_bytes` taken from the context's arena first (mapped
+    /// now, so nothing maps during the capture) with `allocate`. Needs an
+    /// arena (`Unsupported` otherwise, naming the vendor's setting) and a
+    /// library with the capture calls
+    /// ([`CaptureTable::capture_supported`]).
+    ///
+    /// Waits for memgov's maps and unmaps under way to finish; while the
+    /// capture is under way, later ones wait for it to end.
+    pub fn begin(
+        shared: &Arc<C>,
+        arena: Option<&Arc<C::Arena>>,
+        pins: &Arc<Pins<C::Table>>,
+        stream: &C::Stream,
+        config: CaptureConfig,
+        allocate: impl FnOnce(&C::Arena, &C, u64) -> Result<u64, BackendError>,
+    ) -> Result<Self, BackendError> {
+        const OP: &str = "begin_capture";
+        shared.check_usable(OP)?;
+        let raw = shared.raw_stream(OP, stream)?;
+        TableOf::<C>::capture_supported()?;
+        let core = CaptureCore::begin(
+            shared.clone(),
+            arena.cloned(),
+            pins.clone(),
+            raw,
+            config,
+            ALIGN,
+            TableOf::<C>::CAPTURE_NAMES.arena_setting,
+            allocate,
+        )?;
+        Ok(Self {
+            core,
+            _ctx: PhantomData,
+        })
+    }
+
+    /// The driver's id of this capture.
+    pub fn id(&self) -> u64 {
+        self.core.id()
+    }
+
+    /// Bytes of the pool not carved yet.
+    pub fn pool_free(&self) -> u64 {
+        self.core.pool_free()
+    }
+
+    /// Carve `bytes` from the pool: no driver call. Refused with
+    /// [`PoolExhausted`] when they do not fit; the capture stays valid.
+    pub fn allocate(&mut self, bytes: u64) -> Result<BufferOf<C>, PoolExhausted> {
+        let ptr = self.core.allocate(bytes, ALIGN)?;
+        Ok(CaptureBuffer {
+            ptr,
+            bytes,
+            _ptr: PhantomData,
+        })
+    }
+
+    /// Record a copy of `data` into `buf` at `offset`; every launch of the
+    /// graph repeats it. The graph keeps `data`.
+    pub fn upload(
+        &mut self,
+        buf: &BufferOf<C>,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        self.core.upload((buf.ptr, buf.bytes), offset, data)
+    }
+
+    /// Record a copy of `len` bytes of `buf` at `offset` into a host buffer
+    /// the graph owns; read it after a launch with
+    /// [`Graph::read_output`].
+    pub fn download(
+        &mut self,
+        buf: &BufferOf<C>,
+        offset: u64,
+        len: usize,
+    ) -> Result<OutputSlot, BackendError> {
+        self.core
+            .download((buf.ptr, buf.bytes), offset, len)
+            .map(OutputSlot)
+    }
+
+    /// End the capture and instantiate its graph. The pool is pinned by the
+    /// graph until [`Graph::destroy`] (or teardown). A capture dropped
+    /// without `end` is ended and its graph discarded.
+    pub fn end(self) -> Result<Graph<C>, BackendError> {
+        self.core.end().map(|core| Graph { core })
+    }
+}
+
+/// An instantiated graph made by a capture: launched any number of times on
+/// any stream of its context, then destroyed. It pins its pool and its host
+/// buffers until then.
+///
+/// Dropping it destroys it as [`destroy`](Self::destroy) does; when that is
+/// refused (on a thread whose own capture is under way) the graph stays
+/// pinned, its host buffers kept, until teardown.
+pub struct Graph<C: Context> {
+    core: GraphCore<C>,
+}
+
+impl<C: Context> std::fmt::Debug for Graph<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (used, pool) = self.core.pool_usage();
+        f.debug_struct(TableOf::<C>::CAPTURE_NAMES.graph)
+            .field("pool", &pool)
+            .field("used", &used)
+            .finish()
+    }
+}
+
+impl<C: Context> Graph<C> {
+    /// Bytes of the pool the capture carved, and the pool's size.
+    pub fn pool_usage(&self) -> (u64, u64) {
+        self.core.pool_usage()
+    }
+
+    /// Bytes of device memory the graph's own allocation nodes take. Such
+    /// nodes come from stream-ordered allocations (`cuMemAllocAsync`) a
+    /// runtime queued on the capturing stream itself; memgov's capture
+    /// makes none (its allocations carve the pool). The driver keeps that
+    /// memory for the graph while it may launch, so the sum is what the
+    /// graph holds at most (the driver may reuse memory between
+    /// allocations whose lifetimes do not overlap). On CUDA the sum of
+    /// `bytesize` over its `CU_GRAPH_NODE_TYPE_MEM_ALLOC` nodes
+    /// (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+    /// `cuGraphMemAllocNodeGetParams`); always 0 on HIP, whose graph nodes
+    /// memgov does not read (graph memory a runtime's own `hipMallocAsync`
+    /// on the capturing stream makes is not charged).
+    pub fn graph_memory_bytes(&self) -> Result<u64, BackendError> {
+        const OP: &str = "graph_memory";
+        if !TableOf::<C>::READS_GRAPH_NODES {
+            return Ok(0);
+        }
+        let s = self.core.shared();
+        s.check_usable(OP)?;
+        let graph = self.core.raw_graph(OP)?;
+        let _current = memgov_backend::shell::make_current(s, OP)?;
+        // SAFETY: a live graph of this context (pinned until destroy); the
+        // context is current.
+        unsafe { TableOf::<C>::graph_memory(s, graph) }
+    }
+
+    /// Queue one run of the graph on `stream`.
+    ///
+    /// Refused with `InvalidArgument` while the arena sleeps (the pool's
+    /// memory is reserved, not mapped: the graph's copies would fault), as
+    /// copies to sleeping memory are; wake the arena first. A sleep asked
+    /// for meanwhile waits until the launch is queued, then waits for it.
+    pub fn launch(&self, stream: &C::Stream) -> Result<(), BackendError> {
+        const OP: &str = "graph_launch";
+        let s = self.core.shared();
+        s.check_usable(OP)?;
+        let raw = s.raw_stream(OP, stream)?;
+        self.core.launch(raw)
+    }
+
+    /// Wait for every launch of the context (admitted by the gate: CUDA's
+    /// `cuCtxSynchronize`, every stream of the context on HIP) and copy out
+    /// what the graph's download `slot` holds. `&mut self`: no launch of
+    /// this graph can be queued meanwhile.
+    pub fn read_output(&mut self, slot: OutputSlot) -> Result<Vec<u8>, BackendError> {
+        self.core.read_output(slot.0)
+    }
+
+    /// Wait for every launch (as [`read_output`](Self::read_output) does),
+    /// destroy the executable graph and the graph, and only then return
+    /// the pool to the arena and free the host buffers.
+    pub fn destroy(mut self) -> Result<(), BackendError> {
+        self.core.destroy_now("graph_destroy")
+    }
+
+    /// [`destroy`](Self::destroy) in place: on failure the graph is kept
+    /// (still pinned, its pool still taken) so that the caller can try
+    /// again; once it succeeded, later calls do nothing and
+    /// [`launch`](Self::launch) is refused.
+    pub fn try_destroy(&mut self) -> Result<(), BackendError> {
+        self.core.destroy_now("graph_destroy")
+    }
+
+    /// Whether [`try_destroy`](Self::try_destroy) (or teardown) destroyed it.
+    pub fn is_destroyed(&self) -> bool {
+        self.core.is_destroyed()
+    }
+}
+
+memgov_backend::impl_capture_capabilities! {
+    impl<C: Context>
+    capture: Capture<'_, C>,
+    graph: Graph<C>,
+    stream: C::Stream,
+    buffer: BufferOf<C>,
+    slot: OutputSlot,
 }

@@ -21,12 +21,17 @@
 //!   create / map / set-access (each step undone on failure) and unmap /
 //!   release, the sleep's page-locked copies on a stream of its own, the
 //!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
-//!   arena core in `memgov_backend::vmm`;
-//! * [`capture`]: the graph half of stream capture: a capture under way
-//!   carving its pool and recording copies, its end (the gate told only
-//!   once the driver's capture is over), the graph it makes (launched, read,
-//!   destroyed after every launch), and the context's pins, which teardown
-//!   empties.
+//!   arena core in `memgov_backend::vmm`, and the public arena handle
+//!   ([`arena::ArenaHandle`]: `CudaArena`, `HipArena`);
+//! * [`capture`]: stream capture: a capture under way carving its pool and
+//!   recording copies, its end (the gate told only once the driver's
+//!   capture is over), the graph it makes (launched, read, destroyed after
+//!   every launch), and the context's pins, which teardown empties; the
+//!   public [`capture::Capture`] and [`capture::Graph`] (`CudaCapture`,
+//!   `HipGraph`, ...).
+//!
+//! The vendors' public types are aliases of the core's generic ones over
+//! their shared state, so each is documented once, here.
 //!
 //! What really differs between the vendors stays in the vendor crates,
 //! written beside their table: CUDA's primary context pushed and popped

@@ -21,6 +21,9 @@ use std::ops::Deref;
 /// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
 #[derive(Debug, Clone, Copy)]
 pub struct VmmNames {
+    /// The public arena handle (the arena module's `ArenaHandle`
+    /// under the vendor's name, `CudaArena`), which errors point to.
+    pub arena: &'static str,
     /// [`VmmTable::mem_granularity`] (`cuMemGetAllocationGranularity`).
     pub mem_granularity: &'static str,
     /// [`VmmTable::mem_address_reserve`] (`cuMemAddressReserve`).
@@ -214,6 +217,8 @@ pub type HandleOf<C> = <<C as Context>::Table as VmmTable>::Handle;
 pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// The vendor's table.
     type Table: CaptureTable;
+    /// The vendor's public stream (`CudaStream`).
+    type Stream;
     /// The vendor's arena: the books ([`vmm::Arena`], reached through
     /// `Deref`) and what the vendor keeps beside them.
     type Arena: Deref<Target = vmm::Arena<HandleOf<Self>>> + Send + Sync + 'static;
@@ -236,6 +241,15 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// Refuse work on a lost or closing context, with no driver call.
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError>;
 
+    /// The raw handle of `stream` once it is checked to be a live stream of
+    /// this context (`InvalidArgument` otherwise: another context's, or
+    /// destroyed).
+    fn raw_stream(
+        &self,
+        op: &'static str,
+        stream: &Self::Stream,
+    ) -> Result<<Self::Table as VmmTable>::Stream, BackendError>;
+
     /// Sleeps of the arena against copies and launches between their awake
     /// check and their enqueue.
     fn sleep_gate(&self) -> &vmm::SleepGate;
@@ -246,9 +260,37 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError>;
 }
 
+/// A device address as a vendor's API types it ([`CaptureTable::DevicePtr`]).
+pub trait DevicePtr: Copy + std::fmt::Debug + Eq {
+    /// The address `at`.
+    fn from_addr(at: u64) -> Self;
+}
+
+/// `CUdeviceptr`.
+impl DevicePtr for u64 {
+    fn from_addr(at: u64) -> Self {
+        at
+    }
+}
+
+/// `hipDeviceptr_t`.
+impl DevicePtr for *mut std::ffi::c_void {
+    fn from_addr(at: u64) -> Self {
+        at as usize as Self
+    }
+}
+
 /// The vendor's names of its capture and graph calls, for messages.
 #[derive(Debug, Clone, Copy)]
 pub struct CaptureNames {
+    /// The public capture (the capture module's `Capture` under the
+    /// vendor's name, `CudaCapture`).
+    pub capture: &'static str,
+    /// The public graph (the capture module's `Graph`, `CudaGraph`).
+    pub graph: &'static str,
+    /// The context setting that makes an arena (`CudaConfig::arena`), which
+    /// a capture needs.
+    pub arena_setting: &'static str,
     /// [`CaptureTable::begin_capture`] (`cuStreamBeginCapture_v2`).
     pub begin_capture: &'static str,
     /// [`CaptureTable::capture_id`] (`cuStreamGetCaptureInfo_v2`).
@@ -273,8 +315,33 @@ pub trait CaptureTable: VmmTable {
     /// An executable graph (`CUgraphExec`, `hipGraphExec_t`).
     type Exec: Copy;
 
+    /// A device address as the vendor's API types it (`CUdeviceptr`, a
+    /// `u64`; `hipDeviceptr_t`, a pointer).
+    type DevicePtr: DevicePtr;
+
     /// The calls' names, for messages.
     const CAPTURE_NAMES: CaptureNames;
+
+    /// `Ok` when the loaded library has every call a capture needs; else
+    /// why not (HIP: `Unsupported`, naming the first call a ROCm lacks).
+    fn capture_supported() -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Whether [`graph_memory`](Self::graph_memory) reads a graph's nodes;
+    /// where it does not, a graph's memory is 0 with no call.
+    const READS_GRAPH_NODES: bool;
+
+    /// Bytes of device memory the allocation nodes of `graph` take (the
+    /// vendor's node calls, checked in `s`).
+    ///
+    /// # Safety
+    ///
+    /// `graph` is live, its context current.
+    unsafe fn graph_memory<C: Context<Table = Self>>(
+        s: &C,
+        graph: Self::Graph,
+    ) -> Result<u64, BackendError>;
 
     /// Begin capturing `stream` in `mode`.
     ///

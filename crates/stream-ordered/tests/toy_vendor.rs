@@ -75,6 +75,7 @@ impl VmmTable for Toy {
     type Prop = ();
 
     const NAMES: VmmNames = VmmNames {
+        arena: "ToyArena",
         mem_granularity: "toyMemGetGranularity",
         mem_address_reserve: "toyMemAddressReserve",
         mem_address_free: "toyMemAddressFree",
@@ -154,7 +155,17 @@ impl CaptureTable for Toy {
         exec_destroy: "toyExecDestroy",
         graph_destroy: "toyGraphDestroy",
         launch: "toyLaunch",
+        capture: "ToyCapture",
+        graph: "ToyGraph",
+        arena_setting: "ToyConfig::arena",
     };
+
+    type DevicePtr = u64;
+    const READS_GRAPH_NODES: bool = false;
+
+    unsafe fn graph_memory<C: Context<Table = Self>>(_: &C, _: u64) -> Result<u64, BackendError> {
+        Ok(0)
+    }
 
     unsafe fn begin_capture(_: u64, _: CaptureMode) -> i32 {
         call("toyBeginCapture")
@@ -216,6 +227,7 @@ impl MakeCurrent for ToyContext {
 
 impl Context for ToyContext {
     type Table = Toy;
+    type Stream = u64;
     type Arena = ToyArena;
 
     fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
@@ -232,6 +244,10 @@ impl Context for ToyContext {
     fn check_usable(&self, _: &'static str) -> Result<(), BackendError> {
         Ok(())
     }
+
+    fn raw_stream(&self, _: &'static str, stream: &u64) -> Result<u64, BackendError> {
+        Ok(*stream)
+    }
     fn sleep_gate(&self) -> &SleepGate {
         &self.sleep_gate
     }
@@ -245,7 +261,7 @@ fn toy_arena(s: &ToyContext) -> ToyArena {
         reserve_bytes: 1 << 20,
         limit_bytes: 1 << 20,
     };
-    ToyArena(arena::reserve(s, &config, &(), "ToyArena").expect("reserve"))
+    ToyArena(arena::reserve(s, &config, &()).expect("reserve"))
 }
 
 #[test]
@@ -306,7 +322,7 @@ fn a_granule_whose_map_is_refused_is_released_and_nothing_is_left() {
 fn a_granularity_that_is_not_a_power_of_two_is_refused_before_reserving() {
     let s = ToyContext::default();
     GRANULE.with(|g| *g.borrow_mut() = 3000);
-    let e = arena::reserve(&s, &ArenaConfig::default(), &(), "ToyArena")
+    let e = arena::reserve(&s, &ArenaConfig::default(), &())
         .err()
         .expect("refused");
     assert_eq!(e.kind, BackendErrorKind::Other);

@@ -32,6 +32,7 @@ impl VmmTable for Cuda {
     type Prop = sys::CUmemAllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        arena: "CudaArena",
         mem_granularity: "cuMemGetAllocationGranularity",
         mem_address_reserve: "cuMemAddressReserve",
         mem_address_free: "cuMemAddressFree",
@@ -161,6 +162,7 @@ impl VmmTable for Cuda {
 /// shell's [`MakeCurrent`](memgov_backend::shell::MakeCurrent) for CUDA).
 impl Context for Shared {
     type Table = Cuda;
+    type Stream = crate::CudaStream;
     type Arena = super::Arena;
 
     fn checked(&self, op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
@@ -168,11 +170,19 @@ impl Context for Shared {
     }
 
     fn capture_gate(&self) -> &'static Gate {
-        crate::capture::gate()
+        crate::shared::gate()
     }
 
     fn granule_prop(arena: &super::Arena) -> sys::CUmemAllocationProp {
         prop(arena.ordinal)
+    }
+
+    fn raw_stream(
+        &self,
+        op: &'static str,
+        stream: &crate::CudaStream,
+    ) -> Result<<Cuda as VmmTable>::Stream, BackendError> {
+        self.check_stream(op, stream).map(|()| stream.raw)
     }
 
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {

@@ -36,6 +36,7 @@ pub(crate) mod granule;
 mod release;
 pub(crate) mod state;
 
+pub use memgov_backend::vmm::SleepReport;
 pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
@@ -43,26 +44,29 @@ use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::vmm;
 use memgov_backend::BackendError;
-use std::sync::Arc;
 
 /// Settings of a context's virtual-memory arena (see
 /// [`CudaConfig::arena`](crate::CudaConfig::arena)); shared with the HIP
 /// backend.
 pub use memgov_backend::vmm::ArenaConfig;
 
-/// A handle on a context's arena ([`CudaContext::arena`]): its snapshot,
-/// trim, limit, sleep and wake. It stays usable after the context is handed
-/// to the governor (a pressure responder can hold one), and refuses work
-/// once the context is torn down.
+/// A handle on a [`CudaContext`]'s arena: the core's [`ArenaHandle`]
+/// (snapshot, trim, limit, sleep and wake) over CUDA.
 ///
 /// ```no_run
 /// use memgov::cuda::{ArenaConfig, CudaConfig, CudaContext};
-/// use memgov::{ContextConfig, Governor};
+/// use memgov::{ContextConfig, DeviceContext, Governor};
 /// let ctx = CudaContext::new(CudaConfig {
 ///     arena: Some(ArenaConfig { reserve_bytes: 8 << 30, limit_bytes: 4 << 30 }),
 ///     ..CudaConfig::default()
 /// })?;
+/// let s = ctx.create_stream()?;
+/// let weights = ctx.allocate(&s, 64 << 20)?;
+/// let kv = ctx.allocate(&s, 16 << 20)?;
 /// let arena = ctx.arena().expect("configured");
+/// arena.sleep_ranges(&[weights.device_ptr()], true)?; // kv stays usable
+/// ctx.write(&s, &kv, 0, &[1; 4096])?;
+/// arena.wake_ranges(&[weights.device_ptr()])?;        // same address, same bytes
 /// let gov = Governor::new();
 /// let handle = gov.register(ctx, ContextConfig::new().budget(4 << 30));
 /// // Cached granules are what the arena can give back under pressure.
@@ -71,53 +75,15 @@ pub use memgov_backend::vmm::ArenaConfig;
 /// # Ok::<(), memgov::BackendError>(())
 /// ```
 ///
-/// [`CudaContext::arena`]: crate::CudaContext::arena
-#[derive(Clone)]
-pub struct CudaArena {
-    pub(crate) arena: Arc<Arena>,
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for CudaArena {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaArena")
-            .field("base", &format_args!("{:#x}", self.arena.base))
-            .field("reserved", &self.arena.size)
-            .field("granule", &self.arena.granule)
-            .finish()
-    }
-}
-
-impl CudaArena {
-    /// What the arena holds: reserved, mapped, in use, cached, asleep,
-    /// quarantined.
-    pub fn snapshot(&self) -> ArenaSnapshot {
-        self.arena.snapshot()
-    }
-
-    /// Give back every cached granule (mapped, no allocation in it),
-    /// unmapped and released one by one; returns the bytes given back.
-    ///
-    /// While a graph capture is under way anywhere in the process the trim
-    /// is deferred (unmapping would invalidate it): it returns 0 at once,
-    /// and the end of the last capture runs it.
-    pub fn trim(&self) -> Result<u64, BackendError> {
-        memgov_stream_ordered::arena::trim(&self.shared, &self.arena)
-    }
-
-    /// Set the most physical memory the arena maps, rounded down to whole
-    /// granules. Lowering it unmaps nothing: later maps and wakes are
-    /// refused until enough is given back.
-    pub fn set_limit(&self, bytes: u64) {
-        self.arena.set_limit(bytes);
-    }
-}
+/// [`CudaContext`]: crate::CudaContext
+/// [`ArenaHandle`]: memgov_stream_ordered::arena::ArenaHandle
+pub type CudaArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 
 /// One context's arena: the driver-agnostic books and transactions
 /// ([`vmm::Arena`], reached through `Deref`), the device it maps on, and
 /// the releases queued on its streams. Lives in an `Arc` shared with the
 /// host functions of its releases, which touch only its state lock.
-pub(crate) struct Arena {
+pub struct Arena {
     core: vmm::Arena<sys::CUmemGenericAllocationHandle>,
     pub(crate) ordinal: i32,
     /// Releases queued whose host function has not run.
@@ -143,7 +109,7 @@ impl Arena {
         let ordinal = s.ordinal as i32;
         let prop = granule::prop(ordinal);
         let _current = s.make_current("arena")?;
-        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "CudaArena")?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop)?;
         Ok(Self {
             core,
             ordinal,

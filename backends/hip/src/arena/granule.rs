@@ -15,7 +15,7 @@ use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t` that may cross threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Handle(pub(crate) hipMemGenericAllocationHandle_t);
+pub struct Handle(pub(crate) hipMemGenericAllocationHandle_t);
 
 // SAFETY: an opaque runtime handle that HIP accepts from any host thread;
 // this type only carries the value.
@@ -32,6 +32,7 @@ impl VmmTable for Hip {
     type Prop = ffi::AllocationProp;
 
     const NAMES: VmmNames = VmmNames {
+        arena: "HipArena",
         mem_granularity: "hipMemGetAllocationGranularity",
         mem_address_reserve: "hipMemAddressReserve",
         mem_address_free: "hipMemAddressFree",
@@ -174,6 +175,7 @@ impl VmmTable for Hip {
 /// for HIP: the thread's own device set back after).
 impl Context for Shared {
     type Table = Hip;
+    type Stream = crate::HipStream;
     type Arena = super::Arena;
 
     fn checked(&self, op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
@@ -181,11 +183,19 @@ impl Context for Shared {
     }
 
     fn capture_gate(&self) -> &'static Gate {
-        crate::capture::gate()
+        crate::shared::gate()
     }
 
     fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
         arena.prop()
+    }
+
+    fn raw_stream(
+        &self,
+        op: &'static str,
+        stream: &crate::HipStream,
+    ) -> Result<<Hip as VmmTable>::Stream, BackendError> {
+        self.check_stream(op, stream).map(|()| stream.raw.0)
     }
 
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {

@@ -28,78 +28,18 @@ use crate::shared::Shared;
 use granule::Handle;
 use memgov_backend::vmm;
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
-use std::sync::Arc;
 
 pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
 
-/// A handle on a context's arena ([`HipContext::arena`]): its snapshot,
-/// trim, limit, sleep and wake. It stays usable after the context is handed
-/// to the governor (a pressure responder can hold one), and refuses work
-/// once the context is torn down.
-///
-/// ```no_run
-/// use memgov::hip::{ArenaConfig, HipConfig, HipContext};
-/// use memgov::{ContextConfig, Governor};
-/// let ctx = HipContext::new(HipConfig {
-///     arena: Some(ArenaConfig { reserve_bytes: 8 << 30, limit_bytes: 4 << 30 }),
-///     ..HipConfig::default()
-/// })?;
-/// let arena = ctx.arena().expect("configured");
-/// let gov = Governor::new();
-/// let handle = gov.register(ctx, ContextConfig::new().budget(4 << 30));
-/// // Cached granules are what the arena can give back under pressure.
-/// let responder = arena.clone();
-/// handle.add_pressure_responder(memgov::DEFAULT_PRESSURE_PRIORITY, move |_| responder.trim().unwrap_or(0));
-/// # Ok::<(), memgov::BackendError>(())
-/// ```
-///
-/// [`HipContext::arena`]: crate::HipContext::arena
-#[derive(Clone)]
-pub struct HipArena {
-    pub(crate) arena: Arc<Arena>,
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for HipArena {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HipArena")
-            .field("base", &format_args!("{:#x}", self.arena.base))
-            .field("reserved", &self.arena.size)
-            .field("granule", &self.arena.granule)
-            .finish()
-    }
-}
-
-impl HipArena {
-    /// What the arena holds: reserved, mapped, in use, cached, asleep,
-    /// quarantined.
-    pub fn snapshot(&self) -> ArenaSnapshot {
-        self.arena.snapshot()
-    }
-
-    /// Give back every cached granule (mapped, no allocation in it),
-    /// unmapped and released one by one; returns the bytes given back.
-    ///
-    /// While a graph capture is under way anywhere in the process the trim
-    /// is deferred (unmapping would invalidate it): it returns 0 at once,
-    /// and the end of the last capture runs it.
-    pub fn trim(&self) -> Result<u64, BackendError> {
-        memgov_stream_ordered::arena::trim(&self.shared, &self.arena)
-    }
-
-    /// Set the most physical memory the arena maps, rounded down to whole
-    /// granules. Lowering it unmaps nothing: later maps and wakes are
-    /// refused until enough is given back.
-    pub fn set_limit(&self, bytes: u64) {
-        self.arena.set_limit(bytes);
-    }
-}
+/// A handle on a [`HipContext`](crate::HipContext)'s arena: the core's
+/// [`ArenaHandle`](memgov_stream_ordered::arena::ArenaHandle) over HIP.
+pub type HipArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 
 /// One context's arena: the driver-agnostic books and transactions
 /// ([`vmm::Arena`], reached through `Deref`), the device it maps on, and
 /// the releases queued on its streams. Lives in an `Arc` that the stream
 /// callbacks of its releases reach through a route table (`release.rs`).
-pub(crate) struct Arena {
+pub struct Arena {
     core: vmm::Arena<Handle>,
     pub(crate) ordinal: i32,
     /// `hipRuntimeGetVersion`: which `hipMemAllocationProp` layout to pass.
@@ -144,7 +84,7 @@ impl Arena {
         let r = unsafe { ffi::hipRuntimeGetVersion(&mut runtime) };
         s.checked("arena", "hipRuntimeGetVersion", r)?;
         let prop = ffi::allocation_prop(ordinal, runtime);
-        let core = memgov_stream_ordered::arena::reserve(s, config, &prop, "HipArena")?;
+        let core = memgov_stream_ordered::arena::reserve(s, config, &prop)?;
         Ok(Self {
             core,
             ordinal,

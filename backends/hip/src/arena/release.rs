@@ -200,8 +200,13 @@ impl HipContext {
             return Ok(());
         };
         // Live graphs first: their pools go back to the arena after their
-        // launches finished.
-        let graphs = self.graphs_teardown(arena, lost || self.shared.is_dead());
+        // launches finished; on a lost context they are forgotten.
+        let graphs = self.pins.finish(
+            &*self.shared,
+            Some(arena),
+            lost || self.shared.is_dead() || self.shared.is_lost(),
+            "HipGraph::destroy",
+        );
         let s = &*self.shared;
         let leftover: Vec<u64> = {
             let mut live = lock(&s.live);
