@@ -220,6 +220,8 @@ const CRATES: &[&str] = &[
     "backends/host/src",
     "backends/null/src",
     "backends/vulkan/src",
+    "backends/cuda/src",
+    "backends/hip/src",
 ];
 
 /// The module graph of the crate whose sources are in `dir`: each top
