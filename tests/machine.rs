@@ -1152,8 +1152,14 @@ fn a_process_publishes_its_largest_sites_in_its_slot() {
             .map(|s| (s.site, s.live_bytes))
             .collect()
     };
-    eventually("the process's sites published", || {
-        sites().len() == SITE_ENTRIES
+    // The doorbell thread publishes every quarter second or so, maybe
+    // while the buffers above were still being made: wait for a publication
+    // that counts all of them (the four largest sites hold 3 MiB + 2 MiB +
+    // 1.5 MiB + 320 KiB), then check it row by row.
+    let all = 3 * MIB + 2 * MIB + (MIB + MIB / 2) + 5 * (64 << 10);
+    eventually("the process's sites published, every buffer counted", || {
+        let rows = sites();
+        rows.len() == SITE_ENTRIES && rows.iter().map(|r| r.1).sum::<u64>() == all
     });
     let rows = sites();
     let kv_site = &rows[0].0;
