@@ -1157,10 +1157,13 @@ fn a_process_publishes_its_largest_sites_in_its_slot() {
     // that counts all of them (the four largest sites hold 3 MiB + 2 MiB +
     // 1.5 MiB + 320 KiB), then check it row by row.
     let all = 3 * MIB + 2 * MIB + (MIB + MIB / 2) + 5 * (64 << 10);
-    eventually("the process's sites published, every buffer counted", || {
-        let rows = sites();
-        rows.len() == SITE_ENTRIES && rows.iter().map(|r| r.1).sum::<u64>() == all
-    });
+    eventually(
+        "the process's sites published, every buffer counted",
+        || {
+            let rows = sites();
+            rows.len() == SITE_ENTRIES && rows.iter().map(|r| r.1).sum::<u64>() == all
+        },
+    );
     let rows = sites();
     let kv_site = &rows[0].0;
     assert!(
