@@ -167,6 +167,14 @@ pub(crate) fn arena_context(limit: u64) -> Context {
     .expect("a context with an arena")
 }
 
+/// A capture with a 1 MiB governed pool in `mode`: what most cases begin.
+fn one_mib_pool(mode: CaptureMode) -> CaptureConfig {
+    CaptureConfig {
+        pool_bytes: MIB,
+        mode,
+    }
+}
+
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
@@ -309,13 +317,7 @@ fn pool_exhausted() {
     let ctx = arena_context(64 * MIB);
     let s = ctx.create_stream().expect("stream");
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     let a = cap.allocate(768 << 10).expect("fits");
     let refused = cap.allocate(512 << 10).expect_err("does not fit");
@@ -355,13 +357,7 @@ fn own_thread_map() {
     let s = ctx.create_stream().expect("stream");
     let before = stats();
     let cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     // Needs granules beyond the pool's: refused by the gate, not by
     // the driver.
@@ -552,13 +548,7 @@ fn huge_pool() {
     let snap = arena.snapshot();
     assert_eq!((snap.in_use, snap.mapped), (0, 0), "{snap:?}");
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("a pool that fits");
     let a = cap.allocate(4096).expect("carved");
     cap.upload(&a, 0, pattern(8, 4096)).expect("upload");
@@ -576,13 +566,7 @@ fn launch_asleep() {
     let arena = ctx.arena().expect("arena");
     let s = ctx.create_stream().expect("stream");
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     let a = cap.allocate(4096).expect("a");
     cap.upload(&a, 0, pattern(6, 4096)).expect("upload");
@@ -627,13 +611,7 @@ fn paused_enqueue_sleep() {
     let s = Arc::new(ctx.create_stream().expect("stream"));
     let m = Arc::new(ctx.allocate(&s, 4096).expect("buffer"));
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     let a = cap.allocate(4096).expect("a");
     cap.upload(&a, 0, pattern(9, 4096)).expect("upload");
@@ -704,13 +682,7 @@ fn launch_sleep_race() {
     let s = Arc::new(ctx.create_stream().expect("stream"));
     let m = ctx.allocate(&s, 4096).expect("buffer");
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     let a = cap.allocate(4096).expect("a");
     cap.upload(&a, 0, pattern(7, 4096)).expect("upload");
@@ -782,13 +754,7 @@ fn trim_deferred() {
     assert_eq!(arena.snapshot().cached, 8 * MIB);
     let before = stats();
     let cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     // The pool took one cached granule; the other three stay mapped:
     // the trim is deferred, not run.
@@ -817,13 +783,7 @@ fn sleep_waits() {
     let s = ctx.create_stream().expect("stream");
     let before = stats();
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::Global,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::Global))
         .expect("begin");
     let a = cap.allocate(4096).expect("a");
     let sleeper = {
@@ -851,13 +811,7 @@ fn teardown_live_graph() {
     let arena = ctx.arena().expect("arena");
     let s = ctx.create_stream().expect("stream");
     let mut cap = ctx
-        .begin_capture(
-            &s,
-            CaptureConfig {
-                pool_bytes: MIB,
-                mode: CaptureMode::ThreadLocal,
-            },
-        )
+        .begin_capture(&s, one_mib_pool(CaptureMode::ThreadLocal))
         .expect("begin");
     let a = cap.allocate(4096).expect("a");
     cap.upload(&a, 0, pattern(4, 4096)).expect("upload");
