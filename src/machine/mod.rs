@@ -442,11 +442,7 @@ impl JoinOptions {
     fn take_granted_env(&mut self) -> Result<(), crate::granted::GrantedLimitError> {
         if let Some((device, total)) = self.granted_env {
             if let Some(grant) = crate::granted::read_grant(device, total)? {
-                // As `granted`: the smaller wins.
-                if grant.bytes <= self.limit {
-                    self.limit = grant.bytes;
-                    self.limit_from = Some(grant.variable);
-                }
+                self.take_grant(&grant);
             }
         }
         Ok(())
@@ -486,11 +482,17 @@ impl JoinOptions {
     /// [`ProcessBudget::with_machine`](crate::ProcessBudget::with_machine),
     /// whose process level then takes the same limit.
     pub fn granted(mut self, granted: &crate::granted::GrantedLimit) -> Self {
+        self.take_grant(granted);
+        self
+    }
+
+    /// The grant becomes the limit when it is the smaller, and the limit
+    /// then names its variable.
+    fn take_grant(&mut self, granted: &crate::granted::GrantedLimit) {
         if granted.bytes <= self.limit {
             self.limit = granted.bytes;
             self.limit_from = Some(granted.variable.clone());
         }
-        self
     }
 
     /// Bytes guaranteed to this process: others are not admitted into
