@@ -148,6 +148,47 @@ pub fn err<V: Vendor>(
     BackendError::new(V::BACKEND, op, kind, msg)
 }
 
+/// The vendor crate's shorthands for its results, each the function of
+/// this module of the same name over vendor `$vendor`: `check` and `error`
+/// (with the visibility given), `err` (crate-private). Written once here so
+/// that a vendor's result module is its table alone.
+///
+/// ```ignore
+/// memgov_stream_ordered::vendor_results!(pub(crate) Cuda);
+/// ```
+#[macro_export]
+macro_rules! vendor_results {
+    ($vis:vis $vendor:ty) => {
+        /// An error for `op` from driver call `call` returning `code`, with
+        /// the code, its name and the way out.
+        $vis fn error(
+            op: &'static str,
+            call: &str,
+            code: <$vendor as $crate::Vendor>::Code,
+        ) -> ::memgov_backend::BackendError {
+            $crate::result::error::<$vendor>(op, call, code)
+        }
+
+        /// `Ok(())` for the success code, else the classified [`error`].
+        $vis fn check(
+            op: &'static str,
+            call: &str,
+            code: <$vendor as $crate::Vendor>::Code,
+        ) -> Result<(), ::memgov_backend::BackendError> {
+            $crate::result::check::<$vendor>(op, call, code)
+        }
+
+        /// An error that did not come from a driver call.
+        pub(crate) fn err(
+            op: &'static str,
+            kind: ::memgov_backend::BackendErrorKind,
+            msg: impl Into<String>,
+        ) -> ::memgov_backend::BackendError {
+            $crate::result::err::<$vendor>(op, kind, msg)
+        }
+    };
+}
+
 /// Vendor `V` as the driver shell ([`memgov_backend::Shell`]) sees it: its
 /// results classified by [`check`].
 pub struct Checked<V>(PhantomData<fn() -> V>);
