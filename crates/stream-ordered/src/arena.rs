@@ -14,7 +14,7 @@ use crate::result::{err, Class, Vendor};
 use crate::table::{Context, HandleOf, VmmNames, VmmTable};
 use memgov_backend::shell::{self, Current};
 use memgov_backend::vmm::{self, ArenaConfig, Slot};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
@@ -141,6 +141,94 @@ pub fn drain<C: Context>(
 /// The driver for one operation on `arena`, run in context `s`.
 pub fn driver<'a, C: Context>(s: &'a C, arena: &'a C::Arena) -> Driver<'a, C> {
     Driver::new(s, arena, C::granule_prop(arena))
+}
+
+/// One context's arena: the driver-agnostic books and transactions
+/// ([`vmm::Arena`] of handles `H`, reached through `Deref`), the device it
+/// maps on, the context's probe, the releases queued on its streams (`R`,
+/// the vendor's: how a release waits for its stream differs) and what else
+/// the vendor keeps beside them (`X`: HIP's runtime version). Lives in an
+/// `Arc` shared with the stream callbacks of its releases. The vendors'
+/// `arena::Arena` is this type over their handles and releases.
+pub struct Arena<H, R, X = ()> {
+    books: vmm::Arena<H>,
+    /// The ordinal of the device the arena maps on.
+    pub ordinal: i32,
+    /// The context's probe, for the releases' callbacks, which run without
+    /// the context.
+    pub probe: BackendProbe,
+    /// Releases queued whose stream callback has not run.
+    pub releases: R,
+    /// What the vendor keeps beside the books.
+    pub vendor: X,
+}
+
+impl<H, R, X> std::ops::Deref for Arena<H, R, X> {
+    type Target = vmm::Arena<H>;
+
+    fn deref(&self) -> &vmm::Arena<H> {
+        &self.books
+    }
+}
+
+impl<H, R: Default, X> Arena<H, R, X> {
+    /// A new arena on device `ordinal` of context `s` (its device current
+    /// on the calling thread, its probe `probe`), its granules made with
+    /// `prop`: the books of [`reserve`], no release queued.
+    pub fn reserve<C>(
+        s: &C,
+        config: &ArenaConfig,
+        (ordinal, prop): (i32, &PropOf<C>),
+        probe: BackendProbe,
+        vendor: X,
+    ) -> Result<Self, BackendError>
+    where
+        C: Context<Arena = Self>,
+        C::Table: VmmTable<Handle = H>,
+    {
+        Ok(Self {
+            books: reserve(s, config, prop)?,
+            ordinal,
+            probe,
+            releases: R::default(),
+            vendor,
+        })
+    }
+}
+
+impl<H: Copy + Eq + std::fmt::Debug, R, X> Arena<H, R, X> {
+    /// The driver for one operation on this arena, run in context `s`.
+    pub fn driver<'a, C>(&'a self, s: &'a C) -> Driver<'a, C>
+    where
+        C: Context<Arena = Self>,
+        C::Table: VmmTable<Handle = H>,
+    {
+        driver(s, self)
+    }
+
+    /// Take `bytes` of the arena, mapping the granules it needs; returns
+    /// its device address. The device must be current on the calling
+    /// thread.
+    pub fn allocate<C>(&self, s: &C, bytes: u64) -> Result<u64, BackendError>
+    where
+        C: Context<Arena = Self>,
+        C::Table: VmmTable<Handle = H>,
+    {
+        self.books.allocate(&self.driver(s), bytes)
+    }
+
+    /// Give everything back at teardown: every mapped granule (in use or
+    /// not: every stream was synchronized), then the reservation. A
+    /// granule whose unmap is refused keeps the reservation alive (freeing
+    /// it under a mapping is undefined); both are reported.
+    pub fn teardown<C>(&self, s: &C) -> Result<(), BackendError>
+    where
+        C: Context<Arena = Self>,
+        C::Table: VmmTable<Handle = H>,
+    {
+        self.books.teardown(&self.driver(s))?;
+        free_reservation(s, &self.books)
+    }
 }
 
 /// A trim the end of the last capture runs.

@@ -6,7 +6,7 @@
 //!
 //! Invariants, each enforced where it is written:
 //!
-//! * **Stable addresses.** The reservation is made once, in [`Arena::create`],
+//! * **Stable addresses.** The reservation is made once, in [`create`],
 //!   and freed once, in [`Arena::teardown`]; an allocation's address never
 //!   changes, and a large allocation is one contiguous range whatever the
 //!   granules behind it.
@@ -41,8 +41,7 @@ pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
 use crate::shared::Shared;
-use cudarc::driver::sys::{self, CUdeviceptr};
-use memgov_backend::vmm;
+use cudarc::driver::sys;
 use memgov_backend::BackendError;
 
 /// Settings of a context's virtual-memory arena (see
@@ -79,60 +78,22 @@ pub use memgov_backend::vmm::ArenaConfig;
 /// [`ArenaHandle`]: memgov_stream_ordered::arena::ArenaHandle
 pub type CudaArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 
-/// One context's arena: the driver-agnostic books and transactions
-/// ([`vmm::Arena`], reached through `Deref`), the device it maps on, and
-/// the releases queued on its streams. Lives in an `Arc` shared with the
-/// host functions of its releases, which touch only its state lock.
-pub struct Arena {
-    core: vmm::Arena<sys::CUmemGenericAllocationHandle>,
-    pub(crate) ordinal: i32,
-    /// Releases queued whose host function has not run.
-    pub(crate) releases: release::Releases,
-}
+/// One context's arena: the core's
+/// [`Arena`](memgov_stream_ordered::arena::Arena) (books, device, releases)
+/// over CUDA's handles and its host-function releases.
+pub type Arena =
+    memgov_stream_ordered::arena::Arena<sys::CUmemGenericAllocationHandle, release::Releases>;
 
-impl std::ops::Deref for Arena {
-    type Target = vmm::Arena<sys::CUmemGenericAllocationHandle>;
-
-    fn deref(&self) -> &Self::Target {
-        &self.core
-    }
-}
-
-/// One arena operation's driver: the core's granule steps and sleep copies
-/// ([`memgov_stream_ordered::arena`]) over CUDA's table ([`granule`]).
-pub(crate) type Driver<'a> = memgov_stream_ordered::arena::Driver<'a, Shared>;
-
-impl Arena {
-    /// Ask the granularity and reserve the range, on the context (current on
-    /// the calling thread).
-    pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Self, BackendError> {
-        let ordinal = s.ordinal as i32;
-        let prop = granule::prop(ordinal);
-        let _current = s.make_current("arena")?;
-        let core = memgov_stream_ordered::arena::reserve(s, config, &prop)?;
-        Ok(Self {
-            core,
-            ordinal,
-            releases: release::Releases::default(),
-        })
-    }
-
-    pub(crate) fn driver<'a>(&'a self, s: &'a Shared) -> Driver<'a> {
-        memgov_stream_ordered::arena::driver(s, self)
-    }
-
-    /// Take `bytes` of the arena, mapping the granules it needs; returns its
-    /// device address. The context must be current on the calling thread.
-    pub(crate) fn allocate(&self, s: &Shared, bytes: u64) -> Result<CUdeviceptr, BackendError> {
-        self.core.allocate(&self.driver(s), bytes)
-    }
-
-    /// Give everything back at teardown: every mapped granule (in use or
-    /// not: every stream was synchronized), then the reservation. A granule
-    /// whose unmap is refused keeps the reservation alive (freeing it under
-    /// a mapping is undefined); both are reported.
-    pub(crate) fn teardown(&self, s: &Shared) -> Result<(), BackendError> {
-        self.core.teardown(&self.driver(s))?;
-        memgov_stream_ordered::arena::free_reservation(s, &self.core)
-    }
+/// Ask the granularity and reserve the range, on the context (current on
+/// the calling thread).
+pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Arena, BackendError> {
+    let ordinal = s.ordinal as i32;
+    let _current = s.make_current("arena")?;
+    Arena::reserve(
+        s,
+        config,
+        (ordinal, &granule::prop(ordinal)),
+        s.probe().clone(),
+        (),
+    )
 }

@@ -187,7 +187,7 @@ impl Context for Shared {
     }
 
     fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
-        arena.prop()
+        ffi::allocation_prop(arena.ordinal, arena.vendor)
     }
 
     fn raw_stream(
