@@ -235,28 +235,10 @@ pub type CudaCapture<'a> = memgov_stream_ordered::capture::Capture<'a, Shared>;
 /// [`Graph`](memgov_stream_ordered::capture::Graph) over CUDA.
 pub type CudaGraph = memgov_stream_ordered::capture::Graph<Shared>;
 
-impl CudaContext {
-    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
-    /// `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
-    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
-        memgov_stream_ordered::capture::pool_bytes::<Cuda>(pool_bytes)
+memgov_stream_ordered::capture_methods! {
+    impl CudaContext<Cuda> {
+        stream: CudaStream,
+        capture: CudaCapture,
     }
-
-    /// Begin capturing `stream` into a graph
-    /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
     /// Needs an arena ([`CudaConfig::arena`](crate::CudaConfig::arena)).
-    pub fn begin_capture(
-        &self,
-        stream: &CudaStream,
-        config: CaptureConfig,
-    ) -> Result<CudaCapture<'_>, BackendError> {
-        CudaCapture::begin(
-            &self.shared,
-            self.arena.as_ref(),
-            &self.pins,
-            stream,
-            config,
-            |arena, s, bytes| arena.allocate(s, bytes),
-        )
-    }
 }

@@ -201,29 +201,11 @@ fn capture_calls() -> Result<(), BackendError> {
     }
 }
 
-impl HipContext {
-    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
-    /// `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
-    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
-        memgov_stream_ordered::capture::pool_bytes::<Hip>(pool_bytes)
+memgov_stream_ordered::capture_methods! {
+    impl HipContext<Hip> {
+        stream: HipStream,
+        capture: HipCapture,
     }
-
-    /// Begin capturing `stream` into a graph
-    /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
     /// Needs an arena ([`HipConfig::arena`](crate::HipConfig::arena)) and a
     /// runtime with the capture calls ([`capture_supported`]).
-    pub fn begin_capture(
-        &self,
-        stream: &HipStream,
-        config: CaptureConfig,
-    ) -> Result<HipCapture<'_>, BackendError> {
-        HipCapture::begin(
-            &self.shared,
-            self.arena.as_ref(),
-            &self.pins,
-            stream,
-            config,
-            |arena, s, bytes| arena.allocate(s, bytes),
-        )
-    }
 }

@@ -711,6 +711,52 @@ pub fn pool_bytes<T: CaptureTable>(pool_bytes: u64) -> Result<u64, BackendError>
     Ok(CapturePool::size_for(T::BACKEND, pool_bytes, ALIGN)?)
 }
 
+/// A vendor context's capture methods, written once: `capture_pool_bytes`
+/// ([`pool_bytes`] over `$table`) and `begin_capture` ([`Capture::begin`],
+/// the pool taken from the arena's `allocate`) on `$context`, a struct
+/// with the fields `shared`, `arena` and `pins`, whose streams are
+/// `$stream` and whose captures `$capture`. The attributes given are
+/// `begin_capture`'s documentation beyond the core's.
+#[macro_export]
+macro_rules! capture_methods {
+    (
+        impl $context:ident<$table:ty> {
+            stream: $stream:ty,
+            capture: $capture:ident,
+        }
+        $(#[$begin:meta])*
+    ) => {
+        impl $context {
+            /// The size of the pool [`begin_capture`](Self::begin_capture)
+            /// takes for `pool_bytes`
+            /// ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
+            pub fn capture_pool_bytes(
+                pool_bytes: u64,
+            ) -> Result<u64, ::memgov_backend::BackendError> {
+                $crate::capture::pool_bytes::<$table>(pool_bytes)
+            }
+
+            /// Begin capturing `stream` into a graph
+            /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
+            $(#[$begin])*
+            pub fn begin_capture(
+                &self,
+                stream: &$stream,
+                config: ::memgov_backend::capability::CaptureConfig,
+            ) -> Result<$capture<'_>, ::memgov_backend::BackendError> {
+                $capture::begin(
+                    &self.shared,
+                    self.arena.as_ref(),
+                    &self.pins,
+                    stream,
+                    config,
+                    |arena, s, bytes| arena.allocate(s, bytes),
+                )
+            }
+        }
+    };
+}
+
 impl<C: Context> Capture<'_, C> {
     /// Begin capturing `stream` into a graph, with a pool of
     /// `config.pool_bytes` taken from the context's arena first (mapped
