@@ -143,19 +143,16 @@ pub fn driver<'a, C: Context>(s: &'a C, arena: &'a C::Arena) -> Driver<'a, C> {
     Driver::new(s, arena, C::granule_prop(arena))
 }
 
-/// One context's arena: the driver-agnostic books and transactions
-/// ([`vmm::Arena`] of handles `H`, reached through `Deref`), the device it
-/// maps on, the context's probe, the releases queued on its streams (`R`,
-/// the vendor's: how a release waits for its stream differs) and what else
-/// the vendor keeps beside them (`X`: HIP's runtime version). Lives in an
-/// `Arc` shared with the stream callbacks of its releases. The vendors'
-/// `arena::Arena` is this type over their handles and releases.
-pub struct Arena<H, R, X = ()> {
-    books: vmm::Arena<H>,
+/// One context's arena: the driver-agnostic books ([`vmm::Arena`], reached
+/// through `Deref`), the device it maps on, the context's probe, the
+/// releases queued on its streams (`R`, the vendor's) and what else the
+/// vendor keeps (`X`: HIP's runtime version). Lives in an `Arc` shared with
+/// the stream callbacks of its releases. The vendors' `arena::Arena`.
+pub struct Arena<C: Context, R, X = ()> {
+    books: vmm::Arena<HandleOf<C>>,
     /// The ordinal of the device the arena maps on.
     pub ordinal: i32,
-    /// The context's probe, for the releases' callbacks, which run without
-    /// the context.
+    /// The context's probe, for release callbacks that run without it.
     pub probe: BackendProbe,
     /// Releases queued whose stream callback has not run.
     pub releases: R,
@@ -163,70 +160,47 @@ pub struct Arena<H, R, X = ()> {
     pub vendor: X,
 }
 
-impl<H, R, X> std::ops::Deref for Arena<H, R, X> {
-    type Target = vmm::Arena<H>;
+impl<C: Context, R, X> std::ops::Deref for Arena<C, R, X> {
+    type Target = vmm::Arena<HandleOf<C>>;
 
-    fn deref(&self) -> &vmm::Arena<H> {
+    fn deref(&self) -> &Self::Target {
         &self.books
     }
 }
 
-impl<H, R: Default, X> Arena<H, R, X> {
-    /// A new arena on device `ordinal` of context `s` (its device current
-    /// on the calling thread, its probe `probe`), its granules made with
-    /// `prop`: the books of [`reserve`], no release queued.
-    pub fn reserve<C>(
+impl<C: Context<Arena = Self>, R: Default, X> Arena<C, R, X> {
+    /// A new arena on device `ordinal` (current on the calling thread), its
+    /// granules made with `prop`: the books of [`reserve`], no release.
+    pub fn reserve(
         s: &C,
         config: &ArenaConfig,
         (ordinal, prop): (i32, &PropOf<C>),
         probe: BackendProbe,
         vendor: X,
-    ) -> Result<Self, BackendError>
-    where
-        C: Context<Arena = Self>,
-        C::Table: VmmTable<Handle = H>,
-    {
+    ) -> Result<Self, BackendError> {
+        let books = reserve(s, config, prop)?;
+        let releases = R::default();
         Ok(Self {
-            books: reserve(s, config, prop)?,
+            books,
             ordinal,
             probe,
-            releases: R::default(),
+            releases,
             vendor,
         })
     }
-}
 
-impl<H: Copy + Eq + std::fmt::Debug, R, X> Arena<H, R, X> {
-    /// The driver for one operation on this arena, run in context `s`.
-    pub fn driver<'a, C>(&'a self, s: &'a C) -> Driver<'a, C>
-    where
-        C: Context<Arena = Self>,
-        C::Table: VmmTable<Handle = H>,
-    {
-        driver(s, self)
+    /// Take `bytes`, mapping the granules it needs; returns the device
+    /// address. The device must be current on the calling thread.
+    pub fn allocate(&self, s: &C, bytes: u64) -> Result<u64, BackendError> {
+        self.books.allocate(&driver(s, self), bytes)
     }
 
-    /// Take `bytes` of the arena, mapping the granules it needs; returns
-    /// its device address. The device must be current on the calling
-    /// thread.
-    pub fn allocate<C>(&self, s: &C, bytes: u64) -> Result<u64, BackendError>
-    where
-        C: Context<Arena = Self>,
-        C::Table: VmmTable<Handle = H>,
-    {
-        self.books.allocate(&self.driver(s), bytes)
-    }
-
-    /// Give everything back at teardown: every mapped granule (in use or
-    /// not: every stream was synchronized), then the reservation. A
-    /// granule whose unmap is refused keeps the reservation alive (freeing
-    /// it under a mapping is undefined); both are reported.
-    pub fn teardown<C>(&self, s: &C) -> Result<(), BackendError>
-    where
-        C: Context<Arena = Self>,
-        C::Table: VmmTable<Handle = H>,
-    {
-        self.books.teardown(&self.driver(s))?;
+    /// Give every mapped granule back at teardown (every stream was
+    /// synchronized), then the reservation; a refused unmap keeps the
+    /// reservation (freeing it under a mapping is undefined), and both are
+    /// reported.
+    pub fn teardown(&self, s: &C) -> Result<(), BackendError> {
+        self.books.teardown(&driver(s, self))?;
         free_reservation(s, &self.books)
     }
 }

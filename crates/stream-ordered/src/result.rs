@@ -148,19 +148,14 @@ pub fn err<V: Vendor>(
     BackendError::new(V::BACKEND, op, kind, msg)
 }
 
-/// The vendor crate's shorthands for its results, each the function of
-/// this module of the same name over vendor `$vendor`: `check` and `error`
-/// (with the visibility given), `err` (crate-private). Written once here so
-/// that a vendor's result module is its table alone.
-///
-/// ```ignore
-/// memgov_stream_ordered::vendor_results!(pub(crate) Cuda);
-/// ```
+/// A vendor crate's shorthands for its results over vendor `$vendor`, each
+/// the function of this module of the same name: `check` and `error` (with
+/// the visibility given) and `err` (crate-private).
 #[macro_export]
 macro_rules! vendor_results {
     ($vis:vis $vendor:ty) => {
-        /// An error for `op` from driver call `call` returning `code`, with
-        /// the code, its name and the way out.
+        /// An error for `op` from `call` returning `code`, with the code,
+        /// its name and the way out.
         $vis fn error(
             op: &'static str,
             call: &str,
@@ -168,8 +163,7 @@ macro_rules! vendor_results {
         ) -> ::memgov_backend::BackendError {
             $crate::result::error::<$vendor>(op, call, code)
         }
-
-        /// `Ok(())` for the success code, else the classified [`error`].
+        /// `Ok(())` for the success code, else [`error`].
         $vis fn check(
             op: &'static str,
             call: &str,
@@ -177,7 +171,6 @@ macro_rules! vendor_results {
         ) -> Result<(), ::memgov_backend::BackendError> {
             $crate::result::check::<$vendor>(op, call, code)
         }
-
         /// An error that did not come from a driver call.
         pub(crate) fn err(
             op: &'static str,

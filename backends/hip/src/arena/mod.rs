@@ -25,7 +25,6 @@ pub(crate) mod release;
 use crate::ffi;
 use crate::result::err;
 use crate::shared::Shared;
-use granule::Handle;
 use memgov_backend::{BackendError, BackendErrorKind};
 
 pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
@@ -39,7 +38,7 @@ pub type HipArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 /// releases) over HIP's handles and its callback releases, keeping the
 /// `hipRuntimeGetVersion` that says which `hipMemAllocationProp` layout to
 /// pass.
-pub type Arena = memgov_stream_ordered::arena::Arena<Handle, release::Releases, i32>;
+pub type Arena = memgov_stream_ordered::arena::Arena<Shared, release::Releases, i32>;
 
 /// `Unsupported`, naming the entry point the loaded ROCm lacks.
 pub(crate) fn unsupported(op: &'static str, what: &str, symbol: &str) -> BackendError {
