@@ -92,45 +92,18 @@ const DEVICE_LOST: &[HipResult] = &[
 ];
 
 /// The header's names of the codes `ffi.rs` declares.
-const KNOWN_NAMES: &[(HipResult, &str)] = &[
-    (ffi::hipSuccess, "hipSuccess"),
-    (ffi::hipErrorInvalidValue, "hipErrorInvalidValue"),
-    (ffi::hipErrorOutOfMemory, "hipErrorOutOfMemory"),
-    (ffi::hipErrorNotInitialized, "hipErrorNotInitialized"),
-    (ffi::hipErrorDeinitialized, "hipErrorDeinitialized"),
-    (
-        ffi::hipErrorInvalidDevicePointer,
-        "hipErrorInvalidDevicePointer",
-    ),
-    (
-        ffi::hipErrorInvalidMemcpyDirection,
-        "hipErrorInvalidMemcpyDirection",
-    ),
-    (
-        ffi::hipErrorInsufficientDriver,
-        "hipErrorInsufficientDriver",
-    ),
-    (
-        ffi::hipErrorPriorLaunchFailure,
-        "hipErrorPriorLaunchFailure",
-    ),
-    (ffi::hipErrorNoDevice, "hipErrorNoDevice"),
-    (ffi::hipErrorInvalidDevice, "hipErrorInvalidDevice"),
-    (ffi::hipErrorInvalidContext, "hipErrorInvalidContext"),
-    (ffi::hipErrorNoBinaryForGpu, "hipErrorNoBinaryForGpu"),
-    (ffi::hipErrorECCNotCorrectable, "hipErrorECCNotCorrectable"),
-    (ffi::hipErrorInvalidHandle, "hipErrorInvalidHandle"),
-    (ffi::hipErrorNotReady, "hipErrorNotReady"),
-    (ffi::hipErrorIllegalAddress, "hipErrorIllegalAddress"),
-    (ffi::hipErrorLaunchTimeOut, "hipErrorLaunchTimeOut"),
-    (
-        ffi::hipErrorContextIsDestroyed,
-        "hipErrorContextIsDestroyed",
-    ),
-    (ffi::hipErrorAssert, "hipErrorAssert"),
-    (ffi::hipErrorLaunchFailure, "hipErrorLaunchFailure"),
-    (ffi::hipErrorNotSupported, "hipErrorNotSupported"),
-];
+macro_rules! named {
+    ($($code:ident),* $(,)?) => { &[$((ffi::$code, stringify!($code))),*] };
+}
+const KNOWN_NAMES: &[(HipResult, &str)] = named! {
+    hipSuccess, hipErrorInvalidValue, hipErrorOutOfMemory, hipErrorNotInitialized,
+    hipErrorDeinitialized, hipErrorInvalidDevicePointer, hipErrorInvalidMemcpyDirection,
+    hipErrorInsufficientDriver, hipErrorPriorLaunchFailure, hipErrorNoDevice,
+    hipErrorInvalidDevice, hipErrorInvalidContext, hipErrorNoBinaryForGpu,
+    hipErrorECCNotCorrectable, hipErrorInvalidHandle, hipErrorNotReady, hipErrorIllegalAddress,
+    hipErrorLaunchTimeOut, hipErrorContextIsDestroyed, hipErrorAssert, hipErrorLaunchFailure,
+    hipErrorNotSupported,
+};
 
 /// Whether `code` means the device (or the process's hold on it) is lost.
 pub fn is_device_lost(c: HipResult) -> bool {
