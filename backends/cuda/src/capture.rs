@@ -1,41 +1,11 @@
-//! Graph capture on a context's arena: a capture pool mapped and reserved
-//! before `cuStreamBeginCapture_v2`, carved by the allocations made during
-//! capture, pinned by the graph until it is destroyed; and the process-wide
-//! gate that keeps memgov's own driver calls from invalidating a capture.
-//!
-//! The capture's and the graph's logic is the stream-ordered core's
-//! ([`memgov_stream_ordered::capture`], over CUDA's [`CaptureTable`] below);
-//! this module is CUDA's table of capture calls, its public types wrapping
-//! the core's, and the count of a graph's memory nodes only CUDA reads.
-//! Invariants, each enforced where it is written:
-//!
-//! * **No driver allocation during capture.** The pool is taken from the
-//!   arena (mapping its granules) in [`CudaContext::begin_capture`], before
-//!   the stream begins capturing; [`CudaCapture::allocate`] only carves it,
-//!   in Rust, and refuses with [`PoolExhausted`] (the capture stays valid)
-//!   when it runs out.
-//! * **The gate.** The driver prohibits "potentially unsafe" calls (those
-//!   that change memory outside any stream, like `cudaMalloc` in its
-//!   documentation) on every thread while a capture begun in
-//!   `CU_STREAM_CAPTURE_MODE_GLOBAL` is under way, and invalidates the
-//!   capture. The arena's map, unmap and release pass through the gate
-//!   ([`memgov_backend::vmm::Gate`], one for CUDA, shared in shape with HIP):
-//!   while a capture is under way they wait until the last capture ends (a
-//!   public [`CudaArena::trim`](crate::CudaArena::trim) is deferred instead:
-//!   it returns 0 at once and the last capture's end runs it). Captures are
-//!   keyed by their capture id (`cuStreamGetCaptureInfo_v2`), not by thread;
-//!   the thread that began one is remembered only so that a map it asks for
-//!   itself during its own capture is refused rather than waited on
-//!   forever. The gate is process-wide because the driver's rule is. A
-//!   capture leaves the gate when the driver's capture is over, not when
-//!   `end` is called: an end that fails with the stream still capturing (or
-//!   before it reached the driver) keeps it there, and the context's
-//!   teardown ends it.
-//! * **Pins.** A [`CudaGraph`] owns its pool and the host buffers its
-//!   copies read and write. [`CudaGraph::destroy`] synchronizes the context
-//!   (so every launch finished), destroys the executable graph and the
-//!   graph, and only then returns the pool to the arena. Teardown destroys
-//!   the graphs still live and reports how many.
+//! Graph capture on a CUDA context's arena: CUDA's table of capture calls
+//! (`cuStreamBeginCapture_v2`, ...), its public types over the core's
+//! ([`memgov_stream_ordered::capture`], whose documentation lists the
+//! invariants: no driver allocation during capture, the gate, the pins),
+//! the count of a graph's memory nodes only CUDA reads, and the
+//! process-wide gate ([`capture_gate`]) that keeps memgov's own driver
+//! calls (map, unmap, release, `cuCtxSynchronize`, ...) from invalidating
+//! a capture begun in `CU_STREAM_CAPTURE_MODE_GLOBAL`.
 
 use crate::result::Cuda;
 use crate::shared::Shared;
@@ -235,28 +205,10 @@ pub type CudaCapture<'a> = memgov_stream_ordered::capture::Capture<'a, Shared>;
 /// [`Graph`](memgov_stream_ordered::capture::Graph) over CUDA.
 pub type CudaGraph = memgov_stream_ordered::capture::Graph<Shared>;
 
-impl CudaContext {
-    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
-    /// `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
-    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
-        memgov_stream_ordered::capture::pool_bytes::<Cuda>(pool_bytes)
+memgov_stream_ordered::capture_methods! {
+    impl CudaContext<Cuda> {
+        stream: CudaStream,
+        capture: CudaCapture,
     }
-
-    /// Begin capturing `stream` into a graph
-    /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
     /// Needs an arena ([`CudaConfig::arena`](crate::CudaConfig::arena)).
-    pub fn begin_capture(
-        &self,
-        stream: &CudaStream,
-        config: CaptureConfig,
-    ) -> Result<CudaCapture<'_>, BackendError> {
-        CudaCapture::begin(
-            &self.shared,
-            self.arena.as_ref(),
-            &self.pins,
-            stream,
-            config,
-            |arena, s, bytes| arena.allocate(s, bytes),
-        )
-    }
 }

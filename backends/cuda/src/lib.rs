@@ -487,7 +487,7 @@ impl CudaContext {
         let Some(config) = config else {
             return Ok(self);
         };
-        match arena::Arena::create(&self.shared, config) {
+        match arena::create(&self.shared, config) {
             Ok(a) => {
                 self.arena = Some(Arc::new(a));
                 Ok(self)

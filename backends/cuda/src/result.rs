@@ -10,10 +10,12 @@
 //! never calls into a driver that may be broken). The message and the way
 //! out are built by the core ([`memgov_stream_ordered::result`]); this file
 //! is CUDA's half of the vendor table's results.
+//!
+//! [`BackendError`]: memgov_backend::BackendError
+//! [`BackendErrorKind::DeviceLost`]: memgov_backend::BackendErrorKind::DeviceLost
 
 use cudarc::driver::sys::CUresult;
-use memgov_backend::{BackendError, BackendErrorKind};
-use memgov_stream_ordered::{result, Class, Hints, Vendor};
+use memgov_stream_ordered::{Class, Hints, Vendor};
 
 pub(crate) const BACKEND: &str = "cuda";
 
@@ -90,59 +92,33 @@ impl Vendor for Cuda {
     }
 }
 
-/// How a result code is classified.
-#[cfg(test)]
-pub(crate) fn kind_of(r: CUresult) -> BackendErrorKind {
-    result::kind_of::<Cuda>(r)
-}
-
 /// The driver's name for a code (`CUDA_ERROR_ILLEGAL_ADDRESS`).
 pub(crate) fn name(r: CUresult) -> String {
     Cuda::name(r)
 }
 
-/// An error for `op` from driver call `call` returning `r`, with the code,
-/// its name and the way out.
-pub(crate) fn error(op: &'static str, call: &str, r: CUresult) -> BackendError {
-    result::error::<Cuda>(op, call, r)
-}
-
-/// `Ok(())` for `CUDA_SUCCESS`, else [`error`].
-pub(crate) fn check(op: &'static str, call: &str, r: CUresult) -> Result<(), BackendError> {
-    result::check::<Cuda>(op, call, r)
-}
-
-/// A backend error without a driver code.
-pub(crate) fn err(
-    op: &'static str,
-    kind: BackendErrorKind,
-    msg: impl Into<String>,
-) -> BackendError {
-    result::err::<Cuda>(op, kind, msg)
-}
+memgov_stream_ordered::vendor_results!(pub(crate) Cuda);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memgov_backend::BackendErrorKind;
 
     #[test]
     fn sticky_codes_are_device_lost_and_others_are_not() {
+        use memgov_stream_ordered::result::kind_of;
         for &r in DEVICE_LOST {
-            assert_eq!(kind_of(r), BackendErrorKind::DeviceLost, "{r:?}");
+            assert_eq!(kind_of::<Cuda>(r), BackendErrorKind::DeviceLost, "{r:?}");
             assert!(error("allocate", "cuMemAllocAsync", r).is_device_lost());
         }
-        assert_eq!(
-            kind_of(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
-            BackendErrorKind::OutOfMemory
-        );
-        assert_eq!(
-            kind_of(CUresult::CUDA_ERROR_NO_DEVICE),
-            BackendErrorKind::Unavailable
-        );
-        assert_eq!(
-            kind_of(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
-            BackendErrorKind::Other
-        );
+        use {BackendErrorKind as K, CUresult as R};
+        for (r, kind) in [
+            (R::CUDA_ERROR_OUT_OF_MEMORY, K::OutOfMemory),
+            (R::CUDA_ERROR_NO_DEVICE, K::Unavailable),
+            (R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, K::Other),
+        ] {
+            assert_eq!(kind_of::<Cuda>(r), kind, "{r:?}");
+        }
     }
 
     #[test]

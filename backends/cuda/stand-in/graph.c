@@ -4,7 +4,8 @@
  * #include below), from the stream capture and graph management sections
  * of NVIDIA's CUDA Driver API documentation; this file fills its table
  * with the driver API's names, codes and enumerators and keeps the
- * exported entry points and the hooks libcuda.c and vmm.c call.
+ * exported entry points and the hooks libcuda.c and vmm.c call that
+ * record (sq_graph.c defines the others over CUDA_GRAPH).
  *
  * CUDA's side:
  * - The potentially unsafe calls (those that allocate, map or release
@@ -95,6 +96,7 @@ static const struct sq_graph_vendor CUDA_GRAPH = {
     .sticky = cuda_standin_sticky, .entry_fault = entry_fault, .replay = replay,
 };
 
+#define SQ_GRAPH_TABLE CUDA_GRAPH
 #include "sq_graph.c"
 
 #define ENTER(fn) CUDA_STANDIN_CALL(fn)
@@ -128,8 +130,6 @@ int graph_record_free(const char *fn, const void *stream, uint64_t dptr) {
     return sq_graph_record_free(&CUDA_GRAPH, fn, stream, dptr);
 }
 
-int graph_capturing(const void *stream) { return sq_graph_capturing(stream); }
-
 int graph_record_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
                       const void *src, size_t bytes) {
     return sq_graph_record(&CUDA_GRAPH, fn, stream,
@@ -141,16 +141,6 @@ int graph_record_host_fn(const void *stream, CUhostFn fn, void *user) {
     return sq_graph_record(&CUDA_GRAPH, "cuLaunchHostFunc", stream,
                            (struct sq_graph_op){.type = SQ_GRAPH_NODE_HOST,
                                                 .host_fn = (void *)fn, .user = user});
-}
-
-int graph_conflicting(const char *fn, const void *stream) {
-    (void)fn;
-    return sq_graph_conflicting(&CUDA_GRAPH, stream);
-}
-
-int graph_unsafe(const char *fn, int alloc) {
-    (void)fn;
-    return sq_graph_unsafe(&CUDA_GRAPH, alloc);
 }
 
 void graph_note_alloc(void) { sq_graph_note_alloc(); }

@@ -101,46 +101,25 @@ static const struct sq_vmm_vendor CUDA_VMM = {
     .map_offset_must_be_zero = 0,
     .devices = cuda_standin_devices, .capacity = cuda_standin_capacity,
     .sticky = cuda_standin_sticky, .entry_fault = standin_entry_fault, .access_of = access_of,
+    .unsafe_during_capture = graph_unsafe,
+    .capture_unsupported = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
 };
 
 #include "sq_vmm.c"
 
-/* For tests: from now on the Nth call of `fn` fails (counting from this
- * call; N = 0 or fn = NULL: none), as MEMGOV_STANDIN_CUDA_FAIL_ENTRY says at
- * process start. Lets one process run many fault cells. */
-__attribute__((visibility("default"))) int memgov_standin_cuda_fail_entry(const char *fn,
-                                                                          unsigned long long n) {
-    return sq_entry_fault_set(fn, n);
-}
-
-/* For tests that force an interleaving: from now on the Nth call of `fn`
- * (any entry point, at its entry; and the point named
+/* For tests (standin.h): memgov_standin_cuda_fail_entry(fn, n): from now
+ * on the Nth call of `fn` fails (counting from this call; N = 0 or fn =
+ * NULL: none), as MEMGOV_STANDIN_CUDA_FAIL_ENTRY says at process start, so
+ * that one process runs many fault cells; memgov_standin_cuda_pause_entry
+ * (fn, n), for tests that force an interleaving: from now on the Nth call
+ * of `fn` (any entry point, at its entry; and the point named
  * "cuCtxSynchronize:waits", after a context synchronize took its snapshot
  * of the queues and before it waits on them) blocks before it changes
- * anything, until
- * memgov_standin_cuda_resume_entry(); memgov_standin_cuda_entry_paused()
- * says whether one is held. See sq_entry_pause_set. */
-__attribute__((visibility("default"))) int memgov_standin_cuda_pause_entry(const char *fn,
-                                                                           unsigned long long n) {
-    return sq_entry_pause_set(fn, n);
-}
-
-__attribute__((visibility("default"))) int memgov_standin_cuda_entry_paused(void) {
-    return sq_entry_paused();
-}
-
-__attribute__((visibility("default"))) void memgov_standin_cuda_resume_entry(void) {
-    sq_entry_resume();
-}
+ * anything, until memgov_standin_cuda_resume_entry();
+ * memgov_standin_cuda_entry_paused() says whether one is held. */
+SQ_ENTRY_TEST_HOOKS(cuda)
 
 #define VMM_ENTER(fn) CUDA_STANDIN_CALL(fn)
-
-/* A potentially unsafe call while a capture is under way (graph.c). */
-#define UNSAFE_DURING_CAPTURE(fn, alloc)                                     \
-    do {                                                                     \
-        if (graph_unsafe != NULL && graph_unsafe(fn, alloc))                 \
-            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;                    \
-    } while (0)
 
 static const struct sq_vmm_prop *prop_of(const struct CUmemAllocationProp_st *p,
                                         struct sq_vmm_prop *out) {
@@ -176,7 +155,6 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const struct CUmemAllocationProp_st *prop, unsigned long long flags) {
     VMM_ENTER("cuMemCreate");
-    UNSAFE_DURING_CAPTURE("cuMemCreate", 1);
     struct sq_vmm_prop p;
     uint64_t h;
     CUresult r =
@@ -187,14 +165,12 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     VMM_ENTER("cuMemRelease");
-    UNSAFE_DURING_CAPTURE("cuMemRelease", 0);
     return sq_vmm_release(&CUDA_VMM, handle);
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
     VMM_ENTER("cuMemMap");
-    UNSAFE_DURING_CAPTURE("cuMemMap", 0);
     return sq_vmm_map(&CUDA_VMM, ptr, size, offset, handle, flags);
 }
 
@@ -206,7 +182,6 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct CUmemAccessDe
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     VMM_ENTER("cuMemUnmap");
-    UNSAFE_DURING_CAPTURE("cuMemUnmap", 0);
     return sq_vmm_unmap(&CUDA_VMM, ptr, size);
 }
 

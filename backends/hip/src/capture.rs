@@ -1,40 +1,13 @@
-//! Graph capture on a context's arena: a capture pool mapped before
-//! `hipStreamBeginCapture`, carved by the allocations made during capture,
-//! pinned by the graph until it is destroyed; and the process-wide gate
-//! that keeps memgov's own HIP calls from invalidating a capture.
-//!
-//! The capture's and the graph's logic is the stream-ordered core's
-//! ([`memgov_stream_ordered::capture`], over HIP's [`CaptureTable`] below);
-//! this module is HIP's table of capture calls, its public types wrapping
-//! the core's, and the check that the loaded runtime has the calls.
-//! Invariants, each enforced where it is written:
-//!
-//! * **No runtime allocation during capture.** The pool is taken from the
-//!   arena (mapping its granules) in [`HipContext::begin_capture`], before
-//!   the stream begins capturing; [`HipCapture::allocate`] only carves it,
-//!   in Rust, and refuses with [`PoolExhausted`] (the capture stays valid)
-//!   when it runs out.
-//! * **The gate** ([`memgov_backend::vmm::Gate`], one for HIP): the
-//!   capture mode ("controls the interaction of this capture sequence with
-//!   other API calls that are not safe") prohibits calls that change memory
-//!   outside any stream while a `hipStreamCaptureModeGlobal` capture is
-//!   under way, and such a call invalidates the capture. The arena's map,
-//!   unmap and release pass through the gate and wait until the last
-//!   capture ends; a public [`HipArena::trim`](crate::HipArena::trim) is
-//!   deferred instead (it returns 0 at once and the last capture's end runs
-//!   it); synchronizing or destroying a capturing stream is refused to its
-//!   own thread and waited for on others. Captures are keyed by their id
-//!   (`hipStreamGetCaptureInfo`), not by thread. A capture leaves the gate
-//!   when the runtime's capture is over, not when `end` is called: an end
-//!   that fails with the stream still capturing (or before it reached the
-//!   runtime) keeps it there, and the context's teardown ends it.
-//! * **Pins.** A [`HipGraph`] owns its pool and the host buffers its copies
-//!   read and write. [`HipGraph::destroy`] waits for every stream of the
-//!   context (so every launch finished), destroys the executable graph and
-//!   the graph, and only then returns the pool to the arena. Teardown
-//!   destroys the graphs still live and reports how many.
-//! * **Where ROCm lacks the calls**, [`HipContext::begin_capture`] answers
-//!   `Unsupported`, naming the first one missing.
+//! Graph capture on a HIP context's arena: HIP's table of capture calls
+//! (`hipStreamBeginCapture`, ...), its public types over the core's
+//! ([`memgov_stream_ordered::capture`], whose documentation lists the
+//! invariants: no runtime allocation during capture, the gate, the pins),
+//! and the process-wide gate ([`capture_gate`]) that keeps memgov's own
+//! runtime calls from invalidating a `hipStreamCaptureModeGlobal` capture;
+//! synchronizing or destroying a capturing stream is refused to its own
+//! thread and waited for on others. Where ROCm lacks the calls,
+//! [`HipContext::begin_capture`] answers `Unsupported`, naming the first
+//! one missing ([`capture_supported`]).
 
 use crate::ffi::{self, hipGraphExec_t, hipGraph_t, hipStream_t, HipResult};
 use crate::result::{err, Hip};
@@ -201,29 +174,11 @@ fn capture_calls() -> Result<(), BackendError> {
     }
 }
 
-impl HipContext {
-    /// The size of the pool [`begin_capture`](Self::begin_capture) takes for
-    /// `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
-    pub fn capture_pool_bytes(pool_bytes: u64) -> Result<u64, BackendError> {
-        memgov_stream_ordered::capture::pool_bytes::<Hip>(pool_bytes)
+memgov_stream_ordered::capture_methods! {
+    impl HipContext<Hip> {
+        stream: HipStream,
+        capture: HipCapture,
     }
-
-    /// Begin capturing `stream` into a graph
-    /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
     /// Needs an arena ([`HipConfig::arena`](crate::HipConfig::arena)) and a
     /// runtime with the capture calls ([`capture_supported`]).
-    pub fn begin_capture(
-        &self,
-        stream: &HipStream,
-        config: CaptureConfig,
-    ) -> Result<HipCapture<'_>, BackendError> {
-        HipCapture::begin(
-            &self.shared,
-            self.arena.as_ref(),
-            &self.pins,
-            stream,
-            config,
-            |arena, s, bytes| arena.allocate(s, bytes),
-        )
-    }
 }

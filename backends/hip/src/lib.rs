@@ -361,7 +361,7 @@ impl HipContext {
         };
         if let Some(config) = &config.arena {
             // On failure `ctx` drops here, which tears it down.
-            ctx.arena = Some(Arc::new(arena::Arena::create(&ctx.shared, config)?));
+            ctx.arena = Some(Arc::new(arena::create(&ctx.shared, config)?));
         }
         Ok(ctx)
     }

@@ -7,9 +7,11 @@
 //! runtime, classifies as [`BackendErrorKind::Other`] and keeps its number.
 //! This file is HIP's half of the vendor table's results; the message and
 //! the way out are built by the core ([`memgov_stream_ordered::result`]).
+//!
+//! [`BackendError`]: memgov_backend::BackendError
 
 use super::ffi::{self, HipResult, SUCCESS};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::BackendErrorKind;
 use memgov_stream_ordered::{result, Class, Hints, Vendor};
 use std::ffi::CStr;
 
@@ -90,45 +92,18 @@ const DEVICE_LOST: &[HipResult] = &[
 ];
 
 /// The header's names of the codes `ffi.rs` declares.
-const KNOWN_NAMES: &[(HipResult, &str)] = &[
-    (ffi::hipSuccess, "hipSuccess"),
-    (ffi::hipErrorInvalidValue, "hipErrorInvalidValue"),
-    (ffi::hipErrorOutOfMemory, "hipErrorOutOfMemory"),
-    (ffi::hipErrorNotInitialized, "hipErrorNotInitialized"),
-    (ffi::hipErrorDeinitialized, "hipErrorDeinitialized"),
-    (
-        ffi::hipErrorInvalidDevicePointer,
-        "hipErrorInvalidDevicePointer",
-    ),
-    (
-        ffi::hipErrorInvalidMemcpyDirection,
-        "hipErrorInvalidMemcpyDirection",
-    ),
-    (
-        ffi::hipErrorInsufficientDriver,
-        "hipErrorInsufficientDriver",
-    ),
-    (
-        ffi::hipErrorPriorLaunchFailure,
-        "hipErrorPriorLaunchFailure",
-    ),
-    (ffi::hipErrorNoDevice, "hipErrorNoDevice"),
-    (ffi::hipErrorInvalidDevice, "hipErrorInvalidDevice"),
-    (ffi::hipErrorInvalidContext, "hipErrorInvalidContext"),
-    (ffi::hipErrorNoBinaryForGpu, "hipErrorNoBinaryForGpu"),
-    (ffi::hipErrorECCNotCorrectable, "hipErrorECCNotCorrectable"),
-    (ffi::hipErrorInvalidHandle, "hipErrorInvalidHandle"),
-    (ffi::hipErrorNotReady, "hipErrorNotReady"),
-    (ffi::hipErrorIllegalAddress, "hipErrorIllegalAddress"),
-    (ffi::hipErrorLaunchTimeOut, "hipErrorLaunchTimeOut"),
-    (
-        ffi::hipErrorContextIsDestroyed,
-        "hipErrorContextIsDestroyed",
-    ),
-    (ffi::hipErrorAssert, "hipErrorAssert"),
-    (ffi::hipErrorLaunchFailure, "hipErrorLaunchFailure"),
-    (ffi::hipErrorNotSupported, "hipErrorNotSupported"),
-];
+macro_rules! named {
+    ($($code:ident),* $(,)?) => { &[$((ffi::$code, stringify!($code))),*] };
+}
+const KNOWN_NAMES: &[(HipResult, &str)] = named! {
+    hipSuccess, hipErrorInvalidValue, hipErrorOutOfMemory, hipErrorNotInitialized,
+    hipErrorDeinitialized, hipErrorInvalidDevicePointer, hipErrorInvalidMemcpyDirection,
+    hipErrorInsufficientDriver, hipErrorPriorLaunchFailure, hipErrorNoDevice,
+    hipErrorInvalidDevice, hipErrorInvalidContext, hipErrorNoBinaryForGpu,
+    hipErrorECCNotCorrectable, hipErrorInvalidHandle, hipErrorNotReady, hipErrorIllegalAddress,
+    hipErrorLaunchTimeOut, hipErrorContextIsDestroyed, hipErrorAssert, hipErrorLaunchFailure,
+    hipErrorNotSupported,
+};
 
 /// Whether `code` means the device (or the process's hold on it) is lost.
 pub fn is_device_lost(c: HipResult) -> bool {
@@ -163,25 +138,10 @@ pub fn error_name(code: HipResult) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-/// A [`BackendError`] for `call` returning `code` during `op`, carrying the
-/// code, its name, and what to do next.
-pub fn hip_error(op: &'static str, call: &str, code: HipResult) -> BackendError {
-    result::error::<Hip>(op, call, code)
-}
+memgov_stream_ordered::vendor_results!(pub Hip);
 
-/// `Ok` on `hipSuccess`, else the classified error.
-pub fn check(op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
-    result::check::<Hip>(op, call, code)
-}
-
-/// An error that did not come from a HIP call.
-pub(crate) fn err(
-    op: &'static str,
-    kind: BackendErrorKind,
-    msg: impl Into<String>,
-) -> BackendError {
-    result::err::<Hip>(op, kind, msg)
-}
+/// [`error`] under the name `raw` has always given it.
+pub use self::error as hip_error;
 
 #[cfg(test)]
 mod tests {
@@ -189,27 +149,20 @@ mod tests {
 
     #[test]
     fn sticky_codes_are_device_loss_and_others_are_not() {
-        assert!(is_device_lost(ffi::hipErrorIllegalAddress));
-        assert_eq!(
-            kind_of(ffi::hipErrorLaunchFailure),
-            BackendErrorKind::DeviceLost
-        );
-        assert_eq!(
-            kind_of(ffi::hipErrorOutOfMemory),
-            BackendErrorKind::OutOfMemory
-        );
-        assert_eq!(
-            kind_of(ffi::hipErrorNoDevice),
-            BackendErrorKind::Unavailable
-        );
-        assert_eq!(
-            kind_of(ffi::hipErrorNotSupported),
-            BackendErrorKind::Unsupported
-        );
-        assert_eq!(kind_of(ffi::hipErrorNotReady), BackendErrorKind::Other);
-        assert!(!is_device_lost(ffi::hipErrorOutOfMemory));
-        // A code no binding lists is an integer like any other.
-        assert_eq!(kind_of(987_654), BackendErrorKind::Other);
-        assert!(!is_device_lost(-3));
+        use BackendErrorKind as K;
+        for (code, kind) in [
+            (ffi::hipErrorIllegalAddress, K::DeviceLost),
+            (ffi::hipErrorLaunchFailure, K::DeviceLost),
+            (ffi::hipErrorOutOfMemory, K::OutOfMemory),
+            (ffi::hipErrorNoDevice, K::Unavailable),
+            (ffi::hipErrorNotSupported, K::Unsupported),
+            (ffi::hipErrorNotReady, K::Other),
+            // A code no binding lists is an integer like any other.
+            (987_654, K::Other),
+            (-3, K::Other),
+        ] {
+            assert_eq!(kind_of(code), kind, "{code}");
+            assert_eq!(is_device_lost(code), kind == K::DeviceLost, "{code}");
+        }
     }
 }

@@ -7,7 +7,8 @@
  * hipGraphLaunch, hipGraphExecDestroy, hipGraphDestroy) and the
  * hipStreamCaptureMode and hipError_t descriptions of ROCm's header; this
  * file fills its table with HIP's names, codes and enumerators and keeps
- * the exported entry points and the hooks libamdhip64.c and vmm.c call.
+ * the exported entry points and the hooks libamdhip64.c and vmm.c call
+ * that record (sq_graph.c defines the others over HIP_GRAPH).
  *
  * HIP's side:
  * - The potentially unsafe calls (those that allocate, map or release
@@ -77,6 +78,7 @@ static const struct sq_graph_vendor HIP_GRAPH = {
     .sticky = sq_knobs_sticky, .entry_fault = entry_fault, .replay = replay,
 };
 
+#define SQ_GRAPH_TABLE HIP_GRAPH
 #include "sq_graph.c"
 
 /* The header declares hipGraph_t and hipGraphExec_t as pointers to opaque
@@ -93,8 +95,6 @@ int memgov_standin_hip_capture(unsigned long long out[4]) { return sq_graph_coun
 
 /* ---- hooks libamdhip64.c and vmm.c call (graph.h) ---------------------------- */
 
-int graph_capturing(const void *stream) { return sq_graph_capturing(stream); }
-
 int graph_record_copy(const char *fn, const void *stream, int dst_device, int src_device,
                       void *dst, const void *src, size_t bytes) {
     return sq_graph_record(&HIP_GRAPH, fn, stream,
@@ -108,16 +108,6 @@ int graph_record_callback(const void *stream, void *fn, void *user) {
     return sq_graph_record(
         &HIP_GRAPH, "hipStreamAddCallback", stream,
         (struct sq_graph_op){.type = SQ_GRAPH_NODE_HOST, .host_fn = fn, .user = user});
-}
-
-int graph_conflicting(const char *fn, const void *stream) {
-    (void)fn;
-    return sq_graph_conflicting(&HIP_GRAPH, stream);
-}
-
-int graph_unsafe(const char *fn, int alloc) {
-    (void)fn;
-    return sq_graph_unsafe(&HIP_GRAPH, alloc);
 }
 
 /* ---- capture ------------------------------------------------------------------ */

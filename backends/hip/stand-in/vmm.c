@@ -80,42 +80,23 @@ static const struct sq_vmm_vendor HIP_VMM = {
     .map_offset_must_be_zero = 1,
     .devices = hip_standin_devices, .capacity = hip_standin_capacity,
     .sticky = sq_knobs_sticky, .entry_fault = hip_standin_entry_fault, .access_of = access_of,
+    .unsafe_during_capture = graph_unsafe, .capture_unsupported = hipErrorStreamCaptureUnsupported,
 };
 
 #include "sq_vmm.c"
 
-/* For tests: from now on the Nth call of `fn` fails (counting from this
- * call; N = 0 or fn = NULL: none), as MEMGOV_STANDIN_HIP_FAIL_ENTRY says at
- * process start. Returns 1 for a name too long, else 0. */
-int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n);
-int memgov_standin_hip_fail_entry(const char *fn, unsigned long long n) {
-    return sq_entry_fault_set(fn, n);
-}
-
-/* For tests that force an interleaving: from now on the Nth call of `fn`
- * (any entry point, at its entry) blocks before it changes anything, until
+/* For tests (standin.h, exported through libamdhip64.map):
+ * memgov_standin_hip_fail_entry(fn, n): from now on the Nth call of `fn`
+ * fails (counting from this call; N = 0 or fn = NULL: none), as
+ * MEMGOV_STANDIN_HIP_FAIL_ENTRY says at process start (1 for a name too
+ * long, else 0); memgov_standin_hip_pause_entry(fn, n), for tests that
+ * force an interleaving: from now on the Nth call of `fn` (any entry
+ * point, at its entry) blocks before it changes anything, until
  * memgov_standin_hip_resume_entry(); memgov_standin_hip_entry_paused()
- * says whether one is held (exported through libamdhip64.map). See
- * sq_entry_pause_set. */
-int memgov_standin_hip_pause_entry(const char *fn, unsigned long long n);
-int memgov_standin_hip_pause_entry(const char *fn, unsigned long long n) {
-    return sq_entry_pause_set(fn, n);
-}
-
-int memgov_standin_hip_entry_paused(void);
-int memgov_standin_hip_entry_paused(void) { return sq_entry_paused(); }
-
-void memgov_standin_hip_resume_entry(void);
-void memgov_standin_hip_resume_entry(void) { sq_entry_resume(); }
+ * says whether one is held. */
+SQ_ENTRY_TEST_HOOKS(hip)
 
 #define VMM_ENTER(fn) HIP_STANDIN_CALL(fn)
-
-/* A potentially unsafe call while a capture is under way (graph.c). */
-#define UNSAFE_DURING_CAPTURE(fn, alloc)                                        \
-    do {                                                                        \
-        if (graph_unsafe != NULL && graph_unsafe(fn, alloc))                    \
-            return hipErrorStreamCaptureUnsupported;                            \
-    } while (0)
 
 static const struct sq_vmm_prop *prop_of(const hipMemAllocationProp *p, struct sq_vmm_prop *out) {
     if (p == NULL) return NULL;
@@ -151,7 +132,6 @@ hipError_t hipMemAddressFree(void *devPtr, size_t size) {
 hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
                         const hipMemAllocationProp *prop, unsigned long long flags) {
     VMM_ENTER("hipMemCreate");
-    UNSAFE_DURING_CAPTURE("hipMemCreate", 1);
     struct sq_vmm_prop p;
     uint64_t h;
     hipError_t r = (hipError_t)sq_vmm_create(&HIP_VMM, handle != NULL ? &h : NULL, size,
@@ -162,14 +142,12 @@ hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
 
 hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
     VMM_ENTER("hipMemRelease");
-    UNSAFE_DURING_CAPTURE("hipMemRelease", 0);
     return (hipError_t)sq_vmm_release(&HIP_VMM, (uint64_t)(uintptr_t)handle);
 }
 
 hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
                      unsigned long long flags) {
     VMM_ENTER("hipMemMap");
-    UNSAFE_DURING_CAPTURE("hipMemMap", 0);
     return (hipError_t)sq_vmm_map(&HIP_VMM, (uint64_t)(uintptr_t)va, size, offset,
                                   (uint64_t)(uintptr_t)handle, flags);
 }
@@ -181,7 +159,6 @@ hipError_t hipMemSetAccess(void *va, size_t size, const hipMemAccessDesc *desc, 
 
 hipError_t hipMemUnmap(void *va, size_t size) {
     VMM_ENTER("hipMemUnmap");
-    UNSAFE_DURING_CAPTURE("hipMemUnmap", 0);
     return (hipError_t)sq_vmm_unmap(&HIP_VMM, (uint64_t)(uintptr_t)va, size);
 }
 

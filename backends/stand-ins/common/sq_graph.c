@@ -481,3 +481,17 @@ static int sq_graph_destroy(const struct sq_graph_vendor *v, struct sq_graph *g)
     pthread_mutex_unlock(&g_lock);
     return v->success;
 }
+
+/* The hooks the vendor's other files call (its graph.h), over the table
+ * the vendor's graph.c names SQ_GRAPH_TABLE before including this file. */
+int graph_capturing(const void *stream) { return sq_graph_capturing(stream); }
+
+int graph_conflicting(const char *fn, const void *stream) {
+    (void)fn;
+    return sq_graph_conflicting(&SQ_GRAPH_TABLE, stream);
+}
+
+int graph_unsafe(const char *fn, int alloc) {
+    (void)fn;
+    return sq_graph_unsafe(&SQ_GRAPH_TABLE, alloc);
+}

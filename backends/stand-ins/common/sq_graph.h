@@ -12,7 +12,9 @@
  * describe one capture model; its rules are written once in sq_graph.c.
  * Each vendor's graph.c keeps only its exported entry points (which check
  * their stream the vendor's way and call these) and the hooks its other
- * files call.
+ * files call that differ by vendor (recording a copy or a host function);
+ * the others (graph_capturing, graph_conflicting, graph_unsafe) are
+ * sq_graph.c's, over the table the vendor names SQ_GRAPH_TABLE.
  *
  * sq_graph.c is compiled as part of the vendor's graph.c, which includes it
  * after filling its table: a stand-in built without the vendor's graph.c

@@ -267,9 +267,19 @@ static int sq_vmm_address_free(const struct sq_vmm_vendor *v, uint64_t ptr, size
     return v->success;
 }
 
+/* The capture rule of the potentially unsafe calls (create, release, map,
+ * unmap: they change memory outside any stream): checked first, before
+ * their arguments, as the vendors' captures prohibit the call itself. */
+#define SQ_VMM_UNSAFE_DURING_CAPTURE(v, fn, alloc)                                     \
+    do {                                                                               \
+        if ((v)->unsafe_during_capture != NULL && (v)->unsafe_during_capture(fn, alloc)) \
+            return (v)->capture_unsupported;                                           \
+    } while (0)
+
 /* cuMemCreate / hipMemCreate. */
 static int sq_vmm_create(const struct sq_vmm_vendor *v, uint64_t *handle, size_t size,
                          const struct sq_vmm_prop *prop, unsigned long long flags) {
+    SQ_VMM_UNSAFE_DURING_CAPTURE(v, v->create, 1);
     if (handle == NULL || size == 0 || !sq_vmm_aligned(size) || flags != 0 ||
         !sq_vmm_valid_prop(v, prop))
         return v->invalid_value;
@@ -298,6 +308,7 @@ static int sq_vmm_create(const struct sq_vmm_vendor *v, uint64_t *handle, size_t
 
 /* cuMemRelease / hipMemRelease. */
 static int sq_vmm_release(const struct sq_vmm_vendor *v, uint64_t handle) {
+    SQ_VMM_UNSAFE_DURING_CAPTURE(v, v->release, 0);
     pthread_mutex_lock(&g_vmm);
     struct sq_vmm_handle *h = sq_vmm_find_handle(v, handle, v->release);
     if (sq_vmm_entry_fault(v, v->release)) {
@@ -313,6 +324,7 @@ static int sq_vmm_release(const struct sq_vmm_vendor *v, uint64_t handle) {
 /* cuMemMap / hipMemMap. */
 static int sq_vmm_map(const struct sq_vmm_vendor *v, uint64_t ptr, size_t size, size_t offset,
                       uint64_t handle, unsigned long long flags) {
+    SQ_VMM_UNSAFE_DURING_CAPTURE(v, v->map, 0);
     pthread_mutex_lock(&g_vmm);
     struct sq_vmm_handle *h = sq_vmm_find_handle(v, handle, v->map);
     int r = v->success;
@@ -381,6 +393,7 @@ static int sq_vmm_set_access(const struct sq_vmm_vendor *v, uint64_t ptr, size_t
 
 /* cuMemUnmap / hipMemUnmap. */
 static int sq_vmm_unmap(const struct sq_vmm_vendor *v, uint64_t ptr, size_t size) {
+    SQ_VMM_UNSAFE_DURING_CAPTURE(v, v->unmap, 0);
     pthread_mutex_lock(&g_vmm);
     sq_vmm_init(v);
     uint64_t at = ptr;

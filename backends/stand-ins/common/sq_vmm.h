@@ -77,6 +77,12 @@ struct sq_vmm_vendor {
     uint64_t (*capacity)(void); /* bytes the stand-in may hand out */
     int (*sticky)(void);        /* the device is in the sticky error state */
     int (*entry_fault)(const char *fn); /* the FAIL_ENTRY knob says this call fails */
+    /* graph.c's graph_unsafe (weak: NULL in a build without graph.c): a
+     * create, release, map or unmap is a potentially unsafe call, which a
+     * capture under way may prohibit (nonzero: refused with
+     * capture_unsupported, the capture invalidated). */
+    int (*unsafe_during_capture)(const char *fn, int alloc);
+    int capture_unsupported;
     /* Decodes access descriptor i of the array the set-access call got. */
     struct sq_vmm_access (*access_of)(const void *desc, size_t i);
 };

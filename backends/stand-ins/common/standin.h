@@ -105,6 +105,27 @@ void sq_entry_pause(const char *fn);
 int sq_entry_paused(void);
 void sq_entry_resume(void);
 
+/* The test hooks over the knobs above that a stand-in exports under its
+ * vendor's name, defined where this is used (once, in the vendor's vmm.c):
+ * memgov_standin_<vendor>_fail_entry(fn, n) (sq_entry_fault_set),
+ * memgov_standin_<vendor>_pause_entry(fn, n) (sq_entry_pause_set),
+ * memgov_standin_<vendor>_entry_paused() and
+ * memgov_standin_<vendor>_resume_entry(). */
+#define SQ_EXPORT __attribute__((visibility("default")))
+#define SQ_ENTRY_TEST_HOOKS(vendor)                                                          \
+    SQ_EXPORT int memgov_standin_##vendor##_fail_entry(const char *fn, unsigned long long n); \
+    int memgov_standin_##vendor##_fail_entry(const char *fn, unsigned long long n) {          \
+        return sq_entry_fault_set(fn, n);                                                     \
+    }                                                                                         \
+    SQ_EXPORT int memgov_standin_##vendor##_pause_entry(const char *fn, unsigned long long n); \
+    int memgov_standin_##vendor##_pause_entry(const char *fn, unsigned long long n) {         \
+        return sq_entry_pause_set(fn, n);                                                     \
+    }                                                                                         \
+    SQ_EXPORT int memgov_standin_##vendor##_entry_paused(void);                              \
+    int memgov_standin_##vendor##_entry_paused(void) { return sq_entry_paused(); }            \
+    SQ_EXPORT void memgov_standin_##vendor##_resume_entry(void);                             \
+    void memgov_standin_##vendor##_resume_entry(void) { sq_entry_resume(); }
+
 /* Read <prefix>_LATENCY_US, <prefix>_LATENCY_SEED, <prefix>_OOM_AFTER_BYTES
  * and <prefix>_STICKY_ERROR_AT_OP. A malformed value is a contract
  * violation. Queues made after this draw their delays from the seed, if one

@@ -14,7 +14,7 @@ use crate::result::{err, Class, Vendor};
 use crate::table::{Context, HandleOf, VmmNames, VmmTable};
 use memgov_backend::shell::{self, Current};
 use memgov_backend::vmm::{self, ArenaConfig, Slot};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
@@ -141,6 +141,68 @@ pub fn drain<C: Context>(
 /// The driver for one operation on `arena`, run in context `s`.
 pub fn driver<'a, C: Context>(s: &'a C, arena: &'a C::Arena) -> Driver<'a, C> {
     Driver::new(s, arena, C::granule_prop(arena))
+}
+
+/// One context's arena: the driver-agnostic books ([`vmm::Arena`], reached
+/// through `Deref`), the device it maps on, the context's probe, the
+/// releases queued on its streams (`R`, the vendor's) and what else the
+/// vendor keeps (`X`: HIP's runtime version). Lives in an `Arc` shared with
+/// the stream callbacks of its releases. The vendors' `arena::Arena`.
+pub struct Arena<C: Context, R, X = ()> {
+    books: vmm::Arena<HandleOf<C>>,
+    /// The ordinal of the device the arena maps on.
+    pub ordinal: i32,
+    /// The context's probe, for release callbacks that run without it.
+    pub probe: BackendProbe,
+    /// Releases queued whose stream callback has not run.
+    pub releases: R,
+    /// What the vendor keeps beside the books.
+    pub vendor: X,
+}
+
+impl<C: Context, R, X> std::ops::Deref for Arena<C, R, X> {
+    type Target = vmm::Arena<HandleOf<C>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.books
+    }
+}
+
+impl<C: Context<Arena = Self>, R: Default, X> Arena<C, R, X> {
+    /// A new arena on device `ordinal` (current on the calling thread), its
+    /// granules made with `prop`: the books of [`reserve`], no release.
+    pub fn reserve(
+        s: &C,
+        config: &ArenaConfig,
+        (ordinal, prop): (i32, &PropOf<C>),
+        probe: BackendProbe,
+        vendor: X,
+    ) -> Result<Self, BackendError> {
+        let books = reserve(s, config, prop)?;
+        let releases = R::default();
+        Ok(Self {
+            books,
+            ordinal,
+            probe,
+            releases,
+            vendor,
+        })
+    }
+
+    /// Take `bytes`, mapping the granules it needs; returns the device
+    /// address. The device must be current on the calling thread.
+    pub fn allocate(&self, s: &C, bytes: u64) -> Result<u64, BackendError> {
+        self.books.allocate(&driver(s, self), bytes)
+    }
+
+    /// Give every mapped granule back at teardown (every stream was
+    /// synchronized), then the reservation; a refused unmap keeps the
+    /// reservation (freeing it under a mapping is undefined), and both are
+    /// reported.
+    pub fn teardown(&self, s: &C) -> Result<(), BackendError> {
+        self.books.teardown(&driver(s, self))?;
+        free_reservation(s, &self.books)
+    }
 }
 
 /// A trim the end of the last capture runs.

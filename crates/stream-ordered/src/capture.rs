@@ -11,10 +11,33 @@
 //! aliases); a vendor adds what is its own (the begin's checks, CUDA's
 //! graph-memory count in its table).
 //!
-//! A capture leaves the process's capture gate when the driver's capture
-//! is over, not when `end` is called: an end that fails with the stream
-//! still capturing (or before it reached the driver) keeps it there (as
-//! stranded in the pins), and the context's teardown ends it.
+//! Invariants, each enforced where it is written:
+//!
+//! * **No driver allocation during capture.** The pool is taken from the
+//!   arena (mapping its granules) in [`Capture::begin`], before the stream
+//!   begins capturing; [`Capture::allocate`] only carves it, in Rust, and
+//!   refuses with [`PoolExhausted`] (the capture stays valid) when it runs
+//!   out.
+//! * **The gate.** The drivers prohibit "potentially unsafe" calls (those
+//!   that change memory outside any stream) on every thread while a capture
+//!   begun in global mode is under way, and invalidate the capture. The
+//!   arena's map, unmap and release pass through the vendor's gate
+//!   ([`memgov_backend::vmm::Gate`], process-wide because the driver's rule
+//!   is): while a capture is under way they wait until the last capture
+//!   ends (a public arena trim is deferred instead: it returns 0 at once and
+//!   the last capture's end runs it). Captures are keyed by their capture
+//!   id, not by thread; the thread that began one is remembered only so
+//!   that a map it asks for itself during its own capture is refused rather
+//!   than waited on forever.
+//! * **Leaving the gate.** A capture leaves the gate when the driver's
+//!   capture is over, not when `end` is called: an end that fails with the
+//!   stream still capturing (or before it reached the driver) keeps it
+//!   there (as stranded in the pins), and the context's teardown ends it.
+//! * **Pins.** A [`Graph`] owns its pool and the host buffers its copies
+//!   read and write. [`Graph::destroy`] waits for every launch of the
+//!   context ([`Context::wait_launches`]), destroys the executable graph
+//!   and the graph, and only then returns the pool to the arena. Teardown
+//!   destroys the graphs still live and reports how many.
 
 use crate::result::err;
 use crate::table::{CaptureTable, Context, DevicePtr, Raw, VmmTable};
@@ -709,6 +732,38 @@ impl<C: Context> std::fmt::Debug for Capture<'_, C> {
 /// `u64::MAX`).
 pub fn pool_bytes<T: CaptureTable>(pool_bytes: u64) -> Result<u64, BackendError> {
     Ok(CapturePool::size_for(T::BACKEND, pool_bytes, ALIGN)?)
+}
+
+/// A vendor context's capture methods: `capture_pool_bytes` ([`pool_bytes`]
+/// over `$table`) and `begin_capture` ([`Capture::begin`], the pool taken
+/// with the arena's `allocate`) on `$context` (fields `shared`, `arena`,
+/// `pins`); the attributes given document `begin_capture` further.
+#[macro_export]
+macro_rules! capture_methods {
+    (impl $context:ident<$table:ty> { stream: $stream:ty, capture: $capture:ident, }
+     $(#[$begin:meta])*) => {
+        impl $context {
+            /// The size of the pool [`begin_capture`](Self::begin_capture) takes
+            /// for `pool_bytes` ([`pool_bytes`](memgov_stream_ordered::capture::pool_bytes)).
+            pub fn capture_pool_bytes(
+                pool_bytes: u64,
+            ) -> Result<u64, ::memgov_backend::BackendError> {
+                $crate::capture::pool_bytes::<$table>(pool_bytes)
+            }
+
+            /// Begin capturing `stream` into a graph
+            /// ([`Capture::begin`](memgov_stream_ordered::capture::Capture::begin)).
+            $(#[$begin])*
+            pub fn begin_capture(
+                &self,
+                stream: &$stream,
+                config: ::memgov_backend::capability::CaptureConfig,
+            ) -> Result<$capture<'_>, ::memgov_backend::BackendError> {
+                let (shared, arena, pins) = (&self.shared, self.arena.as_ref(), &self.pins);
+                $capture::begin(shared, arena, pins, stream, config, |a, s, n| a.allocate(s, n))
+            }
+        }
+    };
 }
 
 impl<C: Context> Capture<'_, C> {

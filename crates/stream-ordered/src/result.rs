@@ -148,6 +148,40 @@ pub fn err<V: Vendor>(
     BackendError::new(V::BACKEND, op, kind, msg)
 }
 
+/// A vendor crate's shorthands for its results over vendor `$vendor`, each
+/// the function of this module of the same name: `check` and `error` (with
+/// the visibility given) and `err` (crate-private).
+#[macro_export]
+macro_rules! vendor_results {
+    ($vis:vis $vendor:ty) => {
+        /// An error for `op` from `call` returning `code`, with the code,
+        /// its name and the way out.
+        $vis fn error(
+            op: &'static str,
+            call: &str,
+            code: <$vendor as $crate::Vendor>::Code,
+        ) -> ::memgov_backend::BackendError {
+            $crate::result::error::<$vendor>(op, call, code)
+        }
+        /// `Ok(())` for the success code, else [`error`].
+        $vis fn check(
+            op: &'static str,
+            call: &str,
+            code: <$vendor as $crate::Vendor>::Code,
+        ) -> Result<(), ::memgov_backend::BackendError> {
+            $crate::result::check::<$vendor>(op, call, code)
+        }
+        /// An error that did not come from a driver call.
+        pub(crate) fn err(
+            op: &'static str,
+            kind: ::memgov_backend::BackendErrorKind,
+            msg: impl Into<String>,
+        ) -> ::memgov_backend::BackendError {
+            $crate::result::err::<$vendor>(op, kind, msg)
+        }
+    };
+}
+
 /// Vendor `V` as the driver shell ([`memgov_backend::Shell`]) sees it: its
 /// results classified by [`check`].
 pub struct Checked<V>(PhantomData<fn() -> V>);

@@ -5,8 +5,8 @@
 
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::shell::MakeCurrent;
-use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::vmm::{ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
 use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context, VmmNames, VmmTable};
 use memgov_stream_ordered::{arena, Class, Hints, Vendor};
 use std::cell::RefCell;
@@ -202,14 +202,8 @@ struct ToyContext {
     sleep_gate: SleepGate,
 }
 
-struct ToyArena(vmm::Arena<u64>);
-
-impl std::ops::Deref for ToyArena {
-    type Target = vmm::Arena<u64>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
+/// The core's arena: the toy queues no releases and keeps nothing beside.
+type ToyArena = arena::Arena<ToyContext, ()>;
 
 impl MakeCurrent for ToyContext {
     type Handle = u8;
@@ -261,7 +255,28 @@ fn toy_arena(s: &ToyContext) -> ToyArena {
         reserve_bytes: 1 << 20,
         limit_bytes: 1 << 20,
     };
-    ToyArena(arena::reserve(s, &config, &()).expect("reserve"))
+    ToyArena::reserve(s, &config, (0, &()), BackendProbe::new(), ()).expect("reserve")
+}
+
+#[test]
+fn the_cores_arena_maps_on_allocation_and_gives_everything_back_at_teardown() {
+    let s = ToyContext::default();
+    let a = toy_arena(&s);
+    assert_eq!(log(), ["toyMemGetGranularity", "toyMemAddressReserve"]);
+    assert_eq!(a.allocate(&s, 100).expect("allocate"), 0x10_0000);
+    a.teardown(&s).expect("teardown");
+    let calls: Vec<_> = log().into_iter().skip(2).collect();
+    assert_eq!(
+        calls,
+        [
+            "toyMemCreate",
+            "toyMemMap",
+            "toyMemSetAccess",
+            "toyMemUnmap",
+            "toyMemRelease",
+            "toyMemAddressFree"
+        ]
+    );
 }
 
 #[test]

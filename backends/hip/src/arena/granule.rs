@@ -10,18 +10,12 @@ use crate::result::Hip;
 use crate::shared::Shared;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
-use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
+use memgov_stream_ordered::table::{Context, Raw, VmmNames, VmmTable};
 use std::ffi::c_void;
 
-/// A `hipMemGenericAllocationHandle_t` that may cross threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Handle(pub(crate) hipMemGenericAllocationHandle_t);
-
-// SAFETY: an opaque runtime handle that HIP accepts from any host thread;
-// this type only carries the value.
-unsafe impl Send for Handle {}
-// SAFETY: as above; shared references only copy the handle.
-unsafe impl Sync for Handle {}
+/// A `hipMemGenericAllocationHandle_t`, carried across threads (the
+/// runtime accepts it from any host thread).
+type Handle = Raw<hipMemGenericAllocationHandle_t>;
 
 /// The runtime's functions, with thin shims where the core's neutral
 /// signature differs (device addresses as `u64`, host addresses as `usize`,
@@ -89,7 +83,7 @@ impl VmmTable for Hip {
         // returns, in the loaded runtime's layout; the caller has the device
         // current.
         let r = unsafe { ffi::hipMemCreate(&mut h, bytes, prop.as_ptr(), 0) };
-        (r, Handle(h))
+        (r, Raw(h))
     }
 
     unsafe fn mem_map(at: u64, bytes: usize, h: Handle) -> HipResult {
@@ -187,7 +181,7 @@ impl Context for Shared {
     }
 
     fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
-        arena.prop()
+        ffi::allocation_prop(arena.ordinal, arena.vendor)
     }
 
     fn raw_stream(

@@ -38,7 +38,7 @@ fn routes() -> &'static Mutex<HashMap<u64, Weak<Arena>>> {
 /// Releases queued whose callback has not run: ticket -> (signal, bytes,
 /// address).
 #[derive(Default)]
-pub(crate) struct Releases(Mutex<HashMap<u64, (RetireSignal, u64, u64)>>);
+pub struct Releases(Mutex<HashMap<u64, (RetireSignal, u64, u64)>>);
 
 impl Releases {
     /// Drop every waiting signal unfired (the device is lost, or the
