@@ -2,7 +2,7 @@
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
 
 use crate::result::{self, check, err, BACKEND};
-use crate::shared::{Live, RawStream, WATCH_INTERVAL};
+use crate::shared::{Live, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
@@ -66,10 +66,7 @@ impl CudaContext {
                 None
             }
         };
-        let streams: Vec<(u64, CUstream, bool)> = lock(&s.streams)
-            .iter()
-            .map(|(&id, &(raw, adopted))| (id, raw, adopted))
-            .collect();
+        let streams: Vec<(u64, CUstream, bool)> = s.streams.snapshot();
         for &(_, raw, _) in &streams {
             // SAFETY: a live stream of this context; the context is current.
             let r = unsafe { sys::cuStreamSynchronize(raw) };
@@ -77,14 +74,13 @@ impl CudaContext {
         }
         // Destroyed streams whose work may still run: wait, then destroy
         // (before the leftovers are freed: that work may use them).
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-        for raw in retired {
+        for raw in s.streams.take_retired() {
             // SAFETY: a stream this context created, removed from the
             // retired list above so destroyed once; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
+            let r = unsafe { sys::cuStreamSynchronize(raw) };
             keep(s.checked("teardown", "cuStreamSynchronize", r));
             // SAFETY: as above; its work has completed.
-            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
+            let r = unsafe { sys::cuStreamDestroy_v2(raw) };
             keep(s.checked("teardown", "cuStreamDestroy_v2", r));
         }
         // Page-locked host frees whose host function ran (every stream was
@@ -113,7 +109,7 @@ impl CudaContext {
             keep(self.free_leftover(&leftover));
         }
         for (id, raw, adopted) in streams {
-            lock(&s.streams).remove(&id);
+            s.streams.remove(id);
             s.probe().stream_destroyed();
             if !adopted {
                 // SAFETY: created by this context, destroyed once (removed
@@ -172,9 +168,10 @@ impl CudaContext {
         s.shell.mark_lost(None);
         s.abandon_pending();
         if !s.shell.is_dead() {
-            let mut queued: Vec<CUstream> =
-                lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-            queued.extend(lock(&s.retired_streams).iter().map(|r| r.0));
+            let mut queued: Vec<CUstream> = s.streams.live();
+            let retired = s.streams.take_retired();
+            queued.extend(retired.iter().copied());
+            s.streams.keep_retired(retired);
             match self.drain_lost(&queued) {
                 Ok(()) if !s.shell.is_dead() => {
                     // Nothing of memgov's runs on the device any more: give
@@ -219,10 +216,10 @@ impl CudaContext {
         for (_, l) in lock(&s.live).drain() {
             s.probe().freed(l.bytes);
         }
-        for _ in lock(&s.streams).drain() {
+        for _ in s.streams.drain() {
             s.probe().stream_destroyed();
         }
-        lock(&s.retired_streams).clear();
+        s.streams.take_retired();
     }
 
     /// Poll `streams` until their queued work has finished, a sticky error

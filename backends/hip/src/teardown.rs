@@ -4,8 +4,9 @@
 
 use crate::ffi::{self, hipStreamSynchronize};
 use crate::memory::{self, Origin};
-use crate::{retire, stream, HipContext};
+use crate::{retire, HipContext};
 use memgov_backend::{lock, BackendError};
+use memgov_stream_ordered::table::VmmTable;
 use std::ffi::c_void;
 
 impl HipContext {
@@ -77,8 +78,8 @@ impl HipContext {
                 first_err.get_or_insert(e);
             }
         };
-        let streams: Vec<crate::shared::RawStream> =
-            lock(&shared.streams).drain().map(|(_, s)| s).collect();
+        let streams: Vec<ffi::hipStream_t> =
+            shared.streams.drain().into_iter().map(|(s, _)| s).collect();
         let left: Vec<(usize, (u64, Origin))> = lock(&shared.live).drain().collect();
         let device = if shared.is_dead() {
             None
@@ -97,7 +98,7 @@ impl HipContext {
                     break;
                 }
                 // SAFETY: the stream is alive (just taken out of the table).
-                let r = unsafe { hipStreamSynchronize(s.0) };
+                let r = unsafe { hipStreamSynchronize(*s) };
                 keep(shared.checked("teardown", "hipStreamSynchronize", r));
             }
         }
@@ -107,7 +108,9 @@ impl HipContext {
         retire::stop_free_thread(shared);
         for s in streams {
             if device.is_some() && !shared.is_dead() {
-                keep(stream::destroy_raw(shared, "teardown", s));
+                keep(memgov_stream_ordered::stream::destroy_raw(
+                    &**shared, "teardown", s,
+                ));
             } else {
                 shared.probe().stream_destroyed();
             }
@@ -156,13 +159,16 @@ impl HipContext {
     /// Pool allocations the governor abandoned (force): free them on a
     /// temporary stream and wait.
     fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
-        let s = stream::create_raw(&self.shared, "teardown")?;
+        // SAFETY: the caller (teardown) has the device current.
+        let (r, s) = unsafe { <crate::result::Hip as VmmTable>::stream_create() };
+        self.shared
+            .checked("teardown", "hipStreamCreateWithFlags", r)?;
         let mut result = Ok(());
         for (ptr, (_, origin)) in left {
             if *origin == Origin::Pool && !self.shared.is_dead() {
                 // SAFETY: the pointer came from hipMallocFromPoolAsync of
                 // this context; every stream that used it is synchronized.
-                let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, s.0) };
+                let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, s) };
                 result = result.and(self.shared.checked("teardown", "hipFreeAsync", r));
             }
         }
@@ -170,13 +176,13 @@ impl HipContext {
             return result;
         }
         // SAFETY: the temporary stream is alive until destroyed below.
-        let r = unsafe { hipStreamSynchronize(s.0) };
+        let r = unsafe { hipStreamSynchronize(s) };
         result = result.and(self.shared.checked("teardown", "hipStreamSynchronize", r));
         if self.shared.is_dead() {
             return result;
         }
         // SAFETY: synchronized above; nothing else knows this stream.
-        let r = unsafe { ffi::hipStreamDestroy(s.0) };
+        let r = unsafe { ffi::hipStreamDestroy(s) };
         result.and(self.shared.checked("teardown", "hipStreamDestroy", r))
     }
 }

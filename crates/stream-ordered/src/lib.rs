@@ -28,7 +28,11 @@
 //!   capture is over), the graph it makes (launched, read, destroyed after
 //!   every launch), and the context's pins, which teardown empties; the
 //!   public [`capture::Capture`] and [`capture::Graph`] (`CudaCapture`,
-//!   `HipGraph`, ...).
+//!   `HipGraph`, ...);
+//! * [`stream`]: the context's streams ([`stream::Streams`]: live, lent by
+//!   a runtime, retired), each checked on use, created, synchronized,
+//!   ordered after another with an event ([`table::StreamTable`]), quiesced,
+//!   and reaped once retired.
 //!
 //! The vendors' public types are aliases of the core's generic ones over
 //! their shared state, so each is documented once, here.
@@ -49,7 +53,8 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`table`] (the entry points and the context), then
-//! [`arena`] and [`capture`] side by side (neither imports the other).
+//! [`arena`] and [`capture`] side by side (neither imports the other), then
+//! [`stream`] (which drains through the arena's `drain`).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -62,6 +67,7 @@
 pub mod arena;
 pub mod capture;
 pub mod result;
+pub mod stream;
 pub mod table;
 
 pub use result::{Checked, Class, Hints, Vendor};

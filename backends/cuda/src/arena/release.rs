@@ -13,9 +13,9 @@
 
 use super::Arena;
 use crate::retire::Refused;
-use crate::shared::{RawStream, Shared};
+use crate::shared::Shared;
 use crate::{CudaContext, CudaMemory, CudaStream};
-use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::sys::CUdeviceptr;
 use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -59,15 +59,7 @@ pub(crate) fn quiesce(
     op: &'static str,
     poll: Option<Duration>,
 ) -> Result<(), BackendError> {
-    let mut streams: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-    let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-    streams.extend(retired.iter().map(|r| r.0));
-    // The live streams, and the retired ones held out of the free thread's
-    // reach above; the context is current.
-    let result =
-        memgov_stream_ordered::arena::drain(s, &streams, op, poll, crate::shared::WATCH_INTERVAL);
-    lock(&s.retired_streams).extend(retired);
-    result
+    memgov_stream_ordered::stream::quiesce(s, op, poll, crate::shared::WATCH_INTERVAL)
 }
 
 impl CudaContext {

@@ -95,10 +95,9 @@ pub(crate) fn quiesce(
     op: &'static str,
     poll: Option<Duration>,
 ) -> Result<(), BackendError> {
-    let live: Vec<ffi::hipStream_t> = lock(&s.streams).values().map(|r| r.0).collect();
-    // Live streams of this context; destroying one synchronizes it first,
-    // so a stream destroyed meanwhile had no work left.
-    memgov_stream_ordered::arena::drain(s, &live, op, poll, Duration::from_millis(1))
+    // A stream destroyed meanwhile was synchronized first (HIP retires
+    // none), so it had no work left.
+    memgov_stream_ordered::stream::quiesce(s, op, poll, Duration::from_millis(1))
 }
 
 impl HipContext {
