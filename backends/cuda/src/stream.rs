@@ -15,6 +15,7 @@ use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use memgov_backend::{BackendError, BackendProbe};
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
+use std::time::Duration;
 
 /// A stream of ordered work on a CUDA context.
 ///
@@ -72,6 +73,7 @@ impl StreamTable for Cuda {
 
     const STREAM_CALLS_NEED_CURRENT: bool = true;
     const CALLS_AFTER_STICKY: bool = true;
+    const POLL_INTERVAL: Duration = WATCH_INTERVAL;
 
     unsafe fn event_create() -> (CUresult, CUevent) {
         let mut event: CUevent = std::ptr::null_mut();

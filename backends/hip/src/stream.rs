@@ -15,6 +15,7 @@ use memgov_backend::{BackendError, BackendProbe};
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
 ///
@@ -62,6 +63,7 @@ impl StreamTable for Hip {
 
     const STREAM_CALLS_NEED_CURRENT: bool = false;
     const CALLS_AFTER_STICKY: bool = false;
+    const POLL_INTERVAL: Duration = Duration::from_millis(1);
 
     unsafe fn event_create() -> (HipResult, hipEvent_t) {
         let mut event: hipEvent_t = std::ptr::null_mut();

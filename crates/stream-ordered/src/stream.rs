@@ -341,19 +341,22 @@ pub fn reap_retired<C: StreamContext>(s: &C, op: &'static str) -> Result<(), Bac
     result
 }
 
-/// Wait until every stream of the context (live, and retired ones held
-/// out of the free thread's reach meanwhile) ran what is queued on it; with
-/// `poll`, query every `interval` for at most that long instead of blocking
-/// (see [`crate::arena::drain`]). The context is current.
+/// Wait until every stream of the context ran what is queued on it: the
+/// live streams, and the retired ones (taken out of the retired list while
+/// waited on, so that a reap elsewhere does not destroy one under the wait,
+/// and put back after). With `poll`, query every
+/// [`StreamTable::POLL_INTERVAL`] until that deadline passes instead of
+/// blocking: the error then says work is still running (see
+/// [`crate::arena::drain`]). The context is current.
 pub fn quiesce<C: StreamContext>(
     s: &C,
     op: &'static str,
     poll: Option<Duration>,
-    interval: Duration,
 ) -> Result<(), BackendError> {
     let mut streams = s.streams().live();
     let retired = s.streams().take_retired();
     streams.extend(retired.iter().copied());
+    let interval = C::Table::POLL_INTERVAL;
     let result = crate::arena::drain(s, &streams, op, poll, interval);
     s.streams().keep_retired(retired);
     result

@@ -16,6 +16,7 @@ use memgov_backend::vmm::{self, Gate};
 use memgov_backend::BackendError;
 use std::fmt::Debug;
 use std::ops::Deref;
+use std::time::Duration;
 
 /// The vendor's names of its virtual-memory, copy and stream calls, for
 /// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
@@ -463,6 +464,10 @@ pub trait StreamTable: VmmTable {
     /// block in a call waiting for work that never finishes, so after a
     /// sticky code HIP makes none.
     const CALLS_AFTER_STICKY: bool;
+
+    /// How often a wait that must not block (a lost teardown's drain, a
+    /// retired stream watched) asks the driver again.
+    const POLL_INTERVAL: Duration;
 
     /// Create an event that only orders (timing disabled).
     ///
