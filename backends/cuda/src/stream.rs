@@ -12,9 +12,11 @@ use crate::result::Cuda;
 use crate::shared::{Shared, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
-use memgov_backend::{BackendError, BackendProbe};
+use memgov_backend::shell::Shell;
+use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
+use memgov_stream_ordered::Checked;
 use std::time::Duration;
 
 /// A stream of ordered work on a CUDA context.
@@ -116,16 +118,8 @@ impl StreamContext for Shared {
         Shared::next_id(self)
     }
 
-    fn probe(&self) -> &BackendProbe {
-        Shared::probe(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        Shared::is_lost(self)
-    }
-
-    fn is_dead(&self) -> bool {
-        self.shell.is_dead()
+    fn shell(&self) -> &Shell<Checked<Cuda>> {
+        &self.shell
     }
 
     fn parts(stream: &CudaStream) -> (CUstream, u64, u64) {

@@ -11,9 +11,11 @@ use super::ffi::{
 };
 use crate::result::Hip;
 use crate::shared::{RawStream, Shared};
-use memgov_backend::{BackendError, BackendProbe};
+use memgov_backend::shell::Shell;
+use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
+use memgov_stream_ordered::Checked;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -102,16 +104,8 @@ impl StreamContext for Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn probe(&self) -> &BackendProbe {
-        Shared::probe(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        Shared::is_lost(self)
-    }
-
-    fn is_dead(&self) -> bool {
-        Shared::is_dead(self)
+    fn shell(&self) -> &Shell<Checked<Hip>> {
+        &self.shell
     }
 
     fn parts(stream: &HipStream) -> (hipStream_t, u64, u64) {

@@ -22,9 +22,9 @@
 
 use crate::result::err;
 use crate::table::{Context, Raw, StreamTable, VmmTable};
-use crate::{Class, Vendor};
-use memgov_backend::shell::make_current;
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe};
+use crate::{Checked, Class, Vendor};
+use memgov_backend::shell::{make_current, Shell};
+use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -32,20 +32,13 @@ use std::time::Duration;
 /// The raw stream handle of a context's table.
 pub type RawOf<C> = <<C as Context>::Table as VmmTable>::Stream;
 
-/// A live stream in the registry: its handle, and whether a runtime lent it
-/// (then memgov never destroys it).
-#[derive(Debug, Clone, Copy)]
-struct Entry<S> {
-    raw: Raw<S>,
-    adopted: bool,
-}
-
-/// A context's streams: the live ones by id, the adopted streams not yet
-/// handed out, and the retired ones (destroyed by the governor, their work
+/// A context's streams: the live ones by id (with whether a runtime lent
+/// it: then memgov never destroys it), the adopted streams not yet handed
+/// out, and the retired ones (destroyed by the governor, their work
 /// possibly still queued). No lock is held while the driver is called.
 #[derive(Debug)]
 pub struct Streams<S> {
-    live: Mutex<HashMap<u64, Entry<S>>>,
+    live: Mutex<HashMap<u64, (Raw<S>, bool)>>,
     lendable: Mutex<VecDeque<Raw<S>>>,
     retired: Mutex<Vec<Raw<S>>>,
 }
@@ -67,35 +60,23 @@ impl<S: Copy> Streams<S> {
         }
     }
 
-    /// Whether stream `id` is live.
-    pub fn is_live(&self, id: u64) -> bool {
-        lock(&self.live).contains_key(&id)
-    }
-
-    /// Take live stream `id` out of the registry: its handle and whether
-    /// it was adopted; `None` if it is not live.
+    /// Take live stream `id` out: its handle and whether it was adopted.
     pub fn remove(&self, id: u64) -> Option<(S, bool)> {
-        lock(&self.live).remove(&id).map(|e| (e.raw.0, e.adopted))
+        lock(&self.live)
+            .remove(&id)
+            .map(|(r, adopted)| (r.0, adopted))
     }
 
     /// The handles of the live streams.
     pub fn live(&self) -> Vec<S> {
-        lock(&self.live).values().map(|e| e.raw.0).collect()
+        lock(&self.live).values().map(|(r, _)| r.0).collect()
     }
 
-    /// The live streams: id, handle, adopted.
-    pub fn snapshot(&self) -> Vec<(u64, S, bool)> {
-        lock(&self.live)
-            .iter()
-            .map(|(&id, e)| (id, e.raw.0, e.adopted))
-            .collect()
-    }
-
-    /// Take every live stream out of the registry: handle, adopted.
+    /// Take every live stream out: handle, adopted.
     pub fn drain(&self) -> Vec<(S, bool)> {
-        lock(&self.live)
-            .drain()
-            .map(|(_, e)| (e.raw.0, e.adopted))
+        let mut live = lock(&self.live);
+        live.drain()
+            .map(|(_, (r, adopted))| (r.0, adopted))
             .collect()
     }
 
@@ -110,32 +91,16 @@ impl<S: Copy> Streams<S> {
         !lock(&self.retired).is_empty()
     }
 
-    /// Take the retired streams out of everyone else's reach (the caller
-    /// destroys them, or puts them back with [`keep_retired`](Self::keep_retired)).
+    /// Take the retired streams out of everyone else's reach: the caller
+    /// destroys them or puts them back ([`keep_retired`](Self::keep_retired)).
     pub fn take_retired(&self) -> Vec<S> {
-        std::mem::take(&mut *lock(&self.retired))
-            .into_iter()
-            .map(|r| r.0)
-            .collect()
+        let taken = std::mem::take(&mut *lock(&self.retired));
+        taken.into_iter().map(|r| r.0).collect()
     }
 
     /// Put retired streams back.
     pub fn keep_retired(&self, raw: Vec<S>) {
         lock(&self.retired).extend(raw.into_iter().map(Raw));
-    }
-
-    fn insert(&self, id: u64, raw: S, adopted: bool) {
-        lock(&self.live).insert(
-            id,
-            Entry {
-                raw: Raw(raw),
-                adopted,
-            },
-        );
-    }
-
-    fn lend(&self) -> Option<S> {
-        lock(&self.lendable).pop_front().map(|r| r.0)
     }
 }
 
@@ -151,14 +116,8 @@ pub trait StreamContext: Context<Table: StreamTable> {
     /// The next id of a stream (or allocation) of this context.
     fn next_id(&self) -> u64;
 
-    /// The probe streams are counted in.
-    fn probe(&self) -> &BackendProbe;
-
-    /// Whether the context is lost (declared, or a sticky code).
-    fn is_lost(&self) -> bool;
-
-    /// Whether a sticky code was seen (the driver's own loss).
-    fn is_dead(&self) -> bool;
+    /// The context's lost and dead state, and its probe.
+    fn shell(&self) -> &Shell<Checked<Self::Table>>;
 
     /// The parts of a public stream: raw handle, id, the id of the context
     /// that created it.
@@ -177,7 +136,7 @@ pub fn check<C: StreamContext>(
     stream: &C::Stream,
 ) -> Result<RawOf<C>, BackendError> {
     let (raw, id, owner) = C::parts(stream);
-    if owner != s.context_id() || !s.streams().is_live(id) {
+    if owner != s.context_id() || !lock(&s.streams().live).contains_key(&id) {
         return Err(err::<C::Table>(
             op,
             BackendErrorKind::InvalidArgument,
@@ -198,7 +157,8 @@ pub fn check<C: StreamContext>(
 pub fn create<C: StreamContext>(s: &C) -> Result<C::Stream, BackendError> {
     const OP: &str = "create_stream";
     s.check_usable(OP)?;
-    let (raw, adopted) = match s.streams().lend() {
+    let lent = lock(&s.streams().lendable).pop_front();
+    let (raw, adopted) = match lent.map(|r| r.0) {
         Some(raw) => (raw, true),
         None => {
             let _current = make_current(s, OP)?;
@@ -210,8 +170,8 @@ pub fn create<C: StreamContext>(s: &C) -> Result<C::Stream, BackendError> {
         }
     };
     let id = s.next_id();
-    s.streams().insert(id, raw, adopted);
-    s.probe().stream_created();
+    lock(&s.streams().live).insert(id, (Raw(raw), adopted));
+    s.shell().probe().stream_created();
     Ok(s.stream(raw, id, adopted))
 }
 
@@ -254,7 +214,7 @@ pub fn destroy_raw<C: StreamContext>(
     op: &'static str,
     raw: RawOf<C>,
 ) -> Result<(), BackendError> {
-    s.probe().stream_destroyed();
+    s.shell().probe().stream_destroyed();
     // SAFETY: the caller's contract: created by this context, out of the
     // registry (so destroyed once, here), its work done; the context is
     // current where the vendor needs it.
@@ -296,7 +256,7 @@ pub fn order_after<C: StreamContext>(
         let r = unsafe { C::Table::stream_wait_event(raw, event) };
         result = s.checked(OP, n.stream_wait_event, r);
     }
-    if C::Table::CALLS_AFTER_STICKY || !s.is_dead() {
+    if C::Table::CALLS_AFTER_STICKY || !s.shell().is_dead() {
         // SAFETY: the event created above, destroyed once; legal with the
         // wait still queued.
         let r = unsafe { C::Table::event_destroy(event) };
@@ -309,7 +269,7 @@ pub fn order_after<C: StreamContext>(
 /// from a query is observed here (the context is then lost). The queries
 /// are not blocking calls: a stream still running stays retired.
 pub fn reap_retired<C: StreamContext>(s: &C, op: &'static str) -> Result<(), BackendError> {
-    if !s.streams().has_retired() || s.is_lost() {
+    if !s.streams().has_retired() || s.shell().is_lost() {
         return Ok(());
     }
     let _current = make_current(s, op)?;
@@ -317,7 +277,7 @@ pub fn reap_retired<C: StreamContext>(s: &C, op: &'static str) -> Result<(), Bac
     let mut result = Ok(());
     // Held only here from now on: no other call uses them.
     for raw in s.streams().take_retired() {
-        if s.is_lost() {
+        if s.shell().is_lost() {
             keep.push(raw);
             continue;
         }

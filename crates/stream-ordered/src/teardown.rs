@@ -41,7 +41,7 @@ impl FirstError {
 /// Whether no further driver call is made on `s` (a sticky code seen by a
 /// vendor whose calls may block after one).
 pub fn stopped<C: StreamContext>(s: &C) -> bool {
-    !C::Table::CALLS_AFTER_STICKY && s.is_dead()
+    !C::Table::CALLS_AFTER_STICKY && s.shell().is_dead()
 }
 
 /// Synchronize every stream of `streams` (taken out of the registry, or
@@ -82,7 +82,7 @@ pub fn destroy_streams<C: StreamContext>(
             // its work ran (synchronized by teardown).
             errors.keep(destroy_raw(s, op, raw));
         } else {
-            s.probe().stream_destroyed();
+            s.shell().probe().stream_destroyed();
         }
     }
 }

@@ -6,17 +6,17 @@
 //! no stand-in.
 
 use memgov_backend::capability::CaptureMode;
-use memgov_backend::shell::MakeCurrent;
+use memgov_backend::shell::{MakeCurrent, Shell};
 use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{
     CaptureNames, CaptureTable, Context, StreamNames, StreamTable, VmmNames, VmmTable,
 };
-use memgov_stream_ordered::{arena, teardown, Class, Hints, Vendor};
+use memgov_stream_ordered::{arena, teardown, Checked, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -406,15 +406,23 @@ const STICKY: i32 = 3;
 #[derive(Debug)]
 struct ToyStream(u64, u64, u64);
 
-/// A toy context that keeps its streams in the core's registry; `dead`
-/// stands for a sticky code seen.
-#[derive(Default)]
+/// A toy context that keeps its streams in the core's registry.
 struct ToyStreams {
     streams: Streams<u64>,
     next: AtomicU64,
-    dead: AtomicBool,
-    probe: BackendProbe,
+    shell: Shell<Checked<Toy>>,
     sleep_gate: SleepGate,
+}
+
+impl Default for ToyStreams {
+    fn default() -> Self {
+        Self {
+            streams: Streams::default(),
+            next: AtomicU64::default(),
+            shell: Shell::new("toy device", BackendProbe::new()),
+            sleep_gate: SleepGate::default(),
+        }
+    }
 }
 
 impl MakeCurrent for ToyStreams {
@@ -439,7 +447,7 @@ impl Context for ToyStreams {
     /// [`STICKY`] marks the context dead, as a sticky code does.
     fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
         if code == STICKY {
-            self.dead.store(true, Ordering::Relaxed);
+            self.shell.mark_dead("a sticky code");
         }
         memgov_stream_ordered::result::check::<Toy>(op, call, code)
     }
@@ -452,15 +460,7 @@ impl Context for ToyStreams {
     }
     fn granule_prop(_: &ToyArena) {}
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        if self.dead.load(Ordering::Relaxed) {
-            return Err(BackendError::new(
-                "toy",
-                op,
-                BackendErrorKind::DeviceLost,
-                "dead",
-            ));
-        }
-        Ok(())
+        self.shell.check_usable(op)
     }
     fn raw_stream(&self, op: &'static str, s: &ToyStream) -> Result<u64, BackendError> {
         stream::check(self, op, s)
@@ -483,14 +483,8 @@ impl StreamContext for ToyStreams {
     fn next_id(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
-    fn probe(&self) -> &BackendProbe {
-        &self.probe
-    }
-    fn is_lost(&self) -> bool {
-        self.is_dead()
-    }
-    fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Relaxed)
+    fn shell(&self) -> &Shell<Checked<Toy>> {
+        &self.shell
     }
     fn parts(s: &ToyStream) -> (u64, u64, u64) {
         (s.0, s.1, s.2)
@@ -509,7 +503,7 @@ fn order_after_records_waits_and_destroys_one_event_and_refuses_foreign_streams(
     let s = ToyStreams::default();
     let a = stream::create(&s).expect("a");
     let b = stream::create(&s).expect("b");
-    assert_eq!(s.probe.live_streams(), 2);
+    assert_eq!(s.shell.probe().live_streams(), 2);
     clear_log();
     stream::order_after(&s, &a, &b).expect("ordered");
     assert_eq!(
@@ -575,7 +569,8 @@ fn after_a_sticky_code_a_vendor_whose_calls_may_block_destroys_no_event() {
     assert!(log().is_empty(), "{:?}", log());
     // Teardown's own stream stops at a sticky code in its work: created,
     // nothing after (no synchronize that may never return).
-    s.dead.store(false, Ordering::Relaxed);
+    let s = ToyStreams::default();
+    clear_log();
     script("toyMemcpyHtoDAsync", STICKY);
     let r = teardown::on_own_stream(&s, "teardown", |raw| {
         // SAFETY: the toy's call only logs.
@@ -617,7 +612,7 @@ fn adopted_streams_are_lent_before_any_is_created_and_never_destroyed() {
             "toyStreamSynchronize"
         ]
     );
-    assert_eq!(s.probe.live_streams(), 0);
+    assert_eq!(s.shell.probe().live_streams(), 0);
 }
 
 #[test]
