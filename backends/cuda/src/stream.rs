@@ -1,12 +1,11 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
 //! runtime already owns and lent to the context by [`CudaContext::adopt`];
-//! CUDA's stream and event entry points for the core's
-//! [`stream`](memgov_stream_ordered::stream) module, and what CUDA does
-//! its own way: a destroyed stream is *retired*, not destroyed, while its
-//! work may still be queued (`cuStreamDestroy` returns before the host
-//! functions queued on the stream have run, and the context must not be
-//! released under a running host function); an adopted stream is only
-//! synchronized.
+//! CUDA's stream and event entry points for the core's [`stream`] module,
+//! and what CUDA does its own way: a destroyed stream is *retired*, not
+//! destroyed, while its work may still be queued (`cuStreamDestroy` returns
+//! before the host functions queued on the stream have run, and the context
+//! must not be released under a running host function); an adopted stream
+//! is only synchronized.
 
 use crate::result::Cuda;
 use crate::shared::{Shared, WATCH_INTERVAL};

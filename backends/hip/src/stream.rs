@@ -1,9 +1,8 @@
 //! Streams: non-blocking `hipStream_t`s created on the context's device and
 //! tracked so that teardown can destroy any the governor left behind;
-//! HIP's stream and event entry points for the core's
-//! [`stream`](memgov_stream_ordered::stream) module, and what HIP does its
-//! own way: a destroyed stream is synchronized (its free callbacks waited
-//! for) and destroyed at once, never retired.
+//! HIP's stream and event entry points for the core's [`stream`] module,
+//! and what HIP does its own way: a destroyed stream is synchronized (its
+//! free callbacks waited for) and destroyed at once, never retired.
 
 use super::ffi::{
     hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord, hipEvent_t,
