@@ -107,7 +107,7 @@ use memgov_backend::{
     Execution, MemoryInfo, RetireSignal, Tier,
 };
 use result::{check, err, BACKEND};
-use shared::{RawStream, Shared};
+use shared::Shared;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -471,9 +471,7 @@ impl CudaContext {
                 next_id: AtomicU64::new(1),
                 pending: Arc::default(),
                 live: Mutex::default(),
-                streams: Mutex::default(),
-                lendable: Mutex::new(streams.into_iter().map(RawStream).collect()),
-                retired_streams: Mutex::default(),
+                streams: memgov_stream_ordered::stream::Streams::lending(streams),
                 sleep_gate: Default::default(),
             }),
             arena: None,
@@ -560,7 +558,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn create_stream(&self) -> Result<CudaStream, BackendError> {
-        self.create_stream_impl()
+        memgov_stream_ordered::stream::create(&*self.shared)
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
@@ -624,7 +622,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn order_after(&self, stream: &CudaStream, after: &CudaStream) -> Result<(), BackendError> {
-        self.order_after_impl(stream, after)
+        memgov_stream_ordered::stream::order_after(&*self.shared, stream, after)
     }
 
     fn device_lost(&self) {

@@ -12,7 +12,8 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, FreeWork, Stop,
     Take, Tickets, Unsettled,
 };
-use std::collections::{HashMap, VecDeque};
+use memgov_stream_ordered::stream::{self, Streams};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -80,12 +81,6 @@ pub(crate) struct Live {
     pub host: usize,
 }
 
-/// A raw stream handle that may cross threads (see `CudaStream`).
-pub(crate) struct RawStream(pub CUstream);
-// SAFETY: a driver handle with no thread affinity; used only with its
-// context current.
-unsafe impl Send for RawStream {}
-
 /// The state a context's threads share: the caller's, the host functions'
 /// (through `pending`) and the free thread's. Dropping it calls no driver
 /// function: teardown destroys explicitly.
@@ -115,16 +110,13 @@ pub struct Shared {
     pub(crate) next_id: AtomicU64,
     pub(crate) pending: Arc<PendingFrees>,
     pub(crate) live: Mutex<HashMap<u64, Live>>,
-    /// Live streams: id -> (handle, adopted).
-    pub(crate) streams: Mutex<HashMap<u64, (CUstream, bool)>>,
-    /// Adopted streams not yet handed out.
-    pub(crate) lendable: Mutex<VecDeque<RawStream>>,
-    /// Streams memgov created and the governor destroyed whose queued work
-    /// may still be running (host functions included). Destroyed once
-    /// `cuStreamQuery` says their work is complete, or at teardown after a
-    /// synchronize: the context is never released under a running host
-    /// function.
-    pub(crate) retired_streams: Mutex<Vec<RawStream>>,
+    /// Live streams (created or adopted), adopted streams not yet handed
+    /// out, and retired streams: those memgov created and the governor
+    /// destroyed whose queued work may still be running (host functions
+    /// included), destroyed once `cuStreamQuery` says their work is
+    /// complete, or at teardown after a synchronize: the context is never
+    /// released under a running host function.
+    pub(crate) streams: Streams<CUstream>,
     /// Sleeps of the arena against copies and launches between their
     /// awake check and their enqueue.
     pub(crate) sleep_gate: memgov_backend::vmm::SleepGate,
@@ -201,20 +193,9 @@ impl Shared {
     pub(crate) fn check_stream(
         &self,
         op: &'static str,
-        stream: &CudaStream,
+        handle: &CudaStream,
     ) -> Result<(), BackendError> {
-        if stream.context != self.id || !lock(&self.streams).contains_key(&stream.id) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "stream {} is not a live stream of CUDA context {} (it belongs to context {}, \
-                     or was destroyed): use a stream this context created and has not destroyed",
-                    stream.id, self.id, stream.context
-                ),
-            ));
-        }
-        Ok(())
+        stream::check(self, op, handle).map(drop)
     }
 
     /// An allocation of this context that is live, or `InvalidArgument`
@@ -236,42 +217,6 @@ impl Shared {
             ));
         }
         Ok(())
-    }
-
-    /// Destroy the retired streams whose work has completed; a sticky error
-    /// from a query is observed here (the device is then lost).
-    pub(crate) fn reap_retired(&self, op: &'static str) -> Result<(), BackendError> {
-        if lock(&self.retired_streams).is_empty() || self.is_lost() {
-            return Ok(());
-        }
-        let _current = self.make_current(op)?;
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&self.retired_streams));
-        let mut keep = Vec::new();
-        let mut result = Ok(());
-        for raw in retired {
-            if self.is_lost() {
-                keep.push(raw);
-                continue;
-            }
-            // SAFETY: a stream this context created and the governor
-            // destroyed; held only in the retired list, which this call took,
-            // so no other call uses it; the context is current.
-            let r = unsafe { sys::cuStreamQuery(raw.0) };
-            match r {
-                CUresult::CUDA_SUCCESS => {
-                    // SAFETY: as above; its work has completed.
-                    let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
-                    result = result.and(self.checked(op, "cuStreamDestroy_v2", r));
-                }
-                CUresult::CUDA_ERROR_NOT_READY => keep.push(raw),
-                r => {
-                    keep.push(raw);
-                    result = result.and(self.checked(op, "cuStreamQuery", r));
-                }
-            }
-        }
-        lock(&self.retired_streams).extend(keep);
-        result
     }
 
     /// Start the free thread (once) and wake it: a stream was retired with
@@ -312,7 +257,7 @@ impl FreeWork for Shared {
     }
 
     fn idle_wait(&self) -> Option<Duration> {
-        if lock(&self.retired_streams).is_empty() || self.is_lost() {
+        if !self.streams.has_retired() || self.is_lost() {
             Some(WATCH_INTERVAL * 50)
         } else {
             Some(WATCH_INTERVAL)
@@ -322,7 +267,7 @@ impl FreeWork for Shared {
     fn work(&self, frees: Vec<HostFree>) {
         // An error is kept by the context (a sticky one marks it lost and
         // abandons pending frees).
-        let _ = self.reap_retired("free thread");
+        let _ = stream::reap_retired(self, "free thread");
         let _ = self.free_host("free thread", frees);
     }
 }

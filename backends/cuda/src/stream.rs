@@ -1,11 +1,22 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
-//! runtime already owns and lent to the context by [`CudaContext::adopt`].
+//! runtime already owns and lent to the context by [`CudaContext::adopt`];
+//! CUDA's stream and event entry points for the core's [`stream`] module,
+//! and what CUDA does its own way: a destroyed stream is *retired*, not
+//! destroyed, while its work may still be queued (`cuStreamDestroy` returns
+//! before the host functions queued on the stream have run, and the context
+//! must not be released under a running host function); an adopted stream
+//! is only synchronized.
 
-use crate::shared::{RawStream, WATCH_INTERVAL};
+use crate::result::Cuda;
+use crate::shared::{Shared, WATCH_INTERVAL};
 use crate::CudaContext;
-use cudarc::driver::sys::{self, CUevent, CUstream, CUstream_flags};
-use memgov_backend::lock;
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use memgov_backend::shell::Shell;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::table::{StreamNames, StreamTable};
+use memgov_stream_ordered::Checked;
+use std::time::Duration;
 
 /// A stream of ordered work on a CUDA context.
 ///
@@ -48,73 +59,112 @@ impl CudaStream {
     }
 }
 
-impl CudaContext {
-    pub(crate) fn create_stream_impl(&self) -> Result<CudaStream, BackendError> {
-        let s = &*self.shared;
-        s.check_usable("create_stream")?;
-        let id = s.next_id();
-        if let Some(raw) = lock(&s.lendable).pop_front() {
-            lock(&s.streams).insert(id, (raw.0, true));
-            s.probe().stream_created();
-            return Ok(CudaStream {
-                raw: raw.0,
-                id,
-                context: s.id,
-                adopted: true,
-            });
-        }
-        let _current = s.make_current("create_stream")?;
-        let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; the context is current on
-        // this thread (make_current above) and alive (check_usable: teardown
-        // has not run, it consumes the context).
-        let r =
-            unsafe { sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
-        s.checked("create_stream", "cuStreamCreate", r)?;
-        lock(&s.streams).insert(id, (raw, false));
-        s.probe().stream_created();
-        Ok(CudaStream {
-            raw,
-            id,
-            context: s.id,
-            adopted: false,
-        })
+/// CUDA's stream and event calls under the core's names.
+impl StreamTable for Cuda {
+    type Event = CUevent;
+
+    const STREAM_NAMES: StreamNames = StreamNames {
+        vendor: "CUDA",
+        stream_destroy: "cuStreamDestroy_v2",
+        event_create: "cuEventCreate",
+        event_record: "cuEventRecord",
+        stream_wait_event: "cuStreamWaitEvent",
+        event_destroy: "cuEventDestroy_v2",
+    };
+
+    const STREAM_CALLS_NEED_CURRENT: bool = true;
+    const CALLS_AFTER_STICKY: bool = true;
+    const POLL_INTERVAL: Duration = WATCH_INTERVAL;
+
+    unsafe fn event_create() -> (CUresult, CUevent) {
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the caller has the context current.
+        let r = unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        };
+        (r, event)
     }
 
-    pub(crate) fn destroy_stream_impl(&self, stream: CudaStream) -> Result<(), BackendError> {
-        let s = &*self.shared;
-        if stream.context != s.id || lock(&s.streams).remove(&stream.id).is_none() {
-            return Err(crate::result::err(
-                "destroy_stream",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                format!(
-                    "stream {} is not a live stream of CUDA context {} (another context's, or \
-                     destroyed already)",
-                    stream.id, s.id
-                ),
-            ));
+    unsafe fn event_record(event: CUevent, stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (both live, of the current context).
+        unsafe { sys::cuEventRecord(event, stream) }
+    }
+
+    unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CUresult {
+        // SAFETY: as above, the event recorded.
+        unsafe { sys::cuStreamWaitEvent(stream, event, 0) }
+    }
+
+    unsafe fn event_destroy(event: CUevent) -> CUresult {
+        // SAFETY: the caller's contract (destroyed once).
+        unsafe { sys::cuEventDestroy_v2(event) }
+    }
+}
+
+impl StreamContext for Shared {
+    fn streams(&self) -> &Streams<CUstream> {
+        &self.streams
+    }
+
+    fn context_id(&self) -> u64 {
+        self.id
+    }
+
+    fn next_id(&self) -> u64 {
+        Shared::next_id(self)
+    }
+
+    fn shell(&self) -> &Shell<Checked<Cuda>> {
+        &self.shell
+    }
+
+    fn parts(stream: &CudaStream) -> (CUstream, u64, u64) {
+        (stream.raw, stream.id, stream.context)
+    }
+
+    fn stream(&self, raw: CUstream, id: u64, adopted: bool) -> CudaStream {
+        CudaStream {
+            raw,
+            id,
+            context: self.id,
+            adopted,
         }
+    }
+}
+
+impl CudaContext {
+    pub(crate) fn destroy_stream_impl(&self, handle: CudaStream) -> Result<(), BackendError> {
+        const OP: &str = "destroy_stream";
+        let s = &*self.shared;
+        stream::check(s, OP, &handle)?;
+        let Some((raw, adopted)) = s.streams.remove(handle.id) else {
+            // Taken by value: no other call destroys it.
+            return Ok(());
+        };
         s.probe().stream_destroyed();
         if s.is_lost() {
             // The stream dies with the context; no call on a lost device.
             return Ok(());
         }
-        let current = s.make_current("destroy_stream")?;
-        if stream.adopted {
+        let current = s.make_current(OP)?;
+        if adopted {
             // The runtime owns it: only finish memgov's work on it.
             // SAFETY: an adopted stream is valid until the context is torn
             // down (the contract of `adopt`); the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-            return s.checked("destroy_stream", "cuStreamSynchronize", r);
+            let r = unsafe { sys::cuStreamSynchronize(raw) };
+            return s.checked(OP, "cuStreamSynchronize", r);
         }
         // Its frees and host functions may still be queued: the stream is
         // retired, not destroyed, until its work has completed (the context
         // must not be released under a running host function, and only a
         // completed stream proves the host function returned).
-        lock(&s.retired_streams).push(RawStream(stream.raw));
+        s.streams.retire(raw);
         drop(current);
-        let result = s.reap_retired("destroy_stream");
-        if !lock(&s.retired_streams).is_empty() {
+        let result = stream::reap_retired(s, OP);
+        if s.streams.has_retired() {
             // Work still queued on it: the free thread keeps asking, so that an
             // asynchronous fault in that work is observed even if nothing
             // else calls the backend (retire waits without calling it).
@@ -123,17 +173,9 @@ impl CudaContext {
         result
     }
 
-    pub(crate) fn synchronize_impl(&self, stream: &CudaStream) -> Result<(), BackendError> {
+    pub(crate) fn synchronize_impl(&self, handle: &CudaStream) -> Result<(), BackendError> {
         let s = &*self.shared;
-        s.check_usable("synchronize")?;
-        s.check_stream("synchronize", stream)?;
-        {
-            let _current = s.make_current("synchronize")?;
-            // SAFETY: the stream is a live stream of this context (checked
-            // above); the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-            s.checked("synchronize", "cuStreamSynchronize", r)?;
-        }
+        stream::synchronize(s, "synchronize", handle)?;
         // The stream's page-locked host frees: their host functions have
         // run, and their frees (and signals) follow off the stream, on the
         // free thread. Do those that are ready here and wait for the thread's,
@@ -141,50 +183,9 @@ impl CudaContext {
         s.free_ready_host("synchronize")?;
         s.pending
             .host_unsettled
-            .wait(stream.id, || s.is_lost(), Some(WATCH_INTERVAL));
+            .wait(handle.id, || s.is_lost(), Some(WATCH_INTERVAL));
         // Destroyed streams still holding work are asked too: a fault in
         // their work is observed when the governor synchronizes (force).
-        s.reap_retired("synchronize")
-    }
-
-    pub(crate) fn order_after_impl(
-        &self,
-        stream: &CudaStream,
-        after: &CudaStream,
-    ) -> Result<(), BackendError> {
-        let s = &*self.shared;
-        s.check_usable("order_after")?;
-        s.check_stream("order_after", stream)?;
-        s.check_stream("order_after", after)?;
-        if stream.id == after.id {
-            // A stream is ordered after its own queued work already.
-            return Ok(());
-        }
-        let _current = s.make_current("order_after")?;
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current. Timing is
-        // disabled: the event only orders.
-        let r = unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        };
-        s.checked("order_after", "cuEventCreate", r)?;
-        // SAFETY: the event just created; `after` is a live stream of this
-        // context (checked above).
-        let r = unsafe { sys::cuEventRecord(event, after.raw) };
-        let mut result = s.checked("order_after", "cuEventRecord", r);
-        if result.is_ok() {
-            // SAFETY: the recorded event; `stream` is a live stream of this
-            // context. Work queued on `stream` after this call waits for the
-            // work `after` had queued when the event was recorded.
-            let r = unsafe { sys::cuStreamWaitEvent(stream.raw, event, 0) };
-            result = s.checked("order_after", "cuStreamWaitEvent", r);
-        }
-        // SAFETY: the event created above, destroyed once. Legal while the
-        // wait is pending: the driver releases it once it has completed.
-        let r = unsafe { sys::cuEventDestroy_v2(event) };
-        result.and(s.checked("order_after", "cuEventDestroy_v2", r))
+        stream::reap_retired(s, "synchronize")
     }
 }

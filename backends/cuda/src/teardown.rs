@@ -2,10 +2,11 @@
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
 
 use crate::result::{self, check, err, BACKEND};
-use crate::shared::{Live, RawStream, WATCH_INTERVAL};
+use crate::shared::{Live, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
+use memgov_stream_ordered::teardown::{self, FirstError};
 use std::time::{Duration, Instant};
 
 /// How long a lost teardown on a device whose driver still answers waits for
@@ -26,12 +27,7 @@ impl CudaContext {
         // is under way they go ahead (teardown cannot be refused) and the
         // driver decides.
         let _call = crate::shared::gate().call("teardown", false);
-        let mut first: Option<BackendError> = None;
-        let mut keep = |r: Result<(), BackendError>| {
-            if let Err(e) = r {
-                first.get_or_insert(e);
-            }
-        };
+        let mut errors = FirstError::default();
         let lost = lost || s.is_lost();
         let pending = s.pending.len();
         if pending != 0 && !lost {
@@ -44,12 +40,12 @@ impl CudaContext {
             );
         }
         if lost {
-            self.teardown_lost(&mut keep);
+            self.teardown_lost(&mut errors);
         } else {
-            self.release_all(&mut keep);
+            self.release_all(&mut errors);
         }
         s.probe().torn_down_now();
-        first.map_or(Ok(()), Err)
+        errors.into_result()
     }
 
     /// Give everything back to a driver that answers, then release the
@@ -57,39 +53,32 @@ impl CudaContext {
     /// stream, free page-locked host memory and what a forced retire left
     /// live, trim and destroy memgov's pool. Nothing of memgov's is queued or
     /// allocated in the context when the reference goes.
-    fn release_all(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
+    fn release_all(&self, errors: &mut FirstError) {
         let s = &*self.shared;
         let current = match s.make_current("teardown") {
             Ok(c) => Some(c),
             Err(e) => {
-                keep(Err(e));
+                errors.keep(Err(e));
                 None
             }
         };
-        let streams: Vec<(u64, CUstream, bool)> = lock(&s.streams)
-            .iter()
-            .map(|(&id, &(raw, adopted))| (id, raw, adopted))
-            .collect();
-        for &(_, raw, _) in &streams {
-            // SAFETY: a live stream of this context; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw) };
-            keep(s.checked("teardown", "cuStreamSynchronize", r));
-        }
+        let streams = s.streams.drain();
+        let raw: Vec<CUstream> = streams.iter().map(|&(raw, _)| raw).collect();
+        teardown::sync_streams(s, "teardown", &raw, errors);
         // Destroyed streams whose work may still run: wait, then destroy
         // (before the leftovers are freed: that work may use them).
-        let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-        for raw in retired {
+        for raw in s.streams.take_retired() {
             // SAFETY: a stream this context created, removed from the
             // retired list above so destroyed once; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw.0) };
-            keep(s.checked("teardown", "cuStreamSynchronize", r));
+            let r = unsafe { sys::cuStreamSynchronize(raw) };
+            errors.keep(s.checked("teardown", "cuStreamSynchronize", r));
             // SAFETY: as above; its work has completed.
-            let r = unsafe { sys::cuStreamDestroy_v2(raw.0) };
-            keep(s.checked("teardown", "cuStreamDestroy_v2", r));
+            let r = unsafe { sys::cuStreamDestroy_v2(raw) };
+            errors.keep(s.checked("teardown", "cuStreamDestroy_v2", r));
         }
         // Page-locked host frees whose host function ran (every stream was
         // synchronized above) and that the stopped free thread had not done.
-        keep(s.free_ready_host("teardown"));
+        errors.keep(s.free_ready_host("teardown"));
         // Memory a forced retire left live: free it on a stream of its own
         // and wait, so the pool gets it back before the context goes. Every
         // stream that used it was synchronized above, which orders the frees
@@ -106,32 +95,24 @@ impl CudaContext {
             let r = unsafe { sys::cuMemFreeHost(l.host as *mut std::ffi::c_void) };
             match s.checked("teardown", "cuMemFreeHost", r) {
                 Ok(()) => s.probe().freed(l.bytes),
-                Err(e) => keep(Err(e)),
+                Err(e) => errors.keep(Err(e)),
             }
         }
         if !leftover.is_empty() {
-            keep(self.free_leftover(&leftover));
+            errors.keep(self.free_leftover(&leftover));
         }
-        for (id, raw, adopted) in streams {
-            lock(&s.streams).remove(&id);
-            s.probe().stream_destroyed();
-            if !adopted {
-                // SAFETY: created by this context, destroyed once (removed
-                // from the live set above); its work has completed.
-                let r = unsafe { sys::cuStreamDestroy_v2(raw) };
-                keep(s.checked("teardown", "cuStreamDestroy_v2", r));
-            }
-        }
+        // Those memgov created (an adopted one is the runtime's).
+        teardown::destroy_streams(s, "teardown", streams, true, errors);
         for claim in s.pending.waiting.claim_all() {
             claim.abandon(s.probe());
         }
         // SAFETY: memgov's own pool; every allocation from it was freed and
         // every free has executed (all streams synchronized).
         let r = unsafe { sys::cuMemPoolTrimTo(s.pool, 0) };
-        keep(s.checked("teardown", "cuMemPoolTrimTo", r));
+        errors.keep(s.checked("teardown", "cuMemPoolTrimTo", r));
         // SAFETY: as above; destroyed once, here.
         let r = unsafe { sys::cuMemPoolDestroy(s.pool) };
-        keep(s.checked("teardown", "cuMemPoolDestroy", r));
+        errors.keep(s.checked("teardown", "cuMemPoolDestroy", r));
         // The thread's previous context is current again before the release.
         drop(current);
         if s.retained {
@@ -139,7 +120,7 @@ impl CudaContext {
             // queued work on was synchronized, so no free or host function
             // of memgov's is pending and no memory of memgov's is allocated.
             let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
-            keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+            errors.keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
     }
 
@@ -167,19 +148,20 @@ impl CudaContext {
     /// With the driver answering, memgov's memory in it is still freed.
     ///
     /// [`release_all`]: Self::release_all
-    fn teardown_lost(&self, keep: &mut impl FnMut(Result<(), BackendError>)) {
+    fn teardown_lost(&self, errors: &mut FirstError) {
         let s = &*self.shared;
         s.shell.mark_lost(None);
         s.abandon_pending();
         if !s.shell.is_dead() {
-            let mut queued: Vec<CUstream> =
-                lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-            queued.extend(lock(&s.retired_streams).iter().map(|r| r.0));
+            let mut queued: Vec<CUstream> = s.streams.live();
+            let retired = s.streams.take_retired();
+            queued.extend(retired.iter().copied());
+            s.streams.keep_retired(retired);
             match self.drain_lost(&queued) {
                 Ok(()) if !s.shell.is_dead() => {
                     // Nothing of memgov's runs on the device any more: give
                     // everything back, then release the reference.
-                    self.release_all(keep);
+                    self.release_all(errors);
                     return;
                 }
                 // A sticky error while draining: the device really is gone.
@@ -188,7 +170,7 @@ impl CudaContext {
                     // Still running at the deadline: free nothing, keep the
                     // reference (with memgov's allocations) rather than
                     // release it under running work.
-                    keep(Err(e));
+                    errors.keep(Err(e));
                     self.forget_all();
                     return;
                 }
@@ -206,7 +188,7 @@ impl CudaContext {
             // reference destroys the context with memgov's allocations and
             // streams.
             let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
-            keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
+            errors.keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
     }
 
@@ -219,10 +201,10 @@ impl CudaContext {
         for (_, l) in lock(&s.live).drain() {
             s.probe().freed(l.bytes);
         }
-        for _ in lock(&s.streams).drain() {
+        for _ in s.streams.drain() {
             s.probe().stream_destroyed();
         }
-        lock(&s.retired_streams).clear();
+        s.streams.take_retired();
     }
 
     /// Poll `streams` until their queued work has finished, a sticky error
@@ -275,34 +257,23 @@ impl CudaContext {
         }
     }
 
+    /// Memory a forced retire left live, freed on a stream of teardown's
+    /// own and waited for.
     fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
         let s = &*self.shared;
-        let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the context is current (teardown).
-        let r = unsafe {
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            )
-        };
-        s.checked("teardown", "cuStreamCreate", r)?;
-        let mut result = Ok(());
-        for l in leftover {
-            // SAFETY: a live allocation of this context, freed once (drained
-            // from the live set); every stream that used it was synchronized.
-            let r = unsafe { sys::cuMemFreeAsync(l.ptr, stream) };
-            match s.checked("teardown", "cuMemFreeAsync", r) {
-                Ok(()) => s.probe().freed(l.bytes),
-                Err(e) => {
-                    result = result.and(Err(e));
+        teardown::on_own_stream(s, "teardown", |stream| {
+            let mut result = Ok(());
+            for l in leftover {
+                // SAFETY: a live allocation of this context, freed once
+                // (drained from the live set); every stream that used it was
+                // synchronized; `stream` is teardown's own, live.
+                let r = unsafe { sys::cuMemFreeAsync(l.ptr, stream) };
+                match s.checked("teardown", "cuMemFreeAsync", r) {
+                    Ok(()) => s.probe().freed(l.bytes),
+                    Err(e) => result = result.and(Err(e)),
                 }
             }
-        }
-        // SAFETY: the stream created above.
-        let r = unsafe { sys::cuStreamSynchronize(stream) };
-        result = result.and(s.checked("teardown", "cuStreamSynchronize", r));
-        // SAFETY: the stream created above, destroyed once.
-        let r = unsafe { sys::cuStreamDestroy_v2(stream) };
-        result.and(s.checked("teardown", "cuStreamDestroy_v2", r))
+            result
+        })
     }
 }

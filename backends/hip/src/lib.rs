@@ -498,7 +498,7 @@ impl DeviceContext for HipContext {
     }
 
     fn create_stream(&self) -> Result<HipStream, BackendError> {
-        stream::create(&self.shared)
+        memgov_stream_ordered::stream::create(&*self.shared)
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
@@ -572,7 +572,7 @@ impl DeviceContext for HipContext {
     }
 
     fn order_after(&self, stream: &HipStream, after: &HipStream) -> Result<(), BackendError> {
-        stream::order_after(&self.shared, stream, after)
+        memgov_stream_ordered::stream::order_after(&*self.shared, stream, after)
     }
 
     fn device_lost(&self) {

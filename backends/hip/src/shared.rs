@@ -131,7 +131,7 @@ pub struct Shared {
     /// Allocations not yet handed to a free: pointer -> (bytes, origin).
     pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
     /// Streams not yet destroyed.
-    pub(crate) streams: Mutex<HashMap<u64, RawStream>>,
+    pub(crate) streams: memgov_stream_ordered::stream::Streams<hipStream_t>,
     /// Signals of pool frees waiting for their stream callback.
     pub(crate) pending: PendingFrees,
     /// Frees per stream whose signal has not settled, for `synchronize`
@@ -187,7 +187,7 @@ impl Shared {
             fallback_reason: Mutex::new(opened.fallback_reason),
             next_id: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
-            streams: Mutex::new(HashMap::new()),
+            streams: Default::default(),
             pending: PendingFrees::default(),
             outstanding: Unsettled::default(),
             frees: FreeThread::new(Take::One),

@@ -1,16 +1,22 @@
 //! Streams: non-blocking `hipStream_t`s created on the context's device and
-//! tracked so that teardown can destroy any the governor left behind.
+//! tracked so that teardown can destroy any the governor left behind;
+//! HIP's stream and event entry points for the core's [`stream`] module,
+//! and what HIP does its own way: a destroyed stream is synchronized (its
+//! free callbacks waited for) and destroyed at once, never retired.
 
 use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
-    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamNonBlocking, hipStreamSynchronize,
-    hipStreamWaitEvent, hipStream_t,
+    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord, hipEvent_t,
+    hipStreamWaitEvent, hipStream_t, HipResult,
 };
-use crate::result::err;
+use crate::result::Hip;
 use crate::shared::{RawStream, Shared};
-use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::shell::Shell;
+use memgov_backend::BackendError;
+use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::table::{StreamNames, StreamTable};
+use memgov_stream_ordered::Checked;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
 ///
@@ -43,29 +49,75 @@ impl HipStream {
     }
 }
 
-/// A non-blocking stream on the thread's current device (the caller has
-/// made the context's device current), known to no table.
-pub(crate) fn create_raw(shared: &Shared, op: &'static str) -> Result<RawStream, BackendError> {
-    let mut raw: hipStream_t = std::ptr::null_mut();
-    // SAFETY: `raw` is a valid out-pointer; the flag is a documented value.
-    let r = unsafe { hipStreamCreateWithFlags(&mut raw, hipStreamNonBlocking) };
-    shared.checked(op, "hipStreamCreateWithFlags", r)?;
-    Ok(RawStream(raw))
+/// HIP's stream and event calls under the core's names.
+impl StreamTable for Hip {
+    type Event = hipEvent_t;
+
+    const STREAM_NAMES: StreamNames = StreamNames {
+        vendor: "HIP",
+        stream_destroy: "hipStreamDestroy",
+        event_create: "hipEventCreateWithFlags",
+        event_record: "hipEventRecord",
+        stream_wait_event: "hipStreamWaitEvent",
+        event_destroy: "hipEventDestroy",
+    };
+
+    const STREAM_CALLS_NEED_CURRENT: bool = false;
+    const CALLS_AFTER_STICKY: bool = false;
+    const POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+    unsafe fn event_create() -> (HipResult, hipEvent_t) {
+        let mut event: hipEvent_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, documented flag; the caller has the
+        // device current.
+        let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
+        (r, event)
+    }
+
+    unsafe fn event_record(event: hipEvent_t, stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (both live, of the current device).
+        unsafe { hipEventRecord(event, stream) }
+    }
+
+    unsafe fn stream_wait_event(stream: hipStream_t, event: hipEvent_t) -> HipResult {
+        // SAFETY: as above, the event recorded.
+        unsafe { hipStreamWaitEvent(stream, event, 0) }
+    }
+
+    unsafe fn event_destroy(event: hipEvent_t) -> HipResult {
+        // SAFETY: the caller's contract (destroyed once).
+        unsafe { hipEventDestroy(event) }
+    }
 }
 
-/// Create a non-blocking stream on the context's device.
-pub(crate) fn create(shared: &Shared) -> Result<HipStream, BackendError> {
-    shared.check_usable("create_stream")?;
-    let _device = shared.make_current("create_stream")?;
-    let RawStream(raw) = create_raw(shared, "create_stream")?;
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    lock(&shared.streams).insert(id, RawStream(raw));
-    shared.probe().stream_created();
-    Ok(HipStream {
-        raw: RawStream(raw),
-        id,
-        context: shared.id,
-    })
+impl StreamContext for Shared {
+    fn streams(&self) -> &Streams<hipStream_t> {
+        &self.streams
+    }
+
+    fn context_id(&self) -> u64 {
+        self.id
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn shell(&self) -> &Shell<Checked<Hip>> {
+        &self.shell
+    }
+
+    fn parts(stream: &HipStream) -> (hipStream_t, u64, u64) {
+        (stream.raw.0, stream.id, stream.context)
+    }
+
+    fn stream(&self, raw: hipStream_t, id: u64, _adopted: bool) -> HipStream {
+        HipStream {
+            raw: RawStream(raw),
+            id,
+            context: self.id,
+        }
+    }
 }
 
 /// Wait for the stream's work (its free callbacks included), then destroy it.
@@ -75,110 +127,44 @@ pub(crate) fn create(shared: &Shared) -> Result<HipStream, BackendError> {
 /// on a dead device (a sticky code seen, now or before) it is only dropped
 /// from the table: the runtime may wait for the stream's work inside
 /// `hipStreamDestroy`, and that work never finishes.
-pub(crate) fn destroy(shared: &Shared, stream: HipStream) -> Result<(), BackendError> {
-    shared.check_stream("destroy_stream", &stream)?;
+pub(crate) fn destroy(shared: &Shared, handle: HipStream) -> Result<(), BackendError> {
+    const OP: &str = "destroy_stream";
+    let raw = stream::check(shared, OP, &handle)?;
     if !shared.is_dead() {
-        // SAFETY: the stream is alive (it is in `streams`, removed below).
-        let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-        let synced = shared.checked("destroy_stream", "hipStreamSynchronize", r);
+        let synced = stream::sync_raw(shared, OP, raw);
         if synced.is_err() && !shared.is_dead() {
             return synced;
         }
         shared
             .outstanding
-            .wait(stream.id, || shared.is_lost(), None);
+            .wait(handle.id, || shared.is_lost(), None);
     }
-    if lock(&shared.streams).remove(&stream.id).is_none() {
+    if shared.streams.remove(handle.id).is_none() {
         return Ok(());
     }
     if shared.is_dead() {
         shared.probe().stream_destroyed();
         return Ok(());
     }
-    destroy_raw(shared, "destroy_stream", stream.raw)
-}
-
-/// Destroy a stream already removed from the table.
-pub(crate) fn destroy_raw(
-    shared: &Shared,
-    op: &'static str,
-    raw: RawStream,
-) -> Result<(), BackendError> {
-    shared.probe().stream_destroyed();
-    // SAFETY: the handle was created by this context and has just been
-    // removed from its table, so no other path destroys it; its queued work
-    // has been synchronized.
-    let r = unsafe { hipStreamDestroy(raw.0) };
-    shared.checked(op, "hipStreamDestroy", r)
+    stream::destroy_raw(shared, OP, raw)
 }
 
 /// Block until the stream's queued work and callbacks have run.
-pub(crate) fn synchronize(shared: &Shared, stream: &HipStream) -> Result<(), BackendError> {
-    shared.check_stream("synchronize", stream)?;
-    shared.check_lost("synchronize")?;
-    // SAFETY: the stream belongs to this live context (checked above).
-    let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    shared.checked("synchronize", "hipStreamSynchronize", r)?;
+pub(crate) fn synchronize(shared: &Shared, handle: &HipStream) -> Result<(), BackendError> {
+    stream::synchronize(shared, "synchronize", handle)?;
     shared
         .outstanding
-        .wait(stream.id, || shared.is_lost(), None);
+        .wait(handle.id, || shared.is_lost(), None);
     Ok(())
-}
-
-/// Order every operation queued on `stream` from now on after everything
-/// already queued on `after`: an event recorded on `after`, a wait for it
-/// queued on `stream`, the event destroyed at once (HIP keeps what a queued
-/// wait needs). Returns without waiting for the device.
-pub(crate) fn order_after(
-    shared: &Shared,
-    stream: &HipStream,
-    after: &HipStream,
-) -> Result<(), BackendError> {
-    shared.check_stream("order_after", stream)?;
-    shared.check_stream("order_after", after)?;
-    shared.check_usable("order_after")?;
-    if stream.id == after.id {
-        return Ok(());
-    }
-    // Events belong to the current device.
-    let _device = shared.make_current("order_after")?;
-    let mut event = std::ptr::null_mut();
-    // SAFETY: valid out-pointer, documented flag.
-    let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
-    shared.checked("order_after", "hipEventCreateWithFlags", r)?;
-    // SAFETY: the event was just created; `after` is a live stream of this
-    // context (checked above).
-    let r = unsafe { hipEventRecord(event, after.raw.0) };
-    let mut result = shared.checked("order_after", "hipEventRecord", r);
-    if result.is_ok() {
-        // SAFETY: the event is recorded; `stream` is a live stream of this
-        // context.
-        let r = unsafe { hipStreamWaitEvent(stream.raw.0, event, 0) };
-        result = shared.checked("order_after", "hipStreamWaitEvent", r);
-    }
-    if !shared.is_dead() {
-        // SAFETY: the event is ours; destroying it with a wait still queued
-        // is allowed (the runtime releases it once the wait has run).
-        let r = unsafe { hipEventDestroy(event) };
-        let destroyed = shared.checked("order_after", "hipEventDestroy", r);
-        result = result.and(destroyed);
-    }
-    result
 }
 
 impl Shared {
     /// Refuse a stream that is not a live stream of this context.
-    pub(crate) fn check_stream(&self, op: &'static str, s: &HipStream) -> Result<(), BackendError> {
-        if s.context != self.id || !lock(&self.streams).contains_key(&s.id) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "stream {} is not a live stream of HIP context {} (it belongs to context {})",
-                    s.id, self.id, s.context
-                ),
-            ));
-        }
-        Ok(())
+    pub(crate) fn check_stream(
+        &self,
+        op: &'static str,
+        handle: &HipStream,
+    ) -> Result<(), BackendError> {
+        stream::check(self, op, handle).map(drop)
     }
 }

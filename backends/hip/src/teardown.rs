@@ -2,10 +2,11 @@
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown), and
 //! the same release for a context dropped without it.
 
-use crate::ffi::{self, hipStreamSynchronize};
+use crate::ffi;
 use crate::memory::{self, Origin};
-use crate::{retire, stream, HipContext};
+use crate::{retire, HipContext};
 use memgov_backend::{lock, BackendError};
+use memgov_stream_ordered::teardown::{self, FirstError};
 use std::ffi::c_void;
 
 impl HipContext {
@@ -71,14 +72,8 @@ impl HipContext {
         // end (on a capturing thread they go ahead: teardown cannot be
         // refused, and the runtime decides).
         let _call = crate::shared::gate().call("teardown", false);
-        let mut first_err: Option<BackendError> = None;
-        let mut keep = |r: Result<(), BackendError>| {
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        };
-        let streams: Vec<crate::shared::RawStream> =
-            lock(&shared.streams).drain().map(|(_, s)| s).collect();
+        let mut errors = FirstError::default();
+        let streams = shared.streams.drain();
         let left: Vec<(usize, (u64, Origin))> = lock(&shared.live).drain().collect();
         let device = if shared.is_dead() {
             None
@@ -86,57 +81,51 @@ impl HipContext {
             match shared.make_current("teardown") {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    keep(Err(e));
+                    errors.keep(Err(e));
                     None
                 }
             }
         };
         if device.is_some() {
-            for s in &streams {
-                if shared.is_dead() {
-                    break;
-                }
-                // SAFETY: the stream is alive (just taken out of the table).
-                let r = unsafe { hipStreamSynchronize(s.0) };
-                keep(shared.checked("teardown", "hipStreamSynchronize", r));
-            }
+            let raw: Vec<ffi::hipStream_t> = streams.iter().map(|&(s, _)| s).collect();
+            teardown::sync_streams(&**shared, "teardown", &raw, &mut errors);
         }
         // The free thread finishes what is queued (or, on a dead device,
         // settles it without a call) and is joined: no thread of this
         // context calls HIP after teardown.
         retire::stop_free_thread(shared);
-        for s in streams {
-            if device.is_some() && !shared.is_dead() {
-                keep(stream::destroy_raw(shared, "teardown", s));
-            } else {
-                shared.probe().stream_destroyed();
-            }
-        }
+        teardown::destroy_streams(
+            &**shared,
+            "teardown",
+            streams,
+            device.is_some(),
+            &mut errors,
+        );
         if device.is_some() && !shared.is_dead() {
             for t in &taken {
-                keep(retire::free_taken(shared, t));
+                errors.keep(retire::free_taken(shared, t));
             }
         }
         if device.is_some()
             && !shared.is_dead()
             && left.iter().any(|(_, (_, o))| *o == Origin::Pool)
         {
-            keep(self.free_pool_leftovers(&left));
+            errors.keep(self.free_pool_leftovers(&left));
         }
         for (ptr, (bytes, origin)) in &left {
             if *origin != Origin::Pool && device.is_some() && !shared.is_dead() {
                 // SAFETY: the pointer came from hipMalloc / hipHostMalloc of
                 // this context, as its origin says; every stream is
                 // synchronized and destroyed, so no work uses it.
-                keep(unsafe { retire::free_synchronous(shared, "teardown", *ptr, *origin) });
+                errors.keep(unsafe { retire::free_synchronous(shared, "teardown", *ptr, *origin) });
             }
             shared.probe().freed(*bytes);
         }
         if let Some(pool) = shared.pool() {
             if device.is_some() && !shared.is_dead() {
-                keep(memory::trim_pool(pool));
+                errors.keep(memory::trim_pool(pool));
                 if !shared.is_dead() {
-                    keep(memory::destroy_pool(pool).map_err(|e| BackendError {
+                    errors.keep(memory::destroy_pool(pool).map_err(|e| BackendError {
                         operation: "teardown",
                         ..e
                     }));
@@ -150,34 +139,26 @@ impl HipContext {
             );
         }
         drop(device);
-        first_err.map_or(Ok(()), Err)
+        errors.into_result()
     }
 
     /// Pool allocations the governor abandoned (force): free them on a
     /// temporary stream and wait.
     fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
-        let s = stream::create_raw(&self.shared, "teardown")?;
-        let mut result = Ok(());
-        for (ptr, (_, origin)) in left {
-            if *origin == Origin::Pool && !self.shared.is_dead() {
-                // SAFETY: the pointer came from hipMallocFromPoolAsync of
-                // this context; every stream that used it is synchronized.
-                let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, s.0) };
-                result = result.and(self.shared.checked("teardown", "hipFreeAsync", r));
+        let shared = &*self.shared;
+        teardown::on_own_stream(shared, "teardown", |stream| {
+            let mut result = Ok(());
+            for (ptr, (_, origin)) in left {
+                if *origin == Origin::Pool && !shared.is_dead() {
+                    // SAFETY: the pointer came from hipMallocFromPoolAsync
+                    // of this context; every stream that used it is
+                    // synchronized; `stream` is teardown's own, live.
+                    let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, stream) };
+                    result = result.and(shared.checked("teardown", "hipFreeAsync", r));
+                }
             }
-        }
-        if self.shared.is_dead() {
-            return result;
-        }
-        // SAFETY: the temporary stream is alive until destroyed below.
-        let r = unsafe { hipStreamSynchronize(s.0) };
-        result = result.and(self.shared.checked("teardown", "hipStreamSynchronize", r));
-        if self.shared.is_dead() {
-            return result;
-        }
-        // SAFETY: synchronized above; nothing else knows this stream.
-        let r = unsafe { ffi::hipStreamDestroy(s.0) };
-        result.and(self.shared.checked("teardown", "hipStreamDestroy", r))
+            result
+        })
     }
 }
 

@@ -28,7 +28,15 @@
 //!   capture is over), the graph it makes (launched, read, destroyed after
 //!   every launch), and the context's pins, which teardown empties; the
 //!   public [`capture::Capture`] and [`capture::Graph`] (`CudaCapture`,
-//!   `HipGraph`, ...).
+//!   `HipGraph`, ...);
+//! * [`stream`]: the context's streams ([`stream::Streams`]: live, lent by
+//!   a runtime, retired), each checked on use, created, synchronized,
+//!   ordered after another with an event ([`table::StreamTable`]), quiesced,
+//!   and reaped once retired;
+//! * [`teardown`]: teardown's steps that are the same on every vendor
+//!   (every stream synchronized and destroyed, what a forced retire left
+//!   freed on a stream of teardown's own, the first error kept); the order
+//!   of the steps and the vendor's own ones stay with the vendor.
 //!
 //! The vendors' public types are aliases of the core's generic ones over
 //! their shared state, so each is documented once, here.
@@ -49,7 +57,8 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`table`] (the entry points and the context), then
-//! [`arena`] and [`capture`] side by side (neither imports the other).
+//! [`arena`] and [`capture`] side by side (neither imports the other), then
+//! [`stream`] (which drains through the arena's `drain`), then [`teardown`].
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -62,6 +71,8 @@
 pub mod arena;
 pub mod capture;
 pub mod result;
+pub mod stream;
 pub mod table;
+pub mod teardown;
 
 pub use result::{Checked, Class, Hints, Vendor};

@@ -16,6 +16,7 @@ use memgov_backend::vmm::{self, Gate};
 use memgov_backend::BackendError;
 use std::fmt::Debug;
 use std::ops::Deref;
+use std::time::Duration;
 
 /// The vendor's names of its virtual-memory, copy and stream calls, for
 /// messages (`cuMemMap` / `hipMemMap`: tests and CI scripts grep them).
@@ -418,3 +419,83 @@ pub struct Raw<T>(pub T);
 unsafe impl<T: Copy> Send for Raw<T> {}
 // SAFETY: as above; a shared reference only copies the value.
 unsafe impl<T: Copy> Sync for Raw<T> {}
+
+/// The vendor's names of its stream and event calls, for messages
+/// (`cuEventRecord` / `hipEventRecord`: tests and CI scripts grep them).
+/// The stream's create, synchronize and query are named in [`VmmNames`].
+#[derive(Debug, Clone, Copy)]
+pub struct StreamNames {
+    /// How the vendor's contexts are named in messages (`"CUDA"`: "not a
+    /// live stream of CUDA context 3").
+    pub vendor: &'static str,
+    /// [`VmmTable::stream_destroy`] (`cuStreamDestroy_v2`).
+    pub stream_destroy: &'static str,
+    /// [`StreamTable::event_create`] (`cuEventCreate`).
+    pub event_create: &'static str,
+    /// [`StreamTable::event_record`] (`cuEventRecord`).
+    pub event_record: &'static str,
+    /// [`StreamTable::stream_wait_event`] (`cuStreamWaitEvent`).
+    pub stream_wait_event: &'static str,
+    /// [`StreamTable::event_destroy`] (`cuEventDestroy_v2`).
+    pub event_destroy: &'static str,
+}
+
+/// A vendor's event entry points, which order one stream after another
+/// (the stream calls themselves are [`VmmTable`]'s), and what its streams
+/// need that differs between the vendors. The caller has the context's
+/// device current.
+pub trait StreamTable: VmmTable {
+    /// An event (`CUevent`, `hipEvent_t`).
+    type Event: Copy;
+
+    /// The calls' names, for messages.
+    const STREAM_NAMES: StreamNames;
+
+    /// Whether a stream call (synchronize, destroy) needs the context
+    /// current: CUDA's driver calls act on the calling thread's current
+    /// context; a HIP stream carries its device, and the runtime takes it
+    /// from any thread, so HIP makes no `hipGetDevice` / `hipSetDevice`
+    /// round trip for them.
+    const STREAM_CALLS_NEED_CURRENT: bool;
+
+    /// Whether a call is still made once a sticky code was seen (the
+    /// context dead): CUDA's driver answers every call at once with the
+    /// sticky code, so an event is still destroyed; the HIP runtime may
+    /// block in a call waiting for work that never finishes, so after a
+    /// sticky code HIP makes none.
+    const CALLS_AFTER_STICKY: bool;
+
+    /// How often a wait that must not block (a lost teardown's drain, a
+    /// retired stream watched) asks the driver again.
+    const POLL_INTERVAL: Duration;
+
+    /// Create an event that only orders (timing disabled).
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn event_create() -> (Self::Code, Self::Event);
+
+    /// Record `event` on `stream`: it completes when the work queued on
+    /// `stream` now has run.
+    ///
+    /// # Safety
+    ///
+    /// Both live, of the current context.
+    unsafe fn event_record(event: Self::Event, stream: Self::Stream) -> Self::Code;
+
+    /// Make the work queued on `stream` from now on wait for `event`.
+    ///
+    /// # Safety
+    ///
+    /// Both live, of the current context; `event` recorded.
+    unsafe fn stream_wait_event(stream: Self::Stream, event: Self::Event) -> Self::Code;
+
+    /// Destroy `event`; legal with a wait for it still queued (the driver
+    /// releases it once the wait has run).
+    ///
+    /// # Safety
+    ///
+    /// Created by [`event_create`](Self::event_create), destroyed once.
+    unsafe fn event_destroy(event: Self::Event) -> Self::Code;
+}

@@ -1,16 +1,22 @@
 //! A third vendor plugged into the core with its tables alone: a toy driver
 //! whose calls are logged and whose results a test scripts. It checks the
 //! core's own logic against what the tables promise (the granule's undo,
-//! the reservation's checks, the lost-teardown drain), with no stand-in.
+//! the reservation's checks, the lost-teardown drain, a stream ordered
+//! after another, a retired stream reaped, teardown's stream steps), with
+//! no stand-in.
 
 use memgov_backend::capability::CaptureMode;
-use memgov_backend::shell::MakeCurrent;
+use memgov_backend::shell::{MakeCurrent, Shell};
 use memgov_backend::vmm::{ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
-use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context, VmmNames, VmmTable};
-use memgov_stream_ordered::{arena, Class, Hints, Vendor};
+use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::table::{
+    CaptureNames, CaptureTable, Context, StreamNames, StreamTable, VmmNames, VmmTable,
+};
+use memgov_stream_ordered::{arena, teardown, Checked, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -374,4 +380,272 @@ fn a_lost_teardowns_drain_refuses_as_device_lost_once_its_deadline_passed() {
     LOG.with(|l| l.borrow_mut().clear());
     arena::drain(&s, &[1, 2], "teardown", None, Duration::ZERO).expect("drained");
     assert_eq!(log(), ["toyStreamSynchronize", "toyStreamSynchronize"]);
+}
+
+// Streams: the toy's event calls, and a context that keeps its streams in
+// the core's registry.
+
+impl StreamTable for Toy {
+    type Event = u64;
+    const STREAM_NAMES: StreamNames = StreamNames {
+        vendor: "Toy",
+        stream_destroy: "toyStreamDestroy",
+        event_create: "toyEventCreate",
+        event_record: "toyEventRecord",
+        stream_wait_event: "toyStreamWaitEvent",
+        event_destroy: "toyEventDestroy",
+    };
+    const STREAM_CALLS_NEED_CURRENT: bool = false;
+    /// The toy's calls may block after a sticky code (as HIP's).
+    const CALLS_AFTER_STICKY: bool = false;
+    const POLL_INTERVAL: Duration = Duration::ZERO;
+
+    unsafe fn event_create() -> (i32, u64) {
+        (call("toyEventCreate"), 9)
+    }
+    unsafe fn event_record(_: u64, _: u64) -> i32 {
+        call("toyEventRecord")
+    }
+    unsafe fn stream_wait_event(_: u64, _: u64) -> i32 {
+        call("toyStreamWaitEvent")
+    }
+    unsafe fn event_destroy(_: u64) -> i32 {
+        call("toyEventDestroy")
+    }
+}
+
+/// What [`ToyStreams`] takes for a sticky code.
+const STICKY: i32 = 3;
+
+/// A public stream of the toy: handle, id, its context's id.
+#[derive(Debug)]
+struct ToyStream(u64, u64, u64);
+
+/// A toy context that keeps its streams in the core's registry.
+struct ToyStreams {
+    streams: Streams<u64>,
+    next: AtomicU64,
+    shell: Shell<Checked<Toy>>,
+    sleep_gate: SleepGate,
+}
+
+impl Default for ToyStreams {
+    fn default() -> Self {
+        Self {
+            streams: Streams::default(),
+            next: AtomicU64::default(),
+            shell: Shell::new("toy device", BackendProbe::new()),
+            sleep_gate: SleepGate::default(),
+        }
+    }
+}
+
+impl MakeCurrent for ToyStreams {
+    type Handle = u8;
+    fn ours(&self) -> u8 {
+        1
+    }
+    fn current(&self, _: &'static str) -> Result<u8, BackendError> {
+        Ok(1)
+    }
+    fn enter(&self, _: &'static str, _: u8) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn leave(&self, _: u8) {}
+}
+
+impl Context for ToyStreams {
+    type Table = Toy;
+    type Stream = ToyStream;
+    type Arena = ToyArena;
+
+    /// [`STICKY`] marks the context dead, as a sticky code does.
+    fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
+        if code == STICKY {
+            self.shell.mark_dead("a sticky code");
+        }
+        memgov_stream_ordered::result::check::<Toy>(op, call, code)
+    }
+    fn capture_gate(&self) -> &'static Gate {
+        static GATE: OnceLock<Gate> = OnceLock::new();
+        GATE.get_or_init(|| Gate::new("toy", "ToyCapture"))
+    }
+    fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
+        stream::quiesce(self, op, None)
+    }
+    fn granule_prop(_: &ToyArena) {}
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        self.shell.check_usable(op)
+    }
+    fn raw_stream(&self, op: &'static str, s: &ToyStream) -> Result<u64, BackendError> {
+        stream::check(self, op, s)
+    }
+    fn sleep_gate(&self) -> &SleepGate {
+        &self.sleep_gate
+    }
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+        self.quiesce(op)
+    }
+}
+
+impl StreamContext for ToyStreams {
+    fn streams(&self) -> &Streams<u64> {
+        &self.streams
+    }
+    fn context_id(&self) -> u64 {
+        5
+    }
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+    fn shell(&self) -> &Shell<Checked<Toy>> {
+        &self.shell
+    }
+    fn parts(s: &ToyStream) -> (u64, u64, u64) {
+        (s.0, s.1, s.2)
+    }
+    fn stream(&self, raw: u64, id: u64, _adopted: bool) -> ToyStream {
+        ToyStream(raw, id, 5)
+    }
+}
+
+fn clear_log() {
+    LOG.with(|l| l.borrow_mut().clear());
+}
+
+#[test]
+fn order_after_records_waits_and_destroys_one_event_and_refuses_foreign_streams() {
+    let s = ToyStreams::default();
+    let a = stream::create(&s).expect("a");
+    let b = stream::create(&s).expect("b");
+    assert_eq!(s.shell.probe().live_streams(), 2);
+    clear_log();
+    stream::order_after(&s, &a, &b).expect("ordered");
+    assert_eq!(
+        log(),
+        [
+            "toyEventCreate",
+            "toyEventRecord",
+            "toyStreamWaitEvent",
+            "toyEventDestroy"
+        ]
+    );
+    // A stream is ordered after its own work already: no call.
+    clear_log();
+    stream::order_after(&s, &a, &a).expect("self");
+    assert!(log().is_empty(), "{:?}", log());
+    // Another context's stream, and one never created here: refused
+    // before any call, naming the stream and the context.
+    let foreign = ToyStream(1, a.1, 6);
+    let e = stream::order_after(&s, &a, &foreign).expect_err("foreign");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.message
+            .contains("stream 0 is not a live stream of Toy context 5"),
+        "{e}"
+    );
+    let unknown = ToyStream(1, 99, 5);
+    stream::order_after(&s, &unknown, &a).expect_err("unknown");
+    assert!(log().is_empty(), "{:?}", log());
+}
+
+#[test]
+fn a_refused_record_queues_no_wait_and_still_destroys_the_event() {
+    let s = ToyStreams::default();
+    let a = stream::create(&s).expect("a");
+    let b = stream::create(&s).expect("b");
+    clear_log();
+    script("toyEventRecord", REFUSED);
+    let e = stream::order_after(&s, &a, &b).expect_err("refused");
+    assert!(e.message.contains("toyEventRecord"), "{e}");
+    assert_eq!(
+        log(),
+        ["toyEventCreate", "toyEventRecord", "toyEventDestroy"]
+    );
+}
+
+#[test]
+fn after_a_sticky_code_a_vendor_whose_calls_may_block_destroys_no_event() {
+    let s = ToyStreams::default();
+    let a = stream::create(&s).expect("a");
+    let b = stream::create(&s).expect("b");
+    clear_log();
+    // The wait fails with a sticky code: the event is left to the device.
+    script("toyStreamWaitEvent", STICKY);
+    let e = stream::order_after(&s, &a, &b).expect_err("sticky");
+    assert!(e.message.contains("toyStreamWaitEvent"), "{e}");
+    assert_eq!(
+        log(),
+        ["toyEventCreate", "toyEventRecord", "toyStreamWaitEvent"]
+    );
+    // A dead context refuses before any call.
+    clear_log();
+    stream::order_after(&s, &a, &b).expect_err("dead");
+    assert!(log().is_empty(), "{:?}", log());
+    // Teardown's own stream stops at a sticky code in its work: created,
+    // nothing after (no synchronize that may never return).
+    let s = ToyStreams::default();
+    clear_log();
+    script("toyMemcpyHtoDAsync", STICKY);
+    let r = teardown::on_own_stream(&s, "teardown", |raw| {
+        // SAFETY: the toy's call only logs.
+        let r = unsafe { Toy::copy_htod_async(0, 0, 0, raw) };
+        s.checked("teardown", "toyMemcpyHtoDAsync", r)
+    });
+    r.expect_err("sticky");
+    assert_eq!(log(), ["toyStreamCreate", "toyMemcpyHtoDAsync"]);
+}
+
+#[test]
+fn adopted_streams_are_lent_before_any_is_created_and_never_destroyed() {
+    let s = ToyStreams {
+        streams: Streams::lending(vec![42]),
+        ..Default::default()
+    };
+    let lent = stream::create(&s).expect("lent");
+    assert_eq!(lent.0, 42);
+    assert!(log().is_empty(), "{:?}", log());
+    let made = stream::create(&s).expect("made");
+    assert_eq!(made.0, 1);
+    assert_eq!(log(), ["toyStreamCreate"]);
+    clear_log();
+    // Teardown: both synchronized, only the one memgov created destroyed,
+    // both counted.
+    let streams = s.streams.drain();
+    let raw: Vec<u64> = streams.iter().map(|&(r, _)| r).collect();
+    let mut errors = teardown::FirstError::default();
+    teardown::sync_streams(&s, "teardown", &raw, &mut errors);
+    teardown::destroy_streams(&s, "teardown", streams, true, &mut errors);
+    errors.into_result().expect("clean");
+    let mut calls = log();
+    calls.sort_unstable();
+    assert_eq!(
+        calls,
+        [
+            "toyStreamDestroy",
+            "toyStreamSynchronize",
+            "toyStreamSynchronize"
+        ]
+    );
+    assert_eq!(s.shell.probe().live_streams(), 0);
+}
+
+#[test]
+fn a_retired_stream_is_destroyed_only_once_its_query_says_its_work_ran() {
+    let s = ToyStreams::default();
+    s.streams.retire(3);
+    script("toyStreamQuery", NOT_READY);
+    stream::reap_retired(&s, "synchronize").expect("still running is no error");
+    assert_eq!(log(), ["toyStreamQuery"]);
+    assert!(s.streams.has_retired());
+    // A quiesce waits for it too, and leaves it retired.
+    clear_log();
+    stream::quiesce(&s, "trim", None).expect("quiesced");
+    assert_eq!(log(), ["toyStreamSynchronize"]);
+    assert!(s.streams.has_retired());
+    clear_log();
+    script("toyStreamQuery", OK);
+    stream::reap_retired(&s, "synchronize").expect("reaped");
+    assert_eq!(log(), ["toyStreamQuery", "toyStreamDestroy"]);
+    assert!(!s.streams.has_retired());
 }

@@ -194,7 +194,7 @@ impl Context for Shared {
     }
 
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
-        super::quiesce(self, op, None)
+        memgov_stream_ordered::stream::quiesce(self, op, None)
     }
 
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {

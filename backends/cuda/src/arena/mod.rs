@@ -18,7 +18,6 @@ mod release;
 pub(crate) mod state;
 
 pub use memgov_backend::vmm::SleepReport;
-pub(crate) use release::quiesce;
 pub use state::{ArenaSnapshot, Quarantined};
 
 use crate::shared::Shared;

@@ -13,10 +13,10 @@
 
 use super::Arena;
 use crate::retire::Refused;
-use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
-use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::sys::CUdeviceptr;
 use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
+use memgov_stream_ordered::stream;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,28 +47,6 @@ unsafe extern "C" fn arena_retired(user: *mut c_void) {
 /// How long a teardown of a context declared lost (whose driver answers)
 /// waits for queued work before it leaves the arena mapped.
 const LOST_DRAIN: Duration = Duration::from_secs(5);
-
-/// Wait until the work queued on every stream of the context has run: the
-/// live streams and those destroyed with work still queued (taken out of
-/// the retired list while waited on, so that the free thread does not destroy
-/// one under the wait, and put back after). With `poll`, ask
-/// (`cuStreamQuery`) until that deadline passes instead of blocking: the
-/// error then says work is still running. The context must be current.
-pub(crate) fn quiesce(
-    s: &Shared,
-    op: &'static str,
-    poll: Option<Duration>,
-) -> Result<(), BackendError> {
-    let mut streams: Vec<sys::CUstream> = lock(&s.streams).values().map(|&(raw, _)| raw).collect();
-    let retired: Vec<RawStream> = std::mem::take(&mut *lock(&s.retired_streams));
-    streams.extend(retired.iter().map(|r| r.0));
-    // The live streams, and the retired ones held out of the free thread's
-    // reach above; the context is current.
-    let result =
-        memgov_stream_ordered::arena::drain(s, &streams, op, poll, crate::shared::WATCH_INTERVAL);
-    lock(&s.retired_streams).extend(retired);
-    result
-}
 
 impl CudaContext {
     /// `free_async` of memory in the arena.
@@ -143,7 +121,7 @@ impl CudaContext {
             return Ok(());
         }
         let current = s.make_current("teardown")?;
-        if let Err(e) = quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
+        if let Err(e) = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
             arena.releases.abandon_all(s.probe());
             return Err(e);
         }

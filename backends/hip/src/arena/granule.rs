@@ -201,11 +201,11 @@ impl Context for Shared {
     }
 
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {
-        super::release::quiesce(self, op, None)
+        memgov_stream_ordered::stream::quiesce(self, op, None)
     }
 
     /// HIP has no per-context synchronize: every stream of the context is.
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
-        super::release::quiesce(self, op, None)
+        memgov_stream_ordered::stream::quiesce(self, op, None)
     }
 }

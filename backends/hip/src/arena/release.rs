@@ -16,7 +16,6 @@ use super::Arena;
 use crate::ffi::{self, hipStream_t, HipResult, SUCCESS};
 use crate::memory::{HipMemory, Origin};
 use crate::result::err;
-use crate::shared::Shared;
 use crate::stream::HipStream;
 use crate::HipContext;
 use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal};
@@ -86,20 +85,6 @@ unsafe extern "C" fn arena_retired(_stream: hipStream_t, status: HipResult, user
 /// How long a teardown of a context declared lost (whose runtime answers)
 /// waits for queued work before it leaves the arena mapped.
 const LOST_DRAIN: Duration = Duration::from_secs(5);
-
-/// Wait until the work queued on every live stream of the context has run
-/// (their callbacks included). With `poll`, ask (`hipStreamQuery`) until
-/// that deadline passes instead of blocking. The device must be current.
-pub(crate) fn quiesce(
-    s: &Shared,
-    op: &'static str,
-    poll: Option<Duration>,
-) -> Result<(), BackendError> {
-    let live: Vec<ffi::hipStream_t> = lock(&s.streams).values().map(|r| r.0).collect();
-    // Live streams of this context; destroying one synchronizes it first,
-    // so a stream destroyed meanwhile had no work left.
-    memgov_stream_ordered::arena::drain(s, &live, op, poll, Duration::from_millis(1))
-}
 
 impl HipContext {
     /// `free_async` of memory in the arena.
@@ -229,7 +214,9 @@ impl HipContext {
             return Ok(());
         }
         let device = s.make_current("teardown")?;
-        if let Err(e) = quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
+        if let Err(e) =
+            memgov_stream_ordered::stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN))
+        {
             arena.releases.abandon_all(s.probe());
             return Err(e);
         }
