@@ -175,6 +175,46 @@ fn one_mib_pool(mode: CaptureMode) -> CaptureConfig {
     }
 }
 
+/// A governed capture (`memgov::capture`) on `ctx`, nothing else charged
+/// to it, with a pool of `pool` bytes in global mode: the recording sees
+/// the pool charged before the capture began and listed as the context's
+/// only reservation, allocates 1 MiB of the pool, uploads a pattern and
+/// downloads it; after the capture the pool stays charged while the graph
+/// lives, 1 MiB of it used. The graph and the download's output slot.
+pub(crate) fn governed_capture(
+    ctx: &memgov::ContextHandle<Context>,
+    s: &memgov::GovernedStream<Context>,
+    pool: u64,
+) -> (
+    memgov::capture::GovernedGraph<Context>,
+    memgov::capture::SlotOf<Context>,
+) {
+    use memgov::capture::{CaptureExt, POOL_LABEL};
+    let watcher = ctx.clone();
+    let config = CaptureConfig {
+        pool_bytes: pool,
+        mode: CaptureMode::Global,
+    };
+    let (graph, out) = ctx
+        .capture(s, config, |cap| {
+            let during = watcher.snapshot();
+            assert_eq!(during.charged, pool, "charged before capture began");
+            assert_eq!(during.reservations.len(), 1);
+            assert_eq!(during.reservations[0].label, POOL_LABEL);
+            let a = cap.allocate(MIB)?;
+            cap.upload(&a, 0, pattern(5, MIB as usize))?;
+            cap.download(&a, 0, MIB as usize)
+        })
+        .expect("capture");
+    assert_eq!(
+        ctx.snapshot().charged,
+        pool,
+        "charged while the graph lives"
+    );
+    assert_eq!(graph.pool_usage(), (MIB, pool));
+    (graph, out)
+}
+
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
@@ -833,18 +873,36 @@ fn teardown_live_graph() {
 mod standin {
     use crate::vendor::raw::{
         alloc, begin, capture_info, create_handle, dtoh, end, exec_destroy, free_async,
-        graph_destroy, host_alloc, host_free, htod, instantiate, launch, map, mem_release,
-        on_other_thread, query, raw, reserve, set_access, stream_destroy, sync, unmap, ACTIVE, G,
-        GLOBAL, INVALIDATED, LOCAL, NONE, RELAXED, STATUS_INVALIDATED, UNSUPPORTED, WRONG_THREAD,
+        graph_destroy, host_alloc, host_free, htod, instantiate, launch, map, mem_release, query,
+        raw, reserve, set_access, stream_destroy, sync, unmap, Raw, RawStream, ACTIVE, G, GLOBAL,
+        INVALIDATED, LOCAL, NONE, RELAXED, STATUS_INVALIDATED, UNSUPPORTED, WRONG_THREAD,
     };
     use crate::vendor::{raw::ok, stats};
 
     /// A raw handle the closure of another thread may carry.
     #[derive(Clone, Copy)]
     struct Carry<T>(T);
-    // SAFETY: driver handles, used on the other thread only with the
-    // vendor's `on_other_thread` (which makes the context current there).
+    // SAFETY: driver handles, used on the other thread only through
+    // `on_other_thread` (which makes current there what the vendor's calls
+    // need).
     unsafe impl<T> Send for Carry<T> {}
+
+    /// `f` run on another thread with `r`'s stream, after the vendor's
+    /// `raw::enter` made current there what its calls need.
+    fn on_other_thread<R: Send + 'static>(
+        r: &Raw,
+        f: impl FnOnce(RawStream) -> R + Send + 'static,
+    ) -> R {
+        let enter = crate::vendor::raw::enter(r);
+        let s = Carry(r.s);
+        std::thread::spawn(move || {
+            let s = s;
+            enter();
+            f(s.0)
+        })
+        .join()
+        .expect("thread")
+    }
 
     /// In the child: runs the raw case `case`; false when it is not one of
     /// these.

@@ -40,10 +40,11 @@ pub fn on_stand_in() -> bool {
     }
 }
 
-/// Case `case` run in a child (the test binary again, with `child_var`
-/// naming the case), on the stand-in only. A latency without a seed gets
-/// an empty seed, so that the parent's seed does not leak into the child.
-pub fn child(child_var: &str, case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+/// Case `case` run in a child (the test binary again, with the binary's
+/// `CHILD` variable naming the case), on the stand-in only. A latency
+/// without a seed gets an empty seed, so that the parent's seed does not
+/// leak into the child.
+pub fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
     if !on_stand_in() {
         return None;
     }
@@ -51,20 +52,20 @@ pub fn child(child_var: &str, case: &str, env: &[(&str, &str)]) -> Option<child_
     if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
         env.push((SEED, ""));
     }
-    Some(child_process::run(child_var, case, &env))
+    Some(child_process::run(crate::CHILD, case, &env))
 }
 
 /// The child ran case `case` to its end.
-pub fn passes(child_var: &str, case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(child_var, case, env) {
+pub fn passes(case: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(case, env) {
         print!("{}", run.stdout);
         child_process::assert_passed(case, &run, &format!("child {case}: ok"));
     }
 }
 
 /// The stand-in stopped the child with the contract violation `what`.
-pub fn aborts(child_var: &str, case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(child_var, case, env) {
+pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(case, env) {
         child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
     }
 }
@@ -179,10 +180,9 @@ pub fn fault_cells_child() {
 
 /// In the parent: the fault cells of `entries` (entry point, the fewest
 /// positions it must have) in one child with the exit check on.
-pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
+pub fn fault_cells(entries: &[(&str, u32)]) {
     let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
     passes(
-        child_var,
         "fault_cells",
         &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
     );

@@ -25,7 +25,9 @@ const CHILD: &str = "MEMGOV_ARENA_CHILD";
 
 /// What the shared cases (`backends/cases/arena.rs`) need of CUDA.
 mod vendor {
-    pub use crate::common::{vmm, BANNER, EXIT_CHECK, LATENCY, SEED};
+    pub use crate::common::{
+        aborts, child, fault_cells, passes, vmm, BANNER, EXIT_CHECK, LATENCY, SEED,
+    };
     pub use memgov::cuda::{
         ArenaConfig, CudaArena as Arena, CudaConfig as Config, CudaContext as Context,
         CudaMemory as Memory, CudaStream as Stream,
@@ -55,25 +57,6 @@ mod vendor {
 
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 100;
-
-    pub fn passes(case: &str, env: &[(&str, &str)]) {
-        crate::common::passes(crate::CHILD, case, env);
-    }
-
-    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-        crate::common::aborts(crate::CHILD, case, env, what);
-    }
-
-    pub fn child(
-        case: &str,
-        env: &[(&str, &str)],
-    ) -> Option<crate::common::child_process::ChildRun> {
-        crate::common::child(crate::CHILD, case, env)
-    }
-
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        crate::common::fault_cells(crate::CHILD, entries);
-    }
 
     /// The device address of `m`.
     pub fn at(m: &Memory) -> u64 {
@@ -139,18 +122,7 @@ fn a_context_synchronize_outlives_a_stream_reaped_while_it_waits() {
     passes("sync_during_reap", &[]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
 /// CUDA's own cases: the capability cases, the sleep of a set, and the
 /// stand-in driver's rules called raw.

@@ -19,14 +19,15 @@ mod common;
 #[path = "capture/governed.rs"]
 mod governed;
 
-use common::{EXIT_CHECK, LATENCY, SEED};
+use common::{passes, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_CAPTURE_CHILD";
 
 /// What the shared cases (`backends/cases/capture.rs`) need of CUDA.
 mod vendor {
     pub use crate::common::{
-        entry_paused, fail_entry, pause_entry, resume_entry, EXIT_CHECK, LATENCY, SEED,
+        aborts, entry_paused, fail_entry, fault_cells, passes, pause_entry, resume_entry,
+        EXIT_CHECK, LATENCY, SEED,
     };
     pub use memgov::cuda::{
         capture_gate, ArenaConfig, CaptureConfig, CaptureMode, CudaArena as Arena,
@@ -50,18 +51,6 @@ mod vendor {
         "cuGraphLaunch of 4096 bytes at already freed device pointer";
     /// The latency seeds the replay under churn runs with.
     pub const CHURN_SEEDS: &[&str] = &["1", "2", "3"];
-
-    pub fn passes(case: &str, env: &[(&str, &str)]) {
-        crate::common::passes(crate::CHILD, case, env);
-    }
-
-    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-        crate::common::aborts(crate::CHILD, case, env, what);
-    }
-
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        crate::common::fault_cells(crate::CHILD, entries);
-    }
 
     /// The stand-in's capture counters.
     pub use crate::common::capture_stats as stats;
@@ -186,28 +175,18 @@ mod vendor {
             (r, h)
         }
 
-        /// A raw handle the closure of another thread may carry.
-        #[derive(Clone, Copy)]
-        struct Carry<T>(T);
-        // SAFETY: driver handles, used on the other thread only with the
-        // context made current there.
-        unsafe impl<T> Send for Carry<T> {}
-
-        /// `f` run on another thread, with the context current there.
-        pub fn on_other_thread<R: Send + 'static>(
-            r: &Raw,
-            f: impl FnOnce(RawStream) -> R + Send + 'static,
-        ) -> R {
-            let c = Carry(r.ctx.cu_context());
-            let s = Carry(r.s);
-            std::thread::spawn(move || {
-                let (c, s) = (c, s);
-                // SAFETY: a live context.
-                ok(unsafe { sys::cuCtxSetCurrent(c.0) }, "current");
-                f(s.0)
-            })
-            .join()
-            .expect("thread")
+        /// What another thread runs before its raw calls on `r`: `r`'s
+        /// context made current there.
+        pub fn enter(r: &Raw) -> impl FnOnce() + Send + 'static {
+            // The handle as an address, which a closure may carry.
+            let c = r.ctx.cu_context() as usize;
+            move || {
+                // SAFETY: `r`'s context, alive while the thread runs.
+                ok(
+                    unsafe { sys::cuCtxSetCurrent(c as sys::CUcontext) },
+                    "current",
+                );
+            }
         }
 
         include!("../../cases/forward.rs");
@@ -262,10 +241,6 @@ mod vendor {
     }
 }
 
-fn passes(case: &str, env: &[(&str, &str)]) {
-    vendor::passes(case, env);
-}
-
 #[test]
 fn capability_capture_cases_pass_on_the_cuda_backend() {
     passes("capability_capture", &[(EXIT_CHECK, "1")]);
@@ -307,18 +282,7 @@ fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
     passes("governed_graph_memory", &[(EXIT_CHECK, "1")]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
 /// CUDA's own cases: the capability cases and the governed capture.
 mod own {

@@ -806,18 +806,7 @@ mod vendor {
     }
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(scenario) = std::env::var(CHILD) else {
-        return;
-    };
-    if !shared::run(&scenario) {
-        children::run(&scenario);
-    }
-    println!("child {scenario}: ok");
-}
+child_process::child_entry!(CHILD, shared::run, children::run);
 
 mod children {
     use super::*;

@@ -23,13 +23,15 @@ use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
+pub(crate) use common::{
+    aborts, child, child_process, on_stand_in, passes, BANNER, EXIT_CHECK, LATENCY, SEED,
+};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
 
 /// What the shared cases (`backends/cases/arena.rs`) need of HIP.
 mod vendor {
-    pub use crate::common::vmm;
+    pub use crate::common::{fault_cells, vmm};
     pub(crate) use crate::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
     pub use memgov::hip::{
         ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
@@ -61,19 +63,6 @@ mod vendor {
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 20;
 
-    /// The fault cells of `entries` (entry point, the fewest positions it
-    /// must have) in one child with the exit check on.
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
-        passes(
-            "fault_cells",
-            &[
-                (crate::common::FAULT_ENTRIES, list.join(",").as_str()),
-                (EXIT_CHECK, "1"),
-            ],
-        );
-    }
-
     /// The device address of `m`.
     pub fn at(m: &Memory) -> u64 {
         m.device_ptr() as u64
@@ -99,18 +88,6 @@ mod vendor {
         };
         assert_eq!(r, hip::SUCCESS);
     }
-}
-
-pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
-    common::child(CHILD, case, env)
-}
-
-pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
-    common::passes(CHILD, case, env);
-}
-
-pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    common::aborts(CHILD, case, env, what);
 }
 
 #[test]
@@ -167,18 +144,7 @@ fn stand_in_refuses_unaligned_and_stray_maps_with_the_runtimes_code() {
     passes("refused_codes", &[]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
 /// HIP's own cases: the capability cases, the thread's device restored, a
 /// runtime without the virtual memory calls, and the stand-in runtime's

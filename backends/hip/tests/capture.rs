@@ -20,14 +20,16 @@ mod common;
 
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
+pub(crate) use common::{
+    aborts, child, child_process, on_stand_in, passes, BANNER, EXIT_CHECK, LATENCY, SEED,
+};
 
 const CHILD: &str = "MEMGOV_HIP_CAPTURE_CHILD";
 
 /// What the shared cases (`backends/cases/capture.rs`) need of HIP.
 mod vendor {
     pub use crate::common::{
-        capture_stats as stats, entry_paused, fail_entry, pause_entry, resume_entry,
+        capture_stats as stats, entry_paused, fail_entry, fault_cells, pause_entry, resume_entry,
     };
     pub(crate) use crate::{aborts, passes, EXIT_CHECK, LATENCY, SEED};
     pub use memgov::hip::{
@@ -52,19 +54,6 @@ mod vendor {
         "hipGraphLaunch of 4096 bytes at already freed device pointer";
     /// The latency seeds the replay under churn runs with.
     pub const CHURN_SEEDS: &[&str] = &["1", "2"];
-
-    /// The fault cells of `entries` (entry point, the fewest positions it
-    /// must have) in one child with the exit check on.
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
-        passes(
-            "fault_cells",
-            &[
-                (crate::common::FAULT_ENTRIES, list.join(",").as_str()),
-                (EXIT_CHECK, "1"),
-            ],
-        );
-    }
 
     /// The raw runtime calls the stand-in capture cases make.
     pub mod raw {
@@ -171,24 +160,10 @@ mod vendor {
             (r, h)
         }
 
-        /// A raw handle the closure of another thread may carry.
-        #[derive(Clone, Copy)]
-        struct Carry<T>(T);
-        // SAFETY: runtime handles, usable from any host thread.
-        unsafe impl<T> Send for Carry<T> {}
-
-        /// `f` run on another thread (device 0 is current there too).
-        pub fn on_other_thread<R: Send + 'static>(
-            r: &Raw,
-            f: impl FnOnce(RawStream) -> R + Send + 'static,
-        ) -> R {
-            let s = Carry(r.s);
-            std::thread::spawn(move || {
-                let s = s;
-                f(s.0)
-            })
-            .join()
-            .expect("thread")
+        /// What another thread runs before its raw calls on `r`: nothing
+        /// (device 0 is current on every thread by default).
+        pub fn enter(_: &Raw) -> impl FnOnce() + Send + 'static {
+            || {}
         }
 
         include!("../../cases/forward.rs");
@@ -244,17 +219,6 @@ mod vendor {
     }
 }
 
-pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
-    common::child(CHILD, case, env)
-}
-
-pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
-    common::passes(CHILD, case, env);
-}
-
-pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    common::aborts(CHILD, case, env, what);
-}
 #[test]
 fn capability_capture_cases_pass_on_the_hip_backend() {
     passes("capability_capture", &[(EXIT_CHECK, "1")]);
@@ -320,26 +284,14 @@ fn negative_graphs_left_at_exit_abort() {
     }
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
 /// HIP's own cases: the capability cases, a map on another thread, the
 /// governed capture, a runtime without the graph calls, and graphs left at
 /// exit.
 mod own {
     use super::*;
-    use crate::cases::{arena_context, pattern, release, MIB};
+    use crate::cases::{arena_context, governed_capture, pattern, release, MIB};
     use crate::vendor::raw::{begin, end, instantiate, ok, raw, stream_destroy, GLOBAL};
     use crate::vendor::stats;
     use memgov::hip::{CaptureConfig, CaptureMode};
@@ -410,7 +362,7 @@ mod own {
     /// destroy; a pool over budget refused with no capture begun; a pool
     /// too large to round refused with nothing charged.
     fn governed_pool_charged() {
-        use memgov::hip_capture::{CaptureExt, POOL_LABEL};
+        use memgov::hip_capture::CaptureExt;
         use memgov::{ContextConfig, Governor, GovernorError};
         use std::time::{Duration, Instant};
         let gov = Governor::new();
@@ -419,27 +371,11 @@ mod own {
             ContextConfig::new().label("captured").budget(96 * MIB),
         );
         let s = ctx.create_stream("s").expect("stream");
-        let watcher = ctx.clone();
         let config = |pool_bytes| CaptureConfig {
             pool_bytes,
             mode: CaptureMode::Global,
         };
-        let (mut graph, out) = ctx
-            .capture(&s, config(64 * MIB), |cap| {
-                let during = watcher.snapshot();
-                assert_eq!(during.charged, 64 * MIB, "charged before capture began");
-                assert_eq!(during.reservations[0].label, POOL_LABEL);
-                let a = cap.allocate(MIB)?;
-                cap.upload(&a, 0, pattern(5, MIB as usize))?;
-                cap.download(&a, 0, MIB as usize)
-            })
-            .expect("capture");
-        assert_eq!(
-            ctx.snapshot().charged,
-            64 * MIB,
-            "charged while the graph lives"
-        );
-        assert_eq!(graph.pool_usage(), (MIB, 64 * MIB));
+        let (mut graph, out) = governed_capture(&ctx, &s, 64 * MIB);
         graph.launch(&s).expect("launch");
         assert_eq!(
             graph.read_output(out).expect("read"),

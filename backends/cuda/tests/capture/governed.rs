@@ -3,7 +3,7 @@
 //! destroyed, a pool over budget refused with nothing begun, teardown held
 //! by a live graph. Run as children of `capture.rs`'s tests.
 
-use crate::cases::{arena_context, pattern, MIB};
+use crate::cases::{arena_context, governed_capture, pattern, MIB};
 use crate::vendor::stats;
 use memgov::cuda::{CaptureConfig, CaptureMode, CudaContext};
 use memgov::cuda_capture::{CaptureExt, POOL_LABEL};
@@ -32,24 +32,7 @@ fn config(pool_bytes: u64) -> CaptureConfig {
 pub fn pool_charged() {
     let (_gov, ctx) = governed(64 * MIB);
     let s = ctx.create_stream("s").expect("stream");
-    let watcher = ctx.clone();
-    let (mut graph, out) = ctx
-        .capture(&s, config(4 * MIB), |cap| {
-            let during = watcher.snapshot();
-            assert_eq!(during.charged, 4 * MIB, "charged before capture began");
-            assert_eq!(during.reservations.len(), 1);
-            assert_eq!(during.reservations[0].label, POOL_LABEL);
-            let a = cap.allocate(MIB)?;
-            cap.upload(&a, 0, pattern(5, MIB as usize))?;
-            cap.download(&a, 0, MIB as usize)
-        })
-        .expect("capture");
-    assert_eq!(
-        ctx.snapshot().charged,
-        4 * MIB,
-        "charged while the graph lives"
-    );
-    assert_eq!(graph.pool_usage(), (MIB, 4 * MIB));
+    let (mut graph, out) = governed_capture(&ctx, &s, 4 * MIB);
     assert_eq!(
         graph.graph_memory_bytes(),
         0,
