@@ -37,11 +37,9 @@ mod vendor {
     pub const ARENA_NAME: &str = "CudaArena";
     /// The driver's virtual memory calls, as their fault cells and
     /// messages name them.
-    pub const CREATE_ENTRY: &str = "cuMemCreate";
-    pub const MAP_ENTRY: &str = "cuMemMap";
-    pub const SET_ACCESS_ENTRY: &str = "cuMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "cuMemUnmap";
-    pub const RELEASE_ENTRY: &str = "cuMemRelease";
+    pub use crate::common::{
+        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
+    };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
     pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_VMM_AT";

@@ -42,11 +42,9 @@ mod vendor {
     pub const ARENA_NAME: &str = "HipArena";
     /// The runtime's virtual memory calls, as their fault cells and
     /// messages name them.
-    pub const CREATE_ENTRY: &str = "hipMemCreate";
-    pub const MAP_ENTRY: &str = "hipMemMap";
-    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
-    pub const RELEASE_ENTRY: &str = "hipMemRelease";
+    pub use crate::common::{
+        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
+    };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
     pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_VMM_AT";

@@ -7,8 +7,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../../../stand-ins/support/child.rs"]
-pub mod child_process;
+#[macro_use]
 #[path = "../../../cases/common.rs"]
 mod shared;
 
@@ -22,31 +21,17 @@ mod vendor {
         ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
     };
 
-    pub const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-    pub const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
-    pub const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
-
-    /// The library the stand-in stands in for, and the context's name.
-    pub const LIBRARY: &str = "libamdhip64";
-    pub const CONTEXT_NAME: &str = "HipContext";
-
-    /// The stand-in's hooks.
-    pub const VMM_HOOK: &CStr = c"memgov_standin_hip_vmm";
-    pub const CAPTURE_HOOK: &CStr = c"memgov_standin_hip_capture";
-    pub const FAIL_ENTRY_HOOK: &CStr = c"memgov_standin_hip_fail_entry";
-    pub const PAUSE_ENTRY_HOOK: &CStr = c"memgov_standin_hip_pause_entry";
-    pub const ENTRY_PAUSED_HOOK: &CStr = c"memgov_standin_hip_entry_paused";
-    pub const RESUME_ENTRY_HOOK: &CStr = c"memgov_standin_hip_resume_entry";
-
-    /// The runtime's entry points the arena fault cases and stress fail or
-    /// hold.
-    pub const RELEASE_ENTRY: &str = "hipMemRelease";
-    pub const MAP_ENTRY: &str = "hipMemMap";
-    pub const HOST_ALLOC_ENTRY: &str = "hipHostMalloc";
-    pub const CREATE_ENTRY: &str = "hipMemCreate";
-    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
+    stand_in! {
+        vendor: "hip",
+        VENDOR: "HIP",
+        library: "libamdhip64",
+        release: "hipMemRelease",
+        map: "hipMemMap",
+        host_alloc: "hipHostMalloc",
+        create: "hipMemCreate",
+        set_access: "hipMemSetAccess",
+        unmap: "hipMemUnmap",
+    }
 
     /// Whether `ctx` runs on the stand-in.
     pub fn is_stand_in(ctx: &Context) -> bool {
