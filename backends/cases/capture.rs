@@ -25,6 +25,14 @@ use std::sync::Arc;
 
 pub(crate) const MIB: u64 = 1 << 20;
 
+/// The capability cases of `memgov_conformance` on capture, the driver
+/// allocations during a capture counted by the stand-in, with the exit
+/// check on.
+#[test]
+fn capability_capture_cases_pass_on_the_arena() {
+    passes("capability_capture", &[(EXIT_CHECK, "1")]);
+}
+
 #[test]
 fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_releases() {
     for seed in CHURN_SEEDS {
@@ -139,6 +147,13 @@ fn negative_launch_of_a_graph_copying_into_unmapped_memory_aborts() {
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
     match case {
+        "capability_capture" => memgov_conformance::capability::report_cases(
+            memgov_conformance::capability::run_capture_cases(
+                crate::common::capability_factory,
+                || stats()[2],
+            ),
+        ),
+        "fault_cells" => crate::common::fault_cells_child(),
         "replay_under_churn" => replay_under_churn(),
         "pool_exhausted" => pool_exhausted(),
         "own_thread_map" => own_thread_map(),

@@ -13,11 +13,12 @@ use super::vendor::{self, ArenaConfig, Config, Context};
 use memgov::BackendErrorKind;
 use std::os::raw::c_char;
 
-// The arena binaries use the virtual memory entries, the capture ones not.
+// The arena binaries use the virtual memory entries and knobs, the capture
+// ones not.
 #[allow(unused_imports)]
 pub use super::vendor::{
-    BANNER, CREATE_ENTRY, EXIT_CHECK, LATENCY, MAP_ENTRY, RELEASE_ENTRY, SEED, SET_ACCESS_ENTRY,
-    UNMAP_ENTRY,
+    BANNER, CREATE_ENTRY, EXIT_CHECK, FAIL_UNMAP_AT, FAIL_VMM_AT, LATENCY, MAP_ENTRY,
+    RELEASE_ENTRY, SEED, SET_ACCESS_ENTRY, UNMAP_ENTRY,
 };
 
 /// Declares, in a vendor's `vendor` module, the vendor's stand-in and the
@@ -27,7 +28,9 @@ pub use super::vendor::{
 ///   from which the stand-in's names are made the one way the stand-ins
 ///   spell them (`backends/stand-ins/README.md`): `NAME`, what its hooks
 ///   are called after (`memgov_standin_<vendor>_vmm`, ...), its latency
-///   knobs `LATENCY` and `SEED`, its exit check `EXIT_CHECK`, and
+///   knobs `LATENCY` and `SEED`, its exit check `EXIT_CHECK`, its knobs
+///   failing the `n`th virtual memory call and the `n`th unmap
+///   (`FAIL_VMM_AT`, `FAIL_UNMAP_AT`), and
 ///   `BANNER`, how its aborts begin, which names `library` (`LIBRARY`, the
 ///   library the stand-in stands in for);
 /// - the driver's entry points the arena fault cases and stress fail or
@@ -50,6 +53,8 @@ macro_rules! stand_in {
         pub const LATENCY: &str = concat!("MEMGOV_STANDIN_", $upper, "_LATENCY_US");
         pub const SEED: &str = concat!("MEMGOV_STANDIN_", $upper, "_LATENCY_SEED");
         pub const EXIT_CHECK: &str = concat!("MEMGOV_STANDIN_", $upper, "_EXIT_CHECK");
+        pub const FAIL_VMM_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_VMM_AT");
+        pub const FAIL_UNMAP_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_UNMAP_AT");
         pub const BANNER: &str = concat!("memgov ", $library, " stand-in: contract violation:");
         pub const RELEASE_ENTRY: &str = $release;
         pub const MAP_ENTRY: &str = $map;

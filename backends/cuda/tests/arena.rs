@@ -1,7 +1,7 @@
 //! The CUDA backend's virtual-memory arena and sleep/wake: the cases CUDA
 //! shares with HIP (`backends/cases/arena.rs`, the conformance suite on an
-//! arena among them, instantiated here through the `vendor` module), and
-//! CUDA's own: the capability cases, the sleep of a set, a synchronize
+//! arena and its capability cases among them, instantiated here through
+//! the `vendor` module), and CUDA's own: the sleep of a set, a synchronize
 //! outliving a reaped stream, and the stand-in driver's virtual memory
 //! management rules called raw (`cudarc`'s `sys`), each with a planted
 //! violation.
@@ -42,8 +42,7 @@ mod vendor {
     };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
-    pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_VMM_AT";
-    pub const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_UNMAP_AT";
+    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
     /// The latency seeds of the growth and shrinking, plain and governed.
     pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
     pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
@@ -93,14 +92,6 @@ mod vendor {
 use vendor::passes;
 
 #[test]
-fn capability_arena_cases_pass_on_the_cuda_arena() {
-    passes(
-        "capability_arena",
-        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
-}
-
-#[test]
 fn a_set_of_allocations_sleeps_and_wakes_leaving_the_others_mapped_and_usable() {
     passes(
         "sleep_set",
@@ -122,10 +113,10 @@ fn a_context_synchronize_outlives_a_stream_reaped_while_it_waits() {
 
 common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// CUDA's own cases: the capability cases, the sleep of a set, and the
-/// stand-in driver's rules called raw.
+/// CUDA's own cases: the sleep of a set, a synchronize outliving a reaped
+/// stream, and the stand-in driver's rules called raw.
 mod own {
-    use crate::cases::{arena, arena_context, finish, pattern, release, settle, MIB};
+    use crate::cases::{arena, arena_context, finish, pattern, release, settle, G, MIB};
     use crate::common;
     use crate::vendor::vmm;
     use cudarc::driver::sys::{self, CUresult};
@@ -133,9 +124,6 @@ mod own {
     use memgov::{BackendErrorKind, DeviceContext};
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
-
-    /// A granule.
-    pub(crate) const G: usize = 2 << 20;
 
     // ---- raw driver calls for the planted cases -----------------------
 
@@ -370,9 +358,6 @@ mod own {
         unsafe {
             match case {
                 "sleep_set" => sleep_set(),
-                "capability_arena" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
-                ),
                 "refused_codes" => {
                     let r = raw();
                     let inval = CUresult::CUDA_ERROR_INVALID_VALUE;

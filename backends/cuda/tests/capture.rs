@@ -1,7 +1,7 @@
 //! Graph capture on the CUDA backend's arena: the cases CUDA shares with
-//! HIP (`backends/cases/capture.rs`, instantiated here through the
-//! `vendor` module), and CUDA's own: the capability cases, graph capture on
-//! a governed context (`capture/governed.rs`), and the stand-in driver's
+//! HIP (`backends/cases/capture.rs`, the capability cases among them,
+//! instantiated here through the `vendor` module), and CUDA's own: graph
+//! capture on a governed context (`capture/governed.rs`), and the stand-in driver's
 //! stream capture rules called raw (`cudarc`'s `sys`), each with a planted
 //! violation.
 //!
@@ -242,11 +242,6 @@ mod vendor {
 }
 
 #[test]
-fn capability_capture_cases_pass_on_the_cuda_backend() {
-    passes("capability_capture", &[(EXIT_CHECK, "1")]);
-}
-
-#[test]
 fn a_governed_capture_charges_its_pool_from_before_begin_until_destroy() {
     passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
 }
@@ -284,20 +279,10 @@ fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
 
 common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// CUDA's own cases: the capability cases and the governed capture.
+/// CUDA's own cases: the governed capture.
 mod own {
-    use crate::common;
-    use crate::vendor::stats;
-
     pub(super) fn run(case: &str) {
         match case {
-            "capability_capture" => memgov_conformance::capability::report_cases(
-                memgov_conformance::capability::run_capture_cases(
-                    common::capability_factory,
-                    || stats()[2],
-                ),
-            ),
-            "fault_cells" => common::fault_cells_child(),
             "governed_pool_charged" => crate::governed::pool_charged(),
             "governed_pool_over_budget" => crate::governed::pool_over_budget(),
             "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),

@@ -1,7 +1,7 @@
 //! The HIP backend's virtual-memory arena and sleep/wake: the cases HIP
 //! shares with CUDA (`backends/cases/arena.rs`, the conformance suite on an
-//! arena among them, instantiated here through the `vendor` module), and
-//! HIP's own: the capability cases, the arena's device made current and the
+//! arena and its capability cases among them, instantiated here through the
+//! `vendor` module), and HIP's own: the arena's device made current and the
 //! thread's restored, a runtime without the virtual memory calls, and the
 //! stand-in runtime's virtual memory management rules called raw
 //! (`memgov::hip::raw`), each with a planted violation.
@@ -47,8 +47,7 @@ mod vendor {
     };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
-    pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_VMM_AT";
-    pub const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_UNMAP_AT";
+    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
     /// The latency seeds of the growth and shrinking, plain and governed.
     pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2"];
     pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["3"];
@@ -86,14 +85,6 @@ mod vendor {
         };
         assert_eq!(r, hip::SUCCESS);
     }
-}
-
-#[test]
-fn capability_arena_cases_pass_on_the_hip_arena() {
-    passes(
-        "capability_arena",
-        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
 }
 
 #[test]
@@ -144,20 +135,16 @@ fn stand_in_refuses_unaligned_and_stray_maps_with_the_runtimes_code() {
 
 common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// HIP's own cases: the capability cases, the thread's device restored, a
-/// runtime without the virtual memory calls, and the stand-in runtime's
-/// rules called raw.
+/// HIP's own cases: the thread's device restored, a runtime without the
+/// virtual memory calls, and the stand-in runtime's rules called raw.
 mod own {
     use super::*;
-    use crate::cases::{arena, arena_context, finish, pattern, release, settle, MIB};
+    use crate::cases::{arena, arena_context, finish, pattern, release, settle, G, MIB};
     use crate::common::vmm;
     use memgov::hip::ArenaConfig;
     use std::ffi::c_void;
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
-
-    /// A granule.
-    pub(crate) const G: usize = 2 << 20;
 
     fn current_device() -> i32 {
         let mut d = -1;
@@ -304,9 +291,6 @@ mod own {
         // anything undefined happens.
         unsafe {
             match case {
-                "capability_arena" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
-                ),
                 "current_device_restored" => current_device_restored(),
                 "no_vmm" => {
                     let e = HipContext::new(HipConfig {
