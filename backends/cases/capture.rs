@@ -24,6 +24,45 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) const MIB: u64 = 1 << 20;
+/// A granule of the stand-ins' virtual memory (both vendors': 2 MiB).
+pub(crate) const G: usize = 2 << 20;
+
+/// Declares, in a vendor's `vendor` module, what these cases assert of the
+/// vendor, from a table: `backend`, the name a typed refusal carries
+/// (`BACKEND`); `make_current`, the call that makes the context (or
+/// device) current before a capture ends (`MAKE_CURRENT_ENTRY`); `htod`
+/// and `graph_launch`, the enqueue of a write and of a graph launch
+/// (`HTOD_ENTRY`, `GRAPH_LAUNCH_ENTRY`); `begin_capture` and `end_capture`,
+/// the entry points whose fault cells the capture runs
+/// (`BEGIN_CAPTURE_ENTRY`, `END_CAPTURE_ENTRY`); the stand-in's abort
+/// messages for the planted violations, a capturing stream destroyed and
+/// a graph launched after its memory was freed
+/// (`DESTROY_CAPTURING_ABORT`, `LAUNCH_FREED_ABORT`); and `churn_seeds`,
+/// the latency seeds the replay under churn runs with (`CHURN_SEEDS`).
+macro_rules! capture_vendor {
+    (
+        backend: $backend:literal,
+        make_current: $make_current:literal,
+        htod: $htod:literal,
+        graph_launch: $graph_launch:literal,
+        begin_capture: $begin:literal,
+        end_capture: $end:literal,
+        destroy_capturing_abort: $destroy:literal,
+        launch_freed_abort: $freed:literal,
+        churn_seeds: [$($seed:literal),* $(,)?] $(,)?
+    ) => {
+        pub const BACKEND: &str = $backend;
+        pub const MAKE_CURRENT_ENTRY: &str = $make_current;
+        pub const HTOD_ENTRY: &std::ffi::CStr = $htod;
+        pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = $graph_launch;
+        pub const BEGIN_CAPTURE_ENTRY: &str = $begin;
+        pub const END_CAPTURE_ENTRY: &str = $end;
+        pub const DESTROY_CAPTURING_ABORT: &str = $destroy;
+        pub const LAUNCH_FREED_ABORT: &str = $freed;
+        pub const CHURN_SEEDS: &[&str] = &[$($seed),*];
+    };
+}
+pub(crate) use capture_vendor;
 
 /// The capability cases of `memgov_conformance` on capture, the driver
 /// allocations during a capture counted by the stand-in, with the exit
@@ -228,6 +267,40 @@ pub(crate) fn governed_capture(
     );
     assert_eq!(graph.pool_usage(), (MIB, pool));
     (graph, out)
+}
+
+/// A governed capture on `ctx` with a pool of `pool` bytes that the
+/// governor refuses before anything is recorded and before any capture is
+/// begun in the driver (the stand-in's captures begun stay put). The
+/// refusal.
+pub(crate) fn governed_capture_refused(
+    ctx: &memgov::ContextHandle<Context>,
+    s: &memgov::GovernedStream<Context>,
+    pool: u64,
+) -> memgov::GovernorError {
+    use memgov::capture::CaptureExt;
+    let before = stats()[0];
+    let config = CaptureConfig {
+        pool_bytes: pool,
+        mode: CaptureMode::Global,
+    };
+    let e = ctx
+        .capture(s, config, |_| -> Result<(), memgov::BackendError> {
+            panic!("the recording must not run")
+        })
+        .expect_err("the governor refuses the pool");
+    assert_eq!(stats()[0], before, "no {BEGIN_CAPTURE_ENTRY}: {e}");
+    e
+}
+
+/// Retires the governed context `ctx` (within 10 s) and checks that the
+/// backend's teardown was clean.
+pub(crate) fn retire_clean(ctx: &memgov::ContextHandle<Context>) {
+    ctx.retire()
+        .wait(std::time::Instant::now() + std::time::Duration::from_secs(10))
+        .expect("retire")
+        .backend_result
+        .expect("clean teardown");
 }
 
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {

@@ -35,22 +35,17 @@ mod vendor {
         PoolExhausted,
     };
 
-    /// The backend name a typed refusal carries.
-    pub const BACKEND: &str = "cuda";
-    /// The call that makes the context current before a capture ends.
-    pub const MAKE_CURRENT_ENTRY: &str = "cuCtxPushCurrent_v2";
-    /// The enqueue of a write and of a graph launch.
-    pub const HTOD_ENTRY: &std::ffi::CStr = c"cuMemcpyHtoDAsync_v2";
-    pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = c"cuGraphLaunch";
-    /// The entry points whose fault cells the capture runs.
-    pub const BEGIN_CAPTURE_ENTRY: &str = "cuStreamBeginCapture_v2";
-    pub const END_CAPTURE_ENTRY: &str = "cuStreamEndCapture";
-    /// The stand-in's abort messages for the planted violations.
-    pub const DESTROY_CAPTURING_ABORT: &str = "in a capture sequence";
-    pub const LAUNCH_FREED_ABORT: &str =
-        "cuGraphLaunch of 4096 bytes at already freed device pointer";
-    /// The latency seeds the replay under churn runs with.
-    pub const CHURN_SEEDS: &[&str] = &["1", "2", "3"];
+    crate::cases::capture_vendor! {
+        backend: "cuda",
+        make_current: "cuCtxPushCurrent_v2",
+        htod: c"cuMemcpyHtoDAsync_v2",
+        graph_launch: c"cuGraphLaunch",
+        begin_capture: "cuStreamBeginCapture_v2",
+        end_capture: "cuStreamEndCapture",
+        destroy_capturing_abort: "in a capture sequence",
+        launch_freed_abort: "cuGraphLaunch of 4096 bytes at already freed device pointer",
+        churn_seeds: ["1", "2", "3"],
+    }
 
     /// The stand-in's capture counters.
     pub use crate::common::capture_stats as stats;
@@ -65,20 +60,22 @@ mod vendor {
         pub type Status = sys::CUstreamCaptureStatus;
         pub type RawStream = sys::CUstream;
 
-        /// A granule.
-        pub const G: usize = 2 << 20;
-        pub const GLOBAL: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-        pub const LOCAL: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        pub const RELAXED: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        pub const UNSUPPORTED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        pub const INVALIDATED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        pub const WRONG_THREAD: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-        pub const NONE: Status = Status::CU_STREAM_CAPTURE_STATUS_NONE;
-        pub const ACTIVE: Status = Status::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        pub const STATUS_INVALIDATED: Status = Status::CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        pub(crate) use crate::cases::G;
+        /// The capture modes, results and statuses, under neutral names.
+        pub use sys::CUstreamCaptureMode::{
+            CU_STREAM_CAPTURE_MODE_GLOBAL as GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED as RELAXED,
+            CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as LOCAL,
+        };
+        pub use sys::CUstreamCaptureStatus::{
+            CU_STREAM_CAPTURE_STATUS_ACTIVE as ACTIVE,
+            CU_STREAM_CAPTURE_STATUS_INVALIDATED as STATUS_INVALIDATED,
+            CU_STREAM_CAPTURE_STATUS_NONE as NONE,
+        };
+        pub use CUresult::{
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED as INVALIDATED,
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as UNSUPPORTED,
+            CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD as WRONG_THREAD,
+        };
 
         pub fn ok(r: Code, what: &str) {
             assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");

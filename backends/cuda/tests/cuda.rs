@@ -425,36 +425,28 @@ mod vendor {
     pub(crate) use crate::LATENCY;
     pub use memgov::cuda::CudaContext as Context;
 
-    /// The name a context's refusals and reports carry.
-    pub const BACKEND: &str = "cuda";
-
-    /// A way to open a context.
-    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+    pub(crate) use crate::shared::Factory;
 
     /// The configurations the conformance suite runs on, by label.
     pub const SUITE_CONFIGS: &[(&str, Factory)] = &[("default", crate::factory)];
 
-    /// The stand-in's device memory limit in bytes.
-    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES";
-    /// The stand-in refuses the Nth `cuLaunchHostFunc`.
-    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT";
-    /// How an out-of-memory refusal names the driver's code.
-    pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
-    /// The stand-in's exit check: anything left at exit aborts.
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+    crate::shared::core_vendor! {
+        backend: "cuda",
+        VENDOR: "CUDA",
+        fail_callback_at: "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT",
+        out_of_memory: "CUDA_ERROR_OUT_OF_MEMORY (2)",
+        double_free: "cuMemFreeAsync of already freed pointer",
+        unknown_free: "cuMemFreeAsync of unknown pointer",
+        out_of_bounds: "out of bounds device pointer",
+        host_free_under_copy: "cuMemFreeHost: page-locked host allocation",
+        event_after_destroy: "cuEventRecord on destroyed event",
+    }
 
     /// The child was aborted by the stand-in with a contract violation
     /// that names `what` (on the stand-in only).
     pub fn aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
         crate::assert_stand_in_aborts(scenario, env, what);
     }
-
-    /// How the stand-in names the planted violations.
-    pub const DOUBLE_FREE: &str = "cuMemFreeAsync of already freed pointer";
-    pub const UNKNOWN_FREE: &str = "cuMemFreeAsync of unknown pointer";
-    pub const OUT_OF_BOUNDS: &str = "out of bounds device pointer";
-    pub const HOST_FREE_UNDER_COPY: &str = "cuMemFreeHost: page-locked host allocation";
-    pub const EVENT_AFTER_DESTROY: &str = "cuEventRecord on destroyed event";
 
     /// Raw driver calls for the planted cases, on a context current on
     /// this thread.

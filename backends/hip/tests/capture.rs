@@ -38,22 +38,17 @@ mod vendor {
         PoolExhausted,
     };
 
-    /// The backend name a typed refusal carries.
-    pub const BACKEND: &str = "hip";
-    /// The call that makes the device current before a capture ends.
-    pub const MAKE_CURRENT_ENTRY: &str = "hipGetDevice";
-    /// The enqueue of a write and of a graph launch.
-    pub const HTOD_ENTRY: &std::ffi::CStr = c"hipMemcpyHtoDAsync";
-    pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = c"hipGraphLaunch";
-    /// The entry points whose fault cells the capture runs.
-    pub const BEGIN_CAPTURE_ENTRY: &str = "hipStreamBeginCapture";
-    pub const END_CAPTURE_ENTRY: &str = "hipStreamEndCapture";
-    /// The stand-in's abort messages for the planted violations.
-    pub const DESTROY_CAPTURING_ABORT: &str = "while it is capturing";
-    pub const LAUNCH_FREED_ABORT: &str =
-        "hipGraphLaunch of 4096 bytes at already freed device pointer";
-    /// The latency seeds the replay under churn runs with.
-    pub const CHURN_SEEDS: &[&str] = &["1", "2"];
+    crate::cases::capture_vendor! {
+        backend: "hip",
+        make_current: "hipGetDevice",
+        htod: c"hipMemcpyHtoDAsync",
+        graph_launch: c"hipGraphLaunch",
+        begin_capture: "hipStreamBeginCapture",
+        end_capture: "hipStreamEndCapture",
+        destroy_capturing_abort: "while it is capturing",
+        launch_freed_abort: "hipGraphLaunch of 4096 bytes at already freed device pointer",
+        churn_seeds: ["1", "2"],
+    }
 
     /// The raw runtime calls the stand-in capture cases make.
     pub mod raw {
@@ -65,16 +60,17 @@ mod vendor {
         pub type Status = i32;
         pub type RawStream = hip::hipStream_t;
 
-        /// A granule.
-        pub const G: usize = 2 << 20;
-        pub const GLOBAL: i32 = hip::hipStreamCaptureModeGlobal;
-        pub const LOCAL: i32 = hip::hipStreamCaptureModeThreadLocal;
-        pub const RELAXED: i32 = hip::hipStreamCaptureModeRelaxed;
-        pub const UNSUPPORTED: Code = hip::hipErrorStreamCaptureUnsupported;
-        pub const INVALIDATED: Code = hip::hipErrorStreamCaptureInvalidated;
-        pub const WRONG_THREAD: Code = hip::hipErrorStreamCaptureWrongThread;
-        pub const NONE: Status = 0;
-        pub const ACTIVE: Status = hip::hipStreamCaptureStatusActive;
+        pub(crate) use crate::cases::G;
+        /// The capture modes, results and statuses, under neutral names.
+        pub use hip::{
+            hipErrorStreamCaptureInvalidated as INVALIDATED,
+            hipErrorStreamCaptureUnsupported as UNSUPPORTED,
+            hipErrorStreamCaptureWrongThread as WRONG_THREAD, hipStreamCaptureModeGlobal as GLOBAL,
+            hipStreamCaptureModeRelaxed as RELAXED, hipStreamCaptureModeThreadLocal as LOCAL,
+            hipStreamCaptureStatusActive as ACTIVE, hipStreamCaptureStatusNone as NONE,
+        };
+        /// `hipStreamCaptureStatusInvalidated`, which the raw module does
+        /// not name.
         pub const STATUS_INVALIDATED: Status = 2;
 
         pub fn ok(r: Code, what: &str) {
@@ -286,7 +282,10 @@ common::child_process::child_entry!(CHILD, cases::run, own::run);
 /// runtime without the graph calls, and graphs left at exit.
 mod own {
     use super::*;
-    use crate::cases::{arena_context, governed_capture, pattern, release, MIB};
+    use crate::cases::{
+        arena_context, governed_capture, governed_capture_refused, pattern, release, retire_clean,
+        MIB,
+    };
     use crate::vendor::raw::{begin, end, instantiate, ok, raw, stream_destroy, GLOBAL};
     use crate::vendor::stats;
     use memgov::hip::{CaptureConfig, CaptureMode};
@@ -351,25 +350,19 @@ mod own {
         ctx.teardown(false).expect("teardown");
     }
 
-    /// A capture on a governed HIP context (`memgov::hip_capture`): a
-    /// 64 MiB pool charged to the budget from before the capture begins
-    /// (seen from inside the recording) while the graph lives, 0 after
-    /// destroy; a pool over budget refused with no capture begun; a pool
+    /// A capture on a governed HIP context (`memgov::capture`, which
+    /// `memgov::hip_capture` re-exports): a 64 MiB pool charged to the
+    /// budget from before the capture begins (seen from inside the
+    /// recording) while the graph lives, 0 after destroy; a pool over budget refused with no capture begun; a pool
     /// too large to round refused with nothing charged.
     fn governed_pool_charged() {
-        use memgov::hip_capture::CaptureExt;
         use memgov::{ContextConfig, Governor, GovernorError};
-        use std::time::{Duration, Instant};
         let gov = Governor::new();
         let ctx = gov.register(
             arena_context(256 * MIB),
             ContextConfig::new().label("captured").budget(96 * MIB),
         );
         let s = ctx.create_stream("s").expect("stream");
-        let config = |pool_bytes| CaptureConfig {
-            pool_bytes,
-            mode: CaptureMode::Global,
-        };
         let (mut graph, out) = governed_capture(&ctx, &s, 64 * MIB);
         graph.launch(&s).expect("launch");
         assert_eq!(
@@ -378,34 +371,16 @@ mod own {
         );
         // A second pool over what the first left of the budget: refused by
         // the governor, no capture begun.
-        let before = stats();
-        let e = ctx
-            .capture(
-                &s,
-                config(64 * MIB),
-                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-            )
-            .expect_err("over budget");
+        let e = governed_capture_refused(&ctx, &s, 64 * MIB);
         assert!(matches!(e, GovernorError::BudgetExceeded(_)), "{e}");
-        assert_eq!(stats()[0], before[0], "no hipStreamBeginCapture");
-        let e = ctx
-            .capture(
-                &s,
-                config(u64::MAX),
-                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-            )
-            .expect_err("too large to round");
+        let e = governed_capture_refused(&ctx, &s, u64::MAX);
         assert!(e.to_string().contains("64-bit limit"), "{e}");
         assert_eq!(ctx.snapshot().charged, 64 * MIB, "nothing more charged");
         graph.destroy().expect("destroy");
         assert!(graph.is_destroyed());
         assert_eq!(ctx.snapshot().charged, 0, "the pool's charge came back");
         drop((graph, s));
-        let report = ctx
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(10))
-            .expect("retire");
-        report.backend_result.expect("clean teardown");
+        retire_clean(&ctx);
         println!(
             "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy"
         );

@@ -3,7 +3,9 @@
 //! destroyed, a pool over budget refused with nothing begun, teardown held
 //! by a live graph. Run as children of `capture.rs`'s tests.
 
-use crate::cases::{arena_context, governed_capture, pattern, MIB};
+use crate::cases::{
+    arena_context, governed_capture, governed_capture_refused, pattern, retire_clean, MIB,
+};
 use crate::vendor::stats;
 use memgov::cuda::{CaptureConfig, CaptureMode, CudaContext};
 use memgov::cuda_capture::{CaptureExt, POOL_LABEL};
@@ -67,11 +69,7 @@ pub fn pool_charged() {
         "a destroyed graph does not launch"
     );
     drop((other, graph, s));
-    let report = ctx
-        .retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire");
-    report.backend_result.expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: 4 MiB pool charged from before begin to destroy");
 }
 
@@ -83,14 +81,7 @@ pub fn pool_over_budget() {
     let _held = ctx
         .allocate(&s, Alloc::new(6 * MIB, Role::Weights))
         .expect("weights");
-    let before = stats();
-    let e = ctx
-        .capture(
-            &s,
-            config(4 * MIB),
-            |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-        )
-        .expect_err("over budget");
+    let e = governed_capture_refused(&ctx, &s, 4 * MIB);
     let GovernorError::BudgetExceeded(b) = &e else {
         panic!("expected BudgetExceeded, got {e}");
     };
@@ -99,7 +90,6 @@ pub fn pool_over_budget() {
         (BudgetScope::Context, 4 * MIB),
         "{e}"
     );
-    assert_eq!(stats()[0], before[0], "no cuStreamBeginCapture_v2");
     let arena = ctx
         .with_backend(|c| c.arena().expect("arena"))
         .expect("backend");
@@ -114,11 +104,7 @@ pub fn pool_over_budget() {
         "nothing charged for the pool"
     );
     drop((_held, s));
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
 }
 
 /// A live governed graph holds the context: retire waits for it and lists
@@ -209,11 +195,7 @@ pub fn no_graph_memory_nodes() {
     assert_eq!(graph.read_output(out).expect("read"), pattern(77, 4096));
     graph.destroy().expect("destroy");
     drop(s);
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: 8 allocations carved, 0 graph memory nodes, 0 driver allocations");
 }
 
@@ -291,11 +273,7 @@ pub fn graph_memory_charged() {
     assert_eq!(graph_mem()[2], 0, "the driver freed the graph's memory");
     other.synchronize().expect("sync");
     drop((s, other));
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: a 3 MiB graph memory node charged while its graph lived");
 }
 
@@ -418,11 +396,7 @@ pub fn governed_churn() {
     graph.destroy().expect("destroy");
     assert_eq!(ctx.snapshot().reservations.len(), 0);
     drop(s);
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!(
         "governed capture under churn: {} churn rounds, 100 replays, 0 invalidated, 0 driver allocations during the capture",
         rounds.load(Ordering::SeqCst)
