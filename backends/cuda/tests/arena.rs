@@ -67,25 +67,8 @@ mod vendor {
     ///
     /// `m` is mapped and accessible; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        use cudarc::driver::sys::{self, CUresult};
-        // SAFETY: a live context, made current on this thread for the copy
-        // and popped after it.
-        let r = unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_context()) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS);
-        // SAFETY: the caller's: `m` mapped and accessible, `src` alive
-        // until the copy ran.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                m.device_ptr(),
-                src.as_ptr().cast(),
-                src.len(),
-                s.cu_stream(),
-            )
-        };
-        let mut c = std::ptr::null_mut();
-        // SAFETY: balances the push.
-        unsafe { sys::cuCtxPopCurrent_v2(&mut c) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS);
+        // SAFETY: the caller's, and `ctx`'s context is live.
+        unsafe { crate::common::raw_copy::copy_in_unwaited(ctx.cu_context(), s, m, src) }
     }
 }
 

@@ -417,6 +417,9 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
+#[path = "common/raw_copy.rs"]
+mod raw_copy;
+
 /// What the shared cases (`backends/cases/core.rs`) need of CUDA.
 mod vendor {
     use cudarc::driver::sys::{self, CUresult};
@@ -778,23 +781,8 @@ mod vendor {
     ///
     /// `m` and `s` are live; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(c: &Current, s: &CudaStream, m: &CudaMemory, src: &[u8]) {
-        let mut prev: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live context, popped below.
-        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
-        // SAFETY: the caller's.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                m.device_ptr(),
-                src.as_ptr().cast(),
-                src.len(),
-                s.cu_stream(),
-            )
-        };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "raw copy into the pinned buffer");
-        // SAFETY: balances the push.
-        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
+        // SAFETY: the caller's, and `c`'s context is live.
+        unsafe { crate::raw_copy::copy_in_unwaited(c.0, s, m, src) }
     }
 }
 

@@ -23,9 +23,7 @@ use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{
-    aborts, child, child_process, on_stand_in, passes, BANNER, EXIT_CHECK, LATENCY, SEED,
-};
+pub(crate) use common::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
 
@@ -72,18 +70,8 @@ mod vendor {
     ///
     /// `m` is mapped and accessible; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(_ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        use memgov::hip::raw as hip;
-        // SAFETY: the caller's: `m` mapped and accessible, `src` alive
-        // until the copy ran; device 0 is current.
-        let r = unsafe {
-            hip::hipMemcpyHtoDAsync(
-                m.device_ptr(),
-                src.as_ptr() as *mut std::ffi::c_void,
-                src.len(),
-                s.hip_stream(),
-            )
-        };
-        assert_eq!(r, hip::SUCCESS);
+        // SAFETY: the caller's.
+        unsafe { crate::common::raw_copy::copy_in_unwaited(s, m, src) }
     }
 }
 
@@ -101,31 +89,7 @@ fn every_arena_call_runs_on_the_arena_device_and_restores_the_threads() {
 /// the pool still works.
 #[test]
 fn a_runtime_lacking_the_vmm_calls_makes_the_arena_unsupported() {
-    if !on_stand_in() {
-        return;
-    }
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-without-vmm");
-    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
-    let lib = out.join("libamdhip64.so.5");
-    let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
-        .arg(format!("-I{root}/stand-ins/common"))
-        .arg("-Wl,-soname,libamdhip64.so.5")
-        .arg("-o")
-        .arg(&lib)
-        .arg(format!("{root}/hip/stand-in/libamdhip64.c"))
-        .arg(format!("{root}/stand-ins/common/standin.c"))
-        .status()
-        .expect("run the C compiler (the stand-in needs one)");
-    assert!(status.success(), "building the partial stand-in failed");
-    let run = child_process::run(
-        CHILD,
-        "no_vmm",
-        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
-    );
-    print!("{}", run.stdout);
-    child_process::assert_passed("no_vmm", &run, "child no_vmm: ok");
+    common::passes_on_partial_stand_in("hip-without-vmm", &[], "no_vmm");
 }
 
 #[test]

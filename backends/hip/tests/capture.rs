@@ -20,9 +20,7 @@ mod common;
 
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{
-    aborts, child, child_process, on_stand_in, passes, BANNER, EXIT_CHECK, LATENCY, SEED,
-};
+pub(crate) use common::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_CAPTURE_CHILD";
 
@@ -228,32 +226,7 @@ fn a_governed_capture_charges_its_pool_until_the_graph_is_destroyed() {
 /// naming the first missing symbol; the arena still works.
 #[test]
 fn a_runtime_lacking_the_capture_calls_makes_capture_unsupported() {
-    if !on_stand_in() {
-        return;
-    }
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-without-graphs");
-    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
-    let lib = out.join("libamdhip64.so.5");
-    let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
-        .arg(format!("-I{root}/stand-ins/common"))
-        .arg("-Wl,-soname,libamdhip64.so.5")
-        .arg("-o")
-        .arg(&lib)
-        .arg(format!("{root}/hip/stand-in/libamdhip64.c"))
-        .arg(format!("{root}/hip/stand-in/vmm.c"))
-        .arg(format!("{root}/stand-ins/common/standin.c"))
-        .status()
-        .expect("run the C compiler (the stand-in needs one)");
-    assert!(status.success(), "building the partial stand-in failed");
-    let run = child_process::run(
-        CHILD,
-        "no_graphs",
-        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
-    );
-    print!("{}", run.stdout);
-    child_process::assert_passed("no_graphs", &run, "child no_graphs: ok");
+    common::passes_on_partial_stand_in("hip-without-graphs", &["vmm.c"], "no_graphs");
 }
 #[test]
 fn negative_graphs_left_at_exit_abort() {

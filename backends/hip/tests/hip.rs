@@ -864,6 +864,9 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
+#[path = "common/raw_copy.rs"]
+mod raw_copy;
+
 /// What the shared cases (`backends/cases/core.rs`) need of HIP.
 mod vendor {
     use memgov::hip::raw as hip;
@@ -1176,15 +1179,7 @@ mod vendor {
     /// `m` and `s` are live; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(_: &Current, s: &HipStream, m: &HipMemory, src: &[u8]) {
         // SAFETY: the caller's.
-        let r = unsafe {
-            hip::hipMemcpyHtoDAsync(
-                m.device_ptr(),
-                src.as_ptr() as *mut std::ffi::c_void,
-                src.len(),
-                s.hip_stream(),
-            )
-        };
-        assert_eq!(r, hip::SUCCESS, "raw copy into the pinned buffer");
+        unsafe { crate::raw_copy::copy_in_unwaited(s, m, src) }
     }
 }
 

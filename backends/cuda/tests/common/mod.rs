@@ -13,6 +13,8 @@ mod shared;
 
 pub use shared::*;
 
+pub mod raw_copy;
+
 /// What the shared part needs of CUDA.
 mod vendor {
     use std::ffi::CStr;
