@@ -30,23 +30,19 @@ pub use super::vendor::{
 ///   are called after (`memgov_standin_<vendor>_vmm`, ...), its latency
 ///   knobs `LATENCY` and `SEED`, its exit check `EXIT_CHECK`, its knobs
 ///   failing the `n`th virtual memory call and the `n`th unmap
-///   (`FAIL_VMM_AT`, `FAIL_UNMAP_AT`), and
-///   `BANNER`, how its aborts begin, which names `library` (`LIBRARY`, the
-///   library the stand-in stands in for);
-/// - the driver's entry points the arena fault cases and stress fail or
-///   hold: `release`, `map`, `host_alloc` (page-locked host memory),
-///   `create`, `set_access`, `unmap` (`RELEASE_ENTRY`, `MAP_ENTRY`, ...).
+///   (`FAIL_VMM_AT`, `FAIL_UNMAP_AT`), and `BANNER`, how its aborts begin,
+///   which names `library` (`LIBRARY`, the library the stand-in stands in
+///   for);
+/// - then, by the names these cases use, the driver's entry points the
+///   arena fault cases and stress fail or hold: `RELEASE_ENTRY`,
+///   `MAP_ENTRY`, `HOST_ALLOC_ENTRY` (page-locked host memory),
+///   `CREATE_ENTRY`, `SET_ACCESS_ENTRY`, `UNMAP_ENTRY`.
 macro_rules! stand_in {
     (
         vendor: $vendor:literal,
         VENDOR: $upper:literal,
         library: $library:literal,
-        release: $release:literal,
-        map: $map:literal,
-        host_alloc: $host_alloc:literal,
-        create: $create:literal,
-        set_access: $set_access:literal,
-        unmap: $unmap:literal $(,)?
+        $($entry:ident: $name:literal),* $(,)?
     ) => {
         pub const NAME: &str = $vendor;
         pub const LIBRARY: &str = $library;
@@ -56,12 +52,7 @@ macro_rules! stand_in {
         pub const FAIL_VMM_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_VMM_AT");
         pub const FAIL_UNMAP_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_UNMAP_AT");
         pub const BANNER: &str = concat!("memgov ", $library, " stand-in: contract violation:");
-        pub const RELEASE_ENTRY: &str = $release;
-        pub const MAP_ENTRY: &str = $map;
-        pub const HOST_ALLOC_ENTRY: &str = $host_alloc;
-        pub const CREATE_ENTRY: &str = $create;
-        pub const SET_ACCESS_ENTRY: &str = $set_access;
-        pub const UNMAP_ENTRY: &str = $unmap;
+        $(pub const $entry: &str = $name;)*
     };
 }
 

@@ -21,36 +21,24 @@ pub type Factory = fn() -> Result<Context, memgov::BackendError>;
 /// reports carry (`BACKEND`); `VENDOR`, the vendor's upper-case name in
 /// the stand-in's knobs, which gives the device memory limit in bytes
 /// `OOM_AFTER_BYTES` and the exit check `EXIT_CHECK` (anything left at
-/// exit aborts); `fail_callback_at`, the knob with which the stand-in
-/// refuses the Nth completion callback (`FAIL_CALLBACK_AT`);
-/// `out_of_memory`, how an out-of-memory refusal names the driver's code
-/// (`OUT_OF_MEMORY`); and how the stand-in names the planted violations:
-/// a double free, a free of a pointer it never allocated, a copy out of
-/// bounds, a free of page-locked host memory under a copy, an event
-/// recorded after its destroy (`DOUBLE_FREE`, `UNKNOWN_FREE`,
-/// `OUT_OF_BOUNDS`, `HOST_FREE_UNDER_COPY`, `EVENT_AFTER_DESTROY`).
+/// exit aborts); then, by the names these cases use, `FAIL_CALLBACK_AT`,
+/// the knob with which the stand-in refuses the Nth completion callback,
+/// `OUT_OF_MEMORY`, how an out-of-memory refusal names the driver's code,
+/// and how the stand-in names the planted violations: a double free, a
+/// free of a pointer it never allocated, a copy out of bounds, a free of
+/// page-locked host memory under a copy, an event recorded after its
+/// destroy (`DOUBLE_FREE`, `UNKNOWN_FREE`, `OUT_OF_BOUNDS`,
+/// `HOST_FREE_UNDER_COPY`, `EVENT_AFTER_DESTROY`).
 macro_rules! core_vendor {
     (
         backend: $backend:literal,
         VENDOR: $upper:literal,
-        fail_callback_at: $fail_callback_at:literal,
-        out_of_memory: $out_of_memory:literal,
-        double_free: $double_free:literal,
-        unknown_free: $unknown_free:literal,
-        out_of_bounds: $out_of_bounds:literal,
-        host_free_under_copy: $host_free_under_copy:literal,
-        event_after_destroy: $event_after_destroy:literal $(,)?
+        $($name:ident: $text:literal),* $(,)?
     ) => {
         pub const BACKEND: &str = $backend;
         pub const OOM_AFTER_BYTES: &str = concat!("MEMGOV_STANDIN_", $upper, "_OOM_AFTER_BYTES");
         pub const EXIT_CHECK: &str = concat!("MEMGOV_STANDIN_", $upper, "_EXIT_CHECK");
-        pub const FAIL_CALLBACK_AT: &str = $fail_callback_at;
-        pub const OUT_OF_MEMORY: &str = $out_of_memory;
-        pub const DOUBLE_FREE: &str = $double_free;
-        pub const UNKNOWN_FREE: &str = $unknown_free;
-        pub const OUT_OF_BOUNDS: &str = $out_of_bounds;
-        pub const HOST_FREE_UNDER_COPY: &str = $host_free_under_copy;
-        pub const EVENT_AFTER_DESTROY: &str = $event_after_destroy;
+        $(pub const $name: &str = $text;)*
     };
 }
 pub(crate) use core_vendor;

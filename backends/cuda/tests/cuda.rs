@@ -436,13 +436,13 @@ mod vendor {
     crate::shared::core_vendor! {
         backend: "cuda",
         VENDOR: "CUDA",
-        fail_callback_at: "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT",
-        out_of_memory: "CUDA_ERROR_OUT_OF_MEMORY (2)",
-        double_free: "cuMemFreeAsync of already freed pointer",
-        unknown_free: "cuMemFreeAsync of unknown pointer",
-        out_of_bounds: "out of bounds device pointer",
-        host_free_under_copy: "cuMemFreeHost: page-locked host allocation",
-        event_after_destroy: "cuEventRecord on destroyed event",
+        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT",
+        OUT_OF_MEMORY: "CUDA_ERROR_OUT_OF_MEMORY (2)",
+        DOUBLE_FREE: "cuMemFreeAsync of already freed pointer",
+        UNKNOWN_FREE: "cuMemFreeAsync of unknown pointer",
+        OUT_OF_BOUNDS: "out of bounds device pointer",
+        HOST_FREE_UNDER_COPY: "cuMemFreeHost: page-locked host allocation",
+        EVENT_AFTER_DESTROY: "cuEventRecord on destroyed event",
     }
 
     /// The child was aborted by the stand-in with a contract violation

@@ -892,13 +892,13 @@ mod vendor {
     crate::shared::core_vendor! {
         backend: "hip",
         VENDOR: "HIP",
-        fail_callback_at: "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT",
-        out_of_memory: "hipErrorOutOfMemory (2)",
-        double_free: "hipFreeAsync of already freed pointer",
-        unknown_free: "hipFree of unknown pointer",
-        out_of_bounds: "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
-        host_free_under_copy: "hipHostFree: page-locked host allocation",
-        event_after_destroy: "hipEventRecord on destroyed event",
+        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT",
+        OUT_OF_MEMORY: "hipErrorOutOfMemory (2)",
+        DOUBLE_FREE: "hipFreeAsync of already freed pointer",
+        UNKNOWN_FREE: "hipFree of unknown pointer",
+        OUT_OF_BOUNDS: "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
+        HOST_FREE_UNDER_COPY: "hipHostFree: page-locked host allocation",
+        EVENT_AFTER_DESTROY: "hipEventRecord on destroyed event",
     }
 
     /// The child was aborted by the stand-in with a contract violation

@@ -27,12 +27,12 @@ mod vendor {
         vendor: "cuda",
         VENDOR: "CUDA",
         library: "libcuda",
-        release: "cuMemRelease",
-        map: "cuMemMap",
-        host_alloc: "cuMemHostAlloc",
-        create: "cuMemCreate",
-        set_access: "cuMemSetAccess",
-        unmap: "cuMemUnmap",
+        RELEASE_ENTRY: "cuMemRelease",
+        MAP_ENTRY: "cuMemMap",
+        HOST_ALLOC_ENTRY: "cuMemHostAlloc",
+        CREATE_ENTRY: "cuMemCreate",
+        SET_ACCESS_ENTRY: "cuMemSetAccess",
+        UNMAP_ENTRY: "cuMemUnmap",
     }
 
     /// Whether `ctx` runs on the stand-in.

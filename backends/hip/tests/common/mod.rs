@@ -27,12 +27,12 @@ mod vendor {
         vendor: "hip",
         VENDOR: "HIP",
         library: "libamdhip64",
-        release: "hipMemRelease",
-        map: "hipMemMap",
-        host_alloc: "hipHostMalloc",
-        create: "hipMemCreate",
-        set_access: "hipMemSetAccess",
-        unmap: "hipMemUnmap",
+        RELEASE_ENTRY: "hipMemRelease",
+        MAP_ENTRY: "hipMemMap",
+        HOST_ALLOC_ENTRY: "hipHostMalloc",
+        CREATE_ENTRY: "hipMemCreate",
+        SET_ACCESS_ENTRY: "hipMemSetAccess",
+        UNMAP_ENTRY: "hipMemUnmap",
     }
 
     /// Whether `ctx` runs on the stand-in.
