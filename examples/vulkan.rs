@@ -1,85 +1,19 @@
 //! Governed Vulkan memory: the first program a runtime author writes,
 //! on the Vulkan backend.
 //!
+//! The program is `common/mod.rs`'s `run`; this file opens the device.
+//!
 //! ```sh
 //! cargo run -p memgov --features vulkan --example vulkan
 //! ```
 //!
 //! Needs a Vulkan loader and driver (Mesa's lavapipe is a software one). Without one it prints why, as `skipped: ...`, and exits 0.
 
-use memgov::backend::BackendErrorKind;
+mod common;
+
 use memgov::vulkan::{VulkanConfig, VulkanContext};
-use memgov::{Alloc, ContextConfig, DeviceContext, Governor, Role};
-use std::error::Error;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
-    match try_main() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn try_main() -> Result<(), Box<dyn Error>> {
-    let device = match VulkanContext::new(VulkanConfig::default()) {
-        Ok(device) => device,
-        Err(e) if e.kind == BackendErrorKind::Unavailable => {
-            println!("skipped: {}", e.message);
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    run(device)
-}
-
-/// Register `device` with a 64 MiB budget, allocate on a stream, write and
-/// read back, release stream-ordered, retire, and print the report.
-fn run<C: DeviceContext>(device: C) -> Result<(), Box<dyn Error>> {
-    let gov: Governor<C> = Governor::new();
-    let ctx = gov.register(
-        device,
-        ContextConfig::new().label("example").budget(64 << 20),
-    );
-    let d = ctx.description();
-    println!("{}: {} ({}, {})", d.backend, d.name, d.execution, d.driver);
-
-    let stream = ctx.create_stream("main")?;
-    let buf = ctx.allocate(&stream, Alloc::new(1 << 20, Role::Activation))?;
-    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-    buf.write(0, &pattern)?;
-    let mut back = vec![0u8; pattern.len()];
-    buf.read(0, &mut back)?;
-    if let Some(at) = back.iter().zip(&pattern).position(|(b, p)| b != p) {
-        return Err(format!("byte {at} read back differs from what was written").into());
-    }
-    println!(
-        "allocated {} bytes, wrote and read back {} bytes",
-        buf.len(),
-        back.len()
-    );
-
-    // The free is queued on the stream: it runs after the work before it,
-    // and the context cannot be destroyed until it has.
-    buf.release_on(&stream)?;
-    drop(stream);
-
-    let report = ctx
-        .retire()
-        .wait(Instant::now() + Duration::from_secs(10))?;
-    println!(
-        "retired in {:?}: {} stream-ordered release(s) executed, {} abandoned, backend teardown {}",
-        report.elapsed,
-        report.retired_releases,
-        report.abandoned_releases,
-        match &report.backend_result {
-            Ok(()) => "ok".to_owned(),
-            Err(e) => e.to_string(),
-        }
-    );
-    report.backend_result?;
-    Ok(())
+    common::main(|| Ok(VulkanContext::new(VulkanConfig::default())?))
 }

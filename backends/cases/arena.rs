@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) const MIB: u64 = 1 << 20;
+/// A granule of the stand-ins' virtual memory (both vendors': 2 MiB).
+pub(crate) const G: usize = 2 << 20;
 
 /// A context whose device memory comes from an arena of 1 GiB of address
 /// space and at most 512 MiB mapped: the whole conformance suite runs on it.
@@ -54,6 +56,16 @@ pub(crate) fn arena_context(reserve: u64, limit: u64) -> Context {
         ..Config::default()
     })
     .expect("a context with an arena")
+}
+
+/// The capability cases of `memgov_conformance` on the arena, under a
+/// jittered latency with the exit check on.
+#[test]
+fn capability_arena_cases_pass_on_the_arena() {
+    passes(
+        "capability_arena",
+        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
+    );
 }
 
 /// One case of `memgov_conformance::arena_faults` in a child of its own.
@@ -278,6 +290,9 @@ fn negative_leftovers_at_exit_abort() {
 pub(crate) fn run(case: &str) -> bool {
     match case {
         "fault_cells" => common::fault_cells_child(),
+        "capability_arena" => memgov_conformance::capability::report_cases(
+            memgov_conformance::capability::run_arena_cases(common::capability_factory),
+        ),
         c if c.starts_with("arena_stress:") => {
             common::arena_stress_child(c["arena_stress:".len()..].parse().expect("a seed"))
         }
@@ -811,9 +826,10 @@ pub(crate) fn forced_teardown() {
 /// vendor's `raw` module): each case plants a violation the stand-in must
 /// abort on, or checks what it must let through.
 mod standin {
+    use super::G;
     use crate::vendor::raw::{
         access, address_free, copy_in, create, map, mapped, mem_release, ok, raw, raw_finish, sync,
-        unmap, G,
+        unmap,
     };
 
     /// In the child: runs the raw case `case`; false when it is not one of

@@ -24,6 +24,53 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) const MIB: u64 = 1 << 20;
+/// A granule of the stand-ins' virtual memory (both vendors': 2 MiB).
+pub(crate) const G: usize = 2 << 20;
+
+/// Declares, in a vendor's `vendor` module, what these cases assert of the
+/// vendor, from a table: `backend`, the name a typed refusal carries
+/// (`BACKEND`); `make_current`, the call that makes the context (or
+/// device) current before a capture ends (`MAKE_CURRENT_ENTRY`); `htod`
+/// and `graph_launch`, the enqueue of a write and of a graph launch
+/// (`HTOD_ENTRY`, `GRAPH_LAUNCH_ENTRY`); `begin_capture` and `end_capture`,
+/// the entry points whose fault cells the capture runs
+/// (`BEGIN_CAPTURE_ENTRY`, `END_CAPTURE_ENTRY`); the stand-in's abort
+/// messages for the planted violations, a capturing stream destroyed and
+/// a graph launched after its memory was freed
+/// (`DESTROY_CAPTURING_ABORT`, `LAUNCH_FREED_ABORT`); and `churn_seeds`,
+/// the latency seeds the replay under churn runs with (`CHURN_SEEDS`).
+macro_rules! capture_vendor {
+    (
+        backend: $backend:literal,
+        make_current: $make_current:literal,
+        htod: $htod:literal,
+        graph_launch: $graph_launch:literal,
+        begin_capture: $begin:literal,
+        end_capture: $end:literal,
+        destroy_capturing_abort: $destroy:literal,
+        launch_freed_abort: $freed:literal,
+        churn_seeds: [$($seed:literal),* $(,)?] $(,)?
+    ) => {
+        pub const BACKEND: &str = $backend;
+        pub const MAKE_CURRENT_ENTRY: &str = $make_current;
+        pub const HTOD_ENTRY: &std::ffi::CStr = $htod;
+        pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = $graph_launch;
+        pub const BEGIN_CAPTURE_ENTRY: &str = $begin;
+        pub const END_CAPTURE_ENTRY: &str = $end;
+        pub const DESTROY_CAPTURING_ABORT: &str = $destroy;
+        pub const LAUNCH_FREED_ABORT: &str = $freed;
+        pub const CHURN_SEEDS: &[&str] = &[$($seed),*];
+    };
+}
+pub(crate) use capture_vendor;
+
+/// The capability cases of `memgov_conformance` on capture, the driver
+/// allocations during a capture counted by the stand-in, with the exit
+/// check on.
+#[test]
+fn capability_capture_cases_pass_on_the_arena() {
+    passes("capability_capture", &[(EXIT_CHECK, "1")]);
+}
 
 #[test]
 fn a_graph_with_allocations_replays_while_another_thread_allocates_trims_and_releases() {
@@ -139,6 +186,13 @@ fn negative_launch_of_a_graph_copying_into_unmapped_memory_aborts() {
 /// these (the vendor's own cases then).
 pub(crate) fn run(case: &str) -> bool {
     match case {
+        "capability_capture" => memgov_conformance::capability::report_cases(
+            memgov_conformance::capability::run_capture_cases(
+                crate::common::capability_factory,
+                || stats()[2],
+            ),
+        ),
+        "fault_cells" => crate::common::fault_cells_child(),
         "replay_under_churn" => replay_under_churn(),
         "pool_exhausted" => pool_exhausted(),
         "own_thread_map" => own_thread_map(),
@@ -173,6 +227,80 @@ fn one_mib_pool(mode: CaptureMode) -> CaptureConfig {
         pool_bytes: MIB,
         mode,
     }
+}
+
+/// A governed capture (`memgov::capture`) on `ctx`, nothing else charged
+/// to it, with a pool of `pool` bytes in global mode: the recording sees
+/// the pool charged before the capture began and listed as the context's
+/// only reservation, allocates 1 MiB of the pool, uploads a pattern and
+/// downloads it; after the capture the pool stays charged while the graph
+/// lives, 1 MiB of it used. The graph and the download's output slot.
+pub(crate) fn governed_capture(
+    ctx: &memgov::ContextHandle<Context>,
+    s: &memgov::GovernedStream<Context>,
+    pool: u64,
+) -> (
+    memgov::capture::GovernedGraph<Context>,
+    memgov::capture::SlotOf<Context>,
+) {
+    use memgov::capture::{CaptureExt, POOL_LABEL};
+    let watcher = ctx.clone();
+    let config = CaptureConfig {
+        pool_bytes: pool,
+        mode: CaptureMode::Global,
+    };
+    let (graph, out) = ctx
+        .capture(s, config, |cap| {
+            let during = watcher.snapshot();
+            assert_eq!(during.charged, pool, "charged before capture began");
+            assert_eq!(during.reservations.len(), 1);
+            assert_eq!(during.reservations[0].label, POOL_LABEL);
+            let a = cap.allocate(MIB)?;
+            cap.upload(&a, 0, pattern(5, MIB as usize))?;
+            cap.download(&a, 0, MIB as usize)
+        })
+        .expect("capture");
+    assert_eq!(
+        ctx.snapshot().charged,
+        pool,
+        "charged while the graph lives"
+    );
+    assert_eq!(graph.pool_usage(), (MIB, pool));
+    (graph, out)
+}
+
+/// A governed capture on `ctx` with a pool of `pool` bytes that the
+/// governor refuses before anything is recorded and before any capture is
+/// begun in the driver (the stand-in's captures begun stay put). The
+/// refusal.
+pub(crate) fn governed_capture_refused(
+    ctx: &memgov::ContextHandle<Context>,
+    s: &memgov::GovernedStream<Context>,
+    pool: u64,
+) -> memgov::GovernorError {
+    use memgov::capture::CaptureExt;
+    let before = stats()[0];
+    let config = CaptureConfig {
+        pool_bytes: pool,
+        mode: CaptureMode::Global,
+    };
+    let e = ctx
+        .capture(s, config, |_| -> Result<(), memgov::BackendError> {
+            panic!("the recording must not run")
+        })
+        .expect_err("the governor refuses the pool");
+    assert_eq!(stats()[0], before, "no {BEGIN_CAPTURE_ENTRY}: {e}");
+    e
+}
+
+/// Retires the governed context `ctx` (within 10 s) and checks that the
+/// backend's teardown was clean.
+pub(crate) fn retire_clean(ctx: &memgov::ContextHandle<Context>) {
+    ctx.retire()
+        .wait(std::time::Instant::now() + std::time::Duration::from_secs(10))
+        .expect("retire")
+        .backend_result
+        .expect("clean teardown");
 }
 
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -833,18 +961,36 @@ fn teardown_live_graph() {
 mod standin {
     use crate::vendor::raw::{
         alloc, begin, capture_info, create_handle, dtoh, end, exec_destroy, free_async,
-        graph_destroy, host_alloc, host_free, htod, instantiate, launch, map, mem_release,
-        on_other_thread, query, raw, reserve, set_access, stream_destroy, sync, unmap, ACTIVE, G,
-        GLOBAL, INVALIDATED, LOCAL, NONE, RELAXED, STATUS_INVALIDATED, UNSUPPORTED, WRONG_THREAD,
+        graph_destroy, host_alloc, host_free, htod, instantiate, launch, map, mem_release, query,
+        raw, reserve, set_access, stream_destroy, sync, unmap, Raw, RawStream, ACTIVE, G, GLOBAL,
+        INVALIDATED, LOCAL, NONE, RELAXED, STATUS_INVALIDATED, UNSUPPORTED, WRONG_THREAD,
     };
     use crate::vendor::{raw::ok, stats};
 
     /// A raw handle the closure of another thread may carry.
     #[derive(Clone, Copy)]
     struct Carry<T>(T);
-    // SAFETY: driver handles, used on the other thread only with the
-    // vendor's `on_other_thread` (which makes the context current there).
+    // SAFETY: driver handles, used on the other thread only through
+    // `on_other_thread` (which makes current there what the vendor's calls
+    // need).
     unsafe impl<T> Send for Carry<T> {}
+
+    /// `f` run on another thread with `r`'s stream, after the vendor's
+    /// `raw::enter` made current there what its calls need.
+    fn on_other_thread<R: Send + 'static>(
+        r: &Raw,
+        f: impl FnOnce(RawStream) -> R + Send + 'static,
+    ) -> R {
+        let enter = crate::vendor::raw::enter(r);
+        let s = Carry(r.s);
+        std::thread::spawn(move || {
+            let s = s;
+            enter();
+            f(s.0)
+        })
+        .join()
+        .expect("thread")
+    }
 
     /// In the child: runs the raw case `case`; false when it is not one of
     /// these.

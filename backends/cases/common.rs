@@ -6,13 +6,55 @@
 //! and pause knobs), and the capability fault cells, arena fault cases and
 //! arena stress of `memgov-conformance` on it.
 
-use super::child_process;
+#[path = "../stand-ins/support/child.rs"]
+pub mod child_process;
+
 use super::vendor::{self, ArenaConfig, Config, Context};
 use memgov::BackendErrorKind;
-use std::ffi::CStr;
 use std::os::raw::c_char;
 
-pub use super::vendor::{BANNER, EXIT_CHECK, LATENCY, SEED};
+// The arena binaries use the virtual memory entries and knobs, the capture
+// ones not.
+#[allow(unused_imports)]
+pub use super::vendor::{
+    BANNER, CREATE_ENTRY, EXIT_CHECK, FAIL_UNMAP_AT, FAIL_VMM_AT, LATENCY, MAP_ENTRY,
+    RELEASE_ENTRY, SEED, SET_ACCESS_ENTRY, UNMAP_ENTRY,
+};
+
+/// Declares, in a vendor's `vendor` module, the vendor's stand-in and the
+/// driver's entry points these cases fail or hold, from a table:
+///
+/// - `vendor` (lower case) and `VENDOR` (upper case): the vendor's name,
+///   from which the stand-in's names are made the one way the stand-ins
+///   spell them (`backends/stand-ins/README.md`): `NAME`, what its hooks
+///   are called after (`memgov_standin_<vendor>_vmm`, ...), its latency
+///   knobs `LATENCY` and `SEED`, its exit check `EXIT_CHECK`, its knobs
+///   failing the `n`th virtual memory call and the `n`th unmap
+///   (`FAIL_VMM_AT`, `FAIL_UNMAP_AT`), and `BANNER`, how its aborts begin,
+///   which names `library` (`LIBRARY`, the library the stand-in stands in
+///   for);
+/// - then, by the names these cases use, the driver's entry points the
+///   arena fault cases and stress fail or hold: `RELEASE_ENTRY`,
+///   `MAP_ENTRY`, `HOST_ALLOC_ENTRY` (page-locked host memory),
+///   `CREATE_ENTRY`, `SET_ACCESS_ENTRY`, `UNMAP_ENTRY`.
+macro_rules! stand_in {
+    (
+        vendor: $vendor:literal,
+        VENDOR: $upper:literal,
+        library: $library:literal,
+        $($entry:ident: $name:literal),* $(,)?
+    ) => {
+        pub const NAME: &str = $vendor;
+        pub const LIBRARY: &str = $library;
+        pub const LATENCY: &str = concat!("MEMGOV_STANDIN_", $upper, "_LATENCY_US");
+        pub const SEED: &str = concat!("MEMGOV_STANDIN_", $upper, "_LATENCY_SEED");
+        pub const EXIT_CHECK: &str = concat!("MEMGOV_STANDIN_", $upper, "_EXIT_CHECK");
+        pub const FAIL_VMM_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_VMM_AT");
+        pub const FAIL_UNMAP_AT: &str = concat!("MEMGOV_STANDIN_", $upper, "_FAIL_UNMAP_AT");
+        pub const BANNER: &str = concat!("memgov ", $library, " stand-in: contract violation:");
+        $(pub const $entry: &str = $name;)*
+    };
+}
 
 /// The environment variable listing the entry points whose fault cells a
 /// child runs (`name:min,name:min`).
@@ -36,14 +78,15 @@ pub fn on_stand_in() -> bool {
             println!("skipped: {}", e.message);
             false
         }
-        Err(e) => panic!("{}::new failed: {e}", vendor::CONTEXT_NAME),
+        Err(e) => panic!("{}::new failed: {e}", std::any::type_name::<Context>()),
     }
 }
 
-/// Case `case` run in a child (the test binary again, with `child_var`
-/// naming the case), on the stand-in only. A latency without a seed gets
-/// an empty seed, so that the parent's seed does not leak into the child.
-pub fn child(child_var: &str, case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
+/// Case `case` run in a child (the test binary again, with the binary's
+/// `CHILD` variable naming the case), on the stand-in only. A latency
+/// without a seed gets an empty seed, so that the parent's seed does not
+/// leak into the child.
+pub fn child(case: &str, env: &[(&str, &str)]) -> Option<child_process::ChildRun> {
     if !on_stand_in() {
         return None;
     }
@@ -51,27 +94,33 @@ pub fn child(child_var: &str, case: &str, env: &[(&str, &str)]) -> Option<child_
     if env.iter().any(|(k, _)| *k == LATENCY) && !env.iter().any(|(k, _)| *k == SEED) {
         env.push((SEED, ""));
     }
-    Some(child_process::run(child_var, case, &env))
+    Some(child_process::run(crate::CHILD, case, &env))
 }
 
 /// The child ran case `case` to its end.
-pub fn passes(child_var: &str, case: &str, env: &[(&str, &str)]) {
-    if let Some(run) = child(child_var, case, env) {
+pub fn passes(case: &str, env: &[(&str, &str)]) {
+    if let Some(run) = child(case, env) {
         print!("{}", run.stdout);
         child_process::assert_passed(case, &run, &format!("child {case}: ok"));
     }
 }
 
 /// The stand-in stopped the child with the contract violation `what`.
-pub fn aborts(child_var: &str, case: &str, env: &[(&str, &str)], what: &str) {
-    if let Some(run) = child(child_var, case, env) {
+pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
+    if let Some(run) = child(case, env) {
         child_process::assert_aborted(case, &run, BANNER, what, &format!("child {case}: ok"));
     }
 }
 
+/// The stand-in's hook `memgov_standin_<vendor>_<what>`.
+fn hook(what: &str) -> *mut std::ffi::c_void {
+    let name = format!("memgov_standin_{}_{what}", vendor::NAME);
+    vendor::standin_symbol(&std::ffi::CString::new(name).expect("no NUL"))
+}
+
 /// A stand-in hook `int (unsigned long long out[N])`, called.
-fn counters<const N: usize>(name: &CStr) -> [u64; N] {
-    let p = vendor::standin_symbol(name);
+fn counters<const N: usize>(what: &str) -> [u64; N] {
+    let p = hook(what);
     // SAFETY: the stand-in's hook, `int (unsigned long long out[N])`.
     let query: unsafe extern "C" fn(*mut u64) -> i32 = unsafe { std::mem::transmute(p) };
     let mut out = [u64::MAX; N];
@@ -84,14 +133,14 @@ fn counters<const N: usize>(name: &CStr) -> [u64; N] {
 /// {reservations, reserved bytes, handles, physical bytes, mappings,
 /// mapped bytes}.
 pub fn vmm() -> [u64; 6] {
-    counters(vendor::VMM_HOOK)
+    counters("vmm")
 }
 
 /// The stand-in's capture counters (`memgov_standin_<vendor>_capture`):
 /// {captures begun, invalidated, driver allocations made during a capture,
 /// launches}.
 pub fn capture_stats() -> [u64; 4] {
-    counters(vendor::CAPTURE_HOOK)
+    counters("capture")
 }
 
 /// What the stand-in holds, as the capability fault cells read it.
@@ -118,10 +167,10 @@ pub fn capability_factory() -> Result<Context, memgov::BackendError> {
 
 /// A stand-in knob `int (const char *entry, unsigned long long n)` set to
 /// `entry` (`None`: cleared).
-fn set_knob(hook: &CStr, entry: Option<(&str, u64)>) {
+fn set_knob(what: &str, entry: Option<(&str, u64)>) {
     let name = entry.map(|(e, _)| std::ffi::CString::new(e).expect("no NUL"));
     let n = entry.map_or(0, |(_, n)| n);
-    let p = vendor::standin_symbol(hook);
+    let p = hook(what);
     // SAFETY: the stand-in's hook, `int (const char *, unsigned long long)`;
     // it copies the name.
     let set: unsafe extern "C" fn(*const c_char, u64) -> i32 = unsafe { std::mem::transmute(p) };
@@ -133,18 +182,18 @@ fn set_knob(hook: &CStr, entry: Option<(&str, u64)>) {
 /// The stand-in's fault knob: the `n`th call of `entry` from now on fails
 /// (`None`: no fault).
 pub fn fail_entry(entry: Option<(&str, u64)>) {
-    set_knob(vendor::FAIL_ENTRY_HOOK, entry);
+    set_knob("fail_entry", entry);
 }
 
 /// The stand-in's pause knob: the `n`th call of `entry` from now on blocks
 /// until [`resume_entry`] (`None`: none).
 pub fn pause_entry(entry: Option<(&str, u64)>) {
-    set_knob(vendor::PAUSE_ENTRY_HOOK, entry);
+    set_knob("pause_entry", entry);
 }
 
 /// Whether a call is held by the pause knob.
 pub fn entry_paused() -> bool {
-    let p = vendor::standin_symbol(vendor::ENTRY_PAUSED_HOOK);
+    let p = hook("entry_paused");
     // SAFETY: the stand-in's hook, `int (void)`.
     let f: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(p) };
     // SAFETY: no arguments.
@@ -153,7 +202,7 @@ pub fn entry_paused() -> bool {
 
 /// Let the call held by the pause knob go on.
 pub fn resume_entry() {
-    let p = vendor::standin_symbol(vendor::RESUME_ENTRY_HOOK);
+    let p = hook("resume_entry");
     // SAFETY: the stand-in's hook, `void (void)`.
     let f: unsafe extern "C" fn() = unsafe { std::mem::transmute(p) };
     // SAFETY: no arguments.
@@ -179,10 +228,9 @@ pub fn fault_cells_child() {
 
 /// In the parent: the fault cells of `entries` (entry point, the fewest
 /// positions it must have) in one child with the exit check on.
-pub fn fault_cells(child_var: &str, entries: &[(&str, u32)]) {
+pub fn fault_cells(entries: &[(&str, u32)]) {
     let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
     passes(
-        child_var,
         "fault_cells",
         &[(FAULT_ENTRIES, list.join(",").as_str()), (EXIT_CHECK, "1")],
     );

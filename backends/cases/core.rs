@@ -13,6 +13,36 @@ use memgov::{
 };
 use std::time::{Duration, Instant};
 
+/// A way to open a vendor's context.
+pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+
+/// Declares, in a vendor's `vendor` module, what these cases assert of the
+/// vendor, from a table: `backend`, the name a context's refusals and
+/// reports carry (`BACKEND`); `VENDOR`, the vendor's upper-case name in
+/// the stand-in's knobs, which gives the device memory limit in bytes
+/// `OOM_AFTER_BYTES` and the exit check `EXIT_CHECK` (anything left at
+/// exit aborts); then, by the names these cases use, `FAIL_CALLBACK_AT`,
+/// the knob with which the stand-in refuses the Nth completion callback,
+/// `OUT_OF_MEMORY`, how an out-of-memory refusal names the driver's code,
+/// and how the stand-in names the planted violations: a double free, a
+/// free of a pointer it never allocated, a copy out of bounds, a free of
+/// page-locked host memory under a copy, an event recorded after its
+/// destroy (`DOUBLE_FREE`, `UNKNOWN_FREE`, `OUT_OF_BOUNDS`,
+/// `HOST_FREE_UNDER_COPY`, `EVENT_AFTER_DESTROY`).
+macro_rules! core_vendor {
+    (
+        backend: $backend:literal,
+        VENDOR: $upper:literal,
+        $($name:ident: $text:literal),* $(,)?
+    ) => {
+        pub const BACKEND: &str = $backend;
+        pub const OOM_AFTER_BYTES: &str = concat!("MEMGOV_STANDIN_", $upper, "_OOM_AFTER_BYTES");
+        pub const EXIT_CHECK: &str = concat!("MEMGOV_STANDIN_", $upper, "_EXIT_CHECK");
+        $(pub const $name: &str = $text;)*
+    };
+}
+pub(crate) use core_vendor;
+
 /// How long a child waits for a signal that must fire.
 const SETTLE: Duration = Duration::from_secs(10);
 
@@ -494,7 +524,7 @@ fn refused_callback() {
 static LOST_TEARDOWN_BYTES: [u8; 4096] = [4; 4096];
 
 /// The vendor's configuration `label`.
-fn factory(label: &str) -> vendor::Factory {
+fn factory(label: &str) -> Factory {
     let (_, factory) = vendor::SUITE_CONFIGS
         .iter()
         .find(|(l, _)| *l == label)
@@ -502,7 +532,7 @@ fn factory(label: &str) -> vendor::Factory {
     *factory
 }
 
-fn healthy_lost_teardown(factory: vendor::Factory) {
+fn healthy_lost_teardown(factory: Factory) {
     for round in 0..vendor::LOST_TEARDOWN_ROUNDS {
         let ctx = factory().expect("context");
         let probe = ctx.probe();
@@ -616,7 +646,7 @@ fn soak(first: Option<Context>) {
 /// What `order_after`'s slow copy writes.
 static ORDER_AFTER_BYTES: [u8; 4096] = [9; 4096];
 
-fn order_after(factory: vendor::Factory) {
+fn order_after(factory: Factory) {
     let ctx = factory().expect("context");
     let probe = ctx.probe();
     let current = vendor::current(&ctx);

@@ -1,7 +1,7 @@
 //! The CUDA backend's virtual-memory arena and sleep/wake: the cases CUDA
 //! shares with HIP (`backends/cases/arena.rs`, the conformance suite on an
-//! arena among them, instantiated here through the `vendor` module), and
-//! CUDA's own: the capability cases, the sleep of a set, a synchronize
+//! arena and its capability cases among them, instantiated here through
+//! the `vendor` module), and CUDA's own: the sleep of a set, a synchronize
 //! outliving a reaped stream, and the stand-in driver's virtual memory
 //! management rules called raw (`cudarc`'s `sys`), each with a planted
 //! violation.
@@ -25,7 +25,9 @@ const CHILD: &str = "MEMGOV_ARENA_CHILD";
 
 /// What the shared cases (`backends/cases/arena.rs`) need of CUDA.
 mod vendor {
-    pub use crate::common::{vmm, BANNER, EXIT_CHECK, LATENCY, SEED};
+    pub use crate::common::{
+        aborts, child, fault_cells, passes, vmm, BANNER, EXIT_CHECK, LATENCY, SEED,
+    };
     pub use memgov::cuda::{
         ArenaConfig, CudaArena as Arena, CudaConfig as Config, CudaContext as Context,
         CudaMemory as Memory, CudaStream as Stream,
@@ -35,15 +37,12 @@ mod vendor {
     pub const ARENA_NAME: &str = "CudaArena";
     /// The driver's virtual memory calls, as their fault cells and
     /// messages name them.
-    pub const CREATE_ENTRY: &str = "cuMemCreate";
-    pub const MAP_ENTRY: &str = "cuMemMap";
-    pub const SET_ACCESS_ENTRY: &str = "cuMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "cuMemUnmap";
-    pub const RELEASE_ENTRY: &str = "cuMemRelease";
+    pub use crate::common::{
+        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
+    };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
-    pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_VMM_AT";
-    pub const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_UNMAP_AT";
+    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
     /// The latency seeds of the growth and shrinking, plain and governed.
     pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
     pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
@@ -55,25 +54,6 @@ mod vendor {
 
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 100;
-
-    pub fn passes(case: &str, env: &[(&str, &str)]) {
-        crate::common::passes(crate::CHILD, case, env);
-    }
-
-    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-        crate::common::aborts(crate::CHILD, case, env, what);
-    }
-
-    pub fn child(
-        case: &str,
-        env: &[(&str, &str)],
-    ) -> Option<crate::common::child_process::ChildRun> {
-        crate::common::child(crate::CHILD, case, env)
-    }
-
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        crate::common::fault_cells(crate::CHILD, entries);
-    }
 
     /// The device address of `m`.
     pub fn at(m: &Memory) -> u64 {
@@ -87,37 +67,12 @@ mod vendor {
     ///
     /// `m` is mapped and accessible; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        use cudarc::driver::sys::{self, CUresult};
-        // SAFETY: a live context, made current on this thread for the copy
-        // and popped after it.
-        let r = unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_context()) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS);
-        // SAFETY: the caller's: `m` mapped and accessible, `src` alive
-        // until the copy ran.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                m.device_ptr(),
-                src.as_ptr().cast(),
-                src.len(),
-                s.cu_stream(),
-            )
-        };
-        let mut c = std::ptr::null_mut();
-        // SAFETY: balances the push.
-        unsafe { sys::cuCtxPopCurrent_v2(&mut c) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS);
+        // SAFETY: the caller's, and `ctx`'s context is live.
+        unsafe { crate::common::raw_copy::copy_in_unwaited(ctx.cu_context(), s, m, src) }
     }
 }
 
 use vendor::passes;
-
-#[test]
-fn capability_arena_cases_pass_on_the_cuda_arena() {
-    passes(
-        "capability_arena",
-        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
-}
 
 #[test]
 fn a_set_of_allocations_sleeps_and_wakes_leaving_the_others_mapped_and_usable() {
@@ -139,23 +94,12 @@ fn a_context_synchronize_outlives_a_stream_reaped_while_it_waits() {
     passes("sync_during_reap", &[]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// CUDA's own cases: the capability cases, the sleep of a set, and the
-/// stand-in driver's rules called raw.
+/// CUDA's own cases: the sleep of a set, a synchronize outliving a reaped
+/// stream, and the stand-in driver's rules called raw.
 mod own {
-    use crate::cases::{arena, arena_context, finish, pattern, release, settle, MIB};
+    use crate::cases::{arena, arena_context, finish, pattern, release, settle, G, MIB};
     use crate::common;
     use crate::vendor::vmm;
     use cudarc::driver::sys::{self, CUresult};
@@ -163,9 +107,6 @@ mod own {
     use memgov::{BackendErrorKind, DeviceContext};
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
-
-    /// A granule.
-    pub(crate) const G: usize = 2 << 20;
 
     // ---- raw driver calls for the planted cases -----------------------
 
@@ -400,9 +341,6 @@ mod own {
         unsafe {
             match case {
                 "sleep_set" => sleep_set(),
-                "capability_arena" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
-                ),
                 "refused_codes" => {
                     let r = raw();
                     let inval = CUresult::CUDA_ERROR_INVALID_VALUE;

@@ -1,7 +1,7 @@
 //! Graph capture on the CUDA backend's arena: the cases CUDA shares with
-//! HIP (`backends/cases/capture.rs`, instantiated here through the
-//! `vendor` module), and CUDA's own: the capability cases, graph capture on
-//! a governed context (`capture/governed.rs`), and the stand-in driver's
+//! HIP (`backends/cases/capture.rs`, the capability cases among them,
+//! instantiated here through the `vendor` module), and CUDA's own: graph
+//! capture on a governed context (`capture/governed.rs`), and the stand-in driver's
 //! stream capture rules called raw (`cudarc`'s `sys`), each with a planted
 //! violation.
 //!
@@ -19,14 +19,15 @@ mod common;
 #[path = "capture/governed.rs"]
 mod governed;
 
-use common::{EXIT_CHECK, LATENCY, SEED};
+use common::{passes, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_CAPTURE_CHILD";
 
 /// What the shared cases (`backends/cases/capture.rs`) need of CUDA.
 mod vendor {
     pub use crate::common::{
-        entry_paused, fail_entry, pause_entry, resume_entry, EXIT_CHECK, LATENCY, SEED,
+        aborts, entry_paused, fail_entry, fault_cells, passes, pause_entry, resume_entry,
+        EXIT_CHECK, LATENCY, SEED,
     };
     pub use memgov::cuda::{
         capture_gate, ArenaConfig, CaptureConfig, CaptureMode, CudaArena as Arena,
@@ -34,33 +35,16 @@ mod vendor {
         PoolExhausted,
     };
 
-    /// The backend name a typed refusal carries.
-    pub const BACKEND: &str = "cuda";
-    /// The call that makes the context current before a capture ends.
-    pub const MAKE_CURRENT_ENTRY: &str = "cuCtxPushCurrent_v2";
-    /// The enqueue of a write and of a graph launch.
-    pub const HTOD_ENTRY: &std::ffi::CStr = c"cuMemcpyHtoDAsync_v2";
-    pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = c"cuGraphLaunch";
-    /// The entry points whose fault cells the capture runs.
-    pub const BEGIN_CAPTURE_ENTRY: &str = "cuStreamBeginCapture_v2";
-    pub const END_CAPTURE_ENTRY: &str = "cuStreamEndCapture";
-    /// The stand-in's abort messages for the planted violations.
-    pub const DESTROY_CAPTURING_ABORT: &str = "in a capture sequence";
-    pub const LAUNCH_FREED_ABORT: &str =
-        "cuGraphLaunch of 4096 bytes at already freed device pointer";
-    /// The latency seeds the replay under churn runs with.
-    pub const CHURN_SEEDS: &[&str] = &["1", "2", "3"];
-
-    pub fn passes(case: &str, env: &[(&str, &str)]) {
-        crate::common::passes(crate::CHILD, case, env);
-    }
-
-    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-        crate::common::aborts(crate::CHILD, case, env, what);
-    }
-
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        crate::common::fault_cells(crate::CHILD, entries);
+    crate::cases::capture_vendor! {
+        backend: "cuda",
+        make_current: "cuCtxPushCurrent_v2",
+        htod: c"cuMemcpyHtoDAsync_v2",
+        graph_launch: c"cuGraphLaunch",
+        begin_capture: "cuStreamBeginCapture_v2",
+        end_capture: "cuStreamEndCapture",
+        destroy_capturing_abort: "in a capture sequence",
+        launch_freed_abort: "cuGraphLaunch of 4096 bytes at already freed device pointer",
+        churn_seeds: ["1", "2", "3"],
     }
 
     /// The stand-in's capture counters.
@@ -76,20 +60,22 @@ mod vendor {
         pub type Status = sys::CUstreamCaptureStatus;
         pub type RawStream = sys::CUstream;
 
-        /// A granule.
-        pub const G: usize = 2 << 20;
-        pub const GLOBAL: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-        pub const LOCAL: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        pub const RELAXED: sys::CUstreamCaptureMode =
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        pub const UNSUPPORTED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        pub const INVALIDATED: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        pub const WRONG_THREAD: Code = CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-        pub const NONE: Status = Status::CU_STREAM_CAPTURE_STATUS_NONE;
-        pub const ACTIVE: Status = Status::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        pub const STATUS_INVALIDATED: Status = Status::CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        pub(crate) use crate::cases::G;
+        /// The capture modes, results and statuses, under neutral names.
+        pub use sys::CUstreamCaptureMode::{
+            CU_STREAM_CAPTURE_MODE_GLOBAL as GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED as RELAXED,
+            CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as LOCAL,
+        };
+        pub use sys::CUstreamCaptureStatus::{
+            CU_STREAM_CAPTURE_STATUS_ACTIVE as ACTIVE,
+            CU_STREAM_CAPTURE_STATUS_INVALIDATED as STATUS_INVALIDATED,
+            CU_STREAM_CAPTURE_STATUS_NONE as NONE,
+        };
+        pub use CUresult::{
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED as INVALIDATED,
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as UNSUPPORTED,
+            CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD as WRONG_THREAD,
+        };
 
         pub fn ok(r: Code, what: &str) {
             assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
@@ -186,28 +172,18 @@ mod vendor {
             (r, h)
         }
 
-        /// A raw handle the closure of another thread may carry.
-        #[derive(Clone, Copy)]
-        struct Carry<T>(T);
-        // SAFETY: driver handles, used on the other thread only with the
-        // context made current there.
-        unsafe impl<T> Send for Carry<T> {}
-
-        /// `f` run on another thread, with the context current there.
-        pub fn on_other_thread<R: Send + 'static>(
-            r: &Raw,
-            f: impl FnOnce(RawStream) -> R + Send + 'static,
-        ) -> R {
-            let c = Carry(r.ctx.cu_context());
-            let s = Carry(r.s);
-            std::thread::spawn(move || {
-                let (c, s) = (c, s);
-                // SAFETY: a live context.
-                ok(unsafe { sys::cuCtxSetCurrent(c.0) }, "current");
-                f(s.0)
-            })
-            .join()
-            .expect("thread")
+        /// What another thread runs before its raw calls on `r`: `r`'s
+        /// context made current there.
+        pub fn enter(r: &Raw) -> impl FnOnce() + Send + 'static {
+            // The handle as an address, which a closure may carry.
+            let c = r.ctx.cu_context() as usize;
+            move || {
+                // SAFETY: `r`'s context, alive while the thread runs.
+                ok(
+                    unsafe { sys::cuCtxSetCurrent(c as sys::CUcontext) },
+                    "current",
+                );
+            }
         }
 
         include!("../../cases/forward.rs");
@@ -262,15 +238,6 @@ mod vendor {
     }
 }
 
-fn passes(case: &str, env: &[(&str, &str)]) {
-    vendor::passes(case, env);
-}
-
-#[test]
-fn capability_capture_cases_pass_on_the_cuda_backend() {
-    passes("capability_capture", &[(EXIT_CHECK, "1")]);
-}
-
 #[test]
 fn a_governed_capture_charges_its_pool_from_before_begin_until_destroy() {
     passes("governed_pool_charged", &[(EXIT_CHECK, "1")]);
@@ -307,33 +274,12 @@ fn graph_memory_a_runtime_captures_is_charged_while_the_graph_lives() {
     passes("governed_graph_memory", &[(EXIT_CHECK, "1")]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// CUDA's own cases: the capability cases and the governed capture.
+/// CUDA's own cases: the governed capture.
 mod own {
-    use crate::common;
-    use crate::vendor::stats;
-
     pub(super) fn run(case: &str) {
         match case {
-            "capability_capture" => memgov_conformance::capability::report_cases(
-                memgov_conformance::capability::run_capture_cases(
-                    common::capability_factory,
-                    || stats()[2],
-                ),
-            ),
-            "fault_cells" => common::fault_cells_child(),
             "governed_pool_charged" => crate::governed::pool_charged(),
             "governed_pool_over_budget" => crate::governed::pool_over_budget(),
             "governed_teardown_waits" => crate::governed::teardown_waits_for_live_graph(),

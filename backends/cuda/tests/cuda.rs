@@ -417,6 +417,9 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
+#[path = "common/raw_copy.rs"]
+mod raw_copy;
+
 /// What the shared cases (`backends/cases/core.rs`) need of CUDA.
 mod vendor {
     use cudarc::driver::sys::{self, CUresult};
@@ -425,36 +428,28 @@ mod vendor {
     pub(crate) use crate::LATENCY;
     pub use memgov::cuda::CudaContext as Context;
 
-    /// The name a context's refusals and reports carry.
-    pub const BACKEND: &str = "cuda";
-
-    /// A way to open a context.
-    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+    pub(crate) use crate::shared::Factory;
 
     /// The configurations the conformance suite runs on, by label.
     pub const SUITE_CONFIGS: &[(&str, Factory)] = &[("default", crate::factory)];
 
-    /// The stand-in's device memory limit in bytes.
-    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_CUDA_OOM_AFTER_BYTES";
-    /// The stand-in refuses the Nth `cuLaunchHostFunc`.
-    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT";
-    /// How an out-of-memory refusal names the driver's code.
-    pub const OUT_OF_MEMORY: &str = "CUDA_ERROR_OUT_OF_MEMORY (2)";
-    /// The stand-in's exit check: anything left at exit aborts.
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
+    crate::shared::core_vendor! {
+        backend: "cuda",
+        VENDOR: "CUDA",
+        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT",
+        OUT_OF_MEMORY: "CUDA_ERROR_OUT_OF_MEMORY (2)",
+        DOUBLE_FREE: "cuMemFreeAsync of already freed pointer",
+        UNKNOWN_FREE: "cuMemFreeAsync of unknown pointer",
+        OUT_OF_BOUNDS: "out of bounds device pointer",
+        HOST_FREE_UNDER_COPY: "cuMemFreeHost: page-locked host allocation",
+        EVENT_AFTER_DESTROY: "cuEventRecord on destroyed event",
+    }
 
     /// The child was aborted by the stand-in with a contract violation
     /// that names `what` (on the stand-in only).
     pub fn aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
         crate::assert_stand_in_aborts(scenario, env, what);
     }
-
-    /// How the stand-in names the planted violations.
-    pub const DOUBLE_FREE: &str = "cuMemFreeAsync of already freed pointer";
-    pub const UNKNOWN_FREE: &str = "cuMemFreeAsync of unknown pointer";
-    pub const OUT_OF_BOUNDS: &str = "out of bounds device pointer";
-    pub const HOST_FREE_UNDER_COPY: &str = "cuMemFreeHost: page-locked host allocation";
-    pub const EVENT_AFTER_DESTROY: &str = "cuEventRecord on destroyed event";
 
     /// Raw driver calls for the planted cases, on a context current on
     /// this thread.
@@ -786,38 +781,12 @@ mod vendor {
     ///
     /// `m` and `s` are live; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(c: &Current, s: &CudaStream, m: &CudaMemory, src: &[u8]) {
-        let mut prev: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live context, popped below.
-        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
-        // SAFETY: the caller's.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                m.device_ptr(),
-                src.as_ptr().cast(),
-                src.len(),
-                s.cu_stream(),
-            )
-        };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "raw copy into the pinned buffer");
-        // SAFETY: balances the push.
-        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
+        // SAFETY: the caller's, and `c`'s context is live.
+        unsafe { crate::raw_copy::copy_in_unwaited(c.0, s, m, src) }
     }
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(scenario) = std::env::var(CHILD) else {
-        return;
-    };
-    if !shared::run(&scenario) {
-        children::run(&scenario);
-    }
-    println!("child {scenario}: ok");
-}
+child_process::child_entry!(CHILD, shared::run, children::run);
 
 mod children {
     use super::*;

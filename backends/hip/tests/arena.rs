@@ -1,7 +1,7 @@
 //! The HIP backend's virtual-memory arena and sleep/wake: the cases HIP
 //! shares with CUDA (`backends/cases/arena.rs`, the conformance suite on an
-//! arena among them, instantiated here through the `vendor` module), and
-//! HIP's own: the capability cases, the arena's device made current and the
+//! arena and its capability cases among them, instantiated here through the
+//! `vendor` module), and HIP's own: the arena's device made current and the
 //! thread's restored, a runtime without the virtual memory calls, and the
 //! stand-in runtime's virtual memory management rules called raw
 //! (`memgov::hip::raw`), each with a planted violation.
@@ -23,13 +23,13 @@ use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
+pub(crate) use common::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
 
 /// What the shared cases (`backends/cases/arena.rs`) need of HIP.
 mod vendor {
-    pub use crate::common::vmm;
+    pub use crate::common::{fault_cells, vmm};
     pub(crate) use crate::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
     pub use memgov::hip::{
         ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
@@ -40,15 +40,12 @@ mod vendor {
     pub const ARENA_NAME: &str = "HipArena";
     /// The runtime's virtual memory calls, as their fault cells and
     /// messages name them.
-    pub const CREATE_ENTRY: &str = "hipMemCreate";
-    pub const MAP_ENTRY: &str = "hipMemMap";
-    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
-    pub const RELEASE_ENTRY: &str = "hipMemRelease";
+    pub use crate::common::{
+        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
+    };
     /// The stand-in's knobs failing the `n`th virtual memory call, and the
     /// `n`th unmap.
-    pub const FAIL_VMM_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_VMM_AT";
-    pub const FAIL_UNMAP_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_UNMAP_AT";
+    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
     /// The latency seeds of the growth and shrinking, plain and governed.
     pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2"];
     pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["3"];
@@ -60,19 +57,6 @@ mod vendor {
 
     /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
     pub const SLEEP_CYCLES: u64 = 20;
-
-    /// The fault cells of `entries` (entry point, the fewest positions it
-    /// must have) in one child with the exit check on.
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
-        passes(
-            "fault_cells",
-            &[
-                (crate::common::FAULT_ENTRIES, list.join(",").as_str()),
-                (EXIT_CHECK, "1"),
-            ],
-        );
-    }
 
     /// The device address of `m`.
     pub fn at(m: &Memory) -> u64 {
@@ -86,39 +70,9 @@ mod vendor {
     ///
     /// `m` is mapped and accessible; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(_ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        use memgov::hip::raw as hip;
-        // SAFETY: the caller's: `m` mapped and accessible, `src` alive
-        // until the copy ran; device 0 is current.
-        let r = unsafe {
-            hip::hipMemcpyHtoDAsync(
-                m.device_ptr(),
-                src.as_ptr() as *mut std::ffi::c_void,
-                src.len(),
-                s.hip_stream(),
-            )
-        };
-        assert_eq!(r, hip::SUCCESS);
+        // SAFETY: the caller's.
+        unsafe { crate::common::raw_copy::copy_in_unwaited(s, m, src) }
     }
-}
-
-pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
-    common::child(CHILD, case, env)
-}
-
-pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
-    common::passes(CHILD, case, env);
-}
-
-pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    common::aborts(CHILD, case, env, what);
-}
-
-#[test]
-fn capability_arena_cases_pass_on_the_hip_arena() {
-    passes(
-        "capability_arena",
-        &[(LATENCY, "300"), (SEED, "1"), (EXIT_CHECK, "1")],
-    );
 }
 
 #[test]
@@ -135,31 +89,7 @@ fn every_arena_call_runs_on_the_arena_device_and_restores_the_threads() {
 /// the pool still works.
 #[test]
 fn a_runtime_lacking_the_vmm_calls_makes_the_arena_unsupported() {
-    if !on_stand_in() {
-        return;
-    }
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-without-vmm");
-    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
-    let lib = out.join("libamdhip64.so.5");
-    let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
-        .arg(format!("-I{root}/stand-ins/common"))
-        .arg("-Wl,-soname,libamdhip64.so.5")
-        .arg("-o")
-        .arg(&lib)
-        .arg(format!("{root}/hip/stand-in/libamdhip64.c"))
-        .arg(format!("{root}/stand-ins/common/standin.c"))
-        .status()
-        .expect("run the C compiler (the stand-in needs one)");
-    assert!(status.success(), "building the partial stand-in failed");
-    let run = child_process::run(
-        CHILD,
-        "no_vmm",
-        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
-    );
-    print!("{}", run.stdout);
-    child_process::assert_passed("no_vmm", &run, "child no_vmm: ok");
+    common::passes_on_partial_stand_in("hip-without-vmm", &[], "no_vmm");
 }
 
 #[test]
@@ -167,33 +97,18 @@ fn stand_in_refuses_unaligned_and_stray_maps_with_the_runtimes_code() {
     passes("refused_codes", &[]);
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// HIP's own cases: the capability cases, the thread's device restored, a
-/// runtime without the virtual memory calls, and the stand-in runtime's
-/// rules called raw.
+/// HIP's own cases: the thread's device restored, a runtime without the
+/// virtual memory calls, and the stand-in runtime's rules called raw.
 mod own {
     use super::*;
-    use crate::cases::{arena, arena_context, finish, pattern, release, settle, MIB};
+    use crate::cases::{arena, arena_context, finish, pattern, release, settle, G, MIB};
     use crate::common::vmm;
     use memgov::hip::ArenaConfig;
     use std::ffi::c_void;
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
-
-    /// A granule.
-    pub(crate) const G: usize = 2 << 20;
 
     fn current_device() -> i32 {
         let mut d = -1;
@@ -340,9 +255,6 @@ mod own {
         // anything undefined happens.
         unsafe {
             match case {
-                "capability_arena" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_arena_cases(common::capability_factory),
-                ),
                 "current_device_restored" => current_device_restored(),
                 "no_vmm" => {
                     let e = HipContext::new(HipConfig {

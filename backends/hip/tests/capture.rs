@@ -1,7 +1,7 @@
 //! Graph capture on the HIP backend's arena: the cases HIP shares with
-//! CUDA (`backends/cases/capture.rs`, instantiated here through the
-//! `vendor` module), and HIP's own: the capability cases, a map on another
-//! thread waiting for the capture, a runtime without the graph calls, graph
+//! CUDA (`backends/cases/capture.rs`, the capability cases among them,
+//! instantiated here through the `vendor` module), and HIP's own: a map on
+//! another thread waiting for the capture, a runtime without the graph calls, graph
 //! capture on a governed context, graphs left at exit, and the stand-in
 //! runtime's stream capture rules called raw (`memgov::hip::raw`), each
 //! with a planted violation.
@@ -20,14 +20,14 @@ mod common;
 
 use memgov::{BackendErrorKind, DeviceContext};
 
-pub(crate) use common::{child_process, on_stand_in, BANNER, EXIT_CHECK, LATENCY, SEED};
+pub(crate) use common::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_CAPTURE_CHILD";
 
 /// What the shared cases (`backends/cases/capture.rs`) need of HIP.
 mod vendor {
     pub use crate::common::{
-        capture_stats as stats, entry_paused, fail_entry, pause_entry, resume_entry,
+        capture_stats as stats, entry_paused, fail_entry, fault_cells, pause_entry, resume_entry,
     };
     pub(crate) use crate::{aborts, passes, EXIT_CHECK, LATENCY, SEED};
     pub use memgov::hip::{
@@ -36,34 +36,16 @@ mod vendor {
         PoolExhausted,
     };
 
-    /// The backend name a typed refusal carries.
-    pub const BACKEND: &str = "hip";
-    /// The call that makes the device current before a capture ends.
-    pub const MAKE_CURRENT_ENTRY: &str = "hipGetDevice";
-    /// The enqueue of a write and of a graph launch.
-    pub const HTOD_ENTRY: &std::ffi::CStr = c"hipMemcpyHtoDAsync";
-    pub const GRAPH_LAUNCH_ENTRY: &std::ffi::CStr = c"hipGraphLaunch";
-    /// The entry points whose fault cells the capture runs.
-    pub const BEGIN_CAPTURE_ENTRY: &str = "hipStreamBeginCapture";
-    pub const END_CAPTURE_ENTRY: &str = "hipStreamEndCapture";
-    /// The stand-in's abort messages for the planted violations.
-    pub const DESTROY_CAPTURING_ABORT: &str = "while it is capturing";
-    pub const LAUNCH_FREED_ABORT: &str =
-        "hipGraphLaunch of 4096 bytes at already freed device pointer";
-    /// The latency seeds the replay under churn runs with.
-    pub const CHURN_SEEDS: &[&str] = &["1", "2"];
-
-    /// The fault cells of `entries` (entry point, the fewest positions it
-    /// must have) in one child with the exit check on.
-    pub fn fault_cells(entries: &[(&str, u32)]) {
-        let list: Vec<String> = entries.iter().map(|(e, m)| format!("{e}:{m}")).collect();
-        passes(
-            "fault_cells",
-            &[
-                (crate::common::FAULT_ENTRIES, list.join(",").as_str()),
-                (EXIT_CHECK, "1"),
-            ],
-        );
+    crate::cases::capture_vendor! {
+        backend: "hip",
+        make_current: "hipGetDevice",
+        htod: c"hipMemcpyHtoDAsync",
+        graph_launch: c"hipGraphLaunch",
+        begin_capture: "hipStreamBeginCapture",
+        end_capture: "hipStreamEndCapture",
+        destroy_capturing_abort: "while it is capturing",
+        launch_freed_abort: "hipGraphLaunch of 4096 bytes at already freed device pointer",
+        churn_seeds: ["1", "2"],
     }
 
     /// The raw runtime calls the stand-in capture cases make.
@@ -76,16 +58,17 @@ mod vendor {
         pub type Status = i32;
         pub type RawStream = hip::hipStream_t;
 
-        /// A granule.
-        pub const G: usize = 2 << 20;
-        pub const GLOBAL: i32 = hip::hipStreamCaptureModeGlobal;
-        pub const LOCAL: i32 = hip::hipStreamCaptureModeThreadLocal;
-        pub const RELAXED: i32 = hip::hipStreamCaptureModeRelaxed;
-        pub const UNSUPPORTED: Code = hip::hipErrorStreamCaptureUnsupported;
-        pub const INVALIDATED: Code = hip::hipErrorStreamCaptureInvalidated;
-        pub const WRONG_THREAD: Code = hip::hipErrorStreamCaptureWrongThread;
-        pub const NONE: Status = 0;
-        pub const ACTIVE: Status = hip::hipStreamCaptureStatusActive;
+        pub(crate) use crate::cases::G;
+        /// The capture modes, results and statuses, under neutral names.
+        pub use hip::{
+            hipErrorStreamCaptureInvalidated as INVALIDATED,
+            hipErrorStreamCaptureUnsupported as UNSUPPORTED,
+            hipErrorStreamCaptureWrongThread as WRONG_THREAD, hipStreamCaptureModeGlobal as GLOBAL,
+            hipStreamCaptureModeRelaxed as RELAXED, hipStreamCaptureModeThreadLocal as LOCAL,
+            hipStreamCaptureStatusActive as ACTIVE, hipStreamCaptureStatusNone as NONE,
+        };
+        /// `hipStreamCaptureStatusInvalidated`, which the raw module does
+        /// not name.
         pub const STATUS_INVALIDATED: Status = 2;
 
         pub fn ok(r: Code, what: &str) {
@@ -171,24 +154,10 @@ mod vendor {
             (r, h)
         }
 
-        /// A raw handle the closure of another thread may carry.
-        #[derive(Clone, Copy)]
-        struct Carry<T>(T);
-        // SAFETY: runtime handles, usable from any host thread.
-        unsafe impl<T> Send for Carry<T> {}
-
-        /// `f` run on another thread (device 0 is current there too).
-        pub fn on_other_thread<R: Send + 'static>(
-            r: &Raw,
-            f: impl FnOnce(RawStream) -> R + Send + 'static,
-        ) -> R {
-            let s = Carry(r.s);
-            std::thread::spawn(move || {
-                let s = s;
-                f(s.0)
-            })
-            .join()
-            .expect("thread")
+        /// What another thread runs before its raw calls on `r`: nothing
+        /// (device 0 is current on every thread by default).
+        pub fn enter(_: &Raw) -> impl FnOnce() + Send + 'static {
+            || {}
         }
 
         include!("../../cases/forward.rs");
@@ -244,21 +213,6 @@ mod vendor {
     }
 }
 
-pub(crate) fn child(case: &str, env: &[(&str, &str)]) -> Option<common::child_process::ChildRun> {
-    common::child(CHILD, case, env)
-}
-
-pub(crate) fn passes(case: &str, env: &[(&str, &str)]) {
-    common::passes(CHILD, case, env);
-}
-
-pub(crate) fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-    common::aborts(CHILD, case, env, what);
-}
-#[test]
-fn capability_capture_cases_pass_on_the_hip_backend() {
-    passes("capability_capture", &[(EXIT_CHECK, "1")]);
-}
 #[test]
 fn a_map_on_another_thread_waits_for_the_capture_to_end() {
     passes("map_waits", &[(EXIT_CHECK, "1")]);
@@ -272,32 +226,7 @@ fn a_governed_capture_charges_its_pool_until_the_graph_is_destroyed() {
 /// naming the first missing symbol; the arena still works.
 #[test]
 fn a_runtime_lacking_the_capture_calls_makes_capture_unsupported() {
-    if !on_stand_in() {
-        return;
-    }
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip-without-graphs");
-    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
-    let lib = out.join("libamdhip64.so.5");
-    let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
-        .arg(format!("-I{root}/stand-ins/common"))
-        .arg("-Wl,-soname,libamdhip64.so.5")
-        .arg("-o")
-        .arg(&lib)
-        .arg(format!("{root}/hip/stand-in/libamdhip64.c"))
-        .arg(format!("{root}/hip/stand-in/vmm.c"))
-        .arg(format!("{root}/stand-ins/common/standin.c"))
-        .status()
-        .expect("run the C compiler (the stand-in needs one)");
-    assert!(status.success(), "building the partial stand-in failed");
-    let run = child_process::run(
-        CHILD,
-        "no_graphs",
-        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
-    );
-    print!("{}", run.stdout);
-    child_process::assert_passed("no_graphs", &run, "child no_graphs: ok");
+    common::passes_on_partial_stand_in("hip-without-graphs", &["vmm.c"], "no_graphs");
 }
 #[test]
 fn negative_graphs_left_at_exit_abort() {
@@ -320,26 +249,16 @@ fn negative_graphs_left_at_exit_abort() {
     }
 }
 
-/// Entry point of the re-executed binary; does nothing in a normal run.
-/// Entry point of the re-executed binary; does nothing in a normal run.
-#[test]
-#[ignore = "runs only as the child process of another test"]
-fn child_entry() {
-    let Ok(case) = std::env::var(CHILD) else {
-        return;
-    };
-    if !cases::run(&case) {
-        own::run(&case);
-    }
-    println!("child {case}: ok");
-}
+common::child_process::child_entry!(CHILD, cases::run, own::run);
 
-/// HIP's own cases: the capability cases, a map on another thread, the
-/// governed capture, a runtime without the graph calls, and graphs left at
-/// exit.
+/// HIP's own cases: a map on another thread, the governed capture, a
+/// runtime without the graph calls, and graphs left at exit.
 mod own {
     use super::*;
-    use crate::cases::{arena_context, pattern, release, MIB};
+    use crate::cases::{
+        arena_context, governed_capture, governed_capture_refused, pattern, release, retire_clean,
+        MIB,
+    };
     use crate::vendor::raw::{begin, end, instantiate, ok, raw, stream_destroy, GLOBAL};
     use crate::vendor::stats;
     use memgov::hip::{CaptureConfig, CaptureMode};
@@ -404,42 +323,20 @@ mod own {
         ctx.teardown(false).expect("teardown");
     }
 
-    /// A capture on a governed HIP context (`memgov::hip_capture`): a
-    /// 64 MiB pool charged to the budget from before the capture begins
-    /// (seen from inside the recording) while the graph lives, 0 after
-    /// destroy; a pool over budget refused with no capture begun; a pool
+    /// A capture on a governed HIP context (`memgov::capture`, which
+    /// `memgov::hip_capture` re-exports): a 64 MiB pool charged to the
+    /// budget from before the capture begins (seen from inside the
+    /// recording) while the graph lives, 0 after destroy; a pool over budget refused with no capture begun; a pool
     /// too large to round refused with nothing charged.
     fn governed_pool_charged() {
-        use memgov::hip_capture::{CaptureExt, POOL_LABEL};
         use memgov::{ContextConfig, Governor, GovernorError};
-        use std::time::{Duration, Instant};
         let gov = Governor::new();
         let ctx = gov.register(
             arena_context(256 * MIB),
             ContextConfig::new().label("captured").budget(96 * MIB),
         );
         let s = ctx.create_stream("s").expect("stream");
-        let watcher = ctx.clone();
-        let config = |pool_bytes| CaptureConfig {
-            pool_bytes,
-            mode: CaptureMode::Global,
-        };
-        let (mut graph, out) = ctx
-            .capture(&s, config(64 * MIB), |cap| {
-                let during = watcher.snapshot();
-                assert_eq!(during.charged, 64 * MIB, "charged before capture began");
-                assert_eq!(during.reservations[0].label, POOL_LABEL);
-                let a = cap.allocate(MIB)?;
-                cap.upload(&a, 0, pattern(5, MIB as usize))?;
-                cap.download(&a, 0, MIB as usize)
-            })
-            .expect("capture");
-        assert_eq!(
-            ctx.snapshot().charged,
-            64 * MIB,
-            "charged while the graph lives"
-        );
-        assert_eq!(graph.pool_usage(), (MIB, 64 * MIB));
+        let (mut graph, out) = governed_capture(&ctx, &s, 64 * MIB);
         graph.launch(&s).expect("launch");
         assert_eq!(
             graph.read_output(out).expect("read"),
@@ -447,34 +344,16 @@ mod own {
         );
         // A second pool over what the first left of the budget: refused by
         // the governor, no capture begun.
-        let before = stats();
-        let e = ctx
-            .capture(
-                &s,
-                config(64 * MIB),
-                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-            )
-            .expect_err("over budget");
+        let e = governed_capture_refused(&ctx, &s, 64 * MIB);
         assert!(matches!(e, GovernorError::BudgetExceeded(_)), "{e}");
-        assert_eq!(stats()[0], before[0], "no hipStreamBeginCapture");
-        let e = ctx
-            .capture(
-                &s,
-                config(u64::MAX),
-                |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-            )
-            .expect_err("too large to round");
+        let e = governed_capture_refused(&ctx, &s, u64::MAX);
         assert!(e.to_string().contains("64-bit limit"), "{e}");
         assert_eq!(ctx.snapshot().charged, 64 * MIB, "nothing more charged");
         graph.destroy().expect("destroy");
         assert!(graph.is_destroyed());
         assert_eq!(ctx.snapshot().charged, 0, "the pool's charge came back");
         drop((graph, s));
-        let report = ctx
-            .retire()
-            .wait(Instant::now() + Duration::from_secs(10))
-            .expect("retire");
-        report.backend_result.expect("clean teardown");
+        retire_clean(&ctx);
         println!(
             "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy"
         );
@@ -486,13 +365,6 @@ mod own {
         // anything undefined happens.
         unsafe {
             match case {
-                "capability_capture" => memgov_conformance::capability::report_cases(
-                    memgov_conformance::capability::run_capture_cases(
-                        common::capability_factory,
-                        || common::capture_stats()[2],
-                    ),
-                ),
-                "fault_cells" => common::fault_cells_child(),
                 "governed_pool_charged" => governed_pool_charged(),
                 "map_waits" => map_waits(),
                 "no_graphs" => {

@@ -864,6 +864,9 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
+#[path = "common/raw_copy.rs"]
+mod raw_copy;
+
 /// What the shared cases (`backends/cases/core.rs`) need of HIP.
 mod vendor {
     use memgov::hip::raw as hip;
@@ -872,11 +875,7 @@ mod vendor {
     pub(crate) use crate::LATENCY;
     pub use memgov::hip::HipContext as Context;
 
-    /// The name a context's refusals and reports carry.
-    pub const BACKEND: &str = "hip";
-
-    /// A way to open a context.
-    pub type Factory = fn() -> Result<Context, memgov::BackendError>;
+    pub(crate) use crate::shared::Factory;
 
     /// The configurations the conformance suite runs on, by label: memgov's
     /// pool and the hipMalloc/hipFree fallback.
@@ -890,14 +889,17 @@ mod vendor {
         }),
     ];
 
-    /// The stand-in's device memory limit in bytes.
-    pub const OOM_AFTER_BYTES: &str = "MEMGOV_STANDIN_HIP_OOM_AFTER_BYTES";
-    /// The stand-in refuses the Nth `hipStreamAddCallback`.
-    pub const FAIL_CALLBACK_AT: &str = "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT";
-    /// How an out-of-memory refusal names the runtime's code.
-    pub const OUT_OF_MEMORY: &str = "hipErrorOutOfMemory (2)";
-    /// The stand-in's exit check: anything left at exit aborts.
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
+    crate::shared::core_vendor! {
+        backend: "hip",
+        VENDOR: "HIP",
+        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT",
+        OUT_OF_MEMORY: "hipErrorOutOfMemory (2)",
+        DOUBLE_FREE: "hipFreeAsync of already freed pointer",
+        UNKNOWN_FREE: "hipFree of unknown pointer",
+        OUT_OF_BOUNDS: "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
+        HOST_FREE_UNDER_COPY: "hipHostFree: page-locked host allocation",
+        EVENT_AFTER_DESTROY: "hipEventRecord on destroyed event",
+    }
 
     /// The child was aborted by the stand-in with a contract violation
     /// that names `what` (on the stand-in only).
@@ -906,13 +908,6 @@ mod vendor {
             crate::expect_abort(case, env, what);
         }
     }
-
-    /// How the stand-in names the planted violations.
-    pub const DOUBLE_FREE: &str = "hipFreeAsync of already freed pointer";
-    pub const UNKNOWN_FREE: &str = "hipFree of unknown pointer";
-    pub const OUT_OF_BOUNDS: &str = "hipMemcpyHtoDAsync of 64 bytes at out of bounds";
-    pub const HOST_FREE_UNDER_COPY: &str = "hipHostFree: page-locked host allocation";
-    pub const EVENT_AFTER_DESTROY: &str = "hipEventRecord on destroyed event";
 
     /// Raw runtime calls for the planted cases, on device 0 (current by
     /// default).
@@ -1184,15 +1179,7 @@ mod vendor {
     /// `m` and `s` are live; `src` outlives the copy.
     pub unsafe fn copy_in_unwaited(_: &Current, s: &HipStream, m: &HipMemory, src: &[u8]) {
         // SAFETY: the caller's.
-        let r = unsafe {
-            hip::hipMemcpyHtoDAsync(
-                m.device_ptr(),
-                src.as_ptr() as *mut std::ffi::c_void,
-                src.len(),
-                s.hip_stream(),
-            )
-        };
-        assert_eq!(r, hip::SUCCESS, "raw copy into the pinned buffer");
+        unsafe { crate::raw_copy::copy_in_unwaited(s, m, src) }
     }
 }
 

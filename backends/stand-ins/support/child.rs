@@ -94,3 +94,29 @@ pub fn assert_aborted(case: &str, run: &ChildRun, banner: &str, what: &str, end:
         run.output()
     );
 }
+
+/// Declares the test file's `child_entry`: ignored in a normal run; in the
+/// child (`$var` set to a case) it runs the case through `$shared` (the
+/// shared cases' `run`, false for a case it does not know), else through
+/// `$own` (the file's own cases), and prints the end marker `child CASE:
+/// ok` when the case got through.
+#[allow(unused_macros)]
+macro_rules! child_entry {
+    ($var:expr, $shared:path, $own:path) => {
+        /// Entry point of the re-executed binary; does nothing in a normal
+        /// run.
+        #[test]
+        #[ignore = "runs only as the child process of another test"]
+        fn child_entry() {
+            let Ok(case) = std::env::var($var) else {
+                return;
+            };
+            if !$shared(&case) {
+                $own(&case);
+            }
+            println!("child {case}: ok");
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use child_entry;

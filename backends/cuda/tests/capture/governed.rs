@@ -3,7 +3,9 @@
 //! destroyed, a pool over budget refused with nothing begun, teardown held
 //! by a live graph. Run as children of `capture.rs`'s tests.
 
-use crate::cases::{arena_context, pattern, MIB};
+use crate::cases::{
+    arena_context, governed_capture, governed_capture_refused, pattern, retire_clean, MIB,
+};
 use crate::vendor::stats;
 use memgov::cuda::{CaptureConfig, CaptureMode, CudaContext};
 use memgov::cuda_capture::{CaptureExt, POOL_LABEL};
@@ -32,24 +34,7 @@ fn config(pool_bytes: u64) -> CaptureConfig {
 pub fn pool_charged() {
     let (_gov, ctx) = governed(64 * MIB);
     let s = ctx.create_stream("s").expect("stream");
-    let watcher = ctx.clone();
-    let (mut graph, out) = ctx
-        .capture(&s, config(4 * MIB), |cap| {
-            let during = watcher.snapshot();
-            assert_eq!(during.charged, 4 * MIB, "charged before capture began");
-            assert_eq!(during.reservations.len(), 1);
-            assert_eq!(during.reservations[0].label, POOL_LABEL);
-            let a = cap.allocate(MIB)?;
-            cap.upload(&a, 0, pattern(5, MIB as usize))?;
-            cap.download(&a, 0, MIB as usize)
-        })
-        .expect("capture");
-    assert_eq!(
-        ctx.snapshot().charged,
-        4 * MIB,
-        "charged while the graph lives"
-    );
-    assert_eq!(graph.pool_usage(), (MIB, 4 * MIB));
+    let (mut graph, out) = governed_capture(&ctx, &s, 4 * MIB);
     assert_eq!(
         graph.graph_memory_bytes(),
         0,
@@ -84,11 +69,7 @@ pub fn pool_charged() {
         "a destroyed graph does not launch"
     );
     drop((other, graph, s));
-    let report = ctx
-        .retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire");
-    report.backend_result.expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: 4 MiB pool charged from before begin to destroy");
 }
 
@@ -100,14 +81,7 @@ pub fn pool_over_budget() {
     let _held = ctx
         .allocate(&s, Alloc::new(6 * MIB, Role::Weights))
         .expect("weights");
-    let before = stats();
-    let e = ctx
-        .capture(
-            &s,
-            config(4 * MIB),
-            |_| -> Result<(), memgov::BackendError> { panic!("the recording must not run") },
-        )
-        .expect_err("over budget");
+    let e = governed_capture_refused(&ctx, &s, 4 * MIB);
     let GovernorError::BudgetExceeded(b) = &e else {
         panic!("expected BudgetExceeded, got {e}");
     };
@@ -116,7 +90,6 @@ pub fn pool_over_budget() {
         (BudgetScope::Context, 4 * MIB),
         "{e}"
     );
-    assert_eq!(stats()[0], before[0], "no cuStreamBeginCapture_v2");
     let arena = ctx
         .with_backend(|c| c.arena().expect("arena"))
         .expect("backend");
@@ -131,11 +104,7 @@ pub fn pool_over_budget() {
         "nothing charged for the pool"
     );
     drop((_held, s));
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
 }
 
 /// A live governed graph holds the context: retire waits for it and lists
@@ -226,11 +195,7 @@ pub fn no_graph_memory_nodes() {
     assert_eq!(graph.read_output(out).expect("read"), pattern(77, 4096));
     graph.destroy().expect("destroy");
     drop(s);
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: 8 allocations carved, 0 graph memory nodes, 0 driver allocations");
 }
 
@@ -308,11 +273,7 @@ pub fn graph_memory_charged() {
     assert_eq!(graph_mem()[2], 0, "the driver freed the graph's memory");
     other.synchronize().expect("sync");
     drop((s, other));
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!("governed capture: a 3 MiB graph memory node charged while its graph lived");
 }
 
@@ -435,11 +396,7 @@ pub fn governed_churn() {
     graph.destroy().expect("destroy");
     assert_eq!(ctx.snapshot().reservations.len(), 0);
     drop(s);
-    ctx.retire()
-        .wait(Instant::now() + Duration::from_secs(10))
-        .expect("retire")
-        .backend_result
-        .expect("clean teardown");
+    retire_clean(&ctx);
     println!(
         "governed capture under churn: {} churn rounds, 100 replays, 0 invalidated, 0 driver allocations during the capture",
         rounds.load(Ordering::SeqCst)

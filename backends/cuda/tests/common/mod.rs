@@ -7,12 +7,13 @@
 
 #![allow(dead_code)]
 
-#[path = "../../../stand-ins/support/child.rs"]
-pub mod child_process;
+#[macro_use]
 #[path = "../../../cases/common.rs"]
 mod shared;
 
 pub use shared::*;
+
+pub mod raw_copy;
 
 /// What the shared part needs of CUDA.
 mod vendor {
@@ -22,31 +23,17 @@ mod vendor {
         ArenaConfig, CudaArena as Arena, CudaConfig as Config, CudaContext as Context,
     };
 
-    pub const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
-    pub const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_CUDA_EXIT_CHECK";
-    pub const BANNER: &str = "memgov libcuda stand-in: contract violation:";
-
-    /// The library the stand-in stands in for, and the context's name.
-    pub const LIBRARY: &str = "libcuda";
-    pub const CONTEXT_NAME: &str = "CudaContext";
-
-    /// The stand-in's hooks.
-    pub const VMM_HOOK: &CStr = c"memgov_standin_cuda_vmm";
-    pub const CAPTURE_HOOK: &CStr = c"memgov_standin_cuda_capture";
-    pub const FAIL_ENTRY_HOOK: &CStr = c"memgov_standin_cuda_fail_entry";
-    pub const PAUSE_ENTRY_HOOK: &CStr = c"memgov_standin_cuda_pause_entry";
-    pub const ENTRY_PAUSED_HOOK: &CStr = c"memgov_standin_cuda_entry_paused";
-    pub const RESUME_ENTRY_HOOK: &CStr = c"memgov_standin_cuda_resume_entry";
-
-    /// The driver's entry points the arena fault cases and stress fail or
-    /// hold.
-    pub const RELEASE_ENTRY: &str = "cuMemRelease";
-    pub const MAP_ENTRY: &str = "cuMemMap";
-    pub const HOST_ALLOC_ENTRY: &str = "cuMemHostAlloc";
-    pub const CREATE_ENTRY: &str = "cuMemCreate";
-    pub const SET_ACCESS_ENTRY: &str = "cuMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "cuMemUnmap";
+    stand_in! {
+        vendor: "cuda",
+        VENDOR: "CUDA",
+        library: "libcuda",
+        RELEASE_ENTRY: "cuMemRelease",
+        MAP_ENTRY: "cuMemMap",
+        HOST_ALLOC_ENTRY: "cuMemHostAlloc",
+        CREATE_ENTRY: "cuMemCreate",
+        SET_ACCESS_ENTRY: "cuMemSetAccess",
+        UNMAP_ENTRY: "cuMemUnmap",
+    }
 
     /// Whether `ctx` runs on the stand-in.
     pub fn is_stand_in(ctx: &Context) -> bool {

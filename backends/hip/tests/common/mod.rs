@@ -7,12 +7,13 @@
 
 #![allow(dead_code)]
 
-#[path = "../../../stand-ins/support/child.rs"]
-pub mod child_process;
+#[macro_use]
 #[path = "../../../cases/common.rs"]
 mod shared;
 
 pub use shared::*;
+
+pub mod raw_copy;
 
 /// What the shared part needs of HIP.
 mod vendor {
@@ -22,31 +23,17 @@ mod vendor {
         ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
     };
 
-    pub const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-    pub const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
-    pub const EXIT_CHECK: &str = "MEMGOV_STANDIN_HIP_EXIT_CHECK";
-    pub const BANNER: &str = "memgov libamdhip64 stand-in: contract violation:";
-
-    /// The library the stand-in stands in for, and the context's name.
-    pub const LIBRARY: &str = "libamdhip64";
-    pub const CONTEXT_NAME: &str = "HipContext";
-
-    /// The stand-in's hooks.
-    pub const VMM_HOOK: &CStr = c"memgov_standin_hip_vmm";
-    pub const CAPTURE_HOOK: &CStr = c"memgov_standin_hip_capture";
-    pub const FAIL_ENTRY_HOOK: &CStr = c"memgov_standin_hip_fail_entry";
-    pub const PAUSE_ENTRY_HOOK: &CStr = c"memgov_standin_hip_pause_entry";
-    pub const ENTRY_PAUSED_HOOK: &CStr = c"memgov_standin_hip_entry_paused";
-    pub const RESUME_ENTRY_HOOK: &CStr = c"memgov_standin_hip_resume_entry";
-
-    /// The runtime's entry points the arena fault cases and stress fail or
-    /// hold.
-    pub const RELEASE_ENTRY: &str = "hipMemRelease";
-    pub const MAP_ENTRY: &str = "hipMemMap";
-    pub const HOST_ALLOC_ENTRY: &str = "hipHostMalloc";
-    pub const CREATE_ENTRY: &str = "hipMemCreate";
-    pub const SET_ACCESS_ENTRY: &str = "hipMemSetAccess";
-    pub const UNMAP_ENTRY: &str = "hipMemUnmap";
+    stand_in! {
+        vendor: "hip",
+        VENDOR: "HIP",
+        library: "libamdhip64",
+        RELEASE_ENTRY: "hipMemRelease",
+        MAP_ENTRY: "hipMemMap",
+        HOST_ALLOC_ENTRY: "hipHostMalloc",
+        CREATE_ENTRY: "hipMemCreate",
+        SET_ACCESS_ENTRY: "hipMemSetAccess",
+        UNMAP_ENTRY: "hipMemUnmap",
+    }
 
     /// Whether `ctx` runs on the stand-in.
     pub fn is_stand_in(ctx: &Context) -> bool {
@@ -58,4 +45,41 @@ mod vendor {
     pub fn standin_symbol(name: &CStr) -> *mut std::ffi::c_void {
         memgov::hip::raw::symbol(name).expect("the stand-in's hook")
     }
+}
+
+/// Case `case` run in a child on a partial HIP stand-in, a ROCm lacking
+/// some calls: built, as `name` under the target's temporary directory,
+/// from the stand-in's `libamdhip64.c`, its `extra` sources only (what is
+/// left out is not exported), and the stand-ins' common `standin.c`. The
+/// child passed; without the stand-in, `skipped: ...`.
+pub fn passes_on_partial_stand_in(name: &str, extra: &[&str], case: &str) {
+    if !on_stand_in() {
+        return;
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&out).expect("a directory for the partial stand-in");
+    let lib = out.join("libamdhip64.so.5");
+    let mut cc = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cc.args(["-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread"])
+        .arg(format!("-I{root}/stand-ins/common"))
+        .arg("-Wl,-soname,libamdhip64.so.5")
+        .arg("-o")
+        .arg(&lib)
+        .arg(format!("{root}/hip/stand-in/libamdhip64.c"));
+    for source in extra {
+        cc.arg(format!("{root}/hip/stand-in/{source}"));
+    }
+    let status = cc
+        .arg(format!("{root}/stand-ins/common/standin.c"))
+        .status()
+        .expect("run the C compiler (the stand-in needs one)");
+    assert!(status.success(), "building the partial stand-in failed");
+    let run = child_process::run(
+        crate::CHILD,
+        case,
+        &[("MEMGOV_HIP_RUNTIME", lib.to_str().expect("a UTF-8 path"))],
+    );
+    print!("{}", run.stdout);
+    child_process::assert_passed(case, &run, &format!("child {case}: ok"));
 }
