@@ -140,6 +140,42 @@ for line in sys.stdin:
     echo "$copy"
 }
 
+# Runs that mostly wait (a stand-in's queued latency, a test's timeouts) use
+# a core for a fraction of their time: a step starts them together with
+# `in_background LOG CMD...` (the command's output to LOG alone), does its
+# other work meanwhile, and `wait_background` waits for every one, prints
+# each LOG in the order they were started, and fails naming each run that
+# failed. Only runs of what is already built go there: cargo builds one
+# at a time, and a run that waits on the build lock waits on another's build.
+background_pids=()
+background_logs=()
+background_what=()
+in_background() {
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 &
+    background_pids+=("$!")
+    background_logs+=("$log")
+    background_what+=("$*")
+}
+wait_background() {
+    local i failed=0
+    for i in "${!background_pids[@]}"; do
+        if wait "${background_pids[$i]}"; then
+            echo "--- (background) ${background_what[$i]}: passed; its output:"
+            cat "${background_logs[$i]}"
+        else
+            cat "${background_logs[$i]}"
+            echo "FAILED: (background) ${background_what[$i]} (output above, in ${background_logs[$i]})"
+            failed=$((failed + 1))
+        fi
+    done
+    background_pids=()
+    background_logs=()
+    background_what=()
+    [ "$failed" -eq 0 ] || { echo "FAILED: $failed background run(s)"; return 1; }
+}
+
 # Each suite run prints "N passed, F failed, S skipped": in LOG, a line where
 # every case ran and passed (N > 0). The Rust test asserts N is the number of
 # cases the suite has; this proves the run reached a device.
