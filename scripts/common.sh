@@ -116,13 +116,32 @@ release_test() {
 release_bench() {
     cargo bench --locked "${MEMGOV_RELEASE_PACKAGES[@]}" --features "$MEMGOV_RELEASE_FEATURES" "$@"
 }
-# The path of the memgov tool of that build (Vulkan, CUDA and HIP compiled
-# in), built if needed: the binary cargo builds for the tool's own
+# The debug build of the suite's build step, which its test step runs: the
+# packages below, selected together. Every later debug run of their tests
+# selects the same packages (`debug_test`), so that it finds that build
+# fresh: another selection unifies other features and recompiles the
+# library and the test kit.
+MEMGOV_TEST_PACKAGES=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-stream-ordered
+    -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli)
+debug_test() {
+    cargo test --locked "${MEMGOV_TEST_PACKAGES[@]}" "$@"
+}
+
+# The path of the memgov tool of the release build (Vulkan, CUDA and HIP
+# compiled in), built if needed: the binary cargo builds for the tool's own
 # integration tests, found in cargo's JSON messages, copied beside the
 # build.
 release_memgov() {
+    memgov_of release_test memgov-every-backend
+}
+# The same for the debug build of the test step (the tool's default
+# features), for the steps that only read its help or run it briefly.
+debug_memgov() {
+    memgov_of debug_test memgov-debug
+}
+memgov_of() { # BUILD COPY-NAME
     local exe
-    exe="$(release_test --no-run --test cli --message-format=json |
+    exe="$("$1" --no-run --test cli --message-format=json |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -131,11 +150,11 @@ for line in sys.stdin:
     t = m.get("target", {})
     if m.get("reason") == "compiler-artifact" and t.get("name") == "memgov" and "bin" in t.get("kind", []):
         print(m["executable"])')"
-    [ -n "$exe" ] && [ -x "$exe" ] || { echo "FAILED: cargo reported no memgov binary for the release build" >&2; return 1; }
-    # Cargo reports target/release/memgov, which the README's plain build
+    [ -n "$exe" ] && [ -x "$exe" ] || { echo "FAILED: cargo reported no memgov binary for the $1 build" >&2; return 1; }
+    # Cargo reports target/<profile>/memgov, which the README's plain build
     # replaces: the steps run a copy of their own.
     local copy
-    copy="$(cargo_target_dir)/memgov-every-backend"
+    copy="$(cargo_target_dir)/$2"
     cp "$exe" "$copy.tmp" && mv "$copy.tmp" "$copy"
     echo "$copy"
 }
