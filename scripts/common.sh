@@ -126,6 +126,10 @@ MEMGOV_TEST_PACKAGES=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -
 debug_test() {
     cargo test --locked "${MEMGOV_TEST_PACKAGES[@]}" "$@"
 }
+# The memgov package alone in debug, for what needs its optional features
+# (the governor's tests with serde and tracing, the GPU examples, the
+# metrics worker): one feature set with all of them, built once.
+MEMGOV_DEBUG_FEATURES="serde,tracing,metrics,vulkan,cuda,hip"
 
 # The path of the memgov tool of the release build (Vulkan, CUDA and HIP
 # compiled in), built if needed: the binary cargo builds for the tool's own

@@ -68,15 +68,20 @@ step "tests: host backend, governor, conformance, doc tests"
 # Every default member but the C ABI, whose tests (the C programs, plain,
 # under ASan+UBSan and under valgrind) run once, in scripts/ci/55-capi.sh.
 debug_test
-cargo test --locked -p memgov --features serde,tracing --test governor
+# The governor's tests again with the optional features' code compiled in,
+# in the one debug feature set of the memgov package alone
+# (MEMGOV_DEBUG_FEATURES in scripts/common.sh), which the GPU examples below
+# and the Prometheus step's worker build with too: the library and its
+# backends are compiled once for all of them.
+cargo test --locked -p memgov --features "$MEMGOV_DEBUG_FEATURES" --test governor
 
 step "examples: host, best backend, LLM serving, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
 cargo run --locked -p memgov --example host
 cargo run --locked -p memgov --example best_backend
 cargo run --locked -p memgov --example llm_serving
-# The three GPU examples build with one feature set, so that the library and
-# its backends are compiled once for the three, not once per example.
-gpu_features=vulkan,cuda,hip
+# The three GPU examples build with the governor's feature set above, so
+# that the library and its backends are not compiled again.
+gpu_features="$MEMGOV_DEBUG_FEATURES"
 cargo run --locked -p memgov --features "$gpu_features" --example vulkan
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features "$gpu_features" --example cuda
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features "$gpu_features" --example hip

@@ -35,7 +35,9 @@ target="$(cargo_target_dir)"
 debug_test --test metrics
 # The worker governs a host context, or a CUDA one on the CUDA stand-in
 # (MEMGOV_WORKER_BACKEND=cuda).
-cargo build --locked -p memgov --features metrics,cuda --example metrics_worker
+# (Built with the feature set of the test step's governor run and GPU
+# examples, metrics and cuda among them: nothing is compiled again.)
+cargo build --locked -p memgov --features "$MEMGOV_DEBUG_FEATURES" --example metrics_worker
 standins="$(backends/stand-ins/build.sh cuda nvml)"
 memgov="$(debug_memgov)"
 worker="$target/debug/examples/metrics_worker"
