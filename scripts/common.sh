@@ -116,13 +116,36 @@ release_test() {
 release_bench() {
     cargo bench --locked "${MEMGOV_RELEASE_PACKAGES[@]}" --features "$MEMGOV_RELEASE_FEATURES" "$@"
 }
-# The path of the memgov tool of that build (Vulkan, CUDA and HIP compiled
-# in), built if needed: the binary cargo builds for the tool's own
+# The debug build of the suite's build step, which its test step runs: the
+# packages below, selected together. Every later debug run of their tests
+# selects the same packages (`debug_test`), so that it finds that build
+# fresh: another selection unifies other features and recompiles the
+# library and the test kit.
+MEMGOV_TEST_PACKAGES=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-stream-ordered
+    -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli)
+debug_test() {
+    cargo test --locked "${MEMGOV_TEST_PACKAGES[@]}" "$@"
+}
+# The memgov package alone in debug, for what needs its optional features
+# (the governor's tests with serde and tracing, the GPU examples, the
+# metrics worker): one feature set with all of them, built once.
+MEMGOV_DEBUG_FEATURES="serde,tracing,metrics,vulkan,cuda,hip"
+
+# The path of the memgov tool of the release build (Vulkan, CUDA and HIP
+# compiled in), built if needed: the binary cargo builds for the tool's own
 # integration tests, found in cargo's JSON messages, copied beside the
 # build.
 release_memgov() {
+    memgov_of release_test memgov-every-backend
+}
+# The same for the debug build of the test step (the tool's default
+# features), for the steps that only read its help or run it briefly.
+debug_memgov() {
+    memgov_of debug_test memgov-debug
+}
+memgov_of() { # BUILD COPY-NAME
     local exe
-    exe="$(release_test --no-run --test cli --message-format=json |
+    exe="$("$1" --no-run --test cli --message-format=json |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -131,13 +154,49 @@ for line in sys.stdin:
     t = m.get("target", {})
     if m.get("reason") == "compiler-artifact" and t.get("name") == "memgov" and "bin" in t.get("kind", []):
         print(m["executable"])')"
-    [ -n "$exe" ] && [ -x "$exe" ] || { echo "FAILED: cargo reported no memgov binary for the release build" >&2; return 1; }
-    # Cargo reports target/release/memgov, which the README's plain build
+    [ -n "$exe" ] && [ -x "$exe" ] || { echo "FAILED: cargo reported no memgov binary for the $1 build" >&2; return 1; }
+    # Cargo reports target/<profile>/memgov, which the README's plain build
     # replaces: the steps run a copy of their own.
     local copy
-    copy="$(cargo_target_dir)/memgov-every-backend"
+    copy="$(cargo_target_dir)/$2"
     cp "$exe" "$copy.tmp" && mv "$copy.tmp" "$copy"
     echo "$copy"
+}
+
+# Runs that mostly wait (a stand-in's queued latency, a test's timeouts) use
+# a core for a fraction of their time: a step starts them together with
+# `in_background LOG CMD...` (the command's output to LOG alone), does its
+# other work meanwhile, and `wait_background` waits for every one, prints
+# each LOG in the order they were started, and fails naming each run that
+# failed. Only runs of what is already built go there: cargo builds one
+# at a time, and a run that waits on the build lock waits on another's build.
+background_pids=()
+background_logs=()
+background_what=()
+in_background() {
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 &
+    background_pids+=("$!")
+    background_logs+=("$log")
+    background_what+=("$*")
+}
+wait_background() {
+    local i failed=0
+    for i in "${!background_pids[@]}"; do
+        if wait "${background_pids[$i]}"; then
+            echo "--- (background) ${background_what[$i]}: passed; its output:"
+            cat "${background_logs[$i]}"
+        else
+            cat "${background_logs[$i]}"
+            echo "FAILED: (background) ${background_what[$i]} (output above, in ${background_logs[$i]})"
+            failed=$((failed + 1))
+        fi
+    done
+    background_pids=()
+    background_logs=()
+    background_what=()
+    [ "$failed" -eq 0 ] || { echo "FAILED: $failed background run(s)"; return 1; }
 }
 
 # Each suite run prints "N passed, F failed, S skipped": in LOG, a line where

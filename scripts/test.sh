@@ -34,9 +34,9 @@ step "build (the tests of the next steps; the library alone)"
 # that step compiles nothing again (another selection unifies other features
 # and recompiles the library). Every target of every crate is compiled by
 # clippy below with every feature, and built by the step that runs it.
-test_packages=(-p memgov -p memgov-api -p memgov-sync -p memgov-backend -p memgov-stream-ordered
-    -p memgov-conformance -p memgov-host -p memgov-null -p memgov-cli)
-cargo test --locked --no-run "${test_packages[@]}"
+# (MEMGOV_TEST_PACKAGES, `debug_test` in scripts/common.sh: the later
+# steps' debug runs of these packages' tests select the same.)
+debug_test --no-run
 cargo build --locked -p memgov --lib
 # The library without the tool, the development commands or the test kit:
 # no clap, no xtask and no memgov-conformance in its tree.
@@ -67,16 +67,21 @@ fi
 step "tests: host backend, governor, conformance, doc tests"
 # Every default member but the C ABI, whose tests (the C programs, plain,
 # under ASan+UBSan and under valgrind) run once, in scripts/ci/55-capi.sh.
-cargo test --locked "${test_packages[@]}"
-cargo test --locked -p memgov --features serde,tracing --test governor
+debug_test
+# The governor's tests again with the optional features' code compiled in,
+# in the one debug feature set of the memgov package alone
+# (MEMGOV_DEBUG_FEATURES in scripts/common.sh), which the GPU examples below
+# and the Prometheus step's worker build with too: the library and its
+# backends are compiled once for all of them.
+cargo test --locked -p memgov --features "$MEMGOV_DEBUG_FEATURES" --test governor
 
 step "examples: host, best backend, LLM serving, Vulkan on lavapipe, CUDA and HIP on their stand-ins and without a driver"
 cargo run --locked -p memgov --example host
 cargo run --locked -p memgov --example best_backend
 cargo run --locked -p memgov --example llm_serving
-# The three GPU examples build with one feature set, so that the library and
-# its backends are compiled once for the three, not once per example.
-gpu_features=vulkan,cuda,hip
+# The three GPU examples build with the governor's feature set above, so
+# that the library and its backends are not compiled again.
+gpu_features="$MEMGOV_DEBUG_FEATURES"
 cargo run --locked -p memgov --features "$gpu_features" --example vulkan
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh cuda)" cargo run --locked -p memgov --features "$gpu_features" --example cuda
 LD_LIBRARY_PATH="$(backends/stand-ins/build.sh hip)" cargo run --locked -p memgov --features "$gpu_features" --example hip

@@ -7,7 +7,10 @@
 # * the README's main job (scripts/main.sh) and the timeline step (which
 #   builds, runs and writes files of its own) run in a copy of this tree with
 #   CARGO_TARGET_DIR set to a directory elsewhere, and pass, and the copy has
-#   no `target/` afterwards: nothing was looked for or written there.
+#   no `target/` afterwards: nothing was looked for or written there. That
+#   directory is this tree's own build directory (cargo_target_dir), outside
+#   the copy: the copy's build of the tool is the one the later steps run
+#   (the bench smoke, the timeline), not a second release build of it.
 # * every Cargo.lock in the repository (the workspace's and each example
 #   workspace's) is current, so that the steps that build with `--locked`
 #   do not fail half an hour in on a dependency added to memgov.
@@ -99,19 +102,22 @@ git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
     if [ -e "$f" ]; then printf '%s\0' "$f"; fi
 done | xargs -0 cp --parents -t "$work/tree"
 [ ! -e "$work/tree/target" ] || { echo "FAILED: the copy already has a target/"; exit 1; }
+build="$(cargo_target_dir)"
+case "$build/" in "$work/tree/"*) echo "FAILED: the build directory $build is inside the copy"; exit 1 ;; esac
+rm -f "$build/release/memgov"
 for step in scripts/main.sh scripts/ci/65-timeline.sh; do
     log="$work/$(basename "$step").log"
-    CARGO_TARGET_DIR="$work/build" bash "$work/tree/$step" > "$log" 2>&1 ||
+    CARGO_TARGET_DIR="$build" bash "$work/tree/$step" > "$log" 2>&1 ||
         { tail -40 "$log"; echo "FAILED: $step with CARGO_TARGET_DIR set"; exit 1; }
     echo "$step: passed"
 done
 grep -q "memgov run: ok" "$work/main.sh.log" ||
     { tail -40 "$work/main.sh.log"; echo "FAILED: scripts/main.sh did not finish its run"; exit 1; }
-[ -x "$work/build/release/memgov" ] && [ -s "$work/build/timeline/timeline.html" ] ||
-    { echo "FAILED: memgov or the timeline page is not in CARGO_TARGET_DIR ($work/build)"; exit 1; }
+[ -x "$build/release/memgov" ] && [ -s "$build/timeline/timeline.html" ] ||
+    { echo "FAILED: memgov or the timeline page is not in CARGO_TARGET_DIR ($build)"; exit 1; }
 if [ -e "$work/tree/target" ]; then
     echo "FAILED: with CARGO_TARGET_DIR set, something wrote under the tree's target/:"
     find "$work/tree/target" -maxdepth 2 | head -20
     exit 1
 fi
-echo "both passed with CARGO_TARGET_DIR=$work/build; the tree has no target/"
+echo "both passed with CARGO_TARGET_DIR=$build; the copy has no target/"

@@ -6,6 +6,8 @@
 # stopped process named at its deadline; ~10 s a run on 2 cores) and the
 # bench's ratio in smoke mode. Each test uses a temporary directory of its
 # own, never /dev/shm.
+# The debug tests run from the test step's build (debug_test in
+# scripts/common.sh): nothing here compiles the library again.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 ensure_rust
 target="$(cargo_target_dir)"
@@ -44,7 +46,7 @@ n=$(grep -c "rocm-smi: 1 of 2 processes on the device outside the ledger" "$log"
 # and ROCm SMI, on their stand-ins.
 command -v valgrind >/dev/null || apt_install valgrind || echo "valgrind not installable: its NVML test will print skipped"
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked -p memgov --test machine_management -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
+    debug_test --test machine_management -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
 for layout in 16 24 32; do
     grep -q "nvml layout $layout: 1, 2, 28 and 64 processes read exactly" "$log" ||
         { echo "FAILED: NVML's $layout-byte layout was not read exactly"; exit 1; }
@@ -60,22 +62,22 @@ done
 # under its member, what is accepted as a segment, reset while members live;
 # and `memgov top`'s escaping and --reset.
 command -v strace >/dev/null || apt_install strace || echo "strace not installable: the killed-creator test will print skipped"
-cargo test --locked -p memgov --test machine_segment -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
+debug_test --test machine_segment -- --nocapture --test-threads=1 2>&1 | tee -a "$log"
 grep -Eq "full tmpfs: refused with the numbers|skipped: mount" "$log" ||
     { echo "FAILED: the full-tmpfs test neither ran nor said why it skipped"; exit 1; }
 grep -Eq "killed creators: nothing blocks the key|skipped: strace" "$log" ||
     { echo "FAILED: the killed-creator test neither ran nor said why it skipped"; exit 1; }
 grep -q "cut short: alive after touching the truncated segment" "$log" ||
     { echo "FAILED: a member of a segment cut short did not live on"; exit 1; }
-cargo test --locked -p memgov-cli --test top_trust 2>&1 | tee -a "$log"
+debug_test --test top_trust 2>&1 | tee -a "$log"
 # A pressure responder that panics on the doorbell thread: caught, the
 # thread keeps serving.
-cargo test --locked -p memgov --test machine_doorbell -- --nocapture 2>&1 | tee -a "$log"
+debug_test --test machine_doorbell -- --nocapture 2>&1 | tee -a "$log"
 grep -q "doorbell: a responder's panic caught (1 caught), the ring answered, the next ring served" "$log" ||
     { echo "FAILED: the doorbell thread did not survive a panicking responder"; exit 1; }
 # `memgov top` lists the processes outside memgov that NVML names.
 LD_LIBRARY_PATH="$standins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --locked -p memgov-cli --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"
+    debug_test --test cli top_lists_the_processes_outside_memgov -- --nocapture 2>&1 | tee -a "$log"
 grep -q "memgov top listed pid 4000001 (200.0 MiB) outside memgov, from NVML" "$log" ||
     { echo "FAILED: memgov top did not list the process outside memgov from NVML's stand-in"; exit 1; }
 grep -q "skipped: no libnvidia-ml.so.1" "$log" ||

@@ -14,6 +14,8 @@
 # HIP runtime"); then the same tests once against Debian's real ROCm
 # runtime, which on a machine without an AMD GPU must skip cleanly
 # ("skipped: no HIP device") and pass.
+# The test binaries' runs go side by side in the background (in_background
+# in scripts/common.sh) while the release binary's checks run.
 #
 # memgov opens libamdhip64 at run time: building needs nothing of ROCm.
 # Debian's libamdhip64-dev (ROCm 5.2.3) provides the header the stand-in is
@@ -40,46 +42,38 @@ on_stand_in() {
 # not destroy, or a changed default-pool attribute aborts the process.
 export MEMGOV_STANDIN_HIP_EXIT_CHECK=1
 
-echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
-on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned -- --nocapture 2>&1 | tee "$target/hip-stand-in.log"
-grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" "$target/hip-stand-in.log"
-grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" "$target/hip-stand-in.log"
-grep -q "soak: hip: " "$target/hip-stand-in.log"
-grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e6800 (PCI 0000:20:00.0)" "$target/hip-stand-in.log"
-grep -q "test pinned_tier_writes_and_reads_through_the_device_pointer_of_mapped_host_memory ... ok" "$target/hip-stand-in.log"
-grep -q "test planted_copies_of_the_wrong_kind_abort_the_stand_in ... ok" "$target/hip-stand-in.log"
-echo "--- HIP arena, sleep/wake and the stand-in's VMM rules"
-on_stand_in cargo test --locked -p memgov-hip --test arena -- --nocapture 2>&1 | tee "$target/hip-arena.log"
-grep -q "child grow_shrink: ok" "$target/hip-arena.log"
-grep -q "child sleep_wake: ok" "$target/hip-arena.log"
-grep -q "child no_vmm: ok" "$target/hip-arena.log"
-grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/hip-arena.log"
-grep -q "capability case sleep_wake_of_a_set_leaves_the_others_usable: ok" "$target/hip-arena.log"
-grep -q "fault cells hipMemRelease: positions 1 to" "$target/hip-arena.log"
-for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/hip-arena.log"; done
-echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
-on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture 2>&1 | tee "$target/hip-capture.log"
-grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
-grep -q "child no_graphs: ok" "$target/hip-capture.log"
-grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/hip-capture.log"
-grep -q "fault cells hipStreamEndCapture: positions 1 to" "$target/hip-capture.log"
-grep -q "child page_locked_waits: ok" "$target/hip-capture.log"
-grep -q "child standin_page_locked: ok" "$target/hip-capture.log"
-grep -q "launch/sleep race: " "$target/hip-capture.log"
-grep -q "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy" "$target/hip-capture.log"
+# The test binaries' runs mostly wait on the stand-in's queued latency and
+# on their own timeouts: they are built once, then run side by side in the
+# background while `memgov check`, `memgov run` and the fault matrix run in
+# the foreground; their logs are printed, and grepped, once all have ended.
+echo "--- the HIP test binaries, built once for the runs below"
+cargo test --locked --no-run -p memgov-hip --test hip --test pinned --test arena --test capture
+trap 'wait_background || true' EXIT
+# The HIP tests on the stand-in ($standins/libamdhip64.so.5), printing
+# what each case saw; the arena, sleep/wake and the stand-in's VMM rules;
+# graph capture on the arena, the gate, and the stand-in's capture rules.
+in_background "$target/hip-stand-in.log" on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned -- --nocapture
+in_background "$target/hip-arena.log" on_stand_in cargo test --locked -p memgov-hip --test arena -- --nocapture
+in_background "$target/hip-capture.log" on_stand_in cargo test --locked -p memgov-hip --test capture -- --nocapture
 # The whole file again with every queued operation delayed, at the delays
 # CUDA's run at, so that releases really pend when the governor drains and
 # tears down and cross-stream work is really in flight when a free is queued.
 for latency in 300 2000; do
-    echo "--- HIP tests, stand-in latency ${latency} us"
-    MEMGOV_STANDIN_HIP_LATENCY_US=$latency on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned
+    in_background "$target/hip-latency-$latency.log" \
+        on_stand_in env MEMGOV_STANDIN_HIP_LATENCY_US=$latency cargo test --locked -p memgov-hip --test hip --test pinned
 done
 # And with each operation's delay drawn from a seed (0 to 600 us), three
 # seeds: streams interleave differently in each run.
 for seed in 1 2 3; do
-    echo "--- HIP tests, stand-in latency 300 us jittered, seed $seed"
-    MEMGOV_STANDIN_HIP_LATENCY_US=300 MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed on_stand_in cargo test --locked -p memgov-hip --test hip --test pinned
+    in_background "$target/hip-jitter-$seed.log" \
+        on_stand_in env MEMGOV_STANDIN_HIP_LATENCY_US=300 MEMGOV_STANDIN_HIP_LATENCY_SEED=$seed \
+        cargo test --locked -p memgov-hip --test hip --test pinned
 done
+# The same tests once against Debian's real ROCm runtime
+# (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5), without the exit check: on a
+# machine without an AMD GPU they must skip cleanly and pass.
+in_background "$target/hip-real.log" env -u MEMGOV_STANDIN_HIP_EXIT_CHECK \
+    cargo test --locked -p memgov-hip --test hip --test pinned --test arena --test capture -- --nocapture
 
 echo "--- memgov check / run on the stand-in"
 # No delay, a fixed delay, and a delay drawn from a seed, as for CUDA.
@@ -143,9 +137,35 @@ expect_matrix_survived "$target/hip-fault-matrix.log" "hip (block cache of 64.0 
 echo "--- clippy with the hip feature"
 cargo clippy --locked -p memgov -p memgov-hip -p memgov-cli --features hip --all-targets -- -D warnings
 
+echo "--- the HIP test runs in the background"
+wait_background
+
+echo "--- HIP tests on the stand-in ($standins/libamdhip64.so.5)"
+grep -q "on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in)" "$target/hip-stand-in.log"
+grep -q "plain: hip on memgov stand-in HIP device 0 (libamdhip64.so.5 imitation) (stand-in), block cache of 64.0 MiB" "$target/hip-stand-in.log"
+grep -q "soak: hip: " "$target/hip-stand-in.log"
+grep -q "device identity: gpu-6d656d67-6f76-2d73-7461-6e64696e6800 (PCI 0000:20:00.0)" "$target/hip-stand-in.log"
+grep -q "test pinned_tier_writes_and_reads_through_the_device_pointer_of_mapped_host_memory ... ok" "$target/hip-stand-in.log"
+grep -q "test planted_copies_of_the_wrong_kind_abort_the_stand_in ... ok" "$target/hip-stand-in.log"
+echo "--- HIP arena, sleep/wake and the stand-in's VMM rules"
+grep -q "child grow_shrink: ok" "$target/hip-arena.log"
+grep -q "child sleep_wake: ok" "$target/hip-arena.log"
+grep -q "child no_vmm: ok" "$target/hip-arena.log"
+grep -q "capability case sleep_wake_restores_bytes_at_the_same_addresses: ok" "$target/hip-arena.log"
+grep -q "capability case sleep_wake_of_a_set_leaves_the_others_usable: ok" "$target/hip-arena.log"
+grep -q "fault cells hipMemRelease: positions 1 to" "$target/hip-arena.log"
+for seed in 1 2 3; do grep -q "child arena_stress:$seed: ok" "$target/hip-arena.log"; done
+echo "--- HIP graph capture on the arena, the gate, and the stand-in's capture rules"
+grep -q "child replay_under_churn: ok" "$target/hip-capture.log"
+grep -q "child no_graphs: ok" "$target/hip-capture.log"
+grep -q "capability case capture_defers_trims_to_its_end: ok" "$target/hip-capture.log"
+grep -q "fault cells hipStreamEndCapture: positions 1 to" "$target/hip-capture.log"
+grep -q "child page_locked_waits: ok" "$target/hip-capture.log"
+grep -q "child standin_page_locked: ok" "$target/hip-capture.log"
+grep -q "launch/sleep race: " "$target/hip-capture.log"
+grep -q "governed capture on HIP: 64 MiB pool charged while its graph lived, 0 after destroy" "$target/hip-capture.log"
+
 echo "--- HIP tests against the real runtime (/usr/lib/x86_64-linux-gnu/libamdhip64.so.5)"
-unset MEMGOV_STANDIN_HIP_EXIT_CHECK
-cargo test --locked -p memgov-hip --test hip --test pinned --test arena --test capture -- --nocapture 2>&1 | tee "$target/hip-real.log"
 if grep -Eq "skipped: no HIP (device|runtime)" "$target/hip-real.log"; then
     echo "real runtime: skipped: no HIP device (no AMD GPU on this machine), exit 0"
 else

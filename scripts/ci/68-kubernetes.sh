@@ -25,8 +25,8 @@ validate="$(kubernetes_validate_venv)/bin/kubernetes-validate"
     { echo "FAILED: $validate is missing: run \`cargo xtask setup\`"; exit 1; }
 
 target="$(cargo_target_dir)"
-cargo build --locked -p memgov-cli
-memgov="$target/debug/memgov"
+# The tool of the test step's debug build (its help is what is read).
+memgov="$(debug_memgov)"
 manifests=deploy/kubernetes
 
 schema_check() { # DIR LOG

@@ -30,13 +30,16 @@ command -v prometheus >/dev/null || {
 target="$(cargo_target_dir)"
 # Every series documented, every documented one emitted, and the Grafana
 # dashboard naming only emitted series (tests/metrics.rs).
-cargo test --locked -p memgov --features metrics --test metrics
-cargo build --locked -p memgov-cli --bin memgov
+# (The test step's debug build: the tool enables the feature; nothing is
+# compiled again.)
+debug_test --test metrics
 # The worker governs a host context, or a CUDA one on the CUDA stand-in
 # (MEMGOV_WORKER_BACKEND=cuda).
-cargo build --locked -p memgov --features metrics,cuda --example metrics_worker
+# (Built with the feature set of the test step's governor run and GPU
+# examples, metrics and cuda among them: nothing is compiled again.)
+cargo build --locked -p memgov --features "$MEMGOV_DEBUG_FEATURES" --example metrics_worker
 standins="$(backends/stand-ins/build.sh cuda nvml)"
-memgov="$target/debug/memgov"
+memgov="$(debug_memgov)"
 worker="$target/debug/examples/metrics_worker"
 
 tmp="$(mktemp -d)"

@@ -36,7 +36,7 @@ pub fn library() -> PathBuf {
     );
     static CHECKED: std::sync::Once = std::sync::Once::new();
     CHECKED.call_once(|| {
-        let dir = scratch("caps");
+        let dir = process_scratch("caps");
         std::fs::write(
             dir.join("caps.c"),
             "#include \"memgov.h\"\n#include <stdio.h>\nint main(void) { printf(\"%llu\\n\", (unsigned long long)memgov_capabilities()); return 0; }\n",
@@ -62,6 +62,20 @@ pub fn include_dir() -> PathBuf {
 
 pub fn c_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c")
+}
+
+/// A fresh scratch directory under the target directory, of this test
+/// executable alone where the name is one every executable uses (the
+/// checks made once per process), so that test executables run side by
+/// side never share one.
+pub fn process_scratch(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let stem = exe
+        .file_stem()
+        .expect("test executable name")
+        .to_string_lossy()
+        .into_owned();
+    scratch(&format!("{name}-{stem}"))
 }
 
 /// A fresh scratch directory under the target directory.
@@ -239,7 +253,7 @@ impl Mode {
 fn sanitizers_build() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
-        let probe = scratch("sanitizers-probe");
+        let probe = process_scratch("sanitizers-probe");
         let src = probe.join("probe.c");
         std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
         Command::new(cc())
