@@ -34,8 +34,9 @@ pub(crate) fn gate() -> &'static Gate {
 pub(crate) struct PendingFrees {
     /// Signals of frees queued on the device whose host function has not
     /// run, claimed by that host function, by the free thread (page-locked
-    /// host frees) or by device loss.
-    pub(crate) waiting: Tickets<()>,
+    /// host frees) or by device loss; a page-locked host free's with its
+    /// host address and stream id.
+    pub(crate) waiting: Tickets<Option<(usize, u64)>>,
     /// Page-locked host frees whose host function has run, for the free
     /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
     /// thread also polls retired streams (see `Shared`'s `FreeWork`).
@@ -188,7 +189,7 @@ impl Shared {
     /// Drop every waiting signal unfired (the governor settles them as
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
-        let taken = self.pending.waiting.claim_all();
+        let taken = memgov_stream_ordered::retire::claim_all(&self.pending.waiting);
         self.pending.host_unsettled.clear();
         for claim in taken {
             claim.abandon(self.probe());

@@ -23,6 +23,10 @@
 //!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
 //!   arena core in `memgov_backend::vmm`, and the public arena handle
 //!   ([`arena::ArenaHandle`]: `CudaArena`, `HipArena`);
+//! * [`retire`]: stream-ordered retirement: a release's signal parked
+//!   under a ticket, the vendor's callback routed back to its owner by
+//!   number, the failed launch, device loss ([`retire::RetireTable`] is the
+//!   vendor's one entry point);
 //! * [`capture`]: stream capture: a capture under way carving its pool and
 //!   recording copies, its end (the gate told only once the driver's
 //!   capture is over), the graph it makes (launched, read, destroyed after
@@ -49,7 +53,7 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`table`] (the entry points and the context), then
-//! [`arena`] and [`capture`] side by side (neither imports the other).
+//! [`retire`], [`arena`] and [`capture`] side by side (none imports another).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -62,6 +66,7 @@
 pub mod arena;
 pub mod capture;
 pub mod result;
+pub mod retire;
 pub mod table;
 
 pub use result::{Checked, Class, Hints, Vendor};

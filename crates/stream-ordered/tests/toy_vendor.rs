@@ -6,23 +6,29 @@
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::{
+    BackendError, BackendErrorKind, BackendProbe, RetireOutcome, RetireSignal, Tickets,
+};
+use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
 use memgov_stream_ordered::table::{CaptureNames, CaptureTable, Context, VmmNames, VmmTable};
 use memgov_stream_ordered::{arena, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 const OK: i32 = 0;
 const NOT_READY: i32 = 1;
 const REFUSED: i32 = 2;
+const LOST: i32 = 3;
 
 thread_local! {
     /// Calls made on this test's thread, in order.
     static LOG: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
     /// Results a call returns instead of success, by name.
     static SCRIPT: RefCell<HashMap<&'static str, i32>> = RefCell::new(HashMap::new());
+    /// Tickets whose callback `toyLaunchCallback` queued, in order.
+    static CALLBACKS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// What `toyMemGetGranularity` answers.
     static GRANULE: RefCell<usize> = const { RefCell::new(4096) };
 }
@@ -56,6 +62,7 @@ impl Vendor for Toy {
         match code {
             OK => Class::Success,
             NOT_READY => Class::NotReady,
+            LOST => Class::DeviceLost,
             _ => Class::Other,
         }
     }
@@ -193,6 +200,18 @@ impl CaptureTable for Toy {
     }
     fn stream_key(stream: u64) -> usize {
         stream as usize
+    }
+}
+
+impl RetireTable for Toy {
+    const LAUNCH_CALLBACK: &'static str = "toyLaunchCallback";
+
+    unsafe fn launch_callback(_: u64, ticket: u64) -> i32 {
+        let r = call("toyLaunchCallback");
+        if r == OK {
+            CALLBACKS.with(|c| c.borrow_mut().push(ticket));
+        }
+        r
     }
 }
 
@@ -359,4 +378,178 @@ fn a_lost_teardowns_drain_refuses_as_device_lost_once_its_deadline_passed() {
     LOG.with(|l| l.borrow_mut().clear());
     arena::drain(&s, &[1, 2], "teardown", None, Duration::ZERO).expect("drained");
     assert_eq!(log(), ["toyStreamSynchronize", "toyStreamSynchronize"]);
+}
+
+/// What owns the toy's releases: parked signals with an address each.
+struct Owner {
+    tickets: Tickets<u64>,
+    probe: BackendProbe,
+}
+
+impl Settle for Owner {
+    fn settle(&self, ticket: u64, ok: bool) {
+        if let Some(claim) = self.tickets.claim(ticket) {
+            retire::settle_claim(claim, ok, &self.probe);
+        }
+    }
+}
+
+fn owner() -> Arc<Owner> {
+    Arc::new(Owner {
+        tickets: Tickets::default(),
+        probe: BackendProbe::new(),
+    })
+}
+
+/// A signal that records its outcome.
+fn signal() -> (RetireSignal, Arc<Mutex<Vec<RetireOutcome>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    (
+        RetireSignal::from_fn(move |o| s.lock().unwrap().push(o)),
+        seen,
+    )
+}
+
+/// Queue a release of 4096 B at `at` on stream 1 of a toy context.
+fn queue(
+    o: &Arc<Owner>,
+    at: u64,
+    finish: impl FnOnce(&u64) -> bool,
+) -> (Queued<u64>, Arc<Mutex<Vec<RetireOutcome>>>) {
+    let s = ToyContext::default();
+    let (signal, seen) = signal();
+    let weak = Arc::downgrade(o);
+    // SAFETY: the toy's streams are numbers; nothing is dereferenced.
+    let q = unsafe {
+        retire::queue(
+            &s,
+            &o.probe,
+            weak,
+            &o.tickets,
+            1,
+            (signal, 4096, at),
+            finish,
+        )
+    };
+    (q, seen)
+}
+
+fn queued_tickets() -> Vec<u64> {
+    CALLBACKS.with(|c| c.borrow().clone())
+}
+
+#[test]
+fn a_queued_release_is_settled_once_by_its_callback_routed_by_number() {
+    let o = owner();
+    let (q, seen) = queue(&o, 0x1000, |_| {
+        panic!("finish runs only after a failed launch")
+    });
+    assert_eq!(q, Queued::Behind);
+    assert_eq!(log(), ["toyLaunchCallback"]);
+    let tickets = queued_tickets();
+    assert_eq!(tickets.len(), 1);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing fires before the stream passed"
+    );
+    retire::callback_ran(tickets[0], true);
+    retire::callback_ran(tickets[0], true);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (1, 0));
+    assert!(o.tickets.is_empty());
+}
+
+#[test]
+fn a_callback_reporting_a_failed_stream_abandons_and_one_for_a_dropped_owner_does_nothing() {
+    let o = owner();
+    let (_, failed) = queue(&o, 0x1000, |_| true);
+    let (_, orphan) = queue(&o, 0x2000, |_| true);
+    let t = queued_tickets();
+    retire::callback_ran(t[0], false);
+    assert_eq!(*failed.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!(o.probe.frees_abandoned(), 1);
+    // The owner goes (its parked signal with it, unfired); the callback
+    // that runs after finds no route to follow.
+    drop(o);
+    retire::callback_ran(t[1], true);
+    assert_eq!(*orphan.lock().unwrap(), [RetireOutcome::Abandoned]);
+}
+
+#[test]
+fn a_failed_launch_synchronizes_the_stream_and_finishes_on_the_callers_thread() {
+    let o = owner();
+    script("toyLaunchCallback", REFUSED);
+    let mut finished = None;
+    let (q, seen) = queue(&o, 0x3000, |&at| {
+        finished = Some(at);
+        true
+    });
+    assert_eq!(q, Queued::Settled(0x3000, true));
+    assert_eq!(finished, Some(0x3000));
+    assert_eq!(log(), ["toyLaunchCallback", "toyStreamSynchronize"]);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!(o.probe.frees_retired(), 1);
+    assert!(o.tickets.is_empty() && queued_tickets().is_empty());
+}
+
+#[test]
+fn a_failed_launch_whose_synchronize_or_finish_fails_or_that_lost_the_device_abandons() {
+    let o = owner();
+    script("toyLaunchCallback", REFUSED);
+    script("toyStreamSynchronize", REFUSED);
+    let (q, seen) = queue(&o, 0x4000, |_| panic!("the stream was not synchronized"));
+    assert_eq!(q, Queued::Settled(0x4000, false));
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+
+    script("toyStreamSynchronize", OK);
+    let (q, seen) = queue(&o, 0x5000, |_| false);
+    assert_eq!(q, Queued::Settled(0x5000, false));
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+
+    // A lost device: no synchronize (it would not return what is needed).
+    script("toyLaunchCallback", LOST);
+    LOG.with(|l| l.borrow_mut().clear());
+    let (q, seen) = queue(&o, 0x6000, |_| panic!("the device is lost"));
+    assert_eq!(q, Queued::Settled(0x6000, false));
+    assert_eq!(log(), ["toyLaunchCallback"]);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (0, 3));
+}
+
+#[test]
+fn device_loss_abandons_every_parked_signal_and_a_later_callback_does_nothing() {
+    let o = owner();
+    let (_, a) = queue(&o, 0x1000, |_| true);
+    let (_, b) = queue(&o, 0x2000, |_| true);
+    let mut items = retire::abandon_all(&o.tickets, &o.probe);
+    items.sort_unstable();
+    assert_eq!(items, [0x1000, 0x2000]);
+    for t in queued_tickets() {
+        retire::callback_ran(t, true);
+    }
+    assert_eq!(*a.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!(*b.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (0, 2));
+}
+
+#[test]
+fn an_arena_release_gives_its_range_back_only_when_the_stream_passed_it() {
+    let s = ToyContext::default();
+    let a = toy_arena(&s);
+    let d = arena::driver(&s, &a);
+    let first = a.allocate(&d, 4096).expect("allocate");
+    let second = a.allocate(&d, 4096).expect("allocate");
+    let releases: Tickets<u64> = Tickets::default();
+    let probe = BackendProbe::new();
+    let used = a.snapshot().in_use;
+    for (at, ticket, ok) in [(first, 1, false), (second, 2, true)] {
+        let (signal, _) = signal();
+        releases.park(ticket, signal, 4096, at);
+        retire::settle_release(&a, &releases, &probe, ticket, ok);
+    }
+    // The failed stream's range stays out of the free list; the other is
+    // back.
+    assert_eq!(a.snapshot().in_use, used - 4096);
+    assert_eq!((probe.frees_retired(), probe.frees_abandoned()), (1, 1));
 }

@@ -86,6 +86,8 @@ pub type CudaArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 pub struct Arena {
     core: vmm::Arena<sys::CUmemGenericAllocationHandle>,
     pub(crate) ordinal: i32,
+    /// The context's probe, which the releases' host functions count on.
+    pub(crate) probe: memgov_backend::BackendProbe,
     /// Releases queued whose host function has not run.
     pub(crate) releases: release::Releases,
 }
@@ -113,6 +115,7 @@ impl Arena {
         Ok(Self {
             core,
             ordinal,
+            probe: s.probe().clone(),
             releases: release::Releases::default(),
         })
     }
