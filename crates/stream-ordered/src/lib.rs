@@ -23,6 +23,8 @@
 //!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
 //!   arena core in `memgov_backend::vmm`, and the public arena handle
 //!   ([`arena::ArenaHandle`]: `CudaArena`, `HipArena`);
+//! * [`memory`]: the checks before an allocation and a copy, and the
+//!   blocking copy over the table's copy and synchronize calls;
 //! * [`retire`]: stream-ordered retirement: a release's signal parked
 //!   under a ticket, the vendor's callback routed back to its owner by
 //!   number, the failed launch, device loss ([`retire::RetireTable`] is the
@@ -53,7 +55,8 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`table`] (the entry points and the context), then
-//! [`retire`], [`arena`] and [`capture`] side by side (none imports another).
+//! [`memory`], [`retire`], [`arena`] and [`capture`] side by side (none
+//! imports another).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -65,6 +68,7 @@
 
 pub mod arena;
 pub mod capture;
+pub mod memory;
 pub mod result;
 pub mod retire;
 pub mod table;

@@ -553,3 +553,51 @@ fn an_arena_release_gives_its_range_back_only_when_the_stream_passed_it() {
     assert_eq!(a.snapshot().in_use, used - 4096);
     assert_eq!((probe.frees_retired(), probe.frees_abandoned()), (1, 1));
 }
+
+#[test]
+fn a_copy_is_queued_then_synchronized_and_a_range_past_the_end_is_refused() {
+    use memgov_stream_ordered::memory;
+    let s = ToyContext::default();
+    let at = memory::range::<ToyContext>("write", 0x1000, 64, 50, 14).expect("ends at 64");
+    assert_eq!(at, 0x1000 + 50);
+    let e = memory::range::<ToyContext>("write", 0x1000, 64, 50, 15).expect_err("ends at 65");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    assert!(
+        e.to_string()
+            .contains("15 B at offset 50 runs past the 64 B allocation"),
+        "{e}"
+    );
+    let e = memory::range::<ToyContext>("read", 0, 64, u64::MAX, 1).expect_err("overflows");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    for (bytes, why) in [(0, "0-byte"), (u64::MAX, "size_t")] {
+        if bytes == u64::MAX && usize::BITS == 64 {
+            continue;
+        }
+        let e = memory::allocation_size(&s, &1, bytes).expect_err(why);
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert_eq!(memory::allocation_size(&s, &1, 4096).expect("fits"), 4096);
+    // SAFETY: the toy's addresses are numbers; nothing is dereferenced.
+    unsafe { memory::write(&s, 1, at, &[1; 14]) }.expect("write");
+    let mut back = [0u8; 14];
+    // SAFETY: as above.
+    unsafe { memory::read(&s, 1, at, &mut back) }.expect("read");
+    assert_eq!(
+        log(),
+        [
+            "toyMemcpyHtoDAsync",
+            "toyStreamSynchronize",
+            "toyMemcpyDtoHAsync",
+            "toyStreamSynchronize"
+        ]
+    );
+    script("toyMemcpyDtoHAsync", REFUSED);
+    // SAFETY: as above.
+    let e = unsafe { memory::read(&s, 1, at, &mut back) }.expect_err("refused copy");
+    assert!(e.to_string().contains("toyMemcpyDtoHAsync"), "{e}");
+    assert_eq!(
+        log().last(),
+        Some(&"toyMemcpyDtoHAsync"),
+        "no synchronize after a refused copy"
+    );
+}
