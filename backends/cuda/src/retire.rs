@@ -42,18 +42,13 @@ unsafe extern "C" fn host_fn(user: *mut c_void) {
 }
 
 impl retire::Frees for Shared {
-    const VENDOR: &'static str = "CUDA";
-
-    fn id(&self) -> u64 {
-        self.id
-    }
-
-    fn probe(&self) -> &memgov_backend::BackendProbe {
-        self.shell.probe()
+    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
+        (self.id, self.shell.probe())
     }
 }
 
 impl RetireTable for Cuda {
+    const VENDOR: &'static str = "CUDA";
     const LAUNCH_CALLBACK: &'static str = "cuLaunchHostFunc";
 
     unsafe fn launch_callback(stream: sys::CUstream, ticket: u64) -> sys::CUresult {

@@ -52,18 +52,13 @@ unsafe extern "C" fn callback(_stream: hipStream_t, status: HipResult, user: *mu
 }
 
 impl retire::Frees for Shared {
-    const VENDOR: &'static str = "HIP";
-
-    fn id(&self) -> u64 {
-        self.id
-    }
-
-    fn probe(&self) -> &memgov_backend::BackendProbe {
-        self.shell.probe()
+    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
+        (self.id, self.shell.probe())
     }
 }
 
 impl RetireTable for Hip {
+    const VENDOR: &'static str = "HIP";
     const LAUNCH_CALLBACK: &'static str = "hipStreamAddCallback";
 
     unsafe fn launch_callback(stream: hipStream_t, ticket: u64) -> HipResult {

@@ -44,9 +44,10 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, Claim, RetireSignal, Tickets,
 };
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A vendor's entry point for retirement: queue its callback behind the
 /// work on a stream.
@@ -54,6 +55,9 @@ pub trait RetireTable: VmmTable {
     /// The call's name, for messages (`cuLaunchHostFunc`,
     /// `hipStreamAddCallback`).
     const LAUNCH_CALLBACK: &'static str;
+
+    /// The vendor's name in messages (`CUDA`, `HIP`).
+    const VENDOR: &'static str;
 
     /// Queue the vendor's trampoline on `stream`, with `ticket` as its user
     /// data; the trampoline calls [`callback_ran`] once the stream reaches
@@ -65,20 +69,14 @@ pub trait RetireTable: VmmTable {
     unsafe fn launch_callback(stream: Self::Stream, ticket: u64) -> Self::Code;
 }
 
-/// A context whose frees the core begins ([`begin_free`]) and retires
-/// ([`queue`]).
+/// A context whose frees the core begins ([`begin_free`]).
 pub trait Frees: Context
 where
     Self::Table: RetireTable,
 {
-    /// The vendor's name in messages (`CUDA`, `HIP`).
-    const VENDOR: &'static str;
-
-    /// The context's id in the process (memory and streams carry it).
-    fn id(&self) -> u64;
-
-    /// The probe its frees are counted on.
-    fn probe(&self) -> &BackendProbe;
+    /// The context's id in the process (memory and streams carry it), and
+    /// the probe its frees are counted on.
+    fn frees(&self) -> (u64, &BackendProbe);
 }
 
 /// The first steps of every `free_async`: refuse on a lost context or a
@@ -102,27 +100,24 @@ where
 {
     ctx.check_usable("free_async")?;
     ctx.raw_stream("free_async", stream)?;
-    let ours = memory_context == ctx.id();
+    let (id, probe) = ctx.frees();
+    let ours = memory_context == id;
     if let Some(live) = ours.then(take).flatten() {
         return Ok(live);
     }
     if ours {
-        ctx.probe().violation(
+        probe.violation(
             C::Table::BACKEND,
-            format!(
-                "free_async of {what}, which is not live in context {}",
-                ctx.id()
-            ),
+            format!("free_async of {what}, which is not live in context {id}"),
         );
     }
     Err(err::<C::Table>(
         "free_async",
         BackendErrorKind::InvalidArgument,
         format!(
-            "{what} is not live in {} context {} (freed already, or another context's: free \
-             each allocation once, in the context that made it)",
-            C::VENDOR,
-            ctx.id()
+            "{what} is not live in {} context {id} (freed already, or another context's: \
+             free each allocation once, in the context that made it)",
+            C::Table::VENDOR,
         ),
     ))
 }
@@ -204,7 +199,7 @@ pub fn settle_claim<T>(claim: Claim<T>, ok: bool, probe: &BackendProbe) -> T {
 /// ran, so give it back to `arena` and retire the signal; when the stream
 /// failed before it, the memory may still be in use by what failed: it stays
 /// out of the free list and the signal is abandoned.
-pub fn settle_release<H: Copy + Eq + std::fmt::Debug>(
+pub fn settle_release<H: Copy + Eq + Debug>(
     arena: &vmm::Arena<H>,
     releases: &Tickets<u64>,
     probe: &BackendProbe,
@@ -217,6 +212,67 @@ pub fn settle_release<H: Copy + Eq + std::fmt::Debug>(
         }
         settle_claim(claim, ok, probe);
     }
+}
+
+/// A vendor's arena (its books reached through `Deref`) with the releases
+/// queued on its streams: the core settles them ([`Settle`], through
+/// [`settle_release`]) and queues them ([`queue_release`]).
+pub trait Releasing: Send + Sync + 'static {
+    /// The releases whose callback has not run (by ticket, each with the
+    /// address to give back), and the probe they are counted on.
+    fn releases(&self) -> (&Tickets<u64>, &BackendProbe);
+}
+
+impl<A, H> Settle for A
+where
+    A: Releasing + Deref<Target = vmm::Arena<H>>,
+    H: Copy + Eq + Debug,
+{
+    fn settle(&self, ticket: u64, ok: bool) {
+        let (releases, probe) = self.releases();
+        settle_release(self, releases, probe, ticket, ok);
+    }
+}
+
+/// Queue the release of the `bytes` B arena allocation at `at` behind the
+/// work on `stream` ([`queue`]; after a failed launch and a synchronize the
+/// range goes back at once).
+///
+/// # Safety
+///
+/// As for [`queue`]; the allocation is `arena`'s and was taken out of the
+/// context's live set.
+pub unsafe fn queue_release<C, A, H>(
+    ctx: &C,
+    arena: &Arc<A>,
+    stream: <C::Table as VmmTable>::Stream,
+    signal: RetireSignal,
+    bytes: u64,
+    at: u64,
+) where
+    C: Context,
+    C::Table: RetireTable,
+    A: Releasing + Deref<Target = vmm::Arena<H>>,
+    H: Copy + Eq + Debug,
+{
+    let (releases, probe) = arena.releases();
+    let owner: Weak<dyn Settle> = Arc::downgrade(arena) as Weak<dyn Settle>;
+    let back = |&at: &u64| {
+        arena.retire(at);
+        true
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        queue(
+            ctx,
+            probe,
+            owner,
+            releases,
+            stream,
+            (signal, bytes, at),
+            back,
+        )
+    };
 }
 
 /// What became of a release handed to [`queue`].

@@ -204,6 +204,7 @@ impl CaptureTable for Toy {
 }
 
 impl RetireTable for Toy {
+    const VENDOR: &'static str = "Toy";
     const LAUNCH_CALLBACK: &'static str = "toyLaunchCallback";
 
     unsafe fn launch_callback(_: u64, ticket: u64) -> i32 {
@@ -533,25 +534,65 @@ fn device_loss_abandons_every_parked_signal_and_a_later_callback_does_nothing() 
     assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (0, 2));
 }
 
+/// A toy arena with the releases queued on its streams.
+struct Releasing {
+    arena: ToyArena,
+    releases: Tickets<u64>,
+    probe: BackendProbe,
+}
+
+impl std::ops::Deref for Releasing {
+    type Target = vmm::Arena<u64>;
+    fn deref(&self) -> &Self::Target {
+        &self.arena
+    }
+}
+
+impl retire::Releasing for Releasing {
+    fn releases(&self) -> (&Tickets<u64>, &BackendProbe) {
+        (&self.releases, &self.probe)
+    }
+}
+
 #[test]
 fn an_arena_release_gives_its_range_back_only_when_the_stream_passed_it() {
     let s = ToyContext::default();
-    let a = toy_arena(&s);
-    let d = arena::driver(&s, &a);
+    let a = Arc::new(Releasing {
+        arena: toy_arena(&s),
+        releases: Tickets::default(),
+        probe: BackendProbe::new(),
+    });
+    let d = arena::driver(&s, &a.arena);
     let first = a.allocate(&d, 4096).expect("allocate");
     let second = a.allocate(&d, 4096).expect("allocate");
-    let releases: Tickets<u64> = Tickets::default();
-    let probe = BackendProbe::new();
+    let third = a.allocate(&d, 4096).expect("allocate");
     let used = a.snapshot().in_use;
-    for (at, ticket, ok) in [(first, 1, false), (second, 2, true)] {
+    for at in [first, second] {
         let (signal, _) = signal();
-        releases.park(ticket, signal, 4096, at);
-        retire::settle_release(&a, &releases, &probe, ticket, ok);
+        // SAFETY: the toy's streams are numbers; nothing is dereferenced.
+        unsafe { retire::queue_release(&s, &a, 1, signal, 4096, at) };
     }
+    assert_eq!(
+        a.snapshot().in_use,
+        used,
+        "nothing back before the stream passed"
+    );
+    let t = queued_tickets();
+    retire::callback_ran(t[0], false);
+    retire::callback_ran(t[1], true);
     // The failed stream's range stays out of the free list; the other is
     // back.
     assert_eq!(a.snapshot().in_use, used - 4096);
-    assert_eq!((probe.frees_retired(), probe.frees_abandoned()), (1, 1));
+    assert_eq!((a.probe.frees_retired(), a.probe.frees_abandoned()), (1, 1));
+
+    // A failed launch: the stream is synchronized and the range is back at
+    // once.
+    script("toyLaunchCallback", REFUSED);
+    let (signal, seen) = signal();
+    // SAFETY: as above.
+    unsafe { retire::queue_release(&s, &a, 1, signal, 4096, third) };
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!(a.snapshot().in_use, used - 8192);
 }
 
 #[test]

@@ -17,8 +17,8 @@ use crate::retire::Refused;
 use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys::{self, CUdeviceptr};
-use memgov_backend::{lock, BackendError, RetireSignal, Tickets};
-use memgov_stream_ordered::retire::{self, Settle};
+use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
+use memgov_stream_ordered::retire;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,10 +26,10 @@ use std::time::Duration;
 /// ticket, each with the address to give back to the arena.
 pub(crate) type Releases = Tickets<CUdeviceptr>;
 
-/// A release's host function ran: the range goes back to the arena.
-impl Settle for Arena {
-    fn settle(&self, ticket: u64, ok: bool) {
-        retire::settle_release(self, &self.releases, &self.probe, ticket, ok);
+/// The core queues and settles the arena's releases.
+impl retire::Releasing for Arena {
+    fn releases(&self) -> (&Releases, &BackendProbe) {
+        (&self.releases, &self.probe)
     }
 }
 
@@ -72,23 +72,9 @@ impl CudaContext {
         let s = &*self.shared;
         let (_live, _current, memory, signal) =
             s.begin_free(stream, memory, signal, "arena allocation")?;
-        let owner = Arc::downgrade(arena);
         // SAFETY: the stream is a live stream of this context (checked);
-        // the context is current.
-        unsafe {
-            retire::queue(
-                s,
-                s.probe(),
-                owner,
-                &arena.releases,
-                stream.raw,
-                (signal, memory.bytes, memory.ptr),
-                |&ptr| {
-                    arena.retire(ptr);
-                    true
-                },
-            )
-        };
+        // the context is current; the memory left the live set.
+        unsafe { retire::queue_release(s, arena, stream.raw, signal, memory.bytes, memory.ptr) };
         Ok(())
     }
 

@@ -19,8 +19,8 @@ use crate::memory::{HipMemory, Origin};
 use crate::shared::Shared;
 use crate::stream::HipStream;
 use crate::HipContext;
-use memgov_backend::{lock, BackendError, RetireSignal, Tickets};
-use memgov_stream_ordered::retire::{self, Settle};
+use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
+use memgov_stream_ordered::retire;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,11 +28,11 @@ use std::time::Duration;
 /// each with the address to give back to the arena.
 pub(crate) type Releases = Tickets<u64>;
 
-/// A release's callback ran: the range goes back to the arena (or, when
-/// the stream failed before it, stays out of the free list).
-impl Settle for Arena {
-    fn settle(&self, ticket: u64, ok: bool) {
-        retire::settle_release(self, &self.releases, &self.probe, ticket, ok);
+/// A callback of a release settles it in the core, which gives its range
+/// back (unless the stream failed before it).
+impl retire::Releasing for Arena {
+    fn releases(&self) -> (&Releases, &BackendProbe) {
+        (&self.releases, &self.probe)
     }
 }
 
@@ -79,22 +79,10 @@ impl HipContext {
                 return Err((memory, signal, e));
             }
         };
-        let owner = Arc::downgrade(arena);
-        // SAFETY: the stream is live; the device is current.
-        unsafe {
-            retire::queue(
-                s,
-                s.probe(),
-                owner,
-                &arena.releases,
-                stream.raw.0,
-                (signal, memory.bytes, memory.ptr as u64),
-                |&ptr| {
-                    arena.retire(ptr);
-                    true
-                },
-            )
-        };
+        let at = memory.ptr as u64;
+        // SAFETY: the stream is live; the device is current; the memory left
+        // the live set.
+        unsafe { retire::queue_release(s, arena, stream.raw.0, signal, memory.bytes, at) };
         drop(device);
         Ok(())
     }
