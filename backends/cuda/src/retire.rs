@@ -41,12 +41,6 @@ unsafe extern "C" fn host_fn(user: *mut c_void) {
     retire::callback_ran(user as usize as u64, true);
 }
 
-impl retire::Frees for Shared {
-    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
-        (self.id, self.shell.probe())
-    }
-}
-
 impl RetireTable for Cuda {
     const VENDOR: &'static str = "CUDA";
     const LAUNCH_CALLBACK: &'static str = "cuLaunchHostFunc";

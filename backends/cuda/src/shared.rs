@@ -364,3 +364,10 @@ impl MakeCurrent for Shared {
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 }
+
+/// The core begins frees in this context (`retire::begin_free`).
+impl memgov_stream_ordered::retire::Frees for Shared {
+    fn frees(&self) -> (u64, &BackendProbe) {
+        (self.id, self.shell.probe())
+    }
+}

@@ -51,12 +51,6 @@ unsafe extern "C" fn callback(_stream: hipStream_t, status: HipResult, user: *mu
     retire::callback_ran(user as usize as u64, status == SUCCESS);
 }
 
-impl retire::Frees for Shared {
-    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
-        (self.id, self.shell.probe())
-    }
-}
-
 impl RetireTable for Hip {
     const VENDOR: &'static str = "HIP";
     const LAUNCH_CALLBACK: &'static str = "hipStreamAddCallback";
@@ -90,6 +84,13 @@ impl Settle for Shared {
         }
         let stream = retire::settle_claim(claim, ok, self.probe());
         self.outstanding.settle(stream);
+    }
+}
+
+/// The context's id and probe, for the core's `begin_free`.
+impl retire::Frees for Shared {
+    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
+        (self.id, self.shell.probe())
     }
 }
 

@@ -27,6 +27,26 @@
 //!   executed), the caller's `finish` completes it on this thread and the
 //!   signal fires; otherwise it is dropped unfired.
 //!
+//! Synchronous frees (CUDA's `cuMemFreeHost`, HIP's `hipFree` and
+//! `hipHostFree` for its `hipMalloc` fallback and page-locked host memory)
+//! may not run before the stream passed the memory's last use, nor inside a
+//! callback (no driver call there): both vendors hand them to the context's
+//! free thread ([`memgov_backend::FreeThread`]), which frees them through
+//! the capture gate. How the free thread learns that the stream passed
+//! differs, and stays the vendor's, written beside its table:
+//!
+//! * CUDA parks the signal here ([`queue`], its item the host address) and
+//!   the host function, when it runs, hands the ticket to the free thread,
+//!   which frees a batch of ready buffers and claims their tickets (device
+//!   loss may claim them first): no event per free, and `synchronize` frees
+//!   what its stream made ready.
+//! * HIP records an event on the stream and queues the free with its
+//!   signal; the free thread takes one at a time, waits for the event
+//!   (`hipEventSynchronize`), frees and settles, and device loss takes the
+//!   frees it has not started off its queue for teardown to free while the
+//!   runtime answers (the event, recorded before the free was queued,
+//!   still says when the stream passed it).
+//!
 //! Every free begins the same way ([`begin_free`]): refused on a lost
 //! context or a stream not of the context, the memory taken out of the live
 //! set (so a second free, or another context's memory, never reaches the
