@@ -58,22 +58,20 @@ impl RetireTable for Cuda {
 /// driver call is made under.
 impl Settle for Shared {
     fn settle(&self, ticket: u64, _ok: bool) {
-        match self.pending.waiting.item(ticket) {
+        let host = lock(&self.pending.host_queued).remove(&ticket);
+        if let Some((host, stream)) = host {
             // The stream has passed the buffer's last use; the free itself
             // is a driver call, which a host function may not make: the
-            // free thread's.
-            Some(Some((host, stream))) => self.pending.host.push(HostFree {
+            // free thread's (which settles the signal, if device loss has
+            // not).
+            self.pending.host.push(HostFree {
                 ticket,
                 host,
                 stream,
-            }),
-            Some(None) => {
-                if let Some(claim) = self.pending.waiting.claim(ticket) {
-                    // The governor's sink touches atomics and wakes waiters.
-                    claim.retire(self.probe());
-                }
-            }
-            None => {}
+            });
+        } else if let Some(claim) = self.pending.waiting.claim(ticket) {
+            // The governor's sink touches atomics and wakes waiters.
+            claim.retire(self.probe());
         }
     }
 }
@@ -225,8 +223,11 @@ impl CudaContext {
         // Counted before the launch: the free thread may settle it before
         // the launch has returned; settled on return unless handed on.
         let queued = (host != 0).then(|| s.pending.host_unsettled.add_guarded(stream.id));
-        let item = (host != 0).then_some((host, stream.id));
-        let free_host_now = |_: &Option<(usize, u64)>| {
+        let ticket = retire::next_ticket();
+        if host != 0 {
+            lock(&s.pending.host_queued).insert(ticket, (host, stream.id));
+        }
+        let free_host_now = |_: &()| {
             if host == 0 {
                 return true;
             }
@@ -253,12 +254,18 @@ impl CudaContext {
                     owner,
                     &s.pending.waiting,
                     stream.raw,
-                    (signal, memory.bytes, item),
+                    (ticket, signal, memory.bytes, ()),
                     free_host_now,
                 )
             },
             Queued::Behind
         );
+        if !queued_behind {
+            // The host function will not run: the buffer was freed above
+            // (or, when device loss took the ticket first, is left to the
+            // context).
+            lock(&s.pending.host_queued).remove(&ticket);
+        }
         if let Some(queued) = queued.filter(|_| queued_behind) {
             // The free thread settles it (`free_host`).
             queued.hand_on();

@@ -34,9 +34,13 @@ pub(crate) fn gate() -> &'static Gate {
 pub(crate) struct PendingFrees {
     /// Signals of frees queued on the device whose host function has not
     /// run, claimed by that host function, by the free thread (page-locked
-    /// host frees) or by device loss; a page-locked host free's with its
-    /// host address and stream id.
-    pub(crate) waiting: Tickets<Option<(usize, u64)>>,
+    /// host frees) or by device loss.
+    pub(crate) waiting: Tickets<()>,
+    /// Page-locked host frees whose host function has not run: ticket ->
+    /// (host address, stream id). Apart from `waiting`, because the buffer
+    /// must be freed even when device loss abandoned its signal: the host
+    /// function (its route kept) still hands it to the free thread.
+    pub(crate) host_queued: Mutex<HashMap<u64, (usize, u64)>>,
     /// Page-locked host frees whose host function has run, for the free
     /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
     /// thread also polls retired streams (see `Shared`'s `FreeWork`).
@@ -52,6 +56,7 @@ impl Default for PendingFrees {
     fn default() -> Self {
         Self {
             waiting: Tickets::default(),
+            host_queued: Mutex::default(),
             // One make-current round-trip for every buffer that is ready.
             host: FreeThread::new(Take::All),
             host_unsettled: Unsettled::default(),
@@ -189,7 +194,14 @@ impl Shared {
     /// Drop every waiting signal unfired (the governor settles them as
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
-        let taken = memgov_stream_ordered::retire::claim_all(&self.pending.waiting);
+        let taken = self.pending.waiting.claim_all();
+        {
+            // The routes of pool frees go (their host functions will not
+            // run); a page-locked host free's stays, for its buffer.
+            let host = lock(&self.pending.host_queued);
+            let pool = taken.iter().map(|c| c.ticket());
+            memgov_stream_ordered::retire::unroute(pool.filter(|t| !host.contains_key(t)));
+        }
         self.pending.host_unsettled.clear();
         for claim in taken {
             claim.abandon(self.probe());

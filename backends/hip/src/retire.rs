@@ -155,7 +155,7 @@ fn queue_pool_free(
             owner,
             &shared.pending,
             stream.raw.0,
-            (signal, memory.bytes, stream.id),
+            (retire::next_ticket(), signal, memory.bytes, stream.id),
             |_| true,
         )
     };

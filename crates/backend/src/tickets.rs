@@ -96,16 +96,6 @@ impl<T> Tickets<T> {
         lock(&self.parked).remove(&ticket)
     }
 
-    /// A copy of the item parked under `ticket`, the signal left parked
-    /// (for a callback that hands the release on to another thread, which
-    /// claims it when done).
-    pub fn item(&self, ticket: u64) -> Option<T>
-    where
-        T: Clone,
-    {
-        lock(&self.parked).get(&ticket).map(|c| c.item.clone())
-    }
-
     /// Take every signal still parked (device loss, teardown). Settle them
     /// after this returns: the table's lock is released by then.
     pub fn claim_all(&self) -> Vec<Claim<T>> {

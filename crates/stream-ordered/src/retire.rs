@@ -182,7 +182,9 @@ pub fn forget_owner<S: Settle>(owner: &S) {
     lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr().cast::<()>(), me));
 }
 
-fn unroute(tickets: impl IntoIterator<Item = u64>) {
+/// Remove the routes of `tickets` (their callbacks will not run, or their
+/// signals were settled another way and the callbacks have nothing to do).
+pub fn unroute(tickets: impl IntoIterator<Item = u64>) {
     let mut r = lock(routes());
     for t in tickets {
         r.remove(&t);
@@ -289,7 +291,7 @@ pub unsafe fn queue_release<C, A, H>(
             owner,
             releases,
             stream,
-            (signal, bytes, at),
+            (next_ticket(), signal, bytes, at),
             back,
         )
     };
@@ -307,8 +309,8 @@ pub enum Queued<T> {
     Gone,
 }
 
-/// Park `signal` (releasing `bytes`, with `item`) under a new ticket of
-/// `owner`'s `tickets`, route the ticket to `owner`, and queue the vendor's
+/// Park `signal` (releasing `bytes`, with `item`) under `ticket` (from
+/// [`next_ticket`]) in `owner`'s `tickets`, route the ticket to `owner`, and queue the vendor's
 /// callback behind the release on `stream` (see the module's documentation
 /// for a failed launch: `finish` completes the release on this thread once
 /// the stream is synchronized, `false` when it failed).
@@ -325,14 +327,13 @@ pub unsafe fn queue<C, T>(
     owner: Weak<dyn Settle>,
     tickets: &Tickets<T>,
     stream: <C::Table as VmmTable>::Stream,
-    (signal, bytes, item): (RetireSignal, u64, T),
+    (ticket, signal, bytes, item): (u64, RetireSignal, u64, T),
     finish: impl FnOnce(&T) -> bool,
 ) -> Queued<T>
 where
     C: Context,
     C::Table: RetireTable,
 {
-    let ticket = next_ticket();
     // The ticket is in both tables before the callback can run.
     tickets.park(ticket, signal, bytes, item);
     lock(routes()).insert(ticket, owner);

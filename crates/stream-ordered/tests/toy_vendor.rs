@@ -429,7 +429,7 @@ fn queue(
             weak,
             &o.tickets,
             1,
-            (signal, 4096, at),
+            (retire::next_ticket(), signal, 4096, at),
             finish,
         )
     };
