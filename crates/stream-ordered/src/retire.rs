@@ -35,11 +35,12 @@
 //! the capture gate. How the free thread learns that the stream passed
 //! differs, and stays the vendor's, written beside its table:
 //!
-//! * CUDA parks the signal here ([`queue`], its item the host address) and
-//!   the host function, when it runs, hands the ticket to the free thread,
-//!   which frees a batch of ready buffers and claims their tickets (device
-//!   loss may claim them first): no event per free, and `synchronize` frees
-//!   what its stream made ready.
+//! * CUDA parks the signal here ([`queue`]) and the host address in a table
+//!   of its own; the host function, when it runs, hands the buffer to the
+//!   free thread, which frees a batch of ready buffers and claims their
+//!   tickets: no event per free, and `synchronize` frees what its stream
+//!   made ready. Device loss abandons the signal but leaves the route (with
+//!   [`unroute`] for the pool frees only): the buffer is still freed.
 //! * HIP records an event on the stream and queues the free with its
 //!   signal; the free thread takes one at a time, waits for the event
 //!   (`hipEventSynchronize`), frees and settles, and device loss takes the
