@@ -237,6 +237,10 @@ pub fn settle_release<H: Copy + Eq + Debug>(
     }
 }
 
+/// An arena's releases whose callback has not run: their signals by ticket,
+/// each with the address to give back.
+pub type Releases = Tickets<u64>;
+
 /// A vendor's arena (its books reached through `Deref`) with the releases
 /// queued on its streams: the core settles them ([`Settle`], through
 /// [`settle_release`]) and queues them ([`queue_release`]).

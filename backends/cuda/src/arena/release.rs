@@ -16,22 +16,13 @@ use super::Arena;
 use crate::retire::Refused;
 use crate::shared::{RawStream, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
-use cudarc::driver::sys::{self, CUdeviceptr};
-use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
+use cudarc::driver::sys;
+use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal};
 use memgov_stream_ordered::retire;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Releases queued whose host function has not run: their signals by
-/// ticket, each with the address to give back to the arena.
-pub(crate) type Releases = Tickets<CUdeviceptr>;
-
-/// The core queues and settles the arena's releases.
-impl retire::Releasing for Arena {
-    fn releases(&self) -> (&Releases, &BackendProbe) {
-        (&self.releases, &self.probe)
-    }
-}
+pub(crate) use retire::Releases;
 
 /// How long a teardown of a context declared lost (whose driver answers)
 /// waits for queued work before it leaves the arena mapped.
@@ -121,5 +112,12 @@ impl CudaContext {
         let r = arena.teardown(s);
         drop(current);
         r
+    }
+}
+
+/// The core queues and settles the arena's releases.
+impl retire::Releasing for Arena {
+    fn releases(&self) -> (&Releases, &BackendProbe) {
+        (&self.releases, &self.probe)
     }
 }

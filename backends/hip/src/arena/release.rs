@@ -19,14 +19,12 @@ use crate::memory::{HipMemory, Origin};
 use crate::shared::Shared;
 use crate::stream::HipStream;
 use crate::HipContext;
-use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
+use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal};
 use memgov_stream_ordered::retire;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Releases queued whose callback has not run: their signals by ticket,
-/// each with the address to give back to the arena.
-pub(crate) type Releases = Tickets<u64>;
+pub(crate) use retire::Releases;
 
 /// A callback of a release settles it in the core, which gives its range
 /// back (unless the stream failed before it).
