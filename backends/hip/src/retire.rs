@@ -204,7 +204,7 @@ fn queue_plain_free(
     }
     shared.outstanding.add(stream.id);
     shared.frees.push(PlainFree {
-        event: Event(event),
+        event: memgov_stream_ordered::table::Raw(event),
         ptr: memory.ptr,
         origin: memory.origin,
         bytes: memory.bytes,
