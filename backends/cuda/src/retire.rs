@@ -12,8 +12,9 @@
 //! waits for every stream, then frees what the thread had not) never
 //! destroys the context under one.
 //!
-//! The signal waits in the context's [`PendingFrees`](crate::shared::PendingFrees) under a ticket, and
-//! the host function carries only the ticket number: the core's
+//! The signal waits in the context's
+//! [`PendingFrees`](crate::shared::PendingFrees) under a ticket, and the
+//! host function carries only the ticket number: the core's
 //! [`retire`](memgov_stream_ordered::retire) routes it back to the context
 //! ([`Settle`]), parks and claims, and handles a failed launch and device
 //! loss. CUDA's part is the table's entry point (`cuLaunchHostFunc` and its
