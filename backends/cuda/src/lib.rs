@@ -628,7 +628,7 @@ impl DeviceContext for CudaContext {
     fn device_lost(&self) {
         self.device_lost_impl();
         if let Some(a) = &self.arena {
-            a.releases.abandon_all(self.shared.probe());
+            memgov_stream_ordered::retire::abandon_all(&a.releases, self.shared.probe());
         }
     }
 

@@ -77,40 +77,13 @@ impl CudaMemory {
 }
 
 impl CudaContext {
-    /// The checks every allocation makes before its driver call, in any
-    /// tier: a usable context, a stream of its own, and a size above zero
-    /// that fits `size_t`. Returns the size.
-    fn allocation_size(
-        &self,
-        stream: &super::CudaStream,
-        bytes: u64,
-    ) -> Result<usize, BackendError> {
-        let s = &*self.shared;
-        s.check_usable("allocate")?;
-        s.check_stream("allocate", stream)?;
-        if bytes == 0 {
-            return Err(crate::result::err(
-                "allocate",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                "a 0-byte allocation was asked for; ask for at least 1 byte",
-            ));
-        }
-        usize::try_from(bytes).map_err(|_| {
-            crate::result::err(
-                "allocate",
-                memgov_backend::BackendErrorKind::InvalidArgument,
-                format!("{bytes} B does not fit this platform's size_t"),
-            )
-        })
-    }
-
     pub(crate) fn allocate_impl(
         &self,
         stream: &super::CudaStream,
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
         let s = &*self.shared;
-        let size = self.allocation_size(stream, bytes)?;
+        let size = memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
         let _current = s.make_current("allocate")?;
         if let Some(arena) = &self.arena {
             let ptr = arena.allocate(s, bytes)?;
@@ -150,7 +123,7 @@ impl CudaContext {
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
         let s = &*self.shared;
-        let size = self.allocation_size(stream, bytes)?;
+        let size = memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
         // Page-locked allocation (and the free on failure below) is a
         // potentially unsafe call: it waits for captures under way, and is
         // refused on a thread whose own capture is under way.
@@ -195,14 +168,8 @@ impl CudaContext {
         let _current = s.make_current("write")?;
         // SAFETY: [at, at + len) lies inside a live allocation of this
         // context and the stream is a live stream of it (checked above);
-        // `src` outlives the copy because the stream is synchronized before
-        // returning; the context is current.
-        let r =
-            unsafe { sys::cuMemcpyHtoDAsync_v2(at, src.as_ptr().cast(), src.len(), stream.raw) };
-        s.checked("write", "cuMemcpyHtoDAsync_v2", r)?;
-        // SAFETY: as above.
-        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-        s.checked("write", "cuStreamSynchronize", r)
+        // the context is current.
+        unsafe { memgov_stream_ordered::memory::write(s, stream.raw, at, src) }
     }
 
     pub(crate) fn read_impl(
@@ -224,16 +191,8 @@ impl CudaContext {
             return Ok(());
         }
         let _current = s.make_current("read")?;
-        // SAFETY: handles and bounds checked as in write; `dst` is
-        // exclusively borrowed until the stream is synchronized below, so the
-        // copy lands before it is read.
-        let r = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), at, dst.len(), stream.raw)
-        };
-        s.checked("read", "cuMemcpyDtoHAsync_v2", r)?;
-        // SAFETY: as above.
-        let r = unsafe { sys::cuStreamSynchronize(stream.raw) };
-        s.checked("read", "cuStreamSynchronize", r)
+        // SAFETY: handles and bounds checked as in write.
+        unsafe { memgov_stream_ordered::memory::read(s, stream.raw, at, dst) }
     }
 
     /// Refuse a copy to or from arena memory while the arena, or a set the
@@ -271,15 +230,11 @@ fn range(
     offset: u64,
     len: usize,
 ) -> Result<CUdeviceptr, BackendError> {
-    match offset.checked_add(len as u64) {
-        Some(end) if end <= memory.bytes => Ok(memory.ptr + offset),
-        _ => Err(crate::result::err(
-            op,
-            memgov_backend::BackendErrorKind::InvalidArgument,
-            format!(
-                "{len} B at offset {offset} runs past the {} B allocation",
-                memory.bytes
-            ),
-        )),
-    }
+    memgov_stream_ordered::memory::range::<crate::shared::Shared>(
+        op,
+        memory.ptr,
+        memory.bytes,
+        offset,
+        len,
+    )
 }

@@ -12,70 +12,68 @@
 //! waits for every stream, then frees what the thread had not) never
 //! destroys the context under one.
 //!
-//! The signal does not travel through the driver: it waits in the context's
-//! [`PendingFrees`] under a ticket ([`memgov_backend::Tickets`]), and the
-//! host function carries only the ticket (and an `Arc` of the table). So a
-//! signal is reachable from both sides, and exactly one side takes it:
-//!
-//! * the host function, on the driver's callback thread, when the free has
-//!   executed: it takes the signal and fires it. It makes no CUDA call (the
-//!   driver forbids calls from host functions) and takes one short lock that
-//!   no driver call is ever made under;
-//! * `device_lost`, when the governor declares the device lost: it takes every
-//!   signal still waiting and drops it unfired (abandoned). A host function
-//!   that runs later finds its ticket gone and does nothing.
-//!
-//! If `cuLaunchHostFunc` fails after the free was queued, the free still
-//! happens and the memory is no longer the caller's, so `free_async` cannot
-//! refuse: it synchronizes the stream instead (the free has then executed)
-//! and fires the signal itself; if that wait fails too (or the launch failed
-//! with a device-lost code) the signal is dropped unfired, as for a lost
-//! device. Either way `free_async` returns `Ok`.
+//! The signal waits in the context's
+//! [`PendingFrees`](crate::shared::PendingFrees) under a ticket, and the
+//! host function carries only the ticket number: the core's
+//! [`retire`](memgov_stream_ordered::retire) routes it back to the context
+//! ([`Settle`]), parks and claims, and handles a failed launch and device
+//! loss. CUDA's part is the table's entry point (`cuLaunchHostFunc` and its
+//! trampoline, which makes no CUDA call) and what settling a ticket means
+//! here: retire a pool free's signal, or hand a page-locked host free to
+//! the free thread.
 
-use crate::result::BACKEND;
-use crate::shared::{HostFree, Live, PendingFrees, Shared};
+use crate::result::Cuda;
+use crate::shared::{HostFree, Live, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
 use memgov_backend::shell::Current;
-use memgov_backend::{lock, BackendError, BackendErrorKind, BackendProbe, RetireSignal, Tickets};
+use memgov_backend::{lock, BackendError, RetireSignal};
+use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// What one host function carries: boxed, handed to the driver as
-/// `userData`, and reclaimed by the callback (or by `free_async` when the
-/// launch fails).
-struct HostFnData {
-    pending: Arc<PendingFrees>,
-    probe: BackendProbe,
-    ticket: u64,
-    /// For a page-locked host free: the host address and the stream's id.
-    host: Option<(usize, u64)>,
-}
-
-/// The host function. Runs on a driver thread once the free before it on
-/// the stream has executed.
+/// The host function: the ticket is its user data, a number never
+/// dereferenced.
 ///
 /// # Safety
 ///
-/// `user` is a pointer from `Box::into_raw(Box<HostFnData>)` handed to
-/// exactly one successful `cuLaunchHostFunc`; the driver calls this once.
-unsafe extern "C" fn free_retired(user: *mut c_void) {
-    // SAFETY: see the function's contract; the box is reclaimed once.
-    let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
-    if let Some((host, stream)) = data.host {
-        // The stream has passed the buffer's last use; the free itself is a
-        // driver call, which a host function may not make: the free
-        // thread's.
-        data.pending.host.push(HostFree {
-            ticket: data.ticket,
-            host,
-            stream,
-        });
-        return;
+/// Called by the driver with the user data given to `cuLaunchHostFunc`.
+unsafe extern "C" fn host_fn(user: *mut c_void) {
+    retire::callback_ran(user as usize as u64, true);
+}
+
+impl RetireTable for Cuda {
+    const VENDOR: &'static str = "CUDA";
+    const LAUNCH_CALLBACK: &'static str = "cuLaunchHostFunc";
+
+    unsafe fn launch_callback(stream: sys::CUstream, ticket: u64) -> sys::CUresult {
+        // SAFETY: the caller's contract (a live stream, the context
+        // current); `host_fn` makes no CUDA call and reads its user data
+        // as a number.
+        unsafe { sys::cuLaunchHostFunc(stream, Some(host_fn), ticket as usize as *mut c_void) }
     }
-    if let Some(claim) = data.pending.waiting.claim(data.ticket) {
-        // The governor's sink touches atomics and wakes waiters only.
-        claim.retire(&data.probe);
+}
+
+/// A host function ran on a driver thread once the free before it on the
+/// stream has executed. It makes no CUDA call and takes short locks that no
+/// driver call is made under.
+impl Settle for Shared {
+    fn settle(&self, ticket: u64, _ok: bool) {
+        let host = lock(&self.pending.host_queued).remove(&ticket);
+        if let Some((host, stream)) = host {
+            // The stream has passed the buffer's last use; the free itself
+            // is a driver call, which a host function may not make: the
+            // free thread's (which settles the signal, if device loss has
+            // not).
+            self.pending.host.push(HostFree {
+                ticket,
+                host,
+                stream,
+            });
+        } else if let Some(claim) = self.pending.waiting.claim(ticket) {
+            // The governor's sink touches atomics and wakes waiters.
+            claim.retire(self.probe());
+        }
     }
 }
 
@@ -175,39 +173,16 @@ impl Shared {
         signal: RetireSignal,
         what: &str,
     ) -> Result<(Live, Current<'_, Self>, CudaMemory, RetireSignal), Refused> {
-        if let Err(e) = self
-            .check_usable("free_async")
-            .and_then(|()| self.check_stream("free_async", stream))
-        {
-            return Err((memory, signal, e));
-        }
-        let live = (memory.context == self.id)
-            .then(|| lock(&self.live).remove(&memory.id))
-            .flatten();
-        let Some(live) = live else {
-            // Another context's memory is the caller's mistake, refused
-            // below and reported to the caller only; an allocation of this
-            // context that is no longer live is a second free, which the
-            // probe counts.
-            if memory.context == self.id {
-                self.probe().violation(
-                    BACKEND,
-                    format!(
-                        "free_async of {what} {} (context {}) that is not live in context {}",
-                        memory.id, memory.context, self.id
-                    ),
-                );
-            }
-            let e = crate::result::err(
-                "free_async",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "{what} {} ({} B at {:#x}) is not live in CUDA context {} (freed \
-                     already, or another context's)",
-                    memory.id, memory.bytes, memory.ptr, self.id
-                ),
-            );
-            return Err((memory, signal, e));
+        let what = format_args!(
+            "{what} {} ({} B at {:#x})",
+            memory.id, memory.bytes, memory.ptr
+        );
+        let live = retire::begin_free(self, stream, memory.context, what, || {
+            lock(&self.live).remove(&memory.id)
+        });
+        let live = match live {
+            Ok(live) => live,
+            Err(e) => return Err((memory, signal, e)),
         };
         match self.make_current("free_async") {
             Ok(current) => Ok((live, current, memory, signal)),
@@ -216,62 +191,6 @@ impl Shared {
                 Err((memory, signal, e))
             }
         }
-    }
-
-    /// Queue the host function `settle(data)` on `stream` behind a free
-    /// whose signal is parked in `tickets` under `ticket`. Returns whether
-    /// it was queued. If the launch fails the free is queued already and
-    /// the memory is no longer the caller's, so nothing is refused: unless
-    /// the launch reported a lost device, the stream is synchronized (the
-    /// free has then executed), `finish` completes the release on this
-    /// thread (`false`: it failed) and the signal fires; otherwise it is
-    /// dropped unfired. A ticket device loss claimed already is left alone.
-    /// The context must be current.
-    ///
-    /// # Safety
-    ///
-    /// `settle` upholds the host-function rules (no CUDA call) and reclaims
-    /// `data` with `Box::from_raw` exactly once; `stream` is a live stream
-    /// of this context.
-    pub(crate) unsafe fn launch_settle<D, T>(
-        &self,
-        stream: sys::CUstream,
-        settle: unsafe extern "C" fn(*mut c_void),
-        data: D,
-        tickets: &Tickets<T>,
-        ticket: u64,
-        finish: impl FnOnce(&T) -> bool,
-    ) -> bool {
-        let data = Box::into_raw(Box::new(data));
-        // SAFETY: the caller's contract: `settle` makes no CUDA call and
-        // reclaims `data`, a fresh box handed to this launch only; the
-        // stream is live and the context current.
-        let r = unsafe { sys::cuLaunchHostFunc(stream, Some(settle), data.cast()) };
-        if r == sys::CUresult::CUDA_SUCCESS {
-            return true;
-        }
-        // SAFETY: the launch failed, so the driver never took `data`.
-        drop(unsafe { Box::from_raw(data) });
-        let launch = self.checked("free_async", "cuLaunchHostFunc", r);
-        let Some(claim) = tickets.claim(ticket) else {
-            // `device_lost` took it already (and abandoned it).
-            return false;
-        };
-        if !launch.is_err_and(|e| e.is_device_lost()) {
-            // SAFETY: the stream is live; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(stream) };
-            if self.checked("free_async", "cuStreamSynchronize", r).is_ok() {
-                // The stream has passed the memory's last use.
-                if finish(claim.item()) {
-                    claim.retire(self.probe());
-                } else {
-                    claim.abandon(self.probe());
-                }
-                return false;
-            }
-        }
-        claim.abandon(self.probe());
-        false
     }
 }
 
@@ -302,17 +221,13 @@ impl CudaContext {
         // From here the free is queued (or, for page-locked host memory,
         // owned by the host function below and then the free thread): the
         // memory is no longer the caller's.
-        let ticket = s.next_id();
-        s.pending.waiting.park(ticket, signal, memory.bytes, ());
         // Counted before the launch: the free thread may settle it before
         // the launch has returned; settled on return unless handed on.
         let queued = (host != 0).then(|| s.pending.host_unsettled.add_guarded(stream.id));
-        let data = HostFnData {
-            pending: s.pending.clone(),
-            probe: s.probe().clone(),
-            ticket,
-            host: (host != 0).then_some((host, stream.id)),
-        };
+        let ticket = retire::next_ticket();
+        if host != 0 {
+            lock(&s.pending.host_queued).insert(ticket, (host, stream.id));
+        }
         let free_host_now = |_: &()| {
             if host == 0 {
                 return true;
@@ -328,19 +243,31 @@ impl CudaContext {
             let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
             s.checked("free_async", "cuMemFreeHost", r).is_ok()
         };
-        // SAFETY: `free_retired` makes no CUDA call and reclaims its box
-        // once; the stream is a live stream of this context (checked).
-        let launched = unsafe {
-            s.launch_settle(
-                stream.raw,
-                free_retired,
-                data,
-                &s.pending.waiting,
-                ticket,
-                free_host_now,
-            )
-        };
-        if let Some(queued) = queued.filter(|_| launched) {
+        let owner = Arc::downgrade(&self.shared);
+        // SAFETY: the stream is a live stream of this context (checked);
+        // the context is current; the free is queued (or the host buffer
+        // owned by this release).
+        let queued_behind = matches!(
+            unsafe {
+                retire::queue(
+                    s,
+                    s.probe(),
+                    owner,
+                    &s.pending.waiting,
+                    stream.raw,
+                    (ticket, signal, memory.bytes, ()),
+                    free_host_now,
+                )
+            },
+            Queued::Behind
+        );
+        if !queued_behind {
+            // The host function will not run: the buffer was freed above
+            // (or, when device loss took the ticket first, is left to the
+            // context).
+            lock(&s.pending.host_queued).remove(&ticket);
+        }
+        if let Some(queued) = queued.filter(|_| queued_behind) {
             // The free thread settles it (`free_host`).
             queued.hand_on();
             // Started once; the host function wakes it.

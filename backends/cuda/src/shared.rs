@@ -37,6 +37,11 @@ pub(crate) struct PendingFrees {
     /// run, claimed by that host function, by the free thread (page-locked
     /// host frees) or by device loss.
     pub(crate) waiting: Tickets<()>,
+    /// Page-locked host frees whose host function has not run: ticket ->
+    /// (host address, stream id). Apart from `waiting`, because the buffer
+    /// must be freed even when device loss abandoned its signal: the host
+    /// function (its route kept) still hands it to the free thread.
+    pub(crate) host_queued: Mutex<HashMap<u64, (usize, u64)>>,
     /// Page-locked host frees whose host function has run, for the free
     /// thread (or teardown, or a `synchronize`) to `cuMemFreeHost`. The
     /// thread also polls retired streams (see `Shared`'s `FreeWork`).
@@ -52,6 +57,7 @@ impl Default for PendingFrees {
     fn default() -> Self {
         Self {
             waiting: Tickets::default(),
+            host_queued: Mutex::default(),
             // One make-current round-trip for every buffer that is ready.
             host: FreeThread::new(Take::All),
             host_unsettled: Unsettled::default(),
@@ -181,6 +187,13 @@ impl Shared {
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {
         let taken = self.pending.waiting.claim_all();
+        {
+            // The routes of pool frees go (their host functions will not
+            // run); a page-locked host free's stays, for its buffer.
+            let host = lock(&self.pending.host_queued);
+            let pool = taken.iter().map(|c| c.ticket());
+            memgov_stream_ordered::retire::unroute(pool.filter(|t| !host.contains_key(t)));
+        }
         self.pending.host_unsettled.clear();
         for claim in taken {
             claim.abandon(self.probe());
@@ -306,5 +319,12 @@ impl MakeCurrent for Shared {
         // device call and restores the context the thread had before. A
         // failure leaves nothing to undo.
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+/// The core begins frees in this context (`retire::begin_free`).
+impl memgov_stream_ordered::retire::Frees for Shared {
+    fn frees(&self) -> (u64, &BackendProbe) {
+        (self.id, self.shell.probe())
     }
 }

@@ -44,6 +44,9 @@ impl CudaContext {
         } else {
             self.release_all(&mut errors);
         }
+        // A host function the driver never runs (a dead device) leaves its
+        // route behind: one that still runs finds no context.
+        memgov_stream_ordered::retire::forget_owner(s);
         s.probe().torn_down_now();
         errors.into_result()
     }

@@ -239,6 +239,20 @@ fn lost_teardown_of_a_healthy_device_frees_before_the_last_reference_goes() {
 }
 
 #[test]
+fn a_page_locked_free_whose_signal_device_loss_abandoned_is_still_freed() {
+    // cuMemFreeHost runs on the free thread after the host function queued
+    // behind the buffer's last use. Device loss declared while that host
+    // function waits abandons the signal, but the buffer is still the
+    // context's to free: the host function, when it runs, hands it over
+    // and the lost teardown frees it before the last reference goes (the
+    // stand-in aborts on a last release over live page-locked memory).
+    assert_child_passed(
+        "page_locked_free_behind_loss",
+        &[("MEMGOV_STANDIN_CUDA_EXIT_CHECK", "1")],
+    );
+}
+
+#[test]
 fn lost_teardown_never_releases_under_running_work() {
     // Declared lost on a device that answers but whose queued work is still
     // running at the drain deadline (a free queued behind 7 s of latency):
@@ -881,6 +895,7 @@ mod children {
                 "release_allocated_sticky" => release_allocated_sticky(),
                 "lost_teardown_alone" => lost_teardown_alone(),
                 "lost_teardown_running" => lost_teardown_running(),
+                "page_locked_free_behind_loss" => page_locked_free_behind_loss(),
                 "suite_alone" => suite_alone(),
                 "event_recorded_too_early" => {
                     let (_ctx, s) = raw_setup();
@@ -1381,6 +1396,64 @@ mod children {
         let snap = ctx.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
+    }
+
+    /// The stream held by a host function of the test's own until the
+    /// loss is declared, so memgov's host function runs after it.
+    fn page_locked_free_behind_loss() {
+        use std::sync::{Condvar, Mutex};
+        static OPEN: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+        /// Waits until the test opens the gate; makes no CUDA call.
+        unsafe extern "C" fn hold(_: *mut std::ffi::c_void) {
+            let (open, cv) = &OPEN;
+            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            while !*o {
+                o = cv.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        let ctx = factory().expect("context");
+        let probe = ctx.probe();
+        let s = ctx.create_stream().expect("stream");
+        let m = ctx
+            .allocate_in(&s, 4096, memgov::Tier::PinnedHost)
+            .expect("page-locked allocation");
+        // SAFETY: the context is live (pushed for the launch, popped after);
+        // the stream is a live stream of it; `hold` makes no CUDA call.
+        unsafe {
+            ok(sys::cuCtxPushCurrent_v2(ctx.cu_context()), "push");
+            let r = sys::cuLaunchHostFunc(s.cu_stream(), Some(hold), std::ptr::null_mut());
+            ok(r, "hold the stream");
+            let mut popped = std::ptr::null_mut();
+            ok(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+        }
+        let (sig, outcome) = signal();
+        ctx.free_async(&s, m, sig)
+            .map_err(|(_, _, e)| e)
+            .expect("free queued behind the hold");
+        ctx.device_lost();
+        let (o, _) = outcome
+            .recv_timeout(Duration::from_secs(30))
+            .expect("settled");
+        assert_eq!(
+            o,
+            RetireOutcome::Abandoned,
+            "device loss abandons the signal"
+        );
+        {
+            let (open, cv) = &OPEN;
+            *open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            cv.notify_all();
+        }
+        ctx.teardown(true)
+            .expect("lost teardown of a healthy device");
+        assert_eq!(probe.violations(), 0, "{:?}", probe.violation_log());
+        // The last reference went with nothing in the context: the stand-in
+        // would have aborted on the page-locked buffer.
+        assert_eq!(
+            stand_in_query("memgov_standin_cuda_reclaimed", 0),
+            Some([0, 0, 0, 0]),
+            "the page-locked buffer went with the context instead of being freed"
+        );
     }
 
     fn lost_teardown_running() {

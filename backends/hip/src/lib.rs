@@ -578,7 +578,7 @@ impl DeviceContext for HipContext {
     fn device_lost(&self) {
         self.shared.mark_lost("declared lost by the governor");
         if let Some(a) = &self.arena {
-            a.releases.abandon_all(self.shared.probe());
+            memgov_stream_ordered::retire::abandon_all(&a.releases, self.shared.probe());
         }
     }
 

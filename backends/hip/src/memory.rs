@@ -19,9 +19,8 @@
 
 use super::ffi::{
     self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
-    hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t, hipMemcpyDtoHAsync,
-    hipMemcpyHtoDAsync, hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize,
-    hipStream_t, HipResult,
+    hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t,
+    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize, hipStream_t, HipResult,
 };
 use super::result::{check, err};
 use super::stream::HipStream;
@@ -95,34 +94,12 @@ impl HipMemory {
     }
 }
 
-/// The checks every allocation makes before its driver call, in any tier:
-/// a stream of this context, a usable context, and a size above zero that
-/// fits the host's address space. Returns the size.
-fn allocation_size(shared: &Shared, stream: &HipStream, bytes: u64) -> Result<usize, BackendError> {
-    shared.check_stream("allocate", stream)?;
-    shared.check_usable("allocate")?;
-    if bytes == 0 {
-        return Err(err(
-            "allocate",
-            BackendErrorKind::InvalidArgument,
-            "a 0-byte allocation was asked for; ask for at least 1 byte",
-        ));
-    }
-    usize::try_from(bytes).map_err(|_| {
-        err(
-            "allocate",
-            BackendErrorKind::InvalidArgument,
-            format!("{bytes} B does not fit this host's address space"),
-        )
-    })
-}
-
 pub(crate) fn allocate(
     shared: &Shared,
     stream: &HipStream,
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
-    let size = allocation_size(shared, stream, bytes)?;
+    let size = memgov_stream_ordered::memory::allocation_size(shared, stream, bytes)?;
     let _device = shared.make_current("allocate")?;
     let mut ptr: *mut c_void = std::ptr::null_mut();
     let mut origin = Origin::Plain;
@@ -167,7 +144,7 @@ pub(crate) fn allocate_pinned(
     stream: &HipStream,
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
-    let size = allocation_size(shared, stream, bytes)?;
+    let size = memgov_stream_ordered::memory::allocation_size(shared, stream, bytes)?;
     // Page-locked allocation (and the free on failure below) is a
     // potentially unsafe call: it waits for captures under way, and is
     // refused on a thread whose own capture is under way.
@@ -217,24 +194,21 @@ fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result
     Ok(())
 }
 
+/// The device address of `len` bytes at `offset` of `memory` (its device
+/// view), or `InvalidArgument` when the range runs past the allocation.
 fn range(
     op: &'static str,
     memory: &HipMemory,
     offset: u64,
     len: usize,
-) -> Result<usize, BackendError> {
-    let end = offset.checked_add(len as u64);
-    match end {
-        Some(end) if end <= memory.bytes => Ok(memory.device + offset as usize),
-        _ => Err(err(
-            op,
-            BackendErrorKind::InvalidArgument,
-            format!(
-                "{len} B at offset {offset} runs past the {} B allocation",
-                memory.bytes
-            ),
-        )),
-    }
+) -> Result<u64, BackendError> {
+    memgov_stream_ordered::memory::range::<Shared>(
+        op,
+        memory.device as u64,
+        memory.bytes,
+        offset,
+        len,
+    )
 }
 
 /// Copy `src` into device memory on the stream; returns once the copy has
@@ -254,21 +228,8 @@ pub(crate) fn write(
         return Ok(());
     }
     // SAFETY: [dst, dst + len) lies inside a live allocation of this context
-    // (checked above); `src` is valid for reads of its length and outlives
-    // the copy because the stream is synchronized before returning. HIP does
-    // not write through the source pointer despite its `*mut` type.
-    let r = unsafe {
-        hipMemcpyHtoDAsync(
-            dst as *mut c_void,
-            src.as_ptr() as *mut c_void,
-            src.len(),
-            stream.raw.0,
-        )
-    };
-    shared.checked("write", "hipMemcpyHtoDAsync", r)?;
-    // SAFETY: the stream is alive.
-    let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    shared.checked("write", "hipStreamSynchronize", r)
+    // and the stream is alive (checked above).
+    unsafe { memgov_stream_ordered::memory::write(shared, stream.raw.0, dst, src) }
 }
 
 /// Copy device memory into `dst` on the stream; returns once `dst` holds
@@ -287,21 +248,9 @@ pub(crate) fn read(
     if dst.is_empty() {
         return Ok(());
     }
-    // SAFETY: [src, src + len) lies inside a live allocation (checked above);
-    // `dst` is valid for writes of its length and stays borrowed until the
-    // stream is synchronized below, so the copy finishes before it returns.
-    let r = unsafe {
-        hipMemcpyDtoHAsync(
-            dst.as_mut_ptr() as *mut c_void,
-            src as *mut c_void,
-            dst.len(),
-            stream.raw.0,
-        )
-    };
-    shared.checked("read", "hipMemcpyDtoHAsync", r)?;
-    // SAFETY: the stream is alive.
-    let r = unsafe { hipStreamSynchronize(stream.raw.0) };
-    shared.checked("read", "hipStreamSynchronize", r)
+    // SAFETY: [src, src + len) lies inside a live allocation (checked
+    // above) and the stream is alive.
+    unsafe { memgov_stream_ordered::memory::read(shared, stream.raw.0, src, dst) }
 }
 
 /// A memory pool of the context's own on device `ordinal` (current on the

@@ -18,70 +18,80 @@
 //!
 //! Signals of pool frees wait in the context's [`memgov_backend::Tickets`],
 //! not inside the runtime's callback data, so that teardown of a lost device
-//! can drop every one of them even if the runtime never runs the callbacks. The callback's user data is a
-//! number, not a pointer: the ticket, which a process-wide table routes to
-//! its context. A runtime that drops queued callbacks without running them
-//! (a lost device, a stream destroyed with callbacks pending) leaks
-//! nothing: teardown removes the routes of the tickets it settles.
+//! can drop every one of them even if the runtime never runs the callbacks.
+//! The callback's user data is a number, not a pointer: the ticket, which
+//! the core's process-wide table routes to its context
+//! ([`memgov_stream_ordered::retire`], which also parks, claims, handles a
+//! failed `hipStreamAddCallback` and device loss). A runtime that drops
+//! queued callbacks without running them (a lost device, a stream destroyed
+//! with callbacks pending) leaks nothing: teardown removes the routes of
+//! the tickets it settles.
 
 #![allow(clippy::result_large_err)]
 
 use super::ffi::{
     hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
     hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipHostFree, hipSetDevice,
-    hipStreamAddCallback, hipStreamSynchronize, hipStream_t, HipResult, SUCCESS,
+    hipStreamAddCallback, hipStream_t, HipResult, SUCCESS,
 };
 use super::memory::{HipMemory, Origin};
-use super::result::{err, error_name};
+use super::result::{err, Hip};
 use super::stream::HipStream;
 use crate::shared::{Event, PlainFree, Shared};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop};
-use std::collections::HashMap;
+use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 
-/// Tickets are unique in the process: a callback's user data names one.
-static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+/// Runs on a HIP runtime thread once the stream reached it. Makes no HIP
+/// call. The status is read as a plain integer (see `ffi.rs`); the user data
+/// is the ticket number, not a pointer.
+unsafe extern "C" fn callback(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
+    retire::callback_ran(user as usize as u64, status == SUCCESS);
+}
 
-/// Ticket -> the context that queued it, for the callbacks.
-fn routes() -> &'static Mutex<HashMap<u64, Weak<Shared>>> {
-    static ROUTES: OnceLock<Mutex<HashMap<u64, Weak<Shared>>>> = OnceLock::new();
-    ROUTES.get_or_init(|| Mutex::new(HashMap::new()))
+impl RetireTable for Hip {
+    const VENDOR: &'static str = "HIP";
+    const LAUNCH_CALLBACK: &'static str = "hipStreamAddCallback";
+
+    unsafe fn launch_callback(stream: hipStream_t, ticket: u64) -> HipResult {
+        // SAFETY: the caller's contract (a live stream); the callback has
+        // the ABI HIP expects (an `int` status is what the C header's enum
+        // is passed as), makes no HIP call and reads its user data as a
+        // number.
+        unsafe { hipStreamAddCallback(stream, Some(callback), ticket as usize as *mut c_void, 0) }
+    }
 }
 
 /// Remove every route to `shared` (teardown: a callback that still runs
 /// afterwards finds no context and does nothing).
 pub(crate) fn forget_routes(shared: &Shared) {
-    let me: *const Shared = shared;
-    lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr(), me));
+    retire::forget_owner(shared);
 }
 
-/// Runs on a HIP runtime thread after the free before it executed. Makes no
-/// HIP call. The status is read as a plain integer (see `ffi.rs`); the user
-/// data is the ticket number, not a pointer.
-unsafe extern "C" fn free_executed(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
-    let key = user as usize as u64;
-    let Some(shared) = lock(routes()).remove(&key).and_then(|w| w.upgrade()) else {
-        // Torn down already: teardown settled the ticket.
-        return;
-    };
-    // Teardown of a lost device may have taken the ticket already.
-    let Some(claim) = shared.pending.claim(key) else {
-        return;
-    };
-    let stream = if status == SUCCESS {
-        claim.retire(shared.probe())
-    } else {
-        // The stream failed: the free did not (visibly) execute. The
-        // runtime reports only sticky errors here, so the device is lost.
-        shared.mark_lost(&format!(
-            "a stream callback reported status {status} after a queued free"
-        ));
-        claim.abandon(shared.probe())
-    };
-    shared.outstanding.settle(stream);
+/// A pool free's callback ran: the free executed, or the stream failed (the
+/// free did not visibly execute; the runtime reports only sticky errors
+/// here, so the device is lost).
+impl Settle for Shared {
+    fn settle(&self, ticket: u64, ok: bool) {
+        // Teardown of a lost device may have taken the ticket already.
+        let Some(claim) = self.pending.claim(ticket) else {
+            return;
+        };
+        if !ok {
+            self.mark_lost("a stream callback reported an error status after a queued free");
+        }
+        let stream = retire::settle_claim(claim, ok, self.probe());
+        self.outstanding.settle(stream);
+    }
+}
+
+/// The context's id and probe, for the core's `begin_free`.
+impl retire::Frees for Shared {
+    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
+        (self.id, self.shell.probe())
+    }
 }
 
 /// A refused free: the memory and the signal go back to the caller, as
@@ -96,34 +106,11 @@ pub(crate) fn free_async(
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
-    let ready = shared
-        .check_stream("free_async", stream)
-        .and_then(|()| shared.check_usable("free_async"));
-    if let Err(e) = ready {
-        return Err((memory, signal, e));
-    }
-    let known = memory.context == shared.id && lock(&shared.live).remove(&memory.ptr).is_some();
-    if !known {
-        // Another context's memory is the caller's mistake, refused below
-        // and reported to the caller only; an allocation of this context
-        // that is no longer live is a second free, which the probe counts.
-        if memory.context == shared.id {
-            shared.probe().violation(
-                "hip",
-                format!(
-                    "free_async of allocation {:#x} ({} B), which is not live in context {}",
-                    memory.ptr, memory.bytes, shared.id
-                ),
-            );
-        }
-        let e = err(
-            "free_async",
-            BackendErrorKind::InvalidArgument,
-            format!(
-                "allocation {:#x} ({} B) is not live in HIP context {} (freed twice, or another context's)",
-                memory.ptr, memory.bytes, shared.id
-            ),
-        );
+    let what = format_args!("allocation {:#x} ({} B)", memory.ptr, memory.bytes);
+    let taken = retire::begin_free(&**shared, stream, memory.context, what, || {
+        lock(&shared.live).remove(&memory.ptr)
+    });
+    if let Err(e) = taken {
         return Err((memory, signal, e));
     }
     match memory.origin {
@@ -157,45 +144,31 @@ fn queue_pool_free(
     if let Err(e) = shared.checked("free_async", "hipFreeAsync", r) {
         return refuse(shared, memory, signal, e);
     }
-    let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
     // The ticket is in the table before the callback can run.
     shared.outstanding.add(stream.id);
-    shared.pending.park(ticket, signal, memory.bytes, stream.id);
-    lock(routes()).insert(ticket, Arc::downgrade(shared));
-    // SAFETY: the stream is alive; the callback has the ABI HIP expects
-    // (an `int` status is what the C header's enum is passed as); the user
-    // data is a number the callback never dereferences.
-    let r = unsafe {
-        hipStreamAddCallback(
+    let owner = Arc::downgrade(shared);
+    // SAFETY: the stream is alive; the free is queued on it.
+    let queued = unsafe {
+        retire::queue(
+            &**shared,
+            shared.probe(),
+            owner,
+            &shared.pending,
             stream.raw.0,
-            Some(free_executed),
-            ticket as usize as *mut c_void,
-            0,
+            (retire::next_ticket(), signal, memory.bytes, stream.id),
+            |_| true,
         )
     };
-    if r == SUCCESS {
-        return Ok(());
-    }
-    // The callback will never run: drop its route, then learn when the
-    // already-queued free has executed by synchronizing the stream.
-    lock(routes()).remove(&ticket);
-    let add_failed = error_name(r);
-    let Some(claim) = shared.pending.claim(ticket) else {
-        return Ok(());
-    };
-    // SAFETY: the stream is alive.
-    let s = unsafe { hipStreamSynchronize(stream.raw.0) };
-    let stream = match shared.checked("free_async", "hipStreamSynchronize", s) {
-        Ok(()) => claim.retire(shared.probe()),
-        Err(e) => {
-            let stream = claim.abandon(shared.probe());
-            shared.note(format!(
-                "hipStreamAddCallback returned {add_failed}, and the synchronize after the queued free failed: {e}; the release is abandoned"
-            ));
-            stream
+    if let Queued::Settled(stream, retired) = queued {
+        if !retired {
+            shared.note(
+                "hipStreamAddCallback failed, and so did the synchronize after the queued free: \
+                 the release is abandoned"
+                    .to_owned(),
+            );
         }
-    };
-    shared.outstanding.settle(stream);
+        shared.outstanding.settle(stream);
+    }
     Ok(())
 }
 
@@ -231,7 +204,7 @@ fn queue_plain_free(
     }
     shared.outstanding.add(stream.id);
     shared.frees.push(PlainFree {
-        event: Event(event),
+        event: memgov_stream_ordered::table::Raw(event),
         ptr: memory.ptr,
         origin: memory.origin,
         bytes: memory.bytes,
@@ -395,13 +368,7 @@ pub(crate) fn free_taken(shared: &Shared, t: &Taken) -> Result<(), BackendError>
 /// fallback frees taken off the free thread's queue, for teardown to
 /// release while the device answers.
 pub(crate) fn abandon_all(shared: &Shared) -> Vec<Taken> {
-    let tickets = shared.pending.claim_all();
-    {
-        let mut r = lock(routes());
-        for key in tickets.iter().map(|c| c.ticket()) {
-            r.remove(&key);
-        }
-    }
+    let tickets = retire::claim_all(&shared.pending);
     let frees = shared.frees.stop_and_take();
     for claim in tickets {
         claim.abandon(shared.probe());

@@ -64,10 +64,9 @@ unsafe impl Sync for RawStream {}
 /// each with the id of the stream it was queued on.
 pub(crate) type PendingFrees = Tickets<u64>;
 
-/// An event that may cross threads.
-pub(crate) struct Event(pub(crate) hipEvent_t);
-// SAFETY: a hipEvent_t is an opaque runtime handle usable from any thread.
-unsafe impl Send for Event {}
+/// An event that may cross threads (an opaque runtime handle usable from
+/// any thread).
+pub(crate) type Event = memgov_stream_ordered::table::Raw<hipEvent_t>;
 
 /// A `hipMalloc` (or `hipHostMalloc`) allocation waiting for its event
 /// before `hipFree` (or `hipHostFree`).

@@ -11,6 +11,7 @@
 //! names the vendor's own call ([`VmmNames`]).
 
 use crate::result::{err, Class, Vendor};
+use crate::retire;
 use crate::table::{Context, HandleOf, VmmNames, VmmTable};
 use memgov_backend::shell::{self, Current};
 use memgov_backend::vmm::{self, ArenaConfig, Slot};
@@ -158,6 +159,14 @@ pub struct Arena<C: Context, R, X = ()> {
     pub releases: R,
     /// What the vendor keeps beside the books.
     pub vendor: X,
+}
+
+/// A release's stream callback settles it in the core ([`retire`]), which
+/// gives its range back to the books unless the stream failed before it.
+impl<C: Context, X: Send + Sync + 'static> retire::Releasing for Arena<C, retire::Releases, X> {
+    fn releases(&self) -> (&retire::Releases, &BackendProbe) {
+        (&self.releases, &self.probe)
+    }
 }
 
 impl<C: Context, R, X> std::ops::Deref for Arena<C, R, X> {

@@ -23,6 +23,12 @@
 //!   whole as a [`vmm::GranuleDriver`] and [`vmm::SleepDriver`] for the
 //!   arena core in `memgov_backend::vmm`, and the public arena handle
 //!   ([`arena::ArenaHandle`]: `CudaArena`, `HipArena`);
+//! * [`memory`]: the checks before an allocation and a copy, and the
+//!   blocking copy over the table's copy and synchronize calls;
+//! * [`retire`]: stream-ordered retirement: a release's signal parked
+//!   under a ticket, the vendor's callback routed back to its owner by
+//!   number, the failed launch, device loss ([`retire::RetireTable`] is the
+//!   vendor's one entry point);
 //! * [`capture`]: stream capture: a capture under way carving its pool and
 //!   recording copies, its end (the gate told only once the driver's
 //!   capture is over), the graph it makes (launched, read, destroyed after
@@ -57,8 +63,10 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`table`] (the entry points and the context), then
-//! [`arena`] and [`capture`] side by side (neither imports the other), then
-//! [`stream`] (which drains through the arena's `drain`), then [`teardown`].
+//! [`memory`] and [`retire`] side by side, then [`arena`] (whose releases
+//! [`retire`] settles) and [`capture`] side by side (neither imports the
+//! other), then [`stream`] (which drains through the arena's `drain`), then
+//! [`teardown`].
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -70,7 +78,9 @@
 
 pub mod arena;
 pub mod capture;
+pub mod memory;
 pub mod result;
+pub mod retire;
 pub mod stream;
 pub mod table;
 pub mod teardown;

@@ -7,8 +7,11 @@
 
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::shell::{MakeCurrent, Shell};
-use memgov_backend::vmm::{ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
-use memgov_backend::{BackendError, BackendErrorKind, BackendProbe};
+use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
+use memgov_backend::{
+    BackendError, BackendErrorKind, BackendProbe, RetireOutcome, RetireSignal, Tickets,
+};
+use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
 use memgov_stream_ordered::table::{
     CaptureNames, CaptureTable, Context, StreamNames, StreamTable, VmmNames, VmmTable,
@@ -17,18 +20,21 @@ use memgov_stream_ordered::{arena, teardown, Checked, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 const OK: i32 = 0;
 const NOT_READY: i32 = 1;
 const REFUSED: i32 = 2;
+const LOST: i32 = 3;
 
 thread_local! {
     /// Calls made on this test's thread, in order.
     static LOG: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
     /// Results a call returns instead of success, by name.
     static SCRIPT: RefCell<HashMap<&'static str, i32>> = RefCell::new(HashMap::new());
+    /// Tickets whose callback `toyLaunchCallback` queued, in order.
+    static CALLBACKS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// What `toyMemGetGranularity` answers.
     static GRANULE: RefCell<usize> = const { RefCell::new(4096) };
 }
@@ -62,6 +68,7 @@ impl Vendor for Toy {
         match code {
             OK => Class::Success,
             NOT_READY => Class::NotReady,
+            LOST => Class::DeviceLost,
             _ => Class::Other,
         }
     }
@@ -199,6 +206,19 @@ impl CaptureTable for Toy {
     }
     fn stream_key(stream: u64) -> usize {
         stream as usize
+    }
+}
+
+impl RetireTable for Toy {
+    const VENDOR: &'static str = "Toy";
+    const LAUNCH_CALLBACK: &'static str = "toyLaunchCallback";
+
+    unsafe fn launch_callback(_: u64, ticket: u64) -> i32 {
+        let r = call("toyLaunchCallback");
+        if r == OK {
+            CALLBACKS.with(|c| c.borrow_mut().push(ticket));
+        }
+        r
     }
 }
 
@@ -648,4 +668,266 @@ fn a_retired_stream_is_destroyed_only_once_its_query_says_its_work_ran() {
     stream::reap_retired(&s, "synchronize").expect("reaped");
     assert_eq!(log(), ["toyStreamQuery", "toyStreamDestroy"]);
     assert!(!s.streams.has_retired());
+}
+
+/// What owns the toy's releases: parked signals with an address each.
+struct Owner {
+    tickets: Tickets<u64>,
+    probe: BackendProbe,
+}
+
+impl Settle for Owner {
+    fn settle(&self, ticket: u64, ok: bool) {
+        if let Some(claim) = self.tickets.claim(ticket) {
+            retire::settle_claim(claim, ok, &self.probe);
+        }
+    }
+}
+
+fn owner() -> Arc<Owner> {
+    Arc::new(Owner {
+        tickets: Tickets::default(),
+        probe: BackendProbe::new(),
+    })
+}
+
+/// A signal that records its outcome.
+fn signal() -> (RetireSignal, Arc<Mutex<Vec<RetireOutcome>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    (
+        RetireSignal::from_fn(move |o| s.lock().unwrap().push(o)),
+        seen,
+    )
+}
+
+/// Queue a release of 4096 B at `at` on stream 1 of a toy context.
+fn queue(
+    o: &Arc<Owner>,
+    at: u64,
+    finish: impl FnOnce(&u64) -> bool,
+) -> (Queued<u64>, Arc<Mutex<Vec<RetireOutcome>>>) {
+    let s = ToyContext::default();
+    let (signal, seen) = signal();
+    let weak = Arc::downgrade(o);
+    // SAFETY: the toy's streams are numbers; nothing is dereferenced.
+    let q = unsafe {
+        retire::queue(
+            &s,
+            &o.probe,
+            weak,
+            &o.tickets,
+            1,
+            (retire::next_ticket(), signal, 4096, at),
+            finish,
+        )
+    };
+    (q, seen)
+}
+
+fn queued_tickets() -> Vec<u64> {
+    CALLBACKS.with(|c| c.borrow().clone())
+}
+
+#[test]
+fn a_queued_release_is_settled_once_by_its_callback_routed_by_number() {
+    let o = owner();
+    let (q, seen) = queue(&o, 0x1000, |_| {
+        panic!("finish runs only after a failed launch")
+    });
+    assert_eq!(q, Queued::Behind);
+    assert_eq!(log(), ["toyLaunchCallback"]);
+    let tickets = queued_tickets();
+    assert_eq!(tickets.len(), 1);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing fires before the stream passed"
+    );
+    retire::callback_ran(tickets[0], true);
+    retire::callback_ran(tickets[0], true);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (1, 0));
+    assert!(o.tickets.is_empty());
+}
+
+#[test]
+fn a_callback_reporting_a_failed_stream_abandons_and_one_for_a_dropped_owner_does_nothing() {
+    let o = owner();
+    let (_, failed) = queue(&o, 0x1000, |_| true);
+    let (_, orphan) = queue(&o, 0x2000, |_| true);
+    let t = queued_tickets();
+    retire::callback_ran(t[0], false);
+    assert_eq!(*failed.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!(o.probe.frees_abandoned(), 1);
+    // The owner goes (its parked signal with it, unfired); the callback
+    // that runs after finds no route to follow.
+    drop(o);
+    retire::callback_ran(t[1], true);
+    assert_eq!(*orphan.lock().unwrap(), [RetireOutcome::Abandoned]);
+}
+
+#[test]
+fn a_failed_launch_synchronizes_the_stream_and_finishes_on_the_callers_thread() {
+    let o = owner();
+    script("toyLaunchCallback", REFUSED);
+    let mut finished = None;
+    let (q, seen) = queue(&o, 0x3000, |&at| {
+        finished = Some(at);
+        true
+    });
+    assert_eq!(q, Queued::Settled(0x3000, true));
+    assert_eq!(finished, Some(0x3000));
+    assert_eq!(log(), ["toyLaunchCallback", "toyStreamSynchronize"]);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!(o.probe.frees_retired(), 1);
+    assert!(o.tickets.is_empty() && queued_tickets().is_empty());
+}
+
+#[test]
+fn a_failed_launch_whose_synchronize_or_finish_fails_or_that_lost_the_device_abandons() {
+    let o = owner();
+    script("toyLaunchCallback", REFUSED);
+    script("toyStreamSynchronize", REFUSED);
+    let (q, seen) = queue(&o, 0x4000, |_| panic!("the stream was not synchronized"));
+    assert_eq!(q, Queued::Settled(0x4000, false));
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+
+    script("toyStreamSynchronize", OK);
+    let (q, seen) = queue(&o, 0x5000, |_| false);
+    assert_eq!(q, Queued::Settled(0x5000, false));
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+
+    // A lost device: no synchronize (it would not return what is needed).
+    script("toyLaunchCallback", LOST);
+    LOG.with(|l| l.borrow_mut().clear());
+    let (q, seen) = queue(&o, 0x6000, |_| panic!("the device is lost"));
+    assert_eq!(q, Queued::Settled(0x6000, false));
+    assert_eq!(log(), ["toyLaunchCallback"]);
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (0, 3));
+}
+
+#[test]
+fn device_loss_abandons_every_parked_signal_and_a_later_callback_does_nothing() {
+    let o = owner();
+    let (_, a) = queue(&o, 0x1000, |_| true);
+    let (_, b) = queue(&o, 0x2000, |_| true);
+    let mut items = retire::abandon_all(&o.tickets, &o.probe);
+    items.sort_unstable();
+    assert_eq!(items, [0x1000, 0x2000]);
+    for t in queued_tickets() {
+        retire::callback_ran(t, true);
+    }
+    assert_eq!(*a.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!(*b.lock().unwrap(), [RetireOutcome::Abandoned]);
+    assert_eq!((o.probe.frees_retired(), o.probe.frees_abandoned()), (0, 2));
+}
+
+/// A toy arena with the releases queued on its streams.
+struct Releasing {
+    arena: ToyArena,
+    releases: Tickets<u64>,
+    probe: BackendProbe,
+}
+
+impl std::ops::Deref for Releasing {
+    type Target = vmm::Arena<u64>;
+    fn deref(&self) -> &Self::Target {
+        &self.arena
+    }
+}
+
+impl retire::Releasing for Releasing {
+    fn releases(&self) -> (&Tickets<u64>, &BackendProbe) {
+        (&self.releases, &self.probe)
+    }
+}
+
+#[test]
+fn an_arena_release_gives_its_range_back_only_when_the_stream_passed_it() {
+    let s = ToyContext::default();
+    let a = Arc::new(Releasing {
+        arena: toy_arena(&s),
+        releases: Tickets::default(),
+        probe: BackendProbe::new(),
+    });
+    let d = arena::driver(&s, &a.arena);
+    let first = a.allocate(&d, 4096).expect("allocate");
+    let second = a.allocate(&d, 4096).expect("allocate");
+    let third = a.allocate(&d, 4096).expect("allocate");
+    let used = a.snapshot().in_use;
+    for at in [first, second] {
+        let (signal, _) = signal();
+        // SAFETY: the toy's streams are numbers; nothing is dereferenced.
+        unsafe { retire::queue_release(&s, &a, 1, signal, 4096, at) };
+    }
+    assert_eq!(
+        a.snapshot().in_use,
+        used,
+        "nothing back before the stream passed"
+    );
+    let t = queued_tickets();
+    retire::callback_ran(t[0], false);
+    retire::callback_ran(t[1], true);
+    // The failed stream's range stays out of the free list; the other is
+    // back.
+    assert_eq!(a.snapshot().in_use, used - 4096);
+    assert_eq!((a.probe.frees_retired(), a.probe.frees_abandoned()), (1, 1));
+
+    // A failed launch: the stream is synchronized and the range is back at
+    // once.
+    script("toyLaunchCallback", REFUSED);
+    let (signal, seen) = signal();
+    // SAFETY: as above.
+    unsafe { retire::queue_release(&s, &a, 1, signal, 4096, third) };
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+    assert_eq!(a.snapshot().in_use, used - 8192);
+}
+
+#[test]
+fn a_copy_is_queued_then_synchronized_and_a_range_past_the_end_is_refused() {
+    use memgov_stream_ordered::memory;
+    let s = ToyContext::default();
+    let at = memory::range::<ToyContext>("write", 0x1000, 64, 50, 14).expect("ends at 64");
+    assert_eq!(at, 0x1000 + 50);
+    let e = memory::range::<ToyContext>("write", 0x1000, 64, 50, 15).expect_err("ends at 65");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    assert!(
+        e.to_string()
+            .contains("15 B at offset 50 runs past the 64 B allocation"),
+        "{e}"
+    );
+    let e = memory::range::<ToyContext>("read", 0, 64, u64::MAX, 1).expect_err("overflows");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+    for (bytes, why) in [(0, "0-byte"), (u64::MAX, "size_t")] {
+        if bytes == u64::MAX && usize::BITS == 64 {
+            continue;
+        }
+        let e = memory::allocation_size(&s, &1, bytes).expect_err(why);
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert_eq!(memory::allocation_size(&s, &1, 4096).expect("fits"), 4096);
+    // SAFETY: the toy's addresses are numbers; nothing is dereferenced.
+    unsafe { memory::write(&s, 1, at, &[1; 14]) }.expect("write");
+    let mut back = [0u8; 14];
+    // SAFETY: as above.
+    unsafe { memory::read(&s, 1, at, &mut back) }.expect("read");
+    assert_eq!(
+        log(),
+        [
+            "toyMemcpyHtoDAsync",
+            "toyStreamSynchronize",
+            "toyMemcpyDtoHAsync",
+            "toyStreamSynchronize"
+        ]
+    );
+    script("toyMemcpyDtoHAsync", REFUSED);
+    // SAFETY: as above.
+    let e = unsafe { memory::read(&s, 1, at, &mut back) }.expect_err("refused copy");
+    assert!(e.to_string().contains("toyMemcpyDtoHAsync"), "{e}");
+    assert_eq!(
+        log().last(),
+        Some(&"toyMemcpyDtoHAsync"),
+        "no synchronize after a refused copy"
+    );
 }

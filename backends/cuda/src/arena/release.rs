@@ -6,43 +6,21 @@
 //! so has every other stream that used it), and the host function gives the
 //! range back to the arena and fires the [`RetireSignal`]. It makes no
 //! driver call: unmapping is left to trim, sleep and teardown, which run on
-//! a caller's thread. The signal waits in the arena's [`Tickets`] table, so
-//! that `device_lost` can take it (unfired) instead, as for the pool's
-//! frees; the first steps and a failed launch are the pool's too
-//! (`Shared::begin_free`, `Shared::launch_settle`).
+//! a caller's thread. The signal waits in the arena's tickets, so that
+//! `device_lost` can take it (unfired) instead, as for the pool's frees;
+//! the first steps are the pool's too (`Shared::begin_free`), the ticket,
+//! its route and a failed launch the core's
+//! ([`memgov_stream_ordered::retire`]).
 
 use super::Arena;
 use crate::retire::Refused;
 use crate::{CudaContext, CudaMemory, CudaStream};
-use cudarc::driver::sys::CUdeviceptr;
-use memgov_backend::{lock, BackendError, BackendProbe, RetireSignal, Tickets};
-use memgov_stream_ordered::stream;
-use std::ffi::c_void;
+use memgov_backend::{lock, BackendError, RetireSignal};
+use memgov_stream_ordered::{retire, stream};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Releases queued whose host function has not run: their signals by
-/// ticket, each with the address to give back to the arena.
-pub(crate) type Releases = Tickets<CUdeviceptr>;
-
-struct HostFnData {
-    arena: Arc<Arena>,
-    probe: BackendProbe,
-    ticket: u64,
-}
-
-/// # Safety
-///
-/// `user` comes from `Box::into_raw(Box<HostFnData>)` handed to exactly one
-/// successful `cuLaunchHostFunc`; the driver calls this once.
-unsafe extern "C" fn arena_retired(user: *mut c_void) {
-    // SAFETY: see the function's contract; reclaimed once.
-    let data = unsafe { Box::from_raw(user.cast::<HostFnData>()) };
-    if let Some(claim) = data.arena.releases.claim(data.ticket) {
-        data.arena.retire(*claim.item());
-        claim.retire(&data.probe);
-    }
-}
+pub(crate) use retire::Releases;
 
 /// How long a teardown of a context declared lost (whose driver answers)
 /// waits for queued work before it leaves the arena mapped.
@@ -61,30 +39,9 @@ impl CudaContext {
         let s = &*self.shared;
         let (_live, _current, memory, signal) =
             s.begin_free(stream, memory, signal, "arena allocation")?;
-        let ticket = s.next_id();
-        arena
-            .releases
-            .park(ticket, signal, memory.bytes, memory.ptr);
-        let data = HostFnData {
-            arena: arena.clone(),
-            probe: s.probe().clone(),
-            ticket,
-        };
-        // SAFETY: `arena_retired` makes no CUDA call and reclaims its box
-        // once; the stream is a live stream of this context (checked).
-        unsafe {
-            s.launch_settle(
-                stream.raw,
-                arena_retired,
-                data,
-                &arena.releases,
-                ticket,
-                |&ptr| {
-                    arena.retire(ptr);
-                    true
-                },
-            )
-        };
+        // SAFETY: the stream is a live stream of this context (checked);
+        // the context is current; the memory left the live set.
+        unsafe { retire::queue_release(s, arena, stream.raw, signal, memory.bytes, memory.ptr) };
         Ok(())
     }
 
@@ -117,17 +74,17 @@ impl CudaContext {
         }
         let lost = lost || s.is_lost();
         if s.shell.is_dead() {
-            arena.releases.abandon_all(s.probe());
+            retire::abandon_all(&arena.releases, s.probe());
             return Ok(());
         }
         let current = s.make_current("teardown")?;
         if let Err(e) = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
-            arena.releases.abandon_all(s.probe());
+            retire::abandon_all(&arena.releases, s.probe());
             return Err(e);
         }
         // Every host function queued before has run; any signal still here
         // was launched on no stream that exists (cannot happen) or lost.
-        arena.releases.abandon_all(s.probe());
+        retire::abandon_all(&arena.releases, s.probe());
         let r = arena.teardown(s);
         drop(current);
         r
