@@ -106,6 +106,7 @@ use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
     Execution, MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::table::Context as _;
 use result::{check, err, BACKEND};
 use shared::Shared;
 use std::ffi::{c_char, c_int, CStr};

@@ -25,6 +25,8 @@ use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, MemoryInfo, Tier};
+use memgov_stream_ordered::stream::StreamContext as _;
+use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 
 /// A raw device allocation. A plain handle: dropping it does nothing; only

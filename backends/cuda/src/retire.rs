@@ -29,6 +29,7 @@ use cudarc::driver::sys;
 use memgov_backend::shell::Current;
 use memgov_backend::{lock, BackendError, RetireSignal};
 use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
+use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 use std::sync::Arc;
 

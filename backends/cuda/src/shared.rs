@@ -2,17 +2,18 @@
 //! the free thread's): [`Shared`].
 
 use crate::result::{err, Cuda, BACKEND};
-use crate::{CudaMemory, CudaStream};
+use crate::CudaMemory;
 use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
 };
-use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::shell::{MakeCurrent, Shell};
 use memgov_backend::vmm::Gate;
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, FreeWork, Stop,
     Take, Tickets, Unsettled,
 };
 use memgov_stream_ordered::stream::{self, Streams};
+use memgov_stream_ordered::table::Context as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -141,31 +142,6 @@ impl Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn probe(&self) -> &BackendProbe {
-        self.shell.probe()
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.shell.is_lost()
-    }
-
-    /// Refuse work on a lost context without calling the driver.
-    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        self.shell.check_usable(op)
-    }
-
-    /// Make the context current on the calling thread until the returned
-    /// guard drops, which restores the context the thread had before
-    /// (`cuCtxPushCurrent` / `cuCtxPopCurrent`, see [`MakeCurrent`]). When
-    /// the context is already current (a runtime sharing the primary context
-    /// usually has it current), nothing is pushed or popped.
-    pub(crate) fn make_current(
-        &self,
-        op: &'static str,
-    ) -> Result<shell::Current<'_, Self>, BackendError> {
-        shell::make_current(self, op)
-    }
-
     /// `Ok` for success; else the classified error. A sticky code marks the
     /// context lost and dead and drops the signals of queued frees unfired
     /// (queued work no longer executes after a sticky error, so their host
@@ -198,17 +174,6 @@ impl Shared {
         for claim in taken {
             claim.abandon(self.probe());
         }
-    }
-
-    /// A stream handle of this context that is live, or `InvalidArgument`
-    /// (another context's stream, or one already destroyed) with no driver
-    /// call.
-    pub(crate) fn check_stream(
-        &self,
-        op: &'static str,
-        handle: &CudaStream,
-    ) -> Result<(), BackendError> {
-        stream::check(self, op, handle).map(drop)
     }
 
     /// An allocation of this context that is live, or `InvalidArgument`

@@ -11,11 +11,10 @@ use crate::result::Cuda;
 use crate::shared::{Shared, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
-use memgov_backend::shell::Shell;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
-use memgov_stream_ordered::Checked;
 use std::time::Duration;
 
 /// A stream of ordered work on a CUDA context.
@@ -115,10 +114,6 @@ impl StreamContext for Shared {
 
     fn next_id(&self) -> u64 {
         Shared::next_id(self)
-    }
-
-    fn shell(&self) -> &Shell<Checked<Cuda>> {
-        &self.shell
     }
 
     fn parts(stream: &CudaStream) -> (CUstream, u64, u64) {

@@ -6,6 +6,7 @@ use crate::shared::{Live, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
+use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::teardown::{self, FirstError};
 use std::time::{Duration, Instant};
 

@@ -111,6 +111,8 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::stream::StreamContext as _;
+use memgov_stream_ordered::table::Context as _;
 use result::{check, err, error_name, hip_error};
 use shared::Pool;
 use shared::{Allocator, Opened, Shared};

@@ -28,6 +28,8 @@ pub use crate::shared::Origin;
 use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, Tier};
+use memgov_stream_ordered::stream::StreamContext as _;
+use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 
 const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;

@@ -41,6 +41,7 @@ use crate::shared::{Event, PlainFree, Shared};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop};
 use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
+use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@ use crate::ffi::{
     self, hipEvent_t, hipGetDevice, hipMemPool_t, hipSetDevice, hipStream_t, HipResult,
 };
 use crate::result::{error_name, Hip};
-use memgov_backend::shell::{self, MakeCurrent, Shell};
+use memgov_backend::shell::{MakeCurrent, Shell};
 use memgov_backend::vmm::Gate;
 use memgov_backend::{
     lock, BackendError, BackendProbe, Execution, FreeThread, RetireSignal, Take, Tickets, Unsettled,
@@ -195,14 +195,6 @@ impl Shared {
         }
     }
 
-    pub(crate) fn probe(&self) -> &BackendProbe {
-        self.shell.probe()
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.shell.is_lost()
-    }
-
     /// Whether a sticky code was seen: no HIP call that may block any more.
     pub(crate) fn is_dead(&self) -> bool {
         self.shell.is_dead()
@@ -263,21 +255,6 @@ impl Shared {
     /// call.
     pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
         self.shell.check_lost(op)
-    }
-
-    /// Refuse work on a lost or closing context, with no HIP call.
-    pub(crate) fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        self.shell.check_usable(op)
-    }
-
-    /// Make this context's device current on the calling thread until the
-    /// returned guard drops, which sets the thread's own device back (see
-    /// [`MakeCurrent`]).
-    pub(crate) fn make_current(
-        &self,
-        op: &'static str,
-    ) -> Result<shell::Current<'_, Self>, BackendError> {
-        shell::make_current(self, op)
     }
 }
 

@@ -10,11 +10,10 @@ use super::ffi::{
 };
 use crate::result::Hip;
 use crate::shared::{RawStream, Shared};
-use memgov_backend::shell::Shell;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
-use memgov_stream_ordered::Checked;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -103,10 +102,6 @@ impl StreamContext for Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn shell(&self) -> &Shell<Checked<Hip>> {
-        &self.shell
-    }
-
     fn parts(stream: &HipStream) -> (hipStream_t, u64, u64) {
         (stream.raw.0, stream.id, stream.context)
     }
@@ -156,15 +151,4 @@ pub(crate) fn synchronize(shared: &Shared, handle: &HipStream) -> Result<(), Bac
         .outstanding
         .wait(handle.id, || shared.is_lost(), None);
     Ok(())
-}
-
-impl Shared {
-    /// Refuse a stream that is not a live stream of this context.
-    pub(crate) fn check_stream(
-        &self,
-        op: &'static str,
-        handle: &HipStream,
-    ) -> Result<(), BackendError> {
-        stream::check(self, op, handle).map(drop)
-    }
 }

@@ -6,6 +6,7 @@ use crate::ffi;
 use crate::memory::{self, Origin};
 use crate::{retire, HipContext};
 use memgov_backend::{lock, BackendError};
+use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::teardown::{self, FirstError};
 use std::ffi::c_void;
 

@@ -85,7 +85,7 @@ pub unsafe fn write<C: Context>(
 ///
 /// # Safety
 ///
-/// As for [`write`].
+/// As for [`write`](fn@write).
 pub unsafe fn read<C: Context>(
     ctx: &C,
     stream: <C::Table as VmmTable>::Stream,

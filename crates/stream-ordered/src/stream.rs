@@ -22,8 +22,8 @@
 
 use crate::result::err;
 use crate::table::{Context, Raw, StreamTable, VmmTable};
-use crate::{Checked, Class, Vendor};
-use memgov_backend::shell::{make_current, Shell};
+use crate::{Class, Vendor};
+use memgov_backend::shell::make_current;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -116,15 +116,17 @@ pub trait StreamContext: Context<Table: StreamTable> {
     /// The next id of a stream (or allocation) of this context.
     fn next_id(&self) -> u64;
 
-    /// The context's lost and dead state, and its probe.
-    fn shell(&self) -> &Shell<Checked<Self::Table>>;
-
     /// The parts of a public stream: raw handle, id, the id of the context
     /// that created it.
     fn parts(stream: &Self::Stream) -> (RawOf<Self>, u64, u64);
 
     /// The public stream over a handle just registered.
     fn stream(&self, raw: RawOf<Self>, id: u64, adopted: bool) -> Self::Stream;
+
+    /// `Ok` when `stream` is a live stream of this context ([`check`]).
+    fn check_stream(&self, op: &'static str, stream: &Self::Stream) -> Result<(), BackendError> {
+        check(self, op, stream).map(drop)
+    }
 }
 
 /// The raw handle of `stream` once it is a live stream of `s`;

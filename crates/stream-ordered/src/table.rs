@@ -9,11 +9,11 @@
 //! `hipStream_t`, ...), device addresses as `u64` and host addresses as
 //! `usize`; [`Raw`] carries a handle across threads.
 
-use crate::result::Vendor;
+use crate::result::{Checked, Vendor};
 use memgov_backend::capability::CaptureMode;
-use memgov_backend::shell::MakeCurrent;
+use memgov_backend::shell::{self, Current, MakeCurrent, Shell};
 use memgov_backend::vmm::{self, Gate};
-use memgov_backend::BackendError;
+use memgov_backend::{BackendError, BackendProbe};
 use std::fmt::Debug;
 use std::ops::Deref;
 use std::time::Duration;
@@ -239,8 +239,34 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// The properties the granules of `arena` are created with.
     fn granule_prop(arena: &Self::Arena) -> <Self::Table as VmmTable>::Prop;
 
+    /// The context's lost, dead and closing state, and its probe: the
+    /// shell every checked call goes through.
+    fn shell(&self) -> &Shell<Checked<Self::Table>>;
+
     /// Refuse work on a lost or closing context, with no driver call.
-    fn check_usable(&self, op: &'static str) -> Result<(), BackendError>;
+    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
+        self.shell().check_usable(op)
+    }
+
+    /// Whether the context was lost (declared by the governor, or a sticky
+    /// code from the driver).
+    fn is_lost(&self) -> bool {
+        self.shell().is_lost()
+    }
+
+    /// The probe the context's driver calls, frees and violations are
+    /// counted on.
+    fn probe(&self) -> &BackendProbe {
+        self.shell().probe()
+    }
+
+    /// Make the context current on the calling thread until the returned
+    /// guard drops, which makes the thread's previous context (or device)
+    /// current again ([`MakeCurrent`]; nothing is done when it is current
+    /// already).
+    fn make_current(&self, op: &'static str) -> Result<Current<'_, Self>, BackendError> {
+        shell::make_current(self, op)
+    }
 
     /// The raw handle of `stream` once it is checked to be a live stream of
     /// this context (`InvalidArgument` otherwise: another context's, or

@@ -223,9 +223,18 @@ impl RetireTable for Toy {
 }
 
 /// The toy's context: always current, never lost.
-#[derive(Default)]
 struct ToyContext {
     sleep_gate: SleepGate,
+    shell: Shell<Checked<Toy>>,
+}
+
+impl Default for ToyContext {
+    fn default() -> Self {
+        Self {
+            sleep_gate: SleepGate::default(),
+            shell: Shell::new("toy device", BackendProbe::new()),
+        }
+    }
 }
 
 /// The core's arena: the toy queues no releases and keeps nothing beside.
@@ -261,8 +270,8 @@ impl Context for ToyContext {
         arena::drain(self, &[1], op, None, Duration::ZERO)
     }
     fn granule_prop(_: &ToyArena) {}
-    fn check_usable(&self, _: &'static str) -> Result<(), BackendError> {
-        Ok(())
+    fn shell(&self) -> &Shell<Checked<Toy>> {
+        &self.shell
     }
 
     fn raw_stream(&self, _: &'static str, stream: &u64) -> Result<u64, BackendError> {
@@ -494,8 +503,8 @@ impl Context for ToyStreams {
         stream::quiesce(self, op, None)
     }
     fn granule_prop(_: &ToyArena) {}
-    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        self.shell.check_usable(op)
+    fn shell(&self) -> &Shell<Checked<Toy>> {
+        &self.shell
     }
     fn raw_stream(&self, op: &'static str, s: &ToyStream) -> Result<u64, BackendError> {
         stream::check(self, op, s)
@@ -517,9 +526,6 @@ impl StreamContext for ToyStreams {
     }
     fn next_id(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
-    }
-    fn shell(&self) -> &Shell<Checked<Toy>> {
-        &self.shell
     }
     fn parts(s: &ToyStream) -> (u64, u64, u64) {
         (s.0, s.1, s.2)

@@ -8,9 +8,12 @@
 use crate::result::Cuda;
 use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUresult, CUstream};
+use memgov_backend::shell::Shell;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
+use memgov_stream_ordered::Checked;
 use std::ffi::c_void;
 
 /// Pinned device memory of device `ordinal`, no shareable handle.
@@ -185,8 +188,8 @@ impl Context for Shared {
         self.check_stream(op, stream).map(|()| stream.raw)
     }
 
-    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        Shared::check_usable(self, op)
+    fn shell(&self) -> &Shell<Checked<Cuda>> {
+        &self.shell
     }
 
     fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {

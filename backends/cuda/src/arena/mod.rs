@@ -22,6 +22,7 @@ pub use state::{ArenaSnapshot, Quarantined};
 
 use crate::shared::Shared;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::table::Context as _;
 
 /// Settings of a context's virtual-memory arena (see
 /// [`CudaConfig::arena`](crate::CudaConfig::arena)); shared with the HIP

@@ -16,6 +16,7 @@ use super::Arena;
 use crate::retire::Refused;
 use crate::{CudaContext, CudaMemory, CudaStream};
 use memgov_backend::{lock, BackendError, RetireSignal};
+use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::{retire, stream};
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,9 +8,12 @@
 use crate::ffi::{self, hipMemGenericAllocationHandle_t, hipStream_t, HipResult};
 use crate::result::Hip;
 use crate::shared::Shared;
+use memgov_backend::shell::Shell;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::{Context, Raw, VmmNames, VmmTable};
+use memgov_stream_ordered::Checked;
 use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t`, carried across threads (the
@@ -192,8 +195,8 @@ impl Context for Shared {
         self.check_stream(op, stream).map(|()| stream.raw.0)
     }
 
-    fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
-        Shared::check_usable(self, op)
+    fn shell(&self) -> &Shell<Checked<Hip>> {
+        &self.shell
     }
 
     fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {

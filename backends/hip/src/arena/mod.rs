@@ -26,6 +26,7 @@ use crate::ffi;
 use crate::result::err;
 use crate::shared::Shared;
 use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::table::Context as _;
 
 pub use memgov_backend::vmm::{ArenaConfig, ArenaSnapshot, Quarantined, SleepReport};
 

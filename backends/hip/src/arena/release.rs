@@ -19,6 +19,7 @@ use crate::stream::HipStream;
 use crate::HipContext;
 use memgov_backend::{lock, BackendError, RetireSignal};
 use memgov_stream_ordered::retire;
+use memgov_stream_ordered::table::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
 
