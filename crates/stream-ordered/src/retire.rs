@@ -64,11 +64,13 @@ use memgov_backend::vmm;
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, Claim, RetireSignal, Tickets,
 };
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 /// A vendor's entry point for retirement: queue its callback behind the
 /// work on a stream.
@@ -167,20 +169,69 @@ fn routes() -> &'static Routes {
     ROUTES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Callbacks that took their route and have not yet returned from their
+/// owner's [`Settle::settle`]: a settle claims its ticket and then counts it
+/// on the probe, and teardown ([`forget_owner`]) waits for those under way,
+/// so that no count lands after teardown returned.
+static SETTLING: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Whether this thread is inside a settle (a teardown run from a
+    /// signal's sink does not wait for itself).
+    static IN_SETTLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// How long teardown waits for settles under way on driver threads; they
+/// make no driver call and take short locks only, so this is reached only
+/// if a sink blocks.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// One settle under way: counted in [`SETTLING`] until dropped (also when
+/// the settle panics).
+struct Settling;
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        IN_SETTLE.with(|f| f.set(false));
+        SETTLING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The vendor's trampoline ran for `ticket` (`ok`: the stream did not
 /// fail): the owner, if it is still alive, settles it. Never panics.
 pub fn callback_ran(ticket: u64, ok: bool) {
-    let owner = lock(routes()).remove(&ticket).and_then(|w| w.upgrade());
-    if let Some(owner) = owner {
+    let owner = {
+        let mut r = lock(routes());
+        let owner = r.remove(&ticket).and_then(|w| w.upgrade());
+        // Counted under the routes lock: a teardown that removes the
+        // owner's routes after this sees the settle under way.
+        owner.map(|o| {
+            SETTLING.fetch_add(1, Ordering::SeqCst);
+            (o, Settling)
+        })
+    };
+    if let Some((owner, settling)) = owner {
+        IN_SETTLE.with(|f| f.set(true));
         owner.settle(ticket, ok);
+        // The owner goes before the count does: teardown returns with no
+        // driver thread holding its context.
+        drop(owner);
+        drop(settling);
     }
 }
 
 /// Remove every route to `owner` (teardown: a callback that still runs
-/// afterwards finds no owner and does nothing).
+/// afterwards finds no owner and does nothing), then wait until the
+/// callbacks that took a route before have finished settling (at most
+/// ten seconds), so that their counts land before teardown returns.
 pub fn forget_owner<S: Settle>(owner: &S) {
     let me = (owner as *const S).cast::<()>();
     lock(routes()).retain(|_, w| !std::ptr::eq(w.as_ptr().cast::<()>(), me));
+    let own = usize::from(IN_SETTLE.with(Cell::get));
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while SETTLING.load(Ordering::SeqCst) > own && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
 }
 
 /// Remove the routes of `tickets` (their callbacks will not run, or their

@@ -937,3 +937,73 @@ fn a_copy_is_queued_then_synchronized_and_a_range_past_the_end_is_refused() {
         "no synchronize after a refused copy"
     );
 }
+
+/// An owner whose settle stops between claiming its ticket and counting it,
+/// until told to go on: the window a driver thread can be preempted in.
+struct SlowOwner {
+    tickets: Tickets<u64>,
+    probe: BackendProbe,
+    entered: Mutex<std::sync::mpsc::Sender<()>>,
+    go: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Settle for SlowOwner {
+    fn settle(&self, ticket: u64, ok: bool) {
+        if let Some(claim) = self.tickets.claim(ticket) {
+            self.entered.lock().unwrap().send(()).unwrap();
+            self.go.lock().unwrap().recv().unwrap();
+            retire::settle_claim(claim, ok, &self.probe);
+        }
+    }
+}
+
+#[test]
+fn forgetting_an_owner_waits_for_a_settle_under_way_so_its_count_lands_first() {
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let o = Arc::new(SlowOwner {
+        tickets: Tickets::default(),
+        probe: BackendProbe::new(),
+        entered: Mutex::new(entered_tx),
+        go: Mutex::new(go_rx),
+    });
+    let s = ToyContext::default();
+    let (signal, seen) = signal();
+    let weak: std::sync::Weak<dyn Settle> = Arc::downgrade(&o) as _;
+    // SAFETY: the toy's streams are numbers; nothing is dereferenced.
+    let q = unsafe {
+        retire::queue(
+            &s,
+            &o.probe,
+            weak,
+            &o.tickets,
+            1,
+            (retire::next_ticket(), signal, 4096, 0x5000),
+            |_| true,
+        )
+    };
+    assert_eq!(q, Queued::Behind);
+    let ticket = *queued_tickets().last().expect("queued");
+    // The driver thread runs the callback and stops inside the settle,
+    // its ticket claimed and not yet counted.
+    let driver = std::thread::spawn(move || retire::callback_ran(ticket, true));
+    entered.recv().unwrap();
+    // Teardown forgets the owner: it must not return before the count.
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let teardown = {
+        let o = o.clone();
+        std::thread::spawn(move || {
+            retire::forget_owner(&*o);
+            done_tx.send(o.probe.frees_retired()).unwrap();
+        })
+    };
+    // Without the wait, teardown returns at once and sees no retired free.
+    if let Ok(counted) = done.recv_timeout(Duration::from_millis(200)) {
+        panic!("forget_owner returned while a settle was under way (it saw {counted} retired)");
+    }
+    go.send(()).unwrap();
+    assert_eq!(done.recv().unwrap(), 1, "the settle's count landed first");
+    driver.join().unwrap();
+    teardown.join().unwrap();
+    assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
+}
