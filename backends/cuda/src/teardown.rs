@@ -7,12 +7,9 @@ use crate::CudaContext;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use memgov_backend::{lock, BackendError, BackendErrorKind};
 use memgov_stream_ordered::table::Context as _;
+use memgov_stream_ordered::teardown::LOST_DRAIN;
 use memgov_stream_ordered::teardown::{self, FirstError};
-use std::time::{Duration, Instant};
-
-/// How long a lost teardown on a device whose driver still answers waits for
-/// queued work to finish before it releases the primary context.
-const LOST_DRAIN: Duration = Duration::from_secs(5);
+use std::time::Instant;
 
 impl CudaContext {
     pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {

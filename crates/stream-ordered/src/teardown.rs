@@ -19,6 +19,13 @@
 use crate::stream::{destroy_raw, RawOf, StreamContext};
 use crate::table::{StreamTable, VmmTable};
 use memgov_backend::BackendError;
+use std::time::Duration;
+
+/// How long a teardown of a context declared lost, whose driver still
+/// answers, waits for queued work (polling, never blocking) before it
+/// leaves what that work may still use (the arena's mappings, the primary
+/// context) to the device.
+pub const LOST_DRAIN: Duration = Duration::from_secs(5);
 
 /// The first error of a teardown whose later steps still run.
 #[derive(Debug, Default)]

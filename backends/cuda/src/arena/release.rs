@@ -17,15 +17,11 @@ use crate::retire::Refused;
 use crate::{CudaContext, CudaMemory, CudaStream};
 use memgov_backend::{lock, BackendError, RetireSignal};
 use memgov_stream_ordered::table::Context as _;
+use memgov_stream_ordered::teardown::LOST_DRAIN;
 use memgov_stream_ordered::{retire, stream};
 use std::sync::Arc;
-use std::time::Duration;
 
 pub(crate) use retire::Releases;
-
-/// How long a teardown of a context declared lost (whose driver answers)
-/// waits for queued work before it leaves the arena mapped.
-const LOST_DRAIN: Duration = Duration::from_secs(5);
 
 impl CudaContext {
     /// `free_async` of memory in the arena.
