@@ -65,12 +65,6 @@ impl RetireTable for Hip {
     }
 }
 
-/// Remove every route to `shared` (teardown: a callback that still runs
-/// afterwards finds no context and does nothing).
-pub(crate) fn forget_routes(shared: &Shared) {
-    retire::forget_owner(shared);
-}
-
 /// A pool free's callback ran: the free executed, or the stream failed (the
 /// free did not visibly execute; the runtime reports only sticky errors
 /// here, so the device is lost).

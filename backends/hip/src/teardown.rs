@@ -56,7 +56,9 @@ impl HipContext {
             // are dropped now, not whenever the runtime gets to them.
             retire::abandon_all(shared);
         }
-        retire::forget_routes(shared);
+        // A callback still running afterwards finds no context; one settling
+        // now is waited for, so its count lands before teardown returns.
+        memgov_stream_ordered::retire::forget_owner(&**shared);
         shared.probe().torn_down_now();
         arena.and(result)
     }
