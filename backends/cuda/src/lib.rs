@@ -101,26 +101,16 @@ pub use memory::CudaMemory;
 pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
-use memgov_backend::shell::Shell;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
     Execution, MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::state::{Device, State};
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, BACKEND};
 use shared::Shared;
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// Ids of `CudaContext`s in this process, stamped into their streams and
-/// allocations so that another context's handles are refused.
-static CONTEXT_IDS: AtomicU64 = AtomicU64::new(1);
-
-/// The device name prefix of memgov's stand-in driver (see
-/// `backends/stand-ins/README.md`), which makes the context report
-/// [`Execution::StandIn`]. No NVIDIA device is named so.
-const STAND_IN_NAME: &str = "memgov stand-in";
 
 /// Why no driver could be loaded, or `Ok`. Checked once per process.
 fn driver_status() -> &'static Result<(), String> {
@@ -173,24 +163,15 @@ pub struct CudaContext {
 
 impl std::fmt::Debug for CudaContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaContext")
-            .field("ordinal", &self.shared.ordinal)
-            .field("name", &self.shared.name)
-            .field("execution", &self.shared.execution)
-            .field("retained", &self.shared.retained)
-            .field("lost", &self.shared.is_lost())
+        let s = &self.shared;
+        s.debug(f, "CudaContext")
+            .field("retained", &s.retained)
             .finish()
     }
 }
 
-struct Found {
-    device: CUdevice,
-    name: String,
-    identity: DeviceIdentity,
-    total_bytes: u64,
-    driver_version: i32,
-    execution: Execution,
-}
+/// What `find_device` learnt: the device, its facts, the driver's version.
+type Found = (CUdevice, Device);
 
 /// The device's UUID and PCI address, as far as the driver reports them:
 /// the identity is advisory (a ledger key, a management-library lookup), so
@@ -272,11 +253,6 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     let name = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned();
-    let execution = if name.starts_with(STAND_IN_NAME) {
-        Execution::StandIn
-    } else {
-        Execution::RealHardware
-    };
     let mut total: usize = 0;
     // SAFETY: valid out pointer, valid device.
     check("new", "cuDeviceTotalMem_v2", unsafe {
@@ -298,20 +274,17 @@ fn find_device(ordinal: u32) -> Result<Found, BackendError> {
             format!("CUDA device {ordinal} ({name}) does not support stream-ordered memory pools (cuMemAllocAsync)"),
         ));
     }
-    let mut driver_version: c_int = 0;
+    let mut v: c_int = 0;
     // SAFETY: valid out pointer.
     check("new", "cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut driver_version)
+        sys::cuDriverGetVersion(&mut v)
     })?;
     let identity = device_identity(device, &name);
-    Ok(Found {
+    let driver = format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10);
+    Ok((
         device,
-        identity,
-        name,
-        total_bytes: total as u64,
-        driver_version,
-        execution,
-    })
+        Device::new(ordinal, name, identity, total as u64, driver),
+    ))
 }
 
 impl CudaContext {
@@ -334,17 +307,16 @@ impl CudaContext {
         // SAFETY: valid out pointer, valid device; balanced by the release in
         // teardown (or below on failure).
         check("new", "cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut context, found.device)
+            sys::cuDevicePrimaryCtxRetain(&mut context, found.0)
         })?;
         let release = |e: BackendError| {
             // SAFETY: balances the retain above; memgov has queued no work
             // and allocated nothing on the context yet.
-            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(found.device) };
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(found.0) };
             e
         };
-        let pool = Self::setup_pool(found.device, context, &config).map_err(release)?;
-        Self::from_parts(found, config.ordinal, context, true, pool, Vec::new())
-            .with_arena(config.arena.as_ref())
+        let pool = Self::setup_pool(found.0, context, &config).map_err(release)?;
+        Self::from_parts(found, context, true, pool, Vec::new()).with_arena(config.arena.as_ref())
     }
 
     /// Govern a context and streams that a runtime already owns.
@@ -370,16 +342,9 @@ impl CudaContext {
             ));
         }
         let found = find_device(adopted.ordinal)?;
-        let pool = Self::setup_pool(found.device, adopted.context, &config)?;
-        Self::from_parts(
-            found,
-            adopted.ordinal,
-            adopted.context,
-            false,
-            pool,
-            adopted.streams,
-        )
-        .with_arena(config.arena.as_ref())
+        let pool = Self::setup_pool(found.0, adopted.context, &config)?;
+        Self::from_parts(found, adopted.context, false, pool, adopted.streams)
+            .with_arena(config.arena.as_ref())
     }
 
     /// Create memgov's own pool on the device and set its release
@@ -448,8 +413,7 @@ impl CudaContext {
     }
 
     fn from_parts(
-        found: Found,
-        ordinal: u32,
+        (cu_device, device): Found,
         context: CUcontext,
         retained: bool,
         pool: CUmemoryPool,
@@ -457,23 +421,13 @@ impl CudaContext {
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                id: CONTEXT_IDS.fetch_add(1, Ordering::Relaxed),
-                device: found.device,
-                ordinal,
+                state: State::new("CUDA", device, streams),
+                cu_device,
                 context,
                 retained,
                 pool,
-                name: found.name,
-                identity: found.identity,
-                total_bytes: found.total_bytes,
-                driver_version: found.driver_version,
-                execution: found.execution,
-                shell: Shell::new(format!("CUDA device {ordinal}"), BackendProbe::new()),
-                next_id: AtomicU64::new(1),
                 pending: Arc::default(),
                 live: Mutex::default(),
-                streams: memgov_stream_ordered::stream::Streams::lending(streams),
-                sleep_gate: Default::default(),
             }),
             arena: None,
             pins: Arc::default(),
@@ -520,7 +474,7 @@ impl CudaContext {
 
     /// Whether the driver is memgov's stand-in rather than NVIDIA's.
     pub fn is_stand_in(&self) -> bool {
-        self.shared.execution == Execution::StandIn
+        self.shared.device.execution == Execution::StandIn
     }
 
     /// Signals of stream-ordered frees whose host function has not run yet.
@@ -534,16 +488,15 @@ impl DeviceContext for CudaContext {
     type Memory = CudaMemory;
 
     fn describe(&self) -> DeviceDescription {
-        let s = &*self.shared;
-        let v = s.driver_version;
+        let d = &self.shared.device;
         DeviceDescription {
             backend: BACKEND,
             vendor: "NVIDIA".into(),
-            name: s.name.clone(),
-            ordinal: s.ordinal,
-            total_bytes: s.total_bytes,
-            driver: format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10),
-            execution: s.execution,
+            name: d.name.clone(),
+            ordinal: d.ordinal,
+            total_bytes: d.total_bytes,
+            driver: d.driver.clone(),
+            execution: d.execution,
             // The arena reuses a range only once its release has retired
             // (the stream passed it), not at once on the same stream.
             stream_ordered_reuse: self.arena.is_none(),
@@ -551,7 +504,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn identity(&self) -> DeviceIdentity {
-        self.shared.identity.clone()
+        self.shared.device.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
@@ -563,7 +516,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        shared::gate().before_destroy("destroy_stream", stream.raw as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw() as usize)?;
         self.destroy_stream_impl(stream)
     }
 
@@ -590,7 +543,7 @@ impl DeviceContext for CudaContext {
         retired: RetireSignal,
     ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
         match &self.arena {
-            Some(a) if memory.host == 0 && a.contains(memory.ptr) => {
+            Some(a) if memory.host == 0 && a.contains(memory.device) => {
                 self.arena_free_async(a, stream, memory, retired)
             }
             _ => self.free_async_impl(stream, memory, retired),
@@ -618,7 +571,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        shared::gate().before_sync("synchronize", stream.raw as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw() as usize)?;
         self.synchronize_impl(stream)
     }
 

@@ -6,7 +6,7 @@
 //! ordered after it on that stream (the context declares
 //! `stream_ordered_reuse`).
 //!
-//! Pinned host memory ([`Tier::PinnedHost`]) comes from `cuMemHostAlloc`
+//! Pinned host memory ([`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost)) comes from `cuMemHostAlloc`
 //! (portable, mapped), and copies reach it through its device pointer
 //! (`cuMemHostGetDevicePointer_v2`): the same asynchronous, stream-ordered
 //! copies as device memory. Its free is `cuMemFreeHost`, queued behind the
@@ -24,22 +24,17 @@ use crate::shared::Live;
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, MemoryInfo, Tier};
+use memgov_backend::{BackendError, MemoryInfo};
+use memgov_stream_ordered::state::{Block, Origin};
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 
-/// A raw device allocation. A plain handle: dropping it does nothing; only
-/// `free_async` or teardown release it.
-#[derive(Debug)]
-pub struct CudaMemory {
-    pub(crate) ptr: CUdeviceptr,
-    pub(crate) bytes: u64,
-    pub(crate) id: u64,
-    /// The id of the context that allocated it (checked on every use).
-    pub(crate) context: u64,
-    /// The host address of page-locked host memory; 0 for device memory.
-    pub(crate) host: usize,
+memgov_stream_ordered::handle! {
+    /// A raw device allocation: the core's [`Block`] (`len`, `tier`,
+    /// `host_ptr`, ...). A plain handle: dropping it does nothing; only
+    /// `free_async` or teardown release it.
+    pub struct CudaMemory(Block);
 }
 
 impl CudaMemory {
@@ -51,30 +46,7 @@ impl CudaMemory {
     /// that no use runs after the buffer is released, and must not keep the
     /// pointer past the buffer's release or the context's retirement.
     pub fn device_ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-    /// Size in bytes as requested.
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-    /// Always false: zero-byte allocations are refused.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-
-    /// The tier it was allocated in.
-    pub fn tier(&self) -> Tier {
-        if self.host == 0 {
-            Tier::Device
-        } else {
-            Tier::PinnedHost
-        }
-    }
-
-    /// The host address of page-locked host memory (`None` for device
-    /// memory), under the same rules as [`device_ptr`](Self::device_ptr).
-    pub fn host_ptr(&self) -> Option<*mut c_void> {
-        (self.host != 0).then_some(self.host as *mut c_void)
+        self.device
     }
 }
 
@@ -95,7 +67,7 @@ impl CudaContext {
         // SAFETY: `ptr` is a valid out pointer; the stream is a live stream
         // of this context (checked above), which is current on this thread;
         // the pool is this context's own, alive until teardown.
-        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw) };
+        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size, s.pool, stream.raw()) };
         s.checked("allocate", "cuMemAllocFromPoolAsync", r)?;
         Ok(self.register(ptr, bytes, 0))
     }
@@ -108,16 +80,22 @@ impl CudaContext {
         let id = s.next_id();
         lock(&s.live).insert(id, Live { ptr, bytes, host });
         s.probe().allocated(bytes);
-        CudaMemory {
-            ptr,
+        let origin = match (host, &self.arena) {
+            (0, Some(_)) => Origin::Arena,
+            (0, None) => Origin::Pool,
+            _ => Origin::PinnedHost,
+        };
+        CudaMemory(Block {
+            device: ptr,
+            host,
             bytes,
             id,
             context: s.id,
-            host,
-        }
+            origin,
+        })
     }
 
-    /// `allocate_in` for [`Tier::PinnedHost`]: `cuMemHostAlloc`, portable
+    /// `allocate_in` for [`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost): `cuMemHostAlloc`, portable
     /// and mapped, reached by copies through its device pointer.
     pub(crate) fn allocate_pinned_impl(
         &self,
@@ -171,7 +149,7 @@ impl CudaContext {
         // SAFETY: [at, at + len) lies inside a live allocation of this
         // context and the stream is a live stream of it (checked above);
         // the context is current.
-        unsafe { memgov_stream_ordered::memory::write(s, stream.raw, at, src) }
+        unsafe { memgov_stream_ordered::memory::write(s, stream.raw(), at, src) }
     }
 
     pub(crate) fn read_impl(
@@ -194,7 +172,7 @@ impl CudaContext {
         }
         let _current = s.make_current("read")?;
         // SAFETY: handles and bounds checked as in write.
-        unsafe { memgov_stream_ordered::memory::read(s, stream.raw, at, dst) }
+        unsafe { memgov_stream_ordered::memory::read(s, stream.raw(), at, dst) }
     }
 
     /// Refuse a copy to or from arena memory while the arena, or a set the
@@ -202,8 +180,8 @@ impl CudaContext {
     /// mapped behind them).
     fn check_awake(&self, op: &'static str, memory: &CudaMemory) -> Result<(), BackendError> {
         match &self.arena {
-            Some(a) if a.contains(memory.ptr) => {
-                a.check_awake(crate::result::BACKEND, op, memory.ptr, memory.bytes)
+            Some(a) if a.contains(memory.device) => {
+                a.check_awake(crate::result::BACKEND, op, memory.device, memory.bytes)
             }
             _ => Ok(()),
         }
@@ -234,7 +212,7 @@ fn range(
 ) -> Result<CUdeviceptr, BackendError> {
     memgov_stream_ordered::memory::range::<crate::shared::Shared>(
         op,
-        memory.ptr,
+        memory.device,
         memory.bytes,
         offset,
         len,

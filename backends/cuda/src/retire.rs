@@ -176,7 +176,7 @@ impl Shared {
     ) -> Result<(Live, Current<'_, Self>, CudaMemory, RetireSignal), Refused> {
         let what = format_args!(
             "{what} {} ({} B at {:#x})",
-            memory.id, memory.bytes, memory.ptr
+            memory.id, memory.bytes, memory.device
         );
         let live = retire::begin_free(self, stream, memory.context, what, || {
             lock(&self.live).remove(&memory.id)
@@ -213,7 +213,7 @@ impl CudaContext {
             // SAFETY: the memory is a live allocation of this context, taken
             // out of the live set above so freed once; the stream is a live
             // stream of this context; the context is current.
-            let r = unsafe { sys::cuMemFreeAsync(memory.ptr, stream.raw) };
+            let r = unsafe { sys::cuMemFreeAsync(memory.device, stream.raw()) };
             if let Err(e) = s.checked("free_async", "cuMemFreeAsync", r) {
                 lock(&s.live).insert(memory.id, live);
                 return Err((memory, signal, e));
@@ -224,10 +224,10 @@ impl CudaContext {
         // memory is no longer the caller's.
         // Counted before the launch: the free thread may settle it before
         // the launch has returned; settled on return unless handed on.
-        let queued = (host != 0).then(|| s.pending.host_unsettled.add_guarded(stream.id));
+        let queued = (host != 0).then(|| s.pending.host_unsettled.add_guarded(stream.id()));
         let ticket = retire::next_ticket();
         if host != 0 {
-            lock(&s.pending.host_queued).insert(ticket, (host, stream.id));
+            lock(&s.pending.host_queued).insert(ticket, (host, stream.id()));
         }
         let free_host_now = |_: &()| {
             if host == 0 {
@@ -255,7 +255,7 @@ impl CudaContext {
                     s.probe(),
                     owner,
                     &s.pending.waiting,
-                    stream.raw,
+                    stream.raw(),
                     (ticket, signal, memory.bytes, ()),
                     free_host_now,
                 )

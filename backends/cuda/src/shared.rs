@@ -6,16 +6,16 @@ use crate::CudaMemory;
 use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
 };
-use memgov_backend::shell::{MakeCurrent, Shell};
+use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
 use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, Execution, FreeThread, FreeWork, Stop,
-    Take, Tickets, Unsettled,
+    lock, BackendError, BackendErrorKind, BackendProbe, FreeThread, FreeWork, Stop, Take, Tickets,
+    Unsettled,
 };
-use memgov_stream_ordered::stream::{self, Streams};
+use memgov_stream_ordered::state::State;
+use memgov_stream_ordered::stream;
 use memgov_stream_ordered::table::Context as _;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -89,44 +89,38 @@ pub(crate) struct Live {
 }
 
 /// The state a context's threads share: the caller's, the host functions'
-/// (through `pending`) and the free thread's. Dropping it calls no driver
-/// function: teardown destroys explicitly.
+/// (through `pending`) and the free thread's. It extends the core's
+/// [`State`] (id, device, shell, streams, sleep gate; reached through
+/// `Deref`) with CUDA's own. Dropping it calls no driver function: teardown
+/// destroys explicitly.
 // `pub` in a private module: the public aliases over the core's generic
 // types (`CudaArena`) name it, and nothing outside the crate can.
 pub struct Shared {
-    /// This context's id (see `CONTEXT_IDS`).
-    pub(crate) id: u64,
-    pub(crate) device: CUdevice,
-    pub(crate) ordinal: u32,
+    /// What every stream-ordered context holds. Its streams: live ones
+    /// (created or adopted), adopted ones not yet handed out, and retired
+    /// ones: those memgov created and the governor destroyed whose queued
+    /// work may still be running (host functions included), destroyed once
+    /// `cuStreamQuery` says their work is complete, or at teardown after a
+    /// synchronize: the context is never released under a running host
+    /// function.
+    pub(crate) state: State<Cuda, CUstream>,
+    pub(crate) cu_device: CUdevice,
     pub(crate) context: CUcontext,
     /// Whether memgov retained the primary context (and releases it).
     pub(crate) retained: bool,
     /// memgov's own memory pool on the device (`cuMemPoolCreate`), destroyed
     /// at teardown; the device's default pool is never changed.
     pub(crate) pool: CUmemoryPool,
-    pub(crate) name: String,
-    /// UUID and PCI address (`cuDeviceGetUuid_v2`, `cuDeviceGetPCIBusId`).
-    pub(crate) identity: memgov_backend::DeviceIdentity,
-    pub(crate) total_bytes: u64,
-    pub(crate) driver_version: i32,
-    pub(crate) execution: Execution,
-    /// Lost (declared by the governor, or a sticky code from the driver,
-    /// whose message is the reason kept), dead (the driver's own sticky
-    /// code), and the probe the loss is reported to.
-    pub(crate) shell: Shell<memgov_stream_ordered::Checked<Cuda>>,
-    pub(crate) next_id: AtomicU64,
     pub(crate) pending: Arc<PendingFrees>,
     pub(crate) live: Mutex<HashMap<u64, Live>>,
-    /// Live streams (created or adopted), adopted streams not yet handed
-    /// out, and retired streams: those memgov created and the governor
-    /// destroyed whose queued work may still be running (host functions
-    /// included), destroyed once `cuStreamQuery` says their work is
-    /// complete, or at teardown after a synchronize: the context is never
-    /// released under a running host function.
-    pub(crate) streams: Streams<CUstream>,
-    /// Sleeps of the arena against copies and launches between their
-    /// awake check and their enqueue.
-    pub(crate) sleep_gate: memgov_backend::vmm::SleepGate,
+}
+
+impl std::ops::Deref for Shared {
+    type Target = State<Cuda, CUstream>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.state
+    }
 }
 
 // SAFETY: the raw handles (context, pool, streams) are driver handles with no
@@ -138,10 +132,6 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
-    pub(crate) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// `Ok` for success; else the classified error. A sticky code marks the
     /// context lost and dead and drops the signals of queued frees unfired
     /// (queued work no longer executes after a sticky error, so their host
@@ -190,7 +180,7 @@ impl Shared {
                 format!(
                     "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to \
                      context {}, or was freed)",
-                    memory.id, memory.bytes, memory.ptr, self.id, memory.context
+                    memory.id, memory.bytes, memory.device, self.id, memory.context
                 ),
             ));
         }

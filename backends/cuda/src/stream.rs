@@ -12,32 +12,19 @@ use crate::shared::{Shared, WATCH_INTERVAL};
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use memgov_backend::BackendError;
-use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::stream::{self, StreamContext};
 use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
 use std::time::Duration;
 
-/// A stream of ordered work on a CUDA context.
-///
-/// A plain handle: dropping it does nothing. The context destroys the
-/// streams it created in `destroy_stream` or teardown; adopted streams are
-/// never destroyed by memgov.
-#[derive(Debug)]
-pub struct CudaStream {
-    pub(crate) raw: CUstream,
-    pub(crate) id: u64,
-    /// The id of the context that created it (checked on every use).
-    pub(crate) context: u64,
-    pub(crate) adopted: bool,
+memgov_stream_ordered::handle! {
+    /// A stream of ordered work on a CUDA context.
+    ///
+    /// A plain handle: dropping it does nothing. The context destroys the
+    /// streams it created in `destroy_stream` or teardown; adopted streams are
+    /// never destroyed by memgov.
+    pub struct CudaStream(stream::Stream<CUstream>);
 }
-
-// SAFETY: a CUstream is a driver handle, usable from any thread on which its
-// context is current; every driver call the backend makes with it first makes
-// the context current on the calling thread. The struct holds no thread-bound
-// state.
-unsafe impl Send for CudaStream {}
-// SAFETY: as above; `&CudaStream` only reads the handle value.
-unsafe impl Sync for CudaStream {}
 
 impl CudaStream {
     /// The raw `CUstream`, for launching a runtime's own kernels and copies
@@ -48,13 +35,7 @@ impl CudaStream {
     /// context is retired, and must make the stream's context current on the
     /// calling thread before using it.
     pub fn cu_stream(&self) -> CUstream {
-        self.raw
-    }
-
-    /// Whether this stream was lent by the runtime that adopted the context
-    /// (memgov synchronizes it but never destroys it).
-    pub fn is_adopted(&self) -> bool {
-        self.adopted
+        self.raw()
     }
 }
 
@@ -104,29 +85,8 @@ impl StreamTable for Cuda {
 }
 
 impl StreamContext for Shared {
-    fn streams(&self) -> &Streams<CUstream> {
-        &self.streams
-    }
-
-    fn context_id(&self) -> u64 {
-        self.id
-    }
-
-    fn next_id(&self) -> u64 {
-        Shared::next_id(self)
-    }
-
-    fn parts(stream: &CudaStream) -> (CUstream, u64, u64) {
-        (stream.raw, stream.id, stream.context)
-    }
-
-    fn stream(&self, raw: CUstream, id: u64, adopted: bool) -> CudaStream {
-        CudaStream {
-            raw,
-            id,
-            context: self.id,
-            adopted,
-        }
+    fn wrap(stream: stream::Stream<CUstream>) -> CudaStream {
+        CudaStream(stream)
     }
 }
 
@@ -135,7 +95,7 @@ impl CudaContext {
         const OP: &str = "destroy_stream";
         let s = &*self.shared;
         stream::check(s, OP, &handle)?;
-        let Some((raw, adopted)) = s.streams.remove(handle.id) else {
+        let Some((raw, adopted)) = s.streams.remove(handle.id()) else {
             // Taken by value: no other call destroys it.
             return Ok(());
         };
@@ -178,7 +138,7 @@ impl CudaContext {
         s.free_ready_host("synchronize")?;
         s.pending
             .host_unsettled
-            .wait(handle.id, || s.is_lost(), Some(WATCH_INTERVAL));
+            .wait(handle.id(), || s.is_lost(), Some(WATCH_INTERVAL));
         // Destroyed streams still holding work are asked too: a fault in
         // their work is observed when the governor synchronizes (force).
         stream::reap_retired(s, "synchronize")

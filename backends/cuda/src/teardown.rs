@@ -120,7 +120,7 @@ impl CudaContext {
             // SAFETY: balanced with the retain in `new`; every stream memgov
             // queued work on was synchronized, so no free or host function
             // of memgov's is pending and no memory of memgov's is allocated.
-            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.cu_device) };
             errors.keep(s.checked("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
     }
@@ -188,7 +188,7 @@ impl CudaContext {
             // executes any work (a sticky error). Releasing the last
             // reference destroys the context with memgov's allocations and
             // streams.
-            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.device) };
+            let r = unsafe { sys::cuDevicePrimaryCtxRelease_v2(s.cu_device) };
             errors.keep(check("teardown", "cuDevicePrimaryCtxRelease_v2", r));
         }
     }

@@ -111,16 +111,17 @@ use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
     DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::state::Device;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, error_name, hip_error};
 use shared::Pool;
-use shared::{Allocator, Opened, Shared};
+use shared::{Allocator, Shared};
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
 /// Device names starting with this are the stand-in library's.
-pub const STAND_IN_NAME_PREFIX: &str = "memgov stand-in";
+pub const STAND_IN_NAME_PREFIX: &str = memgov_stream_ordered::state::STAND_IN_NAME;
 
 /// A HIP device context: one device, a memory pool of its own, and the
 /// streams and allocations made through it.
@@ -135,13 +136,7 @@ pub struct HipContext {
 
 impl std::fmt::Debug for HipContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HipContext")
-            .field("id", &self.shared.id)
-            .field("device", &self.shared.name)
-            .field("ordinal", &self.shared.ordinal)
-            .field("execution", &self.shared.execution)
-            .field("lost", &self.shared.is_lost())
-            .finish()
+        self.shared.debug(f, "HipContext").finish()
     }
 }
 
@@ -342,22 +337,10 @@ impl HipContext {
             pool,
             fallback_reason,
         } = choose_allocator(&config, ordinal)?;
-        let execution = if name.starts_with(STAND_IN_NAME_PREFIX) {
-            Execution::StandIn
-        } else {
-            Execution::RealHardware
-        };
+        let driver = format!("HIP runtime {runtime}, driver {driver}");
+        let device = Device::new(config.device, name, identity, total as u64, driver);
         let mut ctx = Self {
-            shared: Arc::new(Shared::new(Opened {
-                ordinal,
-                name,
-                identity,
-                total: total as u64,
-                driver: format!("HIP runtime {runtime}, driver {driver}"),
-                execution,
-                pool,
-                fallback_reason,
-            })),
+            shared: Arc::new(Shared::new(device, pool, fallback_reason)),
             arena: None,
             pins: Arc::default(),
         };
@@ -397,15 +380,7 @@ impl HipContext {
         }
         let _device = s.make_current("allocate")?;
         let ptr = arena.allocate(s, bytes)? as usize;
-        lock(&s.live).insert(ptr, (bytes, Origin::Arena));
-        s.probe().allocated(bytes);
-        Ok(HipMemory {
-            ptr,
-            device: ptr,
-            bytes,
-            context: s.id,
-            origin: Origin::Arena,
-        })
+        Ok(memory::register(s, ptr, ptr, bytes, Origin::Arena))
     }
 
     /// Refuse a copy to or from arena memory while the arena, or a set the
@@ -414,7 +389,7 @@ impl HipContext {
     fn check_awake(&self, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
         match &self.arena {
             Some(a) if memory.origin == Origin::Arena => {
-                a.check_awake(result::BACKEND, op, memory.ptr as u64, memory.bytes)
+                a.check_awake(result::BACKEND, op, memory.device, memory.bytes)
             }
             _ => Ok(()),
         }
@@ -436,7 +411,7 @@ impl HipContext {
 
     /// Whether the runtime is memgov's stand-in rather than ROCm's.
     pub fn is_stand_in(&self) -> bool {
-        self.shared.execution == Execution::StandIn
+        self.shared.device.execution == Execution::StandIn
     }
 
     /// Frees queued and not yet retired (callbacks or the free thread's
@@ -467,14 +442,15 @@ impl DeviceContext for HipContext {
             (None, None) => "hipMallocFromPoolAsync from the context's own pool".to_owned(),
             (None, Some(why)) => format!("hipMalloc/hipFree fallback after an event ({why})"),
         };
+        let d = &shared.device;
         DeviceDescription {
             backend: result::BACKEND,
             vendor: "AMD".to_owned(),
-            name: shared.name.clone(),
-            ordinal: shared.ordinal as u32,
-            total_bytes: shared.total,
-            driver: format!("{}; {allocator}", shared.driver),
-            execution: shared.execution,
+            name: d.name.clone(),
+            ordinal: d.ordinal,
+            total_bytes: d.total_bytes,
+            driver: format!("{}; {allocator}", d.driver),
+            execution: d.execution,
             // The arena reuses a range only once its release has retired
             // (the stream passed it), not at once on the same stream.
             stream_ordered_reuse: self.arena.is_none()
@@ -483,7 +459,7 @@ impl DeviceContext for HipContext {
     }
 
     fn identity(&self) -> DeviceIdentity {
-        self.shared.identity.clone()
+        self.shared.device.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
@@ -504,7 +480,7 @@ impl DeviceContext for HipContext {
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
-        shared::gate().before_destroy("destroy_stream", stream.raw.0 as usize)?;
+        shared::gate().before_destroy("destroy_stream", stream.raw() as usize)?;
         stream::destroy(&self.shared, stream)
     }
 
@@ -569,7 +545,7 @@ impl DeviceContext for HipContext {
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
-        shared::gate().before_sync("synchronize", stream.raw.0 as usize)?;
+        shared::gate().before_sync("synchronize", stream.raw() as usize)?;
         stream::synchronize(&self.shared, stream)
     }
 

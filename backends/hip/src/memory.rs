@@ -3,7 +3,7 @@
 //! `hipHostMalloc`), copies on the stream, and the pool's creation, trim and
 //! destruction.
 //!
-//! Pinned host memory ([`Tier::PinnedHost`]) is allocated mapped into the
+//! Pinned host memory ([`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost)) is allocated mapped into the
 //! device's address space (`hipHostMallocMapped | hipHostMallocPortable`).
 //! HIP's copies take the pointer kind their `hipMemcpyKind` names, and a
 //! pointer of the wrong kind is undefined behaviour; the device's view of
@@ -24,10 +24,11 @@ use super::ffi::{
 };
 use super::result::{check, err};
 use super::stream::HipStream;
-pub use crate::shared::Origin;
 use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendErrorKind, Tier};
+use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::state::Block;
+pub use memgov_stream_ordered::state::Origin;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
@@ -35,64 +36,30 @@ use std::ffi::c_void;
 const NOT_SUPPORTED: HipResult = ffi::hipErrorNotSupported;
 const OUT_OF_MEMORY: HipResult = ffi::hipErrorOutOfMemory;
 
-/// A raw device allocation of a [`HipContext`](super::HipContext).
-///
-/// A plain handle: dropping it does nothing; only a stream-ordered free (or
-/// teardown, for memory the governor abandoned) returns it to the device.
-#[derive(Debug)]
-pub struct HipMemory {
-    /// The allocation's own pointer: the device pointer, or for page-locked
-    /// host memory the host pointer (what `hipHostFree` takes).
-    pub(crate) ptr: usize,
-    /// The device's view of it: `ptr`, or for page-locked host memory the
-    /// pointer `hipHostGetDevicePointer` returned.
-    pub(crate) device: usize,
-    pub(crate) bytes: u64,
-    pub(crate) context: u64,
-    pub(crate) origin: Origin,
+memgov_stream_ordered::handle! {
+    /// A raw device allocation of a [`HipContext`](super::HipContext): the
+    /// core's [`Block`] (`len`, `origin`, `tier`, `host_ptr`, ...).
+    ///
+    /// A plain handle: dropping it does nothing; only a stream-ordered free (or
+    /// teardown, for memory the governor abandoned) returns it to the device.
+    pub struct HipMemory(Block);
 }
 
 impl HipMemory {
     /// The device pointer, for kernels and copies of your own.
     ///
     /// Valid until the allocation is released. The caller must not free it
-    /// (`hipFree`/`hipFreeAsync`), must not access it past [`len`](Self::len)
+    /// (`hipFree`/`hipFreeAsync`), must not access it past `len()`
     /// bytes, and must order any work that uses it on the stream the
     /// allocation is released on (or synchronize that work first): the
     /// governor's free is ordered after earlier work on that stream only.
     ///
-    /// For page-locked host memory ([`Tier::PinnedHost`]) this is the
+    /// For page-locked host memory ([`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost)) this is the
     /// device's view of it (`hipHostGetDevicePointer`), which may differ
-    /// from [`host_ptr`](Self::host_ptr): pass it where a HIP call takes a
+    /// from `host_ptr()`: pass it where a HIP call takes a
     /// device pointer, and the host pointer where it takes a host one.
     pub fn device_ptr(&self) -> ffi::hipDeviceptr_t {
-        self.device as ffi::hipDeviceptr_t
-    }
-    /// For page-locked host memory, its host pointer (for host code and
-    /// the host side of copies); `None` for device memory.
-    pub fn host_ptr(&self) -> Option<*mut c_void> {
-        (self.origin == Origin::PinnedHost).then_some(self.ptr as *mut c_void)
-    }
-    /// Size in bytes as requested.
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-    /// Always false: zero-byte allocations are refused.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-    /// Whether it came from the stream-ordered pool, the `hipMalloc`
-    /// fallback or `hipHostMalloc`.
-    pub fn origin(&self) -> Origin {
-        self.origin
-    }
-
-    /// The tier it was allocated in.
-    pub fn tier(&self) -> Tier {
-        match self.origin {
-            Origin::PinnedHost => Tier::PinnedHost,
-            Origin::Pool | Origin::Plain | Origin::Arena => Tier::Device,
-        }
+        self.device as usize as ffi::hipDeviceptr_t
     }
 }
 
@@ -108,7 +75,7 @@ pub(crate) fn allocate(
     if let (Allocator::StreamOrdered, Some(pool)) = (shared.allocator(), shared.pool()) {
         // SAFETY: `ptr` is a valid out-pointer, the pool is the context's
         // own (destroyed only at teardown) and the stream is alive.
-        let r = unsafe { hipMallocFromPoolAsync(&mut ptr, size, pool.0, stream.raw.0) };
+        let r = unsafe { hipMallocFromPoolAsync(&mut ptr, size, pool.0, stream.raw()) };
         if r == NOT_SUPPORTED {
             // The runtime has no stream-ordered allocator for this device
             // after all: use the fallback from now on.
@@ -127,17 +94,26 @@ pub(crate) fn allocate(
 }
 
 /// Enter a new allocation in the context's books (the live map, keyed by
-/// its own pointer, and the probe) and hand it out.
-fn register(shared: &Shared, ptr: usize, device: usize, bytes: u64, origin: Origin) -> HipMemory {
+/// its own pointer `ptr`, and the probe) and hand it out: `device` is the
+/// device's view of it, which differs for page-locked host memory.
+pub(crate) fn register(
+    shared: &Shared,
+    ptr: usize,
+    device: usize,
+    bytes: u64,
+    origin: Origin,
+) -> HipMemory {
     lock(&shared.live).insert(ptr, (bytes, origin));
     shared.probe().allocated(bytes);
-    HipMemory {
-        ptr,
-        device,
+    let host = if origin == Origin::PinnedHost { ptr } else { 0 };
+    HipMemory(Block {
+        device: device as u64,
+        host,
         bytes,
+        id: shared.next_id(),
         context: shared.id,
         origin,
-    }
+    })
 }
 
 /// `allocate_in` for [`Tier::PinnedHost`]: `hipHostMalloc`.
@@ -183,13 +159,15 @@ pub(crate) fn allocate_pinned(
 }
 
 fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
-    if memory.context != shared.id || !lock(&shared.live).contains_key(&memory.ptr) {
+    if memory.context != shared.id || !lock(&shared.live).contains_key(&memory.own()) {
         return Err(err(
             op,
             BackendErrorKind::InvalidArgument,
             format!(
                 "allocation {:#x} ({} B) is not live in HIP context {}",
-                memory.ptr, memory.bytes, shared.id
+                memory.own(),
+                memory.bytes,
+                shared.id
             ),
         ));
     }
@@ -204,13 +182,7 @@ fn range(
     offset: u64,
     len: usize,
 ) -> Result<u64, BackendError> {
-    memgov_stream_ordered::memory::range::<Shared>(
-        op,
-        memory.device as u64,
-        memory.bytes,
-        offset,
-        len,
-    )
+    memgov_stream_ordered::memory::range::<Shared>(op, memory.device, memory.bytes, offset, len)
 }
 
 /// Copy `src` into device memory on the stream; returns once the copy has
@@ -231,7 +203,7 @@ pub(crate) fn write(
     }
     // SAFETY: [dst, dst + len) lies inside a live allocation of this context
     // and the stream is alive (checked above).
-    unsafe { memgov_stream_ordered::memory::write(shared, stream.raw.0, dst, src) }
+    unsafe { memgov_stream_ordered::memory::write(shared, stream.raw(), dst, src) }
 }
 
 /// Copy device memory into `dst` on the stream; returns once `dst` holds
@@ -252,7 +224,7 @@ pub(crate) fn read(
     }
     // SAFETY: [src, src + len) lies inside a live allocation (checked
     // above) and the stream is alive.
-    unsafe { memgov_stream_ordered::memory::read(shared, stream.raw.0, src, dst) }
+    unsafe { memgov_stream_ordered::memory::read(shared, stream.raw(), src, dst) }
 }
 
 /// A memory pool of the context's own on device `ordinal` (current on the

@@ -101,9 +101,9 @@ pub(crate) fn free_async(
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
-    let what = format_args!("allocation {:#x} ({} B)", memory.ptr, memory.bytes);
+    let what = format_args!("allocation {:#x} ({} B)", memory.own(), memory.bytes);
     let taken = retire::begin_free(&**shared, stream, memory.context, what, || {
-        lock(&shared.live).remove(&memory.ptr)
+        lock(&shared.live).remove(&memory.own())
     });
     if let Err(e) = taken {
         return Err((memory, signal, e));
@@ -122,7 +122,7 @@ fn refuse(
     signal: RetireSignal,
     e: BackendError,
 ) -> Result<(), Refused> {
-    lock(&shared.live).insert(memory.ptr, (memory.bytes, memory.origin));
+    lock(&shared.live).insert(memory.own(), (memory.bytes, memory.origin));
     Err((memory, signal, e))
 }
 
@@ -135,12 +135,12 @@ fn queue_pool_free(
     // SAFETY: the pointer came from hipMallocAsync of this context and was
     // live until just now (removed from `live`, so no other path frees it);
     // the stream is alive.
-    let r = unsafe { hipFreeAsync(memory.ptr as *mut c_void, stream.raw.0) };
+    let r = unsafe { hipFreeAsync(memory.own() as *mut c_void, stream.raw()) };
     if let Err(e) = shared.checked("free_async", "hipFreeAsync", r) {
         return refuse(shared, memory, signal, e);
     }
     // The ticket is in the table before the callback can run.
-    shared.outstanding.add(stream.id);
+    shared.outstanding.add(stream.id());
     let owner = Arc::downgrade(shared);
     // SAFETY: the stream is alive; the free is queued on it.
     let queued = unsafe {
@@ -149,8 +149,8 @@ fn queue_pool_free(
             shared.probe(),
             owner,
             &shared.pending,
-            stream.raw.0,
-            (retire::next_ticket(), signal, memory.bytes, stream.id),
+            stream.raw(),
+            (retire::next_ticket(), signal, memory.bytes, stream.id()),
             |_| true,
         )
     };
@@ -185,7 +185,7 @@ fn queue_plain_free(
         return refuse(shared, memory, signal, e);
     }
     // SAFETY: the event was just created; the stream is alive.
-    let r = unsafe { hipEventRecord(event, stream.raw.0) };
+    let r = unsafe { hipEventRecord(event, stream.raw()) };
     if let Err(e) = shared.checked("free_async", "hipEventRecord", r) {
         // SAFETY: the event is ours and unused.
         unsafe { hipEventDestroy(event) };
@@ -197,13 +197,13 @@ fn queue_plain_free(
         unsafe { hipEventDestroy(event) };
         return refuse(shared, memory, signal, e);
     }
-    shared.outstanding.add(stream.id);
+    shared.outstanding.add(stream.id());
     shared.frees.push(PlainFree {
         event: memgov_stream_ordered::table::Raw(event),
-        ptr: memory.ptr,
+        ptr: memory.own(),
         origin: memory.origin,
         bytes: memory.bytes,
-        stream: stream.id,
+        stream: stream.id(),
         signal,
     });
     Ok(())
@@ -238,7 +238,7 @@ impl FreeWork for Shared {
         // The fallback allocations were made on this device; the thread is
         // the context's own, so its current device is not restored.
         // SAFETY: plain call with the ordinal validated at creation.
-        let r = unsafe { hipSetDevice(self.ordinal) };
+        let r = unsafe { hipSetDevice(self.ordinal()) };
         let _ = self.checked("free_async", "hipSetDevice", r);
     }
 

@@ -5,13 +5,12 @@ use crate::ffi::{
     self, hipEvent_t, hipGetDevice, hipMemPool_t, hipSetDevice, hipStream_t, HipResult,
 };
 use crate::result::{error_name, Hip};
-use memgov_backend::shell::{MakeCurrent, Shell};
+use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
-use memgov_backend::{
-    lock, BackendError, BackendProbe, Execution, FreeThread, RetireSignal, Take, Tickets, Unsettled,
-};
+use memgov_backend::{lock, BackendError, FreeThread, RetireSignal, Take, Tickets, Unsettled};
+use memgov_stream_ordered::state::{Device, State};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The HIP runtime's gate: process-wide, as the runtime's rule is.
@@ -20,25 +19,7 @@ pub(crate) fn gate() -> &'static Gate {
     GATE.get_or_init(|| Gate::new(crate::result::BACKEND, "HipCapture"))
 }
 
-/// Where an allocation came from, and so how it is freed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// `hipMallocFromPoolAsync` from the context's own pool; freed with
-    /// `hipFreeAsync` on a stream.
-    Pool,
-    /// `hipMalloc`; freed with `hipFree` once an event recorded on the
-    /// releasing stream has completed.
-    Plain,
-    /// `hipHostMalloc` (page-locked host memory,
-    /// [`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost));
-    /// freed with `hipHostFree` once an event recorded on the releasing
-    /// stream has completed.
-    PinnedHost,
-    /// Carved from the context's virtual-memory arena
-    /// ([`HipConfig::arena`](crate::HipConfig::arena)); its range returns
-    /// to the arena once a stream callback queued behind its release ran.
-    Arena,
-}
+pub use memgov_stream_ordered::state::Origin;
 
 /// A `hipMemPool_t` that may cross threads.
 #[derive(Debug, Clone, Copy)]
@@ -49,16 +30,6 @@ pub(crate) struct Pool(pub(crate) hipMemPool_t);
 unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}
-
-/// A `hipStream_t` that may cross threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RawStream(pub(crate) hipStream_t);
-
-// SAFETY: a hipStream_t is an opaque handle into the HIP runtime, which
-// accepts it from any host thread; this type only carries the value.
-unsafe impl Send for RawStream {}
-// SAFETY: as above; shared references only copy the handle.
-unsafe impl Sync for RawStream {}
 
 /// Signals of frees queued with `hipFreeAsync` whose callback has not run,
 /// each with the id of the stream it was queued on.
@@ -87,9 +58,6 @@ pub(crate) enum Allocator {
     Plain = 1,
 }
 
-/// Context ids, unique in the process.
-pub(crate) static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
-
 /// How many [`Shared`]s exist in the process (see [`contexts_alive`]).
 static ALIVE: AtomicUsize = AtomicUsize::new(0);
 
@@ -104,33 +72,20 @@ pub fn contexts_alive() -> usize {
     ALIVE.load(Ordering::Acquire)
 }
 
-/// What the context, its callbacks and its free thread share. Dropping it calls
-/// no HIP function: teardown releases explicitly.
+/// What the context, its callbacks and its free thread share: the core's
+/// [`State`] (id, device, shell, streams, sleep gate; reached through
+/// `Deref`), extended with HIP's own. Dropping it calls no HIP function:
+/// teardown releases explicitly.
 // `pub` in a private module: the public aliases over the core's generic
 // types (`HipArena`) name it, and nothing outside the crate can.
 pub struct Shared {
-    pub(crate) id: u64,
-    pub(crate) ordinal: i32,
-    pub(crate) name: String,
-    /// UUID and PCI address (`hipDeviceGetUuid`, `hipDeviceGetPCIBusId`).
-    pub(crate) identity: memgov_backend::DeviceIdentity,
-    pub(crate) total: u64,
-    pub(crate) driver: String,
-    pub(crate) execution: Execution,
+    pub(crate) state: State<Hip, hipStream_t>,
     /// The context's own pool (`None` with the fallback).
     pool: Option<Pool>,
     allocator: AtomicU8,
     pub(crate) fallback_reason: Mutex<Option<String>>,
-    /// Lost (declared by the governor, or a sticky code from the runtime,
-    /// whose message is the reason kept), dead (the runtime's own sticky
-    /// code: no HIP call that could block is made any more), closing, and
-    /// the probe the loss is reported to.
-    pub(crate) shell: Shell<memgov_stream_ordered::Checked<Hip>>,
-    pub(crate) next_id: AtomicU64,
     /// Allocations not yet handed to a free: pointer -> (bytes, origin).
     pub(crate) live: Mutex<HashMap<usize, (u64, Origin)>>,
-    /// Streams not yet destroyed.
-    pub(crate) streams: memgov_stream_ordered::stream::Streams<hipStream_t>,
     /// Signals of pool frees waiting for their stream callback.
     pub(crate) pending: PendingFrees,
     /// Frees per stream whose signal has not settled, for `synchronize`
@@ -141,58 +96,45 @@ pub struct Shared {
     /// host frees, one at a time: the rest stay where device loss can take
     /// them.
     pub(crate) frees: FreeThread<PlainFree>,
-    /// Sleeps of the arena against copies and launches between their
-    /// awake check and their enqueue.
-    pub(crate) sleep_gate: memgov_backend::vmm::SleepGate,
     notes: Mutex<Vec<String>>,
 }
 
-/// What `HipContext::new` learnt about the device, to share.
-pub(crate) struct Opened {
-    pub(crate) ordinal: i32,
-    pub(crate) name: String,
-    pub(crate) identity: memgov_backend::DeviceIdentity,
-    pub(crate) total: u64,
-    pub(crate) driver: String,
-    pub(crate) execution: Execution,
-    pub(crate) pool: Option<Pool>,
-    pub(crate) fallback_reason: Option<String>,
+impl std::ops::Deref for Shared {
+    type Target = State<Hip, hipStream_t>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.state
+    }
 }
 
 impl Shared {
-    /// The shared state of a context just opened; counted in
-    /// [`contexts_alive`] until dropped.
-    pub(crate) fn new(opened: Opened) -> Self {
-        let allocator = if opened.fallback_reason.is_some() {
+    /// The shared state of a context just opened on `device`, with its
+    /// pool (`None`: the fallback, and why); counted in [`contexts_alive`]
+    /// until dropped.
+    pub(crate) fn new(device: Device, pool: Option<Pool>, fallback: Option<String>) -> Self {
+        let allocator = if fallback.is_some() {
             Allocator::Plain
         } else {
             Allocator::StreamOrdered
         };
         ALIVE.fetch_add(1, Ordering::AcqRel);
         Self {
-            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
-            shell: Shell::new(
-                format!("HIP device {}", opened.ordinal),
-                BackendProbe::new(),
-            ),
-            ordinal: opened.ordinal,
-            name: opened.name,
-            identity: opened.identity,
-            total: opened.total,
-            driver: opened.driver,
-            execution: opened.execution,
-            pool: opened.pool,
+            state: State::new("HIP", device, Vec::new()),
+            pool,
             allocator: AtomicU8::new(allocator as u8),
-            fallback_reason: Mutex::new(opened.fallback_reason),
-            next_id: AtomicU64::new(1),
+            fallback_reason: Mutex::new(fallback),
             live: Mutex::new(HashMap::new()),
-            streams: Default::default(),
             pending: PendingFrees::default(),
             outstanding: Unsettled::default(),
             frees: FreeThread::new(Take::One),
-            sleep_gate: Default::default(),
             notes: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The device's ordinal as HIP's calls take it (below the device count,
+    /// checked at creation).
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.device.ordinal as i32
     }
 
     /// Whether a sticky code was seen: no HIP call that may block any more.
@@ -274,7 +216,7 @@ impl MakeCurrent for Shared {
     type Handle = i32;
 
     fn ours(&self) -> i32 {
-        self.ordinal
+        self.ordinal()
     }
 
     fn current(&self, op: &'static str) -> Result<i32, BackendError> {

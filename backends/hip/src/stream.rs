@@ -9,23 +9,19 @@ use super::ffi::{
     hipStreamWaitEvent, hipStream_t, HipResult,
 };
 use crate::result::Hip;
-use crate::shared::{RawStream, Shared};
+use crate::shared::Shared;
 use memgov_backend::BackendError;
-use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::stream::{self, StreamContext};
 use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::table::{StreamNames, StreamTable};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
-///
-/// A plain handle: dropping it does nothing; `destroy_stream` (or teardown,
-/// for streams the governor abandoned) destroys the `hipStream_t`.
-#[derive(Debug)]
-pub struct HipStream {
-    pub(crate) raw: RawStream,
-    pub(crate) id: u64,
-    pub(crate) context: u64,
+memgov_stream_ordered::handle! {
+    /// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
+    ///
+    /// A plain handle: dropping it does nothing; `destroy_stream` (or teardown,
+    /// for streams the governor abandoned) destroys the `hipStream_t`.
+    pub struct HipStream(stream::Stream<hipStream_t>);
 }
 
 impl HipStream {
@@ -39,12 +35,7 @@ impl HipStream {
     /// released) until that work has executed: the governor orders its free
     /// after the work, but only on this same stream.
     pub fn hip_stream(&self) -> hipStream_t {
-        self.raw.0
-    }
-
-    /// This stream's number within its context (for logs).
-    pub fn id(&self) -> u64 {
-        self.id
+        self.raw()
     }
 }
 
@@ -90,28 +81,8 @@ impl StreamTable for Hip {
 }
 
 impl StreamContext for Shared {
-    fn streams(&self) -> &Streams<hipStream_t> {
-        &self.streams
-    }
-
-    fn context_id(&self) -> u64 {
-        self.id
-    }
-
-    fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn parts(stream: &HipStream) -> (hipStream_t, u64, u64) {
-        (stream.raw.0, stream.id, stream.context)
-    }
-
-    fn stream(&self, raw: hipStream_t, id: u64, _adopted: bool) -> HipStream {
-        HipStream {
-            raw: RawStream(raw),
-            id,
-            context: self.id,
-        }
+    fn wrap(stream: stream::Stream<hipStream_t>) -> HipStream {
+        HipStream(stream)
     }
 }
 
@@ -132,9 +103,9 @@ pub(crate) fn destroy(shared: &Shared, handle: HipStream) -> Result<(), BackendE
         }
         shared
             .outstanding
-            .wait(handle.id, || shared.is_lost(), None);
+            .wait(handle.id(), || shared.is_lost(), None);
     }
-    if shared.streams.remove(handle.id).is_none() {
+    if shared.streams.remove(handle.id()).is_none() {
         return Ok(());
     }
     if shared.is_dead() {
@@ -149,6 +120,6 @@ pub(crate) fn synchronize(shared: &Shared, handle: &HipStream) -> Result<(), Bac
     stream::synchronize(shared, "synchronize", handle)?;
     shared
         .outstanding
-        .wait(handle.id, || shared.is_lost(), None);
+        .wait(handle.id(), || shared.is_lost(), None);
     Ok(())
 }

@@ -81,6 +81,7 @@ pub mod capture;
 pub mod memory;
 pub mod result;
 pub mod retire;
+pub mod state;
 pub mod stream;
 pub mod table;
 pub mod teardown;

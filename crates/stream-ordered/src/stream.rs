@@ -21,107 +21,37 @@
 //!   [`Streams::lending`]): synchronized but never destroyed.
 
 use crate::result::err;
+pub use crate::state::{Stream, Streams};
 use crate::table::{Context, Raw, StreamTable, VmmTable};
 use crate::{Class, Vendor};
 use memgov_backend::shell::make_current;
 use memgov_backend::{lock, BackendError, BackendErrorKind};
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// The raw stream handle of a context's table.
 pub type RawOf<C> = <<C as Context>::Table as VmmTable>::Stream;
 
-/// A context's streams: the live ones by id (with whether a runtime lent
-/// it: then memgov never destroys it), the adopted streams not yet handed
-/// out, and the retired ones (destroyed by the governor, their work
-/// possibly still queued). No lock is held while the driver is called.
-#[derive(Debug)]
-pub struct Streams<S> {
-    live: Mutex<HashMap<u64, (Raw<S>, bool)>>,
-    lendable: Mutex<VecDeque<Raw<S>>>,
-    retired: Mutex<Vec<Raw<S>>>,
-}
-
-impl<S: Copy> Default for Streams<S> {
-    fn default() -> Self {
-        Self::lending(Vec::new())
-    }
-}
-
-impl<S: Copy> Streams<S> {
-    /// A registry that hands out `adopted` (a runtime's own streams) before
-    /// it creates any.
-    pub fn lending(adopted: Vec<S>) -> Self {
-        Self {
-            live: Mutex::default(),
-            lendable: Mutex::new(adopted.into_iter().map(Raw).collect()),
-            retired: Mutex::default(),
-        }
-    }
-
-    /// Take live stream `id` out: its handle and whether it was adopted.
-    pub fn remove(&self, id: u64) -> Option<(S, bool)> {
-        lock(&self.live)
-            .remove(&id)
-            .map(|(r, adopted)| (r.0, adopted))
-    }
-
-    /// The handles of the live streams.
-    pub fn live(&self) -> Vec<S> {
-        lock(&self.live).values().map(|(r, _)| r.0).collect()
-    }
-
-    /// Take every live stream out: handle, adopted.
-    pub fn drain(&self) -> Vec<(S, bool)> {
-        let mut live = lock(&self.live);
-        live.drain()
-            .map(|(_, (r, adopted))| (r.0, adopted))
-            .collect()
-    }
-
-    /// Keep a destroyed stream whose work may still be queued until
-    /// [`reap_retired`] (or teardown) destroys it.
-    pub fn retire(&self, raw: S) {
-        lock(&self.retired).push(Raw(raw));
-    }
-
-    /// Whether any retired stream waits to be destroyed.
-    pub fn has_retired(&self) -> bool {
-        !lock(&self.retired).is_empty()
-    }
-
-    /// Take the retired streams out of everyone else's reach: the caller
-    /// destroys them or puts them back ([`keep_retired`](Self::keep_retired)).
-    pub fn take_retired(&self) -> Vec<S> {
-        let taken = std::mem::take(&mut *lock(&self.retired));
-        taken.into_iter().map(|r| r.0).collect()
-    }
-
-    /// Put retired streams back.
-    pub fn keep_retired(&self, raw: Vec<S>) {
-        lock(&self.retired).extend(raw.into_iter().map(Raw));
-    }
-}
-
 /// A context whose streams the core keeps: implemented by the vendor's
-/// shared state beside [`Context`].
-pub trait StreamContext: Context<Table: StreamTable> {
+/// shared state beside [`Context`], whose public stream wraps the core's
+/// [`Stream`].
+pub trait StreamContext: Context<Table: StreamTable, Stream: AsRef<Stream<RawOf<Self>>>> {
     /// The context's streams.
-    fn streams(&self) -> &Streams<RawOf<Self>>;
+    fn streams(&self) -> &Streams<RawOf<Self>> {
+        &self.state().streams
+    }
 
     /// This context's id in the process (stamped into its streams).
-    fn context_id(&self) -> u64;
+    fn context_id(&self) -> u64 {
+        self.state().id
+    }
 
     /// The next id of a stream (or allocation) of this context.
-    fn next_id(&self) -> u64;
+    fn next_id(&self) -> u64 {
+        self.state().next_id()
+    }
 
-    /// The parts of a public stream: raw handle, id, the id of the context
-    /// that created it.
-    fn parts(stream: &Self::Stream) -> (RawOf<Self>, u64, u64);
-
-    /// The public stream over a handle just registered.
-    fn stream(&self, raw: RawOf<Self>, id: u64, adopted: bool) -> Self::Stream;
+    /// The vendor's public stream over a stream just registered.
+    fn wrap(stream: Stream<RawOf<Self>>) -> Self::Stream;
 
     /// `Ok` when `stream` is a live stream of this context ([`check`]).
     fn check_stream(&self, op: &'static str, stream: &Self::Stream) -> Result<(), BackendError> {
@@ -137,7 +67,8 @@ pub fn check<C: StreamContext>(
     op: &'static str,
     stream: &C::Stream,
 ) -> Result<RawOf<C>, BackendError> {
-    let (raw, id, owner) = C::parts(stream);
+    let stream = stream.as_ref();
+    let (raw, id, owner) = (stream.raw(), stream.id(), stream.context());
     if owner != s.context_id() || !lock(&s.streams().live).contains_key(&id) {
         return Err(err::<C::Table>(
             op,
@@ -174,7 +105,7 @@ pub fn create<C: StreamContext>(s: &C) -> Result<C::Stream, BackendError> {
     let id = s.next_id();
     lock(&s.streams().live).insert(id, (Raw(raw), adopted));
     s.shell().probe().stream_created();
-    Ok(s.stream(raw, id, adopted))
+    Ok(C::wrap(Stream::new(raw, id, s.context_id(), adopted)))
 }
 
 /// Wait for the work queued on `stream` (the driver's synchronize); what
@@ -239,7 +170,7 @@ pub fn order_after<C: StreamContext>(
     s.check_usable(OP)?;
     let raw = check(s, OP, stream)?;
     let after_raw = check(s, OP, after)?;
-    if C::parts(stream).1 == C::parts(after).1 {
+    if stream.as_ref().id() == after.as_ref().id() {
         // A stream is ordered after its own queued work already.
         return Ok(());
     }

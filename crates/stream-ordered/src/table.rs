@@ -10,6 +10,8 @@
 //! `usize`; [`Raw`] carries a handle across threads.
 
 use crate::result::{Checked, Vendor};
+pub use crate::state::Raw;
+use crate::state::State;
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::shell::{self, Current, MakeCurrent, Shell};
 use memgov_backend::vmm::{self, Gate};
@@ -241,7 +243,13 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
 
     /// The context's lost, dead and closing state, and its probe: the
     /// shell every checked call goes through.
-    fn shell(&self) -> &Shell<Checked<Self::Table>>;
+    fn shell(&self) -> &Shell<Checked<Self::Table>> {
+        &self.state().shell
+    }
+
+    /// What the context holds whatever the vendor ([`State`]): the vendor's
+    /// shared state extends it.
+    fn state(&self) -> &State<Self::Table, <Self::Table as VmmTable>::Stream>;
 
     /// Refuse work on a lost or closing context, with no driver call.
     fn check_usable(&self, op: &'static str) -> Result<(), BackendError> {
@@ -279,7 +287,9 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
 
     /// Sleeps of the arena against copies and launches between their awake
     /// check and their enqueue.
-    fn sleep_gate(&self) -> &vmm::SleepGate;
+    fn sleep_gate(&self) -> &vmm::SleepGate {
+        &self.state().sleep_gate
+    }
 
     /// Wait until every graph launch of the context finished, the device
     /// current (CUDA: `cuCtxSynchronize`; HIP, which has no such call
@@ -430,21 +440,6 @@ pub trait CaptureTable: VmmTable {
     /// The stream's key in the capture gate (its handle's address).
     fn stream_key(stream: Self::Stream) -> usize;
 }
-
-/// A driver handle carried across threads (in a context's pins, shared by
-/// its threads). CUDA's and HIP's handles have no thread affinity: any host
-/// thread may pass one to the driver with its context current; a `Raw`
-/// only carries the value, and is made only from a vendor table's handle
-/// types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Raw<T>(pub T);
-
-// SAFETY: see the type's documentation: the handles a table names are
-// plain values the driver accepts from any thread; `Raw` never
-// dereferences them.
-unsafe impl<T: Copy> Send for Raw<T> {}
-// SAFETY: as above; a shared reference only copies the value.
-unsafe impl<T: Copy> Sync for Raw<T> {}
 
 /// The vendor's names of its stream and event calls, for messages
 /// (`cuEventRecord` / `hipEventRecord`: tests and CI scripts grep them).

@@ -6,20 +6,21 @@
 //! no stand-in.
 
 use memgov_backend::capability::CaptureMode;
-use memgov_backend::shell::{MakeCurrent, Shell};
-use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, SleepGate, Slot};
+use memgov_backend::shell::MakeCurrent;
+use memgov_backend::vmm::{self, ArenaConfig, Gate, GranuleDriver, Slot};
 use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, RetireOutcome, RetireSignal, Tickets,
+    BackendError, BackendErrorKind, BackendProbe, DeviceIdentity, RetireOutcome, RetireSignal,
+    Tickets,
 };
 use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
-use memgov_stream_ordered::stream::{self, StreamContext, Streams};
+use memgov_stream_ordered::state::{Device, State, Stream, STAND_IN_NAME};
+use memgov_stream_ordered::stream::{self, StreamContext};
 use memgov_stream_ordered::table::{
     CaptureNames, CaptureTable, Context, StreamNames, StreamTable, VmmNames, VmmTable,
 };
-use memgov_stream_ordered::{arena, teardown, Checked, Class, Hints, Vendor};
+use memgov_stream_ordered::{arena, teardown, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -224,15 +225,20 @@ impl RetireTable for Toy {
 
 /// The toy's context: always current, never lost.
 struct ToyContext {
-    sleep_gate: SleepGate,
-    shell: Shell<Checked<Toy>>,
+    state: State<Toy, u64>,
+}
+
+/// The toy's device (a stand-in by its name).
+fn toy_device() -> Device {
+    let name = format!("{STAND_IN_NAME} toy");
+    let identity = DeviceIdentity::named("toy", &name);
+    Device::new(0, name, identity, 1 << 30, "toy driver 1.0".into())
 }
 
 impl Default for ToyContext {
     fn default() -> Self {
         Self {
-            sleep_gate: SleepGate::default(),
-            shell: Shell::new("toy device", BackendProbe::new()),
+            state: State::new("Toy", toy_device(), Vec::new()),
         }
     }
 }
@@ -270,15 +276,11 @@ impl Context for ToyContext {
         arena::drain(self, &[1], op, None, Duration::ZERO)
     }
     fn granule_prop(_: &ToyArena) {}
-    fn shell(&self) -> &Shell<Checked<Toy>> {
-        &self.shell
+    fn state(&self) -> &State<Toy, u64> {
+        &self.state
     }
-
     fn raw_stream(&self, _: &'static str, stream: &u64) -> Result<u64, BackendError> {
         Ok(*stream)
-    }
-    fn sleep_gate(&self) -> &SleepGate {
-        &self.sleep_gate
     }
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
         self.quiesce(op)
@@ -446,26 +448,28 @@ impl StreamTable for Toy {
 /// What [`ToyStreams`] takes for a sticky code.
 const STICKY: i32 = 3;
 
-/// A public stream of the toy: handle, id, its context's id.
-#[derive(Debug)]
-struct ToyStream(u64, u64, u64);
+memgov_stream_ordered::handle! {
+    /// A public stream of the toy: the core's stream.
+    pub struct ToyStream(Stream<u64>);
+}
 
 /// A toy context that keeps its streams in the core's registry.
 struct ToyStreams {
-    streams: Streams<u64>,
-    next: AtomicU64,
-    shell: Shell<Checked<Toy>>,
-    sleep_gate: SleepGate,
+    state: State<Toy, u64>,
+}
+
+impl ToyStreams {
+    /// A toy context that hands out `adopted` before it creates streams.
+    fn lending(adopted: Vec<u64>) -> Self {
+        Self {
+            state: State::new("Toy", toy_device(), adopted),
+        }
+    }
 }
 
 impl Default for ToyStreams {
     fn default() -> Self {
-        Self {
-            streams: Streams::default(),
-            next: AtomicU64::default(),
-            shell: Shell::new("toy device", BackendProbe::new()),
-            sleep_gate: SleepGate::default(),
-        }
+        Self::lending(Vec::new())
     }
 }
 
@@ -491,7 +495,7 @@ impl Context for ToyStreams {
     /// [`STICKY`] marks the context dead, as a sticky code does.
     fn checked(&self, op: &'static str, call: &str, code: i32) -> Result<(), BackendError> {
         if code == STICKY {
-            self.shell.mark_dead("a sticky code");
+            self.shell().mark_dead("a sticky code");
         }
         memgov_stream_ordered::result::check::<Toy>(op, call, code)
     }
@@ -503,14 +507,11 @@ impl Context for ToyStreams {
         stream::quiesce(self, op, None)
     }
     fn granule_prop(_: &ToyArena) {}
-    fn shell(&self) -> &Shell<Checked<Toy>> {
-        &self.shell
+    fn state(&self) -> &State<Toy, u64> {
+        &self.state
     }
     fn raw_stream(&self, op: &'static str, s: &ToyStream) -> Result<u64, BackendError> {
         stream::check(self, op, s)
-    }
-    fn sleep_gate(&self) -> &SleepGate {
-        &self.sleep_gate
     }
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
         self.quiesce(op)
@@ -518,20 +519,8 @@ impl Context for ToyStreams {
 }
 
 impl StreamContext for ToyStreams {
-    fn streams(&self) -> &Streams<u64> {
-        &self.streams
-    }
-    fn context_id(&self) -> u64 {
-        5
-    }
-    fn next_id(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
-    }
-    fn parts(s: &ToyStream) -> (u64, u64, u64) {
-        (s.0, s.1, s.2)
-    }
-    fn stream(&self, raw: u64, id: u64, _adopted: bool) -> ToyStream {
-        ToyStream(raw, id, 5)
+    fn wrap(stream: Stream<u64>) -> ToyStream {
+        ToyStream(stream)
     }
 }
 
@@ -544,7 +533,7 @@ fn order_after_records_waits_and_destroys_one_event_and_refuses_foreign_streams(
     let s = ToyStreams::default();
     let a = stream::create(&s).expect("a");
     let b = stream::create(&s).expect("b");
-    assert_eq!(s.shell.probe().live_streams(), 2);
+    assert_eq!(s.shell().probe().live_streams(), 2);
     clear_log();
     stream::order_after(&s, &a, &b).expect("ordered");
     assert_eq!(
@@ -562,16 +551,21 @@ fn order_after_records_waits_and_destroys_one_event_and_refuses_foreign_streams(
     assert!(log().is_empty(), "{:?}", log());
     // Another context's stream, and one never created here: refused
     // before any call, naming the stream and the context.
-    let foreign = ToyStream(1, a.1, 6);
+    let other = ToyStreams::default();
+    let foreign = stream::create(&other).expect("foreign");
+    clear_log();
     let e = stream::order_after(&s, &a, &foreign).expect_err("foreign");
     assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-    assert!(
-        e.message
-            .contains("stream 0 is not a live stream of Toy context 5"),
-        "{e}"
+    let (ours, theirs) = (s.context_id(), other.context_id());
+    assert_ne!(ours, theirs);
+    let named = format!(
+        "stream {} is not a live stream of Toy context {ours} (it belongs to context {theirs}",
+        foreign.id()
     );
-    let unknown = ToyStream(1, 99, 5);
-    stream::order_after(&s, &unknown, &a).expect_err("unknown");
+    assert!(e.message.contains(&named), "{e}");
+    // Destroyed: no longer in the registry.
+    assert!(s.streams().remove(b.id()).is_some());
+    stream::order_after(&s, &b, &a).expect_err("destroyed");
     assert!(log().is_empty(), "{:?}", log());
 }
 
@@ -624,20 +618,19 @@ fn after_a_sticky_code_a_vendor_whose_calls_may_block_destroys_no_event() {
 
 #[test]
 fn adopted_streams_are_lent_before_any_is_created_and_never_destroyed() {
-    let s = ToyStreams {
-        streams: Streams::lending(vec![42]),
-        ..Default::default()
-    };
+    let s = ToyStreams::lending(vec![42]);
     let lent = stream::create(&s).expect("lent");
-    assert_eq!(lent.0, 42);
+    assert_eq!(lent.raw(), 42);
+    assert!(lent.is_adopted());
     assert!(log().is_empty(), "{:?}", log());
     let made = stream::create(&s).expect("made");
-    assert_eq!(made.0, 1);
+    assert_eq!(made.raw(), 1);
+    assert!(!made.is_adopted());
     assert_eq!(log(), ["toyStreamCreate"]);
     clear_log();
     // Teardown: both synchronized, only the one memgov created destroyed,
     // both counted.
-    let streams = s.streams.drain();
+    let streams = s.streams().drain();
     let raw: Vec<u64> = streams.iter().map(|&(r, _)| r).collect();
     let mut errors = teardown::FirstError::default();
     teardown::sync_streams(&s, "teardown", &raw, &mut errors);
@@ -653,27 +646,27 @@ fn adopted_streams_are_lent_before_any_is_created_and_never_destroyed() {
             "toyStreamSynchronize"
         ]
     );
-    assert_eq!(s.shell.probe().live_streams(), 0);
+    assert_eq!(s.shell().probe().live_streams(), 0);
 }
 
 #[test]
 fn a_retired_stream_is_destroyed_only_once_its_query_says_its_work_ran() {
     let s = ToyStreams::default();
-    s.streams.retire(3);
+    s.streams().retire(3);
     script("toyStreamQuery", NOT_READY);
     stream::reap_retired(&s, "synchronize").expect("still running is no error");
     assert_eq!(log(), ["toyStreamQuery"]);
-    assert!(s.streams.has_retired());
+    assert!(s.streams().has_retired());
     // A quiesce waits for it too, and leaves it retired.
     clear_log();
     stream::quiesce(&s, "trim", None).expect("quiesced");
     assert_eq!(log(), ["toyStreamSynchronize"]);
-    assert!(s.streams.has_retired());
+    assert!(s.streams().has_retired());
     clear_log();
     script("toyStreamQuery", OK);
     stream::reap_retired(&s, "synchronize").expect("reaped");
     assert_eq!(log(), ["toyStreamQuery", "toyStreamDestroy"]);
-    assert!(!s.streams.has_retired());
+    assert!(!s.streams().has_retired());
 }
 
 /// What owns the toy's releases: parked signals with an address each.

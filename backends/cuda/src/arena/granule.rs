@@ -8,12 +8,11 @@
 use crate::result::Cuda;
 use crate::shared::Shared;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle, CUresult, CUstream};
-use memgov_backend::shell::Shell;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::state::State;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::{Context, VmmNames, VmmTable};
-use memgov_stream_ordered::Checked;
 use std::ffi::c_void;
 
 /// Pinned device memory of device `ordinal`, no shareable handle.
@@ -185,15 +184,11 @@ impl Context for Shared {
         op: &'static str,
         stream: &crate::CudaStream,
     ) -> Result<<Cuda as VmmTable>::Stream, BackendError> {
-        self.check_stream(op, stream).map(|()| stream.raw)
+        self.check_stream(op, stream).map(|()| stream.raw())
     }
 
-    fn shell(&self) -> &Shell<Checked<Cuda>> {
-        &self.shell
-    }
-
-    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
-        &self.sleep_gate
+    fn state(&self) -> &State<Cuda, CUstream> {
+        &self.state
     }
 
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {

@@ -66,7 +66,7 @@ pub type Arena = memgov_stream_ordered::arena::Arena<Shared, release::Releases>;
 /// Ask the granularity and reserve the range, on the context (current on
 /// the calling thread).
 pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Arena, BackendError> {
-    let ordinal = s.ordinal as i32;
+    let ordinal = s.device.ordinal as i32;
     let _current = s.make_current("arena")?;
     Arena::reserve(
         s,

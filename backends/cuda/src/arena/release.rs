@@ -38,7 +38,9 @@ impl CudaContext {
             s.begin_free(stream, memory, signal, "arena allocation")?;
         // SAFETY: the stream is a live stream of this context (checked);
         // the context is current; the memory left the live set.
-        unsafe { retire::queue_release(s, arena, stream.raw, signal, memory.bytes, memory.ptr) };
+        unsafe {
+            retire::queue_release(s, arena, stream.raw(), signal, memory.bytes, memory.device)
+        };
         Ok(())
     }
 

@@ -8,12 +8,11 @@
 use crate::ffi::{self, hipMemGenericAllocationHandle_t, hipStream_t, HipResult};
 use crate::result::Hip;
 use crate::shared::Shared;
-use memgov_backend::shell::Shell;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::state::State;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::{Context, Raw, VmmNames, VmmTable};
-use memgov_stream_ordered::Checked;
 use std::ffi::c_void;
 
 /// A `hipMemGenericAllocationHandle_t`, carried across threads (the
@@ -192,15 +191,11 @@ impl Context for Shared {
         op: &'static str,
         stream: &crate::HipStream,
     ) -> Result<<Hip as VmmTable>::Stream, BackendError> {
-        self.check_stream(op, stream).map(|()| stream.raw.0)
+        self.check_stream(op, stream).map(|()| stream.raw())
     }
 
-    fn shell(&self) -> &Shell<Checked<Hip>> {
-        &self.shell
-    }
-
-    fn sleep_gate(&self) -> &memgov_backend::vmm::SleepGate {
-        &self.sleep_gate
+    fn state(&self) -> &State<Hip, hipStream_t> {
+        &self.state
     }
 
     fn quiesce(&self, op: &'static str) -> Result<(), BackendError> {

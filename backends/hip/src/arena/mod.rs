@@ -65,8 +65,8 @@ pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Arena, BackendE
     // SAFETY: valid out pointer.
     let r = unsafe { ffi::hipRuntimeGetVersion(&mut runtime) };
     s.checked("arena", "hipRuntimeGetVersion", r)?;
-    let prop = ffi::allocation_prop(s.ordinal, runtime);
-    Arena::reserve(s, config, (s.ordinal, &prop), s.probe().clone(), runtime)
+    let prop = ffi::allocation_prop(s.ordinal(), runtime);
+    Arena::reserve(s, config, (s.ordinal(), &prop), s.probe().clone(), runtime)
 }
 
 /// Arena memory handed to the pool's release path (a bug of this crate).

@@ -36,9 +36,9 @@ impl HipContext {
         signal: RetireSignal,
     ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
         let s = &*self.shared;
-        let what = format_args!("arena allocation {:#x} ({} B)", memory.ptr, memory.bytes);
+        let what = format_args!("arena allocation {:#x} ({} B)", memory.own(), memory.bytes);
         let taken = retire::begin_free(s, stream, memory.context, what, || {
-            lock(&s.live).remove(&memory.ptr)
+            lock(&s.live).remove(&memory.own())
         });
         if let Err(e) = taken {
             return Err((memory, signal, e));
@@ -46,14 +46,14 @@ impl HipContext {
         let device = match s.make_current("free_async") {
             Ok(d) => d,
             Err(e) => {
-                lock(&s.live).insert(memory.ptr, (memory.bytes, Origin::Arena));
+                lock(&s.live).insert(memory.own(), (memory.bytes, Origin::Arena));
                 return Err((memory, signal, e));
             }
         };
-        let at = memory.ptr as u64;
+        let at = memory.device;
         // SAFETY: the stream is live; the device is current; the memory left
         // the live set.
-        unsafe { retire::queue_release(s, arena, stream.raw.0, signal, memory.bytes, at) };
+        unsafe { retire::queue_release(s, arena, stream.raw(), signal, memory.bytes, at) };
         drop(device);
         Ok(())
     }
