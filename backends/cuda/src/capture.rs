@@ -173,10 +173,6 @@ impl CaptureTable for Cuda {
     }
 }
 
-/// The executable graphs of a context still live, and the captures a
-/// failed end left under way (the core's).
-pub(crate) type Pins = memgov_stream_ordered::capture::Pins<Cuda>;
-
 // ---- capture -------------------------------------------------------------
 
 /// A stream capture under way ([`CudaContext::begin_capture`]): the core's

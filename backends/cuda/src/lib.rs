@@ -103,8 +103,9 @@ pub use stream::CudaStream;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
-    Execution, MemoryInfo, RetireSignal, Tier,
+    MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::parts::Parts;
 use memgov_stream_ordered::state::{Device, State};
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, BACKEND};
@@ -153,17 +154,14 @@ fn require_driver() -> Result<(), BackendError> {
 /// One CUDA device context: the device's primary context (or an adopted
 /// one), its streams and allocations.
 pub struct CudaContext {
-    shared: Arc<Shared>,
-    /// The virtual-memory arena device memory comes from, when
-    /// [`CudaConfig::arena`] asked for one.
-    arena: Option<Arc<arena::Arena>>,
-    /// The executable graphs made by captures on the arena, still live.
-    pins: Arc<capture::Pins>,
+    /// The shared state, the arena [`CudaConfig::arena`] asked for, the
+    /// live graphs of captures on it.
+    parts: Parts<Shared>,
 }
 
 impl std::fmt::Debug for CudaContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = &self.shared;
+        let s = &self.parts.shared;
         s.debug(f, "CudaContext")
             .field("retained", &s.retained)
             .finish()
@@ -420,7 +418,7 @@ impl CudaContext {
         streams: Vec<CUstream>,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            parts: Parts::new(Shared {
                 state: State::new("CUDA", device, streams),
                 cu_device,
                 context,
@@ -429,8 +427,6 @@ impl CudaContext {
                 pending: Arc::default(),
                 live: Mutex::default(),
             }),
-            arena: None,
-            pins: Arc::default(),
         }
     }
 
@@ -440,9 +436,9 @@ impl CudaContext {
         let Some(config) = config else {
             return Ok(self);
         };
-        match arena::create(&self.shared, config) {
+        match arena::create(&self.parts.shared, config) {
             Ok(a) => {
-                self.arena = Some(Arc::new(a));
+                self.parts.arena = Some(Arc::new(a));
                 Ok(self)
             }
             Err(e) => {
@@ -456,30 +452,28 @@ impl CudaContext {
     /// limit, sleep and wake), or `None` when [`CudaConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<CudaArena> {
-        self.arena
-            .as_ref()
-            .map(|a| CudaArena::new(a.clone(), self.shared.clone()))
+        self.parts.arena_handle()
     }
 
     /// The probe every backend reports through; it outlives teardown.
     pub fn probe(&self) -> BackendProbe {
-        self.shared.probe().clone()
+        self.parts.probe()
     }
 
     /// The raw `CUcontext`. The caller must not destroy or release it, and
     /// must not use it after teardown.
     pub fn cu_context(&self) -> CUcontext {
-        self.shared.context
+        self.parts.shared.context
     }
 
     /// Whether the driver is memgov's stand-in rather than NVIDIA's.
     pub fn is_stand_in(&self) -> bool {
-        self.shared.device.execution == Execution::StandIn
+        self.parts.is_stand_in()
     }
 
     /// Signals of stream-ordered frees whose host function has not run yet.
     pub fn pending_frees(&self) -> usize {
-        self.shared.pending.len()
+        self.parts.shared.pending.len()
     }
 }
 
@@ -488,7 +482,7 @@ impl DeviceContext for CudaContext {
     type Memory = CudaMemory;
 
     fn describe(&self) -> DeviceDescription {
-        let d = &self.shared.device;
+        let d = &self.parts.shared.device;
         DeviceDescription {
             backend: BACKEND,
             vendor: "NVIDIA".into(),
@@ -499,12 +493,12 @@ impl DeviceContext for CudaContext {
             execution: d.execution,
             // The arena reuses a range only once its release has retired
             // (the stream passed it), not at once on the same stream.
-            stream_ordered_reuse: self.arena.is_none(),
+            stream_ordered_reuse: self.parts.arena.is_none(),
         }
     }
 
     fn identity(&self) -> DeviceIdentity {
-        self.shared.device.identity.clone()
+        self.parts.shared.device.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
@@ -512,7 +506,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn create_stream(&self) -> Result<CudaStream, BackendError> {
-        memgov_stream_ordered::stream::create(&*self.shared)
+        memgov_stream_ordered::stream::create(&*self.parts.shared)
     }
 
     fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
@@ -542,7 +536,7 @@ impl DeviceContext for CudaContext {
         memory: CudaMemory,
         retired: RetireSignal,
     ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
-        match &self.arena {
+        match &self.parts.arena {
             Some(a) if memory.host == 0 && a.contains(memory.device) => {
                 self.arena_free_async(a, stream, memory, retired)
             }
@@ -576,28 +570,29 @@ impl DeviceContext for CudaContext {
     }
 
     fn order_after(&self, stream: &CudaStream, after: &CudaStream) -> Result<(), BackendError> {
-        memgov_stream_ordered::stream::order_after(&*self.shared, stream, after)
+        memgov_stream_ordered::stream::order_after(&*self.parts.shared, stream, after)
     }
 
     fn device_lost(&self) {
         self.device_lost_impl();
-        if let Some(a) = &self.arena {
-            memgov_stream_ordered::retire::abandon_all(&a.releases, self.shared.probe());
+        if let Some(a) = &self.parts.arena {
+            memgov_stream_ordered::retire::abandon_all(&a.releases, self.parts.shared.probe());
         }
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed.
-        self.pins
-            .end_stranded(&*self.shared, lost || self.shared.is_lost());
-        let graphs = self.pins.finish(
-            &*self.shared,
-            self.arena.as_deref(),
+        self.parts
+            .pins
+            .end_stranded(&*self.parts.shared, lost || self.parts.shared.is_lost());
+        let graphs = self.parts.pins.finish(
+            &*self.parts.shared,
+            self.parts.arena.as_deref(),
             lost,
             "CudaGraph::destroy",
         );
-        let arena = match &self.arena {
+        let arena = match &self.parts.arena {
             Some(a) => self.arena_teardown(a, lost),
             None => Ok(()),
         };

@@ -56,10 +56,10 @@ impl CudaContext {
         stream: &super::CudaStream,
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let size = memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
         let _current = s.make_current("allocate")?;
-        if let Some(arena) = &self.arena {
+        if let Some(arena) = &self.parts.arena {
             let ptr = arena.allocate(s, bytes)?;
             return Ok(self.register(ptr, bytes, 0));
         }
@@ -76,11 +76,11 @@ impl CudaContext {
     /// probe) and hand it out: `host` is its page-locked host address, 0
     /// for device memory.
     fn register(&self, ptr: CUdeviceptr, bytes: u64, host: usize) -> CudaMemory {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let id = s.next_id();
         lock(&s.live).insert(id, Live { ptr, bytes, host });
         s.probe().allocated(bytes);
-        let origin = match (host, &self.arena) {
+        let origin = match (host, &self.parts.arena) {
             (0, Some(_)) => Origin::Arena,
             (0, None) => Origin::Pool,
             _ => Origin::PinnedHost,
@@ -102,7 +102,7 @@ impl CudaContext {
         stream: &super::CudaStream,
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let size = memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
         // Page-locked allocation (and the free on failure below) is a
         // potentially unsafe call: it waits for captures under way, and is
@@ -133,14 +133,14 @@ impl CudaContext {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.check_usable("write")?;
         s.check_stream("write", stream)?;
         s.check_memory("write", memory)?;
         // Held until the copy is queued (and synchronized): no sleep unmaps
         // between the awake check and the enqueue.
         let _use = s.sleep_gate.enter();
-        self.check_awake("write", memory)?;
+        self.parts.check_awake("write", memory)?;
         let at = range("write", memory, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -159,13 +159,13 @@ impl CudaContext {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.check_usable("read")?;
         s.check_stream("read", stream)?;
         s.check_memory("read", memory)?;
         // As in write.
         let _use = s.sleep_gate.enter();
-        self.check_awake("read", memory)?;
+        self.parts.check_awake("read", memory)?;
         let at = range("read", memory, offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -175,20 +175,8 @@ impl CudaContext {
         unsafe { memgov_stream_ordered::memory::read(s, stream.raw(), at, dst) }
     }
 
-    /// Refuse a copy to or from arena memory while the arena, or a set the
-    /// memory is in, sleeps (its addresses are reserved but nothing is
-    /// mapped behind them).
-    fn check_awake(&self, op: &'static str, memory: &CudaMemory) -> Result<(), BackendError> {
-        match &self.arena {
-            Some(a) if a.contains(memory.device) => {
-                a.check_awake(crate::result::BACKEND, op, memory.device, memory.bytes)
-            }
-            _ => Ok(()),
-        }
-    }
-
     pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.check_usable("memory_info")?;
         let _current = s.make_current("memory_info")?;
         let (mut free, mut total) = (0usize, 0usize);

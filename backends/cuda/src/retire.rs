@@ -205,7 +205,7 @@ impl CudaContext {
         memory: CudaMemory,
         signal: RetireSignal,
     ) -> Result<(), Refused> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let (live, _current, memory, signal) =
             s.begin_free(stream, memory, signal, "allocation")?;
         let host = live.host;
@@ -244,7 +244,7 @@ impl CudaContext {
             let r = unsafe { sys::cuMemFreeHost(host as *mut c_void) };
             s.checked("free_async", "cuMemFreeHost", r).is_ok()
         };
-        let owner = Arc::downgrade(&self.shared);
+        let owner = Arc::downgrade(&self.parts.shared);
         // SAFETY: the stream is a live stream of this context (checked);
         // the context is current; the free is queued (or the host buffer
         // owned by this release).
@@ -272,13 +272,13 @@ impl CudaContext {
             // The free thread settles it (`free_host`).
             queued.hand_on();
             // Started once; the host function wakes it.
-            self.shared.start_free_thread();
+            self.parts.shared.start_free_thread();
         }
         Ok(())
     }
 
     pub(crate) fn device_lost_impl(&self) {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.shell.mark_lost(None);
         // Dropped unfired, with no lock held: the governor settles them as
         // abandoned.

@@ -3,9 +3,7 @@
 
 use crate::result::{err, Cuda, BACKEND};
 use crate::CudaMemory;
-use cudarc::driver::sys::{
-    self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUresult, CUstream,
-};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUstream};
 use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
 use memgov_backend::{
@@ -132,23 +130,6 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
-    /// `Ok` for success; else the classified error. A sticky code marks the
-    /// context lost and dead and drops the signals of queued frees unfired
-    /// (queued work no longer executes after a sticky error, so their host
-    /// functions never run).
-    pub(crate) fn checked(
-        &self,
-        op: &'static str,
-        call: &str,
-        r: CUresult,
-    ) -> Result<(), BackendError> {
-        self.shell.checked(op, call, r).inspect_err(|e| {
-            if e.is_device_lost() {
-                self.abandon_pending();
-            }
-        })
-    }
-
     /// Drop every waiting signal unfired (the governor settles them as
     /// abandoned), with no lock held.
     pub(crate) fn abandon_pending(&self) {

@@ -93,7 +93,7 @@ impl StreamContext for Shared {
 impl CudaContext {
     pub(crate) fn destroy_stream_impl(&self, handle: CudaStream) -> Result<(), BackendError> {
         const OP: &str = "destroy_stream";
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         stream::check(s, OP, &handle)?;
         let Some((raw, adopted)) = s.streams.remove(handle.id()) else {
             // Taken by value: no other call destroys it.
@@ -123,13 +123,13 @@ impl CudaContext {
             // Work still queued on it: the free thread keeps asking, so that an
             // asynchronous fault in that work is observed even if nothing
             // else calls the backend (retire waits without calling it).
-            self.shared.start_free_thread();
+            self.parts.shared.start_free_thread();
         }
         result
     }
 
     pub(crate) fn synchronize_impl(&self, handle: &CudaStream) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         stream::synchronize(s, "synchronize", handle)?;
         // The stream's page-locked host frees: their host functions have
         // run, and their frees (and signals) follow off the stream, on the

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 impl CudaContext {
     pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         // No new work from here on; and first of all: no backend thread
         // calls the driver from here on but this one, and none after
         // teardown returns.
@@ -55,7 +55,7 @@ impl CudaContext {
     /// live, trim and destroy memgov's pool. Nothing of memgov's is queued or
     /// allocated in the context when the reference goes.
     fn release_all(&self, errors: &mut FirstError) {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let current = match s.make_current("teardown") {
             Ok(c) => Some(c),
             Err(e) => {
@@ -150,7 +150,7 @@ impl CudaContext {
     ///
     /// [`release_all`]: Self::release_all
     fn teardown_lost(&self, errors: &mut FirstError) {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.shell.mark_lost(None);
         s.abandon_pending();
         if !s.shell.is_dead() {
@@ -198,7 +198,7 @@ impl CudaContext {
     /// running memgov's work at the drain deadline they stay with the
     /// reference teardown keeps.
     fn forget_all(&self) {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         for (_, l) in lock(&s.live).drain() {
             s.probe().freed(l.bytes);
         }
@@ -211,7 +211,7 @@ impl CudaContext {
     /// Poll `streams` until their queued work has finished, a sticky error
     /// shows the device really is lost, or `LOST_DRAIN` has passed.
     fn drain_lost(&self, streams: &[CUstream]) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let deadline = Instant::now() + LOST_DRAIN;
         let _current = s.make_current("teardown")?;
         let mut waiting: Vec<CUstream> = streams.to_vec();
@@ -261,7 +261,7 @@ impl CudaContext {
     /// Memory a forced retire left live, freed on a stream of teardown's
     /// own and waited for.
     fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         teardown::on_own_stream(s, "teardown", |stream| {
             let mut result = Ok(());
             for l in leftover {

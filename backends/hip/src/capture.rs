@@ -136,10 +136,6 @@ impl CaptureTable for Hip {
     }
 }
 
-/// The executable graphs of a context still live, and the captures a
-/// failed end left under way (the core's).
-pub(crate) type Pins = memgov_stream_ordered::capture::Pins<Hip>;
-
 // ---- capture -------------------------------------------------------------
 
 /// A stream capture under way ([`HipContext::begin_capture`]): the core's

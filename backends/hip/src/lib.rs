@@ -58,7 +58,7 @@
 //!
 //! A stand-in `libamdhip64.so.5` (built from `backends/hip/stand-in/`) names
 //! its device `"memgov stand-in ..."`; the context then reports
-//! [`Execution::StandIn`].
+//! [`Execution::StandIn`](memgov_backend::Execution::StandIn).
 //!
 //! ```no_run
 //! use memgov::hip::{HipConfig, HipContext};
@@ -109,8 +109,9 @@ use ffi::{
 use memgov_backend::shell::{self, MakeCurrent};
 use memgov_backend::{
     lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    DeviceIdentity, Execution, MemoryInfo, RetireSignal, Tier,
+    DeviceIdentity, MemoryInfo, RetireSignal, Tier,
 };
+use memgov_stream_ordered::parts::Parts;
 use memgov_stream_ordered::state::Device;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
@@ -126,17 +127,14 @@ pub const STAND_IN_NAME_PREFIX: &str = memgov_stream_ordered::state::STAND_IN_NA
 /// A HIP device context: one device, a memory pool of its own, and the
 /// streams and allocations made through it.
 pub struct HipContext {
-    shared: Arc<Shared>,
-    /// The virtual-memory arena device memory comes from, when
-    /// [`HipConfig::arena`] asked for one.
-    arena: Option<Arc<arena::Arena>>,
-    /// The executable graphs made by captures on the arena, still live.
-    pins: Arc<capture::Pins>,
+    /// The shared state, the arena [`HipConfig::arena`] asked for, the
+    /// live graphs of captures on it.
+    parts: Parts<Shared>,
 }
 
 impl std::fmt::Debug for HipContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.shared.debug(f, "HipContext").finish()
+        self.parts.shared.debug(f, "HipContext").finish()
     }
 }
 
@@ -340,13 +338,11 @@ impl HipContext {
         let driver = format!("HIP runtime {runtime}, driver {driver}");
         let device = Device::new(config.device, name, identity, total as u64, driver);
         let mut ctx = Self {
-            shared: Arc::new(Shared::new(device, pool, fallback_reason)),
-            arena: None,
-            pins: Arc::default(),
+            parts: Parts::new(Shared::new(device, pool, fallback_reason)),
         };
         if let Some(config) = &config.arena {
             // On failure `ctx` drops here, which tears it down.
-            ctx.arena = Some(Arc::new(arena::create(&ctx.shared, config)?));
+            ctx.parts.arena = Some(Arc::new(arena::create(&ctx.parts.shared, config)?));
         }
         Ok(ctx)
     }
@@ -355,9 +351,7 @@ impl HipContext {
     /// limit, sleep and wake), or `None` when [`HipConfig::arena`] did not
     /// ask for one.
     pub fn arena(&self) -> Option<HipArena> {
-        self.arena
-            .as_ref()
-            .map(|a| HipArena::new(a.clone(), self.shared.clone()))
+        self.parts.arena_handle()
     }
 
     /// Device memory of the arena: the checks every allocation makes, then
@@ -368,7 +362,7 @@ impl HipContext {
         stream: &HipStream,
         bytes: u64,
     ) -> Result<HipMemory, BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         s.check_stream("allocate", stream)?;
         s.check_usable("allocate")?;
         if bytes == 0 {
@@ -383,48 +377,36 @@ impl HipContext {
         Ok(memory::register(s, ptr, ptr, bytes, Origin::Arena))
     }
 
-    /// Refuse a copy to or from arena memory while the arena, or a set the
-    /// memory is in, sleeps (its addresses are reserved but nothing is
-    /// mapped behind them).
-    fn check_awake(&self, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
-        match &self.arena {
-            Some(a) if memory.origin == Origin::Arena => {
-                a.check_awake(result::BACKEND, op, memory.device, memory.bytes)
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// The backend's bookkeeping, readable after teardown.
     pub fn probe(&self) -> BackendProbe {
-        self.shared.probe().clone()
+        self.parts.probe()
     }
 
     /// Whether allocations come from the context's pool (true) or from the
     /// `hipMalloc` fallback, and why the fallback was chosen.
     pub fn stream_ordered(&self) -> (bool, Option<String>) {
         (
-            self.shared.allocator() == Allocator::StreamOrdered,
-            lock(&self.shared.fallback_reason).clone(),
+            self.parts.shared.allocator() == Allocator::StreamOrdered,
+            lock(&self.parts.shared.fallback_reason).clone(),
         )
     }
 
     /// Whether the runtime is memgov's stand-in rather than ROCm's.
     pub fn is_stand_in(&self) -> bool {
-        self.shared.device.execution == Execution::StandIn
+        self.parts.is_stand_in()
     }
 
     /// Frees queued and not yet retired (callbacks or the free thread's
     /// queue pending).
     pub fn pending_frees(&self) -> usize {
-        self.shared.pending.len() + self.shared.frees.len()
+        self.parts.shared.pending.len() + self.parts.shared.frees.len()
     }
 
     /// Things the backend noticed that had no caller to report to (a
     /// failed fallback free, a refused stream callback, a teardown that
     /// stopped at a sticky error).
     pub fn notes(&self) -> Vec<String> {
-        self.shared.notes()
+        self.parts.shared.notes()
     }
 }
 
@@ -433,8 +415,8 @@ impl DeviceContext for HipContext {
     type Memory = HipMemory;
 
     fn describe(&self) -> DeviceDescription {
-        let shared = &self.shared;
-        let allocator = match (&self.arena, lock(&shared.fallback_reason).as_deref()) {
+        let shared = &self.parts.shared;
+        let allocator = match (&self.parts.arena, lock(&shared.fallback_reason).as_deref()) {
             (Some(a), _) => format!(
                 "a virtual-memory arena of {} B in granules of {} B (hipMemCreate/hipMemMap)",
                 a.size, a.granule
@@ -453,22 +435,24 @@ impl DeviceContext for HipContext {
             execution: d.execution,
             // The arena reuses a range only once its release has retired
             // (the stream passed it), not at once on the same stream.
-            stream_ordered_reuse: self.arena.is_none()
+            stream_ordered_reuse: self.parts.arena.is_none()
                 && shared.allocator() == Allocator::StreamOrdered,
         }
     }
 
     fn identity(&self) -> DeviceIdentity {
-        self.shared.device.identity.clone()
+        self.parts.shared.device.identity.clone()
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
-        self.shared.check_lost("memory_info")?;
-        let _device = self.shared.make_current("memory_info")?;
+        self.parts.shared.check_lost("memory_info")?;
+        let _device = self.parts.shared.make_current("memory_info")?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device is current on this thread.
         let r = unsafe { hipMemGetInfo(&mut free, &mut total) };
-        self.shared.checked("memory_info", "hipMemGetInfo", r)?;
+        self.parts
+            .shared
+            .checked("memory_info", "hipMemGetInfo", r)?;
         Ok(MemoryInfo {
             free: free as u64,
             total: total as u64,
@@ -476,18 +460,18 @@ impl DeviceContext for HipContext {
     }
 
     fn create_stream(&self) -> Result<HipStream, BackendError> {
-        memgov_stream_ordered::stream::create(&*self.shared)
+        memgov_stream_ordered::stream::create(&*self.parts.shared)
     }
 
     fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
         shared::gate().before_destroy("destroy_stream", stream.raw() as usize)?;
-        stream::destroy(&self.shared, stream)
+        stream::destroy(&self.parts.shared, stream)
     }
 
     fn allocate(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
-        match &self.arena {
+        match &self.parts.arena {
             Some(a) => self.arena_allocate(a, stream, bytes),
-            None => memory::allocate(&self.shared, stream, bytes),
+            None => memory::allocate(&self.parts.shared, stream, bytes),
         }
     }
 
@@ -499,7 +483,7 @@ impl DeviceContext for HipContext {
     ) -> Result<HipMemory, BackendError> {
         match tier {
             Tier::Device => self.allocate(stream, bytes),
-            _ => memory::allocate_pinned(&self.shared, stream, bytes),
+            _ => memory::allocate_pinned(&self.parts.shared, stream, bytes),
         }
     }
 
@@ -509,11 +493,11 @@ impl DeviceContext for HipContext {
         memory: HipMemory,
         retired: RetireSignal,
     ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
-        match &self.arena {
+        match &self.parts.arena {
             Some(a) if memory.origin == Origin::Arena => {
                 self.arena_free_async(a, stream, memory, retired)
             }
-            _ => retire::free_async(&self.shared, stream, memory, retired),
+            _ => retire::free_async(&self.parts.shared, stream, memory, retired),
         }
     }
 
@@ -526,9 +510,9 @@ impl DeviceContext for HipContext {
     ) -> Result<(), BackendError> {
         // Held until the copy is queued (and synchronized): no sleep unmaps
         // between the awake check and the enqueue.
-        let _use = self.shared.sleep_gate.enter();
-        self.check_awake("write", memory)?;
-        memory::write(&self.shared, stream, memory, offset, src)
+        let _use = self.parts.shared.sleep_gate.enter();
+        self.parts.check_awake("write", memory)?;
+        memory::write(&self.parts.shared, stream, memory, offset, src)
     }
 
     fn read(
@@ -539,24 +523,24 @@ impl DeviceContext for HipContext {
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
         // As in write.
-        let _use = self.shared.sleep_gate.enter();
-        self.check_awake("read", memory)?;
-        memory::read(&self.shared, stream, memory, offset, dst)
+        let _use = self.parts.shared.sleep_gate.enter();
+        self.parts.check_awake("read", memory)?;
+        memory::read(&self.parts.shared, stream, memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
         shared::gate().before_sync("synchronize", stream.raw() as usize)?;
-        stream::synchronize(&self.shared, stream)
+        stream::synchronize(&self.parts.shared, stream)
     }
 
     fn order_after(&self, stream: &HipStream, after: &HipStream) -> Result<(), BackendError> {
-        memgov_stream_ordered::stream::order_after(&*self.shared, stream, after)
+        memgov_stream_ordered::stream::order_after(&*self.parts.shared, stream, after)
     }
 
     fn device_lost(&self) {
-        self.shared.mark_lost("declared lost by the governor");
-        if let Some(a) = &self.arena {
-            memgov_stream_ordered::retire::abandon_all(&a.releases, self.shared.probe());
+        self.parts.shared.mark_lost("declared lost by the governor");
+        if let Some(a) = &self.parts.arena {
+            memgov_stream_ordered::retire::abandon_all(&a.releases, self.parts.shared.probe());
         }
     }
 

@@ -1,14 +1,13 @@
 //! The state a context's threads share (the caller's, the stream
 //! callbacks' through their routes, the free thread's): [`Shared`].
 
-use crate::ffi::{
-    self, hipEvent_t, hipGetDevice, hipMemPool_t, hipSetDevice, hipStream_t, HipResult,
-};
+use crate::ffi::{self, hipEvent_t, hipGetDevice, hipMemPool_t, hipSetDevice, hipStream_t};
 use crate::result::{error_name, Hip};
 use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
 use memgov_backend::{lock, BackendError, FreeThread, RetireSignal, Take, Tickets, Unsettled};
 use memgov_stream_ordered::state::{Device, State};
+use memgov_stream_ordered::table::Context as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -175,22 +174,6 @@ impl Shared {
 
     pub(crate) fn notes(&self) -> Vec<String> {
         lock(&self.notes).clone()
-    }
-
-    /// `Ok` on success; else the classified error. A sticky code marks the
-    /// context lost and dead (the shell) and wakes every wait for
-    /// outstanding work.
-    pub(crate) fn checked(
-        &self,
-        op: &'static str,
-        call: &str,
-        code: HipResult,
-    ) -> Result<(), BackendError> {
-        self.shell.checked(op, call, code).inspect_err(|e| {
-            if e.is_device_lost() {
-                self.outstanding.wake();
-            }
-        })
     }
 
     /// `DeviceLost` (with the first reason) on a lost context, with no HIP

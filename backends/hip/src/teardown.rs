@@ -25,11 +25,12 @@ impl HipContext {
     fn close(&self, lost: bool) -> Result<(), BackendError> {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed.
-        self.pins
-            .end_stranded(&*self.shared, lost || self.shared.is_dead());
+        self.parts
+            .pins
+            .end_stranded(&*self.parts.shared, lost || self.parts.shared.is_dead());
         // The arena first: its releases retire on the streams torn down below.
         let arena = self.arena_teardown(lost);
-        let shared = &self.shared;
+        let shared = &self.parts.shared;
         shared.shell.close();
         if lost {
             shared.mark_lost("torn down as lost");
@@ -69,7 +70,7 @@ impl HipContext {
     /// once on a dead device): what is left then dies with the device, and
     /// is only counted.
     fn release_everything(&self, taken: Vec<retire::Taken>) -> Result<(), BackendError> {
-        let shared = &self.shared;
+        let shared = &self.parts.shared;
         // Teardown's synchronizes and frees are potentially unsafe calls:
         // they wait for the captures under way anywhere in the process to
         // end (on a capturing thread they go ahead: teardown cannot be
@@ -148,7 +149,7 @@ impl HipContext {
     /// Pool allocations the governor abandoned (force): free them on a
     /// temporary stream and wait.
     fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
-        let shared = &*self.shared;
+        let shared = &*self.parts.shared;
         teardown::on_own_stream(shared, "teardown", |stream| {
             let mut result = Ok(());
             for (ptr, (_, origin)) in left {
@@ -172,7 +173,7 @@ impl HipContext {
 /// probe and `notes()` keep what went wrong.
 impl Drop for HipContext {
     fn drop(&mut self) {
-        if !self.shared.shell.is_closing() {
+        if !self.parts.shared.shell.is_closing() {
             let _ = self.close(false);
         }
     }

@@ -759,7 +759,8 @@ macro_rules! capture_methods {
                 stream: &$stream,
                 config: ::memgov_backend::capability::CaptureConfig,
             ) -> Result<$capture<'_>, ::memgov_backend::BackendError> {
-                let (shared, arena, pins) = (&self.shared, self.arena.as_ref(), &self.pins);
+                let parts = &self.parts;
+                let (shared, arena, pins) = (&parts.shared, parts.arena.as_ref(), &parts.pins);
                 $capture::begin(shared, arena, pins, stream, config, |a, s, n| a.allocate(s, n))
             }
         }

@@ -11,6 +11,10 @@
 //! entry points under neutral names. The logic written over that table
 //! lives here once:
 //!
+//! * [`state`]: what a context of any vendor holds: the device it opened,
+//!   its [`state::State`] (id, shell, streams, sleep gate), which the
+//!   vendor's shared state extends, and the parts of its public handles
+//!   ([`state::Stream`], [`state::Block`]);
 //! * [`table`]: the rest of the table, the vendor's entry points under
 //!   neutral names ([`table::VmmTable`], [`table::CaptureTable`]) and the
 //!   context they run in ([`table::Context`]);
@@ -39,6 +43,8 @@
 //!   a runtime, retired), each checked on use, created, synchronized,
 //!   ordered after another with an event ([`table::StreamTable`]), quiesced,
 //!   and reaped once retired;
+//! * [`parts`]: a vendor context's parts (shared state, arena, capture
+//!   pins) and what is read from them the same way on every vendor;
 //! * [`teardown`]: teardown's steps that are the same on every vendor
 //!   (every stream synchronized and destroyed, what a forced retire left
 //!   freed on a stream of teardown's own, the first error kept); the order
@@ -62,11 +68,12 @@
 //! and a third vendor of that shape plugs in by implementing its tables.
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
-//! its codes), then [`table`] (the entry points and the context), then
+//! its codes), then [`state`] (what a context holds), then [`table`] (the
+//! entry points and the context), then
 //! [`memory`] and [`retire`] side by side, then [`arena`] (whose releases
 //! [`retire`] settles) and [`capture`] side by side (neither imports the
-//! other), then [`stream`] (which drains through the arena's `drain`), then
-//! [`teardown`].
+//! other), then [`stream`] (which drains through the arena's `drain`) and
+//! [`parts`] side by side, then [`teardown`].
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -79,6 +86,7 @@
 pub mod arena;
 pub mod capture;
 pub mod memory;
+pub mod parts;
 pub mod result;
 pub mod retire;
 pub mod state;

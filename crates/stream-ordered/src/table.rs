@@ -226,10 +226,27 @@ pub trait Context: MakeCurrent + Sized + Send + Sync + 'static {
     /// `Deref`) and what the vendor keeps beside them.
     type Arena: Deref<Target = vmm::Arena<HandleOf<Self>>> + Send + Sync + 'static;
 
-    /// `Ok` for success; else the classified error, after marking the
-    /// context lost on a sticky code.
-    fn checked(&self, op: &'static str, call: &str, code: CodeOf<Self>)
-        -> Result<(), BackendError>;
+    /// `Ok` for success; else the classified error. A sticky code marks the
+    /// context lost and dead (the shell), then runs
+    /// [`on_sticky`](Self::on_sticky).
+    fn checked(
+        &self,
+        op: &'static str,
+        call: &str,
+        code: CodeOf<Self>,
+    ) -> Result<(), BackendError> {
+        self.shell().checked(op, call, code).inspect_err(|e| {
+            if e.is_device_lost() {
+                self.on_sticky();
+            }
+        })
+    }
+
+    /// What the vendor does once a sticky code was seen, the context marked
+    /// lost and dead: queued work no longer runs after one, so CUDA drops
+    /// the signals of its queued frees unfired (their host functions will
+    /// never run) and HIP wakes every wait for outstanding work.
+    fn on_sticky(&self) {}
 
     /// The process's capture gate for this vendor: a call that would break
     /// a capture under way waits (or is refused on the capturing thread).

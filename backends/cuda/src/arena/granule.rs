@@ -167,8 +167,8 @@ impl Context for Shared {
     type Stream = crate::CudaStream;
     type Arena = super::Arena;
 
-    fn checked(&self, op: &'static str, call: &str, code: CUresult) -> Result<(), BackendError> {
-        Shared::checked(self, op, call, code)
+    fn on_sticky(&self) {
+        self.abandon_pending();
     }
 
     fn capture_gate(&self) -> &'static Gate {

@@ -33,7 +33,7 @@ impl CudaContext {
         memory: CudaMemory,
         signal: RetireSignal,
     ) -> Result<(), Refused> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let (_live, _current, memory, signal) =
             s.begin_free(stream, memory, signal, "arena allocation")?;
         // SAFETY: the stream is a live stream of this context (checked);
@@ -55,7 +55,7 @@ impl CudaContext {
         arena: &Arc<Arena>,
         lost: bool,
     ) -> Result<(), BackendError> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let leftover: Vec<u64> = {
             let mut live = lock(&s.live);
             let ids: Vec<u64> = live

@@ -174,8 +174,8 @@ impl Context for Shared {
     type Stream = crate::HipStream;
     type Arena = super::Arena;
 
-    fn checked(&self, op: &'static str, call: &str, code: HipResult) -> Result<(), BackendError> {
-        Shared::checked(self, op, call, code)
+    fn on_sticky(&self) {
+        self.outstanding.wake();
     }
 
     fn capture_gate(&self) -> &'static Gate {

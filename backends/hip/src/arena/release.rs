@@ -35,7 +35,7 @@ impl HipContext {
         memory: HipMemory,
         signal: RetireSignal,
     ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let what = format_args!("arena allocation {:#x} ({} B)", memory.own(), memory.bytes);
         let taken = retire::begin_free(s, stream, memory.context, what, || {
             lock(&s.live).remove(&memory.own())
@@ -65,18 +65,18 @@ impl HipContext {
     /// with the device. A context declared lost whose runtime answers is
     /// polled (`hipStreamQuery`, at most 5 s) instead of synchronized.
     pub(crate) fn arena_teardown(&self, lost: bool) -> Result<(), BackendError> {
-        let Some(arena) = &self.arena else {
+        let Some(arena) = &self.parts.arena else {
             return Ok(());
         };
         // Live graphs first: their pools go back to the arena after their
         // launches finished; on a lost context they are forgotten.
-        let graphs = self.pins.finish(
-            &*self.shared,
+        let graphs = self.parts.pins.finish(
+            &*self.parts.shared,
             Some(arena),
-            lost || self.shared.is_dead() || self.shared.is_lost(),
+            lost || self.parts.shared.is_dead() || self.parts.shared.is_lost(),
             "HipGraph::destroy",
         );
-        let s = &*self.shared;
+        let s = &*self.parts.shared;
         let leftover: Vec<u64> = {
             let mut live = lock(&s.live);
             let ptrs: Vec<usize> = live
