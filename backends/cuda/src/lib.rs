@@ -551,7 +551,7 @@ impl DeviceContext for CudaContext {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
-        self.write_impl(stream, memory, offset, src)
+        self.parts.write(stream, memory, offset, src)
     }
 
     fn read(
@@ -561,7 +561,7 @@ impl DeviceContext for CudaContext {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
-        self.read_impl(stream, memory, offset, dst)
+        self.parts.read(stream, memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {

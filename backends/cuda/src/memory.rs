@@ -25,6 +25,7 @@ use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, MemoryInfo};
+use memgov_stream_ordered::parts::Books;
 use memgov_stream_ordered::state::{Block, Origin};
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
@@ -126,55 +127,6 @@ impl CudaContext {
         Ok(self.register(ptr, bytes, host as usize))
     }
 
-    pub(crate) fn write_impl(
-        &self,
-        stream: &super::CudaStream,
-        memory: &CudaMemory,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), BackendError> {
-        let s = &*self.parts.shared;
-        s.check_usable("write")?;
-        s.check_stream("write", stream)?;
-        s.check_memory("write", memory)?;
-        // Held until the copy is queued (and synchronized): no sleep unmaps
-        // between the awake check and the enqueue.
-        let _use = s.sleep_gate.enter();
-        self.parts.check_awake("write", memory)?;
-        let at = range("write", memory, offset, src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let _current = s.make_current("write")?;
-        // SAFETY: [at, at + len) lies inside a live allocation of this
-        // context and the stream is a live stream of it (checked above);
-        // the context is current.
-        unsafe { memgov_stream_ordered::memory::write(s, stream.raw(), at, src) }
-    }
-
-    pub(crate) fn read_impl(
-        &self,
-        stream: &super::CudaStream,
-        memory: &CudaMemory,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), BackendError> {
-        let s = &*self.parts.shared;
-        s.check_usable("read")?;
-        s.check_stream("read", stream)?;
-        s.check_memory("read", memory)?;
-        // As in write.
-        let _use = s.sleep_gate.enter();
-        self.parts.check_awake("read", memory)?;
-        let at = range("read", memory, offset, dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let _current = s.make_current("read")?;
-        // SAFETY: handles and bounds checked as in write.
-        unsafe { memgov_stream_ordered::memory::read(s, stream.raw(), at, dst) }
-    }
-
     pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {
         let s = &*self.parts.shared;
         s.check_usable("memory_info")?;
@@ -190,19 +142,9 @@ impl CudaContext {
     }
 }
 
-/// The device address of `len` bytes at `offset` of `memory`, or
-/// `InvalidArgument` when the range runs past the allocation.
-fn range(
-    op: &'static str,
-    memory: &CudaMemory,
-    offset: u64,
-    len: usize,
-) -> Result<CUdeviceptr, BackendError> {
-    memgov_stream_ordered::memory::range::<crate::shared::Shared>(
-        op,
-        memory.device,
-        memory.bytes,
-        offset,
-        len,
-    )
+/// The live map is keyed by the allocation's number.
+impl Books for crate::shared::Shared {
+    fn is_live(&self, memory: &Block) -> bool {
+        lock(&self.live).contains_key(&memory.id)
+    }
 }

@@ -1,14 +1,12 @@
 //! The state a context's threads share (the caller's, the host functions',
 //! the free thread's): [`Shared`].
 
-use crate::result::{err, Cuda, BACKEND};
-use crate::CudaMemory;
+use crate::result::{Cuda, BACKEND};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUstream};
 use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
 use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, FreeThread, FreeWork, Stop, Take, Tickets,
-    Unsettled,
+    lock, BackendError, BackendProbe, FreeThread, FreeWork, Stop, Take, Tickets, Unsettled,
 };
 use memgov_stream_ordered::state::State;
 use memgov_stream_ordered::stream;
@@ -145,27 +143,6 @@ impl Shared {
         for claim in taken {
             claim.abandon(self.probe());
         }
-    }
-
-    /// An allocation of this context that is live, or `InvalidArgument`
-    /// (another context's, or already freed) with no driver call.
-    pub(crate) fn check_memory(
-        &self,
-        op: &'static str,
-        memory: &CudaMemory,
-    ) -> Result<(), BackendError> {
-        if memory.context != self.id || !lock(&self.live).contains_key(&memory.id) {
-            return Err(err(
-                op,
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "allocation {} ({} B at {:#x}) is not live in CUDA context {} (it belongs to \
-                     context {}, or was freed)",
-                    memory.id, memory.bytes, memory.device, self.id, memory.context
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Start the free thread (once) and wake it: a stream was retired with

@@ -508,11 +508,7 @@ impl DeviceContext for HipContext {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
-        // Held until the copy is queued (and synchronized): no sleep unmaps
-        // between the awake check and the enqueue.
-        let _use = self.parts.shared.sleep_gate.enter();
-        self.parts.check_awake("write", memory)?;
-        memory::write(&self.parts.shared, stream, memory, offset, src)
+        self.parts.write(stream, memory, offset, src)
     }
 
     fn read(
@@ -522,10 +518,7 @@ impl DeviceContext for HipContext {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
-        // As in write.
-        let _use = self.parts.shared.sleep_gate.enter();
-        self.parts.check_awake("read", memory)?;
-        memory::read(&self.parts.shared, stream, memory, offset, dst)
+        self.parts.read(stream, memory, offset, dst)
     }
 
     fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {

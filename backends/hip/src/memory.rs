@@ -22,11 +22,12 @@ use super::ffi::{
     hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t,
     hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize, hipStream_t, HipResult,
 };
-use super::result::{check, err};
+use super::result::check;
 use super::stream::HipStream;
 use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_backend::BackendError;
+use memgov_stream_ordered::parts::Books;
 use memgov_stream_ordered::state::Block;
 pub use memgov_stream_ordered::state::Origin;
 use memgov_stream_ordered::stream::StreamContext as _;
@@ -158,75 +159,6 @@ pub(crate) fn allocate_pinned(
     ))
 }
 
-fn check_memory(shared: &Shared, op: &'static str, memory: &HipMemory) -> Result<(), BackendError> {
-    if memory.context != shared.id || !lock(&shared.live).contains_key(&memory.own()) {
-        return Err(err(
-            op,
-            BackendErrorKind::InvalidArgument,
-            format!(
-                "allocation {:#x} ({} B) is not live in HIP context {}",
-                memory.own(),
-                memory.bytes,
-                shared.id
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The device address of `len` bytes at `offset` of `memory` (its device
-/// view), or `InvalidArgument` when the range runs past the allocation.
-fn range(
-    op: &'static str,
-    memory: &HipMemory,
-    offset: u64,
-    len: usize,
-) -> Result<u64, BackendError> {
-    memgov_stream_ordered::memory::range::<Shared>(op, memory.device, memory.bytes, offset, len)
-}
-
-/// Copy `src` into device memory on the stream; returns once the copy has
-/// executed (so `src` may be reused).
-pub(crate) fn write(
-    shared: &Shared,
-    stream: &HipStream,
-    memory: &HipMemory,
-    offset: u64,
-    src: &[u8],
-) -> Result<(), BackendError> {
-    shared.check_stream("write", stream)?;
-    shared.check_usable("write")?;
-    check_memory(shared, "write", memory)?;
-    let dst = range("write", memory, offset, src.len())?;
-    if src.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: [dst, dst + len) lies inside a live allocation of this context
-    // and the stream is alive (checked above).
-    unsafe { memgov_stream_ordered::memory::write(shared, stream.raw(), dst, src) }
-}
-
-/// Copy device memory into `dst` on the stream; returns once `dst` holds
-/// the data.
-pub(crate) fn read(
-    shared: &Shared,
-    stream: &HipStream,
-    memory: &HipMemory,
-    offset: u64,
-    dst: &mut [u8],
-) -> Result<(), BackendError> {
-    shared.check_stream("read", stream)?;
-    shared.check_usable("read")?;
-    check_memory(shared, "read", memory)?;
-    let src = range("read", memory, offset, dst.len())?;
-    if dst.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: [src, src + len) lies inside a live allocation (checked
-    // above) and the stream is alive.
-    unsafe { memgov_stream_ordered::memory::read(shared, stream.raw(), src, dst) }
-}
-
 /// A memory pool of the context's own on device `ordinal` (current on the
 /// calling thread), with its release threshold at `u64::MAX`: memory freed
 /// into it stays cached for reuse by the context's next allocations until
@@ -329,4 +261,11 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
         })?;
     }
     Ok(ordered)
+}
+
+/// The live map is keyed by the allocation's own pointer.
+impl Books for Shared {
+    fn is_live(&self, memory: &Block) -> bool {
+        lock(&self.live).contains_key(&memory.own())
+    }
 }

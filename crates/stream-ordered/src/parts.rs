@@ -5,11 +5,20 @@
 
 use crate::arena::ArenaHandle;
 use crate::capture::Pins;
-use crate::result::Vendor;
+use crate::memory;
+use crate::result::{err, Vendor};
 use crate::state::{Block, Origin};
-use crate::table::Context;
-use memgov_backend::{BackendError, BackendProbe, Execution};
+use crate::table::{Context, StreamTable, VmmTable};
+use memgov_backend::shell::Current;
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe, Execution};
 use std::sync::Arc;
+
+/// The vendor's books of its live allocations, which every copy checks.
+pub trait Books: Context<Table: StreamTable> {
+    /// Whether `memory` (an allocation of this context) is live: not freed,
+    /// nor handed to a free.
+    fn is_live(&self, memory: &Block) -> bool;
+}
 
 /// A vendor context's parts: the shared state (the caller's, the
 /// callbacks' and the free thread's), the arena device memory comes from
@@ -62,5 +71,100 @@ impl<C: Context> Parts<C> {
             }
             _ => Ok(()),
         }
+    }
+}
+
+impl<C: Books> Parts<C> {
+    /// Copy `src` to `offset` of `memory` on `stream`; returns once the
+    /// copy has executed (so `src` may be reused).
+    pub fn write(
+        &self,
+        stream: &C::Stream,
+        memory: &Block,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let raw = self.copy_checks("write", stream, memory)?;
+        // Held until the copy is queued (and synchronized): no sleep unmaps
+        // between the awake check and the enqueue.
+        let _use = s.sleep_gate().enter();
+        self.check_awake("write", memory)?;
+        let at = memory::range::<C>("write", memory.device, memory.bytes, offset, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _current = current_for_copy(s, "write")?;
+        // SAFETY: [at, at + len) lies inside a live allocation of this
+        // context and the stream is a live stream of it (checked above);
+        // the device is current where the vendor needs it.
+        unsafe { memory::write(s, raw, at, src) }
+    }
+
+    /// Copy `dst.len()` bytes at `offset` of `memory` into `dst` on
+    /// `stream`; returns once `dst` holds them.
+    pub fn read(
+        &self,
+        stream: &C::Stream,
+        memory: &Block,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        let raw = self.copy_checks("read", stream, memory)?;
+        // As in write.
+        let _use = s.sleep_gate().enter();
+        self.check_awake("read", memory)?;
+        let at = memory::range::<C>("read", memory.device, memory.bytes, offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _current = current_for_copy(s, "read")?;
+        // SAFETY: handles and bounds checked as in write.
+        unsafe { memory::read(s, raw, at, dst) }
+    }
+
+    /// The checks of a copy, with no driver call: a usable context, a live
+    /// stream of its own (whose handle it returns), a live allocation of
+    /// its own.
+    fn copy_checks(
+        &self,
+        op: &'static str,
+        stream: &C::Stream,
+        memory: &Block,
+    ) -> Result<<C::Table as VmmTable>::Stream, BackendError> {
+        let s = &*self.shared;
+        s.check_usable(op)?;
+        let raw = s.raw_stream(op, stream)?;
+        let id = s.state().id;
+        if memory.context != id || !s.is_live(memory) {
+            return Err(err::<C::Table>(
+                op,
+                BackendErrorKind::InvalidArgument,
+                format!(
+                    "allocation {} ({} B at {:#x}) is not live in {} context {id} (it belongs \
+                     to context {}, or was freed)",
+                    memory.id,
+                    memory.bytes,
+                    memory.device,
+                    C::Table::STREAM_NAMES.vendor,
+                    memory.context
+                ),
+            ));
+        }
+        Ok(raw)
+    }
+}
+
+/// The device made current for a copy where the vendor's stream calls
+/// need it.
+fn current_for_copy<'a, C: Books>(
+    s: &'a C,
+    op: &'static str,
+) -> Result<Option<Current<'a, C>>, BackendError> {
+    if C::Table::STREAM_CALLS_NEED_CURRENT {
+        s.make_current(op).map(Some)
+    } else {
+        Ok(None)
     }
 }
