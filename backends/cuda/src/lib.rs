@@ -575,28 +575,17 @@ impl DeviceContext for CudaContext {
 
     fn device_lost(&self) {
         self.device_lost_impl();
-        if let Some(a) = &self.parts.arena {
-            memgov_stream_ordered::retire::abandon_all(&a.releases, self.parts.shared.probe());
-        }
+        self.parts.abandon_arena_releases();
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {
         // Captures a failed end left live: ended (or abandoned) before
-        // anything here waits at the gate they hold closed.
-        self.parts
-            .pins
-            .end_stranded(&*self.parts.shared, lost || self.parts.shared.is_lost());
-        let graphs = self.parts.pins.finish(
-            &*self.parts.shared,
-            self.parts.arena.as_deref(),
-            lost,
-            "CudaGraph::destroy",
-        );
-        let arena = match &self.parts.arena {
-            Some(a) => self.arena_teardown(a, lost),
-            None => Ok(()),
-        };
-        let arena = arena.and(graphs);
+        // anything here waits at the gate they hold closed; the graphs and
+        // the arena go before the context.
+        let stranded_lost = lost || self.parts.shared.is_lost();
+        let arena =
+            self.parts
+                .close_captures_and_arena(lost, (stranded_lost, lost), "CudaGraph::destroy");
         let context = self.tear_down(lost);
         arena.and(context)
     }

@@ -147,4 +147,17 @@ impl Books for crate::shared::Shared {
     fn is_live(&self, memory: &Block) -> bool {
         lock(&self.live).contains_key(&memory.id)
     }
+
+    fn forget_arena_allocations(&self, arena: &Self::Arena) -> Vec<u64> {
+        let mut live = lock(&self.live);
+        let mut sizes = Vec::new();
+        live.retain(|_, l| {
+            let ours = l.host == 0 && arena.contains(l.ptr);
+            if ours {
+                sizes.push(l.bytes);
+            }
+            !ours
+        });
+        sizes
+    }
 }

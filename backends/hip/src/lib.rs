@@ -532,9 +532,7 @@ impl DeviceContext for HipContext {
 
     fn device_lost(&self) {
         self.parts.shared.mark_lost("declared lost by the governor");
-        if let Some(a) = &self.parts.arena {
-            memgov_stream_ordered::retire::abandon_all(&a.releases, self.parts.shared.probe());
-        }
+        self.parts.abandon_arena_releases();
     }
 
     fn teardown(self, lost: bool) -> Result<(), BackendError> {

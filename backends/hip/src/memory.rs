@@ -268,4 +268,17 @@ impl Books for Shared {
     fn is_live(&self, memory: &Block) -> bool {
         lock(&self.live).contains_key(&memory.own())
     }
+
+    fn forget_arena_allocations(&self, _: &Self::Arena) -> Vec<u64> {
+        let mut live = lock(&self.live);
+        let mut sizes = Vec::new();
+        live.retain(|_, &mut (bytes, origin)| {
+            let ours = origin == Origin::Arena;
+            if ours {
+                sizes.push(bytes);
+            }
+            !ours
+        });
+        sizes
+    }
 }

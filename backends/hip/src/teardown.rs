@@ -24,12 +24,13 @@ impl HipContext {
     /// nothing after it.
     fn close(&self, lost: bool) -> Result<(), BackendError> {
         // Captures a failed end left live: ended (or abandoned) before
-        // anything here waits at the gate they hold closed.
-        self.parts
-            .pins
-            .end_stranded(&*self.parts.shared, lost || self.parts.shared.is_dead());
-        // The arena first: its releases retire on the streams torn down below.
-        let arena = self.arena_teardown(lost);
+        // anything here waits at the gate they hold closed. The arena
+        // first: its releases retire on the streams torn down below.
+        let dead = lost || self.parts.shared.is_dead();
+        let graphs_lost = dead || self.parts.shared.is_lost();
+        let arena =
+            self.parts
+                .close_captures_and_arena(lost, (dead, graphs_lost), "HipGraph::destroy");
         let shared = &self.parts.shared;
         shared.shell.close();
         if lost {

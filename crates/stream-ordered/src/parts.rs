@@ -3,21 +3,29 @@
 //! its captures' graphs ([`Parts`]), and what is read from them the same
 //! way on every vendor.
 
-use crate::arena::ArenaHandle;
+use crate::arena::{Arena, ArenaHandle};
 use crate::capture::Pins;
 use crate::memory;
 use crate::result::{err, Vendor};
+use crate::retire::{self, Releases};
 use crate::state::{Block, Origin};
+use crate::stream::{self, StreamContext};
 use crate::table::{Context, StreamTable, VmmTable};
+use crate::teardown::LOST_DRAIN;
 use memgov_backend::shell::Current;
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe, Execution};
 use std::sync::Arc;
 
-/// The vendor's books of its live allocations, which every copy checks.
+/// The vendor's books of its live allocations, which every copy checks
+/// and teardown empties.
 pub trait Books: Context<Table: StreamTable> {
     /// Whether `memory` (an allocation of this context) is live: not freed,
     /// nor handed to a free.
     fn is_live(&self, memory: &Block) -> bool;
+
+    /// Take the live allocations carved from `arena` out of the books (the
+    /// arena's teardown releases their granules); their sizes.
+    fn forget_arena_allocations(&self, arena: &Self::Arena) -> Vec<u64>;
 }
 
 /// A vendor context's parts: the shared state (the caller's, the
@@ -166,5 +174,65 @@ fn current_for_copy<'a, C: Books>(
         s.make_current(op).map(Some)
     } else {
         Ok(None)
+    }
+}
+
+impl<C, X> Parts<C>
+where
+    C: Books + StreamContext + Context<Arena = Arena<C, Releases, X>>,
+    X: Send + Sync + 'static,
+{
+    /// Device loss: the arena's queued releases are dropped unfired (their
+    /// callbacks will not run).
+    pub fn abandon_arena_releases(&self) {
+        if let Some(a) = &self.arena {
+            retire::abandon_all(&a.releases, self.shared.probe());
+        }
+    }
+
+    /// Teardown's first steps: the captures a failed end left live ended
+    /// in the driver unless `stranded_lost` (or abandoned), the live graphs
+    /// destroyed unless `graphs_lost` (`destroy_with` names the call for
+    /// messages), then the arena: its allocations forgotten, the context's
+    /// streams quiesced (on a context declared lost, polled for at most
+    /// [`LOST_DRAIN`]) so that no queued work still uses a granule, its
+    /// queued releases abandoned, every granule unmapped and released and
+    /// the range freed. On a dead device nothing is called: what is left
+    /// dies with it. Before anything waits at the gate these captures
+    /// hold closed.
+    pub fn close_captures_and_arena(
+        &self,
+        lost: bool,
+        (stranded_lost, graphs_lost): (bool, bool),
+        destroy_with: &'static str,
+    ) -> Result<(), BackendError> {
+        let s = &*self.shared;
+        self.pins.end_stranded(s, stranded_lost);
+        let graphs = self
+            .pins
+            .finish(s, self.arena.as_deref(), graphs_lost, destroy_with);
+        let Some(arena) = &self.arena else {
+            return graphs;
+        };
+        for bytes in s.forget_arena_allocations(arena) {
+            s.probe().freed(bytes);
+        }
+        let lost = lost || s.is_lost();
+        if s.shell().is_dead() {
+            retire::abandon_all(&arena.releases, s.probe());
+            return graphs;
+        }
+        let current = s.make_current("teardown")?;
+        // Nothing queued may still use a granule when it is unmapped.
+        if let Err(e) = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
+            retire::abandon_all(&arena.releases, s.probe());
+            return Err(e);
+        }
+        // The streams ran everything queued: a release whose callback has
+        // not run by now never will; its range goes with the arena.
+        retire::abandon_all(&arena.releases, s.probe());
+        let released = arena.teardown(s);
+        drop(current);
+        released.and(graphs)
     }
 }

@@ -15,10 +15,8 @@
 use super::Arena;
 use crate::retire::Refused;
 use crate::{CudaContext, CudaMemory, CudaStream};
-use memgov_backend::{lock, BackendError, RetireSignal};
-use memgov_stream_ordered::table::Context as _;
-use memgov_stream_ordered::teardown::LOST_DRAIN;
-use memgov_stream_ordered::{retire, stream};
+use memgov_backend::RetireSignal;
+use memgov_stream_ordered::retire;
 use std::sync::Arc;
 
 pub(crate) use retire::Releases;
@@ -42,50 +40,5 @@ impl CudaContext {
             retire::queue_release(s, arena, stream.raw(), signal, memory.bytes, memory.device)
         };
         Ok(())
-    }
-
-    /// The arena's part of teardown, before the context's own: wait for
-    /// every stream (so every queued release has retired), forget what a
-    /// forced retire left, unmap and release every granule and free the
-    /// reservation. On a dead device nothing is called: the memory goes with
-    /// the device. A context declared lost whose driver answers is polled
-    /// (`cuStreamQuery`, at most 5 s) instead of synchronized.
-    pub(crate) fn arena_teardown(
-        &self,
-        arena: &Arc<Arena>,
-        lost: bool,
-    ) -> Result<(), BackendError> {
-        let s = &*self.parts.shared;
-        let leftover: Vec<u64> = {
-            let mut live = lock(&s.live);
-            let ids: Vec<u64> = live
-                .iter()
-                .filter(|(_, l)| l.host == 0 && arena.contains(l.ptr))
-                .map(|(&id, _)| id)
-                .collect();
-            ids.iter()
-                .filter_map(|id| live.remove(id))
-                .map(|l| l.bytes)
-                .collect()
-        };
-        for bytes in leftover {
-            s.probe().freed(bytes);
-        }
-        let lost = lost || s.is_lost();
-        if s.shell.is_dead() {
-            retire::abandon_all(&arena.releases, s.probe());
-            return Ok(());
-        }
-        let current = s.make_current("teardown")?;
-        if let Err(e) = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
-            retire::abandon_all(&arena.releases, s.probe());
-            return Err(e);
-        }
-        // Every host function queued before has run; any signal still here
-        // was launched on no stream that exists (cannot happen) or lost.
-        retire::abandon_all(&arena.releases, s.probe());
-        let r = arena.teardown(s);
-        drop(current);
-        r
     }
 }

@@ -20,7 +20,6 @@ use crate::HipContext;
 use memgov_backend::{lock, BackendError, RetireSignal};
 use memgov_stream_ordered::retire;
 use memgov_stream_ordered::table::Context as _;
-use memgov_stream_ordered::teardown::LOST_DRAIN;
 use std::sync::Arc;
 
 pub(crate) use retire::Releases;
@@ -56,59 +55,5 @@ impl HipContext {
         unsafe { retire::queue_release(s, arena, stream.raw(), signal, memory.bytes, at) };
         drop(device);
         Ok(())
-    }
-
-    /// The arena's part of teardown, before the context's own: forget what
-    /// a forced retire left, wait for every stream (so every queued release
-    /// has retired), unmap and release every granule and free the
-    /// reservation. On a dead device nothing is called: the memory goes
-    /// with the device. A context declared lost whose runtime answers is
-    /// polled (`hipStreamQuery`, at most 5 s) instead of synchronized.
-    pub(crate) fn arena_teardown(&self, lost: bool) -> Result<(), BackendError> {
-        let Some(arena) = &self.parts.arena else {
-            return Ok(());
-        };
-        // Live graphs first: their pools go back to the arena after their
-        // launches finished; on a lost context they are forgotten.
-        let graphs = self.parts.pins.finish(
-            &*self.parts.shared,
-            Some(arena),
-            lost || self.parts.shared.is_dead() || self.parts.shared.is_lost(),
-            "HipGraph::destroy",
-        );
-        let s = &*self.parts.shared;
-        let leftover: Vec<u64> = {
-            let mut live = lock(&s.live);
-            let ptrs: Vec<usize> = live
-                .iter()
-                .filter(|(_, (_, o))| *o == Origin::Arena)
-                .map(|(&p, _)| p)
-                .collect();
-            ptrs.iter()
-                .filter_map(|p| live.remove(p))
-                .map(|(b, _)| b)
-                .collect()
-        };
-        for bytes in leftover {
-            s.probe().freed(bytes);
-        }
-        let lost = lost || s.is_lost();
-        if s.is_dead() {
-            retire::abandon_all(&arena.releases, s.probe());
-            return Ok(());
-        }
-        let device = s.make_current("teardown")?;
-        if let Err(e) =
-            memgov_stream_ordered::stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN))
-        {
-            retire::abandon_all(&arena.releases, s.probe());
-            return Err(e);
-        }
-        // Every callback queued before has run; any signal still here was
-        // dropped by the runtime.
-        retire::abandon_all(&arena.releases, s.probe());
-        let r = arena.teardown(s);
-        drop(device);
-        graphs.and(r)
     }
 }
