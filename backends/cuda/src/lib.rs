@@ -89,6 +89,7 @@ mod result;
 mod retire;
 mod shared;
 mod stream;
+mod table;
 mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, CudaArena, Quarantined, SleepReport};

@@ -18,42 +18,19 @@
 //! [`retire`](memgov_stream_ordered::retire) routes it back to the context
 //! ([`Settle`]), parks and claims, and handles a failed launch and device
 //! loss. CUDA's part is the table's entry point (`cuLaunchHostFunc` and its
-//! trampoline, which makes no CUDA call) and what settling a ticket means
-//! here: retire a pool free's signal, or hand a page-locked host free to
-//! the free thread.
+//! trampoline, which makes no CUDA call: [`crate::table`]) and, here, what
+//! settling a ticket means: retire a pool free's signal, or hand a
+//! page-locked host free to the free thread.
 
-use crate::result::Cuda;
 use crate::shared::{HostFree, Live, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
 use memgov_backend::shell::Current;
 use memgov_backend::{lock, BackendError, RetireSignal};
-use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
+use memgov_stream_ordered::retire::{self, Queued, Settle};
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// The host function: the ticket is its user data, a number never
-/// dereferenced.
-///
-/// # Safety
-///
-/// Called by the driver with the user data given to `cuLaunchHostFunc`.
-unsafe extern "C" fn host_fn(user: *mut c_void) {
-    retire::callback_ran(user as usize as u64, true);
-}
-
-impl RetireTable for Cuda {
-    const VENDOR: &'static str = "CUDA";
-    const LAUNCH_CALLBACK: &'static str = "cuLaunchHostFunc";
-
-    unsafe fn launch_callback(stream: sys::CUstream, ticket: u64) -> sys::CUresult {
-        // SAFETY: the caller's contract (a live stream, the context
-        // current); `host_fn` makes no CUDA call and reads its user data
-        // as a number.
-        unsafe { sys::cuLaunchHostFunc(stream, Some(host_fn), ticket as usize as *mut c_void) }
-    }
-}
 
 /// A host function ran on a driver thread once the free before it on the
 /// stream has executed. It makes no CUDA call and takes short locks that no

@@ -10,14 +10,14 @@ use memgov_backend::{
 };
 use memgov_stream_ordered::state::State;
 use memgov_stream_ordered::stream;
-use memgov_stream_ordered::table::Context as _;
+use memgov_stream_ordered::table::{Context as _, StreamTable};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// How often the free thread asks the driver about destroyed streams whose
-/// work is still queued.
-pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(2);
+/// work is still queued (the table's poll interval).
+pub(crate) const WATCH_INTERVAL: Duration = <Cuda as StreamTable>::POLL_INTERVAL;
 
 /// The CUDA driver's gate ([`memgov_backend::vmm::Gate`]): process-wide, as
 /// the driver's rule is.

@@ -1,21 +1,18 @@
 //! Streams: non-blocking `CUstream`s created on the context, or streams a
-//! runtime already owns and lent to the context by [`CudaContext::adopt`];
-//! CUDA's stream and event entry points for the core's [`stream`] module,
-//! and what CUDA does its own way: a destroyed stream is *retired*, not
+//! runtime already owns and lent to the context by [`CudaContext::adopt`],
+//! over the core's [`stream`] module (CUDA's stream and event entry points
+//! are its table's, [`crate::table`]), and what CUDA does its own way: a destroyed stream is *retired*, not
 //! destroyed, while its work may still be queued (`cuStreamDestroy` returns
 //! before the host functions queued on the stream have run, and the context
 //! must not be released under a running host function); an adopted stream
 //! is only synchronized.
 
-use crate::result::Cuda;
 use crate::shared::{Shared, WATCH_INTERVAL};
 use crate::CudaContext;
-use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUstream};
 use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext};
 use memgov_stream_ordered::table::Context as _;
-use memgov_stream_ordered::table::{StreamNames, StreamTable};
-use std::time::Duration;
 
 memgov_stream_ordered::handle! {
     /// A stream of ordered work on a CUDA context.
@@ -36,51 +33,6 @@ impl CudaStream {
     /// calling thread before using it.
     pub fn cu_stream(&self) -> CUstream {
         self.raw()
-    }
-}
-
-/// CUDA's stream and event calls under the core's names.
-impl StreamTable for Cuda {
-    type Event = CUevent;
-
-    const STREAM_NAMES: StreamNames = StreamNames {
-        vendor: "CUDA",
-        stream_destroy: "cuStreamDestroy_v2",
-        event_create: "cuEventCreate",
-        event_record: "cuEventRecord",
-        stream_wait_event: "cuStreamWaitEvent",
-        event_destroy: "cuEventDestroy_v2",
-    };
-
-    const STREAM_CALLS_NEED_CURRENT: bool = true;
-    const CALLS_AFTER_STICKY: bool = true;
-    const POLL_INTERVAL: Duration = WATCH_INTERVAL;
-
-    unsafe fn event_create() -> (CUresult, CUevent) {
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the caller has the context current.
-        let r = unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        };
-        (r, event)
-    }
-
-    unsafe fn event_record(event: CUevent, stream: CUstream) -> CUresult {
-        // SAFETY: the caller's contract (both live, of the current context).
-        unsafe { sys::cuEventRecord(event, stream) }
-    }
-
-    unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> CUresult {
-        // SAFETY: as above, the event recorded.
-        unsafe { sys::cuStreamWaitEvent(stream, event, 0) }
-    }
-
-    unsafe fn event_destroy(event: CUevent) -> CUresult {
-        // SAFETY: the caller's contract (destroyed once).
-        unsafe { sys::cuEventDestroy_v2(event) }
     }
 }
 

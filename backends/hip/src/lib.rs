@@ -87,6 +87,7 @@ mod result;
 mod retire;
 mod shared;
 mod stream;
+mod table;
 mod teardown;
 
 pub use arena::{ArenaConfig, ArenaSnapshot, HipArena, Quarantined, SleepReport};

@@ -32,38 +32,17 @@
 use super::ffi::{
     hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord,
     hipEventSynchronize, hipEvent_t, hipFree, hipFreeAsync, hipHostFree, hipSetDevice,
-    hipStreamAddCallback, hipStream_t, HipResult, SUCCESS,
 };
 use super::memory::{HipMemory, Origin};
-use super::result::{err, Hip};
+use super::result::err;
 use super::stream::HipStream;
 use crate::shared::{Event, PlainFree, Shared};
 use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop};
-use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
+use memgov_stream_ordered::retire::{self, Queued, Settle};
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// Runs on a HIP runtime thread once the stream reached it. Makes no HIP
-/// call. The status is read as a plain integer (see `ffi.rs`); the user data
-/// is the ticket number, not a pointer.
-unsafe extern "C" fn callback(_stream: hipStream_t, status: HipResult, user: *mut c_void) {
-    retire::callback_ran(user as usize as u64, status == SUCCESS);
-}
-
-impl RetireTable for Hip {
-    const VENDOR: &'static str = "HIP";
-    const LAUNCH_CALLBACK: &'static str = "hipStreamAddCallback";
-
-    unsafe fn launch_callback(stream: hipStream_t, ticket: u64) -> HipResult {
-        // SAFETY: the caller's contract (a live stream); the callback has
-        // the ABI HIP expects (an `int` status is what the C header's enum
-        // is passed as), makes no HIP call and reads its user data as a
-        // number.
-        unsafe { hipStreamAddCallback(stream, Some(callback), ticket as usize as *mut c_void, 0) }
-    }
-}
 
 /// A pool free's callback ran: the free executed, or the stream failed (the
 /// free did not visibly execute; the runtime reports only sticky errors

@@ -1,20 +1,14 @@
 //! Streams: non-blocking `hipStream_t`s created on the context's device and
-//! tracked so that teardown can destroy any the governor left behind;
-//! HIP's stream and event entry points for the core's [`stream`] module,
-//! and what HIP does its own way: a destroyed stream is synchronized (its
+//! tracked so that teardown can destroy any the governor left behind, over
+//! the core's [`stream`] module (HIP's stream and event entry points are
+//! its table's, [`crate::table`]), and what HIP does its own way: a destroyed stream is synchronized (its
 //! free callbacks waited for) and destroyed at once, never retired.
 
-use super::ffi::{
-    hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventRecord, hipEvent_t,
-    hipStreamWaitEvent, hipStream_t, HipResult,
-};
-use crate::result::Hip;
+use super::ffi::hipStream_t;
 use crate::shared::Shared;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::stream::{self, StreamContext};
 use memgov_stream_ordered::table::Context as _;
-use memgov_stream_ordered::table::{StreamNames, StreamTable};
-use std::time::Duration;
 
 memgov_stream_ordered::handle! {
     /// A non-blocking HIP stream of one [`HipContext`](super::HipContext).
@@ -36,47 +30,6 @@ impl HipStream {
     /// after the work, but only on this same stream.
     pub fn hip_stream(&self) -> hipStream_t {
         self.raw()
-    }
-}
-
-/// HIP's stream and event calls under the core's names.
-impl StreamTable for Hip {
-    type Event = hipEvent_t;
-
-    const STREAM_NAMES: StreamNames = StreamNames {
-        vendor: "HIP",
-        stream_destroy: "hipStreamDestroy",
-        event_create: "hipEventCreateWithFlags",
-        event_record: "hipEventRecord",
-        stream_wait_event: "hipStreamWaitEvent",
-        event_destroy: "hipEventDestroy",
-    };
-
-    const STREAM_CALLS_NEED_CURRENT: bool = false;
-    const CALLS_AFTER_STICKY: bool = false;
-    const POLL_INTERVAL: Duration = Duration::from_millis(1);
-
-    unsafe fn event_create() -> (HipResult, hipEvent_t) {
-        let mut event: hipEvent_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, documented flag; the caller has the
-        // device current.
-        let r = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
-        (r, event)
-    }
-
-    unsafe fn event_record(event: hipEvent_t, stream: hipStream_t) -> HipResult {
-        // SAFETY: the caller's contract (both live, of the current device).
-        unsafe { hipEventRecord(event, stream) }
-    }
-
-    unsafe fn stream_wait_event(stream: hipStream_t, event: hipEvent_t) -> HipResult {
-        // SAFETY: as above, the event recorded.
-        unsafe { hipStreamWaitEvent(stream, event, 0) }
-    }
-
-    unsafe fn event_destroy(event: hipEvent_t) -> HipResult {
-        // SAFETY: the caller's contract (destroyed once).
-        unsafe { hipEventDestroy(event) }
     }
 }
 

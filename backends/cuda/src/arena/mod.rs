@@ -9,8 +9,8 @@
 //! undo, quarantine, the limit, sleep and wake are the driver-agnostic core
 //! ([`memgov_backend::vmm`], whose documentation lists the invariants, and
 //! [`memgov_stream_ordered::arena`], the granule steps over the table);
-//! this module gives it CUDA's table ([`granule`]), the context pushed
-//! around the calls, and the release queued behind a host function on the
+//! this module gives it CUDA's table ([`crate::table`]), the context pushed
+//! around the calls ([`granule`]), and the release queued behind a host function on the
 //! releasing stream ([`release`]).
 
 pub(crate) mod granule;
@@ -71,7 +71,7 @@ pub(crate) fn create(s: &Shared, config: &ArenaConfig) -> Result<Arena, BackendE
     Arena::reserve(
         s,
         config,
-        (ordinal, &granule::prop(ordinal)),
+        (ordinal, &crate::table::prop(ordinal)),
         s.probe().clone(),
         (),
     )

@@ -8,9 +8,10 @@
 //! The books, the per-granule state machine, the transactions and their
 //! undo, quarantine, the limit, sleep and wake are the driver-agnostic core
 //! the CUDA backend uses too ([`memgov_backend::vmm`], whose documentation
-//! lists the invariants); this module gives it HIP's steps ([`granule`]),
-//! the device made current around them (and the thread's own set back), and
-//! the stream-ordered release ([`release`]).
+//! lists the invariants); this module gives it HIP's table
+//! ([`crate::table`]), the device made current around the calls (and the
+//! thread's own set back: [`granule`]), and the stream-ordered release
+//! ([`release`]).
 //!
 //! * **Where ROCm lacks the calls.** Every virtual memory entry point is
 //!   resolved optionally when the runtime is opened; [`create`]
