@@ -424,30 +424,8 @@ child_process::child_entry!(CHILD, shared::run, children::run);
 
 mod children {
     use super::*;
+    use crate::table::calls::{alloc, current, ok, raw_setup, stand_in_live, stand_in_query};
     use cudarc::driver::sys;
-
-    fn ok(r: sys::CUresult, what: &str) {
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
-    }
-
-    /// The stand-in context and one raw stream of it, current on this thread.
-    pub(crate) fn raw_setup() -> (CudaContext, sys::CUstream) {
-        let ctx = factory().expect("context");
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: the context was just retained; the stand-in checks the rest.
-        unsafe {
-            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
-            ok(sys::cuStreamCreate(&mut s, 1), "stream");
-        }
-        (ctx, s)
-    }
-
-    pub(crate) fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
-        let mut p = 0;
-        // SAFETY: the stand-in checks the stream; p is a valid out pointer.
-        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
-        p
-    }
 
     unsafe extern "C" fn calls_the_driver(_: *mut std::ffi::c_void) {
         let mut c: sys::CUcontext = std::ptr::null_mut();
@@ -790,13 +768,6 @@ mod children {
         assert_eq!(probe.live_allocations(), 0);
     }
 
-    fn current() -> sys::CUcontext {
-        let mut c: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
-        c
-    }
-
     fn invalid<T: std::fmt::Debug>(r: Result<T, memgov::BackendError>, what: &str) {
         let e = r.expect_err(what);
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{what}: {e}");
@@ -880,35 +851,6 @@ mod children {
         let snap = handle.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
-    }
-
-    /// One of the stand-in's test hooks that report {device allocations,
-    /// device bytes, page-locked host allocations, host bytes} for device
-    /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
-    /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
-    /// (what its destroyed primary contexts took with them).
-    pub(crate) fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
-        // only finds it, and both hooks have the declared signature
-        // (`int (int, unsigned long long out[4])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
-                lib.get(hook.as_bytes()).expect(hook);
-            let mut out = [u64::MAX; 4];
-            (query(dev, out.as_mut_ptr()) == 0).then_some(out)
-        }
-    }
-
-    /// What the stand-in's primary context of `dev` holds: {device
-    /// allocations, device bytes, page-locked host allocations, host bytes}.
-    fn stand_in_live(dev: i32) -> [u64; 4] {
-        stand_in_query("memgov_standin_cuda_live", dev)
-            .unwrap_or_else(|| panic!("device {dev} not retained"))
     }
 
     fn release_allocated_sticky() {

@@ -32,12 +32,17 @@ use memgov::{
     Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role, Tier,
 };
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 #[macro_use]
 #[path = "common/table.rs"]
 mod table;
+
+use table::calls::{
+    current_device, hip_calls, mapped_host, ok, quiesce, raw_alloc, raw_stream, raw_write,
+    stream_query,
+};
 
 memgov_conformance::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
 
@@ -581,68 +586,6 @@ fn teardown_stops_calling_hip_at_a_sticky_error() {
     );
 }
 
-/// A test hook the stand-in exports (absent from the real runtime, so it is
-/// looked up at run time).
-fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
-    let p = hip::symbol(name).unwrap_or_else(|| panic!("the stand-in exports {name:?}"));
-    // SAFETY: the stand-in's hooks take nothing and return an integer (the
-    // quiesce hook returns void; its result register is ignored).
-    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
-}
-
-/// Tell the stand-in that no other thread may call HIP from now on.
-fn quiesce() {
-    // SAFETY: the hook takes nothing; see `standin_hook`.
-    unsafe { standin_hook(c"memgov_standin_hip_quiesce")() };
-}
-
-/// HIP calls made so far in this process.
-fn hip_calls() -> u64 {
-    // SAFETY: the hook takes nothing and returns a uint64_t.
-    unsafe { standin_hook(c"memgov_standin_hip_calls")() }
-}
-
-fn current_device() -> i32 {
-    let mut d = -1;
-    // SAFETY: valid out-pointer.
-    ok(unsafe { hip::hipGetDevice(&mut d) });
-    d
-}
-
-/// Queue a host-to-device copy on `s` by hand (pending with latency).
-fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
-    // SAFETY: `p` is a live allocation of at least `src.len()` bytes; the
-    // source is static, so it outlives the queued copy.
-    ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
-}
-
-fn stream_query(s: hip::hipStream_t) -> hip::HipResult {
-    // SAFETY: a live stream.
-    unsafe { hip::hipStreamQuery(s) }
-}
-
-fn ok(r: hip::HipResult) {
-    assert_eq!(r, hip::hipSuccess);
-}
-
-/// `bytes` of mapped page-locked host memory: (host pointer, device
-/// pointer from `hipHostGetDevicePointer`).
-fn mapped_host(bytes: usize) -> (*mut c_void, *mut c_void) {
-    let (mut host, mut device): (*mut c_void, *mut c_void) =
-        (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: valid out-pointers; the flags and the host pointer are the
-    // documented ones.
-    unsafe {
-        ok(hip::hipHostMalloc(
-            &mut host,
-            bytes,
-            hip::hipHostMallocMapped,
-        ));
-        ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
-    }
-    (host, device)
-}
-
 /// Queue the copy of case name `entry` (see `COPY_ENTRIES`) on `s`.
 ///
 /// # Safety
@@ -814,20 +757,6 @@ unsafe fn kind_controls() {
         ok(hip::hipStreamDestroy(s));
     }
     drop(pageable);
-}
-
-fn raw_stream() -> hip::hipStream_t {
-    let mut s: hip::hipStream_t = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    ok(unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) });
-    s
-}
-
-fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and stream.
-    ok(unsafe { hip::hipMallocAsync(&mut p, bytes, s) });
-    p
 }
 
 unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u: *mut c_void) {

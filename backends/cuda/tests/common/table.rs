@@ -67,6 +67,75 @@ pub mod raw_copy {
     }
 }
 
+/// The raw driver calls and stand-in queries of the main suite's children
+/// (`cuda.rs`'s `children`) and its `vendor` module.
+pub mod calls {
+    use cudarc::driver::sys;
+    use memgov::cuda::CudaContext;
+
+    /// The call succeeded.
+    pub fn ok(r: sys::CUresult, what: &str) {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    /// The stand-in context and one raw stream of it, current on this thread.
+    pub fn raw_setup() -> (CudaContext, sys::CUstream) {
+        let ctx = CudaContext::new(Default::default()).expect("context");
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the context was just retained; the stand-in checks the rest.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
+            ok(sys::cuStreamCreate(&mut s, 1), "stream");
+        }
+        (ctx, s)
+    }
+
+    /// `cuMemAllocAsync` of `bytes` on `s`.
+    pub fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
+        let mut p = 0;
+        // SAFETY: the stand-in checks the stream; p is a valid out pointer.
+        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
+        p
+    }
+
+    /// The thread's current context (`cuCtxGetCurrent`).
+    pub fn current() -> sys::CUcontext {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
+        c
+    }
+
+    /// One of the stand-in's test hooks that report {device allocations,
+    /// device bytes, page-locked host allocations, host bytes} for device
+    /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
+    /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
+    /// (what its destroyed primary contexts took with them).
+    pub fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
+        use libloading::os::unix::{Library, RTLD_LAZY};
+        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
+        const RTLD_NOLOAD: std::os::raw::c_int = 4;
+        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
+        // only finds it, and both hooks have the declared signature
+        // (`int (int, unsigned long long out[4])`).
+        unsafe {
+            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
+                .expect("the stand-in libcuda is loaded");
+            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
+                lib.get(hook.as_bytes()).expect(hook);
+            let mut out = [u64::MAX; 4];
+            (query(dev, out.as_mut_ptr()) == 0).then_some(out)
+        }
+    }
+
+    /// What the stand-in's primary context of `dev` holds: {device
+    /// allocations, device bytes, page-locked host allocations, host bytes}.
+    pub fn stand_in_live(dev: i32) -> [u64; 4] {
+        stand_in_query("memgov_standin_cuda_live", dev)
+            .unwrap_or_else(|| panic!("device {dev} not retained"))
+    }
+}
+
 /// `cuda.rs`'s: the `StandInBackend` implementation and the `vendor`
 /// module of the shared core cases (`backends/cases/core.rs`).
 macro_rules! core_table {
@@ -188,7 +257,7 @@ macro_rules! core_table {
 
                 impl Raw {
                     pub fn open() -> Self {
-                        let (ctx, s) = crate::children::raw_setup();
+                        let (ctx, s) = crate::table::calls::raw_setup();
                         let mut t = std::ptr::null_mut();
                         // SAFETY: a valid out pointer; the context is current.
                         ok(unsafe { sys::cuStreamCreate(&mut t, 1) }, "stream");
@@ -197,7 +266,7 @@ macro_rules! core_table {
 
                     /// `cuMemAllocAsync` of `bytes` on `s`.
                     pub fn alloc(&self, bytes: usize) -> sys::CUdeviceptr {
-                        crate::children::alloc(self.s, bytes)
+                        crate::table::calls::alloc(self.s, bytes)
                     }
 
                     /// `cuEventCreate` (timing disabled).
@@ -259,16 +328,7 @@ macro_rules! core_table {
                 context: sys::CUcontext,
             }
 
-            fn ok(r: CUresult, what: &str) {
-                assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
-            }
-
-            fn current_context() -> sys::CUcontext {
-                let mut c: sys::CUcontext = std::ptr::null_mut();
-                // SAFETY: a valid out pointer.
-                ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
-                c
-            }
+            use crate::table::calls::{current as current_context, ok};
 
             impl Caller {
                 /// Retains device `ordinal`'s primary context and makes it current.
@@ -335,7 +395,7 @@ macro_rules! core_table {
             /// nothing was freed, and the kept allocations went with the context
             /// at memgov's (last) release.
             pub fn after_sticky_retire() {
-                let gone = crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0)
+                let gone = crate::table::calls::stand_in_query("memgov_standin_cuda_reclaimed", 0)
                     .expect("device 0");
                 assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
             }
@@ -349,12 +409,12 @@ macro_rules! core_table {
             /// with it), and released that context (the last reference).
             pub fn nothing_left_after_lost_teardown(round: usize) {
                 assert_eq!(
-                    crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0),
+                    crate::table::calls::stand_in_query("memgov_standin_cuda_reclaimed", 0),
                     Some([0, 0, 0, 0]),
                     "round {round}: memory went with the context"
                 );
                 assert_eq!(
-                    crate::children::stand_in_query("memgov_standin_cuda_live", 0),
+                    crate::table::calls::stand_in_query("memgov_standin_cuda_live", 0),
                     None,
                     "round {round}: the primary context is still retained"
                 );
@@ -572,8 +632,8 @@ macro_rules! capture_table {
                 /// which must report the same status).
                 pub fn capture_info(s: RawStream) -> (Status, u64) {
                     let mut st = NONE;
-                    // SAFETY: a live stream, valid out pointer.
                     ok(
+                        // SAFETY: a live stream, valid out pointer.
                         unsafe { sys::cuStreamIsCapturing(s, &mut st) },
                         "is capturing",
                     );
@@ -581,9 +641,9 @@ macro_rules! capture_table {
                         return (st, 0);
                     }
                     let (mut info, mut id) = (NONE, 0);
-                    // SAFETY: a live stream, valid out pointers, the optional ones
-                    // null.
                     ok(
+                        // SAFETY: a live stream, valid out pointers, the optional ones
+                        // null.
                         unsafe {
                             sys::cuStreamGetCaptureInfo_v2(
                                 s,
@@ -602,8 +662,8 @@ macro_rules! capture_table {
 
                 pub fn instantiate(g: sys::CUgraph) -> sys::CUgraphExec {
                     let mut e = std::ptr::null_mut();
-                    // SAFETY: a graph from cuStreamEndCapture, valid out pointer.
                     ok(
+                        // SAFETY: a graph from cuStreamEndCapture, valid out pointer.
                         unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g, 0) },
                         "instantiate",
                     );
@@ -628,8 +688,8 @@ macro_rules! capture_table {
                     // The handle as an address, which a closure may carry.
                     let c = r.ctx.cu_context() as usize;
                     move || {
-                        // SAFETY: `r`'s context, alive while the thread runs.
                         ok(
+                            // SAFETY: `r`'s context, alive while the thread runs.
                             unsafe { sys::cuCtxSetCurrent(c as sys::CUcontext) },
                             "current",
                         );
@@ -661,8 +721,8 @@ macro_rules! capture_table {
                 /// An address range of `size` bytes reserved.
                 pub fn reserve(size: usize) -> u64 {
                     let mut base = 0;
-                    // SAFETY: valid out pointer.
                     ok(
+                        // SAFETY: valid out pointer.
                         unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) },
                         "reserve",
                     );

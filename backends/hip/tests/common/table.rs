@@ -54,6 +54,94 @@ pub mod raw_copy {
     }
 }
 
+/// The raw runtime calls and stand-in hooks of the main suite (`hip.rs`)
+/// and its `vendor` module.
+pub mod calls {
+    use memgov::hip::raw as hip;
+    use std::ffi::{c_void, CStr};
+
+    /// A test hook the stand-in exports (absent from the real runtime, so it is
+    /// looked up at run time).
+    pub fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
+        let p = hip::symbol(name).unwrap_or_else(|| panic!("the stand-in exports {name:?}"));
+        // SAFETY: the stand-in's hooks take nothing and return an integer (the
+        // quiesce hook returns void; its result register is ignored).
+        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
+    }
+
+    /// Tell the stand-in that no other thread may call HIP from now on.
+    pub fn quiesce() {
+        // SAFETY: the hook takes nothing; see `standin_hook`.
+        unsafe { standin_hook(c"memgov_standin_hip_quiesce")() };
+    }
+
+    /// HIP calls made so far in this process.
+    pub fn hip_calls() -> u64 {
+        // SAFETY: the hook takes nothing and returns a uint64_t.
+        unsafe { standin_hook(c"memgov_standin_hip_calls")() }
+    }
+
+    /// The thread's device (`hipGetDevice`).
+    pub fn current_device() -> i32 {
+        let mut d = -1;
+        // SAFETY: valid out-pointer.
+        ok(unsafe { hip::hipGetDevice(&mut d) });
+        d
+    }
+
+    /// Queue a host-to-device copy on `s` by hand (pending with latency).
+    pub fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
+        // SAFETY: `p` is a live allocation of at least `src.len()` bytes; the
+        // source is static, so it outlives the queued copy.
+        ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
+    }
+
+    /// `hipStreamQuery` of `s`.
+    pub fn stream_query(s: hip::hipStream_t) -> hip::HipResult {
+        // SAFETY: a live stream.
+        unsafe { hip::hipStreamQuery(s) }
+    }
+
+    /// The call succeeded.
+    pub fn ok(r: hip::HipResult) {
+        assert_eq!(r, hip::hipSuccess);
+    }
+
+    /// `bytes` of mapped page-locked host memory: (host pointer, device
+    /// pointer from `hipHostGetDevicePointer`).
+    pub fn mapped_host(bytes: usize) -> (*mut c_void, *mut c_void) {
+        let (mut host, mut device): (*mut c_void, *mut c_void) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers; the flags and the host pointer are the
+        // documented ones.
+        unsafe {
+            ok(hip::hipHostMalloc(
+                &mut host,
+                bytes,
+                hip::hipHostMallocMapped,
+            ));
+            ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
+        }
+        (host, device)
+    }
+
+    /// A raw non-blocking stream on the thread's device.
+    pub fn raw_stream() -> hip::hipStream_t {
+        let mut s: hip::hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        ok(unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) });
+        s
+    }
+
+    /// `hipMallocAsync` of `bytes` on `s`.
+    pub fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and stream.
+        ok(unsafe { hip::hipMallocAsync(&mut p, bytes, s) });
+        p
+    }
+}
+
 /// `hip.rs`'s: the `StandInBackend` implementation and the `vendor`
 /// module of the shared core cases (`backends/cases/core.rs`).
 macro_rules! core_table {
@@ -471,8 +559,8 @@ macro_rules! capture_table {
                 pub fn raw() -> Raw {
                     let ctx = Context::new(Default::default()).expect("context");
                     let mut s = std::ptr::null_mut();
-                    // SAFETY: valid out pointer.
                     ok(
+                        // SAFETY: valid out pointer.
                         unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) },
                         "stream",
                     );
@@ -502,8 +590,8 @@ macro_rules! capture_table {
                 /// capture's id.
                 pub fn capture_info(s: RawStream) -> (Status, u64) {
                     let (mut st, mut id) = (-1, 0);
-                    // SAFETY: a live stream, valid out pointers.
                     ok(
+                        // SAFETY: a live stream, valid out pointers.
                         unsafe { hip::hipStreamGetCaptureInfo(s, &mut st, &mut id) },
                         "capture info",
                     );
@@ -512,8 +600,8 @@ macro_rules! capture_table {
 
                 pub fn instantiate(g: hip::hipGraph_t) -> hip::hipGraphExec_t {
                     let mut e = std::ptr::null_mut();
-                    // SAFETY: a graph from hipStreamEndCapture, valid out pointer.
                     ok(
+                        // SAFETY: a graph from hipStreamEndCapture, valid out pointer.
                         unsafe {
                             hip::hipGraphInstantiate(
                                 &mut e,
@@ -572,8 +660,8 @@ macro_rules! capture_table {
                 /// An address range of `size` bytes reserved.
                 pub fn reserve(size: usize) -> *mut c_void {
                     let mut base = std::ptr::null_mut();
-                    // SAFETY: valid out pointer.
                     ok(
+                        // SAFETY: valid out pointer.
                         unsafe {
                             hip::hipMemAddressReserve(&mut base, size, 0, std::ptr::null_mut(), 0)
                         },
