@@ -17,60 +17,13 @@
 
 #[path = "../../cases/arena.rs"]
 mod cases;
+#[macro_use]
 mod common;
+arena_table!();
 
 use common::{EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_ARENA_CHILD";
-
-/// What the shared cases (`backends/cases/arena.rs`) need of CUDA.
-mod vendor {
-    pub use crate::common::{
-        aborts, child, fault_cells, passes, vmm, BANNER, EXIT_CHECK, LATENCY, SEED,
-    };
-    pub use memgov::cuda::{
-        ArenaConfig, CudaArena as Arena, CudaConfig as Config, CudaContext as Context,
-        CudaMemory as Memory, CudaStream as Stream,
-    };
-
-    /// The arena's name in its messages.
-    pub const ARENA_NAME: &str = "CudaArena";
-    /// The driver's virtual memory calls, as their fault cells and
-    /// messages name them.
-    pub use crate::common::{
-        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
-    };
-    /// The stand-in's knobs failing the `n`th virtual memory call, and the
-    /// `n`th unmap.
-    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
-    /// The latency seeds of the growth and shrinking, plain and governed.
-    pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
-    pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["1", "2", "3"];
-    /// Whether `destroy_stream` returns only once the stream's queued work
-    /// ran and its signals fired (the trait allows either).
-    pub const DESTROY_STREAM_FINISHES_ITS_WORK: bool = false;
-    /// The raw driver calls the stand-in's virtual memory cases make.
-    pub(crate) use crate::own as raw;
-
-    /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
-    pub const SLEEP_CYCLES: u64 = 100;
-
-    /// The device address of `m`.
-    pub fn at(m: &Memory) -> u64 {
-        m.device_ptr()
-    }
-
-    /// Queues a copy of `src` into `m` on `s` that the backend does not
-    /// wait for (a raw `cuMemcpyHtoDAsync_v2`).
-    ///
-    /// # Safety
-    ///
-    /// `m` is mapped and accessible; `src` outlives the copy.
-    pub unsafe fn copy_in_unwaited(ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        // SAFETY: the caller's, and `ctx`'s context is live.
-        unsafe { crate::common::raw_copy::copy_in_unwaited(ctx.cu_context(), s, m, src) }
-    }
-}
 
 use vendor::passes;
 

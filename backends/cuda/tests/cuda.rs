@@ -27,29 +27,15 @@ use memgov::{
 };
 use std::time::{Duration, Instant};
 
+#[macro_use]
+#[path = "common/table.rs"]
+mod table;
+
 fn factory() -> Result<CudaContext, memgov::BackendError> {
     CudaContext::new(CudaConfig::default())
 }
 
 memgov_conformance::conformance_tests!(conformance, super::factory);
-
-impl cases::StandInBackend for CudaContext {
-    fn open() -> Option<Self> {
-        context()
-    }
-
-    fn probe(&self) -> memgov::BackendProbe {
-        CudaContext::probe(self)
-    }
-
-    fn pending_frees(&self) -> usize {
-        CudaContext::pending_frees(self)
-    }
-
-    const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standin";
-    const STAND_IN_PCI: &'static str = "0000:10:00.0";
-    const STAND_IN_KEY: &'static str = "gpu-6d656d67-6f76-2d73-7461-6e64696e0000";
-}
 
 /// A context, or `None` after printing why the test is skipped.
 fn context() -> Option<CudaContext> {
@@ -118,9 +104,8 @@ fn works_from_threads_without_a_current_context() {
 /// The variable that tells a re-executed test binary which scenario to run.
 const CHILD: &str = "MEMGOV_CUDA_CHILD";
 
-/// The stand-in's latency knobs (see `backends/stand-ins/README.md`).
-const LATENCY: &str = "MEMGOV_STANDIN_CUDA_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_CUDA_LATENCY_SEED";
+// The stand-in's knobs (see `backends/stand-ins/README.md`), from the table.
+use table::knobs::{LATENCY, SEED};
 
 /// Run `scenario` in a child process with extra environment. `None` (after
 /// printing why) when there is no stand-in to run it on. A child that sets
@@ -431,403 +416,16 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
-#[path = "common/raw_copy.rs"]
-mod raw_copy;
-
-/// What the shared cases (`backends/cases/core.rs`) need of CUDA.
-mod vendor {
-    use cudarc::driver::sys::{self, CUresult};
-    use memgov::cuda::{CudaContext, CudaMemory, CudaStream};
-
-    pub(crate) use crate::LATENCY;
-    pub use memgov::cuda::CudaContext as Context;
-
-    pub(crate) use crate::shared::Factory;
-
-    /// The configurations the conformance suite runs on, by label.
-    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[("default", crate::factory)];
-
-    crate::shared::core_vendor! {
-        backend: "cuda",
-        VENDOR: "CUDA",
-        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_CUDA_FAIL_HOST_FUNC_AT",
-        OUT_OF_MEMORY: "CUDA_ERROR_OUT_OF_MEMORY (2)",
-        DOUBLE_FREE: "cuMemFreeAsync of already freed pointer",
-        UNKNOWN_FREE: "cuMemFreeAsync of unknown pointer",
-        OUT_OF_BOUNDS: "out of bounds device pointer",
-        HOST_FREE_UNDER_COPY: "cuMemFreeHost: page-locked host allocation",
-        EVENT_AFTER_DESTROY: "cuEventRecord on destroyed event",
-    }
-
-    /// The child was aborted by the stand-in with a contract violation
-    /// that names `what` (on the stand-in only).
-    pub fn aborts(scenario: &str, env: &[(&str, &str)], what: &str) {
-        crate::assert_stand_in_aborts(scenario, env, what);
-    }
-
-    /// Raw driver calls for the planted cases, on a context current on
-    /// this thread.
-    pub mod raw {
-        use super::{ok, CUresult};
-        use cudarc::driver::sys;
-        use memgov::cuda::CudaContext;
-        use memgov::DeviceContext;
-        use std::ffi::c_void;
-
-        include!("../../cases/forward.rs");
-
-        pub(crate) type Code = CUresult;
-        pub const SUCCESS: Code = CUresult::CUDA_SUCCESS;
-
-        /// The entry points whose names the stand-in's messages carry.
-        pub const SYNC: &str = "cuStreamSynchronize";
-        pub const FREE_ASYNC: &str = "cuMemFreeAsync";
-        pub const POOL_TRIM: &str = "cuMemPoolTrimTo";
-        pub const POOL_ALLOC: &str = "cuMemAllocFromPoolAsync";
-
-        /// A context and two raw streams of it (`s`, and `t` for the other
-        /// stream), current on this thread.
-        pub struct Raw {
-            ctx: CudaContext,
-            s: sys::CUstream,
-            t: sys::CUstream,
-        }
-
-        forward! {
-            free(r: &Raw, p: sys::CUdeviceptr) => sys::cuMemFreeAsync(p, r.s);
-            free_unknown(r: &Raw) => sys::cuMemFreeAsync(0xdead_0000, r.s);
-            htod(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
-                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.s);
-            htod_other(r: &Raw, p: sys::CUdeviceptr, src: &[u8]) =>
-                sys::cuMemcpyHtoDAsync_v2(p, src.as_ptr().cast(), src.len(), r.t);
-            sync(r: &Raw) => sys::cuStreamSynchronize(r.s);
-            stream_destroy(r: &Raw) => sys::cuStreamDestroy_v2(r.s);
-            event_destroy(e: sys::CUevent) => sys::cuEventDestroy_v2(e);
-            event_record(r: &Raw, e: sys::CUevent) => sys::cuEventRecord(e, r.s);
-            pool_destroy(pool: sys::CUmemoryPool) => sys::cuMemPoolDestroy(pool);
-            pool_trim(pool: sys::CUmemoryPool) => sys::cuMemPoolTrimTo(pool, 0);
-            pool_alloc(r: &Raw, pool: sys::CUmemoryPool, bytes: usize) =>
-                sys::cuMemAllocFromPoolAsync(&mut 0, bytes, pool, r.s);
-            host_free(host: *mut c_void) => sys::cuMemFreeHost(host);
-        }
-
-        /// `p` moved `n` bytes on.
-        pub fn offset(p: sys::CUdeviceptr, n: u64) -> sys::CUdeviceptr {
-            p + n
-        }
-
-        /// Page-locked host memory, mapped: its host and device pointers.
-        pub fn host_alloc(bytes: usize) -> (*mut c_void, sys::CUdeviceptr) {
-            let (mut host, mut p) = (std::ptr::null_mut(), 0);
-            // SAFETY: valid out pointers, the documented flags (portable,
-            // mapped); a context is current (`Raw::open`).
-            unsafe {
-                ok(sys::cuMemHostAlloc(&mut host, bytes, 3), "cuMemHostAlloc");
-                ok(
-                    sys::cuMemHostGetDevicePointer_v2(&mut p, host, 0),
-                    "device pointer",
-                );
-            }
-            (host, p)
-        }
-
-        impl Raw {
-            pub fn open() -> Self {
-                let (ctx, s) = crate::children::raw_setup();
-                let mut t = std::ptr::null_mut();
-                // SAFETY: a valid out pointer; the context is current.
-                ok(unsafe { sys::cuStreamCreate(&mut t, 1) }, "stream");
-                Raw { ctx, s, t }
-            }
-
-            /// `cuMemAllocAsync` of `bytes` on `s`.
-            pub fn alloc(&self, bytes: usize) -> sys::CUdeviceptr {
-                crate::children::alloc(self.s, bytes)
-            }
-
-            /// `cuEventCreate` (timing disabled).
-            pub fn event_create(&self) -> sys::CUevent {
-                let mut e = std::ptr::null_mut();
-                // SAFETY: a valid out pointer; the context is current.
-                ok(unsafe { sys::cuEventCreate(&mut e, 2) }, "event");
-                e
-            }
-
-            /// `cuMemPoolCreate` of a device pool on device 0.
-            pub fn pool_create(&self) -> sys::CUmemoryPool {
-                let mut pool = std::ptr::null_mut();
-                // SAFETY: zeroed properties are valid before the two set;
-                // a valid out pointer.
-                unsafe {
-                    let mut props: sys::CUmemPoolProps = std::mem::zeroed();
-                    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-                    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-                    ok(sys::cuMemPoolCreate(&mut pool, &props), "pool");
-                }
-                pool
-            }
-
-            /// Destroys the streams, clears the thread's current context and
-            /// tears the context down.
-            pub fn close(self) {
-                // SAFETY: the live streams, each destroyed once; the current
-                // context cleared before the teardown releases it.
-                unsafe {
-                    ok(sys::cuStreamDestroy_v2(self.s), "destroy");
-                    ok(sys::cuStreamDestroy_v2(self.t), "destroy");
-                    ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear current");
-                }
-                self.ctx.teardown(false).expect("teardown");
-            }
-        }
-    }
-
-    /// How many devices the stand-in has.
-    pub const DEVICES: &str = "MEMGOV_STANDIN_CUDA_DEVICES";
-
-    /// A context of configuration `label` on device `ordinal`.
-    pub fn context_on(label: &str, ordinal: u32) -> CudaContext {
-        assert_eq!(label, "default");
-        CudaContext::new(memgov::cuda::CudaConfig {
-            ordinal,
-            ..memgov::cuda::CudaConfig::default()
-        })
-        .expect("context")
-    }
-
-    /// What a runtime has current on its thread: a device's retained
-    /// primary context.
-    pub struct Caller {
-        device: sys::CUdevice,
-        context: sys::CUcontext,
-    }
-
-    fn ok(r: CUresult, what: &str) {
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
-    }
-
-    fn current_context() -> sys::CUcontext {
-        let mut c: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a valid out pointer.
-        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
-        c
-    }
-
-    impl Caller {
-        /// Retains device `ordinal`'s primary context and makes it current.
-        pub fn on_device(ordinal: i32) -> Self {
-            let (mut device, mut context) = (0, std::ptr::null_mut());
-            // SAFETY: plain driver calls with valid out pointers.
-            unsafe {
-                ok(sys::cuInit(0), "init");
-                ok(sys::cuDeviceGet(&mut device, ordinal), "device");
-                ok(
-                    sys::cuDevicePrimaryCtxRetain(&mut context, device),
-                    "retain",
-                );
-                ok(sys::cuCtxSetCurrent(context), "current");
-            }
-            Caller { device, context }
-        }
-
-        /// Its context is still the thread's current one.
-        pub fn is_current(&self) -> bool {
-            current_context() == self.context
-        }
-
-        /// A thread that never had a context has none.
-        pub fn fresh_thread_untouched() -> bool {
-            current_context().is_null()
-        }
-
-        /// Clears the thread's current context and releases the retained
-        /// one.
-        pub fn release(self) {
-            // SAFETY: the context retained in `on_device`, released once.
-            unsafe {
-                ok(sys::cuCtxSetCurrent(std::ptr::null_mut()), "clear");
-                ok(sys::cuDevicePrimaryCtxRelease_v2(self.device), "release");
-            }
-        }
-    }
-
-    /// How an unavailable context's reason starts.
-    pub const UNAVAILABLE: &[&str] = &["no CUDA driver", "no CUDA device"];
-    /// Every CUDA context frees stream-ordered (`cuMemFreeAsync`).
-    pub const ALWAYS_STREAM_ORDERED: bool = true;
-
-    /// Whether `ctx` runs on memgov's stand-in driver.
-    pub fn is_stand_in(ctx: &CudaContext) -> bool {
-        ctx.is_stand_in()
-    }
-
-    /// CUDA's own: none beyond the shared case (CI runs it on a libcuda
-    /// lacking entry points too).
-    pub fn missing_driver_cases() {}
-
-    /// The stand-in fails driver call N and all later as after an illegal
-    /// address.
-    pub const STICKY_ERROR_AT_OP: &str = "MEMGOV_STANDIN_CUDA_STICKY_ERROR_AT_OP";
-    /// How a sticky error names the driver's code.
-    pub const ILLEGAL_ADDRESS: &str = "CUDA_ERROR_ILLEGAL_ADDRESS (700)";
-
-    /// CUDA's own sticky-error cases: none beyond the shared one.
-    pub fn sticky_error_cases() {}
-
-    /// After the lost context's retire: the driver answers no more, so
-    /// nothing was freed, and the kept allocations went with the context
-    /// at memgov's (last) release.
-    pub fn after_sticky_retire() {
-        let gone =
-            crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0).expect("device 0");
-        assert!(gone[0] >= 1 && gone[1] >= 4096, "{gone:?}");
-    }
-
-    /// Lost teardowns in a row (each releases the last reference to the
-    /// primary context, which the next context retains again).
-    pub const LOST_TEARDOWN_ROUNDS: usize = 3;
-
-    /// After a lost teardown on a healthy device: memgov freed its memory
-    /// before releasing the primary context (whose destruction took nothing
-    /// with it), and released that context (the last reference).
-    pub fn nothing_left_after_lost_teardown(round: usize) {
-        assert_eq!(
-            crate::children::stand_in_query("memgov_standin_cuda_reclaimed", 0),
-            Some([0, 0, 0, 0]),
-            "round {round}: memory went with the context"
-        );
-        assert_eq!(
-            crate::children::stand_in_query("memgov_standin_cuda_live", 0),
-            None,
-            "round {round}: the primary context is still retained"
-        );
-    }
-
-    /// The child ran `scenario` to its end: what it printed, `None` (after
-    /// printing why) off the stand-in.
-    pub fn passes(scenario: &str, env: &[(&str, &str)]) -> Option<String> {
-        let run = crate::child(scenario, env)?;
-        let end = format!("child {scenario}: ok");
-        crate::child_process::assert_passed(scenario, &run, &end);
-        Some(run.output())
-    }
-
-    /// A context on the driver found.
-    pub fn context() -> CudaContext {
-        crate::factory().expect("context")
-    }
-
-    /// What a raw call on `ctx`'s memory needs current on the thread.
-    pub struct Current(sys::CUcontext);
-
-    pub fn current(ctx: &CudaContext) -> Current {
-        Current(ctx.cu_context())
-    }
-
-    /// The memory's device pointer.
-    pub fn device_address(m: &CudaMemory) -> u64 {
-        m.device_ptr()
-    }
-
-    /// The stream's driver handle.
-    pub fn stream_handle(s: &CudaStream) -> *const std::ffi::c_void {
-        s.cu_stream().cast_const().cast()
-    }
-
-    /// Copies `m`'s first bytes into `dst` (a raw `cuMemcpyDtoHAsync_v2` on
-    /// `s`, then `cuStreamSynchronize`, the context pushed current around
-    /// them).
-    ///
-    /// # Safety
-    ///
-    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
-    pub unsafe fn copy_out_waited(c: &Current, s: &CudaStream, m: &CudaMemory, dst: &mut [u8]) {
-        let mut prev: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live context, popped below.
-        let r = unsafe { sys::cuCtxPushCurrent_v2(c.0) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "push");
-        // SAFETY: the caller's; `dst` outlives the copy, which the
-        // synchronize completes.
-        let (copy, sync) = unsafe {
-            (
-                sys::cuMemcpyDtoHAsync_v2(
-                    dst.as_mut_ptr().cast(),
-                    m.device_ptr(),
-                    dst.len(),
-                    s.cu_stream(),
-                ),
-                sys::cuStreamSynchronize(s.cu_stream()),
-            )
-        };
-        assert_eq!(
-            (copy, sync),
-            (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS),
-            "raw copy out"
-        );
-        // SAFETY: balances the push.
-        let r = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
-        assert_eq!(r, CUresult::CUDA_SUCCESS, "pop");
-    }
-
-    /// Whether `s`'s work has all run (`cuStreamQuery`: `CUDA_SUCCESS` or
-    /// `CUDA_ERROR_NOT_READY`; any other result is returned as it is).
-    pub fn stream_done(c: &Current, s: &CudaStream) -> Result<bool, CUresult> {
-        let mut prev: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live context, popped below; a query of a live stream.
-        let r = unsafe {
-            assert_eq!(sys::cuCtxPushCurrent_v2(c.0), CUresult::CUDA_SUCCESS);
-            let r = sys::cuStreamQuery(s.cu_stream());
-            assert_eq!(sys::cuCtxPopCurrent_v2(&mut prev), CUresult::CUDA_SUCCESS);
-            r
-        };
-        match r {
-            CUresult::CUDA_SUCCESS => Ok(true),
-            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => Err(r),
-        }
-    }
-
-    /// Queues a copy of `src` into `m` on `s` (a raw
-    /// `cuMemcpyHtoDAsync_v2`, the context pushed current around it) that
-    /// the backend does not wait for.
-    ///
-    /// # Safety
-    ///
-    /// `m` and `s` are live; `src` outlives the copy.
-    pub unsafe fn copy_in_unwaited(c: &Current, s: &CudaStream, m: &CudaMemory, src: &[u8]) {
-        // SAFETY: the caller's, and `c`'s context is live.
-        unsafe { crate::raw_copy::copy_in_unwaited(c.0, s, m, src) }
-    }
-}
+// What the shared cases (`backends/cases/core.rs`) need of CUDA, and the
+// `StandInBackend` implementation: CUDA's table (`common/table.rs`).
+core_table!();
 
 child_process::child_entry!(CHILD, shared::run, children::run);
 
 mod children {
     use super::*;
+    use crate::table::calls::{alloc, current, ok, raw_setup, stand_in_live, stand_in_query};
     use cudarc::driver::sys;
-
-    fn ok(r: sys::CUresult, what: &str) {
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
-    }
-
-    /// The stand-in context and one raw stream of it, current on this thread.
-    pub(crate) fn raw_setup() -> (CudaContext, sys::CUstream) {
-        let ctx = factory().expect("context");
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: the context was just retained; the stand-in checks the rest.
-        unsafe {
-            ok(sys::cuCtxSetCurrent(ctx.cu_context()), "set current");
-            ok(sys::cuStreamCreate(&mut s, 1), "stream");
-        }
-        (ctx, s)
-    }
-
-    pub(crate) fn alloc(s: sys::CUstream, bytes: usize) -> sys::CUdeviceptr {
-        let mut p = 0;
-        // SAFETY: the stand-in checks the stream; p is a valid out pointer.
-        ok(unsafe { sys::cuMemAllocAsync(&mut p, bytes, s) }, "alloc");
-        p
-    }
 
     unsafe extern "C" fn calls_the_driver(_: *mut std::ffi::c_void) {
         let mut c: sys::CUcontext = std::ptr::null_mut();
@@ -1170,13 +768,6 @@ mod children {
         assert_eq!(probe.live_allocations(), 0);
     }
 
-    fn current() -> sys::CUcontext {
-        let mut c: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        ok(unsafe { sys::cuCtxGetCurrent(&mut c) }, "get current");
-        c
-    }
-
     fn invalid<T: std::fmt::Debug>(r: Result<T, memgov::BackendError>, what: &str) {
         let e = r.expect_err(what);
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{what}: {e}");
@@ -1260,35 +851,6 @@ mod children {
         let snap = handle.snapshot();
         assert_eq!(snap.charged, 0);
         assert_eq!(snap.total().pending_count, 0);
-    }
-
-    /// One of the stand-in's test hooks that report {device allocations,
-    /// device bytes, page-locked host allocations, host bytes} for device
-    /// `dev`: `memgov_standin_cuda_live` (what its primary context holds;
-    /// `None` when it is not retained) or `memgov_standin_cuda_reclaimed`
-    /// (what its destroyed primary contexts took with them).
-    pub(crate) fn stand_in_query(hook: &str, dev: i32) -> Option<[u64; 4]> {
-        use libloading::os::unix::{Library, RTLD_LAZY};
-        /// glibc's `RTLD_NOLOAD`: find a loaded library, never load one.
-        const RTLD_NOLOAD: std::os::raw::c_int = 4;
-        // SAFETY: the stand-in is loaded already (cudarc opened it); NOLOAD
-        // only finds it, and both hooks have the declared signature
-        // (`int (int, unsigned long long out[4])`).
-        unsafe {
-            let lib = Library::open(Some("libcuda.so.1"), RTLD_NOLOAD | RTLD_LAZY)
-                .expect("the stand-in libcuda is loaded");
-            let query: libloading::os::unix::Symbol<unsafe extern "C" fn(i32, *mut u64) -> i32> =
-                lib.get(hook.as_bytes()).expect(hook);
-            let mut out = [u64::MAX; 4];
-            (query(dev, out.as_mut_ptr()) == 0).then_some(out)
-        }
-    }
-
-    /// What the stand-in's primary context of `dev` holds: {device
-    /// allocations, device bytes, page-locked host allocations, host bytes}.
-    fn stand_in_live(dev: i32) -> [u64; 4] {
-        stand_in_query("memgov_standin_cuda_live", dev)
-            .unwrap_or_else(|| panic!("device {dev} not retained"))
     }
 
     fn release_allocated_sticky() {

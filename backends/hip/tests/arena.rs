@@ -17,7 +17,9 @@
 
 #[path = "../../cases/arena.rs"]
 mod cases;
+#[macro_use]
 mod common;
+arena_table!();
 
 use memgov::hip::raw as hip;
 use memgov::hip::{HipConfig, HipContext};
@@ -26,54 +28,6 @@ use memgov::{BackendErrorKind, DeviceContext};
 pub(crate) use common::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
 
 const CHILD: &str = "MEMGOV_HIP_ARENA_CHILD";
-
-/// What the shared cases (`backends/cases/arena.rs`) need of HIP.
-mod vendor {
-    pub use crate::common::{fault_cells, vmm};
-    pub(crate) use crate::{aborts, child, passes, BANNER, EXIT_CHECK, LATENCY, SEED};
-    pub use memgov::hip::{
-        ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
-        HipMemory as Memory, HipStream as Stream,
-    };
-
-    /// The arena's name in its messages.
-    pub const ARENA_NAME: &str = "HipArena";
-    /// The runtime's virtual memory calls, as their fault cells and
-    /// messages name them.
-    pub use crate::common::{
-        CREATE_ENTRY, MAP_ENTRY, RELEASE_ENTRY, SET_ACCESS_ENTRY, UNMAP_ENTRY,
-    };
-    /// The stand-in's knobs failing the `n`th virtual memory call, and the
-    /// `n`th unmap.
-    pub use crate::common::{FAIL_UNMAP_AT, FAIL_VMM_AT};
-    /// The latency seeds of the growth and shrinking, plain and governed.
-    pub const GROW_SHRINK_SEEDS: &[&str] = &["1", "2"];
-    pub const GOVERNED_GROW_SHRINK_SEEDS: &[&str] = &["3"];
-    /// Whether `destroy_stream` returns only once the stream's queued work
-    /// ran and its signals fired (the trait allows either).
-    pub const DESTROY_STREAM_FINISHES_ITS_WORK: bool = true;
-    /// The raw runtime calls the stand-in's virtual memory cases make.
-    pub(crate) use crate::own as raw;
-
-    /// The sleep/wake cycles when `MEMGOV_ARENA_SLEEP_CYCLES` is not set.
-    pub const SLEEP_CYCLES: u64 = 20;
-
-    /// The device address of `m`.
-    pub fn at(m: &Memory) -> u64 {
-        m.device_ptr() as u64
-    }
-
-    /// Queues a copy of `src` into `m` on `s` that the backend does not
-    /// wait for (a raw `hipMemcpyHtoDAsync`; device 0 is current).
-    ///
-    /// # Safety
-    ///
-    /// `m` is mapped and accessible; `src` outlives the copy.
-    pub unsafe fn copy_in_unwaited(_ctx: &Context, s: &Stream, m: &Memory, src: &[u8]) {
-        // SAFETY: the caller's.
-        unsafe { crate::common::raw_copy::copy_in_unwaited(s, m, src) }
-    }
-}
 
 #[test]
 fn every_arena_call_runs_on_the_arena_device_and_restores_the_threads() {

@@ -32,31 +32,17 @@ use memgov::{
     Alloc, BackendErrorKind, ContextConfig, DeviceContext, Execution, Governor, GovernorError,
     RetireOutcome, Role, Tier,
 };
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-impl cases::StandInBackend for HipContext {
-    fn open() -> Option<Self> {
-        context(HipConfig::default())
-    }
+#[macro_use]
+#[path = "common/table.rs"]
+mod table;
 
-    fn probe(&self) -> memgov::BackendProbe {
-        HipContext::probe(self)
-    }
-
-    fn pending_frees(&self) -> usize {
-        HipContext::pending_frees(self)
-    }
-
-    const STAND_IN_UUID_PREFIX: &'static [u8] = b"memgov-standinh";
-    const STAND_IN_PCI: &'static str = "0000:20:00.0";
-    const STAND_IN_KEY: &'static str = "gpu-6d656d67-6f76-2d73-7461-6e64696e6800";
-
-    /// The default configuration allocates from memgov's own pool.
-    fn check_allocation(&self, memory: &memgov::hip::HipMemory) {
-        assert_eq!(memory.origin(), Origin::Pool);
-    }
-}
+use table::calls::{
+    current_device, hip_calls, mapped_host, ok, quiesce, raw_alloc, raw_stream, raw_write,
+    stream_query,
+};
 
 memgov_conformance::conformance_tests!(hip_pool, || HipContext::new(HipConfig::default()));
 
@@ -199,9 +185,8 @@ fn teardown_trims_the_pool() {
 
 // ---- child processes: knobs and planted violations ---------------------
 
-/// The stand-in's latency knobs (see `backends/stand-ins/README.md`).
-const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
+// The stand-in's knobs (see `backends/stand-ins/README.md`), from the table.
+use table::knobs::{LATENCY, SEED};
 
 /// Run `case` in a child with `env`. A child that sets its own latency gets
 /// exactly that latency: a latency seed the parent runs with (which would
@@ -601,68 +586,6 @@ fn teardown_stops_calling_hip_at_a_sticky_error() {
     );
 }
 
-/// A test hook the stand-in exports (absent from the real runtime, so it is
-/// looked up at run time).
-fn standin_hook(name: &CStr) -> unsafe extern "C" fn() -> u64 {
-    let p = hip::symbol(name).unwrap_or_else(|| panic!("the stand-in exports {name:?}"));
-    // SAFETY: the stand-in's hooks take nothing and return an integer (the
-    // quiesce hook returns void; its result register is ignored).
-    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(p) }
-}
-
-/// Tell the stand-in that no other thread may call HIP from now on.
-fn quiesce() {
-    // SAFETY: the hook takes nothing; see `standin_hook`.
-    unsafe { standin_hook(c"memgov_standin_hip_quiesce")() };
-}
-
-/// HIP calls made so far in this process.
-fn hip_calls() -> u64 {
-    // SAFETY: the hook takes nothing and returns a uint64_t.
-    unsafe { standin_hook(c"memgov_standin_hip_calls")() }
-}
-
-fn current_device() -> i32 {
-    let mut d = -1;
-    // SAFETY: valid out-pointer.
-    ok(unsafe { hip::hipGetDevice(&mut d) });
-    d
-}
-
-/// Queue a host-to-device copy on `s` by hand (pending with latency).
-fn raw_write(s: hip::hipStream_t, p: *mut c_void, src: &'static [u8]) {
-    // SAFETY: `p` is a live allocation of at least `src.len()` bytes; the
-    // source is static, so it outlives the queued copy.
-    ok(unsafe { hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), s) });
-}
-
-fn stream_query(s: hip::hipStream_t) -> hip::HipResult {
-    // SAFETY: a live stream.
-    unsafe { hip::hipStreamQuery(s) }
-}
-
-fn ok(r: hip::HipResult) {
-    assert_eq!(r, hip::hipSuccess);
-}
-
-/// `bytes` of mapped page-locked host memory: (host pointer, device
-/// pointer from `hipHostGetDevicePointer`).
-fn mapped_host(bytes: usize) -> (*mut c_void, *mut c_void) {
-    let (mut host, mut device): (*mut c_void, *mut c_void) =
-        (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: valid out-pointers; the flags and the host pointer are the
-    // documented ones.
-    unsafe {
-        ok(hip::hipHostMalloc(
-            &mut host,
-            bytes,
-            hip::hipHostMallocMapped,
-        ));
-        ok(hip::hipHostGetDevicePointer(&mut device, host, 0));
-    }
-    (host, device)
-}
-
 /// Queue the copy of case name `entry` (see `COPY_ENTRIES`) on `s`.
 ///
 /// # Safety
@@ -836,20 +759,6 @@ unsafe fn kind_controls() {
     drop(pageable);
 }
 
-fn raw_stream() -> hip::hipStream_t {
-    let mut s: hip::hipStream_t = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    ok(unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) });
-    s
-}
-
-fn raw_alloc(bytes: usize, s: hip::hipStream_t) -> *mut c_void {
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and stream.
-    ok(unsafe { hip::hipMallocAsync(&mut p, bytes, s) });
-    p
-}
-
 unsafe extern "C" fn calls_hip(_s: hip::hipStream_t, _status: hip::HipResult, _u: *mut c_void) {
     let mut n = 0;
     // SAFETY: deliberately forbidden (a HIP call inside a callback): the
@@ -864,324 +773,9 @@ fn whole_suite_report() {
     shared::whole_suite_report();
 }
 
-#[path = "common/raw_copy.rs"]
-mod raw_copy;
-
-/// What the shared cases (`backends/cases/core.rs`) need of HIP.
-mod vendor {
-    use memgov::hip::raw as hip;
-    use memgov::hip::{HipConfig, HipContext, HipMemory, HipStream};
-
-    pub(crate) use crate::LATENCY;
-    pub use memgov::hip::HipContext as Context;
-
-    pub(crate) use crate::shared::Factory;
-
-    /// The configurations the conformance suite runs on, by label: memgov's
-    /// pool and the hipMalloc/hipFree fallback.
-    pub const SUITE_CONFIGS: &[(&str, Factory)] = &[
-        ("pool", || HipContext::new(HipConfig::default())),
-        ("plain", || {
-            HipContext::new(HipConfig {
-                allocator: memgov::hip::AllocatorChoice::Plain,
-                ..HipConfig::default()
-            })
-        }),
-    ];
-
-    crate::shared::core_vendor! {
-        backend: "hip",
-        VENDOR: "HIP",
-        FAIL_CALLBACK_AT: "MEMGOV_STANDIN_HIP_FAIL_CALLBACK_AT",
-        OUT_OF_MEMORY: "hipErrorOutOfMemory (2)",
-        DOUBLE_FREE: "hipFreeAsync of already freed pointer",
-        UNKNOWN_FREE: "hipFree of unknown pointer",
-        OUT_OF_BOUNDS: "hipMemcpyHtoDAsync of 64 bytes at out of bounds",
-        HOST_FREE_UNDER_COPY: "hipHostFree: page-locked host allocation",
-        EVENT_AFTER_DESTROY: "hipEventRecord on destroyed event",
-    }
-
-    /// The child was aborted by the stand-in with a contract violation
-    /// that names `what` (on the stand-in only).
-    pub fn aborts(case: &str, env: &[(&str, &str)], what: &str) {
-        if crate::on_stand_in() {
-            crate::expect_abort(case, env, what);
-        }
-    }
-
-    /// Raw runtime calls for the planted cases, on device 0 (current by
-    /// default).
-    pub mod raw {
-        use memgov::hip::raw as hip;
-        use std::ffi::c_void;
-
-        include!("../../cases/forward.rs");
-
-        pub(crate) type Code = hip::HipResult;
-        pub const SUCCESS: Code = hip::hipSuccess;
-
-        /// The entry points whose names the stand-in's messages carry.
-        pub const SYNC: &str = "hipStreamSynchronize";
-        pub const FREE_ASYNC: &str = "hipFreeAsync";
-        pub const POOL_TRIM: &str = "hipMemPoolTrimTo";
-        pub const POOL_ALLOC: &str = "hipMallocFromPoolAsync";
-
-        /// Two raw streams (`s`, and `t` for the other stream).
-        pub struct Raw {
-            s: hip::hipStream_t,
-            t: hip::hipStream_t,
-        }
-
-        forward! {
-            free(r: &Raw, p: *mut c_void) => hip::hipFreeAsync(p, r.s);
-            // A live local the runtime never allocated.
-            free_unknown(_r: &Raw) => hip::hipFree((&mut 0u64 as *mut u64).cast());
-            htod(r: &Raw, p: *mut c_void, src: &[u8]) =>
-                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.s);
-            htod_other(r: &Raw, p: *mut c_void, src: &[u8]) =>
-                hip::hipMemcpyHtoDAsync(p, src.as_ptr() as *mut c_void, src.len(), r.t);
-            sync(r: &Raw) => hip::hipStreamSynchronize(r.s);
-            stream_destroy(r: &Raw) => hip::hipStreamDestroy(r.s);
-            event_destroy(e: hip::hipEvent_t) => hip::hipEventDestroy(e);
-            event_record(r: &Raw, e: hip::hipEvent_t) => hip::hipEventRecord(e, r.s);
-            pool_destroy(pool: hip::hipMemPool_t) => hip::hipMemPoolDestroy(pool);
-            pool_trim(pool: hip::hipMemPool_t) => hip::hipMemPoolTrimTo(pool, 0);
-            pool_alloc(r: &Raw, pool: hip::hipMemPool_t, bytes: usize) =>
-                hip::hipMallocFromPoolAsync(&mut std::ptr::null_mut(), bytes, pool, r.s);
-            host_free(host: *mut c_void) => hip::hipHostFree(host);
-        }
-
-        /// `p` moved `n` bytes on.
-        pub fn offset(p: *mut c_void, n: usize) -> *mut c_void {
-            p.cast::<u8>().wrapping_add(n).cast()
-        }
-
-        /// Page-locked host memory, mapped: its host and device pointers.
-        pub fn host_alloc(bytes: usize) -> (*mut c_void, *mut c_void) {
-            crate::mapped_host(bytes)
-        }
-
-        impl Raw {
-            pub fn open() -> Self {
-                Raw {
-                    s: crate::raw_stream(),
-                    t: crate::raw_stream(),
-                }
-            }
-
-            /// `hipMallocAsync` of `bytes` on `s`.
-            pub fn alloc(&self, bytes: usize) -> *mut c_void {
-                crate::raw_alloc(bytes, self.s)
-            }
-
-            /// `hipEventCreateWithFlags` (timing disabled).
-            pub fn event_create(&self) -> hip::hipEvent_t {
-                let mut e = std::ptr::null_mut();
-                // SAFETY: a valid out pointer.
-                crate::ok(unsafe { hip::hipEventCreateWithFlags(&mut e, 2) });
-                e
-            }
-
-            /// `hipMemPoolCreate` of a device pool on device 0.
-            pub fn pool_create(&self) -> hip::hipMemPool_t {
-                let props = hip::hipMemPoolProps {
-                    allocType: hip::hipMemAllocationTypePinned,
-                    handleTypes: hip::hipMemHandleTypeNone,
-                    location: hip::hipMemLocation {
-                        type_: hip::hipMemLocationTypeDevice,
-                        id: 0,
-                    },
-                    win32SecurityAttributes: std::ptr::null_mut(),
-                    reserved: [0; 64],
-                };
-                let mut pool = std::ptr::null_mut();
-                // SAFETY: valid properties and out pointer.
-                crate::ok(unsafe { hip::hipMemPoolCreate(&mut pool, &props) });
-                pool
-            }
-
-            /// Destroys the streams.
-            pub fn close(self) {
-                // SAFETY: the live streams, each destroyed once.
-                unsafe {
-                    crate::ok(hip::hipStreamDestroy(self.s));
-                    crate::ok(hip::hipStreamDestroy(self.t));
-                }
-            }
-        }
-    }
-
-    /// How many devices the stand-in has.
-    pub const DEVICES: &str = "MEMGOV_STANDIN_HIP_DEVICES";
-
-    /// A context of configuration `label` on device `device`.
-    pub fn context_on(label: &str, device: u32) -> HipContext {
-        let allocator = match label {
-            "pool" => memgov::hip::AllocatorChoice::Auto,
-            "plain" => memgov::hip::AllocatorChoice::Plain,
-            other => panic!("no configuration {other}"),
-        };
-        HipContext::new(HipConfig {
-            device,
-            allocator,
-            ..HipConfig::default()
-        })
-        .expect("context")
-    }
-
-    /// What a runtime has current on its thread: a device.
-    pub struct Caller(i32);
-
-    impl Caller {
-        /// Makes device `device` the thread's.
-        pub fn on_device(device: i32) -> Self {
-            // SAFETY: a plain call with a valid ordinal.
-            crate::ok(unsafe { hip::hipSetDevice(device) });
-            Caller(device)
-        }
-
-        /// Its device is still the thread's.
-        pub fn is_current(&self) -> bool {
-            crate::current_device() == self.0
-        }
-
-        /// A thread that never set a device has device 0, the default.
-        pub fn fresh_thread_untouched() -> bool {
-            crate::current_device() == 0
-        }
-
-        /// Nothing to release.
-        pub fn release(self) {}
-    }
-
-    /// How an unavailable context's reason starts.
-    pub const UNAVAILABLE: &[&str] = &["no HIP device", "no HIP runtime"];
-    /// A runtime without memory pools gets the hipMalloc/hipFree fallback.
-    pub const ALWAYS_STREAM_ORDERED: bool = false;
-
-    /// Whether `ctx` runs on memgov's stand-in runtime.
-    pub fn is_stand_in(ctx: &HipContext) -> bool {
-        use memgov::DeviceContext;
-        ctx.describe()
-            .name
-            .starts_with(memgov::hip::STAND_IN_NAME_PREFIX)
-    }
-
-    /// HIP's own, on any machine: a child pointed at a library that is not
-    /// there, and at one that is not HIP, finds no runtime and calls no HIP
-    /// function.
-    pub fn missing_driver_cases() {
-        for (case, library) in [
-            ("no_runtime", "/nonexistent/libamdhip64.so.5"),
-            ("runtime_without_hip", "libm.so.6"),
-        ] {
-            let run = crate::child(case, &[("MEMGOV_HIP_RUNTIME", library)]);
-            crate::child_process::assert_passed(case, &run, crate::CHILD_END);
-        }
-    }
-
-    /// The stand-in fails runtime call N and all later as after an illegal
-    /// address.
-    pub const STICKY_ERROR_AT_OP: &str = "MEMGOV_STANDIN_HIP_STICKY_ERROR_AT_OP";
-    /// How a sticky error names the runtime's code.
-    pub const ILLEGAL_ADDRESS: &str = "hipErrorIllegalAddress (700)";
-
-    /// HIP's own sticky-error case, on the backend at exact call numbers:
-    /// calls 1..=23 open the context, a stream, an allocation and its free;
-    /// call 24 (the next one) and all later fail as after an illegal
-    /// address, with the free still queued behind the latency.
-    pub fn sticky_error_cases() {
-        passes(
-            "device_loss",
-            &[(LATENCY, "100000"), (STICKY_ERROR_AT_OP, "24")],
-        );
-    }
-
-    /// Nothing more: the exit check (on) sees what the lost context left.
-    pub fn after_sticky_retire() {}
-
-    /// One lost teardown: the stand-in is quiesced after it.
-    pub const LOST_TEARDOWN_ROUNDS: usize = 1;
-
-    /// After a lost teardown: no thread of memgov's calls HIP any more (the
-    /// stand-in aborts on a call from another thread after its quiesce
-    /// hook); its exit check finds no memory, stream or pool left.
-    pub fn nothing_left_after_lost_teardown(_round: usize) {
-        crate::quiesce();
-    }
-
-    /// The child ran `case` to its end, with the stand-in's exit check on:
-    /// what it printed, `None` (after printing why) off the stand-in.
-    pub fn passes(case: &str, env: &[(&str, &str)]) -> Option<String> {
-        crate::on_stand_in().then(|| crate::expect_pass(case, env))
-    }
-
-    /// A context on the runtime found.
-    pub fn context() -> HipContext {
-        HipContext::new(HipConfig::default()).expect("context")
-    }
-
-    /// Nothing: device 0 is current on every thread by default.
-    pub struct Current;
-
-    pub fn current(_: &HipContext) -> Current {
-        Current
-    }
-
-    /// The memory's device pointer.
-    pub fn device_address(m: &HipMemory) -> u64 {
-        m.device_ptr() as u64
-    }
-
-    /// The stream's runtime handle.
-    pub fn stream_handle(s: &HipStream) -> *const std::ffi::c_void {
-        s.hip_stream().cast_const().cast()
-    }
-
-    /// Copies `m`'s first bytes into `dst` (a raw `hipMemcpyDtoHAsync` on
-    /// `s`, then `hipStreamSynchronize`).
-    ///
-    /// # Safety
-    ///
-    /// `m` and `s` are live; `m` holds at least `dst.len()` bytes.
-    pub unsafe fn copy_out_waited(_: &Current, s: &HipStream, m: &HipMemory, dst: &mut [u8]) {
-        // SAFETY: the caller's; `dst` outlives the copy, which the
-        // synchronize completes.
-        let (copy, sync) = unsafe {
-            (
-                hip::hipMemcpyDtoHAsync(
-                    dst.as_mut_ptr().cast(),
-                    m.device_ptr(),
-                    dst.len(),
-                    s.hip_stream(),
-                ),
-                hip::hipStreamSynchronize(s.hip_stream()),
-            )
-        };
-        assert_eq!((copy, sync), (hip::SUCCESS, hip::SUCCESS), "raw copy out");
-    }
-
-    /// Whether `s`'s work has all run (`hipStreamQuery`: `hipSuccess` or
-    /// `hipErrorNotReady`; any other result is returned as it is).
-    pub fn stream_done(_: &Current, s: &HipStream) -> Result<bool, hip::HipResult> {
-        match crate::stream_query(s.hip_stream()) {
-            hip::hipSuccess => Ok(true),
-            hip::hipErrorNotReady => Ok(false),
-            r => Err(r),
-        }
-    }
-
-    /// Queues a copy of `src` into `m` on `s` (a raw `hipMemcpyHtoDAsync`)
-    /// that the backend does not wait for.
-    ///
-    /// # Safety
-    ///
-    /// `m` and `s` are live; `src` outlives the copy.
-    pub unsafe fn copy_in_unwaited(_: &Current, s: &HipStream, m: &HipMemory, src: &[u8]) {
-        // SAFETY: the caller's.
-        unsafe { crate::raw_copy::copy_in_unwaited(s, m, src) }
-    }
-}
+// What the shared cases (`backends/cases/core.rs`) need of HIP, and the
+// `StandInBackend` implementation: HIP's table (`common/table.rs`).
+core_table!();
 
 /// One planted case per child process. Ignored: only `child()` runs it.
 #[test]

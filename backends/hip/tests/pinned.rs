@@ -24,6 +24,8 @@
 #[allow(dead_code)]
 #[path = "../../stand-ins/support/child.rs"]
 mod child_process;
+#[path = "common/table.rs"]
+mod table;
 
 use memgov::hip::{HipConfig, HipContext};
 use memgov::{
@@ -36,9 +38,8 @@ use std::time::{Duration, Instant};
 const CHILD: &str = "MEMGOV_HIP_PINNED_TEST_CHILD";
 /// What a child prints when its case ran to the end.
 const CHILD_END: &str = "child reached the end";
-/// The stand-in's latency knobs (see `backends/stand-ins/README.md`).
-const LATENCY: &str = "MEMGOV_STANDIN_HIP_LATENCY_US";
-const SEED: &str = "MEMGOV_STANDIN_HIP_LATENCY_SEED";
+// The stand-in's knobs (see `backends/stand-ins/README.md`), from the table.
+use table::knobs::{EXIT_CHECK, LATENCY, SEED};
 const LONG: Duration = Duration::from_secs(60);
 
 /// Where this process runs the cases.
@@ -83,14 +84,8 @@ fn run_case(case: &str, body: fn()) {
         Here::Nothing => {}
         Here::Device => body(),
         Here::StandIn => {
-            let inherited: &[(&str, &str)] = &[("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1")];
-            let exact = |latency| {
-                vec![
-                    ("MEMGOV_STANDIN_HIP_EXIT_CHECK", "1"),
-                    (LATENCY, latency),
-                    (SEED, ""),
-                ]
-            };
+            let inherited: &[(&str, &str)] = &[(EXIT_CHECK, "1")];
+            let exact = |latency| vec![(EXIT_CHECK, "1"), (LATENCY, latency), (SEED, "")];
             for env in [inherited.to_vec(), exact("0"), exact("300")] {
                 let run = child_process::run(CHILD, case, &env);
                 child_process::assert_passed(case, &run, CHILD_END);

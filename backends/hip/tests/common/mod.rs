@@ -3,49 +3,14 @@
 //! whether the stand-in is loaded, children that must pass or must be
 //! stopped by the stand-in, the stand-in's hooks, the conformance fault
 //! cells, arena fault cases and stress), instantiated for HIP through the
-//! `vendor` module below.
+//! `vendor` module (`common_table!`, from HIP's table, `table.rs`).
 
 #![allow(dead_code)]
 
 #[macro_use]
-#[path = "../../../cases/common.rs"]
-mod shared;
+pub mod table;
 
-pub use shared::*;
-
-pub mod raw_copy;
-
-/// What the shared part needs of HIP.
-mod vendor {
-    use std::ffi::CStr;
-
-    pub use memgov::hip::{
-        ArenaConfig, HipArena as Arena, HipConfig as Config, HipContext as Context,
-    };
-
-    stand_in! {
-        vendor: "hip",
-        VENDOR: "HIP",
-        library: "libamdhip64",
-        RELEASE_ENTRY: "hipMemRelease",
-        MAP_ENTRY: "hipMemMap",
-        HOST_ALLOC_ENTRY: "hipHostMalloc",
-        CREATE_ENTRY: "hipMemCreate",
-        SET_ACCESS_ENTRY: "hipMemSetAccess",
-        UNMAP_ENTRY: "hipMemUnmap",
-    }
-
-    /// Whether `ctx` runs on the stand-in.
-    pub fn is_stand_in(ctx: &Context) -> bool {
-        use memgov::DeviceContext;
-        ctx.describe().execution == memgov::Execution::StandIn
-    }
-
-    /// A symbol of the loaded stand-in runtime.
-    pub fn standin_symbol(name: &CStr) -> *mut std::ffi::c_void {
-        memgov::hip::raw::symbol(name).expect("the stand-in's hook")
-    }
-}
+common_table!();
 
 /// Case `case` run in a child on a partial HIP stand-in, a ROCm lacking
 /// some calls: built, as `name` under the target's temporary directory,
