@@ -32,7 +32,7 @@
 //!   the device, is never changed. Copies with `cuMemcpy{HtoD,DtoH}Async` on
 //!   the stream; see [`CudaMemory`].
 //! * **Stream-ordered free.** `cuMemFreeAsync`, then `cuLaunchHostFunc`
-//!   whose callback fires the [`RetireSignal`]; see the `retire` module. A
+//!   whose callback fires the [`RetireSignal`](memgov_backend::RetireSignal); see the `retire` module. A
 //!   free on another stream than the memory's is ordered by `order_after`:
 //!   an event (timing disabled) recorded on the other stream, waited on by
 //!   the freeing stream (`cuStreamWaitEvent`) and destroyed at once (legal
@@ -103,8 +103,7 @@ pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
 use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription, DeviceIdentity,
-    MemoryInfo, RetireSignal, Tier,
+    BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity,
 };
 use memgov_stream_ordered::parts::Parts;
 use memgov_stream_ordered::state::{Device, State};
@@ -478,108 +477,18 @@ impl CudaContext {
     }
 }
 
-impl DeviceContext for CudaContext {
-    type Stream = CudaStream;
-    type Memory = CudaMemory;
+memgov_stream_ordered::device_context!(CudaContext, CudaStream, CudaMemory);
 
-    fn describe(&self) -> DeviceDescription {
-        let d = &self.parts.shared.device;
-        DeviceDescription {
-            backend: BACKEND,
-            vendor: "NVIDIA".into(),
-            name: d.name.clone(),
-            ordinal: d.ordinal,
-            total_bytes: d.total_bytes,
-            driver: d.driver.clone(),
-            execution: d.execution,
-            // The arena reuses a range only once its release has retired
-            // (the stream passed it), not at once on the same stream.
-            stream_ordered_reuse: self.parts.arena.is_none(),
-        }
+/// What CUDA does its own way in `DeviceContext` (see
+/// [`memgov_stream_ordered::device_context`]); the rest of those steps are
+/// in `memory.rs`, `retire.rs`, `stream.rs` and `teardown.rs`.
+impl CudaContext {
+    fn describe_impl(&self) -> DeviceDescription {
+        let driver = self.parts.shared.device.driver.clone();
+        self.parts.description("NVIDIA", driver, true)
     }
 
-    fn identity(&self) -> DeviceIdentity {
-        self.parts.shared.device.identity.clone()
-    }
-
-    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
-        self.memory_info_impl()
-    }
-
-    fn create_stream(&self) -> Result<CudaStream, BackendError> {
-        memgov_stream_ordered::stream::create(&*self.parts.shared)
-    }
-
-    fn destroy_stream(&self, stream: CudaStream) -> Result<(), BackendError> {
-        shared::gate().before_destroy("destroy_stream", stream.raw() as usize)?;
-        self.destroy_stream_impl(stream)
-    }
-
-    fn allocate(&self, stream: &CudaStream, bytes: u64) -> Result<CudaMemory, BackendError> {
-        self.allocate_impl(stream, bytes)
-    }
-
-    fn allocate_in(
-        &self,
-        stream: &CudaStream,
-        bytes: u64,
-        tier: Tier,
-    ) -> Result<CudaMemory, BackendError> {
-        match tier {
-            Tier::Device => self.allocate_impl(stream, bytes),
-            _ => self.allocate_pinned_impl(stream, bytes),
-        }
-    }
-
-    fn free_async(
-        &self,
-        stream: &CudaStream,
-        memory: CudaMemory,
-        retired: RetireSignal,
-    ) -> Result<(), (CudaMemory, RetireSignal, BackendError)> {
-        match &self.parts.arena {
-            Some(a) if memory.host == 0 && a.contains(memory.device) => {
-                self.arena_free_async(a, stream, memory, retired)
-            }
-            _ => self.free_async_impl(stream, memory, retired),
-        }
-    }
-
-    fn write(
-        &self,
-        stream: &CudaStream,
-        memory: &CudaMemory,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), BackendError> {
-        self.parts.write(stream, memory, offset, src)
-    }
-
-    fn read(
-        &self,
-        stream: &CudaStream,
-        memory: &CudaMemory,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), BackendError> {
-        self.parts.read(stream, memory, offset, dst)
-    }
-
-    fn synchronize(&self, stream: &CudaStream) -> Result<(), BackendError> {
-        shared::gate().before_sync("synchronize", stream.raw() as usize)?;
-        self.synchronize_impl(stream)
-    }
-
-    fn order_after(&self, stream: &CudaStream, after: &CudaStream) -> Result<(), BackendError> {
-        memgov_stream_ordered::stream::order_after(&*self.parts.shared, stream, after)
-    }
-
-    fn device_lost(&self) {
-        self.device_lost_impl();
-        self.parts.abandon_arena_releases();
-    }
-
-    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+    fn teardown_impl(self, lost: bool) -> Result<(), BackendError> {
         // Captures a failed end left live: ended (or abandoned) before
         // anything here waits at the gate they hold closed; the graphs and
         // the arena go before the context.

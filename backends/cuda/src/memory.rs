@@ -24,7 +24,7 @@ use crate::shared::Live;
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
-use memgov_backend::{BackendError, MemoryInfo};
+use memgov_backend::BackendError;
 use memgov_stream_ordered::parts::Books;
 use memgov_stream_ordered::state::{Block, Origin};
 use memgov_stream_ordered::stream::StreamContext as _;
@@ -125,20 +125,6 @@ impl CudaContext {
             return Err(e);
         }
         Ok(self.register(ptr, bytes, host as usize))
-    }
-
-    pub(crate) fn memory_info_impl(&self) -> Result<MemoryInfo, BackendError> {
-        let s = &*self.parts.shared;
-        s.check_usable("memory_info")?;
-        let _current = s.make_current("memory_info")?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out pointers; the context is current.
-        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
-        s.checked("memory_info", "cuMemGetInfo_v2", r)?;
-        Ok(MemoryInfo {
-            free: free as u64,
-            total: total as u64,
-        })
     }
 }
 

@@ -99,6 +99,7 @@ impl VmmTable for Cuda {
         mem_granularity: "cuMemGetAllocationGranularity",
         mem_address_reserve: "cuMemAddressReserve",
         mem_address_free: "cuMemAddressFree",
+        mem_get_info: "cuMemGetInfo_v2",
         stream_query: "cuStreamQuery",
         mem_create: "cuMemCreate",
         mem_map: "cuMemMap",
@@ -138,6 +139,14 @@ impl VmmTable for Cuda {
     unsafe fn mem_address_free(at: u64, bytes: usize) -> CUresult {
         // SAFETY: the caller's contract (nothing mapped, freed once).
         unsafe { sys::cuMemAddressFree(at, bytes) }
+    }
+
+    unsafe fn mem_get_info() -> (CUresult, usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out pointers; the device is current (the caller's
+        // contract).
+        let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        (r, free, total)
     }
 
     unsafe fn stream_query(stream: CUstream) -> CUresult {

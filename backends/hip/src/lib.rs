@@ -24,7 +24,7 @@
 //! * A **free** is `hipFreeAsync` followed by `hipStreamAddCallback`; the
 //!   callback fires the [`RetireSignal`] and makes no HIP call (see
 //!   `retire.rs`).
-//! * **Cross-stream order** ([`DeviceContext::order_after`]): an event
+//! * **Cross-stream order** ([`DeviceContext::order_after`](memgov_backend::DeviceContext::order_after)): an event
 //!   recorded on the other stream, `hipStreamWaitEvent` on this one, the
 //!   event destroyed at once (the wait keeps what it needs).
 //! * **Current device**: every call that needs one reads the thread's
@@ -33,7 +33,7 @@
 //! * **Device loss**: sticky `hipError_t` codes (see [`HipResult`]) mark the
 //!   context lost and the device *dead*: from then on the context makes no
 //!   HIP call that could block. A context the governor declares lost
-//!   ([`DeviceContext::device_lost`]) while the runtime still answers is
+//!   ([`DeviceContext::device_lost`](memgov_backend::DeviceContext::device_lost)) while the runtime still answers is
 //!   lost, not dead.
 //! * **Teardown**: stop and join the free thread, synchronize and destroy
 //!   the streams the governor left, free memory it abandoned (force), trim
@@ -104,13 +104,13 @@ pub use stream::HipStream;
 
 use ffi::{
     hipDeviceGetAttribute, hipDeviceGetName, hipDeviceGetPCIBusId, hipDeviceGetUuid,
-    hipDeviceTotalMem, hipDriverGetVersion, hipGetDevice, hipGetDeviceCount, hipMemGetInfo,
-    hipRuntimeGetVersion, hipSetDevice, SUCCESS,
+    hipDeviceTotalMem, hipDriverGetVersion, hipGetDevice, hipGetDeviceCount, hipRuntimeGetVersion,
+    hipSetDevice, SUCCESS,
 };
 use memgov_backend::shell::{self, MakeCurrent};
 use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, DeviceContext, DeviceDescription,
-    DeviceIdentity, MemoryInfo, RetireSignal, Tier,
+    lock, BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity,
+    RetireSignal,
 };
 use memgov_stream_ordered::parts::Parts;
 use memgov_stream_ordered::state::Device;
@@ -411,11 +411,13 @@ impl HipContext {
     }
 }
 
-impl DeviceContext for HipContext {
-    type Stream = HipStream;
-    type Memory = HipMemory;
+memgov_stream_ordered::device_context!(HipContext, HipStream, HipMemory);
 
-    fn describe(&self) -> DeviceDescription {
+/// What HIP does its own way in `DeviceContext` (see
+/// [`memgov_stream_ordered::device_context`]): the allocator's choice and
+/// its fallback, frees by origin, streams destroyed at once.
+impl HipContext {
+    fn describe_impl(&self) -> DeviceDescription {
         let shared = &self.parts.shared;
         let allocator = match (&self.parts.arena, lock(&shared.fallback_reason).as_deref()) {
             (Some(a), _) => format!(
@@ -425,118 +427,49 @@ impl DeviceContext for HipContext {
             (None, None) => "hipMallocFromPoolAsync from the context's own pool".to_owned(),
             (None, Some(why)) => format!("hipMalloc/hipFree fallback after an event ({why})"),
         };
-        let d = &shared.device;
-        DeviceDescription {
-            backend: result::BACKEND,
-            vendor: "AMD".to_owned(),
-            name: d.name.clone(),
-            ordinal: d.ordinal,
-            total_bytes: d.total_bytes,
-            driver: format!("{}; {allocator}", d.driver),
-            execution: d.execution,
-            // The arena reuses a range only once its release has retired
-            // (the stream passed it), not at once on the same stream.
-            stream_ordered_reuse: self.parts.arena.is_none()
-                && shared.allocator() == Allocator::StreamOrdered,
-        }
+        let driver = format!("{}; {allocator}", shared.device.driver);
+        let pool = shared.allocator() == Allocator::StreamOrdered;
+        self.parts.description("AMD", driver, pool)
     }
 
-    fn identity(&self) -> DeviceIdentity {
-        self.parts.shared.device.identity.clone()
-    }
-
-    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
-        self.parts.shared.check_lost("memory_info")?;
-        let _device = self.parts.shared.make_current("memory_info")?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; the device is current on this thread.
-        let r = unsafe { hipMemGetInfo(&mut free, &mut total) };
-        self.parts
-            .shared
-            .checked("memory_info", "hipMemGetInfo", r)?;
-        Ok(MemoryInfo {
-            free: free as u64,
-            total: total as u64,
-        })
-    }
-
-    fn create_stream(&self) -> Result<HipStream, BackendError> {
-        memgov_stream_ordered::stream::create(&*self.parts.shared)
-    }
-
-    fn destroy_stream(&self, stream: HipStream) -> Result<(), BackendError> {
-        shared::gate().before_destroy("destroy_stream", stream.raw() as usize)?;
-        stream::destroy(&self.parts.shared, stream)
-    }
-
-    fn allocate(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
+    fn allocate_impl(&self, stream: &HipStream, bytes: u64) -> Result<HipMemory, BackendError> {
         match &self.parts.arena {
             Some(a) => self.arena_allocate(a, stream, bytes),
             None => memory::allocate(&self.parts.shared, stream, bytes),
         }
     }
 
-    fn allocate_in(
+    fn allocate_pinned_impl(
         &self,
         stream: &HipStream,
         bytes: u64,
-        tier: Tier,
     ) -> Result<HipMemory, BackendError> {
-        match tier {
-            Tier::Device => self.allocate(stream, bytes),
-            _ => memory::allocate_pinned(&self.parts.shared, stream, bytes),
-        }
+        memory::allocate_pinned(&self.parts.shared, stream, bytes)
     }
 
-    fn free_async(
+    #[allow(clippy::result_large_err)]
+    fn free_async_impl(
         &self,
         stream: &HipStream,
         memory: HipMemory,
         retired: RetireSignal,
     ) -> Result<(), (HipMemory, RetireSignal, BackendError)> {
-        match &self.parts.arena {
-            Some(a) if memory.origin == Origin::Arena => {
-                self.arena_free_async(a, stream, memory, retired)
-            }
-            _ => retire::free_async(&self.parts.shared, stream, memory, retired),
-        }
+        retire::free_async(&self.parts.shared, stream, memory, retired)
     }
 
-    fn write(
-        &self,
-        stream: &HipStream,
-        memory: &HipMemory,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), BackendError> {
-        self.parts.write(stream, memory, offset, src)
+    fn destroy_stream_impl(&self, stream: HipStream) -> Result<(), BackendError> {
+        stream::destroy(&self.parts.shared, stream)
     }
 
-    fn read(
-        &self,
-        stream: &HipStream,
-        memory: &HipMemory,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), BackendError> {
-        self.parts.read(stream, memory, offset, dst)
-    }
-
-    fn synchronize(&self, stream: &HipStream) -> Result<(), BackendError> {
-        shared::gate().before_sync("synchronize", stream.raw() as usize)?;
+    fn synchronize_impl(&self, stream: &HipStream) -> Result<(), BackendError> {
         stream::synchronize(&self.parts.shared, stream)
     }
 
-    fn order_after(&self, stream: &HipStream, after: &HipStream) -> Result<(), BackendError> {
-        memgov_stream_ordered::stream::order_after(&*self.parts.shared, stream, after)
-    }
-
-    fn device_lost(&self) {
+    fn device_lost_impl(&self) {
         self.parts.shared.mark_lost("declared lost by the governor");
-        self.parts.abandon_arena_releases();
     }
 
-    fn teardown(self, lost: bool) -> Result<(), BackendError> {
+    fn teardown_impl(self, lost: bool) -> Result<(), BackendError> {
         self.tear_down(lost)
     }
 }

@@ -175,12 +175,6 @@ impl Shared {
     pub(crate) fn notes(&self) -> Vec<String> {
         lock(&self.notes).clone()
     }
-
-    /// `DeviceLost` (with the first reason) on a lost context, with no HIP
-    /// call.
-    pub(crate) fn check_lost(&self, op: &'static str) -> Result<(), BackendError> {
-        self.shell.check_lost(op)
-    }
 }
 
 impl Drop for Shared {

@@ -98,6 +98,7 @@ impl VmmTable for Hip {
         mem_granularity: "hipMemGetAllocationGranularity",
         mem_address_reserve: "hipMemAddressReserve",
         mem_address_free: "hipMemAddressFree",
+        mem_get_info: "hipMemGetInfo",
         stream_query: "hipStreamQuery",
         mem_create: "hipMemCreate",
         mem_map: "hipMemMap",
@@ -138,6 +139,14 @@ impl VmmTable for Hip {
     unsafe fn mem_address_free(at: u64, bytes: usize) -> HipResult {
         // SAFETY: the caller's contract (nothing mapped, freed once).
         unsafe { ffi::hipMemAddressFree(at as *mut c_void, bytes) }
+    }
+
+    unsafe fn mem_get_info() -> (HipResult, usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out pointers; the device is current (the caller's
+        // contract).
+        let r = unsafe { ffi::hipMemGetInfo(&mut free, &mut total) };
+        (r, free, total)
     }
 
     unsafe fn stream_query(stream: hipStream_t) -> HipResult {

@@ -10,10 +10,14 @@ use crate::result::{err, Vendor};
 use crate::retire::{self, Releases};
 use crate::state::{Block, Origin};
 use crate::stream::{self, StreamContext};
+use crate::table::CaptureTable;
 use crate::table::{Context, StreamTable, VmmTable};
 use crate::teardown::LOST_DRAIN;
 use memgov_backend::shell::Current;
-use memgov_backend::{BackendError, BackendErrorKind, BackendProbe, Execution};
+use memgov_backend::{
+    BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity, Execution,
+    MemoryInfo,
+};
 use std::sync::Arc;
 
 /// The vendor's books of its live allocations, which every copy checks
@@ -64,6 +68,45 @@ impl<C: Context> Parts<C> {
         self.shared.probe().clone()
     }
 
+    /// The device's UUID and PCI address, as far as the driver reported
+    /// them when the context was made.
+    pub fn identity(&self) -> DeviceIdentity {
+        self.shared.state().device.identity.clone()
+    }
+
+    /// The description of the device for the governor: the vendor's name
+    /// (`NVIDIA`), the driver as `driver` words it, and whether memory freed
+    /// on a stream is reusable at once by later work on it (never with an
+    /// arena, whose ranges come back only once their release retired).
+    pub fn description(&self, vendor: &str, driver: String, pool_reuse: bool) -> DeviceDescription {
+        let d = &self.shared.state().device;
+        DeviceDescription {
+            backend: C::Table::BACKEND,
+            vendor: vendor.to_owned(),
+            name: d.name.clone(),
+            ordinal: d.ordinal,
+            total_bytes: d.total_bytes,
+            driver,
+            execution: d.execution,
+            stream_ordered_reuse: self.arena.is_none() && pool_reuse,
+        }
+    }
+
+    /// The device's free and total memory, as the driver reports them.
+    pub fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        const OP: &str = "memory_info";
+        let s = &*self.shared;
+        s.check_usable(OP)?;
+        let _current = s.make_current(OP)?;
+        // SAFETY: the device is current.
+        let (r, free, total) = unsafe { C::Table::mem_get_info() };
+        s.checked(OP, C::Table::NAMES.mem_get_info, r)?;
+        Ok(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
     /// Whether the driver is memgov's stand-in rather than the vendor's.
     pub fn is_stand_in(&self) -> bool {
         self.shared.state().device.execution == Execution::StandIn
@@ -82,7 +125,22 @@ impl<C: Context> Parts<C> {
     }
 }
 
-impl<C: Books> Parts<C> {
+impl<C: Books + StreamContext> Parts<C> {
+    /// Refuse to destroy `stream` while it captures (the capture gate):
+    /// a stream destroyed under a capture invalidates it.
+    pub fn before_destroy(&self, stream: &C::Stream) -> Result<(), BackendError> {
+        let key = C::Table::stream_key(stream.as_ref().raw());
+        self.shared
+            .capture_gate()
+            .before_destroy("destroy_stream", key)
+    }
+
+    /// Refuse to synchronize `stream` while it captures (the capture gate).
+    pub fn before_sync(&self, stream: &C::Stream) -> Result<(), BackendError> {
+        let key = C::Table::stream_key(stream.as_ref().raw());
+        self.shared.capture_gate().before_sync("synchronize", key)
+    }
+
     /// Copy `src` to `offset` of `memory` on `stream`; returns once the
     /// copy has executed (so `src` may be reused).
     pub fn write(
@@ -235,4 +293,157 @@ where
         drop(current);
         released.and(graphs)
     }
+}
+
+/// The vendor's public context as the governor's `DeviceContext`, written
+/// once: `device_context!(CudaContext, CudaStream, CudaMemory)`. The
+/// context holds its [`Parts`] in a field `parts`; its memory wraps a
+/// [`Block`] (`AsRef`). What the vendor does its own way are inherent
+/// methods of the context, which the impl calls:
+///
+/// * `describe_impl(&self) -> DeviceDescription` (see
+///   [`Parts::description`]);
+/// * `allocate_impl(&self, &Stream, u64) -> Result<Memory>`: device memory,
+///   the arena's when there is one;
+/// * `allocate_pinned_impl(&self, &Stream, u64) -> Result<Memory>`:
+///   page-locked host memory;
+/// * `free_async_impl(&self, &Stream, Memory, RetireSignal)` and
+///   `arena_free_async(&self, &Arc<Arena>, &Stream, Memory, RetireSignal)`,
+///   both `-> Result<(), (Memory, RetireSignal, BackendError)>`: memory of
+///   the pool (or the vendor's other sources), and of the arena
+///   ([`Origin::Arena`]);
+/// * `destroy_stream_impl(&self, Stream)` and `synchronize_impl(&self,
+///   &Stream)`, both `-> Result<()>`, after the capture gate admitted them;
+/// * `device_lost_impl(&self)` (the arena's releases are then abandoned
+///   here) and `teardown_impl(self, bool) -> Result<()>`.
+///
+/// Identity, memory info, stream creation and cross-stream order, the
+/// copies and the capture gate's checks are the core's.
+#[macro_export]
+macro_rules! device_context {
+    ($context:ty, $stream:ty, $memory:ty) => {
+        impl ::memgov_backend::DeviceContext for $context {
+            type Stream = $stream;
+            type Memory = $memory;
+
+            fn describe(&self) -> ::memgov_backend::DeviceDescription {
+                self.describe_impl()
+            }
+
+            fn identity(&self) -> ::memgov_backend::DeviceIdentity {
+                self.parts.identity()
+            }
+
+            fn memory_info(
+                &self,
+            ) -> ::std::result::Result<::memgov_backend::MemoryInfo, ::memgov_backend::BackendError>
+            {
+                self.parts.memory_info()
+            }
+
+            fn create_stream(
+                &self,
+            ) -> ::std::result::Result<$stream, ::memgov_backend::BackendError> {
+                $crate::stream::create(&*self.parts.shared)
+            }
+
+            fn destroy_stream(
+                &self,
+                stream: $stream,
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                self.parts.before_destroy(&stream)?;
+                self.destroy_stream_impl(stream)
+            }
+
+            fn allocate(
+                &self,
+                stream: &$stream,
+                bytes: u64,
+            ) -> ::std::result::Result<$memory, ::memgov_backend::BackendError> {
+                self.allocate_impl(stream, bytes)
+            }
+
+            fn allocate_in(
+                &self,
+                stream: &$stream,
+                bytes: u64,
+                tier: ::memgov_backend::Tier,
+            ) -> ::std::result::Result<$memory, ::memgov_backend::BackendError> {
+                match tier {
+                    ::memgov_backend::Tier::Device => self.allocate_impl(stream, bytes),
+                    _ => self.allocate_pinned_impl(stream, bytes),
+                }
+            }
+
+            fn free_async(
+                &self,
+                stream: &$stream,
+                memory: $memory,
+                retired: ::memgov_backend::RetireSignal,
+            ) -> ::std::result::Result<
+                (),
+                (
+                    $memory,
+                    ::memgov_backend::RetireSignal,
+                    ::memgov_backend::BackendError,
+                ),
+            > {
+                let origin = ::std::convert::AsRef::<$crate::state::Block>::as_ref(&memory).origin;
+                match &self.parts.arena {
+                    Some(a) if origin == $crate::state::Origin::Arena => {
+                        self.arena_free_async(a, stream, memory, retired)
+                    }
+                    _ => self.free_async_impl(stream, memory, retired),
+                }
+            }
+
+            fn write(
+                &self,
+                stream: &$stream,
+                memory: &$memory,
+                offset: u64,
+                src: &[u8],
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                self.parts.write(stream, memory.as_ref(), offset, src)
+            }
+
+            fn read(
+                &self,
+                stream: &$stream,
+                memory: &$memory,
+                offset: u64,
+                dst: &mut [u8],
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                self.parts.read(stream, memory.as_ref(), offset, dst)
+            }
+
+            fn synchronize(
+                &self,
+                stream: &$stream,
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                self.parts.before_sync(stream)?;
+                self.synchronize_impl(stream)
+            }
+
+            fn order_after(
+                &self,
+                stream: &$stream,
+                after: &$stream,
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                $crate::stream::order_after(&*self.parts.shared, stream, after)
+            }
+
+            fn device_lost(&self) {
+                self.device_lost_impl();
+                self.parts.abandon_arena_releases();
+            }
+
+            fn teardown(
+                self,
+                lost: bool,
+            ) -> ::std::result::Result<(), ::memgov_backend::BackendError> {
+                self.teardown_impl(lost)
+            }
+        }
+    };
 }

@@ -33,6 +33,8 @@ pub struct VmmNames {
     pub mem_address_reserve: &'static str,
     /// [`VmmTable::mem_address_free`] (`cuMemAddressFree`).
     pub mem_address_free: &'static str,
+    /// [`VmmTable::mem_get_info`] (`cuMemGetInfo_v2`).
+    pub mem_get_info: &'static str,
     /// [`VmmTable::stream_query`] (`cuStreamQuery`).
     pub stream_query: &'static str,
     /// [`VmmTable::mem_create`] (`cuMemCreate`).
@@ -98,6 +100,13 @@ pub trait VmmTable: Vendor {
     ///
     /// Nothing is mapped in it; freed once.
     unsafe fn mem_address_free(at: u64, bytes: usize) -> Self::Code;
+
+    /// The device's free and total memory in bytes.
+    ///
+    /// # Safety
+    ///
+    /// The device is current.
+    unsafe fn mem_get_info() -> (Self::Code, usize, usize);
 
     /// Whether everything queued on `stream` ran (the vendor's success), is
     /// still running ([`Class::NotReady`](crate::Class::NotReady)), or failed.

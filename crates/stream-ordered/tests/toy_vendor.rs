@@ -93,6 +93,7 @@ impl VmmTable for Toy {
         mem_granularity: "toyMemGetGranularity",
         mem_address_reserve: "toyMemAddressReserve",
         mem_address_free: "toyMemAddressFree",
+        mem_get_info: "toyMemGetInfo",
         stream_query: "toyStreamQuery",
         mem_create: "toyMemCreate",
         mem_map: "toyMemMap",
@@ -115,6 +116,9 @@ impl VmmTable for Toy {
     }
     unsafe fn mem_address_free(_: u64, _: usize) -> i32 {
         call("toyMemAddressFree")
+    }
+    unsafe fn mem_get_info() -> (i32, usize, usize) {
+        (call("toyMemGetInfo"), 1 << 29, 1 << 30)
     }
     unsafe fn stream_query(_: u64) -> i32 {
         call("toyStreamQuery")
