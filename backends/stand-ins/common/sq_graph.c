@@ -1,7 +1,8 @@
 /*
  * sq_graph.c: the stream capture and graph imitation of the CUDA and HIP
- * stand-ins. Compiled as part of the vendor's graph.c, which includes it
- * (see sq_graph.h); every entry takes the vendor's table.
+ * stand-ins. Compiled as part of the graph section of the vendor's
+ * stand-in file, which includes it (see sq_graph.h); every entry takes the
+ * vendor's table.
  *
  * Rules, each from CUDA's driver API documentation (stream capture, graph
  * management) and HIP's reference for the same calls, which describe them
@@ -20,7 +21,7 @@
  *   global capture. A prohibited call returns the capture-unsupported code
  *   (HIP: "the operation is not permitted when the stream is capturing")
  *   and invalidates the capture. Which calls the stand-in counts as
- *   potentially unsafe is the vendor's (its graph.c lists them).
+ *   potentially unsafe is the vendor's (its graph section lists them).
  * - Calls that necessarily conflict with capture are refused in every
  *   mode: synchronizing or querying a capturing stream returns the
  *   capture-unsupported code and invalidates its capture.
@@ -55,7 +56,7 @@
  *   capture-invalidated code, no graph, the stream out of capture mode).
  *
  * Not imitated (a contract violation naming the call): launching a graph
- * into a capture; the vendor's graph.c lists what else it refuses.
+ * into a capture; the vendor's graph section lists what else it refuses.
  */
 #define _GNU_SOURCE
 #include "sq_graph.h"
@@ -482,8 +483,8 @@ static int sq_graph_destroy(const struct sq_graph_vendor *v, struct sq_graph *g)
     return v->success;
 }
 
-/* The hooks the vendor's other files call (its graph.h), over the table
- * the vendor's graph.c names SQ_GRAPH_TABLE before including this file. */
+/* The hooks the vendor's other sections call, over the table the
+ * vendor's graph section names SQ_GRAPH_TABLE before including this file. */
 int graph_capturing(const void *stream) { return sq_graph_capturing(stream); }
 
 int graph_conflicting(const char *fn, const void *stream) {

@@ -1,7 +1,8 @@
 /*
  * sq_vmm.c: the virtual memory management imitation of the CUDA and HIP
- * stand-ins, on host memory. Compiled as part of the vendor's vmm.c, which
- * includes it (see sq_vmm.h); every function takes the vendor's table.
+ * stand-ins, on host memory. Compiled as part of the virtual memory section
+ * of the vendor's stand-in file, which includes it (see sq_vmm.h); every
+ * function takes the vendor's table.
  *
  * How it imitates:
  * - A reservation is host address space (mmap PROT_NONE, MAP_NORESERVE): a
