@@ -85,26 +85,17 @@ int sq_env_lists(const char *name, const char *item) {
     return 0;
 }
 
-void sq_inits_acquire(struct sq_inits *i) {
-    pthread_mutex_lock(&i->lock);
-    i->count++;
-    pthread_mutex_unlock(&i->lock);
-}
+void sq_inits_acquire(struct sq_inits *i) { __atomic_add_fetch(&i->count, 1, __ATOMIC_ACQ_REL); }
 
 int sq_inits_release(struct sq_inits *i) {
-    pthread_mutex_lock(&i->lock);
-    int r = i->count > 0 ? 0 : -1;
-    if (i->count > 0) i->count--;
-    pthread_mutex_unlock(&i->lock);
-    return r;
+    int n = __atomic_load_n(&i->count, __ATOMIC_ACQUIRE);
+    while (n > 0)
+        if (__atomic_compare_exchange_n(&i->count, &n, n - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+    return -1;
 }
 
-int sq_inits_held(struct sq_inits *i) {
-    pthread_mutex_lock(&i->lock);
-    int n = i->count;
-    pthread_mutex_unlock(&i->lock);
-    return n > 0;
-}
+int sq_inits_held(struct sq_inits *i) { return __atomic_load_n(&i->count, __ATOMIC_ACQUIRE) > 0; }
 
 int sq_env_devices(const char *env, int max) {
     uint64_t n = sq_env_u64(env, 1);

@@ -27,7 +27,6 @@
 #ifndef MEMGOV_STANDIN_H
 #define MEMGOV_STANDIN_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -93,10 +92,9 @@ int sq_env_lists(const char *name, const char *item);
  * uninitialised code, and a shutdown without an init fails; the code each
  * returns is the vendor's. */
 struct sq_inits {
-    pthread_mutex_t lock;
-    int count;
+    int count; /* atomic */
 };
-#define SQ_INITS_INITIALIZER {PTHREAD_MUTEX_INITIALIZER, 0}
+#define SQ_INITS_INITIALIZER {0}
 /* An init: one more reference. */
 void sq_inits_acquire(struct sq_inits *i);
 /* A shutdown: one reference fewer. Returns 0, or -1 (nothing changed) when
