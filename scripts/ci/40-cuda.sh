@@ -64,6 +64,7 @@ done
 partial="$target/stand-ins-partial"
 mkdir -p "$partial"
 "${CC:-cc}" -std=gnu11 -O1 -fPIC -shared -pthread -Ibackends/stand-ins/common -Wl,-soname,libcuda.so.1 \
+    -DMEMGOV_STANDIN_CUDA_PARTIAL \
     -o "$partial/libcuda.so.1" backends/cuda/stand-in/libcuda.c backends/stand-ins/common/standin.c
 ln -sf libcuda.so.1 "$partial/libcuda.so"
 in_background "$target/cuda-partial.log" env LD_LIBRARY_PATH="$partial" \

@@ -114,37 +114,22 @@ static int hostile(const char *what) {
     return sq_env_lists("MEMGOV_STANDIN_NVML_HOSTILE", what);
 }
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_inits;
-static struct nvml_device g_dev[MAX_DEVICES];
+static struct sq_inits g_inits = SQ_INITS_INITIALIZER;
+static struct nvml_device g_dev[MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+_Static_assert(MAX_DEVICES == 8, "one handle per ordinal above");
 
-static int device_count(void) {
-    uint64_t n = sq_env_u64("MEMGOV_STANDIN_CUDA_DEVICES", 1);
-    return n > MAX_DEVICES ? MAX_DEVICES : (int)n;
-}
+static int device_count(void) { return sq_env_devices("MEMGOV_STANDIN_CUDA_DEVICES", MAX_DEVICES); }
 
-static int initialized(void) {
-    pthread_mutex_lock(&g_lock);
-    int n = g_inits;
-    pthread_mutex_unlock(&g_lock);
-    return n > 0;
-}
+static int initialized(void) { return sq_inits_held(&g_inits); }
 
 nvmlReturn_t nvmlInit_v2(void) {
-    pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < MAX_DEVICES; i++) g_dev[i].ordinal = i;
-    g_inits++;
-    pthread_mutex_unlock(&g_lock);
+    sq_inits_acquire(&g_inits);
     return NVML_SUCCESS;
 }
 
+/* Without an init: NVML_ERROR_UNINITIALIZED. */
 nvmlReturn_t nvmlShutdown(void) {
-    pthread_mutex_lock(&g_lock);
-    nvmlReturn_t r = NVML_SUCCESS;
-    if (g_inits == 0) r = NVML_ERROR_UNINITIALIZED;
-    else g_inits--;
-    pthread_mutex_unlock(&g_lock);
-    return r;
+    return sq_inits_release(&g_inits) == 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
 }
 
 const char *nvmlErrorString(nvmlReturn_t r) {
@@ -236,31 +221,30 @@ static void put(void *infos, int size, unsigned i, unsigned pid, unsigned long l
     }
 }
 
+struct listing {
+    int ordinal, graphics; /* which processes */
+    void *out;             /* `size`-byte entries, room for `room` */
+    int size;
+    unsigned room, n;
+};
+
+static int list_line(void *ctx, const struct sq_process_line *l) {
+    struct listing *s = ctx;
+    if (l->device != s->ordinal || l->graphics != s->graphics) return 0;
+    /* NVML's "-": usedGpuMemory NVML_VALUE_NOT_AVAILABLE. */
+    if (s->n < s->room && s->out != NULL)
+        put(s->out, s->size, s->n, l->pid, l->not_available ? NVML_VALUE_NOT_AVAILABLE : l->bytes);
+    s->n++;
+    return s->n >= MAX_PROCESSES;
+}
+
 /* The processes the file lists for `ordinal`, graphics or compute, written
  * as `size`-byte entries. */
 static unsigned read_processes(int ordinal, int graphics, void *out, int size, unsigned room) {
-    const char *path = getenv("MEMGOV_STANDIN_NVML_PROCESSES");
-    if (path == NULL || path[0] == 0) return 0;
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return 0;
-    unsigned n = 0;
-    char line[256];
-    while (fgets(line, sizeof line, f) != NULL) {
-        int dev;
-        unsigned pid;
-        char bytes[64], kind[32];
-        int k = sscanf(line, "%d %u %63s %31s", &dev, &pid, bytes, kind);
-        if (k < 3) continue;
-        int is_graphics = k == 4 && strcmp(kind, "graphics") == 0;
-        if (dev != ordinal || is_graphics != graphics) continue;
-        if (n < room && out != NULL)
-            put(out, size, n, pid,
-                strcmp(bytes, "-") == 0 ? NVML_VALUE_NOT_AVAILABLE : strtoull(bytes, NULL, 10));
-        n++;
-        if (n >= MAX_PROCESSES) break;
-    }
-    fclose(f);
-    return n;
+    struct listing s = {.ordinal = ordinal, .graphics = graphics, .out = out, .size = size,
+                        .room = room};
+    sq_process_file_each("MEMGOV_STANDIN_NVML_PROCESSES", list_line, &s);
+    return s.n;
 }
 
 /* One list call: `version` 1 (unversioned), 2 or 3. */

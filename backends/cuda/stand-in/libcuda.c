@@ -48,13 +48,28 @@
  *   default 1), _EXIT_CHECK.
  * - It says what it is: the device name starts with "memgov stand-in" (the
  *   backend reads it), and memgov_standin_cuda() returns a description.
- * - Every other entry point cudarc's loader requires is a stub in
- *   unimitated.c that aborts naming itself.
+ * - Every other entry point cudarc's loader requires is a stub (the last
+ *   section) that aborts naming itself.
+ *
+ * This one file is the whole stand-in: the exported entry points, which
+ * decode CUDA's arguments and structs and call the imitations in
+ * common/ (standin.c, linked in; sq_vmm.c and sq_graph.c, compiled here by
+ * the #include in their sections) through tables of CUDA's names and codes.
+ * Sections: contexts, streams, memory, host memory, host functions and
+ * events (the driver's rules on host threads); virtual memory management
+ * (the CUDA_VMM table); stream capture and graphs (the CUDA_GRAPH table);
+ * the unimitated entry points.
+ *
+ * Built with -DMEMGOV_STANDIN_CUDA_PARTIAL (the CI's imitation of a
+ * pre-12.0 driver, scripts/ci/40-cuda.sh), the last three sections are
+ * left out: the library then lacks the virtual memory, capture and graph
+ * entry points and every unimitated one, and the rest of the file reaches
+ * their hooks through weak references that are NULL there.
  */
 #define _GNU_SOURCE
 #include "standin.h"
-#include "vmm.h"
-#include "graph.h"
+#include "sq_graph.h"
+#include "sq_vmm.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -67,6 +82,11 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void (*CUhostFn)(void *userData);
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+typedef unsigned long long CUmemGenericAllocationHandle;
+/* The graph handles are opaque in CUDA's header; the stand-in's are
+ * sq_graph.c's. */
+typedef struct sq_graph *CUgraph;
+typedef struct sq_graph_exec *CUgraphExec;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -77,11 +97,15 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_UNKNOWN = 999,
 };
 
 #define CU_EVENT_DISABLE_TIMING 2u
@@ -92,6 +116,63 @@ enum {
 #define CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_STREAM_NON_BLOCKING 1u
+
+/* ---- hooks of the virtual memory and graph sections --------------------------
+ *
+ * Defined by the last sections of this file (graph_conflicting and
+ * graph_unsafe by sq_graph.c there). Weak, so that the partial build
+ * (MEMGOV_STANDIN_CUDA_PARTIAL), which leaves those sections out, still
+ * links: the callers test them for NULL first. Internal to the library. */
+#pragma GCC visibility push(hidden)
+/* Whether `stream` is in a capture sequence (active or invalidated). */
+int graph_capturing(const void *stream) __attribute__((weak));
+/* Record a copy into the capture of `stream` instead of queueing it (the
+ * arguments as copy_async takes them). Returns the call's result. */
+int graph_record_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
+                      const void *src, size_t bytes) __attribute__((weak));
+/* Record a host function into the capture of `stream`. */
+int graph_record_host_fn(const void *stream, void (*fn)(void *), void *user)
+    __attribute__((weak));
+/* `fn` on a capturing stream necessarily conflicts with capture
+ * (cuStreamSynchronize, cuStreamQuery): the capture is invalidated and the
+ * call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+int graph_conflicting(const char *fn, const void *stream) __attribute__((weak));
+/* A potentially unsafe call (one that changes memory outside any stream,
+ * as cudaMalloc in the driver's documentation) is about to run on the
+ * calling thread. Returns 0 when the capture modes allow it, else
+ * invalidates the captures that prohibit it and returns
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. `alloc` counts it as a driver
+ * allocation made while a capture was under way. */
+int graph_unsafe(const char *fn, int alloc) __attribute__((weak));
+/* A stream-ordered allocation of `bytes` on capturing `stream`: records a
+ * memory allocation node whose memory (allocated now from `mem`, held until
+ * the graph and its executable graphs are destroyed) is returned in
+ * `dptr`. Returns the call's result. */
+int graph_record_alloc(const char *fn, const void *stream, struct sq_mem *mem, size_t bytes,
+                       unsigned long long *dptr) __attribute__((weak));
+/* A stream-ordered free of `dptr` on capturing `stream`: records a memory
+ * free node. */
+int graph_record_free(const char *fn, const void *stream, uint64_t dptr) __attribute__((weak));
+/* A stream-ordered allocation on a stream that is not capturing; counted
+ * when a capture is under way elsewhere. */
+void graph_note_alloc(void) __attribute__((weak));
+/* A copy touching device memory at [addr, addr + bytes), about to be
+ * queued on q (dst and src are host addresses, one of them that range).
+ * Returns 0 when addr is not inside a virtual address reservation
+ * (cuMemAddressReserve): the caller checks and queues it as usual. Else the
+ * range is checked as a device access by `fn` (every byte mapped with
+ * read-write access set, else a contract violation), the copy is queued,
+ * and the mappings it touches remember that q's work up to it uses them
+ * (cuMemUnmap's check); all under the table's lock, so no unmap comes in
+ * between. Returns 1. */
+int vmm_copy(const char *fn, uint64_t addr, size_t bytes, struct sq_queue *q, void *dst,
+             const void *src) __attribute__((weak));
+/* Whether this call of entry point `fn` is the one the
+ * MEMGOV_STANDIN_CUDA_FAIL_ENTRY knob says fails (counted per process). */
+int standin_entry_fault(const char *fn) __attribute__((weak));
+/* Physical memory of live allocation handles (cuMemCreate), bytes. */
+uint64_t vmm_physical_bytes(void) __attribute__((weak));
+#pragma GCC visibility pop
 
 #define CTX_MAGIC 0x43545843u    /* "CTXC" */
 #define STREAM_MAGIC 0x5354524du /* "STRM" */
@@ -422,15 +503,15 @@ static CUresult check_stream(CUstream s, const char *fn) {
 
 static const char *check_name(enum sq_mem_check c) { return sq_mem_check_str(c); }
 
-/* Whether hStream is capturing (graph.c). */
+/* Whether hStream is capturing (the graph section). */
 static int capturing(CUstream s) { return graph_capturing != NULL && graph_capturing(s); }
 
-/* Work graph.c does not record on a capturing stream. */
+/* Work the graph section does not record on a capturing stream. */
 static void not_captured(CUstream s, const char *fn) {
     if (capturing(s)) sq_die("%s on a capturing stream is not imitated by the stand-in libcuda", fn);
 }
 
-/* A potentially unsafe call during a capture (graph.c): 0 or the error. */
+/* A potentially unsafe call during a capture (the graph section): 0 or the error. */
 static CUresult capture_unsafe(const char *fn, int alloc) {
     return graph_unsafe != NULL ? graph_unsafe(fn, alloc) : CUDA_SUCCESS;
 }
@@ -803,7 +884,7 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     check_ctx_handle(ctx, "cuCtxPushCurrent_v2");
-    /* FAIL_ENTRY (vmm.c): CUDA_ERROR_INVALID_CONTEXT, nothing pushed. */
+    /* FAIL_ENTRY (the virtual memory section): CUDA_ERROR_INVALID_CONTEXT, nothing pushed. */
     if (standin_entry_fault != NULL && standin_entry_fault("cuCtxPushCurrent_v2"))
         return CUDA_ERROR_INVALID_CONTEXT;
     struct thread_slot *t = slot();
@@ -1063,7 +1144,7 @@ static CUresult alloc_async(const char *fn, CUdeviceptr *dptr, size_t bytesize, 
     CUresult r = check_stream(hStream, fn);
     if (r != CUDA_SUCCESS) return r;
     if (dptr == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    /* A memory allocation node of the capture (graph.c). */
+    /* A memory allocation node of the capture (the graph section). */
     if (capturing(hStream)) return graph_record_alloc(fn, hStream, hStream->ctx->mem, bytesize, dptr);
     if (graph_note_alloc != NULL) graph_note_alloc();
     /* Valid from a position on the stream: use on another stream must be
@@ -1112,7 +1193,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER("cuMemFreeAsync");
     CUresult r = check_stream(hStream, "cuMemFreeAsync");
     if (r != CUDA_SUCCESS) return r;
-    /* A memory free node of the capture (graph.c). */
+    /* A memory free node of the capture (the graph section). */
     if (capturing(hStream)) return graph_record_free("cuMemFreeAsync", hStream, dptr);
     enum sq_mem_check c =
         sq_mem_begin_free_on(hStream->ctx->mem, dptr, hStream->q, "cuMemFreeAsync");
@@ -1134,7 +1215,7 @@ static CUresult copy_async(const char *fn, CUdeviceptr dev, void *dst, const voi
     if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
     /* Recorded, checked when a graph of it is launched. */
     if (capturing(hStream)) return graph_record_copy(fn, hStream, dev, dst, src, bytes);
-    /* Memory mapped into a reservation (vmm.c) has its own checks. */
+    /* Memory mapped into a reservation (the virtual memory section) has its own checks. */
     if (vmm_copy != NULL && vmm_copy(fn, dev, bytes, hStream->q, dst, src)) return CUDA_SUCCESS;
     struct sq_mem *mem = sq_mem_table_of(hStream->ctx->mem, hStream->ctx->host_mem, dev);
     enum sq_mem_check c = sq_mem_check_on(mem, dev, bytes, hStream->q, fn);
@@ -1171,7 +1252,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     if (pp == NULL || bytesize == 0 || (Flags & ~CU_MEMHOSTALLOC_VALID_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (capture_unsafe("cuMemHostAlloc", 1)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    /* FAIL_ENTRY (vmm.c): out of page-locked memory, nothing allocated. */
+    /* FAIL_ENTRY (the virtual memory section): out of page-locked memory, nothing allocated. */
     if (standin_entry_fault != NULL && standin_entry_fault("cuMemHostAlloc"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t p = sq_mem_alloc_tracked(c->host_mem, bytesize);
@@ -1289,32 +1370,782 @@ CUresult cuEventDestroy_v2(CUevent hEvent) {
     return sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
-/* ---- what vmm.c shares (vmm.h) ------------------------------------------------ */
+#ifndef MEMGOV_STANDIN_CUDA_PARTIAL
 
-int cuda_standin_enter(const char *fn) {
-    if (enter(fn)) return 1;
-    return g_initialized ? 0 : -1;
-}
+/* ---- what the virtual memory and graph tables call ------------------------------ */
 
-int cuda_standin_devices(void) { return g_devices; }
+static int cuda_standin_devices(void) { return g_devices; }
 
-int cuda_standin_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
+static int cuda_standin_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
                       const void *src, size_t bytes) {
     return copy_async(fn, dev, dst, src, bytes, (CUstream)stream);
 }
 
-int cuda_standin_host_fn(const void *stream, void (*fn)(void *), void *user) {
+static int cuda_standin_host_fn(const void *stream, void (*fn)(void *), void *user) {
     return cuLaunchHostFunc((CUstream)stream, fn, user);
 }
 
-int cuda_standin_check_stream(const void *stream, const char *fn) {
+static int cuda_standin_check_stream(const void *stream, const char *fn) {
     return check_stream((CUstream)stream, fn);
 }
 
-uint64_t cuda_standin_capacity(void) {
+static uint64_t cuda_standin_capacity(void) {
     uint64_t cap = g_total_bytes;
     if (g_knobs.oom_after_bytes != 0 && g_knobs.oom_after_bytes < cap) cap = g_knobs.oom_after_bytes;
     return cap;
 }
 
-int cuda_standin_sticky(void) { return sticky_now(); }
+static int cuda_standin_sticky(void) { return sticky_now(); }
+
+/* ---- virtual memory management -------------------------------------------------
+ *
+ * The CUDA virtual memory management calls
+ * (cuMemGetAllocationGranularity, cuMemAddressReserve / cuMemAddressFree,
+ * cuMemCreate / cuMemRelease, cuMemMap / cuMemUnmap, cuMemSetAccess). The
+ * imitation and its rules are common/sq_vmm.c's (compiled here, by the
+ * #include below); this section fills its table with the driver API's names
+ * and codes and keeps the exported entry points, which decode the CUDA
+ * structs and call it.
+ *
+ * CUDA's side of the documented differences (CUDA Driver API, Virtual
+ * Memory Management):
+ * - cuMemMap maps from `offset` into the handle's memory, any multiple of
+ *   the granularity within it.
+ * - A failing cuMemUnmap or cuMemRelease (MEMGOV_STANDIN_CUDA_
+ *   FAIL_UNMAP_AT=N, and the FAIL_ENTRY knob below) returns
+ *   CUDA_ERROR_UNKNOWN, leaving the mapping or handle as it was.
+ * - A copy has one device side (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync):
+ *   copy_async names its device address.
+ *
+ * - MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
+ *   entry point (counting the calls that pass its argument checks) fails:
+ *   cuMemCreate, cuMemMap and cuMemSetAccess with the codes FAIL_VMM_AT
+ *   uses (sq_vmm.c), changing nothing; cuMemUnmap and cuMemRelease with
+ *   CUDA_ERROR_UNKNOWN, leaving the mapping or handle as it was (a later
+ *   call on it succeeds); the graph section's cuStreamBeginCapture_v2 and
+ *   cuStreamEndCapture as it says; cuMemHostAlloc with
+ *   CUDA_ERROR_OUT_OF_MEMORY, nothing allocated, and cuCtxPushCurrent_v2
+ *   with CUDA_ERROR_INVALID_CONTEXT, nothing pushed.
+ *   memgov_standin_cuda_fail_entry(fn, N) sets the same at run time (the
+ *   count starts again), so that one process runs many fault cells.
+ * - memgov_standin_cuda_vmm() reports what is held, for tests.
+ */
+
+/* As laid out by the CUDA 12 headers. */
+struct CUmemLocation_st {
+    int type;
+    int id;
+};
+struct CUmemAllocationProp_st {
+    int type;
+    int requestedHandleTypes;
+    struct CUmemLocation_st location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType, gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+};
+struct CUmemAccessDesc_st {
+    struct CUmemLocation_st location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_{NONE,READ,READWRITE}: 0, 1, 3 */
+};
+
+int standin_entry_fault(const char *fn) {
+    return sq_entry_fault("MEMGOV_STANDIN_CUDA_FAIL_ENTRY", fn);
+}
+
+static struct sq_vmm_access access_of(const void *desc, size_t i) {
+    const struct CUmemAccessDesc_st *d = (const struct CUmemAccessDesc_st *)desc + i;
+    return (struct sq_vmm_access){.on_device = d->location.type == CU_MEM_LOCATION_TYPE_DEVICE,
+                                  .device = d->location.id,
+                                  .flags = d->flags};
+}
+
+static const struct sq_vmm_vendor CUDA_VMM = {
+    .create = "cuMemCreate", .release = "cuMemRelease", .map = "cuMemMap",
+    .set_access = "cuMemSetAccess", .unmap = "cuMemUnmap", .address_free = "cuMemAddressFree",
+    .prefix = "MEMGOV_STANDIN_CUDA", .memfd_name = "memgov-standin-vmm",
+    .success = CUDA_SUCCESS, .invalid_value = CUDA_ERROR_INVALID_VALUE,
+    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY, .invalid_device = CUDA_ERROR_INVALID_DEVICE,
+    /* cuMemUnmap's and cuMemRelease's references list CUDA_ERROR_UNKNOWN. */
+    .unmap_failure = CUDA_ERROR_UNKNOWN, .release_failure = CUDA_ERROR_UNKNOWN,
+    /* cuMemMap: "offset - Offset into the memory represented by handle". */
+    .map_offset_must_be_zero = 0,
+    .devices = cuda_standin_devices, .capacity = cuda_standin_capacity,
+    .sticky = cuda_standin_sticky, .entry_fault = standin_entry_fault, .access_of = access_of,
+    .unsafe_during_capture = graph_unsafe,
+    .capture_unsupported = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+};
+
+#include "sq_vmm.c"
+
+/* For tests (standin.h): memgov_standin_cuda_fail_entry(fn, n): from now
+ * on the Nth call of `fn` fails (counting from this call; N = 0 or fn =
+ * NULL: none), as MEMGOV_STANDIN_CUDA_FAIL_ENTRY says at process start, so
+ * that one process runs many fault cells; memgov_standin_cuda_pause_entry
+ * (fn, n), for tests that force an interleaving: from now on the Nth call
+ * of `fn` (any entry point, at its entry; and the point named
+ * "cuCtxSynchronize:waits", after a context synchronize took its snapshot
+ * of the queues and before it waits on them) blocks before it changes
+ * anything, until memgov_standin_cuda_resume_entry();
+ * memgov_standin_cuda_entry_paused() says whether one is held. */
+SQ_ENTRY_TEST_HOOKS(cuda)
+
+static const struct sq_vmm_prop *prop_of(const struct CUmemAllocationProp_st *p,
+                                        struct sq_vmm_prop *out) {
+    if (p == NULL) return NULL;
+    *out = (struct sq_vmm_prop){.pinned = p->type == CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .on_device = p->location.type == CU_MEM_LOCATION_TYPE_DEVICE,
+                                .device = p->location.id};
+    return out;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity,
+                                       const struct CUmemAllocationProp_st *prop, int option) {
+    ENTER("cuMemGetAllocationGranularity");
+    struct sq_vmm_prop p;
+    return sq_vmm_granularity(&CUDA_VMM, granularity, prop_of(prop, &p), option);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    ENTER("cuMemAddressReserve");
+    (void)addr; /* a hint only */
+    uint64_t base;
+    CUresult r = sq_vmm_reserve(&CUDA_VMM, ptr != NULL ? &base : NULL, size, alignment, flags);
+    if (r == CUDA_SUCCESS) *ptr = base;
+    return r;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    ENTER("cuMemAddressFree");
+    return sq_vmm_address_free(&CUDA_VMM, ptr, size);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const struct CUmemAllocationProp_st *prop, unsigned long long flags) {
+    ENTER("cuMemCreate");
+    struct sq_vmm_prop p;
+    uint64_t h;
+    CUresult r =
+        sq_vmm_create(&CUDA_VMM, handle != NULL ? &h : NULL, size, prop_of(prop, &p), flags);
+    if (r == CUDA_SUCCESS) *handle = h;
+    return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    ENTER("cuMemRelease");
+    return sq_vmm_release(&CUDA_VMM, handle);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    ENTER("cuMemMap");
+    return sq_vmm_map(&CUDA_VMM, ptr, size, offset, handle, flags);
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct CUmemAccessDesc_st *desc,
+                        size_t count) {
+    ENTER("cuMemSetAccess");
+    return sq_vmm_set_access(&CUDA_VMM, ptr, size, desc, count);
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    ENTER("cuMemUnmap");
+    return sq_vmm_unmap(&CUDA_VMM, ptr, size);
+}
+
+/* vmm_copy (declared above): copy_async names its one device side, `addr`. */
+int vmm_copy(const char *fn, uint64_t addr, size_t bytes, struct sq_queue *q, void *dst,
+             const void *src) {
+    int dst_is_device = (uint64_t)(uintptr_t)dst == addr;
+    return sq_vmm_copy(&CUDA_VMM, fn, dst_is_device, !dst_is_device, dst, src, bytes, q);
+}
+
+uint64_t vmm_physical_bytes(void) { return sq_vmm_physical_bytes(); }
+
+/* For tests: what the process holds, as {reservations, reserved bytes,
+ * allocation handles (released but still mapped included), physical bytes,
+ * mappings, mapped bytes}. Returns 0. */
+int memgov_standin_cuda_vmm(unsigned long long out[6]) { return sq_vmm_held(out); }
+
+/* ---- stream capture and graphs --------------------------------------------------
+ *
+ * The CUDA stream capture and graph calls. The
+ * imitation and its rules are common/sq_graph.c's (compiled here, by the
+ * #include below), from the stream capture and graph management sections
+ * of NVIDIA's CUDA Driver API documentation; this section fills its table
+ * with the driver API's names, codes and enumerators and keeps the
+ * exported entry points and the hooks the rest of the file calls that
+ * record (sq_graph.c defines the others over CUDA_GRAPH).
+ *
+ * CUDA's side:
+ * - The potentially unsafe calls (those that allocate, map or release
+ *   memory outside a stream, as the documentation's example cudaMalloc):
+ *   cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap (the virtual
+ *   memory section), cuMemHostAlloc, cuMemFreeHost and cuCtxSynchronize.
+ * - A stream argument that is not live or not of the current context is
+ *   the code the stream check returns (cuda_standin_check_stream).
+ * - Memory nodes: cuMemAllocAsync and cuMemAllocFromPoolAsync on a
+ *   capturing stream record a memory allocation node and return its
+ *   address at once; cuMemFreeAsync there records a memory free node
+ *   (sq_graph.c keeps their memory for the graph).
+ * - cuGraphGetNodes lists a graph's nodes (a NULL array asks for the count;
+ *   a larger count gets NULL entries past the end and the real count
+ *   back); cuGraphNodeGetType names them (memcpy, host, mem alloc, mem
+ *   free); cuGraphMemAllocNodeGetParams returns an allocation node's size
+ *   and address, CUDA_ERROR_INVALID_VALUE for any other node.
+ * - cuGraphInstantiateWithFlags takes flags 0 (else
+ *   CUDA_ERROR_INVALID_VALUE).
+ * - Fault knob (the MEMGOV_STANDIN_CUDA_FAIL_ENTRY=<entry point>:<N>):
+ *   cuStreamBeginCapture_v2 and cuStreamEndCapture, as sq_graph.c says.
+ * - The exit check (MEMGOV_STANDIN_CUDA_EXIT_CHECK) does not cover graphs.
+ *
+ * - Test hook (not a driver rule): memgov_standin_cuda_pause_entry(name, n)
+ *   (SQ_ENTRY_TEST_HOOKS above) makes the Nth call of that entry point, on
+ *   any thread, block at its entry before it does anything, until
+ *   memgov_standin_cuda_resume_entry(). A test holds a call there to force
+ *   an interleaving.
+ *
+ * Not imitated (a contract violation naming the call): event record and
+ * event wait on a capturing stream (fork/join nodes), and launching a
+ * graph into a capture.
+ */
+
+/* CUstreamCaptureMode and CUstreamCaptureStatus. */
+enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
+enum { STATUS_NONE = 0, STATUS_ACTIVE = 1, STATUS_INVALIDATED = 2 };
+
+static int entry_fault(const char *fn) { return standin_entry_fault(fn); }
+
+static int replay(const void *stream, const struct sq_graph_op *op) {
+    return op->type == SQ_GRAPH_NODE_HOST
+               ? cuda_standin_host_fn(stream, (CUhostFn)op->host_fn, op->user)
+               : cuda_standin_copy("cuGraphLaunch", stream, op->dev, op->dst, op->src, op->bytes);
+}
+
+static const struct sq_graph_vendor CUDA_GRAPH = {
+    .lib = "libcuda", .prefix = "MEMGOV_STANDIN_CUDA",
+    .begin_capture = "cuStreamBeginCapture_v2", .end_capture = "cuStreamEndCapture",
+    .launch = "cuGraphLaunch", .graph_destroy = "cuGraphDestroy",
+    .exec_destroy = "cuGraphExecDestroy",
+    .success = CUDA_SUCCESS, .invalid_value = CUDA_ERROR_INVALID_VALUE,
+    .out_of_memory = CUDA_ERROR_OUT_OF_MEMORY, .illegal_state = CUDA_ERROR_ILLEGAL_STATE,
+    .capture_unsupported = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+    .capture_invalidated = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    .capture_wrong_thread = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+    .mode_global = MODE_GLOBAL, .mode_thread_local = MODE_THREAD_LOCAL,
+    .mode_relaxed = MODE_RELAXED, .status_none = STATUS_NONE, .status_active = STATUS_ACTIVE,
+    .status_invalidated = STATUS_INVALIDATED,
+    .graphs_checked_at_exit = 0,
+    .sticky = cuda_standin_sticky, .entry_fault = entry_fault, .replay = replay,
+};
+
+#define SQ_GRAPH_TABLE CUDA_GRAPH
+#include "sq_graph.c"
+
+#define CHECK_STREAM(s, fn)                                        \
+    do {                                                           \
+        CUresult r_ = cuda_standin_check_stream(s, fn);            \
+        if (r_ != CUDA_SUCCESS) return r_;                         \
+    } while (0)
+
+/* Counters: {captures begun, captures invalidated, driver allocations made
+ * while a capture was under way, graph launches}. */
+__attribute__((visibility("default"))) int memgov_standin_cuda_capture(unsigned long long out[4]) {
+    return sq_graph_counters(out);
+}
+
+/* Graph memory: {allocation nodes recorded, free nodes recorded, bytes of
+ * allocation nodes still held by a graph}. */
+__attribute__((visibility("default"))) int memgov_standin_cuda_graph_mem(unsigned long long out[3]) {
+    return sq_graph_mem_counters(out);
+}
+
+/* ---- the hooks declared above ------------------------------------------------ */
+
+int graph_record_alloc(const char *fn, const void *stream, struct sq_mem *mem, size_t bytes,
+                       unsigned long long *dptr) {
+    return sq_graph_record_alloc(&CUDA_GRAPH, fn, stream, mem, bytes, dptr);
+}
+
+int graph_record_free(const char *fn, const void *stream, uint64_t dptr) {
+    return sq_graph_record_free(&CUDA_GRAPH, fn, stream, dptr);
+}
+
+int graph_record_copy(const char *fn, const void *stream, uint64_t dev, void *dst,
+                      const void *src, size_t bytes) {
+    return sq_graph_record(&CUDA_GRAPH, fn, stream,
+                           (struct sq_graph_op){.type = SQ_GRAPH_NODE_MEMCPY, .fn = fn, .dev = dev,
+                                                .dst = dst, .src = src, .bytes = bytes});
+}
+
+int graph_record_host_fn(const void *stream, CUhostFn fn, void *user) {
+    return sq_graph_record(&CUDA_GRAPH, "cuLaunchHostFunc", stream,
+                           (struct sq_graph_op){.type = SQ_GRAPH_NODE_HOST,
+                                                .host_fn = (void *)fn, .user = user});
+}
+
+void graph_note_alloc(void) { sq_graph_note_alloc(); }
+
+/* ---- capture ---------------------------------------------------------------- */
+
+CUresult cuStreamBeginCapture_v2(void *hStream, int mode) {
+    ENTER("cuStreamBeginCapture_v2");
+    CHECK_STREAM(hStream, "cuStreamBeginCapture_v2");
+    return sq_graph_begin(&CUDA_GRAPH, hStream, mode);
+}
+
+CUresult cuStreamEndCapture(void *hStream, CUgraph *phGraph) {
+    ENTER("cuStreamEndCapture");
+    CHECK_STREAM(hStream, "cuStreamEndCapture");
+    return sq_graph_end(&CUDA_GRAPH, hStream, phGraph);
+}
+
+CUresult cuStreamIsCapturing(void *hStream, int *status) {
+    ENTER("cuStreamIsCapturing");
+    CHECK_STREAM(hStream, "cuStreamIsCapturing");
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *status = sq_graph_status(&CUDA_GRAPH, hStream, NULL, NULL);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(void *hStream, int *status, uint64_t *id, CUgraph *graph,
+                                   const void **deps, size_t *ndeps) {
+    ENTER("cuStreamGetCaptureInfo_v2");
+    CHECK_STREAM(hStream, "cuStreamGetCaptureInfo_v2");
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *status = sq_graph_status(&CUDA_GRAPH, hStream, id, graph);
+    /* The other outputs are written only while the capture is active. */
+    if (*status == STATUS_ACTIVE) {
+        if (deps != NULL) *deps = NULL;
+        if (ndeps != NULL) *ndeps = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- graphs ------------------------------------------------------------------ */
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph g, unsigned long long flags) {
+    ENTER("cuGraphInstantiateWithFlags");
+    sq_graph_check(g, "cuGraphInstantiateWithFlags");
+    return sq_graph_instantiate(&CUDA_GRAPH, phExec, g, flags == 0);
+}
+
+CUresult cuGraphLaunch(CUgraphExec e, void *hStream) {
+    ENTER("cuGraphLaunch");
+    sq_graph_check_exec(e, "cuGraphLaunch");
+    CHECK_STREAM(hStream, "cuGraphLaunch");
+    return sq_graph_launch(&CUDA_GRAPH, e, hStream);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec e) {
+    ENTER("cuGraphExecDestroy");
+    return sq_graph_exec_destroy(&CUDA_GRAPH, e);
+}
+
+CUresult cuGraphDestroy(CUgraph g) {
+    ENTER("cuGraphDestroy");
+    return sq_graph_destroy(&CUDA_GRAPH, g);
+}
+
+/* ---- nodes ------------------------------------------------------------------- */
+
+static struct sq_graph_op *check_node(void *node, const char *fn) {
+    struct sq_graph_op *op = node;
+    if (op == NULL || op->magic != SQ_GRAPH_NODE_MAGIC)
+        sq_die("%s: %p is not a graph node", fn, node);
+    return op;
+}
+
+CUresult cuGraphGetNodes(CUgraph g, void **nodes, size_t *numNodes) {
+    ENTER("cuGraphGetNodes");
+    sq_graph_check(g, "cuGraphGetNodes");
+    if (numNodes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == NULL) {
+        *numNodes = g->ops.n;
+        return CUDA_SUCCESS;
+    }
+    size_t n = *numNodes < g->ops.n ? *numNodes : g->ops.n;
+    for (size_t i = 0; i < *numNodes; i++) nodes[i] = i < n ? (void *)&g->ops.v[i] : NULL;
+    *numNodes = n;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(void *node, int *type) {
+    ENTER("cuGraphNodeGetType");
+    struct sq_graph_op *op = check_node(node, "cuGraphNodeGetType");
+    if (type == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *type = op->type; /* SQ_GRAPH_NODE_* are CUgraphNodeType values */
+    return CUDA_SUCCESS;
+}
+
+/* As laid out by the CUDA 12.0 headers (CUDA_MEM_ALLOC_NODE_PARAMS). */
+struct mem_alloc_node_params {
+    struct {
+        int allocType, handleTypes;
+        struct {
+            int type, id;
+        } location;
+        void *win32SecurityAttributes;
+        unsigned char reserved[64];
+    } poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    uint64_t dptr;
+};
+
+CUresult cuGraphMemAllocNodeGetParams(void *node, struct mem_alloc_node_params *params) {
+    ENTER("cuGraphMemAllocNodeGetParams");
+    struct sq_graph_op *op = check_node(node, "cuGraphMemAllocNodeGetParams");
+    if (params == NULL || op->type != SQ_GRAPH_NODE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    *params = (struct mem_alloc_node_params){0};
+    params->poolProps.allocType = 1;     /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    params->poolProps.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+    params->bytesize = op->bytes;
+    params->dptr = op->dev;
+    return CUDA_SUCCESS;
+}
+
+/* ---- unimitated entry points -----------------------------------------------------
+ *
+ * Every other entry point of the CUDA 12.0 driver API that
+ * cudarc 0.19.0 binds. cudarc's dynamic loader resolves all of its symbols
+ * when it opens libcuda and panics if one is missing, so the stand-in must
+ * export them; the backend never calls these, and a call aborts with a
+ * contract violation naming the function rather than doing something
+ * undefined.
+ *
+ * The list is the set of symbols cudarc 0.19.0's `Lib::from_library`
+ * requires with its `cuda-12000` feature, less those this file imitates.
+ * Each stub ignores its arguments: on the System V ABIs the caller owns the
+ * argument registers and stack, so a stub declared without parameters is
+ * safe to call with any.
+ */
+#define UNIMITATED(name)                                                              \
+    int name(void);                                                                   \
+    int name(void) { sq_die("%s is not imitated by the stand-in libcuda", #name); }
+
+UNIMITATED(cuArray3DCreate_v2)
+UNIMITATED(cuArray3DGetDescriptor_v2)
+UNIMITATED(cuArrayCreate_v2)
+UNIMITATED(cuArrayDestroy)
+UNIMITATED(cuArrayGetDescriptor_v2)
+UNIMITATED(cuArrayGetMemoryRequirements)
+UNIMITATED(cuArrayGetPlane)
+UNIMITATED(cuArrayGetSparseProperties)
+UNIMITATED(cuCtxAttach)
+UNIMITATED(cuCtxCreate_v2)
+UNIMITATED(cuCtxCreate_v3)
+UNIMITATED(cuCtxDestroy_v2)
+UNIMITATED(cuCtxDetach)
+UNIMITATED(cuCtxDisablePeerAccess)
+UNIMITATED(cuCtxEnablePeerAccess)
+UNIMITATED(cuCtxGetApiVersion)
+UNIMITATED(cuCtxGetCacheConfig)
+UNIMITATED(cuCtxGetDevice)
+UNIMITATED(cuCtxGetExecAffinity)
+UNIMITATED(cuCtxGetFlags)
+UNIMITATED(cuCtxGetId)
+UNIMITATED(cuCtxGetLimit)
+UNIMITATED(cuCtxGetSharedMemConfig)
+UNIMITATED(cuCtxGetStreamPriorityRange)
+UNIMITATED(cuCtxResetPersistingL2Cache)
+UNIMITATED(cuCtxSetCacheConfig)
+UNIMITATED(cuCtxSetLimit)
+UNIMITATED(cuCtxSetSharedMemConfig)
+UNIMITATED(cuDestroyExternalMemory)
+UNIMITATED(cuDestroyExternalSemaphore)
+UNIMITATED(cuDeviceCanAccessPeer)
+UNIMITATED(cuDeviceComputeCapability)
+UNIMITATED(cuDeviceGetByPCIBusId)
+UNIMITATED(cuDeviceGetExecAffinitySupport)
+UNIMITATED(cuDeviceGetGraphMemAttribute)
+UNIMITATED(cuDeviceGetLuid)
+UNIMITATED(cuDeviceGetMemPool)
+UNIMITATED(cuDeviceGetP2PAttribute)
+UNIMITATED(cuDeviceGetProperties)
+UNIMITATED(cuDeviceGetTexture1DLinearMaxWidth)
+UNIMITATED(cuDeviceGraphMemTrim)
+UNIMITATED(cuDevicePrimaryCtxGetState)
+UNIMITATED(cuDevicePrimaryCtxReset_v2)
+UNIMITATED(cuDevicePrimaryCtxSetFlags_v2)
+UNIMITATED(cuDeviceSetGraphMemAttribute)
+UNIMITATED(cuDeviceSetMemPool)
+UNIMITATED(cuEventElapsedTime)
+UNIMITATED(cuEventRecordWithFlags)
+UNIMITATED(cuExternalMemoryGetMappedBuffer)
+UNIMITATED(cuExternalMemoryGetMappedMipmappedArray)
+UNIMITATED(cuFlushGPUDirectRDMAWrites)
+UNIMITATED(cuFuncGetAttribute)
+UNIMITATED(cuFuncGetModule)
+UNIMITATED(cuFuncSetAttribute)
+UNIMITATED(cuFuncSetBlockShape)
+UNIMITATED(cuFuncSetCacheConfig)
+UNIMITATED(cuFuncSetSharedMemConfig)
+UNIMITATED(cuFuncSetSharedSize)
+UNIMITATED(cuGetExportTable)
+UNIMITATED(cuGetProcAddress_v2)
+UNIMITATED(cuGraphAddBatchMemOpNode)
+UNIMITATED(cuGraphAddChildGraphNode)
+UNIMITATED(cuGraphAddDependencies)
+UNIMITATED(cuGraphAddEmptyNode)
+UNIMITATED(cuGraphAddEventRecordNode)
+UNIMITATED(cuGraphAddEventWaitNode)
+UNIMITATED(cuGraphAddExternalSemaphoresSignalNode)
+UNIMITATED(cuGraphAddExternalSemaphoresWaitNode)
+UNIMITATED(cuGraphAddHostNode)
+UNIMITATED(cuGraphAddKernelNode_v2)
+UNIMITATED(cuGraphAddMemAllocNode)
+UNIMITATED(cuGraphAddMemFreeNode)
+UNIMITATED(cuGraphAddMemcpyNode)
+UNIMITATED(cuGraphAddMemsetNode)
+UNIMITATED(cuGraphBatchMemOpNodeGetParams)
+UNIMITATED(cuGraphBatchMemOpNodeSetParams)
+UNIMITATED(cuGraphChildGraphNodeGetGraph)
+UNIMITATED(cuGraphClone)
+UNIMITATED(cuGraphCreate)
+UNIMITATED(cuGraphDebugDotPrint)
+UNIMITATED(cuGraphDestroyNode)
+UNIMITATED(cuGraphEventRecordNodeGetEvent)
+UNIMITATED(cuGraphEventRecordNodeSetEvent)
+UNIMITATED(cuGraphEventWaitNodeGetEvent)
+UNIMITATED(cuGraphEventWaitNodeSetEvent)
+UNIMITATED(cuGraphExecBatchMemOpNodeSetParams)
+UNIMITATED(cuGraphExecChildGraphNodeSetParams)
+UNIMITATED(cuGraphExecEventRecordNodeSetEvent)
+UNIMITATED(cuGraphExecEventWaitNodeSetEvent)
+UNIMITATED(cuGraphExecExternalSemaphoresSignalNodeSetParams)
+UNIMITATED(cuGraphExecExternalSemaphoresWaitNodeSetParams)
+UNIMITATED(cuGraphExecGetFlags)
+UNIMITATED(cuGraphExecHostNodeSetParams)
+UNIMITATED(cuGraphExecKernelNodeSetParams_v2)
+UNIMITATED(cuGraphExecMemcpyNodeSetParams)
+UNIMITATED(cuGraphExecMemsetNodeSetParams)
+UNIMITATED(cuGraphExecUpdate_v2)
+UNIMITATED(cuGraphExternalSemaphoresSignalNodeGetParams)
+UNIMITATED(cuGraphExternalSemaphoresSignalNodeSetParams)
+UNIMITATED(cuGraphExternalSemaphoresWaitNodeGetParams)
+UNIMITATED(cuGraphExternalSemaphoresWaitNodeSetParams)
+UNIMITATED(cuGraphGetEdges)
+UNIMITATED(cuGraphGetRootNodes)
+UNIMITATED(cuGraphHostNodeGetParams)
+UNIMITATED(cuGraphHostNodeSetParams)
+UNIMITATED(cuGraphInstantiateWithParams)
+UNIMITATED(cuGraphKernelNodeCopyAttributes)
+UNIMITATED(cuGraphKernelNodeGetAttribute)
+UNIMITATED(cuGraphKernelNodeGetParams_v2)
+UNIMITATED(cuGraphKernelNodeSetAttribute)
+UNIMITATED(cuGraphKernelNodeSetParams_v2)
+UNIMITATED(cuGraphMemFreeNodeGetParams)
+UNIMITATED(cuGraphMemcpyNodeGetParams)
+UNIMITATED(cuGraphMemcpyNodeSetParams)
+UNIMITATED(cuGraphMemsetNodeGetParams)
+UNIMITATED(cuGraphMemsetNodeSetParams)
+UNIMITATED(cuGraphNodeFindInClone)
+UNIMITATED(cuGraphNodeGetDependencies)
+UNIMITATED(cuGraphNodeGetDependentNodes)
+UNIMITATED(cuGraphNodeGetEnabled)
+UNIMITATED(cuGraphNodeSetEnabled)
+UNIMITATED(cuGraphReleaseUserObject)
+UNIMITATED(cuGraphRemoveDependencies)
+UNIMITATED(cuGraphRetainUserObject)
+UNIMITATED(cuGraphUpload)
+UNIMITATED(cuGraphicsMapResources)
+UNIMITATED(cuGraphicsResourceGetMappedMipmappedArray)
+UNIMITATED(cuGraphicsResourceGetMappedPointer_v2)
+UNIMITATED(cuGraphicsResourceSetMapFlags_v2)
+UNIMITATED(cuGraphicsSubResourceGetMappedArray)
+UNIMITATED(cuGraphicsUnmapResources)
+UNIMITATED(cuGraphicsUnregisterResource)
+UNIMITATED(cuImportExternalMemory)
+UNIMITATED(cuImportExternalSemaphore)
+UNIMITATED(cuIpcCloseMemHandle)
+UNIMITATED(cuIpcGetEventHandle)
+UNIMITATED(cuIpcGetMemHandle)
+UNIMITATED(cuIpcOpenEventHandle)
+UNIMITATED(cuIpcOpenMemHandle_v2)
+UNIMITATED(cuKernelGetAttribute)
+UNIMITATED(cuKernelGetFunction)
+UNIMITATED(cuKernelSetAttribute)
+UNIMITATED(cuKernelSetCacheConfig)
+UNIMITATED(cuLaunch)
+UNIMITATED(cuLaunchCooperativeKernel)
+UNIMITATED(cuLaunchCooperativeKernelMultiDevice)
+UNIMITATED(cuLaunchGrid)
+UNIMITATED(cuLaunchGridAsync)
+UNIMITATED(cuLaunchKernel)
+UNIMITATED(cuLaunchKernelEx)
+UNIMITATED(cuLibraryGetGlobal)
+UNIMITATED(cuLibraryGetKernel)
+UNIMITATED(cuLibraryGetManaged)
+UNIMITATED(cuLibraryGetModule)
+UNIMITATED(cuLibraryGetUnifiedFunction)
+UNIMITATED(cuLibraryLoadData)
+UNIMITATED(cuLibraryLoadFromFile)
+UNIMITATED(cuLibraryUnload)
+UNIMITATED(cuLinkAddData_v2)
+UNIMITATED(cuLinkAddFile_v2)
+UNIMITATED(cuLinkComplete)
+UNIMITATED(cuLinkCreate_v2)
+UNIMITATED(cuLinkDestroy)
+UNIMITATED(cuMemAdvise)
+UNIMITATED(cuMemAllocHost_v2)
+UNIMITATED(cuMemAllocManaged)
+UNIMITATED(cuMemAllocPitch_v2)
+UNIMITATED(cuMemAlloc_v2)
+UNIMITATED(cuMemExportToShareableHandle)
+UNIMITATED(cuMemFree_v2)
+UNIMITATED(cuMemGetAccess)
+UNIMITATED(cuMemGetAddressRange_v2)
+UNIMITATED(cuMemGetAllocationPropertiesFromHandle)
+UNIMITATED(cuMemGetHandleForAddressRange)
+UNIMITATED(cuMemHostGetFlags)
+UNIMITATED(cuMemHostRegister_v2)
+UNIMITATED(cuMemHostUnregister)
+UNIMITATED(cuMemImportFromShareableHandle)
+UNIMITATED(cuMemMapArrayAsync)
+UNIMITATED(cuMemPoolExportPointer)
+UNIMITATED(cuMemPoolExportToShareableHandle)
+UNIMITATED(cuMemPoolGetAccess)
+UNIMITATED(cuMemPoolImportFromShareableHandle)
+UNIMITATED(cuMemPoolImportPointer)
+UNIMITATED(cuMemPoolSetAccess)
+UNIMITATED(cuMemPrefetchAsync)
+UNIMITATED(cuMemRangeGetAttribute)
+UNIMITATED(cuMemRangeGetAttributes)
+UNIMITATED(cuMemRetainAllocationHandle)
+UNIMITATED(cuMemcpy)
+UNIMITATED(cuMemcpy2DAsync_v2)
+UNIMITATED(cuMemcpy2DUnaligned_v2)
+UNIMITATED(cuMemcpy2D_v2)
+UNIMITATED(cuMemcpy3DAsync_v2)
+UNIMITATED(cuMemcpy3DPeer)
+UNIMITATED(cuMemcpy3DPeerAsync)
+UNIMITATED(cuMemcpy3D_v2)
+UNIMITATED(cuMemcpyAsync)
+UNIMITATED(cuMemcpyAtoA_v2)
+UNIMITATED(cuMemcpyAtoD_v2)
+UNIMITATED(cuMemcpyAtoHAsync_v2)
+UNIMITATED(cuMemcpyAtoH_v2)
+UNIMITATED(cuMemcpyDtoA_v2)
+UNIMITATED(cuMemcpyDtoDAsync_v2)
+UNIMITATED(cuMemcpyDtoD_v2)
+UNIMITATED(cuMemcpyDtoH_v2)
+UNIMITATED(cuMemcpyHtoAAsync_v2)
+UNIMITATED(cuMemcpyHtoA_v2)
+UNIMITATED(cuMemcpyHtoD_v2)
+UNIMITATED(cuMemcpyPeer)
+UNIMITATED(cuMemcpyPeerAsync)
+UNIMITATED(cuMemsetD16Async)
+UNIMITATED(cuMemsetD16_v2)
+UNIMITATED(cuMemsetD2D16Async)
+UNIMITATED(cuMemsetD2D16_v2)
+UNIMITATED(cuMemsetD2D32Async)
+UNIMITATED(cuMemsetD2D32_v2)
+UNIMITATED(cuMemsetD2D8Async)
+UNIMITATED(cuMemsetD2D8_v2)
+UNIMITATED(cuMemsetD32Async)
+UNIMITATED(cuMemsetD32_v2)
+UNIMITATED(cuMemsetD8Async)
+UNIMITATED(cuMemsetD8_v2)
+UNIMITATED(cuMipmappedArrayCreate)
+UNIMITATED(cuMipmappedArrayDestroy)
+UNIMITATED(cuMipmappedArrayGetLevel)
+UNIMITATED(cuMipmappedArrayGetMemoryRequirements)
+UNIMITATED(cuMipmappedArrayGetSparseProperties)
+UNIMITATED(cuModuleGetFunction)
+UNIMITATED(cuModuleGetGlobal_v2)
+UNIMITATED(cuModuleGetLoadingMode)
+UNIMITATED(cuModuleGetSurfRef)
+UNIMITATED(cuModuleGetTexRef)
+UNIMITATED(cuModuleLoad)
+UNIMITATED(cuModuleLoadData)
+UNIMITATED(cuModuleLoadDataEx)
+UNIMITATED(cuModuleLoadFatBinary)
+UNIMITATED(cuModuleUnload)
+UNIMITATED(cuOccupancyAvailableDynamicSMemPerBlock)
+UNIMITATED(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+UNIMITATED(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+UNIMITATED(cuOccupancyMaxActiveClusters)
+UNIMITATED(cuOccupancyMaxPotentialBlockSize)
+UNIMITATED(cuOccupancyMaxPotentialBlockSizeWithFlags)
+UNIMITATED(cuOccupancyMaxPotentialClusterSize)
+UNIMITATED(cuParamSetSize)
+UNIMITATED(cuParamSetTexRef)
+UNIMITATED(cuParamSetf)
+UNIMITATED(cuParamSeti)
+UNIMITATED(cuParamSetv)
+UNIMITATED(cuPointerGetAttribute)
+UNIMITATED(cuPointerGetAttributes)
+UNIMITATED(cuPointerSetAttribute)
+UNIMITATED(cuProfilerInitialize)
+UNIMITATED(cuProfilerStart)
+UNIMITATED(cuProfilerStop)
+UNIMITATED(cuSignalExternalSemaphoresAsync)
+UNIMITATED(cuStreamAddCallback)
+UNIMITATED(cuStreamAttachMemAsync)
+UNIMITATED(cuStreamBatchMemOp_v2)
+UNIMITATED(cuStreamCopyAttributes)
+UNIMITATED(cuStreamCreateWithPriority)
+UNIMITATED(cuStreamGetAttribute)
+UNIMITATED(cuStreamGetCtx)
+UNIMITATED(cuStreamGetFlags)
+UNIMITATED(cuStreamGetId)
+UNIMITATED(cuStreamGetPriority)
+UNIMITATED(cuStreamSetAttribute)
+UNIMITATED(cuStreamUpdateCaptureDependencies)
+UNIMITATED(cuStreamWaitValue32_v2)
+UNIMITATED(cuStreamWaitValue64_v2)
+UNIMITATED(cuStreamWriteValue32_v2)
+UNIMITATED(cuStreamWriteValue64_v2)
+UNIMITATED(cuSurfObjectCreate)
+UNIMITATED(cuSurfObjectDestroy)
+UNIMITATED(cuSurfObjectGetResourceDesc)
+UNIMITATED(cuSurfRefGetArray)
+UNIMITATED(cuSurfRefSetArray)
+UNIMITATED(cuTensorMapEncodeIm2col)
+UNIMITATED(cuTensorMapEncodeTiled)
+UNIMITATED(cuTensorMapReplaceAddress)
+UNIMITATED(cuTexObjectCreate)
+UNIMITATED(cuTexObjectDestroy)
+UNIMITATED(cuTexObjectGetResourceDesc)
+UNIMITATED(cuTexObjectGetResourceViewDesc)
+UNIMITATED(cuTexObjectGetTextureDesc)
+UNIMITATED(cuTexRefCreate)
+UNIMITATED(cuTexRefDestroy)
+UNIMITATED(cuTexRefGetAddressMode)
+UNIMITATED(cuTexRefGetAddress_v2)
+UNIMITATED(cuTexRefGetArray)
+UNIMITATED(cuTexRefGetBorderColor)
+UNIMITATED(cuTexRefGetFilterMode)
+UNIMITATED(cuTexRefGetFlags)
+UNIMITATED(cuTexRefGetFormat)
+UNIMITATED(cuTexRefGetMaxAnisotropy)
+UNIMITATED(cuTexRefGetMipmapFilterMode)
+UNIMITATED(cuTexRefGetMipmapLevelBias)
+UNIMITATED(cuTexRefGetMipmapLevelClamp)
+UNIMITATED(cuTexRefGetMipmappedArray)
+UNIMITATED(cuTexRefSetAddress2D_v3)
+UNIMITATED(cuTexRefSetAddressMode)
+UNIMITATED(cuTexRefSetAddress_v2)
+UNIMITATED(cuTexRefSetArray)
+UNIMITATED(cuTexRefSetBorderColor)
+UNIMITATED(cuTexRefSetFilterMode)
+UNIMITATED(cuTexRefSetFlags)
+UNIMITATED(cuTexRefSetFormat)
+UNIMITATED(cuTexRefSetMaxAnisotropy)
+UNIMITATED(cuTexRefSetMipmapFilterMode)
+UNIMITATED(cuTexRefSetMipmapLevelBias)
+UNIMITATED(cuTexRefSetMipmapLevelClamp)
+UNIMITATED(cuTexRefSetMipmappedArray)
+UNIMITATED(cuThreadExchangeStreamCaptureMode)
+UNIMITATED(cuUserObjectCreate)
+UNIMITATED(cuUserObjectRelease)
+UNIMITATED(cuUserObjectRetain)
+UNIMITATED(cuWaitExternalSemaphoresAsync)
+
+#endif /* MEMGOV_STANDIN_CUDA_PARTIAL */

@@ -60,35 +60,25 @@ typedef struct {
 #define MAX_DEVICES 8
 #define MAX_LINES 1024
 
+/* Guards the process queries' tables below. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_inits;
+static struct sq_inits g_inits = SQ_INITS_INITIALIZER;
 
-static int initialized(void) {
-    pthread_mutex_lock(&g_lock);
-    int n = g_inits;
-    pthread_mutex_unlock(&g_lock);
-    return n > 0;
-}
+static int initialized(void) { return sq_inits_held(&g_inits); }
 
 static uint32_t device_count(void) {
-    uint64_t n = sq_env_u64("MEMGOV_STANDIN_HIP_DEVICES", 1);
-    return n > MAX_DEVICES ? MAX_DEVICES : (uint32_t)n;
+    return (uint32_t)sq_env_devices("MEMGOV_STANDIN_HIP_DEVICES", MAX_DEVICES);
 }
 
 rsmi_status_t rsmi_init(uint64_t flags) {
     (void)flags;
-    pthread_mutex_lock(&g_lock);
-    g_inits++;
-    pthread_mutex_unlock(&g_lock);
+    sq_inits_acquire(&g_inits);
     return RSMI_STATUS_SUCCESS;
 }
 
+/* Without an init: RSMI_STATUS_INIT_ERROR. */
 rsmi_status_t rsmi_shut_down(void) {
-    pthread_mutex_lock(&g_lock);
-    rsmi_status_t r = g_inits > 0 ? RSMI_STATUS_SUCCESS : RSMI_STATUS_INIT_ERROR;
-    if (g_inits > 0) g_inits--;
-    pthread_mutex_unlock(&g_lock);
-    return r;
+    return sq_inits_release(&g_inits) == 0 ? RSMI_STATUS_SUCCESS : RSMI_STATUS_INIT_ERROR;
 }
 
 rsmi_status_t rsmi_num_monitor_devices(uint32_t *num_devices) {
@@ -113,22 +103,24 @@ static int hostile(const char *what) {
 
 struct line { int dev; uint32_t pid; uint64_t bytes; };
 
+struct lines {
+    struct line *out;
+    int room, n;
+};
+
+/* A line's bytes must be a number (no "not available" in ROCm SMI's
+ * figures); a fourth field is ignored. */
+static int take_line(void *ctx, const struct sq_process_line *l) {
+    struct lines *s = ctx;
+    if (l->not_available || !l->numeric) return 0;
+    s->out[s->n++] = (struct line){.dev = l->device, .pid = l->pid, .bytes = l->bytes};
+    return s->n >= s->room;
+}
+
 static int read_lines(struct line *out, int room) {
-    const char *path = getenv("MEMGOV_STANDIN_ROCM_SMI_PROCESSES");
-    if (path == NULL || path[0] == 0) return 0;
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return 0;
-    int n = 0;
-    char buf[256];
-    while (n < room && fgets(buf, sizeof buf, f) != NULL) {
-        struct line l;
-        unsigned long long b;
-        if (sscanf(buf, "%d %u %llu", &l.dev, &l.pid, &b) != 3) continue;
-        l.bytes = b;
-        out[n++] = l;
-    }
-    fclose(f);
-    return n;
+    struct lines s = {.out = out, .room = room};
+    if (room > 0) sq_process_file_each("MEMGOV_STANDIN_ROCM_SMI_PROCESSES", take_line, &s);
+    return s.n;
 }
 
 rsmi_status_t rsmi_compute_process_info_get(rsmi_process_info_t *procs, uint32_t *num_items) {

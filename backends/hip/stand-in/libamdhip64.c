@@ -59,74 +59,127 @@
  * - It says what it is: the device name starts with "memgov stand-in", and
  *   the exported function memgov_standin_hip() returns a description.
  * - Every code it returns is one ROCm's header lists.
+ *
+ * This one file is the whole stand-in: the exported entry points, which
+ * decode HIP's arguments and structs and call the imitations in common/
+ * (standin.c, linked in; sq_vmm.c and sq_graph.c, compiled here by the
+ * #include in their sections) through tables of HIP's names and codes.
+ * Its prototypes come from ROCm's own header (build.conf requires it), so
+ * the compiler checks every definition against the real API. It has three
+ * sections, each its own translation unit:
+ * - the runtime: devices, streams, events, memory and copies (the
+ *   runtime's rules on host threads), compiled when neither selector below
+ *   is defined;
+ * - virtual memory management (the HIP_VMM table), compiled with
+ *   MEMGOV_STANDIN_HIP_SECTION_VMM defined, by vmm.c;
+ * - stream capture and graphs (the HIP_GRAPH table), compiled with
+ *   MEMGOV_STANDIN_HIP_SECTION_GRAPHS defined, by graph.c.
+ * vmm.c and graph.c hold nothing but their selector and this file's
+ * #include: a build that leaves one out (the HIP tests' partial stand-ins,
+ * passes_on_partial_stand_in: a ROCm lacking the virtual memory or the
+ * graph calls) lacks those entry points, and the runtime section reaches
+ * their hooks through weak references that are NULL there.
  */
 #define _GNU_SOURCE
-#if __has_include(<hip/hip_runtime_api.h>)
-/* ROCm's own declarations: the compiler checks every definition below
- * against them (CI installs libamdhip64-dev before building this). */
 #define __HIP_PLATFORM_AMD__ 1
 #include <hip/hip_runtime_api.h>
-#else
-/* Without ROCm's headers (a machine that builds every stand-in but runs no
- * HIP test): the subset used here, with the values of ROCm 5.2's
- * hip_runtime_api.h and driver_types.h. */
-typedef enum hipError_t {
-    hipSuccess = 0,
-    hipErrorInvalidValue = 1,
-    hipErrorOutOfMemory = 2,
-    hipErrorNoDevice = 100,
-    hipErrorInvalidDevice = 101,
-    hipErrorInvalidHandle = 400,
-    hipErrorNotReady = 600,
-    hipErrorIllegalAddress = 700,
-    hipErrorNotSupported = 801,
-    hipErrorIllegalState = 401,
-    hipErrorStreamCaptureUnsupported = 900,
-    hipErrorStreamCaptureInvalidated = 901,
-    hipErrorStreamCaptureWrongThread = 908,
-} hipError_t;
-typedef int hipDevice_t;
-typedef void *hipDeviceptr_t;
-typedef struct ihipStream_t *hipStream_t;
-typedef struct ihipEvent_t *hipEvent_t;
-typedef struct ihipMemPoolHandle_t *hipMemPool_t;
-typedef struct hipUUID_t { char bytes[16]; } hipUUID;
-typedef enum hipDeviceAttribute_t { hipDeviceAttributeMemoryPoolsSupported = 88 } hipDeviceAttribute_t;
-typedef enum hipMemPoolAttr { hipMemPoolAttrReleaseThreshold = 4 } hipMemPoolAttr;
-typedef enum hipMemcpyKind {
-    hipMemcpyHostToHost = 0,
-    hipMemcpyHostToDevice = 1,
-    hipMemcpyDeviceToHost = 2,
-    hipMemcpyDeviceToDevice = 3,
-    hipMemcpyDefault = 4,
-} hipMemcpyKind;
-typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
-#define hipStreamNonBlocking 0x01
-typedef enum hipMemLocationType { hipMemLocationTypeDevice = 1 } hipMemLocationType;
-typedef struct hipMemLocation {
-    hipMemLocationType type;
-    int id;
-} hipMemLocation;
-typedef enum hipMemAllocationType { hipMemAllocationTypePinned = 1 } hipMemAllocationType;
-typedef enum hipMemAllocationHandleType { hipMemHandleTypeNone = 0 } hipMemAllocationHandleType;
-typedef struct hipMemPoolProps {
-    hipMemAllocationType allocType;
-    hipMemAllocationHandleType handleTypes;
-    hipMemLocation location;
-    void *win32SecurityAttributes;
-    unsigned char reserved[64];
-} hipMemPoolProps;
-#endif
 
-#include "graph.h"
+#include "sq_graph.h"
+#include "sq_vmm.h"
 #include "standin.h"
-#include "vmm.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- what the sections share -------------------------------------------------
+ *
+ * Internal to the library (the version script exports none of them). The
+ * hooks of the virtual memory and graph sections are weak, so that the
+ * runtime section also links without them; its callers test them for NULL
+ * first. */
+#pragma GCC visibility push(hidden)
+
+/* the runtime section: the entry of every HIP call (counted in
+ * memgov_standin_hip_calls, none from a stream callback, the sticky error
+ * knob ticked; returns 1 when the device is sticky) and its exit. */
+int hip_standin_enter(const char *fn);
+void hip_standin_leave(void);
+
+/* The virtual memory and graph sections: declare the HIP call `fn` in flight until the
+ * enclosing function returns (hip_standin_enter, hip_standin_leave); a
+ * sticky device answers hipErrorIllegalAddress. */
+static inline void hip_standin_leave_scope(int *unused) {
+    (void)unused;
+    hip_standin_leave();
+}
+#define HIP_STANDIN_CALL(fn)                                                        \
+    __attribute__((cleanup(hip_standin_leave_scope))) int in_call_ = 0;             \
+    (void)in_call_;                                                                 \
+    if (hip_standin_enter(fn)) return hipErrorIllegalAddress
+/* The runtime section: the number of devices, the calling thread's current one,
+ * and the bytes of device memory the stand-in may hand out. */
+int hip_standin_devices(void);
+int hip_standin_current_device(void);
+uint64_t hip_standin_capacity(void);
+
+/* The virtual memory section: an asynchronous copy of `bytes` from `src` to `dst` about to be
+ * queued on q, whose device side(s) are dst (dst_device) and/or src
+ * (src_device). Returns 0 when no device side lies in a virtual address
+ * reservation (hipMemAddressReserve): the caller checks and queues it as
+ * usual. Else every device side is checked as a device access by `fn`
+ * (each byte mapped, with read-write access set, else a contract
+ * violation), the copy is queued, and the mappings it touches remember
+ * that q's work up to it uses them (hipMemUnmap's check); all under the
+ * table's lock, so that no unmap comes in between. Returns 1. */
+int vmm_copy(const char *fn, int dst_device, int src_device, void *dst, const void *src,
+             size_t bytes, struct sq_queue *q) __attribute__((weak));
+/* The virtual memory section: 1 when this call of `fn` is the one the MEMGOV_STANDIN_HIP_
+ * FAIL_ENTRY knob says fails (counted per process). */
+int hip_standin_entry_fault(const char *fn) __attribute__((weak));
+/* The virtual memory section: physical memory of live allocation handles (hipMemCreate), bytes. */
+uint64_t vmm_physical_bytes(void) __attribute__((weak));
+
+#pragma GCC visibility pop
+
+#pragma GCC visibility push(hidden)
+
+/* The graph section: whether `stream` is in a capture sequence (active or
+ * invalidated). */
+int graph_capturing(const void *stream) __attribute__((weak));
+/* The graph section: record a copy into the capture of `stream` instead of queueing
+ * it (the arguments as copy_async takes them). Returns the call's result. */
+int graph_record_copy(const char *fn, const void *stream, int dst_device, int src_device,
+                      void *dst, const void *src, size_t bytes) __attribute__((weak));
+/* The graph section: record a stream callback into the capture of `stream`. */
+int graph_record_callback(const void *stream, void *fn, void *user) __attribute__((weak));
+/* The graph section: `fn` on a capturing stream necessarily conflicts with capture
+ * (hipStreamSynchronize, hipStreamQuery): the capture is invalidated and
+ * the call returns hipErrorStreamCaptureUnsupported. */
+int graph_conflicting(const char *fn, const void *stream) __attribute__((weak));
+/* The graph section: a potentially unsafe call (one that changes memory outside any
+ * stream, as hipMalloc) is about to run on the calling thread. Returns 0
+ * when the capture modes allow it, else invalidates the captures that
+ * prohibit it and returns hipErrorStreamCaptureUnsupported. `alloc` counts
+ * it as a runtime allocation made while a capture was under way. */
+int graph_unsafe(const char *fn, int alloc) __attribute__((weak));
+
+/* The runtime section: queue a recorded copy on `stream` with every check a copy
+ * makes (a copy touching freed or unmapped memory aborts). */
+int hip_standin_copy(const char *fn, const void *stream, int dst_device, int src_device,
+                     void *dst, const void *src, size_t bytes);
+/* The runtime section: queue a recorded stream callback on `stream`. */
+int hip_standin_callback(const void *stream, void *fn, void *user);
+/* The runtime section: a stream argument is live (else a contract violation). */
+void hip_standin_check_stream(const void *stream, const char *fn);
+
+#pragma GCC visibility pop
+
+#if !defined(MEMGOV_STANDIN_HIP_SECTION_VMM) && !defined(MEMGOV_STANDIN_HIP_SECTION_GRAPHS)
+
+/* ---- the runtime ------------------------------------------------------------------ */
 
 #define STREAM_MAGIC 0x48535452u /* "HSTR" */
 #define POOL_MAGIC 0x48504f4cu   /* "HPOL" */
@@ -303,7 +356,7 @@ static void leave(int *unused) {
         if (sticky_) return hipErrorIllegalAddress;     \
     } while (0)
 
-/* graph.c's hooks, where graph.c is linked in. */
+/* The graph section's hooks, where it is linked in. */
 static int capturing(hipStream_t s) { return graph_capturing != NULL && graph_capturing(s); }
 static hipError_t unsafe_during_capture(const char *fn, int alloc) {
     return graph_unsafe != NULL ? (hipError_t)graph_unsafe(fn, alloc) : hipSuccess;
@@ -315,7 +368,7 @@ static void not_during_capture(hipStream_t s, const char *fn) {
                fn, (void *)s);
 }
 
-/* For vmm.c (vmm.h): the same entry and exit as every call here. */
+/* For the other sections: the same entry and exit as every call here. */
 int hip_standin_enter(const char *fn) { return enter(fn); }
 void hip_standin_leave(void) { leave(NULL); }
 int hip_standin_devices(void) {
@@ -451,7 +504,8 @@ hipError_t hipSetDevice(int d) {
 hipError_t hipGetDevice(int *d) {
     ENTER("hipGetDevice");
     if (d == NULL) return hipErrorInvalidValue;
-    /* FAIL_ENTRY (vmm.c, weak: absent from a runtime built without it):
+    /* FAIL_ENTRY (the virtual memory section, weak: absent from a runtime
+     * built without it):
      * hipErrorInvalidDevice, one of the reference's codes; nothing read. */
     if (hip_standin_entry_fault != NULL && hip_standin_entry_fault("hipGetDevice"))
         return hipErrorInvalidDevice;
@@ -777,7 +831,8 @@ hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
         *ptr = NULL;
         return hipSuccess;
     }
-    /* FAIL_ENTRY (vmm.c): out of page-locked memory, nothing allocated. */
+    /* FAIL_ENTRY (the virtual memory section): out of page-locked memory,
+     * nothing allocated. */
     if (hip_standin_entry_fault != NULL && hip_standin_entry_fault("hipHostMalloc"))
         return hipErrorOutOfMemory;
     uint64_t p = sq_mem_alloc_tracked(g_host_mem, size);
@@ -1038,7 +1093,8 @@ static hipError_t copy_async(const char *fn, int dst_device, int src_device, voi
     check_stream(s, fn);
     if (bytes == 0) return hipSuccess;
     if (dst == NULL || src == NULL) return hipErrorInvalidValue;
-    /* A capturing stream records the copy into its graph (graph.c); the
+    /* A capturing stream records the copy into its graph (the graph
+     * section); the
      * launch checks it as it queues it. */
     if (capturing(s))
         return (hipError_t)graph_record_copy(fn, s, dst_device, src_device, dst, src, bytes);
@@ -1048,7 +1104,8 @@ static hipError_t copy_async(const char *fn, int dst_device, int src_device, voi
 int hip_standin_copy(const char *fn, const void *stream, int dst_device, int src_device,
                      void *dst, const void *src, size_t bytes) {
     hipStream_t s = (hipStream_t)stream;
-    /* Memory of a virtual address reservation: vmm.c checks and queues it. */
+    /* Memory of a virtual address reservation: the virtual memory section
+     * checks and queues it. */
     if (vmm_copy != NULL && (dst_device || src_device) &&
         vmm_copy(fn, dst_device, src_device, dst, src, bytes, s->q))
         return hipSuccess;
@@ -1094,3 +1151,349 @@ hipError_t hipMemcpyAsync(void *dst, const void *src, size_t bytes, hipMemcpyKin
     default: return hipErrorInvalidValue;
     }
 }
+
+#elif defined(MEMGOV_STANDIN_HIP_SECTION_VMM)
+
+/* ---- virtual memory management -------------------------------------------------
+ *
+ * The HIP virtual memory management calls
+ * (hipMemGetAllocationGranularity, hipMemAddressReserve / hipMemAddressFree,
+ * hipMemCreate / hipMemRelease, hipMemMap / hipMemUnmap, hipMemSetAccess).
+ * The imitation and its rules are common/sq_vmm.c's (compiled here, by the
+ * #include below), written from the CUDA driver API whose calls HIP's
+ * mirror and from HIP's reference (Virtual Memory Management) and
+ * programming guide ("Virtual memory management"); this section fills its
+ * table with HIP's names and codes and keeps the exported entry points,
+ * which decode ROCm's structs and call it.
+ *
+ * HIP's side of the documented differences:
+ * - hipMemMap: "offset: offset into the memory, currently must be zero"
+ *   (a nonzero one is hipErrorInvalidValue).
+ * - A failing hipMemUnmap or hipMemRelease (MEMGOV_STANDIN_HIP_
+ *   FAIL_UNMAP_AT=N, and the FAIL_ENTRY knob below) returns
+ *   hipErrorInvalidValue, the reference's failure code for both, leaving
+ *   the mapping or handle as it was.
+ * - A copy may have two device sides (hipMemcpyAsync's kinds):
+ *   the runtime section's copies name both; one in a reservation and the other device
+ *   memory of another kind aborts (not imitated).
+ * - hipMemGenericAllocationHandle_t is a pointer to a struct the header
+ *   declares opaque: the stand-in's handle is the address of its record.
+ *
+ * - MEMGOV_STANDIN_HIP_FAIL_ENTRY=<entry point>:<N>: the Nth call of that
+ *   entry point (counting the calls that pass its argument checks) fails
+ *   and changes nothing, with the codes FAIL_VMM_AT uses (hipMemCreate
+ *   hipErrorOutOfMemory, hipMemMap and hipMemSetAccess hipErrorInvalidValue);
+ *   hipMemUnmap and hipMemRelease with hipErrorInvalidValue (the
+ *   reference's failure code for both), leaving the mapping or handle as
+ *   it was (a later call on it succeeds); the graph section's hipStreamBeginCapture
+ *   and hipStreamEndCapture as it says; the runtime section's hipHostMalloc
+ *   with hipErrorOutOfMemory, nothing allocated, and hipGetDevice with
+ *   hipErrorInvalidDevice, nothing read.
+ *   memgov_standin_hip_fail_entry(fn,
+ *   N) sets the same at run time (the count starts again), so that one
+ *   process runs many fault cells.
+ * - memgov_standin_hip_vmm() reports what is held, for tests.
+ */
+#define _GNU_SOURCE
+int hip_standin_entry_fault(const char *fn) {
+    return sq_entry_fault("MEMGOV_STANDIN_HIP_FAIL_ENTRY", fn);
+}
+
+static struct sq_vmm_access access_of(const void *desc, size_t i) {
+    const hipMemAccessDesc *d = (const hipMemAccessDesc *)desc + i;
+    return (struct sq_vmm_access){.on_device = d->location.type == hipMemLocationTypeDevice,
+                                  .device = d->location.id,
+                                  .flags = (int)d->flags};
+}
+
+_Static_assert((int)hipMemAccessFlagsProtNone == SQ_VMM_PROT_NONE &&
+                   (int)hipMemAccessFlagsProtRead == SQ_VMM_PROT_READ &&
+                   (int)hipMemAccessFlagsProtReadWrite == SQ_VMM_PROT_READWRITE,
+               "hipMemAccessFlags numbered as sq_vmm.c reads them");
+_Static_assert(hipMemAllocationGranularityMinimum == 0 &&
+                   hipMemAllocationGranularityRecommended == 1,
+               "hipMemAllocationGranularity_flags numbered as sq_vmm.c reads them");
+
+static const struct sq_vmm_vendor HIP_VMM = {
+    .create = "hipMemCreate", .release = "hipMemRelease", .map = "hipMemMap",
+    .set_access = "hipMemSetAccess", .unmap = "hipMemUnmap", .address_free = "hipMemAddressFree",
+    .prefix = "MEMGOV_STANDIN_HIP", .memfd_name = "memgov-standin-hip-vmm",
+    .success = hipSuccess, .invalid_value = hipErrorInvalidValue,
+    .out_of_memory = hipErrorOutOfMemory, .invalid_device = hipErrorInvalidDevice,
+    /* hipMemUnmap's and hipMemRelease's references list hipErrorInvalidValue. */
+    .unmap_failure = hipErrorInvalidValue, .release_failure = hipErrorInvalidValue,
+    /* hipMemMap: "offset - offset into the memory, currently must be zero". */
+    .map_offset_must_be_zero = 1,
+    .devices = hip_standin_devices, .capacity = hip_standin_capacity,
+    .sticky = sq_knobs_sticky, .entry_fault = hip_standin_entry_fault, .access_of = access_of,
+    .unsafe_during_capture = graph_unsafe, .capture_unsupported = hipErrorStreamCaptureUnsupported,
+};
+
+#include "sq_vmm.c"
+
+/* For tests (standin.h, exported through libamdhip64.map):
+ * memgov_standin_hip_fail_entry(fn, n): from now on the Nth call of `fn`
+ * fails (counting from this call; N = 0 or fn = NULL: none), as
+ * MEMGOV_STANDIN_HIP_FAIL_ENTRY says at process start (1 for a name too
+ * long, else 0); memgov_standin_hip_pause_entry(fn, n), for tests that
+ * force an interleaving: from now on the Nth call of `fn` (any entry
+ * point, at its entry) blocks before it changes anything, until
+ * memgov_standin_hip_resume_entry(); memgov_standin_hip_entry_paused()
+ * says whether one is held. */
+SQ_ENTRY_TEST_HOOKS(hip)
+
+#define VMM_ENTER(fn) HIP_STANDIN_CALL(fn)
+
+static const struct sq_vmm_prop *prop_of(const hipMemAllocationProp *p, struct sq_vmm_prop *out) {
+    if (p == NULL) return NULL;
+    *out = (struct sq_vmm_prop){.pinned = p->type == hipMemAllocationTypePinned,
+                                .on_device = p->location.type == hipMemLocationTypeDevice,
+                                .device = p->location.id};
+    return out;
+}
+
+hipError_t hipMemGetAllocationGranularity(size_t *granularity, const hipMemAllocationProp *prop,
+                                          hipMemAllocationGranularity_flags option) {
+    VMM_ENTER("hipMemGetAllocationGranularity");
+    struct sq_vmm_prop p;
+    return (hipError_t)sq_vmm_granularity(&HIP_VMM, granularity, prop_of(prop, &p), (int)option);
+}
+
+hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
+                                unsigned long long flags) {
+    VMM_ENTER("hipMemAddressReserve");
+    (void)addr; /* a hint only */
+    uint64_t base;
+    hipError_t r =
+        (hipError_t)sq_vmm_reserve(&HIP_VMM, ptr != NULL ? &base : NULL, size, alignment, flags);
+    if (r == hipSuccess) *ptr = (void *)(uintptr_t)base;
+    return r;
+}
+
+hipError_t hipMemAddressFree(void *devPtr, size_t size) {
+    VMM_ENTER("hipMemAddressFree");
+    return (hipError_t)sq_vmm_address_free(&HIP_VMM, (uint64_t)(uintptr_t)devPtr, size);
+}
+
+hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
+                        const hipMemAllocationProp *prop, unsigned long long flags) {
+    VMM_ENTER("hipMemCreate");
+    struct sq_vmm_prop p;
+    uint64_t h;
+    hipError_t r = (hipError_t)sq_vmm_create(&HIP_VMM, handle != NULL ? &h : NULL, size,
+                                             prop_of(prop, &p), flags);
+    if (r == hipSuccess) *handle = (hipMemGenericAllocationHandle_t)(uintptr_t)h;
+    return r;
+}
+
+hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
+    VMM_ENTER("hipMemRelease");
+    return (hipError_t)sq_vmm_release(&HIP_VMM, (uint64_t)(uintptr_t)handle);
+}
+
+hipError_t hipMemMap(void *va, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+                     unsigned long long flags) {
+    VMM_ENTER("hipMemMap");
+    return (hipError_t)sq_vmm_map(&HIP_VMM, (uint64_t)(uintptr_t)va, size, offset,
+                                  (uint64_t)(uintptr_t)handle, flags);
+}
+
+hipError_t hipMemSetAccess(void *va, size_t size, const hipMemAccessDesc *desc, size_t count) {
+    VMM_ENTER("hipMemSetAccess");
+    return (hipError_t)sq_vmm_set_access(&HIP_VMM, (uint64_t)(uintptr_t)va, size, desc, count);
+}
+
+hipError_t hipMemUnmap(void *va, size_t size) {
+    VMM_ENTER("hipMemUnmap");
+    return (hipError_t)sq_vmm_unmap(&HIP_VMM, (uint64_t)(uintptr_t)va, size);
+}
+
+int vmm_copy(const char *fn, int dst_device, int src_device, void *dst, const void *src,
+             size_t bytes, struct sq_queue *q) {
+    return sq_vmm_copy(&HIP_VMM, fn, dst_device, src_device, dst, src, bytes, q);
+}
+
+uint64_t vmm_physical_bytes(void) { return sq_vmm_physical_bytes(); }
+
+/* For tests: what the process holds, as {reservations, reserved bytes,
+ * allocation handles (released but still mapped included), physical bytes,
+ * mappings, mapped bytes}. Returns 0. */
+int memgov_standin_hip_vmm(unsigned long long out[6]);
+int memgov_standin_hip_vmm(unsigned long long out[6]) { return sq_vmm_held(out); }
+
+#else /* MEMGOV_STANDIN_HIP_SECTION_GRAPHS */
+
+/* ---- stream capture and graphs --------------------------------------------------
+ *
+ * The HIP stream capture and graph calls. The
+ * imitation and its rules are common/sq_graph.c's (compiled here, by the
+ * #include below), from the HIP runtime API reference (Stream Management:
+ * hipStreamBeginCapture, hipStreamEndCapture, hipStreamGetCaptureInfo,
+ * hipStreamIsCapturing; Graph Management: hipGraphInstantiate,
+ * hipGraphLaunch, hipGraphExecDestroy, hipGraphDestroy) and the
+ * hipStreamCaptureMode and hipError_t descriptions of ROCm's header; this
+ * section fills its table with HIP's names, codes and enumerators and keeps
+ * the exported entry points and the hooks the other sections call
+ * that record (sq_graph.c defines the others over HIP_GRAPH).
+ *
+ * HIP's side:
+ * - The potentially unsafe calls (those that allocate, map or release
+ *   memory outside a stream): hipMalloc, hipFree, hipHostMalloc,
+ *   hipHostFree (the runtime section), hipMemCreate, hipMemRelease,
+ *   hipMemMap and hipMemUnmap (the virtual memory section).
+ * - A stream argument that is not live is a contract violation
+ *   (hip_standin_check_stream aborts).
+ * - hipStreamGetCaptureInfo reports the status and id only (ROCm's
+ *   signature has no graph or dependencies).
+ * - Contract violations besides sq_graph.c's: destroying a capturing
+ *   stream (hipStreamDestroy, the runtime section). With
+ *   MEMGOV_STANDIN_HIP_EXIT_CHECK=1, graphs or executable graphs never
+ *   destroyed at exit abort (sq_graph.c, graphs_checked_at_exit).
+ * - Fault knob (the virtual memory section's MEMGOV_STANDIN_HIP_FAIL_ENTRY=<entry point>:<N>):
+ *   hipStreamBeginCapture (hipErrorInvalidValue, the reference's failure
+ *   code) and hipStreamEndCapture, as sq_graph.c says.
+ *
+ * Test hook (not a runtime rule): memgov_standin_hip_pause_entry(name, n)
+ * (the virtual memory section) makes the Nth call of that entry point, on any thread, block at
+ * its entry before it does anything, until memgov_standin_hip_resume_entry().
+ *
+ * Not imitated (a contract violation naming the call): stream-ordered
+ * allocation and free (hipMallocAsync, hipMallocFromPoolAsync,
+ * hipFreeAsync), event record and event wait on a capturing stream (memory
+ * and fork/join nodes), and launching a graph into a capture.
+ */
+#define _GNU_SOURCE
+static int entry_fault(const char *fn) {
+    return hip_standin_entry_fault != NULL && hip_standin_entry_fault(fn);
+}
+
+static int replay(const void *stream, const struct sq_graph_op *op) {
+    return op->type == SQ_GRAPH_NODE_HOST
+               ? hip_standin_callback(stream, op->host_fn, op->user)
+               : hip_standin_copy("hipGraphLaunch", stream, op->dst_device, op->src_device,
+                                  op->dst, op->src, op->bytes);
+}
+
+static const struct sq_graph_vendor HIP_GRAPH = {
+    .lib = "libamdhip64", .prefix = "MEMGOV_STANDIN_HIP",
+    .begin_capture = "hipStreamBeginCapture", .end_capture = "hipStreamEndCapture",
+    .launch = "hipGraphLaunch", .graph_destroy = "hipGraphDestroy",
+    .exec_destroy = "hipGraphExecDestroy",
+    .success = hipSuccess, .invalid_value = hipErrorInvalidValue,
+    .out_of_memory = hipErrorOutOfMemory, .illegal_state = hipErrorIllegalState,
+    .capture_unsupported = hipErrorStreamCaptureUnsupported,
+    .capture_invalidated = hipErrorStreamCaptureInvalidated,
+    .capture_wrong_thread = hipErrorStreamCaptureWrongThread,
+    .mode_global = hipStreamCaptureModeGlobal, .mode_thread_local = hipStreamCaptureModeThreadLocal,
+    .mode_relaxed = hipStreamCaptureModeRelaxed, .status_none = hipStreamCaptureStatusNone,
+    .status_active = hipStreamCaptureStatusActive,
+    .status_invalidated = hipStreamCaptureStatusInvalidated,
+    /* The stand-in's own strictness (ROCm's documentation says nothing). */
+    .graphs_checked_at_exit = 1,
+    .sticky = sq_knobs_sticky, .entry_fault = entry_fault, .replay = replay,
+};
+
+#define SQ_GRAPH_TABLE HIP_GRAPH
+#include "sq_graph.c"
+
+/* The header declares hipGraph_t and hipGraphExec_t as pointers to opaque
+ * structs; the stand-in's are sq_graph.c's. */
+static struct sq_graph *graph_of(hipGraph_t g) { return (struct sq_graph *)(void *)g; }
+static struct sq_graph_exec *exec_of(hipGraphExec_t e) { return (struct sq_graph_exec *)(void *)e; }
+
+#define GRAPH_ENTER(fn) HIP_STANDIN_CALL(fn)
+
+/* Counters: {captures begun, captures invalidated, runtime allocations made
+ * while a capture was under way, graph launches}. */
+int memgov_standin_hip_capture(unsigned long long out[4]);
+int memgov_standin_hip_capture(unsigned long long out[4]) { return sq_graph_counters(out); }
+
+/* ---- hooks the other sections call (declared above) -------------------------- */
+
+int graph_record_copy(const char *fn, const void *stream, int dst_device, int src_device,
+                      void *dst, const void *src, size_t bytes) {
+    return sq_graph_record(&HIP_GRAPH, fn, stream,
+                           (struct sq_graph_op){.type = SQ_GRAPH_NODE_MEMCPY, .fn = fn,
+                                                .dst_device = dst_device,
+                                                .src_device = src_device, .dst = dst,
+                                                .src = src, .bytes = bytes});
+}
+
+int graph_record_callback(const void *stream, void *fn, void *user) {
+    return sq_graph_record(
+        &HIP_GRAPH, "hipStreamAddCallback", stream,
+        (struct sq_graph_op){.type = SQ_GRAPH_NODE_HOST, .host_fn = fn, .user = user});
+}
+
+/* ---- capture ------------------------------------------------------------------ */
+
+hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) {
+    GRAPH_ENTER("hipStreamBeginCapture");
+    hip_standin_check_stream(stream, "hipStreamBeginCapture");
+    return (hipError_t)sq_graph_begin(&HIP_GRAPH, stream, (int)mode);
+}
+
+hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *pGraph) {
+    GRAPH_ENTER("hipStreamEndCapture");
+    hip_standin_check_stream(stream, "hipStreamEndCapture");
+    struct sq_graph *g = NULL;
+    hipError_t r = (hipError_t)sq_graph_end(&HIP_GRAPH, stream, pGraph != NULL ? &g : NULL);
+    if (pGraph != NULL && (r == hipSuccess || r == hipErrorStreamCaptureInvalidated))
+        *pGraph = (hipGraph_t)(void *)g;
+    return r;
+}
+
+hipError_t hipStreamIsCapturing(hipStream_t stream, hipStreamCaptureStatus *status) {
+    GRAPH_ENTER("hipStreamIsCapturing");
+    hip_standin_check_stream(stream, "hipStreamIsCapturing");
+    if (status == NULL) return hipErrorInvalidValue;
+    *status = (hipStreamCaptureStatus)sq_graph_status(&HIP_GRAPH, stream, NULL, NULL);
+    return hipSuccess;
+}
+
+hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCaptureStatus *status,
+                                   unsigned long long *id) {
+    GRAPH_ENTER("hipStreamGetCaptureInfo");
+    hip_standin_check_stream(stream, "hipStreamGetCaptureInfo");
+    if (status == NULL) return hipErrorInvalidValue;
+    /* The id is written only while the capture is active. */
+    uint64_t got;
+    *status = (hipStreamCaptureStatus)sq_graph_status(&HIP_GRAPH, stream, &got, NULL);
+    if (*status == hipStreamCaptureStatusActive && id != NULL) *id = got;
+    return hipSuccess;
+}
+
+/* ---- graphs -------------------------------------------------------------------- */
+
+hipError_t hipGraphInstantiate(hipGraphExec_t *pGraphExec, hipGraph_t graph,
+                               hipGraphNode_t *pErrorNode, char *pLogBuffer, size_t bufferSize) {
+    GRAPH_ENTER("hipGraphInstantiate");
+    (void)pErrorNode;
+    (void)pLogBuffer;
+    (void)bufferSize;
+    sq_graph_check(graph_of(graph), "hipGraphInstantiate");
+    struct sq_graph_exec *e;
+    hipError_t r = (hipError_t)sq_graph_instantiate(&HIP_GRAPH, pGraphExec != NULL ? &e : NULL,
+                                                    graph_of(graph), 1);
+    if (r == hipSuccess) *pGraphExec = (hipGraphExec_t)(void *)e;
+    return r;
+}
+
+hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t stream) {
+    GRAPH_ENTER("hipGraphLaunch");
+    sq_graph_check_exec(exec_of(e), "hipGraphLaunch");
+    hip_standin_check_stream(stream, "hipGraphLaunch");
+    return (hipError_t)sq_graph_launch(&HIP_GRAPH, exec_of(e), stream);
+}
+
+hipError_t hipGraphExecDestroy(hipGraphExec_t e) {
+    GRAPH_ENTER("hipGraphExecDestroy");
+    return (hipError_t)sq_graph_exec_destroy(&HIP_GRAPH, exec_of(e));
+}
+
+hipError_t hipGraphDestroy(hipGraph_t g) {
+    GRAPH_ENTER("hipGraphDestroy");
+    return (hipError_t)sq_graph_destroy(&HIP_GRAPH, graph_of(g));
+}
+
+#endif /* the sections */

@@ -13,7 +13,10 @@
  * violation": unordered-free, early-event (event recorded before the last
  * use), event-after-destroy, host-free-during-copy (freed while a queued copy
  * that uses it has not run), seed-malformed (SELFTEST_LATENCY_SEED not a
- * non-negative integer).
+ * non-negative integer). The case inits checks sq_inits, the
+ * management stand-ins' reference count, against NVML's and ROCm SMI's
+ * references: a shutdown without an init fails and changes nothing, and
+ * the library stays initialised until every init has its shutdown.
  */
 #include "standin.h"
 
@@ -24,6 +27,16 @@
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     sq_set_name("stand-in common self-test");
+    if (!strcmp(c, "inits")) {
+        struct sq_inits i = SQ_INITS_INITIALIZER;
+        if (sq_inits_held(&i) || sq_inits_release(&i) != -1 || sq_inits_held(&i)) return 2;
+        sq_inits_acquire(&i);
+        sq_inits_acquire(&i);
+        if (!sq_inits_held(&i) || sq_inits_release(&i) != 0 || !sq_inits_held(&i)) return 3;
+        if (sq_inits_release(&i) != 0 || sq_inits_held(&i) || sq_inits_release(&i) != -1) return 4;
+        puts("ok");
+        return 0;
+    }
     if (!strcmp(c, "seeded") || !strcmp(c, "seed-malformed")) {
         struct sq_knobs k;
         sq_knobs_load(&k, "SELFTEST");

@@ -15,8 +15,8 @@ out="${MEMGOV_STANDIN_DIR:-$(cargo_target_dir)/stand-ins}"
 mkdir -p "$out"
 "${CC:-cc}" -std=gnu11 -Wall -Wextra -Werror -O2 -g -pthread -I"$here" \
     -o "$out/selftest" "$here/selftest.c" "$here/standin.c"
-for c in ordered synced destroyed-wait host-free-synced; do
-    got="$("$out/selftest" "$c")"
+for c in ordered synced destroyed-wait host-free-synced inits; do
+    got="$("$out/selftest" "$c" || echo "exit $?")"
     [ "$got" = ok ] || { echo "selftest $c: expected ok, got '$got'" >&2; exit 1; }
 done
 got="$(SELFTEST_LATENCY_US=300 SELFTEST_LATENCY_SEED=7 "$out/selftest" seeded)"
@@ -33,7 +33,7 @@ for c in unordered-free early-event event-after-destroy host-free-during-copy se
     *) echo "selftest $c: no contract violation in: $err" >&2; exit 1 ;;
     esac
 done
-echo "stand-in common self-test: 10 cases passed" >&2
+echo "stand-in common self-test: 11 cases passed" >&2
 
 # The vendors' documented differences, on the built stand-ins.
 hip_header="${HIP_PATH:-/usr}/include/hip/hip_runtime_api.h"

@@ -1,7 +1,8 @@
 /*
  * sq_graph.c: the stream capture and graph imitation of the CUDA and HIP
- * stand-ins. Compiled as part of the vendor's graph.c, which includes it
- * (see sq_graph.h); every entry takes the vendor's table.
+ * stand-ins. Compiled as part of the graph section of the vendor's
+ * stand-in file, which includes it (see sq_graph.h); every entry takes the
+ * vendor's table.
  *
  * Rules, each from CUDA's driver API documentation (stream capture, graph
  * management) and HIP's reference for the same calls, which describe them
@@ -20,7 +21,7 @@
  *   global capture. A prohibited call returns the capture-unsupported code
  *   (HIP: "the operation is not permitted when the stream is capturing")
  *   and invalidates the capture. Which calls the stand-in counts as
- *   potentially unsafe is the vendor's (its graph.c lists them).
+ *   potentially unsafe is the vendor's (its graph section lists them).
  * - Calls that necessarily conflict with capture are refused in every
  *   mode: synchronizing or querying a capturing stream returns the
  *   capture-unsupported code and invalidates its capture.
@@ -55,7 +56,7 @@
  *   capture-invalidated code, no graph, the stream out of capture mode).
  *
  * Not imitated (a contract violation naming the call): launching a graph
- * into a capture; the vendor's graph.c lists what else it refuses.
+ * into a capture; the vendor's graph section lists what else it refuses.
  */
 #define _GNU_SOURCE
 #include "sq_graph.h"
@@ -108,8 +109,8 @@ struct sq_graph_capture {
     struct sq_graph_capture *next;
 };
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct sq_graph_capture *g_captures; /* ongoing, under g_lock */
+static pthread_mutex_t g_graph_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sq_graph_capture *g_captures; /* ongoing, under g_graph_lock */
 static uint64_t g_next_id = 1;
 /* Counters for the tests and the exit check. */
 static uint64_t g_begun, g_invalidated, g_allocs_during, g_launches;
@@ -117,28 +118,28 @@ static uint64_t g_alloc_nodes, g_free_nodes, g_gmem_live;
 static uint64_t g_live_graphs, g_live_execs;
 static int g_exit_check_set;
 /* The vendor whose exit check is armed (one per library). */
-static const struct sq_graph_vendor *g_exit_vendor;
+static const struct sq_graph_vendor *g_graph_exit_vendor;
 
 static void sq_graph_exit_check(void) {
-    if (g_exit_vendor->sticky()) return;
-    pthread_mutex_lock(&g_lock);
+    if (g_graph_exit_vendor->sticky()) return;
+    pthread_mutex_lock(&g_graph_lock);
     uint64_t graphs = g_live_graphs, execs = g_live_execs;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     if (graphs != 0 || execs != 0)
         sq_die("at exit: %llu graph(s) and %llu executable graph(s) never destroyed "
                "(%s, %s)",
                (unsigned long long)graphs, (unsigned long long)execs,
-               g_exit_vendor->graph_destroy, g_exit_vendor->exec_destroy);
+               g_graph_exit_vendor->graph_destroy, g_graph_exit_vendor->exec_destroy);
 }
 
-/* Under g_lock. */
+/* Under g_graph_lock. */
 static void sq_graph_arm_exit_check(const struct sq_graph_vendor *v) {
     if (g_exit_check_set || !v->graphs_checked_at_exit) return;
     g_exit_check_set = 1;
     char var[96];
     snprintf(var, sizeof var, "%s_EXIT_CHECK", v->prefix);
     if (sq_env_u64(var, 0) != 0) {
-        g_exit_vendor = v;
+        g_graph_exit_vendor = v;
         atexit(sq_graph_exit_check);
     }
 }
@@ -147,7 +148,7 @@ static int sq_graph_entry_fault(const struct sq_graph_vendor *v, const char *fn)
     return v->entry_fault != NULL && v->entry_fault(fn);
 }
 
-/* Under g_lock. */
+/* Under g_graph_lock. */
 static struct sq_graph_capture *sq_graph_find(const void *stream) {
     for (struct sq_graph_capture *c = g_captures; c != NULL; c = c->next)
         if (c->stream == stream) return c;
@@ -164,13 +165,13 @@ static void sq_graph_push(struct sq_graph_ops *ops, struct sq_graph_op op) {
     ops->v[ops->n++] = op;
 }
 
-/* Under g_lock. */
+/* Under g_graph_lock. */
 static void sq_graph_invalidate(struct sq_graph_capture *c) {
     if (!c->invalidated) g_invalidated++;
     c->invalidated = 1;
 }
 
-/* Under g_lock: one holder of `m` less; the memory goes with the last. */
+/* Under g_graph_lock: one holder of `m` less; the memory goes with the last. */
 static void sq_graph_gmem_drop(const struct sq_graph_vendor *v, struct sq_graph_gmem *m) {
     if (--m->refs > 0) return;
     enum sq_mem_check c = sq_mem_free_now(m->mem, m->ptr, v->graph_destroy);
@@ -180,7 +181,7 @@ static void sq_graph_gmem_drop(const struct sq_graph_vendor *v, struct sq_graph_
     free(m);
 }
 
-/* Under g_lock: the operations of a destroyed graph or executable graph. */
+/* Under g_graph_lock: the operations of a destroyed graph or executable graph. */
 static void sq_graph_ops_drop(const struct sq_graph_vendor *v, struct sq_graph_ops *ops) {
     for (size_t i = 0; i < ops->n; i++)
         if (ops->v[i].type == SQ_GRAPH_NODE_MEM_ALLOC) sq_graph_gmem_drop(v, ops->v[i].gmem);
@@ -192,12 +193,12 @@ static void sq_graph_ops_drop(const struct sq_graph_vendor *v, struct sq_graph_o
  * while a capture was under way, graph launches}. */
 static int sq_graph_counters(unsigned long long out[4]) {
     if (out == NULL) return 1;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     out[0] = g_begun;
     out[1] = g_invalidated;
     out[2] = g_allocs_during;
     out[3] = g_launches;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return 0;
 }
 
@@ -205,9 +206,9 @@ static int sq_graph_counters(unsigned long long out[4]) {
 
 /* Whether `stream` is in a capture sequence (active or invalidated). */
 static int sq_graph_capturing(const void *stream) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     int r = g_captures != NULL && sq_graph_find(stream) != NULL;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return r;
 }
 
@@ -215,12 +216,12 @@ static int sq_graph_capturing(const void *stream) {
  * the capture of `stream` instead of queueing it. */
 static int sq_graph_record(const struct sq_graph_vendor *v, const char *fn, const void *stream,
                            struct sq_graph_op op) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture *c = sq_graph_find(stream);
     if (c == NULL) sq_die("%s: stream %p is not capturing", fn, stream);
     if (!c->invalidated) sq_graph_push(&c->graph->ops, op);
     int r = c->invalidated ? v->capture_invalidated : v->success;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return r;
 }
 
@@ -228,10 +229,10 @@ static int sq_graph_record(const struct sq_graph_vendor *v, const char *fn, cons
  * capture is invalidated and the call returns the capture-unsupported
  * code. */
 static int sq_graph_conflicting(const struct sq_graph_vendor *v, const void *stream) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture *c = sq_graph_find(stream);
     if (c != NULL) sq_graph_invalidate(c);
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return v->capture_unsupported;
 }
 
@@ -240,9 +241,9 @@ static int sq_graph_conflicting(const struct sq_graph_vendor *v, const void *str
  * prohibit it and returns the capture-unsupported code. `alloc` counts it
  * as an allocation made while a capture was under way. */
 static int sq_graph_unsafe(const struct sq_graph_vendor *v, int alloc) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     if (g_captures == NULL) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         return 0;
     }
     if (alloc) g_allocs_during++;
@@ -255,7 +256,7 @@ static int sq_graph_unsafe(const struct sq_graph_vendor *v, int alloc) {
             prohibited = 1;
         }
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return prohibited ? v->capture_unsupported : 0;
 }
 
@@ -267,16 +268,16 @@ __attribute__((unused)) static int sq_graph_record_alloc(const struct sq_graph_v
                                                          const char *fn, const void *stream,
                                                          struct sq_mem *mem, size_t bytes,
                                                          unsigned long long *dptr) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture *c = sq_graph_find(stream);
     if (c == NULL) sq_die("%s: stream %p is not capturing", fn, stream);
     if (c->invalidated) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         return v->capture_invalidated;
     }
     uint64_t p = sq_mem_alloc_tracked(mem, bytes);
     if (p == 0) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         return v->out_of_memory;
     }
     struct sq_graph_gmem *m = malloc(sizeof *m);
@@ -287,7 +288,7 @@ __attribute__((unused)) static int sq_graph_record_alloc(const struct sq_graph_v
     g_alloc_nodes++;
     g_gmem_live += bytes;
     *dptr = p;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return v->success;
 }
 
@@ -296,7 +297,7 @@ __attribute__((unused)) static int sq_graph_record_alloc(const struct sq_graph_v
 __attribute__((unused)) static int sq_graph_record_free(const struct sq_graph_vendor *v,
                                                         const char *fn, const void *stream,
                                                         uint64_t dptr) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture *c = sq_graph_find(stream);
     if (c == NULL) sq_die("%s: stream %p is not capturing", fn, stream);
     int r = c->invalidated ? v->capture_invalidated : v->success;
@@ -305,27 +306,27 @@ __attribute__((unused)) static int sq_graph_record_free(const struct sq_graph_ve
                       (struct sq_graph_op){.type = SQ_GRAPH_NODE_MEM_FREE, .dev = dptr});
         g_free_nodes++;
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return r;
 }
 
 /* A stream-ordered allocation on a stream that is not capturing; counted
  * when a capture is under way elsewhere (CUDA only). */
 __attribute__((unused)) static void sq_graph_note_alloc(void) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     if (g_captures != NULL) g_allocs_during++;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
 }
 
 /* Graph memory: {allocation nodes recorded, free nodes recorded, bytes of
  * allocation nodes still held by a graph} (CUDA only). */
 __attribute__((unused)) static int sq_graph_mem_counters(unsigned long long out[3]) {
     if (out == NULL) return 1;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     out[0] = g_alloc_nodes;
     out[1] = g_free_nodes;
     out[2] = g_gmem_live;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return 0;
 }
 
@@ -339,16 +340,16 @@ static int sq_graph_begin(const struct sq_graph_vendor *v, const void *stream, i
     struct sq_graph *g = calloc(1, sizeof *g);
     if (c == NULL || g == NULL) sq_fatal("out of host memory");
     g->magic = SQ_GRAPH_MAGIC;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     sq_graph_arm_exit_check(v);
     if (sq_graph_entry_fault(v, v->begin_capture)) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         free(c);
         free(g);
         return v->invalid_value; /* the references list no other failure */
     }
     if (sq_graph_find(stream) != NULL) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         free(c);
         free(g);
         return v->illegal_state;
@@ -357,23 +358,23 @@ static int sq_graph_begin(const struct sq_graph_vendor *v, const void *stream, i
                                    .thread = pthread_self(), .graph = g, .next = g_captures};
     g_captures = c;
     g_begun++;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return v->success;
 }
 
 static int sq_graph_end(const struct sq_graph_vendor *v, const void *stream,
                         struct sq_graph **graph) {
     if (graph == NULL) return v->invalid_value;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture **p = &g_captures;
     while (*p != NULL && (*p)->stream != stream) p = &(*p)->next;
     struct sq_graph_capture *c = *p;
     if (c == NULL) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         return v->illegal_state;
     }
     if (c->mode != v->mode_relaxed && !pthread_equal(c->thread, pthread_self())) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&g_graph_lock);
         return v->capture_wrong_thread;
     }
     *p = c->next;
@@ -388,7 +389,7 @@ static int sq_graph_end(const struct sq_graph_vendor *v, const void *stream,
         *graph = c->graph;
         g_live_graphs++;
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     free(c);
     return r;
 }
@@ -397,7 +398,7 @@ static int sq_graph_end(const struct sq_graph_vendor *v, const void *stream,
  * and graph are written (where asked) only while the capture is active. */
 static int sq_graph_status(const struct sq_graph_vendor *v, const void *stream, uint64_t *id,
                            struct sq_graph **graph) {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     struct sq_graph_capture *c = sq_graph_find(stream);
     int status = c == NULL ? v->status_none : c->invalidated ? v->status_invalidated
                                                              : v->status_active;
@@ -405,7 +406,7 @@ static int sq_graph_status(const struct sq_graph_vendor *v, const void *stream, 
         if (id != NULL) *id = c->id;
         if (graph != NULL) *graph = c->graph;
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return status;
 }
 
@@ -430,13 +431,13 @@ static int sq_graph_instantiate(const struct sq_graph_vendor *v, struct sq_graph
     struct sq_graph_exec *e = calloc(1, sizeof *e);
     if (e == NULL) sq_fatal("out of host memory");
     e->magic = SQ_GRAPH_EXEC_MAGIC;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     for (size_t i = 0; i < g->ops.n; i++) {
         sq_graph_push(&e->ops, g->ops.v[i]);
         if (g->ops.v[i].type == SQ_GRAPH_NODE_MEM_ALLOC) g->ops.v[i].gmem->refs++;
     }
     g_live_execs++;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     *out = e;
     return v->success;
 }
@@ -448,9 +449,9 @@ static int sq_graph_launch(const struct sq_graph_vendor *v, struct sq_graph_exec
         sq_die("%s into a capturing stream (a child graph node) is not imitated by "
                "the stand-in %s",
                v->launch, v->lib);
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     g_launches++;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     for (size_t i = 0; i < e->ops.n; i++) {
         const struct sq_graph_op *op = &e->ops.v[i];
         /* Graph memory stays allocated for the graph: nothing to queue. */
@@ -465,25 +466,25 @@ static int sq_graph_exec_destroy(const struct sq_graph_vendor *v, struct sq_grap
     sq_graph_check_exec(e, v->exec_destroy);
     /* Launches already queued hold copies of what they need. */
     e->destroyed = 1;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     sq_graph_ops_drop(v, &e->ops);
     g_live_execs--;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return v->success;
 }
 
 static int sq_graph_destroy(const struct sq_graph_vendor *v, struct sq_graph *g) {
     sq_graph_check(g, v->graph_destroy);
     g->destroyed = 1;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_graph_lock);
     sq_graph_ops_drop(v, &g->ops);
     g_live_graphs--;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_graph_lock);
     return v->success;
 }
 
-/* The hooks the vendor's other files call (its graph.h), over the table
- * the vendor's graph.c names SQ_GRAPH_TABLE before including this file. */
+/* The hooks the vendor's other sections call, over the table the
+ * vendor's graph section names SQ_GRAPH_TABLE before including this file. */
 int graph_capturing(const void *stream) { return sq_graph_capturing(stream); }
 
 int graph_conflicting(const char *fn, const void *stream) {

@@ -10,16 +10,18 @@
  * cuGraphDestroy) and HIP's runtime API (the same calls, hip*, with the
  * hipStreamCaptureMode and hipError_t descriptions of ROCm's header)
  * describe one capture model; its rules are written once in sq_graph.c.
- * Each vendor's graph.c keeps only its exported entry points (which check
- * their stream the vendor's way and call these) and the hooks its other
- * files call that differ by vendor (recording a copy or a host function);
+ * Each vendor's graph section (of its one stand-in file) keeps only its
+ * exported entry points (which check their stream the vendor's way and
+ * call these) and the hooks its other sections call that differ by vendor
+ * (recording a copy or a host function);
  * the others (graph_capturing, graph_conflicting, graph_unsafe) are
  * sq_graph.c's, over the table the vendor names SQ_GRAPH_TABLE.
  *
- * sq_graph.c is compiled as part of the vendor's graph.c, which includes it
- * after filling its table: a stand-in built without the vendor's graph.c
- * lacks the whole imitation, as the partial builds that imitate a runtime
- * lacking the graph calls rely on.
+ * sq_graph.c is compiled as part of the vendor's graph section, which
+ * includes it after filling its table: a stand-in built without that
+ * section (CUDA: -DMEMGOV_STANDIN_CUDA_PARTIAL; HIP: without graph.c, the
+ * selector that compiles it) lacks the whole imitation, as the partial
+ * builds that imitate a runtime lacking the graph calls rely on.
  */
 #ifndef MEMGOV_STANDIN_SQ_GRAPH_H
 #define MEMGOV_STANDIN_SQ_GRAPH_H

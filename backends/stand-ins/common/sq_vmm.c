@@ -1,7 +1,8 @@
 /*
  * sq_vmm.c: the virtual memory management imitation of the CUDA and HIP
- * stand-ins, on host memory. Compiled as part of the vendor's vmm.c, which
- * includes it (see sq_vmm.h); every function takes the vendor's table.
+ * stand-ins, on host memory. Compiled as part of the virtual memory section
+ * of the vendor's stand-in file, which includes it (see sq_vmm.h); every
+ * function takes the vendor's table.
  *
  * How it imitates:
  * - A reservation is host address space (mmap PROT_NONE, MAP_NORESERVE): a
@@ -115,7 +116,7 @@ static uint64_t g_res_count;
 static uint64_t g_fail_vmm_at, g_fail_unmap_at, g_vmm_calls, g_unmap_calls;
 static int g_vmm_init;
 /* The vendor whose exit check is armed (one per library). */
-static const struct sq_vmm_vendor *g_exit_vendor;
+static const struct sq_vmm_vendor *g_vmm_exit_vendor;
 
 static void sq_vmm_exit_check(void);
 
@@ -133,7 +134,7 @@ static void sq_vmm_init(const struct sq_vmm_vendor *v) {
     g_fail_vmm_at = sq_vmm_knob(v, "FAIL_VMM_AT");
     g_fail_unmap_at = sq_vmm_knob(v, "FAIL_UNMAP_AT");
     if (sq_vmm_knob(v, "EXIT_CHECK") != 0) {
-        g_exit_vendor = v;
+        g_vmm_exit_vendor = v;
         atexit(sq_vmm_exit_check);
     }
 }
@@ -549,7 +550,7 @@ static int sq_vmm_held(unsigned long long out[6]) {
 }
 
 static void sq_vmm_exit_check(void) {
-    if (g_exit_vendor->sticky()) return;
+    if (g_vmm_exit_vendor->sticky()) return;
     unsigned long long h[6];
     sq_vmm_held(h);
     if (h[0] != 0 || h[2] != 0 || h[4] != 0)

@@ -10,15 +10,17 @@
  * HIP's reference documents as mirroring them) follow one model: a
  * reservation of address space, physical memory behind a handle, a mapping
  * of the handle into the reservation, access set on the mapping. The rules
- * below are written once; each vendor's vmm.c keeps only its exported entry
- * points, which decode their arguments (the vendor's structs and handle
- * types) and call these.
+ * below are written once; each vendor's virtual memory section (of its one
+ * stand-in file) keeps only its exported entry points, which decode their
+ * arguments (the vendor's structs and handle types) and call these.
  *
- * sq_vmm.c is compiled as part of the vendor's vmm.c (which includes it
- * after filling its table), not as a library of its own: a stand-in built
- * without the vendor's vmm.c lacks the whole imitation, as the partial
- * builds that imitate a driver lacking these calls rely on (the vendor's
- * other files reach it only through weak hooks they test for NULL).
+ * sq_vmm.c is compiled as part of the vendor's virtual memory section
+ * (which includes it after filling its table), not as a library of its
+ * own: a stand-in built without that section (CUDA:
+ * -DMEMGOV_STANDIN_CUDA_PARTIAL; HIP: without vmm.c, the selector that
+ * compiles it) lacks the whole imitation, as the partial builds that
+ * imitate a driver lacking these calls rely on (the vendor's other
+ * sections reach it only through weak hooks they test for NULL).
  */
 #ifndef MEMGOV_STANDIN_SQ_VMM_H
 #define MEMGOV_STANDIN_SQ_VMM_H
@@ -77,7 +79,7 @@ struct sq_vmm_vendor {
     uint64_t (*capacity)(void); /* bytes the stand-in may hand out */
     int (*sticky)(void);        /* the device is in the sticky error state */
     int (*entry_fault)(const char *fn); /* the FAIL_ENTRY knob says this call fails */
-    /* graph.c's graph_unsafe (weak: NULL in a build without graph.c): a
+    /* The graph section's graph_unsafe (weak: NULL in a build without it): a
      * create, release, map or unmap is a potentially unsafe call, which a
      * capture under way may prohibit (nonzero: refused with
      * capture_unsupported, the capture invalidated). */

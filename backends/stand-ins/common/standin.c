@@ -85,6 +85,45 @@ int sq_env_lists(const char *name, const char *item) {
     return 0;
 }
 
+void sq_inits_acquire(struct sq_inits *i) { __atomic_add_fetch(&i->count, 1, __ATOMIC_ACQ_REL); }
+
+int sq_inits_release(struct sq_inits *i) {
+    int n = __atomic_load_n(&i->count, __ATOMIC_ACQUIRE);
+    while (n > 0)
+        if (__atomic_compare_exchange_n(&i->count, &n, n - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+    return -1;
+}
+
+int sq_inits_held(struct sq_inits *i) { return __atomic_load_n(&i->count, __ATOMIC_ACQUIRE) > 0; }
+
+int sq_env_devices(const char *env, int max) {
+    uint64_t n = sq_env_u64(env, 1);
+    return n > (uint64_t)max ? max : (int)n;
+}
+
+void sq_process_file_each(const char *env, int (*each)(void *ctx, const struct sq_process_line *),
+                          void *ctx) {
+    const char *path = getenv(env);
+    if (path == NULL || path[0] == 0) return;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    char buf[256];
+    while (fgets(buf, sizeof buf, f) != NULL) {
+        struct sq_process_line l = {0};
+        char bytes[64], kind[32];
+        int k = sscanf(buf, "%d %u %63s %31s", &l.device, &l.pid, bytes, kind);
+        if (k < 3) continue;
+        l.not_available = strcmp(bytes, "-") == 0;
+        char *end = bytes;
+        if (!l.not_available) l.bytes = strtoull(bytes, &end, 10);
+        l.numeric = end != bytes;
+        l.graphics = k == 4 && strcmp(kind, "graphics") == 0;
+        if (each(ctx, &l)) break;
+    }
+    fclose(f);
+}
+
 static pthread_mutex_t g_entry_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_fail_entry[64];
 static uint64_t g_fail_entry_at, g_entry_calls;

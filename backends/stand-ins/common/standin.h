@@ -84,6 +84,51 @@ uint64_t sq_env_u64(const char *name, uint64_t dflt);
  * `item` (a whole entry; unset or empty: no). */
 int sq_env_lists(const char *name, const char *item);
 
+/* ---- what the management library stand-ins share (NVML, ROCm SMI) ------------
+ *
+ * Both libraries (NVIDIA's NVML, AMD's ROCm SMI) are reference-counted:
+ * their references (nvmlInit_v2 / nvmlShutdown, rsmi_init /
+ * rsmi_shut_down) say every other call before the first init returns an
+ * uninitialised code, and a shutdown without an init fails; the code each
+ * returns is the vendor's. */
+struct sq_inits {
+    int count; /* atomic */
+};
+#define SQ_INITS_INITIALIZER {0}
+/* An init: one more reference. */
+void sq_inits_acquire(struct sq_inits *i);
+/* A shutdown: one reference fewer. Returns 0, or -1 (nothing changed) when
+ * none is held: the caller returns its vendor's uninitialised code. */
+int sq_inits_release(struct sq_inits *i);
+/* Whether a reference is held (the library is initialised). */
+int sq_inits_held(struct sq_inits *i);
+
+/* The device count of the driver stand-in a management stand-in shadows:
+ * the environment variable `env` (that stand-in's _DEVICES knob), default
+ * 1, at most `max`. */
+int sq_env_devices(const char *env, int max);
+
+/* One line of a management stand-in's process file: "<ordinal> <pid>
+ * <bytes> [<kind>]", each on its own line. */
+struct sq_process_line {
+    int device;
+    unsigned pid;
+    /* The bytes field: "-" (NVML's "not available"), else a decimal number
+     * (`numeric`: it starts with one) read into `bytes` (0 when not). */
+    int not_available;
+    int numeric;
+    unsigned long long bytes;
+    /* The optional fourth field is "graphics" (NVML's graphics processes). */
+    int graphics;
+};
+/* Reads the file the environment variable `env` names (unset, empty or
+ * unreadable: no lines) on every call, so that a test changes what the
+ * library reports between queries by rewriting it, and calls each(ctx,
+ * line) for each line with at least the three first fields, in order,
+ * until each returns nonzero. */
+void sq_process_file_each(const char *env, int (*each)(void *ctx, const struct sq_process_line *),
+                          void *ctx);
+
 /* The entry-point fault knob: the environment variable `env` set to
  * "<entry point>:<N>" makes the Nth call of that entry point (counted by
  * sq_entry_fault, per process) fail. sq_entry_fault(env, fn) counts a call
@@ -106,7 +151,8 @@ int sq_entry_paused(void);
 void sq_entry_resume(void);
 
 /* The test hooks over the knobs above that a stand-in exports under its
- * vendor's name, defined where this is used (once, in the vendor's vmm.c):
+ * vendor's name, defined where this is used (once, in the vendor's
+ * virtual memory section):
  * memgov_standin_<vendor>_fail_entry(fn, n) (sq_entry_fault_set),
  * memgov_standin_<vendor>_pause_entry(fn, n) (sq_entry_pause_set),
  * memgov_standin_<vendor>_entry_paused() and
