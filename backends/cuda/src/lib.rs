@@ -84,6 +84,7 @@ mod arena;
 mod capability;
 mod capture;
 mod config;
+mod context;
 mod memory;
 mod result;
 mod retire;

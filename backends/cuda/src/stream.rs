@@ -7,11 +7,11 @@
 //! must not be released under a running host function); an adopted stream
 //! is only synchronized.
 
-use crate::shared::{Shared, WATCH_INTERVAL};
+use crate::shared::WATCH_INTERVAL;
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUstream};
 use memgov_backend::BackendError;
-use memgov_stream_ordered::stream::{self, StreamContext};
+use memgov_stream_ordered::stream;
 use memgov_stream_ordered::table::Context as _;
 
 memgov_stream_ordered::handle! {
@@ -20,10 +20,7 @@ memgov_stream_ordered::handle! {
     /// A plain handle: dropping it does nothing. The context destroys the
     /// streams it created in `destroy_stream` or teardown; adopted streams are
     /// never destroyed by memgov.
-    pub struct CudaStream(stream::Stream<CUstream>);
-}
-
-impl CudaStream {
+    pub struct CudaStream(Stream<CUstream>);
     /// The raw `CUstream`, for launching a runtime's own kernels and copies
     /// ordered with memgov's work on it.
     ///
@@ -31,15 +28,7 @@ impl CudaStream {
     /// stream that lent it is dropped (memgov destroys it then) or after the
     /// context is retired, and must make the stream's context current on the
     /// calling thread before using it.
-    pub fn cu_stream(&self) -> CUstream {
-        self.raw()
-    }
-}
-
-impl StreamContext for Shared {
-    fn wrap(stream: stream::Stream<CUstream>) -> CudaStream {
-        CudaStream(stream)
-    }
+    pub fn cu_stream;
 }
 
 impl CudaContext {

@@ -80,6 +80,7 @@ mod arena;
 mod capability;
 mod capture;
 mod config;
+mod context;
 mod ffi;
 mod memory;
 pub mod raw;

@@ -7,7 +7,7 @@
 use super::ffi::hipStream_t;
 use crate::shared::Shared;
 use memgov_backend::BackendError;
-use memgov_stream_ordered::stream::{self, StreamContext};
+use memgov_stream_ordered::stream;
 use memgov_stream_ordered::table::Context as _;
 
 memgov_stream_ordered::handle! {
@@ -15,10 +15,7 @@ memgov_stream_ordered::handle! {
     ///
     /// A plain handle: dropping it does nothing; `destroy_stream` (or teardown,
     /// for streams the governor abandoned) destroys the `hipStream_t`.
-    pub struct HipStream(stream::Stream<hipStream_t>);
-}
-
-impl HipStream {
+    pub struct HipStream(Stream<hipStream_t>);
     /// The raw `hipStream_t`, for launching a runtime's own kernels and
     /// copies ordered with memgov's work on this stream.
     ///
@@ -28,15 +25,7 @@ impl HipStream {
     /// Memory of this context used by work queued here must stay owned (not
     /// released) until that work has executed: the governor orders its free
     /// after the work, but only on this same stream.
-    pub fn hip_stream(&self) -> hipStream_t {
-        self.raw()
-    }
-}
-
-impl StreamContext for Shared {
-    fn wrap(stream: stream::Stream<hipStream_t>) -> HipStream {
-        HipStream(stream)
-    }
+    pub fn hip_stream;
 }
 
 /// Wait for the stream's work (its free callbacks included), then destroy it.

@@ -267,16 +267,36 @@ impl<S: Copy> Stream<S> {
 
 /// A vendor's public handle over a core part ([`Stream`], [`Block`]): the
 /// newtype, reading the part through `Deref` and `AsRef`. Its field is the
-/// vendor crate's own: users read a handle but cannot make one.
+/// vendor crate's own: users read a handle but cannot make one. A stream's
+/// handle names its raw-handle accessor (`cu_stream`), documented by the
+/// vendor.
 ///
 /// ```ignore
 /// memgov_stream_ordered::handle! {
 ///     /// A stream of ordered work on a CUDA context.
 ///     pub struct CudaStream(Stream<CUstream>);
+///     /// The raw `CUstream`, for a runtime's own kernels.
+///     pub fn cu_stream;
 /// }
 /// ```
 #[macro_export]
 macro_rules! handle {
+    (
+        $(#[$meta:meta])* pub struct $name:ident(Stream<$raw:ty>);
+        $(#[$raw_meta:meta])* pub fn $raw_fn:ident;
+    ) => {
+        $crate::handle! {
+            $(#[$meta])*
+            pub struct $name($crate::state::Stream<$raw>);
+        }
+
+        impl $name {
+            $(#[$raw_meta])*
+            pub fn $raw_fn(&self) -> $raw {
+                self.0.raw()
+            }
+        }
+    };
     ($(#[$meta:meta])* pub struct $name:ident($inner:ty);) => {
         $(#[$meta])*
         #[derive(Debug)]

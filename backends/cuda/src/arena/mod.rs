@@ -13,7 +13,6 @@
 //! around the calls ([`granule`]), and the release queued behind a host function on the
 //! releasing stream ([`release`]).
 
-pub(crate) mod granule;
 mod release;
 pub(crate) mod state;
 

@@ -20,7 +20,6 @@
 //!   the arena asks `hipRuntimeGetVersion` once and passes the layout the
 //!   loaded runtime reads ([`ffi::allocation_prop`]).
 
-pub(crate) mod granule;
 pub(crate) mod release;
 
 use crate::ffi;

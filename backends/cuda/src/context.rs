@@ -1,9 +1,10 @@
-//! The context the arena's granule calls run in: the core's [`Context`] on
-//! CUDA's shared state (its primary context pushed around the calls, its
-//! lost state, its streams, the properties its granules are created with).
-//! The calls themselves are CUDA's table's ([`crate::table`]); the steps
-//! (create, map, set access, each undone on failure; unmap, release; the
-//! sleep's copies) are the core's ([`memgov_stream_ordered::arena`]).
+//! The context half of CUDA's table for the core: the core's [`Context`]
+//! and [`StreamContext`] on CUDA's shared state (its primary context pushed
+//! around the calls, its lost state and what a sticky code abandons, its
+//! streams, the properties its granules are created with, the capture
+//! gate). The entry points themselves are the other half ([`crate::table`]);
+//! the steps over them (the arena's, the streams', the copies') are the
+//! core's ([`memgov_stream_ordered`]).
 
 use crate::result::Cuda;
 use crate::shared::Shared;
@@ -12,7 +13,7 @@ use cudarc::driver::sys::{self, CUstream};
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::state::State;
-use memgov_stream_ordered::stream::StreamContext as _;
+use memgov_stream_ordered::stream::StreamContext;
 use memgov_stream_ordered::table::{Context, VmmTable};
 
 /// The arena's calls run with the context's primary context pushed (the
@@ -20,7 +21,7 @@ use memgov_stream_ordered::table::{Context, VmmTable};
 impl Context for Shared {
     type Table = Cuda;
     type Stream = crate::CudaStream;
-    type Arena = super::Arena;
+    type Arena = crate::arena::Arena;
 
     fn on_sticky(&self) {
         self.abandon_pending();
@@ -30,7 +31,7 @@ impl Context for Shared {
         crate::shared::gate()
     }
 
-    fn granule_prop(arena: &super::Arena) -> sys::CUmemAllocationProp {
+    fn granule_prop(arena: &crate::arena::Arena) -> sys::CUmemAllocationProp {
         prop(arena.ordinal)
     }
 
@@ -62,5 +63,12 @@ impl Shared {
         // SAFETY: the context is current (the caller's guard).
         let r = unsafe { sys::cuCtxSynchronize() };
         self.checked(op, "cuCtxSynchronize", r)
+    }
+}
+
+/// The context's streams are the core's (its [`State`]'s registry).
+impl StreamContext for Shared {
+    fn wrap(stream: memgov_stream_ordered::stream::Stream<CUstream>) -> crate::CudaStream {
+        crate::CudaStream(stream)
     }
 }

@@ -1,10 +1,11 @@
-//! The context the arena's granule calls run in: the core's [`Context`] on
-//! HIP's shared state (its device set on the calling thread around the
-//! calls, its lost state, its streams, the properties its granules are
-//! created with, in the loaded runtime's layout). The calls themselves are
-//! HIP's table's ([`crate::table`]); the steps (create, map, set access,
-//! each undone on failure; unmap, release; the sleep's copies) are the
-//! core's ([`memgov_stream_ordered::arena`]).
+//! The context half of HIP's table for the core: the core's [`Context`]
+//! and [`StreamContext`] on HIP's shared state (its device set on the
+//! calling thread around the calls, its lost state and the waits a sticky
+//! code wakes, its streams, the properties its granules are created with in
+//! the loaded runtime's layout, the capture gate). The entry points
+//! themselves are the other half ([`crate::table`]); the steps over them
+//! (the arena's, the streams', the copies') are the core's
+//! ([`memgov_stream_ordered`]).
 
 use crate::ffi::{self, hipStream_t};
 use crate::result::Hip;
@@ -12,7 +13,7 @@ use crate::shared::Shared;
 use memgov_backend::vmm::Gate;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::state::State;
-use memgov_stream_ordered::stream::StreamContext as _;
+use memgov_stream_ordered::stream::StreamContext;
 use memgov_stream_ordered::table::{Context, VmmTable};
 
 /// The arena's calls run with the context's device set on the calling
@@ -21,7 +22,7 @@ use memgov_stream_ordered::table::{Context, VmmTable};
 impl Context for Shared {
     type Table = Hip;
     type Stream = crate::HipStream;
-    type Arena = super::Arena;
+    type Arena = crate::arena::Arena;
 
     fn on_sticky(&self) {
         self.outstanding.wake();
@@ -31,7 +32,7 @@ impl Context for Shared {
         crate::shared::gate()
     }
 
-    fn granule_prop(arena: &super::Arena) -> ffi::AllocationProp {
+    fn granule_prop(arena: &crate::arena::Arena) -> ffi::AllocationProp {
         ffi::allocation_prop(arena.ordinal, arena.vendor)
     }
 
@@ -54,5 +55,12 @@ impl Context for Shared {
     /// HIP has no per-context synchronize: every stream of the context is.
     fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
         memgov_stream_ordered::stream::quiesce(self, op, None)
+    }
+}
+
+/// The context's streams are the core's (its [`State`]'s registry).
+impl StreamContext for Shared {
+    fn wrap(stream: memgov_stream_ordered::stream::Stream<hipStream_t>) -> crate::HipStream {
+        crate::HipStream(stream)
     }
 }
