@@ -26,10 +26,10 @@ use cudarc::driver::sys::{self, CUdeviceptr};
 use memgov_backend::lock;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::parts::Books;
+use memgov_stream_ordered::pinned;
 use memgov_stream_ordered::state::{Block, Origin};
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
-use std::ffi::c_void;
 
 memgov_stream_ordered::handle! {
     /// A raw device allocation: the core's [`Block`] (`len`, `tier`,
@@ -103,28 +103,8 @@ impl CudaContext {
         stream: &super::CudaStream,
         bytes: u64,
     ) -> Result<CudaMemory, BackendError> {
-        let s = &*self.parts.shared;
-        let size = memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
-        // Page-locked allocation (and the free on failure below) is a
-        // potentially unsafe call: it waits for captures under way, and is
-        // refused on a thread whose own capture is under way.
-        let _call = crate::shared::gate().call("allocate", true)?;
-        let _current = s.make_current("allocate")?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: `host` is a valid out pointer; the context is current.
-        let r = unsafe { sys::cuMemHostAlloc(&mut host, size, flags) };
-        s.checked("allocate", "cuMemHostAlloc", r)?;
-        let mut ptr: CUdeviceptr = 0;
-        // SAFETY: `host` was just allocated mapped in this context, which is
-        // current; `ptr` is a valid out pointer.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0) };
-        if let Err(e) = s.checked("allocate", "cuMemHostGetDevicePointer_v2", r) {
-            // SAFETY: allocated above, used by nothing yet, freed once.
-            let _ = unsafe { sys::cuMemFreeHost(host) };
-            return Err(e);
-        }
-        Ok(self.register(ptr, bytes, host as usize))
+        let (device, host) = pinned::allocate(&*self.parts.shared, stream, bytes)?;
+        Ok(self.register(device, bytes, host))
     }
 }
 

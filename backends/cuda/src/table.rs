@@ -67,6 +67,7 @@ use cudarc::driver::sys::{
 };
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::BackendError;
+use memgov_stream_ordered::pinned::PinnedTable;
 use memgov_stream_ordered::retire::{self, RetireTable};
 use memgov_stream_ordered::table::{
     CaptureNames, CaptureTable, Context, StreamNames, StreamTable, VmmNames, VmmTable,
@@ -227,6 +228,30 @@ impl VmmTable for Cuda {
     unsafe fn copy_htod_async(at: u64, host: usize, bytes: usize, stream: CUstream) -> CUresult {
         // SAFETY: as for `copy_dtoh_async`.
         unsafe { sys::cuMemcpyHtoDAsync_v2(at, host as *const c_void, bytes, stream) }
+    }
+}
+
+/// Pinned host memory: `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE |
+/// CU_MEMHOSTALLOC_DEVICEMAP`, reached by copies through
+/// `cuMemHostGetDevicePointer_v2` (flags 0).
+impl PinnedTable for Cuda {
+    const HOST_ALLOC_MAPPED: &'static str = "cuMemHostAlloc";
+    const HOST_DEVICE_POINTER: &'static str = "cuMemHostGetDevicePointer_v2";
+
+    unsafe fn host_alloc_mapped(bytes: usize) -> (CUresult, usize) {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: valid out pointer; the caller has the context current.
+        let r = unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) };
+        (r, host as usize)
+    }
+
+    unsafe fn host_device_pointer(host: usize) -> (CUresult, u64) {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated mapped in the current context (the
+        // caller's contract); valid out pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host as *mut c_void, 0) };
+        (r, ptr)
     }
 }
 

@@ -28,6 +28,7 @@ use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
 use memgov_backend::BackendError;
 use memgov_stream_ordered::parts::Books;
+use memgov_stream_ordered::pinned;
 use memgov_stream_ordered::state::Block;
 pub use memgov_stream_ordered::state::Origin;
 use memgov_stream_ordered::stream::StreamContext as _;
@@ -123,40 +124,9 @@ pub(crate) fn allocate_pinned(
     stream: &HipStream,
     bytes: u64,
 ) -> Result<HipMemory, BackendError> {
-    let size = memgov_stream_ordered::memory::allocation_size(shared, stream, bytes)?;
-    // Page-locked allocation (and the free on failure below) is a
-    // potentially unsafe call: it waits for captures under way, and is
-    // refused on a thread whose own capture is under way.
-    let _call = crate::shared::gate().call("allocate", true)?;
-    let _device = shared.make_current("allocate")?;
-    let mut ptr: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `ptr` is a valid out-pointer; the flags are documented.
-    let r = unsafe {
-        ffi::hipHostMalloc(
-            &mut ptr,
-            size,
-            ffi::hipHostMallocMapped | ffi::hipHostMallocPortable,
-        )
-    };
-    shared.checked("allocate", "hipHostMalloc", r)?;
-    let mut device: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `ptr` was just allocated mapped; `device` is a valid
-    // out-pointer; flags must be 0.
-    let r = unsafe { ffi::hipHostGetDevicePointer(&mut device, ptr, 0) };
-    if let Err(e) = shared.checked("allocate", "hipHostGetDevicePointer", r) {
-        // Nothing is queued on it yet: given back at once.
-        // SAFETY: allocated above with hipHostMalloc, freed once, unused.
-        let r = unsafe { ffi::hipHostFree(ptr) };
-        let _ = shared.checked("allocate", "hipHostFree", r);
-        return Err(e);
-    }
-    Ok(register(
-        shared,
-        ptr as usize,
-        device as usize,
-        bytes,
-        Origin::PinnedHost,
-    ))
+    let (device, host) = pinned::allocate(shared, stream, bytes)?;
+    let origin = Origin::PinnedHost;
+    Ok(register(shared, host, device as usize, bytes, origin))
 }
 
 /// A memory pool of the context's own on device `ordinal` (current on the

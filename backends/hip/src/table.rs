@@ -72,6 +72,7 @@ use crate::ffi::{
 use crate::result::{err, Hip};
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::{BackendError, BackendErrorKind};
+use memgov_stream_ordered::pinned::PinnedTable;
 use memgov_stream_ordered::retire::{self, RetireTable};
 use memgov_stream_ordered::table::{
     CaptureNames, CaptureTable, Context, Raw, StreamNames, StreamTable, VmmNames, VmmTable,
@@ -238,6 +239,33 @@ impl VmmTable for Hip {
     ) -> HipResult {
         // SAFETY: as for `copy_dtoh_async`.
         unsafe { ffi::hipMemcpyHtoDAsync(at as *mut c_void, host as *mut c_void, bytes, stream) }
+    }
+}
+
+/// Pinned host memory: `hipHostMalloc` with `hipHostMallocMapped |
+/// hipHostMallocPortable`; HIP's copies take the pointer kind their
+/// `hipMemcpyKind` names, so the device's view is the one
+/// `hipHostGetDevicePointer` (flags 0) returns, which may differ from the
+/// host pointer.
+impl PinnedTable for Hip {
+    const HOST_ALLOC_MAPPED: &'static str = "hipHostMalloc";
+    const HOST_DEVICE_POINTER: &'static str = "hipHostGetDevicePointer";
+
+    unsafe fn host_alloc_mapped(bytes: usize) -> (HipResult, usize) {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = ffi::hipHostMallocMapped | ffi::hipHostMallocPortable;
+        // SAFETY: valid out pointer, documented flags; the caller has the
+        // device current.
+        let r = unsafe { ffi::hipHostMalloc(&mut host, bytes, flags) };
+        (r, host as usize)
+    }
+
+    unsafe fn host_device_pointer(host: usize) -> (HipResult, u64) {
+        let mut device: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `host` was allocated mapped (the caller's contract); valid
+        // out pointer.
+        let r = unsafe { ffi::hipHostGetDevicePointer(&mut device, host as *mut c_void, 0) };
+        (r, device as u64)
     }
 }
 

@@ -43,6 +43,8 @@
 //!   a runtime, retired), each checked on use, created, synchronized,
 //!   ordered after another with an event ([`table::StreamTable`]), quiesced,
 //!   and reaped once retired;
+//! * [`pinned`]: page-locked host memory for the pinned tier, allocated
+//!   mapped over [`pinned::PinnedTable`];
 //! * [`parts`]: a vendor context's parts (shared state, arena, capture
 //!   pins) and what is read from them the same way on every vendor;
 //! * [`teardown`]: teardown's steps that are the same on every vendor
@@ -87,6 +89,7 @@ pub mod arena;
 pub mod capture;
 pub mod memory;
 pub mod parts;
+pub mod pinned;
 pub mod result;
 pub mod retire;
 pub mod state;
