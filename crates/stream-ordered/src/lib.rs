@@ -71,11 +71,12 @@
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
 //! its codes), then [`state`] (what a context holds), then [`table`] (the
-//! entry points and the context), then
-//! [`memory`] and [`retire`] side by side, then [`arena`] (whose releases
-//! [`retire`] settles) and [`capture`] side by side (neither imports the
-//! other), then [`stream`] (which drains through the arena's `drain`) and
-//! [`parts`] side by side, then [`teardown`].
+//! entry points and the context), then [`memory`] and [`retire`] side by
+//! side, then [`pinned`] (over [`memory`]'s checks), then [`arena`] (whose
+//! releases [`retire`] settles) and [`capture`] side by side (neither
+//! imports the other), then [`stream`] (which drains through the arena's
+//! `drain`), then [`teardown`], then [`parts`] (a vendor context's parts,
+//! over all of them).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
