@@ -13,7 +13,6 @@ use crate::stream::{self, StreamContext};
 use crate::table::CaptureTable;
 use crate::table::{Context, StreamTable, VmmTable};
 use crate::teardown::LOST_DRAIN;
-use memgov_backend::shell::Current;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity, Execution,
     MemoryInfo,
@@ -150,21 +149,18 @@ impl<C: Books + StreamContext> Parts<C> {
         offset: u64,
         src: &[u8],
     ) -> Result<(), BackendError> {
-        let s = &*self.shared;
-        let raw = self.copy_checks("write", stream, memory)?;
-        // Held until the copy is queued (and synchronized): no sleep unmaps
-        // between the awake check and the enqueue.
-        let _use = s.sleep_gate().enter();
-        self.check_awake("write", memory)?;
-        let at = memory::range::<C>("write", memory.device, memory.bytes, offset, src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        let _current = current_for_copy(s, "write")?;
-        // SAFETY: [at, at + len) lies inside a live allocation of this
-        // context and the stream is a live stream of it (checked above);
-        // the device is current where the vendor needs it.
-        unsafe { memory::write(s, raw, at, src) }
+        self.copy(
+            "write",
+            stream,
+            memory,
+            (offset, src.len()),
+            |s, raw, at| {
+                // SAFETY: `copy`'s checks: [at, at + len) lies inside a live
+                // allocation of this context, the stream is a live stream of it,
+                // the device is current where the vendor needs it.
+                unsafe { memory::write(s, raw, at, src) }
+            },
+        )
     }
 
     /// Copy `dst.len()` bytes at `offset` of `memory` into `dst` on
@@ -176,18 +172,40 @@ impl<C: Books + StreamContext> Parts<C> {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), BackendError> {
+        self.copy("read", stream, memory, (offset, dst.len()), |s, raw, at| {
+            // SAFETY: as in `write`.
+            unsafe { memory::read(s, raw, at, dst) }
+        })
+    }
+
+    /// A copy of `len` bytes at `offset` of `memory`: the checks, then,
+    /// holding the sleep gate until the copy is queued (and synchronized,
+    /// so no sleep unmaps between the awake check and the enqueue), the
+    /// awake check and the range; an empty copy stops there; else the
+    /// device made current where the vendor's stream calls need it, and
+    /// `queue` with the stream and the device address.
+    fn copy(
+        &self,
+        op: &'static str,
+        stream: &C::Stream,
+        memory: &Block,
+        (offset, len): (u64, usize),
+        queue: impl FnOnce(&C, <C::Table as VmmTable>::Stream, u64) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let s = &*self.shared;
-        let raw = self.copy_checks("read", stream, memory)?;
-        // As in write.
+        let raw = self.copy_checks(op, stream, memory)?;
         let _use = s.sleep_gate().enter();
-        self.check_awake("read", memory)?;
-        let at = memory::range::<C>("read", memory.device, memory.bytes, offset, dst.len())?;
-        if dst.is_empty() {
+        self.check_awake(op, memory)?;
+        let at = memory::range::<C>(op, memory.device, memory.bytes, offset, len)?;
+        if len == 0 {
             return Ok(());
         }
-        let _current = current_for_copy(s, "read")?;
-        // SAFETY: handles and bounds checked as in write.
-        unsafe { memory::read(s, raw, at, dst) }
+        let _current = if C::Table::STREAM_CALLS_NEED_CURRENT {
+            Some(s.make_current(op)?)
+        } else {
+            None
+        };
+        queue(s, raw, at)
     }
 
     /// The checks of a copy, with no driver call: a usable context, a live
@@ -219,19 +237,6 @@ impl<C: Books + StreamContext> Parts<C> {
             ));
         }
         Ok(raw)
-    }
-}
-
-/// The device made current for a copy where the vendor's stream calls
-/// need it.
-fn current_for_copy<'a, C: Books>(
-    s: &'a C,
-    op: &'static str,
-) -> Result<Option<Current<'a, C>>, BackendError> {
-    if C::Table::STREAM_CALLS_NEED_CURRENT {
-        s.make_current(op).map(Some)
-    } else {
-        Ok(None)
     }
 }
 
