@@ -110,8 +110,18 @@ impl CudaContext {
 
 /// The live map is keyed by the allocation's number.
 impl Books for crate::shared::Shared {
+    type Entry = Live;
+
     fn is_live(&self, memory: &Block) -> bool {
         lock(&self.live).contains_key(&memory.id)
+    }
+
+    fn take_live(&self, memory: &Block) -> Option<Live> {
+        lock(&self.live).remove(&memory.id)
+    }
+
+    fn put_back(&self, memory: &Block, entry: Live) {
+        lock(&self.live).insert(memory.id, entry);
     }
 
     fn forget_arena_allocations(&self, arena: &Self::Arena) -> Vec<u64> {

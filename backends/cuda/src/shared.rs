@@ -5,9 +5,7 @@ use crate::result::{Cuda, BACKEND};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUstream};
 use memgov_backend::shell::MakeCurrent;
 use memgov_backend::vmm::Gate;
-use memgov_backend::{
-    lock, BackendError, BackendProbe, FreeThread, FreeWork, Stop, Take, Tickets, Unsettled,
-};
+use memgov_backend::{lock, BackendError, FreeThread, FreeWork, Stop, Take, Tickets, Unsettled};
 use memgov_stream_ordered::state::State;
 use memgov_stream_ordered::stream;
 use memgov_stream_ordered::table::{Context as _, StreamTable};
@@ -76,12 +74,14 @@ pub struct HostFree {
     pub(crate) stream: u64,
 }
 
-pub(crate) struct Live {
-    pub ptr: CUdeviceptr,
-    pub bytes: u64,
+/// What the books keep of a live allocation. `pub` in a private module:
+/// the core's `Books` names it as the books' entry.
+pub struct Live {
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) bytes: u64,
     /// The host address of a page-locked host allocation (`cuMemHostAlloc`,
     /// freed with `cuMemFreeHost`); 0 for device memory.
-    pub host: usize,
+    pub(crate) host: usize,
 }
 
 /// The state a context's threads share: the caller's, the host functions'
@@ -232,12 +232,5 @@ impl MakeCurrent for Shared {
         // device call and restores the context the thread had before. A
         // failure leaves nothing to undo.
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-    }
-}
-
-/// The core begins frees in this context (`retire::begin_free`).
-impl memgov_stream_ordered::retire::Frees for Shared {
-    fn frees(&self) -> (u64, &BackendProbe) {
-        (self.id, self.shell.probe())
     }
 }

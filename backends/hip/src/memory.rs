@@ -235,8 +235,18 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
 
 /// The live map is keyed by the allocation's own pointer.
 impl Books for Shared {
+    type Entry = (u64, Origin);
+
     fn is_live(&self, memory: &Block) -> bool {
         lock(&self.live).contains_key(&memory.own())
+    }
+
+    fn take_live(&self, memory: &Block) -> Option<(u64, Origin)> {
+        lock(&self.live).remove(&memory.own())
+    }
+
+    fn put_back(&self, memory: &Block, entry: (u64, Origin)) {
+        lock(&self.live).insert(memory.own(), entry);
     }
 
     fn forget_arena_allocations(&self, _: &Self::Arena) -> Vec<u64> {

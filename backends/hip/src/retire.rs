@@ -61,13 +61,6 @@ impl Settle for Shared {
     }
 }
 
-/// The context's id and probe, for the core's `begin_free`.
-impl retire::Frees for Shared {
-    fn frees(&self) -> (u64, &memgov_backend::BackendProbe) {
-        (self.id, self.shell.probe())
-    }
-}
-
 /// A refused free: the memory and the signal go back to the caller, as
 /// `DeviceContext::free_async` requires (hence the large `Err` variants
 /// below, which clippy flags).

@@ -29,6 +29,16 @@ pub trait Books: Context<Table: StreamTable> {
     /// Take the live allocations carved from `arena` out of the books (the
     /// arena's teardown releases their granules); their sizes.
     fn forget_arena_allocations(&self, arena: &Self::Arena) -> Vec<u64>;
+
+    /// What the books keep of a live allocation.
+    type Entry;
+
+    /// Take `memory` out of the books (it is being freed); `None` when it
+    /// is not live.
+    fn take_live(&self, memory: &Block) -> Option<Self::Entry>;
+
+    /// Put `memory` back into the books: its free was refused.
+    fn put_back(&self, memory: &Block, entry: Self::Entry);
 }
 
 /// A vendor context's parts: the shared state (the caller's, the
@@ -245,6 +255,49 @@ where
     C: Books + StreamContext + Context<Arena = Arena<C, Releases, X>>,
     X: Send + Sync + 'static,
 {
+    /// `free_async` of arena memory: the free's first checks (the memory
+    /// taken out of the books), then the release queued behind a callback
+    /// on `stream`, which gives the range back to the arena once the stream
+    /// passed the memory's last use (and, through `order_after`, every
+    /// other stream that used it) and fires `signal`. No driver call unmaps
+    /// anything here: trim, sleep and teardown do, on a caller's thread. On
+    /// refusal the memory is back in the books and returned with the signal.
+    #[allow(clippy::result_large_err)]
+    pub fn arena_free_async<M: AsRef<Block>>(
+        &self,
+        arena: &Arc<Arena<C, Releases, X>>,
+        stream: &C::Stream,
+        memory: M,
+        signal: memgov_backend::RetireSignal,
+    ) -> Result<(), (M, memgov_backend::RetireSignal, BackendError)>
+    where
+        C::Table: retire::RetireTable,
+    {
+        let s = &*self.shared;
+        let b = memory.as_ref();
+        let what = format_args!(
+            "arena allocation {} ({} B at {:#x})",
+            b.id, b.bytes, b.device
+        );
+        let entry = match retire::begin_free(s, stream, b.context, what, || s.take_live(b)) {
+            Ok(entry) => entry,
+            Err(e) => return Err((memory, signal, e)),
+        };
+        let _current = match s.make_current("free_async") {
+            Ok(current) => current,
+            Err(e) => {
+                s.put_back(b, entry);
+                return Err((memory, signal, e));
+            }
+        };
+        let raw = stream.as_ref().raw();
+        // SAFETY: the stream is a live stream of this context (checked by
+        // `begin_free`), which is current; the memory is `arena`'s and was
+        // taken out of the live set above.
+        unsafe { retire::queue_release(s, arena, raw, signal, b.bytes, b.device) };
+        Ok(())
+    }
+
     /// Device loss: the arena's queued releases are dropped unfired (their
     /// callbacks will not run).
     pub fn abandon_arena_releases(&self) {
@@ -312,11 +365,10 @@ where
 ///   the arena's when there is one;
 /// * `allocate_pinned_impl(&self, &Stream, u64) -> Result<Memory>`:
 ///   page-locked host memory;
-/// * `free_async_impl(&self, &Stream, Memory, RetireSignal)` and
-///   `arena_free_async(&self, &Arc<Arena>, &Stream, Memory, RetireSignal)`,
-///   both `-> Result<(), (Memory, RetireSignal, BackendError)>`: memory of
-///   the pool (or the vendor's other sources), and of the arena
-///   ([`Origin::Arena`]);
+/// * `free_async_impl(&self, &Stream, Memory, RetireSignal) -> Result<(),
+///   (Memory, RetireSignal, BackendError)>`: memory of the pool (or the
+///   vendor's other sources); the arena's ([`Origin::Arena`]) is
+///   [`Parts::arena_free_async`];
 /// * `destroy_stream_impl(&self, Stream)` and `synchronize_impl(&self,
 ///   &Stream)`, both `-> Result<()>`, after the capture gate admitted them;
 /// * `device_lost_impl(&self)` (the arena's releases are then abandoned
@@ -396,7 +448,7 @@ macro_rules! device_context {
                 let origin = ::std::convert::AsRef::<$crate::state::Block>::as_ref(&memory).origin;
                 match &self.parts.arena {
                     Some(a) if origin == $crate::state::Origin::Arena => {
-                        self.arena_free_async(a, stream, memory, retired)
+                        self.parts.arena_free_async(a, stream, memory, retired)
                     }
                     _ => self.free_async_impl(stream, memory, retired),
                 }

@@ -92,16 +92,6 @@ pub trait RetireTable: VmmTable {
     unsafe fn launch_callback(stream: Self::Stream, ticket: u64) -> Self::Code;
 }
 
-/// A context whose frees the core begins ([`begin_free`]).
-pub trait Frees: Context
-where
-    Self::Table: RetireTable,
-{
-    /// The context's id in the process (memory and streams carry it), and
-    /// the probe its frees are counted on.
-    fn frees(&self) -> (u64, &BackendProbe);
-}
-
 /// The first steps of every `free_async`: refuse on a lost context or a
 /// stream that is not a live stream of `ctx`, then take the memory out of
 /// the live set (`take`, called only when the memory is this context's:
@@ -118,12 +108,12 @@ pub fn begin_free<C, L>(
     take: impl FnOnce() -> Option<L>,
 ) -> Result<L, BackendError>
 where
-    C: Frees,
+    C: Context,
     C::Table: RetireTable,
 {
     ctx.check_usable("free_async")?;
     ctx.raw_stream("free_async", stream)?;
-    let (id, probe) = ctx.frees();
+    let (id, probe) = (ctx.state().id, ctx.probe());
     let ours = memory_context == id;
     if let Some(live) = ours.then(take).flatten() {
         return Ok(live);

@@ -13,7 +13,6 @@
 //! around the calls ([`granule`]), and the release queued behind a host function on the
 //! releasing stream ([`release`]).
 
-mod release;
 pub(crate) mod state;
 
 pub use memgov_backend::vmm::SleepReport;
@@ -60,7 +59,8 @@ pub type CudaArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 /// One context's arena: the core's
 /// [`Arena`](memgov_stream_ordered::arena::Arena) (books, device, releases)
 /// over CUDA's handles and its host-function releases.
-pub type Arena = memgov_stream_ordered::arena::Arena<Shared, release::Releases>;
+pub type Arena =
+    memgov_stream_ordered::arena::Arena<Shared, memgov_stream_ordered::retire::Releases>;
 
 /// Ask the granularity and reserve the range, on the context (current on
 /// the calling thread).

@@ -20,8 +20,6 @@
 //!   the arena asks `hipRuntimeGetVersion` once and passes the layout the
 //!   loaded runtime reads ([`ffi::allocation_prop`]).
 
-pub(crate) mod release;
-
 use crate::ffi;
 use crate::result::err;
 use crate::shared::Shared;
@@ -39,7 +37,8 @@ pub type HipArena = memgov_stream_ordered::arena::ArenaHandle<Shared>;
 /// releases) over HIP's handles and its callback releases, keeping the
 /// `hipRuntimeGetVersion` that says which `hipMemAllocationProp` layout to
 /// pass.
-pub type Arena = memgov_stream_ordered::arena::Arena<Shared, release::Releases, i32>;
+pub type Arena =
+    memgov_stream_ordered::arena::Arena<Shared, memgov_stream_ordered::retire::Releases, i32>;
 
 /// `Unsupported`, naming the entry point the loaded ROCm lacks.
 pub(crate) fn unsupported(op: &'static str, what: &str, symbol: &str) -> BackendError {
