@@ -10,8 +10,7 @@ use crate::result::{err, Vendor};
 use crate::retire::{self, Releases};
 use crate::state::{Block, Origin};
 use crate::stream::{self, StreamContext};
-use crate::table::CaptureTable;
-use crate::table::{Context, StreamTable, VmmTable};
+use crate::table::{CaptureTable, Context, StreamTable, VmmTable};
 use crate::teardown::LOST_DRAIN;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity, Execution,
@@ -22,6 +21,9 @@ use std::sync::Arc;
 /// The vendor's books of its live allocations, which every copy checks
 /// and teardown empties.
 pub trait Books: Context<Table: StreamTable> {
+    /// What the books keep of a live allocation.
+    type Entry;
+
     /// Whether `memory` (an allocation of this context) is live: not freed,
     /// nor handed to a free.
     fn is_live(&self, memory: &Block) -> bool;
@@ -29,9 +31,6 @@ pub trait Books: Context<Table: StreamTable> {
     /// Take the live allocations carved from `arena` out of the books (the
     /// arena's teardown releases their granules); their sizes.
     fn forget_arena_allocations(&self, arena: &Self::Arena) -> Vec<u64>;
-
-    /// What the books keep of a live allocation.
-    type Entry;
 
     /// Take `memory` out of the books (it is being freed); `None` when it
     /// is not live.
