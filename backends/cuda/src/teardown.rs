@@ -129,7 +129,8 @@ impl CudaContext {
     ///
     /// * when only the caller declared the loss and the driver still answers,
     ///   the queued work of memgov's streams is waited for, polled with
-    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; then
+    ///   `cuStreamQuery` (no blocking call) for at most the core's
+    ///   `LOST_DRAIN` ([`teardown::drain_lost`]); then
     ///   everything is given back as in a healthy teardown ([`release_all`]:
     ///   live allocations freed, page-locked host memory freed, streams and
     ///   the pool destroyed) before the reference to the primary context is
