@@ -39,6 +39,10 @@ impl HipContext {
             // Every signal still held is dropped unfired; the fallback frees
             // the free thread had not started come back to be freed here
             // (their signals dropped too), and the thread is joined below.
+            // Unlike CUDA (the core's `drain_lost`), no drain first: HIP
+            // gives back at once what a device still answering takes (its
+            // blocking synchronizes), stops at a sticky code, and never
+            // calls `hipDeviceReset` (the process's other users' memory).
             let taken = retire::abandon_all(shared);
             self.release_everything(taken)
         } else {
