@@ -61,17 +61,11 @@ impl CudaContext {
         let streams = s.streams.drain();
         let raw: Vec<CUstream> = streams.iter().map(|&(raw, _)| raw).collect();
         teardown::sync_streams(s, "teardown", &raw, errors);
-        // Destroyed streams whose work may still run: wait, then destroy
-        // (before the leftovers are freed: that work may use them).
-        for raw in s.streams.take_retired() {
-            // SAFETY: a stream this context created, removed from the
-            // retired list above so destroyed once; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw) };
-            errors.keep(s.checked("teardown", "cuStreamSynchronize", r));
-            // SAFETY: as above; its work has completed.
-            let r = unsafe { sys::cuStreamDestroy_v2(raw) };
-            errors.keep(s.checked("teardown", "cuStreamDestroy_v2", r));
-        }
+        // Destroyed streams whose work may still run (CUDA retires them:
+        // `cuStreamDestroy` returns before their host functions ran): wait,
+        // then destroy, before the leftovers are freed (that work may use
+        // them).
+        teardown::destroy_retired(s, "teardown", errors);
         // Page-locked host frees whose host function ran (every stream was
         // synchronized above) and that the stopped free thread had not done.
         errors.keep(s.free_ready_host("teardown"));

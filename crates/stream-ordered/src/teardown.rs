@@ -2,7 +2,8 @@
 //! kept while every step still runs ([`FirstError`]), the frees a direct
 //! caller left pending reported ([`report_pending`]), every stream the
 //! governor left synchronized ([`sync_streams`]) and destroyed
-//! ([`destroy_streams`]), what a forced retire left live freed on a stream
+//! ([`destroy_streams`]), those retired waited for and destroyed
+//! ([`destroy_retired`]), what a forced retire left live freed on a stream
 //! of teardown's own, waited for and destroyed ([`on_own_stream`],
 //! [`free_leftovers`] over the vendor's [`TeardownTable::free_async`]), a
 //! declared-lost context's queued work polled until it ran
@@ -101,6 +102,28 @@ pub fn destroy_streams<C: StreamContext>(
         } else {
             s.shell().probe().stream_destroyed();
         }
+    }
+}
+
+/// Wait for, then destroy, the streams the governor destroyed while their
+/// work could still run (retired: [`Streams::retire`]), taken out of the
+/// retired list so each is destroyed once; each was counted as destroyed
+/// when it was retired. Called before the leftovers are freed, as that
+/// work may use them. The context is current.
+///
+/// [`Streams::retire`]: crate::stream::Streams::retire
+pub fn destroy_retired<C: StreamContext>(s: &C, op: &'static str, errors: &mut FirstError) {
+    for raw in s.streams().take_retired() {
+        if stopped(s) {
+            continue;
+        }
+        // SAFETY: a stream this context created, out of the retired list
+        // (so destroyed once, here); the context is current.
+        let r = unsafe { C::Table::stream_sync(raw) };
+        errors.keep(s.checked(op, C::Table::NAMES.stream_sync, r));
+        // SAFETY: as above; its work has completed.
+        let r = unsafe { C::Table::stream_destroy(raw) };
+        errors.keep(s.checked(op, C::Table::STREAM_NAMES.stream_destroy, r));
     }
 }
 

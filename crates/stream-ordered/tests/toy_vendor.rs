@@ -1126,3 +1126,34 @@ fn forgetting_at_teardown_counts_streams_and_memory_gone_with_no_call() {
     assert!(!s.streams().has_retired());
     assert!(s.streams().live().is_empty());
 }
+
+#[test]
+fn retired_streams_are_waited_for_then_destroyed_once_at_teardown() {
+    let s = ToyStreams::default();
+    s.streams().retire(3);
+    s.streams().retire(4);
+    let mut errors = teardown::FirstError::default();
+    teardown::destroy_retired(&s, "teardown", &mut errors);
+    errors.into_result().expect("destroyed");
+    // Each synchronized before it is destroyed; none left to destroy again.
+    assert_eq!(
+        log(),
+        [
+            "toyStreamSynchronize",
+            "toyStreamDestroy",
+            "toyStreamSynchronize",
+            "toyStreamDestroy"
+        ]
+    );
+    assert!(!s.streams().has_retired());
+    // A refused synchronize is kept, and the stream still destroyed.
+    let s = ToyStreams::default();
+    s.streams().retire(3);
+    clear_log();
+    script("toyStreamSynchronize", REFUSED);
+    let mut errors = teardown::FirstError::default();
+    teardown::destroy_retired(&s, "teardown", &mut errors);
+    let e = errors.into_result().expect_err("refused");
+    assert!(e.message.contains("toyStreamSynchronize"), "{e}");
+    assert_eq!(log(), ["toyStreamSynchronize", "toyStreamDestroy"]);
+}
