@@ -464,3 +464,16 @@ impl RetireTable for Cuda {
         unsafe { sys::cuLaunchHostFunc(stream, Some(host_fn), ticket as usize as *mut c_void) }
     }
 }
+
+// ---- teardown --------------------------------------------------------------
+
+/// `cuMemFreeAsync`, for the pool memory a forced retire left live.
+impl memgov_stream_ordered::teardown::TeardownTable for Cuda {
+    const FREE_ASYNC: &'static str = "cuMemFreeAsync";
+
+    unsafe fn free_async(ptr: u64, stream: CUstream) -> CUresult {
+        // SAFETY: the caller's contract (a live pool allocation of the
+        // current context, freed once; the stream live).
+        unsafe { sys::cuMemFreeAsync(ptr, stream) }
+    }
+}

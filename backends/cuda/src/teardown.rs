@@ -1,15 +1,19 @@
 //! Teardown: [`CudaContext::tear_down`], called by
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
 
-use crate::result::{self, check, err, BACKEND};
-use crate::shared::{Live, WATCH_INTERVAL};
+use crate::result::check;
+use crate::shared::Live;
 use crate::CudaContext;
-use cudarc::driver::sys::{self, CUresult, CUstream};
-use memgov_backend::{lock, BackendError, BackendErrorKind};
+use cudarc::driver::sys::{self, CUstream};
+use memgov_backend::{lock, BackendError};
 use memgov_stream_ordered::table::Context as _;
-use memgov_stream_ordered::teardown::LOST_DRAIN;
 use memgov_stream_ordered::teardown::{self, FirstError};
-use std::time::Instant;
+
+/// What a lost teardown whose drain timed out keeps, and how to reclaim
+/// it ([`teardown::drain_lost`]'s message).
+const KEPT: &str = "the primary context reference (with memgov's allocations) is kept rather \
+                    than released under running work; reset the device \
+                    (cuDevicePrimaryCtxReset) to reclaim it";
 
 impl CudaContext {
     pub(crate) fn tear_down(self, lost: bool) -> Result<(), BackendError> {
@@ -27,25 +31,16 @@ impl CudaContext {
         let _call = crate::shared::gate().call("teardown", false);
         let mut errors = FirstError::default();
         let lost = lost || s.is_lost();
-        let pending = s.pending.len();
-        if pending != 0 && !lost {
-            // The governor tears down only after every release retired: a
-            // direct caller broke the contract. Teardown still waits for the
-            // frees (every stream is synchronized below) before releasing.
-            s.probe().violation(
-                BACKEND,
-                format!("teardown with {pending} stream-ordered frees still pending"),
-            );
-        }
         if lost {
             self.teardown_lost(&mut errors);
         } else {
+            // Every stream is synchronized below before anything is freed.
+            teardown::report_pending(s, s.pending.len(), "still pending");
             self.release_all(&mut errors);
         }
         // A host function the driver never runs (a dead device) leaves its
-        // route behind: one that still runs finds no context.
-        memgov_stream_ordered::retire::forget_owner(s);
-        s.probe().torn_down_now();
+        // route behind.
+        teardown::finish(s);
         errors.into_result()
     }
 
@@ -66,17 +61,11 @@ impl CudaContext {
         let streams = s.streams.drain();
         let raw: Vec<CUstream> = streams.iter().map(|&(raw, _)| raw).collect();
         teardown::sync_streams(s, "teardown", &raw, errors);
-        // Destroyed streams whose work may still run: wait, then destroy
-        // (before the leftovers are freed: that work may use them).
-        for raw in s.streams.take_retired() {
-            // SAFETY: a stream this context created, removed from the
-            // retired list above so destroyed once; the context is current.
-            let r = unsafe { sys::cuStreamSynchronize(raw) };
-            errors.keep(s.checked("teardown", "cuStreamSynchronize", r));
-            // SAFETY: as above; its work has completed.
-            let r = unsafe { sys::cuStreamDestroy_v2(raw) };
-            errors.keep(s.checked("teardown", "cuStreamDestroy_v2", r));
-        }
+        // Destroyed streams whose work may still run (CUDA retires them:
+        // `cuStreamDestroy` returns before their host functions ran): wait,
+        // then destroy, before the leftovers are freed (that work may use
+        // them).
+        teardown::destroy_retired(s, "teardown", errors);
         // Page-locked host frees whose host function ran (every stream was
         // synchronized above) and that the stopped free thread had not done.
         errors.keep(s.free_ready_host("teardown"));
@@ -100,7 +89,10 @@ impl CudaContext {
             }
         }
         if !leftover.is_empty() {
-            errors.keep(self.free_leftover(&leftover));
+            let leftover = leftover.iter().map(|l| (l.ptr, l.bytes));
+            errors.keep(teardown::free_leftovers(s, "teardown", leftover, |bytes| {
+                s.probe().freed(bytes)
+            }));
         }
         // Those memgov created (an adopted one is the runtime's).
         teardown::destroy_streams(s, "teardown", streams, true, errors);
@@ -131,7 +123,8 @@ impl CudaContext {
     ///
     /// * when only the caller declared the loss and the driver still answers,
     ///   the queued work of memgov's streams is waited for, polled with
-    ///   `cuStreamQuery` (no blocking call) for at most `LOST_DRAIN`; then
+    ///   `cuStreamQuery` (no blocking call) for at most the core's
+    ///   `LOST_DRAIN` ([`teardown::drain_lost`]); then
     ///   everything is given back as in a healthy teardown ([`release_all`]:
     ///   live allocations freed, page-locked host memory freed, streams and
     ///   the pool destroyed) before the reference to the primary context is
@@ -154,11 +147,10 @@ impl CudaContext {
         s.shell.mark_lost(None);
         s.abandon_pending();
         if !s.shell.is_dead() {
-            let mut queued: Vec<CUstream> = s.streams.live();
-            let retired = s.streams.take_retired();
-            queued.extend(retired.iter().copied());
-            s.streams.keep_retired(retired);
-            match self.drain_lost(&queued) {
+            // Unlike HIP, which releases a lost context's memory at once
+            // (it has no primary context a runtime may still hold), CUDA
+            // waits for the queued work of memgov's streams first.
+            match teardown::drain_lost(s, "teardown", KEPT) {
                 Ok(()) if !s.shell.is_dead() => {
                     // Nothing of memgov's runs on the device any more: give
                     // everything back, then release the reference.
@@ -199,82 +191,7 @@ impl CudaContext {
     /// reference teardown keeps.
     fn forget_all(&self) {
         let s = &*self.parts.shared;
-        for (_, l) in lock(&s.live).drain() {
-            s.probe().freed(l.bytes);
-        }
-        for _ in s.streams.drain() {
-            s.probe().stream_destroyed();
-        }
-        s.streams.take_retired();
-    }
-
-    /// Poll `streams` until their queued work has finished, a sticky error
-    /// shows the device really is lost, or `LOST_DRAIN` has passed.
-    fn drain_lost(&self, streams: &[CUstream]) -> Result<(), BackendError> {
-        let s = &*self.parts.shared;
-        let deadline = Instant::now() + LOST_DRAIN;
-        let _current = s.make_current("teardown")?;
-        let mut waiting: Vec<CUstream> = streams.to_vec();
-        loop {
-            let mut still = Vec::new();
-            for &raw in &waiting {
-                // SAFETY: a stream this context created or adopted, not
-                // destroyed (teardown holds the only copies now); the
-                // context is current.
-                let r = unsafe { sys::cuStreamQuery(raw) };
-                match r {
-                    CUresult::CUDA_SUCCESS => {}
-                    CUresult::CUDA_ERROR_NOT_READY => still.push(raw),
-                    r => {
-                        let e = result::error("teardown", "cuStreamQuery", r);
-                        if e.is_device_lost() {
-                            s.shell.mark_dead(&e.message);
-                            return Ok(());
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            if still.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(err(
-                    "teardown",
-                    BackendErrorKind::DeviceLost,
-                    format!(
-                        "the context was declared lost, the driver still answers and {} of \
-                         memgov's streams still have queued work after {:?}: the primary context \
-                         reference (with memgov's allocations) is kept rather than released \
-                         under running work; reset the device (cuDevicePrimaryCtxReset) to \
-                         reclaim it",
-                        still.len(),
-                        LOST_DRAIN
-                    ),
-                ));
-            }
-            waiting = still;
-            std::thread::sleep(WATCH_INTERVAL);
-        }
-    }
-
-    /// Memory a forced retire left live, freed on a stream of teardown's
-    /// own and waited for.
-    fn free_leftover(&self, leftover: &[Live]) -> Result<(), BackendError> {
-        let s = &*self.parts.shared;
-        teardown::on_own_stream(s, "teardown", |stream| {
-            let mut result = Ok(());
-            for l in leftover {
-                // SAFETY: a live allocation of this context, freed once
-                // (drained from the live set); every stream that used it was
-                // synchronized; `stream` is teardown's own, live.
-                let r = unsafe { sys::cuMemFreeAsync(l.ptr, stream) };
-                match s.checked("teardown", "cuMemFreeAsync", r) {
-                    Ok(()) => s.probe().freed(l.bytes),
-                    Err(e) => result = result.and(Err(e)),
-                }
-            }
-            result
-        })
+        let live: Vec<u64> = lock(&s.live).drain().map(|(_, l)| l.bytes).collect();
+        teardown::forget_all(s, live);
     }
 }

@@ -454,3 +454,17 @@ impl RetireTable for Hip {
         unsafe { hipStreamAddCallback(stream, Some(callback), ticket as usize as *mut c_void, 0) }
     }
 }
+
+// ---- teardown --------------------------------------------------------------
+
+/// `hipFreeAsync`, for the pool memory a forced retire left live.
+impl memgov_stream_ordered::teardown::TeardownTable for Hip {
+    const FREE_ASYNC: &'static str = "hipFreeAsync";
+
+    unsafe fn free_async(ptr: u64, stream: hipStream_t) -> HipResult {
+        // SAFETY: the caller's contract (a pointer from
+        // hipMallocFromPoolAsync of the current device, freed once; the
+        // stream live).
+        unsafe { ffi::hipFreeAsync(ptr as usize as *mut c_void, stream) }
+    }
+}

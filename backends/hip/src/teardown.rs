@@ -8,7 +8,6 @@ use crate::{retire, HipContext};
 use memgov_backend::{lock, BackendError};
 use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::teardown::{self, FirstError};
-use std::ffi::c_void;
 
 impl HipContext {
     /// Stop and join the free thread, synchronize and destroy the streams the
@@ -40,16 +39,14 @@ impl HipContext {
             // Every signal still held is dropped unfired; the fallback frees
             // the free thread had not started come back to be freed here
             // (their signals dropped too), and the thread is joined below.
+            // Unlike CUDA (the core's `drain_lost`), no drain first: HIP
+            // gives back at once what a device still answering takes (its
+            // blocking synchronizes), stops at a sticky code, and never
+            // calls `hipDeviceReset` (the process's other users' memory).
             let taken = retire::abandon_all(shared);
             self.release_everything(taken)
         } else {
-            let pending = self.pending_frees();
-            if pending > 0 {
-                shared.probe().violation(
-                    "hip",
-                    format!("teardown with {pending} stream-ordered frees not yet retired"),
-                );
-            }
+            teardown::report_pending(&**shared, self.pending_frees(), "not yet retired");
             self.release_everything(Vec::new())
         };
         if shared.is_dead() {
@@ -58,10 +55,7 @@ impl HipContext {
             // are dropped now, not whenever the runtime gets to them.
             retire::abandon_all(shared);
         }
-        // A callback still running afterwards finds no context; one settling
-        // now is waited for, so its count lands before teardown returns.
-        memgov_stream_ordered::retire::forget_owner(&**shared);
-        shared.probe().torn_down_now();
+        teardown::finish(&**shared);
         arena.and(result)
     }
 
@@ -115,7 +109,15 @@ impl HipContext {
             && !shared.is_dead()
             && left.iter().any(|(_, (_, o))| *o == Origin::Pool)
         {
-            errors.keep(self.free_pool_leftovers(&left));
+            // Counted as freed with the rest below, whatever the free says.
+            let pool = left.iter().filter(|(_, (_, o))| *o == Origin::Pool);
+            let pool = pool.map(|&(ptr, (bytes, _))| (ptr as u64, bytes));
+            errors.keep(teardown::free_leftovers(
+                &**shared,
+                "teardown",
+                pool,
+                |_| (),
+            ));
         }
         for (ptr, (bytes, origin)) in &left {
             if *origin != Origin::Pool && device.is_some() && !shared.is_dead() {
@@ -145,25 +147,6 @@ impl HipContext {
         }
         drop(device);
         errors.into_result()
-    }
-
-    /// Pool allocations the governor abandoned (force): free them on a
-    /// temporary stream and wait.
-    fn free_pool_leftovers(&self, left: &[(usize, (u64, Origin))]) -> Result<(), BackendError> {
-        let shared = &*self.parts.shared;
-        teardown::on_own_stream(shared, "teardown", |stream| {
-            let mut result = Ok(());
-            for (ptr, (_, origin)) in left {
-                if *origin == Origin::Pool && !shared.is_dead() {
-                    // SAFETY: the pointer came from hipMallocFromPoolAsync
-                    // of this context; every stream that used it is
-                    // synchronized; `stream` is teardown's own, live.
-                    let r = unsafe { ffi::hipFreeAsync(*ptr as *mut c_void, stream) };
-                    result = result.and(shared.checked("teardown", "hipFreeAsync", r));
-                }
-            }
-            result
-        })
     }
 }
 

@@ -48,9 +48,13 @@
 //! * [`parts`]: a vendor context's parts (shared state, arena, capture
 //!   pins) and what is read from them the same way on every vendor;
 //! * [`teardown`]: teardown's steps that are the same on every vendor
-//!   (every stream synchronized and destroyed, what a forced retire left
-//!   freed on a stream of teardown's own, the first error kept); the order
-//!   of the steps and the vendor's own ones stay with the vendor.
+//!   (the frees a direct caller left pending reported, every stream
+//!   synchronized and destroyed, what a forced retire left freed on a
+//!   stream of teardown's own over the vendor's
+//!   [`teardown::TeardownTable`], a declared-lost context's streams polled
+//!   until their work ran, what is left counted as gone without a call, the
+//!   callbacks' routes forgotten, the first error kept); the order of the
+//!   steps and the vendor's own ones stay with the vendor.
 //!
 //! The vendors' public types are aliases of the core's generic ones over
 //! their shared state, so each is documented once, here.

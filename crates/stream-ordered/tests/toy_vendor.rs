@@ -1004,3 +1004,156 @@ fn forgetting_an_owner_waits_for_a_settle_under_way_so_its_count_lands_first() {
     teardown.join().unwrap();
     assert_eq!(*seen.lock().unwrap(), [RetireOutcome::Retired]);
 }
+
+/// The toy's stream-ordered free, for what a forced retire left live.
+impl teardown::TeardownTable for Toy {
+    const FREE_ASYNC: &'static str = "toyFreeAsync";
+
+    unsafe fn free_async(_: u64, _: u64) -> i32 {
+        call("toyFreeAsync")
+    }
+}
+
+/// A toy context with two streams it created and one retired.
+fn two_live_one_retired() -> ToyStreams {
+    let s = ToyStreams::default();
+    stream::create(&s).expect("a");
+    stream::create(&s).expect("b");
+    s.streams().retire(3);
+    clear_log();
+    s
+}
+
+#[test]
+fn a_lost_drain_queries_every_live_and_retired_stream_once_they_ran() {
+    let s = two_live_one_retired();
+    teardown::drain_lost(&s, "teardown", "kept").expect("drained");
+    // No blocking call: one query each, the retired one included.
+    assert_eq!(log(), ["toyStreamQuery"; 3]);
+    // The retired stream stays retired for the release that follows.
+    assert!(s.streams().has_retired());
+    assert!(!s.shell().is_dead());
+}
+
+#[test]
+fn a_sticky_query_in_a_lost_drain_means_the_device_is_gone_not_an_error() {
+    let s = two_live_one_retired();
+    script("toyStreamQuery", STICKY);
+    teardown::drain_lost(&s, "teardown", "kept").expect("nothing will run: drained");
+    assert_eq!(log(), ["toyStreamQuery"], "no query after the sticky one");
+    assert!(
+        s.shell().is_dead(),
+        "the sticky code marks the context dead"
+    );
+}
+
+#[test]
+fn a_refused_query_in_a_lost_drain_is_its_error() {
+    let s = two_live_one_retired();
+    script("toyStreamQuery", REFUSED);
+    let e = teardown::drain_lost(&s, "teardown", "kept").expect_err("refused");
+    assert!(e.message.contains("toyStreamQuery"), "{e}");
+    assert_eq!(e.operation, "teardown");
+    assert!(!s.shell().is_dead());
+}
+
+/// Two leftovers freed on teardown's own stream, each free tried.
+const TWO_FREED_ON_OWN_STREAM: [&str; 5] = [
+    "toyStreamCreate",
+    "toyFreeAsync",
+    "toyFreeAsync",
+    "toyStreamSynchronize",
+    "toyStreamDestroy",
+];
+
+#[test]
+fn leftovers_are_freed_on_teardowns_own_stream_which_is_waited_for_and_destroyed() {
+    let s = ToyStreams::default();
+    let mut freed = Vec::new();
+    teardown::free_leftovers(&s, "teardown", [(0x10, 4096), (0x20, 8192)], |b| {
+        freed.push(b)
+    })
+    .expect("freed");
+    assert_eq!(log(), TWO_FREED_ON_OWN_STREAM);
+    assert_eq!(freed, [4096, 8192]);
+}
+
+#[test]
+fn a_refused_leftover_free_is_not_counted_and_the_rest_still_run() {
+    let s = ToyStreams::default();
+    script("toyFreeAsync", REFUSED);
+    let mut freed = Vec::new();
+    let e = teardown::free_leftovers(&s, "teardown", [(0x10, 4096), (0x20, 8192)], |b| {
+        freed.push(b)
+    })
+    .expect_err("refused");
+    assert!(e.message.contains("toyFreeAsync"), "{e}");
+    assert!(freed.is_empty(), "{freed:?}");
+    assert_eq!(log(), TWO_FREED_ON_OWN_STREAM);
+}
+
+#[test]
+fn after_a_sticky_leftover_free_a_vendor_whose_calls_may_block_makes_no_call() {
+    let s = ToyStreams::default();
+    script("toyFreeAsync", STICKY);
+    teardown::free_leftovers(&s, "teardown", [(0x10, 4096), (0x20, 8192)], |_| ())
+        .expect_err("sticky");
+    // The second free, the synchronize and the destroy are left to the
+    // device.
+    assert_eq!(log(), ["toyStreamCreate", "toyFreeAsync"]);
+}
+
+#[test]
+fn frees_left_pending_at_teardown_are_a_violation_naming_how_many() {
+    let s = ToyStreams::default();
+    teardown::report_pending(&s, 0, "still pending");
+    assert_eq!(s.probe().violations(), 0);
+    teardown::report_pending(&s, 3, "still pending");
+    assert_eq!(s.probe().violations(), 1);
+    assert_eq!(
+        s.probe().violation_log(),
+        ["teardown with 3 stream-ordered frees still pending"]
+    );
+}
+
+#[test]
+fn forgetting_at_teardown_counts_streams_and_memory_gone_with_no_call() {
+    let s = two_live_one_retired();
+    assert_eq!(s.probe().live_streams(), 2);
+    teardown::forget_all(&s, [4096, 8192]);
+    assert!(log().is_empty(), "{:?}", log());
+    assert_eq!(s.probe().live_streams(), 0);
+    assert!(!s.streams().has_retired());
+    assert!(s.streams().live().is_empty());
+}
+
+#[test]
+fn retired_streams_are_waited_for_then_destroyed_once_at_teardown() {
+    let s = ToyStreams::default();
+    s.streams().retire(3);
+    s.streams().retire(4);
+    let mut errors = teardown::FirstError::default();
+    teardown::destroy_retired(&s, "teardown", &mut errors);
+    errors.into_result().expect("destroyed");
+    // Each synchronized before it is destroyed; none left to destroy again.
+    assert_eq!(
+        log(),
+        [
+            "toyStreamSynchronize",
+            "toyStreamDestroy",
+            "toyStreamSynchronize",
+            "toyStreamDestroy"
+        ]
+    );
+    assert!(!s.streams().has_retired());
+    // A refused synchronize is kept, and the stream still destroyed.
+    let s = ToyStreams::default();
+    s.streams().retire(3);
+    clear_log();
+    script("toyStreamSynchronize", REFUSED);
+    let mut errors = teardown::FirstError::default();
+    teardown::destroy_retired(&s, "teardown", &mut errors);
+    let e = errors.into_result().expect_err("refused");
+    assert!(e.message.contains("toyStreamSynchronize"), "{e}");
+    assert_eq!(log(), ["toyStreamSynchronize", "toyStreamDestroy"]);
+}
