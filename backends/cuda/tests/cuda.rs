@@ -1161,23 +1161,3 @@ mod children {
         }
     }
 }
-
-/// An ordinal past the driver's count is refused before any device call,
-/// naming the ordinal and the count (the driver's `cuDeviceGetCount`).
-#[test]
-fn an_ordinal_past_the_device_count_is_invalid_naming_the_count() {
-    let Some(ctx) = context() else { return };
-    ctx.teardown(false).expect("teardown");
-    let config = CudaConfig {
-        ordinal: 1000,
-        ..CudaConfig::default()
-    };
-    let e = CudaContext::new(config).expect_err("ordinal 1000");
-    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
-    assert!(
-        e.message
-            .starts_with("CUDA device ordinal 1000 is out of range: the driver reports "),
-        "{e}"
-    );
-    assert!(e.message.contains(" devices (0.."), "{e}");
-}
