@@ -36,6 +36,8 @@ macro_rules! core_vendor {
         $($name:ident: $text:literal),* $(,)?
     ) => {
         pub const BACKEND: &str = $backend;
+        /// The vendor's upper-case name, as its messages spell it.
+        pub const VENDOR: &str = $upper;
         pub const OOM_AFTER_BYTES: &str = concat!("MEMGOV_STANDIN_", $upper, "_OOM_AFTER_BYTES");
         pub const EXIT_CHECK: &str = concat!("MEMGOV_STANDIN_", $upper, "_EXIT_CHECK");
         $(pub const $name: &str = $text;)*
@@ -289,6 +291,24 @@ fn the_callers_current_context_is_restored() {
         "current_restored",
         &[(vendor::DEVICES, "2"), (LATENCY, "1000")],
     );
+}
+
+/// An ordinal past the driver's device count is `InvalidArgument` naming
+/// the ordinal and the count, and opens nothing.
+#[test]
+fn an_ordinal_past_the_device_count_is_invalid_naming_the_count() {
+    match vendor::SUITE_CONFIGS[0].1() {
+        Ok(ctx) => ctx.teardown(false).expect("teardown"),
+        Err(e) => return println!("skipped: {}", e.message),
+    }
+    let e = vendor::open_on(1000).expect_err("ordinal 1000");
+    assert_eq!(e.kind, BackendErrorKind::InvalidArgument, "{e}");
+    let head = format!(
+        "{} device ordinal 1000 is out of range: the ",
+        vendor::VENDOR
+    );
+    assert!(e.message.starts_with(&head), "{e}");
+    assert!(e.message.contains(" devices (0.."), "{e}");
 }
 
 // ---- the stand-in's planted violations on raw driver calls -------------------

@@ -103,15 +103,14 @@ pub use memory::CudaMemory;
 pub use stream::CudaStream;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUstream};
-use memgov_backend::{
-    BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity,
-};
+use memgov_backend::{BackendError, BackendErrorKind, BackendProbe, DeviceDescription};
+use memgov_stream_ordered::open::open;
 use memgov_stream_ordered::parts::Parts;
 use memgov_stream_ordered::state::{Device, State};
 use memgov_stream_ordered::table::Context as _;
-use result::{check, err, BACKEND};
+use result::{check, err, Cuda};
 use shared::Shared;
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why no driver could be loaded, or `Ok`. Checked once per process.
@@ -172,118 +171,54 @@ impl std::fmt::Debug for CudaContext {
 /// What `find_device` learnt: the device, its facts, the driver's version.
 type Found = (CUdevice, Device);
 
-/// The device's UUID and PCI address, as far as the driver reports them:
-/// the identity is advisory (a ledger key, a management-library lookup), so
-/// a call that fails leaves that part out rather than failing the context.
-fn device_identity(device: CUdevice, name: &str) -> DeviceIdentity {
-    let mut identity = DeviceIdentity::named(BACKEND, name);
-    let mut uuid = sys::CUuuid { bytes: [0; 16] };
-    // SAFETY: valid out pointer to a CUuuid; `device` came from cuDeviceGet.
-    if unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, device) } == CUresult::CUDA_SUCCESS {
-        identity = identity.with_uuid(uuid.bytes.map(|b| b as u8));
-    }
-    // "0000:65:00.0" is 13 bytes with its NUL; room for an 8-digit domain.
-    let mut bus = [0 as c_char; 32];
-    // SAFETY: the buffer holds `len` bytes; the driver writes at most `len`
-    // bytes, NUL included.
-    let r = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as c_int, device) };
-    if r == CUresult::CUDA_SUCCESS {
-        bus[bus.len() - 1] = 0;
-        // SAFETY: NUL-terminated within the buffer (last byte set above).
-        let s = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy();
-        identity = identity.with_pci_bus_id(&s);
-    }
-    identity
-}
-
-/// Load the driver, initialise it and find device `ordinal`.
+/// Load the driver, initialise it and open device `ordinal` (the core's
+/// [`open`]); CUDA's own steps are `cuInit`, the memory-pools attribute
+/// and the driver's version.
 fn find_device(ordinal: u32) -> Result<Found, BackendError> {
     require_driver()?;
-    let no_device = |call: &str, r: CUresult| {
-        err(
+    // SAFETY: cuInit(0) may be called any number of times from any thread.
+    let r = unsafe { sys::cuInit(0) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(err(
             "new",
             BackendErrorKind::Unavailable,
             format!(
-                "no CUDA device: {call} returned {} ({})",
+                "no CUDA device: cuInit returned {} ({})",
                 result::name(r),
                 r as i32
             ),
         )
-        .with_code(i64::from(r as i32))
+        .with_code(i64::from(r as i32)));
+    }
+    let words = |device: CUdevice, name: &str| {
+        let mut pools: c_int = 0;
+        // SAFETY: valid out pointer, valid device.
+        check("new", "cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut pools,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                device,
+            )
+        })?;
+        if pools == 0 {
+            return Err(err(
+                "new",
+                BackendErrorKind::Unsupported,
+                format!("CUDA device {ordinal} ({name}) does not support stream-ordered memory pools (cuMemAllocAsync)"),
+            ));
+        }
+        let mut v: c_int = 0;
+        // SAFETY: valid out pointer.
+        check("new", "cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut v)
+        })?;
+        Ok((
+            format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10),
+            (),
+        ))
     };
-    // SAFETY: cuInit(0) may be called any number of times from any thread.
-    let r = unsafe { sys::cuInit(0) };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(no_device("cuInit", r));
-    }
-    let mut count: c_int = 0;
-    // SAFETY: valid out pointer; the driver is initialised.
-    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(no_device("cuDeviceGetCount", r));
-    }
-    if count <= 0 {
-        return Err(err(
-            "new",
-            BackendErrorKind::Unavailable,
-            "no CUDA device: the driver reports 0 devices",
-        ));
-    }
-    if i64::from(ordinal) >= i64::from(count) {
-        return Err(err(
-            "new",
-            BackendErrorKind::InvalidArgument,
-            format!("device ordinal {ordinal} is out of range: the driver reports {count} devices (0..{count})"),
-        ));
-    }
-    let mut device: CUdevice = 0;
-    // SAFETY: valid out pointer; ordinal checked against the count.
-    check("new", "cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut device, ordinal as c_int)
-    })?;
-    let mut buf = [0 as c_char; 256];
-    // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates.
-    check("new", "cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device)
-    })?;
-    buf[buf.len() - 1] = 0;
-    // SAFETY: the buffer is NUL-terminated within its length (last byte set
-    // above, whatever the driver wrote) and outlives the borrow.
-    let name = unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    let mut total: usize = 0;
-    // SAFETY: valid out pointer, valid device.
-    check("new", "cuDeviceTotalMem_v2", unsafe {
-        sys::cuDeviceTotalMem_v2(&mut total, device)
-    })?;
-    let mut pools: c_int = 0;
-    // SAFETY: valid out pointer, valid device.
-    check("new", "cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(
-            &mut pools,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            device,
-        )
-    })?;
-    if pools == 0 {
-        return Err(err(
-            "new",
-            BackendErrorKind::Unsupported,
-            format!("CUDA device {ordinal} ({name}) does not support stream-ordered memory pools (cuMemAllocAsync)"),
-        ));
-    }
-    let mut v: c_int = 0;
-    // SAFETY: valid out pointer.
-    check("new", "cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut v)
-    })?;
-    let identity = device_identity(device, &name);
-    let driver = format!("CUDA driver API {}.{}", v / 1000, (v % 1000) / 10);
-    Ok((
-        device,
-        Device::new(ordinal, name, identity, total as u64, driver),
-    ))
+    let opened = open::<Cuda, _, _>(ordinal, |_| Ok(()), words)?;
+    Ok((opened.handle, opened.device))
 }
 
 impl CudaContext {

@@ -477,3 +477,69 @@ impl memgov_stream_ordered::teardown::TeardownTable for Cuda {
         unsafe { sys::cuMemFreeAsync(ptr, stream) }
     }
 }
+
+// ---- opening a device ----------------------------------------------------
+
+use memgov_stream_ordered::open::{OpenNames, OpenTable, NAME_BYTES, PCI_BUS_ID_BYTES};
+use std::ffi::{c_char, c_int};
+
+/// `cuDeviceGetCount`, `cuDeviceGet`, the name, UUID, PCI bus id and total
+/// memory of a `CUdevice`; called after `cuInit`.
+impl OpenTable for Cuda {
+    type Device = sys::CUdevice;
+
+    const OPEN_NAMES: OpenNames = OpenNames {
+        vendor: "CUDA",
+        device_count: "cuDeviceGetCount",
+        device_get: "cuDeviceGet",
+        device_name: "cuDeviceGetName",
+        device_total_mem: "cuDeviceTotalMem_v2",
+    };
+
+    const IDENTITY_LAST: bool = true;
+
+    unsafe fn device_count() -> (CUresult, i32) {
+        let mut count: c_int = 0;
+        // SAFETY: valid out pointer; the driver is initialised (the
+        // caller's contract).
+        let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+        (r, count)
+    }
+
+    unsafe fn device_get(ordinal: i32) -> (CUresult, sys::CUdevice) {
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: valid out pointer; the ordinal is below the count.
+        let r = unsafe { sys::cuDeviceGet(&mut device, ordinal) };
+        (r, device)
+    }
+
+    unsafe fn device_name(buf: &mut [c_char; NAME_BYTES], device: sys::CUdevice) -> CUresult {
+        // SAFETY: the buffer holds `len` bytes; the driver writes at most
+        // `len`, NUL included; `device` came from cuDeviceGet.
+        unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, device) }
+    }
+
+    unsafe fn device_uuid(device: sys::CUdevice) -> (CUresult, [u8; 16]) {
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: valid out pointer to a CUuuid; `device` came from
+        // cuDeviceGet.
+        let r = unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, device) };
+        (r, uuid.bytes.map(|b| b as u8))
+    }
+
+    unsafe fn device_pci_bus_id(
+        buf: &mut [c_char; PCI_BUS_ID_BYTES],
+        device: sys::CUdevice,
+    ) -> CUresult {
+        // SAFETY: the buffer holds `len` bytes; the driver writes at most
+        // `len`, NUL included; `device` came from cuDeviceGet.
+        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, device) }
+    }
+
+    unsafe fn device_total_mem(device: sys::CUdevice) -> (CUresult, usize) {
+        let mut total: usize = 0;
+        // SAFETY: valid out pointer; `device` came from cuDeviceGet.
+        let r = unsafe { sys::cuDeviceTotalMem_v2(&mut total, device) };
+        (r, total)
+    }
+}

@@ -104,23 +104,19 @@ pub use shared::contexts_alive;
 pub use stream::HipStream;
 
 use ffi::{
-    hipDeviceGetAttribute, hipDeviceGetName, hipDeviceGetPCIBusId, hipDeviceGetUuid,
-    hipDeviceTotalMem, hipDriverGetVersion, hipGetDevice, hipGetDeviceCount, hipRuntimeGetVersion,
-    hipSetDevice, SUCCESS,
+    hipDeviceGetAttribute, hipDriverGetVersion, hipGetDevice, hipRuntimeGetVersion, hipSetDevice,
 };
 use memgov_backend::shell::{self, MakeCurrent};
 use memgov_backend::{
-    lock, BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity,
-    RetireSignal,
+    lock, BackendError, BackendErrorKind, BackendProbe, DeviceDescription, RetireSignal,
 };
+use memgov_stream_ordered::open::{open, Opened};
 use memgov_stream_ordered::parts::Parts;
-use memgov_stream_ordered::state::Device;
 use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
-use result::{check, err, error_name, hip_error};
+use result::{check, err, Hip};
 use shared::Pool;
 use shared::{Allocator, Shared};
-use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
 /// Device names starting with this are the stand-in library's.
@@ -146,41 +142,6 @@ fn require_runtime() -> Result<(), BackendError> {
         None => Ok(()),
         Some(why) => Err(err("new", BackendErrorKind::Unavailable, why)),
     }
-}
-
-fn device_name(ordinal: i32) -> Result<String, BackendError> {
-    let mut buf = [0 as c_char; 256];
-    // SAFETY: the buffer holds `len` bytes; HIP writes a NUL-terminated name
-    // of at most that length.
-    let r = unsafe { hipDeviceGetName(buf.as_mut_ptr(), buf.len() as i32 - 1, ordinal) };
-    check("new", "hipDeviceGetName", r)?;
-    // SAFETY: the last byte is never written (len - 1 above), so the buffer
-    // is NUL-terminated.
-    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned())
-}
-
-/// The device's UUID and PCI address, as far as the runtime reports them:
-/// the identity is advisory (a ledger key), so a call that fails leaves
-/// that part out rather than failing the context.
-fn device_identity(ordinal: i32, name: &str) -> DeviceIdentity {
-    let mut identity = DeviceIdentity::named(result::BACKEND, name);
-    let mut uuid = ffi::hipUUID::default();
-    // SAFETY: valid out pointer to a hipUUID; the ordinal is in range.
-    if unsafe { hipDeviceGetUuid(&mut uuid, ordinal) } == SUCCESS {
-        identity = identity.with_uuid(uuid.bytes.map(|b| b as u8));
-    }
-    let mut bus = [0 as c_char; 32];
-    // SAFETY: the buffer holds `len` bytes; HIP writes at most `len` bytes,
-    // NUL included.
-    if unsafe { hipDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ordinal) } == SUCCESS {
-        bus[bus.len() - 1] = 0;
-        // SAFETY: NUL-terminated within the buffer (last byte set above).
-        let s = unsafe { CStr::from_ptr(bus.as_ptr()) }.to_string_lossy();
-        identity = identity.with_pci_bus_id(&s);
-    }
-    identity
 }
 
 fn int_out(call: &str, f: impl FnOnce(*mut i32) -> HipResult) -> Result<i32, BackendError> {
@@ -284,61 +245,33 @@ impl HipContext {
     /// same when it returns.
     pub fn new(config: HipConfig) -> Result<Self, BackendError> {
         require_runtime()?;
-        let mut count = 0i32;
-        // SAFETY: valid out-pointer.
-        let r = unsafe { hipGetDeviceCount(&mut count) };
-        let no_device = ffi::hipErrorNoDevice;
-        if r == no_device || (r == SUCCESS && count == 0) {
-            return Err(err(
-                "new",
-                BackendErrorKind::Unavailable,
-                format!(
-                    "no HIP device (hipGetDeviceCount returned {}, {count} devices)",
-                    error_name(r)
-                ),
-            ));
-        }
-        if r != SUCCESS {
-            let mut e = hip_error("new", "hipGetDeviceCount", r);
-            if e.kind == BackendErrorKind::Unavailable {
-                e.message = format!("no HIP device: {}", e.message);
-            }
-            return Err(e);
-        }
-        let ordinal = i32::try_from(config.device).unwrap_or(i32::MAX);
-        if ordinal >= count {
-            return Err(err(
-                "new",
-                BackendErrorKind::InvalidArgument,
-                format!(
-                    "HIP device {} asked for, but the runtime has {count} (0..={})",
-                    config.device,
-                    count - 1
-                ),
-            ));
-        }
-        // The thread's own device is set back when `new` returns.
-        let opening = Opening(ordinal);
-        let _device = shell::make_current(&opening, "new")?;
-        let name = device_name(ordinal)?;
-        let identity = device_identity(ordinal, &name);
-        let mut total = 0usize;
-        // SAFETY: valid out-pointer, ordinal in range.
-        check("new", "hipDeviceTotalMem", unsafe {
-            hipDeviceTotalMem(&mut total, ordinal)
-        })?;
-        // SAFETY: valid out-pointers.
-        let driver = int_out("hipDriverGetVersion", |p| unsafe { hipDriverGetVersion(p) })?;
-        // SAFETY: valid out-pointer.
-        let runtime = int_out("hipRuntimeGetVersion", |p| unsafe {
-            hipRuntimeGetVersion(p)
-        })?;
-        let Allocation {
-            pool,
-            fallback_reason,
-        } = choose_allocator(&config, ordinal)?;
-        let driver = format!("HIP runtime {runtime}, driver {driver}");
-        let device = Device::new(config.device, name, identity, total as u64, driver);
+        // The device (the ordinal, once `open` has checked it against the
+        // count) is made current while it is asked about; the thread's own
+        // device is set back when `new` returns.
+        let opening = Opening(i32::try_from(config.device).unwrap_or(i32::MAX));
+        let enter = |_| shell::make_current(&opening, "new");
+        let words = |ordinal, _: &str| {
+            // SAFETY: valid out-pointers.
+            let driver = int_out("hipDriverGetVersion", |p| unsafe { hipDriverGetVersion(p) })?;
+            // SAFETY: valid out-pointer.
+            let runtime = int_out("hipRuntimeGetVersion", |p| unsafe {
+                hipRuntimeGetVersion(p)
+            })?;
+            let allocation = choose_allocator(&config, ordinal)?;
+            Ok((
+                format!("HIP runtime {runtime}, driver {driver}"),
+                allocation,
+            ))
+        };
+        let Opened {
+            device,
+            entered: _current,
+            own: Allocation {
+                pool,
+                fallback_reason,
+            },
+            ..
+        } = open::<Hip, _, _>(config.device, enter, words)?;
         let mut ctx = Self {
             parts: Parts::new(Shared::new(device, pool, fallback_reason)),
         };

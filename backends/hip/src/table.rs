@@ -468,3 +468,66 @@ impl memgov_stream_ordered::teardown::TeardownTable for Hip {
         unsafe { ffi::hipFreeAsync(ptr as usize as *mut c_void, stream) }
     }
 }
+
+// ---- opening a device ----------------------------------------------------
+
+use crate::ffi::{
+    hipDeviceGetName, hipDeviceGetPCIBusId, hipDeviceGetUuid, hipDeviceTotalMem, hipGetDeviceCount,
+};
+use memgov_stream_ordered::open::{OpenNames, OpenTable, NAME_BYTES, PCI_BUS_ID_BYTES};
+use std::ffi::c_char;
+
+/// `hipGetDeviceCount`, the name, UUID, PCI bus id and total memory of a
+/// device, which HIP names by its ordinal (no handle to get: no call).
+impl OpenTable for Hip {
+    type Device = i32;
+
+    const OPEN_NAMES: OpenNames = OpenNames {
+        vendor: "HIP",
+        device_count: "hipGetDeviceCount",
+        device_get: "(none: HIP names a device by its ordinal)",
+        device_name: "hipDeviceGetName",
+        device_total_mem: "hipDeviceTotalMem",
+    };
+
+    const IDENTITY_LAST: bool = false;
+
+    unsafe fn device_count() -> (HipResult, i32) {
+        let mut count = 0i32;
+        // SAFETY: valid out pointer; the runtime is loaded (the caller's
+        // contract).
+        let r = unsafe { hipGetDeviceCount(&mut count) };
+        (r, count)
+    }
+
+    unsafe fn device_get(ordinal: i32) -> (HipResult, i32) {
+        (SUCCESS, ordinal)
+    }
+
+    unsafe fn device_name(buf: &mut [c_char; NAME_BYTES], device: i32) -> HipResult {
+        // SAFETY: the buffer holds `len` bytes; HIP writes a NUL-terminated
+        // name of at most `len - 1` bytes, so the last is never written;
+        // the ordinal is in range.
+        unsafe { hipDeviceGetName(buf.as_mut_ptr(), buf.len() as i32 - 1, device) }
+    }
+
+    unsafe fn device_uuid(device: i32) -> (HipResult, [u8; 16]) {
+        let mut uuid = ffi::hipUUID::default();
+        // SAFETY: valid out pointer to a hipUUID; the ordinal is in range.
+        let r = unsafe { hipDeviceGetUuid(&mut uuid, device) };
+        (r, uuid.bytes.map(|b| b as u8))
+    }
+
+    unsafe fn device_pci_bus_id(buf: &mut [c_char; PCI_BUS_ID_BYTES], device: i32) -> HipResult {
+        // SAFETY: the buffer holds `len` bytes; HIP writes at most `len`
+        // bytes, NUL included; the ordinal is in range.
+        unsafe { hipDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, device) }
+    }
+
+    unsafe fn device_total_mem(device: i32) -> (HipResult, usize) {
+        let mut total = 0usize;
+        // SAFETY: valid out pointer; the ordinal is in range.
+        let r = unsafe { hipDeviceTotalMem(&mut total, device) };
+        (r, total)
+    }
+}

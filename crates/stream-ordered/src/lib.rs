@@ -15,6 +15,10 @@
 //!   its [`state::State`] (id, shell, streams, sleep gate), which the
 //!   vendor's shared state extends, and the parts of its public handles
 //!   ([`state::Stream`], [`state::Block`]);
+//! * [`open`]: opening a device (the count, none or an ordinal out of
+//!   range refused, the handle, name, total memory and advisory identity)
+//!   over the vendor's [`open::OpenTable`], the vendor's own steps in two
+//!   hooks;
 //! * [`table`]: the rest of the table, the vendor's entry points under
 //!   neutral names ([`table::VmmTable`], [`table::CaptureTable`]) and the
 //!   context they run in ([`table::Context`]);
@@ -74,13 +78,14 @@
 //! and a third vendor of that shape plugs in by implementing its tables.
 //!
 //! Layers, each importing only those below it: [`result`] (the vendor and
-//! its codes), then [`state`] (what a context holds), then [`table`] (the
-//! entry points and the context), then [`memory`] and [`retire`] side by
-//! side, then [`pinned`] (over [`memory`]'s checks), then [`arena`] (whose
-//! releases [`retire`] settles) and [`capture`] side by side (neither
-//! imports the other), then [`stream`] (which drains through the arena's
-//! `drain`), then [`teardown`], then [`parts`] (a vendor context's parts,
-//! over all of them).
+//! its codes), then [`state`] (what a context holds), then [`open`] (a
+//! device opened) and [`table`] (the entry points and the context) side by
+//! side, then [`memory`] and [`retire`] side by side, then [`pinned`] (over
+//! [`memory`]'s checks), then [`arena`] (whose releases [`retire`] settles)
+//! and [`capture`] side by side (neither imports the other), then
+//! [`stream`] (which drains through the arena's `drain`), then
+//! [`teardown`], then [`parts`] (a vendor context's parts, over all of
+//! them).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
 //! [`shell::Driver`]: memgov_backend::shell::Driver
@@ -93,6 +98,7 @@
 pub mod arena;
 pub mod capture;
 pub mod memory;
+pub mod open;
 pub mod parts;
 pub mod pinned;
 pub mod result;

@@ -12,6 +12,9 @@ use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceIdentity, RetireOutcome, RetireSignal,
     Tickets,
 };
+use memgov_stream_ordered::open::{
+    self, OpenNames, OpenTable, Opened, NAME_BYTES, PCI_BUS_ID_BYTES,
+};
 use memgov_stream_ordered::retire::{self, Queued, RetireTable, Settle};
 use memgov_stream_ordered::state::{Device, State, Stream, STAND_IN_NAME};
 use memgov_stream_ordered::stream::{self, StreamContext};
@@ -21,6 +24,7 @@ use memgov_stream_ordered::table::{
 use memgov_stream_ordered::{arena, teardown, Class, Hints, Vendor};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_char;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -28,6 +32,7 @@ const OK: i32 = 0;
 const NOT_READY: i32 = 1;
 const REFUSED: i32 = 2;
 const LOST: i32 = 3;
+const UNAVAILABLE: i32 = 4;
 
 thread_local! {
     /// Calls made on this test's thread, in order.
@@ -36,6 +41,8 @@ thread_local! {
     static SCRIPT: RefCell<HashMap<&'static str, i32>> = RefCell::new(HashMap::new());
     /// Tickets whose callback `toyLaunchCallback` queued, in order.
     static CALLBACKS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// How many devices `toyGetDeviceCount` reports.
+    static DEVICES: RefCell<i32> = const { RefCell::new(1) };
     /// What `toyMemGetGranularity` answers.
     static GRANULE: RefCell<usize> = const { RefCell::new(4096) };
 }
@@ -70,6 +77,7 @@ impl Vendor for Toy {
             OK => Class::Success,
             NOT_READY => Class::NotReady,
             LOST => Class::DeviceLost,
+            UNAVAILABLE => Class::Unavailable,
             _ => Class::Other,
         }
     }
@@ -1156,4 +1164,183 @@ fn retired_streams_are_waited_for_then_destroyed_once_at_teardown() {
     let e = errors.into_result().expect_err("refused");
     assert!(e.message.contains("toyStreamSynchronize"), "{e}");
     assert_eq!(log(), ["toyStreamSynchronize", "toyStreamDestroy"]);
+}
+
+// ---- opening a device ----------------------------------------------------
+
+impl OpenTable for Toy {
+    type Device = u8;
+
+    const OPEN_NAMES: OpenNames = OpenNames {
+        vendor: "TOY",
+        device_count: "toyGetDeviceCount",
+        device_get: "toyDeviceGet",
+        device_name: "toyDeviceGetName",
+        device_total_mem: "toyDeviceTotalMem",
+    };
+
+    const IDENTITY_LAST: bool = true;
+
+    unsafe fn device_count() -> (i32, i32) {
+        (call("toyGetDeviceCount"), DEVICES.with(|d| *d.borrow()))
+    }
+    unsafe fn device_get(ordinal: i32) -> (i32, u8) {
+        (call("toyDeviceGet"), 0x40 + ordinal as u8)
+    }
+    unsafe fn device_name(buf: &mut [c_char; NAME_BYTES], device: u8) -> i32 {
+        // Fills the whole buffer, no NUL: the core terminates it.
+        buf.fill(b'n' as c_char);
+        buf[0] = device as c_char;
+        call("toyDeviceGetName")
+    }
+    unsafe fn device_uuid(device: u8) -> (i32, [u8; 16]) {
+        (call("toyDeviceGetUuid"), [device; 16])
+    }
+    unsafe fn device_pci_bus_id(buf: &mut [c_char; PCI_BUS_ID_BYTES], _: u8) -> i32 {
+        for (b, c) in buf.iter_mut().zip(b"0000:65:00.0\0") {
+            *b = *c as c_char;
+        }
+        call("toyDeviceGetPCIBusId")
+    }
+    unsafe fn device_total_mem(_: u8) -> (i32, usize) {
+        (call("toyDeviceTotalMem"), 1 << 30)
+    }
+}
+
+/// Open `ordinal` on a toy reporting `devices`, the log cleared first;
+/// `words` logs its call and answers the version words.
+fn open_toy(devices: i32, ordinal: u32) -> Result<Opened<u8, &'static str, u8>, BackendError> {
+    clear_log();
+    DEVICES.with(|d| *d.borrow_mut() = devices);
+    open::open::<Toy, _, _>(
+        ordinal,
+        |device| {
+            assert_eq!(
+                log().last(),
+                Some(&"toyDeviceGet"),
+                "entered after the handle"
+            );
+            assert_eq!(device, 0x40 + ordinal as u8);
+            Ok("entered")
+        },
+        |device, name| {
+            call("toyWords");
+            assert_eq!(
+                name.len(),
+                NAME_BYTES - 1,
+                "the name ends at the buffer's last byte"
+            );
+            Ok(("toy driver 2.1".to_owned(), device))
+        },
+    )
+}
+
+#[test]
+fn opening_asks_count_handle_name_total_words_then_identity_in_order() {
+    let opened = open_toy(3, 2).expect("open");
+    assert_eq!(
+        log(),
+        [
+            "toyGetDeviceCount",
+            "toyDeviceGet",
+            "toyDeviceGetName",
+            "toyDeviceTotalMem",
+            "toyWords",
+            "toyDeviceGetUuid",
+            "toyDeviceGetPCIBusId",
+        ]
+    );
+    assert_eq!(
+        (opened.handle, opened.entered, opened.own),
+        (0x42, "entered", 0x42)
+    );
+    let d = &opened.device;
+    assert_eq!(
+        (d.ordinal, d.total_bytes, d.driver.as_str()),
+        (2, 1 << 30, "toy driver 2.1")
+    );
+    assert!(
+        d.name.starts_with('B') && d.name.len() == NAME_BYTES - 1,
+        "{}",
+        d.name
+    );
+    assert_eq!(d.identity.backend(), "toy");
+    assert_eq!(d.identity.uuid(), Some([0x42; 16]));
+    assert_eq!(d.identity.pci_bus_id(), Some("0000:65:00.0"));
+}
+
+#[test]
+fn no_device_is_unavailable_naming_the_count_call_and_asks_nothing_more() {
+    let e = open_toy(0, 0).unwrap_err();
+    assert_eq!(e.kind, BackendErrorKind::Unavailable);
+    assert_eq!(
+        e.message,
+        "no TOY device (toyGetDeviceCount returned TOY_0, 0 devices)"
+    );
+    assert_eq!(log(), ["toyGetDeviceCount"]);
+
+    // The count call itself answering "no device" (an Unavailable code).
+    script("toyGetDeviceCount", UNAVAILABLE);
+    let e = open_toy(1, 0).unwrap_err();
+    script("toyGetDeviceCount", OK);
+    assert_eq!(e.kind, BackendErrorKind::Unavailable);
+    assert!(
+        e.message
+            .starts_with("no TOY device (toyGetDeviceCount returned TOY_4, 0 devices)"),
+        "{e}"
+    );
+    assert_eq!(e.code, Some(i64::from(UNAVAILABLE)));
+    assert_eq!(log(), ["toyGetDeviceCount"]);
+
+    // Any other failure of the count call is that code's own error.
+    script("toyGetDeviceCount", REFUSED);
+    let e = open_toy(1, 0).unwrap_err();
+    script("toyGetDeviceCount", OK);
+    assert_eq!(e.kind, BackendErrorKind::Other);
+    assert!(e.message.contains("toyGetDeviceCount"), "{e}");
+    assert!(!e.message.contains("no TOY device"), "{e}");
+}
+
+#[test]
+fn an_ordinal_out_of_range_is_refused_naming_the_count_before_any_device_call() {
+    for ordinal in [2, u32::MAX] {
+        let e = open_toy(2, ordinal).unwrap_err();
+        assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains(&format!(
+                "TOY device ordinal {ordinal} is out of range: the toy driver reports 2 devices (0..2)"
+            )),
+            "{e}"
+        );
+        assert_eq!(log(), ["toyGetDeviceCount"]);
+    }
+}
+
+#[test]
+fn a_failed_uuid_or_bus_id_leaves_that_part_out_and_the_open_succeeds() {
+    script("toyDeviceGetUuid", REFUSED);
+    let opened = open_toy(1, 0);
+    script("toyDeviceGetUuid", OK);
+    let identity = opened.expect("open").device.identity;
+    assert_eq!(identity.uuid(), None);
+    assert_eq!(identity.pci_bus_id(), Some("0000:65:00.0"));
+
+    script("toyDeviceGetPCIBusId", REFUSED);
+    let opened = open_toy(1, 0);
+    script("toyDeviceGetPCIBusId", OK);
+    let identity = opened.expect("open").device.identity;
+    assert_eq!(identity.uuid(), Some([0x40; 16]));
+    assert_eq!(identity.pci_bus_id(), None);
+}
+
+#[test]
+fn a_failed_name_or_total_fails_the_open_naming_the_call_before_the_words() {
+    for failing in ["toyDeviceGetName", "toyDeviceTotalMem"] {
+        script(failing, REFUSED);
+        let e = open_toy(1, 0).unwrap_err();
+        script(failing, OK);
+        assert!(e.message.contains(failing), "{e}");
+        assert!(!log().contains(&"toyWords"), "{:?}", log());
+        assert_eq!(log().last(), Some(&failing));
+    }
 }

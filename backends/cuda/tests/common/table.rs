@@ -311,6 +311,12 @@ macro_rules! core_table {
             /// How many devices the stand-in has.
             pub const DEVICES: &str = "MEMGOV_STANDIN_CUDA_DEVICES";
 
+            /// Open device `ordinal` with the default settings.
+            pub fn open_on(ordinal: u32) -> Result<CudaContext, memgov::BackendError> {
+                let config = memgov::cuda::CudaConfig::default();
+                CudaContext::new(memgov::cuda::CudaConfig { ordinal, ..config })
+            }
+
             /// A context of configuration `label` on device `ordinal`.
             pub fn context_on(label: &str, ordinal: u32) -> CudaContext {
                 assert_eq!(label, "default");

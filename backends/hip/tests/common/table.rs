@@ -316,6 +316,14 @@ macro_rules! core_table {
             /// How many devices the stand-in has.
             pub const DEVICES: &str = "MEMGOV_STANDIN_HIP_DEVICES";
 
+            /// Open device `device` with the default settings.
+            pub fn open_on(device: u32) -> Result<HipContext, memgov::BackendError> {
+                HipContext::new(HipConfig {
+                    device,
+                    ..HipConfig::default()
+                })
+            }
+
             /// A context of configuration `label` on device `device`.
             pub fn context_on(label: &str, device: u32) -> HipContext {
                 let allocator = match label {
