@@ -5,7 +5,10 @@
 //! memory and its copy stream; [`StreamTable`] for the events that order
 //! one stream after another; [`CaptureTable`] for stream capture and
 //! graphs; [`RetireTable`] for the stream callback queued behind a release,
-//! with its `extern "C"` trampoline. `PinnedTable` for the pinned tier's mapped host memory; `TeardownTable` for the free of what a forced retire left; `OpenTable` for opening a device. The results of these calls are
+//! with its `extern "C"` trampoline; [`PinnedTable`] for the pinned tier's
+//! mapped host memory; `TeardownTable` for the free of what a forced
+//! retire left; `OpenTable` for opening a device. The results of these
+//! calls are
 //! classified in [`result`](crate::result) ([`Hip`]'s
 //! [`Vendor`](memgov_stream_ordered::Vendor)).
 //!
