@@ -8,8 +8,7 @@
 //! with its `extern "C"` trampoline; [`PinnedTable`] for the pinned tier's
 //! mapped host memory; `TeardownTable` for the free of what a forced
 //! retire left; `OpenTable` for opening a device. The results of these
-//! calls are
-//! classified in [`result`](crate::result) ([`Hip`]'s
+//! calls are classified in [`result`](crate::result) ([`Hip`]'s
 //! [`Vendor`](memgov_stream_ordered::Vendor)).
 //!
 //! The entries are static: the runtime's functions with thin shims where
