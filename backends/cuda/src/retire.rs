@@ -22,11 +22,11 @@
 //! settling a ticket means: retire a pool free's signal, or hand a
 //! page-locked host free to the free thread.
 
-use crate::shared::{HostFree, Live, Shared};
+use crate::shared::{HostFree, Shared};
 use crate::{CudaContext, CudaMemory, CudaStream};
 use cudarc::driver::sys;
-use memgov_backend::shell::Current;
 use memgov_backend::{lock, BackendError, RetireSignal};
+use memgov_stream_ordered::parts;
 use memgov_stream_ordered::retire::{self, Queued, Settle};
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
@@ -134,43 +134,8 @@ impl Shared {
 /// A refused free: the memory and the signal go back to the caller, as
 /// `DeviceContext::free_async` requires (hence the large `Err` variants,
 /// which clippy flags).
-pub(crate) type Refused = (CudaMemory, RetireSignal, BackendError);
-
-impl Shared {
-    /// The first steps of every `free_async` (pool, page-locked host,
-    /// arena): refuse on a lost context or a stream not of this context,
-    /// take `memory` out of the live set (so a second free, or another
-    /// context's memory, never reaches the driver), and make the context
-    /// current. On refusal the memory and the signal go back to the caller
-    /// and the live set is as it was. `what` names the memory in messages.
-    #[allow(clippy::result_large_err)]
-    pub(crate) fn begin_free(
-        &self,
-        stream: &CudaStream,
-        memory: CudaMemory,
-        signal: RetireSignal,
-        what: &str,
-    ) -> Result<(Live, Current<'_, Self>, CudaMemory, RetireSignal), Refused> {
-        let what = format_args!(
-            "{what} {} ({} B at {:#x})",
-            memory.id, memory.bytes, memory.device
-        );
-        let live = retire::begin_free(self, stream, memory.context, what, || {
-            lock(&self.live).remove(&memory.id)
-        });
-        let live = match live {
-            Ok(live) => live,
-            Err(e) => return Err((memory, signal, e)),
-        };
-        match self.make_current("free_async") {
-            Ok(current) => Ok((live, current, memory, signal)),
-            Err(e) => {
-                lock(&self.live).insert(memory.id, live);
-                Err((memory, signal, e))
-            }
-        }
-    }
-}
+/// A refused free: the memory and its signal handed back, with why.
+type Refused = memgov_stream_ordered::parts::Refused<CudaMemory>;
 
 impl CudaContext {
     // The shape of `DeviceContext::free_async`, which hands the memory and
@@ -183,8 +148,10 @@ impl CudaContext {
         signal: RetireSignal,
     ) -> Result<(), Refused> {
         let s = &*self.parts.shared;
+        // The free's checks, the memory out of the books, the context
+        // current: the core's, as for an arena allocation.
         let (live, _current, memory, signal) =
-            s.begin_free(stream, memory, signal, "allocation")?;
+            parts::begin_free(s, stream, memory, signal, "allocation")?;
         let host = live.host;
         if host == 0 {
             // SAFETY: the memory is a live allocation of this context, taken

@@ -12,6 +12,7 @@ use crate::state::{Block, Origin};
 use crate::stream::{self, StreamContext};
 use crate::table::{CaptureTable, Context, StreamTable, VmmTable};
 use crate::teardown::LOST_DRAIN;
+use memgov_backend::shell::Current;
 use memgov_backend::{
     BackendError, BackendErrorKind, BackendProbe, DeviceDescription, DeviceIdentity, Execution,
     MemoryInfo,
@@ -235,11 +236,8 @@ impl<C: Books + StreamContext> Parts<C> {
                 op,
                 BackendErrorKind::InvalidArgument,
                 format!(
-                    "allocation {} ({} B at {:#x}) is not live in {} context {id} (it belongs \
-                     to context {}, or was freed)",
-                    memory.id,
-                    memory.bytes,
-                    memory.device,
+                    "allocation {memory} is not live in {} context {id} (it belongs to \
+                     context {}, or was freed)",
                     C::Table::STREAM_NAMES.vendor,
                     memory.context
                 ),
@@ -268,31 +266,17 @@ where
         stream: &C::Stream,
         memory: M,
         signal: memgov_backend::RetireSignal,
-    ) -> Result<(), (M, memgov_backend::RetireSignal, BackendError)>
+    ) -> Result<(), Refused<M>>
     where
         C::Table: retire::RetireTable,
     {
         let s = &*self.shared;
-        let b = memory.as_ref();
-        let what = format_args!(
-            "arena allocation {} ({} B at {:#x})",
-            b.id, b.bytes, b.device
-        );
-        let entry = match retire::begin_free(s, stream, b.context, what, || s.take_live(b)) {
-            Ok(entry) => entry,
-            Err(e) => return Err((memory, signal, e)),
-        };
-        let _current = match s.make_current("free_async") {
-            Ok(current) => current,
-            Err(e) => {
-                s.put_back(b, entry);
-                return Err((memory, signal, e));
-            }
-        };
-        let raw = stream.as_ref().raw();
+        let (_entry, _current, memory, signal) =
+            begin_free(s, stream, memory, signal, "arena allocation")?;
+        let (b, raw) = (memory.as_ref(), stream.as_ref().raw());
         // SAFETY: the stream is a live stream of this context (checked by
         // `begin_free`), which is current; the memory is `arena`'s and was
-        // taken out of the live set above.
+        // taken out of the live set.
         unsafe { retire::queue_release(s, arena, raw, signal, b.bytes, b.device) };
         Ok(())
     }
@@ -339,16 +323,49 @@ where
         }
         let current = s.make_current("teardown")?;
         // Nothing queued may still use a granule when it is unmapped.
-        if let Err(e) = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN)) {
-            retire::abandon_all(&arena.releases, s.probe());
-            return Err(e);
-        }
-        // The streams ran everything queued: a release whose callback has
-        // not run by now never will; its range goes with the arena.
+        let drained = stream::quiesce(s, "teardown", lost.then_some(LOST_DRAIN));
+        // The streams ran everything queued (or the drain gave up): a
+        // release whose callback has not run by now never will; its range
+        // goes with the arena.
         retire::abandon_all(&arena.releases, s.probe());
+        drained?;
         let released = arena.teardown(s);
         drop(current);
         released.and(graphs)
+    }
+}
+
+/// A refused free: the memory and its signal handed back, with why.
+pub type Refused<M> = (M, memgov_backend::RetireSignal, BackendError);
+
+/// The first steps of a free of `memory` (`kind` names it in messages:
+/// `allocation`, `arena allocation`): [`retire::begin_free`], which takes
+/// it out of the vendor's books, then the device made current. On refusal
+/// the memory is back in the books and handed back with `signal`.
+#[allow(clippy::result_large_err, clippy::type_complexity)]
+pub fn begin_free<'a, C, M>(
+    s: &'a C,
+    stream: &C::Stream,
+    memory: M,
+    signal: memgov_backend::RetireSignal,
+    kind: &str,
+) -> Result<(C::Entry, Current<'a, C>, M, memgov_backend::RetireSignal), Refused<M>>
+where
+    C: Books<Table: retire::RetireTable>,
+    M: AsRef<Block>,
+{
+    let b = memory.as_ref();
+    let what = format_args!("{kind} {b}");
+    let entry = match retire::begin_free(s, stream, b.context, what, || s.take_live(b)) {
+        Ok(entry) => entry,
+        Err(e) => return Err((memory, signal, e)),
+    };
+    match s.make_current("free_async") {
+        Ok(current) => Ok((entry, current, memory, signal)),
+        Err(e) => {
+            s.put_back(memory.as_ref(), entry);
+            Err((memory, signal, e))
+        }
     }
 }
 

@@ -357,6 +357,14 @@ pub struct Block {
     pub origin: Origin,
 }
 
+/// How messages name an allocation: its number, size and device address
+/// (`3 (4096 B at 0x7f0000)`), after the word for its kind.
+impl std::fmt::Display for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} B at {:#x})", self.id, self.bytes, self.device)
+    }
+}
+
 impl Block {
     /// Size in bytes as requested.
     pub fn len(&self) -> u64 {
