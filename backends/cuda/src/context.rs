@@ -40,7 +40,8 @@ impl Context for Shared {
         op: &'static str,
         stream: &crate::CudaStream,
     ) -> Result<<Cuda as VmmTable>::Stream, BackendError> {
-        self.check_stream(op, stream).map(|()| stream.raw())
+        // The registry's check returns the handle it checked.
+        memgov_stream_ordered::stream::check(self, op, stream)
     }
 
     fn state(&self) -> &State<Cuda, CUstream> {
@@ -51,15 +52,9 @@ impl Context for Shared {
         memgov_stream_ordered::stream::quiesce(self, op, None)
     }
 
-    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
-        Shared::wait_launches(self, op)
-    }
-}
-
-impl Shared {
     /// `cuCtxSynchronize`: every launch of the context finished (the
     /// context current, the call admitted by the capture gate).
-    pub(crate) fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
+    fn wait_launches(&self, op: &'static str) -> Result<(), BackendError> {
         // SAFETY: the context is current (the caller's guard).
         let r = unsafe { sys::cuCtxSynchronize() };
         self.checked(op, "cuCtxSynchronize", r)

@@ -168,7 +168,7 @@ impl std::fmt::Debug for CudaContext {
     }
 }
 
-/// What `find_device` learnt: the device, its facts, the driver's version.
+/// What `find_device` learnt: the device's handle and its facts.
 type Found = (CUdevice, Device);
 
 /// Load the driver, initialise it and open device `ordinal` (the core's

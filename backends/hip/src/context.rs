@@ -41,7 +41,8 @@ impl Context for Shared {
         op: &'static str,
         stream: &crate::HipStream,
     ) -> Result<<Hip as VmmTable>::Stream, BackendError> {
-        self.check_stream(op, stream).map(|()| stream.raw())
+        // The registry's check returns the handle it checked.
+        memgov_stream_ordered::stream::check(self, op, stream)
     }
 
     fn state(&self) -> &State<Hip, hipStream_t> {
