@@ -112,7 +112,6 @@ use memgov_backend::{
 };
 use memgov_stream_ordered::open::{open, Opened};
 use memgov_stream_ordered::parts::Parts;
-use memgov_stream_ordered::stream::StreamContext as _;
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, Hip};
 use shared::Pool;
@@ -298,15 +297,7 @@ impl HipContext {
         bytes: u64,
     ) -> Result<HipMemory, BackendError> {
         let s = &*self.parts.shared;
-        s.check_stream("allocate", stream)?;
-        s.check_usable("allocate")?;
-        if bytes == 0 {
-            return Err(err(
-                "allocate",
-                BackendErrorKind::InvalidArgument,
-                "a 0-byte allocation was asked for; ask for at least 1 byte",
-            ));
-        }
+        memgov_stream_ordered::memory::allocation_size(s, stream, bytes)?;
         let _device = s.make_current("allocate")?;
         let ptr = arena.allocate(s, bytes)? as usize;
         Ok(memory::register(s, ptr, ptr, bytes, Origin::Arena))
