@@ -355,7 +355,7 @@ impl CudaContext {
     ) -> Self {
         Self {
             parts: Parts::new(Shared {
-                state: State::new("CUDA", device, streams),
+                state: State::new(device, streams),
                 cu_device,
                 context,
                 retained,

@@ -44,6 +44,7 @@ pub(crate) const DEVICE_LOST: &[CUresult] = &[
 
 impl Vendor for Cuda {
     const BACKEND: &'static str = BACKEND;
+    const NAME: &'static str = "CUDA";
     const DRIVER: &'static str = "driver";
     type Code = CUresult;
     const SUCCESS: CUresult = CUresult::CUDA_SUCCESS;

@@ -264,7 +264,6 @@ impl StreamTable for Cuda {
     type Event = CUevent;
 
     const STREAM_NAMES: StreamNames = StreamNames {
-        vendor: "CUDA",
         stream_destroy: "cuStreamDestroy_v2",
         event_create: "cuEventCreate",
         event_record: "cuEventRecord",
@@ -456,7 +455,6 @@ unsafe extern "C" fn host_fn(user: *mut c_void) {
 
 /// `cuLaunchHostFunc`, its function the trampoline above.
 impl RetireTable for Cuda {
-    const VENDOR: &'static str = "CUDA";
     const LAUNCH_CALLBACK: &'static str = "cuLaunchHostFunc";
 
     unsafe fn launch_callback(stream: sys::CUstream, ticket: u64) -> sys::CUresult {
@@ -491,7 +489,6 @@ impl OpenTable for Cuda {
     type Device = sys::CUdevice;
 
     const OPEN_NAMES: OpenNames = OpenNames {
-        vendor: "CUDA",
         device_count: "cuDeviceGetCount",
         device_get: "cuDeviceGet",
         device_name: "cuDeviceGetName",

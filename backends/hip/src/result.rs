@@ -25,6 +25,7 @@ pub struct Hip;
 
 impl Vendor for Hip {
     const BACKEND: &'static str = BACKEND;
+    const NAME: &'static str = "HIP";
     const DRIVER: &'static str = "runtime";
     type Code = HipResult;
     const SUCCESS: HipResult = SUCCESS;

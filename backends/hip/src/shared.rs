@@ -118,7 +118,7 @@ impl Shared {
         };
         ALIVE.fetch_add(1, Ordering::AcqRel);
         Self {
-            state: State::new("HIP", device, Vec::new()),
+            state: State::new(device, Vec::new()),
             pool,
             allocator: AtomicU8::new(allocator as u8),
             fallback_reason: Mutex::new(fallback),

@@ -278,7 +278,6 @@ impl StreamTable for Hip {
     type Event = hipEvent_t;
 
     const STREAM_NAMES: StreamNames = StreamNames {
-        vendor: "HIP",
         stream_destroy: "hipStreamDestroy",
         event_create: "hipEventCreateWithFlags",
         event_record: "hipEventRecord",
@@ -445,7 +444,6 @@ unsafe extern "C" fn callback(_stream: hipStream_t, status: HipResult, user: *mu
 
 /// `hipStreamAddCallback`, its callback the trampoline above.
 impl RetireTable for Hip {
-    const VENDOR: &'static str = "HIP";
     const LAUNCH_CALLBACK: &'static str = "hipStreamAddCallback";
 
     unsafe fn launch_callback(stream: hipStream_t, ticket: u64) -> HipResult {
@@ -485,7 +483,6 @@ impl OpenTable for Hip {
     type Device = i32;
 
     const OPEN_NAMES: OpenNames = OpenNames {
-        vendor: "HIP",
         device_count: "hipGetDeviceCount",
         device_get: "(none: HIP names a device by its ordinal)",
         device_name: "hipDeviceGetName",

@@ -21,9 +21,6 @@ use std::ffi::{c_char, CStr};
 /// The vendor's names of its opening calls, for messages.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenNames {
-    /// The vendor's name in "no CUDA device" (`"CUDA"`, `"HIP"`): tests
-    /// and CI scripts grep these words.
-    pub vendor: &'static str,
     /// [`OpenTable::device_count`] (`cuDeviceGetCount`).
     pub device_count: &'static str,
     /// [`OpenTable::device_get`] (`cuDeviceGet`).
@@ -123,7 +120,7 @@ pub fn device_count<V: OpenTable>() -> Result<i32, BackendError> {
             BackendErrorKind::Unavailable,
             format!(
                 "no {} device ({} returned {}, {count} devices)",
-                names.vendor,
+                V::NAME,
                 names.device_count,
                 V::name(r)
             ),
@@ -200,7 +197,7 @@ pub fn open<V: OpenTable, G, W>(
             format!(
                 "{} device ordinal {ordinal} is out of range: the {} reports {count} devices \
                  (0..{count}); ask for one of those",
-                names.vendor,
+                V::NAME,
                 V::DRIVER
             ),
         ));

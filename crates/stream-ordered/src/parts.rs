@@ -238,7 +238,7 @@ impl<C: Books + StreamContext> Parts<C> {
                 format!(
                     "allocation {memory} is not live in {} context {id} (it belongs to \
                      context {}, or was freed)",
-                    C::Table::STREAM_NAMES.vendor,
+                    C::Table::NAME,
                     memory.context
                 ),
             ));

@@ -78,6 +78,10 @@ pub trait Vendor: 'static {
     /// The backend's name in errors (`"cuda"`, `"hip"`).
     const BACKEND: &'static str;
 
+    /// The vendor's name in messages (`"CUDA"`, `"HIP"`: "not a live stream
+    /// of CUDA context 3", "no HIP device"; tests and CI scripts grep it).
+    const NAME: &'static str;
+
     /// What the vendor's documentation calls the library memgov calls
     /// (`"driver"`, `"runtime"`), in messages.
     const DRIVER: &'static str;
@@ -205,6 +209,7 @@ mod tests {
 
     impl Vendor for Toy {
         const BACKEND: &'static str = "toy";
+        const NAME: &'static str = "Toy";
         const DRIVER: &'static str = "toy driver";
         type Code = i32;
         const SUCCESS: i32 = 0;

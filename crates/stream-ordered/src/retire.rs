@@ -79,9 +79,6 @@ pub trait RetireTable: VmmTable {
     /// `hipStreamAddCallback`).
     const LAUNCH_CALLBACK: &'static str;
 
-    /// The vendor's name in messages (`CUDA`, `HIP`).
-    const VENDOR: &'static str;
-
     /// Queue the vendor's trampoline on `stream`, with `ticket` as its user
     /// data; the trampoline calls [`callback_ran`] once the stream reaches
     /// it, and makes no driver call.
@@ -130,7 +127,7 @@ where
         format!(
             "{what} is not live in {} context {id} (freed already, or another context's: \
              free each allocation once, in the context that made it)",
-            C::Table::VENDOR,
+            C::Table::NAME,
         ),
     ))
 }

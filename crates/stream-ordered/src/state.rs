@@ -180,12 +180,11 @@ pub struct State<T: Vendor, S> {
 }
 
 impl<T: Vendor, S: Copy> State<T, S> {
-    /// The state of a context just opened on `device` of `vendor` (`CUDA`,
-    /// for messages), handing out `adopted` (a runtime's own streams) before
-    /// it creates any.
-    pub fn new(vendor: &str, device: Device, adopted: Vec<S>) -> Self {
+    /// The state of a context just opened on `device`, handing out
+    /// `adopted` (a runtime's own streams) before it creates any.
+    pub fn new(device: Device, adopted: Vec<S>) -> Self {
         let shell = Shell::new(
-            format!("{vendor} device {}", device.ordinal),
+            format!("{} device {}", T::NAME, device.ordinal),
             BackendProbe::new(),
         );
         Self {

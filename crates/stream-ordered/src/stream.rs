@@ -77,7 +77,7 @@ pub fn check<C: StreamContext>(
                 "stream {id} is not a live stream of {} context {} (it belongs to context \
                  {owner}, or was destroyed): use a stream this context created and has not \
                  destroyed",
-                <C::Table as StreamTable>::STREAM_NAMES.vendor,
+                <C::Table as Vendor>::NAME,
                 s.context_id()
             ),
         ));

@@ -472,9 +472,6 @@ pub trait CaptureTable: VmmTable {
 /// The stream's create, synchronize and query are named in [`VmmNames`].
 #[derive(Debug, Clone, Copy)]
 pub struct StreamNames {
-    /// How the vendor's contexts are named in messages (`"CUDA"`: "not a
-    /// live stream of CUDA context 3").
-    pub vendor: &'static str,
     /// [`VmmTable::stream_destroy`] (`cuStreamDestroy_v2`).
     pub stream_destroy: &'static str,
     /// [`StreamTable::event_create`] (`cuEventCreate`).

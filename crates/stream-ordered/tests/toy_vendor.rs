@@ -64,6 +64,7 @@ struct Toy;
 
 impl Vendor for Toy {
     const BACKEND: &'static str = "toy";
+    const NAME: &'static str = "Toy";
     const DRIVER: &'static str = "toy driver";
     type Code = i32;
     const SUCCESS: i32 = OK;
@@ -223,7 +224,6 @@ impl CaptureTable for Toy {
 }
 
 impl RetireTable for Toy {
-    const VENDOR: &'static str = "Toy";
     const LAUNCH_CALLBACK: &'static str = "toyLaunchCallback";
 
     unsafe fn launch_callback(_: u64, ticket: u64) -> i32 {
@@ -250,7 +250,7 @@ fn toy_device() -> Device {
 impl Default for ToyContext {
     fn default() -> Self {
         Self {
-            state: State::new("Toy", toy_device(), Vec::new()),
+            state: State::new(toy_device(), Vec::new()),
         }
     }
 }
@@ -431,7 +431,6 @@ fn a_lost_teardowns_drain_refuses_as_device_lost_once_its_deadline_passed() {
 impl StreamTable for Toy {
     type Event = u64;
     const STREAM_NAMES: StreamNames = StreamNames {
-        vendor: "Toy",
         stream_destroy: "toyStreamDestroy",
         event_create: "toyEventCreate",
         event_record: "toyEventRecord",
@@ -474,7 +473,7 @@ impl ToyStreams {
     /// A toy context that hands out `adopted` before it creates streams.
     fn lending(adopted: Vec<u64>) -> Self {
         Self {
-            state: State::new("Toy", toy_device(), adopted),
+            state: State::new(toy_device(), adopted),
         }
     }
 }
@@ -1172,7 +1171,6 @@ impl OpenTable for Toy {
     type Device = u8;
 
     const OPEN_NAMES: OpenNames = OpenNames {
-        vendor: "TOY",
         device_count: "toyGetDeviceCount",
         device_get: "toyDeviceGet",
         device_name: "toyDeviceGetName",
@@ -1275,7 +1273,7 @@ fn no_device_is_unavailable_naming_the_count_call_and_asks_nothing_more() {
     assert_eq!(e.kind, BackendErrorKind::Unavailable);
     assert_eq!(
         e.message,
-        "no TOY device (toyGetDeviceCount returned TOY_0, 0 devices)"
+        "no Toy device (toyGetDeviceCount returned TOY_0, 0 devices)"
     );
     assert_eq!(log(), ["toyGetDeviceCount"]);
 
@@ -1286,7 +1284,7 @@ fn no_device_is_unavailable_naming_the_count_call_and_asks_nothing_more() {
     assert_eq!(e.kind, BackendErrorKind::Unavailable);
     assert!(
         e.message
-            .starts_with("no TOY device (toyGetDeviceCount returned TOY_4, 0 devices)"),
+            .starts_with("no Toy device (toyGetDeviceCount returned TOY_4, 0 devices)"),
         "{e}"
     );
     assert_eq!(e.code, Some(i64::from(UNAVAILABLE)));
@@ -1298,7 +1296,7 @@ fn no_device_is_unavailable_naming_the_count_call_and_asks_nothing_more() {
     script("toyGetDeviceCount", OK);
     assert_eq!(e.kind, BackendErrorKind::Other);
     assert!(e.message.contains("toyGetDeviceCount"), "{e}");
-    assert!(!e.message.contains("no TOY device"), "{e}");
+    assert!(!e.message.contains("no Toy device"), "{e}");
 }
 
 #[test]
@@ -1308,7 +1306,7 @@ fn an_ordinal_out_of_range_is_refused_naming_the_count_before_any_device_call() 
         assert_eq!(e.kind, BackendErrorKind::InvalidArgument);
         assert!(
             e.message.contains(&format!(
-                "TOY device ordinal {ordinal} is out of range: the toy driver reports 2 devices (0..2)"
+                "Toy device ordinal {ordinal} is out of range: the toy driver reports 2 devices (0..2)"
             )),
             "{e}"
         );
