@@ -37,8 +37,8 @@ use super::memory::{HipMemory, Origin};
 use super::result::err;
 use super::stream::HipStream;
 use crate::shared::{Event, PlainFree, Shared};
-use memgov_backend::lock;
 use memgov_backend::{BackendError, BackendErrorKind, FreeThread, FreeWork, RetireSignal, Stop};
+use memgov_stream_ordered::parts::Books;
 use memgov_stream_ordered::retire::{self, Queued, Settle};
 use memgov_stream_ordered::table::Context as _;
 use std::ffi::c_void;
@@ -64,7 +64,7 @@ impl Settle for Shared {
 /// A refused free: the memory and the signal go back to the caller, as
 /// `DeviceContext::free_async` requires (hence the large `Err` variants
 /// below, which clippy flags).
-type Refused = (HipMemory, RetireSignal, BackendError);
+type Refused = memgov_stream_ordered::parts::Refused<HipMemory>;
 
 /// Queue the free of `memory` behind the work on `stream`.
 pub(crate) fn free_async(
@@ -73,9 +73,11 @@ pub(crate) fn free_async(
     memory: HipMemory,
     signal: RetireSignal,
 ) -> Result<(), Refused> {
-    let what = format_args!("allocation {:#x} ({} B)", memory.own(), memory.bytes);
+    // The checks and the books are the core's; the device is made current
+    // only where a free needs it (not for `hipFreeAsync`).
+    let what = format_args!("allocation {}", *memory);
     let taken = retire::begin_free(&**shared, stream, memory.context, what, || {
-        lock(&shared.live).remove(&memory.own())
+        shared.take_live(&memory)
     });
     if let Err(e) = taken {
         return Err((memory, signal, e));
@@ -94,7 +96,7 @@ fn refuse(
     signal: RetireSignal,
     e: BackendError,
 ) -> Result<(), Refused> {
-    lock(&shared.live).insert(memory.own(), (memory.bytes, memory.origin));
+    shared.put_back(&memory, (memory.bytes, memory.origin));
     Err((memory, signal, e))
 }
 
