@@ -52,11 +52,6 @@ pub trait StreamContext: Context<Table: StreamTable, Stream: AsRef<Stream<RawOf<
 
     /// The vendor's public stream over a stream just registered.
     fn wrap(stream: Stream<RawOf<Self>>) -> Self::Stream;
-
-    /// `Ok` when `stream` is a live stream of this context ([`check`]).
-    fn check_stream(&self, op: &'static str, stream: &Self::Stream) -> Result<(), BackendError> {
-        check(self, op, stream).map(drop)
-    }
 }
 
 /// The raw handle of `stream` once it is a live stream of `s`;
