@@ -106,6 +106,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemoryPool, CUresult, CUs
 use memgov_backend::{BackendError, BackendErrorKind, BackendProbe, DeviceDescription};
 use memgov_stream_ordered::open::open;
 use memgov_stream_ordered::parts::Parts;
+use memgov_stream_ordered::pool;
 use memgov_stream_ordered::state::{Device, State};
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, Cuda};
@@ -304,7 +305,7 @@ impl CudaContext {
             (Ok(pool), Ok(())) => Ok(pool),
             (Ok(pool), Err(e)) => {
                 // SAFETY: the pool just created, unused, destroyed once.
-                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+                let _ = unsafe { pool::destroy::<Cuda>("new", pool) };
                 Err(e)
             }
             (Err(e), _) => Err(e),
@@ -312,38 +313,13 @@ impl CudaContext {
     }
 
     fn create_pool(device: CUdevice, config: &CudaConfig) -> Result<CUmemoryPool, BackendError> {
-        // SAFETY: CUmemPoolProps is a plain C struct for which all-zero bytes
-        // are valid (null pointer, zero sizes); the fields memgov needs are
-        // set below.
-        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        props.location.id = device;
-        let mut pool: CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: valid out pointer and properties for a device-resident
-        // pool of a valid device.
-        check("new", "cuMemPoolCreate", unsafe {
-            sys::cuMemPoolCreate(&mut pool, &props)
-        })?;
-        if let Some(threshold) = config.release_threshold {
-            let mut value: u64 = threshold;
-            // SAFETY: the release threshold attribute takes a cuuint64_t;
-            // the pool is the one just created.
-            let r = unsafe {
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut value as *mut u64).cast(),
-                )
-            };
-            if let Err(e) = check("new", "cuMemPoolSetAttribute", r) {
-                // SAFETY: the pool just created, unused, destroyed once.
-                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
-                return Err(e);
-            }
-        }
-        Ok(pool)
+        // SAFETY: a device of the driver (from `open`); its context is
+        // current (pushed by `setup_pool`).
+        let pool = unsafe { pool::create::<Cuda>("new", device, config.release_threshold)? };
+        // A device without memory pools: CUDA has no fallback.
+        pool.ok_or_else(|| {
+            result::error("new", "cuMemPoolCreate", CUresult::CUDA_ERROR_NOT_SUPPORTED)
+        })
     }
 
     fn from_parts(

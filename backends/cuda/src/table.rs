@@ -6,8 +6,8 @@
 //! another; [`CaptureTable`] for stream capture and graphs; [`RetireTable`]
 //! for the host function queued behind a release, with its `extern "C"`
 //! trampoline; [`PinnedTable`] for the pinned tier's mapped host memory;
-//! `TeardownTable` for the free of what a forced retire left; `OpenTable`
-//! for opening a device. The results of these calls are classified in
+//! `TeardownTable` for the free of what a forced retire left; `PoolTable`
+//! for the context's own memory pool; `OpenTable` for opening a device. The results of these calls are classified in
 //! [`result`](crate::result) ([`Cuda`]'s [`Vendor`](memgov_stream_ordered::Vendor)).
 //!
 //! The entries are static: cudarc's `sys` functions with thin shims where
@@ -475,6 +475,63 @@ impl memgov_stream_ordered::teardown::TeardownTable for Cuda {
         // SAFETY: the caller's contract (a live pool allocation of the
         // current context, freed once; the stream live).
         unsafe { sys::cuMemFreeAsync(ptr, stream) }
+    }
+}
+
+// ---- the context's own memory pool ---------------------------------------
+
+use memgov_stream_ordered::pool::{PoolNames, PoolTable};
+
+/// `cuMemPoolCreate` of pinned device memory, no shareable handle; the
+/// release threshold is `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (a
+/// `cuuint64_t`); trimmed to 0 bytes.
+impl PoolTable for Cuda {
+    type Pool = sys::CUmemoryPool;
+
+    const POOL_NAMES: PoolNames = PoolNames {
+        create: "cuMemPoolCreate",
+        set_attribute: "cuMemPoolSetAttribute",
+        trim: "cuMemPoolTrimTo",
+        destroy: "cuMemPoolDestroy",
+    };
+
+    unsafe fn pool_create(ordinal: i32) -> (CUresult, sys::CUmemoryPool) {
+        // SAFETY: CUmemPoolProps is a plain C struct for which all-zero
+        // bytes are valid (null pointer, zero sizes); the fields memgov
+        // needs are set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ordinal;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out pointer and properties; the caller's contract
+        // (a device of the driver, its context current).
+        let r = unsafe { sys::cuMemPoolCreate(&mut pool, &props) };
+        (r, pool)
+    }
+
+    unsafe fn pool_set_release_threshold(pool: sys::CUmemoryPool, bytes: u64) -> CUresult {
+        let mut value: u64 = bytes;
+        // SAFETY: the attribute takes a cuuint64_t, alive for the call; the
+        // caller's contract (a live pool).
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+    }
+
+    unsafe fn pool_trim(pool: sys::CUmemoryPool) -> CUresult {
+        // SAFETY: the caller's contract (a live pool).
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+    }
+
+    unsafe fn pool_destroy(pool: sys::CUmemoryPool) -> CUresult {
+        // SAFETY: the caller's contract (destroyed once).
+        unsafe { sys::cuMemPoolDestroy(pool) }
     }
 }
 

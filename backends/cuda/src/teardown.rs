@@ -1,11 +1,12 @@
 //! Teardown: [`CudaContext::tear_down`], called by
 //! [`DeviceContext::teardown`](memgov_backend::DeviceContext::teardown).
 
-use crate::result::check;
+use crate::result::{check, Cuda};
 use crate::shared::Live;
 use crate::CudaContext;
 use cudarc::driver::sys::{self, CUstream};
 use memgov_backend::{lock, BackendError};
+use memgov_stream_ordered::pool;
 use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::teardown::{self, FirstError};
 
@@ -99,13 +100,10 @@ impl CudaContext {
         for claim in s.pending.waiting.claim_all() {
             claim.abandon(s.probe());
         }
-        // SAFETY: memgov's own pool; every allocation from it was freed and
-        // every free has executed (all streams synchronized).
-        let r = unsafe { sys::cuMemPoolTrimTo(s.pool, 0) };
-        errors.keep(s.checked("teardown", "cuMemPoolTrimTo", r));
-        // SAFETY: as above; destroyed once, here.
-        let r = unsafe { sys::cuMemPoolDestroy(s.pool) };
-        errors.keep(s.checked("teardown", "cuMemPoolDestroy", r));
+        // SAFETY: memgov's own pool, destroyed once, here; every allocation
+        // from it was freed and every free has executed (all streams
+        // synchronized); the context is current.
+        unsafe { pool::release(s, "teardown", s.pool, errors) };
         // The thread's previous context is current again before the release.
         drop(current);
         if s.retained {
@@ -174,7 +172,7 @@ impl CudaContext {
         // wait: with allocations or frees outstanding the driver releases the
         // pool once they are gone (with the context, when it is released
         // below). On a device in the sticky state it fails harmlessly.
-        let _ = unsafe { sys::cuMemPoolDestroy(s.pool) };
+        let _ = unsafe { pool::destroy::<Cuda>("teardown", s.pool) };
         if s.retained {
             // SAFETY: balanced with the retain in `new`; the device no longer
             // executes any work (a sticky error). Releasing the last

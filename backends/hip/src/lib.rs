@@ -112,6 +112,7 @@ use memgov_backend::{
 };
 use memgov_stream_ordered::open::{open, Opened};
 use memgov_stream_ordered::parts::Parts;
+use memgov_stream_ordered::pool;
 use memgov_stream_ordered::table::Context as _;
 use result::{check, err, Hip};
 use shared::Pool;
@@ -204,9 +205,13 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
     if pools == 0 {
         return plain("hipDeviceAttributeMemoryPoolsSupported is 0 on this device");
     }
-    let Some(pool) = memory::create_pool(ordinal)? else {
+    // SAFETY: a device of the runtime (checked against the count by
+    // `open`), current while it is opened. The release threshold keeps
+    // every freed byte in the pool until teardown trims it.
+    let Some(pool) = (unsafe { pool::create::<Hip>("new", ordinal, Some(u64::MAX))? }) else {
         return plain("hipMemPoolCreate returned hipErrorNotSupported");
     };
+    let pool = Pool(pool);
     // The attribute and the pool can exist while the allocator still
     // refuses: ask it once, so that `describe()` (read at registration)
     // tells the truth from the start.
@@ -216,11 +221,14 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
             fallback_reason: None,
         }),
         Ok(false) => {
-            memory::destroy_pool(pool)?;
+            // SAFETY: the pool just created; the probe's allocation was
+            // freed and trimmed away; destroyed once.
+            unsafe { pool::destroy::<Hip>("new", pool.0)? };
             plain("hipMallocFromPoolAsync returned hipErrorNotSupported")
         }
         Err(e) => {
-            let _ = memory::destroy_pool(pool);
+            // SAFETY: as above.
+            let _ = unsafe { pool::destroy::<Hip>("new", pool.0) };
             Err(e)
         }
     }

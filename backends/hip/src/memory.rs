@@ -1,7 +1,8 @@
 //! Allocation (`hipMallocFromPoolAsync` from the context's own memory pool,
 //! or the `hipMalloc` fallback; page-locked host memory from
-//! `hipHostMalloc`), copies on the stream, and the pool's creation, trim and
-//! destruction.
+//! `hipHostMalloc`), copies on the stream, and the probe of the pool's
+//! stream-ordered allocator (the pool itself is the core's `pool` module's,
+//! over the table).
 //!
 //! Pinned host memory ([`Tier::PinnedHost`](memgov_backend::Tier::PinnedHost)) is allocated mapped into the
 //! device's address space (`hipHostMallocMapped | hipHostMallocPortable`).
@@ -18,11 +19,10 @@
 //! still queued (`retire.rs`).
 
 use super::ffi::{
-    self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipMemPoolCreate, hipMemPoolDestroy,
-    hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo, hipMemPool_t,
-    hipStreamCreateWithFlags, hipStreamDestroy, hipStreamSynchronize, hipStream_t, HipResult,
+    self, hipFreeAsync, hipMalloc, hipMallocFromPoolAsync, hipStreamCreateWithFlags,
+    hipStreamDestroy, hipStreamSynchronize, hipStream_t, HipResult,
 };
-use super::result::check;
+use super::result::{check, Hip};
 use super::stream::HipStream;
 use crate::shared::{Allocator, Pool, Shared};
 use memgov_backend::lock;
@@ -129,64 +129,6 @@ pub(crate) fn allocate_pinned(
     Ok(register(shared, host, device as usize, bytes, origin))
 }
 
-/// A memory pool of the context's own on device `ordinal` (current on the
-/// calling thread), with its release threshold at `u64::MAX`: memory freed
-/// into it stays cached for reuse by the context's next allocations until
-/// teardown trims and destroys it. The device's default pool, which other
-/// users of the process share, is left as it is. `None` when the runtime
-/// answers `hipErrorNotSupported`.
-pub(crate) fn create_pool(ordinal: i32) -> Result<Option<Pool>, BackendError> {
-    let props = hipMemPoolProps {
-        allocType: ffi::hipMemAllocationTypePinned,
-        handleTypes: ffi::hipMemHandleTypeNone,
-        location: ffi::hipMemLocation {
-            type_: ffi::hipMemLocationTypeDevice,
-            id: ordinal,
-        },
-        win32SecurityAttributes: std::ptr::null_mut(),
-        reserved: [0; 64],
-    };
-    let mut pool: hipMemPool_t = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and a fully initialised properties struct
-    // (reserved bytes zero, as documented).
-    let r = unsafe { hipMemPoolCreate(&mut pool, &props) };
-    if r == NOT_SUPPORTED {
-        return Ok(None);
-    }
-    check("new", "hipMemPoolCreate", r)?;
-    let mut threshold = u64::MAX;
-    // SAFETY: the pool was just created; the attribute's value is a u64.
-    let r = unsafe {
-        hipMemPoolSetAttribute(
-            pool,
-            ffi::hipMemPoolAttrReleaseThreshold,
-            &mut threshold as *mut u64 as *mut c_void,
-        )
-    };
-    if let Err(e) = check("new", "hipMemPoolSetAttribute", r) {
-        let _ = destroy_pool(Pool(pool));
-        return Err(e);
-    }
-    Ok(Some(Pool(pool)))
-}
-
-/// Destroy the context's pool (every allocation from it freed).
-pub(crate) fn destroy_pool(pool: Pool) -> Result<(), BackendError> {
-    // SAFETY: the pool is the context's own, created by `create_pool`, and
-    // no allocation from it is live; nothing uses the handle afterwards.
-    let r = unsafe { hipMemPoolDestroy(pool.0) };
-    check("new", "hipMemPoolDestroy", r)
-}
-
-/// Return the pool's unused reserve to the device (the pool keeps freed
-/// memory for reuse until trimmed).
-pub(crate) fn trim_pool(pool: Pool) -> Result<(), BackendError> {
-    // SAFETY: the pool is the context's own, alive until `destroy_pool`;
-    // trimming releases only memory no allocation uses.
-    let r = unsafe { hipMemPoolTrimTo(pool.0, 0) };
-    check("teardown", "hipMemPoolTrimTo", r)
-}
-
 /// Whether the stream-ordered allocator works on the current device: one
 /// one-byte trial allocation from the pool on a temporary stream, freed,
 /// synchronized and trimmed away. `Ok(false)` when the runtime answers
@@ -225,10 +167,9 @@ pub(crate) fn probe_stream_ordered(pool: Pool) -> Result<bool, BackendError> {
     synced?;
     destroyed?;
     if allocated {
-        trim_pool(pool).map_err(|e| BackendError {
-            operation: "new",
-            ..e
-        })?;
+        // SAFETY: the pool just created, alive; the probe's allocation was
+        // freed and its free executed (the stream synchronized).
+        unsafe { memgov_stream_ordered::pool::trim::<Hip>("new", pool.0)? };
     }
     Ok(ordered)
 }

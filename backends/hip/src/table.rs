@@ -7,7 +7,8 @@
 //! graphs; [`RetireTable`] for the stream callback queued behind a release,
 //! with its `extern "C"` trampoline; [`PinnedTable`] for the pinned tier's
 //! mapped host memory; `TeardownTable` for the free of what a forced
-//! retire left; `OpenTable` for opening a device. The results of these
+//! retire left; `PoolTable` for the context's own memory pool; `OpenTable`
+//! for opening a device. The results of these
 //! calls are classified in [`result`](crate::result) ([`Hip`]'s
 //! [`Vendor`](memgov_stream_ordered::Vendor)).
 //!
@@ -466,6 +467,71 @@ impl memgov_stream_ordered::teardown::TeardownTable for Hip {
         // hipMallocFromPoolAsync of the current device, freed once; the
         // stream live).
         unsafe { ffi::hipFreeAsync(ptr as usize as *mut c_void, stream) }
+    }
+}
+
+// ---- the context's own memory pool ---------------------------------------
+
+use crate::ffi::{
+    hipMemPoolCreate, hipMemPoolDestroy, hipMemPoolProps, hipMemPoolSetAttribute, hipMemPoolTrimTo,
+    hipMemPool_t,
+};
+use memgov_stream_ordered::pool::{PoolNames, PoolTable};
+
+/// `hipMemPoolCreate` of pinned device memory, no shareable handle; the
+/// release threshold is `hipMemPoolAttrReleaseThreshold` (a `uint64_t`);
+/// trimmed to 0 bytes. A runtime without pools for the device answers
+/// `hipErrorNotSupported`, which the core reads as no pool.
+impl PoolTable for Hip {
+    type Pool = hipMemPool_t;
+
+    const POOL_NAMES: PoolNames = PoolNames {
+        create: "hipMemPoolCreate",
+        set_attribute: "hipMemPoolSetAttribute",
+        trim: "hipMemPoolTrimTo",
+        destroy: "hipMemPoolDestroy",
+    };
+
+    unsafe fn pool_create(ordinal: i32) -> (HipResult, hipMemPool_t) {
+        let props = hipMemPoolProps {
+            allocType: ffi::hipMemAllocationTypePinned,
+            handleTypes: ffi::hipMemHandleTypeNone,
+            location: ffi::hipMemLocation {
+                type_: ffi::hipMemLocationTypeDevice,
+                id: ordinal,
+            },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            reserved: [0; 64],
+        };
+        let mut pool: hipMemPool_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and a fully initialised properties
+        // struct (reserved bytes zero, as documented); the caller's
+        // contract (a device of the runtime).
+        let r = unsafe { hipMemPoolCreate(&mut pool, &props) };
+        (r, pool)
+    }
+
+    unsafe fn pool_set_release_threshold(pool: hipMemPool_t, bytes: u64) -> HipResult {
+        let mut value = bytes;
+        // SAFETY: the attribute's value is a u64, alive for the call; the
+        // caller's contract (a live pool).
+        unsafe {
+            hipMemPoolSetAttribute(
+                pool,
+                ffi::hipMemPoolAttrReleaseThreshold,
+                &mut value as *mut u64 as *mut c_void,
+            )
+        }
+    }
+
+    unsafe fn pool_trim(pool: hipMemPool_t) -> HipResult {
+        // SAFETY: the caller's contract (a live pool).
+        unsafe { hipMemPoolTrimTo(pool, 0) }
+    }
+
+    unsafe fn pool_destroy(pool: hipMemPool_t) -> HipResult {
+        // SAFETY: the caller's contract (destroyed once).
+        unsafe { hipMemPoolDestroy(pool) }
     }
 }
 

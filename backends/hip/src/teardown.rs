@@ -3,9 +3,10 @@
 //! the same release for a context dropped without it.
 
 use crate::ffi;
-use crate::memory::{self, Origin};
+use crate::memory::Origin;
 use crate::{retire, HipContext};
 use memgov_backend::{lock, BackendError};
+use memgov_stream_ordered::pool;
 use memgov_stream_ordered::table::Context as _;
 use memgov_stream_ordered::teardown::{self, FirstError};
 
@@ -128,16 +129,11 @@ impl HipContext {
             }
             shared.probe().freed(*bytes);
         }
-        if let Some(pool) = shared.pool() {
-            if device.is_some() && !shared.is_dead() {
-                errors.keep(memory::trim_pool(pool));
-                if !shared.is_dead() {
-                    errors.keep(memory::destroy_pool(pool).map_err(|e| BackendError {
-                        operation: "teardown",
-                        ..e
-                    }));
-                }
-            }
+        if let (Some(pool), Some(_)) = (shared.pool(), &device) {
+            // SAFETY: the context's own pool, destroyed once, here; every
+            // allocation from it was freed and every free executed (the
+            // streams synchronized); the device is current.
+            unsafe { pool::release(&**shared, "teardown", pool.0, &mut errors) };
         }
         if shared.is_dead() {
             shared.note(

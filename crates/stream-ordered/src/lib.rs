@@ -49,6 +49,9 @@
 //!   and reaped once retired;
 //! * [`pinned`]: page-locked host memory for the pinned tier, allocated
 //!   mapped over [`pinned::PinnedTable`];
+//! * [`pool`]: the context's own memory pool, created with its release
+//!   threshold and trimmed and destroyed at teardown
+//!   ([`pool::PoolTable`]);
 //! * [`parts`]: a vendor context's parts (shared state, arena, capture
 //!   pins) and what is read from them the same way on every vendor;
 //! * [`teardown`]: teardown's steps that are the same on every vendor
@@ -84,7 +87,8 @@
 //! [`memory`]'s checks), then [`arena`] (whose releases [`retire`] settles)
 //! and [`capture`] side by side (neither imports the other), then
 //! [`stream`] (which drains through the arena's `drain`), then
-//! [`teardown`], then [`parts`] (a vendor context's parts, over all of
+//! [`teardown`], then [`pool`] (whose release is a teardown step), then
+//! [`parts`] (a vendor context's parts, over all of
 //! them).
 //!
 //! [`BackendError`]: memgov_backend::BackendError
@@ -101,6 +105,7 @@ pub mod memory;
 pub mod open;
 pub mod parts;
 pub mod pinned;
+pub mod pool;
 pub mod result;
 pub mod retire;
 pub mod state;

@@ -2,8 +2,8 @@
 //! whose calls are logged and whose results a test scripts. It checks the
 //! core's own logic against what the tables promise (the granule's undo,
 //! the reservation's checks, the lost-teardown drain, a stream ordered
-//! after another, a retired stream reaped, teardown's stream steps), with
-//! no stand-in.
+//! after another, a retired stream reaped, teardown's stream steps, the
+//! context's own pool), with no stand-in.
 
 use memgov_backend::capability::CaptureMode;
 use memgov_backend::shell::MakeCurrent;
@@ -33,6 +33,7 @@ const NOT_READY: i32 = 1;
 const REFUSED: i32 = 2;
 const LOST: i32 = 3;
 const UNAVAILABLE: i32 = 4;
+const UNSUPPORTED: i32 = 5;
 
 thread_local! {
     /// Calls made on this test's thread, in order.
@@ -79,6 +80,7 @@ impl Vendor for Toy {
             NOT_READY => Class::NotReady,
             LOST => Class::DeviceLost,
             UNAVAILABLE => Class::Unavailable,
+            UNSUPPORTED => Class::NotSupported,
             _ => Class::Other,
         }
     }
@@ -1341,4 +1343,111 @@ fn a_failed_name_or_total_fails_the_open_naming_the_call_before_the_words() {
         assert!(!log().contains(&"toyWords"), "{:?}", log());
         assert_eq!(log().last(), Some(&failing));
     }
+}
+
+// The context's own memory pool.
+
+impl memgov_stream_ordered::pool::PoolTable for Toy {
+    type Pool = u64;
+    const POOL_NAMES: memgov_stream_ordered::pool::PoolNames =
+        memgov_stream_ordered::pool::PoolNames {
+            create: "toyMemPoolCreate",
+            set_attribute: "toyMemPoolSetAttribute",
+            trim: "toyMemPoolTrimTo",
+            destroy: "toyMemPoolDestroy",
+        };
+
+    unsafe fn pool_create(_: i32) -> (i32, u64) {
+        (call("toyMemPoolCreate"), 77)
+    }
+    unsafe fn pool_set_release_threshold(_: u64, _: u64) -> i32 {
+        call("toyMemPoolSetAttribute")
+    }
+    unsafe fn pool_trim(_: u64) -> i32 {
+        call("toyMemPoolTrimTo")
+    }
+    unsafe fn pool_destroy(_: u64) -> i32 {
+        call("toyMemPoolDestroy")
+    }
+}
+
+fn create_pool(threshold: Option<u64>) -> Result<Option<u64>, BackendError> {
+    // SAFETY: the toy's pool calls touch no memory; any ordinal will do.
+    unsafe { memgov_stream_ordered::pool::create::<Toy>("new", 0, threshold) }
+}
+
+fn release_pool(s: &ToyStreams, errors: &mut teardown::FirstError) {
+    // SAFETY: the toy's pool calls touch no memory; the pool is never used
+    // again by the core.
+    unsafe { memgov_stream_ordered::pool::release(s, "teardown", 77, errors) }
+}
+
+#[test]
+fn a_pool_gets_its_release_threshold_and_a_driver_without_pools_gives_none() {
+    let made = create_pool(Some(1 << 20));
+    assert_eq!(made.expect("created"), Some(77));
+    assert_eq!(log(), ["toyMemPoolCreate", "toyMemPoolSetAttribute"]);
+    // No threshold asked: no attribute set.
+    clear_log();
+    assert_eq!(create_pool(None).expect("created"), Some(77));
+    assert_eq!(log(), ["toyMemPoolCreate"]);
+    // A driver without pools for the device: no pool, no error, no call
+    // after the create.
+    clear_log();
+    script("toyMemPoolCreate", UNSUPPORTED);
+    assert_eq!(create_pool(Some(1)).expect("no pool"), None);
+    assert_eq!(log(), ["toyMemPoolCreate"]);
+    // Any other refusal is an error naming the call.
+    clear_log();
+    script("toyMemPoolCreate", REFUSED);
+    let e = create_pool(Some(1)).expect_err("refused");
+    assert!(e.to_string().contains("toyMemPoolCreate"), "{e}");
+    assert_eq!(log(), ["toyMemPoolCreate"]);
+}
+
+#[test]
+fn a_pool_whose_threshold_is_refused_is_destroyed_before_the_error_returns() {
+    script("toyMemPoolSetAttribute", REFUSED);
+    let e = create_pool(Some(1 << 20)).expect_err("refused");
+    assert!(e.to_string().contains("toyMemPoolSetAttribute"), "{e}");
+    assert_eq!(
+        log(),
+        [
+            "toyMemPoolCreate",
+            "toyMemPoolSetAttribute",
+            "toyMemPoolDestroy"
+        ]
+    );
+}
+
+#[test]
+fn teardown_trims_then_destroys_the_pool_and_calls_nothing_after_a_sticky_code() {
+    let s = ToyStreams::default();
+    let mut errors = teardown::FirstError::default();
+    release_pool(&s, &mut errors);
+    errors.into_result().expect("released");
+    assert_eq!(log(), ["toyMemPoolTrimTo", "toyMemPoolDestroy"]);
+    // A refused destroy is kept as teardown's error.
+    clear_log();
+    script("toyMemPoolDestroy", REFUSED);
+    let mut errors = teardown::FirstError::default();
+    release_pool(&s, &mut errors);
+    let e = errors.into_result().expect_err("refused");
+    assert!(e.to_string().contains("toyMemPoolDestroy"), "{e}");
+    assert_eq!(log(), ["toyMemPoolTrimTo", "toyMemPoolDestroy"]);
+    // The toy's calls may block after a sticky code, as HIP's: the trim's
+    // sticky answer is the last call, and the error it kept is the loss.
+    clear_log();
+    script("toyMemPoolTrimTo", STICKY);
+    let mut errors = teardown::FirstError::default();
+    release_pool(&s, &mut errors);
+    let e = errors.into_result().expect_err("lost");
+    assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
+    assert_eq!(log(), ["toyMemPoolTrimTo"]);
+    // Once dead, nothing is called at all.
+    clear_log();
+    let mut errors = teardown::FirstError::default();
+    release_pool(&s, &mut errors);
+    errors.into_result().expect("nothing to do");
+    assert!(log().is_empty(), "{:?}", log());
 }
