@@ -195,6 +195,7 @@ fn finish(dev: GovernedDevice) {
 
 #[test]
 fn wgpu_cores_timestamp_kernel_is_bit_identical_on_governed_buffers() {
+    let _one = common::one_test_at_a_time();
     let source = match kernel() {
         Ok(s) => s,
         Err(why) => panic!("wgpu-core's kernel source: {why}"),
@@ -233,6 +234,7 @@ fn wgpu_cores_timestamp_kernel_is_bit_identical_on_governed_buffers() {
 /// bit-identical or its buffer is refused cleanly.
 #[test]
 fn wgpu_cores_timestamp_kernel_under_a_budget_sweep() {
+    let _one = common::one_test_at_a_time();
     let source = kernel().expect("wgpu-core's kernel source");
     let need = u64::from(COUNT) * 8;
     let want: Vec<u8> = inputs()

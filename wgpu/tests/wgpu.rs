@@ -47,6 +47,7 @@ fn live_buffers(dev: &GovernedDevice) -> u64 {
 
 #[test]
 fn buffers_are_governed_charged_and_used_by_wgpu() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "charged", 64 << 20) else {
         return;
@@ -88,6 +89,7 @@ fn buffers_are_governed_charged_and_used_by_wgpu() {
 /// label "wgpu buffer", and a refused one is counted there too.
 #[test]
 fn buffers_are_attributed_to_the_callers_line() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let config = WgpuConfig {
         validation: true,
@@ -146,6 +148,7 @@ fn buffers_are_attributed_to_the_callers_line() {
 
 #[test]
 fn mappable_and_empty_buffers_are_refused_with_a_reason() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "refused", 64 << 20) else {
         return;
@@ -185,6 +188,7 @@ fn mappable_and_empty_buffers_are_refused_with_a_reason() {
 /// destroyed while in use) stays silent.
 #[test]
 fn release_waits_for_the_last_submission_using_the_buffer() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "ordered", 64 << 20) else {
         return;
@@ -264,6 +268,7 @@ fn release_waits_for_the_last_submission_using_the_buffer() {
 /// aborts.
 #[test]
 fn planted_release_before_completion_is_reported_by_validation() {
+    let _one = common::one_test_at_a_time();
     const NAME: &str = "planted_release_before_completion_is_reported_by_validation";
     if std::env::var_os("MEMGOV_WGPU_PLANT").is_some() {
         planted_child();
@@ -339,6 +344,7 @@ fn planted_child() -> ! {
 
 #[test]
 fn budget_refusal_is_an_error_and_the_device_goes_on() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "tight", 1 << 20) else {
         return;
@@ -387,6 +393,7 @@ fn budget_refusal_is_an_error_and_the_device_goes_on() {
 /// says who holds what); once dropped, the retire finishes.
 #[test]
 fn retire_waits_for_buffers_wgpu_holds() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "wait", 64 << 20) else {
         return;
@@ -434,6 +441,7 @@ fn retire_waits_for_buffers_wgpu_holds() {
 /// goes on with wgpu's own buffers.
 #[test]
 fn forced_retire_reclaims_through_wgpu() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "force", 64 << 20) else {
         return;
@@ -459,6 +467,7 @@ fn forced_retire_reclaims_through_wgpu() {
 /// VkDevice stays until the memgov context is torn down.
 #[test]
 fn dropping_the_wgpu_device_first_is_safe() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "wgpu-first", 64 << 20) else {
         return;
@@ -487,6 +496,7 @@ fn dropping_the_wgpu_device_first_is_safe() {
 /// The workload on governed buffers gives the same bits as on wgpu's own.
 #[test]
 fn workload_is_bit_identical_to_wgpus_allocator() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "bits", 64 << 20) else {
         return;
@@ -519,6 +529,7 @@ fn workload_is_bit_identical_to_wgpus_allocator() {
 /// bit-identical, or its allocation is refused cleanly; never a crash.
 #[test]
 fn budget_sweep_refuses_cleanly_below_the_working_set() {
+    let _one = common::one_test_at_a_time();
     let n = 64;
     let need = common::working_set(n);
     let gov: Governor<VulkanContext> = Governor::new();
@@ -580,6 +591,7 @@ fn budget_sweep_refuses_cleanly_below_the_working_set() {
 /// the new device with bit-identical results.
 #[test]
 fn live_device_swap_moves_the_workload_bit_for_bit() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(old) = open(&gov, "gpu0", 64 << 20) else {
         return;
@@ -638,6 +650,7 @@ fn live_device_swap_moves_the_workload_bit_for_bit() {
 /// every buffer on the source, contents unchanged, and the workload runs on.
 #[test]
 fn refused_swap_leaves_the_workload_on_the_source() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(old) = open(&gov, "gpu0", 64 << 20) else {
         return;
@@ -749,6 +762,7 @@ fn pressure_case(poll_on_pressure: bool) -> Option<Result<(), Error>> {
 
 #[test]
 fn pressure_lets_wgpu_give_back_what_it_still_holds() {
+    let _one = common::one_test_at_a_time();
     let Some(with) = pressure_case(true) else {
         return;
     };
@@ -818,6 +832,7 @@ fn store_first_word(device: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::B
 /// byte up to the 4-byte boundary, through memgov's mapping.
 #[test]
 fn gpu_zero_fill_hides_the_previous_holders_bytes() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "zero-on-gpu", 64 << 20) else {
         return;
@@ -930,6 +945,7 @@ fn gpu_zero_fill_hides_the_previous_holders_bytes() {
 /// knows the fill uses the buffer.
 #[test]
 fn gpu_zero_fill_in_flight_keeps_the_memory() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "zero-in-flight", 64 << 20) else {
         return;
@@ -973,6 +989,7 @@ fn gpu_zero_fill_in_flight_keeps_the_memory() {
 /// contents: only new buffers are zeroed.
 #[test]
 fn moved_buffers_are_not_zeroed_on_the_target() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(old) = open(&gov, "gpu0", 64 << 20) else {
         return;
@@ -1023,6 +1040,7 @@ fn moved_buffers_are_not_zeroed_on_the_target() {
 /// not have refused maps to no scope.
 #[test]
 fn refusals_map_to_wgpus_error_scopes() {
+    let _one = common::one_test_at_a_time();
     let gov: Governor<VulkanContext> = Governor::new();
     let Some(dev) = open(&gov, "scoped", 1 << 20) else {
         return;

@@ -8,6 +8,32 @@ use memgov::vulkan::VulkanContext;
 use memgov::{ContextConfig, Governor, Role};
 use memgov_wgpu::{Error, GovernedDevice, WgpuConfig};
 
+/// Held for the whole of each test, so that the tests of one process open,
+/// use and drop their Vulkan instances and devices one test at a time.
+///
+/// The validation layer this suite runs with (Debian 12's
+/// `vulkan-validationlayers` 1.3.239) keeps process-wide state across
+/// instances, and the loader unloads and reloads it whenever the last
+/// instance of the process is destroyed. With tests running on parallel
+/// threads, one test's wgpu device was once refused a shader module the
+/// layer had just returned to wgpu itself: a `vkCreateComputePipelines`
+/// and a `vkDestroyShaderModule` of wgpu's own internal pipeline, reported
+/// by three of the layer's trackers as an unknown handle (its wrapped id,
+/// 18, is one a layer counting from a fresh load hands out), while the same
+/// test passed in 100 runs of the whole binary on parallel threads, half of
+/// them two processes at a time. No call of memgov's is involved (memgov
+/// creates no shader module), so the suite keeps the layer's cross-instance
+/// races out of its verdict on memgov: every test here takes this lock
+/// first. What the tests check
+/// (governed buffers, releases after wgpu's submissions, refusals, swaps)
+/// happens inside one test, on its own threads, as before.
+pub fn one_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it leaves nothing to repair.
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A governed device with validation on and `budget` bytes, or `None` with
 /// `skipped: <why>` printed when this machine has no Vulkan driver or no
 /// validation layer.
