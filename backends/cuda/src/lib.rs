@@ -302,10 +302,10 @@ impl CudaContext {
             sys::cuCtxPopCurrent_v2(&mut popped)
         });
         match (result, popped_ok) {
-            (Ok(pool), Ok(())) => Ok(pool),
-            (Ok(pool), Err(e)) => {
+            (Ok(made), Ok(())) => Ok(made),
+            (Ok(made), Err(e)) => {
                 // SAFETY: the pool just created, unused, destroyed once.
-                let _ = unsafe { pool::destroy::<Cuda>("new", pool) };
+                let _ = unsafe { pool::destroy::<Cuda>("new", made) };
                 Err(e)
             }
             (Err(e), _) => Err(e),
@@ -315,9 +315,9 @@ impl CudaContext {
     fn create_pool(device: CUdevice, config: &CudaConfig) -> Result<CUmemoryPool, BackendError> {
         // SAFETY: a device of the driver (from `open`); its context is
         // current (pushed by `setup_pool`).
-        let pool = unsafe { pool::create::<Cuda>("new", device, config.release_threshold)? };
+        let made = unsafe { pool::create::<Cuda>("new", device, config.release_threshold)? };
         // A device without memory pools: CUDA has no fallback.
-        pool.ok_or_else(|| {
+        made.ok_or_else(|| {
             result::error("new", "cuMemPoolCreate", CUresult::CUDA_ERROR_NOT_SUPPORTED)
         })
     }

@@ -208,27 +208,27 @@ fn choose_allocator(config: &HipConfig, ordinal: i32) -> Result<Allocation, Back
     // SAFETY: a device of the runtime (checked against the count by
     // `open`), current while it is opened. The release threshold keeps
     // every freed byte in the pool until teardown trims it.
-    let Some(pool) = (unsafe { pool::create::<Hip>("new", ordinal, Some(u64::MAX))? }) else {
+    let Some(raw) = (unsafe { pool::create::<Hip>("new", ordinal, Some(u64::MAX))? }) else {
         return plain("hipMemPoolCreate returned hipErrorNotSupported");
     };
-    let pool = Pool(pool);
+    let own = Pool(raw);
     // The attribute and the pool can exist while the allocator still
     // refuses: ask it once, so that `describe()` (read at registration)
     // tells the truth from the start.
-    match memory::probe_stream_ordered(pool) {
+    match memory::probe_stream_ordered(own) {
         Ok(true) => Ok(Allocation {
-            pool: Some(pool),
+            pool: Some(own),
             fallback_reason: None,
         }),
         Ok(false) => {
             // SAFETY: the pool just created; the probe's allocation was
             // freed and trimmed away; destroyed once.
-            unsafe { pool::destroy::<Hip>("new", pool.0)? };
+            unsafe { pool::destroy::<Hip>("new", raw)? };
             plain("hipMallocFromPoolAsync returned hipErrorNotSupported")
         }
         Err(e) => {
             // SAFETY: as above.
-            let _ = unsafe { pool::destroy::<Hip>("new", pool.0) };
+            let _ = unsafe { pool::destroy::<Hip>("new", raw) };
             Err(e)
         }
     }

@@ -1376,10 +1376,13 @@ fn create_pool(threshold: Option<u64>) -> Result<Option<u64>, BackendError> {
     unsafe { memgov_stream_ordered::pool::create::<Toy>("new", 0, threshold) }
 }
 
-fn release_pool(s: &ToyStreams, errors: &mut teardown::FirstError) {
+/// Teardown's pool step on `s`, with the first error it kept.
+fn release_pool(s: &ToyStreams) -> Result<(), BackendError> {
+    let mut errors = teardown::FirstError::default();
     // SAFETY: the toy's pool calls touch no memory; the pool is never used
     // again by the core.
-    unsafe { memgov_stream_ordered::pool::release(s, "teardown", 77, errors) }
+    unsafe { memgov_stream_ordered::pool::release(s, "teardown", 77, &mut errors) };
+    errors.into_result()
 }
 
 #[test]
@@ -1423,31 +1426,23 @@ fn a_pool_whose_threshold_is_refused_is_destroyed_before_the_error_returns() {
 #[test]
 fn teardown_trims_then_destroys_the_pool_and_calls_nothing_after_a_sticky_code() {
     let s = ToyStreams::default();
-    let mut errors = teardown::FirstError::default();
-    release_pool(&s, &mut errors);
-    errors.into_result().expect("released");
+    release_pool(&s).expect("released");
     assert_eq!(log(), ["toyMemPoolTrimTo", "toyMemPoolDestroy"]);
     // A refused destroy is kept as teardown's error.
     clear_log();
     script("toyMemPoolDestroy", REFUSED);
-    let mut errors = teardown::FirstError::default();
-    release_pool(&s, &mut errors);
-    let e = errors.into_result().expect_err("refused");
+    let e = release_pool(&s).expect_err("refused");
     assert!(e.to_string().contains("toyMemPoolDestroy"), "{e}");
     assert_eq!(log(), ["toyMemPoolTrimTo", "toyMemPoolDestroy"]);
     // The toy's calls may block after a sticky code, as HIP's: the trim's
     // sticky answer is the last call, and the error it kept is the loss.
     clear_log();
     script("toyMemPoolTrimTo", STICKY);
-    let mut errors = teardown::FirstError::default();
-    release_pool(&s, &mut errors);
-    let e = errors.into_result().expect_err("lost");
+    let e = release_pool(&s).expect_err("lost");
     assert_eq!(e.kind, BackendErrorKind::DeviceLost, "{e}");
     assert_eq!(log(), ["toyMemPoolTrimTo"]);
     // Once dead, nothing is called at all.
     clear_log();
-    let mut errors = teardown::FirstError::default();
-    release_pool(&s, &mut errors);
-    errors.into_result().expect("nothing to do");
+    release_pool(&s).expect("nothing to do");
     assert!(log().is_empty(), "{:?}", log());
 }
